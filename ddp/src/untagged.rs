@@ -201,3 +201,291 @@ impl<C: Copy> UntaggedQueue<C> {
         self.buffers.drain(..).map(|b| b.cookie).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QN: u32 = 0;
+
+    fn seg(msn: u32, mo: u32, last: bool) -> UntaggedHeader {
+        UntaggedHeader {
+            last,
+            rsvd_ulp: [0x43, 0, 0, 0, 0],
+            qn: QN,
+            msn,
+            mo,
+        }
+    }
+
+    fn queue(buffers: &[(u32, char)]) -> UntaggedQueue<char> {
+        let mut q = UntaggedQueue::new(QN, 8);
+        for &(len, cookie) in buffers {
+            q.post(len, cookie).unwrap();
+        }
+        q
+    }
+
+    fn assert_code(err: DdpError, etype: u8, code: u8) {
+        assert_eq!((err.etype(), err.code()), (etype, code), "{err:?}");
+    }
+
+    #[test]
+    fn single_segment_message() {
+        let mut q = queue(&[(100, 'a')]);
+        assert_eq!(q.next_msn(), 1);
+        let p = q.place(&seg(1, 0, true), 24).unwrap();
+        assert_eq!(
+            p,
+            Placement {
+                cookie: 'a',
+                offset: 0,
+                msn: 1
+            }
+        );
+        assert_eq!(
+            q.poll_delivery(),
+            Some(Delivered {
+                cookie: 'a',
+                msn: 1,
+                len: 24
+            })
+        );
+        assert_eq!(q.poll_delivery(), None);
+        assert_eq!(q.posted(), 0);
+        assert_eq!(q.next_msn(), 2);
+    }
+
+    #[test]
+    fn invalid_qn() {
+        let mut q = queue(&[(100, 'a')]);
+        let mut h = seg(1, 0, true);
+        h.qn = 5;
+        let err = q.place(&h, 1).unwrap_err();
+        assert_eq!(err, DdpError::InvalidQn { qn: 5 });
+        assert_code(err, 0x2, 0x01);
+    }
+
+    #[test]
+    fn msn_without_a_posted_buffer() {
+        let mut q = queue(&[]);
+        let err = q.place(&seg(1, 0, true), 1).unwrap_err();
+        assert_eq!(err, DdpError::MsnNoBuffer { msn: 1 });
+        assert_code(err, 0x2, 0x02);
+        q.post(10, 'a').unwrap();
+        q.post(10, 'b').unwrap();
+        assert_eq!(
+            q.place(&seg(3, 0, true), 1),
+            Err(DdpError::MsnNoBuffer { msn: 3 })
+        );
+        // The last MSN a queue of capacity 8 could ever hold a buffer for: 1 + 7.
+        assert_eq!(
+            q.place(&seg(8, 0, true), 1),
+            Err(DdpError::MsnNoBuffer { msn: 8 })
+        );
+    }
+
+    #[test]
+    fn msn_out_of_range() {
+        let mut q = queue(&[(10, 'a'), (10, 'b')]);
+        // Behind the window: MSN 0 precedes the initial MSN 1.
+        let err = q.place(&seg(0, 0, true), 1).unwrap_err();
+        assert_eq!(err, DdpError::MsnRange { msn: 0 });
+        assert_code(err, 0x2, 0x03);
+        // Beyond what the queue can ever hold (capacity 8 from MSN 1).
+        assert_eq!(
+            q.place(&seg(9, 0, true), 1),
+            Err(DdpError::MsnRange { msn: 9 })
+        );
+        assert_eq!(
+            q.place(&seg(0x8000_0000, 0, true), 1),
+            Err(DdpError::MsnRange { msn: 0x8000_0000 })
+        );
+        // A message already delivered.
+        q.place(&seg(1, 0, true), 1).unwrap();
+        assert!(q.poll_delivery().is_some());
+        assert_eq!(
+            q.place(&seg(1, 0, true), 1),
+            Err(DdpError::MsnRange { msn: 1 })
+        );
+    }
+
+    #[test]
+    fn invalid_mo() {
+        let mut q = queue(&[(100, 'a')]);
+        let err = q.place(&seg(1, 100, false), 1).unwrap_err();
+        assert_eq!(err, DdpError::InvalidMo);
+        assert_code(err, 0x2, 0x04);
+        assert_eq!(
+            q.place(&seg(1, u32::MAX, false), 1),
+            Err(DdpError::InvalidMo)
+        );
+        assert_eq!(q.place(&seg(1, 101, true), 0), Err(DdpError::InvalidMo));
+        // A zero-length segment at the very end is legal.
+        assert!(q.place(&seg(1, 100, false), 0).is_ok());
+    }
+
+    #[test]
+    fn message_too_long() {
+        let mut q = queue(&[(100, 'a')]);
+        let err = q.place(&seg(1, 90, true), 11).unwrap_err();
+        assert_eq!(err, DdpError::MessageTooLong);
+        assert_code(err, 0x2, 0x05);
+        assert_eq!(
+            q.place(&seg(1, 0, false), 101),
+            Err(DdpError::MessageTooLong)
+        );
+        // Exactly filling the buffer is fine.
+        q.place(&seg(1, 90, true), 10).unwrap();
+        q.place(&seg(1, 0, false), 90).unwrap();
+        assert_eq!(q.poll_delivery().map(|d| d.len), Some(100));
+    }
+
+    #[test]
+    fn errors_leave_the_queue_unchanged() {
+        let mut q = queue(&[(100, 'a')]);
+        q.place(&seg(1, 0, false), 50).unwrap();
+        assert!(q.place(&seg(1, 90, true), 20).is_err());
+        assert!(q.place(&seg(2, 0, true), 1).is_err());
+        assert_eq!(q.posted(), 1);
+        assert_eq!(q.poll_delivery(), None);
+        q.place(&seg(1, 50, true), 10).unwrap();
+        assert_eq!(q.poll_delivery().map(|d| d.len), Some(60));
+    }
+
+    #[test]
+    fn last_segment_first_then_out_of_order() {
+        let mut q = queue(&[(4096, 'a')]);
+        q.place(&seg(1, 2000, true), 48).unwrap();
+        assert_eq!(q.poll_delivery(), None);
+        q.place(&seg(1, 1000, false), 1000).unwrap();
+        assert_eq!(q.poll_delivery(), None);
+        let p = q.place(&seg(1, 0, false), 1000).unwrap();
+        assert_eq!(p.offset, 0);
+        assert_eq!(
+            q.poll_delivery(),
+            Some(Delivered {
+                cookie: 'a',
+                msn: 1,
+                len: 2048
+            })
+        );
+    }
+
+    #[test]
+    fn later_message_complete_first_waits_for_earlier() {
+        let mut q = queue(&[(100, 'a'), (100, 'b'), (100, 'c')]);
+        q.place(&seg(3, 0, true), 3).unwrap();
+        q.place(&seg(2, 0, true), 2).unwrap();
+        assert_eq!(q.poll_delivery(), None, "MSN 1 is not placed yet");
+        q.place(&seg(1, 10, true), 1).unwrap();
+        assert_eq!(q.poll_delivery(), None, "MSN 1 has a hole");
+        q.place(&seg(1, 0, false), 10).unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| q.poll_delivery())
+            .map(|d| (d.cookie, d.msn, d.len))
+            .collect();
+        assert_eq!(order, vec![('a', 1, 11), ('b', 2, 2), ('c', 3, 3)]);
+    }
+
+    #[test]
+    fn duplicates_are_placed_again_but_delivered_once() {
+        let mut q = queue(&[(100, 'a'), (100, 'b')]);
+        for _ in 0..3 {
+            q.place(&seg(1, 0, false), 50).unwrap();
+            q.place(&seg(1, 50, true), 50).unwrap();
+        }
+        // Repeated placement of a complete, not yet delivered message is allowed.
+        q.place(&seg(1, 20, false), 10).unwrap();
+        assert_eq!(q.poll_delivery().map(|d| (d.msn, d.len)), Some((1, 100)));
+        assert_eq!(q.poll_delivery(), None);
+        assert_eq!(q.posted(), 1);
+    }
+
+    #[test]
+    fn inconsistent_last_segment() {
+        let mut q = queue(&[(100, 'a')]);
+        q.place(&seg(1, 0, true), 10).unwrap();
+        let err = q.place(&seg(1, 10, false), 5).unwrap_err();
+        assert_eq!(err, DdpError::BeyondMessageEnd);
+        assert_code(err, 0x2, 0x04);
+        assert_eq!(
+            q.place(&seg(1, 0, true), 20),
+            Err(DdpError::BeyondMessageEnd)
+        );
+    }
+
+    #[test]
+    fn zero_length_messages_consume_a_buffer() {
+        let mut q = queue(&[(0, 'a'), (10, 'b')]);
+        q.place(&seg(1, 0, true), 0).unwrap();
+        q.place(&seg(2, 0, true), 0).unwrap();
+        assert_eq!(
+            q.poll_delivery(),
+            Some(Delivered {
+                cookie: 'a',
+                msn: 1,
+                len: 0
+            })
+        );
+        assert_eq!(
+            q.poll_delivery(),
+            Some(Delivered {
+                cookie: 'b',
+                msn: 2,
+                len: 0
+            })
+        );
+        // A zero-length buffer cannot take payload.
+        q.post(0, 'c').unwrap();
+        assert_eq!(q.place(&seg(3, 0, true), 1), Err(DdpError::InvalidMo));
+    }
+
+    #[test]
+    fn msn_wraps_from_ffffffff_to_zero() {
+        let mut q = UntaggedQueue::with_next_msn(QN, 4, 0xFFFF_FFFE);
+        for cookie in ['w', 'x', 'y', 'z'] {
+            q.post(10, cookie).unwrap();
+        }
+        // Place in reverse MSN order across the wrap.
+        for msn in [1u32, 0, 0xFFFF_FFFF, 0xFFFF_FFFE] {
+            q.place(&seg(msn, 0, true), 1).unwrap();
+        }
+        let order: Vec<_> = std::iter::from_fn(|| q.poll_delivery())
+            .map(|d| (d.cookie, d.msn))
+            .collect();
+        assert_eq!(
+            order,
+            vec![('w', 0xFFFF_FFFE), ('x', 0xFFFF_FFFF), ('y', 0), ('z', 1)]
+        );
+        assert_eq!(q.next_msn(), 2);
+        // 0xFFFFFFFF is now behind the window.
+        q.post(10, 'n').unwrap();
+        assert_eq!(
+            q.place(&seg(0xFFFF_FFFF, 0, true), 1),
+            Err(DdpError::MsnRange { msn: 0xFFFF_FFFF })
+        );
+    }
+
+    #[test]
+    fn queue_full_is_local() {
+        let mut q = UntaggedQueue::new(QN, 2);
+        q.post(1, 1u8).unwrap();
+        q.post(1, 2u8).unwrap();
+        let err = q.post(1, 3u8).unwrap_err();
+        assert_eq!(err, DdpError::QueueFull { max_posted: 2 });
+        assert!(err.is_local());
+        assert_eq!(q.posted(), 2);
+    }
+
+    #[test]
+    fn drain_returns_undelivered_in_order() {
+        let mut q = queue(&[(10, 'a'), (10, 'b'), (10, 'c')]);
+        q.place(&seg(1, 0, true), 1).unwrap();
+        q.place(&seg(2, 0, false), 1).unwrap();
+        assert!(q.poll_delivery().is_some());
+        assert_eq!(q.drain(), vec!['b', 'c']);
+        assert_eq!(q.posted(), 0);
+        assert_eq!(q.poll_delivery(), None);
+        assert_eq!(q.next_msn(), 2);
+    }
+}
