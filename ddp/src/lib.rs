@@ -11,6 +11,39 @@
 //!   [`DdpError::code`].
 //!
 //! No I/O, no clock, no threads; no `unsafe`.
+//!
+//! ```
+//! use ddp::{DdpHeader, Segmenter, UntaggedHeader, UntaggedQueue, UNTAGGED_HEADER_LEN};
+//!
+//! // Data source: a 3000-octet Send on QN 0, MSN 1, MULPDU 1442.
+//! let message = vec![7u8; 3000];
+//! let mut wire = Vec::new();
+//! for plan in Segmenter::new(message.len() as u64, 1442 - UNTAGGED_HEADER_LEN) {
+//!     let hdr = UntaggedHeader::for_segment(&plan, [0x43, 0, 0, 0, 0], 0, 1).unwrap();
+//!     let mut ulpdu = vec![0u8; UNTAGGED_HEADER_LEN];
+//!     hdr.emit(&mut ulpdu);
+//!     let start = plan.offset as usize;
+//!     ulpdu.extend_from_slice(&message[start..start + plan.len]);
+//!     wire.push(ulpdu);
+//! }
+//!
+//! // Data sink: one posted 4096-octet buffer; segments arrive last first.
+//! let mut queue = UntaggedQueue::new(0, 16);
+//! let mut buffer = vec![0u8; 4096];
+//! queue.post(4096, 0usize)?;
+//! for ulpdu in wire.iter().rev() {
+//!     let (DdpHeader::Untagged(hdr), payload) = DdpHeader::parse(ulpdu)? else {
+//!         unreachable!("only untagged segments were sent");
+//!     };
+//!     let placement = queue.place(&hdr, payload.len())?;
+//!     let at = placement.offset as usize;
+//!     buffer[at..at + payload.len()].copy_from_slice(payload);
+//! }
+//! let delivered = queue.poll_delivery().expect("all segments placed");
+//! assert_eq!((delivered.msn, delivered.len), (1, 3000));
+//! assert_eq!(&buffer[..3000], &message[..]);
+//! # Ok::<(), ddp::DdpError>(())
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

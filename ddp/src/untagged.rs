@@ -62,7 +62,7 @@ impl<C: Copy> UntaggedQueue<C> {
             qn,
             max_posted,
             head_msn: INITIAL_MSN,
-            buffers: VecDeque::with_capacity(max_posted.min(1024)),
+            buffers: VecDeque::with_capacity(max_posted.min(64)),
         }
     }
 

@@ -5,7 +5,7 @@
 //! All multi-octet fields are big-endian. Offsets below are within the ULPDU (the MPA
 //! header, if any, is not part of it).
 
-use crate::DdpError;
+use crate::{DdpError, SegmentPlan};
 
 /// The DDP version this implementation speaks: the DV field MUST be 1 (RFC 5041 4.1).
 pub const DDP_VERSION: u8 = 1;
@@ -101,6 +101,19 @@ pub enum DdpHeader {
 }
 
 impl TaggedHeader {
+    /// The header of one segment of a tagged message whose first octet goes to
+    /// `initial_to` (RFC 5041 5.2: TO = initial TO + offset in the message). The sum
+    /// wraps like the 64-bit field; the data sink reports a wrap as
+    /// [`DdpError::ToWrap`].
+    pub fn for_segment(plan: &SegmentPlan, rsvd_ulp: u8, stag: u32, initial_to: u64) -> Self {
+        TaggedHeader {
+            last: plan.last,
+            rsvd_ulp,
+            stag,
+            to: initial_to.wrapping_add(plan.offset),
+        }
+    }
+
     /// Writes the 14-octet header into `out`; returns [`TAGGED_HEADER_LEN`], or 0 without
     /// writing anything if `out` is shorter than that. Reserved bits are sent as zero.
     pub fn emit(&self, out: &mut [u8]) -> usize {
@@ -116,6 +129,19 @@ impl TaggedHeader {
 }
 
 impl UntaggedHeader {
+    /// The header of one segment of an untagged message (RFC 5041 5.2: MO = offset in
+    /// the message). `None` if the offset does not fit the 32-bit MO: a ULP message
+    /// must be shorter than 2^32 octets (5.2).
+    pub fn for_segment(plan: &SegmentPlan, rsvd_ulp: [u8; 5], qn: u32, msn: u32) -> Option<Self> {
+        Some(UntaggedHeader {
+            last: plan.last,
+            rsvd_ulp,
+            qn,
+            msn,
+            mo: u32::try_from(plan.offset).ok()?,
+        })
+    }
+
     /// Writes the 18-octet header into `out`; returns [`UNTAGGED_HEADER_LEN`], or 0
     /// without writing anything if `out` is shorter than that. Reserved bits are sent as
     /// zero.
@@ -577,6 +603,34 @@ mod tests {
         assert!(!empty.is_tagged());
         assert_eq!(empty.rsvd_ulp_first(), 0);
         assert!(empty.check().is_err());
+    }
+
+    #[test]
+    fn headers_for_planned_segments() {
+        // RFC 5041 5.2 tagged example: 2048 octets at initial TO 16384, MULPDU 1500.
+        let plans: Vec<_> = crate::Segmenter::new(2048, 1500 - TAGGED_HEADER_LEN).collect();
+        let tos: Vec<_> = plans
+            .iter()
+            .map(|p| TaggedHeader::for_segment(p, 0x40, 7, 16384))
+            .map(|h| (h.to, h.last, h.stag, h.rsvd_ulp))
+            .collect();
+        assert_eq!(tos, vec![(16384, false, 7, 0x40), (17870, true, 7, 0x40)]);
+        // ...and the untagged one: MO 0 then 1482.
+        let plans: Vec<_> = crate::Segmenter::new(2048, 1500 - UNTAGGED_HEADER_LEN).collect();
+        let mos: Vec<_> = plans
+            .iter()
+            .map(|p| UntaggedHeader::for_segment(p, [0x43, 0, 0, 0, 0], 0, 5).unwrap())
+            .map(|h| (h.mo, h.last, h.msn))
+            .collect();
+        assert_eq!(mos, vec![(0, false, 5), (1482, true, 5)]);
+        let too_far = SegmentPlan {
+            offset: 1 << 32,
+            len: 1,
+            last: true,
+        };
+        assert_eq!(UntaggedHeader::for_segment(&too_far, [0; 5], 0, 1), None);
+        let wrapping = TaggedHeader::for_segment(&too_far, 0, 0, u64::MAX);
+        assert_eq!(wrapping.to, (1 << 32) - 1);
     }
 
     #[test]
