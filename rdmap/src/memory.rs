@@ -1,0 +1,630 @@
+//! Memory regions, STags and protection checks (RFC 5040 2.3, 5.1-5.3, 7.2;
+//! RFC 5042 5.x on STag and Protection Domain rules).
+//!
+//! A [`MemoryTable`] holds the registered regions of one adapter. Each region belongs to
+//! a Protection Domain ([`PdId`]); an STag is honoured on an RDMAP stream only if the
+//! stream's queue pair is in the same PD (RFC 5042: "STag not associated with the
+//! stream"). An STag is `index << 8 | key`: the index names the table slot, the key is
+//! changed on every (re-)registration so a stale STag held by a peer stops working
+//! (RFC 5042 5.2 on STag reuse). STag index 0 is never allocated, so STag 0 (and the
+//! STag 1 of siw's zero-length RTR Write) never name a region.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::{BitAnd, BitOr, BitOrAssign};
+
+use crate::error::RdmapError;
+
+/// A Steering Tag: `index << 8 | key` (RFC 5040 2.3; the split is this
+/// implementation's, as in most RNICs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Stag(pub u32);
+
+impl Stag {
+    /// Largest table index an STag can carry (24 bits).
+    pub const MAX_INDEX: u32 = 0x00FF_FFFF;
+
+    /// The STag for `index` (low 24 bits used) and `key`.
+    pub const fn new(index: u32, key: u8) -> Stag {
+        Stag(((index & Self::MAX_INDEX) << 8) | key as u32)
+    }
+
+    /// The table index (upper 24 bits).
+    pub const fn index(self) -> u32 {
+        self.0 >> 8
+    }
+
+    /// The key (lower 8 bits).
+    pub const fn key(self) -> u8 {
+        (self.0 & 0xFF) as u8
+    }
+
+    /// The 32-bit value carried on the wire.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Stag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// Access rights of a region (RFC 5040 2.3; RFC 5042 5.3). Local read is always
+/// allowed. A bit set, like the `bitflags` crate's types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// No rights beyond local read.
+    pub const NONE: Access = Access(0);
+    /// The local ULP may receive into the region (Recv buffers, Read sinks).
+    pub const LOCAL_WRITE: Access = Access(1 << 0);
+    /// The peer may read the region with RDMA Read.
+    pub const REMOTE_READ: Access = Access(1 << 1);
+    /// The peer may write the region with RDMA Write.
+    pub const REMOTE_WRITE: Access = Access(1 << 2);
+    /// Every right.
+    pub const ALL: Access = Access(0b111);
+
+    /// The raw bits.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// Rights from raw bits; unknown bits are dropped.
+    pub const fn from_bits_truncate(bits: u8) -> Access {
+        Access(bits & Self::ALL.0)
+    }
+
+    /// True if every right in `other` is in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// True if no right is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Access) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl BitAnd for Access {
+    type Output = Access;
+    fn bitand(self, rhs: Access) -> Access {
+        Access(self.0 & rhs.0)
+    }
+}
+
+/// A Protection Domain identifier (RFC 5042 5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PdId(pub u32);
+
+/// The bytes behind a registered region.
+///
+/// Methods take `&self`: implementations use interior mutability (the datapath's
+/// implementation writes through raw pointers into pinned memory; [`VecBuffer`] uses a
+/// `RefCell`). [`MemoryTable`] and [`crate::QueuePair`] only ever call `read_at` and
+/// `write_at` with `offset + len <= self.len()`, after checking the request against the
+/// region's bounds; implementations may panic on an out-of-range call.
+pub trait RegionBuffer {
+    /// Length of the region in octets.
+    fn len(&self) -> usize;
+
+    /// True for a zero-length region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `dst.len()` octets starting at `offset` into `dst`.
+    fn read_at(&self, offset: usize, dst: &mut [u8]);
+
+    /// Copies `src` into the region starting at `offset`.
+    fn write_at(&self, offset: usize, src: &[u8]);
+}
+
+/// A heap-backed [`RegionBuffer`] for tests and examples.
+#[derive(Debug, Clone, Default)]
+pub struct VecBuffer {
+    bytes: RefCell<Vec<u8>>,
+}
+
+impl VecBuffer {
+    /// A zero-filled buffer of `len` octets.
+    pub fn zeroed(len: usize) -> VecBuffer {
+        VecBuffer::from_vec(vec![0; len])
+    }
+
+    /// A buffer holding `bytes`.
+    pub fn from_vec(bytes: Vec<u8>) -> VecBuffer {
+        VecBuffer {
+            bytes: RefCell::new(bytes),
+        }
+    }
+
+    /// A copy of the current contents.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.bytes.borrow().clone()
+    }
+
+    /// The buffer's contents.
+    pub fn into_vec(self) -> Vec<u8> {
+        self.bytes.into_inner()
+    }
+}
+
+impl RegionBuffer for VecBuffer {
+    fn len(&self) -> usize {
+        self.bytes.borrow().len()
+    }
+
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.bytes.borrow()[offset..offset + dst.len()]);
+    }
+
+    fn write_at(&self, offset: usize, src: &[u8]) {
+        self.bytes.borrow_mut()[offset..offset + src.len()].copy_from_slice(src);
+    }
+}
+
+/// Why an STag check failed (RFC 5040 7.2 rules 4a-4e, RFC 5041 7.1 tagged checks).
+/// Where these end up on the wire depends on who checks (sink or source); see
+/// [`crate::TerminateCause`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum AccessViolation {
+    /// No valid region has this STag (unknown index, stale key, invalidated, STag 0).
+    #[error("invalid STag")]
+    InvalidStag,
+    /// The region is in another Protection Domain.
+    #[error("STag not associated with this stream (PD mismatch)")]
+    StagNotAssociated,
+    /// The region lacks a required access right.
+    #[error("access rights violation")]
+    AccessRights,
+    /// TO + length wraps the 64-bit TO space.
+    #[error("TO wrap")]
+    ToWrap,
+    /// The range falls outside the region.
+    #[error("base or bounds violation")]
+    BaseBounds,
+}
+
+/// A registered region.
+#[derive(Debug)]
+struct Region<B> {
+    pd: PdId,
+    buffer: B,
+    base_to: u64,
+    access: Access,
+    /// False after a remote (Send with Invalidate) invalidation.
+    valid: bool,
+}
+
+#[derive(Debug)]
+struct Slot<B> {
+    /// The key of the most recent registration in this slot.
+    key: u8,
+    region: Option<Region<B>>,
+}
+
+/// What the owner may see of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The region's Protection Domain.
+    pub pd: PdId,
+    /// TO of the region's first octet.
+    pub base_to: u64,
+    /// Length in octets.
+    pub len: u64,
+    /// Access rights.
+    pub access: Access,
+    /// False once invalidated (until re-registered).
+    pub valid: bool,
+}
+
+/// The registered regions of one adapter, indexed by STag.
+#[derive(Debug)]
+pub struct MemoryTable<B> {
+    slots: Vec<Slot<B>>,
+    free: Vec<u32>,
+}
+
+impl<B: RegionBuffer> Default for MemoryTable<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: RegionBuffer> MemoryTable<B> {
+    /// An empty table. Slot 0 is reserved so that no STag below 0x100 is ever valid.
+    pub fn new() -> Self {
+        MemoryTable {
+            slots: vec![Slot {
+                key: 0,
+                region: None,
+            }],
+            free: Vec::new(),
+        }
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.region.is_some()).count()
+    }
+
+    /// True if no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers `buffer` as the TO range `base_to .. base_to + len` of `pd` with
+    /// `access`, and returns its STag.
+    ///
+    /// # Panics
+    /// When 2^24 - 1 regions are registered at once (see [`MemoryTable::try_register`]).
+    pub fn register(&mut self, pd: PdId, buffer: B, base_to: u64, access: Access) -> Stag {
+        match self.try_register(pd, buffer, base_to, access) {
+            Ok(stag) => stag,
+            Err(_) => panic!("memory table full: 2^24 - 1 regions registered"),
+        }
+    }
+
+    /// [`MemoryTable::register`] that reports a full table as
+    /// [`RdmapError::MemoryTableFull`].
+    pub fn try_register(
+        &mut self,
+        pd: PdId,
+        buffer: B,
+        base_to: u64,
+        access: Access,
+    ) -> Result<Stag, RdmapError> {
+        let region = Region {
+            pd,
+            buffer,
+            base_to,
+            access,
+            valid: true,
+        };
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                if index > Stag::MAX_INDEX {
+                    return Err(RdmapError::MemoryTableFull);
+                }
+                self.slots.push(Slot {
+                    key: 0,
+                    region: None,
+                });
+                index
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.key = slot.key.wrapping_add(1);
+        slot.region = Some(region);
+        Ok(Stag::new(index, slot.key))
+    }
+
+    fn slot_index(&self, stag: Stag) -> Option<usize> {
+        let index = stag.index() as usize;
+        if index == 0 {
+            return None;
+        }
+        let slot = self.slots.get(index)?;
+        (slot.key == stag.key() && slot.region.is_some()).then_some(index)
+    }
+
+    fn region(&self, stag: Stag) -> Option<&Region<B>> {
+        self.slots.get(self.slot_index(stag)?)?.region.as_ref()
+    }
+
+    /// Re-registers the region named by `stag` with a new PD, base TO and access, under
+    /// a new key (RFC 5042 5.2). The old STag stops working; an invalidated region
+    /// becomes valid again. The buffer is kept.
+    pub fn reregister(
+        &mut self,
+        stag: Stag,
+        pd: PdId,
+        base_to: u64,
+        access: Access,
+    ) -> Result<Stag, RdmapError> {
+        let index = self
+            .slot_index(stag)
+            .ok_or(RdmapError::UnknownStag { stag })?;
+        let slot = &mut self.slots[index];
+        let Some(region) = slot.region.as_mut() else {
+            return Err(RdmapError::UnknownStag { stag });
+        };
+        region.pd = pd;
+        region.base_to = base_to;
+        region.access = access;
+        region.valid = true;
+        slot.key = slot.key.wrapping_add(1);
+        Ok(Stag::new(stag.index(), slot.key))
+    }
+
+    /// Removes the region and returns its buffer. The STag (and any older key of the
+    /// slot) is invalid from now on.
+    pub fn deregister(&mut self, stag: Stag) -> Result<B, RdmapError> {
+        let index = self
+            .slot_index(stag)
+            .ok_or(RdmapError::UnknownStag { stag })?;
+        let region = self.slots[index]
+            .region
+            .take()
+            .ok_or(RdmapError::UnknownStag { stag })?;
+        self.free.push(stag.index());
+        Ok(region.buffer)
+    }
+
+    /// Invalidates `stag` on behalf of a peer's Send with Invalidate on a stream of PD
+    /// `pd` (RFC 5040 5.3): the STag must name a valid region of that PD. After this the
+    /// STag fails every check with [`AccessViolation::InvalidStag`] until re-registered.
+    ///
+    /// Errors: [`RdmapError::CannotInvalidate`] with the reason.
+    pub fn invalidate(&mut self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
+        let cannot = |reason| RdmapError::CannotInvalidate { stag, reason };
+        let index = self
+            .slot_index(stag)
+            .ok_or(cannot(AccessViolation::InvalidStag))?;
+        let region = self.slots[index]
+            .region
+            .as_mut()
+            .ok_or(cannot(AccessViolation::InvalidStag))?;
+        if !region.valid {
+            return Err(cannot(AccessViolation::InvalidStag));
+        }
+        if region.pd != pd {
+            return Err(cannot(AccessViolation::StagNotAssociated));
+        }
+        region.valid = false;
+        Ok(())
+    }
+
+    /// The buffer of a registered region (valid or invalidated), for its owner.
+    pub fn get(&self, stag: Stag) -> Option<&B> {
+        self.region(stag).map(|r| &r.buffer)
+    }
+
+    /// The attributes of a registered region.
+    pub fn info(&self, stag: Stag) -> Option<RegionInfo> {
+        self.region(stag).map(|r| RegionInfo {
+            pd: r.pd,
+            base_to: r.base_to,
+            len: r.buffer.len() as u64,
+            access: r.access,
+            valid: r.valid,
+        })
+    }
+
+    /// Checks an access of `len` octets at `to` through `stag` from a stream of PD
+    /// `pd` needing `needed` rights, and returns the buffer and the offset of `to` in
+    /// it. `offset + len <= buffer.len()` is guaranteed on success.
+    ///
+    /// The checks run in this order, and the first failure is returned (RFC 5040 7.2
+    /// rule 4, RFC 5041 7.1): STag valid (registered, current key, not invalidated),
+    /// PD matches, access rights, no 64-bit TO wrap, range inside the region. A
+    /// zero-length access still needs a valid STag; callers skip the check entirely
+    /// for zero-length messages (RFC 5041 7.1).
+    pub fn validate(
+        &self,
+        stag: Stag,
+        pd: PdId,
+        needed: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<(&B, usize), AccessViolation> {
+        let region = self.region(stag).ok_or(AccessViolation::InvalidStag)?;
+        if !region.valid {
+            return Err(AccessViolation::InvalidStag);
+        }
+        if region.pd != pd {
+            return Err(AccessViolation::StagNotAssociated);
+        }
+        if !region.access.contains(needed) {
+            return Err(AccessViolation::AccessRights);
+        }
+        let end = to.checked_add(len).ok_or(AccessViolation::ToWrap)?;
+        let region_end = u128::from(region.base_to) + region.buffer.len() as u128;
+        if to < region.base_to || u128::from(end) > region_end {
+            return Err(AccessViolation::BaseBounds);
+        }
+        let offset =
+            usize::try_from(to - region.base_to).map_err(|_| AccessViolation::BaseBounds)?;
+        Ok((&region.buffer, offset))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PD: PdId = PdId(7);
+
+    fn table_with_region(access: Access) -> (MemoryTable<VecBuffer>, Stag) {
+        let mut table = MemoryTable::new();
+        let stag = table.register(PD, VecBuffer::zeroed(100), 0x1000, access);
+        (table, stag)
+    }
+
+    #[test]
+    fn stag_layout() {
+        let s = Stag::new(0x12_3456, 0x78);
+        assert_eq!(s.raw(), 0x1234_5678);
+        assert_eq!(s.index(), 0x12_3456);
+        assert_eq!(s.key(), 0x78);
+        assert_eq!(s.to_string(), "0x12345678");
+    }
+
+    #[test]
+    fn access_flags() {
+        let a = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        assert!(a.contains(Access::REMOTE_WRITE));
+        assert!(!a.contains(Access::REMOTE_READ));
+        assert!(a.contains(Access::NONE));
+        assert_eq!(Access::from_bits_truncate(0xFF), Access::ALL);
+        assert!((a & Access::REMOTE_READ).is_empty());
+    }
+
+    #[test]
+    fn register_never_hands_out_index_zero() {
+        let (table, stag) = table_with_region(Access::ALL);
+        assert_ne!(stag.index(), 0);
+        assert_eq!(
+            table.validate(Stag(0), PD, Access::NONE, 0x1000, 1).err(),
+            Some(AccessViolation::InvalidStag)
+        );
+        assert_eq!(
+            table.validate(Stag(1), PD, Access::NONE, 0x1000, 1).err(),
+            Some(AccessViolation::InvalidStag)
+        );
+    }
+
+    #[test]
+    fn validate_returns_offset_and_buffer() {
+        let (table, stag) = table_with_region(Access::ALL);
+        let (buf, off) = table
+            .validate(stag, PD, Access::REMOTE_WRITE, 0x1010, 84)
+            .unwrap();
+        assert_eq!(off, 0x10);
+        assert_eq!(buf.len(), 100);
+        assert!(table.validate(stag, PD, Access::NONE, 0x1064, 0).is_ok());
+    }
+
+    #[test]
+    fn validate_reports_each_violation() {
+        let (table, stag) = table_with_region(Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let check = |stag, pd, needed, to, len| table.validate(stag, pd, needed, to, len).err();
+        assert_eq!(
+            check(Stag(stag.0 + 1), PD, Access::NONE, 0x1000, 1),
+            Some(AccessViolation::InvalidStag)
+        );
+        assert_eq!(
+            check(stag, PdId(8), Access::NONE, 0x1000, 1),
+            Some(AccessViolation::StagNotAssociated)
+        );
+        assert_eq!(
+            check(stag, PD, Access::REMOTE_WRITE, 0x1000, 1),
+            Some(AccessViolation::AccessRights)
+        );
+        assert_eq!(
+            check(stag, PD, Access::REMOTE_READ, u64::MAX, 2),
+            Some(AccessViolation::ToWrap)
+        );
+        assert_eq!(
+            check(stag, PD, Access::REMOTE_READ, 0xFFF, 1),
+            Some(AccessViolation::BaseBounds)
+        );
+        assert_eq!(
+            check(stag, PD, Access::REMOTE_READ, 0x1000, 101),
+            Some(AccessViolation::BaseBounds)
+        );
+        assert_eq!(
+            check(stag, PD, Access::REMOTE_READ, 0x1064, 1),
+            Some(AccessViolation::BaseBounds)
+        );
+    }
+
+    #[test]
+    fn region_at_top_of_to_space_does_not_overflow() {
+        let mut table = MemoryTable::new();
+        let stag = table.register(PD, VecBuffer::zeroed(16), u64::MAX - 15, Access::ALL);
+        assert_eq!(
+            table
+                .validate(stag, PD, Access::NONE, u64::MAX - 15, 15)
+                .map(|(_, o)| o),
+            Ok(0)
+        );
+        assert_eq!(
+            table
+                .validate(stag, PD, Access::NONE, u64::MAX - 15, 16)
+                .err(),
+            Some(AccessViolation::ToWrap)
+        );
+    }
+
+    #[test]
+    fn reregister_changes_key_and_kills_old_stag() {
+        let (mut table, old) = table_with_region(Access::REMOTE_WRITE);
+        let new = table
+            .reregister(old, PD, 0x2000, Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(new.index(), old.index());
+        assert_ne!(new.key(), old.key());
+        assert_eq!(
+            table.validate(old, PD, Access::NONE, 0x2000, 1).err(),
+            Some(AccessViolation::InvalidStag)
+        );
+        assert!(table
+            .validate(new, PD, Access::REMOTE_READ, 0x2000, 100)
+            .is_ok());
+        assert!(matches!(
+            table.reregister(old, PD, 0, Access::NONE),
+            Err(RdmapError::UnknownStag { .. })
+        ));
+    }
+
+    #[test]
+    fn deregister_returns_buffer_and_reuse_gets_new_key() {
+        let (mut table, stag) = table_with_region(Access::ALL);
+        let buf = table.deregister(stag).unwrap();
+        assert_eq!(buf.len(), 100);
+        assert!(table.is_empty());
+        assert!(table.deregister(stag).is_err());
+        let again = table.register(PD, VecBuffer::zeroed(4), 0, Access::ALL);
+        assert_eq!(again.index(), stag.index());
+        assert_ne!(again, stag);
+        assert!(table.get(stag).is_none());
+        assert!(table.get(again).is_some());
+    }
+
+    #[test]
+    fn invalidate_checks_pd_and_sticks() {
+        let (mut table, stag) = table_with_region(Access::ALL);
+        assert_eq!(
+            table.invalidate(stag, PdId(99)),
+            Err(RdmapError::CannotInvalidate {
+                stag,
+                reason: AccessViolation::StagNotAssociated
+            })
+        );
+        table.invalidate(stag, PD).unwrap();
+        assert_eq!(
+            table.validate(stag, PD, Access::NONE, 0x1000, 1).err(),
+            Some(AccessViolation::InvalidStag)
+        );
+        assert_eq!(
+            table.invalidate(stag, PD),
+            Err(RdmapError::CannotInvalidate {
+                stag,
+                reason: AccessViolation::InvalidStag
+            })
+        );
+        assert_eq!(table.info(stag).map(|i| i.valid), Some(false));
+        let revived = table.reregister(stag, PD, 0x1000, Access::ALL).unwrap();
+        assert!(table.validate(revived, PD, Access::NONE, 0x1000, 1).is_ok());
+    }
+
+    #[test]
+    fn vec_buffer_reads_and_writes() {
+        let b = VecBuffer::zeroed(8);
+        b.write_at(2, &[1, 2, 3]);
+        let mut out = [0u8; 4];
+        b.read_at(1, &mut out);
+        assert_eq!(out, [0, 1, 2, 3]);
+        assert_eq!(b.into_vec(), vec![0, 0, 1, 2, 3, 0, 0, 0]);
+    }
+}
