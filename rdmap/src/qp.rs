@@ -1,16 +1,1481 @@
 //! The sans-IO queue pair (RFC 5040 5, 6, 7).
+//!
+//! A [`QueuePair`] turns work requests into DDP segments ([`QueuePair::poll_transmit`])
+//! and received DDP segments into placements and completions
+//! ([`QueuePair::on_ulpdu`]). It owns no memory: the bytes live in a [`MemoryTable`]
+//! passed to each call. It never does I/O and never reads a clock.
+//!
+//! # Completion policy
+//! - Send and RDMA Write work requests complete ([`WcStatus::Success`]) when their Last
+//!   ULPDU has been handed out by [`QueuePair::poll_transmit`]: the transport has taken
+//!   it (RFC 5040 5.5 rule 14 leaves "successfully completed at the DDP layer" to the
+//!   implementation). The one place that decides this is
+//!   `QueuePair::message_handed_out`; an acknowledgement-driven policy would mark the
+//!   slot there and release it later.
+//! - An RDMA Read completes when the Last segment of its Read Response has been placed
+//!   (rule 19).
+//! - Completions of the send queue come out in submission order (rule 15): a Send
+//!   posted after a Read completes after the Read.
+//! - A Receive completes when DDP delivers its message, in MSN order (rule 16).
+//!
+//! # Transmit scheduling
+//! Read Responses leave in the order their Requests arrived (rule 20) and send queue
+//! messages in posting order (rule 13). Between the two, [`QueuePair::poll_transmit`]
+//! alternates ULPDU by ULPDU, except that two *tagged* messages (an RDMA Write and a Read
+//! Response) are never interleaved with each other: a started one is finished first.
+//! RFC 5041 does not forbid that interleaving, but receivers such as Linux siw keep one
+//! tagged reassembly context. So a long Write delays a Read Response by at most the rest
+//! of that Write, and untagged traffic (Sends, Read Requests) interleaves freely.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use ddp::{
+    DdpError, DdpHeader, TaggedHeader, UntaggedHeader, UntaggedQueue, TAGGED_HEADER_LEN,
+    UNTAGGED_HEADER_LEN,
+};
+
+use crate::error::{RdmapError, TerminateCause, TerminateCode};
+use crate::memory::{Access, AccessViolation, MemoryTable, PdId, RegionBuffer, Stag};
+use crate::wire::{
+    invalidate_stag, layer, queue, rdmap_etype, CopiedDdpHeader, Opcode, RdmapControl, ReadRequest,
+    TerminateHeader, TerminateView, READ_REQUEST_LEN,
+};
 
 /// Queue pair states (RFC 5040 6; the verbs states of an iWARP QP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
-    /// Created, not yet connected (MPA negotiation not finished).
+    /// Created, not yet connected (MPA negotiation not finished). Work requests may be
+    /// posted; nothing is sent.
     Idle,
     /// Ready to send and receive.
     Rts,
-    /// Graceful close in progress; nothing more is sent or accepted.
+    /// Graceful close: outstanding work was flushed; nothing more is sent or accepted.
     Closing,
     /// A Terminate is queued and not yet handed to the transport.
     Terminate,
-    /// Terminal: the stream is dead, all work requests are flushed.
+    /// Terminal: the stream is dead and every work request has been flushed.
     Error,
+}
+
+/// Queue pair parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Protection Domain of the QP: only STags of this PD are honoured on its stream.
+    pub pd: PdId,
+    /// Send work requests that may be outstanding (posted and not yet completed).
+    pub sq_depth: usize,
+    /// Receive work requests that may be posted.
+    pub rq_depth: usize,
+    /// Inbound RDMA Read Requests that may be outstanding (RFC 5040 6.1), until
+    /// [`QueuePair::enter_rts`] sets the negotiated value.
+    pub ird: u16,
+    /// Outbound RDMA Read Requests that may be outstanding, until
+    /// [`QueuePair::enter_rts`] sets the negotiated value.
+    pub ord: u16,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            pd: PdId(0),
+            sq_depth: 128,
+            rq_depth: 128,
+            ird: 16,
+            ord: 16,
+        }
+    }
+}
+
+/// A local memory range: `len` octets at TO `to` of the region `stag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Local STag.
+    pub stag: Stag,
+    /// Tagged offset of the first octet.
+    pub to: u64,
+    /// Length in octets.
+    pub len: u32,
+}
+
+/// The operation of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Send (5.3), with Solicited Event and/or with Invalidate of the peer's STag.
+    Send {
+        /// Send with Solicited Event.
+        solicited: bool,
+        /// Send with Invalidate: the peer STag to invalidate.
+        invalidate: Option<Stag>,
+    },
+    /// RDMA Write (5.1) of the local data to the peer's tagged buffer.
+    Write {
+        /// Peer STag.
+        remote_stag: Stag,
+        /// Peer TO of the first octet.
+        remote_to: u64,
+    },
+    /// RDMA Read (5.2) of the peer's tagged buffer into the local sink.
+    Read {
+        /// Peer (data source) STag.
+        remote_stag: Stag,
+        /// Peer TO of the first octet.
+        remote_to: u64,
+    },
+}
+
+/// A send queue work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local data (the source of a Send or Write, the sink of a Read); `None` or a
+    /// zero-length element for a zero-length message.
+    pub local: Option<Sge>,
+}
+
+/// A receive queue work request: one untagged buffer for one inbound Send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The buffer; `None` accepts only a zero-length Send.
+    pub sge: Option<Sge>,
+}
+
+/// The operation a completion reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A Send work request.
+    Send,
+    /// An RDMA Write work request.
+    Write,
+    /// An RDMA Read work request.
+    Read,
+    /// A receive work request.
+    Recv,
+}
+
+/// Completion status (verbs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A local length check failed.
+    LocalLengthError,
+    /// A local STag check failed.
+    LocalProtectionError,
+    /// A local queue pair operation failed.
+    LocalQpOperationError,
+    /// The peer reported a protection error for this request (Terminate).
+    RemoteAccessError,
+    /// The peer reported an operation error for this request (Terminate).
+    RemoteOperationError,
+    /// The peer's request could not be honoured (e.g. a Send with Invalidate of an STag
+    /// that cannot be invalidated).
+    RemoteInvalidRequestError,
+    /// The queue pair left RTS before this request was done.
+    WrFlushError,
+    /// Unrecoverable error.
+    FatalError,
+}
+
+/// A work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Its operation.
+    pub opcode: WcOpcode,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Octets transferred (received, for a Recv); 0 unless successful.
+    pub byte_len: u32,
+    /// For a Recv: the local STag a Send with Invalidate invalidated.
+    pub invalidated: Option<Stag>,
+    /// For a Recv: the Send carried the Solicited Event flag.
+    pub solicited: bool,
+}
+
+/// What [`QueuePair::poll_transmit`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxUlpdu {
+    /// The RDMA message the segment belongs to.
+    pub opcode: Opcode,
+    /// The DDP Last flag.
+    pub last: bool,
+    /// Octets appended to `out` (DDP header, RDMAP header, payload).
+    pub len: usize,
+}
+
+/// The zero-length message an MPA v2 peer-to-peer initiator sends as its Ready To
+/// Receive (RFC 6581 9.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RtrKind {
+    /// Zero-length Send (consumes a receive buffer at the responder).
+    Send,
+    /// Zero-length RDMA Write, STag 1, TO 0 (as siw sends it).
+    Write,
+    /// Zero-length RDMA Read Request (the responder answers with a zero-length Read
+    /// Response).
+    Read,
+}
+
+/// What the peer's Terminate said (RFC 5040 4.8).
+pub type TerminateInfo = TerminateHeader;
+
+/// Octets of the buffer posted on the Terminate queue (QN 2): room for the largest
+/// Terminate header (52 octets) with slack for peers that append more.
+const TERMINATE_BUFFER_LEN: usize = 128;
+
+/// STag of siw's zero-length RTR Write (IWARP-WIRE.md 7).
+const RTR_WRITE_STAG: u32 = 1;
+
+/// A receive buffer on QN 0.
+#[derive(Debug, Clone, Copy)]
+enum RecvSlot {
+    User(RecvWr),
+    /// Swallows the peer's zero-length RTR Send (see [`QueuePair::expect_rtr`]).
+    RtrSink,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SqEntry {
+    wr: SendWr,
+    seq: u64,
+    /// Octets already handed out.
+    sent: u64,
+}
+
+impl SqEntry {
+    fn total_len(&self) -> u64 {
+        self.wr.local.map_or(0, |s| u64::from(s.len))
+    }
+}
+
+/// Completion bookkeeping of one send work request, kept in submission order.
+#[derive(Debug, Clone, Copy)]
+struct CompletionSlot {
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    status: Option<WcStatus>,
+}
+
+/// An RDMA Read Request we sent whose Response has not fully arrived.
+#[derive(Debug, Clone, Copy)]
+struct OutstandingRead {
+    /// Completion slot; `None` for an RTR Read.
+    seq: Option<u64>,
+    /// MSN of the Read Request on QN 1 (to match the peer's Terminate).
+    msn: u32,
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+}
+
+/// An inbound RDMA Read Request to answer.
+#[derive(Debug, Clone, Copy)]
+struct ReadResponseJob {
+    request: ReadRequest,
+    /// The DDP header and payload length of the Request's Last segment (for a
+    /// Terminate raised while responding).
+    request_segment: Option<(CopiedDdpHeader, u16)>,
+    /// QN 1 staging slot to re-post once answered.
+    slot: u16,
+    /// Octets already handed out.
+    sent: u32,
+}
+
+/// The RDMAP opcode and Invalidate STag of a Send whose Last segment has arrived.
+#[derive(Debug, Clone, Copy)]
+struct InboundSend {
+    msn: u32,
+    opcode: Opcode,
+    invalidate: u32,
+}
+
+/// An inbound error with the context its Terminate needs.
+#[derive(Debug)]
+struct Fault {
+    error: RdmapError,
+    /// The Read Request that caused the error, when one did (Figure 10: R bit).
+    read_request: Option<ReadRequest>,
+}
+
+impl From<RdmapError> for Fault {
+    fn from(error: RdmapError) -> Fault {
+        Fault {
+            error,
+            read_request: None,
+        }
+    }
+}
+
+impl From<DdpError> for Fault {
+    fn from(error: DdpError) -> Fault {
+        Fault::from(RdmapError::Ddp(error))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxSource {
+    SendQueue,
+    ReadResponse,
+}
+
+/// The sans-IO RDMAP queue pair. See the module documentation for the completion and
+/// scheduling policy.
+#[derive(Debug)]
+pub struct QueuePair {
+    cfg: QpConfig,
+    state: QpState,
+    ird: u16,
+    ord: u16,
+
+    // ---- transmit side ----
+    sq: VecDeque<SqEntry>,
+    slots: VecDeque<CompletionSlot>,
+    /// Sequence number of `slots.front()`.
+    slots_base: u64,
+    next_seq: u64,
+    outstanding_reads: VecDeque<OutstandingRead>,
+    read_responses: VecDeque<ReadResponseJob>,
+    tx_send_msn: u32,
+    tx_read_msn: u32,
+    tx_terminate_msn: u32,
+    rtr_pending: Option<RtrKind>,
+    /// Fair alternation between the send queue and Read Responses.
+    prefer_read_response: bool,
+    terminate_tx: Option<TerminateHeader>,
+    terminate_sent: bool,
+
+    // ---- receive side ----
+    rq: UntaggedQueue<RecvSlot>,
+    /// The RTR sink buffer is posted and not yet consumed.
+    rtr_sink_pending: bool,
+    rrq: UntaggedQueue<u16>,
+    read_staging: Vec<[u8; READ_REQUEST_LEN]>,
+    tq: UntaggedQueue<()>,
+    terminate_staging: [u8; TERMINATE_BUFFER_LEN],
+    inbound_sends: VecDeque<InboundSend>,
+    remote_terminate: Option<TerminateInfo>,
+    completions: VecDeque<WorkCompletion>,
+}
+
+impl QueuePair {
+    /// A queue pair in [`QpState::Idle`].
+    pub fn new(cfg: QpConfig) -> Self {
+        let mut qp = QueuePair {
+            cfg,
+            state: QpState::Idle,
+            ird: cfg.ird,
+            ord: cfg.ord,
+            sq: VecDeque::new(),
+            slots: VecDeque::new(),
+            slots_base: 0,
+            next_seq: 0,
+            outstanding_reads: VecDeque::new(),
+            read_responses: VecDeque::new(),
+            tx_send_msn: ddp::INITIAL_MSN,
+            tx_read_msn: ddp::INITIAL_MSN,
+            tx_terminate_msn: ddp::INITIAL_MSN,
+            rtr_pending: None,
+            prefer_read_response: false,
+            terminate_tx: None,
+            terminate_sent: false,
+            rq: UntaggedQueue::new(queue::SEND, cfg.rq_depth.saturating_add(1)),
+            rtr_sink_pending: false,
+            rrq: UntaggedQueue::new(queue::READ_REQUEST, 0),
+            read_staging: Vec::new(),
+            tq: UntaggedQueue::new(queue::TERMINATE, 1),
+            terminate_staging: [0; TERMINATE_BUFFER_LEN],
+            inbound_sends: VecDeque::new(),
+            remote_terminate: None,
+            completions: VecDeque::new(),
+        };
+        qp.setup_read_queue(cfg.ird);
+        // A fresh queue with capacity 1 always takes one buffer.
+        let _ = qp.tq.post(TERMINATE_BUFFER_LEN as u32, ());
+        qp
+    }
+
+    /// Posts `ird` staging buffers on QN 1: one per inbound Read Request that may be
+    /// outstanding (RFC 5040 5.2.2).
+    fn setup_read_queue(&mut self, ird: u16) {
+        self.rrq = UntaggedQueue::new(queue::READ_REQUEST, usize::from(ird));
+        self.read_staging = vec![[0; READ_REQUEST_LEN]; usize::from(ird)];
+        for slot in 0..ird {
+            // Capacity is `ird`, so these posts cannot fail.
+            let _ = self.rrq.post(READ_REQUEST_LEN as u32, slot);
+        }
+    }
+
+    /// Moves the QP to RTS with the IRD/ORD negotiated by MPA (RFC 6581 9.1). Only
+    /// from [`QpState::Idle`]; ignored otherwise.
+    pub fn enter_rts(&mut self, ird: u16, ord: u16) {
+        if self.state != QpState::Idle {
+            return;
+        }
+        self.ird = ird;
+        self.ord = ord;
+        self.setup_read_queue(ird);
+        self.state = QpState::Rts;
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The IRD in force.
+    pub fn ird(&self) -> u16 {
+        self.ird
+    }
+
+    /// The ORD in force.
+    pub fn ord(&self) -> u16 {
+        self.ord
+    }
+
+    /// The Protection Domain.
+    pub fn pd(&self) -> PdId {
+        self.cfg.pd
+    }
+
+    /// Queues the MPA v2 peer-to-peer RTR (RFC 6581 9.2): it is sent before anything
+    /// else once the QP is in RTS. Call before any other message went out.
+    pub fn send_rtr(&mut self, kind: RtrKind) {
+        if matches!(self.state, QpState::Idle | QpState::Rts) {
+            self.rtr_pending = Some(kind);
+        }
+    }
+
+    /// Responder side of peer-to-peer mode: the peer's first message will be an RTR of
+    /// `kind`. For [`RtrKind::Send`] an internal zero-length buffer is put in front of
+    /// the posted receive buffers so the RTR consumes no user receive work request. RTR
+    /// Writes and Reads need no preparation (zero-length messages pass unchecked, and a
+    /// zero-length Read Request is answered like any other). Only in
+    /// [`QpState::Idle`].
+    pub fn expect_rtr(&mut self, kind: RtrKind) -> Result<(), RdmapError> {
+        if self.state != QpState::Idle {
+            return Err(RdmapError::InvalidState { state: self.state });
+        }
+        if kind == RtrKind::Send {
+            let posted = self.rq.drain();
+            self.rq.post(0, RecvSlot::RtrSink)?;
+            self.rtr_sink_pending = true;
+            for slot in posted {
+                let len = match slot {
+                    RecvSlot::User(wr) => wr.sge.map_or(0, |s| s.len),
+                    RecvSlot::RtrSink => 0,
+                };
+                self.rq.post(len, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the peer reported in its Terminate, if it sent one.
+    pub fn remote_terminate(&self) -> Option<TerminateInfo> {
+        self.remote_terminate
+    }
+
+    /// The Terminate this QP queued or sent, if any.
+    pub fn local_terminate(&self) -> Option<TerminateHeader> {
+        self.terminate_tx
+    }
+
+    /// Whether [`QueuePair::poll_transmit`] would produce a ULPDU now.
+    pub fn has_pending_transmit(&self) -> bool {
+        if self.terminate_tx.is_some() && !self.terminate_sent {
+            return true;
+        }
+        self.state == QpState::Rts && (self.rtr_pending.is_some() || self.pick_source().is_some())
+    }
+
+    // ------------------------------------------------------------------------------
+    // posting
+    // ------------------------------------------------------------------------------
+
+    fn check_postable(&self) -> Result<(), RdmapError> {
+        match self.state {
+            QpState::Idle | QpState::Rts => Ok(()),
+            state => Err(RdmapError::InvalidState { state }),
+        }
+    }
+
+    /// Checks a local element: a zero-length element needs no check.
+    fn check_local<B: RegionBuffer>(
+        &self,
+        sge: Option<Sge>,
+        needed: Access,
+        mem: &MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        match sge {
+            Some(sge) if sge.len > 0 => mem
+                .validate(sge.stag, self.cfg.pd, needed, sge.to, u64::from(sge.len))
+                .map(|_| ())
+                .map_err(|violation| RdmapError::LocalAccess {
+                    stag: sge.stag,
+                    violation,
+                }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Posts a send work request.
+    ///
+    /// Checked now, failing with an error and leaving nothing queued: the state (Idle
+    /// or RTS; work posted in Idle waits for RTS), send queue space (`sq_depth` work
+    /// requests posted and not yet completed, Reads included until their Response is
+    /// placed), and the local element: a valid STag of the QP's PD, in bounds, and
+    /// for a Read sink the LOCAL_WRITE right ([`RdmapError::LocalAccess`]). A
+    /// zero-length element is not checked. Nothing about the remote STag is checked
+    /// here: the peer does that.
+    pub fn post_send<B: RegionBuffer>(
+        &mut self,
+        wr: SendWr,
+        mem: &MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        self.check_postable()?;
+        if self.slots.len() >= self.cfg.sq_depth {
+            return Err(RdmapError::SendQueueFull);
+        }
+        let (needed, opcode) = match wr.op {
+            SendOp::Send { .. } => (Access::NONE, WcOpcode::Send),
+            SendOp::Write { .. } => (Access::NONE, WcOpcode::Write),
+            SendOp::Read { .. } => (Access::LOCAL_WRITE, WcOpcode::Read),
+        };
+        self.check_local(wr.local, needed, mem)?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.slots.push_back(CompletionSlot {
+            wr_id: wr.wr_id,
+            opcode,
+            byte_len: wr.local.map_or(0, |s| s.len),
+            status: None,
+        });
+        self.sq.push_back(SqEntry { wr, seq, sent: 0 });
+        Ok(())
+    }
+
+    /// Posts a receive work request: one buffer for the next inbound Send. Checked:
+    /// state (Idle or RTS), `rq_depth`, and the element (valid STag of the QP's PD, in
+    /// bounds, LOCAL_WRITE).
+    pub fn post_recv<B: RegionBuffer>(
+        &mut self,
+        wr: RecvWr,
+        mem: &MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        self.check_postable()?;
+        let user_posted = self.rq.posted() - self.rtr_sink_posted();
+        if user_posted >= self.cfg.rq_depth {
+            return Err(RdmapError::RecvQueueFull);
+        }
+        self.check_local(wr.sge, Access::LOCAL_WRITE, mem)?;
+        let len = wr.sge.map_or(0, |s| s.len);
+        self.rq.post(len, RecvSlot::User(wr))?;
+        Ok(())
+    }
+
+    fn rtr_sink_posted(&self) -> usize {
+        // The RTR sink, if any, is the front buffer; it is delivered before any other.
+        usize::from(self.rtr_sink_pending)
+    }
+
+    /// The next completion, if any.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    // ------------------------------------------------------------------------------
+    // completion bookkeeping
+    // ------------------------------------------------------------------------------
+
+    /// Sets the status of the send work request `seq` (first status wins) and releases
+    /// completions that are now at the head of the submission order.
+    fn finish_slot(&mut self, seq: u64, status: WcStatus) {
+        if let Some(index) = seq.checked_sub(self.slots_base) {
+            if let Some(slot) = usize::try_from(index)
+                .ok()
+                .and_then(|i| self.slots.get_mut(i))
+            {
+                if slot.status.is_none() {
+                    slot.status = Some(status);
+                }
+            }
+        }
+        self.release_slots();
+    }
+
+    fn release_slots(&mut self) {
+        while let Some(slot) = self.slots.front() {
+            let Some(status) = slot.status else { break };
+            let slot = *slot;
+            self.slots.pop_front();
+            self.slots_base += 1;
+            self.completions.push_back(WorkCompletion {
+                wr_id: slot.wr_id,
+                opcode: slot.opcode,
+                status,
+                byte_len: if status == WcStatus::Success {
+                    slot.byte_len
+                } else {
+                    0
+                },
+                invalidated: None,
+                solicited: false,
+            });
+        }
+    }
+
+    /// The completion policy for Sends and RDMA Writes: complete when the Last ULPDU
+    /// has been handed to the transport. The single place to change for ack-driven
+    /// completion.
+    fn message_handed_out(&mut self, seq: u64) {
+        self.finish_slot(seq, WcStatus::Success);
+    }
+
+    /// Flushes every outstanding work request with [`WcStatus::WrFlushError`] (RFC 5040
+    /// 5.4, 6.2.1: outstanding messages "SHOULD be considered Completed in error").
+    fn flush_all(&mut self) {
+        self.rtr_pending = None;
+        self.sq.clear();
+        self.outstanding_reads.clear();
+        self.read_responses.clear();
+        for slot in self.slots.iter_mut() {
+            if slot.status.is_none() {
+                slot.status = Some(WcStatus::WrFlushError);
+            }
+        }
+        self.release_slots();
+        for slot in self.rq.drain() {
+            if let RecvSlot::User(wr) = slot {
+                self.completions.push_back(WorkCompletion {
+                    wr_id: wr.wr_id,
+                    opcode: WcOpcode::Recv,
+                    status: WcStatus::WrFlushError,
+                    byte_len: 0,
+                    invalidated: None,
+                    solicited: false,
+                });
+            }
+        }
+        self.rtr_sink_pending = false;
+        self.rrq.drain();
+        self.tq.drain();
+        self.inbound_sends.clear();
+    }
+
+    fn enter_error(&mut self) {
+        self.state = QpState::Error;
+        self.flush_all();
+    }
+
+    /// Queues `header` as the one Terminate of this stream (RFC 5040 5.4, 7.1 rule 4:
+    /// the first error wins) and enters [`QpState::Terminate`].
+    fn raise_terminate(&mut self, header: TerminateHeader) {
+        if self.terminate_tx.is_some() || matches!(self.state, QpState::Error) {
+            return;
+        }
+        self.terminate_tx = Some(header);
+        self.state = QpState::Terminate;
+    }
+
+    // ------------------------------------------------------------------------------
+    // teardown and transport events
+    // ------------------------------------------------------------------------------
+
+    /// Graceful close (RFC 5040 6.2): moves to [`QpState::Closing`] and flushes every
+    /// outstanding work request. A queued Terminate is still handed out.
+    pub fn close(&mut self) {
+        match self.state {
+            QpState::Idle | QpState::Rts => {
+                self.state = QpState::Closing;
+                self.flush_all();
+            }
+            QpState::Terminate => self.flush_all(),
+            QpState::Closing | QpState::Error => {}
+        }
+    }
+
+    /// An error below RDMAP. For [`TerminateCause::ConnectionLost`] nothing can be sent:
+    /// the QP enters [`QpState::Error`] and flushes. Otherwise the Terminate of the cause
+    /// (no copied headers: RFC 5040 Figure 10 for LLP and catastrophic errors) is
+    /// queued, and the QP enters Error once it has been handed out.
+    pub fn on_transport_error(&mut self, cause: TerminateCause) {
+        match cause.code() {
+            None => {
+                self.terminate_tx = self.terminate_tx.filter(|_| self.terminate_sent);
+                self.enter_error();
+            }
+            Some(code) => {
+                self.raise_terminate(TerminateHeader::bare(code.layer, code.etype, code.code));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------
+    // transmit
+    // ------------------------------------------------------------------------------
+
+    fn sq_ready(&self) -> bool {
+        match self.sq.front() {
+            Some(entry) => match entry.wr.op {
+                SendOp::Read { .. } => self.outstanding_reads.len() < usize::from(self.ord),
+                _ => true,
+            },
+            None => false,
+        }
+    }
+
+    fn pick_source(&self) -> Option<TxSource> {
+        let sq = self.sq_ready();
+        let rr = !self.read_responses.is_empty();
+        match (sq, rr) {
+            (false, false) => None,
+            (true, false) => Some(TxSource::SendQueue),
+            (false, true) => Some(TxSource::ReadResponse),
+            (true, true) => {
+                let sq_write = self
+                    .sq
+                    .front()
+                    .filter(|e| matches!(e.wr.op, SendOp::Write { .. }));
+                let rr_started = self.read_responses.front().is_some_and(|j| j.sent > 0);
+                match sq_write {
+                    // Never interleave two tagged messages.
+                    Some(w) if w.sent > 0 => Some(TxSource::SendQueue),
+                    Some(_) if rr_started => Some(TxSource::ReadResponse),
+                    _ if self.prefer_read_response => Some(TxSource::ReadResponse),
+                    _ => Some(TxSource::SendQueue),
+                }
+            }
+        }
+    }
+
+    /// Builds the next ULPDU (DDP header, RDMAP header, payload), appends it to `out`
+    /// and describes it; `None` when nothing is ready.
+    ///
+    /// Data segments carry at most `max_ulpdu` octets (the MULPDU: payload =
+    /// `max_ulpdu` - DDP header length, at least 1). Read Requests (46 octets) and
+    /// Terminates (at most 70) are always sent whole; MPA's MULPDU floor of 128 octets
+    /// covers them.
+    ///
+    /// Order: the Terminate if one is queued (after it nothing is ever returned again
+    /// and the QP is in [`QpState::Error`], everything flushed); otherwise, in RTS only,
+    /// the RTR, then send queue messages (posting order; a Read Request waits while ORD
+    /// Reads are outstanding) and Read Responses (request order), alternated fairly (see
+    /// the module documentation).
+    pub fn poll_transmit<B: RegionBuffer>(
+        &mut self,
+        max_ulpdu: usize,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+    ) -> Option<TxUlpdu> {
+        if self.terminate_sent {
+            return None;
+        }
+        if self.terminate_tx.is_some() {
+            return Some(self.emit_terminate(out));
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        if let Some(kind) = self.rtr_pending.take() {
+            return Some(self.emit_rtr(kind, out));
+        }
+        let source = self.pick_source()?;
+        let both = self.sq_ready() && !self.read_responses.is_empty();
+        let tx = match source {
+            TxSource::SendQueue => self.emit_sq_segment(max_ulpdu, mem, out),
+            TxSource::ReadResponse => self.emit_read_response_segment(max_ulpdu, mem, out),
+        };
+        if both {
+            self.prefer_read_response = source == TxSource::SendQueue;
+        }
+        Some(match tx {
+            Ok(tx) => tx,
+            Err(header) => {
+                self.raise_terminate(header);
+                self.emit_terminate(out)
+            }
+        })
+    }
+
+    /// Appends a DDP header and room for `payload_len` octets; returns the payload range.
+    fn push_segment(out: &mut Vec<u8>, header: &DdpHeader, payload_len: usize) -> Range<usize> {
+        let start = out.len();
+        let header_len = header.header_len();
+        out.resize(start + header_len + payload_len, 0);
+        header.emit(&mut out[start..]);
+        start + header_len..start + header_len + payload_len
+    }
+
+    fn untagged(
+        opcode: Opcode,
+        invalidate: u32,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+        last: bool,
+    ) -> DdpHeader {
+        DdpHeader::Untagged(UntaggedHeader {
+            last,
+            rsvd_ulp: RdmapControl { opcode }.untagged_rsvd_ulp(invalidate),
+            qn,
+            msn,
+            mo,
+        })
+    }
+
+    fn tagged(opcode: Opcode, stag: u32, to: u64, last: bool) -> DdpHeader {
+        DdpHeader::Tagged(TaggedHeader {
+            last,
+            rsvd_ulp: RdmapControl { opcode }.to_byte(),
+            stag,
+            to,
+        })
+    }
+
+    fn emit_terminate(&mut self, out: &mut Vec<u8>) -> TxUlpdu {
+        let header = self.terminate_tx.unwrap_or(TerminateHeader::bare(
+            layer::RDMAP,
+            rdmap_etype::LOCAL_CATASTROPHIC,
+            0,
+        ));
+        let start = out.len();
+        let ddp = Self::untagged(
+            Opcode::Terminate,
+            0,
+            queue::TERMINATE,
+            self.tx_terminate_msn,
+            0,
+            true,
+        );
+        let payload = Self::push_segment(out, &ddp, header.buffer_len());
+        header.emit(&mut out[payload]);
+        self.tx_terminate_msn = self.tx_terminate_msn.wrapping_add(1);
+        self.terminate_sent = true;
+        self.enter_error();
+        TxUlpdu {
+            opcode: Opcode::Terminate,
+            last: true,
+            len: out.len() - start,
+        }
+    }
+
+    fn emit_rtr(&mut self, kind: RtrKind, out: &mut Vec<u8>) -> TxUlpdu {
+        let start = out.len();
+        let opcode = match kind {
+            RtrKind::Send => {
+                let hdr = Self::untagged(Opcode::Send, 0, queue::SEND, self.tx_send_msn, 0, true);
+                self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
+                Self::push_segment(out, &hdr, 0);
+                Opcode::Send
+            }
+            RtrKind::Write => {
+                Self::push_segment(
+                    out,
+                    &Self::tagged(Opcode::Write, RTR_WRITE_STAG, 0, true),
+                    0,
+                );
+                Opcode::Write
+            }
+            RtrKind::Read => {
+                let msn = self.tx_read_msn;
+                self.tx_read_msn = self.tx_read_msn.wrapping_add(1);
+                let hdr = Self::untagged(Opcode::ReadRequest, 0, queue::READ_REQUEST, msn, 0, true);
+                let payload = Self::push_segment(out, &hdr, READ_REQUEST_LEN);
+                ReadRequest::default().emit(&mut out[payload]);
+                self.outstanding_reads.push_back(OutstandingRead {
+                    seq: None,
+                    msn,
+                    sink_stag: 0,
+                    sink_to: 0,
+                    size: 0,
+                });
+                Opcode::ReadRequest
+            }
+        };
+        TxUlpdu {
+            opcode,
+            last: true,
+            len: out.len() - start,
+        }
+    }
+
+    /// One segment of the send queue's head message. A local failure (the source
+    /// region vanished or changed since posting) completes the work request with
+    /// [`WcStatus::LocalProtectionError`] and returns the Terminate to send instead
+    /// (RFC 5040 7.1 rule 1: local catastrophic, no headers).
+    fn emit_sq_segment<B: RegionBuffer>(
+        &mut self,
+        max_ulpdu: usize,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+    ) -> Result<TxUlpdu, TerminateHeader> {
+        let local_failure = TerminateHeader::bare(layer::RDMAP, rdmap_etype::LOCAL_CATASTROPHIC, 0);
+        let Some(entry) = self.sq.front().copied() else {
+            return Err(local_failure);
+        };
+        let start = out.len();
+        if let SendOp::Read {
+            remote_stag,
+            remote_to,
+        } = entry.wr.op
+        {
+            let sink = entry.wr.local.filter(|s| s.len > 0);
+            let request = ReadRequest {
+                sink_stag: sink.map_or(0, |s| s.stag.raw()),
+                sink_to: sink.map_or(0, |s| s.to),
+                size: sink.map_or(0, |s| s.len),
+                src_stag: remote_stag.raw(),
+                src_to: remote_to,
+            };
+            let msn = self.tx_read_msn;
+            self.tx_read_msn = self.tx_read_msn.wrapping_add(1);
+            let hdr = Self::untagged(Opcode::ReadRequest, 0, queue::READ_REQUEST, msn, 0, true);
+            let payload = Self::push_segment(out, &hdr, READ_REQUEST_LEN);
+            request.emit(&mut out[payload]);
+            self.sq.pop_front();
+            self.outstanding_reads.push_back(OutstandingRead {
+                seq: Some(entry.seq),
+                msn,
+                sink_stag: request.sink_stag,
+                sink_to: request.sink_to,
+                size: request.size,
+            });
+            return Ok(TxUlpdu {
+                opcode: Opcode::ReadRequest,
+                last: true,
+                len: out.len() - start,
+            });
+        }
+
+        let total = entry.total_len();
+        let header_len = match entry.wr.op {
+            SendOp::Write { .. } => TAGGED_HEADER_LEN,
+            _ => UNTAGGED_HEADER_LEN,
+        };
+        let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
+        let len = (total - entry.sent).min(room);
+        let last = entry.sent + len == total;
+        let (opcode, hdr) = match entry.wr.op {
+            SendOp::Write {
+                remote_stag,
+                remote_to,
+            } => (
+                Opcode::Write,
+                Self::tagged(
+                    Opcode::Write,
+                    remote_stag.raw(),
+                    remote_to.wrapping_add(entry.sent),
+                    last,
+                ),
+            ),
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                let opcode = Opcode::send(solicited, invalidate.is_some());
+                let mo = u32::try_from(entry.sent).unwrap_or(u32::MAX);
+                let inv = invalidate.map_or(0, Stag::raw);
+                (
+                    opcode,
+                    Self::untagged(opcode, inv, queue::SEND, self.tx_send_msn, mo, last),
+                )
+            }
+            SendOp::Read { .. } => return Err(local_failure),
+        };
+        let payload = Self::push_segment(out, &hdr, len as usize);
+        if len > 0 {
+            let copied = entry.wr.local.and_then(|sge| {
+                mem.validate(
+                    sge.stag,
+                    self.cfg.pd,
+                    Access::NONE,
+                    sge.to.wrapping_add(entry.sent),
+                    len,
+                )
+                .ok()
+            });
+            match copied {
+                Some((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
+                None => {
+                    out.truncate(start);
+                    self.sq.pop_front();
+                    self.finish_slot(entry.seq, WcStatus::LocalProtectionError);
+                    return Err(local_failure);
+                }
+            }
+        }
+        if let Some(head) = self.sq.front_mut() {
+            head.sent += len;
+        }
+        if last {
+            self.sq.pop_front();
+            if opcode.is_send() {
+                self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
+            }
+            self.message_handed_out(entry.seq);
+        }
+        Ok(TxUlpdu {
+            opcode,
+            last,
+            len: out.len() - start,
+        })
+    }
+
+    /// One segment of the oldest pending Read Response. The data source is checked
+    /// again for every segment (the owner may have deregistered it since the Request
+    /// arrived); a failure is a remote protection Terminate carrying the Request's DDP
+    /// header and its Read Request header updated to the progress made (4.8).
+    fn emit_read_response_segment<B: RegionBuffer>(
+        &mut self,
+        max_ulpdu: usize,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+    ) -> Result<TxUlpdu, TerminateHeader> {
+        let Some(job) = self.read_responses.front().copied() else {
+            return Err(TerminateHeader::bare(
+                layer::RDMAP,
+                rdmap_etype::LOCAL_CATASTROPHIC,
+                0,
+            ));
+        };
+        let start = out.len();
+        let request = job.request;
+        let room = max_ulpdu.saturating_sub(TAGGED_HEADER_LEN).max(1);
+        let remaining = request.size - job.sent;
+        let len = (remaining as usize).min(room);
+        let last = len == remaining as usize;
+        let hdr = Self::tagged(
+            Opcode::ReadResponse,
+            request.sink_stag,
+            request.sink_to.wrapping_add(u64::from(job.sent)),
+            last,
+        );
+        let payload = Self::push_segment(out, &hdr, len);
+        if len > 0 {
+            let src = Stag(request.src_stag);
+            let src_to = request.src_to.wrapping_add(u64::from(job.sent));
+            match mem.validate(src, self.cfg.pd, Access::REMOTE_READ, src_to, len as u64) {
+                Ok((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
+                Err(violation) => {
+                    out.truncate(start);
+                    let error = RdmapError::SourceAccess {
+                        stag: src,
+                        violation,
+                    };
+                    let code = TerminateCause::Error(error).code();
+                    return Err(Self::terminate_for(
+                        code,
+                        job.request_segment,
+                        Some(request.advanced_by(job.sent)),
+                    ));
+                }
+            }
+        }
+        let sent = job.sent + len as u32;
+        if last {
+            self.read_responses.pop_front();
+            // The slot was taken from the queue at delivery, so there is room.
+            let _ = self.rrq.post(READ_REQUEST_LEN as u32, job.slot);
+        } else if let Some(head) = self.read_responses.front_mut() {
+            head.sent = sent;
+        }
+        Ok(TxUlpdu {
+            opcode: Opcode::ReadResponse,
+            last,
+            len: out.len() - start,
+        })
+    }
+
+    /// The Terminate for `code`, with the headers RFC 5040 Figure 10 asks for.
+    fn terminate_for(
+        code: Option<TerminateCode>,
+        segment: Option<(CopiedDdpHeader, u16)>,
+        read_request: Option<ReadRequest>,
+    ) -> TerminateHeader {
+        let code = code.unwrap_or(TerminateCode::new(
+            layer::RDMAP,
+            rdmap_etype::LOCAL_CATASTROPHIC,
+            0,
+        ));
+        let mut header = TerminateHeader::bare(code.layer, code.etype, code.code);
+        if code.includes_ddp_header() {
+            if let Some((ddp_header, segment_len)) = segment {
+                header.ddp_header = Some(ddp_header);
+                header.segment_len = Some(segment_len);
+            }
+        }
+        if code.includes_read_request() {
+            header.read_request = read_request;
+        }
+        header
+    }
+
+    /// The copied DDP header and DDP payload length of a received segment.
+    fn segment_of(ulpdu: &[u8]) -> Option<(CopiedDdpHeader, u16)> {
+        let header = CopiedDdpHeader::from_segment(ulpdu)?;
+        let payload = ulpdu.len().saturating_sub(header.as_bytes().len());
+        Some((header, u16::try_from(payload).unwrap_or(u16::MAX)))
+    }
+
+    // ------------------------------------------------------------------------------
+    // receive
+    // ------------------------------------------------------------------------------
+
+    /// Processes one received ULPDU (a DDP segment as MPA handed it up), in stream
+    /// order: places data into `mem` and generates completions.
+    ///
+    /// On a protocol error (every check of RFC 5040 7.2 and RFC 5041 7.1) it queues the
+    /// Terminate the RFCs name, enters [`QpState::Terminate`] and returns the error.
+    /// In Closing, Terminate and Error it silently drops the segment (RFC 5041 7.1: "DDP
+    /// MUST silently drop any subsequent incoming DDP Segments"); in Idle it refuses it
+    /// with [`RdmapError::InvalidState`]. Nothing is ever written outside a registered
+    /// region that passed its checks, and no input panics.
+    pub fn on_ulpdu<B: RegionBuffer>(
+        &mut self,
+        ulpdu: &[u8],
+        mem: &mut MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        match self.state {
+            QpState::Rts => {}
+            QpState::Idle => return Err(RdmapError::InvalidState { state: self.state }),
+            QpState::Closing | QpState::Terminate | QpState::Error => return Ok(()),
+        }
+        match self.receive(ulpdu, mem) {
+            Ok(()) => Ok(()),
+            Err(fault) => {
+                let code = TerminateCause::Error(fault.error.clone()).code();
+                let header = Self::terminate_for(code, Self::segment_of(ulpdu), fault.read_request);
+                self.raise_terminate(header);
+                Err(fault.error)
+            }
+        }
+    }
+
+    fn receive<B: RegionBuffer>(
+        &mut self,
+        ulpdu: &[u8],
+        mem: &mut MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        let (header, payload) = DdpHeader::parse(ulpdu)?;
+        match header {
+            DdpHeader::Tagged(hdr) => {
+                let opcode = RdmapControl::parse(hdr.rsvd_ulp)?.opcode;
+                match opcode {
+                    Opcode::Write => self.receive_write(&hdr, payload, mem),
+                    Opcode::ReadResponse => self.receive_read_response(&hdr, payload, mem),
+                    other => Err(RdmapError::UnexpectedOpcode {
+                        opcode: other as u8,
+                    }
+                    .into()),
+                }
+            }
+            DdpHeader::Untagged(hdr) => {
+                // DDP validates the QN before RDMAP looks at the opcode.
+                if hdr.qn > queue::TERMINATE {
+                    return Err(DdpError::InvalidQn { qn: hdr.qn }.into());
+                }
+                let opcode = RdmapControl::parse(hdr.rsvd_ulp[0])?.opcode;
+                if opcode.queue_number() != Some(hdr.qn) {
+                    return Err(RdmapError::UnexpectedOpcode {
+                        opcode: opcode as u8,
+                    }
+                    .into());
+                }
+                match hdr.qn {
+                    queue::SEND => self.receive_send(opcode, &hdr, payload, mem),
+                    queue::READ_REQUEST => self.receive_read_request(&hdr, payload, ulpdu, mem),
+                    _ => self.receive_terminate(&hdr, payload),
+                }
+            }
+        }
+    }
+
+    /// RDMA Write (5.1): placed into a region with REMOTE_WRITE of this PD. A
+    /// zero-length segment is not checked (RFC 5041 7.1), so siw's RTR Write with STag 1
+    /// passes.
+    fn receive_write<B: RegionBuffer>(
+        &mut self,
+        hdr: &TaggedHeader,
+        payload: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        if payload.is_empty() {
+            return Ok(());
+        }
+        let stag = Stag(hdr.stag);
+        let (buffer, offset) = mem
+            .validate(
+                stag,
+                self.cfg.pd,
+                Access::REMOTE_WRITE,
+                hdr.to,
+                payload.len() as u64,
+            )
+            .map_err(|violation| RdmapError::SinkAccess { stag, violation })?;
+        buffer.write_at(offset, payload);
+        Ok(())
+    }
+
+    /// RDMA Read Response (5.2.2): must belong to the oldest outstanding Read and fall
+    /// inside its sink (5.2.2 allows the sink to check STag, TO and length); then the
+    /// sink region is checked like any tagged buffer (LOCAL_WRITE). The Last segment
+    /// must end the requested range; it completes the Read.
+    fn receive_read_response<B: RegionBuffer>(
+        &mut self,
+        hdr: &TaggedHeader,
+        payload: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        let Some(read) = self.outstanding_reads.front().copied() else {
+            return Err(RdmapError::UnexpectedOpcode {
+                opcode: Opcode::ReadResponse as u8,
+            }
+            .into());
+        };
+        let stag = Stag(hdr.stag);
+        let sink_error = |violation| RdmapError::SinkAccess { stag, violation };
+        let len = payload.len() as u64;
+        let sink_end = read.sink_to.checked_add(u64::from(read.size));
+        if !payload.is_empty() {
+            if hdr.stag != read.sink_stag {
+                return Err(self.read_sink_failure(read, sink_error(AccessViolation::InvalidStag)));
+            }
+            let Some(end) = hdr.to.checked_add(len) else {
+                return Err(self.read_sink_failure(read, sink_error(AccessViolation::ToWrap)));
+            };
+            if hdr.to < read.sink_to || Some(end) > sink_end || (hdr.last && Some(end) != sink_end)
+            {
+                return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
+            }
+            match mem.validate(stag, self.cfg.pd, Access::LOCAL_WRITE, hdr.to, len) {
+                Ok((buffer, offset)) => buffer.write_at(offset, payload),
+                Err(violation) => return Err(self.read_sink_failure(read, sink_error(violation))),
+            }
+        } else if hdr.last && read.size != 0 && hdr.to.checked_add(0) != sink_end {
+            // A zero-length Last segment must still end the requested range.
+            return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
+        }
+        if hdr.last {
+            self.outstanding_reads.pop_front();
+            if let Some(seq) = read.seq {
+                self.finish_slot(seq, WcStatus::Success);
+            }
+        }
+        Ok(())
+    }
+
+    /// A Read Response that cannot be placed fails its Read.
+    fn read_sink_failure(&mut self, read: OutstandingRead, error: RdmapError) -> Fault {
+        if let Some(seq) = read.seq {
+            self.finish_slot(seq, WcStatus::LocalProtectionError);
+        }
+        error.into()
+    }
+
+    /// Send, Send with SE, Send with (SE and) Invalidate (5.3) on QN 0.
+    fn receive_send<B: RegionBuffer>(
+        &mut self,
+        opcode: Opcode,
+        hdr: &UntaggedHeader,
+        payload: &[u8],
+        mem: &mut MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        let placement = self.rq.place(hdr, payload.len())?;
+        if !payload.is_empty() {
+            let RecvSlot::User(RecvWr { sge: Some(sge), .. }) = placement.cookie else {
+                // A zero-length buffer cannot take payload: `place` reported it already.
+                return Err(RdmapError::LocalCatastrophic.into());
+            };
+            let to = sge.to.wrapping_add(u64::from(placement.offset));
+            let (buffer, offset) = mem
+                .validate(
+                    sge.stag,
+                    self.cfg.pd,
+                    Access::LOCAL_WRITE,
+                    to,
+                    payload.len() as u64,
+                )
+                .map_err(|_| RdmapError::LocalCatastrophic)?;
+            buffer.write_at(offset, payload);
+        }
+        if hdr.last {
+            self.inbound_sends.push_back(InboundSend {
+                msn: hdr.msn,
+                opcode,
+                invalidate: invalidate_stag(&hdr.rsvd_ulp),
+            });
+        }
+        while let Some(delivered) = self.rq.poll_delivery() {
+            let info = self
+                .inbound_sends
+                .iter()
+                .position(|s| s.msn == delivered.msn)
+                .and_then(|i| self.inbound_sends.remove(i));
+            let opcode = info.map_or(Opcode::Send, |i| i.opcode);
+            let wr = match delivered.cookie {
+                RecvSlot::User(wr) => wr,
+                RecvSlot::RtrSink => {
+                    self.rtr_sink_pending = false;
+                    continue;
+                }
+            };
+            let mut completion = WorkCompletion {
+                wr_id: wr.wr_id,
+                opcode: WcOpcode::Recv,
+                status: WcStatus::Success,
+                byte_len: delivered.len,
+                invalidated: None,
+                solicited: opcode.is_solicited(),
+            };
+            if opcode.carries_invalidate_stag() {
+                let stag = Stag(info.map_or(0, |i| i.invalidate));
+                if let Err(error) = mem.invalidate(stag, self.cfg.pd) {
+                    completion.status = WcStatus::RemoteInvalidRequestError;
+                    completion.byte_len = 0;
+                    self.completions.push_back(completion);
+                    return Err(error.into());
+                }
+                completion.invalidated = Some(stag);
+            }
+            self.completions.push_back(completion);
+        }
+        Ok(())
+    }
+
+    /// RDMA Read Request (5.2.1) on QN 1: staged until delivered (rule 12), then the
+    /// source is checked (7.2 rule 4: STag valid, same PD, REMOTE_READ, no wrap, in
+    /// bounds; not for a zero-length Read) and the Response queued.
+    fn receive_read_request<B: RegionBuffer>(
+        &mut self,
+        hdr: &UntaggedHeader,
+        payload: &[u8],
+        ulpdu: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        let beyond_window = hdr.msn == self.rrq.next_msn().wrapping_add(self.rrq.posted() as u32);
+        let placement = match self.rrq.place(hdr, payload.len()) {
+            Ok(p) => p,
+            Err(DdpError::MsnNoBuffer { .. } | DdpError::MsnRange { .. }) if beyond_window => {
+                return Err(RdmapError::IrdExceeded { ird: self.ird }.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let start = placement.offset as usize;
+        let staged = self
+            .read_staging
+            .get_mut(usize::from(placement.cookie))
+            .and_then(|s| s.get_mut(start..start + payload.len()))
+            .ok_or(RdmapError::LocalCatastrophic)?;
+        staged.copy_from_slice(payload);
+        while let Some(delivered) = self.rrq.poll_delivery() {
+            let slot = delivered.cookie;
+            if delivered.len as usize != READ_REQUEST_LEN {
+                return Err(RdmapError::MalformedReadRequest { len: delivered.len }.into());
+            }
+            let bytes = self
+                .read_staging
+                .get(usize::from(slot))
+                .ok_or(RdmapError::LocalCatastrophic)?;
+            let request = ReadRequest::parse(bytes)?;
+            if request.size > 0 {
+                let src = Stag(request.src_stag);
+                mem.validate(
+                    src,
+                    self.cfg.pd,
+                    Access::REMOTE_READ,
+                    request.src_to,
+                    u64::from(request.size),
+                )
+                .map_err(|violation| Fault {
+                    error: RdmapError::SourceAccess {
+                        stag: src,
+                        violation,
+                    },
+                    read_request: Some(request),
+                })?;
+            }
+            self.read_responses.push_back(ReadResponseJob {
+                request,
+                request_segment: Self::segment_of(ulpdu),
+                slot,
+                sent: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// Terminate (5.4) on QN 2: recorded for [`QueuePair::remote_terminate`]; the work
+    /// request it names (an outstanding Read by its Request's MSN, else the oldest
+    /// started one) completes with the remote error, everything else is flushed, and the
+    /// QP enters Error. A Terminate whose header is malformed still terminates; only
+    /// its control word is kept.
+    fn receive_terminate(&mut self, hdr: &UntaggedHeader, payload: &[u8]) -> Result<(), Fault> {
+        let placement = self.tq.place(hdr, payload.len())?;
+        let start = placement.offset as usize;
+        let staged = self
+            .terminate_staging
+            .get_mut(start..start + payload.len())
+            .ok_or(RdmapError::LocalCatastrophic)?;
+        staged.copy_from_slice(payload);
+        let Some(delivered) = self.tq.poll_delivery() else {
+            return Ok(());
+        };
+        let bytes = self
+            .terminate_staging
+            .get(..delivered.len as usize)
+            .ok_or(RdmapError::LocalCatastrophic)?;
+        let info = TerminateHeader::parse(bytes).unwrap_or_else(|_| {
+            let view = TerminateView::new_unchecked(bytes);
+            TerminateHeader::bare(view.layer(), view.etype(), view.code())
+        });
+        self.apply_remote_terminate(info);
+        Ok(())
+    }
+
+    fn apply_remote_terminate(&mut self, info: TerminateInfo) {
+        self.remote_terminate = Some(info);
+        let status = match (info.layer, info.etype) {
+            (layer::RDMAP, rdmap_etype::REMOTE_PROTECTION) | (layer::DDP, 0x1) => {
+                Some(WcStatus::RemoteAccessError)
+            }
+            (layer::RDMAP, rdmap_etype::REMOTE_OPERATION) | (layer::DDP, 0x2) => {
+                Some(WcStatus::RemoteOperationError)
+            }
+            _ => None,
+        };
+        if let Some(status) = status {
+            let named_read = info
+                .ddp_header
+                .and_then(|h| DdpHeader::parse(h.as_bytes()).ok().map(|(h, _)| h))
+                .and_then(|h| match h {
+                    DdpHeader::Untagged(u) if u.qn == queue::READ_REQUEST => Some(u.msn),
+                    _ => None,
+                })
+                .and_then(|msn| self.outstanding_reads.iter().find(|r| r.msn == msn))
+                .and_then(|r| r.seq);
+            let oldest_started = self
+                .outstanding_reads
+                .iter()
+                .filter_map(|r| r.seq)
+                .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
+                .min();
+            if let Some(seq) = named_read.or(oldest_started) {
+                self.finish_slot(seq, status);
+            }
+        }
+        if self.terminate_tx.is_some() && !self.terminate_sent {
+            // Our own Terminate still goes out first; Error follows it.
+            self.flush_all();
+        } else {
+            self.enter_error();
+        }
+    }
 }
