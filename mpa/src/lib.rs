@@ -18,11 +18,15 @@ pub mod crc;
 mod decoder;
 mod encoder;
 mod error;
+pub mod startup;
 pub mod wire;
 
 pub use decoder::FpduDecoder;
 pub use encoder::FpduEncoder;
 pub use error::MpaError;
+pub use startup::{
+    Initiator, InitiatorEvent, MpaConfig, Negotiated, RequestInfo, Responder, RtrKind,
+};
 
 /// The smallest MULPDU MPA may offer, whatever the EMSS (RFC 5044 section 4.5).
 pub const MIN_MULPDU: usize = 128;
