@@ -1,0 +1,730 @@
+//! Two queue pairs back to back: Write, Read and Send of many sizes, ordering, ORD/IRD,
+//! RTR, close.
+
+mod common;
+
+use common::*;
+use rdmap::qp::{
+    QpConfig, QpState, RecvWr, RtrKind, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use rdmap::{Access, AccessViolation, Opcode, RdmapError, Stag};
+
+const MULPDU: usize = 1000;
+const TAGGED_ROOM: usize = MULPDU - 14;
+const UNTAGGED_ROOM: usize = MULPDU - 18;
+const MIB: usize = 1 << 20;
+
+fn sizes(room: usize) -> Vec<usize> {
+    vec![0, 1, room - 1, room, room + 1, MIB]
+}
+
+fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        opcode,
+        status: WcStatus::Success,
+        byte_len,
+        invalidated: None,
+        solicited: false,
+    }
+}
+
+#[test]
+fn rdma_write_of_each_size_lands_in_the_sink() {
+    for len in sizes(TAGGED_ROOM) {
+        let mut pair = Pair::new(MULPDU);
+        let data = pattern(len, 1);
+        let src = pair.a.region(data.clone(), 0x5000, Access::NONE);
+        let sink = pair
+            .b
+            .region(vec![0xEE; len + 8], 0x9_0000, Access::REMOTE_WRITE);
+        pair.a.post(
+            7,
+            SendOp::Write {
+                remote_stag: sink,
+                remote_to: 0x9_0004,
+            },
+            Some(Sge {
+                stag: src,
+                to: 0x5000,
+                len: len as u32,
+            }),
+        );
+        pair.pump();
+        let got = pair.b.contents(sink);
+        assert_eq!(&got[4..4 + len], &data[..], "len {len}");
+        assert_eq!(&got[..4], &[0xEE; 4]);
+        assert_eq!(&got[4 + len..], &[0xEE; 4]);
+        assert_eq!(
+            pair.a.completions(),
+            vec![ok(7, WcOpcode::Write, len as u32)]
+        );
+        assert!(pair.b.completions().is_empty(), "a Write is not delivered");
+        let segments = pair.sent_by(Side::A).count();
+        assert_eq!(segments, len.div_ceil(TAGGED_ROOM).max(1), "len {len}");
+        assert!(pair.log.iter().all(|t| t.result.is_ok()));
+        assert!(pair.log.last().unwrap().tx.last);
+    }
+}
+
+#[test]
+fn rdma_read_of_each_size_fills_the_local_sink() {
+    for len in sizes(TAGGED_ROOM) {
+        let mut pair = Pair::new(MULPDU);
+        let data = pattern(len, 2);
+        let source = pair.b.region(data.clone(), 0x100, Access::REMOTE_READ);
+        let sink = pair.a.region(vec![0; len], 0x7000, Access::LOCAL_WRITE);
+        pair.a.post(
+            9,
+            SendOp::Read {
+                remote_stag: source,
+                remote_to: 0x100,
+            },
+            Some(Sge {
+                stag: sink,
+                to: 0x7000,
+                len: len as u32,
+            }),
+        );
+        pair.pump();
+        assert_eq!(pair.a.contents(sink), data, "len {len}");
+        assert_eq!(
+            pair.a.completions(),
+            vec![ok(9, WcOpcode::Read, len as u32)]
+        );
+        assert!(pair.b.completions().is_empty());
+        let responses = pair
+            .sent_by(Side::B)
+            .filter(|t| t.opcode() == Opcode::ReadResponse)
+            .count();
+        assert_eq!(responses, len.div_ceil(TAGGED_ROOM).max(1), "len {len}");
+        assert!(pair.log.iter().all(|t| t.result.is_ok()));
+    }
+}
+
+#[test]
+fn send_of_each_size_is_delivered_to_the_posted_buffer() {
+    for len in sizes(UNTAGGED_ROOM) {
+        let mut pair = Pair::new(MULPDU);
+        let data = pattern(len, 3);
+        let src = pair.a.region(data.clone(), 0, Access::NONE);
+        let rbuf = pair.b.region(vec![0; len + 16], 0x40, Access::LOCAL_WRITE);
+        pair.b.post_recv(21, rbuf, 0x40, len as u32 + 16);
+        pair.a.post(
+            5,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            Some(Sge {
+                stag: src,
+                to: 0,
+                len: len as u32,
+            }),
+        );
+        pair.pump();
+        assert_eq!(&pair.b.contents(rbuf)[..len], &data[..], "len {len}");
+        assert_eq!(
+            pair.a.completions(),
+            vec![ok(5, WcOpcode::Send, len as u32)]
+        );
+        assert_eq!(
+            pair.b.completions(),
+            vec![ok(21, WcOpcode::Recv, len as u32)]
+        );
+        assert_eq!(
+            pair.sent_by(Side::A).count(),
+            len.div_ceil(UNTAGGED_ROOM).max(1)
+        );
+    }
+}
+
+#[test]
+fn send_with_solicited_event_and_invalidate() {
+    let mut pair = Pair::new(MULPDU);
+    let data = pattern(300, 4);
+    let src = pair.a.region(data.clone(), 0, Access::NONE);
+    let rbuf = pair.b.region(vec![0; 300], 0, Access::LOCAL_WRITE);
+    let advertised = pair.b.region(vec![0; 64], 0, Access::REMOTE_WRITE);
+    pair.b.post_recv(1, rbuf, 0, 300);
+    pair.b.post_recv(2, rbuf, 0, 300);
+    pair.a.post(
+        10,
+        SendOp::Send {
+            solicited: true,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 300,
+        }),
+    );
+    pair.a.post(
+        11,
+        SendOp::Send {
+            solicited: true,
+            invalidate: Some(advertised),
+        },
+        None,
+    );
+    pair.pump();
+    let opcodes: Vec<_> = pair.sent_by(Side::A).map(|t| t.opcode()).collect();
+    assert_eq!(opcodes, vec![Opcode::SendSe, Opcode::SendSeInvalidate]);
+    let recvs = pair.b.completions();
+    assert_eq!(recvs.len(), 2);
+    assert!(recvs[0].solicited && recvs[0].invalidated.is_none());
+    assert_eq!(recvs[0].byte_len, 300);
+    assert_eq!(recvs[1].invalidated, Some(advertised));
+    assert!(recvs[1].solicited);
+    assert_eq!(recvs[1].byte_len, 0);
+    assert_eq!(recvs[1].status, WcStatus::Success);
+    // The invalidated STag no longer works for the peer...
+    assert_eq!(
+        pair.b
+            .mem
+            .validate(advertised, PD, Access::REMOTE_WRITE, 0, 1)
+            .err(),
+        Some(AccessViolation::InvalidStag)
+    );
+    // ...and a Write through it is now refused with invalid STag (DDP 1/1/0).
+    pair.a.post(
+        12,
+        SendOp::Write {
+            remote_stag: advertised,
+            remote_to: 0,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 4,
+        }),
+    );
+    pair.pump();
+    let term = pair.a.qp.remote_terminate().expect("B terminated");
+    assert_eq!((term.layer, term.etype, term.code), (1, 1, 0));
+}
+
+#[test]
+fn plain_send_with_invalidate() {
+    let mut pair = Pair::new(MULPDU);
+    let src = pair.a.region(vec![9; 10], 0, Access::NONE);
+    let rbuf = pair.b.region(vec![0; 10], 0, Access::LOCAL_WRITE);
+    let advertised = pair.b.region(vec![0; 8], 0, Access::REMOTE_READ);
+    pair.b.post_recv(1, rbuf, 0, 10);
+    pair.a.post(
+        2,
+        SendOp::Send {
+            solicited: false,
+            invalidate: Some(advertised),
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 10,
+        }),
+    );
+    pair.pump();
+    assert_eq!(
+        pair.sent_by(Side::A).next().unwrap().opcode(),
+        Opcode::SendInvalidate
+    );
+    let recv = pair.b.completions();
+    assert_eq!(recv.len(), 1);
+    assert_eq!(recv[0].invalidated, Some(advertised));
+    assert!(!recv[0].solicited);
+    assert_eq!(pair.b.contents(rbuf), vec![9; 10]);
+    assert_eq!(pair.b.mem.info(advertised).map(|i| i.valid), Some(false));
+}
+
+#[test]
+fn read_responses_follow_request_order_with_several_outstanding() {
+    let mut pair = Pair::new(200);
+    let mut expected = Vec::new();
+    for i in 0..5u64 {
+        let len = 150 + 170 * i as usize;
+        let data = pattern(len, 10 + i as u8);
+        let source = pair.b.region(data.clone(), 0, Access::REMOTE_READ);
+        let sink = pair.a.region(vec![0; len], 0, Access::LOCAL_WRITE);
+        pair.a.post(
+            100 + i,
+            SendOp::Read {
+                remote_stag: source,
+                remote_to: 0,
+            },
+            Some(Sge {
+                stag: sink,
+                to: 0,
+                len: len as u32,
+            }),
+        );
+        expected.push((sink, data));
+    }
+    pair.pump();
+    // All five Requests went out before any Response (A drains first).
+    let requests = pair
+        .sent_by(Side::A)
+        .filter(|t| t.opcode() == Opcode::ReadRequest)
+        .count();
+    assert_eq!(requests, 5);
+    // Responses come back in request order: the sink STags appear in posting order and
+    // are never interleaved.
+    let mut order: Vec<u32> = Vec::new();
+    for t in pair.sent_by(Side::B) {
+        let stag = t.stag().unwrap();
+        if order.last() != Some(&stag) {
+            assert!(!order.contains(&stag), "responses interleaved");
+            order.push(stag);
+        }
+    }
+    let sinks: Vec<u32> = expected.iter().map(|(s, _)| s.raw()).collect();
+    assert_eq!(order, sinks);
+    for (sink, data) in &expected {
+        assert_eq!(&pair.a.contents(*sink), data);
+    }
+    let ids: Vec<u64> = pair.a.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![100, 101, 102, 103, 104]);
+}
+
+#[test]
+fn ord_limits_outstanding_read_requests() {
+    let cfg_a = QpConfig { ord: 2, ..config() };
+    let mut pair = Pair::with_configs(MULPDU, cfg_a, config());
+    for i in 0..5u64 {
+        let source = pair
+            .b
+            .region(pattern(3000, i as u8), 0, Access::REMOTE_READ);
+        let sink = pair.a.region(vec![0; 3000], 0, Access::LOCAL_WRITE);
+        pair.a.post(
+            i,
+            SendOp::Read {
+                remote_stag: source,
+                remote_to: 0,
+            },
+            Some(Sge {
+                stag: sink,
+                to: 0,
+                len: 3000,
+            }),
+        );
+    }
+    pair.pump_alternating();
+    let mut outstanding = 0i32;
+    let mut max = 0;
+    for t in &pair.log {
+        match (t.from, t.opcode()) {
+            (Side::A, Opcode::ReadRequest) => outstanding += 1,
+            (Side::B, Opcode::ReadResponse) if t.tx.last => outstanding -= 1,
+            _ => {}
+        }
+        max = max.max(outstanding);
+    }
+    assert_eq!(max, 2, "ORD 2 must cap outstanding Read Requests");
+    assert_eq!(outstanding, 0);
+    let done: Vec<_> = pair.a.completions();
+    assert_eq!(done.len(), 5);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+}
+
+#[test]
+fn read_request_beyond_ird_is_a_remote_operation_terminate() {
+    // A believes it may have 4 Reads outstanding, B grants 2.
+    let cfg_a = QpConfig { ord: 4, ..config() };
+    let cfg_b = QpConfig { ird: 2, ..config() };
+    let mut pair = Pair::with_configs(MULPDU, cfg_a, cfg_b);
+    let source = pair.b.region(pattern(64, 1), 0, Access::REMOTE_READ);
+    let sink = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    for i in 0..3 {
+        pair.a.post(
+            i,
+            SendOp::Read {
+                remote_stag: source,
+                remote_to: 0,
+            },
+            Some(Sge {
+                stag: sink,
+                to: 0,
+                len: 64,
+            }),
+        );
+    }
+    pair.pump();
+    let third = pair
+        .sent_by(Side::A)
+        .filter(|t| t.opcode() == Opcode::ReadRequest)
+        .nth(2)
+        .unwrap();
+    assert_eq!(third.result, Err(RdmapError::IrdExceeded { ird: 2 }));
+    let term = pair.a.qp.remote_terminate().unwrap();
+    assert_eq!((term.layer, term.etype, term.code), (0, 2, 7));
+    assert!(term.ddp_header.is_some() && term.read_request.is_none());
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    assert_eq!(pair.a.qp.state(), QpState::Error);
+    // B sent only the Terminate: no Response for the two valid Requests escaped.
+    let b_sent: Vec<_> = pair.sent_by(Side::B).map(|t| t.opcode()).collect();
+    assert_eq!(b_sent, vec![Opcode::Terminate]);
+}
+
+#[test]
+fn send_queue_completions_are_in_submission_order() {
+    let mut pair = Pair::new(MULPDU);
+    let source = pair.b.region(pattern(5000, 1), 0, Access::REMOTE_READ);
+    let sink = pair.a.region(vec![0; 5000], 0, Access::LOCAL_WRITE);
+    let rbuf = pair.b.region(vec![0; 16], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(50, rbuf, 0, 16);
+    pair.a.post(
+        1,
+        SendOp::Read {
+            remote_stag: source,
+            remote_to: 0,
+        },
+        Some(Sge {
+            stag: sink,
+            to: 0,
+            len: 5000,
+        }),
+    );
+    pair.a.post(
+        2,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        None,
+    );
+    // Only A's two messages go out; the Send is handed out but must wait for the Read.
+    while pair.step(Side::A) {}
+    assert!(pair.a.completions().is_empty());
+    pair.pump();
+    let ids: Vec<u64> = pair.a.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![1, 2]);
+}
+
+#[test]
+fn read_responses_interleave_with_a_long_send() {
+    let mut pair = Pair::new(MULPDU);
+    // B reads from A while A sends B one MiB.
+    let a_source = pair.a.region(pattern(4000, 9), 0, Access::REMOTE_READ);
+    let b_sink = pair.b.region(vec![0; 4000], 0, Access::LOCAL_WRITE);
+    let a_big = pair.a.region(pattern(MIB, 8), 0, Access::NONE);
+    let b_rbuf = pair.b.region(vec![0; MIB], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(1, b_rbuf, 0, MIB as u32);
+    pair.a.post(
+        2,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: a_big,
+            to: 0,
+            len: MIB as u32,
+        }),
+    );
+    pair.b.post(
+        3,
+        SendOp::Read {
+            remote_stag: a_source,
+            remote_to: 0,
+        },
+        Some(Sge {
+            stag: b_sink,
+            to: 0,
+            len: 4000,
+        }),
+    );
+    // A has sent one Send segment; B's Read Request arrives.
+    assert!(pair.step(Side::A));
+    assert!(pair.step(Side::B));
+    // From now on A alternates: the 5 Response segments finish within ~10 ULPDUs.
+    let mut a_sent = Vec::new();
+    for _ in 0..10 {
+        assert!(pair.step(Side::A));
+        a_sent.push(pair.log.last().unwrap().opcode());
+    }
+    assert_eq!(
+        a_sent
+            .iter()
+            .filter(|o| **o == Opcode::ReadResponse)
+            .count(),
+        5
+    );
+    let read_done = pair.b.completions();
+    assert_eq!(read_done, vec![ok(3, WcOpcode::Read, 4000)]);
+    pair.pump();
+    assert_eq!(pair.b.contents(b_sink), pattern(4000, 9));
+    assert_eq!(pair.b.contents(b_rbuf), pattern(MIB, 8));
+    assert_eq!(
+        pair.b.completions(),
+        vec![ok(1, WcOpcode::Recv, MIB as u32)]
+    );
+}
+
+#[test]
+fn a_write_is_never_interleaved_with_a_read_response() {
+    let mut pair = Pair::new(MULPDU);
+    let a_source = pair.a.region(pattern(4000, 9), 0, Access::REMOTE_READ);
+    let b_sink = pair.b.region(vec![0; 4000], 0, Access::LOCAL_WRITE);
+    let a_src = pair.a.region(pattern(20_000, 8), 0, Access::NONE);
+    let b_target = pair.b.region(vec![0; 20_000], 0, Access::REMOTE_WRITE);
+    for i in 0..2 {
+        pair.a.post(
+            10 + i,
+            SendOp::Write {
+                remote_stag: b_target,
+                remote_to: 0,
+            },
+            Some(Sge {
+                stag: a_src,
+                to: 0,
+                len: 20_000,
+            }),
+        );
+    }
+    pair.b.post(
+        3,
+        SendOp::Read {
+            remote_stag: a_source,
+            remote_to: 0,
+        },
+        Some(Sge {
+            stag: b_sink,
+            to: 0,
+            len: 4000,
+        }),
+    );
+    assert!(pair.step(Side::A));
+    assert!(pair.step(Side::B));
+    pair.pump_alternating();
+    // Tagged messages from A come in runs: each started message finishes before another
+    // tagged message starts.
+    let mut current: Option<(Opcode, u32)> = None;
+    for t in pair.sent_by(Side::A) {
+        let key = (t.opcode(), t.stag().unwrap());
+        if let Some(cur) = current {
+            assert_eq!(cur, key, "tagged messages interleaved");
+        }
+        current = if t.tx.last { None } else { Some(key) };
+    }
+    // The Response went out between the two Writes, not after both.
+    let opcodes: Vec<_> = pair.sent_by(Side::A).map(|t| t.opcode()).collect();
+    let first_response = opcodes
+        .iter()
+        .position(|o| *o == Opcode::ReadResponse)
+        .unwrap();
+    assert_eq!(first_response, 20_000usize.div_ceil(TAGGED_ROOM));
+    assert_eq!(pair.b.contents(b_sink), pattern(4000, 9));
+    assert_eq!(pair.b.contents(b_target), pattern(20_000, 8));
+    assert_eq!(pair.a.completions().len(), 2);
+}
+
+#[test]
+fn zero_length_read_needs_no_valid_stags() {
+    let mut pair = Pair::new(MULPDU);
+    pair.a.post(
+        1,
+        SendOp::Read {
+            remote_stag: Stag(0xDEAD_BEEF),
+            remote_to: u64::MAX,
+        },
+        None,
+    );
+    pair.pump();
+    assert_eq!(pair.a.completions(), vec![ok(1, WcOpcode::Read, 0)]);
+    assert!(pair.log.iter().all(|t| t.result.is_ok()));
+}
+
+#[test]
+fn rtr_messages_are_accepted() {
+    for kind in [RtrKind::Write, RtrKind::Read, RtrKind::Send] {
+        let mut pair = Pair::new(MULPDU);
+        let mut b = rdmap::qp::QueuePair::new(config());
+        b.expect_rtr(kind).unwrap();
+        let rbuf = pair.b.region(vec![0; 8], 0, Access::LOCAL_WRITE);
+        // Post a user receive before RTS, as rdma_cm users do, then enter RTS.
+        b.post_recv(
+            RecvWr {
+                wr_id: 78,
+                sge: Some(Sge {
+                    stag: rbuf,
+                    to: 0,
+                    len: 8,
+                }),
+            },
+            &pair.b.mem,
+        )
+        .unwrap();
+        b.enter_rts(8, 8);
+        pair.b.qp = b;
+        pair.a.qp.send_rtr(kind);
+        pair.pump();
+        let first = &pair.log[0];
+        assert!(first.result.is_ok(), "{kind:?}: {:?}", first.result);
+        let expected_len = match kind {
+            RtrKind::Write => 14,
+            RtrKind::Read => 18 + 28,
+            RtrKind::Send => 18,
+        };
+        assert_eq!(first.tx.len, expected_len);
+        assert!(
+            pair.a.completions().is_empty(),
+            "{kind:?}: RTR completes nothing"
+        );
+        assert!(
+            pair.b.completions().is_empty(),
+            "{kind:?}: RTR consumes no user receive"
+        );
+        // The user receive is still there for the first real Send.
+        let src = pair.a.region(vec![5; 8], 0, Access::NONE);
+        pair.a.post(
+            1,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            Some(Sge {
+                stag: src,
+                to: 0,
+                len: 8,
+            }),
+        );
+        pair.pump();
+        assert_eq!(
+            pair.b.completions(),
+            vec![ok(78, WcOpcode::Recv, 8)],
+            "{kind:?}"
+        );
+    }
+}
+
+#[test]
+fn close_flushes_outstanding_work() {
+    let mut pair = Pair::new(MULPDU);
+    let rbuf = pair.a.region(vec![0; 8], 0, Access::LOCAL_WRITE);
+    pair.a.post_recv(1, rbuf, 0, 8);
+    pair.a.post(
+        2,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        None,
+    );
+    pair.a.qp.close();
+    assert_eq!(pair.a.qp.state(), QpState::Closing);
+    let flushed = pair.a.completions();
+    assert_eq!(flushed.len(), 2);
+    assert!(flushed.iter().all(|c| c.status == WcStatus::WrFlushError));
+    let mut out = Vec::new();
+    assert!(pair
+        .a
+        .qp
+        .poll_transmit(MULPDU, &pair.a.mem, &mut out)
+        .is_none());
+    assert!(!pair.a.qp.has_pending_transmit());
+    assert!(matches!(
+        pair.a.qp.post_send(
+            SendWr {
+                wr_id: 3,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None
+                },
+                local: None
+            },
+            &pair.a.mem
+        ),
+        Err(RdmapError::InvalidState {
+            state: QpState::Closing
+        })
+    ));
+}
+
+#[test]
+fn local_checks_on_post() {
+    let mut pair = Pair::new(MULPDU);
+    let ro = pair.a.region(vec![0; 8], 0, Access::NONE);
+    let read_sink = SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+        },
+        local: Some(Sge {
+            stag: ro,
+            to: 0,
+            len: 8,
+        }),
+    };
+    assert_eq!(
+        pair.a.qp.post_send(read_sink, &pair.a.mem),
+        Err(RdmapError::LocalAccess {
+            stag: ro,
+            violation: AccessViolation::AccessRights
+        })
+    );
+    let too_long = SendWr {
+        wr_id: 2,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        local: Some(Sge {
+            stag: ro,
+            to: 4,
+            len: 5,
+        }),
+    };
+    assert_eq!(
+        pair.a.qp.post_send(too_long, &pair.a.mem),
+        Err(RdmapError::LocalAccess {
+            stag: ro,
+            violation: AccessViolation::BaseBounds
+        })
+    );
+    assert_eq!(
+        pair.a.qp.post_recv(
+            RecvWr {
+                wr_id: 3,
+                sge: Some(Sge {
+                    stag: ro,
+                    to: 0,
+                    len: 8
+                })
+            },
+            &pair.a.mem
+        ),
+        Err(RdmapError::LocalAccess {
+            stag: ro,
+            violation: AccessViolation::AccessRights
+        })
+    );
+    let small = QpConfig {
+        sq_depth: 1,
+        rq_depth: 1,
+        ..config()
+    };
+    let mut qp = rdmap::qp::QueuePair::new(small);
+    let send = SendWr {
+        wr_id: 4,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        local: None,
+    };
+    qp.post_send(send, &pair.a.mem).unwrap();
+    assert_eq!(
+        qp.post_send(send, &pair.a.mem),
+        Err(RdmapError::SendQueueFull)
+    );
+    let recv = RecvWr {
+        wr_id: 5,
+        sge: None,
+    };
+    qp.post_recv(recv, &pair.a.mem).unwrap();
+    assert_eq!(
+        qp.post_recv(recv, &pair.a.mem),
+        Err(RdmapError::RecvQueueFull)
+    );
+}
