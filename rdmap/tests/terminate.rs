@@ -1,0 +1,770 @@
+//! Every receiver check with its exact Terminate (RFC 5040 4.8, 7; RFC 5041 7.2), the
+//! Terminate being sent first and once, and both sides flushing.
+
+mod common;
+
+use common::*;
+use ddp::{DdpError, DdpHeader};
+use rdmap::qp::{QpState, SendOp, Sge, TxUlpdu, WcOpcode, WcStatus};
+use rdmap::wire::{ReadRequest, TerminateHeader};
+use rdmap::{Access, AccessViolation, Opcode, PdId, RdmapError, Stag, TerminateCause};
+
+const MULPDU: usize = 512;
+const B_SEND: u64 = 900;
+const B_RECV: u64 = 901;
+const A_RECV: u64 = 800;
+
+/// A pair where B has a Send queued (it must never go out) and, if `b_recv`, a posted
+/// receive; A has a posted receive. All of these must be flushed by the Terminate.
+fn pair(b_recv: bool) -> Pair {
+    let mut pair = Pair::new(MULPDU);
+    let a_rbuf = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.a.post_recv(A_RECV, a_rbuf, 0, 64);
+    if b_recv {
+        let b_rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+        pair.b.post_recv(B_RECV, b_rbuf, 0, 64);
+    }
+    pair.b.post(
+        B_SEND,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        None,
+    );
+    pair
+}
+
+fn a_source(pair: &mut Pair, len: usize) -> Sge {
+    let stag = pair.a.region(pattern(len, 1), 0, Access::NONE);
+    Sge {
+        stag,
+        to: 0,
+        len: len as u32,
+    }
+}
+
+fn a_sink(pair: &mut Pair, len: usize) -> Sge {
+    let stag = pair.a.region(vec![0; len], 0, Access::LOCAL_WRITE);
+    Sge {
+        stag,
+        to: 0,
+        len: len as u32,
+    }
+}
+
+fn write(pair: &mut Pair, remote_stag: Stag, remote_to: u64, len: usize) {
+    let local = a_source(pair, len);
+    pair.a.post(
+        1,
+        SendOp::Write {
+            remote_stag,
+            remote_to,
+        },
+        Some(local),
+    );
+    pair.pump();
+}
+
+fn read(pair: &mut Pair, remote_stag: Stag, remote_to: u64, len: usize) {
+    let local = a_sink(pair, len);
+    pair.a.post(
+        2,
+        SendOp::Read {
+            remote_stag,
+            remote_to,
+        },
+        Some(local),
+    );
+    pair.pump();
+}
+
+fn send(pair: &mut Pair, len: usize, invalidate: Option<Stag>) {
+    let local = a_source(pair, len);
+    pair.a.post(
+        3,
+        SendOp::Send {
+            solicited: false,
+            invalidate,
+        },
+        Some(local),
+    );
+    pair.pump();
+}
+
+/// Feeds crafted bytes to B as if A had sent them, then lets the Terminate flow.
+fn inject(pair: &mut Pair, bytes: Vec<u8>) {
+    let result = pair.b.qp.on_ulpdu(&bytes, &mut pair.b.mem);
+    pair.log.push(Transfer {
+        from: Side::A,
+        tx: TxUlpdu {
+            opcode: Opcode::Send,
+            last: true,
+            len: bytes.len(),
+        },
+        bytes,
+        result,
+    });
+    pair.pump();
+}
+
+fn untagged(ctrl: u8, rdmap: u8, qn: u32, msn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![ctrl, rdmap, 0, 0, 0, 0];
+    v.extend_from_slice(&qn.to_be_bytes());
+    v.extend_from_slice(&msn.to_be_bytes());
+    v.extend_from_slice(&0u32.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+fn tagged(ctrl: u8, rdmap: u8, stag: u32, to: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![ctrl, rdmap];
+    v.extend_from_slice(&stag.to_be_bytes());
+    v.extend_from_slice(&to.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Checks the whole Terminate story and returns the Terminate B sent.
+fn verify(
+    pair: &Pair,
+    error: RdmapError,
+    code: (u8, u8, u8),
+    with_ddp_header: bool,
+    with_read_request: bool,
+) -> TerminateHeader {
+    // Exactly one inbound segment failed, with the expected error.
+    let failed: Vec<_> = pair
+        .log
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.from == Side::A && t.result.is_err())
+        .collect();
+    assert_eq!(failed.len(), 1, "one failing segment: {failed:?}");
+    let (fail_at, offending) = failed[0];
+    assert_eq!(offending.result.as_ref().unwrap_err(), &error);
+    assert_eq!(
+        error.terminate_code().map(|c| (c.layer, c.etype, c.code)),
+        Some(code)
+    );
+
+    // B sent nothing after the error but one Terminate, and nothing after it.
+    let b_after: Vec<_> = pair.log[fail_at..]
+        .iter()
+        .filter(|t| t.from == Side::B)
+        .collect();
+    assert_eq!(
+        b_after.len(),
+        1,
+        "B sends exactly one ULPDU after the error"
+    );
+    let term = b_after[0];
+    assert_eq!(term.opcode(), Opcode::Terminate);
+    assert!(
+        pair.sent_by(Side::B).all(|t| t.opcode() != Opcode::Send),
+        "B's queued Send must never go out"
+    );
+
+    // The Terminate's DDP header: untagged, L, QN 2, MSN 1, MO 0, opcode 7.
+    let (DdpHeader::Untagged(h), payload) = DdpHeader::parse(&term.bytes).unwrap() else {
+        panic!("Terminate must be untagged");
+    };
+    assert!(h.last);
+    assert_eq!((h.qn, h.msn, h.mo), (2, 1, 0));
+    assert_eq!(h.rsvd_ulp, [0x47, 0, 0, 0, 0]);
+    let header = TerminateHeader::parse(payload).unwrap();
+    assert_eq!((header.layer, header.etype, header.code), code);
+
+    // Figure 10 headers.
+    assert_eq!(header.ddp_header.is_some(), with_ddp_header, "D bit");
+    if let Some(copied) = header.ddp_header {
+        let n = copied.as_bytes().len();
+        assert_eq!(copied.as_bytes(), &offending.bytes[..n]);
+        assert_eq!(header.segment_len, Some((offending.bytes.len() - n) as u16));
+    }
+    assert_eq!(header.read_request.is_some(), with_read_request, "R bit");
+    if let Some(rr) = header.read_request {
+        let sent = ReadRequest::parse(&offending.bytes[18..]).unwrap();
+        assert_eq!(rr, sent);
+    }
+
+    // B is in Error with everything flushed.
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    assert!(!pair.b.qp.has_pending_transmit());
+    assert_eq!(pair.b.qp.local_terminate(), Some(header));
+
+    // A reports the Terminate and is in Error.
+    assert_eq!(pair.a.qp.remote_terminate(), Some(header));
+    assert_eq!(pair.a.qp.state(), QpState::Error);
+    header
+}
+
+fn assert_b_flushed(pair: &mut Pair, with_recv: bool) {
+    let done = pair.b.completions();
+    let mut expected = vec![(B_SEND, WcOpcode::Send)];
+    if with_recv {
+        expected.push((B_RECV, WcOpcode::Recv));
+    }
+    let got: Vec<_> = done
+        .iter()
+        .filter(|c| c.status == WcStatus::WrFlushError)
+        .map(|c| (c.wr_id, c.opcode))
+        .collect();
+    assert_eq!(got, expected, "{done:?}");
+}
+
+fn assert_a_flushed(pair: &mut Pair) -> Vec<rdmap::qp::WorkCompletion> {
+    let done = pair.a.completions();
+    assert!(
+        done.iter()
+            .any(|c| c.wr_id == A_RECV && c.status == WcStatus::WrFlushError),
+        "{done:?}"
+    );
+    done
+}
+
+fn sink_error(stag: Stag, violation: AccessViolation) -> RdmapError {
+    RdmapError::SinkAccess { stag, violation }
+}
+
+fn source_error(stag: Stag, violation: AccessViolation) -> RdmapError {
+    RdmapError::SourceAccess { stag, violation }
+}
+
+/// Standard flow for an RDMA Write refused by B.
+fn write_case(
+    setup: impl FnOnce(&mut Pair) -> (Stag, u64, usize),
+    violation: AccessViolation,
+    code: (u8, u8, u8),
+) {
+    let mut pair = pair(true);
+    let (stag, to, len) = setup(&mut pair);
+    write(&mut pair, stag, to, len);
+    verify(&pair, sink_error(stag, violation), code, true, false);
+    assert_b_flushed(&mut pair, true);
+    let a_done = assert_a_flushed(&mut pair);
+    // The Write completed when handed out (completion policy), before the Terminate.
+    assert_eq!(a_done[0].wr_id, 1);
+    assert_eq!(a_done[0].status, WcStatus::Success);
+}
+
+/// Standard flow for an RDMA Read Request refused by B (the data source).
+fn read_case(
+    setup: impl FnOnce(&mut Pair) -> (Stag, u64, usize),
+    violation: AccessViolation,
+    code: (u8, u8, u8),
+) {
+    let mut pair = pair(true);
+    let (stag, to, len) = setup(&mut pair);
+    read(&mut pair, stag, to, len);
+    verify(&pair, source_error(stag, violation), code, true, true);
+    assert_b_flushed(&mut pair, true);
+    let a_done = assert_a_flushed(&mut pair);
+    // The Read named by the Terminate fails with the remote error, not a flush.
+    let read_wc = a_done.iter().find(|c| c.wr_id == 2).unwrap();
+    assert_eq!(read_wc.status, WcStatus::RemoteAccessError);
+    assert_eq!(read_wc.opcode, WcOpcode::Read);
+}
+
+#[test]
+fn write_invalid_stag() {
+    write_case(
+        |_| (Stag(0x0012_3401), 0, 8),
+        AccessViolation::InvalidStag,
+        (1, 1, 0),
+    );
+}
+
+#[test]
+fn write_stale_key_after_reregistration() {
+    write_case(
+        |p| {
+            let old = p.b.region(vec![0; 64], 0, Access::REMOTE_WRITE);
+            let new =
+                p.b.mem
+                    .reregister(old, PD, 0, Access::REMOTE_WRITE)
+                    .unwrap();
+            assert_ne!(new, old);
+            (old, 0, 8)
+        },
+        AccessViolation::InvalidStag,
+        (1, 1, 0),
+    );
+}
+
+#[test]
+fn write_bounds_violation() {
+    write_case(
+        |p| {
+            (
+                p.b.region(vec![0; 64], 0x100, Access::REMOTE_WRITE),
+                0x100 + 60,
+                10,
+            )
+        },
+        AccessViolation::BaseBounds,
+        (1, 1, 1),
+    );
+}
+
+#[test]
+fn write_without_remote_write_access() {
+    write_case(
+        |p| {
+            (
+                p.b.region(vec![0; 64], 0, Access::REMOTE_READ | Access::LOCAL_WRITE),
+                0,
+                8,
+            )
+        },
+        AccessViolation::AccessRights,
+        (0, 1, 2),
+    );
+}
+
+#[test]
+fn write_pd_mismatch() {
+    write_case(
+        |p| {
+            let stag =
+                p.b.mem
+                    .register(PdId(2), rdmap::VecBuffer::zeroed(64), 0, Access::ALL);
+            (stag, 0, 8)
+        },
+        AccessViolation::StagNotAssociated,
+        (1, 1, 2),
+    );
+}
+
+#[test]
+fn write_to_wrap() {
+    write_case(
+        |p| {
+            (
+                p.b.region(vec![0; 64], u64::MAX - 63, Access::REMOTE_WRITE),
+                u64::MAX - 5,
+                10,
+            )
+        },
+        AccessViolation::ToWrap,
+        (1, 1, 3),
+    );
+}
+
+#[test]
+fn read_invalid_stag() {
+    read_case(
+        |_| (Stag(0x0055_5501), 0, 8),
+        AccessViolation::InvalidStag,
+        (0, 1, 0),
+    );
+}
+
+#[test]
+fn read_stale_key_after_reregistration() {
+    read_case(
+        |p| {
+            let old = p.b.region(vec![0; 64], 0, Access::REMOTE_READ);
+            p.b.mem.reregister(old, PD, 0, Access::REMOTE_READ).unwrap();
+            (old, 0, 8)
+        },
+        AccessViolation::InvalidStag,
+        (0, 1, 0),
+    );
+}
+
+#[test]
+fn read_bounds_violation() {
+    read_case(
+        |p| (p.b.region(vec![0; 64], 0, Access::REMOTE_READ), 32, 33),
+        AccessViolation::BaseBounds,
+        (0, 1, 1),
+    );
+}
+
+#[test]
+fn read_without_remote_read_access() {
+    read_case(
+        |p| (p.b.region(vec![0; 64], 0, Access::REMOTE_WRITE), 0, 8),
+        AccessViolation::AccessRights,
+        (0, 1, 2),
+    );
+}
+
+#[test]
+fn read_pd_mismatch() {
+    read_case(
+        |p| {
+            let stag =
+                p.b.mem
+                    .register(PdId(3), rdmap::VecBuffer::zeroed(64), 0, Access::ALL);
+            (stag, 0, 8)
+        },
+        AccessViolation::StagNotAssociated,
+        (0, 1, 3),
+    );
+}
+
+#[test]
+fn read_to_wrap() {
+    read_case(
+        |p| {
+            (
+                p.b.region(vec![0; 64], u64::MAX - 63, Access::REMOTE_READ),
+                u64::MAX - 5,
+                10,
+            )
+        },
+        AccessViolation::ToWrap,
+        (0, 1, 4),
+    );
+}
+
+#[test]
+fn send_without_posted_receive() {
+    let mut pair = pair(false);
+    send(&mut pair, 10, None);
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::MsnNoBuffer { msn: 1 }),
+        (1, 2, 2),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, false);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn send_longer_than_posted_buffer() {
+    let mut pair = pair(true);
+    send(&mut pair, 65, None);
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::MessageTooLong),
+        (1, 2, 5),
+        true,
+        false,
+    );
+    // The receive the Send was aimed at is flushed, not completed.
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn send_with_invalidate_of_unknown_stag() {
+    let mut pair = pair(true);
+    let bogus = Stag(0x0077_7701);
+    send(&mut pair, 4, Some(bogus));
+    verify(
+        &pair,
+        RdmapError::CannotInvalidate {
+            stag: bogus,
+            reason: AccessViolation::InvalidStag,
+        },
+        (0, 2, 9),
+        true,
+        false,
+    );
+    // The receive that got the Send fails with the remote error; the Send WR is flushed.
+    let done = pair.b.completions();
+    let recv = done.iter().find(|c| c.wr_id == B_RECV).unwrap();
+    assert_eq!(recv.status, WcStatus::RemoteInvalidRequestError);
+    let send_wc = done.iter().find(|c| c.wr_id == B_SEND).unwrap();
+    assert_eq!(send_wc.status, WcStatus::WrFlushError);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn send_with_invalidate_of_other_pd_stag() {
+    let mut pair = pair(true);
+    let foreign = pair
+        .b
+        .mem
+        .register(PdId(4), rdmap::VecBuffer::zeroed(8), 0, Access::ALL);
+    send(&mut pair, 4, Some(foreign));
+    verify(
+        &pair,
+        RdmapError::CannotInvalidate {
+            stag: foreign,
+            reason: AccessViolation::StagNotAssociated,
+        },
+        (0, 1, 9),
+        true,
+        false,
+    );
+    assert_eq!(pair.b.mem.info(foreign).map(|i| i.valid), Some(true));
+}
+
+#[test]
+fn invalid_ddp_version_untagged() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x42, 0x43, 0, 1, &[1, 2, 3]));
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::UntaggedVersion),
+        (1, 2, 6),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn invalid_ddp_version_tagged() {
+    let mut pair = pair(true);
+    inject(&mut pair, tagged(0xC0, 0x40, 0x100, 0, &[1, 2, 3]));
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::TaggedVersion),
+        (1, 1, 4),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+}
+
+#[test]
+fn truncated_ddp_header_has_no_copied_header() {
+    let mut pair = pair(true);
+    inject(&mut pair, vec![0x41, 0x43, 0, 0, 0]);
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::HeaderTruncated {
+            tagged: false,
+            len: 5,
+        }),
+        (1, 2, 6),
+        false,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+}
+
+#[test]
+fn invalid_rdmap_version() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x03, 0, 1, &[1]));
+    verify(
+        &pair,
+        RdmapError::InvalidVersion { version: 0 },
+        (0, 2, 5),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn reserved_opcode() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x48, 0, 1, &[1]));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 8 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+}
+
+#[test]
+fn write_opcode_on_untagged_queue() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x40, 0, 1, &[1]));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 0 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+}
+
+#[test]
+fn send_opcode_on_tagged_segment() {
+    let mut pair = pair(true);
+    inject(&mut pair, tagged(0xC1, 0x43, 0x100, 0, &[1]));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 3 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+}
+
+#[test]
+fn read_response_without_outstanding_read() {
+    let mut pair = pair(true);
+    inject(&mut pair, tagged(0xC1, 0x42, 0x100, 0, &[1, 2]));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 2 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+}
+
+#[test]
+fn invalid_queue_number() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x43, 3, 1, &[1]));
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::InvalidQn { qn: 3 }),
+        (1, 2, 1),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn msn_out_of_range() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x43, 0, 1000, &[1]));
+    verify(
+        &pair,
+        RdmapError::Ddp(DdpError::MsnRange { msn: 1000 }),
+        (1, 2, 3),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn short_read_request_is_malformed() {
+    let mut pair = pair(true);
+    inject(&mut pair, untagged(0x41, 0x41, 1, 1, &[0; 20]));
+    verify(
+        &pair,
+        RdmapError::MalformedReadRequest { len: 20 },
+        (0, 2, 0xFF),
+        true,
+        false,
+    );
+}
+
+#[test]
+fn only_the_first_error_is_reported() {
+    let mut pair = pair(true);
+    let first = untagged(0x41, 0x43, 7, 1, &[1]);
+    let second = untagged(0x41, 0x48, 0, 1, &[1]);
+    assert_eq!(
+        pair.b.qp.on_ulpdu(&first, &mut pair.b.mem),
+        Err(RdmapError::Ddp(DdpError::InvalidQn { qn: 7 }))
+    );
+    // Later segments are dropped silently (RFC 5041 7.1).
+    assert_eq!(pair.b.qp.on_ulpdu(&second, &mut pair.b.mem), Ok(()));
+    assert_eq!(pair.b.qp.state(), QpState::Terminate);
+    let mut out = Vec::new();
+    let tx = pair
+        .b
+        .qp
+        .poll_transmit(MULPDU, &pair.b.mem, &mut out)
+        .unwrap();
+    assert_eq!(tx.opcode, Opcode::Terminate);
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    let header = TerminateHeader::parse(&out[18..]).unwrap();
+    assert_eq!((header.layer, header.etype, header.code), (1, 2, 1));
+    assert_eq!(header.ddp_header.unwrap().as_bytes(), &first[..18]);
+    out.clear();
+    assert!(pair
+        .b
+        .qp
+        .poll_transmit(MULPDU, &pair.b.mem, &mut out)
+        .is_none());
+    assert!(out.is_empty());
+}
+
+#[test]
+fn mpa_crc_error_sends_bare_llp_terminate() {
+    let mut pair = pair(true);
+    pair.b
+        .qp
+        .on_transport_error(TerminateCause::Llp { code: 0x02 });
+    assert_eq!(pair.b.qp.state(), QpState::Terminate);
+    pair.pump();
+    let term = pair.a.qp.remote_terminate().unwrap();
+    assert_eq!(term, TerminateHeader::bare(2, 0, 2));
+    let b_sent: Vec<_> = pair.sent_by(Side::B).map(|t| t.opcode()).collect();
+    assert_eq!(b_sent, vec![Opcode::Terminate]);
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+#[test]
+fn connection_lost_flushes_without_terminate() {
+    let mut pair = pair(true);
+    pair.b.qp.on_transport_error(TerminateCause::ConnectionLost);
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    let mut out = Vec::new();
+    assert!(pair
+        .b
+        .qp
+        .poll_transmit(MULPDU, &pair.b.mem, &mut out)
+        .is_none());
+    assert_b_flushed(&mut pair, true);
+}
+
+#[test]
+fn read_response_outside_the_requested_range_is_refused_by_the_sink() {
+    // B answers A's Read honestly, but we tamper with the Response's TO on the way.
+    let mut pair = pair(true);
+    let source = pair.b.region(pattern(64, 1), 0, Access::REMOTE_READ);
+    let sink = a_sink(&mut pair, 64);
+    pair.a.post(
+        2,
+        SendOp::Read {
+            remote_stag: source,
+            remote_to: 0,
+        },
+        Some(sink),
+    );
+    assert!(pair.step(Side::A));
+    let mut out = Vec::new();
+    // B's first ULPDU is its queued Send (it has a receive at A); skip to the Response.
+    loop {
+        out.clear();
+        let tx = pair
+            .b
+            .qp
+            .poll_transmit(MULPDU, &pair.b.mem, &mut out)
+            .unwrap();
+        if tx.opcode == Opcode::ReadResponse {
+            break;
+        }
+        pair.a.qp.on_ulpdu(&out, &mut pair.a.mem).unwrap();
+    }
+    out[6..14].copy_from_slice(&8u64.to_be_bytes());
+    assert_eq!(
+        pair.a.qp.on_ulpdu(&out, &mut pair.a.mem),
+        Err(RdmapError::SinkAccess {
+            stag: sink.stag,
+            violation: AccessViolation::BaseBounds
+        })
+    );
+    let mut term = Vec::new();
+    pair.a
+        .qp
+        .poll_transmit(MULPDU, &pair.a.mem, &mut term)
+        .unwrap();
+    let header = TerminateHeader::parse(&term[18..]).unwrap();
+    assert_eq!((header.layer, header.etype, header.code), (1, 1, 1));
+    assert_eq!(header.ddp_header.unwrap().as_bytes(), &out[..14]);
+    let done = pair.a.completions();
+    let read_wc = done.iter().find(|c| c.wr_id == 2).unwrap();
+    assert_eq!(read_wc.status, WcStatus::LocalProtectionError);
+    // Nothing was written into the sink.
+    assert_eq!(pair.a.contents(sink.stag), vec![0; 64]);
+}
