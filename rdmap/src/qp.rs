@@ -571,7 +571,7 @@ impl QueuePair {
         mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
         self.check_postable()?;
-        let user_posted = self.rq.posted() - self.rtr_sink_posted();
+        let user_posted = self.rq.posted().saturating_sub(self.rtr_sink_posted());
         if user_posted >= self.cfg.rq_depth {
             return Err(RdmapError::RecvQueueFull);
         }
@@ -1306,7 +1306,8 @@ impl QueuePair {
                 .map_err(|_| RdmapError::LocalCatastrophic)?;
             buffer.write_at(offset, payload);
         }
-        if hdr.last {
+        // A repeated Last segment (DDP allows repeated placement) is recorded once.
+        if hdr.last && !self.inbound_sends.iter().any(|s| s.msn == hdr.msn) {
             self.inbound_sends.push_back(InboundSend {
                 msn: hdr.msn,
                 opcode,
@@ -1317,8 +1318,9 @@ impl QueuePair {
             let info = self
                 .inbound_sends
                 .iter()
-                .position(|s| s.msn == delivered.msn)
-                .and_then(|i| self.inbound_sends.remove(i));
+                .find(|s| s.msn == delivered.msn)
+                .copied();
+            self.inbound_sends.retain(|s| s.msn != delivered.msn);
             let opcode = info.map_or(Opcode::Send, |i| i.opcode);
             let wr = match delivered.cookie {
                 RecvSlot::User(wr) => wr,

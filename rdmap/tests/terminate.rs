@@ -768,3 +768,41 @@ fn read_response_outside_the_requested_range_is_refused_by_the_sink() {
     // Nothing was written into the sink.
     assert_eq!(pair.a.contents(sink.stag), vec![0; 64]);
 }
+
+#[test]
+fn source_deregistered_mid_response_reports_progress() {
+    let mut pair = Pair::new(MULPDU);
+    let source = pair.b.region(pattern(2000, 1), 0x800, Access::REMOTE_READ);
+    let sink = a_sink(&mut pair, 2000);
+    pair.a.post(
+        2,
+        SendOp::Read {
+            remote_stag: source,
+            remote_to: 0x800,
+        },
+        Some(sink),
+    );
+    assert!(pair.step(Side::A));
+    let request = pair.log[0].bytes.clone();
+    assert!(pair.step(Side::B));
+    assert_eq!(pair.log[1].opcode(), Opcode::ReadResponse);
+    let first = (MULPDU - 14) as u32;
+    pair.b.mem.deregister(source).unwrap();
+    pair.pump();
+    let term = pair.a.qp.remote_terminate().unwrap();
+    assert_eq!((term.layer, term.etype, term.code), (0, 1, 0));
+    assert_eq!(term.ddp_header.unwrap().as_bytes(), &request[..18]);
+    let original = ReadRequest::parse(&request[18..]).unwrap();
+    let reported = term.read_request.unwrap();
+    assert_eq!(reported, original.advanced_by(first));
+    assert_eq!(reported.size, 2000 - first);
+    assert_eq!(reported.src_to, 0x800 + u64::from(first));
+    let read_wc = pair
+        .a
+        .completions()
+        .into_iter()
+        .find(|c| c.wr_id == 2)
+        .unwrap();
+    assert_eq!(read_wc.status, WcStatus::RemoteAccessError);
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+}
