@@ -9,6 +9,33 @@
 //!
 //! No I/O, no threads, no clocks: bytes come in as slices and go out into caller
 //! buffers.
+//!
+//! ```
+//! use rdmap::qp::{QpConfig, QueuePair, SendOp, SendWr, Sge, WcStatus};
+//! use rdmap::{Access, MemoryTable, PdId, VecBuffer};
+//!
+//! let cfg = QpConfig { pd: PdId(1), ..QpConfig::default() };
+//! let (mut a, mut b) = (QueuePair::new(cfg), QueuePair::new(cfg));
+//! a.enter_rts(16, 16);
+//! b.enter_rts(16, 16);
+//! let (mut mem_a, mut mem_b) = (MemoryTable::new(), MemoryTable::new());
+//! let src = mem_a.register(PdId(1), VecBuffer::from_vec(vec![7; 3000]), 0, Access::NONE);
+//! let dst = mem_b.register(PdId(1), VecBuffer::zeroed(3000), 0x1000, Access::REMOTE_WRITE);
+//!
+//! let write = SendOp::Write { remote_stag: dst, remote_to: 0x1000 };
+//! let local = Some(Sge { stag: src, to: 0, len: 3000 });
+//! a.post_send(SendWr { wr_id: 1, op: write, local }, &mem_a)?;
+//!
+//! // The transport: each ULPDU from A goes to B (here without MPA in between).
+//! let mut ulpdu = Vec::new();
+//! while let Some(_tx) = a.poll_transmit(1442, &mem_a, &mut ulpdu) {
+//!     b.on_ulpdu(&ulpdu, &mut mem_b)?;
+//!     ulpdu.clear();
+//! }
+//! assert_eq!(a.poll_completion().map(|wc| wc.status), Some(WcStatus::Success));
+//! assert_eq!(mem_b.get(dst).map(|buf| buf.to_vec()), Some(vec![7; 3000]));
+//! # Ok::<(), rdmap::RdmapError>(())
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -22,5 +49,8 @@ pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use memory::{
     Access, AccessViolation, MemoryTable, PdId, RegionBuffer, RegionInfo, Stag, VecBuffer,
 };
-pub use qp::QpState;
+pub use qp::{
+    QpConfig, QpState, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo, TxUlpdu,
+    WcOpcode, WcStatus, WorkCompletion,
+};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};
