@@ -10,6 +10,33 @@
 //!
 //! Nothing here does I/O or reads a clock: octets come in as slices, go out into caller
 //! buffers, and time is passed in as [`std::time::Instant`].
+//!
+//! ```
+//! use std::time::Instant;
+//! use mpa::{Initiator, InitiatorEvent, MpaConfig, Responder};
+//!
+//! let now = Instant::now();
+//! let mut initiator = Initiator::new(MpaConfig::default(), b"hello", now)?;
+//! let mut responder = Responder::new(MpaConfig::default(), now)?;
+//!
+//! // Initiator -> Responder: the Request.
+//! let (_, request) = responder.feed(initiator.request(), now)?;
+//! assert_eq!(request.unwrap().private_data, b"hello");
+//! let (reply, responder_side) = responder.accept(b"welcome")?;
+//!
+//! // Responder -> Initiator: the Reply; FPDUs may follow it in the same read.
+//! let (consumed, event) = initiator.feed(&reply, now)?;
+//! assert_eq!(consumed, reply.len());
+//! let InitiatorEvent::Accepted { negotiated, .. } = event else { panic!("rejected") };
+//!
+//! // Full Operation: the Initiator sends first (the Responder waits for one FPDU).
+//! let mut wire = Vec::new();
+//! negotiated.encoder().encode(b"a DDP segment", &mut wire)?;
+//! let mut received = Vec::new();
+//! responder_side.decoder().feed(&wire, |ulpdu| received.push(ulpdu.to_vec()))?;
+//! assert_eq!(received, [b"a DDP segment".to_vec()]);
+//! # Ok::<(), mpa::MpaError>(())
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -466,3 +466,74 @@ fn garbage_input_never_panics() {
         }
     }
 }
+
+#[test]
+fn marker_between_fpdus_is_covered_by_the_next_fpdu() {
+    // Leading Marker (4) + FPDU of 508 octets (502-octet ULPDU) ends exactly at 512, so the
+    // next FPDU starts with the Marker 00000000, which its CRC covers (RFC 5044 4.4 rule 2).
+    let mut encoder = FpduEncoder::new(true, true);
+    let mut wire = Vec::new();
+    encoder.encode(&[0x11; 502], &mut wire).unwrap();
+    assert_eq!(wire.len(), 512);
+    encoder.encode(&[0x22; 10], &mut wire).unwrap();
+    let second = &wire[512..];
+    assert_eq!(&second[..4], &[0, 0, 0, 0]);
+    assert_eq!(&second[4..6], &[0, 10]);
+    let crc_at = second.len() - 4;
+    let crc = mpa::crc::crc32c(&second[..crc_at]);
+    assert_eq!(&second[crc_at..], &crc.to_le_bytes());
+    // The first FPDU's CRC does not include that Marker.
+    let first_crc = mpa::crc::crc32c(&wire[..508]);
+    assert_eq!(&wire[508..512], &first_crc.to_le_bytes());
+    assert_eq!(decode_at(0, &wire, 5).unwrap().len(), 2);
+}
+
+#[test]
+fn marker_right_after_the_pad_is_covered_by_this_fpdu() {
+    // Header at 4, 2 + 506 octets end at 512: the Marker at 512 sits between PAD and CRC,
+    // points back 508 octets and is covered by this FPDU's CRC (RFC 5044 4.4 rule 1).
+    let mut encoder = FpduEncoder::new(true, true);
+    let mut wire = Vec::new();
+    encoder.encode(&[0x33; 506], &mut wire).unwrap();
+    assert_eq!(wire.len(), 4 + 508 + 4 + 4);
+    assert_eq!(&wire[512..516], &MarkerPtr::new(508).to_bytes());
+    let crc = mpa::crc::crc32c(&wire[..516]);
+    assert_eq!(&wire[516..520], &crc.to_le_bytes());
+    assert_eq!(decode_at(0, &wire, 1).unwrap(), [vec![0x33; 506]]);
+}
+
+#[test]
+fn markers_follow_absolute_tcp_sequence_numbers_across_the_wrap() {
+    // Full Operation starts at TCP sequence number 0xFFFF_FD10 and the stream runs past
+    // 0xFFFF_FFFF. Markers must start at every sequence number S with (S - SeqStart) mod 512
+    // == 0, which the encoder (counting from SeqStart) must agree with.
+    let seq_start = 0xFFFF_FD10u32;
+    let mut encoder = FpduEncoder::new(true, true);
+    let mut wire = Vec::new();
+    let mut header_seqs = Vec::new();
+    for i in 0..8u8 {
+        let before = wire.len() as u32;
+        let ulpdu = vec![i; 200 + usize::from(i) * 90];
+        encoder.encode(&ulpdu, &mut wire).unwrap();
+        // The header is at the FPDU start, or 4 later after a leading Marker.
+        let at_marker = seq_start.wrapping_add(before) % 512 == seq_start % 512;
+        header_seqs.push(seq_start.wrapping_add(before + if at_marker { 4 } else { 0 }));
+    }
+    let seq_of = |offset: usize| seq_start.wrapping_add(offset as u32);
+    let markers: Vec<u32> =
+        mpa::wire::marker_positions(seq_start, seq_start, wire.len() as u32).collect();
+    assert!(
+        markers.iter().any(|&seq| seq < seq_start),
+        "some Markers lie after the wrap"
+    );
+    for &seq in &markers {
+        let offset = seq.wrapping_sub(seq_start) as usize;
+        assert_eq!(seq_of(offset), seq);
+        let marker = MarkerPtr::from_bytes(wire[offset..offset + 4].try_into().unwrap());
+        let header = marker.header_seq(seq);
+        assert!(
+            header_seqs.contains(&header),
+            "Marker at {seq:#x} -> {header:#x}"
+        );
+    }
+}
