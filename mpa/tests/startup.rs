@@ -690,3 +690,39 @@ fn malformed_enhanced_request_is_error_4() {
     let mut responder = Responder::new(MpaConfig::default(), now).unwrap();
     assert_eq!(responder.feed(&bad, now).unwrap_err().code(), 4);
 }
+
+#[test]
+fn unenhanced_reply_to_enhanced_request_keeps_local_values() {
+    // A Responder that answers without the RFC 6581 block (Rev 1, or Rev 2 with S=0) did not
+    // negotiate: the Initiator keeps its own IRD/ORD and the client-server model.
+    let now = Instant::now();
+    let config = MpaConfig {
+        ird: 3,
+        ord: 5,
+        ..MpaConfig::default()
+    };
+    for reply in [
+        hex("4d504120494420526570204672616d65 00 01 0000"),
+        hex("4d504120494420526570204672616d65 00 02 0000"),
+    ] {
+        let mut initiator = Initiator::new(config.clone(), &[], now).unwrap();
+        let (consumed, event) = initiator.feed(&reply, now).unwrap();
+        assert_eq!(consumed, 20);
+        let (negotiated, _) = accepted(event);
+        assert_eq!(negotiated.rev, reply[17]);
+        assert_eq!(
+            (negotiated.ird, negotiated.ord, negotiated.rtr),
+            (3, 5, None)
+        );
+        assert!(negotiated.crc, "we sent C=1");
+        assert_eq!(negotiated.peer_params, None);
+    }
+    // But S=1 in a Reply to a Rev 1 Request is malformed.
+    let rev1 = MpaConfig {
+        rev: 1,
+        ..MpaConfig::default()
+    };
+    let mut initiator = Initiator::new(rev1, &[], now).unwrap();
+    let reply = hex("4d504120494420526570204672616d65 10 02 0004 0001 0001");
+    assert_eq!(initiator.feed(&reply, now).unwrap_err().code(), 4);
+}
