@@ -1,1 +1,203 @@
-fn main() {}
+//! `iwarp-bench`: perftest-style throughput and latency tests for the iWARP stack.
+//!
+//! `iwarp-bench <test> [OPTIONS]` runs the server; `iwarp-bench <test> [OPTIONS] SERVER` the
+//! client. Both sides exchange their buffer (STag, TO, length) and the test parameters in MPA
+//! private data, and every run verifies the data that arrived.
+
+mod pattern;
+mod proto;
+mod stats;
+mod tests;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// perftest-shaped tests over the iWARP stack.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "iwarp-bench", version, about)]
+pub struct Cli {
+    /// The test to run.
+    #[arg(value_enum)]
+    pub test: TestKind,
+    /// Server address (IP or host name). Without it, run as the server.
+    pub server: Option<String>,
+    /// Transport: `socket` runs MPA over a kernel TCP socket.
+    #[arg(long, value_enum, default_value_t = Transport::Socket)]
+    pub transport: Transport,
+    /// TCP port the server listens on.
+    #[arg(short, long, default_value_t = 18515)]
+    pub port: u16,
+    /// Address the server binds to.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Message size in bytes (default: 65536 for bandwidth tests, 64 for latency tests).
+    #[arg(short, long)]
+    pub size: Option<u64>,
+    /// Iterations per size (default: 5000 for bandwidth tests, 1000 for latency tests).
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+    /// Run every power-of-two size from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long)]
+    pub all_sizes: bool,
+    /// Run each size for this many seconds instead of a fixed number of iterations.
+    #[arg(short = 'D', long)]
+    pub duration: Option<f64>,
+    /// Outstanding work requests in bandwidth tests.
+    #[arg(short = 't', long, default_value_t = 128)]
+    pub tx_depth: u32,
+    /// MPA revision to request: 1 (RFC 5044) or 2 (RFC 6581 enhanced setup).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub mpa_rev: u8,
+    /// CRC32C on FPDUs (RFC 5044 4.4): `off` only takes effect if the peer also asks for off.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub crc: OnOff,
+    /// Ask the peer to insert MPA markers towards us (RFC 5044 4.3).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub markers: OnOff,
+    /// Print one JSON object with the results on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for connection setup.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+}
+
+/// Which test.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestKind {
+    WriteBw,
+    WriteLat,
+    ReadBw,
+    ReadLat,
+    SendBw,
+    SendLat,
+}
+
+impl TestKind {
+    /// Bandwidth (streaming) rather than latency (ping-pong) test.
+    pub fn is_bw(self) -> bool {
+        matches!(self, Self::WriteBw | Self::ReadBw | Self::SendBw)
+    }
+    /// Wire code in the hello message.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+    /// Inverse of [`code`](Self::code).
+    pub fn from_code(c: u8) -> Option<Self> {
+        [
+            Self::WriteBw,
+            Self::WriteLat,
+            Self::ReadBw,
+            Self::ReadLat,
+            Self::SendBw,
+            Self::SendLat,
+        ]
+        .get(usize::from(c))
+        .copied()
+    }
+    /// Name as typed on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::WriteBw => "write-bw",
+            Self::WriteLat => "write-lat",
+            Self::ReadBw => "read-bw",
+            Self::ReadLat => "read-lat",
+            Self::SendBw => "send-bw",
+            Self::SendLat => "send-lat",
+        }
+    }
+}
+
+/// Transport under the stack.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Kernel TCP socket.
+    Socket,
+}
+
+/// A boolean option spelled on/off.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    /// True for `on`.
+    pub fn on(self) -> bool {
+        self == Self::On
+    }
+}
+
+impl Cli {
+    /// The sizes this run covers.
+    pub fn sizes(&self) -> Vec<u64> {
+        if self.all_sizes {
+            (1..=23).map(|e| 1u64 << e).collect()
+        } else {
+            vec![self
+                .size
+                .unwrap_or(if self.test.is_bw() { 65536 } else { 64 })]
+        }
+    }
+    /// Iterations per size.
+    pub fn iterations(&self) -> u64 {
+        self.iters
+            .unwrap_or(if self.test.is_bw() { 5000 } else { 1000 })
+    }
+    /// Connection setup deadline.
+    pub fn setup_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout.max(0.1))
+    }
+    fn server_addr(&self, host: &str) -> Result<SocketAddr, String> {
+        (host, self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{host} has no address"))
+    }
+    fn validate(&self) -> Result<(), String> {
+        if let Some(0) = self.size {
+            return Err("--size must be at least 1".into());
+        }
+        if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
+            return Err(format!("--size must be at most {}", proto::MAX_SIZE));
+        }
+        if self.iters == Some(0) {
+            return Err("--iters must be at least 1".into());
+        }
+        if let Some(d) = self.duration {
+            if !(d > 0.0 && d <= 3600.0) {
+                return Err("--duration must be between 0 and 3600 seconds".into());
+            }
+        }
+        if self.tx_depth == 0 || self.tx_depth > 1024 {
+            return Err("--tx-depth must be between 1 and 1024".into());
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = cli.validate() {
+        eprintln!("iwarp-bench: {e}");
+        return ExitCode::from(2);
+    }
+    let result = match cli.server.clone() {
+        None => tests::run_server(&cli),
+        Some(host) => cli
+            .server_addr(&host)
+            .and_then(|addr| tests::run_client(&cli, addr)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwarp-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

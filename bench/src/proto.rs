@@ -1,0 +1,270 @@
+//! What client and server tell each other in MPA private data, and how they size buffers.
+//!
+//! Hello (client -> server, in the MPA Request) and Welcome (server -> client, in the Reply) are
+//! fixed-layout big-endian records that fit in the 508 octets RFC 6581 leaves to the ULP.
+
+use crate::TestKind;
+
+/// Largest message size a run may use (16 MiB).
+pub const MAX_SIZE: u64 = 16 << 20;
+/// Cap on the data buffer each side registers.
+pub const MAX_BUFFER: u64 = 64 << 20;
+/// Seed of the client's data pattern.
+pub const CLIENT_SEED: u64 = 0x00C1_1E47;
+/// Seed of the server's data pattern.
+pub const SERVER_SEED: u64 = 0x05E7_77E7;
+/// Bytes of one control message (phase acknowledgement or credit).
+pub const CTRL_LEN: usize = 16;
+/// Control receive buffers each side keeps posted.
+pub const CTRL_SLOTS: usize = 64;
+
+const HELLO_MAGIC: &[u8; 4] = b"IWB1";
+const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
+
+/// The client's description of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hello {
+    pub test: TestKind,
+    pub tx_depth: u32,
+    pub iters: u64,
+    pub duration_ms: u64,
+    pub sizes: Vec<u64>,
+}
+
+/// A registered buffer as the peer needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuf {
+    pub stag: u32,
+    pub to: u64,
+    pub len: u64,
+}
+
+impl Hello {
+    /// Encodes the hello plus the client's buffer.
+    pub fn encode(&self, buf: RemoteBuf) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(HELLO_MAGIC);
+        v.push(self.test.code());
+        v.extend_from_slice(&self.tx_depth.to_be_bytes());
+        v.extend_from_slice(&self.iters.to_be_bytes());
+        v.extend_from_slice(&self.duration_ms.to_be_bytes());
+        encode_buf(&mut v, buf);
+        v.push(self.sizes.len() as u8);
+        for s in &self.sizes {
+            v.extend_from_slice(&s.to_be_bytes());
+        }
+        v
+    }
+
+    /// Decodes a hello; `None` for anything malformed.
+    pub fn decode(b: &[u8]) -> Option<(Hello, RemoteBuf)> {
+        let mut r = Reader(b);
+        if r.take(4)? != HELLO_MAGIC {
+            return None;
+        }
+        let test = TestKind::from_code(r.u8()?)?;
+        let tx_depth = r.u32()?;
+        let iters = r.u64()?;
+        let duration_ms = r.u64()?;
+        let buf = decode_buf(&mut r)?;
+        let n = r.u8()?;
+        let sizes = (0..n).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
+        let ok = !sizes.is_empty()
+            && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
+            && (1..=1024).contains(&tx_depth)
+            && (iters > 0 || duration_ms > 0);
+        ok.then_some((
+            Hello {
+                test,
+                tx_depth,
+                iters,
+                duration_ms,
+                sizes,
+            },
+            buf,
+        ))
+    }
+
+    /// Length both sides register for the data buffer: room for `tx_depth` messages of the
+    /// largest size (at least two, for the ping and pong slots), capped at [`MAX_BUFFER`].
+    pub fn buffer_len(&self) -> u64 {
+        let max = self.sizes.iter().copied().max().unwrap_or(1);
+        (max * u64::from(self.tx_depth.max(2))).clamp(2 * max, MAX_BUFFER.max(2 * max))
+    }
+
+    /// Receive slots of the largest size in the buffer (send tests post receives this big, so
+    /// buffers posted during one size serve the next).
+    pub fn recv_slots(&self) -> u64 {
+        let max = self.sizes.iter().copied().max().unwrap_or(1);
+        (self.buffer_len() / max).max(1)
+    }
+
+    /// Receive buffers a send-bw server advertises as the client's initial credit (iWARP has
+    /// no receiver-not-ready retry, so a Send must never find the receive queue empty).
+    pub fn send_credits(&self) -> u64 {
+        self.recv_slots().min(512)
+    }
+
+    /// How many message slots of `size` fit in the buffer (never more than `tx_depth`).
+    pub fn slots(&self, size: u64) -> u64 {
+        (self.buffer_len() / size).clamp(1, u64::from(self.tx_depth.max(2)))
+    }
+}
+
+/// Encodes the server's welcome (its buffer).
+pub fn encode_welcome(buf: RemoteBuf) -> Vec<u8> {
+    let mut v = WELCOME_MAGIC.to_vec();
+    encode_buf(&mut v, buf);
+    v
+}
+
+/// Decodes the server's welcome.
+pub fn decode_welcome(b: &[u8]) -> Option<RemoteBuf> {
+    let mut r = Reader(b);
+    if r.take(4)? != WELCOME_MAGIC {
+        return None;
+    }
+    decode_buf(&mut r)
+}
+
+fn encode_buf(v: &mut Vec<u8>, b: RemoteBuf) {
+    v.extend_from_slice(&b.stag.to_be_bytes());
+    v.extend_from_slice(&b.to.to_be_bytes());
+    v.extend_from_slice(&b.len.to_be_bytes());
+}
+
+fn decode_buf(r: &mut Reader<'_>) -> Option<RemoteBuf> {
+    Some(RemoteBuf {
+        stag: r.u32()?,
+        to: r.u64()?,
+        len: r.u64()?,
+    })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
+    }
+}
+
+/// Control messages (Sends into the peer's control buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ctrl {
+    /// Server -> client: the phase's data was checked (`ok`), the next phase may start.
+    PhaseAck { ok: bool, checked_bytes: u64 },
+    /// Server -> client: `n` more receive buffers are posted (send-bw flow control).
+    Credit { n: u32 },
+}
+
+impl Ctrl {
+    pub fn encode(self) -> [u8; CTRL_LEN] {
+        let mut b = [0u8; CTRL_LEN];
+        match self {
+            Ctrl::PhaseAck { ok, checked_bytes } => {
+                b[0] = 1;
+                b[1] = u8::from(ok);
+                b[8..16].copy_from_slice(&checked_bytes.to_be_bytes());
+            }
+            Ctrl::Credit { n } => {
+                b[0] = 2;
+                b[4..8].copy_from_slice(&n.to_be_bytes());
+            }
+        }
+        b
+    }
+    pub fn decode(b: &[u8]) -> Option<Ctrl> {
+        let mut r = Reader(b);
+        let kind = r.u8()?;
+        let flag = r.u8()?;
+        r.take(2)?;
+        let n = r.u32()?;
+        let v = r.u64()?;
+        match kind {
+            1 => Some(Ctrl::PhaseAck {
+                ok: flag == 1,
+                checked_bytes: v,
+            }),
+            2 => Some(Ctrl::Credit { n }),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trip_and_rejects_garbage() {
+        let h = Hello {
+            test: TestKind::SendBw,
+            tx_depth: 128,
+            iters: 10,
+            duration_ms: 0,
+            sizes: vec![2, 4, 8],
+        };
+        let b = RemoteBuf {
+            stag: 0x1234,
+            to: 0xdead_beef,
+            len: 4096,
+        };
+        let enc = h.encode(b);
+        assert!(enc.len() <= 508);
+        assert_eq!(Hello::decode(&enc), Some((h, b)));
+        assert_eq!(Hello::decode(&enc[..enc.len() - 1]), None);
+        assert_eq!(Hello::decode(b"nope"), None);
+        assert_eq!(decode_welcome(&encode_welcome(b)), Some(b));
+        for c in [
+            Ctrl::PhaseAck {
+                ok: true,
+                checked_bytes: 99,
+            },
+            Ctrl::Credit { n: 7 },
+        ] {
+            assert_eq!(Ctrl::decode(&c.encode()), Some(c));
+        }
+    }
+
+    #[test]
+    fn all_sizes_fit_the_hello_and_the_buffer() {
+        let h = Hello {
+            test: TestKind::WriteBw,
+            tx_depth: 128,
+            iters: 1,
+            duration_ms: 0,
+            sizes: (1..=23).map(|e| 1u64 << e).collect(),
+        };
+        assert!(
+            h.encode(RemoteBuf {
+                stag: 0,
+                to: 0,
+                len: 0
+            })
+            .len()
+                <= 508
+        );
+        assert_eq!(h.buffer_len(), MAX_BUFFER);
+        assert_eq!(h.slots(1 << 23), 8);
+        assert_eq!(h.slots(2), 128);
+    }
+}

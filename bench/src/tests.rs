@@ -1,0 +1,909 @@
+//! The six tests, client and server sides.
+//!
+//! Buffers: each side registers one data region of [`Hello::buffer_len`] bytes, filled with its
+//! own position-based pattern ([`pattern`]), and a small control region for acknowledgements and
+//! credits. Bandwidth tests move message `i` through slot `i % slots`; latency tests ping from
+//! offset 0 into the peer's offset `max_size`, with the iteration's stamp in the last byte.
+//! A phase (one size) ends with a zero-length Send from the client; the server checks what
+//! arrived and answers with a `PhaseAck` carrying the verdict.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use datapath::{
+    connect, Access, Completion, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
+    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+};
+use serde_json::json;
+
+use crate::pattern;
+use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
+use crate::stats::{self, BandwidthResult, LatencyResult};
+use crate::{Cli, TestKind};
+
+/// How long a test may go without any progress before it gives up.
+const STALL: Duration = Duration::from_secs(30);
+
+// wr_id kinds (top byte) so completions say what they were for.
+const K_DATA: u64 = 1 << 56;
+const K_CTRL_RECV: u64 = 2 << 56;
+const K_DATA_RECV: u64 = 3 << 56;
+const K_CTRL_SEND: u64 = 4 << 56;
+const K_DONE: u64 = 5 << 56;
+const KIND_MASK: u64 = 0xFF << 56;
+
+fn stamp(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+fn connect_params(cli: &Cli) -> ConnectParams {
+    ConnectParams {
+        mpa: MpaConfig {
+            rev: cli.mpa_rev,
+            crc: cli.crc.on(),
+            markers: cli.markers.on(),
+            ..MpaConfig::default()
+        },
+        setup_timeout: cli.setup_timeout(),
+        ..ConnectParams::default()
+    }
+}
+
+/// One side of a running test.
+struct Side {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    data: MemoryRegion,
+    ctrl: MemoryRegion,
+    remote: RemoteBuf,
+    hello: Hello,
+    ctrl_posted: u64,
+    ctrl_sent: u64,
+}
+
+impl Side {
+    fn max_size(&self) -> u64 {
+        self.hello.sizes.iter().copied().max().unwrap_or(1)
+    }
+
+    fn fail_reason(&self) -> String {
+        let st = self.qp.status();
+        let mut s = format!("queue pair {:?}", st.state);
+        if let Some(t) = st.remote_terminate {
+            s += &format!("; peer sent Terminate {t:?}");
+        }
+        if let Some(t) = st.sent_terminate {
+            s += &format!("; we sent Terminate {t:?}");
+        }
+        if let Some(e) = st.local_error {
+            s += &format!("; {e}");
+        }
+        s
+    }
+
+    /// Next completion, waiting up to [`STALL`]; errors on a failed completion or a dead QP.
+    fn next(&self) -> Result<Completion, String> {
+        let deadline = Instant::now() + STALL;
+        loop {
+            if let Some(c) = self.cq.wait(Duration::from_millis(20)) {
+                return check(c, self);
+            }
+            if self.qp.status().finished {
+                if let Some(c) = self.cq.try_next() {
+                    return check(c, self);
+                }
+                return Err(format!("connection ended: {}", self.fail_reason()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no completion for {STALL:?}: {}",
+                    self.fail_reason()
+                ));
+            }
+        }
+    }
+
+    /// Like [`next`](Self::next) but never blocks: spins (yielding the CPU) for latency tests.
+    fn try_next(&self) -> Result<Option<Completion>, String> {
+        match self.cq.try_next() {
+            Some(c) => check(c, self).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn post_ctrl_recv(&mut self) -> Result<(), String> {
+        let slot = self.ctrl_posted % CTRL_SLOTS as u64;
+        self.ctrl_posted += 1;
+        self.qp
+            .post_recv(ctrl_recv(&self.ctrl, slot))
+            .map_err(|e| e.to_string())
+    }
+
+    fn send_ctrl(&mut self, msg: Ctrl) -> Result<(), String> {
+        // The control region's second half holds outgoing messages.
+        let slot = CTRL_SLOTS as u64 + self.ctrl_sent % CTRL_SLOTS as u64;
+        self.ctrl_sent += 1;
+        let off = slot as usize * CTRL_LEN;
+        self.ctrl.write(off, &msg.encode());
+        self.qp
+            .post_send(SendWr {
+                wr_id: K_CTRL_SEND | slot,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                local: Some(self.ctrl.sge(off, CTRL_LEN as u32)),
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn read_ctrl(&self, wr_id: u64) -> Option<Ctrl> {
+        let slot = (wr_id & !KIND_MASK) as usize;
+        let mut b = [0u8; CTRL_LEN];
+        self.ctrl.read(slot * CTRL_LEN, &mut b);
+        Ctrl::decode(&b)
+    }
+
+    fn post_data(&self, wr_id: u64, op: SendOp, offset: u64, len: u64) -> Result<(), String> {
+        self.qp
+            .post_send(SendWr {
+                wr_id,
+                op,
+                local: Some(self.data.sge(offset as usize, len as u32)),
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn remote_stag(&self) -> Stag {
+        Stag(self.remote.stag)
+    }
+
+    fn send_done(&self) -> Result<(), String> {
+        self.qp
+            .post_send(SendWr {
+                wr_id: K_DONE,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                local: None,
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn fill(&self, seed: u64, off: u64, len: u64) {
+        fill(&self.data, seed, off, len)
+    }
+
+    fn mismatch(&self, seed: u64, off: u64, pattern_off: u64, len: u64) -> Option<u64> {
+        mismatch(&self.data, seed, off, pattern_off, len)
+    }
+}
+
+/// Fills `[off, off + len)` of `mr` with `seed`'s pattern at the same offsets.
+fn fill(mr: &MemoryRegion, seed: u64, off: u64, len: u64) {
+    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        pattern::fill(seed, off + done, &mut chunk[..n]);
+        mr.write((off + done) as usize, &chunk[..n]);
+        done += n as u64;
+    }
+}
+
+/// First mismatch of `[off, off + len)` of `mr` against `seed`'s pattern at `pattern_off`.
+fn mismatch(mr: &MemoryRegion, seed: u64, off: u64, pattern_off: u64, len: u64) -> Option<u64> {
+    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        mr.read((off + done) as usize, &mut chunk[..n]);
+        if let Some(i) = pattern::first_mismatch(seed, pattern_off + done, &chunk[..n]) {
+            return Some(done + i as u64);
+        }
+        done += n as u64;
+    }
+    None
+}
+
+fn check(c: Completion, side: &Side) -> Result<Completion, String> {
+    if c.wc.status == WcStatus::Success {
+        Ok(c)
+    } else {
+        Err(format!(
+            "work request {:#x} ({:?}) completed with {:?}: {}",
+            c.wc.wr_id,
+            c.wc.opcode,
+            c.wc.status,
+            side.fail_reason()
+        ))
+    }
+}
+
+fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, MemoryRegion), String> {
+    let data = pd
+        .register(
+            hello.buffer_len() as usize,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .map_err(|e| e.to_string())?;
+    let ctrl = pd
+        .register(2 * CTRL_SLOTS * CTRL_LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    Ok((data, ctrl))
+}
+
+fn describe(cli: &Cli, side: &Side) -> String {
+    let n = side.qp.negotiated();
+    format!(
+        "{} over the {} transport: MPA rev {}, CRC {}, markers rx {} tx {}, MULPDU {}",
+        cli.test.name(),
+        "socket",
+        n.rev,
+        if n.crc { "on" } else { "off" },
+        if n.markers_rx { "on" } else { "off" },
+        if n.markers_tx { "on" } else { "off" },
+        side.qp.mulpdu()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+/// Runs the server side of one test session, then returns.
+pub fn run_server(cli: &Cli) -> Result<(), String> {
+    let bind: SocketAddr = format!("{}:{}", cli.bind, cli.port)
+        .parse()
+        .map_err(|e| format!("bad --bind address: {e}"))?;
+    let listener = Listener::bind(bind, connect_params(cli)).map_err(|e| e.to_string())?;
+    if !cli.json {
+        eprintln!(
+            "iwarp-bench: {} server listening on {bind}",
+            cli.test.name()
+        );
+    }
+    let req = listener.accept().map_err(|e| e.to_string())?;
+    let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
+        let _ = req.reject(b"iwarp-bench: malformed hello");
+        return Err("client sent a malformed hello in its private data".into());
+    };
+    if hello.test != cli.test {
+        let _ = req.reject(b"iwarp-bench: test mismatch");
+        return Err(format!(
+            "client asked for {}, this server runs {}",
+            hello.test.name(),
+            cli.test.name()
+        ));
+    }
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let (data, ctrl) = register(&pd, &hello)?;
+    // Everything the client may touch first is ready before we accept: our data, the first
+    // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
+    fill(&data, SERVER_SEED, 0, data.len() as u64);
+    prepare_phase(&data, &hello, hello.sizes[0]);
+    let plan = ServerPlan::new(&hello);
+    let mut recvs = Vec::new();
+    let mut recv_posted = 0u64;
+    if plan.send_test {
+        // One more than advertised: the phase-done Send needs a buffer too.
+        for _ in 0..=plan.credit_window {
+            recvs.push(plan.data_recv(&data, &mut recv_posted));
+        }
+    } else {
+        for slot in 0..CTRL_SLOTS {
+            recvs.push(ctrl_recv(&ctrl, slot as u64));
+        }
+    }
+    let welcome = proto::encode_welcome(RemoteBuf {
+        stag: data.stag().0,
+        to: data.base_to(),
+        len: data.len() as u64,
+    });
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &welcome, recvs)
+        .map_err(|e| e.to_string())?;
+    let mut side = Side {
+        qp: conn.qp,
+        cq,
+        data,
+        ctrl,
+        remote: client_buf,
+        hello,
+        ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
+        ctrl_sent: 0,
+    };
+    if !cli.json {
+        eprintln!("iwarp-bench: {}", describe(cli, &side));
+    }
+    let verified = serve(&mut side, &plan, recv_posted)?;
+    if cli.json {
+        println!(
+            "{}",
+            json!({ "role": "server", "test": cli.test.name(), "verified_bytes": verified, "ok": true })
+        );
+    } else {
+        eprintln!("iwarp-bench: server verified {verified} bytes; done");
+    }
+    side.qp.wait_finished(Duration::from_secs(5));
+    Ok(())
+}
+
+/// How the server lays out its receive buffers.
+struct ServerPlan {
+    test: TestKind,
+    max: u64,
+    data_slots: u64,
+    send_test: bool,
+    /// Receive buffers advertised to a send-bw client (flow control: iWARP has no RNR retry).
+    credit_window: u64,
+}
+
+impl ServerPlan {
+    fn new(hello: &Hello) -> Self {
+        let max = hello.sizes.iter().copied().max().unwrap_or(1);
+        let data_slots = hello.recv_slots();
+        let test = hello.test;
+        Self {
+            test,
+            max,
+            data_slots,
+            send_test: matches!(test, TestKind::SendBw | TestKind::SendLat),
+            credit_window: if test == TestKind::SendBw {
+                hello.send_credits()
+            } else {
+                64
+            },
+        }
+    }
+
+    /// The next data receive buffer: send-lat pings land at `max`, send-bw messages rotate over
+    /// slots of the largest size (buffers posted in one phase serve the next).
+    fn data_recv(&self, data: &MemoryRegion, posted: &mut u64) -> RecvWr {
+        let slot = if self.test == TestKind::SendLat {
+            1
+        } else {
+            *posted % self.data_slots
+        };
+        *posted += 1;
+        RecvWr {
+            wr_id: K_DATA_RECV | slot,
+            sge: Some(data.sge((slot * self.max) as usize, self.max as u32)),
+        }
+    }
+}
+
+fn ctrl_recv(ctrl: &MemoryRegion, slot: u64) -> RecvWr {
+    RecvWr {
+        wr_id: K_CTRL_RECV | slot,
+        sge: Some(ctrl.sge(slot as usize * CTRL_LEN, CTRL_LEN as u32)),
+    }
+}
+
+/// Readies the server's data region for a phase of `size`: write-bw slots get the complement
+/// of the client's pattern (so written and untouched slots can be told apart), latency tests
+/// clear the last byte of the landing area (so the first stamp is news).
+fn prepare_phase(data: &MemoryRegion, hello: &Hello, size: u64) {
+    let max = hello.sizes.iter().copied().max().unwrap_or(1);
+    match hello.test {
+        TestKind::WriteBw => poison(data, hello.slots(size) * size),
+        TestKind::WriteLat | TestKind::SendLat => data.write((max + size - 1) as usize, &[0]),
+        _ => {}
+    }
+}
+
+fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64, String> {
+    let test = plan.test;
+    let max = plan.max;
+    let sizes = side.hello.sizes.clone();
+    let mut verified = 0u64;
+    for (phase, &size) in sizes.iter().enumerate() {
+        let slots = side.hello.slots(size);
+        let mut ok = true;
+        let mut checked = 0u64;
+        let mut received = 0u64;
+        let mut since_credit = 0u64;
+        let mut i = 0u64;
+        loop {
+            // write-lat: answer pings as they land; the phase ends with the client's Send.
+            if test == TestKind::WriteLat {
+                let last = side.data.read_volatile((max + size - 1) as usize);
+                if last == Some(stamp(i)) {
+                    ok &= side.lat_check(CLIENT_SEED, max, size, i);
+                    checked += size;
+                    side.data.write((size - 1) as usize, &[stamp(i)]);
+                    let (stag, to) = (side.remote_stag(), side.remote.to + max);
+                    side.post_data(
+                        K_DATA | i,
+                        SendOp::Write {
+                            remote_stag: stag,
+                            remote_to: to,
+                        },
+                        0,
+                        size,
+                    )?;
+                    i += 1;
+                    continue;
+                }
+                match side.try_next()? {
+                    Some(c) if c.wc.opcode == WcOpcode::Recv => {
+                        side.post_ctrl_recv()?;
+                        break;
+                    }
+                    Some(_) => continue,
+                    None => {
+                        if side.qp.status().finished {
+                            return Err(format!("connection ended: {}", side.fail_reason()));
+                        }
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
+            }
+            let c = side.next()?;
+            match (c.wc.opcode, c.wc.wr_id & KIND_MASK) {
+                (WcOpcode::Recv, K_CTRL_RECV) => {
+                    side.post_ctrl_recv()?;
+                    break; // zero-length phase-done
+                }
+                (WcOpcode::Recv, K_DATA_RECV) => {
+                    let wr = plan.data_recv(&side.data, &mut recv_posted);
+                    side.qp.post_recv(wr).map_err(|e| e.to_string())?;
+                    if c.wc.byte_len == 0 {
+                        break; // phase-done
+                    }
+                    let slot = c.wc.wr_id & !KIND_MASK;
+                    let got = u64::from(c.wc.byte_len);
+                    if test == TestKind::SendLat {
+                        ok &= got == size && side.lat_check(CLIENT_SEED, max, size, received);
+                        side.data.write((size - 1) as usize, &[stamp(received)]);
+                        side.post_data(
+                            K_DATA | received,
+                            SendOp::Send {
+                                solicited: false,
+                                invalidate: None,
+                            },
+                            0,
+                            size,
+                        )?;
+                    } else {
+                        let src = (received % slots) * size;
+                        ok &= got == size
+                            && side.mismatch(CLIENT_SEED, slot * max, src, size).is_none();
+                        since_credit += 1;
+                        if since_credit >= (plan.credit_window / 4).max(1) {
+                            side.send_ctrl(Ctrl::Credit {
+                                n: since_credit as u32,
+                            })?;
+                            since_credit = 0;
+                        }
+                    }
+                    received += 1;
+                    checked += got;
+                }
+                _ => {}
+            }
+        }
+        if since_credit > 0 {
+            side.send_ctrl(Ctrl::Credit {
+                n: since_credit as u32,
+            })?;
+        }
+        if test == TestKind::WriteBw {
+            let (good, bytes) = check_written_slots(side, slots, size);
+            ok &= good;
+            checked += bytes;
+        }
+        verified += checked;
+        if let Some(&next) = sizes.get(phase + 1) {
+            prepare_phase(&side.data, &side.hello, next);
+        }
+        side.send_ctrl(Ctrl::PhaseAck {
+            ok,
+            checked_bytes: checked,
+        })?;
+        if !ok {
+            return Err(format!("data verification failed at size {size}"));
+        }
+    }
+    Ok(verified)
+}
+
+/// Overwrites `[0, len)` with the complement of the client's pattern.
+fn poison(data: &MemoryRegion, len: u64) {
+    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        pattern::fill(CLIENT_SEED, done, &mut chunk[..n]);
+        chunk[..n].iter_mut().for_each(|b| *b = !*b);
+        data.write(done as usize, &chunk[..n]);
+        done += n as u64;
+    }
+}
+
+/// Checks write-bw slots: a prefix of them carries the client's pattern, the rest is untouched.
+fn check_written_slots(side: &Side, slots: u64, size: u64) -> (bool, u64) {
+    let mut written = 0;
+    while written < slots
+        && side
+            .mismatch(CLIENT_SEED, written * size, written * size, size)
+            .is_none()
+    {
+        written += 1;
+    }
+    if written == 0 {
+        return (false, 0);
+    }
+    // The rest must be untouched (the complement of the pattern, byte for byte).
+    let mut buf = vec![0u8; size as usize];
+    let mut expect = vec![0u8; size as usize];
+    for k in written..slots {
+        side.data.read((k * size) as usize, &mut buf);
+        pattern::fill(CLIENT_SEED, k * size, &mut expect);
+        if buf.iter().zip(&expect).any(|(a, b)| *a != !*b) {
+            return (false, written * size);
+        }
+    }
+    (true, written * size)
+}
+
+impl Side {
+    /// Checks a latency-test message at `off`: the sender's pattern and the stamp in the last
+    /// byte.
+    fn lat_check(&self, seed: u64, off: u64, size: u64, i: u64) -> bool {
+        let body_ok = self.mismatch(seed, off, 0, size - 1).is_none();
+        body_ok && self.data.read_volatile((off + size - 1) as usize) == Some(stamp(i))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+/// Runs the client side: connects, runs every size, prints the results.
+pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
+    let duration = cli.duration.map(Duration::from_secs_f64);
+    let hello = Hello {
+        test: cli.test,
+        tx_depth: cli.tx_depth,
+        iters: if duration.is_some() {
+            0
+        } else {
+            cli.iterations()
+        },
+        duration_ms: duration.map_or(0, |d| d.as_millis().max(1) as u64),
+        sizes: cli.sizes(),
+    };
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let (data, ctrl) = register(&pd, &hello)?;
+    let mine = RemoteBuf {
+        stag: data.stag().0,
+        to: data.base_to(),
+        len: data.len() as u64,
+    };
+    let conn = connect(addr, &pd, &cq, &connect_params(cli), &hello.encode(mine))
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    let remote = proto::decode_welcome(&conn.private_data)
+        .ok_or("server sent a malformed welcome in its private data")?;
+    if remote.len < hello.buffer_len() {
+        return Err("server's buffer is smaller than the run needs".into());
+    }
+    let mut side = Side {
+        qp: conn.qp,
+        cq,
+        data,
+        ctrl,
+        remote,
+        hello,
+        ctrl_posted: 0,
+        ctrl_sent: 0,
+    };
+    let banner = describe(cli, &side);
+    if !cli.json {
+        eprintln!("iwarp-bench: {banner}");
+        println!(
+            "{}",
+            if cli.test.is_bw() {
+                stats::BW_HEADER
+            } else {
+                stats::LAT_HEADER
+            }
+        );
+    }
+    side.fill(CLIENT_SEED, 0, side.data.len() as u64);
+    if cli.test != TestKind::SendLat {
+        for _ in 0..CTRL_SLOTS {
+            side.post_ctrl_recv()?;
+        }
+    }
+    let mut bw_results = Vec::new();
+    let mut lat_results = Vec::new();
+    let mut verified = 0u64;
+    let mut client_verified = 0u64;
+    for size in side.hello.sizes.clone() {
+        if cli.test.is_bw() {
+            let (r, checked) = client_bw(&mut side, size, duration)?;
+            client_verified += checked;
+            if !cli.json {
+                println!("{}", stats::bw_row(&r));
+            }
+            bw_results.push(r);
+        } else {
+            let (mut samples, checked) = client_lat(&mut side, size, duration)?;
+            client_verified += checked;
+            let r = LatencyResult::from_samples(size, &mut samples);
+            if !cli.json {
+                println!("{}", stats::lat_row(&r));
+            }
+            lat_results.push(r);
+        }
+        verified += finish_phase(&mut side, size)?;
+    }
+    if cli.json {
+        let results = if cli.test.is_bw() {
+            serde_json::to_value(&bw_results)
+        } else {
+            serde_json::to_value(&lat_results)
+        }
+        .map_err(|e| e.to_string())?;
+        let n = side.qp.negotiated();
+        println!(
+            "{}",
+            json!({
+                "role": "client",
+                "test": cli.test.name(),
+                "transport": "socket",
+                "mpa_rev": n.rev,
+                "crc": n.crc,
+                "markers_rx": n.markers_rx,
+                "markers_tx": n.markers_tx,
+                "mulpdu": side.qp.mulpdu(),
+                "tx_depth": cli.tx_depth,
+                "verified_bytes_server": verified,
+                "verified_bytes_client": client_verified,
+                "results": results,
+            })
+        );
+    } else {
+        eprintln!(
+            "iwarp-bench: data verified: {verified} bytes checked by the server, \
+             {client_verified} by the client"
+        );
+    }
+    side.qp.disconnect();
+    Ok(())
+}
+
+/// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.
+fn finish_phase(side: &mut Side, size: u64) -> Result<u64, String> {
+    if side.hello.test == TestKind::SendLat {
+        side.post_ctrl_recv()?;
+    }
+    side.send_done()?;
+    loop {
+        let c = side.next()?;
+        if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
+            let msg = side.read_ctrl(c.wc.wr_id);
+            if side.hello.test != TestKind::SendLat {
+                side.post_ctrl_recv()?;
+            }
+            match msg {
+                Some(Ctrl::PhaseAck {
+                    ok: true,
+                    checked_bytes,
+                }) => return Ok(checked_bytes),
+                Some(Ctrl::PhaseAck { ok: false, .. }) => {
+                    return Err(format!("server found corrupted data at size {size}"))
+                }
+                Some(Ctrl::Credit { .. }) => continue,
+                None => return Err("malformed control message from server".into()),
+            }
+        }
+    }
+}
+
+fn client_bw(
+    side: &mut Side,
+    size: u64,
+    duration: Option<Duration>,
+) -> Result<(BandwidthResult, u64), String> {
+    let test = side.hello.test;
+    let slots = side.hello.slots(size);
+    let depth = u64::from(side.hello.tx_depth);
+    let iters = side.hello.iters;
+    let mut credits = if test == TestKind::SendBw {
+        side.hello.send_credits()
+    } else {
+        u64::MAX
+    };
+    let start = Instant::now();
+    let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
+    let mut checked = 0u64;
+    let mut stop = false;
+    loop {
+        if !stop {
+            stop = match duration {
+                Some(d) => start.elapsed() >= d,
+                None => posted >= iters,
+            };
+        }
+        while !stop && outstanding < depth && credits > 0 {
+            let slot = posted % slots;
+            let off = slot * size;
+            let op = match test {
+                TestKind::WriteBw => SendOp::Write {
+                    remote_stag: side.remote_stag(),
+                    remote_to: side.remote.to + off,
+                },
+                TestKind::ReadBw => SendOp::Read {
+                    remote_stag: side.remote_stag(),
+                    remote_to: side.remote.to + off,
+                },
+                _ => SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+            };
+            side.post_data(K_DATA | posted, op, off, size)?;
+            posted += 1;
+            outstanding += 1;
+            if test == TestKind::SendBw {
+                credits -= 1;
+            }
+            if duration.is_none() && posted >= iters {
+                stop = true;
+            }
+        }
+        if stop && outstanding == 0 {
+            break;
+        }
+        let c = side.next()?;
+        match c.wc.wr_id & KIND_MASK {
+            K_DATA => {
+                outstanding -= 1;
+                completed += 1;
+                if test == TestKind::ReadBw {
+                    let i = c.wc.wr_id & !KIND_MASK;
+                    let off = (i % slots) * size;
+                    if let Some(at) = side.mismatch(SERVER_SEED, off, off, size) {
+                        return Err(format!(
+                            "read-bw: data read at iteration {i} differs at byte {at}"
+                        ));
+                    }
+                    checked += size;
+                }
+            }
+            K_CTRL_RECV => {
+                let msg = side.read_ctrl(c.wc.wr_id);
+                side.post_ctrl_recv()?;
+                if let Some(Ctrl::Credit { n }) = msg {
+                    credits += u64::from(n);
+                }
+            }
+            _ => {}
+        }
+    }
+    let result = BandwidthResult::new(size, completed, start.elapsed().as_secs_f64());
+    Ok((result, checked))
+}
+
+fn client_lat(
+    side: &mut Side,
+    size: u64,
+    duration: Option<Duration>,
+) -> Result<(Vec<f64>, u64), String> {
+    let test = side.hello.test;
+    let max = side.max_size();
+    let iters = side.hello.iters;
+    let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+    // The pong lands at offset `max`; clear its last byte so stamp 1 is news.
+    side.data.write((max + size - 1) as usize, &[0]);
+    let start = Instant::now();
+    let mut i = 0u64;
+    let mut checked = 0u64;
+    loop {
+        let done = match duration {
+            Some(d) => start.elapsed() >= d,
+            None => i >= iters,
+        };
+        if done {
+            break;
+        }
+        let t0 = Instant::now();
+        match test {
+            TestKind::WriteLat | TestKind::SendLat => {
+                if test == TestKind::SendLat {
+                    side.qp
+                        .post_recv(RecvWr {
+                            wr_id: K_DATA_RECV | 1,
+                            sge: Some(side.data.sge(max as usize, size as u32)),
+                        })
+                        .map_err(|e| e.to_string())?;
+                }
+                side.data.write((size - 1) as usize, &[stamp(i)]);
+                let op = if test == TestKind::WriteLat {
+                    SendOp::Write {
+                        remote_stag: side.remote_stag(),
+                        remote_to: side.remote.to + max,
+                    }
+                } else {
+                    SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    }
+                };
+                side.post_data(K_DATA | i, op, 0, size)?;
+                wait_pong(side, test, max, size, i, t0)?;
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                if !side.lat_check(SERVER_SEED, max, size, i) {
+                    return Err(format!("{}: reply {i} has wrong content", test.name()));
+                }
+                checked += size;
+            }
+            _ => {
+                side.post_data(
+                    K_DATA | i,
+                    SendOp::Read {
+                        remote_stag: side.remote_stag(),
+                        remote_to: side.remote.to,
+                    },
+                    max,
+                    size,
+                )?;
+                loop {
+                    if let Some(c) = side.try_next()? {
+                        if c.wc.wr_id == K_DATA | i {
+                            break;
+                        }
+                    } else if t0.elapsed() > STALL {
+                        return Err(format!("read-lat: no completion: {}", side.fail_reason()));
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                samples.push(t0.elapsed().as_secs_f64() * 1e6);
+                if let Some(at) = side.mismatch(SERVER_SEED, max, 0, size) {
+                    return Err(format!("read-lat: read {i} differs at byte {at}"));
+                }
+                checked += size;
+            }
+        }
+        i += 1;
+    }
+    Ok((samples, checked))
+}
+
+/// Waits for the pong of iteration `i`: the stamp in the last byte (write-lat) or the receive
+/// completion (send-lat).
+fn wait_pong(
+    side: &Side,
+    test: TestKind,
+    max: u64,
+    size: u64,
+    i: u64,
+    t0: Instant,
+) -> Result<(), String> {
+    loop {
+        if test == TestKind::WriteLat
+            && side.data.read_volatile((max + size - 1) as usize) == Some(stamp(i))
+        {
+            return Ok(());
+        }
+        match side.try_next()? {
+            Some(c) if test == TestKind::SendLat && c.wc.opcode == WcOpcode::Recv => return Ok(()),
+            Some(_) => {}
+            None => {
+                if t0.elapsed() > STALL {
+                    return Err(format!(
+                        "{}: no reply to ping {i}: {}",
+                        test.name(),
+                        side.fail_reason()
+                    ));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Helpers for tests that run `iwarp-bench` as a process.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the built `iwarp-bench`.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_iwarp-bench"))
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// Runs `iwarp-bench` server and client for `test` with `args` on loopback; returns both
+/// outputs (server, client). The client retries while the server is not yet listening.
+pub fn run_pair(test: &str, port: u16, args: &[&str]) -> (Output, Output) {
+    let server: Child = Command::new(bin())
+        .args([test, "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let client = loop {
+        let out = Command::new(bin())
+            .args([test, "--port", &port.to_string()])
+            .args(args)
+            .arg("127.0.0.1")
+            .output()
+            .expect("run client");
+        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+        if out.status.success() || !refused || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    (server, client)
+}
+
+/// Waits for a child, killing it after `timeout`.
+pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    child.wait_with_output().expect("collect child output")
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // The effective uid is the third field of the Uid: line.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `cmd` is on PATH.
+pub fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// In CI a missing prerequisite is a failure; elsewhere the test is skipped with the reason.
+pub fn require(ok: bool, why: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+        panic!("CI=true but {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+    false
+}

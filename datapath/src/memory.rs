@@ -1,0 +1,292 @@
+//! Registered memory: pinned, page-aligned buffers behind memory regions (RFC 5040 2.3 / RFC 5042
+//! 5: a region is named by an STag, belongs to one protection domain and carries access rights).
+//!
+//! The protocol crate `rdmap` keeps the registration table ([`rdmap::MemoryTable`]); this module
+//! owns the bytes. [`PinnedBuffer`] is the only place that touches them through raw pointers.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
+
+use crate::DatapathError;
+
+const PAGE: usize = 4096;
+
+/// A zeroed, page-aligned heap buffer, locked into RAM (`mlock`) when the process may do so.
+///
+/// The engine thread writes into it (placement) and reads from it (transmit) while the
+/// application may read and write it too: like any RDMA buffer, the application must not touch
+/// bytes that a posted operation is using until that operation completes. All access goes through
+/// bounds-checked copies, so no access can reach outside the buffer.
+pub struct PinnedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+    locked: bool,
+}
+
+// SAFETY: the buffer is plain bytes owned by this value; every access is a bounds-checked raw
+// copy (no references into the buffer escape), so moving it or sharing it across threads cannot
+// create dangling or out-of-bounds accesses. Concurrent use of the same bytes by the application
+// and the engine is governed by the work-request rules documented above, as with any RDMA memory.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: see the `Send` impl: shared access only ever happens through bounds-checked copies.
+unsafe impl Sync for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// Allocates `len` zeroed bytes (at least one page), page-aligned, and tries to `mlock` them.
+    pub fn new(len: usize) -> Result<Self, DatapathError> {
+        let alloc_len = len.max(1).div_ceil(PAGE) * PAGE;
+        let layout = Layout::from_size_align(alloc_len, PAGE)
+            .map_err(|_| DatapathError::InvalidArgument("memory region too large"))?;
+        // SAFETY: `layout` has a non-zero size (at least one page).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or(DatapathError::OutOfMemory(alloc_len))?;
+        // SAFETY: `ptr` points to `alloc_len` bytes we just allocated; mlock only changes paging.
+        let locked = unsafe { libc::mlock(ptr.as_ptr().cast(), alloc_len) } == 0;
+        Ok(Self {
+            ptr,
+            len,
+            layout,
+            locked,
+        })
+    }
+
+    /// Length in bytes as requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `mlock` succeeded (it needs `CAP_IPC_LOCK` or a large enough `RLIMIT_MEMLOCK`).
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Address of the first byte (what verbs calls the region's virtual address).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    fn clamp(&self, offset: usize, want: usize) -> usize {
+        if offset >= self.len {
+            0
+        } else {
+            want.min(self.len - offset)
+        }
+    }
+
+    /// Copies `dst.len()` bytes from `offset`; bytes past the end are left untouched.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        let n = self.clamp(offset, dst.len());
+        if n == 0 {
+            return;
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: `offset + n <= self.len` (clamped above), so the source range lies inside our
+        // allocation; `dst` is a distinct, valid slice of at least `n` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), n);
+        }
+    }
+
+    /// Copies `src` to `offset`; bytes that would fall past the end are dropped.
+    pub fn write_at(&self, offset: usize, src: &[u8]) {
+        let n = self.clamp(offset, src.len());
+        if n == 0 {
+            return;
+        }
+        // SAFETY: `offset + n <= self.len` (clamped above), so the destination range lies inside
+        // our allocation; `src` is a valid slice of at least `n` bytes that cannot overlap it
+        // (no reference into this buffer is ever handed out).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), n);
+        }
+        fence(Ordering::Release);
+    }
+
+    /// Reads one byte with volatile semantics, for polling memory that a remote peer writes
+    /// (perftest's latency tests wait for the last byte of a message this way).
+    pub fn read_volatile(&self, offset: usize) -> Option<u8> {
+        if offset >= self.len {
+            return None;
+        }
+        // SAFETY: `offset < self.len`, inside our allocation; u8 has no alignment requirement.
+        let v = unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(offset)) };
+        fence(Ordering::Acquire);
+        Some(v)
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`layout` are exactly what `alloc_zeroed` returned/used; nothing else
+        // refers to the buffer once the last owner drops it.
+        unsafe {
+            if self.locked {
+                libc::munlock(self.ptr.as_ptr().cast(), self.layout.size());
+            }
+            alloc::dealloc(self.ptr.as_ptr(), self.layout);
+        }
+    }
+}
+
+/// The buffer type the registration table holds: a shared handle to pinned bytes.
+#[derive(Clone)]
+pub struct RegionMemory(pub(crate) Arc<PinnedBuffer>);
+
+impl RegionBuffer for RegionMemory {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        self.0.read_at(offset, dst)
+    }
+    fn write_at(&self, offset: usize, src: &[u8]) {
+        self.0.write_at(offset, src)
+    }
+}
+
+/// The registration table shared by the application (register/deregister) and the engine
+/// threads of the protection domain's queue pairs (lookups while placing). The engine takes the
+/// lock once per batch of received bytes or transmitted ULPDUs, not per packet.
+pub(crate) type SharedTable = Arc<Mutex<MemoryTable<RegionMemory>>>;
+
+pub(crate) fn lock_table(t: &SharedTable) -> MutexGuard<'_, MemoryTable<RegionMemory>> {
+    // A panic while holding the lock cannot leave the table half-updated in a way that breaks
+    // memory safety (it only holds metadata), so recover from poisoning.
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static NEXT_PD: AtomicU32 = AtomicU32::new(1);
+
+/// A protection domain (RFC 5040 2.3, RFC 5042 5.2): memory regions and queue pairs of one PD
+/// can reach each other; a remote access through a queue pair of another PD is refused.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) id: PdId,
+    pub(crate) table: SharedTable,
+}
+
+impl Default for ProtectionDomain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProtectionDomain {
+    /// A new, empty protection domain.
+    pub fn new() -> Self {
+        let id = PdId(NEXT_PD.fetch_add(1, Ordering::Relaxed));
+        Self {
+            id,
+            table: Arc::new(Mutex::new(MemoryTable::new())),
+        }
+    }
+
+    /// The domain's identifier.
+    pub fn id(&self) -> PdId {
+        self.id
+    }
+
+    /// Allocates and registers `len` bytes of pinned memory with the given access rights.
+    /// The region's tagged offset base (TO) is its virtual address, as with verbs.
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, DatapathError> {
+        let buf = Arc::new(PinnedBuffer::new(len)?);
+        let base_to = buf.addr();
+        let stag =
+            lock_table(&self.table).register(self.id, RegionMemory(buf.clone()), base_to, access);
+        Ok(MemoryRegion {
+            stag,
+            buf,
+            access,
+            pd: self.clone(),
+        })
+    }
+}
+
+/// A registered memory region: pinned bytes named by an [`Stag`]. Dropping it deregisters it.
+pub struct MemoryRegion {
+    stag: Stag,
+    buf: Arc<PinnedBuffer>,
+    access: Access,
+    pd: ProtectionDomain,
+}
+
+impl MemoryRegion {
+    /// The STag (index and key) that names this region locally and remotely.
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+    /// The tagged offset of the first byte (the buffer's virtual address).
+    pub fn base_to(&self) -> u64 {
+        self.buf.addr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    /// Access rights granted at registration.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Whether the pages are locked in RAM.
+    pub fn is_pinned(&self) -> bool {
+        self.buf.is_locked()
+    }
+    /// Copies bytes out of the region (bounds-checked; short reads past the end).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.buf.read_at(offset, dst)
+    }
+    /// Copies bytes into the region (bounds-checked; bytes past the end are dropped).
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        self.buf.write_at(offset, src)
+    }
+    /// Volatile read of one byte, for polling memory the peer writes.
+    pub fn read_volatile(&self, offset: usize) -> Option<u8> {
+        self.buf.read_volatile(offset)
+    }
+    /// A local scatter/gather element covering `len` bytes at `offset` of this region.
+    pub fn sge(&self, offset: usize, len: u32) -> rdmap::Sge {
+        rdmap::Sge {
+            stag: self.stag,
+            to: self.base_to().wrapping_add(offset as u64),
+            len,
+        }
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = lock_table(&self.pd.table).deregister(self.stag);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_buffer_is_bounds_checked() {
+        let b = PinnedBuffer::new(10).unwrap();
+        b.write_at(8, &[1, 2, 3, 4]);
+        let mut out = [9u8; 4];
+        b.read_at(8, &mut out);
+        assert_eq!(out, [1, 2, 9, 9]);
+        b.write_at(100, &[1]);
+        assert_eq!(b.read_volatile(9), Some(2));
+        assert_eq!(b.read_volatile(10), None);
+        assert_eq!(b.addr() % PAGE as u64, 0);
+    }
+}

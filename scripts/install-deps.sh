@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project needs (build, test bed, captures, baselines).
+# Idempotent: does nothing when everything is already there. Needs root (or sudo) to install.
+set -euo pipefail
+
+# command -> package that provides it
+declare -A NEED=(
+  [clang]=clang
+  [tcpdump]=tcpdump
+  [tshark]=tshark
+  [iperf3]=iperf3
+  [ip]=iproute2
+  [ethtool]=ethtool
+  [m4]=m4
+  [pkg-config]=pkg-config
+)
+# libraries (checked by file)
+declare -A LIBS=(
+  [/usr/include/bpf/libbpf.h]=libbpf-dev
+  [/usr/include/libelf.h]=libelf-dev
+  [/usr/include/zlib.h]=zlib1g-dev
+)
+
+missing=()
+for cmd in "${!NEED[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}")
+done
+for f in "${!LIBS[@]}"; do
+  [ -e "$f" ] || missing+=("${LIBS[$f]}")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+    echo "install-deps: missing packages (${missing[*]}) and not root: install them as root" >&2
+    exit 1
+  fi
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# tshark asks whether non-root users may capture; answer no without a prompt.
+echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
