@@ -1,0 +1,1 @@
+//! XDP steering program and its loader.
