@@ -382,13 +382,18 @@ fn ctrl_recv(ctrl: &MemoryRegion, slot: u64) -> RecvWr {
 }
 
 /// Readies the server's data region for a phase of `size`: write-bw slots get the complement
-/// of the client's pattern (so written and untouched slots can be told apart), latency tests
-/// clear the last byte of the landing area (so the first stamp is news).
+/// of the client's pattern (so written and untouched slots can be told apart); latency tests
+/// restore the ping source (the last phase stamped it) and clear the last byte of the landing
+/// area (so the first stamp is news).
 fn prepare_phase(data: &MemoryRegion, hello: &Hello, size: u64) {
     let max = hello.sizes.iter().copied().max().unwrap_or(1);
     match hello.test {
         TestKind::WriteBw => poison(data, hello.slots(size) * size),
-        TestKind::WriteLat | TestKind::SendLat => data.write((max + size - 1) as usize, &[0]),
+        TestKind::WriteLat | TestKind::SendLat => {
+            // The previous phase left its stamp inside the ping source: restore the pattern.
+            fill(data, SERVER_SEED, 0, max);
+            data.write((max + size - 1) as usize, &[0]);
+        }
         _ => {}
     }
 }
@@ -872,6 +877,8 @@ fn client_lat(
         }
         i += 1;
     }
+    // Put the pattern back where the stamp went, for the next size.
+    side.fill(CLIENT_SEED, size - 1, 1);
     Ok((samples, checked))
 }
 

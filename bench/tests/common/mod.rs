@@ -1,4 +1,5 @@
 //! Helpers for tests that run `iwarp-bench` as a process.
+#![allow(dead_code)] // each test file uses a different subset
 
 use std::net::TcpListener;
 use std::path::PathBuf;

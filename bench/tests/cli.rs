@@ -1,0 +1,125 @@
+//! `iwarp-bench` as a user runs it: every test, server and client on loopback, across sizes and
+//! MPA settings, with the data verified by both sides (a failed check fails the run).
+
+mod common;
+
+use common::*;
+
+fn run_ok(test: &str, args: &[&str]) -> String {
+    let port = free_port();
+    let (server, client) = run_pair(test, port, args);
+    let (so, se) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr),
+    );
+    assert!(
+        client.status.success(),
+        "{test} {args:?} client failed:\n{so}\n{se}\nserver:\n{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(
+        server.status.success(),
+        "{test} {args:?} server failed:\n{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    so.into_owned()
+}
+
+#[test]
+fn every_test_all_sizes() {
+    for test in [
+        "write-bw",
+        "read-bw",
+        "send-bw",
+        "write-lat",
+        "read-lat",
+        "send-lat",
+    ] {
+        let out = run_ok(test, &["-a", "-n", "2", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        let results = v["results"].as_array().expect("results array");
+        assert_eq!(
+            results.len(),
+            23,
+            "{test}: one row per size from 2 B to 8 MiB"
+        );
+        let checked = v["verified_bytes_server"].as_u64().unwrap_or(0)
+            + v["verified_bytes_client"].as_u64().unwrap_or(0);
+        // Each of the 23 sizes moved at least one verified message.
+        assert!(
+            checked >= (2..=23).map(|e| 1u64 << e).sum::<u64>(),
+            "{test}: {checked}"
+        );
+    }
+}
+
+#[test]
+fn mpa_settings_matrix() {
+    for (rev, crc, markers) in [
+        ("1", "on", "off"),
+        ("1", "off", "on"),
+        ("2", "off", "off"),
+        ("2", "on", "on"),
+    ] {
+        for test in ["write-bw", "send-lat", "read-bw"] {
+            let args = [
+                "--mpa-rev",
+                rev,
+                "--crc",
+                crc,
+                "--markers",
+                markers,
+                "-s",
+                "5000",
+                "-n",
+                "50",
+                "--json",
+            ];
+            let out = run_ok(test, &args);
+            let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+            assert_eq!(v["mpa_rev"].as_u64(), Some(rev.parse().unwrap()), "{out}");
+            assert_eq!(v["crc"].as_bool(), Some(crc == "on"), "{out}");
+            assert_eq!(v["markers_rx"].as_bool(), Some(markers == "on"), "{out}");
+            assert_eq!(v["markers_tx"].as_bool(), Some(markers == "on"), "{out}");
+        }
+    }
+}
+
+#[test]
+fn duration_mode_and_table_output() {
+    let out = run_ok("write-lat", &["-D", "0.3", "-s", "64"]);
+    assert!(out.contains("t_typical[usec]"), "{out}");
+    let row = out.lines().nth(1).expect("a result row");
+    let iters: u64 = row
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("iterations");
+    assert!(iters > 10, "{row}");
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    for args in [
+        &["write-bw", "-s", "0"][..],
+        &["write-bw", "--mpa-rev", "3"],
+        &["nope"],
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // Nothing listening: a clear connection error.
+    let port = free_port().to_string();
+    let out = std::process::Command::new(bin())
+        .args(["write-bw", "--port", &port, "--timeout", "1", "127.0.0.1"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused"), "{err}");
+}
