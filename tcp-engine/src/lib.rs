@@ -1,0 +1,1 @@
+//! tcp-engine: an MPA-aware TCP, sans-IO.
