@@ -1,0 +1,629 @@
+//! Shared helpers for the loopback end-to-end tests of the socket transport: connection setup
+//! with bounded waits, completion collection, deterministic data patterns, and a TCP relay that
+//! can hold and corrupt the client-to-server stream.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use datapath::{
+    connect, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
+    MemoryRegion, MpaConfig, ProtectionDomain, RecvWr, WcOpcode, WcStatus,
+};
+
+/// Upper bound for any single wait in these tests (connection setup, one completion, the end of
+/// an engine). Generous because the machine is shared, but finite so nothing can hang CI.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Loopback with port 0: the kernel picks a free port.
+pub fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// MPA settings for one side.
+pub fn mpa(rev: u8, crc: bool, markers: bool) -> MpaConfig {
+    MpaConfig {
+        rev,
+        crc,
+        markers,
+        ..MpaConfig::default()
+    }
+}
+
+/// Connection parameters around `mpa`, with a bounded setup time.
+pub fn params(mpa: MpaConfig) -> ConnectParams {
+    ConnectParams {
+        mpa,
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    }
+}
+
+/// A protection domain and a completion queue: what one side of a test owns.
+#[derive(Clone, Default)]
+pub struct Side {
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+}
+
+impl Side {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// What the server does with the next connection request.
+pub struct ServerPlan<'a> {
+    pub side: &'a Side,
+    pub private_data: &'a [u8],
+    pub recvs: Vec<RecvWr>,
+}
+
+/// Accepts one connection on `listener` (bounded wait) while `connect`ing to `addr` from this
+/// thread. Returns the client's and the server's results.
+pub fn establish(
+    listener: &Listener,
+    addr: SocketAddr,
+    client: &Side,
+    client_params: &ConnectParams,
+    client_private_data: &[u8],
+    server: ServerPlan<'_>,
+) -> (
+    Result<Connection, DatapathError>,
+    Result<Connection, DatapathError>,
+) {
+    std::thread::scope(|s| {
+        let accepting = s.spawn(move || {
+            let request = listener
+                .accept_timeout(WAIT)?
+                .ok_or(DatapathError::Timeout("test accept"))?;
+            request.accept_with_recvs(
+                &server.side.pd,
+                &server.side.cq,
+                server.private_data,
+                server.recvs,
+            )
+        });
+        let client_result = connect(
+            addr,
+            &client.pd,
+            &client.cq,
+            client_params,
+            client_private_data,
+        );
+        let server_result = accepting.join().expect("accepting thread panicked");
+        (client_result, server_result)
+    })
+}
+
+/// [`establish`] that must succeed, connecting straight to the listener.
+pub fn establish_ok(
+    listener: &Listener,
+    client: &Side,
+    client_params: &ConnectParams,
+    server: ServerPlan<'_>,
+) -> (Connection, Connection) {
+    let addr = listener.local_addr().unwrap();
+    let (c, s) = establish(listener, addr, client, client_params, &[], server);
+    (
+        c.expect("client connect failed"),
+        s.expect("server accept failed"),
+    )
+}
+
+/// The next completion, or a panic naming `what` once [`WAIT`] has passed.
+pub fn next_wc(cq: &CompletionQueue, what: &str) -> Completion {
+    cq.wait(WAIT)
+        .unwrap_or_else(|| panic!("no completion within {WAIT:?} while waiting for {what}"))
+}
+
+/// Waits for the next completion and checks it is `wr_id` with `opcode` and `status`.
+pub fn expect_wc(
+    cq: &CompletionQueue,
+    wr_id: u64,
+    opcode: WcOpcode,
+    status: WcStatus,
+) -> Completion {
+    let c = next_wc(cq, &format!("wr {wr_id} {opcode:?} {status:?}"));
+    assert_eq!(
+        (c.wc.wr_id, c.wc.opcode, c.wc.status),
+        (wr_id, opcode, status),
+        "unexpected completion {c:?}"
+    );
+    c
+}
+
+/// Collects exactly `n` completions (bounded wait for each).
+pub fn collect(cq: &CompletionQueue, n: usize, what: &str) -> Vec<Completion> {
+    (0..n).map(|_| next_wc(cq, what)).collect()
+}
+
+/// Checks that no further completion is queued right now.
+pub fn assert_no_more(cq: &CompletionQueue) {
+    if let Some(c) = cq.try_next() {
+        panic!("unexpected extra completion {c:?}");
+    }
+}
+
+/// `len` pseudo-random bytes from `seed` (xorshift64*): cheap to make, and any misplaced,
+/// dropped or duplicated run of bytes shows.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The bytes of a region.
+pub fn region_bytes(mr: &MemoryRegion, offset: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mr.read(offset, &mut v);
+    v
+}
+
+/// Asserts equality of two byte strings, reporting the first difference instead of dumping
+/// megabytes.
+pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if got != want {
+        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap();
+        let diffs = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        panic!(
+            "{what}: {diffs} bytes differ, first at {i}: got {:#04x}, want {:#04x}",
+            got[i], want[i]
+        );
+    }
+}
+
+/// Length on the wire of the FPDU carrying a `ulpdu_len`-octet ULPDU without Markers
+/// (RFC 5044 4.1: 2-octet ULPDU_Length, ULPDU, pad to a multiple of 4, 4-octet CRC field, which
+/// is present, as zero, even when CRCs are not in use).
+pub fn fpdu_len(ulpdu_len: usize) -> usize {
+    (2 + ulpdu_len).div_ceil(4) * 4 + 4
+}
+
+// ---------------------------------------------------------------------------------------------
+// The relay: client -> relay -> server, one connection.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct RelayState {
+    /// Octets read from the client so far (held ones included).
+    c2s_read: u64,
+    /// Octets read from the server so far.
+    s2c_read: u64,
+    /// Client-to-server forwarding is paused.
+    hold: bool,
+    /// Client-to-server stream offset of the octet to flip.
+    corrupt_at: Option<u64>,
+    /// (offset, original, replacement) of the octet flipped.
+    corrupted: Option<(u64, u8, u8)>,
+    /// The client-to-server direction has ended.
+    c2s_done: bool,
+    /// The server-to-client direction has ended.
+    s2c_done: bool,
+}
+
+struct RelayShared {
+    state: Mutex<RelayState>,
+    changed: Condvar,
+}
+
+impl RelayShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RelayState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A TCP forwarder between one client and the server, able to pause the client-to-server
+/// direction (to make the order of events deterministic) and to flip one octet of it.
+pub struct Relay {
+    addr: SocketAddr,
+    shared: Arc<RelayShared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Listens on a free loopback port; the first connection to it is forwarded to `server`.
+    pub fn start(server: SocketAddr) -> Relay {
+        let listener = TcpListener::bind(any_port()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(RelayShared {
+            state: Mutex::new(RelayState::default()),
+            changed: Condvar::new(),
+        });
+        let sh = shared.clone();
+        let acceptor = std::thread::spawn(move || {
+            listener.set_nonblocking(true).unwrap();
+            let deadline = Instant::now() + WAIT;
+            let client = loop {
+                match listener.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("relay accept: {e}"),
+                }
+            };
+            client.set_nonblocking(false).unwrap();
+            let server = TcpStream::connect_timeout(&server, WAIT).unwrap();
+            client.set_nodelay(true).unwrap();
+            server.set_nodelay(true).unwrap();
+            let (c_in, s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let sh2 = sh.clone();
+            std::thread::spawn(move || pump(c_in, s_out, &sh2, true));
+            pump(server, client, &sh, false);
+        });
+        Relay {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    /// Where the client should connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Octets read from the client so far.
+    pub fn c2s_read(&self) -> u64 {
+        self.shared.lock().c2s_read
+    }
+
+    /// Octets read from the server so far.
+    pub fn s2c_read(&self) -> u64 {
+        self.shared.lock().s2c_read
+    }
+
+    /// Pauses client-to-server forwarding (octets are still read from the client and held).
+    pub fn hold(&self) {
+        self.shared.lock().hold = true;
+    }
+
+    /// Resumes client-to-server forwarding.
+    pub fn release(&self) {
+        self.shared.lock().hold = false;
+        self.shared.changed.notify_all();
+    }
+
+    /// Flips the octet `k` octets after everything the client has sent so far.
+    pub fn corrupt_in(&self, k: u64) {
+        let mut st = self.shared.lock();
+        st.corrupt_at = Some(st.c2s_read + k);
+    }
+
+    /// The octet flipped: (stream offset, original value, value forwarded).
+    pub fn corrupted(&self) -> Option<(u64, u8, u8)> {
+        self.shared.lock().corrupted
+    }
+
+    /// Waits (bounded) until at least `n` octets have been read from the client.
+    pub fn wait_c2s_read(&self, n: u64) {
+        let deadline = Instant::now() + WAIT;
+        let mut st = self.shared.lock();
+        while st.c2s_read < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "relay saw {} of {n} client octets within {WAIT:?}",
+                st.c2s_read
+            );
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits (bounded) until both directions have ended; true when they did.
+    pub fn wait_closed(&self) -> bool {
+        let deadline = Instant::now() + WAIT;
+        let mut st = self.shared.lock();
+        while !(st.c2s_done && st.s2c_done) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // Never leave a held pump behind.
+        self.release();
+        if let Some(a) = self.acceptor.take() {
+            if a.is_finished() {
+                let _ = a.join();
+            }
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &RelayShared, c2s: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        {
+            let mut st = shared.lock();
+            if c2s {
+                let start = st.c2s_read;
+                if let Some(at) = st.corrupt_at {
+                    if (start..start + n as u64).contains(&at) {
+                        let i = (at - start) as usize;
+                        let original = buf[i];
+                        buf[i] ^= 0x5A;
+                        st.corrupted = Some((at, original, buf[i]));
+                        st.corrupt_at = None;
+                    }
+                }
+                st.c2s_read += n as u64;
+                shared.changed.notify_all();
+                let deadline = Instant::now() + WAIT;
+                while st.hold && Instant::now() < deadline {
+                    st = shared
+                        .changed
+                        .wait_timeout(st, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            } else {
+                st.s2c_read += n as u64;
+                shared.changed.notify_all();
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    let mut st = shared.lock();
+    if c2s {
+        st.c2s_done = true;
+    } else {
+        st.s2c_done = true;
+    }
+    shared.changed.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verified transfers: RDMA Write, Send and RDMA Read of a list of sizes over one connection.
+// ---------------------------------------------------------------------------------------------
+
+/// A message size, absolute or relative to a MULPDU that is only known once connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    /// This many octets.
+    Bytes(usize),
+    /// The client's MULPDU plus this (Writes and Sends go client to server).
+    Mulpdu(i64),
+    /// The server's MULPDU plus this (Read Responses go server to client).
+    ServerMulpdu(i64),
+}
+
+impl Size {
+    fn resolve(self, client_mulpdu: usize, server_mulpdu: usize) -> usize {
+        let rel = |m: usize, k: i64| usize::try_from(m as i64 + k).expect("size below zero");
+        match self {
+            Size::Bytes(n) => n,
+            Size::Mulpdu(k) => rel(client_mulpdu, k),
+            Size::ServerMulpdu(k) => rel(server_mulpdu, k),
+        }
+    }
+
+    /// Room needed before the MULPDU is known (a MULPDU never exceeds 65535 here: the
+    /// transport caps it at the MPA limit).
+    fn capacity(self) -> usize {
+        match self {
+            Size::Bytes(n) => n,
+            Size::Mulpdu(k) | Size::ServerMulpdu(k) => (65_535 + k.max(0)) as usize,
+        }
+    }
+}
+
+/// The full size list: tiny messages, both sides of the MULPDU (the ULPDU limit) and of the
+/// payload a single tagged (MULPDU - 14) or untagged (MULPDU - 18) segment holds, 64 KiB, 1 MiB
+/// and 16 MiB.
+pub fn full_sizes() -> Vec<Size> {
+    let mut v = vec![Size::Bytes(1), Size::Bytes(2), Size::Bytes(100)];
+    v.extend(
+        [-19, -18, -17, -15, -14, -13, -1, 0, 1]
+            .into_iter()
+            .map(Size::Mulpdu),
+    );
+    v.extend([-15, -14, -13].into_iter().map(Size::ServerMulpdu));
+    v.extend([
+        Size::Bytes(65_536),
+        Size::Bytes(1 << 20),
+        Size::Bytes(16 << 20),
+    ]);
+    v
+}
+
+/// What a verified transfer run saw.
+pub struct RunInfo {
+    pub client_negotiated: datapath::Negotiated,
+    pub server_negotiated: datapath::Negotiated,
+    pub client_mulpdu: usize,
+    pub server_mulpdu: usize,
+    /// The sizes actually moved, in order.
+    pub sizes: Vec<usize>,
+}
+
+const SENTINEL: u8 = 0xEE;
+const TAIL: usize = 64;
+
+/// Connects through `addr` (the listener itself or a relay in front of it), then for every
+/// size: the client RDMA-Writes a fresh pattern into a server region and Sends it into a
+/// posted receive; once the receive completes (Sends are delivered after the preceding Write
+/// is placed) both copies are checked byte for byte, with the octets after them untouched;
+/// then the client RDMA-Reads that many octets of a server region and checks them. Finally
+/// the client disconnects and the server's queue pair must end. Every completion is checked.
+pub fn verified_transfers(
+    listener: &Listener,
+    addr: SocketAddr,
+    client_params: &ConnectParams,
+    sizes: &[Size],
+    seed: u64,
+) -> RunInfo {
+    use datapath::{Access, SendOp, SendWr};
+    let (client, server) = (Side::new(), Side::new());
+    let max = sizes.iter().map(|s| s.capacity()).max().unwrap_or(0).max(1);
+
+    let c_src = client.pd.register(max, Access::NONE).unwrap();
+    let c_sink = client.pd.register(max + TAIL, Access::LOCAL_WRITE).unwrap();
+    let s_target = server
+        .pd
+        .register(max + TAIL, Access::REMOTE_WRITE)
+        .unwrap();
+    let s_source = server.pd.register(max, Access::REMOTE_READ).unwrap();
+    let source_data = pattern(seed ^ 0xABCD, max);
+    s_source.write(0, &source_data);
+    s_target.write(0, &vec![SENTINEL; max + TAIL]);
+    let recv_regions: Vec<MemoryRegion> = sizes
+        .iter()
+        .map(|s| {
+            server
+                .pd
+                .register(s.capacity() + TAIL, Access::LOCAL_WRITE)
+                .unwrap()
+        })
+        .collect();
+    let recvs = sizes
+        .iter()
+        .zip(&recv_regions)
+        .enumerate()
+        .map(|(i, (s, mr))| RecvWr {
+            wr_id: i as u64,
+            sge: Some(mr.sge(0, s.capacity() as u32)),
+        })
+        .collect();
+
+    let (c, s) = establish(
+        listener,
+        addr,
+        &client,
+        client_params,
+        &[],
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs,
+        },
+    );
+    let (mut c, s) = (c.expect("connect"), s.expect("accept"));
+    let (client_mulpdu, server_mulpdu) = (c.qp.mulpdu(), s.qp.mulpdu());
+    let mut moved = Vec::new();
+
+    for (i, size) in sizes.iter().enumerate() {
+        let n = size.resolve(client_mulpdu, server_mulpdu);
+        assert!(n <= size.capacity(), "{size:?} resolved to {n}");
+        moved.push(n);
+        let id = 10 * i as u64;
+        let what = |op: &str| format!("{op} of {n} octets ({size:?})");
+
+        // RDMA Write then Send of the same fresh data.
+        let data = pattern(seed.wrapping_add(i as u64), n);
+        c_src.write(0, &data);
+        s_target.write(n, &[SENTINEL; TAIL]);
+        c.qp.post_send(SendWr {
+            wr_id: id,
+            op: SendOp::Write {
+                remote_stag: s_target.stag(),
+                remote_to: s_target.base_to(),
+            },
+            local: Some(c_src.sge(0, n as u32)),
+        })
+        .unwrap();
+        c.qp.post_send(SendWr {
+            wr_id: id + 1,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            local: Some(c_src.sge(0, n as u32)),
+        })
+        .unwrap();
+        let recv = expect_wc(&server.cq, i as u64, WcOpcode::Recv, WcStatus::Success);
+        assert_eq!(recv.wc.byte_len as usize, n, "{}", what("Send"));
+        assert_eq!(recv.qp_num, s.qp.num());
+        assert_bytes_eq(
+            &region_bytes(&s_target, 0, n + TAIL),
+            &[&data[..], &[SENTINEL; TAIL]].concat(),
+            &what("RDMA Write"),
+        );
+        let room = size.capacity() + TAIL;
+        let mut want = data.clone();
+        want.resize(room, 0);
+        assert_bytes_eq(
+            &region_bytes(&recv_regions[i], 0, room),
+            &want,
+            &what("Send"),
+        );
+        let w = expect_wc(&client.cq, id, WcOpcode::Write, WcStatus::Success);
+        assert_eq!(w.wc.byte_len as usize, n);
+        let sd = expect_wc(&client.cq, id + 1, WcOpcode::Send, WcStatus::Success);
+        assert_eq!(sd.wc.byte_len as usize, n);
+
+        // RDMA Read into a sink reset to the sentinel.
+        c_sink.write(0, &vec![SENTINEL; n + TAIL]);
+        c.qp.post_send(SendWr {
+            wr_id: id + 2,
+            op: SendOp::Read {
+                remote_stag: s_source.stag(),
+                remote_to: s_source.base_to(),
+            },
+            local: Some(c_sink.sge(0, n as u32)),
+        })
+        .unwrap();
+        let r = expect_wc(&client.cq, id + 2, WcOpcode::Read, WcStatus::Success);
+        assert_eq!(r.wc.byte_len as usize, n);
+        assert_eq!(r.qp_num, c.qp.num());
+        assert_bytes_eq(
+            &region_bytes(&c_sink, 0, n + TAIL),
+            &[&source_data[..n], &[SENTINEL; TAIL]].concat(),
+            &what("RDMA Read"),
+        );
+    }
+
+    let info = RunInfo {
+        client_negotiated: c.qp.negotiated().clone(),
+        server_negotiated: s.qp.negotiated().clone(),
+        client_mulpdu,
+        server_mulpdu,
+        sizes: moved,
+    };
+    assert_eq!(c.qp.status().local_error, None);
+    assert_eq!(s.qp.status().local_error, None);
+    c.qp.disconnect();
+    assert!(s.qp.wait_finished(WAIT), "server QP did not end");
+    assert_no_more(&client.cq);
+    assert_no_more(&server.cq);
+    info
+}
