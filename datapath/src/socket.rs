@@ -185,9 +185,11 @@ pub fn connect(
     private_data: &[u8],
 ) -> Result<Connection, DatapathError> {
     let start = Instant::now();
+    // Check the configuration and private data before opening a connection the responder
+    // would only see fail.
+    let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
-    let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
     stream.write_all(initiator.request())?;
     let mut buf = vec![0u8; 4096];
     loop {

@@ -1,18 +1,611 @@
 //! End-to-end tests of the socket transport over 127.0.0.1: data transfers of every size class
-//! in every MPA configuration, private data, reject, concurrent connections and disconnect.
+//! in every MPA configuration (revision, CRC, Markers per direction), private data both ways,
+//! reject, concurrent connections and disconnect.
 
 mod common;
 
-use common::*;
-use datapath::Listener;
+use std::sync::Arc;
 
+use common::*;
+use datapath::{
+    Access, DatapathError, Listener, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+};
+
+/// Every size of [`full_sizes`] (1 B to 16 MiB, MULPDU +- 1, segment payload boundaries) with
+/// the default configuration: MPA rev 2, CRC, no Markers.
 #[test]
 fn all_sizes_rev2_crc_no_markers() {
     let p = params(mpa(2, true, false));
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let info = verified_transfers(&listener, addr, &p, &full_sizes(), 1);
-    assert_eq!(info.client_negotiated.rev, 2);
-    assert!(info.client_negotiated.crc && info.server_negotiated.crc);
-    assert!(info.sizes.contains(&(16 << 20)));
+    let (c, s) = (&info.client_negotiated, &info.server_negotiated);
+    assert_eq!((c.rev, s.rev), (2, 2));
+    assert!(c.crc && s.crc);
+    assert!(!c.markers_tx && !c.markers_rx && !s.markers_tx && !s.markers_rx);
+    assert!((128..=65_535).contains(&info.client_mulpdu));
+    assert_eq!(
+        info.client_mulpdu, info.server_mulpdu,
+        "same MSS, no Markers"
+    );
+    for n in [1, 2, 100, info.client_mulpdu + 1, 65_536, 1 << 20, 16 << 20] {
+        assert!(info.sizes.contains(&n), "size {n} not moved");
+    }
+}
+
+/// Runs the matrix of one MPA revision: CRC on/off (both sides alike) x Markers asked by the
+/// initiator and/or the responder, each with a size set around the MULPDUs; 16 MiB in one
+/// configuration.
+fn matrix(rev: u8) {
+    let markers = [(false, false), (true, false), (false, true), (true, true)];
+    for crc in [true, false] {
+        for (mi, mr) in markers {
+            let mut sizes = vec![
+                Size::Bytes(1),
+                Size::Mulpdu(-14),
+                Size::Mulpdu(-13),
+                Size::Mulpdu(-1),
+                Size::Mulpdu(0),
+                Size::Mulpdu(1),
+                Size::ServerMulpdu(-14),
+                Size::ServerMulpdu(-13),
+                Size::Bytes(200_003),
+            ];
+            // 16 MiB with Markers both ways: rev 1 without CRC, rev 2 with.
+            if mi && mr && crc == (rev == 2) {
+                sizes.push(Size::Bytes(16 << 20));
+            }
+            let cp = params(mpa(rev, crc, mi));
+            let listener = Listener::bind(any_port(), params(mpa(rev, crc, mr))).unwrap();
+            let addr = listener.local_addr().unwrap();
+            let seed = u64::from(rev) * 100 + u64::from(crc) * 10 + u64::from(mi) * 2 + mr as u64;
+            let info = verified_transfers(&listener, addr, &cp, &sizes, seed);
+            let (c, s) = (&info.client_negotiated, &info.server_negotiated);
+            let cfg = format!("rev {rev} crc {crc} M(initiator) {mi} M(responder) {mr}");
+            assert_eq!((c.rev, s.rev), (rev, rev), "{cfg}");
+            assert_eq!((c.crc, s.crc), (crc, crc), "{cfg}");
+            // M=1 from a side means: insert Markers towards that side.
+            assert_eq!((c.markers_rx, c.markers_tx), (mi, mr), "{cfg}: initiator");
+            assert_eq!((s.markers_rx, s.markers_tx), (mr, mi), "{cfg}: responder");
+            // Markers cost room in each FPDU: the MULPDU of a side that inserts them is smaller
+            // (both ends have the same loopback MSS).
+            let (cm, sm) = (info.client_mulpdu, info.server_mulpdu);
+            match (c.markers_tx, s.markers_tx) {
+                (true, false) => assert!(cm < sm, "{cfg}: {cm} {sm}"),
+                (false, true) => assert!(cm > sm, "{cfg}: {cm} {sm}"),
+                _ => assert_eq!(cm, sm, "{cfg}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn matrix_rev1_crc_markers() {
+    matrix(1);
+}
+
+#[test]
+fn matrix_rev2_crc_markers() {
+    matrix(2);
+}
+
+/// CRCs are off only if both sides ask for off (RFC 5044 7.1.1 "C"): one side on is enough to
+/// turn them on in both directions, and data still moves in each combination.
+#[test]
+fn crc_off_only_when_both_sides_ask() {
+    for rev in [1, 2] {
+        for (cc, sc) in [(true, true), (true, false), (false, true), (false, false)] {
+            let listener = Listener::bind(any_port(), params(mpa(rev, sc, false))).unwrap();
+            let addr = listener.local_addr().unwrap();
+            let sizes = [Size::Bytes(3), Size::Bytes(70_001)];
+            let info = verified_transfers(&listener, addr, &params(mpa(rev, cc, false)), &sizes, 7);
+            let want = cc || sc;
+            assert_eq!(
+                (info.client_negotiated.crc, info.server_negotiated.crc),
+                (want, want),
+                "rev {rev}: initiator C={cc}, responder C={sc}"
+            );
+        }
+    }
+}
+
+/// Markers really are on the wire only towards a side that asked for them: a relay counts the
+/// octets each way for 2 MiB client-to-server (Write + Send) and 1 MiB server-to-client (Read).
+/// With Markers every 512 octets the overhead is about 4/512 of the data (16 KiB and 8 KiB);
+/// without, a few dozen octets per 64 KiB FPDU.
+#[test]
+fn markers_on_the_wire_follow_the_m_bits() {
+    for (mi, mr) in [(false, false), (true, false), (false, true), (true, true)] {
+        let listener = Listener::bind(any_port(), params(mpa(2, true, mr))).unwrap();
+        let relay = Relay::start(listener.local_addr().unwrap());
+        let sizes = [Size::Bytes(1 << 20)];
+        verified_transfers(
+            &listener,
+            relay.addr(),
+            &params(mpa(2, true, mi)),
+            &sizes,
+            9,
+        );
+        assert!(relay.wait_closed(), "relay still open after disconnect");
+        let c2s_overhead = relay.c2s_read() - (2 << 20);
+        let s2c_overhead = relay.s2c_read() - (1 << 20);
+        let cfg = format!(
+            "M(initiator) {mi} M(responder) {mr}: c2s +{c2s_overhead}, s2c +{s2c_overhead}"
+        );
+        // Client-to-server carries Markers when the responder asked (M=1 in its Reply).
+        assert_eq!(c2s_overhead > 12_000, mr, "{cfg}");
+        assert!(c2s_overhead < 20_000, "{cfg}");
+        assert_eq!(s2c_overhead > 6_000, mi, "{cfg}");
+        assert!(s2c_overhead < 10_000, "{cfg}");
+    }
+}
+
+/// An initiator on rev 1 talking to a rev 2 responder gets rev 1 (no RFC 6581 block); a rev 2
+/// (enhanced) initiator is refused by a rev-1-only responder with an error on both sides, and
+/// the listener goes on serving.
+#[test]
+fn revision_interoperation() {
+    let listener = Listener::bind(any_port(), params(mpa(2, true, false))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let info = verified_transfers(
+        &listener,
+        addr,
+        &params(mpa(1, true, false)),
+        &[Size::Bytes(5)],
+        3,
+    );
+    assert_eq!(
+        (info.client_negotiated.rev, info.server_negotiated.rev),
+        (1, 1)
+    );
+
+    let listener = Listener::bind(any_port(), params(mpa(1, true, false))).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish(
+        &listener,
+        addr,
+        &client,
+        &params(mpa(2, true, false)),
+        &[],
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![],
+        },
+    );
+    assert!(
+        matches!(s, Err(DatapathError::Mpa(mpa::MpaError::InvalidFrame(_)))),
+        "{:?}",
+        s.err()
+    );
+    assert!(
+        c.is_err(),
+        "client connected to a responder that refused it"
+    );
+    let info = verified_transfers(
+        &listener,
+        addr,
+        &params(mpa(1, false, false)),
+        &[Size::Bytes(5)],
+        4,
+    );
+    assert_eq!(info.client_negotiated.rev, 1);
+}
+
+/// Connects with `client_pd` and accepts with `server_pd`, checking that each side sees
+/// exactly what the other sent (ConnectRequest::private_data at the responder,
+/// Connection::private_data at both), and that the connection then carries data.
+fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
+    let p = params(mpa(rev, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let server_buf = server.pd.register(16, Access::LOCAL_WRITE).unwrap();
+    let client_buf = client.pd.register(16, Access::NONE).unwrap();
+    client_buf.write(0, b"after the setup!");
+    let (c, s) = std::thread::scope(|sc| {
+        let acc = sc.spawn(|| {
+            let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+            assert_eq!(req.private_data(), client_pd, "request private data");
+            assert_eq!(req.info().rev, rev);
+            let recv = RecvWr {
+                wr_id: 1,
+                sge: Some(server_buf.sge(0, 16)),
+            };
+            req.accept_with_recvs(&server.pd, &server.cq, server_pd, vec![recv])
+                .unwrap()
+        });
+        let c = datapath::connect(addr, &client.pd, &client.cq, &p, client_pd).unwrap();
+        (c, acc.join().unwrap())
+    });
+    assert_eq!(
+        c.private_data, server_pd,
+        "reply private data at the initiator"
+    );
+    assert_eq!(
+        s.private_data, client_pd,
+        "request private data at the responder"
+    );
+    assert_eq!(c.qp.negotiated().rev, rev);
+    c.qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        local: Some(client_buf.sge(0, 16)),
+    })
+    .unwrap();
+    expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::Success);
+    assert_eq!(region_bytes(&server_buf, 0, 16), b"after the setup!");
+    expect_wc(&client.cq, 2, WcOpcode::Send, WcStatus::Success);
+}
+
+#[test]
+fn private_data_both_ways_rev2() {
+    private_data_round_trip(2, &[], &[]);
+    private_data_round_trip(2, b"x", b"a reply of some length");
+    // 512 octets minus the 4-octet RFC 6581 IRD/ORD block.
+    private_data_round_trip(2, &pattern(1, 508), &pattern(2, 508));
+    private_data_round_trip(2, &pattern(3, 508), &[]);
+}
+
+#[test]
+fn private_data_both_ways_rev1() {
+    private_data_round_trip(1, &[], &[]);
+    private_data_round_trip(1, &pattern(4, 512), &pattern(5, 512));
+    private_data_round_trip(1, &[], &pattern(6, 512));
+}
+
+/// Private data above the limit is refused locally with an MPA error (code 5, local), not a
+/// panic, and without opening a connection; the listener is unaffected.
+#[test]
+fn over_long_private_data_on_connect_is_refused() {
+    for (rev, len) in [(2u8, 509usize), (1, 513), (2, 4096)] {
+        let p = params(mpa(rev, true, false));
+        let listener = Listener::bind(any_port(), p.clone()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let side = Side::new();
+        let err = datapath::connect(addr, &side.pd, &side.cq, &p, &vec![7; len])
+            .err()
+            .expect("over-long private data accepted");
+        match &err {
+            DatapathError::Mpa(e @ mpa::MpaError::Local(_)) => assert_eq!(e.code(), 5),
+            other => panic!("rev {rev}, {len} octets: unexpected error {other:?}"),
+        }
+        assert!(err.to_string().contains("private data"), "{err}");
+        // No TCP connection was opened: the next one the listener accepts is this valid one,
+        // at the limit.
+        let max = if rev == 2 { 508 } else { 512 };
+        let server = Side::new();
+        let (c, s) = establish(
+            &listener,
+            addr,
+            &side,
+            &p,
+            &vec![8; max],
+            ServerPlan {
+                side: &server,
+                private_data: &[],
+                recvs: vec![],
+            },
+        );
+        assert_eq!(s.expect("accept").private_data, vec![8; max]);
+        c.expect("connect");
+    }
+}
+
+/// Over-long private data in accept (or reject) is an MPA error for the responder; the
+/// initiator's connect fails instead of hanging, and the listener keeps serving.
+#[test]
+fn over_long_private_data_on_accept_is_refused() {
+    for (rev, len) in [(2u8, 509usize), (1, 513)] {
+        let p = params(mpa(rev, true, false));
+        let listener = Listener::bind(any_port(), p.clone()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, server) = (Side::new(), Side::new());
+        let long = vec![1u8; len];
+        let (c, s) = establish(
+            &listener,
+            addr,
+            &client,
+            &p,
+            b"hi",
+            ServerPlan {
+                side: &server,
+                private_data: &long,
+                recvs: vec![],
+            },
+        );
+        assert!(
+            matches!(s, Err(DatapathError::Mpa(mpa::MpaError::Local(_)))),
+            "{:?}",
+            s.err()
+        );
+        assert!(c.is_err(), "connect succeeded although accept failed");
+
+        let (c, s) = std::thread::scope(|sc| {
+            let acc = sc.spawn(|| {
+                let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+                req.reject(&long)
+            });
+            let c = datapath::connect(addr, &client.pd, &client.cq, &p, b"hi");
+            (c, acc.join().unwrap())
+        });
+        assert!(matches!(
+            s,
+            Err(DatapathError::Mpa(mpa::MpaError::Local(_)))
+        ));
+        assert!(c.is_err());
+
+        let info = verified_transfers(&listener, addr, &p, &[Size::Bytes(10)], 11);
+        assert_eq!(info.client_negotiated.rev, rev);
+    }
+}
+
+/// ConnectRequest::reject(pd): connect returns Rejected with exactly that private data (empty,
+/// short, and the maximum), for both revisions; the listener then accepts a new connection.
+#[test]
+fn reject_returns_the_private_data() {
+    for rev in [1u8, 2] {
+        let p = params(mpa(rev, true, false));
+        let listener = Listener::bind(any_port(), p.clone()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let max = if rev == 2 { 508 } else { 512 };
+        for pd in [Vec::new(), b"go away".to_vec(), pattern(rev.into(), max)] {
+            let side = Side::new();
+            let (c, s) = std::thread::scope(|sc| {
+                let acc = sc.spawn(|| {
+                    let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+                    assert_eq!(req.private_data(), b"let me in");
+                    req.reject(&pd)
+                });
+                let c = datapath::connect(addr, &side.pd, &side.cq, &p, b"let me in");
+                (c, acc.join().unwrap())
+            });
+            s.expect("reject failed");
+            match c {
+                Err(DatapathError::Rejected { private_data }) => {
+                    assert_eq!(private_data, pd, "rev {rev}")
+                }
+                Err(e) => panic!("rev {rev}: expected Rejected, got {e:?}"),
+                Ok(_) => panic!("rev {rev}: connected although rejected"),
+            }
+            assert!(side.cq.is_empty());
+        }
+        verified_transfers(&listener, addr, &p, &[Size::Bytes(100)], 12);
+    }
+}
+
+/// Eight connections at once on one listener, the server's queue pairs sharing one completion
+/// queue: each client Writes, Sends and Reads its own data concurrently; every completion is
+/// attributed to the right queue pair and every byte lands in the right connection's memory.
+#[test]
+fn eight_concurrent_connections() {
+    const N: usize = 8;
+    const LEN: usize = 300_000;
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Side::new();
+    let targets: Vec<_> = (0..N)
+        .map(|_| server.pd.register(LEN + 8, Access::REMOTE_WRITE).unwrap())
+        .collect();
+    let sources: Vec<_> = (0..N)
+        .map(|k| {
+            let mr = server.pd.register(LEN + 8, Access::REMOTE_READ).unwrap();
+            mr.write(0, &pattern(1000 + k as u64, LEN + 8));
+            mr
+        })
+        .collect();
+    let recv_bufs: Vec<_> = (0..N)
+        .map(|_| server.pd.register(LEN + 8, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    // Remote addresses the clients use (stag, base TO) per connection index.
+    let remote: Arc<Vec<_>> = Arc::new(
+        (0..N)
+            .map(|k| {
+                (
+                    targets[k].stag(),
+                    targets[k].base_to(),
+                    sources[k].stag(),
+                    sources[k].base_to(),
+                )
+            })
+            .collect(),
+    );
+
+    std::thread::scope(|sc| {
+        // The server accepts all eight and keeps their queue pairs until the clients are done.
+        let srv = sc.spawn(|| {
+            let mut conns = Vec::new();
+            for _ in 0..N {
+                let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+                let k = usize::from(req.private_data()[0]);
+                let recv = RecvWr {
+                    wr_id: k as u64,
+                    sge: Some(recv_bufs[k].sge(0, (LEN + 8) as u32)),
+                };
+                let conn = req
+                    .accept_with_recvs(&server.pd, &server.cq, &[k as u8], vec![recv])
+                    .unwrap();
+                conns.push(conn);
+            }
+            conns
+        });
+        let clients: Vec<_> = (0..N)
+            .map(|k| {
+                let p = p.clone();
+                let remote = remote.clone();
+                sc.spawn(move || {
+                    let side = Side::new();
+                    let src = side.pd.register(LEN + k, Access::NONE).unwrap();
+                    let sink = side.pd.register(LEN + k, Access::LOCAL_WRITE).unwrap();
+                    let data = pattern(k as u64, LEN + k);
+                    src.write(0, &data);
+                    let c = datapath::connect(addr, &side.pd, &side.cq, &p, &[k as u8]).unwrap();
+                    assert_eq!(c.private_data, [k as u8]);
+                    let (tstag, tto, sstag, sto) = remote[k];
+                    let len = (LEN + k) as u32;
+                    let write = SendOp::Write {
+                        remote_stag: tstag,
+                        remote_to: tto,
+                    };
+                    let send = SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    };
+                    let read = SendOp::Read {
+                        remote_stag: sstag,
+                        remote_to: sto,
+                    };
+                    for (id, op, local) in [(1, write, &src), (2, send, &src), (3, read, &sink)] {
+                        c.qp.post_send(SendWr {
+                            wr_id: id,
+                            op,
+                            local: Some(local.sge(0, len)),
+                        })
+                        .unwrap();
+                    }
+                    expect_wc(&side.cq, 1, WcOpcode::Write, WcStatus::Success);
+                    expect_wc(&side.cq, 2, WcOpcode::Send, WcStatus::Success);
+                    expect_wc(&side.cq, 3, WcOpcode::Read, WcStatus::Success);
+                    let want = pattern(1000 + k as u64, LEN + k);
+                    assert_bytes_eq(&region_bytes(&sink, 0, LEN + k), &want, "Read");
+                    (c, side, data)
+                })
+            })
+            .collect();
+        let conns = srv.join().unwrap();
+        let by_qp: std::collections::HashMap<u32, usize> = conns
+            .iter()
+            .map(|c| (c.qp.num(), usize::from(c.private_data[0])))
+            .collect();
+        assert_eq!(by_qp.len(), N);
+        let mut seen = [false; N];
+        for c in collect(&server.cq, N, "the eight receives") {
+            let k = by_qp[&c.qp_num];
+            assert_eq!(
+                (c.wc.wr_id, c.wc.opcode, c.wc.status, c.wc.byte_len as usize),
+                (k as u64, WcOpcode::Recv, WcStatus::Success, LEN + k)
+            );
+            assert!(!std::mem::replace(&mut seen[k], true));
+        }
+        let mut clients: Vec<_> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+        for (k, (_, _, data)) in clients.iter().enumerate() {
+            assert_bytes_eq(&region_bytes(&targets[k], 0, LEN + k), data, "Write");
+            assert_bytes_eq(&region_bytes(&recv_bufs[k], 0, LEN + k), data, "Send");
+        }
+        for (c, side, _) in clients.iter_mut() {
+            c.qp.disconnect();
+            assert_no_more(&side.cq);
+        }
+        for c in &conns {
+            assert!(c.qp.wait_finished(WAIT));
+        }
+        assert_no_more(&server.cq);
+    });
+}
+
+/// disconnect() flushes an outstanding RDMA Read (its Request is held back by the relay, so it
+/// cannot have been answered) and the receives still posted, all with WrFlushError, the send
+/// queue first and each queue in posting order. The queue pair is left in Closing and refuses
+/// new work; the peer sees its queue pair end in Error with its own posted receive flushed, and
+/// no Terminate goes either way.
+#[test]
+fn disconnect_flushes_and_the_peer_sees_the_end() {
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let relay = Relay::start(listener.local_addr().unwrap());
+    let (client, server) = (Side::new(), Side::new());
+    let c_buf = client.pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let s_buf = server
+        .pd
+        .register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let recvs = (0..2)
+        .map(|i| RecvWr {
+            wr_id: 100 + i,
+            sge: Some(s_buf.sge(0, 4096)),
+        })
+        .collect();
+    let (c, s) = establish(
+        &listener,
+        relay.addr(),
+        &client,
+        &p,
+        &[],
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs,
+        },
+    );
+    let (mut c, s) = (c.unwrap(), s.unwrap());
+    // One Send through, so both sides are in full operation.
+    c.qp.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: true,
+            invalidate: None,
+        },
+        local: None,
+    })
+    .unwrap();
+    let r = expect_wc(&server.cq, 100, WcOpcode::Recv, WcStatus::Success);
+    assert_eq!(r.wc.byte_len, 0);
+    assert!(r.wc.solicited);
+    expect_wc(&client.cq, 1, WcOpcode::Send, WcStatus::Success);
+
+    for i in 0..3 {
+        c.qp.post_recv(RecvWr {
+            wr_id: 10 + i,
+            sge: Some(c_buf.sge(0, 4096)),
+        })
+        .unwrap();
+    }
+    let sent_before = relay.c2s_read();
+    relay.hold();
+    c.qp.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Read {
+            remote_stag: s_buf.stag(),
+            remote_to: s_buf.base_to(),
+        },
+        local: Some(c_buf.sge(0, 64)),
+    })
+    .unwrap();
+    // The Read Request (18-octet DDP header + 28) has left the client and is held.
+    relay.wait_c2s_read(sent_before + fpdu_len(18 + 28) as u64);
+    c.qp.disconnect();
+    // The send queue is flushed first, then the receive queue.
+    expect_wc(&client.cq, 2, WcOpcode::Read, WcStatus::WrFlushError);
+    for i in 0..3 {
+        expect_wc(&client.cq, 10 + i, WcOpcode::Recv, WcStatus::WrFlushError);
+    }
+    assert_no_more(&client.cq);
+    let st = c.qp.status();
+    assert!(st.finished);
+    assert_eq!(st.state, QpState::Closing);
+    assert_eq!(
+        (st.local_error, st.remote_terminate, st.sent_terminate),
+        (None, None, None)
+    );
+    assert!(matches!(
+        c.qp.post_recv(RecvWr {
+            wr_id: 99,
+            sge: None
+        }),
+        Err(DatapathError::Disconnected)
+    ));
+    relay.release();
+
+    assert!(s.qp.wait_finished(WAIT), "server QP did not end");
+    let st = s.qp.status();
+    assert_eq!(st.state, QpState::Error);
+    assert_eq!((st.remote_terminate, st.sent_terminate), (None, None));
+    assert!(st.local_error.is_some());
+    expect_wc(&server.cq, 101, WcOpcode::Recv, WcStatus::WrFlushError);
+    assert_no_more(&server.cq);
 }

@@ -1,0 +1,400 @@
+//! Interface facts, routes and the neighbour (ARP) table, read from the kernel over rtnetlink.
+//!
+//! Everything is asked of the network namespace of the calling thread (netlink sockets belong to
+//! the namespace they were created in), so it also works in a thread that entered a namespace
+//! with [`enter_netns`](super::enter_netns), where `/sys/class/net` would still show the
+//! process's original namespace. A small hand-written client over a raw `NETLINK_ROUTE` socket:
+//! four request types, no dependency beyond `socket2`.
+
+use std::io::{self, Read};
+use std::net::{Ipv4Addr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::XskError;
+
+const NLMSG_HDRLEN: usize = 16;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWADDR: u16 = 20;
+const RTM_GETADDR: u16 = 22;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
+const RTM_NEWNEIGH: u16 = 28;
+const RTM_GETNEIGH: u16 = 30;
+
+const IFLA_ADDRESS: u16 = 1;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_NUM_TX_QUEUES: u16 = 31;
+const IFLA_NUM_RX_QUEUES: u16 = 32;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
+const RTA_GATEWAY: u16 = 5;
+const RTA_PREFSRC: u16 = 7;
+const NDA_DST: u16 = 1;
+const NDA_LLADDR: u16 = 2;
+
+const AF_INET: u8 = libc::AF_INET as u8;
+
+/// Neighbour states (`NUD_*`) in which the entry carries a usable link-layer address.
+const NUD_USABLE: u16 = 0x02 /* REACHABLE */
+    | 0x04 /* STALE */
+    | 0x08 /* DELAY */
+    | 0x10 /* PROBE */
+    | 0x40 /* NOARP */
+    | 0x80 /* PERMANENT */;
+
+/// What the data path needs to know about one interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceInfo {
+    /// Interface name.
+    pub name: String,
+    /// Interface index.
+    pub index: u32,
+    /// MAC address (all zero for interfaces without one).
+    pub mac: [u8; 6],
+    /// MTU (IP packet size; the Ethernet frame is 14 octets more).
+    pub mtu: u32,
+    /// First IPv4 address and its prefix length, if any.
+    pub ipv4: Option<(Ipv4Addr, u8)>,
+    /// Number of RX queues (what AF_XDP sockets can bind to: `0..rx_queues`).
+    pub rx_queues: u32,
+    /// Number of TX queues.
+    pub tx_queues: u32,
+}
+
+/// Result of a route lookup for one destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// Outgoing interface index.
+    pub ifindex: u32,
+    /// The address whose MAC the frame goes to: the gateway, or the destination when on-link.
+    pub next_hop: Ipv4Addr,
+    /// The preferred source address, if the kernel gave one.
+    pub src: Option<Ipv4Addr>,
+}
+
+struct Netlink {
+    sock: Socket,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_ne_bytes([b[off], b[off + 1]])
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Iterates the `rtattr`s in `b` as (type, value).
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16_at(b, 0));
+        let ty = u16_at(b, 2) & 0x3fff;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let value = &b[4..len];
+        b = &b[align4(len).min(b.len())..];
+        Some((ty, value))
+    })
+}
+
+fn ipv4_of(v: &[u8]) -> Option<Ipv4Addr> {
+    <[u8; 4]>::try_from(v).ok().map(Ipv4Addr::from)
+}
+
+impl Netlink {
+    fn open() -> io::Result<Self> {
+        let sock = Socket::new(
+            Domain::from(libc::AF_NETLINK),
+            Type::RAW,
+            Some(Protocol::from(libc::NETLINK_ROUTE)),
+        )?;
+        sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(Self {
+            sock,
+            seq: 0,
+            buf: vec![0; 64 * 1024],
+        })
+    }
+
+    /// Sends one request (`body` = fixed header + attributes) and calls `each` with the type and
+    /// payload of every reply message, until the dump ends (or, for a plain request, after the
+    /// first reply). A netlink error comes back as `Err`.
+    fn request(
+        &mut self,
+        ty: u16,
+        flags: u16,
+        body: &[u8],
+        mut each: impl FnMut(u16, &[u8]),
+    ) -> io::Result<()> {
+        self.seq = self.seq.wrapping_add(1);
+        let len = NLMSG_HDRLEN + body.len();
+        let mut msg = Vec::with_capacity(len);
+        msg.extend_from_slice(&(len as u32).to_ne_bytes());
+        msg.extend_from_slice(&ty.to_ne_bytes());
+        msg.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
+        msg.extend_from_slice(&self.seq.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(body);
+        self.sock.send(&msg)?;
+        let dump = flags & NLM_F_DUMP != 0;
+        loop {
+            let n = (&self.sock).read(&mut self.buf)?;
+            let mut b = &self.buf[..n];
+            while b.len() >= NLMSG_HDRLEN {
+                let mlen = u32_at(b, 0) as usize;
+                let mty = u16_at(b, 4);
+                let mseq = u32_at(b, 8);
+                if mlen < NLMSG_HDRLEN || mlen > b.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink message",
+                    ));
+                }
+                let payload = &b[NLMSG_HDRLEN..mlen];
+                b = &b[align4(mlen).min(b.len())..];
+                if mseq != self.seq {
+                    continue; // a stale reply to an earlier request
+                }
+                match mty {
+                    NLMSG_DONE => return Ok(()),
+                    NLMSG_ERROR => {
+                        let code = if payload.len() >= 4 {
+                            i32::from_ne_bytes([payload[0], payload[1], payload[2], payload[3]])
+                        } else {
+                            -libc::EINVAL
+                        };
+                        return if code == 0 {
+                            Ok(())
+                        } else {
+                            Err(io::Error::from_raw_os_error(-code))
+                        };
+                    }
+                    _ => {
+                        each(mty, payload);
+                        if !dump {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Looks up `name` in the calling thread's network namespace.
+pub fn interface_info(name: &str) -> Result<InterfaceInfo, XskError> {
+    let mut nl = Netlink::open().map_err(XskError::Netlink)?;
+    let mut found: Option<InterfaceInfo> = None;
+    nl.request(RTM_GETLINK, NLM_F_DUMP, &[0u8; 16], |ty, p| {
+        if ty != RTM_NEWLINK || p.len() < 16 || found.is_some() {
+            return;
+        }
+        let mut info = InterfaceInfo {
+            name: String::new(),
+            index: u32_at(p, 4),
+            mac: [0; 6],
+            mtu: 0,
+            ipv4: None,
+            rx_queues: 1,
+            tx_queues: 1,
+        };
+        for (aty, v) in attrs(&p[16..]) {
+            match aty {
+                IFLA_IFNAME => {
+                    let s = v.split(|&c| c == 0).next().unwrap_or(&[]);
+                    info.name = String::from_utf8_lossy(s).into_owned();
+                }
+                IFLA_ADDRESS if v.len() == 6 => info.mac.copy_from_slice(v),
+                IFLA_MTU if v.len() == 4 => info.mtu = u32_at(v, 0),
+                IFLA_NUM_RX_QUEUES if v.len() == 4 => info.rx_queues = u32_at(v, 0),
+                IFLA_NUM_TX_QUEUES if v.len() == 4 => info.tx_queues = u32_at(v, 0),
+                _ => {}
+            }
+        }
+        if info.name == name {
+            found = Some(info);
+        }
+    })
+    .map_err(XskError::Netlink)?;
+    let mut info = found.ok_or_else(|| XskError::InterfaceNotFound(name.to_owned()))?;
+    // IPv4 addresses: ifaddrmsg { family, prefixlen, flags, scope, index }.
+    let mut body = [0u8; 8];
+    body[0] = AF_INET;
+    let index = info.index;
+    let mut addr = None;
+    nl.request(RTM_GETADDR, NLM_F_DUMP, &body, |ty, p| {
+        if ty != RTM_NEWADDR || p.len() < 8 || u32_at(p, 4) != index || addr.is_some() {
+            return;
+        }
+        let prefix = p[1];
+        let mut local = None;
+        let mut address = None;
+        for (aty, v) in attrs(&p[8..]) {
+            match aty {
+                IFA_LOCAL => local = ipv4_of(v),
+                IFA_ADDRESS => address = ipv4_of(v),
+                _ => {}
+            }
+        }
+        addr = local.or(address).map(|a| (a, prefix));
+    })
+    .map_err(XskError::Netlink)?;
+    info.ipv4 = addr;
+    Ok(info)
+}
+
+/// Asks the kernel's routing table how to reach `dst` (RTM_GETROUTE).
+pub fn route_to(dst: Ipv4Addr) -> Result<Route, XskError> {
+    let mut nl = Netlink::open().map_err(XskError::Netlink)?;
+    // rtmsg { family, dst_len, src_len, tos, table, protocol, scope, type, flags: u32 }
+    let mut body = vec![0u8; 12];
+    body[0] = AF_INET;
+    body[1] = 32;
+    body.extend_from_slice(&8u16.to_ne_bytes());
+    body.extend_from_slice(&RTA_DST.to_ne_bytes());
+    body.extend_from_slice(&dst.octets());
+    let mut route = None;
+    nl.request(RTM_GETROUTE, 0, &body, |ty, p| {
+        if ty != RTM_NEWROUTE || p.len() < 12 {
+            return;
+        }
+        let mut r = Route {
+            ifindex: 0,
+            next_hop: dst,
+            src: None,
+        };
+        for (aty, v) in attrs(&p[12..]) {
+            match aty {
+                RTA_OIF if v.len() == 4 => r.ifindex = u32_at(v, 0),
+                RTA_GATEWAY => r.next_hop = ipv4_of(v).unwrap_or(dst),
+                RTA_PREFSRC => r.src = ipv4_of(v),
+                _ => {}
+            }
+        }
+        route = Some(r);
+    })
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => XskError::NoRoute(dst),
+        _ => XskError::Netlink(e),
+    })?;
+    route.ok_or(XskError::NoRoute(dst))
+}
+
+/// The MAC address the kernel's neighbour table holds for `ip` on interface `ifindex`, if the
+/// entry is in a usable state (reachable, stale, delay, probe, permanent, noarp).
+pub fn neighbour(ifindex: u32, ip: Ipv4Addr) -> Result<Option<[u8; 6]>, XskError> {
+    let mut nl = Netlink::open().map_err(XskError::Netlink)?;
+    // ndmsg { family, pad1, pad2: u16, ifindex: i32, state: u16, flags, type }
+    let mut body = [0u8; 12];
+    body[0] = AF_INET;
+    let mut mac = None;
+    nl.request(RTM_GETNEIGH, NLM_F_DUMP, &body, |ty, p| {
+        if ty != RTM_NEWNEIGH || p.len() < 12 || u32_at(p, 4) != ifindex || mac.is_some() {
+            return;
+        }
+        if u16_at(p, 8) & NUD_USABLE == 0 {
+            return;
+        }
+        let mut dst = None;
+        let mut ll = None;
+        for (aty, v) in attrs(&p[12..]) {
+            match aty {
+                NDA_DST => dst = ipv4_of(v),
+                NDA_LLADDR if v.len() == 6 => ll = <[u8; 6]>::try_from(v).ok(),
+                _ => {}
+            }
+        }
+        if dst == Some(ip) {
+            mac = ll;
+        }
+    })
+    .map_err(XskError::Netlink)?;
+    Ok(mac)
+}
+
+/// Resolves the MAC address of the next hop towards `dst`: route lookup, then the neighbour
+/// table. When the entry is missing, makes the kernel resolve it by sending a UDP datagram to
+/// the discard port of the next hop (which starts ARP), and asks again every 10 ms, sending
+/// again every 200 ms, until `timeout`. Returns the route too (its interface and source).
+pub fn resolve_next_hop(dst: Ipv4Addr, timeout: Duration) -> Result<(Route, [u8; 6]), XskError> {
+    let route = route_to(dst)?;
+    let deadline = Instant::now() + timeout;
+    let mut last_nudge: Option<Instant> = None;
+    loop {
+        if let Some(mac) = neighbour(route.ifindex, route.next_hop)? {
+            return Ok((route, mac));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(XskError::NeighbourUnresolved {
+                ip: route.next_hop,
+                waited: timeout,
+            });
+        }
+        if last_nudge.is_none_or(|t| now.duration_since(t) >= Duration::from_millis(200)) {
+            last_nudge = Some(now);
+            // Any datagram to the address makes the kernel resolve it; a failure to send is
+            // fine (the neighbour query above decides).
+            if let Ok(s) = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) {
+                let _ = s.send_to(b"arp", (route.next_hop, 9));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_facts() {
+        let lo = interface_info("lo").expect("lo exists in every namespace");
+        assert_eq!(lo.index, 1);
+        assert_eq!(lo.mac, [0; 6]);
+        assert!(lo.mtu >= 1500);
+        assert!(lo.rx_queues >= 1);
+        if let Some((ip, _)) = lo.ipv4 {
+            assert!(ip.is_loopback());
+        }
+        let r = route_to(Ipv4Addr::LOCALHOST).unwrap();
+        assert_eq!(r.ifindex, 1);
+        assert_eq!(r.next_hop, Ipv4Addr::LOCALHOST);
+    }
+
+    #[test]
+    fn missing_interface() {
+        match interface_info("nonexistent-if0") {
+            Err(XskError::InterfaceNotFound(n)) => assert_eq!(n, "nonexistent-if0"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn attr_parser_stops_on_garbage() {
+        let b = [8u8, 0, 1, 0, 1, 2, 3, 4, 200, 0, 2, 0];
+        let v: Vec<_> = attrs(&b).collect();
+        assert_eq!(v, vec![(1, &[1u8, 2, 3, 4][..])]);
+    }
+}
