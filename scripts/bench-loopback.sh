@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Loopback figures for docs/BENCHMARKS.md, all from one run: iwarp-bench write-bw (64 KiB) and
-# write-lat (64 B) over the socket transport, next to iperf3 on the same loopback.
-# Usage: scripts/bench-loopback.sh [seconds-per-test]   (prints a Markdown table)
+# write-lat (64 B) over the socket transport, next to iperf3 on the same loopback. The bandwidth
+# runs alternate with iperf3 (ROUNDS rounds) and the medians are compared, so background load
+# hits both alike.
+# Usage: scripts/bench-loopback.sh [seconds-per-run] [rounds]   (prints a Markdown table)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS=${1:-10}
+SECS=${1:-5}
+ROUNDS=${2:-3}
 scripts/install-deps.sh >/dev/null
 cargo build --release --locked -p bench >/dev/null 2>&1
 BIN=target/release/iwarp-bench
 PORT=18560
 
-pair() { # test, extra args...
+pair() { # test, extra args...  -> client JSON on stdout
   local test=$1; shift
   "$BIN" "$test" --bind 127.0.0.1 --port "$PORT" --json "$@" >/dev/null &
   local srv=$!
@@ -24,29 +27,36 @@ pair() { # test, extra args...
   echo "$out"
 }
 
-field() { python3 -c "import json,sys; d=json.load(sys.stdin); r=d['results'][0]; print(f\"{r['$1']:.${2:-2}f}\")"; }
+iperf() {
+  iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 &
+  local srv=$!
+  sleep 0.3
+  iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9)"
+  wait "$srv" || true
+}
+
+field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(d['results'][0]['$1'])"; }
+median() { python3 -c "import sys,statistics; print(f'{statistics.median(float(x) for x in sys.argv[1:]):.2f}')" "$@"; }
 
 echo "host: $(uname -r), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ), $ROUNDS alternating rounds of ${SECS} s"
 echo
 
-bw=$(pair write-bw -s 65536 -D "$SECS")
+bw=(); ip=()
+for r in $(seq 1 "$ROUNDS"); do
+  bw+=("$(pair write-bw -s 65536 -D "$SECS" | field gbit_per_sec)")
+  ip+=("$(iperf)")
+  echo "round $r: write-bw ${bw[-1]} Gbit/s, iperf3 ${ip[-1]} Gbit/s" >&2
+done
 lat=$(pair write-lat -s 64 -D "$SECS")
+lfield() { echo "$lat" | field "$1" | xargs printf '%.2f'; }
 
-iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 &
-sleep 0.3
-ip3=$(iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J)
-wait || true
-ip3_gbit=$(echo "$ip3" | python3 -c "import json,sys; print(f\"{json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9:.2f}\")")
-
+bw_med=$(median "${bw[@]}")
+ip_med=$(median "${ip[@]}")
 echo "| measurement | command | result |"
 echo "| --- | --- | --- |"
-echo "| write-bw 64 KiB, socket transport | \`iwarp-bench write-bw -s 65536 -D $SECS\` | $(echo "$bw" | field gbit_per_sec) Gbit/s ($(echo "$bw" | field mib_per_sec 0) MiB/s, $(echo "$bw" | field msg_rate_mpps 3) Mmsg/s) |"
-echo "| iperf3 TCP, same loopback | \`iperf3 -c 127.0.0.1 -t $SECS\` | $ip3_gbit Gbit/s |"
-echo "| write-lat 64 B, socket transport | \`iwarp-bench write-lat -s 64 -D $SECS\` | p50 $(echo "$lat" | field t_typical_us) us, p99 $(echo "$lat" | field p99_us) us, p99.9 $(echo "$lat" | field p99_9_us) us |"
-echo
-python3 - "$(echo "$bw" | field gbit_per_sec)" "$ip3_gbit" <<'PY'
-import sys
-bw, ip = float(sys.argv[1]), float(sys.argv[2])
-print(f"write-bw / iperf3 = {bw/ip:.2f}")
-PY
+echo "| write-bw 64 KiB, socket transport | \`iwarp-bench write-bw -s 65536 -D $SECS\` | $bw_med Gbit/s (median of $ROUNDS) |"
+echo "| iperf3 TCP, same loopback | \`iperf3 -c 127.0.0.1 -t $SECS\` | $ip_med Gbit/s (median of $ROUNDS) |"
+echo "| write-bw / iperf3 | | $(python3 -c "print(f'{$bw_med/$ip_med:.2f}')") |"
+echo "| write-lat 64 B, socket transport | \`iwarp-bench write-lat -s 64 -D $SECS\` | t_typical $(lfield t_typical_us) us, p99 $(lfield p99_us) us, p99.9 $(lfield p99_9_us) us |"
