@@ -1,0 +1,576 @@
+//! IPv4 + TCP segment parsing and emission (RFC 791, RFC 9293 3.1, options of
+//! RFC 9293 3.2, RFC 7323 2.2 and 3.2, RFC 2018 2 and 3).
+//!
+//! Two layers, in the style of smoltcp's `wire` module:
+//!
+//! * [`Ipv4TcpView`]: a checked, zero-copy view over a received IPv4 packet
+//!   carrying TCP. [`Ipv4TcpView::new_checked`] validates the IPv4 header
+//!   (version, length, header checksum, no fragmentation), the TCP data
+//!   offset, and the TCP checksum (RFC 9293 3.1, pseudo-header of 3.1 /
+//!   RFC 791). It is built on `etherparse` slices.
+//! * [`SegmentRepr`]: the high-level representation (addresses, ports,
+//!   sequence numbers, flags, decoded options, payload slice) with
+//!   [`SegmentRepr::parse`] and [`SegmentRepr::emit`] /
+//!   [`SegmentRepr::emit_with`] (checksums generated on emit).
+//!
+//! Nothing here panics on malformed input: every error is a [`WireError`].
+
+use core::net::Ipv4Addr;
+use etherparse::checksum::Sum16BitWords;
+use etherparse::{Ipv4HeaderSlice, TcpSlice};
+
+/// Length of the IPv4 header we emit (no IP options).
+pub const IPV4_HEADER_LEN: usize = 20;
+/// Length of a TCP header without options.
+pub const TCP_HEADER_LEN: usize = 20;
+/// Largest TCP option space (RFC 9293 3.1: data offset at most 15 words).
+pub const TCP_MAX_OPTIONS_LEN: usize = 40;
+/// Length the timestamp option takes in every segment we emit (NOP NOP TS).
+pub const TIMESTAMP_OPTION_SPACE: usize = 12;
+
+/// Why a received packet was not accepted as a TCP segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Shorter than the headers it claims to have.
+    #[error("packet truncated")]
+    Truncated,
+    /// Not an IPv4 packet, or the IPv4 header is malformed.
+    #[error("malformed IPv4 header")]
+    BadIpv4Header,
+    /// The IPv4 header checksum does not verify (RFC 791 3.1).
+    #[error("IPv4 header checksum mismatch")]
+    BadIpv4Checksum,
+    /// The IP payload is not TCP.
+    #[error("IP payload is not TCP")]
+    NotTcp,
+    /// The packet is an IP fragment (the engine does not reassemble).
+    #[error("IP fragment")]
+    Fragment,
+    /// The TCP data offset is below 5 or beyond the segment.
+    #[error("bad TCP data offset")]
+    BadDataOffset,
+    /// The TCP checksum does not verify (RFC 9293 3.1).
+    #[error("TCP checksum mismatch")]
+    BadTcpChecksum,
+    /// An option's length runs past the end of the option space.
+    #[error("truncated TCP option")]
+    TruncatedOption,
+    /// A known option has a length other than its defined one.
+    #[error("TCP option with invalid length")]
+    BadOptionLength,
+    /// The output buffer is too small for the segment.
+    #[error("output buffer too small")]
+    BufferTooSmall,
+    /// The options do not fit in 40 octets.
+    #[error("TCP options too long")]
+    OptionsTooLong,
+}
+
+/// Control bits of the TCP header (RFC 9293 3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpFlags {
+    /// FIN: no more data from sender.
+    pub fin: bool,
+    /// SYN: synchronize sequence numbers.
+    pub syn: bool,
+    /// RST: reset the connection.
+    pub rst: bool,
+    /// PSH: push function.
+    pub psh: bool,
+    /// ACK: acknowledgment field is significant.
+    pub ack: bool,
+    /// URG: urgent pointer field is significant (ignored by this engine).
+    pub urg: bool,
+}
+
+impl TcpFlags {
+    fn to_byte(self) -> u8 {
+        (self.fin as u8)
+            | (self.syn as u8) << 1
+            | (self.rst as u8) << 2
+            | (self.psh as u8) << 3
+            | (self.ack as u8) << 4
+            | (self.urg as u8) << 5
+    }
+}
+
+/// One SACK block (RFC 2018 3): `[left, right)` in sequence space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SackBlock {
+    /// First sequence number of the block.
+    pub left: u32,
+    /// Sequence number following the last one of the block.
+    pub right: u32,
+}
+
+/// The TCP options this engine understands; unknown options are skipped on
+/// parse (RFC 9293 3.2: "a TCP implementation MUST ignore without error any
+/// option it does not implement").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpOptions {
+    /// Maximum Segment Size (RFC 9293 3.7.1), SYN only.
+    pub mss: Option<u16>,
+    /// Window scale shift count (RFC 7323 2.2), SYN only.
+    pub window_scale: Option<u8>,
+    /// SACK-permitted (RFC 2018 2), SYN only.
+    pub sack_permitted: bool,
+    /// Timestamps option `(TSval, TSecr)` (RFC 7323 3.2).
+    pub timestamp: Option<(u32, u32)>,
+    sack: [SackBlock; 4],
+    sack_len: u8,
+}
+
+impl TcpOptions {
+    /// The SACK blocks carried (RFC 2018 3), at most four.
+    pub fn sack_blocks(&self) -> &[SackBlock] {
+        &self.sack[..usize::from(self.sack_len)]
+    }
+
+    /// Replace the SACK blocks; keeps at most four.
+    pub fn set_sack_blocks(&mut self, blocks: &[SackBlock]) {
+        let n = blocks.len().min(4);
+        self.sack[..n].copy_from_slice(&blocks[..n]);
+        self.sack_len = n as u8;
+    }
+
+    /// Octets these options take on the wire, padded to a multiple of 4.
+    pub fn wire_len(&self) -> usize {
+        let mut n = 0;
+        if self.mss.is_some() {
+            n += 4;
+        }
+        if self.window_scale.is_some() {
+            n += 4; // NOP + WS(3)
+        }
+        if self.timestamp.is_some() {
+            n += 12; // NOP NOP TS(10), or SACKP(2) TS(10)
+        } else if self.sack_permitted {
+            n += 4; // NOP NOP SACKP(2)
+        }
+        if self.sack_len > 0 {
+            n += 4 + 8 * usize::from(self.sack_len); // NOP NOP SACK(2 + 8n)
+        }
+        n
+    }
+
+    /// Parse the option bytes of a TCP header.
+    pub fn parse(mut bytes: &[u8]) -> Result<TcpOptions, WireError> {
+        let mut o = TcpOptions::default();
+        while let Some((&kind, rest)) = bytes.split_first() {
+            match kind {
+                0 => break,
+                1 => {
+                    bytes = rest;
+                    continue;
+                }
+                _ => {}
+            }
+            let len = usize::from(*rest.first().ok_or(WireError::TruncatedOption)?);
+            if len < 2 {
+                return Err(WireError::BadOptionLength);
+            }
+            if len > bytes.len() {
+                return Err(WireError::TruncatedOption);
+            }
+            let body = &bytes[2..len];
+            match kind {
+                2 => {
+                    let b: [u8; 2] = body.try_into().map_err(|_| WireError::BadOptionLength)?;
+                    o.mss = Some(u16::from_be_bytes(b));
+                }
+                3 => {
+                    let b: [u8; 1] = body.try_into().map_err(|_| WireError::BadOptionLength)?;
+                    o.window_scale = Some(b[0]);
+                }
+                4 => {
+                    if !body.is_empty() {
+                        return Err(WireError::BadOptionLength);
+                    }
+                    o.sack_permitted = true;
+                }
+                5 => {
+                    if body.is_empty() || body.len() % 8 != 0 || body.len() > 32 {
+                        return Err(WireError::BadOptionLength);
+                    }
+                    let mut n = 0;
+                    for chunk in body.chunks_exact(8) {
+                        let left = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                        let right = u32::from_be_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]);
+                        o.sack[n] = SackBlock { left, right };
+                        n += 1;
+                    }
+                    o.sack_len = n as u8;
+                }
+                8 => {
+                    if body.len() != 8 {
+                        return Err(WireError::BadOptionLength);
+                    }
+                    let v = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                    let e = u32::from_be_bytes([body[4], body[5], body[6], body[7]]);
+                    o.timestamp = Some((v, e));
+                }
+                _ => {}
+            }
+            bytes = &bytes[len..];
+        }
+        Ok(o)
+    }
+
+    /// Write the options into `out` (which must be at least `wire_len()`).
+    fn emit(&self, out: &mut [u8]) -> usize {
+        let mut i = 0;
+        let mut put = |b: &[u8]| {
+            out[i..i + b.len()].copy_from_slice(b);
+            i += b.len();
+        };
+        if let Some(mss) = self.mss {
+            let m = mss.to_be_bytes();
+            put(&[2, 4, m[0], m[1]]);
+        }
+        if let Some(ws) = self.window_scale {
+            put(&[1, 3, 3, ws]);
+        }
+        match (self.timestamp, self.sack_permitted) {
+            (Some((v, e)), sp) => {
+                if sp {
+                    put(&[4, 2]);
+                } else {
+                    put(&[1, 1]);
+                }
+                put(&[8, 10]);
+                put(&v.to_be_bytes());
+                put(&e.to_be_bytes());
+            }
+            (None, true) => put(&[1, 1, 4, 2]),
+            (None, false) => {}
+        }
+        if self.sack_len > 0 {
+            put(&[1, 1, 5, 2 + 8 * self.sack_len]);
+            for b in self.sack_blocks() {
+                put(&b.left.to_be_bytes());
+                put(&b.right.to_be_bytes());
+            }
+        }
+        i
+    }
+}
+
+/// A received IPv4 packet carrying a TCP segment whose headers, lengths and
+/// checksums have been verified. Zero-copy over the caller's buffer.
+#[derive(Debug, Clone)]
+pub struct Ipv4TcpView<'a> {
+    ip: Ipv4HeaderSlice<'a>,
+    tcp: TcpSlice<'a>,
+}
+
+fn ones_complement_sum(sum: Sum16BitWords) -> u16 {
+    sum.ones_complement()
+}
+
+impl<'a> Ipv4TcpView<'a> {
+    /// Validate `packet` (starting at the IPv4 header) and return the view.
+    ///
+    /// Checks: IPv4 version and IHL, total length within the buffer (octets
+    /// beyond it, e.g. Ethernet padding, are ignored), header checksum, no
+    /// fragmentation, protocol 6, TCP data offset (RFC 9293 3.1: at least 5,
+    /// not past the segment), TCP checksum over the pseudo-header.
+    pub fn new_checked(packet: &'a [u8]) -> Result<Self, WireError> {
+        if packet.len() < IPV4_HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        let ip = Ipv4HeaderSlice::from_slice(packet).map_err(|e| match e {
+            etherparse::err::ipv4::HeaderSliceError::Len(_) => WireError::Truncated,
+            etherparse::err::ipv4::HeaderSliceError::Content(_) => WireError::BadIpv4Header,
+        })?;
+        let header_len = ip.slice().len();
+        let total_len = usize::from(ip.total_len());
+        if total_len < header_len {
+            return Err(WireError::BadIpv4Header);
+        }
+        if total_len > packet.len() {
+            return Err(WireError::Truncated);
+        }
+        if ones_complement_sum(Sum16BitWords::new().add_slice(ip.slice())) != 0 {
+            return Err(WireError::BadIpv4Checksum);
+        }
+        if ip.is_fragmenting_payload() {
+            return Err(WireError::Fragment);
+        }
+        if ip.protocol() != etherparse::IpNumber::TCP {
+            return Err(WireError::NotTcp);
+        }
+        let tcp_bytes = &packet[header_len..total_len];
+        if tcp_bytes.len() < TCP_HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        let data_offset = usize::from(tcp_bytes[12] >> 4) * 4;
+        if data_offset < TCP_HEADER_LEN || data_offset > tcp_bytes.len() {
+            return Err(WireError::BadDataOffset);
+        }
+        let tcp = TcpSlice::from_slice(tcp_bytes).map_err(|_| WireError::BadDataOffset)?;
+        let len = u16::try_from(tcp_bytes.len()).map_err(|_| WireError::Truncated)?;
+        let sum = Sum16BitWords::new()
+            .add_4bytes(ip.source())
+            .add_4bytes(ip.destination())
+            .add_2bytes([0, 6])
+            .add_2bytes(len.to_be_bytes())
+            .add_slice(tcp_bytes);
+        if ones_complement_sum(sum) != 0 {
+            return Err(WireError::BadTcpChecksum);
+        }
+        Ok(Ipv4TcpView { ip, tcp })
+    }
+
+    /// The IPv4 header.
+    pub fn ip(&self) -> &Ipv4HeaderSlice<'a> {
+        &self.ip
+    }
+
+    /// The TCP header and payload.
+    pub fn tcp(&self) -> &TcpSlice<'a> {
+        &self.tcp
+    }
+}
+
+/// A TCP segment in IPv4, decoded. `payload` borrows from the packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentRepr<'a> {
+    /// IPv4 source address.
+    pub src_addr: Ipv4Addr,
+    /// IPv4 destination address.
+    pub dst_addr: Ipv4Addr,
+    /// TCP source port.
+    pub src_port: u16,
+    /// TCP destination port.
+    pub dst_port: u16,
+    /// Sequence number.
+    pub seq: u32,
+    /// Acknowledgment number (meaningful when `flags.ack`).
+    pub ack: u32,
+    /// Control bits.
+    pub flags: TcpFlags,
+    /// Window field as on the wire (unscaled).
+    pub window: u16,
+    /// Decoded options.
+    pub options: TcpOptions,
+    /// Segment data.
+    pub payload: &'a [u8],
+}
+
+impl<'a> SegmentRepr<'a> {
+    /// Parse and validate an IPv4 packet into a segment representation.
+    pub fn parse(packet: &'a [u8]) -> Result<SegmentRepr<'a>, WireError> {
+        let view = Ipv4TcpView::new_checked(packet)?;
+        Self::from_view(&view)
+    }
+
+    /// Decode a checked view.
+    pub fn from_view(view: &Ipv4TcpView<'a>) -> Result<SegmentRepr<'a>, WireError> {
+        let t = view.tcp();
+        let options = TcpOptions::parse(t.options())?;
+        Ok(SegmentRepr {
+            src_addr: view.ip().source_addr(),
+            dst_addr: view.ip().destination_addr(),
+            src_port: t.source_port(),
+            dst_port: t.destination_port(),
+            seq: t.sequence_number(),
+            ack: t.acknowledgment_number(),
+            flags: TcpFlags {
+                fin: t.fin(),
+                syn: t.syn(),
+                rst: t.rst(),
+                psh: t.psh(),
+                ack: t.ack(),
+                urg: t.urg(),
+            },
+            window: t.window_size(),
+            options,
+            payload: t.payload(),
+        })
+    }
+
+    /// Sequence space the segment occupies: payload plus SYN and FIN.
+    pub fn seq_len(&self) -> u32 {
+        self.payload.len() as u32 + self.flags.syn as u32 + self.flags.fin as u32
+    }
+
+    /// Total IPv4 packet length this segment emits to.
+    pub fn packet_len(&self) -> usize {
+        IPV4_HEADER_LEN + TCP_HEADER_LEN + self.options.wire_len() + self.payload.len()
+    }
+
+    /// Emit the segment (IPv4 header, TCP header, options, payload) into
+    /// `buf`, generating both checksums. Returns the packet length.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let payload = self.payload;
+        self.emit_with(buf, payload.len(), |out| out.copy_from_slice(payload))
+    }
+
+    /// Emit with a payload of `payload_len` octets written by `fill` straight
+    /// into the packet buffer (no intermediate copy); `self.payload` is
+    /// ignored.
+    pub fn emit_with(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize, WireError> {
+        let opt_len = self.options.wire_len();
+        if opt_len > TCP_MAX_OPTIONS_LEN {
+            return Err(WireError::OptionsTooLong);
+        }
+        let tcp_len = TCP_HEADER_LEN + opt_len + payload_len;
+        let total = IPV4_HEADER_LEN + tcp_len;
+        if total > usize::from(u16::MAX) {
+            return Err(WireError::BufferTooSmall);
+        }
+        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
+        let (ip, tcp) = buf.split_at_mut(IPV4_HEADER_LEN);
+        // IPv4 header (RFC 791 3.1): DF set, ID 0 for atomic datagrams (RFC 6864 4.1).
+        ip[0] = 0x45;
+        ip[1] = 0;
+        ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&[0, 0]);
+        ip[6..8].copy_from_slice(&[0x40, 0]);
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[10..12].copy_from_slice(&[0, 0]);
+        ip[12..16].copy_from_slice(&self.src_addr.octets());
+        ip[16..20].copy_from_slice(&self.dst_addr.octets());
+        let ip_sum = Sum16BitWords::new().add_slice(ip).ones_complement().to_be();
+        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+        // TCP header (RFC 9293 3.1).
+        tcp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        tcp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        tcp[4..8].copy_from_slice(&self.seq.to_be_bytes());
+        let ack = if self.flags.ack { self.ack } else { 0 };
+        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+        tcp[12] = (((TCP_HEADER_LEN + opt_len) / 4) as u8) << 4;
+        tcp[13] = self.flags.to_byte();
+        tcp[14..16].copy_from_slice(&self.window.to_be_bytes());
+        tcp[16..20].copy_from_slice(&[0, 0, 0, 0]);
+        let written = self.options.emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
+        debug_assert_eq!(written, opt_len);
+        fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
+        let sum = Sum16BitWords::new()
+            .add_4bytes(self.src_addr.octets())
+            .add_4bytes(self.dst_addr.octets())
+            .add_2bytes([0, 6])
+            .add_2bytes((tcp_len as u16).to_be_bytes())
+            .add_slice(tcp)
+            .ones_complement()
+            .to_be();
+        tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+        Ok(total)
+    }
+}
+
+/// A connection's addresses, from the local side's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FourTuple {
+    /// Our address.
+    pub local_addr: Ipv4Addr,
+    /// Our port.
+    pub local_port: u16,
+    /// The peer's address.
+    pub remote_addr: Ipv4Addr,
+    /// The peer's port.
+    pub remote_port: u16,
+}
+
+impl FourTuple {
+    /// The tuple of a received segment, seen from the receiver.
+    pub fn of_received(seg: &SegmentRepr<'_>) -> FourTuple {
+        FourTuple {
+            local_addr: seg.dst_addr,
+            local_port: seg.dst_port,
+            remote_addr: seg.src_addr,
+            remote_port: seg.src_port,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample<'a>(payload: &'a [u8]) -> SegmentRepr<'a> {
+        let mut options = TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: true,
+            timestamp: Some((1, 2)),
+            ..TcpOptions::default()
+        };
+        options.set_sack_blocks(&[SackBlock { left: 10, right: 20 }]);
+        SegmentRepr {
+            src_addr: Ipv4Addr::new(10, 0, 0, 1),
+            dst_addr: Ipv4Addr::new(10, 0, 0, 2),
+            src_port: 4000,
+            dst_port: 5000,
+            seq: 0xdead_beef,
+            ack: 7,
+            flags: TcpFlags { syn: true, ack: true, ..TcpFlags::default() },
+            window: 1234,
+            options,
+            payload,
+        }
+    }
+
+    #[test]
+    fn round_trip_all_options() {
+        let repr = sample(b"hello world");
+        let mut buf = [0u8; 200];
+        let n = repr.emit(&mut buf).expect("emit");
+        assert_eq!(n, repr.packet_len());
+        let parsed = SegmentRepr::parse(&buf[..n]).expect("parse");
+        assert_eq!(parsed, repr);
+        // etherparse agrees with our checksum.
+        let view = Ipv4TcpView::new_checked(&buf[..n]).expect("view");
+        let calc = view.tcp().calc_checksum_ipv4(view.ip().source(), view.ip().destination());
+        assert_eq!(calc.ok(), Some(view.tcp().checksum()));
+    }
+
+    #[test]
+    fn corrupted_payload_fails_checksum() {
+        let repr = sample(b"hello world");
+        let mut buf = [0u8; 200];
+        let n = repr.emit(&mut buf).expect("emit");
+        buf[n - 1] ^= 0x40;
+        assert_eq!(SegmentRepr::parse(&buf[..n]), Err(WireError::BadTcpChecksum));
+    }
+
+    #[test]
+    fn bad_data_offset_rejected() {
+        let repr = sample(b"");
+        let mut buf = [0u8; 200];
+        let n = repr.emit(&mut buf).expect("emit");
+        buf[IPV4_HEADER_LEN + 12] = 4 << 4;
+        assert_eq!(SegmentRepr::parse(&buf[..n]), Err(WireError::BadDataOffset));
+        buf[IPV4_HEADER_LEN + 12] = 15 << 4;
+        assert_eq!(SegmentRepr::parse(&buf[..n]), Err(WireError::BadDataOffset));
+    }
+
+    #[test]
+    fn truncated_and_bad_length_options() {
+        assert_eq!(TcpOptions::parse(&[2, 4, 5]), Err(WireError::TruncatedOption));
+        assert_eq!(TcpOptions::parse(&[8]), Err(WireError::TruncatedOption));
+        assert_eq!(TcpOptions::parse(&[2, 3, 5]), Err(WireError::BadOptionLength));
+        assert_eq!(TcpOptions::parse(&[99, 1]), Err(WireError::BadOptionLength));
+        assert_eq!(TcpOptions::parse(&[5, 6, 0, 0, 0, 0]), Err(WireError::BadOptionLength));
+        // Unknown option skipped, EOL ends parsing.
+        let o = TcpOptions::parse(&[30, 4, 9, 9, 1, 3, 3, 2, 0, 77]).expect("parse");
+        assert_eq!(o.window_scale, Some(2));
+    }
+
+    #[test]
+    fn four_sack_blocks_without_timestamps_fit() {
+        let mut o = TcpOptions::default();
+        let b = [SackBlock { left: 1, right: 2 }; 4];
+        o.set_sack_blocks(&b);
+        assert_eq!(o.wire_len(), 36);
+        let mut buf = [0u8; 40];
+        let n = o.emit(&mut buf);
+        assert_eq!(TcpOptions::parse(&buf[..n]).expect("parse").sack_blocks(), &b);
+    }
+}
