@@ -10,6 +10,7 @@ declare -A NEED=(
   [tshark]=tshark
   [iperf3]=iperf3
   [ip]=iproute2
+  [ping]=iputils-ping
   [ethtool]=ethtool
   [m4]=m4
   [pkg-config]=pkg-config

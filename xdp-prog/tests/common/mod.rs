@@ -1,0 +1,218 @@
+//! Test bed plumbing: bring `scripts/netns.sh` up/down under a lock, run code inside a network
+//! namespace, read TCP counters, parse frames.
+
+#![allow(dead_code)]
+
+pub mod xsk;
+
+use std::{
+    fs::File,
+    io,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    os::fd::AsRawFd,
+    path::PathBuf,
+    process::Command,
+    time::Duration,
+};
+
+pub const NS_A: &str = "iwa";
+pub const NS_B: &str = "iwb";
+pub const DEV_A: &str = "iwa0";
+pub const DEV_B: &str = "iwb0";
+pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+/// RX queues of the veth ends (scripts/netns.sh).
+pub const QUEUES: u32 = 4;
+
+/// Lock serialising every user of the `iwa`/`iwb` test bed on this machine (across test
+/// threads and test processes: flock locks belong to the open file description).
+pub const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+
+/// True under CI, where an unusable test bed is a failure rather than a skip.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Gets the test bed or returns from the test: SKIPPED outside CI, a failure under CI=true.
+#[macro_export]
+macro_rules! bed_or_skip {
+    () => {
+        match $crate::common::Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if $crate::common::ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
+
+fn netns_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+fn run_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(netns_script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", netns_script().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The test bed, up for as long as this lives; dropping it (also while unwinding from a
+/// failed assertion) brings it down and releases the lock.
+pub struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    pub fn up() -> Result<Bed, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: the test bed (network namespaces, veth, XDP) needs root".into());
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        // SAFETY: flock on an fd we own; blocks until the other holder is done.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!("flock {LOCK_PATH}: {}", io::Error::last_os_error()));
+        }
+        // Start from a fresh bed, whatever an interrupted run left behind.
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+/// Runs `f` on a fresh thread that has entered network namespace `ns` (only that thread
+/// moves: `setns(CLONE_NEWNET)` is per thread). Panics in `f` propagate.
+pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            // SAFETY: setns on a namespace fd we hold open; it changes only this thread's
+            // network namespace.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {path}: {}", io::Error::last_os_error());
+            f()
+        });
+        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// The index of `ifname` in the calling thread's namespace.
+pub fn ifindex(ifname: &str) -> u32 {
+    let c = std::ffi::CString::new(ifname).expect("no NUL");
+    // SAFETY: `c` is a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert_ne!(
+        idx,
+        0,
+        "no interface {ifname}: {}",
+        io::Error::last_os_error()
+    );
+    idx
+}
+
+/// The calling thread's namespace's `Tcp: OutRsts` (from /proc/thread-self/net/snmp).
+pub fn tcp_out_rsts() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("read snmp");
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let names: Vec<&str> = tcp.next().expect("Tcp header").split_whitespace().collect();
+    let values: Vec<&str> = tcp.next().expect("Tcp values").split_whitespace().collect();
+    let i = names.iter().position(|n| *n == "OutRsts").expect("OutRsts");
+    values[i].parse().expect("number")
+}
+
+/// Output of a command (stdout), panicking with stderr on failure.
+pub fn sh(cmd: &[&str]) -> String {
+    let out = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip -d link show <dev>` inside `ns`.
+pub fn link_details(ns: &str, dev: &str) -> String {
+    sh(&["ip", "-n", ns, "-d", "link", "show", "dev", dev])
+}
+
+/// `ethtool -k <dev>` inside `ns` (offload features).
+pub fn features(ns: &str, dev: &str) -> String {
+    sh(&["ip", "netns", "exec", ns, "ethtool", "-k", dev])
+}
+
+/// The outcome of a TCP connect from `from` (source port `sport` if non-zero) to `to`, run
+/// in the caller's namespace.
+pub fn connect(from: Ipv4Addr, sport: u16, to: SocketAddrV4, timeout: Duration) -> io::Result<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::V4(SocketAddrV4::new(from, sport)).into())?;
+    s.connect_timeout(&SocketAddr::V4(to).into(), timeout)
+}
+
+/// A parsed IPv4/TCP frame (just what the tests look at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSeg {
+    pub saddr: Ipv4Addr,
+    pub daddr: Ipv4Addr,
+    pub sport: u16,
+    pub dport: u16,
+    pub flags: u8,
+}
+
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_ACK: u8 = 0x10;
+
+/// Parses an Ethernet/IPv4/TCP frame; `None` for anything else.
+pub fn parse_tcp(frame: &[u8]) -> Option<TcpSeg> {
+    if frame.len() < 14 + 20 || frame[12..14] != [0x08, 0x00] {
+        return None;
+    }
+    let ip = &frame[14..];
+    let ihl = (ip[0] & 0x0f) as usize * 4;
+    if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != 6 || ip.len() < ihl + 20 {
+        return None;
+    }
+    let tcp = &ip[ihl..];
+    Some(TcpSeg {
+        saddr: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        daddr: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+        sport: u16::from_be_bytes([tcp[0], tcp[1]]),
+        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        flags: tcp[13],
+    })
+}

@@ -1,0 +1,578 @@
+//! The steering program on the veth test bed (`scripts/netns.sh`): namespaces `iwa` (program
+//! on `iwa0`, 10.77.0.1) and `iwb` (peer, 10.77.0.2).
+//!
+//! Needs root. Without root (or when the bed cannot be made) each test prints
+//! `SKIPPED: <why>` and passes, except under `CI=true`, where it fails with the reason.
+//! Tests serialise on a file lock, bring the bed up fresh and always take it down.
+
+mod common;
+
+use std::{
+    io,
+    net::SocketAddrV4,
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::{
+    connect, features, ifindex, in_ns, link_details, parse_tcp, sh, tcp_out_rsts, xsk::Xsk, TcpSeg,
+    ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B, QUEUES, TCP_ACK, TCP_SYN,
+};
+use xdp_prog::{ActiveMode, AttachMode, Counters, FourTuple, SteeringProgram, XdpError};
+
+/// How long a connect to a steered port waits (the SYN and one retransmission).
+const STEERED_CONNECT_WAIT: Duration = Duration::from_millis(1300);
+
+/// Loads the program and attaches it to `iwa0` (call inside `iwa`), checking the mode.
+fn attach(mode: AttachMode, expect: ActiveMode) -> SteeringProgram {
+    let mut prog = SteeringProgram::load(false).expect("load");
+    let active = prog.attach(DEV_A, mode).expect("attach to iwa0");
+    assert_eq!(active, expect, "attach({mode}) ran in {active} mode");
+    assert_eq!(prog.attached(), Some((DEV_A, expect)));
+    let details = link_details(NS_A, DEV_A);
+    // `ip` prints the mode after the MTU: "mtu 1500 xdp qdisc" / "mtu 1500 xdpgeneric qdisc".
+    let tag = match expect {
+        ActiveMode::Driver => "xdp",
+        ActiveMode::Generic => "xdpgeneric",
+    };
+    assert!(
+        details.split_whitespace().any(|w| w == tag) && details.contains("prog/xdp id"),
+        "`{tag}` missing from:\n{details}"
+    );
+    prog
+}
+
+/// One AF_XDP socket per RX queue of `iwa0`, each put in the `xsks` map (call inside `iwa`).
+fn bind_all_queues(prog: &mut SteeringProgram) -> Vec<Xsk> {
+    let idx = ifindex(DEV_A);
+    (0..QUEUES)
+        .map(|q| {
+            let xsk =
+                Xsk::new(idx, q).unwrap_or_else(|e| panic!("AF_XDP socket on queue {q}: {e}"));
+            prog.bind_socket(q, xsk.fd()).expect("bind_socket");
+            xsk
+        })
+        .collect()
+}
+
+/// All TCP segments that reach the sockets within `wait`, stopping early once `want` matches.
+fn collect(xsks: &mut [Xsk], wait: Duration, want: impl Fn(&TcpSeg) -> bool) -> Vec<(u32, TcpSeg)> {
+    let deadline = Instant::now() + wait;
+    let mut got = Vec::new();
+    loop {
+        for x in xsks.iter_mut() {
+            for f in x.drain() {
+                if let Some(seg) = parse_tcp(&f.data) {
+                    got.push((f.queue, seg));
+                }
+            }
+        }
+        if got.iter().any(|(_, s)| want(s)) || Instant::now() >= deadline {
+            return got;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn is_syn_to(port: u16, sport: Option<u16>) -> impl Fn(&TcpSeg) -> bool {
+    move |s| {
+        s.saddr == ADDR_B
+            && s.daddr == ADDR_A
+            && s.dport == port
+            && sport.is_none_or(|p| s.sport == p)
+            && s.flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
+}
+
+/// (a) A SYN to a steered port lands in an AF_XDP RX ring; the kernel in `iwa` never sees
+/// it (no RST, the connect from `iwb` times out); the counters say "redirected".
+fn steered_port_case(mode: AttachMode, expect: ActiveMode) {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17001;
+    in_ns(NS_A, || {
+        let mut prog = attach(mode, expect);
+        prog.steer_port(PORT).expect("steer_port");
+        let mut xsks = bind_all_queues(&mut prog);
+        let rsts_before = tcp_out_rsts();
+        let before = prog.counters().expect("counters");
+
+        let outcome = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(ADDR_A, PORT),
+                STEERED_CONNECT_WAIT,
+            )
+        });
+        let err = outcome.expect_err("connect to a steered port must not complete");
+        assert_eq!(
+            err.kind(),
+            io::ErrorKind::TimedOut,
+            "expected a timeout (SYN swallowed by AF_XDP), got {err}"
+        );
+
+        let segs = collect(&mut xsks, Duration::from_secs(1), is_syn_to(PORT, None));
+        let syns: Vec<_> = segs
+            .iter()
+            .filter(|(_, s)| is_syn_to(PORT, None)(s))
+            .collect();
+        assert!(!syns.is_empty(), "no SYN in any RX ring; got {segs:?}");
+        let d = prog.counters().expect("counters").since(&before);
+        assert!(
+            d.redirected >= syns.len() as u64,
+            "redirected {} < SYNs seen {}: {d:?}",
+            d.redirected,
+            syns.len()
+        );
+        assert_eq!(d.no_socket, 0, "{d:?}");
+        assert_eq!(tcp_out_rsts(), rsts_before, "kernel in iwa sent a RST");
+        println!(
+            "{expect} mode: {} SYN(s) in RX ring(s) of queue(s) {:?}; counters {d:?}",
+            syns.len(),
+            syns.iter().map(|(q, _)| *q).collect::<Vec<_>>()
+        );
+    });
+}
+
+#[test]
+fn a_steered_port_syn_reaches_af_xdp_ring_driver_mode() {
+    steered_port_case(AttachMode::Driver, ActiveMode::Driver);
+}
+
+#[test]
+fn a_steered_port_syn_reaches_af_xdp_ring_generic_mode() {
+    steered_port_case(AttachMode::Generic, ActiveMode::Generic);
+}
+
+/// (a) Flow steering matches the exact 4-tuple: a SYN from the steered source port is
+/// redirected, one from another source port to the same destination gets the kernel's RST.
+/// Unsteering gives the flow back to the kernel.
+#[test]
+fn a_steered_flow_matches_only_its_four_tuple() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17002;
+    const SPORT: u16 = 40001;
+    in_ns(NS_A, || {
+        let mut prog = attach(AttachMode::Auto, ActiveMode::Driver);
+        let flow = FourTuple {
+            saddr: ADDR_B,
+            daddr: ADDR_A,
+            sport: SPORT,
+            dport: PORT,
+        };
+        prog.steer_flow(flow).expect("steer_flow");
+        let mut xsks = bind_all_queues(&mut prog);
+        let rsts_before = tcp_out_rsts();
+
+        let target = SocketAddrV4::new(ADDR_A, PORT);
+        let steered = in_ns(NS_B, || {
+            connect(ADDR_B, SPORT, target, STEERED_CONNECT_WAIT)
+        });
+        assert_eq!(
+            steered.expect_err("steered flow").kind(),
+            io::ErrorKind::TimedOut
+        );
+        let segs = collect(
+            &mut xsks,
+            Duration::from_secs(1),
+            is_syn_to(PORT, Some(SPORT)),
+        );
+        assert!(
+            segs.iter().any(|(_, s)| is_syn_to(PORT, Some(SPORT))(s)),
+            "no SYN of the steered flow in the RX rings: {segs:?}"
+        );
+        assert_eq!(
+            tcp_out_rsts(),
+            rsts_before,
+            "kernel answered the steered flow"
+        );
+
+        let other = in_ns(NS_B, || {
+            connect(ADDR_B, SPORT + 1, target, Duration::from_secs(2))
+        });
+        assert_eq!(
+            other.expect_err("nobody listens").kind(),
+            io::ErrorKind::ConnectionRefused,
+            "another source port must reach the kernel"
+        );
+        assert!(
+            tcp_out_rsts() > rsts_before,
+            "no RST counted for the unsteered flow"
+        );
+
+        assert!(prog.unsteer_flow(flow).expect("unsteer_flow"));
+        assert!(!prog.unsteer_flow(flow).expect("unsteer_flow again"));
+        let back = in_ns(NS_B, || {
+            connect(ADDR_B, SPORT, target, Duration::from_secs(2))
+        });
+        assert_eq!(
+            back.expect_err("nobody listens").kind(),
+            io::ErrorKind::ConnectionRefused,
+            "an unsteered flow goes back to the kernel"
+        );
+        assert!(
+            prog.unbind_socket(0).expect("unbind"),
+            "queue 0 had a socket"
+        );
+        assert!(!prog.unbind_socket(0).expect("unbind again"));
+        // Nothing of the unsteered attempts reached the sockets.
+        let late = collect(&mut xsks, Duration::from_millis(100), |_| false);
+        assert!(
+            late.iter()
+                .all(|(_, s)| s.sport == SPORT && s.dport == PORT),
+            "unsteered segments reached AF_XDP: {late:?}"
+        );
+    });
+}
+
+/// (b) With the program attached and another port steered (sockets bound), a SYN to an
+/// unsteered port gets the kernel's RST: connect fails fast with ECONNREFUSED.
+#[test]
+fn b_unsteered_port_gets_kernel_rst() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let mut prog = attach(AttachMode::Driver, ActiveMode::Driver);
+        prog.steer_port(17003).expect("steer_port");
+        let mut xsks = bind_all_queues(&mut prog);
+        let rsts_before = tcp_out_rsts();
+        let before = prog.counters().expect("counters");
+
+        let t0 = Instant::now();
+        let r = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(ADDR_A, 17004),
+                Duration::from_secs(3),
+            )
+        });
+        let took = t0.elapsed();
+        assert_eq!(
+            r.expect_err("nobody listens").kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+        assert!(took < Duration::from_millis(500), "refusal took {took:?}");
+        assert!(tcp_out_rsts() > rsts_before, "no RST counted in iwa");
+        let d = prog.counters().expect("counters").since(&before);
+        assert!(d.passed >= 1 && d.redirected == 0, "{d:?}");
+        let segs = collect(&mut xsks, Duration::from_millis(100), |_| false);
+        assert!(
+            segs.is_empty(),
+            "unsteered segments reached AF_XDP: {segs:?}"
+        );
+    });
+}
+
+/// (b) A steered port with no AF_XDP socket on the queue: the packet goes to the kernel
+/// (RST, ECONNREFUSED) and is counted as `no_socket`; unsteering the port is reported.
+#[test]
+fn b_steered_port_without_socket_goes_to_kernel() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17005;
+    in_ns(NS_A, || {
+        let mut prog = attach(AttachMode::Generic, ActiveMode::Generic);
+        prog.steer_port(PORT).expect("steer_port");
+        let before = prog.counters().expect("counters");
+        let r = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(ADDR_A, PORT),
+                Duration::from_secs(3),
+            )
+        });
+        assert_eq!(
+            r.expect_err("nobody listens").kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+        let d = prog.counters().expect("counters").since(&before);
+        assert!(d.no_socket >= 1 && d.redirected == 0, "{d:?}");
+        assert!(prog.unsteer_port(PORT).expect("unsteer"));
+        assert!(!prog.unsteer_port(PORT).expect("unsteer again"));
+        assert!(!prog.unbind_socket(0).expect("unbind empty queue"));
+    });
+}
+
+/// (c) ARP and ICMP keep working both ways while the program is attached (both modes).
+#[test]
+fn c_ping_and_arp_work_while_attached() {
+    let _bed = bed_or_skip!();
+    for (mode, expect) in [
+        (AttachMode::Driver, ActiveMode::Driver),
+        (AttachMode::Generic, ActiveMode::Generic),
+    ] {
+        in_ns(NS_A, || {
+            let mut prog = attach(mode, expect);
+            prog.steer_port(17006).expect("steer_port");
+            let _xsks = bind_all_queues(&mut prog);
+            sh(&["ip", "-n", NS_A, "neigh", "flush", "dev", DEV_A]);
+            sh(&["ip", "-n", NS_B, "neigh", "flush", "dev", DEV_B]);
+            let before = prog.counters().expect("counters");
+
+            let a = ADDR_A.to_string();
+            let b = ADDR_B.to_string();
+            sh(&[
+                "ip", "netns", "exec", NS_B, "ping", "-c", "3", "-i", "0.2", "-W", "1", &a,
+            ]);
+            sh(&[
+                "ip", "netns", "exec", NS_A, "ping", "-c", "3", "-i", "0.2", "-W", "1", &b,
+            ]);
+
+            // Both sides resolved each other by ARP through the attached program.
+            let mac_a = mac_of(NS_A, DEV_A);
+            let mac_b = mac_of(NS_B, DEV_B);
+            let neigh_b = sh(&["ip", "-n", NS_B, "neigh", "show", &a, "dev", DEV_B]);
+            let neigh_a = sh(&["ip", "-n", NS_A, "neigh", "show", &b, "dev", DEV_A]);
+            assert!(
+                neigh_b.contains(&mac_a),
+                "iwb did not learn iwa0's MAC: {neigh_b}"
+            );
+            assert!(
+                neigh_a.contains(&mac_b),
+                "iwa did not learn iwb0's MAC: {neigh_a}"
+            );
+            let d = prog.counters().expect("counters").since(&before);
+            // 3 echo requests + 3 echo replies + at least one ARP frame, all passed.
+            assert!(d.passed >= 7 && d.redirected == 0, "{expect}: {d:?}");
+            println!("{expect} mode: ping and ARP fine; counters {d:?}");
+        });
+    }
+}
+
+fn mac_of(ns: &str, dev: &str) -> String {
+    let out = sh(&["ip", "-n", ns, "link", "show", "dev", dev]);
+    out.split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .expect("link/ether")
+        .to_string()
+}
+
+/// (d) Detaching (dropping the program) leaves both veth ends exactly as they were: same
+/// `ip -d link show` (no xdp) and same offload features (native XDP on veth changes GRO on
+/// its end and GSO on the peer while attached).
+#[test]
+fn d_detach_leaves_interface_as_before() {
+    let _bed = bed_or_skip!();
+    let snapshot = || {
+        [
+            link_details(NS_A, DEV_A),
+            features(NS_A, DEV_A),
+            link_details(NS_B, DEV_B),
+            features(NS_B, DEV_B),
+        ]
+    };
+    let before = snapshot();
+    assert!(
+        !before[0].contains("xdp"),
+        "xdp before attach:\n{}",
+        before[0]
+    );
+    for (mode, expect) in [
+        (AttachMode::Driver, ActiveMode::Driver),
+        (AttachMode::Generic, ActiveMode::Generic),
+    ] {
+        in_ns(NS_A, || {
+            let mut prog = attach(mode, expect);
+            prog.steer_port(17007).expect("steer_port");
+            let xsks = bind_all_queues(&mut prog);
+            // Explicit detach, then again via drop.
+            prog.detach();
+            assert_eq!(prog.attached(), None);
+            assert!(
+                !link_details(NS_A, DEV_A).contains("xdp"),
+                "still attached after detach()"
+            );
+            // Re-attach, then detach by dropping.
+            prog.attach(DEV_A, mode).expect("re-attach");
+            drop(xsks);
+            drop(prog);
+        });
+        let after = snapshot();
+        for (b, a) in before.iter().zip(after.iter()) {
+            assert_eq!(b, a, "{expect}: interface changed by attach/detach");
+        }
+    }
+}
+
+/// (e) Driver mode on an interface without native XDP (`lo`) is a clear error, not a panic;
+/// `Auto` falls back to generic there and says so.
+#[test]
+fn e_driver_mode_unsupported_is_an_error() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let mut prog = SteeringProgram::load(false).expect("load");
+        let err = prog
+            .attach("lo", AttachMode::Driver)
+            .expect_err("lo has no native XDP");
+        assert!(
+            matches!(
+                err,
+                XdpError::ModeNotSupported {
+                    mode: ActiveMode::Driver,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("driver mode is not supported on `lo`"),
+            "{msg}"
+        );
+        println!("driver mode on lo: {msg}");
+        assert_eq!(
+            prog.attach("lo", AttachMode::Auto).expect("auto"),
+            ActiveMode::Generic
+        );
+        let err = prog
+            .attach(DEV_A, AttachMode::Generic)
+            .expect_err("already attached");
+        assert!(
+            matches!(err, XdpError::AlreadyAttached(ref n) if n == "lo"),
+            "{err:?}"
+        );
+        prog.detach();
+        assert!(!link_details(NS_A, "lo").contains("xdp"));
+
+        let err = prog
+            .attach("nosuchdev0", AttachMode::Auto)
+            .expect_err("no such device");
+        assert!(
+            matches!(err, XdpError::InterfaceNotFound(ref n) if n == "nosuchdev0"),
+            "{err:?}"
+        );
+        let err = prog
+            .attach("bad\0name", AttachMode::Generic)
+            .expect_err("bad name");
+        assert!(matches!(err, XdpError::InterfaceNotFound(_)), "{err:?}");
+        let err = prog
+            .bind_socket(0, 0)
+            .expect_err("stdin is no AF_XDP socket");
+        assert!(
+            matches!(err, XdpError::InvalidSocket { fd: 0, .. }),
+            "{err:?}"
+        );
+        let err = prog
+            .bind_socket(xdp_prog::MAX_QUEUES, 0)
+            .expect_err("queue out of range");
+        assert!(matches!(err, XdpError::QueueOutOfRange { .. }), "{err:?}");
+    });
+}
+
+/// (e) Above MTU 3506 on the peer, native XDP on veth needs the `xdp.frags` program: the
+/// plain one gets `MtuTooLarge`, `Auto` falls back to generic, the frags variant attaches in
+/// driver mode and still steers.
+#[test]
+fn e_large_mtu_needs_frags_program_in_driver_mode() {
+    let _bed = bed_or_skip!();
+    sh(&["ip", "-n", NS_B, "link", "set", "dev", DEV_B, "mtu", "9000"]);
+    sh(&["ip", "-n", NS_A, "link", "set", "dev", DEV_A, "mtu", "9000"]);
+    in_ns(NS_A, || {
+        let mut plain = SteeringProgram::load(false).expect("load");
+        let err = plain
+            .attach(DEV_A, AttachMode::Driver)
+            .expect_err("MTU 9000");
+        assert!(matches!(err, XdpError::MtuTooLarge { .. }), "{err:?}");
+        println!("plain program, MTU 9000, driver mode: {err}");
+        assert_eq!(
+            plain.attach(DEV_A, AttachMode::Auto).expect("auto"),
+            ActiveMode::Generic
+        );
+        drop(plain);
+
+        let mut frags = SteeringProgram::load(true).expect("load frags");
+        assert!(frags.is_frags());
+        assert_eq!(
+            frags.attach(DEV_A, AttachMode::Driver).expect("frags"),
+            ActiveMode::Driver
+        );
+        frags.steer_port(17008).expect("steer");
+        let mut xsks = bind_all_queues(&mut frags);
+        let r = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(ADDR_A, 17008),
+                STEERED_CONNECT_WAIT,
+            )
+        });
+        assert_eq!(r.expect_err("steered").kind(), io::ErrorKind::TimedOut);
+        let segs = collect(&mut xsks, Duration::from_secs(1), is_syn_to(17008, None));
+        assert!(
+            segs.iter().any(|(_, s)| is_syn_to(17008, None)(s)),
+            "{segs:?}"
+        );
+        // A large ping (several buffers) still reaches the kernel and is answered.
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            NS_B,
+            "ping",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "-s",
+            "8000",
+            "-M",
+            "do",
+            &ADDR_A.to_string(),
+        ]);
+        let c: Counters = frags.counters().expect("counters");
+        assert!(c.redirected >= 1 && c.passed >= 2, "{c:?}");
+    });
+}
+
+/// (e) Without CAP_BPF/CAP_NET_ADMIN, loading is `PermissionDenied` with "run as root". As
+/// root the capabilities are dropped on a scratch thread (capabilities are per thread).
+#[test]
+fn e_without_privileges_is_permission_denied() {
+    let result = std::thread::spawn(|| {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            drop_effective_caps();
+        }
+        SteeringProgram::load(false)
+    })
+    .join()
+    .expect("thread");
+    let err = result.expect_err("load without privileges");
+    assert!(matches!(err, XdpError::PermissionDenied { .. }), "{err:?}");
+    assert!(err.to_string().contains("run as root"), "{err}");
+    println!("unprivileged load: {err}");
+}
+
+/// Clears this thread's effective capability set (permitted stays, unused).
+fn drop_effective_caps() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const V3: u32 = 0x2008_0522; // _LINUX_CAPABILITY_VERSION_3
+    let mut hdr = Header {
+        version: V3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: header and a two-element data array as capget(2) requires for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut Header, data.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget: {}", io::Error::last_os_error());
+    for d in &mut data {
+        d.effective = 0;
+    }
+    // SAFETY: as above; capset(2) with pid 0 changes only the calling thread.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+    assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
+}
