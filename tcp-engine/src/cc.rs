@@ -1,0 +1,248 @@
+//! Congestion control behind a trait: NewReno (RFC 5681 3.1, RFC 6582) and
+//! CUBIC (RFC 8312).
+//!
+//! The connection owns loss detection and recovery (which segments to
+//! resend, RFC 6675 / RFC 8985 / RFC 6582); the controller owns `cwnd` and
+//! `ssthresh` and reacts to three signals: data acknowledged outside
+//! recovery, a congestion event (fast retransmit / loss detected by SACK or
+//! RACK) and a retransmission timeout.
+
+use crate::time::Instant;
+use core::time::Duration;
+
+/// A congestion controller. All windows are in octets.
+pub trait CongestionControl: core::fmt::Debug + Send {
+    /// Short name, for logs and reports.
+    fn name(&self) -> &'static str;
+    /// Current congestion window.
+    fn cwnd(&self) -> u64;
+    /// Current slow-start threshold.
+    fn ssthresh(&self) -> u64;
+    /// `acked` new octets were cumulatively acknowledged outside loss
+    /// recovery; `rtt` is the smoothed RTT if known.
+    fn on_ack(&mut self, now: Instant, acked: u64, smss: u32, rtt: Option<Duration>);
+    /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
+    /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
+    fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
+    /// The retransmission timer expired (RFC 5681 3.1 eq. 4, RFC 8312 4.7).
+    fn on_retransmission_timeout(&mut self, now: Instant, flight_size: u64, smss: u32);
+}
+
+/// Which built-in controller a connection uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CongestionAlgorithm {
+    /// RFC 5681 + RFC 6582.
+    NewReno,
+    /// RFC 8312.
+    #[default]
+    Cubic,
+}
+
+impl CongestionAlgorithm {
+    /// A fresh controller with initial window `initial_window` octets.
+    pub fn build(self, initial_window: u64) -> Box<dyn CongestionControl> {
+        match self {
+            CongestionAlgorithm::NewReno => Box::new(NewReno::new(initial_window)),
+            CongestionAlgorithm::Cubic => Box::new(Cubic::new(initial_window)),
+        }
+    }
+}
+
+/// NewReno window management (RFC 5681 3.1): slow start with appropriate
+/// byte counting (RFC 3465, L = 2), congestion avoidance by byte counting,
+/// `ssthresh = max(FlightSize / 2, 2 * SMSS)` on loss.
+#[derive(Debug, Clone)]
+pub struct NewReno {
+    cwnd: u64,
+    ssthresh: u64,
+    bytes_acked: u64,
+}
+
+impl NewReno {
+    /// A controller starting at `initial_window` octets with an infinite
+    /// `ssthresh` (RFC 5681 3.1).
+    pub fn new(initial_window: u64) -> Self {
+        NewReno { cwnd: initial_window, ssthresh: u64::MAX, bytes_acked: 0 }
+    }
+}
+
+impl CongestionControl for NewReno {
+    fn name(&self) -> &'static str {
+        "newreno"
+    }
+    fn cwnd(&self) -> u64 {
+        self.cwnd
+    }
+    fn ssthresh(&self) -> u64 {
+        self.ssthresh
+    }
+    fn on_ack(&mut self, _now: Instant, acked: u64, smss: u32, _rtt: Option<Duration>) {
+        let smss = u64::from(smss);
+        if self.cwnd < self.ssthresh {
+            self.cwnd += acked.min(2 * smss);
+        } else {
+            self.bytes_acked += acked;
+            if self.bytes_acked >= self.cwnd {
+                self.bytes_acked -= self.cwnd;
+                self.cwnd += smss;
+            }
+        }
+    }
+    fn on_congestion_event(&mut self, _now: Instant, flight_size: u64, smss: u32) {
+        self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
+        self.cwnd = self.ssthresh;
+        self.bytes_acked = 0;
+    }
+    fn on_retransmission_timeout(&mut self, _now: Instant, flight_size: u64, smss: u32) {
+        self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
+        self.cwnd = u64::from(smss);
+        self.bytes_acked = 0;
+    }
+}
+
+/// CUBIC (RFC 8312): window growth `W(t) = C (t - K)^3 + W_max` (4.1), the
+/// TCP-friendly region (4.2), fast convergence (4.6), `beta_cubic = 0.7`,
+/// `C = 0.4`.
+#[derive(Debug, Clone)]
+pub struct Cubic {
+    cwnd: u64,
+    ssthresh: u64,
+    /// Window before the last reduction, in segments (W_max).
+    w_max: f64,
+    /// W_last_max for fast convergence.
+    w_last_max: f64,
+    /// Start of the current congestion-avoidance epoch.
+    epoch_start: Option<Instant>,
+    k: f64,
+    /// TCP-friendly estimate in segments (W_est, 4.2).
+    w_est: f64,
+    cwnd_frac: f64,
+}
+
+const CUBIC_C: f64 = 0.4;
+const CUBIC_BETA: f64 = 0.7;
+
+impl Cubic {
+    /// A controller starting at `initial_window` octets.
+    pub fn new(initial_window: u64) -> Self {
+        Cubic {
+            cwnd: initial_window,
+            ssthresh: u64::MAX,
+            w_max: 0.0,
+            w_last_max: 0.0,
+            epoch_start: None,
+            k: 0.0,
+            w_est: 0.0,
+            cwnd_frac: 0.0,
+        }
+    }
+
+    fn reduce(&mut self, smss: u32) {
+        let seg = f64::from(smss);
+        let w = self.cwnd as f64 / seg;
+        // Fast convergence (RFC 8312 4.6).
+        self.w_max = if w < self.w_last_max { w * (1.0 + CUBIC_BETA) / 2.0 } else { w };
+        self.w_last_max = w;
+        let reduced = (w * CUBIC_BETA).max(2.0);
+        self.ssthresh = (reduced * seg) as u64;
+        self.epoch_start = None;
+        self.cwnd_frac = 0.0;
+    }
+}
+
+impl CongestionControl for Cubic {
+    fn name(&self) -> &'static str {
+        "cubic"
+    }
+    fn cwnd(&self) -> u64 {
+        self.cwnd
+    }
+    fn ssthresh(&self) -> u64 {
+        self.ssthresh
+    }
+    fn on_ack(&mut self, now: Instant, acked: u64, smss: u32, rtt: Option<Duration>) {
+        let seg = f64::from(smss);
+        if self.cwnd < self.ssthresh {
+            self.cwnd += acked.min(2 * u64::from(smss));
+            return;
+        }
+        let cwnd_seg = self.cwnd as f64 / seg;
+        let epoch = match self.epoch_start {
+            Some(e) => e,
+            None => {
+                self.epoch_start = Some(now);
+                if self.w_max < cwnd_seg {
+                    self.k = 0.0;
+                    self.w_max = cwnd_seg;
+                } else {
+                    self.k = ((self.w_max - cwnd_seg) / CUBIC_C).cbrt();
+                }
+                self.w_est = cwnd_seg;
+                now
+            }
+        };
+        let rtt_s = rtt.map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let t = (now - epoch).as_secs_f64() + rtt_s;
+        let w_cubic = CUBIC_C * (t - self.k).powi(3) + self.w_max;
+        // TCP-friendly region (RFC 8312 4.2), per-ACK form.
+        let acked_seg = acked as f64 / seg;
+        self.w_est += 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA) * acked_seg / cwnd_seg;
+        let target = if w_cubic < self.w_est {
+            self.w_est
+        } else {
+            w_cubic.min(1.5 * cwnd_seg)
+        };
+        if target > cwnd_seg {
+            // (target - cwnd) / cwnd per acknowledged segment (4.3, 4.4).
+            self.cwnd_frac += (target - cwnd_seg) / cwnd_seg * acked_seg * seg;
+            let whole = self.cwnd_frac.floor();
+            self.cwnd += whole as u64;
+            self.cwnd_frac -= whole;
+        }
+    }
+    fn on_congestion_event(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
+        self.reduce(smss);
+        self.cwnd = self.ssthresh;
+    }
+    fn on_retransmission_timeout(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
+        self.reduce(smss);
+        self.cwnd = u64::from(smss);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newreno_slow_start_then_halves() {
+        let mut c = NewReno::new(14600);
+        c.on_ack(Instant::ZERO, 1460, 1460, None);
+        assert_eq!(c.cwnd(), 16060);
+        c.on_congestion_event(Instant::ZERO, 16060, 1460);
+        assert_eq!(c.cwnd(), 8030);
+        // Congestion avoidance: one SMSS per cwnd of acknowledged data.
+        c.on_ack(Instant::ZERO, 8030, 1460, None);
+        assert_eq!(c.cwnd(), 8030 + 1460);
+        c.on_retransmission_timeout(Instant::ZERO, 9490, 1460);
+        assert_eq!(c.cwnd(), 1460);
+        assert_eq!(c.ssthresh(), 4745);
+    }
+
+    #[test]
+    fn cubic_reduces_by_beta_and_regrows_to_wmax() {
+        let smss = 1000;
+        let mut c = Cubic::new(100_000);
+        c.on_congestion_event(Instant::ZERO, 100_000, smss);
+        assert_eq!(c.cwnd(), 70_000);
+        let rtt = Duration::from_millis(10);
+        let mut now = Instant::ZERO;
+        // Grow for a few seconds of acks: must approach and pass W_max (100 segments).
+        for _ in 0..2000 {
+            now += Duration::from_millis(1);
+            let acked = c.cwnd() / 10;
+            c.on_ack(now, acked, smss, Some(rtt));
+        }
+        assert!(c.cwnd() > 100_000, "cwnd {}", c.cwnd());
+    }
+}

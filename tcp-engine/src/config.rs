@@ -1,0 +1,143 @@
+//! Per-connection configuration.
+
+use crate::cc::CongestionAlgorithm;
+use core::time::Duration;
+
+/// How the application hands data to TCP for transmission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxMode {
+    /// Plain byte stream: segments are cut at EMSS wherever that falls.
+    #[default]
+    Stream,
+    /// MPA-aware (RFC 5044 5, draft-ietf-rddp-mpa-01 5.3): the caller gives
+    /// whole records (FPDUs); every segment starts with a record and holds
+    /// only whole records, packing several when they fit; a record larger
+    /// than EMSS is split at EMSS; retransmissions keep the boundaries.
+    Records,
+}
+
+/// How received data goes to the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RxMode {
+    /// Plain in-order delivery through [`crate::Connection::recv`]; out-of-
+    /// order data is buffered inside TCP.
+    #[default]
+    InOrder,
+    /// MPA-aware (RFC 5044 3.1.2 "passing" vs. "delivering"): every accepted
+    /// segment's new data is passed up at once with its sequence number, even
+    /// out of order, and TCP keeps none of it. The window advertised is what
+    /// the upper layer says it can still place.
+    PassUp,
+}
+
+/// Connection parameters. `Config::default()` is a datacenter profile: see
+/// the field documentation for each choice.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// MSS we advertise (RFC 9293 3.7.1); default 1460 (1500-octet MTU).
+    pub mss: u16,
+    /// Initial path MTU for the send side; default 1500.
+    pub path_mtu: u16,
+    /// Transmit API.
+    pub tx_mode: TxMode,
+    /// Receive API.
+    pub rx_mode: RxMode,
+    /// Send buffer capacity in octets (unacknowledged + unsent data).
+    pub send_buffer: usize,
+    /// `InOrder`: receive buffer size (the window). `PassUp`: the initial
+    /// receive window until [`crate::Connection::set_receive_window`].
+    pub recv_buffer: usize,
+    /// Largest receive window we will ever offer; decides our window-scale
+    /// shift (RFC 7323 2.3).
+    pub max_recv_window: u64,
+    /// Most disjoint out-of-order ranges tracked past `rcv_nxt`; a segment
+    /// that would need another is dropped (and counted).
+    pub max_ooo_ranges: usize,
+    /// Offer window scaling (RFC 7323 2).
+    pub window_scaling: bool,
+    /// Offer timestamps (RFC 7323 3, PAWS 5).
+    pub timestamps: bool,
+    /// Offer SACK (RFC 2018).
+    pub sack: bool,
+    /// Congestion controller.
+    pub congestion: CongestionAlgorithm,
+    /// Initial window in segments (RFC 6928: 10).
+    pub initial_window_segments: u32,
+    /// RTO before any RTT sample (RFC 6298 2.1: 1 s).
+    pub initial_rto: Duration,
+    /// Floor on the RTO (RFC 6298 2.4 says 1 s; Linux uses 200 ms). Default
+    /// 5 ms: on microsecond-RTT links a 200 ms floor makes every tail loss
+    /// cost ~10^4 RTTs. RACK-TLP recovers most losses without the RTO, and
+    /// 5 ms stays above the delayed-ACK timeouts this engine uses, so
+    /// spurious timeouts from delayed ACKs are rare. Raise it for WAN peers
+    /// with 40 ms delayed ACKs.
+    pub min_rto: Duration,
+    /// Ceiling on the RTO (RFC 6298 2.5: at least 60 s).
+    pub max_rto: Duration,
+    /// Retransmission timeouts in a row before the connection is aborted.
+    pub max_retransmissions: u32,
+    /// Delayed-ACK timeout (RFC 1122 4.2.3.2, RFC 5681 4.2: < 500 ms, ACK at
+    /// least every second full segment); `None` acks every segment.
+    /// Default 500 us.
+    pub delayed_ack: Option<Duration>,
+    /// Data segments acknowledged at once at connection start (quick-ACK,
+    /// lets the peer's slow start grow without waiting on delayed ACKs).
+    pub quickack_segments: u32,
+    /// Peer's assumed worst-case ACK delay for the tail-loss probe
+    /// (RFC 8985 7.2 WCDelAckT).
+    pub peer_max_ack_delay: Duration,
+    /// Use RACK-TLP (RFC 8985) when the peer supports SACK.
+    pub rack_tlp: bool,
+    /// Keepalive (RFC 9293 3.8.4): idle time before the first probe, the
+    /// interval between probes and how many unanswered probes abort. `None`
+    /// (default) disables it.
+    pub keepalive: Option<(Duration, Duration, u32)>,
+    /// TIME-WAIT duration (2 MSL, RFC 9293 3.6.1). Default 60 s.
+    pub time_wait: Duration,
+    /// Nagle's algorithm (RFC 9293 3.7.4); off by default.
+    pub nagle: bool,
+    /// Most challenge ACKs per second (RFC 5961 7).
+    pub challenge_ack_limit: u32,
+    /// `PassUp`: hand up again data that was already passed up.
+    pub pass_up_duplicates: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mss: 1460,
+            path_mtu: 1500,
+            tx_mode: TxMode::Stream,
+            rx_mode: RxMode::InOrder,
+            send_buffer: 4 << 20,
+            recv_buffer: 4 << 20,
+            max_recv_window: 64 << 20,
+            max_ooo_ranges: 64,
+            window_scaling: true,
+            timestamps: true,
+            sack: true,
+            congestion: CongestionAlgorithm::Cubic,
+            initial_window_segments: 10,
+            initial_rto: Duration::from_secs(1),
+            min_rto: Duration::from_millis(5),
+            max_rto: Duration::from_secs(60),
+            max_retransmissions: 15,
+            delayed_ack: Some(Duration::from_micros(500)),
+            quickack_segments: 16,
+            peer_max_ack_delay: Duration::from_millis(1),
+            rack_tlp: true,
+            keepalive: None,
+            time_wait: Duration::from_secs(60),
+            nagle: false,
+            challenge_ack_limit: 100,
+            pass_up_duplicates: false,
+        }
+    }
+}
+
+impl Config {
+    /// The MPA profile: record transmit and pass-up receive.
+    pub fn mpa() -> Self {
+        Config { tx_mode: TxMode::Records, rx_mode: RxMode::PassUp, ..Config::default() }
+    }
+}

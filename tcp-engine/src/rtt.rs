@@ -1,0 +1,114 @@
+//! Retransmission timeout computation (RFC 6298).
+
+use core::time::Duration;
+
+/// RTO estimator of RFC 6298 2: SRTT, RTTVAR, RTO with exponential backoff
+/// (5.5) and a configurable floor (2.4; see [`crate::Config::min_rto`]).
+#[derive(Debug, Clone)]
+pub struct RttEstimator {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    min_rtt: Option<Duration>,
+    rto: Duration,
+    backoff_shift: u32,
+    min_rto: Duration,
+    max_rto: Duration,
+}
+
+impl RttEstimator {
+    /// Before any sample the RTO is `initial_rto` (RFC 6298 2.1).
+    pub fn new(initial_rto: Duration, min_rto: Duration, max_rto: Duration) -> Self {
+        RttEstimator {
+            srtt: None,
+            rttvar: Duration::ZERO,
+            min_rtt: None,
+            rto: initial_rto,
+            backoff_shift: 0,
+            min_rto,
+            max_rto,
+        }
+    }
+
+    /// Take one RTT measurement (RFC 6298 2.2, 2.3; clock granularity G is
+    /// the nanosecond, so `max(G, K*RTTVAR)` is `K*RTTVAR`).
+    pub fn sample(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                let diff = srtt.abs_diff(r);
+                self.rttvar = self.rttvar * 3 / 4 + diff / 4;
+                self.srtt = Some(srtt * 7 / 8 + r / 8);
+            }
+        }
+        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+        let srtt = self.srtt.unwrap_or(r);
+        self.rto = (srtt + self.rttvar * 4).clamp(self.min_rto, self.max_rto);
+        // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
+        self.backoff_shift = 0;
+    }
+
+    /// The current timeout including backoff (RFC 6298 5.5).
+    pub fn rto(&self) -> Duration {
+        let backed = self.rto.saturating_mul(1u32 << self.backoff_shift.min(16));
+        backed.min(self.max_rto)
+    }
+
+    /// Double the timeout (RFC 6298 5.5).
+    pub fn back_off(&mut self) {
+        self.backoff_shift = (self.backoff_shift + 1).min(16);
+    }
+
+    /// How many consecutive backoffs are in effect.
+    pub fn backoff_count(&self) -> u32 {
+        self.backoff_shift
+    }
+
+    /// Smoothed RTT, once measured.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// Smallest RTT seen (RFC 8985 uses it for the reordering window).
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_and_later_samples_follow_rfc6298() {
+        let mut e = RttEstimator::new(
+            Duration::from_secs(1),
+            Duration::from_micros(100),
+            Duration::from_secs(60),
+        );
+        assert_eq!(e.rto(), Duration::from_secs(1));
+        e.sample(Duration::from_millis(8));
+        // SRTT = 8, RTTVAR = 4, RTO = 8 + 16 = 24 ms.
+        assert_eq!(e.rto(), Duration::from_millis(24));
+        e.sample(Duration::from_millis(16));
+        // RTTVAR = 3 + 2 = 5, SRTT = 7 + 2 = 9, RTO = 29 ms.
+        assert_eq!(e.srtt(), Some(Duration::from_millis(9)));
+        assert_eq!(e.rto(), Duration::from_millis(29));
+        e.back_off();
+        e.back_off();
+        assert_eq!(e.rto(), Duration::from_millis(116));
+    }
+
+    #[test]
+    fn floor_applies() {
+        let mut e = RttEstimator::new(
+            Duration::from_secs(1),
+            Duration::from_millis(5),
+            Duration::from_secs(60),
+        );
+        e.sample(Duration::from_micros(20));
+        assert_eq!(e.rto(), Duration::from_millis(5));
+    }
+}
