@@ -9,6 +9,7 @@
 mod cq;
 mod memory;
 mod socket;
+pub mod xsk;
 
 pub use cq::{Completion, CompletionQueue};
 pub use memory::{MemoryRegion, PinnedBuffer, ProtectionDomain};

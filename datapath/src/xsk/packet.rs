@@ -177,8 +177,7 @@ pub struct TcpFrame<'a> {
 impl<'a> TcpFrame<'a> {
     /// Parses `frame`; `None` if it is not a whole, unfragmented IPv4/TCP frame.
     pub fn parse(frame: &'a [u8]) -> Option<Self> {
-        if frame.len() < HEADERS_LEN
-            || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
+        if frame.len() < HEADERS_LEN || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
         {
             return None;
         }

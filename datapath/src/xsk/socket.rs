@@ -1,0 +1,668 @@
+//! One AF_XDP socket with its own UMEM and frame allocator.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use xsk_rs::config::{
+    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
+};
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
+
+use super::{euid, netlink, XskError};
+
+/// How the socket binds: copy or zero-copy (`XDP_COPY` / `XDP_ZEROCOPY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BindMode {
+    /// Let the kernel choose: zero-copy where the driver supports it, copy otherwise.
+    #[default]
+    Auto,
+    /// Force copy mode (works on every interface, the only mode on veth).
+    Copy,
+    /// Force zero-copy (fails where the driver cannot).
+    ZeroCopy,
+}
+
+/// Sizes and behaviour of an [`XskSocket`].
+///
+/// The UMEM holds `rx_ring + tx_ring` frames of `frame_size` bytes: `rx_ring` frames cycle
+/// through the fill and RX rings (fill ring size = RX ring size), `tx_ring` frames through the
+/// free list, the TX ring and the completion ring (completion ring size = TX ring size), so no
+/// ring can overflow.
+#[derive(Debug, Clone)]
+pub struct XskConfig {
+    /// RX and fill ring size (power of two).
+    pub rx_ring: u32,
+    /// TX and completion ring size (power of two).
+    pub tx_ring: u32,
+    /// UMEM frame size (power of two, 2048..=65536); 4096 leaves 3840 bytes for a packet.
+    pub frame_size: u32,
+    /// Copy or zero-copy.
+    pub bind_mode: BindMode,
+    /// Bind with `XDP_USE_NEED_WAKEUP` and kick only when the kernel asks for it; without it,
+    /// every TX batch is kicked.
+    pub need_wakeup: bool,
+    /// Try to back the UMEM with huge pages (`MAP_HUGETLB`), falling back to normal pages when
+    /// none are reserved (`/proc/sys/vm/nr_hugepages` is 0 by default).
+    pub hugepages: bool,
+    /// Frames per `sendto` kick (the kernel's copy-mode TX sends at most 32 per call).
+    pub kick_batch: u32,
+    /// Largest batch handed out by `recv_batch` / taken by one completion sweep.
+    pub max_batch: u32,
+    /// Bind attempts while the queue is busy (EBUSY).
+    pub bind_attempts: u32,
+    /// Wait between bind attempts.
+    pub bind_retry_delay: Duration,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        Self {
+            rx_ring: 2048,
+            tx_ring: 2048,
+            frame_size: 4096,
+            bind_mode: BindMode::Auto,
+            need_wakeup: true,
+            hugepages: true,
+            kick_batch: 32,
+            max_batch: 64,
+            bind_attempts: 10,
+            bind_retry_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+impl XskConfig {
+    fn validate(&self) -> Result<(), XskError> {
+        let pow2 = |v: u32| v.is_power_of_two();
+        if !pow2(self.rx_ring) || !pow2(self.tx_ring) || self.rx_ring < 8 || self.tx_ring < 8 {
+            return Err(XskError::InvalidConfig(
+                "ring sizes must be powers of two, at least 8",
+            ));
+        }
+        if !pow2(self.frame_size) || !(2048..=65536).contains(&self.frame_size) {
+            return Err(XskError::InvalidConfig(
+                "frame size must be a power of two between 2048 and 65536",
+            ));
+        }
+        if self.kick_batch == 0 || self.max_batch == 0 || self.bind_attempts == 0 {
+            return Err(XskError::InvalidConfig(
+                "kick_batch, max_batch and bind_attempts must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one socket: ours and the kernel's (`XDP_STATISTICS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Frames taken from the RX ring.
+    pub rx_frames: u64,
+    /// Frames put on the TX ring.
+    pub tx_frames: u64,
+    /// TX frames completed by the kernel.
+    pub tx_completed: u64,
+    /// `sendto` kicks issued.
+    pub tx_kicks: u64,
+    /// Fill-ring wakeups issued.
+    pub fill_wakeups: u64,
+    /// Kernel: frames dropped for other reasons (e.g. no fill-ring frame).
+    pub rx_dropped: u64,
+    /// Kernel: frames dropped because the RX ring was full.
+    pub rx_ring_full: u64,
+    /// Kernel: times the fill ring was found empty.
+    pub fill_ring_empty: u64,
+    /// Kernel: invalid RX descriptors.
+    pub rx_invalid_descs: u64,
+    /// Kernel: invalid TX descriptors.
+    pub tx_invalid_descs: u64,
+    /// Kernel: times the TX ring was found empty on a kick.
+    pub tx_ring_empty: u64,
+}
+
+/// An AF_XDP socket bound to one queue, with its UMEM, four rings and frame allocator.
+///
+/// The socket is `Send`: build it, then move it to the thread that polls it.
+pub struct XskSocket {
+    ifname: String,
+    queue: u32,
+    // The rings hold the socket (and through it the UMEM) alive; `umem` is kept for frame access.
+    rx: RxQueue,
+    tx: TxQueue,
+    fq: FillQueue,
+    cq: CompQueue,
+    umem: Umem,
+    /// Free TX frames (capacity = all TX frames, so pushing never allocates).
+    free_tx: Vec<FrameDesc>,
+    /// Scratch for descriptors taken from the RX ring (length = max_batch).
+    rx_descs: Vec<FrameDesc>,
+    /// Scratch for descriptors going to the TX ring (length = kick_batch).
+    tx_descs: Vec<FrameDesc>,
+    /// Scratch for descriptors taken from the completion ring (length = max_batch).
+    comp_descs: Vec<FrameDesc>,
+    tx_in_flight: usize,
+    tx_frames_total: usize,
+    frame_capacity: usize,
+    need_wakeup: bool,
+    hugepages: bool,
+    zero_copy: bool,
+    stats: XskStats,
+}
+
+impl std::fmt::Debug for XskSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskSocket")
+            .field("ifname", &self.ifname)
+            .field("queue", &self.queue)
+            .field("fd", &self.fd())
+            .field("hugepages", &self.hugepages)
+            .field("zero_copy", &self.zero_copy)
+            .field("tx_in_flight", &self.tx_in_flight)
+            .finish()
+    }
+}
+
+fn os_error(e: &(dyn std::error::Error + 'static)) -> io::Error {
+    match e.source().and_then(|s| s.downcast_ref::<io::Error>()) {
+        Some(io) => io
+            .raw_os_error()
+            .map(io::Error::from_raw_os_error)
+            .unwrap_or_else(|| io::Error::other(io.to_string())),
+        None => io::Error::other(e.to_string()),
+    }
+}
+
+/// Maps a kernel error of UMEM/socket setup to a typed error.
+fn classify(ifname: &str, queue: u32, detail: &'static str, e: io::Error) -> XskError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => XskError::NotRoot {
+            op: detail,
+            uid: euid(),
+        },
+        Some(libc::ENODEV) => XskError::InterfaceNotFound(ifname.to_owned()),
+        Some(libc::EAFNOSUPPORT) | Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) => {
+            XskError::NoXdpSupport {
+                ifname: ifname.to_owned(),
+                queue,
+                detail,
+                source: e,
+            }
+        }
+        _ => XskError::Setup {
+            ifname: ifname.to_owned(),
+            queue,
+            detail,
+            source: e,
+        },
+    }
+}
+
+/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`).
+fn query_zero_copy(fd: RawFd) -> bool {
+    const XDP_OPTIONS: libc::c_int = 8;
+    const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+    let mut flags: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: `flags` and `len` are valid for writes of the sizes passed; the kernel writes at
+    // most `len` bytes (struct xdp_options is one u32).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_XDP,
+            XDP_OPTIONS,
+            (&mut flags as *mut u32).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && flags & XDP_OPTIONS_ZEROCOPY != 0
+}
+
+impl XskSocket {
+    /// Creates a UMEM and an AF_XDP socket bound to `queue` of `ifname` (in the calling thread's
+    /// network namespace), fills the fill ring, and returns the socket. While the queue is busy
+    /// (EBUSY, e.g. a socket on it closed less than ~0.2 s ago) it retries up to
+    /// `cfg.bind_attempts` times, `cfg.bind_retry_delay` apart.
+    pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
+        cfg.validate()?;
+        let info = netlink::interface_info(ifname)?;
+        let queues = info.rx_queues.min(info.tx_queues);
+        if queue >= queues {
+            return Err(XskError::QueueOutOfRange {
+                ifname: ifname.to_owned(),
+                queue,
+                queues,
+            });
+        }
+        let start = Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_open(ifname, queue, cfg) {
+                Err(XskError::Setup { source, .. })
+                    if source.raw_os_error() == Some(libc::EBUSY) =>
+                {
+                    if attempt >= cfg.bind_attempts {
+                        return Err(XskError::Busy {
+                            ifname: ifname.to_owned(),
+                            queue,
+                            attempts: attempt,
+                            waited: start.elapsed(),
+                        });
+                    }
+                    std::thread::sleep(cfg.bind_retry_delay);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Opens one socket per queue in `queues` (each with its own UMEM).
+    pub fn open_queues(
+        ifname: &str,
+        queues: impl IntoIterator<Item = u32>,
+        cfg: &XskConfig,
+    ) -> Result<Vec<Self>, XskError> {
+        queues
+            .into_iter()
+            .map(|q| Self::open(ifname, q, cfg))
+            .collect()
+    }
+
+    fn try_open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
+        let invalid = XskError::InvalidConfig("ring or frame size rejected");
+        let qsize =
+            |n: u32| QueueSize::new(n).map_err(|_| XskError::InvalidConfig("ring size rejected"));
+        let umem_cfg = UmemConfig::builder()
+            .frame_size(FrameSize::new(cfg.frame_size).map_err(|_| invalid)?)
+            .fill_queue_size(qsize(cfg.rx_ring)?)
+            .comp_queue_size(qsize(cfg.tx_ring)?)
+            .build()
+            .map_err(|_| XskError::InvalidConfig("UMEM configuration rejected"))?;
+        let frames = cfg.rx_ring + cfg.tx_ring;
+        let count =
+            std::num::NonZeroU32::new(frames).ok_or(XskError::InvalidConfig("no frames"))?;
+        let setup = |detail, e: &(dyn std::error::Error + 'static)| {
+            classify(ifname, queue, detail, os_error(e))
+        };
+        let (umem, mut descs, hugepages) =
+            match cfg.hugepages.then(|| Umem::new(umem_cfg, count, true)) {
+                Some(Ok((u, d))) => (u, d, true),
+                // No huge pages reserved (or another hugepage failure): normal pages.
+                _ => match Umem::new(umem_cfg, count, false) {
+                    Ok((u, d)) => (u, d, false),
+                    Err(e) => return Err(setup("creating the UMEM", &e)),
+                },
+            };
+
+        let mut bind = BindFlags::empty();
+        if cfg.need_wakeup {
+            bind |= BindFlags::XDP_USE_NEED_WAKEUP;
+        }
+        match cfg.bind_mode {
+            BindMode::Auto => {}
+            BindMode::Copy => bind |= BindFlags::XDP_COPY,
+            BindMode::ZeroCopy => bind |= BindFlags::XDP_ZEROCOPY,
+        }
+        let sock_cfg = SocketConfig::builder()
+            .rx_queue_size(qsize(cfg.rx_ring)?)
+            .tx_queue_size(qsize(cfg.tx_ring)?)
+            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+            .bind_flags(bind)
+            .build();
+        let iface: Interface = ifname
+            .parse()
+            .map_err(|_| XskError::InterfaceNotFound(ifname.to_owned()))?;
+        // SAFETY: the UMEM was created just above and is used by this socket only (not shared),
+        // and libxdp's program loading is inhibited, so the double-free hazard documented for a
+        // shared UMEM on an already bound (interface, queue) cannot arise.
+        let (tx, rx, rings) = unsafe { Socket::new(sock_cfg, &umem, &iface, queue) }
+            .map_err(|e| setup("binding the AF_XDP socket", &e))?;
+        let (mut fq, cq) = rings.ok_or_else(|| XskError::Setup {
+            ifname: ifname.to_owned(),
+            queue,
+            detail: "binding the AF_XDP socket",
+            source: io::Error::other("libxdp returned no fill/completion rings"),
+        })?;
+
+        let rx_frames = cfg.rx_ring as usize;
+        // SAFETY: these descriptors are fresh frames of this UMEM that nothing else uses; from
+        // here on the kernel owns them until they come back on the RX ring.
+        let filled = unsafe { fq.produce(&descs[..rx_frames]) };
+        if filled != rx_frames {
+            return Err(XskError::Setup {
+                ifname: ifname.to_owned(),
+                queue,
+                detail: "filling the fill ring",
+                source: io::Error::other(format!("only {filled} of {rx_frames} frames accepted")),
+            });
+        }
+        let free_tx: Vec<FrameDesc> = descs.drain(rx_frames..).collect();
+        let fd = rx.fd().as_raw_fd();
+        let frame_capacity = (cfg.frame_size - umem_cfg.xdp_headroom()) as usize;
+        Ok(Self {
+            ifname: ifname.to_owned(),
+            queue,
+            tx_frames_total: free_tx.len(),
+            free_tx,
+            rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
+            tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize],
+            comp_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
+            rx,
+            tx,
+            fq,
+            cq,
+            umem,
+            tx_in_flight: 0,
+            frame_capacity,
+            need_wakeup: cfg.need_wakeup,
+            hugepages,
+            zero_copy: query_zero_copy(fd),
+            stats: XskStats::default(),
+        })
+    }
+
+    /// The socket's file descriptor, for the XSKMAP (`SteeringProgram::bind_socket(queue, fd)`)
+    /// or for `poll`.
+    pub fn fd(&self) -> RawFd {
+        self.rx.fd().as_raw_fd()
+    }
+
+    /// The queue this socket is bound to.
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// The interface this socket is bound to.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Largest packet a frame can hold (frame size less the XDP headroom).
+    pub fn frame_capacity(&self) -> usize {
+        self.frame_capacity
+    }
+
+    /// True if the UMEM is backed by huge pages (false: huge pages were not asked for or none
+    /// were available, so normal pages are used).
+    pub fn hugepages(&self) -> bool {
+        self.hugepages
+    }
+
+    /// True if the kernel runs this socket in zero-copy mode.
+    pub fn is_zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// TX frames on the TX ring or in the kernel, not yet completed.
+    pub fn tx_in_flight(&self) -> usize {
+        self.tx_in_flight
+    }
+
+    /// TX frames free for [`send_batch`](Self::send_batch) right now (completions not yet
+    /// reaped are not counted; [`complete`](Self::complete) reaps them).
+    pub fn tx_free(&self) -> usize {
+        self.free_tx.len()
+    }
+
+    /// Takes up to `max` (at most `max_batch`) received frames from the RX ring, without
+    /// waiting. The returned batch lends read-only views of the frames; dropping it returns them
+    /// to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
+    /// it (zero-copy drivers need that to go on receiving).
+    pub fn recv_batch(&mut self, max: usize) -> RxBatch<'_> {
+        let want = max.min(self.rx_descs.len());
+        // SAFETY: `rx_descs` is scratch owned by us; `consume` overwrites its first `n` entries
+        // with descriptors of frames of this socket's UMEM that the kernel has handed back.
+        let n = unsafe { self.rx.consume(&mut self.rx_descs[..want]) };
+        if n == 0 && self.need_wakeup && self.fq.needs_wakeup() {
+            self.stats.fill_wakeups += 1;
+            let _ = self.fq.wakeup(self.rx.fd_mut(), 0);
+        }
+        self.stats.rx_frames += n as u64;
+        RxBatch { sock: self, n }
+    }
+
+    /// Waits up to `timeout` for the RX ring to have frames (`poll`), for callers that do not
+    /// busy-poll. Returns true if frames are ready.
+    pub fn wait_readable(&mut self, timeout: Duration) -> Result<bool, XskError> {
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        self.rx.poll(ms).map_err(XskError::Wakeup)
+    }
+
+    /// Queues up to `n` frames for transmission. For each frame, `fill(i, buf)` gets the frame's
+    /// index in this call and its whole buffer ([`frame_capacity`](Self::frame_capacity) bytes)
+    /// and returns the frame's length (0 skips the frame, lengths above the buffer are clipped).
+    /// Frames go to the TX ring `kick_batch` at a time, each batch followed by a `sendto` kick
+    /// (only when the kernel asks for one, with need-wakeup). Fewer than `n` are queued when free
+    /// TX frames run out: reap completions and call again. Returns how many were queued.
+    pub fn send_batch<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    where
+        F: FnMut(usize, &mut [u8]) -> usize,
+    {
+        if self.free_tx.len() < n {
+            self.complete();
+        }
+        let mut index = 0;
+        let mut queued = 0;
+        while index < n {
+            let chunk = (n - index).min(self.tx_descs.len()).min(self.free_tx.len());
+            if chunk == 0 {
+                break;
+            }
+            let mut k = 0;
+            for _ in 0..chunk {
+                let Some(mut desc) = self.free_tx.pop() else {
+                    break;
+                };
+                let len = {
+                    // SAFETY: `desc` came from the free list, so it is a frame of this UMEM
+                    // that neither the kernel (it is on no ring) nor any other view is using.
+                    let mut data = unsafe { self.umem.data_mut(&mut desc) };
+                    let mut cursor = data.cursor();
+                    let cap = cursor.buf_len();
+                    cursor.set_pos(cap);
+                    let len = fill(index, data.contents_mut()).min(cap);
+                    data.cursor().set_pos(len);
+                    len
+                };
+                index += 1;
+                if len == 0 {
+                    self.free_tx.push(desc);
+                } else {
+                    self.tx_descs[k] = desc;
+                    k += 1;
+                }
+            }
+            if k == 0 {
+                continue;
+            }
+            // SAFETY: the descriptors are frames of this UMEM taken from the free list and
+            // written above; from here the kernel owns them until they come back on the
+            // completion ring.
+            let produced = unsafe { self.tx.produce(&self.tx_descs[..k]) };
+            if produced == 0 {
+                // TX ring full (cannot happen while the ring is as large as the TX frame pool,
+                // but keep the frames rather than lose them).
+                self.free_tx.extend_from_slice(&self.tx_descs[..k]);
+                self.kick()?;
+                break;
+            }
+            self.tx_in_flight += produced;
+            self.stats.tx_frames += produced as u64;
+            queued += produced;
+            self.kick()?;
+        }
+        Ok(queued)
+    }
+
+    fn kick(&mut self) -> Result<(), XskError> {
+        if !self.need_wakeup || self.tx.needs_wakeup() {
+            self.stats.tx_kicks += 1;
+            self.tx.wakeup().map_err(XskError::Wakeup)?;
+        }
+        Ok(())
+    }
+
+    /// Reaps the completion ring: frames the kernel has sent go back to the free list. Returns
+    /// how many.
+    pub fn complete(&mut self) -> usize {
+        let mut total = 0;
+        loop {
+            // SAFETY: `comp_descs` is scratch owned by us; `consume` writes descriptors of TX
+            // frames of this UMEM that the kernel has finished with, which are ours again.
+            let n = unsafe { self.cq.consume(&mut self.comp_descs) };
+            // The free list's capacity is the whole TX pool, so this never reallocates.
+            self.free_tx.extend_from_slice(&self.comp_descs[..n]);
+            total += n;
+            if n < self.comp_descs.len() {
+                break;
+            }
+        }
+        self.tx_in_flight -= total.min(self.tx_in_flight);
+        self.stats.tx_completed += total as u64;
+        total
+    }
+
+    /// Reaps completions and, if frames still wait on the TX ring, kicks the kernel again (in
+    /// copy mode a kick sends at most 32). Returns the frames completed.
+    pub fn flush(&mut self) -> Result<usize, XskError> {
+        let done = self.complete();
+        let pending_on_ring = self.tx_ring_pending();
+        if pending_on_ring > 0 {
+            self.kick()?;
+        }
+        Ok(done)
+    }
+
+    fn tx_ring_pending(&mut self) -> usize {
+        let free = self.tx.nb_free_exact() as usize;
+        self.tx_frames_total.saturating_sub(free)
+    }
+
+    /// Flushes until every queued frame is completed or `timeout` passes. Returns true if all
+    /// completed.
+    pub fn drain_tx(&mut self, timeout: Duration) -> Result<bool, XskError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.flush()?;
+            if self.tx_in_flight == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Our counters and the kernel's `XDP_STATISTICS` (zeros where the kernel would not say).
+    pub fn stats(&self) -> XskStats {
+        let mut s = self.stats;
+        if let Ok(k) = self.rx.fd().xdp_statistics() {
+            s.rx_dropped = k.rx_dropped();
+            s.rx_ring_full = k.rx_ring_full();
+            s.fill_ring_empty = k.rx_fill_ring_empty_descs();
+            s.rx_invalid_descs = k.rx_invalid_descs();
+            s.tx_invalid_descs = k.tx_invalid_descs();
+            s.tx_ring_empty = k.tx_ring_empty_descs();
+        }
+        s
+    }
+}
+
+/// Received frames on loan from an [`XskSocket`]; dropping the batch gives them back to the fill
+/// ring.
+pub struct RxBatch<'a> {
+    sock: &'a mut XskSocket,
+    n: usize,
+}
+
+impl RxBatch<'_> {
+    /// Number of frames.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// True if nothing was received.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The bytes of frame `i` (panics if `i >= len()`, like slice indexing).
+    pub fn frame(&self, i: usize) -> &[u8] {
+        assert!(i < self.n, "frame index {i} out of range ({})", self.n);
+        // SAFETY: the descriptor came from this socket's RX ring, so it describes a frame of its
+        // UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
+        // is dropped, which ends every borrow of `self`.
+        unsafe { self.sock.umem.data(&self.sock.rx_descs[i]) }.contents()
+    }
+
+    /// Iterates the frames in arrival order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.n).map(move |i| self.frame(i))
+    }
+}
+
+impl Drop for RxBatch<'_> {
+    fn drop(&mut self) {
+        if self.n == 0 {
+            return;
+        }
+        let sock = &mut *self.sock;
+        // SAFETY: the frames came from this socket's RX ring and every view of them borrowed
+        // this batch, which is being dropped; handing them to the fill ring gives them back to
+        // the kernel. The fill ring is as large as the RX frame pool, so there is always room.
+        let n = unsafe { sock.fq.produce(&sock.rx_descs[..self.n]) };
+        debug_assert_eq!(n, self.n, "fill ring has room for every RX frame");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn socket_is_send() {
+        assert_send::<XskSocket>();
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(XskConfig::default().validate().is_ok());
+        let bad = XskConfig {
+            rx_ring: 1000,
+            ..XskConfig::default()
+        };
+        assert!(matches!(bad.validate(), Err(XskError::InvalidConfig(_))));
+        let bad = XskConfig {
+            frame_size: 1024,
+            ..XskConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn errno_classification() {
+        let e = classify("x", 0, "t", io::Error::from_raw_os_error(libc::EPERM));
+        assert!(matches!(e, XskError::NotRoot { .. }));
+        let e = classify(
+            "x",
+            0,
+            "t",
+            io::Error::from_raw_os_error(libc::EAFNOSUPPORT),
+        );
+        assert!(matches!(e, XskError::NoXdpSupport { .. }));
+        let e = classify("x", 0, "t", io::Error::from_raw_os_error(libc::EBUSY));
+        assert!(matches!(e, XskError::Setup { .. }));
+    }
+
+    #[test]
+    fn open_missing_interface_is_typed() {
+        match XskSocket::open("nonexistent-if0", 0, &XskConfig::default()) {
+            Err(XskError::InterfaceNotFound(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
