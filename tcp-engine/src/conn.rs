@@ -1,0 +1,1875 @@
+//! One TCP connection: the RFC 9293 state machine with RFC 5961 checks,
+//! RFC 7323 window scaling/timestamps/PAWS, RFC 2018 SACK, RFC 8985 RACK-TLP
+//! (SACK peers) and RFC 5681/6582/3042 fast retransmit, NewReno recovery and
+//! limited transmit (non-SACK peers), RFC 6298 retransmission timer, delayed
+//! ACK, persist timer and keepalive. Sans-IO: segments and time go in,
+//! packets and deadlines come out.
+
+use std::collections::VecDeque;
+
+use crate::cc::CongestionControl;
+use crate::config::{Config, RxMode, TxMode};
+use crate::isn::IsnGenerator;
+use crate::ranges::{Range, RangeSet};
+use crate::rtt::RttEstimator;
+use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
+use crate::time::{earliest, Instant};
+use crate::wire::{
+    FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN, TCP_HEADER_LEN,
+    TIMESTAMP_OPTION_SPACE,
+};
+use core::time::Duration;
+
+/// RFC 9293 3.3.2 connection states (LISTEN lives in [`crate::table`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No connection.
+    Closed,
+    /// SYN sent, waiting for SYN-ACK.
+    SynSent,
+    /// SYN received and SYN-ACK sent.
+    SynReceived,
+    /// Open.
+    Established,
+    /// We closed; our FIN not yet acknowledged.
+    FinWait1,
+    /// Our FIN acknowledged; waiting for the peer's.
+    FinWait2,
+    /// Peer closed; we may still send.
+    CloseWait,
+    /// Both closed simultaneously; waiting for the ACK of our FIN.
+    Closing,
+    /// Peer closed first, then we did; waiting for the ACK of our FIN.
+    LastAck,
+    /// Waiting 2 MSL before forgetting the connection.
+    TimeWait,
+}
+
+impl State {
+    fn synchronized(self) -> bool {
+        !matches!(self, State::Closed | State::SynSent | State::SynReceived)
+    }
+}
+
+/// Something the application should know about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The handshake completed.
+    Connected,
+    /// The effective send MSS changed (MPA recomputes MULPDU, RFC 5044 5.3.2).
+    EmssChanged(u16),
+    /// The peer sent FIN and all data before it has been received.
+    PeerClosed,
+    /// The connection closed normally (TIME-WAIT or LAST-ACK ended).
+    Closed,
+    /// The peer reset the connection.
+    Reset,
+    /// Retransmissions or keepalives went unanswered; the connection aborted.
+    TimedOut,
+}
+
+/// Data passed up in [`RxMode::PassUp`] at the moment TCP accepts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassedUp<'a> {
+    /// TCP sequence number of `data[0]`.
+    pub seq: u32,
+    /// Stream offset of `data[0]` (0 = first octet after the SYN).
+    pub stream_offset: u64,
+    /// The octets (borrowed from the received packet).
+    pub data: &'a [u8],
+}
+
+/// Why a send call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The connection cannot send (not open, or already closed for sending).
+    #[error("connection not open for sending")]
+    NotOpen,
+    /// The send buffer has no room for the whole record.
+    #[error("send buffer full")]
+    BufferFull,
+    /// The call does not match the configured [`TxMode`].
+    #[error("wrong transmit mode for this call")]
+    WrongMode,
+    /// Records must not be empty.
+    #[error("empty record")]
+    EmptyRecord,
+}
+
+/// Counters (monotonic unless noted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Segments processed.
+    pub segments_in: u64,
+    /// Packets emitted.
+    pub segments_out: u64,
+    /// Data segments retransmitted (any reason).
+    pub retransmitted_segments: u64,
+    /// Retransmission timeouts.
+    pub rto_expirations: u64,
+    /// Fast-recovery episodes entered.
+    pub fast_recoveries: u64,
+    /// Tail-loss probes sent.
+    pub tlp_probes: u64,
+    /// Segments dropped as outside the receive window.
+    pub out_of_window: u64,
+    /// Segments dropped by PAWS (RFC 7323 5).
+    pub paws_drops: u64,
+    /// Challenge ACKs sent (RFC 5961).
+    pub challenge_acks: u64,
+    /// Segments dropped because the out-of-order range table was full.
+    pub ooo_range_limit_drops: u64,
+    /// Segments that arrived beyond `rcv_nxt`.
+    pub ooo_segments: u64,
+    /// Segments carrying only data already received.
+    pub duplicate_segments: u64,
+    /// Octets passed up in `PassUp` mode.
+    pub passed_up_bytes: u64,
+    /// Window probes and keepalives sent.
+    pub probes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegState {
+    InFlight,
+    Sacked,
+    Lost,
+}
+
+/// A transmitted segment: its boundaries are fixed at first transmission.
+#[derive(Debug, Clone, Copy)]
+struct TxSegment {
+    start: u64,
+    len: u32,
+    fin: bool,
+    state: SegState,
+    xmit_time: Instant,
+    retransmits: u16,
+}
+
+impl TxSegment {
+    fn seq_len(&self) -> u64 {
+        u64::from(self.len) + u64::from(self.fin)
+    }
+    fn end(&self) -> u64 {
+        self.start + self.seq_len()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RackState {
+    xmit_ts: Option<Instant>,
+    end: u64,
+    rtt: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingRst {
+    seq: u32,
+    ack: Option<u32>,
+}
+
+/// A TCP connection.
+#[derive(Debug)]
+pub struct Connection {
+    cfg: Config,
+    tuple: FourTuple,
+    state: State,
+    events: VecDeque<Event>,
+    stats: ConnStats,
+
+    // ---- send side (positions: 0 = ISS + 1) ----
+    snd: SeqAnchor,
+    syn_acked: bool,
+    syn_due: bool,
+    syn_sent_at: Option<Instant>,
+    syn_retransmitted: bool,
+    snd_una: u64,
+    snd_nxt: u64,
+    send_buf: VecDeque<u8>,
+    send_buf_base: u64,
+    record_ends: VecDeque<u64>,
+    fin_queued: bool,
+    fin_sent: bool,
+    snd_wnd: u64,
+    max_snd_wnd: u64,
+    snd_wl1: u32,
+    snd_wl2: u32,
+    snd_wscale: u8,
+    peer_mss: u16,
+    path_mtu: u16,
+    emss: u16,
+    scoreboard: VecDeque<TxSegment>,
+    pipe: u64,
+    lost_count: usize,
+    cc: Box<dyn CongestionControl>,
+    rtt: RttEstimator,
+    rack: RackState,
+    fast_recovery: Option<u64>,
+    rto_recover: Option<u64>,
+    dupacks: u32,
+    dupack_credit: u64,
+    limited_transmit: u32,
+    ignore_cwnd_credit: u32,
+    rto_deadline: Option<Instant>,
+    rto_retries: u32,
+    tlp_deadline: Option<Instant>,
+    tlp_outstanding: bool,
+    rack_deadline: Option<Instant>,
+    persist_deadline: Option<Instant>,
+    persist_backoff: u32,
+    probe_due: bool,
+    pending_rst: Option<PendingRst>,
+
+    // ---- receive side (positions: 0 = IRS + 1) ----
+    rcv: SeqAnchor,
+    rcv_nxt: u64,
+    fin_received: bool,
+    peer_fin_pos: Option<u64>,
+    rcv_wscale: u8,
+    rcv_ranges: RangeSet,
+    rcv_buf: Vec<u8>,
+    rcv_read: u64,
+    ulp_window: u64,
+    rcv_adv_right: u64,
+    ack_pending: bool,
+    ack_now: bool,
+    delack_deadline: Option<Instant>,
+    unacked_segments: u32,
+    quickack_left: u32,
+
+    // ---- options ----
+    offered_wscale: bool,
+    sack_enabled: bool,
+    ts_enabled: bool,
+    ts_offset: u32,
+    ts_recent: Option<u32>,
+    last_ack_sent: u32,
+
+    // ---- misc timers ----
+    time_wait_deadline: Option<Instant>,
+    keepalive_deadline: Option<Instant>,
+    keepalive_unanswered: u32,
+    challenge_window_start: Instant,
+    challenge_count: u32,
+}
+
+const DEFAULT_SEND_MSS: u16 = 536;
+
+fn wscale_for(max_window: u64) -> u8 {
+    let mut s = 0u8;
+    while s < 14 && (max_window >> s) > 65535 {
+        s += 1;
+    }
+    s
+}
+
+impl Connection {
+    fn new(cfg: Config, tuple: FourTuple, iss: u32, ts_offset: u32, now: Instant) -> Self {
+        let cc = cfg.congestion.build(
+            u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460),
+        );
+        let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
+        let rcv_buf = match cfg.rx_mode {
+            RxMode::InOrder => vec![0u8; cfg.recv_buffer.max(1)],
+            RxMode::PassUp => Vec::new(),
+        };
+        let rcv_wscale = if cfg.window_scaling { wscale_for(cfg.max_recv_window) } else { 0 };
+        let ulp_window = cfg.recv_buffer as u64;
+        let quickack = cfg.quickack_segments;
+        let path_mtu = cfg.path_mtu;
+        Connection {
+            tuple,
+            state: State::Closed,
+            events: VecDeque::with_capacity(8),
+            stats: ConnStats::default(),
+            snd: SeqAnchor { isn: iss },
+            syn_acked: false,
+            syn_due: false,
+            syn_sent_at: None,
+            syn_retransmitted: false,
+            snd_una: 0,
+            snd_nxt: 0,
+            send_buf: VecDeque::with_capacity(cfg.send_buffer),
+            send_buf_base: 0,
+            record_ends: VecDeque::with_capacity(1024),
+            fin_queued: false,
+            fin_sent: false,
+            snd_wnd: 0,
+            max_snd_wnd: 0,
+            snd_wl1: 0,
+            snd_wl2: 0,
+            snd_wscale: 0,
+            peer_mss: DEFAULT_SEND_MSS,
+            path_mtu,
+            emss: DEFAULT_SEND_MSS,
+            scoreboard: VecDeque::with_capacity(1024),
+            pipe: 0,
+            lost_count: 0,
+            cc,
+            rtt,
+            rack: RackState::default(),
+            fast_recovery: None,
+            rto_recover: None,
+            dupacks: 0,
+            dupack_credit: 0,
+            limited_transmit: 0,
+            ignore_cwnd_credit: 0,
+            rto_deadline: None,
+            rto_retries: 0,
+            tlp_deadline: None,
+            tlp_outstanding: false,
+            rack_deadline: None,
+            persist_deadline: None,
+            persist_backoff: 0,
+            probe_due: false,
+            pending_rst: None,
+            rcv: SeqAnchor { isn: 0 },
+            rcv_nxt: 0,
+            fin_received: false,
+            peer_fin_pos: None,
+            rcv_wscale,
+            rcv_ranges: RangeSet::new(cfg.max_ooo_ranges),
+            rcv_buf,
+            rcv_read: 0,
+            ulp_window,
+            rcv_adv_right: 0,
+            ack_pending: false,
+            ack_now: false,
+            delack_deadline: None,
+            unacked_segments: 0,
+            quickack_left: quickack,
+            offered_wscale: cfg.window_scaling,
+            sack_enabled: false,
+            ts_enabled: false,
+            ts_offset,
+            ts_recent: None,
+            last_ack_sent: 0,
+            time_wait_deadline: None,
+            keepalive_deadline: None,
+            keepalive_unanswered: 0,
+            challenge_window_start: now,
+            challenge_count: 0,
+            cfg,
+        }
+    }
+
+    /// Active open (RFC 9293 3.10.1): the connection starts in SYN-SENT and
+    /// its SYN is the first thing [`Connection::poll_transmit`] emits.
+    pub fn connect(cfg: Config, tuple: FourTuple, isn: &IsnGenerator, now: Instant) -> Self {
+        let mut c = Connection::new(cfg, tuple, isn.isn(&tuple, now), isn.timestamp_offset(&tuple), now);
+        c.state = State::SynSent;
+        c.syn_due = true;
+        c.recompute_emss(false);
+        c
+    }
+
+    /// Passive open from a SYN that reached a listener (RFC 9293 3.10.7.2):
+    /// the connection starts in SYN-RECEIVED and emits a SYN-ACK. Returns
+    /// `None` if `syn` is not a plain SYN (no ACK, no RST).
+    pub fn accept(
+        cfg: Config,
+        syn: &SegmentRepr<'_>,
+        isn: &IsnGenerator,
+        now: Instant,
+    ) -> Option<Self> {
+        if !syn.flags.syn || syn.flags.ack || syn.flags.rst {
+            return None;
+        }
+        let tuple = FourTuple::of_received(syn);
+        let mut c = Connection::new(cfg, tuple, isn.isn(&tuple, now), isn.timestamp_offset(&tuple), now);
+        c.take_syn_options(syn, now);
+        c.state = State::SynReceived;
+        c.syn_due = true;
+        c.recompute_emss(false);
+        Some(c)
+    }
+
+    // ------------------------------------------------------------------
+    // Accessors
+    // ------------------------------------------------------------------
+
+    /// Current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The connection's addresses.
+    pub fn four_tuple(&self) -> FourTuple {
+        self.tuple
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ConnStats {
+        &self.stats
+    }
+
+    /// Next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Effective send MSS: the largest payload of a segment we send
+    /// (RFC 9293 3.7.1: min(peer MSS, path MTU - 40) minus fixed options).
+    pub fn emss(&self) -> u16 {
+        self.emss
+    }
+
+    /// `RCV.NXT` as a sequence number: everything before it has been
+    /// received in order (what MPA calls deliverable).
+    pub fn rcv_nxt(&self) -> u32 {
+        self.rcv.seq_of(self.rcv_nxt).wrapping_add(u32::from(self.fin_received))
+    }
+
+    /// `RCV.NXT` as a stream offset (data only; excludes a received FIN).
+    pub fn rcv_nxt_offset(&self) -> u64 {
+        self.rcv_nxt
+    }
+
+    /// The peer's initial sequence number plus one: the sequence number of
+    /// stream offset 0.
+    pub fn rcv_stream_start(&self) -> u32 {
+        self.rcv.seq_of(0)
+    }
+
+    /// Our stream offset 0 as a sequence number.
+    pub fn snd_stream_start(&self) -> u32 {
+        self.snd.seq_of(0)
+    }
+
+    /// Octets of out-of-order payload held inside TCP. Always 0 in
+    /// [`RxMode::PassUp`]: TCP has no receive buffer in that mode.
+    pub fn ooo_bytes_held(&self) -> u64 {
+        match self.cfg.rx_mode {
+            RxMode::InOrder => self.rcv_ranges.covered(),
+            RxMode::PassUp => 0,
+        }
+    }
+
+    /// Capacity of TCP's receive buffer (0 in [`RxMode::PassUp`]).
+    pub fn receive_buffer_capacity(&self) -> usize {
+        self.rcv_buf.capacity()
+    }
+
+    /// Octets acknowledged by the peer so far (stream offset of `SND.UNA`).
+    pub fn bytes_acked(&self) -> u64 {
+        self.snd_una.min(self.data_end())
+    }
+
+    /// Octets queued and not yet acknowledged.
+    pub fn send_queue_len(&self) -> usize {
+        self.send_buf.len()
+    }
+
+    /// Free space in the send buffer.
+    pub fn send_capacity(&self) -> usize {
+        self.cfg.send_buffer.saturating_sub(self.send_buf.len())
+    }
+
+    /// Current congestion window (octets).
+    pub fn cwnd(&self) -> u64 {
+        self.cc.cwnd()
+    }
+
+    /// Smoothed RTT, once measured.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.rtt.srtt()
+    }
+
+    /// Current retransmission timeout.
+    pub fn rto(&self) -> Duration {
+        self.rtt.rto()
+    }
+
+    /// Whether SACK was negotiated.
+    pub fn sack_enabled(&self) -> bool {
+        self.sack_enabled
+    }
+
+    /// Whether timestamps were negotiated.
+    pub fn timestamps_enabled(&self) -> bool {
+        self.ts_enabled
+    }
+
+    /// Window-scale shifts `(ours, peer's)` in effect.
+    pub fn window_scales(&self) -> (u8, u8) {
+        (self.rcv_wscale, self.snd_wscale)
+    }
+
+    /// The peer's current send window as we know it (scaled).
+    pub fn peer_window(&self) -> u64 {
+        self.snd_wnd
+    }
+
+    fn data_end(&self) -> u64 {
+        self.send_buf_base + self.send_buf.len() as u64
+    }
+
+    // ------------------------------------------------------------------
+    // Application calls
+    // ------------------------------------------------------------------
+
+    fn can_queue(&self) -> bool {
+        matches!(
+            self.state,
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait
+        ) && !self.fin_queued
+    }
+
+    /// Queue one whole record (an MPA FPDU) for transmission, in
+    /// [`TxMode::Records`]. All or nothing.
+    pub fn send_record(&mut self, record: &[u8]) -> Result<(), SendError> {
+        self.send_record_vectored(&[record])
+    }
+
+    /// Queue one record given as several parts (e.g. header and payload),
+    /// copied once into the send buffer.
+    pub fn send_record_vectored(&mut self, parts: &[&[u8]]) -> Result<(), SendError> {
+        if self.cfg.tx_mode != TxMode::Records {
+            return Err(SendError::WrongMode);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return Err(SendError::EmptyRecord);
+        }
+        if len > self.send_capacity() {
+            return Err(SendError::BufferFull);
+        }
+        for p in parts {
+            self.send_buf.extend(p.iter().copied());
+        }
+        self.record_ends.push_back(self.data_end());
+        Ok(())
+    }
+
+    /// Queue bytes in [`TxMode::Stream`]; returns how many fit.
+    pub fn send(&mut self, data: &[u8]) -> Result<usize, SendError> {
+        if self.cfg.tx_mode != TxMode::Stream {
+            return Err(SendError::WrongMode);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        let n = data.len().min(self.send_capacity());
+        self.send_buf.extend(data[..n].iter().copied());
+        Ok(n)
+    }
+
+    /// Read in-order data ([`RxMode::InOrder`]); returns octets copied.
+    pub fn recv(&mut self, out: &mut [u8]) -> usize {
+        if self.cfg.rx_mode != RxMode::InOrder {
+            return 0;
+        }
+        let avail = (self.rcv_nxt - self.rcv_read) as usize;
+        let n = avail.min(out.len());
+        let cap = self.rcv_buf.len();
+        let mut copied = 0;
+        while copied < n {
+            let idx = ((self.rcv_read + copied as u64) % cap as u64) as usize;
+            let run = (n - copied).min(cap - idx);
+            out[copied..copied + run].copy_from_slice(&self.rcv_buf[idx..idx + run]);
+            copied += run;
+        }
+        self.rcv_read += n as u64;
+        // Window update when the window opens enough (RFC 9293 3.8.6.2.2).
+        if n > 0 && self.state.synchronized() {
+            let new_right = self.rcv_read + cap as u64;
+            let threshold = (cap as u64 / 2).min(u64::from(self.cfg.mss));
+            if new_right >= self.rcv_adv_right + threshold {
+                self.ack_now = true;
+            }
+        }
+        n
+    }
+
+    /// Octets readable in order right now ([`RxMode::InOrder`]).
+    pub fn recv_available(&self) -> usize {
+        (self.rcv_nxt - self.rcv_read) as usize
+    }
+
+    /// [`RxMode::PassUp`]: how many octets past `rcv_nxt` the upper layer can
+    /// still place. The advertised window follows it (never shrinking the
+    /// right edge already offered, RFC 9293 3.8.6.2.2).
+    pub fn set_receive_window(&mut self, octets: u64) {
+        let opened = octets > self.ulp_window;
+        self.ulp_window = octets;
+        if opened && self.state.synchronized() {
+            let right = self.rcv_nxt + octets;
+            if right >= self.rcv_adv_right + u64::from(self.cfg.mss) {
+                self.ack_now = true;
+            }
+        }
+    }
+
+    /// Close the sending direction (RFC 9293 3.10.4): FIN goes after the
+    /// queued data.
+    pub fn close(&mut self) {
+        match self.state {
+            State::SynSent => self.enter_closed(None),
+            State::SynReceived | State::Established => {
+                self.fin_queued = true;
+                self.state = State::FinWait1;
+            }
+            State::CloseWait => {
+                self.fin_queued = true;
+                self.state = State::LastAck;
+            }
+            _ => {}
+        }
+    }
+
+    /// Abort (RFC 9293 3.10.5): send RST if synchronized, drop everything.
+    pub fn abort(&mut self) {
+        if self.state.synchronized() || self.state == State::SynReceived {
+            self.pending_rst = Some(PendingRst { seq: self.snd.seq_of(self.snd_nxt), ack: None });
+        }
+        self.enter_closed(None);
+    }
+
+    /// The path MTU changed (e.g. an ICMP "fragmentation needed" the
+    /// datapath validated, RFC 1191). Recomputes EMSS and reports a change.
+    pub fn set_path_mtu(&mut self, mtu: u16) {
+        self.path_mtu = mtu.max(68);
+        self.recompute_emss(true);
+    }
+
+    fn recompute_emss(&mut self, report: bool) {
+        let ts = if self.ts_enabled || (!self.state.synchronized() && self.cfg.timestamps) {
+            TIMESTAMP_OPTION_SPACE as u16
+        } else {
+            0
+        };
+        let by_mtu = self.path_mtu.saturating_sub((IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16);
+        let emss = self.peer_mss.min(by_mtu).saturating_sub(ts).max(64);
+        if emss != self.emss {
+            self.emss = emss;
+            if report {
+                self.events.push_back(Event::EmssChanged(emss));
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Timers
+    // ------------------------------------------------------------------
+
+    /// When [`Connection::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = earliest(self.rto_deadline, self.tlp_deadline);
+        t = earliest(t, self.rack_deadline);
+        t = earliest(t, self.persist_deadline);
+        t = earliest(t, self.delack_deadline);
+        t = earliest(t, self.time_wait_deadline);
+        earliest(t, self.keepalive_deadline)
+    }
+
+    /// Whether [`Connection::poll_transmit`] has something to emit now.
+    pub fn wants_transmit(&self) -> bool {
+        self.pending_rst.is_some() || self.syn_due || self.ack_now || self.probe_due || self.lost_count > 0 || self.has_new_data()
+    }
+
+    fn has_new_data(&self) -> bool {
+        matches!(self.state, State::Established | State::CloseWait | State::FinWait1 | State::LastAck)
+            && (self.snd_nxt < self.data_end() || (self.fin_queued && !self.fin_sent))
+    }
+
+    /// Run expired timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.time_wait_deadline.is_some_and(|d| d <= now) {
+            self.time_wait_deadline = None;
+            self.enter_closed(Some(Event::Closed));
+            return;
+        }
+        if self.delack_deadline.is_some_and(|d| d <= now) {
+            self.delack_deadline = None;
+            if self.ack_pending {
+                self.ack_now = true;
+            }
+        }
+        if self.rack_deadline.is_some_and(|d| d <= now) {
+            self.rack_deadline = None;
+            self.rack_detect_loss(now);
+        }
+        if self.tlp_deadline.is_some_and(|d| d <= now) {
+            self.tlp_deadline = None;
+            self.on_tlp_timeout(now);
+        }
+        if self.rto_deadline.is_some_and(|d| d <= now) {
+            self.rto_deadline = None;
+            self.on_rto(now);
+        }
+        if self.persist_deadline.is_some_and(|d| d <= now) {
+            self.persist_deadline = None;
+            self.probe_due = true;
+            self.stats.probes += 1;
+            self.persist_backoff = (self.persist_backoff + 1).min(16);
+        }
+        if self.keepalive_deadline.is_some_and(|d| d <= now) {
+            self.keepalive_deadline = None;
+            if let Some((_, interval, count)) = self.cfg.keepalive {
+                if self.keepalive_unanswered >= count {
+                    self.abort_timed_out();
+                    return;
+                }
+                self.keepalive_unanswered += 1;
+                self.probe_due = true;
+                self.stats.probes += 1;
+                self.keepalive_deadline = Some(now + interval);
+            }
+        }
+    }
+
+    fn abort_timed_out(&mut self) {
+        if self.state.synchronized() {
+            self.pending_rst = Some(PendingRst { seq: self.snd.seq_of(self.snd_nxt), ack: None });
+        }
+        self.enter_closed(Some(Event::TimedOut));
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        self.stats.rto_expirations += 1;
+        self.rto_retries += 1;
+        if self.rto_retries > self.cfg.max_retransmissions {
+            self.abort_timed_out();
+            return;
+        }
+        self.rtt.back_off();
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                self.syn_due = true;
+                self.syn_retransmitted = true;
+                return;
+            }
+            State::Closed | State::TimeWait => return,
+            _ => {}
+        }
+        if self.scoreboard.is_empty() {
+            return;
+        }
+        // RFC 6298 5.4-5.6 and RFC 5681 3.1: loss window, everything
+        // outstanding (not SACKed) is to be resent, slow start again.
+        let flight = self.snd_max() - self.snd_una;
+        self.cc.on_retransmission_timeout(now, flight, u32::from(self.emss));
+        for e in self.scoreboard.iter_mut() {
+            if e.state == SegState::InFlight {
+                e.state = SegState::Lost;
+                self.lost_count += 1;
+            }
+        }
+        self.pipe = 0;
+        self.dupack_credit = 0;
+        self.dupacks = 0;
+        self.fast_recovery = None;
+        self.rto_recover = Some(self.snd_max());
+        self.tlp_deadline = None;
+        self.tlp_outstanding = false;
+        self.rack_deadline = None;
+        self.rto_deadline = Some(now + self.rtt.rto());
+    }
+
+    fn on_tlp_timeout(&mut self, now: Instant) {
+        // RFC 8985 7.3: send one probe, new data if possible, else the last
+        // segment sent.
+        if self.fast_recovery.is_some() || self.scoreboard.is_empty() {
+            return;
+        }
+        self.stats.tlp_probes += 1;
+        self.tlp_outstanding = true;
+        if self.snd_nxt < self.data_end() && self.snd_nxt < self.snd_una + self.snd_wnd {
+            self.ignore_cwnd_credit += 1;
+        } else if let Some(last) = self.scoreboard.iter_mut().rev().find(|e| e.state == SegState::InFlight) {
+            last.state = SegState::Lost;
+            self.pipe -= last.seq_len();
+            self.lost_count += 1;
+            self.ignore_cwnd_credit += 1;
+        }
+        self.rto_deadline = Some(now + self.rtt.rto());
+    }
+
+    fn arm_tlp(&mut self, now: Instant) {
+        if !self.sack_enabled || !self.cfg.rack_tlp || self.fast_recovery.is_some() || self.tlp_outstanding {
+            return;
+        }
+        let Some(srtt) = self.rtt.srtt() else { return };
+        let mut pto = srtt * 2;
+        if self.pipe <= u64::from(self.emss) {
+            pto += self.cfg.peer_max_ack_delay;
+        }
+        let pto = pto.max(Duration::from_micros(10));
+        let deadline = now + pto;
+        if self.rto_deadline.is_none_or(|r| deadline < r) {
+            self.tlp_deadline = Some(deadline);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Receiving
+    // ------------------------------------------------------------------
+
+    /// Process a segment addressed to this connection (RFC 9293 3.10.7).
+    /// In [`RxMode::PassUp`] new data is given to `pass_up` before this
+    /// returns; in [`RxMode::InOrder`] it is buffered for
+    /// [`Connection::recv`].
+    pub fn handle_segment<F: FnMut(PassedUp<'_>)>(
+        &mut self,
+        now: Instant,
+        seg: &SegmentRepr<'_>,
+        mut pass_up: F,
+    ) {
+        self.stats.segments_in += 1;
+        if self.cfg.keepalive.is_some() {
+            self.keepalive_unanswered = 0;
+            if let Some((idle, _, _)) = self.cfg.keepalive {
+                if self.state.synchronized() {
+                    self.keepalive_deadline = Some(now + idle);
+                }
+            }
+        }
+        match self.state {
+            State::Closed => {}
+            State::SynSent => self.on_segment_syn_sent(now, seg),
+            _ => self.on_segment_synchronized(now, seg, &mut pass_up),
+        }
+    }
+
+    fn take_syn_options(&mut self, syn: &SegmentRepr<'_>, now: Instant) {
+        self.rcv = SeqAnchor { isn: syn.seq };
+        self.rcv_nxt = 0;
+        self.rcv_read = 0;
+        self.peer_mss = syn.options.mss.unwrap_or(DEFAULT_SEND_MSS).max(64);
+        // RFC 7323 2.2: both sides must send the option for scaling to apply.
+        match (syn.options.window_scale, self.offered_wscale) {
+            (Some(s), true) => self.snd_wscale = s.min(14),
+            _ => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+                self.offered_wscale = false;
+            }
+        }
+        self.sack_enabled = self.cfg.sack && syn.options.sack_permitted;
+        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.options.timestamp) {
+            self.ts_enabled = true;
+            self.ts_recent = Some(tsval);
+        } else {
+            self.ts_enabled = false;
+        }
+        // The window in a SYN is never scaled (RFC 7323 2.2).
+        self.snd_wnd = u64::from(syn.window);
+        self.max_snd_wnd = self.snd_wnd;
+        self.snd_wl1 = syn.seq;
+        self.snd_wl2 = syn.ack;
+        let _ = now;
+    }
+
+    fn on_segment_syn_sent(&mut self, now: Instant, seg: &SegmentRepr<'_>) {
+        // RFC 9293 3.10.7.3.
+        let iss = self.snd.isn;
+        let ack_ok = seg.flags.ack && seg.ack == iss.wrapping_add(1);
+        if seg.flags.ack && !ack_ok {
+            if !seg.flags.rst {
+                self.pending_rst = Some(PendingRst { seq: seg.ack, ack: None });
+            }
+            return;
+        }
+        if seg.flags.rst {
+            if ack_ok {
+                self.enter_closed(Some(Event::Reset));
+            }
+            return;
+        }
+        if !seg.flags.syn {
+            return;
+        }
+        self.take_syn_options(seg, now);
+        self.cc = self.cfg.congestion.build(0);
+        self.recompute_emss(false);
+        self.reset_cc();
+        if ack_ok {
+            self.syn_acked = true;
+            self.syn_due = false;
+            if let (Some(t), false) = (self.syn_sent_at, self.syn_retransmitted) {
+                self.rtt.sample(now - t);
+            }
+            self.rto_deadline = None;
+            self.rto_retries = 0;
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = seg.ack;
+            self.establish(now);
+            self.ack_now = true;
+        } else {
+            // Simultaneous open: SYN-RECEIVED, send SYN-ACK.
+            self.state = State::SynReceived;
+            self.syn_due = true;
+        }
+    }
+
+    fn reset_cc(&mut self) {
+        let iw = u64::from(self.cfg.initial_window_segments) * u64::from(self.emss);
+        self.cc = self.cfg.congestion.build(iw);
+    }
+
+    fn establish(&mut self, now: Instant) {
+        self.state = State::Established;
+        self.recompute_emss(false);
+        self.reset_cc();
+        self.events.push_back(Event::Connected);
+        if let Some((idle, _, _)) = self.cfg.keepalive {
+            self.keepalive_deadline = Some(now + idle);
+        }
+    }
+
+    fn rcv_window_right(&self) -> u64 {
+        let right = match self.cfg.rx_mode {
+            RxMode::InOrder => self.rcv_read + self.rcv_buf.len() as u64,
+            RxMode::PassUp => self.rcv_nxt + self.ulp_window,
+        };
+        right.max(self.rcv_adv_right)
+    }
+
+    fn challenge_ack(&mut self, now: Instant) {
+        // RFC 5961 7: rate-limited.
+        if now - self.challenge_window_start >= Duration::from_secs(1) {
+            self.challenge_window_start = now;
+            self.challenge_count = 0;
+        }
+        if self.challenge_count < self.cfg.challenge_ack_limit {
+            self.challenge_count += 1;
+            self.stats.challenge_acks += 1;
+            self.ack_now = true;
+        }
+    }
+
+    fn on_segment_synchronized(
+        &mut self,
+        now: Instant,
+        seg: &SegmentRepr<'_>,
+        pass_up: &mut dyn FnMut(PassedUp<'_>),
+    ) {
+        let rcv_nxt_seq = self.rcv_nxt();
+        // PAWS (RFC 7323 5.3 R1).
+        if self.ts_enabled && !seg.flags.rst {
+            if let (Some((tsval, _)), Some(recent)) = (seg.options.timestamp, self.ts_recent) {
+                if seq_lt(tsval, recent) {
+                    self.stats.paws_drops += 1;
+                    self.ack_now = true;
+                    return;
+                }
+            }
+        }
+        // Acceptability (RFC 9293 3.10.7.4 first).
+        let seg_len = i64::from(seg.seq_len());
+        let right = self.rcv_window_right();
+        let wnd = (right - self.rcv_nxt) as i64 - i64::from(self.fin_received);
+        let wnd = wnd.max(0);
+        let rel = seq_diff(seg.seq, rcv_nxt_seq);
+        let acceptable = match (seg_len, wnd) {
+            (0, 0) => rel == 0,
+            (0, _) => rel >= 0 && rel < wnd,
+            (_, 0) => false,
+            (_, _) => (rel >= 0 && rel < wnd) || (rel + seg_len - 1 >= 0 && rel + seg_len - 1 < wnd),
+        };
+        // Zero window: still process ACK/RST on an exact-sequence segment.
+        let zero_window_ok = wnd == 0 && rel == 0;
+        if !acceptable && !zero_window_ok {
+            self.stats.out_of_window += 1;
+            if !seg.flags.rst {
+                self.ack_now = true;
+                if seg.flags.fin && self.state == State::TimeWait {
+                    self.time_wait_deadline = Some(now + self.cfg.time_wait);
+                }
+            }
+            return;
+        }
+        // RST (RFC 5961 3.2).
+        if seg.flags.rst {
+            if rel == 0 {
+                self.enter_closed(Some(if self.state == State::TimeWait {
+                    Event::Closed
+                } else {
+                    Event::Reset
+                }));
+            } else {
+                self.challenge_ack(now);
+            }
+            return;
+        }
+        // SYN in a synchronized state (RFC 5961 4.2).
+        if seg.flags.syn {
+            if self.state == State::SynReceived && seg.seq == self.rcv.isn {
+                // Retransmitted SYN: resend SYN-ACK.
+                self.syn_due = true;
+            } else {
+                self.challenge_ack(now);
+            }
+            return;
+        }
+        if !seg.flags.ack {
+            return;
+        }
+        // Timestamp bookkeeping (RFC 7323 4.3).
+        if self.ts_enabled {
+            if let Some((tsval, _)) = seg.options.timestamp {
+                if seq_le(seg.seq, self.last_ack_sent)
+                    && self.ts_recent.is_none_or(|r| seq_ge(tsval, r))
+                {
+                    self.ts_recent = Some(tsval);
+                }
+            }
+        }
+        // ACK (RFC 9293 3.10.7.4 fifth, RFC 5961 5.2).
+        if self.state == State::SynReceived {
+            if seg.ack == self.snd.isn.wrapping_add(1) {
+                self.syn_acked = true;
+                self.syn_due = false;
+                if let (Some(t), false) = (self.syn_sent_at, self.syn_retransmitted) {
+                    self.rtt.sample(now - t);
+                }
+                self.rto_deadline = None;
+                self.rto_retries = 0;
+                self.snd_wnd = u64::from(seg.window) << self.snd_wscale;
+                self.max_snd_wnd = self.snd_wnd;
+                self.snd_wl1 = seg.seq;
+                self.snd_wl2 = seg.ack;
+                self.establish(now);
+                if self.fin_queued {
+                    self.state = State::FinWait1;
+                }
+            } else {
+                self.pending_rst = Some(PendingRst { seq: seg.ack, ack: None });
+                return;
+            }
+        } else if !self.process_ack(now, seg) {
+            return;
+        }
+        // Data (RFC 9293 3.10.7.4 seventh).
+        let data_ok = matches!(self.state, State::Established | State::FinWait1 | State::FinWait2);
+        if data_ok && (!seg.payload.is_empty() || seg.flags.fin) {
+            self.process_data(now, seg, rel, pass_up);
+        } else if seg.flags.fin && self.state == State::TimeWait {
+            self.ack_now = true;
+            self.time_wait_deadline = Some(now + self.cfg.time_wait);
+        } else if seg.flags.fin || !seg.payload.is_empty() {
+            // Retransmitted FIN or data in CLOSE-WAIT/CLOSING/LAST-ACK.
+            self.ack_now = true;
+        }
+    }
+
+    fn snd_max(&self) -> u64 {
+        self.snd_nxt + u64::from(self.fin_sent)
+    }
+
+    /// Returns false when the segment must be dropped.
+    fn process_ack(&mut self, now: Instant, seg: &SegmentRepr<'_>) -> bool {
+        let snd_max = self.snd_max();
+        let Some(ack_pos) = self.snd.pos_of(seg.ack, self.snd_una) else {
+            self.challenge_ack(now);
+            return false;
+        };
+        if ack_pos > snd_max {
+            // Acks something not yet sent (RFC 9293, RFC 5961 5.2).
+            self.ack_now = true;
+            return false;
+        }
+        if ack_pos + self.max_snd_wnd.max(1) < self.snd_una {
+            self.challenge_ack(now);
+            return false;
+        }
+        let window = u64::from(seg.window) << self.snd_wscale;
+        let window_changed = window != self.snd_wnd;
+        // Window update (RFC 9293 3.10.7.4, SND.WL1/WL2).
+        if seq_lt(self.snd_wl1, seg.seq)
+            || (self.snd_wl1 == seg.seq && seq_le(self.snd_wl2, seg.ack))
+        {
+            let was_zero = self.snd_wnd == 0;
+            self.snd_wnd = window;
+            self.max_snd_wnd = self.max_snd_wnd.max(window);
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = seg.ack;
+            if was_zero && window > 0 {
+                self.persist_deadline = None;
+                self.persist_backoff = 0;
+            }
+        }
+        let newly_acked = ack_pos.saturating_sub(self.snd_una);
+        let mut delivered_any = false;
+        if newly_acked > 0 {
+            self.on_cumulative_ack(now, ack_pos);
+            delivered_any = true;
+        }
+        if self.sack_enabled && !seg.options.sack_blocks().is_empty() {
+            delivered_any |= self.on_sack_blocks(now, seg.options.sack_blocks());
+        }
+        if delivered_any {
+            self.tlp_outstanding = false;
+        }
+        let is_dupack = newly_acked == 0
+            && seg.payload.is_empty()
+            && !seg.flags.fin
+            && !window_changed
+            && self.snd_max() > self.snd_una;
+        if newly_acked > 0 {
+            self.dupacks = 0;
+            let smss = u32::from(self.emss);
+            match self.fast_recovery {
+                Some(recover) if self.snd_una < recover => {
+                    // Partial ACK (RFC 6582 3.2 step 3).
+                    if !self.sack_enabled {
+                        self.mark_first_lost();
+                        self.dupack_credit = self.dupack_credit.saturating_sub(newly_acked.saturating_sub(u64::from(smss)));
+                    }
+                }
+                Some(_) => {
+                    // Full ACK: leave recovery (RFC 6582 3.2 step 3 / RFC 6675 5).
+                    self.fast_recovery = None;
+                    self.dupack_credit = 0;
+                }
+                None => {
+                    self.cc.on_ack(now, newly_acked, smss, self.rtt.srtt());
+                }
+            }
+            if self.rto_recover.is_some_and(|r| self.snd_una >= r) {
+                self.rto_recover = None;
+            }
+        } else if is_dupack {
+            self.dupacks += 1;
+            if !self.sack_enabled {
+                self.on_dupack_newreno(now);
+            }
+        }
+        if self.sack_enabled && self.cfg.rack_tlp {
+            self.rack_detect_loss(now);
+        } else if self.sack_enabled {
+            self.dupthresh_detect_loss(now);
+        }
+        // FIN acknowledged?
+        if self.fin_sent && self.snd_una >= self.snd_max() {
+            match self.state {
+                State::FinWait1 => self.state = State::FinWait2,
+                State::Closing => self.enter_time_wait(now),
+                State::LastAck => {
+                    self.enter_closed(Some(Event::Closed));
+                    return false;
+                }
+                _ => {}
+            }
+        }
+        // Timers (RFC 6298 5.2, 5.3).
+        if self.snd_una >= self.snd_max() {
+            self.rto_deadline = None;
+            self.tlp_deadline = None;
+            self.rack_deadline = None;
+        } else if newly_acked > 0 {
+            self.rto_deadline = Some(now + self.rtt.rto());
+            self.rto_retries = 0;
+            self.arm_tlp(now);
+        }
+        true
+    }
+
+    fn on_dupack_newreno(&mut self, now: Instant) {
+        let smss = u64::from(self.emss);
+        if self.fast_recovery.is_some() {
+            // Each further duplicate means a segment left the network
+            // (RFC 5681 3.2 step 4, expressed as pipe credit).
+            self.dupack_credit += smss;
+            return;
+        }
+        if self.dupacks < 3 {
+            // Limited transmit (RFC 3042).
+            self.limited_transmit += 1;
+            return;
+        }
+        if self.dupacks == 3 && self.rto_recover.is_none() {
+            // Fast retransmit (RFC 5681 3.2 steps 2-3, RFC 6582 3.2 step 2).
+            let flight = self.snd_max() - self.snd_una;
+            self.cc.on_congestion_event(now, flight, self.emss.into());
+            self.fast_recovery = Some(self.snd_max());
+            self.stats.fast_recoveries += 1;
+            self.dupack_credit = 3 * smss;
+            self.mark_first_lost();
+        }
+    }
+
+    fn mark_first_lost(&mut self) {
+        if let Some(e) = self.scoreboard.front_mut() {
+            if e.state == SegState::InFlight {
+                e.state = SegState::Lost;
+                self.pipe -= e.seq_len();
+                self.lost_count += 1;
+            }
+            self.ignore_cwnd_credit += 1;
+        }
+    }
+
+    fn rack_update(&mut self, now: Instant, e: &TxSegment) {
+        // RFC 8985 6.2 step 2: ignore possibly-spurious retransmission samples.
+        let rtt = now - e.xmit_time;
+        if e.retransmits > 0 && self.rtt.min_rtt().is_some_and(|m| rtt < m) {
+            return;
+        }
+        let newer = match self.rack.xmit_ts {
+            None => true,
+            Some(t) => e.xmit_time > t || (e.xmit_time == t && e.end() > self.rack.end),
+        };
+        if newer {
+            self.rack.xmit_ts = Some(e.xmit_time);
+            self.rack.end = e.end();
+            self.rack.rtt = rtt;
+        }
+    }
+
+    fn on_cumulative_ack(&mut self, now: Instant, ack_pos: u64) {
+        let mut rtt_sample: Option<Instant> = None;
+        while let Some(e) = self.scoreboard.front_mut() {
+            let e_end = e.end();
+            if e_end <= ack_pos {
+                let e = *e;
+                self.scoreboard.pop_front();
+                match e.state {
+                    SegState::InFlight => self.pipe -= e.seq_len(),
+                    SegState::Lost => self.lost_count -= 1,
+                    SegState::Sacked => {}
+                }
+                if e.state != SegState::Sacked {
+                    self.rack_update(now, &e);
+                    if e.retransmits == 0 {
+                        rtt_sample = Some(rtt_sample.map_or(e.xmit_time, |t| t.max(e.xmit_time)));
+                    }
+                }
+            } else if e.start < ack_pos {
+                // Partially acknowledged (the peer or a middlebox re-segmented).
+                let trimmed = ack_pos - e.start;
+                e.start = ack_pos;
+                e.len -= trimmed as u32;
+                if e.state == SegState::InFlight {
+                    self.pipe -= trimmed;
+                }
+                break;
+            } else {
+                break;
+            }
+        }
+        // Karn's algorithm (RFC 6298 3): only never-retransmitted segments.
+        if let Some(t) = rtt_sample {
+            self.rtt.sample(now - t);
+        }
+        let data_acked = ack_pos.min(self.data_end());
+        let drop = (data_acked - self.send_buf_base) as usize;
+        self.send_buf.drain(..drop);
+        self.send_buf_base = data_acked;
+        self.snd_una = ack_pos;
+    }
+
+    /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
+    fn on_sack_blocks(&mut self, now: Instant, blocks: &[SackBlock]) -> bool {
+        let mut any = false;
+        let snd_max = self.snd_max();
+        for b in blocks {
+            let (Some(l), Some(r)) = (self.snd.pos_of(b.left, self.snd_una), self.snd.pos_of(b.right, self.snd_una)) else {
+                continue;
+            };
+            if l >= r || l < self.snd_una || r > snd_max {
+                continue; // invalid or D-SACK-like blocks are ignored
+            }
+            let mut i = self.scoreboard.partition_point(|e| e.end() <= l);
+            while i < self.scoreboard.len() {
+                let e = self.scoreboard[i];
+                if e.start >= r {
+                    break;
+                }
+                if e.start >= l && e.end() <= r && e.state != SegState::Sacked {
+                    match e.state {
+                        SegState::InFlight => self.pipe -= e.seq_len(),
+                        SegState::Lost => self.lost_count -= 1,
+                        SegState::Sacked => {}
+                    }
+                    self.scoreboard[i].state = SegState::Sacked;
+                    self.rack_update(now, &e);
+                    any = true;
+                }
+                i += 1;
+            }
+        }
+        any
+    }
+
+    fn enter_loss_recovery(&mut self, now: Instant) {
+        if self.fast_recovery.is_some() || self.rto_recover.is_some() {
+            return;
+        }
+        let flight = self.snd_max() - self.snd_una;
+        self.cc.on_congestion_event(now, flight, self.emss.into());
+        self.fast_recovery = Some(self.snd_max());
+        self.stats.fast_recoveries += 1;
+        self.tlp_deadline = None;
+    }
+
+    /// RACK loss detection (RFC 8985 6.2 step 5).
+    fn rack_detect_loss(&mut self, now: Instant) {
+        let Some(rack_ts) = self.rack.xmit_ts else { return };
+        let reo_wnd = self.rtt.min_rtt().map_or(Duration::ZERO, |m| m / 4);
+        let mut next: Option<Instant> = None;
+        let mut lost_any = false;
+        for e in self.scoreboard.iter_mut() {
+            if e.retransmits == 0 && e.xmit_time > rack_ts {
+                break; // everything later was sent later
+            }
+            if e.state != SegState::InFlight {
+                continue;
+            }
+            let sent_before = e.xmit_time < rack_ts || (e.xmit_time == rack_ts && e.end() <= self.rack.end);
+            if !sent_before {
+                continue;
+            }
+            let deadline = e.xmit_time + self.rack.rtt + reo_wnd;
+            if deadline <= now {
+                e.state = SegState::Lost;
+                self.pipe -= e.seq_len();
+                self.lost_count += 1;
+                lost_any = true;
+            } else {
+                next = earliest(next, Some(deadline));
+            }
+        }
+        self.rack_deadline = next;
+        if lost_any {
+            self.enter_loss_recovery(now);
+        }
+    }
+
+    /// RFC 6675 IsLost without RACK: DupThresh (3) SACKed segments above.
+    fn dupthresh_detect_loss(&mut self, now: Instant) {
+        let mut sacked_above = 0u32;
+        let mut lost_any = false;
+        for e in self.scoreboard.iter_mut().rev() {
+            match e.state {
+                SegState::Sacked => sacked_above += 1,
+                SegState::InFlight if sacked_above >= 3 => {
+                    e.state = SegState::Lost;
+                    self.pipe -= e.seq_len();
+                    self.lost_count += 1;
+                    lost_any = true;
+                }
+                _ => {}
+            }
+        }
+        if lost_any {
+            self.enter_loss_recovery(now);
+        }
+    }
+
+    fn process_data(
+        &mut self,
+        now: Instant,
+        seg: &SegmentRepr<'_>,
+        rel: i64,
+        pass_up: &mut dyn FnMut(PassedUp<'_>),
+    ) {
+        let start_i = self.rcv_nxt as i64 + rel;
+        let payload = seg.payload;
+        let end_i = start_i + payload.len() as i64;
+        let right = self.rcv_window_right();
+        let a = start_i.max(self.rcv_nxt as i64) as u64;
+        let b = (end_i.max(0) as u64).min(right);
+        let was_in_order = start_i as u64 <= self.rcv_nxt && start_i >= 0;
+        let had_holes = !self.rcv_ranges.is_empty();
+        let mut accepted_fin = seg.flags.fin && end_i >= 0 && (end_i as u64) <= right;
+        if a < b {
+            if a > self.rcv_nxt && self.rcv_ranges.would_overflow(a, b) {
+                self.stats.ooo_range_limit_drops += 1;
+                self.ack_now = true;
+                return;
+            }
+            if a > self.rcv_nxt {
+                self.stats.ooo_segments += 1;
+            }
+            let off = |p: u64| (p as i64 - start_i) as usize;
+            match self.cfg.rx_mode {
+                RxMode::PassUp => {
+                    let rcv = self.rcv;
+                    let mut passed = 0u64;
+                    if self.cfg.pass_up_duplicates {
+                        pass_up(PassedUp { seq: rcv.seq_of(a), stream_offset: a, data: &payload[off(a)..off(b)] });
+                        passed += b - a;
+                    } else {
+                        self.rcv_ranges.for_each_gap(a, b, |g0, g1| {
+                            pass_up(PassedUp { seq: rcv.seq_of(g0), stream_offset: g0, data: &payload[off(g0)..off(g1)] });
+                            passed += g1 - g0;
+                        });
+                    }
+                    self.stats.passed_up_bytes += passed;
+                    if passed == 0 {
+                        self.stats.duplicate_segments += 1;
+                    }
+                }
+                RxMode::InOrder => {
+                    let cap = self.rcv_buf.len();
+                    let mut p = a;
+                    while p < b {
+                        let idx = (p % cap as u64) as usize;
+                        let run = ((b - p) as usize).min(cap - idx);
+                        self.rcv_buf[idx..idx + run].copy_from_slice(&payload[off(p)..off(p) + run]);
+                        p += run as u64;
+                    }
+                }
+            }
+            if a <= self.rcv_nxt {
+                let n = self.rcv_nxt.max(b);
+                self.rcv_nxt = self.rcv_ranges.advance_from(n);
+            } else {
+                self.rcv_ranges.insert(a, b);
+            }
+        } else if !payload.is_empty() {
+            self.stats.duplicate_segments += 1;
+            self.ack_now = true;
+        }
+        if b < end_i.max(0) as u64 {
+            accepted_fin = false; // FIN beyond the window
+        }
+        if accepted_fin {
+            self.peer_fin_pos = Some(end_i as u64);
+        }
+        // ACK policy (RFC 5681 4.2, RFC 1122 4.2.3.2).
+        if !payload.is_empty() {
+            self.ack_pending = true;
+            self.unacked_segments += 1;
+            if !was_in_order || had_holes || self.cfg.delayed_ack.is_none() {
+                self.ack_now = true;
+            } else if self.quickack_left > 0 {
+                self.quickack_left -= 1;
+                self.ack_now = true;
+            } else if self.unacked_segments >= 2 {
+                self.ack_now = true;
+            } else if self.delack_deadline.is_none() {
+                if let Some(d) = self.cfg.delayed_ack {
+                    self.delack_deadline = Some(now + d);
+                }
+            }
+        }
+        // FIN in order (RFC 9293 3.10.7.4 eighth).
+        if let Some(fp) = self.peer_fin_pos {
+            if fp == self.rcv_nxt && !self.fin_received {
+                self.fin_received = true;
+                self.ack_now = true;
+                self.events.push_back(Event::PeerClosed);
+                match self.state {
+                    State::Established => self.state = State::CloseWait,
+                    State::FinWait1 => {
+                        if self.fin_sent && self.snd_una >= self.snd_max() {
+                            self.enter_time_wait(now);
+                        } else {
+                            self.state = State::Closing;
+                        }
+                    }
+                    State::FinWait2 => self.enter_time_wait(now),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn enter_time_wait(&mut self, now: Instant) {
+        self.state = State::TimeWait;
+        self.time_wait_deadline = Some(now + self.cfg.time_wait);
+        self.rto_deadline = None;
+        self.tlp_deadline = None;
+        self.rack_deadline = None;
+        self.persist_deadline = None;
+        self.keepalive_deadline = None;
+        self.delack_deadline = None;
+    }
+
+    fn enter_closed(&mut self, event: Option<Event>) {
+        self.state = State::Closed;
+        self.rto_deadline = None;
+        self.tlp_deadline = None;
+        self.rack_deadline = None;
+        self.persist_deadline = None;
+        self.keepalive_deadline = None;
+        self.delack_deadline = None;
+        self.time_wait_deadline = None;
+        self.syn_due = false;
+        self.ack_now = false;
+        self.probe_due = false;
+        self.lost_count = 0;
+        self.scoreboard.clear();
+        if let Some(e) = event {
+            self.events.push_back(e);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Transmitting
+    // ------------------------------------------------------------------
+
+    fn tsval(&self, now: Instant) -> u32 {
+        (now.as_millis() as u32).wrapping_add(self.ts_offset)
+    }
+
+    fn window_field(&mut self, syn: bool) -> u16 {
+        let right = self.rcv_window_right();
+        let wnd = right.saturating_sub(self.rcv_nxt);
+        if syn {
+            return wnd.min(65535) as u16;
+        }
+        let field = (wnd >> self.rcv_wscale).min(65535);
+        self.rcv_adv_right = self.rcv_adv_right.max(self.rcv_nxt + (field << self.rcv_wscale));
+        field as u16
+    }
+
+    fn base_repr(&mut self, now: Instant, seq: u32, flags: TcpFlags) -> SegmentRepr<'static> {
+        let syn = flags.syn;
+        let window = self.window_field(syn);
+        let mut options = TcpOptions::default();
+        if syn {
+            options.mss = Some(self.cfg.mss);
+            let is_synack = flags.ack;
+            if self.offered_wscale && self.cfg.window_scaling {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.cfg.sack && (!is_synack || self.sack_enabled);
+            if self.cfg.timestamps && (!is_synack || self.ts_enabled) {
+                options.timestamp = Some((self.tsval(now), self.ts_recent.unwrap_or(0)));
+            }
+        } else if self.ts_enabled {
+            options.timestamp = Some((self.tsval(now), self.ts_recent.unwrap_or(0)));
+        }
+        SegmentRepr {
+            src_addr: self.tuple.local_addr,
+            dst_addr: self.tuple.remote_addr,
+            src_port: self.tuple.local_port,
+            dst_port: self.tuple.remote_port,
+            seq,
+            ack: if flags.ack { self.rcv_nxt() } else { 0 },
+            flags,
+            window,
+            options,
+            payload: &[],
+        }
+    }
+
+    fn add_sack_blocks(&self, repr: &mut SegmentRepr<'_>, payload_len: usize) {
+        if !self.sack_enabled || self.rcv_ranges.is_empty() {
+            return;
+        }
+        let max_blocks = if self.ts_enabled { 3 } else { 4 };
+        let mut recent = [Range { start: 0, end: 0, touched: 0 }; 4];
+        let n = self.rcv_ranges.most_recent(&mut recent[..max_blocks]);
+        let mut blocks = [SackBlock::default(); 4];
+        for (b, r) in blocks.iter_mut().zip(&recent[..n]) {
+            *b = SackBlock { left: self.rcv.seq_of(r.start), right: self.rcv.seq_of(r.end) };
+        }
+        let mut n_fit = n;
+        // Keep the packet within MSS + fixed options when carrying data.
+        while n_fit > 0 && payload_len > 0 {
+            let extra = 4 + 8 * n_fit;
+            if payload_len + extra <= usize::from(self.emss) {
+                break;
+            }
+            n_fit -= 1;
+        }
+        repr.options.set_sack_blocks(&blocks[..n_fit]);
+    }
+
+    fn after_emit_ack(&mut self, repr: &SegmentRepr<'_>) {
+        self.stats.segments_out += 1;
+        if repr.flags.ack {
+            self.ack_pending = false;
+            self.ack_now = false;
+            self.delack_deadline = None;
+            self.unacked_segments = 0;
+            self.last_ack_sent = repr.ack;
+        }
+    }
+
+    /// Emit the next packet (IPv4 + TCP) into `buf`; returns its length.
+    /// Call until it returns `None`.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if let Some(rst) = self.pending_rst.take() {
+            let flags = TcpFlags { rst: true, ack: rst.ack.is_some(), ..TcpFlags::default() };
+            let mut repr = self.base_repr(now, rst.seq, flags);
+            repr.ack = rst.ack.unwrap_or(0);
+            repr.options = TcpOptions::default();
+            repr.window = 0;
+            let n = repr.emit(buf).ok()?;
+            self.stats.segments_out += 1;
+            return Some(n);
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if !self.syn_due {
+                    return self.emit_pure_ack_if_due(now, buf);
+                }
+                let ack = self.state == State::SynReceived;
+                let flags = TcpFlags { syn: true, ack, ..TcpFlags::default() };
+                let repr = self.base_repr(now, self.snd.isn, flags);
+                let n = repr.emit(buf).ok()?;
+                self.after_emit_ack(&repr);
+                self.syn_due = false;
+                if self.syn_sent_at.is_none() {
+                    self.syn_sent_at = Some(now);
+                }
+                if self.rto_deadline.is_none() {
+                    self.rto_deadline = Some(now + self.rtt.rto());
+                }
+                return Some(n);
+            }
+            _ => {}
+        }
+        if let Some(n) = self.try_retransmit(now, buf) {
+            return Some(n);
+        }
+        if let Some(n) = self.try_send_new(now, buf) {
+            return Some(n);
+        }
+        if self.probe_due {
+            self.probe_due = false;
+            // Window probe / keepalive: an already-acknowledged sequence
+            // number, no data, so record boundaries are never disturbed; the
+            // peer answers with an ACK carrying its window (RFC 9293 3.8.6.1,
+            // RFC 1122 4.2.3.6).
+            let seq = self.snd.seq_of(self.snd_una).wrapping_sub(1);
+            let repr = self.base_repr(now, seq, TcpFlags { ack: true, ..TcpFlags::default() });
+            let n = repr.emit(buf).ok()?;
+            self.after_emit_ack(&repr);
+            self.arm_persist(now);
+            return Some(n);
+        }
+        self.emit_pure_ack_if_due(now, buf)
+    }
+
+    fn emit_pure_ack_if_due(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if !self.ack_now || !self.state.synchronized() && self.state != State::SynReceived {
+            return None;
+        }
+        let seq = self.snd.seq_of(self.snd_nxt).wrapping_add(u32::from(self.fin_sent));
+        let seq = if self.syn_acked || self.state.synchronized() { seq } else { self.snd.isn.wrapping_add(1) };
+        let mut repr = self.base_repr(now, seq, TcpFlags { ack: true, ..TcpFlags::default() });
+        self.add_sack_blocks(&mut repr, 0);
+        let n = repr.emit(buf).ok()?;
+        self.after_emit_ack(&repr);
+        Some(n)
+    }
+
+    fn effective_pipe(&self) -> u64 {
+        if self.sack_enabled {
+            self.pipe
+        } else {
+            self.pipe.saturating_sub(self.dupack_credit)
+        }
+    }
+
+    fn emit_data(&mut self, now: Instant, buf: &mut [u8], start: u64, len: u32, fin: bool) -> Option<usize> {
+        let flags = TcpFlags {
+            ack: true,
+            fin,
+            psh: len > 0 && start + u64::from(len) == self.data_end(),
+            ..TcpFlags::default()
+        };
+        let mut repr = self.base_repr(now, self.snd.seq_of(start), flags);
+        self.add_sack_blocks(&mut repr, len as usize);
+        let off = (start - self.send_buf_base) as usize;
+        let (a, b) = self.send_buf.as_slices();
+        let n = repr
+            .emit_with(buf, len as usize, |out| {
+                let mut o = 0;
+                let mut s = off;
+                let l = out.len();
+                if s < a.len() {
+                    let run = (a.len() - s).min(l);
+                    out[..run].copy_from_slice(&a[s..s + run]);
+                    o = run;
+                    s = 0;
+                } else {
+                    s -= a.len();
+                }
+                if o < l {
+                    out[o..].copy_from_slice(&b[s..s + (l - o)]);
+                }
+            })
+            .ok()?;
+        self.after_emit_ack(&repr);
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        Some(n)
+    }
+
+    fn try_retransmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if self.lost_count == 0 {
+            return None;
+        }
+        let idx = self.scoreboard.iter().position(|e| e.state == SegState::Lost)?;
+        let emss = u32::from(self.emss);
+        let mut e = self.scoreboard[idx];
+        if e.len > emss {
+            // The path MTU shrank since first transmission: split at EMSS
+            // (the first piece keeps the original start boundary).
+            let rest = TxSegment { start: e.start + u64::from(emss), len: e.len - emss, ..e };
+            e.len = emss;
+            e.fin = false;
+            self.scoreboard[idx] = e;
+            self.scoreboard.insert(idx + 1, rest);
+            self.lost_count += 1;
+        }
+        let len = e.seq_len();
+        let pipe = self.effective_pipe();
+        let cwnd = self.cc.cwnd();
+        if self.ignore_cwnd_credit > 0 {
+            self.ignore_cwnd_credit -= 1;
+        } else if pipe > 0 && pipe + len > cwnd {
+            return None;
+        }
+        let n = self.emit_data(now, buf, e.start, e.len, e.fin)?;
+        let s = &mut self.scoreboard[idx];
+        s.state = SegState::InFlight;
+        s.xmit_time = now;
+        s.retransmits = s.retransmits.saturating_add(1);
+        self.pipe += len;
+        self.lost_count -= 1;
+        self.stats.retransmitted_segments += 1;
+        Some(n)
+    }
+
+    fn next_segment_len(&self) -> u64 {
+        let avail = self.data_end() - self.snd_nxt;
+        let emss = u64::from(self.emss);
+        match self.cfg.tx_mode {
+            TxMode::Stream => avail.min(emss),
+            TxMode::Records => {
+                // Records that end after snd_nxt; the first may be partly sent
+                // (split because larger than EMSS).
+                let mut len = 0;
+                for &end in self.record_ends.iter() {
+                    let l = end - self.snd_nxt;
+                    if l > emss {
+                        if len == 0 {
+                            len = emss;
+                        }
+                        break;
+                    }
+                    len = l;
+                }
+                len
+            }
+        }
+    }
+
+    fn arm_persist(&mut self, now: Instant) {
+        if self.persist_deadline.is_none() && self.pipe == 0 && self.scoreboard.is_empty() {
+            let base = self.rtt.rto();
+            let d = base.saturating_mul(1 << self.persist_backoff.min(10)).min(self.cfg.max_rto);
+            self.persist_deadline = Some(now + d);
+        }
+    }
+
+    fn try_send_new(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if !matches!(self.state, State::Established | State::CloseWait | State::FinWait1 | State::LastAck) {
+            return None;
+        }
+        let data_end = self.data_end();
+        if self.snd_nxt < data_end {
+            let mut len = self.next_segment_len();
+            let wnd_right = self.snd_una + self.snd_wnd;
+            let wnd_avail = wnd_right.saturating_sub(self.snd_nxt);
+            if len > wnd_avail {
+                match self.cfg.tx_mode {
+                    TxMode::Records => len = 0, // never split a record for the window
+                    TxMode::Stream => {
+                        // Sender SWS avoidance (RFC 9293 3.8.6.2.1).
+                        if wnd_avail >= self.max_snd_wnd / 2 && wnd_avail > 0 {
+                            len = wnd_avail;
+                        } else {
+                            len = 0;
+                        }
+                    }
+                }
+            }
+            if len == 0 {
+                self.arm_persist(now);
+                return None;
+            }
+            if self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una {
+                return None;
+            }
+            let pipe = self.effective_pipe();
+            let cwnd = self.cc.cwnd();
+            if pipe > 0 && pipe + len > cwnd {
+                if self.ignore_cwnd_credit > 0 {
+                    self.ignore_cwnd_credit -= 1;
+                } else if self.limited_transmit > 0 {
+                    self.limited_transmit -= 1;
+                } else {
+                    return None;
+                }
+            }
+            let start = self.snd_nxt;
+            let n = self.emit_data(now, buf, start, len as u32, false)?;
+            self.snd_nxt += len;
+            while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
+                self.record_ends.pop_front();
+            }
+            self.scoreboard.push_back(TxSegment {
+                start,
+                len: len as u32,
+                fin: false,
+                state: SegState::InFlight,
+                xmit_time: now,
+                retransmits: 0,
+            });
+            self.pipe += len;
+            self.arm_tlp(now);
+            return Some(n);
+        }
+        if self.fin_queued && !self.fin_sent {
+            let start = self.snd_nxt;
+            let n = self.emit_data(now, buf, start, 0, true)?;
+            self.fin_sent = true;
+            self.scoreboard.push_back(TxSegment {
+                start,
+                len: 0,
+                fin: true,
+                state: SegState::InFlight,
+                xmit_time: now,
+                retransmits: 0,
+            });
+            self.pipe += 1;
+            return Some(n);
+        }
+        None
+    }
+}
+
+/// The reset to send in reply to a segment that matches no connection
+/// (RFC 9293 3.10.7.1). `None` for an incoming RST.
+pub fn reset_reply<'a>(seg: &SegmentRepr<'_>) -> Option<SegmentRepr<'a>> {
+    if seg.flags.rst {
+        return None;
+    }
+    let (seq, ack, flags) = if seg.flags.ack {
+        (seg.ack, 0, TcpFlags { rst: true, ..TcpFlags::default() })
+    } else {
+        (0, seg.seq.wrapping_add(seg.seq_len()), TcpFlags { rst: true, ack: true, ..TcpFlags::default() })
+    };
+    Some(SegmentRepr {
+        src_addr: seg.dst_addr,
+        dst_addr: seg.src_addr,
+        src_port: seg.dst_port,
+        dst_port: seg.src_port,
+        seq,
+        ack,
+        flags,
+        window: 0,
+        options: TcpOptions::default(),
+        payload: &[],
+    })
+}
+
+/// Whether `seq` lies in `[lo, hi)` in sequence space.
+pub fn seq_in_range(seq: u32, lo: u32, hi: u32) -> bool {
+    seq_ge(seq, lo) && seq_lt(seq, hi)
+}
