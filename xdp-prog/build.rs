@@ -12,9 +12,10 @@ use std::{
 
 const SOURCE: &str = "bpf/steer.c";
 
+/// Stops the build with `msg` (cargo shows a build script's stderr when it fails).
 fn fail(msg: &str) -> ! {
     eprintln!("\nerror: xdp-prog: {msg}\n");
-    panic!("xdp-prog: {msg}");
+    std::process::exit(1);
 }
 
 /// Include directories that hold `bpf/bpf_helpers.h` on Debian (and source installs).
@@ -78,7 +79,7 @@ fn main() {
     }
 
     let mut cmd = Command::new(&clang);
-    cmd.args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"]);
+    cmd.args(["-O2", "-g", "-target", "bpf", "-Wall"]);
     if let Some(dir) = &multiarch {
         cmd.arg("-I").arg(dir);
     }

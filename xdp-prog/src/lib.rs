@@ -318,12 +318,12 @@ fn check_caps(op: &'static str) -> Result<(), XdpError> {
     }
 }
 
-/// Rejects names the kernel could never accept, so they do not reach aya (which would panic
+/// Rejects names the kernel could never accept (`dev_valid_name`), so they do not reach aya (which would panic
 /// on an interior NUL).
 fn valid_ifname(ifname: &str) -> bool {
     !ifname.is_empty()
         && ifname.len() < IFNAMSIZ
-        && !ifname.contains(['\0', '/'])
+        && !ifname.contains(['\0', '/', ':'])
         && !ifname.contains(char::is_whitespace)
 }
 
