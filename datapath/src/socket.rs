@@ -718,8 +718,14 @@ impl Engine {
             // RFC 5044 8: deliver nothing more; RFC 5040 7.1: report it with a Terminate
             // (layer MPA). The connection, not the process, ends.
             self.set_error(format!("MPA: {e}"));
-            self.qp
-                .on_transport_error(TerminateCause::Llp { code: e.code() });
+            let cause = if self.may_send {
+                TerminateCause::Llp { code: e.code() }
+            } else {
+                // A Responder that has not yet received a valid FPDU may send nothing, not
+                // even a Terminate (RFC 5044 7.1.2 rule 4): the connection just closes.
+                TerminateCause::ConnectionLost
+            };
+            self.qp.on_transport_error(cause);
             self.rx_closed = true;
         }
     }

@@ -264,8 +264,8 @@ impl Relay {
             server.set_nodelay(true).unwrap();
             let (c_in, s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
             let sh2 = sh.clone();
-            std::thread::spawn(move || pump(c_in, s_out, &sh2, true));
-            pump(server, client, &sh, false);
+            std::thread::spawn(move || pump_c2s(c_in, s_out, sh2));
+            pump(server, client, &sh);
         });
         Relay {
             addr,
@@ -363,52 +363,75 @@ impl Drop for Relay {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &RelayShared, c2s: bool) {
+/// Server to client: plain forwarding, counted.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &RelayShared) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        {
-            let mut st = shared.lock();
-            if c2s {
-                let start = st.c2s_read;
-                if let Some(at) = st.corrupt_at {
-                    if (start..start + n as u64).contains(&at) {
-                        let i = (at - start) as usize;
-                        let original = buf[i];
-                        buf[i] ^= 0x5A;
-                        st.corrupted = Some((at, original, buf[i]));
-                        st.corrupt_at = None;
-                    }
-                }
-                st.c2s_read += n as u64;
-                shared.changed.notify_all();
-                let deadline = Instant::now() + WAIT;
-                while st.hold && Instant::now() < deadline {
-                    st = shared
-                        .changed
-                        .wait_timeout(st, Duration::from_millis(100))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-            } else {
-                st.s2c_read += n as u64;
-                shared.changed.notify_all();
-            }
-        }
+        shared.lock().s2c_read += n as u64;
+        shared.changed.notify_all();
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
     }
     let _ = to.shutdown(Shutdown::Write);
-    let mut st = shared.lock();
-    if c2s {
-        st.c2s_done = true;
-    } else {
-        st.s2c_done = true;
+    shared.lock().s2c_done = true;
+    shared.changed.notify_all();
+}
+
+/// Client to server: a reader that keeps reading (and counting, and corrupting) while the
+/// direction is held, and a writer that forwards what was read once it is not.
+fn pump_c2s(mut from: TcpStream, mut to: TcpStream, shared: Arc<RelayShared>) {
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let sh = shared.clone();
+    let writer = std::thread::spawn(move || {
+        while let Ok(chunk) = rx.recv() {
+            let deadline = Instant::now() + WAIT;
+            let mut st = sh.lock();
+            while st.hold && Instant::now() < deadline {
+                st = sh
+                    .changed
+                    .wait_timeout(st, Duration::from_millis(100))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            drop(st);
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut st = shared.lock();
+        let start = st.c2s_read;
+        if let Some(at) = st.corrupt_at {
+            if (start..start + n as u64).contains(&at) {
+                let i = (at - start) as usize;
+                let original = buf[i];
+                buf[i] ^= 0x5A;
+                st.corrupted = Some((at, original, buf[i]));
+                st.corrupt_at = None;
+            }
+        }
+        st.c2s_read += n as u64;
+        drop(st);
+        shared.changed.notify_all();
+        if tx.send(buf[..n].to_vec()).is_err() {
+            break;
+        }
     }
+    drop(tx);
+    let _ = writer.join();
+    shared.lock().c2s_done = true;
     shared.changed.notify_all();
 }
 
