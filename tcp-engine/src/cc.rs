@@ -62,7 +62,11 @@ impl NewReno {
     /// A controller starting at `initial_window` octets with an infinite
     /// `ssthresh` (RFC 5681 3.1).
     pub fn new(initial_window: u64) -> Self {
-        NewReno { cwnd: initial_window, ssthresh: u64::MAX, bytes_acked: 0 }
+        NewReno {
+            cwnd: initial_window,
+            ssthresh: u64::MAX,
+            bytes_acked: 0,
+        }
     }
 }
 
@@ -141,7 +145,11 @@ impl Cubic {
         let seg = f64::from(smss);
         let w = self.cwnd as f64 / seg;
         // Fast convergence (RFC 8312 4.6).
-        self.w_max = if w < self.w_last_max { w * (1.0 + CUBIC_BETA) / 2.0 } else { w };
+        self.w_max = if w < self.w_last_max {
+            w * (1.0 + CUBIC_BETA) / 2.0
+        } else {
+            w
+        };
         self.w_last_max = w;
         let reduced = (w * CUBIC_BETA).max(2.0);
         self.ssthresh = (reduced * seg) as u64;

@@ -138,6 +138,10 @@ impl Default for Config {
 impl Config {
     /// The MPA profile: record transmit and pass-up receive.
     pub fn mpa() -> Self {
-        Config { tx_mode: TxMode::Records, rx_mode: RxMode::PassUp, ..Config::default() }
+        Config {
+            tx_mode: TxMode::Records,
+            rx_mode: RxMode::PassUp,
+            ..Config::default()
+        }
     }
 }

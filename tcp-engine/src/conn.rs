@@ -266,15 +266,19 @@ fn wscale_for(max_window: u64) -> u8 {
 
 impl Connection {
     fn new(cfg: Config, tuple: FourTuple, iss: u32, ts_offset: u32, now: Instant) -> Self {
-        let cc = cfg.congestion.build(
-            u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460),
-        );
+        let cc = cfg
+            .congestion
+            .build(u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460));
         let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         let rcv_buf = match cfg.rx_mode {
             RxMode::InOrder => vec![0u8; cfg.recv_buffer.max(1)],
             RxMode::PassUp => Vec::new(),
         };
-        let rcv_wscale = if cfg.window_scaling { wscale_for(cfg.max_recv_window) } else { 0 };
+        let rcv_wscale = if cfg.window_scaling {
+            wscale_for(cfg.max_recv_window)
+        } else {
+            0
+        };
         let ulp_window = cfg.recv_buffer as u64;
         let quickack = cfg.quickack_segments;
         let path_mtu = cfg.path_mtu;
@@ -357,7 +361,13 @@ impl Connection {
     /// Active open (RFC 9293 3.10.1): the connection starts in SYN-SENT and
     /// its SYN is the first thing [`Connection::poll_transmit`] emits.
     pub fn connect(cfg: Config, tuple: FourTuple, isn: &IsnGenerator, now: Instant) -> Self {
-        let mut c = Connection::new(cfg, tuple, isn.isn(&tuple, now), isn.timestamp_offset(&tuple), now);
+        let mut c = Connection::new(
+            cfg,
+            tuple,
+            isn.isn(&tuple, now),
+            isn.timestamp_offset(&tuple),
+            now,
+        );
         c.state = State::SynSent;
         c.syn_due = true;
         c.recompute_emss(false);
@@ -377,7 +387,13 @@ impl Connection {
             return None;
         }
         let tuple = FourTuple::of_received(syn);
-        let mut c = Connection::new(cfg, tuple, isn.isn(&tuple, now), isn.timestamp_offset(&tuple), now);
+        let mut c = Connection::new(
+            cfg,
+            tuple,
+            isn.isn(&tuple, now),
+            isn.timestamp_offset(&tuple),
+            now,
+        );
         c.take_syn_options(syn, now);
         c.state = State::SynReceived;
         c.syn_due = true;
@@ -399,6 +415,11 @@ impl Connection {
         self.tuple
     }
 
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// Counters.
     pub fn stats(&self) -> &ConnStats {
         &self.stats
@@ -418,7 +439,9 @@ impl Connection {
     /// `RCV.NXT` as a sequence number: everything before it has been
     /// received in order (what MPA calls deliverable).
     pub fn rcv_nxt(&self) -> u32 {
-        self.rcv.seq_of(self.rcv_nxt).wrapping_add(u32::from(self.fin_received))
+        self.rcv
+            .seq_of(self.rcv_nxt)
+            .wrapping_add(u32::from(self.fin_received))
     }
 
     /// `RCV.NXT` as a stream offset (data only; excludes a received FIN).
@@ -624,7 +647,10 @@ impl Connection {
     /// Abort (RFC 9293 3.10.5): send RST if synchronized, drop everything.
     pub fn abort(&mut self) {
         if self.state.synchronized() || self.state == State::SynReceived {
-            self.pending_rst = Some(PendingRst { seq: self.snd.seq_of(self.snd_nxt), ack: None });
+            self.pending_rst = Some(PendingRst {
+                seq: self.snd.seq_of(self.snd_nxt),
+                ack: None,
+            });
         }
         self.enter_closed(None);
     }
@@ -642,7 +668,9 @@ impl Connection {
         } else {
             0
         };
-        let by_mtu = self.path_mtu.saturating_sub((IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16);
+        let by_mtu = self
+            .path_mtu
+            .saturating_sub((IPV4_HEADER_LEN + TCP_HEADER_LEN) as u16);
         let emss = self.peer_mss.min(by_mtu).saturating_sub(ts).max(64);
         if emss != self.emss {
             self.emss = emss;
@@ -668,12 +696,19 @@ impl Connection {
 
     /// Whether [`Connection::poll_transmit`] has something to emit now.
     pub fn wants_transmit(&self) -> bool {
-        self.pending_rst.is_some() || self.syn_due || self.ack_now || self.probe_due || self.lost_count > 0 || self.has_new_data()
+        self.pending_rst.is_some()
+            || self.syn_due
+            || self.ack_now
+            || self.probe_due
+            || self.lost_count > 0
+            || self.has_new_data()
     }
 
     fn has_new_data(&self) -> bool {
-        matches!(self.state, State::Established | State::CloseWait | State::FinWait1 | State::LastAck)
-            && (self.snd_nxt < self.data_end() || (self.fin_queued && !self.fin_sent))
+        matches!(
+            self.state,
+            State::Established | State::CloseWait | State::FinWait1 | State::LastAck
+        ) && (self.snd_nxt < self.data_end() || (self.fin_queued && !self.fin_sent))
     }
 
     /// Run expired timers.
@@ -724,7 +759,10 @@ impl Connection {
 
     fn abort_timed_out(&mut self) {
         if self.state.synchronized() {
-            self.pending_rst = Some(PendingRst { seq: self.snd.seq_of(self.snd_nxt), ack: None });
+            self.pending_rst = Some(PendingRst {
+                seq: self.snd.seq_of(self.snd_nxt),
+                ack: None,
+            });
         }
         self.enter_closed(Some(Event::TimedOut));
     }
@@ -752,7 +790,8 @@ impl Connection {
         // RFC 6298 5.4-5.6 and RFC 5681 3.1: loss window, everything
         // outstanding (not SACKed) is to be resent, slow start again.
         let flight = self.snd_max() - self.snd_una;
-        self.cc.on_retransmission_timeout(now, flight, u32::from(self.emss));
+        self.cc
+            .on_retransmission_timeout(now, flight, u32::from(self.emss));
         for e in self.scoreboard.iter_mut() {
             if e.state == SegState::InFlight {
                 e.state = SegState::Lost;
@@ -780,7 +819,12 @@ impl Connection {
         self.tlp_outstanding = true;
         if self.snd_nxt < self.data_end() && self.snd_nxt < self.snd_una + self.snd_wnd {
             self.ignore_cwnd_credit += 1;
-        } else if let Some(last) = self.scoreboard.iter_mut().rev().find(|e| e.state == SegState::InFlight) {
+        } else if let Some(last) = self
+            .scoreboard
+            .iter_mut()
+            .rev()
+            .find(|e| e.state == SegState::InFlight)
+        {
             last.state = SegState::Lost;
             self.pipe -= last.seq_len();
             self.lost_count += 1;
@@ -790,7 +834,11 @@ impl Connection {
     }
 
     fn arm_tlp(&mut self, now: Instant) {
-        if !self.sack_enabled || !self.cfg.rack_tlp || self.fast_recovery.is_some() || self.tlp_outstanding {
+        if !self.sack_enabled
+            || !self.cfg.rack_tlp
+            || self.fast_recovery.is_some()
+            || self.tlp_outstanding
+        {
             return;
         }
         let Some(srtt) = self.rtt.srtt() else { return };
@@ -870,7 +918,10 @@ impl Connection {
         let ack_ok = seg.flags.ack && seg.ack == iss.wrapping_add(1);
         if seg.flags.ack && !ack_ok {
             if !seg.flags.rst {
-                self.pending_rst = Some(PendingRst { seq: seg.ack, ack: None });
+                self.pending_rst = Some(PendingRst {
+                    seq: seg.ack,
+                    ack: None,
+                });
             }
             return;
         }
@@ -969,7 +1020,9 @@ impl Connection {
             (0, 0) => rel == 0,
             (0, _) => rel >= 0 && rel < wnd,
             (_, 0) => false,
-            (_, _) => (rel >= 0 && rel < wnd) || (rel + seg_len - 1 >= 0 && rel + seg_len - 1 < wnd),
+            (_, _) => {
+                (rel >= 0 && rel < wnd) || (rel + seg_len - 1 >= 0 && rel + seg_len - 1 < wnd)
+            }
         };
         // Zero window: still process ACK/RST on an exact-sequence segment.
         let zero_window_ok = wnd == 0 && rel == 0;
@@ -1038,14 +1091,20 @@ impl Connection {
                     self.state = State::FinWait1;
                 }
             } else {
-                self.pending_rst = Some(PendingRst { seq: seg.ack, ack: None });
+                self.pending_rst = Some(PendingRst {
+                    seq: seg.ack,
+                    ack: None,
+                });
                 return;
             }
         } else if !self.process_ack(now, seg) {
             return;
         }
         // Data (RFC 9293 3.10.7.4 seventh).
-        let data_ok = matches!(self.state, State::Established | State::FinWait1 | State::FinWait2);
+        let data_ok = matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        );
         if data_ok && (!seg.payload.is_empty() || seg.flags.fin) {
             self.process_data(now, seg, rel, pass_up);
         } else if seg.flags.fin && self.state == State::TimeWait {
@@ -1118,7 +1177,9 @@ impl Connection {
                     // Partial ACK (RFC 6582 3.2 step 3).
                     if !self.sack_enabled {
                         self.mark_first_lost();
-                        self.dupack_credit = self.dupack_credit.saturating_sub(newly_acked.saturating_sub(u64::from(smss)));
+                        self.dupack_credit = self
+                            .dupack_credit
+                            .saturating_sub(newly_acked.saturating_sub(u64::from(smss)));
                     }
                 }
                 Some(_) => {
@@ -1158,10 +1219,12 @@ impl Connection {
         }
         // Timers (RFC 6298 5.2, 5.3).
         if self.snd_una >= self.snd_max() {
+            self.rtt.reset_backoff();
             self.rto_deadline = None;
             self.tlp_deadline = None;
             self.rack_deadline = None;
         } else if newly_acked > 0 {
+            self.rtt.reset_backoff();
             self.rto_deadline = Some(now + self.rtt.rto());
             self.rto_retries = 0;
             self.arm_tlp(now);
@@ -1223,6 +1286,7 @@ impl Connection {
 
     fn on_cumulative_ack(&mut self, now: Instant, ack_pos: u64) {
         let mut rtt_sample: Option<Instant> = None;
+        let mut ambiguous = false;
         while let Some(e) = self.scoreboard.front_mut() {
             let e_end = e.end();
             if e_end <= ack_pos {
@@ -1237,6 +1301,8 @@ impl Connection {
                     self.rack_update(now, &e);
                     if e.retransmits == 0 {
                         rtt_sample = Some(rtt_sample.map_or(e.xmit_time, |t| t.max(e.xmit_time)));
+                    } else {
+                        ambiguous = true;
                     }
                 }
             } else if e.start < ack_pos {
@@ -1252,8 +1318,10 @@ impl Connection {
                 break;
             }
         }
-        // Karn's algorithm (RFC 6298 3): only never-retransmitted segments.
-        if let Some(t) = rtt_sample {
+        // Karn's algorithm (RFC 6298 3): no sample when the ACK covers a
+        // retransmitted segment (it may have been triggered by it, and
+        // older segments beyond a filled hole were received long ago).
+        if let (Some(t), false) = (rtt_sample, ambiguous) {
             self.rtt.sample(now - t);
         }
         let data_acked = ack_pos.min(self.data_end());
@@ -1266,9 +1334,13 @@ impl Connection {
     /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
     fn on_sack_blocks(&mut self, now: Instant, blocks: &[SackBlock]) -> bool {
         let mut any = false;
+        let mut newest_sacked: Option<Instant> = None;
         let snd_max = self.snd_max();
         for b in blocks {
-            let (Some(l), Some(r)) = (self.snd.pos_of(b.left, self.snd_una), self.snd.pos_of(b.right, self.snd_una)) else {
+            let (Some(l), Some(r)) = (
+                self.snd.pos_of(b.left, self.snd_una),
+                self.snd.pos_of(b.right, self.snd_una),
+            ) else {
                 continue;
             };
             if l >= r || l < self.snd_una || r > snd_max {
@@ -1288,10 +1360,19 @@ impl Connection {
                     }
                     self.scoreboard[i].state = SegState::Sacked;
                     self.rack_update(now, &e);
+                    if e.retransmits == 0 {
+                        newest_sacked = Some(
+                            newest_sacked.map_or(e.xmit_time, |t: Instant| t.max(e.xmit_time)),
+                        );
+                    }
                     any = true;
                 }
                 i += 1;
             }
+        }
+        // A newly SACKed, never-retransmitted segment is an unambiguous sample.
+        if let Some(t) = newest_sacked {
+            self.rtt.sample(now - t);
         }
         any
     }
@@ -1309,7 +1390,9 @@ impl Connection {
 
     /// RACK loss detection (RFC 8985 6.2 step 5).
     fn rack_detect_loss(&mut self, now: Instant) {
-        let Some(rack_ts) = self.rack.xmit_ts else { return };
+        let Some(rack_ts) = self.rack.xmit_ts else {
+            return;
+        };
         let reo_wnd = self.rtt.min_rtt().map_or(Duration::ZERO, |m| m / 4);
         let mut next: Option<Instant> = None;
         let mut lost_any = false;
@@ -1320,7 +1403,8 @@ impl Connection {
             if e.state != SegState::InFlight {
                 continue;
             }
-            let sent_before = e.xmit_time < rack_ts || (e.xmit_time == rack_ts && e.end() <= self.rack.end);
+            let sent_before =
+                e.xmit_time < rack_ts || (e.xmit_time == rack_ts && e.end() <= self.rack.end);
             if !sent_before {
                 continue;
             }
@@ -1392,11 +1476,19 @@ impl Connection {
                     let rcv = self.rcv;
                     let mut passed = 0u64;
                     if self.cfg.pass_up_duplicates {
-                        pass_up(PassedUp { seq: rcv.seq_of(a), stream_offset: a, data: &payload[off(a)..off(b)] });
+                        pass_up(PassedUp {
+                            seq: rcv.seq_of(a),
+                            stream_offset: a,
+                            data: &payload[off(a)..off(b)],
+                        });
                         passed += b - a;
                     } else {
                         self.rcv_ranges.for_each_gap(a, b, |g0, g1| {
-                            pass_up(PassedUp { seq: rcv.seq_of(g0), stream_offset: g0, data: &payload[off(g0)..off(g1)] });
+                            pass_up(PassedUp {
+                                seq: rcv.seq_of(g0),
+                                stream_offset: g0,
+                                data: &payload[off(g0)..off(g1)],
+                            });
                             passed += g1 - g0;
                         });
                     }
@@ -1411,7 +1503,8 @@ impl Connection {
                     while p < b {
                         let idx = (p % cap as u64) as usize;
                         let run = ((b - p) as usize).min(cap - idx);
-                        self.rcv_buf[idx..idx + run].copy_from_slice(&payload[off(p)..off(p) + run]);
+                        self.rcv_buf[idx..idx + run]
+                            .copy_from_slice(&payload[off(p)..off(p) + run]);
                         p += run as u64;
                     }
                 }
@@ -1516,7 +1609,9 @@ impl Connection {
             return wnd.min(65535) as u16;
         }
         let field = (wnd >> self.rcv_wscale).min(65535);
-        self.rcv_adv_right = self.rcv_adv_right.max(self.rcv_nxt + (field << self.rcv_wscale));
+        self.rcv_adv_right = self
+            .rcv_adv_right
+            .max(self.rcv_nxt + (field << self.rcv_wscale));
         field as u16
     }
 
@@ -1556,11 +1651,18 @@ impl Connection {
             return;
         }
         let max_blocks = if self.ts_enabled { 3 } else { 4 };
-        let mut recent = [Range { start: 0, end: 0, touched: 0 }; 4];
+        let mut recent = [Range {
+            start: 0,
+            end: 0,
+            touched: 0,
+        }; 4];
         let n = self.rcv_ranges.most_recent(&mut recent[..max_blocks]);
         let mut blocks = [SackBlock::default(); 4];
         for (b, r) in blocks.iter_mut().zip(&recent[..n]) {
-            *b = SackBlock { left: self.rcv.seq_of(r.start), right: self.rcv.seq_of(r.end) };
+            *b = SackBlock {
+                left: self.rcv.seq_of(r.start),
+                right: self.rcv.seq_of(r.end),
+            };
         }
         let mut n_fit = n;
         // Keep the packet within MSS + fixed options when carrying data.
@@ -1589,7 +1691,11 @@ impl Connection {
     /// Call until it returns `None`.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         if let Some(rst) = self.pending_rst.take() {
-            let flags = TcpFlags { rst: true, ack: rst.ack.is_some(), ..TcpFlags::default() };
+            let flags = TcpFlags {
+                rst: true,
+                ack: rst.ack.is_some(),
+                ..TcpFlags::default()
+            };
             let mut repr = self.base_repr(now, rst.seq, flags);
             repr.ack = rst.ack.unwrap_or(0);
             repr.options = TcpOptions::default();
@@ -1605,7 +1711,11 @@ impl Connection {
                     return self.emit_pure_ack_if_due(now, buf);
                 }
                 let ack = self.state == State::SynReceived;
-                let flags = TcpFlags { syn: true, ack, ..TcpFlags::default() };
+                let flags = TcpFlags {
+                    syn: true,
+                    ack,
+                    ..TcpFlags::default()
+                };
                 let repr = self.base_repr(now, self.snd.isn, flags);
                 let n = repr.emit(buf).ok()?;
                 self.after_emit_ack(&repr);
@@ -1633,7 +1743,14 @@ impl Connection {
             // peer answers with an ACK carrying its window (RFC 9293 3.8.6.1,
             // RFC 1122 4.2.3.6).
             let seq = self.snd.seq_of(self.snd_una).wrapping_sub(1);
-            let repr = self.base_repr(now, seq, TcpFlags { ack: true, ..TcpFlags::default() });
+            let repr = self.base_repr(
+                now,
+                seq,
+                TcpFlags {
+                    ack: true,
+                    ..TcpFlags::default()
+                },
+            );
             let n = repr.emit(buf).ok()?;
             self.after_emit_ack(&repr);
             self.arm_persist(now);
@@ -1646,9 +1763,23 @@ impl Connection {
         if !self.ack_now || !self.state.synchronized() && self.state != State::SynReceived {
             return None;
         }
-        let seq = self.snd.seq_of(self.snd_nxt).wrapping_add(u32::from(self.fin_sent));
-        let seq = if self.syn_acked || self.state.synchronized() { seq } else { self.snd.isn.wrapping_add(1) };
-        let mut repr = self.base_repr(now, seq, TcpFlags { ack: true, ..TcpFlags::default() });
+        let seq = self
+            .snd
+            .seq_of(self.snd_nxt)
+            .wrapping_add(u32::from(self.fin_sent));
+        let seq = if self.syn_acked || self.state.synchronized() {
+            seq
+        } else {
+            self.snd.isn.wrapping_add(1)
+        };
+        let mut repr = self.base_repr(
+            now,
+            seq,
+            TcpFlags {
+                ack: true,
+                ..TcpFlags::default()
+            },
+        );
         self.add_sack_blocks(&mut repr, 0);
         let n = repr.emit(buf).ok()?;
         self.after_emit_ack(&repr);
@@ -1663,7 +1794,14 @@ impl Connection {
         }
     }
 
-    fn emit_data(&mut self, now: Instant, buf: &mut [u8], start: u64, len: u32, fin: bool) -> Option<usize> {
+    fn emit_data(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        start: u64,
+        len: u32,
+        fin: bool,
+    ) -> Option<usize> {
         let flags = TcpFlags {
             ack: true,
             fin,
@@ -1703,13 +1841,20 @@ impl Connection {
         if self.lost_count == 0 {
             return None;
         }
-        let idx = self.scoreboard.iter().position(|e| e.state == SegState::Lost)?;
+        let idx = self
+            .scoreboard
+            .iter()
+            .position(|e| e.state == SegState::Lost)?;
         let emss = u32::from(self.emss);
         let mut e = self.scoreboard[idx];
         if e.len > emss {
             // The path MTU shrank since first transmission: split at EMSS
             // (the first piece keeps the original start boundary).
-            let rest = TxSegment { start: e.start + u64::from(emss), len: e.len - emss, ..e };
+            let rest = TxSegment {
+                start: e.start + u64::from(emss),
+                len: e.len - emss,
+                ..e
+            };
             e.len = emss;
             e.fin = false;
             self.scoreboard[idx] = e;
@@ -1762,13 +1907,18 @@ impl Connection {
     fn arm_persist(&mut self, now: Instant) {
         if self.persist_deadline.is_none() && self.pipe == 0 && self.scoreboard.is_empty() {
             let base = self.rtt.rto();
-            let d = base.saturating_mul(1 << self.persist_backoff.min(10)).min(self.cfg.max_rto);
+            let d = base
+                .saturating_mul(1 << self.persist_backoff.min(10))
+                .min(self.cfg.max_rto);
             self.persist_deadline = Some(now + d);
         }
     }
 
     fn try_send_new(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if !matches!(self.state, State::Established | State::CloseWait | State::FinWait1 | State::LastAck) {
+        if !matches!(
+            self.state,
+            State::Established | State::CloseWait | State::FinWait1 | State::LastAck
+        ) {
             return None;
         }
         let data_end = self.data_end();
@@ -1851,9 +2001,24 @@ pub fn reset_reply<'a>(seg: &SegmentRepr<'_>) -> Option<SegmentRepr<'a>> {
         return None;
     }
     let (seq, ack, flags) = if seg.flags.ack {
-        (seg.ack, 0, TcpFlags { rst: true, ..TcpFlags::default() })
+        (
+            seg.ack,
+            0,
+            TcpFlags {
+                rst: true,
+                ..TcpFlags::default()
+            },
+        )
     } else {
-        (0, seg.seq.wrapping_add(seg.seq_len()), TcpFlags { rst: true, ack: true, ..TcpFlags::default() })
+        (
+            0,
+            seg.seq.wrapping_add(seg.seq_len()),
+            TcpFlags {
+                rst: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
+        )
     };
     Some(SegmentRepr {
         src_addr: seg.dst_addr,

@@ -27,7 +27,10 @@ impl IsnGenerator {
         let mut b = [0u8; 8];
         a.copy_from_slice(&key[..8]);
         b.copy_from_slice(&key[8..]);
-        IsnGenerator { k0: u64::from_le_bytes(a), k1: u64::from_le_bytes(b) }
+        IsnGenerator {
+            k0: u64::from_le_bytes(a),
+            k1: u64::from_le_bytes(b),
+        }
     }
 
     fn hash_tuple(&self, t: &FourTuple, domain: u8) -> u64 {

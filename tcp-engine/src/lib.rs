@@ -20,6 +20,7 @@ pub mod isn;
 pub mod ranges;
 pub mod rtt;
 pub mod seq;
+pub mod sim;
 pub mod time;
 pub mod wire;
 

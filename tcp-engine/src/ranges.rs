@@ -25,7 +25,11 @@ pub struct Range {
 impl RangeSet {
     /// A set holding at most `max` ranges.
     pub fn new(max: usize) -> Self {
-        RangeSet { ranges: Vec::with_capacity(max + 1), max: max.max(1), clock: 0 }
+        RangeSet {
+            ranges: Vec::with_capacity(max + 1),
+            max: max.max(1),
+            clock: 0,
+        }
     }
 
     /// The ranges in position order.
@@ -95,7 +99,11 @@ impl RangeSet {
             e = e.max(self.ranges[last].end);
             last += 1;
         }
-        let merged = Range { start: s, end: e, touched: self.clock };
+        let merged = Range {
+            start: s,
+            end: e,
+            touched: self.clock,
+        };
         if first == last {
             self.ranges.insert(first, merged);
         } else {
@@ -159,7 +167,11 @@ mod tests {
         assert_eq!(gaps, vec![(0, 10), (40, 50), (60, 65)]);
         assert_eq!(s.advance_from(10), 40);
         assert_eq!(s.ranges().len(), 1);
-        let mut out = [Range { start: 0, end: 0, touched: 0 }; 3];
+        let mut out = [Range {
+            start: 0,
+            end: 0,
+            touched: 0,
+        }; 3];
         assert!(s.insert(70, 80));
         assert_eq!(s.most_recent(&mut out), 2);
         assert_eq!(out[0].start, 70);

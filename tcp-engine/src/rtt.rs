@@ -61,6 +61,14 @@ impl RttEstimator {
         self.backoff_shift = (self.backoff_shift + 1).min(16);
     }
 
+    /// Forget the backoff: new data was acknowledged, so the path works.
+    /// (Strict Karn keeps the backed-off RTO until a sample from a segment
+    /// never retransmitted; under heavy loss that sample may never come and
+    /// the RTO ratchets to its ceiling. Linux also resets here.)
+    pub fn reset_backoff(&mut self) {
+        self.backoff_shift = 0;
+    }
+
     /// How many consecutive backoffs are in effect.
     pub fn backoff_count(&self) -> u32 {
         self.backoff_shift

@@ -79,7 +79,10 @@ mod tests {
         assert_eq!(a.seq_of(0), u32::MAX - 1);
         assert_eq!(a.seq_of(3), 1);
         assert_eq!(a.pos_of(1, 0), Some(3));
-        assert_eq!(a.pos_of(a.seq_of(5_000_000_000), 4_999_999_000), Some(5_000_000_000));
+        assert_eq!(
+            a.pos_of(a.seq_of(5_000_000_000), 4_999_999_000),
+            Some(5_000_000_000)
+        );
         assert_eq!(a.pos_of(a.isn, 0), None);
     }
 }

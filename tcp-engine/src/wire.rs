@@ -449,7 +449,9 @@ impl<'a> SegmentRepr<'a> {
         tcp[13] = self.flags.to_byte();
         tcp[14..16].copy_from_slice(&self.window.to_be_bytes());
         tcp[16..20].copy_from_slice(&[0, 0, 0, 0]);
-        let written = self.options.emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
+        let written = self
+            .options
+            .emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
         debug_assert_eq!(written, opt_len);
         fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
         let sum = Sum16BitWords::new()
@@ -502,7 +504,10 @@ mod tests {
             timestamp: Some((1, 2)),
             ..TcpOptions::default()
         };
-        options.set_sack_blocks(&[SackBlock { left: 10, right: 20 }]);
+        options.set_sack_blocks(&[SackBlock {
+            left: 10,
+            right: 20,
+        }]);
         SegmentRepr {
             src_addr: Ipv4Addr::new(10, 0, 0, 1),
             dst_addr: Ipv4Addr::new(10, 0, 0, 2),
@@ -510,7 +515,11 @@ mod tests {
             dst_port: 5000,
             seq: 0xdead_beef,
             ack: 7,
-            flags: TcpFlags { syn: true, ack: true, ..TcpFlags::default() },
+            flags: TcpFlags {
+                syn: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
             window: 1234,
             options,
             payload,
@@ -527,7 +536,9 @@ mod tests {
         assert_eq!(parsed, repr);
         // etherparse agrees with our checksum.
         let view = Ipv4TcpView::new_checked(&buf[..n]).expect("view");
-        let calc = view.tcp().calc_checksum_ipv4(view.ip().source(), view.ip().destination());
+        let calc = view
+            .tcp()
+            .calc_checksum_ipv4(view.ip().source(), view.ip().destination());
         assert_eq!(calc.ok(), Some(view.tcp().checksum()));
     }
 
@@ -537,7 +548,10 @@ mod tests {
         let mut buf = [0u8; 200];
         let n = repr.emit(&mut buf).expect("emit");
         buf[n - 1] ^= 0x40;
-        assert_eq!(SegmentRepr::parse(&buf[..n]), Err(WireError::BadTcpChecksum));
+        assert_eq!(
+            SegmentRepr::parse(&buf[..n]),
+            Err(WireError::BadTcpChecksum)
+        );
     }
 
     #[test]
@@ -553,11 +567,20 @@ mod tests {
 
     #[test]
     fn truncated_and_bad_length_options() {
-        assert_eq!(TcpOptions::parse(&[2, 4, 5]), Err(WireError::TruncatedOption));
+        assert_eq!(
+            TcpOptions::parse(&[2, 4, 5]),
+            Err(WireError::TruncatedOption)
+        );
         assert_eq!(TcpOptions::parse(&[8]), Err(WireError::TruncatedOption));
-        assert_eq!(TcpOptions::parse(&[2, 3, 5]), Err(WireError::BadOptionLength));
+        assert_eq!(
+            TcpOptions::parse(&[2, 3, 5]),
+            Err(WireError::BadOptionLength)
+        );
         assert_eq!(TcpOptions::parse(&[99, 1]), Err(WireError::BadOptionLength));
-        assert_eq!(TcpOptions::parse(&[5, 6, 0, 0, 0, 0]), Err(WireError::BadOptionLength));
+        assert_eq!(
+            TcpOptions::parse(&[5, 6, 0, 0, 0, 0]),
+            Err(WireError::BadOptionLength)
+        );
         // Unknown option skipped, EOL ends parsing.
         let o = TcpOptions::parse(&[30, 4, 9, 9, 1, 3, 3, 2, 0, 77]).expect("parse");
         assert_eq!(o.window_scale, Some(2));
@@ -571,6 +594,9 @@ mod tests {
         assert_eq!(o.wire_len(), 36);
         let mut buf = [0u8; 40];
         let n = o.emit(&mut buf);
-        assert_eq!(TcpOptions::parse(&buf[..n]).expect("parse").sack_blocks(), &b);
+        assert_eq!(
+            TcpOptions::parse(&buf[..n]).expect("parse").sack_blocks(),
+            &b
+        );
     }
 }
