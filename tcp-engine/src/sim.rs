@@ -216,9 +216,12 @@ impl Link {
         if self.rng.chance(self.cfg.merge) {
             if let Some(key) = self.last_key {
                 if let Some(prev) = self.queue.get(&key) {
-                    if let Some(merged) = merge_segments(prev, packet, self.cfg.mtu) {
+                    if let Some((merged, rest)) = merge_segments(prev, packet, self.cfg.mtu) {
                         self.queue.insert(key, merged);
                         self.stats.merged += 1;
+                        if let Some(rest) = rest {
+                            self.last_key = Some(self.enqueue(at, rest));
+                        }
                         return;
                     }
                 }
@@ -291,7 +294,9 @@ fn split_segment(packet: &[u8], rng: &mut Rng) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((emit_vec(&first)?, emit_vec(&second)?))
 }
 
-fn merge_segments(prev: &[u8], next: &[u8], mtu: u16) -> Option<Vec<u8>> {
+/// Coalesce `next` into `prev` (contiguous payloads); if the result exceeds
+/// the MTU, re-cut it: the first packet full-sized, the rest in a second.
+fn merge_segments(prev: &[u8], next: &[u8], mtu: u16) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
     let p = SegmentRepr::parse(prev).ok()?;
     let q = SegmentRepr::parse(next).ok()?;
     if !resegment_ok(&p) || !resegment_ok(&q) || p.flags.fin {
@@ -304,16 +309,31 @@ fn merge_segments(prev: &[u8], next: &[u8], mtu: u16) -> Option<Vec<u8>> {
         return None;
     }
     let total = p.payload.len() + q.payload.len();
-    if IPV4_HEADER_LEN + TCP_HEADER_LEN + q.options.wire_len() + total > usize::from(mtu) {
-        return None;
-    }
+    let max_payload =
+        usize::from(mtu).checked_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN + q.options.wire_len())?;
     let mut payload = Vec::with_capacity(total);
     payload.extend_from_slice(p.payload);
     payload.extend_from_slice(q.payload);
+    let cut = total.min(max_payload);
+    if cut <= p.payload.len() {
+        return None;
+    }
     let mut m = q;
     m.seq = p.seq;
-    m.payload = &payload;
-    emit_vec(&m)
+    m.payload = &payload[..cut];
+    if cut < total {
+        m.flags = TcpFlags {
+            fin: false,
+            psh: false,
+            ..q.flags
+        };
+        let mut rest = q;
+        rest.seq = p.seq.wrapping_add(cut as u32);
+        rest.payload = &payload[cut..];
+        Some((emit_vec(&m)?, Some(emit_vec(&rest)?)))
+    } else {
+        Some((emit_vec(&m)?, None))
+    }
 }
 
 /// One side of a simulated conversation.

@@ -296,6 +296,38 @@ pub struct Outcome {
     pub net: Network,
 }
 
+/// A client/server pair and network ready to run.
+pub fn setup(
+    seed: u64,
+    size: usize,
+    fwd: LinkConfig,
+    rev: LinkConfig,
+    client_cfg: Config,
+    server_cfg: Config,
+) -> (Peer, Peer, Network) {
+    let src = random_bytes(size, seed);
+    let client = Peer::client(client_cfg, src, seed);
+    let server = Peer::server(server_cfg, Arc::new(Vec::new()), seed).expect(size);
+    (client, server, Network::new(fwd, rev, seed))
+}
+
+/// Run until the server has every byte and the client has it acknowledged.
+pub fn run_until_done(
+    client: &mut Peer,
+    server: &mut Peer,
+    net: &mut Network,
+    limit: Duration,
+    tap: impl FnMut(Direction, Instant, &[u8]),
+) -> bool {
+    net.run(
+        client,
+        server,
+        Instant::ZERO + limit,
+        |c, s, _| s.received_all() && c.sent_all_acked(),
+        tap,
+    ) && server.dest[..] == client.src[..]
+}
+
 /// Client sends `size` octets to the server over `fwd`/`rev` links.
 pub fn transfer(
     seed: u64,
