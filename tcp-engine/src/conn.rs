@@ -455,6 +455,21 @@ impl Connection {
         self.rcv.seq_of(0)
     }
 
+    /// `SND.NXT` as a sequence number (after any FIN sent).
+    pub fn snd_nxt(&self) -> u32 {
+        if !self.syn_acked && !self.state.synchronized() {
+            return self.snd.isn.wrapping_add(1);
+        }
+        self.snd
+            .seq_of(self.snd_nxt)
+            .wrapping_add(u32::from(self.fin_sent))
+    }
+
+    /// `SND.UNA` as a sequence number.
+    pub fn snd_una(&self) -> u32 {
+        self.snd.seq_of(self.snd_una)
+    }
+
     /// Our stream offset 0 as a sequence number.
     pub fn snd_stream_start(&self) -> u32 {
         self.snd.seq_of(0)

@@ -70,6 +70,11 @@ impl Peer {
         Peer::with(None, Some(cfg), isn, src, seed)
     }
 
+    pub fn from_conn(conn: Connection, src: Arc<Vec<u8>>, seed: u64) -> Peer {
+        let isn = IsnGenerator::new([seed as u8; 16]);
+        Peer::with(Some(conn), None, isn, src, seed)
+    }
+
     fn with(
         conn: Option<Connection>,
         listen: Option<Config>,

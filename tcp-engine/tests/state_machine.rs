@@ -1,0 +1,631 @@
+//! RFC 9293 state machine: handshakes (incl. simultaneous open), teardown
+//! both ways and simultaneous close, TIME-WAIT, RST processing with the
+//! RFC 5961 checks, PAWS, persist and keepalive, retransmission abort.
+mod common;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tcp_engine::sim::{Direction, LinkConfig, Network};
+use tcp_engine::wire::{TcpFlags, TcpOptions};
+use tcp_engine::{
+    reset_reply, Config, Connection, Event, Instant, IsnGenerator, SegmentRepr, State,
+};
+
+fn short_tw() -> Config {
+    Config {
+        time_wait: Duration::from_millis(100),
+        ..Config::default()
+    }
+}
+
+fn established(cfg: Config) -> (Peer, Peer, Network) {
+    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg.clone(), cfg);
+    let ok = net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(10_000),
+        |c, s, _| c.state() == Some(State::Established) && s.state() == Some(State::Established),
+        |_, _, _| {},
+    );
+    assert!(ok);
+    (c, s, net)
+}
+
+fn run_idle(c: &mut Peer, s: &mut Peer, net: &mut Network, ms: u64) {
+    let limit = net.now + Duration::from_millis(ms);
+    net.run(c, s, limit, |_, _, _| false, |_, _, _| {});
+    net.now = net.now.max(limit);
+}
+
+/// A segment from the client to the server, as the client would send it.
+fn from_client<'a>(
+    c: &Peer,
+    seq: u32,
+    ack: u32,
+    flags: TcpFlags,
+    payload: &'a [u8],
+) -> SegmentRepr<'a> {
+    let t = c.conn().four_tuple();
+    SegmentRepr {
+        src_addr: t.local_addr,
+        dst_addr: t.remote_addr,
+        src_port: t.local_port,
+        dst_port: t.remote_port,
+        seq,
+        ack,
+        flags,
+        window: 1000,
+        options: TcpOptions::default(),
+        payload,
+    }
+}
+
+fn drain(conn: &mut Connection, now: Instant) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 2048];
+    while let Some(n) = conn.poll_transmit(now, &mut buf) {
+        out.push(buf[..n].to_vec());
+    }
+    out
+}
+
+const ACK: TcpFlags = TcpFlags {
+    ack: true,
+    fin: false,
+    syn: false,
+    rst: false,
+    psh: false,
+    urg: false,
+};
+
+#[test]
+fn handshake_negotiates_options() {
+    let (c, s, _) = established(Config::default());
+    for p in [&c, &s] {
+        assert!(p.conn().sack_enabled());
+        assert!(p.conn().timestamps_enabled());
+        assert_eq!(p.conn().emss(), 1448);
+        // 64 MiB maximum window: shift 11 (65535 << 10 < 64 MiB).
+        assert_eq!(p.conn().window_scales(), (11, 11));
+        assert!(p.events.contains(&Event::Connected));
+    }
+    let plain = Config {
+        sack: false,
+        timestamps: false,
+        window_scaling: false,
+        ..Config::default()
+    };
+    let (c, _, _) = established(plain);
+    assert!(!c.conn().sack_enabled() && !c.conn().timestamps_enabled());
+    assert_eq!(c.conn().emss(), 1460);
+    assert_eq!(c.conn().window_scales(), (0, 0));
+}
+
+#[test]
+fn options_off_on_one_side_only_disable_them() {
+    let c_cfg = Config::default();
+    let s_cfg = Config {
+        sack: false,
+        timestamps: false,
+        window_scaling: false,
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = setup(2, 0, lossy(0.0), lossy(0.0), c_cfg, s_cfg);
+    net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(1000),
+        |c, s, _| c.state() == Some(State::Established) && s.state() == Some(State::Established),
+        |_, _, _| {},
+    );
+    assert!(!c.conn().sack_enabled() && !c.conn().timestamps_enabled());
+    assert_eq!(c.conn().window_scales(), (0, 0));
+    assert_eq!(c.conn().emss(), 1460);
+}
+
+#[test]
+fn client_closes_first_time_wait_then_closed() {
+    let cfg = short_tw();
+    let (mut c, mut s, mut net) = setup(3, 10_000, lossy(0.0), lossy(0.0), cfg.clone(), cfg);
+    c.close_when_sent = true;
+    // Half-close: the server keeps its side open, the client sits in FIN-WAIT-2.
+    let ok = net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(5000),
+        |c, s, _| c.state() == Some(State::FinWait2) && s.state() == Some(State::CloseWait),
+        |_, _, _| {},
+    );
+    assert!(ok && s.received_all());
+    assert!(s.events.contains(&Event::PeerClosed));
+    s.conn_mut().close();
+    assert_eq!(s.state(), Some(State::LastAck));
+    let mut saw_tw = None;
+    net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(5000),
+        |c, s, now| {
+            if c.state() == Some(State::TimeWait) && saw_tw.is_none() {
+                saw_tw = Some(now);
+            }
+            c.state() == Some(State::Closed) && s.state() == Some(State::Closed)
+        },
+        |_, _, _| {},
+    );
+    let tw_start = saw_tw.expect("client passed through TIME-WAIT");
+    assert!(s.events.contains(&Event::Closed));
+    assert!(c.events.contains(&Event::PeerClosed) && c.events.contains(&Event::Closed));
+    // TIME-WAIT lasted the configured 100 ms.
+    assert!(net.now - tw_start >= Duration::from_millis(100));
+}
+
+#[test]
+fn server_closes_first() {
+    let cfg = short_tw();
+    let (mut c, mut s, mut net) = setup(4, 0, lossy(0.0), lossy(0.0), cfg.clone(), cfg);
+    s.close_when_sent = true;
+    c.close_on_peer_fin = true;
+    let mut server_tw = false;
+    let mut client_last_ack = false;
+    net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(5000),
+        |c, s, _| {
+            server_tw |= s.state() == Some(State::TimeWait);
+            client_last_ack |= c.state() == Some(State::LastAck);
+            c.state() == Some(State::Closed) && s.state() == Some(State::Closed)
+        },
+        |_, _, _| {},
+    );
+    assert!(server_tw && client_last_ack);
+}
+
+#[test]
+fn simultaneous_close_goes_through_closing() {
+    let (mut c, mut s, mut net) = established(short_tw());
+    c.conn_mut().close();
+    s.conn_mut().close();
+    let mut closing = (false, false);
+    net.run(
+        &mut c,
+        &mut s,
+        net.now + Duration::from_secs(5),
+        |c, s, _| {
+            closing.0 |= c.state() == Some(State::Closing);
+            closing.1 |= s.state() == Some(State::Closing);
+            c.state() == Some(State::Closed) && s.state() == Some(State::Closed)
+        },
+        |_, _, _| {},
+    );
+    assert_eq!(closing, (true, true));
+    assert!(c.events.contains(&Event::Closed) && s.events.contains(&Event::Closed));
+}
+
+#[test]
+fn teardown_both_ways_under_heavy_loss() {
+    for seed in 0..20 {
+        let cfg = short_tw();
+        let (mut c, mut s, mut net) = setup(seed, 50_000, lossy(0.2), lossy(0.2), cfg.clone(), cfg);
+        if seed % 2 == 0 {
+            c.close_when_sent = true;
+            s.close_on_peer_fin = true;
+        } else {
+            c.close_on_peer_fin = true;
+        }
+        let ok = net.run(
+            &mut c,
+            &mut s,
+            Instant::from_millis(600_000),
+            |c, s, _| {
+                if s.received_all() && s.state() == Some(State::Established) && seed % 2 == 1 {
+                    s.conn_mut().close();
+                }
+                c.state() == Some(State::Closed) && s.state() == Some(State::Closed)
+            },
+            |_, _, _| {},
+        );
+        assert!(ok, "seed {seed}: {:?} {:?}", c.state(), s.state());
+        assert!(s.received_all());
+    }
+}
+
+#[test]
+fn simultaneous_open() {
+    let t = client_tuple();
+    let rev = tcp_engine::FourTuple {
+        local_addr: t.remote_addr,
+        local_port: t.remote_port,
+        remote_addr: t.local_addr,
+        remote_port: t.local_port,
+    };
+    let a = Connection::connect(
+        Config::default(),
+        t,
+        &IsnGenerator::new([1; 16]),
+        Instant::ZERO,
+    );
+    let b = Connection::connect(
+        Config::default(),
+        rev,
+        &IsnGenerator::new([2; 16]),
+        Instant::ZERO,
+    );
+    let mut pa = Peer::from_conn(a, random_bytes(5000, 1), 1);
+    let mut pb = Peer::from_conn(b, Arc::new(Vec::new()), 2).expect(5000);
+    let mut net = Network::new(LinkConfig::default(), LinkConfig::default(), 1);
+    let mut syn_received = false;
+    let ok = net.run(
+        &mut pa,
+        &mut pb,
+        Instant::from_millis(5000),
+        |a, b, _| {
+            syn_received |= a.state() == Some(State::SynReceived);
+            b.received_all() && a.sent_all_acked()
+        },
+        |_, _, _| {},
+    );
+    assert!(ok && syn_received);
+    assert_eq!(pa.state(), Some(State::Established));
+    assert_eq!(pb.state(), Some(State::Established));
+}
+
+#[test]
+fn rst_exact_sequence_resets() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let seg = from_client(
+        &c,
+        rcv_nxt,
+        0,
+        TcpFlags {
+            rst: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.state(), Some(State::Closed));
+    assert_eq!(s.conn_mut().poll_event(), Some(Event::Reset));
+}
+
+#[test]
+fn rst_in_window_not_exact_gets_challenge_ack() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let seg = from_client(
+        &c,
+        rcv_nxt.wrapping_add(100),
+        0,
+        TcpFlags {
+            rst: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.state(), Some(State::Established));
+    let out = drain(s.conn_mut(), now);
+    assert_eq!(out.len(), 1);
+    let ack = SegmentRepr::parse(&out[0]).expect("valid");
+    assert!(ack.flags.ack && !ack.flags.rst);
+    assert_eq!(ack.ack, rcv_nxt);
+    assert_eq!(s.conn().stats().challenge_acks, 1);
+}
+
+#[test]
+fn rst_out_of_window_is_ignored_silently() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let seg = from_client(
+        &c,
+        rcv_nxt.wrapping_sub(10_000),
+        0,
+        TcpFlags {
+            rst: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.state(), Some(State::Established));
+    assert!(drain(s.conn_mut(), now).is_empty());
+}
+
+#[test]
+fn syn_on_established_gets_challenge_ack() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let seg = from_client(
+        &c,
+        rcv_nxt.wrapping_add(5),
+        0,
+        TcpFlags {
+            syn: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.state(), Some(State::Established));
+    let out = drain(s.conn_mut(), now);
+    assert_eq!(out.len(), 1);
+    assert_eq!(SegmentRepr::parse(&out[0]).expect("valid").ack, rcv_nxt);
+}
+
+#[test]
+fn ack_checks_of_rfc5961() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let snd_nxt = s.conn().snd_nxt();
+    // Acknowledges data never sent: ACK back, data dropped.
+    let seg = from_client(&c, rcv_nxt, snd_nxt.wrapping_add(1000), ACK, b"zzz");
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
+    assert_eq!(drain(s.conn_mut(), now).len(), 1);
+    // Too old (before SND.UNA - MAX.SND.WND): challenge ACK, data dropped.
+    let seg = from_client(&c, rcv_nxt, snd_nxt.wrapping_sub(1 << 30), ACK, b"zzz");
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
+    assert_eq!(s.conn().stats().challenge_acks, 1);
+    // A proper segment is accepted.
+    let seg = from_client(&c, rcv_nxt, snd_nxt, ACK, b"zzz");
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt.wrapping_add(3));
+}
+
+#[test]
+fn paws_drops_old_timestamps() {
+    let (mut c, mut s, mut net) = setup(
+        5,
+        20_000,
+        lossy(0.0),
+        lossy(0.0),
+        Config::default(),
+        Config::default(),
+    );
+    let mut old_ts = None;
+    run_until_done(
+        &mut c,
+        &mut s,
+        &mut net,
+        Duration::from_secs(10),
+        |d, _, p| {
+            if d == Direction::AtoB && old_ts.is_none() {
+                old_ts = SegmentRepr::parse(p).ok().and_then(|r| r.options.timestamp);
+            }
+        },
+    );
+    // Advance time so the peer's clock moves on, then exchange more.
+    run_idle(&mut c, &mut s, &mut net, 50);
+    c.conn_mut().send(b"x").expect("send");
+    run_idle(&mut c, &mut s, &mut net, 10);
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let mut seg = from_client(&c, rcv_nxt, s.conn().snd_nxt(), ACK, b"old");
+    seg.options.timestamp = old_ts;
+    s.conn_mut().handle_segment(now, &seg, |_| {});
+    assert_eq!(s.conn().stats().paws_drops, 1);
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
+}
+
+#[test]
+fn reset_reply_for_unknown_connections() {
+    let (c, _, _) = established(Config::default());
+    let syn = from_client(
+        &c,
+        1000,
+        0,
+        TcpFlags {
+            syn: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    let r = reset_reply(&syn).expect("reply");
+    assert!(r.flags.rst && r.flags.ack);
+    assert_eq!((r.seq, r.ack), (0, 1001));
+    let ack = from_client(&c, 1000, 777, ACK, b"ab");
+    let r = reset_reply(&ack).expect("reply");
+    assert!(r.flags.rst && !r.flags.ack);
+    assert_eq!(r.seq, 777);
+    let rst = from_client(
+        &c,
+        1000,
+        0,
+        TcpFlags {
+            rst: true,
+            ..TcpFlags::default()
+        },
+        &[],
+    );
+    assert!(reset_reply(&rst).is_none());
+}
+
+#[test]
+fn syn_sent_rst_and_bad_ack() {
+    let t = client_tuple();
+    let isn = IsnGenerator::new([9; 16]);
+    let mut a = Connection::connect(Config::default(), t, &isn, Instant::ZERO);
+    let mut buf = [0u8; 200];
+    let n = a.poll_transmit(Instant::ZERO, &mut buf).expect("SYN");
+    let syn = SegmentRepr::parse(&buf[..n]).expect("valid").seq;
+    let peer = |seq, ack, flags| SegmentRepr {
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq,
+        ack,
+        flags,
+        window: 100,
+        options: TcpOptions::default(),
+        payload: &[],
+    };
+    // SYN-ACK acking the wrong number: we answer with RST seq=SEG.ACK.
+    a.handle_segment(
+        Instant::ZERO,
+        &peer(
+            5,
+            syn.wrapping_add(7),
+            TcpFlags {
+                syn: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
+        ),
+        |_| {},
+    );
+    let n = a.poll_transmit(Instant::ZERO, &mut buf).expect("RST");
+    let rst = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert!(rst.flags.rst);
+    assert_eq!(rst.seq, syn.wrapping_add(7));
+    assert_eq!(a.state(), State::SynSent);
+    // RST without an acceptable ACK is ignored; with one it resets.
+    a.handle_segment(
+        Instant::ZERO,
+        &peer(
+            5,
+            syn.wrapping_add(3),
+            TcpFlags {
+                rst: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
+        ),
+        |_| {},
+    );
+    assert_eq!(a.state(), State::SynSent);
+    a.handle_segment(
+        Instant::ZERO,
+        &peer(
+            5,
+            syn.wrapping_add(1),
+            TcpFlags {
+                rst: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
+        ),
+        |_| {},
+    );
+    assert_eq!(a.state(), State::Closed);
+    assert_eq!(a.poll_event(), Some(Event::Reset));
+}
+
+#[test]
+fn time_wait_reacks_retransmitted_fin() {
+    let (mut c, mut s, mut net) = established(Config::default());
+    c.conn_mut().close();
+    s.close_on_peer_fin = true;
+    net.run(
+        &mut c,
+        &mut s,
+        net.now + Duration::from_secs(1),
+        |c, _, _| c.state() == Some(State::TimeWait),
+        |_, _, _| {},
+    );
+    assert_eq!(c.state(), Some(State::TimeWait));
+    let now = net.now;
+    let fin_seq = c.conn().rcv_nxt().wrapping_sub(1);
+    let t = c.conn().four_tuple();
+    let seg = SegmentRepr {
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: fin_seq,
+        ack: c.conn().snd_nxt(),
+        flags: TcpFlags {
+            fin: true,
+            ack: true,
+            ..TcpFlags::default()
+        },
+        window: 100,
+        options: TcpOptions::default(),
+        payload: &[],
+    };
+    c.conn_mut().handle_segment(now, &seg, |_| {});
+    let out = drain(c.conn_mut(), now);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        SegmentRepr::parse(&out[0]).expect("valid").ack,
+        c.conn().rcv_nxt()
+    );
+    assert_eq!(c.state(), Some(State::TimeWait));
+}
+
+#[test]
+fn zero_window_persist_then_reopen_keeps_records_whole() {
+    let mut cfg = Config::mpa();
+    cfg.recv_buffer = 0; // the upper layer has no room yet
+    let (mut c, mut s, mut net) = setup(6, 100_000, lossy(0.0), lossy(0.0), Config::mpa(), cfg);
+    let mut segs = Vec::new();
+    net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(2000),
+        |_, _, _| false,
+        |d, _, p| {
+            if d == Direction::AtoB {
+                segs.push(SegmentRepr::parse(p).map(|r| r.payload.len()).unwrap_or(0));
+            }
+        },
+    );
+    assert_eq!(s.received, 0);
+    assert!(c.conn().stats().probes >= 3, "{:?}", c.conn().stats());
+    assert!(
+        segs.iter().all(|&l| l == 0),
+        "no data sent into a zero window"
+    );
+    s.conn_mut().set_receive_window(1 << 20);
+    let ok = run_until_done(
+        &mut c,
+        &mut s,
+        &mut net,
+        Duration::from_secs(60),
+        |_, _, _| {},
+    );
+    assert!(ok);
+}
+
+#[test]
+fn keepalive_detects_dead_peer() {
+    let cfg = Config {
+        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    run_idle(&mut c, &mut s, &mut net, 500);
+    assert_eq!(
+        c.state(),
+        Some(State::Established),
+        "answered keepalives keep it open"
+    );
+    assert!(c.conn().stats().probes > 0);
+    net.a_to_b.cfg.loss = 1.0;
+    run_idle(&mut c, &mut s, &mut net, 1000);
+    assert_eq!(c.state(), Some(State::Closed));
+    assert!(c.events.contains(&Event::TimedOut));
+}
+
+#[test]
+fn retransmission_limit_aborts() {
+    let cfg = Config {
+        max_retransmissions: 4,
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established(cfg);
+    net.a_to_b.cfg.loss = 1.0;
+    c.conn_mut().send(&[1u8; 5000]).expect("send");
+    run_idle(&mut c, &mut s, &mut net, 60_000);
+    assert_eq!(c.state(), Some(State::Closed));
+    assert!(c.events.contains(&Event::TimedOut));
+    assert_eq!(c.conn().stats().rto_expirations, 5);
+}
