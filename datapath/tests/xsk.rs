@@ -1,0 +1,500 @@
+//! The AF_XDP port (`datapath::xsk`) on the veth test bed (`scripts/netns.sh`): namespaces `iwa`
+//! (`iwa0`, 10.77.0.1) and `iwb` (`iwb0`, 10.77.0.2), four queues each.
+//!
+//! Needs root. Without root (or when the bed cannot be made) each test prints `SKIPPED: <why>`
+//! and passes, except under `CI=true`, where it fails with the reason. Tests serialise on the
+//! same file lock as the other test-bed users (`/run/lock/iwarp-netns.lock`), bring the bed up
+//! fresh and always take it down (also when an assertion fails).
+//!
+//! This binary installs a counting global allocator: it counts only on a thread that switched
+//! counting on, so the other tests are unaffected.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{self, Read};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
+use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
+use datapath::xsk::{
+    enter_netns, interface_info, resolve_next_hop, BindMode, XskConfig, XskError, XskSocket,
+};
+use socket2::{Domain, Protocol, Socket, Type};
+
+// ---------------------------------------------------------------- counting allocator
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note_alloc() {
+    if COUNTING.with(|c| c.get()) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only an
+// atomic and a const-initialised thread-local (neither allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// ---------------------------------------------------------------- test bed
+
+const NS_A: &str = "iwa";
+const NS_B: &str = "iwb";
+const DEV_A: &str = "iwa0";
+const DEV_B: &str = "iwb0";
+const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const QUEUES: u32 = 4;
+const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+fn run_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The test bed, up while this lives (down again on drop, also while unwinding).
+struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    fn up() -> Result<Bed, String> {
+        if !is_root() {
+            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+macro_rules! bed_or_skip {
+    () => {
+        match Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// Runs `f` on a fresh thread inside network namespace `ns`.
+fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// `Tcp: OutRsts` of the calling thread's namespace.
+fn tcp_out_rsts() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("read snmp");
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let names: Vec<&str> = tcp.next().expect("Tcp header").split_whitespace().collect();
+    let values: Vec<&str> = tcp.next().expect("Tcp values").split_whitespace().collect();
+    let i = names.iter().position(|n| *n == "OutRsts").expect("OutRsts");
+    values[i].parse().expect("number")
+}
+
+fn copy_cfg() -> XskConfig {
+    XskConfig {
+        bind_mode: BindMode::Copy,
+        ..XskConfig::default()
+    }
+}
+
+/// Frame spec from this namespace's `dev` to `dst` (MAC resolved through the neighbour table).
+fn spec_to(dev: &str, dst: Ipv4Addr, src_port: u16, dst_port: u16) -> TcpFrameSpec {
+    let info = interface_info(dev).expect("interface facts");
+    let (src_ip, _) = info.ipv4.expect("interface has an IPv4 address");
+    let (route, dst_mac) =
+        resolve_next_hop(dst, Duration::from_secs(3)).expect("next hop MAC resolves");
+    assert_eq!(route.ifindex, info.index, "route to {dst} leaves by {dev}");
+    TcpFrameSpec {
+        src_mac: info.mac,
+        dst_mac,
+        src_ip,
+        dst_ip: dst,
+        src_port,
+        dst_port,
+        seq: 1,
+        ack: 0,
+        flags: tcp_flags::ACK | tcp_flags::PSH,
+        window: 65535,
+        ip_id: 0,
+    }
+}
+
+fn pattern(seq: u32, p: &mut [u8]) {
+    for (i, b) in p.iter_mut().enumerate() {
+        *b = (seq as usize).wrapping_add(i) as u8;
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+/// Interface facts over rtnetlink match the bed: MAC, address, MTU, queue count; ARP resolution
+/// from an empty neighbour table works.
+#[test]
+fn interface_facts_and_neighbour_resolution() {
+    let _bed = bed_or_skip!();
+    let mac_b = in_ns(NS_B, || interface_info(DEV_B).expect("iwb0").mac);
+    in_ns(NS_A, || {
+        let info = interface_info(DEV_A).expect("iwa0");
+        assert_eq!(info.ipv4, Some((ADDR_A, 24)));
+        assert_eq!(info.mtu, 1500);
+        assert_eq!((info.rx_queues, info.tx_queues), (QUEUES, QUEUES));
+        assert_ne!(info.mac, [0; 6]);
+        let t = Instant::now();
+        let (route, mac) = resolve_next_hop(ADDR_B, Duration::from_secs(3)).expect("resolve");
+        assert_eq!(route.next_hop, ADDR_B);
+        assert_eq!(route.ifindex, info.index);
+        assert_eq!(route.src, Some(ADDR_A));
+        assert_eq!(mac, mac_b, "neighbour table MAC of 10.77.0.2 is iwb0's");
+        println!("resolved {ADDR_B} -> {mac:02x?} in {:?}", t.elapsed());
+        match resolve_next_hop(Ipv4Addr::new(10, 77, 0, 99), Duration::from_millis(300)) {
+            Err(XskError::NeighbourUnresolved { ip, .. }) => {
+                assert_eq!(ip, Ipv4Addr::new(10, 77, 0, 99))
+            }
+            other => panic!("absent host must not resolve: {other:?}"),
+        }
+    });
+}
+
+/// A frame built in a UMEM frame and sent from the TX ring of a socket in `iwa` arrives in `iwb`
+/// (seen by an AF_PACKET socket there) with valid IPv4 and TCP checksums and intact payload.
+#[test]
+fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
+    let _bed = bed_or_skip!();
+    const DPORT: u16 = 17101;
+    let capture = in_ns(NS_B, || {
+        let proto = Protocol::from(i32::from((libc::ETH_P_ALL as u16).to_be()));
+        let s = Socket::new(Domain::PACKET, Type::RAW, Some(proto)).expect("AF_PACKET socket");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        s
+    });
+    let sizes = [64usize, 1514];
+    in_ns(NS_A, || {
+        let mut xsk = XskSocket::open(DEV_A, 0, &copy_cfg()).expect("AF_XDP socket on iwa0/0");
+        assert!(!xsk.is_zero_copy(), "veth has no zero-copy");
+        let spec = spec_to(DEV_A, ADDR_B, 40001, DPORT);
+        let sent = xsk
+            .send_batch(sizes.len(), |i, buf| {
+                let s = TcpFrameSpec {
+                    seq: 1000 + i as u32,
+                    ..spec
+                };
+                write_tcp_frame(buf, &s, sizes[i], |p| pattern(s.seq, p)).unwrap()
+            })
+            .unwrap();
+        assert_eq!(sent, sizes.len());
+        assert!(
+            xsk.drain_tx(Duration::from_secs(2)).unwrap(),
+            "TX completes"
+        );
+        let st = xsk.stats();
+        assert_eq!((st.tx_frames, st.tx_completed), (2, 2), "{st:?}");
+        assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
+    });
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while seen.len() < sizes.len() && Instant::now() < deadline {
+        let n = match (&capture).read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => panic!("AF_PACKET read: {e}"),
+        };
+        let Some(f) = TcpFrame::parse(&buf[..n]) else {
+            continue;
+        };
+        if f.src_ip() != ADDR_A || f.dst_port() != DPORT {
+            continue;
+        }
+        assert!(f.ipv4_checksum_ok(), "IPv4 checksum of {:?}", f);
+        assert!(f.tcp_checksum_ok(), "TCP checksum of {:?}", f);
+        let mut want = vec![0u8; f.payload().len()];
+        pattern(f.seq(), &mut want);
+        assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
+        seen.push((f.seq(), n));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![(1000, 64), (1001, 1514)],
+        "frames seen in iwb (seq, length)"
+    );
+}
+
+/// A SYN from the kernel of `iwb` to a steered port lands in an AF_XDP RX ring in `iwa` (program
+/// attached, one socket per queue put in the XSKMAP), and the kernel of `iwa` never answers it.
+/// Runs in generic and in driver mode.
+#[test]
+fn steered_syn_lands_in_rx_ring_and_kernel_sends_no_rst() {
+    let _bed = bed_or_skip!();
+    for (mode, expect, port) in [
+        (AttachMode::Generic, ActiveMode::Generic, 17201u16),
+        (AttachMode::Driver, ActiveMode::Driver, 17202),
+    ] {
+        in_ns(NS_A, || {
+            let mut prog = SteeringProgram::load(false).expect("load steering program");
+            assert_eq!(prog.attach(DEV_A, mode).expect("attach"), expect);
+            prog.steer_port(port).unwrap();
+            let mut socks = XskSocket::open_queues(DEV_A, 0..QUEUES, &copy_cfg()).expect("open");
+            for s in &socks {
+                prog.bind_socket(s.queue(), s.fd()).expect("bind_socket");
+            }
+            let rsts = tcp_out_rsts();
+            let err = in_ns(NS_B, || {
+                TcpStream::connect_timeout(
+                    &SocketAddr::V4(SocketAddrV4::new(ADDR_A, port)),
+                    Duration::from_millis(1300),
+                )
+            })
+            .expect_err("connect to a steered port must not complete");
+            assert_eq!(err.kind(), io::ErrorKind::TimedOut, "got {err}");
+            let mut syns = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while syns.is_empty() && Instant::now() < deadline {
+                for s in socks.iter_mut() {
+                    let q = s.queue();
+                    let batch = s.recv_batch(64);
+                    for f in batch.iter().filter_map(TcpFrame::parse) {
+                        if f.dst_port() == port && f.flags() & tcp_flags::SYN != 0 {
+                            assert!(f.ipv4_checksum_ok() && f.tcp_checksum_ok());
+                            assert_eq!(f.src_ip(), ADDR_B);
+                            syns.push(q);
+                        }
+                    }
+                }
+            }
+            assert!(!syns.is_empty(), "{mode} mode: no SYN in any RX ring");
+            assert_eq!(
+                tcp_out_rsts(),
+                rsts,
+                "{mode} mode: kernel in iwa sent a RST"
+            );
+            let c = prog.counters().unwrap();
+            assert!(c.redirected >= syns.len() as u64, "{c:?}");
+            println!("{mode} mode: SYN(s) on queue(s) {syns:?}, counters {c:?}");
+        });
+        // Let the queues be released before the next round binds them again.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Binding a queue that is held fails with `Busy` after the bounded retries; a queue freed a
+/// moment ago binds again (retrying through EBUSY); a queue beyond the device's is refused.
+#[test]
+fn busy_queue_retry_and_range() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let held = XskSocket::open(DEV_A, 1, &copy_cfg()).expect("open queue 1");
+        let quick = XskConfig {
+            bind_attempts: 2,
+            bind_retry_delay: Duration::from_millis(50),
+            ..copy_cfg()
+        };
+        match XskSocket::open(DEV_A, 1, &quick) {
+            Err(e @ XskError::Busy { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("EBUSY") && msg.contains("2 bind attempts"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        drop(held);
+        let again = XskSocket::open(DEV_A, 1, &copy_cfg()).expect("rebind after close");
+        assert_eq!(again.queue(), 1);
+        match XskSocket::open(DEV_A, QUEUES, &copy_cfg()) {
+            Err(XskError::QueueOutOfRange { queues, .. }) => assert_eq!(queues, QUEUES),
+            other => panic!("expected QueueOutOfRange, got {other:?}"),
+        }
+        let all = XskSocket::open_queues(DEV_A, [0, 2, 3], &copy_cfg()).expect("other queues");
+        assert_eq!(all.len(), 3);
+    });
+}
+
+/// Steady state of TX (socket in `iwb`) and RX (sockets in `iwa`, steered): 10,000 frames sent
+/// and received with zero heap allocations on the polling thread.
+#[test]
+fn no_allocation_per_packet_on_rx_and_tx_paths() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17301;
+    const WARMUP: usize = 1_000;
+    const MEASURED: usize = 10_000;
+    const SIZE: usize = 128;
+    let (mut tx, spec) = in_ns(NS_B, || {
+        let tx = XskSocket::open(DEV_B, 0, &copy_cfg()).expect("TX socket in iwb");
+        (tx, spec_to(DEV_B, ADDR_A, 40002, PORT))
+    });
+    in_ns(NS_A, || {
+        let mut prog = SteeringProgram::load(false).unwrap();
+        prog.attach(DEV_A, AttachMode::Generic).unwrap();
+        prog.steer_port(PORT).unwrap();
+        let mut rx = XskSocket::open_queues(DEV_A, 0..QUEUES, &copy_cfg()).unwrap();
+        for s in &rx {
+            prog.bind_socket(s.queue(), s.fd()).unwrap();
+        }
+        let mut seq = 0u32;
+        let mut run = |frames: usize, count: bool| -> (usize, u64) {
+            let before = ALLOCS.load(Ordering::Relaxed);
+            COUNTING.with(|c| c.set(count));
+            let mut sent = 0;
+            let mut got = 0;
+            let mut bad = 0u64;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while got < frames && Instant::now() < deadline {
+                if sent < frames && sent - got < 256 {
+                    let n = (frames - sent).min(32);
+                    sent += tx
+                        .send_batch(n, |_, buf| {
+                            seq = seq.wrapping_add(1);
+                            let s = TcpFrameSpec { seq, ..spec };
+                            write_tcp_frame(buf, &s, SIZE, |p| p.fill(0x5a)).unwrap_or(0)
+                        })
+                        .unwrap();
+                }
+                tx.flush().unwrap();
+                for s in rx.iter_mut() {
+                    let b = s.recv_batch(64);
+                    for f in b.iter() {
+                        match TcpFrame::parse(f) {
+                            Some(t) if t.dst_port() == PORT && t.tcp_checksum_ok() => got += 1,
+                            _ => bad += 1,
+                        }
+                    }
+                }
+            }
+            COUNTING.with(|c| c.set(false));
+            let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+            assert_eq!(bad, 0, "unexpected frames in the RX rings");
+            (got, allocs)
+        };
+        // The counter itself works: one allocation on this thread while counting is one.
+        let before = ALLOCS.load(Ordering::Relaxed);
+        COUNTING.with(|c| c.set(true));
+        drop(std::hint::black_box(Vec::<u8>::with_capacity(64)));
+        COUNTING.with(|c| c.set(false));
+        assert_eq!(
+            ALLOCS.load(Ordering::Relaxed) - before,
+            1,
+            "counting allocator"
+        );
+        let (got, _) = run(WARMUP, false);
+        assert_eq!(got, WARMUP, "warm-up frames received");
+        let (got, allocs) = run(MEASURED, true);
+        let stats: Vec<_> = rx.iter().map(|s| (s.queue(), s.stats())).collect();
+        assert_eq!(got, MEASURED, "frames received; rx stats {stats:?}");
+        assert_eq!(
+            allocs, 0,
+            "heap allocations during {MEASURED} frames each way"
+        );
+        println!(
+            "{MEASURED} frames of {SIZE} B: 0 allocations; tx {:?}; rx per queue {:?}",
+            tx.stats(),
+            stats
+                .iter()
+                .map(|(q, s)| (*q, s.rx_frames))
+                .collect::<Vec<_>>()
+        );
+    });
+}
