@@ -1,0 +1,433 @@
+//! The connection table: O(1) demultiplexing by 4-tuple (a hash map into a
+//! slab), listeners with a backlog (RFC 9293 3.10.7.2), RST replies for
+//! segments that match nothing (3.10.7.1), a ready queue for transmission
+//! and a timer heap, so the cost per packet does not grow with the number
+//! of connections.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use crate::config::Config;
+use crate::conn::{reset_reply, Connection, PassedUp, State};
+use crate::isn::IsnGenerator;
+use crate::time::Instant;
+use crate::wire::{FourTuple, SegmentRepr, WireError};
+use core::net::Ipv4Addr;
+
+/// Handle of a connection in the table (stale handles are detected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    index: u32,
+    generation: u32,
+}
+
+/// Why a table operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// A connection with this 4-tuple exists.
+    #[error("4-tuple in use")]
+    TupleInUse,
+    /// The table is at its configured capacity.
+    #[error("connection table full")]
+    Full,
+}
+
+/// Packet-level counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Packets dropped because they failed parsing, by reason.
+    pub bad_checksum: u64,
+    /// Bad IPv4 header or not TCP or fragments.
+    pub bad_ip: u64,
+    /// Bad data offset.
+    pub bad_data_offset: u64,
+    /// Truncated or malformed options.
+    pub bad_options: u64,
+    /// Truncated packets.
+    pub truncated: u64,
+    /// Segments for no connection and no listener.
+    pub no_connection: u64,
+    /// RSTs generated for such segments.
+    pub resets_sent: u64,
+    /// SYNs dropped because a listener's backlog was full.
+    pub backlog_drops: u64,
+    /// Connections created from SYNs.
+    pub passive_opens: u64,
+}
+
+#[derive(Debug)]
+struct Listener {
+    config: Config,
+    backlog: usize,
+    pending: usize,
+    accept_queue: VecDeque<ConnId>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    conn: Option<Connection>,
+    tuple: Option<FourTuple>,
+    listener: Option<(Ipv4Addr, u16)>,
+    queued_for_accept: bool,
+    deadline: Option<Instant>,
+    ready: bool,
+}
+
+/// All connections of one engine.
+#[derive(Debug)]
+pub struct ConnectionTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    by_tuple: HashMap<FourTuple, u32>,
+    listeners: HashMap<(Ipv4Addr, u16), Listener>,
+    isn: IsnGenerator,
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    ready: VecDeque<u32>,
+    resets: VecDeque<SegmentRepr<'static>>,
+    max_connections: usize,
+    stats: TableStats,
+}
+
+const MAX_PENDING_RESETS: usize = 256;
+
+impl ConnectionTable {
+    /// A table for up to `max_connections`, with the ISN secret `isn_key`.
+    pub fn new(isn_key: [u8; 16], max_connections: usize) -> Self {
+        ConnectionTable {
+            slots: Vec::with_capacity(max_connections),
+            free: Vec::with_capacity(max_connections),
+            by_tuple: HashMap::with_capacity(max_connections),
+            listeners: HashMap::new(),
+            isn: IsnGenerator::new(isn_key),
+            timers: BinaryHeap::with_capacity(max_connections * 2),
+            ready: VecDeque::with_capacity(max_connections),
+            resets: VecDeque::with_capacity(MAX_PENDING_RESETS),
+            max_connections,
+            stats: TableStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &TableStats {
+        &self.stats
+    }
+
+    /// Live connections (including TIME-WAIT and not yet removed closed ones).
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Whether the table holds no connection.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Accept connections on `addr:port` (`addr` unspecified: any address);
+    /// at most `backlog` connections may be half-open or waiting in
+    /// [`ConnectionTable::accept`].
+    pub fn listen(&mut self, addr: Ipv4Addr, port: u16, backlog: usize, config: Config) {
+        self.listeners.insert(
+            (addr, port),
+            Listener {
+                config,
+                backlog,
+                pending: 0,
+                accept_queue: VecDeque::with_capacity(backlog),
+            },
+        );
+    }
+
+    /// Take an established connection from a listener's queue.
+    pub fn accept(&mut self, addr: Ipv4Addr, port: u16) -> Option<ConnId> {
+        let l = self.listeners.get_mut(&(addr, port))?;
+        let id = l.accept_queue.pop_front()?;
+        l.pending = l.pending.saturating_sub(1);
+        if let Some(slot) = self.slots.get_mut(id.index as usize) {
+            slot.listener = None;
+        }
+        Some(id)
+    }
+
+    fn insert(
+        &mut self,
+        conn: Connection,
+        listener: Option<(Ipv4Addr, u16)>,
+    ) -> Result<ConnId, TableError> {
+        let tuple = conn.four_tuple();
+        if self.by_tuple.contains_key(&tuple) {
+            return Err(TableError::TupleInUse);
+        }
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() >= self.max_connections {
+                    return Err(TableError::Full);
+                }
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: None,
+                    tuple: None,
+                    listener: None,
+                    queued_for_accept: false,
+                    deadline: None,
+                    ready: false,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.conn = Some(conn);
+        slot.tuple = Some(tuple);
+        slot.listener = listener;
+        slot.queued_for_accept = false;
+        slot.deadline = None;
+        slot.ready = false;
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        self.by_tuple.insert(tuple, index);
+        self.mark_ready(index);
+        Ok(id)
+    }
+
+    /// Active open.
+    pub fn connect(
+        &mut self,
+        config: Config,
+        tuple: FourTuple,
+        now: Instant,
+    ) -> Result<ConnId, TableError> {
+        if self.by_tuple.contains_key(&tuple) {
+            return Err(TableError::TupleInUse);
+        }
+        let conn = Connection::connect(config, tuple, &self.isn, now);
+        self.insert(conn, None)
+    }
+
+    /// The connection for `tuple`, O(1).
+    pub fn lookup(&self, tuple: &FourTuple) -> Option<ConnId> {
+        let &index = self.by_tuple.get(tuple)?;
+        let slot = &self.slots[index as usize];
+        Some(ConnId {
+            index,
+            generation: slot.generation,
+        })
+    }
+
+    fn slot(&self, id: ConnId) -> Option<&Slot> {
+        self.slots
+            .get(id.index as usize)
+            .filter(|s| s.generation == id.generation && s.conn.is_some())
+    }
+
+    /// Read access to a connection.
+    pub fn get(&self, id: ConnId) -> Option<&Connection> {
+        self.slot(id)?.conn.as_ref()
+    }
+
+    /// Write access (sending, closing, reading): the connection is queued
+    /// for transmission and its timers are re-read at the next poll.
+    pub fn get_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
+        self.slot(id)?;
+        self.mark_ready(id.index);
+        self.slots[id.index as usize].conn.as_mut()
+    }
+
+    /// Forget a connection (normally once it is closed).
+    pub fn remove(&mut self, id: ConnId) -> Option<Connection> {
+        self.slot(id)?;
+        let slot = &mut self.slots[id.index as usize];
+        if let Some(t) = slot.tuple.take() {
+            if self.by_tuple.get(&t) == Some(&id.index) {
+                self.by_tuple.remove(&t);
+            }
+        }
+        if let Some(key) = slot.listener.take() {
+            if let Some(l) = self.listeners.get_mut(&key) {
+                l.pending = l.pending.saturating_sub(1);
+                l.accept_queue.retain(|q| *q != id);
+            }
+        }
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.deadline = None;
+        let conn = slot.conn.take();
+        self.free.push(id.index);
+        conn
+    }
+
+    fn mark_ready(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
+        if !slot.ready {
+            slot.ready = true;
+            self.ready.push_back(index);
+        }
+    }
+
+    fn count_error(&mut self, e: WireError) {
+        let s = &mut self.stats;
+        match e {
+            WireError::BadTcpChecksum | WireError::BadIpv4Checksum => s.bad_checksum += 1,
+            WireError::BadDataOffset => s.bad_data_offset += 1,
+            WireError::TruncatedOption | WireError::BadOptionLength => s.bad_options += 1,
+            WireError::Truncated => s.truncated += 1,
+            _ => s.bad_ip += 1,
+        }
+    }
+
+    /// Process one received IPv4 packet. Malformed packets are counted and
+    /// dropped. Data passed up (PassUp mode) goes to `pass_up` with the
+    /// connection's handle.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        packet: &[u8],
+        mut pass_up: impl FnMut(ConnId, PassedUp<'_>),
+    ) -> Result<Option<ConnId>, WireError> {
+        let seg = match SegmentRepr::parse(packet) {
+            Ok(s) => s,
+            Err(e) => {
+                self.count_error(e);
+                return Err(e);
+            }
+        };
+        let tuple = FourTuple::of_received(&seg);
+        if let Some(&index) = self.by_tuple.get(&tuple) {
+            let slot = &mut self.slots[index as usize];
+            let id = ConnId {
+                index,
+                generation: slot.generation,
+            };
+            if let Some(conn) = slot.conn.as_mut() {
+                conn.handle_segment(now, &seg, |p| pass_up(id, p));
+                let state = conn.state();
+                if state == State::Closed {
+                    if let Some(t) = slot.tuple.take() {
+                        self.by_tuple.remove(&t);
+                    }
+                }
+                if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
+                    if !matches!(state, State::SynReceived | State::Closed) {
+                        slot.queued_for_accept = true;
+                        if let Some(l) = self.listeners.get_mut(&key) {
+                            l.accept_queue.push_back(id);
+                        }
+                    }
+                }
+            }
+            self.mark_ready(index);
+            return Ok(Some(id));
+        }
+        // No connection: a listener may take a SYN.
+        if seg.flags.syn && !seg.flags.ack && !seg.flags.rst {
+            let key = if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
+                Some((seg.dst_addr, seg.dst_port))
+            } else if self
+                .listeners
+                .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
+            {
+                Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
+            } else {
+                None
+            };
+            if let Some(key) = key {
+                let Some(l) = self.listeners.get_mut(&key) else {
+                    return Ok(None);
+                };
+                if l.pending >= l.backlog {
+                    self.stats.backlog_drops += 1;
+                    return Ok(None);
+                }
+                let cfg = l.config.clone();
+                if let Some(conn) = Connection::accept(cfg, &seg, &self.isn, now) {
+                    if let Ok(id) = self.insert(conn, Some(key)) {
+                        if let Some(l) = self.listeners.get_mut(&key) {
+                            l.pending += 1;
+                        }
+                        self.stats.passive_opens += 1;
+                        return Ok(Some(id));
+                    }
+                }
+                return Ok(None);
+            }
+        }
+        self.stats.no_connection += 1;
+        if let Some(rst) = reset_reply(&seg) {
+            if self.resets.len() < MAX_PENDING_RESETS {
+                self.resets.push_back(rst);
+            }
+        }
+        Ok(None)
+    }
+
+    fn reschedule(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
+        let d = slot.conn.as_ref().and_then(|c| c.poll_timeout());
+        if d != slot.deadline {
+            slot.deadline = d;
+            if let Some(d) = d {
+                self.timers.push(Reverse((d, index, slot.generation)));
+            }
+        }
+    }
+
+    /// Emit the next packet of any connection (or a pending RST).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if let Some(rst) = self.resets.pop_front() {
+            if let Ok(n) = rst.emit(buf) {
+                self.stats.resets_sent += 1;
+                return Some(n);
+            }
+        }
+        while let Some(&index) = self.ready.front() {
+            let slot = &mut self.slots[index as usize];
+            if let Some(conn) = slot.conn.as_mut() {
+                if let Some(n) = conn.poll_transmit(now, buf) {
+                    return Some(n);
+                }
+            }
+            slot.ready = false;
+            self.ready.pop_front();
+            self.reschedule(index);
+        }
+        None
+    }
+
+    /// The earliest deadline of any connection.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((d, index, generation))) = self.timers.peek() {
+            let slot = &self.slots[index as usize];
+            if slot.generation == generation && slot.deadline == Some(d) {
+                return Some(d);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    /// Run every expired timer.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&Reverse((d, index, generation))) = self.timers.peek() {
+            if d > now {
+                break;
+            }
+            self.timers.pop();
+            let slot = &mut self.slots[index as usize];
+            if slot.generation != generation || slot.deadline != Some(d) {
+                continue;
+            }
+            slot.deadline = None;
+            if let Some(conn) = slot.conn.as_mut() {
+                conn.handle_timeout(now);
+                if conn.state() == State::Closed {
+                    if let Some(t) = slot.tuple.take() {
+                        self.by_tuple.remove(&t);
+                    }
+                }
+            }
+            self.mark_ready(index);
+        }
+    }
+}
