@@ -81,12 +81,12 @@ pub fn establish(
             let request = listener
                 .accept_timeout(WAIT)?
                 .ok_or(DatapathError::Timeout("test accept"))?;
-            request.accept_with_recvs(
-                &server.side.pd,
-                &server.side.cq,
-                server.private_data,
-                server.recvs,
-            )
+            let (pd, cq) = (&server.side.pd, &server.side.cq);
+            if server.recvs.is_empty() {
+                request.accept(pd, cq, server.private_data)
+            } else {
+                request.accept_with_recvs(pd, cq, server.private_data, server.recvs)
+            }
         });
         let client_result = connect(
             addr,
