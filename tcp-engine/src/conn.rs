@@ -1035,9 +1035,7 @@ impl Connection {
             (0, 0) => rel == 0,
             (0, _) => rel >= 0 && rel < wnd,
             (_, 0) => false,
-            (_, _) => {
-                (rel >= 0 && rel < wnd) || (rel + seg_len - 1 >= 0 && rel + seg_len - 1 < wnd)
-            }
+            (_, _) => (rel >= 0 && rel < wnd) || (rel + seg_len > 0 && rel + seg_len - 1 < wnd),
         };
         // Zero window: still process ACK/RST on an exact-sequence segment.
         let zero_window_ok = wnd == 0 && rel == 0;

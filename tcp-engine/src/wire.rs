@@ -189,7 +189,7 @@ impl TcpOptions {
                     o.sack_permitted = true;
                 }
                 5 => {
-                    if body.is_empty() || body.len() % 8 != 0 || body.len() > 32 {
+                    if body.is_empty() || !body.len().is_multiple_of(8) || body.len() > 32 {
                         return Err(WireError::BadOptionLength);
                     }
                     let mut n = 0;

@@ -259,7 +259,7 @@ proptest! {
                 }
                 Op::Close => conn.close(),
                 Op::Abort => {
-                    if now.as_millis() % 7 == 0 {
+                    if now.as_millis().is_multiple_of(7) {
                         conn.abort();
                     }
                 }

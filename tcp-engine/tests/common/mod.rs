@@ -333,6 +333,7 @@ pub fn run_until_done(
     ) && server.dest[..] == client.src[..]
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Client sends `size` octets to the server over `fwd`/`rev` links.
 pub fn transfer(
     seed: u64,
