@@ -1454,21 +1454,29 @@ impl QueuePair {
             _ => None,
         };
         if let Some(status) = status {
-            let named_read = info
+            let copied = info
                 .ddp_header
-                .and_then(|h| DdpHeader::parse(h.as_bytes()).ok().map(|(h, _)| h))
+                .and_then(|h| DdpHeader::parse(h.as_bytes()).ok().map(|(h, _)| h));
+            let named_read = copied
                 .and_then(|h| match h {
                     DdpHeader::Untagged(u) if u.qn == queue::READ_REQUEST => Some(u.msn),
                     _ => None,
                 })
                 .and_then(|msn| self.outstanding_reads.iter().find(|r| r.msn == msn))
                 .and_then(|r| r.seq);
-            let oldest_started = self
-                .outstanding_reads
-                .iter()
-                .filter_map(|r| r.seq)
-                .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
-                .min();
+            // A Terminate that copies the header of some other message (a Write or Send
+            // that already completed here when it was handed out) names no outstanding
+            // work request: nothing is blamed, everything is flushed. Only a Terminate
+            // without a copied header falls back to the oldest started request.
+            let oldest_started = if copied.is_some() {
+                None
+            } else {
+                self.outstanding_reads
+                    .iter()
+                    .filter_map(|r| r.seq)
+                    .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
+                    .min()
+            };
             if let Some(seq) = named_read.or(oldest_started) {
                 self.finish_slot(seq, status);
             }
