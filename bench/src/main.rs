@@ -6,6 +6,7 @@
 
 mod pattern;
 mod proto;
+mod rping;
 mod stats;
 mod tests;
 
@@ -182,6 +183,9 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("rping") {
+        return rping::main(std::env::args().skip(1));
+    }
     let cli = Cli::parse();
     if let Err(e) = cli.validate() {
         eprintln!("iwarp-bench: {e}");
