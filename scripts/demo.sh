@@ -18,6 +18,7 @@ run_pair() {
   # The server is ready when its port accepts connections; the client retries until then.
   for _ in $(seq 1 100); do
     if "$BIN" "$test" --transport socket --port "$PORT" "$@" 127.0.0.1 2>/tmp/iwarp-demo-client.err; then
+      cat /tmp/iwarp-demo-client.err >&2
       wait "$server"
       return 0
     fi
