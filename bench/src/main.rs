@@ -6,6 +6,7 @@
 
 mod pattern;
 mod proto;
+mod raw;
 mod rping;
 mod stats;
 mod tests;
@@ -183,6 +184,9 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("raw") {
+        return raw::main(std::env::args().skip(1));
+    }
     if std::env::args().nth(1).as_deref() == Some("rping") {
         return rping::main(std::env::args().skip(1));
     }

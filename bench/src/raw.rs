@@ -1,0 +1,623 @@
+//! `iwarp-bench raw <tx|rx|pingpong>`: raw AF_XDP tools, no TCP, for the ceiling of the data
+//! path on the test bed.
+//!
+//! * `raw rx` attaches the steering program to `--iface`, steers `--port`, binds one AF_XDP
+//!   socket per queue (or only `--queue`) into its XSKMAP, and counts the frames that arrive:
+//!   frames/s and Gbit/s from the first frame to the last.
+//! * `raw tx` sends `--count` Ethernet/IPv4/TCP-shaped frames of `--size` octets (valid IPv4
+//!   and TCP checksums, ACK|PSH, a fixed payload pattern) from the TX ring of `--queue` to
+//!   `--dst-ip`:`--port`; the next hop's MAC comes from the kernel's neighbour table (resolved
+//!   on demand). Each frame is one copy of a prebuilt frame into a UMEM frame.
+//! * `raw pingpong` without `--dst-ip` is the responder (echoes every steered frame back with
+//!   addresses and ports swapped); with `--dst-ip` it is the initiator: one frame each way per
+//!   iteration, latency = round trip / 2 (as perftest reports it), printed in perftest's latency
+//!   format.
+//!
+//! Sizes are Ethernet frame lengths without FCS (64 = 14 + 20 + 20 + 10 octets of payload);
+//! Gbit/s counts those octets. Progress goes to stderr once a second; results to stdout.
+
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use datapath::xsk::packet::{
+    swap_endpoints, tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec, HEADERS_LEN,
+};
+use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
+use datapath::xsk::{interface_info, resolve_next_hop, InterfaceInfo, XskConfig, XskSocket};
+use serde::Serialize;
+
+use crate::stats::{self, BandwidthResult, LatencyResult};
+
+/// Raw AF_XDP tools on the test bed (no TCP): the ceiling for everything above.
+#[derive(Parser, Debug)]
+#[command(name = "iwarp-bench raw")]
+struct RawCli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Send --count frames of --size octets to --dst-ip:--port.
+    Tx(Opts),
+    /// Steer --port into AF_XDP sockets and count the frames that arrive.
+    Rx(Opts),
+    /// Latency: responder without --dst-ip, initiator with it.
+    Pingpong(Opts),
+}
+
+/// XDP attach mode of the steering program.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Driver,
+    Generic,
+    Auto,
+}
+
+impl From<Mode> for AttachMode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::Driver => AttachMode::Driver,
+            Mode::Generic => AttachMode::Generic,
+            Mode::Auto => AttachMode::Auto,
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+struct Opts {
+    /// Interface (in the current network namespace).
+    #[arg(long)]
+    iface: String,
+    /// Frame size in octets (Ethernet header to end of payload, no FCS), at least 54.
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Frames to send/receive (tx, rx; default 1000000) or iterations (pingpong; default 10000).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Queue: tx sends from it (default 0); rx and pingpong bind only it (default: all queues).
+    #[arg(long)]
+    queue: Option<u32>,
+    /// XDP attach mode of the steering program (rx, pingpong).
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    mode: Mode,
+    /// Destination address (tx; pingpong initiator).
+    #[arg(long)]
+    dst_ip: Option<Ipv4Addr>,
+    /// TCP port: steered on the receiving side, destination (and source) of the frames sent.
+    #[arg(long, default_value_t = 18600)]
+    port: u16,
+    /// Iterations before the measured ones (pingpong initiator).
+    #[arg(long, default_value_t = 100)]
+    warmup: u64,
+    /// Seconds to wait for the first frame (rx, responder) or for ARP (tx, initiator).
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// Seconds without frames after which rx and the responder stop early.
+    #[arg(long, default_value_t = 2.0)]
+    idle: f64,
+    /// Print one JSON object with the results on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Entry point: `args` starts with the subcommand's own name ("raw").
+pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
+    let cli = match RawCli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match &cli.cmd {
+        Cmd::Tx(o) => tx(o),
+        Cmd::Rx(o) => rx(o),
+        Cmd::Pingpong(o) if o.dst_ip.is_some() => ping(o),
+        Cmd::Pingpong(o) => pong(o),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwarp-bench raw: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+fn secs(s: f64, what: &str) -> Res<Duration> {
+    if s.is_finite() && s > 0.0 && s <= 3600.0 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(format!("--{what} must be between 0 and 3600 seconds"))
+    }
+}
+
+fn facts(o: &Opts) -> Res<(InterfaceInfo, Ipv4Addr)> {
+    let info = interface_info(&o.iface).map_err(|e| e.to_string())?;
+    let (ip, _) = info
+        .ipv4
+        .ok_or_else(|| format!("interface {} has no IPv4 address", o.iface))?;
+    let max = (info.mtu as usize + 14).min(3840);
+    if o.size < HEADERS_LEN || o.size > max {
+        return Err(format!(
+            "--size {} out of range: {HEADERS_LEN}..={max} on {} (MTU {}; a 4 KiB UMEM frame \
+             holds 3840; raise the MTU on both veth ends for larger frames)",
+            o.size, o.iface, info.mtu
+        ));
+    }
+    Ok((info, ip))
+}
+
+fn spec_for(o: &Opts, info: &InterfaceInfo, src_ip: Ipv4Addr) -> Res<TcpFrameSpec> {
+    let dst = o.dst_ip.ok_or("--dst-ip is required")?;
+    let (route, dst_mac) =
+        resolve_next_hop(dst, secs(o.timeout, "timeout")?).map_err(|e| e.to_string())?;
+    if route.ifindex != info.index {
+        return Err(format!(
+            "the route to {dst} leaves by interface index {}, not {} ({})",
+            route.ifindex, o.iface, info.index
+        ));
+    }
+    Ok(TcpFrameSpec {
+        src_mac: info.mac,
+        dst_mac,
+        src_ip,
+        dst_ip: dst,
+        src_port: o.port,
+        dst_port: o.port,
+        seq: 0,
+        ack: 0,
+        flags: tcp_flags::ACK | tcp_flags::PSH,
+        window: 65535,
+        ip_id: 0,
+    })
+}
+
+fn frame_into(buf: &mut [u8], spec: &TcpFrameSpec, size: usize) -> usize {
+    write_tcp_frame(buf, spec, size, |p| {
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+    })
+    .unwrap_or(0)
+}
+
+/// Attaches the steering program, steers the port and binds one socket per selected queue.
+fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Vec<XskSocket>)> {
+    let mut prog = SteeringProgram::load(false).map_err(|e| e.to_string())?;
+    let active = prog
+        .attach(&o.iface, o.mode.into())
+        .map_err(|e| e.to_string())?;
+    prog.steer_port(o.port).map_err(|e| e.to_string())?;
+    let queues: Vec<u32> = match o.queue {
+        Some(q) => vec![q],
+        None => (0..info.rx_queues.min(info.tx_queues)).collect(),
+    };
+    let socks = XskSocket::open_queues(&o.iface, queues, &XskConfig::default())
+        .map_err(|e| e.to_string())?;
+    for s in &socks {
+        prog.bind_socket(s.queue(), s.fd())
+            .map_err(|e| e.to_string())?;
+    }
+    Ok((prog, active, socks))
+}
+
+fn describe(o: &Opts, active: Option<ActiveMode>, socks: &[XskSocket]) -> String {
+    let queues: Vec<u32> = socks.iter().map(|s| s.queue()).collect();
+    let first = &socks[0];
+    format!(
+        "{} queue(s) {queues:?} port {}{}, AF_XDP {} mode, UMEM on {} pages",
+        o.iface,
+        o.port,
+        active.map(|m| format!(", {m} XDP")).unwrap_or_default(),
+        if first.is_zero_copy() {
+            "zero-copy"
+        } else {
+            "copy"
+        },
+        if first.hugepages() { "huge" } else { "4 KiB" },
+    )
+}
+
+struct Progress {
+    quiet: bool,
+    label: &'static str,
+    start: Instant,
+    last: Instant,
+    last_count: u64,
+}
+
+impl Progress {
+    fn new(quiet: bool, label: &'static str) -> Self {
+        let now = Instant::now();
+        Self {
+            quiet,
+            label,
+            start: now,
+            last: now,
+            last_count: 0,
+        }
+    }
+    fn tick(&mut self, count: u64, total: u64) {
+        if self.quiet {
+            return;
+        }
+        let now = Instant::now();
+        let dt = now.duration_since(self.last);
+        if dt >= Duration::from_secs(1) {
+            let rate = (count - self.last_count) as f64 / dt.as_secs_f64() / 1e6;
+            eprintln!(
+                "raw {}: {count}/{total} after {:.1} s ({rate:.3} Mpps)",
+                self.label,
+                now.duration_since(self.start).as_secs_f64()
+            );
+            self.last = now;
+            self.last_count = count;
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct BwReport<'a> {
+    test: &'a str,
+    iface: &'a str,
+    queues: Vec<u32>,
+    xdp_mode: Option<String>,
+    zero_copy: bool,
+    frame_bytes: usize,
+    expected: u64,
+    frames: u64,
+    #[serde(flatten)]
+    bw: BandwidthResult,
+    kernel_drops: u64,
+}
+
+fn print_bw(o: &Opts, report: &BwReport<'_>) {
+    if o.json {
+        println!(
+            "{}",
+            serde_json::to_string(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+    } else {
+        println!("{}", stats::BW_HEADER);
+        println!("{}", stats::bw_row(&report.bw));
+        println!(
+            "raw {}: {} of {} frames, {:.3} Mpps, {:.3} Gbit/s (frame octets), kernel drops {}",
+            report.test,
+            report.frames,
+            report.expected,
+            report.bw.msg_rate_mpps,
+            report.bw.gbit_per_sec,
+            report.kernel_drops
+        );
+    }
+}
+
+fn tx(o: &Opts) -> Res<()> {
+    let count = o.count.unwrap_or(1_000_000);
+    let (info, src_ip) = facts(o)?;
+    let spec = spec_for(o, &info, src_ip)?;
+    let mut template = vec![0u8; o.size];
+    let size = frame_into(&mut template, &spec, o.size);
+    let queue = o.queue.unwrap_or(0);
+    let mut sock =
+        XskSocket::open(&o.iface, queue, &XskConfig::default()).map_err(|e| e.to_string())?;
+    if !o.quiet {
+        eprintln!(
+            "raw tx: {count} frames of {size} octets to {}:{} via {}",
+            spec.dst_ip,
+            o.port,
+            describe(o, None, std::slice::from_ref(&sock))
+        );
+    }
+    let mut progress = Progress::new(o.quiet, "tx");
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < count {
+        let n = (count - sent).min(256) as usize;
+        let k = sock
+            .send_batch(n, |_, buf| {
+                buf[..size].copy_from_slice(&template);
+                size
+            })
+            .map_err(|e| e.to_string())?;
+        sent += k as u64;
+        if k < n {
+            sock.flush().map_err(|e| e.to_string())?;
+        }
+        progress.tick(sent, count);
+    }
+    let drained = sock
+        .drain_tx(Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
+    let seconds = start.elapsed().as_secs_f64();
+    if !drained {
+        return Err(format!(
+            "{} frames still not completed after 10 s",
+            sock.tx_in_flight()
+        ));
+    }
+    let st = sock.stats();
+    print_bw(
+        o,
+        &BwReport {
+            test: "tx",
+            iface: &o.iface,
+            queues: vec![queue],
+            xdp_mode: None,
+            zero_copy: sock.is_zero_copy(),
+            frame_bytes: size,
+            expected: count,
+            frames: st.tx_completed,
+            bw: BandwidthResult::new(size as u64, st.tx_completed, seconds),
+            kernel_drops: st.tx_invalid_descs,
+        },
+    );
+    Ok(())
+}
+
+fn rx(o: &Opts) -> Res<()> {
+    let count = o.count.unwrap_or(1_000_000);
+    let (info, _) = facts(o)?;
+    let timeout = secs(o.timeout, "timeout")?;
+    let idle = secs(o.idle, "idle")?;
+    let (prog, active, mut socks) = steer(o, &info)?;
+    // The "ready" line: scripts and tests start the sender after it.
+    eprintln!(
+        "raw rx: ready on {}; expecting {count} frames",
+        describe(o, Some(active), &socks)
+    );
+    let before = prog.counters().map_err(|e| e.to_string())?;
+    let mut progress = Progress::new(o.quiet, "rx");
+    let start = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut last = start;
+    let mut frames = 0u64;
+    let mut bytes = 0u64;
+    while frames < count {
+        let mut got = 0;
+        for s in socks.iter_mut() {
+            let b = s.recv_batch(64);
+            got += b.len();
+            for f in b.iter() {
+                bytes += f.len() as u64;
+            }
+        }
+        if got > 0 {
+            frames += got as u64;
+            last = Instant::now();
+            first.get_or_insert(last);
+            progress.tick(frames, count);
+            continue;
+        }
+        let now = Instant::now();
+        match first {
+            None if now.duration_since(start) > timeout => {
+                return Err(format!("no frame arrived within {timeout:?}"));
+            }
+            Some(_) if now.duration_since(last) > idle => break,
+            _ => progress.tick(frames, count),
+        }
+    }
+    let seconds = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+    let c = prog.counters().map_err(|e| e.to_string())?.since(&before);
+    let drops: u64 = socks
+        .iter()
+        .map(|s| {
+            let st = s.stats();
+            st.rx_dropped + st.rx_ring_full
+        })
+        .sum();
+    let size = bytes.checked_div(frames).map_or(o.size, |b| b as usize);
+    print_bw(
+        o,
+        &BwReport {
+            test: "rx",
+            iface: &o.iface,
+            queues: socks.iter().map(|s| s.queue()).collect(),
+            xdp_mode: Some(active.to_string()),
+            zero_copy: socks[0].is_zero_copy(),
+            frame_bytes: size,
+            expected: count,
+            frames,
+            bw: BandwidthResult::new(size as u64, frames, seconds),
+            kernel_drops: drops,
+        },
+    );
+    if !o.json {
+        println!(
+            "raw rx: XDP counters: redirected {}, passed {}, no socket {}",
+            c.redirected, c.passed, c.no_socket
+        );
+        for s in &socks {
+            let st = s.stats();
+            println!(
+                "raw rx: queue {}: {} frames, dropped {}, RX ring full {}, fill ring empty {}",
+                s.queue(),
+                st.rx_frames,
+                st.rx_dropped,
+                st.rx_ring_full,
+                st.fill_ring_empty
+            );
+        }
+    }
+    if frames < count {
+        return Err(format!(
+            "received {frames} of {count} frames (nothing for {idle:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// The responder: echoes every frame steered to the port, addresses and ports swapped.
+fn pong(o: &Opts) -> Res<()> {
+    let count = o.count.unwrap_or(10_000) + o.warmup;
+    let (info, _) = facts(o)?;
+    let timeout = secs(o.timeout, "timeout")?;
+    let idle = secs(o.idle, "idle")?;
+    let (_prog, active, mut socks) = steer(o, &info)?;
+    eprintln!(
+        "raw pingpong: responder ready on {}; answering up to {count} frames",
+        describe(o, Some(active), &socks)
+    );
+    let mut scratch = vec![0u8; 4096];
+    let start = Instant::now();
+    let mut last: Option<Instant> = None;
+    let mut answered = 0u64;
+    while answered < count {
+        let mut any = false;
+        for s in socks.iter_mut() {
+            let len = {
+                let b = s.recv_batch(1);
+                if b.is_empty() {
+                    continue;
+                }
+                let f = b.frame(0);
+                let n = f.len().min(scratch.len());
+                scratch[..n].copy_from_slice(&f[..n]);
+                n
+            };
+            any = true;
+            if !swap_endpoints(&mut scratch[..len]) {
+                continue;
+            }
+            let frame = &scratch[..len];
+            s.send_batch(1, |_, buf| {
+                buf[..frame.len()].copy_from_slice(frame);
+                frame.len()
+            })
+            .map_err(|e| e.to_string())?;
+            answered += 1;
+        }
+        let now = Instant::now();
+        if any {
+            last = Some(now);
+            continue;
+        }
+        match last {
+            None if now.duration_since(start) > timeout => {
+                return Err(format!("no frame arrived within {timeout:?}"));
+            }
+            Some(l) if now.duration_since(l) > idle => break,
+            _ => {}
+        }
+        for s in socks.iter_mut() {
+            s.flush().map_err(|e| e.to_string())?;
+        }
+    }
+    eprintln!("raw pingpong: responder answered {answered} frames");
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct LatReport<'a> {
+    test: &'a str,
+    iface: &'a str,
+    xdp_mode: String,
+    lost: u64,
+    #[serde(flatten)]
+    lat: LatencyResult,
+}
+
+/// The initiator: one frame out, wait for its echo, `count` times after `warmup`.
+fn ping(o: &Opts) -> Res<()> {
+    let count = o.count.unwrap_or(10_000);
+    if count == 0 {
+        return Err("--count must be at least 1".into());
+    }
+    let (info, src_ip) = facts(o)?;
+    let spec = spec_for(o, &info, src_ip)?;
+    let (_prog, active, mut socks) = steer(o, &info)?;
+    let tx_index = socks
+        .iter()
+        .position(|s| Some(s.queue()) == o.queue || o.queue.is_none())
+        .unwrap_or(0);
+    if !o.quiet {
+        eprintln!(
+            "raw pingpong: {count} iterations of {} octets to {}:{} via {}",
+            o.size,
+            spec.dst_ip,
+            o.port,
+            describe(o, Some(active), &socks)
+        );
+    }
+    let reply_wait = Duration::from_secs(1);
+    let mut frame = vec![0u8; o.size];
+    let mut samples = Vec::with_capacity(count as usize);
+    let mut lost = 0u64;
+    let mut progress = Progress::new(o.quiet, "pingpong");
+    let total = o.warmup + count;
+    for i in 0..total {
+        let seq = i as u32;
+        let size = frame_into(&mut frame, &TcpFrameSpec { seq, ..spec }, o.size);
+        let t0 = Instant::now();
+        socks[tx_index]
+            .send_batch(1, |_, buf| {
+                buf[..size].copy_from_slice(&frame[..size]);
+                size
+            })
+            .map_err(|e| e.to_string())?;
+        let mut rtt = None;
+        'wait: loop {
+            for s in socks.iter_mut() {
+                let b = s.recv_batch(64);
+                for f in b.iter() {
+                    if let Some(t) = TcpFrame::parse(f) {
+                        if t.seq() == seq && t.src_port() == o.port && t.src_ip() == spec.dst_ip {
+                            rtt = Some(t0.elapsed());
+                        }
+                    }
+                }
+                if rtt.is_some() {
+                    break 'wait;
+                }
+            }
+            if t0.elapsed() > reply_wait {
+                break;
+            }
+        }
+        for s in socks.iter_mut() {
+            s.complete();
+        }
+        match rtt {
+            Some(d) if i >= o.warmup => samples.push(d.as_secs_f64() * 1e6 / 2.0),
+            Some(_) => {}
+            None => lost += 1,
+        }
+        progress.tick(i + 1, total);
+    }
+    let lat = LatencyResult::from_samples(o.size as u64, &mut samples);
+    if o.json {
+        let r = LatReport {
+            test: "pingpong",
+            iface: &o.iface,
+            xdp_mode: active.to_string(),
+            lost,
+            lat,
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&r).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+    } else {
+        println!("{}", stats::LAT_HEADER);
+        println!("{}", stats::lat_row(&lat));
+        println!("raw pingpong: latency = round trip / 2; {lost} frame(s) lost");
+    }
+    if samples.is_empty() {
+        return Err("no reply arrived".into());
+    }
+    Ok(())
+}

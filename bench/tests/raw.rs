@@ -1,0 +1,311 @@
+//! `iwarp-bench raw` as a user runs it on the veth test bed (`scripts/netns.sh`): `raw rx` in
+//! namespace `iwa`, `raw tx` and the `raw pingpong` initiator in `iwb`, each under
+//! `ip netns exec`.
+//!
+//! Needs root. Without it (or without the bed) the test-bed tests print `SKIPPED: <why>` and
+//! pass, except under `CI=true`, where they fail with the reason. They serialise with every other
+//! test-bed user on `/run/lock/iwarp-netns.lock`, bring the bed up fresh and always take it down.
+
+mod common;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{bin, is_root, wait_with_timeout};
+
+const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+fn run_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The test bed, up while this lives (down again on drop, also while unwinding).
+struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    fn up() -> Result<Bed, String> {
+        if !is_root() {
+            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+macro_rules! bed_or_skip {
+    () => {
+        match Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// `iwarp-bench raw <args>` inside namespace `ns`.
+fn raw_in(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns])
+        .arg(bin())
+        .arg("raw")
+        .args(args);
+    c
+}
+
+/// A receiving process, started and waited on until it prints its "ready" line on stderr.
+struct Receiver {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Receiver {
+    fn start(mut cmd: Command) -> Receiver {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start receiver");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains("ready") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("receiver never got ready; stderr so far: {seen:?}");
+                }
+            }
+        }
+        Receiver { child, stderr: rx }
+    }
+
+    fn finish(self) -> (Output, String) {
+        let out = wait_with_timeout(self.child, Duration::from_secs(60));
+        let err: Vec<String> = self.stderr.try_iter().collect();
+        (out, err.join("\n"))
+    }
+}
+
+fn json(out: &Output, what: &str) -> serde_json::Value {
+    let s = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{what}: stdout is not one JSON object ({e}):\n{s}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// `raw rx` in iwa counts exactly the N frames `raw tx` in iwb sends (N fits in the RX rings,
+/// so a slow receiver cannot lose any), and both report rates.
+#[test]
+fn raw_tx_to_raw_rx_moves_n_frames() {
+    let _bed = bed_or_skip!();
+    const N: &str = "2000";
+    for (size, mode) in [("64", "generic"), ("1514", "driver")] {
+        let rx = Receiver::start(raw_in(
+            "iwa",
+            &[
+                "rx", "--iface", "iwa0", "--count", N, "--size", size, "--mode", mode, "--port",
+                "18610", "--json", "--quiet",
+            ],
+        ));
+        let tx = raw_in(
+            "iwb",
+            &[
+                "tx",
+                "--iface",
+                "iwb0",
+                "--count",
+                N,
+                "--size",
+                size,
+                "--dst-ip",
+                "10.77.0.1",
+                "--port",
+                "18610",
+                "--json",
+                "--quiet",
+            ],
+        )
+        .output()
+        .expect("run raw tx");
+        assert!(
+            tx.status.success(),
+            "raw tx failed: {}",
+            String::from_utf8_lossy(&tx.stderr)
+        );
+        let (rx_out, rx_err) = rx.finish();
+        assert!(
+            rx_out.status.success(),
+            "raw rx failed:\n{}\n{}\n{rx_err}",
+            String::from_utf8_lossy(&rx_out.stdout),
+            String::from_utf8_lossy(&rx_out.stderr)
+        );
+        let t = json(&tx, "raw tx");
+        let r = json(&rx_out, "raw rx");
+        assert_eq!(t["frames"], 2000, "{t}");
+        assert_eq!(r["frames"], 2000, "{r}");
+        assert_eq!(r["frame_bytes"].as_u64(), size.parse::<u64>().ok(), "{r}");
+        assert_eq!(r["xdp_mode"], mode, "{r}");
+        assert!(t["gbit_per_sec"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(r["msg_rate_mpps"].as_f64().unwrap() > 0.0, "{r}");
+        println!("{size} B {mode}: tx {t}\nrx {r}");
+        // Let the queues of iwa0 be released before the next round binds them again.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `raw pingpong`: responder in iwa, initiator in iwb; every iteration gets its echo and the
+/// latency summary is in perftest's vocabulary.
+#[test]
+fn raw_pingpong_runs() {
+    let _bed = bed_or_skip!();
+    let pong = Receiver::start(raw_in(
+        "iwa",
+        &[
+            "pingpong", "--iface", "iwa0", "--count", "300", "--warmup", "20", "--port", "18620",
+            "--quiet",
+        ],
+    ));
+    let ping = raw_in(
+        "iwb",
+        &[
+            "pingpong",
+            "--iface",
+            "iwb0",
+            "--dst-ip",
+            "10.77.0.1",
+            "--count",
+            "300",
+            "--warmup",
+            "20",
+            "--port",
+            "18620",
+            "--size",
+            "128",
+            "--json",
+            "--quiet",
+        ],
+    )
+    .output()
+    .expect("run pingpong initiator");
+    let (pong_out, pong_err) = pong.finish();
+    assert!(
+        ping.status.success(),
+        "initiator failed: {}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    assert!(pong_out.status.success(), "responder failed: {pong_err}");
+    assert!(pong_err.contains("answered 320 frames"), "{pong_err}");
+    let v = json(&ping, "raw pingpong");
+    assert_eq!(v["iterations"], 300, "{v}");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert_eq!(v["bytes"], 128, "{v}");
+    let (min, med, p99) = (
+        v["t_min_us"].as_f64().unwrap(),
+        v["t_typical_us"].as_f64().unwrap(),
+        v["p99_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < min && min <= med && med <= p99, "{v}");
+    println!("pingpong: {v}");
+}
+
+/// Without a test bed: the subcommand parses, and a missing interface is a clear error.
+#[test]
+fn raw_cli_help_and_errors() {
+    let help = Command::new(bin())
+        .args(["raw", "--help"])
+        .output()
+        .expect("run");
+    assert!(help.status.success());
+    let h = String::from_utf8_lossy(&help.stdout);
+    for sub in ["tx", "rx", "pingpong"] {
+        assert!(h.contains(sub), "{h}");
+    }
+    let out = Command::new(bin())
+        .args([
+            "raw",
+            "tx",
+            "--iface",
+            "nonexistent0",
+            "--dst-ip",
+            "10.77.0.1",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("\"nonexistent0\" not found"),
+        "unexpected error: {e}"
+    );
+    let out = Command::new(bin())
+        .args(["raw", "tx", "--iface", "lo", "--size", "20"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--size 20 out of range"),
+        "unexpected error: {e}"
+    );
+}
