@@ -98,6 +98,10 @@ struct Opts {
     /// Seconds without frames after which rx and the responder stop early.
     #[arg(long, default_value_t = 2.0)]
     idle: f64,
+    /// Size of each AF_XDP ring (RX, fill, TX, completion; a power of two): more frames in
+    /// flight absorb longer stalls of the polling thread.
+    #[arg(long, default_value_t = 2048)]
+    ring: u32,
     /// Print one JSON object with the results on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -142,6 +146,17 @@ fn secs(s: f64, what: &str) -> Res<Duration> {
     } else {
         Err(format!("--{what} must be between 0 and 3600 seconds"))
     }
+}
+
+fn xsk_config(o: &Opts) -> Res<XskConfig> {
+    if !o.ring.is_power_of_two() || !(64..=65536).contains(&o.ring) {
+        return Err("--ring must be a power of two between 64 and 65536".into());
+    }
+    Ok(XskConfig {
+        rx_ring: o.ring,
+        tx_ring: o.ring,
+        ..XskConfig::default()
+    })
 }
 
 fn facts(o: &Opts) -> Res<(InterfaceInfo, Ipv4Addr)> {
@@ -205,8 +220,8 @@ fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Ve
         Some(q) => vec![q],
         None => (0..info.rx_queues.min(info.tx_queues)).collect(),
     };
-    let socks = XskSocket::open_queues(&o.iface, queues, &XskConfig::default())
-        .map_err(|e| e.to_string())?;
+    let socks =
+        XskSocket::open_queues(&o.iface, queues, &xsk_config(o)?).map_err(|e| e.to_string())?;
     for s in &socks {
         prog.bind_socket(s.queue(), s.fd())
             .map_err(|e| e.to_string())?;
@@ -312,8 +327,7 @@ fn tx(o: &Opts) -> Res<()> {
     let mut template = vec![0u8; o.size];
     let size = frame_into(&mut template, &spec, o.size);
     let queue = o.queue.unwrap_or(0);
-    let mut sock =
-        XskSocket::open(&o.iface, queue, &XskConfig::default()).map_err(|e| e.to_string())?;
+    let mut sock = XskSocket::open(&o.iface, queue, &xsk_config(o)?).map_err(|e| e.to_string())?;
     if !o.quiet {
         eprintln!(
             "raw tx: {count} frames of {size} octets to {}:{} via {}",
