@@ -13,6 +13,8 @@ declare -A NEED=(
   [ping]=iputils-ping
   [ethtool]=ethtool
   [m4]=m4
+  [llc]=llvm          # xsk-rs builds libxdp's BPF objects with clang + llc
+  [readelf]=binutils
   [pkg-config]=pkg-config
 )
 # libraries (checked by file)
