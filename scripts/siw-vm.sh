@@ -1,0 +1,731 @@
+#!/usr/bin/env bash
+# Linux siw (soft-iWARP) as an interop peer: a QEMU guest built from Debian 12 packages only.
+#
+#   scripts/siw-vm.sh build          build (or find in the cache) the guest: Debian's kernel, siw
+#                                    built out of tree from linux-source-6.1, an initramfs with
+#                                    busybox, dash, rdma-core's libsiw, rping, perftest, iproute2
+#   scripts/siw-vm.sh run CMD...     boot the guest on the veth test bed (scripts/netns.sh) and
+#                                    run each CMD in it (one dash command line each), printing
+#                                    output and exit status; exits non-zero if any CMD failed
+#   scripts/siw-vm.sh test           the interop suite: rping and perftest style runs between
+#                                    siw in the guest and iwarp-bench in namespace iwa, both
+#                                    directions, several sizes, CRC on/off, MPA rev 1 and 2, and
+#                                    a capture checked by tshark; exits non-zero naming failures
+#
+# Network: the guest's virtio NIC (offloads off) is a tap in namespace iwb, bridged with iwb0,
+# so the guest (10.77.0.3/24) sits on the same segment as iwa0 (10.77.0.1) and iwb (10.77.0.2,
+# moved to the bridge for the run). The test bed is used under the lock the other test-bed users
+# take (/run/lock/iwarp-netns.lock), brought up fresh and taken down afterwards.
+#
+# Commands reach the guest over a virtio-serial port (no traffic on the test network). The guest
+# console log, our side's logs and captures stay in target/siw-vm/ (CI artifacts).
+#
+# Environment: IWARP_SIW_CACHE (default /var/cache/iwarp-siw) holds downloads and built guests,
+# keyed by package versions; IWARP_BENCH names an iwarp-bench binary (default: cargo build);
+# SIW_VM_KVM=1 tries KVM first (off by default: on these machines KVM is a nested software
+# implementation that hangs stock kernels).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${IWARP_SIW_CACHE:-/var/cache/iwarp-siw}
+OUT=${IWARP_SIW_OUT:-$ROOT/target/siw-vm}
+GUEST_FILES=$ROOT/scripts/siw-vm
+LOCK=/run/lock/iwarp-netns.lock
+NS_A=iwa
+NS_B=iwb
+ADDR_A=10.77.0.1
+ADDR_B=10.77.0.2
+GUEST_ADDR=10.77.0.3
+BRIDGE=iwbbr0
+TAP=iwbtap0
+BOOT_TIMEOUT=${SIW_VM_BOOT_TIMEOUT:-120}
+# Whole run (boot plus commands), after which qemu is killed whatever it does.
+RUN_LIMIT=${SIW_VM_RUN_LIMIT:-900}
+RECIPE=3 # bump when the way a guest is built changes
+
+# Host packages the guest build and boot need (command -> package).
+declare -A HOST_NEED=(
+  [qemu-system-x86_64]=qemu-system-x86
+  [gcc-12]=gcc-12
+  [make]=make
+  [xz]=xz-utils
+  [cpio]=cpio
+  [readelf]=binutils
+  [gzip]=gzip
+  [ip]=iproute2
+  [ethtool]=ethtool
+  [flock]=util-linux
+  [tcpdump]=tcpdump
+  [tshark]=tshark
+)
+
+# Packages whose files go into the guest; their library dependencies are added by apt.
+GUEST_ROOTS=(busybox-static dash libc6 libgcc-s1 ibverbs-providers libibverbs1 librdmacm1
+  rdmacm-utils perftest iproute2)
+# Libraries apt lists that nothing in the guest loads (PAM, installer and terminal stacks).
+GUEST_SKIP='^(libpam|libsemanage|libnewt|libslang|libdebian-installer|libaudit|libtextwrap|libreadline|libcap-ng|libcrypt1$)'
+
+STEP=init
+log() { echo "siw-vm: $*" >&2; }
+die() {
+  echo "siw-vm: FAILED at step '$STEP': $*" >&2
+  exit 1
+}
+
+need_root() {
+  [ "$(id -u)" -eq 0 ] || die "must run as root (installs packages, makes taps and namespaces)"
+}
+
+apt_ready() {
+  # apt-cache knows nothing before the first `apt-get update` on a fresh machine.
+  if ! apt-cache show --no-all-versions linux-image-amd64 >/dev/null 2>&1; then
+    log "apt-get update"
+    apt-get update -qq
+  fi
+}
+
+apt_install() {
+  [ $# -gt 0 ] || return 0
+  log "installing $*"
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+host_deps() {
+  local missing=() cmd
+  for cmd in "${!HOST_NEED[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${HOST_NEED[$cmd]}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt_ready
+    apt_install "${missing[@]}"
+  fi
+}
+
+# Candidate version of each package, "name=version" per line.
+versions() {
+  apt-cache show --no-all-versions "$@" | awk '/^Package:/{p=$2} /^Version:/{print p "=" $2}'
+}
+
+# The guest's packages: the roots and the library packages apt says they need.
+guest_packages() {
+  {
+    printf '%s\n' "${GUEST_ROOTS[@]}"
+    apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+      --no-replaces --no-enhances --no-pre-depends "${GUEST_ROOTS[@]}" |
+      grep -v '^ ' | grep -v '^<' | grep -E '^(lib|zlib1g$)' | grep -Ev "$GUEST_SKIP"
+  } | sort -u
+}
+
+# Downloads NAME=VERSION packages into the cache (only those missing).
+download() {
+  local dir=$CACHE/debs want=() pv name ver
+  mkdir -p "$dir"
+  for pv in "$@"; do
+    name=${pv%%=*}
+    ver=${pv#*=}
+    compgen -G "$dir/${name}_${ver//:/%3a}_*.deb" >/dev/null || want+=("$pv")
+  done
+  if [ ${#want[@]} -gt 0 ]; then
+    log "downloading ${#want[@]} packages"
+    (cd "$dir" && apt-get download -qq -o APT::Sandbox::User=root "${want[@]}" >/dev/null) || die "apt-get download failed"
+  fi
+}
+
+deb_of() { # deb_of NAME=VERSION
+  local name=${1%%=*} ver=${1#*=}
+  compgen -G "$CACHE/debs/${name}_${ver//:/%3a}_*.deb" | head -n1
+}
+
+# Kernel modules: prints the load order (dependencies first) of the named modules, reading
+# the depends= field of each module (Debian's image package ships no modules.dep).
+declare -A MOD_PATH=() MOD_DONE=()
+mod_index() { # mod_index MODDIR
+  local f base
+  while IFS= read -r f; do
+    base=${f##*/}
+    base=${base%.ko}
+    MOD_PATH[${base//-/_}]=$f
+  done < <(find "$1" -name '*.ko')
+}
+mod_order() { # mod_order NAME... -> paths, dependencies first
+  local m key dep deps
+  for m in "$@"; do
+    key=${m//-/_}
+    [ -n "${MOD_DONE[$key]:-}" ] && continue
+    MOD_DONE[$key]=1
+    [ -n "${MOD_PATH[$key]:-}" ] || die "module $m not found in the kernel package"
+    deps=$(readelf -p .modinfo "${MOD_PATH[$key]}" | sed -n 's/.*depends=//p')
+    for dep in ${deps//,/ }; do
+      mod_order "$dep"
+    done
+    echo "${MOD_PATH[$key]}"
+  done
+}
+
+# Copies FILE (resolving symlinks) into the initramfs tree at PATH.
+put() { # put SRC DEST_REL
+  mkdir -p "$INITRD/$(dirname "$2")"
+  cp -L "$1" "$INITRD/$2"
+}
+
+# The ELF libraries FILE needs, by soname.
+needed() { readelf -d "$1" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+
+find_lib() { # find_lib SONAME -> path in the extracted tree
+  local d
+  for d in usr/lib/x86_64-linux-gnu lib/x86_64-linux-gnu usr/lib lib; do
+    if [ -e "$FULL/$d/$1" ]; then
+      echo "$FULL/$d/$1"
+      return 0
+    fi
+  done
+  return 1
+}
+
+find_bin() { # find_bin NAME -> path in the extracted tree
+  local d
+  for d in usr/bin usr/sbin bin sbin; do
+    if [ -e "$FULL/$d/$1" ]; then
+      echo "$FULL/$d/$1"
+      return 0
+    fi
+  done
+  return 1
+}
+
+build_siw() { # build_siw SRCDIR KVER OUTDIR: siw.ko and its build variants
+  local src=$1 kver=$2 out=$3 v dir
+  local hdr=/usr/src/linux-headers-$kver
+  [ -d "$hdr" ] || die "$hdr missing after installing linux-headers-$kver"
+  for v in default crc-required mpa-rev1; do
+    dir=$WORK/siw-$v
+    rm -rf "$dir"
+    cp -r "$src" "$dir"
+    case $v in
+      crc-required)
+        sed -i 's/^const bool mpa_crc_required;/const bool mpa_crc_required = true;/' "$dir/siw_main.c"
+        grep -q 'mpa_crc_required = true' "$dir/siw_main.c" || die "cannot patch mpa_crc_required"
+        ;;
+      mpa-rev1)
+        sed -i 's/^u_char mpa_version = MPA_REVISION_2;/u_char mpa_version = MPA_REVISION_1;/' \
+          "$dir/siw_main.c"
+        grep -q 'mpa_version = MPA_REVISION_1' "$dir/siw_main.c" || die "cannot patch mpa_version"
+        ;;
+    esac
+    make -s -C "$hdr" M="$dir" CONFIG_RDMA_SIW=m CC=gcc-12 modules >"$WORK/siw-$v.log" 2>&1 ||
+      die "building siw ($v) failed: $(tail -n 20 "$WORK/siw-$v.log")"
+    cp "$dir/siw.ko" "$out/siw-$v.ko"
+  done
+}
+
+# Builds the guest (kernel + initramfs) into $GUEST, unless the cache has it.
+build() {
+  STEP=build
+  need_root
+  host_deps
+  apt_ready
+  local kpkg kver
+  kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+  [ -n "$kpkg" ] || die "cannot resolve linux-image-amd64 to a kernel package"
+  kver=${kpkg#linux-image-}
+  local pkgs vers key
+  mapfile -t pkgs < <(guest_packages)
+  vers=$(versions "$kpkg" linux-source-6.1 "linux-headers-$kver" "${pkgs[@]}")
+  local kv sv
+  kv=$(grep "^$kpkg=" <<<"$vers" | cut -d= -f2)
+  sv=$(grep "^linux-source-6.1=" <<<"$vers" | cut -d= -f2)
+  [ "$kv" = "$sv" ] || log "warning: kernel $kv and linux-source-6.1 $sv differ"
+  key=$( {
+    echo "recipe $RECIPE"
+    echo "$vers"
+    cat "$GUEST_FILES/init" "$GUEST_FILES/job"
+  } | sha256sum | cut -c1-16)
+  GUEST=$CACHE/guest-$key
+  KVER=$kver
+  if [ -s "$GUEST/initrd.img" ] && [ -s "$GUEST/vmlinuz" ]; then
+    log "guest cached: $GUEST"
+    return 0
+  fi
+  log "building guest $key (kernel $kver)"
+  local t0=$SECONDS
+  # The module build needs the headers installed (their Makefiles use absolute paths).
+  dpkg -s "linux-headers-$kver" >/dev/null 2>&1 || apt_install "linux-headers-$kver"
+  mapfile -t vlist <<<"$(grep -v "^linux-headers-" <<<"$vers")"
+  download "${vlist[@]}"
+
+  rm -rf "$CACHE"/work.* # left by an interrupted build
+  WORK=$(mktemp -d "$CACHE/work.XXXXXX")
+  FULL=$WORK/full
+  INITRD=$WORK/initrd
+  mkdir -p "$FULL" "$INITRD"
+  local pv deb
+  for pv in "${vlist[@]}"; do
+    case ${pv%%=*} in linux-source-6.1) continue ;; esac
+    deb=$(deb_of "$pv")
+    [ -n "$deb" ] || die "package $pv not downloaded"
+    dpkg-deb -x "$deb" "$FULL"
+  done
+
+  # siw from linux-source-6.1.
+  STEP=build-siw
+  deb=$(deb_of "$(grep '^linux-source-6.1=' <<<"$vers")")
+  dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$WORK" ./usr/src/linux-source-6.1.tar.xz
+  tar -xJf "$WORK/usr/src/linux-source-6.1.tar.xz" -C "$WORK" \
+    linux-source-6.1/drivers/infiniband/sw/siw
+  rm -f "$WORK/usr/src/linux-source-6.1.tar.xz"
+  mkdir -p "$INITRD/lib/iwarp-modules"
+  build_siw "$WORK/linux-source-6.1/drivers/infiniband/sw/siw" "$kver" "$INITRD/lib/iwarp-modules"
+
+  STEP=build-initramfs
+  local d
+  for d in usr/bin usr/sbin usr/lib/x86_64-linux-gnu usr/lib64 opt/busybox etc root proc sys \
+    dev tmp run; do
+    mkdir -p "$INITRD/$d"
+  done
+  # Merged /usr, except /lib, a directory holding the modules and a link to the libraries.
+  ln -s usr/bin "$INITRD/bin"
+  ln -s usr/sbin "$INITRD/sbin"
+  ln -s usr/lib64 "$INITRD/lib64"
+  ln -s ../usr/lib/x86_64-linux-gnu "$INITRD/lib/x86_64-linux-gnu"
+
+  # busybox applets in their own directory, last in PATH, so real tools win.
+  put "$(find_bin busybox)" opt/busybox/busybox
+  local a
+  for a in $("$INITRD/opt/busybox/busybox" --list); do
+    [ "$a" = busybox ] || ln -s busybox "$INITRD/opt/busybox/$a"
+  done
+  put "$(find_bin dash)" usr/bin/dash
+  ln -s dash "$INITRD/usr/bin/sh"
+  local b p elfs=()
+  for b in rping ip rdma $(cd "$FULL/usr/bin" && ls ib_*_bw ib_*_lat 2>/dev/null); do
+    p=$(find_bin "$b") || die "$b not found in the guest packages"
+    put "$p" "usr/bin/$b"
+    elfs+=("$INITRD/usr/bin/$b")
+  done
+  put "$GUEST_FILES/init" init
+  put "$GUEST_FILES/job" usr/bin/job
+  chmod +x "$INITRD/init" "$INITRD/usr/bin/job"
+  # libibverbs: the siw provider and its driver file.
+  put "$FULL/etc/libibverbs.d/siw.driver" etc/libibverbs.d/siw.driver
+  for p in "$FULL"/usr/lib/x86_64-linux-gnu/libibverbs/libsiw-*.so; do
+    [ -e "$p" ] || die "libsiw provider missing from ibverbs-providers"
+    put "$p" "usr/lib/x86_64-linux-gnu/libibverbs/${p##*/}"
+    elfs+=("$INITRD/usr/lib/x86_64-linux-gnu/libibverbs/${p##*/}")
+  done
+  # perftest reads no config; rping dlopens libgcc_s (pthread_cancel).
+  put "$(find_lib libgcc_s.so.1)" usr/lib/x86_64-linux-gnu/libgcc_s.so.1
+  put "$(find_lib ld-linux-x86-64.so.2)" usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+  ln -s ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$INITRD/usr/lib64/ld-linux-x86-64.so.2"
+  # Every library any of them needs, transitively.
+  local -A have=()
+  local queue=("${elfs[@]}") f so src
+  while [ ${#queue[@]} -gt 0 ]; do
+    f=${queue[0]}
+    queue=("${queue[@]:1}")
+    for so in $(needed "$f"); do
+      [ -n "${have[$so]:-}" ] && continue
+      have[$so]=1
+      src=$(find_lib "$so") || die "library $so (needed by ${f##*/}) is in no guest package"
+      put "$src" "usr/lib/x86_64-linux-gnu/$so"
+      queue+=("$INITRD/usr/lib/x86_64-linux-gnu/$so")
+    done
+  done
+  echo "root:x:0:0:root:/root:/bin/sh" >"$INITRD/etc/passwd"
+  echo "root:x:0:" >"$INITRD/etc/group"
+  printf '127.0.0.1 localhost\n%s siw-guest\n%s iwa\n' "$GUEST_ADDR" "$ADDR_A" >"$INITRD/etc/hosts"
+
+  # Kernel modules, in load order: virtio first (NIC and the command channel), then RDMA.
+  local moddir=$FULL/lib/modules/$kver
+  mod_index "$moddir"
+  local siwdeps
+  siwdeps=$(readelf -p .modinfo "$INITRD/lib/iwarp-modules/siw-default.ko" | sed -n 's/.*depends=//p')
+  mod_order virtio_pci virtio_net virtio_console >"$WORK/virtio.txt"
+  # crc32c: siw asks the crypto API for "crc32c"; nothing can autoload it here.
+  # shellcheck disable=SC2086
+  mod_order crc32c_generic crc32c-intel ib_core iw_cm ib_cm rdma_cm ib_uverbs rdma_ucm \
+    ${siwdeps//,/ } >"$WORK/rdma.txt"
+  for f in $(cat "$WORK/virtio.txt" "$WORK/rdma.txt"); do
+    cp "$f" "$INITRD/lib/iwarp-modules/"
+  done
+  sed 's#.*/##' "$WORK/virtio.txt" >"$INITRD/lib/iwarp-modules/order-virtio.txt"
+  { sed 's#.*/##' "$WORK/rdma.txt"; echo siw-default.ko; } >"$INITRD/lib/iwarp-modules/order-rdma.txt"
+
+  mkdir -p "$WORK/out"
+  cp "$FULL/boot/vmlinuz-$kver" "$WORK/out/vmlinuz"
+  (cd "$INITRD" && find . | cpio -o -H newc --quiet | gzip -1) >"$WORK/out/initrd.img"
+  {
+    echo "kernel $kver"
+    echo "$vers"
+  } >"$WORK/out/manifest.txt"
+  rm -rf "$GUEST"
+  mv "$WORK/out" "$GUEST"
+  rm -rf "$WORK"
+  log "guest built in $((SECONDS - t0)) s: $GUEST ($(du -h "$GUEST/initrd.img" | cut -f1) initramfs)"
+}
+
+# ---- running the guest ----
+
+QEMU_PID=""
+BED_UP=0
+CHAN_IN=""
+CHAN_OUT=""
+SEQ=0
+CHILD_PIDS=()
+
+cleanup() {
+  local rc=$?
+  set +e
+  for p in "${CHILD_PIDS[@]}"; do
+    kill "$p" 2>/dev/null
+  done
+  if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
+    kill "$QEMU_PID" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      kill -0 "$QEMU_PID" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -9 "$QEMU_PID" 2>/dev/null
+  fi
+  [ -n "$CHAN_IN" ] && exec {CHAN_IN}>&-
+  [ -n "$CHAN_OUT" ] && exec {CHAN_OUT}<&-
+  if [ "$BED_UP" -eq 1 ]; then
+    # Deleting the namespaces removes the tap and the bridge with them.
+    "$ROOT/scripts/netns.sh" down >/dev/null 2>&1
+  fi
+  if [ $rc -ne 0 ] && [ -s "$OUT/console.log" ]; then
+    echo "siw-vm: guest console log: $OUT/console.log (last lines below)" >&2
+    tail -n 15 "$OUT/console.log" >&2
+  fi
+  exit $rc
+}
+
+bed_up() {
+  STEP=test-bed
+  mkdir -p "$(dirname "$LOCK")"
+  exec {LOCK_FD}>"$LOCK"
+  flock -w 600 "$LOCK_FD" || die "test bed lock $LOCK busy for 10 minutes"
+  "$ROOT/scripts/netns.sh" down >/dev/null 2>&1 || true
+  BED_UP=1
+  "$ROOT/scripts/netns.sh" up >/dev/null || die "scripts/netns.sh up failed"
+  ip -n "$NS_B" tuntap add dev "$TAP" mode tap || die "cannot create $TAP in $NS_B"
+  ip -n "$NS_B" link add "$BRIDGE" type bridge forward_delay 0 || die "cannot create $BRIDGE"
+  ip -n "$NS_B" addr del "$ADDR_B/24" dev iwb0
+  ip -n "$NS_B" link set iwb0 master "$BRIDGE"
+  ip -n "$NS_B" link set "$TAP" master "$BRIDGE"
+  ip -n "$NS_B" addr add "$ADDR_B/24" dev "$BRIDGE"
+  ip -n "$NS_B" link set "$TAP" up
+  ip -n "$NS_B" link set "$BRIDGE" up
+}
+
+kvm_usable() {
+  [ "${SIW_VM_KVM:-0}" = 1 ] && [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo
+}
+
+# Boots the guest; returns once it said READY (or dies naming the failed step).
+boot() {
+  STEP=guest-boot
+  mkdir -p "$OUT"
+  rm -f "$OUT/console.log" "$OUT/chan.in" "$OUT/chan.out"
+  mkfifo "$OUT/chan.in" "$OUT/chan.out"
+  local accel=tcg cpu=max
+  if kvm_usable; then
+    accel=kvm
+    cpu=host
+  else
+    log "warning: using TCG (software emulation), not KVM" \
+      "(set SIW_VM_KVM=1 to try KVM where it works)"
+  fi
+  # The command channel: qemu opens both FIFOs read-write, so nothing blocks.
+  ip netns exec "$NS_B" timeout -s KILL "$RUN_LIMIT" qemu-system-x86_64 \
+    -accel "$accel" -cpu "$cpu" -m 512 -smp 1 -no-reboot \
+    -display none -monitor none -serial "file:$OUT/console.log" \
+    -kernel "$GUEST/vmlinuz" -initrd "$GUEST/initrd.img" \
+    -append "console=ttyS0 panic=-1 iwarp.addr=$GUEST_ADDR/24 net.ifnames=0" \
+    -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" \
+    -device "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:03,csum=off,guest_csum=off" \
+    -chardev "pipe,id=ch0,path=$OUT/chan" \
+    -device virtio-serial-pci -device virtserialport,chardev=ch0,name=iwarp.0 \
+    >"$OUT/qemu.log" 2>&1 &
+  QEMU_PID=$!
+  exec {CHAN_IN}<>"$OUT/chan.in"
+  exec {CHAN_OUT}<>"$OUT/chan.out"
+  local line t0=$SECONDS
+  while :; do
+    if ! kill -0 "$QEMU_PID" 2>/dev/null; then
+      die "qemu exited during boot: $(tail -n 5 "$OUT/qemu.log")"
+    fi
+    if [ $((SECONDS - t0)) -ge "$BOOT_TIMEOUT" ]; then
+      die "guest not ready after $BOOT_TIMEOUT s ($(grep -a 'IWARP-STEP' "$OUT/console.log" | tail -n 3 | tr '\n' ' '))"
+    fi
+    if read -r -t 2 line <&"$CHAN_OUT"; then
+      case $line in
+        "@@READY "*)
+          log "guest ready in $((SECONDS - t0)) s (${line#@@READY })"
+          return 0
+          ;;
+        "@@FAIL "*)
+          local what=${line#@@FAIL }
+          STEP=${what%%:*}
+          die "${what#*: }"
+          ;;
+      esac
+    fi
+  done
+}
+
+# guest TIMEOUT COMMAND: runs COMMAND in the guest; its output goes to stdout, its exit status
+# is ours (124 when it ran out of time, 125 when the channel said nothing in time).
+guest() {
+  local t=$1 cmd=$2 id line rc=125 started=0
+  SEQ=$((SEQ + 1))
+  id=$SEQ
+  printf '%s %s %s\n' "$id" "$t" "$cmd" >&"$CHAN_IN"
+  local deadline=$((SECONDS + t + 15))
+  while [ $SECONDS -lt $deadline ]; do
+    if ! read -r -t 5 line <&"$CHAN_OUT"; then
+      kill -0 "$QEMU_PID" 2>/dev/null || {
+        echo "(qemu has exited)"
+        return 125
+      }
+      continue
+    fi
+    case $line in
+      "@@BEGIN $id") started=1 ;;
+      "@@END $id "*)
+        rc=${line##* }
+        return "$rc"
+        ;;
+      *) [ $started -eq 1 ] && printf '%s\n' "$line" ;;
+    esac
+  done
+  echo "(no answer from the guest within $((t + 15)) s)"
+  return 125
+}
+
+run_cmds() {
+  need_root
+  host_deps
+  build
+  trap cleanup EXIT INT TERM
+  bed_up
+  boot
+  STEP=run
+  local c rc fails=0
+  for c in "$@"; do
+    echo "guest$ $c"
+    rc=0
+    guest 120 "$c" || rc=$?
+    echo "[exit $rc]"
+    [ $rc -eq 0 ] || fails=$((fails + 1))
+  done
+  guest 10 poweroff >/dev/null || true
+  [ $fails -eq 0 ]
+}
+
+# ---- the interop suite ----
+
+PASS=()
+FAIL=()
+BENCH=""
+
+bench_bin() {
+  STEP=build-iwarp-bench
+  if [ -n "${IWARP_BENCH:-}" ]; then
+    BENCH=$IWARP_BENCH
+  else
+    (cd "$ROOT" && cargo build --release --locked -q -p bench) || die "cargo build failed"
+    BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/iwarp-bench
+  fi
+  [ -x "$BENCH" ] || die "no iwarp-bench at $BENCH"
+}
+
+result() { # result NAME ok|fail DETAIL
+  if [ "$2" = ok ]; then
+    PASS+=("$1")
+    echo "  ok    $1 ${3:-}"
+  else
+    FAIL+=("$1")
+    echo "  FAIL  $1: ${3:-}"
+  fi
+}
+
+# Our server in iwa, rping client in the guest.
+case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our args]
+  local name=$1 size=$2 count=$3 crc=$4 want=$5
+  shift 5
+  local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log
+  ip netns exec "$NS_A" timeout 120 "$BENCH" rping -s -a "$ADDR_A" -C "$count" --crc "$crc" \
+    --timeout 60 "$@" >"$slog" 2>&1 &
+  local spid=$!
+  CHILD_PIDS+=("$spid")
+  sleep 0.2
+  local rc=0 out
+  out=$(guest 100 "rping -c -a $ADDR_A -C $count -S $size -v -V > /tmp/r.log 2>&1; rc=\$?; \
+echo pings=\$(grep -c '^ping data: ' /tmp/r.log); grep -v '^ping data: ' /tmp/r.log | head -n 20; \
+exit \$rc") || rc=$?
+  printf '%s\n' "$out" >"$glog"
+  local src=0
+  wait "$spid" || src=$?
+  local pings
+  pings=$(sed -n 's/^pings=//p' <<<"$out")
+  if [ $rc -ne 0 ]; then
+    result "$name" fail "guest rping -c exit $rc ($(grep -v '^pings=' <<<"$out" | head -n 3 | tr '\n' ' ')); server: $(tail -n 2 "$slog" | tr '\n' ' ')"
+  elif [ "${pings:-0}" != "$count" ]; then
+    result "$name" fail "guest rping ran ${pings:-0} of $count pings"
+  elif [ $src -ne 0 ]; then
+    result "$name" fail "our server exit $src: $(tail -n 3 "$slog" | tr '\n' ' ')"
+  elif ! grep -q "CRC $want" "$slog"; then
+    result "$name" fail "negotiated CRC is not $want: $(tail -n 1 "$slog")"
+  else
+    result "$name" ok "($count pings x $size B, CRC $want)"
+  fi
+}
+
+# rping server in the guest, our client in iwa.
+case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC
+  local name=$1 size=$2 count=$3 rev=$4 crc=$5 want=$6
+  local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log
+  guest 10 "job start srv 100 rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V" >/dev/null ||
+    true
+  local rc=1 tries=0
+  while [ $tries -lt 50 ]; do
+    tries=$((tries + 1))
+    rc=0
+    ip netns exec "$NS_A" timeout 100 "$BENCH" rping -c -a "$GUEST_ADDR" -C "$count" -S "$size" \
+      --mpa-rev "$rev" --crc "$crc" >"$clog" 2>&1 || rc=$?
+    # rping -s needs a moment (under emulation) before it listens.
+    if [ $rc -ne 0 ] && grep -q "refused" "$clog"; then
+      sleep 0.2
+      continue
+    fi
+    break
+  done
+  local grc=0 out
+  out=$(guest 30 "job wait srv 25 > /tmp/s.log; rc=\$?; \
+echo pings=\$(grep -c '^server ping data: ' /tmp/s.log); \
+grep -v '^server ping data: ' /tmp/s.log | head -n 20; exit \$rc") || grc=$?
+  printf '%s\n' "$out" >"$glog"
+  local pings
+  pings=$(sed -n 's/^pings=//p' <<<"$out")
+  if [ $rc -ne 0 ]; then
+    result "$name" fail "our client exit $rc: $(tail -n 3 "$clog" | tr '\n' ' '); guest: $(grep -v '^pings=' <<<"$out" | head -n 3 | tr '\n' ' ')"
+  elif [ $grc -ne 0 ]; then
+    result "$name" fail "guest rping -s exit $grc: $(grep -v '^pings=' <<<"$out" | head -n 3 | tr '\n' ' ')"
+  elif [ "${pings:-0}" != "$count" ]; then
+    result "$name" fail "guest rping -s saw ${pings:-0} of $count pings"
+  elif ! grep -q "MPA rev $rev, CRC $want" "$clog"; then
+    result "$name" fail "negotiated not rev $rev CRC $want: $(tail -n 1 "$clog")"
+  else
+    result "$name" ok "($count pings x $size B, rev $rev, CRC $want)"
+  fi
+}
+
+swap_siw() { # swap_siw VARIANT
+  guest 30 "rdma link delete siw0 && rmmod siw && insmod /lib/iwarp-modules/siw-$1.ko && \
+rdma link add siw0 type siw netdev eth0 && sleep 0.5 && rdma link show siw0/1" >"$OUT/swap-$1.log"
+}
+
+capture_check() { # NAME: capture one session (our client, guest rping -s) and decode it
+  local name=$1 pcap=$OUT/$1.pcap tlog=$OUT/$1.tshark.txt
+  rm -f "$pcap"
+  ip netns exec "$NS_A" timeout 60 tcpdump -i iwa0 --immediate-mode -U -n -s 0 -w "$pcap" \
+    "tcp port 7174" 2>"$OUT/$name.tcpdump.log" &
+  local tpid=$!
+  CHILD_PIDS+=("$tpid")
+  local i
+  for i in $(seq 1 50); do
+    grep -q listening "$OUT/$name.tcpdump.log" && break
+    sleep 0.1
+  done
+  case_siw_server "$name-session" 64 10 1 on on
+  sleep 0.5
+  kill -INT "$tpid" 2>/dev/null
+  wait "$tpid" 2>/dev/null || true
+  if ! tshark -n -V --disable-protocol rpcordma --disable-protocol smb_direct -r "$pcap" \
+    >"$tlog" 2>&1; then
+    result "$name" fail "tshark could not read $pcap"
+    return
+  fi
+  local req rep rd bad mal
+  req=$(grep -c "MPA Request Frame\|Request frame header\|MPA Request" "$tlog" || true)
+  rep=$(grep -c "MPA Reply Frame\|Reply frame header\|MPA Reply" "$tlog" || true)
+  rd=$(grep -c "RDMA Read Request" "$tlog" || true)
+  mal=$(grep -c "Malformed" "$tlog" || true)
+  bad=$(grep -ci "CRC.*incorrect\|bad crc\|\[CRC.*bad" "$tlog" || true)
+  if [ "$mal" -ne 0 ] || [ "$bad" -ne 0 ]; then
+    result "$name" fail "tshark: $mal malformed, $bad bad CRCs (see $tlog)"
+  elif [ "$req" -eq 0 ] || [ "$rep" -eq 0 ] || [ "$rd" -eq 0 ]; then
+    result "$name" fail "tshark did not decode the MPA Request/Reply and RDMA Reads (see $tlog)"
+  else
+    result "$name" ok "(tshark: MPA Request/Reply, $rd RDMA Read Request lines, 0 malformed)"
+  fi
+}
+
+run_test() {
+  local t0=$SECONDS
+  need_root
+  host_deps
+  build
+  bench_bin
+  trap cleanup EXIT INT TERM
+  bed_up
+  boot
+  STEP=connect
+  local out rc=0
+  out=$(guest 20 "ping -c 2 -W 3 $ADDR_A") || rc=$?
+  [ $rc -eq 0 ] || die "guest cannot reach $ADDR_A: $out"
+  log "guest reaches $ADDR_A; running the suite"
+  STEP=interop
+  local s
+  # siw as initiator (rping -c in the guest, MPA rev 2, C=0) against our responder.
+  for s in 64 4096 65535; do
+    case_siw_client "siw-client-crc-on-$s" "$s" 100 on on
+  done
+  for s in 64 65535; do
+    case_siw_client "siw-client-crc-off-$s" "$s" 100 off off
+  done
+  # siw as responder (rping -s in the guest) against our initiator, MPA rev 2 and rev 1.
+  for s in 64 4096 65535; do
+    case_siw_server "siw-server-rev2-crc-off-$s" "$s" 100 2 off off
+  done
+  case_siw_server "siw-server-rev2-crc-on-65535" 65535 100 2 on on
+  case_siw_server "siw-server-rev1-crc-on-4096" 4096 100 1 on on
+  case_siw_server "siw-server-rev1-crc-off-4096" 4096 100 1 off off
+  capture_check "capture-rev1-crc"
+  # siw built with CRC required: it asks C=1, so our "off" still ends with CRC on.
+  if swap_siw crc-required; then
+    case_siw_client "siw-crcreq-client-ours-off" 4096 100 off on
+    case_siw_server "siw-crcreq-server-ours-off" 4096 100 2 off on
+  else
+    result "siw-crc-required-module" fail "module swap failed (see $OUT/swap-crc-required.log)"
+  fi
+  # siw built for MPA rev 1: as initiator it sends a rev 1 Request.
+  if swap_siw mpa-rev1; then
+    case_siw_client "siw-rev1-client-crc-on" 4096 100 on on
+  else
+    result "siw-mpa-rev1-module" fail "module swap failed (see $OUT/swap-mpa-rev1.log)"
+  fi
+  guest 10 poweroff >/dev/null || true
+  echo "siw-vm test: ${#PASS[@]} passed, ${#FAIL[@]} failed ($((SECONDS - t0)) s)"
+  if [ ${#FAIL[@]} -gt 0 ]; then
+    echo "siw-vm test: failing: ${FAIL[*]} (logs in $OUT)" >&2
+    return 1
+  fi
+}
+
+case "${1:-}" in
+  build)
+    build
+    echo "$GUEST"
+    ;;
+  run)
+    shift
+    run_cmds "$@"
+    ;;
+  test) run_test ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
