@@ -317,6 +317,9 @@ impl ConnectionTable {
                     }
                 }
             }
+            if self.reap_unaccepted(index) {
+                return Ok(None);
+            }
             self.mark_ready(index);
             return Ok(Some(id));
         }
@@ -427,7 +430,30 @@ impl ConnectionTable {
                     }
                 }
             }
-            self.mark_ready(index);
+            if !self.reap_unaccepted(index) {
+                self.mark_ready(index);
+            }
         }
+    }
+
+    /// A passive connection that died before it reached the accept queue
+    /// (RST or retransmission timeout in SYN-RECEIVED) was never handed to
+    /// anyone, so nobody would `remove` it: free its slot and its backlog
+    /// place here (RFC 9293 3.10.7.4: it goes back to LISTEN). Returns true
+    /// if the slot was freed.
+    fn reap_unaccepted(&mut self, index: u32) -> bool {
+        let slot = &self.slots[index as usize];
+        let dead = slot
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.state() == State::Closed);
+        if !dead || slot.queued_for_accept || slot.listener.is_none() {
+            return false;
+        }
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        self.remove(id).is_some()
     }
 }

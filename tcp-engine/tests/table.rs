@@ -188,3 +188,59 @@ fn backlog_limits_half_open_connections() {
     assert_eq!(t.stats().backlog_drops, 1);
     assert_eq!(t.stats().passive_opens, 2);
 }
+
+/// A half-open connection that dies (RST, or its SYN-ACK never acknowledged)
+/// gives its slot and backlog place back: it was never handed out, so no
+/// caller could `remove` it.
+#[test]
+fn dead_half_open_connections_free_their_backlog_place() {
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let cfg = Config {
+        max_retransmissions: 2,
+        ..Config::default()
+    };
+    let mut t = ConnectionTable::new([5; 16], 16);
+    t.listen(SERVER, 4791, 1, cfg);
+    let mut now = Instant::ZERO;
+    let mut buf = [0u8; 200];
+
+    // RST in SYN-RECEIVED (RFC 9293 3.10.7.4): back to LISTEN.
+    let _ = t.handle_packet(now, &raw(tuple(0), 100, 0, syn), |_, _| {});
+    assert_eq!(t.len(), 1);
+    while t.poll_transmit(now, &mut buf).is_some() {}
+    let rst = TcpFlags {
+        rst: true,
+        ..TcpFlags::default()
+    };
+    assert_eq!(
+        t.handle_packet(now, &raw(tuple(0), 101, 0, rst), |_, _| {}),
+        Ok(None)
+    );
+    assert_eq!(t.len(), 0, "reset half-open connection still in the table");
+
+    // The backlog place is free again; this one's SYN-ACK is never answered.
+    let _ = t.handle_packet(now, &raw(tuple(1), 100, 0, syn), |_, _| {});
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.stats().backlog_drops, 0);
+    while t.poll_transmit(now, &mut buf).is_some() {}
+    let mut rounds = 0;
+    while let Some(d) = t.poll_timeout() {
+        now = d;
+        t.handle_timeout(now);
+        while t.poll_transmit(now, &mut buf).is_some() {}
+        rounds += 1;
+        assert!(rounds < 100, "timers never ended");
+    }
+    assert_eq!(
+        t.len(),
+        0,
+        "timed-out half-open connection still in the table"
+    );
+    let _ = t.handle_packet(now, &raw(tuple(2), 100, 0, syn), |_, _| {});
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.stats().backlog_drops, 0);
+    assert_eq!(t.stats().passive_opens, 3);
+}
