@@ -135,14 +135,46 @@ impl<C: Copy> UntaggedQueue<C> {
         hdr: &UntaggedHeader,
         payload_len: usize,
     ) -> Result<Placement<C>, DdpError> {
-        if hdr.qn != self.qn {
-            return Err(DdpError::InvalidQn { qn: hdr.qn });
-        }
-        let index = self.buffer_index(hdr.msn)?;
+        let index = self.check(hdr, payload_len)?;
         let buffer = self
             .buffers
             .get_mut(index)
             .ok_or(DdpError::LocalCatastrophic)?;
+        buffer
+            .tracker
+            .record(u64::from(hdr.mo), payload_len as u64, hdr.last)?;
+        Ok(Placement {
+            cookie: buffer.cookie,
+            offset: hdr.mo,
+            msn: hdr.msn,
+        })
+    }
+
+    /// Where [`place`](Self::place) would put this segment, with the same 7.1 checks, but
+    /// without recording anything: for placing data that arrived ahead of the in-order
+    /// point (RFC 5041 5.3) before the segment is processed in order, when `place` records
+    /// it. Placing the same octets twice is allowed (5.3), so the data may be copied now.
+    pub fn locate(
+        &self,
+        hdr: &UntaggedHeader,
+        payload_len: usize,
+    ) -> Result<Placement<C>, DdpError> {
+        let index = self.check(hdr, payload_len)?;
+        let buffer = self.buffers.get(index).ok_or(DdpError::LocalCatastrophic)?;
+        Ok(Placement {
+            cookie: buffer.cookie,
+            offset: hdr.mo,
+            msn: hdr.msn,
+        })
+    }
+
+    /// The 7.1 checks of one segment; the index of its buffer.
+    fn check(&self, hdr: &UntaggedHeader, payload_len: usize) -> Result<usize, DdpError> {
+        if hdr.qn != self.qn {
+            return Err(DdpError::InvalidQn { qn: hdr.qn });
+        }
+        let index = self.buffer_index(hdr.msn)?;
+        let buffer = self.buffers.get(index).ok_or(DdpError::LocalCatastrophic)?;
         let mo = u64::from(hdr.mo);
         let buffer_len = u64::from(buffer.len);
         let payload_len = payload_len as u64;
@@ -157,12 +189,7 @@ impl<C: Copy> UntaggedQueue<C> {
         if payload_len > buffer_len - mo {
             return Err(DdpError::MessageTooLong);
         }
-        buffer.tracker.record(mo, payload_len, hdr.last)?;
-        Ok(Placement {
-            cookie: buffer.cookie,
-            offset: hdr.mo,
-            msn: hdr.msn,
-        })
+        Ok(index)
     }
 
     /// Index in `buffers` of the buffer for `msn` (checks 2 and 5 of 7.1).
@@ -351,6 +378,23 @@ mod tests {
         assert_eq!(q.poll_delivery(), None);
         q.place(&seg(1, 50, true), 10).unwrap();
         assert_eq!(q.poll_delivery().map(|d| d.len), Some(60));
+    }
+
+    #[test]
+    fn locate_checks_like_place_but_records_nothing() {
+        let mut q = queue(&[(100, 'a'), (100, 'b')]);
+        let early = q.locate(&seg(2, 40, true), 60).unwrap();
+        assert_eq!((early.cookie, early.offset, early.msn), ('b', 40, 2));
+        assert_eq!(q.locate(&seg(2, 90, true), 20), Err(DdpError::MessageTooLong));
+        assert_eq!(q.locate(&seg(9, 0, true), 1), Err(DdpError::MsnRange { msn: 9 }));
+        // Nothing was recorded: the whole message, placed in order, is delivered once.
+        q.place(&seg(1, 0, true), 10).unwrap();
+        assert_eq!(q.poll_delivery().map(|d| d.msn), Some(1));
+        assert_eq!(q.poll_delivery(), None);
+        q.place(&seg(2, 0, false), 40).unwrap();
+        assert_eq!(q.poll_delivery(), None);
+        q.place(&seg(2, 40, true), 60).unwrap();
+        assert_eq!(q.poll_delivery().map(|d| (d.msn, d.len)), Some((2, 100)));
     }
 
     #[test]

@@ -1119,11 +1119,6 @@ impl QueuePair {
     }
 
     /// The copied DDP header and DDP payload length of a received segment.
-    fn segment_of(ulpdu: &[u8]) -> Option<(CopiedDdpHeader, u16)> {
-        let header = CopiedDdpHeader::from_segment(ulpdu)?;
-        let payload = ulpdu.len().saturating_sub(header.as_bytes().len());
-        Some((header, u16::try_from(payload).unwrap_or(u16::MAX)))
-    }
 
     // ------------------------------------------------------------------------------
     // receive
@@ -1143,16 +1138,128 @@ impl QueuePair {
         ulpdu: &[u8],
         mem: &mut MemoryTable<B>,
     ) -> Result<(), RdmapError> {
+        let Some((header, payload)) = split_ulpdu(ulpdu) else {
+            // Too short for any DDP header: `receive` reports the right error.
+            return self.process(ulpdu, Payload::Bytes(&[]), mem);
+        };
+        self.process(header, Payload::Bytes(payload), mem)
+    }
+
+    /// Places the payload of a ULPDU that arrived ahead of the in-order point (RFC 5041
+    /// 5.3: placement may happen in any order; delivery happens in order), without any
+    /// other effect. Returns `true` when the payload is now in its final place; the caller
+    /// keeps only the ULPDU's header and calls [`on_placed_ulpdu`](Self::on_placed_ulpdu)
+    /// when the stream reaches it. Returns `false` when it cannot be placed early (Read
+    /// Requests and Terminates are acted on only in order, zero-length or malformed
+    /// segments, a segment that fails a check, a Send beyond the posted receives): the
+    /// caller keeps the whole ULPDU and hands it to [`on_ulpdu`](Self::on_ulpdu) in order,
+    /// which reports any error at its proper place in the stream.
+    ///
+    /// Early placement only writes where the in-order check will also allow: a region of
+    /// this PD with the needed access, the sink of an outstanding Read, a posted receive.
+    pub fn place_early<B: RegionBuffer>(&self, ulpdu: &[u8], mem: &MemoryTable<B>) -> bool {
+        if self.state != QpState::Rts {
+            return false;
+        }
+        let Ok((header, payload)) = DdpHeader::parse(ulpdu) else {
+            return false;
+        };
+        if payload.is_empty() {
+            return false;
+        }
+        let len = payload.len() as u64;
+        match header {
+            DdpHeader::Tagged(hdr) => {
+                let Ok(control) = RdmapControl::parse(hdr.rsvd_ulp) else {
+                    return false;
+                };
+                let stag = Stag(hdr.stag);
+                let access = match control.opcode {
+                    Opcode::Write => Access::REMOTE_WRITE,
+                    Opcode::ReadResponse => {
+                        let Some(end) = hdr.to.checked_add(len) else {
+                            return false;
+                        };
+                        let inside_a_sink = self.outstanding_reads.iter().any(|r| {
+                            r.sink_stag == hdr.stag
+                                && hdr.to >= r.sink_to
+                                && r.sink_to.checked_add(u64::from(r.size)) >= Some(end)
+                        });
+                        if !inside_a_sink {
+                            return false;
+                        }
+                        Access::LOCAL_WRITE
+                    }
+                    _ => return false,
+                };
+                match mem.validate(stag, self.cfg.pd, access, hdr.to, len) {
+                    Ok((buffer, offset)) => {
+                        buffer.write_at(offset, payload);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            DdpHeader::Untagged(hdr) => {
+                if hdr.qn != queue::SEND {
+                    return false;
+                }
+                match RdmapControl::parse(hdr.rsvd_ulp[0]) {
+                    Ok(c) if c.opcode.queue_number() == Some(queue::SEND) => {}
+                    _ => return false,
+                }
+                let Ok(placement) = self.rq.locate(&hdr, payload.len()) else {
+                    return false;
+                };
+                let RecvSlot::User(RecvWr { sge: Some(sge), .. }) = placement.cookie else {
+                    return false;
+                };
+                let to = sge.to.wrapping_add(u64::from(placement.offset));
+                match mem.validate(sge.stag, self.cfg.pd, Access::LOCAL_WRITE, to, len) {
+                    Ok((buffer, offset)) => {
+                        buffer.write_at(offset, payload);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
+
+    /// In-order processing of a ULPDU whose payload [`place_early`](Self::place_early)
+    /// already placed: `header` is the ULPDU's DDP header (its first 14 or 18 octets) and
+    /// `payload_len` the length of the payload that followed it. Does everything
+    /// [`on_ulpdu`](Self::on_ulpdu) does except copying the payload again: checks,
+    /// placement records, delivery, completions, Terminate on error.
+    pub fn on_placed_ulpdu<B: RegionBuffer>(
+        &mut self,
+        header: &[u8],
+        payload_len: usize,
+        mem: &mut MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        self.process(header, Payload::Placed(payload_len), mem)
+    }
+
+    fn process<B: RegionBuffer>(
+        &mut self,
+        header: &[u8],
+        payload: Payload<'_>,
+        mem: &mut MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
         match self.state {
             QpState::Rts => {}
             QpState::Idle => return Err(RdmapError::InvalidState { state: self.state }),
             QpState::Closing | QpState::Terminate | QpState::Error => return Ok(()),
         }
-        match self.receive(ulpdu, mem) {
+        match self.receive(header, payload, mem) {
             Ok(()) => Ok(()),
             Err(fault) => {
                 let code = TerminateCause::Error(fault.error.clone()).code();
-                let header = Self::terminate_for(code, Self::segment_of(ulpdu), fault.read_request);
+                let segment = CopiedDdpHeader::from_segment(header).map(|h| {
+                    let len = u16::try_from(payload.len()).unwrap_or(u16::MAX);
+                    (h, len)
+                });
+                let header = Self::terminate_for(code, segment, fault.read_request);
                 self.raise_terminate(header);
                 Err(fault.error)
             }
@@ -1161,10 +1268,11 @@ impl QueuePair {
 
     fn receive<B: RegionBuffer>(
         &mut self,
-        ulpdu: &[u8],
+        ddp_header: &[u8],
+        payload: Payload<'_>,
         mem: &mut MemoryTable<B>,
     ) -> Result<(), Fault> {
-        let (header, payload) = DdpHeader::parse(ulpdu)?;
+        let (header, _) = DdpHeader::parse(ddp_header)?;
         match header {
             DdpHeader::Tagged(hdr) => {
                 let opcode = RdmapControl::parse(hdr.rsvd_ulp)?.opcode;
@@ -1191,8 +1299,16 @@ impl QueuePair {
                 }
                 match hdr.qn {
                     queue::SEND => self.receive_send(opcode, &hdr, payload, mem),
-                    queue::READ_REQUEST => self.receive_read_request(&hdr, payload, ulpdu, mem),
-                    _ => self.receive_terminate(&hdr, payload),
+                    queue::READ_REQUEST => {
+                        let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
+                        let segment = CopiedDdpHeader::from_segment(ddp_header)
+                            .map(|h| (h, u16::try_from(bytes.len()).unwrap_or(u16::MAX)));
+                        self.receive_read_request(&hdr, bytes, segment, mem)
+                    }
+                    _ => {
+                        let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
+                        self.receive_terminate(&hdr, bytes)
+                    }
                 }
             }
         }
@@ -1204,7 +1320,7 @@ impl QueuePair {
     fn receive_write<B: RegionBuffer>(
         &mut self,
         hdr: &TaggedHeader,
-        payload: &[u8],
+        payload: Payload<'_>,
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         if payload.is_empty() {
@@ -1220,7 +1336,9 @@ impl QueuePair {
                 payload.len() as u64,
             )
             .map_err(|violation| RdmapError::SinkAccess { stag, violation })?;
-        buffer.write_at(offset, payload);
+        if let Some(bytes) = payload.bytes() {
+            buffer.write_at(offset, bytes);
+        }
         Ok(())
     }
 
@@ -1231,7 +1349,7 @@ impl QueuePair {
     fn receive_read_response<B: RegionBuffer>(
         &mut self,
         hdr: &TaggedHeader,
-        payload: &[u8],
+        payload: Payload<'_>,
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         let Some(read) = self.outstanding_reads.front().copied() else {
@@ -1256,7 +1374,11 @@ impl QueuePair {
                 return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
             }
             match mem.validate(stag, self.cfg.pd, Access::LOCAL_WRITE, hdr.to, len) {
-                Ok((buffer, offset)) => buffer.write_at(offset, payload),
+                Ok((buffer, offset)) => {
+                    if let Some(bytes) = payload.bytes() {
+                        buffer.write_at(offset, bytes);
+                    }
+                }
                 Err(violation) => return Err(self.read_sink_failure(read, sink_error(violation))),
             }
         } else if hdr.last && read.size != 0 && hdr.to.checked_add(0) != sink_end {
@@ -1285,7 +1407,7 @@ impl QueuePair {
         &mut self,
         opcode: Opcode,
         hdr: &UntaggedHeader,
-        payload: &[u8],
+        payload: Payload<'_>,
         mem: &mut MemoryTable<B>,
     ) -> Result<(), Fault> {
         let placement = self.rq.place(hdr, payload.len())?;
@@ -1304,7 +1426,9 @@ impl QueuePair {
                     payload.len() as u64,
                 )
                 .map_err(|_| RdmapError::LocalCatastrophic)?;
-            buffer.write_at(offset, payload);
+            if let Some(bytes) = payload.bytes() {
+                buffer.write_at(offset, bytes);
+            }
         }
         // A repeated Last segment (DDP allows repeated placement) is recorded once.
         if hdr.last && !self.inbound_sends.iter().any(|s| s.msn == hdr.msn) {
@@ -1359,7 +1483,7 @@ impl QueuePair {
         &mut self,
         hdr: &UntaggedHeader,
         payload: &[u8],
-        ulpdu: &[u8],
+        request_segment: Option<(CopiedDdpHeader, u16)>,
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         let beyond_window = hdr.msn == self.rrq.next_msn().wrapping_add(self.rrq.posted() as u32);
@@ -1406,7 +1530,7 @@ impl QueuePair {
             }
             self.read_responses.push_back(ReadResponseJob {
                 request,
-                request_segment: Self::segment_of(ulpdu),
+                request_segment,
                 slot,
                 sent: 0,
             });
@@ -1488,4 +1612,43 @@ impl QueuePair {
             self.enter_error();
         }
     }
+}
+
+/// The payload of a ULPDU being processed in order: its bytes, or only its length when
+/// [`QueuePair::place_early`] already put them in place.
+#[derive(Debug, Clone, Copy)]
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Placed(usize),
+}
+
+impl<'a> Payload<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Placed(n) => *n,
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The bytes still to copy; `None` when they are already placed.
+    fn bytes(&self) -> Option<&'a [u8]> {
+        match self {
+            Payload::Bytes(b) => Some(b),
+            Payload::Placed(_) => None,
+        }
+    }
+}
+
+/// Splits a ULPDU into its DDP header and payload by the T bit (RFC 5041 4.1); `None` when
+/// it is shorter than the header its T bit names.
+fn split_ulpdu(ulpdu: &[u8]) -> Option<(&[u8], &[u8])> {
+    let first = *ulpdu.first()?;
+    let header_len = if first & 0x80 != 0 {
+        ddp::TAGGED_HEADER_LEN
+    } else {
+        ddp::UNTAGGED_HEADER_LEN
+    };
+    (ulpdu.len() >= header_len).then(|| ulpdu.split_at(header_len))
 }
