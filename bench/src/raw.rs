@@ -495,10 +495,9 @@ fn pong(o: &Opts) -> Res<()> {
         for s in socks.iter_mut() {
             let len = {
                 let b = s.recv_batch(1);
-                if b.is_empty() {
+                let Some(f) = b.get(0) else {
                     continue;
-                }
-                let f = b.frame(0);
+                };
                 let n = f.len().min(scratch.len());
                 scratch[..n].copy_from_slice(&f[..n]);
                 n

@@ -498,3 +498,79 @@ fn no_allocation_per_packet_on_rx_and_tx_paths() {
         );
     });
 }
+
+/// Rings of 8 frames, one frame at a time, 3,000 times, the receiver busy-polling on another
+/// thread: each frame reaches an RX ring whose fill ring is otherwise full, and the receiver can
+/// see the frame before the kernel has published its fill-ring consumer position. No frame may
+/// be lost or refused back to the fill ring (a leak would empty an 8-frame pool within a few
+/// rounds).
+#[test]
+fn tiny_rings_lose_no_frames() {
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17401;
+    const ROUNDS: u32 = 3_000;
+    let tiny = XskConfig {
+        rx_ring: 8,
+        tx_ring: 8,
+        max_batch: 8,
+        kick_batch: 8,
+        ..copy_cfg()
+    };
+    let (mut tx, spec) = in_ns(NS_B, || {
+        let tx = XskSocket::open(DEV_B, 0, &tiny).expect("TX socket in iwb");
+        (tx, spec_to(DEV_B, ADDR_A, 40003, PORT))
+    });
+    let received = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    let drops = in_ns(NS_A, || {
+        let mut prog = SteeringProgram::load(false).unwrap();
+        prog.attach(DEV_A, AttachMode::Driver).unwrap();
+        prog.steer_port(PORT).unwrap();
+        let mut rx = XskSocket::open_queues(DEV_A, 0..QUEUES, &tiny).unwrap();
+        for s in &rx {
+            prog.bind_socket(s.queue(), s.fd()).unwrap();
+        }
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    for s in rx.iter_mut() {
+                        let b = s.recv_batch(8);
+                        let n = b.iter().filter_map(TcpFrame::parse).count();
+                        received.fetch_add(n as u32, Ordering::Release);
+                    }
+                }
+            });
+            let _stop = StopOnDrop(&stop);
+            for seq in 0..ROUNDS {
+                let sent = tx
+                    .send_batch(1, |_, buf| {
+                        write_tcp_frame(buf, &TcpFrameSpec { seq, ..spec }, 64, |p| p.fill(1))
+                            .unwrap_or(0)
+                    })
+                    .unwrap();
+                assert_eq!(sent, 1, "round {seq}: TX frame queued");
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while received.load(Ordering::Acquire) <= seq {
+                    assert!(Instant::now() < deadline, "round {seq}: frame lost");
+                    tx.flush().unwrap();
+                }
+            }
+            assert!(tx.drain_tx(Duration::from_secs(2)).unwrap());
+        });
+        rx.iter()
+            .map(|s| s.stats().rx_dropped + s.stats().rx_ring_full)
+            .sum::<u64>()
+    });
+    assert_eq!(received.load(Ordering::Acquire), ROUNDS);
+    assert_eq!(drops, 0, "kernel drops on the RX side");
+}
+
+/// Sets the flag when dropped (also while unwinding), so a polling thread stops.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}

@@ -26,14 +26,17 @@ pub enum BindMode {
 /// Sizes and behaviour of an [`XskSocket`].
 ///
 /// The UMEM holds `rx_ring + tx_ring` frames of `frame_size` bytes: `rx_ring` frames cycle
-/// through the fill and RX rings (fill ring size = RX ring size), `tx_ring` frames through the
-/// free list, the TX ring and the completion ring (completion ring size = TX ring size), so no
-/// ring can overflow.
+/// through the fill and RX rings, `tx_ring` frames through the free list, the TX ring and the
+/// completion ring. The RX and completion rings are as large as their frame pools; the fill and
+/// TX rings are twice as large, because the kernel publishes its consumer position on them only
+/// after it has published the frame on the other ring (RX, completion): a frame can come back
+/// to us while its old slot still looks taken, so a ring only as large as the pool could look
+/// full. Twice the pool never does, so no ring can overflow or refuse a frame.
 #[derive(Debug, Clone)]
 pub struct XskConfig {
-    /// RX and fill ring size (power of two).
+    /// RX ring size and RX frame pool (power of two); the fill ring is twice as large.
     pub rx_ring: u32,
-    /// TX and completion ring size (power of two).
+    /// Completion ring size and TX frame pool (power of two); the TX ring is twice as large.
     pub tx_ring: u32,
     /// UMEM frame size (power of two, 2048..=65536); 4096 leaves 3840 bytes for a packet.
     pub frame_size: u32,
@@ -75,9 +78,10 @@ impl Default for XskConfig {
 impl XskConfig {
     fn validate(&self) -> Result<(), XskError> {
         let pow2 = |v: u32| v.is_power_of_two();
-        if !pow2(self.rx_ring) || !pow2(self.tx_ring) || self.rx_ring < 8 || self.tx_ring < 8 {
+        let ok = |v: u32| pow2(v) && (8..=1 << 20).contains(&v);
+        if !ok(self.rx_ring) || !ok(self.tx_ring) {
             return Err(XskError::InvalidConfig(
-                "ring sizes must be powers of two, at least 8",
+                "ring sizes must be powers of two from 8 to 1048576",
             ));
         }
         if !pow2(self.frame_size) || !(2048..=65536).contains(&self.frame_size) {
@@ -141,8 +145,10 @@ pub struct XskSocket {
     tx_descs: Vec<FrameDesc>,
     /// Scratch for descriptors taken from the completion ring (length = max_batch).
     comp_descs: Vec<FrameDesc>,
+    /// RX frames that the fill ring refused (kept until it takes them; never expected).
+    fill_pending: Vec<FrameDesc>,
     tx_in_flight: usize,
-    tx_frames_total: usize,
+    tx_ring_size: usize,
     frame_capacity: usize,
     need_wakeup: bool,
     hugepages: bool,
@@ -275,7 +281,7 @@ impl XskSocket {
             |n: u32| QueueSize::new(n).map_err(|_| XskError::InvalidConfig("ring size rejected"));
         let umem_cfg = UmemConfig::builder()
             .frame_size(FrameSize::new(cfg.frame_size).map_err(|_| invalid)?)
-            .fill_queue_size(qsize(cfg.rx_ring)?)
+            .fill_queue_size(qsize(cfg.rx_ring * 2)?)
             .comp_queue_size(qsize(cfg.tx_ring)?)
             .build()
             .map_err(|_| XskError::InvalidConfig("UMEM configuration rejected"))?;
@@ -306,7 +312,7 @@ impl XskSocket {
         }
         let sock_cfg = SocketConfig::builder()
             .rx_queue_size(qsize(cfg.rx_ring)?)
-            .tx_queue_size(qsize(cfg.tx_ring)?)
+            .tx_queue_size(qsize(cfg.tx_ring * 2)?)
             .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
             .bind_flags(bind)
             .build();
@@ -343,7 +349,8 @@ impl XskSocket {
         Ok(Self {
             ifname: ifname.to_owned(),
             queue,
-            tx_frames_total: free_tx.len(),
+            tx_ring_size: 2 * free_tx.len(),
+            fill_pending: Vec::with_capacity(rx_frames),
             free_tx,
             rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
             tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize],
@@ -410,6 +417,13 @@ impl XskSocket {
     /// to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
     /// it (zero-copy drivers need that to go on receiving).
     pub fn recv_batch(&mut self, max: usize) -> RxBatch<'_> {
+        if !self.fill_pending.is_empty() {
+            // SAFETY: frames of this UMEM received earlier and owned by us (no view of them is
+            // alive: the batch that lent them was dropped); the kernel owns them from here.
+            if unsafe { self.fq.produce(&self.fill_pending) } > 0 {
+                self.fill_pending.clear();
+            }
+        }
         let want = max.min(self.rx_descs.len());
         // SAFETY: `rx_descs` is scratch owned by us; `consume` overwrites its first `n` entries
         // with descriptors of frames of this socket's UMEM that the kernel has handed back.
@@ -481,8 +495,8 @@ impl XskSocket {
             // completion ring.
             let produced = unsafe { self.tx.produce(&self.tx_descs[..k]) };
             if produced == 0 {
-                // TX ring full (cannot happen while the ring is as large as the TX frame pool,
-                // but keep the frames rather than lose them).
+                // TX ring full (cannot happen with the ring twice the TX frame pool, but keep
+                // the frames rather than lose them).
                 self.free_tx.extend_from_slice(&self.tx_descs[..k]);
                 self.kick()?;
                 break;
@@ -536,7 +550,7 @@ impl XskSocket {
 
     fn tx_ring_pending(&mut self) -> usize {
         let free = self.tx.nb_free_exact() as usize;
-        self.tx_frames_total.saturating_sub(free)
+        self.tx_ring_size.saturating_sub(free)
     }
 
     /// Flushes until every queued frame is completed or `timeout` passes. Returns true if all
@@ -588,18 +602,18 @@ impl RxBatch<'_> {
         self.n == 0
     }
 
-    /// The bytes of frame `i` (panics if `i >= len()`, like slice indexing).
-    pub fn frame(&self, i: usize) -> &[u8] {
-        assert!(i < self.n, "frame index {i} out of range ({})", self.n);
+    /// The bytes of frame `i`, or `None` if `i >= len()`.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let desc = self.sock.rx_descs[..self.n].get(i)?;
         // SAFETY: the descriptor came from this socket's RX ring, so it describes a frame of its
         // UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
         // is dropped, which ends every borrow of `self`.
-        unsafe { self.sock.umem.data(&self.sock.rx_descs[i]) }.contents()
+        Some(unsafe { self.sock.umem.data(desc) }.contents())
     }
 
     /// Iterates the frames in arrival order.
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        (0..self.n).map(move |i| self.frame(i))
+        (0..self.n).filter_map(move |i| self.get(i))
     }
 }
 
@@ -611,9 +625,13 @@ impl Drop for RxBatch<'_> {
         let sock = &mut *self.sock;
         // SAFETY: the frames came from this socket's RX ring and every view of them borrowed
         // this batch, which is being dropped; handing them to the fill ring gives them back to
-        // the kernel. The fill ring is as large as the RX frame pool, so there is always room.
+        // the kernel. The fill ring is twice the RX frame pool, so it always has room.
         let n = unsafe { sock.fq.produce(&sock.rx_descs[..self.n]) };
-        debug_assert_eq!(n, self.n, "fill ring has room for every RX frame");
+        if n == 0 {
+            // Keep them for the next `recv_batch` (capacity = RX pool: no allocation).
+            sock.fill_pending
+                .extend_from_slice(&sock.rx_descs[..self.n]);
+        }
     }
 }
 
