@@ -19,6 +19,15 @@ enum Phase {
     Crc { got: usize },
 }
 
+/// Where one FPDU lies in the stream, as positions relative to SeqStart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FpduSpan {
+    /// Position of its ULPDU_Length field.
+    pub start: u64,
+    /// Position just after its CRC (Markers inside included).
+    pub end: u64,
+}
+
 /// Finds FPDUs in the in-order octet stream of one direction and hands up their ULPDUs.
 ///
 /// FPDUs are chained by ULPDU_Length (RFC 5044 sections 5.2 and 6). With Markers on, every
@@ -137,7 +146,14 @@ impl FpduDecoder {
     /// ULPDU (the DDP segment only: no ULPDU_Length, PAD, CRC or Markers), in stream order.
     /// Input may be cut anywhere. On error nothing from the failing FPDU is handed up, and
     /// every later call returns the same error.
-    pub fn feed<F: FnMut(&[u8])>(
+    pub fn feed<F: FnMut(&[u8])>(&mut self, bytes: &[u8], mut on_ulpdu: F) -> Result<(), MpaError> {
+        self.feed_spans(bytes, |_, ulpdu| on_ulpdu(ulpdu))
+    }
+
+    /// Like [`feed`](Self::feed), and also says where each FPDU lies in the stream: the
+    /// [`FpduSpan`] from its ULPDU_Length field to the octet after its CRC (a Marker right
+    /// before the header, which belongs to this FPDU, is not included; Markers inside are).
+    pub fn feed_spans<F: FnMut(FpduSpan, &[u8])>(
         &mut self,
         mut bytes: &[u8],
         mut on_ulpdu: F,
@@ -256,7 +272,7 @@ impl FpduDecoder {
     /// The zero-copy path: at an FPDU boundary, when the whole FPDU is in `bytes` and no
     /// Marker falls inside it, verify it in place and hand up a slice of `bytes`. Returns the
     /// octets after the FPDU, or `None` when the general path must be taken.
-    fn try_whole_fpdu<'b, F: FnMut(&[u8])>(
+    fn try_whole_fpdu<'b, F: FnMut(FpduSpan, &[u8])>(
         &mut self,
         bytes: &'b [u8],
         on_ulpdu: &mut F,
@@ -280,7 +296,7 @@ impl FpduDecoder {
         let ulpdu = covered
             .get(FPDU_HEADER_LEN..FPDU_HEADER_LEN + ulpdu_len)
             .unwrap_or(&[]);
-        on_ulpdu(ulpdu);
+        on_ulpdu(self.span(), ulpdu);
         self.start_next_fpdu();
         Ok(Some(rest))
     }
@@ -300,11 +316,32 @@ impl FpduDecoder {
         Ok(())
     }
 
-    fn finish_fpdu<F: FnMut(&[u8])>(&mut self, on_ulpdu: &mut F) -> Result<(), MpaError> {
+    fn finish_fpdu<F: FnMut(FpduSpan, &[u8])>(&mut self, on_ulpdu: &mut F) -> Result<(), MpaError> {
         self.verify(self.crc_field)?;
-        on_ulpdu(&self.ulpdu);
+        on_ulpdu(self.span(), &self.ulpdu);
         self.start_next_fpdu();
         Ok(())
+    }
+
+    /// The FPDU just completed: from its header to the current position.
+    fn span(&self) -> FpduSpan {
+        FpduSpan {
+            start: self.header_position,
+            end: self.position,
+        }
+    }
+
+    /// Restarts at an FPDU boundary at stream position `position` (relative to SeqStart),
+    /// forgetting any partial FPDU and any error, and keeping the internal buffer's
+    /// capacity (no allocation). Used to scan segments that arrive out of order.
+    pub fn reset(&mut self, position: u64) {
+        self.position = position;
+        self.error = None;
+        self.phase = Phase::Header { got: 0 };
+        self.header_position = position;
+        self.marker_got = None;
+        self.marker_error = None;
+        self.start_next_fpdu();
     }
 
     fn start_next_fpdu(&mut self) {

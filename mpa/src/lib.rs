@@ -45,12 +45,14 @@ pub mod crc;
 mod decoder;
 mod encoder;
 mod error;
+mod locate;
 pub mod startup;
 pub mod wire;
 
-pub use decoder::FpduDecoder;
+pub use decoder::{FpduDecoder, FpduSpan};
 pub use encoder::FpduEncoder;
 pub use error::MpaError;
+pub use locate::FpduLocator;
 pub use startup::{
     Initiator, InitiatorEvent, MpaConfig, Negotiated, RequestInfo, Responder, RtrKind,
 };

@@ -1,0 +1,237 @@
+//! Finding FPDUs in a TCP segment that arrived out of order (RFC 5044 section 6;
+//! draft-ietf-rddp-mpa-01 Appendix 11).
+//!
+//! A receiver that places data before TCP has delivered it in order needs the FPDUs of a
+//! segment without the octets before it. Two things make that possible: a header-aligned
+//! sender (every segment starts with an FPDU: RFC 5044 5.1's SHOULD, which our engine and
+//! Linux siw keep) and Markers (every 512th octet of the stream says where the FPDU around it
+//! starts). A guess is only as good as what checks it, so an FPDU found here is handed up only
+//! when the same checks as in order pass: its CRC (when CRCs are on) and every Marker inside
+//! it. With neither CRC nor Markers nothing can check a guess, and nothing is located: the
+//! caller keeps such segments until they are in order.
+
+use crate::decoder::{FpduDecoder, FpduSpan};
+use crate::wire::{MarkerPtr, MARKER_INTERVAL, MARKER_LEN};
+
+/// Locates verified FPDUs in single out-of-order segments. Reuses one decoder, so scanning
+/// allocates nothing once its buffer has grown to the largest FPDU seen.
+#[derive(Debug, Clone)]
+pub struct FpduLocator {
+    crc: bool,
+    markers: bool,
+    decoder: FpduDecoder,
+}
+
+impl FpduLocator {
+    /// `crc`: CRCs are checked on this connection; `markers`: the peer inserts Markers.
+    pub fn new(crc: bool, markers: bool) -> FpduLocator {
+        FpduLocator {
+            crc,
+            markers,
+            decoder: FpduDecoder::new(crc, markers),
+        }
+    }
+
+    /// Whether anything can be located at all (CRC or Markers on).
+    pub fn can_locate(&self) -> bool {
+        self.crc || self.markers
+    }
+
+    /// Scans `segment`, whose first octet is at stream position `position` (relative to
+    /// SeqStart), and calls `on_fpdu` with the span and ULPDU of each complete, verified
+    /// FPDU, in order. Returns the stream range those FPDUs cover (from where the scan
+    /// started, which may be a Marker that belongs to the first FPDU, to the end of the last
+    /// one), or `None` when nothing was located. Octets before and after that range belong
+    /// to FPDUs that are not complete in this segment.
+    pub fn locate<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
+        segment: &[u8],
+        position: u64,
+        mut on_fpdu: F,
+    ) -> Option<FpduSpan> {
+        if !self.can_locate() {
+            return None;
+        }
+        // With CRCs, first take the sender to be header-aligned: the CRC (and any Marker
+        // inside) checks the guess. Else, or when the guess fails, start where a Marker says.
+        if self.crc {
+            if let Some(found) = self.scan(segment, position, position, &mut on_fpdu) {
+                return Some(found);
+            }
+        }
+        let start = self.marker_start(segment, position)?;
+        if self.crc && start == position {
+            return None; // just tried
+        }
+        self.scan(segment, position, start, &mut on_fpdu)
+    }
+
+    /// Decodes from stream position `start` (inside the segment) to the segment's end.
+    fn scan<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
+        segment: &[u8],
+        position: u64,
+        start: u64,
+        on_fpdu: &mut F,
+    ) -> Option<FpduSpan> {
+        let skip = usize::try_from(start.checked_sub(position)?).ok()?;
+        let rest = segment.get(skip..)?;
+        self.decoder.reset(start);
+        let mut end = None;
+        // An error ends the scan; what was handed up before it was verified.
+        let _ = self.decoder.feed_spans(rest, |span, ulpdu| {
+            end = Some(span.end);
+            on_fpdu(span, ulpdu);
+        });
+        end.map(|end| FpduSpan { start, end })
+    }
+
+    /// The first FPDU start a Marker in the segment points at (a header inside the segment,
+    /// or the Marker itself when it lies between FPDUs).
+    fn marker_start(&self, segment: &[u8], position: u64) -> Option<u64> {
+        let end = position + segment.len() as u64;
+        if self.markers {
+            let interval = MARKER_INTERVAL as u64;
+            let mut marker = position.div_ceil(interval) * interval;
+            while marker + MARKER_LEN as u64 <= end {
+                let at = usize::try_from(marker - position).ok()?;
+                let bytes: [u8; MARKER_LEN] = segment.get(at..at + MARKER_LEN)?.try_into().ok()?;
+                let ptr = u64::from(MarkerPtr::from_bytes(bytes).fpduptr());
+                if ptr == 0 {
+                    // Between FPDUs: the next header follows this Marker.
+                    return Some(marker);
+                }
+                if let Some(header) = marker.checked_sub(ptr) {
+                    if header >= position {
+                        return Some(header);
+                    }
+                }
+                marker += interval;
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FpduEncoder;
+
+    /// A stream of `n` FPDUs with ULPDUs of varied lengths; returns the stream, each FPDU's
+    /// (start, end) and its ULPDU.
+    fn stream(crc: bool, markers: bool, n: usize) -> (Vec<u8>, Vec<(u64, u64, Vec<u8>)>) {
+        let mut enc = FpduEncoder::new(crc, markers);
+        let mut wire = Vec::new();
+        let mut fpdus = Vec::new();
+        for i in 0..n {
+            let len = 20 + (i * 337) % 1400;
+            let ulpdu: Vec<u8> = (0..len).map(|j| (i * 7 + j * 13) as u8).collect();
+            let start = wire.len() as u64;
+            enc.encode(&ulpdu, &mut wire).unwrap();
+            fpdus.push((start, wire.len() as u64, ulpdu));
+        }
+        (wire, fpdus)
+    }
+
+    /// Header-aligned segments: whole FPDUs, packed up to `mss` octets.
+    fn aligned_segments(fpdus: &[(u64, u64, Vec<u8>)], mss: u64) -> Vec<(u64, u64)> {
+        let mut segs = Vec::new();
+        let mut cur: Option<(u64, u64)> = None;
+        for &(s, e, _) in fpdus {
+            match cur {
+                Some((cs, _)) if e - cs <= mss => cur = Some((cs, e)),
+                Some(c) => {
+                    segs.push(c);
+                    cur = Some((s, e));
+                }
+                None => cur = Some((s, e)),
+            }
+        }
+        segs.extend(cur);
+        segs
+    }
+
+    fn header_of(fpdus: &[(u64, u64, Vec<u8>)], start: u64) -> Option<&Vec<u8>> {
+        fpdus
+            .iter()
+            .find(|f| f.0 == start || f.0 + 4 == start)
+            .map(|f| &f.2)
+    }
+
+    #[test]
+    fn aligned_segments_in_reverse_order_give_every_fpdu() {
+        for (crc, markers) in [(true, false), (true, true), (false, true)] {
+            let (wire, fpdus) = stream(crc, markers, 200);
+            let mut found = Vec::new();
+            let mut loc = FpduLocator::new(crc, markers);
+            for &(s, e) in aligned_segments(&fpdus, 1460).iter().rev() {
+                let seg = &wire[s as usize..e as usize];
+                let covered = loc.locate(seg, s, |span, u| found.push((span, u.to_vec())));
+                // With markers a segment whose first FPDU has no Marker pointing at it is
+                // still found when CRC can check the guess; without CRC it may be skipped.
+                if crc {
+                    assert_eq!(
+                        covered.map(|c| c.end),
+                        Some(e),
+                        "crc {crc} markers {markers}"
+                    );
+                }
+            }
+            for (span, u) in &found {
+                assert_eq!(
+                    header_of(&fpdus, span.start),
+                    Some(u),
+                    "wrong ULPDU at {span:?}"
+                );
+            }
+            if crc {
+                assert_eq!(found.len(), fpdus.len());
+            } else {
+                assert!(found.len() > fpdus.len() / 3, "found only {}", found.len());
+            }
+        }
+    }
+
+    #[test]
+    fn resegmented_stream_with_markers_finds_only_true_fpdus() {
+        for crc in [true, false] {
+            let (wire, fpdus) = stream(crc, true, 300);
+            let mut loc = FpduLocator::new(crc, true);
+            let mut found = 0;
+            // Cut at positions unrelated to FPDU boundaries.
+            let mut pos = 0usize;
+            let mut k = 0usize;
+            while pos < wire.len() {
+                let len = (700 + (k * 389) % 2500).min(wire.len() - pos);
+                let seg = &wire[pos..pos + len];
+                loc.locate(seg, pos as u64, |span, u| {
+                    assert_eq!(header_of(&fpdus, span.start), Some(&u.to_vec()));
+                    assert!(span.start >= pos as u64 && span.end <= (pos + len) as u64);
+                    found += 1;
+                });
+                pos += len;
+                k += 1;
+            }
+            assert!(found > 100, "crc {crc}: only {found} FPDUs located");
+        }
+    }
+
+    #[test]
+    fn nothing_without_crc_or_markers_and_nothing_from_a_misaligned_guess() {
+        let (wire, fpdus) = stream(false, false, 10);
+        let mut loc = FpduLocator::new(false, false);
+        assert!(!loc.can_locate());
+        assert_eq!(loc.locate(&wire, 0, |_, _| panic!("located")), None);
+        // CRC on, segment starting mid-FPDU: the CRC refuses the guess.
+        let (wire, fpdus2) = stream(true, false, 10);
+        let mut loc = FpduLocator::new(true, false);
+        let off = fpdus2[3].0 as usize + 6;
+        let end = fpdus2[5].1 as usize;
+        assert_eq!(
+            loc.locate(&wire[off..end], off as u64, |_, _| panic!("located")),
+            None
+        );
+        let _ = fpdus;
+    }
+}
