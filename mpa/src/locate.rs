@@ -118,9 +118,12 @@ mod tests {
     use super::*;
     use crate::FpduEncoder;
 
+    /// (start, end, ULPDU) of one FPDU of a test stream.
+    type Fpdu = (u64, u64, Vec<u8>);
+
     /// A stream of `n` FPDUs with ULPDUs of varied lengths; returns the stream, each FPDU's
     /// (start, end) and its ULPDU.
-    fn stream(crc: bool, markers: bool, n: usize) -> (Vec<u8>, Vec<(u64, u64, Vec<u8>)>) {
+    fn stream(crc: bool, markers: bool, n: usize) -> (Vec<u8>, Vec<Fpdu>) {
         let mut enc = FpduEncoder::new(crc, markers);
         let mut wire = Vec::new();
         let mut fpdus = Vec::new();
@@ -135,7 +138,7 @@ mod tests {
     }
 
     /// Header-aligned segments: whole FPDUs, packed up to `mss` octets.
-    fn aligned_segments(fpdus: &[(u64, u64, Vec<u8>)], mss: u64) -> Vec<(u64, u64)> {
+    fn aligned_segments(fpdus: &[Fpdu], mss: u64) -> Vec<(u64, u64)> {
         let mut segs = Vec::new();
         let mut cur: Option<(u64, u64)> = None;
         for &(s, e, _) in fpdus {
@@ -152,7 +155,7 @@ mod tests {
         segs
     }
 
-    fn header_of(fpdus: &[(u64, u64, Vec<u8>)], start: u64) -> Option<&Vec<u8>> {
+    fn header_of(fpdus: &[Fpdu], start: u64) -> Option<&Vec<u8>> {
         fpdus
             .iter()
             .find(|f| f.0 == start || f.0 + 4 == start)
