@@ -99,6 +99,12 @@ pub struct RpingCli {
     /// Seconds any single step (a completion) may take before the run fails.
     #[arg(long, default_value_t = 30.0)]
     pub step_timeout: f64,
+    /// Client: milliseconds to wait after the MPA Reply before the first Send. Linux siw as
+    /// responder can miss an FPDU that arrives right after its Reply (siw_accept sends the
+    /// Reply before it hands the socket's data_ready callback to the QP), which a real rping
+    /// client, slower to send, never hits; 100 avoids it.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub settle_ms: u64,
 }
 
 /// Entry point: `args` starts with "rping".
@@ -566,6 +572,7 @@ fn run_client(cli: &RpingCli, addr: SocketAddr) -> Result<(), String> {
         peer.post_recv()?;
     }
     peer.log(format_args!("connected: {}", describe(&peer.qp)));
+    std::thread::sleep(Duration::from_millis(cli.settle_ms));
     let size = cli.size as usize;
     let count = cli.count.unwrap_or(0);
     let zeros = vec![0u8; size];
