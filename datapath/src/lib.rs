@@ -7,6 +7,7 @@
 //! accept or reject with private data). The AF_XDP engine will offer the same API.
 
 mod cq;
+pub mod engine;
 mod memory;
 mod socket;
 pub mod xsk;

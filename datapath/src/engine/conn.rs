@@ -1,0 +1,965 @@
+//! One iWARP connection, sans-IO: a `tcp-engine` connection (record transmit, pass-up receive),
+//! MPA (startup, then Full Operation) and an [`rdmap::QueuePair`], glued together.
+//!
+//! Nothing here does I/O or reads a clock. The TCP connection itself is not owned: the caller
+//! (the AF_XDP engine's connection table, or a test's simulator) owns it and passes it in, so
+//! the same object runs under [`tcp_engine::table::ConnectionTable`] and in `tcp_engine::sim`.
+//!
+//! **Receive.** Every segment TCP accepts is handed to [`IwarpConn::on_data`] at once, in order
+//! or not (`tcp_engine::RxMode::PassUp`):
+//!
+//! - *In order* (its stream offset is where processing stopped): the bytes go to the MPA
+//!   startup machine and then to the in-order [`FpduDecoder`], whose verified ULPDUs go to
+//!   [`QueuePair::on_ulpdu`] (placement, delivery, completions).
+//! - *Out of order*, in Full Operation: [`FpduLocator`] finds the complete FPDUs the segment
+//!   holds (header-aligned guess checked by CRC, else Markers); each goes to
+//!   [`QueuePair::place_early`]. A placed FPDU leaves only a small record (its stream span,
+//!   DDP header and payload length) in a bounded table; its bytes are not kept. Everything
+//!   else (bytes of FPDUs not complete in the segment, Read Requests and Terminates, which act
+//!   only in order, segments where nothing could be located) is kept in the bounded
+//!   *reassembly store* until the in-order point reaches it. With a header-aligned sender and
+//!   CRCs on, that store stays empty.
+//! - When the in-order point reaches an early-placed FPDU, the decoder is reset past it and
+//!   [`QueuePair::on_placed_ulpdu`] runs: checks, delivery and completion happen in order.
+//! - A CRC failure places nothing of that FPDU and stops the receive direction: Terminate of
+//!   layer 2 (LLP), EType 0, with the MPA code (2 for a CRC mismatch).
+//!
+//! **Receive window.** Everything held lies between the in-order point and TCP's right window
+//! edge, so the window offered to TCP is the store's free room: the store can never overflow
+//! for a peer that respects the window. Placed FPDUs need no room at all; if the table of their
+//! records is full, their bytes are held instead (never dropped: TCP has committed to them).
+//!
+//! **Transmit.** [`IwarpConn::poll`] asks the queue pair for ULPDUs of at most MULPDU octets
+//! (RFC 5044 4.5, from TCP's current EMSS, so an EMSS change takes effect at once), frames each
+//! as one FPDU (CRC, PAD, Markers when the peer asked for them) and queues it as one TCP record:
+//! TCP sends whole FPDUs per segment and retransmits with the same boundaries.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use mpa::{
+    FpduDecoder, FpduEncoder, FpduLocator, Initiator, InitiatorEvent, MpaConfig, MpaError,
+    Negotiated, RequestInfo, Responder,
+};
+use rdmap::QpConfig;
+use rdmap::{MemoryTable, QpState, QueuePair, RegionBuffer, TerminateCause};
+use tcp_engine::{Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError};
+
+/// Length of a tagged DDP header.
+const TAGGED_HEADER_LEN: usize = 14;
+/// Length of an untagged DDP header.
+const UNTAGGED_HEADER_LEN: usize = 18;
+/// MPA Markers recur every 512 octets of the stream.
+const MARKER_INTERVAL: u64 = 512;
+const MARKER_LEN: u64 = 4;
+/// Disjoint ranges the reassembly store may hold at once (TCP itself keeps at most 64
+/// out-of-order ranges, and each segment adds at most a few).
+const MAX_STORE_RANGES: usize = 1024;
+
+/// Settings of one connection.
+#[derive(Debug, Clone)]
+pub struct ConnConfig {
+    /// MPA startup settings (revision, CRC, Markers, private data limits, IRD/ORD, RTR).
+    pub mpa: MpaConfig,
+    /// Queue pair parameters (PD, depths, initial IRD/ORD).
+    pub qp: QpConfig,
+    /// Octets the reassembly store can hold; also the receive window offered to TCP.
+    pub reassembly_capacity: usize,
+    /// FPDUs placed ahead of the in-order point whose records can be kept at once.
+    pub max_placed_fpdus: usize,
+}
+
+impl Default for ConnConfig {
+    fn default() -> Self {
+        ConnConfig {
+            mpa: MpaConfig::default(),
+            qp: QpConfig::default(),
+            reassembly_capacity: 1 << 20,
+            max_placed_fpdus: 8192,
+        }
+    }
+}
+
+/// Per-connection counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    /// Segments TCP passed up (with data).
+    pub segments: u64,
+    /// Segments passed up out of order.
+    pub segments_out_of_order: u64,
+    /// FPDUs received and processed in order (placed early or not).
+    pub fpdus_rx: u64,
+    /// FPDUs sent.
+    pub fpdus_tx: u64,
+    /// Payload octets (after the DDP header) of FPDUs handed to the queue pair in order
+    /// without early placement.
+    pub bytes_placed_in_order: u64,
+    /// Payload octets placed ahead of the in-order point, straight from the segment.
+    pub bytes_placed_out_of_order: u64,
+    /// FPDUs placed ahead of the in-order point.
+    pub fpdus_placed_out_of_order: u64,
+    /// Octets in the reassembly store now.
+    pub held_bytes: u64,
+    /// Most octets the reassembly store ever held at once.
+    pub held_peak: u64,
+    /// Octets that ever went into the reassembly store.
+    pub held_total: u64,
+    /// Out-of-order segments in which no FPDU could be located.
+    pub unlocated_segments: u64,
+    /// FPDUs whose CRC did not match (in order; nothing of them was placed).
+    pub crc_errors: u64,
+    /// Segments TCP retransmitted.
+    pub retransmissions: u64,
+    /// Terminate messages sent.
+    pub terminates_sent: u64,
+    /// Terminate messages received.
+    pub terminates_received: u64,
+}
+
+/// What happened to the connection, for the layer above.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// Responder: a valid MPA Request arrived; call [`IwarpConn::accept`] or
+    /// [`IwarpConn::reject`].
+    Request(RequestInfo),
+    /// Full Operation started (the Initiator got an accepting Reply, or the Responder
+    /// accepted). Carries the peer's private data (empty on the Responder).
+    Established {
+        /// The Reply's private data (Initiator side).
+        private_data: Vec<u8>,
+    },
+    /// Initiator: the Responder rejected the connection.
+    Rejected {
+        /// The Reply's private data.
+        private_data: Vec<u8>,
+    },
+    /// MPA startup failed (bad frame, timeout).
+    StartupFailed(MpaError),
+    /// An MPA error in Full Operation (CRC, Marker, framing): the receive direction stopped
+    /// and a Terminate was queued.
+    MpaFailed(MpaError),
+    /// The TCP connection ended (closed, reset or timed out).
+    TransportClosed,
+}
+
+/// Errors of the local API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnError {
+    /// The call does not fit the connection's state (e.g. accept on an Initiator).
+    #[error("not possible in this state: {0}")]
+    InvalidState(&'static str),
+    /// MPA refused (e.g. private data too long).
+    #[error("MPA: {0}")]
+    Mpa(#[from] MpaError),
+}
+
+/// A placed FPDU's record: enough to process it in order without its payload.
+#[derive(Debug, Clone, Copy)]
+struct PlacedFpdu {
+    /// TCP stream offset of its first octet (a Marker right before its header included).
+    start: u64,
+    /// TCP stream offset just after its CRC.
+    end: u64,
+    header: [u8; UNTAGGED_HEADER_LEN],
+    header_len: u8,
+    payload_len: u32,
+}
+
+/// Full Operation state of the receive and transmit directions.
+#[derive(Debug)]
+struct Full {
+    negotiated: Negotiated,
+    /// TCP stream offset of the receive direction's SeqStart.
+    rx_start: u64,
+    decoder: FpduDecoder,
+    locator: FpduLocator,
+    encoder: FpduEncoder,
+    /// RFC 5044 7.1.2 rule 4: the Responder sends nothing before a valid FPDU arrived.
+    may_send: bool,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Initiator, waiting for the Reply.
+    Initiating(Box<Initiator>),
+    /// Responder, waiting for the Request.
+    AwaitingRequest(Box<Responder>),
+    /// Responder, the Request is in; the application decides.
+    AwaitingAccept(Box<Responder>),
+    Full(Box<Full>),
+    /// Rejected (either side) or failed: nothing more is processed.
+    Done,
+}
+
+/// The bounded reassembly store: octets that arrived ahead of the in-order point and were not
+/// placed. Octet `o` of the stream lives at `o % capacity` of a ring allocated once: everything
+/// held lies within `capacity` octets of the in-order point, so no two held octets collide.
+#[derive(Debug, Default)]
+struct Store {
+    ring: Vec<u8>,
+    capacity: usize,
+    /// Sorted, disjoint, non-adjacent stream ranges held.
+    ranges: Vec<(u64, u64)>,
+    held: u64,
+}
+
+/// The store cannot take these octets (the peer went past the offered window).
+#[derive(Debug)]
+struct StoreFull;
+
+impl Store {
+    fn new(capacity: usize) -> Store {
+        Store {
+            ring: Vec::new(),
+            capacity: capacity.max(1),
+            ranges: Vec::new(),
+            held: 0,
+        }
+    }
+
+    /// Keeps `data` at stream offset `off`; `base` is the in-order point.
+    fn insert(&mut self, base: u64, off: u64, data: &[u8]) -> Result<(), StoreFull> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = off + data.len() as u64;
+        if off < base || end > base + self.capacity as u64 {
+            return Err(StoreFull);
+        }
+        let i = self.ranges.partition_point(|r| r.1 < off);
+        // Each octet is passed up once, so a new range never overlaps a held one; it may touch.
+        if self.ranges.get(i).is_some_and(|r| r.0 < end && off < r.1) {
+            return Err(StoreFull);
+        }
+        if self.ranges.len() >= MAX_STORE_RANGES {
+            return Err(StoreFull);
+        }
+        if self.ring.is_empty() {
+            self.ring = vec![0; self.capacity];
+        }
+        let cap = self.capacity as u64;
+        let at = (off % cap) as usize;
+        let first = data.len().min(self.capacity - at);
+        self.ring[at..at + first].copy_from_slice(&data[..first]);
+        self.ring[..data.len() - first].copy_from_slice(&data[first..]);
+        self.held += data.len() as u64;
+        let touches_prev = self.ranges.get(i).is_some_and(|r| r.1 == off);
+        let j = if touches_prev { i + 1 } else { i };
+        let touches_next = self.ranges.get(j).is_some_and(|r| r.0 == end);
+        match (touches_prev, touches_next) {
+            (true, true) => {
+                self.ranges[i].1 = self.ranges[j].1;
+                self.ranges.remove(j);
+            }
+            (true, false) => self.ranges[i].1 = end,
+            (false, true) => self.ranges[j].0 = off,
+            (false, false) => self.ranges.insert(i, (off, end)),
+        }
+        Ok(())
+    }
+
+    /// End of the held range that starts at `pos`, if any.
+    fn range_at(&self, pos: u64) -> Option<u64> {
+        self.ranges.first().filter(|r| r.0 == pos).map(|r| r.1)
+    }
+
+    /// The held octets `[start, end)` as at most two ring slices.
+    fn slices(&self, start: u64, end: u64) -> (&[u8], &[u8]) {
+        let cap = self.capacity as u64;
+        let at = (start % cap) as usize;
+        let len = (end - start) as usize;
+        let first = len.min(self.capacity - at);
+        (&self.ring[at..at + first], &self.ring[..len - first])
+    }
+
+    /// Forgets everything before `pos`.
+    fn release_to(&mut self, pos: u64) {
+        while let Some(r) = self.ranges.first_mut() {
+            if r.1 <= pos {
+                self.held -= r.1 - r.0;
+                self.ranges.remove(0);
+            } else {
+                if r.0 < pos {
+                    self.held -= pos - r.0;
+                    r.0 = pos;
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// One iWARP connection: MPA and a queue pair over a TCP connection the caller owns.
+#[derive(Debug)]
+pub struct IwarpConn {
+    cfg: ConnConfig,
+    /// `std::time::Instant` of [`Instant::ZERO`] (MPA's startup deadlines use std time).
+    epoch: std::time::Instant,
+    now: Instant,
+    initiator: bool,
+    phase: Phase,
+    qp: QueuePair,
+    /// TCP stream offset up to which received octets have been processed in order.
+    consumed: u64,
+    /// The receive direction stopped (MPA error, overflow, transport gone).
+    rx_dead: bool,
+    store: Store,
+    placed: VecDeque<PlacedFpdu>,
+    /// The MPA Request or Reply, until TCP has taken it.
+    startup_record: Option<Vec<u8>>,
+    ulpdu: Vec<u8>,
+    fpdu: Vec<u8>,
+    tcp_closed: bool,
+    tcp_close_requested: bool,
+    events: VecDeque<ConnEvent>,
+    counters: ConnCounters,
+}
+
+impl IwarpConn {
+    fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
+        let initiator = matches!(phase, Phase::Initiating(_));
+        IwarpConn {
+            qp: QueuePair::new(cfg.qp),
+            store: Store::new(cfg.reassembly_capacity),
+            placed: VecDeque::with_capacity(cfg.max_placed_fpdus.min(1 << 16)),
+            cfg,
+            epoch,
+            now,
+            initiator,
+            phase,
+            consumed: 0,
+            rx_dead: false,
+            startup_record: None,
+            ulpdu: Vec::with_capacity(1 << 16),
+            fpdu: Vec::with_capacity(1 << 16),
+            tcp_closed: false,
+            tcp_close_requested: false,
+            events: VecDeque::new(),
+            counters: ConnCounters::default(),
+        }
+    }
+
+    /// The Initiator (active) side: the MPA Request with `private_data` is queued for the TCP
+    /// connection, which may still be opening. `epoch` is the `std::time::Instant` that
+    /// `tcp_engine::Instant::ZERO` stands for (MPA's deadlines are in std time).
+    pub fn initiator(
+        cfg: ConnConfig,
+        private_data: &[u8],
+        epoch: std::time::Instant,
+        now: Instant,
+    ) -> Result<IwarpConn, ConnError> {
+        let mpa_now = epoch + Duration::from_nanos(now.as_nanos());
+        let initiator = Initiator::new(cfg.mpa.clone(), private_data, mpa_now)?;
+        let request = initiator.request().to_vec();
+        let mut conn = IwarpConn::new(cfg, epoch, now, Phase::Initiating(Box::new(initiator)));
+        conn.startup_record = Some(request);
+        Ok(conn)
+    }
+
+    /// The Responder (passive) side, for a connection a listener accepted: waits for the
+    /// Request ([`ConnEvent::Request`]).
+    pub fn responder(
+        cfg: ConnConfig,
+        epoch: std::time::Instant,
+        now: Instant,
+    ) -> Result<IwarpConn, ConnError> {
+        let mpa_now = epoch + Duration::from_nanos(now.as_nanos());
+        let responder = Responder::new(cfg.mpa.clone(), mpa_now)?;
+        Ok(IwarpConn::new(
+            cfg,
+            epoch,
+            now,
+            Phase::AwaitingRequest(Box::new(responder)),
+        ))
+    }
+
+    fn mpa_now(&self) -> std::time::Instant {
+        self.epoch + Duration::from_nanos(self.now.as_nanos())
+    }
+
+    /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
+    /// Operation. Receives may be posted before (the QP accepts them while connecting).
+    pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        let Phase::AwaitingAccept(responder) = &mut self.phase else {
+            return Err(ConnError::InvalidState("no MPA Request waiting"));
+        };
+        let (reply, negotiated) = responder.accept(private_data)?;
+        self.startup_record = Some(reply);
+        let rx_start = self.consumed;
+        self.enter_full(negotiated, rx_start);
+        self.events.push_back(ConnEvent::Established {
+            private_data: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Responder: rejects the Request (Reply with R=1); the connection closes once it is sent.
+    pub fn reject(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        let Phase::AwaitingAccept(responder) = &mut self.phase else {
+            return Err(ConnError::InvalidState("no MPA Request waiting"));
+        };
+        let reply = responder.reject(private_data)?;
+        self.startup_record = Some(reply);
+        self.phase = Phase::Done;
+        self.qp.on_transport_error(TerminateCause::ConnectionLost);
+        Ok(())
+    }
+
+    fn enter_full(&mut self, negotiated: Negotiated, rx_start: u64) {
+        if !self.initiator {
+            if let Some(kind) = negotiated.rtr {
+                // Only fails outside Idle, which a connecting QP is in.
+                let _ = self.qp.expect_rtr(rtr_kind(kind));
+            }
+        }
+        self.qp.enter_rts(negotiated.ird, negotiated.ord);
+        if self.initiator {
+            if let Some(kind) = negotiated.rtr {
+                self.qp.send_rtr(rtr_kind(kind));
+            }
+        }
+        let full = Full {
+            rx_start,
+            decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
+            locator: FpduLocator::new(negotiated.crc, negotiated.markers_rx),
+            encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
+            may_send: self.initiator || !negotiated.responder_waits_for_fpdu,
+            negotiated,
+        };
+        self.phase = Phase::Full(Box::new(full));
+    }
+
+    /// The queue pair: post work requests, poll completions, read its state.
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The queue pair, mutable.
+    pub fn qp_mut(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// What MPA negotiated, once in Full Operation.
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        match &self.phase {
+            Phase::Full(full) => Some(&full.negotiated),
+            _ => None,
+        }
+    }
+
+    /// True in Full Operation.
+    pub fn is_established(&self) -> bool {
+        matches!(self.phase, Phase::Full(_))
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> ConnCounters {
+        let mut c = self.counters;
+        c.held_bytes = self.store.held;
+        c.terminates_received = u64::from(self.qp.remote_terminate().is_some());
+        c
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<ConnEvent> {
+        self.events.pop_front()
+    }
+
+    /// Starts a graceful close: the queue pair flushes, then TCP closes.
+    pub fn close(&mut self) {
+        self.qp.close();
+    }
+
+    /// The receive window to offer TCP past its `rcv_nxt`: the store's free room.
+    fn window(&self, rcv_nxt_offset: u64) -> u64 {
+        let behind = rcv_nxt_offset.saturating_sub(self.consumed);
+        (self.store.capacity as u64).saturating_sub(behind)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // receive
+    // ------------------------------------------------------------------------------------
+
+    /// A segment's payload as TCP passed it up (in order or not, each octet once).
+    pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
+        if data.data.is_empty() {
+            return;
+        }
+        self.counters.segments += 1;
+        if self.rx_dead {
+            return;
+        }
+        let mut off = data.stream_offset;
+        let mut bytes = data.data;
+        if off < self.consumed {
+            // Already processed: cannot happen with a TCP that passes each octet once.
+            let skip = (self.consumed - off).min(bytes.len() as u64) as usize;
+            bytes = &bytes[skip..];
+            off += skip as u64;
+            if bytes.is_empty() {
+                return;
+            }
+        }
+        if off == self.consumed && !self.paused() {
+            let used = self.process_in_order(bytes, mem);
+            let rest = &bytes[used..];
+            if !rest.is_empty() && !self.rx_dead {
+                let at = off + used as u64;
+                self.hold(at, rest);
+            }
+        } else {
+            self.counters.segments_out_of_order += 1;
+            self.out_of_order(off, bytes, mem);
+        }
+        self.drain(mem);
+        self.counters.held_peak = self.counters.held_peak.max(self.store.held);
+    }
+
+    fn paused(&self) -> bool {
+        matches!(self.phase, Phase::AwaitingAccept(_))
+    }
+
+    /// Keeps octets in the reassembly store; an overflow (a peer past the window) ends the
+    /// connection.
+    fn hold(&mut self, off: u64, bytes: &[u8]) {
+        match self.store.insert(self.consumed, off, bytes) {
+            Ok(()) => self.counters.held_total += bytes.len() as u64,
+            Err(StoreFull) => {
+                self.rx_dead = true;
+                self.qp
+                    .on_transport_error(TerminateCause::LocalCatastrophic);
+            }
+        }
+        self.counters.held_peak = self.counters.held_peak.max(self.store.held);
+    }
+
+    /// An out-of-order segment: place what can be placed, hold the rest.
+    fn out_of_order<B: RegionBuffer>(&mut self, off: u64, bytes: &[u8], mem: &mut MemoryTable<B>) {
+        let Phase::Full(full) = &mut self.phase else {
+            self.hold(off, bytes);
+            return;
+        };
+        if !full.locator.can_locate() || off < full.rx_start {
+            self.hold(off, bytes);
+            return;
+        }
+        let rx_start = full.rx_start;
+        let markers = full.negotiated.markers_rx;
+        let position = off - rx_start;
+        let qp = &self.qp;
+        let placed = &mut self.placed;
+        let max_placed = self.cfg.max_placed_fpdus;
+        let counters = &mut self.counters;
+        let store = &mut self.store;
+        let consumed = self.consumed;
+        let mut cursor = off;
+        let mut overflow = false;
+        let found = full.locator.locate(bytes, position, |span, ulpdu| {
+            if placed.len() >= max_placed || overflow {
+                return;
+            }
+            let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
+                TAGGED_HEADER_LEN
+            } else {
+                UNTAGGED_HEADER_LEN
+            };
+            if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                return;
+            }
+            let mut start = rx_start + span.start;
+            // A Marker right before the header belongs to this FPDU (RFC 5044 4.3).
+            if markers
+                && span.start % MARKER_INTERVAL == MARKER_LEN
+                && start >= off + MARKER_LEN
+                && start - MARKER_LEN >= cursor
+            {
+                start -= MARKER_LEN;
+            }
+            let end = rx_start + span.end;
+            // Bytes between the previous placed FPDU and this one stay for the in-order pass.
+            let gap = &bytes[(cursor - off) as usize..(start - off) as usize];
+            if store.insert(consumed, cursor, gap).is_err() {
+                overflow = true;
+                return;
+            }
+            counters.held_total += gap.len() as u64;
+            let mut header = [0u8; UNTAGGED_HEADER_LEN];
+            header[..header_len].copy_from_slice(&ulpdu[..header_len]);
+            let payload_len = (ulpdu.len() - header_len) as u32;
+            let record = PlacedFpdu {
+                start,
+                end,
+                header,
+                header_len: header_len as u8,
+                payload_len,
+            };
+            let i = placed.partition_point(|p| p.start < start);
+            placed.insert(i, record);
+            counters.fpdus_placed_out_of_order += 1;
+            counters.bytes_placed_out_of_order += u64::from(payload_len);
+            cursor = end;
+        });
+        if found.is_none() {
+            self.counters.unlocated_segments += 1;
+        }
+        if overflow {
+            self.rx_dead = true;
+            self.qp
+                .on_transport_error(TerminateCause::LocalCatastrophic);
+            return;
+        }
+        let rest = &bytes[(cursor - off) as usize..];
+        let at = cursor;
+        self.hold(at, rest);
+    }
+
+    /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only
+    /// when startup pauses for the application's accept).
+    fn process_in_order<B: RegionBuffer>(
+        &mut self,
+        bytes: &[u8],
+        mem: &mut MemoryTable<B>,
+    ) -> usize {
+        let mut used = 0;
+        while used < bytes.len() && !self.rx_dead {
+            let rest = &bytes[used..];
+            let n = match &mut self.phase {
+                Phase::Initiating(initiator) => {
+                    let now = self.epoch + Duration::from_nanos(self.now.as_nanos());
+                    match initiator.feed(rest, now) {
+                        Ok((n, InitiatorEvent::NeedMore)) => n.max(rest.len()),
+                        Ok((
+                            n,
+                            InitiatorEvent::Accepted {
+                                negotiated,
+                                private_data,
+                            },
+                        )) => {
+                            let rx_start = self.consumed + n as u64;
+                            self.enter_full(negotiated, rx_start);
+                            self.events
+                                .push_back(ConnEvent::Established { private_data });
+                            n
+                        }
+                        Ok((_, InitiatorEvent::Rejected { private_data })) => {
+                            self.events.push_back(ConnEvent::Rejected { private_data });
+                            self.phase = Phase::Done;
+                            self.rx_dead = true;
+                            self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                            rest.len()
+                        }
+                        Err(e) => {
+                            self.startup_failed(e);
+                            rest.len()
+                        }
+                    }
+                }
+                Phase::AwaitingRequest(responder) => {
+                    let now = self.epoch + Duration::from_nanos(self.now.as_nanos());
+                    match responder.feed(rest, now) {
+                        Ok((n, None)) => n.max(rest.len()),
+                        Ok((n, Some(info))) => {
+                            let Phase::AwaitingRequest(responder) =
+                                std::mem::replace(&mut self.phase, Phase::Done)
+                            else {
+                                unreachable!("matched above")
+                            };
+                            self.phase = Phase::AwaitingAccept(responder);
+                            self.events.push_back(ConnEvent::Request(info));
+                            self.consumed += n as u64;
+                            return used + n;
+                        }
+                        Err(e) => {
+                            self.startup_failed(e);
+                            rest.len()
+                        }
+                    }
+                }
+                Phase::AwaitingAccept(_) => return used,
+                Phase::Full(full) => {
+                    let qp = &mut self.qp;
+                    let counters = &mut self.counters;
+                    let mut got_fpdu = false;
+                    let res = full.decoder.feed_spans(rest, |_, ulpdu| {
+                        got_fpdu = true;
+                        counters.fpdus_rx += 1;
+                        let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
+                            TAGGED_HEADER_LEN
+                        } else {
+                            UNTAGGED_HEADER_LEN
+                        };
+                        if qp.on_ulpdu(ulpdu, mem).is_ok() {
+                            counters.bytes_placed_in_order +=
+                                ulpdu.len().saturating_sub(header_len) as u64;
+                        }
+                    });
+                    if got_fpdu {
+                        full.may_send = true;
+                    }
+                    if let Err(e) = res {
+                        let may_send = full.may_send;
+                        self.mpa_failed(e, may_send);
+                    }
+                    rest.len()
+                }
+                Phase::Done => rest.len(),
+            };
+            used += n;
+            self.consumed += n as u64;
+        }
+        if self.rx_dead {
+            bytes.len()
+        } else {
+            used
+        }
+    }
+
+    fn startup_failed(&mut self, e: MpaError) {
+        self.events.push_back(ConnEvent::StartupFailed(e));
+        self.phase = Phase::Done;
+        self.rx_dead = true;
+        self.qp.on_transport_error(TerminateCause::ConnectionLost);
+    }
+
+    /// An MPA error in Full Operation: stop receiving and report it (RFC 5044 8, RFC 5040
+    /// 7.1: Terminate with layer LLP and the MPA code).
+    fn mpa_failed(&mut self, e: MpaError, may_send: bool) {
+        if matches!(e, MpaError::CrcMismatch { .. }) {
+            self.counters.crc_errors += 1;
+        }
+        let cause = if may_send {
+            TerminateCause::Llp { code: e.code() }
+        } else {
+            // A Responder that has not yet received a valid FPDU may send nothing, not even
+            // a Terminate (RFC 5044 7.1.2 rule 4): the connection just closes.
+            TerminateCause::ConnectionLost
+        };
+        self.qp.on_transport_error(cause);
+        self.events.push_back(ConnEvent::MpaFailed(e));
+        self.rx_dead = true;
+    }
+
+    /// Moves the in-order point over held octets and early-placed FPDUs as far as it can.
+    fn drain<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+        while !self.rx_dead && !self.paused() {
+            if self
+                .placed
+                .front()
+                .is_some_and(|p| p.start == self.consumed)
+            {
+                self.deliver_placed(mem);
+                continue;
+            }
+            let Some(end) = self.store.range_at(self.consumed) else {
+                break;
+            };
+            let start = self.consumed;
+            let store = std::mem::take(&mut self.store);
+            let (a, b) = store.slices(start, end);
+            let mut used = self.process_in_order(a, mem);
+            if used == a.len() && !self.rx_dead {
+                used += self.process_in_order(b, mem);
+            }
+            self.store = store;
+            self.store.release_to(self.consumed);
+            if (used as u64) < end - start {
+                break;
+            }
+        }
+        if self.rx_dead {
+            self.store.release_to(u64::MAX);
+            self.placed.clear();
+        }
+    }
+
+    /// The in-order point reached an FPDU placed early: skip its octets and let the queue
+    /// pair do the in-order part.
+    fn deliver_placed<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+        let Some(p) = self.placed.pop_front() else {
+            return;
+        };
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        let position = p.start - full.rx_start;
+        if !full.decoder.at_fpdu_boundary() || full.decoder.stream_position() != position {
+            // The located FPDU disagrees with the in-order framing (a CRC that matched by
+            // chance, or a hostile peer): a framing error, code 3.
+            let may_send = full.may_send;
+            self.mpa_failed(
+                MpaError::MarkerMismatch {
+                    marker_position: position,
+                    fpduptr: 0,
+                    expected: 0,
+                },
+                may_send,
+            );
+            return;
+        }
+        full.decoder.reset(p.end - full.rx_start);
+        full.may_send = true;
+        self.consumed = p.end;
+        self.counters.fpdus_rx += 1;
+        let header = &p.header[..usize::from(p.header_len)];
+        let _ = self.qp.on_placed_ulpdu(header, p.payload_len as usize, mem);
+    }
+
+    // ------------------------------------------------------------------------------------
+    // transmit, events, timers
+    // ------------------------------------------------------------------------------------
+
+    /// A TCP event of this connection.
+    pub fn on_tcp_event(&mut self, event: TcpEvent) {
+        match event {
+            TcpEvent::Connected | TcpEvent::EmssChanged(_) => {}
+            TcpEvent::PeerClosed | TcpEvent::Closed | TcpEvent::Reset | TcpEvent::TimedOut => {
+                if !self.tcp_closed {
+                    self.tcp_closed = true;
+                    self.rx_dead = true;
+                    self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                    if !matches!(self.phase, Phase::Full(_) | Phase::Done) {
+                        self.events
+                            .push_back(ConnEvent::StartupFailed(MpaError::ConnectionLost));
+                        self.phase = Phase::Done;
+                    }
+                    self.events.push_back(ConnEvent::TransportClosed);
+                }
+            }
+        }
+    }
+
+    /// Once per turn (and after receiving): runs MPA deadlines, queues FPDUs for TCP (whole
+    /// FPDUs as records, as many as TCP's send buffer takes), sets the receive window and
+    /// closes TCP once the queue pair is done. `tcp` is this connection's TCP connection.
+    pub fn poll<B: RegionBuffer>(
+        &mut self,
+        tcp: &mut TcpConnection,
+        mem: &mut MemoryTable<B>,
+        now: Instant,
+    ) {
+        self.now = now;
+        let mpa_now = self.mpa_now();
+        let timeout = match &mut self.phase {
+            Phase::Initiating(i) => i.handle_timeout(mpa_now).err(),
+            Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.handle_timeout(mpa_now).err(),
+            _ => None,
+        };
+        if let Some(e) = timeout {
+            self.startup_failed(e);
+        }
+        self.drain(mem);
+        if let Some(record) = self.startup_record.take() {
+            match tcp.send_record(&record) {
+                Ok(()) => {}
+                Err(SendError::BufferFull) => self.startup_record = Some(record),
+                Err(_) => {}
+            }
+        }
+        self.transmit(tcp, mem);
+        tcp.set_receive_window(self.window(tcp.rcv_nxt_offset()));
+        self.counters.retransmissions = tcp.stats().retransmitted_segments;
+        let done = match &self.phase {
+            Phase::Done => self.startup_record.is_none(),
+            _ => {
+                matches!(self.qp.state(), QpState::Error | QpState::Closing)
+                    && !self.qp.has_pending_transmit()
+            }
+        };
+        if done && !self.tcp_close_requested {
+            self.tcp_close_requested = true;
+            tcp.close();
+        }
+    }
+
+    fn transmit<B: RegionBuffer>(&mut self, tcp: &mut TcpConnection, mem: &MemoryTable<B>) {
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        if !full.may_send || self.startup_record.is_some() {
+            return;
+        }
+        loop {
+            let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
+                .min(usize::from(u16::MAX));
+            // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
+            if tcp.send_capacity() < full.encoder.wire_len(mulpdu) {
+                return;
+            }
+            self.ulpdu.clear();
+            let Some(tx) = self.qp.poll_transmit(mulpdu, mem, &mut self.ulpdu) else {
+                return;
+            };
+            if tx.opcode == rdmap::wire::Opcode::Terminate {
+                self.counters.terminates_sent += 1;
+            }
+            self.fpdu.clear();
+            let sent = full
+                .encoder
+                .encode(&self.ulpdu, &mut self.fpdu)
+                .map_err(|_| ())
+                .and_then(|_| tcp.send_record(&self.fpdu).map_err(|_| ()));
+            if sent.is_err() {
+                // The capacity was checked and the ULPDU is within MULPDU: only a closed
+                // TCP gets here. Nothing more can be sent.
+                self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                return;
+            }
+            self.counters.fpdus_tx += 1;
+        }
+    }
+
+    /// The earliest MPA startup deadline, as a TCP instant (TCP's own deadlines come from
+    /// the TCP connection).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let deadline = match &self.phase {
+            Phase::Initiating(i) => i.poll_timeout(),
+            Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.poll_timeout(),
+            _ => None,
+        }?;
+        let since = deadline.saturating_duration_since(self.epoch);
+        Some(Instant::ZERO + since)
+    }
+
+    /// Whether there is something to send that TCP has not taken yet.
+    pub fn wants_transmit(&self) -> bool {
+        self.startup_record.is_some()
+            || matches!(&self.phase, Phase::Full(f) if f.may_send) && self.qp.has_pending_transmit()
+    }
+}
+
+fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
+    match kind {
+        mpa::RtrKind::Send => rdmap::RtrKind::Send,
+        mpa::RtrKind::Write => rdmap::RtrKind::Write,
+        mpa::RtrKind::Read => rdmap::RtrKind::Read,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_merges_wraps_and_releases() {
+        let mut s = Store::new(16);
+        s.insert(0, 4, b"efgh").unwrap();
+        s.insert(0, 12, b"mnop").unwrap();
+        s.insert(0, 8, b"ijkl").unwrap();
+        assert_eq!(s.ranges, vec![(4, 16)]);
+        assert_eq!(s.held, 12);
+        assert!(s.insert(0, 14, b"x").is_err(), "overlap refused");
+        assert!(s.insert(0, 16, b"q").is_err(), "beyond capacity refused");
+        s.insert(0, 0, b"abcd").unwrap();
+        assert_eq!(s.range_at(0), Some(16));
+        let (a, b) = s.slices(0, 16);
+        assert_eq!([a, b].concat(), b"abcdefghijklmnop");
+        s.release_to(10);
+        assert_eq!(s.held, 6);
+        s.insert(10, 16, b"QRST").unwrap();
+        let (a, b) = s.slices(10, 20);
+        assert_eq!([a, b].concat(), b"klmnopQRST");
+        s.release_to(u64::MAX);
+        assert_eq!(s.held, 0);
+        assert!(s.ranges.is_empty());
+    }
+}

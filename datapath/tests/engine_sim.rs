@@ -1,0 +1,671 @@
+//! Two glued iWARP connections (`datapath::engine::IwarpConn`) over `tcp_engine` in its seeded
+//! network simulator: MPA startup, Write / Send / Read from 1 B to 16 MiB with data checked,
+//! loss and reordering, a re-segmenting middlebox with Markers, CRC corruption.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use datapath::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
+use mpa::MpaConfig;
+use rdmap::memory::VecBuffer;
+use rdmap::{
+    Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, Stag, WcStatus, WorkCompletion,
+};
+use tcp_engine::sim::{Endpoint, LinkConfig, Network};
+use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr};
+
+const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const PD: PdId = PdId(7);
+
+/// Position-dependent data: any slice can be checked on its own; `seed` tells transfers apart.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(31) ^ (i >> 9) ^ seed.wrapping_mul(0x9E37)) as u8)
+        .collect()
+}
+
+/// Corrupts one octet of the `nth` data segment that carries at least `min_len` octets, with
+/// checksums recomputed (as a broken middlebox or sender memory would): only MPA's CRC sees it.
+struct Corruptor {
+    nth: usize,
+    min_len: usize,
+    seen: usize,
+    /// (TO, length) of the corrupted FPDU's payload when it was a tagged FPDU.
+    hit: Option<(u64, usize)>,
+}
+
+struct Side {
+    tcp: Option<Connection>,
+    listen: Option<Config>,
+    isn: IsnGenerator,
+    iw: IwarpConn,
+    mem: MemoryTable<VecBuffer>,
+    completions: Vec<WorkCompletion>,
+    events: Vec<ConnEvent>,
+    /// Receives posted when the Request arrives, before accepting.
+    pre_recvs: Vec<RecvWr>,
+    corrupt: Option<Corruptor>,
+}
+
+impl Side {
+    fn pump(&mut self, now: Instant) {
+        let Some(tcp) = self.tcp.as_mut() else { return };
+        while let Some(ev) = tcp.poll_event() {
+            self.iw.on_tcp_event(ev);
+        }
+        self.iw.poll(tcp, &mut self.mem, now);
+        while let Some(ev) = self.iw.poll_event() {
+            if let ConnEvent::Request(_) = ev {
+                for wr in self.pre_recvs.drain(..) {
+                    self.iw.qp_mut().post_recv(wr, &self.mem).expect("pre-post");
+                }
+                self.iw.accept(b"server").expect("accept");
+                self.iw.poll(tcp, &mut self.mem, now);
+            }
+            self.events.push(ev);
+        }
+        while let Some(wc) = self.iw.qp_mut().poll_completion() {
+            self.completions.push(wc);
+        }
+    }
+
+    fn region(&mut self, bytes: Vec<u8>, base: u64, access: Access) -> Stag {
+        self.mem
+            .register(PD, VecBuffer::from_vec(bytes), base, access)
+    }
+
+    fn bytes(&self, stag: Stag) -> Vec<u8> {
+        self.mem.get(stag).expect("region").to_vec()
+    }
+
+    fn counters(&self) -> ConnCounters {
+        self.iw.counters()
+    }
+}
+
+impl Endpoint for Side {
+    fn receive(&mut self, now: Instant, packet: &[u8]) {
+        let Ok(seg) = SegmentRepr::parse(packet) else {
+            return;
+        };
+        let mut corrupted = None;
+        if let Some(c) = self.corrupt.as_mut() {
+            if seg.payload.len() >= c.min_len && c.hit.is_none() {
+                c.seen += 1;
+                if c.seen == c.nth {
+                    let p = seg.payload;
+                    // The segment starts with an FPDU: ULPDU_Length, then the DDP header.
+                    if p.len() > 16 && p[2] & 0x80 != 0 {
+                        let to = u64::from_be_bytes(p[8..16].try_into().unwrap());
+                        let len = usize::from(u16::from_be_bytes([p[0], p[1]])) - 14;
+                        c.hit = Some((to, len));
+                    }
+                    let mut payload = p.to_vec();
+                    let i = payload.len() / 2;
+                    payload[i] ^= 0x5a;
+                    let mut bad = seg;
+                    bad.payload = &payload;
+                    let mut buf = vec![0u8; bad.packet_len()];
+                    let n = bad.emit(&mut buf).expect("emit");
+                    buf.truncate(n);
+                    corrupted = Some(buf);
+                }
+            }
+        }
+        let packet = corrupted.as_deref().unwrap_or(packet);
+        let Ok(seg) = SegmentRepr::parse(packet) else {
+            return;
+        };
+        if self.tcp.is_none() {
+            if let Some(cfg) = self.listen.clone() {
+                self.tcp = Connection::accept(cfg, &seg, &self.isn, now);
+            }
+        } else if let Some(tcp) = self.tcp.as_mut() {
+            let Side { iw, mem, .. } = self;
+            tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+        }
+        self.pump(now);
+    }
+
+    fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.pump(now);
+        self.tcp.as_mut()?.poll_transmit(now, buf)
+    }
+
+    fn next_timeout(&self) -> Option<Instant> {
+        let tcp = self.tcp.as_ref().and_then(|t| t.poll_timeout());
+        match (tcp, self.iw.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn on_timeout(&mut self, now: Instant) {
+        if let Some(tcp) = self.tcp.as_mut() {
+            tcp.handle_timeout(now);
+        }
+        self.pump(now);
+    }
+
+    fn on_packet_too_big(&mut self, mtu: u16) {
+        if let Some(tcp) = self.tcp.as_mut() {
+            tcp.set_path_mtu(mtu);
+        }
+    }
+}
+
+struct Bed {
+    a: Side,
+    b: Side,
+    net: Network,
+}
+
+fn conn_config(mpa: &MpaConfig) -> ConnConfig {
+    let mut cfg = ConnConfig {
+        mpa: mpa.clone(),
+        ..ConnConfig::default()
+    };
+    cfg.qp.pd = PD;
+    cfg
+}
+
+fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
+    let epoch = std::time::Instant::now();
+    let tuple = FourTuple {
+        local_addr: A_ADDR,
+        local_port: 40000,
+        remote_addr: B_ADDR,
+        remote_port: 5000,
+    };
+    let isn_a = IsnGenerator::new([seed as u8; 16]);
+    let tcp_a = Connection::connect(Config::mpa(), tuple, &isn_a, Instant::ZERO);
+    let a = Side {
+        tcp: Some(tcp_a),
+        listen: None,
+        isn: isn_a,
+        iw: IwarpConn::initiator(conn_config(&mpa), b"client", epoch, Instant::ZERO)
+            .expect("initiator"),
+        mem: MemoryTable::new(),
+        completions: Vec::new(),
+        events: Vec::new(),
+        pre_recvs: Vec::new(),
+        corrupt: None,
+    };
+    let b = Side {
+        tcp: None,
+        listen: Some(Config::mpa()),
+        isn: IsnGenerator::new([seed as u8 ^ 0x5a; 16]),
+        iw: IwarpConn::responder(conn_config(&mpa), epoch, Instant::ZERO).expect("responder"),
+        mem: MemoryTable::new(),
+        completions: Vec::new(),
+        events: Vec::new(),
+        pre_recvs: Vec::new(),
+        corrupt: None,
+    };
+    let net = Network::new(link.clone(), link, seed);
+    Bed { a, b, net }
+}
+
+fn lossy(loss: f64) -> LinkConfig {
+    LinkConfig {
+        loss,
+        reorder: loss,
+        duplicate: if loss > 0.0 { 0.01 } else { 0.0 },
+        jitter: Duration::from_micros(2),
+        ..LinkConfig::default()
+    }
+}
+
+impl Bed {
+    /// Runs until `done` or `limit` of virtual time from now; panics with context otherwise.
+    fn run_until(&mut self, what: &str, limit: Duration, done: impl Fn(&Side, &Side) -> bool) {
+        let deadline = self.net.now + limit;
+        let ok = self.net.run(
+            &mut self.a,
+            &mut self.b,
+            deadline,
+            |a, b, _| done(a, b),
+            |_, _, _| {},
+        );
+        assert!(
+            ok,
+            "{what}: not done by {:?}; A {:?} {:?} {:?}; B {:?} {:?} {:?}",
+            self.net.now,
+            self.a.iw.qp().state(),
+            self.a.events,
+            self.a.counters(),
+            self.b.iw.qp().state(),
+            self.b.events,
+            self.b.counters()
+        );
+    }
+
+    fn establish(&mut self) {
+        self.run_until("MPA startup", Duration::from_secs(10), |a, b| {
+            a.iw.is_established() && b.iw.is_established()
+        });
+    }
+}
+
+/// Regions of one size round: A writes, sends, and reads B's source.
+struct Round {
+    size: usize,
+    seed: u64,
+}
+
+struct Regions {
+    a_src: Stag,
+    a_sink: Stag,
+    b_sink: Stag,
+    b_src: Stag,
+    b_recv: Stag,
+    max: usize,
+}
+
+const A_SRC_TO: u64 = 0x1000_0000;
+const A_SINK_TO: u64 = 0x2000_0000;
+const B_SINK_TO: u64 = 0x3000_0000;
+const B_SRC_TO: u64 = 0x4000_0000;
+const B_RECV_TO: u64 = 0x5000_0000;
+
+fn regions(bed: &mut Bed, max: usize) -> Regions {
+    Regions {
+        a_src: bed.a.region(vec![0; max], A_SRC_TO, Access::LOCAL_WRITE),
+        a_sink: bed.a.region(vec![0; max], A_SINK_TO, Access::LOCAL_WRITE),
+        b_sink: bed.b.region(vec![0; max], B_SINK_TO, Access::REMOTE_WRITE),
+        b_src: bed.b.region(vec![0; max], B_SRC_TO, Access::REMOTE_READ),
+        b_recv: bed.b.region(vec![0; max], B_RECV_TO, Access::LOCAL_WRITE),
+        max,
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ops {
+    write: bool,
+    send: bool,
+    read: bool,
+}
+
+const ALL: Ops = Ops {
+    write: true,
+    send: true,
+    read: true,
+};
+
+/// One Write, Send and Read of `round.size` octets; checks the data on both sides.
+fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
+    let Round { size, seed } = round;
+    assert!(size <= r.max);
+    let data = pattern(size, seed);
+    let source = pattern(size, seed ^ 0xabcd);
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
+    rdmap::RegionBuffer::write_at(bed.b.mem.get(r.b_src).unwrap(), 0, &source);
+    let a_before = bed.a.completions.len();
+    let b_before = bed.b.completions.len();
+    let len = u32::try_from(size).unwrap();
+    let mut expect_a = 0;
+    let mut expect_b = 0;
+    if ops.send {
+        bed.b
+            .iw
+            .qp_mut()
+            .post_recv(
+                RecvWr {
+                    wr_id: seed,
+                    sge: Some(Sge {
+                        stag: r.b_recv,
+                        to: B_RECV_TO,
+                        len,
+                    }),
+                },
+                &bed.b.mem,
+            )
+            .expect("post_recv");
+        expect_b += 1;
+    }
+    let local = Some(Sge {
+        stag: r.a_src,
+        to: A_SRC_TO,
+        len,
+    });
+    let mut post = |op, local| {
+        bed.a
+            .iw
+            .qp_mut()
+            .post_send(
+                SendWr {
+                    wr_id: seed,
+                    op,
+                    local,
+                },
+                &bed.a.mem,
+            )
+            .expect("post_send");
+    };
+    if ops.write {
+        post(
+            SendOp::Write {
+                remote_stag: r.b_sink,
+                remote_to: B_SINK_TO,
+            },
+            local,
+        );
+        expect_a += 1;
+    }
+    if ops.send {
+        post(
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            local,
+        );
+        expect_a += 1;
+    }
+    if ops.read {
+        post(
+            SendOp::Read {
+                remote_stag: r.b_src,
+                remote_to: B_SRC_TO,
+            },
+            Some(Sge {
+                stag: r.a_sink,
+                to: A_SINK_TO,
+                len,
+            }),
+        );
+        expect_a += 1;
+    }
+    // A Write is complete at the sink only once a later message is delivered: follow it
+    // with a zero-length Send when nothing else comes after it.
+    if ops.write && !ops.send && !ops.read {
+        bed.b
+            .iw
+            .qp_mut()
+            .post_recv(
+                RecvWr {
+                    wr_id: 0,
+                    sge: None,
+                },
+                &bed.b.mem,
+            )
+            .expect("post_recv");
+        post(
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            None,
+        );
+        expect_a += 1;
+        expect_b += 1;
+    }
+    bed.run_until(&format!("size {size}"), Duration::from_secs(120), |a, b| {
+        a.completions.len() >= a_before + expect_a && b.completions.len() >= b_before + expect_b
+    });
+    for wc in bed.a.completions[a_before..]
+        .iter()
+        .chain(&bed.b.completions[b_before..])
+    {
+        assert_eq!(wc.status, WcStatus::Success, "size {size}: {wc:?}");
+    }
+    if ops.write {
+        assert!(
+            bed.b.bytes(r.b_sink)[..size] == data[..],
+            "Write data, size {size}"
+        );
+    }
+    if ops.send {
+        assert!(
+            bed.b.bytes(r.b_recv)[..size] == data[..],
+            "Send data, size {size}"
+        );
+        assert_eq!(bed.b.completions[b_before].byte_len, len);
+    }
+    if ops.read {
+        assert!(
+            bed.a.bytes(r.a_sink)[..size] == source[..],
+            "Read data, size {size}"
+        );
+    }
+}
+
+const SIZES: [usize; 7] = [1, 100, 1500, 4096, 65_536, 1 << 20, 16 << 20];
+
+fn print_counters(label: &str, bed: &Bed) {
+    println!(
+        "{label}: A {:?}\n{label}: B {:?}\n{label}: links {:?} / {:?}",
+        bed.a.counters(),
+        bed.b.counters(),
+        bed.net.a_to_b.stats,
+        bed.net.b_to_a.stats
+    );
+}
+
+#[test]
+fn write_send_read_1b_to_16mib() {
+    let mut bed = bed(1, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    assert!(bed.a.events.contains(&ConnEvent::Established {
+        private_data: b"server".to_vec()
+    }));
+    let r = regions(&mut bed, 16 << 20);
+    for (i, size) in SIZES.into_iter().enumerate() {
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size,
+                seed: i as u64 + 1,
+            },
+            ALL,
+        );
+    }
+    print_counters("lossless", &bed);
+    for side in [bed.a.counters(), bed.b.counters()] {
+        assert_eq!(side.held_peak, 0);
+        assert_eq!(side.crc_errors, 0);
+        assert_eq!(side.terminates_sent, 0);
+    }
+    // B received every Write and Send, A every Read Response, all in order here.
+    let sum: usize = SIZES.iter().sum();
+    assert!(bed.b.counters().bytes_placed_in_order >= 2 * sum as u64);
+    assert!(bed.a.counters().bytes_placed_in_order >= sum as u64);
+}
+
+/// Loss and reordering with header-aligned senders and CRCs: every out-of-order segment's
+/// FPDUs are located and placed straight into the sink; nothing is ever held.
+fn aligned_under_loss(loss: f64, seed: u64) {
+    let mut bed = bed(seed, lossy(loss), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 16 << 20);
+    let ops = Ops {
+        write: true,
+        send: true,
+        read: false,
+    };
+    for (i, size) in [1000, 65_536, 1 << 20, 16 << 20].into_iter().enumerate() {
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size,
+                seed: 10 + i as u64,
+            },
+            ops,
+        );
+    }
+    print_counters(&format!("aligned loss {loss}"), &bed);
+    let b = bed.b.counters();
+    assert!(b.segments_out_of_order > 100, "{b:?}");
+    assert!(b.bytes_placed_out_of_order > 100_000, "{b:?}");
+    assert_eq!(b.held_total, 0, "nothing held with aligned senders: {b:?}");
+    assert_eq!(b.unlocated_segments, 0, "{b:?}");
+    assert!(bed.a.counters().retransmissions > 0);
+    // Reads too (Read Requests act only in order, so one arriving early is held).
+    for (i, size) in [1000, 1 << 20, 4 << 20].into_iter().enumerate() {
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size,
+                seed: 20 + i as u64,
+            },
+            ALL,
+        );
+    }
+    let a = bed.a.counters();
+    print_counters(&format!("aligned loss {loss} with reads"), &bed);
+    assert!(
+        a.bytes_placed_out_of_order > 10_000,
+        "Read Responses placed early: {a:?}"
+    );
+    assert_eq!(a.held_total, 0, "{a:?}");
+    for side in [bed.a.counters(), bed.b.counters()] {
+        assert_eq!(side.crc_errors, 0);
+        assert_eq!(side.terminates_sent, 0);
+    }
+}
+
+#[test]
+fn aligned_loss_1_percent_places_out_of_order_and_holds_nothing() {
+    aligned_under_loss(0.01, 2);
+}
+
+#[test]
+fn aligned_loss_5_percent_places_out_of_order_and_holds_nothing() {
+    aligned_under_loss(0.05, 3);
+}
+
+/// A middlebox that splits and coalesces segments: FPDUs no longer start segments. With
+/// Markers, FPDUs are still located in out-of-order segments; what cannot be located (the
+/// pieces around a cut) is held, bounded by about one FPDU per gap.
+#[test]
+fn resegmenting_middlebox_with_markers() {
+    let link = LinkConfig {
+        split: 0.2,
+        merge: 0.2,
+        ..lossy(0.02)
+    };
+    let mpa = MpaConfig {
+        markers: true,
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(4, link, mpa);
+    bed.establish();
+    assert!(bed.b.iw.negotiated().unwrap().markers_rx);
+    let r = regions(&mut bed, 4 << 20);
+    for (i, size) in [1, 3000, 65_536, 4 << 20].into_iter().enumerate() {
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size,
+                seed: 30 + i as u64,
+            },
+            ALL,
+        );
+    }
+    print_counters("middlebox+markers", &bed);
+    let b = bed.b.counters();
+    println!(
+        "middlebox+markers: B held peak {} octets, {} held in all, {} placed out of order",
+        b.held_peak, b.held_total, b.bytes_placed_out_of_order
+    );
+    assert!(bed.net.a_to_b.stats.split > 0 && bed.net.a_to_b.stats.merged > 0);
+    assert!(b.fpdus_placed_out_of_order > 50, "{b:?}");
+    assert!(b.held_total > 0, "cut FPDUs must be held: {b:?}");
+    // Bounded: a few FPDUs' worth, far below the receive window.
+    assert!(b.held_peak < 64 * 1024, "{b:?}");
+    assert_eq!(b.crc_errors, 0);
+}
+
+/// Neither CRC nor Markers: nothing can check a guess, so nothing is placed out of order;
+/// everything early is held and the transfer still completes.
+#[test]
+fn no_crc_no_markers_holds_and_completes() {
+    let mpa = MpaConfig {
+        crc: false,
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(5, lossy(0.02), mpa);
+    bed.establish();
+    assert!(!bed.b.iw.negotiated().unwrap().crc);
+    let r = regions(&mut bed, 1 << 20);
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 1 << 20,
+            seed: 40,
+        },
+        ALL,
+    );
+    let b = bed.b.counters();
+    print_counters("no crc", &bed);
+    assert_eq!(b.bytes_placed_out_of_order, 0);
+    assert!(b.held_total > 0, "{b:?}");
+}
+
+/// A corrupted FPDU (checksums fixed up, so TCP accepts it): nothing of it is placed, the
+/// receiver sends Terminate layer 2 (LLP) / EType 0 (MPA) / code 2 (CRC) and the peer sees it.
+#[test]
+fn crc_corruption_places_nothing_and_terminates() {
+    let mut bed = bed(6, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    bed.b.corrupt = Some(Corruptor {
+        nth: 10,
+        min_len: 1000,
+        seen: 0,
+        hit: None,
+    });
+    let size = 1 << 20;
+    let data = pattern(size, 99);
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
+    bed.a
+        .iw
+        .qp_mut()
+        .post_send(
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Write {
+                    remote_stag: r.b_sink,
+                    remote_to: B_SINK_TO,
+                },
+                local: Some(Sge {
+                    stag: r.a_src,
+                    to: A_SRC_TO,
+                    len: size as u32,
+                }),
+            },
+            &bed.a.mem,
+        )
+        .unwrap();
+    bed.run_until("terminate", Duration::from_secs(10), |a, _| {
+        a.iw.qp().remote_terminate().is_some()
+    });
+    let term = bed.a.iw.qp().remote_terminate().unwrap();
+    let b = bed.b.counters();
+    print_counters("crc", &bed);
+    println!("crc: A received Terminate {term:?}");
+    assert_eq!((term.layer, term.etype, term.code), (2, 0, 2));
+    assert_eq!(b.crc_errors, 1);
+    assert_eq!(b.terminates_sent, 1);
+    assert_eq!(bed.b.iw.qp().state(), QpState::Error);
+    let (to, len) = bed
+        .b
+        .corrupt
+        .as_ref()
+        .unwrap()
+        .hit
+        .expect("a tagged FPDU was hit");
+    let sink = bed.b.bytes(r.b_sink);
+    let at = (to - B_SINK_TO) as usize;
+    assert!(
+        sink[at..at + len].iter().all(|&x| x == 0),
+        "nothing of the corrupted FPDU was placed"
+    );
+    assert!(sink[..at] == data[..at], "the FPDUs before it were placed");
+}
