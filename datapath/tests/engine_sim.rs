@@ -777,3 +777,77 @@ fn reject_reports_private_data_and_closes() {
     }));
     assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
 }
+
+/// The path MTU drops below what TCP started with: "packet too big" lowers EMSS, MULPDU
+/// follows it (RFC 5044 5.3.2), and the transfer completes with the data intact.
+#[test]
+fn path_mtu_drop_recomputes_mulpdu() {
+    let link = LinkConfig {
+        mtu: 1280,
+        ..lossy(0.01)
+    };
+    let mut bed = bed(8, link, MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 1 << 20,
+            seed: 70,
+        },
+        ALL,
+    );
+    let emss = bed.a.tcp.as_ref().unwrap().emss();
+    print_counters("mtu 1280", &bed);
+    assert!(emss <= 1240, "EMSS {emss}");
+    assert!(bed.net.a_to_b.stats.too_big > 0);
+    // Later messages use the smaller MULPDU: whole FPDUs per segment again.
+    let before = bed.b.counters().held_total;
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 1 << 20,
+            seed: 71,
+        },
+        ALL,
+    );
+    let b = bed.b.counters();
+    assert!(
+        b.held_total - before < 52 * 8,
+        "aligned again after the change: {b:?}"
+    );
+}
+
+/// A graceful close: the queue pairs leave RTS, flush, and both TCP connections close.
+#[test]
+fn graceful_close() {
+    let mut bed = bed(9, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 4096);
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 4096,
+            seed: 80,
+        },
+        ALL,
+    );
+    bed.a.iw.close();
+    bed.run_until("close", Duration::from_secs(5), |a, b| {
+        let gone = |s: &Side| {
+            s.tcp.as_ref().is_none_or(|t| {
+                matches!(
+                    t.state(),
+                    tcp_engine::State::Closed | tcp_engine::State::TimeWait
+                )
+            })
+        };
+        gone(a) && gone(b)
+    });
+    assert!(bed.b.events.contains(&ConnEvent::TransportClosed));
+    assert_ne!(bed.a.iw.qp().state(), QpState::Rts);
+    assert_ne!(bed.b.iw.qp().state(), QpState::Rts);
+}
