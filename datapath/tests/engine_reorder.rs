@@ -53,6 +53,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
         },
         reassembly_capacity: 1 << 20,
         max_placed_fpdus: 4096,
+        ..ConnConfig::default()
     };
     let mut conn = IwarpConn::responder(cfg, epoch, Instant::ZERO).unwrap();
     let mut mem = MemoryTable::new();

@@ -67,6 +67,10 @@ pub struct ConnConfig {
     pub reassembly_capacity: usize,
     /// FPDUs placed ahead of the in-order point whose records can be kept at once.
     pub max_placed_fpdus: usize,
+    /// Most octets queued in TCP and not yet acknowledged before no more FPDUs are framed:
+    /// FPDUs already queued keep their size, so this bounds how long an EMSS change takes to
+    /// reach the framing (and how early Sends and Writes complete).
+    pub tx_ahead: usize,
 }
 
 impl Default for ConnConfig {
@@ -76,6 +80,7 @@ impl Default for ConnConfig {
             qp: QpConfig::default(),
             reassembly_capacity: 1 << 20,
             max_placed_fpdus: 8192,
+            tx_ahead: 512 << 10,
         }
     }
 }
@@ -882,7 +887,9 @@ impl IwarpConn {
             let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
                 .min(usize::from(u16::MAX));
             // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
-            if tcp.send_capacity() < full.encoder.wire_len(mulpdu) {
+            if tcp.send_capacity() < full.encoder.wire_len(mulpdu)
+                || tcp.send_queue_len() >= self.cfg.tx_ahead
+            {
                 return;
             }
             self.ulpdu.clear();
