@@ -385,8 +385,14 @@ mod tests {
         let mut q = queue(&[(100, 'a'), (100, 'b')]);
         let early = q.locate(&seg(2, 40, true), 60).unwrap();
         assert_eq!((early.cookie, early.offset, early.msn), ('b', 40, 2));
-        assert_eq!(q.locate(&seg(2, 90, true), 20), Err(DdpError::MessageTooLong));
-        assert_eq!(q.locate(&seg(9, 0, true), 1), Err(DdpError::MsnRange { msn: 9 }));
+        assert_eq!(
+            q.locate(&seg(2, 90, true), 20),
+            Err(DdpError::MessageTooLong)
+        );
+        assert_eq!(
+            q.locate(&seg(9, 0, true), 1),
+            Err(DdpError::MsnRange { msn: 9 })
+        );
         // Nothing was recorded: the whole message, placed in order, is delivered once.
         q.place(&seg(1, 0, true), 10).unwrap();
         assert_eq!(q.poll_delivery().map(|d| d.msn), Some(1));
