@@ -1,0 +1,842 @@
+//! Poll-mode TCP over AF_XDP: our own TCP (`tcp-engine`) fed by the AF_XDP port ([`crate::xsk`])
+//! and the XDP steering program (`xdp-prog`).
+//!
+//! [`XdpTcp`] owns, on one thread:
+//!
+//! * one [`XskSocket`] per selected RX queue of one interface (all queues by default: a flow's
+//!   packets, and retransmitted SYNs in particular, can land on any queue);
+//! * the attached [`SteeringProgram`], with every socket in its XSKMAP;
+//! * a [`ConnectionTable`] (the sans-IO TCP: O(1) demultiplexing, timers, RST replies);
+//! * the next-hop MAC cache (see below) and the clock: `std::time::Instant` read once per turn
+//!   and handed to the table as a [`tcp_engine::Instant`] (the library never reads a clock).
+//!
+//! **Steering.** A listener's port is steered as a port ([`XdpTcp::listen`]): every TCP packet
+//! to it, SYNs and the accepted connections alike, comes to us, so accepted connections need no
+//! map entry of their own. An active open ([`XdpTcp::connect`]) steers its exact 4-tuple as a
+//! flow, removed when the connection is removed. In both cases a kernel TCP socket is *bound*
+//! (never listening) to the local address and port for as long as we use it: the kernel then
+//! neither hands that port to one of its own connections nor lets another listener take it, and
+//! a port already in kernel use is a clear [`XdpTcpError::PortInUse`]. Packets that arrive on a
+//! queue without a socket go to the kernel, which answers with a RST: select a subset of queues
+//! only on an interface configured with that many queues.
+//!
+//! **Next hop.** An active open resolves the route and the neighbour (ARP) entry through
+//! rtnetlink first ([`crate::xsk::resolve_next_hop`], blocking up to
+//! [`XdpTcpConfig::neighbour_timeout`]; the route must leave through our interface). A passive
+//! open answers the MAC address its SYN came from. Any other destination (a RST for a stray
+//! segment) is looked up once in the kernel's neighbour table (not resolved); unknown, the
+//! packet is dropped and counted ([`XdpTcpStats::tx_no_mac`]).
+//!
+//! **One turn** ([`XdpTcp::poll`]): take up to [`XdpTcpConfig::rx_batch`] frames from each
+//! socket, parse Ethernet/IPv4 (anything else is dropped and counted), hand each IPv4 packet to
+//! [`ConnectionTable::handle_packet`] (its passed-up data goes to [`TcpApp::on_data`]); hand new
+//! connections of listeners to [`TcpApp::on_accept`]; for every live connection report its
+//! events ([`TcpApp::on_event`]) and call [`TcpApp::on_poll`] (the application sends, reads,
+//! sets its receive window, closes), then forget closed ones ([`TcpApp::on_closed`]); run
+//! expired timers; then write every packet the table has into TX frames (the Ethernet header
+//! and the table's IPv4 packet straight into the UMEM frame, no intermediate buffer), in
+//! batches of [`XskConfig::kick_batch`] frames per `sendto` kick (veth's copy mode moves 32
+//! frames per kick), and reap completions. The turn never blocks; [`XdpTcp::turn`] adds a
+//! sleep in `ppoll(2)` on the sockets after [`XdpTcpConfig::idle_spins`] idle turns, bounded
+//! by the next TCP deadline.
+//!
+//! **Costs.** Per packet: no allocation in steady state (the table, the UMEM frames, the
+//! neighbour cache's last-hit shortcut and the connection list are all preallocated;
+//! `datapath/tests/xdp_tcp.rs` counts). Per turn: O(live connections) for events and
+//! `on_poll`, which is right for the tens of queue pairs an engine thread serves; an interest
+//! list would be the next step for thousands. All transmission leaves from the first selected
+//! queue's socket.
+//!
+//! **Upper layer.** [`TcpApp`] is the seam the iWARP engine plugs into: in MPA mode
+//! ([`tcp_engine::Config::mpa`]) `on_data` receives every accepted segment's payload at once
+//! with its sequence number and stream offset (in order or not), and `on_poll` queues whole
+//! FPDUs with `send_record` and sets the receive window; in stream mode
+//! ([`tcp_engine::Config::default`]) `on_poll` uses `send` and `recv` (what `iwarp-bench
+//! tcp-sink` / `tcp-source` do).
+
+mod frame;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tcp_engine::table::{ConnectionTable, TableError, TableStats};
+
+use crate::xsk::packet::ETH_HLEN;
+use crate::xsk::steering::{
+    ActiveMode, AttachMode, Counters, FourTuple as FlowKey, SteeringProgram, XdpError,
+};
+use crate::xsk::{interface_info, resolve_next_hop, XskConfig, XskError, XskSocket, XskStats};
+use frame::Neighbours;
+
+/// The sans-IO TCP this driver runs, re-exported for its users.
+pub use tcp_engine as engine;
+pub use tcp_engine::table::ConnId;
+pub use tcp_engine::{Config as TcpConfig, Connection, Event, PassedUp, State};
+
+/// IPv4 + TCP headers without options.
+const IP_TCP_HEADERS: u16 = 40;
+/// Smallest MTU an IPv4 host must handle (RFC 791).
+const MIN_MTU: u16 = 576;
+
+/// The layer above TCP: what the driver calls during [`XdpTcp::poll`]. Every method has an
+/// empty default, so an application implements only what it uses.
+///
+/// For a passive connection, `on_data` (MPA pass-up mode) can come before `on_accept`: the ACK
+/// that completes the handshake may carry data. `on_accept` follows in the same turn.
+pub trait TcpApp {
+    /// Data passed up at once as TCP accepts it ([`tcp_engine::RxMode::PassUp`]): the
+    /// sequence number and stream offset of `data.data[0]`, in order or not, each octet once.
+    /// The bytes are borrowed from the received UMEM frame.
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+        let _ = (id, data);
+    }
+
+    /// A listener's connection completed its handshake and is now the application's.
+    fn on_accept(&mut self, id: ConnId, conn: &mut Connection) {
+        let _ = (id, conn);
+    }
+
+    /// An event of the connection ([`Event::Connected`], [`Event::PeerClosed`], ...).
+    fn on_event(&mut self, id: ConnId, conn: &mut Connection, event: Event) {
+        let _ = (id, conn, event);
+    }
+
+    /// Called once per turn for every live connection: queue data (`send`, `send_record`),
+    /// read in-order data (`recv`), set the receive window, close or abort.
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection) {
+        let _ = (id, conn);
+    }
+
+    /// The connection reached CLOSED and was removed from the table (and its steering entry
+    /// and port reservation released); `conn` is its final state (statistics).
+    fn on_closed(&mut self, id: ConnId, conn: Connection) {
+        let _ = (id, conn);
+    }
+}
+
+/// Settings of an [`XdpTcp`].
+#[derive(Debug, Clone)]
+pub struct XdpTcpConfig {
+    /// RX queues to own (one AF_XDP socket each); `None`: all queues of the interface.
+    pub queues: Option<Vec<u32>>,
+    /// How to attach the steering program.
+    pub attach_mode: AttachMode,
+    /// AF_XDP socket settings (ring sizes, frame size, kick batch).
+    pub xsk: XskConfig,
+    /// Most connections at once (the table's capacity).
+    pub max_connections: usize,
+    /// Most frames taken from each socket per turn.
+    pub rx_batch: usize,
+    /// Idle turns in a row before [`XdpTcp::turn`] sleeps in `ppoll`.
+    pub idle_spins: u32,
+    /// Longest sleep of [`XdpTcp::turn`] (it also wakes at the next TCP deadline or a frame).
+    pub max_wait: Duration,
+    /// How long [`XdpTcp::connect`] waits for the next hop's ARP reply.
+    pub neighbour_timeout: Duration,
+    /// Most cached next-hop addresses.
+    pub max_neighbours: usize,
+    /// The ISN secret (RFC 6528); `None`: 16 bytes from `/dev/urandom`.
+    pub isn_key: Option<[u8; 16]>,
+}
+
+impl Default for XdpTcpConfig {
+    fn default() -> Self {
+        Self {
+            queues: None,
+            attach_mode: AttachMode::Auto,
+            xsk: XskConfig::default(),
+            max_connections: 1024,
+            rx_batch: 64,
+            idle_spins: 32,
+            max_wait: Duration::from_millis(5),
+            neighbour_timeout: Duration::from_secs(3),
+            max_neighbours: 4096,
+            isn_key: None,
+        }
+    }
+}
+
+/// Errors of the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpTcpError {
+    /// The AF_XDP port failed (not root, interface missing, no AF_XDP support, netlink, ARP).
+    #[error(transparent)]
+    Xsk(#[from] XskError),
+    /// The steering program failed (not root, attach refused, map full).
+    #[error(transparent)]
+    Steering(#[from] XdpError),
+    /// The interface has no IPv4 address to speak TCP from.
+    #[error("interface {0:?} has no IPv4 address")]
+    NoIpv4Address(String),
+    /// The interface's MTU (or the UMEM frame) is too small for IPv4 TCP.
+    #[error("interface {ifname:?}: usable MTU {mtu} is below {MIN_MTU}")]
+    MtuTooSmall {
+        /// Interface.
+        ifname: String,
+        /// The usable MTU (interface MTU, limited by the UMEM frame).
+        mtu: u32,
+    },
+    /// No queue selected.
+    #[error("no RX queue selected")]
+    NoQueues,
+    /// The route to the peer does not leave through our interface.
+    #[error(
+        "{addr} is reached through interface index {route_ifindex}, not {ifname} (index {ifindex})"
+    )]
+    WrongInterface {
+        /// The peer.
+        addr: Ipv4Addr,
+        /// Where the kernel's route goes.
+        route_ifindex: u32,
+        /// Our interface.
+        ifname: String,
+        /// Its index.
+        ifindex: u32,
+    },
+    /// The local port is taken by a kernel socket.
+    #[error("TCP port {port} on {addr} is in use by a kernel socket: {source}")]
+    PortInUse {
+        /// Local address.
+        addr: Ipv4Addr,
+        /// Port.
+        port: u16,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+    /// Reserving a local port with the kernel failed otherwise.
+    #[error("reserving a TCP port on {addr} with the kernel: {source}")]
+    Reserve {
+        /// Local address.
+        addr: Ipv4Addr,
+        /// The kernel's answer.
+        source: io::Error,
+    },
+    /// The connection table refused (full, or the 4-tuple is in use).
+    #[error("connection table: {0}")]
+    Table(#[from] TableError),
+    /// `ppoll` on the sockets failed.
+    #[error("waiting for packets: {0}")]
+    Wait(io::Error),
+    /// Reading the ISN secret failed.
+    #[error("reading 16 random bytes from /dev/urandom: {0}")]
+    Random(io::Error),
+}
+
+/// Counters of the driver (the table's own are in [`XdpTcpStats::table`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct XdpTcpStats {
+    /// Frames taken from the RX rings.
+    pub rx_frames: u64,
+    /// Frames dropped because they are not IPv4/TCP.
+    pub rx_not_ipv4_tcp: u64,
+    /// IPv4 packets the table rejected (checksum, header, options; by reason in `table`).
+    pub rx_malformed: u64,
+    /// Packets put on the TX ring.
+    pub tx_packets: u64,
+    /// Packets dropped for lack of a next-hop MAC address.
+    pub tx_no_mac: u64,
+    /// Turns that ended with packets still waiting because no TX frame was free.
+    pub tx_frames_exhausted: u64,
+    /// Connections accepted from listeners.
+    pub accepted: u64,
+    /// Connections removed after reaching CLOSED.
+    pub closed: u64,
+    /// Sleeps in `ppoll`.
+    pub waits: u64,
+    /// The connection table's counters.
+    pub table: TableStats,
+}
+
+/// A connection the application knows about.
+#[derive(Debug)]
+struct Tracked {
+    id: ConnId,
+    /// The steered 4-tuple (active opens only).
+    flow: Option<FlowKey>,
+    /// Kernel socket bound to the local port (active opens only; listeners hold their own).
+    _reservation: Option<Socket>,
+}
+
+#[derive(Debug)]
+struct Listening {
+    port: u16,
+    _reservation: Socket,
+}
+
+/// Poll-mode TCP over AF_XDP on one interface (see the module documentation).
+pub struct XdpTcp {
+    // Field order is drop order: the program detaches first (the kernel gets the interface's
+    // traffic back), then the sockets close, then the port reservations go.
+    prog: SteeringProgram,
+    mode: ActiveMode,
+    socks: Vec<XskSocket>,
+    pollfds: Vec<libc::pollfd>,
+    table: ConnectionTable,
+    conns: Vec<Tracked>,
+    listeners: Vec<Listening>,
+    neigh: Neighbours,
+    ifname: String,
+    ifindex: u32,
+    mac: [u8; 6],
+    local_ip: Ipv4Addr,
+    mtu: u16,
+    epoch: std::time::Instant,
+    idle_turns: u32,
+    stats: XdpTcpStats,
+    cfg: XdpTcpConfig,
+}
+
+impl std::fmt::Debug for XdpTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpTcp")
+            .field("ifname", &self.ifname)
+            .field("local_ip", &self.local_ip)
+            .field("mode", &self.mode)
+            .field("queues", &self.queues())
+            .field("connections", &self.conns.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_key() -> Result<[u8; 16], XdpTcpError> {
+    use std::io::Read;
+    let mut key = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .map_err(XdpTcpError::Random)?;
+    Ok(key)
+}
+
+/// Binds (never listens) a kernel TCP socket to `addr:port` (0: any free port) so the kernel
+/// leaves the port to us. Returns the socket and the port.
+fn reserve_port(addr: Ipv4Addr, port: u16) -> Result<(Socket, u16), XdpTcpError> {
+    let reserve = |source| XdpTcpError::Reserve { addr, source };
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).map_err(reserve)?;
+    // Lets us take a port whose old kernel connections linger in TIME-WAIT, never one a kernel
+    // socket is bound to or listens on.
+    sock.set_reuse_address(true).map_err(reserve)?;
+    sock.bind(&SocketAddrV4::new(addr, port).into())
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::EADDRINUSE) => XdpTcpError::PortInUse { addr, port, source },
+            _ => XdpTcpError::Reserve { addr, source },
+        })?;
+    let bound = sock
+        .local_addr()
+        .map_err(reserve)?
+        .as_socket_ipv4()
+        .map(|a| a.port())
+        .ok_or_else(|| reserve(io::Error::other("bound socket has no IPv4 address")))?;
+    Ok((sock, bound))
+}
+
+/// Sleeps until one of `fds` is readable or `timeout` passes. Returns how many are readable.
+fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `fds` is an exclusively borrowed slice of initialised `pollfd`s, and the length
+    // passed is its length; `ts` is a valid timespec that outlives the call; a null signal
+    // mask leaves the thread's mask unchanged. The kernel only writes the `revents` fields.
+    let rc = unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(rc as usize)
+}
+
+impl XdpTcp {
+    /// Opens the driver on `ifname` (in the calling thread's network namespace): loads and
+    /// attaches the steering program, opens one AF_XDP socket per selected queue and puts each
+    /// into the program's XSKMAP. Nothing is steered until [`listen`](Self::listen) or
+    /// [`connect`](Self::connect). Needs root.
+    pub fn open(ifname: &str, cfg: XdpTcpConfig) -> Result<Self, XdpTcpError> {
+        let info = interface_info(ifname)?;
+        let (local_ip, _) = info
+            .ipv4
+            .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
+        let queues: Vec<u32> = match &cfg.queues {
+            Some(q) => q.clone(),
+            None => (0..info
+                .rx_queues
+                .min(info.tx_queues)
+                .min(crate::xsk::steering::MAX_QUEUES))
+                .collect(),
+        };
+        if queues.is_empty() {
+            return Err(XdpTcpError::NoQueues);
+        }
+        let isn_key = match cfg.isn_key {
+            Some(k) => k,
+            None => random_key()?,
+        };
+        let mut prog = SteeringProgram::load(false)?;
+        let mode = prog.attach(ifname, cfg.attach_mode)?;
+        let socks = XskSocket::open_queues(ifname, queues.iter().copied(), &cfg.xsk)?;
+        for s in &socks {
+            prog.bind_socket(s.queue(), s.fd())?;
+        }
+        let frame_mtu = socks
+            .iter()
+            .map(|s| s.frame_capacity().saturating_sub(ETH_HLEN))
+            .min()
+            .unwrap_or(0);
+        let mtu = (info.mtu as usize)
+            .min(frame_mtu)
+            .min(usize::from(u16::MAX));
+        if mtu < usize::from(MIN_MTU) {
+            return Err(XdpTcpError::MtuTooSmall {
+                ifname: ifname.to_owned(),
+                mtu: mtu as u32,
+            });
+        }
+        let pollfds = socks
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        Ok(Self {
+            prog,
+            mode,
+            socks,
+            pollfds,
+            table: ConnectionTable::new(isn_key, cfg.max_connections),
+            conns: Vec::with_capacity(cfg.max_connections),
+            listeners: Vec::new(),
+            neigh: Neighbours::new(info.index, cfg.max_neighbours),
+            ifname: ifname.to_owned(),
+            ifindex: info.index,
+            mac: info.mac,
+            local_ip,
+            mtu: mtu as u16,
+            epoch: std::time::Instant::now(),
+            idle_turns: 0,
+            stats: XdpTcpStats::default(),
+            cfg,
+        })
+    }
+
+    /// The interface.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Our IPv4 address (the interface's first).
+    pub fn local_ip(&self) -> Ipv4Addr {
+        self.local_ip
+    }
+
+    /// The MTU TCP uses: the interface's, limited by what a UMEM frame holds.
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    /// The mode the steering program runs in.
+    pub fn xdp_mode(&self) -> ActiveMode {
+        self.mode
+    }
+
+    /// The RX queues owned.
+    pub fn queues(&self) -> Vec<u32> {
+        self.socks.iter().map(|s| s.queue()).collect()
+    }
+
+    /// True if the AF_XDP sockets run in zero-copy mode.
+    pub fn zero_copy(&self) -> bool {
+        self.socks.iter().all(|s| s.is_zero_copy())
+    }
+
+    /// A TCP configuration for this interface: [`TcpConfig::default`] (stream mode) with the
+    /// path MTU and MSS of [`mtu`](Self::mtu).
+    pub fn tcp_config(&self) -> TcpConfig {
+        self.fit(TcpConfig {
+            path_mtu: self.mtu,
+            mss: self.mtu - IP_TCP_HEADERS,
+            ..TcpConfig::default()
+        })
+    }
+
+    /// Lowers a configuration's path MTU and MSS to what the interface carries.
+    fn fit(&self, mut cfg: TcpConfig) -> TcpConfig {
+        cfg.path_mtu = cfg.path_mtu.min(self.mtu);
+        cfg.mss = cfg.mss.min(self.mtu - IP_TCP_HEADERS);
+        cfg
+    }
+
+    /// The driver's clock as the TCP library sees it.
+    fn now(&self) -> tcp_engine::Instant {
+        let nanos = self.epoch.elapsed().as_nanos();
+        tcp_engine::Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Accepts connections on `port` of our address with `cfg` (its MTU and MSS lowered to the
+    /// interface's): reserves the port with the kernel and steers it. At most `backlog`
+    /// connections may be half-open or not yet handed to [`TcpApp::on_accept`].
+    pub fn listen(&mut self, port: u16, backlog: usize, cfg: TcpConfig) -> Result<(), XdpTcpError> {
+        if self.listeners.iter().any(|l| l.port == port) {
+            return Err(XdpTcpError::PortInUse {
+                addr: self.local_ip,
+                port,
+                source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+            });
+        }
+        let (reservation, _) = reserve_port(self.local_ip, port)?;
+        self.prog.steer_port(port)?;
+        let cfg = self.fit(cfg);
+        self.table.listen(self.local_ip, port, backlog, cfg);
+        self.listeners.push(Listening {
+            port,
+            _reservation: reservation,
+        });
+        Ok(())
+    }
+
+    /// Opens a connection to `remote` with `cfg` (MTU and MSS lowered to the interface's):
+    /// resolves the next hop (blocking up to [`XdpTcpConfig::neighbour_timeout`]), reserves an
+    /// ephemeral port with the kernel, steers the 4-tuple and queues the SYN (sent by the next
+    /// [`poll`](Self::poll)). [`Event::Connected`] reports the handshake's end.
+    pub fn connect(&mut self, remote: SocketAddrV4, cfg: TcpConfig) -> Result<ConnId, XdpTcpError> {
+        let (route, mac) = resolve_next_hop(*remote.ip(), self.cfg.neighbour_timeout)?;
+        if route.ifindex != self.ifindex {
+            return Err(XdpTcpError::WrongInterface {
+                addr: *remote.ip(),
+                route_ifindex: route.ifindex,
+                ifname: self.ifname.clone(),
+                ifindex: self.ifindex,
+            });
+        }
+        self.neigh.learn(*remote.ip(), mac);
+        let (reservation, local_port) = reserve_port(self.local_ip, 0)?;
+        let flow = FlowKey {
+            saddr: *remote.ip(),
+            daddr: self.local_ip,
+            sport: remote.port(),
+            dport: local_port,
+        };
+        self.prog.steer_flow(flow)?;
+        let tuple = tcp_engine::FourTuple {
+            local_addr: self.local_ip,
+            local_port,
+            remote_addr: *remote.ip(),
+            remote_port: remote.port(),
+        };
+        let cfg = self.fit(cfg);
+        let now = self.now();
+        let id = match self.table.connect(cfg, tuple, now) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.prog.unsteer_flow(flow);
+                return Err(e.into());
+            }
+        };
+        self.conns.push(Tracked {
+            id,
+            flow: Some(flow),
+            _reservation: Some(reservation),
+        });
+        Ok(id)
+    }
+
+    /// A connection, for reading its state and statistics.
+    pub fn connection(&self, id: ConnId) -> Option<&Connection> {
+        self.table.get(id)
+    }
+
+    /// A connection, for sending, reading, closing outside [`TcpApp::on_poll`].
+    pub fn connection_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
+        self.table.get_mut(id)
+    }
+
+    /// Live connections the application has (accepted or connected, not yet closed).
+    pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.conns.iter().map(|t| t.id)
+    }
+
+    /// The driver's and the table's counters.
+    pub fn stats(&self) -> XdpTcpStats {
+        let mut s = self.stats.clone();
+        s.table = self.table.stats().clone();
+        s
+    }
+
+    /// Each socket's counters (ours and the kernel's).
+    pub fn xsk_stats(&self) -> Vec<XskStats> {
+        self.socks.iter().map(|s| s.stats()).collect()
+    }
+
+    /// The steering program's counters.
+    pub fn steering_counters(&self) -> Result<Counters, XdpTcpError> {
+        Ok(self.prog.counters()?)
+    }
+
+    /// One turn of the loop (see the module documentation); never blocks. Returns true if
+    /// anything happened (frames received or sent, connections accepted, events, closes).
+    pub fn poll<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
+        let now = self.now();
+        let mut work = self.receive(now, app);
+        work |= self.accept_new(app);
+        work |= self.service(app);
+        let now = self.now();
+        if self.table.poll_timeout().is_some_and(|d| d <= now) {
+            self.table.handle_timeout(now);
+        }
+        work |= self.transmit(now)?;
+        Ok(work)
+    }
+
+    /// [`poll`](Self::poll), and after [`XdpTcpConfig::idle_spins`] idle turns in a row a sleep
+    /// in `ppoll` until a frame arrives, the next TCP deadline, or
+    /// [`XdpTcpConfig::max_wait`]. What a dedicated engine thread calls in its loop.
+    pub fn turn<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
+        let work = self.poll(app)?;
+        if work {
+            self.idle_turns = 0;
+        } else {
+            self.idle_turns = self.idle_turns.saturating_add(1);
+            if self.idle_turns >= self.cfg.idle_spins {
+                self.wait(self.cfg.max_wait)?;
+            }
+        }
+        Ok(work)
+    }
+
+    /// Sleeps until a frame arrives on any socket, the next TCP deadline, or `max`. Returns
+    /// true if a frame is ready.
+    pub fn wait(&mut self, max: Duration) -> Result<bool, XdpTcpError> {
+        let now = self.now();
+        let timeout = match self.table.poll_timeout() {
+            Some(d) => max.min(d.saturating_since(now)),
+            None => max,
+        };
+        if timeout.is_zero() {
+            return Ok(false);
+        }
+        self.stats.waits += 1;
+        let ready = ppoll(&mut self.pollfds, timeout).map_err(XdpTcpError::Wait)?;
+        Ok(ready > 0)
+    }
+
+    fn receive<A: TcpApp + ?Sized>(&mut self, now: tcp_engine::Instant, app: &mut A) -> bool {
+        let Self {
+            socks,
+            table,
+            neigh,
+            stats,
+            cfg,
+            ..
+        } = self;
+        let mut any = false;
+        for sock in socks.iter_mut() {
+            let batch = sock.recv_batch(cfg.rx_batch);
+            if batch.is_empty() {
+                continue;
+            }
+            any = true;
+            for frame in batch.iter() {
+                stats.rx_frames += 1;
+                let Some((ip, src_mac, src_ip)) = frame::ipv4_tcp_packet(frame) else {
+                    stats.rx_not_ipv4_tcp += 1;
+                    continue;
+                };
+                if frame::is_syn(ip) {
+                    neigh.learn(src_ip, src_mac);
+                }
+                if table
+                    .handle_packet(now, ip, |id, data| app.on_data(id, data))
+                    .is_err()
+                {
+                    stats.rx_malformed += 1;
+                }
+            }
+        }
+        any
+    }
+
+    fn accept_new<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
+        let mut any = false;
+        for l in &self.listeners {
+            // Bounded by the backlog: the accept queue holds at most that many.
+            while let Some(id) = self.table.accept(self.local_ip, l.port) {
+                any = true;
+                self.stats.accepted += 1;
+                self.conns.push(Tracked {
+                    id,
+                    flow: None,
+                    _reservation: None,
+                });
+                if let Some(conn) = self.table.get_mut(id) {
+                    app.on_accept(id, conn);
+                }
+            }
+        }
+        any
+    }
+
+    /// Events, `on_poll` and removal of closed connections.
+    fn service<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.conns.len() {
+            let id = self.conns[i].id;
+            let closed = match self.table.get_mut(id) {
+                Some(conn) => {
+                    // A connection queues a handful of events at most per segment; the bound
+                    // only guards against a misbehaving application re-arming them forever.
+                    for _ in 0..64 {
+                        let Some(ev) = conn.poll_event() else { break };
+                        any = true;
+                        app.on_event(id, conn, ev);
+                    }
+                    app.on_poll(id, conn);
+                    for _ in 0..64 {
+                        let Some(ev) = conn.poll_event() else { break };
+                        any = true;
+                        app.on_event(id, conn, ev);
+                    }
+                    conn.state() == State::Closed
+                }
+                None => true,
+            };
+            if !closed {
+                i += 1;
+                continue;
+            }
+            any = true;
+            let tracked = self.conns.swap_remove(i);
+            if let Some(flow) = tracked.flow {
+                // Failing to unsteer leaves a stale map entry for a 4-tuple nobody uses; the
+                // connection is gone either way.
+                let _ = self.prog.unsteer_flow(flow);
+            }
+            self.stats.closed += 1;
+            if let Some(conn) = self.table.remove(id) {
+                app.on_closed(id, conn);
+            }
+        }
+        any
+    }
+
+    fn transmit(&mut self, now: tcp_engine::Instant) -> Result<bool, XdpTcpError> {
+        let Self {
+            socks,
+            table,
+            neigh,
+            stats,
+            mac,
+            mtu,
+            ..
+        } = self;
+        let sock = &mut socks[0];
+        let pool = sock.tx_free() + sock.tx_in_flight();
+        let batch = usize::try_from(self.cfg.xsk.kick_batch)
+            .unwrap_or(32)
+            .max(1);
+        let limit = ETH_HLEN + usize::from(*mtu);
+        let src_mac = *mac;
+        let mut sent_any = false;
+        let mut exhausted = false;
+        // Bounded: each round either queues frames or ends the loop; the TX pool bounds the
+        // number of rounds that can queue.
+        for _ in 0..=pool / batch {
+            let queued = sock.send_batch(batch, |_, buf| {
+                if exhausted {
+                    return 0;
+                }
+                let cap = buf.len().min(limit);
+                let (eth, ip) = buf[..cap].split_at_mut(ETH_HLEN);
+                let Some(len) = table.poll_transmit(now, ip) else {
+                    exhausted = true;
+                    return 0;
+                };
+                match neigh.lookup(frame::ipv4_dst(&ip[..len])) {
+                    Some(dst_mac) => {
+                        frame::write_eth(eth, dst_mac, src_mac);
+                        ETH_HLEN + len
+                    }
+                    None => {
+                        stats.tx_no_mac += 1;
+                        0
+                    }
+                }
+            })?;
+            stats.tx_packets += queued as u64;
+            sent_any |= queued > 0;
+            if exhausted {
+                break;
+            }
+            if queued == 0 && sock.tx_free() == 0 {
+                stats.tx_frames_exhausted += 1;
+                break;
+            }
+        }
+        sock.flush()?;
+        Ok(sent_any)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserving_an_ephemeral_port_and_refusing_a_taken_one() {
+        let (sock, port) = reserve_port(Ipv4Addr::LOCALHOST, 0).expect("reserve");
+        assert_ne!(port, 0);
+        let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("listener");
+        let taken = l.local_addr().expect("addr").port();
+        match reserve_port(Ipv4Addr::LOCALHOST, taken) {
+            Err(XdpTcpError::PortInUse { port, .. }) => assert_eq!(port, taken),
+            other => panic!("expected PortInUse, got {other:?}"),
+        }
+        drop(sock);
+    }
+
+    #[test]
+    fn ppoll_times_out_on_an_idle_fd() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("pair");
+        use std::os::fd::AsRawFd;
+        let mut fds = [libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let t = std::time::Instant::now();
+        assert_eq!(
+            ppoll(&mut fds, Duration::from_millis(20)).expect("ppoll"),
+            0
+        );
+        assert!(t.elapsed() >= Duration::from_millis(15));
+    }
+
+    #[test]
+    fn open_on_a_missing_interface_is_a_typed_error() {
+        match XdpTcp::open("nonexistent-if0", XdpTcpConfig::default()) {
+            Err(XdpTcpError::Xsk(XskError::InterfaceNotFound(n))) => {
+                assert_eq!(n, "nonexistent-if0")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn driver_is_send() {
+        fn send<T: Send>() {}
+        send::<XdpTcp>();
+    }
+}
