@@ -9,6 +9,7 @@ mod proto;
 mod raw;
 mod rping;
 mod stats;
+mod tcp_tools;
 mod tests;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -186,6 +187,12 @@ impl Cli {
 fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("raw") {
         return raw::main(std::env::args().skip(1));
+    }
+    if matches!(
+        std::env::args().nth(1).as_deref(),
+        Some("tcp-sink" | "tcp-source")
+    ) {
+        return tcp_tools::main(std::env::args().skip(1));
     }
     if std::env::args().nth(1).as_deref() == Some("rping") {
         return rping::main(std::env::args().skip(1));

@@ -103,10 +103,18 @@ pub trait TcpApp {
         let _ = (id, conn, event);
     }
 
-    /// Called once per turn for every live connection: queue data (`send`, `send_record`),
-    /// read in-order data (`recv`), set the receive window, close or abort.
-    fn on_poll(&mut self, id: ConnId, conn: &mut Connection) {
-        let _ = (id, conn);
+    /// Called once per turn for every live connection, after the turn's received packets:
+    /// queue data (`send`, `send_record`), read in-order data (`recv`), set the receive
+    /// window, close or abort. `now` is the driver's clock, as the TCP library sees it.
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, now: engine::Instant) {
+        let _ = (id, conn, now);
+    }
+
+    /// The application's own next deadline (e.g. an MPA startup timeout), so that
+    /// [`XdpTcp::turn`] and [`XdpTcp::wait`] do not sleep past it. TCP's deadlines are the
+    /// driver's business.
+    fn poll_timeout(&self) -> Option<engine::Instant> {
+        None
     }
 
     /// The connection reached CLOSED and was removed from the table (and its steering entry
@@ -591,7 +599,7 @@ impl XdpTcp {
         let now = self.now();
         let mut work = self.receive(now, app);
         work |= self.accept_new(app);
-        work |= self.service(app);
+        work |= self.service(app, now);
         let now = self.now();
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
             self.table.handle_timeout(now);
@@ -610,20 +618,27 @@ impl XdpTcp {
         } else {
             self.idle_turns = self.idle_turns.saturating_add(1);
             if self.idle_turns >= self.cfg.idle_spins {
-                self.wait(self.cfg.max_wait)?;
+                self.wait(app, self.cfg.max_wait)?;
             }
         }
         Ok(work)
     }
 
-    /// Sleeps until a frame arrives on any socket, the next TCP deadline, or `max`. Returns
-    /// true if a frame is ready.
-    pub fn wait(&mut self, max: Duration) -> Result<bool, XdpTcpError> {
+    /// Sleeps until a frame arrives on any socket, the next TCP deadline, the application's
+    /// next deadline ([`TcpApp::poll_timeout`]), or `max`. Returns true if a frame is ready.
+    pub fn wait<A: TcpApp + ?Sized>(
+        &mut self,
+        app: &A,
+        max: Duration,
+    ) -> Result<bool, XdpTcpError> {
         let now = self.now();
-        let timeout = match self.table.poll_timeout() {
-            Some(d) => max.min(d.saturating_since(now)),
-            None => max,
-        };
+        let mut timeout = max;
+        for deadline in [self.table.poll_timeout(), app.poll_timeout()]
+            .into_iter()
+            .flatten()
+        {
+            timeout = timeout.min(deadline.saturating_since(now));
+        }
         if timeout.is_zero() {
             return Ok(false);
         }
@@ -689,7 +704,7 @@ impl XdpTcp {
     }
 
     /// Events, `on_poll` and removal of closed connections.
-    fn service<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
+    fn service<A: TcpApp + ?Sized>(&mut self, app: &mut A, now: engine::Instant) -> bool {
         let mut any = false;
         let mut i = 0;
         while i < self.conns.len() {
@@ -703,7 +718,7 @@ impl XdpTcp {
                         any = true;
                         app.on_event(id, conn, ev);
                     }
-                    app.on_poll(id, conn);
+                    app.on_poll(id, conn, now);
                     for _ in 0..64 {
                         let Some(ev) = conn.poll_event() else { break };
                         any = true;
