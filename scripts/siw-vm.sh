@@ -606,9 +606,11 @@ case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our 
   CHILD_PIDS+=("$spid")
   sleep 0.2
   local rc=0 out
-  out=$(guest 100 "rping -c -a $ADDR_A -C $count -S $size -v -V > /tmp/r.log 2>&1; rc=\$?; \
-echo pings=\$(grep -c '^ping data: ' /tmp/r.log); grep -v '^ping data: ' /tmp/r.log | cut -c1-200 | \
-head -n 20; exit \$rc") || rc=$?
+  # stdout and stderr apart: rping's buffered stdout would be cut by its stderr lines.
+  out=$(guest 100 "rping -c -a $ADDR_A -C $count -S $size -v -V > /tmp/r.log 2>/tmp/r.err; \
+rc=\$?; echo pings=\$(grep -c '^ping data: ' /tmp/r.log); \
+{ cat /tmp/r.err; grep -v '^ping data: ' /tmp/r.log; } | cut -c1-200 | head -n 20; exit \$rc") ||
+    rc=$?
   printf '%s\n' "$out" >"$glog"
   local src=0
   wait "$spid" || src=$?
@@ -639,8 +641,9 @@ case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   cap_start "$name"
   # A server left over from a failed case would hold the port.
-  guest 10 "killall -9 rping 2>/dev/null; job start srv 100 rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V" \
-    >/dev/null || true
+  guest 10 "killall -9 rping 2>/dev/null; \
+job start srv 100 'rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V 2>/tmp/s.err'" >/dev/null ||
+    true
   local rc=1 tries=0
   while [ $tries -lt 50 ]; do
     tries=$((tries + 1))
@@ -657,7 +660,8 @@ case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC
   local grc=0 out
   out=$(guest 30 "job wait srv 25 > /tmp/s.log; rc=\$?; \
 echo pings=\$(grep -c '^server ping data: ' /tmp/s.log); \
-grep -v '^server ping data: ' /tmp/s.log | cut -c1-200 | head -n 20; exit \$rc") || grc=$?
+{ cat /tmp/s.err; grep -v '^server ping data: ' /tmp/s.log; } | cut -c1-200 | head -n 20; \
+exit \$rc") || grc=$?
   printf '%s\n' "$out" >"$glog"
   local pings
   pings=$(sed -n 's/^pings=//p' <<<"$out")
