@@ -502,10 +502,13 @@ guest() {
   return 125
 }
 
+fresh_out() { rm -rf "$OUT" && mkdir -p "$OUT"; }
+
 run_cmds() {
   need_root
   host_deps
   build
+  fresh_out
   trap cleanup EXIT INT TERM
   bed_up
   boot
@@ -710,18 +713,22 @@ capture_check() { # NAME REV CASE_FUNCTION CASE_NAME ARGS...: decode that case's
     result "$name" fail "tshark could not read $pcap"
     return
   fi
-  local req rep rd bad mal
+  local req rep bad mal good op ops=""
   req=$(grep -c "Request frame header" "$tlog" || true)
   rep=$(grep -c "Reply frame header" "$tlog" || true)
-  rd=$(grep -c "Read Request" "$tlog" || true)
   mal=$(grep -ci "malformed" "$tlog" || true)
   bad=$(grep -ci "incorrect\|bad crc" "$tlog" || true)
+  good=$(grep -c "(Good CRC32)" "$tlog" || true)
+  # Every RDMAP message of rping's exchange, decoded.
+  for op in "Send" "Read Request" "Read Response" "Write"; do
+    ops+="$(grep -c "OpCode: $op (" "$tlog" || true) $op, "
+  done
   if [ "$mal" -ne 0 ] || [ "$bad" -ne 0 ]; then
     result "$name" fail "tshark: $mal malformed, $bad bad checksums/CRCs (see $tlog)"
-  elif [ "$req" -eq 0 ] || [ "$rep" -eq 0 ] || { [ "$rev" = 1 ] && [ "$rd" -eq 0 ]; }; then
-    result "$name" fail "tshark decoded $req Requests, $rep Replies, $rd Read Requests (see $tlog)"
+  elif [ "$req" -ne 1 ] || [ "$rep" -ne 1 ] || [ "$good" -eq 0 ] || [[ $ops =~ (^| )0\  ]]; then
+    result "$name" fail "tshark decoded $req Request, $rep Reply, $good good CRCs, ${ops%, } (see $tlog)"
   else
-    result "$name" ok "(tshark: MPA rev $rev Request and Reply, $rd Read Request lines, none malformed, no bad CRC; $pcap)"
+    result "$name" ok "(tshark: MPA rev $rev Request and Reply, ${ops%, }, $good good CRCs, none malformed or bad; $pcap)"
   fi
 }
 
@@ -731,6 +738,7 @@ run_test() {
   host_deps
   build
   bench_bin
+  fresh_out
   trap cleanup EXIT INT TERM
   bed_up
   boot
