@@ -1,0 +1,688 @@
+//! The poll-mode TCP driver (`datapath::xdp_tcp`) in-process on the veth test bed
+//! (`scripts/netns.sh`): the driver runs on a thread inside namespace `iwa` (`iwa0`,
+//! 10.77.0.1), the kernel's TCP on a thread inside `iwb` (10.77.0.2).
+//!
+//! * Steady state allocates nothing, receiving and transmitting: a counting global allocator
+//!   counts the driver thread's allocations over the middle of a 96 MiB transfer.
+//! * Pass-up receive (the MPA mode): every octet arrives through `TcpApp::on_data` with its
+//!   stream offset, placed straight into the application's buffer.
+//! * A connect to a closed port ends in `Event::Reset` and the connection is removed; a port
+//!   a kernel socket listens on cannot be taken.
+//!
+//! Needs root. Without root (or without the bed) each test prints `SKIPPED: <why>` and passes,
+//! except under `CI=true`, where it fails with the reason. Tests serialise with every other
+//! test-bed user on `/run/lock/iwarp-netns.lock`, bring the bed up fresh and take it down.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datapath::xdp_tcp::engine::{Instant as TcpInstant, RxMode};
+use datapath::xdp_tcp::{
+    ConnId, Connection, Event, PassedUp, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
+};
+use datapath::xsk::enter_netns;
+
+// ---------------------------------------------------------------- counting allocator
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note_alloc() {
+    if COUNTING.with(|c| c.get()) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counting(on: bool) {
+    COUNTING.with(|c| c.set(on));
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting touches only an
+// atomic and a const-initialised thread-local (neither allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_alloc();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// ---------------------------------------------------------------- test bed
+
+const NS_A: &str = "iwa";
+const NS_B: &str = "iwb";
+const DEV_A: &str = "iwa0";
+const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+/// No progress for this long fails a transfer.
+const STALL: Duration = Duration::from_secs(60);
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+fn run_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The test bed, up while this lives (down again on drop, also while unwinding).
+struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    fn up() -> Result<Bed, String> {
+        if !is_root() {
+            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+macro_rules! bed_or_skip {
+    () => {
+        match Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// Runs `f` on a new thread inside namespace `ns`.
+fn in_ns<T: Send + 'static>(
+    ns: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::spawn(move || {
+        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
+        f()
+    })
+}
+
+/// Deterministic bytes: stream offset `i` holds `byte_at(i)`.
+fn byte_at(i: u64) -> u8 {
+    let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 56) as u8 ^ (i as u8)
+}
+
+fn fill(buf: &mut [u8], offset: u64) {
+    for (k, b) in buf.iter_mut().enumerate() {
+        *b = byte_at(offset + k as u64);
+    }
+}
+
+/// A kernel client in `iwb` that sends `total` bytes to `port` on `iwa`, then waits for the
+/// other side to close. Returns the bytes sent.
+fn kernel_client(port: u16, total: u64) -> std::thread::JoinHandle<Result<u64, String>> {
+    in_ns(NS_B, move || {
+        let to = SocketAddr::V4(SocketAddrV4::new(ADDR_A, port));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The driver may still be starting: retry refused connects for a while.
+        let mut s = loop {
+            match TcpStream::connect_timeout(&to, Duration::from_secs(5)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(format!("connect {to}: {e}")),
+            }
+        };
+        s.set_write_timeout(Some(STALL))
+            .and_then(|_| s.set_read_timeout(Some(STALL)))
+            .map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut sent = 0u64;
+        while sent < total {
+            let n = (total - sent).min(buf.len() as u64) as usize;
+            fill(&mut buf[..n], sent);
+            s.write_all(&buf[..n])
+                .map_err(|e| format!("stalled or failed after {sent} bytes: {e}"))?;
+            sent += n as u64;
+        }
+        s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)
+            .map_err(|e| format!("waiting for close: {e}"))?;
+        Ok(sent)
+    })
+}
+
+/// Runs the driver until `done(app)`, failing on a stall or after `limit`.
+fn drive<A: TcpApp>(
+    drv: &mut XdpTcp,
+    app: &mut A,
+    limit: Duration,
+    progress: impl Fn(&A) -> u64,
+    done: impl Fn(&A) -> bool,
+) -> Result<(), String> {
+    let start = Instant::now();
+    let mut last = (Instant::now(), 0u64);
+    while !done(app) {
+        drv.turn(app).map_err(|e| e.to_string())?;
+        let p = progress(app);
+        if p != last.1 {
+            last = (Instant::now(), p);
+        } else if last.0.elapsed() > STALL {
+            return Err(format!("stalled at {p} bytes for {STALL:?}"));
+        }
+        if start.elapsed() > limit {
+            return Err(format!("not done after {limit:?} ({p} bytes)"));
+        }
+    }
+    Ok(())
+}
+
+/// Counts the driver thread's allocations while the byte count is in `window`.
+struct AllocWindow {
+    window: (u64, u64),
+    start: Option<u64>,
+    total: Option<u64>,
+}
+
+impl AllocWindow {
+    fn new(from: u64, to: u64) -> Self {
+        Self {
+            window: (from, to),
+            start: None,
+            total: None,
+        }
+    }
+
+    fn at(&mut self, bytes: u64) {
+        if self.start.is_none() && bytes >= self.window.0 {
+            self.start = Some(ALLOCS.load(Ordering::Relaxed));
+            counting(true);
+        } else if let (Some(s), None) = (self.start, self.total) {
+            if bytes >= self.window.1 {
+                counting(false);
+                self.total = Some(ALLOCS.load(Ordering::Relaxed) - s);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- applications
+
+/// In-order receiver: checks every byte against `byte_at`.
+struct Sink {
+    conn: Option<ConnId>,
+    buf: Vec<u8>,
+    received: u64,
+    mismatch: Option<u64>,
+    peer_closed: bool,
+    closed: bool,
+    allocs: AllocWindow,
+}
+
+impl TcpApp for Sink {
+    fn on_accept(&mut self, id: ConnId, _conn: &mut Connection) {
+        self.conn.get_or_insert(id);
+    }
+
+    fn on_event(&mut self, _id: ConnId, _conn: &mut Connection, event: Event) {
+        if event == Event::PeerClosed {
+            self.peer_closed = true;
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, _now: TcpInstant) {
+        if Some(id) != self.conn {
+            return;
+        }
+        for _ in 0..64 {
+            let n = conn.recv(&mut self.buf);
+            if n == 0 {
+                break;
+            }
+            if self.mismatch.is_none() {
+                if let Some(k) = (0..n).find(|&k| self.buf[k] != byte_at(self.received + k as u64))
+                {
+                    self.mismatch = Some(self.received + k as u64);
+                }
+            }
+            self.received += n as u64;
+            self.allocs.at(self.received);
+        }
+        if self.peer_closed && conn.recv_available() == 0 {
+            conn.close();
+        }
+    }
+
+    fn on_closed(&mut self, id: ConnId, _conn: Connection) {
+        if Some(id) == self.conn {
+            self.closed = true;
+        }
+    }
+}
+
+/// Pass-up receiver: places every passed-up piece at its stream offset.
+struct Placer {
+    conn: Option<ConnId>,
+    placed: Vec<u8>,
+    /// Octets handed up (each at most once, so this reaches the total exactly).
+    passed: u64,
+    out_of_order: u64,
+    beyond: u64,
+    peer_closed: bool,
+    closed: bool,
+}
+
+impl TcpApp for Placer {
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+        self.conn.get_or_insert(id);
+        let start = data.stream_offset as usize;
+        let end = start + data.data.len();
+        if end > self.placed.len() {
+            self.beyond += 1;
+            return;
+        }
+        if start as u64 != self.passed {
+            self.out_of_order += 1;
+        }
+        self.placed[start..end].copy_from_slice(data.data);
+        self.passed += data.data.len() as u64;
+    }
+
+    fn on_accept(&mut self, id: ConnId, conn: &mut Connection) {
+        self.conn.get_or_insert(id);
+        conn.set_receive_window(self.placed.len() as u64);
+    }
+
+    fn on_event(&mut self, _id: ConnId, _conn: &mut Connection, event: Event) {
+        if event == Event::PeerClosed {
+            self.peer_closed = true;
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, _now: TcpInstant) {
+        if Some(id) != self.conn {
+            return;
+        }
+        // The application can place anything up to the end of its buffer.
+        let room = (self.placed.len() as u64).saturating_sub(conn.rcv_nxt_offset());
+        conn.set_receive_window(room);
+        if self.peer_closed {
+            conn.close();
+        }
+    }
+
+    fn on_closed(&mut self, id: ConnId, _conn: Connection) {
+        if Some(id) == self.conn {
+            self.closed = true;
+        }
+    }
+}
+
+/// Stream sender of `byte_at` bytes.
+struct Source {
+    id: Option<ConnId>,
+    total: u64,
+    queued: u64,
+    chunk: Vec<u8>,
+    connected: bool,
+    reset: bool,
+    acked: u64,
+    close_sent: bool,
+    closed: bool,
+    allocs: AllocWindow,
+}
+
+impl TcpApp for Source {
+    fn on_event(&mut self, _id: ConnId, _conn: &mut Connection, event: Event) {
+        match event {
+            Event::Connected => self.connected = true,
+            Event::Reset => self.reset = true,
+            _ => {}
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, _now: TcpInstant) {
+        if Some(id) != self.id || !self.connected {
+            return;
+        }
+        self.acked = conn.bytes_acked();
+        self.allocs.at(self.acked);
+        for _ in 0..64 {
+            if self.queued == self.total {
+                break;
+            }
+            let n = (self.total - self.queued).min(self.chunk.len() as u64) as usize;
+            fill(&mut self.chunk[..n], self.queued);
+            match conn.send(&self.chunk[..n]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => self.queued += k as u64,
+            }
+        }
+        if self.queued == self.total && !self.close_sent {
+            conn.close();
+            self.close_sent = true;
+        }
+    }
+
+    fn on_closed(&mut self, id: ConnId, conn: Connection) {
+        if Some(id) == self.id {
+            self.acked = conn.bytes_acked();
+            self.closed = true;
+        }
+    }
+}
+
+fn open_driver() -> XdpTcp {
+    XdpTcp::open(DEV_A, XdpTcpConfig::default()).unwrap_or_else(|e| panic!("open driver: {e}"))
+}
+
+// ---------------------------------------------------------------- tests
+
+const BULK: u64 = 96 << 20;
+
+/// Receiving (kernel TCP in iwb -> our driver in iwa, in-order reads): no allocation on the
+/// driver thread between 32 and 80 MiB, and every byte right.
+#[test]
+fn receive_steady_state_allocates_nothing() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18720;
+    let driver = in_ns(NS_A, move || {
+        let mut drv = open_driver();
+        let cfg = drv.tcp_config();
+        drv.listen(PORT, 4, cfg).expect("listen");
+        let client = kernel_client(PORT, BULK);
+        let mut app = Sink {
+            conn: None,
+            buf: vec![0u8; 256 * 1024],
+            received: 0,
+            mismatch: None,
+            peer_closed: false,
+            closed: false,
+            allocs: AllocWindow::new(32 << 20, 80 << 20),
+        };
+        let r = drive(
+            &mut drv,
+            &mut app,
+            Duration::from_secs(300),
+            |a| a.received,
+            |a| a.closed,
+        );
+        counting(false);
+        let sent = client.join().expect("client thread");
+        (
+            r,
+            sent,
+            app.received,
+            app.mismatch,
+            app.allocs.total,
+            drv.stats(),
+        )
+    });
+    let (r, sent, received, mismatch, allocs, stats) = driver.join().expect("driver thread");
+    r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
+    assert_eq!(sent, Ok(BULK));
+    assert_eq!(received, BULK, "{stats:?}");
+    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    println!("receive: {stats:?}; allocations in the window: {allocs:?}");
+    assert_eq!(
+        allocs,
+        Some(0),
+        "allocations on the driver thread in steady state"
+    );
+    assert!(stats.table.passive_opens >= 1 && stats.accepted == 1 && stats.closed == 1);
+}
+
+/// Transmitting (our driver in iwa -> kernel TCP in iwb): no allocation on the driver thread
+/// between 32 and 80 MiB acknowledged, and the kernel receives every byte right.
+#[test]
+fn transmit_steady_state_allocates_nothing() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18721;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
+        let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        let mut mismatch = None;
+        loop {
+            let n = s
+                .read(&mut buf)
+                .map_err(|e| format!("stalled or failed after {got} bytes: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            if mismatch.is_none() {
+                mismatch = (0..n)
+                    .find(|&k| buf[k] != byte_at(got + k as u64))
+                    .map(|k| got + k as u64);
+            }
+            got += n as u64;
+        }
+        Ok((got, mismatch))
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("kernel server up");
+    let driver = in_ns(NS_A, move || {
+        let mut drv = open_driver();
+        let cfg = drv.tcp_config();
+        let id = drv
+            .connect(SocketAddrV4::new(ADDR_B, PORT), cfg)
+            .expect("connect");
+        let mut app = Source {
+            id: Some(id),
+            total: BULK,
+            queued: 0,
+            chunk: vec![0u8; 64 * 1024],
+            connected: false,
+            reset: false,
+            acked: 0,
+            close_sent: false,
+            closed: false,
+            allocs: AllocWindow::new(32 << 20, 80 << 20),
+        };
+        let r = drive(
+            &mut drv,
+            &mut app,
+            Duration::from_secs(300),
+            |a| a.acked,
+            |a| a.closed || (a.close_sent && a.acked >= a.total),
+        );
+        counting(false);
+        // Let the FIN exchange finish (the kernel closes after reading everything).
+        let until = Instant::now() + Duration::from_secs(2);
+        while !app.closed && Instant::now() < until {
+            let _ = drv.turn(&mut app);
+        }
+        (r, app.acked, app.allocs.total, drv.stats())
+    });
+    let (r, acked, allocs, stats) = driver.join().expect("driver thread");
+    r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
+    let (got, mismatch) = server
+        .join()
+        .expect("server thread")
+        .expect("kernel server");
+    assert_eq!(acked, BULK);
+    assert_eq!(got, BULK);
+    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    println!("transmit: {stats:?}; allocations in the window: {allocs:?}");
+    assert_eq!(
+        allocs,
+        Some(0),
+        "allocations on the driver thread in steady state"
+    );
+}
+
+/// Pass-up receive (MPA's mode) through the driver: every octet handed up exactly once at its
+/// stream offset, placed into the application's buffer; TCP holds nothing.
+#[test]
+fn pass_up_places_every_octet_at_its_offset() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18722;
+    const TOTAL: u64 = 32 << 20;
+    let driver = in_ns(NS_A, move || {
+        let mut drv = open_driver();
+        let mut cfg = drv.tcp_config();
+        cfg.rx_mode = RxMode::PassUp;
+        drv.listen(PORT, 4, cfg).expect("listen");
+        let client = kernel_client(PORT, TOTAL);
+        let mut app = Placer {
+            conn: None,
+            // More room than the stream needs: with window scaling the advertised window
+            // counts in units of 2^shift octets (2 KiB here), so a room smaller than that
+            // advertises zero (tcp-engine rounds down; Linux rounds up).
+            placed: vec![0u8; TOTAL as usize + (64 << 10)],
+            passed: 0,
+            out_of_order: 0,
+            beyond: 0,
+            peer_closed: false,
+            closed: false,
+        };
+        let r = drive(
+            &mut drv,
+            &mut app,
+            Duration::from_secs(120),
+            |a| a.passed,
+            |a| a.closed,
+        );
+        let sent = client.join().expect("client thread");
+        (r, sent, app, drv.stats())
+    });
+    let (r, sent, app, stats) = driver.join().expect("driver thread");
+    r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
+    assert_eq!(sent, Ok(TOTAL));
+    assert_eq!(app.passed, TOTAL, "each octet passed up once");
+    assert_eq!(app.beyond, 0, "data beyond the offered window");
+    let wrong = (0..TOTAL).find(|&i| app.placed[i as usize] != byte_at(i));
+    assert_eq!(wrong, None, "first misplaced octet");
+    println!(
+        "pass-up: {TOTAL} octets placed, {} pieces out of order; {stats:?}",
+        app.out_of_order
+    );
+}
+
+/// A SYN to a port nobody listens on gets the kernel's RST: `Event::Reset`, the connection is
+/// removed (and unsteered). A port a kernel socket listens on cannot be listened on.
+#[test]
+fn refused_connect_and_kernel_owned_port() {
+    let _bed = bed_or_skip!();
+    let driver = in_ns(NS_A, || {
+        let mut drv = open_driver();
+        let cfg = drv.tcp_config();
+        let id = drv
+            .connect(SocketAddrV4::new(ADDR_B, 18723), cfg.clone())
+            .expect("connect");
+        let mut app = Source {
+            id: Some(id),
+            total: 0,
+            queued: 0,
+            chunk: Vec::new(),
+            connected: false,
+            reset: false,
+            acked: 0,
+            close_sent: false,
+            closed: false,
+            allocs: AllocWindow::new(u64::MAX, u64::MAX),
+        };
+        let r = drive(
+            &mut drv,
+            &mut app,
+            Duration::from_secs(10),
+            |_| 0,
+            |a| a.closed,
+        );
+        let live = drv.connections().count();
+        let kernel = TcpListener::bind(SocketAddrV4::new(ADDR_A, 18724)).expect("kernel listener");
+        let taken = drv.listen(18724, 4, cfg);
+        drop(kernel);
+        (r, app.reset, app.connected, live, taken)
+    });
+    let (r, reset, connected, live, taken) = driver.join().expect("driver thread");
+    r.expect("refused connection ends");
+    assert!(reset && !connected, "expected a RST before any handshake");
+    assert_eq!(live, 0, "closed connection still listed");
+    assert!(
+        matches!(taken, Err(XdpTcpError::PortInUse { port: 18724, .. })),
+        "{taken:?}"
+    );
+}
