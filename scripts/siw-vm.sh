@@ -22,8 +22,8 @@
 #
 # Environment: IWARP_SIW_CACHE (default /var/cache/iwarp-siw) holds downloads and built guests,
 # keyed by package versions; IWARP_BENCH names an iwarp-bench binary (default: cargo build);
-# SIW_VM_KVM=1 tries KVM first (off by default: on these machines KVM is a nested software
-# implementation that hangs stock kernels).
+# KVM is tried first only on a CPU with VMX/SVM (SIW_VM_KVM=0: never), else TCG with a warning;
+# SIW_VM_ONLY (regular expression) runs only the matching cases, SIW_VM_ROUNDS=N repeats them.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -88,7 +88,13 @@ apt_install() {
   [ $# -gt 0 ] || return 0
   log "installing $*"
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  then
+    log "apt-get install failed; updating the package lists and retrying"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+      die "apt-get install $* failed"
+  fi
 }
 
 host_deps() {
@@ -128,7 +134,13 @@ download() {
   done
   if [ ${#fetch[@]} -gt 0 ]; then
     log "downloading ${#fetch[@]} packages"
-    (cd "$dir" && apt-get download -qq -o APT::Sandbox::User=root "${fetch[@]}" >/dev/null) || die "apt-get download failed"
+    if ! (cd "$dir" && apt-get download -qq -o APT::Sandbox::User=root "${fetch[@]}" >/dev/null); then
+      # Stale package lists name versions the mirror no longer has.
+      log "apt-get download failed; updating the package lists and retrying"
+      apt-get update -qq
+      (cd "$dir" && apt-get download -qq -o APT::Sandbox::User=root "${fetch[@]}" >/dev/null) ||
+        die "apt-get download ${fetch[*]} failed"
+    fi
   fi
 }
 
@@ -417,24 +429,50 @@ bed_up() {
   ip -n "$NS_B" link set "$BRIDGE" up
 }
 
-kvm_usable() {
-  [ "${SIW_VM_KVM:-0}" = 1 ] && [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo
+# KVM only where it can work: /dev/kvm and a CPU with VMX/SVM. (Here /dev/kvm is a nested
+# software implementation on a CPU without VMX, which hangs stock kernels.) SIW_VM_KVM=0 never
+# tries it.
+kvm_candidate() {
+  [ "${SIW_VM_KVM:-auto}" != 0 ] && [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo
 }
 
-# Boots the guest; returns once it said READY (or dies naming the failed step).
+stop_qemu() {
+  if [ -n "$QEMU_PID" ]; then
+    kill "$QEMU_PID" 2>/dev/null || true
+    wait "$QEMU_PID" 2>/dev/null || true
+  fi
+  QEMU_PID=""
+  [ -z "$CHAN_IN" ] || exec {CHAN_IN}>&-
+  [ -z "$CHAN_OUT" ] || exec {CHAN_OUT}<&-
+  CHAN_IN=""
+  CHAN_OUT=""
+}
+
+# Boots the guest; returns once it said READY (or dies naming the failed step). KVM gets one
+# try where it is a candidate; a KVM boot that does not come up falls back to TCG.
 boot() {
   STEP=guest-boot
-  mkdir -p "$OUT"
+  if kvm_candidate; then
+    if boot_with kvm 45; then
+      return 0
+    fi
+    log "warning: the guest did not boot under KVM; falling back to TCG"
+    stop_qemu
+    cp "$OUT/console.log" "$OUT/console-kvm.log" 2>/dev/null || true
+  else
+    log "warning: KVM unusable here (no VMX/SVM or no /dev/kvm): using TCG (software emulation)"
+  fi
+  boot_with tcg "$BOOT_TIMEOUT" || die "$BOOT_ERROR"
+}
+
+# boot_with ACCEL TIMEOUT: 0 when READY; 1 (with BOOT_ERROR set) when the boot failed; dies
+# when the guest came up and reported a failed step (that is no accelerator's fault).
+BOOT_ERROR=""
+boot_with() {
+  local accel=$1 limit=$2 cpu=max
+  [ "$accel" = kvm ] && cpu=host
   rm -f "$OUT/console.log" "$OUT/chan.in" "$OUT/chan.out"
   mkfifo "$OUT/chan.in" "$OUT/chan.out"
-  local accel=tcg cpu=max
-  if kvm_usable; then
-    accel=kvm
-    cpu=host
-  else
-    log "warning: using TCG (software emulation), not KVM" \
-      "(set SIW_VM_KVM=1 to try KVM where it works)"
-  fi
   # The command channel: qemu opens both FIFOs read-write, so nothing blocks.
   ip netns exec "$NS_B" timeout -s KILL "$RUN_LIMIT" qemu-system-x86_64 \
     -accel "$accel" -cpu "$cpu" -m 512 -smp 1 -no-reboot \
@@ -452,15 +490,18 @@ boot() {
   local line t0=$SECONDS
   while :; do
     if ! kill -0 "$QEMU_PID" 2>/dev/null; then
-      die "qemu exited during boot: $(tail -n 5 "$OUT/qemu.log")"
+      BOOT_ERROR="qemu ($accel) exited during boot: $(tail -n 5 "$OUT/qemu.log")"
+      return 1
     fi
-    if [ $((SECONDS - t0)) -ge "$BOOT_TIMEOUT" ]; then
-      die "guest not ready after $BOOT_TIMEOUT s ($(grep -a 'IWARP-STEP' "$OUT/console.log" | tail -n 3 | tr '\n' ' '))"
+    if [ $((SECONDS - t0)) -ge "$limit" ]; then
+      BOOT_ERROR="guest ($accel) not ready after $limit s ($(grep -a 'IWARP-STEP' \
+        "$OUT/console.log" | tail -n 3 | tr '\n' ' '))"
+      return 1
     fi
     if read -r -t 2 line <&"$CHAN_OUT"; then
       case $line in
         "@@READY "*)
-          log "guest ready in $((SECONDS - t0)) s (${line#@@READY })"
+          log "guest ready in $((SECONDS - t0)) s under $accel (${line#@@READY })"
           return 0
           ;;
         "@@FAIL "*)
@@ -579,7 +620,7 @@ cap_start() { # cap_start NAME
 }
 cap_stop() { # cap_stop NAME OK(0|1): ends the capture, keeps it on failure
   sleep 0.3
-  kill -INT "$CAP_PID" 2>/dev/null
+  kill -INT "$CAP_PID" 2>/dev/null || true
   wait "$CAP_PID" 2>/dev/null || true
   if [ "$2" = 1 ] && [ -z "$KEEP_PCAP" ]; then
     rm -f "$OUT/$1.pcap" "$OUT/$1.tcpdump.log"
@@ -756,8 +797,8 @@ run_test() {
     suite
   done
   guest 10 poweroff >/dev/null || true
-  echo "siw-vm test: ${#PASS[@]} passed, ${#FAIL[@]} failed, ${#XFAIL[@]} known failures" \
-    "($((SECONDS - t0)) s)"
+  echo "siw-vm: ${#XFAIL[@]} known failures (${XFAIL[*]:-none}), $((SECONDS - t0)) s"
+  echo "siw-vm: ${#PASS[@]} passed, ${#FAIL[@]} failed"
   if [ ${#FAIL[@]} -gt 0 ]; then
     echo "siw-vm test: failing: ${FAIL[*]} (logs in $OUT)" >&2
     return 1
