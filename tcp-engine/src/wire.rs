@@ -129,6 +129,8 @@ impl TcpOptions {
     /// Replace the SACK blocks; keeps at most four.
     pub fn set_sack_blocks(&mut self, blocks: &[SackBlock]) {
         let n = blocks.len().min(4);
+        // Unused slots are cleared, so equal options compare equal (derived `PartialEq`).
+        self.sack = [SackBlock::default(); 4];
         self.sack[..n].copy_from_slice(&blocks[..n]);
         self.sack_len = n as u8;
     }
@@ -192,6 +194,8 @@ impl TcpOptions {
                     if body.is_empty() || !body.len().is_multiple_of(8) || body.len() > 32 {
                         return Err(WireError::BadOptionLength);
                     }
+                    // A later SACK option replaces an earlier one entirely.
+                    o.sack = [SackBlock::default(); 4];
                     let mut n = 0;
                     for chunk in body.chunks_exact(8) {
                         let left = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
@@ -584,6 +588,33 @@ mod tests {
         // Unknown option skipped, EOL ends parsing.
         let o = TcpOptions::parse(&[30, 4, 9, 9, 1, 3, 3, 2, 0, 77]).expect("parse");
         assert_eq!(o.window_scale, Some(2));
+    }
+
+    /// Found by `cargo fuzz` (segment_parser): a second, shorter SACK option left stale
+    /// blocks in unused slots, so options carrying the same blocks compared unequal.
+    #[test]
+    fn equal_sack_blocks_compare_equal() {
+        let opt = |blocks: &[(u32, u32)]| {
+            let mut v = vec![5u8, 2 + 8 * blocks.len() as u8];
+            for (l, r) in blocks {
+                v.extend_from_slice(&l.to_be_bytes());
+                v.extend_from_slice(&r.to_be_bytes());
+            }
+            v
+        };
+        let mut bytes = opt(&[(1, 2), (3, 4)]);
+        bytes.extend(opt(&[(9, 10)]));
+        let twice = TcpOptions::parse(&bytes).expect("parse");
+        let once = TcpOptions::parse(&opt(&[(9, 10)])).expect("parse");
+        assert_eq!(twice.sack_blocks(), &[SackBlock { left: 9, right: 10 }]);
+        assert_eq!(twice, once);
+        let mut set = TcpOptions::default();
+        set.set_sack_blocks(&[
+            SackBlock { left: 1, right: 2 },
+            SackBlock { left: 3, right: 4 },
+        ]);
+        set.set_sack_blocks(&[SackBlock { left: 9, right: 10 }]);
+        assert_eq!(set, once);
     }
 
     #[test]
