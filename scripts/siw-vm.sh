@@ -372,6 +372,15 @@ build() {
   rm -rf "$GUEST"
   mv "$WORK/out" "$GUEST"
   rm -rf "$WORK"
+  # Only this guest and its packages stay cached.
+  local old keep
+  for old in "$CACHE"/guest-*; do
+    [ "$old" = "$GUEST" ] || rm -rf "$old"
+  done
+  keep=$(for pv in "${vlist[@]}"; do basename "$(deb_of "$pv")"; done)
+  for old in "$CACHE"/debs/*.deb; do
+    grep -qxF "${old##*/}" <<<"$keep" || rm -f "$old"
+  done
   log "guest built in $((SECONDS - t0)) s: $GUEST ($(du -h "$GUEST/initrd.img" | cut -f1) initramfs)"
 }
 
