@@ -640,7 +640,6 @@ KEEP_PCAP=""
 # Known interop failures whose cause is outside bench/ and scripts/ (see the report): reported
 # as XFAIL, not failing the suite; XPASS when one starts passing (then drop it from the list).
 declare -A KNOWN_FAIL=(
-  [siw-crcreq-client-ours-off]="our MPA Responder answers a C=1 Request with C=0 (CRC is used, as RFC 5044 says, but siw built with mpa_crc_required refuses a Reply without C); mpa should echo C=1"
 )
 
 # SIW_VM_ONLY: a regular expression; only the cases whose names match run.

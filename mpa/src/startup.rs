@@ -717,10 +717,14 @@ impl Responder {
             None => (None, self.config.ird, self.config.ord, None),
         };
         let rev = self.reply_rev(request);
+        // RFC 5044 7.1.1: if either side sent C=1, both use CRCs. Say so in the Reply too:
+        // an Initiator that requires CRCs (Linux siw built with mpa_crc_required, cxgb4)
+        // refuses a Reply with C=0 even though the CRC would be used anyway.
+        let crc = self.config.crc || request.crc;
         let reply = MpaFrameRepr {
             kind: FrameKind::Reply,
             markers: self.config.markers,
-            crc: self.config.crc,
+            crc,
             reject: false,
             rev,
             enhanced: block,
@@ -729,7 +733,7 @@ impl Responder {
         .to_vec()?;
         let negotiated = Negotiated {
             rev,
-            crc: self.config.crc || request.crc,
+            crc,
             markers_tx: request.markers,
             markers_rx: self.config.markers,
             ird,

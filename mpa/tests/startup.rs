@@ -152,6 +152,22 @@ fn siw_request_is_accepted() {
 }
 
 #[test]
+fn reply_says_crc_when_the_initiator_asked_for_it() {
+    // siw built with mpa_crc_required: C=1 in the Request. Our Responder configured with CRC
+    // off must still answer C=1 (CRC is used either way, and siw refuses a Reply with C=0).
+    let request = hex("4d504120494420526571204672616d65 50 02 0004 0001 0001");
+    let config = MpaConfig {
+        crc: false,
+        ..MpaConfig::default()
+    };
+    let (mut responder, info) = responder_with(config, &request, Instant::now());
+    assert!(info.crc);
+    let (reply, negotiated) = responder.accept(&[]).unwrap();
+    assert_eq!(reply[16] & 0x40, 0x40, "C bit in the Reply");
+    assert!(negotiated.crc);
+}
+
+#[test]
 fn reject_path_carries_private_data() {
     let now = Instant::now();
     let mut initiator = Initiator::new(MpaConfig::default(), b"let me in", now).unwrap();
