@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, every crate's tests (unit, property, end-to-end over
-# loopback) and the Wireshark capture check. This is what CI runs (.ci/run).
+# The whole test suite: formatting, lints, every crate's tests (unit, property, simulator,
+# end-to-end over loopback, root tests on the veth test bed, the Wireshark capture checks),
+# bounded fuzzing of the TCP parser and state machine, and interop with Linux siw in a QEMU
+# guest. This is what CI runs (.ci/run). Set SKIP_SIW=1 or SKIP_FUZZ=1 to leave those stages
+# out on a developer machine (CI runs both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,8 +16,28 @@ echo "== cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test"
-# Tests that need root (packet captures) fail instead of skipping when CI=true.
+# Tests that need root or the veth test bed fail instead of skipping when CI=true.
+mkdir -p target
 cargo test --workspace --locked 2>&1 | tee target/test-output.txt
-grep -E "^test result:" target/test-output.txt | awk '
+read -r passed failed skipped < <(grep -E "^test result:" target/test-output.txt | awk '
   { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
-  END { printf "%d passed, %d failed, %d skipped\n", p, f, s }'
+  END { printf "%d %d %d\n", p, f, s }')
+echo "cargo test: $passed passed, $failed failed, $skipped skipped"
+
+if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== fuzz (tcp-engine, bounded)"
+  FUZZ_SECONDS=${FUZZ_SECONDS:-45} scripts/fuzz.sh
+  passed=$((passed + 1))
+fi
+
+if [ "${SKIP_SIW:-0}" != 1 ]; then
+  echo "== siw interop (Linux siw in a QEMU guest)"
+  scripts/siw-vm.sh test 2>&1 | tee target/siw-output.txt
+  read -r sp sf < <(grep -E "^siw-vm: [0-9]+ passed, [0-9]+ failed" target/siw-output.txt | tail -1 |
+    awk '{ print $2, $4 }')
+  passed=$((passed + ${sp:-0}))
+  failed=$((failed + ${sf:-0}))
+fi
+
+echo "total: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
