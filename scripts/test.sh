@@ -25,8 +25,13 @@ read -r passed failed skipped < <(grep -E "^test result:" target/test-output.txt
 echo "cargo test: $passed passed, $failed failed, $skipped skipped"
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
-  echo "== fuzz (tcp-engine, bounded)"
-  FUZZ_SECONDS=${FUZZ_SECONDS:-45} scripts/fuzz.sh
+  echo "== fuzz (tcp-engine, bounded; libFuzzer's log in target/fuzz-output.txt)"
+  if ! FUZZ_SECONDS=${FUZZ_SECONDS:-45} scripts/fuzz.sh >target/fuzz-output.txt 2>&1; then
+    tail -40 target/fuzz-output.txt
+    echo "fuzz: a target crashed or could not run (see above)"
+    exit 1
+  fi
+  grep -E "^(==|fuzz)" target/fuzz-output.txt || true
   passed=$((passed + 1))
 fi
 
