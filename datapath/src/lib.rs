@@ -4,7 +4,8 @@
 //! over a kernel TCP socket (MPA's "dual stack", draft-ietf-rddp-mpa-01 6.1.4), behind an
 //! application API in the verbs vocabulary (protection domain, memory region, queue pair,
 //! completion queue) with rdma_cm-style connection setup (listen, connect with private data,
-//! accept or reject with private data). The AF_XDP engine will offer the same API.
+//! accept or reject with private data). The AF_XDP engine ([`engine::xdp::XdpEngine`]) offers
+//! the same API over our own TCP.
 
 mod cq;
 pub mod engine;
@@ -52,4 +53,7 @@ pub enum DatapathError {
     /// Connection setup did not finish in time.
     #[error("timed out during {0}")]
     Timeout(&'static str),
+    /// The AF_XDP engine's driver failed (interface, XDP, AF_XDP, port, route).
+    #[error("AF_XDP engine: {0}")]
+    Xdp(#[from] xdp_tcp::XdpTcpError),
 }

@@ -63,17 +63,54 @@ pub struct QpStatus {
     pub finished: bool,
 }
 
-enum Cmd {
+/// A command from the application's [`QueuePair`] handle to the engine that runs it.
+pub(crate) enum Cmd {
     Send(SendWr),
     Recv(RecvWr),
     Close,
 }
 
-struct Shared {
-    status: Mutex<QpStatus>,
+/// State the engine publishes for the application.
+pub(crate) struct Shared {
+    pub(crate) status: Mutex<QpStatus>,
 }
 
-static NEXT_QP: AtomicU32 = AtomicU32::new(1);
+impl Shared {
+    pub(crate) fn new(state: QpState) -> Arc<Shared> {
+        Arc::new(Shared {
+            status: Mutex::new(QpStatus {
+                state,
+                remote_terminate: None,
+                local_error: None,
+                sent_terminate: None,
+                finished: false,
+            }),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpStatus> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How a queue pair handle wakes the engine that runs it.
+pub(crate) enum Notifier {
+    /// The socket transport: one `mio` poll per connection thread.
+    Mio(Arc<Waker>),
+    /// The AF_XDP engine: one thread for all connections of an interface.
+    Xdp(Arc<crate::engine::xdp::Wake>),
+}
+
+impl Notifier {
+    fn wake(&self) -> io::Result<()> {
+        match self {
+            Notifier::Mio(w) => w.wake(),
+            Notifier::Xdp(w) => w.wake(),
+        }
+    }
+}
+
+pub(crate) static NEXT_QP: AtomicU32 = AtomicU32::new(1);
 
 /// A connected queue pair (RFC 5040 2: one RDMAP stream over one MPA/TCP connection).
 ///
@@ -82,15 +119,43 @@ static NEXT_QP: AtomicU32 = AtomicU32::new(1);
 pub struct QueuePair {
     num: u32,
     cmds: Sender<Cmd>,
-    waker: Arc<Waker>,
+    waker: Notifier,
     shared: Arc<Shared>,
     negotiated: Negotiated,
     mulpdu: usize,
     peer: SocketAddr,
+    /// The socket transport's per-connection thread (the AF_XDP engine's thread is shared).
     thread: Option<JoinHandle<()>>,
 }
 
+/// What an engine hands over to build the application's [`QueuePair`] handle.
+pub(crate) struct QpParts {
+    pub(crate) num: u32,
+    pub(crate) cmds: Sender<Cmd>,
+    pub(crate) waker: Notifier,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) negotiated: Negotiated,
+    pub(crate) mulpdu: usize,
+    pub(crate) peer: SocketAddr,
+}
+
+/// How long [`QueuePair::disconnect`] waits for the AF_XDP engine to close the connection.
+const XDP_DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+
 impl QueuePair {
+    pub(crate) fn from_parts(p: QpParts) -> QueuePair {
+        QueuePair {
+            num: p.num,
+            cmds: p.cmds,
+            waker: p.waker,
+            shared: p.shared,
+            negotiated: p.negotiated,
+            mulpdu: p.mulpdu,
+            peer: p.peer,
+            thread: None,
+        }
+    }
+
     /// Local queue pair number (also in every [`Completion`]).
     pub fn num(&self) -> u32 {
         self.num
@@ -158,6 +223,10 @@ impl QueuePair {
         let _ = self.command(Cmd::Close);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        } else if matches!(self.waker, Notifier::Xdp(_)) {
+            // The AF_XDP engine's thread serves other connections too: wait (bounded) for it to
+            // report this one closed instead of joining it.
+            self.wait_finished(XDP_DISCONNECT_WAIT);
         }
     }
 }
@@ -257,30 +326,55 @@ fn setup_error(e: io::Error, during: &'static str) -> DatapathError {
     }
 }
 
-/// A listening socket that accepts MPA connections (the rdma_cm `listen` step).
+/// A listener that accepts MPA connections (the rdma_cm `listen` step): a kernel TCP listening
+/// socket ([`Listener::bind`]), or a port of the AF_XDP engine
+/// ([`crate::engine::xdp::XdpEngine::listen`]).
 pub struct Listener {
-    inner: TcpListener,
+    inner: ListenerInner,
     params: ConnectParams,
 }
 
+enum ListenerInner {
+    Socket(TcpListener),
+    Xdp(crate::engine::xdp::XdpListen),
+}
+
 impl Listener {
-    /// Binds and listens on `addr`.
+    /// Binds and listens on `addr` (socket transport).
     pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
         let inner = TcpListener::bind(addr)?;
-        Ok(Self { inner, params })
+        Ok(Self {
+            inner: ListenerInner::Socket(inner),
+            params,
+        })
+    }
+
+    pub(crate) fn from_xdp(listen: crate::engine::xdp::XdpListen, params: ConnectParams) -> Self {
+        Self {
+            inner: ListenerInner::Xdp(listen),
+            params,
+        }
     }
 
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
-        Ok(self.inner.local_addr()?)
+        match &self.inner {
+            ListenerInner::Socket(l) => Ok(l.local_addr()?),
+            ListenerInner::Xdp(l) => Ok(l.local_addr()),
+        }
     }
 
     /// Waits for the next connection and its MPA Request. A peer that sends a malformed
     /// Request or none in time is dropped and reported as an error; call again to go on.
     pub fn accept(&self) -> Result<ConnectRequest, DatapathError> {
-        self.inner.set_nonblocking(false)?;
-        let (stream, peer) = self.inner.accept()?;
-        self.read_request(stream, peer)
+        match &self.inner {
+            ListenerInner::Socket(l) => {
+                l.set_nonblocking(false)?;
+                let (stream, peer) = l.accept()?;
+                self.read_request(stream, peer)
+            }
+            ListenerInner::Xdp(l) => l.accept(None)?.ok_or(DatapathError::Disconnected),
+        }
     }
 
     /// Like [`accept`](Self::accept) but gives up (returning `Ok(None)`) when no TCP
@@ -289,10 +383,14 @@ impl Listener {
         &self,
         timeout: Duration,
     ) -> Result<Option<ConnectRequest>, DatapathError> {
+        let l = match &self.inner {
+            ListenerInner::Socket(l) => l,
+            ListenerInner::Xdp(l) => return l.accept(Some(timeout)),
+        };
         let deadline = Instant::now() + timeout;
-        self.inner.set_nonblocking(true)?;
+        l.set_nonblocking(true)?;
         loop {
-            match self.inner.accept() {
+            match l.accept() {
                 Ok((stream, peer)) => {
                     stream.set_nonblocking(false)?;
                     return self.read_request(stream, peer).map(Some);
@@ -330,10 +428,12 @@ impl Listener {
             };
             if let Some(info) = info {
                 return Ok(ConnectRequest {
-                    stream,
-                    responder,
+                    inner: RequestInner::Socket {
+                        stream,
+                        responder,
+                        leftover: buf[used..n].to_vec(),
+                    },
                     info,
-                    leftover: buf[used..n].to_vec(),
                     peer,
                     params: self.params.clone(),
                 });
@@ -344,15 +444,36 @@ impl Listener {
 
 /// A connection request that has sent a valid MPA Request; accept or reject it.
 pub struct ConnectRequest {
-    stream: TcpStream,
-    responder: mpa::Responder,
+    inner: RequestInner,
     info: RequestInfo,
-    leftover: Vec<u8>,
     peer: SocketAddr,
     params: ConnectParams,
 }
 
+enum RequestInner {
+    Socket {
+        stream: TcpStream,
+        responder: mpa::Responder,
+        leftover: Vec<u8>,
+    },
+    Xdp(crate::engine::xdp::PendingRequest),
+}
+
 impl ConnectRequest {
+    pub(crate) fn from_xdp(
+        pending: crate::engine::xdp::PendingRequest,
+        info: RequestInfo,
+        peer: SocketAddr,
+        params: ConnectParams,
+    ) -> Self {
+        Self {
+            inner: RequestInner::Xdp(pending),
+            info,
+            peer,
+            params,
+        }
+    }
+
     /// The private data of the Request (without the RFC 6581 IRD/ORD block).
     pub fn private_data(&self) -> &[u8] {
         &self.info.private_data
@@ -382,39 +503,68 @@ impl ConnectRequest {
     /// receiver-not-ready retry, so a Send that finds no posted buffer ends the connection
     /// (RFC 5041 7.1, MSN with no buffer).
     pub fn accept_with_recvs(
-        mut self,
+        self,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
-        let (reply, negotiated) = self.responder.accept(private_data)?;
-        self.stream.write_all(&reply)?;
-        let peer_private = std::mem::take(&mut self.info.private_data);
-        let qp = start_engine(
-            self.stream,
-            Setup {
-                negotiated,
-                leftover: self.leftover,
-                initiator: false,
-                recvs,
-            },
-            pd,
-            cq,
-            &self.params,
-        )?;
-        Ok(Connection {
-            qp,
-            private_data: peer_private,
-        })
+        let ConnectRequest {
+            inner,
+            info,
+            params,
+            ..
+        } = self;
+        match inner {
+            RequestInner::Socket {
+                mut stream,
+                mut responder,
+                leftover,
+            } => {
+                let (reply, negotiated) = responder.accept(private_data)?;
+                stream.write_all(&reply)?;
+                let qp = start_engine(
+                    stream,
+                    Setup {
+                        negotiated,
+                        leftover,
+                        initiator: false,
+                        recvs,
+                    },
+                    pd,
+                    cq,
+                    &params,
+                )?;
+                Ok(Connection {
+                    qp,
+                    private_data: info.private_data,
+                })
+            }
+            RequestInner::Xdp(pending) => {
+                let qp = pending.accept(pd, cq, private_data, recvs, &params)?;
+                Ok(Connection {
+                    qp,
+                    private_data: info.private_data,
+                })
+            }
+        }
     }
 
     /// Rejects with private data (MPA Reply with R=1), then closes the connection.
-    pub fn reject(mut self, private_data: &[u8]) -> Result<(), DatapathError> {
-        let reply = self.responder.reject(private_data)?;
-        self.stream.write_all(&reply)?;
-        let _ = self.stream.shutdown(Shutdown::Write);
-        Ok(())
+    pub fn reject(self, private_data: &[u8]) -> Result<(), DatapathError> {
+        match self.inner {
+            RequestInner::Socket {
+                mut stream,
+                mut responder,
+                ..
+            } => {
+                let reply = responder.reject(private_data)?;
+                stream.write_all(&reply)?;
+                let _ = stream.shutdown(Shutdown::Write);
+                Ok(())
+            }
+            RequestInner::Xdp(pending) => pending.reject(private_data, &self.params),
+        }
     }
 }
 
@@ -481,15 +631,7 @@ fn start_engine(
             qp.send_rtr(rtr_kind(kind));
         }
     }
-    let shared = Arc::new(Shared {
-        status: Mutex::new(QpStatus {
-            state: qp.state(),
-            remote_terminate: None,
-            local_error: None,
-            sent_terminate: None,
-            finished: false,
-        }),
-    });
+    let shared = Shared::new(qp.state());
     let engine = Engine {
         stream,
         poll,
@@ -518,7 +660,7 @@ fn start_engine(
     Ok(QueuePair {
         num,
         cmds: cmd_tx,
-        waker,
+        waker: Notifier::Mio(waker),
         shared,
         negotiated,
         mulpdu,
@@ -819,7 +961,7 @@ impl Engine {
 }
 
 /// Completion status of a work request the queue pair refused when it was posted.
-fn local_status(e: &rdmap::RdmapError) -> WcStatus {
+pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     use rdmap::RdmapError as E;
     match e {
         E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
@@ -827,7 +969,7 @@ fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     }
 }
 
-fn wc_opcode(op: &SendOp) -> WcOpcode {
+pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send { .. } => WcOpcode::Send,
         SendOp::Write { .. } => WcOpcode::Write,

@@ -2,7 +2,12 @@
 //!
 //! - [`conn`]: one connection, sans-IO: TCP (passed-up segments in, records out), MPA startup
 //!   and Full Operation with out-of-order placement, and the queue pair.
+//! - [`xdp`]: the poll-mode engine thread running `IwarpConn`s over AF_XDP behind the
+//!   application API of the socket transport.
 
 pub mod conn;
 
 pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub mod xdp;
+
+pub use xdp::{EngineCounters, XdpEngine, XdpEngineConfig};

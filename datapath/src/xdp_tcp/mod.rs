@@ -487,6 +487,22 @@ impl XdpTcp {
         cfg
     }
 
+    /// The `std::time::Instant` that the TCP clock's zero stands for.
+    pub fn epoch(&self) -> std::time::Instant {
+        self.epoch
+    }
+
+    /// Adds a file descriptor (e.g. an application's wake-up socket) that ends
+    /// [`wait`](Self::wait)'s sleep when it becomes readable. The caller keeps it open for as
+    /// long as the driver lives and drains it.
+    pub fn add_wake_fd(&mut self, fd: std::os::fd::RawFd) {
+        self.pollfds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+
     /// The driver's clock as the TCP library sees it.
     fn now(&self) -> tcp_engine::Instant {
         let nanos = self.epoch.elapsed().as_nanos();

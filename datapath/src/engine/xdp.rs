@@ -1,0 +1,1113 @@
+//! The poll-mode iWARP engine over AF_XDP: one thread per interface runs every [`IwarpConn`]
+//! of that interface on top of the [`XdpTcp`] driver, behind the same application API as the
+//! socket transport ([`Listener`], [`ConnectRequest`], [`Connection`], [`QueuePair`],
+//! [`CompletionQueue`], [`ProtectionDomain`]).
+//!
+//! **Thread.** [`XdpEngine::start`] spawns the engine thread, which opens the driver (in the
+//! namespace of the calling thread) and loops: take engine commands (listen, connect, accept,
+//! reject), run one driver turn ([`XdpTcp::poll`]: received segments go straight to
+//! [`IwarpConn::on_data`], placement included; then every connection's queue-pair commands,
+//! [`IwarpConn::poll`], events and completions), and after `idle_spins` idle turns sleep in
+//! `ppoll` on the AF_XDP sockets plus a wake-up socket that every application handle writes to.
+//!
+//! **Application side.** Work requests go from a [`QueuePair`] to the engine through a
+//! per-connection lock-free channel (crossbeam) plus a one-byte datagram on the wake-up
+//! socket; completions come back on the [`CompletionQueue`] given at connect/accept time. Setup
+//! calls (`listen`, `connect`, `accept`, `reject`) are commands answered on a one-shot channel,
+//! with a deadline.
+//!
+//! **Memory.** The registration table of each protection domain stays shared with the
+//! application behind its mutex (as in the socket transport): the engine locks the tables of
+//! the PDs it serves once per driver turn, not per packet. Known limitation: a registration on
+//! the application thread waits for at most one turn; a PD once used stays in the engine's list
+//! until the engine stops.
+//!
+//! **Known limitations.** A listener's port stays steered and reserved until the engine stops
+//! (the driver has no `unlisten`); `connect` resolves the next hop on the engine thread
+//! (blocking it up to the driver's neighbour timeout); IPv4 only.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as StdInstant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use mpa::RequestInfo;
+use rdmap::WorkCompletion;
+use rdmap::{MemoryTable, PdId, QpConfig, QpState, RecvWr, TerminateCause, WcOpcode};
+use tcp_engine::{Instant, PassedUp, State as TcpState};
+
+use crate::cq::{Completion, CompletionQueue};
+use crate::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
+use crate::memory::{lock_table, ProtectionDomain, RegionMemory, SharedTable};
+use crate::socket::{
+    local_status, wc_opcode, Cmd, ConnectParams, ConnectRequest, Connection, Listener, Notifier,
+    QpParts, QueuePair, Shared, NEXT_QP,
+};
+use crate::xdp_tcp::{
+    ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp, TcpConfig, XdpTcp,
+    XdpTcpConfig, XdpTcpStats,
+};
+use crate::DatapathError;
+
+/// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
+/// others or the receive side).
+const CMD_BUDGET: usize = 256;
+/// How often the engine publishes its counters.
+const COUNTERS_EVERY: Duration = Duration::from_millis(50);
+/// How long a stopping engine lets its connections close gracefully.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// How long `start` waits for the engine thread to open the driver.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The wake-up socket: application handles write a byte, the engine's `ppoll` sees it.
+pub(crate) struct Wake {
+    tx: UnixDatagram,
+}
+
+impl Wake {
+    pub(crate) fn wake(&self) -> io::Result<()> {
+        match self.tx.send(&[1]) {
+            Ok(_) => Ok(()),
+            // The socket is full: the engine has wake-ups pending already.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Settings of an [`XdpEngine`].
+#[derive(Debug, Clone)]
+pub struct XdpEngineConfig {
+    /// The AF_XDP TCP driver (queues, attach mode, rings, idle spins, neighbour timeout).
+    pub driver: XdpTcpConfig,
+    /// TCP settings of every connection (record transmit / pass-up receive are forced; MTU
+    /// and MSS are lowered to the interface's).
+    pub tcp: TcpConfig,
+    /// Per connection: octets of the reassembly store (also the receive window).
+    pub reassembly_capacity: usize,
+    /// Per connection: FPDUs placed out of order whose records can be kept at once.
+    pub max_placed_fpdus: usize,
+    /// Per connection: octets queued in TCP before no more FPDUs are framed.
+    pub tx_ahead: usize,
+    /// Listen backlog.
+    pub backlog: usize,
+}
+
+impl Default for XdpEngineConfig {
+    fn default() -> Self {
+        let conn = ConnConfig::default();
+        Self {
+            driver: XdpTcpConfig::default(),
+            tcp: TcpConfig::mpa(),
+            reassembly_capacity: conn.reassembly_capacity,
+            max_placed_fpdus: conn.max_placed_fpdus,
+            tx_ahead: conn.tx_ahead,
+            backlog: 64,
+        }
+    }
+}
+
+/// Counters of an engine, published by its thread every 50 ms and when it stops.
+#[derive(Debug, Clone, Default)]
+pub struct EngineCounters {
+    /// The driver's counters (frames, packets, the TCP table's counters).
+    pub driver: XdpTcpStats,
+    /// Sum over every connection the engine ran (live and ended); `held_peak` is the maximum.
+    pub conns: ConnCounters,
+    /// Connections that reached Full Operation.
+    pub established: u64,
+    /// Connections removed after TCP closed.
+    pub ended: u64,
+    /// The error that stopped the engine thread, if any.
+    pub error: Option<String>,
+}
+
+fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
+    sum.segments += c.segments;
+    sum.segments_out_of_order += c.segments_out_of_order;
+    sum.fpdus_rx += c.fpdus_rx;
+    sum.fpdus_tx += c.fpdus_tx;
+    sum.bytes_placed_in_order += c.bytes_placed_in_order;
+    sum.bytes_placed_out_of_order += c.bytes_placed_out_of_order;
+    sum.fpdus_placed_out_of_order += c.fpdus_placed_out_of_order;
+    sum.held_bytes += c.held_bytes;
+    sum.held_peak = sum.held_peak.max(c.held_peak);
+    sum.held_total += c.held_total;
+    sum.unlocated_segments += c.unlocated_segments;
+    sum.crc_errors += c.crc_errors;
+    sum.retransmissions += c.retransmissions;
+    sum.terminates_sent += c.terminates_sent;
+    sum.terminates_received += c.terminates_received;
+}
+
+type Reply<T> = Sender<Result<T, DatapathError>>;
+
+struct RequestMsg {
+    id: ConnId,
+    info: RequestInfo,
+    peer: SocketAddr,
+}
+
+enum EngineCmd {
+    Listen {
+        port: u16,
+        params: ConnectParams,
+        reply: Reply<Receiver<RequestMsg>>,
+    },
+    Connect {
+        addr: SocketAddrV4,
+        pd: ProtectionDomain,
+        cq: Sender<Completion>,
+        params: ConnectParams,
+        private_data: Vec<u8>,
+        reply: Reply<(QpParts, Vec<u8>)>,
+    },
+    Accept {
+        id: ConnId,
+        pd: ProtectionDomain,
+        cq: Sender<Completion>,
+        private_data: Vec<u8>,
+        recvs: Vec<RecvWr>,
+        params: ConnectParams,
+        reply: Reply<QpParts>,
+    },
+    Reject {
+        id: ConnId,
+        private_data: Vec<u8>,
+        reply: Reply<()>,
+    },
+    Shutdown,
+}
+
+/// The application's way to the engine thread.
+#[derive(Clone)]
+struct Handle {
+    cmds: Sender<EngineCmd>,
+    wake: Arc<Wake>,
+}
+
+impl Handle {
+    fn call<T>(
+        &self,
+        cmd: EngineCmd,
+        rx: Receiver<Result<T, DatapathError>>,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<T, DatapathError> {
+        self.cmds
+            .send(cmd)
+            .map_err(|_| DatapathError::Disconnected)?;
+        self.wake.wake()?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(DatapathError::Timeout(what)),
+            Err(RecvTimeoutError::Disconnected) => Err(DatapathError::Disconnected),
+        }
+    }
+}
+
+/// A listening port of the engine (behind [`Listener`]).
+pub(crate) struct XdpListen {
+    rx: Receiver<RequestMsg>,
+    handle: Handle,
+    local: SocketAddr,
+    params: ConnectParams,
+}
+
+impl XdpListen {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The next MPA Request (waiting forever with `None`); `Ok(None)` when `timeout` passed.
+    pub(crate) fn accept(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<ConnectRequest>, DatapathError> {
+        let msg = match timeout {
+            None => self.rx.recv().map_err(|_| DatapathError::Disconnected)?,
+            Some(t) => match self.rx.recv_timeout(t) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
+            },
+        };
+        let pending = PendingRequest {
+            id: msg.id,
+            handle: self.handle.clone(),
+        };
+        Ok(Some(ConnectRequest::from_xdp(
+            pending,
+            msg.info,
+            msg.peer,
+            self.params.clone(),
+        )))
+    }
+}
+
+/// A connection of the engine whose MPA Request waits for the application (behind
+/// [`ConnectRequest`]). Dropped without an answer, the responder's MPA timeout ends it.
+pub(crate) struct PendingRequest {
+    id: ConnId,
+    handle: Handle,
+}
+
+impl PendingRequest {
+    pub(crate) fn accept(
+        self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<QueuePair, DatapathError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Accept {
+            id: self.id,
+            pd: pd.clone(),
+            cq: cq.tx.clone(),
+            private_data: private_data.to_vec(),
+            recvs,
+            params: params.clone(),
+            reply: tx,
+        };
+        let parts = self
+            .handle
+            .call(cmd, rx, params.setup_timeout, "accepting the MPA Request")?;
+        Ok(QueuePair::from_parts(parts))
+    }
+
+    pub(crate) fn reject(
+        self,
+        private_data: &[u8],
+        params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Reject {
+            id: self.id,
+            private_data: private_data.to_vec(),
+            reply: tx,
+        };
+        self.handle
+            .call(cmd, rx, params.setup_timeout, "rejecting the MPA Request")
+    }
+}
+
+/// The poll-mode iWARP engine of one interface (see the module documentation). Dropping it
+/// closes its connections (gracefully for up to a second), detaches XDP and joins the thread.
+pub struct XdpEngine {
+    handle: Handle,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Mutex<EngineCounters>>,
+    local_ip: Ipv4Addr,
+}
+
+impl std::fmt::Debug for XdpEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpEngine")
+            .field("local_ip", &self.local_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XdpEngine {
+    /// Starts the engine thread on `ifname` (in the calling thread's network namespace) and
+    /// waits until its driver is open. Needs root (XDP, AF_XDP).
+    pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
+        let (wake_tx, wake_rx) = UnixDatagram::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        let wake = Arc::new(Wake { tx: wake_tx });
+        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let counters = Arc::new(Mutex::new(EngineCounters::default()));
+        let ifname_owned = ifname.to_owned();
+        let engine_wake = wake.clone();
+        let engine_counters = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("iwarp-xdp-{ifname}"))
+            .spawn(move || {
+                let mut xdp = match XdpTcp::open(&ifname_owned, cfg.driver.clone()) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(DatapathError::Xdp(e)));
+                        return;
+                    }
+                };
+                xdp.add_wake_fd(wake_rx.as_raw_fd());
+                let _ = ready_tx.send(Ok(xdp.local_ip()));
+                let engine = Engine {
+                    st: State {
+                        slots: HashMap::new(),
+                        early: HashMap::new(),
+                        listeners: HashMap::new(),
+                        scratch: MemoryTable::new(),
+                        ended: ConnCounters::default(),
+                        established: 0,
+                        ended_conns: 0,
+                        epoch: xdp.epoch(),
+                        progress: false,
+                        wake: engine_wake,
+                        cfg: cfg.clone(),
+                    },
+                    tables: Vec::new(),
+                    cmds: cmd_rx,
+                    wake_rx,
+                    counters: engine_counters,
+                    cfg,
+                };
+                engine.run(xdp);
+            })?;
+        let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(ip)) => ip,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => return Err(DatapathError::Timeout("starting the AF_XDP engine")),
+        };
+        Ok(XdpEngine {
+            handle: Handle { cmds: cmd_tx, wake },
+            thread: Some(thread),
+            counters,
+            local_ip,
+        })
+    }
+
+    /// The interface's IPv4 address the engine speaks from.
+    pub fn local_ip(&self) -> Ipv4Addr {
+        self.local_ip
+    }
+
+    /// Listens on `port` (reserved with the kernel and steered to the engine).
+    pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Listen {
+            port,
+            params: params.clone(),
+            reply: tx,
+        };
+        let requests = self
+            .handle
+            .call(cmd, rx, params.setup_timeout, "starting to listen")?;
+        Ok(Listener::from_xdp(
+            XdpListen {
+                rx: requests,
+                handle: self.handle.clone(),
+                local: SocketAddr::from((self.local_ip, port)),
+                params: params.clone(),
+            },
+            params,
+        ))
+    }
+
+    /// Connects to an MPA responder (the rdma_cm `connect` step) over the engine's TCP.
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        let SocketAddr::V4(addr) = addr else {
+            return Err(DatapathError::InvalidArgument(
+                "the AF_XDP engine speaks IPv4 only",
+            ));
+        };
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Connect {
+            addr,
+            pd: pd.clone(),
+            cq: cq.tx.clone(),
+            params: params.clone(),
+            private_data: private_data.to_vec(),
+            reply: tx,
+        };
+        // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
+        let wait = params.setup_timeout + Duration::from_secs(5);
+        let (parts, private_data) = self.handle.call(cmd, rx, wait, "connecting")?;
+        Ok(Connection {
+            qp: QueuePair::from_parts(parts),
+            private_data,
+        })
+    }
+
+    /// The engine's counters as last published (at most 50 ms old while it runs).
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
+    /// and joins the thread. Also done on drop.
+    pub fn stop(&mut self) {
+        let _ = self.handle.cmds.send(EngineCmd::Shutdown);
+        let _ = self.handle.wake.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for XdpEngine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Who waits for a connection's setup to end.
+enum Waiter {
+    None,
+    Connect(Reply<(QpParts, Vec<u8>)>),
+    Accept(Reply<QpParts>),
+}
+
+struct Slot {
+    conn: IwarpConn,
+    /// Index of its PD's table in the engine's list (`None` until the PD is known).
+    table: Option<usize>,
+    num: u32,
+    local_port: u16,
+    peer: SocketAddr,
+    cmds: Option<Receiver<Cmd>>,
+    cq: Option<Sender<Completion>>,
+    shared: Arc<Shared>,
+    waiter: Waiter,
+    closing: bool,
+    last_state: Option<QpState>,
+}
+
+impl Slot {
+    fn new(conn: IwarpConn, table: Option<usize>, tuple: tcp_engine::FourTuple) -> Slot {
+        let state = conn.qp().state();
+        Slot {
+            conn,
+            table,
+            num: NEXT_QP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            local_port: tuple.local_port,
+            peer: SocketAddr::from((tuple.remote_addr, tuple.remote_port)),
+            cmds: None,
+            cq: None,
+            shared: Shared::new(state),
+            waiter: Waiter::None,
+            closing: false,
+            last_state: None,
+        }
+    }
+
+    fn set_error(&self, text: String) {
+        let mut st = self.shared.lock();
+        if st.local_error.is_none() {
+            st.local_error = Some(text);
+        }
+    }
+
+    fn fail_waiter(&mut self, e: DatapathError) {
+        match std::mem::replace(&mut self.waiter, Waiter::None) {
+            Waiter::None => {}
+            Waiter::Connect(tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Waiter::Accept(tx) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+
+    fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+        if let Some(cq) = &self.cq {
+            let _ = cq.send(Completion {
+                qp_num: self.num,
+                wc: WorkCompletion {
+                    wr_id,
+                    opcode,
+                    status: local_status(e),
+                    byte_len: 0,
+                    invalidated: None,
+                    solicited: false,
+                },
+            });
+        }
+    }
+
+    fn deliver_completions(&mut self) -> bool {
+        let mut any = false;
+        while let Some(wc) = self.conn.qp_mut().poll_completion() {
+            any = true;
+            if let Some(cq) = &self.cq {
+                let _ = cq.send(Completion {
+                    qp_num: self.num,
+                    wc,
+                });
+            }
+        }
+        any
+    }
+
+    fn publish(&mut self, finished: bool) {
+        let state = self.conn.qp().state();
+        if self.last_state == Some(state) && !finished {
+            return;
+        }
+        self.last_state = Some(state);
+        let mut st = self.shared.lock();
+        st.state = state;
+        st.remote_terminate = self.conn.qp().remote_terminate();
+        st.sent_terminate = self.conn.qp().local_terminate();
+        st.finished |= finished;
+    }
+
+    /// The connection is over: the queue pair flushed, completions out, status final.
+    fn finish(&mut self, why: &str) {
+        self.conn
+            .qp_mut()
+            .on_transport_error(TerminateCause::ConnectionLost);
+        self.deliver_completions();
+        if !self.closing {
+            self.set_error(why.to_owned());
+        }
+        self.fail_waiter(DatapathError::Disconnected);
+        self.publish(true);
+    }
+}
+
+/// The engine thread's connection state (what the driver's callbacks reach).
+struct State {
+    slots: HashMap<ConnId, Slot>,
+    /// Data passed up for a passive connection before the driver handed it over (the ACK that
+    /// completes the handshake may carry the MPA Request); replayed in `on_accept`.
+    early: HashMap<ConnId, Vec<(u32, u64, Vec<u8>)>>,
+    listeners: HashMap<u16, (ConnectParams, Sender<RequestMsg>)>,
+    /// An empty table for connections whose PD is not known yet (MPA startup places nothing).
+    scratch: MemoryTable<RegionMemory>,
+    ended: ConnCounters,
+    established: u64,
+    ended_conns: u64,
+    epoch: StdInstant,
+    progress: bool,
+    wake: Arc<Wake>,
+    cfg: XdpEngineConfig,
+}
+
+impl State {
+    fn now(&self) -> Instant {
+        let nanos = self.epoch.elapsed().as_nanos();
+        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    fn conn_config(&self, params: &ConnectParams, pd: PdId) -> ConnConfig {
+        ConnConfig {
+            mpa: params.mpa.clone(),
+            qp: QpConfig {
+                pd,
+                sq_depth: params.sq_depth,
+                rq_depth: params.rq_depth,
+                ..QpConfig::default()
+            },
+            reassembly_capacity: self.cfg.reassembly_capacity,
+            max_placed_fpdus: self.cfg.max_placed_fpdus,
+            tx_ahead: self.cfg.tx_ahead,
+        }
+    }
+}
+
+/// The driver's view of the engine for one turn: the state plus the locked PD tables.
+struct App<'a, 'g> {
+    st: &'a mut State,
+    mem: &'a mut [MutexGuard<'g, MemoryTable<RegionMemory>>],
+}
+
+fn table_of<'t>(
+    table: Option<usize>,
+    mem: &'t mut [MutexGuard<'_, MemoryTable<RegionMemory>>],
+    scratch: &'t mut MemoryTable<RegionMemory>,
+) -> &'t mut MemoryTable<RegionMemory> {
+    match table.and_then(|i| mem.get_mut(i)) {
+        Some(g) => g,
+        None => scratch,
+    }
+}
+
+impl TcpApp for App<'_, '_> {
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+        let State {
+            slots,
+            early,
+            scratch,
+            ..
+        } = &mut *self.st;
+        match slots.get_mut(&id) {
+            Some(slot) => {
+                let mem = table_of(slot.table, self.mem, scratch);
+                slot.conn.on_data(data, mem);
+            }
+            None => early.entry(id).or_default().push((
+                data.seq,
+                data.stream_offset,
+                data.data.to_vec(),
+            )),
+        }
+        self.st.progress = true;
+    }
+
+    fn on_accept(&mut self, id: ConnId, tcp: &mut TcpConnection) {
+        let tuple = tcp.four_tuple();
+        let early = self.st.early.remove(&id);
+        let Some((params, _)) = self.st.listeners.get(&tuple.local_port) else {
+            tcp.close();
+            return;
+        };
+        // The PD is the one given to `accept`; until then the queue pair has a placeholder
+        // (no PD has number 0) and is replaced before Full Operation.
+        let cfg = self.st.conn_config(params, PdId(0));
+        let now = self.st.now();
+        let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
+            Ok(c) => c,
+            Err(_) => {
+                tcp.close();
+                return;
+            }
+        };
+        let mut slot = Slot::new(conn, None, tuple);
+        for (seq, stream_offset, bytes) in early.into_iter().flatten() {
+            let data = PassedUp {
+                seq,
+                stream_offset,
+                data: &bytes,
+            };
+            slot.conn.on_data(data, &mut self.st.scratch);
+        }
+        self.st.slots.insert(id, slot);
+        self.st.progress = true;
+    }
+
+    fn on_event(&mut self, id: ConnId, _tcp: &mut TcpConnection, event: TcpEvent) {
+        if let Some(slot) = self.st.slots.get_mut(&id) {
+            slot.conn.on_tcp_event(event);
+            self.st.progress = true;
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, tcp: &mut TcpConnection, now: Instant) {
+        let State {
+            slots,
+            listeners,
+            scratch,
+            established,
+            progress,
+            wake,
+            ..
+        } = &mut *self.st;
+        let Some(slot) = slots.get_mut(&id) else {
+            return;
+        };
+        let mem = table_of(slot.table, self.mem, scratch);
+        // Work requests from the application.
+        if let Some(rx) = &slot.cmds {
+            let mut close = false;
+            for _ in 0..CMD_BUDGET {
+                let cmd = match rx.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => Cmd::Close,
+                };
+                *progress = true;
+                match cmd {
+                    Cmd::Send(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
+                        if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
+                            slot.complete_local_error(wr_id, opcode, &e);
+                        }
+                    }
+                    Cmd::Recv(wr) => {
+                        let wr_id = wr.wr_id;
+                        if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
+                            slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                        }
+                    }
+                    Cmd::Close => {
+                        close = true;
+                        break;
+                    }
+                }
+            }
+            if close {
+                slot.cmds = None;
+                if !slot.closing {
+                    slot.closing = true;
+                    slot.conn.close();
+                }
+            }
+        }
+        slot.conn.poll(tcp, mem, now);
+        while let Some(ev) = slot.conn.poll_event() {
+            *progress = true;
+            match ev {
+                ConnEvent::Request(info) => {
+                    let msg = RequestMsg {
+                        id,
+                        info,
+                        peer: slot.peer,
+                    };
+                    let delivered = listeners
+                        .get(&slot.local_port)
+                        .is_some_and(|(_, tx)| tx.send(msg).is_ok());
+                    if !delivered {
+                        // Nobody listens any more.
+                        let _ = slot.conn.reject(&[]);
+                    }
+                }
+                ConnEvent::Established { private_data } => {
+                    *established += 1;
+                    let Some(negotiated) = slot.conn.negotiated().cloned() else {
+                        continue;
+                    };
+                    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+                    slot.cmds = Some(cmd_rx);
+                    let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
+                        .min(usize::from(u16::MAX));
+                    let parts = QpParts {
+                        num: slot.num,
+                        cmds: cmd_tx,
+                        waker: Notifier::Xdp(wake.clone()),
+                        shared: slot.shared.clone(),
+                        negotiated,
+                        mulpdu,
+                        peer: slot.peer,
+                    };
+                    let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
+                        Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),
+                        Waiter::Accept(tx) => tx.send(Ok(parts)).is_ok(),
+                        Waiter::None => false,
+                    };
+                    if !taken {
+                        // The application gave up waiting: nobody will use this connection.
+                        slot.cmds = None;
+                        slot.closing = true;
+                        slot.conn.close();
+                    }
+                }
+                ConnEvent::Rejected { private_data } => {
+                    slot.closing = true;
+                    slot.fail_waiter(DatapathError::Rejected { private_data });
+                }
+                ConnEvent::StartupFailed(e) => {
+                    slot.set_error(format!("MPA startup: {e}"));
+                    slot.fail_waiter(DatapathError::Mpa(e));
+                }
+                ConnEvent::MpaFailed(e) => slot.set_error(format!("MPA: {e}")),
+                ConnEvent::TransportClosed => {
+                    if !slot.closing {
+                        slot.set_error("connection closed by peer".into());
+                    }
+                    slot.fail_waiter(DatapathError::Disconnected);
+                }
+            }
+        }
+        *progress |= slot.deliver_completions();
+        let done = (slot.closing || slot.conn.qp().state() == QpState::Error)
+            && matches!(
+                tcp.state(),
+                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+            );
+        slot.publish(done);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.st
+            .slots
+            .values()
+            .filter_map(|s| s.conn.poll_timeout())
+            .min()
+    }
+
+    fn on_closed(&mut self, id: ConnId, _tcp: TcpConnection) {
+        self.st.early.remove(&id);
+        if let Some(mut slot) = self.st.slots.remove(&id) {
+            slot.finish("connection closed");
+            add_counters(&mut self.st.ended, &slot.conn.counters());
+            self.st.ended_conns += 1;
+            self.st.progress = true;
+        }
+    }
+}
+
+struct Engine {
+    st: State,
+    /// The registration tables of the PDs the engine's connections use.
+    tables: Vec<SharedTable>,
+    cmds: Receiver<EngineCmd>,
+    wake_rx: UnixDatagram,
+    counters: Arc<Mutex<EngineCounters>>,
+    cfg: XdpEngineConfig,
+}
+
+impl Engine {
+    fn run(mut self, mut xdp: XdpTcp) {
+        let mut idle = 0u32;
+        let mut last_publish = StdInstant::now();
+        let mut stopping: Option<StdInstant> = None;
+        let mut error = None;
+        loop {
+            let mut work = false;
+            if stopping.is_none() {
+                match self.commands(&mut xdp) {
+                    Ok(w) => work |= w,
+                    Err(()) => {
+                        stopping = Some(StdInstant::now());
+                        for slot in self.st.slots.values_mut() {
+                            slot.closing = true;
+                            slot.conn.close();
+                        }
+                        self.st.listeners.clear();
+                    }
+                }
+            }
+            {
+                let mut guards: Vec<_> = self.tables.iter().map(lock_table).collect();
+                let mut app = App {
+                    st: &mut self.st,
+                    mem: &mut guards,
+                };
+                match xdp.poll(&mut app) {
+                    Ok(w) => work |= w,
+                    Err(e) => {
+                        error = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            work |= std::mem::take(&mut self.st.progress);
+            self.drain_wake();
+            if last_publish.elapsed() >= COUNTERS_EVERY {
+                last_publish = StdInstant::now();
+                self.publish(&xdp, None);
+            }
+            if let Some(since) = stopping {
+                if self.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
+                    break;
+                }
+            }
+            if work {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle >= self.cfg.driver.idle_spins {
+                let app = App {
+                    st: &mut self.st,
+                    mem: &mut [],
+                };
+                let max = self.cfg.driver.max_wait;
+                if let Err(e) = xdp.wait(&app, max) {
+                    error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        for (_, mut slot) in self.st.slots.drain() {
+            slot.finish("the AF_XDP engine stopped");
+            add_counters(&mut self.st.ended, &slot.conn.counters());
+        }
+        self.publish(&xdp, error);
+    }
+
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 64];
+        while self.wake_rx.recv(&mut buf).is_ok() {}
+    }
+
+    fn publish(&self, xdp: &XdpTcp, error: Option<String>) {
+        let mut conns = self.st.ended;
+        for slot in self.st.slots.values() {
+            add_counters(&mut conns, &slot.conn.counters());
+        }
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        c.driver = xdp.stats();
+        c.conns = conns;
+        c.established = self.st.established;
+        c.ended = self.st.ended_conns;
+        if error.is_some() {
+            c.error = error;
+        }
+    }
+
+    /// The index of `pd`'s table, adding it on first use.
+    fn table_index(&mut self, pd: &ProtectionDomain) -> usize {
+        if let Some(i) = self.tables.iter().position(|t| Arc::ptr_eq(t, &pd.table)) {
+            return i;
+        }
+        self.tables.push(pd.table.clone());
+        self.tables.len() - 1
+    }
+
+    /// Engine commands; `Err` on shutdown.
+    fn commands(&mut self, xdp: &mut XdpTcp) -> Result<bool, ()> {
+        let mut any = false;
+        loop {
+            let cmd = match self.cmds.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty) => return Ok(any),
+                Err(TryRecvError::Disconnected) => return Err(()),
+            };
+            any = true;
+            match cmd {
+                EngineCmd::Shutdown => return Err(()),
+                EngineCmd::Listen {
+                    port,
+                    params,
+                    reply,
+                } => {
+                    let mut tcp = self.cfg.tcp.clone();
+                    tcp.tx_mode = tcp_engine::TxMode::Records;
+                    tcp.rx_mode = tcp_engine::RxMode::PassUp;
+                    let res = xdp.listen(port, self.cfg.backlog, tcp).map(|()| {
+                        let (tx, rx) = crossbeam_channel::unbounded();
+                        self.st.listeners.insert(port, (params, tx));
+                        rx
+                    });
+                    let _ = reply.send(res.map_err(DatapathError::from));
+                }
+                EngineCmd::Connect {
+                    addr,
+                    pd,
+                    cq,
+                    params,
+                    private_data,
+                    reply,
+                } => {
+                    let res = self.connect(xdp, addr, &pd, &params, &private_data);
+                    match res {
+                        Ok(id) => {
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                slot.cq = Some(cq);
+                                slot.waiter = Waiter::Connect(reply);
+                            }
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+                EngineCmd::Accept {
+                    id,
+                    pd,
+                    cq,
+                    private_data,
+                    recvs,
+                    params,
+                    reply,
+                } => {
+                    let table = self.table_index(&pd);
+                    match self.accept(id, &pd, table, &private_data, recvs, &params) {
+                        Ok(()) => {
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                slot.cq = Some(cq);
+                                slot.waiter = Waiter::Accept(reply);
+                            }
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+                EngineCmd::Reject {
+                    id,
+                    private_data,
+                    reply,
+                } => {
+                    let res = match self.st.slots.get_mut(&id) {
+                        Some(slot) => {
+                            slot.closing = true;
+                            slot.conn.reject(&private_data).map_err(|e| match e {
+                                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+                                crate::engine::ConnError::InvalidState(s) => {
+                                    DatapathError::InvalidArgument(s)
+                                }
+                            })
+                        }
+                        None => Err(DatapathError::Disconnected),
+                    };
+                    let _ = reply.send(res);
+                }
+            }
+        }
+    }
+
+    fn connect(
+        &mut self,
+        xdp: &mut XdpTcp,
+        addr: SocketAddrV4,
+        pd: &ProtectionDomain,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<ConnId, DatapathError> {
+        let table = self.table_index(pd);
+        let cfg = self.st.conn_config(params, pd.id);
+        let conn =
+            IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now()).map_err(|e| {
+                match e {
+                    crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+                    crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
+                }
+            })?;
+        let mut tcp = self.cfg.tcp.clone();
+        tcp.tx_mode = tcp_engine::TxMode::Records;
+        tcp.rx_mode = tcp_engine::RxMode::PassUp;
+        let id = xdp.connect(addr, tcp)?;
+        let tuple = xdp
+            .connection(id)
+            .map(|c| c.four_tuple())
+            .ok_or(DatapathError::Disconnected)?;
+        self.st
+            .slots
+            .insert(id, Slot::new(conn, Some(table), tuple));
+        Ok(id)
+    }
+
+    fn accept(
+        &mut self,
+        id: ConnId,
+        pd: &ProtectionDomain,
+        table: usize,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let cfg = self.st.conn_config(params, pd.id);
+        let slot = self
+            .st
+            .slots
+            .get_mut(&id)
+            .ok_or(DatapathError::Disconnected)?;
+        if slot.conn.is_established() {
+            return Err(DatapathError::InvalidArgument("already accepted"));
+        }
+        // Before Full Operation the queue pair is a fresh one with a placeholder PD: replace it
+        // with one of the application's PD.
+        *slot.conn.qp_mut() = rdmap::QueuePair::new(cfg.qp);
+        {
+            let mem = lock_table(&pd.table);
+            for wr in recvs {
+                slot.conn
+                    .qp_mut()
+                    .post_recv(wr, &mem)
+                    .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
+            }
+        }
+        slot.conn.accept(private_data).map_err(|e| match e {
+            crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+            crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
+        })?;
+        slot.table = Some(table);
+        Ok(())
+    }
+}

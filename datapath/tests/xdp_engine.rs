@@ -1,0 +1,388 @@
+//! The AF_XDP iWARP engine (`datapath::engine::xdp::XdpEngine`) on the veth test bed
+//! (`scripts/netns.sh`), through the same application API as the socket transport.
+//!
+//! * engine (iwa) <-> engine (iwb): our TCP on both ends;
+//! * engine (iwa, server) <-> socket transport (iwb, client, kernel TCP);
+//! * socket transport (iwb, server) <-> engine (iwa, client).
+//!
+//! Each case connects with private data both ways, then for 1 B, 4 KiB and 1 MiB does an RDMA
+//! Write, an RDMA Read and a Send from the client; the server checks the written bytes and the
+//! received Send, the client checks the Read data. The engines' counters are printed and must
+//! show FPDUs both ways.
+//!
+//! Needs root. Without root (or without the bed) each test prints `SKIPPED: <why>` and passes,
+//! except under `CI=true`, where it fails with the reason. Tests serialise with every other
+//! test-bed user on `/run/lock/iwarp-netns.lock`, bring the bed up fresh and take it down.
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::xsk::enter_netns;
+use datapath::{
+    Access, CompletionQueue, ConnectParams, Listener, MemoryRegion, ProtectionDomain, RecvWr,
+    SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+
+const NS_A: &str = "iwa";
+const NS_B: &str = "iwb";
+const DEV_A: &str = "iwa0";
+const DEV_B: &str = "iwb0";
+const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+fn run_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The test bed, up while this lives (down again on drop, also while unwinding).
+struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    fn up() -> Result<Bed, String> {
+        if !is_root() {
+            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+macro_rules! bed_or_skip {
+    () => {
+        match Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// Runs `f` on a new thread inside namespace `ns`.
+fn in_ns<T: Send + 'static>(
+    ns: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::spawn(move || {
+        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
+        f()
+    })
+}
+
+const SIZES: [usize; 3] = [1, 4096, 1 << 20];
+/// Where size `i`'s data goes in the server's regions (disjoint, so nothing is overwritten).
+const OFFSETS: [usize; 3] = [0, 4096, 8192];
+const REGION: usize = 8192 + (1 << 20);
+const WAIT: Duration = Duration::from_secs(30);
+const PORT: u16 = 19_515;
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            let x = (i as u64 ^ (seed as u64).rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+fn bytes(mr: &MemoryRegion, off: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mr.read(off, &mut v);
+    v
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Engine(&'static str),
+    Socket,
+}
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    }
+}
+
+/// Stops the engine (which publishes its final counters), prints and checks them.
+fn print_counters(who: &str, engine: Option<XdpEngine>) -> Result<(), String> {
+    let Some(mut engine) = engine else {
+        return Ok(());
+    };
+    engine.stop();
+    let c = engine.counters();
+    println!("{who} engine counters: {c:#?}");
+    if c.conns.fpdus_tx == 0 || c.conns.fpdus_rx == 0 || c.established == 0 {
+        return Err(format!("{who}: engine counters show no traffic: {c:?}"));
+    }
+    Ok(())
+}
+
+/// The server: accepts (checking the client's private data), then checks each Write and Send.
+fn server(kind: Kind, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
+    let engine = match kind {
+        Kind::Engine(dev) => Some(
+            XdpEngine::start(dev, XdpEngineConfig::default())
+                .map_err(|e| format!("server engine: {e}"))?,
+        ),
+        Kind::Socket => None,
+    };
+    let listener = match &engine {
+        Some(e) => e.listen(PORT, params()),
+        None => Listener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)), params()),
+    }
+    .map_err(|e| format!("listen: {e}"))?;
+    let _ = ready.send(());
+    let req = listener
+        .accept_timeout(WAIT)
+        .map_err(|e| format!("accept: {e}"))?
+        .ok_or("no connection request in time")?;
+    if req.private_data() != b"hello from the client" {
+        return Err(format!("request private data {:?}", req.private_data()));
+    }
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let wbuf = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    let rbuf = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    let recv = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    for (i, &size) in SIZES.iter().enumerate() {
+        rbuf.write(OFFSETS[i], &pattern(1000 + size, size));
+    }
+    let recvs = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| RecvWr {
+            wr_id: i as u64,
+            sge: Some(recv.sge(OFFSETS[i], size as u32)),
+        })
+        .collect();
+    // The client learns our regions from the reply's private data.
+    let mut welcome = Vec::new();
+    for mr in [&wbuf, &rbuf] {
+        welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
+        welcome.extend_from_slice(&mr.base_to().to_be_bytes());
+    }
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &welcome, recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    let mut qp = conn.qp;
+    for (i, &size) in SIZES.iter().enumerate() {
+        let c = cq
+            .wait(WAIT)
+            .ok_or_else(|| format!("no receive completion for size {size}: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success
+            || c.wc.opcode != WcOpcode::Recv
+            || c.wc.wr_id != i as u64
+            || c.wc.byte_len as usize != size
+        {
+            return Err(format!("size {size}: unexpected completion {c:?}"));
+        }
+        if bytes(&recv, OFFSETS[i], size) != pattern(2000 + size, size) {
+            return Err(format!("size {size}: Send data differs"));
+        }
+        // The Send followed the Write on the same stream, so the Write is placed.
+        if bytes(&wbuf, OFFSETS[i], size) != pattern(3000 + size, size) {
+            return Err(format!("size {size}: Write data differs"));
+        }
+    }
+    // The client disconnects once it has its own completions.
+    if !qp.wait_finished(WAIT) {
+        return Err(format!(
+            "connection not closed by the client: {:?}",
+            qp.status()
+        ));
+    }
+    qp.disconnect();
+    print_counters("server", engine)
+}
+
+fn client(kind: Kind, server: Ipv4Addr) -> Result<(), String> {
+    let engine = match kind {
+        Kind::Engine(dev) => Some(
+            XdpEngine::start(dev, XdpEngineConfig::default())
+                .map_err(|e| format!("client engine: {e}"))?,
+        ),
+        Kind::Socket => None,
+    };
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let src = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    let dst = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    let send_src = pd.register(REGION, all).map_err(|e| e.to_string())?;
+    let addr = SocketAddr::from((server, PORT));
+    let hello = b"hello from the client";
+    let conn = match &engine {
+        Some(e) => e.connect(addr, &pd, &cq, &params(), hello),
+        None => datapath::connect(addr, &pd, &cq, &params(), hello),
+    }
+    .map_err(|e| format!("connect: {e}"))?;
+    let w = &conn.private_data;
+    if w.len() != 24 {
+        return Err(format!("reply private data of {} bytes", w.len()));
+    }
+    let stag = |o: usize| datapath::Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
+    let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
+    let (wstag, wto, rstag, rto) = (stag(0), to(0), stag(12), to(12));
+    let mut qp = conn.qp;
+    for (i, &size) in SIZES.iter().enumerate() {
+        let off = OFFSETS[i];
+        src.write(off, &pattern(3000 + size, size));
+        send_src.write(off, &pattern(2000 + size, size));
+        let post = |wr_id: u64, op: SendOp, local: Sge| {
+            qp.post_send(SendWr {
+                wr_id,
+                op,
+                local: Some(local),
+            })
+            .map_err(|e| format!("post: {e}"))
+        };
+        post(
+            1,
+            SendOp::Write {
+                remote_stag: wstag,
+                remote_to: wto + off as u64,
+            },
+            src.sge(off, size as u32),
+        )?;
+        post(
+            2,
+            SendOp::Read {
+                remote_stag: rstag,
+                remote_to: rto + off as u64,
+            },
+            dst.sge(off, size as u32),
+        )?;
+        post(
+            3,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            send_src.sge(off, size as u32),
+        )?;
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let c = cq.wait(WAIT).ok_or_else(|| {
+                format!(
+                    "size {size}: completions so far {seen:?}; {:?}",
+                    qp.status()
+                )
+            })?;
+            if c.wc.status != WcStatus::Success {
+                return Err(format!("size {size}: {c:?}; {:?}", qp.status()));
+            }
+            seen.push(c.wc.wr_id);
+        }
+        if bytes(&dst, off, size) != pattern(1000 + size, size) {
+            return Err(format!("size {size}: Read data differs"));
+        }
+    }
+    qp.disconnect();
+    if !qp.status().finished {
+        return Err(format!("disconnect did not finish: {:?}", qp.status()));
+    }
+    print_counters("client", engine)
+}
+
+/// Server in `iwa`, client in `iwb`.
+fn case(server_kind: Kind, client_kind: Kind, server_in_a: bool) {
+    let _bed = bed_or_skip!();
+    let t = Instant::now();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (sns, cns, saddr) = if server_in_a {
+        (NS_A, NS_B, ADDR_A)
+    } else {
+        (NS_B, NS_A, ADDR_B)
+    };
+    let srv = in_ns(sns, move || server(server_kind, ready_tx));
+    if ready_rx.recv_timeout(WAIT).is_err() {
+        let r = srv.join();
+        panic!("server did not start: {r:?}");
+    }
+    let cli = in_ns(cns, move || client(client_kind, saddr));
+    let c = cli.join().expect("client thread");
+    let s = srv.join().expect("server thread");
+    println!(
+        "{server_kind:?} server, {client_kind:?} client: {:?}",
+        t.elapsed()
+    );
+    c.unwrap_or_else(|e| panic!("client: {e}"));
+    s.unwrap_or_else(|e| panic!("server: {e}"));
+}
+
+#[test]
+fn engine_to_engine_write_read_send() {
+    case(Kind::Engine(DEV_A), Kind::Engine(DEV_B), true);
+}
+
+#[test]
+fn engine_server_socket_client() {
+    case(Kind::Engine(DEV_A), Kind::Socket, true);
+}
+
+#[test]
+fn socket_server_engine_client() {
+    case(Kind::Socket, Kind::Engine(DEV_A), false);
+}
