@@ -27,9 +27,13 @@ pub struct Cli {
     pub test: TestKind,
     /// Server address (IP or host name). Without it, run as the server.
     pub server: Option<String>,
-    /// Transport: `socket` runs MPA over a kernel TCP socket.
+    /// Transport: `socket` runs MPA over a kernel TCP socket; `xdp` runs it over our own TCP
+    /// on AF_XDP (the poll-mode engine; needs root and `--iface`).
     #[arg(long, value_enum, default_value_t = Transport::Socket)]
     pub transport: Transport,
+    /// Interface for `--transport xdp` (its first IPv4 address is ours).
+    #[arg(long)]
+    pub iface: Option<String>,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,
@@ -119,6 +123,18 @@ impl TestKind {
 pub enum Transport {
     /// Kernel TCP socket.
     Socket,
+    /// Our TCP over AF_XDP (`datapath::engine::XdpEngine`).
+    Xdp,
+}
+
+impl Transport {
+    /// Name as typed on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Socket => "socket",
+            Self::Xdp => "xdp",
+        }
+    }
 }
 
 /// A boolean option spelled on/off.
@@ -176,6 +192,9 @@ impl Cli {
             if !(d > 0.0 && d <= 3600.0) {
                 return Err("--duration must be between 0 and 3600 seconds".into());
             }
+        }
+        if self.transport == Transport::Xdp && self.iface.is_none() {
+            return Err("--transport xdp needs --iface".into());
         }
         if self.tx_depth == 0 || self.tx_depth > 1024 {
             return Err("--tx-depth must be between 1 and 1024".into());

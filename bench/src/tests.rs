@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
     connect, Access, Completion, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
     ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
@@ -19,7 +20,7 @@ use serde_json::json;
 use crate::pattern;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
-use crate::{Cli, TestKind};
+use crate::{Cli, TestKind, Transport};
 
 /// How long a test may go without any progress before it gives up.
 const STALL: Duration = Duration::from_secs(30);
@@ -239,7 +240,7 @@ fn describe(cli: &Cli, side: &Side) -> String {
     format!(
         "{} over the {} transport: MPA rev {}, CRC {}, markers rx {} tx {}, MULPDU {}",
         cli.test.name(),
-        "socket",
+        cli.transport.name(),
         n.rev,
         if n.crc { "on" } else { "off" },
         if n.markers_rx { "on" } else { "off" },
@@ -252,11 +253,75 @@ fn describe(cli: &Cli, side: &Side) -> String {
 // Server
 
 /// Runs the server side of one test session, then returns.
+/// The AF_XDP engine when `--transport xdp` (it must outlive the queue pair).
+fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
+    if cli.transport != Transport::Xdp {
+        return Ok(None);
+    }
+    let iface = cli
+        .iface
+        .as_deref()
+        .ok_or("--transport xdp needs --iface")?;
+    XdpEngine::start(iface, XdpEngineConfig::default())
+        .map(Some)
+        .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
+}
+
+/// Stops the engine and prints its counters (on stderr, or in the JSON line's place).
+fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
+    let Some(mut engine) = engine else { return };
+    engine.stop();
+    let c = engine.counters();
+    if cli.json {
+        return;
+    }
+    let d = &c.driver;
+    let k = &c.conns;
+    eprintln!(
+        "iwarp-bench: engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
+         segments {} (out of order {}), placed in order {} B, out of order {} B \
+         ({} FPDUs), held peak {} B, retransmitted segments {}, CRC errors {}, \
+         terminates sent {} received {}, connections {}{}",
+        d.rx_frames,
+        d.tx_packets,
+        k.fpdus_rx,
+        k.fpdus_tx,
+        k.segments,
+        k.segments_out_of_order,
+        k.bytes_placed_in_order,
+        k.bytes_placed_out_of_order,
+        k.fpdus_placed_out_of_order,
+        k.held_peak,
+        k.retransmissions,
+        k.crc_errors,
+        k.terminates_sent,
+        k.terminates_received,
+        c.established,
+        c.error
+            .map(|e| format!(", stopped by: {e}"))
+            .unwrap_or_default()
+    );
+}
+
 pub fn run_server(cli: &Cli) -> Result<(), String> {
-    let bind: SocketAddr = format!("{}:{}", cli.bind, cli.port)
-        .parse()
-        .map_err(|e| format!("bad --bind address: {e}"))?;
-    let listener = Listener::bind(bind, connect_params(cli)).map_err(|e| e.to_string())?;
+    let engine = start_engine(cli)?;
+    let result = serve_session(cli, engine.as_ref());
+    engine_report(cli, engine);
+    result
+}
+
+fn serve_session(cli: &Cli, engine: Option<&XdpEngine>) -> Result<(), String> {
+    let bind: SocketAddr = match engine {
+        Some(e) => SocketAddr::from((e.local_ip(), cli.port)),
+        None => format!("{}:{}", cli.bind, cli.port)
+            .parse()
+            .map_err(|e| format!("bad --bind address: {e}"))?,
+    };
+    let listener = match engine {
+        Some(e) => e.listen(cli.port, connect_params(cli)),
+        None => Listener::bind(bind, connect_params(cli)),
+    }
+    .map_err(|e| e.to_string())?;
     if !cli.json {
         eprintln!(
             "iwarp-bench: {} server listening on {bind}",
@@ -568,6 +633,13 @@ impl Side {
 
 /// Runs the client side: connects, runs every size, prints the results.
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
+    let engine = start_engine(cli)?;
+    let result = client_session(cli, addr, engine.as_ref());
+    engine_report(cli, engine);
+    result
+}
+
+fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Result<(), String> {
     let duration = cli.duration.map(Duration::from_secs_f64);
     let hello = Hello {
         test: cli.test,
@@ -588,8 +660,12 @@ pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
         to: data.base_to(),
         len: data.len() as u64,
     };
-    let conn = connect(addr, &pd, &cq, &connect_params(cli), &hello.encode(mine))
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    let private = hello.encode(mine);
+    let conn = match engine {
+        Some(e) => e.connect(addr, &pd, &cq, &connect_params(cli), &private),
+        None => connect(addr, &pd, &cq, &connect_params(cli), &private),
+    }
+    .map_err(|e| format!("connect to {addr}: {e}"))?;
     let remote = proto::decode_welcome(&conn.private_data)
         .ok_or("server sent a malformed welcome in its private data")?;
     if remote.len < hello.buffer_len() {
@@ -659,7 +735,7 @@ pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
             json!({
                 "role": "client",
                 "test": cli.test.name(),
-                "transport": "socket",
+                "transport": cli.transport.name(),
                 "mpa_rev": n.rev,
                 "crc": n.crc,
                 "markers_rx": n.markers_rx,
