@@ -8,88 +8,13 @@
 
 mod common;
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{bin, is_root, wait_with_timeout};
-
-const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
-}
-
-fn run_script(arg: &str) -> Result<(), String> {
-    let out = Command::new(script())
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/netns.sh {arg} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// The test bed, up while this lives (down again on drop, also while unwinding).
-struct Bed {
-    _lock: File,
-}
-
-impl Bed {
-    fn up() -> Result<Bed, String> {
-        if !is_root() {
-            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
-        run_script("down")?;
-        let bed = Bed { _lock: lock };
-        run_script("up")?;
-        Ok(bed)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = run_script("down") {
-            eprintln!("warning: {e}");
-        }
-    }
-}
-
-macro_rules! bed_or_skip {
-    () => {
-        match Bed::up() {
-            Ok(bed) => bed,
-            Err(why) => {
-                if ci() {
-                    panic!("test bed unavailable (CI=true, so this fails): {why}");
-                }
-                println!("SKIPPED: {why}");
-                return;
-            }
-        }
-    };
-}
+use common::{bin, wait_with_timeout};
+use testbed::*;
 
 /// `iwarp-bench raw <args>` inside namespace `ns`.
 fn raw_in(ns: &str, args: &[&str]) -> Command {

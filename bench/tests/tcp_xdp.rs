@@ -11,20 +11,16 @@
 
 mod common;
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{bin, is_root, wait_with_timeout};
+use common::{bin, wait_with_timeout};
 use sha2::{Digest, Sha256};
+use testbed::*;
 
-const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
-const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
-const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 /// Bytes moved each way.
 const BYTES: u64 = 256 << 20;
 /// No progress for this long fails the test.
@@ -32,79 +28,6 @@ const STALL: Duration = Duration::from_secs(60);
 /// Upper bound on one whole transfer (256 MiB at a few Mbit/s would still pass the stall
 /// check; this catches a crawl).
 const WHOLE: Duration = Duration::from_secs(300);
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
-}
-
-fn run_script(arg: &str) -> Result<(), String> {
-    let out = Command::new(script())
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/netns.sh {arg} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// The test bed, up while this lives (down again on drop, also while unwinding).
-struct Bed {
-    _lock: File,
-}
-
-impl Bed {
-    fn up() -> Result<Bed, String> {
-        if !is_root() {
-            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
-        run_script("down")?;
-        let bed = Bed { _lock: lock };
-        run_script("up")?;
-        kernel_tcp_options_on("iwb")?;
-        Ok(bed)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = run_script("down") {
-            eprintln!("warning: {e}");
-        }
-    }
-}
-
-macro_rules! bed_or_skip {
-    () => {
-        match Bed::up() {
-            Ok(bed) => bed,
-            Err(why) => {
-                if ci() {
-                    panic!("test bed unavailable (CI=true, so this fails): {why}");
-                }
-                println!("SKIPPED: {why}");
-                return;
-            }
-        }
-    };
-}
 
 /// Timestamps, SACK and window scaling on for the kernel TCP of namespace `ns`, checked.
 fn kernel_tcp_options_on(ns: &str) -> Result<(), String> {
@@ -249,6 +172,7 @@ fn assert_options(report: &serde_json::Value, what: &str) {
 #[test]
 fn kernel_client_sends_256_mib_to_xdp_tcp_sink() {
     let _bed = bed_or_skip!();
+    kernel_tcp_options_on(NS_B).expect("kernel TCP options in iwb");
     const PORT: u16 = 18710;
     let port = PORT.to_string();
     let mut sink = Tool::start(bench_in(
@@ -321,6 +245,7 @@ fn kernel_client_sends_256_mib_to_xdp_tcp_sink() {
 #[test]
 fn xdp_tcp_source_sends_256_mib_to_kernel_server() {
     let _bed = bed_or_skip!();
+    kernel_tcp_options_on(NS_B).expect("kernel TCP options in iwb");
     const PORT: u16 = 18711;
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = std::thread::spawn(move || -> Result<(u64, String), String> {
@@ -416,6 +341,7 @@ fn xdp_tcp_source_sends_256_mib_to_kernel_server() {
 #[test]
 fn tcp_tools_fail_clearly() {
     let _bed = bed_or_skip!();
+    kernel_tcp_options_on(NS_B).expect("kernel TCP options in iwb");
     let out = bench_in(
         "iwa",
         &[

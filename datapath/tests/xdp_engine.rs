@@ -14,10 +14,7 @@
 //! except under `CI=true`, where it fails with the reason. Tests serialise with every other
 //! test-bed user on `/run/lock/iwarp-netns.lock`, bring the bed up fresh and take it down.
 
-use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
@@ -26,97 +23,7 @@ use datapath::{
     Access, CompletionQueue, ConnectParams, Listener, MemoryRegion, ProtectionDomain, RecvWr,
     SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
-
-const NS_A: &str = "iwa";
-const NS_B: &str = "iwb";
-const DEV_A: &str = "iwa0";
-const DEV_B: &str = "iwb0";
-const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
-const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
-const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
-}
-
-fn run_script(arg: &str) -> Result<(), String> {
-    let out = Command::new(script())
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running {} {arg}: {e}", script().display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/netns.sh {arg} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
-/// The test bed, up while this lives (down again on drop, also while unwinding).
-struct Bed {
-    _lock: File,
-}
-
-impl Bed {
-    fn up() -> Result<Bed, String> {
-        if !is_root() {
-            return Err("not root: the test bed (namespaces, veth, XDP, AF_XDP) needs root".into());
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
-        run_script("down")?;
-        let bed = Bed { _lock: lock };
-        run_script("up")?;
-        Ok(bed)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = run_script("down") {
-            eprintln!("warning: {e}");
-        }
-    }
-}
-
-macro_rules! bed_or_skip {
-    () => {
-        match Bed::up() {
-            Ok(bed) => bed,
-            Err(why) => {
-                if ci() {
-                    panic!("test bed unavailable (CI=true, so this fails): {why}");
-                }
-                println!("SKIPPED: {why}");
-                return;
-            }
-        }
-    };
-}
+use testbed::*;
 
 /// Runs `f` on a new thread inside namespace `ns`.
 fn in_ns<T: Send + 'static>(

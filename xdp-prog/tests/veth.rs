@@ -6,6 +6,7 @@
 //! Tests serialise on a file lock, bring the bed up fresh and always take it down.
 
 mod common;
+use common::bed_or_skip;
 
 use std::{
     io,

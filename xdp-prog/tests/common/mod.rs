@@ -10,103 +10,10 @@ use std::{
     io,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     os::fd::AsRawFd,
-    path::PathBuf,
     process::Command,
     time::Duration,
 };
-
-pub const NS_A: &str = "iwa";
-pub const NS_B: &str = "iwb";
-pub const DEV_A: &str = "iwa0";
-pub const DEV_B: &str = "iwb0";
-pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
-pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
-/// RX queues of the veth ends (scripts/netns.sh).
-pub const QUEUES: u32 = 4;
-
-/// Lock serialising every user of the `iwa`/`iwb` test bed on this machine (across test
-/// threads and test processes: flock locks belong to the open file description).
-pub const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
-
-/// True under CI, where an unusable test bed is a failure rather than a skip.
-pub fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Gets the test bed or returns from the test: SKIPPED outside CI, a failure under CI=true.
-#[macro_export]
-macro_rules! bed_or_skip {
-    () => {
-        match $crate::common::Bed::up() {
-            Ok(bed) => bed,
-            Err(why) => {
-                if $crate::common::ci() {
-                    panic!("test bed unavailable (CI=true, so this fails): {why}");
-                }
-                println!("SKIPPED: {why}");
-                return;
-            }
-        }
-    };
-}
-
-fn netns_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
-}
-
-fn run_script(arg: &str) -> Result<(), String> {
-    let out = Command::new(netns_script())
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running {} {arg}: {e}", netns_script().display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/netns.sh {arg} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// The test bed, up for as long as this lives; dropping it (also while unwinding from a
-/// failed assertion) brings it down and releases the lock.
-pub struct Bed {
-    _lock: File,
-}
-
-impl Bed {
-    pub fn up() -> Result<Bed, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: the test bed (network namespaces, veth, XDP) needs root".into());
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        // SAFETY: flock on an fd we own; blocks until the other holder is done.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(format!("flock {LOCK_PATH}: {}", io::Error::last_os_error()));
-        }
-        // Start from a fresh bed, whatever an interrupted run left behind.
-        run_script("down")?;
-        let bed = Bed { _lock: lock };
-        run_script("up")?;
-        Ok(bed)
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        if let Err(e) = run_script("down") {
-            eprintln!("warning: {e}");
-        }
-    }
-}
+pub use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B, QUEUES};
 
 /// Runs `f` on a fresh thread that has entered network namespace `ns` (only that thread
 /// moves: `setns(CLONE_NEWNET)` is per thread). Panics in `f` propagate.

@@ -1,0 +1,124 @@
+//! The veth test bed for root tests: namespaces `iwa` and `iwb` joined by veth `iwa0`
+//! (10.77.0.1/24) and `iwb0` (10.77.0.2/24), made by `scripts/netns.sh`.
+//!
+//! Every test that uses the bed holds [`Bed`] for its duration: it takes an exclusive lock
+//! (tests of several crates and scripts share one bed), brings the bed up fresh, and brings it
+//! down when dropped, also while unwinding from a failed assertion. [`bed_or_skip!`] turns
+//! a bed that cannot be had into a skip with the reason, or into a failure when `CI=true`.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Namespace of the first host.
+pub const NS_A: &str = "iwa";
+/// Namespace of the second host.
+pub const NS_B: &str = "iwb";
+/// The first host's veth end.
+pub const DEV_A: &str = "iwa0";
+/// The second host's veth end.
+pub const DEV_B: &str = "iwb0";
+/// The first host's address.
+pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+/// The second host's address.
+pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+/// RX/TX queues of each veth end.
+pub const QUEUES: u32 = 4;
+/// The lock every user of the bed takes (scripts take it with `flock` too).
+pub const LOCK_PATH: &str = "/run/lock/iwarp-netns.lock";
+
+/// True when running under CI (`CI=true`), where a test that cannot run must fail.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// True when the effective user is root (read from `/proc/self/status`).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `scripts/netns.sh` of this workspace.
+pub fn netns_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+/// Runs `scripts/netns.sh ARG`.
+pub fn run_script(arg: &str) -> Result<(), String> {
+    let script = netns_script();
+    let out = Command::new(&script)
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running {} {arg}: {e}", script.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The test bed, up for as long as this lives.
+pub struct Bed {
+    _lock: File,
+}
+
+impl Bed {
+    /// Takes the lock (waiting for other users), then brings up a fresh bed.
+    pub fn up() -> Result<Bed, String> {
+        if !is_root() {
+            return Err(
+                "not root: the test bed (network namespaces, veth, XDP, AF_XDP) needs root".into(),
+            );
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        // Start from a fresh bed, whatever an interrupted run left behind.
+        run_script("down")?;
+        let bed = Bed { _lock: lock };
+        run_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if let Err(e) = run_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+/// Gets the test bed or returns from the test: `SKIPPED: <why>` outside CI, a failure under
+/// `CI=true`.
+#[macro_export]
+macro_rules! bed_or_skip {
+    () => {
+        match $crate::Bed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if $crate::ci() {
+                    panic!("test bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
