@@ -7,14 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NBW=${1:-5000}
 NLAT=${2:-10000}
-[ "$(id -u)" -eq 0 ] || { echo "bench-engine: needs root" >&2; exit 1; }
-scripts/install-deps.sh >/dev/null
-cargo build --release --locked -p bench >/dev/null 2>&1
-BIN=$PWD/target/release/iwarp-bench
-exec 9>/run/lock/iwarp-netns.lock
-flock 9
-scripts/netns.sh up >/dev/null
-trap 'scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# shellcheck source=scripts/bed-bench.sh
+. scripts/bed-bench.sh bench-engine
 PORT=18700
 
 pair() { # transport test size iters -> client JSON

@@ -7,14 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-driver}
 SECS=${2:-5}
-[ "$(id -u)" -eq 0 ] || { echo "bench-raw: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
-scripts/install-deps.sh >/dev/null
-cargo build --release --locked -p bench >/dev/null 2>&1
-BIN=$PWD/target/release/iwarp-bench
-exec 9>/run/lock/iwarp-netns.lock
-flock 9
-scripts/netns.sh up >/dev/null
-trap 'scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# shellcheck source=scripts/bed-bench.sh
+. scripts/bed-bench.sh bench-raw
 
 mtu() { ip -n iwa link set iwa0 mtu "$1"; ip -n iwb link set iwb0 mtu "$1"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(d[k]) for k in sys.argv[1:]))" "$@"; }

@@ -8,14 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BYTES=${1:-1073741824}
 ROUNDS=${2:-3}
-[ "$(id -u)" -eq 0 ] || { echo "bench-tcp: needs root" >&2; exit 1; }
-scripts/install-deps.sh >/dev/null
-cargo build --release --locked -p bench >/dev/null 2>&1
-BIN=$PWD/target/release/iwarp-bench
-exec 9>/run/lock/iwarp-netns.lock
-flock 9
-scripts/netns.sh up >/dev/null
-trap 'scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# shellcheck source=scripts/bed-bench.sh
+. scripts/bed-bench.sh bench-tcp
 gbit() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(round(d['gbit_s'], 2))"; }
 ip3() { python3 -c "import json,sys; print(round(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/1e9, 2))"; }
 median() { python3 -c "import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }

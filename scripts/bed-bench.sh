@@ -1,0 +1,12 @@
+# Sourced by the benchmark scripts that run on the veth test bed (bench-raw.sh, bench-tcp.sh,
+# bench-engine.sh): checks for root, builds iwarp-bench in release mode (sets BIN), takes the
+# test bed's lock (shared with the tests) and brings the bed up, down again on exit.
+# Usage: . scripts/bed-bench.sh NAME
+[ "$(id -u)" -eq 0 ] || { echo "$1: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
+scripts/install-deps.sh >/dev/null
+cargo build --release --locked -p bench >/dev/null 2>&1
+BIN=$PWD/target/release/iwarp-bench
+exec 9>/run/lock/iwarp-netns.lock
+flock 9
+scripts/netns.sh up >/dev/null
+trap 'scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
