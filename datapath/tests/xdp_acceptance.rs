@@ -1160,8 +1160,8 @@ fn bad_peer(
 }
 
 /// The bystander: on its own connection to the same engine, Writes 64 KiB then Reads it back
-/// (RFC 5040 5.4.1: the Read Request is processed after the Write before it), checks it, and
-/// counts rounds until `stop`.
+/// (RFC 5040 5.5: a Read Request is served after it is delivered, so it sees the Write before
+/// it), checks it, and counts rounds until `stop`.
 fn bystander(
     c: &Connection,
     cq: &CompletionQueue,
