@@ -10,6 +10,7 @@
 mod cq;
 pub mod engine;
 mod memory;
+pub mod relay;
 mod socket;
 pub mod xdp_tcp;
 pub mod xsk;

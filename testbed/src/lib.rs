@@ -122,3 +122,103 @@ macro_rules! bed_or_skip {
         }
     };
 }
+
+/// The relay bed (`scripts/netns-relay.sh`): hosts in namespaces `iwra` and `iwrb`, joined
+/// through namespace `iwrr`, where a test relay forwards frames between `rra0` and `rrb0`.
+/// Separate from the plain bed (other names, other subnet); it takes the same lock.
+pub mod relay {
+    use std::net::Ipv4Addr;
+
+    /// Namespace of host A.
+    pub const NS_A: &str = "iwra";
+    /// Namespace of host B.
+    pub const NS_B: &str = "iwrb";
+    /// Namespace of the relay.
+    pub const NS_RELAY: &str = "iwrr";
+    /// Host A's interface.
+    pub const DEV_A: &str = "iwra0";
+    /// Host B's interface.
+    pub const DEV_B: &str = "iwrb0";
+    /// The relay's interface towards A.
+    pub const RELAY_DEV_A: &str = "rra0";
+    /// The relay's interface towards B.
+    pub const RELAY_DEV_B: &str = "rrb0";
+    /// Host A's address.
+    pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+    /// Host B's address.
+    pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+}
+
+/// `scripts/netns-relay.sh` of this workspace.
+pub fn relay_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-relay.sh")
+}
+
+fn run_relay_script(arg: &str) -> Result<(), String> {
+    let out = Command::new(relay_script())
+        .arg(arg)
+        .output()
+        .map_err(|e| format!("running scripts/netns-relay.sh {arg}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/netns-relay.sh {arg} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The relay bed (see [`relay`]), up for as long as this lives. The relay itself is the
+/// test's to start (`datapath::relay`); without one, A and B cannot reach each other.
+pub struct RelayBed {
+    _lock: File,
+}
+
+impl RelayBed {
+    /// Takes the bed lock (waiting for other users), then brings up a fresh relay bed.
+    pub fn up() -> Result<RelayBed, String> {
+        if !is_root() {
+            return Err(
+                "not root: the relay bed (network namespaces, veth, XDP) needs root".into(),
+            );
+        }
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+        lock.lock()
+            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        let bed = RelayBed { _lock: lock };
+        run_relay_script("up")?;
+        Ok(bed)
+    }
+}
+
+impl Drop for RelayBed {
+    fn drop(&mut self) {
+        if let Err(e) = run_relay_script("down") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+/// Gets the relay bed or returns from the test, like [`bed_or_skip!`].
+#[macro_export]
+macro_rules! relay_bed_or_skip {
+    () => {
+        match $crate::RelayBed::up() {
+            Ok(bed) => bed,
+            Err(why) => {
+                if $crate::ci() {
+                    panic!("relay bed unavailable (CI=true, so this fails): {why}");
+                }
+                println!("SKIPPED: {why}");
+                return;
+            }
+        }
+    };
+}
