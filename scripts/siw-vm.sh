@@ -7,10 +7,10 @@
 #   scripts/siw-vm.sh run CMD...     boot the guest on the veth test bed (scripts/netns.sh) and
 #                                    run each CMD in it (one dash command line each), printing
 #                                    output and exit status; exits non-zero if any CMD failed
-#   scripts/siw-vm.sh test           the interop suite: rping and perftest style runs between
-#                                    siw in the guest and iwarp-bench in namespace iwa, both
-#                                    directions, several sizes, CRC on/off, MPA rev 1 and 2, and
-#                                    a capture checked by tshark; exits non-zero naming failures
+#   scripts/siw-vm.sh test           the interop suite: rping (several sizes, CRC on/off, MPA
+#                                    rev 1 and 2, captures checked by tshark) and perftest's six
+#                                    ib_* -R tools, between siw in the guest and iwarp-bench in
+#                                    namespace iwa, both roles; exits non-zero naming failures
 #
 # Network: the guest's virtio NIC (offloads off) is a tap in namespace iwb, bridged with iwb0,
 # so the guest (10.77.0.3/24) sits on the same segment as iwa0 (10.77.0.1) and iwb (10.77.0.2,
@@ -596,7 +596,8 @@ bench_bin() {
 
 XFAIL=()
 result() { # result NAME ok|fail DETAIL
-  local known=${KNOWN_FAIL[$1]:-}
+  local known=${KNOWN_FAIL[$1]:-} took="[$((SECONDS - CASE_T0)) s]"
+  set -- "$1" "$2" "${*:3} $took"
   if [ "$2" = ok ] && [ -n "$known" ]; then
     FAIL+=("$1")
     echo "  XPASS $1 ${3:-} (listed as a known failure: remove it from KNOWN_FAIL)"
@@ -617,7 +618,7 @@ CAP_PID=""
 cap_start() { # cap_start NAME
   rm -f "$OUT/$1.pcap"
   ip netns exec "$NS_A" timeout 300 tcpdump -i iwa0 --immediate-mode -U -n -s 0 \
-    -w "$OUT/$1.pcap" "tcp port 7174" 2>"$OUT/$1.tcpdump.log" &
+    -w "$OUT/$1.pcap" "tcp port ${CAP_PORT:-7174}" 2>"$OUT/$1.tcpdump.log" &
   CAP_PID=$!
   CHILD_PIDS+=("$CAP_PID")
   local _
@@ -643,7 +644,12 @@ declare -A KNOWN_FAIL=(
 )
 
 # SIW_VM_ONLY: a regular expression; only the cases whose names match run.
-want_case() { [ -z "${SIW_VM_ONLY:-}" ] || [[ $1 =~ $SIW_VM_ONLY ]]; }
+# It also starts the case's clock (each result line ends with the case's duration).
+CASE_T0=$SECONDS
+want_case() {
+  [ -z "${SIW_VM_ONLY:-}" ] || [[ $1 =~ $SIW_VM_ONLY ]] || return 1
+  CASE_T0=$SECONDS
+}
 
 # Our server in iwa, rping client in the guest.
 case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our args]
@@ -735,6 +741,94 @@ exit \$rc") || grc=$?
     result "$name" ok "($count pings x $size B, rev $rev, CRC $want)"
   fi
   cap_stop "$name" $((${#PASS[@]} > before))
+}
+
+# ---- perftest (-R) against `iwarp-bench perftest` ----
+# perftest exchanges no test parameters: both sides get the same -s and -n. Small -n keeps
+# the stage short under TCG; the port is perftest's default, 18515.
+PT_PORT=18515
+pt_tool() { echo "ib_${1/-/_}"; } # write-bw -> ib_write_bw
+# The guest tool's result line (its table row) and, on failure, its last words.
+pt_guest_cmd() { # TOOL ARGS...: runs the tool, prints rows= and the output's tail
+  echo "$* > /tmp/pt.log 2>&1; rc=\$?; echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pt.log); \
+grep -E '^ +[0-9]+ +[0-9]+ |#bytes|rror|ailed|nable|Couldn|FAIL' /tmp/pt.log | cut -c1-200 | tail -n 12; exit \$rc"
+}
+
+# Our server in iwa, the perftest tool as client in the guest.
+case_pt_siw_client() { # NAME TEST SIZE ITERS
+  want_case "$1" || return 0
+  local name=$1 test=$2 size=$3 iters=$4 tool
+  tool=$(pt_tool "$test")
+  local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log before=${#PASS[@]}
+  CAP_PORT=$PT_PORT cap_start "$name"
+  ip netns exec "$NS_A" timeout 150 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
+    -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 >"$slog" 2>&1 &
+  local spid=$!
+  CHILD_PIDS+=("$spid")
+  sleep 0.3
+  local rc=0 out
+  out=$(guest 120 "$(pt_guest_cmd "$tool" -R -p "$PT_PORT" -s "$size" -n "$iters" "$ADDR_A")") ||
+    rc=$?
+  printf '%s\n' "$out" >"$glog"
+  local src=0
+  wait "$spid" || src=$?
+  local verdict
+  verdict=$(grep -m1 "perftest: $test server: " "$slog" | sed 's/^perftest: //')
+  if [ $src -ne 0 ]; then
+    result "$name" fail "our $test server: $(grep -m1 'FAILED' "$slog" || tail -n 2 "$slog" | tr '\n' ' '); guest $tool: exit $rc $(grep -v '^rows=' <<<"$out" | tail -n 2 | tr '\n' ' ')"
+  elif [ $rc -ne 0 ]; then
+    result "$name" fail "guest $tool -R (client) exit $rc: $(grep -v '^rows=' <<<"$out" | tail -n 3 | tr '\n' ' ')"
+  elif [ -z "$verdict" ]; then
+    result "$name" fail "our server printed no verification summary: $(tail -n 2 "$slog" | tr '\n' ' ')"
+  else
+    result "$name" ok "(guest $tool -R -s $size -n $iters as client; $verdict)"
+  fi
+  cap_stop "$name" $((${#PASS[@]} > before))
+}
+
+# The perftest tool as server in the guest, our client in iwa.
+case_pt_siw_server() { # NAME TEST SIZE ITERS
+  want_case "$1" || return 0
+  local name=$1 test=$2 size=$3 iters=$4 tool
+  tool=$(pt_tool "$test")
+  local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
+  CAP_PORT=$PT_PORT cap_start "$name"
+  guest 10 "killall -9 $tool 2>/dev/null; \
+job start pts 110 '$tool -R -p $PT_PORT -s $size -n $iters > /tmp/pts.log 2>&1'" >/dev/null || true
+  local rc=0
+  # Our client retries (refused) until the tool listens.
+  ip netns exec "$NS_A" timeout 120 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
+    -p "$PT_PORT" --timeout 60 --step-timeout 60 "$GUEST_ADDR" >"$clog" 2>&1 || rc=$?
+  local grc=0 out
+  out=$(guest 40 "job wait pts 35 >/dev/null; rc=\$?; \
+echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pts.log); \
+grep -E '^ +[0-9]+ +[0-9]+ |#bytes|rror|ailed|nable|Couldn|FAIL' /tmp/pts.log | cut -c1-200 | tail -n 12; \
+exit \$rc") || grc=$?
+  printf '%s\n' "$out" >"$glog"
+  local verdict
+  verdict=$(grep -m1 "perftest: $test client: " "$clog" | sed 's/^perftest: //')
+  if [ $rc -ne 0 ]; then
+    result "$name" fail "our $test client: $(grep -m1 'FAILED' "$clog" || tail -n 2 "$clog" | tr '\n' ' '); guest $tool: exit $grc $(grep -v '^rows=' <<<"$out" | tail -n 2 | tr '\n' ' ')"
+  elif [ $grc -ne 0 ]; then
+    result "$name" fail "guest $tool -R (server) exit $grc: $(grep -v '^rows=' <<<"$out" | tail -n 3 | tr '\n' ' ')"
+  elif [ -z "$verdict" ]; then
+    result "$name" fail "our client printed no verification summary: $(tail -n 2 "$clog" | tr '\n' ' ')"
+  else
+    result "$name" ok "(guest $tool -R -s $size -n $iters as server; $verdict)"
+  fi
+  cap_stop "$name" $((${#PASS[@]} > before))
+}
+
+perftest_suite() {
+  local t size n
+  for t in write-bw read-bw send-bw write-lat read-lat send-lat; do
+    case $t in
+      *-bw) size=65536 n=${SIW_VM_PT_BW_ITERS:-20} ;;
+      *) size=64 n=${SIW_VM_PT_LAT_ITERS:-50} ;;
+    esac
+    case_pt_siw_client "pt-$t-siw-client" "$t" "$size" "$n"
+    case_pt_siw_server "pt-$t-siw-server" "$t" "$size" "$n"
+  done
 }
 
 swap_siw() { # swap_siw VARIANT
@@ -840,6 +934,7 @@ suite() {
   case_siw_server "siw-server-rev2-crc-on-65535" 65535 100 2 on on
   case_siw_server "siw-server-rev1-crc-on-4096" 4096 100 1 on on
   case_siw_server "siw-server-rev1-crc-off-4096" 4096 100 1 off off
+  perftest_suite
   capture_check capture-rev2 2 case_siw_client capture-rev2-session 64 10 on on
   # Multi-segment messages both ways: our Read Responses (4096) and our Writes (65535). tshark
   # decodes only FPDUs that start a TCP segment; kernel TCP does not keep ours aligned, so it

@@ -4,7 +4,9 @@
 //! client. Both sides exchange their buffer (STag, TO, length) and the test parameters in MPA
 //! private data, and every run verifies the data that arrived.
 
+mod net;
 mod pattern;
+mod perftest;
 mod proto;
 mod raw;
 mod relay;
@@ -219,6 +221,9 @@ fn main() -> ExitCode {
     }
     if std::env::args().nth(1).as_deref() == Some("rping") {
         return rping::main(std::env::args().skip(1));
+    }
+    if std::env::args().nth(1).as_deref() == Some("perftest") {
+        return perftest::main(std::env::args().skip(1));
     }
     let cli = Cli::parse();
     if let Err(e) = cli.validate() {

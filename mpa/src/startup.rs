@@ -67,6 +67,12 @@ pub struct MpaConfig {
     /// How long the startup may take before it fails (RFC 5044 section 7.1.2 rules 8 and 10).
     /// Default 10 s.
     pub timeout: Duration,
+    /// Responder: hold our first FPDU until the Initiator's first one arrived (RFC 5044
+    /// section 7.1.2 rule 4). Default true. Linux siw's responder does not wait, and siw as
+    /// rdma_cm Initiator asks for no RTR when the ULP requested no RDMA Reads (IRD = ORD = 0,
+    /// no peer-to-peer flag), so a ULP whose responder speaks first (perftest's write-lat)
+    /// needs false to meet it.
+    pub responder_waits_for_fpdu: bool,
 }
 
 impl Default for MpaConfig {
@@ -83,6 +89,7 @@ impl Default for MpaConfig {
             rtr_read: true,
             max_private_data: MAX_PRIVATE_DATA,
             timeout: Duration::from_secs(10),
+            responder_waits_for_fpdu: true,
         }
     }
 }
@@ -739,7 +746,7 @@ impl Responder {
             ird,
             ord,
             rtr,
-            responder_waits_for_fpdu: true,
+            responder_waits_for_fpdu: self.config.responder_waits_for_fpdu,
             peer_params: request.enhanced,
         };
         self.state = ResponderState::Accepted;

@@ -108,6 +108,20 @@ fn rev2_round_trip() {
 }
 
 #[test]
+fn responder_may_be_told_not_to_wait_for_the_first_fpdu() {
+    let quick = MpaConfig {
+        responder_waits_for_fpdu: false,
+        ..MpaConfig::default()
+    };
+    let (initiator, responder, reply) = handshake(MpaConfig::default(), quick).unwrap();
+    assert!(!responder.responder_waits_for_fpdu);
+    assert!(!initiator.responder_waits_for_fpdu);
+    // The Reply on the wire is the same as a waiting Responder's.
+    let (_, _, waiting_reply) = handshake(MpaConfig::default(), MpaConfig::default()).unwrap();
+    assert_eq!(reply, waiting_reply);
+}
+
+#[test]
 fn rev1_round_trip_has_no_block() {
     let rev1 = MpaConfig {
         rev: 1,

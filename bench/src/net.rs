@@ -1,0 +1,138 @@
+//! The transport under the rping- and perftest-compatible modes: the kernel socket transport,
+//! or our TCP over AF_XDP (`datapath::engine::XdpEngine`, root only), chosen per run.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    CompletionQueue, ConnectParams, Connection, DatapathError, Listener, ProtectionDomain,
+};
+
+use crate::Transport;
+
+/// The chosen transport; holds the engine (which must outlive its queue pairs) for `xdp`.
+pub struct Net {
+    engine: Option<XdpEngine>,
+}
+
+impl Net {
+    /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`]; nothing for sockets.
+    pub fn start(transport: Transport, iface: Option<&str>) -> Result<Self, String> {
+        let engine = match transport {
+            Transport::Socket => None,
+            Transport::Xdp => {
+                let iface = iface.ok_or("--transport xdp needs --iface")?;
+                Some(
+                    XdpEngine::start(iface, XdpEngineConfig::default())
+                        .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?,
+                )
+            }
+        };
+        Ok(Self { engine })
+    }
+
+    /// Listens on `port`: on `bind` (socket transport) or the engine's interface address.
+    pub fn listen(
+        &self,
+        bind: &str,
+        port: u16,
+        params: ConnectParams,
+    ) -> Result<(Listener, SocketAddr), String> {
+        match &self.engine {
+            Some(e) => {
+                let addr = SocketAddr::from((e.local_ip(), port));
+                let l = e
+                    .listen(port, params)
+                    .map_err(|e| format!("listening on {addr} (AF_XDP engine): {e}"))?;
+                Ok((l, addr))
+            }
+            None => {
+                let addr: SocketAddr = format!("{bind}:{port}")
+                    .parse()
+                    .map_err(|e| format!("bad bind address {bind}: {e}"))?;
+                let l = Listener::bind(addr, params).map_err(|e| format!("bind {addr}: {e}"))?;
+                Ok((l, addr))
+            }
+        }
+    }
+
+    /// One connection attempt (the rdma_cm `connect` step).
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        match &self.engine {
+            Some(e) => e.connect(addr, pd, cq, params, private_data),
+            None => datapath::connect(addr, pd, cq, params, private_data),
+        }
+    }
+
+    /// Connects, retrying while nobody listens yet (connection refused or reset), for up to
+    /// `patience`, `pause` apart.
+    pub fn connect_retrying(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        patience: Duration,
+        pause: Duration,
+    ) -> Result<(Connection, u32), DatapathError> {
+        let deadline = Instant::now() + patience;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.connect(addr, pd, cq, params, &[]) {
+                Ok(c) => return Ok((c, attempts)),
+                Err(e) if not_listening(&e) && Instant::now() + pause < deadline => {
+                    std::thread::sleep(pause);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Stops the engine (if any) and returns a one-line summary of its counters.
+    pub fn finish(self) -> Option<String> {
+        let mut engine = self.engine?;
+        engine.stop();
+        let c = engine.counters();
+        let (d, k) = (&c.driver, &c.conns);
+        Some(format!(
+            "engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, segments out of order {}, \
+             retransmitted {}, CRC errors {}, Terminates sent {} received {}, connections {}{}",
+            d.rx_frames,
+            d.tx_packets,
+            k.fpdus_rx,
+            k.fpdus_tx,
+            k.segments_out_of_order,
+            k.retransmissions,
+            k.crc_errors,
+            k.terminates_sent,
+            k.terminates_received,
+            c.established,
+            c.error
+                .map(|e| format!(", stopped by: {e}"))
+                .unwrap_or_default()
+        ))
+    }
+}
+
+/// True for the errors of a peer that is not listening (yet): TCP refused or reset.
+pub fn not_listening(e: &DatapathError) -> bool {
+    match e {
+        DatapathError::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+        ),
+        other => {
+            let s = other.to_string().to_ascii_lowercase();
+            s.contains("refused") || s.contains("reset")
+        }
+    }
+}

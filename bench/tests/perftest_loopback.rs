@@ -1,0 +1,139 @@
+//! `iwarp-bench perftest` against itself on loopback: perftest 6.06's `-R` exchange that the
+//! siw interop suite (`scripts/siw-vm.sh test`) runs against the real ib_* tools, here with
+//! both roles ours, every test, cycling (64 octets) and non-cycling (64 KiB) buffer
+//! geometry, each side checking what it can.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn pair(test: &str, server_args: &[&str], client_args: &[&str]) -> (Output, Output) {
+    pair2(test, test, server_args, client_args)
+}
+
+fn pair2(
+    server_test: &str,
+    client_test: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (Output, Output) {
+    let port = free_port().to_string();
+    let step = |a: &[&str]| {
+        if a.contains(&"--step-timeout") {
+            vec![]
+        } else {
+            vec!["--step-timeout", "10"]
+        }
+    };
+    let server = Command::new(bin())
+        .args(["perftest", server_test, "-p", &port, "--bind", "127.0.0.1"])
+        .args(["--timeout", "20"])
+        .args(step(server_args))
+        .args(server_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start perftest server");
+    // The client retries while the server is not listening yet.
+    let client = Command::new(bin())
+        .args(["perftest", client_test, "127.0.0.1", "-p", &port])
+        .args(["--timeout", "20", "--settle-ms", "0"])
+        .args(step(client_args))
+        .args(client_args)
+        .output()
+        .expect("run perftest client");
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    (server, client)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn every_test_both_geometries() {
+    for test in [
+        "write-bw",
+        "read-bw",
+        "send-bw",
+        "write-lat",
+        "read-lat",
+        "send-lat",
+    ] {
+        for size in ["64", "65536"] {
+            let args = ["-s", size, "-n", "40"];
+            let (s, c) = pair(test, &args, &args);
+            let (st, ct) = (text(&s), text(&c));
+            assert!(
+                s.status.success() && c.status.success(),
+                "{test} -s {size}\nserver: {st}\nclient: {ct}"
+            );
+            let who = [(&st, "server"), (&ct, "client")];
+            for (t, role) in who {
+                assert!(
+                    t.contains(&format!("perftest: {test} {role}: ")),
+                    "{test} {role}: no verification summary\n{t}"
+                );
+            }
+            // Every role except the lat servers without a table prints perftest's table.
+            if test != "read-lat" {
+                assert!(ct.contains("#bytes"), "{test}: {ct}");
+            }
+            if test == "read-bw" || test == "read-lat" {
+                assert!(st.contains("equal to what we served"), "{test}: {st}");
+            }
+        }
+    }
+}
+
+#[test]
+fn write_bw_server_checks_every_slot_when_cycling() {
+    // 64-octet messages cycle through 64 slots of the 4 KiB cycle buffer; 40 iterations
+    // fill the first 40, the rest must stay untouched.
+    let args = ["-s", "64", "-n", "40"];
+    let (s, c) = pair("write-bw", &args, &args);
+    let st = text(&s);
+    assert!(
+        s.status.success() && c.status.success(),
+        "{st}\n{}",
+        text(&c)
+    );
+    assert!(st.contains("40 slot(s) of 64 octets written"), "{st}");
+}
+
+#[test]
+fn mismatched_tests_fail_naming_the_step() {
+    // A send-lat client against a write-lat server: write-lat has four buffer-key handshakes,
+    // send-lat three and then waits for a pong that never comes.
+    let (s, c) = pair2(
+        "write-lat",
+        "send-lat",
+        &["-n", "5", "--step-timeout", "3"],
+        &["-n", "5", "--step-timeout", "3"],
+    );
+    for (o, who) in [(&s, "server"), (&c, "client")] {
+        let t = text(o);
+        assert!(!o.status.success(), "{who}: {t}");
+        assert!(t.contains("FAILED: "), "{who}: {t}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    for args in [
+        &["perftest", "write-bw", "-n", "4"][..],
+        &["perftest", "write-bw", "-s", "0"],
+        &["perftest", "nope"],
+        &["perftest", "read-lat", "--transport", "xdp"],
+    ] {
+        let o = Command::new(bin()).args(args).output().expect("run");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+}
