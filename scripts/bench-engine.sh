@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The iWARP engine over AF_XDP next to the socket transport (kernel TCP), same veth link, one
-# run: write-bw and read-bw (64 KiB) and write-lat and send-lat (64 B), server in namespace iwa,
-# client in iwb, alternating transports per test. Needs root. Prints Markdown.
+# The iWARP engine over AF_XDP next to the socket transport (kernel TCP) and next to the AF_XDP
+# ceiling (`iwarp-bench raw`), same veth link, one run: write-bw and read-bw (64 KiB), write-lat
+# and send-lat (64 B, p50 and p99), server in namespace iwa, client in iwb, transports
+# alternating per test, every test in two placements:
+#   pinned: the server process on CPU 0, the client process on CPU 1 (`taskset`), so each
+#           side's application thread and engine (or connection) thread share one core;
+#   free:   no pinning, the scheduler places the four threads on the two cores.
+# The raw ceiling, measured in the same run and placement: `raw rx`/`raw tx` at 1514-byte
+# frames (the frame size the engine sends at MTU 1500; Gbit/s of frame octets) and
+# `raw pingpong` at 64 B (one way). Needs root. Prints Markdown.
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,16 +18,24 @@ NLAT=${2:-10000}
 . scripts/bed-bench.sh bench-engine
 PORT=18700
 
-pair() { # transport test size iters -> client JSON
-  local tr=$1 test=$2 size=$3 n=$4 sa ca out=""
+place() { # placement side -> command prefix
+  if [ "$1" = pinned ]; then
+    if [ "$2" = server ]; then echo "taskset -c 0"; else echo "taskset -c 1"; fi
+  fi
+}
+
+pair() { # placement transport test size iters -> client JSON
+  local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp
+  sp=$(place "$pl" server)
+  cp=$(place "$pl" client)
   if [ "$tr" = xdp ]; then sa="--transport xdp --iface iwa0"; ca="--transport xdp --iface iwb0"
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
   # shellcheck disable=SC2086
-  ip netns exec iwa "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
+  ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
   local srv=$!
   for _ in $(seq 1 100); do
     # shellcheck disable=SC2086
-    if out=$(ip netns exec iwb "$BIN" "$test" $ca --port "$PORT" -s "$size" -n "$n" --json 10.77.0.1 2>/dev/null); then break; fi
+    if out=$(ip netns exec iwb $cp "$BIN" "$test" $ca --port "$PORT" -s "$size" -n "$n" --json 10.77.0.1 2>/dev/null); then break; fi
     sleep 0.1
   done
   wait "$srv" || true
@@ -28,17 +43,65 @@ pair() { # transport test size iters -> client JSON
   echo "$out"
 }
 f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0]; print(round(r['$1'], 2))"; }
+j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(round(d[k], 2)) for k in sys.argv[1:]))" "$@"; }
+ratio() { python3 -c "print(round($1/$2, 2))"; }
+
+raw_bw() { # placement -> Gbit/s of 1514-byte frames received
+  local sp cp log
+  sp=$(place "$1" server)
+  cp=$(place "$1" client)
+  log=$(mktemp)
+  # shellcheck disable=SC2086
+  ip netns exec iwa $sp "$BIN" raw rx --iface iwa0 --size 1514 --count 500000 --mode driver \
+    --port 18600 --ring 8192 --json 2>"$log" >"$log.out" &
+  local rx=$!
+  for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
+  # shellcheck disable=SC2086
+  ip netns exec iwb $cp "$BIN" raw tx --iface iwb0 --size 1514 --count 500000 --dst-ip 10.77.0.1 \
+    --port 18600 --quiet >/dev/null
+  wait "$rx" || true
+  j gbit_per_sec <"$log.out"
+  rm -f "$log" "$log.out"
+}
+
+raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
+  local sp cp out
+  sp=$(place "$1" server)
+  cp=$(place "$1" client)
+  # shellcheck disable=SC2086
+  ip netns exec iwa $sp "$BIN" raw pingpong --iface iwa0 --count "$NLAT" --mode driver --port 18620 \
+    --quiet >/dev/null 2>&1 &
+  local resp=$!
+  sleep 0.5
+  # shellcheck disable=SC2086
+  out=$(ip netns exec iwb $cp "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 --size 64 \
+    --count "$NLAT" --mode driver --port 18620 --quiet --json)
+  wait "$resp" || true
+  echo "$out" | j t_typical_us p99_us
+}
 
 echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
-echo "| test | command (server in iwa, client in iwb) | socket transport | xdp engine | xdp / socket |"
-echo "| --- | --- | --- | --- | --- |"
-for spec in "write-bw 65536 $NBW gbit_per_sec Gbit/s" "read-bw 65536 $NBW gbit_per_sec Gbit/s" \
-            "write-lat 64 $NLAT t_typical_us us(p50)" "write-lat 64 $NLAT p99_us us(p99)" \
-            "send-lat 64 $NLAT t_typical_us us(p50)" "send-lat 64 $NLAT p99_us us(p99)"; do
-  set -- $spec
-  s=$(pair socket "$1" "$2" "$3" | f "$4")
-  x=$(pair xdp "$1" "$2" "$3" | f "$4")
-  printf '| %s %s B | `iwarp-bench %s -s %s -n %s --transport socket` or `xdp` | %s %s | %s %s | %s |\n' \
-    "$1" "$2" "$1" "$2" "$3" "$s" "$5" "$x" "$5" "$(python3 -c "print(round($x/$s, 2))")"
+echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for pl in pinned free; do
+  rbw=$(raw_bw "$pl")
+  read -r rp50 rp99 <<<"$(raw_lat "$pl")"
+  for spec in "write-bw 65536 $NBW gbit_per_sec Gbit/s $rbw" "read-bw 65536 $NBW gbit_per_sec Gbit/s $rbw" \
+              "write-lat 64 $NLAT t_typical_us us(p50) $rp50" "write-lat 64 $NLAT p99_us us(p99) $rp99" \
+              "send-lat 64 $NLAT t_typical_us us(p50) $rp50" "send-lat 64 $NLAT p99_us us(p99) $rp99"; do
+    # shellcheck disable=SC2086
+    set -- $spec
+    s=$(pair "$pl" socket "$1" "$2" "$3" | f "$4")
+    x=$(pair "$pl" xdp "$1" "$2" "$3" | f "$4")
+    printf '| %s %s B, %s | %s | %s | %s | %s | %s | %s |\n' \
+      "$1" "$2" "$5" "$pl" "$s" "$x" "$(ratio "$x" "$s")" "$6" "$(ratio "$x" "$6")"
+  done
 done
+echo
+echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
+echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
+echo "--size 1514 --count 500000 --mode driver --ring 8192\` / \`raw tx --size 1514 --count 500000\`,"
+echo "\`raw pingpong --size 64 --count $NLAT --mode driver\`; pinned: server \`taskset -c 0\`, client"
+echo "\`taskset -c 1\`. Gbit/s of the engine and the socket transport count RDMA payload; raw counts"
+echo "Ethernet frame octets (1514 per frame, 1428 of which an engine FPDU can carry as payload)."

@@ -37,6 +37,10 @@ pub struct Cli {
     /// Interface for `--transport xdp` (its first IPv4 address is ours).
     #[arg(long)]
     pub iface: Option<String>,
+    /// `--transport xdp`: pin the engine thread to this CPU (the application thread is left
+    /// alone; `taskset` pins a whole process).
+    #[arg(long)]
+    pub engine_cpu: Option<usize>,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,

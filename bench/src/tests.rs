@@ -262,7 +262,11 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
         .iface
         .as_deref()
         .ok_or("--transport xdp needs --iface")?;
-    XdpEngine::start(iface, XdpEngineConfig::default())
+    let cfg = XdpEngineConfig {
+        cpu: cli.engine_cpu,
+        ..XdpEngineConfig::default()
+    };
+    XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
 }
