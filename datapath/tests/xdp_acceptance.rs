@@ -683,6 +683,70 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
     );
 }
 
+/// An accept that fails locally (its receive work request is refused) on the engine: the
+/// request is used up, so the engine must close the connection at once, and the client must
+/// see the connection closed (not wait for its MPA timeout); the listener serves the next one.
+fn failed_accept_case(engine: &XdpEngine, client: Stack<'_>, port: u16) {
+    let mut lp = params(mpa(2, true, false));
+    // Far beyond the client's: only a prompt close can end the client's wait in time.
+    lp.mpa.timeout = Duration::from_secs(300);
+    let listener = engine.listen(port, lp).expect("listen");
+    let addr = SocketAddr::from((ADDR_A, port));
+    let mut cp = params(mpa(2, true, false));
+    cp.mpa.timeout = Duration::from_secs(20);
+    cp.setup_timeout = Duration::from_secs(20);
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let small = spd.register(4096, ALL).unwrap();
+    let t = Instant::now();
+    let (c, s) = std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let req = listener
+                .accept_timeout(WAIT)
+                .expect("accept")
+                .expect("no request in time");
+            // 8 KiB into a 4 KiB region: refused.
+            req.accept_with_recvs(&spd, &scq, b"", vec![sge_recv(&small, 1, 0, 8192)])
+                .map(|_| ())
+        });
+        let c = client.connect(addr, &pd, &cq, &cp, b"x").map(|_| ());
+        (c, srv.join().expect("accepting thread"))
+    });
+    assert!(
+        matches!(s, Err(DatapathError::InvalidArgument(_))),
+        "engine accept: {s:?}"
+    );
+    match c {
+        Err(
+            DatapathError::Io(_)
+            | DatapathError::Disconnected
+            | DatapathError::Mpa(mpa::MpaError::ConnectionLost),
+        ) => {}
+        other => panic!(
+            "{} client: {other:?}, want the connection closed",
+            client.name()
+        ),
+    }
+    println!(
+        "engine's failed accept: {} client saw the connection closed after {:?}",
+        client.name(),
+        t.elapsed()
+    );
+    let buf = spd.register(4096, ALL).unwrap();
+    let (c, mut s) = establish(
+        &listener,
+        &spd,
+        &scq,
+        b"",
+        vec![sge_recv(&buf, 2, 0, 4096)],
+        || client.connect(addr, &pd, &cq, &cp, b"y"),
+    )
+    .unwrap_or_else(|e| panic!("after the failed accept: {e}"));
+    drop(c);
+    assert!(s.qp.wait_finished(WAIT));
+    s.qp.disconnect();
+}
+
 #[test]
 fn reject_with_private_data() {
     let _bed = bed_or_skip!();
@@ -694,6 +758,8 @@ fn reject_with_private_data() {
         reject_case(Stack::Socket, Stack::Engine(&a), ADDR_B, rev, port + 1);
         reject_case(Stack::Engine(&a), Stack::Engine(&b), ADDR_A, rev, port + 2);
     }
+    failed_accept_case(&a, Stack::Socket, 19_750);
+    failed_accept_case(&a, Stack::Engine(&b), 19_751);
     let ca = stop_and_check("iwa", a);
     stop_and_check("iwb", b);
     assert_eq!(ca.conns.terminates_sent + ca.conns.terminates_received, 0);

@@ -1105,6 +1105,15 @@ impl Engine {
                             }
                         }
                         Err(e) => {
+                            // The request is used up and nobody can answer it any more: close
+                            // now (as the socket transport drops its stream) instead of leaving
+                            // the peer waiting for the MPA timeout.
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                if !slot.conn.is_established() {
+                                    slot.closing = true;
+                                    slot.conn.close();
+                                }
+                            }
                             let _ = reply.send(Err(e));
                         }
                     }
