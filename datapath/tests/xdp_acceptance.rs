@@ -20,8 +20,11 @@
 //!   invalid STag, a Write past the region's end, a Write into a region without remote write
 //!   access, a Read Request with an invalid source STag. Each must draw the Terminate of RFC 5040
 //!   7 / RFC 5041 7 (this project's mapping: `rdmap::TerminateCause::code`), with the copied
-//!   headers of RFC 5040 Figure 10, and write nothing outside the region; meanwhile another
-//!   connection to the same engine moves verified data before, during and after.
+//!   headers of RFC 5040 Figure 10, and write nothing outside the region. A raw peer (kernel
+//!   TCP, our `mpa` and `ddp` crates, no queue pair) adds FPDUs no conforming sender produces: a
+//!   CRC mismatch, a Send with no buffer for its MSN, a Send longer than its buffer, an invalid
+//!   QN, DDP and RDMAP version errors. Meanwhile another connection to the same engine moves
+//!   verified data before, during and after.
 //!
 //! Needs root. Without root (or without the bed) each test prints `SKIPPED: <why>` and passes,
 //! except under `CI=true`, where it fails with the reason. Tests serialise with every other
@@ -255,8 +258,9 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize) -> SendWr {
     }
 }
 
-/// The engine's counters after it stopped, checked for errors.
-fn stop_and_check(name: &str, mut engine: XdpEngine) -> EngineCounters {
+/// The engine's counters after it stopped, checked for errors (`crc_errors` is how many CRC
+/// failures the test provoked).
+fn stop_and_check(name: &str, mut engine: XdpEngine, crc_errors: u64) -> EngineCounters {
     engine.stop();
     let c = engine.counters();
     println!(
@@ -273,7 +277,7 @@ fn stop_and_check(name: &str, mut engine: XdpEngine) -> EngineCounters {
         c.error
     );
     assert_eq!(c.error, None, "{name} engine stopped with an error");
-    assert_eq!(c.conns.crc_errors, 0, "{name} engine saw CRC errors");
+    assert_eq!(c.conns.crc_errors, crc_errors, "{name} engine: CRC errors");
     c
 }
 
@@ -586,8 +590,8 @@ fn matrix_engine_to_engine() {
         Stack::Engine(&b),
         ADDR_A,
     );
-    let ca = stop_and_check("server (iwa)", a);
-    let cb = stop_and_check("client (iwb)", b);
+    let ca = stop_and_check("server (iwa)", a, 0);
+    let cb = stop_and_check("client (iwb)", b, 0);
     assert_eq!((ca.established, cb.established), (32, 32));
 }
 
@@ -601,7 +605,7 @@ fn matrix_engine_server_socket_client() {
         Stack::Socket,
         ADDR_A,
     );
-    let ca = stop_and_check("server (iwa)", a);
+    let ca = stop_and_check("server (iwa)", a, 0);
     assert_eq!(ca.established, 32);
 }
 
@@ -615,7 +619,7 @@ fn matrix_socket_server_engine_client() {
         Stack::Engine(&a),
         ADDR_B,
     );
-    let ca = stop_and_check("client (iwa)", a);
+    let ca = stop_and_check("client (iwa)", a, 0);
     assert_eq!(ca.established, 32);
 }
 
@@ -760,8 +764,8 @@ fn reject_with_private_data() {
     }
     failed_accept_case(&a, Stack::Socket, 19_750);
     failed_accept_case(&a, Stack::Engine(&b), 19_751);
-    let ca = stop_and_check("iwa", a);
-    stop_and_check("iwb", b);
+    let ca = stop_and_check("iwa", a, 0);
+    stop_and_check("iwb", b, 0);
     assert_eq!(ca.conns.terminates_sent + ca.conns.terminates_received, 0);
 }
 
@@ -978,8 +982,8 @@ fn sixty_four_connections_engine_to_engine() {
     let a = start_engine(NS_A, DEV_A);
     let b = start_engine(NS_B, DEV_B);
     many_connections(&a, Stack::Engine(&b), 19_800);
-    let ca = stop_and_check("server (iwa)", a);
-    let cb = stop_and_check("client (iwb)", b);
+    let ca = stop_and_check("server (iwa)", a, 0);
+    let cb = stop_and_check("client (iwb)", b, 0);
     assert_eq!((ca.established, cb.established), (64, 64));
     assert_eq!(ca.ended, 64, "server connections removed after close");
     let t = ca.conns.terminates_sent + ca.conns.terminates_received;
@@ -994,7 +998,7 @@ fn sixty_four_connections_socket_clients() {
     let _bed = bed_or_skip!();
     let a = start_engine(NS_A, DEV_A);
     many_connections(&a, Stack::Socket, 19_801);
-    let ca = stop_and_check("server (iwa)", a);
+    let ca = stop_and_check("server (iwa)", a, 0);
     assert_eq!(ca.established, 64);
     assert_eq!(ca.ended, 64, "server connections removed after close");
     assert_eq!(ca.conns.terminates_sent + ca.conns.terminates_received, 0);
@@ -1202,6 +1206,217 @@ fn bad_peer(
     Ok(())
 }
 
+/// What a raw peer (kernel TCP plus our `mpa` and `ddp` crates, no queue pair) sends after one
+/// valid FPDU: FPDUs no conforming sender would produce.
+#[derive(Clone, Copy, Debug)]
+enum Raw {
+    /// A Write into the target region whose CRC does not match (one payload octet flipped
+    /// after framing).
+    CrcMismatch,
+    /// A Send with MSN 2 while only one receive is posted (and unused).
+    SendWithoutBuffer,
+    /// A Send of 100 octets into the posted 64-octet receive.
+    SendTooLong,
+    /// An untagged segment on queue number 3 (RDMAP uses 0, 1 and 2).
+    InvalidQueueNumber,
+    /// A tagged segment with DDP version 2.
+    DdpVersion,
+    /// An RDMA Write whose RDMAP version is 2.
+    RdmapVersion,
+}
+
+impl Raw {
+    /// RFC 5044 8 (LLP code 2), RFC 5041 7.2, RFC 5040 Figure 9.
+    fn want(self) -> (u8, u8, u8) {
+        match self {
+            Raw::CrcMismatch => (layer::LLP, 0, 0x02),
+            Raw::SendWithoutBuffer => (layer::DDP, 2, 0x02),
+            Raw::SendTooLong => (layer::DDP, 2, 0x05),
+            Raw::InvalidQueueNumber => (layer::DDP, 2, 0x01),
+            Raw::DdpVersion => (layer::DDP, 1, 0x04),
+            Raw::RdmapVersion => (layer::RDMAP, rdmap_etype::REMOTE_OPERATION, 0x05),
+        }
+    }
+}
+
+/// An RDMAP control byte: RV 1 (or `rv`) and the opcode (RFC 5040 4.3).
+fn rdmap_ctrl(rv: u8, opcode: rdmap::Opcode) -> u8 {
+    (rv << 6) | opcode as u8
+}
+
+fn tagged_ulpdu(ctrl: u8, stag: Stag, to: u64, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![0u8; ddp::TAGGED_HEADER_LEN];
+    DdpHeader::Tagged(ddp::TaggedHeader {
+        last: true,
+        rsvd_ulp: ctrl,
+        stag: stag.raw(),
+        to,
+    })
+    .emit(&mut u);
+    u.extend_from_slice(payload);
+    u
+}
+
+fn untagged_ulpdu(ctrl: u8, qn: u32, msn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![0u8; ddp::UNTAGGED_HEADER_LEN];
+    DdpHeader::Untagged(ddp::UntaggedHeader {
+        last: true,
+        rsvd_ulp: [ctrl, 0, 0, 0, 0],
+        qn,
+        msn,
+        mo: 0,
+    })
+    .emit(&mut u);
+    u.extend_from_slice(payload);
+    u
+}
+
+/// A raw peer in `iwb` over kernel TCP: MPA startup with `mpa::Initiator`, one valid RDMA Write
+/// (which rewrites the first 64 octets of the target with what they already hold, so the
+/// Responder may send, RFC 5044 7.1.2 rule 4), then the bad FPDU; it reads FPDUs until the
+/// Terminate and the close. Checks the Terminate, the engine's own account of it, its posted
+/// receive ended in error, and the engine's regions unchanged.
+fn raw_peer(addr: SocketAddr, listener: &Listener, v: &Victim, bad: Raw) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let accepted = std::thread::scope(|s| {
+        let srv = s.spawn(|| -> Result<Connection, String> {
+            let req = listener
+                .accept_timeout(WAIT)
+                .map_err(|e| format!("accept: {e}"))?
+                .ok_or("no request in time")?;
+            req.accept_with_recvs(&v.pd, &v.cq, b"", vec![sge_recv(&v.private, 1, 0, 64)])
+                .map_err(|e| format!("accept: {e}"))
+        });
+        let peer = run_in_ns(NS_B, || -> Result<_, String> {
+            let now = Instant::now();
+            let mut init =
+                mpa::Initiator::new(mpa(2, true, false), b"raw", now).map_err(|e| e.to_string())?;
+            let mut tcp = std::net::TcpStream::connect_timeout(&addr, WAIT)
+                .map_err(|e| format!("connect: {e}"))?;
+            tcp.set_read_timeout(Some(WAIT))
+                .map_err(|e| e.to_string())?;
+            tcp.write_all(init.request()).map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; 4096];
+            let mut pending = Vec::new();
+            loop {
+                let n = tcp.read(&mut buf).map_err(|e| format!("reply: {e}"))?;
+                if n == 0 {
+                    return Err("closed before the MPA Reply".into());
+                }
+                pending.extend_from_slice(&buf[..n]);
+                let (used, ev) = init
+                    .feed(&pending, Instant::now())
+                    .map_err(|e| format!("MPA: {e}"))?;
+                pending.drain(..used);
+                match ev {
+                    mpa::InitiatorEvent::NeedMore => continue,
+                    mpa::InitiatorEvent::Accepted { negotiated, .. } => {
+                        return Ok((tcp, negotiated, pending))
+                    }
+                    mpa::InitiatorEvent::Rejected { .. } => return Err("rejected".into()),
+                }
+            }
+        });
+        let s = srv.join().expect("accepting thread");
+        match (peer, s) {
+            (Ok(p), Ok(s)) => Ok((p, s)),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        }
+    });
+    let ((mut tcp, negotiated, leftover), s) = accepted?;
+    let mut enc = negotiated.encoder();
+    let mut out = Vec::new();
+    let write = rdmap_ctrl(1, rdmap::Opcode::Write);
+    let (tstag, tto) = (v.target.stag(), v.target.base_to());
+    let first = tagged_ulpdu(write, tstag, tto, &v.before[..64]);
+    enc.encode(&first, &mut out).map_err(|e| e.to_string())?;
+    let send = rdmap_ctrl(1, rdmap::Opcode::Send);
+    let payload = pattern(31, 100);
+    let ulpdu = match bad {
+        Raw::CrcMismatch => tagged_ulpdu(write, tstag, tto + 1000, &payload),
+        Raw::SendWithoutBuffer => untagged_ulpdu(send, 0, 2, &payload[..10]),
+        Raw::SendTooLong => untagged_ulpdu(send, 0, 1, &payload),
+        Raw::InvalidQueueNumber => untagged_ulpdu(send, 3, 1, &payload[..10]),
+        Raw::DdpVersion => {
+            let mut u = tagged_ulpdu(write, tstag, tto + 1000, &payload);
+            u[0] = (u[0] & !0x03) | 2;
+            u
+        }
+        Raw::RdmapVersion => {
+            tagged_ulpdu(rdmap_ctrl(2, rdmap::Opcode::Write), tstag, tto, &payload)
+        }
+    };
+    let at = out.len();
+    enc.encode(&ulpdu, &mut out).map_err(|e| e.to_string())?;
+    if matches!(bad, Raw::CrcMismatch) {
+        // MPA header (2) + DDP header (14) + 10 octets into the payload.
+        out[at + 2 + ddp::TAGGED_HEADER_LEN + 10] ^= 0x5a;
+    }
+    run_in_ns(NS_B, || tcp.write_all(&out)).map_err(|e| format!("send: {e}"))?;
+    // Read FPDUs until the connection closes; the Terminate is on queue 2.
+    let mut dec = negotiated.decoder();
+    let mut term = None;
+    let mut feed = |bytes: &[u8]| -> Result<(), String> {
+        dec.feed(bytes, |u| {
+            if let Ok((DdpHeader::Untagged(h), payload)) = DdpHeader::parse(u) {
+                if h.qn == 2 {
+                    term = Some(rdmap::TerminateHeader::parse(payload));
+                }
+            }
+        })
+        .map_err(|e| format!("peer's decoder: {e}"))
+    };
+    feed(&leftover)?;
+    let mut buf = vec![0u8; 4096];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match tcp.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => feed(&buf[..n])?,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => return Err(format!("reading: {e}")),
+        }
+        if Instant::now() > deadline {
+            return Err("the engine did not close".into());
+        }
+    }
+    let term = term
+        .ok_or("no Terminate before the close")?
+        .map_err(|e| format!("Terminate: {e}"))?;
+    if (term.layer, term.etype, term.code) != bad.want() {
+        return Err(format!("Terminate {term:?}, want {:?}", bad.want()));
+    }
+    if !s.qp.wait_finished(WAIT) {
+        return Err(format!("engine side did not end: {:?}", s.qp.status()));
+    }
+    let ss = s.qp.status();
+    if ss.sent_terminate != Some(term) || ss.state != QpState::Error {
+        return Err(format!("engine side {ss:?}, peer got {term:?}"));
+    }
+    // Figure 10: DDP errors copy the DDP header of the segment, LLP errors copy nothing.
+    let copied = term.ddp_header.map(|h| h.as_bytes().to_vec());
+    let want_copy =
+        (term.layer != layer::LLP).then(|| ulpdu[..copied.as_ref().map_or(0, Vec::len)].to_vec());
+    if copied != want_copy {
+        return Err(format!("copied header {copied:?}, want {want_copy:?}"));
+    }
+    let r = next(&v.cq, "the engine's posted receive")?;
+    if r.wc.wr_id != 1 || r.wc.status == WcStatus::Success {
+        return Err(format!("the engine's receive: {r:?}"));
+    }
+    if let Some(x) = v.cq.try_next() {
+        return Err(format!("unexpected completion {x:?}"));
+    }
+    for (what, mr) in [
+        ("target", &v.target),
+        ("readable", &v.readable),
+        ("private", &v.private),
+    ] {
+        check_bytes(&bytes(mr, 0, TREGION), &v.before, &format!("{what} region"))?;
+    }
+    Ok(())
+}
+
 /// The bystander: on its own connection to the same engine, Writes 64 KiB then Reads it back
 /// (RFC 5040 5.5: a Read Request is served after it is delivered, so it sees the Write before
 /// it), checks it, and counts rounds until `stop`.
@@ -1335,6 +1550,27 @@ fn terminate_for_bad_fpdus_while_serving_others() {
                 results.push(r.map_err(|e| format!("{} {bad:?}: {e}", peer.name())));
             }
         }
+        for bad in [
+            Raw::CrcMismatch,
+            Raw::SendWithoutBuffer,
+            Raw::SendTooLong,
+            Raw::InvalidQueueNumber,
+            Raw::DdpVersion,
+            Raw::RdmapVersion,
+        ] {
+            let t = Instant::now();
+            let r = raw_peer(addr, &listener, &v, bad);
+            println!(
+                "raw peer, {bad:?}: {} in {:?} (bystander at round {})",
+                match &r {
+                    Ok(()) => format!("Terminate {:?} as expected", bad.want()),
+                    Err(e) => format!("FAILED: {e}"),
+                },
+                t.elapsed(),
+                rounds.load(Ordering::Relaxed)
+            );
+            results.push(r.map_err(|e| format!("raw {bad:?}: {e}")));
+        }
         let after_bad = rounds.load(Ordering::Relaxed);
         wait_rounds(&rounds, after_bad + 5, &failed);
         stop.store(true, Ordering::Relaxed);
@@ -1360,8 +1596,8 @@ fn terminate_for_bad_fpdus_while_serving_others() {
     drop(by_c);
     drop(by_s);
     let errors: Vec<_> = results.into_iter().filter_map(Result::err).collect();
-    let ca = stop_and_check("server (iwa)", a);
-    stop_and_check("bad peers (iwb)", b);
+    let ca = stop_and_check("server (iwa)", a, 1);
+    stop_and_check("bad peers (iwb)", b, 0);
     assert!(errors.is_empty(), "{errors:#?}");
-    assert_eq!(ca.conns.terminates_sent, 8, "one Terminate per bad peer");
+    assert_eq!(ca.conns.terminates_sent, 14, "one Terminate per bad peer");
 }
