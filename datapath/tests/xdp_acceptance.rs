@@ -8,7 +8,8 @@
 //!   RFC 5044 7.1.1), for each pairing: engine <-> engine, engine server <-> socket client,
 //!   socket server <-> engine client. Every combination moves 1 B, 1461 B (one MSS plus an odd
 //!   part), 4 KiB, 64 KiB + 1, 1 MiB and 16 MiB on one connection. Both ends' `Negotiated` are
-//!   checked against the expected outcome.
+//!   checked against the expected outcome. Three more combinations per pairing use revision 2's
+//!   peer-to-peer model, one per RTR kind (RFC 6581 9.2).
 //! * `reject_*`: a reject with private data, engine server -> socket client, socket server ->
 //!   engine client and engine -> engine (revisions 1 and 2); the engine's listener then accepts
 //!   and serves the next connection.
@@ -343,11 +344,21 @@ struct Combo {
     rev: u8,
     crc: Crc,
     markers: Markers,
+    /// Revision 2 only: the client asks for the peer-to-peer model offering only this RTR
+    /// kind (RFC 6581 9.2); the responder supports all three.
+    rtr: Option<mpa::RtrKind>,
 }
 
 impl Combo {
     fn client_params(&self) -> ConnectParams {
-        params(mpa(self.rev, self.crc.asks().0, self.markers.asks().0))
+        let mut p = params(mpa(self.rev, self.crc.asks().0, self.markers.asks().0));
+        if let Some(kind) = self.rtr {
+            p.mpa.peer_to_peer = true;
+            p.mpa.rtr_send = kind == mpa::RtrKind::Send;
+            p.mpa.rtr_write = kind == mpa::RtrKind::Write;
+            p.mpa.rtr_read = kind == mpa::RtrKind::Read;
+        }
+        p
     }
 
     fn server_params(&self) -> ConnectParams {
@@ -442,7 +453,11 @@ fn run_combo(
     let sn = s.qp.negotiated();
     let got_c = (cn.rev, cn.crc, cn.markers_tx, cn.markers_rx);
     let got_s = (sn.rev, sn.crc, sn.markers_rx, sn.markers_tx);
-    if got_c != (rev, crc, to_server, to_client) || got_s != got_c {
+    if got_c != (rev, crc, to_server, to_client)
+        || got_s != got_c
+        || cn.rtr != combo.rtr
+        || sn.rtr != combo.rtr
+    {
         return Err(format!(
             "negotiated: client {cn:?}, server {sn:?}; want rev {rev} crc {crc} markers \
              c->s {to_server} s->c {to_client}"
@@ -520,9 +535,27 @@ fn matrix(pairing: &str, server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4
                 Markers::ToClient,
                 Markers::Both,
             ] {
-                combos.push(Combo { rev, crc, markers });
+                combos.push(Combo {
+                    rev,
+                    crc,
+                    markers,
+                    rtr: None,
+                });
             }
         }
+    }
+    // The peer-to-peer model, each RTR kind (the initiator's first FPDU).
+    for (kind, markers) in [
+        (mpa::RtrKind::Send, Markers::None),
+        (mpa::RtrKind::Write, Markers::Both),
+        (mpa::RtrKind::Read, Markers::ToServer),
+    ] {
+        combos.push(Combo {
+            rev: 2,
+            crc: Crc::Both,
+            markers,
+            rtr: Some(kind),
+        });
     }
     // One listener per server-side setting, kept for the whole run (an engine's port stays
     // steered until the engine stops).
@@ -554,10 +587,11 @@ fn matrix(pairing: &str, server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4
             &cli,
         );
         println!(
-            "{pairing}: rev {} crc {:?} markers {:?}: {} in {:?}",
+            "{pairing}: rev {} crc {:?} markers {:?} rtr {:?}: {} in {:?}",
             combo.rev,
             combo.crc,
             combo.markers,
+            combo.rtr,
             match &res {
                 Ok(()) => "verified".to_string(),
                 Err(e) => format!("FAILED: {e}"),
@@ -592,7 +626,7 @@ fn matrix_engine_to_engine() {
     );
     let ca = stop_and_check("server (iwa)", a, 0);
     let cb = stop_and_check("client (iwb)", b, 0);
-    assert_eq!((ca.established, cb.established), (32, 32));
+    assert_eq!((ca.established, cb.established), (35, 35));
 }
 
 #[test]
@@ -606,7 +640,7 @@ fn matrix_engine_server_socket_client() {
         ADDR_A,
     );
     let ca = stop_and_check("server (iwa)", a, 0);
-    assert_eq!(ca.established, 32);
+    assert_eq!(ca.established, 35);
 }
 
 #[test]
@@ -620,7 +654,7 @@ fn matrix_socket_server_engine_client() {
         ADDR_B,
     );
     let ca = stop_and_check("client (iwa)", a, 0);
-    assert_eq!(ca.established, 32);
+    assert_eq!(ca.established, 35);
 }
 
 // ---------------------------------------------------------------------------------------------
