@@ -17,7 +17,8 @@
 //!   client, and socket clients), each moving verified data while all are open, then all closed
 //!   without a Terminate.
 //! * `terminate_*`: a peer in the other namespace (the socket transport over kernel TCP, or the
-//!   engine) puts on the wire, each on its own connection to the engine: a tagged Write with an
+//!   engine, connecting to the engine; or the socket transport accepting the engine's connection)
+//!   puts on the wire, each on its own connection to the engine: a tagged Write with an
 //!   invalid STag, a Write past the region's end, a Write into a region without remote write
 //!   access, a Read Request with an invalid source STag. Each must draw the Terminate of RFC 5040
 //!   7 / RFC 5041 7 (this project's mapping: `rdmap::TerminateCause::code`), with the copied
@@ -1099,31 +1100,73 @@ impl Bad {
     }
 }
 
+/// Which end of the bad peer's connection the engine is.
+#[derive(Clone, Copy)]
+enum Role<'a> {
+    /// The engine accepts on `listener`; the peer connects with `peer`.
+    EngineServer {
+        listener: &'a Listener,
+        addr: SocketAddr,
+        peer: Stack<'a>,
+    },
+    /// The engine connects to the peer: the socket transport listening in `iwb`.
+    EngineClient {
+        engine: &'a XdpEngine,
+        listener: &'a Listener,
+        addr: SocketAddr,
+    },
+}
+
 /// One bad peer on its own connection to the engine: the bad work request goes on the wire
 /// from `peer`; the peer must receive the Terminate `bad.want()` with the copied headers of RFC
 /// 5040 Figure 10, the engine must have sent exactly that one and flushed its posted receive,
 /// and nothing may be written outside what the request could legally reach.
-fn bad_peer(
-    listener: &Listener,
-    addr: SocketAddr,
-    peer: Stack<'_>,
-    v: &Victim,
-    bad: Bad,
-) -> Result<(), String> {
+fn bad_peer(role: Role<'_>, v: &Victim, bad: Bad) -> Result<(), String> {
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     let src = pd.register(TREGION, ALL).unwrap();
     let data = pattern(4242, BAD_WRITE_LEN);
     src.write(0, &data);
     let sink = pd.register(TREGION, ALL).unwrap();
     let p = params(mpa(2, true, false));
-    let (c, s) = establish(
-        listener,
-        &v.pd,
-        &v.cq,
-        &[],
-        vec![sge_recv(&v.private, 1, 0, 64)],
-        || peer.connect(addr, &pd, &cq, &p, format!("{bad:?}").as_bytes()),
-    )?;
+    // `c` is the peer's queue pair, `s` the engine's.
+    let (c, s) = match role {
+        Role::EngineServer {
+            listener,
+            addr,
+            peer,
+        } => establish(
+            listener,
+            &v.pd,
+            &v.cq,
+            &[],
+            vec![sge_recv(&v.private, 1, 0, 64)],
+            || peer.connect(addr, &pd, &cq, &p, format!("{bad:?}").as_bytes()),
+        )?,
+        Role::EngineClient {
+            engine,
+            listener,
+            addr,
+        } => {
+            let rbuf = pd.register(64, ALL).unwrap();
+            let (s, c) = establish(
+                listener,
+                &pd,
+                &cq,
+                &[],
+                vec![sge_recv(&rbuf, 7, 0, 64)],
+                || engine.connect(addr, &v.pd, &v.cq, &p, format!("{bad:?}").as_bytes()),
+            )?;
+            // The engine posts its receive, then sends first: the socket transport's Responder
+            // sends nothing before a valid FPDU (RFC 5044 7.1.2 rule 4).
+            let post =
+                s.qp.post_recv(sge_recv(&v.private, 1, 0, 64))
+                    .and_then(|()| s.qp.post_send(send_wr(5, &v.private, 1024, 16)));
+            post.map_err(|e| format!("engine post: {e}"))?;
+            expect_wc(&v.cq, 5, WcOpcode::Send, WcStatus::Success)?;
+            expect_wc(&cq, 7, WcOpcode::Recv, WcStatus::Success)?;
+            (c, s)
+        }
+    };
     let (stag, to) = bad.target(v);
     let is_read = matches!(bad, Bad::ReadInvalidSourceStag);
     let wr = if is_read {
@@ -1562,7 +1605,34 @@ fn terminate_for_bad_fpdus_while_serving_others() {
         });
         wait_rounds(&rounds, 5, &failed);
         let before = rounds.load(Ordering::Relaxed);
-        for peer in [Stack::Socket, Stack::Engine(&b)] {
+        let socket_server = Stack::Socket.listen(port + 1, p.clone());
+        let roles = [
+            (
+                "socket peer -> engine server",
+                Role::EngineServer {
+                    listener: &listener,
+                    addr,
+                    peer: Stack::Socket,
+                },
+            ),
+            (
+                "engine peer -> engine server",
+                Role::EngineServer {
+                    listener: &listener,
+                    addr,
+                    peer: Stack::Engine(&b),
+                },
+            ),
+            (
+                "socket server peer -> engine client",
+                Role::EngineClient {
+                    engine: &a,
+                    listener: &socket_server,
+                    addr: SocketAddr::from((ADDR_B, port + 1)),
+                },
+            ),
+        ];
+        for (name, role) in roles {
             for bad in [
                 Bad::WriteInvalidStag,
                 Bad::WriteBeyondEnd,
@@ -1570,10 +1640,9 @@ fn terminate_for_bad_fpdus_while_serving_others() {
                 Bad::ReadInvalidSourceStag,
             ] {
                 let t = Instant::now();
-                let r = bad_peer(&listener, addr, peer, &v, bad);
+                let r = bad_peer(role, &v, bad);
                 println!(
-                    "{} peer, {bad:?}: {} in {:?} (bystander at round {})",
-                    peer.name(),
+                    "{name}, {bad:?}: {} in {:?} (bystander at round {})",
                     match &r {
                         Ok(()) => format!("Terminate {:?} as expected", bad.want()),
                         Err(e) => format!("FAILED: {e}"),
@@ -1581,7 +1650,7 @@ fn terminate_for_bad_fpdus_while_serving_others() {
                     t.elapsed(),
                     rounds.load(Ordering::Relaxed)
                 );
-                results.push(r.map_err(|e| format!("{} {bad:?}: {e}", peer.name())));
+                results.push(r.map_err(|e| format!("{name} {bad:?}: {e}")));
             }
         }
         for bad in [
@@ -1633,5 +1702,5 @@ fn terminate_for_bad_fpdus_while_serving_others() {
     let ca = stop_and_check("server (iwa)", a, 1);
     stop_and_check("bad peers (iwb)", b, 0);
     assert!(errors.is_empty(), "{errors:#?}");
-    assert_eq!(ca.conns.terminates_sent, 14, "one Terminate per bad peer");
+    assert_eq!(ca.conns.terminates_sent, 18, "one Terminate per bad peer");
 }
