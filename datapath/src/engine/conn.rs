@@ -55,6 +55,10 @@ const MARKER_LEN: u64 = 4;
 /// Disjoint ranges the reassembly store may hold at once (TCP itself keeps at most 64
 /// out-of-order ranges, and each segment adds at most a few).
 const MAX_STORE_RANGES: usize = 1024;
+/// Longest held range scanned again for FPDUs when a neighbouring segment arrives.
+const MAX_RELOCATE: usize = 64 << 10;
+/// Most FPDUs placed from one such scan.
+const MAX_RELOCATED: usize = 128;
 
 /// Settings of one connection.
 #[derive(Debug, Clone)]
@@ -109,6 +113,10 @@ pub struct ConnCounters {
     pub held_peak: u64,
     /// Octets that ever went into the reassembly store.
     pub held_total: u64,
+    /// Longest run of contiguous octets the store ever held (after a segment was processed).
+    /// With FPDUs that can all be located and placed early, a run is at most the end of one
+    /// FPDU and the start of the next (anything longer holds a whole FPDU, which is placed).
+    pub held_run_peak: u64,
     /// Out-of-order segments in which no FPDU could be located.
     pub unlocated_segments: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
@@ -263,6 +271,40 @@ impl Store {
         Ok(())
     }
 
+    /// The held range that contains stream offset `pos`, if any.
+    fn range_containing(&self, pos: u64) -> Option<(u64, u64)> {
+        let i = self.ranges.partition_point(|r| r.1 <= pos);
+        self.ranges.get(i).filter(|r| r.0 <= pos).copied()
+    }
+
+    /// Forgets the held octets `[start, end)`, which must lie in one held range; false (and
+    /// nothing changed) otherwise or when the split would need more ranges than allowed.
+    fn remove(&mut self, start: u64, end: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.1 <= start);
+        let Some(&(s, e)) = self.ranges.get(i) else {
+            return false;
+        };
+        if start >= end || s > start || e < end {
+            return false;
+        }
+        match (s == start, e == end) {
+            (true, true) => {
+                self.ranges.remove(i);
+            }
+            (true, false) => self.ranges[i].0 = end,
+            (false, true) => self.ranges[i].1 = start,
+            (false, false) => {
+                if self.ranges.len() >= MAX_STORE_RANGES {
+                    return false;
+                }
+                self.ranges[i].1 = start;
+                self.ranges.insert(i + 1, (end, e));
+            }
+        }
+        self.held -= end - start;
+        true
+    }
+
     /// End of the held range that starts at `pos`, if any.
     fn range_at(&self, pos: u64) -> Option<u64> {
         self.ranges.first().filter(|r| r.0 == pos).map(|r| r.1)
@@ -310,6 +352,10 @@ pub struct IwarpConn {
     rx_dead: bool,
     store: Store,
     placed: VecDeque<PlacedFpdu>,
+    /// A held range copied out of the ring to be scanned again (allocated once, on first use).
+    relocate_buf: Vec<u8>,
+    /// Spans of the FPDUs such a scan placed (allocated once).
+    relocated: Vec<(u64, u64)>,
     /// The MPA Request or Reply, until TCP has taken it.
     startup_record: Option<Vec<u8>>,
     ulpdu: Vec<u8>,
@@ -327,6 +373,8 @@ impl IwarpConn {
             qp: QueuePair::new(cfg.qp),
             store: Store::new(cfg.reassembly_capacity),
             placed: VecDeque::with_capacity(cfg.max_placed_fpdus.min(1 << 16)),
+            relocate_buf: Vec::new(),
+            relocated: Vec::new(),
             cfg,
             epoch,
             now,
@@ -518,6 +566,10 @@ impl IwarpConn {
         }
         self.drain(mem);
         self.counters.held_peak = self.counters.held_peak.max(self.store.held);
+        if self.store.held > 0 {
+            let run = self.store.ranges.iter().map(|r| r.1 - r.0).max();
+            self.counters.held_run_peak = self.counters.held_run_peak.max(run.unwrap_or(0));
+        }
     }
 
     fn paused(&self) -> bool {
@@ -535,7 +587,7 @@ impl IwarpConn {
                     .on_transport_error(TerminateCause::LocalCatastrophic);
             }
         }
-        self.counters.held_peak = self.counters.held_peak.max(self.store.held);
+        // The peak is taken in `on_data`, once the segment is fully processed.
     }
 
     /// An out-of-order segment: place what can be placed, hold the rest.
@@ -616,6 +668,107 @@ impl IwarpConn {
         let rest = &bytes[(cursor - off) as usize..];
         let at = cursor;
         self.hold(at, rest);
+        // Pieces of one FPDU cut apart by a re-segmenting middlebox may now lie side by side.
+        let seg = (off, off + bytes.len() as u64);
+        self.relocate_held(seg.0, seg, mem);
+        self.relocate_held(seg.1 - 1, seg, mem);
+    }
+
+    /// Scans the held range around stream offset `pos` again, when it reaches beyond the
+    /// segment `seg` just processed (octets of neighbouring segments joined it): the tail of one
+    /// segment and the head of the next may together complete an FPDU that neither held whole
+    /// (the sender was not header-aligned, or a middlebox re-cut the stream). FPDUs found are
+    /// placed like those of a single segment and their octets leave the store, so it keeps
+    /// about one partial FPDU per gap instead of one per segment boundary
+    /// (draft-ietf-rddp-mpa-01 Appendix 11).
+    fn relocate_held<B: RegionBuffer>(
+        &mut self,
+        pos: u64,
+        seg: (u64, u64),
+        mem: &mut MemoryTable<B>,
+    ) {
+        if self.rx_dead {
+            return;
+        }
+        let Some((start, end)) = self.store.range_containing(pos) else {
+            return;
+        };
+        if (start >= seg.0 && end <= seg.1)
+            || end - start > MAX_RELOCATE as u64
+            || self.store.ranges.len() + MAX_RELOCATED > MAX_STORE_RANGES
+        {
+            return;
+        }
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        if start < full.rx_start || !full.locator.can_locate() {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.relocate_buf);
+        let mut found = std::mem::take(&mut self.relocated);
+        if buf.capacity() < MAX_RELOCATE {
+            buf.reserve_exact(MAX_RELOCATE);
+            found.reserve_exact(MAX_RELOCATED);
+        }
+        buf.clear();
+        found.clear();
+        let (a, b) = self.store.slices(start, end);
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b);
+        let rx_start = full.rx_start;
+        let markers = full.negotiated.markers_rx;
+        let qp = &self.qp;
+        let placed = &mut self.placed;
+        let max_placed = self.cfg.max_placed_fpdus;
+        let counters = &mut self.counters;
+        let mut cursor = start;
+        full.locator.locate(&buf, start - rx_start, |span, ulpdu| {
+            if placed.len() >= max_placed || found.len() >= MAX_RELOCATED {
+                return;
+            }
+            let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
+                TAGGED_HEADER_LEN
+            } else {
+                UNTAGGED_HEADER_LEN
+            };
+            if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                return;
+            }
+            let mut fpdu_start = rx_start + span.start;
+            // A Marker right before the header belongs to this FPDU (RFC 5044 4.3).
+            if markers
+                && span.start % MARKER_INTERVAL == MARKER_LEN
+                && fpdu_start >= start + MARKER_LEN
+                && fpdu_start - MARKER_LEN >= cursor
+            {
+                fpdu_start -= MARKER_LEN;
+            }
+            let fpdu_end = rx_start + span.end;
+            let mut header = [0u8; UNTAGGED_HEADER_LEN];
+            header[..header_len].copy_from_slice(&ulpdu[..header_len]);
+            let payload_len = (ulpdu.len() - header_len) as u32;
+            let record = PlacedFpdu {
+                start: fpdu_start,
+                end: fpdu_end,
+                header,
+                header_len: header_len as u8,
+                payload_len,
+            };
+            let i = placed.partition_point(|p| p.start < fpdu_start);
+            placed.insert(i, record);
+            counters.fpdus_placed_out_of_order += 1;
+            counters.bytes_placed_out_of_order += u64::from(payload_len);
+            found.push((fpdu_start, fpdu_end));
+            cursor = fpdu_end;
+        });
+        for &(s, e) in &found {
+            // Inside the one range scanned, with room for every split checked above.
+            let removed = self.store.remove(s, e);
+            debug_assert!(removed);
+        }
+        self.relocate_buf = buf;
+        self.relocated = found;
     }
 
     /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only
@@ -955,6 +1108,18 @@ mod tests {
         assert_eq!(s.ranges, vec![(4, 16)]);
         assert_eq!(s.held, 12);
         assert!(s.insert(0, 14, b"x").is_err(), "overlap refused");
+        assert_eq!(s.range_containing(5), Some((4, 16)));
+        assert_eq!(s.range_containing(16), None);
+        assert!(s.remove(6, 9));
+        assert_eq!(s.ranges, vec![(4, 6), (9, 16)]);
+        assert_eq!(s.held, 9);
+        assert!(!s.remove(5, 10), "across ranges refused");
+        assert!(s.remove(4, 6) && s.remove(9, 12));
+        assert_eq!(s.ranges, vec![(12, 16)]);
+        s.insert(0, 4, b"efgh").unwrap();
+        s.insert(0, 8, b"ijkl").unwrap();
+        assert_eq!(s.ranges, vec![(4, 16)]);
+        assert_eq!(s.held, 12);
         assert!(s.insert(0, 16, b"q").is_err(), "beyond capacity refused");
         s.insert(0, 0, b"abcd").unwrap();
         assert_eq!(s.range_at(0), Some(16));

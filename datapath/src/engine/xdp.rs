@@ -173,6 +173,7 @@ fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.fpdus_placed_out_of_order += c.fpdus_placed_out_of_order;
     sum.held_bytes += c.held_bytes;
     sum.held_peak = sum.held_peak.max(c.held_peak);
+    sum.held_run_peak = sum.held_run_peak.max(c.held_run_peak);
     sum.held_total += c.held_total;
     sum.unlocated_segments += c.unlocated_segments;
     sum.crc_errors += c.crc_errors;

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The AF_XDP engine through the test relay (scripts/netns-relay.sh, `iwarp-bench relay`):
+# write-bw engine to engine (server in iwra, client in iwrb) with the relay dropping and
+# reordering 1% and 5% of TCP segments, then re-segmenting (MSS clamped to 700, data re-cut at
+# random offsets) with 2% loss and reordering and Markers on both ways. Prints Markdown: the
+# receiving engine's placement counters, the sender's retransmissions, what the relay did.
+# Needs root.
+# Usage: scripts/bench-relay.sh [iterations] [size] [seed]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-400}
+SIZE=${2:-65536}
+SEED=${3:-7}
+[ "$(id -u)" -eq 0 ] || { echo "bench-relay: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
+scripts/install-deps.sh >/dev/null
+cargo build --release --locked -p bench >/dev/null 2>&1
+BIN=$PWD/target/release/iwarp-bench
+exec 9>/run/lock/iwarp-netns.lock
+flock 9
+scripts/netns-relay.sh up >/dev/null
+trap 'scripts/netns-relay.sh down >/dev/null 2>&1 || true' EXIT
+PORT=18800
+TMP=$(mktemp -d)
+
+run() { # name relay-args bench-args
+  local name=$1 rargs=$2 bargs=$3
+  # The relay stops (and prints its counters) when its standard input closes.
+  # shellcheck disable=SC2086
+  exec 8> >(ip netns exec iwrr "$BIN" relay --stdin-stop --seed "$SEED" $rargs >"$TMP/$name.relay" 2>&1)
+  sleep 0.3
+  # shellcheck disable=SC2086
+  ip netns exec iwra "$BIN" write-bw --transport xdp --iface iwra0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
+    >"$TMP/$name.server" 2>&1 &
+  local srv=$!
+  for _ in $(seq 1 100); do
+    grep -q listening "$TMP/$name.server" 2>/dev/null && break
+    sleep 0.1
+  done
+  # shellcheck disable=SC2086
+  ip netns exec iwrb "$BIN" write-bw --transport xdp --iface iwrb0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
+    10.78.0.1 >"$TMP/$name.client" 2>&1 || { cat "$TMP/$name.client" >&2; exit 1; }
+  wait "$srv" || { cat "$TMP/$name.server" >&2; exit 1; }
+  exec 8>&-
+  sleep 0.5
+  PORT=$((PORT + 1))
+}
+
+run aligned-1 "--loss 0.01 --reorder 0.01" ""
+run aligned-5 "--loss 0.05 --reorder 0.05" ""
+run reseg-2 "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700" "--markers on"
+
+echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ); write-bw $SIZE B x $N, seed $SEED"
+echo
+python3 - "$TMP" <<'PY'
+import re, sys
+tmp = sys.argv[1]
+def counters(path):
+    line = [l for l in open(path) if "engine counters" in l][0]
+    num = lambda pat: int(re.search(pat, line).group(1))
+    return dict(seg=num(r"segments (\d+)"), ooo=num(r"out of order (\d+)\)"),
+                ooo_b=num(r"out of order (\d+) B"), ooo_f=num(r"\((\d+) FPDUs\)"),
+                peak=num(r"held peak (\d+) B"), rtx=num(r"retransmitted segments (\d+)"),
+                crc=num(r"CRC errors (\d+)"))
+def relay(path):
+    d = {}
+    for l in open(path):
+        m = re.match(r"relay (a->b|b->a): DirStats \{(.*)\}", l)
+        if m:
+            d[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(2))}
+    return d
+def gbit(path):
+    for l in open(path):
+        f = l.split()
+        if len(f) >= 5 and f[0].isdigit():
+            return f[3]
+    return "?"
+print("| relay | `iwarp-bench relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak | CRC errors | sender retransmitted | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
+                   ("aligned-5", "--loss 0.05 --reorder 0.05", ""),
+                   ("reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--markers on")]:
+    s = counters(f"{tmp}/{name}.server"); c = counters(f"{tmp}/{name}.client")
+    rl = relay(f"{tmp}/{name}.relay")["b->a"]
+    print(f"| {name} | `{r}` / `{b}` | {gbit(tmp + '/' + name + '.client')} | {s['seg']} ({s['ooo']}) | "
+          f"{s['ooo_b']} B ({s['ooo_f']} FPDUs) | {s['peak']} B | {s['crc']} | {c['rtx']} | "
+          f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) |")
+PY
+rm -rf "$TMP"
