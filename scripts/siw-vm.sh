@@ -7,6 +7,9 @@
 #   scripts/siw-vm.sh run CMD...     boot the guest on the veth test bed (scripts/netns.sh) and
 #                                    run each CMD in it (one dash command line each), printing
 #                                    output and exit status; exits non-zero if any CMD failed
+#   scripts/siw-vm.sh bench          ib_write_bw -R -s 65536 and ib_write_lat -R -s 64 with siw
+#                                    as the peer, our side (socket transport, then the AF_XDP
+#                                    engine) in the other role, both roles; markdown rows
 #   scripts/siw-vm.sh test           the interop suite: rping (several sizes, CRC on/off, MPA
 #                                    rev 1 and 2, captures checked by tshark) and perftest's six
 #                                    ib_* -R tools, between siw in the guest and iwarp-bench in
@@ -682,6 +685,8 @@ rc=\$?; echo pings=\$(grep -c '^ping data: ' /tmp/r.log); \
     result "$name" fail "our server exit $src: $(tail -n 3 "$slog" | tr '\n' ' ')"
   elif ! grep -q "CRC $want" "$slog"; then
     result "$name" fail "negotiated CRC is not $want: $(tail -n 1 "$slog")"
+  elif ! engine_used "$slog" "$@"; then
+    result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$slog")"
   else
     result "$name" ok "($count pings x $size B, CRC $want)"
   fi
@@ -693,9 +698,10 @@ rc=\$?; echo pings=\$(grep -c '^ping data: ' /tmp/r.log); \
 # from the CM to the QP; an FPDU landing in between raises no event and sits in the socket, and
 # the run hangs (7 of 20 runs without the wait here, 0 of 40 with 100 ms).
 SETTLE_MS=${SIW_VM_SETTLE_MS:-100}
-case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC
+case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC [EXTRA our args]
   want_case "$1" || return 0
   local name=$1 size=$2 count=$3 rev=$4 crc=$5 want=$6
+  local extra=("${@:7}")
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   cap_start "$name"
   # A server left over from a failed case would hold the port.
@@ -707,9 +713,11 @@ job start srv 100 'rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V 2>/tmp/s.err
     tries=$((tries + 1))
     rc=0
     ip netns exec "$NS_A" timeout 100 "$BENCH" rping -c -a "$GUEST_ADDR" -C "$count" -S "$size" \
-      --mpa-rev "$rev" --crc "$crc" --settle-ms "$SETTLE_MS" -d >"$clog" 2>&1 || rc=$?
-    # rping -s needs a moment (under emulation) before it listens.
-    if [ $rc -ne 0 ] && grep -q "refused" "$clog"; then
+      --mpa-rev "$rev" --crc "$crc" --settle-ms "$SETTLE_MS" -d "${extra[@]}" >"$clog" 2>&1 ||
+      rc=$?
+    # rping -s needs a moment (under emulation) before it listens. (Our AF_XDP engine reports
+    # the reset to its SYN as MPA's "connection lost" during setup.)
+    if [ $rc -ne 0 ] && grep -qE "refused|connect to .*TCP connection closed or lost" "$clog"; then
       sleep 0.2
       continue
     fi
@@ -737,6 +745,8 @@ exit \$rc") || grc=$?
     result "$name" fail "guest rping -s saw ${pings:-0} of $count pings"
   elif ! grep -q "MPA rev $rev, CRC $want" "$clog"; then
     result "$name" fail "negotiated not rev $rev CRC $want: $(tail -n 1 "$clog")"
+  elif ! engine_used "$clog" "${extra[@]}"; then
+    result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$clog")"
   else
     result "$name" ok "($count pings x $size B, rev $rev, CRC $want)"
   fi
@@ -748,6 +758,9 @@ exit \$rc") || grc=$?
 # the stage short under TCG; the port is perftest's default, 18515.
 PT_PORT=18515
 pt_tool() { echo "ib_${1/-/_}"; } # write-bw -> ib_write_bw
+# A tool left over from a failed case would hold the port.
+PT_KILL="killall -9 ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat 2>/dev/null"
+
 # The guest tool's result line (its table row) and, on failure, its last words.
 pt_guest_cmd() { # TOOL ARGS...: runs the tool, prints rows= and the output's tail
   echo "$* > /tmp/pt.log 2>&1; rc=\$?; echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pt.log); \
@@ -755,19 +768,19 @@ grep -E '^ +[0-9]+ +[0-9]+ |#bytes|rror|ailed|nable|Couldn|FAIL' /tmp/pt.log | c
 }
 
 # Our server in iwa, the perftest tool as client in the guest.
-case_pt_siw_client() { # NAME TEST SIZE ITERS
+case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
   want_case "$1" || return 0
-  local name=$1 test=$2 size=$3 iters=$4 tool
+  local name=$1 test=$2 size=$3 iters=$4 tool extra=("${@:5}")
   tool=$(pt_tool "$test")
   local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
   ip netns exec "$NS_A" timeout 150 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
-    -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 >"$slog" 2>&1 &
+    -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
   sleep 0.3
   local rc=0 out
-  out=$(guest 120 "$(pt_guest_cmd "$tool" -R -p "$PT_PORT" -s "$size" -n "$iters" "$ADDR_A")") ||
+  out=$(guest 120 "$PT_KILL; $(pt_guest_cmd "$tool" -R -p "$PT_PORT" -s "$size" -n "$iters" "$ADDR_A")") ||
     rc=$?
   printf '%s\n' "$out" >"$glog"
   local src=0
@@ -780,6 +793,8 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS
     result "$name" fail "guest $tool -R (client) exit $rc: $(grep -v '^rows=' <<<"$out" | tail -n 3 | tr '\n' ' ')"
   elif [ -z "$verdict" ]; then
     result "$name" fail "our server printed no verification summary: $(tail -n 2 "$slog" | tr '\n' ' ')"
+  elif ! engine_used "$slog" "${extra[@]}"; then
+    result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$slog")"
   else
     result "$name" ok "(guest $tool -R -s $size -n $iters as client; $verdict)"
   fi
@@ -787,18 +802,19 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS
 }
 
 # The perftest tool as server in the guest, our client in iwa.
-case_pt_siw_server() { # NAME TEST SIZE ITERS
+case_pt_siw_server() { # NAME TEST SIZE ITERS [EXTRA our args]
   want_case "$1" || return 0
-  local name=$1 test=$2 size=$3 iters=$4 tool
+  local name=$1 test=$2 size=$3 iters=$4 tool extra=("${@:5}")
   tool=$(pt_tool "$test")
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
-  guest 10 "killall -9 $tool 2>/dev/null; \
+  guest 10 "$PT_KILL; \
 job start pts 110 '$tool -R -p $PT_PORT -s $size -n $iters > /tmp/pts.log 2>&1'" >/dev/null || true
   local rc=0
   # Our client retries (refused) until the tool listens.
   ip netns exec "$NS_A" timeout 120 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
-    -p "$PT_PORT" --timeout 60 --step-timeout 60 "$GUEST_ADDR" >"$clog" 2>&1 || rc=$?
+    -p "$PT_PORT" --timeout 60 --step-timeout 60 "${extra[@]}" "$GUEST_ADDR" >"$clog" 2>&1 ||
+    rc=$?
   local grc=0 out
   out=$(guest 40 "job wait pts 35 >/dev/null; rc=\$?; \
 echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pts.log); \
@@ -813,6 +829,8 @@ exit \$rc") || grc=$?
     result "$name" fail "guest $tool -R (server) exit $grc: $(grep -v '^rows=' <<<"$out" | tail -n 3 | tr '\n' ' ')"
   elif [ -z "$verdict" ]; then
     result "$name" fail "our client printed no verification summary: $(tail -n 2 "$clog" | tr '\n' ' ')"
+  elif ! engine_used "$clog" "${extra[@]}"; then
+    result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$clog")"
   else
     result "$name" ok "(guest $tool -R -s $size -n $iters as server; $verdict)"
   fi
@@ -828,7 +846,20 @@ perftest_suite() {
     esac
     case_pt_siw_client "pt-$t-siw-client" "$t" "$size" "$n"
     case_pt_siw_server "pt-$t-siw-server" "$t" "$size" "$n"
+    # The same over the AF_XDP engine (our TCP on iwa0), for the tests in SIW_VM_PT_XDP (the
+    # bw tests and write-lat by default, to keep the stage within two minutes).
+    if [[ " ${SIW_VM_PT_XDP:-write-bw read-bw send-bw write-lat} " == *" $t "* ]]; then
+      case_pt_siw_client "pt-$t-xdp-siw-client" "$t" "$size" "$n" --transport xdp --iface iwa0
+      case_pt_siw_server "pt-$t-xdp-siw-server" "$t" "$size" "$n" --transport xdp --iface iwa0
+    fi
   done
+}
+
+# For a case run with `--transport xdp`: did the engine carry it? (Its counters line.)
+engine_used() { # LOG EXTRA_ARGS...
+  local log=$1
+  shift
+  [[ " $* " != *" xdp "* ]] || grep -q "engine counters: .*connections [1-9]" "$log"
 }
 
 swap_siw() { # swap_siw VARIANT
@@ -935,6 +966,11 @@ suite() {
   case_siw_server "siw-server-rev1-crc-on-4096" 4096 100 1 on on
   case_siw_server "siw-server-rev1-crc-off-4096" 4096 100 1 off off
   perftest_suite
+  # rping over the AF_XDP engine (our TCP, steering program on iwa0) against siw.
+  for s in 26 4096 65535; do
+    case_siw_client "siw-client-xdp-$s" "$s" 100 on on --transport xdp --iface iwa0
+    case_siw_server "siw-server-xdp-$s" "$s" 100 2 on on --transport xdp --iface iwa0
+  done
   capture_check capture-rev2 2 case_siw_client capture-rev2-session 64 10 on on
   # Multi-segment messages both ways: our Read Responses (4096) and our Writes (65535). tshark
   # decodes only FPDUs that start a TCP segment; kernel TCP does not keep ours aligned, so it
@@ -963,6 +999,120 @@ suite() {
   fi
 }
 
+# ---- `bench`: perftest's write-bw and write-lat with siw as the peer, our side the other role ----
+
+# The guest tool's table row (the first line of numbers after its header).
+# (The command channel strips leading blanks, so none are required.)
+pt_row() { { grep -E '^ *[0-9]+ +[0-9]+ ' || true; } | head -n 1 | awk '{$1=$1; print}'; }
+
+# bench_pair TEST SIZE ITERS TRANSPORT: both roles; prints one markdown row per role.
+bench_pair() {
+  local test=$1 size=$2 n=$3 tr=$4 tool xdp=()
+  tool=$(pt_tool "$test")
+  [ "$tr" = xdp ] && xdp=(--transport xdp --iface iwa0)
+  local slog=$OUT/bench-$test-$tr-siw-client.server.log
+  # 1. siw (guest) is the client, we serve.
+  ip netns exec "$NS_A" timeout 300 "$BENCH" perftest "$test" -s "$size" -n "$n" -p "$PT_PORT" \
+    --bind "$ADDR_A" "${xdp[@]}" --timeout 120 --step-timeout 120 >"$slog" 2>&1 &
+  local spid=$! grow orow out rc=0
+  CHILD_PIDS+=("$spid")
+  sleep 0.5
+  out=$(guest 280 "$tool -R -p $PT_PORT -s $size -n $n $ADDR_A 2>&1") || rc=$?
+  printf '%s\n' "$out" >"$OUT/bench-$test-$tr-siw-client.guest.log"
+  wait "$spid" || rc=$((rc + 100))
+  grow=$(pt_row <<<"$out")
+  orow=$(pt_row <"$slog")
+  [ $rc -eq 0 ] || grow="FAILED (exit $rc, see $OUT)"
+  bench_line "$test" "$size" "$n" "$tr" "siw $tool client -> our server" "$grow" "$orow"
+  # 2. siw (guest) serves, we are the client.
+  local clog=$OUT/bench-$test-$tr-siw-server.client.log
+  guest 10 "$PT_KILL; \
+job start ptb 290 '$tool -R -p $PT_PORT -s $size -n $n > /tmp/ptb.log 2>&1'" >/dev/null || true
+  rc=0
+  ip netns exec "$NS_A" timeout 300 "$BENCH" perftest "$test" -s "$size" -n "$n" -p "$PT_PORT" \
+    "${xdp[@]}" --timeout 120 --step-timeout 120 "$GUEST_ADDR" >"$clog" 2>&1 || rc=$?
+  out=$(guest 60 "job wait ptb 55 >/dev/null; rc=\$?; cat /tmp/ptb.log; exit \$rc") || rc=$((rc + 100))
+  printf '%s\n' "$out" >"$OUT/bench-$test-$tr-siw-server.guest.log"
+  grow=$(pt_row <<<"$out")
+  orow=$(pt_row <"$clog")
+  [ $rc -eq 0 ] || orow="FAILED (exit $rc, see $OUT)"
+  bench_line "$test" "$size" "$n" "$tr" "our client -> siw $tool server" "$grow" "$orow"
+}
+
+# One markdown row: bw tests show the client's measurement (a perftest bw server prints the
+# client's report), lat tests both sides' median and 99th percentile.
+bench_line() { # TEST SIZE N TRANSPORT WHO GUEST_ROW OUR_ROW
+  local test=$1 size=$2 n=$3 tr=$4 who=$5 g=$6 o=$7 gv ov
+  case $test in
+    *-bw)
+      gv=$(awk '{print $4 " MB/s (" $5 " Mpps)"}' <<<"$g")
+      ov=$(awk '{print $4 " MB/s (" $5 " Mpps)"}' <<<"$o")
+      ;;
+    *)
+      gv=$(awk '{print "p50 " $5 " us, p99 " $8 " us"}' <<<"$g")
+      ov=$(awk '{print "p50 " $5 " us, p99 " $8 " us"}' <<<"$o")
+      ;;
+  esac
+  [[ $g == FAILED* ]] && gv=$g
+  [[ $o == FAILED* ]] && ov=$o
+  echo "| $test $size B, -n $n | $tr | $who | $gv | $ov |" | tee -a "$OUT/bench-table.md"
+}
+
+# Our stack against itself on the same path (server in iwa, socket client in iwb behind the
+# guest's bridge), for reference in the same run.
+bench_self() { # TEST SIZE N TRANSPORT
+  local test=$1 size=$2 n=$3 tr=$4 xdp=() row rc=0
+  [ "$tr" = xdp ] && xdp=(--transport xdp --iface iwa0)
+  ip netns exec "$NS_A" timeout 300 "$BENCH" "$test" -s "$size" -n "$n" "${xdp[@]}" \
+    >"$OUT/bench-self-$test-$tr.server.log" 2>&1 &
+  local spid=$!
+  CHILD_PIDS+=("$spid")
+  sleep 0.5
+  ip netns exec "$NS_B" timeout 300 "$BENCH" "$test" -s "$size" -n "$n" "$ADDR_A" \
+    >"$OUT/bench-self-$test-$tr.client.log" 2>&1 || rc=$?
+  wait "$spid" || rc=$((rc + 100))
+  row=$(pt_row <"$OUT/bench-self-$test-$tr.client.log")
+  local v
+  case $test in
+    *-bw) v=$(awk '{print $3 " MiB/s (" $5 " Mpps)"}' <<<"$row") ;;
+    *) v=$(awk '{print "p50 " $5 " us, p99 " $8 " us"}' <<<"$row") ;;
+  esac
+  [ $rc -eq 0 ] || v="FAILED (exit $rc)"
+  echo "| $test $size B, -n $n | $tr | iwarp-bench client (iwb, socket) -> iwarp-bench server (iwa) | - | $v |" |
+    tee -a "$OUT/bench-table.md"
+}
+
+run_bench() {
+  local t0=$SECONDS
+  need_root
+  host_deps
+  build
+  STEP=build-iwarp-bench
+  if [ -n "${IWARP_BENCH:-}" ]; then
+    BENCH=$IWARP_BENCH
+  else
+    (cd "$ROOT" && cargo build --locked -q --release -p bench --bin iwarp-bench) ||
+      die "cargo build failed"
+    BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/release/iwarp-bench
+  fi
+  fresh_out
+  trap cleanup EXIT INT TERM
+  bed_up
+  boot
+  STEP=bench
+  local nbw=${SIW_VM_BENCH_BW_ITERS:-1000} nlat=${SIW_VM_BENCH_LAT_ITERS:-1000} tr
+  echo "| test | our transport | roles | siw side (perftest's own output) | our side (iwarp-bench perftest) |"
+  echo "| --- | --- | --- | --- | --- |"
+  for tr in ${SIW_VM_BENCH_TRANSPORTS:-socket xdp}; do
+    bench_pair write-bw 65536 "$nbw" "$tr"
+    bench_pair write-lat 64 "$nlat" "$tr"
+    bench_self write-bw 65536 "$nbw" "$tr"
+    bench_self write-lat 64 "$nlat" "$tr"
+  done
+  guest 10 poweroff >/dev/null || true
+  echo "siw-vm bench: $((SECONDS - t0)) s; logs in $OUT"
+}
+
 case "${1:-}" in
   build)
     build
@@ -973,6 +1123,7 @@ case "${1:-}" in
     run_cmds "$@"
     ;;
   test) run_test ;;
+  bench) run_bench ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     exit 2

@@ -123,9 +123,11 @@ impl Net {
     }
 }
 
-/// True for the errors of a peer that is not listening (yet): TCP refused or reset.
+/// True for the errors of a peer that is not listening (yet): TCP refused or reset. The AF_XDP
+/// engine reports a reset during connection setup as MPA's "connection lost" (code 1).
 pub fn not_listening(e: &DatapathError) -> bool {
     match e {
+        DatapathError::Mpa(mpa::MpaError::ConnectionLost) => true,
         DatapathError::Io(io) => matches!(
             io.kind(),
             std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset

@@ -26,11 +26,12 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use datapath::{
-    connect, Access, Completion, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
-    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain,
+    QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
 
-use crate::OnOff;
+use crate::net::Net;
+use crate::{OnOff, Transport};
 
 /// Octets of `struct rping_rdma_info`.
 const INFO_LEN: usize = 16;
@@ -105,6 +106,13 @@ pub struct RpingCli {
     /// client, slower to send, never hits; 100 avoids it.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub settle_ms: u64,
+    /// Transport: `socket` (kernel TCP) or `xdp` (our TCP over AF_XDP on `--iface`, root;
+    /// the server then listens on the interface's address whatever -a says).
+    #[arg(long, value_enum, default_value_t = Transport::Socket)]
+    pub transport: Transport,
+    /// Interface for `--transport xdp`.
+    #[arg(long)]
+    pub iface: Option<String>,
 }
 
 /// Entry point: `args` starts with "rping".
@@ -125,14 +133,24 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         eprintln!("rping: --timeout and --step-timeout must be between 0 and 3600 seconds");
         return ExitCode::from(2);
     }
+    let net = match Net::start(cli.transport, cli.iface.as_deref()) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("rping: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let res = if cli.server {
-        run_server(&cli)
+        run_server(&cli, &net)
     } else {
         match cli.addr.as_deref() {
             None => Err("the client needs -a ADDR".to_string()),
-            Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, a)),
+            Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, &net, a)),
         }
     };
+    if let Some(line) = net.finish() {
+        eprintln!("rping: {line}");
+    }
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -433,10 +451,10 @@ fn describe(qp: &QueuePair) -> String {
     )
 }
 
-fn run_server(cli: &RpingCli) -> Result<(), String> {
+fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
     let host = cli.addr.as_deref().unwrap_or("0.0.0.0");
     let bind = resolve(host, cli.port)?;
-    let listener = Listener::bind(bind, params(cli)).map_err(|e| format!("bind {bind}: {e}"))?;
+    let (listener, _) = net.listen(&bind.ip().to_string(), cli.port, params(cli))?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let ctrl = ctrl_region(&pd)?;
@@ -559,13 +577,14 @@ fn run_server(cli: &RpingCli) -> Result<(), String> {
     Ok(())
 }
 
-fn run_client(cli: &RpingCli, addr: SocketAddr) -> Result<(), String> {
+fn run_client(cli: &RpingCli, net: &Net, addr: SocketAddr) -> Result<(), String> {
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let ctrl = ctrl_region(&pd)?;
     let start = data_region(&pd, cli.size)?;
     let sink = data_region(&pd, cli.size)?;
-    let conn = connect(addr, &pd, &cq, &params(cli), &[])
+    let conn = net
+        .connect(addr, &pd, &cq, &params(cli), &[])
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     let mut peer = Peer::new(conn.qp, cq, ctrl, cli);
     for _ in 0..RECV_SLOTS {
