@@ -1013,7 +1013,7 @@ bench_pair() {
   local slog=$OUT/bench-$test-$tr-siw-client.server.log
   # 1. siw (guest) is the client, we serve.
   ip netns exec "$NS_A" timeout 300 "$BENCH" perftest "$test" -s "$size" -n "$n" -p "$PT_PORT" \
-    --bind "$ADDR_A" "${xdp[@]}" --timeout 120 --step-timeout 120 >"$slog" 2>&1 &
+    --bind "$ADDR_A" "${xdp[@]}" --timeout 60 --step-timeout 60 >"$slog" 2>&1 &
   local spid=$! grow orow out rc=0
   CHILD_PIDS+=("$spid")
   sleep 0.5
@@ -1030,7 +1030,7 @@ bench_pair() {
 job start ptb 290 '$tool -R -p $PT_PORT -s $size -n $n > /tmp/ptb.log 2>&1'" >/dev/null || true
   rc=0
   ip netns exec "$NS_A" timeout 300 "$BENCH" perftest "$test" -s "$size" -n "$n" -p "$PT_PORT" \
-    "${xdp[@]}" --timeout 120 --step-timeout 120 "$GUEST_ADDR" >"$clog" 2>&1 || rc=$?
+    "${xdp[@]}" --timeout 60 --step-timeout 60 "$GUEST_ADDR" >"$clog" 2>&1 || rc=$?
   out=$(guest 60 "job wait ptb 55 >/dev/null; rc=\$?; cat /tmp/ptb.log; exit \$rc") || rc=$((rc + 100))
   printf '%s\n' "$out" >"$OUT/bench-$test-$tr-siw-server.guest.log"
   grow=$(pt_row <<<"$out")
