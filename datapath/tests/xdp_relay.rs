@@ -376,7 +376,8 @@ fn resegmenting_relay_with_markers() {
         );
         // FPDUs no longer start segments ...
         assert!(d.unaligned_pieces * 2 > d.pieces, "{who}: {d:?}");
-        assert_eq!(d.mss_clamped, 1, "{who}: {d:?}");
+        // (a SYN the relay drops comes again and is clamped again)
+        assert!(d.mss_clamped >= 1, "{who}: {d:?}");
         // ... yet Markers locate them in out-of-order segments, which are placed at once;
         assert!(e.fpdus_placed_out_of_order > 50, "{who}: {e:?}");
         // pieces of cut FPDUs are held, each held run within `run_bound`,
