@@ -659,18 +659,24 @@ impl State {
     }
 }
 
+/// A PD table locked for one turn (`None` past the tables in use).
+type TableGuard<'g> = Option<MutexGuard<'g, MemoryTable<RegionMemory>>>;
+
+/// PD tables locked per turn without allocating: this many on the stack, more on the heap.
+const INLINE_TABLES: usize = 4;
+
 /// The driver's view of the engine for one turn: the state plus the locked PD tables.
 struct App<'a, 'g> {
     st: &'a mut State,
-    mem: &'a mut [MutexGuard<'g, MemoryTable<RegionMemory>>],
+    mem: &'a mut [TableGuard<'g>],
 }
 
 fn table_of<'t>(
     table: Option<usize>,
-    mem: &'t mut [MutexGuard<'_, MemoryTable<RegionMemory>>],
+    mem: &'t mut [TableGuard<'_>],
     scratch: &'t mut MemoryTable<RegionMemory>,
 ) -> &'t mut MemoryTable<RegionMemory> {
-    match table.and_then(|i| mem.get_mut(i)) {
+    match table.and_then(|i| mem.get_mut(i)).and_then(|g| g.as_mut()) {
         Some(g) => g,
         None => scratch,
     }
@@ -936,10 +942,22 @@ impl Engine {
                 }
             }
             {
-                let mut guards: Vec<_> = self.tables.iter().map(lock_table).collect();
+                // Each PD table is locked once per turn, not per packet; no allocation for the
+                // usual handful of PDs.
+                let mut inline: [TableGuard<'_>; INLINE_TABLES] = Default::default();
+                let mut heap: Vec<TableGuard<'_>> = Vec::new();
+                let mem: &mut [TableGuard<'_>] = if self.tables.len() <= INLINE_TABLES {
+                    for (g, t) in inline.iter_mut().zip(&self.tables) {
+                        *g = Some(lock_table(t));
+                    }
+                    &mut inline[..self.tables.len()]
+                } else {
+                    heap.extend(self.tables.iter().map(|t| Some(lock_table(t))));
+                    &mut heap
+                };
                 let mut app = App {
                     st: &mut self.st,
-                    mem: &mut guards,
+                    mem,
                 };
                 match xdp.poll(&mut app) {
                     Ok(w) => work |= w,
