@@ -36,6 +36,15 @@ impl FpduSink for Vec<u8> {
     }
 }
 
+/// A caller's function taking the octets in order.
+struct FnSink<'a>(&'a mut dyn FnMut(&[u8]));
+
+impl FpduSink for FnSink<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        (self.0)(bytes)
+    }
+}
+
 /// A slice being filled from the front. Its length is checked against the FPDU's wire length
 /// before encoding starts, so `put` never runs out of room; if it did, the octets would be
 /// dropped rather than panic.
@@ -254,6 +263,20 @@ impl FpduEncoder {
         let wire_len = self.check(header.len() + payload.len())?;
         out.reserve(wire_len);
         self.encode_to(header, payload, out);
+        Ok(wire_len)
+    }
+
+    /// Hands the FPDU whose ULPDU is `header` followed by `payload` to `put`, in pieces and in
+    /// order (for example straight into a transmit buffer), and returns the octets handed.
+    /// Fails, handing nothing, for a ULPDU that does not fit one FPDU.
+    pub fn encode_with(
+        &mut self,
+        header: &[u8],
+        payload: &[u8],
+        put: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, MpaError> {
+        let wire_len = self.check(header.len() + payload.len())?;
+        self.encode_to(header, payload, &mut FnSink(put));
         Ok(wire_len)
     }
 

@@ -151,6 +151,17 @@ fn encode_parts_and_encode_into_match_encode() {
                     .unwrap();
                 assert_eq!(&buf[..written], &expected[..]);
                 assert_eq!(into.position(), whole.position());
+
+                let mut with = FpduEncoder::with_position(crc, markers, position);
+                let mut got = Vec::new();
+                let handed = with
+                    .encode_with(&ulpdu[..split], &ulpdu[split..], &mut |b: &[u8]| {
+                        got.extend_from_slice(b)
+                    })
+                    .unwrap();
+                assert_eq!(handed, expected.len());
+                assert_eq!(got, expected);
+                assert_eq!(with.position(), whole.position());
             }
         }
     }

@@ -94,6 +94,15 @@ pub enum SendError {
     /// Records must not be empty.
     #[error("empty record")]
     EmptyRecord,
+    /// [`Connection::send_record_with`]: the writer produced another length than announced
+    /// (nothing was queued).
+    #[error("record writer produced {produced} octets, {announced} announced")]
+    RecordLength {
+        /// The length announced.
+        announced: usize,
+        /// The octets the writer produced.
+        produced: usize,
+    },
 }
 
 /// Counters (monotonic unless noted).
@@ -578,6 +587,42 @@ impl Connection {
         }
         for p in parts {
             self.send_buf.extend(p.iter().copied());
+        }
+        self.record_ends.push_back(self.data_end());
+        Ok(())
+    }
+
+    /// Queue one record of `len` octets written in place by `write`, which gets a function
+    /// appending octets to the send buffer (so a record can be framed straight into it, no
+    /// intermediate copy). All or nothing: if `write` appends other than `len` octets, they are
+    /// taken back and [`SendError::RecordLength`] returned.
+    pub fn send_record_with(
+        &mut self,
+        len: usize,
+        write: impl FnOnce(&mut dyn FnMut(&[u8])),
+    ) -> Result<(), SendError> {
+        if self.cfg.tx_mode != TxMode::Records {
+            return Err(SendError::WrongMode);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        if len == 0 {
+            return Err(SendError::EmptyRecord);
+        }
+        if len > self.send_capacity() {
+            return Err(SendError::BufferFull);
+        }
+        let before = self.send_buf.len();
+        let buf = &mut self.send_buf;
+        write(&mut |bytes: &[u8]| buf.extend(bytes.iter().copied()));
+        let produced = self.send_buf.len() - before;
+        if produced != len {
+            self.send_buf.truncate(before);
+            return Err(SendError::RecordLength {
+                announced: len,
+                produced,
+            });
         }
         self.record_ends.push_back(self.data_end());
         Ok(())

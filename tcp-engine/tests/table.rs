@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant as WallClock;
 use tcp_engine::table::{ConnectionTable, TableError};
 use tcp_engine::wire::{SegmentRepr, TcpFlags, TcpOptions};
-use tcp_engine::{Config, Event, FourTuple, Instant, State, TxMode};
+use tcp_engine::{Config, Event, FourTuple, Instant, SendError, State, TxMode};
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
@@ -95,8 +95,29 @@ fn ten_thousand_connections() {
         let c = clients.get_mut(*id).expect("live");
         assert_eq!(c.state(), State::Established);
         assert_eq!(c.poll_event(), Some(Event::Connected));
-        c.send_record(format!("record {i}").as_bytes())
+        let record = format!("record {i}");
+        if i % 2 == 0 {
+            c.send_record(record.as_bytes()).expect("send");
+        } else {
+            // Written in place in two pieces; a wrong announced length queues nothing.
+            let (a, b) = record.as_bytes().split_at(3);
+            assert_eq!(
+                c.send_record_with(record.len() + 1, |put| {
+                    put(a);
+                    put(b);
+                }),
+                Err(SendError::RecordLength {
+                    announced: record.len() + 1,
+                    produced: record.len()
+                })
+            );
+            assert_eq!(c.send_queue_len(), 0);
+            c.send_record_with(record.len(), |put| {
+                put(a);
+                put(b);
+            })
             .expect("send");
+        }
     }
     let moved = pump(&mut clients, &mut server, now);
     assert!(moved >= n);

@@ -31,8 +31,9 @@
 //!
 //! **Transmit.** [`IwarpConn::poll`] asks the queue pair for ULPDUs of at most MULPDU octets
 //! (RFC 5044 4.5, from TCP's current EMSS, so an EMSS change takes effect at once), frames each
-//! as one FPDU (CRC, PAD, Markers when the peer asked for them) and queues it as one TCP record:
-//! TCP sends whole FPDUs per segment and retransmits with the same boundaries.
+//! as one FPDU (CRC, PAD, Markers when the peer asked for them) straight into TCP's send buffer
+//! as one record (`send_record_with`, the CRC computed as the octets go in): TCP sends whole
+//! FPDUs per segment and retransmits with the same boundaries.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -359,7 +360,6 @@ pub struct IwarpConn {
     /// The MPA Request or Reply, until TCP has taken it.
     startup_record: Option<Vec<u8>>,
     ulpdu: Vec<u8>,
-    fpdu: Vec<u8>,
     tcp_closed: bool,
     tcp_close_requested: bool,
     events: VecDeque<ConnEvent>,
@@ -384,7 +384,6 @@ impl IwarpConn {
             rx_dead: false,
             startup_record: None,
             ulpdu: Vec::with_capacity(1 << 16),
-            fpdu: Vec::with_capacity(1 << 16),
             tcp_closed: false,
             tcp_close_requested: false,
             events: VecDeque::new(),
@@ -1052,12 +1051,15 @@ impl IwarpConn {
             if tx.opcode == rdmap::wire::Opcode::Terminate {
                 self.counters.terminates_sent += 1;
             }
-            self.fpdu.clear();
-            let sent = full
-                .encoder
-                .encode(&self.ulpdu, &mut self.fpdu)
-                .map_err(|_| ())
-                .and_then(|_| tcp.send_record(&self.fpdu).map_err(|_| ()));
+            // Framed straight into TCP's send buffer: header, ULPDU, PAD, CRC (computed as the
+            // octets go in) and Markers, no intermediate FPDU copy.
+            let wire_len = full.encoder.wire_len(self.ulpdu.len());
+            let encoder = &mut full.encoder;
+            let ulpdu = &self.ulpdu;
+            let sent = tcp.send_record_with(wire_len, |put| {
+                // A ULPDU too long for an FPDU hands nothing, which TCP refuses.
+                let _ = encoder.encode_with(ulpdu, &[], put);
+            });
             if sent.is_err() {
                 // The capacity was checked and the ULPDU is within MULPDU: only a closed
                 // TCP gets here. Nothing more can be sent.
