@@ -1003,7 +1003,15 @@ impl Engine {
                 st: &mut self.st,
                 mem: &mut [],
             };
-            let max = self.cfg.driver.max_wait;
+            // A stopping engine sleeps no longer than its remaining grace period.
+            let max = match stopping {
+                Some(since) => self
+                    .cfg
+                    .driver
+                    .max_wait
+                    .min(SHUTDOWN_GRACE.saturating_sub(since.elapsed())),
+                None => self.cfg.driver.max_wait,
+            };
             let waited = xdp.wait(&app, max);
             self.st.wake.sleeping.store(false, Ordering::SeqCst);
             self.drain_wake();

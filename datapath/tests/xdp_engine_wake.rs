@@ -1,0 +1,156 @@
+//! The AF_XDP engine's sleep and wake-up (`datapath::engine::xdp`): a busy-polling engine that
+//! has been idle longer than `busy_poll` sleeps in `ppoll`, and a work request posted then must
+//! wake it through the wake-up socket (the poster writes it only while the engine's flag says it
+//! sleeps). The engine here may sleep up to 30 s (`max_wait`) and nothing else is due to wake it
+//! (no data in flight, so no TCP timer): each Send posted after a pause must still complete within
+//! 5 s, which only the wake-up can bring about. The engine's `waits` counter proves it slept.
+//!
+//! Engine client in `iwa`, socket-transport server in `iwb` (kernel TCP, which sends nothing
+//! unprompted). Needs root; skips (fails under `CI=true`) without the veth bed. About 1 s.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::xsk::enter_netns;
+use datapath::{
+    Access, CompletionQueue, ConnectParams, Listener, ProtectionDomain, RecvWr, SendOp, SendWr,
+    WcOpcode, WcStatus,
+};
+use testbed::*;
+
+const PORT: u16 = 19_535;
+const ROUNDS: u64 = 3;
+const LEN: usize = 64;
+const SETUP: Duration = Duration::from_secs(30);
+/// Far below the engine's 30 s `max_wait`: only a working wake-up completes a Send this soon.
+const WOKEN_WITHIN: Duration = Duration::from_secs(5);
+/// Well above the engine's `busy_poll`, so it is asleep when the Send is posted.
+const PAUSE: Duration = Duration::from_millis(100);
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    }
+}
+
+fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
+    enter_netns(NS_B).map_err(|e| e.to_string())?;
+    let listener = Listener::bind(SocketAddr::from((ADDR_B, PORT)), params())
+        .map_err(|e| format!("listen: {e}"))?;
+    let _ = ready.send(());
+    let req = listener
+        .accept_timeout(SETUP)
+        .map_err(|e| format!("accept: {e}"))?
+        .ok_or("no connection request in time")?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let recv = pd
+        .register(LEN * ROUNDS as usize, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let recvs = (0..ROUNDS)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sge: Some(recv.sge(i as usize * LEN, LEN as u32)),
+        })
+        .collect();
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    let mut qp = conn.qp;
+    for i in 0..ROUNDS {
+        let c = cq
+            .wait(SETUP)
+            .ok_or_else(|| format!("no receive completion {i}: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv || c.wc.wr_id != i {
+            return Err(format!("unexpected completion {c:?}"));
+        }
+        let mut got = [0u8; LEN];
+        recv.read(i as usize * LEN, &mut got);
+        if got != [i as u8 + 1; LEN] {
+            return Err(format!("Send {i}: wrong data"));
+        }
+    }
+    if !qp.wait_finished(SETUP) {
+        return Err(format!("client did not close: {:?}", qp.status()));
+    }
+    qp.disconnect();
+    Ok(())
+}
+
+fn client() -> Result<(), String> {
+    enter_netns(NS_A).map_err(|e| e.to_string())?;
+    let mut cfg = XdpEngineConfig::default();
+    cfg.driver.max_wait = Duration::from_secs(30);
+    let busy_poll = cfg.busy_poll;
+    assert!(PAUSE > busy_poll * 10);
+    let mut engine = XdpEngine::start(DEV_A, cfg).map_err(|e| format!("engine: {e}"))?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let src = pd
+        .register(LEN * ROUNDS as usize, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let addr = SocketAddr::from((ADDR_B, PORT));
+    let conn = engine
+        .connect(addr, &pd, &cq, &params(), &[])
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut qp = conn.qp;
+    for i in 0..ROUNDS {
+        std::thread::sleep(PAUSE);
+        let off = i as usize * LEN;
+        src.write(off, &[i as u8 + 1; LEN]);
+        let posted = Instant::now();
+        qp.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            local: Some(src.sge(off, LEN as u32)),
+        })
+        .map_err(|e| format!("post: {e}"))?;
+        let c = cq.wait(WOKEN_WITHIN).ok_or_else(|| {
+            format!(
+                "Send {i} posted to a sleeping engine did not complete within {WOKEN_WITHIN:?} \
+                 (the engine may sleep 30 s): the wake-up was lost; {:?}",
+                qp.status()
+            )
+        })?;
+        if c.wc.status != WcStatus::Success || c.wc.wr_id != i {
+            return Err(format!("unexpected completion {c:?}"));
+        }
+        println!(
+            "Send {i} after a {PAUSE:?} pause: completed in {:?}",
+            posted.elapsed()
+        );
+    }
+    qp.disconnect();
+    engine.stop();
+    let c = engine.counters();
+    println!("engine sleeps in ppoll: {}", c.driver.waits);
+    if c.driver.waits < ROUNDS {
+        return Err(format!(
+            "the engine slept {} times, fewer than the {ROUNDS} pauses: the test did not test the \
+             wake-up",
+            c.driver.waits
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_post_wakes_a_sleeping_engine() {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = std::thread::spawn(move || server(ready_tx));
+    if ready_rx.recv_timeout(SETUP).is_err() {
+        let r = srv.join();
+        panic!("server did not start: {r:?}");
+    }
+    let cli = std::thread::spawn(client);
+    let c = cli.join().expect("client thread");
+    let s = srv.join().expect("server thread");
+    c.unwrap_or_else(|e| panic!("client: {e}"));
+    s.unwrap_or_else(|e| panic!("server: {e}"));
+}
