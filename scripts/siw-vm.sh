@@ -26,7 +26,9 @@
 # Environment: IWARP_SIW_CACHE (default /var/cache/iwarp-siw) holds downloads and built guests,
 # keyed by package versions; IWARP_BENCH names an iwarp-bench binary (default: cargo build);
 # KVM is tried first only on a CPU with VMX/SVM (SIW_VM_KVM=0: never), else TCG with a warning;
-# SIW_VM_ONLY (regular expression) runs only the matching cases, SIW_VM_ROUNDS=N repeats them.
+# SIW_VM_ONLY (regular expression) runs only the matching cases, SIW_VM_ROUNDS=N repeats them;
+# SIW_VM_PT_BW_ITERS / SIW_VM_PT_LAT_ITERS set perftest's -n (20 / 50), SIW_VM_PT_XDP the
+# perftest tools also run over the AF_XDP engine (default: the bw tests and write-lat).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
