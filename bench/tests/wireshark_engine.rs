@@ -68,7 +68,11 @@ fn start_capture(name: &str, port: u16) -> Capture {
 }
 
 fn stop_capture(mut cap: Capture) -> PathBuf {
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until_file_settles(
+        &cap.path,
+        Duration::from_millis(500),
+        Duration::from_secs(10),
+    );
     let _ = Command::new("kill")
         .args(["-INT", &cap.child.id().to_string()])
         .status();

@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -92,4 +92,25 @@ pub fn require(ok: bool, why: &str) -> bool {
     }
     eprintln!("SKIPPED: {why}");
     false
+}
+
+/// Waits until a capture file has stopped growing for `quiet`, at most `limit`. tcpdump `-U`
+/// writes each packet when it reads it from the kernel; on a loaded machine it lags behind the
+/// run, and packets still queued when it gets SIGINT are never written (a fixed short sleep
+/// before stopping it lost the last Writes of a run under load).
+pub fn wait_until_file_settles(path: &Path, quiet: Duration, limit: Duration) {
+    let start = Instant::now();
+    let size = || std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let mut last = size();
+    let mut since = Instant::now();
+    while start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = size();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return;
+        }
+    }
 }
