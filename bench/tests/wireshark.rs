@@ -52,27 +52,6 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
     cap.path
 }
 
-fn tshark_verbose(path: &PathBuf) -> String {
-    // Our Send payloads (control messages) are not RPC-over-RDMA or SMB Direct; keep those
-    // heuristic dissectors from claiming them and reporting them as malformed.
-    let out = Command::new("tshark")
-        .args(["-n", "-V", "--disable-protocol", "rpcordma"])
-        .args(["--disable-protocol", "smb_direct", "-r"])
-        .arg(path)
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn count(hay: &str, needle: &str) -> usize {
-    hay.matches(needle).count()
-}
-
 #[test]
 fn tshark_decodes_rev1_crc_capture() {
     if !require(is_root(), "capturing on loopback needs root")

@@ -150,25 +150,6 @@ fn session(test: &str, port: u16, args: &[&str]) {
     assert!(server.status.success(), "{test} {args:?} server: {seen:?}");
 }
 
-fn tshark_verbose(path: &Path) -> String {
-    let out = Command::new("tshark")
-        .args(["-n", "-V", "--disable-protocol", "rpcordma"])
-        .args(["--disable-protocol", "smb_direct", "-r"])
-        .arg(path)
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn count(hay: &str, needle: &str) -> usize {
-    hay.matches(needle).count()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Our own reading of a capture.
 // ---------------------------------------------------------------------------------------------

@@ -114,3 +114,26 @@ pub fn wait_until_file_settles(path: &Path, quiet: Duration, limit: Duration) {
         }
     }
 }
+
+/// `tshark -V` of a capture. Our Send payloads (control messages) are not RPC-over-RDMA or SMB
+/// Direct: those heuristic dissectors are disabled so they do not claim them and report them
+/// as malformed.
+pub fn tshark_verbose(path: &Path) -> String {
+    let out = Command::new("tshark")
+        .args(["-n", "-V", "--disable-protocol", "rpcordma"])
+        .args(["--disable-protocol", "smb_direct", "-r"])
+        .arg(path)
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// How many times `needle` occurs in `hay`.
+pub fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
