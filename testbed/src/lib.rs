@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Namespace of the first host.
@@ -52,20 +52,47 @@ pub fn netns_script() -> PathBuf {
 
 /// Runs `scripts/netns.sh ARG`.
 pub fn run_script(arg: &str) -> Result<(), String> {
-    let script = netns_script();
-    let out = Command::new(&script)
+    run_bed_script(&netns_script(), arg)
+}
+
+/// Runs a bed script (`scripts/netns.sh` or `scripts/netns-relay.sh`) with `arg`.
+fn run_bed_script(script: &Path, arg: &str) -> Result<(), String> {
+    let name = script.file_name().map_or_else(
+        || script.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let out = Command::new(script)
         .arg(arg)
         .output()
-        .map_err(|e| format!("running {} {arg}: {e}", script.display()))?;
+        .map_err(|e| format!("running scripts/{name} {arg}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "scripts/netns.sh {arg} failed ({}): {}",
+            "scripts/{name} {arg} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
+}
+
+/// Takes the lock every bed user shares, waiting for other users; `what` names the bed in
+/// the error when not root.
+fn take_bed_lock(what: &str) -> Result<File, String> {
+    if !is_root() {
+        return Err(format!(
+            "not root: the {what} (network namespaces, veth, XDP, AF_XDP) needs root"
+        ));
+    }
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_PATH)
+        .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+    lock.lock()
+        .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+    Ok(lock)
 }
 
 /// The test bed, up for as long as this lives.
@@ -76,19 +103,7 @@ pub struct Bed {
 impl Bed {
     /// Takes the lock (waiting for other users), then brings up a fresh bed.
     pub fn up() -> Result<Bed, String> {
-        if !is_root() {
-            return Err(
-                "not root: the test bed (network namespaces, veth, XDP, AF_XDP) needs root".into(),
-            );
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        let lock = take_bed_lock("test bed")?;
         // Start from a fresh bed, whatever an interrupted run left behind.
         run_script("down")?;
         let bed = Bed { _lock: lock };
@@ -155,19 +170,7 @@ pub fn relay_script() -> PathBuf {
 }
 
 fn run_relay_script(arg: &str) -> Result<(), String> {
-    let out = Command::new(relay_script())
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running scripts/netns-relay.sh {arg}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/netns-relay.sh {arg} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    run_bed_script(&relay_script(), arg)
 }
 
 /// The relay bed (see [`relay`]), up for as long as this lives. The relay itself is the
@@ -179,19 +182,7 @@ pub struct RelayBed {
 impl RelayBed {
     /// Takes the bed lock (waiting for other users), then brings up a fresh relay bed.
     pub fn up() -> Result<RelayBed, String> {
-        if !is_root() {
-            return Err(
-                "not root: the relay bed (network namespaces, veth, XDP) needs root".into(),
-            );
-        }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK_PATH)
-            .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-        lock.lock()
-            .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
+        let lock = take_bed_lock("relay bed")?;
         let bed = RelayBed { _lock: lock };
         run_relay_script("up")?;
         Ok(bed)
