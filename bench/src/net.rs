@@ -124,7 +124,8 @@ impl Net {
 }
 
 /// True for the errors of a peer that is not listening (yet): TCP refused or reset. The AF_XDP
-/// engine reports a reset during connection setup as MPA's "connection lost" (code 1).
+/// engine reports a reset answering its SYN as `ConnectionRefused`, like a kernel socket; a
+/// connection lost later during MPA setup (code 1) is retried too.
 pub fn not_listening(e: &DatapathError) -> bool {
     match e {
         DatapathError::Mpa(mpa::MpaError::ConnectionLost) => true,

@@ -293,3 +293,28 @@ fn engine_server_socket_client() {
 fn socket_server_engine_client() {
     case(Kind::Socket, Kind::Engine(DEV_A), false);
 }
+
+/// An engine client connecting to a port nobody listens on (the kernel in `iwa` answers the
+/// SYN with a reset) gets "connection refused", as a kernel socket would, not an MPA error:
+/// tools retry on it while a server is still starting.
+#[test]
+fn connect_to_a_closed_port_is_refused() {
+    let _bed = bed_or_skip!();
+    let r = in_ns(NS_B, || {
+        let mut engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
+            .map_err(|e| format!("client engine: {e}"))?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let addr = SocketAddr::from((ADDR_A, PORT + 1));
+        let r = engine.connect(addr, &pd, &cq, &params(), b"anyone?");
+        engine.stop();
+        Ok::<_, String>(r.map(|_| ()))
+    })
+    .join()
+    .expect("client thread");
+    match r {
+        Ok(Err(datapath::DatapathError::Io(e)))
+            if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => panic!("want connection refused, got {other:?}"),
+    }
+}

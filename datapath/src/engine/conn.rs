@@ -149,6 +149,9 @@ pub enum ConnEvent {
     },
     /// MPA startup failed (bad frame, timeout).
     StartupFailed(MpaError),
+    /// TCP was reset before it was established: nobody listens on the peer's port (what a
+    /// kernel socket reports as ECONNREFUSED).
+    ConnectionRefused,
     /// An MPA error in Full Operation (CRC, Marker, framing): the receive direction stopped
     /// and a Terminate was queued.
     MpaFailed(MpaError),
@@ -361,6 +364,8 @@ pub struct IwarpConn {
     startup_record: Option<Vec<u8>>,
     ulpdu: Vec<u8>,
     tcp_closed: bool,
+    /// TCP reached ESTABLISHED (a reset before that is a refusal).
+    tcp_established: bool,
     tcp_close_requested: bool,
     events: VecDeque<ConnEvent>,
     counters: ConnCounters,
@@ -385,6 +390,7 @@ impl IwarpConn {
             startup_record: None,
             ulpdu: Vec::with_capacity(1 << 16),
             tcp_closed: false,
+            tcp_established: false,
             tcp_close_requested: false,
             events: VecDeque::new(),
             counters: ConnCounters::default(),
@@ -968,15 +974,21 @@ impl IwarpConn {
     /// A TCP event of this connection.
     pub fn on_tcp_event(&mut self, event: TcpEvent) {
         match event {
-            TcpEvent::Connected | TcpEvent::EmssChanged(_) => {}
+            TcpEvent::Connected => self.tcp_established = true,
+            TcpEvent::EmssChanged(_) => {}
             TcpEvent::PeerClosed | TcpEvent::Closed | TcpEvent::Reset | TcpEvent::TimedOut => {
                 if !self.tcp_closed {
                     self.tcp_closed = true;
                     self.rx_dead = true;
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     if !matches!(self.phase, Phase::Full(_) | Phase::Done) {
-                        self.events
-                            .push_back(ConnEvent::StartupFailed(MpaError::ConnectionLost));
+                        self.events.push_back(
+                            if event == TcpEvent::Reset && !self.tcp_established {
+                                ConnEvent::ConnectionRefused
+                            } else {
+                                ConnEvent::StartupFailed(MpaError::ConnectionLost)
+                            },
+                        );
                         self.phase = Phase::Done;
                     }
                     self.events.push_back(ConnEvent::TransportClosed);

@@ -849,6 +849,12 @@ impl TcpApp for App<'_, '_> {
                     slot.set_error(format!("MPA startup: {e}"));
                     slot.fail_waiter(DatapathError::Mpa(e));
                 }
+                ConnEvent::ConnectionRefused => {
+                    slot.set_error("connection refused (TCP reset before established)".into());
+                    slot.fail_waiter(DatapathError::Io(std::io::Error::from(
+                        std::io::ErrorKind::ConnectionRefused,
+                    )));
+                }
                 ConnEvent::MpaFailed(e) => slot.set_error(format!("MPA: {e}")),
                 ConnEvent::TransportClosed => {
                     if !slot.closing {
