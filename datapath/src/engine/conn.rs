@@ -620,23 +620,11 @@ impl IwarpConn {
             if placed.len() >= max_placed || overflow {
                 return;
             }
-            let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
-                TAGGED_HEADER_LEN
-            } else {
-                UNTAGGED_HEADER_LEN
-            };
+            let header_len = ddp_header_len(ulpdu);
             if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
                 return;
             }
-            let mut start = rx_start + span.start;
-            // A Marker right before the header belongs to this FPDU (RFC 5044 4.3).
-            if markers
-                && span.start % MARKER_INTERVAL == MARKER_LEN
-                && start >= off + MARKER_LEN
-                && start - MARKER_LEN >= cursor
-            {
-                start -= MARKER_LEN;
-            }
+            let start = fpdu_start(rx_start, span.start, markers, cursor);
             let end = rx_start + span.end;
             // Bytes between the previous placed FPDU and this one stay for the in-order pass.
             let gap = &bytes[(cursor - off) as usize..(start - off) as usize];
@@ -645,20 +633,7 @@ impl IwarpConn {
                 return;
             }
             counters.held_total += gap.len() as u64;
-            let mut header = [0u8; UNTAGGED_HEADER_LEN];
-            header[..header_len].copy_from_slice(&ulpdu[..header_len]);
-            let payload_len = (ulpdu.len() - header_len) as u32;
-            let record = PlacedFpdu {
-                start,
-                end,
-                header,
-                header_len: header_len as u8,
-                payload_len,
-            };
-            let i = placed.partition_point(|p| p.start < start);
-            placed.insert(i, record);
-            counters.fpdus_placed_out_of_order += 1;
-            counters.bytes_placed_out_of_order += u64::from(payload_len);
+            record_placed(placed, counters, (start, end), ulpdu, header_len);
             cursor = end;
         });
         if found.is_none() {
@@ -732,38 +707,13 @@ impl IwarpConn {
             if placed.len() >= max_placed || found.len() >= MAX_RELOCATED {
                 return;
             }
-            let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
-                TAGGED_HEADER_LEN
-            } else {
-                UNTAGGED_HEADER_LEN
-            };
+            let header_len = ddp_header_len(ulpdu);
             if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
                 return;
             }
-            let mut fpdu_start = rx_start + span.start;
-            // A Marker right before the header belongs to this FPDU (RFC 5044 4.3).
-            if markers
-                && span.start % MARKER_INTERVAL == MARKER_LEN
-                && fpdu_start >= start + MARKER_LEN
-                && fpdu_start - MARKER_LEN >= cursor
-            {
-                fpdu_start -= MARKER_LEN;
-            }
+            let fpdu_start = fpdu_start(rx_start, span.start, markers, cursor);
             let fpdu_end = rx_start + span.end;
-            let mut header = [0u8; UNTAGGED_HEADER_LEN];
-            header[..header_len].copy_from_slice(&ulpdu[..header_len]);
-            let payload_len = (ulpdu.len() - header_len) as u32;
-            let record = PlacedFpdu {
-                start: fpdu_start,
-                end: fpdu_end,
-                header,
-                header_len: header_len as u8,
-                payload_len,
-            };
-            let i = placed.partition_point(|p| p.start < fpdu_start);
-            placed.insert(i, record);
-            counters.fpdus_placed_out_of_order += 1;
-            counters.bytes_placed_out_of_order += u64::from(payload_len);
+            record_placed(placed, counters, (fpdu_start, fpdu_end), ulpdu, header_len);
             found.push((fpdu_start, fpdu_end));
             cursor = fpdu_end;
         });
@@ -846,11 +796,7 @@ impl IwarpConn {
                     let res = full.decoder.feed_spans(rest, |_, ulpdu| {
                         got_fpdu = true;
                         counters.fpdus_rx += 1;
-                        let header_len = if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
-                            TAGGED_HEADER_LEN
-                        } else {
-                            UNTAGGED_HEADER_LEN
-                        };
+                        let header_len = ddp_header_len(ulpdu);
                         if qp.on_ulpdu(ulpdu, mem).is_ok() {
                             counters.bytes_placed_in_order +=
                                 ulpdu.len().saturating_sub(header_len) as u64;
@@ -1099,6 +1045,54 @@ impl IwarpConn {
         self.startup_record.is_some()
             || matches!(&self.phase, Phase::Full(f) if f.may_send) && self.qp.has_pending_transmit()
     }
+}
+
+/// The DDP header's length, from its T flag: tagged (RFC 5041 section 4.2) or untagged (4.3).
+fn ddp_header_len(ulpdu: &[u8]) -> usize {
+    if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
+        TAGGED_HEADER_LEN
+    } else {
+        UNTAGGED_HEADER_LEN
+    }
+}
+
+/// The stream position where an FPDU found at `span_start` (relative to `rx_start`) begins:
+/// a Marker right before its header belongs to it (RFC 5044 section 4.3), unless that Marker
+/// would lie before `floor` (the first octet scanned, or the end of the FPDU before).
+fn fpdu_start(rx_start: u64, span_start: u64, markers: bool, floor: u64) -> u64 {
+    let start = rx_start + span_start;
+    if markers && span_start % MARKER_INTERVAL == MARKER_LEN && start >= floor + MARKER_LEN {
+        start - MARKER_LEN
+    } else {
+        start
+    }
+}
+
+/// Records an FPDU placed ahead of delivery at stream positions `span`, keeping `placed` in
+/// stream order, and counts it.
+fn record_placed(
+    placed: &mut VecDeque<PlacedFpdu>,
+    counters: &mut ConnCounters,
+    (start, end): (u64, u64),
+    ulpdu: &[u8],
+    header_len: usize,
+) {
+    let mut header = [0u8; UNTAGGED_HEADER_LEN];
+    header[..header_len].copy_from_slice(&ulpdu[..header_len]);
+    let payload_len = (ulpdu.len() - header_len) as u32;
+    let i = placed.partition_point(|p| p.start < start);
+    placed.insert(
+        i,
+        PlacedFpdu {
+            start,
+            end,
+            header,
+            header_len: header_len as u8,
+            payload_len,
+        },
+    );
+    counters.fpdus_placed_out_of_order += 1;
+    counters.bytes_placed_out_of_order += u64::from(payload_len);
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
