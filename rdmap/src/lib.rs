@@ -50,7 +50,7 @@ pub use memory::{
     Access, AccessViolation, MemoryTable, PdId, RegionBuffer, RegionInfo, Stag, VecBuffer,
 };
 pub use qp::{
-    QpConfig, QpState, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo, TxUlpdu,
-    WcOpcode, WcStatus, WorkCompletion,
+    QpConfig, QpState, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo,
+    TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

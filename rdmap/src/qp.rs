@@ -6,17 +6,34 @@
 //! passed to each call. It never does I/O and never reads a clock.
 //!
 //! # Completion policy
-//! - Send and RDMA Write work requests complete ([`WcStatus::Success`]) when their Last
-//!   ULPDU has been handed out by [`QueuePair::poll_transmit`]: the transport has taken
-//!   it (RFC 5040 5.5 rule 14 leaves "successfully completed at the DDP layer" to the
-//!   implementation). The one place that decides this is
-//!   `QueuePair::message_handed_out`; an acknowledgement-driven policy would mark the
-//!   slot there and release it later.
+//! RFC 5040 5.5 rule 14 leaves "successfully completed at the DDP layer" to the
+//! implementation; [`TxCompletion`] chooses (see [`QueuePair::set_tx_completion`]):
+//! - [`TxCompletion::HandOff`] (the default; the socket transport, which cannot see TCP's
+//!   acknowledgements): Send and RDMA Write work requests complete ([`WcStatus::Success`])
+//!   when their Last ULPDU has been handed out by [`QueuePair::poll_transmit`] or
+//!   [`QueuePair::poll_transmit_segment`]: the transport has taken it.
+//! - [`TxCompletion::Acknowledged`] (the AF_XDP engine, whose TCP reports how far the peer
+//!   has acknowledged the stream): the hand-out of the Last ULPDU is flagged
+//!   ([`TxSegment::completes`]), and the work request completes when the transport calls
+//!   [`QueuePair::message_acknowledged`] once the last octet of that FPDU is acknowledged.
+//!   Until then the application must leave the source buffer alone (the transport re-reads
+//!   it to retransmit). Work requests not yet acknowledged when the stream dies or closes
+//!   are flushed.
+//!
+//! The one place that decides this is `QueuePair::message_handed_out`.
 //! - An RDMA Read completes when the Last segment of its Read Response has been placed
 //!   (rule 19).
 //! - Completions of the send queue come out in submission order (rule 15): a Send
 //!   posted after a Read completes after the Read.
 //! - A Receive completes when DDP delivers its message, in MSN order (rule 16).
+//!
+//! # Transmit without copying the payload
+//! [`QueuePair::poll_transmit`] copies each segment's payload out of the registered
+//! source into the caller's buffer. [`QueuePair::poll_transmit_segment`] produces the same
+//! segments but hands out only the headers (and the few inline octets of Read Requests,
+//! Terminates and RTRs); the payload is described ([`TxPayload`]: STag, TO, length and the
+//! access right it was read with), checked now exactly as the copying path checks it, for
+//! the transport to read from the region when (and as often as) it builds the FPDU.
 //!
 //! # Transmit scheduling
 //! Read Responses leave in the order their Requests arrived (rule 20) and send queue
@@ -210,6 +227,48 @@ pub struct TxUlpdu {
     pub len: usize,
 }
 
+/// When a Send or RDMA Write work request completes (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TxCompletion {
+    /// When the Last ULPDU has been handed to the transport.
+    #[default]
+    HandOff,
+    /// When the transport reports the Last ULPDU acknowledged by the peer
+    /// ([`QueuePair::message_acknowledged`]).
+    Acknowledged,
+}
+
+/// The payload of a segment from [`QueuePair::poll_transmit_segment`], left in registered
+/// memory: `len` octets at tagged offset `to` of `stag`, validated (protection domain of the
+/// QP, access `access`, bounds) when handed out. A transport reading it later (first
+/// transmission or retransmission) validates it again with the same arguments
+/// ([`MemoryTable::validate`]): the region may have been deregistered since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPayload {
+    /// The source region.
+    pub stag: Stag,
+    /// Tagged offset of the first octet.
+    pub to: u64,
+    /// Octets.
+    pub len: u32,
+    /// The access right needed ([`Access::NONE`] for the QP's own Send/Write source,
+    /// [`Access::REMOTE_READ`] for a Read Response).
+    pub access: Access,
+}
+
+/// What [`QueuePair::poll_transmit_segment`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxSegment {
+    /// The segment: opcode, Last flag and the whole ULPDU length (headers, inline octets
+    /// and `payload`).
+    pub ulpdu: TxUlpdu,
+    /// The payload left in registered memory (follows the octets appended to `out`).
+    pub payload: Option<TxPayload>,
+    /// Under [`TxCompletion::Acknowledged`]: this is the Last segment of a Send or Write
+    /// whose completion waits for [`QueuePair::message_acknowledged`].
+    pub completes: bool,
+}
+
 /// The zero-length message an MPA v2 peer-to-peer initiator sends as its Ready To
 /// Receive (RFC 6581 9.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -351,6 +410,12 @@ pub struct QueuePair {
     prefer_read_response: bool,
     terminate_tx: Option<TerminateHeader>,
     terminate_sent: bool,
+    tx_completion: TxCompletion,
+    /// Completion slots of Sends/Writes handed out and waiting for their acknowledgement,
+    /// in hand-out (= stream) order.
+    awaiting_ack: VecDeque<u64>,
+    /// Set by `message_handed_out` when the segment being produced awaits its ACK.
+    tx_completes: bool,
 
     // ---- receive side ----
     rq: UntaggedQueue<RecvSlot>,
@@ -386,6 +451,9 @@ impl QueuePair {
             prefer_read_response: false,
             terminate_tx: None,
             terminate_sent: false,
+            tx_completion: TxCompletion::HandOff,
+            awaiting_ack: VecDeque::new(),
+            tx_completes: false,
             rq: UntaggedQueue::new(queue::SEND, cfg.rq_depth.saturating_add(1)),
             rtr_sink_pending: false,
             rrq: UntaggedQueue::new(queue::READ_REQUEST, 0),
@@ -632,17 +700,49 @@ impl QueuePair {
         }
     }
 
-    /// The completion policy for Sends and RDMA Writes: complete when the Last ULPDU
-    /// has been handed to the transport. The single place to change for ack-driven
-    /// completion.
+    /// The completion policy for Sends and RDMA Writes (see the module documentation):
+    /// complete now, or once the transport reports the Last ULPDU acknowledged.
     fn message_handed_out(&mut self, seq: u64) {
-        self.finish_slot(seq, WcStatus::Success);
+        match self.tx_completion {
+            TxCompletion::HandOff => self.finish_slot(seq, WcStatus::Success),
+            TxCompletion::Acknowledged => {
+                self.awaiting_ack.push_back(seq);
+                self.tx_completes = true;
+            }
+        }
+    }
+
+    /// Chooses when Sends and RDMA Writes complete (see the module documentation). Set it
+    /// before anything is handed out.
+    pub fn set_tx_completion(&mut self, policy: TxCompletion) {
+        self.tx_completion = policy;
+    }
+
+    /// The completion policy in force.
+    pub fn tx_completion(&self) -> TxCompletion {
+        self.tx_completion
+    }
+
+    /// Under [`TxCompletion::Acknowledged`]: the oldest segment handed out with
+    /// [`TxSegment::completes`] set has been acknowledged by the peer; its work request
+    /// completes (in submission order, RFC 5040 5.5 rule 15). Calls beyond the segments
+    /// handed out (or after the QP flushed them) do nothing.
+    pub fn message_acknowledged(&mut self) {
+        if let Some(seq) = self.awaiting_ack.pop_front() {
+            self.finish_slot(seq, WcStatus::Success);
+        }
+    }
+
+    /// Sends and Writes handed out whose acknowledgement is awaited.
+    pub fn awaiting_acknowledgement(&self) -> usize {
+        self.awaiting_ack.len()
     }
 
     /// Flushes every outstanding work request with [`WcStatus::WrFlushError`] (RFC 5040
     /// 5.4, 6.2.1: outstanding messages "SHOULD be considered Completed in error").
     fn flush_all(&mut self) {
         self.rtr_pending = None;
+        self.awaiting_ack.clear();
         self.sq.clear();
         self.outstanding_reads.clear();
         self.read_responses.clear();
@@ -775,23 +875,54 @@ impl QueuePair {
         mem: &MemoryTable<B>,
         out: &mut Vec<u8>,
     ) -> Option<TxUlpdu> {
+        self.poll_transmit_inner(max_ulpdu, mem, out, false)
+            .map(|(tx, _)| tx)
+    }
+
+    /// [`QueuePair::poll_transmit`] without copying the payload: the same segments in the
+    /// same order, but only the DDP and RDMAP headers and inline octets (Read Request,
+    /// Terminate, RTR) are appended to `out`; a payload in registered memory is described
+    /// in [`TxSegment::payload`] (already validated as [`QueuePair::poll_transmit`] would).
+    pub fn poll_transmit_segment<B: RegionBuffer>(
+        &mut self,
+        max_ulpdu: usize,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+    ) -> Option<TxSegment> {
+        self.tx_completes = false;
+        let (ulpdu, payload) = self.poll_transmit_inner(max_ulpdu, mem, out, true)?;
+        let completes = std::mem::take(&mut self.tx_completes);
+        Some(TxSegment {
+            ulpdu,
+            payload,
+            completes,
+        })
+    }
+
+    fn poll_transmit_inner<B: RegionBuffer>(
+        &mut self,
+        max_ulpdu: usize,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+        by_ref: bool,
+    ) -> Option<(TxUlpdu, Option<TxPayload>)> {
         if self.terminate_sent {
             return None;
         }
         if self.terminate_tx.is_some() {
-            return Some(self.emit_terminate(out));
+            return Some((self.emit_terminate(out), None));
         }
         if self.state != QpState::Rts {
             return None;
         }
         if let Some(kind) = self.rtr_pending.take() {
-            return Some(self.emit_rtr(kind, out));
+            return Some((self.emit_rtr(kind, out), None));
         }
         let source = self.pick_source()?;
         let both = self.sq_ready() && !self.read_responses.is_empty();
         let tx = match source {
-            TxSource::SendQueue => self.emit_sq_segment(max_ulpdu, mem, out),
-            TxSource::ReadResponse => self.emit_read_response_segment(max_ulpdu, mem, out),
+            TxSource::SendQueue => self.emit_sq_segment(max_ulpdu, mem, out, by_ref),
+            TxSource::ReadResponse => self.emit_read_response_segment(max_ulpdu, mem, out, by_ref),
         };
         if both {
             self.prefer_read_response = source == TxSource::SendQueue;
@@ -800,7 +931,7 @@ impl QueuePair {
             Ok(tx) => tx,
             Err(header) => {
                 self.raise_terminate(header);
-                self.emit_terminate(out)
+                (self.emit_terminate(out), None)
             }
         })
     }
@@ -916,7 +1047,8 @@ impl QueuePair {
         max_ulpdu: usize,
         mem: &MemoryTable<B>,
         out: &mut Vec<u8>,
-    ) -> Result<TxUlpdu, TerminateHeader> {
+        by_ref: bool,
+    ) -> Result<(TxUlpdu, Option<TxPayload>), TerminateHeader> {
         let local_failure = TerminateHeader::bare(layer::RDMAP, rdmap_etype::LOCAL_CATASTROPHIC, 0);
         let Some(entry) = self.sq.front().copied() else {
             return Err(local_failure);
@@ -948,11 +1080,14 @@ impl QueuePair {
                 sink_to: request.sink_to,
                 size: request.size,
             });
-            return Ok(TxUlpdu {
-                opcode: Opcode::ReadRequest,
-                last: true,
-                len: out.len() - start,
-            });
+            return Ok((
+                TxUlpdu {
+                    opcode: Opcode::ReadRequest,
+                    last: true,
+                    len: out.len() - start,
+                },
+                None,
+            ));
         }
 
         let total = entry.total_len();
@@ -990,20 +1125,29 @@ impl QueuePair {
             }
             SendOp::Read { .. } => return Err(local_failure),
         };
-        let payload = Self::push_segment(out, &hdr, len as usize);
+        let payload = Self::push_segment(out, &hdr, if by_ref { 0 } else { len as usize });
+        let mut reference = None;
         if len > 0 {
             let copied = entry.wr.local.and_then(|sge| {
-                mem.validate(
-                    sge.stag,
-                    self.cfg.pd,
-                    Access::NONE,
-                    sge.to.wrapping_add(entry.sent),
-                    len,
-                )
-                .ok()
+                let to = sge.to.wrapping_add(entry.sent);
+                mem.validate(sge.stag, self.cfg.pd, Access::NONE, to, len)
+                    .ok()
+                    .map(|found| (found, sge.stag, to))
             });
             match copied {
-                Some((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
+                Some(((buffer, offset), stag, to)) => {
+                    if by_ref {
+                        reference = Some(TxPayload {
+                            stag,
+                            to,
+                            // At most one ULPDU (<= 65535 octets).
+                            len: len as u32,
+                            access: Access::NONE,
+                        });
+                    } else {
+                        buffer.read_at(offset, &mut out[payload]);
+                    }
+                }
                 None => {
                     out.truncate(start);
                     self.sq.pop_front();
@@ -1022,11 +1166,14 @@ impl QueuePair {
             }
             self.message_handed_out(entry.seq);
         }
-        Ok(TxUlpdu {
-            opcode,
-            last,
-            len: out.len() - start,
-        })
+        Ok((
+            TxUlpdu {
+                opcode,
+                last,
+                len: out.len() - start + reference.map_or(0, |r| r.len as usize),
+            },
+            reference,
+        ))
     }
 
     /// One segment of the oldest pending Read Response. The data source is checked
@@ -1038,7 +1185,8 @@ impl QueuePair {
         max_ulpdu: usize,
         mem: &MemoryTable<B>,
         out: &mut Vec<u8>,
-    ) -> Result<TxUlpdu, TerminateHeader> {
+        by_ref: bool,
+    ) -> Result<(TxUlpdu, Option<TxPayload>), TerminateHeader> {
         let Some(job) = self.read_responses.front().copied() else {
             return Err(TerminateHeader::bare(
                 layer::RDMAP,
@@ -1058,12 +1206,24 @@ impl QueuePair {
             request.sink_to.wrapping_add(u64::from(job.sent)),
             last,
         );
-        let payload = Self::push_segment(out, &hdr, len);
+        let payload = Self::push_segment(out, &hdr, if by_ref { 0 } else { len });
+        let mut reference = None;
         if len > 0 {
             let src = Stag(request.src_stag);
             let src_to = request.src_to.wrapping_add(u64::from(job.sent));
             match mem.validate(src, self.cfg.pd, Access::REMOTE_READ, src_to, len as u64) {
-                Ok((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
+                Ok((buffer, offset)) => {
+                    if by_ref {
+                        reference = Some(TxPayload {
+                            stag: src,
+                            to: src_to,
+                            len: len as u32,
+                            access: Access::REMOTE_READ,
+                        });
+                    } else {
+                        buffer.read_at(offset, &mut out[payload]);
+                    }
+                }
                 Err(violation) => {
                     out.truncate(start);
                     let error = RdmapError::SourceAccess {
@@ -1087,11 +1247,14 @@ impl QueuePair {
         } else if let Some(head) = self.read_responses.front_mut() {
             head.sent = sent;
         }
-        Ok(TxUlpdu {
-            opcode: Opcode::ReadResponse,
-            last,
-            len: out.len() - start,
-        })
+        Ok((
+            TxUlpdu {
+                opcode: Opcode::ReadResponse,
+                last,
+                len: out.len() - start + reference.map_or(0, |r| r.len as usize),
+            },
+            reference,
+        ))
     }
 
     /// The Terminate for `code`, with the headers RFC 5040 Figure 10 asks for.

@@ -14,6 +14,15 @@ pub enum TxMode {
     /// only whole records, packing several when they fit; a record larger
     /// than EMSS is split at EMSS; retransmissions keep the boundaries.
     Records,
+    /// Records as in [`TxMode::Records`], but TCP holds none of their octets: the caller
+    /// announces each record's length ([`crate::Connection::send_record_len`]) and produces
+    /// the octets of any stream range on demand, for first transmission and retransmission
+    /// alike, through the [`crate::TxSource`] given to
+    /// [`crate::Connection::poll_transmit_with`] (so an MPA layer can frame FPDUs straight
+    /// into the packet buffer from registered memory and keep no retransmission copy). The
+    /// caller keeps what it needs to reproduce the octets until
+    /// [`crate::Connection::bytes_acked`] passes them.
+    Source,
 }
 
 /// How received data goes to the application.

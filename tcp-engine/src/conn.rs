@@ -66,6 +66,43 @@ pub enum Event {
     Reset,
     /// Retransmissions or keepalives went unanswered; the connection aborted.
     TimedOut,
+    /// [`TxMode::Source`]: the [`TxSource`] could not produce octets TCP had to send (for
+    /// example a retransmission whose source memory is gone); the connection aborted (RST).
+    SourceFailed,
+}
+
+/// Why a [`TxSource`] could not produce the octets asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("transmit source cannot produce {len} octets at stream offset {offset}")]
+pub struct TxSourceError {
+    /// Stream offset of the first octet asked for.
+    pub offset: u64,
+    /// Octets asked for.
+    pub len: usize,
+}
+
+/// Produces the octets of the send stream on demand ([`TxMode::Source`]).
+///
+/// Stream offsets count from 0 at the first octet after the SYN (ISS + 1), like
+/// [`Connection::bytes_acked`] and [`PassedUp::stream_offset`]. TCP asks only for octets of
+/// records announced with [`Connection::send_record_len`] and not yet acknowledged; the same
+/// range may be asked for again (retransmission) and must give the same octets.
+pub trait TxSource {
+    /// Writes the stream octets `[stream_offset, stream_offset + out.len())` into `out`
+    /// (for example straight into a packet buffer).
+    fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError>;
+}
+
+/// The source used where none is given: it produces nothing.
+struct NoSource;
+
+impl TxSource for NoSource {
+    fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+        Err(TxSourceError {
+            offset: stream_offset,
+            len: out.len(),
+        })
+    }
 }
 
 /// Data passed up in [`RxMode::PassUp`] at the moment TCP accepts it.
@@ -197,6 +234,8 @@ pub struct Connection {
     snd_nxt: u64,
     send_buf: VecDeque<u8>,
     send_buf_base: u64,
+    /// [`TxMode::Source`]: octets announced (the send buffer stays empty).
+    source_len: u64,
     record_ends: VecDeque<u64>,
     fin_queued: bool,
     fin_sent: bool,
@@ -305,6 +344,7 @@ impl Connection {
             snd_nxt: 0,
             send_buf: VecDeque::with_capacity(cfg.send_buffer),
             send_buf_base: 0,
+            source_len: 0,
             record_ends: VecDeque::with_capacity(1024),
             fin_queued: false,
             fin_sent: false,
@@ -505,12 +545,12 @@ impl Connection {
 
     /// Octets queued and not yet acknowledged.
     pub fn send_queue_len(&self) -> usize {
-        self.send_buf.len()
+        (self.data_end() - self.send_buf_base) as usize
     }
 
     /// Free space in the send buffer.
     pub fn send_capacity(&self) -> usize {
-        self.cfg.send_buffer.saturating_sub(self.send_buf.len())
+        self.cfg.send_buffer.saturating_sub(self.send_queue_len())
     }
 
     /// Current congestion window (octets).
@@ -549,7 +589,10 @@ impl Connection {
     }
 
     fn data_end(&self) -> u64 {
-        self.send_buf_base + self.send_buf.len() as u64
+        match self.cfg.tx_mode {
+            TxMode::Source => self.source_len,
+            _ => self.send_buf_base + self.send_buf.len() as u64,
+        }
     }
 
     // ------------------------------------------------------------------
@@ -626,6 +669,34 @@ impl Connection {
         }
         self.record_ends.push_back(self.data_end());
         Ok(())
+    }
+
+    /// Announce one whole record of `len` octets in [`TxMode::Source`]: TCP takes no octets,
+    /// only the length; they are asked for from the [`TxSource`] given to
+    /// [`Connection::poll_transmit_with`] when the record (or part of it) is sent or
+    /// retransmitted. All or nothing.
+    pub fn send_record_len(&mut self, len: usize) -> Result<(), SendError> {
+        if self.cfg.tx_mode != TxMode::Source {
+            return Err(SendError::WrongMode);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        if len == 0 {
+            return Err(SendError::EmptyRecord);
+        }
+        if len > self.send_capacity() {
+            return Err(SendError::BufferFull);
+        }
+        self.source_len += len as u64;
+        self.record_ends.push_back(self.source_len);
+        Ok(())
+    }
+
+    /// The stream offset the next record announced with [`Connection::send_record_len`]
+    /// (or queued with the other send calls) starts at.
+    pub fn send_stream_end(&self) -> u64 {
+        self.data_end()
     }
 
     /// Queue bytes in [`TxMode::Stream`]; returns how many fit.
@@ -1383,7 +1454,7 @@ impl Connection {
             self.rtt.sample(now - t);
         }
         let data_acked = ack_pos.min(self.data_end());
-        let drop = (data_acked - self.send_buf_base) as usize;
+        let drop = ((data_acked - self.send_buf_base) as usize).min(self.send_buf.len());
         self.send_buf.drain(..drop);
         self.send_buf_base = data_acked;
         self.snd_una = ack_pos;
@@ -1746,8 +1817,31 @@ impl Connection {
     }
 
     /// Emit the next packet (IPv4 + TCP) into `buf`; returns its length.
-    /// Call until it returns `None`.
+    /// Call until it returns `None`. In [`TxMode::Source`] no data is sent (use
+    /// [`Connection::poll_transmit_with`]).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.poll_transmit_inner(now, buf, None)
+    }
+
+    /// [`Connection::poll_transmit`] for [`TxMode::Source`]: the payload of a data segment,
+    /// new or retransmitted, is written into `buf` by `source` (the other modes copy from the
+    /// send buffer and never call it). If `source` fails, nothing is sent, the connection
+    /// aborts (RST) and [`Event::SourceFailed`] is reported.
+    pub fn poll_transmit_with(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        source: &mut dyn TxSource,
+    ) -> Option<usize> {
+        self.poll_transmit_inner(now, buf, Some(source))
+    }
+
+    fn poll_transmit_inner(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        source: Option<&mut dyn TxSource>,
+    ) -> Option<usize> {
         if let Some(rst) = self.pending_rst.take() {
             let flags = TcpFlags {
                 rst: true,
@@ -1788,11 +1882,25 @@ impl Connection {
             }
             _ => {}
         }
-        if let Some(n) = self.try_retransmit(now, buf) {
-            return Some(n);
-        }
-        if let Some(n) = self.try_send_new(now, buf) {
-            return Some(n);
+        // Without a source, a Source-mode connection sends no data (only control segments);
+        // the other modes never call the source.
+        let data = source.is_some() || self.cfg.tx_mode != TxMode::Source;
+        let mut no_source = NoSource;
+        let source = source.unwrap_or(&mut no_source);
+        if data {
+            if let Some(n) = self.try_retransmit(now, buf, source) {
+                return Some(n);
+            }
+            if self.state == State::Closed {
+                // The source failed: send the RST.
+                return self.poll_transmit_inner(now, buf, None);
+            }
+            if let Some(n) = self.try_send_new(now, buf, source) {
+                return Some(n);
+            }
+            if self.state == State::Closed {
+                return self.poll_transmit_inner(now, buf, None);
+            }
         }
         if self.probe_due {
             self.probe_due = false;
@@ -1859,6 +1967,7 @@ impl Connection {
         start: u64,
         len: u32,
         fin: bool,
+        source: &mut dyn TxSource,
     ) -> Option<usize> {
         let flags = TcpFlags {
             ack: true,
@@ -1868,10 +1977,22 @@ impl Connection {
         };
         let mut repr = self.base_repr(now, self.snd.seq_of(start), flags);
         self.add_sack_blocks(&mut repr, len as usize);
-        let off = (start - self.send_buf_base) as usize;
+        let mut failed = None;
+        let from_source = self.cfg.tx_mode == TxMode::Source;
+        let off = if from_source {
+            0
+        } else {
+            (start - self.send_buf_base) as usize
+        };
         let (a, b) = self.send_buf.as_slices();
         let n = repr
             .emit_with(buf, len as usize, |out| {
+                if from_source {
+                    if !out.is_empty() {
+                        failed = source.fill(start, out).err();
+                    }
+                    return;
+                }
                 let mut o = 0;
                 let mut s = off;
                 let l = out.len();
@@ -1888,6 +2009,13 @@ impl Connection {
                 }
             })
             .ok()?;
+        if failed.is_some() {
+            // The octets cannot be produced: the stream cannot continue (a hole would be
+            // filled with garbage), so the connection is reset.
+            self.abort();
+            self.events.push_back(Event::SourceFailed);
+            return None;
+        }
         self.after_emit_ack(&repr);
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
@@ -1895,7 +2023,12 @@ impl Connection {
         Some(n)
     }
 
-    fn try_retransmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+    fn try_retransmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        source: &mut dyn TxSource,
+    ) -> Option<usize> {
         if self.lost_count == 0 {
             return None;
         }
@@ -1927,7 +2060,7 @@ impl Connection {
         } else if pipe > 0 && pipe + len > cwnd {
             return None;
         }
-        let n = self.emit_data(now, buf, e.start, e.len, e.fin)?;
+        let n = self.emit_data(now, buf, e.start, e.len, e.fin, source)?;
         let s = &mut self.scoreboard[idx];
         s.state = SegState::InFlight;
         s.xmit_time = now;
@@ -1943,7 +2076,7 @@ impl Connection {
         let emss = u64::from(self.emss);
         match self.cfg.tx_mode {
             TxMode::Stream => avail.min(emss),
-            TxMode::Records => {
+            TxMode::Records | TxMode::Source => {
                 // Records that end after snd_nxt; the first may be partly sent
                 // (split because larger than EMSS).
                 let mut len = 0;
@@ -1972,7 +2105,12 @@ impl Connection {
         }
     }
 
-    fn try_send_new(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+    fn try_send_new(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        source: &mut dyn TxSource,
+    ) -> Option<usize> {
         if !matches!(
             self.state,
             State::Established | State::CloseWait | State::FinWait1 | State::LastAck
@@ -1986,7 +2124,8 @@ impl Connection {
             let wnd_avail = wnd_right.saturating_sub(self.snd_nxt);
             if len > wnd_avail {
                 match self.cfg.tx_mode {
-                    TxMode::Records => len = 0, // never split a record for the window
+                    // never split a record for the window
+                    TxMode::Records | TxMode::Source => len = 0,
                     TxMode::Stream => {
                         // Sender SWS avoidance (RFC 9293 3.8.6.2.1).
                         if wnd_avail >= self.max_snd_wnd / 2 && wnd_avail > 0 {
@@ -2016,7 +2155,7 @@ impl Connection {
                 }
             }
             let start = self.snd_nxt;
-            let n = self.emit_data(now, buf, start, len as u32, false)?;
+            let n = self.emit_data(now, buf, start, len as u32, false, source)?;
             self.snd_nxt += len;
             while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
                 self.record_ends.pop_front();
@@ -2035,7 +2174,7 @@ impl Connection {
         }
         if self.fin_queued && !self.fin_sent {
             let start = self.snd_nxt;
-            let n = self.emit_data(now, buf, start, 0, true)?;
+            let n = self.emit_data(now, buf, start, 0, true, source)?;
             self.fin_sent = true;
             self.scoreboard.push_back(TxSegment {
                 start,

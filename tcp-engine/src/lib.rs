@@ -27,7 +27,9 @@ pub mod wire;
 
 pub use cc::{CongestionAlgorithm, CongestionControl, Cubic, NewReno};
 pub use config::{Config, RxMode, TxMode};
-pub use conn::{reset_reply, ConnStats, Connection, Event, PassedUp, SendError, State};
+pub use conn::{
+    reset_reply, ConnStats, Connection, Event, PassedUp, SendError, State, TxSource, TxSourceError,
+};
 pub use isn::IsnGenerator;
 pub use time::Instant;
 pub use wire::{FourTuple, SegmentRepr, WireError};

@@ -8,11 +8,31 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use crate::config::Config;
-use crate::conn::{reset_reply, Connection, PassedUp, State};
+use crate::conn::{reset_reply, Connection, PassedUp, State, TxSource, TxSourceError};
 use crate::isn::IsnGenerator;
 use crate::time::Instant;
 use crate::wire::{FourTuple, SegmentRepr, WireError};
 use core::net::Ipv4Addr;
+
+/// The transmit sources of the table's [`crate::TxMode::Source`] connections, by handle
+/// (see [`ConnectionTable::poll_transmit_with`]).
+pub trait TxSources {
+    /// [`TxSource::fill`] for connection `id`.
+    fn fill(&mut self, id: ConnId, stream_offset: u64, out: &mut [u8])
+        -> Result<(), TxSourceError>;
+}
+
+/// One connection's view of a [`TxSources`].
+struct SourceOf<'a> {
+    id: ConnId,
+    sources: &'a mut dyn TxSources,
+}
+
+impl TxSource for SourceOf<'_> {
+    fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+        self.sources.fill(self.id, stream_offset, out)
+    }
+}
 
 /// Handle of a connection in the table (stale handles are detected).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -378,6 +398,26 @@ impl ConnectionTable {
 
     /// Emit the next packet of any connection (or a pending RST).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.poll_transmit_inner(now, buf, None)
+    }
+
+    /// [`ConnectionTable::poll_transmit`] with the sources of [`crate::TxMode::Source`]
+    /// connections ([`Connection::poll_transmit_with`]).
+    pub fn poll_transmit_with(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        sources: &mut dyn TxSources,
+    ) -> Option<usize> {
+        self.poll_transmit_inner(now, buf, Some(sources))
+    }
+
+    fn poll_transmit_inner(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        mut sources: Option<&mut dyn TxSources>,
+    ) -> Option<usize> {
         if let Some(rst) = self.resets.pop_front() {
             if let Ok(n) = rst.emit(buf) {
                 self.stats.resets_sent += 1;
@@ -387,7 +427,17 @@ impl ConnectionTable {
         while let Some(&index) = self.ready.front() {
             let slot = &mut self.slots[index as usize];
             if let Some(conn) = slot.conn.as_mut() {
-                if let Some(n) = conn.poll_transmit(now, buf) {
+                let id = ConnId {
+                    index,
+                    generation: slot.generation,
+                };
+                let sent = match sources.as_deref_mut() {
+                    Some(sources) => {
+                        conn.poll_transmit_with(now, buf, &mut SourceOf { id, sources })
+                    }
+                    None => conn.poll_transmit(now, buf),
+                };
+                if let Some(n) = sent {
                     return Some(n);
                 }
             }

@@ -9,7 +9,20 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+use tcp_engine::{
+    Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode, TxSource,
+    TxSourceError,
+};
+
+/// A source of constant octets (the octets live outside TCP in `TxMode::Source`).
+struct Sevens;
+
+impl TxSource for Sevens {
+    fn fill(&mut self, _offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+        out.fill(7);
+        Ok(())
+    }
+}
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -83,6 +96,7 @@ fn drive(cfg: Config) -> (u64, u64) {
             let ok = match cfg.tx_mode {
                 TxMode::Records => a.send_record(&record).is_ok(),
                 TxMode::Stream => a.send(&record).map(|n| n > 0).unwrap_or(false),
+                TxMode::Source => a.send_record_len(record.len()).is_ok(),
             };
             if !ok {
                 break;
@@ -95,7 +109,7 @@ fn drive(cfg: Config) -> (u64, u64) {
             }
             while wire.len < SLOTS {
                 let i = (wire.head + wire.len) % SLOTS;
-                match conn.poll_transmit(now, &mut wire.bufs[i]) {
+                match conn.poll_transmit_with(now, &mut wire.bufs[i], &mut Sevens) {
                     Some(n) => {
                         wire.lens[i] = n;
                         wire.due[i] = now + delay;
@@ -132,7 +146,11 @@ fn drive(cfg: Config) -> (u64, u64) {
 
 #[test]
 fn steady_state_transfer_does_not_allocate() {
-    for cfg in [Config::default(), Config::mpa()] {
+    let source = Config {
+        tx_mode: TxMode::Source,
+        ..Config::mpa()
+    };
+    for cfg in [Config::default(), Config::mpa(), source] {
         let cfg = Config {
             send_buffer: 1 << 20,
             recv_buffer: 1 << 20,

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant as WallClock};
 use tcp_engine::sim::{Direction, LinkConfig, Rng};
-use tcp_engine::{Config, CongestionAlgorithm, Event, SegmentRepr};
+use tcp_engine::{Config, CongestionAlgorithm, Event, Instant, SegmentRepr, TxMode};
 
 const MIB: usize = 1 << 20;
 
@@ -331,6 +331,135 @@ fn mpa_records_and_pass_up_under_loss() {
         assert!(o.ok);
         assert!(o.server.max_ooo_held > 0);
     }
+}
+
+/// `TxMode::Source` under 1 % and 5 % loss with reordering and duplication: TCP holds no
+/// octets; every segment, first transmission or retransmission, is produced by the source
+/// (which is asked again for lost ranges, never for acknowledged ones); the boundaries are
+/// those of `TxMode::Records` and the receiver gets the exact stream.
+#[test]
+fn source_mode_records_under_loss() {
+    for (k, loss) in [0.01, 0.05].into_iter().enumerate() {
+        let size = 2 * MIB;
+        let mut segs = Vec::new();
+        let mut cfg = Config::mpa();
+        cfg.tx_mode = TxMode::Source;
+        let (mut c, mut s, mut net) = setup(
+            700 + k as u64,
+            size,
+            lossy(loss),
+            lossy(loss),
+            cfg,
+            Config::mpa(),
+        );
+        let ok = run_until_done(
+            &mut c,
+            &mut s,
+            &mut net,
+            Duration::from_secs(3600),
+            |d, _, p| {
+                if d == Direction::AtoB {
+                    if let Ok(r) = SegmentRepr::parse(p) {
+                        if !r.payload.is_empty() {
+                            segs.push((r.seq, r.payload.len() as u32));
+                        }
+                    }
+                }
+            },
+        );
+        assert!(ok, "loss {loss}: received {}", s.received);
+        assert_eq!(c.conn().send_queue_len(), 0, "everything acknowledged");
+        let (violations, retx) = check_record_segments(
+            &segs,
+            c.conn().snd_stream_start(),
+            &c.record_ends,
+            u64::from(c.conn().emss()),
+        );
+        assert_eq!(violations, 0, "loss {loss}");
+        assert!(retx > 0, "loss {loss}: no retransmission on the wire");
+        let f = &c.fills;
+        assert_eq!(
+            f.bad, 0,
+            "loss {loss}: source asked for acknowledged or unknown octets"
+        );
+        assert!(
+            f.refills > 0,
+            "loss {loss}: no retransmission came from the source"
+        );
+        assert!(
+            f.refills >= c.conn().stats().retransmitted_segments,
+            "loss {loss}: every retransmitted segment was read from the source"
+        );
+        assert!(f.octets > size as u64);
+        assert_eq!(f.calls, segs.len() as u64, "one fill per data segment sent");
+    }
+}
+
+/// A source that cannot produce the octets of a retransmission aborts the connection (RST,
+/// `Event::SourceFailed`) instead of sending anything else.
+#[test]
+fn source_failure_aborts() {
+    use tcp_engine::{TxSource, TxSourceError};
+    struct Once(bool);
+    impl TxSource for Once {
+        fn fill(&mut self, off: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+            if self.0 {
+                return Err(TxSourceError {
+                    offset: off,
+                    len: out.len(),
+                });
+            }
+            self.0 = true;
+            out.fill(7);
+            Ok(())
+        }
+    }
+    let mut cfg = Config::mpa();
+    cfg.tx_mode = TxMode::Source;
+    let isn = tcp_engine::IsnGenerator::new([1; 16]);
+    let mut a = tcp_engine::Connection::connect(cfg, common::client_tuple(), &isn, Instant::ZERO);
+    assert_eq!(a.send_record(b"x"), Err(tcp_engine::SendError::WrongMode));
+    let mut buf = vec![0u8; 2048];
+    let n = a.poll_transmit(Instant::ZERO, &mut buf).expect("SYN");
+    let syn_pkt = buf[..n].to_vec();
+    let syn = SegmentRepr::parse(&syn_pkt).expect("parse");
+    let isn_b = tcp_engine::IsnGenerator::new([2; 16]);
+    let mut b =
+        tcp_engine::Connection::accept(Config::mpa(), &syn, &isn_b, Instant::ZERO).expect("accept");
+    let n = b.poll_transmit(Instant::ZERO, &mut buf).expect("SYN-ACK");
+    let synack_pkt = buf[..n].to_vec();
+    let synack = SegmentRepr::parse(&synack_pkt).expect("parse");
+    a.handle_segment(Instant::ZERO, &synack, |_| {});
+    assert_eq!(a.state(), tcp_engine::State::Established);
+    a.send_record_len(100).expect("record");
+    let mut src = Once(false);
+    // Control segments may come first (the ACK of the SYN-ACK); then the data segment.
+    let mut data = None;
+    for _ in 0..4 {
+        let Some(n) = a.poll_transmit_with(Instant::ZERO, &mut buf, &mut src) else {
+            break;
+        };
+        let seg = SegmentRepr::parse(&buf[..n]).expect("parse");
+        if !seg.payload.is_empty() {
+            assert!(seg.payload.iter().all(|&b| b == 7));
+            data = Some(seg.payload.len());
+        }
+    }
+    assert_eq!(data, Some(100));
+    // No ACK: the RTO fires and the retransmission asks the source, which fails.
+    let later = Instant::ZERO + Duration::from_secs(2);
+    a.handle_timeout(later);
+    let n = a
+        .poll_transmit_with(later, &mut buf, &mut src)
+        .expect("RST");
+    let rst = SegmentRepr::parse(&buf[..n]).expect("parse");
+    assert!(rst.flags.rst && rst.payload.is_empty());
+    assert_eq!(a.state(), tcp_engine::State::Closed);
+    let mut events = Vec::new();
+    while let Some(e) = a.poll_event() {
+        events.push(e);
+    }
+    assert!(events.contains(&Event::SourceFailed), "{events:?}");
 }
 
 /// Goodput under 1 % random loss as a fraction of loss-free goodput, on a

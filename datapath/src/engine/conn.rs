@@ -922,7 +922,11 @@ impl IwarpConn {
         match event {
             TcpEvent::Connected => self.tcp_established = true,
             TcpEvent::EmssChanged(_) => {}
-            TcpEvent::PeerClosed | TcpEvent::Closed | TcpEvent::Reset | TcpEvent::TimedOut => {
+            TcpEvent::PeerClosed
+            | TcpEvent::Closed
+            | TcpEvent::Reset
+            | TcpEvent::TimedOut
+            | TcpEvent::SourceFailed => {
                 if !self.tcp_closed {
                     self.tcp_closed = true;
                     self.rx_dead = true;

@@ -11,7 +11,8 @@ use std::time::Duration;
 use tcp_engine::ranges::RangeSet;
 use tcp_engine::sim::{Direction, Endpoint, LinkConfig, Network, Rng};
 use tcp_engine::{
-    Config, Connection, Event, FourTuple, Instant, IsnGenerator, RxMode, SegmentRepr, State, TxMode,
+    Config, Connection, Event, FourTuple, Instant, IsnGenerator, RxMode, SegmentRepr, State,
+    TxMode, TxSource, TxSourceError,
 };
 
 pub const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -46,6 +47,8 @@ pub struct Peer {
     pub record_ends: Vec<u64>,
     pub close_when_sent: bool,
     pub close_on_peer_fin: bool,
+    /// [`TxMode::Source`]: what the source was asked for.
+    pub fills: SourceFills,
     // Receiving.
     pub dest: Vec<u8>,
     pub received: usize,
@@ -92,6 +95,7 @@ impl Peer {
             record_ends: Vec::new(),
             close_when_sent: false,
             close_on_peer_fin: false,
+            fills: SourceFills::default(),
             dest: Vec::new(),
             received: 0,
             coverage: RangeSet::new(1 << 20),
@@ -152,12 +156,17 @@ impl Peer {
                         }
                     }
                 }
-                TxMode::Records => {
+                TxMode::Records | TxMode::Source => {
                     while self.queued < self.src.len() {
                         let len =
                             next_record_len(&mut self.record_rng).min(self.src.len() - self.queued);
                         let rec = &self.src[self.queued..self.queued + len];
-                        if conn.send_record(rec).is_err() {
+                        let queued = if conn_tx_mode(conn) == TxMode::Source {
+                            conn.send_record_len(len)
+                        } else {
+                            conn.send_record(rec)
+                        };
+                        if queued.is_err() {
                             // Put the length back: regenerate next time.
                             break;
                         }
@@ -256,7 +265,16 @@ impl Endpoint for Peer {
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.pump();
-        self.conn.as_mut()?.poll_transmit(now, buf)
+        let conn = self.conn.as_mut()?;
+        if conn_tx_mode(conn) == TxMode::Source {
+            let mut source = PeerSource {
+                src: &self.src,
+                acked: conn.bytes_acked(),
+                fills: &mut self.fills,
+            };
+            return conn.poll_transmit_with(now, buf, &mut source);
+        }
+        conn.poll_transmit(now, buf)
     }
 
     fn next_timeout(&self) -> Option<Instant> {
@@ -274,6 +292,53 @@ impl Endpoint for Peer {
         if let Some(c) = self.conn.as_mut() {
             c.set_path_mtu(mtu);
         }
+    }
+}
+
+/// What a [`TxMode::Source`] peer's source was asked for.
+#[derive(Debug, Default)]
+pub struct SourceFills {
+    /// Calls.
+    pub calls: u64,
+    /// Octets produced.
+    pub octets: u64,
+    /// Calls for octets below the highest offset produced before (retransmissions).
+    pub refills: u64,
+    /// End of the highest range produced so far.
+    pub high: u64,
+    /// Calls for octets already acknowledged, or past the source (must stay 0).
+    pub bad: u64,
+}
+
+/// A peer's source stream as a [`TxSource`] (the octets live outside TCP).
+struct PeerSource<'a> {
+    src: &'a [u8],
+    acked: u64,
+    fills: &'a mut SourceFills,
+}
+
+impl TxSource for PeerSource<'_> {
+    fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+        let f = &mut *self.fills;
+        f.calls += 1;
+        let end = stream_offset + out.len() as u64;
+        let Some(bytes) = self.src.get(stream_offset as usize..end as usize) else {
+            f.bad += 1;
+            return Err(TxSourceError {
+                offset: stream_offset,
+                len: out.len(),
+            });
+        };
+        if stream_offset < self.acked {
+            f.bad += 1;
+        }
+        if stream_offset < f.high {
+            f.refills += 1;
+        }
+        f.high = f.high.max(end);
+        f.octets += out.len() as u64;
+        out.copy_from_slice(bytes);
+        Ok(())
     }
 }
 
