@@ -26,6 +26,12 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
     /// The retransmission timer expired (RFC 5681 3.1 eq. 4, RFC 8312 4.7).
     fn on_retransmission_timeout(&mut self, now: Instant, flight_size: u64, smss: u32);
+    /// The last reduction ([`Self::on_congestion_event`] or
+    /// [`Self::on_retransmission_timeout`]) was found spurious (the
+    /// retransmissions were unnecessary: RFC 3708 D-SACK, RFC 3522 Eifel):
+    /// restore the window and threshold from before it (RFC 4015 3.2
+    /// response; cwnd never shrinks by the undo). Default: nothing.
+    fn undo(&mut self) {}
 }
 
 /// Which built-in controller a connection uses.
@@ -56,6 +62,8 @@ pub struct NewReno {
     cwnd: u64,
     ssthresh: u64,
     bytes_acked: u64,
+    /// (cwnd, ssthresh) before the last reduction, for [`CongestionControl::undo`].
+    prior: Option<(u64, u64)>,
 }
 
 impl NewReno {
@@ -66,6 +74,7 @@ impl NewReno {
             cwnd: initial_window,
             ssthresh: u64::MAX,
             bytes_acked: 0,
+            prior: None,
         }
     }
 }
@@ -93,14 +102,22 @@ impl CongestionControl for NewReno {
         }
     }
     fn on_congestion_event(&mut self, _now: Instant, flight_size: u64, smss: u32) {
+        self.prior = Some((self.cwnd, self.ssthresh));
         self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
         self.cwnd = self.ssthresh;
         self.bytes_acked = 0;
     }
     fn on_retransmission_timeout(&mut self, _now: Instant, flight_size: u64, smss: u32) {
+        self.prior = Some((self.cwnd, self.ssthresh));
         self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
         self.cwnd = u64::from(smss);
         self.bytes_acked = 0;
+    }
+    fn undo(&mut self) {
+        if let Some((cwnd, ssthresh)) = self.prior.take() {
+            self.cwnd = self.cwnd.max(cwnd);
+            self.ssthresh = ssthresh;
+        }
     }
 }
 
@@ -121,6 +138,9 @@ pub struct Cubic {
     /// TCP-friendly estimate in segments (W_est, 4.2).
     w_est: f64,
     cwnd_frac: f64,
+    /// (cwnd, ssthresh, W_max, W_last_max) before the last reduction, for
+    /// [`CongestionControl::undo`].
+    prior: Option<(u64, u64, f64, f64)>,
 }
 
 const CUBIC_C: f64 = 0.4;
@@ -138,10 +158,12 @@ impl Cubic {
             k: 0.0,
             w_est: 0.0,
             cwnd_frac: 0.0,
+            prior: None,
         }
     }
 
     fn reduce(&mut self, smss: u32) {
+        self.prior = Some((self.cwnd, self.ssthresh, self.w_max, self.w_last_max));
         let seg = f64::from(smss);
         let w = self.cwnd as f64 / seg;
         // Fast convergence (RFC 8312 4.6).
@@ -216,6 +238,16 @@ impl CongestionControl for Cubic {
         self.reduce(smss);
         self.cwnd = u64::from(smss);
     }
+    fn undo(&mut self) {
+        if let Some((cwnd, ssthresh, w_max, w_last_max)) = self.prior.take() {
+            self.cwnd = self.cwnd.max(cwnd);
+            self.ssthresh = ssthresh;
+            self.w_max = w_max;
+            self.w_last_max = w_last_max;
+            self.epoch_start = None;
+            self.cwnd_frac = 0.0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +267,21 @@ mod tests {
         c.on_retransmission_timeout(Instant::ZERO, 9490, 1460);
         assert_eq!(c.cwnd(), 1460);
         assert_eq!(c.ssthresh(), 4745);
+        // The timeout was spurious: back to the window before it.
+        c.undo();
+        assert_eq!((c.cwnd(), c.ssthresh()), (9490, 8030));
+    }
+
+    #[test]
+    fn cubic_undo_restores_the_window() {
+        let mut c = Cubic::new(100_000);
+        c.on_congestion_event(Instant::ZERO, 100_000, 1000);
+        assert_eq!(c.cwnd(), 70_000);
+        c.undo();
+        assert_eq!((c.cwnd(), c.ssthresh()), (100_000, u64::MAX));
+        // Nothing to undo twice.
+        c.undo();
+        assert_eq!(c.cwnd(), 100_000);
     }
 
     #[test]

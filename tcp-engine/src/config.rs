@@ -66,6 +66,17 @@ pub struct Config {
     pub window_scaling: bool,
     /// Offer timestamps (RFC 7323 3, PAWS 5).
     pub timestamps: bool,
+    /// PAWS reordering tolerance (RFC 7323 5.3 R1, relaxed): a segment is
+    /// dropped as an old duplicate only if its TSval is older than TS.Recent
+    /// by more than this. Strict R1 (zero) drops legitimately reordered
+    /// segments: a retransmission that fills a hole moves TS.Recent past the
+    /// TSvals of segments sent before it and still in flight, so every one
+    /// of them that arrives after it is discarded and must be sent again
+    /// (Linux allows one tick). PAWS only has to reject segments from an
+    /// earlier wrap of the sequence space, which are at least 2^32 octets
+    /// old: default 20 ms keeps that true up to 1.7 Tbit/s while accepting
+    /// reordering of up to 20 ms.
+    pub paws_tolerance: Duration,
     /// Offer SACK (RFC 2018).
     pub sack: bool,
     /// Congestion controller.
@@ -124,6 +135,7 @@ impl Default for Config {
             max_ooo_ranges: 64,
             window_scaling: true,
             timestamps: true,
+            paws_tolerance: Duration::from_millis(20),
             sack: true,
             congestion: CongestionAlgorithm::Cubic,
             initial_window_segments: 10,

@@ -173,6 +173,16 @@ pub struct ConnStats {
     pub passed_up_bytes: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
+    /// D-SACK blocks received (RFC 2883: the peer got a segment twice).
+    pub dsacks_received: u64,
+    /// D-SACK blocks sent.
+    pub dsacks_sent: u64,
+    /// Congestion responses undone because every retransmission of the
+    /// episode was reported duplicate by D-SACK (RFC 3708).
+    pub dsack_undos: u64,
+    /// Retransmission timeouts found spurious by their timestamps (Eifel,
+    /// RFC 3522) and undone (RFC 4015).
+    pub spurious_rtos: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +217,34 @@ struct RackState {
     xmit_ts: Option<Instant>,
     end: u64,
     rtt: Duration,
+}
+
+/// One congestion response (fast recovery or RTO) that may still be undone
+/// (RFC 3708 2 / Linux `undo_retrans`): the retransmissions sent since, which
+/// D-SACK reports take back one by one.
+#[derive(Debug, Clone, Copy)]
+struct UndoEpisode {
+    /// SND.UNA when the episode began.
+    marker: u64,
+    /// SND.MAX when it began.
+    high: u64,
+    /// Retransmissions of data in `[marker, high)` not yet reported duplicate.
+    retrans: u32,
+}
+
+/// RACK reordering window state (RFC 8985 6.2 steps 3-4).
+#[derive(Debug, Clone, Copy)]
+struct ReoState {
+    /// Highest end of a delivered segment (RACK.fack).
+    fack: u64,
+    /// A never-retransmitted segment was delivered below `fack`.
+    seen: bool,
+    /// RACK.reo_wnd_mult.
+    mult: u32,
+    /// RACK.dsack_round: SND.MAX when the multiplier last grew.
+    dsack_round: Option<u64>,
+    /// RACK.reo_wnd_persist.
+    persist: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -253,6 +291,13 @@ pub struct Connection {
     cc: Box<dyn CongestionControl>,
     rtt: RttEstimator,
     rack: RackState,
+    reo: ReoState,
+    undo: Option<UndoEpisode>,
+    /// TSval of the first retransmission after a timeout, until the first ACK
+    /// of new data tells whether the timeout was spurious (RFC 3522).
+    eifel_tsval: Option<u32>,
+    /// TSecr of the ACK being processed (timestamps on).
+    ack_tsecr: Option<u32>,
     fast_recovery: Option<u64>,
     rto_recover: Option<u64>,
     dupacks: u32,
@@ -276,6 +321,8 @@ pub struct Connection {
     peer_fin_pos: Option<u64>,
     rcv_wscale: u8,
     rcv_ranges: RangeSet,
+    /// A duplicate range to report in the next ACK (RFC 2883 D-SACK).
+    dsack: Option<(u64, u64)>,
     rcv_buf: Vec<u8>,
     rcv_read: u64,
     ulp_window: u64,
@@ -362,6 +409,16 @@ impl Connection {
             cc,
             rtt,
             rack: RackState::default(),
+            reo: ReoState {
+                fack: 0,
+                seen: false,
+                mult: 1,
+                dsack_round: None,
+                persist: 0,
+            },
+            undo: None,
+            eifel_tsval: None,
+            ack_tsecr: None,
             fast_recovery: None,
             rto_recover: None,
             dupacks: 0,
@@ -383,6 +440,7 @@ impl Connection {
             peer_fin_pos: None,
             rcv_wscale,
             rcv_ranges: RangeSet::new(cfg.max_ooo_ranges),
+            dsack: None,
             rcv_buf,
             rcv_read: 0,
             ulp_window,
@@ -921,6 +979,12 @@ impl Connection {
         // RFC 6298 5.4-5.6 and RFC 5681 3.1: loss window, everything
         // outstanding (not SACKed) is to be resent, slow start again.
         let flight = self.snd_max() - self.snd_una;
+        if self.rto_recover.is_none() {
+            // First timeout of a series: its retransmission's TSval decides
+            // whether it was spurious (RFC 3522 3.2), and D-SACK may undo it.
+            self.eifel_tsval = self.ts_enabled.then(|| self.tsval(now));
+            self.begin_undo_episode();
+        }
         self.cc
             .on_retransmission_timeout(now, flight, u32::from(self.emss));
         for e in self.scoreboard.iter_mut() {
@@ -977,6 +1041,10 @@ impl Connection {
         if self.pipe <= u64::from(self.emss) {
             pto += self.cfg.peer_max_ack_delay;
         }
+        // Not before an ACK is overdue by the measured variation either
+        // (SRTT + 4 RTTVAR): with ACKs that come late by a varying amount
+        // (a loaded receiver), 2 SRTT alone probes before they arrive.
+        pto = pto.max(self.rtt.unfloored_rto().unwrap_or(pto));
         let pto = pto.max(Duration::from_micros(10));
         let deadline = now + pto;
         if self.rto_deadline.is_none_or(|r| deadline < r) {
@@ -1131,10 +1199,14 @@ impl Connection {
         pass_up: &mut dyn FnMut(PassedUp<'_>),
     ) {
         let rcv_nxt_seq = self.rcv_nxt();
-        // PAWS (RFC 7323 5.3 R1).
+        // PAWS (RFC 7323 5.3 R1), with a reordering tolerance
+        // (`Config::paws_tolerance`; our TS clock ticks in milliseconds).
         if self.ts_enabled && !seg.flags.rst {
             if let (Some((tsval, _)), Some(recent)) = (seg.options.timestamp, self.ts_recent) {
-                if seq_lt(tsval, recent) {
+                let tolerance = u32::try_from(self.cfg.paws_tolerance.as_millis())
+                    .unwrap_or(u32::MAX)
+                    .min(1 << 30);
+                if seq_lt(tsval.wrapping_add(tolerance), recent) {
                     self.stats.paws_drops += 1;
                     self.ack_now = true;
                     return;
@@ -1157,6 +1229,14 @@ impl Connection {
         let zero_window_ok = wnd == 0 && rel == 0;
         if !acceptable && !zero_window_ok {
             self.stats.out_of_window += 1;
+            if !seg.payload.is_empty() && rel < 0 {
+                // An old duplicate: report it (RFC 2883 4.1.1).
+                let start = self.rcv_nxt as i64 + rel;
+                let end = start + seg.payload.len() as i64;
+                if start >= 0 && end as u64 <= self.rcv_nxt {
+                    self.note_duplicate(start as u64, end as u64);
+                }
+            }
             if !seg.flags.rst {
                 self.ack_now = true;
                 if seg.flags.fin && self.state == State::TimeWait {
@@ -1282,13 +1362,19 @@ impl Connection {
             }
         }
         let newly_acked = ack_pos.saturating_sub(self.snd_una);
+        self.ack_tsecr = if self.ts_enabled {
+            seg.options.timestamp.map(|(_, ecr)| ecr)
+        } else {
+            None
+        };
         let mut delivered_any = false;
         if newly_acked > 0 {
+            self.eifel_check(seg);
             self.on_cumulative_ack(now, ack_pos);
             delivered_any = true;
         }
         if self.sack_enabled && !seg.options.sack_blocks().is_empty() {
-            delivered_any |= self.on_sack_blocks(now, seg.options.sack_blocks());
+            delivered_any |= self.on_sack_blocks(now, ack_pos, seg.options.sack_blocks());
         }
         if delivered_any {
             self.tlp_outstanding = false;
@@ -1377,6 +1463,7 @@ impl Connection {
         if self.dupacks == 3 && self.rto_recover.is_none() {
             // Fast retransmit (RFC 5681 3.2 steps 2-3, RFC 6582 3.2 step 2).
             let flight = self.snd_max() - self.snd_una;
+            self.begin_undo_episode();
             self.cc.on_congestion_event(now, flight, self.emss.into());
             self.fast_recovery = Some(self.snd_max());
             self.stats.fast_recoveries += 1;
@@ -1402,6 +1489,15 @@ impl Connection {
         if e.retransmits > 0 && self.rtt.min_rtt().is_some_and(|m| rtt < m) {
             return;
         }
+        // ... or when the ACK echoes a timestamp older than the
+        // retransmission: the original was delivered.
+        if e.retransmits > 0
+            && self
+                .ack_tsecr
+                .is_some_and(|ecr| seq_lt(ecr, self.tsval(e.xmit_time)))
+        {
+            return;
+        }
         let newer = match self.rack.xmit_ts {
             None => true,
             Some(t) => e.xmit_time > t || (e.xmit_time == t && e.end() > self.rack.end),
@@ -1411,6 +1507,15 @@ impl Connection {
             self.rack.end = e.end();
             self.rack.rtt = rtt;
         }
+    }
+
+    /// RFC 8985 6.2 step 3: a never-retransmitted segment delivered below
+    /// the highest delivered end means the path reorders.
+    fn note_delivered(&mut self, e: &TxSegment) {
+        if e.retransmits == 0 && e.end() < self.reo.fack {
+            self.reo.seen = true;
+        }
+        self.reo.fack = self.reo.fack.max(e.end());
     }
 
     fn on_cumulative_ack(&mut self, now: Instant, ack_pos: u64) {
@@ -1427,6 +1532,7 @@ impl Connection {
                     SegState::Sacked => {}
                 }
                 if e.state != SegState::Sacked {
+                    self.note_delivered(&e);
                     self.rack_update(now, &e);
                     if e.retransmits == 0 {
                         rtt_sample = Some(rtt_sample.map_or(e.xmit_time, |t| t.max(e.xmit_time)));
@@ -1461,19 +1567,35 @@ impl Connection {
     }
 
     /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
-    fn on_sack_blocks(&mut self, now: Instant, blocks: &[SackBlock]) -> bool {
+    fn on_sack_blocks(&mut self, now: Instant, ack_pos: u64, blocks: &[SackBlock]) -> bool {
         let mut any = false;
         let mut newest_sacked: Option<Instant> = None;
         let snd_max = self.snd_max();
-        for b in blocks {
+        for (k, b) in blocks.iter().enumerate() {
             let (Some(l), Some(r)) = (
                 self.snd.pos_of(b.left, self.snd_una),
                 self.snd.pos_of(b.right, self.snd_una),
             ) else {
                 continue;
             };
-            if l >= r || l < self.snd_una || r > snd_max {
-                continue; // invalid or D-SACK-like blocks are ignored
+            if l >= r || r > snd_max {
+                continue;
+            }
+            // D-SACK (RFC 2883 4): the first block lies below the cumulative
+            // ACK, or inside the second block.
+            if k == 0 {
+                let inside_next = blocks.get(1).is_some_and(|n| {
+                    let nl = self.snd.pos_of(n.left, self.snd_una);
+                    let nr = self.snd.pos_of(n.right, self.snd_una);
+                    matches!((nl, nr), (Some(nl), Some(nr)) if nl <= l && r <= nr)
+                });
+                if r <= ack_pos || inside_next {
+                    self.on_dsack(l, r);
+                    continue;
+                }
+            }
+            if l < self.snd_una {
+                continue; // invalid
             }
             let mut i = self.scoreboard.partition_point(|e| e.end() <= l);
             while i < self.scoreboard.len() {
@@ -1488,6 +1610,7 @@ impl Connection {
                         SegState::Sacked => {}
                     }
                     self.scoreboard[i].state = SegState::Sacked;
+                    self.note_delivered(&e);
                     self.rack_update(now, &e);
                     if e.retransmits == 0 {
                         newest_sacked = Some(
@@ -1511,10 +1634,77 @@ impl Connection {
             return;
         }
         let flight = self.snd_max() - self.snd_una;
+        self.begin_undo_episode();
         self.cc.on_congestion_event(now, flight, self.emss.into());
         self.fast_recovery = Some(self.snd_max());
         self.stats.fast_recoveries += 1;
         self.tlp_deadline = None;
+        // RFC 8985 6.2 step 4: after 16 recoveries without D-SACK the
+        // reordering window shrinks back.
+        self.reo.persist = self.reo.persist.saturating_sub(1);
+        if self.reo.persist == 0 {
+            self.reo.mult = 1;
+        }
+    }
+
+    fn begin_undo_episode(&mut self) {
+        self.undo = Some(UndoEpisode {
+            marker: self.snd_una,
+            high: self.snd_max(),
+            retrans: 0,
+        });
+    }
+
+    /// A D-SACK block `[l, r)` (stream positions): the peer received that
+    /// data twice (RFC 2883). Grows the RACK reordering window once per
+    /// round (RFC 8985 6.2 step 4) and undoes the congestion response when
+    /// every retransmission of the episode proved unnecessary (RFC 3708).
+    fn on_dsack(&mut self, l: u64, r: u64) {
+        self.stats.dsacks_received += 1;
+        if self.reo.dsack_round.is_none_or(|end| self.snd_una >= end) {
+            self.reo.mult = self.reo.mult.saturating_add(1).min(64);
+            self.reo.dsack_round = Some(self.snd_max());
+            self.reo.persist = 16;
+        }
+        if let Some(u) = self.undo.as_mut() {
+            if l >= u.marker && r <= u.high && u.retrans > 0 {
+                u.retrans -= 1;
+                if u.retrans == 0 {
+                    self.undo = None;
+                    self.cc.undo();
+                    self.stats.dsack_undos += 1;
+                }
+            }
+        }
+    }
+
+    /// Eifel detection (RFC 3522 3.2) on the first ACK of new data after a
+    /// timeout: if it echoes a TSval older than the retransmission's, the
+    /// original transmission arrived and the timeout was spurious. Response
+    /// (RFC 4015): restore the congestion window and stop resending what is
+    /// still marked lost (it goes back to in flight; RACK and the RTO still
+    /// watch it).
+    fn eifel_check(&mut self, seg: &SegmentRepr<'_>) {
+        let Some(rtx_ts) = self.eifel_tsval.take() else {
+            return;
+        };
+        let Some((_, tsecr)) = seg.options.timestamp else {
+            return;
+        };
+        if !seq_lt(tsecr, rtx_ts) {
+            return;
+        }
+        self.stats.spurious_rtos += 1;
+        self.cc.undo();
+        self.undo = None;
+        self.rto_recover = None;
+        for e in self.scoreboard.iter_mut() {
+            if e.state == SegState::Lost && e.retransmits == 0 {
+                e.state = SegState::InFlight;
+                self.pipe += e.seq_len();
+                self.lost_count -= 1;
+            }
+        }
     }
 
     /// RACK loss detection (RFC 8985 6.2 step 5).
@@ -1522,7 +1712,15 @@ impl Connection {
         let Some(rack_ts) = self.rack.xmit_ts else {
             return;
         };
-        let reo_wnd = self.rtt.min_rtt().map_or(Duration::ZERO, |m| m / 4);
+        // RFC 8985 6.2 step 4: min_RTT / 4, scaled by the D-SACK multiplier
+        // once reordering was seen, at most SRTT.
+        let base = self.rtt.min_rtt().map_or(Duration::ZERO, |m| m / 4);
+        let reo_wnd = if self.reo.seen {
+            let w = base.saturating_mul(self.reo.mult);
+            self.rtt.srtt().map_or(w, |s| w.min(s)).max(base)
+        } else {
+            base
+        };
         let mut next: Option<Instant> = None;
         let mut lost_any = false;
         for e in self.scoreboard.iter_mut() {
@@ -1590,6 +1788,22 @@ impl Connection {
         let was_in_order = start_i as u64 <= self.rcv_nxt && start_i >= 0;
         let had_holes = !self.rcv_ranges.is_empty();
         let mut accepted_fin = seg.flags.fin && end_i >= 0 && (end_i as u64) <= right;
+        if !payload.is_empty() && start_i < self.rcv_nxt as i64 && end_i > 0 {
+            // Partly a duplicate of in-order data (RFC 2883 4.1.1).
+            let d0 = start_i.max(0) as u64;
+            let d1 = (end_i as u64).min(self.rcv_nxt);
+            if d0 < d1 {
+                self.note_duplicate(d0, d1);
+            }
+        } else if a < b && a > self.rcv_nxt {
+            // Wholly inside out-of-order data already received (4.1.2).
+            let mut fresh = 0;
+            self.rcv_ranges
+                .for_each_gap(a, b, |g0, g1| fresh += g1 - g0);
+            if fresh == 0 {
+                self.note_duplicate(a, b);
+            }
+        }
         if a < b {
             if a > self.rcv_nxt && self.rcv_ranges.would_overflow(a, b) {
                 self.stats.ooo_range_limit_drops += 1;
@@ -1693,6 +1907,12 @@ impl Connection {
         }
     }
 
+    fn note_duplicate(&mut self, start: u64, end: u64) {
+        if self.sack_enabled {
+            self.dsack = Some((start, end));
+        }
+    }
+
     fn enter_time_wait(&mut self, now: Instant) {
         self.state = State::TimeWait;
         self.time_wait_deadline = Some(now + self.cfg.time_wait);
@@ -1775,19 +1995,29 @@ impl Connection {
         }
     }
 
-    fn add_sack_blocks(&self, repr: &mut SegmentRepr<'_>, payload_len: usize) {
-        if !self.sack_enabled || self.rcv_ranges.is_empty() {
+    fn add_sack_blocks(&mut self, repr: &mut SegmentRepr<'_>, payload_len: usize) {
+        if !self.sack_enabled || (self.rcv_ranges.is_empty() && self.dsack.is_none()) {
             return;
         }
         let max_blocks = if self.ts_enabled { 3 } else { 4 };
+        let mut blocks = [SackBlock::default(); 4];
+        // A D-SACK block goes first (RFC 2883 4), once.
+        let mut n_d = 0;
+        if let Some((d0, d1)) = self.dsack.take() {
+            blocks[0] = SackBlock {
+                left: self.rcv.seq_of(d0),
+                right: self.rcv.seq_of(d1),
+            };
+            n_d = 1;
+            self.stats.dsacks_sent += 1;
+        }
         let mut recent = [Range {
             start: 0,
             end: 0,
             touched: 0,
         }; 4];
-        let n = self.rcv_ranges.most_recent(&mut recent[..max_blocks]);
-        let mut blocks = [SackBlock::default(); 4];
-        for (b, r) in blocks.iter_mut().zip(&recent[..n]) {
+        let n = n_d + self.rcv_ranges.most_recent(&mut recent[..max_blocks - n_d]);
+        for (b, r) in blocks[n_d..].iter_mut().zip(&recent[..n - n_d]) {
             *b = SackBlock {
                 left: self.rcv.seq_of(r.start),
                 right: self.rcv.seq_of(r.end),
@@ -2065,9 +2295,15 @@ impl Connection {
         s.state = SegState::InFlight;
         s.xmit_time = now;
         s.retransmits = s.retransmits.saturating_add(1);
+        let start = s.start;
         self.pipe += len;
         self.lost_count -= 1;
         self.stats.retransmitted_segments += 1;
+        if let Some(u) = self.undo.as_mut() {
+            if start >= u.marker && start < u.high {
+                u.retrans += 1;
+            }
+        }
         Some(n)
     }
 

@@ -79,6 +79,12 @@ impl RttEstimator {
         self.srtt
     }
 
+    /// SRTT + 4 RTTVAR without floor or backoff: when an ACK is overdue
+    /// given the variation measured so far.
+    pub fn unfloored_rto(&self) -> Option<Duration> {
+        self.srtt.map(|s| s + self.rttvar * 4)
+    }
+
     /// Smallest RTT seen (RFC 8985 uses it for the reordering window).
     pub fn min_rtt(&self) -> Option<Duration> {
         self.min_rtt

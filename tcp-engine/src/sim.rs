@@ -88,6 +88,19 @@ pub struct LinkConfig {
     pub reorder: f64,
     /// Hold-back for reordered packets.
     pub reorder_delay: Duration,
+    /// If above `reorder_delay`: each reordered packet is held for a uniform
+    /// random time in `[reorder_delay, reorder_delay_max]` instead.
+    pub reorder_delay_max: Duration,
+    /// If non-zero, a reordered packet is instead held back until 1 to this
+    /// many later packets of the link have been sent (or `reorder_delay_max`,
+    /// at least `reorder_delay`, has passed), as the test relay does.
+    pub reorder_frames: u32,
+    /// Probability that a packet starts a stall of the link: it and every
+    /// packet sent after it are not delivered before the stall ends (order
+    /// kept), as when a descheduled host leaves its ring unserved.
+    pub stall: f64,
+    /// Longest stall; each one lasts a uniform random time up to this.
+    pub stall_max: Duration,
     /// Serialization rate in bits per second (`None`: infinite).
     pub bandwidth_bps: Option<u64>,
     /// Drop-tail queue limit in packets (`None`: unbounded).
@@ -110,6 +123,10 @@ impl Default for LinkConfig {
             duplicate: 0.0,
             reorder: 0.0,
             reorder_delay: Duration::from_micros(20),
+            reorder_delay_max: Duration::ZERO,
+            reorder_frames: 0,
+            stall: 0.0,
+            stall_max: Duration::ZERO,
             bandwidth_bps: Some(10_000_000_000),
             queue_limit: Some(1000),
             mtu: 1500,
@@ -138,6 +155,8 @@ pub struct LinkStats {
     pub split: u64,
     /// Merged by the middlebox.
     pub merged: u64,
+    /// Stalls started.
+    pub stalls: u64,
 }
 
 /// One direction of the network.
@@ -150,6 +169,8 @@ pub struct Link {
     order: u64,
     last_key: Option<(Instant, u64)>,
     tx_free_at: Instant,
+    stall_until: Instant,
+    held: Vec<(u32, Instant, Vec<u8>)>,
     /// Counters.
     pub stats: LinkStats,
     /// A "packet too big" report (new MTU) not yet given to the sender.
@@ -170,6 +191,8 @@ impl Link {
             order: 0,
             last_key: None,
             tx_free_at: Instant::ZERO,
+            stall_until: Instant::ZERO,
+            held: Vec::new(),
             stats: LinkStats::default(),
             pending_too_big: None,
         }
@@ -209,8 +232,26 @@ impl Link {
         if !self.cfg.jitter.is_zero() {
             at += Duration::from_nanos(self.rng.range(0, self.cfg.jitter.as_nanos() as u64));
         }
-        if self.rng.chance(self.cfg.reorder) {
-            at += self.cfg.reorder_delay;
+        if self.rng.chance(self.cfg.stall) {
+            let d = self.rng.range(0, self.cfg.stall_max.as_nanos() as u64);
+            self.stall_until = self.stall_until.max(now + Duration::from_nanos(d));
+            self.stats.stalls += 1;
+        }
+        at = at.max(self.stall_until);
+        if self.cfg.reorder_frames > 0 && self.rng.chance(self.cfg.reorder) {
+            let frames = self.rng.range(1, u64::from(self.cfg.reorder_frames)) as u32;
+            let hold = self.cfg.reorder_delay_max.max(self.cfg.reorder_delay);
+            self.held.push((frames, at + hold, packet.to_vec()));
+            return;
+        }
+        if self.cfg.reorder_frames == 0 && self.rng.chance(self.cfg.reorder) {
+            let lo = self.cfg.reorder_delay;
+            let hi = self.cfg.reorder_delay_max;
+            at += if hi > lo {
+                Duration::from_nanos(self.rng.range(lo.as_nanos() as u64, hi.as_nanos() as u64))
+            } else {
+                lo
+            };
         }
         // Middlebox: merge into the previous queued contiguous segment.
         if self.rng.chance(self.cfg.merge) {
@@ -237,6 +278,7 @@ impl Link {
             }
         }
         self.last_key = Some(self.enqueue(at, packet.to_vec()));
+        self.release_held(at);
         if dup {
             self.stats.duplicated += 1;
             let later = at + Duration::from_nanos(self.rng.range(0, 20_000));
@@ -244,13 +286,38 @@ impl Link {
         }
     }
 
+    /// One more packet passed the held-back ones (arriving at `at`): those
+    /// whose count ran out follow it.
+    fn release_held(&mut self, at: Instant) {
+        let mut i = 0;
+        while i < self.held.len() {
+            self.held[i].0 -= 1;
+            if self.held[i].0 == 0 {
+                let (_, _, p) = self.held.swap_remove(i);
+                self.enqueue(at, p);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// When the next packet is due.
     pub fn next_delivery(&self) -> Option<Instant> {
-        self.queue.keys().next().map(|k| k.0)
+        let held = self.held.iter().map(|h| h.1).min();
+        crate::time::earliest(self.queue.keys().next().map(|k| k.0), held)
     }
 
     /// Take the next packet due at or before `now`.
     pub fn pop_due(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let mut i = 0;
+        while i < self.held.len() {
+            if self.held[i].1 <= now {
+                let (_, t, p) = self.held.swap_remove(i);
+                self.enqueue(t, p);
+            } else {
+                i += 1;
+            }
+        }
         let (&key, _) = self.queue.iter().next()?;
         if key.0 > now {
             return None;
@@ -264,7 +331,7 @@ impl Link {
 
     /// Packets in the link.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.held.len()
     }
 }
 
