@@ -59,7 +59,8 @@ def counters(path):
     num = lambda pat: int(re.search(pat, line).group(1))
     return dict(seg=num(r"segments (\d+)"), ooo=num(r"out of order (\d+)\)"),
                 ooo_b=num(r"out of order (\d+) B"), ooo_f=num(r"\((\d+) FPDUs\)"),
-                peak=num(r"held peak (\d+) B"), rtx=num(r"retransmitted segments (\d+)"),
+                peak=num(r"held peak (\d+) B"), gaps=num(r"held peak \d+ B at (\d+) gaps"),
+                gap=num(r"most held at one gap (\d+) B"), rtx=num(r"retransmitted segments (\d+)"),
                 crc=num(r"CRC errors (\d+)"))
 def relay(path):
     d = {}
@@ -74,15 +75,15 @@ def gbit(path):
         if len(f) >= 5 and f[0].isdigit():
             return f[3]
     return "?"
-print("| relay | `iwarp-bench relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak | CRC errors | sender retransmitted | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| relay | `iwarp-bench relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak (gaps holding octets then) | most held at one gap | CRC errors | sender retransmitted | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
                    ("aligned-5", "--loss 0.05 --reorder 0.05", ""),
                    ("reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--markers on")]:
     s = counters(f"{tmp}/{name}.server"); c = counters(f"{tmp}/{name}.client")
     rl = relay(f"{tmp}/{name}.relay")["b->a"]
     print(f"| {name} | `{r}` / `{b}` | {gbit(tmp + '/' + name + '.client')} | {s['seg']} ({s['ooo']}) | "
-          f"{s['ooo_b']} B ({s['ooo_f']} FPDUs) | {s['peak']} B | {s['crc']} | {c['rtx']} | "
+          f"{s['ooo_b']} B ({s['ooo_f']} FPDUs) | {s['peak']} B ({s['gaps']}) | {s['gap']} B | {s['crc']} | {c['rtx']} | "
           f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) |")
 PY
 rm -rf "$TMP"

@@ -284,7 +284,8 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
     eprintln!(
         "iwarp-bench: engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
          segments {} (out of order {}), placed in order {} B, out of order {} B \
-         ({} FPDUs), held peak {} B, retransmitted segments {}, CRC errors {}, \
+         ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
+         retransmitted segments {}, CRC errors {}, \
          terminates sent {} received {}, connections {}{}",
         d.rx_frames,
         d.tx_packets,
@@ -296,6 +297,8 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
         k.bytes_placed_out_of_order,
         k.fpdus_placed_out_of_order,
         k.held_peak,
+        k.held_peak_gaps,
+        k.held_gap_peak,
         k.retransmissions,
         k.crc_errors,
         k.terminates_sent,

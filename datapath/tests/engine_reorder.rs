@@ -277,3 +277,225 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
         assert!(c.held_bytes <= 1 << 20);
     }
 }
+
+/// One FPDU of a test stream: where it lies (a Marker right before its header included) and
+/// where its ULPDU_Length field ends (past a Marker that splits it).
+#[derive(Clone, Copy)]
+struct Span {
+    start: u64,
+    header_end: u64,
+    end: u64,
+}
+
+fn spans(fpdus: &[Vec<u8>]) -> Vec<Span> {
+    let mut at = 0u64;
+    let mut out = Vec::new();
+    for f in fpdus {
+        let start = at;
+        // Two octets of ULPDU_Length, skipping Markers (every 512 octets).
+        let mut p = start;
+        let mut left = 2;
+        while left > 0 {
+            if p.is_multiple_of(512) {
+                p += 4;
+            } else {
+                p += 1;
+                left -= 1;
+            }
+        }
+        at += f.len() as u64;
+        out.push(Span {
+            start,
+            header_end: p,
+            end: at,
+        });
+    }
+    out
+}
+
+/// Octets of `[a, b)` not inside any of the `holes`.
+fn received_in(a: u64, b: u64, holes: &[(u64, u64)]) -> u64 {
+    if a >= b {
+        return 0;
+    }
+    let missing: u64 = holes
+        .iter()
+        .map(|&(s, e)| e.min(b).saturating_sub(s.max(a)))
+        .sum();
+    (b - a) - missing
+}
+
+/// What any receiver must hold at least: the received octets, past the in-order point, of
+/// every FPDU that is not complete (a hole cuts it, or it goes past the last octet received);
+/// complete FPDUs can all be placed.
+fn must_hold(spans: &[Span], holes: &[(u64, u64)], rcv_max: u64) -> u64 {
+    let consumed = holes.iter().map(|h| h.0).min().unwrap_or(rcv_max);
+    spans
+        .iter()
+        .filter(|f| f.end > consumed && f.start < rcv_max)
+        .filter(|f| f.end > rcv_max || holes.iter().any(|&(s, e)| s < f.end && f.start < e))
+        .map(|f| received_in(f.start.max(consumed), f.end.min(rcv_max), holes))
+        .sum()
+}
+
+/// A Write's FPDUs (Markers and CRCs on, at most `EMSS` octets each, like the engine behind the
+/// relay) with `holes` cut out: everything else arrives first, in stream order and cut at
+/// random offsets (as a re-segmenting middlebox does), then the holes in random order. After
+/// every piece the reassembly store is checked against `must_hold` plus what each hole may
+/// add. Returns (most octets held beyond `must_hold`, the connection's counters, FPDU max).
+fn hold_around_holes(
+    seed: u64,
+    pick_holes: impl Fn(&[Span], &mut Rng) -> Vec<(u64, u64)>,
+    allowance: impl Fn(&[Span], (u64, u64)) -> u64,
+) -> (u64, datapath::engine::ConnCounters, u64) {
+    const EMSS: usize = 688;
+    let mut rng = Rng(seed * 0x51_7CC1_B727);
+    let Receiver {
+        mut conn,
+        mut mem,
+        sink,
+        start,
+        ..
+    } = receiver(true, true);
+    let len = 200_000;
+    let data: Vec<u8> = (0..len).map(|i| (i * 11 + seed as usize) as u8).collect();
+    let fpdus = write_fpdus(&data, sink, true, true, mpa::mulpdu(EMSS, true));
+    let fpdu_max = fpdus.iter().map(|f| f.len() as u64).max().unwrap();
+    assert!(fpdu_max <= EMSS as u64);
+    let spans = spans(&fpdus);
+    let stream: Vec<u8> = fpdus.concat();
+    let mut holes = pick_holes(&spans, &mut rng);
+    holes.sort();
+    // The octets outside the holes, cut at random offsets (1..=1448 octets a piece).
+    let mut pieces = Vec::new();
+    let mut at = 0u64;
+    for &(s, e) in holes
+        .iter()
+        .chain([(stream.len() as u64, stream.len() as u64)].iter())
+    {
+        while at < s {
+            let n = (1 + rng.below(1448) as u64).min(s - at);
+            pieces.push((at, at + n));
+            at += n;
+        }
+        at = e;
+    }
+    let mut late = holes.clone();
+    shuffle(&mut late, &mut rng);
+    pieces.extend(late.iter().copied());
+    let mut pending = holes.clone();
+    let mut rcv_max = 0;
+    let mut worst = 0;
+    for &(s, e) in &pieces {
+        conn.on_data(
+            PassedUp {
+                seq: 0,
+                stream_offset: start as u64 + s,
+                data: &stream[s as usize..e as usize],
+            },
+            &mut mem,
+        );
+        pending.retain(|&h| h != (s, e));
+        rcv_max = rcv_max.max(e);
+        let held = conn.counters().held_bytes;
+        let least = must_hold(&spans, &pending, rcv_max);
+        // A Marker right before a header, cut off from it by a segment boundary, stays held
+        // until in order (4 octets at most, per segment boundary next to a gap).
+        let slack: u64 = pending
+            .iter()
+            .map(|&h| allowance(&spans, h) + 8)
+            .sum::<u64>()
+            + 4;
+        assert!(held >= least, "seed {seed}: held {held} < {least}");
+        assert!(
+            held <= least + slack,
+            "seed {seed}: held {held}, must hold {least}, allowed {slack} more; after \
+             [{s}, {e}), holes {pending:?}"
+        );
+        worst = worst.max(held - least);
+    }
+    let c = conn.counters();
+    assert_eq!(c.held_bytes, 0, "seed {seed}");
+    assert_eq!(c.fpdus_rx, fpdus.len() as u64, "seed {seed}");
+    let got = mem.get(sink).unwrap().to_vec();
+    assert!(got[..len] == data[..], "seed {seed}");
+    (worst, c, fpdu_max)
+}
+
+/// Gaps inside FPDUs, after their ULPDU_Length: its value says where the cut FPDU ends, past
+/// the gap, so the run after the gap is framed from there and every whole FPDU in it is
+/// placed. The store holds exactly the pieces of the FPDUs gaps cut (but for a Marker's
+/// octets cut off from their header), less than one FPDU per gap.
+#[test]
+fn a_gap_inside_an_fpdu_holds_only_its_pieces() {
+    for seed in 1..=6u64 {
+        let (worst, c, fpdu_max) = hold_around_holes(
+            seed,
+            |spans, rng| {
+                let mut holes = Vec::new();
+                let mut i = rng.below(4);
+                while i < spans.len() {
+                    let f = spans[i];
+                    let room = f.end - f.header_end;
+                    if room > 2 {
+                        let a = f.header_end + rng.below(room as usize / 2) as u64;
+                        let b = a + 1 + rng.below((f.end - a - 1) as usize) as u64;
+                        holes.push((a, b));
+                    }
+                    i += 3 + rng.below(5);
+                }
+                holes
+            },
+            |_, _| 0,
+        );
+        println!(
+            "seed {seed}: store at most {worst} octets above the cut FPDUs' pieces; peak {} \
+             octets at {} gaps, at most {} at one gap (FPDUs of at most {fpdu_max})",
+            c.held_peak, c.held_peak_gaps, c.held_gap_peak
+        );
+        assert!(c.held_peak_gaps > 10, "seed {seed}: {c:?}");
+        assert!(c.held_gap_peak < fpdu_max, "seed {seed}: {c:?}");
+        assert!(
+            c.held_peak < c.held_peak_gaps * fpdu_max,
+            "seed {seed}: {c:?}"
+        );
+    }
+}
+
+/// Gaps anywhere (up to 1448 octets, often across FPDU boundaries or over a ULPDU_Length):
+/// a gap then cuts two FPDUs (the one it starts in, the one it ends in), and where it
+/// swallowed the second one's ULPDU_Length the run after it is framed from the first header
+/// a Marker points at, so whole FPDUs before that header (less than the 512-octet Marker
+/// interval, RFC 5044 section 5) are held too.
+#[test]
+fn a_gap_over_a_header_holds_at_most_a_marker_interval_more() {
+    for seed in 1..=6u64 {
+        let (worst, c, fpdu_max) = hold_around_holes(
+            seed,
+            |spans, rng| {
+                let total = spans.last().unwrap().end;
+                let mut holes = Vec::new();
+                let mut at = rng.below(3000) as u64;
+                while at + 1448 < total {
+                    holes.push((at, at + 1 + rng.below(1448) as u64));
+                    at += 3200 + rng.below(2000) as u64;
+                }
+                holes
+            },
+            |spans, (s, e)| {
+                let cut = spans.iter().find(|f| f.start <= s && s < f.end).unwrap();
+                if e <= cut.end && s >= cut.header_end {
+                    0
+                } else {
+                    511
+                }
+            },
+        );
+        println!(
+            "seed {seed}: store at most {worst} octets above the cut FPDUs' pieces; peak {} \
+             octets at {} gaps, at most {} at one gap (FPDUs of at most {fpdu_max})",
+            c.held_peak, c.held_peak_gaps, c.held_gap_peak
+        );
+        assert!(c.held_gap_peak < 2 * fpdu_max + 512, "seed {seed}: {c:?}");
+    }
+}

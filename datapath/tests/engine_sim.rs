@@ -586,6 +586,14 @@ fn resegmenting_middlebox_with_markers() {
     assert!(b.held_total > 0, "cut FPDUs must be held: {b:?}");
     // Bounded: a few FPDUs' worth, far below the receive window.
     assert!(b.held_peak < 64 * 1024, "{b:?}");
+    // At each gap, the pieces of the (at most two) FPDUs it cuts, plus less than a Marker
+    // interval of whole short FPDUs when it swallowed a header (see xdp_relay.rs gap_bound).
+    let fpdu_max = u64::from(bed.a.tcp.as_ref().unwrap().emss());
+    assert!(b.held_gap_peak < 2 * fpdu_max + 512, "{b:?}");
+    assert!(
+        b.held_peak < b.held_peak_gaps * (2 * fpdu_max + 512),
+        "{b:?}"
+    );
     assert_eq!(b.crc_errors, 0);
 }
 

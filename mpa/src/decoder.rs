@@ -8,6 +8,27 @@ use crate::wire::{
 };
 use crate::MpaError;
 
+/// The stream position `octets` FPDU octets after `position`, skipping the Markers in
+/// between (one at every multiple of [`MARKER_INTERVAL`] when `markers`). A Marker at the
+/// position reached is not skipped: it belongs to what follows.
+fn advance(mut position: u64, mut octets: usize, markers: bool) -> u64 {
+    if !markers {
+        return position + octets as u64;
+    }
+    let interval = MARKER_INTERVAL as u64;
+    while octets > 0 {
+        let into = position % interval;
+        if into == 0 {
+            position += MARKER_LEN as u64;
+            continue;
+        }
+        let take = ((interval - into) as usize).min(octets);
+        position += take as u64;
+        octets -= take;
+    }
+    position
+}
+
 /// Where the decoder is inside the current FPDU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -114,6 +135,38 @@ impl FpduDecoder {
     /// True when the next octet starts a new FPDU (or the Marker before it).
     pub fn at_fpdu_boundary(&self) -> bool {
         self.phase == Phase::Header { got: 0 } && self.marker_got.is_none()
+    }
+
+    /// The FPDU the decoder is inside, once its ULPDU_Length has been read: from that field
+    /// to the stream position where the next FPDU (or the Marker before it) starts, Markers
+    /// inside included (RFC 5044 sections 4.3 and 6: ULPDU_Length chains FPDUs). At an FPDU
+    /// boundary, the empty span at the current position (at a Marker being read, that
+    /// Marker's position). `None` while ULPDU_Length is still incomplete or after an error.
+    /// Out of order, this is what carries the FPDU framing across a gap in the stream
+    /// (draft-ietf-rddp-mpa-01 Appendix 11).
+    pub fn current_fpdu(&self) -> Option<FpduSpan> {
+        if self.error.is_some() {
+            return None;
+        }
+        let (mut position, remaining) = match self.phase {
+            Phase::Header { got: 0 } => {
+                let at = match self.marker_got {
+                    Some(_) => self.marker_position,
+                    None => self.position,
+                };
+                return Some(FpduSpan { start: at, end: at });
+            }
+            Phase::Header { .. } => return None,
+            Phase::Body { remaining } => (self.position, remaining + CRC_LEN),
+            Phase::Crc { got } => (self.position, CRC_LEN - got),
+        };
+        if let Some(got) = self.marker_got {
+            position += (MARKER_LEN - got) as u64;
+        }
+        Some(FpduSpan {
+            start: self.header_position,
+            end: advance(position, remaining, self.markers),
+        })
     }
 
     /// The error that stopped this decoder, if any.

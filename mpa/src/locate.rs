@@ -20,6 +20,8 @@ pub struct FpduLocator {
     crc: bool,
     markers: bool,
     decoder: FpduDecoder,
+    /// What the last scan left at the segment's end (see [`FpduLocator::tail`]).
+    tail: Option<FpduSpan>,
 }
 
 impl FpduLocator {
@@ -29,6 +31,7 @@ impl FpduLocator {
             crc,
             markers,
             decoder: FpduDecoder::new(crc, markers),
+            tail: None,
         }
     }
 
@@ -47,43 +50,101 @@ impl FpduLocator {
         &mut self,
         segment: &[u8],
         position: u64,
+        on_fpdu: F,
+    ) -> Option<FpduSpan> {
+        self.locate_from(segment, position, None, on_fpdu)
+    }
+
+    /// Like [`locate`](Self::locate), also starting at `known` when that stream position
+    /// lies in the segment: a position known to start an FPDU (or the Marker before one),
+    /// because the FPDU before it was framed elsewhere and its ULPDU_Length says where it ends
+    /// (RFC 5044 section 6; draft-ietf-rddp-mpa-01 Appendix 11: the framing carried across a
+    /// gap). The scan starts at the first of the places an FPDU may start (the segment's start
+    /// when CRCs can check that guess, the first header a Marker points at, `known`) from
+    /// which something is found, so FPDUs before `known` that a Marker locates are not missed;
+    /// everything found is still checked (CRC, Markers inside).
+    pub fn locate_from<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
+        segment: &[u8],
+        position: u64,
+        known: Option<u64>,
         mut on_fpdu: F,
     ) -> Option<FpduSpan> {
+        self.tail = None;
         if !self.can_locate() {
             return None;
         }
-        // With CRCs, first take the sender to be header-aligned: the CRC (and any Marker
-        // inside) checks the guess. Else, or when the guess fails, start where a Marker says.
-        if self.crc {
-            if let Some(found) = self.scan(segment, position, position, &mut on_fpdu) {
-                return Some(found);
+        let end = position + segment.len() as u64;
+        let known = known.filter(|&k| k >= position && k < end);
+        let guess = self.crc.then_some(position);
+        // The Marker scan only matters when it could start before what is known.
+        let marker = match known {
+            Some(k) if k == position => None,
+            _ => self.marker_start(segment, position),
+        };
+        let mut starts = [guess, marker, known];
+        starts.sort_unstable_by_key(|s| s.unwrap_or(u64::MAX));
+        let mut tail = None;
+        let mut tried = None;
+        for start in starts.into_iter().flatten() {
+            if tried == Some(start) {
+                continue;
+            }
+            tried = Some(start);
+            let (found, ok) = self.scan(segment, position, start, &mut on_fpdu);
+            if found.is_some() {
+                return found;
+            }
+            // A scan that found nothing frames the segment's end only from a start that is
+            // known or a Marker points at (a guess says nothing).
+            if ok && (Some(start) == known || (Some(start) == marker && tail.is_none())) {
+                tail = self.tail;
             }
         }
-        let start = self.marker_start(segment, position)?;
-        if self.crc && start == position {
-            return None; // just tried
-        }
-        self.scan(segment, position, start, &mut on_fpdu)
+        self.tail = tail;
+        None
     }
 
-    /// Decodes from stream position `start` (inside the segment) to the segment's end.
+    /// After [`locate`](Self::locate) or [`locate_from`](Self::locate_from): the FPDU that
+    /// the last scan was inside when the segment ended, from its ULPDU_Length field to where
+    /// it ends (the next FPDU's start, which lies beyond the segment); an empty span at the
+    /// segment's end when that is an FPDU boundary. `None` when nothing was located, the scan
+    /// failed, or the segment ended inside an ULPDU_Length field.
+    pub fn tail(&self) -> Option<FpduSpan> {
+        self.tail
+    }
+
+    /// Decodes from stream position `start` (inside the segment) to the segment's end;
+    /// returns the span covered by the FPDUs found and whether the scan ended without error.
     fn scan<F: FnMut(FpduSpan, &[u8])>(
         &mut self,
         segment: &[u8],
         position: u64,
         start: u64,
         on_fpdu: &mut F,
-    ) -> Option<FpduSpan> {
-        let skip = usize::try_from(start.checked_sub(position)?).ok()?;
-        let rest = segment.get(skip..)?;
+    ) -> (Option<FpduSpan>, bool) {
+        self.tail = None;
+        let Some(rest) = start
+            .checked_sub(position)
+            .and_then(|skip| usize::try_from(skip).ok())
+            .and_then(|skip| segment.get(skip..))
+        else {
+            return (None, false);
+        };
         self.decoder.reset(start);
         let mut end = None;
         // An error ends the scan; what was handed up before it was verified.
-        let _ = self.decoder.feed_spans(rest, |span, ulpdu| {
-            end = Some(span.end);
-            on_fpdu(span, ulpdu);
-        });
-        end.map(|end| FpduSpan { start, end })
+        let ok = self
+            .decoder
+            .feed_spans(rest, |span, ulpdu| {
+                end = Some(span.end);
+                on_fpdu(span, ulpdu);
+            })
+            .is_ok();
+        if ok {
+            self.tail = self.decoder.current_fpdu();
+        }
+        (end.map(|end| FpduSpan { start, end }), ok)
     }
 
     /// The first FPDU start a Marker in the segment points at (a header inside the segment,
@@ -217,6 +278,68 @@ mod tests {
                 k += 1;
             }
             assert!(found > 100, "crc {crc}: only {found} FPDUs located");
+        }
+    }
+
+    #[test]
+    fn the_tail_carries_the_framing_across_a_gap() {
+        for (crc, markers) in [(true, true), (false, true), (true, false)] {
+            let (wire, fpdus) = stream(crc, markers, 120);
+            let mut loc = FpduLocator::new(crc, markers);
+            let mut checked = 0;
+            // A piece [a, b), a gap [b, b + gap), then a piece [b + gap, e).
+            for k in 0..60u64 {
+                // Without Markers only a piece that starts with an FPDU can be located.
+                let a = fpdus[k as usize].0 + if markers { (k * 37) % 50 } else { 0 };
+                let b = a + 900 + (k * 211) % 1700;
+                let gap = 1 + (k * 53) % 40;
+                let e = (b + gap + 1500).min(wire.len() as u64);
+                let mut first = Vec::new();
+                loc.locate(&wire[a as usize..b as usize], a, |span, _| first.push(span));
+                let Some(tail) = loc.tail() else {
+                    continue;
+                };
+                // The FPDU the piece ends in: from its header to where the next one starts.
+                let cut = fpdus.iter().find(|f| f.0 < b && b <= f.1).unwrap();
+                if tail.start != tail.end {
+                    // (a Marker right before the header belongs to the FPDU)
+                    assert!(
+                        tail.start == cut.0 || tail.start == cut.0 + 4,
+                        "{crc} {markers} {k}"
+                    );
+                    assert_eq!(tail.end, cut.1, "{crc} {markers} {k}");
+                }
+                let c = tail.end;
+                let second_start = b + gap;
+                if c < second_start || c >= e {
+                    continue;
+                }
+                let mut found = Vec::new();
+                let seg = &wire[second_start as usize..e as usize];
+                loc.locate_from(seg, second_start, Some(c), |span, u| {
+                    assert_eq!(header_of(&fpdus, span.start), Some(&u.to_vec()));
+                    found.push(span.start)
+                });
+                // Every FPDU from `c` that is whole in the piece, none missed.
+                let whole: Vec<u64> = fpdus
+                    .iter()
+                    .filter(|f| f.0 >= c && f.1 <= e)
+                    .map(|f| f.0)
+                    .collect();
+                let found: Vec<u64> = found
+                    .iter()
+                    .map(|&s| {
+                        whole
+                            .iter()
+                            .copied()
+                            .find(|&w| w == s || w + 4 == s)
+                            .unwrap()
+                    })
+                    .collect();
+                assert_eq!(found, whole, "{crc} {markers} {k}");
+                checked += 1;
+            }
+            assert!(checked > 20, "{crc} {markers}: only {checked}");
         }
     }
 

@@ -12,13 +12,17 @@
 //!   startup machine and then to the in-order [`FpduDecoder`], whose verified ULPDUs go to
 //!   [`QueuePair::on_ulpdu`] (placement, delivery, completions).
 //! - *Out of order*, in Full Operation: [`FpduLocator`] finds the complete FPDUs the segment
-//!   holds (header-aligned guess checked by CRC, else Markers); each goes to
+//!   holds (header-aligned guess checked by CRC, Markers, or an FPDU boundary known from
+//!   elsewhere: where the FPDU cut by the gap before the segment ends, from its ULPDU_Length
+//!   in the in-order decoder or in a held run, draft-ietf-rddp-mpa-01 Appendix 11); each goes to
 //!   [`QueuePair::place_early`]. A placed FPDU leaves only a small record (its stream span,
 //!   DDP header and payload length) in a bounded table; its bytes are not kept. Everything
 //!   else (bytes of FPDUs not complete in the segment, Read Requests and Terminates, which act
 //!   only in order, segments where nothing could be located) is kept in the bounded
 //!   *reassembly store* until the in-order point reaches it. With a header-aligned sender and
-//!   CRCs on, that store stays empty.
+//!   CRCs on, that store stays empty. When a segment joins held octets, or a held run's
+//!   framing becomes known, the run is scanned again, so the store keeps only the pieces of
+//!   the FPDUs that gaps cut ([`ConnCounters::held_gap_peak`] measures it per gap).
 //! - When the in-order point reaches an early-placed FPDU, the decoder is reset past it and
 //!   [`QueuePair::on_placed_ulpdu`] runs: checks, delivery and completion happen in order.
 //! - A CRC failure places nothing of that FPDU and stops the receive direction: Terminate of
@@ -60,6 +64,11 @@ const MAX_STORE_RANGES: usize = 1024;
 const MAX_RELOCATE: usize = 64 << 10;
 /// Most FPDUs placed from one such scan.
 const MAX_RELOCATED: usize = 128;
+/// Most FPDU spans kept whose end (the next FPDU's start) lies beyond the octets that framed
+/// them: one per gap in the stream is needed.
+const MAX_CHAINS: usize = 256;
+/// Most held runs scanned one after the other by following such spans across gaps.
+const MAX_CHAIN_WALK: usize = 8;
 
 /// Settings of one connection.
 #[derive(Debug, Clone)]
@@ -118,6 +127,18 @@ pub struct ConnCounters {
     /// With FPDUs that can all be located and placed early, a run is at most the end of one
     /// FPDU and the start of the next (anything longer holds a whole FPDU, which is placed).
     pub held_run_peak: u64,
+    /// Most octets ever held at one gap (after a segment was processed). A gap is a hole in
+    /// the received stream beyond the in-order point, or the end of what arrived so far; the
+    /// octets held at it are the two pieces of the FPDU it cuts: the front (from its header,
+    /// in the run before the gap) and the back (in the run after it, up to the first FPDU
+    /// boundary known there). When the cut FPDU's ULPDU_Length arrived, that boundary is
+    /// where it says the FPDU ends, and a gap holds less than one FPDU; when the gap
+    /// swallowed that field, the back extends to the first header a Marker points at: less
+    /// than one FPDU plus the 512-octet Marker interval (RFC 5044 section 5). Held octets
+    /// between placed FPDUs (FPDUs not placed early) count as a gap of their own.
+    pub held_gap_peak: u64,
+    /// Gaps with octets held at them when the store held `held_peak` octets.
+    pub held_peak_gaps: u64,
     /// Out-of-order segments in which no FPDU could be located.
     pub unlocated_segments: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
@@ -360,6 +381,14 @@ pub struct IwarpConn {
     relocate_buf: Vec<u8>,
     /// Spans of the FPDUs such a scan placed (allocated once).
     relocated: Vec<(u64, u64)>,
+    /// FPDUs framed out of order whose end lies beyond the octets that framed them, as
+    /// (stream offset of the ULPDU_Length field, stream offset where the next FPDU starts),
+    /// sorted and unique by the end. Where such an end falls in a later segment or held run,
+    /// that run's FPDUs are found from there (the framing carried across the gap), and only
+    /// the cut FPDU's pieces stay held. Allocated once, at most [`MAX_CHAINS`].
+    chains: Vec<(u64, u64)>,
+    /// The in-order decoder's next FPDU start last used to rescan a held run.
+    in_order_chain: u64,
     /// The MPA Request or Reply, until TCP has taken it.
     startup_record: Option<Vec<u8>>,
     ulpdu: Vec<u8>,
@@ -380,6 +409,8 @@ impl IwarpConn {
             placed: VecDeque::with_capacity(cfg.max_placed_fpdus.min(1 << 16)),
             relocate_buf: Vec::new(),
             relocated: Vec::new(),
+            chains: Vec::with_capacity(MAX_CHAINS),
+            in_order_chain: 0,
             cfg,
             epoch,
             now,
@@ -570,11 +601,163 @@ impl IwarpConn {
             self.out_of_order(off, bytes, mem);
         }
         self.drain(mem);
-        self.counters.held_peak = self.counters.held_peak.max(self.store.held);
+        self.follow_in_order_chain(mem);
+        let pos = self.chains.partition_point(|c| c.1 <= self.consumed);
+        self.chains.drain(..pos);
         if self.store.held > 0 {
             let run = self.store.ranges.iter().map(|r| r.1 - r.0).max();
             self.counters.held_run_peak = self.counters.held_run_peak.max(run.unwrap_or(0));
+            let (gaps, most) = self.held_per_gap();
+            self.counters.held_gap_peak = self.counters.held_gap_peak.max(most);
+            if self.store.held > self.counters.held_peak {
+                self.counters.held_peak = self.store.held;
+                self.counters.held_peak_gaps = gaps;
+            }
         }
+    }
+
+    /// The in-order decoder knows where the FPDU it is inside ends (its ULPDU_Length has
+    /// arrived): if that lies in a held run beyond a gap, that run's FPDUs are found from there.
+    fn follow_in_order_chain<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+        if self.rx_dead || self.store.held == 0 {
+            return;
+        }
+        let Phase::Full(full) = &self.phase else {
+            return;
+        };
+        let Some(next) = full.decoder.current_fpdu() else {
+            return;
+        };
+        let next = full.rx_start + next.end;
+        if next <= self.consumed || next == self.in_order_chain {
+            return;
+        }
+        self.in_order_chain = next;
+        self.walk_chain(next, (0, 0), mem);
+    }
+
+    /// Rescans held runs starting with the one holding `pos`, then, as long as a rescan ends
+    /// inside an FPDU whose end lies in the next held run, that run too.
+    fn walk_chain<B: RegionBuffer>(
+        &mut self,
+        mut pos: u64,
+        seg: (u64, u64),
+        mem: &mut MemoryTable<B>,
+    ) {
+        for _ in 0..MAX_CHAIN_WALK {
+            if self.store.range_containing(pos).is_none() {
+                return;
+            }
+            match self.relocate_held(pos, seg, mem) {
+                Some(next) if next > pos => pos = next,
+                _ => return,
+            }
+        }
+    }
+
+    /// Keeps the span `(header, end)` of an FPDU framed out of order whose end lies beyond
+    /// the octets that framed it (no allocation: beyond [`MAX_CHAINS`] spans it is dropped,
+    /// and the run after its gap is then located by Markers alone).
+    fn add_chain(&mut self, span: (u64, u64)) {
+        if span.1 <= self.consumed {
+            return;
+        }
+        let i = self.chains.partition_point(|c| c.1 < span.1);
+        if self.chains.get(i).is_some_and(|c| c.1 == span.1) {
+            self.chains[i].0 = self.chains[i].0.min(span.0);
+        } else if self.chains.len() < MAX_CHAINS {
+            self.chains.insert(i, span);
+        }
+    }
+
+    /// The first stream offset in `[start, end)` known to be an FPDU boundary: the end of a
+    /// placed FPDU, where the in-order decoder's current FPDU ends, or the header or end of
+    /// an FPDU framed out of order.
+    fn known_boundary(&self, start: u64, end: u64) -> Option<u64> {
+        let mut best = None::<u64>;
+        let mut take = |b: u64| {
+            if b >= start && b < end && best.is_none_or(|x| b < x) {
+                best = Some(b);
+            }
+        };
+        if self.placed_ends_at(start) {
+            take(start);
+        }
+        if let Phase::Full(full) = &self.phase {
+            if let Some(span) = full.decoder.current_fpdu() {
+                take(full.rx_start + span.end);
+            }
+        }
+        let i = self.chains.partition_point(|c| c.1 < start);
+        for &(header, next) in self.chains[i..].iter().take(4) {
+            take(header);
+            take(next);
+        }
+        best
+    }
+
+    /// Whether a placed FPDU ends at stream offset `pos`.
+    fn placed_ends_at(&self, pos: u64) -> bool {
+        let i = self.placed.partition_point(|p| p.start < pos);
+        i > 0 && self.placed[i - 1].end == pos
+    }
+
+    /// Whether a placed FPDU starts at stream offset `pos`.
+    fn placed_starts_at(&self, pos: u64) -> bool {
+        let i = self.placed.partition_point(|p| p.start < pos);
+        self.placed.get(i).is_some_and(|p| p.start == pos)
+    }
+
+    /// Octets held at each gap (see [`ConnCounters::held_gap_peak`]): how many gaps hold
+    /// octets, and the most one holds. Each held run is split at the gaps it touches: the
+    /// part after a gap up to the first FPDU boundary known in the run is the back of the FPDU
+    /// that gap cut, the rest (up to the next gap or placed FPDU) the front of the FPDU the
+    /// next gap cuts. Runs lying between two placed FPDUs count as gaps of their own.
+    fn held_per_gap(&self) -> (u64, u64) {
+        let mut gaps = 0u64;
+        let mut most = 0u64;
+        let mut close = |octets: u64| {
+            gaps += 1;
+            most = most.max(octets);
+        };
+        // The front of an FPDU cut by the gap after it: (where that gap starts, octets).
+        let mut front: Option<(u64, u64)> = None;
+        for &(s, e) in &self.store.ranges {
+            let gap_before = s != self.consumed && !self.placed_ends_at(s);
+            let gap_after = !self.placed_starts_at(e);
+            let back = if !gap_before {
+                0
+            } else if !gap_after {
+                e - s
+            } else {
+                self.known_boundary(s + 1, e).map_or(e - s, |b| b - s)
+            };
+            if gap_before {
+                let mut at_gap = back;
+                if let Some((gap_start, octets)) = front.take() {
+                    let i = self.placed.partition_point(|p| p.start < gap_start);
+                    if self.placed.get(i).is_none_or(|p| p.start >= s) {
+                        at_gap += octets; // the same gap
+                    } else {
+                        close(octets);
+                    }
+                }
+                close(at_gap);
+            } else if let Some((_, octets)) = front.take() {
+                close(octets);
+            }
+            if e - s > back {
+                if gap_after {
+                    front = Some((e, e - s - back));
+                } else {
+                    close(e - s - back);
+                }
+            }
+        }
+        if let Some((_, octets)) = front {
+            close(octets);
+        }
+        (gaps, most)
     }
 
     fn paused(&self) -> bool {
@@ -605,6 +788,11 @@ impl IwarpConn {
             self.hold(off, bytes);
             return;
         }
+        let seg = (off, off + bytes.len() as u64);
+        let known = self.known_boundary(seg.0, seg.1);
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
         let rx_start = full.rx_start;
         let markers = full.negotiated.markers_rx;
         let position = off - rx_start;
@@ -616,26 +804,30 @@ impl IwarpConn {
         let consumed = self.consumed;
         let mut cursor = off;
         let mut overflow = false;
-        let found = full.locator.locate(bytes, position, |span, ulpdu| {
-            if placed.len() >= max_placed || overflow {
-                return;
-            }
-            let header_len = ddp_header_len(ulpdu);
-            if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
-                return;
-            }
-            let start = fpdu_start(rx_start, span.start, markers, cursor);
-            let end = rx_start + span.end;
-            // Bytes between the previous placed FPDU and this one stay for the in-order pass.
-            let gap = &bytes[(cursor - off) as usize..(start - off) as usize];
-            if store.insert(consumed, cursor, gap).is_err() {
-                overflow = true;
-                return;
-            }
-            counters.held_total += gap.len() as u64;
-            record_placed(placed, counters, (start, end), ulpdu, header_len);
-            cursor = end;
-        });
+        let known = known.map(|k| k - rx_start);
+        let found = full
+            .locator
+            .locate_from(bytes, position, known, |span, ulpdu| {
+                if placed.len() >= max_placed || overflow {
+                    return;
+                }
+                let header_len = ddp_header_len(ulpdu);
+                if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                    return;
+                }
+                let start = fpdu_start(rx_start, span.start, markers, cursor);
+                let end = rx_start + span.end;
+                // Bytes between the previous placed FPDU and this one stay for the in-order pass.
+                let gap = &bytes[(cursor - off) as usize..(start - off) as usize];
+                if store.insert(consumed, cursor, gap).is_err() {
+                    overflow = true;
+                    return;
+                }
+                counters.held_total += gap.len() as u64;
+                record_placed(placed, counters, (start, end), ulpdu, header_len);
+                cursor = end;
+            });
+        let tail = full.locator.tail();
         if found.is_none() {
             self.counters.unlocated_segments += 1;
         }
@@ -648,10 +840,22 @@ impl IwarpConn {
         let rest = &bytes[(cursor - off) as usize..];
         let at = cursor;
         self.hold(at, rest);
+        let tail = tail.map(|t| (rx_start + t.start, rx_start + t.end));
+        if let Some(t) = tail {
+            self.add_chain(t);
+        }
         // Pieces of one FPDU cut apart by a re-segmenting middlebox may now lie side by side.
-        let seg = (off, off + bytes.len() as u64);
-        self.relocate_held(seg.0, seg, mem);
-        self.relocate_held(seg.1 - 1, seg, mem);
+        let first = self.store.range_containing(seg.0);
+        let last = self.store.range_containing(seg.1 - 1);
+        let mut next = self.relocate_held(seg.0, seg, mem);
+        if last != first {
+            next = self.relocate_held(seg.1 - 1, seg, mem);
+        }
+        // The FPDU the segment ends in says where the next one starts: when a held run after
+        // a gap holds that position, its FPDUs are found from there.
+        if let Some(next) = next.or(tail.map(|t| t.1)).filter(|&n| n > seg.1) {
+            self.walk_chain(next, seg, mem);
+        }
     }
 
     /// Scans the held range around stream offset `pos` again, when it reaches beyond the
@@ -661,29 +865,33 @@ impl IwarpConn {
     /// placed like those of a single segment and their octets leave the store, so it keeps
     /// about one partial FPDU per gap instead of one per segment boundary
     /// (draft-ietf-rddp-mpa-01 Appendix 11).
+    ///
+    /// The scan starts at the first FPDU boundary known in the run ([`Self::known_boundary`]:
+    /// the end of the FPDU cut by the gap before it, when that FPDU's ULPDU_Length arrived),
+    /// else where the locator finds one (header-aligned guess, Markers). Returns where the
+    /// FPDU the run ends in ends, when the scan read its ULPDU_Length.
     fn relocate_held<B: RegionBuffer>(
         &mut self,
         pos: u64,
         seg: (u64, u64),
         mem: &mut MemoryTable<B>,
-    ) {
+    ) -> Option<u64> {
         if self.rx_dead {
-            return;
+            return None;
         }
-        let Some((start, end)) = self.store.range_containing(pos) else {
-            return;
-        };
+        let (start, end) = self.store.range_containing(pos)?;
         if (start >= seg.0 && end <= seg.1)
             || end - start > MAX_RELOCATE as u64
             || self.store.ranges.len() + MAX_RELOCATED > MAX_STORE_RANGES
         {
-            return;
+            return None;
         }
+        let known = self.known_boundary(start, end);
         let Phase::Full(full) = &mut self.phase else {
-            return;
+            return None;
         };
         if start < full.rx_start || !full.locator.can_locate() {
-            return;
+            return None;
         }
         let mut buf = std::mem::take(&mut self.relocate_buf);
         let mut found = std::mem::take(&mut self.relocated);
@@ -703,20 +911,26 @@ impl IwarpConn {
         let max_placed = self.cfg.max_placed_fpdus;
         let counters = &mut self.counters;
         let mut cursor = start;
-        full.locator.locate(&buf, start - rx_start, |span, ulpdu| {
-            if placed.len() >= max_placed || found.len() >= MAX_RELOCATED {
-                return;
-            }
-            let header_len = ddp_header_len(ulpdu);
-            if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
-                return;
-            }
-            let fpdu_start = fpdu_start(rx_start, span.start, markers, cursor);
-            let fpdu_end = rx_start + span.end;
-            record_placed(placed, counters, (fpdu_start, fpdu_end), ulpdu, header_len);
-            found.push((fpdu_start, fpdu_end));
-            cursor = fpdu_end;
-        });
+        let known = known.map(|k| k - rx_start);
+        full.locator
+            .locate_from(&buf, start - rx_start, known, |span, ulpdu| {
+                if placed.len() >= max_placed || found.len() >= MAX_RELOCATED {
+                    return;
+                }
+                let header_len = ddp_header_len(ulpdu);
+                if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                    return;
+                }
+                let fpdu_start = fpdu_start(rx_start, span.start, markers, cursor);
+                let fpdu_end = rx_start + span.end;
+                record_placed(placed, counters, (fpdu_start, fpdu_end), ulpdu, header_len);
+                found.push((fpdu_start, fpdu_end));
+                cursor = fpdu_end;
+            });
+        let tail = full
+            .locator
+            .tail()
+            .map(|t| (rx_start + t.start, rx_start + t.end));
         for &(s, e) in &found {
             // Inside the one range scanned, with room for every split checked above.
             let removed = self.store.remove(s, e);
@@ -724,6 +938,9 @@ impl IwarpConn {
         }
         self.relocate_buf = buf;
         self.relocated = found;
+        let tail = tail?;
+        self.add_chain(tail);
+        Some(tail.1)
     }
 
     /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only

@@ -153,7 +153,8 @@ impl Default for XdpEngineConfig {
 pub struct EngineCounters {
     /// The driver's counters (frames, packets, the TCP table's counters).
     pub driver: XdpTcpStats,
-    /// Sum over every connection the engine ran (live and ended); `held_peak` is the maximum.
+    /// Sum over every connection the engine ran (live and ended); `held_peak` (with its
+    /// `held_peak_gaps`), `held_run_peak` and `held_gap_peak` are the maxima.
     pub conns: ConnCounters,
     /// Connections that reached Full Operation.
     pub established: u64,
@@ -172,7 +173,11 @@ fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.bytes_placed_out_of_order += c.bytes_placed_out_of_order;
     sum.fpdus_placed_out_of_order += c.fpdus_placed_out_of_order;
     sum.held_bytes += c.held_bytes;
-    sum.held_peak = sum.held_peak.max(c.held_peak);
+    if c.held_peak > sum.held_peak {
+        sum.held_peak = c.held_peak;
+        sum.held_peak_gaps = c.held_peak_gaps;
+    }
+    sum.held_gap_peak = sum.held_gap_peak.max(c.held_gap_peak);
     sum.held_run_peak = sum.held_run_peak.max(c.held_run_peak);
     sum.held_total += c.held_total;
     sum.unlocated_segments += c.unlocated_segments;
