@@ -8,6 +8,13 @@ use crate::wire::{
 };
 use crate::MpaError;
 
+/// Where an FPDU whose ULPDU_Length field is at stream position `header` (relative to
+/// SeqStart) and holds `ulpdu_len` ends: the position after its CRC, Markers inside counted
+/// (RFC 5044 sections 4.1 and 4.3).
+pub fn fpdu_end(header: u64, ulpdu_len: usize, markers: bool) -> u64 {
+    advance(header, fpdu_len(ulpdu_len), markers)
+}
+
 /// The stream position `octets` FPDU octets after `position`, skipping the Markers in
 /// between (one at every multiple of [`MARKER_INTERVAL`] when `markers`). A Marker at the
 /// position reached is not skipped: it belongs to what follows.

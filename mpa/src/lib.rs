@@ -49,7 +49,7 @@ mod locate;
 pub mod startup;
 pub mod wire;
 
-pub use decoder::{FpduDecoder, FpduSpan};
+pub use decoder::{fpdu_end, FpduDecoder, FpduSpan};
 pub use encoder::FpduEncoder;
 pub use error::MpaError;
 pub use locate::FpduLocator;

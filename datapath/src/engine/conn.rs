@@ -69,6 +69,8 @@ const MAX_RELOCATED: usize = 128;
 const MAX_CHAINS: usize = 256;
 /// Most held runs scanned one after the other by following such spans across gaps.
 const MAX_CHAIN_WALK: usize = 8;
+/// Most held octets before a located FPDU searched backwards for the FPDUs before it.
+const MAX_BACKFILL: u64 = 4096;
 
 /// Settings of one connection.
 #[derive(Debug, Clone)]
@@ -803,6 +805,7 @@ impl IwarpConn {
         let store = &mut self.store;
         let consumed = self.consumed;
         let mut cursor = off;
+        let mut first_placed = None;
         let mut overflow = false;
         let known = known.map(|k| k - rx_start);
         let found = full
@@ -825,6 +828,7 @@ impl IwarpConn {
                 }
                 counters.held_total += gap.len() as u64;
                 record_placed(placed, counters, (start, end), ulpdu, header_len);
+                first_placed.get_or_insert(start);
                 cursor = end;
             });
         let tail = full.locator.tail();
@@ -855,6 +859,9 @@ impl IwarpConn {
         // a gap holds that position, its FPDUs are found from there.
         if let Some(next) = next.or(tail.map(|t| t.1)).filter(|&n| n > seg.1) {
             self.walk_chain(next, seg, mem);
+        }
+        if let Some(first) = first_placed.filter(|&f| f > off) {
+            self.backfill(first, mem);
         }
     }
 
@@ -936,11 +943,129 @@ impl IwarpConn {
             let removed = self.store.remove(s, e);
             debug_assert!(removed);
         }
+        let first = found.first().map(|f| f.0);
         self.relocate_buf = buf;
         self.relocated = found;
+        if let Some(first) = first {
+            self.backfill(first, mem);
+        }
         let tail = tail?;
         self.add_chain(tail);
         Some(tail.1)
+    }
+
+    /// Finds, backwards, the FPDUs held right before the FPDU placed at stream offset
+    /// `first`: where a gap swallowed an FPDU's ULPDU_Length, the run after it is framed from
+    /// the first header a Marker points at, and the FPDUs before that header (short ones,
+    /// which hold no Marker) cannot be found forwards. Each ends where the next begins, so a
+    /// held position whose ULPDU_Length ends the FPDU exactly there is a candidate, and its
+    /// CRC decides (only with CRCs: without, nothing could check the guess). What is left
+    /// held is the back of the FPDU the gap cut.
+    fn backfill<B: RegionBuffer>(&mut self, first: u64, mem: &mut MemoryTable<B>) {
+        if self.rx_dead || first == 0 {
+            return;
+        }
+        let Some((start, end)) = self.store.range_containing(first - 1) else {
+            return;
+        };
+        if end != first || self.store.ranges.len() + MAX_RELOCATED > MAX_STORE_RANGES {
+            return;
+        }
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        if !full.negotiated.crc || start < full.rx_start {
+            return;
+        }
+        let start = start.max(first.saturating_sub(MAX_BACKFILL));
+        let mut buf = std::mem::take(&mut self.relocate_buf);
+        let mut found = std::mem::take(&mut self.relocated);
+        if buf.capacity() < MAX_RELOCATE {
+            buf.reserve_exact(MAX_RELOCATE);
+            found.reserve_exact(MAX_RELOCATED);
+        }
+        buf.clear();
+        found.clear();
+        let (a, b) = self.store.slices(start, end);
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b);
+        let rx_start = full.rx_start;
+        let markers = full.negotiated.markers_rx;
+        let is_marker = |pos: u64| markers && (pos - rx_start) % MARKER_INTERVAL < MARKER_LEN;
+        let octet = |pos: u64| buf.get(usize::try_from(pos - start).ok()?).copied();
+        let mut target = first;
+        'fpdus: while found.len() < MAX_RELOCATED && self.placed.len() < self.cfg.max_placed_fpdus {
+            // A Marker right before the next FPDU's header ends this FPDU.
+            let fpdu_end = if markers && (target - rx_start) % MARKER_INTERVAL == MARKER_LEN {
+                target - MARKER_LEN
+            } else {
+                target
+            };
+            // The shortest FPDU: ULPDU_Length and CRC around an empty ULPDU.
+            let mut header = fpdu_end.saturating_sub(6);
+            while header >= start {
+                let second = if is_marker(header + 1) {
+                    header + 1 + MARKER_LEN
+                } else {
+                    header + 1
+                };
+                if !is_marker(header) {
+                    if let (Some(hi), Some(lo)) = (octet(header), octet(second)) {
+                        let len = usize::from(u16::from_be_bytes([hi, lo]));
+                        let rel = header - rx_start;
+                        if mpa::fpdu_end(rel, len, markers) == fpdu_end - rx_start {
+                            let from = (header - start) as usize;
+                            let to = (fpdu_end - start) as usize;
+                            let qp = &self.qp;
+                            let placed = &mut self.placed;
+                            let counters = &mut self.counters;
+                            let mut placed_at = None;
+                            full.locator.locate_from(
+                                &buf[from..to],
+                                rel,
+                                Some(rel),
+                                |span, ulpdu| {
+                                    let header_len = ddp_header_len(ulpdu);
+                                    if placed_at.is_some()
+                                        || span.end != fpdu_end - rx_start
+                                        || ulpdu.len() < header_len
+                                        || !qp.place_early(ulpdu, mem)
+                                    {
+                                        return;
+                                    }
+                                    let s = fpdu_start(rx_start, span.start, markers, start);
+                                    record_placed(
+                                        placed,
+                                        counters,
+                                        (s, fpdu_end),
+                                        ulpdu,
+                                        header_len,
+                                    );
+                                    placed_at = Some(s);
+                                },
+                            );
+                            if let Some(s) = placed_at {
+                                found.push((s, fpdu_end));
+                                target = s;
+                                continue 'fpdus;
+                            }
+                        }
+                    }
+                }
+                if header == 0 {
+                    break;
+                }
+                header -= 1;
+            }
+            break;
+        }
+        for &(s, e) in &found {
+            // Inside the one range copied, with room for every split checked above.
+            let removed = self.store.remove(s, e);
+            debug_assert!(removed);
+        }
+        self.relocate_buf = buf;
+        self.relocated = found;
     }
 
     /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only
