@@ -1013,7 +1013,19 @@ impl IwarpConn {
                     if let (Some(hi), Some(lo)) = (octet(header), octet(second)) {
                         let len = usize::from(u16::from_be_bytes([hi, lo]));
                         let rel = header - rx_start;
-                        if mpa::fpdu_end(rel, len, markers) == fpdu_end - rx_start {
+                        // Cheap first: the FPDU's octets without Markers must about fill
+                        // the span (each Marker inside takes 4 octets more).
+                        let span = (fpdu_end - header) as usize;
+                        let most_markers = if markers {
+                            MARKER_LEN as usize * (span / MARKER_INTERVAL as usize + 1)
+                        } else {
+                            0
+                        };
+                        let wire = mpa::wire::fpdu_len(len);
+                        if wire <= span
+                            && wire + most_markers >= span
+                            && mpa::fpdu_end(rel, len, markers) == fpdu_end - rx_start
+                        {
                             let from = (header - start) as usize;
                             let to = (fpdu_end - start) as usize;
                             let qp = &self.qp;
