@@ -41,6 +41,11 @@ pub struct Cli {
     /// alone; `taskset` pins a whole process).
     #[arg(long)]
     pub engine_cpu: Option<usize>,
+    /// `--transport xdp`: inline progress. `on`: a thread polling a completion queue runs the
+    /// engine's turns itself while the engine thread parks (one thread per core when the
+    /// application busy-polls); `off`: only the engine thread runs turns.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub engine_inline: OnOff,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,

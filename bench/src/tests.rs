@@ -264,6 +264,7 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
         .ok_or("--transport xdp needs --iface")?;
     let cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
+        inline_progress: cli.engine_inline.on(),
         ..XdpEngineConfig::default()
     };
     XdpEngine::start(iface, cfg)
@@ -286,7 +287,8 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
          segments {} (out of order {}), placed in order {} B, out of order {} B \
          ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
          retransmitted segments {}, CRC errors {}, \
-         terminates sent {} received {}, connections {}{}",
+         terminates sent {} received {}, connections {}, turns by the engine thread {} \
+         by the application {} (engine parked {} times){}",
         d.rx_frames,
         d.tx_packets,
         k.fpdus_rx,
@@ -304,6 +306,9 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
         k.terminates_sent,
         k.terminates_received,
         c.established,
+        c.thread_turns,
+        c.app_turns,
+        c.parks,
         c.error
             .map(|e| format!(", stopped by: {e}"))
             .unwrap_or_default()

@@ -35,8 +35,8 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -69,22 +69,62 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// How long `start` waits for the engine thread to open the driver.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The engine thread runs its own turns (busy-polling or asleep in `ppoll`).
+const AWAKE: u8 = 0;
+/// The engine thread sleeps in `ppoll` (after `busy_poll` without work), holding its state.
+const SLEEPING: u8 = 1;
+/// The engine thread is parked because application threads drive its turns (inline progress):
+/// it sleeps on the wake-up socket only, its state free for whoever polls.
+const PARKED: u8 = 2;
+/// How long a parked engine thread sleeps before it looks whether the application still drives.
+const PARK: Duration = Duration::from_micros(500);
+
+/// The application's side of the engine: the wake-up socket, the engine thread's sleep state,
+/// and (inline progress) the engine's state itself, which an application thread may drive.
+///
 /// The wake-up socket: application handles write a byte, the engine's `ppoll` sees it, but only
-/// while the engine says it sleeps (or is about to): a busy-polling engine finds the work request
-/// on its next turn, so posting costs no system call.
+/// while the engine says it sleeps or is parked: a busy-polling engine finds the work request on
+/// its next turn, so posting costs no system call.
 pub(crate) struct Wake {
     tx: UnixDatagram,
-    /// Set by the engine before its last look at the command queues ahead of a `ppoll`, cleared
-    /// when it wakes. Both sides order "publish my part, then read the other's" with SeqCst, so
-    /// either the engine sees the command or the poster sees the flag and writes the byte.
-    sleeping: AtomicBool,
+    /// [`AWAKE`], [`SLEEPING`] or [`PARKED`]. Set by the engine before its last look at the
+    /// command queues ahead of a sleep, back to [`AWAKE`] when it wakes. Both sides order "publish
+    /// my part, then read the other's" with SeqCst, so either the engine sees the command or the
+    /// poster sees the state and writes the byte.
+    state: AtomicU8,
+    /// Set by a poster that queued a work request but could not run a turn itself; swapped back
+    /// by every turn before it reads the queues (the parked engine's last look reads it).
+    pending: AtomicBool,
+    /// Inline progress enabled ([`XdpEngineConfig::inline_progress`]).
+    inline: bool,
+    /// The engine's state, set once its thread has opened the driver; emptied when it stops.
+    core: OnceLock<Arc<Core>>,
+    /// Turns run by application threads.
+    app_turns: AtomicU64,
+    /// Turns run by the engine thread.
+    thread_turns: AtomicU64,
+    /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
+    /// park while the application blocks instead of polling.
+    app_waits: AtomicU64,
 }
 
 impl Wake {
-    /// Called after a command was queued: wakes the engine if it sleeps.
+    /// Called after a queue-pair work request was queued. With the engine thread parked (the
+    /// application drives), runs a turn here, which takes the request and transmits at once;
+    /// otherwise (or if another thread is in a turn) wakes the engine if it sleeps or is parked.
     pub(crate) fn wake(&self) -> io::Result<()> {
+        if self.state.load(Ordering::SeqCst) == PARKED && self.drive() {
+            return Ok(());
+        }
+        self.pending.store(true, Ordering::SeqCst);
+        self.wake_engine()
+    }
+
+    /// Called after an engine command was queued: wakes the engine if it sleeps or is parked
+    /// (application turns do not take engine commands).
+    fn wake_engine(&self) -> io::Result<()> {
         fence(Ordering::SeqCst);
-        if !self.sleeping.load(Ordering::SeqCst) {
+        if self.state.load(Ordering::SeqCst) == AWAKE {
             return Ok(());
         }
         self.wake_now()
@@ -96,6 +136,41 @@ impl Wake {
             // The socket is full: the engine has wake-ups pending already.
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Inline progress: runs one engine turn on the calling (application) thread if nobody else
+    /// is in one. Never blocks: the engine's state is taken with `try_lock` (one compare-and-swap
+    /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
+    /// is no system call either). True if a turn ran.
+    pub(crate) fn drive(&self) -> bool {
+        if !self.inline {
+            return false;
+        }
+        let Some(core) = self.core.get() else {
+            return false;
+        };
+        let Ok(mut guard) = core.try_lock() else {
+            return false;
+        };
+        let Some(turner) = guard.as_mut() else {
+            return false;
+        };
+        turner.turn();
+        self.app_turns.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Called before the application blocks waiting for a completion: a parked engine thread
+    /// must poll again, nobody else drives.
+    pub(crate) fn before_wait(&self) {
+        if !self.inline {
+            return;
+        }
+        self.app_waits.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == PARKED {
+            let _ = self.wake_now();
         }
     }
 }
@@ -129,6 +204,15 @@ pub struct XdpEngineConfig {
     pub busy_poll: Duration,
     /// Pin the engine thread to this CPU (`sched_setaffinity`); `None`: the scheduler decides.
     pub cpu: Option<usize>,
+    /// Inline progress (run-to-completion): an application thread that polls a
+    /// [`CompletionQueue`] of this engine ([`CompletionQueue::try_next`],
+    /// [`CompletionQueue::poll`]) runs an engine turn itself when nobody else is in one, and
+    /// while it keeps doing so the engine thread parks (sleeps on its wake-up socket, looking
+    /// again every 500 us), so the poller is the only thread on its core and a received frame
+    /// is placed and completed by the thread that waits for it; a work request posted meanwhile
+    /// is transmitted by the posting thread. A blocking [`CompletionQueue::wait`] unparks the
+    /// engine thread first. Default on.
+    pub inline_progress: bool,
 }
 
 impl Default for XdpEngineConfig {
@@ -144,6 +228,7 @@ impl Default for XdpEngineConfig {
             spin_turns: 0,
             busy_poll: Duration::from_millis(2),
             cpu: None,
+            inline_progress: true,
         }
     }
 }
@@ -162,6 +247,13 @@ pub struct EngineCounters {
     pub ended: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
+    /// Engine turns run by application threads polling a completion queue or posting while the
+    /// engine thread was parked ([`XdpEngineConfig::inline_progress`]); live.
+    pub app_turns: u64,
+    /// Engine turns run by the engine thread; live.
+    pub thread_turns: u64,
+    /// Times the engine thread parked because application threads drove its turns.
+    pub parks: u64,
 }
 
 fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
@@ -244,7 +336,7 @@ impl Handle {
         self.cmds
             .send(cmd)
             .map_err(|_| DatapathError::Disconnected)?;
-        self.wake.wake()?;
+        self.wake.wake_engine()?;
         match rx.recv_timeout(timeout) {
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => Err(DatapathError::Timeout(what)),
@@ -308,6 +400,7 @@ impl PendingRequest {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
+        cq.attach(&self.handle.wake);
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = EngineCmd::Accept {
             id: self.id,
@@ -366,7 +459,13 @@ impl XdpEngine {
         wake_rx.set_nonblocking(true)?;
         let wake = Arc::new(Wake {
             tx: wake_tx,
-            sleeping: AtomicBool::new(false),
+            state: AtomicU8::new(AWAKE),
+            pending: AtomicBool::new(false),
+            inline: cfg.inline_progress,
+            core: OnceLock::new(),
+            app_turns: AtomicU64::new(0),
+            thread_turns: AtomicU64::new(0),
+            app_waits: AtomicU64::new(0),
         });
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
@@ -386,7 +485,7 @@ impl XdpEngine {
                 };
                 xdp.add_wake_fd(wake_rx.as_raw_fd());
                 let _ = ready_tx.send(Ok(xdp.local_ip()));
-                let engine = Engine {
+                let turner = Turner {
                     st: State {
                         slots: HashMap::new(),
                         early: HashMap::new(),
@@ -397,16 +496,25 @@ impl XdpEngine {
                         ended_conns: 0,
                         epoch: xdp.epoch(),
                         progress: false,
-                        wake: engine_wake,
+                        wake: engine_wake.clone(),
                         cfg: cfg.clone(),
                     },
                     tables: Vec::new(),
+                    xdp,
+                    failed: None,
+                };
+                let core = Arc::new(Mutex::new(Some(turner)));
+                let _ = engine_wake.core.set(core.clone());
+                let engine = Engine {
+                    core,
+                    wake: engine_wake,
                     cmds: cmd_rx,
                     wake_rx,
                     counters: engine_counters,
                     cfg,
+                    parks: 0,
                 };
-                engine.run(xdp);
+                engine.run();
             })?;
         let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
             Ok(Ok(ip)) => ip,
@@ -465,6 +573,7 @@ impl XdpEngine {
                 "the AF_XDP engine speaks IPv4 only",
             ));
         };
+        cq.attach(&self.handle.wake);
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = EngineCmd::Connect {
             addr,
@@ -485,10 +594,15 @@ impl XdpEngine {
 
     /// The engine's counters as last published (at most 50 ms old while it runs).
     pub fn counters(&self) -> EngineCounters {
-        self.counters
+        let mut c = self
+            .counters
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        let w = &self.handle.wake;
+        c.app_turns = w.app_turns.load(Ordering::Relaxed);
+        c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
+        c
     }
 
     /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
@@ -916,18 +1030,88 @@ fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-struct Engine {
+/// The engine's state behind its mutex: the engine thread and, with inline progress,
+/// application threads take it with `try_lock` only, once per turn (never per packet), so no
+/// thread ever waits on it. `None` once the engine thread has stopped.
+pub(crate) type Core = Mutex<Option<Turner>>;
+
+/// Everything one engine turn needs: connections, PD tables, the driver.
+pub(crate) struct Turner {
     st: State,
     /// The registration tables of the PDs the engine's connections use.
     tables: Vec<SharedTable>,
+    xdp: XdpTcp,
+    /// The driver error of a turn, for the engine thread to stop on.
+    failed: Option<String>,
+}
+
+impl Turner {
+    /// One turn: received frames (placement), every connection's work requests, timers,
+    /// transmission. True if there was work.
+    fn turn(&mut self) -> bool {
+        // Before reading the queues (see `Wake::pending`).
+        self.st.wake.pending.swap(false, Ordering::SeqCst);
+        let mut work;
+        {
+            // Each PD table is locked once per turn, not per packet; no allocation for the
+            // usual handful of PDs.
+            let mut inline: [TableGuard<'_>; INLINE_TABLES] = Default::default();
+            let mut heap: Vec<TableGuard<'_>> = Vec::new();
+            let mem: &mut [TableGuard<'_>] = if self.tables.len() <= INLINE_TABLES {
+                for (g, t) in inline.iter_mut().zip(&self.tables) {
+                    *g = Some(lock_table(t));
+                }
+                &mut inline[..self.tables.len()]
+            } else {
+                heap.extend(self.tables.iter().map(|t| Some(lock_table(t))));
+                &mut heap
+            };
+            let mut app = App {
+                st: &mut self.st,
+                mem,
+            };
+            match self.xdp.poll(&mut app) {
+                Ok(w) => work = w,
+                Err(e) => {
+                    self.failed.get_or_insert(e.to_string());
+                    work = false;
+                }
+            }
+        }
+        work |= std::mem::take(&mut self.st.progress);
+        work
+    }
+
+    /// True if a queue-pair command waits.
+    fn commands_pending(&self) -> bool {
+        self.st
+            .slots
+            .values()
+            .any(|s| s.cmds.as_ref().is_some_and(|c| !c.is_empty()))
+    }
+}
+
+/// What the engine thread does after a turn, with its state released.
+enum Next {
+    Turn,
+    Spin,
+    Yield,
+    Park,
+    Stop,
+}
+
+struct Engine {
+    core: Arc<Core>,
+    wake: Arc<Wake>,
     cmds: Receiver<EngineCmd>,
     wake_rx: UnixDatagram,
     counters: Arc<Mutex<EngineCounters>>,
     cfg: XdpEngineConfig,
+    parks: u64,
 }
 
 impl Engine {
-    fn run(mut self, mut xdp: XdpTcp) {
+    fn run(mut self) {
         if let Some(cpu) = self.cfg.cpu {
             // Best effort: a CPU outside the allowed set leaves the thread unpinned.
             let _ = pin_to_cpu(cpu);
@@ -937,137 +1121,255 @@ impl Engine {
         let mut last_publish = StdInstant::now();
         let mut stopping: Option<StdInstant> = None;
         let mut error = None;
+        // Application turns and blocking waits as of the engine thread's last look.
+        let mut seen = (0u64, 0u64);
         loop {
-            let mut work = false;
-            if stopping.is_none() {
-                match self.commands(&mut xdp) {
-                    Ok(w) => work |= w,
-                    Err(()) => {
-                        stopping = Some(StdInstant::now());
-                        for slot in self.st.slots.values_mut() {
-                            slot.closing = true;
-                            slot.conn.close();
-                        }
-                        self.st.listeners.clear();
+            let next = {
+                let mut guard = match self.core.try_lock() {
+                    Ok(g) => g,
+                    // An application thread runs a turn: let it finish.
+                    Err(TryLockError::WouldBlock) => {
+                        std::thread::yield_now();
+                        continue;
                     }
-                }
-            }
-            {
-                // Each PD table is locked once per turn, not per packet; no allocation for the
-                // usual handful of PDs.
-                let mut inline: [TableGuard<'_>; INLINE_TABLES] = Default::default();
-                let mut heap: Vec<TableGuard<'_>> = Vec::new();
-                let mem: &mut [TableGuard<'_>] = if self.tables.len() <= INLINE_TABLES {
-                    for (g, t) in inline.iter_mut().zip(&self.tables) {
-                        *g = Some(lock_table(t));
-                    }
-                    &mut inline[..self.tables.len()]
-                } else {
-                    heap.extend(self.tables.iter().map(|t| Some(lock_table(t))));
-                    &mut heap
-                };
-                let mut app = App {
-                    st: &mut self.st,
-                    mem,
-                };
-                match xdp.poll(&mut app) {
-                    Ok(w) => work |= w,
-                    Err(e) => {
-                        error = Some(e.to_string());
+                    Err(TryLockError::Poisoned(_)) => {
+                        error = Some("an engine turn panicked on an application thread".into());
                         break;
                     }
-                }
-            }
-            work |= std::mem::take(&mut self.st.progress);
-            if last_publish.elapsed() >= COUNTERS_EVERY {
-                last_publish = StdInstant::now();
-                self.publish(&xdp, None);
-            }
-            if let Some(since) = stopping {
-                if self.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
-                    break;
-                }
-            }
-            if work {
-                idle = 0;
-                idle_since = None;
-                continue;
-            }
-            idle = idle.saturating_add(1);
-            if idle <= self.cfg.spin_turns {
-                std::hint::spin_loop();
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(StdInstant::now);
-            if since.elapsed() < self.cfg.busy_poll {
-                std::thread::yield_now();
-                continue;
-            }
-            // Sleep: announce it, then look at the command queues a last time (see `Wake`).
-            self.st.wake.sleeping.store(true, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if self.commands_pending() {
-                self.st.wake.sleeping.store(false, Ordering::SeqCst);
-                continue;
-            }
-            let app = App {
-                st: &mut self.st,
-                mem: &mut [],
+                };
+                let Some(t) = guard.as_mut() else { break };
+                self.step(
+                    t,
+                    &mut idle,
+                    &mut idle_since,
+                    &mut last_publish,
+                    &mut stopping,
+                    &mut seen,
+                    &mut error,
+                )
             };
-            // A stopping engine sleeps no longer than its remaining grace period.
-            let max = match stopping {
-                Some(since) => self
-                    .cfg
-                    .driver
-                    .max_wait
-                    .min(SHUTDOWN_GRACE.saturating_sub(since.elapsed())),
-                None => self.cfg.driver.max_wait,
-            };
-            let waited = xdp.wait(&app, max);
-            self.st.wake.sleeping.store(false, Ordering::SeqCst);
-            self.drain_wake();
-            if let Err(e) = waited {
-                error = Some(e.to_string());
-                break;
+            match next {
+                Next::Turn => {}
+                Next::Spin => std::hint::spin_loop(),
+                Next::Yield => std::thread::yield_now(),
+                Next::Park => {
+                    self.park(&mut seen, &mut last_publish);
+                    idle = 0;
+                    idle_since = None;
+                }
+                Next::Stop => break,
             }
         }
-        for (_, mut slot) in self.st.slots.drain() {
-            slot.finish("the AF_XDP engine stopped");
-            add_counters(&mut self.st.ended, &slot.conn.counters());
-        }
-        self.publish(&xdp, error);
-    }
-
-    /// True if an engine or queue-pair command waits.
-    fn commands_pending(&self) -> bool {
-        !self.cmds.is_empty()
-            || self
-                .st
-                .slots
-                .values()
-                .any(|s| s.cmds.as_ref().is_some_and(|c| !c.is_empty()))
-    }
-
-    fn drain_wake(&self) {
-        let mut buf = [0u8; 64];
-        while self.wake_rx.recv(&mut buf).is_ok() {}
-    }
-
-    fn publish(&self, xdp: &XdpTcp, error: Option<String>) {
-        let mut conns = self.st.ended;
-        for slot in self.st.slots.values() {
-            add_counters(&mut conns, &slot.conn.counters());
-        }
-        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        c.driver = xdp.stats();
-        c.conns = conns;
-        c.established = self.st.established;
-        c.ended = self.st.ended_conns;
-        if error.is_some() {
+        // Take the state out (application turns find `None` from now on) and end it here, on
+        // the engine thread (detaching XDP belongs to the thread that attached it).
+        let taken = match self.core.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(mut t) = taken {
+            if error.is_none() {
+                error = t.failed.take();
+            }
+            for (_, mut slot) in t.st.slots.drain() {
+                slot.finish("the AF_XDP engine stopped");
+                add_counters(&mut t.st.ended, &slot.conn.counters());
+            }
+            self.publish(&t, error);
+        } else {
+            let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             c.error = error;
         }
     }
 
+    /// One turn of the engine thread with its state locked, and what to do next.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        t: &mut Turner,
+        idle: &mut u32,
+        idle_since: &mut Option<StdInstant>,
+        last_publish: &mut StdInstant,
+        stopping: &mut Option<StdInstant>,
+        seen: &mut (u64, u64),
+        error: &mut Option<String>,
+    ) -> Next {
+        let mut work = false;
+        if stopping.is_none() {
+            match t.commands(&self.cmds) {
+                Ok(w) => work |= w,
+                Err(()) => {
+                    *stopping = Some(StdInstant::now());
+                    for slot in t.st.slots.values_mut() {
+                        slot.closing = true;
+                        slot.conn.close();
+                    }
+                    t.st.listeners.clear();
+                }
+            }
+        }
+        work |= t.turn();
+        self.wake.thread_turns.fetch_add(1, Ordering::Relaxed);
+        if let Some(e) = t.failed.take() {
+            *error = Some(e);
+            return Next::Stop;
+        }
+        if last_publish.elapsed() >= COUNTERS_EVERY {
+            *last_publish = StdInstant::now();
+            self.publish(t, None);
+        }
+        if let Some(since) = *stopping {
+            if t.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
+                return Next::Stop;
+            }
+        }
+        if work {
+            *idle = 0;
+            *idle_since = None;
+            return Next::Turn;
+        }
+        // Inline progress: application threads drove turns since the last look and none blocked
+        // in a wait: they poll, so leave the work to them.
+        if self.cfg.inline_progress && stopping.is_none() {
+            let now = (
+                self.wake.app_turns.load(Ordering::Relaxed),
+                self.wake.app_waits.load(Ordering::SeqCst),
+            );
+            let driven = now.0 != seen.0 && now.1 == seen.1;
+            *seen = now;
+            if driven {
+                return Next::Park;
+            }
+        }
+        *idle = idle.saturating_add(1);
+        if *idle <= self.cfg.spin_turns {
+            return Next::Spin;
+        }
+        let since = *idle_since.get_or_insert_with(StdInstant::now);
+        if since.elapsed() < self.cfg.busy_poll {
+            return Next::Yield;
+        }
+        // Sleep: announce it, then look at the command queues a last time (see `Wake`).
+        self.wake.state.store(SLEEPING, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.cmds.is_empty() || t.commands_pending() {
+            self.wake.state.store(AWAKE, Ordering::SeqCst);
+            return Next::Turn;
+        }
+        let app = App {
+            st: &mut t.st,
+            mem: &mut [],
+        };
+        // A stopping engine sleeps no longer than its remaining grace period.
+        let max = match *stopping {
+            Some(since) => self
+                .cfg
+                .driver
+                .max_wait
+                .min(SHUTDOWN_GRACE.saturating_sub(since.elapsed())),
+            None => self.cfg.driver.max_wait,
+        };
+        let waited = t.xdp.wait(&app, max);
+        self.wake.state.store(AWAKE, Ordering::SeqCst);
+        self.drain_wake();
+        if let Err(e) = waited {
+            *error = Some(e.to_string());
+            return Next::Stop;
+        }
+        Next::Turn
+    }
+
+    /// Inline progress: sleeps on the wake-up socket alone, the state unlocked, while
+    /// application threads keep driving turns; back to polling when they stop (no application
+    /// turn for [`PARK`]), block in a wait, or something writes the wake-up socket (an engine
+    /// command, a work request whose poster could not run a turn).
+    fn park(&mut self, seen: &mut (u64, u64), last_publish: &mut StdInstant) {
+        self.parks += 1;
+        loop {
+            self.wake.state.store(PARKED, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            // The last look (see `Wake`): a work request nobody took, an engine command, a wait.
+            if self.wake.pending.load(Ordering::SeqCst)
+                || !self.cmds.is_empty()
+                || self.wake.app_waits.load(Ordering::SeqCst) != seen.1
+            {
+                break;
+            }
+            let woken = wait_readable(self.wake_rx.as_raw_fd(), PARK);
+            self.wake.state.store(AWAKE, Ordering::SeqCst);
+            let woken = self.drain_wake() || woken.is_err();
+            if last_publish.elapsed() >= COUNTERS_EVERY {
+                if let Ok(g) = self.core.try_lock() {
+                    if let Some(t) = g.as_ref() {
+                        *last_publish = StdInstant::now();
+                        self.publish(t, None);
+                    }
+                }
+            }
+            let now = (
+                self.wake.app_turns.load(Ordering::Relaxed),
+                self.wake.app_waits.load(Ordering::SeqCst),
+            );
+            let driven = now.0 != seen.0 && now.1 == seen.1;
+            *seen = now;
+            if woken || !driven {
+                return;
+            }
+        }
+        self.wake.state.store(AWAKE, Ordering::SeqCst);
+    }
+
+    /// Empties the wake-up socket; true if it held anything.
+    fn drain_wake(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut any = false;
+        while self.wake_rx.recv(&mut buf).is_ok() {
+            any = true;
+        }
+        any
+    }
+
+    fn publish(&self, t: &Turner, error: Option<String>) {
+        let mut conns = t.st.ended;
+        for slot in t.st.slots.values() {
+            add_counters(&mut conns, &slot.conn.counters());
+        }
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        c.driver = t.xdp.stats();
+        c.conns = conns;
+        c.established = t.st.established;
+        c.ended = t.st.ended_conns;
+        c.parks = self.parks;
+        if error.is_some() {
+            c.error = error;
+        }
+    }
+}
+
+/// Waits up to `timeout` for `fd` to become readable (`ppoll`); `Err` on a failed `ppoll`.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfd` and `ts` are valid and owned by this frame, the count passed is 1, and a
+    // null signal mask leaves the thread's mask alone.
+    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(rc > 0)
+}
+
+impl Turner {
     /// The index of `pd`'s table, adding it on first use.
     fn table_index(&mut self, pd: &ProtectionDomain) -> usize {
         if let Some(i) = self.tables.iter().position(|t| Arc::ptr_eq(t, &pd.table)) {
@@ -1078,10 +1380,10 @@ impl Engine {
     }
 
     /// Engine commands; `Err` on shutdown.
-    fn commands(&mut self, xdp: &mut XdpTcp) -> Result<bool, ()> {
+    fn commands(&mut self, cmds: &Receiver<EngineCmd>) -> Result<bool, ()> {
         let mut any = false;
         loop {
-            let cmd = match self.cmds.try_recv() {
+            let cmd = match cmds.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Empty) => return Ok(any),
                 Err(TryRecvError::Disconnected) => return Err(()),
@@ -1094,10 +1396,10 @@ impl Engine {
                     params,
                     reply,
                 } => {
-                    let mut tcp = self.cfg.tcp.clone();
+                    let mut tcp = self.st.cfg.tcp.clone();
                     tcp.tx_mode = tcp_engine::TxMode::Records;
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
-                    let res = xdp.listen(port, self.cfg.backlog, tcp).map(|()| {
+                    let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
                         let (tx, rx) = crossbeam_channel::unbounded();
                         self.st.listeners.insert(port, (params, tx));
                         rx
@@ -1112,7 +1414,7 @@ impl Engine {
                     private_data,
                     reply,
                 } => {
-                    let res = self.connect(xdp, addr, &pd, &params, &private_data);
+                    let res = self.connect(addr, &pd, &params, &private_data);
                     match res {
                         Ok(id) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
@@ -1181,7 +1483,6 @@ impl Engine {
 
     fn connect(
         &mut self,
-        xdp: &mut XdpTcp,
         addr: SocketAddrV4,
         pd: &ProtectionDomain,
         params: &ConnectParams,
@@ -1196,11 +1497,12 @@ impl Engine {
                     crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
                 }
             })?;
-        let mut tcp = self.cfg.tcp.clone();
+        let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tcp_engine::TxMode::Records;
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
-        let id = xdp.connect(addr, tcp)?;
-        let tuple = xdp
+        let id = self.xdp.connect(addr, tcp)?;
+        let tuple = self
+            .xdp
             .connection(id)
             .map(|c| c.four_tuple())
             .ok_or(DatapathError::Disconnected)?;

@@ -1,0 +1,212 @@
+//! Inline progress of the AF_XDP engine (`XdpEngineConfig::inline_progress`): an application
+//! thread that polls its completion queue (`try_next`) runs the engine's turns itself, the engine
+//! thread parks, and Sends posted meanwhile are transmitted, echoes received, placed and
+//! completed by the application thread alone. The proof is per round: the engine thread's turn
+//! counter (`EngineCounters::thread_turns`, live) does not move between posting a Send and
+//! having both its completion and the echo's receive completion, so the engine thread did none
+//! of that round's work. Some rounds may still see an engine-thread turn (a preempted poller
+//! lets the parked engine thread resume after 500 us), so a quarter of the rounds must qualify.
+//! The same run with inline progress off is the control: no application turn, and no round
+//! without an engine-thread turn.
+//!
+//! Engine client in `iwa`, socket-transport echo server in `iwb`. Needs root; skips (fails
+//! under `CI=true`) without the veth bed. About 1 s.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::xsk::enter_netns;
+use datapath::{
+    Access, CompletionQueue, ConnectParams, Listener, ProtectionDomain, RecvWr, SendOp, SendWr,
+    WcOpcode, WcStatus,
+};
+use testbed::*;
+
+const ROUNDS: u64 = 200;
+const LEN: usize = 64;
+const SETUP: Duration = Duration::from_secs(30);
+/// Per round, generous: a round takes tens of microseconds.
+const ROUND_LIMIT: Duration = Duration::from_secs(5);
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    }
+}
+
+fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
+    RecvWr {
+        wr_id: i,
+        sge: Some(mr.sge((i % 4) as usize * LEN, LEN as u32)),
+    }
+}
+
+/// Echoes every Send back (kernel TCP, blocking waits).
+fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
+    enter_netns(NS_B).map_err(|e| e.to_string())?;
+    let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params())
+        .map_err(|e| format!("listen: {e}"))?;
+    let _ = ready.send(());
+    let req = listener
+        .accept_timeout(SETUP)
+        .map_err(|e| format!("accept: {e}"))?
+        .ok_or("no connection request in time")?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let buf = pd
+        .register(LEN * 4, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let recvs = (0..4).map(|i| recv_wr(&buf, i)).collect();
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    let mut qp = conn.qp;
+    let mut got = 0;
+    while got < ROUNDS {
+        let c = cq
+            .wait(SETUP)
+            .ok_or_else(|| format!("no completion after {got} rounds: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success {
+            return Err(format!("failed completion {c:?}"));
+        }
+        if c.wc.opcode != WcOpcode::Recv {
+            continue;
+        }
+        let i = c.wc.wr_id;
+        let off = (i % 4) as usize * LEN;
+        qp.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            local: Some(buf.sge(off, LEN as u32)),
+        })
+        .map_err(|e| format!("echo: {e}"))?;
+        // Reposted before the client's next Send can arrive (the echo's Send goes first, and
+        // the client sends again only once it has the echo).
+        qp.post_recv(recv_wr(&buf, i + 4))
+            .map_err(|e| format!("repost: {e}"))?;
+        got += 1;
+    }
+    // The last echoes' completions, then wait for the client to close.
+    let _ = qp.wait_finished(SETUP);
+    qp.disconnect();
+    Ok(())
+}
+
+/// Rounds of Send + echo, polling the completion queue only with `try_next`. Returns the rounds
+/// during which the engine thread ran no turn, and the application's turns.
+fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
+    enter_netns(NS_A).map_err(|e| e.to_string())?;
+    let cfg = XdpEngineConfig {
+        inline_progress: inline,
+        ..XdpEngineConfig::default()
+    };
+    let mut engine = XdpEngine::start(DEV_A, cfg).map_err(|e| format!("engine: {e}"))?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let src = pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let dst = pd
+        .register(LEN * 4, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let addr = SocketAddr::from((ADDR_B, port));
+    let conn = engine
+        .connect(addr, &pd, &cq, &params(), &[])
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut qp = conn.qp;
+    for i in 0..4 {
+        qp.post_recv(recv_wr(&dst, i))
+            .map_err(|e| format!("post_recv: {e}"))?;
+    }
+    let mut quiet_rounds = 0;
+    for i in 0..ROUNDS {
+        let pattern = [(i % 251) as u8 + 1; LEN];
+        src.write(0, &pattern);
+        let before = engine.counters().thread_turns;
+        qp.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            local: Some(src.sge(0, LEN as u32)),
+        })
+        .map_err(|e| format!("post: {e}"))?;
+        let (mut sent, mut echoed) = (false, false);
+        let start = Instant::now();
+        while !(sent && echoed) {
+            match cq.try_next() {
+                Some(c) => {
+                    if c.wc.status != WcStatus::Success || c.wc.wr_id != i {
+                        return Err(format!("round {i}: unexpected completion {c:?}"));
+                    }
+                    match c.wc.opcode {
+                        WcOpcode::Recv => echoed = true,
+                        _ => sent = true,
+                    }
+                }
+                None if start.elapsed() > ROUND_LIMIT => {
+                    return Err(format!("round {i}: no echo in time: {:?}", qp.status()));
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        if engine.counters().thread_turns == before {
+            quiet_rounds += 1;
+        }
+        let mut got = [0u8; LEN];
+        dst.read((i % 4) as usize * LEN, &mut got);
+        if got != pattern {
+            return Err(format!("round {i}: the echo differs"));
+        }
+        qp.post_recv(recv_wr(&dst, i + 4))
+            .map_err(|e| format!("repost: {e}"))?;
+    }
+    qp.disconnect();
+    engine.stop();
+    let c = engine.counters();
+    println!(
+        "inline progress {inline}: {quiet_rounds} of {ROUNDS} rounds without an engine-thread \
+         turn; turns: application {}, engine thread {}, parks {}",
+        c.app_turns, c.thread_turns, c.parks
+    );
+    Ok((quiet_rounds, c.app_turns))
+}
+
+fn run(port: u16, inline: bool) -> (u64, u64) {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = std::thread::spawn(move || server(port, ready_tx));
+    if ready_rx.recv_timeout(SETUP).is_err() {
+        let r = srv.join();
+        panic!("server did not start: {r:?}");
+    }
+    let cli = std::thread::spawn(move || client(port, inline));
+    let c = cli.join().expect("client thread");
+    let s = srv.join().expect("server thread");
+    let c = c.unwrap_or_else(|e| panic!("client: {e}"));
+    s.unwrap_or_else(|e| panic!("server: {e}"));
+    c
+}
+
+#[test]
+fn a_polling_application_drives_the_engine_while_its_thread_is_parked() {
+    let _bed = bed_or_skip!();
+    let (quiet, app_turns) = run(19_541, true);
+    assert!(app_turns > 0, "no application turn with inline progress on");
+    assert!(
+        quiet >= ROUNDS / 4,
+        "only {quiet} of {ROUNDS} rounds completed without an engine-thread turn"
+    );
+    // The control: the same rounds with only the engine thread running turns.
+    let (quiet, app_turns) = run(19_542, false);
+    assert_eq!(app_turns, 0, "application turns with inline progress off");
+    assert_eq!(
+        quiet, 0,
+        "rounds completed without the engine thread, inline progress off"
+    );
+}
