@@ -10,6 +10,7 @@
 # frames (the frame size the engine sends at MTU 1500; Gbit/s of frame octets) and
 # `raw pingpong` at 64 B (one way). Needs root. Prints Markdown.
 # Every cell is the median of REPS runs (default 3).
+# XDP_ARGS: extra iwarp-bench options for both engine sides (e.g. "--engine-inline off").
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,8 @@ pair() { # placement transport test size iters -> client JSON
   local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp
   sp=$(place "$pl" server)
   cp=$(place "$pl" client)
-  if [ "$tr" = xdp ]; then sa="--transport xdp --iface iwa0"; ca="--transport xdp --iface iwb0"
+  if [ "$tr" = xdp ]; then
+    sa="--transport xdp --iface iwa0 ${XDP_ARGS:-}"; ca="--transport xdp --iface iwb0 ${XDP_ARGS:-}"
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
   # shellcheck disable=SC2086
   ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
@@ -106,7 +108,7 @@ raw_reps() { # placement -> "gbit p50 p99" medians over REPS runs
   echo "$(med "${g[@]}") $(med "${p[@]}") $(med "${q[@]}")"
 }
 
-echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell"
+echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}"
 echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"

@@ -13,6 +13,15 @@
 //! it sleep in `ppoll` on the AF_XDP sockets plus a wake-up socket. Optionally pinned to a CPU
 //! ([`XdpEngineConfig::cpu`]).
 //!
+//! **Inline progress** ([`XdpEngineConfig::inline_progress`], default on). The state a turn
+//! needs ([`Turner`]: connections, PD table list, driver) is behind one mutex that is only ever
+//! taken with `try_lock`, once per turn, so no thread waits on it. A thread polling a
+//! [`CompletionQueue`] of the engine runs a turn itself when the queue is empty and nobody else
+//! is in one; while application threads keep doing so (and do not block in
+//! [`CompletionQueue::wait`]) the engine thread parks on its wake-up socket, and a work request
+//! posted meanwhile is transmitted by a turn on the posting thread. The poller then has its
+//! core to itself: no hand-off to the engine thread per message in either direction.
+//!
 //! **Application side.** Work requests go from a [`QueuePair`] to the engine through a
 //! per-connection lock-free channel (crossbeam); a one-byte datagram on the wake-up socket
 //! follows only while the engine sleeps (an atomic flag says so), so posting to a polling
