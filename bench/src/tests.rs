@@ -286,7 +286,8 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
         "iwarp-bench: engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
          segments {} (out of order {}), placed in order {} B, out of order {} B \
          ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
-         retransmitted segments {}, CRC errors {}, \
+         retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
+         PAWS drops {}, CRC errors {}, \
          terminates sent {} received {}, connections {}, turns by the engine thread {} \
          by the application {} (engine parked {} times){}",
         d.rx_frames,
@@ -302,6 +303,10 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
         k.held_peak_gaps,
         k.held_gap_peak,
         k.retransmissions,
+        k.rto_expirations,
+        k.loss_probes,
+        k.spurious_undone,
+        k.paws_drops,
         k.crc_errors,
         k.terminates_sent,
         k.terminates_received,

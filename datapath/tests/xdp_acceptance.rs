@@ -267,7 +267,8 @@ fn stop_and_check(name: &str, mut engine: XdpEngine, crc_errors: u64) -> EngineC
     let c = engine.counters();
     println!(
         "{name} engine: established {}, ended {}, FPDUs rx {} tx {}, CRC errors {}, Terminates \
-         sent {} received {}, retransmissions {}, error {:?}",
+         sent {} received {}, retransmissions {} (timeouts {}, loss probes {}, undone as \
+         spurious {}), error {:?}",
         c.established,
         c.ended,
         c.conns.fpdus_rx,
@@ -276,6 +277,9 @@ fn stop_and_check(name: &str, mut engine: XdpEngine, crc_errors: u64) -> EngineC
         c.conns.terminates_sent,
         c.conns.terminates_received,
         c.conns.retransmissions,
+        c.conns.rto_expirations,
+        c.conns.loss_probes,
+        c.conns.spurious_undone,
         c.error
     );
     assert_eq!(c.error, None, "{name} engine stopped with an error");

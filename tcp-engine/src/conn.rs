@@ -1007,7 +1007,7 @@ impl Connection {
     fn on_tlp_timeout(&mut self, now: Instant) {
         // RFC 8985 7.3: send one probe, new data if possible, else the last
         // segment sent.
-        if self.fast_recovery.is_some() || self.scoreboard.is_empty() {
+        if self.rto_recover.is_some() || self.scoreboard.is_empty() {
             return;
         }
         self.stats.tlp_probes += 1;
@@ -1029,9 +1029,13 @@ impl Connection {
     }
 
     fn arm_tlp(&mut self, now: Instant) {
+        // Also in fast recovery (RFC 8985 arms it only outside): with a
+        // window of two or three segments a lost retransmission is seen by
+        // RACK only when something sent after it is delivered, and with
+        // nothing more allowed out, only the RTO would end the wait.
         if !self.sack_enabled
             || !self.cfg.rack_tlp
-            || self.fast_recovery.is_some()
+            || self.rto_recover.is_some()
             || self.tlp_outstanding
         {
             return;
@@ -1443,6 +1447,8 @@ impl Connection {
             self.rto_deadline = Some(now + self.rtt.rto());
             self.rto_retries = 0;
             self.arm_tlp(now);
+        } else if delivered_any && self.fast_recovery.is_some() {
+            self.arm_tlp(now);
         }
         true
     }
@@ -1638,7 +1644,13 @@ impl Connection {
         self.cc.on_congestion_event(now, flight, self.emss.into());
         self.fast_recovery = Some(self.snd_max());
         self.stats.fast_recoveries += 1;
+        // Fast retransmit: the first lost segment goes out now whatever the
+        // reduced window says (RFC 5681 3.2 step 4, RFC 6675 5 step 4.3);
+        // with a window of a few segments it could otherwise wait for ACKs
+        // of segments that may be lost too, until the RTO.
+        self.ignore_cwnd_credit += 1;
         self.tlp_deadline = None;
+        self.arm_tlp(now);
         // RFC 8985 6.2 step 4: after 16 recoveries without D-SACK the
         // reordering window shrinks back.
         self.reo.persist = self.reo.persist.saturating_sub(1);
@@ -2304,6 +2316,7 @@ impl Connection {
                 u.retrans += 1;
             }
         }
+        self.arm_tlp(now);
         Some(n)
     }
 

@@ -147,6 +147,14 @@ pub struct ConnCounters {
     pub crc_errors: u64,
     /// Segments TCP retransmitted.
     pub retransmissions: u64,
+    /// TCP retransmission timeouts.
+    pub rto_expirations: u64,
+    /// TCP tail-loss probes.
+    pub loss_probes: u64,
+    /// TCP congestion responses found spurious and undone (Eifel timeouts, D-SACK).
+    pub spurious_undone: u64,
+    /// Segments TCP dropped by PAWS.
+    pub paws_drops: u64,
     /// Terminate messages sent.
     pub terminates_sent: u64,
     /// Terminate messages received.
@@ -1330,7 +1338,12 @@ impl IwarpConn {
         }
         self.transmit(tcp, mem);
         tcp.set_receive_window(self.window(tcp.rcv_nxt_offset()));
-        self.counters.retransmissions = tcp.stats().retransmitted_segments;
+        let st = tcp.stats();
+        self.counters.retransmissions = st.retransmitted_segments;
+        self.counters.rto_expirations = st.rto_expirations;
+        self.counters.loss_probes = st.tlp_probes;
+        self.counters.spurious_undone = st.spurious_rtos + st.dsack_undos;
+        self.counters.paws_drops = st.paws_drops;
         let done = match &self.phase {
             Phase::Done => self.startup_record.is_none(),
             _ => {

@@ -284,6 +284,10 @@ fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.unlocated_segments += c.unlocated_segments;
     sum.crc_errors += c.crc_errors;
     sum.retransmissions += c.retransmissions;
+    sum.rto_expirations += c.rto_expirations;
+    sum.loss_probes += c.loss_probes;
+    sum.spurious_undone += c.spurious_undone;
+    sum.paws_drops += c.paws_drops;
     sum.terminates_sent += c.terminates_sent;
     sum.terminates_received += c.terminates_received;
 }
