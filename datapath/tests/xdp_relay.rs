@@ -405,14 +405,16 @@ const FPDU_MAX: u64 = MSS_CLAMP as u64 - 12;
 /// X's front (from its header up to the gap) and Y's back (after the gap) cannot be checked
 /// and placed before the rest arrives, so any receiver holds them: together less than two
 /// FPDUs, less than one when X is Y. When X is Y and its ULPDU_Length arrived, that says where
-/// the FPDU after it starts, beyond the gap, and the run after the gap is framed from there:
-/// nothing more is held. When the gap swallowed Y's ULPDU_Length, the run after it is framed
-/// from the first header one of its Markers points at; the whole FPDUs before that header
-/// (each shorter than the 512-octet Marker interval, else a Marker in it would point at it:
-/// message tails, small messages) are held too, less than 512 octets (RFC 5044 section 5).
-/// So: under 2 x 688 + 512 = 1888 octets at a gap, under 688 when it lies inside an FPDU
-/// after its header (`engine_reorder.rs` checks both exactly, with the store never above
-/// what the cut FPDUs' pieces need). Held runs are within the same bound.
+/// the FPDU after it starts, beyond the gap, and the run after the gap is framed from there.
+/// When the gap swallowed Y's ULPDU_Length, the run after it is framed from the first header
+/// one of its Markers points at, and the FPDUs before that header are found backwards from it
+/// (CRC-checked). Until such a header has arrived, nothing tells where Y ends, and the run
+/// counts whole for this gap: Y's back and the front of the next FPDU, which holds no Marker
+/// of the run yet, so less than 512 octets of it (RFC 5044 section 5). So: under
+/// 2 x 688 + 512 = 1888 octets at a gap, under 688 when it lies inside an FPDU after its
+/// header. `engine_reorder.rs` checks the store after every segment against what the cut
+/// FPDUs' pieces need (equal in relay-like orders with 64 KiB Writes) and both per-gap bounds.
+/// Held runs are within the same bound.
 fn gap_bound() -> u64 {
     2 * FPDU_MAX + 512
 }

@@ -130,14 +130,16 @@ pub struct ConnCounters {
     /// FPDU and the start of the next (anything longer holds a whole FPDU, which is placed).
     pub held_run_peak: u64,
     /// Most octets ever held at one gap (after a segment was processed). A gap is a hole in
-    /// the received stream beyond the in-order point, or the end of what arrived so far; the
-    /// octets held at it are the two pieces of the FPDU it cuts: the front (from its header,
-    /// in the run before the gap) and the back (in the run after it, up to the first FPDU
-    /// boundary known there). When the cut FPDU's ULPDU_Length arrived, that boundary is
-    /// where it says the FPDU ends, and a gap holds less than one FPDU; when the gap
-    /// swallowed that field, the back extends to the first header a Marker points at: less
-    /// than one FPDU plus the 512-octet Marker interval (RFC 5044 section 5). Held octets
-    /// between placed FPDUs (FPDUs not placed early) count as a gap of their own.
+    /// the received stream beyond the in-order point, or the end of what arrived so far. It
+    /// cuts the FPDU it starts in (X) and the one it ends in (Y, the same when the gap lies
+    /// inside one FPDU after its header); the octets held at it are X's front (from its
+    /// header, in the run before the gap) and Y's back (in the run after it, up to the first
+    /// FPDU boundary known there): what any receiver must hold, less than two FPDUs, and
+    /// less than one when X is Y. Where the gap swallowed Y's ULPDU_Length, Y's end is found
+    /// backwards from the first header a Marker points at (with CRCs); until such a header
+    /// has arrived the run after the gap cannot be split and counts here whole: less than
+    /// 512 octets (RFC 5044 section 5) of the next FPDU more. Held octets between placed
+    /// FPDUs (FPDUs not placed early) count as a gap of their own.
     pub held_gap_peak: u64,
     /// Gaps with octets held at them when the store held `held_peak` octets.
     pub held_peak_gaps: u64,
