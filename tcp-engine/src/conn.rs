@@ -1007,7 +1007,13 @@ impl Connection {
     fn on_tlp_timeout(&mut self, now: Instant) {
         // RFC 8985 7.3: send one probe, new data if possible, else the last
         // segment sent.
-        if self.rto_recover.is_some() || self.scoreboard.is_empty() {
+        // In fast recovery only to find a lost retransmission when nothing
+        // else is going out: while segments marked lost wait for the window,
+        // the ACK clock drives them and a probe would only add to the queue.
+        if self.rto_recover.is_some()
+            || self.scoreboard.is_empty()
+            || (self.fast_recovery.is_some() && self.lost_count > 0)
+        {
             return;
         }
         self.stats.tlp_probes += 1;
