@@ -11,6 +11,9 @@
 # `raw pingpong` at 64 B (one way). Needs root. Prints Markdown.
 # Every cell is the median of REPS runs (default 3).
 # XDP_ARGS: extra iwarp-bench options for both engine sides (e.g. "--engine-inline off").
+# Environment: TESTS="write-bw read-bw ..." runs only those tests; TX_COPY=1 adds, for the bw
+# tests, a row of the engine with `--engine-tx-copy` (its former transmit path: payload copied
+# through TCP's send buffer) measured alternately with the default engine in the same run.
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,9 @@ pair() { # placement transport test size iters -> client JSON
   cp=$(place "$pl" client)
   if [ "$tr" = xdp ]; then
     sa="--transport xdp --iface iwa0 ${XDP_ARGS:-}"; ca="--transport xdp --iface iwb0 ${XDP_ARGS:-}"
+  elif [ "$tr" = xdpcopy ]; then
+    sa="--transport xdp --engine-tx-copy --iface iwa0 ${XDP_ARGS:-}"
+    ca="--transport xdp --engine-tx-copy --iface iwb0 ${XDP_ARGS:-}"
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
   # shellcheck disable=SC2086
   ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
@@ -117,11 +123,17 @@ for pl in pinned free; do
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
     # shellcheck disable=SC2086
     set -- $spec
+    if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $1 "* ]]; then continue; fi
     read -r s1 s2 <<<"$(reps "$pl" socket "$1" "$2" "$3")"
     read -r x1 x2 <<<"$(reps "$pl" xdp "$1" "$2" "$3")"
     if [[ "$1" == *-bw ]]; then
       printf '| %s %s B, Gbit/s | %s | %s | %s | %s | %s | %s |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$(ratio "$x1" "$rbw")"
+      if [ "${TX_COPY:-0}" = 1 ]; then
+        read -r c1 _ <<<"$(reps "$pl" xdpcopy "$1" "$2" "$3")"
+        printf '| %s %s B, Gbit/s, engine --engine-tx-copy | %s | %s | %s | %s | %s | %s |\n' \
+          "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$(ratio "$c1" "$rbw")"
+      fi
     else
       printf '| %s %s B, us p50 | %s | %s | %s | %s | %s | %s |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rp50" "$(ratio "$x1" "$rp50")"

@@ -46,6 +46,11 @@ pub struct Cli {
     /// application busy-polls); `off`: only the engine thread runs turns.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub engine_inline: OnOff,
+    /// `--transport xdp`: the engine copies FPDUs through TCP's send buffer (the transmit
+    /// path before FPDUs were written from registered memory into the frames), for
+    /// comparison.
+    #[arg(long)]
+    pub engine_tx_copy: bool,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,

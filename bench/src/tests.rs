@@ -265,6 +265,7 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     let cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
         inline_progress: cli.engine_inline.on(),
+        tx_copy: cli.engine_tx_copy,
         ..XdpEngineConfig::default()
     };
     XdpEngine::start(iface, cfg)

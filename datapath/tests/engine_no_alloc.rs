@@ -2,7 +2,8 @@
 //! allocator, armed only inside `IwarpConn::on_data` and `IwarpConn::poll` (the simulator
 //! itself allocates per packet), watches Writes and Sends under 1 % loss and reordering, with
 //! out-of-order placement. After a warm-up, receive (in order and early placement),
-//! transmit (ULPDU, FPDU, TCP record) and completions allocate nothing.
+//! transmit (FPDU descriptors, and the FPDU octets written into each packet buffer from the
+//! registered source, `TxMode::Source`) and completions allocate nothing.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::Ipv4Addr;
@@ -13,7 +14,7 @@ use datapath::engine::{ConnConfig, ConnEvent, IwarpConn};
 use rdmap::memory::VecBuffer;
 use rdmap::{Access, MemoryTable, PdId, RecvWr, SendOp, SendWr, Sge, WorkCompletion};
 use tcp_engine::sim::{Endpoint, LinkConfig, Network};
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr};
+use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
 
 struct Counting;
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -49,6 +50,15 @@ fn armed<T>(f: impl FnOnce() -> T) -> T {
     let r = f();
     ARMED.store(false, Ordering::Relaxed);
     r
+}
+
+/// The engine's TCP profile: MPA records whose octets come from the connection's FPDU
+/// descriptors (`TxMode::Source`), pass-up receive.
+fn tcp_config() -> Config {
+    Config {
+        tx_mode: TxMode::Source,
+        ..Config::mpa()
+    }
 }
 
 const PD: PdId = PdId(1);
@@ -99,7 +109,10 @@ impl Endpoint for Side {
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.pump(now);
-        self.tcp.as_mut()?.poll_transmit(now, buf)
+        let Side { tcp, iw, mem, .. } = self;
+        let tcp = tcp.as_mut()?;
+        // The FPDU octets are written into `buf` here (TxMode::Source): armed too.
+        armed(|| iw.poll_transmit(tcp, mem, now, buf))
     }
 
     fn next_timeout(&self) -> Option<Instant> {
@@ -131,7 +144,7 @@ fn steady_state_allocates_nothing() {
     let isn = IsnGenerator::new([1; 16]);
     let mut a = Side {
         tcp: Some(Connection::connect(
-            Config::mpa(),
+            tcp_config(),
             tuple,
             &isn,
             Instant::ZERO,
@@ -144,7 +157,7 @@ fn steady_state_allocates_nothing() {
     };
     let mut b = Side {
         tcp: None,
-        listen: Some(Config::mpa()),
+        listen: Some(tcp_config()),
         isn: IsnGenerator::new([2; 16]),
         iw: IwarpConn::responder(cfg(), epoch, Instant::ZERO).unwrap(),
         mem: MemoryTable::new(),

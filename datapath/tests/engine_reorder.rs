@@ -68,6 +68,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
     let request = Initiator::new(mpa, b"", epoch).unwrap().request().to_vec();
     conn.on_data(
         PassedUp {
+            acked: 0,
             seq: 0,
             stream_offset: 0,
             data: &request,
@@ -188,6 +189,7 @@ fn random_orders_place_exactly() {
         for (off, bytes) in &segs {
             conn.on_data(
                 PassedUp {
+                    acked: 0,
                     seq: 0,
                     stream_offset: start as u64 + off,
                     data: bytes,
@@ -255,6 +257,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
         for (off, bytes) in &segs {
             conn.on_data(
                 PassedUp {
+                    acked: 0,
                     seq: 0,
                     stream_offset: start as u64 + off,
                     data: bytes,

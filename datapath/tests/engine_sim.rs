@@ -12,10 +12,19 @@ use rdmap::{
     Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, Stag, WcStatus, WorkCompletion,
 };
 use tcp_engine::sim::{Endpoint, LinkConfig, Network};
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr};
+use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+/// The engine's TCP profile: MPA records whose octets come from the connection's FPDU
+/// descriptors (`TxMode::Source`), pass-up receive.
+fn tcp_config() -> Config {
+    Config {
+        tx_mode: TxMode::Source,
+        ..Config::mpa()
+    }
+}
+
 const PD: PdId = PdId(7);
 
 /// Position-dependent data: any slice can be checked on its own; `seed` tells transfers apart.
@@ -48,6 +57,8 @@ struct Side {
     corrupt: Option<Corruptor>,
     /// Reject the Request instead of accepting it.
     reject: bool,
+    /// Ignore every packet that arrives (withholds the peer's ACKs).
+    deaf: bool,
 }
 
 impl Side {
@@ -92,6 +103,9 @@ impl Side {
 
 impl Endpoint for Side {
     fn receive(&mut self, now: Instant, packet: &[u8]) {
+        if self.deaf {
+            return;
+        }
         let Ok(seg) = SegmentRepr::parse(packet) else {
             return;
         };
@@ -136,7 +150,8 @@ impl Endpoint for Side {
 
     fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.pump(now);
-        self.tcp.as_mut()?.poll_transmit(now, buf)
+        let Side { tcp, iw, mem, .. } = self;
+        iw.poll_transmit(tcp.as_mut()?, mem, now, buf)
     }
 
     fn next_timeout(&self) -> Option<Instant> {
@@ -185,7 +200,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         remote_port: 5000,
     };
     let isn_a = IsnGenerator::new([seed as u8; 16]);
-    let tcp_a = Connection::connect(Config::mpa(), tuple, &isn_a, Instant::ZERO);
+    let tcp_a = Connection::connect(tcp_config(), tuple, &isn_a, Instant::ZERO);
     let a = Side {
         tcp: Some(tcp_a),
         listen: None,
@@ -198,10 +213,11 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         pre_recvs: Vec::new(),
         corrupt: None,
         reject: false,
+        deaf: false,
     };
     let b = Side {
         tcp: None,
-        listen: Some(Config::mpa()),
+        listen: Some(tcp_config()),
         isn: IsnGenerator::new([seed as u8 ^ 0x5a; 16]),
         iw: IwarpConn::responder(conn_config(&mpa), epoch, Instant::ZERO).expect("responder"),
         mem: MemoryTable::new(),
@@ -210,6 +226,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         pre_recvs: Vec::new(),
         corrupt: None,
         reject: false,
+        deaf: false,
     };
     let net = Network::new(link.clone(), link, seed);
     Bed { a, b, net }
@@ -858,4 +875,106 @@ fn graceful_close() {
     assert!(bed.b.events.contains(&ConnEvent::TransportClosed));
     assert_ne!(bed.a.iw.qp().state(), QpState::Rts);
     assert_ne!(bed.b.iw.qp().state(), QpState::Rts);
+}
+
+/// Posts one Write of `data` from A's source to B's sink.
+fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, data);
+    let wr = SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_stag: r.b_sink,
+            remote_to: B_SINK_TO,
+        },
+        local: Some(Sge {
+            stag: r.a_src,
+            to: A_SRC_TO,
+            len: data.len() as u32,
+        }),
+    };
+    bed.a
+        .iw
+        .qp_mut()
+        .post_send(wr, &bed.a.mem)
+        .expect("post write");
+}
+
+/// Runs for `time` of virtual time whatever happens.
+fn run_for(bed: &mut Bed, time: Duration) {
+    let deadline = bed.net.now + time;
+    bed.net.run(
+        &mut bed.a,
+        &mut bed.b,
+        deadline,
+        |_, _, _| false,
+        |_, _, _| {},
+    );
+}
+
+/// A Write completes when its data is acknowledged, not when handed to TCP: with B's ACKs
+/// withheld, the data is placed at B and retransmitted by A (re-read from the source region),
+/// yet no completion comes; once the ACKs flow, the Write completes.
+#[test]
+fn write_completes_only_when_acknowledged() {
+    let mut bed = bed(10, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    // Within TCP's initial window, so it all goes out without ACKs.
+    let r = regions(&mut bed, 8 << 10);
+    let data = pattern(8 << 10, 90);
+    bed.a.deaf = true;
+    post_write(&mut bed, &r, 1, &data);
+    let want = data.clone();
+    bed.run_until("placed at B", Duration::from_secs(1), move |_, b| {
+        b.bytes(r.b_sink) == want
+    });
+    run_for(&mut bed, Duration::from_millis(30));
+    let retx = bed.a.tcp.as_ref().unwrap().stats().retransmitted_segments;
+    assert!(retx > 0, "A retransmitted while deaf");
+    assert!(
+        bed.a.completions.is_empty(),
+        "no completion before the ACK: {:?}",
+        bed.a.completions
+    );
+    assert_eq!(bed.a.iw.qp().awaiting_acknowledgement(), 1);
+    bed.a.deaf = false;
+    bed.run_until("completion", Duration::from_secs(5), |a, _| {
+        !a.completions.is_empty()
+    });
+    let wc = bed.a.completions[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 8 << 10)
+    );
+    assert_eq!(bed.b.bytes(r.b_sink), data);
+}
+
+/// The source region of a Write is deregistered while its data is unacknowledged: the
+/// retransmission cannot be produced, so A's TCP connection is reset (no octet outside a
+/// region is read, nothing panics), the Write is flushed, and B sees the connection end.
+#[test]
+fn retransmission_from_a_deregistered_region_resets_the_connection() {
+    let mut bed = bed(11, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 4 << 10);
+    let data = pattern(4 << 10, 91);
+    bed.a.deaf = true;
+    post_write(&mut bed, &r, 1, &data);
+    let want = data.clone();
+    bed.run_until("placed at B", Duration::from_secs(1), move |_, b| {
+        b.bytes(r.b_sink) == want
+    });
+    assert!(bed.a.mem.deregister(r.a_src).is_ok());
+    bed.run_until("reset", Duration::from_secs(5), |a, b| {
+        a.events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_)))
+            && b.events.contains(&ConnEvent::TransportClosed)
+    });
+    assert_eq!(
+        bed.a.tcp.as_ref().unwrap().state(),
+        tcp_engine::State::Closed
+    );
+    assert_eq!(bed.a.completions.len(), 1);
+    assert_eq!(bed.a.completions[0].status, WcStatus::WrFlushError);
+    assert_eq!(bed.a.iw.qp().state(), QpState::Error);
 }

@@ -1246,8 +1246,11 @@ fn bad_peer(role: Role<'_>, v: &Victim, bad: Bad) -> Result<(), String> {
         }
         (_, h) => return Err(format!("copied header {h:?}")),
     }
-    // The work completions: a Write completed when it was sent (before the peer could
-    // object); a refused Read completes with a remote access error.
+    // The work completions: the Write completed (the socket transport completes it when
+    // handed to TCP, before the peer could object; the engine when TCP reports it
+    // acknowledged, which the segment carrying the peer's Terminate does, and the engine
+    // takes a segment's ACK before its data); a refused Read completes with a remote access
+    // error.
     let want = if is_read {
         (WcOpcode::Read, WcStatus::RemoteAccessError)
     } else {

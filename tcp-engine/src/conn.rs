@@ -114,6 +114,10 @@ pub struct PassedUp<'a> {
     pub stream_offset: u64,
     /// The octets (borrowed from the received packet).
     pub data: &'a [u8],
+    /// Octets of our own send stream the peer has acknowledged, this segment's ACK included
+    /// ([`Connection::bytes_acked`]; the ACK is processed before the data is passed up), so
+    /// an upper layer can release what was acknowledged before acting on what arrived.
+    pub acked: u64,
 }
 
 /// Why a send call failed.
@@ -1835,12 +1839,14 @@ impl Connection {
             match self.cfg.rx_mode {
                 RxMode::PassUp => {
                     let rcv = self.rcv;
+                    let acked = self.bytes_acked();
                     let mut passed = 0u64;
                     if self.cfg.pass_up_duplicates {
                         pass_up(PassedUp {
                             seq: rcv.seq_of(a),
                             stream_offset: a,
                             data: &payload[off(a)..off(b)],
+                            acked,
                         });
                         passed += b - a;
                     } else {
@@ -1849,6 +1855,7 @@ impl Connection {
                                 seq: rcv.seq_of(g0),
                                 stream_offset: g0,
                                 data: &payload[off(g0)..off(g1)],
+                                acked,
                             });
                             passed += g1 - g0;
                         });

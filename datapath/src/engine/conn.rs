@@ -33,11 +33,31 @@
 //! for a peer that respects the window. Placed FPDUs need no room at all; if the table of their
 //! records is full, their bytes are held instead (never dropped: TCP has committed to them).
 //!
-//! **Transmit.** [`IwarpConn::poll`] asks the queue pair for ULPDUs of at most MULPDU octets
-//! (RFC 5044 4.5, from TCP's current EMSS, so an EMSS change takes effect at once), frames each
-//! as one FPDU (CRC, PAD, Markers when the peer asked for them) straight into TCP's send buffer
-//! as one record (`send_record_with`, the CRC computed as the octets go in): TCP sends whole
-//! FPDUs per segment and retransmits with the same boundaries.
+//! **Transmit.** [`IwarpConn::poll`] asks the queue pair for DDP segments of at most MULPDU
+//! octets (RFC 5044 4.5, from TCP's current EMSS, so an EMSS change takes effect at once). How
+//! they reach the wire depends on the TCP connection's transmit mode:
+//!
+//! - `tcp_engine::TxMode::Source` (the AF_XDP engine): no payload is copied when a segment is
+//!   queued. [`QueuePair::poll_transmit_segment`] gives the headers and describes the payload
+//!   (STag, TO, length); a descriptor goes into a bounded ring (`tx::TxRing`,
+//!   [`ConnConfig::max_tx_fpdus`]) and TCP is told only the FPDU's wire length
+//!   (`send_record_len`). When TCP builds a segment, first transmission or retransmission, it
+//!   asks [`IwarpConn::fill`] for the octets, which are written straight into the packet
+//!   buffer: MPA header, DDP/RDMAP header, payload read from the registered region, PAD,
+//!   Markers and the CRC, computed over the octets just written when the segment holds the
+//!   whole FPDU (it always does unless a path MTU drop or a re-segmenting peer split it) and
+//!   kept for later partial fills. Sends and Writes complete when TCP reports their last octet
+//!   acknowledged (`rdmap::TxCompletion::Acknowledged`): the application must not touch the
+//!   source before. If the region is gone when a retransmission needs it, the octets the peer
+//!   is owed cannot be produced and no Terminate could follow them in the stream, so the TCP
+//!   connection is reset (RFC 5040 5.4: the stream is torn down) and
+//!   [`ConnEvent::TransmitSourceFailed`] reported; nothing outside a region is ever read.
+//! - `tcp_engine::TxMode::Records` (kept for comparison and for callers driving TCP that way):
+//!   each ULPDU is copied out of the region and framed as one FPDU straight into TCP's send
+//!   buffer (`send_record_with`, the CRC computed as the octets go in); Sends and Writes
+//!   complete when handed to TCP.
+//!
+//! Either way TCP sends whole FPDUs per segment and retransmits with the same boundaries.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -48,7 +68,12 @@ use mpa::{
 };
 use rdmap::QpConfig;
 use rdmap::{MemoryTable, QpState, QueuePair, RegionBuffer, TerminateCause};
-use tcp_engine::{Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError};
+use tcp_engine::{
+    Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError, TxMode, TxSource,
+    TxSourceError,
+};
+
+use super::tx::TxRing;
 
 /// Length of a tagged DDP header.
 const TAGGED_HEADER_LEN: usize = 14;
@@ -87,6 +112,9 @@ pub struct ConnConfig {
     /// FPDUs already queued keep their size, so this bounds how long an EMSS change takes to
     /// reach the framing (and how early Sends and Writes complete).
     pub tx_ahead: usize,
+    /// FPDUs queued and not yet acknowledged whose descriptors can be kept at once
+    /// (`tcp_engine::TxMode::Source`; allocated when the connection is made).
+    pub max_tx_fpdus: usize,
 }
 
 impl Default for ConnConfig {
@@ -97,6 +125,7 @@ impl Default for ConnConfig {
             reassembly_capacity: 1 << 20,
             max_placed_fpdus: 8192,
             tx_ahead: 512 << 10,
+            max_tx_fpdus: 2048,
         }
     }
 }
@@ -190,6 +219,9 @@ pub enum ConnEvent {
     MpaFailed(MpaError),
     /// The TCP connection ended (closed, reset or timed out).
     TransportClosed,
+    /// The octets of an FPDU TCP had to (re)transmit could not be produced (its source region
+    /// was deregistered or shrank): the TCP connection was reset.
+    TransmitSourceFailed(TxSourceError),
 }
 
 /// Errors of the local API.
@@ -403,6 +435,17 @@ pub struct IwarpConn {
     in_order_chain: u64,
     /// The MPA Request or Reply, until TCP has taken it.
     startup_record: Option<Vec<u8>>,
+    /// `TxMode::Source`: the MPA Request or Reply TCP has taken (its stream offset and
+    /// octets), until acknowledged.
+    startup_sent: Option<(u64, Vec<u8>)>,
+    /// The TCP connection's transmit mode is `TxMode::Source` (known from the first poll).
+    source_mode: Option<bool>,
+    /// FPDUs in flight (`TxMode::Source`).
+    tx: TxRing,
+    tx_started: bool,
+    /// Stream offset of this direction's SeqStart (after the Request or Reply).
+    tx_seq_start: u64,
+    tx_failed: Option<TxSourceError>,
     ulpdu: Vec<u8>,
     tcp_closed: bool,
     /// TCP reached ESTABLISHED (a reset before that is a refusal).
@@ -415,6 +458,7 @@ pub struct IwarpConn {
 impl IwarpConn {
     fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
         let initiator = matches!(phase, Phase::Initiating(_));
+        let tx = TxRing::new(cfg.max_tx_fpdus.max(1));
         IwarpConn {
             qp: QueuePair::new(cfg.qp),
             store: Store::new(cfg.reassembly_capacity),
@@ -431,6 +475,12 @@ impl IwarpConn {
             consumed: 0,
             rx_dead: false,
             startup_record: None,
+            startup_sent: None,
+            source_mode: None,
+            tx,
+            tx_started: false,
+            tx_seq_start: 0,
+            tx_failed: None,
             ulpdu: Vec::with_capacity(1 << 16),
             tcp_closed: false,
             tcp_established: false,
@@ -583,6 +633,11 @@ impl IwarpConn {
 
     /// A segment's payload as TCP passed it up (in order or not, each octet once).
     pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
+        if self.source_mode == Some(true) {
+            // The segment's ACK first: a Send or Write it acknowledges completes before a
+            // Terminate in the same segment flushes what is still outstanding.
+            self.release_acknowledged(data.acked);
+        }
         if data.data.is_empty() {
             return;
         }
@@ -1291,9 +1346,18 @@ impl IwarpConn {
             | TcpEvent::Reset
             | TcpEvent::TimedOut
             | TcpEvent::SourceFailed => {
+                if event == TcpEvent::SourceFailed {
+                    let e = self
+                        .tx_failed
+                        .take()
+                        .unwrap_or(TxSourceError { offset: 0, len: 0 });
+                    self.events.push_back(ConnEvent::TransmitSourceFailed(e));
+                }
                 if !self.tcp_closed {
                     self.tcp_closed = true;
                     self.rx_dead = true;
+                    self.tx.clear();
+                    self.startup_sent = None;
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     if !matches!(self.phase, Phase::Full(_) | Phase::Done) {
                         self.events.push_back(
@@ -1321,6 +1385,12 @@ impl IwarpConn {
         now: Instant,
     ) {
         self.now = now;
+        let source = *self
+            .source_mode
+            .get_or_insert(tcp.config().tx_mode == TxMode::Source);
+        if source && self.qp.tx_completion() != rdmap::TxCompletion::Acknowledged {
+            self.qp.set_tx_completion(rdmap::TxCompletion::Acknowledged);
+        }
         let mpa_now = self.mpa_now();
         let timeout = match &mut self.phase {
             Phase::Initiating(i) => i.handle_timeout(mpa_now).err(),
@@ -1332,13 +1402,29 @@ impl IwarpConn {
         }
         self.drain(mem);
         if let Some(record) = self.startup_record.take() {
-            match tcp.send_record(&record) {
-                Ok(()) => {}
+            let start = tcp.send_stream_end();
+            let queued = if source {
+                tcp.send_record_len(record.len())
+            } else {
+                tcp.send_record(&record)
+            };
+            match queued {
+                Ok(()) => {
+                    self.tx_seq_start = start + record.len() as u64;
+                    if source {
+                        self.startup_sent = Some((start, record));
+                    }
+                }
                 Err(SendError::BufferFull) => self.startup_record = Some(record),
                 Err(_) => {}
             }
         }
-        self.transmit(tcp, mem);
+        if source {
+            self.release_acknowledged(tcp.bytes_acked());
+            self.transmit_described(tcp, mem);
+        } else {
+            self.transmit(tcp, mem);
+        }
         tcp.set_receive_window(self.window(tcp.rcv_nxt_offset()));
         let st = tcp.stats();
         self.counters.retransmissions = st.retransmitted_segments;
@@ -1357,6 +1443,124 @@ impl IwarpConn {
             self.tcp_close_requested = true;
             tcp.close();
         }
+    }
+
+    /// Drops what the peer acknowledged (stream offsets below `acked`): the startup frame and
+    /// FPDU descriptors; an FPDU ending a Send or Write completes its work request.
+    fn release_acknowledged(&mut self, acked: u64) {
+        if self
+            .startup_sent
+            .as_ref()
+            .is_some_and(|(s, r)| s + r.len() as u64 <= acked)
+        {
+            self.startup_sent = None;
+        }
+        let IwarpConn { tx, qp, .. } = self;
+        tx.release_to(acked, |f| {
+            if f.completes {
+                qp.message_acknowledged();
+            }
+        });
+    }
+
+    /// `TxMode::Source`: queues FPDU descriptors (no payload copy) and their lengths in TCP.
+    fn transmit_described<B: RegionBuffer>(
+        &mut self,
+        tcp: &mut TcpConnection,
+        mem: &MemoryTable<B>,
+    ) {
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        if !full.may_send || self.startup_record.is_some() {
+            return;
+        }
+        if !self.tx_started {
+            self.tx_started = true;
+            self.tx.start(
+                full.negotiated.crc,
+                full.negotiated.markers_tx,
+                self.tx_seq_start,
+                self.qp.pd(),
+            );
+        }
+        loop {
+            let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
+                .min(usize::from(u16::MAX));
+            let start = tcp.send_stream_end();
+            // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
+            if self.tx.is_full()
+                || tcp.send_capacity() < self.tx.wire_len(start, mulpdu)
+                || tcp.send_queue_len() >= self.cfg.tx_ahead
+            {
+                return;
+            }
+            self.ulpdu.clear();
+            let Some(seg) = self.qp.poll_transmit_segment(mulpdu, mem, &mut self.ulpdu) else {
+                return;
+            };
+            if seg.ulpdu.opcode == rdmap::wire::Opcode::Terminate {
+                self.counters.terminates_sent += 1;
+            }
+            let queued = match self.tx.push(start, &self.ulpdu, seg.payload, seg.completes) {
+                Ok(wire_len) => tcp.send_record_len(wire_len).is_ok(),
+                Err(_) => false,
+            };
+            if !queued {
+                // Room was checked and segments fit an FPDU: only a closed TCP gets here.
+                self.tx.clear();
+                self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                return;
+            }
+            self.counters.fpdus_tx += 1;
+        }
+    }
+
+    /// `TxMode::Source`: writes the stream octets `[offset, offset + out.len())` (the MPA
+    /// Request/Reply or FPDUs queued and not yet acknowledged) into `out`, payload read from
+    /// `mem`. What `tcp_engine::TxSource::fill` calls.
+    pub fn fill<B: RegionBuffer>(
+        &mut self,
+        offset: u64,
+        out: &mut [u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), TxSourceError> {
+        let mut offset = offset;
+        let mut out = out;
+        if let Some((start, record)) = &self.startup_sent {
+            let end = start + record.len() as u64;
+            if offset >= *start && offset < end {
+                let a = (offset - start) as usize;
+                let n = (record.len() - a).min(out.len());
+                out[..n].copy_from_slice(&record[a..a + n]);
+                offset += n as u64;
+                out = &mut out[n..];
+            }
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let filled = self.tx.fill(offset, out, mem);
+        if let Err(e) = filled {
+            self.tx_failed = Some(e);
+        }
+        filled
+    }
+
+    /// Emits TCP's next packet into `buf`, the data octets from [`IwarpConn::fill`] in
+    /// `TxMode::Source` (what a caller driving the TCP connection itself, like a simulator,
+    /// uses instead of `TcpConnection::poll_transmit`).
+    pub fn poll_transmit<B: RegionBuffer>(
+        &mut self,
+        tcp: &mut TcpConnection,
+        mem: &MemoryTable<B>,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if tcp.config().tx_mode != TxMode::Source {
+            return tcp.poll_transmit(now, buf);
+        }
+        tcp.poll_transmit_with(now, buf, &mut ConnSource { conn: self, mem })
     }
 
     fn transmit<B: RegionBuffer>(&mut self, tcp: &mut TcpConnection, mem: &MemoryTable<B>) {
@@ -1417,6 +1621,18 @@ impl IwarpConn {
     pub fn wants_transmit(&self) -> bool {
         self.startup_record.is_some()
             || matches!(&self.phase, Phase::Full(f) if f.may_send) && self.qp.has_pending_transmit()
+    }
+}
+
+/// An [`IwarpConn`] and the memory it reads, as TCP's transmit source.
+struct ConnSource<'a, B> {
+    conn: &'a mut IwarpConn,
+    mem: &'a MemoryTable<B>,
+}
+
+impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
+    fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
+        self.conn.fill(stream_offset, out, self.mem)
     }
 }
 

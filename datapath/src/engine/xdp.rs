@@ -198,6 +198,14 @@ pub struct XdpEngineConfig {
     pub max_placed_fpdus: usize,
     /// Per connection: octets queued in TCP before no more FPDUs are framed.
     pub tx_ahead: usize,
+    /// Per connection: FPDU descriptors in flight (queued, not yet acknowledged).
+    pub max_tx_fpdus: usize,
+    /// Frame FPDUs the old way, for comparison: payload copied out of the region into TCP's
+    /// send buffer (`tcp_engine::TxMode::Records`), copied again into the frame, and Sends and
+    /// Writes complete when handed to TCP. Default false: FPDUs are written from registered
+    /// memory straight into the UMEM frames (`TxMode::Source`) and Sends and Writes complete
+    /// when acknowledged (see `engine::conn`).
+    pub tx_copy: bool,
     /// Listen backlog.
     pub backlog: usize,
     /// Idle turns in a row that spin before the engine starts yielding the CPU between turns
@@ -233,6 +241,8 @@ impl Default for XdpEngineConfig {
             reassembly_capacity: conn.reassembly_capacity,
             max_placed_fpdus: conn.max_placed_fpdus,
             tx_ahead: conn.tx_ahead,
+            max_tx_fpdus: conn.max_tx_fpdus,
+            tx_copy: false,
             backlog: 64,
             spin_turns: 0,
             busy_poll: Duration::from_millis(2),
@@ -787,7 +797,17 @@ impl State {
             reassembly_capacity: self.cfg.reassembly_capacity,
             max_placed_fpdus: self.cfg.max_placed_fpdus,
             tx_ahead: self.cfg.tx_ahead,
+            max_tx_fpdus: self.cfg.max_tx_fpdus,
         }
+    }
+}
+
+/// The TCP transmit mode of the engine's connections.
+fn tx_mode(cfg: &XdpEngineConfig) -> tcp_engine::TxMode {
+    if cfg.tx_copy {
+        tcp_engine::TxMode::Records
+    } else {
+        tcp_engine::TxMode::Source
     }
 }
 
@@ -860,6 +880,8 @@ impl TcpApp for App<'_, '_> {
                 seq,
                 stream_offset,
                 data: &bytes,
+                // Nothing was sent on a connection not yet accepted.
+                acked: 0,
             };
             slot.conn.on_data(data, &mut self.st.scratch);
         }
@@ -988,6 +1010,9 @@ impl TcpApp for App<'_, '_> {
                     )));
                 }
                 ConnEvent::MpaFailed(e) => slot.set_error(format!("MPA: {e}")),
+                ConnEvent::TransmitSourceFailed(e) => {
+                    slot.set_error(format!("transmit source gone, connection reset: {e}"))
+                }
                 ConnEvent::TransportClosed => {
                     if !slot.closing {
                         slot.set_error("connection closed by peer".into());
@@ -1003,6 +1028,25 @@ impl TcpApp for App<'_, '_> {
                 TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
             );
         slot.publish(done);
+    }
+
+    fn fill_tx(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), tcp_engine::TxSourceError> {
+        let State { slots, scratch, .. } = &mut *self.st;
+        match slots.get_mut(&id) {
+            Some(slot) => {
+                let mem = table_of(slot.table, self.mem, scratch);
+                slot.conn.fill(stream_offset, out, mem)
+            }
+            None => Err(tcp_engine::TxSourceError {
+                offset: stream_offset,
+                len: out.len(),
+            }),
+        }
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -1410,7 +1454,7 @@ impl Turner {
                     reply,
                 } => {
                     let mut tcp = self.st.cfg.tcp.clone();
-                    tcp.tx_mode = tcp_engine::TxMode::Records;
+                    tcp.tx_mode = tx_mode(&self.st.cfg);
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
                     let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
                         let (tx, rx) = crossbeam_channel::unbounded();
@@ -1511,7 +1555,7 @@ impl Turner {
                 }
             })?;
         let mut tcp = self.st.cfg.tcp.clone();
-        tcp.tx_mode = tcp_engine::TxMode::Records;
+        tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
         let id = self.xdp.connect(addr, tcp)?;
         let tuple = self

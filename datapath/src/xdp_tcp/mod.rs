@@ -110,6 +110,23 @@ pub trait TcpApp {
         let _ = (id, conn, now);
     }
 
+    /// [`tcp_engine::TxMode::Source`] connections: write the stream octets
+    /// `[stream_offset, stream_offset + out.len())` of connection `id` into `out` (a UMEM
+    /// frame) while the driver builds a data segment, first transmission or retransmission
+    /// ([`tcp_engine::TxSource`]). Failing resets the connection.
+    fn fill_tx(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), tcp_engine::TxSourceError> {
+        let _ = id;
+        Err(tcp_engine::TxSourceError {
+            offset: stream_offset,
+            len: out.len(),
+        })
+    }
+
     /// The application's own next deadline (e.g. an MPA startup timeout), so that
     /// [`XdpTcp::turn`] and [`XdpTcp::wait`] do not sleep past it. TCP's deadlines are the
     /// driver's business.
@@ -620,7 +637,7 @@ impl XdpTcp {
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
             self.table.handle_timeout(now);
         }
-        work |= self.transmit(now)?;
+        work |= self.transmit(now, app)?;
         Ok(work)
     }
 
@@ -763,7 +780,11 @@ impl XdpTcp {
         any
     }
 
-    fn transmit(&mut self, now: tcp_engine::Instant) -> Result<bool, XdpTcpError> {
+    fn transmit<A: TcpApp + ?Sized>(
+        &mut self,
+        now: tcp_engine::Instant,
+        app: &mut A,
+    ) -> Result<bool, XdpTcpError> {
         let Self {
             socks,
             table,
@@ -782,6 +803,7 @@ impl XdpTcp {
         let src_mac = *mac;
         let mut sent_any = false;
         let mut exhausted = false;
+        let mut sources = AppSources(app);
         // Bounded: each round either queues frames or ends the loop; the TX pool bounds the
         // number of rounds that can queue.
         for _ in 0..=pool / batch {
@@ -791,7 +813,7 @@ impl XdpTcp {
                 }
                 let cap = buf.len().min(limit);
                 let (eth, ip) = buf[..cap].split_at_mut(ETH_HLEN);
-                let Some(len) = table.poll_transmit(now, ip) else {
+                let Some(len) = table.poll_transmit_with(now, ip, &mut sources) else {
                     exhausted = true;
                     return 0;
                 };
@@ -818,6 +840,20 @@ impl XdpTcp {
         }
         sock.flush()?;
         Ok(sent_any)
+    }
+}
+
+/// The application as the table's transmit sources ([`TcpApp::fill_tx`]).
+struct AppSources<'a, A: ?Sized>(&'a mut A);
+
+impl<A: TcpApp + ?Sized> tcp_engine::table::TxSources for AppSources<'_, A> {
+    fn fill(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), tcp_engine::TxSourceError> {
+        self.0.fill_tx(id, stream_offset, out)
     }
 }
 

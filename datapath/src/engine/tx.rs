@@ -1,0 +1,575 @@
+//! The transmit side of an engine connection without a send-buffer copy: a bounded ring of
+//! FPDU descriptors in flight, and the function that writes the wire octets of any stream
+//! range from them (`tcp_engine::TxMode::Source`).
+//!
+//! A descriptor holds what is needed to produce its FPDU again at any time: its stream
+//! offset and wire length, the few octets of DDP/RDMAP header (and the inline payload of Read
+//! Requests, Terminates and RTRs), where the payload lies in registered memory
+//! ([`TxPayload`]: STag, TO, length, access right) and, once computed, its CRC. Marker
+//! positions follow from the stream offset (RFC 5044 4.3: every 512 octets from SeqStart,
+//! the first octet after this direction's MPA Request or Reply).
+//!
+//! [`TxRing::fill`] walks the descriptors covering a stream range and writes, for each FPDU,
+//! the part in range: ULPDU_Length, header, payload read straight from the registered region
+//! into the output (the UMEM frame), PAD, CRC and Markers (RFC 5044 4.1-4.4). When a fill
+//! covers a whole FPDU (the usual case: TCP sends whole FPDUs per segment) the CRC is computed
+//! in the same pass, over the octets just written, and kept for later partial fills; a partial
+//! fill that reaches the CRC field without a kept CRC computes it first in a separate pass.
+//! A retransmission reads the region again (no retransmit copy); if the region is gone or no
+//! longer covers the payload, the fill fails and nothing outside the region is ever read.
+
+use std::collections::VecDeque;
+
+use mpa::crc::Crc32c;
+use mpa::wire::{pad_len, MarkerPtr};
+use mpa::FpduEncoder;
+use rdmap::{MemoryTable, PdId, RegionBuffer, TxPayload};
+use tcp_engine::TxSourceError;
+
+/// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
+const MARKER_INTERVAL: u64 = 512;
+const CRC_LEN: usize = 4;
+/// Largest inline part of a ULPDU: a DDP/RDMAP header, or a whole Terminate (at most 70
+/// octets), Read Request (46) or RTR.
+pub(crate) const HEAD_MAX: usize = 80;
+/// Octets read through the stack when a CRC must be computed over payload that is not being
+/// written out.
+const CRC_CHUNK: usize = 512;
+
+/// One FPDU in flight.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxFpdu {
+    /// Stream offset of its first octet (a leading Marker included).
+    pub start: u64,
+    /// Octets on the wire, Markers included.
+    pub wire_len: u32,
+    ulpdu_len: u16,
+    head_len: u8,
+    head: [u8; HEAD_MAX],
+    payload: Option<TxPayload>,
+    /// The CRC (RFC 5044 4.4) once computed.
+    crc: Option<u32>,
+    /// Its acknowledgement completes a Send or Write (`rdmap::TxSegment::completes`).
+    pub completes: bool,
+}
+
+impl TxFpdu {
+    pub fn end(&self) -> u64 {
+        self.start + u64::from(self.wire_len)
+    }
+}
+
+/// Why a descriptor could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PushError {
+    /// The ring is full.
+    Full,
+    /// The inline part is longer than [`HEAD_MAX`] or the ULPDU longer than an FPDU takes.
+    TooLong,
+}
+
+/// The FPDUs of one connection not yet acknowledged, in stream order.
+#[derive(Debug)]
+pub(crate) struct TxRing {
+    fpdus: VecDeque<TxFpdu>,
+    capacity: usize,
+    crc: bool,
+    markers: bool,
+    /// Stream offset of SeqStart (Marker positions are counted from here).
+    seq_start: u64,
+    pd: PdId,
+}
+
+impl TxRing {
+    /// An empty ring of at most `capacity` descriptors (allocated now, never grown).
+    pub fn new(capacity: usize) -> TxRing {
+        TxRing {
+            fpdus: VecDeque::with_capacity(capacity),
+            capacity,
+            crc: false,
+            markers: false,
+            seq_start: 0,
+            pd: PdId(0),
+        }
+    }
+
+    /// Full Operation starts at stream offset `seq_start` with these settings.
+    pub fn start(&mut self, crc: bool, markers: bool, seq_start: u64, pd: PdId) {
+        self.crc = crc;
+        self.markers = markers;
+        self.seq_start = seq_start;
+        self.pd = pd;
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.fpdus.len() >= self.capacity
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.fpdus.len()
+    }
+
+    /// Wire length of an FPDU carrying `ulpdu_len` octets starting at stream offset `start`.
+    pub fn wire_len(&self, start: u64, ulpdu_len: usize) -> usize {
+        let position = start.wrapping_sub(self.seq_start) as u32;
+        FpduEncoder::with_position(self.crc, self.markers, position).wire_len(ulpdu_len)
+    }
+
+    /// Queues the FPDU at stream offset `start` whose ULPDU is `head` followed by `payload`.
+    /// Returns its wire length.
+    pub fn push(
+        &mut self,
+        start: u64,
+        head: &[u8],
+        payload: Option<TxPayload>,
+        completes: bool,
+    ) -> Result<usize, PushError> {
+        if self.is_full() {
+            return Err(PushError::Full);
+        }
+        let ulpdu_len = head.len() + payload.map_or(0, |p| p.len as usize);
+        if head.len() > HEAD_MAX || ulpdu_len > usize::from(u16::MAX) {
+            return Err(PushError::TooLong);
+        }
+        let wire_len = self.wire_len(start, ulpdu_len);
+        let mut fpdu = TxFpdu {
+            start,
+            wire_len: wire_len as u32,
+            ulpdu_len: ulpdu_len as u16,
+            head_len: head.len() as u8,
+            head: [0; HEAD_MAX],
+            payload,
+            crc: None,
+            completes,
+        };
+        fpdu.head[..head.len()].copy_from_slice(head);
+        self.fpdus.push_back(fpdu);
+        Ok(wire_len)
+    }
+
+    /// Drops the descriptors wholly below stream offset `acked`, calling `released` for each.
+    pub fn release_to(&mut self, acked: u64, mut released: impl FnMut(&TxFpdu)) {
+        while let Some(f) = self.fpdus.front() {
+            if f.end() > acked {
+                break;
+            }
+            released(f);
+            self.fpdus.pop_front();
+        }
+    }
+
+    /// Drops every descriptor (the connection is gone).
+    pub fn clear(&mut self) {
+        self.fpdus.clear();
+    }
+
+    /// Writes the stream octets `[offset, offset + out.len())`, which must lie in queued
+    /// FPDUs, reading payload from `mem`.
+    pub fn fill<B: RegionBuffer>(
+        &mut self,
+        offset: u64,
+        out: &mut [u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), TxSourceError> {
+        let err = TxSourceError {
+            offset,
+            len: out.len(),
+        };
+        let first = self.fpdus.partition_point(|f| f.end() <= offset);
+        let mut pos = offset;
+        let mut done = 0;
+        let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
+        let mut i = first;
+        while done < out.len() {
+            let f = self.fpdus.get_mut(i).ok_or(err)?;
+            if f.start > pos {
+                return Err(err);
+            }
+            let from = (pos - f.start) as usize;
+            let n = (f.wire_len as usize - from).min(out.len() - done);
+            let w = FpduWriter {
+                crc,
+                markers,
+                seq_start,
+                pd,
+            };
+            w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
+            done += n;
+            pos += n as u64;
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Writes parts of FPDUs.
+struct FpduWriter {
+    crc: bool,
+    markers: bool,
+    seq_start: u64,
+    pd: PdId,
+}
+
+/// Where the octets of one content run come from.
+#[derive(Clone, Copy)]
+enum Src<'a, B> {
+    Bytes(&'a [u8]),
+    Region(&'a B, usize),
+    Zeros,
+}
+
+/// One pass over an FPDU's wire image: writes the octets in `[from, from + out.len())` and,
+/// if `crc` is set, feeds every covered octet to it.
+struct Pass<'o> {
+    out: &'o mut [u8],
+    from: usize,
+    /// Wire offset (within the FPDU) of the next octet.
+    w: usize,
+    /// Stream position of the FPDU's first octet relative to SeqStart.
+    rel_start: u64,
+    markers: bool,
+    /// Wire offset of the ULPDU_Length field.
+    header_w: usize,
+    crc: Option<Crc32c>,
+}
+
+impl Pass<'_> {
+    fn to(&self) -> usize {
+        self.from + self.out.len()
+    }
+
+    fn at_marker(&self) -> bool {
+        self.markers && (self.rel_start + self.w as u64).is_multiple_of(MARKER_INTERVAL)
+    }
+
+    /// Octets `[a, a + n)` of the wire image: the part inside the output range.
+    fn window(&self, a: usize, n: usize) -> Option<(usize, usize, usize)> {
+        let lo = a.max(self.from);
+        let hi = (a + n).min(self.to());
+        (lo < hi).then(|| (lo - a, lo - self.from, hi - lo))
+    }
+
+    fn put_bytes(&mut self, bytes: &[u8], covered: bool) {
+        if let Some((skip, at, n)) = self.window(self.w, bytes.len()) {
+            self.out[at..at + n].copy_from_slice(&bytes[skip..skip + n]);
+        }
+        if covered {
+            if let Some(c) = self.crc.as_mut() {
+                c.update(bytes);
+            }
+        }
+        self.w += bytes.len();
+    }
+
+    fn marker(&mut self, value: u16) {
+        // RFC 5044 4.3: 16 reserved zero bits, then FPDUPTR.
+        self.put_bytes(&MarkerPtr::new(value).to_bytes(), true);
+    }
+
+    /// `n` content octets from `src` (at `src_off`), with Markers inserted where they fall.
+    fn content<B: RegionBuffer>(&mut self, src: Src<'_, B>, n: usize) {
+        let mut off = 0;
+        while off < n {
+            let run = if self.markers {
+                if self.at_marker() {
+                    let distance = (self.w - self.header_w) as u16;
+                    self.marker(distance);
+                }
+                let into = ((self.rel_start + self.w as u64) % MARKER_INTERVAL) as usize;
+                (MARKER_INTERVAL as usize - into).min(n - off)
+            } else {
+                n - off
+            };
+            match src {
+                Src::Bytes(b) => self.put_bytes(&b[off..off + run], true),
+                Src::Zeros => {
+                    const Z: [u8; 3] = [0; 3];
+                    // PAD: at most 3 octets.
+                    self.put_bytes(&Z[..run.min(3)], true);
+                }
+                Src::Region(buf, base) => self.region(buf, base + off, run),
+            }
+            off += run;
+        }
+    }
+
+    fn region<B: RegionBuffer>(&mut self, buf: &B, at: usize, n: usize) {
+        let whole = self.w >= self.from && self.w + n <= self.to();
+        if whole {
+            // The usual case: straight into the output, the CRC over the octets just written.
+            let o = self.w - self.from;
+            let dst = &mut self.out[o..o + n];
+            buf.read_at(at, dst);
+            if let Some(c) = self.crc.as_mut() {
+                c.update(dst);
+            }
+        } else if self.crc.is_some() {
+            let mut tmp = [0u8; CRC_CHUNK];
+            let mut k = 0;
+            while k < n {
+                let m = (n - k).min(CRC_CHUNK);
+                buf.read_at(at + k, &mut tmp[..m]);
+                if let Some(c) = self.crc.as_mut() {
+                    c.update(&tmp[..m]);
+                }
+                if let Some((skip, o, len)) = self.window(self.w + k, m) {
+                    self.out[o..o + len].copy_from_slice(&tmp[skip..skip + len]);
+                }
+                k += m;
+            }
+        } else if let Some((skip, o, len)) = self.window(self.w, n) {
+            buf.read_at(at + skip, &mut self.out[o..o + len]);
+        }
+        self.w += n;
+    }
+}
+
+impl FpduWriter {
+    /// Writes octets `[from, from + out.len())` of `f`'s wire image. `None` if its payload
+    /// region is no longer valid for it.
+    fn fill<B: RegionBuffer>(
+        &self,
+        f: &mut TxFpdu,
+        from: usize,
+        out: &mut [u8],
+        mem: &MemoryTable<B>,
+    ) -> Option<()> {
+        let region = match f.payload {
+            Some(p) => Some(
+                mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+                    .ok()?,
+            ),
+            None => None,
+        };
+        let wire_len = f.wire_len as usize;
+        let whole = from == 0 && out.len() == wire_len;
+        if !self.crc {
+            self.pass(f, region, from, out, false);
+            return Some(());
+        }
+        if whole {
+            f.crc = Some(self.pass(f, region, from, out, true));
+            return Some(());
+        }
+        if from + out.len() > wire_len - CRC_LEN && f.crc.is_none() {
+            // A part reaching the CRC field, never sent whole: compute the CRC first.
+            f.crc = Some(self.pass(f, region, 0, &mut [], true));
+        }
+        self.pass(f, region, from, out, false);
+        Some(())
+    }
+
+    /// One pass; returns the CRC if `compute` (else the kept one, or 0).
+    fn pass<B: RegionBuffer>(
+        &self,
+        f: &TxFpdu,
+        region: Option<(&B, usize)>,
+        from: usize,
+        out: &mut [u8],
+        compute: bool,
+    ) -> u32 {
+        let mut p = Pass {
+            out,
+            from,
+            w: 0,
+            rel_start: f.start.wrapping_sub(self.seq_start),
+            markers: self.markers,
+            header_w: 0,
+            crc: compute.then(Crc32c::new),
+        };
+        if p.at_marker() {
+            // A Marker between FPDUs holds 0 and belongs to (is covered by the CRC of) the
+            // next FPDU (RFC 5044 4.3, 4.4).
+            p.marker(0);
+        }
+        p.header_w = p.w;
+        let len = f.ulpdu_len.to_be_bytes();
+        p.content::<B>(Src::Bytes(&len), len.len());
+        let head = &f.head[..usize::from(f.head_len)];
+        p.content::<B>(Src::Bytes(head), head.len());
+        if let (Some((buf, base)), Some(pl)) = (region, f.payload) {
+            p.content(Src::Region(buf, base), pl.len as usize);
+        }
+        let pad = pad_len(usize::from(f.ulpdu_len));
+        p.content::<B>(Src::Zeros, pad);
+        if p.at_marker() {
+            // A Marker right after the PAD is covered by this FPDU's CRC (RFC 5044 4.4).
+            let distance = (p.w - p.header_w) as u16;
+            p.marker(distance);
+        }
+        let crc = match (&p.crc, compute) {
+            (Some(c), true) => c.finalize(),
+            _ => f.crc.unwrap_or(0),
+        };
+        let crc = if self.crc { crc } else { 0 };
+        // RFC 5044 4.4: least significant octet first (IWARP-WIRE.md 1.2).
+        p.put_bytes(&crc.to_le_bytes(), false);
+        crc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmap::{Access, Stag, VecBuffer};
+
+    const PD: PdId = PdId(3);
+
+    struct Case {
+        mem: MemoryTable<VecBuffer>,
+        ring: TxRing,
+        /// What the existing encoder produces for the same FPDUs.
+        expected: Vec<u8>,
+        stag: Stag,
+        /// Stream offset of the first FPDU.
+        base: u64,
+    }
+
+    /// Random-ish FPDUs (payload in a region, inline-only ones, zero-length ones) queued in the
+    /// ring and encoded by `FpduEncoder` at the same stream positions.
+    fn case(crc: bool, markers: bool, seq_start: u64, seed: u64) -> Case {
+        let mut mem = MemoryTable::new();
+        let data: Vec<u8> = (0..20000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ seed as u8)
+            .collect();
+        let stag = mem.register(
+            PD,
+            VecBuffer::from_vec(data.clone()),
+            0x10_000,
+            Access::NONE,
+        );
+        let mut ring = TxRing::new(64);
+        ring.start(crc, markers, seq_start, PD);
+        let mut enc = FpduEncoder::new(crc, markers);
+        let mut expected = Vec::new();
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        let mut start = seq_start;
+        for k in 0..40 {
+            let head_len = [14usize, 18, 46, 70, 0][next(5) as usize].max(1);
+            let head: Vec<u8> = (0..head_len)
+                .map(|i| (i as u8) ^ (k as u8) ^ 0xa5)
+                .collect();
+            let (payload, bytes) = match next(4) {
+                0 => (None, Vec::new()),
+                _ => {
+                    let len = next(3000) as usize + if next(3) == 0 { 0 } else { 1 };
+                    let off = next(15000) as usize;
+                    let p = TxPayload {
+                        stag,
+                        to: 0x10_000 + off as u64,
+                        len: len as u32,
+                        access: Access::NONE,
+                    };
+                    (Some(p), data[off..off + len].to_vec())
+                }
+            };
+            let n = ring.push(start, &head, payload, false).expect("push");
+            let before = expected.len();
+            enc.encode_parts(&head, &bytes, &mut expected)
+                .expect("encode");
+            assert_eq!(expected.len() - before, n, "wire length of FPDU {k}");
+            start += n as u64;
+        }
+        Case {
+            mem,
+            ring,
+            expected,
+            stag,
+            base: seq_start,
+        }
+    }
+
+    #[test]
+    fn fill_matches_the_encoder_for_any_range() {
+        for (crc, markers) in [(true, true), (true, false), (false, true), (false, false)] {
+            for seed in 1..4u64 {
+                let seq_start = [0u64, 20, 37][seed as usize - 1];
+                // Whole FPDUs first (CRC fused and kept), then arbitrary ranges.
+                let mut c = case(crc, markers, seq_start, seed);
+                let total = c.expected.len();
+                let mut out = vec![0u8; total];
+                c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
+                assert_eq!(out, c.expected, "crc {crc} markers {markers} seed {seed}");
+                // Arbitrary ranges on a fresh ring: partial fills (headers, Markers and CRC
+                // cut) compute the CRC separately; then again with the CRCs kept.
+                for fresh in [true, false] {
+                    let mut c2 = case(crc, markers, seq_start, seed);
+                    if !fresh {
+                        let mut all = vec![0u8; total];
+                        c2.ring.fill(c2.base, &mut all, &c2.mem).expect("fill all");
+                    }
+                    let mut x = seed * 7919;
+                    for _ in 0..400 {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let a = (x >> 33) as usize % total;
+                        let len = ((x >> 13) as usize % 1700).min(total - a).max(1);
+                        let mut part = vec![0u8; len];
+                        c2.ring
+                            .fill(c2.base + a as u64, &mut part, &c2.mem)
+                            .expect("fill range");
+                        assert_eq!(
+                            part,
+                            &c2.expected[a..a + len],
+                            "crc {crc} markers {markers} seed {seed} range {a}+{len} fresh {fresh}"
+                        );
+                    }
+                    // Every single octet position as a range end and start.
+                    for a in (0..total).step_by(97) {
+                        let mut one = [0u8; 1];
+                        c2.ring
+                            .fill(c2.base + a as u64, &mut one, &c2.mem)
+                            .expect("octet");
+                        assert_eq!(one[0], c2.expected[a]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fill_outside_the_ring_or_from_a_gone_region_fails() {
+        let mut c = case(true, true, 0, 9);
+        let total = c.expected.len() as u64;
+        let mut out = [0u8; 8];
+        assert!(c.ring.fill(total, &mut out, &c.mem).is_err());
+        assert!(c.ring.fill(total - 4, &mut out, &c.mem).is_err());
+        // Release the first FPDU: its octets can no longer be asked for.
+        let first_end = c.ring.fpdus[0].end();
+        let mut released = 0;
+        c.ring.release_to(first_end, |_| released += 1);
+        assert_eq!(released, 1);
+        assert!(c.ring.fill(0, &mut out, &c.mem).is_err());
+        assert!(c.ring.fill(first_end, &mut out, &c.mem).is_ok());
+        // Deregister the region: FPDUs with payload fail, never read anything.
+        assert!(c.mem.deregister(c.stag).is_ok());
+        let mut all = vec![0u8; (total - first_end) as usize];
+        assert!(c.ring.fill(first_end, &mut all, &c.mem).is_err());
+    }
+
+    #[test]
+    fn ring_is_bounded() {
+        let mut ring = TxRing::new(2);
+        ring.start(true, false, 0, PD);
+        assert!(ring.push(0, &[1; 14], None, false).is_ok());
+        assert!(ring.push(24, &[1; 14], None, true).is_ok());
+        assert_eq!(ring.push(48, &[1; 14], None, false), Err(PushError::Full));
+        assert_eq!(ring.len(), 2);
+        let mut completes = 0;
+        ring.release_to(48, |f| completes += usize::from(f.completes));
+        assert_eq!((ring.len(), completes), (0, 1));
+        let mut ring = TxRing::new(2);
+        assert_eq!(
+            ring.push(0, &[0; HEAD_MAX + 1], None, false),
+            Err(PushError::TooLong)
+        );
+    }
+}
