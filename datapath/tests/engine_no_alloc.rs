@@ -76,6 +76,7 @@ impl Side {
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
         while let Some(ev) = tcp.poll_event() {
+            self.iw.on_tcp_acked(tcp.bytes_acked());
             self.iw.on_tcp_event(ev);
         }
         let Side { iw, mem, .. } = self;

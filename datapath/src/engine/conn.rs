@@ -52,6 +52,9 @@
 //!   is owed cannot be produced and no Terminate could follow them in the stream, so the TCP
 //!   connection is reset (RFC 5040 5.4: the stream is torn down) and
 //!   [`ConnEvent::TransmitSourceFailed`] reported; nothing outside a region is ever read.
+//!   Read Responses are sent from a copy taken when they are queued (a bounded snapshot ring):
+//!   the responder's application cannot know when they are acknowledged and may rewrite its
+//!   readable memory as soon as the requester's later messages arrive.
 //! - `tcp_engine::TxMode::Records` (kept for comparison and for callers driving TCP that way):
 //!   each ULPDU is copied out of the region and framed as one FPDU straight into TCP's send
 //!   buffer (`send_record_with`, the CRC computed as the octets go in); Sends and Writes
@@ -458,7 +461,11 @@ pub struct IwarpConn {
 impl IwarpConn {
     fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
         let initiator = matches!(phase, Phase::Initiating(_));
-        let tx = TxRing::new(cfg.max_tx_fpdus.max(1));
+        // Read Response payloads queued in TCP: at most `tx_ahead` plus one FPDU.
+        let tx = TxRing::new(
+            cfg.max_tx_fpdus.max(1),
+            cfg.tx_ahead + usize::from(u16::MAX),
+        );
         IwarpConn {
             qp: QueuePair::new(cfg.qp),
             store: Store::new(cfg.reassembly_capacity),
@@ -1336,6 +1343,18 @@ impl IwarpConn {
     // transmit, events, timers
     // ------------------------------------------------------------------------------------
 
+    /// TCP reports the peer has acknowledged our stream up to offset `acked`
+    /// (`TcpConnection::bytes_acked`): in `TxMode::Source`, Sends and Writes whose last FPDU
+    /// lies below complete and their descriptors go. [`IwarpConn::poll`] and
+    /// [`IwarpConn::on_data`] do this themselves; call it before [`IwarpConn::on_tcp_event`] so
+    /// that what the segment carrying a FIN or a reset acknowledged completes before the queue
+    /// pair is flushed.
+    pub fn on_tcp_acked(&mut self, acked: u64) {
+        if self.source_mode == Some(true) {
+            self.release_acknowledged(acked);
+        }
+    }
+
     /// A TCP event of this connection.
     pub fn on_tcp_event(&mut self, event: TcpEvent) {
         match event {
@@ -1490,6 +1509,7 @@ impl IwarpConn {
             let start = tcp.send_stream_end();
             // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
             if self.tx.is_full()
+                || self.tx.snapshot_room() < mulpdu
                 || tcp.send_capacity() < self.tx.wire_len(start, mulpdu)
                 || tcp.send_queue_len() >= self.cfg.tx_ahead
             {
@@ -1502,7 +1522,10 @@ impl IwarpConn {
             if seg.ulpdu.opcode == rdmap::wire::Opcode::Terminate {
                 self.counters.terminates_sent += 1;
             }
-            let queued = match self.tx.push(start, &self.ulpdu, seg.payload, seg.completes) {
+            let pushed = self
+                .tx
+                .push(start, &self.ulpdu, seg.payload, seg.completes, mem);
+            let queued = match pushed {
                 Ok(wire_len) => tcp.send_record_len(wire_len).is_ok(),
                 Err(_) => false,
             };

@@ -17,13 +17,20 @@
 //! fill that reaches the CRC field without a kept CRC computes it first in a separate pass.
 //! A retransmission reads the region again (no retransmit copy); if the region is gone or no
 //! longer covers the payload, the fill fails and nothing outside the region is ever read.
+//!
+//! Read Responses are the exception: their source is the responder's remotely readable
+//! memory, which its application may rewrite as soon as the requester's later messages arrive
+//! (nothing tells it when the Response is acknowledged), so their payload is copied once, when
+//! the segment is queued, into a bounded per-connection snapshot ring (allocated on the first
+//! Read Response) and sent and retransmitted from there: the data is what the region held
+//! when the Response was generated, as with the socket transport.
 
 use std::collections::VecDeque;
 
 use mpa::crc::Crc32c;
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
-use rdmap::{MemoryTable, PdId, RegionBuffer, TxPayload};
+use rdmap::{Access, MemoryTable, PdId, RegionBuffer, TxPayload};
 use tcp_engine::TxSourceError;
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
@@ -47,6 +54,8 @@ pub(crate) struct TxFpdu {
     head_len: u8,
     head: [u8; HEAD_MAX],
     payload: Option<TxPayload>,
+    /// The payload was copied into the snapshot ring at this position (Read Responses).
+    snap: Option<u64>,
     /// The CRC (RFC 5044 4.4) once computed.
     crc: Option<u32>,
     /// Its acknowledgement completes a Send or Write (`rdmap::TxSegment::completes`).
@@ -66,6 +75,8 @@ pub(crate) enum PushError {
     Full,
     /// The inline part is longer than [`HEAD_MAX`] or the ULPDU longer than an FPDU takes.
     TooLong,
+    /// A Read Response's source could not be copied (region gone, or no snapshot room).
+    Source,
 }
 
 /// The FPDUs of one connection not yet acknowledged, in stream order.
@@ -78,11 +89,18 @@ pub(crate) struct TxRing {
     /// Stream offset of SeqStart (Marker positions are counted from here).
     seq_start: u64,
     pd: PdId,
+    /// Snapshot ring of Read Response payloads (empty until the first one).
+    snap: Vec<u8>,
+    snap_capacity: usize,
+    /// Positions (monotonic) of the oldest octet in use and of the next free one.
+    snap_head: u64,
+    snap_tail: u64,
 }
 
 impl TxRing {
     /// An empty ring of at most `capacity` descriptors (allocated now, never grown).
-    pub fn new(capacity: usize) -> TxRing {
+    /// `snapshot_capacity` octets of Read Response payload can be held at once.
+    pub fn new(capacity: usize, snapshot_capacity: usize) -> TxRing {
         TxRing {
             fpdus: VecDeque::with_capacity(capacity),
             capacity,
@@ -90,7 +108,16 @@ impl TxRing {
             markers: false,
             seq_start: 0,
             pd: PdId(0),
+            snap: Vec::new(),
+            snap_capacity: snapshot_capacity,
+            snap_head: 0,
+            snap_tail: 0,
         }
+    }
+
+    /// Octets of Read Response payload that can still be queued.
+    pub fn snapshot_room(&self) -> usize {
+        self.snap_capacity - (self.snap_tail - self.snap_head) as usize
     }
 
     /// Full Operation starts at stream offset `seq_start` with these settings.
@@ -118,12 +145,13 @@ impl TxRing {
 
     /// Queues the FPDU at stream offset `start` whose ULPDU is `head` followed by `payload`.
     /// Returns its wire length.
-    pub fn push(
+    pub fn push<B: RegionBuffer>(
         &mut self,
         start: u64,
         head: &[u8],
         payload: Option<TxPayload>,
         completes: bool,
+        mem: &MemoryTable<B>,
     ) -> Result<usize, PushError> {
         if self.is_full() {
             return Err(PushError::Full);
@@ -131,6 +159,27 @@ impl TxRing {
         let ulpdu_len = head.len() + payload.map_or(0, |p| p.len as usize);
         if head.len() > HEAD_MAX || ulpdu_len > usize::from(u16::MAX) {
             return Err(PushError::TooLong);
+        }
+        let mut snap = None;
+        if let Some(p) = payload.filter(|p| p.access == Access::REMOTE_READ) {
+            let len = p.len as usize;
+            if self.snapshot_room() < len {
+                return Err(PushError::Source);
+            }
+            let (buf, off) = mem
+                .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+                .map_err(|_| PushError::Source)?;
+            if self.snap.is_empty() {
+                // Once per connection, on its first Read Response.
+                self.snap = vec![0; self.snap_capacity];
+            }
+            let cap = self.snap_capacity;
+            let at = (self.snap_tail % cap as u64) as usize;
+            let first = len.min(cap - at);
+            buf.read_at(off, &mut self.snap[at..at + first]);
+            buf.read_at(off + first, &mut self.snap[..len - first]);
+            snap = Some(self.snap_tail);
+            self.snap_tail += len as u64;
         }
         let wire_len = self.wire_len(start, ulpdu_len);
         let mut fpdu = TxFpdu {
@@ -140,6 +189,7 @@ impl TxRing {
             head_len: head.len() as u8,
             head: [0; HEAD_MAX],
             payload,
+            snap,
             crc: None,
             completes,
         };
@@ -155,6 +205,9 @@ impl TxRing {
                 break;
             }
             released(f);
+            if let (Some(pos), Some(p)) = (f.snap, f.payload) {
+                self.snap_head = pos + u64::from(p.len);
+            }
             self.fpdus.pop_front();
         }
     }
@@ -162,6 +215,7 @@ impl TxRing {
     /// Drops every descriptor (the connection is gone).
     pub fn clear(&mut self) {
         self.fpdus.clear();
+        self.snap_head = self.snap_tail;
     }
 
     /// Writes the stream octets `[offset, offset + out.len())`, which must lie in queued
@@ -180,6 +234,7 @@ impl TxRing {
         let mut pos = offset;
         let mut done = 0;
         let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
+        let snap = &self.snap[..];
         let mut i = first;
         while done < out.len() {
             let f = self.fpdus.get_mut(i).ok_or(err)?;
@@ -193,6 +248,7 @@ impl TxRing {
                 markers,
                 seq_start,
                 pd,
+                snap,
             };
             w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
             done += n;
@@ -204,11 +260,13 @@ impl TxRing {
 }
 
 /// Writes parts of FPDUs.
-struct FpduWriter {
+struct FpduWriter<'s> {
     crc: bool,
     markers: bool,
     seq_start: u64,
     pd: PdId,
+    /// The snapshot ring (Read Response payloads).
+    snap: &'s [u8],
 }
 
 /// Where the octets of one content run come from.
@@ -325,7 +383,7 @@ impl Pass<'_> {
     }
 }
 
-impl FpduWriter {
+impl FpduWriter<'_> {
     /// Writes octets `[from, from + out.len())` of `f`'s wire image. `None` if its payload
     /// region is no longer valid for it.
     fn fill<B: RegionBuffer>(
@@ -335,7 +393,7 @@ impl FpduWriter {
         out: &mut [u8],
         mem: &MemoryTable<B>,
     ) -> Option<()> {
-        let region = match f.payload {
+        let region = match f.payload.filter(|_| f.snap.is_none()) {
             Some(p) => Some(
                 mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                     .ok()?,
@@ -391,6 +449,14 @@ impl FpduWriter {
         if let (Some((buf, base)), Some(pl)) = (region, f.payload) {
             p.content(Src::Region(buf, base), pl.len as usize);
         }
+        if let (Some(pos), Some(pl), false) = (f.snap, f.payload, self.snap.is_empty()) {
+            let cap = self.snap.len();
+            let at = (pos % cap as u64) as usize;
+            let len = pl.len as usize;
+            let first = len.min(cap - at);
+            p.content::<B>(Src::Bytes(&self.snap[at..at + first]), first);
+            p.content::<B>(Src::Bytes(&self.snap[..len - first]), len - first);
+        }
         let pad = pad_len(usize::from(f.ulpdu_len));
         p.content::<B>(Src::Zeros, pad);
         if p.at_marker() {
@@ -412,7 +478,7 @@ impl FpduWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdmap::{Access, Stag, VecBuffer};
+    use rdmap::{Stag, VecBuffer};
 
     const PD: PdId = PdId(3);
 
@@ -437,9 +503,9 @@ mod tests {
             PD,
             VecBuffer::from_vec(data.clone()),
             0x10_000,
-            Access::NONE,
+            Access::REMOTE_READ,
         );
-        let mut ring = TxRing::new(64);
+        let mut ring = TxRing::new(64, 1 << 20);
         ring.start(crc, markers, seq_start, PD);
         let mut enc = FpduEncoder::new(crc, markers);
         let mut expected = Vec::new();
@@ -458,19 +524,24 @@ mod tests {
                 .collect();
             let (payload, bytes) = match next(4) {
                 0 => (None, Vec::new()),
-                _ => {
+                k => {
                     let len = next(3000) as usize + if next(3) == 0 { 0 } else { 1 };
                     let off = next(15000) as usize;
                     let p = TxPayload {
                         stag,
                         to: 0x10_000 + off as u64,
                         len: len as u32,
-                        access: Access::NONE,
+                        // Some as Read Responses: copied into the snapshot ring.
+                        access: if k == 1 {
+                            Access::REMOTE_READ
+                        } else {
+                            Access::NONE
+                        },
                     };
                     (Some(p), data[off..off + len].to_vec())
                 }
             };
-            let n = ring.push(start, &head, payload, false).expect("push");
+            let n = ring.push(start, &head, payload, false, &mem).expect("push");
             let before = expected.len();
             enc.encode_parts(&head, &bytes, &mut expected)
                 .expect("encode");
@@ -557,18 +628,31 @@ mod tests {
 
     #[test]
     fn ring_is_bounded() {
-        let mut ring = TxRing::new(2);
+        let mut ring = TxRing::new(2, 0);
         ring.start(true, false, 0, PD);
-        assert!(ring.push(0, &[1; 14], None, false).is_ok());
-        assert!(ring.push(24, &[1; 14], None, true).is_ok());
-        assert_eq!(ring.push(48, &[1; 14], None, false), Err(PushError::Full));
+        assert!(ring
+            .push(0, &[1; 14], None, false, &MemoryTable::<VecBuffer>::new())
+            .is_ok());
+        assert!(ring
+            .push(24, &[1; 14], None, true, &MemoryTable::<VecBuffer>::new())
+            .is_ok());
+        assert_eq!(
+            ring.push(48, &[1; 14], None, false, &MemoryTable::<VecBuffer>::new()),
+            Err(PushError::Full)
+        );
         assert_eq!(ring.len(), 2);
         let mut completes = 0;
         ring.release_to(48, |f| completes += usize::from(f.completes));
         assert_eq!((ring.len(), completes), (0, 1));
-        let mut ring = TxRing::new(2);
+        let mut ring = TxRing::new(2, 0);
         assert_eq!(
-            ring.push(0, &[0; HEAD_MAX + 1], None, false),
+            ring.push(
+                0,
+                &[0; HEAD_MAX + 1],
+                None,
+                false,
+                &MemoryTable::<VecBuffer>::new()
+            ),
             Err(PushError::TooLong)
         );
     }

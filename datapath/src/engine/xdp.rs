@@ -889,8 +889,9 @@ impl TcpApp for App<'_, '_> {
         self.st.progress = true;
     }
 
-    fn on_event(&mut self, id: ConnId, _tcp: &mut TcpConnection, event: TcpEvent) {
+    fn on_event(&mut self, id: ConnId, tcp: &mut TcpConnection, event: TcpEvent) {
         if let Some(slot) = self.st.slots.get_mut(&id) {
+            slot.conn.on_tcp_acked(tcp.bytes_acked());
             slot.conn.on_tcp_event(event);
             self.st.progress = true;
         }
