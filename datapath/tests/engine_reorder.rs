@@ -393,6 +393,7 @@ fn hold_around_holes(
     for &(s, e) in &pieces {
         conn.on_data(
             PassedUp {
+                acked: 0,
                 seq: 0,
                 stream_offset: start as u64 + s,
                 data: &stream[s as usize..e as usize],
