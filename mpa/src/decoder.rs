@@ -129,6 +129,12 @@ impl FpduDecoder {
         self.max_ulpdu = max_ulpdu.min(MAX_ULPDU_LEN);
     }
 
+    /// Allocates the internal buffer for the largest ULPDU accepted, so that no input
+    /// allocates later (a locator's guesses read arbitrary ULPDU_Length values).
+    pub fn reserve_max_ulpdu(&mut self) {
+        self.ulpdu.reserve(self.max_ulpdu);
+    }
+
     /// The largest ULPDU_Length accepted.
     pub fn max_ulpdu(&self) -> usize {
         self.max_ulpdu

@@ -13,8 +13,8 @@
 use crate::decoder::{FpduDecoder, FpduSpan};
 use crate::wire::{MarkerPtr, MARKER_INTERVAL, MARKER_LEN};
 
-/// Locates verified FPDUs in single out-of-order segments. Reuses one decoder, so scanning
-/// allocates nothing once its buffer has grown to the largest FPDU seen.
+/// Locates verified FPDUs in single out-of-order segments. Reuses one decoder whose buffer is
+/// allocated for the largest ULPDU when the locator is made, so scanning allocates nothing.
 #[derive(Debug, Clone)]
 pub struct FpduLocator {
     crc: bool,
@@ -27,10 +27,15 @@ pub struct FpduLocator {
 impl FpduLocator {
     /// `crc`: CRCs are checked on this connection; `markers`: the peer inserts Markers.
     pub fn new(crc: bool, markers: bool) -> FpduLocator {
+        let mut decoder = FpduDecoder::new(crc, markers);
+        if crc || markers {
+            // Guesses read any ULPDU_Length: the buffer is sized for the largest at once.
+            decoder.reserve_max_ulpdu();
+        }
         FpduLocator {
             crc,
             markers,
-            decoder: FpduDecoder::new(crc, markers),
+            decoder,
             tail: None,
         }
     }

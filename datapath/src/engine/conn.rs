@@ -321,6 +321,8 @@ impl Store {
         }
         if self.ring.is_empty() {
             self.ring = vec![0; self.capacity];
+            // Once, with the ring: the range list never grows past this.
+            self.ranges.reserve_exact(MAX_STORE_RANGES);
         }
         let cap = self.capacity as u64;
         let at = (off % cap) as usize;
