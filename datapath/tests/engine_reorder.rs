@@ -615,6 +615,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
                     seq: 0,
                     stream_offset: start as u64 + s,
                     data: &stream[s as usize..e as usize],
+                    acked: 0,
                 },
                 &mut mem,
             );
