@@ -309,6 +309,8 @@ pub struct XdpTcp {
     mtu: u16,
     epoch: std::time::Instant,
     idle_turns: u32,
+    /// Turns in a row whose expired TCP timers waited for a full receive batch to drain.
+    timers_deferred: u32,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
 }
@@ -452,6 +454,7 @@ impl XdpTcp {
             mtu: mtu as u16,
             epoch: std::time::Instant::now(),
             idle_turns: 0,
+            timers_deferred: 0,
             stats: XdpTcpStats::default(),
             cfg,
         })
@@ -630,12 +633,20 @@ impl XdpTcp {
     /// anything happened (frames received or sent, connections accepted, events, closes).
     pub fn poll<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
         let now = self.now();
-        let mut work = self.receive(now, app);
+        let (mut work, backlog) = self.receive(now, app);
         work |= self.accept_new(app);
         work |= self.service(app, now);
         let now = self.now();
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
-            self.table.handle_timeout(now);
+            // A full batch means more frames wait in a ring, and after the thread was
+            // descheduled they hold the ACKs the expired timers are waiting for: firing the
+            // timers first would retransmit what has arrived. Drain first, for a few turns.
+            if backlog && self.timers_deferred < 8 {
+                self.timers_deferred += 1;
+            } else {
+                self.timers_deferred = 0;
+                self.table.handle_timeout(now);
+            }
         }
         work |= self.transmit(now, app)?;
         Ok(work)
@@ -680,7 +691,12 @@ impl XdpTcp {
         Ok(ready > 0)
     }
 
-    fn receive<A: TcpApp + ?Sized>(&mut self, now: tcp_engine::Instant, app: &mut A) -> bool {
+    /// Takes a batch from each socket; returns (any frame, some batch was full).
+    fn receive<A: TcpApp + ?Sized>(
+        &mut self,
+        now: tcp_engine::Instant,
+        app: &mut A,
+    ) -> (bool, bool) {
         let Self {
             socks,
             table,
@@ -690,12 +706,14 @@ impl XdpTcp {
             ..
         } = self;
         let mut any = false;
+        let mut full = false;
         for sock in socks.iter_mut() {
             let batch = sock.recv_batch(cfg.rx_batch);
             if batch.is_empty() {
                 continue;
             }
             any = true;
+            full |= batch.len() >= cfg.rx_batch;
             for frame in batch.iter() {
                 stats.rx_frames += 1;
                 let Some((ip, src_mac, src_ip)) = frame::ipv4_tcp_packet(frame) else {
@@ -713,7 +731,7 @@ impl XdpTcp {
                 }
             }
         }
-        any
+        (any, full)
     }
 
     fn accept_new<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
