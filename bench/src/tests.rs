@@ -104,6 +104,30 @@ impl Side {
         }
     }
 
+    /// Like [`next`](Self::next) but polls (`try_next`, yielding the CPU between empty polls)
+    /// instead of blocking, for latency tests.
+    fn next_polling(&self) -> Result<Completion, String> {
+        let deadline = Instant::now() + STALL;
+        loop {
+            if let Some(c) = self.cq.try_next() {
+                return check(c, self);
+            }
+            if self.qp.status().finished {
+                if let Some(c) = self.cq.try_next() {
+                    return check(c, self);
+                }
+                return Err(format!("connection ended: {}", self.fail_reason()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no completion for {STALL:?}: {}",
+                    self.fail_reason()
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Like [`next`](Self::next) but never blocks: spins (yielding the CPU) for latency tests.
     fn try_next(&self) -> Result<Option<Completion>, String> {
         match self.cq.try_next() {
@@ -529,7 +553,13 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     }
                 }
             }
-            let c = side.next()?;
+            // send-lat polls for the ping like perftest's busy `ibv_poll_cq` loop (and like the
+            // client's wait for the pong); the bandwidth tests block.
+            let c = if test == TestKind::SendLat {
+                side.next_polling()?
+            } else {
+                side.next()?
+            };
             match (c.wc.opcode, c.wc.wr_id & KIND_MASK) {
                 (WcOpcode::Recv, K_CTRL_RECV) => {
                     side.post_ctrl_recv()?;
