@@ -18,6 +18,14 @@
 //! Request is then always the oldest unacknowledged octets of its direction and can never
 //! arrive ahead of a gap. Every other message may.
 //!
+//! The server's Read source has two halves, used by alternate rounds: the server rewrites a
+//! half for round r + 1 once round r's Write and Send have arrived, and nothing tells it that
+//! round r's Read Response has been read by then (the client posts its Write and Send right
+//! behind its Read). Round r - 1's Read, which used that half, has completed at the client
+//! before round r began. Rewriting the half a Read may still be reading would be an
+//! application race (RFC 5040 puts no order between a responder's later local writes and a
+//! Read Response it is generating), not something an RDMA stack can make deterministic.
+//!
 //! Needs root; skips (or fails under `CI=true`) otherwise.
 
 use std::net::SocketAddr;
@@ -36,6 +44,11 @@ use testbed::relay_bed_or_skip;
 /// Message sizes of the rounds (each round: one Read, one Write, one Send of this size).
 const ROUNDS: [usize; 3] = [4096, 1 << 20, 2 << 20];
 const REGION: usize = 2 << 20;
+
+/// Where round `r`'s Read source lies in the server's Read region (alternate halves).
+fn read_half(r: usize) -> usize {
+    (r % 2) * REGION
+}
 const WAIT: Duration = Duration::from_secs(60);
 const PORT: u16 = 19_615;
 /// The "round done" message the server sends.
@@ -95,7 +108,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let wbuf = pd.register(REGION, ALL).map_err(|e| e.to_string())?;
-    let rbuf = pd.register(REGION, ALL).map_err(|e| e.to_string())?;
+    let rbuf = pd.register(2 * REGION, ALL).map_err(|e| e.to_string())?;
     let recv = pd.register(REGION, ALL).map_err(|e| e.to_string())?;
     let done = pd.register(4096, ALL).map_err(|e| e.to_string())?;
     let recvs = vec![RecvWr {
@@ -107,7 +120,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
         welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
         welcome.extend_from_slice(&mr.base_to().to_be_bytes());
     }
-    rbuf.write(0, &pattern(1000, ROUNDS[0]));
+    rbuf.write(read_half(0), &pattern(1000, ROUNDS[0]));
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| format!("accept: {e}"))?;
@@ -131,7 +144,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
         }
         // The next round's Read source and receive, then "round done".
         if let Some(&next) = ROUNDS.get(r + 1) {
-            rbuf.write(0, &pattern(1000 + r + 1, next));
+            rbuf.write(read_half(r + 1), &pattern(1000 + r + 1, next));
             qp.post_recv(RecvWr {
                 wr_id: r as u64 + 1,
                 sge: Some(recv.sge(0, next as u32)),
@@ -201,7 +214,7 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
                 1,
                 SendOp::Read {
                     remote_stag: rstag,
-                    remote_to: rto,
+                    remote_to: rto + read_half(r) as u64,
                 },
                 dst.sge(0, size as u32),
             ),
