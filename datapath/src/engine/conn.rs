@@ -1374,11 +1374,15 @@ impl IwarpConn {
                         .unwrap_or(TxSourceError { offset: 0, len: 0 });
                     self.events.push_back(ConnEvent::TransmitSourceFailed(e));
                 }
+                if event != TcpEvent::PeerClosed {
+                    // TCP is gone: nothing will be asked for again. (After the peer's FIN our
+                    // own unacknowledged octets may still need retransmitting.)
+                    self.tx.clear();
+                    self.startup_sent = None;
+                }
                 if !self.tcp_closed {
                     self.tcp_closed = true;
                     self.rx_dead = true;
-                    self.tx.clear();
-                    self.startup_sent = None;
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     if !matches!(self.phase, Phase::Full(_) | Phase::Done) {
                         self.events.push_back(
