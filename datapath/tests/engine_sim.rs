@@ -979,3 +979,39 @@ fn retransmission_from_a_deregistered_region_resets_the_connection() {
     assert_eq!(bed.a.completions[0].status, WcStatus::WrFlushError);
     assert_eq!(bed.a.iw.qp().state(), QpState::Error);
 }
+
+/// The peer closes (FIN) while a Write of ours is still unacknowledged: in CLOSE-WAIT our TCP
+/// must still be able to retransmit it, so its FPDU descriptors stay until TCP is gone (no
+/// `TransmitSourceFailed`, no reset; the lost octets reach the peer).
+#[test]
+fn retransmission_after_the_peer_closed() {
+    let mut bed = bed(12, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 4 << 10);
+    let data = pattern(4 << 10, 92);
+    // B loses A's Write, then closes.
+    bed.b.deaf = true;
+    post_write(&mut bed, &r, 1, &data);
+    run_for(&mut bed, Duration::from_micros(200));
+    let segments_before = bed.b.counters().segments;
+    bed.b.iw.close();
+    bed.run_until("A sees B's FIN", Duration::from_secs(1), |a, _| {
+        a.events.contains(&ConnEvent::TransportClosed)
+    });
+    bed.b.deaf = false;
+    bed.run_until(
+        "A's retransmission reaches B",
+        Duration::from_secs(5),
+        |_, b| b.counters().segments > segments_before,
+    );
+    run_for(&mut bed, Duration::from_millis(50));
+    assert!(
+        !bed.a
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_))),
+        "{:?}",
+        bed.a.events
+    );
+    assert!(bed.a.tcp.as_ref().unwrap().stats().retransmitted_segments > 0);
+}
