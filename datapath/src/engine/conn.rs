@@ -52,9 +52,9 @@
 //!   is owed cannot be produced and no Terminate could follow them in the stream, so the TCP
 //!   connection is reset (RFC 5040 5.4: the stream is torn down) and
 //!   [`ConnEvent::TransmitSourceFailed`] reported; nothing outside a region is ever read.
-//!   Read Responses are sent from a copy taken when they are queued (a bounded snapshot ring):
-//!   the responder's application cannot know when they are acknowledged and may rewrite its
-//!   readable memory as soon as the requester's later messages arrive.
+//!   Read Responses are sent from a copy of each segment taken when it is queued (a bounded
+//!   snapshot ring): the responder's application cannot know when they are acknowledged, so
+//!   retransmissions must not see its later writes.
 //! - `tcp_engine::TxMode::Records` (kept for comparison and for callers driving TCP that way):
 //!   each ULPDU is copied out of the region and framed as one FPDU straight into TCP's send
 //!   buffer (`send_record_with`, the CRC computed as the octets go in); Sends and Writes

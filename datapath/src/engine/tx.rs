@@ -22,8 +22,11 @@
 //! memory, which its application may rewrite as soon as the requester's later messages arrive
 //! (nothing tells it when the Response is acknowledged), so their payload is copied once, when
 //! the segment is queued, into a bounded per-connection snapshot ring (allocated on the first
-//! Read Response) and sent and retransmitted from there: the data is what the region held
-//! when the Response was generated, as with the socket transport.
+//! Read Response) and sent and retransmitted from there: each segment carries what the region
+//! held when that segment was queued (as with the socket transport, which copies each segment
+//! when it hands it to TCP). Segments are queued as TCP's send window (`tx_ahead`) allows, so a
+//! long Response is still read over time: rewriting the region while a Read of it may be in
+//! progress stays an application race (RFC 5040 orders nothing there).
 
 use std::collections::VecDeque;
 
