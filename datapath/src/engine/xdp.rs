@@ -14,7 +14,7 @@
 //! ([`XdpEngineConfig::cpu`]).
 //!
 //! **Inline progress** ([`XdpEngineConfig::inline_progress`], default on). The state a turn
-//! needs ([`Turner`]: connections, PD table list, driver) is behind one mutex that is only ever
+//! needs (`Turner`: connections, PD table list, driver) is behind one mutex that is only ever
 //! taken with `try_lock`, once per turn, so no thread waits on it. A thread polling a
 //! [`CompletionQueue`] of the engine runs a turn itself when the queue is empty and nobody else
 //! is in one; while application threads keep doing so (and do not block in
