@@ -668,6 +668,24 @@ impl Connection {
         ) && !self.fin_queued
     }
 
+    /// Whether a record of `len` octets may be queued now, in `mode`: the connection's
+    /// transmit mode, open for sending, not empty, and room for all of it.
+    fn admit_record(&self, mode: TxMode, len: usize) -> Result<(), SendError> {
+        if self.cfg.tx_mode != mode {
+            return Err(SendError::WrongMode);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        if len == 0 {
+            return Err(SendError::EmptyRecord);
+        }
+        if len > self.send_capacity() {
+            return Err(SendError::BufferFull);
+        }
+        Ok(())
+    }
+
     /// Queue one whole record (an MPA FPDU) for transmission, in
     /// [`TxMode::Records`]. All or nothing.
     pub fn send_record(&mut self, record: &[u8]) -> Result<(), SendError> {
@@ -677,19 +695,8 @@ impl Connection {
     /// Queue one record given as several parts (e.g. header and payload),
     /// copied once into the send buffer.
     pub fn send_record_vectored(&mut self, parts: &[&[u8]]) -> Result<(), SendError> {
-        if self.cfg.tx_mode != TxMode::Records {
-            return Err(SendError::WrongMode);
-        }
-        if !self.can_queue() {
-            return Err(SendError::NotOpen);
-        }
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if len == 0 {
-            return Err(SendError::EmptyRecord);
-        }
-        if len > self.send_capacity() {
-            return Err(SendError::BufferFull);
-        }
+        self.admit_record(TxMode::Records, len)?;
         for p in parts {
             self.send_buf.extend(p.iter().copied());
         }
@@ -706,18 +713,7 @@ impl Connection {
         len: usize,
         write: impl FnOnce(&mut dyn FnMut(&[u8])),
     ) -> Result<(), SendError> {
-        if self.cfg.tx_mode != TxMode::Records {
-            return Err(SendError::WrongMode);
-        }
-        if !self.can_queue() {
-            return Err(SendError::NotOpen);
-        }
-        if len == 0 {
-            return Err(SendError::EmptyRecord);
-        }
-        if len > self.send_capacity() {
-            return Err(SendError::BufferFull);
-        }
+        self.admit_record(TxMode::Records, len)?;
         let before = self.send_buf.len();
         let buf = &mut self.send_buf;
         write(&mut |bytes: &[u8]| buf.extend(bytes.iter().copied()));
@@ -738,18 +734,7 @@ impl Connection {
     /// [`Connection::poll_transmit_with`] when the record (or part of it) is sent or
     /// retransmitted. All or nothing.
     pub fn send_record_len(&mut self, len: usize) -> Result<(), SendError> {
-        if self.cfg.tx_mode != TxMode::Source {
-            return Err(SendError::WrongMode);
-        }
-        if !self.can_queue() {
-            return Err(SendError::NotOpen);
-        }
-        if len == 0 {
-            return Err(SendError::EmptyRecord);
-        }
-        if len > self.send_capacity() {
-            return Err(SendError::BufferFull);
-        }
+        self.admit_record(TxMode::Source, len)?;
         self.source_len += len as u64;
         self.record_ends.push_back(self.source_len);
         Ok(())

@@ -394,6 +394,30 @@ impl Store {
     }
 
     /// Forgets everything before `pos`.
+    /// Copies the held octets `[start, end)` into `buf` for a scan, and empties `found` for the
+    /// spans it will place; both get their fixed capacity on first use (`MAX_RELOCATE` octets,
+    /// `MAX_RELOCATED` spans), so later scans allocate nothing.
+    fn copy_for_scan(&self, start: u64, end: u64, buf: &mut Vec<u8>, found: &mut Vec<(u64, u64)>) {
+        if buf.capacity() < MAX_RELOCATE {
+            buf.reserve_exact(MAX_RELOCATE);
+            found.reserve_exact(MAX_RELOCATED);
+        }
+        buf.clear();
+        found.clear();
+        let (a, b) = self.slices(start, end);
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b);
+    }
+
+    /// Drops the spans a scan placed: each lies inside the one held range copied, and the
+    /// caller checked there is room for every split.
+    fn remove_placed(&mut self, found: &[(u64, u64)]) {
+        for &(s, e) in found {
+            let removed = self.remove(s, e);
+            debug_assert!(removed);
+        }
+    }
+
     fn release_to(&mut self, pos: u64) {
         while let Some(r) = self.ranges.first_mut() {
             if r.1 <= pos {
@@ -976,15 +1000,7 @@ impl IwarpConn {
         }
         let mut buf = std::mem::take(&mut self.relocate_buf);
         let mut found = std::mem::take(&mut self.relocated);
-        if buf.capacity() < MAX_RELOCATE {
-            buf.reserve_exact(MAX_RELOCATE);
-            found.reserve_exact(MAX_RELOCATED);
-        }
-        buf.clear();
-        found.clear();
-        let (a, b) = self.store.slices(start, end);
-        buf.extend_from_slice(a);
-        buf.extend_from_slice(b);
+        self.store.copy_for_scan(start, end, &mut buf, &mut found);
         let rx_start = full.rx_start;
         let markers = full.negotiated.markers_rx;
         let qp = &self.qp;
@@ -1012,11 +1028,7 @@ impl IwarpConn {
             .locator
             .tail()
             .map(|t| (rx_start + t.start, rx_start + t.end));
-        for &(s, e) in &found {
-            // Inside the one range scanned, with room for every split checked above.
-            let removed = self.store.remove(s, e);
-            debug_assert!(removed);
-        }
+        self.store.remove_placed(&found);
         let first = found.first().map(|f| f.0);
         self.relocate_buf = buf;
         self.relocated = found;
@@ -1054,15 +1066,7 @@ impl IwarpConn {
         let start = start.max(first.saturating_sub(MAX_BACKFILL));
         let mut buf = std::mem::take(&mut self.relocate_buf);
         let mut found = std::mem::take(&mut self.relocated);
-        if buf.capacity() < MAX_RELOCATE {
-            buf.reserve_exact(MAX_RELOCATE);
-            found.reserve_exact(MAX_RELOCATED);
-        }
-        buf.clear();
-        found.clear();
-        let (a, b) = self.store.slices(start, end);
-        buf.extend_from_slice(a);
-        buf.extend_from_slice(b);
+        self.store.copy_for_scan(start, end, &mut buf, &mut found);
         let rx_start = full.rx_start;
         let markers = full.negotiated.markers_rx;
         let is_marker = |pos: u64| markers && (pos - rx_start) % MARKER_INTERVAL < MARKER_LEN;
@@ -1145,11 +1149,7 @@ impl IwarpConn {
             }
             break;
         }
-        for &(s, e) in &found {
-            // Inside the one range copied, with room for every split checked above.
-            let removed = self.store.remove(s, e);
-            debug_assert!(removed);
-        }
+        self.store.remove_placed(&found);
         self.relocate_buf = buf;
         self.relocated = found;
     }
