@@ -51,6 +51,10 @@ pub struct Cli {
     /// comparison.
     #[arg(long)]
     pub engine_tx_copy: bool,
+    /// `--transport xdp`: in-order data segments the engine's TCP receives before it ACKs at
+    /// once (`tcp_engine::Config::ack_every_segments`; default: the engine's).
+    #[arg(long)]
+    pub engine_ack_every: Option<u32>,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,

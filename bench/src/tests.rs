@@ -286,12 +286,15 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
         .iface
         .as_deref()
         .ok_or("--transport xdp needs --iface")?;
-    let cfg = XdpEngineConfig {
+    let mut cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
         inline_progress: cli.engine_inline.on(),
         tx_copy: cli.engine_tx_copy,
         ..XdpEngineConfig::default()
     };
+    if let Some(n) = cli.engine_ack_every {
+        cfg.tcp.ack_every_segments = n;
+    }
     XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))

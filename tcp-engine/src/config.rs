@@ -103,6 +103,15 @@ pub struct Config {
     /// Data segments acknowledged at once at connection start (quick-ACK,
     /// lets the peer's slow start grow without waiting on delayed ACKs).
     pub quickack_segments: u32,
+    /// In-order data segments received before an ACK is sent at once (after the quick-ACK
+    /// segments). 2 is RFC 5681 4.2's "at least every second full-sized segment" (RFC 1122
+    /// 4.2.3.2). A larger value sends stretch ACKs while data streams in (RFC 9293 3.8.6.3;
+    /// RFC 2525 2.13 on their cost to the sender's window growth, which byte counting, RFC
+    /// 3465, limits): out-of-order data, data filling a hole and duplicates are still
+    /// acknowledged at once (RFC 5681 4.2), so are segments with PSH (the sender drained
+    /// what it had queued) and, as always, the delayed-ACK timer bounds the wait. Below 1
+    /// means 1. Default 2.
+    pub ack_every_segments: u32,
     /// Peer's assumed worst-case ACK delay for the tail-loss probe
     /// (RFC 8985 7.2 WCDelAckT).
     pub peer_max_ack_delay: Duration,
@@ -145,6 +154,7 @@ impl Default for Config {
             max_retransmissions: 15,
             delayed_ack: Some(Duration::from_micros(500)),
             quickack_segments: 16,
+            ack_every_segments: 2,
             peer_max_ack_delay: Duration::from_millis(1),
             rack_tlp: true,
             keepalive: None,

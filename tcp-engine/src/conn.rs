@@ -1887,7 +1887,9 @@ impl Connection {
             } else if self.quickack_left > 0 {
                 self.quickack_left -= 1;
                 self.ack_now = true;
-            } else if self.unacked_segments >= 2 {
+            } else if self.unacked_segments >= self.cfg.ack_every_segments.max(1)
+                || self.cfg.ack_every_segments > 2 && seg.flags.psh
+            {
                 self.ack_now = true;
             } else if self.delack_deadline.is_none() {
                 if let Some(d) = self.cfg.delayed_ack {

@@ -237,7 +237,10 @@ impl Default for XdpEngineConfig {
         let conn = ConnConfig::default();
         Self {
             driver: XdpTcpConfig::default(),
-            tcp: TcpConfig::mpa(),
+            tcp: TcpConfig {
+                ack_every_segments: 8,
+                ..TcpConfig::mpa()
+            },
             reassembly_capacity: conn.reassembly_capacity,
             max_placed_fpdus: conn.max_placed_fpdus,
             tx_ahead: conn.tx_ahead,
