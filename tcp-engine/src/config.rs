@@ -108,9 +108,10 @@ pub struct Config {
     /// 4.2.3.2). A larger value sends stretch ACKs while data streams in (RFC 9293 3.8.6.3;
     /// RFC 2525 2.13 on their cost to the sender's window growth, which byte counting, RFC
     /// 3465, limits): out-of-order data, data filling a hole and duplicates are still
-    /// acknowledged at once (RFC 5681 4.2), so are segments with PSH (the sender drained
-    /// what it had queued) and, as always, the delayed-ACK timer bounds the wait. Below 1
-    /// means 1. Default 2.
+    /// acknowledged at once (RFC 5681 4.2), a segment with PSH (the sender drained what it
+    /// had queued) falls back to every second segment (a lone one still waits, so a reply can
+    /// carry its ACK), and, as always, the delayed-ACK timer bounds the wait. Below 1 means 1.
+    /// Default 2.
     pub ack_every_segments: u32,
     /// Peer's assumed worst-case ACK delay for the tail-loss probe
     /// (RFC 8985 7.2 WCDelAckT).

@@ -1888,7 +1888,7 @@ impl Connection {
                 self.quickack_left -= 1;
                 self.ack_now = true;
             } else if self.unacked_segments >= self.cfg.ack_every_segments.max(1)
-                || self.cfg.ack_every_segments > 2 && seg.flags.psh
+                || seg.flags.psh && self.unacked_segments >= 2
             {
                 self.ack_now = true;
             } else if self.delack_deadline.is_none() {

@@ -1,7 +1,8 @@
 //! The receiver's ACK policy (RFC 5681 4.2, RFC 1122 4.2.3.2): how many in-order segments
 //! one ACK covers (`Config::ack_every_segments`, stretch ACKs above 2), and the cases that
 //! are acknowledged at once whatever that setting: out-of-order data, data filling a hole,
-//! PSH; and the delayed-ACK timer bounding the wait.
+//! duplicates, a second unacknowledged segment with PSH; and the delayed-ACK timer bounding
+//! the wait.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -66,8 +67,9 @@ fn feed(c: &Peer, s: &mut Peer, now: Instant, seq: u32, len: usize, psh: bool) -
 const MSS: usize = 1000;
 
 /// With `ack_every_segments = 8`: seven in-order segments wait, the eighth is acknowledged;
-/// an out-of-order segment, the one filling its hole and a PSH segment each get an ACK at
-/// once; a lone in-order segment is acknowledged when the delayed-ACK timer runs out.
+/// an out-of-order segment, the one filling its hole and a duplicate each get an ACK at once,
+/// a PSH segment when it is the second unacknowledged one; a lone in-order segment (PSH or
+/// not) is acknowledged when the delayed-ACK timer runs out.
 #[test]
 fn stretch_acks_in_order_immediate_acks_otherwise() {
     let (c, mut s, net) = established(stretch(8));
@@ -85,13 +87,14 @@ fn stretch_acks_in_order_immediate_acks_otherwise() {
     assert_eq!(feed(&c, &mut s, now, at(9), MSS, false), vec![at(8)]);
     // The hole filled: acknowledged at once, up to the end of 9.
     assert_eq!(feed(&c, &mut s, now, at(8), MSS, false), vec![at(10)]);
-    // PSH (the sender drained its queue): at once.
+    // PSH (the sender drained its queue): every second segment again.
     assert!(feed(&c, &mut s, now, at(10), MSS, false).is_empty());
     assert_eq!(feed(&c, &mut s, now, at(11), MSS, true), vec![at(12)]);
     // A duplicate: at once.
     assert_eq!(feed(&c, &mut s, now, at(3), MSS, false), vec![at(12)]);
-    // One segment alone: the delayed-ACK timer (default 500 us) sends it.
-    assert!(feed(&c, &mut s, now, at(12), MSS, false).is_empty());
+    // One segment alone, PSH or not (a request a reply would acknowledge): the delayed-ACK
+    // timer (default 500 us) sends it.
+    assert!(feed(&c, &mut s, now, at(12), MSS, true).is_empty());
     let deadline = s.conn().poll_timeout().expect("delayed-ACK timer");
     assert!(deadline <= now + Duration::from_micros(500));
     now = deadline;
