@@ -84,32 +84,26 @@ impl Side {
 
     /// Next completion, waiting up to [`STALL`]; errors on a failed completion or a dead QP.
     fn next(&self) -> Result<Completion, String> {
-        let deadline = Instant::now() + STALL;
-        loop {
-            if let Some(c) = self.cq.wait(Duration::from_millis(20)) {
-                return check(c, self);
-            }
-            if self.qp.status().finished {
-                if let Some(c) = self.cq.try_next() {
-                    return check(c, self);
-                }
-                return Err(format!("connection ended: {}", self.fail_reason()));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "no completion for {STALL:?}: {}",
-                    self.fail_reason()
-                ));
-            }
-        }
+        self.next_by(false)
     }
 
     /// Like [`next`](Self::next) but polls (`try_next`, yielding the CPU between empty polls)
     /// instead of blocking, for latency tests.
     fn next_polling(&self) -> Result<Completion, String> {
+        self.next_by(true)
+    }
+
+    /// The next completion, by polling (`try_next` and a yield per empty poll) or by blocking
+    /// waits of 20 ms, until [`STALL`] passes or the connection ends.
+    fn next_by(&self, polling: bool) -> Result<Completion, String> {
         let deadline = Instant::now() + STALL;
         loop {
-            if let Some(c) = self.cq.try_next() {
+            let got = if polling {
+                self.cq.try_next()
+            } else {
+                self.cq.wait(Duration::from_millis(20))
+            };
+            if let Some(c) = got {
                 return check(c, self);
             }
             if self.qp.status().finished {
@@ -124,7 +118,9 @@ impl Side {
                     self.fail_reason()
                 ));
             }
-            std::thread::yield_now();
+            if polling {
+                std::thread::yield_now();
+            }
         }
     }
 
