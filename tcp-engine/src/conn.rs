@@ -1368,7 +1368,7 @@ impl Connection {
         };
         let mut delivered_any = false;
         if newly_acked > 0 {
-            self.eifel_check(seg);
+            self.eifel_check();
             self.on_cumulative_ack(now, ack_pos);
             delivered_any = true;
         }
@@ -1686,16 +1686,16 @@ impl Connection {
     }
 
     /// Eifel detection (RFC 3522 3.2) on the first ACK of new data after a
-    /// timeout: if it echoes a TSval older than the retransmission's, the
-    /// original transmission arrived and the timeout was spurious. Response
-    /// (RFC 4015): restore the congestion window and stop resending what is
-    /// still marked lost (it goes back to in flight; RACK and the RTO still
-    /// watch it).
-    fn eifel_check(&mut self, seg: &SegmentRepr<'_>) {
+    /// timeout (its TSecr in `ack_tsecr`): if it echoes a TSval older than
+    /// the retransmission's, the original transmission arrived and the
+    /// timeout was spurious. Response (RFC 4015): restore the congestion
+    /// window and stop resending what is still marked lost (it goes back to
+    /// in flight; RACK and the RTO still watch it).
+    fn eifel_check(&mut self) {
         let Some(rtx_ts) = self.eifel_tsval.take() else {
             return;
         };
-        let Some((_, tsecr)) = seg.options.timestamp else {
+        let Some(tsecr) = self.ack_tsecr else {
             return;
         };
         if !seq_lt(tsecr, rtx_ts) {

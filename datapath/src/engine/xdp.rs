@@ -1161,6 +1161,35 @@ enum Next {
     Stop,
 }
 
+/// The engine thread's loop state between turns.
+struct Pace {
+    /// Idle turns in a row.
+    idle: u32,
+    /// When the current idle stretch began.
+    idle_since: Option<StdInstant>,
+    last_publish: StdInstant,
+    /// When the engine began to stop (its command channel closed).
+    stopping: Option<StdInstant>,
+    /// Application turns and blocking waits as of the engine thread's last look.
+    seen: (u64, u64),
+    /// What stopped the engine thread.
+    error: Option<String>,
+}
+
+impl Pace {
+    /// Inline progress: whether application threads drove turns since the last look and none
+    /// blocked in a wait since (they poll, so the engine thread may leave the work to them).
+    fn app_drove(&mut self, wake: &Wake) -> bool {
+        let now = (
+            wake.app_turns.load(Ordering::Relaxed),
+            wake.app_waits.load(Ordering::SeqCst),
+        );
+        let driven = now.0 != self.seen.0 && now.1 == self.seen.1;
+        self.seen = now;
+        driven
+    }
+}
+
 struct Engine {
     core: Arc<Core>,
     wake: Arc<Wake>,
@@ -1177,13 +1206,14 @@ impl Engine {
             // Best effort: a CPU outside the allowed set leaves the thread unpinned.
             let _ = pin_to_cpu(cpu);
         }
-        let mut idle = 0u32;
-        let mut idle_since: Option<StdInstant> = None;
-        let mut last_publish = StdInstant::now();
-        let mut stopping: Option<StdInstant> = None;
-        let mut error = None;
-        // Application turns and blocking waits as of the engine thread's last look.
-        let mut seen = (0u64, 0u64);
+        let mut p = Pace {
+            idle: 0,
+            idle_since: None,
+            last_publish: StdInstant::now(),
+            stopping: None,
+            seen: (0, 0),
+            error: None,
+        };
         loop {
             let next = {
                 let mut guard = match self.core.try_lock() {
@@ -1194,29 +1224,21 @@ impl Engine {
                         continue;
                     }
                     Err(TryLockError::Poisoned(_)) => {
-                        error = Some("an engine turn panicked on an application thread".into());
+                        p.error = Some("an engine turn panicked on an application thread".into());
                         break;
                     }
                 };
                 let Some(t) = guard.as_mut() else { break };
-                self.step(
-                    t,
-                    &mut idle,
-                    &mut idle_since,
-                    &mut last_publish,
-                    &mut stopping,
-                    &mut seen,
-                    &mut error,
-                )
+                self.step(t, &mut p)
             };
             match next {
                 Next::Turn => {}
                 Next::Spin => std::hint::spin_loop(),
                 Next::Yield => std::thread::yield_now(),
                 Next::Park => {
-                    self.park(&mut seen, &mut last_publish);
-                    idle = 0;
-                    idle_since = None;
+                    self.park(&mut p);
+                    p.idle = 0;
+                    p.idle_since = None;
                 }
                 Next::Stop => break,
             }
@@ -1227,6 +1249,7 @@ impl Engine {
             Ok(mut g) => g.take(),
             Err(p) => p.into_inner().take(),
         };
+        let mut error = p.error;
         if let Some(mut t) = taken {
             if error.is_none() {
                 error = t.failed.take();
@@ -1243,23 +1266,13 @@ impl Engine {
     }
 
     /// One turn of the engine thread with its state locked, and what to do next.
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &self,
-        t: &mut Turner,
-        idle: &mut u32,
-        idle_since: &mut Option<StdInstant>,
-        last_publish: &mut StdInstant,
-        stopping: &mut Option<StdInstant>,
-        seen: &mut (u64, u64),
-        error: &mut Option<String>,
-    ) -> Next {
+    fn step(&self, t: &mut Turner, p: &mut Pace) -> Next {
         let mut work = false;
-        if stopping.is_none() {
+        if p.stopping.is_none() {
             match t.commands(&self.cmds) {
                 Ok(w) => work |= w,
                 Err(()) => {
-                    *stopping = Some(StdInstant::now());
+                    p.stopping = Some(StdInstant::now());
                     for slot in t.st.slots.values_mut() {
                         slot.closing = true;
                         slot.conn.close();
@@ -1271,41 +1284,33 @@ impl Engine {
         work |= t.turn();
         self.wake.thread_turns.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = t.failed.take() {
-            *error = Some(e);
+            p.error = Some(e);
             return Next::Stop;
         }
-        if last_publish.elapsed() >= COUNTERS_EVERY {
-            *last_publish = StdInstant::now();
+        if p.last_publish.elapsed() >= COUNTERS_EVERY {
+            p.last_publish = StdInstant::now();
             self.publish(t, None);
         }
-        if let Some(since) = *stopping {
+        if let Some(since) = p.stopping {
             if t.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
                 return Next::Stop;
             }
         }
         if work {
-            *idle = 0;
-            *idle_since = None;
+            p.idle = 0;
+            p.idle_since = None;
             return Next::Turn;
         }
         // Inline progress: application threads drove turns since the last look and none blocked
         // in a wait: they poll, so leave the work to them.
-        if self.cfg.inline_progress && stopping.is_none() {
-            let now = (
-                self.wake.app_turns.load(Ordering::Relaxed),
-                self.wake.app_waits.load(Ordering::SeqCst),
-            );
-            let driven = now.0 != seen.0 && now.1 == seen.1;
-            *seen = now;
-            if driven {
-                return Next::Park;
-            }
+        if self.cfg.inline_progress && p.stopping.is_none() && p.app_drove(&self.wake) {
+            return Next::Park;
         }
-        *idle = idle.saturating_add(1);
-        if *idle <= self.cfg.spin_turns {
+        p.idle = p.idle.saturating_add(1);
+        if p.idle <= self.cfg.spin_turns {
             return Next::Spin;
         }
-        let since = *idle_since.get_or_insert_with(StdInstant::now);
+        let since = *p.idle_since.get_or_insert_with(StdInstant::now);
         if since.elapsed() < self.cfg.busy_poll {
             return Next::Yield;
         }
@@ -1321,7 +1326,7 @@ impl Engine {
             mem: &mut [],
         };
         // A stopping engine sleeps no longer than its remaining grace period.
-        let max = match *stopping {
+        let max = match p.stopping {
             Some(since) => self
                 .cfg
                 .driver
@@ -1333,7 +1338,7 @@ impl Engine {
         self.wake.state.store(AWAKE, Ordering::SeqCst);
         self.drain_wake();
         if let Err(e) = waited {
-            *error = Some(e.to_string());
+            p.error = Some(e.to_string());
             return Next::Stop;
         }
         Next::Turn
@@ -1343,7 +1348,7 @@ impl Engine {
     /// application threads keep driving turns; back to polling when they stop (no application
     /// turn for [`PARK`]), block in a wait, or something writes the wake-up socket (an engine
     /// command, a work request whose poster could not run a turn).
-    fn park(&mut self, seen: &mut (u64, u64), last_publish: &mut StdInstant) {
+    fn park(&mut self, p: &mut Pace) {
         self.parks += 1;
         loop {
             self.wake.state.store(PARKED, Ordering::SeqCst);
@@ -1351,28 +1356,22 @@ impl Engine {
             // The last look (see `Wake`): a work request nobody took, an engine command, a wait.
             if self.wake.pending.load(Ordering::SeqCst)
                 || !self.cmds.is_empty()
-                || self.wake.app_waits.load(Ordering::SeqCst) != seen.1
+                || self.wake.app_waits.load(Ordering::SeqCst) != p.seen.1
             {
                 break;
             }
             let woken = wait_readable(self.wake_rx.as_raw_fd(), PARK);
             self.wake.state.store(AWAKE, Ordering::SeqCst);
             let woken = self.drain_wake() || woken.is_err();
-            if last_publish.elapsed() >= COUNTERS_EVERY {
+            if p.last_publish.elapsed() >= COUNTERS_EVERY {
                 if let Ok(g) = self.core.try_lock() {
                     if let Some(t) = g.as_ref() {
-                        *last_publish = StdInstant::now();
+                        p.last_publish = StdInstant::now();
                         self.publish(t, None);
                     }
                 }
             }
-            let now = (
-                self.wake.app_turns.load(Ordering::Relaxed),
-                self.wake.app_waits.load(Ordering::SeqCst),
-            );
-            let driven = now.0 != seen.0 && now.1 == seen.1;
-            *seen = now;
-            if woken || !driven {
+            if woken || !p.app_drove(&self.wake) {
                 return;
             }
         }
