@@ -10,11 +10,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::{
     connect, Access, Completion, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
     ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
+use serde::Serialize;
 use serde_json::json;
 
 use crate::pattern;
@@ -296,62 +297,172 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
 }
 
-/// Stops the engine and prints its counters (on stderr, or in the JSON line's place).
-fn engine_report(cli: &Cli, engine: Option<XdpEngine>) {
-    let Some(mut engine) = engine else { return };
-    engine.stop();
-    let c = engine.counters();
-    if cli.json {
-        return;
+/// The engine's counters at the end of a run, as `--json` reports them under `"engine"` (and the
+/// text line on stderr says them). Field names are stable (README, "iwarp-bench"): scripts read
+/// them. Sums over every connection the engine ran; `held_*` are maxima.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    /// Frames taken from the RX rings.
+    pub frames_rx: u64,
+    /// Packets put on the TX ring.
+    pub frames_tx: u64,
+    /// FPDUs received and processed in order.
+    pub fpdus_rx: u64,
+    /// FPDUs sent.
+    pub fpdus_tx: u64,
+    /// TCP segments with data passed up.
+    pub segments_rx: u64,
+    /// Of those, segments that arrived out of order.
+    pub segments_out_of_order: u64,
+    /// Payload octets handed to the queue pair in order.
+    pub bytes_placed_in_order: u64,
+    /// Payload octets placed ahead of the in-order point.
+    pub bytes_placed_out_of_order: u64,
+    /// FPDUs placed ahead of the in-order point.
+    pub fpdus_placed_out_of_order: u64,
+    /// Most octets the reassembly store held at once.
+    pub held_peak_bytes: u64,
+    /// Gaps with octets held at them at that peak.
+    pub held_peak_gaps: u64,
+    /// Most octets held at one gap.
+    pub held_gap_peak_bytes: u64,
+    /// Segments TCP retransmitted.
+    pub retransmitted_segments: u64,
+    /// TCP retransmission timeouts.
+    pub rto_expirations: u64,
+    /// TCP tail-loss probes.
+    pub loss_probes: u64,
+    /// Congestion responses found spurious and undone.
+    pub spurious_undone: u64,
+    /// Segments dropped by PAWS.
+    pub paws_drops: u64,
+    /// FPDUs whose CRC did not match.
+    pub crc_errors: u64,
+    /// Terminate messages sent.
+    pub terminates_sent: u64,
+    /// Terminate messages received.
+    pub terminates_received: u64,
+    /// Connections that reached Full Operation.
+    pub connections: u64,
+    /// Engine turns run by the engine thread.
+    pub turns_engine_thread: u64,
+    /// Engine turns run by application threads (inline progress).
+    pub turns_application: u64,
+    /// Times the engine thread parked.
+    pub parks: u64,
+    /// The error that stopped the engine thread, if any.
+    pub error: Option<String>,
+}
+
+impl EngineReport {
+    fn new(c: &EngineCounters) -> Self {
+        let (d, k) = (&c.driver, &c.conns);
+        Self {
+            frames_rx: d.rx_frames,
+            frames_tx: d.tx_packets,
+            fpdus_rx: k.fpdus_rx,
+            fpdus_tx: k.fpdus_tx,
+            segments_rx: k.segments,
+            segments_out_of_order: k.segments_out_of_order,
+            bytes_placed_in_order: k.bytes_placed_in_order,
+            bytes_placed_out_of_order: k.bytes_placed_out_of_order,
+            fpdus_placed_out_of_order: k.fpdus_placed_out_of_order,
+            held_peak_bytes: k.held_peak,
+            held_peak_gaps: k.held_peak_gaps,
+            held_gap_peak_bytes: k.held_gap_peak,
+            retransmitted_segments: k.retransmissions,
+            rto_expirations: k.rto_expirations,
+            loss_probes: k.loss_probes,
+            spurious_undone: k.spurious_undone,
+            paws_drops: k.paws_drops,
+            crc_errors: k.crc_errors,
+            terminates_sent: k.terminates_sent,
+            terminates_received: k.terminates_received,
+            connections: c.established,
+            turns_engine_thread: c.thread_turns,
+            turns_application: c.app_turns,
+            parks: c.parks,
+            error: c.error.clone(),
+        }
     }
-    let d = &c.driver;
-    let k = &c.conns;
-    eprintln!(
-        "iwarp-bench: engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
-         segments {} (out of order {}), placed in order {} B, out of order {} B \
-         ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
-         retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
-         PAWS drops {}, CRC errors {}, \
-         terminates sent {} received {}, connections {}, turns by the engine thread {} \
-         by the application {} (engine parked {} times){}",
-        d.rx_frames,
-        d.tx_packets,
-        k.fpdus_rx,
-        k.fpdus_tx,
-        k.segments,
-        k.segments_out_of_order,
-        k.bytes_placed_in_order,
-        k.bytes_placed_out_of_order,
-        k.fpdus_placed_out_of_order,
-        k.held_peak,
-        k.held_peak_gaps,
-        k.held_gap_peak,
-        k.retransmissions,
-        k.rto_expirations,
-        k.loss_probes,
-        k.spurious_undone,
-        k.paws_drops,
-        k.crc_errors,
-        k.terminates_sent,
-        k.terminates_received,
-        c.established,
-        c.thread_turns,
-        c.app_turns,
-        c.parks,
-        c.error
-            .map(|e| format!(", stopped by: {e}"))
-            .unwrap_or_default()
-    );
+
+    /// The one-line text form (stderr without `--json`).
+    fn line(&self) -> String {
+        format!(
+            "engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
+             segments {} (out of order {}), placed in order {} B, out of order {} B \
+             ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
+             retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
+             PAWS drops {}, CRC errors {}, \
+             terminates sent {} received {}, connections {}, turns by the engine thread {} \
+             by the application {} (engine parked {} times){}",
+            self.frames_rx,
+            self.frames_tx,
+            self.fpdus_rx,
+            self.fpdus_tx,
+            self.segments_rx,
+            self.segments_out_of_order,
+            self.bytes_placed_in_order,
+            self.bytes_placed_out_of_order,
+            self.fpdus_placed_out_of_order,
+            self.held_peak_bytes,
+            self.held_peak_gaps,
+            self.held_gap_peak_bytes,
+            self.retransmitted_segments,
+            self.rto_expirations,
+            self.loss_probes,
+            self.spurious_undone,
+            self.paws_drops,
+            self.crc_errors,
+            self.terminates_sent,
+            self.terminates_received,
+            self.connections,
+            self.turns_engine_thread,
+            self.turns_application,
+            self.parks,
+            self.error
+                .as_ref()
+                .map(|e| format!(", stopped by: {e}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Stops the engine (if any) and returns its counters; without `--json` also prints them on
+/// stderr.
+fn engine_report(cli: &Cli, engine: Option<XdpEngine>) -> Option<EngineReport> {
+    let mut engine = engine?;
+    engine.stop();
+    let report = EngineReport::new(&engine.counters());
+    if !cli.json {
+        eprintln!("iwarp-bench: {}", report.line());
+    }
+    Some(report)
+}
+
+/// Prints a session's JSON object (`--json`) with the engine's counters added as `"engine"`:
+/// an object for `--transport xdp`, `null` for the socket transport.
+fn print_json(mut out: serde_json::Value, engine: Option<EngineReport>) -> Result<(), String> {
+    out["engine"] = serde_json::to_value(engine).map_err(|e| e.to_string())?;
+    println!("{out}");
+    Ok(())
 }
 
 pub fn run_server(cli: &Cli) -> Result<(), String> {
     let engine = start_engine(cli)?;
     let result = serve_session(cli, engine.as_ref());
-    engine_report(cli, engine);
-    result
+    let report = engine_report(cli, engine);
+    match result? {
+        Some(out) => print_json(out, report),
+        None => Ok(()),
+    }
 }
 
-fn serve_session(cli: &Cli, engine: Option<&XdpEngine>) -> Result<(), String> {
+/// Serves one session; with `--json` returns the object to print once the engine has stopped.
+fn serve_session(
+    cli: &Cli,
+    engine: Option<&XdpEngine>,
+) -> Result<Option<serde_json::Value>, String> {
     let bind: SocketAddr = match engine {
         Some(e) => SocketAddr::from((e.local_ip(), cli.port)),
         None => format!("{}:{}", cli.bind, cli.port)
@@ -424,16 +535,16 @@ fn serve_session(cli: &Cli, engine: Option<&XdpEngine>) -> Result<(), String> {
         eprintln!("iwarp-bench: {}", describe(cli, &side));
     }
     let verified = serve(&mut side, &plan, recv_posted)?;
-    if cli.json {
-        println!(
-            "{}",
-            json!({ "role": "server", "test": cli.test.name(), "verified_bytes": verified, "ok": true })
-        );
+    let out = if cli.json {
+        Some(
+            json!({ "role": "server", "test": cli.test.name(), "verified_bytes": verified, "ok": true }),
+        )
     } else {
         eprintln!("iwarp-bench: server verified {verified} bytes; done");
-    }
+        None
+    };
     side.qp.wait_finished(Duration::from_secs(5));
-    Ok(())
+    Ok(out)
 }
 
 /// How the server lays out its receive buffers.
@@ -682,11 +793,20 @@ impl Side {
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
     let engine = start_engine(cli)?;
     let result = client_session(cli, addr, engine.as_ref());
-    engine_report(cli, engine);
-    result
+    let report = engine_report(cli, engine);
+    match result? {
+        Some(out) => print_json(out, report),
+        None => Ok(()),
+    }
 }
 
-fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Result<(), String> {
+/// Runs the client's session; with `--json` returns the object to print once the engine has
+/// stopped.
+fn client_session(
+    cli: &Cli,
+    addr: SocketAddr,
+    engine: Option<&XdpEngine>,
+) -> Result<Option<serde_json::Value>, String> {
     let duration = cli.duration.map(Duration::from_secs_f64);
     let hello = Hello {
         test: cli.test,
@@ -750,6 +870,7 @@ fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Re
     let mut lat_results = Vec::new();
     let mut verified = 0u64;
     let mut client_verified = 0u64;
+    let mut out = None;
     for size in side.hello.sizes.clone() {
         if cli.test.is_bw() {
             let (r, checked) = client_bw(&mut side, size, duration)?;
@@ -777,9 +898,7 @@ fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Re
         }
         .map_err(|e| e.to_string())?;
         let n = side.qp.negotiated();
-        println!(
-            "{}",
-            json!({
+        out = Some(json!({
                 "role": "client",
                 "test": cli.test.name(),
                 "transport": cli.transport.name(),
@@ -792,8 +911,7 @@ fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Re
                 "verified_bytes_server": verified,
                 "verified_bytes_client": client_verified,
                 "results": results,
-            })
-        );
+        }));
     } else {
         eprintln!(
             "iwarp-bench: data verified: {verified} bytes checked by the server, \
@@ -801,7 +919,7 @@ fn client_session(cli: &Cli, addr: SocketAddr, engine: Option<&XdpEngine>) -> Re
         );
     }
     side.qp.disconnect();
-    Ok(())
+    Ok(out)
 }
 
 /// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.

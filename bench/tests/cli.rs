@@ -37,6 +37,8 @@ fn every_test_all_sizes() {
     ] {
         let out = run_ok(test, &["-a", "-n", "2", "--json"]);
         let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        // The socket transport has no engine: the key is there, its value null.
+        assert!(v.get("engine").is_some_and(|e| e.is_null()), "{test}: {v}");
         let results = v["results"].as_array().expect("results array");
         assert_eq!(
             results.len(),

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{bin, wait_with_timeout};
+use common::{bench_in, wait_with_timeout};
 use sha2::{Digest, Sha256};
 use testbed::*;
 
@@ -51,13 +51,6 @@ fn kernel_tcp_options_on(ns: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// `iwarp-bench <args>` inside namespace `ns`.
-fn bench_in(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(bin()).args(args);
-    c
 }
 
 /// A tool process whose stderr lines are collected on a thread.

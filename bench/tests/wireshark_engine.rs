@@ -87,13 +87,6 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
     cap.path
 }
 
-fn bench_in(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).arg(bin()).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
 /// One engine-to-engine session of `test` (server in iwra, client in iwrb).
 fn session(test: &str, port: u16, args: &[&str]) {
     let p = port.to_string();

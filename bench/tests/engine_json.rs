@@ -1,0 +1,141 @@
+//! `iwarp-bench --transport xdp --json` carries the engine's counters: a short write-bw run
+//! engine to engine on the veth test bed (server in `iwa`, client in `iwb`), both sides with
+//! `--json`; each side's object has an `"engine"` object whose counters match the run (the
+//! client sent every FPDU of every Write, the server received and placed them, one connection,
+//! no CRC errors, no Terminates). The socket transport's `"engine": null` is checked in
+//! `cli.rs`.
+//!
+//! Needs root; skips (or fails under `CI=true`) without the bed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bench_in, wait_with_timeout};
+use serde_json::Value;
+use testbed::*;
+
+const PORT: &str = "18720";
+const SIZE: u64 = 65536;
+const ITERS: u64 = 200;
+
+fn parse(what: &str, out: &std::process::Output) -> Value {
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed:\n{so}\n{se}");
+    serde_json::from_str(so.trim())
+        .unwrap_or_else(|e| panic!("{what}: stdout is not one JSON object ({e}):\n{so}\n{se}"))
+}
+
+/// Counter `name` of a side's `"engine"` object (fails the test when absent or not a number).
+fn counter(side: &Value, name: &str) -> u64 {
+    side["engine"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no engine counter {name:?} in {side}"))
+}
+
+#[test]
+fn xdp_json_reports_engine_counters() {
+    let _bed = bed_or_skip!();
+    let (size, iters) = (SIZE.to_string(), ITERS.to_string());
+    let args = |iface: &'static str| {
+        [
+            "write-bw",
+            "--transport",
+            "xdp",
+            "--iface",
+            iface,
+            "-p",
+            PORT,
+            "-s",
+            &size,
+            "-n",
+            &iters,
+            "--json",
+        ]
+        .map(str::to_owned)
+    };
+    let server_args = args(DEV_A);
+    let server = bench_in(
+        NS_A,
+        &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .spawn()
+    .expect("start server");
+    // With --json the server says nothing when it listens: the client retries while the
+    // server's kernel still answers the SYN with a reset.
+    let mut client_args = args(DEV_B).to_vec();
+    client_args.push(ADDR_A.to_string());
+    let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let out = bench_in(NS_B, &client_args).output().expect("run client");
+        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+        if out.status.success() || !refused || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    let c = parse("client", &client);
+    let s = parse("server", &server);
+
+    // The fields scripts read are unchanged.
+    assert_eq!(c["transport"], "xdp", "{c}");
+    assert!(
+        c["results"][0]["gbit_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+        "{c}"
+    );
+    let mulpdu = c["mulpdu"].as_u64().expect("mulpdu");
+    assert!(mulpdu > 0, "{c}");
+    // Every Write of SIZE bytes went out in at least SIZE / MULPDU FPDUs (rounded up).
+    let write_fpdus = ITERS * SIZE.div_ceil(mulpdu);
+
+    for (who, side) in [("client", &c), ("server", &s)] {
+        assert!(side["engine"].is_object(), "{who}: {side}");
+        assert_eq!(counter(side, "connections"), 1, "{who}: {side}");
+        assert_eq!(counter(side, "crc_errors"), 0, "{who}: {side}");
+        assert_eq!(counter(side, "terminates_sent"), 0, "{who}: {side}");
+        assert_eq!(counter(side, "terminates_received"), 0, "{who}: {side}");
+        assert!(side["engine"]["error"].is_null(), "{who}: {side}");
+        assert!(counter(side, "frames_rx") > 0, "{who}: {side}");
+        assert!(counter(side, "frames_tx") > 0, "{who}: {side}");
+        assert!(
+            counter(side, "turns_engine_thread") + counter(side, "turns_application") > 0,
+            "{who}: {side}"
+        );
+        for name in [
+            "segments_rx",
+            "segments_out_of_order",
+            "bytes_placed_out_of_order",
+            "fpdus_placed_out_of_order",
+            "held_peak_bytes",
+            "held_peak_gaps",
+            "held_gap_peak_bytes",
+            "retransmitted_segments",
+            "rto_expirations",
+            "loss_probes",
+            "spurious_undone",
+            "paws_drops",
+            "parks",
+        ] {
+            counter(side, name);
+        }
+    }
+    // The sender: every FPDU of every Write, in at least as many frames as it had FPDUs of
+    // MULPDU (one full-sized FPDU per segment).
+    assert!(counter(&c, "fpdus_tx") >= write_fpdus, "{c}");
+    assert!(counter(&c, "frames_tx") >= write_fpdus, "{c}");
+    // The receiver: took them all in order and placed every payload octet.
+    assert!(counter(&s, "fpdus_rx") >= write_fpdus, "{s}");
+    assert!(counter(&s, "segments_rx") >= write_fpdus, "{s}");
+    assert!(
+        counter(&s, "bytes_placed_in_order") + counter(&s, "bytes_placed_out_of_order")
+            >= ITERS * SIZE,
+        "{s}"
+    );
+    // Each side's receive count matches what the other sent: the server's FPDUs are the
+    // acknowledgements and phase verdicts, the client's its control messages.
+    assert_eq!(counter(&s, "fpdus_rx"), counter(&c, "fpdus_tx"), "{s}\n{c}");
+    assert_eq!(counter(&c, "fpdus_rx"), counter(&s, "fpdus_tx"), "{s}\n{c}");
+}
