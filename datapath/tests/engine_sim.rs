@@ -1015,3 +1015,97 @@ fn retransmission_after_the_peer_closed() {
     );
     assert!(bed.a.tcp.as_ref().unwrap().stats().retransmitted_segments > 0);
 }
+
+/// B refuses a Write of A's (RFC 5041 7.2: beyond the end of the region, refused at the first
+/// segment that does not fit, many segments in; or an invalid STag, its only segment) and
+/// terminates. The segment carrying B's Terminate also acknowledges the refused octets, yet
+/// the Terminate names the Write (STag and TO in its copied DDP header) and it completes with
+/// RemoteAccessError, exactly: the good Write before it completes, the Send after it is
+/// flushed.
+#[test]
+fn terminate_names_the_refused_write() {
+    // (name, remote STag is valid, remote TO, length)
+    let cases = [
+        ("beyond the end", true, B_SINK_TO + (48 << 10), 32 << 10),
+        ("invalid STag", false, B_SINK_TO, 100),
+    ];
+    for (seed, (name, valid, remote_to, len)) in cases.into_iter().enumerate() {
+        let mut bed = bed(
+            13 + seed as u64,
+            LinkConfig::default(),
+            MpaConfig::default(),
+        );
+        bed.establish();
+        let r = regions(&mut bed, 64 << 10);
+        let data = pattern(64 << 10, 93);
+        rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
+        let remote_stag = if valid { r.b_sink } else { Stag(0xdead_0000) };
+        let src = |len: u32| {
+            Some(Sge {
+                stag: r.a_src,
+                to: A_SRC_TO,
+                len,
+            })
+        };
+        let wrs = [
+            (
+                1,
+                SendOp::Write {
+                    remote_stag: r.b_sink,
+                    remote_to: B_SINK_TO,
+                },
+                1000,
+            ),
+            (
+                2,
+                SendOp::Write {
+                    remote_stag,
+                    remote_to,
+                },
+                len,
+            ),
+            (
+                3,
+                SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                10,
+            ),
+        ];
+        for (wr_id, op, len) in wrs {
+            let wr = SendWr {
+                wr_id,
+                op,
+                local: src(len),
+            };
+            bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
+        }
+        bed.run_until(name, Duration::from_secs(5), |a, _| {
+            a.completions.len() == 3
+        });
+        let term = bed.a.iw.qp().remote_terminate().expect("B terminated");
+        let got: Vec<_> = bed
+            .a
+            .completions
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        println!("{name}: A received {term:?}, completions {got:?}");
+        assert_eq!(
+            (term.layer, term.etype),
+            (1, 1),
+            "{name}: DDP tagged buffer"
+        );
+        assert_eq!(
+            got,
+            vec![
+                (1, WcStatus::Success),
+                (2, WcStatus::RemoteAccessError),
+                (3, WcStatus::WrFlushError),
+            ],
+            "{name}"
+        );
+        assert_eq!(bed.a.iw.qp().state(), QpState::Error);
+    }
+}

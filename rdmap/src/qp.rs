@@ -21,6 +21,15 @@
 //!   are flushed.
 //!
 //! The one place that decides this is `QueuePair::message_handed_out`.
+//! - A peer's Terminate (RFC 5040 4.8) copies the DDP header of the segment it refused; the
+//!   work request that header names, if not yet completed, completes with the remote error
+//!   ([`WcStatus::RemoteAccessError`] / [`WcStatus::RemoteOperationError`]), Sends and Writes
+//!   the peer took before it complete, the rest is flushed (`apply_remote_terminate`). Under
+//!   `HandOff` a Send or Write handed out whole has completed before the peer could object,
+//!   so only a Read or a partly handed-out message can be named; under `Acknowledged` a
+//!   transport that takes a segment's ACK before its data reports it with
+//!   [`QueuePair::message_acknowledged_deferred`], so that a Terminate in that segment can
+//!   still name a message the ACK covers.
 //! - An RDMA Read completes when the Last segment of its Read Response has been placed
 //!   (rule 19).
 //! - Completions of the send queue come out in submission order (rule 15): a Send
@@ -335,6 +344,47 @@ struct OutstandingRead {
     size: u32,
 }
 
+/// A Send or RDMA Write whose Last segment was handed out under
+/// [`TxCompletion::Acknowledged`] and whose acknowledgement is awaited.
+#[derive(Debug, Clone, Copy)]
+struct AwaitingAck {
+    /// Completion slot.
+    seq: u64,
+    /// What names it in a Terminate.
+    name: MessageName,
+}
+
+/// How the DDP header a Terminate copies (RFC 5040 4.8, Figure 10) names one of our Sends
+/// or RDMA Writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MessageName {
+    /// An untagged segment on QN 0 with this MSN (RFC 5041 5.2, 5.3).
+    Send { msn: u32 },
+    /// A tagged segment of an RDMA Write to `stag` whose TO lies in the `len` octets from
+    /// `to` (the segments handed out so far).
+    Write { stag: u32, to: u64, len: u64 },
+}
+
+impl MessageName {
+    /// Whether the copied header `hdr` is one of this message's segments.
+    fn named_by(&self, hdr: &DdpHeader) -> bool {
+        match (*self, hdr) {
+            (MessageName::Send { msn }, DdpHeader::Untagged(h)) => {
+                h.qn == queue::SEND
+                    && h.msn == msn
+                    && RdmapControl::parse(h.rsvd_ulp[0]).is_ok_and(|c| c.opcode.is_send())
+            }
+            (MessageName::Write { stag, to, len }, DdpHeader::Tagged(h)) => {
+                // A zero-length Write is one segment at `to`.
+                h.stag == stag
+                    && h.to.wrapping_sub(to) < len.max(1)
+                    && RdmapControl::parse(h.rsvd_ulp).is_ok_and(|c| c.opcode == Opcode::Write)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// An inbound RDMA Read Request to answer.
 #[derive(Debug, Clone, Copy)]
 struct ReadResponseJob {
@@ -411,9 +461,12 @@ pub struct QueuePair {
     terminate_tx: Option<TerminateHeader>,
     terminate_sent: bool,
     tx_completion: TxCompletion,
-    /// Completion slots of Sends/Writes handed out and waiting for their acknowledgement,
-    /// in hand-out (= stream) order.
-    awaiting_ack: VecDeque<u64>,
+    /// Sends/Writes handed out and waiting for their acknowledgement, in hand-out (=
+    /// stream) order.
+    awaiting_ack: VecDeque<AwaitingAck>,
+    /// The oldest of `awaiting_ack` that are acknowledged and complete at
+    /// [`QueuePair::complete_acknowledged`].
+    acked_pending: usize,
     /// Set by `message_handed_out` when the segment being produced awaits its ACK.
     tx_completes: bool,
 
@@ -453,6 +506,7 @@ impl QueuePair {
             terminate_sent: false,
             tx_completion: TxCompletion::HandOff,
             awaiting_ack: VecDeque::new(),
+            acked_pending: 0,
             tx_completes: false,
             rq: UntaggedQueue::new(queue::SEND, cfg.rq_depth.saturating_add(1)),
             rtr_sink_pending: false,
@@ -702,11 +756,11 @@ impl QueuePair {
 
     /// The completion policy for Sends and RDMA Writes (see the module documentation):
     /// complete now, or once the transport reports the Last ULPDU acknowledged.
-    fn message_handed_out(&mut self, seq: u64) {
+    fn message_handed_out(&mut self, seq: u64, name: MessageName) {
         match self.tx_completion {
             TxCompletion::HandOff => self.finish_slot(seq, WcStatus::Success),
             TxCompletion::Acknowledged => {
-                self.awaiting_ack.push_back(seq);
+                self.awaiting_ack.push_back(AwaitingAck { seq, name });
                 self.tx_completes = true;
             }
         }
@@ -728,8 +782,26 @@ impl QueuePair {
     /// completes (in submission order, RFC 5040 5.5 rule 15). Calls beyond the segments
     /// handed out (or after the QP flushed them) do nothing.
     pub fn message_acknowledged(&mut self) {
-        if let Some(seq) = self.awaiting_ack.pop_front() {
-            self.finish_slot(seq, WcStatus::Success);
+        self.message_acknowledged_deferred();
+        self.complete_acknowledged();
+    }
+
+    /// [`QueuePair::message_acknowledged`] for a transport that takes a TCP segment's ACK
+    /// before its data: the work request completes at the next
+    /// [`QueuePair::complete_acknowledged`], called once the segment's data has been
+    /// processed. A Terminate in that data which names it (the peer's TCP received the
+    /// octets, its RDMAP refused them) completes it with the remote error instead.
+    pub fn message_acknowledged_deferred(&mut self) {
+        self.acked_pending = (self.acked_pending + 1).min(self.awaiting_ack.len());
+    }
+
+    /// Completes ([`WcStatus::Success`]) what [`QueuePair::message_acknowledged_deferred`]
+    /// reported acknowledged; nothing if a Terminate flushed it meanwhile.
+    pub fn complete_acknowledged(&mut self) {
+        for _ in 0..std::mem::take(&mut self.acked_pending) {
+            if let Some(done) = self.awaiting_ack.pop_front() {
+                self.finish_slot(done.seq, WcStatus::Success);
+            }
         }
     }
 
@@ -743,6 +815,7 @@ impl QueuePair {
     fn flush_all(&mut self) {
         self.rtr_pending = None;
         self.awaiting_ack.clear();
+        self.acked_pending = 0;
         self.sq.clear();
         self.outstanding_reads.clear();
         self.read_responses.clear();
@@ -1098,6 +1171,9 @@ impl QueuePair {
         let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
         let len = (total - entry.sent).min(room);
         let last = entry.sent + len == total;
+        let Some(name) = self.sq_head_name(total) else {
+            return Err(local_failure);
+        };
         let (opcode, hdr) = match entry.wr.op {
             SendOp::Write {
                 remote_stag,
@@ -1164,7 +1240,7 @@ impl QueuePair {
             if opcode.is_send() {
                 self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
             }
-            self.message_handed_out(entry.seq);
+            self.message_handed_out(entry.seq, name);
         }
         Ok((
             TxUlpdu {
@@ -1174,6 +1250,25 @@ impl QueuePair {
             },
             reference,
         ))
+    }
+
+    /// How a Terminate names the Send or Write at the head of the send queue, with `len`
+    /// octets of it handed out; `None` for a Read.
+    fn sq_head_name(&self, len: u64) -> Option<MessageName> {
+        match self.sq.front()?.wr.op {
+            SendOp::Send { .. } => Some(MessageName::Send {
+                msn: self.tx_send_msn,
+            }),
+            SendOp::Write {
+                remote_stag,
+                remote_to,
+            } => Some(MessageName::Write {
+                stag: remote_stag.raw(),
+                to: remote_to,
+                len,
+            }),
+            SendOp::Read { .. } => None,
+        }
     }
 
     /// One segment of the oldest pending Read Response. The data source is checked
@@ -1700,10 +1795,9 @@ impl QueuePair {
     }
 
     /// Terminate (5.4) on QN 2: recorded for [`QueuePair::remote_terminate`]; the work
-    /// request it names (an outstanding Read by its Request's MSN, else the oldest
-    /// started one) completes with the remote error, everything else is flushed, and the
-    /// QP enters Error. A Terminate whose header is malformed still terminates; only
-    /// its control word is kept.
+    /// request it names completes with the remote error, everything else is flushed, and
+    /// the QP enters Error (see `apply_remote_terminate`). A Terminate whose header is
+    /// malformed still terminates; only its control word is kept.
     fn receive_terminate(&mut self, hdr: &UntaggedHeader, payload: &[u8]) -> Result<(), Fault> {
         let placement = self.tq.place(hdr, payload.len())?;
         let start = placement.offset as usize;
@@ -1727,6 +1821,30 @@ impl QueuePair {
         Ok(())
     }
 
+    /// What a peer's Terminate does to our work requests (RFC 5040 5.4, 4.8).
+    ///
+    /// The work request its copied DDP header names, if still outstanding, completes with
+    /// the remote error of the Terminate's layer and type (RDMAP remote protection or DDP
+    /// tagged buffer: [`WcStatus::RemoteAccessError`]; RDMAP remote operation or DDP
+    /// untagged buffer: [`WcStatus::RemoteOperationError`]):
+    /// - untagged QN 1: the RDMA Read whose Request carried that MSN;
+    /// - untagged QN 0: the Send with that MSN;
+    /// - tagged, RDMA Write opcode: the oldest Write to that STag whose segments handed out
+    ///   so far cover that TO.
+    ///
+    /// A Send or Write is outstanding while it is partly handed out or, under
+    /// [`TxCompletion::Acknowledged`], until its acknowledgement completed it. Under
+    /// [`TxCompletion::HandOff`] (the socket transport) a Send or Write handed out whole has
+    /// completed already, before the peer could object: a Terminate naming it names nothing
+    /// outstanding.
+    ///
+    /// Sends and Writes handed out before the named work request complete
+    /// [`WcStatus::Success`]: the peer processes its stream in order (RFC 5041 5), so it
+    /// took them before refusing the named one. When nothing is named, those already
+    /// reported acknowledged ([`QueuePair::message_acknowledged_deferred`]) complete
+    /// successfully. A Terminate without a copied header blames the oldest started work
+    /// request (a Read whose Request went out, a Send or Write partly handed out or not yet
+    /// acknowledged). Everything else is flushed and the QP enters Error.
     fn apply_remote_terminate(&mut self, info: TerminateInfo) {
         self.remote_terminate = Some(info);
         let status = match (info.layer, info.etype) {
@@ -1738,33 +1856,34 @@ impl QueuePair {
             }
             _ => None,
         };
-        if let Some(status) = status {
-            let copied = info
-                .ddp_header
-                .and_then(|h| DdpHeader::parse(h.as_bytes()).ok().map(|(h, _)| h));
-            let named_read = copied
-                .and_then(|h| match h {
-                    DdpHeader::Untagged(u) if u.qn == queue::READ_REQUEST => Some(u.msn),
-                    _ => None,
-                })
-                .and_then(|msn| self.outstanding_reads.iter().find(|r| r.msn == msn))
-                .and_then(|r| r.seq);
-            // A Terminate that copies the header of some other message (a Write or Send
-            // that already completed here when it was handed out) names no outstanding
-            // work request: nothing is blamed, everything is flushed. Only a Terminate
-            // without a copied header falls back to the oldest started request.
-            let oldest_started = if copied.is_some() {
-                None
-            } else {
-                self.outstanding_reads
-                    .iter()
-                    .filter_map(|r| r.seq)
-                    .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
-                    .min()
-            };
-            if let Some(seq) = named_read.or(oldest_started) {
-                self.finish_slot(seq, status);
+        let copied = info
+            .ddp_header
+            .and_then(|h| DdpHeader::parse(h.as_bytes()).ok().map(|(h, _)| h));
+        let named = copied.and_then(|h| self.named_by(&h));
+        // What the peer took before it refused: handed out before the named request, or
+        // (nothing named) reported acknowledged.
+        let accepted = match named {
+            Some(seq) => self.awaiting_ack.iter().filter(|a| a.seq < seq).count(),
+            None => self.acked_pending,
+        };
+        for _ in 0..accepted {
+            if let Some(done) = self.awaiting_ack.pop_front() {
+                self.finish_slot(done.seq, WcStatus::Success);
             }
+        }
+        self.acked_pending = 0;
+        let blamed = if copied.is_some() {
+            named
+        } else {
+            self.outstanding_reads
+                .iter()
+                .filter_map(|r| r.seq)
+                .chain(self.awaiting_ack.front().map(|a| a.seq))
+                .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
+                .min()
+        };
+        if let (Some(seq), Some(status)) = (blamed, status) {
+            self.finish_slot(seq, status);
         }
         if self.terminate_tx.is_some() && !self.terminate_sent {
             // Our own Terminate still goes out first; Error follows it.
@@ -1772,6 +1891,28 @@ impl QueuePair {
         } else {
             self.enter_error();
         }
+    }
+
+    /// The completion slot of the outstanding work request a Terminate's copied DDP header
+    /// names (see [`QueuePair::apply_remote_terminate`]).
+    fn named_by(&self, hdr: &DdpHeader) -> Option<u64> {
+        if let DdpHeader::Untagged(u) = hdr {
+            if u.qn == queue::READ_REQUEST {
+                let read = self.outstanding_reads.iter().find(|r| r.msn == u.msn);
+                return read.and_then(|r| r.seq);
+            }
+        }
+        let head = self
+            .sq
+            .front()
+            .filter(|e| e.sent > 0)
+            .and_then(|e| Some((e.seq, self.sq_head_name(e.sent)?)));
+        self.awaiting_ack
+            .iter()
+            .map(|a| (a.seq, a.name))
+            .chain(head)
+            .find(|(_, name)| name.named_by(hdr))
+            .map(|(seq, _)| seq)
     }
 }
 

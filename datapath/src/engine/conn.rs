@@ -665,12 +665,23 @@ impl IwarpConn {
     // ------------------------------------------------------------------------------------
 
     /// A segment's payload as TCP passed it up (in order or not, each octet once).
+    ///
+    /// In `TxMode::Source` the segment's ACK is taken first (its descriptors go), but the
+    /// Sends and Writes it acknowledges complete after its data: a Terminate in the same
+    /// segment names the one the peer refused, whose octets its TCP did receive
+    /// (`QueuePair::message_acknowledged_deferred`); those before it complete, the rest flush.
     pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
-        if self.source_mode == Some(true) {
-            // The segment's ACK first: a Send or Write it acknowledges completes before a
-            // Terminate in the same segment flushes what is still outstanding.
-            self.release_acknowledged(data.acked);
+        let source = self.source_mode == Some(true);
+        if source {
+            self.take_acknowledged(data.acked, true);
         }
+        self.receive_segment(data, mem);
+        if source {
+            self.qp.complete_acknowledged();
+        }
+    }
+
+    fn receive_segment<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
         if data.data.is_empty() {
             return;
         }
@@ -1473,6 +1484,12 @@ impl IwarpConn {
     /// Drops what the peer acknowledged (stream offsets below `acked`): the startup frame and
     /// FPDU descriptors; an FPDU ending a Send or Write completes its work request.
     fn release_acknowledged(&mut self, acked: u64) {
+        self.take_acknowledged(acked, false);
+    }
+
+    /// [`IwarpConn::release_acknowledged`]; with `defer` the work requests complete at the
+    /// next `QueuePair::complete_acknowledged`.
+    fn take_acknowledged(&mut self, acked: u64, defer: bool) {
         if self
             .startup_sent
             .as_ref()
@@ -1481,10 +1498,10 @@ impl IwarpConn {
             self.startup_sent = None;
         }
         let IwarpConn { tx, qp, .. } = self;
-        tx.release_to(acked, |f| {
-            if f.completes {
-                qp.message_acknowledged();
-            }
+        tx.release_to(acked, |f| match (f.completes, defer) {
+            (true, false) => qp.message_acknowledged(),
+            (true, true) => qp.message_acknowledged_deferred(),
+            (false, _) => {}
         });
     }
 
