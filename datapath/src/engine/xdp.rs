@@ -190,7 +190,9 @@ pub struct XdpEngineConfig {
     /// The AF_XDP TCP driver (queues, attach mode, rings, idle spins, neighbour timeout).
     pub driver: XdpTcpConfig,
     /// TCP settings of every connection (record transmit / pass-up receive are forced; MTU
-    /// and MSS are lowered to the interface's).
+    /// and MSS are lowered to the interface's). The default leaves MTU and MSS at their
+    /// maximum, so the interface's MTU (capped by the UMEM frame) decides them, as the
+    /// kernel's TCP does (MSS = MTU - 40, RFC 9293 3.7.1); set them lower to cap them.
     pub tcp: TcpConfig,
     /// Per connection: octets of the reassembly store (also the receive window).
     pub reassembly_capacity: usize,
@@ -239,6 +241,9 @@ impl Default for XdpEngineConfig {
             driver: XdpTcpConfig::default(),
             tcp: TcpConfig {
                 ack_every_segments: 8,
+                // Lowered to the interface's MTU (and the frame's) by the driver.
+                path_mtu: u16::MAX,
+                mss: u16::MAX - 40,
                 ..TcpConfig::mpa()
             },
             reassembly_capacity: conn.reassembly_capacity,
