@@ -7,7 +7,10 @@
 //!   carrying TCP. [`Ipv4TcpView::new_checked`] validates the IPv4 header
 //!   (version, length, header checksum, no fragmentation), the TCP data
 //!   offset, and the TCP checksum (RFC 9293 3.1, pseudo-header of 3.1 /
-//!   RFC 791). It is built on `etherparse` slices.
+//!   RFC 791). It is built on `etherparse` slices; both checksums, verified
+//!   here and generated on emit, are our own [`Checksum`] (RFC 1071, summed
+//!   with deferred carries in 64-bit accumulators: several times faster than
+//!   word-by-word summing, and it runs over every segment sent and received).
 //! * [`SegmentRepr`]: the high-level representation (addresses, ports,
 //!   sequence numbers, flags, decoded options, payload slice) with
 //!   [`SegmentRepr::parse`] and [`SegmentRepr::emit`] /
@@ -16,7 +19,10 @@
 //! Nothing here panics on malformed input: every error is a [`WireError`].
 
 use core::net::Ipv4Addr;
-use etherparse::checksum::Sum16BitWords;
+
+mod checksum;
+
+pub use checksum::Checksum;
 use etherparse::{Ipv4HeaderSlice, TcpSlice};
 
 /// Length of the IPv4 header we emit (no IP options).
@@ -267,10 +273,6 @@ pub struct Ipv4TcpView<'a> {
     tcp: TcpSlice<'a>,
 }
 
-fn ones_complement_sum(sum: Sum16BitWords) -> u16 {
-    sum.ones_complement()
-}
-
 impl<'a> Ipv4TcpView<'a> {
     /// Validate `packet` (starting at the IPv4 header) and return the view.
     ///
@@ -294,7 +296,7 @@ impl<'a> Ipv4TcpView<'a> {
         if total_len > packet.len() {
             return Err(WireError::Truncated);
         }
-        if ones_complement_sum(Sum16BitWords::new().add_slice(ip.slice())) != 0 {
+        if Checksum::new().add_bytes(ip.slice()).finish() != 0 {
             return Err(WireError::BadIpv4Checksum);
         }
         if ip.is_fragmenting_payload() {
@@ -313,13 +315,13 @@ impl<'a> Ipv4TcpView<'a> {
         }
         let tcp = TcpSlice::from_slice(tcp_bytes).map_err(|_| WireError::BadDataOffset)?;
         let len = u16::try_from(tcp_bytes.len()).map_err(|_| WireError::Truncated)?;
-        let sum = Sum16BitWords::new()
-            .add_4bytes(ip.source())
-            .add_4bytes(ip.destination())
-            .add_2bytes([0, 6])
-            .add_2bytes(len.to_be_bytes())
-            .add_slice(tcp_bytes);
-        if ones_complement_sum(sum) != 0 {
+        let sum = Checksum::new()
+            .add_4(ip.source())
+            .add_4(ip.destination())
+            .add_2([0, 6])
+            .add_2(len.to_be_bytes())
+            .add_bytes(tcp_bytes);
+        if sum.finish() != 0 {
             return Err(WireError::BadTcpChecksum);
         }
         Ok(Ipv4TcpView { ip, tcp })
@@ -441,7 +443,7 @@ impl<'a> SegmentRepr<'a> {
         ip[10..12].copy_from_slice(&[0, 0]);
         ip[12..16].copy_from_slice(&self.src_addr.octets());
         ip[16..20].copy_from_slice(&self.dst_addr.octets());
-        let ip_sum = Sum16BitWords::new().add_slice(ip).ones_complement().to_be();
+        let ip_sum = Checksum::new().add_bytes(ip).finish();
         ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
         // TCP header (RFC 9293 3.1).
         tcp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
@@ -458,14 +460,13 @@ impl<'a> SegmentRepr<'a> {
             .emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
         debug_assert_eq!(written, opt_len);
         fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
-        let sum = Sum16BitWords::new()
-            .add_4bytes(self.src_addr.octets())
-            .add_4bytes(self.dst_addr.octets())
-            .add_2bytes([0, 6])
-            .add_2bytes((tcp_len as u16).to_be_bytes())
-            .add_slice(tcp)
-            .ones_complement()
-            .to_be();
+        let sum = Checksum::new()
+            .add_4(self.src_addr.octets())
+            .add_4(self.dst_addr.octets())
+            .add_2([0, 6])
+            .add_2((tcp_len as u16).to_be_bytes())
+            .add_bytes(tcp)
+            .finish();
         tcp[16..18].copy_from_slice(&sum.to_be_bytes());
         Ok(total)
     }
