@@ -98,6 +98,10 @@ pub(crate) struct TxRing {
     /// Positions (monotonic) of the oldest octet in use and of the next free one.
     snap_head: u64,
     snap_tail: u64,
+    /// Index in `fpdus` of the FPDU the last fill ended in: TCP asks for its stream in order
+    /// (one segment after the other), so the next fill almost always starts there or in the
+    /// one after; any other offset (a retransmission) is searched for.
+    cursor: usize,
 }
 
 impl TxRing {
@@ -115,6 +119,7 @@ impl TxRing {
             snap_capacity: snapshot_capacity,
             snap_head: 0,
             snap_tail: 0,
+            cursor: 0,
         }
     }
 
@@ -212,12 +217,14 @@ impl TxRing {
                 self.snap_head = pos + u64::from(p.len);
             }
             self.fpdus.pop_front();
+            self.cursor = self.cursor.saturating_sub(1);
         }
     }
 
     /// Drops every descriptor (the connection is gone).
     pub fn clear(&mut self) {
         self.fpdus.clear();
+        self.cursor = 0;
         self.snap_head = self.snap_tail;
     }
 
@@ -233,7 +240,7 @@ impl TxRing {
             offset,
             len: out.len(),
         };
-        let first = self.fpdus.partition_point(|f| f.end() <= offset);
+        let first = self.find(offset);
         let mut pos = offset;
         let mut done = 0;
         let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
@@ -256,9 +263,23 @@ impl TxRing {
             w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
             done += n;
             pos += n as u64;
+            self.cursor = i;
             i += 1;
         }
         Ok(())
+    }
+
+    /// Index of the FPDU holding stream offset `offset` (of the first FPDU ending after it):
+    /// the cursor's or the next one when the fill continues in order, else a binary search.
+    fn find(&self, offset: u64) -> usize {
+        for i in [self.cursor, self.cursor + 1] {
+            if let Some(f) = self.fpdus.get(i) {
+                if f.start <= offset && offset < f.end() {
+                    return i;
+                }
+            }
+        }
+        self.fpdus.partition_point(|f| f.end() <= offset)
     }
 }
 
@@ -604,6 +625,46 @@ mod tests {
                             .expect("octet");
                         assert_eq!(one[0], c2.expected[a]);
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_order_fills_with_retransmissions_and_releases_between() {
+        // TCP's pattern: segments in order (the cursor's fast path), now and then a
+        // retransmission of an older range (searched), the front released as ACKs arrive.
+        for (crc, markers) in [(true, true), (true, false), (false, false)] {
+            let mut c = case(crc, markers, 11, 5);
+            let total = c.expected.len();
+            let mut x = 12345u64;
+            let mut next = |m: usize| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 33) as usize % m
+            };
+            let (mut sent, mut acked) = (0usize, 0usize);
+            while sent < total {
+                let len = (1 + next(1448)).min(total - sent);
+                let mut seg = vec![0u8; len];
+                c.ring
+                    .fill(c.base + sent as u64, &mut seg, &c.mem)
+                    .expect("in order");
+                assert_eq!(seg, &c.expected[sent..sent + len], "segment at {sent}");
+                sent += len;
+                if next(4) == 0 && sent > acked {
+                    let a = acked + next(sent - acked);
+                    let l = (1 + next(3000)).min(sent - a);
+                    let mut re = vec![0u8; l];
+                    c.ring
+                        .fill(c.base + a as u64, &mut re, &c.mem)
+                        .expect("retransmission");
+                    assert_eq!(re, &c.expected[a..a + l], "retransmission at {a}");
+                }
+                if next(3) == 0 {
+                    acked += next(sent - acked + 1);
+                    c.ring.release_to(c.base + acked as u64, |_| {});
                 }
             }
         }

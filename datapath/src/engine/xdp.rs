@@ -518,7 +518,7 @@ impl XdpEngine {
                 let _ = ready_tx.send(Ok(xdp.local_ip()));
                 let turner = Turner {
                     st: State {
-                        slots: HashMap::new(),
+                        slots: SlotMap::default(),
                         early: HashMap::new(),
                         listeners: HashMap::new(),
                         scratch: MemoryTable::new(),
@@ -769,9 +769,38 @@ impl Slot {
     }
 }
 
+/// Hashes a [`ConnId`] (two `u32`s the table hands out, never octets from the network) with
+/// one multiply per word (the Fx hash) instead of SipHash: the slot is looked up for every
+/// segment received (`on_data`) and every segment built (`fill_tx`).
+#[derive(Default, Clone, Copy)]
+struct ConnIdHasher(u64);
+
+impl std::hash::Hasher for ConnIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+    }
+}
+
+type SlotMap = HashMap<ConnId, Slot, std::hash::BuildHasherDefault<ConnIdHasher>>;
+
 /// The engine thread's connection state (what the driver's callbacks reach).
 struct State {
-    slots: HashMap<ConnId, Slot>,
+    slots: SlotMap,
     /// Data passed up for a passive connection before the driver handed it over (the ACK that
     /// completes the handshake may carry the MPA Request); replayed in `on_accept`.
     early: HashMap<ConnId, Vec<(u32, u64, Vec<u8>)>>,
