@@ -1731,8 +1731,14 @@ impl Connection {
         let mut next: Option<Instant> = None;
         let mut lost_any = false;
         for e in self.scoreboard.iter_mut() {
-            if e.retransmits == 0 && e.xmit_time > rack_ts {
-                break; // everything later was sent later
+            // Never-retransmitted segments were sent in sequence order: once one was sent
+            // after RACK.xmit_ts, or at that same instant but ending above RACK.end (a turn
+            // sends many segments with one timestamp), every later entry was sent later or
+            // ends higher, so none was sent before the segment RACK remembers.
+            if e.retransmits == 0
+                && (e.xmit_time > rack_ts || (e.xmit_time == rack_ts && e.end() > self.rack.end))
+            {
+                break;
             }
             if e.state != SegState::InFlight {
                 continue;
