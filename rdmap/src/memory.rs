@@ -134,6 +134,13 @@ pub trait RegionBuffer {
 
     /// Copies `src` into the region starting at `offset`.
     fn write_at(&self, offset: usize, src: &[u8]);
+
+    /// A hint that `[offset, offset + len)` will soon be read (a transmitter asks for the
+    /// next FPDU's payload while writing the current one). Reads nothing; the default does
+    /// nothing.
+    fn prefetch(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
 
 /// A heap-backed [`RegionBuffer`] for tests and examples.

@@ -266,7 +266,23 @@ impl TxRing {
             self.cursor = i;
             i += 1;
         }
+        self.prefetch(i, mem);
         Ok(())
+    }
+
+    /// Prefetches the payload of FPDU `i` if it was never written (the next segment TCP asks
+    /// for is usually that FPDU; its source in a large registered region is often out of cache).
+    fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
+        let Some(f) = self.fpdus.get(i) else { return };
+        if f.crc.is_some() || f.snap.is_some() {
+            return;
+        }
+        if let Some(p) = f.payload {
+            if let Ok((buf, off)) = mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+            {
+                buf.prefetch(off, p.len as usize);
+            }
+        }
     }
 
     /// Index of the FPDU holding stream offset `offset` (of the first FPDU ending after it):
