@@ -369,14 +369,17 @@ impl Connection {
             .congestion
             .build(u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460));
         let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
-        let rcv_buf = match cfg.rx_mode {
-            RxMode::InOrder => vec![0u8; cfg.recv_buffer.max(1)],
-            RxMode::PassUp => Vec::new(),
-        };
         let rcv_wscale = if cfg.window_scaling {
             wscale_for(cfg.max_recv_window)
         } else {
             0
+        };
+        // Room past the nominal buffer for rounding the window up to the scale unit instead
+        // of down (see `window_field`): one unit for the round-up, one more (less an octet)
+        // so that keeping an edge already rounded up does not at once need a retraction.
+        let rcv_buf = match cfg.rx_mode {
+            RxMode::InOrder => vec![0u8; cfg.recv_buffer.max(1) + (2 << rcv_wscale) - 1],
+            RxMode::PassUp => Vec::new(),
         };
         let ulp_window = cfg.recv_buffer as u64;
         let quickack = cfg.quickack_segments;
@@ -595,7 +598,9 @@ impl Connection {
         }
     }
 
-    /// Capacity of TCP's receive buffer (0 in [`RxMode::PassUp`]).
+    /// Capacity of TCP's receive buffer (0 in [`RxMode::PassUp`]): `recv_buffer` plus just
+    /// under two window-scale units, the room for offering a window rounded up to the unit
+    /// (RFC 7323 2.4) rather than a zero or retracted one.
     pub fn receive_buffer_capacity(&self) -> usize {
         self.rcv_buf.capacity()
     }
@@ -777,8 +782,9 @@ impl Connection {
         self.rcv_read += n as u64;
         // Window update when the window opens enough (RFC 9293 3.8.6.2.2).
         if n > 0 && self.state.synchronized() {
-            let new_right = self.rcv_read + cap as u64;
-            let threshold = (cap as u64 / 2).min(u64::from(self.cfg.mss));
+            let nominal = self.nominal_recv_buffer();
+            let new_right = self.rcv_read + nominal;
+            let threshold = (nominal / 2).min(u64::from(self.cfg.mss));
             if new_right >= self.rcv_adv_right + threshold {
                 self.ack_now = true;
             }
@@ -1170,12 +1176,32 @@ impl Connection {
         }
     }
 
+    /// `InOrder`: the receive buffer's nominal size (`recv_buffer`), what the window offers
+    /// before rounding.
+    fn nominal_recv_buffer(&self) -> u64 {
+        self.cfg.recv_buffer.max(1) as u64
+    }
+
+    /// The right edge of the receive window: what the buffer (or the upper layer) has room
+    /// for, or the edge already offered if that lies further (RFC 9293 3.8.6.2.2: offered
+    /// window is not taken back).
     fn rcv_window_right(&self) -> u64 {
         let right = match self.cfg.rx_mode {
-            RxMode::InOrder => self.rcv_read + self.rcv_buf.len() as u64,
+            RxMode::InOrder => self.rcv_read + self.nominal_recv_buffer(),
             RxMode::PassUp => self.rcv_nxt + self.ulp_window,
         };
         right.max(self.rcv_adv_right)
+    }
+
+    /// The furthest right edge the receiver can hold data up to: the whole ring (`InOrder`,
+    /// nominal buffer plus the rounding room), the upper layer's window (`PassUp`, which
+    /// grants no more), and never less than the edge already offered.
+    fn rcv_buffer_limit(&self) -> u64 {
+        let limit = match self.cfg.rx_mode {
+            RxMode::InOrder => self.rcv_read + self.rcv_buf.len() as u64,
+            RxMode::PassUp => self.rcv_nxt + self.ulp_window,
+        };
+        limit.max(self.rcv_window_right())
     }
 
     fn challenge_ack(&mut self, now: Instant) {
@@ -1796,8 +1822,14 @@ impl Connection {
         let payload = seg.payload;
         let end_i = start_i + payload.len() as i64;
         let right = self.rcv_window_right();
+        // `InOrder`: nothing past the ring, though the window may offer a little more after
+        // rounding up (`window_field`); the rest is dropped and comes again.
+        let held_right = match self.cfg.rx_mode {
+            RxMode::InOrder => right.min(self.rcv_read + self.rcv_buf.len() as u64),
+            RxMode::PassUp => right,
+        };
         let a = start_i.max(self.rcv_nxt as i64) as u64;
-        let b = (end_i.max(0) as u64).min(right);
+        let b = (end_i.max(0) as u64).min(held_right);
         let was_in_order = start_i as u64 <= self.rcv_nxt && start_i >= 0;
         let had_holes = !self.rcv_ranges.is_empty();
         let mut accepted_fin = seg.flags.fin && end_i >= 0 && (end_i as u64) <= right;
@@ -1969,16 +2001,45 @@ impl Connection {
         (now.as_millis() as u32).wrapping_add(self.ts_offset)
     }
 
+    /// The window field of an outgoing segment; records the right edge it offers.
+    ///
+    /// A SYN's window is not scaled (RFC 7323 2.2). Otherwise the field is the window in
+    /// units of 2^Rcv.Wind.Shift (RFC 7323 2.3), and a window that is not a whole number of
+    /// units must be rounded. Rounded down, a free window smaller than one unit becomes a zero
+    /// window (the peer stops and persist-probes though there is room), and an edge offered
+    /// before moves left whenever RCV.NXT advanced by a part of a unit (RFC 7323 2.4). So:
+    /// the window rounded down when that keeps the offered edge and is not zero; else rounded
+    /// up (as Linux's `tcp_select_window` does). `InOrder` keeps just under two units of
+    /// room past its nominal size for that, and keeps an offered edge even where a reader
+    /// that lags has left no room for it (RFC 7323 2.4's "beyond the buffer" choice: octets
+    /// past the ring are dropped when they come, and sent again). A `PassUp` upper layer's
+    /// window is never exceeded: there, if rounding up does not fit, the most whole units it
+    /// holds, which retracts the edge by less than a unit (the case RFC 7323 2.4 leaves to
+    /// the sender, RFC 1122 4.2.2.16).
     fn window_field(&mut self, syn: bool) -> u16 {
         let right = self.rcv_window_right();
         let wnd = right.saturating_sub(self.rcv_nxt);
         if syn {
-            return wnd.min(65535) as u16;
+            let field = wnd.min(65535);
+            self.rcv_adv_right = self.rcv_adv_right.max(self.rcv_nxt + field);
+            return field as u16;
         }
-        let field = (wnd >> self.rcv_wscale).min(65535);
-        self.rcv_adv_right = self
-            .rcv_adv_right
-            .max(self.rcv_nxt + (field << self.rcv_wscale));
+        let shift = self.rcv_wscale;
+        let promised = self.rcv_adv_right.saturating_sub(self.rcv_nxt);
+        let down = wnd >> shift;
+        let up = wnd.div_ceil(1 << shift);
+        let room = self.rcv_buffer_limit() - self.rcv_nxt;
+        let units = if (down << shift) >= promised && (down > 0 || wnd == 0) {
+            down
+        } else if (up << shift) <= room || self.cfg.rx_mode == RxMode::InOrder {
+            // `InOrder` keeps the offered edge even past its ring (RFC 7323 2.4's "beyond
+            // the buffer"): `process_data` drops what arrives past the ring, unacknowledged.
+            up
+        } else {
+            room >> shift
+        };
+        let field = units.min(65535);
+        self.rcv_adv_right = self.rcv_adv_right.max(self.rcv_nxt + (field << shift));
         field as u16
     }
 
