@@ -440,10 +440,19 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) -> Option<EngineReport> {
     Some(report)
 }
 
-/// Prints a session's JSON object (`--json`) with the engine's counters added as `"engine"`:
-/// an object for `--transport xdp`, `null` for the socket transport.
-fn print_json(mut out: serde_json::Value, engine: Option<EngineReport>) -> Result<(), String> {
-    out["engine"] = serde_json::to_value(engine).map_err(|e| e.to_string())?;
+/// Ends a run after its session: stops the engine, then prints the session's JSON object
+/// (`--json`) with the engine's counters added as `"engine"`: an object for `--transport
+/// xdp`, `null` for the socket transport.
+fn finish(
+    cli: &Cli,
+    engine: Option<XdpEngine>,
+    session: Result<Option<serde_json::Value>, String>,
+) -> Result<(), String> {
+    let report = engine_report(cli, engine);
+    let Some(mut out) = session? else {
+        return Ok(());
+    };
+    out["engine"] = serde_json::to_value(report).map_err(|e| e.to_string())?;
     println!("{out}");
     Ok(())
 }
@@ -451,11 +460,7 @@ fn print_json(mut out: serde_json::Value, engine: Option<EngineReport>) -> Resul
 pub fn run_server(cli: &Cli) -> Result<(), String> {
     let engine = start_engine(cli)?;
     let result = serve_session(cli, engine.as_ref());
-    let report = engine_report(cli, engine);
-    match result? {
-        Some(out) => print_json(out, report),
-        None => Ok(()),
-    }
+    finish(cli, engine, result)
 }
 
 /// Serves one session; with `--json` returns the object to print once the engine has stopped.
@@ -793,11 +798,7 @@ impl Side {
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
     let engine = start_engine(cli)?;
     let result = client_session(cli, addr, engine.as_ref());
-    let report = engine_report(cli, engine);
-    match result? {
-        Some(out) => print_json(out, report),
-        None => Ok(()),
-    }
+    finish(cli, engine, result)
 }
 
 /// Runs the client's session; with `--json` returns the object to print once the engine has
