@@ -6,9 +6,9 @@
 mod common;
 use common::*;
 use std::time::Duration;
-use tcp_engine::sim::{Direction, LinkConfig, Network};
+use tcp_engine::sim::{Direction, LinkConfig};
 use tcp_engine::wire::{TcpFlags, TcpOptions};
-use tcp_engine::{Config, Instant, SegmentRepr, State};
+use tcp_engine::{Config, Instant, SegmentRepr};
 
 fn stretch(n: u32) -> Config {
     Config {
@@ -17,19 +17,6 @@ fn stretch(n: u32) -> Config {
         timestamps: false,
         ..Config::default()
     }
-}
-
-fn established(cfg: Config) -> (Peer, Peer, Network) {
-    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg.clone(), cfg);
-    let ok = net.run(
-        &mut c,
-        &mut s,
-        Instant::from_millis(10_000),
-        |c, s, _| c.state() == Some(State::Established) && s.state() == Some(State::Established),
-        |_, _, _| {},
-    );
-    assert!(ok);
-    (c, s, net)
 }
 
 /// Feeds the server a data segment as the client would send it; returns the server's

@@ -18,19 +18,6 @@ fn short_tw() -> Config {
     }
 }
 
-fn established(cfg: Config) -> (Peer, Peer, Network) {
-    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg.clone(), cfg);
-    let ok = net.run(
-        &mut c,
-        &mut s,
-        Instant::from_millis(10_000),
-        |c, s, _| c.state() == Some(State::Established) && s.state() == Some(State::Established),
-        |_, _, _| {},
-    );
-    assert!(ok);
-    (c, s, net)
-}
-
 fn run_idle(c: &mut Peer, s: &mut Peer, net: &mut Network, ms: u64) {
     let limit = net.now + Duration::from_millis(ms);
     net.run(c, s, limit, |_, _, _| false, |_, _, _| {});

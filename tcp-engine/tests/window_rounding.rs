@@ -150,18 +150,7 @@ fn pass_up_window_is_never_exceeded() {
         ..Config::mpa()
     };
     let client = Config::mpa();
-    let (mut c, mut s, mut net) = setup(73, 0, lossy(0.0), lossy(0.0), client, server);
-    let ok = net.run(
-        &mut c,
-        &mut s,
-        Instant::from_millis(1_000),
-        |c, s, _| {
-            c.state() == Some(tcp_engine::State::Established)
-                && s.state() == Some(tcp_engine::State::Established)
-        },
-        |_, _, _| {},
-    );
-    assert!(ok);
+    let (mut c, mut s, mut net) = established_pair(client, server);
     s.conn_mut().set_receive_window(BUF as u64);
     let mut windows = Vec::new();
     c.conn_mut()

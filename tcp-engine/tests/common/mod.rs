@@ -381,6 +381,25 @@ pub fn setup(
     (client, server, Network::new(fwd, rev, seed))
 }
 
+/// A client and a server (seed 1, loss-free links) run until both are ESTABLISHED.
+pub fn established_pair(client_cfg: Config, server_cfg: Config) -> (Peer, Peer, Network) {
+    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), client_cfg, server_cfg);
+    let ok = net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(10_000),
+        |c, s, _| c.state() == Some(State::Established) && s.state() == Some(State::Established),
+        |_, _, _| {},
+    );
+    assert!(ok, "the handshake did not complete");
+    (c, s, net)
+}
+
+/// [`established_pair`] with one configuration for both sides.
+pub fn established(cfg: Config) -> (Peer, Peer, Network) {
+    established_pair(cfg.clone(), cfg)
+}
+
 /// Run until the server has every byte and the client has it acknowledged.
 pub fn run_until_done(
     client: &mut Peer,
