@@ -94,44 +94,7 @@ fn write_fpdus(
     crc: bool,
     mulpdu: usize,
 ) -> Vec<Vec<u8>> {
-    let mut src = MemoryTable::new();
-    let stag = src.register(
-        PD,
-        VecBuffer::from_vec(data.to_vec()),
-        0,
-        Access::LOCAL_WRITE,
-    );
-    let mut qp = QueuePair::new(QpConfig {
-        pd: PD,
-        ..QpConfig::default()
-    });
-    qp.enter_rts(16, 16);
-    qp.post_send(
-        SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_stag: sink,
-                remote_to: SINK_TO,
-            },
-            local: Some(Sge {
-                stag,
-                to: 0,
-                len: data.len() as u32,
-            }),
-        },
-        &src,
-    )
-    .unwrap();
-    let mut enc = FpduEncoder::new(crc, markers);
-    let mut out = Vec::new();
-    let mut ulpdu = Vec::new();
-    while qp.poll_transmit(mulpdu, &src, &mut ulpdu).is_some() {
-        let mut fpdu = Vec::new();
-        enc.encode(&ulpdu, &mut fpdu).unwrap();
-        out.push(fpdu);
-        ulpdu.clear();
-    }
-    out
+    writes_fpdus(data, sink, markers, crc, mulpdu, data.len())
 }
 
 /// Segments: groups of whole FPDUs (aligned) or, with `cut`, arbitrary cuts of the stream.
@@ -520,8 +483,16 @@ fn a_gap_over_a_header_holds_at_most_a_marker_interval_more() {
 }
 
 /// The FPDUs of Writes of `chunk` octets each, covering `data` (to consecutive places in
-/// `sink`), on one stream: each message ends in a shorter FPDU, as 64 KiB Writes do.
-fn writes_fpdus(data: &[u8], sink: rdmap::Stag, mulpdu: usize, chunk: usize) -> Vec<Vec<u8>> {
+/// `sink`), on one stream: each message ends in a shorter FPDU, as 64 KiB Writes do. Empty
+/// `data` is one zero-length Write.
+fn writes_fpdus(
+    data: &[u8],
+    sink: rdmap::Stag,
+    markers: bool,
+    crc: bool,
+    mulpdu: usize,
+    chunk: usize,
+) -> Vec<Vec<u8>> {
     let mut src = MemoryTable::new();
     let stag = src.register(
         PD,
@@ -534,10 +505,10 @@ fn writes_fpdus(data: &[u8], sink: rdmap::Stag, mulpdu: usize, chunk: usize) -> 
         ..QpConfig::default()
     });
     qp.enter_rts(16, 16);
-    let mut enc = FpduEncoder::new(true, true);
+    let mut enc = FpduEncoder::new(crc, markers);
     let mut out = Vec::new();
     let mut ulpdu = Vec::new();
-    for (i, off) in (0..data.len()).step_by(chunk).enumerate() {
+    for (i, off) in (0..data.len().max(1)).step_by(chunk.max(1)).enumerate() {
         let len = chunk.min(data.len() - off);
         qp.post_send(
             SendWr {
@@ -583,7 +554,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
         } = receiver(true, true);
         let len = 196_608;
         let data: Vec<u8> = (0..len).map(|i| (i * 5 + seed as usize) as u8).collect();
-        let fpdus = writes_fpdus(&data, sink, mpa::mulpdu(688, true), 65_536);
+        let fpdus = writes_fpdus(&data, sink, true, true, mpa::mulpdu(688, true), 65_536);
         let fpdu_max = fpdus.iter().map(|f| f.len() as u64).max().unwrap();
         let spans = spans(&fpdus);
         let stream: Vec<u8> = fpdus.concat();
