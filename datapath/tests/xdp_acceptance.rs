@@ -35,11 +35,9 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
-use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
-use datapath::xsk::enter_netns;
 use datapath::{
     Access, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
     MemoryRegion, MpaConfig, ProtectionDomain, QpState, RecvWr, SendOp, SendWr, Stag, WcOpcode,
@@ -56,24 +54,6 @@ const ALL: Access = Access::ALL;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-/// Runs `f` on a scoped thread inside namespace `ns`.
-fn in_ns<'s, 'e, T: Send + 's>(
-    s: &'s Scope<'s, 'e>,
-    ns: &'static str,
-    f: impl FnOnce() -> T + Send + 's,
-) -> ScopedJoinHandle<'s, T> {
-    s.spawn(move || {
-        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
-        f()
-    })
-}
-
-/// Runs `f` on a thread inside `ns` and returns its result (for kernel sockets, which belong
-/// to the namespace of the thread that creates them).
-fn run_in_ns<T: Send>(ns: &'static str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| in_ns(s, ns, f).join().expect("namespace thread"))
-}
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -122,7 +102,7 @@ fn params(mpa: MpaConfig) -> ConnectParams {
 }
 
 fn start_engine(ns: &'static str, dev: &'static str) -> XdpEngine {
-    run_in_ns(ns, move || {
+    in_ns(ns, move || {
         XdpEngine::start(dev, XdpEngineConfig::default())
     })
     .unwrap_or_else(|e| panic!("engine on {dev}: {e}"))
@@ -147,7 +127,7 @@ impl Stack<'_> {
     fn listen(&self, port: u16, p: ConnectParams) -> Listener {
         match self {
             Stack::Engine(e) => e.listen(port, p),
-            Stack::Socket => run_in_ns(NS_B, move || {
+            Stack::Socket => in_ns(NS_B, move || {
                 Listener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), p)
             }),
         }
@@ -164,7 +144,7 @@ impl Stack<'_> {
     ) -> Result<Connection, DatapathError> {
         match self {
             Stack::Engine(e) => e.connect(addr, pd, cq, p, private_data),
-            Stack::Socket => run_in_ns(NS_B, || datapath::connect(addr, pd, cq, p, private_data)),
+            Stack::Socket => in_ns(NS_B, || datapath::connect(addr, pd, cq, p, private_data)),
         }
     }
 }
@@ -990,7 +970,7 @@ fn many_connections(server: &XdpEngine, client: Stack<'_>, port: u16) {
                 };
                 match client {
                     Stack::Engine(_) => s.spawn(f),
-                    Stack::Socket => in_ns(s, NS_B, f),
+                    Stack::Socket => scoped_in_ns(s, NS_B, f),
                 }
             })
             .collect();
@@ -1387,7 +1367,7 @@ fn raw_peer(addr: SocketAddr, listener: &Listener, v: &Victim, bad: Raw) -> Resu
             req.accept_with_recvs(&v.pd, &v.cq, b"", vec![sge_recv(&v.private, 1, 0, 64)])
                 .map_err(|e| format!("accept: {e}"))
         });
-        let peer = run_in_ns(NS_B, || -> Result<_, String> {
+        let peer = in_ns(NS_B, || -> Result<_, String> {
             let now = Instant::now();
             let mut init =
                 mpa::Initiator::new(mpa(2, true, false), b"raw", now).map_err(|e| e.to_string())?;
@@ -1452,7 +1432,7 @@ fn raw_peer(addr: SocketAddr, listener: &Listener, v: &Victim, bad: Raw) -> Resu
         // MPA header (2) + DDP header (14) + 10 octets into the payload.
         out[at + 2 + ddp::TAGGED_HEADER_LEN + 10] ^= 0x5a;
     }
-    run_in_ns(NS_B, || tcp.write_all(&out)).map_err(|e| format!("send: {e}"))?;
+    in_ns(NS_B, || tcp.write_all(&out)).map_err(|e| format!("send: {e}"))?;
     // Read FPDUs until the connection closes; the Terminate is on queue 2.
     let mut dec = negotiated.decoder();
     let mut term = None;

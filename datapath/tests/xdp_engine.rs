@@ -22,23 +22,11 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
-use datapath::xsk::enter_netns;
 use datapath::{
     Access, CompletionQueue, ConnectParams, Listener, MemoryRegion, ProtectionDomain, RecvWr,
     SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use testbed::*;
-
-/// Runs `f` on a new thread inside namespace `ns`.
-fn in_ns<T: Send + 'static>(
-    ns: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    std::thread::spawn(move || {
-        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
-        f()
-    })
-}
 
 const SIZES: [usize; 3] = [1, 4096, 1 << 20];
 /// Where size `i`'s data goes in the server's regions (disjoint, so nothing is overwritten).
@@ -296,12 +284,12 @@ fn case(server_kind: Kind, client_kind: Kind, server_in_a: bool, mtu: Option<u16
     } else {
         (NS_B, NS_A, ADDR_B)
     };
-    let srv = in_ns(sns, move || server(server_kind, ready_tx, mtu));
+    let srv = spawn_in_ns(sns, move || server(server_kind, ready_tx, mtu));
     if ready_rx.recv_timeout(WAIT).is_err() {
         let r = srv.join();
         panic!("server did not start: {r:?}");
     }
-    let cli = in_ns(cns, move || client(client_kind, saddr, mtu));
+    let cli = spawn_in_ns(cns, move || client(client_kind, saddr, mtu));
     let c = cli.join().expect("client thread");
     let s = srv.join().expect("server thread");
     println!(
@@ -343,7 +331,7 @@ fn socket_server_engine_client() {
 #[test]
 fn connect_to_a_closed_port_is_refused() {
     let _bed = bed_or_skip!();
-    let r = in_ns(NS_B, || {
+    let r = spawn_in_ns(NS_B, || {
         let mut engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
             .map_err(|e| format!("client engine: {e}"))?;
         let pd = ProtectionDomain::new();

@@ -12,29 +12,22 @@
 //! Engine client in `iwa`, socket-transport echo server in `iwb`. Needs root; skips (fails
 //! under `CI=true`) without the veth bed. About 1 s.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{XdpEngine, XdpEngineConfig};
-use datapath::xsk::enter_netns;
+use datapath::engine::XdpEngineConfig;
 use datapath::{
-    Access, CompletionQueue, ConnectParams, Listener, ProtectionDomain, RecvWr, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    Access, CompletionQueue, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 use testbed::*;
+
+mod common;
+use common::bed;
 
 const ROUNDS: u64 = 200;
 const LEN: usize = 64;
 const SETUP: Duration = Duration::from_secs(30);
 /// Per round, generous: a round takes tens of microseconds.
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
-
-fn params() -> ConnectParams {
-    ConnectParams {
-        setup_timeout: Duration::from_secs(10),
-        ..ConnectParams::default()
-    }
-}
 
 fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
     RecvWr {
@@ -45,14 +38,7 @@ fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
 
 /// Echoes every Send back (kernel TCP, blocking waits).
 fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    enter_netns(NS_B).map_err(|e| e.to_string())?;
-    let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params())
-        .map_err(|e| format!("listen: {e}"))?;
-    let _ = ready.send(());
-    let req = listener
-        .accept_timeout(SETUP)
-        .map_err(|e| format!("accept: {e}"))?
-        .ok_or("no connection request in time")?;
+    let req = bed::listen_in_b(port, &ready, SETUP)?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let buf = pd
@@ -100,12 +86,10 @@ fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
 /// Rounds of Send + echo, polling the completion queue only with `try_next`. Returns the rounds
 /// during which the engine thread ran no turn, and the application's turns.
 fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
-    enter_netns(NS_A).map_err(|e| e.to_string())?;
     let cfg = XdpEngineConfig {
         inline_progress: inline,
         ..XdpEngineConfig::default()
     };
-    let mut engine = XdpEngine::start(DEV_A, cfg).map_err(|e| format!("engine: {e}"))?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let src = pd
@@ -114,10 +98,7 @@ fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
     let dst = pd
         .register(LEN * 4, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
-    let addr = SocketAddr::from((ADDR_B, port));
-    let conn = engine
-        .connect(addr, &pd, &cq, &params(), &[])
-        .map_err(|e| format!("connect: {e}"))?;
+    let (mut engine, conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
     let mut qp = conn.qp;
     for i in 0..4 {
         qp.post_recv(recv_wr(&dst, i))

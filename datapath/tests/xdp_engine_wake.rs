@@ -8,16 +8,16 @@
 //! Engine client in `iwa`, socket-transport server in `iwb` (kernel TCP, which sends nothing
 //! unprompted). Needs root; skips (fails under `CI=true`) without the veth bed. About 1 s.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{XdpEngine, XdpEngineConfig};
-use datapath::xsk::enter_netns;
+use datapath::engine::XdpEngineConfig;
 use datapath::{
-    Access, CompletionQueue, ConnectParams, Listener, ProtectionDomain, RecvWr, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    Access, CompletionQueue, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 use testbed::*;
+
+mod common;
+use common::bed;
 
 const PORT: u16 = 19_535;
 const ROUNDS: u64 = 3;
@@ -28,22 +28,8 @@ const WOKEN_WITHIN: Duration = Duration::from_secs(5);
 /// Well above the engine's `busy_poll`, so it is asleep when the Send is posted.
 const PAUSE: Duration = Duration::from_millis(100);
 
-fn params() -> ConnectParams {
-    ConnectParams {
-        setup_timeout: Duration::from_secs(10),
-        ..ConnectParams::default()
-    }
-}
-
 fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    enter_netns(NS_B).map_err(|e| e.to_string())?;
-    let listener = Listener::bind(SocketAddr::from((ADDR_B, PORT)), params())
-        .map_err(|e| format!("listen: {e}"))?;
-    let _ = ready.send(());
-    let req = listener
-        .accept_timeout(SETUP)
-        .map_err(|e| format!("accept: {e}"))?
-        .ok_or("no connection request in time")?;
+    let req = bed::listen_in_b(PORT, &ready, SETUP)?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let recv = pd
@@ -80,21 +66,16 @@ fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
 }
 
 fn client() -> Result<(), String> {
-    enter_netns(NS_A).map_err(|e| e.to_string())?;
     let mut cfg = XdpEngineConfig::default();
     cfg.driver.max_wait = Duration::from_secs(30);
     let busy_poll = cfg.busy_poll;
     assert!(PAUSE > busy_poll * 10);
-    let mut engine = XdpEngine::start(DEV_A, cfg).map_err(|e| format!("engine: {e}"))?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let src = pd
         .register(LEN * ROUNDS as usize, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
-    let addr = SocketAddr::from((ADDR_B, PORT));
-    let conn = engine
-        .connect(addr, &pd, &cq, &params(), &[])
-        .map_err(|e| format!("connect: {e}"))?;
+    let (mut engine, conn) = bed::engine_connect_in_a(cfg, PORT, &pd, &cq)?;
     let mut qp = conn.qp;
     for i in 0..ROUNDS {
         std::thread::sleep(PAUSE);

@@ -33,13 +33,12 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::relay::{Relay, RelayConfig, RelayStats};
-use datapath::xsk::enter_netns;
 use datapath::{
     Access, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain, RecvWr,
     SendOp, SendWr, WcOpcode, WcStatus,
 };
 use testbed::relay::*;
-use testbed::relay_bed_or_skip;
+use testbed::{relay_bed_or_skip, spawn_in_ns};
 
 /// Message sizes of the rounds (each round: one Read, one Write, one Send of this size).
 const ROUNDS: [usize; 3] = [4096, 1 << 20, 2 << 20];
@@ -53,16 +52,6 @@ const WAIT: Duration = Duration::from_secs(60);
 const PORT: u16 = 19_615;
 /// The "round done" message the server sends.
 const DONE_LEN: usize = 8;
-
-fn in_ns<T: Send + 'static>(
-    ns: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    std::thread::spawn(move || {
-        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
-        f()
-    })
-}
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len)
@@ -290,12 +279,12 @@ fn run(relay: RelayConfig, mpa: MpaConfig) -> Run {
     .unwrap_or_else(|e| panic!("relay: {e}"));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let m = mpa.clone();
-    let srv = in_ns(NS_A, move || server(m, ready_tx));
+    let srv = spawn_in_ns(NS_A, move || server(m, ready_tx));
     if ready_rx.recv_timeout(WAIT).is_err() {
         let r = srv.join();
         panic!("server did not start: {r:?}");
     }
-    let cli = in_ns(NS_B, move || client(mpa));
+    let cli = spawn_in_ns(NS_B, move || client(mpa));
     let c = cli.join().expect("client thread");
     let s = srv.join().expect("server thread");
     let relay = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));

@@ -24,7 +24,6 @@ use datapath::xdp_tcp::engine::{Instant as TcpInstant, RxMode};
 use datapath::xdp_tcp::{
     ConnId, Connection, Event, PassedUp, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
 };
-use datapath::xsk::enter_netns;
 use testbed::*;
 
 // ---------------------------------------------------------------- counting allocator
@@ -78,17 +77,6 @@ static GLOBAL: Counting = Counting;
 /// No progress for this long fails a transfer.
 const STALL: Duration = Duration::from_secs(60);
 
-/// Runs `f` on a new thread inside namespace `ns`.
-fn in_ns<T: Send + 'static>(
-    ns: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    std::thread::spawn(move || {
-        enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
-        f()
-    })
-}
-
 /// Deterministic bytes: stream offset `i` holds `byte_at(i)`.
 fn byte_at(i: u64) -> u8 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -104,7 +92,7 @@ fn fill(buf: &mut [u8], offset: u64) {
 /// A kernel client in `iwb` that sends `total` bytes to `port` on `iwa`, then waits for the
 /// other side to close. Returns the bytes sent.
 fn kernel_client(port: u16, total: u64) -> std::thread::JoinHandle<Result<u64, String>> {
-    in_ns(NS_B, move || {
+    spawn_in_ns(NS_B, move || {
         let to = SocketAddr::V4(SocketAddrV4::new(ADDR_A, port));
         let deadline = Instant::now() + Duration::from_secs(20);
         // The driver may still be starting: retry refused connects for a while.
@@ -372,7 +360,7 @@ const BULK: u64 = 96 << 20;
 fn receive_steady_state_allocates_nothing() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 18720;
-    let driver = in_ns(NS_A, move || {
+    let driver = spawn_in_ns(NS_A, move || {
         let mut drv = open_driver();
         let cfg = drv.tcp_config();
         drv.listen(PORT, 4, cfg).expect("listen");
@@ -425,7 +413,7 @@ fn transmit_steady_state_allocates_nothing() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 18721;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
+    let server = spawn_in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
         let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
         let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
@@ -452,7 +440,7 @@ fn transmit_steady_state_allocates_nothing() {
     ready_rx
         .recv_timeout(Duration::from_secs(20))
         .expect("kernel server up");
-    let driver = in_ns(NS_A, move || {
+    let driver = spawn_in_ns(NS_A, move || {
         let mut drv = open_driver();
         let cfg = drv.tcp_config();
         let id = drv
@@ -509,7 +497,7 @@ fn pass_up_places_every_octet_at_its_offset() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 18722;
     const TOTAL: u64 = 32 << 20;
-    let driver = in_ns(NS_A, move || {
+    let driver = spawn_in_ns(NS_A, move || {
         let mut drv = open_driver();
         let mut cfg = drv.tcp_config();
         cfg.rx_mode = RxMode::PassUp;
@@ -555,7 +543,7 @@ fn pass_up_places_every_octet_at_its_offset() {
 #[test]
 fn refused_connect_and_kernel_owned_port() {
     let _bed = bed_or_skip!();
-    let driver = in_ns(NS_A, || {
+    let driver = spawn_in_ns(NS_A, || {
         let mut drv = open_driver();
         let cfg = drv.tcp_config();
         let id = drv

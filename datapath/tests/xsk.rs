@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
 use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
-use datapath::xsk::{
-    enter_netns, interface_info, resolve_next_hop, BindMode, XskConfig, XskError, XskSocket,
-};
+use datapath::xsk::{interface_info, resolve_next_hop, BindMode, XskConfig, XskError, XskSocket};
 use socket2::{Domain, Protocol, Socket, Type};
 use testbed::*;
 
@@ -67,18 +65,6 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 // ---------------------------------------------------------------- test bed
-
-/// Runs `f` on a fresh thread inside network namespace `ns`.
-fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            enter_netns(ns).unwrap_or_else(|e| panic!("{e}"));
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
 
 /// `Tcp: OutRsts` of the calling thread's namespace.
 fn tcp_out_rsts() -> u64 {

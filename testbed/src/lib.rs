@@ -8,8 +8,10 @@
 
 use std::fs::File;
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
 
 /// Namespace of the first host.
 pub const NS_A: &str = "iwa";
@@ -43,6 +45,53 @@ pub fn is_root() -> bool {
                 .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
         })
         .unwrap_or(false)
+}
+
+/// Moves the calling thread into network namespace `ns` (`setns(CLONE_NEWNET)` changes only
+/// the calling thread's namespace); panics with the reason if it cannot.
+fn enter_ns(ns: &str) {
+    let path = format!("/run/netns/{ns}");
+    let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: `file` is an open namespace file for the duration of the call; setns only reads
+    // the descriptor and changes the calling thread's network namespace, no memory of ours.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+/// Runs `f` on a fresh thread inside network namespace `ns` and returns its result (sockets
+/// belong to the namespace of the thread that creates them). A panic in `f` propagates.
+pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_ns(ns);
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Starts `f` on a new thread inside network namespace `ns`.
+pub fn spawn_in_ns<T: Send + 'static>(
+    ns: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    std::thread::spawn(move || {
+        enter_ns(ns);
+        f()
+    })
+}
+
+/// Starts `f` on a thread of scope `s` inside network namespace `ns`.
+pub fn scoped_in_ns<'s, 'e, T: Send + 's>(
+    s: &'s Scope<'s, 'e>,
+    ns: &'static str,
+    f: impl FnOnce() -> T + Send + 's,
+) -> ScopedJoinHandle<'s, T> {
+    s.spawn(move || {
+        enter_ns(ns);
+        f()
+    })
 }
 
 /// `scripts/netns.sh` of this workspace.

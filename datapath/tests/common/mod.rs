@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod bed;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};

@@ -6,31 +6,12 @@
 pub mod xsk;
 
 use std::{
-    fs::File,
     io,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
-    os::fd::AsRawFd,
     process::Command,
     time::Duration,
 };
-pub use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B, QUEUES};
-
-/// Runs `f` on a fresh thread that has entered network namespace `ns` (only that thread
-/// moves: `setns(CLONE_NEWNET)` is per thread). Panics in `f` propagate.
-pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: setns on a namespace fd we hold open; it changes only this thread's
-            // network namespace.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns {path}: {}", io::Error::last_os_error());
-            f()
-        });
-        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
+pub use testbed::{bed_or_skip, in_ns, ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B, QUEUES};
 
 /// The index of `ifname` in the calling thread's namespace.
 pub fn ifindex(ifname: &str) -> u32 {
