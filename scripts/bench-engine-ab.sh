@@ -63,4 +63,4 @@ print(f'median base {m[0]:.2f} new {m[1]:.2f} Gbit/s, new/base {m[1] / m[0]:.3f}
       f'client CPU us/message: user base {m[2]:.1f} new {m[3]:.1f}, new/base {m[3] / m[2]:.3f}, '
       f'user+sys base {m[4]:.1f} new {m[5]:.1f}, new/base {m[5] / m[4]:.3f} '
       f'($TEST, $PLACE, {len(sys.argv[1].split())} pairs, -n $N)')
- "${ra[*]}" "${rb[*]}" "${ua[*]}" "${ub[*]}" "${ta[*]}" "${tb[*]}"
+" "${ra[*]}" "${rb[*]}" "${ua[*]}" "${ub[*]}" "${ta[*]}" "${tb[*]}"
