@@ -6,14 +6,16 @@
 #   pinned: the server process on CPU 0, the client process on CPU 1 (`taskset`), so each
 #           side's application thread and engine (or connection) thread share one core;
 #   free:   no pinning, the scheduler places the four threads on the two cores.
-# The raw ceiling, measured in the same run and placement: `raw rx`/`raw tx` at 1514-byte
-# frames (the frame size the engine sends at MTU 1500; Gbit/s of frame octets) and
+# The raw ceiling, measured in the same run and placement: `raw rx`/`raw tx` at MTU + 14-byte
+# frames (the frame size the engine sends: 1514 at MTU 1500; Gbit/s of frame octets) and
 # `raw pingpong` at 64 B (one way). Needs root. Prints Markdown.
 # Every cell is the median of REPS runs (default 3).
 # XDP_ARGS: extra iwarp-bench options for both engine sides (e.g. "--engine-inline off").
 # Environment: TESTS="write-bw read-bw ..." runs only those tests; TX_COPY=1 adds, for the bw
 # tests, a row of the engine with `--engine-tx-copy` (its former transmit path: payload copied
 # through TCP's send buffer) measured alternately with the default engine in the same run.
+# MTU: both veth ends' MTU (default 1500; at most 3506, native XDP on veth); the engine and
+# kernel TCP take their MSS from it, raw sends frames of MTU + 14 octets.
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,13 @@ NLAT=${2:-10000}
 REPS=${3:-3}
 # shellcheck source=scripts/bed-bench.sh
 . scripts/bed-bench.sh bench-engine
+MTU=${MTU:-1500}
+FRAME=$((MTU + 14))
+# The most RDMA payload one frame carries: MTU less IP/TCP (40), timestamps (12), MPA header
+# and CRC (6) and the tagged DDP/RDMAP header (14).
+PAYLOAD=$((MTU - 40 - 12 - 6 - 14))
+ip -n iwa link set iwa0 mtu "$MTU"
+ip -n iwb link set iwb0 mtu "$MTU"
 PORT=18700
 
 place() { # placement side -> command prefix
@@ -56,18 +65,18 @@ f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0];
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(round(d[k], 2)) for k in sys.argv[1:]))" "$@"; }
 ratio() { python3 -c "print(round($1/$2, 2))"; }
 
-raw_bw() { # placement -> Gbit/s of 1514-byte frames received
+raw_bw() { # placement -> Gbit/s of FRAME-byte frames received
   local sp cp log
   sp=$(place "$1" server)
   cp=$(place "$1" client)
   log=$(mktemp)
   # shellcheck disable=SC2086
-  ip netns exec iwa $sp "$BIN" raw rx --iface iwa0 --size 1514 --count 500000 --mode driver \
+  ip netns exec iwa $sp "$BIN" raw rx --iface iwa0 --size "$FRAME" --count 500000 --mode driver \
     --port 18600 --ring 8192 --json 2>"$log" >"$log.out" &
   local rx=$!
   for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
   # shellcheck disable=SC2086
-  ip netns exec iwb $cp "$BIN" raw tx --iface iwb0 --size 1514 --count 500000 --dst-ip 10.77.0.1 \
+  ip netns exec iwb $cp "$BIN" raw tx --iface iwb0 --size "$FRAME" --count 500000 --dst-ip 10.77.0.1 \
     --port 18600 --quiet >/dev/null
   wait "$rx" || true
   j gbit_per_sec <"$log.out"
@@ -114,7 +123,7 @@ raw_reps() { # placement -> "gbit p50 p99" medians over REPS runs
   echo "$(med "${g[@]}") $(med "${p[@]}") $(med "${q[@]}")"
 }
 
-echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}"
+echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}"
 echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
@@ -145,7 +154,7 @@ done
 echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
 echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
-echo "--size 1514 --count 500000 --mode driver --ring 8192\` / \`raw tx --size 1514 --count 500000\`,"
+echo "--size $FRAME --count 500000 --mode driver --ring 8192\` / \`raw tx --size $FRAME --count 500000\`,"
 echo "\`raw pingpong --size 64 --count $NLAT --mode driver\`; pinned: server \`taskset -c 0\`, client"
 echo "\`taskset -c 1\`. Gbit/s of the engine and the socket transport count RDMA payload; raw counts"
-echo "Ethernet frame octets (1514 per frame, 1428 of which an engine FPDU can carry as payload)."
+echo "Ethernet frame octets ($FRAME per frame, $PAYLOAD of which an engine FPDU can carry as payload)."
