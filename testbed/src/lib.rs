@@ -8,7 +8,6 @@
 
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
@@ -52,10 +51,8 @@ pub fn is_root() -> bool {
 fn enter_ns(ns: &str) {
     let path = format!("/run/netns/{ns}");
     let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-    // SAFETY: `file` is an open namespace file for the duration of the call; setns only reads
-    // the descriptor and changes the calling thread's network namespace, no memory of ours.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .unwrap_or_else(|e| panic!("setns {path}: {e}"));
 }
 
 /// Runs `f` on a fresh thread inside network namespace `ns` and returns its result (sockets
