@@ -175,6 +175,25 @@ impl RegionBuffer for RegionMemory {
     fn prefetch(&self, offset: usize, len: usize) {
         self.0.prefetch(offset, len)
     }
+    fn share(&self) -> Option<rdmap::SharedBuffer> {
+        // An `Arc` clone: an atomic increment, no allocation.
+        Some(self.0.clone())
+    }
+}
+
+impl RegionBuffer for PinnedBuffer {
+    fn len(&self) -> usize {
+        PinnedBuffer::len(self)
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        PinnedBuffer::read_at(self, offset, dst)
+    }
+    fn write_at(&self, offset: usize, src: &[u8]) {
+        PinnedBuffer::write_at(self, offset, src)
+    }
+    fn prefetch(&self, offset: usize, len: usize) {
+        PinnedBuffer::prefetch(self, offset, len)
+    }
 }
 
 /// The registration table shared by the application (register/deregister) and the engine

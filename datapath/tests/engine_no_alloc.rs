@@ -1,9 +1,10 @@
 //! No allocation per packet in steady state in the iWARP connection glue: a counting global
 //! allocator, armed only inside `IwarpConn::on_data` and `IwarpConn::poll` (the simulator
 //! itself allocates per packet), watches Writes and Sends under 1 % loss and reordering, with
-//! out-of-order placement. After a warm-up, receive (in order and early placement),
-//! transmit (FPDU descriptors, and the FPDU octets written into each packet buffer from the
-//! registered source, `TxMode::Source`) and completions allocate nothing.
+//! out-of-order placement, and Reads (B's Read Responses hold their source region through a
+//! shared handle, `RegionBuffer::share`). After a warm-up, receive (in order and early
+//! placement), transmit (FPDU descriptors, and the FPDU octets written into each packet buffer
+//! from the registered source, `TxMode::Source`) and completions allocate nothing.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::Ipv4Addr;
@@ -203,6 +204,15 @@ fn steady_state(resegment: bool) {
     let rbuf = b
         .mem
         .register(PD, VecBuffer::zeroed(LEN), 0, Access::LOCAL_WRITE);
+    let read_src = b.mem.register(
+        PD,
+        VecBuffer::from_vec(vec![9; LEN]),
+        0,
+        Access::REMOTE_READ,
+    );
+    let read_sink = a
+        .mem
+        .register(PD, VecBuffer::zeroed(LEN), 0, Access::LOCAL_WRITE);
     let sge = Some(Sge {
         stag: src,
         to: 0,
@@ -223,35 +233,52 @@ fn steady_state(resegment: bool) {
                 &b.mem,
             )
             .unwrap();
-        for op in [
-            SendOp::Write {
-                remote_stag: sink,
-                remote_to: 0,
-            },
-            SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
+        let read = SendOp::Read {
+            remote_stag: read_src,
+            remote_to: 0,
+        };
+        let read_sge = Some(Sge {
+            stag: read_sink,
+            to: 0,
+            len: LEN as u32,
+        });
+        for (op, local) in [
+            (
+                SendOp::Write {
+                    remote_stag: sink,
+                    remote_to: 0,
+                },
+                sge,
+            ),
+            (
+                SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sge,
+            ),
+            (read, read_sge),
         ] {
             a.iw.qp_mut()
                 .post_send(
                     SendWr {
                         wr_id: round,
                         op,
-                        local: sge,
+                        local,
                     },
                     &a.mem,
                 )
                 .unwrap();
         }
         let want = b.completions.len() + 1;
+        let want_a = a.completions.len() + 3;
         let before = ALLOCS.load(Ordering::Relaxed);
         let limit = net.now + Duration::from_secs(60);
         assert!(net.run(
             &mut a,
             &mut b,
             limit,
-            |_, b, _| b.completions.len() >= want,
+            |a, b, _| b.completions.len() >= want && a.completions.len() >= want_a,
             |_, _, _| {}
         ));
         counts.push(ALLOCS.load(Ordering::Relaxed) - before);
@@ -267,6 +294,17 @@ fn steady_state(resegment: bool) {
     if resegment {
         assert!(cb.held_total > 0, "the store exercised: {cb:?}");
     }
+    assert!(
+        a.completions
+            .iter()
+            .all(|c| c.status == rdmap::WcStatus::Success),
+        "every Write, Send and Read completed"
+    );
+    assert_eq!(a.mem.get(read_sink).unwrap().to_vec(), vec![9; LEN]);
+    assert!(
+        cb.fpdus_tx > 40 * (LEN as u64 / 1500),
+        "B sent the Read Responses: {cb:?}"
+    );
     let late: u64 = counts[counts.len() / 2..].iter().sum();
     assert_eq!(late, 0, "allocations in the second half: {counts:?}");
 }

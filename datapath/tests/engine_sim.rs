@@ -980,6 +980,80 @@ fn retransmission_from_a_deregistered_region_resets_the_connection() {
     assert_eq!(bed.a.iw.qp().state(), QpState::Error);
 }
 
+/// Posts one Read of `len` octets of B's source into A's sink.
+fn post_read(bed: &mut Bed, r: &Regions, wr_id: u64, len: u32) {
+    let wr = SendWr {
+        wr_id,
+        op: SendOp::Read {
+            remote_stag: r.b_src,
+            remote_to: B_SRC_TO,
+        },
+        local: Some(Sge {
+            stag: r.a_sink,
+            to: A_SINK_TO,
+            len,
+        }),
+    };
+    bed.a
+        .iw
+        .qp_mut()
+        .post_send(wr, &bed.a.mem)
+        .expect("post read");
+}
+
+/// The responder's application deregisters the region a Read Response is sent from while the
+/// Response is unacknowledged (nothing tells it when it is): the FPDU descriptors hold the
+/// region's bytes, so B's retransmissions still deliver the right octets and the Read
+/// completes; a new Read of the deregistered STag is refused (RFC 5040 7.2: invalid STag,
+/// Terminate) and fails at A.
+#[test]
+fn read_response_retransmitted_after_the_responder_deregistered_the_region() {
+    let mut bed = bed(16, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let len = 6 << 10;
+    let r = regions(&mut bed, len);
+    let source = pattern(len, 94);
+    rdmap::RegionBuffer::write_at(bed.b.mem.get(r.b_src).unwrap(), 0, &source);
+    post_read(&mut bed, &r, 1, len as u32);
+    // B queues the Response; A hears none of it, so B must retransmit.
+    bed.run_until("Response queued at B", Duration::from_secs(1), |_, b| {
+        b.counters().fpdus_tx > 0
+    });
+    bed.a.deaf = true;
+    assert!(bed.b.mem.deregister(r.b_src).is_ok());
+    run_for(&mut bed, Duration::from_millis(50));
+    let retx = bed.b.tcp.as_ref().unwrap().stats().retransmitted_segments;
+    assert!(retx > 0, "B retransmitted the Response while A was deaf");
+    assert!(bed.a.completions.is_empty(), "{:?}", bed.a.completions);
+    bed.a.deaf = false;
+    bed.run_until("Read completion", Duration::from_secs(5), |a, _| {
+        !a.completions.is_empty()
+    });
+    let wc = bed.a.completions[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, len as u32)
+    );
+    assert_eq!(bed.a.bytes(r.a_sink), source);
+    assert!(!bed
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_))));
+    // A new Read of the deregistered STag: refused by B.
+    post_read(&mut bed, &r, 2, 100);
+    bed.run_until("refused Read", Duration::from_secs(5), |a, _| {
+        a.completions.len() == 2
+    });
+    let wc = bed.a.completions[1];
+    assert_eq!(wc.wr_id, 2);
+    assert_ne!(wc.status, WcStatus::Success);
+    assert!(
+        bed.a.iw.qp().remote_terminate().is_some(),
+        "B sent a Terminate"
+    );
+}
+
 /// The peer closes (FIN) while a Write of ours is still unacknowledged: in CLOSE-WAIT our TCP
 /// must still be able to retransmit it, so its FPDU descriptors stay until TCP is gone (no
 /// `TransmitSourceFailed`, no reset; the lost octets reach the peer).

@@ -47,7 +47,8 @@ pub mod wire;
 
 pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use memory::{
-    Access, AccessViolation, MemoryTable, PdId, RegionBuffer, RegionInfo, Stag, VecBuffer,
+    Access, AccessViolation, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, Stag,
+    VecBuffer,
 };
 pub use qp::{
     QpConfig, QpState, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo,

@@ -9,9 +9,9 @@
 //! (RFC 5042 5.2 on STag reuse). STag index 0 is never allocated, so STag 0 (and the
 //! STag 1 of siw's zero-length RTR Write) never name a region.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::RdmapError;
 
@@ -117,7 +117,7 @@ pub struct PdId(pub u32);
 ///
 /// Methods take `&self`: implementations use interior mutability (the datapath's
 /// implementation writes through raw pointers into pinned memory; [`VecBuffer`] uses a
-/// `RefCell`). [`MemoryTable`] and [`crate::QueuePair`] only ever call `read_at` and
+/// `Mutex`). [`MemoryTable`] and [`crate::QueuePair`] only ever call `read_at` and
 /// `write_at` with `offset + len <= self.len()`, after checking the request against the
 /// region's bounds; implementations may panic on an out-of-range call.
 pub trait RegionBuffer {
@@ -141,12 +141,52 @@ pub trait RegionBuffer {
     fn prefetch(&self, offset: usize, len: usize) {
         let _ = (offset, len);
     }
+
+    /// Another handle to the same bytes that keeps them alive after the region is
+    /// deregistered, if this buffer type can give one without allocating (an `Arc` clone): a
+    /// transmitter holds it while a Read Response segment read from the region may still be
+    /// retransmitted (RFC 5040 4.2: the responder cannot know when the Response is
+    /// acknowledged). `None` (the default): the transmitter looks the region up again for each
+    /// (re)transmission.
+    fn share(&self) -> Option<SharedBuffer> {
+        None
+    }
 }
 
-/// A heap-backed [`RegionBuffer`] for tests and examples.
+/// A shared handle to a region's bytes ([`RegionBuffer::share`]).
+pub type SharedBuffer = Arc<dyn RegionBuffer + Send + Sync>;
+
+/// A heap-backed [`RegionBuffer`] for tests and examples. Clones share the bytes (as the
+/// datapath's `Arc`-backed regions do), so [`RegionBuffer::share`] works for it too, without
+/// allocating.
 #[derive(Debug, Clone, Default)]
 pub struct VecBuffer {
-    bytes: RefCell<Vec<u8>>,
+    bytes: Arc<VecBytes>,
+}
+
+/// The bytes behind a [`VecBuffer`].
+#[derive(Debug, Default)]
+struct VecBytes(Mutex<Vec<u8>>);
+
+impl VecBytes {
+    fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
+        // Plain bytes: a panic elsewhere cannot leave them inconsistent.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl RegionBuffer for VecBytes {
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn read_at(&self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.lock()[offset..offset + dst.len()]);
+    }
+
+    fn write_at(&self, offset: usize, src: &[u8]) {
+        self.lock()[offset..offset + src.len()].copy_from_slice(src);
+    }
 }
 
 impl VecBuffer {
@@ -158,32 +198,39 @@ impl VecBuffer {
     /// A buffer holding `bytes`.
     pub fn from_vec(bytes: Vec<u8>) -> VecBuffer {
         VecBuffer {
-            bytes: RefCell::new(bytes),
+            bytes: Arc::new(VecBytes(Mutex::new(bytes))),
         }
     }
 
     /// A copy of the current contents.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.bytes.borrow().clone()
+        self.bytes.lock().clone()
     }
 
-    /// The buffer's contents.
+    /// The buffer's contents (a copy if a clone or shared handle still holds them).
     pub fn into_vec(self) -> Vec<u8> {
-        self.bytes.into_inner()
+        match Arc::try_unwrap(self.bytes) {
+            Ok(b) => b.0.into_inner().unwrap_or_else(|e| e.into_inner()),
+            Err(shared) => shared.lock().clone(),
+        }
     }
 }
 
 impl RegionBuffer for VecBuffer {
     fn len(&self) -> usize {
-        self.bytes.borrow().len()
+        self.bytes.len()
     }
 
     fn read_at(&self, offset: usize, dst: &mut [u8]) {
-        dst.copy_from_slice(&self.bytes.borrow()[offset..offset + dst.len()]);
+        self.bytes.read_at(offset, dst)
     }
 
     fn write_at(&self, offset: usize, src: &[u8]) {
-        self.bytes.borrow_mut()[offset..offset + src.len()].copy_from_slice(src);
+        self.bytes.write_at(offset, src)
+    }
+
+    fn share(&self) -> Option<SharedBuffer> {
+        Some(self.bytes.clone())
     }
 }
 

@@ -52,9 +52,11 @@
 //!   is owed cannot be produced and no Terminate could follow them in the stream, so the TCP
 //!   connection is reset (RFC 5040 5.4: the stream is torn down) and
 //!   [`ConnEvent::TransmitSourceFailed`] reported; nothing outside a region is ever read.
-//!   Read Responses are sent from a copy of each segment taken when it is queued (a bounded
-//!   snapshot ring): the responder's application cannot know when they are acknowledged, so
-//!   retransmissions must not see its later writes.
+//!   Read Responses are read from the responder's region too, but the descriptor holds the
+//!   region's bytes alive (`RegionBuffer::share`, an `Arc` clone) until the segment is
+//!   acknowledged: the responder's application cannot know when that is, so a deregistration
+//!   must not break a retransmission (new Reads of the STag fail at once). The data is read
+//!   when the segment is sent, as a hardware RNIC does (`tx` module).
 //! - `tcp_engine::TxMode::Records` (kept for comparison and for callers driving TCP that way):
 //!   each ULPDU is copied out of the region and framed as one FPDU straight into TCP's send
 //!   buffer (`send_record_with`, the CRC computed as the octets go in); Sends and Writes
@@ -487,11 +489,7 @@ pub struct IwarpConn {
 impl IwarpConn {
     fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
         let initiator = matches!(phase, Phase::Initiating(_));
-        // Read Response payloads queued in TCP: at most `tx_ahead` plus one FPDU.
-        let tx = TxRing::new(
-            cfg.max_tx_fpdus.max(1),
-            cfg.tx_ahead + usize::from(u16::MAX),
-        );
+        let tx = TxRing::new(cfg.max_tx_fpdus.max(1));
         IwarpConn {
             qp: QueuePair::new(cfg.qp),
             store: Store::new(cfg.reassembly_capacity),
@@ -1532,7 +1530,6 @@ impl IwarpConn {
             let start = tcp.send_stream_end();
             // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
             if self.tx.is_full()
-                || self.tx.snapshot_room() < mulpdu
                 || tcp.send_capacity() < self.tx.wire_len(start, mulpdu)
                 || tcp.send_queue_len() >= self.cfg.tx_ahead
             {

@@ -18,22 +18,27 @@
 //! A retransmission reads the region again (no retransmit copy); if the region is gone or no
 //! longer covers the payload, the fill fails and nothing outside the region is ever read.
 //!
-//! Read Responses are the exception: their source is the responder's remotely readable
-//! memory, which its application may rewrite as soon as the requester's later messages arrive
-//! (nothing tells it when the Response is acknowledged), so their payload is copied once, when
-//! the segment is queued, into a bounded per-connection snapshot ring (allocated on the first
-//! Read Response) and sent and retransmitted from there: each segment carries what the region
-//! held when that segment was queued (as with the socket transport, which copies each segment
-//! when it hands it to TCP). Segments are queued as TCP's send window (`tx_ahead`) allows, so a
-//! long Response is still read over time: rewriting the region while a Read of it may be in
-//! progress stays an application race (RFC 5040 orders nothing there).
+//! Read Responses differ in whose memory they read: the responder's remotely readable region,
+//! whose application cannot know when the Response is acknowledged (RFC 5040 4.2: nothing
+//! completes on the responder), so it may deregister the region while a segment still needs
+//! retransmitting. When a Read Response segment is queued its source is checked against the
+//! region table (a deregistered or invalidated STag fails there, and rdmap answers the Read
+//! with a Terminate) and the descriptor takes a handle to the region's bytes
+//! ([`RegionBuffer::share`]: an `Arc` clone, an atomic increment, no allocation), released
+//! with the descriptor when the segment is acknowledged. Transmissions and retransmissions
+//! read the bytes through that handle, so they still deliver after a deregistration. As with
+//! a hardware RNIC, the Response data is read when the segment is sent, not when the Read
+//! Request arrived: local writes to the region after the Request may show in the Response
+//! (and a retransmission carries what the region holds then); rewriting memory a Read may be
+//! reading is an application race (RFC 5040 orders nothing there). A buffer type that cannot
+//! share (`share` gives `None`) is looked up again at each fill, like a Write's source.
 
 use std::collections::VecDeque;
 
 use mpa::crc::Crc32c;
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
-use rdmap::{Access, MemoryTable, PdId, RegionBuffer, TxPayload};
+use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
 use tcp_engine::TxSourceError;
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
@@ -47,7 +52,7 @@ pub(crate) const HEAD_MAX: usize = 80;
 const CRC_CHUNK: usize = 512;
 
 /// One FPDU in flight.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct TxFpdu {
     /// Stream offset of its first octet (a leading Marker included).
     pub start: u64,
@@ -57,12 +62,25 @@ pub(crate) struct TxFpdu {
     head_len: u8,
     head: [u8; HEAD_MAX],
     payload: Option<TxPayload>,
-    /// The payload was copied into the snapshot ring at this position (Read Responses).
-    snap: Option<u64>,
+    /// A Read Response's source, held until the FPDU is acknowledged.
+    held: Option<Held>,
     /// The CRC (RFC 5044 4.4) once computed.
     crc: Option<u32>,
     /// Its acknowledgement completes a Send or Write (`rdmap::TxSegment::completes`).
     pub completes: bool,
+}
+
+/// A handle to a Read Response's source bytes and the payload's offset in them.
+#[derive(Clone)]
+struct Held {
+    buf: SharedBuffer,
+    off: usize,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("off", &self.off).finish()
+    }
 }
 
 impl TxFpdu {
@@ -78,7 +96,7 @@ pub(crate) enum PushError {
     Full,
     /// The inline part is longer than [`HEAD_MAX`] or the ULPDU longer than an FPDU takes.
     TooLong,
-    /// A Read Response's source could not be copied (region gone, or no snapshot room).
+    /// A Read Response's source is not (or no longer) a valid region for it.
     Source,
 }
 
@@ -92,12 +110,6 @@ pub(crate) struct TxRing {
     /// Stream offset of SeqStart (Marker positions are counted from here).
     seq_start: u64,
     pd: PdId,
-    /// Snapshot ring of Read Response payloads (empty until the first one).
-    snap: Vec<u8>,
-    snap_capacity: usize,
-    /// Positions (monotonic) of the oldest octet in use and of the next free one.
-    snap_head: u64,
-    snap_tail: u64,
     /// Index in `fpdus` of the FPDU the last fill ended in: TCP asks for its stream in order
     /// (one segment after the other), so the next fill almost always starts there or in the
     /// one after; any other offset (a retransmission) is searched for.
@@ -106,8 +118,7 @@ pub(crate) struct TxRing {
 
 impl TxRing {
     /// An empty ring of at most `capacity` descriptors (allocated now, never grown).
-    /// `snapshot_capacity` octets of Read Response payload can be held at once.
-    pub fn new(capacity: usize, snapshot_capacity: usize) -> TxRing {
+    pub fn new(capacity: usize) -> TxRing {
         TxRing {
             fpdus: VecDeque::with_capacity(capacity),
             capacity,
@@ -115,17 +126,8 @@ impl TxRing {
             markers: false,
             seq_start: 0,
             pd: PdId(0),
-            snap: Vec::new(),
-            snap_capacity: snapshot_capacity,
-            snap_head: 0,
-            snap_tail: 0,
             cursor: 0,
         }
-    }
-
-    /// Octets of Read Response payload that can still be queued.
-    pub fn snapshot_room(&self) -> usize {
-        self.snap_capacity - (self.snap_tail - self.snap_head) as usize
     }
 
     /// Full Operation starts at stream offset `seq_start` with these settings.
@@ -168,26 +170,12 @@ impl TxRing {
         if head.len() > HEAD_MAX || ulpdu_len > usize::from(u16::MAX) {
             return Err(PushError::TooLong);
         }
-        let mut snap = None;
+        let mut held = None;
         if let Some(p) = payload.filter(|p| p.access == Access::REMOTE_READ) {
-            let len = p.len as usize;
-            if self.snapshot_room() < len {
-                return Err(PushError::Source);
-            }
             let (buf, off) = mem
                 .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                 .map_err(|_| PushError::Source)?;
-            if self.snap.is_empty() {
-                // Once per connection, on its first Read Response.
-                self.snap = vec![0; self.snap_capacity];
-            }
-            let cap = self.snap_capacity;
-            let at = (self.snap_tail % cap as u64) as usize;
-            let first = len.min(cap - at);
-            buf.read_at(off, &mut self.snap[at..at + first]);
-            buf.read_at(off + first, &mut self.snap[..len - first]);
-            snap = Some(self.snap_tail);
-            self.snap_tail += len as u64;
+            held = buf.share().map(|buf| Held { buf, off });
         }
         let wire_len = self.wire_len(start, ulpdu_len);
         let mut fpdu = TxFpdu {
@@ -197,7 +185,7 @@ impl TxRing {
             head_len: head.len() as u8,
             head: [0; HEAD_MAX],
             payload,
-            snap,
+            held,
             crc: None,
             completes,
         };
@@ -213,9 +201,6 @@ impl TxRing {
                 break;
             }
             released(f);
-            if let (Some(pos), Some(p)) = (f.snap, f.payload) {
-                self.snap_head = pos + u64::from(p.len);
-            }
             self.fpdus.pop_front();
             self.cursor = self.cursor.saturating_sub(1);
         }
@@ -225,7 +210,6 @@ impl TxRing {
     pub fn clear(&mut self) {
         self.fpdus.clear();
         self.cursor = 0;
-        self.snap_head = self.snap_tail;
     }
 
     /// Writes the stream octets `[offset, offset + out.len())`, which must lie in queued
@@ -244,7 +228,6 @@ impl TxRing {
         let mut pos = offset;
         let mut done = 0;
         let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
-        let snap = &self.snap[..];
         let mut i = first;
         while done < out.len() {
             let f = self.fpdus.get_mut(i).ok_or(err)?;
@@ -258,7 +241,6 @@ impl TxRing {
                 markers,
                 seq_start,
                 pd,
-                snap,
             };
             w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
             done += n;
@@ -274,10 +256,12 @@ impl TxRing {
     /// for is usually that FPDU; its source in a large registered region is often out of cache).
     fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
         let Some(f) = self.fpdus.get(i) else { return };
-        if f.crc.is_some() || f.snap.is_some() {
+        if f.crc.is_some() {
             return;
         }
-        if let Some(p) = f.payload {
+        if let (Some(h), Some(p)) = (&f.held, f.payload) {
+            h.buf.prefetch(h.off, p.len as usize);
+        } else if let Some(p) = f.payload {
             if let Ok((buf, off)) = mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
             {
                 buf.prefetch(off, p.len as usize);
@@ -300,18 +284,15 @@ impl TxRing {
 }
 
 /// Writes parts of FPDUs.
-struct FpduWriter<'s> {
+struct FpduWriter {
     crc: bool,
     markers: bool,
     seq_start: u64,
     pd: PdId,
-    /// The snapshot ring (Read Response payloads).
-    snap: &'s [u8],
 }
 
 /// Where the octets of one content run come from.
-#[derive(Clone, Copy)]
-enum Src<'a, B> {
+enum Src<'a, B: ?Sized> {
     Bytes(&'a [u8]),
     Region(&'a B, usize),
     Zeros,
@@ -366,7 +347,7 @@ impl Pass<'_> {
     }
 
     /// `n` content octets from `src` (at `src_off`), with Markers inserted where they fall.
-    fn content<B: RegionBuffer>(&mut self, src: Src<'_, B>, n: usize) {
+    fn content<B: RegionBuffer + ?Sized>(&mut self, src: Src<'_, B>, n: usize) {
         let mut off = 0;
         while off < n {
             let run = if self.markers {
@@ -379,20 +360,20 @@ impl Pass<'_> {
             } else {
                 n - off
             };
-            match src {
+            match &src {
                 Src::Bytes(b) => self.put_bytes(&b[off..off + run], true),
                 Src::Zeros => {
                     const Z: [u8; 3] = [0; 3];
                     // PAD: at most 3 octets.
                     self.put_bytes(&Z[..run.min(3)], true);
                 }
-                Src::Region(buf, base) => self.region(buf, base + off, run),
+                Src::Region(buf, base) => self.region(*buf, base + off, run),
             }
             off += run;
         }
     }
 
-    fn region<B: RegionBuffer>(&mut self, buf: &B, at: usize, n: usize) {
+    fn region<B: RegionBuffer + ?Sized>(&mut self, buf: &B, at: usize, n: usize) {
         let whole = self.w >= self.from && self.w + n <= self.to();
         if whole {
             // The usual case: straight into the output, the CRC over the octets just written.
@@ -423,9 +404,9 @@ impl Pass<'_> {
     }
 }
 
-impl FpduWriter<'_> {
+impl FpduWriter {
     /// Writes octets `[from, from + out.len())` of `f`'s wire image. `None` if its payload
-    /// region is no longer valid for it.
+    /// region is no longer valid for it (a held Read Response source always is).
     fn fill<B: RegionBuffer>(
         &self,
         f: &mut TxFpdu,
@@ -433,33 +414,49 @@ impl FpduWriter<'_> {
         out: &mut [u8],
         mem: &MemoryTable<B>,
     ) -> Option<()> {
-        let region = match f.payload.filter(|_| f.snap.is_none()) {
+        if let Some(h) = f.held.take() {
+            // Taken out while `f` takes its CRC, put back after (no reference count change).
+            self.fill_from(f, Some((&*h.buf, h.off)), from, out);
+            f.held = Some(h);
+            return Some(());
+        }
+        let region = match f.payload {
             Some(p) => Some(
                 mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                     .ok()?,
             ),
             None => None,
         };
+        self.fill_from(f, region, from, out);
+        Some(())
+    }
+
+    fn fill_from<B: RegionBuffer + ?Sized>(
+        &self,
+        f: &mut TxFpdu,
+        region: Option<(&B, usize)>,
+        from: usize,
+        out: &mut [u8],
+    ) {
         let wire_len = f.wire_len as usize;
         let whole = from == 0 && out.len() == wire_len;
         if !self.crc {
             self.pass(f, region, from, out, false);
-            return Some(());
+            return;
         }
         if whole {
             f.crc = Some(self.pass(f, region, from, out, true));
-            return Some(());
+            return;
         }
         if from + out.len() > wire_len - CRC_LEN && f.crc.is_none() {
             // A part reaching the CRC field, never sent whole: compute the CRC first.
             f.crc = Some(self.pass(f, region, 0, &mut [], true));
         }
         self.pass(f, region, from, out, false);
-        Some(())
     }
 
     /// One pass; returns the CRC if `compute` (else the kept one, or 0).
-    fn pass<B: RegionBuffer>(
+    fn pass<B: RegionBuffer + ?Sized>(
         &self,
         f: &TxFpdu,
         region: Option<(&B, usize)>,
@@ -488,14 +485,6 @@ impl FpduWriter<'_> {
         p.content::<B>(Src::Bytes(head), head.len());
         if let (Some((buf, base)), Some(pl)) = (region, f.payload) {
             p.content(Src::Region(buf, base), pl.len as usize);
-        }
-        if let (Some(pos), Some(pl), false) = (f.snap, f.payload, self.snap.is_empty()) {
-            let cap = self.snap.len();
-            let at = (pos % cap as u64) as usize;
-            let len = pl.len as usize;
-            let first = len.min(cap - at);
-            p.content::<B>(Src::Bytes(&self.snap[at..at + first]), first);
-            p.content::<B>(Src::Bytes(&self.snap[..len - first]), len - first);
         }
         let pad = pad_len(usize::from(f.ulpdu_len));
         p.content::<B>(Src::Zeros, pad);
@@ -545,7 +534,7 @@ mod tests {
             0x10_000,
             Access::REMOTE_READ,
         );
-        let mut ring = TxRing::new(64, 1 << 20);
+        let mut ring = TxRing::new(64);
         ring.start(crc, markers, seq_start, PD);
         let mut enc = FpduEncoder::new(crc, markers);
         let mut expected = Vec::new();
@@ -571,7 +560,7 @@ mod tests {
                         stag,
                         to: 0x10_000 + off as u64,
                         len: len as u32,
-                        // Some as Read Responses: copied into the snapshot ring.
+                        // Some as Read Responses: their source held by the descriptor.
                         access: if k == 1 {
                             Access::REMOTE_READ
                         } else {
@@ -707,8 +696,59 @@ mod tests {
     }
 
     #[test]
+    fn read_response_source_is_held_past_deregistration() {
+        let mut mem = MemoryTable::new();
+        let data: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+        let stag = mem.register(
+            PD,
+            VecBuffer::from_vec(data.clone()),
+            0,
+            Access::REMOTE_READ,
+        );
+        let mut ring = TxRing::new(4);
+        ring.start(true, true, 0, PD);
+        let payload = |access| TxPayload {
+            stag,
+            to: 100,
+            len: 1400,
+            access,
+        };
+        let head = [0x41u8; 14];
+        let n = ring
+            .push(0, &head, Some(payload(Access::REMOTE_READ)), false, &mem)
+            .expect("push");
+        let mut expected = Vec::new();
+        FpduEncoder::new(true, true)
+            .encode_parts(&head, &data[100..1500], &mut expected)
+            .expect("encode");
+        assert!(mem.deregister(stag).is_ok());
+        // Sent and retransmitted (whole, then in parts) after the deregistration.
+        for _ in 0..2 {
+            let mut out = vec![0u8; n];
+            ring.fill(0, &mut out, &mem).expect("held source");
+            assert_eq!(out, expected);
+        }
+        let mut part = vec![0u8; 700];
+        ring.fill(600, &mut part, &mem).expect("part");
+        assert_eq!(part, &expected[600..1300]);
+        // New segments of the STag are refused; the held one is released with its FPDU.
+        assert_eq!(
+            ring.push(
+                n as u64,
+                &head,
+                Some(payload(Access::REMOTE_READ)),
+                false,
+                &mem
+            ),
+            Err(PushError::Source)
+        );
+        ring.release_to(n as u64, |_| {});
+        assert_eq!(ring.len(), 0);
+    }
+
+    #[test]
     fn ring_is_bounded() {
-        let mut ring = TxRing::new(2, 0);
+        let mut ring = TxRing::new(2);
         ring.start(true, false, 0, PD);
         assert!(ring
             .push(0, &[1; 14], None, false, &MemoryTable::<VecBuffer>::new())
@@ -724,7 +764,7 @@ mod tests {
         let mut completes = 0;
         ring.release_to(48, |f| completes += usize::from(f.completes));
         assert_eq!((ring.len(), completes), (0, 1));
-        let mut ring = TxRing::new(2, 0);
+        let mut ring = TxRing::new(2);
         assert_eq!(
             ring.push(
                 0,
