@@ -901,6 +901,24 @@ fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
 }
 
 /// Runs for `time` of virtual time whatever happens.
+/// A stops hearing B (so no ACK reaches it), posts Write 1 of `data` into B's sink and runs
+/// until B has placed it all.
+fn write_placed_while_a_is_deaf(bed: &mut Bed, r: &Regions, data: &[u8]) {
+    bed.a.deaf = true;
+    post_write(bed, r, 1, data);
+    let (sink, want) = (r.b_sink, data.to_vec());
+    bed.run_until("placed at B", Duration::from_secs(1), move |_, b| {
+        b.bytes(sink) == want
+    });
+}
+
+/// Whether `events` report a transmission whose source could not be read.
+fn source_failed(events: &[ConnEvent]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_)))
+}
+
 fn run_for(bed: &mut Bed, time: Duration) {
     let deadline = bed.net.now + time;
     bed.net.run(
@@ -922,12 +940,7 @@ fn write_completes_only_when_acknowledged() {
     // Within TCP's initial window, so it all goes out without ACKs.
     let r = regions(&mut bed, 8 << 10);
     let data = pattern(8 << 10, 90);
-    bed.a.deaf = true;
-    post_write(&mut bed, &r, 1, &data);
-    let want = data.clone();
-    bed.run_until("placed at B", Duration::from_secs(1), move |_, b| {
-        b.bytes(r.b_sink) == want
-    });
+    write_placed_while_a_is_deaf(&mut bed, &r, &data);
     run_for(&mut bed, Duration::from_millis(30));
     let retx = bed.a.tcp.as_ref().unwrap().stats().retransmitted_segments;
     assert!(retx > 0, "A retransmitted while deaf");
@@ -958,18 +971,10 @@ fn retransmission_from_a_deregistered_region_resets_the_connection() {
     bed.establish();
     let r = regions(&mut bed, 4 << 10);
     let data = pattern(4 << 10, 91);
-    bed.a.deaf = true;
-    post_write(&mut bed, &r, 1, &data);
-    let want = data.clone();
-    bed.run_until("placed at B", Duration::from_secs(1), move |_, b| {
-        b.bytes(r.b_sink) == want
-    });
+    write_placed_while_a_is_deaf(&mut bed, &r, &data);
     assert!(bed.a.mem.deregister(r.a_src).is_ok());
     bed.run_until("reset", Duration::from_secs(5), |a, b| {
-        a.events
-            .iter()
-            .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_)))
-            && b.events.contains(&ConnEvent::TransportClosed)
+        source_failed(&a.events) && b.events.contains(&ConnEvent::TransportClosed)
     });
     assert_eq!(
         bed.a.tcp.as_ref().unwrap().state(),
@@ -1035,11 +1040,7 @@ fn read_response_retransmitted_after_the_responder_deregistered_the_region() {
         (1, WcStatus::Success, len as u32)
     );
     assert_eq!(bed.a.bytes(r.a_sink), source);
-    assert!(!bed
-        .b
-        .events
-        .iter()
-        .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_))));
+    assert!(!source_failed(&bed.b.events));
     // A new Read of the deregistered STag: refused by B.
     post_read(&mut bed, &r, 2, 100);
     bed.run_until("refused Read", Duration::from_secs(5), |a, _| {
@@ -1079,14 +1080,7 @@ fn retransmission_after_the_peer_closed() {
         |_, b| b.counters().segments > segments_before,
     );
     run_for(&mut bed, Duration::from_millis(50));
-    assert!(
-        !bed.a
-            .events
-            .iter()
-            .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_))),
-        "{:?}",
-        bed.a.events
-    );
+    assert!(!source_failed(&bed.a.events), "{:?}", bed.a.events);
     assert!(bed.a.tcp.as_ref().unwrap().stats().retransmitted_segments > 0);
 }
 

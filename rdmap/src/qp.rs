@@ -1171,9 +1171,6 @@ impl QueuePair {
         let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
         let len = (total - entry.sent).min(room);
         let last = entry.sent + len == total;
-        let Some(name) = self.sq_head_name(total) else {
-            return Err(local_failure);
-        };
         let (opcode, hdr) = match entry.wr.op {
             SendOp::Write {
                 remote_stag,
@@ -1236,6 +1233,10 @@ impl QueuePair {
             head.sent += len;
         }
         if last {
+            // Named before the queue and the MSN move on (a Read never gets here).
+            let Some(name) = self.sq_head_name(total) else {
+                return Err(local_failure);
+            };
             self.sq.pop_front();
             if opcode.is_send() {
                 self.tx_send_msn = self.tx_send_msn.wrapping_add(1);

@@ -1193,12 +1193,18 @@ impl Connection {
         right.max(self.rcv_adv_right)
     }
 
+    /// `InOrder`: the stream offset just past what the ring can hold (nominal buffer plus
+    /// the rounding room).
+    fn rcv_ring_right(&self) -> u64 {
+        self.rcv_read + self.rcv_buf.len() as u64
+    }
+
     /// The furthest right edge the receiver can hold data up to: the whole ring (`InOrder`,
     /// nominal buffer plus the rounding room), the upper layer's window (`PassUp`, which
     /// grants no more), and never less than the edge already offered.
     fn rcv_buffer_limit(&self) -> u64 {
         let limit = match self.cfg.rx_mode {
-            RxMode::InOrder => self.rcv_read + self.rcv_buf.len() as u64,
+            RxMode::InOrder => self.rcv_ring_right(),
             RxMode::PassUp => self.rcv_nxt + self.ulp_window,
         };
         limit.max(self.rcv_window_right())
@@ -1825,7 +1831,7 @@ impl Connection {
         // `InOrder`: nothing past the ring, though the window may offer a little more after
         // rounding up (`window_field`); the rest is dropped and comes again.
         let held_right = match self.cfg.rx_mode {
-            RxMode::InOrder => right.min(self.rcv_read + self.rcv_buf.len() as u64),
+            RxMode::InOrder => right.min(self.rcv_ring_right()),
             RxMode::PassUp => right,
         };
         let a = start_i.max(self.rcv_nxt as i64) as u64;
