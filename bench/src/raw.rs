@@ -14,7 +14,9 @@
 //!   format.
 //!
 //! Sizes are Ethernet frame lengths without FCS (64 = 14 + 20 + 20 + 10 octets of payload);
-//! Gbit/s counts those octets. Progress goes to stderr once a second; results to stdout.
+//! Gbit/s counts those octets; the bandwidth reports also give the goodput, Gbit/s of the TCP
+//! payload (`payload_gbit_per_sec`: frame less the 54 octets of Ethernet, IPv4 and TCP headers).
+//! Progress goes to stderr once a second; results to stdout.
 
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
@@ -296,7 +298,16 @@ struct BwReport<'a> {
     frames: u64,
     #[serde(flatten)]
     bw: BandwidthResult,
+    /// Goodput: Gbit/s of the frames' TCP payload (frame octets less the Ethernet, IPv4 and
+    /// TCP headers, [`HEADERS_LEN`]), what a protocol above could carry in such frames at best.
+    payload_gbit_per_sec: f64,
     kernel_drops: u64,
+}
+
+/// Gbit/s of TCP payload in `frames` frames of `frame_bytes` octets each over `bw`'s interval.
+fn payload_gbit(frame_bytes: usize, bw: &BandwidthResult) -> f64 {
+    let payload = frame_bytes.saturating_sub(HEADERS_LEN) as f64;
+    bw.gbit_per_sec * payload / (frame_bytes.max(1) as f64)
 }
 
 fn print_bw(o: &Opts, report: &BwReport<'_>) {
@@ -309,12 +320,13 @@ fn print_bw(o: &Opts, report: &BwReport<'_>) {
         println!("{}", stats::BW_HEADER);
         println!("{}", stats::bw_row(&report.bw));
         println!(
-            "raw {}: {} of {} frames, {:.3} Mpps, {:.3} Gbit/s (frame octets), kernel drops {}",
+            "raw {}: {} of {} frames, {:.3} Mpps, {:.3} Gbit/s (frame octets), {:.3} Gbit/s goodput (TCP payload), kernel drops {}",
             report.test,
             report.frames,
             report.expected,
             report.bw.msg_rate_mpps,
             report.bw.gbit_per_sec,
+            report.payload_gbit_per_sec,
             report.kernel_drops
         );
     }
@@ -364,6 +376,7 @@ fn tx(o: &Opts) -> Res<()> {
         ));
     }
     let st = sock.stats();
+    let bw = BandwidthResult::new(size as u64, st.tx_completed, seconds);
     print_bw(
         o,
         &BwReport {
@@ -375,7 +388,8 @@ fn tx(o: &Opts) -> Res<()> {
             frame_bytes: size,
             expected: count,
             frames: st.tx_completed,
-            bw: BandwidthResult::new(size as u64, st.tx_completed, seconds),
+            payload_gbit_per_sec: payload_gbit(size, &bw),
+            bw,
             kernel_drops: st.tx_invalid_descs,
         },
     );
@@ -435,6 +449,7 @@ fn rx(o: &Opts) -> Res<()> {
         })
         .sum();
     let size = bytes.checked_div(frames).map_or(o.size, |b| b as usize);
+    let bw = BandwidthResult::new(size as u64, frames, seconds);
     print_bw(
         o,
         &BwReport {
@@ -446,7 +461,8 @@ fn rx(o: &Opts) -> Res<()> {
             frame_bytes: size,
             expected: count,
             frames,
-            bw: BandwidthResult::new(size as u64, frames, seconds),
+            payload_gbit_per_sec: payload_gbit(size, &bw),
+            bw,
             kernel_drops: drops,
         },
     );

@@ -133,6 +133,22 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
         assert_eq!(r["xdp_mode"], mode, "{r}");
         assert!(t["gbit_per_sec"].as_f64().unwrap() > 0.0, "{t}");
         assert!(r["msg_rate_mpps"].as_f64().unwrap() > 0.0, "{r}");
+        // Goodput is the frames' TCP payload: frame less 54 octets of headers.
+        let frame = size.parse::<f64>().unwrap();
+        for (j, what) in [(&t, "tx"), (&r, "rx")] {
+            let (g, p) = (
+                j["gbit_per_sec"].as_f64(),
+                j["payload_gbit_per_sec"].as_f64(),
+            );
+            let (Some(g), Some(p)) = (g, p) else {
+                panic!("{what}: no gbit_per_sec / payload_gbit_per_sec in {j}")
+            };
+            let want = g * (frame - 54.0) / frame;
+            assert!(
+                (p - want).abs() <= 1e-9 * g.max(1.0),
+                "{what} goodput {p} vs {want}: {j}"
+            );
+        }
         println!("{size} B {mode}: tx {t}\nrx {r}");
         // Let the queues of iwa0 be released before the next round binds them again.
         std::thread::sleep(Duration::from_millis(300));
