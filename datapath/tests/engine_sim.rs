@@ -12,7 +12,9 @@ use rdmap::{
     Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, Stag, WcStatus, WorkCompletion,
 };
 use tcp_engine::sim::{Endpoint, LinkConfig, Network};
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+use tcp_engine::{
+    Config, Connection, Event as TcpEvent, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode,
+};
 
 const A_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -873,7 +875,10 @@ fn graceful_close() {
         };
         gone(a) && gone(b)
     });
-    assert!(bed.b.events.contains(&ConnEvent::TransportClosed));
+    assert!(bed
+        .b
+        .events
+        .contains(&ConnEvent::TransportClosed(TcpEvent::PeerClosed)));
     assert_ne!(bed.a.iw.qp().state(), QpState::Rts);
     assert_ne!(bed.b.iw.qp().state(), QpState::Rts);
 }
@@ -974,7 +979,9 @@ fn retransmission_from_a_deregistered_region_resets_the_connection() {
     write_placed_while_a_is_deaf(&mut bed, &r, &data);
     assert!(bed.a.mem.deregister(r.a_src).is_ok());
     bed.run_until("reset", Duration::from_secs(5), |a, b| {
-        source_failed(&a.events) && b.events.contains(&ConnEvent::TransportClosed)
+        source_failed(&a.events)
+            && b.events
+                .contains(&ConnEvent::TransportClosed(TcpEvent::Reset))
     });
     assert_eq!(
         bed.a.tcp.as_ref().unwrap().state(),
@@ -1071,7 +1078,8 @@ fn retransmission_after_the_peer_closed() {
     let segments_before = bed.b.counters().segments;
     bed.b.iw.close();
     bed.run_until("A sees B's FIN", Duration::from_secs(1), |a, _| {
-        a.events.contains(&ConnEvent::TransportClosed)
+        a.events
+            .contains(&ConnEvent::TransportClosed(TcpEvent::PeerClosed))
     });
     bed.b.deaf = false;
     bed.run_until(

@@ -1463,9 +1463,13 @@ impl Connection {
                 _ => {}
             }
         }
-        // Timers (RFC 6298 5.2, 5.3).
+        // Timers (RFC 6298 5.2, 5.3). Progress ends a series of timeouts: the retransmission
+        // limit counts timeouts in a row, not over the connection's life.
         if self.snd_una >= self.snd_max() {
             self.rtt.reset_backoff();
+            if newly_acked > 0 {
+                self.rto_retries = 0;
+            }
             self.rto_deadline = None;
             self.tlp_deadline = None;
             self.rack_deadline = None;

@@ -616,3 +616,44 @@ fn retransmission_limit_aborts() {
     assert!(c.events.contains(&Event::TimedOut));
     assert_eq!(c.conn().stats().rto_expirations, 5);
 }
+
+/// The retransmission limit counts timeouts in a row: an ACK that acknowledges everything
+/// outstanding ends the series (RFC 9293 3.8.3's R2 is about one segment's retransmissions), so
+/// a request/response connection whose requests now and then time out once (a loaded peer that
+/// ACKs late) lives on. Until 2026-11-22 only a partial ACK reset the count, and a long-lived
+/// connection died after `max_retransmissions` such timeouts over its life.
+#[test]
+fn timeouts_ended_by_a_full_ack_do_not_add_up() {
+    let cfg = Config {
+        max_retransmissions: 4,
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established(cfg);
+    let mut sent = 0u64;
+    for round in 0..10 {
+        let before = c.conn().stats().rto_expirations;
+        net.a_to_b.cfg.loss = 1.0;
+        c.conn_mut().send(&[7u8; 100]).expect("send");
+        sent += 100;
+        for _ in 0..1000 {
+            if c.conn().stats().rto_expirations > before {
+                break;
+            }
+            run_idle(&mut c, &mut s, &mut net, 1);
+        }
+        assert_eq!(
+            c.conn().stats().rto_expirations,
+            before + 1,
+            "round {round}: one timeout"
+        );
+        net.a_to_b.cfg.loss = 0.0;
+        run_idle(&mut c, &mut s, &mut net, 200);
+        assert_eq!(c.state(), Some(State::Established), "round {round}");
+        assert_eq!(
+            c.conn().bytes_acked(),
+            sent,
+            "round {round}: all acknowledged"
+        );
+    }
+    assert!(!c.events.contains(&Event::TimedOut));
+}

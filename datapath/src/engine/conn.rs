@@ -222,8 +222,9 @@ pub enum ConnEvent {
     /// An MPA error in Full Operation (CRC, Marker, framing): the receive direction stopped
     /// and a Terminate was queued.
     MpaFailed(MpaError),
-    /// The TCP connection ended (closed, reset or timed out).
-    TransportClosed,
+    /// The TCP connection ended; the TCP event says how (the peer's FIN, a normal close, the
+    /// peer's reset, retransmissions unanswered, or a transmit source that failed).
+    TransportClosed(TcpEvent),
     /// The octets of an FPDU TCP had to (re)transmit could not be produced (its source region
     /// was deregistered or shrank): the TCP connection was reset.
     TransmitSourceFailed(TxSourceError),
@@ -1403,7 +1404,7 @@ impl IwarpConn {
                         );
                         self.phase = Phase::Done;
                     }
-                    self.events.push_back(ConnEvent::TransportClosed);
+                    self.events.push_back(ConnEvent::TransportClosed(event));
                 }
             }
         }

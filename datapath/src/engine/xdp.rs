@@ -1051,9 +1051,9 @@ impl TcpApp for App<'_, '_> {
                 ConnEvent::TransmitSourceFailed(e) => {
                     slot.set_error(format!("transmit source gone, connection reset: {e}"))
                 }
-                ConnEvent::TransportClosed => {
+                ConnEvent::TransportClosed(how) => {
                     if !slot.closing {
-                        slot.set_error("connection closed by peer".into());
+                        slot.set_error(transport_closed_reason(how).into());
                     }
                     slot.fail_waiter(DatapathError::Disconnected);
                 }
@@ -1107,6 +1107,18 @@ impl TcpApp for App<'_, '_> {
 }
 
 /// Pins the calling thread to `cpu`.
+/// The queue pair's error text for a TCP connection that ended under it.
+fn transport_closed_reason(how: tcp_engine::Event) -> &'static str {
+    use tcp_engine::Event as E;
+    match how {
+        E::PeerClosed => "connection closed by peer",
+        E::Reset => "connection reset by peer",
+        E::TimedOut => "connection timed out (retransmissions unanswered)",
+        E::SourceFailed => "connection reset (transmit source failed)",
+        E::Closed | E::Connected | E::EmssChanged(_) => "connection closed",
+    }
+}
+
 fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
