@@ -13,7 +13,8 @@
 # issue #5's target is worded; raw's frame octets are in the last column. Needs root. Prints
 # Markdown.
 # Every cell is the median of REPS runs (default 3).
-# XDP_ARGS: extra iwarp-bench options for both engine sides (e.g. "--engine-inline off").
+# XDP_ARGS: extra iwarp-bench options for both engine sides (e.g. "--engine-inline off");
+# BENCH_ARGS: extra options for both sides of every transport (e.g. "--cq poll").
 # Environment: TESTS="write-bw read-bw ..." runs only those tests; TX_COPY=1 adds, for the bw
 # tests, a row of the engine with `--engine-tx-copy` (its former transmit path: payload copied
 # through TCP's send buffer) measured alternately with the default engine in the same run.
@@ -52,6 +53,7 @@ pair() { # placement transport test size iters -> client JSON
     sa="--transport xdp --engine-tx-copy --iface iwa0 ${XDP_ARGS:-}"
     ca="--transport xdp --engine-tx-copy --iface iwb0 ${XDP_ARGS:-}"
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
+  sa="$sa ${BENCH_ARGS:-}"; ca="$ca ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086
   ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
   local srv=$!
@@ -127,7 +129,7 @@ raw_reps() { # placement -> "goodput frame-gbit p50 p99" medians over REPS runs
   echo "$(med "${g[@]}") $(med "${f[@]}") $(med "${p[@]}") $(med "${q[@]}")"
 }
 
-echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}"
+echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}; options of both transports: ${BENCH_ARGS:-defaults}"
 echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw | raw frame octets, Gbit/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"

@@ -55,6 +55,12 @@ pub struct Cli {
     /// once (`tcp_engine::Config::ack_every_segments`; default: the engine's).
     #[arg(long)]
     pub engine_ack_every: Option<u32>,
+    /// How this side takes the completions it waits for outside the latency tests' ping-pong
+    /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
+    /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with
+    /// the engine's inline progress the polling thread then runs the engine's turns itself).
+    #[arg(long, value_enum, default_value_t = CqMode::Wait)]
+    pub cq: CqMode,
     /// TCP port the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,
@@ -156,6 +162,15 @@ impl Transport {
             Self::Xdp => "xdp",
         }
     }
+}
+
+/// How completions are taken (`--cq`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqMode {
+    /// Block in `CompletionQueue::wait`.
+    Wait,
+    /// Busy-poll `try_next`, yielding after each empty poll.
+    Poll,
 }
 
 /// A boolean option spelled on/off.

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::pattern;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
-use crate::{Cli, TestKind, Transport};
+use crate::{Cli, CqMode, TestKind, Transport};
 
 /// How long a test may go without any progress before it gives up.
 const STALL: Duration = Duration::from_secs(30);
@@ -61,6 +61,8 @@ struct Side {
     hello: Hello,
     ctrl_posted: u64,
     ctrl_sent: u64,
+    /// `--cq poll`: [`next`](Self::next) polls instead of blocking.
+    poll: bool,
 }
 
 impl Side {
@@ -83,9 +85,10 @@ impl Side {
         s
     }
 
-    /// Next completion, waiting up to [`STALL`]; errors on a failed completion or a dead QP.
+    /// Next completion, waiting (blocking, or polling with `--cq poll`) up to [`STALL`];
+    /// errors on a failed completion or a dead QP.
     fn next(&self) -> Result<Completion, String> {
-        self.next_by(false)
+        self.next_by(self.poll)
     }
 
     /// Like [`next`](Self::next) but polls (`try_next`, yielding the CPU between empty polls)
@@ -535,6 +538,7 @@ fn serve_session(
         hello,
         ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
         ctrl_sent: 0,
+        poll: cli.cq == CqMode::Poll,
     };
     if !cli.json {
         eprintln!("iwarp-bench: {}", describe(cli, &side));
@@ -848,6 +852,7 @@ fn client_session(
         hello,
         ctrl_posted: 0,
         ctrl_sent: 0,
+        poll: cli.cq == CqMode::Poll,
     };
     let banner = describe(cli, &side);
     if !cli.json {
