@@ -956,6 +956,57 @@ fn finish_phase(side: &mut Side, size: u64) -> Result<u64, String> {
     }
 }
 
+/// Progress of one size on stderr, once a second, for runs that last longer than that
+/// (nothing for short ones); results still go to stdout at the end.
+struct Progress {
+    test: &'static str,
+    bw: bool,
+    size: u64,
+    iters: u64,
+    duration: Option<Duration>,
+    start: Instant,
+    next: Instant,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn new(side: &Side, size: u64, duration: Option<Duration>, start: Instant) -> Progress {
+        Progress {
+            test: side.hello.test.name(),
+            bw: side.hello.test.is_bw(),
+            size,
+            iters: side.hello.iters,
+            duration,
+            start,
+            next: start + Self::EVERY,
+        }
+    }
+
+    /// `done` iterations complete at `now`.
+    fn tick(&mut self, now: Instant, done: u64) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + Self::EVERY;
+        let secs = now.duration_since(self.start).as_secs_f64();
+        let of = match self.duration {
+            Some(d) => format!("in {secs:.1} of {:.1} s", d.as_secs_f64()),
+            None => format!("of {}", self.iters),
+        };
+        let rate = if self.bw {
+            let gbit = (done * self.size) as f64 * 8.0 / secs.max(1e-9) / 1e9;
+            format!(", {gbit:.2} Gbit/s so far")
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "iwarp-bench: {} {} B: {done} iterations {of}{rate}",
+            self.test, self.size
+        );
+    }
+}
+
 fn client_bw(
     side: &mut Side,
     size: u64,
@@ -971,6 +1022,7 @@ fn client_bw(
         u64::MAX
     };
     let start = Instant::now();
+    let mut progress = Progress::new(side, size, duration, start);
     let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
     let mut checked = 0u64;
     let mut stop = false;
@@ -1016,6 +1068,9 @@ fn client_bw(
             K_DATA => {
                 outstanding -= 1;
                 completed += 1;
+                if completed % 64 == 0 {
+                    progress.tick(Instant::now(), completed);
+                }
                 if test == TestKind::ReadBw {
                     let i = c.wc.wr_id & !KIND_MASK;
                     let off = (i % slots) * size;
@@ -1053,6 +1108,7 @@ fn client_lat(
     // The pong lands at offset `max`; clear its last byte so stamp 1 is news.
     side.data.write((max + size - 1) as usize, &[0]);
     let start = Instant::now();
+    let mut progress = Progress::new(side, size, duration, start);
     let mut i = 0u64;
     let mut checked = 0u64;
     loop {
@@ -1064,6 +1120,7 @@ fn client_lat(
             break;
         }
         let t0 = Instant::now();
+        progress.tick(t0, i);
         match test {
             TestKind::WriteLat | TestKind::SendLat => {
                 if test == TestKind::SendLat {

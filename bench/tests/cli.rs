@@ -102,6 +102,21 @@ fn bandwidth_tests_polling_the_cq() {
     }
 }
 
+/// A size that runs longer than a second reports its progress on stderr once a second.
+#[test]
+fn long_runs_report_progress() {
+    let port = free_port();
+    let (server, client) = run_pair("write-bw", port, &["-s", "4096", "-D", "1.6"]);
+    assert!(client.status.success() && server.status.success());
+    let err = String::from_utf8_lossy(&client.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("write-bw 4096 B:") && l.contains("Gbit/s so far"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one progress line in 1.6 s:\n{err}");
+    assert!(lines[0].contains("of 1.6 s"), "{err}");
+}
+
 #[test]
 fn duration_mode_and_table_output() {
     let out = run_ok("write-lat", &["-D", "0.3", "-s", "64"]);
