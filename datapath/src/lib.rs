@@ -7,6 +7,7 @@
 //! accept or reject with private data). The AF_XDP engine ([`engine::xdp::XdpEngine`]) offers
 //! the same API over our own TCP.
 
+mod copy_crc;
 mod cq;
 pub mod engine;
 mod memory;

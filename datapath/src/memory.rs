@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
 
+use crate::copy_crc::{copy_crc32c, crc_update};
 use crate::DatapathError;
 
 const PAGE: usize = 4096;
@@ -97,6 +98,24 @@ impl PinnedBuffer {
         }
     }
 
+    /// [`PinnedBuffer::read_at`] that also continues the CRC32c register `crc_state` over the
+    /// copied octets in the same pass ([`copy_crc32c`]): the CRC covers exactly what was
+    /// written to `dst`, and `dst` is never read back. Octets of `dst` past the end of the
+    /// buffer are left untouched and, as with the two-pass default of
+    /// `RegionBuffer::read_at_crc`, go into the CRC as they are.
+    pub fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
+        let n = self.clamp(offset, dst.len());
+        let (copied, rest) = dst.split_at_mut(n);
+        if n > 0 {
+            fence(Ordering::Acquire);
+            // SAFETY: `offset + n <= self.len` (clamped above), so the source range lies inside
+            // our allocation; `copied` is a distinct, valid slice of `n` bytes (no reference into
+            // this buffer is ever handed out, so it cannot overlap the source).
+            *crc_state = unsafe { copy_crc32c(self.ptr.as_ptr().add(offset), copied, *crc_state) };
+        }
+        *crc_state = crc_update(*crc_state, rest);
+    }
+
     /// Asks the CPU to bring `[offset, offset + len)` (clamped to the buffer) into its cache
     /// (x86-64 `prefetcht0` per cache line); reads nothing, does nothing elsewhere.
     pub fn prefetch(&self, offset: usize, len: usize) {
@@ -169,6 +188,9 @@ impl RegionBuffer for RegionMemory {
     fn read_at(&self, offset: usize, dst: &mut [u8]) {
         self.0.read_at(offset, dst)
     }
+    fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
+        self.0.read_at_crc(offset, dst, crc_state)
+    }
     fn write_at(&self, offset: usize, src: &[u8]) {
         self.0.write_at(offset, src)
     }
@@ -187,6 +209,9 @@ impl RegionBuffer for PinnedBuffer {
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) {
         PinnedBuffer::read_at(self, offset, dst)
+    }
+    fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
+        PinnedBuffer::read_at_crc(self, offset, dst, crc_state)
     }
     fn write_at(&self, offset: usize, src: &[u8]) {
         PinnedBuffer::write_at(self, offset, src)

@@ -41,6 +41,25 @@ impl Crc32c {
         self.digest.finalize() as u32
     }
 
+    /// The running register: the reflected CRC of the octets so far before the final XOR
+    /// (`0xFFFFFFFF` for none; [`Crc32c::finalize`] is its complement). It is the value the
+    /// x86 `crc32` instruction and a carry-less-multiply fold continue from, so a routine that
+    /// computes the CRC in its own loop (a copy that folds each octet into the CRC as it moves
+    /// it) can take over with [`Crc32c::with_state`].
+    #[inline]
+    pub fn state(&self) -> u32 {
+        // A 32-bit algorithm: the register always fits.
+        self.digest.get_state() as u32
+    }
+
+    /// A CRC continuing from the running register `state` (see [`Crc32c::state`]).
+    #[inline]
+    pub fn with_state(state: u32) -> Self {
+        Crc32c {
+            digest: Digest::new_with_init_state(CrcAlgorithm::Crc32Iscsi, u64::from(state)),
+        }
+    }
+
     /// Starts over as if freshly created.
     #[inline]
     pub fn reset(&mut self) {
@@ -91,6 +110,17 @@ mod tests {
                 "len {len}"
             );
         }
+    }
+
+    #[test]
+    fn state_is_the_register_and_continues() {
+        assert_eq!(Crc32c::new().state(), 0xFFFF_FFFF);
+        let mut crc = Crc32c::new();
+        crc.update(b"12345");
+        let mut more = Crc32c::with_state(crc.state());
+        more.update(b"6789");
+        assert_eq!(more.finalize(), 0xE306_9283);
+        assert_eq!(more.state(), !0xE306_9283);
     }
 
     #[test]

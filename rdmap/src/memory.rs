@@ -13,6 +13,8 @@ use std::fmt;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use mpa::crc::Crc32c;
+
 use crate::error::RdmapError;
 
 /// A Steering Tag: `index << 8 | key` (RFC 5040 2.3; the split is this
@@ -131,6 +133,19 @@ pub trait RegionBuffer {
 
     /// Copies `dst.len()` octets starting at `offset` into `dst`.
     fn read_at(&self, offset: usize, dst: &mut [u8]);
+
+    /// Copies `dst.len()` octets starting at `offset` into `dst`, like
+    /// [`read_at`](Self::read_at), and continues `crc_state` over exactly the octets written to
+    /// `dst`: a transmitter's MPA CRC (RFC 5044 4.4) over payload it copies out of the region,
+    /// as the running CRC32c register ([`Crc32c::state`]). The default reads, then computes the
+    /// CRC over `dst`; an implementation that can fold each octet into the CRC as it copies it
+    /// (one pass instead of two, never reading `dst` back) overrides it.
+    fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
+        self.read_at(offset, dst);
+        let mut crc = Crc32c::with_state(*crc_state);
+        crc.update(dst);
+        *crc_state = crc.state();
+    }
 
     /// Copies `src` into the region starting at `offset`.
     fn write_at(&self, offset: usize, src: &[u8]);

@@ -35,11 +35,12 @@
 
 use std::collections::VecDeque;
 
-use mpa::crc::Crc32c;
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
 use tcp_engine::TxSourceError;
+
+use crate::copy_crc::crc_update;
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
 const MARKER_INTERVAL: u64 = 512;
@@ -310,7 +311,9 @@ struct Pass<'o> {
     markers: bool,
     /// Wire offset of the ULPDU_Length field.
     header_w: usize,
-    crc: Option<Crc32c>,
+    /// The running CRC32c register (`Crc32c::state`: all ones at the start, the CRC is its
+    /// complement).
+    crc: Option<u32>,
 }
 
 impl Pass<'_> {
@@ -335,7 +338,7 @@ impl Pass<'_> {
         }
         if covered {
             if let Some(c) = self.crc.as_mut() {
-                c.update(bytes);
+                *c = crc_update(*c, bytes);
             }
         }
         self.w += bytes.len();
@@ -376,12 +379,13 @@ impl Pass<'_> {
     fn region<B: RegionBuffer + ?Sized>(&mut self, buf: &B, at: usize, n: usize) {
         let whole = self.w >= self.from && self.w + n <= self.to();
         if whole {
-            // The usual case: straight into the output, the CRC over the octets just written.
+            // The usual case: straight into the output, the CRC folded in as the octets are
+            // copied (`RegionBuffer::read_at_crc`), never read back from the output.
             let o = self.w - self.from;
             let dst = &mut self.out[o..o + n];
-            buf.read_at(at, dst);
-            if let Some(c) = self.crc.as_mut() {
-                c.update(dst);
+            match self.crc.as_mut() {
+                Some(c) => buf.read_at_crc(at, dst, c),
+                None => buf.read_at(at, dst),
             }
         } else if self.crc.is_some() {
             let mut tmp = [0u8; CRC_CHUNK];
@@ -390,7 +394,7 @@ impl Pass<'_> {
                 let m = (n - k).min(CRC_CHUNK);
                 buf.read_at(at + k, &mut tmp[..m]);
                 if let Some(c) = self.crc.as_mut() {
-                    c.update(&tmp[..m]);
+                    *c = crc_update(*c, &tmp[..m]);
                 }
                 if let Some((skip, o, len)) = self.window(self.w + k, m) {
                     self.out[o..o + len].copy_from_slice(&tmp[skip..skip + len]);
@@ -471,7 +475,7 @@ impl FpduWriter {
             rel_start: f.start.wrapping_sub(self.seq_start),
             markers: self.markers,
             header_w: 0,
-            crc: compute.then(Crc32c::new),
+            crc: compute.then_some(u32::MAX),
         };
         if p.at_marker() {
             // A Marker between FPDUs holds 0 and belongs to (is covered by the CRC of) the
@@ -494,7 +498,7 @@ impl FpduWriter {
             p.marker(distance);
         }
         let crc = match (&p.crc, compute) {
-            (Some(c), true) => c.finalize(),
+            (Some(c), true) => !c,
             _ => f.crc.unwrap_or(0),
         };
         let crc = if self.crc { crc } else { 0 };
@@ -511,8 +515,8 @@ mod tests {
 
     const PD: PdId = PdId(3);
 
-    struct Case {
-        mem: MemoryTable<VecBuffer>,
+    struct Case<B: RegionBuffer = VecBuffer> {
+        mem: MemoryTable<B>,
         ring: TxRing,
         /// What the existing encoder produces for the same FPDUs.
         expected: Vec<u8>,
@@ -524,16 +528,22 @@ mod tests {
     /// Random-ish FPDUs (payload in a region, inline-only ones, zero-length ones) queued in the
     /// ring and encoded by `FpduEncoder` at the same stream positions.
     fn case(crc: bool, markers: bool, seq_start: u64, seed: u64) -> Case {
+        case_in(VecBuffer::from_vec, crc, markers, seq_start, seed)
+    }
+
+    /// [`case`] with the payload in a buffer made by `make` from the bytes.
+    fn case_in<B: RegionBuffer>(
+        make: impl Fn(Vec<u8>) -> B,
+        crc: bool,
+        markers: bool,
+        seq_start: u64,
+        seed: u64,
+    ) -> Case<B> {
         let mut mem = MemoryTable::new();
         let data: Vec<u8> = (0..20000u32)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ seed as u8)
             .collect();
-        let stag = mem.register(
-            PD,
-            VecBuffer::from_vec(data.clone()),
-            0x10_000,
-            Access::REMOTE_READ,
-        );
+        let stag = mem.register(PD, make(data.clone()), 0x10_000, Access::REMOTE_READ);
         let mut ring = TxRing::new(64);
         ring.start(crc, markers, seq_start, PD);
         let mut enc = FpduEncoder::new(crc, markers);
@@ -630,6 +640,43 @@ mod tests {
                             .expect("octet");
                         assert_eq!(one[0], c2.expected[a]);
                     }
+                }
+            }
+        }
+    }
+
+    /// Pinned memory as the engine registers it: whole-FPDU fills take its one-pass copy and
+    /// CRC (`PinnedBuffer::read_at_crc`), partial ones the two-pass path.
+    fn pinned(data: Vec<u8>) -> crate::memory::RegionMemory {
+        let buf = crate::memory::PinnedBuffer::new(data.len()).expect("pinned buffer");
+        buf.write_at(0, &data);
+        crate::memory::RegionMemory(std::sync::Arc::new(buf))
+    }
+
+    #[test]
+    fn fill_from_pinned_memory_with_the_fused_copy_matches_the_encoder() {
+        for (crc, markers) in [(true, true), (true, false), (false, false)] {
+            for seed in 1..4u64 {
+                let seq_start = [0u64, 20, 37][seed as usize - 1];
+                let mut c = case_in(pinned, crc, markers, seq_start, seed);
+                let total = c.expected.len();
+                // Whole FPDUs (the fused copy), and again: retransmissions with the CRC kept.
+                for _ in 0..2 {
+                    let mut out = vec![0u8; total];
+                    c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
+                    assert_eq!(out, c.expected, "crc {crc} markers {markers} seed {seed}");
+                }
+                // FPDU by FPDU, as TCP asks for them (one segment per FPDU).
+                let mut c = case_in(pinned, crc, markers, seq_start, seed);
+                let ends: Vec<(u64, u64)> =
+                    c.ring.fpdus.iter().map(|f| (f.start, f.end())).collect();
+                for (a, b) in ends {
+                    let (a, b) = ((a - c.base) as usize, (b - c.base) as usize);
+                    let mut seg = vec![0u8; b - a];
+                    c.ring
+                        .fill(c.base + a as u64, &mut seg, &c.mem)
+                        .expect("fill FPDU");
+                    assert_eq!(seg, &c.expected[a..b], "FPDU at {a}, seed {seed}");
                 }
             }
         }

@@ -1,0 +1,415 @@
+//! A copy that computes the MPA CRC (RFC 5044 4.4: CRC32c, the iSCSI polynomial 0x1EDC6F41,
+//! reflected 0x82F63B78) of the octets it moves, in one pass: each 64-octet block is loaded
+//! once into a vector register, stored to the destination and folded into the CRC from that
+//! register. The transmitter copies FPDU payload from registered memory into the UMEM frame
+//! this way ([`crate::memory::PinnedBuffer`]'s `RegionBuffer::read_at_crc`); a copy followed by
+//! a CRC pass over the destination would read back lines the copy just wrote, and the profile
+//! showed that pass waiting on them.
+//!
+//! The fold (the method of Intel's "Fast CRC Computation for Generic Polynomials Using
+//! PCLMULQDQ Instruction", in the bit-reflected form): a 128-bit lane holding the polynomial
+//! `A = H x^64 + L` (the register's low quadword `H` is the earlier, higher-degree half) is
+//! moved `D` bits further along the message by `H * (x^(D+63) mod P) + L * (x^(D-1) mod P)`
+//! (a carry-less product of reflected operands is the reflected product times `x`, hence the
+//! `- 1`), which is congruent to `A x^D` modulo `P` and at most 97 bits long; the next `D` bits
+//! of message are XORed on. At the end the lanes are congruent to the message (with the
+//! running register XORed into its first four octets), so the `crc32` instruction over their
+//! octets from a zero register gives the CRC register; the last octets (fewer than 64) go
+//! through `crc32` directly. The constants are computed here, not copied.
+//!
+//! Used when the CPU has AVX-512F, VPCLMULQDQ and SSE4.2 (checked once at run time); otherwise
+//! (and off x86-64) [`copy_crc32c`] copies, then runs [`Crc32c::update`] over the copy.
+
+use mpa::crc::Crc32c;
+
+/// The iSCSI polynomial without its `x^32` term, normal (not reflected) bit order.
+#[cfg(target_arch = "x86_64")]
+const POLY: u64 = 0x1EDC_6F41;
+
+/// `x^n mod P` as a normal-order 32-bit polynomial.
+#[cfg(target_arch = "x86_64")]
+const fn xpow_mod(n: u32) -> u64 {
+    let mut r: u64 = 1;
+    let mut i = 0;
+    while i < n {
+        r <<= 1;
+        if r & (1 << 32) != 0 {
+            r ^= (1 << 32) | POLY;
+        }
+        i += 1;
+    }
+    r
+}
+
+/// `x^n mod P` as the 64-bit reflected operand of a carry-less multiply (coefficient of `x^d`
+/// in bit `63 - d`).
+#[cfg(target_arch = "x86_64")]
+const fn fold_key(n: u32) -> u64 {
+    xpow_mod(n).reverse_bits()
+}
+
+/// The two keys that move a 128-bit lane `d` bits on: for its low quadword and its high one.
+#[cfg(target_arch = "x86_64")]
+const fn fold_keys(d: u32) -> (u64, u64) {
+    (fold_key(d + 63), fold_key(d - 1))
+}
+
+/// Copies `dst.len()` octets from `src` to `dst` and returns the CRC32c register `state`
+/// ([`Crc32c::state`]) continued over them, reading each source octet once and never reading
+/// `dst`.
+///
+/// # Safety
+/// `src` must be valid for reads of `dst.len()` octets and must not overlap `dst`. Octets
+/// written concurrently by another thread may be copied old or new, but the CRC always covers
+/// exactly what was written to `dst`.
+pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= x86::MIN_LEN && x86::available() {
+        // SAFETY: the features the routine is compiled for were detected on this CPU; the
+        // caller guarantees `src` for `dst.len()` reads, not overlapping `dst`.
+        return unsafe { x86::copy_crc(src, dst.as_mut_ptr(), dst.len(), state) };
+    }
+    // SAFETY: as the caller guarantees.
+    unsafe { copy_then_crc(src, dst, state) }
+}
+
+/// The portable two-pass fallback: a copy, then a CRC pass over `dst`.
+///
+/// # Safety
+/// As for [`copy_crc32c`].
+pub(crate) unsafe fn copy_then_crc(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
+    // SAFETY: the caller guarantees `src` for `dst.len()` reads, not overlapping `dst`.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+    crc_update(state, dst)
+}
+
+/// The CRC32c register `state` continued over `bytes`. The few octets of header, PAD and
+/// Markers an FPDU adds go through the `crc32` instruction (SSE4.2, detected at run time)
+/// without `crc-fast`'s per-call dispatch; longer runs, and other CPUs, through [`Crc32c`].
+pub(crate) fn crc_update(state: u32, bytes: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if bytes.len() <= x86::SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: SSE4.2 was detected on this CPU.
+        return unsafe { x86::crc_small(state, bytes) };
+    }
+    let mut crc = Crc32c::with_state(state);
+    crc.update(bytes);
+    crc.state()
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use super::fold_keys;
+
+    /// Below this the setup costs more than it saves; the caller uses the fallback.
+    pub(crate) const MIN_LEN: usize = 64;
+    /// Longest input [`crc_small`] is used for (one `crc32` chain of three-cycle steps).
+    pub(crate) const SMALL: usize = 128;
+
+    /// Four 64-octet accumulators: each moves 256 octets per step.
+    const K2048: (u64, u64) = fold_keys(2048);
+    const K1536: (u64, u64) = fold_keys(1536);
+    const K1024: (u64, u64) = fold_keys(1024);
+    const K512: (u64, u64) = fold_keys(512);
+
+    /// 0: not yet checked, 1: available, 2: not.
+    static AVAILABLE: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether the CPU runs [`copy_crc`] (AVX-512F, VPCLMULQDQ, SSE4.2), checked once.
+    pub(crate) fn available() -> bool {
+        match AVAILABLE.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let yes = is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("vpclmulqdq")
+                    && is_x86_feature_detected!("sse4.2");
+                AVAILABLE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+                yes
+            }
+        }
+    }
+
+    /// The same key pair in every 128-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn keys(k: (u64, u64)) -> __m512i {
+        _mm512_set_epi64(
+            k.1 as i64, k.0 as i64, k.1 as i64, k.0 as i64, k.1 as i64, k.0 as i64, k.1 as i64,
+            k.0 as i64,
+        )
+    }
+
+    /// Each lane of `acc` moved on by the keys' distance, XORed with `next`.
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn fold(acc: __m512i, k: __m512i, next: __m512i) -> __m512i {
+        let lo = _mm512_clmulepi64_epi128::<0x00>(acc, k);
+        let hi = _mm512_clmulepi64_epi128::<0x11>(acc, k);
+        // 0x96: three-way XOR.
+        _mm512_ternarylogic_epi64::<0x96>(lo, hi, next)
+    }
+
+    /// Loads 64 octets from `src + i`, stores them to `dst + i`, returns them.
+    ///
+    /// # Safety
+    /// `src + i` and `dst + i` valid for 64 octets.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn move64(src: *const u8, dst: *mut u8, i: usize) -> __m512i {
+        // SAFETY: the caller guarantees 64 readable octets at `src + i` and 64 writable ones
+        // at `dst + i`; both intrinsics are unaligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(i).cast());
+            _mm512_storeu_si512(dst.add(i).cast(), v);
+            v
+        }
+    }
+
+    /// The CRC register after the 64 octets of `z` from a zero register.
+    #[inline]
+    #[target_feature(enable = "avx512f,sse4.2")]
+    fn reduce(z: __m512i) -> u32 {
+        let mut c = 0u64;
+        for q in [
+            _mm512_extracti32x4_epi32::<0>(z),
+            _mm512_extracti32x4_epi32::<1>(z),
+            _mm512_extracti32x4_epi32::<2>(z),
+            _mm512_extracti32x4_epi32::<3>(z),
+        ] {
+            c = _mm_crc32_u64(c, _mm_cvtsi128_si64(q) as u64);
+            c = _mm_crc32_u64(c, _mm_extract_epi64::<1>(q) as u64);
+        }
+        c as u32
+    }
+
+    /// The CRC register `state` continued over `bytes`, eight octets per `crc32`.
+    #[target_feature(enable = "sse4.2")]
+    pub(crate) fn crc_small(state: u32, bytes: &[u8]) -> u32 {
+        let mut c = u64::from(state);
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut q = [0u8; 8];
+            q.copy_from_slice(w);
+            c = _mm_crc32_u64(c, u64::from_le_bytes(q));
+        }
+        let mut c = c as u32;
+        for &b in words.remainder() {
+            c = _mm_crc32_u8(c, b);
+        }
+        c
+    }
+
+    /// Copies `len >= MIN_LEN` octets from `src` to `dst` and returns the CRC register
+    /// continued from `state` over them.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, VPCLMULQDQ and SSE4.2; `src` is valid for `len` reads, `dst` for
+    /// `len` writes, and they do not overlap.
+    #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
+    pub(crate) unsafe fn copy_crc(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
+        debug_assert!(len >= MIN_LEN);
+        // The running register enters as an XOR on the first four octets.
+        let seed = _mm512_castsi128_si512(_mm_cvtsi32_si128(state as i32));
+        let seed = _mm512_maskz_mov_epi64(1, seed);
+        let mut i;
+        let mut z;
+        if len >= 256 {
+            // SAFETY (all `move64` below): `i + 64 <= len` at each call.
+            let (mut a, mut b, mut c, mut d) = unsafe {
+                (
+                    _mm512_xor_si512(move64(src, dst, 0), seed),
+                    move64(src, dst, 64),
+                    move64(src, dst, 128),
+                    move64(src, dst, 192),
+                )
+            };
+            i = 256;
+            let k = keys(K2048);
+            while i + 256 <= len {
+                // SAFETY: `i + 256 <= len`.
+                unsafe {
+                    a = fold(a, k, move64(src, dst, i));
+                    b = fold(b, k, move64(src, dst, i + 64));
+                    c = fold(c, k, move64(src, dst, i + 128));
+                    d = fold(d, k, move64(src, dst, i + 192));
+                }
+                i += 256;
+            }
+            // a, b, c, d lie 192, 128, 64 and 0 octets before the end of what was read.
+            z = fold(a, keys(K1536), d);
+            z = fold(b, keys(K1024), z);
+            z = fold(c, keys(K512), z);
+        } else {
+            // SAFETY: `len >= 64`.
+            z = _mm512_xor_si512(unsafe { move64(src, dst, 0) }, seed);
+            i = 64;
+        }
+        let k = keys(K512);
+        while i + 64 <= len {
+            // SAFETY: `i + 64 <= len`.
+            z = fold(z, k, unsafe { move64(src, dst, i) });
+            i += 64;
+        }
+        let mut c = u64::from(reduce(z));
+        while i + 8 <= len {
+            // SAFETY: `i + 8 <= len`; unaligned 8-octet access on both sides.
+            let v = unsafe { src.add(i).cast::<u64>().read_unaligned() };
+            // SAFETY: as above.
+            unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
+            c = _mm_crc32_u64(c, v);
+            i += 8;
+        }
+        let mut c = c as u32;
+        while i < len {
+            // SAFETY: `i < len`.
+            let v = unsafe { src.add(i).read() };
+            // SAFETY: as above.
+            unsafe { dst.add(i).write(v) };
+            c = _mm_crc32_u8(c, v);
+            i += 1;
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mpa::crc::crc32c;
+
+    fn data(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    type Copy = unsafe fn(*const u8, &mut [u8], u32) -> u32;
+
+    /// Copies `src[s..s + len]` to a destination at offset `d` with `copy`, the CRC continued
+    /// from `split` octets fed before; checks the copy, the CRC against the reference and
+    /// that nothing around the destination was touched.
+    fn check(copy: Copy, src: &[u8], s: usize, d: usize, len: usize, split: usize) {
+        let split = split.min(len);
+        let mut crc = Crc32c::new();
+        // The first `split` octets through the reference, the rest through `copy`.
+        crc.update(&src[s..s + split]);
+        let mut out = vec![0x5Au8; len + d + 80];
+        let rest = len - split;
+        // SAFETY: `src[s + split..]` holds at least `rest` octets; `out` is a separate vector.
+        let state = unsafe {
+            copy(
+                src.as_ptr().add(s + split),
+                &mut out[d..d + rest],
+                crc.state(),
+            )
+        };
+        assert_eq!(
+            &out[d..d + rest],
+            &src[s + split..s + len],
+            "copy len {len} s {s} d {d}"
+        );
+        assert!(
+            out[..d].iter().chain(&out[d + rest..]).all(|&b| b == 0x5A),
+            "outside, len {len}"
+        );
+        assert_eq!(
+            !state,
+            crc32c(&src[s..s + len]),
+            "crc len {len} s {s} d {d} split {split}"
+        );
+    }
+
+    #[test]
+    fn fused_copy_matches_the_reference_for_every_length_and_alignment() {
+        let src = data(4096 + 128, 7);
+        let mut x = 0x1234_5678u64;
+        let mut next = |m: usize| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as usize % m
+        };
+        for len in 0..=4096 {
+            let (s, d) = (next(64), next(64));
+            check(copy_crc32c, &src, s, d, len, 0);
+            check(copy_then_crc, &src, s, d, len, 0);
+            // The CRC continued from a state that is not the initial one.
+            let split = next(len + 1);
+            check(copy_crc32c, &src, d, s, len, split);
+        }
+    }
+
+    #[test]
+    fn small_updates_match_the_reference() {
+        let src = data(600, 11);
+        for len in 0..=300 {
+            for s in [0, 1, 7, 13] {
+                let mut want = Crc32c::new();
+                want.update(&src[..s]);
+                let before = want.state();
+                want.update(&src[s..s + len]);
+                assert_eq!(
+                    crc_update(before, &src[s..s + len]),
+                    want.state(),
+                    "len {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fused_copy_takes_the_fast_path_where_it_can() {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            // Direct calls: every length from MIN_LEN over both block loops, any state.
+            let src = data(1200, 3);
+            for len in x86::MIN_LEN..=1100 {
+                for state in [0u32, 0xFFFF_FFFF, 0x1234_5678] {
+                    let mut out = vec![0u8; len];
+                    // SAFETY: the features were detected; `src` holds 1200 >= len octets and
+                    // `out` is a separate vector of `len`.
+                    let got = unsafe { x86::copy_crc(src.as_ptr(), out.as_mut_ptr(), len, state) };
+                    let mut want = Crc32c::with_state(state);
+                    want.update(&src[..len]);
+                    assert_eq!(got, want.state(), "len {len} state {state:#x}");
+                    assert_eq!(out, &src[..len]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fold_keys_are_powers_of_x() {
+        // x^32 mod P is P's low part; multiplying by x 32 more times agrees with squaring.
+        assert_eq!(xpow_mod(32), POLY);
+        assert_eq!(xpow_mod(0), 1);
+        assert_eq!(xpow_mod(31), 1 << 31);
+        let sq = clmul_mod(xpow_mod(100), xpow_mod(100));
+        assert_eq!(sq, xpow_mod(200));
+    }
+
+    /// `a * b mod P`, normal bit order, bit by bit.
+    fn clmul_mod(a: u64, b: u64) -> u64 {
+        let mut r = 0u64;
+        for i in (0..32).rev() {
+            r <<= 1;
+            if r & (1 << 32) != 0 {
+                r ^= (1 << 32) | POLY;
+            }
+            if b & (1 << i) != 0 {
+                r ^= a;
+            }
+        }
+        r
+    }
+}
