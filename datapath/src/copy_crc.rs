@@ -1,6 +1,6 @@
 //! A copy that computes the MPA CRC (RFC 5044 4.4: CRC32c, the iSCSI polynomial 0x1EDC6F41,
-//! reflected 0x82F63B78) of the octets it moves, in one pass: each 64-octet block is loaded
-//! once into a vector register, stored to the destination and folded into the CRC from that
+//! reflected 0x82F63B78) of the octets it moves, in one pass: each block of 64 (or 16) octets is
+//! loaded once into a vector register, stored to the destination and folded into the CRC from that
 //! register. The transmitter copies FPDU payload from registered memory into the UMEM frame
 //! this way ([`crate::memory::PinnedBuffer`]'s `RegionBuffer::read_at_crc`); a copy followed by
 //! a CRC pass over the destination would read back lines the copy just wrote, and the profile
@@ -11,14 +11,15 @@
 //! `A = H x^64 + L` (the register's low quadword `H` is the earlier, higher-degree half) is
 //! moved `D` bits further along the message by `H * (x^(D+63) mod P) + L * (x^(D-1) mod P)`
 //! (a carry-less product of reflected operands is the reflected product times `x`, hence the
-//! `- 1`), which is congruent to `A x^D` modulo `P` and at most 97 bits long; the next `D` bits
+//! `- 1`), which is congruent to `A x^D` modulo `P` and fits in 96 bits; the next `D` bits
 //! of message are XORed on. At the end the lanes are congruent to the message (with the
 //! running register XORed into its first four octets), so the `crc32` instruction over their
-//! octets from a zero register gives the CRC register; the last octets (fewer than 64) go
-//! through `crc32` directly. The constants are computed here, not copied.
+//! octets from a zero register gives the CRC register; the last octets (fewer than a block)
+//! go through `crc32` directly. The constants are computed here, not copied.
 //!
-//! Used when the CPU has AVX-512F, VPCLMULQDQ and SSE4.2 (checked once at run time); otherwise
-//! (and off x86-64) [`copy_crc32c`] copies, then runs [`Crc32c::update`] over the copy.
+//! Two routines, chosen once at run time: four 64-octet accumulators (AVX-512F, VPCLMULQDQ,
+//! SSE4.2), or four 16-octet ones (PCLMULQDQ, SSE4.2); without either (and off x86-64), and
+//! below 64 octets, [`copy_crc32c`] copies, then runs the CRC over the copy.
 
 use mpa::crc::Crc32c;
 
@@ -64,10 +65,18 @@ const fn fold_keys(d: u32) -> (u64, u64) {
 /// exactly what was written to `dst`.
 pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if dst.len() >= x86::MIN_LEN && x86::available() {
-        // SAFETY: the features the routine is compiled for were detected on this CPU; the
-        // caller guarantees `src` for `dst.len()` reads, not overlapping `dst`.
-        return unsafe { x86::copy_crc(src, dst.as_mut_ptr(), dst.len(), state) };
+    if dst.len() >= x86::MIN_LEN {
+        match x86::level() {
+            // SAFETY (both): the features the routine is compiled for were detected on this
+            // CPU; the caller guarantees `src` for `dst.len()` reads, not overlapping `dst`.
+            x86::Level::Avx512 => {
+                return unsafe { x86::copy_crc(src, dst.as_mut_ptr(), dst.len(), state) }
+            }
+            x86::Level::Sse => {
+                return unsafe { x86::copy_crc_sse(src, dst.as_mut_ptr(), dst.len(), state) }
+            }
+            x86::Level::None => {}
+        }
     }
     // SAFETY: as the caller guarantees.
     unsafe { copy_then_crc(src, dst, state) }
@@ -109,26 +118,51 @@ pub(crate) mod x86 {
     /// Longest input [`crc_small`] is used for (one `crc32` chain of three-cycle steps).
     pub(crate) const SMALL: usize = 128;
 
-    /// Four 64-octet accumulators: each moves 256 octets per step.
+    /// Four 64-octet accumulators: each moves 256 octets per step. Four 16-octet ones (the
+    /// SSE routine): 64 octets per step, then 16.
     const K2048: (u64, u64) = fold_keys(2048);
     const K1536: (u64, u64) = fold_keys(1536);
     const K1024: (u64, u64) = fold_keys(1024);
     const K512: (u64, u64) = fold_keys(512);
+    const K384: (u64, u64) = fold_keys(384);
+    const K256: (u64, u64) = fold_keys(256);
+    const K128: (u64, u64) = fold_keys(128);
 
-    /// 0: not yet checked, 1: available, 2: not.
-    static AVAILABLE: AtomicU8 = AtomicU8::new(0);
+    /// Which routine the CPU runs.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Level {
+        /// [`copy_crc`]: AVX-512F, VPCLMULQDQ and SSE4.2.
+        Avx512,
+        /// [`copy_crc_sse`]: PCLMULQDQ and SSE4.2.
+        Sse,
+        /// Neither: the two-pass fallback.
+        None,
+    }
 
-    /// Whether the CPU runs [`copy_crc`] (AVX-512F, VPCLMULQDQ, SSE4.2), checked once.
-    pub(crate) fn available() -> bool {
-        match AVAILABLE.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
+    /// 0: not yet checked, else 1 + the level.
+    static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+    /// The CPU's [`Level`], detected once.
+    pub(crate) fn level() -> Level {
+        match LEVEL.load(Ordering::Relaxed) {
+            1 => Level::Avx512,
+            2 => Level::Sse,
+            3 => Level::None,
             _ => {
-                let yes = is_x86_feature_detected!("avx512f")
+                let sse =
+                    is_x86_feature_detected!("pclmulqdq") && is_x86_feature_detected!("sse4.2");
+                let (l, v) = if sse
+                    && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("vpclmulqdq")
-                    && is_x86_feature_detected!("sse4.2");
-                AVAILABLE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-                yes
+                {
+                    (Level::Avx512, 1)
+                } else if sse {
+                    (Level::Sse, 2)
+                } else {
+                    (Level::None, 3)
+                };
+                LEVEL.store(v, Ordering::Relaxed);
+                l
             }
         }
     }
@@ -203,6 +237,111 @@ pub(crate) mod x86 {
         c
     }
 
+    /// Copies octets `[i, len)` (fewer than 64) from `src` to `dst` eight at a time, the CRC
+    /// register `c` continued over them with `crc32`.
+    ///
+    /// # Safety
+    /// `src` valid for `len` reads, `dst` for `len` writes.
+    #[inline]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn tail(src: *const u8, dst: *mut u8, mut i: usize, len: usize, c: u32) -> u32 {
+        let mut c = u64::from(c);
+        while i + 8 <= len {
+            // SAFETY: `i + 8 <= len`; unaligned 8-octet access on both sides.
+            let v = unsafe { src.add(i).cast::<u64>().read_unaligned() };
+            // SAFETY: as above.
+            unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
+            c = _mm_crc32_u64(c, v);
+            i += 8;
+        }
+        let mut c = c as u32;
+        while i < len {
+            // SAFETY: `i < len`.
+            let v = unsafe { src.add(i).read() };
+            // SAFETY: as above.
+            unsafe { dst.add(i).write(v) };
+            c = _mm_crc32_u8(c, v);
+            i += 1;
+        }
+        c
+    }
+
+    /// The key pair of a 128-bit fold.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn keys128(k: (u64, u64)) -> __m128i {
+        _mm_set_epi64x(k.1 as i64, k.0 as i64)
+    }
+
+    /// `acc` moved on by the keys' distance, XORed with `next`.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq")]
+    fn fold128(acc: __m128i, k: __m128i, next: __m128i) -> __m128i {
+        let lo = _mm_clmulepi64_si128::<0x00>(acc, k);
+        let hi = _mm_clmulepi64_si128::<0x11>(acc, k);
+        _mm_xor_si128(_mm_xor_si128(lo, hi), next)
+    }
+
+    /// Loads 16 octets from `src + i`, stores them to `dst + i`, returns them.
+    ///
+    /// # Safety
+    /// `src + i` and `dst + i` valid for 16 octets.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    unsafe fn move16(src: *const u8, dst: *mut u8, i: usize) -> __m128i {
+        // SAFETY: the caller guarantees 16 readable octets at `src + i` and 16 writable ones
+        // at `dst + i`; both intrinsics are unaligned.
+        unsafe {
+            let v = _mm_loadu_si128(src.add(i).cast());
+            _mm_storeu_si128(dst.add(i).cast(), v);
+            v
+        }
+    }
+
+    /// [`copy_crc`] for CPUs without AVX-512: four 16-octet accumulators.
+    ///
+    /// # Safety
+    /// The CPU has PCLMULQDQ and SSE4.2; `src` is valid for `len >= MIN_LEN` reads, `dst` for
+    /// `len` writes, and they do not overlap.
+    #[target_feature(enable = "pclmulqdq,sse4.2")]
+    pub(crate) unsafe fn copy_crc_sse(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
+        debug_assert!(len >= MIN_LEN);
+        // SAFETY (all `move16` below): `i + 16 <= len` at each call.
+        let (mut a, mut b, mut c, mut d) = unsafe {
+            (
+                _mm_xor_si128(move16(src, dst, 0), _mm_cvtsi32_si128(state as i32)),
+                move16(src, dst, 16),
+                move16(src, dst, 32),
+                move16(src, dst, 48),
+            )
+        };
+        let mut i = 64;
+        let k = keys128(K512);
+        while i + 64 <= len {
+            // SAFETY: `i + 64 <= len`.
+            unsafe {
+                a = fold128(a, k, move16(src, dst, i));
+                b = fold128(b, k, move16(src, dst, i + 16));
+                c = fold128(c, k, move16(src, dst, i + 32));
+                d = fold128(d, k, move16(src, dst, i + 48));
+            }
+            i += 64;
+        }
+        let k = keys128(K128);
+        let mut x = fold128(a, keys128(K384), d);
+        x = fold128(b, keys128(K256), x);
+        x = fold128(c, k, x);
+        while i + 16 <= len {
+            // SAFETY: `i + 16 <= len`.
+            x = fold128(x, k, unsafe { move16(src, dst, i) });
+            i += 16;
+        }
+        let r = _mm_crc32_u64(0, _mm_cvtsi128_si64(x) as u64);
+        let r = _mm_crc32_u64(r, _mm_extract_epi64::<1>(x) as u64);
+        // SAFETY: `i <= len`, the same ranges as the caller's.
+        unsafe { tail(src, dst, i, len, r as u32) }
+    }
+
     /// Copies `len >= MIN_LEN` octets from `src` to `dst` and returns the CRC register
     /// continued from `state` over them.
     ///
@@ -254,25 +393,8 @@ pub(crate) mod x86 {
             z = fold(z, k, unsafe { move64(src, dst, i) });
             i += 64;
         }
-        let mut c = u64::from(reduce(z));
-        while i + 8 <= len {
-            // SAFETY: `i + 8 <= len`; unaligned 8-octet access on both sides.
-            let v = unsafe { src.add(i).cast::<u64>().read_unaligned() };
-            // SAFETY: as above.
-            unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
-            c = _mm_crc32_u64(c, v);
-            i += 8;
-        }
-        let mut c = c as u32;
-        while i < len {
-            // SAFETY: `i < len`.
-            let v = unsafe { src.add(i).read() };
-            // SAFETY: as above.
-            unsafe { dst.add(i).write(v) };
-            c = _mm_crc32_u8(c, v);
-            i += 1;
-        }
-        c
+        // SAFETY: `i <= len`, the same ranges as the caller's.
+        unsafe { tail(src, dst, i, len, reduce(z)) }
     }
 }
 
@@ -329,6 +451,44 @@ mod tests {
         );
     }
 
+    /// The vector routines called directly (the fallback below their minimum length).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
+        if dst.len() < x86::MIN_LEN {
+            // SAFETY: as the caller guarantees.
+            return unsafe { copy_then_crc(src, dst, state) };
+        }
+        // SAFETY: only called when `x86::level()` is `Avx512`; ranges as the caller's.
+        unsafe { x86::copy_crc(src, dst.as_mut_ptr(), dst.len(), state) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn sse(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
+        if dst.len() < x86::MIN_LEN {
+            // SAFETY: as the caller guarantees.
+            return unsafe { copy_then_crc(src, dst, state) };
+        }
+        // SAFETY: only called when `x86::level()` is not `None`; ranges as the caller's.
+        unsafe { x86::copy_crc_sse(src, dst.as_mut_ptr(), dst.len(), state) }
+    }
+
+    /// The routines this CPU can run: the dispatching one, the fallback, and each vector one.
+    fn routines() -> Vec<(&'static str, Copy)> {
+        let mut r: Vec<(&'static str, Copy)> =
+            vec![("dispatch", copy_crc32c), ("fallback", copy_then_crc)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let level = x86::level();
+            if level != x86::Level::None {
+                r.push(("sse", sse));
+            }
+            if level == x86::Level::Avx512 {
+                r.push(("avx512", avx512));
+            }
+        }
+        r
+    }
+
     #[test]
     fn fused_copy_matches_the_reference_for_every_length_and_alignment() {
         let src = data(4096 + 128, 7);
@@ -339,13 +499,19 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) as usize % m
         };
+        let routines = routines();
+        eprintln!(
+            "routines: {:?}",
+            routines.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
         for len in 0..=4096 {
-            let (s, d) = (next(64), next(64));
-            check(copy_crc32c, &src, s, d, len, 0);
-            check(copy_then_crc, &src, s, d, len, 0);
-            // The CRC continued from a state that is not the initial one.
-            let split = next(len + 1);
-            check(copy_crc32c, &src, d, s, len, split);
+            for &(_, copy) in &routines {
+                let (s, d) = (next(64), next(64));
+                check(copy, &src, s, d, len, 0);
+                // The CRC continued from a state that is not the initial one.
+                let split = next(len + 1);
+                check(copy, &src, s, d, len, split);
+            }
         }
     }
 
@@ -368,21 +534,18 @@ mod tests {
     }
 
     #[test]
-    fn fused_copy_takes_the_fast_path_where_it_can() {
-        #[cfg(target_arch = "x86_64")]
-        if x86::available() {
-            // Direct calls: every length from MIN_LEN over both block loops, any state.
-            let src = data(1200, 3);
-            for len in x86::MIN_LEN..=1100 {
+    fn vector_routines_continue_any_state() {
+        let src = data(1200, 3);
+        for (name, copy) in routines() {
+            for len in 0..=1100 {
                 for state in [0u32, 0xFFFF_FFFF, 0x1234_5678] {
                     let mut out = vec![0u8; len];
-                    // SAFETY: the features were detected; `src` holds 1200 >= len octets and
-                    // `out` is a separate vector of `len`.
-                    let got = unsafe { x86::copy_crc(src.as_ptr(), out.as_mut_ptr(), len, state) };
+                    // SAFETY: `src` holds 1200 >= len octets and `out` is a separate vector.
+                    let got = unsafe { copy(src.as_ptr(), &mut out, state) };
                     let mut want = Crc32c::with_state(state);
                     want.update(&src[..len]);
-                    assert_eq!(got, want.state(), "len {len} state {state:#x}");
-                    assert_eq!(out, &src[..len]);
+                    assert_eq!(got, want.state(), "{name} len {len} state {state:#x}");
+                    assert_eq!(out, &src[..len], "{name}");
                 }
             }
         }
