@@ -16,7 +16,8 @@
 //! (preallocated, no allocation per packet); [`XskSocket::send_batch`] fills frames through a
 //! callback, puts them on the TX ring and kicks the kernel with `sendto` once per
 //! [`XskConfig::kick_batch`] frames (copy mode, as on veth, sends at most 32 frames per kick);
-//! completions return the frames to the free list.
+//! completions, reaped after each kick, return the frames to the top of the free list (a stack),
+//! so the frames written next are the ones the kernel has just read.
 //!
 //! Also here: interface facts, route and neighbour (ARP) lookup over rtnetlink
 //! ([`interface_info`], [`resolve_next_hop`]), frame building ([`packet`]), and

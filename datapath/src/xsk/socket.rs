@@ -451,8 +451,9 @@ impl XskSocket {
     /// index in this call and its whole buffer ([`frame_capacity`](Self::frame_capacity) bytes)
     /// and returns the frame's length (0 skips the frame, lengths above the buffer are clipped).
     /// Frames go to the TX ring `kick_batch` at a time, each batch followed by a `sendto` kick
-    /// (only when the kernel asks for one, with need-wakeup). Fewer than `n` are queued when free
-    /// TX frames run out: reap completions and call again. Returns how many were queued.
+    /// (only when the kernel asks for one, with need-wakeup) and a reap of the completion ring.
+    /// Fewer than `n` are queued when free TX frames run out: reap completions and call again.
+    /// Returns how many were queued.
     pub fn send_batch<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
     where
         F: FnMut(usize, &mut [u8]) -> usize,
