@@ -4,6 +4,7 @@
 //! client. Both sides exchange their buffer (STag, TO, length) and the test parameters in MPA
 //! private data, and every run verifies the data that arrived.
 
+mod engine_report;
 mod net;
 mod pattern;
 mod perftest;

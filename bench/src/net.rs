@@ -9,6 +9,7 @@ use datapath::{
     CompletionQueue, ConnectParams, Connection, DatapathError, Listener, ProtectionDomain,
 };
 
+use crate::engine_report::EngineReport;
 use crate::Transport;
 
 /// The chosen transport; holds the engine (which must outlive its queue pairs) for `xdp`.
@@ -97,29 +98,11 @@ impl Net {
         }
     }
 
-    /// Stops the engine (if any) and returns a one-line summary of its counters.
-    pub fn finish(self) -> Option<String> {
+    /// Stops the engine (if any) and returns its counters.
+    pub fn finish(self) -> Option<EngineReport> {
         let mut engine = self.engine?;
         engine.stop();
-        let c = engine.counters();
-        let (d, k) = (&c.driver, &c.conns);
-        Some(format!(
-            "engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, segments out of order {}, \
-             retransmitted {}, CRC errors {}, Terminates sent {} received {}, connections {}{}",
-            d.rx_frames,
-            d.tx_packets,
-            k.fpdus_rx,
-            k.fpdus_tx,
-            k.segments_out_of_order,
-            k.retransmissions,
-            k.crc_errors,
-            k.terminates_sent,
-            k.terminates_received,
-            c.established,
-            c.error
-                .map(|e| format!(", stopped by: {e}"))
-                .unwrap_or_default()
-        ))
+        Some(EngineReport::new(&engine.counters()))
     }
 }
 

@@ -148,8 +148,8 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, &net, a)),
         }
     };
-    if let Some(line) = net.finish() {
-        eprintln!("rping: {line}");
+    if let Some(report) = net.finish() {
+        eprintln!("rping: {}", report.line());
     }
     match res {
         Ok(()) => ExitCode::SUCCESS,

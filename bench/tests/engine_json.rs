@@ -139,3 +139,41 @@ fn xdp_json_reports_engine_counters() {
     assert_eq!(counter(&s, "fpdus_rx"), counter(&c, "fpdus_tx"), "{s}\n{c}");
     assert_eq!(counter(&c, "fpdus_rx"), counter(&s, "fpdus_tx"), "{s}\n{c}");
 }
+
+/// `iwarp-bench perftest ... --transport xdp --json` carries the same `"engine"` object: a
+/// short perftest write-bw between two engines, each side's counters present and consistent
+/// (one connection, no CRC errors or Terminates, the client's FPDUs all received).
+#[test]
+fn perftest_json_reports_engine_counters() {
+    let _bed = bed_or_skip!();
+    let common = ["-p", "18722", "-s", "65536", "-n", "50", "--json"];
+    let mut server_args = vec![
+        "perftest",
+        "write-bw",
+        "--transport",
+        "xdp",
+        "--iface",
+        DEV_A,
+    ];
+    server_args.extend(common);
+    let server = bench_in(NS_A, &server_args).spawn().expect("start server");
+    let addr = ADDR_A.to_string();
+    let mut client_args = vec!["perftest", "write-bw", &addr, "--transport", "xdp"];
+    client_args.extend(["--iface", DEV_B, "--timeout", "20"]);
+    client_args.extend(common);
+    // The perftest client retries by itself while nobody listens yet.
+    let client = bench_in(NS_B, &client_args).output().expect("run client");
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    let c = parse("perftest client", &client);
+    let s = parse("perftest server", &server);
+    for (who, side) in [("client", &c), ("server", &s)] {
+        assert!(side["engine"].is_object(), "{who}: {side}");
+        assert_eq!(counter(side, "connections"), 2, "{who}: {side}");
+        assert_eq!(counter(side, "crc_errors"), 0, "{who}: {side}");
+        assert_eq!(counter(side, "terminates_sent"), 0, "{who}: {side}");
+        assert!(side["engine"]["error"].is_null(), "{who}: {side}");
+    }
+    // 50 Writes of 64 KiB in FPDUs of at most 1500 octets' payload (MTU 1500).
+    assert!(counter(&c, "fpdus_tx") >= 50 * 65536 / 1500, "{c}");
+    assert_eq!(counter(&s, "fpdus_rx"), counter(&c, "fpdus_tx"), "{s}\n{c}");
+}

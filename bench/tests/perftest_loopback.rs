@@ -108,6 +108,20 @@ fn write_bw_server_checks_every_slot_when_cycling() {
     assert!(st.contains("40 slot(s) of 64 octets written"), "{st}");
 }
 
+/// `--json`: one object on stdout per side; over the socket transport its `"engine"` is null
+/// (the engine's counters are checked in `engine_json.rs`).
+#[test]
+fn json_output_has_a_null_engine_over_sockets() {
+    let args = ["-s", "4096", "-n", "20", "--json"];
+    let (s, c) = pair("write-bw", &args, &args);
+    for (o, who) in [(&s, "server"), (&c, "client")] {
+        assert!(o.status.success(), "{who}: {}", text(o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{who}: not one JSON object ({e}): {}", text(o)));
+        assert!(v.get("engine").is_some_and(|e| e.is_null()), "{who}: {v}");
+    }
+}
+
 #[test]
 fn mismatched_tests_fail_naming_the_step() {
     // A send-lat client against a write-lat server: write-lat has four buffer-key handshakes,

@@ -359,12 +359,16 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         None => run_server(&cli, run, &net),
         Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, run, &net, a)),
     };
-    if let Some(line) = net.finish() {
-        eprintln!("perftest: {line}");
+    let engine = net.finish();
+    if let Some(report) = &engine {
+        eprintln!("perftest: {}", report.line());
     }
     match res {
-        Ok(out) => {
+        Ok(mut out) => {
             if run.json {
+                // The engine's counters as iwarp-bench's own tests report them: an object for
+                // `--transport xdp`, null for the socket transport.
+                out.json["engine"] = serde_json::to_value(&engine).unwrap_or_default();
                 println!("{}", out.json);
             } else {
                 for l in &out.table {

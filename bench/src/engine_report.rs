@@ -1,0 +1,137 @@
+//! The AF_XDP engine's counters at the end of a run, in the form every mode of iwarp-bench
+//! reports them: a JSON object (`"engine"`) and one text line.
+
+use datapath::engine::EngineCounters;
+use serde::Serialize;
+
+/// The engine's counters at the end of a run, as `--json` reports them under `"engine"` (and the
+/// text line on stderr says them). Field names are stable (README, "iwarp-bench"): scripts read
+/// them. Sums over every connection the engine ran; `held_*` are maxima.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    /// Frames taken from the RX rings.
+    pub frames_rx: u64,
+    /// Packets put on the TX ring.
+    pub frames_tx: u64,
+    /// FPDUs received and processed in order.
+    pub fpdus_rx: u64,
+    /// FPDUs sent.
+    pub fpdus_tx: u64,
+    /// TCP segments with data passed up.
+    pub segments_rx: u64,
+    /// Of those, segments that arrived out of order.
+    pub segments_out_of_order: u64,
+    /// Payload octets handed to the queue pair in order.
+    pub bytes_placed_in_order: u64,
+    /// Payload octets placed ahead of the in-order point.
+    pub bytes_placed_out_of_order: u64,
+    /// FPDUs placed ahead of the in-order point.
+    pub fpdus_placed_out_of_order: u64,
+    /// Most octets the reassembly store held at once.
+    pub held_peak_bytes: u64,
+    /// Gaps with octets held at them at that peak.
+    pub held_peak_gaps: u64,
+    /// Most octets held at one gap.
+    pub held_gap_peak_bytes: u64,
+    /// Segments TCP retransmitted.
+    pub retransmitted_segments: u64,
+    /// TCP retransmission timeouts.
+    pub rto_expirations: u64,
+    /// TCP tail-loss probes.
+    pub loss_probes: u64,
+    /// Congestion responses found spurious and undone.
+    pub spurious_undone: u64,
+    /// Segments dropped by PAWS.
+    pub paws_drops: u64,
+    /// FPDUs whose CRC did not match.
+    pub crc_errors: u64,
+    /// Terminate messages sent.
+    pub terminates_sent: u64,
+    /// Terminate messages received.
+    pub terminates_received: u64,
+    /// Connections that reached Full Operation.
+    pub connections: u64,
+    /// Engine turns run by the engine thread.
+    pub turns_engine_thread: u64,
+    /// Engine turns run by application threads (inline progress).
+    pub turns_application: u64,
+    /// Times the engine thread parked.
+    pub parks: u64,
+    /// The error that stopped the engine thread, if any.
+    pub error: Option<String>,
+}
+
+impl EngineReport {
+    /// The report of `c`, an engine's counters.
+    pub fn new(c: &EngineCounters) -> Self {
+        let (d, k) = (&c.driver, &c.conns);
+        Self {
+            frames_rx: d.rx_frames,
+            frames_tx: d.tx_packets,
+            fpdus_rx: k.fpdus_rx,
+            fpdus_tx: k.fpdus_tx,
+            segments_rx: k.segments,
+            segments_out_of_order: k.segments_out_of_order,
+            bytes_placed_in_order: k.bytes_placed_in_order,
+            bytes_placed_out_of_order: k.bytes_placed_out_of_order,
+            fpdus_placed_out_of_order: k.fpdus_placed_out_of_order,
+            held_peak_bytes: k.held_peak,
+            held_peak_gaps: k.held_peak_gaps,
+            held_gap_peak_bytes: k.held_gap_peak,
+            retransmitted_segments: k.retransmissions,
+            rto_expirations: k.rto_expirations,
+            loss_probes: k.loss_probes,
+            spurious_undone: k.spurious_undone,
+            paws_drops: k.paws_drops,
+            crc_errors: k.crc_errors,
+            terminates_sent: k.terminates_sent,
+            terminates_received: k.terminates_received,
+            connections: c.established,
+            turns_engine_thread: c.thread_turns,
+            turns_application: c.app_turns,
+            parks: c.parks,
+            error: c.error.clone(),
+        }
+    }
+
+    /// The one-line text form (stderr without `--json`).
+    pub fn line(&self) -> String {
+        format!(
+            "engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
+             segments {} (out of order {}), placed in order {} B, out of order {} B \
+             ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
+             retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
+             PAWS drops {}, CRC errors {}, \
+             terminates sent {} received {}, connections {}, turns by the engine thread {} \
+             by the application {} (engine parked {} times){}",
+            self.frames_rx,
+            self.frames_tx,
+            self.fpdus_rx,
+            self.fpdus_tx,
+            self.segments_rx,
+            self.segments_out_of_order,
+            self.bytes_placed_in_order,
+            self.bytes_placed_out_of_order,
+            self.fpdus_placed_out_of_order,
+            self.held_peak_bytes,
+            self.held_peak_gaps,
+            self.held_gap_peak_bytes,
+            self.retransmitted_segments,
+            self.rto_expirations,
+            self.loss_probes,
+            self.spurious_undone,
+            self.paws_drops,
+            self.crc_errors,
+            self.terminates_sent,
+            self.terminates_received,
+            self.connections,
+            self.turns_engine_thread,
+            self.turns_application,
+            self.parks,
+            self.error
+                .as_ref()
+                .map(|e| format!(", stopped by: {e}"))
+                .unwrap_or_default()
+        )
+    }
+}
