@@ -84,8 +84,8 @@ const GUARD: u64 = 4096;
 /// How long write-bw's server waits for Writes still being placed after the client's
 /// handshake (which travels on the other connection) arrived.
 const SETTLE: Duration = Duration::from_secs(2);
-/// How long a client waits after the closing exchange before it disconnects (see
-/// `run_client`).
+/// How long a client waits after the closing exchange before it disconnects, and a write-lat
+/// server after the client's last Write (see `run_client`, `run_server`).
 const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
 const K_DATA: u64 = 1 << 56;
@@ -543,12 +543,15 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
     // The client disconnects first (perftest's does, data then communication connection);
     // closing under it can fail its last work request's completion (seen with siw: "Bad wc
     // status 2" on the closing handshake's Send). write-lat has no closing exchange: its
-    // client waits for us instead.
-    s.finish(if run.test == TestKind::WriteLat {
-        Duration::ZERO
+    // client waits for us instead, and its last Write, which ended our loop, may not have
+    // completed on its side yet: Linux siw fails it ("Failed status 2", seen under QEMU's
+    // emulation) if our FIN comes first, so give it a moment before we close.
+    if run.test == TestKind::WriteLat {
+        std::thread::sleep(CLOSE_GRACE);
+        s.finish(Duration::ZERO);
     } else {
-        Duration::from_secs(3)
-    });
+        s.finish(Duration::from_secs(3));
+    }
     Ok(out)
 }
 
