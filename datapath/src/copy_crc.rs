@@ -492,13 +492,7 @@ mod tests {
     #[test]
     fn fused_copy_matches_the_reference_for_every_length_and_alignment() {
         let src = data(4096 + 128, 7);
-        let mut x = 0x1234_5678u64;
-        let mut next = |m: usize| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as usize % m
-        };
+        let mut next = crate::test_rng(0x1234_5678);
         let routines = routines();
         eprintln!(
             "routines: {:?}",

@@ -59,3 +59,16 @@ pub enum DatapathError {
     #[error("AF_XDP engine: {0}")]
     Xdp(#[from] xdp_tcp::XdpTcpError),
 }
+
+/// A seeded pseudo-random source for unit tests: each call gives a number below its argument
+/// (a 64-bit LCG, the high bits).
+#[cfg(test)]
+pub(crate) fn test_rng(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |m: usize| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as usize % m
+    }
+}

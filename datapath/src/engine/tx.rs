@@ -645,6 +645,16 @@ mod tests {
         }
     }
 
+    /// Fills `len` octets at `at` (octets from the ring's start) and checks them against the
+    /// encoder's bytes; `what` names the fill in failures.
+    fn fill_matches<B: RegionBuffer>(c: &mut Case<B>, at: usize, len: usize, what: &str) {
+        let mut out = vec![0u8; len];
+        c.ring
+            .fill(c.base + at as u64, &mut out, &c.mem)
+            .unwrap_or_else(|e| panic!("{what} at {at}: {e}"));
+        assert_eq!(out, &c.expected[at..at + len], "{what} at {at}");
+    }
+
     /// Pinned memory as the engine registers it: whole-FPDU fills take its one-pass copy and
     /// CRC (`PinnedBuffer::read_at_crc`), partial ones the two-pass path.
     fn pinned(data: Vec<u8>) -> crate::memory::RegionMemory {
@@ -672,11 +682,7 @@ mod tests {
                     c.ring.fpdus.iter().map(|f| (f.start, f.end())).collect();
                 for (a, b) in ends {
                     let (a, b) = ((a - c.base) as usize, (b - c.base) as usize);
-                    let mut seg = vec![0u8; b - a];
-                    c.ring
-                        .fill(c.base + a as u64, &mut seg, &c.mem)
-                        .expect("fill FPDU");
-                    assert_eq!(seg, &c.expected[a..b], "FPDU at {a}, seed {seed}");
+                    fill_matches(&mut c, a, b - a, &format!("FPDU (seed {seed})"));
                 }
             }
         }
@@ -689,30 +695,16 @@ mod tests {
         for (crc, markers) in [(true, true), (true, false), (false, false)] {
             let mut c = case(crc, markers, 11, 5);
             let total = c.expected.len();
-            let mut x = 12345u64;
-            let mut next = |m: usize| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 33) as usize % m
-            };
+            let mut next = crate::test_rng(12345);
             let (mut sent, mut acked) = (0usize, 0usize);
             while sent < total {
                 let len = (1 + next(1448)).min(total - sent);
-                let mut seg = vec![0u8; len];
-                c.ring
-                    .fill(c.base + sent as u64, &mut seg, &c.mem)
-                    .expect("in order");
-                assert_eq!(seg, &c.expected[sent..sent + len], "segment at {sent}");
+                fill_matches(&mut c, sent, len, "segment");
                 sent += len;
                 if next(4) == 0 && sent > acked {
                     let a = acked + next(sent - acked);
                     let l = (1 + next(3000)).min(sent - a);
-                    let mut re = vec![0u8; l];
-                    c.ring
-                        .fill(c.base + a as u64, &mut re, &c.mem)
-                        .expect("retransmission");
-                    assert_eq!(re, &c.expected[a..a + l], "retransmission at {a}");
+                    fill_matches(&mut c, a, l, "retransmission");
                 }
                 if next(3) == 0 {
                     acked += next(sent - acked + 1);
