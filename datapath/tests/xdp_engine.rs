@@ -10,6 +10,11 @@
 //! received Send, the client checks the Read data. The engines' counters are printed and must
 //! show FPDUs both ways.
 //!
+//! The `shards_*` cases run the engine with one thread per queue (`shard_per_queue`) against
+//! kernel TCP, 8 connections at once each way: kernel peers pick their TX queue at random, so
+//! an engine client's segments are handed between shards (counted), and a server's
+//! connections spread over the shards that received their SYNs.
+//!
 //! The `_at_mtu_3500` cases first raise both veth ends' MTU to 3500 (under the 3506 that
 //! native XDP on veth allows): the engine must take its MSS from the interface, as kernel TCP
 //! does, so both ends' MULPDU is 3442 (3500 - 40 IP/TCP - 12 timestamps - 6 MPA).
@@ -348,4 +353,275 @@ fn connect_to_a_closed_port_is_refused() {
             if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
         other => panic!("want connection refused, got {other:?}"),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shards: one engine thread per queue
+
+/// Connections of the shard tests, and what each moves (a Write, a Read and a Send).
+const SHARD_CONNS: usize = 8;
+const SHARD_CHUNK: usize = 64 << 10;
+const SHARD_PORT: u16 = PORT + 7;
+
+fn shard_engine(dev: &str) -> Result<XdpEngine, String> {
+    let cfg = XdpEngineConfig {
+        shard_per_queue: true,
+        ..XdpEngineConfig::default()
+    };
+    let e = XdpEngine::start(dev, cfg).map_err(|e| format!("engine on {dev}: {e}"))?;
+    if e.shards() != QUEUES as usize {
+        return Err(format!("{} shards on a {QUEUES}-queue bed", e.shards()));
+    }
+    Ok(e)
+}
+
+/// The server of the shard tests: accepts `SHARD_CONNS` connections on `listener`, then
+/// checks each one's Write and Send (the client's index is its private data).
+fn shard_server(listener: Listener) -> Result<(), String> {
+    let pd = ProtectionDomain::new();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let size = SHARD_CONNS * SHARD_CHUNK;
+    let (wbuf, rbuf, recv) = (
+        pd.register(size, all).map_err(|e| e.to_string())?,
+        pd.register(size, all).map_err(|e| e.to_string())?,
+        pd.register(size, all).map_err(|e| e.to_string())?,
+    );
+    for i in 0..SHARD_CONNS {
+        rbuf.write(i * SHARD_CHUNK, &pattern(100 + i, SHARD_CHUNK));
+    }
+    let mut conns = Vec::new();
+    for n in 0..SHARD_CONNS {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| format!("accept: {e}"))?
+            .ok_or_else(|| format!("no connection request after {n}"))?;
+        let i: usize = std::str::from_utf8(req.private_data())
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .filter(|&i| i < SHARD_CONNS)
+            .ok_or_else(|| format!("private data {:?}", req.private_data()))?;
+        let cq = CompletionQueue::new();
+        let mut welcome = Vec::new();
+        for mr in [&wbuf, &rbuf] {
+            welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
+            welcome.extend_from_slice(&mr.base_to().to_be_bytes());
+        }
+        let recvs = vec![RecvWr {
+            wr_id: i as u64,
+            sge: Some(recv.sge(i * SHARD_CHUNK, SHARD_CHUNK as u32)),
+        }];
+        let conn = req
+            .accept_with_recvs(&pd, &cq, &welcome, recvs)
+            .map_err(|e| format!("accept {i}: {e}"))?;
+        conns.push((i, conn.qp, cq));
+    }
+    for (i, mut qp, cq) in conns {
+        let c = cq
+            .wait(WAIT)
+            .ok_or_else(|| format!("server {i}: no receive completion: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success || c.wc.byte_len as usize != SHARD_CHUNK {
+            return Err(format!("server {i}: {c:?}"));
+        }
+        let off = i * SHARD_CHUNK;
+        if bytes(&recv, off, SHARD_CHUNK) != pattern(300 + i, SHARD_CHUNK) {
+            return Err(format!("server {i}: Send data differs"));
+        }
+        if bytes(&wbuf, off, SHARD_CHUNK) != pattern(200 + i, SHARD_CHUNK) {
+            return Err(format!("server {i}: Write data differs"));
+        }
+        if !qp.wait_finished(WAIT) {
+            return Err(format!("server {i}: not closed: {:?}", qp.status()));
+        }
+        qp.disconnect();
+    }
+    Ok(())
+}
+
+/// The client of the shard tests: `SHARD_CONNS` connections open at once, each a Write, a
+/// Read and a Send, the Read checked.
+fn shard_clients(
+    connect: &dyn Fn(
+        usize,
+        &ProtectionDomain,
+        &CompletionQueue,
+    ) -> Result<datapath::Connection, String>,
+) -> Result<(), String> {
+    let pd = ProtectionDomain::new();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let size = SHARD_CONNS * SHARD_CHUNK;
+    let (src, dst, send_src) = (
+        pd.register(size, all).map_err(|e| e.to_string())?,
+        pd.register(size, all).map_err(|e| e.to_string())?,
+        pd.register(size, all).map_err(|e| e.to_string())?,
+    );
+    let mut conns = Vec::new();
+    for i in 0..SHARD_CONNS {
+        let off = i * SHARD_CHUNK;
+        src.write(off, &pattern(200 + i, SHARD_CHUNK));
+        send_src.write(off, &pattern(300 + i, SHARD_CHUNK));
+        let cq = CompletionQueue::new();
+        let conn = connect(i, &pd, &cq)?;
+        conns.push((i, conn, cq));
+    }
+    for (i, conn, _) in &conns {
+        let off = i * SHARD_CHUNK;
+        let w = &conn.private_data;
+        if w.len() != 24 {
+            return Err(format!(
+                "client {i}: reply private data of {} bytes",
+                w.len()
+            ));
+        }
+        let stag = |o: usize| datapath::Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
+        let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
+        let len = SHARD_CHUNK as u32;
+        let wrs = [
+            (
+                SendOp::Write {
+                    remote_stag: stag(0),
+                    remote_to: to(0) + off as u64,
+                },
+                src.sge(off, len),
+            ),
+            (
+                SendOp::Read {
+                    remote_stag: stag(12),
+                    remote_to: to(12) + off as u64,
+                },
+                dst.sge(off, len),
+            ),
+            (
+                SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                send_src.sge(off, len),
+            ),
+        ];
+        for (k, (op, local)) in wrs.into_iter().enumerate() {
+            conn.qp
+                .post_send(SendWr {
+                    wr_id: k as u64,
+                    op,
+                    local: Some(local),
+                })
+                .map_err(|e| format!("client {i}: post: {e}"))?;
+        }
+    }
+    for (i, mut conn, cq) in conns {
+        for _ in 0..3 {
+            let c = cq.wait(WAIT).ok_or_else(|| {
+                format!("client {i}: completions missing: {:?}", conn.qp.status())
+            })?;
+            if c.wc.status != WcStatus::Success {
+                return Err(format!("client {i}: {c:?}"));
+            }
+        }
+        if bytes(&dst, i * SHARD_CHUNK, SHARD_CHUNK) != pattern(100 + i, SHARD_CHUNK) {
+            return Err(format!("client {i}: Read data differs"));
+        }
+        conn.qp.disconnect();
+    }
+    Ok(())
+}
+
+/// Stops a sharded engine and prints and returns its counters.
+fn shard_counters(who: &str, mut engine: XdpEngine) -> datapath::engine::EngineCounters {
+    engine.stop();
+    let c = engine.counters();
+    for (k, d) in c.shard_drivers.iter().enumerate() {
+        println!(
+            "{who} shard {k}: {} frames in, {} out, {} handed off, {} taken over, {} dropped, \
+             {} passive opens",
+            d.rx_frames,
+            d.tx_packets,
+            d.handoffs_out,
+            d.handoffs_in,
+            d.handoff_drops,
+            d.table.passive_opens
+        );
+    }
+    c
+}
+
+/// A sharded engine (one thread per queue of `iwa0`) opens `SHARD_CONNS` connections to
+/// kernel TCP (the socket transport in `iwb`): `connect` spreads them over the shards, and the
+/// kernel's accepted sockets answer on a queue of their own random choice, so most
+/// connections' segments arrive on a shard that does not own them and are handed over. Every
+/// byte checked both ways; hand-offs counted; every shard carried connections.
+#[test]
+fn shards_engine_clients_kernel_server() {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = spawn_in_ns(NS_B, move || {
+        let l = Listener::bind(
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, SHARD_PORT)),
+            params(),
+        )
+        .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        shard_server(l)
+    });
+    ready_rx.recv_timeout(WAIT).expect("server up");
+    let cli = spawn_in_ns(NS_A, || {
+        let engine = shard_engine(DEV_A)?;
+        let addr = SocketAddr::from((ADDR_B, SHARD_PORT));
+        let r = shard_clients(&|i, pd, cq| {
+            engine
+                .connect(addr, pd, cq, &params(), i.to_string().as_bytes())
+                .map_err(|e| format!("connect {i}: {e}"))
+        });
+        Ok::<_, String>((r, shard_counters("client", engine)))
+    });
+    let (r, c) = cli.join().expect("client thread").expect("client engine");
+    srv.join()
+        .expect("server thread")
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    r.unwrap_or_else(|e| panic!("client: {e}"));
+    assert_eq!(c.shards, QUEUES as usize);
+    assert_eq!(c.established, SHARD_CONNS as u64, "{c:?}");
+    assert!(c.driver.handoffs_in > 0, "no hand-off: {c:#?}");
+    assert!(
+        c.shard_drivers.iter().all(|d| d.tx_packets > 0),
+        "a shard carried no connection: {c:#?}"
+    );
+}
+
+/// Kernel TCP clients (the socket transport in `iwb`) connect `SHARD_CONNS` times to a sharded
+/// engine: each connection belongs to the shard its SYN arrived on (the client's random TX
+/// queue), so more than one shard accepts, and the one `Listener` gets them all. Every byte
+/// checked both ways.
+#[test]
+fn shards_kernel_clients_engine_server() {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = spawn_in_ns(NS_A, move || {
+        let engine = shard_engine(DEV_A)?;
+        let l = engine
+            .listen(SHARD_PORT, params())
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        let r = shard_server(l);
+        Ok::<_, String>((r, shard_counters("server", engine)))
+    });
+    ready_rx.recv_timeout(WAIT).expect("server up");
+    let cli = spawn_in_ns(NS_B, || {
+        let addr = SocketAddr::from((ADDR_A, SHARD_PORT));
+        shard_clients(&|i, pd, cq| {
+            datapath::connect(addr, pd, cq, &params(), i.to_string().as_bytes())
+                .map_err(|e| format!("connect {i}: {e}"))
+        })
+    });
+    let c_res = cli.join().expect("client thread");
+    let (r, c) = srv.join().expect("server thread").expect("server engine");
+    c_res.unwrap_or_else(|e| panic!("client: {e}"));
+    r.unwrap_or_else(|e| panic!("server: {e}"));
+    assert_eq!(c.established, SHARD_CONNS as u64, "{c:?}");
+    let accepting = c
+        .shard_drivers
+        .iter()
+        .filter(|d| d.table.passive_opens > 0)
+        .count();
+    // All 8 on one queue has odds 4^-7.
+    assert!(accepting >= 2, "one shard accepted everything: {c:#?}");
 }

@@ -44,7 +44,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
@@ -64,7 +64,7 @@ use crate::socket::{
 };
 use crate::xdp_tcp::{
     ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp, TcpConfig, XdpTcp,
-    XdpTcpConfig, XdpTcpStats,
+    XdpTcpConfig, XdpTcpError, XdpTcpStats,
 };
 use crate::DatapathError;
 
@@ -222,7 +222,16 @@ pub struct XdpEngineConfig {
     /// the spins are over.
     pub busy_poll: Duration,
     /// Pin the engine thread to this CPU (`sched_setaffinity`); `None`: the scheduler decides.
+    /// With [`shard_per_queue`](Self::shard_per_queue) and no [`cpus`](Self::cpus), every
+    /// shard's thread is pinned to it.
     pub cpu: Option<usize>,
+    /// One engine thread per AF_XDP queue (a *shard*: its own socket, connection table and
+    /// queue pairs; segments that arrive on another shard's queue are handed over, see
+    /// [`crate::xdp_tcp::shard`]). False: one thread serves every queue.
+    pub shard_per_queue: bool,
+    /// With [`shard_per_queue`](Self::shard_per_queue): pin shard `i`'s thread to
+    /// `cpus[i % cpus.len()]`; empty: [`cpu`](Self::cpu) decides.
+    pub cpus: Vec<usize>,
     /// Inline progress (run-to-completion): an application thread that polls a
     /// [`CompletionQueue`] of this engine ([`CompletionQueue::try_next`],
     /// [`CompletionQueue::poll`]) runs an engine turn itself when nobody else is in one, and
@@ -255,6 +264,8 @@ impl Default for XdpEngineConfig {
             spin_turns: 0,
             busy_poll: Duration::from_millis(2),
             cpu: None,
+            shard_per_queue: false,
+            cpus: Vec::new(),
             inline_progress: true,
         }
     }
@@ -281,6 +292,27 @@ pub struct EngineCounters {
     pub thread_turns: u64,
     /// Times the engine thread parked because application threads drove its turns.
     pub parks: u64,
+    /// Engine threads (shards) summed here: 1, or one per queue with
+    /// [`XdpEngineConfig::shard_per_queue`].
+    pub shards: usize,
+    /// Per shard (only with more than one): its driver's counters (frames, hand-offs).
+    pub shard_drivers: Vec<XdpTcpStats>,
+}
+
+impl EngineCounters {
+    /// Adds one shard's counters to these.
+    fn add(&mut self, o: &EngineCounters) {
+        self.driver.add(&o.driver);
+        add_counters(&mut self.conns, &o.conns);
+        self.established += o.established;
+        self.ended += o.ended;
+        if self.error.is_none() {
+            self.error.clone_from(&o.error);
+        }
+        self.app_turns += o.app_turns;
+        self.thread_turns += o.thread_turns;
+        self.parks += o.parks;
+    }
 }
 
 fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
@@ -316,13 +348,16 @@ struct RequestMsg {
     id: ConnId,
     info: RequestInfo,
     peer: SocketAddr,
+    /// The shard whose connection it is.
+    shard: usize,
 }
 
 enum EngineCmd {
     Listen {
         port: u16,
         params: ConnectParams,
-        reply: Reply<Receiver<RequestMsg>>,
+        requests: Sender<RequestMsg>,
+        reply: Reply<()>,
     },
     Connect {
         addr: SocketAddrV4,
@@ -379,7 +414,8 @@ impl Handle {
 /// A listening port of the engine (behind [`Listener`]).
 pub(crate) struct XdpListen {
     rx: Receiver<RequestMsg>,
-    handle: Handle,
+    /// Every shard's handle (requests name their shard).
+    handles: Vec<Handle>,
     local: SocketAddr,
     params: ConnectParams,
 }
@@ -402,10 +438,12 @@ impl XdpListen {
                 Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
             },
         };
-        let pending = PendingRequest {
-            id: msg.id,
-            handle: self.handle.clone(),
-        };
+        let handle = self
+            .handles
+            .get(msg.shard)
+            .ok_or(DatapathError::Disconnected)?
+            .clone();
+        let pending = PendingRequest { id: msg.id, handle };
         Ok(Some(ConnectRequest::from_xdp(
             pending,
             msg.info,
@@ -464,12 +502,19 @@ impl PendingRequest {
     }
 }
 
-/// The poll-mode iWARP engine of one interface (see the module documentation). Dropping it
-/// closes its connections (gracefully for up to a second), detaches XDP and joins the thread.
-pub struct XdpEngine {
+/// One engine thread and its way in.
+struct ShardThread {
     handle: Handle,
     thread: Option<JoinHandle<()>>,
     counters: Arc<Mutex<EngineCounters>>,
+}
+
+/// The poll-mode iWARP engine of one interface (see the module documentation). Dropping it
+/// closes its connections (gracefully for up to a second), detaches XDP and joins the threads.
+pub struct XdpEngine {
+    shards: Vec<ShardThread>,
+    /// The shard of the next `connect` (round robin).
+    next: AtomicUsize,
     local_ip: Ipv4Addr,
 }
 
@@ -477,90 +522,152 @@ impl std::fmt::Debug for XdpEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XdpEngine")
             .field("local_ip", &self.local_ip)
+            .field("shards", &self.shards.len())
             .finish_non_exhaustive()
     }
 }
 
-impl XdpEngine {
-    /// Starts the engine thread on `ifname` (in the calling thread's network namespace) and
-    /// waits until its driver is open. Needs root (XDP, AF_XDP).
-    pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
-        let (wake_tx, wake_rx) = UnixDatagram::pair()?;
-        wake_tx.set_nonblocking(true)?;
-        wake_rx.set_nonblocking(true)?;
-        let wake = Arc::new(Wake {
-            tx: wake_tx,
-            state: AtomicU8::new(AWAKE),
-            pending: AtomicBool::new(false),
-            inline: cfg.inline_progress,
-            core: OnceLock::new(),
-            app_turns: AtomicU64::new(0),
-            thread_turns: AtomicU64::new(0),
-            app_waits: AtomicU64::new(0),
-        });
-        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
-        let counters = Arc::new(Mutex::new(EngineCounters::default()));
-        let ifname_owned = ifname.to_owned();
-        let engine_wake = wake.clone();
-        let engine_counters = counters.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("iwarp-xdp-{ifname}"))
-            .spawn(move || {
-                let mut xdp = match XdpTcp::open(&ifname_owned, cfg.driver.clone()) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(DatapathError::Xdp(e)));
-                        return;
-                    }
-                };
-                xdp.add_wake_fd(wake_rx.as_raw_fd());
-                let _ = ready_tx.send(Ok(xdp.local_ip()));
-                let turner = Turner {
-                    st: State {
-                        slots: SlotMap::default(),
-                        early: HashMap::new(),
-                        listeners: HashMap::new(),
-                        scratch: MemoryTable::new(),
-                        ended: ConnCounters::default(),
-                        established: 0,
-                        ended_conns: 0,
-                        epoch: xdp.epoch(),
-                        progress: false,
-                        wake: engine_wake.clone(),
-                        cfg: cfg.clone(),
-                    },
-                    tables: Vec::new(),
-                    xdp,
-                    failed: None,
-                };
-                let core = Arc::new(Mutex::new(Some(turner)));
-                let _ = engine_wake.core.set(core.clone());
-                let engine = Engine {
-                    core,
-                    wake: engine_wake,
-                    cmds: cmd_rx,
-                    wake_rx,
-                    counters: engine_counters,
-                    cfg,
-                    parks: 0,
-                };
-                engine.run();
-            })?;
-        let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
-            Ok(Ok(ip)) => ip,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
+type Opener = Box<dyn FnOnce() -> Result<XdpTcp, XdpTcpError> + Send>;
+
+/// Spawns one engine thread named `name` whose driver `open` makes (on that thread), and waits
+/// until it is open. Returns the thread and the interface's address.
+fn spawn_shard(
+    name: String,
+    open: Opener,
+    cfg: XdpEngineConfig,
+    index: usize,
+    pin: Option<usize>,
+) -> Result<(ShardThread, Ipv4Addr), DatapathError> {
+    let (wake_tx, wake_rx) = UnixDatagram::pair()?;
+    wake_tx.set_nonblocking(true)?;
+    wake_rx.set_nonblocking(true)?;
+    let wake = Arc::new(Wake {
+        tx: wake_tx,
+        state: AtomicU8::new(AWAKE),
+        pending: AtomicBool::new(false),
+        inline: cfg.inline_progress,
+        core: OnceLock::new(),
+        app_turns: AtomicU64::new(0),
+        thread_turns: AtomicU64::new(0),
+        app_waits: AtomicU64::new(0),
+    });
+    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let counters = Arc::new(Mutex::new(EngineCounters::default()));
+    let engine_wake = wake.clone();
+    let engine_counters = counters.clone();
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        let mut xdp = match open() {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = ready_tx.send(Err(DatapathError::Xdp(e)));
+                return;
             }
-            Err(_) => return Err(DatapathError::Timeout("starting the AF_XDP engine")),
         };
-        Ok(XdpEngine {
+        xdp.add_wake_fd(wake_rx.as_raw_fd());
+        let _ = ready_tx.send(Ok(xdp.local_ip()));
+        let inbox = xdp.shard_set();
+        let turner = Turner {
+            st: State {
+                slots: SlotMap::default(),
+                early: HashMap::new(),
+                listeners: HashMap::new(),
+                scratch: MemoryTable::new(),
+                ended: ConnCounters::default(),
+                established: 0,
+                ended_conns: 0,
+                epoch: xdp.epoch(),
+                progress: false,
+                wake: engine_wake.clone(),
+                shard: index,
+                cfg: cfg.clone(),
+            },
+            tables: Vec::new(),
+            xdp,
+            failed: None,
+        };
+        let core = Arc::new(Mutex::new(Some(turner)));
+        let _ = engine_wake.core.set(core.clone());
+        let engine = Engine {
+            core,
+            wake: engine_wake,
+            cmds: cmd_rx,
+            wake_rx,
+            counters: engine_counters,
+            cfg,
+            parks: 0,
+            pin,
+            inbox,
+        };
+        engine.run();
+    })?;
+    let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(ip)) => ip,
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            return Err(e);
+        }
+        Err(_) => return Err(DatapathError::Timeout("starting the AF_XDP engine")),
+    };
+    Ok((
+        ShardThread {
             handle: Handle { cmds: cmd_tx, wake },
             thread: Some(thread),
             counters,
-            local_ip,
-        })
+        },
+        local_ip,
+    ))
+}
+
+impl XdpEngine {
+    /// Starts the engine on `ifname` (in the calling thread's network namespace): one thread
+    /// for every queue, or with [`XdpEngineConfig::shard_per_queue`] one thread per queue
+    /// (named `iwarp-xdp-<ifname><queue>`), and waits until their drivers are open. Needs root
+    /// (XDP, AF_XDP).
+    pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
+        if !cfg.shard_per_queue {
+            let ifname_owned = ifname.to_owned();
+            let driver = cfg.driver.clone();
+            let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
+            let (shard, local_ip) =
+                spawn_shard(format!("iwarp-xdp-{ifname}"), open, cfg.clone(), 0, cfg.cpu)?;
+            return Ok(XdpEngine {
+                shards: vec![shard],
+                next: AtomicUsize::new(0),
+                local_ip,
+            });
+        }
+        // The drivers are opened here (the threads inherit this thread's namespace) and each
+        // moves to its thread; the last one to end detaches the program, on a shard thread.
+        let drivers = XdpTcp::open_shards(ifname, cfg.driver.clone())?;
+        let mut engine = XdpEngine {
+            shards: Vec::with_capacity(drivers.len()),
+            next: AtomicUsize::new(0),
+            local_ip: Ipv4Addr::UNSPECIFIED,
+        };
+        for (i, driver) in drivers.into_iter().enumerate() {
+            let queue = driver.queues().first().copied().unwrap_or(0);
+            let pin = match cfg.cpus.as_slice() {
+                [] => cfg.cpu,
+                cpus => Some(cpus[i % cpus.len()]),
+            };
+            let open: Opener = Box::new(move || Ok(driver));
+            let (shard, ip) = spawn_shard(
+                format!("iwarp-xdp-{ifname}{queue}"),
+                open,
+                cfg.clone(),
+                i,
+                pin,
+            )?;
+            engine.local_ip = ip;
+            engine.shards.push(shard);
+        }
+        Ok(engine)
+    }
+
+    /// Engine threads (shards).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
     }
 
     /// The interface's IPv4 address the engine speaks from.
@@ -568,21 +675,26 @@ impl XdpEngine {
         self.local_ip
     }
 
-    /// Listens on `port` (reserved with the kernel and steered to the engine).
+    /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
+    /// listens, and the connections of all of them come to the one [`Listener`].
     pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let cmd = EngineCmd::Listen {
-            port,
-            params: params.clone(),
-            reply: tx,
-        };
-        let requests = self
-            .handle
-            .call(cmd, rx, params.setup_timeout, "starting to listen")?;
+        let (req_tx, req_rx) = crossbeam_channel::unbounded();
+        for shard in &self.shards {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let cmd = EngineCmd::Listen {
+                port,
+                params: params.clone(),
+                requests: req_tx.clone(),
+                reply: tx,
+            };
+            shard
+                .handle
+                .call(cmd, rx, params.setup_timeout, "starting to listen")?;
+        }
         Ok(Listener::from_xdp(
             XdpListen {
-                rx: requests,
-                handle: self.handle.clone(),
+                rx: req_rx,
+                handles: self.shards.iter().map(|s| s.handle.clone()).collect(),
                 local: SocketAddr::from((self.local_ip, port)),
                 params: params.clone(),
             },
@@ -604,7 +716,13 @@ impl XdpEngine {
                 "the AF_XDP engine speaks IPv4 only",
             ));
         };
-        cq.attach(&self.handle.wake);
+        let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
+        let handle = &self
+            .shards
+            .get(n)
+            .ok_or(DatapathError::Disconnected)?
+            .handle;
+        cq.attach(&handle.wake);
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = EngineCmd::Connect {
             addr,
@@ -616,33 +734,48 @@ impl XdpEngine {
         };
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
         let wait = params.setup_timeout + Duration::from_secs(5);
-        let (parts, private_data) = self.handle.call(cmd, rx, wait, "connecting")?;
+        let (parts, private_data) = handle.call(cmd, rx, wait, "connecting")?;
         Ok(Connection {
             qp: QueuePair::from_parts(parts),
             private_data,
         })
     }
 
-    /// The engine's counters as last published (at most 50 ms old while it runs).
+    /// The engine's counters as last published (at most 50 ms old while it runs), summed
+    /// over its shards.
     pub fn counters(&self) -> EngineCounters {
-        let mut c = self
-            .counters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let w = &self.handle.wake;
-        c.app_turns = w.app_turns.load(Ordering::Relaxed);
-        c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
-        c
+        let mut sum = EngineCounters {
+            shards: self.shards.len(),
+            ..EngineCounters::default()
+        };
+        for shard in &self.shards {
+            let mut c = shard
+                .counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let w = &shard.handle.wake;
+            c.app_turns = w.app_turns.load(Ordering::Relaxed);
+            c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
+            sum.add(&c);
+            if self.shards.len() > 1 {
+                sum.shard_drivers.push(c.driver);
+            }
+        }
+        sum
     }
 
     /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
-    /// and joins the thread. Also done on drop.
+    /// and joins the threads. Also done on drop.
     pub fn stop(&mut self) {
-        let _ = self.handle.cmds.send(EngineCmd::Shutdown);
-        let _ = self.handle.wake.wake_now();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        for shard in &self.shards {
+            let _ = shard.handle.cmds.send(EngineCmd::Shutdown);
+            let _ = shard.handle.wake.wake_now();
+        }
+        for shard in &mut self.shards {
+            if let Some(t) = shard.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -813,6 +946,8 @@ struct State {
     epoch: StdInstant,
     progress: bool,
     wake: Arc<Wake>,
+    /// This shard's index in the engine.
+    shard: usize,
     cfg: XdpEngineConfig,
 }
 
@@ -942,6 +1077,7 @@ impl TcpApp for App<'_, '_> {
             established,
             progress,
             wake,
+            shard,
             ..
         } = &mut *self.st;
         let Some(slot) = slots.get_mut(&id) else {
@@ -994,6 +1130,7 @@ impl TcpApp for App<'_, '_> {
                         id,
                         info,
                         peer: slot.peer,
+                        shard: *shard,
                     };
                     let delivered = listeners
                         .get(&slot.local_port)
@@ -1244,11 +1381,15 @@ struct Engine {
     counters: Arc<Mutex<EngineCounters>>,
     cfg: XdpEngineConfig,
     parks: u64,
+    /// The CPU to pin the thread to.
+    pin: Option<usize>,
+    /// Shards: the inboxes and this shard's index (a parked thread is woken by hand-offs).
+    inbox: Option<(Arc<crate::xdp_tcp::shard::ShardSet>, usize)>,
 }
 
 impl Engine {
     fn run(mut self) {
-        if let Some(cpu) = self.cfg.cpu {
+        if let Some(cpu) = self.pin {
             // Best effort: a CPU outside the allowed set leaves the thread unpinned.
             let _ = pin_to_cpu(cpu);
         }
@@ -1409,7 +1550,14 @@ impl Engine {
             {
                 break;
             }
-            let woken = wait_readable(self.wake_rx.as_raw_fd(), PARK);
+            let inbox = self.inbox.as_ref().and_then(|(set, i)| set.inboxes.get(*i));
+            if inbox.is_some_and(|b| !b.sleep_begin()) {
+                break;
+            }
+            let woken = wait_readable(self.wake_rx.as_raw_fd(), inbox.map(|b| b.wake_fd()), PARK);
+            if let Some(b) = inbox {
+                b.sleep_end();
+            }
             self.wake.state.store(AWAKE, Ordering::SeqCst);
             let woken = self.drain_wake() || woken.is_err();
             if p.last_publish.elapsed() >= COUNTERS_EVERY {
@@ -1454,20 +1602,27 @@ impl Engine {
     }
 }
 
-/// Waits up to `timeout` for `fd` to become readable (`ppoll`); `Err` on a failed `ppoll`.
-fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
+/// Waits up to `timeout` for `fd` (or `fd2`) to become readable (`ppoll`); `Err` on a failed
+/// `ppoll`.
+fn wait_readable(
+    fd: std::os::fd::RawFd,
+    fd2: Option<std::os::fd::RawFd>,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let pfd = |fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
+    let mut pfds = [pfd(fd), pfd(fd2.unwrap_or(-1))];
+    let n = if fd2.is_some() { 2 } else { 1 };
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
-    // SAFETY: `pfd` and `ts` are valid and owned by this frame, the count passed is 1, and a
-    // null signal mask leaves the thread's mask alone.
-    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    // SAFETY: `pfds` and `ts` are valid and owned by this frame, the count passed (1 or 2) is
+    // at most `pfds`' length, and a null signal mask leaves the thread's mask alone.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), n, &ts, std::ptr::null()) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
@@ -1503,15 +1658,14 @@ impl Turner {
                 EngineCmd::Listen {
                     port,
                     params,
+                    requests,
                     reply,
                 } => {
                     let mut tcp = self.st.cfg.tcp.clone();
                     tcp.tx_mode = tx_mode(&self.st.cfg);
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
                     let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
-                        let (tx, rx) = crossbeam_channel::unbounded();
-                        self.st.listeners.insert(port, (params, tx));
-                        rx
+                        self.st.listeners.insert(port, (params, requests));
                     });
                     let _ = reply.send(res.map_err(DatapathError::from));
                 }

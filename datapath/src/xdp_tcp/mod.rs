@@ -55,9 +55,12 @@
 //! tcp-sink` / `tcp-source` do).
 
 mod frame;
+pub mod shard;
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -69,6 +72,7 @@ use crate::xsk::steering::{
 };
 use crate::xsk::{interface_info, resolve_next_hop, XskConfig, XskError, XskSocket, XskStats};
 use frame::Neighbours;
+use shard::ShardSet;
 
 /// The sans-IO TCP this driver runs, re-exported for its users.
 pub use tcp_engine as engine;
@@ -164,6 +168,10 @@ pub struct XdpTcpConfig {
     pub max_neighbours: usize,
     /// The ISN secret (RFC 6528); `None`: 16 bytes from `/dev/urandom`.
     pub isn_key: Option<[u8; 16]>,
+    /// Shards ([`XdpTcp::open_shards`]): frames each shard's inbox holds for segments other
+    /// shards received for its flows (preallocated, each the MTU plus the Ethernet header,
+    /// at most a UMEM frame); when full, handed-over segments are dropped (and counted).
+    pub inbox_frames: usize,
 }
 
 impl Default for XdpTcpConfig {
@@ -179,6 +187,7 @@ impl Default for XdpTcpConfig {
             neighbour_timeout: Duration::from_secs(3),
             max_neighbours: 4096,
             isn_key: None,
+            inbox_frames: 2048,
         }
     }
 }
@@ -247,6 +256,12 @@ pub enum XdpTcpError {
     /// Reading the ISN secret failed.
     #[error("reading 16 random bytes from /dev/urandom: {0}")]
     Random(io::Error),
+    /// The shards' flow directory is full.
+    #[error(transparent)]
+    DirectoryFull(#[from] shard::DirectoryFull),
+    /// Making a shard's inbox (its wake-up socket) failed.
+    #[error("making a shard inbox: {0}")]
+    Inbox(io::Error),
 }
 
 /// Counters of the driver (the table's own are in [`XdpTcpStats::table`]).
@@ -270,8 +285,45 @@ pub struct XdpTcpStats {
     pub closed: u64,
     /// Sleeps in `ppoll`.
     pub waits: u64,
+    /// Shards: segments received here for a flow another shard owns, copied to its inbox.
+    pub handoffs_out: u64,
+    /// Shards: segments other shards handed to this one (taken from its inbox).
+    pub handoffs_in: u64,
+    /// Shards: segments for another shard's flow dropped because its inbox was full.
+    pub handoff_drops: u64,
+    /// Shards: SYNs whose flow could not be entered in the full flow directory (served here).
+    pub directory_full: u64,
     /// The connection table's counters.
     pub table: TableStats,
+}
+
+impl XdpTcpStats {
+    /// Adds `o`'s counters to these (sums over shards).
+    pub fn add(&mut self, o: &XdpTcpStats) {
+        self.rx_frames += o.rx_frames;
+        self.rx_not_ipv4_tcp += o.rx_not_ipv4_tcp;
+        self.rx_malformed += o.rx_malformed;
+        self.tx_packets += o.tx_packets;
+        self.tx_no_mac += o.tx_no_mac;
+        self.tx_frames_exhausted += o.tx_frames_exhausted;
+        self.accepted += o.accepted;
+        self.closed += o.closed;
+        self.waits += o.waits;
+        self.handoffs_out += o.handoffs_out;
+        self.handoffs_in += o.handoffs_in;
+        self.handoff_drops += o.handoff_drops;
+        self.directory_full += o.directory_full;
+        let (t, u) = (&mut self.table, &o.table);
+        t.bad_checksum += u.bad_checksum;
+        t.bad_ip += u.bad_ip;
+        t.bad_data_offset += u.bad_data_offset;
+        t.bad_options += u.bad_options;
+        t.truncated += u.truncated;
+        t.no_connection += u.no_connection;
+        t.resets_sent += u.resets_sent;
+        t.backlog_drops += u.backlog_drops;
+        t.passive_opens += u.passive_opens;
+    }
 }
 
 /// A connection the application knows about.
@@ -280,6 +332,8 @@ struct Tracked {
     id: ConnId,
     /// The steered 4-tuple (active opens only).
     flow: Option<FlowKey>,
+    /// Shards: its key in the flow directory.
+    dir_key: Option<u64>,
     /// Kernel socket bound to the local port (active opens only; listeners hold their own).
     _reservation: Option<Socket>,
 }
@@ -287,15 +341,138 @@ struct Tracked {
 #[derive(Debug)]
 struct Listening {
     port: u16,
-    _reservation: Socket,
+    /// Shared by the shards listening on the port.
+    _reservation: Arc<Socket>,
 }
+
+/// What the drivers (shards) of one interface share: the attached steering program, the
+/// listeners' kernel port reservations and the interface's facts. Steering changes lock its
+/// mutex (connection setup and teardown only, never per packet).
+pub struct XdpPort {
+    // Field order is drop order: the program detaches first.
+    prog: Mutex<SteeringProgram>,
+    mode: ActiveMode,
+    /// Listening ports' reservations, shared by every shard listening on the port.
+    listens: Mutex<HashMap<u16, Weak<Socket>>>,
+    ifname: String,
+    ifindex: u32,
+    mac: [u8; 6],
+    local_ip: Ipv4Addr,
+    mtu: u32,
+    /// Queues usable (min of RX and TX queues, capped by the XSKMAP's size).
+    queues: u32,
+}
+
+impl std::fmt::Debug for XdpPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpPort")
+            .field("ifname", &self.ifname)
+            .field("local_ip", &self.local_ip)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XdpPort {
+    /// Loads and attaches the steering program on `ifname` (in the calling thread's network
+    /// namespace) and reads the interface's facts. Needs root.
+    pub fn open(ifname: &str, cfg: &XdpTcpConfig) -> Result<Self, XdpTcpError> {
+        let info = interface_info(ifname)?;
+        let (local_ip, _) = info
+            .ipv4
+            .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
+        let mut prog = SteeringProgram::load(false)?;
+        let mode = prog.attach(ifname, cfg.attach_mode)?;
+        Ok(XdpPort {
+            prog: Mutex::new(prog),
+            mode,
+            listens: Mutex::new(HashMap::new()),
+            ifname: ifname.to_owned(),
+            ifindex: info.index,
+            mac: info.mac,
+            local_ip,
+            mtu: info.mtu,
+            queues: info
+                .rx_queues
+                .min(info.tx_queues)
+                .min(crate::xsk::steering::MAX_QUEUES),
+        })
+    }
+
+    /// The queues `cfg` selects (all usable ones by default).
+    pub fn select_queues(&self, cfg: &XdpTcpConfig) -> Result<Vec<u32>, XdpTcpError> {
+        let queues: Vec<u32> = match &cfg.queues {
+            Some(q) => q.clone(),
+            None => (0..self.queues).collect(),
+        };
+        if queues.is_empty() {
+            return Err(XdpTcpError::NoQueues);
+        }
+        Ok(queues)
+    }
+
+    /// Our IPv4 address (the interface's first).
+    pub fn local_ip(&self) -> Ipv4Addr {
+        self.local_ip
+    }
+
+    /// The interface.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    fn prog(&self) -> MutexGuard<'_, SteeringProgram> {
+        self.prog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reservation of listening port `port`, shared with every driver of this port
+    /// listening on it: the first one reserves the port with the kernel and steers it.
+    fn reserve_listen(&self, port: u16) -> Result<Arc<Socket>, XdpTcpError> {
+        let mut listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sock) = listens.get(&port).and_then(Weak::upgrade) {
+            return Ok(sock);
+        }
+        let (sock, _) = reserve_port(self.local_ip, port)?;
+        self.prog().steer_port(port)?;
+        let sock = Arc::new(sock);
+        listens.insert(port, Arc::downgrade(&sock));
+        Ok(sock)
+    }
+}
+
+/// A shard's place among the shards of its interface.
+#[derive(Debug)]
+struct ShardCtx {
+    index: u32,
+    set: Arc<ShardSet>,
+}
+
+impl ShardCtx {
+    fn inbox(&self) -> Option<&shard::Inbox> {
+        self.set.inboxes.get(self.index as usize)
+    }
+
+    /// Copies `frame` to shard `owner`'s inbox.
+    fn hand_off(&self, owner: u32, frame: &[u8], stats: &mut XdpTcpStats) {
+        match self.set.inboxes.get(owner as usize) {
+            Some(inbox) if inbox.push(frame) => stats.handoffs_out += 1,
+            _ => stats.handoff_drops += 1,
+        }
+    }
+}
+
+/// How often a shard sweeps its stale flow-directory entries.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Poll-mode TCP over AF_XDP on one interface (see the module documentation).
 pub struct XdpTcp {
-    // Field order is drop order: the program detaches first (the kernel gets the interface's
-    // traffic back), then the sockets close, then the port reservations go.
-    prog: SteeringProgram,
-    mode: ActiveMode,
+    // Field order is drop order: the (last driver's) port detaches the program first (the
+    // kernel gets the interface's traffic back), then the sockets close, then the port
+    // reservations go.
+    port: Arc<XdpPort>,
+    shard: Option<ShardCtx>,
+    /// When (TCP clock, nanoseconds) the shard last swept its directory entries.
+    last_sweep: u64,
     socks: Vec<XskSocket>,
     pollfds: Vec<libc::pollfd>,
     table: ConnectionTable,
@@ -320,7 +497,7 @@ impl std::fmt::Debug for XdpTcp {
         f.debug_struct("XdpTcp")
             .field("ifname", &self.ifname)
             .field("local_ip", &self.local_ip)
-            .field("mode", &self.mode)
+            .field("mode", &self.port.mode)
             .field("queues", &self.queues())
             .field("connections", &self.conns.len())
             .finish_non_exhaustive()
@@ -391,46 +568,74 @@ impl XdpTcp {
     /// into the program's XSKMAP. Nothing is steered until [`listen`](Self::listen) or
     /// [`connect`](Self::connect). Needs root.
     pub fn open(ifname: &str, cfg: XdpTcpConfig) -> Result<Self, XdpTcpError> {
-        let info = interface_info(ifname)?;
-        let (local_ip, _) = info
-            .ipv4
-            .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
-        let queues: Vec<u32> = match &cfg.queues {
-            Some(q) => q.clone(),
-            None => (0..info
-                .rx_queues
-                .min(info.tx_queues)
-                .min(crate::xsk::steering::MAX_QUEUES))
-                .collect(),
-        };
-        if queues.is_empty() {
-            return Err(XdpTcpError::NoQueues);
-        }
+        let port = Arc::new(XdpPort::open(ifname, &cfg)?);
+        let queues = port.select_queues(&cfg)?;
+        Self::on_port(port, &queues, cfg, None)
+    }
+
+    /// Opens one driver (a *shard*) per selected queue of `ifname` (see [`shard`]), sharing
+    /// one attached steering program: each shard has one AF_XDP socket (receiving and
+    /// transmitting on its queue), its own connection table, and an inbox; a segment that
+    /// arrives on a shard that does not own its flow is copied to the owner's inbox. Each
+    /// shard is meant to run on its own thread. Needs root.
+    pub fn open_shards(ifname: &str, cfg: XdpTcpConfig) -> Result<Vec<Self>, XdpTcpError> {
+        let port = Arc::new(XdpPort::open(ifname, &cfg)?);
+        let queues = port.select_queues(&cfg)?;
+        let set = Arc::new(
+            ShardSet::new(
+                queues.len(),
+                cfg.inbox_frames,
+                // A received frame holds at most the MTU and the Ethernet header.
+                (cfg.xsk.frame_size as usize).min(port.mtu as usize + ETH_HLEN),
+                cfg.max_connections.saturating_mul(queues.len()),
+            )
+            .map_err(XdpTcpError::Inbox)?,
+        );
+        queues
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                let ctx = ShardCtx {
+                    index: i as u32,
+                    set: set.clone(),
+                };
+                Self::on_port(port.clone(), &[q], cfg.clone(), Some(ctx))
+            })
+            .collect()
+    }
+
+    fn on_port(
+        port: Arc<XdpPort>,
+        queues: &[u32],
+        cfg: XdpTcpConfig,
+        shard: Option<ShardCtx>,
+    ) -> Result<Self, XdpTcpError> {
         let isn_key = match cfg.isn_key {
             Some(k) => k,
             None => random_key()?,
         };
-        let mut prog = SteeringProgram::load(false)?;
-        let mode = prog.attach(ifname, cfg.attach_mode)?;
-        let socks = XskSocket::open_queues(ifname, queues.iter().copied(), &cfg.xsk)?;
-        for s in &socks {
-            prog.bind_socket(s.queue(), s.fd())?;
+        let socks = XskSocket::open_queues(&port.ifname, queues.iter().copied(), &cfg.xsk)?;
+        {
+            let mut prog = port.prog();
+            for s in &socks {
+                prog.bind_socket(s.queue(), s.fd())?;
+            }
         }
         let frame_mtu = socks
             .iter()
             .map(|s| s.frame_capacity().saturating_sub(ETH_HLEN))
             .min()
             .unwrap_or(0);
-        let mtu = (info.mtu as usize)
+        let mtu = (port.mtu as usize)
             .min(frame_mtu)
             .min(usize::from(u16::MAX));
         if mtu < usize::from(MIN_MTU) {
             return Err(XdpTcpError::MtuTooSmall {
-                ifname: ifname.to_owned(),
+                ifname: port.ifname.clone(),
                 mtu: mtu as u32,
             });
         }
-        let pollfds = socks
+        let mut pollfds: Vec<libc::pollfd> = socks
             .iter()
             .map(|s| libc::pollfd {
                 fd: s.fd(),
@@ -438,26 +643,48 @@ impl XdpTcp {
                 revents: 0,
             })
             .collect();
+        if let Some(inbox) = shard.as_ref().and_then(|s| s.inbox()) {
+            pollfds.push(libc::pollfd {
+                fd: inbox.wake_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
         Ok(Self {
-            prog,
-            mode,
             socks,
             pollfds,
             table: ConnectionTable::new(isn_key, cfg.max_connections),
             conns: Vec::with_capacity(cfg.max_connections),
             listeners: Vec::new(),
-            neigh: Neighbours::new(info.index, cfg.max_neighbours),
-            ifname: ifname.to_owned(),
-            ifindex: info.index,
-            mac: info.mac,
-            local_ip,
+            neigh: Neighbours::new(port.ifindex, cfg.max_neighbours),
+            ifname: port.ifname.clone(),
+            ifindex: port.ifindex,
+            mac: port.mac,
+            local_ip: port.local_ip,
             mtu: mtu as u16,
             epoch: std::time::Instant::now(),
             idle_turns: 0,
             timers_deferred: 0,
             stats: XdpTcpStats::default(),
             cfg,
+            port,
+            shard,
+            last_sweep: 0,
         })
+    }
+
+    /// Shards: this shard's index among the shards of its interface.
+    pub fn shard_index(&self) -> Option<usize> {
+        self.shard.as_ref().map(|s| s.index as usize)
+    }
+
+    /// Shards: the shared inboxes and this shard's index, for an engine thread that sleeps
+    /// elsewhere than in [`wait`](Self::wait) and must be woken by hand-offs
+    /// ([`shard::Inbox::sleep_begin`], [`shard::Inbox::wake_fd`]).
+    pub fn shard_set(&self) -> Option<(Arc<ShardSet>, usize)> {
+        self.shard
+            .as_ref()
+            .map(|s| (s.set.clone(), s.index as usize))
     }
 
     /// The interface.
@@ -477,7 +704,7 @@ impl XdpTcp {
 
     /// The mode the steering program runs in.
     pub fn xdp_mode(&self) -> ActiveMode {
-        self.mode
+        self.port.mode
     }
 
     /// The RX queues owned.
@@ -540,8 +767,7 @@ impl XdpTcp {
                 source: io::Error::from_raw_os_error(libc::EADDRINUSE),
             });
         }
-        let (reservation, _) = reserve_port(self.local_ip, port)?;
-        self.prog.steer_port(port)?;
+        let reservation = self.port.reserve_listen(port)?;
         let cfg = self.fit(cfg);
         self.table.listen(self.local_ip, port, backlog, cfg);
         self.listeners.push(Listening {
@@ -573,7 +799,29 @@ impl XdpTcp {
             sport: remote.port(),
             dport: local_port,
         };
-        self.prog.steer_flow(flow)?;
+        // Shards: the flow is ours before the SYN leaves, so that a SYN-ACK arriving on
+        // another shard's queue comes here.
+        let dir_key = match &self.shard {
+            Some(sh) => match shard::flow_key(*remote.ip(), remote.port(), local_port) {
+                Some(key) => {
+                    if sh.set.directory.claim(key, sh.index)? != sh.index {
+                        return Err(XdpTcpError::Table(TableError::TupleInUse));
+                    }
+                    Some(key)
+                }
+                None => None,
+            },
+            None => None,
+        };
+        let unclaim = |this: &Self| {
+            if let (Some(sh), Some(key)) = (&this.shard, dir_key) {
+                sh.set.directory.remove(key, sh.index);
+            }
+        };
+        if let Err(e) = self.port.prog().steer_flow(flow) {
+            unclaim(self);
+            return Err(e.into());
+        }
         let tuple = tcp_engine::FourTuple {
             local_addr: self.local_ip,
             local_port,
@@ -585,13 +833,15 @@ impl XdpTcp {
         let id = match self.table.connect(cfg, tuple, now) {
             Ok(id) => id,
             Err(e) => {
-                let _ = self.prog.unsteer_flow(flow);
+                let _ = self.port.prog().unsteer_flow(flow);
+                unclaim(self);
                 return Err(e.into());
             }
         };
         self.conns.push(Tracked {
             id,
             flow: Some(flow),
+            dir_key,
             _reservation: Some(reservation),
         });
         Ok(id)
@@ -626,7 +876,7 @@ impl XdpTcp {
 
     /// The steering program's counters.
     pub fn steering_counters(&self) -> Result<Counters, XdpTcpError> {
-        Ok(self.prog.counters()?)
+        Ok(self.port.prog().counters()?)
     }
 
     /// One turn of the loop (see the module documentation); never blocks. Returns true if
@@ -649,7 +899,30 @@ impl XdpTcp {
             }
         }
         work |= self.transmit(now, app)?;
+        self.sweep(now);
         Ok(work)
+    }
+
+    /// Shards: once per [`SWEEP_EVERY`], forgets this shard's directory entries whose flow
+    /// the table no longer has (half-open connections the table dropped by itself).
+    fn sweep(&mut self, now: tcp_engine::Instant) {
+        let Some(sh) = &self.shard else { return };
+        let nanos = now.as_nanos();
+        if nanos.saturating_sub(self.last_sweep) < SWEEP_EVERY.as_nanos() as u64 {
+            return;
+        }
+        self.last_sweep = nanos;
+        let (table, local_addr) = (&self.table, self.local_ip);
+        sh.set.directory.retain_owned(sh.index, |key| {
+            let (remote_addr, remote_port, local_port) = shard::flow_of_key(key);
+            let tuple = tcp_engine::FourTuple {
+                local_addr,
+                local_port,
+                remote_addr,
+                remote_port,
+            };
+            table.lookup(&tuple).is_some()
+        });
     }
 
     /// [`poll`](Self::poll), and after [`XdpTcpConfig::idle_spins`] idle turns in a row a sleep
@@ -686,12 +959,22 @@ impl XdpTcp {
         if timeout.is_zero() {
             return Ok(false);
         }
+        let inbox = self.shard.as_ref().and_then(|s| s.inbox());
+        if let Some(inbox) = inbox {
+            if !inbox.sleep_begin() {
+                return Ok(true);
+            }
+        }
         self.stats.waits += 1;
-        let ready = ppoll(&mut self.pollfds, timeout).map_err(XdpTcpError::Wait)?;
-        Ok(ready > 0)
+        let ready = ppoll(&mut self.pollfds, timeout);
+        if let Some(inbox) = inbox {
+            inbox.sleep_end();
+        }
+        Ok(ready.map_err(XdpTcpError::Wait)? > 0)
     }
 
-    /// Takes a batch from each socket; returns (any frame, some batch was full).
+    /// Takes a batch from each socket (and, for a shard, from its inbox); returns (any frame,
+    /// some batch was full).
     fn receive<A: TcpApp + ?Sized>(
         &mut self,
         now: tcp_engine::Instant,
@@ -703,10 +986,29 @@ impl XdpTcp {
             neigh,
             stats,
             cfg,
+            shard,
             ..
         } = self;
+        let mut rx = Rx {
+            table,
+            neigh,
+            stats,
+            now,
+        };
         let mut any = false;
         let mut full = false;
+        if let Some(inbox) = shard.as_ref().and_then(|s| s.inbox()) {
+            for _ in 0..cfg.rx_batch {
+                if !inbox.pop_with(|frame| {
+                    rx.stats.handoffs_in += 1;
+                    rx.frame(frame, None, app);
+                }) {
+                    break;
+                }
+                any = true;
+            }
+            full |= !inbox.is_empty();
+        }
         for sock in socks.iter_mut() {
             let batch = sock.recv_batch(cfg.rx_batch);
             if batch.is_empty() {
@@ -715,20 +1017,8 @@ impl XdpTcp {
             any = true;
             full |= batch.len() >= cfg.rx_batch;
             for frame in batch.iter() {
-                stats.rx_frames += 1;
-                let Some((ip, src_mac, src_ip)) = frame::ipv4_tcp_packet(frame) else {
-                    stats.rx_not_ipv4_tcp += 1;
-                    continue;
-                };
-                if frame::is_syn(ip) {
-                    neigh.learn(src_ip, src_mac);
-                }
-                if table
-                    .handle_packet(now, ip, |id, data| app.on_data(id, data))
-                    .is_err()
-                {
-                    stats.rx_malformed += 1;
-                }
+                rx.stats.rx_frames += 1;
+                rx.frame(frame, shard.as_ref(), app);
             }
         }
         (any, full)
@@ -741,9 +1031,14 @@ impl XdpTcp {
             while let Some(id) = self.table.accept(self.local_ip, l.port) {
                 any = true;
                 self.stats.accepted += 1;
+                let dir_key = self.shard.as_ref().and_then(|_| {
+                    let t = self.table.get(id)?.four_tuple();
+                    shard::flow_key(t.remote_addr, t.remote_port, t.local_port)
+                });
                 self.conns.push(Tracked {
                     id,
                     flow: None,
+                    dir_key,
                     _reservation: None,
                 });
                 if let Some(conn) = self.table.get_mut(id) {
@@ -788,7 +1083,10 @@ impl XdpTcp {
             if let Some(flow) = tracked.flow {
                 // Failing to unsteer leaves a stale map entry for a 4-tuple nobody uses; the
                 // connection is gone either way.
-                let _ = self.prog.unsteer_flow(flow);
+                let _ = self.port.prog().unsteer_flow(flow);
+            }
+            if let (Some(sh), Some(key)) = (&self.shard, tracked.dir_key) {
+                sh.set.directory.remove(key, sh.index);
             }
             self.stats.closed += 1;
             if let Some(conn) = self.table.remove(id) {
@@ -858,6 +1156,67 @@ impl XdpTcp {
         }
         sock.flush()?;
         Ok(sent_any)
+    }
+}
+
+/// What receiving one frame needs (the driver's fields, borrowed apart from its sockets).
+struct Rx<'a> {
+    table: &'a mut ConnectionTable,
+    neigh: &'a mut Neighbours,
+    stats: &'a mut XdpTcpStats,
+    now: tcp_engine::Instant,
+}
+
+impl Rx<'_> {
+    /// One received frame. For a shard (`shard` is `None` for frames from the inbox, which
+    /// were routed already): a segment of a flow another shard owns is copied to its inbox; a
+    /// SYN of a flow nobody owns is claimed for this shard before the table sees it (and the
+    /// claim dropped if the table made no connection of it).
+    fn frame<A: TcpApp + ?Sized>(&mut self, frame: &[u8], shard: Option<&ShardCtx>, app: &mut A) {
+        let Some((ip, src_mac, src_ip)) = frame::ipv4_tcp_packet(frame) else {
+            self.stats.rx_not_ipv4_tcp += 1;
+            return;
+        };
+        let syn = frame::is_syn(ip);
+        let mut claimed = None;
+        if let Some(sh) = shard {
+            if let Some(key) = shard::packet_key(ip) {
+                let dir = &sh.set.directory;
+                let owner = match dir.lookup(key) {
+                    None if syn => match dir.claim(key, sh.index) {
+                        Ok(o) => {
+                            if o == sh.index {
+                                claimed = Some(key);
+                            }
+                            Some(o)
+                        }
+                        Err(_) => {
+                            self.stats.directory_full += 1;
+                            None
+                        }
+                    },
+                    o => o,
+                };
+                if let Some(o) = owner.filter(|&o| o != sh.index) {
+                    sh.hand_off(o, frame, self.stats);
+                    return;
+                }
+            }
+        }
+        if syn {
+            self.neigh.learn(src_ip, src_mac);
+        }
+        let res = self
+            .table
+            .handle_packet(self.now, ip, |id, data| app.on_data(id, data));
+        if res.is_err() {
+            self.stats.rx_malformed += 1;
+        }
+        if let (Some(sh), Some(key)) = (shard, claimed) {
+            if !matches!(res, Ok(Some(_))) {
+                sh.set.directory.remove(key, sh.index);
+            }
+        }
     }
 }
 

@@ -1,0 +1,635 @@
+//! Shards: one [`super::XdpTcp`] per RX queue of an interface, each on its own thread, and what
+//! they share to send each other the segments of flows that arrive on the wrong queue.
+//!
+//! The steering program cannot redirect a packet into the AF_XDP socket of another queue (the
+//! kernel refuses a socket bound to a queue other than the packet's), and nothing makes a flow
+//! arrive on the queue of the shard that owns it: a Linux peer on veth picks its TX queue by a
+//! random per-socket `txhash` (and re-hashes after an RTO), a NIC by RSS. So:
+//!
+//! * [`FlowDirectory`]: which shard owns which flow, keyed by (remote IPv4 address, remote
+//!   port, local port) packed into one `u64` (the local address is the interface's). A
+//!   fixed-capacity open-addressing table of `AtomicU64` keys and `AtomicU32` owners: readers
+//!   (every received segment) never lock and never allocate; writers (connection setup and
+//!   teardown only) serialize on a mutex among themselves, so insert-if-absent is exact.
+//! * [`Inbox`]: per shard, a bounded set of preallocated frame buffers passed through two
+//!   bounded lock-free queues (free and full buffer indices): a shard that receives a segment
+//!   of a flow another shard owns copies the frame into one of the owner's buffers and queues
+//!   it, no allocation; when none is free the segment is dropped and counted (TCP recovers).
+//!   The owner is woken by a datagram on its inbox socket only while it says it sleeps.
+
+use std::cell::UnsafeCell;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crossbeam_channel::{Receiver, Sender};
+
+/// An empty directory slot (never a key: a remote address of 0.0.0.0 is refused).
+const EMPTY: u64 = 0;
+/// A slot whose key was removed (never a key: 255.255.255.255 is refused as a remote address).
+const TOMBSTONE: u64 = u64::MAX;
+
+/// A flow's directory key: remote IPv4 address, remote port, local port. `None` for remote
+/// addresses no connection can have (0.0.0.0, 255.255.255.255), whose packets are never
+/// handed off.
+pub fn flow_key(remote: Ipv4Addr, remote_port: u16, local_port: u16) -> Option<u64> {
+    let ip = u32::from(remote);
+    if ip == 0 || ip == u32::MAX {
+        return None;
+    }
+    Some(u64::from(ip) << 32 | u64::from(remote_port) << 16 | u64::from(local_port))
+}
+
+/// The (remote address, remote port, local port) of a key from [`flow_key`].
+pub fn flow_of_key(key: u64) -> (Ipv4Addr, u16, u16) {
+    (
+        Ipv4Addr::from((key >> 32) as u32),
+        (key >> 16) as u16,
+        key as u16,
+    )
+}
+
+/// The key of a received IPv4/TCP packet (source address and port, destination port), or
+/// `None` if it is too short to say or from an impossible address.
+pub(crate) fn packet_key(ip: &[u8]) -> Option<u64> {
+    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
+    let src = Ipv4Addr::new(*ip.get(12)?, *ip.get(13)?, *ip.get(14)?, *ip.get(15)?);
+    let tcp = ip.get(ihl..ihl + 4)?;
+    flow_key(
+        src,
+        u16::from_be_bytes([tcp[0], tcp[1]]),
+        u16::from_be_bytes([tcp[2], tcp[3]]),
+    )
+}
+
+/// The directory is full (more live flows than its capacity allows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("flow directory full ({0} slots)")]
+pub struct DirectoryFull(pub usize);
+
+/// Which shard owns which flow (see the module documentation).
+pub struct FlowDirectory {
+    keys: Box<[AtomicU64]>,
+    owners: Box<[AtomicU32]>,
+    mask: usize,
+    /// Serializes writers (setup and teardown); readers never take it.
+    writer: Mutex<()>,
+}
+
+impl std::fmt::Debug for FlowDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowDirectory")
+            .field("capacity", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlowDirectory {
+    /// A directory of at least `capacity` slots (rounded up to a power of two, at least 16).
+    /// Give it about twice the flows expected at once: probes stay short.
+    pub fn new(capacity: usize) -> Self {
+        let n = capacity.max(16).next_power_of_two();
+        FlowDirectory {
+            keys: (0..n).map(|_| AtomicU64::new(EMPTY)).collect(),
+            owners: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            mask: n - 1,
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Slots in the table.
+    pub fn capacity(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn start(&self, key: u64) -> usize {
+        // Fibonacci hashing: the high bits of key * 2^64/phi spread neighbouring ports.
+        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> 32) as usize & self.mask
+    }
+
+    /// The owner of `key`, without locking or allocating. `None` if no shard owns it.
+    pub fn lookup(&self, key: u64) -> Option<u32> {
+        if key == EMPTY || key == TOMBSTONE {
+            return None;
+        }
+        let mut i = self.start(key);
+        for _ in 0..self.keys.len() {
+            let k = self.keys[i].load(Ordering::Acquire);
+            if k == key {
+                // Written before the key was published (Release), so visible after the Acquire.
+                return Some(self.owners[i].load(Ordering::Relaxed));
+            }
+            if k == EMPTY {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `owner` the owner of `key` unless some shard owns it already; returns the owner
+    /// (`owner` itself if the claim succeeded). Setup path only (takes the writers' mutex).
+    pub fn claim(&self, key: u64, owner: u32) -> Result<u32, DirectoryFull> {
+        if key == EMPTY || key == TOMBSTONE {
+            return Err(DirectoryFull(self.keys.len()));
+        }
+        let _w = self.lock();
+        let mut i = self.start(key);
+        let mut free = None;
+        for _ in 0..self.keys.len() {
+            let k = self.keys[i].load(Ordering::Relaxed);
+            if k == key {
+                return Ok(self.owners[i].load(Ordering::Relaxed));
+            }
+            if k == TOMBSTONE && free.is_none() {
+                free = Some(i);
+            }
+            if k == EMPTY {
+                free.get_or_insert(i);
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        let i = free.ok_or(DirectoryFull(self.keys.len()))?;
+        // The owner first, then the key (Release): a reader that sees the key sees the owner.
+        self.owners[i].store(owner, Ordering::Relaxed);
+        self.keys[i].store(key, Ordering::Release);
+        Ok(owner)
+    }
+
+    /// Forgets `key` if `owner` owns it; true if it did. Teardown path only.
+    pub fn remove(&self, key: u64, owner: u32) -> bool {
+        let _w = self.lock();
+        match self.find(key) {
+            Some(i) if self.owners[i].load(Ordering::Relaxed) == owner => {
+                // A slot never goes back to EMPTY, so readers probing past it still find keys
+                // placed beyond it.
+                self.keys[i].store(TOMBSTONE, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn find(&self, key: u64) -> Option<usize> {
+        let mut i = self.start(key);
+        for _ in 0..self.keys.len() {
+            let k = self.keys[i].load(Ordering::Relaxed);
+            if k == key {
+                return Some(i);
+            }
+            if k == EMPTY {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// Removes every key of `owner` for which `keep` says false (a shard's periodic sweep of
+    /// flows its table dropped by itself, e.g. half-open connections that timed out). Returns
+    /// how many were removed. O(capacity); teardown path.
+    pub fn retain_owned(&self, owner: u32, mut keep: impl FnMut(u64) -> bool) -> usize {
+        let _w = self.lock();
+        let mut removed = 0;
+        for (k, o) in self.keys.iter().zip(self.owners.iter()) {
+            let key = k.load(Ordering::Relaxed);
+            if key == EMPTY || key == TOMBSTONE || o.load(Ordering::Relaxed) != owner {
+                continue;
+            }
+            if !keep(key) {
+                k.store(TOMBSTONE, Ordering::Release);
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// One preallocated frame buffer of an [`Inbox`].
+struct FrameBuf(UnsafeCell<Box<[u8]>>);
+
+/// A shard's bounded inbox of frames handed over by other shards (see the module
+/// documentation).
+pub struct Inbox {
+    bufs: Box<[FrameBuf]>,
+    free_tx: Sender<u32>,
+    free_rx: Receiver<u32>,
+    full_tx: Sender<(u32, u32)>,
+    full_rx: Receiver<(u32, u32)>,
+    /// Set by the owner while it sleeps (or is about to): senders then write `wake_tx`.
+    asleep: AtomicBool,
+    wake_tx: UnixDatagram,
+    wake_rx: UnixDatagram,
+}
+
+// SAFETY: a buffer is written only by the one thread that took its index from `free_rx` and
+// read only by the one thread (the owner) that took it from `full_rx`; an index is in at most
+// one of the two queues or held by at most one thread at a time, and the queues' send/receive
+// order the writes before the reads (crossbeam's channels synchronize with acquire/release).
+unsafe impl Sync for Inbox {}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("buffers", &self.bufs.len())
+            .field("queued", &self.full_rx.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// An inbox of `buffers` frames of `frame_size` octets each (both at least 1).
+    pub fn new(buffers: usize, frame_size: usize) -> io::Result<Self> {
+        let buffers = buffers.clamp(1, u32::MAX as usize);
+        let (free_tx, free_rx) = crossbeam_channel::bounded(buffers);
+        let (full_tx, full_rx) = crossbeam_channel::bounded(buffers);
+        let bufs: Box<[FrameBuf]> = (0..buffers)
+            .map(|_| {
+                FrameBuf(UnsafeCell::new(
+                    vec![0u8; frame_size.max(1)].into_boxed_slice(),
+                ))
+            })
+            .collect();
+        for i in 0..buffers as u32 {
+            // Cannot fail: the channel holds exactly `buffers` indices.
+            let _ = free_tx.try_send(i);
+        }
+        let (wake_tx, wake_rx) = UnixDatagram::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        Ok(Inbox {
+            bufs,
+            free_tx,
+            free_rx,
+            full_tx,
+            full_rx,
+            asleep: AtomicBool::new(false),
+            wake_tx,
+            wake_rx,
+        })
+    }
+
+    /// Copies `frame` into a free buffer and queues it for the owner, waking it if it sleeps.
+    /// False (nothing queued) if no buffer is free or the frame does not fit. No allocation,
+    /// no lock.
+    pub fn push(&self, frame: &[u8]) -> bool {
+        let Ok(i) = self.free_rx.try_recv() else {
+            return false;
+        };
+        let Some(buf) = self.bufs.get(i as usize) else {
+            return false;
+        };
+        // SAFETY: index `i` came out of the free queue, so no other thread holds it (see the
+        // `Sync` impl): this thread has the buffer to itself until it queues the index.
+        let dst = unsafe { &mut *buf.0.get() };
+        if frame.len() > dst.len() {
+            let _ = self.free_tx.try_send(i);
+            return false;
+        }
+        dst[..frame.len()].copy_from_slice(frame);
+        if self.full_tx.try_send((i, frame.len() as u32)).is_err() {
+            // Cannot happen (the full queue holds every buffer); give the buffer back.
+            let _ = self.free_tx.try_send(i);
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::SeqCst) {
+            // WouldBlock: wake-ups are pending already.
+            let _ = self.wake_tx.send(&[1]);
+        }
+        true
+    }
+
+    /// The owner: takes the next queued frame, hands it to `f`, and frees the buffer. False if
+    /// the inbox was empty.
+    pub fn pop_with(&self, f: impl FnOnce(&[u8])) -> bool {
+        let Ok((i, len)) = self.full_rx.try_recv() else {
+            return false;
+        };
+        if let Some(buf) = self.bufs.get(i as usize) {
+            // SAFETY: index `i` came out of the full queue, so the pusher has finished writing
+            // and no other thread holds it until it goes back to the free queue below.
+            let src = unsafe { &*buf.0.get() };
+            f(src.get(..len as usize).unwrap_or(&[]));
+        }
+        let _ = self.free_tx.try_send(i);
+        true
+    }
+
+    /// Frames queued.
+    pub fn len(&self) -> usize {
+        self.full_rx.len()
+    }
+
+    /// True if no frame is queued.
+    pub fn is_empty(&self) -> bool {
+        self.full_rx.is_empty()
+    }
+
+    /// The owner is about to sleep: from now on pushers wake it. Returns false (and stays
+    /// awake) if a frame is queued already.
+    pub fn sleep_begin(&self) -> bool {
+        self.asleep.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.full_rx.is_empty() {
+            self.asleep.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The owner woke: pushers stop writing the wake-up socket, which is drained.
+    pub fn sleep_end(&self) {
+        self.asleep.store(false, Ordering::SeqCst);
+        let mut b = [0u8; 64];
+        while self.wake_rx.recv(&mut b).is_ok() {}
+    }
+
+    /// The socket that becomes readable when a frame is pushed while the owner sleeps.
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake_rx.as_raw_fd()
+    }
+}
+
+/// What the shards of one interface share: the flow directory and every shard's inbox.
+#[derive(Debug)]
+pub struct ShardSet {
+    /// Which shard owns which flow.
+    pub directory: FlowDirectory,
+    /// Inbox of shard `i` at index `i`.
+    pub inboxes: Vec<Inbox>,
+}
+
+impl ShardSet {
+    /// `shards` inboxes of `inbox_frames` buffers of `frame_size` octets, and a directory for
+    /// `max_flows` flows at once.
+    pub fn new(
+        shards: usize,
+        inbox_frames: usize,
+        frame_size: usize,
+        max_flows: usize,
+    ) -> io::Result<Self> {
+        Ok(ShardSet {
+            directory: FlowDirectory::new(max_flows.saturating_mul(2)),
+            inboxes: (0..shards)
+                .map(|_| Inbox::new(inbox_frames, frame_size))
+                .collect::<io::Result<_>>()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key(n: u32) -> u64 {
+        flow_key(
+            Ipv4Addr::from(0x0a00_0000 + n),
+            40000 + (n % 1000) as u16,
+            7471,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn keys_round_trip_and_impossible_addresses_have_none() {
+        let k = flow_key(Ipv4Addr::new(10, 77, 0, 2), 51234, 7471).unwrap();
+        assert_eq!(flow_of_key(k), (Ipv4Addr::new(10, 77, 0, 2), 51234, 7471));
+        assert_eq!(flow_key(Ipv4Addr::UNSPECIFIED, 1, 2), None);
+        assert_eq!(flow_key(Ipv4Addr::BROADCAST, 1, 2), None);
+    }
+
+    #[test]
+    fn packet_key_reads_source_and_ports() {
+        let mut ip = [0u8; 40];
+        ip[0] = 0x45;
+        ip[12..16].copy_from_slice(&[10, 77, 0, 2]);
+        ip[20..22].copy_from_slice(&51234u16.to_be_bytes());
+        ip[22..24].copy_from_slice(&7471u16.to_be_bytes());
+        assert_eq!(
+            packet_key(&ip),
+            flow_key(Ipv4Addr::new(10, 77, 0, 2), 51234, 7471)
+        );
+        assert_eq!(packet_key(&ip[..21]), None);
+        assert_eq!(packet_key(&[]), None);
+    }
+
+    #[test]
+    fn insert_lookup_remove() {
+        let d = FlowDirectory::new(64);
+        assert_eq!(d.lookup(key(1)), None);
+        assert_eq!(d.claim(key(1), 2), Ok(2));
+        assert_eq!(d.claim(key(2), 3), Ok(3));
+        // A second claim of an owned key returns the owner, not the claimant.
+        assert_eq!(d.claim(key(1), 0), Ok(2));
+        assert_eq!(d.lookup(key(1)), Some(2));
+        assert_eq!(d.lookup(key(2)), Some(3));
+        // Only the owner removes.
+        assert!(!d.remove(key(1), 3));
+        assert!(d.remove(key(1), 2));
+        assert!(!d.remove(key(1), 2));
+        assert_eq!(d.lookup(key(1)), None);
+        assert_eq!(d.lookup(key(2)), Some(3));
+        // The tombstone is reused and keys behind it are still found.
+        assert_eq!(d.claim(key(1), 1), Ok(1));
+        assert_eq!(d.lookup(key(1)), Some(1));
+        assert_eq!(d.claim(EMPTY, 1), Err(DirectoryFull(64)));
+        assert_eq!(d.lookup(TOMBSTONE), None);
+    }
+
+    #[test]
+    fn colliding_keys_probe_past_tombstones() {
+        let d = FlowDirectory::new(16);
+        // 16 keys in 16 slots: every probe sequence wraps; all found.
+        for n in 0..16 {
+            assert_eq!(d.claim(key(n), n), Ok(n));
+        }
+        for n in 0..16 {
+            assert_eq!(d.lookup(key(n)), Some(n), "key {n}");
+        }
+        // Remove every other key; the rest stay reachable past the tombstones.
+        for n in (0..16).step_by(2) {
+            assert!(d.remove(key(n), n));
+        }
+        for n in 0..16 {
+            let want = if n % 2 == 0 { None } else { Some(n) };
+            assert_eq!(d.lookup(key(n)), want, "key {n}");
+        }
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_recovers_after_removal() {
+        let d = FlowDirectory::new(16);
+        for n in 0..16 {
+            assert_eq!(d.claim(key(n), 0), Ok(0));
+        }
+        assert_eq!(d.claim(key(99), 0), Err(DirectoryFull(16)));
+        // A full table still answers lookups, present or absent, in bounded time.
+        assert_eq!(d.lookup(key(99)), None);
+        assert_eq!(d.lookup(key(7)), Some(0));
+        assert!(d.remove(key(7), 0));
+        assert_eq!(d.claim(key(99), 1), Ok(1));
+        assert_eq!(d.lookup(key(99)), Some(1));
+    }
+
+    #[test]
+    fn retain_owned_sweeps_only_the_owners_keys() {
+        let d = FlowDirectory::new(64);
+        for n in 0..20 {
+            d.claim(key(n), n % 2).unwrap();
+        }
+        // Shard 0 keeps keys below 10.
+        let removed = d.retain_owned(0, |k| k < key(10));
+        assert_eq!(removed, 5);
+        for n in 0..20 {
+            let want = if n % 2 == 0 && n >= 10 {
+                None
+            } else {
+                Some(n % 2)
+            };
+            assert_eq!(d.lookup(key(n)), want, "key {n}");
+        }
+    }
+
+    #[test]
+    fn concurrent_readers_see_stable_keys_while_writers_churn() {
+        let d = Arc::new(FlowDirectory::new(256));
+        // Stable keys owned by shard 1, never touched by the writers.
+        for n in 0..64 {
+            d.claim(key(n), 1).unwrap();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2u32)
+            .map(|w| {
+                let (d, stop) = (d.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut rounds = 0u32;
+                    while !stop.load(Ordering::Relaxed) && rounds < 20_000 {
+                        let k = key(1000 + w * 100 + rounds % 50);
+                        assert_eq!(d.claim(k, 10 + w), Ok(10 + w));
+                        assert!(d.remove(k, 10 + w));
+                        rounds += 1;
+                    }
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        for n in 0..64 {
+                            assert_eq!(d.lookup(key(n)), Some(1));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().expect("reader");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().expect("writer");
+        }
+    }
+
+    #[test]
+    fn concurrent_claims_of_one_key_have_one_winner() {
+        for round in 0..50 {
+            let d = Arc::new(FlowDirectory::new(64));
+            let k = key(round);
+            let got: Vec<u32> = (0..4u32)
+                .map(|s| {
+                    let d = d.clone();
+                    std::thread::spawn(move || d.claim(k, s).unwrap())
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            assert!(got.iter().all(|&o| o == got[0]), "{got:?}");
+            assert_eq!(d.lookup(k), Some(got[0]));
+        }
+    }
+
+    #[test]
+    fn inbox_passes_frames_and_drops_when_full() {
+        let inbox = Inbox::new(4, 64).unwrap();
+        for n in 0..4u8 {
+            assert!(inbox.push(&[n; 10]));
+        }
+        assert!(!inbox.push(&[9; 10]), "a full inbox refuses");
+        assert!(!Inbox::new(1, 8).unwrap().push(&[0; 9]), "too long");
+        assert_eq!(inbox.len(), 4);
+        let mut seen = Vec::new();
+        while inbox.pop_with(|f| seen.push(f.to_vec())) {}
+        assert_eq!(seen, (0..4u8).map(|n| vec![n; 10]).collect::<Vec<_>>());
+        assert!(inbox.is_empty());
+        assert!(inbox.push(&[7; 64]), "buffers come back");
+    }
+
+    #[test]
+    fn inbox_wakes_a_sleeping_owner_only() {
+        let inbox = Inbox::new(8, 64).unwrap();
+        let mut b = [0u8; 8];
+        assert!(inbox.push(&[1]));
+        assert!(inbox.wake_rx.recv(&mut b).is_err(), "awake: no datagram");
+        assert!(!inbox.sleep_begin(), "a queued frame keeps it awake");
+        inbox.pop_with(|_| {});
+        assert!(inbox.sleep_begin());
+        assert!(inbox.push(&[2]));
+        assert!(inbox.wake_rx.recv(&mut b).is_ok(), "asleep: woken");
+        inbox.sleep_end();
+        assert!(inbox.push(&[3]));
+        assert!(inbox.wake_rx.recv(&mut b).is_err());
+    }
+
+    #[test]
+    fn inbox_across_threads() {
+        let inbox = Arc::new(Inbox::new(16, 256).unwrap());
+        let pusher = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || {
+                let mut pushed = 0u32;
+                let mut n = 0u32;
+                while pushed < 5000 && n < 5_000_000 {
+                    n += 1;
+                    let frame = [(pushed % 251) as u8; 200];
+                    if inbox.push(&frame) {
+                        pushed += 1;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                pushed
+            })
+        };
+        let mut got = 0u32;
+        let mut spins = 0u32;
+        while got < 5000 && spins < 5_000_000 {
+            spins += 1;
+            let want = (got % 251) as u8;
+            if !inbox.pop_with(|f| {
+                assert_eq!(f.len(), 200);
+                assert!(f.iter().all(|&b| b == want));
+            }) {
+                std::thread::yield_now();
+                continue;
+            }
+            got += 1;
+        }
+        assert_eq!(pusher.join().unwrap(), 5000);
+        assert_eq!(got, 5000);
+    }
+}
