@@ -57,6 +57,12 @@ pub struct EngineReport {
     pub turns_application: u64,
     /// Times the engine thread parked.
     pub parks: u64,
+    /// Engine threads (shards: one per queue, or 1).
+    pub shards: u64,
+    /// Segments a shard received for a flow another shard owns and handed over.
+    pub handoffs: u64,
+    /// Of those, dropped because the owner's inbox was full.
+    pub handoff_drops: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
 }
@@ -90,6 +96,9 @@ impl EngineReport {
             turns_engine_thread: c.thread_turns,
             turns_application: c.app_turns,
             parks: c.parks,
+            shards: c.shards as u64,
+            handoffs: c.driver.handoffs_out,
+            handoff_drops: c.driver.handoff_drops,
             error: c.error.clone(),
         }
     }
@@ -103,7 +112,8 @@ impl EngineReport {
              retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
              PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
-             by the application {} (engine parked {} times){}",
+             by the application {} (engine parked {} times), engine threads {} \
+             (segments handed between them {}, dropped {}){}",
             self.frames_rx,
             self.frames_tx,
             self.fpdus_rx,
@@ -128,6 +138,9 @@ impl EngineReport {
             self.turns_engine_thread,
             self.turns_application,
             self.parks,
+            self.shards,
+            self.handoffs,
+            self.handoff_drops,
             self.error
                 .as_ref()
                 .map(|e| format!(", stopped by: {e}"))

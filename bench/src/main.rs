@@ -42,6 +42,15 @@ pub struct Cli {
     /// alone; `taskset` pins a whole process).
     #[arg(long)]
     pub engine_cpu: Option<usize>,
+    /// `--transport xdp`: engine threads. `per-queue`: one thread (shard) per AF_XDP queue,
+    /// segments arriving on another shard's queue handed over; `one`: one thread serves every
+    /// queue. Default: the engine's (`XdpEngineConfig::shard_per_queue`).
+    #[arg(long, value_enum)]
+    pub engine_threads: Option<EngineThreads>,
+    /// `--transport xdp` with `--engine-threads per-queue`: pin shard `i`'s thread to the
+    /// `i % n`-th of these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub engine_cpus: Vec<usize>,
     /// `--transport xdp`: inline progress. `on`: a thread polling a completion queue runs the
     /// engine's turns itself while the engine thread parks (one thread per core when the
     /// application busy-polls); `off`: only the engine thread runs turns.
@@ -172,6 +181,15 @@ pub enum CqMode {
     Wait,
     /// Busy-poll `try_next`, yielding after each empty poll.
     Poll,
+}
+
+/// How many engine threads (`--engine-threads`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineThreads {
+    /// One thread per AF_XDP queue.
+    PerQueue,
+    /// One thread for every queue.
+    One,
 }
 
 /// A boolean option spelled on/off.

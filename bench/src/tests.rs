@@ -288,10 +288,14 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
         .ok_or("--transport xdp needs --iface")?;
     let mut cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
+        cpus: cli.engine_cpus.clone(),
         inline_progress: cli.engine_inline.on(),
         tx_copy: cli.engine_tx_copy,
         ..XdpEngineConfig::default()
     };
+    if let Some(t) = cli.engine_threads {
+        cfg.shard_per_queue = t == crate::EngineThreads::PerQueue;
+    }
     if let Some(n) = cli.engine_ack_every {
         cfg.tcp.ack_every_segments = n;
     }

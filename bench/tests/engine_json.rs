@@ -118,6 +118,9 @@ fn xdp_json_reports_engine_counters() {
             "spurious_undone",
             "paws_drops",
             "parks",
+            "shards",
+            "handoffs",
+            "handoff_drops",
         ] {
             counter(side, name);
         }
