@@ -249,12 +249,16 @@ impl TxRing {
             self.cursor = i;
             i += 1;
         }
-        self.prefetch(i, mem);
+        // One FPDU further than the next: the next one's payload was asked for by the fill
+        // before, and a prefetch issued only one segment ahead had not landed by the time the
+        // copy read it (the copy's loads were its stall in the sender's profile).
+        self.prefetch(i + 1, mem);
         Ok(())
     }
 
-    /// Prefetches the payload of FPDU `i` if it was never written (the next segment TCP asks
-    /// for is usually that FPDU; its source in a large registered region is often out of cache).
+    /// Prefetches the payload of FPDU `i` if it was never written (TCP asks for FPDUs in
+    /// order, one segment each; their source in a large registered region is often out of
+    /// cache).
     fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
         let Some(f) = self.fpdus.get(i) else { return };
         if f.crc.is_some() {
