@@ -44,7 +44,7 @@ pub struct Cli {
     pub engine_cpu: Option<usize>,
     /// `--transport xdp`: engine threads. `per-queue`: one thread (shard) per AF_XDP queue,
     /// segments arriving on another shard's queue handed over; `one`: one thread serves every
-    /// queue. Default: the engine's (`XdpEngineConfig::shard_per_queue`).
+    /// queue. Default: the engine's (`XdpEngineConfig::shard_per_queue`: per queue).
     #[arg(long, value_enum)]
     pub engine_threads: Option<EngineThreads>,
     /// `--transport xdp` with `--engine-threads per-queue`: pin shard `i`'s thread to the

@@ -88,6 +88,11 @@ fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
 fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
     let cfg = XdpEngineConfig {
         inline_progress: inline,
+        // One engine thread for every queue: with a thread per queue, the kernel peer's
+        // segments arrive on a queue of its random choice, and when that is not the queue of
+        // the connection's shard, the receiving shard's thread hands them over (its turns),
+        // which is no inline work by design.
+        shard_per_queue: false,
         ..XdpEngineConfig::default()
     };
     let pd = ProtectionDomain::new();

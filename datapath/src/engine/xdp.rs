@@ -1,7 +1,20 @@
-//! The poll-mode iWARP engine over AF_XDP: one thread per interface runs every [`IwarpConn`]
-//! of that interface on top of the [`XdpTcp`] driver, behind the same application API as the
-//! socket transport ([`Listener`], [`ConnectRequest`], [`Connection`], [`QueuePair`],
+//! The poll-mode iWARP engine over AF_XDP: one thread per AF_XDP queue (a *shard*, with
+//! [`XdpEngineConfig::shard_per_queue`], the default; otherwise one thread per interface) runs
+//! the [`IwarpConn`]s it owns on top of its [`XdpTcp`] driver, behind the same application API
+//! as the socket transport ([`Listener`], [`ConnectRequest`], [`Connection`], [`QueuePair`],
 //! [`CompletionQueue`], [`ProtectionDomain`]).
+//!
+//! **Shards.** [`XdpTcp::open_shards`] attaches the steering program once and gives each
+//! queue its own driver (one AF_XDP socket, receiving and transmitting on that queue, its own
+//! TCP table); segments that arrive on a queue whose shard does not own their flow are handed
+//! to the owner through a lock-free flow directory and a bounded inbox
+//! ([`crate::xdp_tcp::shard`]). Every shard listens on a listened port and a connection
+//! belongs to the shard its SYN arrived on; requests of all shards reach the one [`Listener`].
+//! `connect` picks shards round robin. Each shard is an engine as described below (its own
+//! thread, wake-up socket, inline-progress state), its thread pinned to
+//! [`XdpEngineConfig::cpus`] if given; a shard without connections sleeps up to 50 ms between
+//! looks. [`XdpEngine::counters`] sums the shards (and lists each shard's driver counters).
+//! A [`CompletionQueue`] drives inline the shard it was first used with.
 //!
 //! **Thread.** [`XdpEngine::start`] spawns the engine thread, which opens the driver (in the
 //! namespace of the calling thread) and loops: take engine commands (listen, connect, accept,
@@ -85,6 +98,8 @@ const SLEEPING: u8 = 1;
 /// The engine thread is parked because application threads drive its turns (inline progress):
 /// it sleeps on the wake-up socket only, its state free for whoever polls.
 const PARKED: u8 = 2;
+/// Longest sleep of an engine thread without connections (counters are published as often).
+const IDLE_WAIT: Duration = COUNTERS_EVERY;
 /// How long a parked engine thread sleeps before it looks whether the application still drives.
 const PARK: Duration = Duration::from_micros(500);
 
@@ -227,7 +242,7 @@ pub struct XdpEngineConfig {
     pub cpu: Option<usize>,
     /// One engine thread per AF_XDP queue (a *shard*: its own socket, connection table and
     /// queue pairs; segments that arrive on another shard's queue are handed over, see
-    /// [`crate::xdp_tcp::shard`]). False: one thread serves every queue.
+    /// [`crate::xdp_tcp::shard`]). False: one thread serves every queue. Default true.
     pub shard_per_queue: bool,
     /// With [`shard_per_queue`](Self::shard_per_queue): pin shard `i`'s thread to
     /// `cpus[i % cpus.len()]`; empty: [`cpu`](Self::cpu) decides.
@@ -264,7 +279,7 @@ impl Default for XdpEngineConfig {
             spin_turns: 0,
             busy_poll: Duration::from_millis(2),
             cpu: None,
-            shard_per_queue: false,
+            shard_per_queue: true,
             cpus: Vec::new(),
             inline_progress: true,
         }
@@ -1522,6 +1537,12 @@ impl Engine {
                 .driver
                 .max_wait
                 .min(SHUTDOWN_GRACE.saturating_sub(since.elapsed())),
+            // No connection at all (an idle shard): nothing but a frame, a hand-off or a
+            // command (each of which ends the sleep) can give it work, so it sleeps longer
+            // than a busy engine (fewer wake-ups stealing the core of the shard that works).
+            None if app.st.slots.is_empty() && t.xdp.is_empty() => {
+                self.cfg.driver.max_wait.max(IDLE_WAIT)
+            }
             None => self.cfg.driver.max_wait,
         };
         let waited = t.xdp.wait(&app, max);

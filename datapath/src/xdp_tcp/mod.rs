@@ -47,6 +47,11 @@
 //! list would be the next step for thousands. All transmission leaves from the first selected
 //! queue's socket.
 //!
+//! **Shards.** [`XdpTcp::open_shards`] opens one driver per queue instead (each with one
+//! socket, receiving and transmitting on its queue, and its own table), sharing one attached
+//! program ([`XdpPort`]); segments that arrive on a shard that does not own their flow are
+//! handed over ([`shard`]). Each shard is meant for its own thread.
+//!
 //! **Upper layer.** [`TcpApp`] is the seam the iWARP engine plugs into: in MPA mode
 //! ([`tcp_engine::Config::mpa`]) `on_data` receives every accepted segment's payload at once
 //! with its sequence number and stream offset (in order or not), and `on_poll` queues whole
@@ -855,6 +860,11 @@ impl XdpTcp {
     /// A connection, for sending, reading, closing outside [`TcpApp::on_poll`].
     pub fn connection_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
         self.table.get_mut(id)
+    }
+
+    /// True if the table holds no connection (half-open ones included).
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
     }
 
     /// Live connections the application has (accepted or connected, not yet closed).
