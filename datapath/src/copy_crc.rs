@@ -17,6 +17,12 @@
 //! octets from a zero register gives the CRC register; the last octets (fewer than a block)
 //! go through `crc32` directly. The constants are computed here, not copied.
 //!
+//! The `_sum` variants also give the RFC 1071 ones' complement sum of the octets copied (the
+//! TCP checksum's share of the payload, `tcp_engine::TxSource::fill_summed`), from the same
+//! registers: each 64-bit lane of a block adds its low and high 32-bit halves into 64-bit
+//! accumulators (little-endian words: the byte-swapped sum, RFC 1071 2(B), swapped back at
+//! the end), so TCP does not read the frame again to checksum it.
+//!
 //! Two routines, chosen once at run time: four 64-octet accumulators (AVX-512F, VPCLMULQDQ,
 //! SSE4.2), or four 16-octet ones (PCLMULQDQ, SSE4.2); without either (and off x86-64), and
 //! below 64 octets, [`copy_crc32c`] copies, then runs the CRC over the copy.
@@ -80,6 +86,54 @@ pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> 
     }
     // SAFETY: as the caller guarantees.
     unsafe { copy_then_crc(src, dst, state) }
+}
+
+/// [`copy_crc32c`] that also returns the ones' complement sum of the octets copied, as
+/// `tcp_engine::wire::Checksum::sum` gives it for `dst` (`dst[0]` the high-order octet of a
+/// 16-bit word), computed from the registers the copy moves them through.
+///
+/// # Safety
+/// As for [`copy_crc32c`].
+pub(crate) unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= x86::MIN_LEN {
+        let (c, le) = match x86::level() {
+            // SAFETY (both): as in `copy_crc32c`.
+            x86::Level::Avx512 => unsafe {
+                x86::copy_crc_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state)
+            },
+            x86::Level::Sse => unsafe {
+                x86::copy_crc_sse_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state)
+            },
+            x86::Level::None => {
+                // SAFETY: as the caller guarantees.
+                return unsafe { copy_then_crc_sum(src, dst, state) };
+            }
+        };
+        return (c, fold_le(le));
+    }
+    // SAFETY: as the caller guarantees.
+    unsafe { copy_then_crc_sum(src, dst, state) }
+}
+
+/// The portable fallback of [`copy_crc32c_sum`]: a copy, then a CRC pass and a sum over `dst`.
+///
+/// # Safety
+/// As for [`copy_crc32c`].
+pub(crate) unsafe fn copy_then_crc_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
+    // SAFETY: as the caller guarantees.
+    let c = unsafe { copy_then_crc(src, dst, state) };
+    (c, tcp_engine::wire::Checksum::new().add_bytes(dst).sum())
+}
+
+/// A sum of little-endian 32-bit words (carries in the upper bits) folded to the RFC 1071 sum
+/// of the same octets as big-endian 16-bit words (RFC 1071 2(B), 2(C)).
+fn fold_le(acc: u64) -> u16 {
+    let s = (acc & 0xffff_ffff) + (acc >> 32);
+    let s = (s & 0xffff_ffff) + (s >> 32);
+    let s = (s & 0xffff) + (s >> 16);
+    let s = (s & 0xffff) + (s >> 16);
+    (s as u16).swap_bytes()
 }
 
 /// The portable two-pass fallback: a copy, then a CRC pass over `dst`.
@@ -242,9 +296,19 @@ pub(crate) mod x86 {
     ///
     /// # Safety
     /// `src` valid for `len` reads, `dst` for `len` writes.
+    ///
+    /// With `SUM`, also adds the octets to `sum` as little-endian 32-bit words relative to
+    /// `dst` (`i` is even: a multiple of 16), an odd octet at its place in a 16-bit word.
     #[inline]
     #[target_feature(enable = "sse4.2")]
-    unsafe fn tail(src: *const u8, dst: *mut u8, mut i: usize, len: usize, c: u32) -> u32 {
+    unsafe fn tail<const SUM: bool>(
+        src: *const u8,
+        dst: *mut u8,
+        mut i: usize,
+        len: usize,
+        c: u32,
+        sum: &mut u64,
+    ) -> u32 {
         let mut c = u64::from(c);
         while i + 8 <= len {
             // SAFETY: `i + 8 <= len`; unaligned 8-octet access on both sides.
@@ -252,6 +316,9 @@ pub(crate) mod x86 {
             // SAFETY: as above.
             unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
             c = _mm_crc32_u64(c, v);
+            if SUM {
+                *sum += (v & 0xffff_ffff) + (v >> 32);
+            }
             i += 8;
         }
         let mut c = c as u32;
@@ -261,9 +328,29 @@ pub(crate) mod x86 {
             // SAFETY: as above.
             unsafe { dst.add(i).write(v) };
             c = _mm_crc32_u8(c, v);
+            if SUM {
+                *sum += u64::from(v) << (8 * (i & 1));
+            }
             i += 1;
         }
         c
+    }
+
+    /// The 64-bit lanes' 32-bit halves of `v` added into `acc` (two lanes per input lane).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum512(acc: __m512i, v: __m512i) -> __m512i {
+        let lo = _mm512_and_si512(v, _mm512_set1_epi64(0xffff_ffff));
+        // One addition on the accumulator's dependency chain per block.
+        _mm512_add_epi64(acc, _mm512_add_epi64(lo, _mm512_srli_epi64::<32>(v)))
+    }
+
+    /// As [`sum512`] for 16 octets.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn sum128(acc: __m128i, v: __m128i) -> __m128i {
+        let lo = _mm_and_si128(v, _mm_set1_epi64x(0xffff_ffff));
+        _mm_add_epi64(acc, _mm_add_epi64(lo, _mm_srli_epi64::<32>(v)))
     }
 
     /// The key pair of a 128-bit fold.
@@ -305,25 +392,54 @@ pub(crate) mod x86 {
     /// `len` writes, and they do not overlap.
     #[target_feature(enable = "pclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc_sse(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
+        // SAFETY: as the caller guarantees.
+        unsafe { copy_crc_sse_sum::<false>(src, dst, len, state).0 }
+    }
+
+    /// [`copy_crc_sse`], and with `SUM` the octets' sum as little-endian 32-bit words (else 0).
+    ///
+    /// # Safety
+    /// As for [`copy_crc_sse`].
+    #[target_feature(enable = "pclmulqdq,sse4.2")]
+    pub(crate) unsafe fn copy_crc_sse_sum<const SUM: bool>(
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        state: u32,
+    ) -> (u32, u64) {
         debug_assert!(len >= MIN_LEN);
+        let mut s = _mm_setzero_si128();
         // SAFETY (all `move16` below): `i + 16 <= len` at each call.
-        let (mut a, mut b, mut c, mut d) = unsafe {
+        let (a0, mut b, mut c, mut d) = unsafe {
             (
-                _mm_xor_si128(move16(src, dst, 0), _mm_cvtsi32_si128(state as i32)),
+                move16(src, dst, 0),
                 move16(src, dst, 16),
                 move16(src, dst, 32),
                 move16(src, dst, 48),
             )
         };
+        if SUM {
+            s = sum128(sum128(sum128(sum128(s, a0), b), c), d);
+        }
+        let mut a = _mm_xor_si128(a0, _mm_cvtsi32_si128(state as i32));
         let mut i = 64;
         let k = keys128(K512);
         while i + 64 <= len {
             // SAFETY: `i + 64 <= len`.
             unsafe {
-                a = fold128(a, k, move16(src, dst, i));
-                b = fold128(b, k, move16(src, dst, i + 16));
-                c = fold128(c, k, move16(src, dst, i + 32));
-                d = fold128(d, k, move16(src, dst, i + 48));
+                let (va, vb, vc, vd) = (
+                    move16(src, dst, i),
+                    move16(src, dst, i + 16),
+                    move16(src, dst, i + 32),
+                    move16(src, dst, i + 48),
+                );
+                if SUM {
+                    s = sum128(sum128(sum128(sum128(s, va), vb), vc), vd);
+                }
+                a = fold128(a, k, va);
+                b = fold128(b, k, vb);
+                c = fold128(c, k, vc);
+                d = fold128(d, k, vd);
             }
             i += 64;
         }
@@ -333,13 +449,19 @@ pub(crate) mod x86 {
         x = fold128(c, k, x);
         while i + 16 <= len {
             // SAFETY: `i + 16 <= len`.
-            x = fold128(x, k, unsafe { move16(src, dst, i) });
+            let v = unsafe { move16(src, dst, i) };
+            if SUM {
+                s = sum128(s, v);
+            }
+            x = fold128(x, k, v);
             i += 16;
         }
         let r = _mm_crc32_u64(0, _mm_cvtsi128_si64(x) as u64);
         let r = _mm_crc32_u64(r, _mm_extract_epi64::<1>(x) as u64);
+        let mut sum = (_mm_cvtsi128_si64(s) as u64).wrapping_add(_mm_extract_epi64::<1>(s) as u64);
         // SAFETY: `i <= len`, the same ranges as the caller's.
-        unsafe { tail(src, dst, i, len, r as u32) }
+        let c = unsafe { tail::<SUM>(src, dst, i, len, r as u32, &mut sum) };
+        (c, sum)
     }
 
     /// Copies `len >= MIN_LEN` octets from `src` to `dst` and returns the CRC register
@@ -350,7 +472,24 @@ pub(crate) mod x86 {
     /// `len` writes, and they do not overlap.
     #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
+        // SAFETY: as the caller guarantees.
+        unsafe { copy_crc_sum::<false>(src, dst, len, state).0 }
+    }
+
+    /// [`copy_crc`], and with `SUM` the octets' sum as little-endian 32-bit words (else 0),
+    /// added up from the same registers.
+    ///
+    /// # Safety
+    /// As for [`copy_crc`].
+    #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
+    pub(crate) unsafe fn copy_crc_sum<const SUM: bool>(
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        state: u32,
+    ) -> (u32, u64) {
         debug_assert!(len >= MIN_LEN);
+        let mut s = _mm512_setzero_si512();
         // The running register enters as an XOR on the first four octets.
         let seed = _mm512_castsi128_si512(_mm_cvtsi32_si128(state as i32));
         let seed = _mm512_maskz_mov_epi64(1, seed);
@@ -358,25 +497,54 @@ pub(crate) mod x86 {
         let mut z;
         if len >= 256 {
             // SAFETY (all `move64` below): `i + 64 <= len` at each call.
-            let (mut a, mut b, mut c, mut d) = unsafe {
+            let (a0, mut b, mut c, mut d) = unsafe {
                 (
-                    _mm512_xor_si512(move64(src, dst, 0), seed),
+                    move64(src, dst, 0),
                     move64(src, dst, 64),
                     move64(src, dst, 128),
                     move64(src, dst, 192),
                 )
             };
+            // Four sums, one per block of the step, so that no chain of additions is longer
+            // than the CRC folds'.
+            let zero = _mm512_setzero_si512();
+            let (mut sa, mut sb, mut sc, mut sd) = if SUM {
+                (
+                    sum512(zero, a0),
+                    sum512(zero, b),
+                    sum512(zero, c),
+                    sum512(zero, d),
+                )
+            } else {
+                (zero, zero, zero, zero)
+            };
+            let mut a = _mm512_xor_si512(a0, seed);
             i = 256;
             let k = keys(K2048);
             while i + 256 <= len {
                 // SAFETY: `i + 256 <= len`.
                 unsafe {
-                    a = fold(a, k, move64(src, dst, i));
-                    b = fold(b, k, move64(src, dst, i + 64));
-                    c = fold(c, k, move64(src, dst, i + 128));
-                    d = fold(d, k, move64(src, dst, i + 192));
+                    let (va, vb, vc, vd) = (
+                        move64(src, dst, i),
+                        move64(src, dst, i + 64),
+                        move64(src, dst, i + 128),
+                        move64(src, dst, i + 192),
+                    );
+                    if SUM {
+                        sa = sum512(sa, va);
+                        sb = sum512(sb, vb);
+                        sc = sum512(sc, vc);
+                        sd = sum512(sd, vd);
+                    }
+                    a = fold(a, k, va);
+                    b = fold(b, k, vb);
+                    c = fold(c, k, vc);
+                    d = fold(d, k, vd);
                 }
                 i += 256;
+            }
+            if SUM {
+                s = _mm512_add_epi64(_mm512_add_epi64(sa, sb), _mm512_add_epi64(sc, sd));
             }
             // a, b, c, d lie 192, 128, 64 and 0 octets before the end of what was read.
             z = fold(a, keys(K1536), d);
@@ -384,17 +552,31 @@ pub(crate) mod x86 {
             z = fold(c, keys(K512), z);
         } else {
             // SAFETY: `len >= 64`.
-            z = _mm512_xor_si512(unsafe { move64(src, dst, 0) }, seed);
+            let v = unsafe { move64(src, dst, 0) };
+            if SUM {
+                s = sum512(s, v);
+            }
+            z = _mm512_xor_si512(v, seed);
             i = 64;
         }
         let k = keys(K512);
         while i + 64 <= len {
             // SAFETY: `i + 64 <= len`.
-            z = fold(z, k, unsafe { move64(src, dst, i) });
+            let v = unsafe { move64(src, dst, i) };
+            if SUM {
+                s = sum512(s, v);
+            }
+            z = fold(z, k, v);
             i += 64;
         }
+        let mut sum = if SUM {
+            _mm512_reduce_add_epi64(s) as u64
+        } else {
+            0
+        };
         // SAFETY: `i <= len`, the same ranges as the caller's.
-        unsafe { tail(src, dst, i, len, reduce(z)) }
+        let c = unsafe { tail::<SUM>(src, dst, i, len, reduce(z), &mut sum) };
+        (c, sum)
     }
 }
 
@@ -505,6 +687,86 @@ mod tests {
                 // The CRC continued from a state that is not the initial one.
                 let split = next(len + 1);
                 check(copy, &src, s, d, len, split);
+            }
+        }
+    }
+
+    type CopySum = unsafe fn(*const u8, &mut [u8], u32) -> (u32, u16);
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx512_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
+        if dst.len() < x86::MIN_LEN {
+            // SAFETY: as the caller guarantees.
+            return unsafe { copy_then_crc_sum(src, dst, state) };
+        }
+        // SAFETY: only called when `x86::level()` is `Avx512`; ranges as the caller's.
+        let (c, le) = unsafe { x86::copy_crc_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state) };
+        (c, fold_le(le))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn sse_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
+        if dst.len() < x86::MIN_LEN {
+            // SAFETY: as the caller guarantees.
+            return unsafe { copy_then_crc_sum(src, dst, state) };
+        }
+        // SAFETY: only called when `x86::level()` is not `None`; ranges as the caller's.
+        let (c, le) =
+            unsafe { x86::copy_crc_sse_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state) };
+        (c, fold_le(le))
+    }
+
+    /// The summing routines this CPU can run, as [`routines`].
+    fn sum_routines() -> Vec<(&'static str, CopySum)> {
+        let mut r: Vec<(&'static str, CopySum)> = vec![
+            ("dispatch", copy_crc32c_sum),
+            ("fallback", copy_then_crc_sum),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let level = x86::level();
+            if level != x86::Level::None {
+                r.push(("sse", sse_sum));
+            }
+            if level == x86::Level::Avx512 {
+                r.push(("avx512", avx512_sum));
+            }
+        }
+        r
+    }
+
+    /// The summing copies give the same copy and CRC as the plain ones and the sum
+    /// `tcp_engine::wire::Checksum` computes over the destination, for every length up to
+    /// 4096 at random source and destination alignments, from any CRC state.
+    #[test]
+    fn summing_copies_match_the_reference_checksum_for_every_length_and_alignment() {
+        use tcp_engine::wire::Checksum;
+        // All ones somewhere: lanes that carry.
+        let mut src = data(4096 + 128, 5);
+        src[1000..1700].fill(0xff);
+        let mut next = crate::test_rng(0x5eed_0001);
+        let routines = sum_routines();
+        for len in 0..=4096 {
+            for &(name, copy) in &routines {
+                let (s, d) = (next(64), next(64));
+                let state = next(1 << 20) as u32 ^ 0xFFFF_FFFF;
+                let mut out = vec![0x5Au8; len + d + 80];
+                // SAFETY: `src[s..]` holds at least `len` octets; `out` is a separate vector.
+                let (crc, sum) = unsafe { copy(src.as_ptr().add(s), &mut out[d..d + len], state) };
+                let what = format!("{name} len {len} s {s} d {d}");
+                assert_eq!(&out[d..d + len], &src[s..s + len], "{what}");
+                assert!(
+                    out[..d].iter().chain(&out[d + len..]).all(|&b| b == 0x5A),
+                    "{what}"
+                );
+                let mut want = Crc32c::with_state(state);
+                want.update(&src[s..s + len]);
+                assert_eq!(crc, want.state(), "crc {what}");
+                assert_eq!(
+                    sum,
+                    Checksum::new().add_bytes(&src[s..s + len]).sum(),
+                    "sum {what}"
+                );
             }
         }
     }

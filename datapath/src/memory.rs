@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
 
-use crate::copy_crc::{copy_crc32c, crc_update};
+use crate::copy_crc::{copy_crc32c, copy_crc32c_sum, crc_update};
 use crate::DatapathError;
 
 const PAGE: usize = 4096;
@@ -116,6 +116,33 @@ impl PinnedBuffer {
         *crc_state = crc_update(*crc_state, rest);
     }
 
+    /// [`PinnedBuffer::read_at_crc`] that also returns the ones' complement sum of `dst` (as
+    /// `tcp_engine::wire::Checksum::sum` gives it), computed by the same pass from the
+    /// registers the octets are copied through (the TCP checksum's share of the payload).
+    pub fn read_at_crc_sum(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) -> u16 {
+        let n = self.clamp(offset, dst.len());
+        let (copied, rest) = dst.split_at_mut(n);
+        let mut sum = 0;
+        if n > 0 {
+            fence(Ordering::Acquire);
+            // SAFETY: as in `read_at_crc`: `offset + n <= self.len`, `copied` is a distinct,
+            // valid slice of `n` bytes that cannot overlap the source.
+            (*crc_state, sum) =
+                unsafe { copy_crc32c_sum(self.ptr.as_ptr().add(offset), copied, *crc_state) };
+        }
+        if !rest.is_empty() {
+            *crc_state = crc_update(*crc_state, rest);
+            let r = tcp_engine::wire::Checksum::new().add_bytes(rest).sum();
+            // `rest` starts at offset `n` of `dst`: an odd start adds its sum byte-swapped.
+            let r = if n % 2 == 1 { r.swap_bytes() } else { r };
+            sum = tcp_engine::wire::Checksum::new()
+                .add_sum(sum)
+                .add_sum(r)
+                .sum();
+        }
+        sum
+    }
+
     /// Asks the CPU to bring `[offset, offset + len)` (clamped to the buffer) into its cache
     /// (x86-64 `prefetcht0` per cache line); reads nothing, does nothing elsewhere.
     pub fn prefetch(&self, offset: usize, len: usize) {
@@ -191,6 +218,9 @@ impl RegionBuffer for RegionMemory {
     fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
         self.0.read_at_crc(offset, dst, crc_state)
     }
+    fn read_at_crc_sum(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) -> Option<u16> {
+        Some(self.0.read_at_crc_sum(offset, dst, crc_state))
+    }
     fn write_at(&self, offset: usize, src: &[u8]) {
         self.0.write_at(offset, src)
     }
@@ -212,6 +242,9 @@ impl RegionBuffer for PinnedBuffer {
     }
     fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
         PinnedBuffer::read_at_crc(self, offset, dst, crc_state)
+    }
+    fn read_at_crc_sum(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) -> Option<u16> {
+        Some(PinnedBuffer::read_at_crc_sum(self, offset, dst, crc_state))
     }
     fn write_at(&self, offset: usize, src: &[u8]) {
         PinnedBuffer::write_at(self, offset, src)

@@ -147,6 +147,16 @@ pub trait RegionBuffer {
         *crc_state = crc.state();
     }
 
+    /// [`read_at_crc`](Self::read_at_crc) that also gives the RFC 1071 ones' complement sum
+    /// of the octets written to `dst` (`dst[0]` the high-order octet of a 16-bit word), if the
+    /// implementation computes it in the same pass: a transmitter's share of the TCP checksum
+    /// (RFC 9293 3.1) of the payload it copies into a segment. `None` (the default, which
+    /// calls `read_at_crc`): the caller sums `dst` itself.
+    fn read_at_crc_sum(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) -> Option<u16> {
+        self.read_at_crc(offset, dst, crc_state);
+        None
+    }
+
     /// Copies `src` into the region starting at `offset`.
     fn write_at(&self, offset: usize, src: &[u8]);
 

@@ -91,6 +91,22 @@ pub trait TxSource {
     /// Writes the stream octets `[stream_offset, stream_offset + out.len())` into `out`
     /// (for example straight into a packet buffer).
     fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError>;
+
+    /// [`fill`](Self::fill), and the RFC 1071 ones' complement sum of the octets written to
+    /// `out` (`out[0]` the high-order octet of a 16-bit word, as [`Checksum::sum`] gives it)
+    /// if the source computed it on the way, e.g. while copying them: TCP then checksums only
+    /// its header and pseudo-header and adds this (RFC 1071 2(A), 2(C)) instead of reading the
+    /// payload back. `None` (the default, which calls `fill`): TCP sums `out` itself. A wrong
+    /// sum puts a segment with a bad checksum on the wire, which the peer drops (RFC 9293 3.1).
+    ///
+    /// [`Checksum::sum`]: crate::wire::Checksum::sum
+    fn fill_summed(
+        &mut self,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, TxSourceError> {
+        self.fill(stream_offset, out).map(|()| None)
+    }
 }
 
 /// The source used where none is given: it produces nothing.
@@ -2305,12 +2321,18 @@ impl Connection {
         };
         let (a, b) = self.send_buf.as_slices();
         let n = repr
-            .emit_with(buf, len as usize, |out| {
+            .emit_with_summed(buf, len as usize, |out| {
                 if from_source {
-                    if !out.is_empty() {
-                        failed = source.fill(start, out).err();
+                    if out.is_empty() {
+                        return None;
                     }
-                    return;
+                    return match source.fill_summed(start, out) {
+                        Ok(sum) => sum,
+                        Err(e) => {
+                            failed = Some(e);
+                            None
+                        }
+                    };
                 }
                 let mut o = 0;
                 let mut s = off;
@@ -2326,6 +2348,7 @@ impl Connection {
                 if o < l {
                     out[o..].copy_from_slice(&b[s..s + (l - o)]);
                 }
+                None
             })
             .ok()?;
         if failed.is_some() {

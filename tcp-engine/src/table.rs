@@ -20,6 +20,17 @@ pub trait TxSources {
     /// [`TxSource::fill`] for connection `id`.
     fn fill(&mut self, id: ConnId, stream_offset: u64, out: &mut [u8])
         -> Result<(), TxSourceError>;
+
+    /// [`TxSource::fill_summed`] for connection `id`; the default calls
+    /// [`fill`](Self::fill) and gives no sum.
+    fn fill_summed(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, TxSourceError> {
+        self.fill(id, stream_offset, out).map(|()| None)
+    }
 }
 
 /// One connection's view of a [`TxSources`].
@@ -31,6 +42,14 @@ struct SourceOf<'a> {
 impl TxSource for SourceOf<'_> {
     fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
         self.sources.fill(self.id, stream_offset, out)
+    }
+
+    fn fill_summed(
+        &mut self,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, TxSourceError> {
+        self.sources.fill_summed(self.id, stream_offset, out)
     }
 }
 

@@ -421,6 +421,25 @@ impl<'a> SegmentRepr<'a> {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, WireError> {
+        self.emit_with_summed(buf, payload_len, |out| {
+            fill(out);
+            None
+        })
+    }
+
+    /// [`emit_with`](Self::emit_with) where `fill` may also return the ones' complement sum
+    /// of the payload it wrote ([`Checksum::sum`] of it; the payload starts at an even
+    /// offset of the TCP segment, a multiple of 4): the TCP checksum then covers the
+    /// pseudo-header, header and options by reading them and the payload by that sum (RFC 1071
+    /// 2(A), 2(C): the sum of a concatenation is the sum of the parts' sums), so a payload
+    /// produced by a copy that summed it on the way is not read again. `None`: the payload is
+    /// summed from `buf` as in `emit_with`.
+    pub fn emit_with_summed(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Option<u16>,
+    ) -> Result<usize, WireError> {
         let opt_len = self.options.wire_len();
         if opt_len > TCP_MAX_OPTIONS_LEN {
             return Err(WireError::OptionsTooLong);
@@ -459,14 +478,19 @@ impl<'a> SegmentRepr<'a> {
             .options
             .emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
         debug_assert_eq!(written, opt_len);
-        fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
-        let sum = Checksum::new()
+        let payload_sum = fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
+        let pseudo = Checksum::new()
             .add_4(self.src_addr.octets())
             .add_4(self.dst_addr.octets())
             .add_2([0, 6])
-            .add_2((tcp_len as u16).to_be_bytes())
-            .add_bytes(tcp)
-            .finish();
+            .add_2((tcp_len as u16).to_be_bytes());
+        let sum = match payload_sum {
+            Some(p) => pseudo
+                .add_bytes(&tcp[..TCP_HEADER_LEN + opt_len])
+                .add_sum(p),
+            None => pseudo.add_bytes(tcp),
+        }
+        .finish();
         tcp[16..18].copy_from_slice(&sum.to_be_bytes());
         Ok(total)
     }
@@ -545,6 +569,42 @@ mod tests {
             .tcp()
             .calc_checksum_ipv4(view.ip().source(), view.ip().destination());
         assert_eq!(calc.ok(), Some(view.tcp().checksum()));
+    }
+
+    #[test]
+    fn a_precomputed_payload_sum_gives_the_same_segment() {
+        let data: Vec<u8> = (0..3100u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut lens: Vec<usize> = (0..=70).collect();
+        lens.extend([1419, 1420, 1447, 1448, 1460, 2999]);
+        for (k, &len) in lens.iter().enumerate() {
+            let payload = &data[k % 7..k % 7 + len];
+            let repr = sample(payload);
+            let mut want = [0u8; 3200];
+            let n = repr.emit(&mut want).expect("emit");
+            let mut got = [0u8; 3200];
+            let m = repr
+                .emit_with_summed(&mut got, len, |out| {
+                    out.copy_from_slice(payload);
+                    Some(Checksum::new().add_bytes(payload).sum())
+                })
+                .expect("emit summed");
+            assert_eq!(m, n, "len {len}");
+            assert_eq!(got[..m], want[..n], "len {len}");
+            // A sum that is off by one word: the segment does not verify.
+            let m = repr
+                .emit_with_summed(&mut got, len, |out| {
+                    out.copy_from_slice(payload);
+                    Some(Checksum::new().add_bytes(payload).add_2([0, 1]).sum())
+                })
+                .expect("emit summed");
+            assert_eq!(
+                SegmentRepr::parse(&got[..m]),
+                Err(WireError::BadTcpChecksum),
+                "len {len}"
+            );
+        }
     }
 
     #[test]

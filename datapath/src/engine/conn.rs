@@ -1562,33 +1562,40 @@ impl IwarpConn {
 
     /// `TxMode::Source`: writes the stream octets `[offset, offset + out.len())` (the MPA
     /// Request/Reply or FPDUs queued and not yet acknowledged) into `out`, payload read from
-    /// `mem`. What `tcp_engine::TxSource::fill` calls.
+    /// `mem`, and returns the ones' complement sum of `out` (RFC 1071, TCP's checksum of the
+    /// payload, computed while writing it). What `tcp_engine::TxSource::fill_summed` calls.
     pub fn fill<B: RegionBuffer>(
         &mut self,
         offset: u64,
         out: &mut [u8],
         mem: &MemoryTable<B>,
-    ) -> Result<(), TxSourceError> {
+    ) -> Result<u16, TxSourceError> {
         let mut offset = offset;
         let mut out = out;
+        let mut sum = tcp_engine::wire::Checksum::new();
+        let mut at = 0;
         if let Some((start, record)) = &self.startup_sent {
             let end = start + record.len() as u64;
             if offset >= *start && offset < end {
                 let a = (offset - start) as usize;
                 let n = (record.len() - a).min(out.len());
                 out[..n].copy_from_slice(&record[a..a + n]);
+                sum = sum.add_bytes(&out[..n]);
                 offset += n as u64;
                 out = &mut out[n..];
+                at = n;
             }
         }
         if out.is_empty() {
-            return Ok(());
+            return Ok(sum.sum());
         }
-        let filled = self.tx.fill(offset, out, mem);
-        if let Err(e) = filled {
-            self.tx_failed = Some(e);
+        match self.tx.fill(offset, out, mem) {
+            Ok(part) => Ok(super::tx::add_at(sum, at, part).sum()),
+            Err(e) => {
+                self.tx_failed = Some(e);
+                Err(e)
+            }
         }
-        filled
     }
 
     /// Emits TCP's next packet into `buf`, the data octets from [`IwarpConn::fill`] in
@@ -1676,7 +1683,15 @@ struct ConnSource<'a, B> {
 
 impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
     fn fill(&mut self, stream_offset: u64, out: &mut [u8]) -> Result<(), TxSourceError> {
-        self.conn.fill(stream_offset, out, self.mem)
+        self.conn.fill(stream_offset, out, self.mem).map(|_| ())
+    }
+
+    fn fill_summed(
+        &mut self,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, TxSourceError> {
+        self.conn.fill(stream_offset, out, self.mem).map(Some)
     }
 }
 

@@ -38,6 +38,7 @@ use std::collections::VecDeque;
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
+use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
 use crate::copy_crc::crc_update;
@@ -214,13 +215,16 @@ impl TxRing {
     }
 
     /// Writes the stream octets `[offset, offset + out.len())`, which must lie in queued
-    /// FPDUs, reading payload from `mem`.
+    /// FPDUs, reading payload from `mem`. Returns the ones' complement sum of `out` (RFC 1071,
+    /// as `Checksum::sum` gives it: TCP's checksum of the payload, `TxSource::fill_summed`),
+    /// computed as the octets are written; a whole FPDU's payload is summed by the copy that
+    /// moves it ([`RegionBuffer::read_at_crc_sum`]) where the buffer can.
     pub fn fill<B: RegionBuffer>(
         &mut self,
         offset: u64,
         out: &mut [u8],
         mem: &MemoryTable<B>,
-    ) -> Result<(), TxSourceError> {
+    ) -> Result<u16, TxSourceError> {
         let err = TxSourceError {
             offset,
             len: out.len(),
@@ -230,6 +234,7 @@ impl TxRing {
         let mut done = 0;
         let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
         let mut i = first;
+        let mut sum = Checksum::new();
         while done < out.len() {
             let f = self.fpdus.get_mut(i).ok_or(err)?;
             if f.start > pos {
@@ -243,7 +248,8 @@ impl TxRing {
                 seq_start,
                 pd,
             };
-            w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
+            let part = w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
+            sum = add_at(sum, done, part);
             done += n;
             pos += n as u64;
             self.cursor = i;
@@ -253,7 +259,7 @@ impl TxRing {
         // before, and a prefetch issued only one segment ahead had not landed by the time the
         // copy read it (the copy's loads were its stall in the sender's profile).
         self.prefetch(i + 1, mem);
-        Ok(())
+        Ok(sum.sum())
     }
 
     /// Prefetches the payload of FPDU `i` if it was never written (TCP asks for FPDUs in
@@ -288,6 +294,13 @@ impl TxRing {
     }
 }
 
+/// `sum` continued by the sum `part` of octets that start at offset `at` of the summed data:
+/// byte-swapped when `at` is odd (RFC 1071 2(B)).
+#[inline]
+pub(crate) fn add_at(sum: Checksum, at: usize, part: u16) -> Checksum {
+    sum.add_sum(if at % 2 == 1 { part.swap_bytes() } else { part })
+}
+
 /// Writes parts of FPDUs.
 struct FpduWriter {
     crc: bool,
@@ -318,6 +331,11 @@ struct Pass<'o> {
     /// The running CRC32c register (`Crc32c::state`: all ones at the start, the CRC is its
     /// complement).
     crc: Option<u32>,
+    /// The ones' complement sum of the octets written to `out` so far, carries not folded,
+    /// byte-swapped: an octet at an even offset of `out` adds itself, one at an odd offset
+    /// itself times 256 (RFC 1071 2(B): the sum of little-endian 16-bit words; no carry is
+    /// lost below 2^48 octets).
+    sum: u64,
 }
 
 impl Pass<'_> {
@@ -336,9 +354,40 @@ impl Pass<'_> {
         (lo < hi).then(|| (lo - a, lo - self.from, hi - lo))
     }
 
+    /// Adds `out[at..at + n]`, just written, to the sum: octet by octet when short (the
+    /// length field, header, PAD, CRC and Markers: a few octets each), else through
+    /// [`Checksum`].
+    fn sum_out(&mut self, at: usize, n: usize) {
+        let bytes = &self.out[at..at + n];
+        if n <= 32 {
+            for (k, &b) in bytes.iter().enumerate() {
+                self.sum += u64::from(b) << (8 * ((at + k) & 1));
+            }
+        } else {
+            self.add_part(at, Checksum::new().add_bytes(bytes).sum());
+        }
+    }
+
+    /// Adds the ones' complement sum `part` (as `Checksum::sum` gives it) of octets written
+    /// at offset `at` of `out`.
+    fn add_part(&mut self, at: usize, part: u16) {
+        // The sum is kept byte-swapped: an even offset adds the swapped value.
+        self.sum += u64::from(if at % 2 == 1 { part } else { part.swap_bytes() });
+    }
+
+    /// The ones' complement sum of what was written, as `Checksum::sum` gives it.
+    fn out_sum(&self) -> u16 {
+        let s = (self.sum & 0xffff_ffff) + (self.sum >> 32);
+        let s = (s & 0xffff) + (s >> 16);
+        let s = (s & 0xffff) + (s >> 16);
+        let s = (s & 0xffff) + (s >> 16);
+        (s as u16).swap_bytes()
+    }
+
     fn put_bytes(&mut self, bytes: &[u8], covered: bool) {
         if let Some((skip, at, n)) = self.window(self.w, bytes.len()) {
             self.out[at..at + n].copy_from_slice(&bytes[skip..skip + n]);
+            self.sum_out(at, n);
         }
         if covered {
             if let Some(c) = self.crc.as_mut() {
@@ -385,11 +434,19 @@ impl Pass<'_> {
         if whole {
             // The usual case: straight into the output, the CRC folded in as the octets are
             // copied (`RegionBuffer::read_at_crc`), never read back from the output.
+            // The TCP checksum's sum too, where the buffer can give it from the same pass.
             let o = self.w - self.from;
             let dst = &mut self.out[o..o + n];
-            match self.crc.as_mut() {
-                Some(c) => buf.read_at_crc(at, dst, c),
-                None => buf.read_at(at, dst),
+            let summed = match self.crc.as_mut() {
+                Some(c) => buf.read_at_crc_sum(at, dst, c),
+                None => {
+                    buf.read_at(at, dst);
+                    None
+                }
+            };
+            match summed {
+                Some(part) => self.add_part(o, part),
+                None => self.sum_out(o, n),
             }
         } else if self.crc.is_some() {
             let mut tmp = [0u8; CRC_CHUNK];
@@ -402,31 +459,34 @@ impl Pass<'_> {
                 }
                 if let Some((skip, o, len)) = self.window(self.w + k, m) {
                     self.out[o..o + len].copy_from_slice(&tmp[skip..skip + len]);
+                    self.sum_out(o, len);
                 }
                 k += m;
             }
         } else if let Some((skip, o, len)) = self.window(self.w, n) {
             buf.read_at(at + skip, &mut self.out[o..o + len]);
+            self.sum_out(o, len);
         }
         self.w += n;
     }
 }
 
 impl FpduWriter {
-    /// Writes octets `[from, from + out.len())` of `f`'s wire image. `None` if its payload
-    /// region is no longer valid for it (a held Read Response source always is).
+    /// Writes octets `[from, from + out.len())` of `f`'s wire image and returns their ones'
+    /// complement sum. `None` if its payload region is no longer valid for it (a held Read
+    /// Response source always is).
     fn fill<B: RegionBuffer>(
         &self,
         f: &mut TxFpdu,
         from: usize,
         out: &mut [u8],
         mem: &MemoryTable<B>,
-    ) -> Option<()> {
+    ) -> Option<u16> {
         if let Some(h) = f.held.take() {
             // Taken out while `f` takes its CRC, put back after (no reference count change).
-            self.fill_from(f, Some((&*h.buf, h.off)), from, out);
+            let sum = self.fill_from(f, Some((&*h.buf, h.off)), from, out);
             f.held = Some(h);
-            return Some(());
+            return Some(sum);
         }
         let region = match f.payload {
             Some(p) => Some(
@@ -435,35 +495,36 @@ impl FpduWriter {
             ),
             None => None,
         };
-        self.fill_from(f, region, from, out);
-        Some(())
+        Some(self.fill_from(f, region, from, out))
     }
 
+    /// Returns the ones' complement sum of `out`.
     fn fill_from<B: RegionBuffer + ?Sized>(
         &self,
         f: &mut TxFpdu,
         region: Option<(&B, usize)>,
         from: usize,
         out: &mut [u8],
-    ) {
+    ) -> u16 {
         let wire_len = f.wire_len as usize;
         let whole = from == 0 && out.len() == wire_len;
         if !self.crc {
-            self.pass(f, region, from, out, false);
-            return;
+            return self.pass(f, region, from, out, false).1;
         }
         if whole {
-            f.crc = Some(self.pass(f, region, from, out, true));
-            return;
+            let (crc, sum) = self.pass(f, region, from, out, true);
+            f.crc = Some(crc);
+            return sum;
         }
         if from + out.len() > wire_len - CRC_LEN && f.crc.is_none() {
             // A part reaching the CRC field, never sent whole: compute the CRC first.
-            f.crc = Some(self.pass(f, region, 0, &mut [], true));
+            f.crc = Some(self.pass(f, region, 0, &mut [], true).0);
         }
-        self.pass(f, region, from, out, false);
+        self.pass(f, region, from, out, false).1
     }
 
-    /// One pass; returns the CRC if `compute` (else the kept one, or 0).
+    /// One pass; returns the CRC if `compute` (else the kept one, or 0) and the ones'
+    /// complement sum of `out`.
     fn pass<B: RegionBuffer + ?Sized>(
         &self,
         f: &TxFpdu,
@@ -471,7 +532,7 @@ impl FpduWriter {
         from: usize,
         out: &mut [u8],
         compute: bool,
-    ) -> u32 {
+    ) -> (u32, u16) {
         let mut p = Pass {
             out,
             from,
@@ -480,6 +541,7 @@ impl FpduWriter {
             markers: self.markers,
             header_w: 0,
             crc: compute.then_some(u32::MAX),
+            sum: 0,
         };
         if p.at_marker() {
             // A Marker between FPDUs holds 0 and belongs to (is covered by the CRC of) the
@@ -508,7 +570,7 @@ impl FpduWriter {
         let crc = if self.crc { crc } else { 0 };
         // RFC 5044 4.4: least significant octet first (IWARP-WIRE.md 1.2).
         p.put_bytes(&crc.to_le_bytes(), false);
-        crc
+        (crc, p.out_sum())
     }
 }
 
@@ -609,8 +671,13 @@ mod tests {
                 let mut c = case(crc, markers, seq_start, seed);
                 let total = c.expected.len();
                 let mut out = vec![0u8; total];
-                c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
+                let sum = c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
                 assert_eq!(out, c.expected, "crc {crc} markers {markers} seed {seed}");
+                assert_eq!(
+                    sum,
+                    sum_of(&out),
+                    "sum, crc {crc} markers {markers} seed {seed}"
+                );
                 // Arbitrary ranges on a fresh ring: partial fills (headers, Markers and CRC
                 // cut) compute the CRC separately; then again with the CRCs kept.
                 for fresh in [true, false] {
@@ -627,7 +694,8 @@ mod tests {
                         let a = (x >> 33) as usize % total;
                         let len = ((x >> 13) as usize % 1700).min(total - a).max(1);
                         let mut part = vec![0u8; len];
-                        c2.ring
+                        let sum = c2
+                            .ring
                             .fill(c2.base + a as u64, &mut part, &c2.mem)
                             .expect("fill range");
                         assert_eq!(
@@ -635,6 +703,7 @@ mod tests {
                             &c2.expected[a..a + len],
                             "crc {crc} markers {markers} seed {seed} range {a}+{len} fresh {fresh}"
                         );
+                        assert_eq!(sum, sum_of(&part), "sum, range {a}+{len}");
                     }
                     // Every single octet position as a range end and start.
                     for a in (0..total).step_by(97) {
@@ -649,14 +718,22 @@ mod tests {
         }
     }
 
+    /// The reference ones' complement sum (TCP's checksum share) of `b`.
+    fn sum_of(b: &[u8]) -> u16 {
+        Checksum::new().add_bytes(b).sum()
+    }
+
     /// Fills `len` octets at `at` (octets from the ring's start) and checks them against the
-    /// encoder's bytes; `what` names the fill in failures.
+    /// encoder's bytes, and the sum the fill gives against the reference; `what` names the
+    /// fill in failures.
     fn fill_matches<B: RegionBuffer>(c: &mut Case<B>, at: usize, len: usize, what: &str) {
         let mut out = vec![0u8; len];
-        c.ring
+        let sum = c
+            .ring
             .fill(c.base + at as u64, &mut out, &c.mem)
             .unwrap_or_else(|e| panic!("{what} at {at}: {e}"));
         assert_eq!(out, &c.expected[at..at + len], "{what} at {at}");
+        assert_eq!(sum, sum_of(&out), "sum, {what} at {at}");
     }
 
     /// Pinned memory as the engine registers it: whole-FPDU fills take its one-pass copy and
@@ -677,8 +754,9 @@ mod tests {
                 // Whole FPDUs (the fused copy), and again: retransmissions with the CRC kept.
                 for _ in 0..2 {
                     let mut out = vec![0u8; total];
-                    c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
+                    let sum = c.ring.fill(c.base, &mut out, &c.mem).expect("fill all");
                     assert_eq!(out, c.expected, "crc {crc} markers {markers} seed {seed}");
+                    assert_eq!(sum, sum_of(&out), "sum, crc {crc} markers {markers}");
                 }
                 // FPDU by FPDU, as TCP asks for them (one segment per FPDU).
                 let mut c = case_in(pinned, crc, markers, seq_start, seed);

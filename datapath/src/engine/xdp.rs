@@ -1226,11 +1226,20 @@ impl TcpApp for App<'_, '_> {
         stream_offset: u64,
         out: &mut [u8],
     ) -> Result<(), tcp_engine::TxSourceError> {
+        self.fill_tx_summed(id, stream_offset, out).map(|_| ())
+    }
+
+    fn fill_tx_summed(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, tcp_engine::TxSourceError> {
         let State { slots, scratch, .. } = &mut *self.st;
         match slots.get_mut(&id) {
             Some(slot) => {
                 let mem = table_of(slot.table, self.mem, scratch);
-                slot.conn.fill(stream_offset, out, mem)
+                slot.conn.fill(stream_offset, out, mem).map(Some)
             }
             None => Err(tcp_engine::TxSourceError {
                 offset: stream_offset,

@@ -136,6 +136,18 @@ pub trait TcpApp {
         })
     }
 
+    /// [`fill_tx`](Self::fill_tx), and the ones' complement sum of the octets written if the
+    /// application computed it on the way ([`tcp_engine::TxSource::fill_summed`]); the
+    /// default calls `fill_tx` and gives none (TCP sums the payload itself).
+    fn fill_tx_summed(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, tcp_engine::TxSourceError> {
+        self.fill_tx(id, stream_offset, out).map(|()| None)
+    }
+
     /// The application's own next deadline (e.g. an MPA startup timeout), so that
     /// [`XdpTcp::turn`] and [`XdpTcp::wait`] do not sleep past it. TCP's deadlines are the
     /// driver's business.
@@ -1241,6 +1253,15 @@ impl<A: TcpApp + ?Sized> tcp_engine::table::TxSources for AppSources<'_, A> {
         out: &mut [u8],
     ) -> Result<(), tcp_engine::TxSourceError> {
         self.0.fill_tx(id, stream_offset, out)
+    }
+
+    fn fill_summed(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, tcp_engine::TxSourceError> {
+        self.0.fill_tx_summed(id, stream_offset, out)
     }
 }
 

@@ -50,6 +50,17 @@ impl Checksum {
         }
     }
 
+    /// Adds the ones' complement sum of other data, as [`sum`](Self::sum) gives it, that
+    /// continues the checksummed data at an even offset (RFC 1071 2(A): the sum of a
+    /// concatenation is the sum of its parts' sums). Data that starts at an odd offset adds
+    /// its sum byte-swapped (RFC 1071 2(B)).
+    #[inline]
+    pub fn add_sum(self, sum: u16) -> Checksum {
+        Checksum {
+            acc: self.acc + u64::from(sum.swap_bytes()),
+        }
+    }
+
     /// The ones' complement sum, as a big-endian value (`to_be_bytes` gives the wire octets).
     #[inline]
     pub fn sum(self) -> u16 {
@@ -237,6 +248,31 @@ mod tests {
             whole.extend_from_slice(&(len as u16).to_be_bytes());
             whole.extend_from_slice(&data);
             assert_eq!(ours.sum(), reference(&whole));
+        }
+    }
+
+    #[test]
+    fn sums_of_parts_add_up_at_even_and_odd_offsets() {
+        let mut rng = 31u64;
+        let data: Vec<u8> = (0..4000).map(|_| xorshift(&mut rng) as u8).collect();
+        for _ in 0..400 {
+            let len = (xorshift(&mut rng) % 4000) as usize;
+            let whole = &data[..len];
+            // Three parts at arbitrary cuts (odd ones included): each summed on its own, added
+            // in byte-swapped when it starts at an odd offset.
+            let mut cuts = [
+                (xorshift(&mut rng) as usize) % (len + 1),
+                (xorshift(&mut rng) as usize) % (len + 1),
+            ];
+            cuts.sort_unstable();
+            let mut c = Checksum::new().add_2([0, 6]);
+            for (a, b) in [(0, cuts[0]), (cuts[0], cuts[1]), (cuts[1], len)] {
+                let s = Checksum::new().add_bytes(&whole[a..b]).sum();
+                c = c.add_sum(if a % 2 == 1 { s.swap_bytes() } else { s });
+            }
+            let want = Checksum::new().add_2([0, 6]).add_bytes(whole);
+            assert_eq!(c.sum(), want.sum(), "len {len} cuts {cuts:?}");
+            assert_eq!(c.finish(), want.finish(), "len {len} cuts {cuts:?}");
         }
     }
 

@@ -340,6 +340,19 @@ impl TxSource for PeerSource<'_> {
         out.copy_from_slice(bytes);
         Ok(())
     }
+
+    /// The sum of the octets produced, as a copy that sums on the way gives it (the engine's
+    /// transmitter): every source-mode transfer checksums its segments through
+    /// `SegmentRepr::emit_with_summed`'s precomputed-payload path, and the receiving side
+    /// verifies them.
+    fn fill_summed(
+        &mut self,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, TxSourceError> {
+        self.fill(stream_offset, out)?;
+        Ok(Some(tcp_engine::wire::Checksum::new().add_bytes(out).sum()))
+    }
 }
 
 pub fn random_bytes(len: usize, seed: u64) -> Arc<Vec<u8>> {
