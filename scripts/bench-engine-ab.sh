@@ -5,7 +5,9 @@
 # time per 64 KiB message in us, user and system (`/usr/bin/time`; the client sends in write-bw
 # and send-bw: its CPU time does not grow when other processes take its core, unlike Gbit/s);
 # at the end the medians of each and new/base. For measuring an engine change: build the old
-# commit, copy its binary away, build the new one.
+# commit, copy its binary away, build the new one. BASE_ARGS / NEW_ARGS: extra iwarp-bench options
+# for both sides of the base / new runs (e.g. the same binary twice with BASE_ARGS="--engine-threads
+# one" NEW_ARGS="--engine-threads per-queue").
 # Usage: scripts/bench-engine-ab.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-bw|read-bw|send-bw] [iterations]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,16 +32,16 @@ tb=()
 tf=$(mktemp)
 for _ in $(seq 1 "$PAIRS"); do
   for which in base new; do
-    if [ "$which" = base ]; then bin=$A; else bin=$B; fi
+    if [ "$which" = base ]; then bin=$A; xa=${BASE_ARGS:-}; else bin=$B; xa=${NEW_ARGS:-}; fi
     # shellcheck disable=SC2086
-    ip netns exec iwa $sp "$bin" "$TEST" --transport xdp --iface iwa0 --port "$PORT" \
+    ip netns exec iwa $sp "$bin" "$TEST" --transport xdp --iface iwa0 --port "$PORT" $xa \
       -s 65536 -n "$N" --json >/dev/null 2>&1 &
     srv=$!
     out=""
     for _ in $(seq 1 100); do
       # shellcheck disable=SC2086
       if out=$(ip netns exec iwb $cp /usr/bin/time -f "%U %S" -o "$tf" "$bin" "$TEST" \
-        --transport xdp --iface iwb0 --port "$PORT" -s 65536 -n "$N" --json 10.77.0.1 \
+        --transport xdp --iface iwb0 --port "$PORT" $xa -s 65536 -n "$N" --json 10.77.0.1 \
         2>/dev/null); then break; fi
       sleep 0.1
     done
