@@ -308,7 +308,7 @@ pub struct XdpTcpStats {
     pub handoffs_in: u64,
     /// Shards: segments for another shard's flow dropped because its inbox was full.
     pub handoff_drops: u64,
-    /// Shards: SYNs whose flow could not be entered in the full flow directory (served here).
+    /// Shards: SYNs dropped because the flow directory was full.
     pub directory_full: u64,
     /// The connection table's counters.
     pub table: TableStats,
@@ -1213,8 +1213,11 @@ impl Rx<'_> {
                             Some(o)
                         }
                         Err(_) => {
+                            // A connection no directory entry names would have its segments
+                            // that land on other shards answered with RSTs: refuse it (the
+                            // peer retries its SYN).
                             self.stats.directory_full += 1;
-                            None
+                            return;
                         }
                     },
                     o => o,
