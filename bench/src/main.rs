@@ -65,6 +65,10 @@ pub struct Cli {
     /// once (`tcp_engine::Config::ack_every_segments`; default: the engine's).
     #[arg(long)]
     pub engine_ack_every: Option<u32>,
+    /// `--transport xdp`: RX ring size and RX frame pool of each AF_XDP socket (a power of two,
+    /// 8 to 1048576; `datapath::xsk::XskConfig::rx_ring`; default: the engine's).
+    #[arg(long)]
+    pub engine_rx_ring: Option<u32>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
     /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
     /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with

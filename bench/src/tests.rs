@@ -299,6 +299,9 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     if let Some(n) = cli.engine_ack_every {
         cfg.tcp.ack_every_segments = n;
     }
+    if let Some(n) = cli.engine_rx_ring {
+        cfg.driver.xsk.rx_ring = n;
+    }
     XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))

@@ -34,7 +34,12 @@ pub enum BindMode {
 /// full. Twice the pool never does, so no ring can overflow or refuse a frame.
 #[derive(Debug, Clone)]
 pub struct XskConfig {
-    /// RX ring size and RX frame pool (power of two); the fill ring is twice as large.
+    /// RX ring size and RX frame pool (power of two); the fill ring is twice as large. Default
+    /// 512: the frames the kernel copies received packets into (in copy mode, on the CPU of
+    /// whoever transmitted them; on veth, the peer's sender) cycle through the whole pool, so a
+    /// smaller pool keeps them in cache. The pool is also the burst the socket can take while
+    /// its thread is away: 512 frames are ~1.4 ms at veth's ~360 000 frames/s, 0.6 ms at 10
+    /// Gbit/s line rate; raise it for faster NICs.
     pub rx_ring: u32,
     /// Completion ring size and TX frame pool (power of two); the TX ring is twice as large.
     pub tx_ring: u32,
@@ -61,7 +66,7 @@ pub struct XskConfig {
 impl Default for XskConfig {
     fn default() -> Self {
         Self {
-            rx_ring: 2048,
+            rx_ring: 512,
             tx_ring: 2048,
             frame_size: 4096,
             bind_mode: BindMode::Auto,
