@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use datapath::xdp_tcp::engine::{Instant as TcpInstant, RxMode};
-use datapath::xdp_tcp::TcpConfig;
 use datapath::xdp_tcp::{
     ConnId, Connection, Event, PassedUp, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
 };
@@ -84,6 +83,28 @@ const STALL: Duration = Duration::from_secs(60);
 fn byte_at(i: u64) -> u8 {
     let x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (x >> 56) as u8 ^ (i as u8)
+}
+
+/// Reads `s` to its end (a read stalling for [`STALL`] fails): octets read, and the offset of
+/// the first that is not [`byte_at`] its offset, if any.
+fn read_to_end_checked(s: &mut TcpStream) -> Result<(u64, Option<u64>), String> {
+    s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut got, mut mismatch) = (0u64, None);
+    loop {
+        let n = s
+            .read(&mut buf)
+            .map_err(|e| format!("stalled or failed after {got} bytes: {e}"))?;
+        if n == 0 {
+            return Ok((got, mismatch));
+        }
+        if mismatch.is_none() {
+            mismatch = (0..n)
+                .find(|&k| buf[k] != byte_at(got + k as u64))
+                .map(|k| got + k as u64);
+        }
+        got += n as u64;
+    }
 }
 
 fn fill(buf: &mut [u8], offset: u64) {
@@ -420,25 +441,7 @@ fn transmit_steady_state_allocates_nothing() {
         let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
         let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        let mut mismatch = None;
-        loop {
-            let n = s
-                .read(&mut buf)
-                .map_err(|e| format!("stalled or failed after {got} bytes: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            if mismatch.is_none() {
-                mismatch = (0..n)
-                    .find(|&k| buf[k] != byte_at(got + k as u64))
-                    .map(|k| got + k as u64);
-            }
-            got += n as u64;
-        }
-        Ok((got, mismatch))
+        read_to_end_checked(&mut s)
     });
     ready_rx
         .recv_timeout(Duration::from_secs(20))
@@ -677,8 +680,7 @@ impl TcpApp for MultiSource {
 /// shard that does not own them and are handed over (every connection landing on its own
 /// shard has odds 4^-8). Every byte arrives right, hand-offs are counted, and no shard thread
 /// allocates between 40% and 90% of the data acknowledged (receiving, handing off, taking
-/// from the inbox and transmitting; TCP's send buffer is kept at 1 MiB so that its scoreboard,
-/// preallocated for 1024 segments, never grows).
+/// from the inbox and transmitting), at TCP's default send buffer (4 MiB).
 #[test]
 fn shards_hand_off_without_allocating() {
     let _bed = bed_or_skip!();
@@ -693,26 +695,7 @@ fn shards_hand_off_without_allocating() {
         let readers: Vec<_> = (0..CONNS)
             .map(|_| {
                 let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-                Ok(std::thread::spawn(move || -> Result<_, String> {
-                    s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
-                    let mut buf = vec![0u8; 1 << 20];
-                    let (mut got, mut mismatch) = (0u64, None);
-                    loop {
-                        let n = s
-                            .read(&mut buf)
-                            .map_err(|e| format!("stalled or failed after {got} bytes: {e}"))?;
-                        if n == 0 {
-                            break;
-                        }
-                        if mismatch.is_none() {
-                            mismatch = (0..n)
-                                .find(|&k| buf[k] != byte_at(got + k as u64))
-                                .map(|k| got + k as u64);
-                        }
-                        got += n as u64;
-                    }
-                    Ok((got, mismatch))
-                }))
+                Ok(std::thread::spawn(move || read_to_end_checked(&mut s)))
             })
             .collect::<Result<_, String>>()?;
         readers
@@ -738,12 +721,7 @@ fn shards_hand_off_without_allocating() {
         .enumerate()
         .map(|(k, mut drv)| {
             spawn_in_ns(NS_A, move || {
-                // 1 MiB in flight at most: TCP's scoreboard (1024 segments preallocated) never
-                // grows, so what this test counts is the shards' own paths.
-                let cfg = TcpConfig {
-                    send_buffer: 1 << 20,
-                    ..drv.tcp_config()
-                };
+                let cfg = drv.tcp_config();
                 let mut app = MultiSource {
                     flows: Vec::new(),
                     chunk: vec![0u8; 64 * 1024],

@@ -426,7 +426,12 @@ impl Connection {
             peer_mss: DEFAULT_SEND_MSS,
             path_mtu,
             emss: DEFAULT_SEND_MSS,
-            scoreboard: VecDeque::with_capacity(1024),
+            // One entry per segment in flight: a full send buffer of segments of 1 KiB or
+            // more (any MSS from Ethernet's up) fits without the deque growing on the
+            // per-segment path.
+            scoreboard: VecDeque::with_capacity(
+                cfg.send_buffer.div_ceil(1024).clamp(1024, 1 << 16),
+            ),
             pipe: 0,
             lost_count: 0,
             cc,
