@@ -170,9 +170,7 @@ impl FlowDirectory {
         let _w = self.lock();
         match self.find(key) {
             Some(i) if self.owners[i].load(Ordering::Relaxed) == owner => {
-                // A slot never goes back to EMPTY, so readers probing past it still find keys
-                // placed beyond it.
-                self.keys[i].store(TOMBSTONE, Ordering::Release);
+                self.vacate(i);
                 true
             }
             _ => false,
@@ -200,17 +198,48 @@ impl FlowDirectory {
     pub fn retain_owned(&self, owner: u32, mut keep: impl FnMut(u64) -> bool) -> usize {
         let _w = self.lock();
         let mut removed = 0;
-        for (k, o) in self.keys.iter().zip(self.owners.iter()) {
+        for (i, (k, o)) in self.keys.iter().zip(self.owners.iter()).enumerate() {
             let key = k.load(Ordering::Relaxed);
             if key == EMPTY || key == TOMBSTONE || o.load(Ordering::Relaxed) != owner {
                 continue;
             }
             if !keep(key) {
-                k.store(TOMBSTONE, Ordering::Release);
+                self.vacate(i);
                 removed += 1;
             }
         }
         removed
+    }
+
+    /// Empties slot `i` (writers' mutex held). Readers probe from a key's start slot to the
+    /// first empty one, so a slot in the middle of a run becomes a tombstone (keys placed
+    /// beyond it stay reachable). A slot whose successor is empty ends every run through it:
+    /// it becomes empty, and so do the tombstones right before it, which ended runs only
+    /// there. Without that, churn would turn every empty slot into a tombstone in time, and
+    /// a lookup of an absent key (a stray segment) would probe the whole table.
+    fn vacate(&self, i: usize) {
+        if self.keys[(i + 1) & self.mask].load(Ordering::Relaxed) != EMPTY {
+            self.keys[i].store(TOMBSTONE, Ordering::Release);
+            return;
+        }
+        self.keys[i].store(EMPTY, Ordering::Release);
+        let mut j = i;
+        for _ in 1..self.keys.len() {
+            j = j.wrapping_sub(1) & self.mask;
+            if self.keys[j].load(Ordering::Relaxed) != TOMBSTONE {
+                break;
+            }
+            self.keys[j].store(EMPTY, Ordering::Release);
+        }
+    }
+
+    /// Slots holding neither a key nor a tombstone.
+    #[cfg(test)]
+    fn empty_slots(&self) -> usize {
+        self.keys
+            .iter()
+            .filter(|k| k.load(Ordering::Relaxed) == EMPTY)
+            .count()
     }
 }
 
@@ -480,6 +509,34 @@ mod tests {
         assert!(d.remove(key(7), 0));
         assert_eq!(d.claim(key(99), 1), Ok(1));
         assert_eq!(d.lookup(key(99)), Some(1));
+    }
+
+    #[test]
+    fn churn_leaves_no_tombstones_behind() {
+        let d = FlowDirectory::new(32);
+        let slots = d.capacity();
+        for round in 0..200u32 {
+            // Neighbouring keys cluster: runs of several slots, removed in a scrambled order.
+            let keys: Vec<u64> = (0..20).map(|n| key(round * 20 + n)).collect();
+            for &k in &keys {
+                assert_eq!(d.claim(k, 1), Ok(1));
+            }
+            for n in (0..20).map(|n| (n * 7 + round as usize) % 20) {
+                if n % 3 == 0 {
+                    assert!(d.remove(keys[n], 1));
+                }
+            }
+            // Every key left is still found, every removed one is gone.
+            for (n, &k) in keys.iter().enumerate() {
+                assert_eq!(
+                    d.lookup(k),
+                    (n % 3 != 0).then_some(1),
+                    "round {round} key {n}"
+                );
+            }
+            assert_eq!(d.retain_owned(1, |_| false), 13);
+            assert_eq!(d.empty_slots(), slots, "round {round}: tombstones left");
+        }
     }
 
     #[test]
