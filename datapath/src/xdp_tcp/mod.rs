@@ -496,10 +496,6 @@ pub struct XdpTcp {
     conns: Vec<Tracked>,
     listeners: Vec<Listening>,
     neigh: Neighbours,
-    ifname: String,
-    ifindex: u32,
-    mac: [u8; 6],
-    local_ip: Ipv4Addr,
     mtu: u16,
     epoch: std::time::Instant,
     idle_turns: u32,
@@ -512,8 +508,8 @@ pub struct XdpTcp {
 impl std::fmt::Debug for XdpTcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XdpTcp")
-            .field("ifname", &self.ifname)
-            .field("local_ip", &self.local_ip)
+            .field("ifname", &self.port.ifname)
+            .field("local_ip", &self.port.local_ip)
             .field("mode", &self.port.mode)
             .field("queues", &self.queues())
             .field("connections", &self.conns.len())
@@ -674,10 +670,6 @@ impl XdpTcp {
             conns: Vec::with_capacity(cfg.max_connections),
             listeners: Vec::new(),
             neigh: Neighbours::new(port.ifindex, cfg.max_neighbours),
-            ifname: port.ifname.clone(),
-            ifindex: port.ifindex,
-            mac: port.mac,
-            local_ip: port.local_ip,
             mtu: mtu as u16,
             epoch: std::time::Instant::now(),
             idle_turns: 0,
@@ -706,12 +698,12 @@ impl XdpTcp {
 
     /// The interface.
     pub fn ifname(&self) -> &str {
-        &self.ifname
+        &self.port.ifname
     }
 
     /// Our IPv4 address (the interface's first).
     pub fn local_ip(&self) -> Ipv4Addr {
-        self.local_ip
+        self.port.local_ip
     }
 
     /// The MTU TCP uses: the interface's, limited by what a UMEM frame holds.
@@ -779,14 +771,14 @@ impl XdpTcp {
     pub fn listen(&mut self, port: u16, backlog: usize, cfg: TcpConfig) -> Result<(), XdpTcpError> {
         if self.listeners.iter().any(|l| l.port == port) {
             return Err(XdpTcpError::PortInUse {
-                addr: self.local_ip,
+                addr: self.port.local_ip,
                 port,
                 source: io::Error::from_raw_os_error(libc::EADDRINUSE),
             });
         }
         let reservation = self.port.reserve_listen(port)?;
         let cfg = self.fit(cfg);
-        self.table.listen(self.local_ip, port, backlog, cfg);
+        self.table.listen(self.port.local_ip, port, backlog, cfg);
         self.listeners.push(Listening {
             port,
             _reservation: reservation,
@@ -800,19 +792,19 @@ impl XdpTcp {
     /// [`poll`](Self::poll)). [`Event::Connected`] reports the handshake's end.
     pub fn connect(&mut self, remote: SocketAddrV4, cfg: TcpConfig) -> Result<ConnId, XdpTcpError> {
         let (route, mac) = resolve_next_hop(*remote.ip(), self.cfg.neighbour_timeout)?;
-        if route.ifindex != self.ifindex {
+        if route.ifindex != self.port.ifindex {
             return Err(XdpTcpError::WrongInterface {
                 addr: *remote.ip(),
                 route_ifindex: route.ifindex,
-                ifname: self.ifname.clone(),
-                ifindex: self.ifindex,
+                ifname: self.port.ifname.clone(),
+                ifindex: self.port.ifindex,
             });
         }
         self.neigh.learn(*remote.ip(), mac);
-        let (reservation, local_port) = reserve_port(self.local_ip, 0)?;
+        let (reservation, local_port) = reserve_port(self.port.local_ip, 0)?;
         let flow = FlowKey {
             saddr: *remote.ip(),
-            daddr: self.local_ip,
+            daddr: self.port.local_ip,
             sport: remote.port(),
             dport: local_port,
         };
@@ -840,7 +832,7 @@ impl XdpTcp {
             return Err(e.into());
         }
         let tuple = tcp_engine::FourTuple {
-            local_addr: self.local_ip,
+            local_addr: self.port.local_ip,
             local_port,
             remote_addr: *remote.ip(),
             remote_port: remote.port(),
@@ -934,7 +926,7 @@ impl XdpTcp {
             return;
         }
         self.last_sweep = nanos;
-        let (table, local_addr) = (&self.table, self.local_ip);
+        let (table, local_addr) = (&self.table, self.port.local_ip);
         sh.set.directory.retain_owned(sh.index, |key| {
             let (remote_addr, remote_port, local_port) = shard::flow_of_key(key);
             let tuple = tcp_engine::FourTuple {
@@ -1050,7 +1042,7 @@ impl XdpTcp {
         let mut any = false;
         for l in &self.listeners {
             // Bounded by the backlog: the accept queue holds at most that many.
-            while let Some(id) = self.table.accept(self.local_ip, l.port) {
+            while let Some(id) = self.table.accept(self.port.local_ip, l.port) {
                 any = true;
                 self.stats.accepted += 1;
                 let dir_key = self.shard.as_ref().and_then(|_| {
@@ -1128,7 +1120,7 @@ impl XdpTcp {
             table,
             neigh,
             stats,
-            mac,
+            port,
             mtu,
             ..
         } = self;
@@ -1138,7 +1130,7 @@ impl XdpTcp {
             .unwrap_or(32)
             .max(1);
         let limit = ETH_HLEN + usize::from(*mtu);
-        let src_mac = *mac;
+        let src_mac = port.mac;
         let mut sent_any = false;
         let mut exhausted = false;
         let mut sources = AppSources(app);
