@@ -63,6 +63,9 @@ pub struct EngineReport {
     pub handoffs: u64,
     /// Of those, dropped because the owner's inbox was full.
     pub handoff_drops: u64,
+    /// Frames the kernel dropped before they reached an engine socket's RX ring (the ring or
+    /// the fill ring was full or empty: an engine thread fell a whole RX frame pool behind).
+    pub frames_dropped_by_kernel: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
 }
@@ -99,6 +102,7 @@ impl EngineReport {
             shards: c.shards as u64,
             handoffs: c.driver.handoffs_out,
             handoff_drops: c.driver.handoff_drops,
+            frames_dropped_by_kernel: c.driver.rx_kernel_drops,
             error: c.error.clone(),
         }
     }
@@ -106,7 +110,7 @@ impl EngineReport {
     /// The one-line text form (stderr without `--json`).
     pub fn line(&self) -> String {
         format!(
-            "engine counters: frames rx {} tx {}, FPDUs rx {} tx {}, \
+            "engine counters: frames rx {} tx {} (dropped by the kernel before rx {}), FPDUs rx {} tx {}, \
              segments {} (out of order {}), placed in order {} B, out of order {} B \
              ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
              retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
@@ -116,6 +120,7 @@ impl EngineReport {
              (segments handed between them {}, dropped {}){}",
             self.frames_rx,
             self.frames_tx,
+            self.frames_dropped_by_kernel,
             self.fpdus_rx,
             self.fpdus_tx,
             self.segments_rx,

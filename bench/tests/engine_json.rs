@@ -121,6 +121,7 @@ fn xdp_json_reports_engine_counters() {
             "shards",
             "handoffs",
             "handoff_drops",
+            "frames_dropped_by_kernel",
         ] {
             counter(side, name);
         }

@@ -590,6 +590,89 @@ fn refused_connect_and_kernel_owned_port() {
     );
 }
 
+/// The kernel's drops before an RX ring are the driver's counters: with nobody polling, a
+/// burst of frames to a listening port overflows the queue's RX ring and its frame pool (8
+/// frames each here), and `XdpTcpStats::rx_kernel_drops` holds every frame that did not fit.
+#[test]
+fn kernel_rx_drops_are_counted() {
+    use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrameSpec};
+    use datapath::xsk::{interface_info, resolve_next_hop, BindMode, XskConfig, XskSocket};
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18725;
+    const BURST: u64 = 64;
+    const RING: u32 = 8;
+    let cfg = XdpTcpConfig {
+        queues: Some(vec![0]),
+        xsk: XskConfig {
+            rx_ring: RING,
+            ..XskConfig::default()
+        },
+        ..XdpTcpConfig::default()
+    };
+    let mut drv = in_ns(NS_A, || {
+        let mut drv = XdpTcp::open(DEV_A, cfg).unwrap_or_else(|e| panic!("open driver: {e}"));
+        let tcp = drv.tcp_config();
+        drv.listen(PORT, 4, tcp).expect("listen");
+        drv
+    });
+    assert_eq!(drv.stats().rx_kernel_drops, 0, "drops before any traffic");
+    in_ns(NS_B, || {
+        let xsk = XskConfig {
+            bind_mode: BindMode::Copy,
+            ..XskConfig::default()
+        };
+        let mut tx = XskSocket::open(DEV_B, 0, &xsk).expect("TX socket in iwb");
+        let info = interface_info(DEV_B).expect("interface facts");
+        let (src_ip, _) = info.ipv4.expect("iwb0 has an address");
+        let (_, dst_mac) = resolve_next_hop(ADDR_A, Duration::from_secs(3)).expect("ARP");
+        let spec = TcpFrameSpec {
+            src_mac: info.mac,
+            dst_mac,
+            src_ip,
+            dst_ip: ADDR_A,
+            src_port: 40011,
+            dst_port: PORT,
+            seq: 1,
+            ack: 1,
+            flags: tcp_flags::ACK,
+            window: 65535,
+            ip_id: 0,
+        };
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sent < BURST && Instant::now() < deadline {
+            sent += tx
+                .send_batch((BURST - sent) as usize, |_, buf| {
+                    write_tcp_frame(buf, &spec, 64, |p| p.fill(7)).unwrap_or(0)
+                })
+                .expect("queue frames") as u64;
+            tx.flush().expect("kick");
+        }
+        assert!(
+            tx.drain_tx(Duration::from_secs(2)).expect("drain"),
+            "TX did not drain"
+        );
+        assert_eq!(sent, BURST, "frames sent");
+    });
+    let drops = drv.stats().rx_kernel_drops;
+    assert!(
+        (BURST - u64::from(RING)..=BURST).contains(&drops),
+        "{drops} drops counted for {BURST} frames at an {RING}-frame ring nobody polled"
+    );
+    // Taking the frames that fit changes nothing in the count.
+    let mut app = Sink {
+        conn: None,
+        buf: Vec::new(),
+        received: 0,
+        mismatch: None,
+        peer_closed: false,
+        closed: false,
+        allocs: AllocWindow::new(u64::MAX, u64::MAX),
+    };
+    in_ns(NS_A, || drv.poll(&mut app)).expect("poll");
+    assert_eq!(drv.stats().rx_kernel_drops, drops);
+}
+
 // ---------------------------------------------------------------- shards
 
 /// One sending connection of a shard ([`MultiSource`]).
