@@ -8,7 +8,9 @@
 #   free:   no pinning, the scheduler places the four threads on the two cores.
 # The raw ceiling, measured in the same run and placement: `raw rx`/`raw tx` at MTU + 14-byte
 # frames (the frame size the engine sends: 1514 at MTU 1500) and `raw pingpong` at 64 B (one
-# way). `raw rx` runs with --ring 2048 (RAW_RING): of 512, 2048 and 8192, alternating 8 runs
+# way). For the bandwidth tests raw runs in every round right before the two transports, over
+# as many frames as the engine's N messages take, in the test's direction, right before the engine; xdp / raw is the
+# median of the rounds' own ratios, and the rounds are listed at the end. `raw rx` runs with --ring 2048 (RAW_RING): of 512, 2048 and 8192, alternating 8 runs
 # each, 2048 gave raw its highest median goodput (5.01 against 4.94 and 4.68 Gbit/s).
 # Bandwidth rows compare with raw's goodput (Gbit/s of the frames' TCP payload, frame less 54
 # octets of headers: the most any protocol above TCP could carry in such frames), as
@@ -25,7 +27,7 @@
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NBW=${1:-5000}
+NBW=${1:-10000}
 NLAT=${2:-10000}
 REPS=${3:-3}
 RAW_RING=${RAW_RING:-2048}
@@ -73,18 +75,24 @@ f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0];
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(round(d[k], 2)) for k in sys.argv[1:]))" "$@"; }
 ratio() { python3 -c "print(round($1/$2, 2))"; }
 
-raw_bw() { # placement -> "goodput frames": Gbit/s of TCP payload and of FRAME-byte frames received
-  local sp cp log
+raw_bw() { # placement direction count -> "goodput frames": Gbit/s of TCP payload and of FRAME-byte
+  # frames received; direction "iwb" sends from iwb to iwa (as write-bw moves data), "iwa" the
+  # other way (as read-bw does); the sender is pinned where that test's data sender is.
+  local sp cp log rxns=iwa rxif=iwa0 txns=iwb txif=iwb0 dst=10.77.0.1
   sp=$(place "$1" server)
   cp=$(place "$1" client)
+  if [ "$2" = iwa ]; then
+    rxns=iwb; rxif=iwb0; txns=iwa; txif=iwa0; dst=10.77.0.2
+    local t=$sp; sp=$cp; cp=$t
+  fi
   log=$(mktemp)
   # shellcheck disable=SC2086
-  ip netns exec iwa $sp "$BIN" raw rx --iface iwa0 --size "$FRAME" --count 500000 --mode driver \
+  ip netns exec "$rxns" $sp "$BIN" raw rx --iface "$rxif" --size "$FRAME" --count "$3" --mode driver \
     --port 18600 --ring "$RAW_RING" --json 2>"$log" >"$log.out" &
   local rx=$!
   for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
   # shellcheck disable=SC2086
-  ip netns exec iwb $cp "$BIN" raw tx --iface iwb0 --size "$FRAME" --count 500000 --dst-ip 10.77.0.1 \
+  ip netns exec "$txns" $cp "$BIN" raw tx --iface "$txif" --size "$FRAME" --count "$3" --dst-ip "$dst" \
     --port 18600 --quiet >/dev/null
   wait "$rx" || true
   j payload_gbit_per_sec gbit_per_sec <"$log.out"
@@ -121,38 +129,63 @@ reps() { # placement transport test size iters -> "p50-or-gbit p99" medians over
   done
   echo "$(med "${a[@]}") $(med "${b[@]}")"
 }
-raw_reps() { # placement -> "goodput frame-gbit p50 p99" medians over REPS runs
-  local g=() f=() p=() q=() l50 l99 gp fr
+raw_lat_reps() { # placement -> "p50 p99" medians over REPS runs of raw pingpong
+  local p=() q=() l50 l99
   for _ in $(seq 1 "$REPS"); do
-    read -r gp fr <<<"$(raw_bw "$1")"
-    g+=("$gp"); f+=("$fr")
     read -r l50 l99 <<<"$(raw_lat "$1")"
     p+=("$l50"); q+=("$l99")
   done
-  echo "$(med "${g[@]}") $(med "${f[@]}") $(med "${p[@]}") $(med "${q[@]}")"
+  echo "$(med "${p[@]}") $(med "${q[@]}")"
+}
+# Bandwidth: each of the REPS rounds runs the socket transport, then raw AF_XDP over as many
+# frames as the engine carries (N x ceil(size / PAYLOAD)), then the engine (then --engine-tx-copy
+# with TX_COPY=1), one right after the other, so raw and the engine meet the same machine and
+# carry the same frames (the machine drifts by tens of percent over minutes; a short run pays
+# its start more). -> medians of "raw-goodput raw-frames socket xdp xdp/raw xdpcopy xdpcopy/raw",
+# the ratios the median of the rounds' own ratios.
+bw_reps() { # placement test size iters
+  local rg=() rf=() s=() x=() xr=() c=() cr=() gp fr sv xv cv dir=iwb count
+  count=$(( $4 * (($3 + PAYLOAD - 1) / PAYLOAD) ))
+  [ "$2" = read-bw ] && dir=iwa
+  for _ in $(seq 1 "$REPS"); do
+    sv=$(pair "$1" socket "$2" "$3" "$4" | f gbit_per_sec)
+    read -r gp fr <<<"$(raw_bw "$1" "$dir" "$count")"
+    xv=$(pair "$1" xdp "$2" "$3" "$4" | f gbit_per_sec)
+    rg+=("$gp"); rf+=("$fr"); s+=("$sv"); x+=("$xv"); xr+=("$(ratio "$xv" "$gp")")
+    if [ "${TX_COPY:-0}" = 1 ]; then
+      cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
+      c+=("$cv"); cr+=("$(ratio "$cv" "$gp")")
+    else
+      c+=(0); cr+=(0)
+    fi
+  done
+  echo "$(med "${rg[@]}") $(med "${rf[@]}") $(med "${s[@]}") $(med "${x[@]}") $(med "${xr[@]}") \
+$(med "${c[@]}") $(med "${cr[@]}")"
+  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}" >>"$ROUNDS"
 }
 
 echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}; options of both transports: ${BENCH_ARGS:-defaults}"
 echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw | raw frame octets, Gbit/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+ROUNDS=$(mktemp)
 for pl in pinned free; do
-  read -r rbw rfr rp50 rp99 <<<"$(raw_reps "$pl")"
+  read -r rp50 rp99 <<<"$(raw_lat_reps "$pl")"
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
     # shellcheck disable=SC2086
     set -- $spec
     if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $1 "* ]]; then continue; fi
-    read -r s1 s2 <<<"$(reps "$pl" socket "$1" "$2" "$3")"
-    read -r x1 x2 <<<"$(reps "$pl" xdp "$1" "$2" "$3")"
     if [[ "$1" == *-bw ]]; then
+      read -r rbw rfr s1 x1 xr c1 cr <<<"$(bw_reps "$pl" "$1" "$2" "$3")"
       printf '| %s %s B, Gbit/s | %s | %s | %s | %s | %s | %s | %s |\n' \
-        "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$(ratio "$x1" "$rbw")" "$rfr"
+        "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$xr" "$rfr"
       if [ "${TX_COPY:-0}" = 1 ]; then
-        read -r c1 _ <<<"$(reps "$pl" xdpcopy "$1" "$2" "$3")"
         printf '| %s %s B, Gbit/s, engine --engine-tx-copy | %s | %s | %s | %s | %s | %s | %s |\n' \
-          "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$(ratio "$c1" "$rbw")" "$rfr"
+          "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$cr" "$rfr"
       fi
     else
+      read -r s1 s2 <<<"$(reps "$pl" socket "$1" "$2" "$3")"
+      read -r x1 x2 <<<"$(reps "$pl" xdp "$1" "$2" "$3")"
       printf '| %s %s B, us p50 | %s | %s | %s | %s | %s | %s | |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rp50" "$(ratio "$x1" "$rp50")"
       printf '| %s %s B, us p99 | %s | %s | %s | %s | %s | %s | |\n' \
@@ -161,9 +194,15 @@ for pl in pinned free; do
   done
 done
 echo
+echo "Bandwidth rounds (raw goodput and engine Gbit/s, run right after each other, and their ratio):"
+echo
+sed 's/^/- /' "$ROUNDS"
+rm -f "$ROUNDS"
+echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
 echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
-echo "--size $FRAME --count 500000 --mode driver --ring $RAW_RING\` / \`raw tx --size $FRAME --count 500000\`,"
+echo "--size $FRAME --count N x $(( (65536 + PAYLOAD - 1) / PAYLOAD )) --mode driver --ring $RAW_RING\` / \`raw tx --size $FRAME --count\` the same (the"
+echo "frames the engine's N messages take; iwb to iwa for write-bw, iwa to iwb for read-bw),"
 echo "\`raw pingpong --size 64 --count $NLAT --mode driver\`; pinned: server \`taskset -c 0\`, client"
 echo "\`taskset -c 1\`. Gbit/s of the engine and the socket transport count RDMA payload; raw AF_XDP"
 echo "and xdp / raw use raw's goodput, its frames' TCP payload ($((FRAME - 54)) of $FRAME octets; an engine"
