@@ -63,6 +63,9 @@ struct Side {
     ctrl_sent: u64,
     /// `--cq poll`: [`next`](Self::next) polls instead of blocking.
     poll: bool,
+    /// Buffer for checking received data (grown once to the largest check, at most
+    /// [`CHECK_CHUNK`] octets), so a check per message does not allocate.
+    scratch: std::cell::RefCell<Vec<u8>>,
 }
 
 impl Side {
@@ -197,17 +200,36 @@ impl Side {
     }
 
     fn fill(&self, seed: u64, off: u64, len: u64) {
-        fill(&self.data, seed, off, len)
+        fill(&self.data, &mut self.scratch.borrow_mut(), seed, off, len)
     }
 
     fn mismatch(&self, seed: u64, off: u64, pattern_off: u64, len: u64) -> Option<u64> {
-        mismatch(&self.data, seed, off, pattern_off, len)
+        mismatch(
+            &self.data,
+            &mut self.scratch.borrow_mut(),
+            seed,
+            off,
+            pattern_off,
+            len,
+        )
     }
 }
 
+/// Most octets a fill or check copies at a time.
+const CHECK_CHUNK: u64 = 1 << 20;
+
+/// `scratch` grown to `min(len, CHECK_CHUNK)` octets, the chunk a fill or check of `len` works in.
+fn chunk_of(scratch: &mut Vec<u8>, len: u64) -> &mut [u8] {
+    let n = len.min(CHECK_CHUNK) as usize;
+    if scratch.len() < n {
+        scratch.resize(n, 0);
+    }
+    &mut scratch[..n]
+}
+
 /// Fills `[off, off + len)` of `mr` with `seed`'s pattern at the same offsets.
-fn fill(mr: &MemoryRegion, seed: u64, off: u64, len: u64) {
-    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+fn fill(mr: &MemoryRegion, scratch: &mut Vec<u8>, seed: u64, off: u64, len: u64) {
+    let chunk = chunk_of(scratch, len);
     let mut done = 0;
     while done < len {
         let n = (len - done).min(chunk.len() as u64) as usize;
@@ -218,8 +240,15 @@ fn fill(mr: &MemoryRegion, seed: u64, off: u64, len: u64) {
 }
 
 /// First mismatch of `[off, off + len)` of `mr` against `seed`'s pattern at `pattern_off`.
-fn mismatch(mr: &MemoryRegion, seed: u64, off: u64, pattern_off: u64, len: u64) -> Option<u64> {
-    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+fn mismatch(
+    mr: &MemoryRegion,
+    scratch: &mut Vec<u8>,
+    seed: u64,
+    off: u64,
+    pattern_off: u64,
+    len: u64,
+) -> Option<u64> {
+    let chunk = chunk_of(scratch, len);
     let mut done = 0;
     while done < len {
         let n = (len - done).min(chunk.len() as u64) as usize;
@@ -382,7 +411,7 @@ fn serve_session(
     let (data, ctrl) = register(&pd, &hello)?;
     // Everything the client may touch first is ready before we accept: our data, the first
     // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
-    fill(&data, SERVER_SEED, 0, data.len() as u64);
+    fill(&data, &mut Vec::new(), SERVER_SEED, 0, data.len() as u64);
     prepare_phase(&data, &hello, hello.sizes[0]);
     let plan = ServerPlan::new(&hello);
     let mut recvs = Vec::new();
@@ -415,6 +444,7 @@ fn serve_session(
         ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        scratch: Default::default(),
     };
     if !cli.json {
         eprintln!("iwarp-bench: {}", describe(cli, &side));
@@ -493,7 +523,7 @@ fn prepare_phase(data: &MemoryRegion, hello: &Hello, size: u64) {
         TestKind::WriteBw => poison(data, hello.slots(size) * size),
         TestKind::WriteLat | TestKind::SendLat => {
             // The previous phase left its stamp inside the ping source: restore the pattern.
-            fill(data, SERVER_SEED, 0, max);
+            fill(data, &mut Vec::new(), SERVER_SEED, 0, max);
             data.write((max + size - 1) as usize, &[0]);
         }
         _ => {}
@@ -729,6 +759,7 @@ fn client_session(
         ctrl_posted: 0,
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        scratch: Default::default(),
     };
     let banner = describe(cli, &side);
     if !cli.json {
