@@ -227,7 +227,32 @@ impl TcpOptions {
     }
 
     /// Write the options into `out` (which must be at least `wire_len()`).
+    /// The timestamp values if the timestamp is the only option (every segment of an
+    /// established connection with timestamps, no SACK blocks).
+    #[inline]
+    fn timestamp_only(&self) -> Option<(u32, u32)> {
+        match (
+            self.timestamp,
+            self.mss,
+            self.window_scale,
+            self.sack_permitted,
+            self.sack_len,
+        ) {
+            (Some(ts), None, None, false, 0) => Some(ts),
+            _ => None,
+        }
+    }
+
     fn emit(&self, out: &mut [u8]) -> usize {
+        if let Some((v, e)) = self.timestamp_only() {
+            // Every segment of an established connection with timestamps and no SACK
+            // blocks: NOP NOP TS (RFC 7323 3.2, Appendix A's layout), written at once.
+            let mut o = [1, 1, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0];
+            o[4..8].copy_from_slice(&v.to_be_bytes());
+            o[8..].copy_from_slice(&e.to_be_bytes());
+            out[..12].copy_from_slice(&o);
+            return 12;
+        }
         let mut i = 0;
         let mut put = |b: &[u8]| {
             out[i..i + b.len()].copy_from_slice(b);
@@ -450,44 +475,65 @@ impl<'a> SegmentRepr<'a> {
             return Err(WireError::BufferTooSmall);
         }
         let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
-        let (ip, tcp) = buf.split_at_mut(IPV4_HEADER_LEN);
+        let (ip_out, tcp) = buf.split_at_mut(IPV4_HEADER_LEN);
+        // The header checksums are summed from the field values, not read back from `buf`
+        // (loads spanning the small stores just made would wait for them).
+        let (src, dst) = (self.src_addr.octets(), self.dst_addr.octets());
+        let addrs = Checksum::new().add_4(src).add_4(dst);
         // IPv4 header (RFC 791 3.1): DF set, ID 0 for atomic datagrams (RFC 6864 4.1).
-        ip[0] = 0x45;
-        ip[1] = 0;
-        ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&[0, 0]);
-        ip[6..8].copy_from_slice(&[0x40, 0]);
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[10..12].copy_from_slice(&[0, 0]);
-        ip[12..16].copy_from_slice(&self.src_addr.octets());
-        ip[16..20].copy_from_slice(&self.dst_addr.octets());
-        let ip_sum = Checksum::new().add_bytes(ip).finish();
-        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+        let total_be = (total as u16).to_be_bytes();
+        let ip_sum = addrs
+            .add_2([0x45, 0])
+            .add_2(total_be)
+            .add_2([0x40, 0])
+            .add_2([64, 6])
+            .finish()
+            .to_be_bytes();
+        let mut ip = [0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        ip[2..4].copy_from_slice(&total_be);
+        ip[10..12].copy_from_slice(&ip_sum);
+        ip_out[..12].copy_from_slice(&ip);
+        ip_out[12..16].copy_from_slice(&src);
+        ip_out[16..20].copy_from_slice(&dst);
         // TCP header (RFC 9293 3.1).
-        tcp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        tcp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        tcp[4..8].copy_from_slice(&self.seq.to_be_bytes());
-        let ack = if self.flags.ack { self.ack } else { 0 };
-        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
-        tcp[12] = (((TCP_HEADER_LEN + opt_len) / 4) as u8) << 4;
-        tcp[13] = self.flags.to_byte();
-        tcp[14..16].copy_from_slice(&self.window.to_be_bytes());
+        let ports = (u32::from(self.src_port) << 16 | u32::from(self.dst_port)).to_be_bytes();
+        let seq = self.seq.to_be_bytes();
+        let ack = if self.flags.ack { self.ack } else { 0 }.to_be_bytes();
+        let off_flags = [
+            (((TCP_HEADER_LEN + opt_len) / 4) as u8) << 4,
+            self.flags.to_byte(),
+        ];
+        let window = self.window.to_be_bytes();
+        tcp[0..4].copy_from_slice(&ports);
+        tcp[4..8].copy_from_slice(&seq);
+        tcp[8..12].copy_from_slice(&ack);
+        tcp[12..14].copy_from_slice(&off_flags);
+        tcp[14..16].copy_from_slice(&window);
         tcp[16..20].copy_from_slice(&[0, 0, 0, 0]);
         let written = self
             .options
             .emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
         debug_assert_eq!(written, opt_len);
         let payload_sum = fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
-        let pseudo = Checksum::new()
-            .add_4(self.src_addr.octets())
-            .add_4(self.dst_addr.octets())
-            .add_2([0, 6])
-            .add_2((tcp_len as u16).to_be_bytes());
+        let pseudo = addrs.add_2([0, 6]).add_2((tcp_len as u16).to_be_bytes());
         let sum = match payload_sum {
-            Some(p) => pseudo
-                .add_bytes(&tcp[..TCP_HEADER_LEN + opt_len])
-                .add_sum(p),
+            Some(p) => {
+                let header = pseudo
+                    .add_4(ports)
+                    .add_4(seq)
+                    .add_4(ack)
+                    .add_2(off_flags)
+                    .add_2(window);
+                let header = match self.options.timestamp_only() {
+                    // NOP NOP TS(10)
+                    Some((v, e)) => header
+                        .add_4([1, 1, 8, 10])
+                        .add_4(v.to_be_bytes())
+                        .add_4(e.to_be_bytes()),
+                    None => header.add_short(&tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]),
+                };
+                header.add_sum(p)
+            }
             None => pseudo.add_bytes(tcp),
         }
         .finish();
@@ -572,15 +618,55 @@ mod tests {
     }
 
     #[test]
+    fn timestamp_only_options_are_nop_nop_ts_and_verify() {
+        // The emit shortcut for an established segment's options against the literal layout
+        // (RFC 7323 Appendix A) and the parser; each other option combination takes the
+        // general path (round_trip_all_options).
+        let mut repr = sample(b"x");
+        repr.flags.syn = false;
+        repr.options = TcpOptions {
+            timestamp: Some((0x0102_0304, 0xa0b0_c0d0)),
+            ..TcpOptions::default()
+        };
+        let mut buf = [0u8; 100];
+        let n = repr.emit(&mut buf).expect("emit");
+        assert_eq!(n, 20 + 32 + 1);
+        assert_eq!(
+            buf[40..52],
+            [1, 1, 8, 10, 1, 2, 3, 4, 0xa0, 0xb0, 0xc0, 0xd0]
+        );
+        assert_eq!(SegmentRepr::parse(&buf[..n]).expect("parse"), repr);
+        for sack_permitted in [false, true] {
+            repr.options.sack_permitted = sack_permitted;
+            repr.options
+                .set_sack_blocks(&[SackBlock { left: 5, right: 9 }]);
+            let n = repr.emit(&mut buf).expect("emit");
+            assert_eq!(SegmentRepr::parse(&buf[..n]).expect("parse"), repr);
+        }
+    }
+
+    #[test]
     fn a_precomputed_payload_sum_gives_the_same_segment() {
         let data: Vec<u8> = (0..3100u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
         let mut lens: Vec<usize> = (0..=70).collect();
         lens.extend([1419, 1420, 1447, 1448, 1460, 2999]);
-        for (k, &len) in lens.iter().enumerate() {
+        let cases = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &l)| [(k, l, false), (k, l, true)]);
+        for (k, len, ts_only) in cases {
             let payload = &data[k % 7..k % 7 + len];
-            let repr = sample(payload);
+            let mut repr = sample(payload);
+            if ts_only {
+                // An established segment's options: the timestamp only (summed from values).
+                repr.flags.syn = false;
+                repr.options = TcpOptions {
+                    timestamp: Some((0xfedc_ba98 ^ k as u32, 0x1357_9bdf)),
+                    ..TcpOptions::default()
+                };
+            }
             let mut want = [0u8; 3200];
             let n = repr.emit(&mut want).expect("emit");
             let mut got = [0u8; 3200];
