@@ -294,7 +294,12 @@ pub struct Connection {
     send_buf_base: u64,
     /// [`TxMode::Source`]: octets announced (the send buffer stays empty).
     source_len: u64,
+    /// Ends of the records queued and not yet sent (at most [`Connection::max_tracked`]).
     record_ends: VecDeque<u64>,
+    /// Most entries `record_ends` and `scoreboard` hold: their capacity, allocated with the
+    /// connection and never grown on the per-segment path (records past it are refused with
+    /// `BufferFull`, new segments wait for ACKs to free entries).
+    max_tracked: usize,
     fin_queued: bool,
     fin_sent: bool,
     snd_wnd: u64,
@@ -305,6 +310,8 @@ pub struct Connection {
     peer_mss: u16,
     path_mtu: u16,
     emss: u16,
+    /// One entry per segment sent and not yet cumulatively acknowledged (at most
+    /// `max_tracked`).
     scoreboard: VecDeque<TxSegment>,
     pipe: u64,
     lost_count: usize,
@@ -400,6 +407,7 @@ impl Connection {
         let ulp_window = cfg.recv_buffer as u64;
         let quickack = cfg.quickack_segments;
         let path_mtu = cfg.path_mtu;
+        let max_tracked = cfg.send_buffer.div_ceil(1024).clamp(1024, 1 << 16);
         Connection {
             tuple,
             state: State::Closed,
@@ -415,7 +423,8 @@ impl Connection {
             send_buf: VecDeque::with_capacity(cfg.send_buffer),
             send_buf_base: 0,
             source_len: 0,
-            record_ends: VecDeque::with_capacity(1024),
+            record_ends: VecDeque::with_capacity(max_tracked),
+            max_tracked,
             fin_queued: false,
             fin_sent: false,
             snd_wnd: 0,
@@ -426,12 +435,7 @@ impl Connection {
             peer_mss: DEFAULT_SEND_MSS,
             path_mtu,
             emss: DEFAULT_SEND_MSS,
-            // One entry per segment in flight: a full send buffer of segments of 1 KiB or
-            // more (any MSS from Ethernet's up) fits without the deque growing on the
-            // per-segment path.
-            scoreboard: VecDeque::with_capacity(
-                cfg.send_buffer.div_ceil(1024).clamp(1024, 1 << 16),
-            ),
+            scoreboard: VecDeque::with_capacity(max_tracked),
             pipe: 0,
             lost_count: 0,
             cc,
@@ -636,9 +640,22 @@ impl Connection {
         (self.data_end() - self.send_buf_base) as usize
     }
 
-    /// Free space in the send buffer.
+    /// Free space in the send buffer: 0 also while as many records as the connection tracks
+    /// wait to be sent (see [`Connection::max_tracked`]).
     pub fn send_capacity(&self) -> usize {
+        if self.record_ends.len() >= self.max_tracked {
+            return 0;
+        }
         self.cfg.send_buffer.saturating_sub(self.send_queue_len())
+    }
+
+    /// Most records queued unsent, and most segments in flight, this connection tracks: a
+    /// full send buffer of 1 KiB segments (`send_buffer / 1024`, at least 1024, at most 65 536;
+    /// 4096 at the default 4 MiB). Its bookkeeping is allocated for that many when it is made
+    /// and never grows: beyond it records are refused (`BufferFull`) and new segments wait for
+    /// ACKs, so small records cost no allocation on the per-segment path.
+    pub fn max_tracked(&self) -> usize {
+        self.max_tracked
     }
 
     /// Current congestion window (octets).
@@ -2508,6 +2525,10 @@ impl Connection {
                     return None;
                 }
             }
+            if self.scoreboard.len() >= self.max_tracked {
+                // As many segments in flight as tracked: wait for ACKs to free entries.
+                return None;
+            }
             let start = self.snd_nxt;
             let n = self.emit_data(now, buf, start, len as u32, false, source)?;
             self.snd_nxt += len;
@@ -2526,7 +2547,7 @@ impl Connection {
             self.arm_tlp(now);
             return Some(n);
         }
-        if self.fin_queued && !self.fin_sent {
+        if self.fin_queued && !self.fin_sent && self.scoreboard.len() < self.max_tracked {
             let start = self.snd_nxt;
             let n = self.emit_data(now, buf, start, 0, true, source)?;
             self.fin_sent = true;

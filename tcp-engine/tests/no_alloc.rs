@@ -5,6 +5,7 @@
 //! receiving, ACK processing and timers allocate nothing, in both the plain
 //! and the MPA profile.
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -164,4 +165,125 @@ fn steady_state_transfer_does_not_allocate() {
         assert!(received > 4 << 20, "transfer made progress: {received}");
         assert_eq!(steady, 0);
     }
+}
+
+/// Small records sent one segment each, from the handshake on, up to a full 4 MiB send
+/// buffer: the connection's bookkeeping (records queued, segments in flight) was sized when
+/// it was made and is never grown; past the bound TCP refuses records (`BufferFull`) and
+/// holds segments back until ACKs free entries, instead of allocating on the per-segment path.
+#[test]
+fn small_records_from_the_start_do_not_allocate() {
+    let cfg = Config {
+        tx_mode: TxMode::Source,
+        ..Config::mpa()
+    };
+    let t = FourTuple {
+        local_addr: Ipv4Addr::new(1, 0, 0, 1),
+        local_port: 1,
+        remote_addr: Ipv4Addr::new(1, 0, 0, 2),
+        remote_port: 2,
+    };
+    let isn = IsnGenerator::new([2; 16]);
+    let mut a = Connection::connect(cfg.clone(), t, &isn, Instant::ZERO);
+    let mut b: Option<Connection> = None;
+    // Segments in flight each way: a wire long enough for thousands of small segments.
+    const WIRE: usize = 16_384;
+    let mut ab: VecDeque<(Instant, Vec<u8>)> = VecDeque::with_capacity(WIRE);
+    let mut ba: VecDeque<(Instant, Vec<u8>)> = VecDeque::with_capacity(WIRE);
+    let mut pool: Vec<Vec<u8>> = (0..2 * WIRE).map(|_| vec![0u8; 1600]).collect();
+    let delay = Duration::from_micros(200);
+    let mut now = Instant::ZERO;
+    let mut received = 0u64;
+    let mut refused = 0u64;
+    let mut counting_from = None;
+    for step in 0..8000u64 {
+        now += Duration::from_micros(1);
+        let both = a.state() == tcp_engine::State::Established
+            && b.as_ref().map(|b| b.state()) == Some(tcp_engine::State::Established);
+        if counting_from.is_none() && both {
+            counting_from = Some(ALLOCS.load(Ordering::Relaxed));
+        }
+        // Now and then a burst of records, more than the connection tracks unsent.
+        if both && step % 500 == 0 {
+            for _ in 0..(a.max_tracked() + 1000) {
+                if a.send_record_len(64).is_err() {
+                    refused += 1;
+                }
+            }
+        }
+        // One 64-octet record at a time, each sent at once: small segments.
+        for _ in 0..64 {
+            if a.state() == tcp_engine::State::Established {
+                match a.send_record_len(64) {
+                    Ok(()) => {}
+                    Err(_) => refused += 1,
+                }
+            }
+            if ab.len() >= WIRE {
+                break;
+            }
+            let Some(mut buf) = pool.pop() else { break };
+            match a.poll_transmit_with(now, &mut buf, &mut Sevens) {
+                Some(n) => {
+                    buf.truncate(n);
+                    ab.push_back((now + delay, buf));
+                }
+                None => {
+                    pool.push(buf);
+                    break;
+                }
+            }
+        }
+        if a.poll_timeout().is_some_and(|d| d <= now) {
+            a.handle_timeout(now);
+        }
+        if let Some(bc) = b.as_mut() {
+            if bc.poll_timeout().is_some_and(|d| d <= now) {
+                bc.handle_timeout(now);
+            }
+            while ba.len() < WIRE {
+                let Some(mut buf) = pool.pop() else { break };
+                match bc.poll_transmit_with(now, &mut buf, &mut Sevens) {
+                    Some(n) => {
+                        buf.truncate(n);
+                        ba.push_back((now + delay, buf));
+                    }
+                    None => {
+                        pool.push(buf);
+                        break;
+                    }
+                }
+            }
+        }
+        while ab.front().is_some_and(|f| f.0 <= now) {
+            let Some((_, mut p)) = ab.pop_front() else {
+                break;
+            };
+            let seg = SegmentRepr::parse(&p).expect("valid");
+            match b.as_mut() {
+                None => b = Connection::accept(cfg.clone(), &seg, &isn, now),
+                Some(b) => b.handle_segment(now, &seg, |p| received += p.data.len() as u64),
+            }
+            p.resize(1600, 0);
+            pool.push(p);
+        }
+        while ba.front().is_some_and(|f| f.0 <= now) {
+            let Some((_, mut p)) = ba.pop_front() else {
+                break;
+            };
+            let seg = SegmentRepr::parse(&p).expect("valid");
+            a.handle_segment(now, &seg, |_| {});
+            p.resize(1600, 0);
+            pool.push(p);
+        }
+    }
+    let from = counting_from.expect("connection established");
+    let allocs = ALLOCS.load(Ordering::Relaxed) - from;
+    println!(
+        "{received} bytes received in 64-octet records, {refused} records refused, \
+         {allocs} allocations after the handshake"
+    );
+    assert!(received > 1 << 20, "transfer made progress: {received}");
+    assert!(refused > 0, "the bursts went past the records tracked");
+    assert_eq!(allocs, 0, "allocations after the handshake");
 }
