@@ -5,9 +5,9 @@
 //! receiving, ACK processing and timers allocate nothing, in both the plain
 //! and the MPA profile.
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tcp_engine::{
@@ -26,18 +26,31 @@ impl TxSource for Sevens {
 }
 
 struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's allocations (the tests run on threads of their own, side by side).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note_alloc() {
+    ALLOCS.with(|a| a.set(a.get() + 1));
+}
+
+/// Allocations made so far by the calling thread.
+fn allocs() -> u64 {
+    ALLOCS.with(|a| a.get())
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        note_alloc();
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        note_alloc();
         unsafe { System.realloc(p, l, n) }
     }
 }
@@ -89,7 +102,7 @@ fn drive(cfg: Config) -> (u64, u64) {
     let mut received = 0u64;
     for step in 0..total_steps {
         if step == total_steps / 2 {
-            warm_allocs = ALLOCS.load(Ordering::Relaxed);
+            warm_allocs = allocs();
         }
         now += Duration::from_nanos(1200);
         // Application: keep the send buffer full.
@@ -141,7 +154,7 @@ fn drive(cfg: Config) -> (u64, u64) {
             received += b.recv(&mut rbuf) as u64;
         }
     }
-    let steady = ALLOCS.load(Ordering::Relaxed) - warm_allocs;
+    let steady = allocs() - warm_allocs;
     (steady, received)
 }
 
@@ -201,7 +214,7 @@ fn small_records_from_the_start_do_not_allocate() {
         let both = a.state() == tcp_engine::State::Established
             && b.as_ref().map(|b| b.state()) == Some(tcp_engine::State::Established);
         if counting_from.is_none() && both {
-            counting_from = Some(ALLOCS.load(Ordering::Relaxed));
+            counting_from = Some(allocs());
         }
         // Now and then a burst of records, more than the connection tracks unsent.
         if both && step % 500 == 0 {
@@ -278,7 +291,7 @@ fn small_records_from_the_start_do_not_allocate() {
         }
     }
     let from = counting_from.expect("connection established");
-    let allocs = ALLOCS.load(Ordering::Relaxed) - from;
+    let allocs = allocs() - from;
     println!(
         "{received} bytes received in 64-octet records, {refused} records refused, \
          {allocs} allocations after the handshake"
