@@ -39,6 +39,8 @@ pub struct EngineReport {
     pub rto_expirations: u64,
     /// TCP tail-loss probes.
     pub loss_probes: u64,
+    /// TCP loss recoveries entered (congestion window reductions).
+    pub fast_recoveries: u64,
     /// Congestion responses found spurious and undone.
     pub spurious_undone: u64,
     /// Segments dropped by PAWS.
@@ -90,6 +92,7 @@ impl EngineReport {
             retransmitted_segments: k.retransmissions,
             rto_expirations: k.rto_expirations,
             loss_probes: k.loss_probes,
+            fast_recoveries: k.fast_recoveries,
             spurious_undone: k.spurious_undone,
             paws_drops: k.paws_drops,
             crc_errors: k.crc_errors,
@@ -113,7 +116,8 @@ impl EngineReport {
             "engine counters: frames rx {} tx {} (dropped by the kernel before rx {}), FPDUs rx {} tx {}, \
              segments {} (out of order {}), placed in order {} B, out of order {} B \
              ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
-             retransmitted segments {} (timeouts {}, loss probes {}, undone as spurious {}), \
+             retransmitted segments {} (timeouts {}, loss probes {}, recoveries {}, \
+             undone as spurious {}), \
              PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times), engine threads {} \
@@ -134,6 +138,7 @@ impl EngineReport {
             self.retransmitted_segments,
             self.rto_expirations,
             self.loss_probes,
+            self.fast_recoveries,
             self.spurious_undone,
             self.paws_drops,
             self.crc_errors,

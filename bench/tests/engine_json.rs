@@ -115,6 +115,7 @@ fn xdp_json_reports_engine_counters() {
             "retransmitted_segments",
             "rto_expirations",
             "loss_probes",
+            "fast_recoveries",
             "spurious_undone",
             "paws_drops",
             "parks",

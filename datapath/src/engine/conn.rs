@@ -187,6 +187,8 @@ pub struct ConnCounters {
     pub rto_expirations: u64,
     /// TCP tail-loss probes.
     pub loss_probes: u64,
+    /// TCP loss recoveries entered (each one a congestion window reduction).
+    pub fast_recoveries: u64,
     /// TCP congestion responses found spurious and undone (Eifel timeouts, D-SACK).
     pub spurious_undone: u64,
     /// Segments TCP dropped by PAWS.
@@ -1465,6 +1467,7 @@ impl IwarpConn {
         self.counters.retransmissions = st.retransmitted_segments;
         self.counters.rto_expirations = st.rto_expirations;
         self.counters.loss_probes = st.tlp_probes;
+        self.counters.fast_recoveries = st.fast_recoveries;
         self.counters.spurious_undone = st.spurious_rtos + st.dsack_undos;
         self.counters.paws_drops = st.paws_drops;
         let done = match &self.phase {

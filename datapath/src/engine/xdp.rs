@@ -351,6 +351,7 @@ fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.retransmissions += c.retransmissions;
     sum.rto_expirations += c.rto_expirations;
     sum.loss_probes += c.loss_probes;
+    sum.fast_recoveries += c.fast_recoveries;
     sum.spurious_undone += c.spurious_undone;
     sum.paws_drops += c.paws_drops;
     sum.terminates_sent += c.terminates_sent;
