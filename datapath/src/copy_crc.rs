@@ -160,6 +160,18 @@ pub(crate) fn crc_update(state: u32, bytes: &[u8]) -> u32 {
     crc.state()
 }
 
+/// The CRC32c register `state` continued over an FPDU's ULPDU_Length field (`len`, sent
+/// big-endian, RFC 5044 4.1) followed by `head`: [`crc_update`] over the two in one call, the
+/// length fed from the value rather than from octets just stored.
+pub(crate) fn crc_update_len_head(state: u32, len: u16, head: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if head.len() <= x86::SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: SSE4.2 was detected on this CPU.
+        return unsafe { x86::crc_len_head(state, len, head) };
+    }
+    crc_update(crc_update(state, &len.to_be_bytes()), head)
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
@@ -289,6 +301,15 @@ pub(crate) mod x86 {
             c = _mm_crc32_u8(c, b);
         }
         c
+    }
+
+    /// [`crc_small`] over the big-endian octets of `len`, then `head`.
+    #[target_feature(enable = "sse4.2")]
+    pub(crate) fn crc_len_head(state: u32, len: u16, head: &[u8]) -> u32 {
+        // `crc32` takes a 16-bit operand's low-order octet first: the wire's first octet
+        // (the length's high-order one) goes low.
+        let c = _mm_crc32_u16(state, len.swap_bytes());
+        crc_small(c, head)
     }
 
     /// Copies octets `[i, len)` (fewer than 64) from `src` to `dst` eight at a time, the CRC
@@ -785,6 +806,25 @@ mod tests {
                     want.state(),
                     "len {len}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn length_and_header_updates_match_the_reference() {
+        let src = data(200, 5);
+        for head_len in 0..=130 {
+            for len in [0u16, 1, 0x00ff, 0x0100, 0x1234, 0xfedc, u16::MAX] {
+                for state in [0u32, 0xFFFF_FFFF, 0x1234_5678] {
+                    let mut want = Crc32c::with_state(state);
+                    want.update(&len.to_be_bytes());
+                    want.update(&src[..head_len]);
+                    assert_eq!(
+                        crc_update_len_head(state, len, &src[..head_len]),
+                        want.state(),
+                        "head {head_len} len {len:#x}"
+                    );
+                }
             }
         }
     }

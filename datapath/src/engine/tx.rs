@@ -41,7 +41,7 @@ use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
 use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
-use crate::copy_crc::crc_update;
+use crate::copy_crc::{crc_update, crc_update_len_head};
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
 const MARKER_INTERVAL: u64 = 512;
@@ -582,7 +582,7 @@ impl FpduWriter {
         let mut sum = Checksum::new().add_2(len).add_short(head);
         let mut crc = u32::MAX;
         if self.crc {
-            crc = crc_update(crc_update(crc, &len), head);
+            crc = crc_update_len_head(crc, f.ulpdu_len, head);
         }
         let (dst, rest) = rest.split_at_mut(pl);
         if let (Some((buf, base)), false) = (region, dst.is_empty()) {
@@ -599,7 +599,11 @@ impl FpduWriter {
         let (pad_out, field) = rest.split_at_mut(pad);
         pad_out.fill(0);
         let value = if self.crc {
-            let c = !crc_update(crc, &[0u8; 3][..pad]);
+            let c = if pad > 0 {
+                !crc_update(crc, &[0u8; 3][..pad])
+            } else {
+                !crc
+            };
             f.crc = Some(c);
             c
         } else {
