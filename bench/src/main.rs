@@ -69,6 +69,11 @@ pub struct Cli {
     /// 8 to 1048576; `datapath::xsk::XskConfig::rx_ring`; default: the engine's).
     #[arg(long)]
     pub engine_rx_ring: Option<u32>,
+    /// `--transport xdp`: most octets a connection has queued in TCP and not yet acknowledged
+    /// before the engine frames more FPDUs (`XdpEngineConfig::tx_ahead`, 16 KiB to 64 MiB;
+    /// default: the engine's). With the receiver's window it bounds the data in flight.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(16384..=67108864))]
+    pub engine_tx_ahead: Option<u32>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
     /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
     /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with

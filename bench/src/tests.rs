@@ -331,6 +331,9 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     if let Some(n) = cli.engine_rx_ring {
         cfg.driver.xsk.rx_ring = n;
     }
+    if let Some(n) = cli.engine_tx_ahead {
+        cfg.tx_ahead = n as usize;
+    }
     XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
