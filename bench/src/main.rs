@@ -74,6 +74,11 @@ pub struct Cli {
     /// default: the engine's). With the receiver's window it bounds the data in flight.
     #[arg(long, value_parser = clap::value_parser!(u32).range(16384..=67108864))]
     pub engine_tx_ahead: Option<u32>,
+    /// `--transport xdp`: most frames the engine transmits per turn before it reads its
+    /// received frames again (`XdpTcpConfig::tx_turn_frames`, rounded up to whole kick batches
+    /// of 32; 0: no limit, a turn sends all it may; default: the engine's).
+    #[arg(long)]
+    pub engine_tx_turn_frames: Option<usize>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
     /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
     /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with

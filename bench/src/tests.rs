@@ -334,6 +334,9 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     if let Some(n) = cli.engine_tx_ahead {
         cfg.tx_ahead = n as usize;
     }
+    if let Some(n) = cli.engine_tx_turn_frames {
+        cfg.driver.tx_turn_frames = n;
+    }
     XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))

@@ -496,6 +496,84 @@ fn transmit_steady_state_allocates_nothing() {
     );
 }
 
+/// `XdpTcpConfig::tx_turn_frames`: a bulk sender (our driver in iwa -> kernel TCP in iwb)
+/// transmits at most that many frames per turn, and the limit binds (some turns send exactly
+/// that many: the window allows more), while every byte still arrives.
+#[test]
+fn tx_turn_frames_bounds_the_frames_of_a_turn() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18726;
+    const TOTAL: u64 = 8 << 20;
+    const CAP: u64 = 32;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = spawn_in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
+        let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        read_to_end_checked(&mut s)
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("kernel server up");
+    let driver = spawn_in_ns(NS_A, move || {
+        let cfg = XdpTcpConfig {
+            tx_turn_frames: CAP as usize,
+            ..XdpTcpConfig::default()
+        };
+        let mut drv = XdpTcp::open(DEV_A, cfg).unwrap_or_else(|e| panic!("open driver: {e}"));
+        let tcp = drv.tcp_config();
+        let id = drv
+            .connect(SocketAddrV4::new(ADDR_B, PORT), tcp)
+            .expect("connect");
+        let mut app = Source {
+            id: Some(id),
+            total: TOTAL,
+            queued: 0,
+            chunk: vec![0u8; 64 * 1024],
+            connected: false,
+            reset: false,
+            acked: 0,
+            close_sent: false,
+            closed: false,
+            allocs: AllocWindow::new(u64::MAX, u64::MAX),
+        };
+        let (mut most, mut at_cap) = (0u64, 0u64);
+        let start = Instant::now();
+        let mut r = Ok(());
+        while !(app.closed || (app.close_sent && app.acked >= app.total)) {
+            let before = drv.stats().tx_packets;
+            if let Err(e) = drv.turn(&mut app) {
+                r = Err(e.to_string());
+                break;
+            }
+            let sent = drv.stats().tx_packets - before;
+            most = most.max(sent);
+            at_cap += u64::from(sent == CAP);
+            if start.elapsed() > Duration::from_secs(60) {
+                r = Err(format!("not done after 60 s ({} bytes)", app.acked));
+                break;
+            }
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while !app.closed && Instant::now() < until {
+            let _ = drv.turn(&mut app);
+        }
+        (r, app.acked, most, at_cap, drv.stats())
+    });
+    let (r, acked, most, at_cap, stats) = driver.join().expect("driver thread");
+    r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
+    let (got, mismatch) = server
+        .join()
+        .expect("server thread")
+        .expect("kernel server");
+    assert_eq!(acked, TOTAL);
+    assert_eq!(got, TOTAL);
+    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    println!("most frames in a turn {most}, turns at the limit {at_cap}; {stats:?}");
+    assert!(most <= CAP, "a turn sent {most} frames, more than {CAP}");
+    assert!(at_cap > 0, "the limit never bound");
+}
+
 /// Pass-up receive (MPA's mode) through the driver: every octet handed up exactly once at its
 /// stream offset, placed into the application's buffer; TCP holds nothing.
 #[test]

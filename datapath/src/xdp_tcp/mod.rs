@@ -36,7 +36,8 @@
 //! expired timers; then write every packet the table has into TX frames (the Ethernet header
 //! and the table's IPv4 packet straight into the UMEM frame, no intermediate buffer), in
 //! batches of [`XskConfig::kick_batch`] frames per `sendto` kick (veth's copy mode moves 32
-//! frames per kick), and reap completions. The turn never blocks; [`XdpTcp::turn`] adds a
+//! frames per kick), at most [`XdpTcpConfig::tx_turn_frames`] per turn if set (by default a
+//! turn sends all it may), and reap completions. The turn never blocks; [`XdpTcp::turn`] adds a
 //! sleep in `ppoll(2)` on the sockets after [`XdpTcpConfig::idle_spins`] idle turns, bounded
 //! by the next TCP deadline.
 //!
@@ -175,6 +176,16 @@ pub struct XdpTcpConfig {
     pub max_connections: usize,
     /// Most frames taken from each socket per turn.
     pub rx_batch: usize,
+    /// Most frames transmitted per turn, in whole kick batches (rounded up; 0: no limit, as
+    /// many as the connections have ready and the TX pool takes). Received frames, ACKs above
+    /// all, are read only at the start of a turn: without a limit a bulk sender's turn sends
+    /// its whole window (~350 frames, ~1 ms on the veth bed) and holds the ACKs that arrive
+    /// meanwhile until the turn ends, which makes the round trip as long as the window and
+    /// leaves the window no slack for a peer that is late (docs/BENCHMARKS.md, "Where the
+    /// round trip's millisecond goes"). Default 0: a limit shortens the round trip (64: p50
+    /// ~0.15 ms instead of ~0.5 ms) but bought no write-bw on the veth bed (64: 0.94 of no
+    /// limit, 256: 0.99).
+    pub tx_turn_frames: usize,
     /// Idle turns in a row before [`XdpTcp::turn`] sleeps in `ppoll`.
     pub idle_spins: u32,
     /// Longest sleep of [`XdpTcp::turn`] (it also wakes at the next TCP deadline or a frame).
@@ -199,6 +210,7 @@ impl Default for XdpTcpConfig {
             xsk: XskConfig::default(),
             max_connections: 1024,
             rx_batch: 64,
+            tx_turn_frames: 0,
             idle_spins: 32,
             max_wait: Duration::from_millis(5),
             neighbour_timeout: Duration::from_secs(3),
@@ -1148,8 +1160,13 @@ impl XdpTcp {
         let mut exhausted = false;
         let mut sources = AppSources(app);
         // Bounded: each round either queues frames or ends the loop; the TX pool bounds the
-        // number of rounds that can queue.
-        for _ in 0..=pool / batch {
+        // number of rounds that can queue, and so does `tx_turn_frames` (frames left over go
+        // in the next turn, after that turn has read the frames received meanwhile).
+        let mut rounds = pool / batch;
+        if self.cfg.tx_turn_frames > 0 {
+            rounds = rounds.min(self.cfg.tx_turn_frames.div_ceil(batch) - 1);
+        }
+        for _ in 0..=rounds {
             let queued = sock.send_batch(batch, |_, buf| {
                 if exhausted {
                     return 0;
