@@ -330,6 +330,25 @@ struct Source {
     allocs: AllocWindow,
 }
 
+impl Source {
+    /// A source of `total` octets on connection `id`, in 64 KiB writes; allocations counted
+    /// by `allocs`.
+    fn new(id: ConnId, total: u64, allocs: AllocWindow) -> Source {
+        Source {
+            id: Some(id),
+            total,
+            queued: 0,
+            chunk: vec![0u8; 64 * 1024],
+            connected: false,
+            reset: false,
+            acked: 0,
+            close_sent: false,
+            closed: false,
+            allocs,
+        }
+    }
+}
+
 impl TcpApp for Source {
     fn on_event(&mut self, _id: ConnId, _conn: &mut Connection, event: Event) {
         match event {
@@ -452,18 +471,7 @@ fn transmit_steady_state_allocates_nothing() {
         let id = drv
             .connect(SocketAddrV4::new(ADDR_B, PORT), cfg)
             .expect("connect");
-        let mut app = Source {
-            id: Some(id),
-            total: BULK,
-            queued: 0,
-            chunk: vec![0u8; 64 * 1024],
-            connected: false,
-            reset: false,
-            acked: 0,
-            close_sent: false,
-            closed: false,
-            allocs: AllocWindow::new(32 << 20, 80 << 20),
-        };
+        let mut app = Source::new(id, BULK, AllocWindow::new(32 << 20, 80 << 20));
         let r = drive(
             &mut drv,
             &mut app,
@@ -525,18 +533,7 @@ fn tx_turn_frames_bounds_the_frames_of_a_turn() {
         let id = drv
             .connect(SocketAddrV4::new(ADDR_B, PORT), tcp)
             .expect("connect");
-        let mut app = Source {
-            id: Some(id),
-            total: TOTAL,
-            queued: 0,
-            chunk: vec![0u8; 64 * 1024],
-            connected: false,
-            reset: false,
-            acked: 0,
-            close_sent: false,
-            closed: false,
-            allocs: AllocWindow::new(u64::MAX, u64::MAX),
-        };
+        let mut app = Source::new(id, TOTAL, AllocWindow::new(u64::MAX, u64::MAX));
         let (mut most, mut at_cap) = (0u64, 0u64);
         let start = Instant::now();
         let mut r = Ok(());
@@ -633,18 +630,7 @@ fn refused_connect_and_kernel_owned_port() {
         let id = drv
             .connect(SocketAddrV4::new(ADDR_B, 18723), cfg.clone())
             .expect("connect");
-        let mut app = Source {
-            id: Some(id),
-            total: 0,
-            queued: 0,
-            chunk: Vec::new(),
-            connected: false,
-            reset: false,
-            acked: 0,
-            close_sent: false,
-            closed: false,
-            allocs: AllocWindow::new(u64::MAX, u64::MAX),
-        };
+        let mut app = Source::new(id, 0, AllocWindow::new(u64::MAX, u64::MAX));
         let r = drive(
             &mut drv,
             &mut app,
