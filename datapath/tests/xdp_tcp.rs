@@ -389,6 +389,22 @@ impl TcpApp for Source {
     }
 }
 
+/// A kernel TCP server in `iwb` on `port`, listening when this returns, that reads one
+/// connection to its end with [`read_to_end_checked`].
+fn kernel_server(port: u16) -> std::thread::JoinHandle<Result<(u64, Option<u64>), String>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = spawn_in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
+        let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, port)).map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        read_to_end_checked(&mut s)
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("kernel server up");
+    server
+}
+
 fn open_driver() -> XdpTcp {
     XdpTcp::open(DEV_A, XdpTcpConfig::default()).unwrap_or_else(|e| panic!("open driver: {e}"))
 }
@@ -455,16 +471,7 @@ fn receive_steady_state_allocates_nothing() {
 fn transmit_steady_state_allocates_nothing() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 18721;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = spawn_in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
-        let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
-        let _ = ready_tx.send(());
-        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        read_to_end_checked(&mut s)
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("kernel server up");
+    let server = kernel_server(PORT);
     let driver = spawn_in_ns(NS_A, move || {
         let mut drv = open_driver();
         let cfg = drv.tcp_config();
@@ -513,16 +520,7 @@ fn tx_turn_frames_bounds_the_frames_of_a_turn() {
     const PORT: u16 = 18726;
     const TOTAL: u64 = 8 << 20;
     const CAP: u64 = 32;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = spawn_in_ns(NS_B, move || -> Result<(u64, Option<u64>), String> {
-        let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
-        let _ = ready_tx.send(());
-        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        read_to_end_checked(&mut s)
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("kernel server up");
+    let server = kernel_server(PORT);
     let driver = spawn_in_ns(NS_A, move || {
         let cfg = XdpTcpConfig {
             tx_turn_frames: CAP as usize,
