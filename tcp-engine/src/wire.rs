@@ -126,6 +126,10 @@ pub struct TcpOptions {
     sack_len: u8,
 }
 
+/// The first word of timestamp-only options: NOP, NOP, then the Timestamps option's kind
+/// and length (RFC 7323 3.2, the layout of its Appendix A); TSval and TSecr follow.
+const TS_ONLY_LEAD: [u8; 4] = [1, 1, 8, 10];
+
 impl TcpOptions {
     /// The SACK blocks carried (RFC 2018 3), at most four.
     pub fn sack_blocks(&self) -> &[SackBlock] {
@@ -226,7 +230,6 @@ impl TcpOptions {
         Ok(o)
     }
 
-    /// Write the options into `out` (which must be at least `wire_len()`).
     /// The timestamp values if the timestamp is the only option (every segment of an
     /// established connection with timestamps, no SACK blocks).
     #[inline]
@@ -243,11 +246,13 @@ impl TcpOptions {
         }
     }
 
+    /// Write the options into `out` (which must be at least `wire_len()`).
     fn emit(&self, out: &mut [u8]) -> usize {
         if let Some((v, e)) = self.timestamp_only() {
             // Every segment of an established connection with timestamps and no SACK
-            // blocks: NOP NOP TS (RFC 7323 3.2, Appendix A's layout), written at once.
-            let mut o = [1, 1, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0];
+            // blocks, written at once.
+            let mut o = [0; 12];
+            o[..4].copy_from_slice(&TS_ONLY_LEAD);
             o[4..8].copy_from_slice(&v.to_be_bytes());
             o[8..].copy_from_slice(&e.to_be_bytes());
             out[..12].copy_from_slice(&o);
@@ -525,9 +530,8 @@ impl<'a> SegmentRepr<'a> {
                     .add_2(off_flags)
                     .add_2(window);
                 let header = match self.options.timestamp_only() {
-                    // NOP NOP TS(10)
                     Some((v, e)) => header
-                        .add_4([1, 1, 8, 10])
+                        .add_4(TS_ONLY_LEAD)
                         .add_4(v.to_be_bytes())
                         .add_4(e.to_be_bytes()),
                     None => header.add_short(&tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]),

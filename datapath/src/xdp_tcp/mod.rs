@@ -326,8 +326,6 @@ pub struct XdpTcpStats {
     /// reached an RX ring (`XDP_STATISTICS` `rx_dropped` + `rx_ring_full`: the ring or the fill
     /// ring had no room, i.e. the driver's thread fell behind by a whole RX frame pool).
     pub rx_kernel_drops: u64,
-    /// The kernel's count of times it found a socket's fill ring empty.
-    pub fill_ring_empty: u64,
     /// The connection table's counters.
     pub table: TableStats,
 }
@@ -349,7 +347,6 @@ impl XdpTcpStats {
         self.handoff_drops += o.handoff_drops;
         self.directory_full += o.directory_full;
         self.rx_kernel_drops += o.rx_kernel_drops;
-        self.fill_ring_empty += o.fill_ring_empty;
         let (t, u) = (&mut self.table, &o.table);
         t.bad_checksum += u.bad_checksum;
         t.bad_ip += u.bad_ip;
@@ -903,7 +900,6 @@ impl XdpTcp {
         s.table = self.table.stats().clone();
         for k in self.socks.iter().map(|x| x.stats()) {
             s.rx_kernel_drops += k.rx_dropped + k.rx_ring_full;
-            s.fill_ring_empty += k.fill_ring_empty;
         }
         s
     }
