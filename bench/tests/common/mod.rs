@@ -28,31 +28,47 @@ pub fn free_port() -> u16 {
 }
 
 /// Runs `iwarp-bench` server and client for `test` with `args` on loopback; returns both
-/// outputs (server, client). The client retries while the server is not yet listening.
+/// outputs (server, client). The client retries while the server is not yet listening. A port
+/// taken between [`free_port`] and the server's bind (another test's connection may get it as
+/// its ephemeral port) is replaced by a fresh one, up to four times.
 pub fn run_pair(test: &str, port: u16, args: &[&str]) -> (Output, Output) {
-    let server: Child = Command::new(bin())
-        .args([test, "--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        let out = Command::new(bin())
-            .args([test, "--port", &port.to_string()])
+    let mut port = port;
+    let mut attempt = 0;
+    loop {
+        let mut server: Child = Command::new(bin())
+            .args([test, "--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
-            .arg("127.0.0.1")
-            .output()
-            .expect("run client");
-        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-        if out.status.success() || !refused || Instant::now() > deadline {
-            break out;
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (client, server_gone) = loop {
+            let out = Command::new(bin())
+                .args([test, "--port", &port.to_string()])
+                .args(args)
+                .arg("127.0.0.1")
+                .output()
+                .expect("run client");
+            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+            if out.status.success() || !refused || Instant::now() > deadline {
+                break (out, false);
+            }
+            if matches!(server.try_wait(), Ok(Some(_))) {
+                // The server ended without listening.
+                break (out, true);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let server = wait_with_timeout(server, Duration::from_secs(60));
+        let taken = String::from_utf8_lossy(&server.stderr).contains("Address already in use");
+        if server_gone && taken && attempt < 4 {
+            attempt += 1;
+            port = free_port();
+            continue;
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let server = wait_with_timeout(server, Duration::from_secs(60));
-    (server, client)
+        return (server, client);
+    }
 }
 
 /// Waits for a child, killing it after `timeout`.
