@@ -45,6 +45,14 @@ pub struct EngineReport {
     pub spurious_undone: u64,
     /// Segments dropped by PAWS.
     pub paws_drops: u64,
+    /// Milliseconds in which TCP's unsent data waited for the peer's receive window (RFC 4898
+    /// tcpEStatsPerfSndLimTimeRwin; summed over connections).
+    pub send_limited_by_peer_window_ms: f64,
+    /// Milliseconds in which it waited for the congestion window (SndLimTimeCwnd).
+    pub send_limited_by_cwnd_ms: f64,
+    /// Milliseconds with data in flight and nothing more to send: the application, or the
+    /// engine's limit on data queued ahead of the acknowledged point (SndLimTimeSnd).
+    pub send_limited_by_sender_ms: f64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
     /// Terminate messages sent.
@@ -95,6 +103,9 @@ impl EngineReport {
             fast_recoveries: k.fast_recoveries,
             spurious_undone: k.spurious_undone,
             paws_drops: k.paws_drops,
+            send_limited_by_peer_window_ms: k.send_limited_ns[0] as f64 / 1e6,
+            send_limited_by_cwnd_ms: k.send_limited_ns[1] as f64 / 1e6,
+            send_limited_by_sender_ms: k.send_limited_ns[2] as f64 / 1e6,
             crc_errors: k.crc_errors,
             terminates_sent: k.terminates_sent,
             terminates_received: k.terminates_received,
@@ -118,7 +129,8 @@ impl EngineReport {
              ({} FPDUs), held peak {} B at {} gaps, most held at one gap {} B, \
              retransmitted segments {} (timeouts {}, loss probes {}, recoveries {}, \
              undone as spurious {}), \
-             PAWS drops {}, CRC errors {}, \
+             sending limited by the peer's window {:.1} ms, the congestion window {:.1} ms, \
+             the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times), engine threads {} \
              (segments handed between them {}, dropped {}){}",
@@ -140,6 +152,9 @@ impl EngineReport {
             self.loss_probes,
             self.fast_recoveries,
             self.spurious_undone,
+            self.send_limited_by_peer_window_ms,
+            self.send_limited_by_cwnd_ms,
+            self.send_limited_by_sender_ms,
             self.paws_drops,
             self.crc_errors,
             self.terminates_sent,

@@ -127,6 +127,22 @@ fn xdp_json_reports_engine_counters() {
             counter(side, name);
         }
     }
+    // What held TCP's sending back, in milliseconds: the sender had data in flight with
+    // nothing more queued at least for the last round trip.
+    for side in [&s, &c] {
+        for name in [
+            "send_limited_by_peer_window_ms",
+            "send_limited_by_cwnd_ms",
+            "send_limited_by_sender_ms",
+        ] {
+            let ms = side["engine"][name].as_f64();
+            assert!(ms.is_some_and(|ms| ms >= 0.0), "{name}: {side}");
+        }
+    }
+    assert!(
+        c["engine"]["send_limited_by_sender_ms"].as_f64() > Some(0.0),
+        "{c}"
+    );
     // The sender: every FPDU of every Write, in at least as many frames as it had FPDUs of
     // MULPDU (one full-sized FPDU per segment).
     assert!(counter(&c, "fpdus_tx") >= write_fpdus, "{c}");

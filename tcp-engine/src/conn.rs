@@ -203,6 +203,27 @@ pub struct ConnStats {
     /// Retransmission timeouts found spurious by their timestamps (Eifel,
     /// RFC 3522) and undone (RFC 4015).
     pub spurious_rtos: u64,
+    /// Nanoseconds in which unsent data waited for the peer's receive window
+    /// (RFC 4898 tcpEStatsPerfSndLimTimeRwin).
+    pub snd_lim_time_rwin_ns: u64,
+    /// Nanoseconds in which unsent data waited for the congestion window
+    /// (RFC 4898 tcpEStatsPerfSndLimTimeCwnd).
+    pub snd_lim_time_cwnd_ns: u64,
+    /// Nanoseconds in which data was in flight and the sender had nothing more it
+    /// could send: nothing unsent queued (the application, or the layer above
+    /// pacing what it queues), or as many segments in flight as the connection
+    /// tracks (RFC 4898 tcpEStatsPerfSndLimTimeSnd, less the time with nothing
+    /// in flight, which is idle rather than limited).
+    pub snd_lim_time_sender_ns: u64,
+}
+
+/// What held back new data when the sender last stopped (RFC 4898 section 4,
+/// tcpEStatsPerfSndLim*): the state whose time [`ConnStats`] accumulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendLimit {
+    PeerWindow,
+    Cwnd,
+    Sender,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,6 +356,9 @@ pub struct Connection {
     rto_retries: u32,
     tlp_deadline: Option<Instant>,
     tlp_outstanding: bool,
+    /// The send-limited state entered and when (see [`SendLimit`]); `None` while
+    /// sending or idle.
+    send_limit: Option<(SendLimit, Instant)>,
     rack_deadline: Option<Instant>,
     persist_deadline: Option<Instant>,
     persist_backoff: u32,
@@ -461,6 +485,7 @@ impl Connection {
             rto_retries: 0,
             tlp_deadline: None,
             tlp_outstanding: false,
+            send_limit: None,
             rack_deadline: None,
             persist_deadline: None,
             persist_backoff: 0,
@@ -1508,6 +1533,10 @@ impl Connection {
             if newly_acked > 0 {
                 self.rto_retries = 0;
             }
+            if self.send_limit.is_some() && self.snd_nxt >= self.data_end() {
+                // Everything acknowledged, nothing queued: idle from here.
+                self.note_send_limit(now, None);
+            }
             self.rto_deadline = None;
             self.tlp_deadline = None;
             self.rack_deadline = None;
@@ -2509,9 +2538,11 @@ impl Connection {
             }
             if len == 0 {
                 self.arm_persist(now);
+                self.note_send_limit(now, Some(SendLimit::PeerWindow));
                 return None;
             }
             if self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una {
+                self.note_send_limit(now, Some(SendLimit::Sender));
                 return None;
             }
             let pipe = self.effective_pipe();
@@ -2522,12 +2553,17 @@ impl Connection {
                 } else if self.limited_transmit > 0 {
                     self.limited_transmit -= 1;
                 } else {
+                    self.note_send_limit(now, Some(SendLimit::Cwnd));
                     return None;
                 }
             }
             if self.scoreboard.len() >= self.max_tracked {
                 // As many segments in flight as tracked: wait for ACKs to free entries.
+                self.note_send_limit(now, Some(SendLimit::Sender));
                 return None;
+            }
+            if self.send_limit.is_some() {
+                self.note_send_limit(now, None);
             }
             let start = self.snd_nxt;
             let n = self.emit_data(now, buf, start, len as u32, false, source)?;
@@ -2562,7 +2598,31 @@ impl Connection {
             self.pipe += 1;
             return Some(n);
         }
+        // Nothing unsent: limited by the sender while data is in flight, idle after.
+        let limit = (self.snd_una < self.snd_max()).then_some(SendLimit::Sender);
+        if limit != self.send_limit.map(|(l, _)| l) {
+            self.note_send_limit(now, limit);
+        }
         None
+    }
+
+    /// Ends the current send-limited state (adding its time to [`ConnStats`]) and
+    /// enters `limit` (`None`: sending or idle). Staying in the same state keeps
+    /// its start.
+    fn note_send_limit(&mut self, now: Instant, limit: Option<SendLimit>) {
+        if let Some((cur, since)) = self.send_limit {
+            if Some(cur) == limit {
+                return;
+            }
+            let ns = u64::try_from(now.saturating_since(since).as_nanos()).unwrap_or(u64::MAX);
+            let slot = match cur {
+                SendLimit::PeerWindow => &mut self.stats.snd_lim_time_rwin_ns,
+                SendLimit::Cwnd => &mut self.stats.snd_lim_time_cwnd_ns,
+                SendLimit::Sender => &mut self.stats.snd_lim_time_sender_ns,
+            };
+            *slot = slot.saturating_add(ns);
+        }
+        self.send_limit = limit.map(|l| (l, now));
     }
 }
 

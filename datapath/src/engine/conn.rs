@@ -193,6 +193,11 @@ pub struct ConnCounters {
     pub spurious_undone: u64,
     /// Segments TCP dropped by PAWS.
     pub paws_drops: u64,
+    /// Nanoseconds TCP's unsent data waited for the peer's window, for the congestion
+    /// window, and on the sender with data in flight (`tcp_engine::ConnStats`
+    /// `snd_lim_time_*_ns`, RFC 4898): the last includes waiting on the engine's own limit
+    /// on data queued ahead ([`IwarpConnConfig::tx_ahead`]).
+    pub send_limited_ns: [u64; 3],
     /// Terminate messages sent.
     pub terminates_sent: u64,
     /// Terminate messages received.
@@ -1470,6 +1475,11 @@ impl IwarpConn {
         self.counters.fast_recoveries = st.fast_recoveries;
         self.counters.spurious_undone = st.spurious_rtos + st.dsack_undos;
         self.counters.paws_drops = st.paws_drops;
+        self.counters.send_limited_ns = [
+            st.snd_lim_time_rwin_ns,
+            st.snd_lim_time_cwnd_ns,
+            st.snd_lim_time_sender_ns,
+        ];
         let done = match &self.phase {
             Phase::Done => self.startup_record.is_none(),
             _ => {

@@ -354,6 +354,9 @@ fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.fast_recoveries += c.fast_recoveries;
     sum.spurious_undone += c.spurious_undone;
     sum.paws_drops += c.paws_drops;
+    for (s, c) in sum.send_limited_ns.iter_mut().zip(c.send_limited_ns) {
+        *s += c;
+    }
     sum.terminates_sent += c.terminates_sent;
     sum.terminates_received += c.terminates_received;
 }

@@ -1,0 +1,91 @@
+//! What held the sender back, timed (RFC 4898 section 4, tcpEStatsPerfSndLimTime*): the peer's
+//! receive window, the congestion window, or the sender itself with data in flight.
+mod common;
+use common::*;
+use std::time::Duration;
+use tcp_engine::sim::LinkConfig;
+use tcp_engine::{Config, ConnStats};
+
+/// A link of 1 ms one way at 1 Gbit/s: a window of a few segments cannot fill it.
+fn long_link() -> LinkConfig {
+    LinkConfig {
+        delay: Duration::from_millis(1),
+        bandwidth_bps: Some(1_000_000_000),
+        queue_limit: Some(100_000),
+        ..LinkConfig::default()
+    }
+}
+
+fn sender_stats(server: Config, size: usize) -> (ConnStats, Duration) {
+    let out = transfer(
+        7,
+        size,
+        long_link(),
+        long_link(),
+        Config::default(),
+        server,
+        Duration::from_secs(60),
+        |_, _, _| {},
+    );
+    assert!(out.ok, "the transfer did not complete");
+    (out.client.conn().stats().clone(), out.elapsed)
+}
+
+#[test]
+fn a_small_receive_window_is_timed_as_peer_window_limited() {
+    let small = Config {
+        recv_buffer: 16 << 10,
+        ..Config::default()
+    };
+    let (st, elapsed) = sender_stats(small, 2 << 20);
+    let total = st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns + st.snd_lim_time_sender_ns;
+    assert!(total <= elapsed.as_nanos() as u64, "{st:?} in {elapsed:?}");
+    // 16 KiB per 2 ms round trip: the peer's window is the limit nearly all the time.
+    assert!(
+        st.snd_lim_time_rwin_ns > elapsed.as_nanos() as u64 / 2,
+        "{st:?} in {elapsed:?}"
+    );
+    assert!(
+        st.snd_lim_time_cwnd_ns < st.snd_lim_time_rwin_ns / 10,
+        "{st:?}"
+    );
+}
+
+#[test]
+fn slow_start_on_a_long_link_is_timed_as_congestion_window_limited() {
+    let big = Config {
+        recv_buffer: 8 << 20,
+        max_recv_window: 8 << 20,
+        ..Config::default()
+    };
+    let (st, elapsed) = sender_stats(big, 2 << 20);
+    let total = st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns + st.snd_lim_time_sender_ns;
+    assert!(total <= elapsed.as_nanos() as u64, "{st:?} in {elapsed:?}");
+    assert_eq!(st.snd_lim_time_rwin_ns, 0, "{st:?}");
+    // Slow start from ten segments: round trips spent waiting for the window to open.
+    assert!(
+        st.snd_lim_time_cwnd_ns > Duration::from_millis(4).as_nanos() as u64,
+        "{st:?} in {elapsed:?}"
+    );
+}
+
+#[test]
+fn the_last_round_trip_is_timed_as_sender_limited_and_idle_time_is_not() {
+    let big = Config {
+        recv_buffer: 8 << 20,
+        max_recv_window: 8 << 20,
+        ..Config::default()
+    };
+    // Less than the initial window: sent at once, then nothing more to send until the ACK.
+    let (st, elapsed) = sender_stats(big, 4000);
+    assert_eq!(
+        st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns,
+        0,
+        "{st:?}"
+    );
+    let rtt = Duration::from_millis(2).as_nanos() as u64;
+    assert!(
+        st.snd_lim_time_sender_ns >= rtt && st.snd_lim_time_sender_ns < 2 * rtt,
+        "{st:?} in {elapsed:?}"
+    );
+}
