@@ -67,6 +67,9 @@ pub struct EngineReport {
     pub turns_application: u64,
     /// Times the engine thread parked.
     pub parks: u64,
+    /// Milliseconds the engine thread waited (turns without work) while it had connections,
+    /// summed over engine threads.
+    pub idle_ms: f64,
     /// Engine threads (shards: one per queue, or 1).
     pub shards: u64,
     /// Segments a shard received for a flow another shard owns and handed over.
@@ -113,6 +116,7 @@ impl EngineReport {
             turns_engine_thread: c.thread_turns,
             turns_application: c.app_turns,
             parks: c.parks,
+            idle_ms: c.idle_ns as f64 / 1e6,
             shards: c.shards as u64,
             handoffs: c.driver.handoffs_out,
             handoff_drops: c.driver.handoff_drops,
@@ -132,7 +136,7 @@ impl EngineReport {
              sending limited by the peer's window {:.1} ms, the congestion window {:.1} ms, \
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
-             by the application {} (engine parked {} times), engine threads {} \
+             by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
              (segments handed between them {}, dropped {}){}",
             self.frames_rx,
             self.frames_tx,
@@ -163,6 +167,7 @@ impl EngineReport {
             self.turns_engine_thread,
             self.turns_application,
             self.parks,
+            self.idle_ms,
             self.shards,
             self.handoffs,
             self.handoff_drops,

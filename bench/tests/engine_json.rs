@@ -143,6 +143,10 @@ fn xdp_json_reports_engine_counters() {
         c["engine"]["send_limited_by_sender_ms"].as_f64() > Some(0.0),
         "{c}"
     );
+    // The server's engine waited at least for the client's first Write after the connection
+    // came up.
+    assert!(s["engine"]["idle_ms"].as_f64() > Some(0.0), "{s}");
+    assert!(c["engine"]["idle_ms"].as_f64() >= Some(0.0), "{c}");
     // The sender: every FPDU of every Write, in at least as many frames as it had FPDUs of
     // MULPDU (one full-sized FPDU per segment).
     assert!(counter(&c, "fpdus_tx") >= write_fpdus, "{c}");

@@ -307,6 +307,11 @@ pub struct EngineCounters {
     pub thread_turns: u64,
     /// Times the engine thread parked because application threads drove its turns.
     pub parks: u64,
+    /// Nanoseconds the engine thread spent between a turn that found no work and the next
+    /// one that found some, while it had connections (spinning, yielding, sleeping or
+    /// parked): the part of a run in which it waited for ACKs, work requests or the peer's
+    /// data instead of working. Summed over shards.
+    pub idle_ns: u64,
     /// Engine threads (shards) summed here: 1, or one per queue with
     /// [`XdpEngineConfig::shard_per_queue`].
     pub shards: usize,
@@ -327,6 +332,7 @@ impl EngineCounters {
         self.app_turns += o.app_turns;
         self.thread_turns += o.thread_turns;
         self.parks += o.parks;
+        self.idle_ns += o.idle_ns;
     }
 }
 
@@ -1385,6 +1391,10 @@ struct Pace {
     seen: (u64, u64),
     /// What stopped the engine thread.
     error: Option<String>,
+    /// When the current stretch of idle turns began (only while the engine has connections).
+    idle_began: Option<StdInstant>,
+    /// Nanoseconds of idle stretches that have ended ([`EngineCounters::idle_ns`]).
+    idle_ns: u64,
 }
 
 impl Pace {
@@ -1428,6 +1438,8 @@ impl Engine {
             stopping: None,
             seen: (0, 0),
             error: None,
+            idle_began: None,
+            idle_ns: 0,
         };
         loop {
             let next = {
@@ -1473,7 +1485,7 @@ impl Engine {
                 slot.finish("the AF_XDP engine stopped");
                 add_counters(&mut t.st.ended, &slot.conn.counters());
             }
-            self.publish(&t, error);
+            self.publish(&t, error, p.idle_ns);
         } else {
             let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             c.error = error;
@@ -1507,7 +1519,7 @@ impl Engine {
         // the counters are published at most 8 such turns late.
         if turns.is_multiple_of(8) && p.last_publish.elapsed() >= COUNTERS_EVERY {
             p.last_publish = StdInstant::now();
-            self.publish(t, None);
+            self.publish(t, None, p.idle_ns);
         }
         if let Some(since) = p.stopping {
             if t.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
@@ -1517,7 +1529,14 @@ impl Engine {
         if work {
             p.idle = 0;
             p.idle_since = None;
+            if let Some(began) = p.idle_began.take() {
+                let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                p.idle_ns = p.idle_ns.saturating_add(ns);
+            }
             return Next::Turn;
+        }
+        if p.idle_began.is_none() && !t.st.slots.is_empty() {
+            p.idle_began = Some(StdInstant::now());
         }
         // Inline progress: application threads drove turns since the last look and none blocked
         // in a wait: they poll, so leave the work to them.
@@ -1598,7 +1617,7 @@ impl Engine {
                 if let Ok(g) = self.core.try_lock() {
                     if let Some(t) = g.as_ref() {
                         p.last_publish = StdInstant::now();
-                        self.publish(t, None);
+                        self.publish(t, None, p.idle_ns);
                     }
                 }
             }
@@ -1619,7 +1638,7 @@ impl Engine {
         any
     }
 
-    fn publish(&self, t: &Turner, error: Option<String>) {
+    fn publish(&self, t: &Turner, error: Option<String>, idle_ns: u64) {
         let mut conns = t.st.ended;
         for slot in t.st.slots.values() {
             add_counters(&mut conns, &slot.conn.counters());
@@ -1630,6 +1649,7 @@ impl Engine {
         c.established = t.st.established;
         c.ended = t.st.ended_conns;
         c.parks = self.parks;
+        c.idle_ns = idle_ns;
         if error.is_some() {
             c.error = error;
         }
