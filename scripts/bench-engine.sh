@@ -60,7 +60,7 @@ pair() { # placement transport test size iters -> client JSON
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
   sa="$sa ${BENCH_ARGS:-}"; ca="$ca ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086
-  ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >/dev/null 2>&1 &
+  ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >"$SRV_JSON" 2>/dev/null &
   local srv=$!
   for _ in $(seq 1 100); do
     # shellcheck disable=SC2086
@@ -144,13 +144,17 @@ raw_lat_reps() { # placement -> "p50 p99" medians over REPS runs of raw pingpong
 # its start more). -> medians of "raw-goodput raw-frames socket xdp xdp/raw xdpcopy xdpcopy/raw",
 # the ratios the median of the rounds' own ratios.
 bw_reps() { # placement test size iters
-  local rg=() rf=() s=() x=() xr=() c=() cr=() gp fr sv xv cv dir=iwb count
+  local rg=() rf=() s=() x=() xr=() c=() cr=() idle=() gp fr sv xv cv out dir=iwb count
   count=$(( $4 * (($3 + PAYLOAD - 1) / PAYLOAD) ))
   [ "$2" = read-bw ] && dir=iwa
   for _ in $(seq 1 "$REPS"); do
     sv=$(pair "$1" socket "$2" "$3" "$4" | f gbit_per_sec)
     read -r gp fr <<<"$(raw_bw "$1" "$dir" "$count")"
-    xv=$(pair "$1" xdp "$2" "$3" "$4" | f gbit_per_sec)
+    out=$(pair "$1" xdp "$2" "$3" "$4")
+    xv=$(echo "$out" | f gbit_per_sec)
+    # The data sender's engine idle time (the client's in write-bw, the server's in read-bw).
+    [ "$2" = read-bw ] && out=$(cat "$SRV_JSON")
+    idle+=("$(echo "$out" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['engine']['idle_ms']))" 2>/dev/null || echo '?')")
     rg+=("$gp"); rf+=("$fr"); s+=("$sv"); x+=("$xv"); xr+=("$(ratio "$xv" "$gp")")
     if [ "${TX_COPY:-0}" = 1 ]; then
       cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
@@ -161,7 +165,7 @@ bw_reps() { # placement test size iters
   done
   echo "$(med "${rg[@]}") $(med "${rf[@]}") $(med "${s[@]}") $(med "${x[@]}") $(med "${xr[@]}") \
 $(med "${c[@]}") $(med "${cr[@]}")"
-  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}" >>"$ROUNDS"
+  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
 }
 
 echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}; options of both transports: ${BENCH_ARGS:-defaults}"
@@ -169,6 +173,7 @@ echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw | raw frame octets, Gbit/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 ROUNDS=$(mktemp)
+SRV_JSON=$(mktemp)
 for pl in pinned free; do
   read -r rp50 rp99 <<<"$(raw_lat_reps "$pl")"
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
@@ -194,10 +199,11 @@ for pl in pinned free; do
   done
 done
 echo
-echo "Bandwidth rounds (raw goodput and engine Gbit/s, run right after each other, and their ratio):"
+echo "Bandwidth rounds (raw goodput and engine Gbit/s, run right after each other, their ratio, and"
+echo "how long the engine that sent the data waited for ACKs instead of sending, \`idle_ms\`):"
 echo
 sed 's/^/- /' "$ROUNDS"
-rm -f "$ROUNDS"
+rm -f "$ROUNDS" "$SRV_JSON"
 echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
 echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
