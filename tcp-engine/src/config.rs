@@ -1,6 +1,6 @@
 //! Per-connection configuration.
 
-use crate::cc::CongestionAlgorithm;
+use crate::cc::{CongestionAlgorithm, SlowStart};
 use core::time::Duration;
 
 /// How the application hands data to TCP for transmission.
@@ -83,6 +83,9 @@ pub struct Config {
     pub congestion: CongestionAlgorithm,
     /// Initial window in segments (RFC 6928: 10).
     pub initial_window_segments: u32,
+    /// Slow start's growth per ACK (RFC 3465 L; default: every octet acknowledged counts, as
+    /// in Linux, so that stretch ACKs do not slow slow start down).
+    pub slow_start: SlowStart,
     /// RTO before any RTT sample (RFC 6298 2.1: 1 s).
     pub initial_rto: Duration,
     /// Floor on the RTO (RFC 6298 2.4 says 1 s; Linux uses 200 ms). Default
@@ -149,6 +152,7 @@ impl Default for Config {
             sack: true,
             congestion: CongestionAlgorithm::Cubic,
             initial_window_segments: 10,
+            slow_start: SlowStart::default(),
             initial_rto: Duration::from_secs(1),
             min_rto: Duration::from_millis(5),
             max_rto: Duration::from_secs(60),

@@ -412,9 +412,10 @@ fn wscale_for(max_window: u64) -> u8 {
 
 impl Connection {
     fn new(cfg: Config, tuple: FourTuple, iss: u32, ts_offset: u32, now: Instant) -> Self {
-        let cc = cfg
-            .congestion
-            .build(u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460));
+        let cc = cfg.congestion.build(
+            u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460),
+            cfg.slow_start,
+        );
         let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         let rcv_wscale = if cfg.window_scaling {
             wscale_for(cfg.max_recv_window)
@@ -1202,7 +1203,7 @@ impl Connection {
             return;
         }
         self.take_syn_options(seg, now);
-        self.cc = self.cfg.congestion.build(0);
+        self.cc = self.cfg.congestion.build(0, self.cfg.slow_start);
         self.recompute_emss(false);
         self.reset_cc();
         if ack_ok {
@@ -1226,7 +1227,7 @@ impl Connection {
 
     fn reset_cc(&mut self) {
         let iw = u64::from(self.cfg.initial_window_segments) * u64::from(self.emss);
-        self.cc = self.cfg.congestion.build(iw);
+        self.cc = self.cfg.congestion.build(iw, self.cfg.slow_start);
     }
 
     fn establish(&mut self, now: Instant) {

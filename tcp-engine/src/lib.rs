@@ -25,7 +25,7 @@ pub mod table;
 pub mod time;
 pub mod wire;
 
-pub use cc::{CongestionAlgorithm, CongestionControl, Cubic, NewReno};
+pub use cc::{CongestionAlgorithm, CongestionControl, Cubic, NewReno, SlowStart};
 pub use config::{Config, RxMode, TxMode};
 pub use conn::{
     reset_reply, ConnStats, Connection, Event, PassedUp, SendError, State, TxSource, TxSourceError,

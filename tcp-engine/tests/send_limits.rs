@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use std::time::Duration;
 use tcp_engine::sim::LinkConfig;
-use tcp_engine::{Config, ConnStats};
+use tcp_engine::{Config, ConnStats, SlowStart};
 
 /// A link of 1 ms one way at 1 Gbit/s: a window of a few segments cannot fill it.
 fn long_link() -> LinkConfig {
@@ -87,5 +87,55 @@ fn the_last_round_trip_is_timed_as_sender_limited_and_idle_time_is_not() {
     assert!(
         st.snd_lim_time_sender_ns >= rtt && st.snd_lim_time_sender_ns < 2 * rtt,
         "{st:?} in {elapsed:?}"
+    );
+}
+
+#[test]
+fn stretch_acks_do_not_slow_slow_start_down() {
+    // A receiver that acknowledges every 8th segment (the AF_XDP engine's policy), a sender
+    // in slow start over a 2 ms round trip at 10 Gbit/s (a window of ~1700 segments): counting
+    // every octet acknowledged doubles the window per round trip, RFC 3465's L = 2 grows it
+    // by a quarter, and the transfer is over in a fraction of the round trips.
+    let receiver = Config {
+        recv_buffer: 8 << 20,
+        max_recv_window: 8 << 20,
+        ack_every_segments: 8,
+        ..Config::mpa()
+    };
+    let link = LinkConfig {
+        bandwidth_bps: Some(10_000_000_000),
+        ..long_link()
+    };
+    let run = |slow_start| {
+        let sender = Config {
+            slow_start,
+            ..Config::mpa()
+        };
+        let out = transfer(
+            7,
+            8 << 20,
+            link.clone(),
+            link.clone(),
+            sender,
+            receiver.clone(),
+            Duration::from_secs(60),
+            |_, _, _| {},
+        );
+        assert!(out.ok, "the transfer did not complete");
+        let acks = out.server.conn().stats().segments_out;
+        let data = out.client.conn().stats().segments_out;
+        assert!(
+            acks * 6 < data,
+            "{acks} ACKs for {data} segments: no stretch ACKs"
+        );
+        out.elapsed
+    };
+    let all = run(SlowStart::default());
+    let l2 = run(SlowStart {
+        limit_segments: Some(2),
+    });
+    assert!(
+        all * 3 < l2 * 2,
+        "{all:?} (no limit) against {l2:?} (L = 2)"
     );
 }
