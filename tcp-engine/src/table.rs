@@ -60,6 +60,14 @@ pub struct ConnId {
     generation: u32,
 }
 
+impl ConnId {
+    /// The connection's slot in the table: small and dense (a slot is reused, under a new
+    /// generation, after its connection is removed), for arrays indexed by connection.
+    pub fn index(self) -> usize {
+        self.index as usize
+    }
+}
+
 /// Why a table operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TableError {

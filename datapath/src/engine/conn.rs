@@ -1538,9 +1538,10 @@ impl IwarpConn {
                 self.qp.pd(),
             );
         }
+        // Nothing in the loop changes TCP's EMSS: the MULPDU once per turn, not per FPDU.
+        let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
+            .min(usize::from(u16::MAX));
         loop {
-            let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
-                .min(usize::from(u16::MAX));
             let start = tcp.send_stream_end();
             // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
             if self.tx.is_full()

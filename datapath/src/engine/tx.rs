@@ -33,8 +33,6 @@
 //! reading is an application race (RFC 5040 orders nothing there). A buffer type that cannot
 //! share (`share` gives `None`) is looked up again at each fill, like a Write's source.
 
-use std::collections::VecDeque;
-
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
@@ -105,28 +103,53 @@ pub(crate) enum PushError {
     Source,
 }
 
-/// The FPDUs of one connection not yet acknowledged, in stream order.
+/// The FPDUs of one connection not yet acknowledged, in stream order: a ring of descriptor
+/// slots allocated once. A descriptor is written in its slot field by field (no 150-octet
+/// descriptor built aside and moved in, no inline header zeroed first) and released by moving
+/// the ring's head (nothing moved out): both run once per FPDU.
 #[derive(Debug)]
 pub(crate) struct TxRing {
-    fpdus: VecDeque<TxFpdu>,
-    capacity: usize,
+    /// `capacity` slots; the live descriptors are `len` slots from `head`, wrapping.
+    slots: Vec<TxFpdu>,
+    head: usize,
+    len: usize,
     crc: bool,
     markers: bool,
     /// Stream offset of SeqStart (Marker positions are counted from here).
     seq_start: u64,
     pd: PdId,
-    /// Index in `fpdus` of the FPDU the last fill ended in: TCP asks for its stream in order
-    /// (one segment after the other), so the next fill almost always starts there or in the
-    /// one after; any other offset (a retransmission) is searched for.
+    /// Index (from the oldest descriptor) of the FPDU the last fill ended in: TCP asks for its
+    /// stream in order (one segment after the other), so the next fill almost always starts
+    /// there or in the one after; any other offset (a retransmission) is searched for.
     cursor: usize,
 }
 
+impl TxFpdu {
+    /// An unused slot.
+    fn vacant() -> TxFpdu {
+        TxFpdu {
+            start: 0,
+            wire_len: 0,
+            ulpdu_len: 0,
+            head_len: 0,
+            head: [0; HEAD_MAX],
+            payload: None,
+            held: None,
+            crc: None,
+            completes: false,
+        }
+    }
+}
+
 impl TxRing {
-    /// An empty ring of at most `capacity` descriptors (allocated now, never grown).
+    /// An empty ring of at most `capacity` descriptors (at least one; allocated now, never
+    /// grown).
     pub fn new(capacity: usize) -> TxRing {
+        let capacity = capacity.max(1);
         TxRing {
-            fpdus: VecDeque::with_capacity(capacity),
-            capacity,
+            slots: (0..capacity).map(|_| TxFpdu::vacant()).collect(),
+            head: 0,
+            len: 0,
             crc: false,
             markers: false,
             seq_start: 0,
@@ -144,12 +167,49 @@ impl TxRing {
     }
 
     pub fn is_full(&self) -> bool {
-        self.fpdus.len() >= self.capacity
+        self.len >= self.slots.len()
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.fpdus.len()
+        self.len
+    }
+
+    /// The slot of descriptor `i` (counted from the oldest); `i` < capacity.
+    #[inline]
+    fn slot(&self, i: usize) -> usize {
+        let k = self.head + i;
+        if k >= self.slots.len() {
+            k - self.slots.len()
+        } else {
+            k
+        }
+    }
+
+    /// Descriptor `i`, counted from the oldest.
+    #[inline]
+    fn get(&self, i: usize) -> Option<&TxFpdu> {
+        if i < self.len {
+            self.slots.get(self.slot(i))
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn get_mut(&mut self, i: usize) -> Option<&mut TxFpdu> {
+        if i < self.len {
+            let k = self.slot(i);
+            self.slots.get_mut(k)
+        } else {
+            None
+        }
+    }
+
+    /// The live descriptors, oldest first.
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &TxFpdu> {
+        (0..self.len).filter_map(|i| self.get(i))
     }
 
     /// Wire length of an FPDU carrying `ulpdu_len` octets starting at stream offset `start`.
@@ -183,37 +243,48 @@ impl TxRing {
             held = buf.share().map(|buf| Held { buf, off });
         }
         let wire_len = self.wire_len(start, ulpdu_len);
-        let mut fpdu = TxFpdu {
-            start,
-            wire_len: wire_len as u32,
-            ulpdu_len: ulpdu_len as u16,
-            head_len: head.len() as u8,
-            head: [0; HEAD_MAX],
-            payload,
-            held,
-            crc: None,
-            completes,
-        };
-        fpdu.head[..head.len()].copy_from_slice(head);
-        self.fpdus.push_back(fpdu);
+        let k = self.slot(self.len);
+        let f = &mut self.slots[k];
+        f.start = start;
+        f.wire_len = wire_len as u32;
+        f.ulpdu_len = ulpdu_len as u16;
+        f.head_len = head.len() as u8;
+        copy_short(&mut f.head[..head.len()], head);
+        f.payload = payload;
+        // A vacant slot holds nothing (released ones were emptied).
+        f.held = held;
+        f.crc = None;
+        f.completes = completes;
+        self.len += 1;
         Ok(wire_len)
     }
 
     /// Drops the descriptors wholly below stream offset `acked`, calling `released` for each.
     pub fn release_to(&mut self, acked: u64, mut released: impl FnMut(&TxFpdu)) {
-        while let Some(f) = self.fpdus.front() {
+        while self.len > 0 {
+            let f = &mut self.slots[self.head];
             if f.end() > acked {
                 break;
             }
             released(f);
-            self.fpdus.pop_front();
+            // A held Read Response source goes with its FPDU.
+            f.held = None;
+            self.head += 1;
+            if self.head == self.slots.len() {
+                self.head = 0;
+            }
+            self.len -= 1;
             self.cursor = self.cursor.saturating_sub(1);
         }
     }
 
     /// Drops every descriptor (the connection is gone).
     pub fn clear(&mut self) {
-        self.fpdus.clear();
+        for f in &mut self.slots {
+            f.held = None;
+        }
+        self.head = 0;
+        self.len = 0;
         self.cursor = 0;
     }
 
@@ -235,22 +306,21 @@ impl TxRing {
         let first = self.find(offset);
         let mut pos = offset;
         let mut done = 0;
-        let (crc, markers, seq_start, pd) = (self.crc, self.markers, self.seq_start, self.pd);
+        let w = FpduWriter {
+            crc: self.crc,
+            markers: self.markers,
+            seq_start: self.seq_start,
+            pd: self.pd,
+        };
         let mut i = first;
         let mut sum = Checksum::new();
         while done < out.len() {
-            let f = self.fpdus.get_mut(i).ok_or(err)?;
+            let f = self.get_mut(i).ok_or(err)?;
             if f.start > pos {
                 return Err(err);
             }
             let from = (pos - f.start) as usize;
             let n = (f.wire_len as usize - from).min(out.len() - done);
-            let w = FpduWriter {
-                crc,
-                markers,
-                seq_start,
-                pd,
-            };
             let part = w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
             sum = add_at(sum, done, part);
             done += n;
@@ -272,7 +342,7 @@ impl TxRing {
     /// FPDU's payload waited on loading it.
     fn prefetch_descriptor(&self, i: usize) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(f) = self.fpdus.get(i) {
+        if let Some(f) = self.get(i) {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let p = std::ptr::from_ref(f).cast::<i8>();
             let mut k = 0;
@@ -292,7 +362,7 @@ impl TxRing {
     /// order, one segment each; their source in a large registered region is often out of
     /// cache).
     fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
-        let Some(f) = self.fpdus.get(i) else { return };
+        let Some(f) = self.get(i) else { return };
         if f.crc.is_some() {
             return;
         }
@@ -310,13 +380,59 @@ impl TxRing {
     /// the cursor's or the next one when the fill continues in order, else a binary search.
     fn find(&self, offset: u64) -> usize {
         for i in [self.cursor, self.cursor + 1] {
-            if let Some(f) = self.fpdus.get(i) {
+            if let Some(f) = self.get(i) {
                 if f.start <= offset && offset < f.end() {
                     return i;
                 }
             }
         }
-        self.fpdus.partition_point(|f| f.end() <= offset)
+        // The first descriptor ending after `offset` (ends grow along the ring).
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.get(mid).is_some_and(|f| f.end() <= offset) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
+/// `dst.copy_from_slice(src)` for the few octets of an inline header (at most [`HEAD_MAX`])
+/// by fixed-size moves: a `copy_from_slice` of a length known only at run time is a call into
+/// `memcpy`, once per FPDU queued and once per FPDU written.
+#[inline]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    debug_assert_eq!(dst.len(), n);
+    if dst.len() != n {
+        return;
+    }
+    if n >= 8 {
+        let mut k = 0;
+        while k + 8 <= n {
+            dst[k..k + 8].copy_from_slice(&src[k..k + 8]);
+            k += 8;
+        }
+        if k < n {
+            // The last 8 octets, overlapping ones already written with the same values.
+            dst[n - 8..].copy_from_slice(&src[n - 8..]);
+        }
+    } else if n >= 4 {
+        dst[..4].copy_from_slice(&src[..4]);
+        dst[n - 4..].copy_from_slice(&src[n - 4..]);
+    } else {
+        if n > 0 {
+            dst[0] = src[0];
+        }
+        if n > 1 {
+            dst[1] = src[1];
+        }
+        if n > 2 {
+            dst[2] = src[2];
+        }
     }
 }
 
@@ -576,7 +692,7 @@ impl FpduWriter {
         let (hdr, rest) = out.split_at_mut(h);
         let len = f.ulpdu_len.to_be_bytes();
         hdr[..2].copy_from_slice(&len);
-        hdr[2..].copy_from_slice(head);
+        copy_short(&mut hdr[2..], head);
         // Summed and CRC'd from the descriptor, not read back from `out`: loads spanning the
         // small stores just made would wait for them (store forwarding fails).
         let mut sum = Checksum::new().add_2(len).add_short(head);
@@ -597,7 +713,8 @@ impl FpduWriter {
             sum = add_at(sum, h, part);
         }
         let (pad_out, field) = rest.split_at_mut(pad);
-        pad_out.fill(0);
+        // At most 3 octets: `copy_short`'s moves, not a call into `memset`.
+        copy_short(pad_out, &[0u8; 3][..pad]);
         let value = if self.crc {
             let c = if pad > 0 {
                 !crc_update(crc, &[0u8; 3][..pad])
@@ -853,8 +970,7 @@ mod tests {
                 }
                 // FPDU by FPDU, as TCP asks for them (one segment per FPDU).
                 let mut c = case_in(pinned, crc, markers, seq_start, seed);
-                let ends: Vec<(u64, u64)> =
-                    c.ring.fpdus.iter().map(|f| (f.start, f.end())).collect();
+                let ends: Vec<(u64, u64)> = c.ring.iter().map(|f| (f.start, f.end())).collect();
                 for (a, b) in ends {
                     let (a, b) = ((a - c.base) as usize, (b - c.base) as usize);
                     fill_matches(&mut c, a, b - a, &format!("FPDU (seed {seed})"));
@@ -897,7 +1013,7 @@ mod tests {
         assert!(c.ring.fill(total, &mut out, &c.mem).is_err());
         assert!(c.ring.fill(total - 4, &mut out, &c.mem).is_err());
         // Release the first FPDU: its octets can no longer be asked for.
-        let first_end = c.ring.fpdus[0].end();
+        let first_end = c.ring.get(0).expect("first").end();
         let mut released = 0;
         c.ring.release_to(first_end, |_| released += 1);
         assert_eq!(released, 1);
@@ -990,7 +1106,7 @@ mod tests {
                             access: Access::NONE,
                         });
                         let n = ring.push(0, &head, payload, false, &mem).expect("push");
-                        let mut f = ring.fpdus[0].clone();
+                        let mut f = ring.get(0).expect("pushed").clone();
                         let region = payload.map(|p| {
                             mem.validate(p.stag, PD, p.access, p.to, u64::from(p.len))
                                 .expect("region")
@@ -998,7 +1114,8 @@ mod tests {
                         let mut fast = vec![0xeeu8; n];
                         let sum = w.whole_unmarked(&mut f, region, &mut fast);
                         let mut slow = vec![0x11u8; n];
-                        let (c, slow_sum) = w.pass(&ring.fpdus[0], region, 0, &mut slow, true);
+                        let (c, slow_sum) =
+                            w.pass(ring.get(0).expect("pushed"), region, 0, &mut slow, true);
                         let what = format!("crc {crc} head {head_len} payload {pl}");
                         assert_eq!(fast, slow, "{what}");
                         assert_eq!(sum, slow_sum, "{what}");
@@ -1010,6 +1127,75 @@ mod tests {
         }
         check(VecBuffer::from_vec);
         check(pinned);
+    }
+
+    #[test]
+    fn ring_wraps_around_its_slots() {
+        // Three slots: descriptors go round them many times (sent whole, their oldest resent
+        // in part and everything in flight as one range, released as acknowledged), every
+        // octet as the encoder writes the same stream.
+        for (crc, markers) in [(true, false), (true, true), (false, false)] {
+            let mut mem = MemoryTable::new();
+            let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 7) as u8).collect();
+            let stag = mem.register(
+                PD,
+                VecBuffer::from_vec(data.clone()),
+                0,
+                Access::REMOTE_READ,
+            );
+            let mut ring = TxRing::new(3);
+            ring.start(crc, markers, 5, PD);
+            let mut enc = FpduEncoder::new(crc, markers);
+            let mut start = 5u64;
+            let mut in_flight: std::collections::VecDeque<(u64, Vec<u8>)> = Default::default();
+            for k in 0..40usize {
+                if ring.is_full() {
+                    let (s, img) = in_flight.pop_front().expect("oldest");
+                    let mut released = 0;
+                    ring.release_to(s + img.len() as u64, |_| released += 1);
+                    assert_eq!(released, 1, "FPDU {k}");
+                    let mut out = [0u8; 1];
+                    assert!(ring.fill(s, &mut out, &mem).is_err(), "released, FPDU {k}");
+                }
+                let head = [k as u8 ^ 0x5a; 14];
+                let (len, off) = (100 + (k * 37) % 1300, (k * 101) % 3000);
+                let access = if k % 3 == 0 {
+                    Access::REMOTE_READ
+                } else {
+                    Access::NONE
+                };
+                let p = TxPayload {
+                    stag,
+                    to: off as u64,
+                    len: len as u32,
+                    access,
+                };
+                let n = ring
+                    .push(start, &head, Some(p), k % 2 == 0, &mem)
+                    .expect("push");
+                let mut img = Vec::new();
+                enc.encode_parts(&head, &data[off..off + len], &mut img)
+                    .expect("encode");
+                assert_eq!(img.len(), n, "FPDU {k}");
+                let mut out = vec![0u8; n];
+                let sum = ring.fill(start, &mut out, &mem).expect("whole");
+                assert_eq!((&out, sum), (&img, sum_of(&img)), "FPDU {k}");
+                in_flight.push_back((start, img));
+                start += n as u64;
+                let (s, old) = &in_flight[0];
+                let mut part = vec![0u8; old.len() / 2 + 1];
+                ring.fill(*s + 1, &mut part, &mem).expect("part");
+                assert_eq!(part, old[1..part.len() + 1], "FPDU {k}");
+                let expected: Vec<u8> = in_flight.iter().flat_map(|(_, i)| i.clone()).collect();
+                let mut all = vec![0u8; expected.len()];
+                let sum = ring.fill(*s, &mut all, &mem).expect("in flight");
+                assert_eq!((&all, sum), (&expected, sum_of(&expected)), "FPDU {k}");
+            }
+            assert_eq!(ring.len(), 3);
+            ring.release_to(start, |_| {});
+            assert_eq!(ring.len(), 0);
+            assert!(ring.fill(start - 1, &mut [0u8; 1], &mem).is_err());
+        }
     }
 
     #[test]

@@ -927,34 +927,74 @@ impl Slot {
     }
 }
 
-/// Hashes a [`ConnId`] (two `u32`s the table hands out, never octets from the network) with
-/// one multiply per word (the Fx hash) instead of SipHash: the slot is looked up for every
-/// segment received (`on_data`) and every segment built (`fill_tx`).
-#[derive(Default, Clone, Copy)]
-struct ConnIdHasher(u64);
+/// The engine's connections by [`ConnId`]: a vector indexed by the table's slot index
+/// ([`ConnId::index`], small and dense), the generation checked. The slot is looked up for
+/// every segment received (`on_data`) and every segment built (`fill_tx`): an index and a
+/// compare, no hashing and probing.
+struct SlotMap<V = Slot> {
+    v: Vec<Option<(ConnId, V)>>,
+    len: usize,
+}
 
-impl std::hash::Hasher for ConnIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+impl<V> Default for SlotMap<V> {
+    fn default() -> Self {
+        SlotMap {
+            v: Vec::new(),
+            len: 0,
         }
-    }
-
-    fn write_u32(&mut self, word: u32) {
-        self.write_u64(u64::from(word));
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
     }
 }
 
-type SlotMap = HashMap<ConnId, Slot, std::hash::BuildHasherDefault<ConnIdHasher>>;
+impl<V> SlotMap<V> {
+    fn get_mut(&mut self, id: &ConnId) -> Option<&mut V> {
+        match self.v.get_mut(id.index()) {
+            Some(Some((k, s))) if k == id => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Inserts `slot` for `id`, returning what `id`'s place held (an older generation's slot
+    /// included: the table reused the index, so that connection is gone).
+    fn insert(&mut self, id: ConnId, slot: V) -> Option<V> {
+        let i = id.index();
+        if self.v.len() <= i {
+            self.v.resize_with(i + 1, || None);
+        }
+        let old = self.v[i].replace((id, slot)).map(|(_, s)| s);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, id: &ConnId) -> Option<V> {
+        let e = self.v.get_mut(id.index())?;
+        if e.as_ref().is_some_and(|(k, _)| k == id) {
+            self.len -= 1;
+            e.take().map(|(_, s)| s)
+        } else {
+            None
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn values(&self) -> impl Iterator<Item = &V> {
+        self.v.iter().filter_map(|e| e.as_ref().map(|(_, s)| s))
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.v.iter_mut().filter_map(|e| e.as_mut().map(|(_, s)| s))
+    }
+
+    /// Takes every connection out.
+    fn drain(&mut self) -> impl Iterator<Item = (ConnId, V)> + '_ {
+        self.len = 0;
+        self.v.drain(..).flatten()
+    }
+}
 
 /// The engine thread's connection state (what the driver's callbacks reach).
 struct State {
@@ -1865,5 +1905,54 @@ impl Turner {
         })?;
         slot.table = Some(table);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_map_keys_by_index_and_generation() {
+        // Ids as the table hands them out: a removed connection's index comes back under a
+        // new generation, and the old id must find nothing.
+        let mut table = tcp_engine::table::ConnectionTable::new([7; 16], 8);
+        let tuple = |port| tcp_engine::FourTuple {
+            local_addr: Ipv4Addr::new(10, 0, 0, 1),
+            local_port: port,
+            remote_addr: Ipv4Addr::new(10, 0, 0, 2),
+            remote_port: 4791,
+        };
+        let cfg = tcp_engine::Config::default();
+        let connect = |t: &mut tcp_engine::table::ConnectionTable, port| {
+            t.connect(cfg.clone(), tuple(port), Instant::ZERO)
+        };
+        let a = connect(&mut table, 1000).expect("a");
+        let b = connect(&mut table, 1001).expect("b");
+        let mut m: SlotMap<u32> = SlotMap::default();
+        assert!(m.is_empty());
+        assert_eq!(m.insert(b, 2), None);
+        assert_eq!(m.insert(a, 1), None);
+        assert_eq!(m.get_mut(&a).copied(), Some(1));
+        assert_eq!(m.get_mut(&b).copied(), Some(2));
+        assert!(table.remove(a).is_some());
+        let c = connect(&mut table, 1002).expect("c");
+        assert_eq!(c.index(), a.index(), "the table reuses the slot");
+        assert_ne!(c, a);
+        assert_eq!(m.get_mut(&c), None, "a new generation is not the old one");
+        assert_eq!(m.remove(&c), None);
+        assert_eq!(m.remove(&a), Some(1));
+        assert_eq!(m.get_mut(&a), None);
+        assert_eq!(m.insert(c, 3), None);
+        for v in m.values_mut() {
+            *v += 10;
+        }
+        let mut all: Vec<u32> = m.values().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [12, 13]);
+        let drained: Vec<(ConnId, u32)> = m.drain().collect();
+        assert_eq!(drained.len(), 2);
+        assert!(m.is_empty());
+        assert_eq!(m.get_mut(&b), None);
     }
 }
