@@ -54,23 +54,27 @@ const CRC_CHUNK: usize = 512;
 /// one segment takes a few microseconds, a miss a fraction of one.
 const DESCRIPTOR_AHEAD: usize = 3;
 
-/// One FPDU in flight.
-#[derive(Debug, Clone)]
+/// One FPDU in flight. Plain data (`Copy`): a slot is rewritten without reading what it held
+/// (dropping an old value would load it from a line long out of cache). What the release of
+/// acknowledged FPDUs reads comes first (`repr(C)`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
 pub(crate) struct TxFpdu {
     /// Stream offset of its first octet (a leading Marker included).
     pub start: u64,
     /// Octets on the wire, Markers included.
     pub wire_len: u32,
-    ulpdu_len: u16,
-    head_len: u8,
-    head: [u8; HEAD_MAX],
-    payload: Option<TxPayload>,
-    /// A Read Response's source, held until the FPDU is acknowledged.
-    held: Option<Held>,
-    /// The CRC (RFC 5044 4.4) once computed.
-    crc: Option<u32>,
     /// Its acknowledgement completes a Send or Write (`rdmap::TxSegment::completes`).
     pub completes: bool,
+    /// A Read Response whose source is held (in the ring's `held`, same slot) until the FPDU
+    /// is acknowledged.
+    held: bool,
+    ulpdu_len: u16,
+    /// The CRC (RFC 5044 4.4) once computed.
+    crc: Option<u32>,
+    payload: Option<TxPayload>,
+    head_len: u8,
+    head: [u8; HEAD_MAX],
 }
 
 /// A handle to a Read Response's source bytes and the payload's offset in them.
@@ -111,6 +115,9 @@ pub(crate) enum PushError {
 pub(crate) struct TxRing {
     /// `capacity` slots; the live descriptors are `len` slots from `head`, wrapping.
     slots: Vec<TxFpdu>,
+    /// Per slot, the held source of a Read Response FPDU (`TxFpdu::held`); touched only for
+    /// those.
+    held: Vec<Option<Held>>,
     head: usize,
     len: usize,
     crc: bool,
@@ -134,7 +141,7 @@ impl TxFpdu {
             head_len: 0,
             head: [0; HEAD_MAX],
             payload: None,
-            held: None,
+            held: false,
             crc: None,
             completes: false,
         }
@@ -147,7 +154,8 @@ impl TxRing {
     pub fn new(capacity: usize) -> TxRing {
         let capacity = capacity.max(1);
         TxRing {
-            slots: (0..capacity).map(|_| TxFpdu::vacant()).collect(),
+            slots: vec![TxFpdu::vacant(); capacity],
+            held: (0..capacity).map(|_| None).collect(),
             head: 0,
             len: 0,
             crc: false,
@@ -191,16 +199,6 @@ impl TxRing {
     fn get(&self, i: usize) -> Option<&TxFpdu> {
         if i < self.len {
             self.slots.get(self.slot(i))
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn get_mut(&mut self, i: usize) -> Option<&mut TxFpdu> {
-        if i < self.len {
-            let k = self.slot(i);
-            self.slots.get_mut(k)
         } else {
             None
         }
@@ -251,10 +249,13 @@ impl TxRing {
         f.head_len = head.len() as u8;
         copy_short(&mut f.head[..head.len()], head);
         f.payload = payload;
-        // A vacant slot holds nothing (released ones were emptied).
-        f.held = held;
+        f.held = held.is_some();
         f.crc = None;
         f.completes = completes;
+        if held.is_some() {
+            // A released slot's was dropped with its FPDU.
+            self.held[k] = held;
+        }
         self.len += 1;
         Ok(wire_len)
     }
@@ -262,13 +263,17 @@ impl TxRing {
     /// Drops the descriptors wholly below stream offset `acked`, calling `released` for each.
     pub fn release_to(&mut self, acked: u64, mut released: impl FnMut(&TxFpdu)) {
         while self.len > 0 {
-            let f = &mut self.slots[self.head];
+            // The ones after: written a round trip ago, out of cache by now.
+            self.prefetch_descriptor(DESCRIPTOR_AHEAD);
+            let f = &self.slots[self.head];
             if f.end() > acked {
                 break;
             }
             released(f);
-            // A held Read Response source goes with its FPDU.
-            f.held = None;
+            if f.held {
+                // A held Read Response source goes with its FPDU.
+                self.held[self.head] = None;
+            }
             self.head += 1;
             if self.head == self.slots.len() {
                 self.head = 0;
@@ -280,8 +285,8 @@ impl TxRing {
 
     /// Drops every descriptor (the connection is gone).
     pub fn clear(&mut self) {
-        for f in &mut self.slots {
-            f.held = None;
+        for h in &mut self.held {
+            *h = None;
         }
         self.head = 0;
         self.len = 0;
@@ -315,13 +320,26 @@ impl TxRing {
         let mut i = first;
         let mut sum = Checksum::new();
         while done < out.len() {
-            let f = self.get_mut(i).ok_or(err)?;
+            if i >= self.len {
+                return Err(err);
+            }
+            let k = self.slot(i);
+            let Some(f) = self.slots.get_mut(k) else {
+                return Err(err);
+            };
+            let held = if f.held {
+                self.held.get(k).and_then(Option::as_ref)
+            } else {
+                None
+            };
             if f.start > pos {
                 return Err(err);
             }
             let from = (pos - f.start) as usize;
             let n = (f.wire_len as usize - from).min(out.len() - done);
-            let part = w.fill(f, from, &mut out[done..done + n], mem).ok_or(err)?;
+            let part = w
+                .fill(f, held, from, &mut out[done..done + n], mem)
+                .ok_or(err)?;
             sum = add_at(sum, done, part);
             done += n;
             pos += n as u64;
@@ -366,7 +384,8 @@ impl TxRing {
         if f.crc.is_some() {
             return;
         }
-        if let (Some(h), Some(p)) = (&f.held, f.payload) {
+        let held = self.held.get(self.slot(i)).and_then(Option::as_ref);
+        if let (Some(h), Some(p), true) = (held, f.payload, f.held) {
             h.buf.prefetch(h.off, p.len as usize);
         } else if let Some(p) = f.payload {
             if let Ok((buf, off)) = mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
@@ -620,15 +639,13 @@ impl FpduWriter {
     fn fill<B: RegionBuffer>(
         &self,
         f: &mut TxFpdu,
+        held: Option<&Held>,
         from: usize,
         out: &mut [u8],
         mem: &MemoryTable<B>,
     ) -> Option<u16> {
-        if let Some(h) = f.held.take() {
-            // Taken out while `f` takes its CRC, put back after (no reference count change).
-            let sum = self.fill_from(f, Some((&*h.buf, h.off)), from, out);
-            f.held = Some(h);
-            return Some(sum);
+        if let Some(h) = held {
+            return Some(self.fill_from(f, Some((&*h.buf, h.off)), from, out));
         }
         let region = match f.payload {
             Some(p) => Some(
@@ -1076,6 +1093,80 @@ mod tests {
         assert_eq!(ring.len(), 0);
     }
 
+    /// A region whose shared handles can be counted.
+    struct Counted(std::sync::Arc<VecBuffer>);
+
+    impl RegionBuffer for Counted {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn read_at(&self, offset: usize, dst: &mut [u8]) {
+            self.0.read_at(offset, dst)
+        }
+        fn write_at(&self, offset: usize, src: &[u8]) {
+            self.0.write_at(offset, src)
+        }
+        fn share(&self) -> Option<SharedBuffer> {
+            Some(self.0.clone())
+        }
+    }
+
+    #[test]
+    fn held_sources_go_with_their_fpdus_and_slots_reused_forget_them() {
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 11) as u8).collect();
+        let bytes = std::sync::Arc::new(VecBuffer::from_vec(data.clone()));
+        let mut mem = MemoryTable::new();
+        let stag = mem.register(PD, Counted(bytes.clone()), 0, Access::REMOTE_READ);
+        // Besides the FPDUs' handles: ours, and the table's until deregistered.
+        let handles = |others: usize| std::sync::Arc::strong_count(&bytes) - others;
+        let mut ring = TxRing::new(2);
+        ring.start(true, false, 0, PD);
+        let payload = |to: u64, access| {
+            Some(TxPayload {
+                stag,
+                to,
+                len: 1000,
+                access,
+            })
+        };
+        let head = [0x33u8; 14];
+        let a = ring
+            .push(0, &head, payload(0, Access::REMOTE_READ), false, &mem)
+            .expect("a");
+        let b = ring
+            .push(
+                a as u64,
+                &head,
+                payload(1000, Access::REMOTE_READ),
+                false,
+                &mem,
+            )
+            .expect("b");
+        assert_eq!(handles(2), 2);
+        ring.release_to(a as u64, |_| {});
+        assert_eq!(handles(2), 1, "released with its FPDU");
+        // The slot of `a` again, now for an FPDU that holds nothing: once the region is gone
+        // its fill fails (it must not find the old handle), while `b`'s still reads.
+        let start = (a + b) as u64;
+        let c = ring
+            .push(start, &head, payload(2000, Access::NONE), false, &mem)
+            .expect("c");
+        assert_eq!(handles(2), 1);
+        assert!(mem.deregister(stag).is_ok());
+        assert_eq!(handles(1), 1);
+        let mut out = vec![0u8; c];
+        assert!(ring.fill(start, &mut out, &mem).is_err());
+        let mut expected = Vec::new();
+        FpduEncoder::new(true, false)
+            .encode_parts(&head, &data[1000..2000], &mut expected)
+            .expect("encode");
+        let mut out = vec![0u8; b];
+        ring.fill(a as u64, &mut out, &mem).expect("held b");
+        assert_eq!(out, expected);
+        ring.clear();
+        assert_eq!(handles(1), 0, "cleared");
+    }
+
     #[test]
     fn whole_unmarked_fpdus_match_the_general_pass() {
         // The fast path against the piecewise pass, for every inline length, payload lengths
@@ -1106,7 +1197,7 @@ mod tests {
                             access: Access::NONE,
                         });
                         let n = ring.push(0, &head, payload, false, &mem).expect("push");
-                        let mut f = ring.get(0).expect("pushed").clone();
+                        let mut f = *ring.get(0).expect("pushed");
                         let region = payload.map(|p| {
                             mem.validate(p.stag, PD, p.access, p.to, u64::from(p.len))
                                 .expect("region")
