@@ -130,8 +130,9 @@ pub struct XskStats {
     pub tx_ring_empty: u64,
 }
 
-/// Octets of the next free TX frame prefetched while one is being written: the Ethernet, IPv4,
-/// TCP (with options) and MPA/DDP/RDMAP headers of an engine segment lie in the first 128.
+/// Octets of a frame prefetched: of the next free TX frame while one is being written, and of
+/// each received frame as its batch is taken. The Ethernet, IPv4, TCP (with options) and
+/// MPA/DDP/RDMAP headers of an engine segment lie in the first 128.
 const TX_PREFETCH: usize = 128;
 
 /// An AF_XDP socket bound to one queue, with its UMEM, four rings and frame allocator.
@@ -442,6 +443,15 @@ impl XskSocket {
             let _ = self.fq.wakeup(self.rx.fd_mut(), 0);
         }
         self.stats.rx_frames += n as u64;
+        // Every frame's headers at once: the kernel wrote them on another CPU (veth's receive
+        // runs in the peer's thread), and a TCP header with options ends past the first cache
+        // line; read one after the other, each line is a transfer from that CPU the receive
+        // path waits for (the checksum of a received ACK was the sender's largest wait for it).
+        for i in 0..n {
+            if let Some(desc) = self.rx_descs.get(i) {
+                self.prefetch_frame(desc);
+            }
+        }
         RxBatch { sock: self, n }
     }
 
@@ -531,15 +541,17 @@ impl XskSocket {
         Ok(queued)
     }
 
-    /// Prefetches the first [`TX_PREFETCH`] octets of the free TX frame `desc` (x86-64
-    /// `prefetcht0` per cache line); reads and writes nothing, does nothing elsewhere.
+    /// Prefetches the first [`TX_PREFETCH`] octets of frame `desc` (a free TX frame, or a
+    /// received one not yet returned to the fill ring) (x86-64 `prefetcht0` per cache line);
+    /// reads and writes nothing, does nothing elsewhere.
     #[inline]
     fn prefetch_frame(&self, desc: &FrameDesc) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: `desc` is a frame of this UMEM on the free list: neither the kernel nor
-            // any other view uses it; this view only yields its address and is dropped here.
+            // SAFETY: `desc` is a frame of this UMEM that is ours: on the free list, or handed
+            // back by the kernel on the RX ring and not yet on the fill ring (the kernel writes
+            // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
             let mut k = 0;
             while k < TX_PREFETCH.min(self.frame_capacity) {
