@@ -156,3 +156,64 @@ fn acknowledged_completion_waits_for_the_ack() {
     pair.a.qp.message_acknowledged();
     assert!(pair.a.completions().is_empty());
 }
+
+/// A Write whose source region is deregistered after a first segment went out: the next
+/// segment is the Terminate instead (RFC 5040 7.1 rule 1: local catastrophic, no headers),
+/// the work request completes with a local protection error, and nothing follows; the same
+/// from both transmit calls.
+#[test]
+fn a_source_gone_mid_message_sends_the_terminate_instead() {
+    for described in [false, true] {
+        let mut p = Peer::new(config());
+        let src = p.region(pattern(3000, 5), 0, Access::NONE);
+        p.post(
+            7,
+            SendOp::Write {
+                remote_stag: rdmap::Stag(0x4242_0001),
+                remote_to: 0,
+            },
+            Some(Sge {
+                stag: src,
+                to: 0,
+                len: 3000,
+            }),
+        );
+        let poll = |p: &mut Peer, out: &mut Vec<u8>| {
+            if described {
+                p.qp.poll_transmit_segment(1024, &p.mem, out)
+                    .map(|s| s.ulpdu)
+            } else {
+                p.qp.poll_transmit(1024, &p.mem, out)
+            }
+        };
+        let mut out = Vec::new();
+        let first = poll(&mut p, &mut out).expect("first segment");
+        assert_eq!((first.opcode, first.last), (Opcode::Write, false));
+        assert!(p.mem.deregister(src).is_ok());
+        out.clear();
+        let t = poll(&mut p, &mut out).expect("the Terminate");
+        assert_eq!(
+            (t.opcode, t.last, t.len),
+            (Opcode::Terminate, true, out.len())
+        );
+        let header = rdmap::wire::TerminateHeader::parse(&out[18..]).expect("header");
+        assert_eq!(
+            (header.layer, header.etype, header.code),
+            (
+                rdmap::wire::layer::RDMAP,
+                rdmap::wire::rdmap_etype::LOCAL_CATASTROPHIC,
+                0
+            )
+        );
+        assert!(
+            poll(&mut p, &mut Vec::new()).is_none(),
+            "described {described}"
+        );
+        let wc = p.completions();
+        assert_eq!(wc.len(), 1, "described {described}");
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (7, WcStatus::LocalProtectionError)
+        );
+    }
+}
