@@ -245,6 +245,16 @@ struct TxSegment {
 }
 
 impl TxSegment {
+    /// A data segment in flight, its `start`, `len` and `xmit_time` to be set.
+    const IN_FLIGHT: TxSegment = TxSegment {
+        start: 0,
+        len: 0,
+        fin: false,
+        state: SegState::InFlight,
+        xmit_time: Instant::ZERO,
+        retransmits: 0,
+    };
+
     fn seq_len(&self) -> u64 {
         u64::from(self.len) + u64::from(self.fin)
     }
@@ -1105,15 +1115,18 @@ impl Connection {
         {
             return;
         }
-        let Some(srtt) = self.rtt.srtt() else { return };
-        let mut pto = srtt * 2;
-        if self.pipe <= u64::from(self.emss) {
-            pto += self.cfg.peer_max_ack_delay;
-        }
-        // Not before an ACK is overdue by the measured variation either
-        // (SRTT + 4 RTTVAR): with ACKs that come late by a varying amount
-        // (a loaded receiver), 2 SRTT alone probes before they arrive.
-        pto = pto.max(self.rtt.unfloored_rto().unwrap_or(pto));
+        // 2 SRTT, not before an ACK is overdue by the measured variation
+        // either (SRTT + 4 RTTVAR): with ACKs that come late by a varying
+        // amount (a loaded receiver), 2 SRTT alone probes before they arrive.
+        // Kept by the estimator per RTT sample, not computed per segment.
+        let Some(base) = self.rtt.pto_base() else { return };
+        let pto = match self.rtt.srtt() {
+            // A lone segment's ACK may be delayed (RFC 8985 7.2).
+            Some(srtt) if self.pipe <= u64::from(self.emss) => {
+                (srtt * 2 + self.cfg.peer_max_ack_delay).max(base)
+            }
+            _ => base,
+        };
         let pto = pto.max(Duration::from_micros(10));
         let deadline = now + pto;
         if self.rto_deadline.is_none_or(|r| deadline < r) {
@@ -2572,14 +2585,15 @@ impl Connection {
             while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
                 self.record_ends.pop_front();
             }
-            self.scoreboard.push_back(TxSegment {
-                start,
-                len: len as u32,
-                fin: false,
-                state: SegState::InFlight,
-                xmit_time: now,
-                retransmits: 0,
-            });
+            // Pushed as a constant and filled in place: `push_back` is not inlined, and it
+            // read a segment built on the stack back in wider loads than the stores that
+            // wrote it, which waited for them (failed store forwarding) per segment sent.
+            self.scoreboard.push_back(TxSegment::IN_FLIGHT);
+            if let Some(e) = self.scoreboard.back_mut() {
+                e.start = start;
+                e.len = len as u32;
+                e.xmit_time = now;
+            }
             self.pipe += len;
             self.arm_tlp(now);
             return Some(n);

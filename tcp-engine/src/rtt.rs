@@ -8,6 +8,9 @@ use core::time::Duration;
 pub struct RttEstimator {
     srtt: Option<Duration>,
     rttvar: Duration,
+    /// max(2 SRTT, SRTT + 4 RTTVAR), kept with the estimate: the probe timeout of RFC 8985
+    /// 7.2 with data in flight, asked for after every segment sent.
+    pto_base: Duration,
     min_rtt: Option<Duration>,
     rto: Duration,
     backoff_shift: u32,
@@ -21,6 +24,7 @@ impl RttEstimator {
         RttEstimator {
             srtt: None,
             rttvar: Duration::ZERO,
+            pto_base: Duration::ZERO,
             min_rtt: None,
             rto: initial_rto,
             backoff_shift: 0,
@@ -45,7 +49,9 @@ impl RttEstimator {
         }
         self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
         let srtt = self.srtt.unwrap_or(r);
-        self.rto = (srtt + self.rttvar * 4).clamp(self.min_rto, self.max_rto);
+        let unfloored = srtt + self.rttvar * 4;
+        self.pto_base = (srtt * 2).max(unfloored);
+        self.rto = unfloored.clamp(self.min_rto, self.max_rto);
         // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
         self.backoff_shift = 0;
     }
@@ -85,6 +91,13 @@ impl RttEstimator {
         self.srtt.map(|s| s + self.rttvar * 4)
     }
 
+    /// max(2 SRTT, SRTT + 4 RTTVAR) once measured: RFC 8985 7.2's PTO (2 SRTT) not before an
+    /// ACK is overdue by the measured variation ([`unfloored_rto`](Self::unfloored_rto)).
+    /// Computed per sample, not per segment sent.
+    pub fn pto_base(&self) -> Option<Duration> {
+        self.srtt.map(|_| self.pto_base)
+    }
+
     /// Smallest RTT seen (RFC 8985 uses it for the reordering window).
     pub fn min_rtt(&self) -> Option<Duration> {
         self.min_rtt
@@ -113,6 +126,22 @@ mod tests {
         e.back_off();
         e.back_off();
         assert_eq!(e.rto(), Duration::from_millis(116));
+    }
+
+    #[test]
+    fn pto_base_is_twice_srtt_or_the_unfloored_rto() {
+        let mut e = RttEstimator::new(
+            Duration::from_secs(1),
+            Duration::from_millis(5),
+            Duration::from_secs(60),
+        );
+        assert_eq!(e.pto_base(), None);
+        // Steady samples shrink RTTVAR below SRTT / 4 (2 SRTT wins), a jump raises it.
+        for us in [100, 100, 100, 100, 100, 100, 100, 100, 900, 120, 80, 3000, 100] {
+            e.sample(Duration::from_micros(us));
+            let (srtt, unfloored) = (e.srtt().expect("srtt"), e.unfloored_rto().expect("rto"));
+            assert_eq!(e.pto_base(), Some((srtt * 2).max(unfloored)), "after {us} us");
+        }
     }
 
     #[test]
