@@ -1119,7 +1119,9 @@ impl Connection {
         // either (SRTT + 4 RTTVAR): with ACKs that come late by a varying
         // amount (a loaded receiver), 2 SRTT alone probes before they arrive.
         // Kept by the estimator per RTT sample, not computed per segment.
-        let Some(base) = self.rtt.pto_base() else { return };
+        let Some(base) = self.rtt.pto_base() else {
+            return;
+        };
         let pto = match self.rtt.srtt() {
             // A lone segment's ACK may be delayed (RFC 8985 7.2).
             Some(srtt) if self.pipe <= u64::from(self.emss) => {

@@ -137,10 +137,16 @@ mod tests {
         );
         assert_eq!(e.pto_base(), None);
         // Steady samples shrink RTTVAR below SRTT / 4 (2 SRTT wins), a jump raises it.
-        for us in [100, 100, 100, 100, 100, 100, 100, 100, 900, 120, 80, 3000, 100] {
+        for us in [
+            100, 100, 100, 100, 100, 100, 100, 100, 900, 120, 80, 3000, 100,
+        ] {
             e.sample(Duration::from_micros(us));
             let (srtt, unfloored) = (e.srtt().expect("srtt"), e.unfloored_rto().expect("rto"));
-            assert_eq!(e.pto_base(), Some((srtt * 2).max(unfloored)), "after {us} us");
+            assert_eq!(
+                e.pto_base(),
+                Some((srtt * 2).max(unfloored)),
+                "after {us} us"
+            );
         }
     }
 
