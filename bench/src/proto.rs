@@ -18,7 +18,7 @@ pub const CTRL_LEN: usize = 16;
 /// Control receive buffers each side keeps posted.
 pub const CTRL_SLOTS: usize = 64;
 
-const HELLO_MAGIC: &[u8; 4] = b"IWB1";
+const HELLO_MAGIC: &[u8; 4] = b"IWB3";
 const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
 
 /// The client's description of the run.
@@ -26,6 +26,8 @@ const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
 pub struct Hello {
     pub test: TestKind,
     pub tx_depth: u32,
+    /// Message slots the bandwidth tests cycle through (`--slots`); 0: `tx_depth`.
+    pub slots: u32,
     pub iters: u64,
     pub duration_ms: u64,
     pub sizes: Vec<u64>,
@@ -46,6 +48,7 @@ impl Hello {
         v.extend_from_slice(HELLO_MAGIC);
         v.push(self.test.code());
         v.extend_from_slice(&self.tx_depth.to_be_bytes());
+        v.extend_from_slice(&self.slots.to_be_bytes());
         v.extend_from_slice(&self.iters.to_be_bytes());
         v.extend_from_slice(&self.duration_ms.to_be_bytes());
         encode_buf(&mut v, buf);
@@ -64,6 +67,7 @@ impl Hello {
         }
         let test = TestKind::from_code(r.u8()?)?;
         let tx_depth = r.u32()?;
+        let slots = r.u32()?;
         let iters = r.u64()?;
         let duration_ms = r.u64()?;
         let buf = decode_buf(&mut r)?;
@@ -72,11 +76,13 @@ impl Hello {
         let ok = !sizes.is_empty()
             && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
             && (1..=1024).contains(&tx_depth)
+            && slots <= 1024
             && (iters > 0 || duration_ms > 0);
         ok.then_some((
             Hello {
                 test,
                 tx_depth,
+                slots,
                 iters,
                 duration_ms,
                 sizes,
@@ -105,9 +111,14 @@ impl Hello {
         self.recv_slots().min(512)
     }
 
-    /// How many message slots of `size` fit in the buffer (never more than `tx_depth`).
+    /// How many message slots of `size` the bandwidth tests cycle through: as many as fit in
+    /// the buffer, never more than `tx_depth`, nor than `--slots` when given.
     pub fn slots(&self, size: u64) -> u64 {
-        (self.buffer_len() / size).clamp(1, u64::from(self.tx_depth.max(2)))
+        let fit = (self.buffer_len() / size).clamp(1, u64::from(self.tx_depth.max(2)));
+        match self.slots {
+            0 => fit,
+            n => fit.min(u64::from(n)),
+        }
     }
 }
 
@@ -219,6 +230,7 @@ mod tests {
         let h = Hello {
             test: TestKind::SendBw,
             tx_depth: 128,
+            slots: 2,
             iters: 10,
             duration_ms: 0,
             sizes: vec![2, 4, 8],
@@ -247,9 +259,10 @@ mod tests {
 
     #[test]
     fn all_sizes_fit_the_hello_and_the_buffer() {
-        let h = Hello {
+        let mut h = Hello {
             test: TestKind::WriteBw,
             tx_depth: 128,
+            slots: 0,
             iters: 1,
             duration_ms: 0,
             sizes: (1..=23).map(|e| 1u64 << e).collect(),
@@ -266,5 +279,11 @@ mod tests {
         assert_eq!(h.buffer_len(), MAX_BUFFER);
         assert_eq!(h.slots(1 << 23), 8);
         assert_eq!(h.slots(2), 128);
+        // `--slots 2`: two slots whatever fits, as perftest reuses its buffer.
+        h.slots = 2;
+        assert_eq!(h.slots(1 << 23), 2);
+        assert_eq!(h.slots(2), 2);
+        h.slots = 1000;
+        assert_eq!(h.slots(1 << 23), 8);
     }
 }

@@ -728,6 +728,7 @@ fn client_session(
     let hello = Hello {
         test: cli.test,
         tx_depth: cli.tx_depth,
+        slots: cli.slots,
         iters: if duration.is_some() {
             0
         } else {
@@ -827,6 +828,7 @@ fn client_session(
                 "markers_tx": n.markers_tx,
                 "mulpdu": side.qp.mulpdu(),
                 "tx_depth": cli.tx_depth,
+                "slots": cli.slots,
                 "verified_bytes_server": verified,
                 "verified_bytes_client": client_verified,
                 "results": results,

@@ -102,6 +102,28 @@ fn bandwidth_tests_polling_the_cq() {
     }
 }
 
+/// `--slots 2`: write-bw and read-bw cycle through two message slots (perftest's buffer reuse),
+/// every message still verified: the server checks the two slots Writes left, the client every
+/// Read as it completes.
+#[test]
+fn bandwidth_tests_over_two_slots() {
+    for test in ["write-bw", "read-bw"] {
+        let out = run_ok(test, &["-s", "4096", "-n", "300", "--slots", "2", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        assert_eq!(v["results"][0]["iterations"], 300, "{test}: {v}");
+        assert_eq!(v["slots"], 2, "{test}: {v}");
+        let (server, client) = (
+            v["verified_bytes_server"].as_u64().unwrap_or(0),
+            v["verified_bytes_client"].as_u64().unwrap_or(0),
+        );
+        if test == "write-bw" {
+            assert_eq!(server, 2 * 4096, "{test}: {v}");
+        } else {
+            assert_eq!(client, 300 * 4096, "{test}: {v}");
+        }
+    }
+}
+
 /// A size that runs longer than a second reports its progress on stderr once a second.
 #[test]
 fn long_runs_report_progress() {
@@ -135,6 +157,7 @@ fn bad_arguments_are_errors_not_panics() {
     for args in [
         &["write-bw", "-s", "0"][..],
         &["write-bw", "--mpa-rev", "3"],
+        &["write-bw", "--slots", "1025"],
         &["nope"],
     ] {
         let out = std::process::Command::new(bin())
