@@ -1003,10 +1003,7 @@ impl QueuePair {
             TxSource::ReadResponse => {
                 match self.emit_read_response_segment(max_ulpdu, mem, out, by_ref) {
                     Ok(tx) => tx,
-                    Err(header) => {
-                        self.raise_terminate(header);
-                        (self.emit_terminate(out), None)
-                    }
+                    Err(header) => self.terminate_instead(header, out),
                 }
             }
         };
@@ -1262,13 +1259,19 @@ impl QueuePair {
     }
 
     /// A local failure of the send queue's head (RFC 5040 7.1 rule 1: local catastrophic, no
-    /// headers): raises the Terminate and emits it in the segment's place.
+    /// headers): the Terminate in the segment's place.
     fn fail_locally(&mut self, out: &mut Vec<u8>) -> (TxUlpdu, Option<TxPayload>) {
-        self.raise_terminate(TerminateHeader::bare(
-            layer::RDMAP,
-            rdmap_etype::LOCAL_CATASTROPHIC,
-            0,
-        ));
+        let header = TerminateHeader::bare(layer::RDMAP, rdmap_etype::LOCAL_CATASTROPHIC, 0);
+        self.terminate_instead(header, out)
+    }
+
+    /// Raises the Terminate `header` and emits it in place of the segment that failed.
+    fn terminate_instead(
+        &mut self,
+        header: TerminateHeader,
+        out: &mut Vec<u8>,
+    ) -> (TxUlpdu, Option<TxPayload>) {
+        self.raise_terminate(header);
         (self.emit_terminate(out), None)
     }
 

@@ -1549,7 +1549,7 @@ impl Connection {
             if newly_acked > 0 {
                 self.rto_retries = 0;
             }
-            if self.send_limit.is_some() && self.snd_nxt >= self.data_end() {
+            if self.snd_nxt >= self.data_end() {
                 // Everything acknowledged, nothing queued: idle from here.
                 self.note_send_limit(now, None);
             }
@@ -2578,9 +2578,7 @@ impl Connection {
                 self.note_send_limit(now, Some(SendLimit::Sender));
                 return None;
             }
-            if self.send_limit.is_some() {
-                self.note_send_limit(now, None);
-            }
+            self.note_send_limit(now, None);
             let start = self.snd_nxt;
             let n = self.emit_data(now, buf, start, len as u32, false, source)?;
             self.snd_nxt += len;
@@ -2617,15 +2615,14 @@ impl Connection {
         }
         // Nothing unsent: limited by the sender while data is in flight, idle after.
         let limit = (self.snd_una < self.snd_max()).then_some(SendLimit::Sender);
-        if limit != self.send_limit.map(|(l, _)| l) {
-            self.note_send_limit(now, limit);
-        }
+        self.note_send_limit(now, limit);
         None
     }
 
     /// Ends the current send-limited state (adding its time to [`ConnStats`]) and
     /// enters `limit` (`None`: sending or idle). Staying in the same state keeps
-    /// its start.
+    /// its start; from none to none is a no-op (once per segment sent).
+    #[inline]
     fn note_send_limit(&mut self, now: Instant, limit: Option<SendLimit>) {
         if let Some((cur, since)) = self.send_limit {
             if Some(cur) == limit {

@@ -16,18 +16,24 @@ fn long_link() -> LinkConfig {
     }
 }
 
-fn sender_stats(server: Config, size: usize) -> (ConnStats, Duration) {
+/// `size` octets from a `client` to a `server` over `link` both ways, completed.
+fn run(client: Config, server: Config, link: &LinkConfig, size: usize) -> Outcome {
     let out = transfer(
         7,
         size,
-        long_link(),
-        long_link(),
-        Config::default(),
+        link.clone(),
+        link.clone(),
+        client,
         server,
         Duration::from_secs(60),
         |_, _, _| {},
     );
     assert!(out.ok, "the transfer did not complete");
+    out
+}
+
+fn sender_stats(server: Config, size: usize) -> (ConnStats, Duration) {
+    let out = run(Config::default(), server, &long_link(), size);
     (out.client.conn().stats().clone(), out.elapsed)
 }
 
@@ -106,22 +112,12 @@ fn stretch_acks_do_not_slow_slow_start_down() {
         bandwidth_bps: Some(10_000_000_000),
         ..long_link()
     };
-    let run = |slow_start| {
+    let timed = |slow_start| {
         let sender = Config {
             slow_start,
             ..Config::mpa()
         };
-        let out = transfer(
-            7,
-            8 << 20,
-            link.clone(),
-            link.clone(),
-            sender,
-            receiver.clone(),
-            Duration::from_secs(60),
-            |_, _, _| {},
-        );
-        assert!(out.ok, "the transfer did not complete");
+        let out = run(sender, receiver.clone(), &link, 8 << 20);
         let acks = out.server.conn().stats().segments_out;
         let data = out.client.conn().stats().segments_out;
         assert!(
@@ -130,8 +126,8 @@ fn stretch_acks_do_not_slow_slow_start_down() {
         );
         out.elapsed
     };
-    let all = run(SlowStart::default());
-    let l2 = run(SlowStart {
+    let all = timed(SlowStart::default());
+    let l2 = timed(SlowStart {
         limit_segments: Some(2),
     });
     assert!(
