@@ -32,6 +32,15 @@ fn run(client: Config, server: Config, link: &LinkConfig, size: usize) -> Outcom
     out
 }
 
+/// A receiver whose window never limits these transfers.
+fn big_receiver() -> Config {
+    Config {
+        recv_buffer: 8 << 20,
+        max_recv_window: 8 << 20,
+        ..Config::default()
+    }
+}
+
 fn sender_stats(server: Config, size: usize) -> (ConnStats, Duration) {
     let out = run(Config::default(), server, &long_link(), size);
     (out.client.conn().stats().clone(), out.elapsed)
@@ -59,12 +68,7 @@ fn a_small_receive_window_is_timed_as_peer_window_limited() {
 
 #[test]
 fn slow_start_on_a_long_link_is_timed_as_congestion_window_limited() {
-    let big = Config {
-        recv_buffer: 8 << 20,
-        max_recv_window: 8 << 20,
-        ..Config::default()
-    };
-    let (st, elapsed) = sender_stats(big, 2 << 20);
+    let (st, elapsed) = sender_stats(big_receiver(), 2 << 20);
     let total = st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns + st.snd_lim_time_sender_ns;
     assert!(total <= elapsed.as_nanos() as u64, "{st:?} in {elapsed:?}");
     assert_eq!(st.snd_lim_time_rwin_ns, 0, "{st:?}");
@@ -77,13 +81,8 @@ fn slow_start_on_a_long_link_is_timed_as_congestion_window_limited() {
 
 #[test]
 fn the_last_round_trip_is_timed_as_sender_limited_and_idle_time_is_not() {
-    let big = Config {
-        recv_buffer: 8 << 20,
-        max_recv_window: 8 << 20,
-        ..Config::default()
-    };
     // Less than the initial window: sent at once, then nothing more to send until the ACK.
-    let (st, elapsed) = sender_stats(big, 4000);
+    let (st, elapsed) = sender_stats(big_receiver(), 4000);
     assert_eq!(
         st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns,
         0,
