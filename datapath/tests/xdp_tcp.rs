@@ -389,6 +389,19 @@ impl TcpApp for Source {
     }
 }
 
+/// Joins a [`kernel_server`] and checks it read `len` octets, each the pattern's.
+fn assert_kernel_received(
+    server: std::thread::JoinHandle<Result<(u64, Option<u64>), String>>,
+    len: u64,
+) {
+    let (got, mismatch) = server
+        .join()
+        .expect("server thread")
+        .expect("kernel server");
+    assert_eq!(got, len);
+    assert_eq!(mismatch, None, "first wrong byte at this offset");
+}
+
 /// A kernel TCP server in `iwb` on `port`, listening when this returns, that reads one
 /// connection to its end with [`read_to_end_checked`].
 fn kernel_server(port: u16) -> std::thread::JoinHandle<Result<(u64, Option<u64>), String>> {
@@ -496,13 +509,8 @@ fn transmit_steady_state_allocates_nothing() {
     });
     let (r, acked, allocs, stats) = driver.join().expect("driver thread");
     r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
-    let (got, mismatch) = server
-        .join()
-        .expect("server thread")
-        .expect("kernel server");
     assert_eq!(acked, BULK);
-    assert_eq!(got, BULK);
-    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    assert_kernel_received(server, BULK);
     println!("transmit: {stats:?}; allocations in the window: {allocs:?}");
     assert_eq!(
         allocs,
@@ -557,13 +565,8 @@ fn tx_turn_frames_bounds_the_frames_of_a_turn() {
     });
     let (r, acked, most, at_cap, stats) = driver.join().expect("driver thread");
     r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
-    let (got, mismatch) = server
-        .join()
-        .expect("server thread")
-        .expect("kernel server");
     assert_eq!(acked, TOTAL);
-    assert_eq!(got, TOTAL);
-    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    assert_kernel_received(server, TOTAL);
     println!("most frames in a turn {most}, turns at the limit {at_cap}; {stats:?}");
     assert!(most <= CAP, "a turn sent {most} frames, more than {CAP}");
     assert!(at_cap > 0, "the limit never bound");
