@@ -108,13 +108,14 @@ impl RttEstimator {
 mod tests {
     use super::*;
 
+    /// RFC 6298's initial RTO (1 s) and a 60 s ceiling, with the RTO floor `min_rto`.
+    fn estimator(min_rto: Duration) -> RttEstimator {
+        RttEstimator::new(Duration::from_secs(1), min_rto, Duration::from_secs(60))
+    }
+
     #[test]
     fn first_and_later_samples_follow_rfc6298() {
-        let mut e = RttEstimator::new(
-            Duration::from_secs(1),
-            Duration::from_micros(100),
-            Duration::from_secs(60),
-        );
+        let mut e = estimator(Duration::from_micros(100));
         assert_eq!(e.rto(), Duration::from_secs(1));
         e.sample(Duration::from_millis(8));
         // SRTT = 8, RTTVAR = 4, RTO = 8 + 16 = 24 ms.
@@ -130,11 +131,7 @@ mod tests {
 
     #[test]
     fn pto_base_is_twice_srtt_or_the_unfloored_rto() {
-        let mut e = RttEstimator::new(
-            Duration::from_secs(1),
-            Duration::from_millis(5),
-            Duration::from_secs(60),
-        );
+        let mut e = estimator(Duration::from_millis(5));
         assert_eq!(e.pto_base(), None);
         // Steady samples shrink RTTVAR below SRTT / 4 (2 SRTT wins), a jump raises it.
         for us in [
@@ -152,11 +149,7 @@ mod tests {
 
     #[test]
     fn floor_applies() {
-        let mut e = RttEstimator::new(
-            Duration::from_secs(1),
-            Duration::from_millis(5),
-            Duration::from_secs(60),
-        );
+        let mut e = estimator(Duration::from_millis(5));
         e.sample(Duration::from_micros(20));
         assert_eq!(e.rto(), Duration::from_millis(5));
     }
