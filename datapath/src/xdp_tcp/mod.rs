@@ -90,6 +90,13 @@ const IP_TCP_HEADERS: u16 = 40;
 /// Smallest MTU an IPv4 host must handle (RFC 791).
 const MIN_MTU: u16 = 576;
 
+/// Received frames whole in flight to this CPU ahead of the one being processed. A data frame
+/// is read in full (checksum, CRC, placement), and on veth the kernel wrote it on the sending
+/// CPU: prefetched only as each frame was reached, its cache lines came over one after another
+/// while the receiver waited (the checksum's loads, ~0.45 us per data frame in the receiving
+/// engine's profile). Two frames ahead give each prefetch a frame's work to land behind.
+const RX_PREFETCH_AHEAD: usize = 2;
+
 /// The layer above TCP: what the driver calls during [`XdpTcp::poll`]. Every method has an
 /// empty default, so an application implements only what it uses.
 ///
@@ -1051,7 +1058,12 @@ impl XdpTcp {
             }
             any = true;
             full |= batch.len() >= cfg.rx_batch;
-            for frame in batch.iter() {
+            for i in 0..RX_PREFETCH_AHEAD {
+                batch.prefetch(i);
+            }
+            for i in 0..batch.len() {
+                batch.prefetch(i + RX_PREFETCH_AHEAD);
+                let Some(frame) = batch.get(i) else { break };
                 rx.stats.rx_frames += 1;
                 rx.frame(frame, shard.as_ref(), app);
             }

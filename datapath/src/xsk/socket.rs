@@ -546,6 +546,13 @@ impl XskSocket {
     /// reads and writes nothing, does nothing elsewhere.
     #[inline]
     fn prefetch_frame(&self, desc: &FrameDesc) {
+        self.prefetch_frame_octets(desc, TX_PREFETCH.min(self.frame_capacity));
+    }
+
+    /// Prefetches the first `len` octets of frame `desc` (ours, as for
+    /// [`prefetch_frame`](Self::prefetch_frame)), one `prefetcht0` per cache line.
+    #[inline]
+    fn prefetch_frame_octets(&self, desc: &FrameDesc, len: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -554,7 +561,7 @@ impl XskSocket {
             // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
             let mut k = 0;
-            while k < TX_PREFETCH.min(self.frame_capacity) {
+            while k < len.min(self.frame_capacity) {
                 // SAFETY: a prefetch never faults and neither reads nor writes memory visibly
                 // (the address, inside the frame, is not dereferenced), and SSE (which defines
                 // it) is part of the x86-64 baseline.
@@ -563,7 +570,7 @@ impl XskSocket {
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = desc;
+        let _ = (desc, len);
     }
 
     fn kick(&mut self) -> Result<(), XskError> {
@@ -666,6 +673,18 @@ impl RxBatch<'_> {
         // UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
         // is dropped, which ends every borrow of `self`.
         Some(unsafe { self.sock.umem.data(desc) }.contents())
+    }
+
+    /// Asks the CPU for every cache line of frame `i` (reads nothing; nothing if `i >= len()`).
+    /// [`XskSocket::recv_batch`] prefetched only each frame's headers: a receiver that reads
+    /// whole frames (checksum, CRC, placement) calls this a frame or two ahead, so that the
+    /// lines the kernel wrote on the sending CPU (veth) travel while it works on the frame
+    /// before, not while it waits for them one by one.
+    #[inline]
+    pub fn prefetch(&self, i: usize) {
+        if let Some(desc) = self.sock.rx_descs[..self.n].get(i) {
+            self.sock.prefetch_frame_octets(desc, desc.lengths().data());
+        }
     }
 
     /// Iterates the frames in arrival order.
