@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Where the data sender's core goes per frame in the steady state, raw AF_XDP against the
+# engine's write-bw, on the veth test bed (pinned: receiver on CPU 0, sender on CPU 1).
+# Alternating run by run, each run is sampled for one second in its middle with
+# `perf record -C 1 -e cpu-clock -F 4000`; the frames sent in that second are read from iwb0's
+# TX counter inside the recorded command, so samples and frames cover the same interval. Prints
+# per run: frames/s, kernel and user ns per frame (samples / 4000 / frames; kernel includes the
+# receiver's veth NAPI, XDP program and XSK copy, which veth runs on the sending core), and per
+# pair the steady-state goodput ratio xdp / raw (RDMA payload per engine frame: 65536 / 46
+# octets; raw's TCP payload: 1460). Needs root and perf (Debian: linux-perf).
+# Usage: scripts/bench-engine-cpu.sh [pairs] [iterations]   (iterations: 64 KiB messages, >= 15000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PAIRS=${1:-3}
+N=${2:-20000}
+command -v perf >/dev/null || { echo "bench-engine-cpu: needs perf (apt-get install linux-perf)" >&2; exit 1; }
+[ "$N" -ge 15000 ] || { echo "bench-engine-cpu: iterations must be >= 15000 (runs must outlast the 1.6 s window)" >&2; exit 1; }
+# shellcheck source=scripts/bed-bench.sh
+. scripts/bed-bench.sh bench-engine-cpu
+PORT=19900
+FRAMES=$((N * 46))
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+
+window() { # label -> "frames/s kernel_ns user_ns"
+  sleep 0.6
+  perf record -q -C 1 -F 4000 -e cpu-clock -o "$tmp/$1.data" -- sh -c \
+    "ip -n iwb -s link show iwb0 >$tmp/$1.c1; sleep 1; ip -n iwb -s link show iwb0 >$tmp/$1.c2" \
+    >/dev/null 2>&1
+  local a b
+  a=$(awk '/TX:/{getline; print $2}' "$tmp/$1.c1")
+  b=$(awk '/TX:/{getline; print $2}' "$tmp/$1.c2")
+  perf report -i "$tmp/$1.data" --sort dso -n --stdio 2>/dev/null | python3 -c "
+import re, sys
+frames = max($b - $a, 1)
+kernel = user = 0
+for line in sys.stdin:
+    m = re.match(r'\s*[\d.]+%\s+(\d+)\s+(\S+)', line)
+    if not m:
+        continue
+    n, dso = int(m.group(1)), m.group(2)
+    if 'kernel' in dso or dso.startswith('bpf_prog'):
+        kernel += n
+    else:
+        user += n
+print(frames, round(kernel / 4000 / frames * 1e9), round(user / 4000 / frames * 1e9))
+"
+}
+
+ratios=()
+for i in $(seq 1 "$PAIRS"); do
+  ip netns exec iwa taskset -c 0 "$BIN" raw rx --iface iwa0 --size 1514 --count "$FRAMES" \
+    --mode driver --port 18600 --ring 2048 --json 2>"$tmp/rx.log" >"$tmp/rx.out" &
+  rx=$!
+  for _ in $(seq 1 200); do grep -q ready "$tmp/rx.log" && break; sleep 0.05; done
+  ip netns exec iwb taskset -c 1 "$BIN" raw tx --iface iwb0 --size 1514 --count "$FRAMES" \
+    --dst-ip 10.77.0.1 --port 18600 --quiet >/dev/null &
+  tx=$!
+  read -r rf rk ru <<<"$(window raw)"
+  wait "$tx" || true
+  wait "$rx" || true
+  echo "pair $i raw: $rf frames/s, kernel $rk ns/frame, user $ru ns/frame"
+  ip netns exec iwa taskset -c 0 "$BIN" write-bw --transport xdp --iface iwa0 --port "$PORT" \
+    -s 65536 -n "$N" --json >/dev/null 2>&1 &
+  srv=$!
+  sleep 0.3
+  ip netns exec iwb taskset -c 1 "$BIN" write-bw --transport xdp --iface iwb0 --port "$PORT" \
+    -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
+  cli=$!
+  read -r xf xk xu <<<"$(window xdp)"
+  wait "$cli" || true
+  wait "$srv" || true
+  PORT=$((PORT + 1))
+  r=$(python3 -c "print(round($xf * 65536 / 46 / ($rf * 1460), 3))")
+  ratios+=("$r")
+  echo "pair $i xdp: $xf frames/s, kernel $xk ns/frame, user $xu ns/frame; steady-state goodput xdp / raw $r"
+done
+python3 -c "import statistics, sys; print('median steady-state goodput xdp / raw:', statistics.median(float(x) for x in sys.argv[1:]))" "${ratios[@]}"
