@@ -546,13 +546,14 @@ impl XskSocket {
     /// reads and writes nothing, does nothing elsewhere.
     #[inline]
     fn prefetch_frame(&self, desc: &FrameDesc) {
-        self.prefetch_frame_octets(desc, TX_PREFETCH.min(self.frame_capacity));
+        self.prefetch_frame_octets(desc, 0, TX_PREFETCH);
     }
 
-    /// Prefetches the first `len` octets of frame `desc` (ours, as for
-    /// [`prefetch_frame`](Self::prefetch_frame)), one `prefetcht0` per cache line.
+    /// Prefetches octets `from..to` of frame `desc` (ours, as for
+    /// [`prefetch_frame`](Self::prefetch_frame); clamped to the frame), one `prefetcht0` per
+    /// cache line.
     #[inline]
-    fn prefetch_frame_octets(&self, desc: &FrameDesc, len: usize) {
+    fn prefetch_frame_octets(&self, desc: &FrameDesc, from: usize, to: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -560,8 +561,8 @@ impl XskSocket {
             // back by the kernel on the RX ring and not yet on the fill ring (the kernel writes
             // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
-            let mut k = 0;
-            while k < len.min(self.frame_capacity) {
+            let mut k = from;
+            while k < to.min(self.frame_capacity) {
                 // SAFETY: a prefetch never faults and neither reads nor writes memory visibly
                 // (the address, inside the frame, is not dereferenced), and SSE (which defines
                 // it) is part of the x86-64 baseline.
@@ -570,7 +571,7 @@ impl XskSocket {
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (desc, len);
+        let _ = (desc, from, to);
     }
 
     fn kick(&mut self) -> Result<(), XskError> {
@@ -675,15 +676,16 @@ impl RxBatch<'_> {
         Some(unsafe { self.sock.umem.data(desc) }.contents())
     }
 
-    /// Asks the CPU for every cache line of frame `i` (reads nothing; nothing if `i >= len()`).
-    /// [`XskSocket::recv_batch`] prefetched only each frame's headers: a receiver that reads
-    /// whole frames (checksum, CRC, placement) calls this a frame or two ahead, so that the
-    /// lines the kernel wrote on the sending CPU (veth) travel while it works on the frame
-    /// before, not while it waits for them one by one.
+    /// Asks the CPU for the rest of frame `i`'s cache lines, past the headers
+    /// [`XskSocket::recv_batch`] already asked for (reads nothing; nothing if `i >= len()`). A
+    /// receiver that reads whole frames (checksum, CRC, placement) calls this a frame or two
+    /// ahead, so that the lines the kernel wrote on the sending CPU (veth) travel while it
+    /// works on the frame before, not while it waits for them one by one.
     #[inline]
     pub fn prefetch(&self, i: usize) {
         if let Some(desc) = self.sock.rx_descs[..self.n].get(i) {
-            self.sock.prefetch_frame_octets(desc, desc.lengths().data());
+            self.sock
+                .prefetch_frame_octets(desc, TX_PREFETCH, desc.lengths().data());
         }
     }
 
