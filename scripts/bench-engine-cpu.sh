@@ -7,13 +7,19 @@
 # per run: frames/s, kernel and user ns per frame (samples / 4000 / frames; kernel includes the
 # receiver's veth NAPI, XDP program and XSK copy, which veth runs on the sending core), and per
 # pair the steady-state goodput ratio xdp / raw (RDMA payload per engine frame: 65536 / 46
-# octets; raw's TCP payload: 1460). Needs root and perf (Debian: linux-perf).
+# octets; raw's TCP payload: 1460). Needs root; installs perf (Debian: linux-perf) if missing.
 # Usage: scripts/bench-engine-cpu.sh [pairs] [iterations]   (iterations: 64 KiB messages, >= 15000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=${1:-3}
 N=${2:-20000}
-command -v perf >/dev/null || { echo "bench-engine-cpu: needs perf (apt-get install linux-perf)" >&2; exit 1; }
+if ! command -v perf >/dev/null; then
+  # Only this script needs perf, so install-deps.sh (run by the tests too) leaves it out.
+  echo "bench-engine-cpu: perf missing, installing linux-perf" >&2
+  { [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; } ||
+    { echo "bench-engine-cpu: needs perf (as root: apt-get install linux-perf)" >&2; exit 1; }
+fi
 [ "$N" -ge 15000 ] || { echo "bench-engine-cpu: iterations must be >= 15000 (runs must outlast the 1.6 s window)" >&2; exit 1; }
 # shellcheck source=scripts/bed-bench.sh
 . scripts/bed-bench.sh bench-engine-cpu

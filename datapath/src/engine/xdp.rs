@@ -1317,7 +1317,6 @@ impl TcpApp for App<'_, '_> {
     }
 }
 
-/// Pins the calling thread to `cpu`.
 /// The queue pair's error text for a TCP connection that ended under it.
 fn transport_closed_reason(how: tcp_engine::Event) -> &'static str {
     use tcp_engine::Event as E;
@@ -1330,6 +1329,7 @@ fn transport_closed_reason(how: tcp_engine::Event) -> &'static str {
     }
 }
 
+/// Pins the calling thread to `cpu`.
 fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
