@@ -8,10 +8,9 @@
 #   free:   no pinning, the scheduler places the four threads on the two cores.
 # The raw ceiling, measured in the same run and placement: `raw rx`/`raw tx` at MTU + 14-byte
 # frames (the frame size the engine sends: 1514 at MTU 1500) and `raw pingpong` at 64 B (one
-# way). For the bandwidth tests raw runs in every round right before the engine and again right
-# after it, over as many frames as the engine's N messages take, in the test's direction; xdp /
-# raw is the median of the rounds' own ratios (the engine against the mean of its two raw
-# runs), and the rounds are listed at the end. `raw rx` runs with --ring 2048 (RAW_RING): of 512, 2048 and 8192, alternating 8 runs
+# way). For the bandwidth tests raw runs in every round right before the two transports, over
+# as many frames as the engine's N messages take, in the test's direction, right before the engine; xdp / raw is the
+# median of the rounds' own ratios, and the rounds are listed at the end. `raw rx` runs with --ring 2048 (RAW_RING): of 512, 2048 and 8192, alternating 8 runs
 # each, 2048 gave raw its highest median goodput (5.01 against 4.94 and 4.68 Gbit/s).
 # Bandwidth rows compare with raw's goodput (Gbit/s of the frames' TCP payload, frame less 54
 # octets of headers: the most any protocol above TCP could carry in such frames), as
@@ -140,16 +139,12 @@ raw_lat_reps() { # placement -> "p50 p99" medians over REPS runs of raw pingpong
 }
 # Bandwidth: each of the REPS rounds runs the socket transport, then raw AF_XDP over as many
 # frames as the engine carries (N x ceil(size / PAYLOAD)), then the engine (then --engine-tx-copy
-# with TX_COPY=1), then raw again, one right after the other, so raw and the engine meet the
-# same machine and carry the same frames (the machine's speed moves by tens of percent within
-# seconds to minutes; a short run pays its start more). The round's raw goodput is the mean of
-# the run before the engine and the run after it (raw, engine, raw: a drift during the round
-# weighs on both sides alike instead of on the engine alone). -> medians of "raw-goodput
-# raw-frames socket xdp xdp/raw xdpcopy xdpcopy/raw", the ratios the median of the rounds' own
-# ratios; the rounds' list also gives each ratio against the raw run before the engine alone
-# (this script's method until 2026-11-22 19:40 UTC).
+# with TX_COPY=1), one right after the other, so raw and the engine meet the same machine and
+# carry the same frames (the machine drifts by tens of percent over minutes; a short run pays
+# its start more). -> medians of "raw-goodput raw-frames socket xdp xdp/raw xdpcopy xdpcopy/raw",
+# the ratios the median of the rounds' own ratios.
 bw_reps() { # placement test size iters
-  local rg=() rb=() ra=() rf=() s=() x=() xr=() xb=() c=() cr=() idle=() gp fr gp2 fr2 sv xv cv out dir=iwb count
+  local rg=() rf=() s=() x=() xr=() c=() cr=() idle=() gp fr sv xv cv out dir=iwb count
   count=$(( $4 * (($3 + PAYLOAD - 1) / PAYLOAD) ))
   [ "$2" = read-bw ] && dir=iwa
   for _ in $(seq 1 "$REPS"); do
@@ -160,15 +155,9 @@ bw_reps() { # placement test size iters
     # The data sender's engine idle time (the client's in write-bw, the server's in read-bw).
     [ "$2" = read-bw ] && out=$(cat "$SRV_JSON")
     idle+=("$(echo "$out" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['engine']['idle_ms']))" 2>/dev/null || echo '?')")
-    if [ "${TX_COPY:-0}" = 1 ]; then
-      cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
-    fi
-    read -r gp2 fr2 <<<"$(raw_bw "$1" "$dir" "$count")"
-    rb+=("$gp"); ra+=("$gp2"); xb+=("$(ratio "$xv" "$gp")")
-    gp=$(python3 -c "print(round(($gp + $gp2) / 2, 2))")
-    fr=$(python3 -c "print(round(($fr + $fr2) / 2, 2))")
     rg+=("$gp"); rf+=("$fr"); s+=("$sv"); x+=("$xv"); xr+=("$(ratio "$xv" "$gp")")
     if [ "${TX_COPY:-0}" = 1 ]; then
+      cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
       c+=("$cv"); cr+=("$(ratio "$cv" "$gp")")
     else
       c+=(0); cr+=(0)
@@ -176,7 +165,7 @@ bw_reps() { # placement test size iters
   done
   echo "$(med "${rg[@]}") $(med "${rf[@]}") $(med "${s[@]}") $(med "${x[@]}") $(med "${xr[@]}") \
 $(med "${c[@]}") $(med "${cr[@]}")"
-  echo "$2 $1: raw before ${rb[*]}; xdp ${x[*]}; raw after ${ra[*]}; xdp/raw (the mean of both) ${xr[*]}; xdp/raw before alone ${xb[*]}; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
+  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
 }
 
 echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}; options of both transports: ${BENCH_ARGS:-defaults}"
@@ -210,9 +199,8 @@ for pl in pinned free; do
   done
 done
 echo
-echo "Bandwidth rounds (raw goodput right before and right after the engine, the engine's Gbit/s, its"
-echo "ratio to the mean of the two raw runs and to the one before alone, and how long the engine that"
-echo "sent the data waited for ACKs instead of sending, \`idle_ms\`):"
+echo "Bandwidth rounds (raw goodput and engine Gbit/s, run right after each other, their ratio, and"
+echo "how long the engine that sent the data waited for ACKs instead of sending, \`idle_ms\`):"
 echo
 sed 's/^/- /' "$ROUNDS"
 rm -f "$ROUNDS" "$SRV_JSON"
@@ -220,8 +208,7 @@ echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
 echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
 echo "--size $FRAME --count N x $(( (65536 + PAYLOAD - 1) / PAYLOAD )) --mode driver --ring $RAW_RING\` / \`raw tx --size $FRAME --count\` the same (the"
-echo "frames the engine's N messages take, right before and right after the engine; iwb to iwa for"
-echo "write-bw, iwa to iwb for read-bw),"
+echo "frames the engine's N messages take; iwb to iwa for write-bw, iwa to iwb for read-bw),"
 echo "\`raw pingpong --size 64 --count $NLAT --mode driver\`; pinned: server \`taskset -c 0\`, client"
 echo "\`taskset -c 1\`. Gbit/s of the engine and the socket transport count RDMA payload; raw AF_XDP"
 echo "and xdp / raw use raw's goodput, its frames' TCP payload ($((FRAME - 54)) of $FRAME octets; an engine"
