@@ -35,7 +35,7 @@
 
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
-use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, TxPayload};
+use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, Stag, TxPayload};
 use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
@@ -72,7 +72,16 @@ pub(crate) struct TxFpdu {
     ulpdu_len: u16,
     /// The CRC (RFC 5044 4.4) once computed.
     crc: Option<u32>,
-    payload: Option<TxPayload>,
+    /// The payload left in registered memory ([`TxFpdu::payload`]), kept field by field: a
+    /// `TxPayload` stored as it is also moved its padding (the 7 octets after `access`),
+    /// copied along from the segment rdmap built in overlapping 4-octet moves whose loads
+    /// waited on the stores just made (failed store forwarding, the hottest instruction of
+    /// the sender's FPDU queuing).
+    has_payload: bool,
+    payload_access: Access,
+    payload_len: u32,
+    payload_stag: Stag,
+    payload_to: u64,
     head_len: u8,
     head: [u8; HEAD_MAX],
 }
@@ -93,6 +102,17 @@ impl std::fmt::Debug for Held {
 impl TxFpdu {
     pub fn end(&self) -> u64 {
         self.start + u64::from(self.wire_len)
+    }
+
+    /// The payload in registered memory, if the FPDU has one (`rdmap::TxSegment::payload`).
+    #[inline]
+    fn payload(&self) -> Option<TxPayload> {
+        self.has_payload.then_some(TxPayload {
+            stag: self.payload_stag,
+            to: self.payload_to,
+            len: self.payload_len,
+            access: self.payload_access,
+        })
     }
 }
 
@@ -140,7 +160,11 @@ impl TxFpdu {
             ulpdu_len: 0,
             head_len: 0,
             head: [0; HEAD_MAX],
-            payload: None,
+            has_payload: false,
+            payload_access: Access::NONE,
+            payload_len: 0,
+            payload_stag: Stag::new(0, 0),
+            payload_to: 0,
             held: false,
             crc: None,
             completes: false,
@@ -248,7 +272,13 @@ impl TxRing {
         f.ulpdu_len = ulpdu_len as u16;
         f.head_len = head.len() as u8;
         copy_short(&mut f.head[..head.len()], head);
-        f.payload = payload;
+        f.has_payload = payload.is_some();
+        if let Some(p) = payload {
+            f.payload_stag = p.stag;
+            f.payload_to = p.to;
+            f.payload_len = p.len;
+            f.payload_access = p.access;
+        }
         f.held = held.is_some();
         f.crc = None;
         f.completes = completes;
@@ -385,9 +415,9 @@ impl TxRing {
             return;
         }
         let held = self.held.get(self.slot(i)).and_then(Option::as_ref);
-        if let (Some(h), Some(p), true) = (held, f.payload, f.held) {
+        if let (Some(h), Some(p), true) = (held, f.payload(), f.held) {
             h.buf.prefetch(h.off, p.len as usize);
-        } else if let Some(p) = f.payload {
+        } else if let Some(p) = f.payload() {
             if let Ok((buf, off)) = mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
             {
                 buf.prefetch(off, p.len as usize);
@@ -647,7 +677,7 @@ impl FpduWriter {
         if let Some(h) = held {
             return Some(self.fill_from(f, Some((&*h.buf, h.off)), from, out));
         }
-        let region = match f.payload {
+        let region = match f.payload() {
             Some(p) => Some(
                 mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                     .ok()?,
@@ -699,7 +729,7 @@ impl FpduWriter {
         out: &mut [u8],
     ) -> u16 {
         let head = &f.head[..usize::from(f.head_len)];
-        let pl = match (region, f.payload) {
+        let pl = match (region, f.payload()) {
             (Some(_), Some(p)) => p.len as usize,
             _ => 0,
         };
@@ -780,7 +810,7 @@ impl FpduWriter {
         p.content::<B>(Src::Bytes(&len), len.len());
         let head = &f.head[..usize::from(f.head_len)];
         p.content::<B>(Src::Bytes(head), head.len());
-        if let (Some((buf, base)), Some(pl)) = (region, f.payload) {
+        if let (Some((buf, base)), Some(pl)) = (region, f.payload()) {
             p.content(Src::Region(buf, base), pl.len as usize);
         }
         let pad = pad_len(usize::from(f.ulpdu_len));
