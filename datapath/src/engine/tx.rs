@@ -72,7 +72,7 @@ pub(crate) struct TxFpdu {
     ulpdu_len: u16,
     /// The CRC (RFC 5044 4.4) once computed.
     crc: Option<u32>,
-    /// The payload left in registered memory ([`TxFpdu::payload`]), kept field by field: a
+    /// The payload left in registered memory (`TxFpdu::payload()`), kept field by field: a
     /// `TxPayload` stored as it is also moved its padding (the 7 octets after `access`),
     /// copied along from the segment rdmap built in overlapping 4-octet moves whose loads
     /// waited on the stores just made (failed store forwarding, the hottest instruction of
@@ -1254,7 +1254,8 @@ mod tests {
     fn ring_wraps_around_its_slots() {
         // Three slots: descriptors go round them many times (sent whole, their oldest resent
         // in part and everything in flight as one range, released as acknowledged), every
-        // octet as the encoder writes the same stream.
+        // octet as the encoder writes the same stream. Every fourth has no payload (a Read
+        // Request or Terminate), so slots pass from a payload to none and back.
         for (crc, markers) in [(true, false), (true, true), (false, false)] {
             let mut mem = MemoryTable::new();
             let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 7) as u8).collect();
@@ -1291,12 +1292,17 @@ mod tests {
                     len: len as u32,
                     access,
                 };
+                let payload = (k % 4 != 3).then_some(p);
+                let bytes = if payload.is_some() {
+                    &data[off..off + len]
+                } else {
+                    &[][..]
+                };
                 let n = ring
-                    .push(start, &head, Some(p), k % 2 == 0, &mem)
+                    .push(start, &head, payload, k % 2 == 0, &mem)
                     .expect("push");
                 let mut img = Vec::new();
-                enc.encode_parts(&head, &data[off..off + len], &mut img)
-                    .expect("encode");
+                enc.encode_parts(&head, bytes, &mut img).expect("encode");
                 assert_eq!(img.len(), n, "FPDU {k}");
                 let mut out = vec![0u8; n];
                 let sum = ring.fill(start, &mut out, &mem).expect("whole");
