@@ -130,10 +130,11 @@ pub struct XskStats {
     pub tx_ring_empty: u64,
 }
 
-/// Octets of a frame prefetched: of the next free TX frame while one is being written, and of
-/// each received frame as its batch is taken. The Ethernet, IPv4, TCP (with options) and
-/// MPA/DDP/RDMAP headers of an engine segment lie in the first 128.
-const TX_PREFETCH: usize = 128;
+/// Octets of a frame's headers prefetched: of the next free TX frame while one is being
+/// written, and of each received frame as its batch is taken ([`RxBatch::prefetch`] asks for
+/// the rest). The Ethernet, IPv4, TCP (with options) and MPA/DDP/RDMAP headers of an engine
+/// segment lie in the first 128.
+const HEADER_PREFETCH: usize = 128;
 
 /// An AF_XDP socket bound to one queue, with its UMEM, four rings and frame allocator.
 ///
@@ -541,12 +542,12 @@ impl XskSocket {
         Ok(queued)
     }
 
-    /// Prefetches the first [`TX_PREFETCH`] octets of frame `desc` (a free TX frame, or a
+    /// Prefetches the first [`HEADER_PREFETCH`] octets of frame `desc` (a free TX frame, or a
     /// received one not yet returned to the fill ring) (x86-64 `prefetcht0` per cache line);
     /// reads and writes nothing, does nothing elsewhere.
     #[inline]
     fn prefetch_frame(&self, desc: &FrameDesc) {
-        self.prefetch_frame_octets(desc, 0, TX_PREFETCH);
+        self.prefetch_frame_octets(desc, 0, HEADER_PREFETCH);
     }
 
     /// Prefetches octets `from..to` of frame `desc` (ours, as for
@@ -685,7 +686,7 @@ impl RxBatch<'_> {
     pub fn prefetch(&self, i: usize) {
         if let Some(desc) = self.sock.rx_descs[..self.n].get(i) {
             self.sock
-                .prefetch_frame_octets(desc, TX_PREFETCH, desc.lengths().data());
+                .prefetch_frame_octets(desc, HEADER_PREFETCH, desc.lengths().data());
         }
     }
 
