@@ -106,6 +106,15 @@ pub struct Cli {
     /// Outstanding work requests in bandwidth tests.
     #[arg(short = 't', long, default_value_t = 128)]
     pub tx_depth: u32,
+    /// Bandwidth tests: signal one work request in this many, the others posted unsignaled
+    /// (`SendWr::signaled` false: no completion unless they fail), as perftest's `--cq-mod`.
+    /// The application then wakes once per N messages instead of per message. Default: 100
+    /// (perftest's) for write-bw and send-bw; 1 for read-bw, whose client checks each
+    /// message's data when it completes, and a batch's data has left the cache by then. At
+    /// most `--tx-depth` (a larger value acts as `--tx-depth`); 1: every work request
+    /// signaled. The last one of a run is always signaled.
+    #[arg(long)]
+    pub cq_mod: Option<u32>,
     /// Bandwidth tests: message slots of the registered buffer the work requests cycle
     /// through (1-1024; default 0: one per outstanding work request, up to what the buffer
     /// holds, so a 64 KiB run moves data through 8 MiB on each side). perftest reuses one
@@ -227,6 +236,18 @@ impl OnOff {
 }
 
 impl Cli {
+    /// `--cq-mod` in force: the test's default if not given, at most `--tx-depth`.
+    pub fn cq_mod(&self) -> u32 {
+        let default = if self.test == TestKind::ReadBw {
+            1
+        } else {
+            100
+        };
+        self.cq_mod
+            .unwrap_or(default)
+            .clamp(1, self.tx_depth.max(1))
+    }
+
     /// The sizes this run covers.
     pub fn sizes(&self) -> Vec<u64> {
         if self.all_sizes {
@@ -273,6 +294,9 @@ impl Cli {
         }
         if self.tx_depth == 0 || self.tx_depth > 1024 {
             return Err("--tx-depth must be between 1 and 1024".into());
+        }
+        if self.cq_mod == Some(0) {
+            return Err("--cq-mod must be at least 1".into());
         }
         if self.slots > 1024 {
             return Err("--slots must be between 1 and 1024 (0: the default)".into());

@@ -327,6 +327,7 @@ impl Peer {
                     invalidate: None,
                 },
                 local: Some(self.ctrl.sge(off, INFO_LEN as u32)),
+                signaled: true,
             })
             .map_err(|e| format!("post send: {e}"))
     }
@@ -497,6 +498,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                     remote_to: src.buf,
                 },
                 local: Some(data.sge(0, src.size)),
+                signaled: true,
             })
             .map_err(|e| format!("post RDMA Read: {e}"))?;
         let c = peer.must(WR_READ, "the RDMA Read")?;
@@ -548,6 +550,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                     remote_to: sink.buf,
                 },
                 local: Some(data.sge(0, len)),
+                signaled: true,
             })
             .map_err(|e| format!("post RDMA Write: {e}"))?;
         peer.must(WR_WRITE, "the RDMA Write")?;

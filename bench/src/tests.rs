@@ -63,6 +63,9 @@ struct Side {
     ctrl_sent: u64,
     /// `--cq poll`: [`next`](Self::next) polls instead of blocking.
     poll: bool,
+    /// Bandwidth tests: one work request in this many is signaled (`--cq-mod`, at most the
+    /// send queue depth).
+    cq_mod: u64,
     /// Buffer for checking received data (grown once to the largest check, at most
     /// [`CHECK_CHUNK`] octets), so a check per message does not allocate.
     scratch: std::cell::RefCell<Vec<u8>>,
@@ -161,6 +164,7 @@ impl Side {
                     invalidate: None,
                 },
                 local: Some(self.ctrl.sge(off, CTRL_LEN as u32)),
+                signaled: true,
             })
             .map_err(|e| e.to_string())
     }
@@ -172,12 +176,20 @@ impl Side {
         Ctrl::decode(&b)
     }
 
-    fn post_data(&self, wr_id: u64, op: SendOp, offset: u64, len: u64) -> Result<(), String> {
+    fn post_data(
+        &self,
+        wr_id: u64,
+        op: SendOp,
+        offset: u64,
+        len: u64,
+        signaled: bool,
+    ) -> Result<(), String> {
         self.qp
             .post_send(SendWr {
                 wr_id,
                 op,
                 local: Some(self.data.sge(offset as usize, len as u32)),
+                signaled,
             })
             .map_err(|e| e.to_string())
     }
@@ -195,6 +207,7 @@ impl Side {
                     invalidate: None,
                 },
                 local: None,
+                signaled: true,
             })
             .map_err(|e| e.to_string())
     }
@@ -450,6 +463,7 @@ fn serve_session(
         ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
     };
     if !cli.json {
@@ -565,6 +579,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         },
                         0,
                         size,
+                        true,
                     )?;
                     i += 1;
                     continue;
@@ -615,6 +630,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                             },
                             0,
                             size,
+                            true,
                         )?;
                     } else {
                         let src = (received % slots) * size;
@@ -766,6 +782,7 @@ fn client_session(
         ctrl_posted: 0,
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
     };
     let banner = describe(cli, &side);
@@ -828,6 +845,7 @@ fn client_session(
                 "markers_tx": n.markers_tx,
                 "mulpdu": side.qp.mulpdu(),
                 "tx_depth": cli.tx_depth,
+                "cq_mod": side.cq_mod,
                 "slots": cli.slots,
                 "verified_bytes_server": verified,
                 "verified_bytes_client": client_verified,
@@ -939,16 +957,28 @@ fn client_bw(
     let start = Instant::now();
     let mut progress = Progress::new(side, size, duration, start);
     let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
+    // read-bw: messages done and checked, whose slot may take the next Read (one at a time,
+    // so that reposting goes on while a signaled completion's batch is being checked).
+    let mut released = 0u64;
     let mut checked = 0u64;
-    let mut stop = false;
+    // Set once the last work request is posted; that one is always signaled, so that its
+    // completion says when everything is done.
+    let mut stop = duration.is_none() && iters == 0;
     loop {
-        if !stop {
-            stop = match duration {
+        while !stop
+            && outstanding < depth
+            && credits > 0
+            && (test != TestKind::ReadBw || posted < released + slots)
+        {
+            let last = match duration {
                 Some(d) => start.elapsed() >= d,
-                None => posted >= iters,
+                None => posted + 1 >= iters,
             };
-        }
-        while !stop && outstanding < depth && credits > 0 {
+            // One in `cq_mod` is signaled (perftest's --cq-mod); a signaled completion tells
+            // that the unsignaled ones before it are done too (completions in order, RFC 5040
+            // 5.5 rule 15). With `cq_mod` at most `depth`, the requests outstanding once the
+            // queue is full always include a signaled one.
+            let signaled = last || (posted + 1) % side.cq_mod == 0;
             let slot = posted % slots;
             let off = slot * size;
             let op = match test {
@@ -965,15 +995,24 @@ fn client_bw(
                     invalidate: None,
                 },
             };
-            side.post_data(K_DATA | posted, op, off, size)?;
+            side.post_data(K_DATA | posted, op, off, size, signaled)?;
             posted += 1;
             outstanding += 1;
             if test == TestKind::SendBw {
                 credits -= 1;
             }
-            if duration.is_none() && posted >= iters {
-                stop = true;
+            stop = last;
+        }
+        if test == TestKind::ReadBw && released < completed {
+            let off = (released % slots) * size;
+            if let Some(at) = side.mismatch(SERVER_SEED, off, off, size) {
+                return Err(format!(
+                    "read-bw: data read at iteration {released} differs at byte {at}"
+                ));
             }
+            checked += size;
+            released += 1;
+            continue;
         }
         if stop && outstanding == 0 {
             break;
@@ -981,20 +1020,18 @@ fn client_bw(
         let c = side.next()?;
         match c.wc.wr_id & KIND_MASK {
             K_DATA => {
-                outstanding -= 1;
-                completed += 1;
-                if completed % 64 == 0 {
+                // This one and the unsignaled ones posted before it are done.
+                let i = c.wc.wr_id & !KIND_MASK;
+                let Some(done) = (i + 1).checked_sub(completed).filter(|&n| n <= outstanding)
+                else {
+                    return Err(format!(
+                        "completion of work request {i} out of order ({completed} done before)"
+                    ));
+                };
+                outstanding -= done;
+                completed += done;
+                if completed / 64 != (completed - done) / 64 {
                     progress.tick(Instant::now(), completed);
-                }
-                if test == TestKind::ReadBw {
-                    let i = c.wc.wr_id & !KIND_MASK;
-                    let off = (i % slots) * size;
-                    if let Some(at) = side.mismatch(SERVER_SEED, off, off, size) {
-                        return Err(format!(
-                            "read-bw: data read at iteration {i} differs at byte {at}"
-                        ));
-                    }
-                    checked += size;
                 }
             }
             K_CTRL_RECV => {
@@ -1058,7 +1095,7 @@ fn client_lat(
                         invalidate: None,
                     }
                 };
-                side.post_data(K_DATA | i, op, 0, size)?;
+                side.post_data(K_DATA | i, op, 0, size, true)?;
                 wait_pong(side, test, max, size, i, t0)?;
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 if !side.lat_check(SERVER_SEED, max, size, i) {
@@ -1075,6 +1112,7 @@ fn client_lat(
                     },
                     max,
                     size,
+                    true,
                 )?;
                 loop {
                     if let Some(c) = side.try_next()? {

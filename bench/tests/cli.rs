@@ -124,6 +124,38 @@ fn bandwidth_tests_over_two_slots() {
     }
 }
 
+/// `--cq-mod`: one work request in N signaled (perftest's selective signaling). Every message
+/// still counted and verified, with N not dividing the count, larger than the send queue
+/// (acts as its depth), and in duration mode (the last request is always signaled, or the
+/// run could not end).
+#[test]
+fn bandwidth_tests_with_selective_signaling() {
+    for test in ["write-bw", "read-bw", "send-bw"] {
+        for (cq_mod, in_force) in [("7", 7), ("1000", 128), ("1", 1)] {
+            let args = ["-s", "4096", "-n", "301", "--cq-mod", cq_mod, "--json"];
+            let out = run_ok(test, &args);
+            let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+            assert_eq!(v["results"][0]["iterations"], 301, "{test} {cq_mod}: {v}");
+            assert_eq!(v["cq_mod"], in_force, "{test} {cq_mod}: {v}");
+            let (server, client) = (
+                v["verified_bytes_server"].as_u64().unwrap_or(0),
+                v["verified_bytes_client"].as_u64().unwrap_or(0),
+            );
+            match test {
+                "read-bw" => assert_eq!(client, 301 * 4096, "{test} {cq_mod}: {v}"),
+                "send-bw" => assert_eq!(server, 301 * 4096, "{test} {cq_mod}: {v}"),
+                _ => assert_eq!(server, 128 * 4096, "{test} {cq_mod}: {v}"),
+            }
+        }
+    }
+    let out = run_ok(
+        "write-bw",
+        &["-s", "4096", "-D", "0.3", "--cq-mod", "7", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert!(v["results"][0]["iterations"].as_u64() > Some(10), "{v}");
+}
+
 /// A size that runs longer than a second reports its progress on stderr once a second.
 #[test]
 fn long_runs_report_progress() {
@@ -158,6 +190,7 @@ fn bad_arguments_are_errors_not_panics() {
         &["write-bw", "-s", "0"][..],
         &["write-bw", "--mpa-rev", "3"],
         &["write-bw", "--slots", "1025"],
+        &["write-bw", "--cq-mod", "0"],
         &["nope"],
     ] {
         let out = std::process::Command::new(bin())

@@ -265,6 +265,7 @@ fn steady_state(resegment: bool) {
                         wr_id: round,
                         op,
                         local,
+                        signaled: true,
                     },
                     &a.mem,
                 )

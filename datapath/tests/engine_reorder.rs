@@ -522,6 +522,7 @@ fn writes_fpdus(
                     to: off as u64,
                     len: len as u32,
                 }),
+                signaled: true,
             },
             &src,
         )

@@ -366,6 +366,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
                     wr_id: seed,
                     op,
                     local,
+                    signaled: true,
                 },
                 &bed.a.mem,
             )
@@ -675,6 +676,7 @@ fn crc_corruption_places_nothing_and_terminates() {
                     to: A_SRC_TO,
                     len: size as u32,
                 }),
+                signaled: true,
             },
             &bed.a.mem,
         )
@@ -897,6 +899,7 @@ fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
             to: A_SRC_TO,
             len: data.len() as u32,
         }),
+        signaled: true,
     };
     bed.a
         .iw
@@ -1005,6 +1008,7 @@ fn post_read(bed: &mut Bed, r: &Regions, wr_id: u64, len: u32) {
             to: A_SINK_TO,
             len,
         }),
+        signaled: true,
     };
     bed.a
         .iw
@@ -1154,6 +1158,7 @@ fn terminate_names_the_refused_write() {
                 wr_id,
                 op,
                 local: src(len),
+                signaled: true,
             };
             bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
         }

@@ -51,6 +51,7 @@ fn write_wr(wr_id: u64, src: &MemoryRegion, len: usize, stag: Stag, to: u64) -> 
             remote_to: to,
         },
         local: Some(src.sge(0, len as u32)),
+        signaled: true,
     }
 }
 
@@ -62,6 +63,7 @@ fn read_wr(wr_id: u64, sink: &MemoryRegion, len: usize, stag: Stag, to: u64) -> 
             remote_to: to,
         },
         local: Some(sink.sge(0, len as u32)),
+        signaled: true,
     }
 }
 
@@ -73,6 +75,7 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, len: usize) -> SendWr {
             invalidate: None,
         },
         local: Some(src.sge(0, len as u32)),
+        signaled: true,
     }
 }
 

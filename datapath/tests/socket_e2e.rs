@@ -235,6 +235,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
             invalidate: None,
         },
         local: Some(client_buf.sge(0, 16)),
+        signaled: true,
     })
     .unwrap();
     expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::Success);
@@ -465,6 +466,7 @@ fn eight_concurrent_connections() {
                             wr_id: id,
                             op,
                             local: Some(local.sge(0, len)),
+                            signaled: true,
                         })
                         .unwrap();
                     }
@@ -551,6 +553,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
             invalidate: None,
         },
         local: None,
+        signaled: true,
     })
     .unwrap();
     let r = expect_wc(&server.cq, 100, WcOpcode::Recv, WcStatus::Success);
@@ -574,6 +577,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
             remote_to: s_buf.base_to(),
         },
         local: Some(c_buf.sge(0, 64)),
+        signaled: true,
     })
     .unwrap();
     // The Read Request (18-octet DDP header + 28) has left the client and is held.

@@ -215,6 +215,7 @@ fn write_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize, stag: Stag, 
             remote_to: to,
         },
         local: Some(src.sge(off, len as u32)),
+        signaled: true,
     }
 }
 
@@ -226,6 +227,7 @@ fn read_wr(wr_id: u64, sink: &MemoryRegion, off: usize, len: usize, stag: Stag, 
             remote_to: to,
         },
         local: Some(sink.sge(off, len as u32)),
+        signaled: true,
     }
 }
 
@@ -237,6 +239,7 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize) -> SendWr {
             invalidate: None,
         },
         local: Some(src.sge(off, len as u32)),
+        signaled: true,
     }
 }
 

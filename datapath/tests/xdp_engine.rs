@@ -218,6 +218,7 @@ fn client(kind: Kind, server: Ipv4Addr, mtu: Option<u16>) -> Result<(), String> 
                 wr_id,
                 op,
                 local: Some(local),
+                signaled: true,
             })
             .map_err(|e| format!("post: {e}"))
         };
@@ -504,6 +505,7 @@ fn shard_clients(
                     wr_id: k as u64,
                     op,
                     local: Some(local),
+                    signaled: true,
                 })
                 .map_err(|e| format!("client {i}: post: {e}"))?;
         }

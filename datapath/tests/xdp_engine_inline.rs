@@ -69,6 +69,7 @@ fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
                 invalidate: None,
             },
             local: Some(buf.sge(off, LEN as u32)),
+            signaled: true,
         })
         .map_err(|e| format!("echo: {e}"))?;
         // Reposted before the client's next Send can arrive (the echo's Send goes first, and
@@ -121,6 +122,7 @@ fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
                 invalidate: None,
             },
             local: Some(src.sge(0, LEN as u32)),
+            signaled: true,
         })
         .map_err(|e| format!("post: {e}"))?;
         let (mut sent, mut echoed) = (false, false);

@@ -89,6 +89,7 @@ fn client() -> Result<(), String> {
                 invalidate: None,
             },
             local: Some(src.sge(off, LEN as u32)),
+            signaled: true,
         })
         .map_err(|e| format!("post: {e}"))?;
         let c = cq.wait(WOKEN_WITHIN).ok_or_else(|| {

@@ -148,6 +148,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
                 invalidate: None,
             },
             local: Some(done.sge(0, DONE_LEN as u32)),
+            signaled: true,
         })
         .map_err(|e| format!("post_send: {e}"))?;
         let c = cq
@@ -229,6 +230,7 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
                 wr_id,
                 op,
                 local: Some(local),
+                signaled: true,
             })
             .map_err(|e| format!("post: {e}"))?;
         }

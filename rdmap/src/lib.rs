@@ -24,7 +24,7 @@
 //!
 //! let write = SendOp::Write { remote_stag: dst, remote_to: 0x1000 };
 //! let local = Some(Sge { stag: src, to: 0, len: 3000 });
-//! a.post_send(SendWr { wr_id: 1, op: write, local }, &mem_a)?;
+//! a.post_send(SendWr { wr_id: 1, op: write, local, signaled: true }, &mem_a)?;
 //!
 //! // The transport: each ULPDU from A goes to B (here without MPA in between).
 //! let mut ulpdu = Vec::new();

@@ -34,6 +34,8 @@
 //!   (rule 19).
 //! - Completions of the send queue come out in submission order (rule 15): a Send
 //!   posted after a Read completes after the Read.
+//! - A send work request posted unsignaled ([`SendWr::signaled`] false) completes the same
+//!   way but reports only a failure (an error or a flush), not its success.
 //! - A Receive completes when DDP delivers its message, in MSN order (rule 16).
 //!
 //! # Transmit without copying the payload
@@ -160,6 +162,13 @@ pub struct SendWr {
     /// Local data (the source of a Send or Write, the sink of a Read); `None` or a
     /// zero-length element for a zero-length message.
     pub local: Option<Sge>,
+    /// Whether its successful completion is reported. `false` (verbs' unsignaled work
+    /// request, `IBV_SEND_SIGNALED` left out): the request completes as usual, in submission
+    /// order, and frees its send queue entry, but no [`WorkCompletion`] with
+    /// [`WcStatus::Success`] is queued; a later signaled request's completion tells that it
+    /// is done (rule 15: in order). A request that fails, or is flushed, is always reported.
+    /// Bandwidth applications signal one request in many (perftest's `--cq-mod`).
+    pub signaled: bool,
 }
 
 /// A receive queue work request: one untagged buffer for one inbound Send.
@@ -330,6 +339,8 @@ struct CompletionSlot {
     opcode: WcOpcode,
     byte_len: u32,
     status: Option<WcStatus>,
+    /// [`SendWr::signaled`].
+    signaled: bool,
 }
 
 /// An RDMA Read Request we sent whose Response has not fully arrived.
@@ -679,6 +690,7 @@ impl QueuePair {
             opcode,
             byte_len: wr.local.map_or(0, |s| s.len),
             status: None,
+            signaled: wr.signaled,
         });
         self.sq.push_back(SqEntry { wr, seq, sent: 0 });
         Ok(())
@@ -739,6 +751,9 @@ impl QueuePair {
             let slot = *slot;
             self.slots.pop_front();
             self.slots_base += 1;
+            if status == WcStatus::Success && !slot.signaled {
+                continue;
+            }
             self.completions.push_back(WorkCompletion {
                 wr_id: slot.wr_id,
                 opcode: slot.opcode,

@@ -400,6 +400,72 @@ fn send_queue_completions_are_in_submission_order() {
     assert_eq!(ids, vec![1, 2]);
 }
 
+/// Unsignaled work requests (`SendWr::signaled` false) complete and free their send queue
+/// entries without reporting success: a later signaled one's completion says they are done.
+#[test]
+fn unsignaled_requests_complete_unreported_and_free_the_send_queue() {
+    let mut pair = Pair::new(MULPDU);
+    let depth = config().sq_depth;
+    let data = pattern(2 * depth * 16, 4);
+    let src = pair.a.region(data.clone(), 0, Access::NONE);
+    let sink = pair.b.region(vec![0; data.len()], 0, Access::REMOTE_WRITE);
+    // Twice a full send queue: the second round can only be posted if the first one's
+    // unreported completions freed their entries.
+    for round in 0..2 {
+        for k in 0..depth {
+            let i = round * depth + k;
+            let at = (i * 16) as u64;
+            let last = i == 2 * depth - 1;
+            pair.a.post_signaled(
+                i as u64,
+                SendOp::Write {
+                    remote_stag: sink,
+                    remote_to: at,
+                },
+                Some(Sge {
+                    stag: src,
+                    to: at,
+                    len: 16,
+                }),
+                last,
+            );
+        }
+        pair.pump();
+        if round == 0 {
+            assert!(pair.a.completions().is_empty(), "nothing signaled yet");
+        }
+    }
+    assert_eq!(
+        pair.a.completions(),
+        vec![ok(2 * depth as u64 - 1, WcOpcode::Write, 16)]
+    );
+    assert_eq!(pair.b.contents(sink), data);
+    assert!(pair.log.iter().all(|t| t.result.is_ok()));
+}
+
+/// A flushed unsignaled request is reported all the same (only success goes unreported).
+#[test]
+fn unsignaled_requests_are_reported_when_flushed() {
+    let mut pair = Pair::new(MULPDU);
+    let send = SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    };
+    pair.a.post_signaled(1, send, None, false);
+    pair.a.post_signaled(2, send, None, false);
+    pair.a.qp.close();
+    let flushed: Vec<(u64, WcStatus)> = pair
+        .a
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        flushed,
+        vec![(1, WcStatus::WrFlushError), (2, WcStatus::WrFlushError)]
+    );
+}
+
 #[test]
 fn read_responses_interleave_with_a_long_send() {
     let mut pair = Pair::new(MULPDU);
@@ -630,7 +696,8 @@ fn close_flushes_outstanding_work() {
                     solicited: false,
                     invalidate: None
                 },
-                local: None
+                local: None,
+                signaled: true
             },
             &pair.a.mem
         ),
@@ -655,6 +722,7 @@ fn local_checks_on_post() {
             to: 0,
             len: 8,
         }),
+        signaled: true,
     };
     assert_eq!(
         pair.a.qp.post_send(read_sink, &pair.a.mem),
@@ -674,6 +742,7 @@ fn local_checks_on_post() {
             to: 4,
             len: 5,
         }),
+        signaled: true,
     };
     assert_eq!(
         pair.a.qp.post_send(too_long, &pair.a.mem),
@@ -712,6 +781,7 @@ fn local_checks_on_post() {
             invalidate: None,
         },
         local: None,
+        signaled: true,
     };
     qp.post_send(send, &pair.a.mem).unwrap();
     assert_eq!(

@@ -99,6 +99,7 @@ fn target() -> Target {
                 to: 0x5000,
                 len: 100,
             }),
+            signaled: true,
         },
         &mem,
     )

@@ -150,6 +150,42 @@ fn write_named_by_stag_and_to_completes_with_remote_access_error() {
     assert!(p.completions().is_empty());
 }
 
+/// The same refusal with every request unsignaled: the Write the peer took completes
+/// unreported, the refused one and the flushed ones are reported (a failure always is).
+#[test]
+fn unsignaled_requests_report_the_remote_error_and_the_flush() {
+    let (mut p, src) = ours(TxCompletion::Acknowledged);
+    let unsignaled_write = |p: &mut Peer, wr_id, sink, len| {
+        let op = SendOp::Write {
+            remote_stag: sink,
+            remote_to: SINK_TO,
+        };
+        p.post_signaled(
+            wr_id,
+            op,
+            Some(Sge {
+                stag: src,
+                to: 0,
+                len,
+            }),
+            false,
+        );
+    };
+    unsignaled_write(&mut p, 1, OTHER_SINK, 10);
+    unsignaled_write(&mut p, 2, SINK, 3000);
+    unsignaled_write(&mut p, 3, SINK, 100);
+    assert_eq!(hand_out(&mut p, 100), 5);
+    let refused = write_header(SINK, SINK_TO + WRITE_SEG, false);
+    let term = terminate(1, 1, 1, Some((&refused, WRITE_SEG as u16)));
+    assert_eq!(
+        receive(&mut p, &term),
+        vec![
+            (2, WcOpcode::Write, WcStatus::RemoteAccessError),
+            (3, WcOpcode::Write, WcStatus::WrFlushError),
+        ]
+    );
+}
+
 /// The Terminate names the second Send by its MSN (untagged QN 0; DDP untagged buffer error:
 /// a remote operation error). The first Send was taken.
 #[test]

@@ -210,6 +210,7 @@ impl Comm {
                     invalidate: None,
                 },
                 local: Some(self.mr.sge(SLOT, data.len() as u32)),
+                signaled: true,
             },
         )?;
         self.q.wait_id(step, WR_SEND)?;

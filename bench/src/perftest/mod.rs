@@ -837,6 +837,7 @@ impl Session {
                     remote_to: to,
                 },
                 local: Some(mr.sge(0, len as u32)),
+                signaled: true,
             },
         )?;
         let c = self.data.wait_id(step, K_CHECK)?;
@@ -867,6 +868,7 @@ impl Session {
                     remote_to: to,
                 },
                 local: Some(src.sge(0, len as u32)),
+                signaled: true,
             },
         )?;
         self.data.wait_id(step, K_FILL)?;
@@ -1050,6 +1052,7 @@ impl Session {
                             remote_to: peer.vaddr,
                         },
                         local: Some(credit_src.sge(0, 4)),
+                        signaled: true,
                     },
                 )?;
             }
@@ -1263,6 +1266,7 @@ impl Session {
                         wr_id: K_DATA | posted,
                         op,
                         local: Some(local),
+                        signaled: true,
                     },
                 )?;
                 t_post.push(Instant::now());
@@ -1407,6 +1411,7 @@ impl Session {
                         remote_to: peer.vaddr,
                     },
                     local: Some(landing.sge(0, size as u32)),
+                    signaled: true,
                 },
             )?;
             let c = self.data.wait_id(step, K_DATA | i)?;
@@ -1492,6 +1497,7 @@ impl Session {
                         remote_to: peer.vaddr,
                     },
                     local: Some(mr.sge(0, size as u32)),
+                    signaled: true,
                 },
             )?;
             self.data.wait_id(&wstep, K_DATA | i)?;
@@ -1609,6 +1615,7 @@ impl Session {
                     invalidate: None,
                 },
                 local: Some(src.sge(0, size as u32)),
+                signaled: true,
             },
         )
     }

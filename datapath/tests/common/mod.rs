@@ -584,6 +584,7 @@ pub fn verified_transfers(
                 remote_to: s_target.base_to(),
             },
             local: Some(c_src.sge(0, n as u32)),
+            signaled: true,
         })
         .unwrap();
         c.qp.post_send(SendWr {
@@ -593,6 +594,7 @@ pub fn verified_transfers(
                 invalidate: None,
             },
             local: Some(c_src.sge(0, n as u32)),
+            signaled: true,
         })
         .unwrap();
         let recv = expect_wc(&server.cq, i as u64, WcOpcode::Recv, WcStatus::Success);
@@ -625,6 +627,7 @@ pub fn verified_transfers(
                 remote_to: s_source.base_to(),
             },
             local: Some(c_sink.sge(0, n as u32)),
+            signaled: true,
         })
         .unwrap();
         let r = expect_wc(&client.cq, id + 2, WcOpcode::Read, WcStatus::Success);

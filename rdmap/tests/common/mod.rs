@@ -49,8 +49,21 @@ impl Peer {
     }
 
     pub fn post(&mut self, wr_id: u64, op: SendOp, local: Option<Sge>) {
+        self.post_signaled(wr_id, op, local, true);
+    }
+
+    /// [`Peer::post`] with [`SendWr::signaled`] as given.
+    pub fn post_signaled(&mut self, wr_id: u64, op: SendOp, local: Option<Sge>, signaled: bool) {
         self.qp
-            .post_send(SendWr { wr_id, op, local }, &self.mem)
+            .post_send(
+                SendWr {
+                    wr_id,
+                    op,
+                    local,
+                    signaled,
+                },
+                &self.mem,
+            )
             .expect("post_send");
     }
 }
