@@ -957,8 +957,11 @@ fn client_bw(
     let start = Instant::now();
     let mut progress = Progress::new(side, size, duration, start);
     let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
-    // read-bw: messages done and checked, whose slot may take the next Read (one at a time,
-    // so that reposting goes on while a signaled completion's batch is being checked).
+    // read-bw: messages done and checked. At most `depth` Reads are posted and not yet
+    // checked, so with a slot per outstanding request (the default) a slot's data is checked
+    // before the next Read into it is posted, one at a time: reposting goes on while a signaled
+    // completion's batch is being checked. (With fewer slots, as before, Reads of the same
+    // octets share a slot while outstanding.)
     let mut released = 0u64;
     let mut checked = 0u64;
     // Set once the last work request is posted; that one is always signaled, so that its
@@ -968,7 +971,7 @@ fn client_bw(
         while !stop
             && outstanding < depth
             && credits > 0
-            && (test != TestKind::ReadBw || posted < released + slots)
+            && (test != TestKind::ReadBw || posted < released + depth)
         {
             let last = match duration {
                 Some(d) => start.elapsed() >= d,
