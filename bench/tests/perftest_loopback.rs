@@ -20,7 +20,6 @@ fn pair2(
     server_args: &[&str],
     client_args: &[&str],
 ) -> (Output, Output) {
-    let port = free_port().to_string();
     let step = |a: &[&str]| {
         if a.contains(&"--step-timeout") {
             vec![]
@@ -28,25 +27,26 @@ fn pair2(
             vec!["--step-timeout", "10"]
         }
     };
-    let server = Command::new(bin())
-        .args(["perftest", server_test, "-p", &port, "--bind", "127.0.0.1"])
-        .args(["--timeout", "20"])
-        .args(step(server_args))
-        .args(server_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start perftest server");
-    // The client retries while the server is not listening yet.
-    let client = Command::new(bin())
-        .args(["perftest", client_test, "127.0.0.1", "-p", &port])
-        .args(["--timeout", "20", "--settle-ms", "0"])
-        .args(step(client_args))
-        .args(client_args)
-        .output()
-        .expect("run perftest client");
-    let server = wait_with_timeout(server, Duration::from_secs(60));
-    (server, client)
+    with_free_port(|port| {
+        let server = Command::new(bin())
+            .args(["perftest", server_test, "-p", port, "--bind", "127.0.0.1"])
+            .args(["--timeout", "20"])
+            .args(step(server_args))
+            .args(server_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start perftest server");
+        // The client retries while the server is not listening yet.
+        let client = Command::new(bin())
+            .args(["perftest", client_test, "127.0.0.1", "-p", port])
+            .args(["--timeout", "20", "--settle-ms", "0"])
+            .args(step(client_args))
+            .args(client_args)
+            .output()
+            .expect("run perftest client");
+        (wait_with_timeout(server, Duration::from_secs(60)), client)
+    })
 }
 
 fn text(o: &Output) -> String {

@@ -15,39 +15,34 @@ fn rping_pair(
     server_args: &[&str],
     client_args: &[&str],
 ) -> (String, String) {
-    let port = free_port().to_string();
-    let server = Command::new(bin())
-        .args([
-            "rping",
-            "-s",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-C",
-            &count.to_string(),
-        ])
-        .args(["--timeout", "20"])
-        .args(server_args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rping server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        let out = Command::new(bin())
-            .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port])
-            .args(["-C", &count.to_string(), "-S", &size.to_string()])
-            .args(client_args)
-            .output()
-            .expect("run rping client");
-        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-        if !refused || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let server = wait_with_timeout(server, Duration::from_secs(60));
+    let (server, client) = with_free_port(|port| {
+        let mut server = Command::new(bin())
+            .args(["rping", "-s", "-a", "127.0.0.1", "-p", port])
+            .args(["-C", &count.to_string()])
+            .args(["--timeout", "20"])
+            .args(server_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rping server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            let out = Command::new(bin())
+                .args(["rping", "-c", "-a", "127.0.0.1", "-p", port])
+                .args(["-C", &count.to_string(), "-S", &size.to_string()])
+                .args(client_args)
+                .output()
+                .expect("run rping client");
+            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+            // A server that ended without listening (its port taken) will not come.
+            let server_gone = matches!(server.try_wait(), Ok(Some(_)));
+            if !refused || server_gone || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (wait_with_timeout(server, Duration::from_secs(60)), client)
+    });
     let (co, ce) = (
         String::from_utf8_lossy(&client.stdout).into_owned(),
         String::from_utf8_lossy(&client.stderr).into_owned(),
@@ -101,36 +96,28 @@ fn verbose_prints_ping_data_like_rping() {
 
 #[test]
 fn server_fails_when_count_differs() {
-    let port = free_port().to_string();
-    let server = Command::new(bin())
-        .args([
-            "rping",
-            "-s",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-C",
-            "3",
-            "--timeout",
-            "20",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rping server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = Command::new(bin())
-            .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port, "-C", "2"])
-            .output()
-            .expect("run rping client");
-        if out.status.success() || Instant::now() > deadline {
-            break;
+    let (server, ()) = with_free_port(|port| {
+        let mut server = Command::new(bin())
+            .args(["rping", "-s", "-a", "127.0.0.1", "-p", port, "-C", "3"])
+            .args(["--timeout", "20"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rping server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = Command::new(bin())
+                .args(["rping", "-c", "-a", "127.0.0.1", "-p", port, "-C", "2"])
+                .output()
+                .expect("run rping client");
+            let server_gone = matches!(server.try_wait(), Ok(Some(_)));
+            if out.status.success() || server_gone || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let server = wait_with_timeout(server, Duration::from_secs(30));
+        (wait_with_timeout(server, Duration::from_secs(30)), ())
+    });
     assert!(!server.status.success());
     assert!(
         String::from_utf8_lossy(&server.stderr).contains("2 pings ran, -C asked for 3"),

@@ -27,6 +27,24 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// Runs `f` (which starts a server on the port it is given, runs its client and returns the
+/// server's output first) with a port from [`free_port`], and again with a fresh port, up to
+/// four times, while the server reports its port taken (between [`free_port`] and the server's
+/// bind another test's connection may get it as its ephemeral port).
+pub fn with_free_port<T>(mut f: impl FnMut(&str) -> (Output, T)) -> (Output, T) {
+    let mut attempt = 0;
+    loop {
+        let port = free_port().to_string();
+        let (server, rest) = f(&port);
+        let taken = String::from_utf8_lossy(&server.stderr).contains("Address already in use");
+        if taken && attempt < 4 {
+            attempt += 1;
+            continue;
+        }
+        return (server, rest);
+    }
+}
+
 /// Runs `iwarp-bench` server and client for `test` with `args` on loopback; returns both
 /// outputs (server, client). The client retries while the server is not yet listening. A port
 /// taken between [`free_port`] and the server's bind (another test's connection may get it as
