@@ -184,6 +184,26 @@ fn duration_mode_and_table_output() {
     assert!(iters > 10, "{row}");
 }
 
+/// A port taken before the server binds it (another test's connection may get the port
+/// `free_port` gave as its ephemeral one) makes the pair move to a fresh port.
+#[test]
+fn a_taken_port_is_replaced_by_a_fresh_one() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = holder.local_addr().expect("its address").port();
+    let (server, client) = run_pair(
+        "write-lat",
+        port,
+        &["-n", "10", "-s", "64", "--timeout", "2"],
+    );
+    assert!(
+        server.status.success() && client.status.success(),
+        "server:\n{}\nclient:\n{}",
+        String::from_utf8_lossy(&server.stderr),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    drop(holder);
+}
+
 #[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [

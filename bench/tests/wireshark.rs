@@ -17,7 +17,7 @@ struct Capture {
     path: PathBuf,
 }
 
-fn start_capture(name: &str, port: u16) -> Capture {
+fn start_capture(name: &str, port: &str) -> Capture {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join(format!("{name}.pcap"));
     let _ = std::fs::remove_file(&path);
@@ -76,15 +76,14 @@ fn tshark_decodes_rev1_crc_capture() {
         ),
         ("send-lat", &[("OpCode: Send (0x3)", 2 * iters)][..]),
     ] {
-        let port = free_port();
-        let cap = start_capture(test, port);
         let n = iters.to_string();
-        let (server, client) = run_pair(
-            test,
-            port,
-            &["--mpa-rev", "1", "--crc", "on", "-s", "64", "-n", &n],
-        );
-        let path = stop_capture(cap);
+        let args = ["--mpa-rev", "1", "--crc", "on", "-s", "64", "-n", &n];
+        // The capture follows the port: a fresh one (the first was taken) gets a new capture.
+        let (server, (client, path)) = with_free_port(|port| {
+            let cap = start_capture(test, port);
+            let (server, client) = run_pair_on(test, port, &args);
+            (server, (client, stop_capture(cap)))
+        });
         assert!(
             server.status.success(),
             "{test} server: {}",

@@ -36,8 +36,7 @@ pub fn with_free_port<T>(mut f: impl FnMut(&str) -> (Output, T)) -> (Output, T) 
     loop {
         let port = free_port().to_string();
         let (server, rest) = f(&port);
-        let taken = String::from_utf8_lossy(&server.stderr).contains("Address already in use");
-        if taken && attempt < 4 {
+        if port_taken(&server) && attempt < 4 {
             attempt += 1;
             continue;
         }
@@ -48,45 +47,46 @@ pub fn with_free_port<T>(mut f: impl FnMut(&str) -> (Output, T)) -> (Output, T) 
 /// Runs `iwarp-bench` server and client for `test` with `args` on loopback; returns both
 /// outputs (server, client). The client retries while the server is not yet listening. A port
 /// taken between [`free_port`] and the server's bind (another test's connection may get it as
-/// its ephemeral port) is replaced by a fresh one, up to four times.
+/// its ephemeral port) is replaced by a fresh one ([`with_free_port`]).
 pub fn run_pair(test: &str, port: u16, args: &[&str]) -> (Output, Output) {
-    let mut port = port;
-    let mut attempt = 0;
-    loop {
-        let mut server: Child = Command::new(bin())
-            .args([test, "--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start server");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let (client, server_gone) = loop {
-            let out = Command::new(bin())
-                .args([test, "--port", &port.to_string()])
-                .args(args)
-                .arg("127.0.0.1")
-                .output()
-                .expect("run client");
-            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-            if out.status.success() || !refused || Instant::now() > deadline {
-                break (out, false);
-            }
-            if matches!(server.try_wait(), Ok(Some(_))) {
-                // The server ended without listening.
-                break (out, true);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let server = wait_with_timeout(server, Duration::from_secs(60));
-        let taken = String::from_utf8_lossy(&server.stderr).contains("Address already in use");
-        if server_gone && taken && attempt < 4 {
-            attempt += 1;
-            port = free_port();
-            continue;
-        }
-        return (server, client);
+    let first = run_pair_on(test, &port.to_string(), args);
+    if !port_taken(&first.0) {
+        return first;
     }
+    with_free_port(|port| run_pair_on(test, port, args))
+}
+
+/// [`run_pair`] on `port` only: a taken port shows as the server's bind error.
+pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
+    let mut server: Child = Command::new(bin())
+        .args([test, "--bind", "127.0.0.1", "--port", port])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let client = loop {
+        let out = Command::new(bin())
+            .args([test, "--port", port])
+            .args(args)
+            .arg("127.0.0.1")
+            .output()
+            .expect("run client");
+        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+        // A server that ended without listening (its port taken) will not come.
+        let server_gone = matches!(server.try_wait(), Ok(Some(_)));
+        if out.status.success() || !refused || server_gone || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (wait_with_timeout(server, Duration::from_secs(60)), client)
+}
+
+/// Whether a server's output says its port was taken when it bound it.
+pub fn port_taken(server: &Output) -> bool {
+    String::from_utf8_lossy(&server.stderr).contains("Address already in use")
 }
 
 /// Waits for a child, killing it after `timeout`.
