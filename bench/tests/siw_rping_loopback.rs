@@ -25,22 +25,14 @@ fn rping_pair(
             .stderr(Stdio::piped())
             .spawn()
             .expect("start rping server");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let client = loop {
-            let out = Command::new(bin())
+        let client = client_once_listening(&mut server, || {
+            Command::new(bin())
                 .args(["rping", "-c", "-a", "127.0.0.1", "-p", port])
                 .args(["-C", &count.to_string(), "-S", &size.to_string()])
                 .args(client_args)
                 .output()
-                .expect("run rping client");
-            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-            // A server that ended without listening (its port taken) will not come.
-            let server_gone = matches!(server.try_wait(), Ok(Some(_)));
-            if !refused || server_gone || Instant::now() > deadline {
-                break out;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+                .expect("run rping client")
+        });
         (wait_with_timeout(server, Duration::from_secs(60)), client)
     });
     let (co, ce) = (

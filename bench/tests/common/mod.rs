@@ -65,23 +65,31 @@ pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        let out = Command::new(bin())
+    let client = client_once_listening(&mut server, || {
+        Command::new(bin())
             .args([test, "--port", port])
             .args(args)
             .arg("127.0.0.1")
             .output()
-            .expect("run client");
+            .expect("run client")
+    });
+    (wait_with_timeout(server, Duration::from_secs(60)), client)
+}
+
+/// Runs the client (`run`) again while it finds the server not yet listening (connection
+/// refused), for up to 20 s; returns its last output. Stops early once `server` has exited: a
+/// server that ended without listening (its port taken) will not come.
+pub fn client_once_listening(server: &mut Child, mut run: impl FnMut() -> Output) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run();
         let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-        // A server that ended without listening (its port taken) will not come.
         let server_gone = matches!(server.try_wait(), Ok(Some(_)));
         if out.status.success() || !refused || server_gone || Instant::now() > deadline {
-            break out;
+            return out;
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    (wait_with_timeout(server, Duration::from_secs(60)), client)
+    }
 }
 
 /// Whether a server's output says its port was taken when it bound it.
