@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Two engine variants A/B by where the data sender's core goes per frame, on the veth test bed:
+# pinned write-bw (server in iwa on CPU 0, client in iwb on CPU 1), the two alternating run by
+# run. Each run is sampled for one second in its middle with `perf record -C 1 -e cpu-clock
+# -F 4000` (as scripts/bench-engine-cpu.sh does; the frames sent in that second are read from
+# iwb0's TX counter inside the recorded command). Prints per run frames/s and kernel and user ns
+# per frame (samples / 4000 / frames; kernel includes the receiver's veth NAPI, XDP program and
+# XSK copy, which veth runs on the sending core), then the medians of each. Per-frame CPU time
+# moves less with the machine's speed than Gbit/s does, so a change of a few ns per frame shows
+# in fewer pairs than in scripts/bench-engine-ab.sh.
+# BASE_BIN / NEW_BIN: iwarp-bench binaries (the same one twice to compare options);
+# BASE_ARGS / NEW_ARGS: extra iwarp-bench options for both sides of the base / new runs (e.g.
+# NEW_ARGS="--slots 2"). Needs root; installs perf (Debian: linux-perf) if missing.
+# Usage: scripts/bench-engine-cpu-ab.sh BASE_BIN NEW_BIN [pairs] [iterations]
+#        (iterations: 64 KiB messages per run, >= 15000 so that a run outlasts its window)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: $0 BASE_BIN NEW_BIN [pairs] [iterations]" >&2; exit 2; }
+A=$1
+B=$2
+PAIRS=${3:-5}
+N=${4:-20000}
+[ "$N" -ge 15000 ] || { echo "bench-engine-cpu-ab: iterations must be >= 15000" >&2; exit 1; }
+for b in "$A" "$B"; do
+  [ -x "$b" ] || { echo "bench-engine-cpu-ab: $b is not an executable" >&2; exit 1; }
+done
+if ! command -v perf >/dev/null; then
+  echo "bench-engine-cpu-ab: perf missing, installing linux-perf" >&2
+  { [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; } ||
+    { echo "bench-engine-cpu-ab: needs perf (as root: apt-get install linux-perf)" >&2; exit 1; }
+fi
+# shellcheck source=scripts/bed-bench.sh
+. scripts/bed-bench.sh bench-engine-cpu-ab
+PORT=19950
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+
+window() { # -> "frames/s kernel_ns user_ns"
+  sleep 0.6
+  # perf itself on CPU 1 too (its samples count, for both alike).
+  taskset -c 1 perf record -q -C 1 -F 4000 -e cpu-clock -o "$tmp/w.data" -- sh -c \
+    "ip -n iwb -s link show iwb0 >$tmp/c1; sleep 1; ip -n iwb -s link show iwb0 >$tmp/c2" \
+    >/dev/null 2>&1
+  local a b
+  a=$(awk '/TX:/{getline; print $2}' "$tmp/c1")
+  b=$(awk '/TX:/{getline; print $2}' "$tmp/c2")
+  perf report -i "$tmp/w.data" --sort dso -n --stdio 2>/dev/null | python3 -c "
+import re, sys
+frames = max($b - $a, 1)
+kernel = user = 0
+for line in sys.stdin:
+    m = re.match(r'\s*[\d.]+%\s+(\d+)\s+(\S+)', line)
+    if not m:
+        continue
+    n, dso = int(m.group(1)), m.group(2)
+    if 'kernel' in dso or dso.startswith('bpf_prog'):
+        kernel += n
+    else:
+        user += n
+print(frames, round(kernel / 4000 / frames * 1e9), round(user / 4000 / frames * 1e9))
+"
+}
+
+declare -A F K U
+for _ in $(seq 1 "$PAIRS"); do
+  for which in base new; do
+    if [ "$which" = base ]; then bin=$A; xa=${BASE_ARGS:-}; else bin=$B; xa=${NEW_ARGS:-}; fi
+    # shellcheck disable=SC2086
+    ip netns exec iwa taskset -c 0 "$bin" write-bw --transport xdp --iface iwa0 --port "$PORT" \
+      $xa -s 65536 -n "$N" --json >/dev/null 2>&1 &
+    srv=$!
+    sleep 0.3
+    # shellcheck disable=SC2086
+    ip netns exec iwb taskset -c 1 "$bin" write-bw --transport xdp --iface iwb0 --port "$PORT" \
+      $xa -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
+    cli=$!
+    read -r f k u <<<"$(window)"
+    rc=0
+    wait "$cli" || rc=$?
+    wait "$srv" || rc=$?
+    PORT=$((PORT + 1))
+    if [ "$rc" -ne 0 ]; then
+      echo "$which: run failed (exit $rc), not counted" >&2
+      continue
+    fi
+    echo "$which: $f frames/s, kernel $k ns/frame, user $u ns/frame"
+    F[$which]="${F[$which]:-} $f"
+    K[$which]="${K[$which]:-} $k"
+    U[$which]="${U[$which]:-} $u"
+  done
+done
+for which in base new; do
+  [ -n "${F[$which]:-}" ] || { echo "bench-engine-cpu-ab: no $which run completed" >&2; exit 1; }
+  python3 -c "
+import statistics as s, sys
+f, k, u = (s.median(float(x) for x in a.split()) for a in sys.argv[2:])
+print('median %s: %d frames/s, kernel %d ns/frame, user %d ns/frame (%d runs)' % (sys.argv[1], f, k, u, len(sys.argv[2].split())))
+" "$which" "${F[$which]}" "${K[$which]}" "${U[$which]}"
+done
