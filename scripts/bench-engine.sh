@@ -22,6 +22,10 @@
 # Environment: TESTS="write-bw read-bw ..." runs only those tests; TX_COPY=1 adds, for the bw
 # tests, a row of the engine with `--engine-tx-copy` (its former transmit path: payload copied
 # through TCP's send buffer) measured alternately with the default engine in the same run.
+# RAW_SOURCE_MIB=N adds, for the bw tests, raw with each frame's payload copied from an N MiB
+# region as the engine copies it (`raw tx --source-mib N`, run in every round before plain raw)
+# and a row of the engine against it: the ceiling when the data comes from memory, not from a
+# template in cache.
 # MTU: both veth ends' MTU (default 1500; at most 3506, native XDP on veth); the engine and
 # kernel TCP take their MSS from it, raw sends frames of MTU + 14 octets.
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
@@ -75,9 +79,10 @@ f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0];
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(round(d[k], 2)) for k in sys.argv[1:]))" "$@"; }
 ratio() { python3 -c "print(round($1/$2, 2))"; }
 
-raw_bw() { # placement direction count -> "goodput frames": Gbit/s of TCP payload and of FRAME-byte
-  # frames received; direction "iwb" sends from iwb to iwa (as write-bw moves data), "iwa" the
-  # other way (as read-bw does); the sender is pinned where that test's data sender is.
+raw_bw() { # placement direction count [tx options] -> "goodput frames": Gbit/s of TCP payload
+  # and of FRAME-byte frames received; direction "iwb" sends from iwb to iwa (as write-bw moves
+  # data), "iwa" the other way (as read-bw does); the sender is pinned where that test's data
+  # sender is.
   local sp cp log rxns=iwa rxif=iwa0 txns=iwb txif=iwb0 dst=10.77.0.1
   sp=$(place "$1" server)
   cp=$(place "$1" client)
@@ -93,7 +98,7 @@ raw_bw() { # placement direction count -> "goodput frames": Gbit/s of TCP payloa
   for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
   # shellcheck disable=SC2086
   ip netns exec "$txns" $cp "$BIN" raw tx --iface "$txif" --size "$FRAME" --count "$3" --dst-ip "$dst" \
-    --port 18600 --quiet >/dev/null
+    --port 18600 --quiet ${4:-} >/dev/null
   wait "$rx" || true
   j payload_gbit_per_sec gbit_per_sec <"$log.out"
   rm -f "$log" "$log.out"
@@ -144,11 +149,15 @@ raw_lat_reps() { # placement -> "p50 p99" medians over REPS runs of raw pingpong
 # its start more). -> medians of "raw-goodput raw-frames socket xdp xdp/raw xdpcopy xdpcopy/raw",
 # the ratios the median of the rounds' own ratios.
 bw_reps() { # placement test size iters
-  local rg=() rf=() s=() x=() xr=() c=() cr=() idle=() gp fr sv xv cv out dir=iwb count
+  local rg=() rf=() s=() x=() xr=() c=() cr=() sg=() sr=() idle=() gp fr sv xv cv sgp out dir=iwb count
   count=$(( $4 * (($3 + PAYLOAD - 1) / PAYLOAD) ))
   [ "$2" = read-bw ] && dir=iwa
   for _ in $(seq 1 "$REPS"); do
     sv=$(pair "$1" socket "$2" "$3" "$4" | f gbit_per_sec)
+    sgp=0
+    if [ -n "${RAW_SOURCE_MIB:-}" ]; then
+      read -r sgp _ <<<"$(raw_bw "$1" "$dir" "$count" "--source-mib $RAW_SOURCE_MIB")"
+    fi
     read -r gp fr <<<"$(raw_bw "$1" "$dir" "$count")"
     out=$(pair "$1" xdp "$2" "$3" "$4")
     xv=$(echo "$out" | f gbit_per_sec)
@@ -156,6 +165,7 @@ bw_reps() { # placement test size iters
     [ "$2" = read-bw ] && out=$(cat "$SRV_JSON")
     idle+=("$(echo "$out" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['engine']['idle_ms']))" 2>/dev/null || echo '?')")
     rg+=("$gp"); rf+=("$fr"); s+=("$sv"); x+=("$xv"); xr+=("$(ratio "$xv" "$gp")")
+    sg+=("$sgp"); if [ -n "${RAW_SOURCE_MIB:-}" ]; then sr+=("$(ratio "$xv" "$sgp")"); else sr+=(0); fi
     if [ "${TX_COPY:-0}" = 1 ]; then
       cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
       c+=("$cv"); cr+=("$(ratio "$cv" "$gp")")
@@ -164,8 +174,10 @@ bw_reps() { # placement test size iters
     fi
   done
   echo "$(med "${rg[@]}") $(med "${rf[@]}") $(med "${s[@]}") $(med "${x[@]}") $(med "${xr[@]}") \
-$(med "${c[@]}") $(med "${cr[@]}")"
-  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
+$(med "${c[@]}") $(med "${cr[@]}") $(med "${sg[@]}") $(med "${sr[@]}")"
+  local from=""
+  [ -n "${RAW_SOURCE_MIB:-}" ] && from="; raw with payload from a region of $RAW_SOURCE_MIB MiB ${sg[*]}; xdp/that ${sr[*]}"
+  echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}$from; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
 }
 
 echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%MZ); median of $REPS runs per cell; engine options: ${XDP_ARGS:-defaults}; options of both transports: ${BENCH_ARGS:-defaults}"
@@ -181,9 +193,13 @@ for pl in pinned free; do
     set -- $spec
     if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $1 "* ]]; then continue; fi
     if [[ "$1" == *-bw ]]; then
-      read -r rbw rfr s1 x1 xr c1 cr <<<"$(bw_reps "$pl" "$1" "$2" "$3")"
+      read -r rbw rfr s1 x1 xr c1 cr sgb sgr <<<"$(bw_reps "$pl" "$1" "$2" "$3")"
       printf '| %s %s B, Gbit/s | %s | %s | %s | %s | %s | %s | %s |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$xr" "$rfr"
+      if [ -n "${RAW_SOURCE_MIB:-}" ]; then
+        printf '| %s %s B, Gbit/s, raw with payload from a region of %s MiB | %s | %s | %s | %s | %s | %s | |\n' \
+          "$1" "$2" "$RAW_SOURCE_MIB" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$sgb" "$sgr"
+      fi
       if [ "${TX_COPY:-0}" = 1 ]; then
         printf '| %s %s B, Gbit/s, engine --engine-tx-copy | %s | %s | %s | %s | %s | %s | %s |\n' \
           "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$cr" "$rfr"
@@ -214,3 +230,8 @@ echo "\`taskset -c 1\`. Gbit/s of the engine and the socket transport count RDMA
 echo "and xdp / raw use raw's goodput, its frames' TCP payload ($((FRAME - 54)) of $FRAME octets; an engine"
 echo "FPDU carries at most $PAYLOAD: TCP timestamps, MPA, DDP/RDMAP headers and CRC take the rest); the"
 echo "last column is raw in Ethernet frame octets."
+if [ -n "${RAW_SOURCE_MIB:-}" ]; then
+  echo "Rows \"raw with payload from a region of $RAW_SOURCE_MIB MiB\": \`raw tx ... --source-mib $RAW_SOURCE_MIB\` (each"
+  echo "frame's payload copied from a pinned $RAW_SOURCE_MIB MiB region walked in order, with CRC32C and checksum"
+  echo "sum, as the engine moves it), run in each round before plain raw; its goodput and xdp / that."
+fi

@@ -85,7 +85,12 @@ fn json(out: &Output, what: &str) -> serde_json::Value {
 fn raw_tx_to_raw_rx_moves_n_frames() {
     let _bed = bed_or_skip!();
     const N: &str = "2000";
-    for (size, mode) in [("64", "generic"), ("1514", "driver")] {
+    // The last round's payloads come from a 2 MiB region as the engine moves them.
+    for (size, mode, source) in [
+        ("64", "generic", None),
+        ("1514", "driver", None),
+        ("1514", "driver", Some("2")),
+    ] {
         let rx = Receiver::start(raw_in(
             "iwa",
             &[
@@ -93,26 +98,25 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
                 "18610", "--json", "--quiet",
             ],
         ));
-        let tx = raw_in(
-            "iwb",
-            &[
-                "tx",
-                "--iface",
-                "iwb0",
-                "--count",
-                N,
-                "--size",
-                size,
-                "--dst-ip",
-                "10.77.0.1",
-                "--port",
-                "18610",
-                "--json",
-                "--quiet",
-            ],
-        )
-        .output()
-        .expect("run raw tx");
+        let mut tx_args = vec![
+            "tx",
+            "--iface",
+            "iwb0",
+            "--count",
+            N,
+            "--size",
+            size,
+            "--dst-ip",
+            "10.77.0.1",
+            "--port",
+            "18610",
+            "--json",
+            "--quiet",
+        ];
+        if let Some(mib) = source {
+            tx_args.extend(["--source-mib", mib]);
+        }
+        let tx = raw_in("iwb", &tx_args).output().expect("run raw tx");
         assert!(
             tx.status.success(),
             "raw tx failed: {}",
@@ -128,6 +132,11 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
         let t = json(&tx, "raw tx");
         let r = json(&rx_out, "raw rx");
         assert_eq!(t["frames"], 2000, "{t}");
+        assert_eq!(
+            t["source_mib"].as_u64(),
+            source.and_then(|m| m.parse().ok()),
+            "{t}"
+        );
         assert_eq!(r["frames"], 2000, "{r}");
         assert_eq!(r["frame_bytes"].as_u64(), size.parse::<u64>().ok(), "{r}");
         assert_eq!(r["xdp_mode"], mode, "{r}");
@@ -149,7 +158,7 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
                 "{what} goodput {p} vs {want}: {j}"
             );
         }
-        println!("{size} B {mode}: tx {t}\nrx {r}");
+        println!("{size} B {mode} source {source:?}: tx {t}\nrx {r}");
         // Let the queues of iwa0 be released before the next round binds them again.
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -247,6 +256,25 @@ fn raw_cli_help_and_errors() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(
         e.contains("--size 20 out of range"),
+        "unexpected error: {e}"
+    );
+    let out = Command::new(bin())
+        .args([
+            "raw",
+            "tx",
+            "--iface",
+            "lo",
+            "--size",
+            "64",
+            "--source-mib",
+            "1",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--source-mib needs --size of at least 87"),
         "unexpected error: {e}"
     );
 }
