@@ -8,6 +8,8 @@
 # receiver's veth NAPI, XDP program and XSK copy, which veth runs on the sending core), and per
 # pair the steady-state goodput ratio xdp / raw (RDMA payload per engine frame: 65536 / 46
 # octets; raw's TCP payload: 1460). Needs root; installs perf (Debian: linux-perf) if missing.
+# RAW_ARGS: extra `raw tx` options (e.g. "--source-mib 8": raw's payloads copied from memory as
+# the engine copies them, so that the difference left is the engine's protocol work).
 # Usage: scripts/bench-engine-cpu.sh [pairs] [iterations]   (iterations: 64 KiB messages, >= 15000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,8 +63,9 @@ for i in $(seq 1 "$PAIRS"); do
     --mode driver --port 18600 --ring 2048 --json 2>"$tmp/rx.log" >"$tmp/rx.out" &
   rx=$!
   for _ in $(seq 1 200); do grep -q ready "$tmp/rx.log" && break; sleep 0.05; done
+  # shellcheck disable=SC2086
   ip netns exec iwb taskset -c 1 "$BIN" raw tx --iface iwb0 --size 1514 --count "$FRAMES" \
-    --dst-ip 10.77.0.1 --port 18600 --quiet >/dev/null 2>>"$tmp/rx.log" &
+    --dst-ip 10.77.0.1 --port 18600 --quiet ${RAW_ARGS:-} >/dev/null 2>>"$tmp/rx.log" &
   tx=$!
   read -r rf rk ru <<<"$(window raw)"
   rc=0
