@@ -196,6 +196,9 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     };
     let result = match &cli.cmd {
         Cmd::Tx(o) => tx(o),
+        Cmd::Rx(o) | Cmd::Pingpong(o) if o.source_mib.is_some() => {
+            Err("--source-mib applies to tx only".to_string())
+        }
         Cmd::Rx(o) => rx(o),
         Cmd::Pingpong(o) if o.dst_ip.is_some() => ping(o),
         Cmd::Pingpong(o) => pong(o),
@@ -414,11 +417,14 @@ fn tx(o: &Opts) -> Res<()> {
     let spec = spec_for(o, &info, src_ip)?;
     let mut template = vec![0u8; o.size];
     let size = frame_into(&mut template, &spec, o.size);
+    if source.is_some() && size != o.size {
+        return Err(format!("cannot build a {}-octet frame", o.size));
+    }
     let queue = o.queue.unwrap_or(0);
     let mut sock = XskSocket::open(&o.iface, queue, &xsk_config(o)?).map_err(|e| e.to_string())?;
     if !o.quiet {
         let from = match o.source_mib {
-            Some(mib) => format!(", payload copied from a {mib} MiB region"),
+            Some(mib) => format!(", payloads copied from a region of {mib} MiB"),
             None => String::new(),
         };
         eprintln!(

@@ -277,4 +277,14 @@ fn raw_cli_help_and_errors() {
         e.contains("--source-mib needs --size of at least 87"),
         "unexpected error: {e}"
     );
+    let out = Command::new(bin())
+        .args(["raw", "rx", "--iface", "lo", "--source-mib", "1"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--source-mib applies to tx only"),
+        "unexpected error: {e}"
+    );
 }
