@@ -24,43 +24,14 @@ N=${4:-20000}
 for b in "$A" "$B"; do
   [ -x "$b" ] || { echo "bench-engine-cpu-ab: $b is not an executable" >&2; exit 1; }
 done
-if ! command -v perf >/dev/null; then
-  echo "bench-engine-cpu-ab: perf missing, installing linux-perf" >&2
-  { [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; } ||
-    { echo "bench-engine-cpu-ab: needs perf (as root: apt-get install linux-perf)" >&2; exit 1; }
-fi
+# shellcheck source=scripts/cpu-window.sh
+. scripts/cpu-window.sh
+ensure_perf bench-engine-cpu-ab
 # shellcheck source=scripts/bed-bench.sh
 . scripts/bed-bench.sh bench-engine-cpu-ab
 PORT=19950
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
-
-window() { # -> "frames/s kernel_ns user_ns"
-  sleep 0.6
-  # perf itself on CPU 1 too (its samples count, for both alike).
-  taskset -c 1 perf record -q -C 1 -F 4000 -e cpu-clock -o "$tmp/w.data" -- sh -c \
-    "ip -n iwb -s link show iwb0 >$tmp/c1; sleep 1; ip -n iwb -s link show iwb0 >$tmp/c2" \
-    >/dev/null 2>&1
-  local a b
-  a=$(awk '/TX:/{getline; print $2}' "$tmp/c1")
-  b=$(awk '/TX:/{getline; print $2}' "$tmp/c2")
-  perf report -i "$tmp/w.data" --sort dso -n --stdio 2>/dev/null | python3 -c "
-import re, sys
-frames = max($b - $a, 1)
-kernel = user = 0
-for line in sys.stdin:
-    m = re.match(r'\s*[\d.]+%\s+(\d+)\s+(\S+)', line)
-    if not m:
-        continue
-    n, dso = int(m.group(1)), m.group(2)
-    if 'kernel' in dso or dso.startswith('bpf_prog'):
-        kernel += n
-    else:
-        user += n
-print(frames, round(kernel / 4000 / frames * 1e9), round(user / 4000 / frames * 1e9))
-"
-}
 
 declare -A F K U
 for _ in $(seq 1 "$PAIRS"); do
@@ -75,7 +46,7 @@ for _ in $(seq 1 "$PAIRS"); do
     ip netns exec iwb taskset -c 1 "$bin" write-bw --transport xdp --iface iwb0 --port "$PORT" \
       $xa -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
     cli=$!
-    read -r f k u <<<"$(window)"
+    read -r f k u <<<"$(cpu_window "$which")"
     rc=0
     wait "$cli" || rc=$?
     wait "$srv" || rc=$?

@@ -15,13 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=${1:-3}
 N=${2:-20000}
-if ! command -v perf >/dev/null; then
-  # Only this script needs perf, so install-deps.sh (run by the tests too) leaves it out.
-  echo "bench-engine-cpu: perf missing, installing linux-perf" >&2
-  { [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf >/dev/null; } ||
-    { echo "bench-engine-cpu: needs perf (as root: apt-get install linux-perf)" >&2; exit 1; }
-fi
+# shellcheck source=scripts/cpu-window.sh
+. scripts/cpu-window.sh
+ensure_perf bench-engine-cpu
 [ "$N" -ge 15000 ] || { echo "bench-engine-cpu: iterations must be >= 15000 (runs must outlast the 1.6 s window)" >&2; exit 1; }
 # shellcheck source=scripts/bed-bench.sh
 . scripts/bed-bench.sh bench-engine-cpu
@@ -29,33 +25,6 @@ PORT=19900
 FRAMES=$((N * 46))
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
-
-window() { # label -> "frames/s kernel_ns user_ns"
-  sleep 0.6
-  # perf itself on CPU 1 too (its samples count, for both alike): on CPU 0 it would take the
-  # receiver's core, and raw's receiver drops frames when it loses its core.
-  taskset -c 1 perf record -q -C 1 -F 4000 -e cpu-clock -o "$tmp/$1.data" -- sh -c \
-    "ip -n iwb -s link show iwb0 >$tmp/$1.c1; sleep 1; ip -n iwb -s link show iwb0 >$tmp/$1.c2" \
-    >/dev/null 2>&1
-  local a b
-  a=$(awk '/TX:/{getline; print $2}' "$tmp/$1.c1")
-  b=$(awk '/TX:/{getline; print $2}' "$tmp/$1.c2")
-  perf report -i "$tmp/$1.data" --sort dso -n --stdio 2>/dev/null | python3 -c "
-import re, sys
-frames = max($b - $a, 1)
-kernel = user = 0
-for line in sys.stdin:
-    m = re.match(r'\s*[\d.]+%\s+(\d+)\s+(\S+)', line)
-    if not m:
-        continue
-    n, dso = int(m.group(1)), m.group(2)
-    if 'kernel' in dso or dso.startswith('bpf_prog'):
-        kernel += n
-    else:
-        user += n
-print(frames, round(kernel / 4000 / frames * 1e9), round(user / 4000 / frames * 1e9))
-"
-}
 
 ratios=()
 for i in $(seq 1 "$PAIRS"); do
@@ -67,7 +36,7 @@ for i in $(seq 1 "$PAIRS"); do
   ip netns exec iwb taskset -c 1 "$BIN" raw tx --iface iwb0 --size 1514 --count "$FRAMES" \
     --dst-ip 10.77.0.1 --port 18600 --quiet ${RAW_ARGS:-} >/dev/null 2>>"$tmp/rx.log" &
   tx=$!
-  read -r rf rk ru <<<"$(window raw)"
+  read -r rf rk ru <<<"$(cpu_window raw)"
   rc=0
   wait "$tx" || rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -87,7 +56,7 @@ for i in $(seq 1 "$PAIRS"); do
   ip netns exec iwb taskset -c 1 "$BIN" write-bw --transport xdp --iface iwb0 --port "$PORT" \
     -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
   cli=$!
-  read -r xf xk xu <<<"$(window xdp)"
+  read -r xf xk xu <<<"$(cpu_window xdp)"
   rc=0
   wait "$cli" || rc=$?
   wait "$srv" || rc=$?
