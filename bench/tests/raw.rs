@@ -219,7 +219,8 @@ fn raw_pingpong_runs() {
     println!("pingpong: {v}");
 }
 
-/// Without a test bed: the subcommand parses, and a missing interface is a clear error.
+/// Without a test bed: the subcommand parses, and a missing interface or an option out of range
+/// or out of place is a clear error.
 #[test]
 fn raw_cli_help_and_errors() {
     let help = Command::new(bin())
@@ -231,60 +232,30 @@ fn raw_cli_help_and_errors() {
     for sub in ["tx", "rx", "pingpong"] {
         assert!(h.contains(sub), "{h}");
     }
-    let out = Command::new(bin())
-        .args([
-            "raw",
-            "tx",
-            "--iface",
-            "nonexistent0",
-            "--dst-ip",
-            "10.77.0.1",
-        ])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("\"nonexistent0\" not found"),
-        "unexpected error: {e}"
+    let fails_with = |args: &[&str], error: &str| {
+        let out = Command::new(bin())
+            .arg("raw")
+            .args(args)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(error), "{args:?}: unexpected error: {e}");
+    };
+    fails_with(
+        &["tx", "--iface", "nonexistent0", "--dst-ip", "10.77.0.1"],
+        "\"nonexistent0\" not found",
     );
-    let out = Command::new(bin())
-        .args(["raw", "tx", "--iface", "lo", "--size", "20"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("--size 20 out of range"),
-        "unexpected error: {e}"
+    fails_with(
+        &["tx", "--iface", "lo", "--size", "20"],
+        "--size 20 out of range",
     );
-    let out = Command::new(bin())
-        .args([
-            "raw",
-            "tx",
-            "--iface",
-            "lo",
-            "--size",
-            "64",
-            "--source-mib",
-            "1",
-        ])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("--source-mib needs --size of at least 87"),
-        "unexpected error: {e}"
+    fails_with(
+        &["tx", "--iface", "lo", "--size", "64", "--source-mib", "1"],
+        "--source-mib needs --size of at least 87",
     );
-    let out = Command::new(bin())
-        .args(["raw", "rx", "--iface", "lo", "--source-mib", "1"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("--source-mib applies to tx only"),
-        "unexpected error: {e}"
+    fails_with(
+        &["rx", "--iface", "lo", "--source-mib", "1"],
+        "--source-mib applies to tx only",
     );
 }
