@@ -4,7 +4,6 @@
 //! The protocol crate `rdmap` keeps the registration table ([`rdmap::MemoryTable`]); this module
 //! owns the bytes. [`PinnedBuffer`] is the only place that touches them through raw pointers.
 
-use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,7 +17,8 @@ const PAGE: usize = 4096;
 /// The x86-64 (and usual aarch64) transparent huge page size.
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A zeroed, page-aligned heap buffer, locked into RAM (`mlock`) when the process may do so.
+/// Zeroed, page-aligned memory of its own (an anonymous mapping), locked into RAM (`mlock`) when
+/// the process may do so.
 ///
 /// The engine thread writes into it (placement) and reads from it (transmit) while the
 /// application may read and write it too: like any RDMA buffer, the application must not touch
@@ -27,7 +27,8 @@ const HUGE_PAGE: usize = 2 << 20;
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// Octets mapped (`len` rounded up to whole pages, at least one).
+    map_len: usize,
     locked: bool,
 }
 
@@ -41,33 +42,70 @@ unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
     /// Allocates `len` zeroed bytes (at least one page), page-aligned, and tries to `mlock` them.
+    ///
+    /// The bytes are an anonymous mapping of their own (zero-filled by the kernel, nothing
+    /// touched here before the advice below): a buffer of a huge page or more starts on a
+    /// huge-page boundary and is advised `MADV_HUGEPAGE` *before* `mlock` faults its pages in, so
+    /// that with transparent huge pages in `madvise` mode (the usual default) those faults take
+    /// 2 MiB pages. (An allocator's zeroed, aligned allocation writes its zeros first: every page
+    /// was then faulted in at 4 KiB before any advice could apply.) One TLB entry then covers
+    /// 2 MiB of the engine's copies in and out of the buffer instead of 4 KiB.
     pub fn new(len: usize) -> Result<Self, DatapathError> {
-        let alloc_len = len.max(1).div_ceil(PAGE) * PAGE;
-        // Buffers of a huge page or more start on a huge-page boundary, so that transparent
-        // huge pages can back them whole.
-        let align = if alloc_len >= HUGE_PAGE {
-            HUGE_PAGE
-        } else {
-            PAGE
+        let map_len = len.max(1).div_ceil(PAGE) * PAGE;
+        let huge = map_len >= HUGE_PAGE;
+        // Room to move the start to a huge-page boundary; the slack is unmapped again below.
+        let slack = if huge { HUGE_PAGE } else { 0 };
+        let reserve = map_len
+            .checked_add(slack)
+            .ok_or(DatapathError::InvalidArgument("memory region too large"))?;
+        // SAFETY: a new private anonymous mapping at an address of the kernel's choosing; it
+        // aliases nothing we own.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
-        let layout = Layout::from_size_align(alloc_len, align)
-            .map_err(|_| DatapathError::InvalidArgument("memory region too large"))?;
-        // SAFETY: `layout` has a non-zero size (at least one page).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or(DatapathError::OutOfMemory(alloc_len))?;
-        if align == HUGE_PAGE {
-            // Best effort, before `mlock` faults the pages in: with transparent huge pages in
-            // `madvise` mode (the usual default) this asks for them; a failure (THP off) leaves
-            // 4 KiB pages. Fewer TLB misses for the engine's copies in and out of the buffer.
-            // SAFETY: the range is the allocation we own; the advice changes no contents.
-            let _ = unsafe { libc::madvise(ptr.as_ptr().cast(), alloc_len, libc::MADV_HUGEPAGE) };
+        if raw == libc::MAP_FAILED {
+            return Err(DatapathError::OutOfMemory(map_len));
         }
-        // SAFETY: `ptr` points to `alloc_len` bytes we just allocated; mlock only changes paging.
-        let locked = unsafe { libc::mlock(ptr.as_ptr().cast(), alloc_len) } == 0;
+        let base = raw as usize;
+        let start = if huge {
+            base.next_multiple_of(HUGE_PAGE)
+        } else {
+            base
+        };
+        let head = start - base;
+        let tail = reserve - head - map_len;
+        // SAFETY: both ranges are page-aligned parts of the mapping just made (`head` and `tail`
+        // are multiples of the page size, `start` and `start + map_len` page-aligned), outside
+        // the `map_len` octets kept; nothing refers to them. A failure would only leave them
+        // mapped and unused.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + map_len) as *mut libc::c_void, tail);
+            }
+        }
+        let ptr = NonNull::new(start as *mut u8).ok_or(DatapathError::OutOfMemory(map_len))?;
+        if huge {
+            // Best effort: a failure (THP off or unsupported) leaves 4 KiB pages.
+            // SAFETY: the range is the mapping we own; the advice changes no contents.
+            let _ = unsafe { libc::madvise(ptr.as_ptr().cast(), map_len, libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: `ptr` points to the `map_len` octets mapped above; mlock only changes paging
+        // (and faults the pages in, as zeros).
+        let locked = unsafe { libc::mlock(ptr.as_ptr().cast(), map_len) } == 0;
         Ok(Self {
             ptr,
             len,
-            layout,
+            map_len,
             locked,
         })
     }
@@ -209,13 +247,10 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`layout` are exactly what `alloc_zeroed` returned/used; nothing else
-        // refers to the buffer once the last owner drops it.
+        // SAFETY: `ptr`/`map_len` are exactly the mapping `new` kept; nothing else refers to
+        // the buffer once the last owner drops it. Unmapping also unlocks the pages.
         unsafe {
-            if self.locked {
-                libc::munlock(self.ptr.as_ptr().cast(), self.layout.size());
-            }
-            alloc::dealloc(self.ptr.as_ptr(), self.layout);
+            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
         }
     }
 }
@@ -403,6 +438,57 @@ mod tests {
         }
         let small = PinnedBuffer::new(HUGE_PAGE - PAGE).unwrap();
         assert_eq!(small.addr() % PAGE as u64, 0);
+    }
+
+    /// `AnonHugePages` of the process mapping that is exactly `[addr, addr + len)`
+    /// (`/proc/self/smaps`); `None` if there is none (e.g. merged with a neighbour).
+    fn huge_page_octets(addr: u64, len: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let header = format!("{:x}-{:x} ", addr, addr + len as u64);
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&header));
+        lines.next()?;
+        let kb = lines
+            .take_while(|l| !l.split_whitespace().next().is_some_and(|w| w.contains('-')))
+            .find_map(|l| l.strip_prefix("AnonHugePages:"))?;
+        Some(
+            kb.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()?
+                * 1024,
+        )
+    }
+
+    /// The buffer is advised before anything faults its pages in, so that transparent huge
+    /// pages back it (an allocator's zeroing used to fault every page in at 4 KiB first).
+    #[test]
+    fn large_buffers_get_transparent_huge_pages() {
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if !thp.contains("[always]") && !thp.contains("[madvise]") {
+            eprintln!(
+                "skipped: transparent huge pages are off here ({})",
+                thp.trim()
+            );
+            return;
+        }
+        let len = 4 * HUGE_PAGE;
+        let b = PinnedBuffer::new(len).unwrap();
+        // Faulted in by `mlock`; touched as well in case `mlock` was refused.
+        for at in (0..len).step_by(HUGE_PAGE) {
+            b.write_at(at, &[1]);
+        }
+        let huge =
+            huge_page_octets(b.addr(), len).expect("the buffer's mapping in /proc/self/smaps");
+        assert!(
+            huge >= HUGE_PAGE as u64,
+            "{huge} octets of {len} on huge pages (THP: {})",
+            thp.trim()
+        );
+        let mut out = [9u8; 3];
+        b.read_at(HUGE_PAGE - 1, &mut out);
+        assert_eq!(out, [0, 1, 0], "zeroed apart from what was written");
     }
 
     #[test]

@@ -1274,10 +1274,15 @@ fn bad_peer(role: Role<'_>, v: &Victim, bad: Bad) -> Result<(), String> {
     )?;
     check_bytes(&bytes(&v.private, 0, TREGION), &v.before, "private region")?;
     let now = bytes(&v.target, 0, TREGION);
-    let start = (to - v.target.base_to()) as usize;
+    // Where the out-of-bounds Write starts in the target (the other bad requests name other
+    // regions, at addresses that may lie below the target's).
+    let start = match bad {
+        Bad::WriteBeyondEnd => Some((to - v.target.base_to()) as usize),
+        _ => None,
+    };
     for (i, (&got, &was)) in now.iter().zip(&v.before).enumerate() {
-        let written = match bad {
-            Bad::WriteBeyondEnd if i >= start => Some(data[i - start]),
+        let written = match start {
+            Some(start) if i >= start => Some(data[i - start]),
             _ => None,
         };
         if got != was && Some(got) != written {
