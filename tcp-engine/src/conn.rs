@@ -15,8 +15,8 @@ use crate::rtt::RttEstimator;
 use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
 use crate::time::{earliest, Instant};
 use crate::wire::{
-    FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN, TCP_HEADER_LEN,
-    TIMESTAMP_OPTION_SPACE,
+    DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, WireError,
+    IPV4_HEADER_LEN, TCP_HEADER_LEN, TIMESTAMP_OPTION_SPACE,
 };
 use core::time::Duration;
 
@@ -401,6 +401,9 @@ pub struct Connection {
     ts_offset: u32,
     ts_recent: Option<u32>,
     last_ack_sent: u32,
+    /// The data segments' headers, built at the first data segment (the tuple and the
+    /// timestamps option are fixed by then).
+    data_header: Option<DataHeader>,
 
     // ---- misc timers ----
     time_wait_deadline: Option<Instant>,
@@ -524,6 +527,7 @@ impl Connection {
             ts_offset,
             ts_recent: None,
             last_ack_sent: 0,
+            data_header: None,
             time_wait_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
@@ -2208,13 +2212,19 @@ impl Connection {
     }
 
     fn after_emit_ack(&mut self, repr: &SegmentRepr<'_>) {
+        self.after_emit(repr.flags.ack.then_some(repr.ack));
+    }
+
+    /// A segment went out carrying acknowledgment number `ack` (`None`: no ACK flag).
+    #[inline]
+    fn after_emit(&mut self, ack: Option<u32>) {
         self.stats.segments_out += 1;
-        if repr.flags.ack {
+        if let Some(ack) = ack {
             self.ack_pending = false;
             self.ack_now = false;
             self.delack_deadline = None;
             self.unacked_segments = 0;
-            self.last_ack_sent = repr.ack;
+            self.last_ack_sent = ack;
         }
     }
 
@@ -2371,14 +2381,37 @@ impl Connection {
         fin: bool,
         source: &mut dyn TxSource,
     ) -> Option<usize> {
-        let flags = TcpFlags {
-            ack: true,
-            fin,
-            psh: len > 0 && start + u64::from(len) == self.data_end(),
-            ..TcpFlags::default()
+        let psh = len > 0 && start + u64::from(len) == self.data_end();
+        let seq = self.snd.seq_of(start);
+        // A data segment without SACK blocks (the usual one) from the connection's prebuilt
+        // headers; FIN and SACK-carrying segments through the general emitter.
+        let sacks = self.sack_enabled && (!self.rcv_ranges.is_empty() || self.dsack.is_some());
+        let mut repr = None;
+        if fin || sacks {
+            let flags = TcpFlags {
+                ack: true,
+                fin,
+                psh,
+                ..TcpFlags::default()
+            };
+            let mut r = self.base_repr(now, seq, flags);
+            self.add_sack_blocks(&mut r, len as usize);
+            repr = Some(r);
+        } else if self
+            .data_header
+            .is_none_or(|h| h.has_timestamps() != self.ts_enabled)
+        {
+            self.data_header = Some(DataHeader::new(&self.tuple, self.ts_enabled));
+        }
+        // The same fields, in the same order, as `base_repr` computes them.
+        let (window, ts, ack) = match &repr {
+            Some(_) => (0, (0, 0), 0),
+            None => (
+                self.window_field(false),
+                (self.tsval(now), self.ts_recent.unwrap_or(0)),
+                self.rcv_nxt(),
+            ),
         };
-        let mut repr = self.base_repr(now, self.snd.seq_of(start), flags);
-        self.add_sack_blocks(&mut repr, len as usize);
         let mut failed = None;
         let from_source = self.cfg.tx_mode == TxMode::Source;
         let off = if from_source {
@@ -2387,37 +2420,41 @@ impl Connection {
             (start - self.send_buf_base) as usize
         };
         let (a, b) = self.send_buf.as_slices();
-        let n = repr
-            .emit_with_summed(buf, len as usize, |out| {
-                if from_source {
-                    if out.is_empty() {
-                        return None;
+        let fill = |out: &mut [u8]| {
+            if from_source {
+                if out.is_empty() {
+                    return None;
+                }
+                return match source.fill_summed(start, out) {
+                    Ok(sum) => sum,
+                    Err(e) => {
+                        failed = Some(e);
+                        None
                     }
-                    return match source.fill_summed(start, out) {
-                        Ok(sum) => sum,
-                        Err(e) => {
-                            failed = Some(e);
-                            None
-                        }
-                    };
-                }
-                let mut o = 0;
-                let mut s = off;
-                let l = out.len();
-                if s < a.len() {
-                    let run = (a.len() - s).min(l);
-                    out[..run].copy_from_slice(&a[s..s + run]);
-                    o = run;
-                    s = 0;
-                } else {
-                    s -= a.len();
-                }
-                if o < l {
-                    out[o..].copy_from_slice(&b[s..s + (l - o)]);
-                }
-                None
-            })
-            .ok()?;
+                };
+            }
+            let mut o = 0;
+            let mut s = off;
+            let l = out.len();
+            if s < a.len() {
+                let run = (a.len() - s).min(l);
+                out[..run].copy_from_slice(&a[s..s + run]);
+                o = run;
+                s = 0;
+            } else {
+                s -= a.len();
+            }
+            if o < l {
+                out[o..].copy_from_slice(&b[s..s + (l - o)]);
+            }
+            None
+        };
+        let emitted = match (&repr, &self.data_header) {
+            (Some(r), _) => r.emit_with_summed(buf, len as usize, fill),
+            (None, Some(h)) => h.emit_summed(buf, seq, ack, psh, window, ts, len as usize, fill),
+            (None, None) => Err(WireError::BufferTooSmall),
+        };
+        let n = emitted.ok()?;
         if failed.is_some() {
             // The octets cannot be produced: the stream cannot continue (a hole would be
             // filled with garbage), so the connection is reset.
@@ -2425,7 +2462,7 @@ impl Connection {
             self.events.push_back(Event::SourceFailed);
             return None;
         }
-        self.after_emit_ack(&repr);
+        self.after_emit(Some(repr.map_or(ack, |r| r.ack)));
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }

@@ -546,6 +546,146 @@ impl<'a> SegmentRepr<'a> {
     }
 }
 
+/// The IPv4 and TCP headers of one connection's data segments, built once (RFC 791 3.1,
+/// RFC 9293 3.1): addresses, ports, DF, TTL, protocol, the data offset and, with timestamps,
+/// the option's lead (RFC 7323 Appendix A: NOP, NOP, kind 8, length 10) are the connection's;
+/// per segment only the lengths, the sequence and acknowledgment numbers, PSH, the window, the
+/// timestamp values and the two checksums change, and so only those are written and summed.
+/// The octets are exactly those of [`SegmentRepr::emit_with_summed`] for an ACK segment
+/// without SYN, FIN, RST or URG whose only option is timestamps (or that has none): the
+/// established connection's data segment when it carries no SACK blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeader {
+    /// IPv4 and TCP headers with every per-segment field zero (ACK set).
+    head: [u8; DATA_HEADER_MAX],
+    /// Octets of `head` in use: 40, or 52 with timestamps.
+    len: usize,
+    /// The pseudo-header's addresses and protocol (RFC 9293 3.1).
+    pseudo: Checksum,
+    /// `pseudo` plus the TCP header's fixed words: the ports and the timestamps' lead.
+    fixed: Checksum,
+    /// The IPv4 header's words but the total length (its checksum field zero).
+    ip_fixed: Checksum,
+}
+
+/// IPv4 header, TCP header and the timestamps option with its two NOPs.
+const DATA_HEADER_MAX: usize = IPV4_HEADER_LEN + TCP_HEADER_LEN + TIMESTAMP_OPTION_SPACE;
+
+impl DataHeader {
+    /// The headers of `tuple`'s data segments, with the timestamps option or without.
+    pub fn new(tuple: &FourTuple, timestamps: bool) -> DataHeader {
+        let (src, dst) = (tuple.local_addr.octets(), tuple.remote_addr.octets());
+        let len = if timestamps {
+            DATA_HEADER_MAX
+        } else {
+            IPV4_HEADER_LEN + TCP_HEADER_LEN
+        };
+        let mut head = [0u8; DATA_HEADER_MAX];
+        head[..12].copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0]);
+        head[12..16].copy_from_slice(&src);
+        head[16..20].copy_from_slice(&dst);
+        let tcp = &mut head[IPV4_HEADER_LEN..];
+        let ports =
+            (u32::from(tuple.local_port) << 16 | u32::from(tuple.remote_port)).to_be_bytes();
+        tcp[0..4].copy_from_slice(&ports);
+        tcp[12] = (((len - IPV4_HEADER_LEN) / 4) as u8) << 4;
+        tcp[13] = TcpFlags {
+            ack: true,
+            ..TcpFlags::default()
+        }
+        .to_byte();
+        let addrs = Checksum::new().add_4(src).add_4(dst);
+        let pseudo = addrs.add_2([0, 6]);
+        let mut fixed = pseudo.add_4(ports);
+        if timestamps {
+            tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + 4].copy_from_slice(&TS_ONLY_LEAD);
+            fixed = fixed.add_4(TS_ONLY_LEAD);
+        }
+        let ip_fixed = addrs.add_2([0x45, 0]).add_2([0x40, 0]).add_2([64, 6]);
+        DataHeader {
+            head,
+            len,
+            pseudo,
+            fixed,
+            ip_fixed,
+        }
+    }
+
+    /// Whether the headers carry the timestamps option.
+    pub fn has_timestamps(&self) -> bool {
+        self.len == DATA_HEADER_MAX
+    }
+
+    /// Writes a data segment of `payload_len` octets into `buf` and returns its length: the
+    /// headers with these per-segment fields (`ts`: TSval and TSecr, ignored without the
+    /// option), then `fill` writes the payload and, as in
+    /// [`SegmentRepr::emit_with_summed`], may return its ones' complement sum so that the
+    /// TCP checksum does not read it again (`None`: summed from `buf`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn emit_summed(
+        &self,
+        buf: &mut [u8],
+        seq: u32,
+        ack: u32,
+        psh: bool,
+        window: u16,
+        ts: (u32, u32),
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Option<u16>,
+    ) -> Result<usize, WireError> {
+        let total = self.len + payload_len;
+        if total > usize::from(u16::MAX) {
+            return Err(WireError::BufferTooSmall);
+        }
+        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
+        let (head, payload) = buf.split_at_mut(self.len);
+        head.copy_from_slice(&self.head[..self.len]);
+        let total_be = (total as u16).to_be_bytes();
+        let ip_sum = self.ip_fixed.add_2(total_be).finish().to_be_bytes();
+        let (ip, tcp) = head.split_at_mut(IPV4_HEADER_LEN);
+        ip[2..4].copy_from_slice(&total_be);
+        ip[10..12].copy_from_slice(&ip_sum);
+        let (seq, ack, window) = (seq.to_be_bytes(), ack.to_be_bytes(), window.to_be_bytes());
+        let off_flags = [tcp[12], tcp[13] | if psh { 1 << 3 } else { 0 }];
+        tcp[4..8].copy_from_slice(&seq);
+        tcp[8..12].copy_from_slice(&ack);
+        tcp[13] = off_flags[1];
+        tcp[14..16].copy_from_slice(&window);
+        let ts = (ts.0.to_be_bytes(), ts.1.to_be_bytes());
+        let timestamps = self.has_timestamps();
+        if timestamps {
+            tcp[24..28].copy_from_slice(&ts.0);
+            tcp[28..32].copy_from_slice(&ts.1);
+        }
+        let tcp_len = ((total - IPV4_HEADER_LEN) as u16).to_be_bytes();
+        let sum = match fill(payload) {
+            Some(p) => {
+                let sum = self
+                    .fixed
+                    .add_2(tcp_len)
+                    .add_4(seq)
+                    .add_4(ack)
+                    .add_2(off_flags)
+                    .add_2(window);
+                let sum = if timestamps {
+                    sum.add_4(ts.0).add_4(ts.1)
+                } else {
+                    sum
+                };
+                sum.add_sum(p)
+            }
+            None => self
+                .pseudo
+                .add_2(tcp_len)
+                .add_bytes(&buf[IPV4_HEADER_LEN..]),
+        }
+        .finish();
+        buf[IPV4_HEADER_LEN + 16..IPV4_HEADER_LEN + 18].copy_from_slice(&sum.to_be_bytes());
+        Ok(total)
+    }
+}
+
 /// A connection's addresses, from the local side's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FourTuple {
@@ -779,6 +919,81 @@ mod tests {
         assert_eq!(
             TcpOptions::parse(&buf[..n]).expect("parse").sack_blocks(),
             &b
+        );
+    }
+
+    proptest::proptest! {
+        /// The prebuilt data headers write, octet for octet, what the general emitter writes
+        /// for the same segment, with the payload's sum given or summed from the buffer.
+        #[test]
+        fn data_header_matches_the_general_emitter(
+            ports in proptest::prelude::any::<(u16, u16)>(),
+            addrs in proptest::prelude::any::<(u32, u32)>(),
+            fields in proptest::prelude::any::<(u32, u32, u16, bool)>(),
+            ts in proptest::prelude::any::<Option<(u32, u32)>>(),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1500),
+            summed in proptest::prelude::any::<bool>(),
+        ) {
+            let tuple = FourTuple {
+                local_addr: Ipv4Addr::from(addrs.0),
+                local_port: ports.0,
+                remote_addr: Ipv4Addr::from(addrs.1),
+                remote_port: ports.1,
+            };
+            let (seq, ack, window, psh) = fields;
+            let repr = SegmentRepr {
+                src_addr: tuple.local_addr,
+                dst_addr: tuple.remote_addr,
+                src_port: tuple.local_port,
+                dst_port: tuple.remote_port,
+                seq,
+                ack,
+                flags: TcpFlags {
+                    ack: true,
+                    psh,
+                    ..TcpFlags::default()
+                },
+                window,
+                options: TcpOptions {
+                    timestamp: ts,
+                    ..TcpOptions::default()
+                },
+                payload: &[],
+            };
+            let fill = |out: &mut [u8]| {
+                out.copy_from_slice(&payload);
+                summed.then(|| Checksum::new().add_bytes(&payload).sum())
+            };
+            let mut want = vec![0xa5u8; 1600];
+            let mut got = vec![0x5au8; 1600];
+            let n = repr.emit_with_summed(&mut want, payload.len(), fill).expect("general");
+            let header = DataHeader::new(&tuple, ts.is_some());
+            let m = header
+                .emit_summed(&mut got, seq, ack, psh, window, ts.unwrap_or((7, 9)), payload.len(), fill)
+                .expect("template");
+            proptest::prop_assert_eq!(n, m);
+            proptest::prop_assert_eq!(&want[..n], &got[..m]);
+            let parsed = SegmentRepr::parse(&got[..m]).expect("parse");
+            proptest::prop_assert_eq!(parsed.options.timestamp, ts);
+            proptest::prop_assert_eq!(parsed.payload, &payload[..]);
+        }
+    }
+
+    #[test]
+    fn data_header_refuses_a_short_buffer() {
+        let tuple = FourTuple {
+            local_addr: Ipv4Addr::new(10, 0, 0, 1),
+            local_port: 1,
+            remote_addr: Ipv4Addr::new(10, 0, 0, 2),
+            remote_port: 2,
+        };
+        let header = DataHeader::new(&tuple, true);
+        let mut buf = [0u8; 60];
+        let r = header.emit_summed(&mut buf, 1, 2, false, 3, (4, 5), 9, |_| None);
+        assert_eq!(r, Err(WireError::BufferTooSmall));
+        assert_eq!(
+            header.emit_summed(&mut buf, 1, 2, false, 3, (4, 5), 8, |_| None),
+            Ok(60)
         );
     }
 }
