@@ -50,28 +50,37 @@ pub(crate) const HEAD_MAX: usize = 80;
 /// Octets read through the stack when a CRC must be computed over payload that is not being
 /// written out.
 const CRC_CHUNK: usize = 512;
+/// Inline parts up to this long are kept in the descriptor itself (a tagged DDP/RDMAP header
+/// is 14 octets, an untagged one 18); longer ones (Read Requests, Terminates) in the ring's
+/// side table ([`TxRing::long_heads`]). Makes a descriptor one cache line.
+const HEAD_INLINE: usize = 24;
 /// How many FPDUs ahead of the one being written [`TxRing::fill`] prefetches the descriptor:
 /// one segment takes a few microseconds, a miss a fraction of one.
 const DESCRIPTOR_AHEAD: usize = 3;
 
-/// One FPDU in flight. Plain data (`Copy`): a slot is rewritten without reading what it held
-/// (dropping an old value would load it from a line long out of cache). What the release of
-/// acknowledged FPDUs reads comes first (`repr(C)`).
+/// One FPDU in flight: one cache line. Plain data (`Copy`): a slot is rewritten without
+/// reading what it held (dropping an old value would load it from a line long out of cache).
+/// A ring of 2048 of them is cycled through slot by slot, so a slot comes back cold: each
+/// line of it is one miss when the FPDU is queued and one when it is written into a frame.
 #[derive(Debug, Clone, Copy)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub(crate) struct TxFpdu {
     /// Stream offset of its first octet (a leading Marker included).
     pub start: u64,
+    payload_to: u64,
     /// Octets on the wire, Markers included.
     pub wire_len: u32,
+    payload_len: u32,
+    payload_stag: Stag,
+    /// The CRC (RFC 5044 4.4) once computed (`has_crc`).
+    crc: u32,
+    ulpdu_len: u16,
     /// Its acknowledgement completes a Send or Write (`rdmap::TxSegment::completes`).
     pub completes: bool,
     /// A Read Response whose source is held (in the ring's `held`, same slot) until the FPDU
     /// is acknowledged.
     held: bool,
-    ulpdu_len: u16,
-    /// The CRC (RFC 5044 4.4) once computed.
-    crc: Option<u32>,
+    has_crc: bool,
     /// The payload left in registered memory (`TxFpdu::payload()`), kept field by field: a
     /// `TxPayload` stored as it is also moved its padding (the 7 octets after `access`),
     /// copied along from the segment rdmap built in overlapping 4-octet moves whose loads
@@ -79,12 +88,12 @@ pub(crate) struct TxFpdu {
     /// the sender's FPDU queuing).
     has_payload: bool,
     payload_access: Access,
-    payload_len: u32,
-    payload_stag: Stag,
-    payload_to: u64,
     head_len: u8,
-    head: [u8; HEAD_MAX],
+    /// The inline part when at most [`HEAD_INLINE`] octets, else in the ring's `long_heads`.
+    head: [u8; HEAD_INLINE],
 }
+
+const _: () = assert!(std::mem::size_of::<TxFpdu>() == 64);
 
 /// A handle to a Read Response's source bytes and the payload's offset in them.
 #[derive(Clone)]
@@ -102,6 +111,11 @@ impl std::fmt::Debug for Held {
 impl TxFpdu {
     pub fn end(&self) -> u64 {
         self.start + u64::from(self.wire_len)
+    }
+
+    /// The CRC once computed.
+    fn crc(&self) -> Option<u32> {
+        self.has_crc.then_some(self.crc)
     }
 
     /// The payload in registered memory, if the FPDU has one (`rdmap::TxSegment::payload`).
@@ -138,6 +152,9 @@ pub(crate) struct TxRing {
     /// Per slot, the held source of a Read Response FPDU (`TxFpdu::held`); touched only for
     /// those.
     held: Vec<Option<Held>>,
+    /// Per slot, an inline part longer than [`HEAD_INLINE`]; touched only for those (its
+    /// pages are never even faulted in otherwise).
+    long_heads: Vec<[u8; HEAD_MAX]>,
     head: usize,
     len: usize,
     crc: bool,
@@ -159,14 +176,15 @@ impl TxFpdu {
             wire_len: 0,
             ulpdu_len: 0,
             head_len: 0,
-            head: [0; HEAD_MAX],
+            head: [0; HEAD_INLINE],
             has_payload: false,
             payload_access: Access::NONE,
             payload_len: 0,
             payload_stag: Stag::new(0, 0),
             payload_to: 0,
             held: false,
-            crc: None,
+            crc: 0,
+            has_crc: false,
             completes: false,
         }
     }
@@ -180,6 +198,7 @@ impl TxRing {
         TxRing {
             slots: vec![TxFpdu::vacant(); capacity],
             held: (0..capacity).map(|_| None).collect(),
+            long_heads: vec![[0; HEAD_MAX]; capacity],
             head: 0,
             len: 0,
             crc: false,
@@ -271,7 +290,11 @@ impl TxRing {
         f.wire_len = wire_len as u32;
         f.ulpdu_len = ulpdu_len as u16;
         f.head_len = head.len() as u8;
-        copy_short(&mut f.head[..head.len()], head);
+        if head.len() <= HEAD_INLINE {
+            copy_short(&mut f.head[..head.len()], head);
+        } else {
+            self.long_heads[k][..head.len()].copy_from_slice(head);
+        }
         f.has_payload = payload.is_some();
         if let Some(p) = payload {
             f.payload_stag = p.stag;
@@ -280,7 +303,7 @@ impl TxRing {
             f.payload_access = p.access;
         }
         f.held = held.is_some();
-        f.crc = None;
+        f.has_crc = false;
         f.completes = completes;
         if held.is_some() {
             // A released slot's was dropped with its FPDU.
@@ -354,7 +377,7 @@ impl TxRing {
                 return Err(err);
             }
             let k = self.slot(i);
-            let Some(f) = self.slots.get_mut(k) else {
+            let Some(f) = self.slots.get(k) else {
                 return Err(err);
             };
             let held = if f.held {
@@ -367,9 +390,20 @@ impl TxRing {
             }
             let from = (pos - f.start) as usize;
             let n = (f.wire_len as usize - from).min(out.len() - done);
-            let part = w
-                .fill(f, held, from, &mut out[done..done + n], mem)
+            let head_len = usize::from(f.head_len);
+            let head = if head_len <= HEAD_INLINE {
+                f.head.get(..head_len)
+            } else {
+                self.long_heads.get(k).and_then(|h| h.get(..head_len))
+            }
+            .ok_or(err)?;
+            let (part, crc) = w
+                .fill(f, head, held, from, &mut out[done..done + n], mem)
                 .ok_or(err)?;
+            if let (Some(c), Some(f)) = (crc, self.slots.get_mut(k)) {
+                f.crc = c;
+                f.has_crc = true;
+            }
             sum = add_at(sum, done, part);
             done += n;
             pos += n as u64;
@@ -411,7 +445,7 @@ impl TxRing {
     /// cache).
     fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
         let Some(f) = self.get(i) else { return };
-        if f.crc.is_some() {
+        if f.has_crc {
             return;
         }
         let held = self.held.get(self.slot(i)).and_then(Option::as_ref);
@@ -663,19 +697,21 @@ impl Pass<'_> {
 }
 
 impl FpduWriter {
-    /// Writes octets `[from, from + out.len())` of `f`'s wire image and returns their ones'
-    /// complement sum. `None` if its payload region is no longer valid for it (a held Read
-    /// Response source always is).
+    /// Writes octets `[from, from + out.len())` of `f`'s wire image (`head`: its inline part)
+    /// and returns their ones' complement sum and, if it was computed now, the FPDU's CRC to
+    /// keep. `None` if its payload region is no longer valid for it (a held Read Response
+    /// source always is).
     fn fill<B: RegionBuffer>(
         &self,
-        f: &mut TxFpdu,
+        f: &TxFpdu,
+        head: &[u8],
         held: Option<&Held>,
         from: usize,
         out: &mut [u8],
         mem: &MemoryTable<B>,
-    ) -> Option<u16> {
+    ) -> Option<(u16, Option<u32>)> {
         if let Some(h) = held {
-            return Some(self.fill_from(f, Some((&*h.buf, h.off)), from, out));
+            return Some(self.fill_from(f, head, Some((&*h.buf, h.off)), from, out));
         }
         let region = match f.payload() {
             Some(p) => Some(
@@ -684,36 +720,44 @@ impl FpduWriter {
             ),
             None => None,
         };
-        Some(self.fill_from(f, region, from, out))
+        Some(self.fill_from(f, head, region, from, out))
     }
 
-    /// Returns the ones' complement sum of `out`.
+    /// Returns the ones' complement sum of `out` and the CRC if computed now.
     fn fill_from<B: RegionBuffer + ?Sized>(
         &self,
-        f: &mut TxFpdu,
+        f: &TxFpdu,
+        head: &[u8],
         region: Option<(&B, usize)>,
         from: usize,
         out: &mut [u8],
-    ) -> u16 {
+    ) -> (u16, Option<u32>) {
         let wire_len = f.wire_len as usize;
         let whole = from == 0 && out.len() == wire_len;
         if whole && !self.markers {
             // The usual case: a whole FPDU per segment, no Markers.
-            return self.whole_unmarked(f, region, out);
+            return self.whole_unmarked(f, head, region, out);
         }
         if !self.crc {
-            return self.pass(f, region, from, out, false).1;
+            return (self.pass(f, head, Some(0), region, from, out).1, None);
         }
         if whole {
-            let (crc, sum) = self.pass(f, region, from, out, true);
-            f.crc = Some(crc);
-            return sum;
+            let (crc, sum) = self.pass(f, head, None, region, from, out);
+            return (sum, Some(crc));
         }
-        if from + out.len() > wire_len - CRC_LEN && f.crc.is_none() {
-            // A part reaching the CRC field, never sent whole: compute the CRC first.
-            f.crc = Some(self.pass(f, region, 0, &mut [], true).0);
-        }
-        self.pass(f, region, from, out, false).1
+        let mut computed = None;
+        let crc = match f.crc() {
+            Some(c) => c,
+            None if from + out.len() > wire_len - CRC_LEN => {
+                // A part reaching the CRC field, never sent whole: compute the CRC first.
+                let c = self.pass(f, head, None, region, 0, &mut []).0;
+                computed = Some(c);
+                c
+            }
+            // Not written: the part ends before the CRC field.
+            None => 0,
+        };
+        (self.pass(f, head, Some(crc), region, from, out).1, computed)
     }
 
     /// A whole FPDU without Markers (`out` is exactly its wire image): ULPDU_Length and the
@@ -724,11 +768,11 @@ impl FpduWriter {
     /// ones' complement sum of `out`.
     fn whole_unmarked<B: RegionBuffer + ?Sized>(
         &self,
-        f: &mut TxFpdu,
+        f: &TxFpdu,
+        head: &[u8],
         region: Option<(&B, usize)>,
         out: &mut [u8],
-    ) -> u16 {
-        let head = &f.head[..usize::from(f.head_len)];
+    ) -> (u16, Option<u32>) {
         let pl = match (region, f.payload()) {
             (Some(_), Some(p)) => p.len as usize,
             _ => 0,
@@ -763,13 +807,11 @@ impl FpduWriter {
         // At most 3 octets: `copy_short`'s moves, not a call into `memset`.
         copy_short(pad_out, &[0u8; 3][..pad]);
         let value = if self.crc {
-            let c = if pad > 0 {
+            if pad > 0 {
                 !crc_update(crc, &[0u8; 3][..pad])
             } else {
                 !crc
-            };
-            f.crc = Some(c);
-            c
+            }
         } else {
             0
         };
@@ -777,19 +819,22 @@ impl FpduWriter {
         // at a multiple of 4 (ULPDU_Length, ULPDU and PAD fill whole words).
         let bytes = value.to_le_bytes();
         field.copy_from_slice(&bytes);
-        sum.add_4(bytes).sum()
+        (sum.add_4(bytes).sum(), self.crc.then_some(value))
     }
 
-    /// One pass; returns the CRC if `compute` (else the kept one, or 0) and the ones'
-    /// complement sum of `out`.
+    /// One pass; returns the CRC and the ones' complement sum of `out`. The CRC is computed in
+    /// the pass unless `known` gives the value to write (the one kept; 0 without CRCs or where
+    /// only octets before the CRC field are written).
     fn pass<B: RegionBuffer + ?Sized>(
         &self,
         f: &TxFpdu,
+        head: &[u8],
+        known: Option<u32>,
         region: Option<(&B, usize)>,
         from: usize,
         out: &mut [u8],
-        compute: bool,
     ) -> (u32, u16) {
+        let compute = known.is_none();
         let mut p = Pass {
             out,
             from,
@@ -808,7 +853,6 @@ impl FpduWriter {
         p.header_w = p.w;
         let len = f.ulpdu_len.to_be_bytes();
         p.content::<B>(Src::Bytes(&len), len.len());
-        let head = &f.head[..usize::from(f.head_len)];
         p.content::<B>(Src::Bytes(head), head.len());
         if let (Some((buf, base)), Some(pl)) = (region, f.payload()) {
             p.content(Src::Region(buf, base), pl.len as usize);
@@ -820,9 +864,9 @@ impl FpduWriter {
             let distance = (p.w - p.header_w) as u16;
             p.marker(distance);
         }
-        let crc = match (&p.crc, compute) {
-            (Some(c), true) => !c,
-            _ => f.crc.unwrap_or(0),
+        let crc = match (&p.crc, known) {
+            (Some(c), None) => !c,
+            (_, known) => known.unwrap_or(0),
         };
         let crc = if self.crc { crc } else { 0 };
         // RFC 5044 4.4: least significant octet first (IWARP-WIRE.md 1.2).
@@ -1227,21 +1271,21 @@ mod tests {
                             access: Access::NONE,
                         });
                         let n = ring.push(0, &head, payload, false, &mem).expect("push");
-                        let mut f = *ring.get(0).expect("pushed");
+                        let f = *ring.get(0).expect("pushed");
                         let region = payload.map(|p| {
                             mem.validate(p.stag, PD, p.access, p.to, u64::from(p.len))
                                 .expect("region")
                         });
                         let mut fast = vec![0xeeu8; n];
-                        let sum = w.whole_unmarked(&mut f, region, &mut fast);
+                        let (sum, kept) = w.whole_unmarked(&f, &head, region, &mut fast);
                         let mut slow = vec![0x11u8; n];
-                        let (c, slow_sum) =
-                            w.pass(ring.get(0).expect("pushed"), region, 0, &mut slow, true);
+                        let known = (!crc).then_some(0);
+                        let (c, slow_sum) = w.pass(&f, &head, known, region, 0, &mut slow);
                         let what = format!("crc {crc} head {head_len} payload {pl}");
                         assert_eq!(fast, slow, "{what}");
                         assert_eq!(sum, slow_sum, "{what}");
                         assert_eq!(sum, sum_of(&fast), "{what}");
-                        assert_eq!(f.crc, crc.then_some(c), "{what}");
+                        assert_eq!(kept, crc.then_some(c), "{what}");
                     }
                 }
             }
