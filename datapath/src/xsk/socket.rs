@@ -130,8 +130,7 @@ pub struct XskStats {
     pub tx_ring_empty: u64,
 }
 
-/// Octets of a frame's headers prefetched: of the next free TX frame while one is being
-/// written, and of each received frame as its batch is taken ([`RxBatch::prefetch`] asks for
+/// Octets of a frame's headers prefetched: of each received frame as its batch is taken ([`RxBatch::prefetch`] asks for
 /// the rest). The Ethernet, IPv4, TCP (with options) and MPA/DDP/RDMAP headers of an engine
 /// segment lie in the first 128.
 const HEADER_PREFETCH: usize = 128;
@@ -489,13 +488,10 @@ impl XskSocket {
                 let Some(mut desc) = self.free_tx.pop() else {
                     break;
                 };
-                // The frame after this one (the free list is a stack: the next one taken):
-                // its headers' cache lines and, above all, its page's translation (one 4 KiB
-                // page per frame without huge pages), which the first write of its headers
-                // would otherwise wait for.
-                if let Some(next) = self.free_tx.last() {
-                    self.prefetch_frame(next);
-                }
+                // No prefetch of the next free frame: the free list is a stack, so it is one
+                // the kernel read during the last kick (its lines and its page's translation
+                // are warm), and while the sender streams payload from a cold source the
+                // prefetch instruction itself waited for a free miss buffer.
                 let len = {
                     // SAFETY: `desc` came from the free list, so it is a frame of this UMEM
                     // that neither the kernel (it is on no ring) nor any other view is using.
@@ -542,8 +538,8 @@ impl XskSocket {
         Ok(queued)
     }
 
-    /// Prefetches the first [`HEADER_PREFETCH`] octets of frame `desc` (a free TX frame, or a
-    /// received one not yet returned to the fill ring) (x86-64 `prefetcht0` per cache line);
+    /// Prefetches the first [`HEADER_PREFETCH`] octets of frame `desc` (a received one not yet
+    /// returned to the fill ring) (x86-64 `prefetcht0` per cache line);
     /// reads and writes nothing, does nothing elsewhere.
     #[inline]
     fn prefetch_frame(&self, desc: &FrameDesc) {
