@@ -127,6 +127,10 @@ pub struct ConnectionTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
     by_tuple: HashMap<FourTuple, u32>,
+    /// The last `by_tuple` hit of a received segment: one connection's segments usually come
+    /// in runs, and the map's SipHash (kept: the tuples come from the network) ran once per
+    /// segment. Cleared whenever `by_tuple` changes, so it never disagrees with it.
+    last_rx: Option<(FourTuple, u32)>,
     listeners: HashMap<(Ipv4Addr, u16), Listener>,
     isn: IsnGenerator,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -145,6 +149,7 @@ impl ConnectionTable {
             slots: Vec::with_capacity(max_connections),
             free: Vec::with_capacity(max_connections),
             by_tuple: HashMap::with_capacity(max_connections),
+            last_rx: None,
             listeners: HashMap::new(),
             isn: IsnGenerator::new(isn_key),
             timers: BinaryHeap::with_capacity(max_connections * 2),
@@ -236,6 +241,7 @@ impl ConnectionTable {
             generation: slot.generation,
         };
         self.by_tuple.insert(tuple, index);
+        self.last_rx = None;
         self.mark_ready(index);
         Ok(id)
     }
@@ -290,6 +296,7 @@ impl ConnectionTable {
         if let Some(t) = slot.tuple.take() {
             if self.by_tuple.get(&t) == Some(&id.index) {
                 self.by_tuple.remove(&t);
+                self.last_rx = None;
             }
         }
         if let Some(key) = slot.listener.take() {
@@ -341,7 +348,15 @@ impl ConnectionTable {
             }
         };
         let tuple = FourTuple::of_received(&seg);
-        if let Some(&index) = self.by_tuple.get(&tuple) {
+        let index = match self.last_rx {
+            Some((t, index)) if t == tuple => Some(index),
+            _ => {
+                let index = self.by_tuple.get(&tuple).copied();
+                self.last_rx = index.map(|i| (tuple, i));
+                index
+            }
+        };
+        if let Some(index) = index {
             let slot = &mut self.slots[index as usize];
             let id = ConnId {
                 index,
@@ -353,6 +368,7 @@ impl ConnectionTable {
                 if state == State::Closed {
                     if let Some(t) = slot.tuple.take() {
                         self.by_tuple.remove(&t);
+                        self.last_rx = None;
                     }
                 }
                 if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
@@ -504,6 +520,7 @@ impl ConnectionTable {
                 if conn.state() == State::Closed {
                     if let Some(t) = slot.tuple.take() {
                         self.by_tuple.remove(&t);
+                        self.last_rx = None;
                     }
                 }
             }

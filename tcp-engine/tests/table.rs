@@ -265,3 +265,76 @@ fn dead_half_open_connections_free_their_backlog_place() {
     assert_eq!(t.stats().backlog_drops, 0);
     assert_eq!(t.stats().passive_opens, 3);
 }
+
+/// A segment of a connection that is gone is answered with a RST, right after segments of
+/// the old one were looked up, and when its slot was reused by another connection (the table
+/// remembers its last lookup: forgetting it when the map changes is what this checks).
+#[test]
+fn a_removed_connections_segments_never_reach_its_slots_next_owner() {
+    let mut t = ConnectionTable::new([5; 16], 4);
+    t.listen(SERVER, 4791, 4, Config::default());
+    let now = Instant::ZERO;
+    let syn = |i| {
+        raw(
+            tuple(i),
+            100,
+            0,
+            TcpFlags {
+                syn: true,
+                ..TcpFlags::default()
+            },
+        )
+    };
+    let ack = |i| {
+        raw(
+            tuple(i),
+            101,
+            0,
+            TcpFlags {
+                ack: true,
+                ..TcpFlags::default()
+            },
+        )
+    };
+    // The connections as the table names them.
+    let seen = |i| {
+        let c = tuple(i);
+        FourTuple {
+            local_addr: c.remote_addr,
+            local_port: c.remote_port,
+            remote_addr: c.local_addr,
+            remote_port: c.local_port,
+        }
+    };
+    let mut buf = [0u8; 200];
+    let _ = t.handle_packet(now, &syn(1), |_, _| {});
+    while t.poll_transmit(now, &mut buf).is_some() {}
+    let old = t.lookup(&seen(1)).expect("half-open connection");
+    // Looked up (and remembered) again: a segment the connection refuses with a RST.
+    let _ = t.handle_packet(now, &ack(1), |_, _| {});
+    while t.poll_transmit(now, &mut buf).is_some() {}
+    if t.lookup(&seen(1)).is_some() {
+        t.remove(old).expect("removed");
+    }
+    let rst_for_the_old_tuple = |t: &mut ConnectionTable| {
+        assert_eq!(t.handle_packet(now, &ack(1), |_, _| {}), Ok(None));
+        let mut buf = [0u8; 200];
+        let n = t
+            .poll_transmit(now, &mut buf)
+            .expect("a RST for the old tuple");
+        let rst = SegmentRepr::parse(&buf[..n]).expect("valid");
+        assert!(rst.flags.rst, "{rst:?}");
+        assert_eq!(rst.dst_port, tuple(1).local_port);
+    };
+    rst_for_the_old_tuple(&mut t);
+    let _ = t.handle_packet(now, &syn(2), |_, _| {});
+    while t.poll_transmit(now, &mut buf).is_some() {}
+    let new = t.lookup(&seen(2)).expect("the second connection");
+    assert_eq!(new.index(), old.index(), "the slot is reused");
+    rst_for_the_old_tuple(&mut t);
+    assert_eq!(
+        t.get(new).map(|c| c.state()),
+        Some(State::SynReceived),
+        "the new connection untouched"
+    );
+}
