@@ -368,10 +368,11 @@ impl TxRing {
             crc: self.crc,
             markers: self.markers,
             seq_start: self.seq_start,
-            pd: self.pd,
         };
         let mut i = first;
         let mut sum = Checksum::new();
+        // The region of the last payload written: (STag, TO, buffer and offset).
+        let mut last = None;
         while done < out.len() {
             if i >= self.len {
                 return Err(err);
@@ -397,9 +398,28 @@ impl TxRing {
                 self.long_heads.get(k).and_then(|h| h.get(..head_len))
             }
             .ok_or(err)?;
-            let (part, crc) = w
-                .fill(f, head, held, from, &mut out[done..done + n], mem)
-                .ok_or(err)?;
+            let (part, crc) = match held {
+                Some(h) => w.fill_from(
+                    f,
+                    head,
+                    Some((&*h.buf, h.off)),
+                    from,
+                    &mut out[done..done + n],
+                ),
+                None => {
+                    let region = match f.payload() {
+                        Some(p) => {
+                            let found = mem
+                                .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+                                .map_err(|_| err)?;
+                            last = Some((p.stag, p.to, found));
+                            Some(found)
+                        }
+                        None => None,
+                    };
+                    w.fill_from(f, head, region, from, &mut out[done..done + n])
+                }
+            };
             if let (Some(c), Some(f)) = (crc, self.slots.get_mut(k)) {
                 f.crc = c;
                 f.has_crc = true;
@@ -413,7 +433,7 @@ impl TxRing {
         // One FPDU further than the next: the next one's payload was asked for by the fill
         // before, and a prefetch issued only one segment ahead had not landed by the time the
         // copy read it (the copy's loads were its stall in the sender's profile).
-        self.prefetch(i + 1, mem);
+        self.prefetch(i + 1, last, mem);
         self.prefetch_descriptor(i + DESCRIPTOR_AHEAD);
         Ok(sum.sum())
     }
@@ -442,8 +462,15 @@ impl TxRing {
 
     /// Prefetches the payload of FPDU `i` if it was never written (TCP asks for FPDUs in
     /// order, one segment each; their source in a large registered region is often out of
-    /// cache).
-    fn prefetch<B: RegionBuffer>(&self, i: usize, mem: &MemoryTable<B>) {
+    /// cache). `last`: the region the fill just read (STag, TO, buffer and offset); a payload
+    /// further on in the same STag is found from it without a second lookup (a prefetch reads
+    /// nothing and is clamped to the buffer, so it needs no access check).
+    fn prefetch<B: RegionBuffer>(
+        &self,
+        i: usize,
+        last: Option<(Stag, u64, (&B, usize))>,
+        mem: &MemoryTable<B>,
+    ) {
         let Some(f) = self.get(i) else { return };
         if f.has_crc {
             return;
@@ -452,8 +479,15 @@ impl TxRing {
         if let (Some(h), Some(p), true) = (held, f.payload(), f.held) {
             h.buf.prefetch(h.off, p.len as usize);
         } else if let Some(p) = f.payload() {
-            if let Ok((buf, off)) = mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
-            {
+            let near = last.and_then(|(stag, to, (buf, off))| {
+                let ahead = usize::try_from(p.to.checked_sub(to)?).ok()?;
+                (stag == p.stag).then_some((buf, off.checked_add(ahead)?))
+            });
+            let found = near.or_else(|| {
+                mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+                    .ok()
+            });
+            if let Some((buf, off)) = found {
                 buf.prefetch(off, p.len as usize);
             }
         }
@@ -531,7 +565,6 @@ struct FpduWriter {
     crc: bool,
     markers: bool,
     seq_start: u64,
-    pd: PdId,
 }
 
 /// Where the octets of one content run come from.
@@ -697,32 +730,6 @@ impl Pass<'_> {
 }
 
 impl FpduWriter {
-    /// Writes octets `[from, from + out.len())` of `f`'s wire image (`head`: its inline part)
-    /// and returns their ones' complement sum and, if it was computed now, the FPDU's CRC to
-    /// keep. `None` if its payload region is no longer valid for it (a held Read Response
-    /// source always is).
-    fn fill<B: RegionBuffer>(
-        &self,
-        f: &TxFpdu,
-        head: &[u8],
-        held: Option<&Held>,
-        from: usize,
-        out: &mut [u8],
-        mem: &MemoryTable<B>,
-    ) -> Option<(u16, Option<u32>)> {
-        if let Some(h) = held {
-            return Some(self.fill_from(f, head, Some((&*h.buf, h.off)), from, out));
-        }
-        let region = match f.payload() {
-            Some(p) => Some(
-                mem.validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
-                    .ok()?,
-            ),
-            None => None,
-        };
-        Some(self.fill_from(f, head, region, from, out))
-    }
-
     /// Returns the ones' complement sum of `out` and the CRC if computed now.
     fn fill_from<B: RegionBuffer + ?Sized>(
         &self,
@@ -1257,7 +1264,6 @@ mod tests {
                     crc,
                     markers: false,
                     seq_start: 0,
-                    pd: PD,
                 };
                 for head_len in 0..=HEAD_MAX {
                     for pl in (0..70).chain([255, 1000, 1441]) {
