@@ -15,8 +15,8 @@ use crate::rtt::RttEstimator;
 use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
 use crate::time::{earliest, Instant};
 use crate::wire::{
-    DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, WireError,
-    IPV4_HEADER_LEN, TCP_HEADER_LEN, TIMESTAMP_OPTION_SPACE,
+    DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN,
+    TCP_HEADER_LEN, TIMESTAMP_OPTION_SPACE,
 };
 use core::time::Duration;
 
@@ -401,9 +401,9 @@ pub struct Connection {
     ts_offset: u32,
     ts_recent: Option<u32>,
     last_ack_sent: u32,
-    /// The data segments' headers, built at the first data segment (the tuple and the
-    /// timestamps option are fixed by then).
-    data_header: Option<DataHeader>,
+    /// The data segments' headers (rebuilt if the timestamps option turns out otherwise in
+    /// the handshake).
+    data_header: DataHeader,
 
     // ---- misc timers ----
     time_wait_deadline: Option<Instant>,
@@ -527,7 +527,7 @@ impl Connection {
             ts_offset,
             ts_recent: None,
             last_ack_sent: 0,
-            data_header: None,
+            data_header: DataHeader::new(&tuple, false),
             time_wait_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
@@ -2386,8 +2386,7 @@ impl Connection {
         // A data segment without SACK blocks (the usual one) from the connection's prebuilt
         // headers; FIN and SACK-carrying segments through the general emitter.
         let sacks = self.sack_enabled && (!self.rcv_ranges.is_empty() || self.dsack.is_some());
-        let mut repr = None;
-        if fin || sacks {
+        let headers = if fin || sacks {
             let flags = TcpFlags {
                 ack: true,
                 fin,
@@ -2396,21 +2395,17 @@ impl Connection {
             };
             let mut r = self.base_repr(now, seq, flags);
             self.add_sack_blocks(&mut r, len as usize);
-            repr = Some(r);
-        } else if self
-            .data_header
-            .is_none_or(|h| h.has_timestamps() != self.ts_enabled)
-        {
-            self.data_header = Some(DataHeader::new(&self.tuple, self.ts_enabled));
-        }
-        // The same fields, in the same order, as `base_repr` computes them.
-        let (window, ts, ack) = match &repr {
-            Some(_) => (0, (0, 0), 0),
-            None => (
-                self.window_field(false),
-                (self.tsval(now), self.ts_recent.unwrap_or(0)),
-                self.rcv_nxt(),
-            ),
+            Headers::General(r)
+        } else {
+            if self.data_header.has_timestamps() != self.ts_enabled {
+                self.data_header = DataHeader::new(&self.tuple, self.ts_enabled);
+            }
+            // The same fields, in the same order, as `base_repr` computes them.
+            Headers::Prebuilt {
+                window: self.window_field(false),
+                ts: (self.tsval(now), self.ts_recent.unwrap_or(0)),
+                ack: self.rcv_nxt(),
+            }
         };
         let mut failed = None;
         let from_source = self.cfg.tx_mode == TxMode::Source;
@@ -2449,10 +2444,13 @@ impl Connection {
             }
             None
         };
-        let emitted = match (&repr, &self.data_header) {
-            (Some(r), _) => r.emit_with_summed(buf, len as usize, fill),
-            (None, Some(h)) => h.emit_summed(buf, seq, ack, psh, window, ts, len as usize, fill),
-            (None, None) => Err(WireError::BufferTooSmall),
+        let (emitted, ack) = match headers {
+            Headers::General(r) => (r.emit_with_summed(buf, len as usize, fill), r.ack),
+            Headers::Prebuilt { window, ts, ack } => {
+                let h = &self.data_header;
+                let n = h.emit_summed(buf, seq, ack, psh, window, ts, len as usize, fill);
+                (n, ack)
+            }
         };
         let n = emitted.ok()?;
         if failed.is_some() {
@@ -2462,7 +2460,7 @@ impl Connection {
             self.events.push_back(Event::SourceFailed);
             return None;
         }
-        self.after_emit(Some(repr.map_or(ack, |r| r.ack)));
+        self.after_emit(Some(ack));
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }
@@ -2675,6 +2673,18 @@ impl Connection {
         }
         self.send_limit = limit.map(|l| (l, now));
     }
+}
+
+/// How a data segment's IPv4 and TCP headers are written (`Connection::emit_data`).
+enum Headers {
+    /// The general emitter: FIN, SACK blocks.
+    General(SegmentRepr<'static>),
+    /// The connection's prebuilt headers ([`DataHeader`]) with these fields.
+    Prebuilt {
+        window: u16,
+        ts: (u32, u32),
+        ack: u32,
+    },
 }
 
 /// The reset to send in reply to a segment that matches no connection

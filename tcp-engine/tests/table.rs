@@ -274,28 +274,16 @@ fn a_removed_connections_segments_never_reach_its_slots_next_owner() {
     let mut t = ConnectionTable::new([5; 16], 4);
     t.listen(SERVER, 4791, 4, Config::default());
     let now = Instant::ZERO;
-    let syn = |i| {
-        raw(
-            tuple(i),
-            100,
-            0,
-            TcpFlags {
-                syn: true,
-                ..TcpFlags::default()
-            },
-        )
+    // From client `i`: its SYN (ISN 100), or a bare ACK right after it.
+    let seg = |i, syn: bool| {
+        let flags = TcpFlags {
+            syn,
+            ack: !syn,
+            ..TcpFlags::default()
+        };
+        raw(tuple(i), if syn { 100 } else { 101 }, 0, flags)
     };
-    let ack = |i| {
-        raw(
-            tuple(i),
-            101,
-            0,
-            TcpFlags {
-                ack: true,
-                ..TcpFlags::default()
-            },
-        )
-    };
+    let (syn, ack) = (|i| seg(i, true), |i| seg(i, false));
     // The connections as the table names them.
     let seen = |i| {
         let c = tuple(i);

@@ -152,8 +152,8 @@ pub(crate) struct TxRing {
     /// Per slot, the held source of a Read Response FPDU (`TxFpdu::held`); touched only for
     /// those.
     held: Vec<Option<Held>>,
-    /// Per slot, an inline part longer than [`HEAD_INLINE`]; touched only for those (its
-    /// pages are never even faulted in otherwise).
+    /// Per slot, an inline part longer than [`HEAD_INLINE`]; touched only for those (allocated
+    /// zeroed: for a ring of 2048 its pages are not even faulted in until used).
     long_heads: Vec<[u8; HEAD_MAX]>,
     head: usize,
     len: usize,
@@ -771,8 +771,8 @@ impl FpduWriter {
     /// inline header written, summed and CRC'd as one piece, the payload by the copy that
     /// sums it and folds it into the CRC, PAD, then the CRC field (RFC 5044 4.1, 4.4). The
     /// same octets as [`pass`](Self::pass) (the unit tests compare both), without its
-    /// per-piece window and Marker checks. Keeps the CRC in `f` when CRCs are on; returns the
-    /// ones' complement sum of `out`.
+    /// per-piece window and Marker checks. Returns the ones' complement sum of `out` and, when
+    /// CRCs are on, the CRC for the descriptor to keep.
     fn whole_unmarked<B: RegionBuffer + ?Sized>(
         &self,
         f: &TxFpdu,
