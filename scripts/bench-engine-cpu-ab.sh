@@ -37,24 +37,14 @@ declare -A F K U
 for _ in $(seq 1 "$PAIRS"); do
   for which in base new; do
     if [ "$which" = base ]; then bin=$A; xa=${BASE_ARGS:-}; else bin=$B; xa=${NEW_ARGS:-}; fi
-    # shellcheck disable=SC2086
-    ip netns exec iwa taskset -c 0 "$bin" write-bw --transport xdp --iface iwa0 --port "$PORT" \
-      $xa -s 65536 -n "$N" --json >/dev/null 2>&1 &
-    srv=$!
-    sleep 0.3
-    # shellcheck disable=SC2086
-    ip netns exec iwb taskset -c 1 "$bin" write-bw --transport xdp --iface iwb0 --port "$PORT" \
-      $xa -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
-    cli=$!
-    read -r f k u <<<"$(cpu_window "$which")"
     rc=0
-    wait "$cli" || rc=$?
-    wait "$srv" || rc=$?
-    PORT=$((PORT + 1))
+    # shellcheck disable=SC2086
+    engine_window "$which" "$bin" $xa || rc=$?
     if [ "$rc" -ne 0 ]; then
       echo "$which: run failed (exit $rc), not counted" >&2
       continue
     fi
+    read -r f k u <<<"$WIN"
     echo "$which: $f frames/s, kernel $k ns/frame, user $u ns/frame"
     F[$which]="${F[$which]:-} $f"
     K[$which]="${K[$which]:-} $k"

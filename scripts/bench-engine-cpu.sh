@@ -49,22 +49,13 @@ for i in $(seq 1 "$PAIRS"); do
   lost=""
   wait "$rx" || lost=" (receiver: $(tail -n 1 "$tmp/rx.log"))"
   echo "pair $i raw: $rf frames/s, kernel $rk ns/frame, user $ru ns/frame$lost"
-  ip netns exec iwa taskset -c 0 "$BIN" write-bw --transport xdp --iface iwa0 --port "$PORT" \
-    -s 65536 -n "$N" --json >/dev/null 2>&1 &
-  srv=$!
-  sleep 0.3
-  ip netns exec iwb taskset -c 1 "$BIN" write-bw --transport xdp --iface iwb0 --port "$PORT" \
-    -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
-  cli=$!
-  read -r xf xk xu <<<"$(cpu_window xdp)"
   rc=0
-  wait "$cli" || rc=$?
-  wait "$srv" || rc=$?
-  PORT=$((PORT + 1))
+  engine_window xdp "$BIN" || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "pair $i: engine run failed (exit $rc), pair skipped" >&2
     continue
   fi
+  read -r xf xk xu <<<"$WIN"
   r=$(python3 -c "print(round($xf * 65536 / 46 / ($rf * 1460), 3))")
   ratios+=("$r")
   echo "pair $i xdp: $xf frames/s, kernel $xk ns/frame, user $xu ns/frame; steady-state goodput xdp / raw $r"

@@ -3,6 +3,10 @@
 # caller.
 # ensure_perf NAME: installs perf (Debian: linux-perf) if missing; only these scripts need it, so
 # install-deps.sh (run by the tests too) leaves it out.
+# engine_window LABEL BIN [OPTIONS...]: a pinned engine write-bw of N x 64 KiB on port PORT
+# (server in iwa on CPU 0, client in iwb on CPU 1, OPTIONS for both), sampled by cpu_window
+# LABEL; sets WIN to its "frames/s kernel_ns user_ns", advances PORT and returns the first
+# non-zero exit status of the two (0 if both succeeded). Needs N and PORT.
 # cpu_window LABEL -> "frames/s kernel_ns user_ns": 0.6 s after the call, samples CPU 1 for one
 # second (`perf record -C 1 -e cpu-clock -F 4000`) and reads the frames iwb0 sent meanwhile from
 # its TX counter inside the recorded command, so samples and frames cover the same interval;
@@ -41,4 +45,21 @@ for line in sys.stdin:
         user += n
 print(frames, round(kernel / 4000 / frames * 1e9), round(user / 4000 / frames * 1e9))
 "
+}
+
+engine_window() {
+  local label=$1 bin=$2 srv cli rc=0
+  shift 2
+  ip netns exec iwa taskset -c 0 "$bin" write-bw --transport xdp --iface iwa0 --port "$PORT" \
+    "$@" -s 65536 -n "$N" --json >/dev/null 2>&1 &
+  srv=$!
+  sleep 0.3
+  ip netns exec iwb taskset -c 1 "$bin" write-bw --transport xdp --iface iwb0 --port "$PORT" \
+    "$@" -s 65536 -n "$N" --json 10.77.0.1 >/dev/null 2>&1 &
+  cli=$!
+  WIN=$(cpu_window "$label")
+  wait "$cli" || rc=$?
+  wait "$srv" || rc=$?
+  PORT=$((PORT + 1))
+  return "$rc"
 }
