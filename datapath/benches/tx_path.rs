@@ -1,0 +1,312 @@
+//! The data sender's per-frame protocol work without the kernel: an `IwarpConn` over a
+//! `tcp_engine::Connection` in `TxMode::Source` (the engine's transmit path) sending 64 KiB
+//! RDMA Writes of a registered region to a second pair in the same process, the engine's TCP
+//! settings at MTU 1500 (1448-octet segments, one FPDU each). One iteration is a batch of 32
+//! frames, as one `sendto` kick of the AF_XDP engine carries, and what is timed is the sender's
+//! share of it: its turn (`IwarpConn::poll`: work requests posted, FPDUs queued, ACKed ones
+//! released), the 32 segments written into frame buffers (`IwarpConn::poll_transmit`: TCP
+//! header, MPA/DDP/RDMAP headers, payload copied from the region with the CRC32C and the TCP
+//! checksum's sum in one pass) and the receiver's ACKs handled (`Connection::handle_segment`).
+//! The receiver placing the data and writing its ACKs is not timed. Reported per frame
+//! (criterion's throughput: elements = frames). Two sources:
+//! - `hot`: one 64 KiB slot written over and over (perftest's `ib_write_bw` reuses one buffer);
+//! - `cold`: 128 slots (8 MiB) in turn, as `iwarp-bench`'s bandwidth tests by default, with
+//!   256 KiB of other lines touched between batches (a kick's worth of kernel work; not timed).
+//!
+//! What `scripts/bench-engine-cpu.sh` reads as the engine's user time per frame on the veth
+//! bed, less the engine thread's loop, the AF_XDP rings and the cache the kernel takes between
+//! kicks; deterministic enough to compare changes to the protocol crates by.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant as StdInstant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use datapath::engine::{ConnConfig, ConnEvent, IwarpConn, XdpEngineConfig};
+use datapath::PinnedBuffer;
+use rdmap::{Access, MemoryTable, PdId, SendOp, SendWr, Sge, Stag};
+use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+
+const PD: PdId = PdId(1);
+const MESSAGE: usize = 64 << 10;
+const BATCH: usize = 32;
+const FRAME: usize = 2048;
+/// Work requests kept posted (the engine's default `tx_ahead`, 512 KiB, in messages).
+const DEPTH: u64 = 8;
+/// Simulated time per frame: about the veth bed's frame rate.
+const FRAME_TIME: Duration = Duration::from_micros(2);
+
+/// The engine's TCP profile at MTU 1500.
+fn tcp_config() -> Config {
+    let mut cfg = XdpEngineConfig::default().tcp;
+    cfg.path_mtu = 1500;
+    cfg.mss = 1460;
+    cfg.tx_mode = TxMode::Source;
+    cfg
+}
+
+struct Side {
+    tcp: Option<Connection>,
+    iw: IwarpConn,
+    mem: MemoryTable<PinnedBuffer>,
+}
+
+impl Side {
+    fn pump(&mut self, now: Instant) {
+        let Some(tcp) = self.tcp.as_mut() else { return };
+        while let Some(ev) = tcp.poll_event() {
+            self.iw.on_tcp_acked(tcp.bytes_acked());
+            self.iw.on_tcp_event(ev);
+        }
+        self.iw.poll(tcp, &mut self.mem, now);
+        while let Some(ev) = self.iw.poll_event() {
+            if let ConnEvent::Request(_) = ev {
+                self.iw.accept(b"").expect("accept");
+            }
+        }
+        while self.iw.qp_mut().poll_completion().is_some() {}
+    }
+
+    /// Writes this side's next packet into `buf`.
+    fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let tcp = self.tcp.as_mut()?;
+        self.iw.poll_transmit(tcp, &self.mem, now, buf)
+    }
+
+    /// Hands `packet` to this side's TCP (data placed by its `IwarpConn`).
+    fn receive(&mut self, now: Instant, packet: &[u8], listen: Option<&IsnGenerator>) {
+        let Ok(seg) = SegmentRepr::parse(packet) else {
+            return;
+        };
+        match (self.tcp.as_mut(), listen) {
+            (Some(tcp), _) => {
+                let Side { iw, mem, .. } = self;
+                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+            }
+            (None, Some(isn)) => self.tcp = Connection::accept(tcp_config(), &seg, isn, now),
+            (None, None) => {}
+        }
+    }
+
+    fn timers(&mut self, now: Instant) {
+        if let Some(tcp) = self.tcp.as_mut() {
+            if tcp.poll_timeout().is_some_and(|d| d <= now) {
+                tcp.handle_timeout(now);
+            }
+        }
+    }
+}
+
+struct Bench {
+    a: Side,
+    b: Side,
+    isn_b: IsnGenerator,
+    src: Stag,
+    sink: Stag,
+    slots: u64,
+    posted: u64,
+    now: Instant,
+    frames: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    acks: Vec<Vec<u8>>,
+    other: Vec<u8>,
+    cold: bool,
+}
+
+impl Bench {
+    fn new(slots: u64, cold: bool) -> Bench {
+        let epoch = StdInstant::now();
+        let cfg = || {
+            let mut c = ConnConfig::default();
+            c.qp.pd = PD;
+            c
+        };
+        let tuple = FourTuple {
+            local_addr: Ipv4Addr::new(10, 0, 0, 2),
+            local_port: 40000,
+            remote_addr: Ipv4Addr::new(10, 0, 0, 1),
+            remote_port: 5000,
+        };
+        let mut a = Side {
+            tcp: Some(Connection::connect(
+                tcp_config(),
+                tuple,
+                &IsnGenerator::new([1; 16]),
+                Instant::ZERO,
+            )),
+            iw: IwarpConn::initiator(cfg(), b"", epoch, Instant::ZERO).expect("initiator"),
+            mem: MemoryTable::new(),
+        };
+        let mut b = Side {
+            tcp: None,
+            iw: IwarpConn::responder(cfg(), epoch, Instant::ZERO).expect("responder"),
+            mem: MemoryTable::new(),
+        };
+        let len = slots as usize * MESSAGE;
+        let source = PinnedBuffer::new(len).expect("source region");
+        let pattern: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+        source.write_at(0, &pattern);
+        let src = a.mem.register(PD, source, 0, Access::LOCAL_WRITE);
+        let sink = b.mem.register(
+            PD,
+            PinnedBuffer::new(len).expect("sink region"),
+            0,
+            Access::REMOTE_WRITE,
+        );
+        let mut bench = Bench {
+            a,
+            b,
+            isn_b: IsnGenerator::new([2; 16]),
+            src,
+            sink,
+            slots,
+            posted: 0,
+            now: Instant::ZERO,
+            frames: vec![vec![0; FRAME]; BATCH],
+            lens: vec![0; BATCH],
+            acks: vec![vec![0; FRAME]; BATCH],
+            other: vec![1; 256 << 10],
+            cold,
+        };
+        // TCP and MPA startup: packets both ways until the initiator is in Full Operation.
+        for _ in 0..1000 {
+            if bench.a.iw.is_established() && bench.b.iw.is_established() {
+                break;
+            }
+            bench.exchange();
+        }
+        assert!(bench.a.iw.is_established(), "startup did not complete");
+        bench
+    }
+
+    /// One step of startup: every packet each side has, to the other.
+    fn exchange(&mut self) {
+        self.now += FRAME_TIME;
+        let now = self.now;
+        self.a.pump(now);
+        while let Some(n) = self.a.transmit(now, &mut self.frames[0]) {
+            self.b.receive(now, &self.frames[0][..n], Some(&self.isn_b));
+            self.b.pump(now);
+        }
+        self.b.pump(now);
+        while let Some(n) = self.b.transmit(now, &mut self.frames[0]) {
+            self.a.receive(now, &self.frames[0][..n], None);
+            self.a.pump(now);
+        }
+    }
+
+    /// Keeps `DEPTH` Writes posted beyond the ones the sender completed (each completes when
+    /// acknowledged).
+    fn post(&mut self) {
+        while self.posted < self.completed_bound() + DEPTH {
+            let slot = self.posted % self.slots;
+            let wr = SendWr {
+                wr_id: self.posted,
+                op: SendOp::Write {
+                    remote_stag: self.sink,
+                    remote_to: slot * MESSAGE as u64,
+                },
+                local: Some(Sge {
+                    stag: self.src,
+                    to: slot * MESSAGE as u64,
+                    len: MESSAGE as u32,
+                }),
+                signaled: true,
+            };
+            if self.a.iw.qp_mut().post_send(wr, &self.a.mem).is_err() {
+                break;
+            }
+            self.posted += 1;
+        }
+    }
+
+    /// Messages the sender's TCP has had acknowledged, at most.
+    fn completed_bound(&self) -> u64 {
+        self.a.tcp.as_ref().map_or(0, |t| t.bytes_acked()) / MESSAGE as u64
+    }
+
+    /// One batch: returns (time the sender spent, frames sent).
+    fn batch(&mut self) -> (Duration, u64) {
+        self.post();
+        let t0 = StdInstant::now();
+        let now = self.now;
+        self.a.timers(now);
+        self.a.pump(now);
+        let mut n = 0;
+        while n < BATCH {
+            let Some(len) = self.a.transmit(now, &mut self.frames[n]) else {
+                break;
+            };
+            self.lens[n] = len;
+            n += 1;
+        }
+        let mut spent = t0.elapsed();
+        self.now = now + FRAME_TIME * n.max(1) as u32;
+        let now = self.now;
+        // The receiver, not timed: places the data and ACKs it.
+        for (f, &len) in self.frames.iter().zip(&self.lens).take(n) {
+            self.b.receive(now, &f[..len], None);
+        }
+        self.b.timers(now);
+        self.b.pump(now);
+        let mut acks = 0;
+        while acks < BATCH {
+            let Some(len) = self.b.transmit(now, &mut self.acks[acks]) else {
+                break;
+            };
+            self.lens[acks] = len;
+            acks += 1;
+        }
+        if self.cold {
+            // A kick's worth of other lines through the cache (the kernel's work on the veth
+            // bed between the engine's batches).
+            for i in (0..self.other.len()).step_by(64) {
+                self.other[i] = self.other[i].wrapping_add(1);
+            }
+            black_box(&self.other);
+        }
+        let t1 = StdInstant::now();
+        for (f, &len) in self.acks.iter().zip(&self.lens).take(acks) {
+            self.a.receive(now, &f[..len], None);
+        }
+        spent += t1.elapsed();
+        (spent, n as u64)
+    }
+}
+
+fn tx_path(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tx_path");
+    group.throughput(Throughput::Elements(1));
+    for (name, slots, cold) in [("hot", 1, false), ("cold", 128, true)] {
+        let mut bench = Bench::new(slots, cold);
+        // Past slow start and the first lap of the source.
+        for _ in 0..4000 {
+            bench.batch();
+        }
+        group.bench_function(BenchmarkId::new(name, "per_frame"), |b| {
+            b.iter_custom(|iters| {
+                // `iters` frames: whole batches until that many were sent.
+                let mut spent = Duration::ZERO;
+                let mut frames = 0;
+                let mut stalls = 0;
+                while frames < iters {
+                    let (t, n) = bench.batch();
+                    spent += t;
+                    frames += n;
+                    if n == 0 {
+                        stalls += 1;
+                        assert!(stalls < 1000, "the sender stopped sending");
+                    }
+                }
+                // Per frame: scale to exactly `iters` frames.
+                spent.mul_f64(iters as f64 / frames as f64)
+            })
+        });
+        let c = bench.a.iw.counters();
+        assert_eq!(c.retransmissions, 0, "a lossless link retransmits nothing");
+    }
+    group.finish();
+}
+
+criterion_group!(benches, tx_path);
+criterion_main!(benches);
