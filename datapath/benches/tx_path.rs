@@ -54,10 +54,7 @@ struct Side {
 impl Side {
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
-        while let Some(ev) = tcp.poll_event() {
-            self.iw.on_tcp_acked(tcp.bytes_acked());
-            self.iw.on_tcp_event(ev);
-        }
+        self.iw.take_tcp_events(tcp);
         self.iw.poll(tcp, &mut self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
             if let ConnEvent::Request(_) = ev {
@@ -88,12 +85,24 @@ impl Side {
         }
     }
 
-    fn timers(&mut self, now: Instant) {
+    /// Expired timers, [`Side::pump`], then packets into `bufs` (their lengths into `lens`)
+    /// until this side has none or `bufs` are full; returns how many.
+    fn turn(&mut self, now: Instant, bufs: &mut [Vec<u8>], lens: &mut [usize]) -> usize {
         if let Some(tcp) = self.tcp.as_mut() {
             if tcp.poll_timeout().is_some_and(|d| d <= now) {
                 tcp.handle_timeout(now);
             }
         }
+        self.pump(now);
+        let mut n = 0;
+        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
+            let Some(l) = self.transmit(now, buf) else {
+                break;
+            };
+            *len = l;
+            n += 1;
+        }
+        n
     }
 }
 
@@ -109,6 +118,7 @@ struct Bench {
     frames: Vec<Vec<u8>>,
     lens: Vec<usize>,
     acks: Vec<Vec<u8>>,
+    ack_lens: Vec<usize>,
     other: Vec<u8>,
     cold: bool,
 }
@@ -165,6 +175,7 @@ impl Bench {
             frames: vec![vec![0; FRAME]; BATCH],
             lens: vec![0; BATCH],
             acks: vec![vec![0; FRAME]; BATCH],
+            ack_lens: vec![0; BATCH],
             other: vec![1; 256 << 10],
             cold,
         };
@@ -230,16 +241,7 @@ impl Bench {
         self.post();
         let t0 = StdInstant::now();
         let now = self.now;
-        self.a.timers(now);
-        self.a.pump(now);
-        let mut n = 0;
-        while n < BATCH {
-            let Some(len) = self.a.transmit(now, &mut self.frames[n]) else {
-                break;
-            };
-            self.lens[n] = len;
-            n += 1;
-        }
+        let n = self.a.turn(now, &mut self.frames, &mut self.lens);
         let mut spent = t0.elapsed();
         self.now = now + FRAME_TIME * n.max(1) as u32;
         let now = self.now;
@@ -247,16 +249,7 @@ impl Bench {
         for (f, &len) in self.frames.iter().zip(&self.lens).take(n) {
             self.b.receive(now, &f[..len], None);
         }
-        self.b.timers(now);
-        self.b.pump(now);
-        let mut acks = 0;
-        while acks < BATCH {
-            let Some(len) = self.b.transmit(now, &mut self.acks[acks]) else {
-                break;
-            };
-            self.lens[acks] = len;
-            acks += 1;
-        }
+        let acks = self.b.turn(now, &mut self.acks, &mut self.ack_lens);
         if self.cold {
             // A kick's worth of other lines through the cache (the kernel's work on the veth
             // bed between the engine's batches).
@@ -266,7 +259,7 @@ impl Bench {
             black_box(&self.other);
         }
         let t1 = StdInstant::now();
-        for (f, &len) in self.acks.iter().zip(&self.lens).take(acks) {
+        for (f, &len) in self.acks.iter().zip(&self.ack_lens).take(acks) {
             self.a.receive(now, &f[..len], None);
         }
         spent += t1.elapsed();

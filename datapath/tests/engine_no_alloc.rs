@@ -76,10 +76,7 @@ struct Side {
 impl Side {
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
-        while let Some(ev) = tcp.poll_event() {
-            self.iw.on_tcp_acked(tcp.bytes_acked());
-            self.iw.on_tcp_event(ev);
-        }
+        self.iw.take_tcp_events(tcp);
         let Side { iw, mem, .. } = self;
         armed(|| iw.poll(tcp, mem, now));
         while let Some(ev) = self.iw.poll_event() {

@@ -66,10 +66,7 @@ struct Side {
 impl Side {
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
-        while let Some(ev) = tcp.poll_event() {
-            self.iw.on_tcp_acked(tcp.bytes_acked());
-            self.iw.on_tcp_event(ev);
-        }
+        self.iw.take_tcp_events(tcp);
         self.iw.poll(tcp, &mut self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
             if let ConnEvent::Request(_) = ev {

@@ -1374,6 +1374,18 @@ impl IwarpConn {
         }
     }
 
+    /// Every event `tcp` (this connection's TCP connection) has queued, each after
+    /// [`IwarpConn::on_tcp_acked`] with what TCP has acknowledged by then, as the engine's
+    /// driver hands them over: for callers that drive the TCP connection themselves (a
+    /// simulator, tests, benches).
+    pub fn take_tcp_events(&mut self, tcp: &mut TcpConnection) {
+        // Bounded: only TCP queues these events, and nothing here makes it queue more.
+        while let Some(ev) = tcp.poll_event() {
+            self.on_tcp_acked(tcp.bytes_acked());
+            self.on_tcp_event(ev);
+        }
+    }
+
     /// A TCP event of this connection.
     pub fn on_tcp_event(&mut self, event: TcpEvent) {
         match event {
