@@ -79,6 +79,12 @@ pub struct Cli {
     /// of 32; 0: no limit, a turn sends all it may; default: the engine's).
     #[arg(long)]
     pub engine_tx_turn_frames: Option<usize>,
+    /// `--transport xdp`, inline progress: the longest a parked engine thread sleeps, in
+    /// microseconds, before it looks whether the application still polls
+    /// (`XdpEngineConfig::park_max`; its sleeps start at 500 and double; 500 or less: every
+    /// look after 500 us; default: the engine's, 4000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub engine_park_max_us: Option<u64>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
     /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
     /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with

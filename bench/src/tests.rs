@@ -350,6 +350,9 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     if let Some(n) = cli.engine_tx_turn_frames {
         cfg.driver.tx_turn_frames = n;
     }
+    if let Some(us) = cli.engine_park_max_us {
+        cfg.park_max = std::time::Duration::from_micros(us);
+    }
     XdpEngine::start(iface, cfg)
         .map(Some)
         .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))

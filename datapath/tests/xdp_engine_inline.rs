@@ -5,7 +5,7 @@
 //! counter (`EngineCounters::thread_turns`, live) does not move between posting a Send and
 //! having both its completion and the echo's receive completion, so the engine thread did none
 //! of that round's work. Some rounds may still see an engine-thread turn (a preempted poller
-//! lets the parked engine thread resume after 500 us), so a quarter of the rounds must qualify.
+//! lets the parked engine thread resume at its next look), so a quarter of the rounds must qualify.
 //! The same run with inline progress off is the control: no application turn, and no round
 //! without an engine-thread turn.
 //!
