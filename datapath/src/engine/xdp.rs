@@ -1647,8 +1647,9 @@ impl Engine {
 
     /// Inline progress: sleeps on the wake-up socket alone, the state unlocked, while
     /// application threads keep driving turns; back to polling when they stop (no application
-    /// turn for [`PARK`]), block in a wait, or something writes the wake-up socket (an engine
-    /// command, a work request whose poster could not run a turn).
+    /// turn since the last look: the sleeps between looks start at [`PARK`] and double up to
+    /// [`XdpEngineConfig::park_max`]), block in a wait, or something writes the wake-up socket
+    /// (an engine command, a work request whose poster could not run a turn).
     fn park(&mut self, p: &mut Pace) {
         self.parks += 1;
         let mut sleep = PARK;
