@@ -196,7 +196,7 @@ pub struct ConnCounters {
     /// Nanoseconds TCP's unsent data waited for the peer's window, for the congestion
     /// window, and on the sender with data in flight (`tcp_engine::ConnStats`
     /// `snd_lim_time_*_ns`, RFC 4898): the last includes waiting on the engine's own limit
-    /// on data queued ahead ([`IwarpConnConfig::tx_ahead`]).
+    /// on data queued ahead ([`ConnConfig::tx_ahead`]).
     pub send_limited_ns: [u64; 3],
     /// Terminate messages sent.
     pub terminates_sent: u64,
