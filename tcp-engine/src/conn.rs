@@ -401,8 +401,7 @@ pub struct Connection {
     ts_offset: u32,
     ts_recent: Option<u32>,
     last_ack_sent: u32,
-    /// The data segments' headers (rebuilt if the timestamps option turns out otherwise in
-    /// the handshake).
+    /// The data segments' headers, built again when the handshake settles `ts_enabled`.
     data_header: DataHeader,
 
     // ---- misc timers ----
@@ -1191,6 +1190,7 @@ impl Connection {
         } else {
             self.ts_enabled = false;
         }
+        self.data_header = DataHeader::new(&self.tuple, self.ts_enabled);
         // The window in a SYN is never scaled (RFC 7323 2.2).
         self.snd_wnd = u64::from(syn.window);
         self.max_snd_wnd = self.snd_wnd;
@@ -2397,9 +2397,6 @@ impl Connection {
             self.add_sack_blocks(&mut r, len as usize);
             Headers::General(r)
         } else {
-            if self.data_header.has_timestamps() != self.ts_enabled {
-                self.data_header = DataHeader::new(&self.tuple, self.ts_enabled);
-            }
             // The same fields, in the same order, as `base_repr` computes them.
             Headers::Prebuilt {
                 window: self.window_field(false),

@@ -121,16 +121,58 @@ struct Slot {
     ready: bool,
 }
 
+/// The connections by 4-tuple, remembering the last received segment's hit: one connection's
+/// segments usually come in runs, and the map's SipHash (kept: the tuples come from the
+/// network) ran once per segment. Every change of the map forgets that hit, so the two never
+/// disagree.
+#[derive(Debug)]
+struct TupleIndex {
+    map: HashMap<FourTuple, u32>,
+    last_rx: Option<(FourTuple, u32)>,
+}
+
+impl TupleIndex {
+    fn with_capacity(n: usize) -> Self {
+        TupleIndex {
+            map: HashMap::with_capacity(n),
+            last_rx: None,
+        }
+    }
+
+    fn get(&self, tuple: &FourTuple) -> Option<u32> {
+        self.map.get(tuple).copied()
+    }
+
+    /// [`TupleIndex::get`] for a received segment's tuple, from the last hit when it is the
+    /// same tuple again.
+    fn get_received(&mut self, tuple: &FourTuple) -> Option<u32> {
+        match self.last_rx {
+            Some((t, index)) if t == *tuple => Some(index),
+            _ => {
+                let index = self.get(tuple);
+                self.last_rx = index.map(|i| (*tuple, i));
+                index
+            }
+        }
+    }
+
+    fn insert(&mut self, tuple: FourTuple, index: u32) {
+        self.map.insert(tuple, index);
+        self.last_rx = None;
+    }
+
+    fn remove(&mut self, tuple: &FourTuple) {
+        self.map.remove(tuple);
+        self.last_rx = None;
+    }
+}
+
 /// All connections of one engine.
 #[derive(Debug)]
 pub struct ConnectionTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    by_tuple: HashMap<FourTuple, u32>,
-    /// The last `by_tuple` hit of a received segment: one connection's segments usually come
-    /// in runs, and the map's SipHash (kept: the tuples come from the network) ran once per
-    /// segment. Cleared whenever `by_tuple` changes, so it never disagrees with it.
-    last_rx: Option<(FourTuple, u32)>,
+    by_tuple: TupleIndex,
     listeners: HashMap<(Ipv4Addr, u16), Listener>,
     isn: IsnGenerator,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -148,8 +190,7 @@ impl ConnectionTable {
         ConnectionTable {
             slots: Vec::with_capacity(max_connections),
             free: Vec::with_capacity(max_connections),
-            by_tuple: HashMap::with_capacity(max_connections),
-            last_rx: None,
+            by_tuple: TupleIndex::with_capacity(max_connections),
             listeners: HashMap::new(),
             isn: IsnGenerator::new(isn_key),
             timers: BinaryHeap::with_capacity(max_connections * 2),
@@ -207,7 +248,7 @@ impl ConnectionTable {
         listener: Option<(Ipv4Addr, u16)>,
     ) -> Result<ConnId, TableError> {
         let tuple = conn.four_tuple();
-        if self.by_tuple.contains_key(&tuple) {
+        if self.by_tuple.get(&tuple).is_some() {
             return Err(TableError::TupleInUse);
         }
         let index = match self.free.pop() {
@@ -241,7 +282,6 @@ impl ConnectionTable {
             generation: slot.generation,
         };
         self.by_tuple.insert(tuple, index);
-        self.last_rx = None;
         self.mark_ready(index);
         Ok(id)
     }
@@ -253,7 +293,7 @@ impl ConnectionTable {
         tuple: FourTuple,
         now: Instant,
     ) -> Result<ConnId, TableError> {
-        if self.by_tuple.contains_key(&tuple) {
+        if self.by_tuple.get(&tuple).is_some() {
             return Err(TableError::TupleInUse);
         }
         let conn = Connection::connect(config, tuple, &self.isn, now);
@@ -262,7 +302,7 @@ impl ConnectionTable {
 
     /// The connection for `tuple`, O(1).
     pub fn lookup(&self, tuple: &FourTuple) -> Option<ConnId> {
-        let &index = self.by_tuple.get(tuple)?;
+        let index = self.by_tuple.get(tuple)?;
         let slot = &self.slots[index as usize];
         Some(ConnId {
             index,
@@ -294,9 +334,8 @@ impl ConnectionTable {
         self.slot(id)?;
         let slot = &mut self.slots[id.index as usize];
         if let Some(t) = slot.tuple.take() {
-            if self.by_tuple.get(&t) == Some(&id.index) {
+            if self.by_tuple.get(&t) == Some(id.index) {
                 self.by_tuple.remove(&t);
-                self.last_rx = None;
             }
         }
         if let Some(key) = slot.listener.take() {
@@ -348,15 +387,7 @@ impl ConnectionTable {
             }
         };
         let tuple = FourTuple::of_received(&seg);
-        let index = match self.last_rx {
-            Some((t, index)) if t == tuple => Some(index),
-            _ => {
-                let index = self.by_tuple.get(&tuple).copied();
-                self.last_rx = index.map(|i| (tuple, i));
-                index
-            }
-        };
-        if let Some(index) = index {
+        if let Some(index) = self.by_tuple.get_received(&tuple) {
             let slot = &mut self.slots[index as usize];
             let id = ConnId {
                 index,
@@ -368,7 +399,6 @@ impl ConnectionTable {
                 if state == State::Closed {
                     if let Some(t) = slot.tuple.take() {
                         self.by_tuple.remove(&t);
-                        self.last_rx = None;
                     }
                 }
                 if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
@@ -520,7 +550,6 @@ impl ConnectionTable {
                 if conn.state() == State::Closed {
                     if let Some(t) = slot.tuple.take() {
                         self.by_tuple.remove(&t);
-                        self.last_rx = None;
                     }
                 }
             }

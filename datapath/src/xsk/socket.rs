@@ -130,9 +130,9 @@ pub struct XskStats {
     pub tx_ring_empty: u64,
 }
 
-/// Octets of a frame's headers prefetched: of each received frame as its batch is taken ([`RxBatch::prefetch`] asks for
-/// the rest). The Ethernet, IPv4, TCP (with options) and MPA/DDP/RDMAP headers of an engine
-/// segment lie in the first 128.
+/// Octets of a frame's headers prefetched: of each received frame as its batch is taken
+/// ([`RxBatch::prefetch`] asks for the rest). The Ethernet, IPv4, TCP (with options) and
+/// MPA/DDP/RDMAP headers of an engine segment lie in the first 128.
 const HEADER_PREFETCH: usize = 128;
 
 /// An AF_XDP socket bound to one queue, with its UMEM, four rings and frame allocator.
