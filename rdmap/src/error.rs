@@ -1,11 +1,57 @@
-//! The RDMAP error enum and the single mapping of errors to Terminate codes
-//! (RFC 5040 4.8 Figure 9, RFC 5041 7.2).
+//! The RDMAP error enum, the Terminate Layer / EType / Error Code values of RFC 5040 4.8
+//! Figure 9 ([`layer`], [`rdmap_etype`], [`rdmap_code`], also re-exported from
+//! [`crate::wire`]) and the single mapping of errors to Terminate codes (RFC 5040 4.8
+//! Figure 9, RFC 5041 7.2).
 
 use ddp::DdpError;
 
-use crate::memory::{AccessViolation, Stag};
-use crate::qp::QpState;
-use crate::wire::{layer, rdmap_code, rdmap_etype};
+use crate::types::{AccessViolation, QpState, Stag};
+
+/// Terminate Layer values (RFC 5040 4.8, Figure 9).
+pub mod layer {
+    /// RDMAP.
+    pub const RDMAP: u8 = 0x0;
+    /// DDP.
+    pub const DDP: u8 = 0x1;
+    /// LLP (MPA).
+    pub const LLP: u8 = 0x2;
+}
+
+/// RDMAP error types for Layer 0 (RFC 5040 Figure 9).
+pub mod rdmap_etype {
+    /// Local catastrophic error (no code).
+    pub const LOCAL_CATASTROPHIC: u8 = 0x0;
+    /// Remote protection error.
+    pub const REMOTE_PROTECTION: u8 = 0x1;
+    /// Remote operation error.
+    pub const REMOTE_OPERATION: u8 = 0x2;
+}
+
+/// RDMAP error codes for Layer 0 (RFC 5040 Figure 9).
+pub mod rdmap_code {
+    /// Invalid STag (protection).
+    pub const INVALID_STAG: u8 = 0x00;
+    /// Base or bounds violation (protection).
+    pub const BASE_BOUNDS: u8 = 0x01;
+    /// Access rights violation (protection).
+    pub const ACCESS_RIGHTS: u8 = 0x02;
+    /// STag not associated with RDMAP stream (protection).
+    pub const STAG_NOT_ASSOCIATED: u8 = 0x03;
+    /// TO wrap (protection).
+    pub const TO_WRAP: u8 = 0x04;
+    /// Invalid RDMAP version (operation).
+    pub const INVALID_VERSION: u8 = 0x05;
+    /// Unexpected OpCode (operation).
+    pub const UNEXPECTED_OPCODE: u8 = 0x06;
+    /// Catastrophic error, localized to RDMAP stream (operation).
+    pub const CATASTROPHIC_STREAM: u8 = 0x07;
+    /// Catastrophic error, global (operation).
+    pub const CATASTROPHIC_GLOBAL: u8 = 0x08;
+    /// STag cannot be invalidated (protection or operation).
+    pub const CANNOT_INVALIDATE: u8 = 0x09;
+    /// Unspecified error.
+    pub const UNSPECIFIED: u8 = 0xFF;
+}
 
 /// Every error of the RDMAP layer: wire parsing, inbound protocol errors (each of which
 /// becomes a Terminate, see [`RdmapError::terminate_code`]) and local API misuse.

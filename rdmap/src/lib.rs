@@ -43,15 +43,14 @@
 pub mod error;
 pub mod memory;
 pub mod qp;
+mod types;
 pub mod wire;
 
 pub use error::{RdmapError, TerminateCause, TerminateCode};
-pub use memory::{
-    Access, AccessViolation, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, Stag,
-    VecBuffer,
-};
+pub use memory::{Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, VecBuffer};
 pub use qp::{
-    QpConfig, QpState, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo,
-    TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
+    QpConfig, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo, TxCompletion,
+    TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
 };
+pub use types::{AccessViolation, QpState, Stag};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

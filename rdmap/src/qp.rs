@@ -65,26 +65,11 @@ use ddp::{
 
 use crate::error::{RdmapError, TerminateCause, TerminateCode};
 use crate::memory::{Access, AccessViolation, MemoryTable, PdId, RegionBuffer, Stag};
+pub use crate::types::QpState;
 use crate::wire::{
     invalidate_stag, layer, queue, rdmap_etype, CopiedDdpHeader, Opcode, RdmapControl, ReadRequest,
     TerminateHeader, TerminateView, READ_REQUEST_LEN,
 };
-
-/// Queue pair states (RFC 5040 6; the verbs states of an iWARP QP).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QpState {
-    /// Created, not yet connected (MPA negotiation not finished). Work requests may be
-    /// posted; nothing is sent.
-    Idle,
-    /// Ready to send and receive.
-    Rts,
-    /// Graceful close: outstanding work was flushed; nothing more is sent or accepted.
-    Closing,
-    /// A Terminate is queued and not yet handed to the transport.
-    Terminate,
-    /// Terminal: the stream is dead and every work request has been flushed.
-    Error,
-}
 
 /// Queue pair parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 //! `parse`/`emit`.
 
 use crate::error::RdmapError;
+pub use crate::error::{layer, rdmap_code, rdmap_etype};
 
 /// The RDMAP version of RFC 5040 (RV = 01b, 4.1). Version 0 (RDMA Consortium) is not
 /// spoken by this implementation.
@@ -334,52 +335,6 @@ impl ReadRequest {
             ..*self
         }
     }
-}
-
-/// Terminate Layer values (RFC 5040 4.8, Figure 9).
-pub mod layer {
-    /// RDMAP.
-    pub const RDMAP: u8 = 0x0;
-    /// DDP.
-    pub const DDP: u8 = 0x1;
-    /// LLP (MPA).
-    pub const LLP: u8 = 0x2;
-}
-
-/// RDMAP error types for Layer 0 (RFC 5040 Figure 9).
-pub mod rdmap_etype {
-    /// Local catastrophic error (no code).
-    pub const LOCAL_CATASTROPHIC: u8 = 0x0;
-    /// Remote protection error.
-    pub const REMOTE_PROTECTION: u8 = 0x1;
-    /// Remote operation error.
-    pub const REMOTE_OPERATION: u8 = 0x2;
-}
-
-/// RDMAP error codes for Layer 0 (RFC 5040 Figure 9).
-pub mod rdmap_code {
-    /// Invalid STag (protection).
-    pub const INVALID_STAG: u8 = 0x00;
-    /// Base or bounds violation (protection).
-    pub const BASE_BOUNDS: u8 = 0x01;
-    /// Access rights violation (protection).
-    pub const ACCESS_RIGHTS: u8 = 0x02;
-    /// STag not associated with RDMAP stream (protection).
-    pub const STAG_NOT_ASSOCIATED: u8 = 0x03;
-    /// TO wrap (protection).
-    pub const TO_WRAP: u8 = 0x04;
-    /// Invalid RDMAP version (operation).
-    pub const INVALID_VERSION: u8 = 0x05;
-    /// Unexpected OpCode (operation).
-    pub const UNEXPECTED_OPCODE: u8 = 0x06;
-    /// Catastrophic error, localized to RDMAP stream (operation).
-    pub const CATASTROPHIC_STREAM: u8 = 0x07;
-    /// Catastrophic error, global (operation).
-    pub const CATASTROPHIC_GLOBAL: u8 = 0x08;
-    /// STag cannot be invalidated (protection or operation).
-    pub const CANNOT_INVALIDATE: u8 = 0x09;
-    /// Unspecified error.
-    pub const UNSPECIFIED: u8 = 0xFF;
 }
 
 /// Header-control bits of the Terminate Control field (4.8, Figure 8), in the first

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::XskError;
+use super::error::XskError;
 
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;

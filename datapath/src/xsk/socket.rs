@@ -9,7 +9,8 @@ use xsk_rs::config::{
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
-use super::{euid, netlink, XskError};
+use super::error::{euid, XskError};
+use super::netlink;
 
 /// How the socket binds: copy or zero-copy (`XDP_COPY` / `XDP_ZEROCOPY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
