@@ -300,7 +300,7 @@ impl Peer {
         if let Some(t) = st.sent_terminate {
             s += &format!("; we sent Terminate {t:?}");
         }
-        if let Some(e) = st.local_error {
+        if let Some(e) = st.error {
             s += &format!("; {e}");
         }
         s

@@ -85,7 +85,7 @@ impl Side {
         if let Some(t) = st.sent_terminate {
             s += &format!("; we sent Terminate {t:?}");
         }
-        if let Some(e) = st.local_error {
+        if let Some(e) = st.error {
             s += &format!("; {e}");
         }
         s

@@ -1,15 +1,36 @@
-//! Completion queues: work completions flow from engine threads to the application through a
-//! lock-free channel (crossbeam). One queue may serve several queue pairs.
+//! Completion queues and completion channels (verbs' `ibv_cq` and `ibv_comp_channel`).
 //!
-//! Inline progress: a queue used with an AF_XDP engine remembers it (the first one), and polling
-//! the queue ([`CompletionQueue::try_next`], [`CompletionQueue::poll`]) while it is empty runs a
-//! turn of that engine on the polling thread (see `XdpEngineConfig::inline_progress`).
+//! Work completions flow from the transports' threads to the application through a lock-free
+//! channel (crossbeam). One queue may serve several queue pairs.
+//!
+//! **Notification.** A queue created with a [`CompletionChannel`]
+//! ([`CompletionQueue::with_channel`]) can be armed with [`CompletionQueue::req_notify`]: the
+//! next completion added to it (or, with `solicited_only`, the next one of a received Send
+//! with the Solicited Event flag, RFC 5040 5.3 and 7, or of a failed work request) makes the
+//! channel's file descriptor readable and queues an event naming the queue; arming is used up
+//! by that one event, as with `ibv_req_notify_cq`. An application waits in `epoll`/`mio`/tokio
+//! on [`CompletionChannel`]'s descriptor, takes the event with
+//! [`CompletionChannel::get_event`], re-arms, and then polls the queue until it is empty
+//! (completions that arrived between the event and the re-arm are found by that poll, as in
+//! verbs).
+//!
+//! **Inline progress.** A queue used with an AF_XDP engine remembers it (the first one), and
+//! polling the queue ([`CompletionQueue::try_next`], [`CompletionQueue::poll`]) while it is
+//! empty runs a turn of that engine on the polling thread (see
+//! `XdpEngineConfig::inline_progress`); waiting ([`CompletionQueue::wait`]) or arming
+//! ([`CompletionQueue::req_notify`]) hands the work back to the engine thread.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use rdmap::WorkCompletion;
+use rdmap::{WcStatus, WorkCompletion};
+
+use crate::DatapathError;
 
 /// A work completion tagged with the number of the queue pair it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,13 +41,64 @@ pub struct Completion {
     pub wc: WorkCompletion,
 }
 
+/// What a completion queue needs of the engine that fills it: inline progress and a wake-up
+/// before the application blocks. Implemented by the AF_XDP engine.
+pub(crate) trait EngineDriver: Send + Sync {
+    /// One engine turn on the calling thread, if the engine allows it and nobody else is in
+    /// one. True if a turn ran.
+    fn drive(&self) -> bool;
+    /// The application is about to block: the engine thread must do the work again.
+    fn before_wait(&self);
+}
+
+/// Not armed.
+const DISARMED: u8 = 0;
+/// Armed for the next completion.
+const ARMED_ANY: u8 = 1;
+/// Armed for the next solicited (or failed) completion.
+const ARMED_SOLICITED: u8 = 2;
+
+struct CqInner {
+    tx: Sender<Completion>,
+    rx: Receiver<Completion>,
+    /// The AF_XDP engine whose turns polling this queue drives (the first one it was used with).
+    driver: OnceLock<Arc<dyn EngineDriver>>,
+    /// The channel notifications go to, if the queue was created with one.
+    channel: Option<Arc<ChannelInner>>,
+    /// [`DISARMED`], [`ARMED_ANY`] or [`ARMED_SOLICITED`].
+    armed: AtomicU8,
+}
+
 /// A completion queue. Cloning it gives another handle to the same queue.
 #[derive(Clone)]
 pub struct CompletionQueue {
-    pub(crate) tx: Sender<Completion>,
-    rx: Receiver<Completion>,
-    /// The AF_XDP engine whose turns polling this queue drives (the first one it was used with).
-    driver: Arc<OnceLock<Arc<crate::engine::xdp::Wake>>>,
+    inner: Arc<CqInner>,
+}
+
+/// Where a transport delivers the completions of one queue pair (a handle on its queue).
+#[derive(Clone)]
+pub(crate) struct CqSink {
+    inner: Arc<CqInner>,
+}
+
+impl CqSink {
+    /// Adds a completion; notifies the queue's channel if the queue is armed for it.
+    pub(crate) fn push(&self, c: Completion) {
+        let inner = &self.inner;
+        let solicited = c.wc.solicited || c.wc.status != WcStatus::Success;
+        let _ = inner.tx.send(c);
+        if let Some(channel) = &inner.channel {
+            // Pairs with the fence in `req_notify`: either the arming thread's poll sees this
+            // completion, or this load sees it armed.
+            fence(Ordering::SeqCst);
+            let armed = inner.armed.load(Ordering::SeqCst);
+            let fire = armed == ARMED_ANY || (armed == ARMED_SOLICITED && solicited);
+            // The swap makes one event per arming, whichever thread gets there first.
+            if fire && inner.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
+                channel.fire(Arc::downgrade(&self.inner));
+            }
+        }
+    }
 }
 
 impl Default for CompletionQueue {
@@ -36,37 +108,100 @@ impl Default for CompletionQueue {
 }
 
 impl CompletionQueue {
-    /// A new, unbounded completion queue.
+    /// A new, unbounded completion queue without a channel (`ibv_create_cq` with no channel).
     pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// A new, unbounded completion queue whose notifications go to `channel`
+    /// (`ibv_create_cq` with a completion channel). Several queues may share one channel.
+    pub fn with_channel(channel: &CompletionChannel) -> Self {
+        Self::build(Some(channel.inner.clone()))
+    }
+
+    fn build(channel: Option<Arc<ChannelInner>>) -> Self {
         let (tx, rx) = crossbeam_channel::unbounded();
         Self {
-            tx,
-            rx,
-            driver: Arc::new(OnceLock::new()),
+            inner: Arc::new(CqInner {
+                tx,
+                rx,
+                driver: OnceLock::new(),
+                channel,
+                armed: AtomicU8::new(DISARMED),
+            }),
+        }
+    }
+
+    /// Where a transport delivers completions into this queue.
+    pub(crate) fn sink(&self) -> CqSink {
+        CqSink {
+            inner: self.inner.clone(),
         }
     }
 
     /// Remembers the engine to drive when polling (only the first one sticks).
-    pub(crate) fn attach(&self, engine: &Arc<crate::engine::xdp::Wake>) {
-        let _ = self.driver.set(engine.clone());
+    pub(crate) fn attach(&self, engine: Arc<dyn EngineDriver>) {
+        let _ = self.inner.driver.set(engine);
+    }
+
+    /// True if both handles name the same queue.
+    pub fn same_queue(&self, other: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Arms the queue (`ibv_req_notify_cq`): the next completion added (with `solicited_only`,
+    /// the next completion of a received Send with Solicited Event, or of a failed work
+    /// request) queues one event on the queue's [`CompletionChannel`] and makes its descriptor
+    /// readable. One arming gives at most one event. Completions already in the queue do not
+    /// fire it: poll the queue after arming. Arming again for any completion widens a
+    /// solicited-only arming; never the reverse.
+    ///
+    /// Fails with [`DatapathError::InvalidArgument`] on a queue created without a channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<(), DatapathError> {
+        if self.inner.channel.is_none() {
+            return Err(DatapathError::InvalidArgument(
+                "req_notify on a completion queue without a completion channel",
+            ));
+        }
+        let want = if solicited_only {
+            ARMED_SOLICITED
+        } else {
+            ARMED_ANY
+        };
+        // Widen only: ANY (1) stays ANY; DISARMED or SOLICITED become `want` if it is wider.
+        let _ = self
+            .inner
+            .armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| match (a, want) {
+                (DISARMED, w) => Some(w),
+                (ARMED_SOLICITED, ARMED_ANY) => Some(ARMED_ANY),
+                _ => None,
+            });
+        fence(Ordering::SeqCst);
+        // The application is about to sleep on the channel: nobody polls for the engine.
+        if let Some(d) = self.inner.driver.get() {
+            d.before_wait();
+        }
+        Ok(())
     }
 
     /// Inline progress: one turn of the attached engine on this thread, if it allows it and
     /// nobody else is in one. True if a turn ran.
     fn drive(&self) -> bool {
-        self.driver.get().is_some_and(|w| w.drive())
+        self.inner.driver.get().is_some_and(|d| d.drive())
     }
 
     /// Appends the completions available now (at most `max`) to `out` and returns how many
-    /// were added. Never blocks; while the queue is empty, runs a turn of its AF_XDP engine on
-    /// this thread (inline progress) unless another thread is in one.
+    /// were added (`ibv_poll_cq`). Never blocks; while the queue is empty, runs a turn of its
+    /// AF_XDP engine on this thread (inline progress) unless another thread is in one.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
-        if self.rx.is_empty() {
+        let rx = &self.inner.rx;
+        if rx.is_empty() {
             self.drive();
         }
         let mut n = 0;
         while n < max {
-            match self.rx.try_recv() {
+            match rx.try_recv() {
                 Ok(c) => {
                     out.push(c);
                     n += 1;
@@ -81,11 +216,12 @@ impl CompletionQueue {
     /// turn of its AF_XDP engine on this thread (inline progress) unless another thread is in
     /// one.
     pub fn try_next(&self) -> Option<Completion> {
-        if let Ok(c) = self.rx.try_recv() {
+        let rx = &self.inner.rx;
+        if let Ok(c) = rx.try_recv() {
             return Some(c);
         }
         if self.drive() {
-            return self.rx.try_recv().ok();
+            return rx.try_recv().ok();
         }
         None
     }
@@ -93,22 +229,147 @@ impl CompletionQueue {
     /// Waits up to `timeout` for the next completion (blocking; an AF_XDP engine thread parked
     /// for inline progress is woken first, as nobody polls for it meanwhile).
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
-        if let Ok(c) = self.rx.try_recv() {
+        let rx = &self.inner.rx;
+        if let Ok(c) = rx.try_recv() {
             return Some(c);
         }
-        if let Some(w) = self.driver.get() {
-            w.before_wait();
+        if let Some(d) = self.inner.driver.get() {
+            d.before_wait();
         }
-        self.rx.recv_deadline(Instant::now() + timeout).ok()
+        rx.recv_deadline(Instant::now() + timeout).ok()
     }
 
     /// Number of completions waiting.
     pub fn len(&self) -> usize {
-        self.rx.len()
+        self.inner.rx.len()
     }
 
     /// True when no completion is waiting.
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
+        self.inner.rx.is_empty()
+    }
+}
+
+struct ChannelInner {
+    /// An eventfd in semaphore mode: its count is the number of events queued.
+    efd: OwnedFd,
+    /// The queues that fired, oldest first (weak: a dropped queue's event is skipped).
+    fired: Mutex<VecDeque<Weak<CqInner>>>,
+}
+
+impl ChannelInner {
+    fn fire(&self, cq: Weak<CqInner>) {
+        // Queued before the count goes up, so a reader that sees the count finds the entry.
+        self.fired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(cq);
+        let one: u64 = 1;
+        // SAFETY: writes 8 octets from a local u64 to the eventfd we own. It cannot fail short of
+        // the counter reaching u64::MAX - 1 events, which unread events never do.
+        let _ = unsafe {
+            libc::write(
+                self.efd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
+/// armed [`CompletionQueue`] created with it gets a completion (see the module documentation).
+/// Cloning gives another handle to the same channel.
+#[derive(Clone)]
+pub struct CompletionChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl CompletionChannel {
+    /// A new channel (`ibv_create_comp_channel`), backed by a non-blocking eventfd.
+    pub fn new() -> Result<Self, DatapathError> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+        let fd = unsafe {
+            libc::eventfd(
+                0,
+                libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self {
+            inner: Arc::new(ChannelInner {
+                efd,
+                fired: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// Takes the oldest event without blocking (`ibv_get_cq_event` on a non-blocking channel):
+    /// the queue that fired, or `None` if no event is waiting. The descriptor stays readable
+    /// while events remain. An event of a queue dropped since is skipped.
+    pub fn get_event(&self) -> Option<CompletionQueue> {
+        loop {
+            let mut count: u64 = 0;
+            // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode
+            // a successful read takes exactly one event.
+            let n = unsafe {
+                libc::read(
+                    self.inner.efd.as_raw_fd(),
+                    (&mut count as *mut u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+            if n != std::mem::size_of::<u64>() as isize {
+                return None;
+            }
+            let weak = self
+                .inner
+                .fired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()?;
+            if let Some(inner) = weak.upgrade() {
+                return Some(CompletionQueue { inner });
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an event (`ibv_get_cq_event` on a blocking channel) with
+    /// `poll(2)` on the descriptor.
+    pub fn wait_event(&self, timeout: Duration) -> Option<CompletionQueue> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(cq) = self.get_event() {
+                return Some(cq);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.inner.efd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd on our stack, count 1.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        }
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.efd.as_raw_fd()
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.efd.as_fd()
     }
 }

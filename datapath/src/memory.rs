@@ -4,9 +4,11 @@
 //! The protocol crate `rdmap` keeps the registration table ([`rdmap::MemoryTable`]); this module
 //! owns the bytes. [`PinnedBuffer`] is the only place that touches them through raw pointers.
 
+use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
 
@@ -27,17 +29,113 @@ const HUGE_PAGE: usize = 2 << 20;
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    /// Octets mapped (`len` rounded up to whole pages, at least one).
-    map_len: usize,
-    locked: bool,
+    /// Whose bytes these are.
+    backing: Backing,
+    /// The page-aligned range `mlock` locked (`None`: not locked).
+    locked: Option<(usize, usize)>,
 }
 
-// SAFETY: the buffer is plain bytes owned by this value; every access is a bounds-checked raw
-// copy (no references into the buffer escape), so moving it or sharing it across threads cannot
+/// Where a [`PinnedBuffer`]'s bytes come from.
+enum Backing {
+    /// An anonymous mapping of our own, `map_len` octets (`len` rounded up to whole pages).
+    Mapping { map_len: usize },
+    /// The application's memory, named by pointer and length
+    /// ([`ProtectionDomain::register_raw`]): its caller keeps it valid while the buffer lives.
+    Borrowed,
+    /// The application's buffer, owned until handed back ([`ProtectionDomain::register_buffer`]);
+    /// a pointer from `Box::into_raw`, turned back into its box exactly once (hand-back or drop).
+    Owned(NonNull<dyn RegionStorage>),
+}
+
+/// Memory an application can hand to [`ProtectionDomain::register_buffer`]: anything that is
+/// a mutable byte slice whose bytes stay put while it is not touched (`Vec<u8>`, `Box<[u8]>`,
+/// `memmap2::MmapMut`, ...). The bytes are taken once, at registration; the value itself is
+/// touched again only to hand it back ([`MemoryRegion::into_buffer`]) or drop it.
+pub trait RegionStorage: Send + 'static {
+    /// The bytes the region covers.
+    fn region_bytes(&mut self) -> &mut [u8];
+    /// The value as `Any`, for [`MemoryRegion::into_buffer`].
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+impl<T: AsMut<[u8]> + Send + 'static> RegionStorage for T {
+    fn region_bytes(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
+/// Whether registration locks a region's pages into RAM (`mlock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pinning {
+    /// Lock them, or fail registration with [`DatapathError::PinFailed`] naming
+    /// `RLIMIT_MEMLOCK` (the default: a page the kernel moves or swaps out under a transfer
+    /// costs a fault on the engine's path).
+    #[default]
+    Required,
+    /// Try to lock them; go on unlocked if the process may not (see
+    /// [`MemoryRegion::is_pinned`]).
+    BestEffort,
+    /// Do not lock them.
+    Off,
+}
+
+/// The soft `RLIMIT_MEMLOCK`, as text for an error message.
+fn memlock_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into our local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return "an unknown amount".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} bytes", lim.rlim_cur)
+    }
+}
+
+/// Locks the pages of `[addr, addr + len)` as `pinning` asks; the page-aligned range locked.
+fn lock_pages(
+    addr: usize,
+    len: usize,
+    pinning: Pinning,
+) -> Result<Option<(usize, usize)>, DatapathError> {
+    if pinning == Pinning::Off || len == 0 {
+        return Ok(None);
+    }
+    let start = addr & !(PAGE - 1);
+    let end = (addr + len).next_multiple_of(PAGE);
+    // SAFETY: mlock only changes paging of the range (faulting its pages in); the caller's
+    // memory covers `[addr, addr + len)`, and the rest of its first and last pages is mapped too.
+    if unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0 {
+        return Ok(Some((start, end - start)));
+    }
+    let source = io::Error::last_os_error();
+    match pinning {
+        Pinning::Required => Err(DatapathError::PinFailed {
+            len,
+            limit: memlock_limit(),
+            source,
+        }),
+        _ => Ok(None),
+    }
+}
+
+// SAFETY: the buffer is plain bytes this value owns or that its creator promised stay valid
+// while it lives (`from_raw`), plus, for an owned buffer, a `Send` value touched only when it is
+// handed back or dropped (by whoever holds the last handle); every access of ours is a
+// bounds-checked raw copy, and the only references into the bytes come from `unsafe` accessors
+// whose callers take on the aliasing rules. So moving it or sharing it across threads cannot
 // create dangling or out-of-bounds accesses. Concurrent use of the same bytes by the application
 // and the engine is governed by the work-request rules documented above, as with any RDMA memory.
 unsafe impl Send for PinnedBuffer {}
-// SAFETY: see the `Send` impl: shared access only ever happens through bounds-checked copies.
+// SAFETY: see the `Send` impl: shared access only ever happens through bounds-checked copies
+// (or the `unsafe` accessors, on their callers' guarantee).
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
@@ -51,6 +149,11 @@ impl PinnedBuffer {
     /// was then faulted in at 4 KiB before any advice could apply.) One TLB entry then covers
     /// 2 MiB of the engine's copies in and out of the buffer instead of 4 KiB.
     pub fn new(len: usize) -> Result<Self, DatapathError> {
+        Self::allocate(len, Pinning::BestEffort)
+    }
+
+    /// [`PinnedBuffer::new`] with the pinning asked for.
+    pub fn allocate(len: usize, pinning: Pinning) -> Result<Self, DatapathError> {
         let map_len = len.max(1).div_ceil(PAGE) * PAGE;
         let huge = map_len >= HUGE_PAGE;
         // Room to move the start to a huge-page boundary; the slack is unmapped again below.
@@ -99,15 +202,89 @@ impl PinnedBuffer {
             // SAFETY: the range is the mapping we own; the advice changes no contents.
             let _ = unsafe { libc::madvise(ptr.as_ptr().cast(), map_len, libc::MADV_HUGEPAGE) };
         }
-        // SAFETY: `ptr` points to the `map_len` octets mapped above; mlock only changes paging
-        // (and faults the pages in, as zeros).
-        let locked = unsafe { libc::mlock(ptr.as_ptr().cast(), map_len) } == 0;
+        let buffer = Self {
+            ptr,
+            len,
+            backing: Backing::Mapping { map_len },
+            locked: None,
+        };
+        // Faults the pages in (as zeros) after the advice above. On failure `buffer` unmaps.
+        let mut buffer = buffer;
+        buffer.locked = lock_pages(start, map_len, pinning)?;
+        Ok(buffer)
+    }
+
+    /// The application's `len` bytes at `ptr`, locked as `pinning` asks.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes, by this process's threads, from
+    /// now until the buffer is dropped (and every clone of the `Arc` the region keeps it in is
+    /// gone: the engine may still be reading it for a retransmission until the region is
+    /// deregistered). Nothing else may free or unmap it meanwhile.
+    pub unsafe fn from_raw(
+        ptr: *mut u8,
+        len: usize,
+        pinning: Pinning,
+    ) -> Result<Self, DatapathError> {
+        let ptr = NonNull::new(ptr).ok_or(DatapathError::InvalidArgument("null pointer"))?;
+        let locked = lock_pages(ptr.as_ptr() as usize, len, pinning)?;
         Ok(Self {
             ptr,
             len,
-            map_len,
+            backing: Backing::Borrowed,
             locked,
         })
+    }
+
+    /// The application's buffer, owned by the region until handed back
+    /// ([`PinnedBuffer::into_storage`]) or dropped, locked as `pinning` asks.
+    pub fn from_storage<S: RegionStorage>(
+        storage: S,
+        pinning: Pinning,
+    ) -> Result<Self, DatapathError> {
+        let raw: *mut dyn RegionStorage =
+            Box::into_raw(Box::new(storage) as Box<dyn RegionStorage>);
+        // SAFETY: `raw` comes from `Box::into_raw` just above: valid and unaliased.
+        let owned = unsafe { NonNull::new_unchecked(raw) };
+        // SAFETY: as above; the `&mut` lives only for this statement, and the slice's pointer is
+        // the only way the bytes are reached afterwards until the box is rebuilt.
+        let bytes = unsafe { (*raw).region_bytes() };
+        let (addr, len) = (bytes.as_mut_ptr(), bytes.len());
+        let mut buffer = Self {
+            ptr: NonNull::new(addr).unwrap_or(NonNull::dangling()),
+            len,
+            backing: Backing::Owned(owned),
+            locked: None,
+        };
+        // On failure `buffer` drops the box.
+        buffer.locked = lock_pages(addr as usize, len, pinning)?;
+        Ok(buffer)
+    }
+
+    /// Hands an application's buffer back ([`PinnedBuffer::from_storage`]); `None` for memory
+    /// that is not an owned buffer of type `S`.
+    pub fn into_storage<S: RegionStorage>(mut self) -> Option<S> {
+        let Backing::Owned(owned) = self.backing else {
+            return None;
+        };
+        self.unlock();
+        self.backing = Backing::Borrowed;
+        // SAFETY: the pointer came from `Box::into_raw` and is rebuilt once: `backing` no longer
+        // names it, so drop will not.
+        let boxed = unsafe { Box::from_raw(owned.as_ptr()) };
+        match boxed.into_any().downcast::<S>() {
+            Ok(s) => Some(*s),
+            // A different type: it is dropped here, as a drop of the region would.
+            Err(_) => None,
+        }
+    }
+
+    fn unlock(&mut self) {
+        if let Some((start, len)) = self.locked.take() {
+            // SAFETY: the range `lock_pages` locked, still mapped (ours or the caller's memory);
+            // munlock changes paging only.
+            unsafe { libc::munlock(start as *const libc::c_void, len) };
+        }
     }
 
     /// Length in bytes as requested.
@@ -122,7 +299,12 @@ impl PinnedBuffer {
 
     /// Whether `mlock` succeeded (it needs `CAP_IPC_LOCK` or a large enough `RLIMIT_MEMLOCK`).
     pub fn is_locked(&self) -> bool {
-        self.locked
+        self.locked.is_some()
+    }
+
+    /// Pointer to the first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Address of the first byte (what verbs calls the region's virtual address).
@@ -247,10 +429,21 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`map_len` are exactly the mapping `new` kept; nothing else refers to
-        // the buffer once the last owner drops it. Unmapping also unlocks the pages.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+        match self.backing {
+            Backing::Mapping { map_len } => {
+                // SAFETY: `ptr`/`map_len` are exactly the mapping `allocate` kept; nothing else
+                // refers to the buffer once the last owner drops it. Unmapping also unlocks.
+                unsafe {
+                    libc::munmap(self.ptr.as_ptr().cast(), map_len);
+                }
+            }
+            Backing::Borrowed => self.unlock(),
+            Backing::Owned(owned) => {
+                self.unlock();
+                // SAFETY: the pointer came from `Box::into_raw` and was not rebuilt
+                // (`into_storage` replaces the backing when it does): rebuilt and dropped once.
+                drop(unsafe { Box::from_raw(owned.as_ptr()) });
+            }
         }
     }
 }
@@ -318,12 +511,19 @@ pub(crate) fn lock_table(t: &SharedTable) -> MutexGuard<'_, MemoryTable<RegionMe
 
 static NEXT_PD: AtomicU32 = AtomicU32::new(1);
 
-/// A protection domain (RFC 5040 2.3, RFC 5042 5.2): memory regions and queue pairs of one PD
-/// can reach each other; a remote access through a queue pair of another PD is refused.
+/// A protection domain (RFC 5040 2.3, RFC 5042 5.2; `ibv_alloc_pd`): memory regions and queue
+/// pairs of one PD can reach each other; a remote access through a queue pair of another PD is
+/// refused. Cloning gives another handle to the same domain.
 #[derive(Clone)]
 pub struct ProtectionDomain {
     pub(crate) id: PdId,
     pub(crate) table: SharedTable,
+    /// How this handle's registrations lock their pages.
+    pinning: Pinning,
+    /// Octets the API copied into or out of this domain's regions ([`MemoryRegion::read`],
+    /// [`MemoryRegion::write`]): the copies an application makes when it does not use the
+    /// bytes in place.
+    copied: Arc<AtomicU64>,
 }
 
 impl Default for ProtectionDomain {
@@ -339,7 +539,16 @@ impl ProtectionDomain {
         Self {
             id,
             table: Arc::new(Mutex::new(MemoryTable::new())),
+            pinning: Pinning::Required,
+            copied: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// This handle with registrations that lock their pages as `pinning` says (the default is
+    /// [`Pinning::Required`]). The domain itself is the same.
+    pub fn with_pinning(mut self, pinning: Pinning) -> Self {
+        self.pinning = pinning;
+        self
     }
 
     /// The domain's identifier.
@@ -347,10 +556,60 @@ impl ProtectionDomain {
         self.id
     }
 
-    /// Allocates and registers `len` bytes of pinned memory with the given access rights.
-    /// The region's tagged offset base (TO) is its virtual address, as with verbs.
+    /// Octets copied so far by [`MemoryRegion::read`] and [`MemoryRegion::write`] on this
+    /// domain's regions (transfers that place and send in place leave it unchanged).
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    /// Allocates and registers `len` zeroed bytes with the given access rights: an anonymous
+    /// mapping of its own, page-aligned (2 MiB-aligned from 2 MiB up, advised
+    /// `MADV_HUGEPAGE`), locked per [`ProtectionDomain::with_pinning`]. The region's tagged
+    /// offset base (TO) is its virtual address, as with verbs.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, DatapathError> {
-        let buf = Arc::new(PinnedBuffer::new(len)?);
+        self.register_pinned(PinnedBuffer::allocate(len, self.pinning)?, access)
+    }
+
+    /// Registers the application's own buffer (`ibv_reg_mr` on memory the region then owns):
+    /// a `Vec<u8>`, a `Box<[u8]>`, a `memmap2::MmapMut` of a file or of huge pages, ... The
+    /// engine places into these very bytes and transmits from them, with no copy; reach them
+    /// with [`MemoryRegion::as_ptr`] and the slice accessors. [`MemoryRegion::into_buffer`]
+    /// deregisters and hands the buffer back. The TO base is the bytes' virtual address.
+    pub fn register_buffer<S: RegionStorage>(
+        &self,
+        buffer: S,
+        access: Access,
+    ) -> Result<MemoryRegion, DatapathError> {
+        self.register_pinned(PinnedBuffer::from_storage(buffer, self.pinning)?, access)
+    }
+
+    /// Registers `len` bytes of the application's memory at `addr` (`ibv_reg_mr(pd, addr, len,
+    /// access)`). The TO base is `addr`.
+    ///
+    /// # Safety
+    /// `addr` must be valid for reads and writes of `len` bytes until the region is dropped and
+    /// the transports are done with it: dropping a region deregisters it at once, but a queue
+    /// pair that still holds a transfer from it (a Read Response being retransmitted) keeps
+    /// using the bytes until that transfer ends, so free the memory only after the queue pairs
+    /// that used the region have completed their work or been disconnected. Nothing else may
+    /// free or unmap the memory meanwhile.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, DatapathError> {
+        // SAFETY: the caller's promise, passed on.
+        let buf = unsafe { PinnedBuffer::from_raw(addr, len, self.pinning)? };
+        self.register_pinned(buf, access)
+    }
+
+    fn register_pinned(
+        &self,
+        buf: PinnedBuffer,
+        access: Access,
+    ) -> Result<MemoryRegion, DatapathError> {
+        let buf = Arc::new(buf);
         let base_to = buf.addr();
         let stag =
             lock_table(&self.table).register(self.id, RegionMemory(buf.clone()), base_to, access);
@@ -363,7 +622,22 @@ impl ProtectionDomain {
     }
 }
 
-/// A registered memory region: pinned bytes named by an [`Stag`]. Dropping it deregisters it.
+/// How long [`MemoryRegion::into_buffer`] waits for a transport to let go of the bytes.
+const HAND_BACK_WAIT: Duration = Duration::from_secs(1);
+
+/// A registered memory region (`ibv_mr`): bytes named by an [`Stag`]. Dropping it deregisters
+/// it.
+///
+/// **Access to the bytes.** The engine writes into a region when a peer's Write, a Read
+/// Response or a Send lands in it, and reads it to transmit, at times the application does not
+/// see. As with any RDMA memory, the application must not touch bytes that a posted work
+/// request uses until it completes, nor bytes a peer may write (a region with
+/// [`Access::REMOTE_WRITE`] advertised to it) unless its own protocol says the peer is done.
+/// [`MemoryRegion::read`] and [`MemoryRegion::write`] copy and are always safe;
+/// [`MemoryRegion::as_ptr`] gives the address for the application's own access;
+/// [`MemoryRegion::as_slice`] and [`MemoryRegion::as_mut_slice`] are `unsafe` because Rust
+/// requires that nothing writes the bytes behind a `&[u8]` (nor touches those behind a
+/// `&mut [u8]`) while it lives, which only the application's protocol can guarantee.
 pub struct MemoryRegion {
     stag: Stag,
     buf: Arc<PinnedBuffer>,
@@ -388,7 +662,7 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
-    /// Access rights granted at registration.
+    /// Access rights granted at registration (or at the last re-registration).
     pub fn access(&self) -> Access {
         self.access
     }
@@ -396,12 +670,47 @@ impl MemoryRegion {
     pub fn is_pinned(&self) -> bool {
         self.buf.is_locked()
     }
-    /// Copies bytes out of the region (bounds-checked; short reads past the end).
+    /// The address of the first byte: the application's own access to the bytes the engine
+    /// places into and sends from (see the type's documentation for when that is allowed).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.buf.as_ptr()
+    }
+    /// The region's bytes as a slice, without a copy.
+    ///
+    /// # Safety
+    /// While the slice lives nothing may write the bytes: no posted receive, Read sink or
+    /// Write/Read Response from the peer may land in them (see the type's documentation).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        fence(Ordering::Acquire);
+        // SAFETY: the pointer and length describe the region's memory, valid while `self`
+        // lives; the caller guarantees nothing writes it while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.buf.len()) }
+    }
+    /// The region's bytes as a mutable slice, without a copy.
+    ///
+    /// # Safety
+    /// While the slice lives nothing else may read or write the bytes: no work request of the
+    /// application's that uses them may be outstanding, no peer may write them, and no other
+    /// slice of them may exist.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, and the caller guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.buf.len()) }
+    }
+    /// Copies bytes out of the region (bounds-checked; short reads past the end). Counted in
+    /// [`ProtectionDomain::copied_bytes`].
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.pd
+            .copied
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
         self.buf.read_at(offset, dst)
     }
-    /// Copies bytes into the region (bounds-checked; bytes past the end are dropped).
+    /// Copies bytes into the region (bounds-checked; bytes past the end are dropped). Counted
+    /// in [`ProtectionDomain::copied_bytes`].
     pub fn write(&self, offset: usize, src: &[u8]) {
+        self.pd
+            .copied
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
         self.buf.write_at(offset, src)
     }
     /// Volatile read of one byte, for polling memory the peer writes.
@@ -415,6 +724,61 @@ impl MemoryRegion {
             to: self.base_to().wrapping_add(offset as u64),
             len,
         }
+    }
+
+    /// Re-registers the region under a new STag key (RFC 5042 5.2; `ibv_rereg_mr` with new
+    /// access): the old STag stops working at once (locally and for the peer), an invalidated
+    /// region becomes valid again, and the rights become `access` (narrowed or widened). The
+    /// new STag is returned and from then on given by [`MemoryRegion::stag`].
+    pub fn reregister(&mut self, access: Access) -> Result<Stag, DatapathError> {
+        let stag = lock_table(&self.pd.table)
+            .reregister(self.stag, self.pd.id, self.base_to(), access)
+            .map_err(|_| DatapathError::InvalidArgument("the region is no longer registered"))?;
+        self.stag = stag;
+        self.access = access;
+        Ok(stag)
+    }
+
+    /// Invalidates the region's STag locally (verbs' Local Invalidate, RFC 5040 5.3's
+    /// invalidation done by the owner): every access through it fails from now on until
+    /// [`MemoryRegion::reregister`] gives it a new key. Fails if it is invalid already.
+    pub fn invalidate(&self) -> Result<(), DatapathError> {
+        lock_table(&self.pd.table)
+            .invalidate(self.stag, self.pd.id)
+            .map_err(|_| DatapathError::InvalidArgument("the STag is not valid"))
+    }
+
+    /// Whether the STag is valid (registered with its current key and not invalidated).
+    pub fn is_valid(&self) -> bool {
+        lock_table(&self.pd.table)
+            .info(self.stag)
+            .is_some_and(|i| i.valid)
+    }
+
+    /// Deregisters the region and hands back the buffer given to
+    /// [`ProtectionDomain::register_buffer`] (as type `S`). A transport may still hold the
+    /// bytes for a transfer in flight: this waits up to a second for it to let go, then fails
+    /// with [`DatapathError::RegionInUse`] (the buffer is then freed when the transport lets
+    /// go). Fails with [`DatapathError::InvalidArgument`] for a region of another kind or type
+    /// (the buffer is dropped).
+    pub fn into_buffer<S: RegionStorage>(self) -> Result<S, DatapathError> {
+        let mut buf = self.buf.clone();
+        // Deregisters: the transports reach the bytes only through `Arc` clones from now on.
+        drop(self);
+        let deadline = Instant::now() + HAND_BACK_WAIT;
+        let pinned = loop {
+            match Arc::try_unwrap(buf) {
+                Ok(p) => break p,
+                Err(b) if Instant::now() < deadline => {
+                    buf = b;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(_) => return Err(DatapathError::RegionInUse),
+            }
+        };
+        pinned.into_storage().ok_or(DatapathError::InvalidArgument(
+            "the region does not own a buffer of that type",
+        ))
     }
 }
 
@@ -489,6 +853,146 @@ mod tests {
         let mut out = [9u8; 3];
         b.read_at(HUGE_PAGE - 1, &mut out);
         assert_eq!(out, [0, 1, 0], "zeroed apart from what was written");
+    }
+
+    #[test]
+    fn an_application_buffer_is_registered_in_place_and_handed_back() {
+        let pd = ProtectionDomain::new().with_pinning(Pinning::BestEffort);
+        let mut v = vec![0u8; 10_000];
+        v[9_999] = 5;
+        let addr = v.as_ptr() as u64;
+        let mr = pd.register_buffer(v, Access::LOCAL_WRITE).unwrap();
+        assert_eq!((mr.base_to(), mr.len()), (addr, 10_000), "the very bytes");
+        // SAFETY: nothing else uses the region in this test.
+        unsafe { mr.as_mut_slice()[1] = 7 };
+        // SAFETY: as above.
+        assert_eq!(unsafe { mr.as_slice() }[9_999], 5);
+        assert_eq!(pd.copied_bytes(), 0);
+        let mut one = [0u8; 1];
+        mr.read(1, &mut one);
+        assert_eq!((one, pd.copied_bytes()), ([7], 1));
+        let stag = mr.stag();
+        let v: Vec<u8> = mr.into_buffer().unwrap();
+        assert_eq!((v.as_ptr() as u64, v[1], v.len()), (addr, 7, 10_000));
+        assert!(lock_table(&pd.table).info(stag).is_none(), "deregistered");
+
+        // A Box<[u8]>, asked back as the wrong type: refused, not misread.
+        let mr = pd
+            .register_buffer(vec![1u8; 64].into_boxed_slice(), Access::NONE)
+            .unwrap();
+        assert!(matches!(
+            mr.into_buffer::<Vec<u8>>(),
+            Err(DatapathError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn raw_registration_reregistration_and_invalidation() {
+        let pd = ProtectionDomain::new().with_pinning(Pinning::BestEffort);
+        let mut mem = vec![3u8; 8192];
+        // SAFETY: `mem` outlives the region (dropped at the end of this test, after `mr`).
+        let mut mr =
+            unsafe { pd.register_raw(mem.as_mut_ptr(), mem.len(), Access::REMOTE_WRITE) }.unwrap();
+        assert_eq!(mr.base_to(), mem.as_ptr() as u64);
+        let old = mr.stag();
+        let t = |stag, need| {
+            lock_table(&pd.table)
+                .validate(stag, pd.id, need, mem.as_ptr() as u64, 8)
+                .map(|_| ())
+        };
+        assert_eq!(t(old, Access::REMOTE_WRITE), Ok(()));
+        mr.invalidate().unwrap();
+        assert!(!mr.is_valid());
+        assert!(mr.invalidate().is_err(), "invalid already");
+        assert!(t(old, Access::NONE).is_err());
+        let new = mr.reregister(Access::REMOTE_READ).unwrap();
+        assert_ne!(new, old);
+        assert_eq!(mr.stag(), new);
+        assert!(mr.is_valid());
+        assert!(t(old, Access::NONE).is_err(), "the old key stays dead");
+        assert_eq!(t(new, Access::REMOTE_READ), Ok(()));
+        assert!(t(new, Access::REMOTE_WRITE).is_err(), "rights narrowed");
+        drop(mr);
+        assert_eq!(mem[0], 3);
+    }
+
+    /// `mlock` refused (no `CAP_IPC_LOCK` on this thread and a tiny `RLIMIT_MEMLOCK`):
+    /// required pinning fails with an error that names the limit; best effort goes on.
+    #[test]
+    fn a_refused_mlock_names_rlimit_memlock() {
+        std::thread::spawn(|| {
+            drop_ipc_lock_capability();
+            let mut old = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit/setrlimit on locals. The limit is the process's; the other
+            // tests' threads keep CAP_IPC_LOCK (capabilities are per thread) or pin best effort.
+            unsafe {
+                libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old);
+                let low = libc::rlimit {
+                    rlim_cur: 4096,
+                    rlim_max: old.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_MEMLOCK, &low);
+            }
+            let pd = ProtectionDomain::new();
+            let res = pd.register(1 << 20, Access::NONE);
+            let best = pd
+                .clone()
+                .with_pinning(Pinning::BestEffort)
+                .register(1 << 20, Access::NONE);
+            // SAFETY: restores the limit read above.
+            unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) };
+            match res {
+                Err(e @ DatapathError::PinFailed { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains("RLIMIT_MEMLOCK"), "{text}");
+                    assert!(text.contains("ulimit -l"), "{text}");
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("mlock of 1 MiB succeeded under a 4 KiB limit"),
+            }
+            assert!(!best.unwrap().is_pinned());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Clears `CAP_IPC_LOCK` from the calling thread's effective capabilities (raw `capset`,
+    /// which changes only the calling thread).
+    fn drop_ipc_lock_capability() {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        const CAP_IPC_LOCK: u32 = 14;
+        let mut header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let mut data = [Data::default(); 2];
+        // SAFETY: capget/capset with a version-3 header and two data words on our stack.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()),
+                0
+            );
+            data[0].effective &= !(1 << CAP_IPC_LOCK);
+            assert_eq!(
+                libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()),
+                0
+            );
+        }
     }
 
     #[test]

@@ -19,9 +19,9 @@ use mpa::{FpduDecoder, FpduEncoder, InitiatorEvent, MpaConfig, Negotiated, Reque
 use rdmap::{QpConfig, QpState, RecvWr, SendOp, SendWr, TerminateCause, TerminateInfo};
 use rdmap::{WcOpcode, WcStatus, WorkCompletion};
 
-use crate::cq::{Completion, CompletionQueue};
+use crate::cq::{Completion, CompletionQueue, CqSink};
 use crate::memory::{lock_table, ProtectionDomain, SharedTable};
-use crate::DatapathError;
+use crate::{DatapathError, QpError};
 
 /// Parameters of a connection: MPA negotiation and queue sizes.
 #[derive(Debug, Clone)]
@@ -54,9 +54,10 @@ pub struct QpStatus {
     pub state: QpState,
     /// The Terminate the peer sent us, if any.
     pub remote_terminate: Option<TerminateInfo>,
-    /// The error that ended the connection locally, if any (a Terminate we sent, an MPA error,
-    /// or a transport error), as text for diagnostics.
-    pub local_error: Option<String>,
+    /// What ended the connection, if anything has: the first cause seen (an MPA error, a
+    /// Terminate we sent or received, the peer's close or reset, a timeout, a transport
+    /// failure).
+    pub error: Option<QpError>,
     /// The Terminate we sent (or queued), if any.
     pub sent_terminate: Option<TerminateInfo>,
     /// The engine thread has stopped and the socket is closed.
@@ -81,7 +82,7 @@ impl Shared {
             status: Mutex::new(QpStatus {
                 state,
                 remote_terminate: None,
-                local_error: None,
+                error: None,
                 sent_terminate: None,
                 finished: false,
             }),
@@ -90,6 +91,34 @@ impl Shared {
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpStatus> {
         self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records what ended the connection, unless a cause is known already.
+    pub(crate) fn set_error(&self, error: QpError) {
+        let mut st = self.lock();
+        if st.error.is_none() {
+            st.error = Some(error);
+        }
+    }
+
+    /// Publishes the queue pair's state and Terminates; a Terminate is the cause if none is
+    /// known yet.
+    pub(crate) fn publish(
+        &self,
+        state: QpState,
+        remote: Option<TerminateInfo>,
+        sent: Option<TerminateInfo>,
+    ) -> std::sync::MutexGuard<'_, QpStatus> {
+        let mut st = self.lock();
+        st.state = state;
+        st.remote_terminate = remote;
+        st.sent_terminate = sent;
+        if st.error.is_none() {
+            st.error = remote
+                .map(QpError::RemoteTerminate)
+                .or(sent.map(QpError::LocalTerminate));
+        }
+        st
     }
 }
 
@@ -641,7 +670,7 @@ fn start_engine(
         may_send: initiator || !negotiated.responder_waits_for_fpdu,
         qp,
         table: pd.table.clone(),
-        cq: cq.tx.clone(),
+        cq: cq.sink(),
         num,
         shared: shared.clone(),
         tx: Vec::with_capacity(TX_HIGH + 70_000),
@@ -694,7 +723,7 @@ struct Engine {
     decoder: FpduDecoder,
     /// RFC 5044 7.1.2: the Responder sends nothing before it has received a valid FPDU.
     may_send: bool,
-    cq: Sender<Completion>,
+    cq: CqSink,
     num: u32,
     shared: Arc<Shared>,
     tx: Vec<u8>,
@@ -735,11 +764,8 @@ impl Engine {
         st.finished = true;
     }
 
-    fn set_error(&self, text: String) {
-        let mut st = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        if st.local_error.is_none() {
-            st.local_error = Some(text);
-        }
+    fn set_error(&self, error: QpError) {
+        self.shared.set_error(error);
     }
 
     fn handle_commands(&mut self) -> bool {
@@ -785,7 +811,7 @@ impl Engine {
     }
 
     fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
-        let _ = self.cq.send(Completion {
+        self.cq.push(Completion {
             qp_num: self.num,
             wc: WorkCompletion {
                 wr_id,
@@ -809,7 +835,7 @@ impl Engine {
                 Ok(0) => {
                     self.rx_closed = true;
                     if !self.closing && self.qp.state() != QpState::Error {
-                        self.set_error("connection closed by peer".into());
+                        self.set_error(QpError::PeerClosed);
                     }
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     progress = true;
@@ -826,7 +852,7 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.rx_closed = true;
-                    self.set_error(format!("receive failed: {e}"));
+                    self.set_error(QpError::from_io(&e));
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     progress = true;
                     break;
@@ -853,13 +879,16 @@ impl Engine {
         if got_fpdu {
             self.may_send = true;
         }
-        if let Some(e) = first_error {
-            self.set_error(format!("{e}"));
+        if first_error.is_some() {
+            // The queue pair queued its Terminate: the cause is that Terminate.
+            if let Some(t) = self.qp.local_terminate() {
+                self.set_error(QpError::LocalTerminate(t));
+            }
         }
         if let Err(e) = res {
             // RFC 5044 8: deliver nothing more; RFC 5040 7.1: report it with a Terminate
             // (layer MPA). The connection, not the process, ends.
-            self.set_error(format!("MPA: {e}"));
+            self.set_error(QpError::Mpa(e.clone()));
             let cause = if self.may_send {
                 TerminateCause::Llp { code: e.code() }
             } else {
@@ -886,9 +915,9 @@ impl Engine {
                     break;
                 }
                 progress = true;
-                if let Err(e) = self.encoder.encode(&self.ulpdu, &mut self.tx) {
+                if self.encoder.encode(&self.ulpdu, &mut self.tx).is_err() {
                     // Only a ULPDU above MPA's 65535-octet limit fails here: a local bug.
-                    self.set_error(format!("MPA encode: {e}"));
+                    self.set_error(QpError::Local("a ULPDU too long for MPA"));
                     self.qp
                         .on_transport_error(TerminateCause::LocalCatastrophic);
                     break;
@@ -906,7 +935,7 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.tx_failed = true;
-                    self.set_error(format!("send failed: {e}"));
+                    self.set_error(QpError::from_io(&e));
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     progress = true;
                 }
@@ -926,7 +955,7 @@ impl Engine {
         let mut progress = false;
         while let Some(wc) = self.qp.poll_completion() {
             progress = true;
-            let _ = self.cq.send(Completion {
+            self.cq.push(Completion {
                 qp_num: self.num,
                 wc,
             });
@@ -940,10 +969,10 @@ impl Engine {
             return;
         }
         self.last_state = Some(state);
-        let mut st = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        st.state = state;
-        st.remote_terminate = self.qp.remote_terminate();
-        st.sent_terminate = self.qp.local_terminate();
+        drop(
+            self.shared
+                .publish(state, self.qp.remote_terminate(), self.qp.local_terminate()),
+        );
     }
 
     fn tx_idle(&self) -> bool {

@@ -13,10 +13,11 @@ mod common;
 
 use common::*;
 use datapath::{
-    Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpState, RecvWr,
-    SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpError, QpState,
+    RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
+use mpa::MpaError;
 use rdmap::wire::{layer, rdmap_etype};
 use rdmap::ReadRequest;
 
@@ -225,8 +226,11 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     let ss = s.qp.status();
     assert_eq!(ss.sent_terminate, Some(term));
     assert_eq!(ss.remote_terminate, None);
-    let err = ss.local_error.expect("server reported no error");
-    assert!(err.contains("CRC"), "{err}");
+    let err = ss.error.expect("server reported no error");
+    assert!(
+        matches!(err, QpError::Mpa(MpaError::CrcMismatch { .. })),
+        "{err:?}"
+    );
 
     // Nothing of the corrupted FPDU (nor of the FPDU after it) was placed.
     assert_bytes_eq(
@@ -306,7 +310,7 @@ fn corrupted_fpdu_without_crc_is_placed_as_received() {
     assert_eq!(want[i], original);
     want[i] = now;
     assert_bytes_eq(&region_bytes(&target, 0, LEN), &want, "target region");
-    assert_eq!(s.qp.status().local_error, None);
+    assert_eq!(s.qp.status().error, None);
     assert_eq!(c.qp.status().state, QpState::Rts);
 }
 
@@ -356,11 +360,18 @@ fn corrupted_first_fpdu_closes_without_terminate() {
     assert!(relay.corrupted().is_some());
     let ss = s.qp.status();
     assert_eq!((ss.sent_terminate, ss.remote_terminate), (None, None));
-    let err = ss.local_error.expect("server reported no error");
-    assert!(err.contains("CRC"), "{err}");
+    let err = ss.error.expect("server reported no error");
+    assert!(
+        matches!(err, QpError::Mpa(MpaError::CrcMismatch { .. })),
+        "{err:?}"
+    );
     let cs = c.qp.status();
     assert_eq!((cs.remote_terminate, cs.sent_terminate), (None, None));
-    assert!(cs.local_error.is_some());
+    assert!(
+        matches!(cs.error, Some(QpError::PeerClosed | QpError::PeerReset)),
+        "{:?}",
+        cs.error
+    );
     assert_eq!(region_bytes(&target, 0, LEN), vec![0; LEN]);
     expect_wc(&client.cq, 20, WcOpcode::Recv, WcStatus::WrFlushError);
     expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::WrFlushError);
@@ -482,7 +493,8 @@ impl AccessRig {
         assert_eq!((term.layer, term.etype, term.code), want, "{term:?}");
         assert_eq!(ss.sent_terminate, Some(term));
         assert_eq!((cs.sent_terminate, ss.remote_terminate), (None, None));
-        assert!(ss.local_error.is_some());
+        assert_eq!(ss.error, Some(QpError::LocalTerminate(term)));
+        assert_eq!(cs.error, Some(QpError::RemoteTerminate(term)));
         for mr in [&self.target, &self.readable, &self.private] {
             assert_bytes_eq(&region_bytes(mr, 0, REGION), &self.before, "server memory");
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use datapath::{
-    Access, DatapathError, Listener, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, DatapathError, Listener, QpError, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 /// Every size of [`full_sizes`] (1 B to 16 MiB, MULPDU +- 1, segment payload boundaries) with
@@ -593,7 +593,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     assert!(st.finished);
     assert_eq!(st.state, QpState::Closing);
     assert_eq!(
-        (st.local_error, st.remote_terminate, st.sent_terminate),
+        (st.error, st.remote_terminate, st.sent_terminate),
         (None, None, None)
     );
     assert!(matches!(
@@ -609,7 +609,11 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     let st = s.qp.status();
     assert_eq!(st.state, QpState::Error);
     assert_eq!((st.remote_terminate, st.sent_terminate), (None, None));
-    assert!(st.local_error.is_some());
+    assert!(
+        matches!(st.error, Some(QpError::PeerClosed | QpError::PeerReset)),
+        "{:?}",
+        st.error
+    );
     expect_wc(&server.cq, 101, WcOpcode::Recv, WcStatus::WrFlushError);
     assert_no_more(&server.cq);
 }

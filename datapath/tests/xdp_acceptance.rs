@@ -958,7 +958,7 @@ fn many_connections(server: &XdpEngine, client: Stack<'_>, port: u16) {
                         if !st.finished
                             || st.sent_terminate.is_some()
                             || st.remote_terminate.is_some()
-                            || st.local_error.is_some()
+                            || st.error.is_some()
                         {
                             return Err(format!("client {i}: unclean close {st:?}"));
                         }

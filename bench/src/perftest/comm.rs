@@ -29,7 +29,7 @@ pub fn qp_state(qp: &QueuePair) -> String {
     if let Some(t) = st.sent_terminate {
         s += &format!("; we sent Terminate {t:?}");
     }
-    if let Some(e) = st.local_error {
+    if let Some(e) = st.error {
         s += &format!("; {e}");
     }
     if st.finished {
@@ -131,7 +131,7 @@ impl Qp {
     /// Fails unless the connection is still up (for spin loops that poll memory).
     pub fn check_alive(&self, step: &str) -> Result<(), PerftestError> {
         let st = self.qp.status();
-        if st.finished || st.remote_terminate.is_some() || st.local_error.is_some() {
+        if st.finished || st.remote_terminate.is_some() || st.error.is_some() {
             return Err(PerftestError::Closed {
                 step: step.to_string(),
                 state: qp_state(&self.qp),

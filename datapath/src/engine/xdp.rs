@@ -68,7 +68,7 @@ use rdmap::WorkCompletion;
 use rdmap::{MemoryTable, PdId, QpConfig, QpState, RecvWr, TerminateCause, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
-use crate::cq::{Completion, CompletionQueue};
+use crate::cq::{Completion, CompletionQueue, CqSink, EngineDriver};
 use crate::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
 use crate::memory::{lock_table, ProtectionDomain, RegionMemory, SharedTable};
 use crate::socket::{
@@ -79,7 +79,7 @@ use crate::xdp_tcp::{
     ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp, TcpConfig, XdpTcp,
     XdpTcpConfig, XdpTcpError, XdpTcpStats,
 };
-use crate::DatapathError;
+use crate::{DatapathError, QpError};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -204,6 +204,15 @@ impl Wake {
         if self.state.load(Ordering::SeqCst) == PARKED {
             let _ = self.wake_now();
         }
+    }
+}
+
+impl EngineDriver for Wake {
+    fn drive(&self) -> bool {
+        Wake::drive(self)
+    }
+    fn before_wait(&self) {
+        Wake::before_wait(self)
     }
 }
 
@@ -405,7 +414,7 @@ enum EngineCmd {
     Connect {
         addr: SocketAddrV4,
         pd: ProtectionDomain,
-        cq: Sender<Completion>,
+        cq: CqSink,
         params: ConnectParams,
         private_data: Vec<u8>,
         reply: Reply<(QpParts, Vec<u8>)>,
@@ -413,7 +422,7 @@ enum EngineCmd {
     Accept {
         id: ConnId,
         pd: ProtectionDomain,
-        cq: Sender<Completion>,
+        cq: CqSink,
         private_data: Vec<u8>,
         recvs: Vec<RecvWr>,
         params: ConnectParams,
@@ -512,12 +521,12 @@ impl PendingRequest {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
-        cq.attach(&self.handle.wake);
+        cq.attach(self.handle.wake.clone());
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = EngineCmd::Accept {
             id: self.id,
             pd: pd.clone(),
-            cq: cq.tx.clone(),
+            cq: cq.sink(),
             private_data: private_data.to_vec(),
             recvs,
             params: params.clone(),
@@ -765,12 +774,12 @@ impl XdpEngine {
             .get(n)
             .ok_or(DatapathError::Disconnected)?
             .handle;
-        cq.attach(&handle.wake);
+        cq.attach(handle.wake.clone());
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = EngineCmd::Connect {
             addr,
             pd: pd.clone(),
-            cq: cq.tx.clone(),
+            cq: cq.sink(),
             params: params.clone(),
             private_data: private_data.to_vec(),
             reply: tx,
@@ -844,7 +853,7 @@ struct Slot {
     local_port: u16,
     peer: SocketAddr,
     cmds: Option<Receiver<Cmd>>,
-    cq: Option<Sender<Completion>>,
+    cq: Option<CqSink>,
     shared: Arc<Shared>,
     waiter: Waiter,
     closing: bool,
@@ -869,11 +878,8 @@ impl Slot {
         }
     }
 
-    fn set_error(&self, text: String) {
-        let mut st = self.shared.lock();
-        if st.local_error.is_none() {
-            st.local_error = Some(text);
-        }
+    fn set_error(&self, error: QpError) {
+        self.shared.set_error(error);
     }
 
     fn fail_waiter(&mut self, e: DatapathError) {
@@ -890,7 +896,7 @@ impl Slot {
 
     fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
         if let Some(cq) = &self.cq {
-            let _ = cq.send(Completion {
+            cq.push(Completion {
                 qp_num: self.num,
                 wc: WorkCompletion {
                     wr_id,
@@ -909,7 +915,7 @@ impl Slot {
         while let Some(wc) = self.conn.qp_mut().poll_completion() {
             any = true;
             if let Some(cq) = &self.cq {
-                let _ = cq.send(Completion {
+                cq.push(Completion {
                     qp_num: self.num,
                     wc,
                 });
@@ -924,21 +930,21 @@ impl Slot {
             return;
         }
         self.last_state = Some(state);
-        let mut st = self.shared.lock();
-        st.state = state;
-        st.remote_terminate = self.conn.qp().remote_terminate();
-        st.sent_terminate = self.conn.qp().local_terminate();
+        let qp = self.conn.qp();
+        let mut st = self
+            .shared
+            .publish(state, qp.remote_terminate(), qp.local_terminate());
         st.finished |= finished;
     }
 
     /// The connection is over: the queue pair flushed, completions out, status final.
-    fn finish(&mut self, why: &str) {
+    fn finish(&mut self, why: QpError) {
         self.conn
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
         self.deliver_completions();
         if !self.closing {
-            self.set_error(why.to_owned());
+            self.set_error(why);
         }
         self.fail_waiter(DatapathError::Disconnected);
         self.publish(true);
@@ -1258,22 +1264,20 @@ impl TcpApp for App<'_, '_> {
                     slot.fail_waiter(DatapathError::Rejected { private_data });
                 }
                 ConnEvent::StartupFailed(e) => {
-                    slot.set_error(format!("MPA startup: {e}"));
+                    slot.set_error(QpError::Startup(e.clone()));
                     slot.fail_waiter(DatapathError::Mpa(e));
                 }
                 ConnEvent::ConnectionRefused => {
-                    slot.set_error("connection refused (TCP reset before established)".into());
+                    slot.set_error(QpError::Refused);
                     slot.fail_waiter(DatapathError::Io(std::io::Error::from(
                         std::io::ErrorKind::ConnectionRefused,
                     )));
                 }
-                ConnEvent::MpaFailed(e) => slot.set_error(format!("MPA: {e}")),
-                ConnEvent::TransmitSourceFailed(e) => {
-                    slot.set_error(format!("transmit source gone, connection reset: {e}"))
-                }
+                ConnEvent::MpaFailed(e) => slot.set_error(QpError::Mpa(e)),
+                ConnEvent::TransmitSourceFailed(_) => slot.set_error(QpError::TransmitSourceFailed),
                 ConnEvent::TransportClosed(how) => {
                     if !slot.closing {
-                        slot.set_error(transport_closed_reason(how).into());
+                        slot.set_error(transport_closed_error(how));
                     }
                     slot.fail_waiter(DatapathError::Disconnected);
                 }
@@ -1327,7 +1331,7 @@ impl TcpApp for App<'_, '_> {
     fn on_closed(&mut self, id: ConnId, _tcp: TcpConnection) {
         self.st.early.remove(&id);
         if let Some(mut slot) = self.st.slots.remove(&id) {
-            slot.finish("connection closed");
+            slot.finish(QpError::PeerClosed);
             add_counters(&mut self.st.ended, &slot.conn.counters());
             self.st.ended_conns += 1;
             self.st.progress = true;
@@ -1336,14 +1340,14 @@ impl TcpApp for App<'_, '_> {
 }
 
 /// The queue pair's error text for a TCP connection that ended under it.
-fn transport_closed_reason(how: tcp_engine::Event) -> &'static str {
+/// What a TCP connection's end means to the queue pair on it.
+fn transport_closed_error(how: tcp_engine::Event) -> QpError {
     use tcp_engine::Event as E;
     match how {
-        E::PeerClosed => "connection closed by peer",
-        E::Reset => "connection reset by peer",
-        E::TimedOut => "connection timed out (retransmissions unanswered)",
-        E::SourceFailed => "connection reset (transmit source failed)",
-        E::Closed | E::Connected | E::EmssChanged(_) => "connection closed",
+        E::PeerClosed | E::Closed | E::Connected | E::EmssChanged(_) => QpError::PeerClosed,
+        E::Reset => QpError::PeerReset,
+        E::TimedOut => QpError::TimedOut,
+        E::SourceFailed => QpError::TransmitSourceFailed,
     }
 }
 
@@ -1540,7 +1544,7 @@ impl Engine {
                 error = t.failed.take();
             }
             for (_, mut slot) in t.st.slots.drain() {
-                slot.finish("the AF_XDP engine stopped");
+                slot.finish(QpError::EngineStopped);
                 add_counters(&mut t.st.ended, &slot.conn.counters());
             }
             self.publish(&t, error, p.idle_ns);

@@ -647,8 +647,8 @@ pub fn verified_transfers(
         server_mulpdu,
         sizes: moved,
     };
-    assert_eq!(c.qp.status().local_error, None);
-    assert_eq!(s.qp.status().local_error, None);
+    assert_eq!(c.qp.status().error, None);
+    assert_eq!(s.qp.status().error, None);
     c.qp.disconnect();
     assert!(s.qp.wait_finished(WAIT), "server QP did not end");
     assert_no_more(&client.cq);

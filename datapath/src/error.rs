@@ -1,0 +1,123 @@
+//! The errors the application sees: [`DatapathError`] for calls that fail, and [`QpError`], the
+//! cause that ended a queue pair's connection (in [`crate::QpStatus::error`]). Both are typed all
+//! the way up: an application matches variants, never text.
+
+use std::io;
+
+use rdmap::TerminateInfo;
+
+/// Errors of the I/O layer: connection setup, the transport, and local API misuse.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// A socket operation failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// MPA connection setup failed (the code is the RFC 5044 8 MPA error code).
+    #[error("MPA error (code {code}): {0}", code = .0.code())]
+    Mpa(#[from] mpa::MpaError),
+    /// The responder rejected the connection (MPA Reply with R=1), with its private data.
+    #[error("connection rejected by peer ({} bytes of private data)", .private_data.len())]
+    Rejected {
+        /// Private data from the Reply.
+        private_data: Vec<u8>,
+    },
+    /// A local argument was invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// Memory for a region could not be allocated.
+    #[error("could not allocate {0} bytes")]
+    OutOfMemory(usize),
+    /// A region's memory could not be locked into RAM (`mlock`), which registration asks for
+    /// unless the protection domain allows unpinned memory
+    /// ([`crate::ProtectionDomain::with_pinning`]).
+    #[error(
+        "cannot pin {len} bytes with mlock: {source}; RLIMIT_MEMLOCK allows {limit} \
+         (raise it with `ulimit -l unlimited`, `LimitMEMLOCK=infinity` in a systemd unit, \
+         a memlock line in /etc/security/limits.conf, or run with CAP_IPC_LOCK)"
+    )]
+    PinFailed {
+        /// Octets that were to be locked.
+        len: usize,
+        /// The soft `RLIMIT_MEMLOCK` in force, as text (`unlimited` or a byte count).
+        limit: String,
+        /// What `mlock` said.
+        source: io::Error,
+    },
+    /// A memory region is still used by a transfer, so its memory cannot be handed back yet.
+    #[error("memory region still in use by the transport")]
+    RegionInUse,
+    /// The queue pair's engine has stopped (connection closed or in error).
+    #[error("queue pair is no longer connected")]
+    Disconnected,
+    /// Connection setup did not finish in time.
+    #[error("timed out during {0}")]
+    Timeout(&'static str),
+    /// The AF_XDP engine's driver failed (interface, XDP, AF_XDP, port, route).
+    #[error("AF_XDP engine: {0}")]
+    Xdp(#[from] crate::xdp_tcp::XdpTcpError),
+}
+
+/// Why a queue pair's connection ended: the first cause seen, kept in
+/// [`crate::QpStatus::error`]. The Terminates themselves (with every field) are in
+/// [`crate::QpStatus::sent_terminate`] and [`crate::QpStatus::remote_terminate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QpError {
+    /// MPA startup (the Request/Reply exchange, RFC 5044 7.1) failed after the queue pair
+    /// existed.
+    #[error("MPA startup failed (MPA code {code}): {0}", code = .0.code())]
+    Startup(mpa::MpaError),
+    /// An MPA error in the peer's FPDU stream (RFC 5044 8: CRC, Marker, framing): nothing more
+    /// was delivered and, where the peer may be sent one, a Terminate of layer LLP with
+    /// [`mpa::MpaError::code`] went out.
+    #[error("MPA error (code {code}): {0}", code = .0.code())]
+    Mpa(mpa::MpaError),
+    /// We found an error in the peer's traffic (DDP or RDMAP, RFC 5040 7) and sent this
+    /// Terminate.
+    #[error(
+        "we sent Terminate: layer {:#x}, type {:#x}, code {:#04x}",
+        .0.layer, .0.etype, .0.code
+    )]
+    LocalTerminate(TerminateInfo),
+    /// The peer sent this Terminate (RFC 5040 4.8).
+    #[error(
+        "peer sent Terminate: layer {:#x}, type {:#x}, code {:#04x}",
+        .0.layer, .0.etype, .0.code
+    )]
+    RemoteTerminate(TerminateInfo),
+    /// The peer closed the TCP connection (FIN) while the queue pair was in use.
+    #[error("connection closed by peer")]
+    PeerClosed,
+    /// The peer reset the TCP connection.
+    #[error("connection reset by peer")]
+    PeerReset,
+    /// TCP gave up: retransmissions went unanswered.
+    #[error("connection timed out (retransmissions unanswered)")]
+    TimedOut,
+    /// TCP was reset before it was established: nobody listens on the peer's port.
+    #[error("connection refused")]
+    Refused,
+    /// A socket operation of the socket transport failed.
+    #[error("transport failed: {0}")]
+    Transport(io::ErrorKind),
+    /// The octets of an FPDU TCP had to (re)transmit could not be produced (its source region
+    /// was deregistered or shrank): the connection was reset.
+    #[error("transmit source gone (region deregistered), connection reset")]
+    TransmitSourceFailed,
+    /// The AF_XDP engine running the queue pair stopped (or failed).
+    #[error("the AF_XDP engine stopped")]
+    EngineStopped,
+    /// A local failure that should not happen (a bug): the connection was ended.
+    #[error("local failure: {0}")]
+    Local(&'static str),
+}
+
+impl QpError {
+    /// The error a failed socket operation of the socket transport means.
+    pub(crate) fn from_io(e: &io::Error) -> QpError {
+        match e.kind() {
+            io::ErrorKind::ConnectionReset => QpError::PeerReset,
+            io::ErrorKind::TimedOut => QpError::TimedOut,
+            k => QpError::Transport(k),
+        }
+    }
+}
