@@ -12,6 +12,10 @@ scripts/install-deps.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== module import cycles (datapath, rdmap)"
+python3 scripts/check-module-cycles.py --self-test >/dev/null
+python3 scripts/check-module-cycles.py datapath rdmap
+
 echo "== cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

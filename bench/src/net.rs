@@ -1,36 +1,39 @@
 //! The transport under the rping- and perftest-compatible modes: the kernel socket transport,
-//! or our TCP over AF_XDP (`datapath::engine::XdpEngine`, root only), chosen per run.
+//! or our TCP over AF_XDP (`datapath::engine::XdpEngine`, root only), chosen per run and
+//! opened as a `datapath::Device`: the rest of the run uses only the API.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
-    CompletionQueue, ConnectParams, Connection, DatapathError, Listener, ProtectionDomain,
+    CompletionQueue, ConnectParams, Connection, DatapathError, Device, Listener, ProtectionDomain,
+    Transport as DeviceTransport,
 };
 
 use crate::engine_report::EngineReport;
 use crate::Transport;
 
-/// The chosen transport; holds the engine (which must outlive its queue pairs) for `xdp`.
+/// The chosen transport: a [`Device`] of the API (which holds the engine for `xdp`; it must
+/// outlive its queue pairs).
 pub struct Net {
-    engine: Option<XdpEngine>,
+    device: Device,
 }
 
 impl Net {
     /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`]; nothing for sockets.
     pub fn start(transport: Transport, iface: Option<&str>) -> Result<Self, String> {
-        let engine = match transport {
-            Transport::Socket => None,
+        let device = match transport {
+            Transport::Socket => Device::socket(),
             Transport::Xdp => {
                 let iface = iface.ok_or("--transport xdp needs --iface")?;
-                Some(
-                    XdpEngine::start(iface, XdpEngineConfig::default())
-                        .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?,
-                )
+                Device::open(DeviceTransport::Xdp {
+                    ifname: iface.to_owned(),
+                    config: Box::default(),
+                })
+                .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?
             }
         };
-        Ok(Self { engine })
+        Ok(Self { device })
     }
 
     /// Listens on `port`: on `bind` (socket transport) or the engine's interface address.
@@ -40,22 +43,15 @@ impl Net {
         port: u16,
         params: ConnectParams,
     ) -> Result<(Listener, SocketAddr), String> {
-        match &self.engine {
-            Some(e) => {
-                let addr = SocketAddr::from((e.local_ip(), port));
-                let l = e
-                    .listen(port, params)
-                    .map_err(|e| format!("listening on {addr} (AF_XDP engine): {e}"))?;
-                Ok((l, addr))
-            }
-            None => {
-                let addr: SocketAddr = format!("{bind}:{port}")
-                    .parse()
-                    .map_err(|e| format!("bad bind address {bind}: {e}"))?;
-                let l = Listener::bind(addr, params).map_err(|e| format!("bind {addr}: {e}"))?;
-                Ok((l, addr))
-            }
-        }
+        let ip = bind
+            .parse()
+            .map_err(|e| format!("bad bind address {bind}: {e}"))?;
+        let addr = self.device.listen_addr(ip, port);
+        let l = self
+            .device
+            .listen(addr, params)
+            .map_err(|e| format!("listening on {addr}: {e}"))?;
+        Ok((l, addr))
     }
 
     /// One connection attempt (the rdma_cm `connect` step).
@@ -67,10 +63,7 @@ impl Net {
         params: &ConnectParams,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        match &self.engine {
-            Some(e) => e.connect(addr, pd, cq, params, private_data),
-            None => datapath::connect(addr, pd, cq, params, private_data),
-        }
+        self.device.connect(addr, pd, cq, params, private_data)
     }
 
     /// Connects, retrying while nobody listens yet (connection refused or reset), for up to
@@ -100,9 +93,7 @@ impl Net {
 
     /// Stops the engine (if any) and returns its counters.
     pub fn finish(self) -> Option<EngineReport> {
-        let mut engine = self.engine?;
-        engine.stop();
-        Some(EngineReport::new(&engine.counters()))
+        Some(EngineReport::new(&self.device.close()?))
     }
 }
 

@@ -179,6 +179,7 @@ fn params(cli: &RpingCli) -> ConnectParams {
         sq_depth: 16,
         rq_depth: 16,
         setup_timeout: Duration::from_secs_f64(cli.timeout),
+        srq: None,
     }
 }
 
@@ -326,7 +327,7 @@ impl Peer {
                     solicited: false,
                     invalidate: None,
                 },
-                local: Some(self.ctrl.sge(off, INFO_LEN as u32)),
+                sg_list: self.ctrl.sge(off, INFO_LEN as u32).into(),
                 signaled: true,
             })
             .map_err(|e| format!("post send: {e}"))
@@ -421,7 +422,7 @@ impl Peer {
 fn recv_wr(ctrl: &MemoryRegion, slot: u64) -> RecvWr {
     RecvWr {
         wr_id: WR_RECV | slot,
-        sge: Some(ctrl.sge(slot as usize * INFO_LEN, INFO_LEN as u32)),
+        sg_list: ctrl.sge(slot as usize * INFO_LEN, INFO_LEN as u32).into(),
     }
 }
 
@@ -497,7 +498,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                     remote_stag: Stag(src.rkey),
                     remote_to: src.buf,
                 },
-                local: Some(data.sge(0, src.size)),
+                sg_list: data.sge(0, src.size).into(),
                 signaled: true,
             })
             .map_err(|e| format!("post RDMA Read: {e}"))?;
@@ -549,7 +550,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                     remote_stag: Stag(sink.rkey),
                     remote_to: sink.buf,
                 },
-                local: Some(data.sge(0, len)),
+                sg_list: data.sge(0, len).into(),
                 signaled: true,
             })
             .map_err(|e| format!("post RDMA Write: {e}"))?;

@@ -10,10 +10,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::engine::XdpEngineConfig;
 use datapath::{
-    connect, Access, Completion, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
-    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectParams, Device, MemoryRegion, MpaConfig,
+    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
+    Transport as DeviceTransport, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -163,7 +164,7 @@ impl Side {
                     solicited: false,
                     invalidate: None,
                 },
-                local: Some(self.ctrl.sge(off, CTRL_LEN as u32)),
+                sg_list: self.ctrl.sge(off, CTRL_LEN as u32).into(),
                 signaled: true,
             })
             .map_err(|e| e.to_string())
@@ -188,7 +189,7 @@ impl Side {
             .post_send(SendWr {
                 wr_id,
                 op,
-                local: Some(self.data.sge(offset as usize, len as u32)),
+                sg_list: self.data.sge(offset as usize, len as u32).into(),
                 signaled,
             })
             .map_err(|e| e.to_string())
@@ -206,7 +207,7 @@ impl Side {
                     solicited: false,
                     invalidate: None,
                 },
-                local: None,
+                sg_list: SgeList::new(),
                 signaled: true,
             })
             .map_err(|e| e.to_string())
@@ -320,9 +321,9 @@ fn describe(cli: &Cli, side: &Side) -> String {
 
 /// Runs the server side of one test session, then returns.
 /// The AF_XDP engine when `--transport xdp` (it must outlive the queue pair).
-fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
+fn open_device(cli: &Cli) -> Result<Device, String> {
     if cli.transport != Transport::Xdp {
-        return Ok(None);
+        return Ok(Device::socket());
     }
     let iface = cli
         .iface
@@ -353,17 +354,17 @@ fn start_engine(cli: &Cli) -> Result<Option<XdpEngine>, String> {
     if let Some(us) = cli.engine_park_max_us {
         cfg.park_max = std::time::Duration::from_micros(us);
     }
-    XdpEngine::start(iface, cfg)
-        .map(Some)
-        .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
+    Device::open(DeviceTransport::Xdp {
+        ifname: iface.to_owned(),
+        config: Box::new(cfg),
+    })
+    .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
 }
 
 /// Stops the engine (if any) and returns its counters; without `--json` also prints them on
 /// stderr.
-fn engine_report(cli: &Cli, engine: Option<XdpEngine>) -> Option<EngineReport> {
-    let mut engine = engine?;
-    engine.stop();
-    let report = EngineReport::new(&engine.counters());
+fn engine_report(cli: &Cli, device: Device) -> Option<EngineReport> {
+    let report = EngineReport::new(&device.close()?);
     if !cli.json {
         eprintln!("iwarp-bench: {}", report.line());
     }
@@ -375,10 +376,10 @@ fn engine_report(cli: &Cli, engine: Option<XdpEngine>) -> Option<EngineReport> {
 /// xdp`, `null` for the socket transport.
 fn finish(
     cli: &Cli,
-    engine: Option<XdpEngine>,
+    device: Device,
     session: Result<Option<serde_json::Value>, String>,
 ) -> Result<(), String> {
-    let report = engine_report(cli, engine);
+    let report = engine_report(cli, device);
     let Some(mut out) = session? else {
         return Ok(());
     };
@@ -388,27 +389,21 @@ fn finish(
 }
 
 pub fn run_server(cli: &Cli) -> Result<(), String> {
-    let engine = start_engine(cli)?;
-    let result = serve_session(cli, engine.as_ref());
-    finish(cli, engine, result)
+    let device = open_device(cli)?;
+    let result = serve_session(cli, &device);
+    finish(cli, device, result)
 }
 
 /// Serves one session; with `--json` returns the object to print once the engine has stopped.
-fn serve_session(
-    cli: &Cli,
-    engine: Option<&XdpEngine>,
-) -> Result<Option<serde_json::Value>, String> {
-    let bind: SocketAddr = match engine {
-        Some(e) => SocketAddr::from((e.local_ip(), cli.port)),
-        None => format!("{}:{}", cli.bind, cli.port)
-            .parse()
-            .map_err(|e| format!("bad --bind address: {e}"))?,
-    };
-    let listener = match engine {
-        Some(e) => e.listen(cli.port, connect_params(cli)),
-        None => Listener::bind(bind, connect_params(cli)),
-    }
-    .map_err(|e| e.to_string())?;
+fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>, String> {
+    let bind_ip: std::net::IpAddr = cli
+        .bind
+        .parse()
+        .map_err(|e| format!("bad --bind address: {e}"))?;
+    let bind = device.listen_addr(bind_ip, cli.port);
+    let listener = device
+        .listen(bind, connect_params(cli))
+        .map_err(|e| e.to_string())?;
     if !cli.json {
         eprintln!(
             "iwarp-bench: {} server listening on {bind}",
@@ -524,7 +519,7 @@ impl ServerPlan {
         *posted += 1;
         RecvWr {
             wr_id: K_DATA_RECV | slot,
-            sge: Some(data.sge((slot * self.max) as usize, self.max as u32)),
+            sg_list: data.sge((slot * self.max) as usize, self.max as u32).into(),
         }
     }
 }
@@ -532,7 +527,7 @@ impl ServerPlan {
 fn ctrl_recv(ctrl: &MemoryRegion, slot: u64) -> RecvWr {
     RecvWr {
         wr_id: K_CTRL_RECV | slot,
-        sge: Some(ctrl.sge(slot as usize * CTRL_LEN, CTRL_LEN as u32)),
+        sg_list: ctrl.sge(slot as usize * CTRL_LEN, CTRL_LEN as u32).into(),
     }
 }
 
@@ -731,9 +726,9 @@ impl Side {
 
 /// Runs the client side: connects, runs every size, prints the results.
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
-    let engine = start_engine(cli)?;
-    let result = client_session(cli, addr, engine.as_ref());
-    finish(cli, engine, result)
+    let device = open_device(cli)?;
+    let result = client_session(cli, addr, &device);
+    finish(cli, device, result)
 }
 
 /// Runs the client's session; with `--json` returns the object to print once the engine has
@@ -741,7 +736,7 @@ pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
 fn client_session(
     cli: &Cli,
     addr: SocketAddr,
-    engine: Option<&XdpEngine>,
+    device: &Device,
 ) -> Result<Option<serde_json::Value>, String> {
     let duration = cli.duration.map(Duration::from_secs_f64);
     let hello = Hello {
@@ -765,11 +760,9 @@ fn client_session(
         len: data.len() as u64,
     };
     let private = hello.encode(mine);
-    let conn = match engine {
-        Some(e) => e.connect(addr, &pd, &cq, &connect_params(cli), &private),
-        None => connect(addr, &pd, &cq, &connect_params(cli), &private),
-    }
-    .map_err(|e| format!("connect to {addr}: {e}"))?;
+    let conn = device
+        .connect(addr, &pd, &cq, &connect_params(cli), &private)
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
     let remote = proto::decode_welcome(&conn.private_data)
         .ok_or("server sent a malformed welcome in its private data")?;
     if remote.len < hello.buffer_len() {
@@ -1085,7 +1078,7 @@ fn client_lat(
                     side.qp
                         .post_recv(RecvWr {
                             wr_id: K_DATA_RECV | 1,
-                            sge: Some(side.data.sge(max as usize, size as u32)),
+                            sg_list: side.data.sge(max as usize, size as u32).into(),
                         })
                         .map_err(|e| e.to_string())?;
                 }

@@ -217,11 +217,12 @@ impl Bench {
                     remote_stag: self.sink,
                     remote_to: slot * MESSAGE as u64,
                 },
-                local: Some(Sge {
+                sg_list: Sge {
                     stag: self.src,
                     to: slot * MESSAGE as u64,
                     len: MESSAGE as u32,
-                }),
+                }
+                .into(),
                 signaled: true,
             };
             if self.a.iw.qp_mut().post_send(wr, &self.a.mem).is_err() {

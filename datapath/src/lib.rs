@@ -8,25 +8,30 @@
 //! the same API over our own TCP.
 
 mod copy_crc;
-mod cq;
+mod device;
 pub mod engine;
 mod error;
 mod memory;
 pub mod relay;
 mod socket;
+mod verbs;
 pub mod xdp_tcp;
 pub mod xsk;
 
-pub use cq::{Completion, CompletionChannel, CompletionQueue};
+pub use device::{Device, Transport};
 pub use error::{DatapathError, QpError};
 pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{
-    Access, QpState, RecvWr, SendOp, SendWr, Sge, Stag, WcOpcode, WcStatus, WorkCompletion,
+    Access, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag, WcOpcode, WcStatus,
+    WorkCompletion, MAX_SGE,
 };
-pub use socket::{
-    connect, ConnectParams, ConnectRequest, Connection, Listener, QpStatus, QueuePair,
-};
+pub use socket::connect;
+pub use verbs::cm::{ConnectParams, ConnectRequest, Connection, Listener};
+pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
+pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
+pub use verbs::qp::{QpStatus, QueuePair};
+pub use verbs::srq::SharedReceiveQueue;
 
 /// A seeded pseudo-random source for unit tests: each call gives a number below its argument
 /// (a 64-bit LCG, the high bits).

@@ -4,274 +4,34 @@
 //! and RFC 6581) runs on the caller's thread with a deadline. Once in Full Operation, one engine
 //! thread per connection owns the non-blocking socket (`mio`), the MPA encoder/decoder and the
 //! sans-IO [`rdmap::QueuePair`]; the application talks to it through a lock-free command channel
-//! and the completion queue.
+//! and the completion queue (the API of [`crate::verbs`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
-use mpa::{FpduDecoder, FpduEncoder, InitiatorEvent, MpaConfig, Negotiated, RequestInfo};
-use rdmap::{QpConfig, QpState, RecvWr, SendOp, SendWr, TerminateCause, TerminateInfo};
-use rdmap::{WcOpcode, WcStatus, WorkCompletion};
+use mpa::{FpduDecoder, FpduEncoder, InitiatorEvent, Negotiated};
+use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
+use rdmap::{WcOpcode, WorkCompletion};
 
-use crate::cq::{Completion, CompletionQueue, CqSink};
 use crate::memory::{lock_table, ProtectionDomain, SharedTable};
+use crate::verbs::cm::{
+    ConnectParams, ConnectRequest, Connection, ListenProvider, Listener, PendingProvider,
+};
+use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
+use crate::verbs::qp::{
+    local_status, wc_opcode, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP,
+};
 use crate::{DatapathError, QpError};
 
-/// Parameters of a connection: MPA negotiation and queue sizes.
-#[derive(Debug, Clone)]
-pub struct ConnectParams {
-    /// What we ask for in MPA (revision, CRC, markers, IRD/ORD, RTR, private-data cap).
-    pub mpa: MpaConfig,
-    /// Send queue depth (outstanding send/write/read work requests).
-    pub sq_depth: usize,
-    /// Receive queue depth (posted receive work requests).
-    pub rq_depth: usize,
-    /// Deadline for TCP connect plus the MPA exchange.
-    pub setup_timeout: Duration,
-}
-
-impl Default for ConnectParams {
-    fn default() -> Self {
-        Self {
-            mpa: MpaConfig::default(),
-            sq_depth: 4096,
-            rq_depth: 4096,
-            setup_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// What the application can see of a queue pair's state while its engine runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QpStatus {
-    /// RDMAP queue-pair state.
-    pub state: QpState,
-    /// The Terminate the peer sent us, if any.
-    pub remote_terminate: Option<TerminateInfo>,
-    /// What ended the connection, if anything has: the first cause seen (an MPA error, a
-    /// Terminate we sent or received, the peer's close or reset, a timeout, a transport
-    /// failure).
-    pub error: Option<QpError>,
-    /// The Terminate we sent (or queued), if any.
-    pub sent_terminate: Option<TerminateInfo>,
-    /// The engine thread has stopped and the socket is closed.
-    pub finished: bool,
-}
-
-/// A command from the application's [`QueuePair`] handle to the engine that runs it.
-pub(crate) enum Cmd {
-    Send(SendWr),
-    Recv(RecvWr),
-    Close,
-}
-
-/// State the engine publishes for the application.
-pub(crate) struct Shared {
-    pub(crate) status: Mutex<QpStatus>,
-}
-
-impl Shared {
-    pub(crate) fn new(state: QpState) -> Arc<Shared> {
-        Arc::new(Shared {
-            status: Mutex::new(QpStatus {
-                state,
-                remote_terminate: None,
-                error: None,
-                sent_terminate: None,
-                finished: false,
-            }),
-        })
-    }
-
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpStatus> {
-        self.status.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records what ended the connection, unless a cause is known already.
-    pub(crate) fn set_error(&self, error: QpError) {
-        let mut st = self.lock();
-        if st.error.is_none() {
-            st.error = Some(error);
-        }
-    }
-
-    /// Publishes the queue pair's state and Terminates; a Terminate is the cause if none is
-    /// known yet.
-    pub(crate) fn publish(
-        &self,
-        state: QpState,
-        remote: Option<TerminateInfo>,
-        sent: Option<TerminateInfo>,
-    ) -> std::sync::MutexGuard<'_, QpStatus> {
-        let mut st = self.lock();
-        st.state = state;
-        st.remote_terminate = remote;
-        st.sent_terminate = sent;
-        if st.error.is_none() {
-            st.error = remote
-                .map(QpError::RemoteTerminate)
-                .or(sent.map(QpError::LocalTerminate));
-        }
-        st
-    }
-}
-
-/// How a queue pair handle wakes the engine that runs it.
-pub(crate) enum Notifier {
-    /// The socket transport: one `mio` poll per connection thread.
-    Mio(Arc<Waker>),
-    /// The AF_XDP engine: one thread for all connections of an interface.
-    Xdp(Arc<crate::engine::xdp::Wake>),
-}
-
-impl Notifier {
+impl QpWaker for Waker {
     fn wake(&self) -> io::Result<()> {
-        match self {
-            Notifier::Mio(w) => w.wake(),
-            Notifier::Xdp(w) => w.wake(),
-        }
+        Waker::wake(self)
     }
-}
-
-pub(crate) static NEXT_QP: AtomicU32 = AtomicU32::new(1);
-
-/// A connected queue pair (RFC 5040 2: one RDMAP stream over one MPA/TCP connection).
-///
-/// Work requests are handed to the engine thread without blocking; their results arrive on the
-/// completion queue given at connect/accept time. Dropping the queue pair closes the connection.
-pub struct QueuePair {
-    num: u32,
-    cmds: Sender<Cmd>,
-    waker: Notifier,
-    shared: Arc<Shared>,
-    negotiated: Negotiated,
-    mulpdu: usize,
-    peer: SocketAddr,
-    /// The socket transport's per-connection thread (the AF_XDP engine's thread is shared).
-    thread: Option<JoinHandle<()>>,
-}
-
-/// What an engine hands over to build the application's [`QueuePair`] handle.
-pub(crate) struct QpParts {
-    pub(crate) num: u32,
-    pub(crate) cmds: Sender<Cmd>,
-    pub(crate) waker: Notifier,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) negotiated: Negotiated,
-    pub(crate) mulpdu: usize,
-    pub(crate) peer: SocketAddr,
-}
-
-/// How long [`QueuePair::disconnect`] waits for the AF_XDP engine to close the connection.
-const XDP_DISCONNECT_WAIT: Duration = Duration::from_secs(10);
-
-impl QueuePair {
-    pub(crate) fn from_parts(p: QpParts) -> QueuePair {
-        QueuePair {
-            num: p.num,
-            cmds: p.cmds,
-            waker: p.waker,
-            shared: p.shared,
-            negotiated: p.negotiated,
-            mulpdu: p.mulpdu,
-            peer: p.peer,
-            thread: None,
-        }
-    }
-
-    /// Local queue pair number (also in every [`Completion`]).
-    pub fn num(&self) -> u32 {
-        self.num
-    }
-
-    /// The MPA parameters both sides agreed on.
-    pub fn negotiated(&self) -> &Negotiated {
-        &self.negotiated
-    }
-
-    /// Largest ULPDU (DDP segment) this connection sends, from the TCP MSS (RFC 5044 4.5).
-    pub fn mulpdu(&self) -> usize {
-        self.mulpdu
-    }
-
-    /// The peer's address.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
-    }
-
-    fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        self.cmds
-            .send(cmd)
-            .map_err(|_| DatapathError::Disconnected)?;
-        self.waker.wake().map_err(DatapathError::Io)
-    }
-
-    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
-    /// full send queue, queue pair not ready) come back as an error completion.
-    pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
-        self.command(Cmd::Send(wr))
-    }
-
-    /// Posts a receive buffer for incoming Sends.
-    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
-        self.command(Cmd::Recv(wr))
-    }
-
-    /// A snapshot of the queue pair's state.
-    pub fn status(&self) -> QpStatus {
-        self.shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
-    pub fn wait_finished(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.status().finished {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    /// Closes the connection: outstanding work requests complete as flushed, the socket is
-    /// shut down, and the engine thread is joined.
-    pub fn disconnect(&mut self) {
-        let _ = self.command(Cmd::Close);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        } else if matches!(self.waker, Notifier::Xdp(_)) {
-            // The AF_XDP engine's thread serves other connections too: wait (bounded) for it to
-            // report this one closed instead of joining it.
-            self.wait_finished(XDP_DISCONNECT_WAIT);
-        }
-    }
-}
-
-impl Drop for QueuePair {
-    fn drop(&mut self) {
-        self.disconnect();
-    }
-}
-
-/// An established connection: the queue pair and the private data the peer sent.
-pub struct Connection {
-    /// The connected queue pair.
-    pub qp: QueuePair,
-    /// Private data from the peer's MPA Request (at the responder) or Reply (at the initiator).
-    pub private_data: Vec<u8>,
 }
 
 /// Connects to an MPA responder (the rdma_cm `connect` step) and starts the queue pair.
@@ -355,66 +115,35 @@ fn setup_error(e: io::Error, during: &'static str) -> DatapathError {
     }
 }
 
-/// A listener that accepts MPA connections (the rdma_cm `listen` step): a kernel TCP listening
-/// socket ([`Listener::bind`]), or a port of the AF_XDP engine
-/// ([`crate::engine::xdp::XdpEngine::listen`]).
-pub struct Listener {
-    inner: ListenerInner,
-    params: ConnectParams,
-}
-
-enum ListenerInner {
-    Socket(TcpListener),
-    Xdp(crate::engine::xdp::XdpListen),
-}
-
 impl Listener {
     /// Binds and listens on `addr` (socket transport).
     pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
         let inner = TcpListener::bind(addr)?;
-        Ok(Self {
-            inner: ListenerInner::Socket(inner),
+        Ok(Listener::from_provider(
+            Box::new(SocketListen(inner)),
             params,
-        })
+        ))
+    }
+}
+
+/// A kernel TCP listening socket.
+struct SocketListen(TcpListener);
+
+impl ListenProvider for SocketListen {
+    fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
+        Ok(self.0.local_addr()?)
     }
 
-    pub(crate) fn from_xdp(listen: crate::engine::xdp::XdpListen, params: ConnectParams) -> Self {
-        Self {
-            inner: ListenerInner::Xdp(listen),
-            params,
-        }
-    }
-
-    /// The bound address (useful with port 0).
-    pub fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
-        match &self.inner {
-            ListenerInner::Socket(l) => Ok(l.local_addr()?),
-            ListenerInner::Xdp(l) => Ok(l.local_addr()),
-        }
-    }
-
-    /// Waits for the next connection and its MPA Request. A peer that sends a malformed
-    /// Request or none in time is dropped and reported as an error; call again to go on.
-    pub fn accept(&self) -> Result<ConnectRequest, DatapathError> {
-        match &self.inner {
-            ListenerInner::Socket(l) => {
-                l.set_nonblocking(false)?;
-                let (stream, peer) = l.accept()?;
-                self.read_request(stream, peer)
-            }
-            ListenerInner::Xdp(l) => l.accept(None)?.ok_or(DatapathError::Disconnected),
-        }
-    }
-
-    /// Like [`accept`](Self::accept) but gives up (returning `Ok(None)`) when no TCP
-    /// connection arrives within `timeout`.
-    pub fn accept_timeout(
+    fn accept(
         &self,
-        timeout: Duration,
+        params: &ConnectParams,
+        timeout: Option<Duration>,
     ) -> Result<Option<ConnectRequest>, DatapathError> {
-        let l = match &self.inner {
-            ListenerInner::Socket(l) => l,
-            ListenerInner::Xdp(l) => return l.accept(Some(timeout)),
+        let l = &self.0;
+        let Some(timeout) = timeout else {
+            l.set_nonblocking(false)?;
+            let (stream, peer) = l.accept()?;
+            return read_request(stream, peer, params).map(Some);
         };
         let deadline = Instant::now() + timeout;
         l.set_nonblocking(true)?;
@@ -422,7 +151,7 @@ impl Listener {
             match l.accept() {
                 Ok((stream, peer)) => {
                     stream.set_nonblocking(false)?;
-                    return self.read_request(stream, peer).map(Some);
+                    return read_request(stream, peer, params).map(Some);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
@@ -434,166 +163,97 @@ impl Listener {
             }
         }
     }
-
-    fn read_request(
-        &self,
-        mut stream: TcpStream,
-        peer: SocketAddr,
-    ) -> Result<ConnectRequest, DatapathError> {
-        let start = Instant::now();
-        stream.set_nodelay(true)?;
-        let mut responder = mpa::Responder::new(self.params.mpa.clone(), start)?;
-        let mut buf = vec![0u8; 4096];
-        loop {
-            let n = read_with_deadline(&mut stream, &mut buf, start + self.params.setup_timeout)
-                .map_err(|e| setup_error(e, "waiting for the MPA Request"))?;
-            let (used, info) = match responder.feed(&buf[..n], Instant::now()) {
-                Ok(r) => r,
-                Err(e) => {
-                    // RFC 5044 7.1.2: a malformed Request closes the connection.
-                    let _ = stream.shutdown(Shutdown::Both);
-                    return Err(e.into());
-                }
-            };
-            if let Some(info) = info {
-                return Ok(ConnectRequest {
-                    inner: RequestInner::Socket {
-                        stream,
-                        responder,
-                        leftover: buf[used..n].to_vec(),
-                    },
-                    info,
-                    peer,
-                    params: self.params.clone(),
-                });
-            }
-        }
-    }
 }
 
-/// A connection request that has sent a valid MPA Request; accept or reject it.
-pub struct ConnectRequest {
-    inner: RequestInner,
-    info: RequestInfo,
+/// Reads the MPA Request of a new connection (RFC 5044 7.1.2), within the setup deadline.
+fn read_request(
+    mut stream: TcpStream,
     peer: SocketAddr,
-    params: ConnectParams,
-}
-
-enum RequestInner {
-    Socket {
-        stream: TcpStream,
-        responder: mpa::Responder,
-        leftover: Vec<u8>,
-    },
-    Xdp(crate::engine::xdp::PendingRequest),
-}
-
-impl ConnectRequest {
-    pub(crate) fn from_xdp(
-        pending: crate::engine::xdp::PendingRequest,
-        info: RequestInfo,
-        peer: SocketAddr,
-        params: ConnectParams,
-    ) -> Self {
-        Self {
-            inner: RequestInner::Xdp(pending),
-            info,
-            peer,
-            params,
+    params: &ConnectParams,
+) -> Result<ConnectRequest, DatapathError> {
+    let start = Instant::now();
+    stream.set_nodelay(true)?;
+    let mut responder = mpa::Responder::new(params.mpa.clone(), start)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = read_with_deadline(&mut stream, &mut buf, start + params.setup_timeout)
+            .map_err(|e| setup_error(e, "waiting for the MPA Request"))?;
+        let (used, info) = match responder.feed(&buf[..n], Instant::now()) {
+            Ok(r) => r,
+            Err(e) => {
+                // RFC 5044 7.1.2: a malformed Request closes the connection.
+                let _ = stream.shutdown(Shutdown::Both);
+                return Err(e.into());
+            }
+        };
+        if let Some(info) = info {
+            let pending = SocketPending {
+                stream,
+                responder,
+                leftover: buf[used..n].to_vec(),
+            };
+            return Ok(ConnectRequest::new(
+                Box::new(pending),
+                info,
+                peer,
+                params.clone(),
+            ));
         }
     }
+}
 
-    /// The private data of the Request (without the RFC 6581 IRD/ORD block).
-    pub fn private_data(&self) -> &[u8] {
-        &self.info.private_data
-    }
+/// A kernel TCP connection whose MPA Request waits for the application.
+struct SocketPending {
+    stream: TcpStream,
+    responder: mpa::Responder,
+    /// Bytes read after the Request (the start of the FPDU stream).
+    leftover: Vec<u8>,
+}
 
-    /// Everything the Request said.
-    pub fn info(&self) -> &RequestInfo {
-        &self.info
-    }
-
-    /// The initiator's address.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
-    }
-
-    /// Accepts with our private data and starts the queue pair.
-    pub fn accept(
-        self,
-        pd: &ProtectionDomain,
-        cq: &CompletionQueue,
-        private_data: &[u8],
-    ) -> Result<Connection, DatapathError> {
-        self.accept_with_recvs(pd, cq, private_data, Vec::new())
-    }
-
-    /// Accepts, with `recvs` posted before the peer can send anything: iWARP has no
-    /// receiver-not-ready retry, so a Send that finds no posted buffer ends the connection
-    /// (RFC 5041 7.1, MSN with no buffer).
-    pub fn accept_with_recvs(
-        self,
+impl PendingProvider for SocketPending {
+    fn accept(
+        self: Box<Self>,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
         recvs: Vec<RecvWr>,
-    ) -> Result<Connection, DatapathError> {
-        let ConnectRequest {
-            inner,
-            info,
-            params,
-            ..
-        } = self;
-        match inner {
-            RequestInner::Socket {
-                mut stream,
-                mut responder,
+        params: &ConnectParams,
+    ) -> Result<QueuePair, DatapathError> {
+        let SocketPending {
+            mut stream,
+            mut responder,
+            leftover,
+        } = *self;
+        let (reply, negotiated) = responder.accept(private_data)?;
+        stream.write_all(&reply)?;
+        start_engine(
+            stream,
+            Setup {
+                negotiated,
                 leftover,
-            } => {
-                let (reply, negotiated) = responder.accept(private_data)?;
-                stream.write_all(&reply)?;
-                let qp = start_engine(
-                    stream,
-                    Setup {
-                        negotiated,
-                        leftover,
-                        initiator: false,
-                        recvs,
-                    },
-                    pd,
-                    cq,
-                    &params,
-                )?;
-                Ok(Connection {
-                    qp,
-                    private_data: info.private_data,
-                })
-            }
-            RequestInner::Xdp(pending) => {
-                let qp = pending.accept(pd, cq, private_data, recvs, &params)?;
-                Ok(Connection {
-                    qp,
-                    private_data: info.private_data,
-                })
-            }
-        }
+                initiator: false,
+                recvs,
+            },
+            pd,
+            cq,
+            params,
+        )
     }
 
-    /// Rejects with private data (MPA Reply with R=1), then closes the connection.
-    pub fn reject(self, private_data: &[u8]) -> Result<(), DatapathError> {
-        match self.inner {
-            RequestInner::Socket {
-                mut stream,
-                mut responder,
-                ..
-            } => {
-                let reply = responder.reject(private_data)?;
-                stream.write_all(&reply)?;
-                let _ = stream.shutdown(Shutdown::Write);
-                Ok(())
-            }
-            RequestInner::Xdp(pending) => pending.reject(private_data, &self.params),
-        }
+    fn reject(
+        self: Box<Self>,
+        private_data: &[u8],
+        _params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let SocketPending {
+            mut stream,
+            mut responder,
+            ..
+        } = *self;
+        let reply = responder.reject(private_data)?;
+        stream.write_all(&reply)?;
+        let _ = stream.shutdown(Shutdown::Write);
+        Ok(())
     }
 }
 
@@ -640,6 +300,9 @@ fn start_engine(
         ird: negotiated.ird,
         ord: negotiated.ord,
     });
+    if let Some(srq) = &params.srq {
+        srq.attach(&mut qp, pd.id)?;
+    }
     if !initiator {
         if let Some(kind) = negotiated.rtr {
             qp.expect_rtr(rtr_kind(kind))
@@ -686,16 +349,16 @@ fn start_engine(
     let thread = std::thread::Builder::new()
         .name(format!("iwarp-qp{num}"))
         .spawn(move || engine.run(leftover))?;
-    Ok(QueuePair {
+    Ok(QueuePair::from_parts(QpParts {
         num,
         cmds: cmd_tx,
-        waker: Notifier::Mio(waker),
+        waker,
         shared,
         negotiated,
         mulpdu,
         peer,
         thread: Some(thread),
-    })
+    }))
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
@@ -759,12 +422,16 @@ impl Engine {
         let _ = self.stream.flush();
         let _ = self.stream.shutdown(Shutdown::Both);
         self.deliver_completions();
-        let mut st = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        st.state = self.qp.state();
-        st.finished = true;
+        self.shared.mark_finished(self.qp.state());
     }
 
+    /// Records what ended the connection; a Terminate the peer sent is the cause of whatever
+    /// failed after it (the peer closes once it has sent one).
     fn set_error(&self, error: QpError) {
+        let error = self
+            .qp
+            .remote_terminate()
+            .map_or(error, QpError::RemoteTerminate);
         self.shared.set_error(error);
     }
 
@@ -986,22 +653,5 @@ impl Engine {
         }
         let dead = state == QpState::Error || self.closing;
         dead && self.tx_idle()
-    }
-}
-
-/// Completion status of a work request the queue pair refused when it was posted.
-pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
-    use rdmap::RdmapError as E;
-    match e {
-        E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
-        _ => WcStatus::LocalQpOperationError,
-    }
-}
-
-pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send { .. } => WcOpcode::Send,
-        SendOp::Write { .. } => WcOpcode::Write,
-        SendOp::Read { .. } => WcOpcode::Read,
     }
 }

@@ -56,7 +56,7 @@ fn send_wr(wr_id: u64, mr: &datapath::MemoryRegion, len: u32, solicited: bool) -
             solicited,
             invalidate: None,
         },
-        local: Some(mr.sge(0, len)),
+        sg_list: mr.sge(0, len).into(),
         signaled: true,
     }
 }
@@ -87,7 +87,7 @@ fn epoll_wakes_on_a_completion_and_solicited_only_on_a_solicited_send() {
     for i in 0..4 {
         s.qp.post_recv(RecvWr {
             wr_id: 100 + i,
-            sge: Some(sink.sge(i as usize * 4096, 4096)),
+            sg_list: sink.sge(i as usize * 4096, 4096).into(),
         })
         .unwrap();
     }

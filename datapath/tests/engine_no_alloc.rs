@@ -221,11 +221,12 @@ fn steady_state(resegment: bool) {
             .post_recv(
                 RecvWr {
                     wr_id: round,
-                    sge: Some(Sge {
+                    sg_list: Sge {
                         stag: rbuf,
                         to: 0,
                         len: LEN as u32,
-                    }),
+                    }
+                    .into(),
                 },
                 &b.mem,
             )
@@ -261,7 +262,7 @@ fn steady_state(resegment: bool) {
                     SendWr {
                         wr_id: round,
                         op,
-                        local,
+                        sg_list: local.into(),
                         signaled: true,
                     },
                     &a.mem,

@@ -517,11 +517,12 @@ fn writes_fpdus(
                     remote_stag: sink,
                     remote_to: SINK_TO + off as u64,
                 },
-                local: Some(Sge {
+                sg_list: Sge {
                     stag,
                     to: off as u64,
                     len: len as u32,
-                }),
+                }
+                .into(),
                 signaled: true,
             },
             &src,

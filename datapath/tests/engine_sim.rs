@@ -9,7 +9,8 @@ use datapath::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
 use mpa::MpaConfig;
 use rdmap::memory::VecBuffer;
 use rdmap::{
-    Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, Stag, WcStatus, WorkCompletion,
+    Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag, WcStatus,
+    WorkCompletion,
 };
 use tcp_engine::sim::{Endpoint, LinkConfig, Network};
 use tcp_engine::{
@@ -338,11 +339,12 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
             .post_recv(
                 RecvWr {
                     wr_id: seed,
-                    sge: Some(Sge {
+                    sg_list: Sge {
                         stag: r.b_recv,
                         to: B_RECV_TO,
                         len,
-                    }),
+                    }
+                    .into(),
                 },
                 &bed.b.mem,
             )
@@ -354,7 +356,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
         to: A_SRC_TO,
         len,
     });
-    let mut post = |op, local| {
+    let mut post = |op, local: Option<Sge>| {
         bed.a
             .iw
             .qp_mut()
@@ -362,7 +364,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
                 SendWr {
                     wr_id: seed,
                     op,
-                    local,
+                    sg_list: local.into(),
                     signaled: true,
                 },
                 &bed.a.mem,
@@ -412,7 +414,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
             .post_recv(
                 RecvWr {
                     wr_id: 0,
-                    sge: None,
+                    sg_list: SgeList::new(),
                 },
                 &bed.b.mem,
             )
@@ -668,11 +670,12 @@ fn crc_corruption_places_nothing_and_terminates() {
                     remote_stag: r.b_sink,
                     remote_to: B_SINK_TO,
                 },
-                local: Some(Sge {
+                sg_list: Sge {
                     stag: r.a_src,
                     to: A_SRC_TO,
                     len: size as u32,
-                }),
+                }
+                .into(),
                 signaled: true,
             },
             &bed.a.mem,
@@ -891,11 +894,12 @@ fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
             remote_stag: r.b_sink,
             remote_to: B_SINK_TO,
         },
-        local: Some(Sge {
+        sg_list: Sge {
             stag: r.a_src,
             to: A_SRC_TO,
             len: data.len() as u32,
-        }),
+        }
+        .into(),
         signaled: true,
     };
     bed.a
@@ -1000,11 +1004,12 @@ fn post_read(bed: &mut Bed, r: &Regions, wr_id: u64, len: u32) {
             remote_stag: r.b_src,
             remote_to: B_SRC_TO,
         },
-        local: Some(Sge {
+        sg_list: Sge {
             stag: r.a_sink,
             to: A_SINK_TO,
             len,
-        }),
+        }
+        .into(),
         signaled: true,
     };
     bed.a
@@ -1154,7 +1159,7 @@ fn terminate_names_the_refused_write() {
             let wr = SendWr {
                 wr_id,
                 op,
-                local: src(len),
+                sg_list: src(len).into(),
                 signaled: true,
             };
             bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");

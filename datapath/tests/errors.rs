@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use datapath::{
     Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpError, QpState,
-    RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    RecvWr, SendOp, SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
 use mpa::MpaError;
@@ -51,7 +51,7 @@ fn write_wr(wr_id: u64, src: &MemoryRegion, len: usize, stag: Stag, to: u64) -> 
             remote_stag: stag,
             remote_to: to,
         },
-        local: Some(src.sge(0, len as u32)),
+        sg_list: src.sge(0, len as u32).into(),
         signaled: true,
     }
 }
@@ -63,7 +63,7 @@ fn read_wr(wr_id: u64, sink: &MemoryRegion, len: usize, stag: Stag, to: u64) -> 
             remote_stag: stag,
             remote_to: to,
         },
-        local: Some(sink.sge(0, len as u32)),
+        sg_list: sink.sge(0, len as u32).into(),
         signaled: true,
     }
 }
@@ -75,7 +75,7 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, len: usize) -> SendWr {
             solicited: false,
             invalidate: None,
         },
-        local: Some(src.sge(0, len as u32)),
+        sg_list: src.sge(0, len as u32).into(),
         signaled: true,
     }
 }
@@ -97,7 +97,7 @@ fn refuses_new_work(conn: &Connection, cq: &CompletionQueue, region: &MemoryRegi
     assert!(matches!(
         conn.qp.post_recv(RecvWr {
             wr_id: 998,
-            sge: None
+            sg_list: SgeList::new()
         }),
         Err(DatapathError::Disconnected)
     ));
@@ -144,7 +144,7 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     let bystander_buf = server.pd.register(1000, Access::LOCAL_WRITE).unwrap();
     let recv = |wr_id, mr: &MemoryRegion| RecvWr {
         wr_id,
-        sge: Some(mr.sge(0, 1000)),
+        sg_list: mr.sge(0, 1000).into(),
     };
 
     // A clean connection that stays open throughout.
@@ -188,7 +188,7 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     let sink = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
     c.qp.post_recv(RecvWr {
         wr_id: 20,
-        sge: Some(sink.sge(0, 64)),
+        sg_list: sink.sge(0, 64).into(),
     })
     .unwrap();
     relay.hold();
@@ -277,7 +277,7 @@ fn corrupted_fpdu_without_crc_is_placed_as_received() {
     let recvs = (1..=2)
         .map(|wr_id| RecvWr {
             wr_id,
-            sge: Some(recv_buf.sge(0, 1000)),
+            sg_list: recv_buf.sge(0, 1000).into(),
         })
         .collect();
     let (c, s) = establish(
@@ -339,7 +339,7 @@ fn corrupted_first_fpdu_closes_without_terminate() {
             private_data: &[],
             recvs: vec![RecvWr {
                 wr_id: 1,
-                sge: Some(recv_buf.sge(0, 64)),
+                sg_list: recv_buf.sge(0, 64).into(),
             }],
         },
     );
@@ -348,7 +348,7 @@ fn corrupted_first_fpdu_closes_without_terminate() {
     src.write(0, &pattern(80, LEN));
     c.qp.post_recv(RecvWr {
         wr_id: 20,
-        sge: None,
+        sg_list: SgeList::new(),
     })
     .unwrap();
     relay.corrupt_in(100);
@@ -421,7 +421,7 @@ impl AccessRig {
         // The server's posted receive (into `private`, which allows local writes).
         let recvs = vec![RecvWr {
             wr_id: 1,
-            sge: Some(private.sge(0, 64)),
+            sg_list: private.sge(0, 64).into(),
         }];
         let (c, s) = establish(
             &listener,
@@ -461,7 +461,7 @@ impl AccessRig {
             .qp
             .post_recv(RecvWr {
                 wr_id: 20,
-                sge: Some(self.sink.sge(4096, 64)),
+                sg_list: self.sink.sge(4096, 64).into(),
             })
             .unwrap();
         self.relay.hold();

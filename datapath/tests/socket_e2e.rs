@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use datapath::{
-    Access, DatapathError, Listener, QpError, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, DatapathError, Listener, QpError, QpState, RecvWr, SendOp, SendWr, SgeList, WcOpcode,
+    WcStatus,
 };
 
 /// Every size of [`full_sizes`] (1 B to 16 MiB, MULPDU +- 1, segment payload boundaries) with
@@ -211,7 +212,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
             assert_eq!(req.info().rev, rev);
             let recv = RecvWr {
                 wr_id: 1,
-                sge: Some(server_buf.sge(0, 16)),
+                sg_list: server_buf.sge(0, 16).into(),
             };
             req.accept_with_recvs(&server.pd, &server.cq, server_pd, vec![recv])
                 .unwrap()
@@ -234,7 +235,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
             solicited: false,
             invalidate: None,
         },
-        local: Some(client_buf.sge(0, 16)),
+        sg_list: client_buf.sge(0, 16).into(),
         signaled: true,
     })
     .unwrap();
@@ -426,7 +427,7 @@ fn eight_concurrent_connections() {
                 let k = usize::from(req.private_data()[0]);
                 let recv = RecvWr {
                     wr_id: k as u64,
-                    sge: Some(recv_bufs[k].sge(0, (LEN + 8) as u32)),
+                    sg_list: recv_bufs[k].sge(0, (LEN + 8) as u32).into(),
                 };
                 let conn = req
                     .accept_with_recvs(&server.pd, &server.cq, &[k as u8], vec![recv])
@@ -465,7 +466,7 @@ fn eight_concurrent_connections() {
                         c.qp.post_send(SendWr {
                             wr_id: id,
                             op,
-                            local: Some(local.sge(0, len)),
+                            sg_list: local.sge(0, len).into(),
                             signaled: true,
                         })
                         .unwrap();
@@ -529,7 +530,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     let recvs = (0..2)
         .map(|i| RecvWr {
             wr_id: 100 + i,
-            sge: Some(s_buf.sge(0, 4096)),
+            sg_list: s_buf.sge(0, 4096).into(),
         })
         .collect();
     let (c, s) = establish(
@@ -552,7 +553,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
             solicited: true,
             invalidate: None,
         },
-        local: None,
+        sg_list: SgeList::new(),
         signaled: true,
     })
     .unwrap();
@@ -564,7 +565,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     for i in 0..3 {
         c.qp.post_recv(RecvWr {
             wr_id: 10 + i,
-            sge: Some(c_buf.sge(0, 4096)),
+            sg_list: c_buf.sge(0, 4096).into(),
         })
         .unwrap();
     }
@@ -576,7 +577,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
             remote_stag: s_buf.stag(),
             remote_to: s_buf.base_to(),
         },
-        local: Some(c_buf.sge(0, 64)),
+        sg_list: c_buf.sge(0, 64).into(),
         signaled: true,
     })
     .unwrap();
@@ -599,7 +600,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     assert!(matches!(
         c.qp.post_recv(RecvWr {
             wr_id: 99,
-            sge: None
+            sg_list: SgeList::new()
         }),
         Err(DatapathError::Disconnected)
     ));

@@ -203,7 +203,7 @@ fn establish(
 fn sge_recv(mr: &MemoryRegion, wr_id: u64, off: usize, len: usize) -> RecvWr {
     RecvWr {
         wr_id,
-        sge: Some(mr.sge(off, len as u32)),
+        sg_list: mr.sge(off, len as u32).into(),
     }
 }
 
@@ -214,7 +214,7 @@ fn write_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize, stag: Stag, 
             remote_stag: stag,
             remote_to: to,
         },
-        local: Some(src.sge(off, len as u32)),
+        sg_list: src.sge(off, len as u32).into(),
         signaled: true,
     }
 }
@@ -226,7 +226,7 @@ fn read_wr(wr_id: u64, sink: &MemoryRegion, off: usize, len: usize, stag: Stag, 
             remote_stag: stag,
             remote_to: to,
         },
-        local: Some(sink.sge(off, len as u32)),
+        sg_list: sink.sge(off, len as u32).into(),
         signaled: true,
     }
 }
@@ -238,7 +238,7 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize) -> SendWr {
             solicited: false,
             invalidate: None,
         },
-        local: Some(src.sge(off, len as u32)),
+        sg_list: src.sge(off, len as u32).into(),
         signaled: true,
     }
 }

@@ -135,7 +135,7 @@ fn server(kind: Kind, ready: std::sync::mpsc::Sender<()>, mtu: Option<u16>) -> R
         .enumerate()
         .map(|(i, &size)| RecvWr {
             wr_id: i as u64,
-            sge: Some(recv.sge(OFFSETS[i], size as u32)),
+            sg_list: recv.sge(OFFSETS[i], size as u32).into(),
         })
         .collect();
     // The client learns our regions from the reply's private data.
@@ -217,7 +217,7 @@ fn client(kind: Kind, server: Ipv4Addr, mtu: Option<u16>) -> Result<(), String> 
             qp.post_send(SendWr {
                 wr_id,
                 op,
-                local: Some(local),
+                sg_list: local.into(),
                 signaled: true,
             })
             .map_err(|e| format!("post: {e}"))
@@ -409,7 +409,7 @@ fn shard_server(listener: Listener) -> Result<(), String> {
         }
         let recvs = vec![RecvWr {
             wr_id: i as u64,
-            sge: Some(recv.sge(i * SHARD_CHUNK, SHARD_CHUNK as u32)),
+            sg_list: recv.sge(i * SHARD_CHUNK, SHARD_CHUNK as u32).into(),
         }];
         let conn = req
             .accept_with_recvs(&pd, &cq, &welcome, recvs)
@@ -504,7 +504,7 @@ fn shard_clients(
                 .post_send(SendWr {
                     wr_id: k as u64,
                     op,
-                    local: Some(local),
+                    sg_list: local.into(),
                     signaled: true,
                 })
                 .map_err(|e| format!("client {i}: post: {e}"))?;

@@ -32,7 +32,7 @@ const ROUND_LIMIT: Duration = Duration::from_secs(5);
 fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
     RecvWr {
         wr_id: i,
-        sge: Some(mr.sge((i % 4) as usize * LEN, LEN as u32)),
+        sg_list: mr.sge((i % 4) as usize * LEN, LEN as u32).into(),
     }
 }
 
@@ -68,7 +68,7 @@ fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
                 solicited: false,
                 invalidate: None,
             },
-            local: Some(buf.sge(off, LEN as u32)),
+            sg_list: buf.sge(off, LEN as u32).into(),
             signaled: true,
         })
         .map_err(|e| format!("echo: {e}"))?;
@@ -121,7 +121,7 @@ fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
                 solicited: false,
                 invalidate: None,
             },
-            local: Some(src.sge(0, LEN as u32)),
+            sg_list: src.sge(0, LEN as u32).into(),
             signaled: true,
         })
         .map_err(|e| format!("post: {e}"))?;

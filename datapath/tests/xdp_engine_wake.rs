@@ -38,7 +38,7 @@ fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
     let recvs = (0..ROUNDS)
         .map(|i| RecvWr {
             wr_id: i,
-            sge: Some(recv.sge(i as usize * LEN, LEN as u32)),
+            sg_list: recv.sge(i as usize * LEN, LEN as u32).into(),
         })
         .collect();
     let conn = req
@@ -88,7 +88,7 @@ fn client() -> Result<(), String> {
                 solicited: false,
                 invalidate: None,
             },
-            local: Some(src.sge(off, LEN as u32)),
+            sg_list: src.sge(off, LEN as u32).into(),
             signaled: true,
         })
         .map_err(|e| format!("post: {e}"))?;

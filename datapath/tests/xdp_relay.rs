@@ -102,7 +102,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
     let done = pd.register(4096, ALL).map_err(|e| e.to_string())?;
     let recvs = vec![RecvWr {
         wr_id: 0,
-        sge: Some(recv.sge(0, ROUNDS[0] as u32)),
+        sg_list: recv.sge(0, ROUNDS[0] as u32).into(),
     }];
     let mut welcome = Vec::new();
     for mr in [&wbuf, &rbuf] {
@@ -136,7 +136,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
             rbuf.write(read_half(r + 1), &pattern(1000 + r + 1, next));
             qp.post_recv(RecvWr {
                 wr_id: r as u64 + 1,
-                sge: Some(recv.sge(0, next as u32)),
+                sg_list: recv.sge(0, next as u32).into(),
             })
             .map_err(|e| format!("post_recv: {e}"))?;
         }
@@ -147,7 +147,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
                 solicited: false,
                 invalidate: None,
             },
-            local: Some(done.sge(0, DONE_LEN as u32)),
+            sg_list: done.sge(0, DONE_LEN as u32).into(),
             signaled: true,
         })
         .map_err(|e| format!("post_send: {e}"))?;
@@ -192,7 +192,7 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
     for r in 0..ROUNDS.len() {
         qp.post_recv(RecvWr {
             wr_id: 200 + r as u64,
-            sge: Some(done.sge(r * DONE_LEN, DONE_LEN as u32)),
+            sg_list: done.sge(r * DONE_LEN, DONE_LEN as u32).into(),
         })
         .map_err(|e| format!("post_recv: {e}"))?;
     }
@@ -229,7 +229,7 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
             qp.post_send(SendWr {
                 wr_id,
                 op,
-                local: Some(local),
+                sg_list: local.into(),
                 signaled: true,
             })
             .map_err(|e| format!("post: {e}"))?;

@@ -155,6 +155,20 @@ pub enum RdmapError {
     /// Every STag index is in use.
     #[error("memory table full")]
     MemoryTableFull,
+    /// A work request's scatter/gather list adds up to more than 2^32 - 1 octets.
+    #[error("message of {len} octets is longer than 2^32 - 1")]
+    MessageTooLong {
+        /// The list's total length.
+        len: u64,
+    },
+    /// An RDMA Read's sink spans more than one scatter/gather element: a Read Request names
+    /// one Data Sink STag and TO (RFC 5040 4.4).
+    #[error("an RDMA Read's sink must be one scatter/gather element")]
+    ReadSinkNotContiguous,
+    /// The queue pair takes its receive buffers from a shared receive queue: receives are
+    /// posted there, and one is attached only before any receive was posted.
+    #[error("the queue pair uses a shared receive queue")]
+    SrqAttached,
 }
 
 /// (Layer, EType, Error Code) of a Terminate (RFC 5040 4.8, Figure 9).
@@ -270,7 +284,10 @@ impl TerminateCause {
             | RdmapError::RecvQueueFull
             | RdmapError::LocalAccess { .. }
             | RdmapError::UnknownStag { .. }
-            | RdmapError::MemoryTableFull => None,
+            | RdmapError::MemoryTableFull
+            | RdmapError::MessageTooLong { .. }
+            | RdmapError::ReadSinkNotContiguous
+            | RdmapError::SrqAttached => None,
         }
     }
 }

@@ -23,8 +23,8 @@
 //! let dst = mem_b.register(PdId(1), VecBuffer::zeroed(3000), 0x1000, Access::REMOTE_WRITE);
 //!
 //! let write = SendOp::Write { remote_stag: dst, remote_to: 0x1000 };
-//! let local = Some(Sge { stag: src, to: 0, len: 3000 });
-//! a.post_send(SendWr { wr_id: 1, op: write, local, signaled: true }, &mem_a)?;
+//! let sg_list = Sge { stag: src, to: 0, len: 3000 }.into();
+//! a.post_send(SendWr { wr_id: 1, op: write, sg_list, signaled: true }, &mem_a)?;
 //!
 //! // The transport: each ULPDU from A goes to B (here without MPA in between).
 //! let mut ulpdu = Vec::new();
@@ -43,14 +43,15 @@
 pub mod error;
 pub mod memory;
 pub mod qp;
+mod sge;
 mod types;
 pub mod wire;
 
 pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use memory::{Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, VecBuffer};
 pub use qp::{
-    QpConfig, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, TerminateInfo, TxCompletion,
-    TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
+    QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList, TerminateInfo,
+    TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 pub use types::{AccessViolation, QpState, Stag};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

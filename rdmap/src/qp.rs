@@ -100,16 +100,7 @@ impl Default for QpConfig {
     }
 }
 
-/// A local memory range: `len` octets at TO `to` of the region `stag`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sge {
-    /// Local STag.
-    pub stag: Stag,
-    /// Tagged offset of the first octet.
-    pub to: u64,
-    /// Length in octets.
-    pub len: u32,
-}
+pub use crate::sge::{Sge, SgeList, MAX_SGE};
 
 /// The operation of a send work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,9 +135,10 @@ pub struct SendWr {
     pub wr_id: u64,
     /// What to do.
     pub op: SendOp,
-    /// Local data (the source of a Send or Write, the sink of a Read); `None` or a
-    /// zero-length element for a zero-length message.
-    pub local: Option<Sge>,
+    /// Local data: the source of a Send or Write, gathered in list order (up to [`MAX_SGE`]
+    /// elements), or the sink of a Read (one element: a Read Request names one sink, RFC 5040
+    /// 4.4). Empty, or elements of length zero, for a zero-length message.
+    pub sg_list: SgeList,
     /// Whether its successful completion is reported. `false` (verbs' unsignaled work
     /// request, `IBV_SEND_SIGNALED` left out): the request completes as usual, in submission
     /// order, and frees its send queue entry, but no [`WorkCompletion`] with
@@ -161,8 +153,9 @@ pub struct SendWr {
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// The buffer; `None` accepts only a zero-length Send.
-    pub sge: Option<Sge>,
+    /// The buffer: an inbound Send is scattered over the elements in list order (up to
+    /// [`MAX_SGE`]). Empty accepts only a zero-length Send.
+    pub sg_list: SgeList,
 }
 
 /// The operation a completion reports.
@@ -297,6 +290,8 @@ const RTR_WRITE_STAG: u32 = 1;
 
 /// A receive buffer on QN 0.
 #[derive(Debug, Clone, Copy)]
+// The small variant is the rare RTR sink; boxing the common one would allocate per receive.
+#[allow(clippy::large_enum_variant)]
 enum RecvSlot {
     User(RecvWr),
     /// Swallows the peer's zero-length RTR Send (see [`QueuePair::expect_rtr`]).
@@ -309,12 +304,17 @@ struct SqEntry {
     seq: u64,
     /// Octets already handed out.
     sent: u64,
+    /// The message length (the scatter/gather list's total).
+    total: u64,
 }
 
-impl SqEntry {
-    fn total_len(&self) -> u64 {
-        self.wr.local.map_or(0, |s| u64::from(s.len))
-    }
+/// The parts of the send queue's head one transmitted segment needs.
+#[derive(Debug, Clone, Copy)]
+struct SqHead {
+    op: SendOp,
+    seq: u64,
+    sent: u64,
+    total: u64,
 }
 
 /// Completion bookkeeping of one send work request, kept in submission order.
@@ -477,7 +477,33 @@ pub struct QueuePair {
     inbound_sends: VecDeque<InboundSend>,
     remote_terminate: Option<TerminateInfo>,
     completions: VecDeque<WorkCompletion>,
+    /// The shared receive queue the receive buffers come from, if one is attached.
+    srq: Option<SrqSlot>,
 }
+
+/// Where a queue pair attached to a shared receive queue (verbs' SRQ) takes its receive
+/// buffers: one per inbound Send message, taken when the message is processed in order
+/// (a Send whose buffer is not taken yet is not placed early). The source checked each
+/// buffer's scatter/gather list against the protection domain when it was posted; placement
+/// checks every piece again.
+pub trait RecvSource: Send {
+    /// The next posted receive, if any.
+    fn take(&mut self) -> Option<RecvWr>;
+}
+
+/// An attached [`RecvSource`] (a field of a `Debug` type).
+struct SrqSlot(Box<dyn RecvSource>);
+
+impl std::fmt::Debug for SrqSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SrqSlot")
+    }
+}
+
+/// How far ahead of the next expected Send a message may be for the queue pair to take
+/// buffers from its shared receive queue for it (and every message before it): a peer cannot
+/// drain the shared queue by naming MSNs far ahead.
+const SRQ_TAKE_AHEAD: u32 = 64;
 
 impl QueuePair {
     /// A queue pair in [`QpState::Idle`].
@@ -513,6 +539,7 @@ impl QueuePair {
             inbound_sends: VecDeque::new(),
             remote_terminate: None,
             completions: VecDeque::new(),
+            srq: None,
         };
         qp.setup_read_queue(cfg.ird);
         // A fresh queue with capacity 1 always takes one buffer.
@@ -587,7 +614,7 @@ impl QueuePair {
             self.rtr_sink_pending = true;
             for slot in posted {
                 let len = match slot {
-                    RecvSlot::User(wr) => wr.sge.map_or(0, |s| s.len),
+                    RecvSlot::User(wr) => wr.sg_list.total_len() as u32,
                     RecvSlot::RtrSink => 0,
                 };
                 self.rq.post(len, slot)?;
@@ -625,23 +652,74 @@ impl QueuePair {
         }
     }
 
-    /// Checks a local element: a zero-length element needs no check.
+    /// Scatters `len` octets at message offset `offset` over a receive buffer's list (placing
+    /// `bytes` if given; `None`: placed already, only checked). Every piece is checked (the
+    /// buffer's PD, LOCAL_WRITE, bounds) before anything is written; false if a check fails or
+    /// the list ends first, and then nothing was written.
+    fn scatter<B: RegionBuffer>(
+        &self,
+        sg_list: &SgeList,
+        offset: u64,
+        len: u64,
+        bytes: Option<&[u8]>,
+        mem: &MemoryTable<B>,
+    ) -> bool {
+        let check = |piece: &Sge| {
+            mem.validate(
+                piece.stag,
+                self.cfg.pd,
+                Access::LOCAL_WRITE,
+                piece.to,
+                u64::from(piece.len),
+            )
+        };
+        let mut covered = 0u64;
+        for piece in sg_list.pieces(offset, len) {
+            if check(&piece).is_err() {
+                return false;
+            }
+            covered += u64::from(piece.len);
+        }
+        if covered != len {
+            return false;
+        }
+        if let Some(bytes) = bytes {
+            let mut done = 0usize;
+            for piece in sg_list.pieces(offset, len) {
+                let n = piece.len as usize;
+                let (Ok((buffer, at)), Some(part)) = (check(&piece), bytes.get(done..done + n))
+                else {
+                    return false;
+                };
+                buffer.write_at(at, part);
+                done += n;
+            }
+        }
+        true
+    }
+
+    /// Checks a local scatter/gather list, element by element (a zero-length element needs no
+    /// check), and that the message fits a 32-bit length (the completion's byte count, and an
+    /// untagged message's MO, RFC 5041 5.2).
     fn check_local<B: RegionBuffer>(
         &self,
-        sge: Option<Sge>,
+        sg_list: &SgeList,
         needed: Access,
         mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
-        match sge {
-            Some(sge) if sge.len > 0 => mem
-                .validate(sge.stag, self.cfg.pd, needed, sge.to, u64::from(sge.len))
-                .map(|_| ())
+        if sg_list.total_len() > u64::from(u32::MAX) {
+            return Err(RdmapError::MessageTooLong {
+                len: sg_list.total_len(),
+            });
+        }
+        for sge in sg_list.as_slice().iter().filter(|s| s.len > 0) {
+            mem.validate(sge.stag, self.cfg.pd, needed, sge.to, u64::from(sge.len))
                 .map_err(|violation| RdmapError::LocalAccess {
                     stag: sge.stag,
                     violation,
-                }),
-            _ => Ok(()),
+                })?;
         }
+        Ok(())
     }
 
     /// Posts a send work request.
@@ -667,17 +745,30 @@ impl QueuePair {
             SendOp::Write { .. } => (Access::NONE, WcOpcode::Write),
             SendOp::Read { .. } => (Access::LOCAL_WRITE, WcOpcode::Read),
         };
-        self.check_local(wr.local, needed, mem)?;
+        if opcode == WcOpcode::Read
+            && wr.sg_list.as_slice().iter().filter(|s| s.len > 0).count() > 1
+        {
+            // RFC 5040 4.4: a Read Request names one Data Sink STag and TO.
+            return Err(RdmapError::ReadSinkNotContiguous);
+        }
+        self.check_local(&wr.sg_list, needed, mem)?;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.slots.push_back(CompletionSlot {
             wr_id: wr.wr_id,
             opcode,
-            byte_len: wr.local.map_or(0, |s| s.len),
+            // At most u32::MAX: checked above.
+            byte_len: wr.sg_list.total_len() as u32,
             status: None,
             signaled: wr.signaled,
         });
-        self.sq.push_back(SqEntry { wr, seq, sent: 0 });
+        let total = wr.sg_list.total_len();
+        self.sq.push_back(SqEntry {
+            wr,
+            seq,
+            sent: 0,
+            total,
+        });
         Ok(())
     }
 
@@ -690,14 +781,54 @@ impl QueuePair {
         mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
         self.check_postable()?;
+        if self.srq.is_some() {
+            return Err(RdmapError::SrqAttached);
+        }
         let user_posted = self.rq.posted().saturating_sub(self.rtr_sink_posted());
         if user_posted >= self.cfg.rq_depth {
             return Err(RdmapError::RecvQueueFull);
         }
-        self.check_local(wr.sge, Access::LOCAL_WRITE, mem)?;
-        let len = wr.sge.map_or(0, |s| s.len);
+        self.check_local(&wr.sg_list, Access::LOCAL_WRITE, mem)?;
+        // At most u32::MAX: checked above.
+        let len = wr.sg_list.total_len() as u32;
         self.rq.post(len, RecvSlot::User(wr))?;
         Ok(())
+    }
+
+    /// Attaches a shared receive queue: from now on inbound Sends take their buffers from
+    /// `source` ([`RecvSource`]), and [`QueuePair::post_recv`] fails with
+    /// [`RdmapError::SrqAttached`]. Fails the same way if receives were posted already. On
+    /// error, buffers taken from the source and not yet used are flushed with the queue
+    /// pair's other work requests (`WrFlushError`), as its own receives would be.
+    pub fn attach_srq(&mut self, source: Box<dyn RecvSource>) -> Result<(), RdmapError> {
+        if self.srq.is_some() || self.rq.posted() > self.rtr_sink_posted() {
+            return Err(RdmapError::SrqAttached);
+        }
+        self.srq = Some(SrqSlot(source));
+        Ok(())
+    }
+
+    /// Takes buffers from the shared receive queue until the receive queue holds one for
+    /// `msn` (at most [`SRQ_TAKE_AHEAD`] messages ahead; never more than it can hold).
+    fn take_from_srq(&mut self, msn: u32) {
+        let Some(SrqSlot(source)) = self.srq.as_mut() else {
+            return;
+        };
+        let ahead = msn.wrapping_sub(self.rq.next_msn());
+        if ahead >= SRQ_TAKE_AHEAD {
+            return;
+        }
+        while self.rq.posted() <= ahead as usize && self.rq.posted() < self.rq.max_posted() {
+            let Some(wr) = source.take() else {
+                return;
+            };
+            // The source checked the list (at most u32::MAX octets); `post` cannot fail
+            // below `max_posted`.
+            let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
+            if self.rq.post(len, RecvSlot::User(wr)).is_err() {
+                return;
+            }
+        }
     }
 
     fn rtr_sink_posted(&self) -> usize {
@@ -1128,16 +1259,31 @@ impl QueuePair {
         out: &mut Vec<u8>,
         by_ref: bool,
     ) -> (TxUlpdu, Option<TxPayload>) {
-        let Some(entry) = self.sq.front().copied() else {
+        let Some(head) = self.sq.front() else {
             return self.fail_locally(out);
         };
+        // What this segment needs of the head, without copying its scatter/gather list.
+        let entry = SqHead {
+            op: head.wr.op,
+            seq: head.seq,
+            sent: head.sent,
+            total: head.total,
+        };
+        let sink = head.wr.sg_list.piece_at(0, u64::MAX).map(|(s, _)| s);
+        let header_len = match entry.op {
+            SendOp::Write { .. } => TAGGED_HEADER_LEN,
+            _ => UNTAGGED_HEADER_LEN,
+        };
+        let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
+        // A segment gathers from one element: it ends where the element does (DDP lets a
+        // message be cut anywhere, RFC 5041 5.1).
+        let piece = head.wr.sg_list.piece_at(entry.sent, room);
         let start = out.len();
         if let SendOp::Read {
             remote_stag,
             remote_to,
-        } = entry.wr.op
+        } = entry.op
         {
-            let sink = entry.wr.local.filter(|s| s.len > 0);
             let request = ReadRequest {
                 sink_stag: sink.map_or(0, |s| s.stag.raw()),
                 sink_to: sink.map_or(0, |s| s.to),
@@ -1168,15 +1314,10 @@ impl QueuePair {
             );
         }
 
-        let total = entry.total_len();
-        let header_len = match entry.wr.op {
-            SendOp::Write { .. } => TAGGED_HEADER_LEN,
-            _ => UNTAGGED_HEADER_LEN,
-        };
-        let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
-        let len = (total - entry.sent).min(room);
+        let total = entry.total;
+        let len = piece.map_or(0, |(_, n)| n);
         let last = entry.sent + len == total;
-        let (opcode, hdr) = match entry.wr.op {
+        let (opcode, hdr) = match entry.op {
             SendOp::Write {
                 remote_stag,
                 remote_to,
@@ -1206,8 +1347,8 @@ impl QueuePair {
         let payload = Self::push_segment(out, &hdr, if by_ref { 0 } else { len as usize });
         let mut reference = None;
         if len > 0 {
-            let copied = entry.wr.local.and_then(|sge| {
-                let to = sge.to.wrapping_add(entry.sent);
+            let copied = piece.and_then(|(sge, _)| {
+                let to = sge.to;
                 mem.validate(sge.stag, self.cfg.pd, Access::NONE, to, len)
                     .ok()
                     .map(|found| (found, sge.stag, to))
@@ -1490,17 +1631,11 @@ impl QueuePair {
                 let Ok(placement) = self.rq.locate(&hdr, payload.len()) else {
                     return false;
                 };
-                let RecvSlot::User(RecvWr { sge: Some(sge), .. }) = placement.cookie else {
+                let RecvSlot::User(wr) = &placement.cookie else {
                     return false;
                 };
-                let to = sge.to.wrapping_add(u64::from(placement.offset));
-                match mem.validate(sge.stag, self.cfg.pd, Access::LOCAL_WRITE, to, len) {
-                    Ok((buffer, offset)) => {
-                        buffer.write_at(offset, payload);
-                        true
-                    }
-                    Err(_) => false,
-                }
+                let offset = u64::from(placement.offset);
+                self.scatter(&wr.sg_list, offset, len, Some(payload), mem)
             }
         }
     }
@@ -1689,24 +1824,17 @@ impl QueuePair {
         payload: Payload<'_>,
         mem: &mut MemoryTable<B>,
     ) -> Result<(), Fault> {
+        self.take_from_srq(hdr.msn);
         let placement = self.rq.place(hdr, payload.len())?;
         if !payload.is_empty() {
-            let RecvSlot::User(RecvWr { sge: Some(sge), .. }) = placement.cookie else {
+            let RecvSlot::User(wr) = &placement.cookie else {
                 // A zero-length buffer cannot take payload: `place` reported it already.
                 return Err(RdmapError::LocalCatastrophic.into());
             };
-            let to = sge.to.wrapping_add(u64::from(placement.offset));
-            let (buffer, offset) = mem
-                .validate(
-                    sge.stag,
-                    self.cfg.pd,
-                    Access::LOCAL_WRITE,
-                    to,
-                    payload.len() as u64,
-                )
-                .map_err(|_| RdmapError::LocalCatastrophic)?;
-            if let Some(bytes) = payload.bytes() {
-                buffer.write_at(offset, bytes);
+            let offset = u64::from(placement.offset);
+            let len = payload.len() as u64;
+            if !self.scatter(&wr.sg_list, offset, len, payload.bytes(), mem) {
+                return Err(RdmapError::LocalCatastrophic.into());
             }
         }
         // A repeated Last segment (DDP allows repeated placement) is recorded once.

@@ -5,7 +5,8 @@ mod common;
 
 use common::*;
 use rdmap::qp::{
-    QpConfig, QpState, RecvWr, RtrKind, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    QpConfig, QpState, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use rdmap::{Access, AccessViolation, Opcode, RdmapError, Stag};
 
@@ -611,11 +612,12 @@ fn rtr_messages_are_accepted() {
         b.post_recv(
             RecvWr {
                 wr_id: 78,
-                sge: Some(Sge {
+                sg_list: Sge {
                     stag: rbuf,
                     to: 0,
                     len: 8,
-                }),
+                }
+                .into(),
             },
             &pair.b.mem,
         )
@@ -696,7 +698,7 @@ fn close_flushes_outstanding_work() {
                     solicited: false,
                     invalidate: None
                 },
-                local: None,
+                sg_list: SgeList::new(),
                 signaled: true
             },
             &pair.a.mem
@@ -717,11 +719,12 @@ fn local_checks_on_post() {
             remote_stag: Stag(0x100),
             remote_to: 0,
         },
-        local: Some(Sge {
+        sg_list: Sge {
             stag: ro,
             to: 0,
             len: 8,
-        }),
+        }
+        .into(),
         signaled: true,
     };
     assert_eq!(
@@ -737,11 +740,12 @@ fn local_checks_on_post() {
             solicited: false,
             invalidate: None,
         },
-        local: Some(Sge {
+        sg_list: Sge {
             stag: ro,
             to: 4,
             len: 5,
-        }),
+        }
+        .into(),
         signaled: true,
     };
     assert_eq!(
@@ -755,11 +759,12 @@ fn local_checks_on_post() {
         pair.a.qp.post_recv(
             RecvWr {
                 wr_id: 3,
-                sge: Some(Sge {
+                sg_list: Sge {
                     stag: ro,
                     to: 0,
                     len: 8
-                })
+                }
+                .into()
             },
             &pair.a.mem
         ),
@@ -780,7 +785,7 @@ fn local_checks_on_post() {
             solicited: false,
             invalidate: None,
         },
-        local: None,
+        sg_list: SgeList::new(),
         signaled: true,
     };
     qp.post_send(send, &pair.a.mem).unwrap();
@@ -790,11 +795,176 @@ fn local_checks_on_post() {
     );
     let recv = RecvWr {
         wr_id: 5,
-        sge: None,
+        sg_list: SgeList::new(),
     };
     qp.post_recv(recv, &pair.a.mem).unwrap();
     assert_eq!(
         qp.post_recv(recv, &pair.a.mem),
         Err(RdmapError::RecvQueueFull)
     );
+}
+
+/// A Send and a Write gathered from several elements of different regions, the Send scattered
+/// over a receive buffer of several elements cut elsewhere; a Read's sink of two elements is
+/// refused (a Read Request names one sink, RFC 5040 4.4).
+#[test]
+fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
+    let mut pair = Pair::new(MULPDU);
+    let data = pattern(5000, 9);
+    // The source: three pieces in two regions (1500 + 2000 + 1500 octets).
+    let r1 = pair.a.region(data[..3500].to_vec(), 0x1_0000, Access::NONE);
+    let r2 = pair.a.region(data[3500..].to_vec(), 0x2_0000, Access::NONE);
+    let src = SgeList::from_slice(&[
+        Sge {
+            stag: r1,
+            to: 0x1_0000,
+            len: 1500,
+        },
+        Sge {
+            stag: r1,
+            to: 0x1_0000 + 1500,
+            len: 2000,
+        },
+        Sge {
+            stag: r2,
+            to: 0x2_0000,
+            len: 1500,
+        },
+    ])
+    .unwrap();
+    // The receive buffer: four elements (700 + 0 + 3000 + 1300) in one region, out of order.
+    let sink = pair.b.region(vec![0; 8000], 0x9_0000, Access::LOCAL_WRITE);
+    let recv = SgeList::from_slice(&[
+        Sge {
+            stag: sink,
+            to: 0x9_0000 + 6000,
+            len: 700,
+        },
+        Sge {
+            stag: sink,
+            to: 0x9_0000,
+            len: 0,
+        },
+        Sge {
+            stag: sink,
+            to: 0x9_0000,
+            len: 3000,
+        },
+        Sge {
+            stag: sink,
+            to: 0x9_0000 + 3000,
+            len: 1300,
+        },
+    ])
+    .unwrap();
+    pair.b
+        .qp
+        .post_recv(
+            RecvWr {
+                wr_id: 50,
+                sg_list: recv,
+            },
+            &pair.b.mem,
+        )
+        .unwrap();
+    let send = SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    };
+    pair.a
+        .qp
+        .post_send(
+            SendWr {
+                wr_id: 1,
+                op: send,
+                sg_list: src,
+                signaled: true,
+            },
+            &pair.a.mem,
+        )
+        .unwrap();
+    pair.pump();
+    assert_eq!(pair.a.completions(), vec![ok(1, WcOpcode::Send, 5000)]);
+    assert_eq!(pair.b.completions(), vec![ok(50, WcOpcode::Recv, 5000)]);
+    let got = pair.b.contents(sink);
+    assert_eq!(&got[6000..6700], &data[..700]);
+    assert_eq!(&got[..3000], &data[700..3700]);
+    assert_eq!(&got[3000..4300], &data[3700..]);
+    // No segment gathers across an element's end.
+    assert!(pair.log.iter().all(|t| t.result.is_ok()));
+    assert!(pair.sent_by(Side::A).count() >= 3);
+
+    // The same list as a Write source.
+    let target = pair.b.region(vec![0; 5000], 0xA_0000, Access::REMOTE_WRITE);
+    let write = SendOp::Write {
+        remote_stag: target,
+        remote_to: 0xA_0000,
+    };
+    pair.a
+        .qp
+        .post_send(
+            SendWr {
+                wr_id: 2,
+                op: write,
+                sg_list: src,
+                signaled: true,
+            },
+            &pair.a.mem,
+        )
+        .unwrap();
+    pair.pump();
+    assert_eq!(pair.a.completions(), vec![ok(2, WcOpcode::Write, 5000)]);
+    assert_eq!(pair.b.contents(target), data);
+
+    // A Read into two elements is refused when posted; one element is fine.
+    let read = SendOp::Read {
+        remote_stag: target,
+        remote_to: 0xA_0000,
+    };
+    let local = pair.a.region(vec![0; 5000], 0x3_0000, Access::LOCAL_WRITE);
+    let two = SgeList::from_slice(&[
+        Sge {
+            stag: local,
+            to: 0x3_0000,
+            len: 100,
+        },
+        Sge {
+            stag: local,
+            to: 0x3_0000 + 200,
+            len: 100,
+        },
+    ])
+    .unwrap();
+    let wr = |sg_list| SendWr {
+        wr_id: 3,
+        op: read,
+        sg_list,
+        signaled: true,
+    };
+    assert_eq!(
+        pair.a.qp.post_send(wr(two), &pair.a.mem),
+        Err(RdmapError::ReadSinkNotContiguous)
+    );
+    // An element outside its region fails the local check, whichever element it is.
+    let mut bad = SgeList::from(Sge {
+        stag: local,
+        to: 0x3_0000,
+        len: 10,
+    });
+    bad.push(Sge {
+        stag: r2,
+        to: 0x2_0000 + 1400,
+        len: 200,
+    })
+    .unwrap();
+    let bad_send = SendWr {
+        wr_id: 4,
+        op: send,
+        sg_list: bad,
+        signaled: true,
+    };
+    assert!(matches!(
+        pair.a.qp.post_send(bad_send, &pair.a.mem),
+        Err(RdmapError::LocalAccess { stag, .. }) if stag == r2
+    ));
 }

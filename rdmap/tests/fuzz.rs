@@ -80,7 +80,7 @@ fn target() -> Target {
         qp.post_recv(
             RecvWr {
                 wr_id: u64::from(i),
-                sge: Some(sge),
+                sg_list: sge.into(),
             },
             &mem,
         )
@@ -94,11 +94,12 @@ fn target() -> Target {
                 remote_stag: Stag(0x9900),
                 remote_to: 0,
             },
-            local: Some(Sge {
+            sg_list: Sge {
                 stag: sink,
                 to: 0x5000,
                 len: 100,
-            }),
+            }
+            .into(),
             signaled: true,
         },
         &mem,

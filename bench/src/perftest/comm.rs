@@ -175,7 +175,7 @@ impl Comm {
     pub fn recv_wr(mr: &MemoryRegion) -> RecvWr {
         RecvWr {
             wr_id: WR_RECV,
-            sge: Some(mr.sge(0, SLOT as u32)),
+            sg_list: mr.sge(0, SLOT as u32).into(),
         }
     }
 
@@ -209,7 +209,7 @@ impl Comm {
                     solicited: false,
                     invalidate: None,
                 },
-                local: Some(self.mr.sge(SLOT, data.len() as u32)),
+                sg_list: self.mr.sge(SLOT, data.len() as u32).into(),
                 signaled: true,
             },
         )?;

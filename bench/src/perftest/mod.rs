@@ -836,7 +836,7 @@ impl Session {
                     remote_stag: Stag(rkey),
                     remote_to: to,
                 },
-                local: Some(mr.sge(0, len as u32)),
+                sg_list: mr.sge(0, len as u32).into(),
                 signaled: true,
             },
         )?;
@@ -867,7 +867,7 @@ impl Session {
                     remote_stag: Stag(rkey),
                     remote_to: to,
                 },
-                local: Some(src.sge(0, len as u32)),
+                sg_list: src.sge(0, len as u32).into(),
                 signaled: true,
             },
         )?;
@@ -1051,7 +1051,7 @@ impl Session {
                             remote_stag: Stag(peer.rkey),
                             remote_to: peer.vaddr,
                         },
-                        local: Some(credit_src.sge(0, 4)),
+                        sg_list: credit_src.sge(0, 4).into(),
                         signaled: true,
                     },
                 )?;
@@ -1265,7 +1265,7 @@ impl Session {
                     SendWr {
                         wr_id: K_DATA | posted,
                         op,
-                        local: Some(local),
+                        sg_list: local.into(),
                         signaled: true,
                     },
                 )?;
@@ -1410,7 +1410,7 @@ impl Session {
                         remote_stag: Stag(peer.rkey),
                         remote_to: peer.vaddr,
                     },
-                    local: Some(landing.sge(0, size as u32)),
+                    sg_list: landing.sge(0, size as u32).into(),
                     signaled: true,
                 },
             )?;
@@ -1496,7 +1496,7 @@ impl Session {
                         remote_stag: Stag(peer.rkey),
                         remote_to: peer.vaddr,
                     },
-                    local: Some(mr.sge(0, size as u32)),
+                    sg_list: mr.sge(0, size as u32).into(),
                     signaled: true,
                 },
             )?;
@@ -1614,7 +1614,7 @@ impl Session {
                     solicited: false,
                     invalidate: None,
                 },
-                local: Some(src.sge(0, size as u32)),
+                sg_list: src.sge(0, size as u32).into(),
                 signaled: true,
             },
         )
@@ -1690,7 +1690,7 @@ fn untouched_changed(step: &str, i: usize, guard: u64) -> PerftestError {
 fn recv_wr(ring: &MemoryRegion, slot: u64, size: u64) -> RecvWr {
     RecvWr {
         wr_id: K_RECV | slot,
-        sge: Some(ring.sge((slot * size) as usize, size as u32)),
+        sg_list: ring.sge((slot * size) as usize, size as u32).into(),
     }
 }
 

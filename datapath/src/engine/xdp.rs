@@ -68,12 +68,14 @@ use rdmap::WorkCompletion;
 use rdmap::{MemoryTable, PdId, QpConfig, QpState, RecvWr, TerminateCause, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
-use crate::cq::{Completion, CompletionQueue, CqSink, EngineDriver};
 use crate::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
 use crate::memory::{lock_table, ProtectionDomain, RegionMemory, SharedTable};
-use crate::socket::{
-    local_status, wc_opcode, Cmd, ConnectParams, ConnectRequest, Connection, Listener, Notifier,
-    QpParts, QueuePair, Shared, NEXT_QP,
+use crate::verbs::cm::{
+    ConnectParams, ConnectRequest, Connection, ListenProvider, Listener, PendingProvider,
+};
+use crate::verbs::cq::{Completion, CompletionQueue, CqSink, EngineDriver};
+use crate::verbs::qp::{
+    local_status, wc_opcode, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP,
 };
 use crate::xdp_tcp::{
     ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp, TcpConfig, XdpTcp,
@@ -204,6 +206,12 @@ impl Wake {
         if self.state.load(Ordering::SeqCst) == PARKED {
             let _ = self.wake_now();
         }
+    }
+}
+
+impl QpWaker for Wake {
+    fn wake(&self) -> io::Result<()> {
+        Wake::wake(self)
     }
 }
 
@@ -451,10 +459,25 @@ impl Handle {
         timeout: Duration,
         what: &'static str,
     ) -> Result<T, DatapathError> {
+        self.send(cmd)?;
+        Self::reply(rx, timeout, what)
+    }
+
+    /// Hands the engine a command.
+    fn send(&self, cmd: EngineCmd) -> Result<(), DatapathError> {
         self.cmds
             .send(cmd)
             .map_err(|_| DatapathError::Disconnected)?;
         self.wake.wake_engine()?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for a command's reply.
+    fn reply<T>(
+        rx: Receiver<Result<T, DatapathError>>,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<T, DatapathError> {
         match rx.recv_timeout(timeout) {
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => Err(DatapathError::Timeout(what)),
@@ -463,23 +486,26 @@ impl Handle {
     }
 }
 
+/// What waits for the outcome of a connection attempt ([`XdpEngine::start_connect`]).
+pub(crate) type PendingConnect = Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send>;
+
 /// A listening port of the engine (behind [`Listener`]).
-pub(crate) struct XdpListen {
+struct XdpListen {
     rx: Receiver<RequestMsg>,
     /// Every shard's handle (requests name their shard).
     handles: Vec<Handle>,
     local: SocketAddr,
-    params: ConnectParams,
 }
 
-impl XdpListen {
-    pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.local
+impl ListenProvider for XdpListen {
+    fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
+        Ok(self.local)
     }
 
     /// The next MPA Request (waiting forever with `None`); `Ok(None)` when `timeout` passed.
-    pub(crate) fn accept(
+    fn accept(
         &self,
+        params: &ConnectParams,
         timeout: Option<Duration>,
     ) -> Result<Option<ConnectRequest>, DatapathError> {
         let msg = match timeout {
@@ -496,25 +522,25 @@ impl XdpListen {
             .ok_or(DatapathError::Disconnected)?
             .clone();
         let pending = PendingRequest { id: msg.id, handle };
-        Ok(Some(ConnectRequest::from_xdp(
-            pending,
+        Ok(Some(ConnectRequest::new(
+            Box::new(pending),
             msg.info,
             msg.peer,
-            self.params.clone(),
+            params.clone(),
         )))
     }
 }
 
 /// A connection of the engine whose MPA Request waits for the application (behind
 /// [`ConnectRequest`]). Dropped without an answer, the responder's MPA timeout ends it.
-pub(crate) struct PendingRequest {
+struct PendingRequest {
     id: ConnId,
     handle: Handle,
 }
 
-impl PendingRequest {
-    pub(crate) fn accept(
-        self,
+impl PendingProvider for PendingRequest {
+    fn accept(
+        self: Box<Self>,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
@@ -538,8 +564,8 @@ impl PendingRequest {
         Ok(QueuePair::from_parts(parts))
     }
 
-    pub(crate) fn reject(
-        self,
+    fn reject(
+        self: Box<Self>,
         private_data: &[u8],
         params: &ConnectParams,
     ) -> Result<(), DatapathError> {
@@ -743,13 +769,12 @@ impl XdpEngine {
                 .handle
                 .call(cmd, rx, params.setup_timeout, "starting to listen")?;
         }
-        Ok(Listener::from_xdp(
-            XdpListen {
+        Ok(Listener::from_provider(
+            Box::new(XdpListen {
                 rx: req_rx,
                 handles: self.shards.iter().map(|s| s.handle.clone()).collect(),
                 local: SocketAddr::from((self.local_ip, port)),
-                params: params.clone(),
-            },
+            }),
             params,
         ))
     }
@@ -763,6 +788,19 @@ impl XdpEngine {
         params: &ConnectParams,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
+        self.start_connect(addr, pd, cq, params, private_data)?()
+    }
+
+    /// The first half of [`XdpEngine::connect`]: hands the engine the command and returns
+    /// what waits for its outcome (which needs nothing of `self`, so another thread can wait).
+    pub(crate) fn start_connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<PendingConnect, DatapathError> {
         let SocketAddr::V4(addr) = addr else {
             return Err(DatapathError::InvalidArgument(
                 "the AF_XDP engine speaks IPv4 only",
@@ -786,11 +824,14 @@ impl XdpEngine {
         };
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
         let wait = params.setup_timeout + Duration::from_secs(5);
-        let (parts, private_data) = handle.call(cmd, rx, wait, "connecting")?;
-        Ok(Connection {
-            qp: QueuePair::from_parts(parts),
-            private_data,
-        })
+        handle.send(cmd)?;
+        Ok(Box::new(move || {
+            let (parts, private_data) = Handle::reply(rx, wait, "connecting")?;
+            Ok(Connection {
+                qp: QueuePair::from_parts(parts),
+                private_data,
+            })
+        }))
     }
 
     /// The engine's counters as last published (at most 50 ms old while it runs), summed
@@ -878,7 +919,14 @@ impl Slot {
         }
     }
 
+    /// Records what ended the connection; a Terminate the peer sent is the cause of whatever
+    /// failed after it (the peer closes once it has sent one).
     fn set_error(&self, error: QpError) {
+        let error = self
+            .conn
+            .qp()
+            .remote_terminate()
+            .map_or(error, QpError::RemoteTerminate);
         self.shared.set_error(error);
     }
 
@@ -931,10 +979,13 @@ impl Slot {
         }
         self.last_state = Some(state);
         let qp = self.conn.qp();
-        let mut st = self
-            .shared
-            .publish(state, qp.remote_terminate(), qp.local_terminate());
-        st.finished |= finished;
+        drop(
+            self.shared
+                .publish(state, qp.remote_terminate(), qp.local_terminate()),
+        );
+        if finished {
+            self.shared.mark_finished(state);
+        }
     }
 
     /// The connection is over: the queue pair flushed, completions out, status final.
@@ -1241,11 +1292,12 @@ impl TcpApp for App<'_, '_> {
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
-                        waker: Notifier::Xdp(wake.clone()),
+                        waker: wake.clone(),
                         shared: slot.shared.clone(),
                         negotiated,
                         mulpdu,
                         peer: slot.peer,
+                        thread: None,
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
                         Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),
@@ -1872,13 +1924,14 @@ impl Turner {
     ) -> Result<ConnId, DatapathError> {
         let table = self.table_index(pd);
         let cfg = self.st.conn_config(params, pd.id);
-        let conn =
-            IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now()).map_err(|e| {
-                match e {
-                    crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
-                    crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
-                }
+        let mut conn = IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now())
+            .map_err(|e| match e {
+                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+                crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
             })?;
+        if let Some(srq) = &params.srq {
+            srq.attach(conn.qp_mut(), pd.id)?;
+        }
         let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
@@ -1915,6 +1968,9 @@ impl Turner {
         // Before Full Operation the queue pair is a fresh one with a placeholder PD: replace it
         // with one of the application's PD.
         *slot.conn.qp_mut() = rdmap::QueuePair::new(cfg.qp);
+        if let Some(srq) = &params.srq {
+            srq.attach(slot.conn.qp_mut(), pd.id)?;
+        }
         {
             let mem = lock_table(&pd.table);
             for wr in recvs {

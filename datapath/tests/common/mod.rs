@@ -546,7 +546,7 @@ pub fn verified_transfers(
         .enumerate()
         .map(|(i, (s, mr))| RecvWr {
             wr_id: i as u64,
-            sge: Some(mr.sge(0, s.capacity() as u32)),
+            sg_list: mr.sge(0, s.capacity() as u32).into(),
         })
         .collect();
 
@@ -583,7 +583,7 @@ pub fn verified_transfers(
                 remote_stag: s_target.stag(),
                 remote_to: s_target.base_to(),
             },
-            local: Some(c_src.sge(0, n as u32)),
+            sg_list: c_src.sge(0, n as u32).into(),
             signaled: true,
         })
         .unwrap();
@@ -593,7 +593,7 @@ pub fn verified_transfers(
                 solicited: false,
                 invalidate: None,
             },
-            local: Some(c_src.sge(0, n as u32)),
+            sg_list: c_src.sge(0, n as u32).into(),
             signaled: true,
         })
         .unwrap();
@@ -626,7 +626,7 @@ pub fn verified_transfers(
                 remote_stag: s_source.stag(),
                 remote_to: s_source.base_to(),
             },
-            local: Some(c_sink.sge(0, n as u32)),
+            sg_list: c_sink.sge(0, n as u32).into(),
             signaled: true,
         })
         .unwrap();

@@ -41,7 +41,7 @@ impl Peer {
             .post_recv(
                 RecvWr {
                     wr_id,
-                    sge: Some(Sge { stag, to, len }),
+                    sg_list: Sge { stag, to, len }.into(),
                 },
                 &self.mem,
             )
@@ -59,7 +59,7 @@ impl Peer {
                 SendWr {
                     wr_id,
                     op,
-                    local,
+                    sg_list: local.into(),
                     signaled,
                 },
                 &self.mem,

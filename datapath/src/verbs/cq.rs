@@ -20,16 +20,15 @@
 //! `XdpEngineConfig::inline_progress`); waiting ([`CompletionQueue::wait`]) or arming
 //! ([`CompletionQueue::req_notify`]) hands the work back to the engine thread.
 
-use std::collections::VecDeque;
-use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use rdmap::{WcStatus, WorkCompletion};
 
+use crate::verbs::event_queue::EventQueue;
 use crate::DatapathError;
 
 /// A work completion tagged with the number of the queue pair it belongs to.
@@ -95,7 +94,7 @@ impl CqSink {
             let fire = armed == ARMED_ANY || (armed == ARMED_SOLICITED && solicited);
             // The swap makes one event per arming, whichever thread gets there first.
             if fire && inner.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
-                channel.fire(Arc::downgrade(&self.inner));
+                channel.push(Arc::downgrade(&self.inner));
             }
         }
     }
@@ -250,32 +249,8 @@ impl CompletionQueue {
     }
 }
 
-struct ChannelInner {
-    /// An eventfd in semaphore mode: its count is the number of events queued.
-    efd: OwnedFd,
-    /// The queues that fired, oldest first (weak: a dropped queue's event is skipped).
-    fired: Mutex<VecDeque<Weak<CqInner>>>,
-}
-
-impl ChannelInner {
-    fn fire(&self, cq: Weak<CqInner>) {
-        // Queued before the count goes up, so a reader that sees the count finds the entry.
-        self.fired
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(cq);
-        let one: u64 = 1;
-        // SAFETY: writes 8 octets from a local u64 to the eventfd we own. It cannot fail short of
-        // the counter reaching u64::MAX - 1 events, which unread events never do.
-        let _ = unsafe {
-            libc::write(
-                self.efd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-    }
-}
+/// The queues that fired, oldest first (weak: a dropped queue's event is skipped).
+type ChannelInner = EventQueue<Weak<CqInner>>;
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
 /// armed [`CompletionQueue`] created with it gets a completion (see the module documentation).
@@ -288,23 +263,8 @@ pub struct CompletionChannel {
 impl CompletionChannel {
     /// A new channel (`ibv_create_comp_channel`), backed by a non-blocking eventfd.
     pub fn new() -> Result<Self, DatapathError> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-        let fd = unsafe {
-            libc::eventfd(
-                0,
-                libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error().into());
-        }
-        // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
-        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Self {
-            inner: Arc::new(ChannelInner {
-                efd,
-                fired: Mutex::new(VecDeque::new()),
-            }),
+            inner: Arc::new(EventQueue::new()?),
         })
     }
 
@@ -313,26 +273,7 @@ impl CompletionChannel {
     /// while events remain. An event of a queue dropped since is skipped.
     pub fn get_event(&self) -> Option<CompletionQueue> {
         loop {
-            let mut count: u64 = 0;
-            // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode
-            // a successful read takes exactly one event.
-            let n = unsafe {
-                libc::read(
-                    self.inner.efd.as_raw_fd(),
-                    (&mut count as *mut u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
-            if n != std::mem::size_of::<u64>() as isize {
-                return None;
-            }
-            let weak = self
-                .inner
-                .fired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()?;
-            if let Some(inner) = weak.upgrade() {
+            if let Some(inner) = self.inner.pop()?.upgrade() {
                 return Some(CompletionQueue { inner });
             }
         }
@@ -346,30 +287,21 @@ impl CompletionChannel {
             if let Some(cq) = self.get_event() {
                 return Some(cq);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if !self.inner.wait_readable(deadline) {
                 return None;
             }
-            let mut pfd = libc::pollfd {
-                fd: self.inner.efd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd on our stack, count 1.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
         }
     }
 }
 
 impl AsRawFd for CompletionChannel {
     fn as_raw_fd(&self) -> RawFd {
-        self.inner.efd.as_raw_fd()
+        self.inner.raw_fd()
     }
 }
 
 impl AsFd for CompletionChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.efd.as_fd()
+        self.inner.borrowed_fd()
     }
 }

@@ -1,0 +1,201 @@
+//! Connection management in rdma_cm's terms: [`Listener`] (`rdma_listen`), the
+//! [`ConnectRequest`] it yields (`RDMA_CM_EVENT_CONNECT_REQUEST`: accept or reject, with
+//! private data), [`Connection`] (the established queue pair and the peer's private data) and
+//! [`ConnectParams`]. The transports provide listening and the pending request through
+//! [`ListenProvider`] and [`PendingProvider`], so this module names neither.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mpa::{MpaConfig, RequestInfo};
+use rdmap::RecvWr;
+
+use crate::memory::ProtectionDomain;
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::QueuePair;
+use crate::verbs::srq::SharedReceiveQueue;
+use crate::DatapathError;
+
+/// Parameters of a connection: MPA negotiation and queue sizes.
+#[derive(Debug, Clone)]
+pub struct ConnectParams {
+    /// What we ask for in MPA (revision, CRC, markers, IRD/ORD, RTR, private-data cap).
+    pub mpa: MpaConfig,
+    /// Send queue depth (outstanding send/write/read work requests).
+    pub sq_depth: usize,
+    /// Receive queue depth (posted receive work requests).
+    pub rq_depth: usize,
+    /// Deadline for TCP connect plus the MPA exchange.
+    pub setup_timeout: Duration,
+    /// A shared receive queue of the connection's protection domain to take receive buffers
+    /// from (then receives are posted there, not on the queue pair).
+    pub srq: Option<SharedReceiveQueue>,
+}
+
+impl Default for ConnectParams {
+    fn default() -> Self {
+        Self {
+            mpa: MpaConfig::default(),
+            sq_depth: 4096,
+            rq_depth: 4096,
+            setup_timeout: Duration::from_secs(10),
+            srq: None,
+        }
+    }
+}
+
+/// An established connection: the queue pair and the private data the peer sent.
+pub struct Connection {
+    /// The connected queue pair.
+    pub qp: QueuePair,
+    /// Private data from the peer's MPA Request (at the responder) or Reply (at the initiator).
+    pub private_data: Vec<u8>,
+}
+
+/// A transport's listening port.
+pub(crate) trait ListenProvider: Send + Sync {
+    /// The bound address.
+    fn local_addr(&self) -> Result<SocketAddr, DatapathError>;
+    /// The next connection whose MPA Request arrived, waiting up to `timeout` (`None`:
+    /// forever); `Ok(None)` when the time passed.
+    fn accept(
+        &self,
+        params: &ConnectParams,
+        timeout: Option<Duration>,
+    ) -> Result<Option<ConnectRequest>, DatapathError>;
+}
+
+/// A transport's connection whose MPA Request waits for the application.
+pub(crate) trait PendingProvider: Send {
+    /// Sends the accepting Reply and starts the queue pair, with `recvs` posted first.
+    fn accept(
+        self: Box<Self>,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<QueuePair, DatapathError>;
+    /// Sends the rejecting Reply (R=1) and closes.
+    fn reject(
+        self: Box<Self>,
+        private_data: &[u8],
+        params: &ConnectParams,
+    ) -> Result<(), DatapathError>;
+}
+
+/// A listener that accepts MPA connections (the rdma_cm `listen` step): a kernel TCP listening
+/// socket ([`Listener::bind`]), or a port of the AF_XDP engine
+/// ([`crate::engine::xdp::XdpEngine::listen`]), or either through [`crate::Device::listen`].
+pub struct Listener {
+    inner: Box<dyn ListenProvider>,
+    params: ConnectParams,
+}
+
+impl Listener {
+    pub(crate) fn from_provider(inner: Box<dyn ListenProvider>, params: ConnectParams) -> Self {
+        Self { inner, params }
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
+        self.inner.local_addr()
+    }
+
+    /// Waits for the next connection and its MPA Request. A peer that sends a malformed
+    /// Request or none in time is dropped and reported as an error; call again to go on.
+    pub fn accept(&self) -> Result<ConnectRequest, DatapathError> {
+        self.inner
+            .accept(&self.params, None)?
+            .ok_or(DatapathError::Disconnected)
+    }
+
+    /// Like [`accept`](Self::accept) but gives up (returning `Ok(None)`) when no connection
+    /// arrives within `timeout`.
+    pub fn accept_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<ConnectRequest>, DatapathError> {
+        self.inner.accept(&self.params, Some(timeout))
+    }
+}
+
+/// A connection request that has sent a valid MPA Request; accept or reject it.
+pub struct ConnectRequest {
+    inner: Box<dyn PendingProvider>,
+    info: RequestInfo,
+    peer: SocketAddr,
+    params: ConnectParams,
+}
+
+impl ConnectRequest {
+    pub(crate) fn new(
+        inner: Box<dyn PendingProvider>,
+        info: RequestInfo,
+        peer: SocketAddr,
+        params: ConnectParams,
+    ) -> Self {
+        Self {
+            inner,
+            info,
+            peer,
+            params,
+        }
+    }
+
+    /// The private data of the Request (without the RFC 6581 IRD/ORD block).
+    pub fn private_data(&self) -> &[u8] {
+        &self.info.private_data
+    }
+
+    /// Everything the Request said.
+    pub fn info(&self) -> &RequestInfo {
+        &self.info
+    }
+
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Makes the queue pair that accepting creates take its receives from `srq` (rdma_cm's
+    /// `rdma_create_qp` with an SRQ in its attributes), whatever the listener's parameters say.
+    pub fn use_srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.params.srq = Some(srq.clone());
+        self
+    }
+
+    /// Accepts with our private data and starts the queue pair.
+    pub fn accept(
+        self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        self.accept_with_recvs(pd, cq, private_data, Vec::new())
+    }
+
+    /// Accepts, with `recvs` posted before the peer can send anything: iWARP has no
+    /// receiver-not-ready retry, so a Send that finds no posted buffer ends the connection
+    /// (RFC 5041 7.1, MSN with no buffer).
+    pub fn accept_with_recvs(
+        self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+    ) -> Result<Connection, DatapathError> {
+        let qp = self
+            .inner
+            .accept(pd, cq, private_data, recvs, &self.params)?;
+        Ok(Connection {
+            qp,
+            private_data: self.info.private_data,
+        })
+    }
+
+    /// Rejects with private data (MPA Reply with R=1), then closes the connection.
+    pub fn reject(self, private_data: &[u8]) -> Result<(), DatapathError> {
+        self.inner.reject(private_data, &self.params)
+    }
+}

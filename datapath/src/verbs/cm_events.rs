@@ -1,0 +1,212 @@
+//! Connection-manager events (rdma_cm's event channel): connection requests, established and
+//! rejected connections, connection errors and disconnections, queued on a
+//! [`CmEventChannel`] whose file descriptor is readable while an event waits, so an
+//! application sets connections up from its event loop instead of blocking a thread in
+//! `accept` or `connect`.
+//!
+//! Sources: a [`Listener`] handed to [`Listener::notify`] (a thread accepts and queues each
+//! `ConnectRequest`), [`crate::Device::connect_async`] (a thread connects and queues the result)
+//! and [`QueuePair::notify_disconnect`] (the queue pair's end).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::verbs::cm::{ConnectRequest, Connection, Listener};
+use crate::verbs::event_queue::EventQueue;
+use crate::verbs::qp::QueuePair;
+use crate::{DatapathError, QpError};
+
+/// One connection-manager event (`struct rdma_cm_event`).
+pub enum CmEvent {
+    /// A peer's valid MPA Request on a listener (`RDMA_CM_EVENT_CONNECT_REQUEST`): accept or
+    /// reject it.
+    ConnectRequest(ConnectRequest),
+    /// A connection started with [`crate::Device::connect_async`] is established
+    /// (`RDMA_CM_EVENT_ESTABLISHED`), tagged with the caller's `context`.
+    Established {
+        /// The caller's tag of the attempt.
+        context: u64,
+        /// The connection.
+        connection: Connection,
+    },
+    /// The peer rejected a connection attempt (`RDMA_CM_EVENT_REJECTED`), with its private
+    /// data.
+    Rejected {
+        /// The caller's tag of the attempt.
+        context: u64,
+        /// Private data of the rejecting Reply.
+        private_data: Vec<u8>,
+    },
+    /// A connection attempt failed (`RDMA_CM_EVENT_UNREACHABLE`, `_CONNECT_ERROR`).
+    ConnectError {
+        /// The caller's tag of the attempt.
+        context: u64,
+        /// Why.
+        error: DatapathError,
+    },
+    /// A listener handed to [`Listener::notify`] failed and stopped.
+    ListenError(DatapathError),
+    /// A queue pair's connection ended (`RDMA_CM_EVENT_DISCONNECTED`), with the cause if it
+    /// was not a clean close of ours.
+    Disconnected {
+        /// The queue pair's number.
+        qp_num: u32,
+        /// What ended it ([`crate::QpStatus::error`]).
+        error: Option<QpError>,
+    },
+}
+
+impl std::fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CmEvent::ConnectRequest(r) => write!(f, "ConnectRequest(from {})", r.peer_addr()),
+            CmEvent::Established {
+                context,
+                connection,
+            } => write!(
+                f,
+                "Established(context {context}, qp {})",
+                connection.qp.num()
+            ),
+            CmEvent::Rejected { context, .. } => write!(f, "Rejected(context {context})"),
+            CmEvent::ConnectError { context, error } => {
+                write!(f, "ConnectError(context {context}: {error})")
+            }
+            CmEvent::ListenError(e) => write!(f, "ListenError({e})"),
+            CmEvent::Disconnected { qp_num, error } => {
+                write!(f, "Disconnected(qp {qp_num}, {error:?})")
+            }
+        }
+    }
+}
+
+/// A connection-manager event channel (`rdma_create_event_channel`). Cloning gives another
+/// handle to the same channel.
+#[derive(Clone)]
+pub struct CmEventChannel {
+    queue: Arc<EventQueue<CmEvent>>,
+}
+
+impl CmEventChannel {
+    /// A new channel, backed by a non-blocking eventfd.
+    pub fn new() -> Result<Self, DatapathError> {
+        Ok(Self {
+            queue: Arc::new(EventQueue::new()?),
+        })
+    }
+
+    /// Takes the oldest event without blocking (`rdma_get_cm_event` on a non-blocking
+    /// channel).
+    pub fn get_event(&self) -> Option<CmEvent> {
+        self.queue.pop()
+    }
+
+    /// Waits up to `timeout` for an event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<CmEvent> {
+        self.queue.pop_wait(timeout)
+    }
+
+    pub(crate) fn push(&self, event: CmEvent) {
+        self.queue.push(event);
+    }
+}
+
+impl AsRawFd for CmEventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.queue.raw_fd()
+    }
+}
+
+impl AsFd for CmEventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.queue.borrowed_fd()
+    }
+}
+
+/// A listener whose connection requests go to a [`CmEventChannel`]; dropping it stops
+/// listening (within 100 ms).
+pub struct NotifyingListener {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for NotifyingListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How often a notifying listener looks at its stop flag.
+const LISTEN_TURN: Duration = Duration::from_millis(100);
+
+impl Listener {
+    /// Queues each connection request on `channel` as [`CmEvent::ConnectRequest`] (rdma_cm's
+    /// listen on an event channel), from a thread of its own, until the returned handle is
+    /// dropped. A peer whose Request is malformed or late is dropped, as `accept` drops it; a
+    /// failure of the listener itself is queued as [`CmEvent::ListenError`] and ends it.
+    pub fn notify(self, channel: &CmEventChannel) -> Result<NotifyingListener, DatapathError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let channel = channel.clone();
+        let thread = std::thread::Builder::new()
+            .name("iwarp-cm-listen".into())
+            .spawn(move || {
+                while !flag.load(Ordering::SeqCst) {
+                    match self.accept_timeout(LISTEN_TURN) {
+                        Ok(Some(request)) => channel.push(CmEvent::ConnectRequest(request)),
+                        Ok(None) => {}
+                        // One peer's bad or missing Request: that connection is dropped.
+                        Err(DatapathError::Mpa(_) | DatapathError::Timeout(_)) => {}
+                        Err(e) => {
+                            channel.push(CmEvent::ListenError(e));
+                            return;
+                        }
+                    }
+                }
+            })?;
+        Ok(NotifyingListener {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl QueuePair {
+    /// Queues [`CmEvent::Disconnected`] on `channel` when the connection ends (at once if it
+    /// has ended already).
+    pub fn notify_disconnect(&self, channel: &CmEventChannel) {
+        let channel = channel.clone();
+        let qp_num = self.num();
+        self.shared().set_on_finish(Box::new(move |error| {
+            channel.push(CmEvent::Disconnected { qp_num, error })
+        }));
+    }
+}
+
+/// Queues the outcome of a connection attempt.
+pub(crate) fn push_outcome(
+    channel: &CmEventChannel,
+    context: u64,
+    outcome: Result<Connection, DatapathError>,
+) {
+    channel.push(match outcome {
+        Ok(connection) => {
+            connection.qp.notify_disconnect(channel);
+            CmEvent::Established {
+                context,
+                connection,
+            }
+        }
+        Err(DatapathError::Rejected { private_data }) => CmEvent::Rejected {
+            context,
+            private_data,
+        },
+        Err(error) => CmEvent::ConnectError { context, error },
+    });
+}

@@ -1,0 +1,297 @@
+//! The queue pair as the application holds it (`ibv_qp`): work requests go to the transport
+//! that runs the connection through a lock-free command channel and a wake-up; the transport
+//! publishes the state, the Terminates and the typed cause of the connection's end
+//! ([`QpStatus`]). Both transports build it from [`QpParts`].
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use mpa::Negotiated;
+use rdmap::{QpState, RecvWr, SendOp, SendWr, TerminateInfo, WcOpcode, WcStatus};
+
+use crate::{DatapathError, QpError};
+
+/// What the application can see of a queue pair's state while its engine runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpStatus {
+    /// RDMAP queue-pair state.
+    pub state: QpState,
+    /// The Terminate the peer sent us, if any.
+    pub remote_terminate: Option<TerminateInfo>,
+    /// What ended the connection, if anything has: the first cause seen (an MPA error, a
+    /// Terminate we sent or received, the peer's close or reset, a timeout, a transport
+    /// failure).
+    pub error: Option<QpError>,
+    /// The Terminate we sent (or queued), if any.
+    pub sent_terminate: Option<TerminateInfo>,
+    /// The engine thread has stopped and the socket is closed.
+    pub finished: bool,
+}
+
+/// A command from the application's [`QueuePair`] handle to the engine that runs it.
+pub(crate) enum Cmd {
+    Send(SendWr),
+    Recv(RecvWr),
+    Close,
+}
+
+/// State the engine publishes for the application.
+pub(crate) struct Shared {
+    pub(crate) status: Mutex<QpStatus>,
+    /// Called once when the transport has finished with the connection (a connection-manager
+    /// event channel's `Disconnected`), with the cause.
+    on_finish: Mutex<Option<FinishHook>>,
+}
+
+/// What [`Shared::set_on_finish`] calls.
+pub(crate) type FinishHook = Box<dyn FnOnce(Option<QpError>) + Send>;
+
+impl Shared {
+    pub(crate) fn new(state: QpState) -> Arc<Shared> {
+        Arc::new(Shared {
+            status: Mutex::new(QpStatus {
+                state,
+                remote_terminate: None,
+                error: None,
+                sent_terminate: None,
+                finished: false,
+            }),
+            on_finish: Mutex::new(None),
+        })
+    }
+
+    /// Calls `hook` once the transport has finished with the connection (at once if it has).
+    pub(crate) fn set_on_finish(&self, hook: FinishHook) {
+        let done = {
+            let st = self.lock();
+            if st.finished {
+                Some(st.error.clone())
+            } else {
+                *self.on_finish.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+                return;
+            }
+        };
+        if let Some(error) = done {
+            hook(error);
+        }
+    }
+
+    /// The transport has finished with the connection: the status is final.
+    pub(crate) fn mark_finished(&self, state: QpState) {
+        let error = {
+            let mut st = self.lock();
+            st.state = state;
+            if st.finished {
+                return;
+            }
+            st.finished = true;
+            st.error.clone()
+        };
+        let hook = self
+            .on_finish
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(hook) = hook {
+            hook(error);
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpStatus> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records what ended the connection, unless a cause is known already.
+    pub(crate) fn set_error(&self, error: QpError) {
+        let mut st = self.lock();
+        if st.error.is_none() {
+            st.error = Some(error);
+        }
+    }
+
+    /// Publishes the queue pair's state and Terminates; a Terminate is the cause if none is
+    /// known yet.
+    pub(crate) fn publish(
+        &self,
+        state: QpState,
+        remote: Option<TerminateInfo>,
+        sent: Option<TerminateInfo>,
+    ) -> std::sync::MutexGuard<'_, QpStatus> {
+        let mut st = self.lock();
+        st.state = state;
+        st.remote_terminate = remote;
+        st.sent_terminate = sent;
+        if st.error.is_none() {
+            st.error = remote
+                .map(QpError::RemoteTerminate)
+                .or(sent.map(QpError::LocalTerminate));
+        }
+        st
+    }
+}
+
+/// How a queue pair handle wakes the transport that runs it after queueing a command: the
+/// socket transport's per-connection `mio` poll, or the AF_XDP engine of the interface.
+pub(crate) trait QpWaker: Send + Sync {
+    /// The transport has a command to take.
+    fn wake(&self) -> io::Result<()>;
+}
+
+pub(crate) static NEXT_QP: AtomicU32 = AtomicU32::new(1);
+
+/// A connected queue pair (RFC 5040 2: one RDMAP stream over one MPA/TCP connection).
+///
+/// Work requests are handed to the engine thread without blocking; their results arrive on the
+/// completion queue given at connect/accept time. Dropping the queue pair closes the connection.
+pub struct QueuePair {
+    num: u32,
+    cmds: Sender<Cmd>,
+    waker: Arc<dyn QpWaker>,
+    shared: Arc<Shared>,
+    negotiated: Negotiated,
+    mulpdu: usize,
+    peer: SocketAddr,
+    /// The transport's thread for this connection alone, joined on disconnect (the socket
+    /// transport's; the AF_XDP engine's thread is shared).
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What an engine hands over to build the application's [`QueuePair`] handle.
+pub(crate) struct QpParts {
+    pub(crate) num: u32,
+    pub(crate) cmds: Sender<Cmd>,
+    pub(crate) waker: Arc<dyn QpWaker>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) negotiated: Negotiated,
+    pub(crate) mulpdu: usize,
+    pub(crate) peer: SocketAddr,
+    /// The transport's thread for this connection alone, if it has one.
+    pub(crate) thread: Option<JoinHandle<()>>,
+}
+
+/// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
+/// connection.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+
+impl QueuePair {
+    pub(crate) fn from_parts(p: QpParts) -> QueuePair {
+        QueuePair {
+            num: p.num,
+            cmds: p.cmds,
+            waker: p.waker,
+            shared: p.shared,
+            negotiated: p.negotiated,
+            mulpdu: p.mulpdu,
+            peer: p.peer,
+            thread: p.thread,
+        }
+    }
+
+    /// The state the transport publishes.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Local queue pair number (also in every [`Completion`]).
+    pub fn num(&self) -> u32 {
+        self.num
+    }
+
+    /// The MPA parameters both sides agreed on.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    /// Largest ULPDU (DDP segment) this connection sends, from the TCP MSS (RFC 5044 4.5).
+    pub fn mulpdu(&self) -> usize {
+        self.mulpdu
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
+        self.cmds
+            .send(cmd)
+            .map_err(|_| DatapathError::Disconnected)?;
+        self.waker.wake().map_err(DatapathError::Io)
+    }
+
+    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
+    /// full send queue, queue pair not ready) come back as an error completion.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+        self.command(Cmd::Send(wr))
+    }
+
+    /// Posts a receive buffer for incoming Sends.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        self.command(Cmd::Recv(wr))
+    }
+
+    /// A snapshot of the queue pair's state.
+    pub fn status(&self) -> QpStatus {
+        self.shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
+    pub fn wait_finished(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.status().finished {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Closes the connection: outstanding work requests complete as flushed, the socket is
+    /// shut down, and the engine thread is joined.
+    pub fn disconnect(&mut self) {
+        let _ = self.command(Cmd::Close);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        } else {
+            // A shared thread (the AF_XDP engine's) serves other connections too: wait
+            // (bounded) for it to report this one closed instead of joining it.
+            self.wait_finished(DISCONNECT_WAIT);
+        }
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}
+
+/// Completion status of a work request the queue pair refused when it was posted.
+pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
+    use rdmap::RdmapError as E;
+    match e {
+        E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
+        E::MessageTooLong { .. } => WcStatus::LocalLengthError,
+        _ => WcStatus::LocalQpOperationError,
+    }
+}
+
+pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::Write { .. } => WcOpcode::Write,
+        SendOp::Read { .. } => WcOpcode::Read,
+    }
+}

@@ -1,0 +1,168 @@
+//! Shared receive queues (verbs' `ibv_srq`): receive buffers of one protection domain that
+//! many queue pairs consume, one per inbound Send, whichever connection it arrives on.
+//!
+//! The buffers sit in a bounded lock-free queue (posting never blocks the transports; a
+//! transport takes a buffer when it processes a Send in order, see `rdmap::RecvSource`). The
+//! low watermark (`ibv_modify_srq` with `srq_limit`): once armed with
+//! [`SharedReceiveQueue::arm_limit`], the first time a take leaves fewer buffers than the limit
+//! an event is queued ([`SharedReceiveQueue::wait_limit_event`]) and the limit disarms, as
+//! `IBV_EVENT_SRQ_LIMIT_REACHED` does.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use rdmap::{Access, RecvSource, RecvWr};
+
+use crate::memory::{lock_table, ProtectionDomain};
+use crate::DatapathError;
+
+struct SrqInner {
+    pd: ProtectionDomain,
+    tx: Sender<RecvWr>,
+    rx: Receiver<RecvWr>,
+    /// The armed low watermark; 0 when disarmed.
+    limit: AtomicUsize,
+    events_tx: Sender<()>,
+    events_rx: Receiver<()>,
+}
+
+/// A shared receive queue of one protection domain. Cloning gives another handle to the same
+/// queue; give it to connections in `ConnectParams::srq`.
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    inner: Arc<SrqInner>,
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedReceiveQueue")
+            .field("pd", &self.inner.pd.id())
+            .field("posted", &self.inner.rx.len())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl SharedReceiveQueue {
+    /// A queue of `pd` holding at most `max_wr` posted receives (`ibv_create_srq`).
+    pub fn new(pd: &ProtectionDomain, max_wr: usize) -> Result<Self, DatapathError> {
+        if max_wr == 0 {
+            return Err(DatapathError::InvalidArgument(
+                "a shared receive queue holds at least one receive",
+            ));
+        }
+        let (tx, rx) = crossbeam_channel::bounded(max_wr);
+        let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        Ok(Self {
+            inner: Arc::new(SrqInner {
+                pd: pd.clone(),
+                tx,
+                rx,
+                limit: AtomicUsize::new(0),
+                events_tx,
+                events_rx,
+            }),
+        })
+    }
+
+    /// Posts a receive (`ibv_post_srq_recv`). Its scatter/gather list is checked now against
+    /// the protection domain (valid STags of the PD, LOCAL_WRITE, in bounds, at most 2^32 - 1
+    /// octets); fails with [`DatapathError::InvalidArgument`] if it does not pass or the queue
+    /// is full.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        if wr.sg_list.total_len() > u64::from(u32::MAX) {
+            return Err(DatapathError::InvalidArgument(
+                "receive longer than 2^32 - 1 octets",
+            ));
+        }
+        {
+            let table = lock_table(&self.inner.pd.table);
+            for sge in wr.sg_list.as_slice().iter().filter(|s| s.len > 0) {
+                table
+                    .validate(
+                        sge.stag,
+                        self.inner.pd.id(),
+                        Access::LOCAL_WRITE,
+                        sge.to,
+                        u64::from(sge.len),
+                    )
+                    .map_err(|_| {
+                        DatapathError::InvalidArgument(
+                            "a receive element fails its check (STag, PD, LOCAL_WRITE, bounds)",
+                        )
+                    })?;
+            }
+        }
+        self.inner.tx.try_send(wr).map_err(|e| match e {
+            TrySendError::Full(_) => DatapathError::InvalidArgument("shared receive queue full"),
+            TrySendError::Disconnected(_) => DatapathError::Disconnected,
+        })
+    }
+
+    /// Receives posted and not yet taken by a queue pair.
+    pub fn len(&self) -> usize {
+        self.inner.rx.len()
+    }
+
+    /// True when no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.inner.rx.is_empty()
+    }
+
+    /// Most receives the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.inner.rx.capacity().unwrap_or(usize::MAX)
+    }
+
+    /// Arms the low watermark: the first take that leaves fewer than `limit` receives queues
+    /// one event and disarms it. `limit` 0 disarms.
+    pub fn arm_limit(&self, limit: usize) {
+        self.inner.limit.store(limit, Ordering::SeqCst);
+    }
+
+    /// Takes a low-watermark event if one is queued.
+    pub fn try_limit_event(&self) -> bool {
+        self.inner.events_rx.try_recv().is_ok()
+    }
+
+    /// Waits up to `timeout` for a low-watermark event.
+    pub fn wait_limit_event(&self, timeout: Duration) -> bool {
+        self.inner.events_rx.recv_timeout(timeout).is_ok()
+    }
+
+    /// Makes `qp` (of protection domain `pd`) take its receives from this queue. Fails if the
+    /// queue belongs to another protection domain or `qp` has receives posted.
+    pub(crate) fn attach(
+        &self,
+        qp: &mut rdmap::QueuePair,
+        pd: rdmap::PdId,
+    ) -> Result<(), DatapathError> {
+        if self.inner.pd.id() != pd {
+            return Err(DatapathError::InvalidArgument(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        qp.attach_srq(Box::new(SrqSource(self.inner.clone())))
+            .map_err(|_| {
+                DatapathError::InvalidArgument(
+                    "receives were posted on the queue pair before the shared receive queue",
+                )
+            })
+    }
+}
+
+struct SrqSource(Arc<SrqInner>);
+
+impl RecvSource for SrqSource {
+    fn take(&mut self) -> Option<RecvWr> {
+        let inner = &self.0;
+        let wr = inner.rx.try_recv().ok()?;
+        let limit = inner.limit.load(Ordering::Relaxed);
+        if limit > 0 && inner.rx.len() < limit && inner.limit.swap(0, Ordering::SeqCst) > 0 {
+            let _ = inner.events_tx.send(());
+        }
+        Some(wr)
+    }
+}

@@ -1,0 +1,133 @@
+//! Connection management from an event loop (rdma_cm's event channel): a listener queues
+//! connection requests, `Device::connect_async` queues the outcome of an attempt
+//! (established, rejected, failed), and a queue pair queues its disconnection; both sides wait
+//! in epoll on the channels' descriptors. Socket transport on loopback.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use datapath::{
+    CmEvent, CmEventChannel, CompletionQueue, ConnectParams, DatapathError, Device, Listener,
+    ProtectionDomain, QpError,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// True if `fd` becomes readable within `timeout` (epoll).
+fn readable(fd: i32, timeout: Duration) -> bool {
+    // SAFETY: epoll calls on a descriptor the test owns and one it creates and closes; the
+    // event structures live on the stack.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        assert!(ep >= 0);
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+        let n = libc::epoll_wait(ep, &mut ev, 1, timeout.as_millis() as i32);
+        libc::close(ep);
+        n == 1
+    }
+}
+
+/// The next event, after epoll says the channel is readable.
+fn next(ch: &CmEventChannel, what: &str) -> CmEvent {
+    assert!(readable(ch.as_raw_fd(), WAIT), "no event: {what}");
+    ch.get_event()
+        .unwrap_or_else(|| panic!("readable but no event: {what}"))
+}
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(5),
+        ..ConnectParams::default()
+    }
+}
+
+#[test]
+fn connect_accept_reject_and_disconnect_as_events() {
+    let device = Device::socket();
+    let server_ch = CmEventChannel::new().unwrap();
+    let client_ch = CmEventChannel::new().unwrap();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _listening = listener.notify(&server_ch).unwrap();
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    assert!(server_ch.get_event().is_none());
+
+    // Accepted.
+    device
+        .connect_async(addr, &pd, &cq, &params(), b"first", &client_ch, 7)
+        .unwrap();
+    let CmEvent::ConnectRequest(req) = next(&server_ch, "first request") else {
+        panic!("not a connect request");
+    };
+    assert_eq!(req.private_data(), b"first");
+    let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let server_conn = req.accept(&spd, &scq, b"welcome").unwrap();
+    server_conn.qp.notify_disconnect(&server_ch);
+    let CmEvent::Established {
+        context: 7,
+        connection,
+    } = next(&client_ch, "established")
+    else {
+        panic!("not established");
+    };
+    assert_eq!(connection.private_data, b"welcome");
+
+    // Rejected, with private data.
+    device
+        .connect_async(addr, &pd, &cq, &params(), b"second", &client_ch, 8)
+        .unwrap();
+    let CmEvent::ConnectRequest(req) = next(&server_ch, "second request") else {
+        panic!("not a connect request");
+    };
+    req.reject(b"not you").unwrap();
+    match next(&client_ch, "rejected") {
+        CmEvent::Rejected {
+            context: 8,
+            private_data,
+        } => assert_eq!(private_data, b"not you"),
+        other => panic!("{other:?}"),
+    }
+
+    // The client closes: the server's queue pair reports it.
+    let server_qp = server_conn.qp.num();
+    let client_qp = connection.qp.num();
+    drop(connection);
+    // Our own close, reported on the channel the attempt used, with no error.
+    match next(&client_ch, "our disconnection") {
+        CmEvent::Disconnected { qp_num, error } => {
+            assert_eq!((qp_num, error), (client_qp, None));
+        }
+        other => panic!("{other:?}"),
+    }
+    match next(&server_ch, "disconnected") {
+        CmEvent::Disconnected { qp_num, error } => {
+            assert_eq!(qp_num, server_qp);
+            assert!(
+                matches!(error, None | Some(QpError::PeerClosed | QpError::PeerReset)),
+                "{error:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Nobody listens: a connection error.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    device
+        .connect_async(closed, &pd, &cq, &params(), b"", &client_ch, 9)
+        .unwrap();
+    match next(&client_ch, "connect error") {
+        CmEvent::ConnectError {
+            context: 9,
+            error: DatapathError::Io(e),
+        } => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused),
+        other => panic!("{other:?}"),
+    }
+    assert!(client_ch.get_event().is_none());
+}
