@@ -8,6 +8,8 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
@@ -498,15 +500,57 @@ impl RegionBuffer for PinnedBuffer {
     }
 }
 
-/// The registration table shared by the application (register/deregister) and the engine
-/// threads of the protection domain's queue pairs (lookups while placing). The engine takes the
-/// lock once per batch of received bytes or transmitted ULPDUs, not per packet.
-pub(crate) type SharedTable = Arc<Mutex<MemoryTable<RegionMemory>>>;
+/// A protection domain's registration table, shared by the application (registration) and the
+/// transports (lookups while placing and transmitting, invalidation by a peer's Send with
+/// Invalidate).
+///
+/// Read-copy-update: the transports read the current version through [`RegionTable::snapshot`]
+/// (`arc_swap`: an atomic load and a reference count, never a lock, never waiting for a
+/// registration), once per engine turn or socket batch; the application's changes
+/// ([`RegionTable::update`]) copy the table, change the copy and publish it, serialised among
+/// themselves by a mutex that only registration takes. Invalidation state is shared between
+/// versions (see [`MemoryTable`]), so a peer's invalidation through a snapshot holds in every
+/// version. A region leaves a transport's reach once no snapshot holding it is in use: the
+/// buffer stays alive until then (`Arc`), so a transfer in flight never touches freed memory.
+pub(crate) struct RegionTable {
+    current: ArcSwap<MemoryTable<RegionMemory>>,
+    writer: Mutex<()>,
+}
 
-pub(crate) fn lock_table(t: &SharedTable) -> MutexGuard<'_, MemoryTable<RegionMemory>> {
-    // A panic while holding the lock cannot leave the table half-updated in a way that breaks
-    // memory safety (it only holds metadata), so recover from poisoning.
-    t.lock().unwrap_or_else(|e| e.into_inner())
+pub(crate) type SharedTable = Arc<RegionTable>;
+
+/// The table version a transport reads.
+pub(crate) type TableSnapshot = Arc<MemoryTable<RegionMemory>>;
+
+impl RegionTable {
+    fn new() -> Self {
+        RegionTable {
+            current: ArcSwap::from_pointee(MemoryTable::new()),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// The current version (lock-free).
+    pub(crate) fn snapshot(&self) -> TableSnapshot {
+        self.current.load_full()
+    }
+
+    /// Applies `change` to a copy of the current version and publishes the copy. O(regions);
+    /// registration is not on any per-packet path.
+    pub(crate) fn update<R>(&self, change: impl FnOnce(&mut MemoryTable<RegionMemory>) -> R) -> R {
+        // A panic in a change leaves the published version as it was: recover from poisoning.
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = MemoryTable::clone(&self.current.load());
+        let out = change(&mut next);
+        self.current.store(Arc::new(next));
+        out
+    }
+
+    /// Holds off registration changes while the guard lives (for tests that show the
+    /// transports never wait for them).
+    pub(crate) fn hold_writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 static NEXT_PD: AtomicU32 = AtomicU32::new(1);
@@ -538,7 +582,7 @@ impl ProtectionDomain {
         let id = PdId(NEXT_PD.fetch_add(1, Ordering::Relaxed));
         Self {
             id,
-            table: Arc::new(Mutex::new(MemoryTable::new())),
+            table: Arc::new(RegionTable::new()),
             pinning: Pinning::Required,
             copied: Arc::new(AtomicU64::new(0)),
         }
@@ -554,6 +598,14 @@ impl ProtectionDomain {
     /// The domain's identifier.
     pub fn id(&self) -> PdId {
         self.id
+    }
+
+    /// Holds off registration changes of this domain (register, deregister, re-register)
+    /// while the guard lives. For tests that show the transports never wait for the
+    /// registration lock: transfers complete while it is held.
+    #[doc(hidden)]
+    pub fn hold_registrations(&self) -> impl Drop + '_ {
+        self.table.hold_writer()
     }
 
     /// Octets copied so far by [`MemoryRegion::read`] and [`MemoryRegion::write`] on this
@@ -611,8 +663,9 @@ impl ProtectionDomain {
     ) -> Result<MemoryRegion, DatapathError> {
         let buf = Arc::new(buf);
         let base_to = buf.addr();
-        let stag =
-            lock_table(&self.table).register(self.id, RegionMemory(buf.clone()), base_to, access);
+        let stag = self
+            .table
+            .update(|t| t.register(self.id, RegionMemory(buf.clone()), base_to, access));
         Ok(MemoryRegion {
             stag,
             buf,
@@ -731,8 +784,11 @@ impl MemoryRegion {
     /// region becomes valid again, and the rights become `access` (narrowed or widened). The
     /// new STag is returned and from then on given by [`MemoryRegion::stag`].
     pub fn reregister(&mut self, access: Access) -> Result<Stag, DatapathError> {
-        let stag = lock_table(&self.pd.table)
-            .reregister(self.stag, self.pd.id, self.base_to(), access)
+        let (pd, base_to) = (self.pd.id, self.base_to());
+        let stag = self
+            .pd
+            .table
+            .update(|t| t.reregister(self.stag, pd, base_to, access))
             .map_err(|_| DatapathError::InvalidArgument("the region is no longer registered"))?;
         self.stag = stag;
         self.access = access;
@@ -743,14 +799,18 @@ impl MemoryRegion {
     /// invalidation done by the owner): every access through it fails from now on until
     /// [`MemoryRegion::reregister`] gives it a new key. Fails if it is invalid already.
     pub fn invalidate(&self) -> Result<(), DatapathError> {
-        lock_table(&self.pd.table)
+        self.pd
+            .table
+            .snapshot()
             .invalidate(self.stag, self.pd.id)
             .map_err(|_| DatapathError::InvalidArgument("the STag is not valid"))
     }
 
     /// Whether the STag is valid (registered with its current key and not invalidated).
     pub fn is_valid(&self) -> bool {
-        lock_table(&self.pd.table)
+        self.pd
+            .table
+            .snapshot()
             .info(self.stag)
             .is_some_and(|i| i.valid)
     }
@@ -784,7 +844,8 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = lock_table(&self.pd.table).deregister(self.stag);
+        let stag = self.stag;
+        let _ = self.pd.table.update(|t| t.deregister(stag));
     }
 }
 
@@ -874,7 +935,7 @@ mod tests {
         let stag = mr.stag();
         let v: Vec<u8> = mr.into_buffer().unwrap();
         assert_eq!((v.as_ptr() as u64, v[1], v.len()), (addr, 7, 10_000));
-        assert!(lock_table(&pd.table).info(stag).is_none(), "deregistered");
+        assert!(pd.table.snapshot().info(stag).is_none(), "deregistered");
 
         // A Box<[u8]>, asked back as the wrong type: refused, not misread.
         let mr = pd
@@ -896,7 +957,8 @@ mod tests {
         assert_eq!(mr.base_to(), mem.as_ptr() as u64);
         let old = mr.stag();
         let t = |stag, need| {
-            lock_table(&pd.table)
+            pd.table
+                .snapshot()
                 .validate(stag, pd.id, need, mem.as_ptr() as u64, 8)
                 .map(|_| ())
         };

@@ -18,7 +18,7 @@ use mpa::{FpduDecoder, FpduEncoder, InitiatorEvent, Negotiated};
 use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
 use rdmap::{WcOpcode, WorkCompletion};
 
-use crate::memory::{lock_table, ProtectionDomain, SharedTable};
+use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::{
     ConnectParams, ConnectRequest, Connection, ListenProvider, Listener, PendingProvider,
 };
@@ -311,7 +311,7 @@ fn start_engine(
     }
     qp.enter_rts(negotiated.ird, negotiated.ord);
     {
-        let table = lock_table(&pd.table);
+        let table = pd.table.snapshot();
         for wr in recvs {
             qp.post_recv(wr, &table)
                 .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
@@ -448,7 +448,7 @@ impl Engine {
                 Cmd::Send(wr) => {
                     let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
                     let res = {
-                        let table = lock_table(&self.table);
+                        let table = self.table.snapshot();
                         self.qp.post_send(wr, &table)
                     };
                     if let Err(e) = res {
@@ -458,7 +458,7 @@ impl Engine {
                 Cmd::Recv(wr) => {
                     let wr_id = wr.wr_id;
                     let res = {
-                        let table = lock_table(&self.table);
+                        let table = self.table.snapshot();
                         self.qp.post_recv(wr, &table)
                     };
                     if let Err(e) = res {
@@ -532,13 +532,13 @@ impl Engine {
 
     /// Feeds received bytes through MPA into the queue pair (placement happens here).
     fn process_rx(&mut self, bytes: &[u8]) {
-        let mut table = lock_table(&self.table);
+        let table = self.table.snapshot();
         let qp = &mut self.qp;
         let mut got_fpdu = false;
         let mut first_error = None;
         let res = self.decoder.feed(bytes, |ulpdu| {
             got_fpdu = true;
-            if let Err(e) = qp.on_ulpdu(ulpdu, &mut table) {
+            if let Err(e) = qp.on_ulpdu(ulpdu, &table) {
                 first_error.get_or_insert(e);
             }
         });
@@ -571,7 +571,7 @@ impl Engine {
     fn transmit(&mut self) -> bool {
         let mut progress = false;
         if self.may_send && !self.tx_failed && self.tx.len() - self.tx_off < TX_HIGH {
-            let table = lock_table(&self.table);
+            let table = self.table.snapshot();
             while self.tx.len() - self.tx_off < TX_HIGH {
                 self.ulpdu.clear();
                 if self

@@ -4,7 +4,9 @@
 //! by Send, Writes and Sends gathered from scatter/gather lists of four elements over two
 //! regions and Sends scattered over receive lists of four elements cut elsewhere. The data is
 //! checked in those very bytes (the addresses the test allocated), and neither protection
-//! domain's count of bytes copied by the API moves.
+//! domain's count of bytes copied by the API moves. Both sides hold their protection domain's
+//! registration lock through the transfers: the transports (the engine's turns, the socket
+//! transport's threads) read the registration table without it, or the test would hang.
 //!
 //! * `socket_transport_on_loopback`: both sides over kernel TCP on 127.0.0.1.
 //! * `engine_to_engine_on_the_bed`: AF_XDP engines in the veth bed's two namespaces (root;
@@ -154,6 +156,9 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
             sg_list: recv_list(&recv, m),
         })
         .collect();
+    // Registration is held off from here until the transfers are checked: the transports read
+    // the registration table without its lock, so nothing below waits for it.
+    let hold = pd.hold_registrations();
     let _ = ready.send(());
     let req = listener
         .accept_timeout(WAIT)
@@ -185,6 +190,7 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
         return Err(format!("client did not close: {:?}", qp.status()));
     }
     qp.disconnect();
+    drop(hold);
     if pd.copied_bytes() != 0 {
         return Err(format!("the API copied {} octets", pd.copied_bytes()));
     }
@@ -216,6 +222,8 @@ fn client(connect: &Connect<'_>) -> Result<(), String> {
     let sink_vec = vec![0u8; TOTAL];
     let sink_addr = sink_vec.as_ptr() as u64;
     let sink = reg(sink_vec, Access::LOCAL_WRITE)?;
+    // As on the server: no registration change can happen until the transfers are checked.
+    let hold = pd.hold_registrations();
     let conn = connect(&pd, &cq, b"app memory").map_err(|e| format!("connect: {e}"))?;
     let p = &conn.private_data;
     if p.len() != 24 {
@@ -284,6 +292,7 @@ fn client(connect: &Connect<'_>) -> Result<(), String> {
     }
     same(in_place(&sink), &pattern(1, TOTAL), "Read sink")?;
     qp.disconnect();
+    drop(hold);
     if pd.copied_bytes() != 0 {
         return Err(format!("the API copied {} octets", pd.copied_bytes()));
     }

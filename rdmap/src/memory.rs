@@ -10,6 +10,7 @@
 //! STag 1 of siw's zero-length RTR Write) never name a region.
 
 use std::ops::{BitAnd, BitOr, BitOrAssign};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpa::crc::Crc32c;
@@ -224,17 +225,19 @@ impl RegionBuffer for VecBuffer {
 }
 
 /// A registered region.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Region<B> {
     pd: PdId,
     buffer: B,
     base_to: u64,
     access: Access,
-    /// False after a remote (Send with Invalidate) invalidation.
-    valid: bool,
+    /// False after an invalidation. Shared by every copy of the table that holds this
+    /// registration ([`MemoryTable`] is `Clone` for copy-on-write snapshots), so an
+    /// invalidation through one copy is seen through all; a re-registration starts a new one.
+    valid: Arc<AtomicBool>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Slot<B> {
     /// The key of the most recent registration in this slot.
     key: u8,
@@ -257,7 +260,11 @@ pub struct RegionInfo {
 }
 
 /// The registered regions of one adapter, indexed by STag.
-#[derive(Debug)]
+///
+/// Registration changes take `&mut self`; lookups and invalidation take `&self`, so a
+/// transport may read (and invalidate through) a snapshot while its owner prepares the next
+/// version on a clone (copy-on-write): invalidation state is shared between the copies.
+#[derive(Debug, Clone)]
 pub struct MemoryTable<B> {
     slots: Vec<Slot<B>>,
     free: Vec<u32>,
@@ -317,7 +324,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             buffer,
             base_to,
             access,
-            valid: true,
+            valid: Arc::new(AtomicBool::new(true)),
         };
         let index = match self.free.pop() {
             Some(index) => index,
@@ -372,7 +379,8 @@ impl<B: RegionBuffer> MemoryTable<B> {
         region.pd = pd;
         region.base_to = base_to;
         region.access = access;
-        region.valid = true;
+        // A new registration identity: copies that still hold the old key keep the old flag.
+        region.valid = Arc::new(AtomicBool::new(true));
         slot.key = slot.key.wrapping_add(1);
         Ok(Stag::new(stag.index(), slot.key))
     }
@@ -396,22 +404,22 @@ impl<B: RegionBuffer> MemoryTable<B> {
     /// STag fails every check with [`AccessViolation::InvalidStag`] until re-registered.
     ///
     /// Errors: [`RdmapError::CannotInvalidate`] with the reason.
-    pub fn invalidate(&mut self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
+    pub fn invalidate(&self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
         let cannot = |reason| RdmapError::CannotInvalidate { stag, reason };
         let index = self
             .slot_index(stag)
             .ok_or(cannot(AccessViolation::InvalidStag))?;
         let region = self.slots[index]
             .region
-            .as_mut()
+            .as_ref()
             .ok_or(cannot(AccessViolation::InvalidStag))?;
-        if !region.valid {
+        if !region.valid.load(Ordering::Acquire) {
             return Err(cannot(AccessViolation::InvalidStag));
         }
         if region.pd != pd {
             return Err(cannot(AccessViolation::StagNotAssociated));
         }
-        region.valid = false;
+        region.valid.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -427,7 +435,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             base_to: r.base_to,
             len: r.buffer.len() as u64,
             access: r.access,
-            valid: r.valid,
+            valid: r.valid.load(Ordering::Acquire),
         })
     }
 
@@ -449,7 +457,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         len: u64,
     ) -> Result<(&B, usize), AccessViolation> {
         let region = self.region(stag).ok_or(AccessViolation::InvalidStag)?;
-        if !region.valid {
+        if !region.valid.load(Ordering::Acquire) {
             return Err(AccessViolation::InvalidStag);
         }
         if region.pd != pd {

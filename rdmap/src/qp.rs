@@ -1556,7 +1556,7 @@ impl QueuePair {
     pub fn on_ulpdu<B: RegionBuffer>(
         &mut self,
         ulpdu: &[u8],
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
         let Some((header, payload)) = split_ulpdu(ulpdu) else {
             // Too short for any DDP header: `receive` reports the right error.
@@ -1649,7 +1649,7 @@ impl QueuePair {
         &mut self,
         header: &[u8],
         payload_len: usize,
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
         self.process(header, Payload::Placed(payload_len), mem)
     }
@@ -1658,7 +1658,7 @@ impl QueuePair {
         &mut self,
         header: &[u8],
         payload: Payload<'_>,
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
         match self.state {
             QpState::Rts => {}
@@ -1684,7 +1684,7 @@ impl QueuePair {
         &mut self,
         ddp_header: &[u8],
         payload: Payload<'_>,
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         let (header, _) = DdpHeader::parse(ddp_header)?;
         match header {
@@ -1822,7 +1822,7 @@ impl QueuePair {
         opcode: Opcode,
         hdr: &UntaggedHeader,
         payload: Payload<'_>,
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         self.take_from_srq(hdr.msn);
         let placement = self.rq.place(hdr, payload.len())?;

@@ -676,7 +676,7 @@ impl IwarpConn {
     /// Sends and Writes it acknowledges complete after its data: a Terminate in the same
     /// segment names the one the peer refused, whose octets its TCP did receive
     /// (`QueuePair::message_acknowledged_deferred`); those before it complete, the rest flush.
-    pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
+    pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &MemoryTable<B>) {
         let source = self.source_mode == Some(true);
         if source {
             self.take_acknowledged(data.acked, true);
@@ -687,7 +687,7 @@ impl IwarpConn {
         }
     }
 
-    fn receive_segment<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &mut MemoryTable<B>) {
+    fn receive_segment<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &MemoryTable<B>) {
         if data.data.is_empty() {
             return;
         }
@@ -735,7 +735,7 @@ impl IwarpConn {
 
     /// The in-order decoder knows where the FPDU it is inside ends (its ULPDU_Length has
     /// arrived): if that lies in a held run beyond a gap, that run's FPDUs are found from there.
-    fn follow_in_order_chain<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+    fn follow_in_order_chain<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) {
         if self.rx_dead || self.store.held == 0 {
             return;
         }
@@ -755,12 +755,7 @@ impl IwarpConn {
 
     /// Rescans held runs starting with the one holding `pos`, then, as long as a rescan ends
     /// inside an FPDU whose end lies in the next held run, that run too.
-    fn walk_chain<B: RegionBuffer>(
-        &mut self,
-        mut pos: u64,
-        seg: (u64, u64),
-        mem: &mut MemoryTable<B>,
-    ) {
+    fn walk_chain<B: RegionBuffer>(&mut self, mut pos: u64, seg: (u64, u64), mem: &MemoryTable<B>) {
         for _ in 0..MAX_CHAIN_WALK {
             if self.store.range_containing(pos).is_none() {
                 return;
@@ -896,7 +891,7 @@ impl IwarpConn {
     }
 
     /// An out-of-order segment: place what can be placed, hold the rest.
-    fn out_of_order<B: RegionBuffer>(&mut self, off: u64, bytes: &[u8], mem: &mut MemoryTable<B>) {
+    fn out_of_order<B: RegionBuffer>(&mut self, off: u64, bytes: &[u8], mem: &MemoryTable<B>) {
         let Phase::Full(full) = &mut self.phase else {
             self.hold(off, bytes);
             return;
@@ -996,7 +991,7 @@ impl IwarpConn {
         &mut self,
         pos: u64,
         seg: (u64, u64),
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
     ) -> Option<u64> {
         if self.rx_dead {
             return None;
@@ -1064,7 +1059,7 @@ impl IwarpConn {
     /// held position whose ULPDU_Length ends the FPDU exactly there is a candidate, and its
     /// CRC decides (only with CRCs: without, nothing could check the guess). What is left
     /// held is the back of the FPDU the gap cut.
-    fn backfill<B: RegionBuffer>(&mut self, first: u64, mem: &mut MemoryTable<B>) {
+    fn backfill<B: RegionBuffer>(&mut self, first: u64, mem: &MemoryTable<B>) {
         if self.rx_dead || first == 0 {
             return;
         }
@@ -1173,11 +1168,7 @@ impl IwarpConn {
 
     /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only
     /// when startup pauses for the application's accept).
-    fn process_in_order<B: RegionBuffer>(
-        &mut self,
-        bytes: &[u8],
-        mem: &mut MemoryTable<B>,
-    ) -> usize {
+    fn process_in_order<B: RegionBuffer>(&mut self, bytes: &[u8], mem: &MemoryTable<B>) -> usize {
         let mut used = 0;
         while used < bytes.len() && !self.rx_dead {
             let rest = &bytes[used..];
@@ -1294,7 +1285,7 @@ impl IwarpConn {
     }
 
     /// Moves the in-order point over held octets and early-placed FPDUs as far as it can.
-    fn drain<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+    fn drain<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) {
         while !self.rx_dead && !self.paused() {
             if self
                 .placed
@@ -1328,7 +1319,7 @@ impl IwarpConn {
 
     /// The in-order point reached an FPDU placed early: skip its octets and let the queue
     /// pair do the in-order part.
-    fn deliver_placed<B: RegionBuffer>(&mut self, mem: &mut MemoryTable<B>) {
+    fn deliver_placed<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) {
         let Some(p) = self.placed.pop_front() else {
             return;
         };
@@ -1435,7 +1426,7 @@ impl IwarpConn {
     pub fn poll<B: RegionBuffer>(
         &mut self,
         tcp: &mut TcpConnection,
-        mem: &mut MemoryTable<B>,
+        mem: &MemoryTable<B>,
         now: Instant,
     ) {
         self.now = now;

@@ -58,7 +58,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -69,7 +69,7 @@ use rdmap::{MemoryTable, PdId, QpConfig, QpState, RecvWr, TerminateCause, WcOpco
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
 use crate::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
-use crate::memory::{lock_table, ProtectionDomain, RegionMemory, SharedTable};
+use crate::memory::{ProtectionDomain, RegionMemory, SharedTable, TableSnapshot};
 use crate::verbs::cm::{
     ConnectParams, ConnectRequest, Connection, ListenProvider, Listener, PendingProvider,
 };
@@ -1123,30 +1123,31 @@ fn tx_mode(cfg: &XdpEngineConfig) -> tcp_engine::TxMode {
     }
 }
 
-/// A PD table locked for one turn (`None` past the tables in use).
-type TableGuard<'g> = Option<MutexGuard<'g, MemoryTable<RegionMemory>>>;
+/// A PD table's version read for one turn (`None` past the tables in use).
+type TableView = Option<TableSnapshot>;
 
-/// PD tables locked per turn without allocating: this many on the stack, more on the heap.
+/// PD tables read per turn without allocating: this many on the stack, more on the heap.
 const INLINE_TABLES: usize = 4;
 
-/// The driver's view of the engine for one turn: the state plus the locked PD tables.
-struct App<'a, 'g> {
+/// The driver's view of the engine for one turn: the state plus the PD tables as of the turn's
+/// start (snapshots: no lock, see `RegionTable`).
+struct App<'a> {
     st: &'a mut State,
-    mem: &'a mut [TableGuard<'g>],
+    mem: &'a [TableView],
 }
 
 fn table_of<'t>(
     table: Option<usize>,
-    mem: &'t mut [TableGuard<'_>],
-    scratch: &'t mut MemoryTable<RegionMemory>,
-) -> &'t mut MemoryTable<RegionMemory> {
-    match table.and_then(|i| mem.get_mut(i)).and_then(|g| g.as_mut()) {
+    mem: &'t [TableView],
+    scratch: &'t MemoryTable<RegionMemory>,
+) -> &'t MemoryTable<RegionMemory> {
+    match table.and_then(|i| mem.get(i)).and_then(|g| g.as_deref()) {
         Some(g) => g,
         None => scratch,
     }
 }
 
-impl TcpApp for App<'_, '_> {
+impl TcpApp for App<'_> {
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
         let State {
             slots,
@@ -1195,7 +1196,7 @@ impl TcpApp for App<'_, '_> {
                 // Nothing was sent on a connection not yet accepted.
                 acked: 0,
             };
-            slot.conn.on_data(data, &mut self.st.scratch);
+            slot.conn.on_data(data, &self.st.scratch);
         }
         self.st.slots.insert(id, slot);
         self.st.progress = true;
@@ -1445,18 +1446,19 @@ impl Turner {
         self.st.wake.pending.swap(false, Ordering::SeqCst);
         let mut work;
         {
-            // Each PD table is locked once per turn, not per packet; no allocation for the
-            // usual handful of PDs.
-            let mut inline: [TableGuard<'_>; INLINE_TABLES] = Default::default();
-            let mut heap: Vec<TableGuard<'_>> = Vec::new();
-            let mem: &mut [TableGuard<'_>] = if self.tables.len() <= INLINE_TABLES {
+            // Each PD table's current version is read once per turn, not per packet, without a
+            // lock (a registration never makes a turn wait, nor a turn a registration); no
+            // allocation for the usual handful of PDs.
+            let mut inline: [TableView; INLINE_TABLES] = Default::default();
+            let mut heap: Vec<TableView> = Vec::new();
+            let mem: &[TableView] = if self.tables.len() <= INLINE_TABLES {
                 for (g, t) in inline.iter_mut().zip(&self.tables) {
-                    *g = Some(lock_table(t));
+                    *g = Some(t.snapshot());
                 }
-                &mut inline[..self.tables.len()]
+                &inline[..self.tables.len()]
             } else {
-                heap.extend(self.tables.iter().map(|t| Some(lock_table(t))));
-                &mut heap
+                heap.extend(self.tables.iter().map(|t| Some(t.snapshot())));
+                &heap
             };
             let mut app = App {
                 st: &mut self.st,
@@ -1972,7 +1974,7 @@ impl Turner {
             srq.attach(slot.conn.qp_mut(), pd.id)?;
         }
         {
-            let mem = lock_table(&pd.table);
+            let mem = pd.table.snapshot();
             for wr in recvs {
                 slot.conn
                     .qp_mut()

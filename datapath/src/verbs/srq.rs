@@ -15,7 +15,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use rdmap::{Access, RecvSource, RecvWr};
 
-use crate::memory::{lock_table, ProtectionDomain};
+use crate::memory::ProtectionDomain;
 use crate::DatapathError;
 
 struct SrqInner {
@@ -78,7 +78,7 @@ impl SharedReceiveQueue {
             ));
         }
         {
-            let table = lock_table(&self.inner.pd.table);
+            let table = self.inner.pd.table.snapshot();
             for sge in wr.sg_list.as_slice().iter().filter(|s| s.len > 0) {
                 table
                     .validate(
