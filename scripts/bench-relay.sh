@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The AF_XDP engine through the test relay (scripts/netns-relay.sh, `iwarp-bench relay`):
+# The AF_XDP engine through the test relay (scripts/netns-relay.sh, testbed's `iwarp-relay`):
 # write-bw engine to engine (server in iwra, client in iwrb) with the relay dropping and
 # reordering 1% and 5% of TCP segments, then re-segmenting (MSS clamped to 700, data re-cut at
 # random offsets) with 2% loss and reordering and Markers on both ways. Prints Markdown: the
@@ -15,7 +15,9 @@ ROWS=${ROWS:-aligned-1 aligned-5 reseg-2}
 [ "$(id -u)" -eq 0 ] || { echo "bench-relay: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
 scripts/install-deps.sh >/dev/null
 cargo build --release --locked -p bench >/dev/null 2>&1
+cargo build --release --locked -p testbed --bin iwarp-relay >/dev/null 2>&1
 BIN=$PWD/target/release/iwarp-bench
+RELAY=$PWD/target/release/iwarp-relay
 exec 9>/run/lock/iwarp-netns.lock
 flock 9
 scripts/netns-relay.sh up >/dev/null
@@ -28,7 +30,7 @@ run() { # name relay-args bench-args
   case " $ROWS " in *" $name "*) ;; *) return 0 ;; esac
   # The relay stops (and prints its counters) when its standard input closes.
   # shellcheck disable=SC2086
-  exec 8> >(ip netns exec iwrr "$BIN" relay --stdin-stop --seed "$SEED" $rargs >"$TMP/$name.relay" 2>&1)
+  exec 8> >(ip netns exec iwrr "$RELAY" --stdin-stop --seed "$SEED" $rargs >"$TMP/$name.relay" 2>&1)
   sleep 0.3
   # shellcheck disable=SC2086
   ip netns exec iwra "$BIN" write-bw --transport xdp --iface iwra0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
@@ -79,7 +81,7 @@ def gbit(path):
         if len(f) >= 5 and f[0].isdigit():
             return f[3]
     return "?"
-print("| relay | `iwarp-bench relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak (gaps holding octets then) | most held at one gap | CRC errors | receiver PAWS drops | sender retransmitted (timeouts / loss probes / undone as spurious) | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
+print("| relay | `iwarp-relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak (gaps holding octets then) | most held at one gap | CRC errors | receiver PAWS drops | sender retransmitted (timeouts / loss probes / undone as spurious) | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
                    ("aligned-5", "--loss 0.05 --reorder 0.05", ""),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Relay test bed: two hosts joined through a relay namespace that forwards frames between them
-# (the test relay, `datapath::relay`, or `iwarp-bench relay`, drops, reorders and re-segments).
+# (the test relay, `testbed::relay`, or its binary `iwarp-relay`, drops, reorders and re-segments).
 # It shares nothing with the plain bed of scripts/netns.sh (other names, other subnet).
 #
 #   netns iwra: iwra0 10.78.0.1/24 <─ veth ─> rra0 ┐ netns iwrr (relay, ┌ rrb0 <─ veth ─> iwrb0 10.78.0.2/24 :netns iwrb

@@ -10,7 +10,6 @@ mod pattern;
 mod perftest;
 mod proto;
 mod raw;
-mod relay;
 mod rping;
 mod stats;
 mod tcp_tools;
@@ -320,9 +319,6 @@ fn main() -> ExitCode {
         Some("tcp-sink" | "tcp-source")
     ) {
         return tcp_tools::main(std::env::args().skip(1));
-    }
-    if std::env::args().nth(1).as_deref() == Some("relay") {
-        return relay::main(std::env::args().skip(1));
     }
     if std::env::args().nth(1).as_deref() == Some("rping") {
         return rping::main(std::env::args().skip(1));

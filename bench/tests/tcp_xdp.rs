@@ -188,7 +188,7 @@ fn kernel_client_sends_256_mib_to_xdp_tcp_sink() {
 
     let started = Instant::now();
     let client = std::thread::spawn(move || -> Result<(u64, String), String> {
-        datapath::xsk::enter_netns("iwb").map_err(|e| e.to_string())?;
+        enter_ns(NS_B).map_err(|e| e.to_string())?;
         let to = SocketAddr::V4(SocketAddrV4::new(ADDR_A, PORT));
         let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(10))
             .map_err(|e| format!("connect to the sink at {to}: {e}"))?;
@@ -242,7 +242,7 @@ fn xdp_tcp_source_sends_256_mib_to_kernel_server() {
     const PORT: u16 = 18711;
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = std::thread::spawn(move || -> Result<(u64, String), String> {
-        datapath::xsk::enter_netns("iwb").map_err(|e| e.to_string())?;
+        enter_ns(NS_B).map_err(|e| e.to_string())?;
         let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT))
             .map_err(|e| format!("listen in iwb: {e}"))?;
         l.set_nonblocking(true).map_err(|e| e.to_string())?;

@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use datapath::relay::{Relay, RelayConfig};
+use datapath::xsk::packet::{tcp_flags, TcpFrame};
 use testbed::relay::*;
 use testbed::relay_bed_or_skip;
 
@@ -183,24 +183,19 @@ fn read_pcap(path: &Path) -> Vec<Segment> {
         let f = &data[at + 16..(at + 16 + incl).min(data.len())];
         at += 16 + incl;
         assert_eq!(incl, orig, "capture truncated a frame");
-        if f.len() < 34 || f[12..14] != [0x08, 0x00] || f[14 + 9] != 6 {
+        let Some(t) = TcpFrame::parse(f) else {
             continue;
-        }
-        let ip = &f[14..];
-        let ihl = usize::from(ip[0] & 0xf) * 4;
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let tcp = &ip[ihl..total];
-        let doff = usize::from(tcp[12] >> 4) * 4;
+        };
         out.push(Segment {
             flow: (
-                ip[12..16].try_into().unwrap(),
-                u16::from_be_bytes([tcp[0], tcp[1]]),
-                ip[16..20].try_into().unwrap(),
-                u16::from_be_bytes([tcp[2], tcp[3]]),
+                t.src_ip().octets(),
+                t.src_port(),
+                t.dst_ip().octets(),
+                t.dst_port(),
             ),
-            seq: u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
-            syn: tcp[13] & 0x02 != 0,
-            payload: tcp[doff..].to_vec(),
+            seq: t.seq(),
+            syn: t.flags() & tcp_flags::SYN != 0,
+            payload: t.payload().to_vec(),
         });
     }
     out

@@ -128,12 +128,9 @@ pub(crate) unsafe fn copy_then_crc_sum(src: *const u8, dst: &mut [u8], state: u3
 
 /// A sum of little-endian 32-bit words (carries in the upper bits) folded to the RFC 1071 sum
 /// of the same octets as big-endian 16-bit words (RFC 1071 2(B), 2(C)).
+#[inline]
 fn fold_le(acc: u64) -> u16 {
-    let s = (acc & 0xffff_ffff) + (acc >> 32);
-    let s = (s & 0xffff_ffff) + (s >> 32);
-    let s = (s & 0xffff) + (s >> 16);
-    let s = (s & 0xffff) + (s >> 16);
-    (s as u16).swap_bytes()
+    tcp_engine::wire::Checksum::from_le_sum(acc).sum()
 }
 
 /// The portable two-pass fallback: a copy, then a CRC pass over `dst`.

@@ -1,18 +1,72 @@
-//! The I/O side of the stack: the only crate that touches sockets, threads, clocks and raw memory.
+//! iWARP (RDMAP / DDP / MPA) for applications, in the verbs vocabulary: protection domains,
+//! memory regions over the application's own memory, completion queues with an epoll-able
+//! completion channel, queue pairs with scatter/gather lists, shared receive queues, and
+//! rdma_cm-style connection management (blocking, or through an event channel). One API, two
+//! transports behind a [`Device`]: the *socket transport* (the sans-IO `mpa`, `ddp` and `rdmap`
+//! crates over a kernel TCP socket, MPA's "dual stack", draft-ietf-rddp-mpa-01 6.1.4; no
+//! privileges) and the *AF_XDP engine* ([`engine::xdp::XdpEngine`]: our own TCP over AF_XDP,
+//! payload placed straight into registered memory, even out of order; root).
 //!
-//! Today it offers the *socket transport*: the sans-IO `mpa`, `ddp` and `rdmap` crates running
-//! over a kernel TCP socket (MPA's "dual stack", draft-ietf-rddp-mpa-01 6.1.4), behind an
-//! application API in the verbs vocabulary (protection domain, memory region, queue pair,
-//! completion queue) with rdma_cm-style connection setup (listen, connect with private data,
-//! accept or reject with private data). The AF_XDP engine ([`engine::xdp::XdpEngine`]) offers
-//! the same API over our own TCP.
+//! # Quick start
+//!
+//! A server lets a client RDMA Write into a buffer the server allocated itself, over the
+//! socket transport on loopback (`Device::open(Transport::Xdp { .. })` instead runs the same
+//! code on the AF_XDP engine):
+//!
+//! ```
+//! use datapath::{Access, CompletionQueue, ConnectParams, Device, ProtectionDomain};
+//! use datapath::{SendOp, SendWr, Stag, WcStatus};
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), datapath::DatapathError> {
+//! let device = Device::socket();
+//! let listener = device.listen("127.0.0.1:0".parse().unwrap(), ConnectParams::default())?;
+//! let addr = listener.local_addr()?;
+//!
+//! // The server: its own buffer, registered in place; where it is goes in the MPA Reply.
+//! let server = std::thread::spawn(move || -> Result<Vec<u8>, datapath::DatapathError> {
+//!     let pd = ProtectionDomain::new();
+//!     let cq = CompletionQueue::new();
+//!     let mr = pd.register_buffer(vec![0u8; 4096], Access::REMOTE_WRITE)?;
+//!     let mut where_ = mr.stag().0.to_be_bytes().to_vec();
+//!     where_.extend_from_slice(&mr.base_to().to_be_bytes());
+//!     let request = listener.accept()?;
+//!     let mut conn = request.accept(&pd, &cq, &where_)?;
+//!     conn.qp.wait_finished(Duration::from_secs(10)); // the client closes when done
+//!     conn.qp.disconnect();
+//!     mr.into_buffer::<Vec<u8>>() // the very Vec, with the client's bytes in it
+//! });
+//!
+//! // The client: RDMA Write from its own buffer into the server's.
+//! let pd = ProtectionDomain::new();
+//! let cq = CompletionQueue::new();
+//! let src = pd.register_buffer(b"hello, iWARP".to_vec(), Access::NONE)?;
+//! let conn = device.connect(addr, &pd, &cq, &ConnectParams::default(), b"")?;
+//! let stag = Stag(u32::from_be_bytes(conn.private_data[..4].try_into().unwrap()));
+//! let to = u64::from_be_bytes(conn.private_data[4..12].try_into().unwrap());
+//! conn.qp.post_send(SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::Write { remote_stag: stag, remote_to: to },
+//!     sg_list: src.sge(0, 12).into(),
+//!     signaled: true,
+//! })?;
+//! let done = cq.wait(Duration::from_secs(10)).expect("a completion");
+//! assert_eq!(done.wc.status, WcStatus::Success);
+//! drop(conn); // disconnects
+//! let bytes = server.join().unwrap()?;
+//! assert_eq!(&bytes[..12], b"hello, iWARP");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `datapath/examples/` has a Write/Read/Send client and server over either transport, the
+//! client optionally waiting for completions in epoll.
 
 mod copy_crc;
 mod device;
 pub mod engine;
 mod error;
 mod memory;
-pub mod relay;
 mod socket;
 mod verbs;
 pub mod xdp_tcp;

@@ -73,7 +73,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
             stream_offset: 0,
             data: &request,
         },
-        &mut mem,
+        &mem,
     );
     assert!(matches!(conn.poll_event(), Some(ConnEvent::Request(_))));
     conn.accept(b"").unwrap();
@@ -138,7 +138,7 @@ fn random_orders_place_exactly() {
         let cut = seed % 4 == 1;
         let Receiver {
             mut conn,
-            mut mem,
+            mem,
             sink,
             start,
             ..
@@ -157,7 +157,7 @@ fn random_orders_place_exactly() {
                     stream_offset: start as u64 + off,
                     data: bytes,
                 },
-                &mut mem,
+                &mem,
             );
         }
         let c = conn.counters();
@@ -188,7 +188,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
         let crc = seed % 5 != 0;
         let Receiver {
             mut conn,
-            mut mem,
+            mem,
             sink,
             guards,
             start,
@@ -225,7 +225,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
                     stream_offset: start as u64 + off,
                     data: bytes,
                 },
-                &mut mem,
+                &mem,
             );
         }
         // With CRCs, nothing corrupted is placed: only the sink, inside the Write's range.
@@ -319,7 +319,7 @@ fn hold_around_holes(
     let mut rng = Rng(seed * 0x51_7CC1_B727);
     let Receiver {
         mut conn,
-        mut mem,
+        mem,
         sink,
         start,
         ..
@@ -361,7 +361,7 @@ fn hold_around_holes(
                 stream_offset: start as u64 + s,
                 data: &stream[s as usize..e as usize],
             },
-            &mut mem,
+            &mem,
         );
         pending.retain(|&h| h != (s, e));
         rcv_max = rcv_max.max(e);
@@ -549,7 +549,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
         let mut rng = Rng(seed * 0x2F0_1D3B);
         let Receiver {
             mut conn,
-            mut mem,
+            mem,
             sink,
             start,
             ..
@@ -590,7 +590,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
                     data: &stream[s as usize..e as usize],
                     acked: 0,
                 },
-                &mut mem,
+                &mem,
             );
             let i = pieces.partition_point(|p| p.0 < s);
             delivered[i] = true;

@@ -68,7 +68,7 @@ impl Side {
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
         self.iw.take_tcp_events(tcp);
-        self.iw.poll(tcp, &mut self.mem, now);
+        self.iw.poll(tcp, &self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
             if let ConnEvent::Request(_) = ev {
                 for wr in self.pre_recvs.drain(..) {
@@ -79,7 +79,7 @@ impl Side {
                 } else {
                     self.iw.accept(b"server").expect("accept");
                 }
-                self.iw.poll(tcp, &mut self.mem, now);
+                self.iw.poll(tcp, &self.mem, now);
             }
             self.events.push(ev);
         }

@@ -1,5 +1,5 @@
 //! The AF_XDP engine through a lossy relay on the test bed (`scripts/netns-relay.sh`): engine
-//! (iwra, server) <-> relay (iwrr, `datapath::relay`) <-> engine (iwrb, client).
+//! (iwra, server) <-> relay (iwrr, `testbed::relay`) <-> engine (iwrb, client).
 //!
 //! Each case moves Writes, Reads and Sends of a few MiB through the relay and checks every
 //! byte, then checks the engines' counters against what the relay did:
@@ -32,7 +32,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
-use datapath::relay::{Relay, RelayConfig, RelayStats};
 use datapath::{
     Access, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain, RecvWr,
     SendOp, SendWr, WcOpcode, WcStatus,

@@ -968,3 +968,85 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
         Err(RdmapError::LocalAccess { stag, .. }) if stag == r2
     ));
 }
+
+/// A shared receive queue (`RecvSource`): Sends take buffers from it in order, one per
+/// message; a Send naming an MSN far ahead takes nothing from it (a peer cannot drain a queue
+/// shared with other connections) and gets the RFC 5041 7.1 untagged-buffer Terminate.
+#[test]
+fn sends_take_buffers_from_a_shared_receive_queue() {
+    use std::sync::{Arc, Mutex};
+
+    struct Shared(Arc<Mutex<Vec<RecvWr>>>);
+    impl rdmap::RecvSource for Shared {
+        fn take(&mut self) -> Option<RecvWr> {
+            let mut q = self.0.lock().unwrap();
+            (!q.is_empty()).then(|| q.remove(0))
+        }
+    }
+
+    let mut pair = Pair::new(MULPDU);
+    let sink = pair
+        .b
+        .region(vec![0; 100 * 64], 0x9_0000, Access::LOCAL_WRITE);
+    let queue = Arc::new(Mutex::new(
+        (0..100u64)
+            .map(|i| RecvWr {
+                wr_id: 1000 + i,
+                sg_list: Sge {
+                    stag: sink,
+                    to: 0x9_0000 + i * 64,
+                    len: 64,
+                }
+                .into(),
+            })
+            .collect::<Vec<_>>(),
+    ));
+    pair.b
+        .qp
+        .attach_srq(Box::new(Shared(queue.clone())))
+        .unwrap();
+    // Receives go to the shared queue now, not the queue pair.
+    assert_eq!(
+        pair.b.qp.post_recv(
+            RecvWr {
+                wr_id: 1,
+                sg_list: SgeList::new()
+            },
+            &pair.b.mem
+        ),
+        Err(RdmapError::SrqAttached)
+    );
+    let src = pair.a.region(pattern(64 * 3, 3), 0x1000, Access::NONE);
+    for m in 0..3u64 {
+        let send = SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        };
+        let sge = Sge {
+            stag: src,
+            to: 0x1000 + m * 64,
+            len: 64,
+        };
+        pair.a.post(m, send, Some(sge));
+    }
+    pair.pump();
+    let got: Vec<u64> = pair.b.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(got, vec![1000, 1001, 1002]);
+    assert_eq!(queue.lock().unwrap().len(), 97);
+    assert_eq!(&pair.b.contents(sink)[..192], &pattern(64 * 3, 3)[..]);
+
+    // A hand-made Send with MSN 4 + 1000: nothing is taken, and it is refused.
+    let mut far = Vec::new();
+    far.extend_from_slice(&[0x41, 0x43]); // DDP untagged, L=1, DV=1; RDMAP RV=1, Send
+    far.extend_from_slice(&[0, 0, 0, 0]); // reserved for the ULP
+    far.extend_from_slice(&0u32.to_be_bytes()); // QN 0
+    far.extend_from_slice(&1004u32.to_be_bytes()); // MSN
+    far.extend_from_slice(&0u32.to_be_bytes()); // MO
+    far.extend_from_slice(&[7; 8]);
+    assert!(pair.b.qp.on_ulpdu(&far, &pair.b.mem).is_err());
+    assert_eq!(
+        queue.lock().unwrap().len(),
+        97,
+        "nothing taken for a far MSN"
+    );
+}

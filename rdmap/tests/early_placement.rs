@@ -57,9 +57,9 @@ fn deliver_out_of_order(dst: &mut Peer, ulpdus: &[Vec<u8>], order: &[usize]) -> 
     for (u, early) in ulpdus.iter().zip(&placed) {
         let r = if *early {
             let h = header_len(u);
-            dst.qp.on_placed_ulpdu(&u[..h], u.len() - h, &mut dst.mem)
+            dst.qp.on_placed_ulpdu(&u[..h], u.len() - h, &dst.mem)
         } else {
-            dst.qp.on_ulpdu(u, &mut dst.mem)
+            dst.qp.on_ulpdu(u, &dst.mem)
         };
         r.expect("in-order pass");
     }
@@ -178,9 +178,9 @@ fn shuffled_segments_are_placed_at_once_and_delivered_in_order() {
                 s.pair
                     .b
                     .qp
-                    .on_placed_ulpdu(&u[..h], u.len() - h, &mut s.pair.b.mem)
+                    .on_placed_ulpdu(&u[..h], u.len() - h, &s.pair.b.mem)
             } else {
-                s.pair.b.qp.on_ulpdu(u, &mut s.pair.b.mem)
+                s.pair.b.qp.on_ulpdu(u, &s.pair.b.mem)
             };
             r.expect("in-order pass");
         }
@@ -270,7 +270,7 @@ fn nothing_is_placed_early_where_the_in_order_check_would_refuse() {
     assert_eq!(pair.b.contents(read_only), vec![0; 4000]);
     assert_eq!(pair.b.contents(small), vec![0; 100]);
     // In order, the first refused Write gets its Terminate (RDMAP remote protection 0x02).
-    let err = pair.b.qp.on_ulpdu(&ulpdus[0], &mut pair.b.mem).unwrap_err();
+    let err = pair.b.qp.on_ulpdu(&ulpdus[0], &pair.b.mem).unwrap_err();
     let code = err.terminate_code().expect("a Terminate");
     assert_eq!((code.layer, code.etype, code.code), (0, 1, 2));
 }

@@ -258,7 +258,7 @@ proptest! {
         let mut terminates = 0;
         for seg in &segments {
             let bytes = bytes_of(&t, seg);
-            let result = t.qp.on_ulpdu(&bytes, &mut t.mem);
+            let result = t.qp.on_ulpdu(&bytes, &t.mem);
             failed |= result.is_err();
             let mut out = Vec::new();
             while let Some(tx) = t.qp.poll_transmit(mulpdu, &t.mem, &mut out) {

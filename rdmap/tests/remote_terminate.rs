@@ -112,7 +112,7 @@ fn hand_out(p: &mut Peer, max: usize) -> usize {
 
 /// Delivers the peer's Terminate and returns (wr_id, opcode, status) of every completion.
 fn receive(p: &mut Peer, term: &[u8]) -> Vec<(u64, WcOpcode, WcStatus)> {
-    p.qp.on_ulpdu(term, &mut p.mem)
+    p.qp.on_ulpdu(term, &p.mem)
         .expect("a Terminate is not an error");
     assert_eq!(p.qp.state(), QpState::Error);
     assert!(p.qp.remote_terminate().is_some());

@@ -94,7 +94,7 @@ fn send(pair: &mut Pair, len: usize, invalidate: Option<Stag>) {
 
 /// Feeds crafted bytes to B as if A had sent them, then lets the Terminate flow.
 fn inject(pair: &mut Pair, bytes: Vec<u8>) {
-    let result = pair.b.qp.on_ulpdu(&bytes, &mut pair.b.mem);
+    let result = pair.b.qp.on_ulpdu(&bytes, &pair.b.mem);
     pair.log.push(Transfer {
         from: Side::A,
         tx: TxUlpdu {
@@ -660,11 +660,11 @@ fn only_the_first_error_is_reported() {
     let first = untagged(0x41, 0x43, 7, 1, &[1]);
     let second = untagged(0x41, 0x48, 0, 1, &[1]);
     assert_eq!(
-        pair.b.qp.on_ulpdu(&first, &mut pair.b.mem),
+        pair.b.qp.on_ulpdu(&first, &pair.b.mem),
         Err(RdmapError::Ddp(DdpError::InvalidQn { qn: 7 }))
     );
     // Later segments are dropped silently (RFC 5041 7.1).
-    assert_eq!(pair.b.qp.on_ulpdu(&second, &mut pair.b.mem), Ok(()));
+    assert_eq!(pair.b.qp.on_ulpdu(&second, &pair.b.mem), Ok(()));
     assert_eq!(pair.b.qp.state(), QpState::Terminate);
     let mut out = Vec::new();
     let tx = pair
@@ -744,11 +744,11 @@ fn read_response_outside_the_requested_range_is_refused_by_the_sink() {
         if tx.opcode == Opcode::ReadResponse {
             break;
         }
-        pair.a.qp.on_ulpdu(&out, &mut pair.a.mem).unwrap();
+        pair.a.qp.on_ulpdu(&out, &pair.a.mem).unwrap();
     }
     out[6..14].copy_from_slice(&8u64.to_be_bytes());
     assert_eq!(
-        pair.a.qp.on_ulpdu(&out, &mut pair.a.mem),
+        pair.a.qp.on_ulpdu(&out, &pair.a.mem),
         Err(RdmapError::SinkAccess {
             stag: sink.stag,
             violation: AccessViolation::BaseBounds

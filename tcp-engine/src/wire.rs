@@ -1,5 +1,7 @@
 //! IPv4 + TCP segment parsing and emission (RFC 791, RFC 9293 3.1, options of
-//! RFC 9293 3.2, RFC 7323 2.2 and 3.2, RFC 2018 2 and 3).
+//! RFC 9293 3.2, RFC 7323 2.2 and 3.2, RFC 2018 2 and 3), the Ethernet II framing around
+//! them (IEEE 802.3 3.1.1, [`EthernetFrame`], [`EthernetRepr`]) and the Internet checksum
+//! ([`Checksum`], RFC 1071): the one copy of each for the whole workspace.
 //!
 //! Two layers, in the style of smoltcp's `wire` module:
 //!
@@ -16,17 +18,27 @@
 //!   [`SegmentRepr::parse`] and [`SegmentRepr::emit`] /
 //!   [`SegmentRepr::emit_with`] (checksums generated on emit).
 //!
-//! Nothing here panics on malformed input: every error is a [`WireError`].
+//! Besides: [`Ipv4TcpView::new_unverified`] (lengths only, checksums asked for separately) and
+//! [`fill_checksums`] for tools and tests that inspect or rewrite segments, and
+//! [`Ipv4TcpPeek`], the cheap first look a receive path takes before the full parse.
+//!
+//! Nothing here panics on malformed input: every error is a [`WireError`] (or `None`). The
+//! exceptions say so: [`EthernetFrame::new_unchecked`] views and the `*_of` readers of
+//! [`Ipv4TcpPeek`], for buffers whose length the caller knows.
 
 use core::net::Ipv4Addr;
 
 mod checksum;
+mod ethernet;
 
 pub use checksum::Checksum;
+pub use ethernet::{EthernetFrame, EthernetRepr, MacAddress, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
 use etherparse::{Ipv4HeaderSlice, TcpSlice};
 
 /// Length of the IPv4 header we emit (no IP options).
 pub const IPV4_HEADER_LEN: usize = 20;
+/// The IPv4 protocol number of TCP (RFC 9293 3.1; IANA Assigned Internet Protocol Numbers).
+pub const IP_PROTOCOL_TCP: u8 = 6;
 /// Length of a TCP header without options.
 pub const TCP_HEADER_LEN: usize = 20;
 /// Largest TCP option space (RFC 9293 3.1: data offset at most 15 words).
@@ -295,10 +307,13 @@ impl TcpOptions {
     }
 }
 
-/// A received IPv4 packet carrying a TCP segment whose headers, lengths and
-/// checksums have been verified. Zero-copy over the caller's buffer.
+/// A received IPv4 packet carrying a TCP segment whose headers and lengths have been
+/// checked, and, from [`new_checked`](Self::new_checked), both checksums verified. Zero-copy
+/// over the caller's buffer.
 #[derive(Debug, Clone)]
 pub struct Ipv4TcpView<'a> {
+    /// The packet up to the IPv4 total length.
+    packet: &'a [u8],
     ip: Ipv4HeaderSlice<'a>,
     tcp: TcpSlice<'a>,
 }
@@ -310,7 +325,25 @@ impl<'a> Ipv4TcpView<'a> {
     /// beyond it, e.g. Ethernet padding, are ignored), header checksum, no
     /// fragmentation, protocol 6, TCP data offset (RFC 9293 3.1: at least 5,
     /// not past the segment), TCP checksum over the pseudo-header.
+    #[inline]
     pub fn new_checked(packet: &'a [u8]) -> Result<Self, WireError> {
+        Self::parse::<true>(packet)
+    }
+
+    /// [`new_checked`](Self::new_checked) without the two checksums: every length and the
+    /// structure is checked (so every accessor is safe to call), the checksums can be asked
+    /// for afterwards ([`ipv4_checksum_ok`](Self::ipv4_checksum_ok),
+    /// [`tcp_checksum_ok`](Self::tcp_checksum_ok)). For tools and tests that look at
+    /// segments whatever their checksums, or that rewrite them ([`fill_checksums`]).
+    #[inline]
+    pub fn new_unverified(packet: &'a [u8]) -> Result<Self, WireError> {
+        Self::parse::<false>(packet)
+    }
+
+    /// The checks of `new_checked`, the checksums only when `VERIFY` (in the same order, so
+    /// that a packet with several faults reports the same one either way).
+    #[inline]
+    fn parse<const VERIFY: bool>(packet: &'a [u8]) -> Result<Self, WireError> {
         if packet.len() < IPV4_HEADER_LEN {
             return Err(WireError::Truncated);
         }
@@ -326,7 +359,7 @@ impl<'a> Ipv4TcpView<'a> {
         if total_len > packet.len() {
             return Err(WireError::Truncated);
         }
-        if Checksum::new().add_bytes(ip.slice()).finish() != 0 {
+        if VERIFY && !ipv4_header_sum_ok(ip.slice()) {
             return Err(WireError::BadIpv4Checksum);
         }
         if ip.is_fragmenting_payload() {
@@ -335,7 +368,8 @@ impl<'a> Ipv4TcpView<'a> {
         if ip.protocol() != etherparse::IpNumber::TCP {
             return Err(WireError::NotTcp);
         }
-        let tcp_bytes = &packet[header_len..total_len];
+        let packet = &packet[..total_len];
+        let tcp_bytes = &packet[header_len..];
         if tcp_bytes.len() < TCP_HEADER_LEN {
             return Err(WireError::Truncated);
         }
@@ -344,17 +378,10 @@ impl<'a> Ipv4TcpView<'a> {
             return Err(WireError::BadDataOffset);
         }
         let tcp = TcpSlice::from_slice(tcp_bytes).map_err(|_| WireError::BadDataOffset)?;
-        let len = u16::try_from(tcp_bytes.len()).map_err(|_| WireError::Truncated)?;
-        let sum = Checksum::new()
-            .add_4(ip.source())
-            .add_4(ip.destination())
-            .add_2([0, 6])
-            .add_2(len.to_be_bytes())
-            .add_bytes(tcp_bytes);
-        if sum.finish() != 0 {
+        if VERIFY && !tcp_sum_ok(ip.source(), ip.destination(), tcp_bytes) {
             return Err(WireError::BadTcpChecksum);
         }
-        Ok(Ipv4TcpView { ip, tcp })
+        Ok(Ipv4TcpView { packet, ip, tcp })
     }
 
     /// The IPv4 header.
@@ -366,7 +393,196 @@ impl<'a> Ipv4TcpView<'a> {
     pub fn tcp(&self) -> &TcpSlice<'a> {
         &self.tcp
     }
+
+    /// The whole IPv4 packet, cut at its total length (octets after it, such as Ethernet
+    /// padding, are not part of it).
+    pub fn packet(&self) -> &'a [u8] {
+        self.packet
+    }
+
+    /// Length of the IPv4 header, options included (IHL x 4, RFC 791 3.1).
+    pub fn ip_header_len(&self) -> usize {
+        self.ip.slice().len()
+    }
+
+    /// Length of the TCP header, options included (data offset x 4, RFC 9293 3.1).
+    pub fn tcp_header_len(&self) -> usize {
+        self.tcp.header_len()
+    }
+
+    /// The TCP control bits octet as on the wire (octet 13 of the TCP header, RFC 9293 3.1:
+    /// CWR ECE URG ACK PSH RST SYN FIN from the high-order bit down).
+    pub fn control_bits(&self) -> u8 {
+        self.tcp.header_slice()[13]
+    }
+
+    /// The segment's data (after the TCP options, before any octets beyond the IPv4 total
+    /// length).
+    pub fn payload(&self) -> &'a [u8] {
+        self.tcp.payload()
+    }
+
+    /// True if the IPv4 header checksum verifies (RFC 791 3.1).
+    pub fn ipv4_checksum_ok(&self) -> bool {
+        ipv4_header_sum_ok(self.ip.slice())
+    }
+
+    /// True if the TCP checksum, over the pseudo-header too, verifies (RFC 9293 3.1).
+    pub fn tcp_checksum_ok(&self) -> bool {
+        tcp_sum_ok(
+            self.ip.source(),
+            self.ip.destination(),
+            &self.packet[self.ip_header_len()..],
+        )
+    }
 }
+
+/// True if an IPv4 header, its checksum field included, sums to all ones (RFC 791 3.1).
+#[inline]
+fn ipv4_header_sum_ok(header: &[u8]) -> bool {
+    Checksum::new().add_bytes(header).finish() == 0
+}
+
+/// The pseudo-header of a TCP segment in IPv4 (RFC 9293 3.1): addresses, zero, protocol 6,
+/// TCP length.
+#[inline]
+fn pseudo_header(src: [u8; 4], dst: [u8; 4], tcp_len: u16) -> Checksum {
+    Checksum::new()
+        .add_4(src)
+        .add_4(dst)
+        .add_2([0, IP_PROTOCOL_TCP])
+        .add_2(tcp_len.to_be_bytes())
+}
+
+/// True if a TCP segment, its checksum field included, sums to all ones over the
+/// pseudo-header (RFC 9293 3.1).
+#[inline]
+fn tcp_sum_ok(src: [u8; 4], dst: [u8; 4], segment: &[u8]) -> bool {
+    let Ok(len) = u16::try_from(segment.len()) else {
+        return false;
+    };
+    pseudo_header(src, dst, len).add_bytes(segment).finish() == 0
+}
+
+/// Rewrites the IPv4 header checksum (RFC 791 3.1) and the TCP checksum (RFC 9293 3.1,
+/// pseudo-header included) of the IPv4/TCP packet at the start of `packet`, after its fields
+/// were changed. Octets beyond the IPv4 total length are neither read nor written. Returns the
+/// packet's length (its total length), or why it is not a well-formed TCP packet in IPv4
+/// (checksums aside, as [`Ipv4TcpView::new_unverified`]).
+pub fn fill_checksums(packet: &mut [u8]) -> Result<usize, WireError> {
+    let (total, header_len, src, dst) = {
+        let v = Ipv4TcpView::new_unverified(packet)?;
+        (
+            v.packet().len(),
+            v.ip_header_len(),
+            v.ip().source(),
+            v.ip().destination(),
+        )
+    };
+    let (header, segment) = packet[..total].split_at_mut(header_len);
+    header[10..12].fill(0);
+    let ip_sum = Checksum::new().add_short(header).finish();
+    header[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    segment[16..18].fill(0);
+    // At most 65515 octets: the length was checked against the 16-bit total length.
+    let tcp_sum = pseudo_header(src, dst, segment.len() as u16)
+        .add_bytes(segment)
+        .finish();
+    segment[16..18].copy_from_slice(&tcp_sum.to_be_bytes());
+    Ok(total)
+}
+
+/// The first look at a received IPv4 packet before it is parsed in full: whether it is IPv4
+/// carrying TCP within the buffer, its addresses, ports and SYN bit, enough to classify a frame
+/// and to pick the thread that owns its connection. Checked only for version 4, protocol 6 and
+/// a total length from 20 octets up to the buffer's; a segment that is malformed otherwise
+/// passes, for [`Ipv4TcpView::new_checked`] to reject (and a receive path to count as
+/// malformed rather than as not TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4TcpPeek<'a> {
+    /// The packet, cut at the IPv4 total length.
+    packet: &'a [u8],
+}
+
+impl<'a> Ipv4TcpPeek<'a> {
+    /// The peek at `packet` (starting at the IPv4 header), or `None` if it is not IPv4
+    /// carrying TCP with a total length of at least 20 within the buffer.
+    #[inline]
+    pub fn new(packet: &'a [u8]) -> Option<Ipv4TcpPeek<'a>> {
+        let h: &[u8; IPV4_HEADER_LEN] = packet.first_chunk()?;
+        if h[0] >> 4 != 4 || h[9] != IP_PROTOCOL_TCP {
+            return None;
+        }
+        let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        if total < IPV4_HEADER_LEN || total > packet.len() {
+            return None;
+        }
+        Some(Ipv4TcpPeek {
+            packet: &packet[..total],
+        })
+    }
+
+    /// The source address of an IPv4 packet of at least 20 octets, unchecked otherwise (e.g.
+    /// one just emitted). Panics if shorter.
+    #[inline]
+    pub fn src_addr_of(packet: &[u8]) -> Ipv4Addr {
+        Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15])
+    }
+
+    /// The destination address of an IPv4 packet of at least 20 octets, unchecked otherwise
+    /// (e.g. one just emitted). Panics if shorter.
+    #[inline]
+    pub fn dst_addr_of(packet: &[u8]) -> Ipv4Addr {
+        Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19])
+    }
+
+    /// The packet, cut at the IPv4 total length (Ethernet padding excluded).
+    #[inline]
+    pub fn packet(&self) -> &'a [u8] {
+        self.packet
+    }
+
+    /// IPv4 source address.
+    #[inline]
+    pub fn src_addr(&self) -> Ipv4Addr {
+        Self::src_addr_of(self.packet)
+    }
+
+    /// IPv4 destination address.
+    #[inline]
+    pub fn dst_addr(&self) -> Ipv4Addr {
+        Self::dst_addr_of(self.packet)
+    }
+
+    /// The TCP header's first octets past the IHL, if the packet holds `n` of them.
+    #[inline]
+    fn tcp_octets(&self, n: usize) -> Option<&'a [u8]> {
+        let ihl = usize::from(self.packet[0] & 0x0f) * 4;
+        self.packet.get(ihl..ihl + n)
+    }
+
+    /// TCP source and destination ports, `None` if the IHL leaves no room for them.
+    #[inline]
+    pub fn ports(&self) -> Option<(u16, u16)> {
+        let t = self.tcp_octets(4)?;
+        Some((
+            u16::from_be_bytes([t[0], t[1]]),
+            u16::from_be_bytes([t[2], t[3]]),
+        ))
+    }
+
+    /// True for a connection request: SYN set, ACK clear (RFC 9293 3.5).
+    #[inline]
+    pub fn is_syn(&self) -> bool {
+        self.tcp_octets(14)
+            .is_some_and(|t| t[13] & (ACK_BIT | SYN_BIT) == SYN_BIT)
+    }
+}
+
+/// SYN in the TCP control bits octet.
+const SYN_BIT: u8 = 0x02;
+/// ACK in the TCP control bits octet.
+const ACK_BIT: u8 = 0x10;
 
 /// A TCP segment in IPv4, decoded. `payload` borrows from the packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1000,5 +1216,104 @@ mod tests {
             header.emit_summed(&mut buf, 1, 2, false, 3, (4, 5), 8, |_| None),
             Ok(60)
         );
+    }
+
+    #[test]
+    fn the_unverified_view_checks_lengths_but_not_checksums() {
+        let repr = sample(b"hello world");
+        let mut buf = [0u8; 200];
+        let n = repr.emit(&mut buf).expect("emit");
+        // Ethernet-style padding after the packet is cut off.
+        let padded = n + 6;
+        let v = Ipv4TcpView::new_unverified(&buf[..padded]).expect("view");
+        assert_eq!(v.packet().len(), n);
+        assert_eq!(v.ip_header_len(), IPV4_HEADER_LEN);
+        assert_eq!(v.tcp_header_len(), TCP_HEADER_LEN + repr.options.wire_len());
+        assert_eq!(v.payload(), b"hello world");
+        assert_eq!(v.control_bits(), 0x12, "SYN ACK");
+        assert!(v.ipv4_checksum_ok() && v.tcp_checksum_ok());
+        buf[n - 1] ^= 0x40;
+        buf[IPV4_HEADER_LEN - 1] ^= 1;
+        let v = Ipv4TcpView::new_unverified(&buf[..n]).expect("view");
+        assert!(!v.ipv4_checksum_ok() && !v.tcp_checksum_ok());
+        assert_eq!(
+            Ipv4TcpView::new_checked(&buf[..n]).map(|_| ()),
+            Err(WireError::BadIpv4Checksum)
+        );
+        // Lengths are still checked.
+        assert_eq!(
+            Ipv4TcpView::new_unverified(&buf[..n - 1]).map(|_| ()),
+            Err(WireError::Truncated)
+        );
+        buf[IPV4_HEADER_LEN + 12] = 4 << 4;
+        assert_eq!(
+            Ipv4TcpView::new_unverified(&buf[..n]).map(|_| ()),
+            Err(WireError::BadDataOffset)
+        );
+    }
+
+    #[test]
+    fn fill_checksums_repairs_a_rewritten_packet() {
+        for payload in [&b""[..], b"a", b"odd length", b"even length!"] {
+            let repr = sample(payload);
+            let mut buf = [0u8; 200];
+            let n = repr.emit(&mut buf).expect("emit");
+            let want = buf;
+            // Rewrite some fields (TTL, sequence number) and break both checksums.
+            buf[8] = 1;
+            buf[IPV4_HEADER_LEN + 7] ^= 0xff;
+            buf[10] ^= 0x55;
+            buf[IPV4_HEADER_LEN + 17] ^= 0x55;
+            buf[n..n + 4].fill(0xee); // padding beyond the packet stays untouched
+            assert_eq!(fill_checksums(&mut buf[..n + 4]), Ok(n));
+            let v = Ipv4TcpView::new_checked(&buf[..n]).expect("verifies");
+            assert_eq!(v.tcp().sequence_number(), repr.seq ^ 0xff);
+            assert_eq!(buf[n..n + 4], [0xee; 4]);
+            // Back to the original fields: the original checksums.
+            buf[8] = 64;
+            buf[IPV4_HEADER_LEN + 7] ^= 0xff;
+            fill_checksums(&mut buf[..n]).expect("fill");
+            assert_eq!(buf[..n], want[..n]);
+        }
+        assert_eq!(fill_checksums(&mut [0x45; 10]), Err(WireError::Truncated));
+    }
+
+    #[test]
+    fn the_peek_reads_what_classification_needs() {
+        let repr = sample(b"xyz");
+        let mut buf = [0u8; 200];
+        let n = repr.emit(&mut buf).expect("emit");
+        let p = Ipv4TcpPeek::new(&buf[..n + 10]).expect("peek");
+        assert_eq!(p.packet().len(), n);
+        assert_eq!(p.src_addr(), repr.src_addr);
+        assert_eq!(p.dst_addr(), repr.dst_addr);
+        assert_eq!(Ipv4TcpPeek::dst_addr_of(&buf), repr.dst_addr);
+        assert_eq!(Ipv4TcpPeek::src_addr_of(&buf), repr.src_addr);
+        assert_eq!(p.ports(), Some((4000, 5000)));
+        assert!(!p.is_syn(), "SYN ACK is not a connection request");
+        let mut syn = sample(b"");
+        syn.flags.ack = false;
+        syn.options = TcpOptions::default();
+        let m = syn.emit(&mut buf).expect("emit");
+        assert!(Ipv4TcpPeek::new(&buf[..m]).expect("peek").is_syn());
+        // A bad IHL still passes the peek (the full parse rejects it), without ports.
+        let mut odd = buf;
+        odd[0] = 0x4f;
+        let p = Ipv4TcpPeek::new(&odd[..m]).expect("peek");
+        assert_eq!(p.ports(), None);
+        assert!(!p.is_syn());
+        assert!(Ipv4TcpView::new_checked(&odd[..m]).is_err());
+        // Not IPv4, not TCP, total length out of range.
+        let mut b = buf;
+        b[0] = 0x65;
+        assert!(Ipv4TcpPeek::new(&b[..m]).is_none());
+        let mut b = buf;
+        b[9] = 17;
+        assert!(Ipv4TcpPeek::new(&b[..m]).is_none());
+        assert!(Ipv4TcpPeek::new(&buf[..m - 1]).is_none());
+        let mut b = buf;
+        b[2..4].copy_from_slice(&19u16.to_be_bytes());
+        assert!(Ipv4TcpPeek::new(&b[..m]).is_none());
+        assert!(Ipv4TcpPeek::new(&buf[..19]).is_none());
     }
 }

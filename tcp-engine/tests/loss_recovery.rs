@@ -10,7 +10,7 @@ use tcp_engine::{Config, ConnStats};
 
 const MIB: usize = 1 << 20;
 
-/// The relay bed's impairments (`iwarp-bench relay`): each segment (ACKs
+/// The relay bed's impairments (`iwarp-relay`): each segment (ACKs
 /// included) dropped with `loss`, or with `reorder` held back behind 1-8
 /// later packets or for at most 2 ms.
 fn relay_like(loss: f64, reorder: f64) -> LinkConfig {

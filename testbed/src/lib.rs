@@ -7,10 +7,13 @@
 //! a bed that cannot be had into a skip with the reason, or into a failure when `CI=true`.
 
 use std::fs::File;
+use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread::{JoinHandle, Scope, ScopedJoinHandle};
+
+pub mod relay;
 
 /// Namespace of the first host.
 pub const NS_A: &str = "iwa";
@@ -46,13 +49,23 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Moves the calling thread into network namespace `ns` (`setns(CLONE_NEWNET)` changes only
-/// the calling thread's namespace); panics with the reason if it cannot.
-fn enter_ns(ns: &str) {
+/// Moves the calling thread into network namespace `ns`, a file under `/run/netns` as `ip
+/// netns add` makes it (`setns(CLONE_NEWNET)` changes only the calling thread's namespace:
+/// sockets it creates afterwards, AF_XDP, netlink, UDP, TCP, belong to `ns`; other threads
+/// are not affected). Needs CAP_SYS_ADMIN. The error names the file and the step that failed.
+pub fn enter_ns(ns: &str) -> io::Result<()> {
     let path = format!("/run/netns/{ns}");
-    let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-        .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+    let file =
+        File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("open {path}: {e}")))?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+        let e = io::Error::from(e);
+        io::Error::new(e.kind(), format!("setns {path}: {e}"))
+    })
+}
+
+/// [`enter_ns`] for test threads: panics with the reason if it fails.
+fn enter_ns_or_panic(ns: &str) {
+    enter_ns(ns).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Runs `f` on a fresh thread inside network namespace `ns` and returns its result (sockets
@@ -60,7 +73,7 @@ fn enter_ns(ns: &str) {
 pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| {
         s.spawn(|| {
-            enter_ns(ns);
+            enter_ns_or_panic(ns);
             f()
         })
         .join()
@@ -74,7 +87,7 @@ pub fn spawn_in_ns<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> JoinHandle<T> {
     std::thread::spawn(move || {
-        enter_ns(ns);
+        enter_ns_or_panic(ns);
         f()
     })
 }
@@ -86,7 +99,7 @@ pub fn scoped_in_ns<'s, 'e, T: Send + 's>(
     f: impl FnOnce() -> T + Send + 's,
 ) -> ScopedJoinHandle<'s, T> {
     s.spawn(move || {
-        enter_ns(ns);
+        enter_ns_or_panic(ns);
         f()
     })
 }
@@ -184,32 +197,6 @@ macro_rules! bed_or_skip {
     };
 }
 
-/// The relay bed (`scripts/netns-relay.sh`): hosts in namespaces `iwra` and `iwrb`, joined
-/// through namespace `iwrr`, where a test relay forwards frames between `rra0` and `rrb0`.
-/// Separate from the plain bed (other names, other subnet); it takes the same lock.
-pub mod relay {
-    use std::net::Ipv4Addr;
-
-    /// Namespace of host A.
-    pub const NS_A: &str = "iwra";
-    /// Namespace of host B.
-    pub const NS_B: &str = "iwrb";
-    /// Namespace of the relay.
-    pub const NS_RELAY: &str = "iwrr";
-    /// Host A's interface.
-    pub const DEV_A: &str = "iwra0";
-    /// Host B's interface.
-    pub const DEV_B: &str = "iwrb0";
-    /// The relay's interface towards A.
-    pub const RELAY_DEV_A: &str = "rra0";
-    /// The relay's interface towards B.
-    pub const RELAY_DEV_B: &str = "rrb0";
-    /// Host A's address.
-    pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
-    /// Host B's address.
-    pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
-}
-
 /// `scripts/netns-relay.sh` of this workspace.
 pub fn relay_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns-relay.sh")
@@ -220,7 +207,7 @@ fn run_relay_script(arg: &str) -> Result<(), String> {
 }
 
 /// The relay bed (see [`relay`]), up for as long as this lives. The relay itself is the
-/// test's to start (`datapath::relay`); without one, A and B cannot reach each other.
+/// test's to start ([`relay::Relay`]); without one, A and B cannot reach each other.
 pub struct RelayBed {
     _lock: File,
 }

@@ -635,11 +635,7 @@ impl Pass<'_> {
 
     /// The ones' complement sum of what was written, as `Checksum::sum` gives it.
     fn out_sum(&self) -> u16 {
-        let s = (self.sum & 0xffff_ffff) + (self.sum >> 32);
-        let s = (s & 0xffff) + (s >> 16);
-        let s = (s & 0xffff) + (s >> 16);
-        let s = (s & 0xffff) + (s >> 16);
-        (s as u16).swap_bytes()
+        Checksum::from_le_sum(self.sum).sum()
     }
 
     fn put_bytes(&mut self, bytes: &[u8], covered: bool) {

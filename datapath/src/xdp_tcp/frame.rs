@@ -5,50 +5,35 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use tcp_engine::wire::{EthernetFrame, EthernetRepr, Ipv4TcpPeek, ETHERTYPE_IPV4};
+
 use crate::xsk::neighbour;
-use crate::xsk::packet::{ETHERTYPE_IPV4, ETH_HLEN, IPPROTO_TCP};
 
 /// A received frame's IPv4 packet, trimmed to the IPv4 total length (Ethernet padding cut),
-/// with the source MAC and IPv4 address. `None` for anything that is not an untagged IPv4
-/// frame carrying TCP with a sane length (the steering program only redirects IPv4 TCP, so this
-/// is a second line of defence, not the filter).
-pub(crate) fn ipv4_tcp_packet(frame: &[u8]) -> Option<(&[u8], [u8; 6], Ipv4Addr)> {
-    if frame.len() < ETH_HLEN + 20 {
+/// with the source MAC. `None` for anything that is not an untagged IPv4 frame carrying TCP
+/// with a sane length (the steering program only redirects IPv4 TCP, so this is a second line
+/// of defence, not the filter); the full parse is the connection table's.
+pub(crate) fn ipv4_tcp_packet(frame: &[u8]) -> Option<(Ipv4TcpPeek<'_>, [u8; 6])> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != ETHERTYPE_IPV4 {
         return None;
     }
-    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
-        return None;
-    }
-    let ip = &frame[ETH_HLEN..];
-    if ip[0] >> 4 != 4 || ip[9] != IPPROTO_TCP {
-        return None;
-    }
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    if total < 20 || total > ip.len() {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    mac.copy_from_slice(&frame[6..12]);
-    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-    Some((&ip[..total], mac, src))
-}
-
-/// True if the IPv4 packet carries a TCP SYN without ACK (a connection request).
-pub(crate) fn is_syn(ip: &[u8]) -> bool {
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
-    ip.get(ihl + 13).is_some_and(|flags| flags & 0x12 == 0x02)
+    Some((Ipv4TcpPeek::new(eth.payload())?, eth.src_addr()))
 }
 
 /// The destination address of an IPv4 packet (at least 20 octets).
 pub(crate) fn ipv4_dst(ip: &[u8]) -> Ipv4Addr {
-    Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19])
+    Ipv4TcpPeek::dst_addr_of(ip)
 }
 
 /// Writes the Ethernet II header for an IPv4 packet.
 pub(crate) fn write_eth(eth: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
-    eth[0..6].copy_from_slice(&dst);
-    eth[6..12].copy_from_slice(&src);
-    eth[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    EthernetRepr {
+        src,
+        dst,
+        ethertype: ETHERTYPE_IPV4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(eth));
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -156,7 +141,7 @@ impl Neighbours {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrameSpec};
+    use crate::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrameSpec, ETH_HLEN};
 
     fn frame(flags: u8, payload: usize) -> Vec<u8> {
         let spec = TcpFrameSpec {
@@ -182,16 +167,17 @@ mod tests {
     #[test]
     fn parses_ipv4_tcp_and_cuts_padding() {
         let f = frame(tcp_flags::SYN, 0);
-        let (ip, mac, src) = ipv4_tcp_packet(&f).expect("ipv4 tcp");
+        let (p, mac) = ipv4_tcp_packet(&f).expect("ipv4 tcp");
+        let ip = p.packet();
         assert_eq!(ip.len(), 40, "padding cut at the IPv4 total length");
         assert_eq!(mac, [2, 0, 0, 0, 0, 2]);
-        assert_eq!(src, Ipv4Addr::new(10, 77, 0, 2));
+        assert_eq!(p.src_addr(), Ipv4Addr::new(10, 77, 0, 2));
         assert_eq!(ipv4_dst(ip), Ipv4Addr::new(10, 77, 0, 1));
-        assert!(is_syn(ip));
+        assert!(p.is_syn());
         let f = frame(tcp_flags::SYN | tcp_flags::ACK, 10);
-        let (ip, _, _) = ipv4_tcp_packet(&f).expect("ipv4 tcp");
-        assert!(!is_syn(ip));
-        assert_eq!(ip.len(), 50);
+        let (p, _) = ipv4_tcp_packet(&f).expect("ipv4 tcp");
+        assert!(!p.is_syn());
+        assert_eq!(p.packet().len(), 50);
     }
 
     #[test]

@@ -1226,14 +1226,15 @@ impl Rx<'_> {
     /// SYN of a flow nobody owns is claimed for this shard before the table sees it (and the
     /// claim dropped if the table made no connection of it).
     fn frame<A: TcpApp + ?Sized>(&mut self, frame: &[u8], shard: Option<&ShardCtx>, app: &mut A) {
-        let Some((ip, src_mac, src_ip)) = frame::ipv4_tcp_packet(frame) else {
+        let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
             self.stats.rx_not_ipv4_tcp += 1;
             return;
         };
-        let syn = frame::is_syn(ip);
+        let (ip, src_ip) = (peek.packet(), peek.src_addr());
+        let syn = peek.is_syn();
         let mut claimed = None;
         if let Some(sh) = shard {
-            if let Some(key) = shard::packet_key(ip) {
+            if let Some(key) = shard::packet_key(&peek) {
                 let dir = &sh.set.directory;
                 let owner = match dir.lookup(key) {
                     None if syn => match dir.claim(key, sh.index) {

@@ -26,6 +26,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crossbeam_channel::{Receiver, Sender};
+use tcp_engine::wire::Ipv4TcpPeek;
 
 /// An empty directory slot (never a key: a remote address of 0.0.0.0 is refused).
 const EMPTY: u64 = 0;
@@ -54,15 +55,9 @@ pub fn flow_of_key(key: u64) -> (Ipv4Addr, u16, u16) {
 
 /// The key of a received IPv4/TCP packet (source address and port, destination port), or
 /// `None` if it is too short to say or from an impossible address.
-pub(crate) fn packet_key(ip: &[u8]) -> Option<u64> {
-    let ihl = usize::from(*ip.first()? & 0x0f) * 4;
-    let src = Ipv4Addr::new(*ip.get(12)?, *ip.get(13)?, *ip.get(14)?, *ip.get(15)?);
-    let tcp = ip.get(ihl..ihl + 4)?;
-    flow_key(
-        src,
-        u16::from_be_bytes([tcp[0], tcp[1]]),
-        u16::from_be_bytes([tcp[2], tcp[3]]),
-    )
+pub(crate) fn packet_key(packet: &Ipv4TcpPeek<'_>) -> Option<u64> {
+    let (src_port, dst_port) = packet.ports()?;
+    flow_key(packet.src_addr(), src_port, dst_port)
 }
 
 /// The directory is full (more live flows than its capacity allows).
@@ -442,15 +437,23 @@ mod tests {
     fn packet_key_reads_source_and_ports() {
         let mut ip = [0u8; 40];
         ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+        ip[9] = 6;
         ip[12..16].copy_from_slice(&[10, 77, 0, 2]);
         ip[20..22].copy_from_slice(&51234u16.to_be_bytes());
         ip[22..24].copy_from_slice(&7471u16.to_be_bytes());
+        let peek = Ipv4TcpPeek::new(&ip).expect("peek");
         assert_eq!(
-            packet_key(&ip),
+            packet_key(&peek),
             flow_key(Ipv4Addr::new(10, 77, 0, 2), 51234, 7471)
         );
-        assert_eq!(packet_key(&ip[..21]), None);
-        assert_eq!(packet_key(&[]), None);
+        // An IHL that leaves no room for the ports.
+        ip[0] = 0x4f;
+        assert_eq!(packet_key(&Ipv4TcpPeek::new(&ip).expect("peek")), None);
+        // From an impossible address.
+        ip[0] = 0x45;
+        ip[12..16].fill(0);
+        assert_eq!(packet_key(&Ipv4TcpPeek::new(&ip).expect("peek")), None);
     }
 
     #[test]

@@ -94,14 +94,6 @@ pub enum XskError {
         /// How long we waited.
         waited: Duration,
     },
-    /// Entering a network namespace failed.
-    #[error("cannot enter network namespace {name:?}: {source}")]
-    Netns {
-        /// Namespace name (under /run/netns).
-        name: String,
-        /// The error.
-        source: io::Error,
-    },
 }
 
 /// The effective user id.

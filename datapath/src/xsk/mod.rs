@@ -20,8 +20,7 @@
 //! so the frames written next are the ones the kernel has just read.
 //!
 //! Also here: interface facts, route and neighbour (ARP) lookup over rtnetlink
-//! ([`interface_info`], [`resolve_next_hop`]), frame building ([`packet`]), and
-//! [`enter_netns`] for a thread that must work in another network namespace.
+//! ([`interface_info`], [`resolve_next_hop`]) and frame building ([`packet`]).
 
 mod error;
 mod netlink;
@@ -34,26 +33,3 @@ pub use socket::{BindMode, RxBatch, XskConfig, XskSocket, XskStats};
 /// The steering program and its loader (the `xdp-prog` crate), re-exported for callers of this
 /// module: attach it, steer ports or flows, and put each socket's fd into its XSKMAP.
 pub use xdp_prog as steering;
-
-use std::fs::File;
-use std::io;
-use std::os::fd::AsRawFd;
-
-/// Moves the calling thread into the network namespace `name` (a file under `/run/netns`, as
-/// made by `ip netns add`). Sockets the thread creates afterwards (AF_XDP, netlink, UDP, TCP)
-/// belong to that namespace; other threads are not affected. Needs CAP_SYS_ADMIN.
-pub fn enter_netns(name: &str) -> Result<(), XskError> {
-    let err = |source| XskError::Netns {
-        name: name.to_owned(),
-        source,
-    };
-    let f = File::open(format!("/run/netns/{name}")).map_err(err)?;
-    // SAFETY: `f` is an open namespace file for the duration of the call; setns only reads the
-    // descriptor and changes the calling thread's network namespace, nothing in this process's
-    // memory.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    Ok(())
-}

@@ -2,8 +2,8 @@
 //!
 //! Everything is asked of the network namespace of the calling thread (netlink sockets belong to
 //! the namespace they were created in), so it also works in a thread that entered a namespace
-//! with [`enter_netns`](super::enter_netns), where `/sys/class/net` would still show the
-//! process's original namespace. A small hand-written client over a raw `NETLINK_ROUTE` socket:
+//! with `setns(2)` (as the test bed's `testbed::enter_ns` does), where `/sys/class/net` would
+//! still show the process's original namespace. A small hand-written client over a raw `NETLINK_ROUTE` socket:
 //! four request types, no dependency beyond `socket2`.
 
 use std::io::{self, Read};

@@ -2,24 +2,29 @@
 //!
 //! Only what the raw AF_XDP tools and tests need: a 54-octet header (Ethernet II, IPv4 without
 //! options, TCP without options) followed by payload, with the IPv4 header checksum and the TCP
-//! checksum (RFC 793 pseudo-header) computed in software. [`TcpFrame`] is a checked read-only
-//! view of such a frame (TCP options are accepted on receive).
+//! checksum (RFC 9293 3.1 pseudo-header) computed in software. [`TcpFrame`] is a checked
+//! read-only view of such a frame (TCP options are accepted on receive).
+//!
+//! Built on the workspace's one frame view and checksum, `tcp_engine::wire`
+//! ([`EthernetFrame`], [`Ipv4TcpView`], [`Checksum`]); the constants here are theirs.
 
 use std::net::Ipv4Addr;
 
+use tcp_engine::wire::{self, Checksum, EthernetFrame, EthernetRepr, Ipv4TcpView};
+
 /// Ethernet II header length.
-pub const ETH_HLEN: usize = 14;
+pub const ETH_HLEN: usize = wire::ETHERNET_HEADER_LEN;
 /// IPv4 header length without options.
-pub const IPV4_HLEN: usize = 20;
+pub const IPV4_HLEN: usize = wire::IPV4_HEADER_LEN;
 /// TCP header length without options.
-pub const TCP_HLEN: usize = 20;
+pub const TCP_HLEN: usize = wire::TCP_HEADER_LEN;
 /// Headers of a frame built by [`write_tcp_frame`].
 pub const HEADERS_LEN: usize = ETH_HLEN + IPV4_HLEN + TCP_HLEN;
 
 /// EtherType of IPv4.
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
+pub const ETHERTYPE_IPV4: u16 = wire::ETHERTYPE_IPV4;
 /// IP protocol number of TCP.
-pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_TCP: u8 = wire::IP_PROTOCOL_TCP;
 
 /// TCP flag bits (byte 13 of the TCP header).
 pub mod tcp_flags {
@@ -62,41 +67,6 @@ pub struct TcpFrameSpec {
     pub ip_id: u16,
 }
 
-/// One's-complement sum of `data` (big-endian 16-bit words, odd tail padded with zero) added to
-/// `acc`, not folded.
-fn sum16(mut acc: u64, data: &[u8]) -> u64 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u64::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        acc += u64::from(*last) << 8;
-    }
-    acc
-}
-
-fn fold(mut acc: u64) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc as u16
-}
-
-/// The Internet checksum (RFC 1071) of `data`: the complement of the folded one's-complement sum.
-pub fn internet_checksum(data: &[u8]) -> u16 {
-    !fold(sum16(0, data))
-}
-
-/// One's-complement sum of the TCP/IPv4 pseudo-header and `segment` (TCP header + payload);
-/// the checksum field inside `segment` takes part as it is.
-fn tcp_sum(src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) -> u16 {
-    let mut acc = sum16(0, &src.octets());
-    acc = sum16(acc, &dst.octets());
-    acc += u64::from(IPPROTO_TCP);
-    acc += segment.len() as u64;
-    fold(sum16(acc, segment))
-}
-
 /// Builds an Ethernet/IPv4/TCP frame of `frame_len` octets into `buf`: headers from `spec`, the
 /// payload (`frame_len - HEADERS_LEN` octets) written by `payload`, then both checksums.
 /// Returns `frame_len`, or `None` if `frame_len` is below [`HEADERS_LEN`], above `buf.len()`, or
@@ -112,12 +82,16 @@ pub fn write_tcp_frame(
     }
     let frame = &mut buf[..frame_len];
     let ip_total = (frame_len - ETH_HLEN) as u16;
-    // Ethernet II.
-    frame[0..6].copy_from_slice(&spec.dst_mac);
-    frame[6..12].copy_from_slice(&spec.src_mac);
-    frame[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    // IPv4, no options, DF set, TTL 64.
-    let ip = &mut frame[ETH_HLEN..ETH_HLEN + IPV4_HLEN];
+    let (eth, packet) = frame.split_at_mut(ETH_HLEN);
+    EthernetRepr {
+        src: spec.src_mac,
+        dst: spec.dst_mac,
+        ethertype: ETHERTYPE_IPV4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(eth));
+    let (src, dst) = (spec.src_ip.octets(), spec.dst_ip.octets());
+    // IPv4 (RFC 791 3.1), no options, DF set, TTL 64.
+    let (ip, seg) = packet.split_at_mut(IPV4_HLEN);
     ip[0] = 0x45;
     ip[1] = 0;
     ip[2..4].copy_from_slice(&ip_total.to_be_bytes());
@@ -126,12 +100,11 @@ pub fn write_tcp_frame(
     ip[8] = 64;
     ip[9] = IPPROTO_TCP;
     ip[10..12].fill(0);
-    ip[12..16].copy_from_slice(&spec.src_ip.octets());
-    ip[16..20].copy_from_slice(&spec.dst_ip.octets());
-    let ip_csum = internet_checksum(ip);
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    let ip_csum = Checksum::new().add_short(ip).finish();
     ip[10..12].copy_from_slice(&ip_csum.to_be_bytes());
-    // TCP, no options.
-    let seg = &mut frame[ETH_HLEN + IPV4_HLEN..];
+    // TCP (RFC 9293 3.1), no options.
     seg[0..2].copy_from_slice(&spec.src_port.to_be_bytes());
     seg[2..4].copy_from_slice(&spec.dst_port.to_be_bytes());
     seg[4..8].copy_from_slice(&spec.seq.to_be_bytes());
@@ -141,7 +114,14 @@ pub fn write_tcp_frame(
     seg[14..16].copy_from_slice(&spec.window.to_be_bytes());
     seg[16..20].fill(0); // checksum, urgent pointer
     payload(&mut seg[TCP_HLEN..]);
-    let tcp_csum = !tcp_sum(spec.src_ip, spec.dst_ip, seg);
+    let tcp_len = (seg.len() as u16).to_be_bytes();
+    let tcp_csum = Checksum::new()
+        .add_4(src)
+        .add_4(dst)
+        .add_2([0, IPPROTO_TCP])
+        .add_2(tcp_len)
+        .add_bytes(seg)
+        .finish();
     seg[16..18].copy_from_slice(&tcp_csum.to_be_bytes());
     Some(frame_len)
 }
@@ -151,139 +131,110 @@ pub fn write_tcp_frame(
 /// the one's-complement sum does not depend on the order of the words. Returns `false` (and
 /// changes nothing) if the frame does not parse as IPv4/TCP.
 pub fn swap_endpoints(frame: &mut [u8]) -> bool {
-    let Some(ihl) = TcpFrame::parse(frame).map(|f| f.ip_header_len) else {
+    let Some(ihl) = TcpFrame::parse(frame).map(|f| f.view.ip_header_len()) else {
         return false;
     };
-    let (dst, src) = frame[0..12].split_at_mut(6);
-    dst.swap_with_slice(src);
-    let (s, d) = frame[ETH_HLEN + 12..ETH_HLEN + 20].split_at_mut(4);
+    let (eth, packet) = frame.split_at_mut(ETH_HLEN);
+    let mut eth = EthernetFrame::new_unchecked(eth);
+    let (dst, src) = (eth.dst_addr(), eth.src_addr());
+    eth.set_dst_addr(src);
+    eth.set_src_addr(dst);
+    // IPv4 source and destination addresses (RFC 791 3.1), then the TCP ports (RFC 9293 3.1).
+    let (s, d) = packet[12..20].split_at_mut(4);
     s.swap_with_slice(d);
-    let t = ETH_HLEN + ihl;
-    let (sp, dp) = frame[t..t + 4].split_at_mut(2);
+    let (sp, dp) = packet[ihl..ihl + 4].split_at_mut(2);
     sp.swap_with_slice(dp);
     true
 }
 
 /// A checked view of an Ethernet II / IPv4 / TCP frame (no VLAN tag; IPv4 and TCP options
-/// allowed; IPv4 fragments rejected).
-#[derive(Debug, Clone, Copy)]
+/// allowed; IPv4 fragments rejected): an [`EthernetFrame`] carrying an [`Ipv4TcpView`] whose
+/// lengths are checked, its checksums not ([`Ipv4TcpView::new_unverified`]).
+#[derive(Debug, Clone)]
 pub struct TcpFrame<'a> {
-    frame: &'a [u8],
-    ip_header_len: usize,
-    tcp_header_len: usize,
-    ip_total_len: usize,
+    eth: EthernetFrame<&'a [u8]>,
+    view: Ipv4TcpView<'a>,
 }
 
 impl<'a> TcpFrame<'a> {
     /// Parses `frame`; `None` if it is not a whole, unfragmented IPv4/TCP frame.
     pub fn parse(frame: &'a [u8]) -> Option<Self> {
-        if frame.len() < HEADERS_LEN || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
-        {
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        if eth.ethertype() != ETHERTYPE_IPV4 {
             return None;
         }
-        let ip = &frame[ETH_HLEN..];
-        if ip[0] >> 4 != 4 || ip[9] != IPPROTO_TCP {
-            return None;
-        }
-        let ihl = usize::from(ip[0] & 0x0f) * 4;
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let frag = u16::from_be_bytes([ip[6], ip[7]]);
-        if ihl < IPV4_HLEN || total < ihl + TCP_HLEN || total > ip.len() || frag & 0x3fff != 0 {
-            return None;
-        }
-        let thl = usize::from(ip[ihl + 12] >> 4) * 4;
-        if thl < TCP_HLEN || ihl + thl > total {
-            return None;
-        }
-        Some(Self {
-            frame,
-            ip_header_len: ihl,
-            tcp_header_len: thl,
-            ip_total_len: total,
-        })
+        let view = Ipv4TcpView::new_unverified(eth.payload()).ok()?;
+        Some(Self { eth, view })
     }
 
-    fn ip(&self) -> &'a [u8] {
-        &self.frame[ETH_HLEN..ETH_HLEN + self.ip_total_len]
-    }
-
-    fn tcp(&self) -> &'a [u8] {
-        &self.ip()[self.ip_header_len..]
+    /// The IPv4 packet and TCP segment.
+    pub fn view(&self) -> &Ipv4TcpView<'a> {
+        &self.view
     }
 
     /// Destination MAC address.
     pub fn dst_mac(&self) -> [u8; 6] {
-        let mut m = [0; 6];
-        m.copy_from_slice(&self.frame[0..6]);
-        m
+        self.eth.dst_addr()
     }
 
     /// Source MAC address.
     pub fn src_mac(&self) -> [u8; 6] {
-        let mut m = [0; 6];
-        m.copy_from_slice(&self.frame[6..12]);
-        m
+        self.eth.src_addr()
     }
 
     /// Source IPv4 address.
     pub fn src_ip(&self) -> Ipv4Addr {
-        let ip = self.ip();
-        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15])
+        self.view.ip().source_addr()
     }
 
     /// Destination IPv4 address.
     pub fn dst_ip(&self) -> Ipv4Addr {
-        let ip = self.ip();
-        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19])
+        self.view.ip().destination_addr()
     }
 
     /// TCP source port.
     pub fn src_port(&self) -> u16 {
-        let t = self.tcp();
-        u16::from_be_bytes([t[0], t[1]])
+        self.view.tcp().source_port()
     }
 
     /// TCP destination port.
     pub fn dst_port(&self) -> u16 {
-        let t = self.tcp();
-        u16::from_be_bytes([t[2], t[3]])
+        self.view.tcp().destination_port()
     }
 
     /// TCP sequence number.
     pub fn seq(&self) -> u32 {
-        let t = self.tcp();
-        u32::from_be_bytes([t[4], t[5], t[6], t[7]])
+        self.view.tcp().sequence_number()
     }
 
     /// TCP acknowledgment number.
     pub fn ack(&self) -> u32 {
-        let t = self.tcp();
-        u32::from_be_bytes([t[8], t[9], t[10], t[11]])
+        self.view.tcp().acknowledgment_number()
     }
 
     /// TCP flags ([`tcp_flags`]).
     pub fn flags(&self) -> u8 {
-        self.tcp()[13]
+        self.view.control_bits()
     }
 
     /// TCP payload (after options, before any Ethernet padding).
     pub fn payload(&self) -> &'a [u8] {
-        &self.tcp()[self.tcp_header_len..]
+        self.view.payload()
     }
 
     /// Frame length covered by the IPv4 total length (Ethernet padding excluded).
     pub fn frame_len(&self) -> usize {
-        ETH_HLEN + self.ip_total_len
+        ETH_HLEN + self.view.packet().len()
     }
 
     /// True if the IPv4 header checksum verifies.
     pub fn ipv4_checksum_ok(&self) -> bool {
-        fold(sum16(0, &self.ip()[..self.ip_header_len])) == 0xffff
+        self.view.ipv4_checksum_ok()
     }
 
     /// True if the TCP checksum (pseudo-header included) verifies.
     pub fn tcp_checksum_ok(&self) -> bool {
-        tcp_sum(self.src_ip(), self.dst_ip(), self.tcp()) == 0xffff
+        self.view.tcp_checksum_ok()
     }
 }
 
@@ -305,13 +256,6 @@ mod tests {
             window: 65535,
             ip_id: 9,
         }
-    }
-
-    #[test]
-    fn rfc1071_example() {
-        // RFC 1071 1.3: the sum of these words is 0xddf2 (folded), so the checksum is !0xddf2.
-        let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
-        assert_eq!(internet_checksum(&data), !0xddf2);
     }
 
     #[test]

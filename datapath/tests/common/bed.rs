@@ -6,10 +6,9 @@ use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
-use datapath::xsk::enter_netns;
 use datapath::ProtectionDomain;
 use datapath::{CompletionQueue, ConnectParams, ConnectRequest, Connection, Listener};
-use testbed::{ADDR_B, DEV_A, NS_A, NS_B};
+use testbed::{enter_ns, ADDR_B, DEV_A, NS_A, NS_B};
 
 /// Connection parameters with a bounded setup time (10 s).
 pub fn params() -> ConnectParams {
@@ -26,7 +25,7 @@ pub fn listen_in_b(
     ready: &Sender<()>,
     within: Duration,
 ) -> Result<ConnectRequest, String> {
-    enter_netns(NS_B).map_err(|e| e.to_string())?;
+    enter_ns(NS_B).map_err(|e| e.to_string())?;
     let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params())
         .map_err(|e| format!("listen: {e}"))?;
     let _ = ready.send(());
@@ -44,7 +43,7 @@ pub fn engine_connect_in_a(
     pd: &ProtectionDomain,
     cq: &CompletionQueue,
 ) -> Result<(XdpEngine, Connection), String> {
-    enter_netns(NS_A).map_err(|e| e.to_string())?;
+    enter_ns(NS_A).map_err(|e| e.to_string())?;
     let engine = XdpEngine::start(DEV_A, cfg).map_err(|e| format!("engine: {e}"))?;
     let conn = engine
         .connect(SocketAddr::from((ADDR_B, port)), pd, cq, &params(), &[])

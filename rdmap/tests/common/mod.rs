@@ -137,7 +137,7 @@ impl Pair {
             tx.len,
             self.mulpdu
         );
-        let result = dst.qp.on_ulpdu(&buf, &mut dst.mem);
+        let result = dst.qp.on_ulpdu(&buf, &dst.mem);
         self.log.push(Transfer {
             from,
             tx,

@@ -26,6 +26,15 @@ impl Checksum {
         Checksum { acc: 0 }
     }
 
+    /// The sum accumulated elsewhere the way this type does (e.g. by a copy kernel that sums
+    /// what it copies): octets at even offsets of the checksummed data as the low-order octets
+    /// of little-endian words (16-, 32- or 64-bit lanes added up), carries not folded (RFC 1071
+    /// 2(B), 2(C)). [`sum`](Self::sum) folds it and swaps it into the big-endian sum.
+    #[inline]
+    pub const fn from_le_sum(acc: u64) -> Checksum {
+        Checksum { acc }
+    }
+
     /// Adds `data` (see the type's documentation for alignment within the checksummed data).
     #[inline]
     pub fn add_bytes(self, data: &[u8]) -> Checksum {
@@ -329,6 +338,27 @@ mod tests {
             let ones = vec![0xffu8; len];
             assert_eq!(Checksum::new().add_short(&ones).sum(), reference(&ones));
         }
+    }
+
+    #[test]
+    fn an_accumulated_little_endian_sum_folds_like_ours() {
+        let mut rng = 0x77u64;
+        for len in [0usize, 1, 2, 3, 8, 33, 1460, 9001] {
+            let data: Vec<u8> = (0..len).map(|_| xorshift(&mut rng) as u8).collect();
+            // 32-bit little-endian lanes, the tail padded with zero octets.
+            let mut acc = 0u64;
+            for w in data.chunks(4) {
+                let mut q = [0u8; 4];
+                q[..w.len()].copy_from_slice(w);
+                acc += u64::from(u32::from_le_bytes(q));
+            }
+            assert_eq!(
+                Checksum::from_le_sum(acc).sum(),
+                reference(&data),
+                "len {len}"
+            );
+        }
+        assert_eq!(Checksum::from_le_sum(u64::MAX).sum(), 0xffff);
     }
 
     #[test]

@@ -85,22 +85,20 @@ pub struct TcpSeg {
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_ACK: u8 = 0x10;
 
-/// Parses an Ethernet/IPv4/TCP frame; `None` for anything else.
+/// Parses an Ethernet/IPv4/TCP frame (lengths checked, checksums not: `tcp_engine::wire`'s
+/// views); `None` for anything else.
 pub fn parse_tcp(frame: &[u8]) -> Option<TcpSeg> {
-    if frame.len() < 14 + 20 || frame[12..14] != [0x08, 0x00] {
+    use tcp_engine::wire::{EthernetFrame, Ipv4TcpView, ETHERTYPE_IPV4};
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != ETHERTYPE_IPV4 {
         return None;
     }
-    let ip = &frame[14..];
-    let ihl = (ip[0] & 0x0f) as usize * 4;
-    if ip[0] >> 4 != 4 || ihl < 20 || ip[9] != 6 || ip.len() < ihl + 20 {
-        return None;
-    }
-    let tcp = &ip[ihl..];
+    let v = Ipv4TcpView::new_unverified(eth.payload()).ok()?;
     Some(TcpSeg {
-        saddr: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-        daddr: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
-        sport: u16::from_be_bytes([tcp[0], tcp[1]]),
-        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
-        flags: tcp[13],
+        saddr: v.ip().source_addr(),
+        daddr: v.ip().destination_addr(),
+        sport: v.tcp().source_port(),
+        dport: v.tcp().destination_port(),
+        flags: v.control_bits(),
     })
 }

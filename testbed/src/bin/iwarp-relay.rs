@@ -1,27 +1,27 @@
-//! `iwarp-bench relay`: runs the test relay (`datapath::relay`) between two interfaces, e.g. in
-//! the relay namespace of `scripts/netns-relay.sh`, for `--seconds` or, with `--stdin-stop`,
-//! until its standard input ends or carries a line; prints its counters (JSON with `--json`)
-//! when it stops.
+//! `iwarp-relay`: runs the test relay (`testbed::relay`) between two interfaces, e.g. in the
+//! relay namespace of `scripts/netns-relay.sh`, for `--seconds` or, with `--stdin-stop`, until
+//! its standard input ends or carries a line; prints its counters (JSON with `--json`) when it
+//! stops. A test tool, not part of the stack: `scripts/bench-relay.sh` runs it.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use datapath::relay::{Relay, RelayConfig};
+use testbed::relay::{DirStats, Relay, RelayConfig, RELAY_DEV_A, RELAY_DEV_B};
 
 /// Set when standard input ends (`--stdin-stop`).
 static STOP: AtomicBool = AtomicBool::new(false);
 
 /// An L2 relay that drops, reorders and re-segments TCP (a test tool).
 #[derive(Parser, Debug)]
-#[command(name = "iwarp-bench relay")]
+#[command(name = "iwarp-relay")]
 struct RelayCli {
     /// Interface towards host A.
-    #[arg(long, default_value = "rra0")]
+    #[arg(long, default_value = RELAY_DEV_A)]
     dev_a: String,
     /// Interface towards host B.
-    #[arg(long, default_value = "rrb0")]
+    #[arg(long, default_value = RELAY_DEV_B)]
     dev_b: String,
     /// Seed of the relay's decisions.
     #[arg(long, default_value_t = 1)]
@@ -49,8 +49,8 @@ struct RelayCli {
     json: bool,
 }
 
-pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
-    let cli = match RelayCli::try_parse_from(args) {
+fn main() -> ExitCode {
+    let cli = match RelayCli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -62,7 +62,7 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
         }
     };
     if !(0.0..=1.0).contains(&cli.loss) || !(0.0..=1.0).contains(&(cli.loss + cli.reorder)) {
-        eprintln!("iwarp-bench relay: --loss and --reorder are probabilities (sum at most 1)");
+        eprintln!("iwarp-relay: --loss and --reorder are probabilities (sum at most 1)");
         return ExitCode::from(2);
     }
     let lifetime = Duration::from_secs_f64(cli.seconds.clamp(0.1, 86_400.0));
@@ -87,12 +87,12 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     }) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("iwarp-bench relay: {e}");
+            eprintln!("iwarp-relay: {e}");
             return ExitCode::FAILURE;
         }
     };
     eprintln!(
-        "iwarp-bench relay: forwarding {} <-> {} (loss {}, reorder {}, resegment {}, mss clamp {:?}, seed {})",
+        "iwarp-relay: forwarding {} <-> {} (loss {}, reorder {}, resegment {}, mss clamp {:?}, seed {})",
         cli.dev_a, cli.dev_b, cli.loss, cli.reorder, cli.resegment, cli.mss_clamp, cli.seed
     );
     let started = Instant::now();
@@ -102,7 +102,7 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     match relay.stop() {
         Ok(s) => {
             if cli.json {
-                let dir = |d: &datapath::relay::DirStats| {
+                let dir = |d: &DirStats| {
                     serde_json::json!({
                         "frames_in": d.frames_in, "frames_out": d.frames_out, "other": d.other,
                         "tcp_in": d.tcp_in, "data_in": d.data_in, "dropped": d.dropped,
@@ -121,7 +121,7 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("iwarp-bench relay: {e}");
+            eprintln!("iwarp-relay: {e}");
             ExitCode::FAILURE
         }
     }

@@ -1,6 +1,11 @@
-//! A test relay: an L2 forwarder between two interfaces (the relay namespace of
-//! `scripts/netns-relay.sh`) that impairs the TCP traffic it forwards, to put the AF_XDP engine
-//! through real loss, reordering and re-segmentation on the test bed.
+//! The relay bed (`scripts/netns-relay.sh`): hosts in namespaces `iwra` and `iwrb`, joined
+//! through namespace `iwrr`, where a test relay forwards frames between `rra0` and `rrb0`.
+//! Separate from the plain bed (other names, other subnet); it takes the same lock
+//! ([`crate::RelayBed`]).
+//!
+//! The test relay ([`Relay`], also the `iwarp-relay` binary of this crate): an L2 forwarder
+//! between two interfaces (the relay namespace) that impairs the TCP traffic it forwards, to
+//! put the AF_XDP engine through real loss, reordering and re-segmentation on the test bed.
 //!
 //! Frames are read and written with `AF_PACKET` sockets (the relay's ends are promiscuous and
 //! carry no addresses, so the kernel there only watches). Everything that is not IPv4 TCP (ARP)
@@ -18,18 +23,42 @@
 //!    [`RelayConfig::reorder_frames`] later frames of its direction have passed (or
 //!    [`RelayConfig::reorder_delay`] has), else forwarded at once.
 //!
+//! Frames are parsed and checksums rewritten with `tcp_engine::wire` ([`EthernetFrame`],
+//! [`Ipv4TcpView`], [`wire::fill_checksums`]), the engine's own frame view and checksum.
+//!
 //! Decisions come from a seeded generator (xorshift), so a seed gives the same decisions for
 //! the same sequence of frames. The relay runs on its own thread until [`Relay::stop`] (or drop)
 //! or its `lifetime` ends.
 
 use std::ffi::CString;
-use std::fs::File;
 use std::io;
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use tcp_engine::wire::{self, EthernetFrame, Ipv4TcpView, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
+
+/// Namespace of host A.
+pub const NS_A: &str = "iwra";
+/// Namespace of host B.
+pub const NS_B: &str = "iwrb";
+/// Namespace of the relay.
+pub const NS_RELAY: &str = "iwrr";
+/// Host A's interface.
+pub const DEV_A: &str = "iwra0";
+/// Host B's interface.
+pub const DEV_B: &str = "iwrb0";
+/// The relay's interface towards A.
+pub const RELAY_DEV_A: &str = "rra0";
+/// The relay's interface towards B.
+pub const RELAY_DEV_B: &str = "rrb0";
+/// Host A's address.
+pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+/// Host B's address.
+pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
 
 /// Errors of the test relay.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +189,7 @@ impl Relay {
             .spawn(move || {
                 let opened = (|| -> Result<(PacketSocket, PacketSocket), RelayError> {
                     if let Some(ns) = &cfg.netns {
-                        enter_netns(ns)?;
+                        crate::enter_ns(ns).map_err(io_err(format!("netns {ns}")))?;
                     }
                     let a = PacketSocket::open(&cfg.dev_a)?;
                     let b = PacketSocket::open(&cfg.dev_b)?;
@@ -215,17 +244,6 @@ impl Drop for Relay {
             let _ = self.finish();
         }
     }
-}
-
-fn enter_netns(name: &str) -> Result<(), RelayError> {
-    let f = File::open(format!("/run/netns/{name}")).map_err(io_err(format!("netns {name}")))?;
-    // SAFETY: `f` is an open namespace file for the duration of the call; setns only changes
-    // the calling thread's network namespace.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(io_err(format!("setns {name}"))(io::Error::last_os_error()));
-    }
-    Ok(())
 }
 
 /// A non-blocking `AF_PACKET` raw socket bound to one interface, promiscuous, that does not
@@ -396,7 +414,7 @@ impl Rng {
     }
 }
 
-const ETH_LEN: usize = 14;
+const ETH_LEN: usize = ETHERNET_HEADER_LEN;
 const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
@@ -416,71 +434,30 @@ struct Tcp {
     ports: (u16, u16),
 }
 
+/// The offsets of an Ethernet/IPv4/TCP frame whose lengths check out (its checksums are not
+/// verified: the relay forwards what it gets, as a switch would). Fragments are not TCP here
+/// (our senders set DF and never fragment).
 fn parse_tcp(f: &[u8]) -> Option<Tcp> {
-    if f.len() < ETH_LEN + 20 || f[12..14] != [0x08, 0x00] {
+    let eth = EthernetFrame::new_checked(f).ok()?;
+    if eth.ethertype() != ETHERTYPE_IPV4 {
         return None;
     }
-    let ip = &f[ETH_LEN..];
-    if ip[0] >> 4 != 4 || ip[9] != 6 {
-        return None;
-    }
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    // Fragments are not re-cut (our senders set DF and never fragment).
-    let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
-    if ihl < 20 || total < ihl + 20 || ETH_LEN + total > f.len() || frag != 0 {
-        return None;
-    }
-    let tcp = ETH_LEN + ihl;
-    let doff = usize::from(f[tcp + 12] >> 4) * 4;
-    if doff < 20 || ihl + doff > total {
-        return None;
-    }
+    let v = Ipv4TcpView::new_unverified(eth.payload()).ok()?;
+    let tcp = ETH_LEN + v.ip_header_len();
     Some(Tcp {
         tcp,
-        payload: tcp + doff,
-        end: ETH_LEN + total,
-        seq: u32::from_be_bytes([f[tcp + 4], f[tcp + 5], f[tcp + 6], f[tcp + 7]]),
-        flags: f[tcp + 13],
-        ports: (
-            u16::from_be_bytes([f[tcp], f[tcp + 1]]),
-            u16::from_be_bytes([f[tcp + 2], f[tcp + 3]]),
-        ),
+        payload: tcp + v.tcp_header_len(),
+        end: ETH_LEN + v.packet().len(),
+        seq: v.tcp().sequence_number(),
+        flags: v.control_bits(),
+        ports: (v.tcp().source_port(), v.tcp().destination_port()),
     })
-}
-
-fn fold(mut sum: u32) -> u16 {
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-fn add_bytes(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
-    }
-    sum
 }
 
 /// Rewrites the IPv4 header checksum and the TCP checksum of a frame parsed as `t`.
 fn fix_checksums(f: &mut [u8], t: &Tcp) {
-    f[ETH_LEN + 10] = 0;
-    f[ETH_LEN + 11] = 0;
-    let ip_sum = fold(add_bytes(0, &f[ETH_LEN..t.tcp]));
-    f[ETH_LEN + 10..ETH_LEN + 12].copy_from_slice(&ip_sum.to_be_bytes());
-    f[t.tcp + 16] = 0;
-    f[t.tcp + 17] = 0;
-    let tcp_len = t.end - t.tcp;
-    let mut sum = add_bytes(0, &f[ETH_LEN + 12..ETH_LEN + 20]);
-    sum += 6 + tcp_len as u32;
-    sum = add_bytes(sum, &f[t.tcp..t.end]);
-    let tcp_sum = fold(sum);
-    f[t.tcp + 16..t.tcp + 18].copy_from_slice(&tcp_sum.to_be_bytes());
+    let filled = wire::fill_checksums(&mut f[ETH_LEN..t.end]);
+    debug_assert_eq!(filled, Ok(t.end - ETH_LEN), "a frame parse_tcp accepted");
 }
 
 /// Lowers the MSS option of a SYN to `clamp`; true if it changed.
@@ -871,12 +848,7 @@ mod tests {
     }
 
     fn checksums_ok(f: &[u8]) -> bool {
-        let t = parse_tcp(f).unwrap();
-        let ip_ok = fold(add_bytes(0, &f[ETH_LEN..t.tcp])) == 0;
-        let mut sum = add_bytes(0, &f[ETH_LEN + 12..ETH_LEN + 20]);
-        sum += 6 + (t.end - t.tcp) as u32;
-        sum = add_bytes(sum, &f[t.tcp..t.end]);
-        ip_ok && fold(sum) == 0
+        Ipv4TcpView::new_checked(&f[ETH_LEN..]).is_ok()
     }
 
     #[test]

@@ -1,0 +1,337 @@
+//! The glue to TCP: [`App`], the driver's view of the engine for one turn, whose [`TcpApp`]
+//! callbacks run the connections (segments passed up to placement, queue-pair commands, events
+//! and completions, FPDUs filled into frames), and the connection settings derived from the
+//! engine's ([`State::conn_config`], [`tx_mode`]).
+
+use crossbeam_channel::TryRecvError;
+use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
+use tcp_engine::{Instant, PassedUp, State as TcpState};
+
+use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
+use crate::memory::{RegionMemory, TableSnapshot};
+use crate::verbs::cm::ConnectParams;
+use crate::verbs::qp::{wc_opcode, Cmd, QpParts};
+use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
+use crate::{DatapathError, QpError};
+
+use super::commands::RequestMsg;
+use super::config::{add_counters, XdpEngineConfig};
+use super::slots::{Slot, Waiter};
+use super::wake::State;
+
+/// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
+/// others or the receive side).
+const CMD_BUDGET: usize = 256;
+
+impl State {
+    pub(super) fn now(&self) -> Instant {
+        let nanos = self.epoch.elapsed().as_nanos();
+        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn conn_config(&self, params: &ConnectParams, pd: PdId) -> ConnConfig {
+        ConnConfig {
+            mpa: params.mpa.clone(),
+            qp: QpConfig {
+                pd,
+                sq_depth: params.sq_depth,
+                rq_depth: params.rq_depth,
+                ..QpConfig::default()
+            },
+            reassembly_capacity: self.cfg.reassembly_capacity,
+            max_placed_fpdus: self.cfg.max_placed_fpdus,
+            tx_ahead: self.cfg.tx_ahead,
+            max_tx_fpdus: self.cfg.max_tx_fpdus,
+        }
+    }
+}
+
+/// The TCP transmit mode of the engine's connections.
+pub(super) fn tx_mode(cfg: &XdpEngineConfig) -> tcp_engine::TxMode {
+    if cfg.tx_copy {
+        tcp_engine::TxMode::Records
+    } else {
+        tcp_engine::TxMode::Source
+    }
+}
+
+/// A PD table's version read for one turn (`None` past the tables in use).
+pub(super) type TableView = Option<TableSnapshot>;
+
+/// PD tables read per turn without allocating: this many on the stack, more on the heap.
+pub(super) const INLINE_TABLES: usize = 4;
+
+/// The driver's view of the engine for one turn: the state plus the PD tables as of the turn's
+/// start (snapshots: no lock, see `RegionTable`).
+pub(super) struct App<'a> {
+    pub(super) st: &'a mut State,
+    pub(super) mem: &'a [TableView],
+}
+
+fn table_of<'t>(
+    table: Option<usize>,
+    mem: &'t [TableView],
+    scratch: &'t MemoryTable<RegionMemory>,
+) -> &'t MemoryTable<RegionMemory> {
+    match table.and_then(|i| mem.get(i)).and_then(|g| g.as_deref()) {
+        Some(g) => g,
+        None => scratch,
+    }
+}
+
+impl TcpApp for App<'_> {
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+        let State {
+            slots,
+            early,
+            scratch,
+            ..
+        } = &mut *self.st;
+        match slots.get_mut(&id) {
+            Some(slot) => {
+                let mem = table_of(slot.table, self.mem, scratch);
+                slot.conn.on_data(data, mem);
+            }
+            None => early.entry(id).or_default().push((
+                data.seq,
+                data.stream_offset,
+                data.data.to_vec(),
+            )),
+        }
+        self.st.progress = true;
+    }
+
+    fn on_accept(&mut self, id: ConnId, tcp: &mut TcpConnection) {
+        let tuple = tcp.four_tuple();
+        let early = self.st.early.remove(&id);
+        let Some((params, _)) = self.st.listeners.get(&tuple.local_port) else {
+            tcp.close();
+            return;
+        };
+        // The PD is the one given to `accept`; until then the queue pair has a placeholder
+        // (no PD has number 0) and is replaced before Full Operation.
+        let cfg = self.st.conn_config(params, PdId(0));
+        let now = self.st.now();
+        let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
+            Ok(c) => c,
+            Err(_) => {
+                tcp.close();
+                return;
+            }
+        };
+        let mut slot = Slot::new(conn, None, tuple);
+        for (seq, stream_offset, bytes) in early.into_iter().flatten() {
+            let data = PassedUp {
+                seq,
+                stream_offset,
+                data: &bytes,
+                // Nothing was sent on a connection not yet accepted.
+                acked: 0,
+            };
+            slot.conn.on_data(data, &self.st.scratch);
+        }
+        self.st.slots.insert(id, slot);
+        self.st.progress = true;
+    }
+
+    fn on_event(&mut self, id: ConnId, tcp: &mut TcpConnection, event: TcpEvent) {
+        if let Some(slot) = self.st.slots.get_mut(&id) {
+            slot.conn.on_tcp_acked(tcp.bytes_acked());
+            slot.conn.on_tcp_event(event);
+            self.st.progress = true;
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, tcp: &mut TcpConnection, now: Instant) {
+        let State {
+            slots,
+            listeners,
+            scratch,
+            established,
+            progress,
+            wake,
+            shard,
+            ..
+        } = &mut *self.st;
+        let Some(slot) = slots.get_mut(&id) else {
+            return;
+        };
+        let mem = table_of(slot.table, self.mem, scratch);
+        // Work requests from the application.
+        if let Some(rx) = &slot.cmds {
+            let mut close = false;
+            for _ in 0..CMD_BUDGET {
+                let cmd = match rx.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => Cmd::Close,
+                };
+                *progress = true;
+                match cmd {
+                    Cmd::Send(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
+                        if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
+                            slot.complete_local_error(wr_id, opcode, &e);
+                        }
+                    }
+                    Cmd::Recv(wr) => {
+                        let wr_id = wr.wr_id;
+                        if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
+                            slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                        }
+                    }
+                    Cmd::Close => {
+                        close = true;
+                        break;
+                    }
+                }
+            }
+            if close {
+                slot.cmds = None;
+                if !slot.closing {
+                    slot.closing = true;
+                    slot.conn.close();
+                }
+            }
+        }
+        slot.conn.poll(tcp, mem, now);
+        while let Some(ev) = slot.conn.poll_event() {
+            *progress = true;
+            match ev {
+                ConnEvent::Request(info) => {
+                    let msg = RequestMsg {
+                        id,
+                        info,
+                        peer: slot.peer,
+                        shard: *shard,
+                    };
+                    let delivered = listeners
+                        .get(&slot.local_port)
+                        .is_some_and(|(_, tx)| tx.send(msg).is_ok());
+                    if !delivered {
+                        // Nobody listens any more.
+                        let _ = slot.conn.reject(&[]);
+                    }
+                }
+                ConnEvent::Established { private_data } => {
+                    *established += 1;
+                    let Some(negotiated) = slot.conn.negotiated().cloned() else {
+                        continue;
+                    };
+                    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+                    slot.cmds = Some(cmd_rx);
+                    let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
+                        .min(usize::from(u16::MAX));
+                    let parts = QpParts {
+                        num: slot.num,
+                        cmds: cmd_tx,
+                        waker: wake.clone(),
+                        shared: slot.shared.clone(),
+                        negotiated,
+                        mulpdu,
+                        peer: slot.peer,
+                        thread: None,
+                    };
+                    let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
+                        Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),
+                        Waiter::Accept(tx) => tx.send(Ok(parts)).is_ok(),
+                        Waiter::None => false,
+                    };
+                    if !taken {
+                        // The application gave up waiting: nobody will use this connection.
+                        slot.cmds = None;
+                        slot.closing = true;
+                        slot.conn.close();
+                    }
+                }
+                ConnEvent::Rejected { private_data } => {
+                    slot.closing = true;
+                    slot.fail_waiter(DatapathError::Rejected { private_data });
+                }
+                ConnEvent::StartupFailed(e) => {
+                    slot.set_error(QpError::Startup(e.clone()));
+                    slot.fail_waiter(DatapathError::Mpa(e));
+                }
+                ConnEvent::ConnectionRefused => {
+                    slot.set_error(QpError::Refused);
+                    slot.fail_waiter(DatapathError::Io(std::io::Error::from(
+                        std::io::ErrorKind::ConnectionRefused,
+                    )));
+                }
+                ConnEvent::MpaFailed(e) => slot.set_error(QpError::Mpa(e)),
+                ConnEvent::TransmitSourceFailed(_) => slot.set_error(QpError::TransmitSourceFailed),
+                ConnEvent::TransportClosed(how) => {
+                    if !slot.closing {
+                        slot.set_error(transport_closed_error(how));
+                    }
+                    slot.fail_waiter(DatapathError::Disconnected);
+                }
+            }
+        }
+        *progress |= slot.deliver_completions();
+        let done = (slot.closing || slot.conn.qp().state() == QpState::Error)
+            && matches!(
+                tcp.state(),
+                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+            );
+        slot.publish(done);
+    }
+
+    fn fill_tx(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), tcp_engine::TxSourceError> {
+        self.fill_tx_summed(id, stream_offset, out).map(|_| ())
+    }
+
+    fn fill_tx_summed(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u16>, tcp_engine::TxSourceError> {
+        let State { slots, scratch, .. } = &mut *self.st;
+        match slots.get_mut(&id) {
+            Some(slot) => {
+                let mem = table_of(slot.table, self.mem, scratch);
+                slot.conn.fill(stream_offset, out, mem).map(Some)
+            }
+            None => Err(tcp_engine::TxSourceError {
+                offset: stream_offset,
+                len: out.len(),
+            }),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.st
+            .slots
+            .values()
+            .filter_map(|s| s.conn.poll_timeout())
+            .min()
+    }
+
+    fn on_closed(&mut self, id: ConnId, _tcp: TcpConnection) {
+        self.st.early.remove(&id);
+        if let Some(mut slot) = self.st.slots.remove(&id) {
+            slot.finish(QpError::PeerClosed);
+            add_counters(&mut self.st.ended, &slot.conn.counters());
+            self.st.ended_conns += 1;
+            self.st.progress = true;
+        }
+    }
+}
+
+/// The queue pair's error text for a TCP connection that ended under it.
+/// What a TCP connection's end means to the queue pair on it.
+fn transport_closed_error(how: tcp_engine::Event) -> QpError {
+    use tcp_engine::Event as E;
+    match how {
+        E::PeerClosed | E::Closed | E::Connected | E::EmssChanged(_) => QpError::PeerClosed,
+        E::Reset => QpError::PeerReset,
+        E::TimedOut => QpError::TimedOut,
+        E::SourceFailed => QpError::TransmitSourceFailed,
+    }
+}

@@ -1,0 +1,153 @@
+//! The application's way in to an engine thread: [`Handle`] (setup commands answered with a
+//! deadline) and the providers behind a [`Listener`](crate::Listener) ([`XdpListen`]) and a
+//! [`ConnectRequest`] (`PendingRequest`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rdmap::RecvWr;
+
+use crate::memory::ProtectionDomain;
+use crate::verbs::cm::{ConnectParams, ConnectRequest, ListenProvider, PendingProvider};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::QueuePair;
+use crate::xdp_tcp::ConnId;
+use crate::DatapathError;
+
+use super::commands::{EngineCmd, RequestMsg};
+use super::wake::Wake;
+
+/// The application's way to the engine thread.
+#[derive(Clone)]
+pub(super) struct Handle {
+    pub(super) cmds: Sender<EngineCmd>,
+    pub(super) wake: Arc<Wake>,
+}
+
+impl Handle {
+    pub(super) fn call<T>(
+        &self,
+        cmd: EngineCmd,
+        rx: Receiver<Result<T, DatapathError>>,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<T, DatapathError> {
+        self.send(cmd)?;
+        Self::reply(rx, timeout, what)
+    }
+
+    /// Hands the engine a command.
+    pub(super) fn send(&self, cmd: EngineCmd) -> Result<(), DatapathError> {
+        self.cmds
+            .send(cmd)
+            .map_err(|_| DatapathError::Disconnected)?;
+        self.wake.wake_engine()?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for a command's reply.
+    pub(super) fn reply<T>(
+        rx: Receiver<Result<T, DatapathError>>,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<T, DatapathError> {
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => Err(DatapathError::Timeout(what)),
+            Err(RecvTimeoutError::Disconnected) => Err(DatapathError::Disconnected),
+        }
+    }
+}
+
+/// A listening port of the engine (behind [`Listener`](crate::Listener)).
+pub(super) struct XdpListen {
+    pub(super) rx: Receiver<RequestMsg>,
+    /// Every shard's handle (requests name their shard).
+    pub(super) handles: Vec<Handle>,
+    pub(super) local: SocketAddr,
+}
+
+impl ListenProvider for XdpListen {
+    fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
+        Ok(self.local)
+    }
+
+    /// The next MPA Request (waiting forever with `None`); `Ok(None)` when `timeout` passed.
+    fn accept(
+        &self,
+        params: &ConnectParams,
+        timeout: Option<Duration>,
+    ) -> Result<Option<ConnectRequest>, DatapathError> {
+        let msg = match timeout {
+            None => self.rx.recv().map_err(|_| DatapathError::Disconnected)?,
+            Some(t) => match self.rx.recv_timeout(t) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
+            },
+        };
+        let handle = self
+            .handles
+            .get(msg.shard)
+            .ok_or(DatapathError::Disconnected)?
+            .clone();
+        let pending = PendingRequest { id: msg.id, handle };
+        Ok(Some(ConnectRequest::new(
+            Box::new(pending),
+            msg.info,
+            msg.peer,
+            params.clone(),
+        )))
+    }
+}
+
+/// A connection of the engine whose MPA Request waits for the application (behind
+/// [`ConnectRequest`]). Dropped without an answer, the responder's MPA timeout ends it.
+struct PendingRequest {
+    id: ConnId,
+    handle: Handle,
+}
+
+impl PendingProvider for PendingRequest {
+    fn accept(
+        self: Box<Self>,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<QueuePair, DatapathError> {
+        cq.attach(self.handle.wake.clone());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Accept {
+            id: self.id,
+            pd: pd.clone(),
+            cq: cq.sink(),
+            private_data: private_data.to_vec(),
+            recvs,
+            params: params.clone(),
+            reply: tx,
+        };
+        let parts = self
+            .handle
+            .call(cmd, rx, params.setup_timeout, "accepting the MPA Request")?;
+        Ok(QueuePair::from_parts(parts))
+    }
+
+    fn reject(
+        self: Box<Self>,
+        private_data: &[u8],
+        params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Reject {
+            id: self.id,
+            private_data: private_data.to_vec(),
+            reply: tx,
+        };
+        self.handle
+            .call(cmd, rx, params.setup_timeout, "rejecting the MPA Request")
+    }
+}

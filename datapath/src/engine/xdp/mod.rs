@@ -1,0 +1,403 @@
+//! The poll-mode iWARP engine over AF_XDP: one thread per AF_XDP queue (a *shard*, with
+//! [`XdpEngineConfig::shard_per_queue`], the default; otherwise one thread per interface) runs
+//! the [`IwarpConn`]s it owns on top of its [`XdpTcp`] driver, behind the same application API
+//! as the socket transport ([`Listener`], [`ConnectRequest`], [`Connection`], [`QueuePair`],
+//! [`CompletionQueue`], [`ProtectionDomain`]).
+//!
+//! **Shards.** [`XdpTcp::open_shards`] attaches the steering program once and gives each
+//! queue its own driver (one AF_XDP socket, receiving and transmitting on that queue, its own
+//! TCP table); segments that arrive on a queue whose shard does not own their flow are handed
+//! to the owner through a lock-free flow directory and a bounded inbox
+//! ([`crate::xdp_tcp::shard`]). Every shard listens on a listened port and a connection
+//! belongs to the shard its SYN arrived on; requests of all shards reach the one [`Listener`].
+//! `connect` picks shards round robin. Each shard is an engine as described below (its own
+//! thread, wake-up socket, inline-progress state), its thread pinned to
+//! [`XdpEngineConfig::cpus`] if given; a shard without connections sleeps up to 50 ms between
+//! looks. [`XdpEngine::counters`] sums the shards (and lists each shard's driver counters).
+//! A [`CompletionQueue`] drives inline the shard it was first used with.
+//!
+//! **Thread.** [`XdpEngine::start`] spawns the engine thread, which opens the driver (in the
+//! namespace of the calling thread) and loops: take engine commands (listen, connect, accept,
+//! reject), run one driver turn ([`XdpTcp::poll`]: received segments go straight to
+//! [`IwarpConn::on_data`], placement included; then every connection's queue-pair commands,
+//! [`IwarpConn::poll`], events and completions). It busy-polls: an idle turn is followed by
+//! `sched_yield` (after [`XdpEngineConfig::spin_turns`] pure spins), so an application thread
+//! on the same core runs at once; only after [`XdpEngineConfig::busy_poll`] without work does
+//! it sleep in `ppoll` on the AF_XDP sockets plus a wake-up socket. Optionally pinned to a CPU
+//! ([`XdpEngineConfig::cpu`]).
+//!
+//! **Inline progress** ([`XdpEngineConfig::inline_progress`], default on). The state a turn
+//! needs (`Turner`: connections, PD table list, driver) is behind one mutex that is only ever
+//! taken with `try_lock`, once per turn, so no thread waits on it. A thread polling a
+//! [`CompletionQueue`] of the engine runs a turn itself when the queue is empty and nobody else
+//! is in one; while application threads keep doing so (and do not block in
+//! [`CompletionQueue::wait`]) the engine thread parks on its wake-up socket, and a work request
+//! posted meanwhile is transmitted by a turn on the posting thread. The poller then has its
+//! core to itself: no hand-off to the engine thread per message in either direction.
+//!
+//! **Application side.** Work requests go from a [`QueuePair`] to the engine through a
+//! per-connection lock-free channel (crossbeam); a one-byte datagram on the wake-up socket
+//! follows only while the engine sleeps (an atomic flag says so), so posting to a polling
+//! engine is no system call; completions come back on the [`CompletionQueue`] given at connect/accept time. Setup
+//! calls (`listen`, `connect`, `accept`, `reject`) are commands answered on a one-shot channel,
+//! with a deadline.
+//!
+//! **Memory.** The registration table of each protection domain stays shared with the
+//! application behind its mutex (as in the socket transport): the engine locks the tables of
+//! the PDs it serves once per driver turn, not per packet. Known limitation: a registration on
+//! the application thread waits for at most one turn; a PD once used stays in the engine's list
+//! until the engine stops.
+//!
+//! **Known limitations.** A listener's port stays steered and reserved until the engine stops
+//! (the driver has no `unlisten`); `connect` resolves the next hop on the engine thread
+//! (blocking it up to the driver's neighbour timeout); IPv4 only.
+//!
+//! **Modules.** `config`: the settings and the counters. `commands`: the setup commands and
+//! what answers them. `handle`: the application's way in (the providers behind [`Listener`] and
+//! [`ConnectRequest`]). `wake`: waking and driving the engine (sleep states, `Wake`, and the
+//! state types it reaches). `slots`: the connections. `glue`: the driver's view of the engine
+//! (the TCP callbacks). `thread`: the engine thread's loop and turns. This file: [`XdpEngine`]
+//! and its shard threads.
+
+mod commands;
+mod config;
+mod glue;
+mod handle;
+mod slots;
+mod thread;
+mod wake;
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdmap::MemoryTable;
+
+use crate::engine::ConnCounters;
+#[cfg(doc)]
+use crate::engine::IwarpConn;
+use crate::memory::ProtectionDomain;
+#[cfg(doc)]
+use crate::verbs::cm::ConnectRequest;
+use crate::verbs::cm::{ConnectParams, Connection, Listener};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::QueuePair;
+use crate::xdp_tcp::{XdpTcp, XdpTcpError};
+use crate::DatapathError;
+
+use commands::EngineCmd;
+pub use config::{EngineCounters, XdpEngineConfig};
+use handle::{Handle, XdpListen};
+use slots::SlotMap;
+use thread::Engine;
+use wake::{State, Turner, Wake, AWAKE};
+
+/// How long `start` waits for the engine thread to open the driver.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What waits for the outcome of a connection attempt ([`XdpEngine::start_connect`]).
+pub(crate) type PendingConnect = Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send>;
+
+/// One engine thread and its way in.
+struct ShardThread {
+    handle: Handle,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Mutex<EngineCounters>>,
+}
+
+/// The poll-mode iWARP engine of one interface (see the module documentation). Dropping it
+/// closes its connections (gracefully for up to a second), detaches XDP and joins the threads.
+pub struct XdpEngine {
+    shards: Vec<ShardThread>,
+    /// The shard of the next `connect` (round robin).
+    next: AtomicUsize,
+    local_ip: Ipv4Addr,
+}
+
+impl std::fmt::Debug for XdpEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpEngine")
+            .field("local_ip", &self.local_ip)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+type Opener = Box<dyn FnOnce() -> Result<XdpTcp, XdpTcpError> + Send>;
+
+/// Spawns one engine thread named `name` whose driver `open` makes (on that thread), and waits
+/// until it is open. Returns the thread and the interface's address.
+fn spawn_shard(
+    name: String,
+    open: Opener,
+    cfg: XdpEngineConfig,
+    index: usize,
+    pin: Option<usize>,
+) -> Result<(ShardThread, Ipv4Addr), DatapathError> {
+    let (wake_tx, wake_rx) = UnixDatagram::pair()?;
+    wake_tx.set_nonblocking(true)?;
+    wake_rx.set_nonblocking(true)?;
+    let wake = Arc::new(Wake {
+        tx: wake_tx,
+        state: AtomicU8::new(AWAKE),
+        pending: AtomicBool::new(false),
+        inline: cfg.inline_progress,
+        core: OnceLock::new(),
+        app_turns: AtomicU64::new(0),
+        thread_turns: AtomicU64::new(0),
+        app_waits: AtomicU64::new(0),
+    });
+    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+    let counters = Arc::new(Mutex::new(EngineCounters::default()));
+    let engine_wake = wake.clone();
+    let engine_counters = counters.clone();
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        let mut xdp = match open() {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = ready_tx.send(Err(DatapathError::Xdp(e)));
+                return;
+            }
+        };
+        xdp.add_wake_fd(wake_rx.as_raw_fd());
+        let _ = ready_tx.send(Ok(xdp.local_ip()));
+        let inbox = xdp.shard_set();
+        let turner = Turner {
+            st: State {
+                slots: SlotMap::default(),
+                early: HashMap::new(),
+                listeners: HashMap::new(),
+                scratch: MemoryTable::new(),
+                ended: ConnCounters::default(),
+                established: 0,
+                ended_conns: 0,
+                epoch: xdp.epoch(),
+                progress: false,
+                wake: engine_wake.clone(),
+                shard: index,
+                cfg: cfg.clone(),
+            },
+            tables: Vec::new(),
+            xdp,
+            failed: None,
+        };
+        let core = Arc::new(Mutex::new(Some(turner)));
+        let _ = engine_wake.core.set(core.clone());
+        let engine = Engine {
+            core,
+            wake: engine_wake,
+            cmds: cmd_rx,
+            wake_rx,
+            counters: engine_counters,
+            cfg,
+            parks: 0,
+            pin,
+            inbox,
+        };
+        engine.run();
+    })?;
+    let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(ip)) => ip,
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            return Err(e);
+        }
+        Err(_) => return Err(DatapathError::Timeout("starting the AF_XDP engine")),
+    };
+    Ok((
+        ShardThread {
+            handle: Handle { cmds: cmd_tx, wake },
+            thread: Some(thread),
+            counters,
+        },
+        local_ip,
+    ))
+}
+
+impl XdpEngine {
+    /// Starts the engine on `ifname` (in the calling thread's network namespace): one thread
+    /// for every queue, or with [`XdpEngineConfig::shard_per_queue`] one thread per queue
+    /// (named `iwarp-xdp-<ifname><queue>`), and waits until their drivers are open. Needs root
+    /// (XDP, AF_XDP).
+    pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
+        if !cfg.shard_per_queue {
+            let ifname_owned = ifname.to_owned();
+            let driver = cfg.driver.clone();
+            let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
+            let (shard, local_ip) =
+                spawn_shard(format!("iwarp-xdp-{ifname}"), open, cfg.clone(), 0, cfg.cpu)?;
+            return Ok(XdpEngine {
+                shards: vec![shard],
+                next: AtomicUsize::new(0),
+                local_ip,
+            });
+        }
+        // The drivers are opened here (the threads inherit this thread's namespace) and each
+        // moves to its thread; the last one to end detaches the program, on a shard thread.
+        let drivers = XdpTcp::open_shards(ifname, cfg.driver.clone())?;
+        let mut engine = XdpEngine {
+            shards: Vec::with_capacity(drivers.len()),
+            next: AtomicUsize::new(0),
+            local_ip: Ipv4Addr::UNSPECIFIED,
+        };
+        for (i, driver) in drivers.into_iter().enumerate() {
+            let queue = driver.queues().first().copied().unwrap_or(0);
+            let pin = match cfg.cpus.as_slice() {
+                [] => cfg.cpu,
+                cpus => Some(cpus[i % cpus.len()]),
+            };
+            let open: Opener = Box::new(move || Ok(driver));
+            let (shard, ip) = spawn_shard(
+                format!("iwarp-xdp-{ifname}{queue}"),
+                open,
+                cfg.clone(),
+                i,
+                pin,
+            )?;
+            engine.local_ip = ip;
+            engine.shards.push(shard);
+        }
+        Ok(engine)
+    }
+
+    /// Engine threads (shards).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The interface's IPv4 address the engine speaks from.
+    pub fn local_ip(&self) -> Ipv4Addr {
+        self.local_ip
+    }
+
+    /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
+    /// listens, and the connections of all of them come to the one [`Listener`].
+    pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
+        let (req_tx, req_rx) = crossbeam_channel::unbounded();
+        for shard in &self.shards {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let cmd = EngineCmd::Listen {
+                port,
+                params: params.clone(),
+                requests: req_tx.clone(),
+                reply: tx,
+            };
+            shard
+                .handle
+                .call(cmd, rx, params.setup_timeout, "starting to listen")?;
+        }
+        Ok(Listener::from_provider(
+            Box::new(XdpListen {
+                rx: req_rx,
+                handles: self.shards.iter().map(|s| s.handle.clone()).collect(),
+                local: SocketAddr::from((self.local_ip, port)),
+            }),
+            params,
+        ))
+    }
+
+    /// Connects to an MPA responder (the rdma_cm `connect` step) over the engine's TCP.
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        self.start_connect(addr, pd, cq, params, private_data)?()
+    }
+
+    /// The first half of [`XdpEngine::connect`]: hands the engine the command and returns
+    /// what waits for its outcome (which needs nothing of `self`, so another thread can wait).
+    pub(crate) fn start_connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<PendingConnect, DatapathError> {
+        let SocketAddr::V4(addr) = addr else {
+            return Err(DatapathError::InvalidArgument(
+                "the AF_XDP engine speaks IPv4 only",
+            ));
+        };
+        let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
+        let handle = &self
+            .shards
+            .get(n)
+            .ok_or(DatapathError::Disconnected)?
+            .handle;
+        cq.attach(handle.wake.clone());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cmd = EngineCmd::Connect {
+            addr,
+            pd: pd.clone(),
+            cq: cq.sink(),
+            params: params.clone(),
+            private_data: private_data.to_vec(),
+            reply: tx,
+        };
+        // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
+        let wait = params.setup_timeout + Duration::from_secs(5);
+        handle.send(cmd)?;
+        Ok(Box::new(move || {
+            let (parts, private_data) = Handle::reply(rx, wait, "connecting")?;
+            Ok(Connection {
+                qp: QueuePair::from_parts(parts),
+                private_data,
+            })
+        }))
+    }
+
+    /// The engine's counters as last published (at most 50 ms old while it runs), summed
+    /// over its shards.
+    pub fn counters(&self) -> EngineCounters {
+        let mut sum = EngineCounters {
+            shards: self.shards.len(),
+            ..EngineCounters::default()
+        };
+        for shard in &self.shards {
+            let mut c = shard
+                .counters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let w = &shard.handle.wake;
+            c.app_turns = w.app_turns.load(Ordering::Relaxed);
+            c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
+            sum.add(&c);
+            if self.shards.len() > 1 {
+                sum.shard_drivers.push(c.driver);
+            }
+        }
+        sum
+    }
+
+    /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
+    /// and joins the threads. Also done on drop.
+    pub fn stop(&mut self) {
+        for shard in &self.shards {
+            let _ = shard.handle.cmds.send(EngineCmd::Shutdown);
+            let _ = shard.handle.wake.wake_now();
+        }
+        for shard in &mut self.shards {
+            if let Some(t) = shard.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for XdpEngine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

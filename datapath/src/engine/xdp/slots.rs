@@ -1,0 +1,262 @@
+//! The engine's connections: a [`Slot`] per connection (its `IwarpConn`, the queue pair's
+//! application side, who waits for its setup) and the [`SlotMap`] that finds them by [`ConnId`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
+use rdmap::WorkCompletion;
+use rdmap::{QpState, TerminateCause, WcOpcode};
+
+use crate::engine::IwarpConn;
+use crate::verbs::cq::{Completion, CqSink};
+use crate::verbs::qp::{local_status, Cmd, QpParts, Shared, NEXT_QP};
+use crate::xdp_tcp::ConnId;
+use crate::{DatapathError, QpError};
+
+use super::commands::Reply;
+
+/// Who waits for a connection's setup to end.
+pub(super) enum Waiter {
+    None,
+    Connect(Reply<(QpParts, Vec<u8>)>),
+    Accept(Reply<QpParts>),
+}
+
+pub(super) struct Slot {
+    pub(super) conn: IwarpConn,
+    /// Index of its PD's table in the engine's list (`None` until the PD is known).
+    pub(super) table: Option<usize>,
+    pub(super) num: u32,
+    pub(super) local_port: u16,
+    pub(super) peer: SocketAddr,
+    pub(super) cmds: Option<Receiver<Cmd>>,
+    pub(super) cq: Option<CqSink>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) waiter: Waiter,
+    pub(super) closing: bool,
+    last_state: Option<QpState>,
+}
+
+impl Slot {
+    pub(super) fn new(conn: IwarpConn, table: Option<usize>, tuple: tcp_engine::FourTuple) -> Slot {
+        let state = conn.qp().state();
+        Slot {
+            conn,
+            table,
+            num: NEXT_QP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            local_port: tuple.local_port,
+            peer: SocketAddr::from((tuple.remote_addr, tuple.remote_port)),
+            cmds: None,
+            cq: None,
+            shared: Shared::new(state),
+            waiter: Waiter::None,
+            closing: false,
+            last_state: None,
+        }
+    }
+
+    /// Records what ended the connection; a Terminate the peer sent is the cause of whatever
+    /// failed after it (the peer closes once it has sent one).
+    pub(super) fn set_error(&self, error: QpError) {
+        let error = self
+            .conn
+            .qp()
+            .remote_terminate()
+            .map_or(error, QpError::RemoteTerminate);
+        self.shared.set_error(error);
+    }
+
+    pub(super) fn fail_waiter(&mut self, e: DatapathError) {
+        match std::mem::replace(&mut self.waiter, Waiter::None) {
+            Waiter::None => {}
+            Waiter::Connect(tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Waiter::Accept(tx) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+
+    pub(super) fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+        if let Some(cq) = &self.cq {
+            cq.push(Completion {
+                qp_num: self.num,
+                wc: WorkCompletion {
+                    wr_id,
+                    opcode,
+                    status: local_status(e),
+                    byte_len: 0,
+                    invalidated: None,
+                    solicited: false,
+                },
+            });
+        }
+    }
+
+    pub(super) fn deliver_completions(&mut self) -> bool {
+        let mut any = false;
+        while let Some(wc) = self.conn.qp_mut().poll_completion() {
+            any = true;
+            if let Some(cq) = &self.cq {
+                cq.push(Completion {
+                    qp_num: self.num,
+                    wc,
+                });
+            }
+        }
+        any
+    }
+
+    pub(super) fn publish(&mut self, finished: bool) {
+        let state = self.conn.qp().state();
+        if self.last_state == Some(state) && !finished {
+            return;
+        }
+        self.last_state = Some(state);
+        let qp = self.conn.qp();
+        drop(
+            self.shared
+                .publish(state, qp.remote_terminate(), qp.local_terminate()),
+        );
+        if finished {
+            self.shared.mark_finished(state);
+        }
+    }
+
+    /// The connection is over: the queue pair flushed, completions out, status final.
+    pub(super) fn finish(&mut self, why: QpError) {
+        self.conn
+            .qp_mut()
+            .on_transport_error(TerminateCause::ConnectionLost);
+        self.deliver_completions();
+        if !self.closing {
+            self.set_error(why);
+        }
+        self.fail_waiter(DatapathError::Disconnected);
+        self.publish(true);
+    }
+}
+
+/// The engine's connections by [`ConnId`]: a vector indexed by the table's slot index
+/// ([`ConnId::index`], small and dense), the generation checked. The slot is looked up for
+/// every segment received (`on_data`) and every segment built (`fill_tx`): an index and a
+/// compare, no hashing and probing.
+pub(super) struct SlotMap<V = Slot> {
+    v: Vec<Option<(ConnId, V)>>,
+    len: usize,
+}
+
+impl<V> Default for SlotMap<V> {
+    fn default() -> Self {
+        SlotMap {
+            v: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<V> SlotMap<V> {
+    pub(super) fn get_mut(&mut self, id: &ConnId) -> Option<&mut V> {
+        match self.v.get_mut(id.index()) {
+            Some(Some((k, s))) if k == id => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Inserts `slot` for `id`, returning what `id`'s place held (an older generation's slot
+    /// included: the table reused the index, so that connection is gone).
+    pub(super) fn insert(&mut self, id: ConnId, slot: V) -> Option<V> {
+        let i = id.index();
+        if self.v.len() <= i {
+            self.v.resize_with(i + 1, || None);
+        }
+        let old = self.v[i].replace((id, slot)).map(|(_, s)| s);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    pub(super) fn remove(&mut self, id: &ConnId) -> Option<V> {
+        let e = self.v.get_mut(id.index())?;
+        if e.as_ref().is_some_and(|(k, _)| k == id) {
+            self.len -= 1;
+            e.take().map(|(_, s)| s)
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
+        self.v.iter().filter_map(|e| e.as_ref().map(|(_, s)| s))
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.v.iter_mut().filter_map(|e| e.as_mut().map(|(_, s)| s))
+    }
+
+    /// Takes every connection out.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = (ConnId, V)> + '_ {
+        self.len = 0;
+        self.v.drain(..).flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use tcp_engine::Instant;
+
+    use super::*;
+
+    #[test]
+    fn slot_map_keys_by_index_and_generation() {
+        // Ids as the table hands them out: a removed connection's index comes back under a
+        // new generation, and the old id must find nothing.
+        let mut table = tcp_engine::table::ConnectionTable::new([7; 16], 8);
+        let tuple = |port| tcp_engine::FourTuple {
+            local_addr: Ipv4Addr::new(10, 0, 0, 1),
+            local_port: port,
+            remote_addr: Ipv4Addr::new(10, 0, 0, 2),
+            remote_port: 4791,
+        };
+        let cfg = tcp_engine::Config::default();
+        let connect = |t: &mut tcp_engine::table::ConnectionTable, port| {
+            t.connect(cfg.clone(), tuple(port), Instant::ZERO)
+        };
+        let a = connect(&mut table, 1000).expect("a");
+        let b = connect(&mut table, 1001).expect("b");
+        let mut m: SlotMap<u32> = SlotMap::default();
+        assert!(m.is_empty());
+        assert_eq!(m.insert(b, 2), None);
+        assert_eq!(m.insert(a, 1), None);
+        assert_eq!(m.get_mut(&a).copied(), Some(1));
+        assert_eq!(m.get_mut(&b).copied(), Some(2));
+        assert!(table.remove(a).is_some());
+        let c = connect(&mut table, 1002).expect("c");
+        assert_eq!(c.index(), a.index(), "the table reuses the slot");
+        assert_ne!(c, a);
+        assert_eq!(m.get_mut(&c), None, "a new generation is not the old one");
+        assert_eq!(m.remove(&c), None);
+        assert_eq!(m.remove(&a), Some(1));
+        assert_eq!(m.get_mut(&a), None);
+        assert_eq!(m.insert(c, 3), None);
+        for v in m.values_mut() {
+            *v += 10;
+        }
+        let mut all: Vec<u32> = m.values().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [12, 13]);
+        let drained: Vec<(ConnId, u32)> = m.drain().collect();
+        assert_eq!(drained.len(), 2);
+        assert!(m.is_empty());
+        assert_eq!(m.get_mut(&b), None);
+    }
+}

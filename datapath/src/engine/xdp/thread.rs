@@ -1,0 +1,605 @@
+//! The engine thread: [`Engine::run`] (engine commands, driver turns, then spinning, yielding,
+//! sleeping in `ppoll` or parking while application threads drive), [`Turner`]'s turn and its
+//! setup commands (listen, connect, accept, reject), and pinning to a CPU.
+
+use std::io;
+use std::net::SocketAddrV4;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant as StdInstant};
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use rdmap::RecvWr;
+
+use crate::engine::IwarpConn;
+use crate::memory::ProtectionDomain;
+use crate::verbs::cm::ConnectParams;
+use crate::xdp_tcp::ConnId;
+use crate::{DatapathError, QpError};
+
+use super::commands::EngineCmd;
+use super::config::{add_counters, EngineCounters, XdpEngineConfig};
+use super::glue::{tx_mode, App, TableView, INLINE_TABLES};
+use super::slots::{Slot, Waiter};
+use super::wake::{next_park, Core, Turner, Wake, AWAKE, PARK, PARKED, SLEEPING};
+
+/// How often the engine publishes its counters.
+const COUNTERS_EVERY: Duration = Duration::from_millis(50);
+/// How long a stopping engine lets its connections close gracefully.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// Longest sleep of an engine thread without connections (counters are published as often).
+const IDLE_WAIT: Duration = COUNTERS_EVERY;
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: `set` is a zeroed, properly sized cpu_set_t owned by this frame; CPU_SET writes a
+    // bit inside it (cpu < CPU_SETSIZE checked above); sched_setaffinity(0, ...) reads it for
+    // the calling thread only.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Turner {
+    /// One turn: received frames (placement), every connection's work requests, timers,
+    /// transmission. True if there was work.
+    pub(super) fn turn(&mut self) -> bool {
+        // Before reading the queues (see `Wake::pending`).
+        self.st.wake.pending.swap(false, Ordering::SeqCst);
+        let mut work;
+        {
+            // Each PD table's current version is read once per turn, not per packet, without a
+            // lock (a registration never makes a turn wait, nor a turn a registration); no
+            // allocation for the usual handful of PDs.
+            let mut inline: [TableView; INLINE_TABLES] = Default::default();
+            let mut heap: Vec<TableView> = Vec::new();
+            let mem: &[TableView] = if self.tables.len() <= INLINE_TABLES {
+                for (g, t) in inline.iter_mut().zip(&self.tables) {
+                    *g = Some(t.snapshot());
+                }
+                &inline[..self.tables.len()]
+            } else {
+                heap.extend(self.tables.iter().map(|t| Some(t.snapshot())));
+                &heap
+            };
+            let mut app = App {
+                st: &mut self.st,
+                mem,
+            };
+            match self.xdp.poll(&mut app) {
+                Ok(w) => work = w,
+                Err(e) => {
+                    self.failed.get_or_insert(e.to_string());
+                    work = false;
+                }
+            }
+        }
+        work |= std::mem::take(&mut self.st.progress);
+        work
+    }
+
+    /// True if a queue-pair command waits.
+    fn commands_pending(&self) -> bool {
+        self.st
+            .slots
+            .values()
+            .any(|s| s.cmds.as_ref().is_some_and(|c| !c.is_empty()))
+    }
+}
+
+/// What the engine thread does after a turn, with its state released.
+enum Next {
+    Turn,
+    Spin,
+    Yield,
+    Park,
+    Stop,
+}
+
+/// The engine thread's loop state between turns.
+struct Pace {
+    /// Idle turns in a row.
+    idle: u32,
+    /// When the current idle stretch began.
+    idle_since: Option<StdInstant>,
+    last_publish: StdInstant,
+    /// When the engine began to stop (its command channel closed).
+    stopping: Option<StdInstant>,
+    /// Application turns and blocking waits as of the engine thread's last look.
+    seen: (u64, u64),
+    /// What stopped the engine thread.
+    error: Option<String>,
+    /// When the current stretch of idle turns began (only while the engine has connections).
+    idle_began: Option<StdInstant>,
+    /// Nanoseconds of idle stretches that have ended ([`EngineCounters::idle_ns`]).
+    idle_ns: u64,
+}
+
+impl Pace {
+    /// Inline progress: whether application threads drove turns since the last look and none
+    /// blocked in a wait since (they poll, so the engine thread may leave the work to them).
+    fn app_drove(&mut self, wake: &Wake) -> bool {
+        let now = (
+            wake.app_turns.load(Ordering::Relaxed),
+            wake.app_waits.load(Ordering::SeqCst),
+        );
+        let driven = now.0 != self.seen.0 && now.1 == self.seen.1;
+        self.seen = now;
+        driven
+    }
+}
+
+pub(super) struct Engine {
+    pub(super) core: Arc<Core>,
+    pub(super) wake: Arc<Wake>,
+    pub(super) cmds: Receiver<EngineCmd>,
+    pub(super) wake_rx: UnixDatagram,
+    pub(super) counters: Arc<Mutex<EngineCounters>>,
+    pub(super) cfg: XdpEngineConfig,
+    pub(super) parks: u64,
+    /// The CPU to pin the thread to.
+    pub(super) pin: Option<usize>,
+    /// Shards: the inboxes and this shard's index (a parked thread is woken by hand-offs).
+    pub(super) inbox: Option<(Arc<crate::xdp_tcp::shard::ShardSet>, usize)>,
+}
+
+impl Engine {
+    pub(super) fn run(mut self) {
+        if let Some(cpu) = self.pin {
+            // Best effort: a CPU outside the allowed set leaves the thread unpinned.
+            let _ = pin_to_cpu(cpu);
+        }
+        let mut p = Pace {
+            idle: 0,
+            idle_since: None,
+            last_publish: StdInstant::now(),
+            stopping: None,
+            seen: (0, 0),
+            error: None,
+            idle_began: None,
+            idle_ns: 0,
+        };
+        loop {
+            let next = {
+                let mut guard = match self.core.try_lock() {
+                    Ok(g) => g,
+                    // An application thread runs a turn: let it finish.
+                    Err(TryLockError::WouldBlock) => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    Err(TryLockError::Poisoned(_)) => {
+                        p.error = Some("an engine turn panicked on an application thread".into());
+                        break;
+                    }
+                };
+                let Some(t) = guard.as_mut() else { break };
+                self.step(t, &mut p)
+            };
+            match next {
+                Next::Turn => {}
+                Next::Spin => std::hint::spin_loop(),
+                Next::Yield => std::thread::yield_now(),
+                Next::Park => {
+                    self.park(&mut p);
+                    p.idle = 0;
+                    p.idle_since = None;
+                }
+                Next::Stop => break,
+            }
+        }
+        // Take the state out (application turns find `None` from now on) and end it here, on
+        // the engine thread (detaching XDP belongs to the thread that attached it).
+        let taken = match self.core.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        let mut error = p.error;
+        if let Some(mut t) = taken {
+            if error.is_none() {
+                error = t.failed.take();
+            }
+            for (_, mut slot) in t.st.slots.drain() {
+                slot.finish(QpError::EngineStopped);
+                add_counters(&mut t.st.ended, &slot.conn.counters());
+            }
+            self.publish(&t, error, p.idle_ns);
+        } else {
+            let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            c.error = error;
+        }
+    }
+
+    /// One turn of the engine thread with its state locked, and what to do next.
+    fn step(&self, t: &mut Turner, p: &mut Pace) -> Next {
+        let mut work = false;
+        if p.stopping.is_none() {
+            match t.commands(&self.cmds) {
+                Ok(w) => work |= w,
+                Err(()) => {
+                    p.stopping = Some(StdInstant::now());
+                    for slot in t.st.slots.values_mut() {
+                        slot.closing = true;
+                        slot.conn.close();
+                    }
+                    t.st.listeners.clear();
+                }
+            }
+        }
+        work |= t.turn();
+        let turns = self.wake.thread_turns.fetch_add(1, Ordering::Relaxed);
+        if let Some(e) = t.failed.take() {
+            p.error = Some(e);
+            return Next::Stop;
+        }
+        // The clock is read for this every 8th turn only (one `clock_gettime` less per turn);
+        // a turn lasts at most the driver's `max_wait` (5 ms by default) when it sleeps, so
+        // the counters are published at most 8 such turns late.
+        if turns.is_multiple_of(8) && p.last_publish.elapsed() >= COUNTERS_EVERY {
+            p.last_publish = StdInstant::now();
+            self.publish(t, None, p.idle_ns);
+        }
+        if let Some(since) = p.stopping {
+            if t.st.slots.is_empty() || since.elapsed() >= SHUTDOWN_GRACE {
+                return Next::Stop;
+            }
+        }
+        if work {
+            p.idle = 0;
+            p.idle_since = None;
+            if let Some(began) = p.idle_began.take() {
+                let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                p.idle_ns = p.idle_ns.saturating_add(ns);
+            }
+            return Next::Turn;
+        }
+        if p.idle_began.is_none() && !t.st.slots.is_empty() {
+            p.idle_began = Some(StdInstant::now());
+        }
+        // Inline progress: application threads drove turns since the last look and none blocked
+        // in a wait: they poll, so leave the work to them.
+        if self.cfg.inline_progress && p.stopping.is_none() && p.app_drove(&self.wake) {
+            return Next::Park;
+        }
+        p.idle = p.idle.saturating_add(1);
+        if p.idle <= self.cfg.spin_turns {
+            return Next::Spin;
+        }
+        let since = *p.idle_since.get_or_insert_with(StdInstant::now);
+        if since.elapsed() < self.cfg.busy_poll {
+            return Next::Yield;
+        }
+        // Sleep: announce it, then look at the command queues a last time (see `Wake`).
+        self.wake.state.store(SLEEPING, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.cmds.is_empty() || t.commands_pending() {
+            self.wake.state.store(AWAKE, Ordering::SeqCst);
+            return Next::Turn;
+        }
+        let app = App {
+            st: &mut t.st,
+            mem: &mut [],
+        };
+        // A stopping engine sleeps no longer than its remaining grace period.
+        let max = match p.stopping {
+            Some(since) => self
+                .cfg
+                .driver
+                .max_wait
+                .min(SHUTDOWN_GRACE.saturating_sub(since.elapsed())),
+            // No connection at all (an idle shard): nothing but a frame, a hand-off or a
+            // command (each of which ends the sleep) can give it work, so it sleeps longer
+            // than a busy engine (fewer wake-ups stealing the core of the shard that works).
+            None if app.st.slots.is_empty() && t.xdp.is_empty() => {
+                self.cfg.driver.max_wait.max(IDLE_WAIT)
+            }
+            None => self.cfg.driver.max_wait,
+        };
+        let waited = t.xdp.wait(&app, max);
+        self.wake.state.store(AWAKE, Ordering::SeqCst);
+        self.drain_wake();
+        if let Err(e) = waited {
+            p.error = Some(e.to_string());
+            return Next::Stop;
+        }
+        Next::Turn
+    }
+
+    /// Inline progress: sleeps on the wake-up socket alone, the state unlocked, while
+    /// application threads keep driving turns; back to polling when they stop (no application
+    /// turn since the last look: the sleeps between looks start at [`PARK`] and double up to
+    /// [`XdpEngineConfig::park_max`]), block in a wait, or something writes the wake-up socket
+    /// (an engine command, a work request whose poster could not run a turn).
+    fn park(&mut self, p: &mut Pace) {
+        self.parks += 1;
+        let mut sleep = PARK;
+        loop {
+            self.wake.state.store(PARKED, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            // The last look (see `Wake`): a work request nobody took, an engine command, a wait.
+            if self.wake.pending.load(Ordering::SeqCst)
+                || !self.cmds.is_empty()
+                || self.wake.app_waits.load(Ordering::SeqCst) != p.seen.1
+            {
+                break;
+            }
+            let inbox = self.inbox.as_ref().and_then(|(set, i)| set.inboxes.get(*i));
+            if inbox.is_some_and(|b| !b.sleep_begin()) {
+                break;
+            }
+            let woken = wait_readable(self.wake_rx.as_raw_fd(), inbox.map(|b| b.wake_fd()), sleep);
+            if let Some(b) = inbox {
+                b.sleep_end();
+            }
+            self.wake.state.store(AWAKE, Ordering::SeqCst);
+            let woken = self.drain_wake() || woken.is_err();
+            if p.last_publish.elapsed() >= COUNTERS_EVERY {
+                if let Ok(g) = self.core.try_lock() {
+                    if let Some(t) = g.as_ref() {
+                        p.last_publish = StdInstant::now();
+                        self.publish(t, None, p.idle_ns);
+                    }
+                }
+            }
+            if woken || !p.app_drove(&self.wake) {
+                return;
+            }
+            sleep = next_park(sleep, self.cfg.park_max);
+        }
+        self.wake.state.store(AWAKE, Ordering::SeqCst);
+    }
+
+    /// Empties the wake-up socket; true if it held anything.
+    fn drain_wake(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut any = false;
+        while self.wake_rx.recv(&mut buf).is_ok() {
+            any = true;
+        }
+        any
+    }
+
+    fn publish(&self, t: &Turner, error: Option<String>, idle_ns: u64) {
+        let mut conns = t.st.ended;
+        for slot in t.st.slots.values() {
+            add_counters(&mut conns, &slot.conn.counters());
+        }
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        c.driver = t.xdp.stats();
+        c.conns = conns;
+        c.established = t.st.established;
+        c.ended = t.st.ended_conns;
+        c.parks = self.parks;
+        c.idle_ns = idle_ns;
+        if error.is_some() {
+            c.error = error;
+        }
+    }
+}
+
+/// Waits up to `timeout` for `fd` (or `fd2`) to become readable (`ppoll`); `Err` on a failed
+/// `ppoll`.
+fn wait_readable(
+    fd: std::os::fd::RawFd,
+    fd2: Option<std::os::fd::RawFd>,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let pfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut pfds = [pfd(fd), pfd(fd2.unwrap_or(-1))];
+    let n = if fd2.is_some() { 2 } else { 1 };
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `pfds` and `ts` are valid and owned by this frame, the count passed (1 or 2) is
+    // at most `pfds`' length, and a null signal mask leaves the thread's mask alone.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), n, &ts, std::ptr::null()) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(rc > 0)
+}
+
+impl Turner {
+    /// The index of `pd`'s table, adding it on first use.
+    fn table_index(&mut self, pd: &ProtectionDomain) -> usize {
+        if let Some(i) = self.tables.iter().position(|t| Arc::ptr_eq(t, &pd.table)) {
+            return i;
+        }
+        self.tables.push(pd.table.clone());
+        self.tables.len() - 1
+    }
+
+    /// Engine commands; `Err` on shutdown.
+    fn commands(&mut self, cmds: &Receiver<EngineCmd>) -> Result<bool, ()> {
+        let mut any = false;
+        loop {
+            let cmd = match cmds.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty) => return Ok(any),
+                Err(TryRecvError::Disconnected) => return Err(()),
+            };
+            any = true;
+            match cmd {
+                EngineCmd::Shutdown => return Err(()),
+                EngineCmd::Listen {
+                    port,
+                    params,
+                    requests,
+                    reply,
+                } => {
+                    let mut tcp = self.st.cfg.tcp.clone();
+                    tcp.tx_mode = tx_mode(&self.st.cfg);
+                    tcp.rx_mode = tcp_engine::RxMode::PassUp;
+                    let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
+                        self.st.listeners.insert(port, (params, requests));
+                    });
+                    let _ = reply.send(res.map_err(DatapathError::from));
+                }
+                EngineCmd::Connect {
+                    addr,
+                    pd,
+                    cq,
+                    params,
+                    private_data,
+                    reply,
+                } => {
+                    let res = self.connect(addr, &pd, &params, &private_data);
+                    match res {
+                        Ok(id) => {
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                slot.cq = Some(cq);
+                                slot.waiter = Waiter::Connect(reply);
+                            }
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+                EngineCmd::Accept {
+                    id,
+                    pd,
+                    cq,
+                    private_data,
+                    recvs,
+                    params,
+                    reply,
+                } => {
+                    let table = self.table_index(&pd);
+                    match self.accept(id, &pd, table, &private_data, recvs, &params) {
+                        Ok(()) => {
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                slot.cq = Some(cq);
+                                slot.waiter = Waiter::Accept(reply);
+                            }
+                        }
+                        Err(e) => {
+                            // The request is used up and nobody can answer it any more: close
+                            // now (as the socket transport drops its stream) instead of leaving
+                            // the peer waiting for the MPA timeout.
+                            if let Some(slot) = self.st.slots.get_mut(&id) {
+                                if !slot.conn.is_established() {
+                                    slot.closing = true;
+                                    slot.conn.close();
+                                }
+                            }
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+                EngineCmd::Reject {
+                    id,
+                    private_data,
+                    reply,
+                } => {
+                    let res = match self.st.slots.get_mut(&id) {
+                        Some(slot) => {
+                            slot.closing = true;
+                            slot.conn.reject(&private_data).map_err(|e| match e {
+                                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+                                crate::engine::ConnError::InvalidState(s) => {
+                                    DatapathError::InvalidArgument(s)
+                                }
+                            })
+                        }
+                        None => Err(DatapathError::Disconnected),
+                    };
+                    let _ = reply.send(res);
+                }
+            }
+        }
+    }
+
+    fn connect(
+        &mut self,
+        addr: SocketAddrV4,
+        pd: &ProtectionDomain,
+        params: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<ConnId, DatapathError> {
+        let table = self.table_index(pd);
+        let cfg = self.st.conn_config(params, pd.id);
+        let mut conn = IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now())
+            .map_err(|e| match e {
+                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+                crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
+            })?;
+        if let Some(srq) = &params.srq {
+            srq.attach(conn.qp_mut(), pd.id)?;
+        }
+        let mut tcp = self.st.cfg.tcp.clone();
+        tcp.tx_mode = tx_mode(&self.st.cfg);
+        tcp.rx_mode = tcp_engine::RxMode::PassUp;
+        let id = self.xdp.connect(addr, tcp)?;
+        let tuple = self
+            .xdp
+            .connection(id)
+            .map(|c| c.four_tuple())
+            .ok_or(DatapathError::Disconnected)?;
+        self.st
+            .slots
+            .insert(id, Slot::new(conn, Some(table), tuple));
+        Ok(id)
+    }
+
+    fn accept(
+        &mut self,
+        id: ConnId,
+        pd: &ProtectionDomain,
+        table: usize,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let cfg = self.st.conn_config(params, pd.id);
+        let slot = self
+            .st
+            .slots
+            .get_mut(&id)
+            .ok_or(DatapathError::Disconnected)?;
+        if slot.conn.is_established() {
+            return Err(DatapathError::InvalidArgument("already accepted"));
+        }
+        // Before Full Operation the queue pair is a fresh one with a placeholder PD: replace it
+        // with one of the application's PD.
+        *slot.conn.qp_mut() = rdmap::QueuePair::new(cfg.qp);
+        if let Some(srq) = &params.srq {
+            srq.attach(slot.conn.qp_mut(), pd.id)?;
+        }
+        {
+            let mem = pd.table.snapshot();
+            for wr in recvs {
+                slot.conn
+                    .qp_mut()
+                    .post_recv(wr, &mem)
+                    .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
+            }
+        }
+        slot.conn.accept(private_data).map_err(|e| match e {
+            crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+            crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
+        })?;
+        slot.table = Some(table);
+        Ok(())
+    }
+}

@@ -1,0 +1,222 @@
+//! Waking and driving the engine from the application: the engine thread's sleep states
+//! ([`AWAKE`], [`SLEEPING`], [`PARKED`]) and parked back-off ([`PARK`], [`next_park`]), and
+//! [`Wake`], the application's side of an engine (wake-up socket, sleep state, inline turns).
+//!
+//! The state an application thread drives inline is defined here too: [`Wake`] holds the
+//! [`Core`], a [`Turner`] behind a mutex, whose [`State`] holds the [`Wake`] again (for the queue
+//! pairs it hands out), so the four types form one cycle and live in one module. Their methods
+//! live with their concerns: [`Turner`]'s in `thread`, [`State`]'s in `glue`.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant as StdInstant};
+
+use crossbeam_channel::Sender;
+use rdmap::MemoryTable;
+
+use crate::engine::ConnCounters;
+use crate::memory::{RegionMemory, SharedTable};
+use crate::verbs::cm::ConnectParams;
+#[cfg(doc)]
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::cq::EngineDriver;
+use crate::verbs::qp::QpWaker;
+use crate::xdp_tcp::{ConnId, XdpTcp};
+
+use super::commands::RequestMsg;
+use super::config::XdpEngineConfig;
+use super::slots::SlotMap;
+
+/// The engine thread runs its own turns (busy-polling or asleep in `ppoll`).
+pub(super) const AWAKE: u8 = 0;
+/// The engine thread sleeps in `ppoll` (after `busy_poll` without work), holding its state.
+pub(super) const SLEEPING: u8 = 1;
+/// The engine thread is parked because application threads drive its turns (inline progress):
+/// it sleeps on the wake-up socket only, its state free for whoever polls.
+pub(super) const PARKED: u8 = 2;
+/// How long a parked engine thread first sleeps before it looks whether the application still
+/// drives; each look that finds it still driving doubles the next sleep, up to
+/// [`XdpEngineConfig::park_max`].
+pub(super) const PARK: Duration = Duration::from_micros(500);
+
+/// The parked engine thread's next sleep after one of `slept` that found the application still
+/// driving turns: twice as long, at most `max` (and never shorter than [`PARK`]).
+pub(super) fn next_park(slept: Duration, max: Duration) -> Duration {
+    slept.saturating_mul(2).min(max.max(PARK))
+}
+
+/// The application's side of the engine: the wake-up socket, the engine thread's sleep state,
+/// and (inline progress) the engine's state itself, which an application thread may drive.
+///
+/// The wake-up socket: application handles write a byte, the engine's `ppoll` sees it, but only
+/// while the engine says it sleeps or is parked: a busy-polling engine finds the work request on
+/// its next turn, so posting costs no system call.
+pub(super) struct Wake {
+    pub(super) tx: UnixDatagram,
+    /// [`AWAKE`], [`SLEEPING`] or [`PARKED`]. Set by the engine before its last look at the
+    /// command queues ahead of a sleep, back to [`AWAKE`] when it wakes. Both sides order "publish
+    /// my part, then read the other's" with SeqCst, so either the engine sees the command or the
+    /// poster sees the state and writes the byte.
+    pub(super) state: AtomicU8,
+    /// Set by a poster that queued a work request but could not run a turn itself; swapped back
+    /// by every turn before it reads the queues (the parked engine's last look reads it).
+    pub(super) pending: AtomicBool,
+    /// Inline progress enabled ([`XdpEngineConfig::inline_progress`]).
+    pub(super) inline: bool,
+    /// The engine's state, set once its thread has opened the driver; emptied when it stops.
+    pub(super) core: OnceLock<Arc<Core>>,
+    /// Turns run by application threads.
+    pub(super) app_turns: AtomicU64,
+    /// Turns run by the engine thread.
+    pub(super) thread_turns: AtomicU64,
+    /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
+    /// park while the application blocks instead of polling.
+    pub(super) app_waits: AtomicU64,
+}
+
+impl Wake {
+    /// Called after a queue-pair work request was queued. With the engine thread parked (the
+    /// application drives), runs a turn here, which takes the request and transmits at once;
+    /// otherwise (or if another thread is in a turn) wakes the engine if it sleeps or is parked.
+    fn wake(&self) -> io::Result<()> {
+        if self.state.load(Ordering::SeqCst) == PARKED && self.drive() {
+            return Ok(());
+        }
+        self.pending.store(true, Ordering::SeqCst);
+        self.wake_engine()
+    }
+
+    /// Called after an engine command was queued: wakes the engine if it sleeps or is parked
+    /// (application turns do not take engine commands).
+    pub(super) fn wake_engine(&self) -> io::Result<()> {
+        fence(Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == AWAKE {
+            return Ok(());
+        }
+        self.wake_now()
+    }
+
+    pub(super) fn wake_now(&self) -> io::Result<()> {
+        match self.tx.send(&[1]) {
+            Ok(_) => Ok(()),
+            // The socket is full: the engine has wake-ups pending already.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Inline progress: runs one engine turn on the calling (application) thread if nobody else
+    /// is in one. Never blocks: the engine's state is taken with `try_lock` (one compare-and-swap
+    /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
+    /// is no system call either). True if a turn ran.
+    fn drive(&self) -> bool {
+        if !self.inline {
+            return false;
+        }
+        let Some(core) = self.core.get() else {
+            return false;
+        };
+        let Ok(mut guard) = core.try_lock() else {
+            return false;
+        };
+        let Some(turner) = guard.as_mut() else {
+            return false;
+        };
+        turner.turn();
+        self.app_turns.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Called before the application blocks waiting for a completion: a parked engine thread
+    /// must poll again, nobody else drives.
+    fn before_wait(&self) {
+        if !self.inline {
+            return;
+        }
+        self.app_waits.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == PARKED {
+            let _ = self.wake_now();
+        }
+    }
+}
+
+impl QpWaker for Wake {
+    fn wake(&self) -> io::Result<()> {
+        Wake::wake(self)
+    }
+}
+
+impl EngineDriver for Wake {
+    fn drive(&self) -> bool {
+        Wake::drive(self)
+    }
+    fn before_wait(&self) {
+        Wake::before_wait(self)
+    }
+}
+
+/// The engine's state behind its mutex: the engine thread and, with inline progress,
+/// application threads take it with `try_lock` only, once per turn (never per packet), so no
+/// thread ever waits on it. `None` once the engine thread has stopped.
+pub(super) type Core = Mutex<Option<Turner>>;
+
+/// Everything one engine turn needs: connections, PD tables, the driver.
+pub(super) struct Turner {
+    pub(super) st: State,
+    /// The registration tables of the PDs the engine's connections use.
+    pub(super) tables: Vec<SharedTable>,
+    pub(super) xdp: XdpTcp,
+    /// The driver error of a turn, for the engine thread to stop on.
+    pub(super) failed: Option<String>,
+}
+
+/// The engine thread's connection state (what the driver's callbacks reach).
+pub(super) struct State {
+    pub(super) slots: SlotMap,
+    /// Data passed up for a passive connection before the driver handed it over (the ACK that
+    /// completes the handshake may carry the MPA Request); replayed in `on_accept`.
+    pub(super) early: HashMap<ConnId, Vec<(u32, u64, Vec<u8>)>>,
+    pub(super) listeners: HashMap<u16, (ConnectParams, Sender<RequestMsg>)>,
+    /// An empty table for connections whose PD is not known yet (MPA startup places nothing).
+    pub(super) scratch: MemoryTable<RegionMemory>,
+    pub(super) ended: ConnCounters,
+    pub(super) established: u64,
+    pub(super) ended_conns: u64,
+    pub(super) epoch: StdInstant,
+    pub(super) progress: bool,
+    pub(super) wake: Arc<Wake>,
+    /// This shard's index in the engine.
+    pub(super) shard: usize,
+    pub(super) cfg: XdpEngineConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parked_sleeps_double_up_to_the_maximum() {
+        let ms = Duration::from_millis;
+        let mut sleep = PARK;
+        let mut seen = vec![sleep];
+        for _ in 0..6 {
+            sleep = next_park(sleep, ms(4));
+            seen.push(sleep);
+        }
+        let us = Duration::from_micros;
+        assert_eq!(
+            seen,
+            [us(500), ms(1), ms(2), ms(4), ms(4), ms(4), ms(4)],
+            "500 us, doubling, capped at park_max"
+        );
+        // A maximum at or below the first sleep keeps every look at 500 us (the former
+        // behaviour); one between doublings caps the last.
+        assert_eq!(next_park(PARK, us(100)), PARK);
+        assert_eq!(next_park(PARK, PARK), PARK);
+        assert_eq!(next_park(ms(2), us(3000)), us(3000));
+    }
+}
