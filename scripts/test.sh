@@ -14,7 +14,7 @@ cargo fmt --all -- --check
 
 echo "== module import cycles (datapath, rdmap)"
 python3 scripts/check-module-cycles.py --self-test >/dev/null
-python3 scripts/check-module-cycles.py datapath rdmap
+python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn
 
 echo "== cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -62,7 +62,6 @@
 //! `datapath/examples/` has a Write/Read/Send client and server over either transport, the
 //! client optionally waiting for completions in epoll.
 
-mod copy_crc;
 mod device;
 pub mod engine;
 mod error;
@@ -86,16 +85,3 @@ pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
 pub use verbs::qp::{QpStatus, QueuePair};
 pub use verbs::srq::SharedReceiveQueue;
-
-/// A seeded pseudo-random source for unit tests: each call gives a number below its argument
-/// (a 64-bit LCG, the high bits).
-#[cfg(test)]
-pub(crate) fn test_rng(seed: u64) -> impl FnMut(usize) -> usize {
-    let mut x = seed;
-    move |m: usize| {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 33) as usize % m
-    }
-}

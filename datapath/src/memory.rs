@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
 
-use crate::copy_crc::{copy_crc32c, copy_crc32c_sum, crc_update};
 use crate::DatapathError;
+use copy_crc::{copy_crc32c, copy_crc32c_sum, crc_update};
 
 const PAGE: usize = 4096;
 /// The x86-64 (and usual aarch64) transparent huge page size.

@@ -1,16 +1,13 @@
 //! The iWARP engine over our own TCP.
 //!
-//! - [`conn`]: one connection, sans-IO: TCP (passed-up segments in, records out), MPA startup
-//!   and Full Operation with out-of-order placement, and the queue pair.
-//! - `tx`: the FPDU descriptors in flight and the fill that writes any stream range of them
-//!   straight from registered memory into the packet buffer (no send-buffer copy).
+//! - [`conn`]: one connection, sans-IO (the `iwarp-conn` crate, re-exported): TCP (passed-up
+//!   segments in, records out), MPA startup and Full Operation with out-of-order placement, and
+//!   the queue pair.
 //! - [`xdp`]: the poll-mode engine thread running `IwarpConn`s over AF_XDP behind the
-//!   application API of the socket transport.
+//!   application API.
 
-pub mod conn;
-mod tx;
-
-pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub use iwarp_conn::conn;
+pub use iwarp_conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
 pub mod xdp;
 
 pub use xdp::{EngineCounters, XdpEngine, XdpEngineConfig};

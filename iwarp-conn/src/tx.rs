@@ -39,7 +39,7 @@ use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, Stag, TxPaylo
 use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
-use crate::copy_crc::{crc_update, crc_update_len_head};
+use copy_crc::{crc_update, crc_update_len_head};
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
 const MARKER_INTERVAL: u64 = 512;
@@ -443,21 +443,9 @@ impl TxRing {
     /// payload streamed through the cache since has evicted it: the prefetch of the next
     /// FPDU's payload waited on loading it.
     fn prefetch_descriptor(&self, i: usize) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(f) = self.get(i) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = std::ptr::from_ref(f).cast::<i8>();
-            let mut k = 0;
-            while k < std::mem::size_of::<TxFpdu>() {
-                // SAFETY: `p + k` lies inside the descriptor `f` (k < its size); a prefetch
-                // never faults and neither reads nor writes memory visibly, and SSE (which
-                // defines it) is part of the x86-64 baseline.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(k)) };
-                k += 64;
-            }
+            copy_crc::prefetch(f);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = i;
     }
 
     /// Prefetches the payload of FPDU `i` if it was never written (TCP asks for FPDUs in
@@ -881,6 +869,18 @@ impl FpduWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seeded pseudo-random source: each call gives a number below its argument (a 64-bit
+    /// LCG, the high bits).
+    fn test_rng(seed: u64) -> impl FnMut(usize) -> usize {
+        let mut x = seed;
+        move |m: usize| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as usize % m
+        }
+    }
     use rdmap::{Stag, VecBuffer};
 
     const PD: PdId = PdId(3);
@@ -1040,12 +1040,44 @@ mod tests {
         assert_eq!(sum, sum_of(&out), "sum, {what} at {at}");
     }
 
-    /// Pinned memory as the engine registers it: whole-FPDU fills take its one-pass copy and
-    /// CRC (`PinnedBuffer::read_at_crc`), partial ones the two-pass path.
-    fn pinned(data: Vec<u8>) -> crate::memory::RegionMemory {
-        let buf = crate::memory::PinnedBuffer::new(data.len()).expect("pinned buffer");
-        buf.write_at(0, &data);
-        crate::memory::RegionMemory(std::sync::Arc::new(buf))
+    /// Memory whose reads take the one-pass copy and CRC, as the engine's pinned regions do
+    /// (`RegionBuffer::read_at_crc` overridden): whole-FPDU fills take it, partial ones the
+    /// two-pass path.
+    struct Fused(Vec<u8>);
+
+    impl RegionBuffer for Fused {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn read_at(&self, offset: usize, dst: &mut [u8]) {
+            let n = dst.len().min(self.0.len().saturating_sub(offset));
+            dst[..n].copy_from_slice(&self.0[offset..offset + n]);
+        }
+        fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
+            let n = dst.len().min(self.0.len().saturating_sub(offset));
+            let (copied, rest) = dst.split_at_mut(n);
+            *crc_state = copy_crc::copy_crc32c_from(&self.0[offset..], copied, *crc_state);
+            *crc_state = copy_crc::crc_update(*crc_state, rest);
+        }
+        fn read_at_crc_sum(
+            &self,
+            offset: usize,
+            dst: &mut [u8],
+            crc_state: &mut u32,
+        ) -> Option<u16> {
+            if dst.len() > self.0.len().saturating_sub(offset) {
+                self.read_at_crc(offset, dst, crc_state);
+                return None;
+            }
+            let (crc, sum) = copy_crc::copy_crc32c_sum_from(&self.0[offset..], dst, *crc_state);
+            *crc_state = crc;
+            Some(sum)
+        }
+        fn write_at(&self, _offset: usize, _src: &[u8]) {}
+    }
+
+    fn pinned(data: Vec<u8>) -> Fused {
+        Fused(data)
     }
 
     #[test]
@@ -1080,7 +1112,7 @@ mod tests {
         for (crc, markers) in [(true, true), (true, false), (false, false)] {
             let mut c = case(crc, markers, 11, 5);
             let total = c.expected.len();
-            let mut next = crate::test_rng(12345);
+            let mut next = test_rng(12345);
             let (mut sent, mut acked) = (0usize, 0usize);
             while sent < total {
                 let len = (1 + next(1448)).min(total - sent);

@@ -2,7 +2,7 @@
 //! reflected 0x82F63B78) of the octets it moves, in one pass: each block of 64 (or 16) octets is
 //! loaded once into a vector register, stored to the destination and folded into the CRC from that
 //! register. The transmitter copies FPDU payload from registered memory into the UMEM frame
-//! this way ([`crate::memory::PinnedBuffer`]'s `RegionBuffer::read_at_crc`); a copy followed by
+//! this way (`datapath::PinnedBuffer`'s `RegionBuffer::read_at_crc`); a copy followed by
 //! a CRC pass over the destination would read back lines the copy just wrote, and the profile
 //! showed that pass waiting on them.
 //!
@@ -69,7 +69,7 @@ const fn fold_keys(d: u32) -> (u64, u64) {
 /// `src` must be valid for reads of `dst.len()` octets and must not overlap `dst`. Octets
 /// written concurrently by another thread may be copied old or new, but the CRC always covers
 /// exactly what was written to `dst`.
-pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
+pub unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if dst.len() >= x86::MIN_LEN {
         match x86::level() {
@@ -94,7 +94,7 @@ pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], state: u32) -> 
 ///
 /// # Safety
 /// As for [`copy_crc32c`].
-pub(crate) unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
+pub unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
     #[cfg(target_arch = "x86_64")]
     if dst.len() >= x86::MIN_LEN {
         let (c, le) = match x86::level() {
@@ -114,6 +114,48 @@ pub(crate) unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32)
     }
     // SAFETY: as the caller guarantees.
     unsafe { copy_then_crc_sum(src, dst, state) }
+}
+
+/// [`copy_crc32c`] from a slice: copies `src[..dst.len()]` into `dst` and returns the CRC32c
+/// register continued over the copied octets. Safe: `src` and `dst` are distinct slices.
+///
+/// # Panics
+/// If `src` is shorter than `dst`.
+pub fn copy_crc32c_from(src: &[u8], dst: &mut [u8], state: u32) -> u32 {
+    assert!(src.len() >= dst.len(), "source shorter than destination");
+    // SAFETY: `src` holds at least `dst.len()` readable octets; a shared and a mutable borrow
+    // cannot overlap.
+    unsafe { copy_crc32c(src.as_ptr(), dst, state) }
+}
+
+/// [`copy_crc32c_sum`] from a slice (see [`copy_crc32c_from`]).
+///
+/// # Panics
+/// If `src` is shorter than `dst`.
+pub fn copy_crc32c_sum_from(src: &[u8], dst: &mut [u8], state: u32) -> (u32, u16) {
+    assert!(src.len() >= dst.len(), "source shorter than destination");
+    // SAFETY: as in `copy_crc32c_from`.
+    unsafe { copy_crc32c_sum(src.as_ptr(), dst, state) }
+}
+
+/// Asks the CPU to bring the cache lines of `value` into its cache (x86-64 `prefetcht0` per
+/// line); reads nothing visibly, does nothing elsewhere.
+pub fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = std::ptr::from_ref(value).cast::<i8>();
+        let mut k = 0;
+        while k < std::mem::size_of::<T>() {
+            // SAFETY: `p + k` lies inside `value` (k < its size); a prefetch never faults and
+            // neither reads nor writes memory visibly, and SSE (which defines it) is part of
+            // the x86-64 baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(k)) };
+            k += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// The portable fallback of [`copy_crc32c_sum`]: a copy, then a CRC pass and a sum over `dst`.
@@ -146,7 +188,7 @@ pub(crate) unsafe fn copy_then_crc(src: *const u8, dst: &mut [u8], state: u32) -
 /// The CRC32c register `state` continued over `bytes`. The few octets of header, PAD and
 /// Markers an FPDU adds go through the `crc32` instruction (SSE4.2, detected at run time)
 /// without `crc-fast`'s per-call dispatch; longer runs, and other CPUs, through [`Crc32c`].
-pub(crate) fn crc_update(state: u32, bytes: &[u8]) -> u32 {
+pub fn crc_update(state: u32, bytes: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if bytes.len() <= x86::SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: SSE4.2 was detected on this CPU.
@@ -160,7 +202,7 @@ pub(crate) fn crc_update(state: u32, bytes: &[u8]) -> u32 {
 /// The CRC32c register `state` continued over an FPDU's ULPDU_Length field (`len`, sent
 /// big-endian, RFC 5044 4.1) followed by `head`: [`crc_update`] over the two in one call, the
 /// length fed from the value rather than from octets just stored.
-pub(crate) fn crc_update_len_head(state: u32, len: u16, head: &[u8]) -> u32 {
+pub fn crc_update_len_head(state: u32, len: u16, head: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if head.len() <= x86::SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: SSE4.2 was detected on this CPU.
@@ -598,6 +640,19 @@ pub(crate) mod x86 {
     }
 }
 
+/// A seeded pseudo-random source for the tests: each call gives a number below its argument
+/// (a 64-bit LCG, the high bits).
+#[cfg(test)]
+fn test_rng(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |m: usize| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as usize % m
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -692,7 +747,7 @@ mod tests {
     #[test]
     fn fused_copy_matches_the_reference_for_every_length_and_alignment() {
         let src = data(4096 + 128, 7);
-        let mut next = crate::test_rng(0x1234_5678);
+        let mut next = test_rng(0x1234_5678);
         let routines = routines();
         eprintln!(
             "routines: {:?}",
@@ -762,7 +817,7 @@ mod tests {
         // All ones somewhere: lanes that carry.
         let mut src = data(4096 + 128, 5);
         src[1000..1700].fill(0xff);
-        let mut next = crate::test_rng(0x5eed_0001);
+        let mut next = test_rng(0x5eed_0001);
         let routines = sum_routines();
         for len in 0..=4096 {
             for &(name, copy) in &routines {

@@ -78,7 +78,7 @@ use tcp_engine::{
     TxSourceError,
 };
 
-use super::tx::TxRing;
+use crate::tx::TxRing;
 
 /// Length of a tagged DDP header.
 const TAGGED_HEADER_LEN: usize = 14;
@@ -1607,7 +1607,7 @@ impl IwarpConn {
             return Ok(sum.sum());
         }
         match self.tx.fill(offset, out, mem) {
-            Ok(part) => Ok(super::tx::add_at(sum, at, part).sum()),
+            Ok(part) => Ok(crate::tx::add_at(sum, at, part).sum()),
             Err(e) => {
                 self.tx_failed = Some(e);
                 Err(e)
