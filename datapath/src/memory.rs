@@ -519,13 +519,30 @@ pub(crate) struct RegionTable {
 
 pub(crate) type SharedTable = Arc<RegionTable>;
 
+/// 64 bits from the kernel's random source (`getrandom(2)`, which blocks only before the
+/// pool is first initialised at boot); the clock mixed with the address space if it fails.
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 octets into our local u64.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n == 8 {
+        return v;
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (&v as *const u64 as u64).rotate_left(32)
+}
+
 /// The table version a transport reads.
 pub(crate) type TableSnapshot = Arc<MemoryTable<RegionMemory>>;
 
 impl RegionTable {
+    /// An empty table whose STags a peer cannot predict (RFC 5042 6.1.1): keyed by a secret
+    /// from the kernel's random source.
     fn new() -> Self {
         RegionTable {
-            current: ArcSwap::from_pointee(MemoryTable::new()),
+            current: ArcSwap::from_pointee(MemoryTable::with_secret(random_u64())),
             writer: Mutex::new(()),
         }
     }
@@ -945,6 +962,30 @@ mod tests {
             mr.into_buffer::<Vec<u8>>(),
             Err(DatapathError::InvalidArgument(_))
         ));
+    }
+
+    /// RFC 5042 6.1.1 through the API: each protection domain's STags come from its own
+    /// random secret, so neither the first STag nor the sequence is a constant a peer knows.
+    #[test]
+    fn stags_of_protection_domains_are_unpredictable() {
+        let stags = |pd: &ProtectionDomain| -> Vec<Stag> {
+            let regions: Vec<MemoryRegion> = (0..1000)
+                .map(|_| pd.register_buffer(vec![0u8; 8], Access::NONE).unwrap())
+                .collect();
+            regions.iter().map(MemoryRegion::stag).collect()
+        };
+        let pinning = Pinning::BestEffort;
+        let a = stags(&ProtectionDomain::new().with_pinning(pinning));
+        let b = stags(&ProtectionDomain::new().with_pinning(pinning));
+        assert_ne!(a[0], b[0], "two domains start at the same STag");
+        assert_ne!(a[0], Stag(0x101));
+        let ascending = a.windows(2).filter(|w| w[1].0 > w[0].0).count();
+        assert!(
+            (300..700).contains(&ascending),
+            "{ascending} of 999 steps ascend"
+        );
+        let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+        assert!(same < 5, "{same} STags alike in two domains");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! (RFC 5042 5.2 on STag reuse). STag index 0 is never allocated, so STag 0 (and the
 //! STag 1 of siw's zero-length RTR Write) never name a region.
 
+use std::collections::VecDeque;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -241,6 +242,8 @@ struct Region<B> {
 struct Slot<B> {
     /// The key of the most recent registration in this slot.
     key: u8,
+    /// Registrations of this slot so far (mod 256): the position in its key sequence.
+    uses: u8,
     region: Option<Region<B>>,
 }
 
@@ -267,7 +270,76 @@ pub struct RegionInfo {
 #[derive(Debug, Clone)]
 pub struct MemoryTable<B> {
     slots: Vec<Slot<B>>,
-    free: Vec<u32>,
+    /// Free slots, oldest first: a freed slot is reused only after every other free one.
+    free: VecDeque<u32>,
+    /// With a secret: how slots and keys become the STags a peer sees.
+    scramble: Option<StagScramble>,
+}
+
+/// Free slots a table keeps before it reuses the oldest one.
+const FREE_QUARANTINE: usize = 64;
+
+/// Unpredictable STags (RFC 5042 6.1.1: a peer must not be able to guess a valid STag): the
+/// STag index is a keyed permutation of the table slot (a four-round Feistel network over
+/// the 24 index bits), and each slot's key follows a keyed permutation of the 256 key values
+/// from a random start, so a slot's key comes back only after 256 registrations of it.
+#[derive(Debug, Clone, Copy)]
+struct StagScramble {
+    /// Round keys of the index permutation.
+    rounds: [u64; 4],
+    /// Key sequence: `key(n) = (n * mul + add) ^ xor` (`mul` odd: a bijection of u8).
+    mul: u8,
+    add: u8,
+    xor: u8,
+}
+
+impl StagScramble {
+    fn new(secret: u64) -> StagScramble {
+        // Expand the secret (splitmix64): round keys and the key sequence.
+        let mut x = secret;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let rounds = [next(), next(), next(), next()];
+        let k = next();
+        StagScramble {
+            rounds,
+            mul: (k as u8) | 1,
+            add: (k >> 8) as u8,
+            xor: (k >> 16) as u8,
+        }
+    }
+
+    fn round(key: u64, half: u32) -> u32 {
+        ((u64::from(half) ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as u32 & 0xFFF
+    }
+
+    /// Slot -> STag index (a bijection of the 24-bit space).
+    fn index_of(&self, slot: u32) -> u32 {
+        let (mut l, mut r) = ((slot >> 12) & 0xFFF, slot & 0xFFF);
+        for &k in &self.rounds {
+            (l, r) = (r, l ^ Self::round(k, r));
+        }
+        (l << 12) | r
+    }
+
+    /// STag index -> slot (the inverse of [`StagScramble::index_of`]).
+    fn slot_of(&self, index: u32) -> u32 {
+        let (mut l, mut r) = ((index >> 12) & 0xFFF, index & 0xFFF);
+        for &k in self.rounds.iter().rev() {
+            (l, r) = (r ^ Self::round(k, l), l);
+        }
+        (l << 12) | r
+    }
+
+    /// The key of a slot's `n`th registration.
+    fn key(&self, n: u8) -> u8 {
+        n.wrapping_mul(self.mul).wrapping_add(self.add) ^ self.xor
+    }
 }
 
 impl<B: RegionBuffer> Default for MemoryTable<B> {
@@ -282,10 +354,27 @@ impl<B: RegionBuffer> MemoryTable<B> {
         MemoryTable {
             slots: vec![Slot {
                 key: 0,
+                uses: 0,
                 region: None,
             }],
-            free: Vec::new(),
+            free: VecDeque::new(),
+            scramble: None,
         }
+    }
+
+    /// An empty table whose STags a peer cannot predict (RFC 5042 6.1.1): indices and keys
+    /// are keyed permutations under `secret` (take it from a good random source; the table
+    /// does no I/O). [`MemoryTable::new`]'s STags are the plain slot numbers, for tests and
+    /// simulations.
+    pub fn with_secret(secret: u64) -> Self {
+        let mut table = Self::new();
+        table.scramble = Some(StagScramble::new(secret));
+        table
+    }
+
+    /// The STag index a slot goes by.
+    fn index_of(&self, slot: u32) -> u32 {
+        self.scramble.map_or(slot, |s| s.index_of(slot))
     }
 
     /// Number of registered regions.
@@ -326,31 +415,44 @@ impl<B: RegionBuffer> MemoryTable<B> {
             access,
             valid: Arc::new(AtomicBool::new(true)),
         };
-        let index = match self.free.pop() {
+        // A freed slot waits until FREE_QUARANTINE others are free too (or the table is
+        // full), so an STag index does not come back right after its deregistration.
+        let reuse = self.free.len() > FREE_QUARANTINE
+            || u32::try_from(self.slots.len()).map_or(true, |n| n > Stag::MAX_INDEX);
+        let index = match if reuse { self.free.pop_front() } else { None } {
             Some(index) => index,
-            None => {
+            None => loop {
                 let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
                 if index > Stag::MAX_INDEX {
                     return Err(RdmapError::MemoryTableFull);
                 }
                 self.slots.push(Slot {
                     key: 0,
+                    uses: 0,
                     region: None,
                 });
-                index
-            }
+                // The slot whose index is 0 is never used: STag index 0 is never valid.
+                if self.index_of(index) != 0 {
+                    break index;
+                }
+            },
         };
+        let scramble = self.scramble;
         let slot = &mut self.slots[index as usize];
-        slot.key = slot.key.wrapping_add(1);
+        slot.uses = slot.uses.wrapping_add(1);
+        slot.key = scramble.map_or(slot.uses, |s| s.key(slot.uses));
         slot.region = Some(region);
-        Ok(Stag::new(index, slot.key))
+        let key = slot.key;
+        Ok(Stag::new(self.index_of(index), key))
     }
 
     fn slot_index(&self, stag: Stag) -> Option<usize> {
-        let index = stag.index() as usize;
-        if index == 0 {
+        if stag.index() == 0 {
             return None;
         }
+        let index = self
+            .scramble
+            .map_or(stag.index(), |s| s.slot_of(stag.index())) as usize;
         let slot = self.slots.get(index)?;
         (slot.key == stag.key() && slot.region.is_some()).then_some(index)
     }
@@ -369,9 +471,37 @@ impl<B: RegionBuffer> MemoryTable<B> {
         base_to: u64,
         access: Access,
     ) -> Result<Stag, RdmapError> {
+        self.reregister_keyed(stag, pd, base_to, access, None)
+    }
+
+    /// [`MemoryTable::reregister`] with the new key chosen by the caller (verbs lets the
+    /// consumer pick the 8-bit key of an STag); it must differ from the current one.
+    pub fn reregister_with_key(
+        &mut self,
+        stag: Stag,
+        pd: PdId,
+        base_to: u64,
+        access: Access,
+        key: u8,
+    ) -> Result<Stag, RdmapError> {
+        if key == stag.key() {
+            return Err(RdmapError::UnknownStag { stag });
+        }
+        self.reregister_keyed(stag, pd, base_to, access, Some(key))
+    }
+
+    fn reregister_keyed(
+        &mut self,
+        stag: Stag,
+        pd: PdId,
+        base_to: u64,
+        access: Access,
+        key: Option<u8>,
+    ) -> Result<Stag, RdmapError> {
         let index = self
             .slot_index(stag)
             .ok_or(RdmapError::UnknownStag { stag })?;
+        let scramble = self.scramble;
         let slot = &mut self.slots[index];
         let Some(region) = slot.region.as_mut() else {
             return Err(RdmapError::UnknownStag { stag });
@@ -381,7 +511,13 @@ impl<B: RegionBuffer> MemoryTable<B> {
         region.access = access;
         // A new registration identity: copies that still hold the old key keep the old flag.
         region.valid = Arc::new(AtomicBool::new(true));
-        slot.key = slot.key.wrapping_add(1);
+        slot.key = match key {
+            Some(k) => k,
+            None => {
+                slot.uses = slot.uses.wrapping_add(1);
+                scramble.map_or(slot.uses, |s| s.key(slot.uses))
+            }
+        };
         Ok(Stag::new(stag.index(), slot.key))
     }
 
@@ -395,7 +531,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             .region
             .take()
             .ok_or(RdmapError::UnknownStag { stag })?;
-        self.free.push(stag.index());
+        self.free.push_back(index as u32);
         Ok(region.buffer)
     }
 
@@ -482,6 +618,94 @@ mod tests {
     use super::*;
 
     const PD: PdId = PdId(7);
+
+    #[test]
+    fn the_stag_index_permutation_is_a_bijection_of_24_bits() {
+        let s = StagScramble::new(0x5eed);
+        for slot in (0..=Stag::MAX_INDEX)
+            .step_by(997)
+            .chain([0, 1, Stag::MAX_INDEX])
+        {
+            let index = s.index_of(slot);
+            assert!(index <= Stag::MAX_INDEX);
+            assert_eq!(s.slot_of(index), slot);
+        }
+        let keys: std::collections::HashSet<u8> = (0..=255u8).map(|n| s.key(n)).collect();
+        assert_eq!(keys.len(), 256, "a slot's keys: all 256 before one repeats");
+    }
+
+    /// RFC 5042 6.1.1: 1,000 registrations (with deregistrations among them) show no
+    /// sequence a peer could extrapolate: no STag twice, indices not in order or at a
+    /// constant stride, keys not counting up, and another secret gives other STags.
+    #[test]
+    fn stags_of_a_table_with_a_secret_are_unpredictable() {
+        let run = |secret| {
+            let mut t = MemoryTable::with_secret(secret);
+            let mut stags = Vec::new();
+            for i in 0..1000u32 {
+                let stag = t.register(PD, VecBuffer::zeroed(8), 0, Access::REMOTE_WRITE);
+                assert_ne!(stag.index(), 0);
+                assert_eq!(
+                    t.validate(stag, PD, Access::REMOTE_WRITE, 0, 8).map(|_| ()),
+                    Ok(())
+                );
+                stags.push(stag);
+                if i % 3 == 0 {
+                    // Freed slots come back last, under another key.
+                    t.deregister(stag).unwrap();
+                    assert!(t.validate(stag, PD, Access::NONE, 0, 1).is_err());
+                }
+            }
+            stags
+        };
+        let a = run(1);
+        let distinct: std::collections::HashSet<u32> = a.iter().map(|s| s.0).collect();
+        assert_eq!(distinct.len(), a.len(), "an STag came back");
+        let steps: Vec<i64> = a
+            .windows(2)
+            .map(|w| i64::from(w[1].index()) - i64::from(w[0].index()))
+            .collect();
+        let most_common = steps
+            .iter()
+            .map(|d| steps.iter().filter(|e| *e == d).count())
+            .max()
+            .unwrap();
+        assert!(most_common < 10, "{most_common} equal index steps");
+        assert!(
+            steps.iter().filter(|&&d| d > 0).count() < 700,
+            "indices mostly ascend"
+        );
+        let key_steps = a
+            .windows(2)
+            .filter(|w| w[1].key() == w[0].key().wrapping_add(1))
+            .count();
+        assert!(key_steps < 50, "{key_steps} keys one above the last");
+        let b = run(2);
+        let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+        assert!(same < 5, "{same} STags alike under two secrets");
+        // The first region of every table is not a fixed STag.
+        assert_ne!(a[0], b[0]);
+        assert_ne!(a[0], Stag(0x101));
+    }
+
+    #[test]
+    fn a_slot_reregistered_many_times_does_not_reuse_a_key_soon() {
+        let mut t = MemoryTable::with_secret(9);
+        let mut stag = t.register(PD, VecBuffer::zeroed(8), 0, Access::NONE);
+        let mut seen = vec![stag];
+        for _ in 0..255 {
+            stag = t.reregister(stag, PD, 0, Access::NONE).unwrap();
+            assert!(!seen.contains(&stag), "key reused within 256 registrations");
+            seen.push(stag);
+        }
+        // The consumer may pick the key (verbs); the old STag dies either way.
+        let chosen = t
+            .reregister_with_key(stag, PD, 0, Access::NONE, stag.key().wrapping_add(7))
+            .unwrap();
+        assert_eq!(chosen.key(), stag.key().wrapping_add(7));
+        assert!(t.validate(stag, PD, Access::NONE, 0, 1).is_err());
+        assert!(t.validate(chosen, PD, Access::NONE, 0, 1).is_ok());
+    }
 
     fn table_with_region(access: Access) -> (MemoryTable<VecBuffer>, Stag) {
         let mut table = MemoryTable::new();
@@ -604,6 +828,18 @@ mod tests {
         assert_eq!(buf.len(), 100);
         assert!(table.is_empty());
         assert!(table.deregister(stag).is_err());
+        // The freed slot waits while fewer than FREE_QUARANTINE others are free: new ones go
+        // first.
+        let next = table.register(PD, VecBuffer::zeroed(4), 0, Access::ALL);
+        assert_ne!(next.index(), stag.index());
+        let mut others: Vec<Stag> = (0..FREE_QUARANTINE)
+            .map(|_| table.register(PD, VecBuffer::zeroed(4), 0, Access::ALL))
+            .collect();
+        for s in others.drain(..) {
+            table.deregister(s).unwrap();
+        }
+        // Now it is the oldest of more than FREE_QUARANTINE free slots: it comes back, under
+        // a new key.
         let again = table.register(PD, VecBuffer::zeroed(4), 0, Access::ALL);
         assert_eq!(again.index(), stag.index());
         assert_ne!(again, stag);
