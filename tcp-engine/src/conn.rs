@@ -410,6 +410,9 @@ pub struct Connection {
     keepalive_unanswered: u32,
     challenge_window_start: Instant,
     challenge_count: u32,
+    /// The last segment made a challenge ACK due (the table may withdraw it under its global
+    /// limit, [`Connection::take_challenge_ack`]).
+    challenge_due: bool,
 }
 
 const DEFAULT_SEND_MSS: u16 = 536;
@@ -532,6 +535,7 @@ impl Connection {
             keepalive_unanswered: 0,
             challenge_window_start: now,
             challenge_count: 0,
+            challenge_due: false,
             cfg,
         }
     }
@@ -1303,7 +1307,21 @@ impl Connection {
             self.challenge_count += 1;
             self.stats.challenge_acks += 1;
             self.ack_now = true;
+            self.challenge_due = true;
         }
+    }
+
+    /// True if the last segment handled made a challenge ACK due (RFC 5961 7); clears the
+    /// mark. A connection table asks after each segment to apply its global limit.
+    pub fn take_challenge_ack(&mut self) -> bool {
+        std::mem::take(&mut self.challenge_due)
+    }
+
+    /// Withdraws the challenge ACK the last segment made due (a global limit said no): a
+    /// segment that calls for a challenge ACK is otherwise dropped, so nothing else is due.
+    pub fn withdraw_challenge_ack(&mut self) {
+        self.ack_now = false;
+        self.stats.challenge_acks = self.stats.challenge_acks.saturating_sub(1);
     }
 
     fn on_segment_synchronized(
@@ -1343,6 +1361,12 @@ impl Connection {
         let zero_window_ok = wnd == 0 && rel == 0;
         if !acceptable && !zero_window_ok {
             self.stats.out_of_window += 1;
+            if seg.flags.syn && !seg.flags.rst && self.state != State::SynReceived {
+                // RFC 5961 4.2: a SYN, whatever its sequence number, draws a (rate-limited)
+                // challenge ACK.
+                self.challenge_ack(now);
+                return;
+            }
             if !seg.payload.is_empty() && rel < 0 {
                 // An old duplicate: report it (RFC 2883 4.1.1).
                 let start = self.rcv_nxt as i64 + rel;

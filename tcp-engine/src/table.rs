@@ -100,7 +100,41 @@ pub struct TableStats {
     pub backlog_drops: u64,
     /// Connections created from SYNs.
     pub passive_opens: u64,
+    /// Challenge ACKs (RFC 5961 7) withheld by the table-wide limit
+    /// ([`ConnectionTable::set_challenge_ack_limit`]).
+    pub challenge_acks_limited: u64,
 }
+
+/// A table-wide limit on challenge ACKs per second (Linux's `tcp_challenge_ack_limit`), on
+/// top of each connection's own (`Config::challenge_ack_limit`): an attacker spraying
+/// spoofed RSTs or SYNs over many connections cannot make the host answer each of them.
+#[derive(Debug)]
+struct ChallengeLimit {
+    per_second: u32,
+    window_start: Option<Instant>,
+    sent: u32,
+}
+
+impl ChallengeLimit {
+    fn allow(&mut self, now: Instant) -> bool {
+        match self.window_start {
+            Some(start) if now - start < core::time::Duration::from_secs(1) => {}
+            _ => {
+                self.window_start = Some(now);
+                self.sent = 0;
+            }
+        }
+        if self.sent < self.per_second {
+            self.sent += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The default of [`ConnectionTable::set_challenge_ack_limit`] (Linux's former default).
+pub const DEFAULT_CHALLENGE_ACK_LIMIT: u32 = 1000;
 
 #[derive(Debug)]
 struct Listener {
@@ -180,6 +214,7 @@ pub struct ConnectionTable {
     resets: VecDeque<SegmentRepr<'static>>,
     max_connections: usize,
     stats: TableStats,
+    challenge: ChallengeLimit,
 }
 
 const MAX_PENDING_RESETS: usize = 256;
@@ -198,7 +233,18 @@ impl ConnectionTable {
             resets: VecDeque::with_capacity(MAX_PENDING_RESETS),
             max_connections,
             stats: TableStats::default(),
+            challenge: ChallengeLimit {
+                per_second: DEFAULT_CHALLENGE_ACK_LIMIT,
+                window_start: None,
+                sent: 0,
+            },
         }
+    }
+
+    /// Most challenge ACKs per second the whole table sends (default
+    /// [`DEFAULT_CHALLENGE_ACK_LIMIT`]), on top of each connection's limit.
+    pub fn set_challenge_ack_limit(&mut self, per_second: u32) {
+        self.challenge.per_second = per_second;
     }
 
     /// Counters.
@@ -395,6 +441,10 @@ impl ConnectionTable {
             };
             if let Some(conn) = slot.conn.as_mut() {
                 conn.handle_segment(now, &seg, |p| pass_up(id, p));
+                if conn.take_challenge_ack() && !self.challenge.allow(now) {
+                    conn.withdraw_challenge_ack();
+                    self.stats.challenge_acks_limited += 1;
+                }
                 let state = conn.state();
                 if state == State::Closed {
                     if let Some(t) = slot.tuple.take() {

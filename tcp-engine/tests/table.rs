@@ -326,3 +326,60 @@ fn a_removed_connections_segments_never_reach_its_slots_next_owner() {
         "the new connection untouched"
     );
 }
+
+/// RFC 5961 7 and Linux's `tcp_challenge_ack_limit`: SYNs spoofed onto 50 established
+/// connections, 50 each within one second, would draw 2,500 challenge ACKs under the
+/// per-connection limit alone; the table-wide limit lets 1,000 out and counts the rest, and
+/// the next second has a fresh budget. The connections stay established.
+#[test]
+fn the_table_wide_challenge_ack_limit_holds_across_connections() {
+    let n = 50;
+    let mut clients = ConnectionTable::new([4; 16], n);
+    let mut server = ConnectionTable::new([5; 16], n);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, n, Config::default());
+    let now = Instant::from_millis(1);
+    for i in 0..n {
+        clients
+            .connect(Config::default(), tuple(i), now)
+            .expect("connect");
+    }
+    pump(&mut clients, &mut server, now);
+    while server.accept(Ipv4Addr::UNSPECIFIED, 4791).is_some() {}
+    assert_eq!(server.len(), n);
+    let mut buf = [0u8; 2048];
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let mut burst = |server: &mut ConnectionTable, now: Instant| {
+        let mut sent = 0;
+        for round in 0..50u32 {
+            for i in 0..n {
+                let _ = server.handle_packet(now, &raw(tuple(i), 1000 + round, 0, syn), |_, _| {});
+                while server.poll_transmit(now, &mut buf).is_some() {
+                    sent += 1;
+                }
+            }
+        }
+        sent
+    };
+    let first = burst(&mut server, now);
+    assert_eq!(first, 1000, "challenge ACKs in the first second");
+    assert_eq!(server.stats().challenge_acks_limited, 1500);
+    let later = burst(&mut server, now + core::time::Duration::from_secs(1));
+    assert_eq!(later, 1000, "a fresh budget a second later");
+    for i in 0..n {
+        let t = tuple(i);
+        let server_side = FourTuple {
+            local_addr: t.remote_addr,
+            local_port: t.remote_port,
+            remote_addr: t.local_addr,
+            remote_port: t.local_port,
+        };
+        let id = server.lookup(&server_side).expect("still there");
+        assert_eq!(
+            server.get_mut(id).expect("live").state(),
+            State::Established
+        );
+    }
+}
