@@ -179,7 +179,7 @@ fn params(cli: &RpingCli) -> ConnectParams {
         sq_depth: 16,
         rq_depth: 16,
         setup_timeout: Duration::from_secs_f64(cli.timeout),
-        srq: None,
+        ..ConnectParams::default()
     }
 }
 

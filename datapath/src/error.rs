@@ -90,9 +90,10 @@ pub enum QpError {
     /// The peer reset the TCP connection.
     #[error("connection reset by peer")]
     PeerReset,
-    /// TCP gave up: retransmissions went unanswered.
-    #[error("connection timed out (retransmissions unanswered)")]
-    TimedOut,
+    /// The peer is unreachable: retransmissions, keepalive probes or the user timeout
+    /// ([`crate::ConnectParams::user_timeout`]) went unanswered.
+    #[error("peer unreachable (retransmissions, keepalives or the user timeout unanswered)")]
+    PeerUnreachable,
     /// TCP was reset before it was established: nobody listens on the peer's port.
     #[error("connection refused")]
     Refused,
@@ -116,7 +117,7 @@ impl QpError {
     pub(crate) fn from_io(e: &io::Error) -> QpError {
         match e.kind() {
             io::ErrorKind::ConnectionReset => QpError::PeerReset,
-            io::ErrorKind::TimedOut => QpError::TimedOut,
+            io::ErrorKind::TimedOut => QpError::PeerUnreachable,
             k => QpError::Transport(k),
         }
     }

@@ -280,7 +280,19 @@ fn start_engine(
         initiator,
         recvs,
     } = setup;
-    let mss = socket2::SockRef::from(&stream).mss().unwrap_or(536) as usize;
+    let sock = socket2::SockRef::from(&stream);
+    // Dead peers end the connection (RFC 9293 3.8.4 keepalive; RFC 5482 user timeout).
+    if let Some(k) = params.keepalive {
+        // The kernel counts keepalive times in whole seconds, at least one.
+        let secs = |d: Duration| Duration::from_secs(d.as_secs_f64().ceil().max(1.0) as u64);
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(secs(k.idle))
+            .with_interval(secs(k.interval))
+            .with_retries(k.probes.max(1));
+        sock.set_tcp_keepalive(&ka)?;
+    }
+    sock.set_tcp_user_timeout(params.user_timeout)?;
+    let mss = sock.mss().unwrap_or(536) as usize;
     let mulpdu = mpa::mulpdu(mss, negotiated.markers_tx).min(usize::from(u16::MAX));
     let peer = stream.peer_addr()?;
     stream.set_read_timeout(None)?;

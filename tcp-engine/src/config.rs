@@ -125,6 +125,11 @@ pub struct Config {
     /// interval between probes and how many unanswered probes abort. `None`
     /// (default) disables it.
     pub keepalive: Option<(Duration, Duration, u32)>,
+    /// User timeout (RFC 5482; RFC 9293 3.8.5 USER TIMEOUT): when data has waited this long
+    /// on the peer without progress (unacknowledged, or unsent behind a window that never
+    /// opens), the connection aborts with [`crate::Event::TimedOut`]. `None` (default):
+    /// only `max_retransmissions` ends it.
+    pub user_timeout: Option<Duration>,
     /// TIME-WAIT duration (2 MSL, RFC 9293 3.6.1). Default 60 s.
     pub time_wait: Duration,
     /// Nagle's algorithm (RFC 9293 3.7.4); off by default.
@@ -163,6 +168,7 @@ impl Default for Config {
             peer_max_ack_delay: Duration::from_millis(1),
             rack_tlp: true,
             keepalive: None,
+            user_timeout: None,
             time_wait: Duration::from_secs(60),
             nagle: false,
             challenge_ack_limit: 100,

@@ -193,6 +193,8 @@ pub struct ConnStats {
     pub passed_up_bytes: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
+    /// Aborts by the user timeout (`Config::user_timeout`).
+    pub user_timeouts: u64,
     /// D-SACK blocks received (RFC 2883: the peer got a segment twice).
     pub dsacks_received: u64,
     /// D-SACK blocks sent.
@@ -408,6 +410,9 @@ pub struct Connection {
     time_wait_deadline: Option<Instant>,
     keepalive_deadline: Option<Instant>,
     keepalive_unanswered: u32,
+    /// Since when data has waited on the peer without progress (unacknowledged, or unsent
+    /// behind a closed window): the user timeout counts from here.
+    stalled_since: Option<Instant>,
     challenge_window_start: Instant,
     challenge_count: u32,
     /// The last segment made a challenge ACK due (the table may withdraw it under its global
@@ -533,6 +538,7 @@ impl Connection {
             time_wait_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
+            stalled_since: None,
             challenge_window_start: now,
             challenge_count: 0,
             challenge_due: false,
@@ -956,7 +962,29 @@ impl Connection {
         t = earliest(t, self.persist_deadline);
         t = earliest(t, self.delack_deadline);
         t = earliest(t, self.time_wait_deadline);
+        t = earliest(t, self.user_timeout_deadline());
         earliest(t, self.keepalive_deadline)
+    }
+
+    /// When the user timeout (RFC 5482, RFC 9293 3.8.5) ends the connection if the peer
+    /// makes no progress before.
+    fn user_timeout_deadline(&self) -> Option<Instant> {
+        Some(self.stalled_since? + self.cfg.user_timeout?)
+    }
+
+    /// Starts or stops the user timeout's clock: it runs while data waits on the peer
+    /// (unacknowledged, or unsent, e.g. behind a zero window); progress restarts it.
+    fn update_stall(&mut self, now: Instant) {
+        if self.cfg.user_timeout.is_none() {
+            return;
+        }
+        let waiting =
+            self.state.synchronized() && (self.snd_una < self.snd_max() || self.has_new_data());
+        if !waiting {
+            self.stalled_since = None;
+        } else if self.stalled_since.is_none() {
+            self.stalled_since = Some(now);
+        }
     }
 
     /// Whether [`Connection::poll_transmit`] has something to emit now.
@@ -978,6 +1006,12 @@ impl Connection {
 
     /// Run expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.user_timeout_deadline().is_some_and(|d| d <= now) {
+            self.stats.user_timeouts += 1;
+            self.abort_timed_out();
+            return;
+        }
+        self.update_stall(now);
         if self.time_wait_deadline.is_some_and(|d| d <= now) {
             self.time_wait_deadline = None;
             self.enter_closed(Some(Event::Closed));
@@ -1171,6 +1205,7 @@ impl Connection {
             State::SynSent => self.on_segment_syn_sent(now, seg),
             _ => self.on_segment_synchronized(now, seg, &mut pass_up),
         }
+        self.update_stall(now);
     }
 
     fn take_syn_options(&mut self, syn: &SegmentRepr<'_>, now: Instant) {
@@ -1497,6 +1532,8 @@ impl Connection {
             if was_zero && window > 0 {
                 self.persist_deadline = None;
                 self.persist_backoff = 0;
+                // The window opened: progress for the user timeout.
+                self.stalled_since = None;
             }
         }
         let newly_acked = ack_pos.saturating_sub(self.snd_una);
@@ -1711,6 +1748,10 @@ impl Connection {
         let drop = ((data_acked - self.send_buf_base) as usize).min(self.send_buf.len());
         self.send_buf.drain(..drop);
         self.send_buf_base = data_acked;
+        if ack_pos > self.snd_una {
+            // Progress: the user timeout's clock starts again.
+            self.stalled_since = None;
+        }
         self.snd_una = ack_pos;
     }
 
@@ -2278,6 +2319,7 @@ impl Connection {
         buf: &mut [u8],
         source: Option<&mut dyn TxSource>,
     ) -> Option<usize> {
+        self.update_stall(now);
         if let Some(rst) = self.pending_rst.take() {
             let flags = TcpFlags {
                 rst: true,

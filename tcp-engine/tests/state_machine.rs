@@ -657,3 +657,54 @@ fn timeouts_ended_by_a_full_ack_do_not_add_up() {
     }
     assert!(!c.events.contains(&Event::TimedOut));
 }
+
+/// RFC 5482 / RFC 9293 3.8.5: with a user timeout, data unanswered for that long ends the
+/// connection (TimedOut) long before the retransmission limit would; while the peer makes
+/// progress, the clock keeps starting again.
+#[test]
+fn user_timeout_ends_a_connection_whose_data_goes_unanswered() {
+    let cfg = Config {
+        user_timeout: Some(Duration::from_millis(300)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established(cfg.clone());
+    // Progress: 2 s of exchanges, every one acknowledged, with the 300 ms timeout set.
+    for _ in 0..20 {
+        c.conn_mut().send(&[3u8; 1000]).expect("send");
+        run_idle(&mut c, &mut s, &mut net, 100);
+        assert_eq!(c.state(), Some(State::Established));
+    }
+    assert_eq!(c.conn().stats().user_timeouts, 0);
+    // The peer goes silent.
+    net.b_to_a.cfg.loss = 1.0;
+    c.conn_mut().send(&[1u8; 5000]).expect("send");
+    run_idle(&mut c, &mut s, &mut net, 250);
+    assert_eq!(
+        c.state(),
+        Some(State::Established),
+        "before the user timeout"
+    );
+    run_idle(&mut c, &mut s, &mut net, 200);
+    assert_eq!(c.state(), Some(State::Closed), "after the user timeout");
+    assert!(c.events.contains(&Event::TimedOut));
+    assert_eq!(c.conn().stats().user_timeouts, 1);
+    assert!(c.conn().stats().rto_expirations < cfg.max_retransmissions as u64);
+}
+
+/// The user timeout runs only while data waits on the peer: an idle connection, and one
+/// whose data has all been acknowledged, live on however long they idle.
+#[test]
+fn user_timeout_leaves_idle_connections_alone() {
+    let cfg = Config {
+        user_timeout: Some(Duration::from_millis(100)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established(cfg);
+    run_idle(&mut c, &mut s, &mut net, 1000);
+    assert_eq!(c.state(), Some(State::Established));
+    assert_eq!(s.state(), Some(State::Established));
+    c.conn_mut().send(&[5u8; 3000]).expect("send");
+    run_idle(&mut c, &mut s, &mut net, 1000);
+    assert_eq!(c.state(), Some(State::Established));
+    assert_eq!(c.conn().stats().user_timeouts, 0);
+}

@@ -30,6 +30,45 @@ pub struct ConnectParams {
     /// A shared receive queue of the connection's protection domain to take receive buffers
     /// from (then receives are posted there, not on the queue pair).
     pub srq: Option<SharedReceiveQueue>,
+    /// TCP keepalive (RFC 9293 3.8.4), so that an idle connection to a vanished peer ends:
+    /// on by default (30 s idle, then 6 probes 5 s apart); `None` turns it off.
+    pub keepalive: Option<Keepalive>,
+    /// User timeout (RFC 5482; `TCP_USER_TIMEOUT` on the socket transport): data that waits
+    /// this long on the peer without progress (unacknowledged, or behind a window that never
+    /// opens) ends the connection. Default 30 s; `None` leaves only the retransmission limit.
+    pub user_timeout: Option<Duration>,
+}
+
+/// TCP keepalive settings (RFC 9293 3.8.4; `SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
+/// `TCP_KEEPCNT` on the socket transport, where the kernel takes whole seconds: the times are
+/// rounded up to them, at least one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Idle time before the first probe.
+    pub idle: Duration,
+    /// Time between unanswered probes.
+    pub interval: Duration,
+    /// Unanswered probes that end the connection.
+    pub probes: u32,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            idle: Duration::from_secs(30),
+            interval: Duration::from_secs(5),
+            probes: 6,
+        }
+    }
+}
+
+impl ConnectParams {
+    /// The TCP settings of our own TCP (the AF_XDP engine) with these parameters' keepalive
+    /// and user timeout.
+    pub(crate) fn apply_to(&self, tcp: &mut tcp_engine::Config) {
+        tcp.keepalive = self.keepalive.map(|k| (k.idle, k.interval, k.probes));
+        tcp.user_timeout = self.user_timeout;
+    }
 }
 
 impl Default for ConnectParams {
@@ -40,6 +79,8 @@ impl Default for ConnectParams {
             rq_depth: 4096,
             setup_timeout: Duration::from_secs(10),
             srq: None,
+            keepalive: Some(Keepalive::default()),
+            user_timeout: Some(Duration::from_secs(30)),
         }
     }
 }

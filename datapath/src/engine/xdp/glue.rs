@@ -331,7 +331,7 @@ fn transport_closed_error(how: tcp_engine::Event) -> QpError {
     match how {
         E::PeerClosed | E::Closed | E::Connected | E::EmssChanged(_) => QpError::PeerClosed,
         E::Reset => QpError::PeerReset,
-        E::TimedOut => QpError::TimedOut,
+        E::TimedOut => QpError::PeerUnreachable,
         E::SourceFailed => QpError::TransmitSourceFailed,
     }
 }

@@ -450,6 +450,7 @@ impl Turner {
                     let mut tcp = self.st.cfg.tcp.clone();
                     tcp.tx_mode = tx_mode(&self.st.cfg);
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
+                    params.apply_to(&mut tcp);
                     let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
                         self.st.listeners.insert(port, (params, requests));
                     });
@@ -550,6 +551,7 @@ impl Turner {
         let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
+        params.apply_to(&mut tcp);
         let id = self.xdp.connect(addr, tcp)?;
         let tuple = self
             .xdp

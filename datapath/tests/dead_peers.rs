@@ -1,0 +1,177 @@
+//! Dead peers end in a typed error within the configured timeouts, on both transports: the
+//! peer's namespace is cut off (`ip link set iwb0 down` in it) while our side, in `iwa`, is
+//! idle (keepalive, RFC 9293 3.8.4) or in the middle of RDMA Writes (user timeout, RFC 5482).
+//! Our side is the AF_XDP engine or the socket transport; the peer is the socket transport.
+//! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    Access, CompletionQueue, ConnectParams, Keepalive, ProtectionDomain, QpError, SendOp, SendWr,
+    Stag, WcStatus,
+};
+use testbed::*;
+
+const PORT: u16 = 19_561;
+const WAIT: Duration = Duration::from_secs(20);
+const REGION: usize = 4 << 20;
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(10),
+        keepalive: Some(Keepalive {
+            idle: Duration::from_secs(1),
+            interval: Duration::from_secs(1),
+            probes: 2,
+        }),
+        user_timeout: Some(Duration::from_millis(500)),
+        ..ConnectParams::default()
+    }
+}
+
+/// The peer in `iwb`: accepts one connection over the socket transport, offers a region to
+/// write into, and waits (its link is cut under it).
+fn peer(ready: mpsc::Sender<()>, done: mpsc::Receiver<()>) -> Result<(), String> {
+    let listener = datapath::Listener::bind(SocketAddr::from((ADDR_B, PORT)), params())
+        .map_err(|e| e.to_string())?;
+    let _ = ready.send(());
+    let req = listener
+        .accept_timeout(WAIT)
+        .map_err(|e| e.to_string())?
+        .ok_or("no connection")?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let mr = pd
+        .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .map_err(|e| e.to_string())?;
+    let mut offer = mr.stag().0.to_be_bytes().to_vec();
+    offer.extend_from_slice(&mr.base_to().to_be_bytes());
+    let conn = req.accept(&pd, &cq, &offer).map_err(|e| e.to_string())?;
+    let _ = done.recv_timeout(WAIT * 2);
+    drop(conn);
+    Ok(())
+}
+
+fn link(ns: &str, dev: &str, up: bool) {
+    let st = Command::new("ip")
+        .args(["-n", ns, "link", "set", dev, if up { "up" } else { "down" }])
+        .status()
+        .expect("ip");
+    assert!(st.success(), "ip -n {ns} link set {dev}: {st}");
+}
+
+/// Our side in `iwa` connects (engine or socket transport), optionally keeps Writes going,
+/// then the peer's link goes down; returns the error and how long it took after the cut.
+fn case(engine: bool, writing: bool) -> (Option<QpError>, Duration) {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let srv = spawn_in_ns(NS_B, move || peer(ready_tx, done_rx));
+    ready_rx.recv_timeout(WAIT).expect("peer ready");
+    let ours = spawn_in_ns(NS_A, move || {
+        let engine = engine
+            .then(|| XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0"));
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let src = pd.register(1 << 20, Access::NONE).expect("source");
+        let addr = SocketAddr::from((ADDR_B, PORT));
+        let conn = match &engine {
+            Some(e) => e.connect(addr, &pd, &cq, &params(), b""),
+            None => datapath::connect(addr, &pd, &cq, &params(), b""),
+        }
+        .expect("connect");
+        let p = &conn.private_data;
+        let stag = Stag(u32::from_be_bytes(p[..4].try_into().unwrap()));
+        let to = u64::from_be_bytes(p[4..12].try_into().unwrap());
+        let qp = conn.qp;
+        let write = |wr_id| {
+            qp.post_send(SendWr {
+                wr_id,
+                op: SendOp::Write {
+                    remote_stag: stag,
+                    remote_to: to,
+                },
+                sg_list: src.sge(0, 1 << 20).into(),
+                signaled: true,
+            })
+        };
+        // A few Writes complete before the cut.
+        for i in 0..4 {
+            write(i).expect("post");
+        }
+        for _ in 0..4 {
+            let c = cq.wait(WAIT).expect("a completion before the cut");
+            assert_eq!(c.wc.status, WcStatus::Success, "{:?}", qp.status());
+        }
+        link(NS_B, DEV_B, false);
+        let cut = Instant::now();
+        if writing {
+            // Mid-transfer: Writes outstanding when the peer vanished.
+            for i in 10..30 {
+                let _ = write(i);
+            }
+        }
+        let deadline = cut + WAIT;
+        while !qp.status().finished && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let took = cut.elapsed();
+        let st = qp.status();
+        if writing {
+            // Nothing hangs: every Write posted completes. On the engine (Writes complete when
+            // acknowledged) none after the cut succeeds; the socket transport completes a
+            // Write when the kernel takes it, so some may.
+            let mut completed = 0;
+            while let Some(c) = cq.wait(Duration::from_millis(500)) {
+                if engine.is_some() {
+                    assert_ne!(c.wc.status, WcStatus::Success, "{c:?}");
+                }
+                completed += 1;
+            }
+            assert_eq!(completed, 20, "Writes posted after the cut");
+        }
+        drop(qp);
+        drop(engine);
+        (st.error, took)
+    });
+    let result = ours.join().expect("our side");
+    link(NS_B, DEV_B, true);
+    let _ = done_tx.send(());
+    let _ = srv.join();
+    result
+}
+
+fn check(engine: bool, writing: bool, bound: Duration) {
+    let _bed = bed_or_skip!();
+    let (error, took) = case(engine, writing);
+    println!("engine {engine}, writing {writing}: {error:?} after {took:?}");
+    assert_eq!(error, Some(QpError::PeerUnreachable), "after {took:?}");
+    assert!(took < bound, "took {took:?}, bound {bound:?}");
+}
+
+// Keepalive: 1 s idle + 2 probes 1 s apart (the kernel counts in seconds); user timeout
+// 500 ms. The bounds leave room for a loaded machine but are far below the retransmission
+// limit's minutes.
+
+#[test]
+fn engine_idle_connection_to_a_vanished_peer() {
+    check(true, false, Duration::from_secs(8));
+}
+
+#[test]
+fn engine_peer_cut_off_mid_transfer() {
+    check(true, true, Duration::from_secs(4));
+}
+
+#[test]
+fn socket_idle_connection_to_a_vanished_peer() {
+    check(false, false, Duration::from_secs(8));
+}
+
+#[test]
+fn socket_peer_cut_off_mid_transfer() {
+    check(false, true, Duration::from_secs(4));
+}
