@@ -1,7 +1,7 @@
 //! Ethernet II framing around the IPv4 packets `tcp-engine` reads and writes, and the next-hop
 //! MAC cache. No allocation on the per-packet paths.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -46,15 +46,25 @@ struct Entry {
 /// Next-hop MAC addresses by remote IPv4 address.
 ///
 /// Filled from three sources: the route and neighbour lookup of an active open
-/// ([`crate::xsk::resolve_next_hop`]), the source MAC of a SYN that reaches a listener (the
-/// next hop that delivered the SYN is the one to answer through), and, for an address seen in
-/// neither way (a RST answering a stray segment), one non-blocking query of the kernel's
-/// neighbour table, repeated at most once per [`NEGATIVE_RETRY`]. Bounded: when full, new
-/// addresses are not cached (their packets are dropped and counted).
+/// ([`crate::xsk::resolve_next_hop`]), the source MAC of a valid SYN that opened a connection
+/// at a listener (the next hop that delivered it is the one to answer through) when nothing
+/// is known of that address yet, and, for an address seen in neither way (a RST answering a
+/// stray segment), one non-blocking query of the kernel's neighbour table, repeated at most
+/// once per [`NEGATIVE_RETRY`].
+///
+/// Hardened against spoofing: a SYN never replaces what is known of an address
+/// ([`Neighbours::learn_passive`]): a SYN forged with a connected peer's address cannot
+/// redirect that peer's traffic (its SYN-ACK goes to the real peer, which resets it). Only an
+/// active open's resolution (the kernel's own neighbour table) replaces an entry. Bounded:
+/// when full, the oldest entry is evicted (its address is asked of the kernel again when
+/// next needed), so spoofed addresses cannot fill the cache for good.
 #[derive(Debug)]
 pub(crate) struct Neighbours {
     ifindex: u32,
     map: HashMap<Ipv4Addr, Entry>,
+    /// Addresses in the order they entered the map (for eviction; may hold addresses
+    /// evicted or replaced since, skipped when met).
+    order: VecDeque<Ipv4Addr>,
     max: usize,
     /// The last successful lookup (one peer is the common case: no hashing per packet).
     last: Option<(Ipv4Addr, [u8; 6])>,
@@ -68,28 +78,65 @@ impl Neighbours {
         Self {
             ifindex,
             map: HashMap::with_capacity(max.min(1024)),
-            max,
+            order: VecDeque::with_capacity(max.min(1024)),
+            max: max.max(1),
             last: None,
         }
     }
 
-    /// Records `ip` -> `mac` (a newer fact replaces an older one).
+    /// Inserts or replaces `ip`'s entry, evicting the oldest address when full.
+    fn insert(&mut self, ip: Ipv4Addr, entry: Entry) {
+        if !self.map.contains_key(&ip) {
+            while self.map.len() >= self.max {
+                let Some(old) = self.order.pop_front() else {
+                    break;
+                };
+                if self.map.remove(&old).is_some() && self.last.is_some_and(|(l, _)| l == old) {
+                    self.last = None;
+                }
+            }
+            self.order.push_back(ip);
+            // Stale positions of replaced addresses are dropped once they outnumber the map.
+            if self.order.len() > 2 * self.max {
+                let map = &self.map;
+                let mut seen = std::collections::HashSet::with_capacity(map.len());
+                self.order
+                    .retain(|a| map.contains_key(a) && seen.insert(*a));
+            }
+        }
+        self.map.insert(ip, entry);
+        if self.last.is_some_and(|(l, _)| l == ip) {
+            self.last = entry.mac.map(|m| (ip, m));
+        }
+    }
+
+    /// Records `ip` -> `mac` from the kernel's own resolution (an active open's next hop): a
+    /// newer fact replaces an older one.
     pub(crate) fn learn(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
         if self.last == Some((ip, mac)) {
             return;
         }
-        if self.map.len() >= self.max && !self.map.contains_key(&ip) {
-            return;
-        }
-        self.map.insert(
+        self.insert(
             ip,
             Entry {
                 mac: Some(mac),
                 checked: Instant::now(),
             },
         );
-        if self.last.is_some_and(|(l, _)| l == ip) {
-            self.last = Some((ip, mac));
+    }
+
+    /// Records `ip` -> `mac` from a valid SYN that opened a connection: only when nothing is
+    /// known of `ip` (a negative entry aside), never replacing a known MAC.
+    pub(crate) fn learn_passive(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        match self.map.get(&ip) {
+            Some(Entry { mac: Some(_), .. }) => {}
+            _ => self.insert(
+                ip,
+                Entry {
+                    mac: Some(mac),
+                    checked: Instant::now(),
+                },
+            ),
         }
     }
 
@@ -112,15 +159,13 @@ impl Neighbours {
             _ => {}
         }
         let found = self.ask_kernel(ip);
-        if self.map.len() < self.max || self.map.contains_key(&ip) {
-            self.map.insert(
-                ip,
-                Entry {
-                    mac: found,
-                    checked: Instant::now(),
-                },
-            );
-        }
+        self.insert(
+            ip,
+            Entry {
+                mac: found,
+                checked: Instant::now(),
+            },
+        );
         if let Some(mac) = found {
             self.last = Some((ip, mac));
         }
@@ -217,12 +262,45 @@ mod tests {
         assert_eq!(
             n.lookup(a),
             Some([9; 6]),
-            "newer fact wins, also in the fast path"
+            "the kernel's newer resolution wins, also in the fast path"
         );
         n.learn(b, [2; 6]);
         n.learn(c, [3; 6]);
         assert_eq!(n.len(), 2, "bounded");
+        assert_eq!(n.lookup(c), Some([3; 6]), "the newest is kept");
         assert_eq!(n.lookup(b), Some([2; 6]));
-        assert_eq!(n.lookup(c), None, "not cached, kernel does not know it");
+        // `a`, the oldest, was evicted: the kernel (which knows nothing here) is asked.
+        assert_eq!(n.lookup(a), None, "evicted");
+    }
+
+    /// A SYN forged with a known peer's address (a valid one, even) does not move that
+    /// peer's traffic to the forger's MAC; an address nothing is known of is learned from its
+    /// SYN, and spoofed addresses cannot fill the cache for good.
+    #[test]
+    fn a_syn_never_replaces_a_known_neighbour() {
+        let mut n = Neighbours::new(0, 4);
+        let peer = Ipv4Addr::new(192, 0, 2, 10);
+        n.learn(peer, [0x10; 6]);
+        n.learn_passive(peer, [0x66; 6]);
+        assert_eq!(
+            n.lookup(peer),
+            Some([0x10; 6]),
+            "the forger's MAC was not taken"
+        );
+        let fresh = Ipv4Addr::new(192, 0, 2, 11);
+        n.learn_passive(fresh, [0x11; 6]);
+        assert_eq!(n.lookup(fresh), Some([0x11; 6]));
+        // A flood of spoofed addresses evicts, it does not lock the cache.
+        for i in 0..100u8 {
+            n.learn_passive(Ipv4Addr::new(198, 51, 100, i), [i; 6]);
+        }
+        assert_eq!(n.len(), 4);
+        let later = Ipv4Addr::new(192, 0, 2, 12);
+        n.learn_passive(later, [0x12; 6]);
+        assert_eq!(
+            n.lookup(later),
+            Some([0x12; 6]),
+            "still learns after a flood"
+        );
     }
 }

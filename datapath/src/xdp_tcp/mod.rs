@@ -1260,12 +1260,15 @@ impl Rx<'_> {
                 }
             }
         }
-        if syn {
-            self.neigh.learn(src_ip, src_mac);
-        }
+        let opens = self.table.stats().passive_opens;
         let res = self
             .table
             .handle_packet(self.now, ip, |id, data| app.on_data(id, data));
+        // The SYN passed every check and opened a connection: its source MAC is the next hop
+        // to answer through, if nothing is known of the address yet (see `Neighbours`).
+        if syn && self.table.stats().passive_opens > opens {
+            self.neigh.learn_passive(src_ip, src_mac);
+        }
         if res.is_err() {
             self.stats.rx_malformed += 1;
         }

@@ -1,0 +1,276 @@
+//! Neighbour-cache poisoning from the peer's namespace: while a peer (socket transport, in
+//! `iwb`) moves verified data with the AF_XDP engine (in `iwa`), raw frames from an
+//! `AF_PACKET` socket in `iwb` carry SYNs that spoof the peer's IPv4 address from another MAC,
+//! valid and with bad checksums. The engine must keep answering the real peer: the transfer
+//! stays intact, and the spoofed half-open connections are the only thing the SYNs make.
+//! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    Access, CompletionQueue, ConnectParams, MemoryRegion, ProtectionDomain, SendOp, SendWr, Stag,
+    WcStatus,
+};
+use tcp_engine::wire::{
+    EthernetFrame, EthernetRepr, SegmentRepr, TcpFlags, TcpOptions, ETHERTYPE_IPV4,
+};
+use testbed::*;
+
+const PORT: u16 = 19_571;
+const WAIT: Duration = Duration::from_secs(20);
+const LEN: usize = 64 << 10;
+const FORGED_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x66, 0x66];
+
+fn params() -> ConnectParams {
+    ConnectParams {
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    }
+}
+
+/// The MAC address of `dev` in namespace `ns`.
+fn mac_of(ns: &str, dev: &str) -> [u8; 6] {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-o", "link", "show", dev])
+        .output()
+        .expect("ip link show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = text
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no MAC in {text:?}"));
+    let mut mac = [0u8; 6];
+    for (m, part) in mac.iter_mut().zip(hex.split(':')) {
+        *m = u8::from_str_radix(part, 16).expect("hex");
+    }
+    mac
+}
+
+/// A raw Ethernet socket on `dev` of the calling thread's namespace.
+struct RawSocket(i32);
+
+impl RawSocket {
+    fn on(dev: &str) -> RawSocket {
+        let name = std::ffi::CString::new(dev).unwrap();
+        // SAFETY: plain system calls with arguments on our stack; the descriptor is owned by
+        // the value returned and closed on drop.
+        unsafe {
+            let ifindex = libc::if_nametoindex(name.as_ptr());
+            assert_ne!(ifindex, 0, "no interface {dev}");
+            let fd = libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW,
+                i32::from((libc::ETH_P_ALL as u16).to_be()),
+            );
+            assert!(
+                fd >= 0,
+                "AF_PACKET socket: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_ifindex = ifindex as i32;
+            sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+            let rc = libc::bind(
+                fd,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+            RawSocket(fd)
+        }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: sends `frame.len()` octets from a live slice on our bound socket.
+        let n = unsafe { libc::send(self.0, frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+impl Drop for RawSocket {
+    fn drop(&mut self) {
+        // SAFETY: closes the descriptor this value owns.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// A SYN from `ADDR_B:src_port` (the peer's address) to the engine's listening port, from
+/// the forger's MAC; with `bad_checksum` its TCP checksum is off by one.
+fn forged_syn(dst_mac: [u8; 6], src_port: u16, bad_checksum: bool) -> Vec<u8> {
+    let seg = SegmentRepr {
+        src_addr: ADDR_B,
+        dst_addr: ADDR_A,
+        src_port,
+        dst_port: PORT,
+        seq: 0x1234_5678 ^ u32::from(src_port),
+        ack: 0,
+        flags: TcpFlags {
+            syn: true,
+            ..TcpFlags::default()
+        },
+        window: 64_000,
+        options: {
+            let mut o = TcpOptions::default();
+            o.mss = Some(1460);
+            o
+        },
+        payload: b"",
+    };
+    let mut frame = vec![0u8; 14 + seg.packet_len()];
+    EthernetRepr {
+        src: FORGED_MAC,
+        dst: dst_mac,
+        ethertype: ETHERTYPE_IPV4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut frame[..]));
+    let n = seg.emit(&mut frame[14..]).expect("emit");
+    frame.truncate(14 + n);
+    if bad_checksum {
+        // TCP checksum field: 14 (Ethernet) + 20 (IPv4) + 16.
+        frame[14 + 20 + 16] ^= 1;
+    }
+    frame
+}
+
+/// The engine's side: a region the peer writes into and reads back from.
+fn server(ready: mpsc::Sender<()>, done: mpsc::Receiver<()>) -> Result<(), String> {
+    let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
+    let listener = engine.listen(PORT, params()).map_err(|e| e.to_string())?;
+    let _ = ready.send(());
+    let req = listener
+        .accept_timeout(WAIT)
+        .map_err(|e| e.to_string())?
+        .ok_or("no connection")?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let mr = pd
+        .register(
+            LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .map_err(|e| e.to_string())?;
+    let mut offer = mr.stag().0.to_be_bytes().to_vec();
+    offer.extend_from_slice(&mr.base_to().to_be_bytes());
+    let conn = req.accept(&pd, &cq, &offer).map_err(|e| e.to_string())?;
+    let _ = done.recv_timeout(WAIT * 3);
+    let st = conn.qp.status();
+    drop(conn);
+    // The peer closes when it is done; anything else ended the connection early.
+    if !matches!(st.error, None | Some(datapath::QpError::PeerClosed)) {
+        return Err(format!("the engine's connection ended: {st:?}"));
+    }
+    Ok(())
+}
+
+/// One verified round: Write a pattern into the engine's region, Read it back.
+fn round(
+    qp: &datapath::QueuePair,
+    cq: &CompletionQueue,
+    src: &MemoryRegion,
+    sink: &MemoryRegion,
+    remote: (Stag, u64),
+    seed: u8,
+) -> Result<(), String> {
+    let data: Vec<u8> = (0..LEN)
+        .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+        .collect();
+    src.write(0, &data);
+    let post = |wr_id, op, mr: &MemoryRegion| {
+        qp.post_send(SendWr {
+            wr_id,
+            op,
+            sg_list: mr.sge(0, LEN as u32).into(),
+            signaled: true,
+        })
+        .map_err(|e| e.to_string())
+    };
+    let (stag, to) = remote;
+    post(
+        1,
+        SendOp::Write {
+            remote_stag: stag,
+            remote_to: to,
+        },
+        src,
+    )?;
+    post(
+        2,
+        SendOp::Read {
+            remote_stag: stag,
+            remote_to: to,
+        },
+        sink,
+    )?;
+    for _ in 0..2 {
+        let c = cq
+            .wait(WAIT)
+            .ok_or_else(|| format!("round {seed}: no completion; {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success {
+            return Err(format!("round {seed}: {c:?}; {:?}", qp.status()));
+        }
+    }
+    let mut back = vec![0u8; LEN];
+    sink.read(0, &mut back);
+    if back != data {
+        return Err(format!("round {seed}: Read brought back other bytes"));
+    }
+    Ok(())
+}
+
+#[test]
+fn syns_spoofing_a_connected_peer_leave_its_transfer_intact() {
+    let _bed = bed_or_skip!();
+    let engine_mac = mac_of(NS_A, DEV_A);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let srv = spawn_in_ns(NS_A, move || server(ready_tx, done_rx));
+    ready_rx.recv_timeout(WAIT).expect("engine ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<u32, String> {
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let src = pd.register(LEN, Access::NONE).map_err(|e| e.to_string())?;
+        let sink = pd
+            .register(LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let conn = datapath::connect(SocketAddr::from((ADDR_A, PORT)), &pd, &cq, &params(), b"")
+            .map_err(|e| format!("connect: {e}"))?;
+        let p = &conn.private_data;
+        let remote = (
+            Stag(u32::from_be_bytes(p[..4].try_into().unwrap())),
+            u64::from_be_bytes(p[4..12].try_into().unwrap()),
+        );
+        let raw = RawSocket::on(DEV_B);
+        let mut rounds = 0;
+        round(&conn.qp, &cq, &src, &sink, remote, 1)?;
+        rounds += 1;
+        // 1,000 forged SYNs, a valid and a bad checksum in turn, from other ports of the
+        // peer's address, between verified rounds.
+        for burst in 0..10u16 {
+            for k in 0..100u16 {
+                let port = 20_000 + burst * 100 + k;
+                raw.send(&forged_syn(engine_mac, port, k % 2 == 1));
+            }
+            round(&conn.qp, &cq, &src, &sink, remote, burst as u8 + 2)?;
+            rounds += 1;
+        }
+        drop(conn);
+        Ok(rounds)
+    });
+    let rounds = peer.join().expect("peer thread");
+    let _ = done_tx.send(());
+    let served = srv.join().expect("engine thread");
+    let rounds = rounds.unwrap_or_else(|e| panic!("peer: {e}"));
+    served.unwrap_or_else(|e| panic!("engine: {e}"));
+    assert_eq!(rounds, 11);
+}
