@@ -104,9 +104,13 @@ pub enum QpError {
     /// was deregistered or shrank): the connection was reset.
     #[error("transmit source gone (region deregistered), connection reset")]
     TransmitSourceFailed,
-    /// The AF_XDP engine running the queue pair stopped (or failed).
+    /// The AF_XDP engine running the queue pair was stopped.
     #[error("the AF_XDP engine stopped")]
     EngineStopped,
+    /// The AF_XDP engine running the queue pair failed (a panic or a fatal driver error in
+    /// its thread): every queue pair was flushed and XDP released.
+    #[error("the AF_XDP engine failed")]
+    EngineFailed,
     /// A local failure that should not happen (a bug): the connection was ended.
     #[error("local failure: {0}")]
     Local(&'static str),

@@ -55,4 +55,6 @@ pub(super) enum EngineCmd {
         reply: Reply<()>,
     },
     Shutdown,
+    /// Makes the engine thread panic in its turn (tests of the failure path).
+    Panic,
 }

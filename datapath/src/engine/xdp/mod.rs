@@ -381,6 +381,16 @@ impl XdpEngine {
         sum
     }
 
+    /// Makes every engine thread panic in its next turn, to test what the application sees
+    /// when the engine fails: every queue pair flushed with [`crate::QpError::EngineFailed`], later
+    /// posts refused, XDP detached.
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        for shard in &self.shards {
+            let _ = shard.handle.send(EngineCmd::Panic);
+        }
+    }
+
     /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
     /// and joins the threads. Also done on drop.
     pub fn stop(&mut self) {

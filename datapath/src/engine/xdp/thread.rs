@@ -6,12 +6,13 @@ use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant as StdInstant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
-use rdmap::RecvWr;
+use rdmap::{QpState, RecvWr};
 
 use crate::engine::IwarpConn;
 use crate::memory::ProtectionDomain;
@@ -120,6 +121,8 @@ struct Pace {
     seen: (u64, u64),
     /// What stopped the engine thread.
     error: Option<String>,
+    /// It stopped on a failure (a panic), not on request.
+    failed: bool,
     /// When the current stretch of idle turns began (only while the engine has connections).
     idle_began: Option<StdInstant>,
     /// Nanoseconds of idle stretches that have ended ([`EngineCounters::idle_ns`]).
@@ -167,6 +170,7 @@ impl Engine {
             stopping: None,
             seen: (0, 0),
             error: None,
+            failed: false,
             idle_began: None,
             idle_ns: 0,
         };
@@ -181,11 +185,24 @@ impl Engine {
                     }
                     Err(TryLockError::Poisoned(_)) => {
                         p.error = Some("an engine turn panicked on an application thread".into());
+                        p.failed = true;
                         break;
                     }
                 };
                 let Some(t) = guard.as_mut() else { break };
-                self.step(t, &mut p)
+                // A panic in a turn (a bug) ends the engine as a fatal error does: caught here,
+                // so that the connections are flushed and XDP released below.
+                match std::panic::catch_unwind(AssertUnwindSafe(|| self.step(t, &mut p))) {
+                    Ok(next) => next,
+                    Err(cause) => {
+                        p.error = Some(format!(
+                            "the engine thread panicked: {}",
+                            panic_text(&cause)
+                        ));
+                        p.failed = true;
+                        Next::Stop
+                    }
+                }
             };
             match next {
                 Next::Turn => {}
@@ -207,11 +224,25 @@ impl Engine {
         };
         let mut error = p.error;
         if let Some(mut t) = taken {
+            let failed = p.failed || t.failed.is_some();
             if error.is_none() {
                 error = t.failed.take();
             }
+            // Every queue pair is flushed (its work requests complete with `WrFlushError`, its
+            // waiters get an error) and its command channel closes (later posts fail); a
+            // connection whose state a panic left unusable is only dropped.
+            let cause = if failed {
+                QpError::EngineFailed
+            } else {
+                QpError::EngineStopped
+            };
             for (_, mut slot) in t.st.slots.drain() {
-                slot.finish(QpError::EngineStopped);
+                let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    slot.finish(cause.clone());
+                }));
+                if finished.is_err() {
+                    slot.shared.mark_finished(QpState::Error);
+                }
                 add_counters(&mut t.st.ended, &slot.conn.counters());
             }
             self.publish(&t, error, p.idle_ns);
@@ -441,6 +472,7 @@ impl Turner {
             any = true;
             match cmd {
                 EngineCmd::Shutdown => return Err(()),
+                EngineCmd::Panic => panic!("engine panic injected by a test"),
                 EngineCmd::Listen {
                     port,
                     params,
@@ -604,4 +636,13 @@ impl Turner {
         slot.table = Some(table);
         Ok(())
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
+    cause
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }

@@ -1,0 +1,131 @@
+//! An engine thread that panics (injected) fails cleanly for the application: every queue
+//! pair's outstanding work requests complete with `WrFlushError`, its status says
+//! `QpError::EngineFailed`, later posts are refused, and XDP is detached from the interface,
+//! which carries kernel TCP again at once. Needs root and the veth bed (`SKIPPED` without, a
+//! failure under `CI=true`).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    Access, CompletionQueue, ConnectParams, ProtectionDomain, QpError, RecvWr, WcStatus,
+};
+use testbed::*;
+
+const PORT: u16 = 19_581;
+const KERNEL_PORT: u16 = 19_582;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn xdp_attached(ns: &str, dev: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-d", "link", "show", dev])
+        .output()
+        .expect("ip link show");
+    String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+}
+
+#[test]
+fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        ready_rx
+            .recv_timeout(WAIT)
+            .map_err(|_| "engine not ready")?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let conn = datapath::connect(
+            SocketAddr::from((ADDR_A, PORT)),
+            &pd,
+            &cq,
+            &ConnectParams::default(),
+            b"",
+        )
+        .map_err(|e| format!("connect: {e}"))?;
+        // Wait for the engine side to have failed, then show kernel TCP works on iwa0.
+        go_rx.recv_timeout(WAIT).map_err(|_| "no go")?;
+        let s = TcpStream::connect_timeout(&SocketAddr::from((ADDR_A, KERNEL_PORT)), WAIT)
+            .map_err(|e| format!("kernel TCP to iwa after the failure: {e}"))?;
+        drop(s);
+        drop(conn);
+        Ok(())
+    });
+    let ours = spawn_in_ns(NS_A, move || -> Result<(), String> {
+        let engine =
+            XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
+        let listener = engine
+            .listen(PORT, ConnectParams::default())
+            .map_err(|e| e.to_string())?;
+        let kernel = TcpListener::bind(SocketAddr::from((ADDR_A, KERNEL_PORT)))
+            .map_err(|e| e.to_string())?;
+        ready_tx.send(()).map_err(|_| "peer gone")?;
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection")?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let buf = pd
+            .register(4096, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let recvs = (0..3)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sg_list: buf.sge(i as usize * 1024, 1024).into(),
+            })
+            .collect();
+        let conn = req
+            .accept_with_recvs(&pd, &cq, &[], recvs)
+            .map_err(|e| e.to_string())?;
+        if !xdp_attached(NS_A, DEV_A) {
+            return Err("XDP not attached while the engine runs".into());
+        }
+        engine.inject_panic();
+        // Every outstanding receive completes, flushed.
+        for i in 0..3 {
+            let c = cq
+                .wait(WAIT)
+                .ok_or_else(|| format!("receive {i} not flushed: {:?}", conn.qp.status()))?;
+            if c.wc.status != WcStatus::WrFlushError {
+                return Err(format!("{c:?}"));
+            }
+        }
+        let deadline = Instant::now() + WAIT;
+        while !conn.qp.status().finished && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = conn.qp.status();
+        if st.error != Some(QpError::EngineFailed) || !st.finished {
+            return Err(format!("status after the panic: {st:?}"));
+        }
+        // A later post is refused.
+        let post = conn.qp.post_recv(RecvWr {
+            wr_id: 9,
+            sg_list: buf.sge(0, 8).into(),
+        });
+        if post.is_ok() {
+            return Err("a post after the failure was accepted".into());
+        }
+        // XDP is released: the interface is the kernel's again.
+        while xdp_attached(NS_A, DEV_A) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if xdp_attached(NS_A, DEV_A) {
+            return Err("XDP still attached after the failure".into());
+        }
+        go_tx.send(()).map_err(|_| "peer gone")?;
+        kernel.set_nonblocking(false).map_err(|e| e.to_string())?;
+        let _ = kernel.accept().map_err(|e| format!("kernel accept: {e}"))?;
+        drop(conn);
+        drop(engine);
+        Ok(())
+    });
+    let o = ours.join().expect("engine side");
+    let p = peer.join().expect("peer side");
+    o.unwrap_or_else(|e| panic!("engine side: {e}"));
+    p.unwrap_or_else(|e| panic!("peer side: {e}"));
+}
