@@ -8,7 +8,7 @@ use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
-use crate::memory::{RegionMemory, TableSnapshot};
+use crate::memory::{RegionMemory, SharedTable, TableSnapshot};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::qp::{wc_opcode, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
@@ -62,10 +62,12 @@ pub(super) type TableView = Option<TableSnapshot>;
 pub(super) const INLINE_TABLES: usize = 4;
 
 /// The driver's view of the engine for one turn: the state plus the PD tables as of the turn's
-/// start (snapshots: no lock, see `RegionTable`).
+/// start (snapshots: no lock, see `RegionTable`), read again when a work request arrives.
 pub(super) struct App<'a> {
     pub(super) st: &'a mut State,
-    pub(super) mem: &'a [TableView],
+    pub(super) mem: &'a mut [TableView],
+    /// The tables themselves, for reading a newer version.
+    pub(super) tables: &'a [SharedTable],
 }
 
 fn table_of<'t>(
@@ -156,6 +158,16 @@ impl TcpApp for App<'_> {
         let Some(slot) = slots.get_mut(&id) else {
             return;
         };
+        // A work request may name a region registered after this turn read the tables: the
+        // turn reads its PD's table again (the rest of the turn, transmission included, then
+        // sees that version or a newer one; versions only move forward).
+        if let (Some(rx), Some(i)) = (&slot.cmds, slot.table) {
+            if !rx.is_empty() {
+                if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
+                    *view = Some(table.snapshot());
+                }
+            }
+        }
         let mem = table_of(slot.table, self.mem, scratch);
         // Work requests from the application.
         if let Some(rx) = &slot.cmds {

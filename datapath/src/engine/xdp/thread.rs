@@ -65,18 +65,19 @@ impl Turner {
             // allocation for the usual handful of PDs.
             let mut inline: [TableView; INLINE_TABLES] = Default::default();
             let mut heap: Vec<TableView> = Vec::new();
-            let mem: &[TableView] = if self.tables.len() <= INLINE_TABLES {
+            let mem: &mut [TableView] = if self.tables.len() <= INLINE_TABLES {
                 for (g, t) in inline.iter_mut().zip(&self.tables) {
                     *g = Some(t.snapshot());
                 }
-                &inline[..self.tables.len()]
+                &mut inline[..self.tables.len()]
             } else {
                 heap.extend(self.tables.iter().map(|t| Some(t.snapshot())));
-                &heap
+                &mut heap
             };
             let mut app = App {
                 st: &mut self.st,
                 mem,
+                tables: &self.tables,
             };
             match self.xdp.poll(&mut app) {
                 Ok(w) => work = w,
@@ -321,6 +322,7 @@ impl Engine {
         let app = App {
             st: &mut t.st,
             mem: &mut [],
+            tables: &[],
         };
         // A stopping engine sleeps no longer than its remaining grace period.
         let max = match p.stopping {
