@@ -23,7 +23,9 @@
 //! **Next hop.** An active open resolves the route and the neighbour (ARP) entry through
 //! rtnetlink first ([`crate::xsk::resolve_next_hop`], blocking up to
 //! [`XdpTcpConfig::neighbour_timeout`]; the route must leave through our interface). A passive
-//! open answers the MAC address its SYN came from. Any other destination (a RST for a stray
+//! open answers the MAC address its SYN came from, learned only once the SYN passed every
+//! check and opened a connection, and only for an address nothing is known of (a forged SYN
+//! cannot redirect a known peer's traffic). Any other destination (a RST for a stray
 //! segment) is looked up once in the kernel's neighbour table (not resolved); unknown, the
 //! packet is dropped and counted ([`XdpTcpStats::tx_no_mac`]).
 //!
