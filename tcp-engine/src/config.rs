@@ -99,6 +99,11 @@ pub struct Config {
     pub max_rto: Duration,
     /// Retransmission timeouts in a row before the connection is aborted.
     pub max_retransmissions: u32,
+    /// SYN-ACK retransmissions before a half-open connection (SYN-RECEIVED) is dropped.
+    /// Default 5, as Linux's `tcp_synack_retries`: about a minute with the 1 s initial RTO
+    /// (1 + 2 + 4 + 8 + 16 + 32 s), so that a peer that never completes the handshake holds a
+    /// listener's backlog slot no longer.
+    pub max_synack_retransmissions: u32,
     /// Delayed-ACK timeout (RFC 1122 4.2.3.2, RFC 5681 4.2: < 500 ms, ACK at
     /// least every second full segment); `None` acks every segment.
     /// Default 500 us.
@@ -162,6 +167,7 @@ impl Default for Config {
             min_rto: Duration::from_millis(5),
             max_rto: Duration::from_secs(60),
             max_retransmissions: 15,
+            max_synack_retransmissions: 5,
             delayed_ack: Some(Duration::from_micros(500)),
             quickack_segments: 16,
             ack_every_segments: 2,

@@ -1069,7 +1069,13 @@ impl Connection {
     fn on_rto(&mut self, now: Instant) {
         self.stats.rto_expirations += 1;
         self.rto_retries += 1;
-        if self.rto_retries > self.cfg.max_retransmissions {
+        let limit = match self.state {
+            // A half-open connection ties up a listener's backlog: bounded like Linux's
+            // tcp_synack_retries (5: about a minute with a 1 s initial RTO).
+            State::SynReceived => self.cfg.max_synack_retransmissions,
+            _ => self.cfg.max_retransmissions,
+        };
+        if self.rto_retries > limit {
             self.abort_timed_out();
             return;
         }

@@ -383,3 +383,43 @@ fn the_table_wide_challenge_ack_limit_holds_across_connections() {
         );
     }
 }
+
+/// A SYN whose SYN-ACKs are never answered holds its listener's backlog slot about a minute,
+/// as Linux's `tcp_synack_retries` (5): six SYN-ACKs (1 + 2 + 4 + 8 + 16 + 32 s apart), then
+/// the half-open connection is dropped.
+#[test]
+fn a_half_open_connection_gives_up_after_five_syn_ack_retransmissions() {
+    let mut server = ConnectionTable::new([6; 16], 4);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
+    let start = Instant::from_millis(1);
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let client = tuple(7);
+    server
+        .handle_packet(start, &raw(client, 1000, 0, syn), |_, _| {})
+        .expect("SYN");
+    assert_eq!(server.len(), 1, "half-open");
+    let mut buf = [0u8; 2048];
+    let mut syn_acks = 0;
+    let mut now = start;
+    let end = start + core::time::Duration::from_secs(120);
+    while now < end && !server.is_empty() {
+        while server.poll_transmit(now, &mut buf).is_some() {
+            syn_acks += 1;
+        }
+        now = match server.poll_timeout() {
+            Some(t) if t > now => t,
+            _ => now + core::time::Duration::from_millis(100),
+        };
+        server.handle_timeout(now);
+    }
+    assert_eq!(server.len(), 0, "dropped");
+    assert_eq!(syn_acks, 6, "the SYN-ACK and five retransmissions");
+    let held = now - start;
+    assert!(
+        held >= core::time::Duration::from_secs(60) && held <= core::time::Duration::from_secs(70),
+        "held for {held:?}"
+    );
+}
