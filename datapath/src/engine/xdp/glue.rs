@@ -158,17 +158,6 @@ impl TcpApp for App<'_> {
         let Some(slot) = slots.get_mut(&id) else {
             return;
         };
-        // A work request may name a region registered after this turn read the tables: the
-        // turn reads its PD's table again (the rest of the turn, transmission included, then
-        // sees that version or a newer one; versions only move forward).
-        if let (Some(rx), Some(i)) = (&slot.cmds, slot.table) {
-            if !rx.is_empty() {
-                if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
-                    *view = Some(table.snapshot());
-                }
-            }
-        }
-        let mem = table_of(slot.table, self.mem, scratch);
         // Work requests from the application.
         if let Some(rx) = &slot.cmds {
             let mut close = false;
@@ -179,6 +168,17 @@ impl TcpApp for App<'_> {
                     Err(TryRecvError::Disconnected) => Cmd::Close,
                 };
                 *progress = true;
+                // The request may name a region registered after this turn read the tables
+                // (but before the request was posted, so before it was taken here): read the
+                // PD's table again. The rest of the turn, transmission included, sees that
+                // version or a newer one (versions only move forward). One atomic load per
+                // work request, none per packet.
+                if let Some(i) = slot.table {
+                    if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
+                        *view = Some(table.snapshot());
+                    }
+                }
+                let mem = table_of(slot.table, self.mem, scratch);
                 match cmd {
                     Cmd::Send(wr) => {
                         let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
@@ -206,6 +206,7 @@ impl TcpApp for App<'_> {
                 }
             }
         }
+        let mem = table_of(slot.table, self.mem, scratch);
         slot.conn.poll(tcp, mem, now);
         while let Some(ev) = slot.conn.poll_event() {
             *progress = true;
