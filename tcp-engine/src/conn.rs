@@ -410,6 +410,10 @@ pub struct Connection {
     time_wait_deadline: Option<Instant>,
     keepalive_deadline: Option<Instant>,
     keepalive_unanswered: u32,
+    /// When the last segment arrived. The keepalive deadline is not moved per segment (that
+    /// would reschedule the connection's timer on every packet): when it expires, a segment
+    /// heard since re-arms it from here instead of a probe going out.
+    last_heard: Instant,
     /// Since when data has waited on the peer without progress (unacknowledged, or unsent
     /// behind a closed window): the user timeout counts from here.
     stalled_since: Option<Instant>,
@@ -538,6 +542,7 @@ impl Connection {
             time_wait_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
+            last_heard: now,
             stalled_since: None,
             challenge_window_start: now,
             challenge_count: 0,
@@ -1043,7 +1048,13 @@ impl Connection {
         }
         if self.keepalive_deadline.is_some_and(|d| d <= now) {
             self.keepalive_deadline = None;
-            if let Some((_, interval, count)) = self.cfg.keepalive {
+            if let Some((idle, interval, count)) = self.cfg.keepalive {
+                let quiet_until = self.last_heard + idle;
+                if self.keepalive_unanswered == 0 && quiet_until > now {
+                    // Heard from the peer within `idle`: no probe yet.
+                    self.keepalive_deadline = Some(quiet_until);
+                    return;
+                }
                 if self.keepalive_unanswered >= count {
                     self.abort_timed_out();
                     return;
@@ -1198,12 +1209,14 @@ impl Connection {
         mut pass_up: F,
     ) {
         self.stats.segments_in += 1;
-        if self.cfg.keepalive.is_some() {
-            self.keepalive_unanswered = 0;
-            if let Some((idle, _, _)) = self.cfg.keepalive {
-                if self.state.synchronized() {
-                    self.keepalive_deadline = Some(now + idle);
-                }
+        if let Some((idle, _, _)) = self.cfg.keepalive {
+            self.last_heard = now;
+            if self.keepalive_unanswered > 0 {
+                // A probe was answered (or anything else came): back to idle watching.
+                self.keepalive_unanswered = 0;
+                self.keepalive_deadline = Some(now + idle);
+            } else if self.keepalive_deadline.is_none() && self.state.synchronized() {
+                self.keepalive_deadline = Some(now + idle);
             }
         }
         match self.state {
