@@ -514,7 +514,16 @@ impl RegionBuffer for PinnedBuffer {
 /// buffer stays alive until then (`Arc`), so a transfer in flight never touches freed memory.
 pub(crate) struct RegionTable {
     current: ArcSwap<MemoryTable<RegionMemory>>,
+    /// Bumped after each publication: a reader compares it with the version it holds (one
+    /// load) before it reads the table again.
+    version: AtomicU64,
     writer: Mutex<()>,
+}
+
+/// A table version a transport holds, with its number ([`RegionTable::versioned`]).
+pub(crate) struct TableVersion {
+    pub(crate) version: u64,
+    pub(crate) table: TableSnapshot,
 }
 
 pub(crate) type SharedTable = Arc<RegionTable>;
@@ -543,6 +552,7 @@ impl RegionTable {
     fn new() -> Self {
         RegionTable {
             current: ArcSwap::from_pointee(MemoryTable::with_secret(random_u64())),
+            version: AtomicU64::new(0),
             writer: Mutex::new(()),
         }
     }
@@ -550,6 +560,21 @@ impl RegionTable {
     /// The current version (lock-free).
     pub(crate) fn snapshot(&self) -> TableSnapshot {
         self.current.load_full()
+    }
+
+    /// The current version with its number (the number read first: the table is at least
+    /// that new).
+    pub(crate) fn versioned(&self) -> TableVersion {
+        let version = self.version.load(Ordering::Acquire);
+        TableVersion {
+            version,
+            table: self.current.load_full(),
+        }
+    }
+
+    /// Whether a change was published since `held` was read (one atomic load).
+    pub(crate) fn changed_since(&self, held: &TableVersion) -> bool {
+        self.version.load(Ordering::Acquire) != held.version
     }
 
     /// Applies `change` to a copy of the current version and publishes the copy. O(regions);
@@ -560,6 +585,7 @@ impl RegionTable {
         let mut next = MemoryTable::clone(&self.current.load());
         let out = change(&mut next);
         self.current.store(Arc::new(next));
+        self.version.fetch_add(1, Ordering::Release);
         out
     }
 

@@ -8,7 +8,7 @@ use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
-use crate::memory::{RegionMemory, SharedTable, TableSnapshot};
+use crate::memory::{RegionMemory, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::qp::{wc_opcode, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
@@ -17,7 +17,7 @@ use crate::{DatapathError, QpError};
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
-use super::wake::State;
+use super::wake::{State, TableView};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -55,12 +55,6 @@ pub(super) fn tx_mode(cfg: &XdpEngineConfig) -> tcp_engine::TxMode {
     }
 }
 
-/// A PD table's version read for one turn (`None` past the tables in use).
-pub(super) type TableView = Option<TableSnapshot>;
-
-/// PD tables read per turn without allocating: this many on the stack, more on the heap.
-pub(super) const INLINE_TABLES: usize = 4;
-
 /// The driver's view of the engine for one turn: the state plus the PD tables as of the turn's
 /// start (snapshots: no lock, see `RegionTable`), read again when a work request arrives.
 pub(super) struct App<'a> {
@@ -75,8 +69,8 @@ fn table_of<'t>(
     mem: &'t [TableView],
     scratch: &'t MemoryTable<RegionMemory>,
 ) -> &'t MemoryTable<RegionMemory> {
-    match table.and_then(|i| mem.get(i)).and_then(|g| g.as_deref()) {
-        Some(g) => g,
+    match table.and_then(|i| mem.get(i)).and_then(Option::as_ref) {
+        Some(v) => &v.table,
         None => scratch,
     }
 }
@@ -175,7 +169,9 @@ impl TcpApp for App<'_> {
                 // work request, none per packet.
                 if let Some(i) = slot.table {
                     if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
-                        *view = Some(table.snapshot());
+                        if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                            *view = Some(table.versioned());
+                        }
                     }
                 }
                 let mem = table_of(slot.table, self.mem, scratch);

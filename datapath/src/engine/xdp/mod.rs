@@ -184,6 +184,7 @@ fn spawn_shard(
                 cfg: cfg.clone(),
             },
             tables: Vec::new(),
+            views: Vec::new(),
             xdp,
             failed: None,
         };

@@ -22,7 +22,7 @@ use crate::{DatapathError, QpError};
 
 use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
-use super::glue::{tx_mode, App, TableView, INLINE_TABLES};
+use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
 use super::wake::{next_park, Core, Turner, Wake, AWAKE, PARK, PARKED, SLEEPING};
 
@@ -60,23 +60,17 @@ impl Turner {
         self.st.wake.pending.swap(false, Ordering::SeqCst);
         let mut work;
         {
-            // Each PD table's current version is read once per turn, not per packet, without a
-            // lock (a registration never makes a turn wait, nor a turn a registration); no
-            // allocation for the usual handful of PDs.
-            let mut inline: [TableView; INLINE_TABLES] = Default::default();
-            let mut heap: Vec<TableView> = Vec::new();
-            let mem: &mut [TableView] = if self.tables.len() <= INLINE_TABLES {
-                for (g, t) in inline.iter_mut().zip(&self.tables) {
-                    *g = Some(t.snapshot());
+            // Each PD table's version number is compared once per turn (one load, no lock: a
+            // registration never makes a turn wait, nor a turn a registration); a table is read
+            // again only when it changed.
+            for (view, table) in self.views.iter_mut().zip(&self.tables) {
+                if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                    *view = Some(table.versioned());
                 }
-                &mut inline[..self.tables.len()]
-            } else {
-                heap.extend(self.tables.iter().map(|t| Some(t.snapshot())));
-                &mut heap
-            };
+            }
             let mut app = App {
                 st: &mut self.st,
-                mem,
+                mem: &mut self.views,
                 tables: &self.tables,
             };
             match self.xdp.poll(&mut app) {
@@ -175,47 +169,16 @@ impl Engine {
             idle_began: None,
             idle_ns: 0,
         };
-        loop {
-            let next = {
-                let mut guard = match self.core.try_lock() {
-                    Ok(g) => g,
-                    // An application thread runs a turn: let it finish.
-                    Err(TryLockError::WouldBlock) => {
-                        std::thread::yield_now();
-                        continue;
-                    }
-                    Err(TryLockError::Poisoned(_)) => {
-                        p.error = Some("an engine turn panicked on an application thread".into());
-                        p.failed = true;
-                        break;
-                    }
-                };
-                let Some(t) = guard.as_mut() else { break };
-                // A panic in a turn (a bug) ends the engine as a fatal error does: caught here,
-                // so that the connections are flushed and XDP released below.
-                match std::panic::catch_unwind(AssertUnwindSafe(|| self.step(t, &mut p))) {
-                    Ok(next) => next,
-                    Err(cause) => {
-                        p.error = Some(format!(
-                            "the engine thread panicked: {}",
-                            panic_text(&cause)
-                        ));
-                        p.failed = true;
-                        Next::Stop
-                    }
-                }
-            };
-            match next {
-                Next::Turn => {}
-                Next::Spin => std::hint::spin_loop(),
-                Next::Yield => std::thread::yield_now(),
-                Next::Park => {
-                    self.park(&mut p);
-                    p.idle = 0;
-                    p.idle_since = None;
-                }
-                Next::Stop => break,
-            }
+        // A panic in a turn (a bug) ends the engine as a fatal error does: caught here, once
+        // around the whole loop (nothing per turn), so that the connections are flushed and
+        // XDP released below. The guard it poisons is read with `into_inner` there.
+        let looped = std::panic::catch_unwind(AssertUnwindSafe(|| self.turns(&mut p)));
+        if let Err(cause) = looped {
+            p.error = Some(format!(
+                "the engine thread panicked: {}",
+                panic_text(&cause)
+            ));
+            p.failed = true;
         }
         // Take the state out (application turns find `None` from now on) and end it here, on
         // the engine thread (detaching XDP belongs to the thread that attached it).
@@ -250,6 +213,40 @@ impl Engine {
         } else {
             let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             c.error = error;
+        }
+    }
+
+    /// The engine thread's loop: turns, spins, yields and parks until it stops.
+    fn turns(&mut self, p: &mut Pace) {
+        loop {
+            let next = {
+                let mut guard = match self.core.try_lock() {
+                    Ok(g) => g,
+                    // An application thread runs a turn: let it finish.
+                    Err(TryLockError::WouldBlock) => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    Err(TryLockError::Poisoned(_)) => {
+                        p.error = Some("an engine turn panicked on an application thread".into());
+                        p.failed = true;
+                        break;
+                    }
+                };
+                let Some(t) = guard.as_mut() else { break };
+                self.step(t, p)
+            };
+            match next {
+                Next::Turn => {}
+                Next::Spin => std::hint::spin_loop(),
+                Next::Yield => std::thread::yield_now(),
+                Next::Park => {
+                    self.park(p);
+                    p.idle = 0;
+                    p.idle_since = None;
+                }
+                Next::Stop => break,
+            }
         }
     }
 
@@ -459,6 +456,7 @@ impl Turner {
             return i;
         }
         self.tables.push(pd.table.clone());
+        self.views.push(None);
         self.tables.len() - 1
     }
 

@@ -18,7 +18,7 @@ use crossbeam_channel::Sender;
 use rdmap::MemoryTable;
 
 use crate::engine::ConnCounters;
-use crate::memory::{RegionMemory, SharedTable};
+use crate::memory::{RegionMemory, SharedTable, TableVersion};
 use crate::verbs::cm::ConnectParams;
 #[cfg(doc)]
 use crate::verbs::cq::CompletionQueue;
@@ -164,11 +164,18 @@ impl EngineDriver for Wake {
 /// thread ever waits on it. `None` once the engine thread has stopped.
 pub(super) type Core = Mutex<Option<Turner>>;
 
+/// A PD table's version as the turns read it (`None` until first read).
+pub(super) type TableView = Option<TableVersion>;
+
 /// Everything one engine turn needs: connections, PD tables, the driver.
 pub(super) struct Turner {
     pub(super) st: State,
     /// The registration tables of the PDs the engine's connections use.
     pub(super) tables: Vec<SharedTable>,
+    /// The version of each table the turns read (`None` until first read), kept across turns:
+    /// a turn only compares version numbers (one load each) and reads a table again when it
+    /// changed.
+    pub(super) views: Vec<TableView>,
     pub(super) xdp: XdpTcp,
     /// The driver error of a turn, for the engine thread to stop on.
     pub(super) failed: Option<String>,
