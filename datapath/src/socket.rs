@@ -437,14 +437,9 @@ impl Engine {
         self.shared.mark_finished(self.qp.state());
     }
 
-    /// Records what ended the connection; a Terminate the peer sent is the cause of whatever
-    /// failed after it (the peer closes once it has sent one).
+    /// Records what ended the connection (see `Shared::set_error`).
     fn set_error(&self, error: QpError) {
-        let error = self
-            .qp
-            .remote_terminate()
-            .map_or(error, QpError::RemoteTerminate);
-        self.shared.set_error(error);
+        self.shared.set_error(error, self.qp.remote_terminate());
     }
 
     fn handle_commands(&mut self) -> bool {

@@ -284,11 +284,10 @@ impl CompletionChannel {
     pub fn wait_event(&self, timeout: Duration) -> Option<CompletionQueue> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(cq) = self.get_event() {
-                return Some(cq);
-            }
-            if !self.inner.wait_readable(deadline) {
-                return None;
+            let left = deadline.saturating_duration_since(Instant::now());
+            // An event of a queue dropped since is skipped, as `get_event` does.
+            if let Some(inner) = self.inner.pop_wait(left)?.upgrade() {
+                return Some(CompletionQueue { inner });
             }
         }
     }

@@ -106,8 +106,11 @@ impl Shared {
         self.status.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what ended the connection, unless a cause is known already.
-    pub(crate) fn set_error(&self, error: QpError) {
+    /// Records what ended the connection, unless a cause is known already. A Terminate the
+    /// peer sent (`remote`) is the cause of whatever failed after it (the peer closes once it
+    /// has sent one).
+    pub(crate) fn set_error(&self, error: QpError, remote: Option<TerminateInfo>) {
+        let error = remote.map_or(error, QpError::RemoteTerminate);
         let mut st = self.lock();
         if st.error.is_none() {
             st.error = Some(error);

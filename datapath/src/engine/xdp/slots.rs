@@ -56,15 +56,10 @@ impl Slot {
         }
     }
 
-    /// Records what ended the connection; a Terminate the peer sent is the cause of whatever
-    /// failed after it (the peer closes once it has sent one).
+    /// Records what ended the connection (see `Shared::set_error`).
     pub(super) fn set_error(&self, error: QpError) {
-        let error = self
-            .conn
-            .qp()
-            .remote_terminate()
-            .map_or(error, QpError::RemoteTerminate);
-        self.shared.set_error(error);
+        self.shared
+            .set_error(error, self.conn.qp().remote_terminate());
     }
 
     pub(super) fn fail_waiter(&mut self, e: DatapathError) {
