@@ -80,7 +80,7 @@ pub use rdmap::{
     WorkCompletion, MAX_SGE,
 };
 pub use socket::connect;
-pub use verbs::cm::{ConnectParams, ConnectRequest, Connection, Keepalive, Listener};
+pub use verbs::cm::{ConnectParams, ConnectRequest, Connection, Keepalive, ListenStats, Listener};
 pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
 pub use verbs::qp::{QpStatus, QueuePair};

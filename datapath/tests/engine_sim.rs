@@ -60,6 +60,8 @@ struct Side {
     corrupt: Option<Corruptor>,
     /// Reject the Request instead of accepting it.
     reject: bool,
+    /// Leave the Request unanswered (an application that never calls accept or reject).
+    ignore_request: bool,
     /// Ignore every packet that arrives (withholds the peer's ACKs).
     deaf: bool,
 }
@@ -70,7 +72,7 @@ impl Side {
         self.iw.take_tcp_events(tcp);
         self.iw.poll(tcp, &self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
-            if let ConnEvent::Request(_) = ev {
+            if let (ConnEvent::Request(_), false) = (&ev, self.ignore_request) {
                 for wr in self.pre_recvs.drain(..) {
                     self.iw.qp_mut().post_recv(wr, &self.mem).expect("pre-post");
                 }
@@ -214,6 +216,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         pre_recvs: Vec::new(),
         corrupt: None,
         reject: false,
+        ignore_request: false,
         deaf: false,
     };
     let b = Side {
@@ -227,6 +230,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         pre_recvs: Vec::new(),
         corrupt: None,
         reject: false,
+        ignore_request: false,
         deaf: false,
     };
     let net = Network::new(link.clone(), link, seed);
@@ -805,6 +809,42 @@ fn reject_reports_private_data_and_closes() {
     assert!(bed.a.events.contains(&ConnEvent::Rejected {
         private_data: b"go away".to_vec()
     }));
+    assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
+}
+
+/// A Request the application never answers holds the connection only until
+/// `MpaConfig::accept_timeout`: then the responder fails with `AcceptTimeout` and closes, and
+/// the initiator's startup ends too.
+#[test]
+fn an_unanswered_request_times_out_and_closes() {
+    let mpa = MpaConfig {
+        accept_timeout: Duration::from_secs(3),
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(11, LinkConfig::default(), mpa);
+    bed.b.ignore_request = true;
+    bed.run_until("Request delivered", Duration::from_secs(2), |_, b| {
+        b.events.iter().any(|e| matches!(e, ConnEvent::Request(_)))
+    });
+    let asked = bed.net.now;
+    bed.run_until("accept timeout", Duration::from_secs(10), |a, b| {
+        let b_failed = b
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::StartupFailed(mpa::MpaError::AcceptTimeout)));
+        let a_ended = a.events.iter().any(|e| {
+            matches!(
+                e,
+                ConnEvent::StartupFailed(_) | ConnEvent::TransportClosed(_)
+            )
+        });
+        b_failed && a_ended
+    });
+    let waited = bed.net.now.saturating_since(asked);
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_secs(5),
+        "the unanswered Request was cut off after {waited:?}, not at the 3 s accept timeout"
+    );
     assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
 }
 

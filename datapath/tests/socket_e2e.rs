@@ -162,27 +162,24 @@ fn revision_interoperation() {
 
     let listener = Listener::bind(any_port(), params(mpa(1, true, false))).unwrap();
     let addr = listener.local_addr().unwrap();
-    let (client, server) = (Side::new(), Side::new());
-    let (c, s) = establish(
-        &listener,
+    let client = Side::new();
+    let c = datapath::connect(
         addr,
-        &client,
+        &client.pd,
+        &client.cq,
         &params(mpa(2, true, false)),
         &[],
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: vec![],
-        },
-    );
-    assert!(
-        matches!(s, Err(DatapathError::Mpa(mpa::MpaError::InvalidFrame(_)))),
-        "{:?}",
-        s.err()
     );
     assert!(
         c.is_err(),
         "client connected to a responder that refused it"
+    );
+    // The refused Request never reaches `accept`; the listener counts it with its error.
+    let stats = listener.stats();
+    assert_eq!(stats.refused, 1, "{stats:?}");
+    assert!(
+        matches!(stats.last_refusal, Some(mpa::MpaError::InvalidFrame(_))),
+        "{stats:?}"
     );
     let info = verified_transfers(
         &listener,

@@ -23,6 +23,12 @@ pub enum MpaError {
     #[error("MPA startup timed out")]
     StartupTimeout,
 
+    /// Responder: a valid Request waited longer than `MpaConfig::accept_timeout` for the ULP to
+    /// accept or reject it; the connection is closed (as for [`MpaError::StartupTimeout`], code
+    /// 1, nothing is sent).
+    #[error("the MPA Request was neither accepted nor rejected in time")]
+    AcceptTimeout,
+
     /// The Responder rejected the connection (Reply with R=1, RFC 5044 section 7.1.2 rule 3),
     /// or this side rejected it. MPA is left and the TCP connection is closed by the ULP, so
     /// this maps to code 1 (connection closed); it is never sent in a Terminate because the
@@ -139,7 +145,10 @@ impl MpaError {
     /// of the Terminate ErrCode field with Layer 0x2 and Error Type 0x0.
     pub fn code(&self) -> u8 {
         match self {
-            MpaError::ConnectionLost | MpaError::StartupTimeout | MpaError::Rejected => 1,
+            MpaError::ConnectionLost
+            | MpaError::StartupTimeout
+            | MpaError::AcceptTimeout
+            | MpaError::Rejected => 1,
             MpaError::CrcMismatch { .. } => 2,
             MpaError::MarkerMismatch { .. } | MpaError::ReceivedUlpduTooLong { .. } => 3,
             MpaError::InvalidKey
@@ -163,6 +172,7 @@ mod tests {
     fn codes_follow_rfc5044_and_rfc6581() {
         assert_eq!(MpaError::ConnectionLost.code(), 1);
         assert_eq!(MpaError::StartupTimeout.code(), 1);
+        assert_eq!(MpaError::AcceptTimeout.code(), 1);
         assert_eq!(MpaError::Rejected.code(), 1);
         let crc = MpaError::CrcMismatch {
             computed: 1,

@@ -67,6 +67,10 @@ pub struct MpaConfig {
     /// How long the startup may take before it fails (RFC 5044 section 7.1.2 rules 8 and 10).
     /// Default 10 s.
     pub timeout: Duration,
+    /// Responder: how long a valid Request may wait for the ULP's accept or reject before the
+    /// connection fails with [`MpaError::AcceptTimeout`], so that a peer whose Request nobody
+    /// answers holds nothing for good. Counted from the Request's arrival. Default 10 s.
+    pub accept_timeout: Duration,
     /// Responder: hold our first FPDU until the Initiator's first one arrived (RFC 5044
     /// section 7.1.2 rule 4). Default true. Linux siw's responder does not wait, and siw as
     /// rdma_cm Initiator asks for no RTR when the ULP requested no RDMA Reads (IRD = ORD = 0,
@@ -89,6 +93,7 @@ impl Default for MpaConfig {
             rtr_read: true,
             max_private_data: MAX_PRIVATE_DATA,
             timeout: Duration::from_secs(10),
+            accept_timeout: Duration::from_secs(10),
             responder_waits_for_fpdu: true,
         }
     }
@@ -617,6 +622,7 @@ impl Responder {
         };
         match info {
             Ok(info) => {
+                self.deadline = deadline(now, self.config.accept_timeout);
                 self.state = ResponderState::RequestReceived(info.clone());
                 Ok((consumed, Some(info)))
             }
@@ -785,22 +791,28 @@ impl Responder {
         Ok(reply)
     }
 
-    /// When [`Responder::handle_timeout`] must be called if no Request has arrived; `None`
-    /// once it has.
+    /// When [`Responder::handle_timeout`] must be called: while the Request is awaited, and
+    /// while it waits for the ULP's answer; `None` once answered.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
-            ResponderState::AwaitingRequest(_) => self.deadline,
+            ResponderState::AwaitingRequest(_) | ResponderState::RequestReceived(_) => {
+                self.deadline
+            }
             _ => None,
         }
     }
 
     /// Fails the startup with [`MpaError::StartupTimeout`] if the deadline has passed while
     /// still waiting for the Request (RFC 5044 section 7.1.2 rule 8: Responder/Responder
-    /// startups).
+    /// startups), or with [`MpaError::AcceptTimeout`] if the ULP left a valid Request
+    /// unanswered for [`MpaConfig::accept_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), MpaError> {
         match &self.state {
             ResponderState::AwaitingRequest(_) if timed_out(self.deadline, now) => {
                 Err(self.fail(MpaError::StartupTimeout))
+            }
+            ResponderState::RequestReceived(_) if timed_out(self.deadline, now) => {
+                Err(self.fail(MpaError::AcceptTimeout))
             }
             ResponderState::Failed(error) => Err(error.clone()),
             _ => Ok(()),

@@ -612,12 +612,30 @@ fn startup_times_out() {
         Err(MpaError::StartupTimeout)
     );
 
-    // Once the Request is in, the Responder's startup timer stops.
+    // Once the Request is in, the startup timer gives way to the accept timer: the ULP has
+    // `accept_timeout` from the Request's arrival to answer it.
+    let config = MpaConfig {
+        accept_timeout: Duration::from_secs(5),
+        ..config
+    };
     let initiator = Initiator::new(config.clone(), &[], start).unwrap();
-    let (mut responder, _) = responder_with(config, initiator.request(), start);
+    let arrival = start + Duration::from_secs(1);
+    let (mut responder, _) = responder_with(config.clone(), initiator.request(), arrival);
+    let accept_deadline = arrival + Duration::from_secs(5);
+    assert_eq!(responder.poll_timeout(), Some(accept_deadline));
+    assert_eq!(responder.handle_timeout(deadline), Ok(()));
+    let error = responder.handle_timeout(accept_deadline).unwrap_err();
+    assert_eq!(error, MpaError::AcceptTimeout);
+    assert_eq!(error.code(), 1);
+    assert_eq!(responder.poll_timeout(), None);
+    assert_eq!(responder.accept(&[]).unwrap_err(), MpaError::AcceptTimeout);
+
+    // Answered in time, no timer is left.
+    let (mut responder, _) = responder_with(config, initiator.request(), arrival);
+    responder.accept(&[]).unwrap();
     assert_eq!(responder.poll_timeout(), None);
     assert_eq!(
-        responder.handle_timeout(deadline + Duration::from_secs(60)),
+        responder.handle_timeout(accept_deadline + Duration::from_secs(60)),
         Ok(())
     );
 }

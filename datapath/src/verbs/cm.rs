@@ -5,9 +5,10 @@
 //! [`ListenProvider`] and [`PendingProvider`], so this module names neither.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mpa::{MpaConfig, RequestInfo};
+use mpa::{MpaConfig, MpaError, RequestInfo};
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
@@ -37,6 +38,11 @@ pub struct ConnectParams {
     /// this long on the peer without progress (unacknowledged, or behind a window that never
     /// opens) ends the connection. Default 30 s; `None` leaves only the retransmission limit.
     pub user_timeout: Option<Duration>,
+    /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
+    /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
+    /// Reply with R=1) and its connection closed; one left unanswered fails after
+    /// `mpa.accept_timeout`. Default 64.
+    pub backlog: usize,
 }
 
 /// TCP keepalive settings (RFC 9293 3.8.4; `SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
@@ -81,6 +87,7 @@ impl Default for ConnectParams {
             srq: None,
             keepalive: Some(Keepalive::default()),
             user_timeout: Some(Duration::from_secs(30)),
+            backlog: 64,
         }
     }
 }
@@ -91,6 +98,62 @@ pub struct Connection {
     pub qp: QueuePair,
     /// Private data from the peer's MPA Request (at the responder) or Reply (at the initiator).
     pub private_data: Vec<u8>,
+}
+
+/// What a listener turned away, by cause ([`Listener::stats`]). Peers that never become
+/// connections leave a count here rather than an error at [`Listener::accept`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListenStats {
+    /// Connections closed because their Request was malformed or unacceptable (RFC 5044
+    /// 7.1.2: bad key, unsupported revision, private data too long, ...); `last_refusal`
+    /// names the latest.
+    pub refused: u64,
+    /// Connections closed because their Request was not complete within `MpaConfig::timeout`.
+    pub startup_timeouts: u64,
+    /// Connections the peer closed or reset before its Request was complete.
+    pub closed_early: u64,
+    /// Requests rejected (Reply with R=1) because `ConnectParams::backlog` Requests already
+    /// waited for the application.
+    pub over_backlog: u64,
+    /// Requests the application left unanswered past `MpaConfig::accept_timeout`.
+    pub accept_timeouts: u64,
+    /// The MPA error of the latest refused Request.
+    pub last_refusal: Option<MpaError>,
+}
+
+/// A listener's [`ListenStats`], kept by the transport that reads its Requests (failures only:
+/// nothing on the per-packet path).
+#[derive(Debug, Default)]
+pub(crate) struct ListenRecord(Mutex<ListenStats>);
+
+impl ListenRecord {
+    fn update(&self, f: impl FnOnce(&mut ListenStats)) {
+        if let Ok(mut stats) = self.0.lock() {
+            f(&mut stats);
+        }
+    }
+
+    /// A connection's startup failed before the application accepted it.
+    pub(crate) fn startup_failed(&self, error: &MpaError) {
+        self.update(|s| match error {
+            MpaError::StartupTimeout => s.startup_timeouts += 1,
+            MpaError::AcceptTimeout => s.accept_timeouts += 1,
+            MpaError::ConnectionLost => s.closed_early += 1,
+            other => {
+                s.refused += 1;
+                s.last_refusal = Some(other.clone());
+            }
+        });
+    }
+
+    /// A Request was rejected because the backlog was full.
+    pub(crate) fn over_backlog(&self) {
+        self.update(|s| s.over_backlog += 1);
+    }
+
+    fn snapshot(&self) -> ListenStats {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
 }
 
 /// A transport's listening port.
@@ -131,11 +194,25 @@ pub(crate) trait PendingProvider: Send {
 pub struct Listener {
     inner: Box<dyn ListenProvider>,
     params: ConnectParams,
+    record: Arc<ListenRecord>,
 }
 
 impl Listener {
-    pub(crate) fn from_provider(inner: Box<dyn ListenProvider>, params: ConnectParams) -> Self {
-        Self { inner, params }
+    pub(crate) fn from_provider(
+        inner: Box<dyn ListenProvider>,
+        params: ConnectParams,
+        record: Arc<ListenRecord>,
+    ) -> Self {
+        Self {
+            inner,
+            params,
+            record,
+        }
+    }
+
+    /// What the listener turned away so far, by cause.
+    pub fn stats(&self) -> ListenStats {
+        self.record.snapshot()
     }
 
     /// The bound address (useful with port 0).
@@ -143,8 +220,10 @@ impl Listener {
         self.inner.local_addr()
     }
 
-    /// Waits for the next connection and its MPA Request. A peer that sends a malformed
-    /// Request or none in time is dropped and reported as an error; call again to go on.
+    /// Waits for the next connection whose valid MPA Request arrived. A peer that sends a
+    /// malformed Request, or none in time, is closed without troubling the caller (see
+    /// [`Listener::stats`]); Requests are read beside the application, so a slow peer holds
+    /// up nobody else.
     pub fn accept(&self) -> Result<ConnectRequest, DatapathError> {
         self.inner
             .accept(&self.params, None)?

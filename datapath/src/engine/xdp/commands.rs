@@ -3,13 +3,14 @@
 //! them ([`Reply`]) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
 
 use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use mpa::RequestInfo;
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
-use crate::verbs::cm::ConnectParams;
+use crate::verbs::cm::{ConnectParams, ListenRecord};
 use crate::verbs::cq::CqSink;
 use crate::verbs::qp::QpParts;
 use crate::xdp_tcp::ConnId;
@@ -30,6 +31,7 @@ pub(super) enum EngineCmd {
         port: u16,
         params: ConnectParams,
         requests: Sender<RequestMsg>,
+        record: Arc<ListenRecord>,
         reply: Reply<()>,
     },
     Connect {

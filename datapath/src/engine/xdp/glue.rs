@@ -3,7 +3,7 @@
 //! and completions, FPDUs filled into frames), and the connection settings derived from the
 //! engine's ([`State::conn_config`], [`tx_mode`]).
 
-use crossbeam_channel::TryRecvError;
+use crossbeam_channel::{TryRecvError, TrySendError};
 use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
 
@@ -17,7 +17,7 @@ use crate::{DatapathError, QpError};
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
-use super::wake::{State, TableView};
+use super::wake::{ListenPort, State, TableView};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -100,7 +100,7 @@ impl TcpApp for App<'_> {
     fn on_accept(&mut self, id: ConnId, tcp: &mut TcpConnection) {
         let tuple = tcp.four_tuple();
         let early = self.st.early.remove(&id);
-        let Some((params, _)) = self.st.listeners.get(&tuple.local_port) else {
+        let Some(ListenPort { params, .. }) = self.st.listeners.get(&tuple.local_port) else {
             tcp.close();
             return;
         };
@@ -214,11 +214,20 @@ impl TcpApp for App<'_> {
                         peer: slot.peer,
                         shard: *shard,
                     };
-                    let delivered = listeners
-                        .get(&slot.local_port)
-                        .is_some_and(|(_, tx)| tx.send(msg).is_ok());
+                    // The listener's queue of Requests waiting for the application is
+                    // bounded (`ConnectParams::backlog`): beyond it, or with nobody listening
+                    // any more, the Request is rejected (Reply with R=1) and the connection
+                    // closes; one left waiting ends at `MpaConfig::accept_timeout`.
+                    let listener = listeners.get(&slot.local_port);
+                    let delivered = match listener.map(|l| l.requests.try_send(msg)) {
+                        Some(Ok(())) => true,
+                        Some(Err(TrySendError::Full(_))) => {
+                            listener.inspect(|l| l.record.over_backlog());
+                            false
+                        }
+                        _ => false,
+                    };
                     if !delivered {
-                        // Nobody listens any more.
                         let _ = slot.conn.reject(&[]);
                     }
                 }
@@ -258,6 +267,13 @@ impl TcpApp for App<'_> {
                     slot.fail_waiter(DatapathError::Rejected { private_data });
                 }
                 ConnEvent::StartupFailed(e) => {
+                    if matches!(slot.waiter, Waiter::None) {
+                        // A passive connection the application has not accepted: its
+                        // listener counts why it ended.
+                        if let Some(l) = listeners.get(&slot.local_port) {
+                            l.record.startup_failed(&e);
+                        }
+                    }
                     slot.set_error(QpError::Startup(e.clone()));
                     slot.fail_waiter(DatapathError::Mpa(e));
                 }

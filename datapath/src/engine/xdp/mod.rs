@@ -84,7 +84,7 @@ use crate::engine::IwarpConn;
 use crate::memory::ProtectionDomain;
 #[cfg(doc)]
 use crate::verbs::cm::ConnectRequest;
-use crate::verbs::cm::{ConnectParams, Connection, Listener};
+use crate::verbs::cm::{ConnectParams, Connection, ListenRecord, Listener};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
@@ -280,13 +280,15 @@ impl XdpEngine {
     /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
     /// listens, and the connections of all of them come to the one [`Listener`].
     pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
-        let (req_tx, req_rx) = crossbeam_channel::unbounded();
+        let (req_tx, req_rx) = crossbeam_channel::bounded(params.backlog.max(1));
+        let record = Arc::new(ListenRecord::default());
         for shard in &self.shards {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let cmd = EngineCmd::Listen {
                 port,
                 params: params.clone(),
                 requests: req_tx.clone(),
+                record: record.clone(),
                 reply: tx,
             };
             shard
@@ -300,6 +302,7 @@ impl XdpEngine {
                 local: SocketAddr::from((self.local_ip, port)),
             }),
             params,
+            record,
         ))
     }
 

@@ -24,7 +24,7 @@ use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{next_park, Core, Turner, Wake, AWAKE, PARK, PARKED, SLEEPING};
+use super::wake::{next_park, Core, ListenPort, Turner, Wake, AWAKE, PARK, PARKED, SLEEPING};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -477,6 +477,7 @@ impl Turner {
                     port,
                     params,
                     requests,
+                    record,
                     reply,
                 } => {
                     let mut tcp = self.st.cfg.tcp.clone();
@@ -484,7 +485,12 @@ impl Turner {
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
                     params.apply_to(&mut tcp);
                     let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
-                        self.st.listeners.insert(port, (params, requests));
+                        let listen = ListenPort {
+                            params,
+                            requests,
+                            record,
+                        };
+                        self.st.listeners.insert(port, listen);
                     });
                     let _ = reply.send(res.map_err(DatapathError::from));
                 }

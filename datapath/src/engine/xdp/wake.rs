@@ -19,7 +19,7 @@ use rdmap::MemoryTable;
 
 use crate::engine::ConnCounters;
 use crate::memory::{RegionMemory, SharedTable, TableVersion};
-use crate::verbs::cm::ConnectParams;
+use crate::verbs::cm::{ConnectParams, ListenRecord};
 #[cfg(doc)]
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::cq::EngineDriver;
@@ -181,13 +181,21 @@ pub(super) struct Turner {
     pub(super) failed: Option<String>,
 }
 
+/// A listening port of a shard: the parameters of its connections, where their Requests go,
+/// and what it turned away.
+pub(super) struct ListenPort {
+    pub(super) params: ConnectParams,
+    pub(super) requests: Sender<RequestMsg>,
+    pub(super) record: Arc<ListenRecord>,
+}
+
 /// The engine thread's connection state (what the driver's callbacks reach).
 pub(super) struct State {
     pub(super) slots: SlotMap,
     /// Data passed up for a passive connection before the driver handed it over (the ACK that
     /// completes the handshake may carry the MPA Request); replayed in `on_accept`.
     pub(super) early: HashMap<ConnId, Vec<(u32, u64, Vec<u8>)>>,
-    pub(super) listeners: HashMap<u16, (ConnectParams, Sender<RequestMsg>)>,
+    pub(super) listeners: HashMap<u16, ListenPort>,
     /// An empty table for connections whose PD is not known yet (MPA startup places nothing).
     pub(super) scratch: MemoryTable<RegionMemory>,
     pub(super) ended: ConnCounters,

@@ -1,13 +1,16 @@
 //! The socket transport: MPA/DDP/RDMAP over a kernel TCP socket.
 //!
-//! Connection setup (TCP connect or accept, then the MPA Request/Reply exchange of RFC 5044 7.1
-//! and RFC 6581) runs on the caller's thread with a deadline. Once in Full Operation, one engine
+//! Connection setup (TCP connect, then the MPA Request/Reply exchange of RFC 5044 7.1 and
+//! RFC 6581) runs on the caller's thread with a deadline; a listener reads Requests on a
+//! thread of its own ([`listen`]). Once in Full Operation, one engine
 //! thread per connection owns the non-blocking socket (`mio`), the MPA encoder/decoder and the
 //! sans-IO [`rdmap::QueuePair`]; the application talks to it through a lock-free command channel
 //! and the completion queue (the API of [`crate::verbs`]).
 
+mod listen;
+
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +22,7 @@ use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
 use rdmap::{WcOpcode, WorkCompletion};
 
 use crate::memory::{ProtectionDomain, SharedTable};
-use crate::verbs::cm::{
-    ConnectParams, ConnectRequest, Connection, ListenProvider, Listener, PendingProvider,
-};
+use crate::verbs::cm::{ConnectParams, Connection};
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{
     local_status, wc_opcode, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP,
@@ -112,148 +113,6 @@ fn setup_error(e: io::Error, during: &'static str) -> DatapathError {
         DatapathError::Timeout(during)
     } else {
         DatapathError::Io(e)
-    }
-}
-
-impl Listener {
-    /// Binds and listens on `addr` (socket transport).
-    pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
-        let inner = TcpListener::bind(addr)?;
-        Ok(Listener::from_provider(
-            Box::new(SocketListen(inner)),
-            params,
-        ))
-    }
-}
-
-/// A kernel TCP listening socket.
-struct SocketListen(TcpListener);
-
-impl ListenProvider for SocketListen {
-    fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
-        Ok(self.0.local_addr()?)
-    }
-
-    fn accept(
-        &self,
-        params: &ConnectParams,
-        timeout: Option<Duration>,
-    ) -> Result<Option<ConnectRequest>, DatapathError> {
-        let l = &self.0;
-        let Some(timeout) = timeout else {
-            l.set_nonblocking(false)?;
-            let (stream, peer) = l.accept()?;
-            return read_request(stream, peer, params).map(Some);
-        };
-        let deadline = Instant::now() + timeout;
-        l.set_nonblocking(true)?;
-        loop {
-            match l.accept() {
-                Ok((stream, peer)) => {
-                    stream.set_nonblocking(false)?;
-                    return read_request(stream, peer, params).map(Some);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Ok(None);
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-/// Reads the MPA Request of a new connection (RFC 5044 7.1.2), within the setup deadline.
-fn read_request(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    params: &ConnectParams,
-) -> Result<ConnectRequest, DatapathError> {
-    let start = Instant::now();
-    stream.set_nodelay(true)?;
-    let mut responder = mpa::Responder::new(params.mpa.clone(), start)?;
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let n = read_with_deadline(&mut stream, &mut buf, start + params.setup_timeout)
-            .map_err(|e| setup_error(e, "waiting for the MPA Request"))?;
-        let (used, info) = match responder.feed(&buf[..n], Instant::now()) {
-            Ok(r) => r,
-            Err(e) => {
-                // RFC 5044 7.1.2: a malformed Request closes the connection.
-                let _ = stream.shutdown(Shutdown::Both);
-                return Err(e.into());
-            }
-        };
-        if let Some(info) = info {
-            let pending = SocketPending {
-                stream,
-                responder,
-                leftover: buf[used..n].to_vec(),
-            };
-            return Ok(ConnectRequest::new(
-                Box::new(pending),
-                info,
-                peer,
-                params.clone(),
-            ));
-        }
-    }
-}
-
-/// A kernel TCP connection whose MPA Request waits for the application.
-struct SocketPending {
-    stream: TcpStream,
-    responder: mpa::Responder,
-    /// Bytes read after the Request (the start of the FPDU stream).
-    leftover: Vec<u8>,
-}
-
-impl PendingProvider for SocketPending {
-    fn accept(
-        self: Box<Self>,
-        pd: &ProtectionDomain,
-        cq: &CompletionQueue,
-        private_data: &[u8],
-        recvs: Vec<RecvWr>,
-        params: &ConnectParams,
-    ) -> Result<QueuePair, DatapathError> {
-        let SocketPending {
-            mut stream,
-            mut responder,
-            leftover,
-        } = *self;
-        let (reply, negotiated) = responder.accept(private_data)?;
-        stream.write_all(&reply)?;
-        start_engine(
-            stream,
-            Setup {
-                negotiated,
-                leftover,
-                initiator: false,
-                recvs,
-            },
-            pd,
-            cq,
-            params,
-        )
-    }
-
-    fn reject(
-        self: Box<Self>,
-        private_data: &[u8],
-        _params: &ConnectParams,
-    ) -> Result<(), DatapathError> {
-        let SocketPending {
-            mut stream,
-            mut responder,
-            ..
-        } = *self;
-        let reply = responder.reject(private_data)?;
-        stream.write_all(&reply)?;
-        let _ = stream.shutdown(Shutdown::Write);
-        Ok(())
     }
 }
 

@@ -1,0 +1,455 @@
+//! The socket transport's listener: a thread of its own accepts kernel TCP connections and
+//! reads their MPA Requests (RFC 5044 7.1.2), all at once and each with a deadline, so that a
+//! slow or silent client never holds up the others; the application's
+//! [`Listener::accept`](crate::Listener::accept) takes connections whose Request is complete.
+//!
+//! What a peer can make the listener hold is bounded, and every piece of it has a deadline:
+//! - at most [`MAX_STARTING`] connections waiting for their Request, each until
+//!   `MpaConfig::timeout` after its TCP connection was accepted (a 4 KiB read buffer is shared);
+//!   beyond that, new connections are closed at once;
+//! - at most `ConnectParams::backlog` connections whose Request waits for the application; a
+//!   Request beyond them is rejected (Reply with R=1) and its connection closed;
+//! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
+//!   connection: a later accept or reject fails with `MpaError::AcceptTimeout`.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use mpa::{MpaError, RequestInfo};
+use rdmap::RecvWr;
+
+use super::{start_engine, Setup};
+use crate::memory::ProtectionDomain;
+use crate::verbs::cm::{
+    ConnectParams, ConnectRequest, ListenProvider, ListenRecord, Listener, PendingProvider,
+};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::QueuePair;
+use crate::DatapathError;
+
+/// The most connections a listener keeps waiting for their MPA Request; more are closed as
+/// soon as the kernel hands them over.
+const MAX_STARTING: usize = 1024;
+
+const LISTENER: Token = Token(0);
+const WAKE: Token = Token(1);
+/// Longest sleep of the listener thread (it also looks at its stop flag then).
+const MAX_SLEEP: Duration = Duration::from_millis(500);
+
+impl Listener {
+    /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
+    /// Requests of new connections beside the application (see the module documentation).
+    pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
+        let record = Arc::new(ListenRecord::default());
+        let listen = SocketListen::start(addr, &params, record.clone())?;
+        Ok(Listener::from_provider(Box::new(listen), params, record))
+    }
+}
+
+/// A connection's stream while its Request waits for the application: the listener thread
+/// keeps a weak reference and takes the stream (closing the connection) at the accept
+/// deadline.
+type HeldStream = Arc<Mutex<Option<TcpStream>>>;
+
+/// A connection whose valid Request came in, on its way to the application.
+struct Arrived {
+    stream: HeldStream,
+    responder: mpa::Responder,
+    info: RequestInfo,
+    peer: SocketAddr,
+    /// Bytes read after the Request (the start of the FPDU stream).
+    leftover: Vec<u8>,
+}
+
+/// A kernel TCP listening socket and the thread that reads Requests for it.
+struct SocketListen {
+    local: SocketAddr,
+    requests: Receiver<Arrived>,
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SocketListen {
+    fn start(
+        addr: SocketAddr,
+        params: &ConnectParams,
+        record: Arc<ListenRecord>,
+    ) -> Result<SocketListen, DatapathError> {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let local = listener.local_addr()?;
+        let poll = Poll::new()?;
+        poll.registry().register(
+            &mut SourceFd(&listener.as_raw_fd()),
+            LISTENER,
+            Interest::READABLE,
+        )?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+        let (tx, requests) = crossbeam_channel::bounded(params.backlog.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = Startups {
+            listener,
+            poll,
+            mpa: params.mpa.clone(),
+            starting: HashMap::new(),
+            next_token: WAKE.0 + 1,
+            waiting: VecDeque::new(),
+            requests: tx,
+            stop: stop.clone(),
+            record,
+            buf: vec![0; 4096],
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("iwarp-listen{}", local.port()))
+            .spawn(move || thread.run())?;
+        Ok(SocketListen {
+            local,
+            requests,
+            stop,
+            waker,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for SocketListen {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl ListenProvider for SocketListen {
+    fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
+        Ok(self.local)
+    }
+
+    fn accept(
+        &self,
+        params: &ConnectParams,
+        timeout: Option<Duration>,
+    ) -> Result<Option<ConnectRequest>, DatapathError> {
+        let arrived = match timeout {
+            None => self
+                .requests
+                .recv()
+                .map_err(|_| DatapathError::Disconnected)?,
+            Some(t) => match self.requests.recv_timeout(t) {
+                Ok(a) => a,
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
+            },
+        };
+        let Arrived {
+            stream,
+            responder,
+            info,
+            peer,
+            leftover,
+        } = arrived;
+        let pending = SocketPending {
+            stream,
+            responder,
+            leftover,
+        };
+        Ok(Some(ConnectRequest::new(
+            Box::new(pending),
+            info,
+            peer,
+            params.clone(),
+        )))
+    }
+}
+
+/// A connection waiting for its Request.
+struct Starting {
+    stream: TcpStream,
+    peer: SocketAddr,
+    responder: mpa::Responder,
+}
+
+/// A Request handed to the application, and when its connection is closed if unanswered.
+struct Waiting {
+    deadline: Instant,
+    stream: Weak<Mutex<Option<TcpStream>>>,
+}
+
+/// The listener thread's state.
+struct Startups {
+    listener: TcpListener,
+    poll: Poll,
+    mpa: mpa::MpaConfig,
+    starting: HashMap<Token, Starting>,
+    next_token: usize,
+    /// In arrival order, which is deadline order (one accept timeout for all).
+    waiting: VecDeque<Waiting>,
+    requests: Sender<Arrived>,
+    stop: Arc<AtomicBool>,
+    record: Arc<ListenRecord>,
+    buf: Vec<u8>,
+}
+
+impl Startups {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(64);
+        while !self.stop.load(Ordering::Acquire) {
+            let timeout = self.next_deadline().map_or(MAX_SLEEP, |d| {
+                d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
+            });
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // Nothing else can fail here; if it does, accept reports the listener gone.
+                return;
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept_all(),
+                    WAKE => {}
+                    token => {
+                        if !self.read_request(token) {
+                            return;
+                        }
+                    }
+                }
+            }
+            self.expire(Instant::now());
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let starting = self
+            .starting
+            .values()
+            .filter_map(|s| s.responder.poll_timeout())
+            .min();
+        let waiting = self.waiting.front().map(|w| w.deadline);
+        starting.into_iter().chain(waiting).min()
+    }
+
+    /// Takes every connection the kernel has ready.
+    fn accept_all(&mut self) {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: all taken. Anything else (ECONNABORTED, EMFILE, ...) concerns
+                // that one connection or passes; the listener goes on.
+                Err(_) => return,
+            };
+            if self.starting.len() >= MAX_STARTING {
+                continue; // dropped: closed
+            }
+            let Ok(responder) = mpa::Responder::new(self.mpa.clone(), Instant::now()) else {
+                continue;
+            };
+            let token = Token(self.next_token);
+            self.next_token = self.next_token.wrapping_add(1).max(WAKE.0 + 1);
+            let ready = stream.set_nonblocking(true).is_ok()
+                && stream.set_nodelay(true).is_ok()
+                && self
+                    .poll
+                    .registry()
+                    .register(
+                        &mut SourceFd(&stream.as_raw_fd()),
+                        token,
+                        Interest::READABLE,
+                    )
+                    .is_ok();
+            if ready {
+                self.starting.insert(
+                    token,
+                    Starting {
+                        stream,
+                        peer,
+                        responder,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Reads what a connection sent of its Request; a complete, valid one goes to the
+    /// application, a malformed one or an early end closes the connection. False when
+    /// nobody listens any more.
+    fn read_request(&mut self, token: Token) -> bool {
+        let Some(mut s) = self.starting.remove(&token) else {
+            return true;
+        };
+        loop {
+            let n = match s.stream.read(&mut self.buf) {
+                Ok(n) if n > 0 => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.starting.insert(token, s);
+                    return true;
+                }
+                // Closed or reset before the Request was complete.
+                Ok(_) | Err(_) => {
+                    self.record.startup_failed(&MpaError::ConnectionLost);
+                    return true;
+                }
+            };
+            let (used, info) = match s.responder.feed(&self.buf[..n], Instant::now()) {
+                Ok(progress) => progress,
+                // RFC 5044 7.1.2: a malformed Request (or none in time) closes the connection.
+                Err(e) => {
+                    self.record.startup_failed(&e);
+                    return true;
+                }
+            };
+            let Some(info) = info else { continue };
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&s.stream.as_raw_fd()));
+            return self.hand_over(s, info, self.buf[used..n].to_vec());
+        }
+    }
+
+    fn hand_over(&mut self, s: Starting, info: RequestInfo, leftover: Vec<u8>) -> bool {
+        let Starting {
+            stream,
+            peer,
+            mut responder,
+        } = s;
+        let held: HeldStream = Arc::new(Mutex::new(Some(stream)));
+        let deadline = responder.poll_timeout();
+        let arrived = Arrived {
+            stream: held.clone(),
+            responder,
+            info,
+            peer,
+            leftover,
+        };
+        match self.requests.try_send(arrived) {
+            Ok(()) => {
+                if let Some(deadline) = deadline {
+                    self.waiting.push_back(Waiting {
+                        deadline,
+                        stream: Arc::downgrade(&held),
+                    });
+                }
+                true
+            }
+            Err(TrySendError::Full(arrived)) => {
+                // The application has `backlog` Requests to answer already: reject this one.
+                self.record.over_backlog();
+                responder = arrived.responder;
+                if let Some(mut stream) = take(&held) {
+                    if let Ok(reply) = responder.reject(&[]) {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                        let _ = stream.write_all(&reply);
+                    }
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Closes connections whose Request did not arrive in time, and those whose Request the
+    /// application left unanswered past the accept timeout.
+    fn expire(&mut self, now: Instant) {
+        let record = &self.record;
+        self.starting
+            .retain(|_, s| match s.responder.handle_timeout(now) {
+                Ok(()) => true,
+                Err(e) => {
+                    record.startup_failed(&e);
+                    false
+                }
+            });
+        while self.waiting.front().is_some_and(|w| w.deadline <= now) {
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Some(stream) = w.stream.upgrade().and_then(|held| take(&held)) {
+                self.record.startup_failed(&MpaError::AcceptTimeout);
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn take(held: &HeldStream) -> Option<TcpStream> {
+    held.lock().ok().and_then(|mut s| s.take())
+}
+
+/// A kernel TCP connection whose MPA Request waits for the application.
+struct SocketPending {
+    stream: HeldStream,
+    responder: mpa::Responder,
+    /// Bytes read after the Request (the start of the FPDU stream).
+    leftover: Vec<u8>,
+}
+
+impl SocketPending {
+    /// The connection, unless the accept deadline closed it.
+    fn stream(&self) -> Result<TcpStream, DatapathError> {
+        let stream = take(&self.stream).ok_or(DatapathError::Mpa(MpaError::AcceptTimeout))?;
+        stream.set_nonblocking(false)?;
+        Ok(stream)
+    }
+}
+
+impl PendingProvider for SocketPending {
+    fn accept(
+        self: Box<Self>,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        params: &ConnectParams,
+    ) -> Result<QueuePair, DatapathError> {
+        let mut stream = self.stream()?;
+        let SocketPending {
+            mut responder,
+            leftover,
+            ..
+        } = *self;
+        let (reply, negotiated) = responder.accept(private_data)?;
+        stream.write_all(&reply)?;
+        start_engine(
+            stream,
+            Setup {
+                negotiated,
+                leftover,
+                initiator: false,
+                recvs,
+            },
+            pd,
+            cq,
+            params,
+        )
+    }
+
+    fn reject(
+        self: Box<Self>,
+        private_data: &[u8],
+        _params: &ConnectParams,
+    ) -> Result<(), DatapathError> {
+        let mut stream = self.stream()?;
+        let mut responder = self.responder;
+        let reply = responder.reject(private_data)?;
+        stream.write_all(&reply)?;
+        let _ = stream.shutdown(Shutdown::Write);
+        Ok(())
+    }
+}
