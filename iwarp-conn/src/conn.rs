@@ -90,6 +90,15 @@ const MARKER_LEN: u64 = 4;
 /// Disjoint ranges the reassembly store may hold at once (TCP itself keeps at most 64
 /// out-of-order ranges, and each segment adds at most a few).
 const MAX_STORE_RANGES: usize = 1024;
+/// Responder before Full Operation: what its reassembly store may hold. The Initiator sends
+/// nothing but its Request (at most 532 octets) until it has the Reply (RFC 5044 7.1.2), so a
+/// peer that makes us hold more is cut off; the store takes its full size
+/// (`ConnConfig::reassembly_capacity`) in Full Operation. This keeps what a connection costs
+/// before any MPA check has passed to a few KiB (with the queue pair's and the transmit
+/// ring's buffers, which also wait for Full Operation).
+const STARTUP_STORE: usize = 2048;
+/// Held ranges allowed in the startup store.
+const STARTUP_STORE_RANGES: usize = 8;
 /// Longest held range scanned again for FPDUs when a neighbouring segment arrives.
 const MAX_RELOCATE: usize = 64 << 10;
 /// Most FPDUs placed from one such scan.
@@ -293,6 +302,7 @@ enum Phase {
 struct Store {
     ring: Vec<u8>,
     capacity: usize,
+    max_ranges: usize,
     /// Sorted, disjoint, non-adjacent stream ranges held.
     ranges: Vec<(u64, u64)>,
     held: u64,
@@ -303,13 +313,29 @@ struct Store {
 struct StoreFull;
 
 impl Store {
-    fn new(capacity: usize) -> Store {
+    fn new(capacity: usize, max_ranges: usize) -> Store {
         Store {
             ring: Vec::new(),
             capacity: capacity.max(1),
+            max_ranges: max_ranges.max(1),
             ranges: Vec::new(),
             held: 0,
         }
+    }
+
+    /// Moves what is held into a store of `capacity` octets and `max_ranges` ranges (larger
+    /// than this one's); `base` is the in-order point.
+    fn grow(&mut self, base: u64, capacity: usize, max_ranges: usize) -> Result<(), StoreFull> {
+        if capacity <= self.capacity {
+            return Ok(());
+        }
+        let old = std::mem::replace(self, Store::new(capacity, max_ranges));
+        for &(start, end) in &old.ranges {
+            let (a, b) = old.slices(start, end);
+            self.insert(base, start, a)?;
+            self.insert(base, start + a.len() as u64, b)?;
+        }
+        Ok(())
     }
 
     /// Keeps `data` at stream offset `off`; `base` is the in-order point.
@@ -326,13 +352,13 @@ impl Store {
         if self.ranges.get(i).is_some_and(|r| r.0 < end && off < r.1) {
             return Err(StoreFull);
         }
-        if self.ranges.len() >= MAX_STORE_RANGES {
+        if self.ranges.len() >= self.max_ranges {
             return Err(StoreFull);
         }
         if self.ring.is_empty() {
             self.ring = vec![0; self.capacity];
             // Once, with the ring: the range list never grows past this.
-            self.ranges.reserve_exact(MAX_STORE_RANGES);
+            self.ranges.reserve_exact(self.max_ranges);
         }
         let cap = self.capacity as u64;
         let at = (off % cap) as usize;
@@ -378,7 +404,7 @@ impl Store {
             (true, false) => self.ranges[i].0 = end,
             (false, true) => self.ranges[i].1 = start,
             (false, false) => {
-                if self.ranges.len() >= MAX_STORE_RANGES {
+                if self.ranges.len() >= self.max_ranges {
                     return false;
                 }
                 self.ranges[i].1 = start;
@@ -497,14 +523,20 @@ pub struct IwarpConn {
 impl IwarpConn {
     fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
         let initiator = matches!(phase, Phase::Initiating(_));
-        let tx = TxRing::new(cfg.max_tx_fpdus.max(1));
+        // What Full Operation needs (the transmit ring, the placement records, the ULPDU
+        // buffer, the full reassembly store) is allocated when it starts (`enter_full`).
+        let store = if initiator {
+            Store::new(cfg.reassembly_capacity, MAX_STORE_RANGES)
+        } else {
+            Store::new(STARTUP_STORE, STARTUP_STORE_RANGES)
+        };
         IwarpConn {
             qp: QueuePair::new(cfg.qp),
-            store: Store::new(cfg.reassembly_capacity),
-            placed: VecDeque::with_capacity(cfg.max_placed_fpdus.min(1 << 16)),
+            store,
+            placed: VecDeque::new(),
             relocate_buf: Vec::new(),
             relocated: Vec::new(),
-            chains: Vec::with_capacity(MAX_CHAINS),
+            chains: Vec::new(),
             in_order_chain: 0,
             cfg,
             epoch,
@@ -516,11 +548,11 @@ impl IwarpConn {
             startup_record: None,
             startup_sent: None,
             source_mode: None,
-            tx,
+            tx: TxRing::new(1),
             tx_started: false,
             tx_seq_start: 0,
             tx_failed: None,
-            ulpdu: Vec::with_capacity(1 << 16),
+            ulpdu: Vec::new(),
             tcp_closed: false,
             tcp_established: false,
             tcp_close_requested: false,
@@ -607,6 +639,24 @@ impl IwarpConn {
             if let Some(kind) = negotiated.rtr {
                 self.qp.send_rtr(rtr_kind(kind));
             }
+        }
+        self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
+        self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
+        self.chains.reserve(MAX_CHAINS);
+        self.ulpdu.reserve(1 << 16);
+        if self
+            .store
+            .grow(
+                self.consumed,
+                self.cfg.reassembly_capacity,
+                MAX_STORE_RANGES,
+            )
+            .is_err()
+        {
+            // Cannot happen: the startup store's ranges fit a larger store.
+            self.rx_dead = true;
+            self.qp
+                .on_transport_error(TerminateCause::LocalCatastrophic);
         }
         let full = Full {
             rx_start,
@@ -881,6 +931,12 @@ impl IwarpConn {
     fn hold(&mut self, off: u64, bytes: &[u8]) {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
+            Err(StoreFull) if !matches!(self.phase, Phase::Full(_)) => {
+                // The peer sent more than its Request before the Reply.
+                self.startup_failed(MpaError::InvalidFrame(
+                    "data beyond the MPA Request before the Reply",
+                ));
+            }
             Err(StoreFull) => {
                 self.rx_dead = true;
                 self.qp
@@ -1774,7 +1830,7 @@ mod tests {
 
     #[test]
     fn store_merges_wraps_and_releases() {
-        let mut s = Store::new(16);
+        let mut s = Store::new(16, MAX_STORE_RANGES);
         s.insert(0, 4, b"efgh").unwrap();
         s.insert(0, 12, b"mnop").unwrap();
         s.insert(0, 8, b"ijkl").unwrap();

@@ -469,10 +469,11 @@ impl Connection {
             syn_retransmitted: false,
             snd_una: 0,
             snd_nxt: 0,
-            send_buf: VecDeque::with_capacity(cfg.send_buffer),
+            // These three are allocated on the first data queued (`reserve_for_sending`).
+            send_buf: VecDeque::new(),
             send_buf_base: 0,
             source_len: 0,
-            record_ends: VecDeque::with_capacity(max_tracked),
+            record_ends: VecDeque::new(),
             max_tracked,
             fin_queued: false,
             fin_sent: false,
@@ -484,7 +485,7 @@ impl Connection {
             peer_mss: DEFAULT_SEND_MSS,
             path_mtu,
             emss: DEFAULT_SEND_MSS,
-            scoreboard: VecDeque::with_capacity(max_tracked),
+            scoreboard: VecDeque::new(),
             pipe: 0,
             lost_count: 0,
             cc,
@@ -705,9 +706,11 @@ impl Connection {
 
     /// Most records queued unsent, and most segments in flight, this connection tracks: a
     /// full send buffer of 1 KiB segments (`send_buffer / 1024`, at least 1024, at most 65 536;
-    /// 4096 at the default 4 MiB). Its bookkeeping is allocated for that many when it is made
-    /// and never grows: beyond it records are refused (`BufferFull`) and new segments wait for
-    /// ACKs, so small records cost no allocation on the per-segment path.
+    /// 4096 at the default 4 MiB). Its bookkeeping is allocated for that many when the first
+    /// data is queued (a connection that has sent nothing, such as a passive one whose ULP has
+    /// not answered yet, holds none of it) and never grows: beyond it records are refused
+    /// (`BufferFull`) and new segments wait for ACKs, so small records cost no allocation on
+    /// the per-segment path.
     pub fn max_tracked(&self) -> usize {
         self.max_tracked
     }
@@ -767,6 +770,20 @@ impl Connection {
 
     /// Whether a record of `len` octets may be queued now, in `mode`: the connection's
     /// transmit mode, open for sending, not empty, and room for all of it.
+    /// Allocates the send side's bookkeeping at the size it never grows past (see
+    /// [`Connection::max_tracked`]), and in `Records` and `Stream` mode the send buffer, on
+    /// the first data queued.
+    fn reserve_for_sending(&mut self) {
+        if self.record_ends.capacity() >= self.max_tracked {
+            return;
+        }
+        self.record_ends.reserve_exact(self.max_tracked);
+        self.scoreboard.reserve_exact(self.max_tracked);
+        if self.cfg.tx_mode != TxMode::Source {
+            self.send_buf.reserve_exact(self.cfg.send_buffer);
+        }
+    }
+
     fn admit_record(&self, mode: TxMode, len: usize) -> Result<(), SendError> {
         if self.cfg.tx_mode != mode {
             return Err(SendError::WrongMode);
@@ -794,6 +811,7 @@ impl Connection {
     pub fn send_record_vectored(&mut self, parts: &[&[u8]]) -> Result<(), SendError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.admit_record(TxMode::Records, len)?;
+        self.reserve_for_sending();
         for p in parts {
             self.send_buf.extend(p.iter().copied());
         }
@@ -811,6 +829,7 @@ impl Connection {
         write: impl FnOnce(&mut dyn FnMut(&[u8])),
     ) -> Result<(), SendError> {
         self.admit_record(TxMode::Records, len)?;
+        self.reserve_for_sending();
         let before = self.send_buf.len();
         let buf = &mut self.send_buf;
         write(&mut |bytes: &[u8]| buf.extend(bytes.iter().copied()));
@@ -832,6 +851,7 @@ impl Connection {
     /// retransmitted. All or nothing.
     pub fn send_record_len(&mut self, len: usize) -> Result<(), SendError> {
         self.admit_record(TxMode::Source, len)?;
+        self.reserve_for_sending();
         self.source_len += len as u64;
         self.record_ends.push_back(self.source_len);
         Ok(())
@@ -852,6 +872,9 @@ impl Connection {
             return Err(SendError::NotOpen);
         }
         let n = data.len().min(self.send_capacity());
+        if n > 0 {
+            self.reserve_for_sending();
+        }
         self.send_buf.extend(data[..n].iter().copied());
         Ok(n)
     }

@@ -104,9 +104,17 @@ impl TcpApp for App<'_> {
             tcp.close();
             return;
         };
-        // The PD is the one given to `accept`; until then the queue pair has a placeholder
-        // (no PD has number 0) and is replaced before Full Operation.
-        let cfg = self.st.conn_config(params, PdId(0));
+        // The PD is the one given to `accept`; until then the queue pair is a placeholder
+        // (no PD has number 0, no queues: a connection that has passed no MPA check yet
+        // costs little) and is replaced before Full Operation.
+        let mut cfg = self.st.conn_config(params, PdId(0));
+        cfg.qp = QpConfig {
+            pd: PdId(0),
+            sq_depth: 0,
+            rq_depth: 0,
+            ird: 0,
+            ord: 0,
+        };
         let now = self.st.now();
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
             Ok(c) => c,
