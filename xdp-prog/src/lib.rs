@@ -198,10 +198,13 @@ pub enum XdpError {
         ifname: String,
     },
     /// Another XDP program is already attached to the interface (possibly in the other mode).
-    #[error("another XDP program is already attached to `{ifname}`: {source}")]
+    #[error("another XDP program is already attached to `{ifname}` ({holder}): {source}")]
     InterfaceBusy {
         /// Interface name.
         ifname: String,
+        /// Who holds it: the processes holding an XDP link on the interface, or how to find
+        /// out ([`xdp_holders`]).
+        holder: String,
         /// The kernel's answer.
         #[source]
         source: io::Error,
@@ -316,6 +319,84 @@ fn check_caps(op: &'static str) -> Result<(), XdpError> {
     } else {
         Err(XdpError::PermissionDenied { op })
     }
+}
+
+/// A process holding an XDP link (a `bpf_link` fd of type xdp) on an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdpHolder {
+    /// Its process id.
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`).
+    pub comm: String,
+}
+
+/// The processes that hold an XDP link on `ifname` in the calling thread's network namespace,
+/// found through `/proc/*/fdinfo` (a link's fdinfo says `link_type: xdp` and its `ifindex`)
+/// and the namespaces of their threads. Empty when none is found: the program was then
+/// attached another way (netlink, `ip link set ... xdp`), or by a process we may not inspect.
+pub fn xdp_holders(ifname: &str) -> Vec<XdpHolder> {
+    let Ok(name) = std::ffi::CString::new(ifname) else {
+        return Vec::new();
+    };
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    let own_ns = std::fs::read_link("/proc/thread-self/ns/net").ok();
+    if ifindex == 0 || own_ns.is_none() {
+        return Vec::new();
+    }
+    let wanted = format!("ifindex:\t{ifindex}");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut holders = Vec::new();
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let holds = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_to_string(fd.path()).is_ok_and(|info| {
+                    info.contains("link_type:\txdp") && info.lines().any(|l| l == wanted)
+                })
+            });
+        // Interface indices are per namespace: one of the holder's threads must be in ours.
+        let same_ns = || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| std::fs::read_link(t.path().join("ns/net")).ok() == own_ns)
+        };
+        if holds && same_ns() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default();
+            holders.push(XdpHolder { pid, comm });
+        }
+    }
+    holders
+}
+
+fn describe_holders(ifname: &str) -> String {
+    let holders = xdp_holders(ifname);
+    if holders.is_empty() {
+        return format!(
+            "not held by a process through a BPF link; see `ip -d link show {ifname}`, \
+             `ip link set dev {ifname} xdp off` detaches it"
+        );
+    }
+    let list: Vec<String> = holders
+        .iter()
+        .map(|h| format!("process {} `{}`", h.pid, h.comm))
+        .collect();
+    format!("held by {}", list.join(", "))
 }
 
 /// Rejects names the kernel could never accept (`dev_valid_name`), so they do not reach aya (which would panic
@@ -467,6 +548,7 @@ impl SteeringProgram {
                     source: io::Error::from_raw_os_error(libc::EOPNOTSUPP),
                 },
                 (_, Some(e @ (libc::EBUSY | libc::EEXIST))) => XdpError::InterfaceBusy {
+                    holder: describe_holders(&ifname),
                     ifname,
                     source: io::Error::from_raw_os_error(e),
                 },
