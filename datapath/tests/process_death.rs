@@ -23,6 +23,8 @@ const WAIT: Duration = Duration::from_secs(20);
 /// The holder ends by itself after this.
 const HOLD_AT_MOST: Duration = Duration::from_secs(60);
 
+type Test = fn() -> Result<(), String>;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--hold") {
@@ -40,7 +42,7 @@ fn main() {
         println!("a_second_process_is_told_who_holds_the_interface: test");
         return;
     }
-    let tests: [(&str, fn() -> Result<(), String>); 2] = [
+    let tests: [(&str, Test); 2] = [
         (
             "kill_9_leaves_kernel_tcp_working",
             kill_9_leaves_kernel_tcp_working,
