@@ -3,9 +3,12 @@
 //! `AF_PACKET` socket in `iwb` carry SYNs that spoof the peer's IPv4 address from another MAC,
 //! valid and with bad checksums. The engine must keep answering the real peer: the transfer
 //! stays intact, and the spoofed half-open connections are the only thing the SYNs make.
+//! A SYN flood: 100,000 SYNs from spoofed addresses that never answer, while a transfer
+//! runs and a new client connects: the listener answers with SYN cookies once its half-open
+//! queue is full, and both connections carry verified data.
 //! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -108,11 +111,21 @@ impl Drop for RawSocket {
 /// A SYN from `ADDR_B:src_port` (the peer's address) to the engine's listening port, from
 /// the forger's MAC; with `bad_checksum` its TCP checksum is off by one.
 fn forged_syn(dst_mac: [u8; 6], src_port: u16, bad_checksum: bool) -> Vec<u8> {
+    syn_from(dst_mac, ADDR_B, src_port, PORT, bad_checksum)
+}
+
+fn syn_from(
+    dst_mac: [u8; 6],
+    src_addr: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    bad_checksum: bool,
+) -> Vec<u8> {
     let seg = SegmentRepr {
-        src_addr: ADDR_B,
+        src_addr,
         dst_addr: ADDR_A,
         src_port,
-        dst_port: PORT,
+        dst_port,
         seq: 0x1234_5678 ^ u32::from(src_port),
         ack: 0,
         flags: TcpFlags {
@@ -143,34 +156,63 @@ fn forged_syn(dst_mac: [u8; 6], src_port: u16, bad_checksum: bool) -> Vec<u8> {
     frame
 }
 
-/// The engine's side: a region the peer writes into and reads back from.
-fn server(ready: mpsc::Sender<()>, done: mpsc::Receiver<()>) -> Result<(), String> {
+/// The engine's side: `conns` connections on `port`, each with a region the peer writes into
+/// and reads back from; returns the engine's counters.
+fn server(
+    port: u16,
+    conns: usize,
+    ready: mpsc::Sender<()>,
+    done: mpsc::Receiver<()>,
+) -> Result<datapath::engine::EngineCounters, String> {
     let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
-    let listener = engine.listen(PORT, params()).map_err(|e| e.to_string())?;
+    let listener = engine.listen(port, params()).map_err(|e| e.to_string())?;
     let _ = ready.send(());
-    let req = listener
-        .accept_timeout(WAIT)
-        .map_err(|e| e.to_string())?
-        .ok_or("no connection")?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
-    let mr = pd
-        .register(
-            LEN,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-        )
-        .map_err(|e| e.to_string())?;
-    let mut offer = mr.stag().0.to_be_bytes().to_vec();
-    offer.extend_from_slice(&mr.base_to().to_be_bytes());
-    let conn = req.accept(&pd, &cq, &offer).map_err(|e| e.to_string())?;
-    let _ = done.recv_timeout(WAIT * 3);
-    let st = conn.qp.status();
-    drop(conn);
-    // The peer closes when it is done; anything else ended the connection early.
-    if !matches!(st.error, None | Some(datapath::QpError::PeerClosed)) {
-        return Err(format!("the engine's connection ended: {st:?}"));
+    let mut accepted = Vec::new();
+    for _ in 0..conns {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection")?;
+        let mr = pd
+            .register(
+                LEN,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .map_err(|e| e.to_string())?;
+        let mut offer = mr.stag().0.to_be_bytes().to_vec();
+        offer.extend_from_slice(&mr.base_to().to_be_bytes());
+        let conn = req.accept(&pd, &cq, &offer).map_err(|e| e.to_string())?;
+        accepted.push((conn, mr));
     }
-    Ok(())
+    let _ = done.recv_timeout(WAIT * 3);
+    for (conn, _) in accepted {
+        let st = conn.qp.status();
+        drop(conn);
+        // The peer closes when it is done; anything else ended the connection early.
+        if !matches!(st.error, None | Some(datapath::QpError::PeerClosed)) {
+            return Err(format!("the engine's connection ended: {st:?}"));
+        }
+    }
+    Ok(engine.counters())
+}
+
+/// The peer's side of one connection: the queue pair and the engine's region.
+struct Peer {
+    conn: datapath::Connection,
+    remote: (Stag, u64),
+}
+
+fn connect_peer(port: u16, cq: &CompletionQueue, pd: &ProtectionDomain) -> Result<Peer, String> {
+    let conn = datapath::connect(SocketAddr::from((ADDR_A, port)), pd, cq, &params(), b"")
+        .map_err(|e| format!("connect: {e}"))?;
+    let p = &conn.private_data;
+    let remote = (
+        Stag(u32::from_be_bytes(p[..4].try_into().unwrap())),
+        u64::from_be_bytes(p[4..12].try_into().unwrap()),
+    );
+    Ok(Peer { conn, remote })
 }
 
 /// One verified round: Write a pattern into the engine's region, Read it back.
@@ -234,7 +276,7 @@ fn syns_spoofing_a_connected_peer_leave_its_transfer_intact() {
     let engine_mac = mac_of(NS_A, DEV_A);
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
-    let srv = spawn_in_ns(NS_A, move || server(ready_tx, done_rx));
+    let srv = spawn_in_ns(NS_A, move || server(PORT, 1, ready_tx, done_rx));
     ready_rx.recv_timeout(WAIT).expect("engine ready");
     let peer = spawn_in_ns(NS_B, move || -> Result<u32, String> {
         let pd = ProtectionDomain::new();
@@ -243,13 +285,7 @@ fn syns_spoofing_a_connected_peer_leave_its_transfer_intact() {
         let sink = pd
             .register(LEN, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
-        let conn = datapath::connect(SocketAddr::from((ADDR_A, PORT)), &pd, &cq, &params(), b"")
-            .map_err(|e| format!("connect: {e}"))?;
-        let p = &conn.private_data;
-        let remote = (
-            Stag(u32::from_be_bytes(p[..4].try_into().unwrap())),
-            u64::from_be_bytes(p[4..12].try_into().unwrap()),
-        );
+        let Peer { conn, remote } = connect_peer(PORT, &cq, &pd)?;
         let raw = RawSocket::on(DEV_B);
         let mut rounds = 0;
         round(&conn.qp, &cq, &src, &sink, remote, 1)?;
@@ -273,4 +309,81 @@ fn syns_spoofing_a_connected_peer_leave_its_transfer_intact() {
     let rounds = rounds.unwrap_or_else(|e| panic!("peer: {e}"));
     served.unwrap_or_else(|e| panic!("engine: {e}"));
     assert_eq!(rounds, 11);
+}
+
+const FLOOD_PORT: u16 = 19_572;
+const FLOOD: u32 = 100_000;
+
+/// 100,000 SYNs from 100 spoofed addresses that never answer (10.77.0.100-199, from the
+/// forger's MAC) while a connection moves verified data, and a new client connects in the
+/// middle of it: the engine's half-open queue fills (backlog 64), then every SYN is answered
+/// with a SYN cookie and nothing is kept; the new client's connection comes from its cookie.
+#[test]
+fn a_syn_flood_leaves_new_clients_and_running_transfers_intact() {
+    let _bed = bed_or_skip!();
+    let engine_mac = mac_of(NS_A, DEV_A);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let srv = spawn_in_ns(NS_A, move || server(FLOOD_PORT, 2, ready_tx, done_rx));
+    ready_rx.recv_timeout(WAIT).expect("engine ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<(u32, Duration), String> {
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let src = pd.register(LEN, Access::NONE).map_err(|e| e.to_string())?;
+        let sink = pd
+            .register(LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let first = connect_peer(FLOOD_PORT, &cq, &pd)?;
+        round(&first.conn.qp, &cq, &src, &sink, first.remote, 1)?;
+        let flood = spawn_in_ns(NS_B, move || {
+            let raw = RawSocket::on(DEV_B);
+            let started = std::time::Instant::now();
+            for i in 0..FLOOD {
+                let from = Ipv4Addr::new(10, 77, 0, 100 + (i % 100) as u8);
+                let port = 1024 + (i / 100) as u16;
+                raw.send(&syn_from(engine_mac, from, port, FLOOD_PORT, false));
+            }
+            started.elapsed()
+        });
+        // The new client, once the flood has filled the half-open queue.
+        std::thread::sleep(Duration::from_millis(100));
+        let second = connect_peer(FLOOD_PORT, &cq, &pd)?;
+        let mut rounds = 1;
+        let mut seed = 2u8;
+        while !flood.is_finished() || rounds < 6 {
+            for p in [&first, &second] {
+                round(&p.conn.qp, &cq, &src, &sink, p.remote, seed)?;
+                seed = seed.wrapping_add(1);
+                rounds += 1;
+            }
+        }
+        let took = flood.join().map_err(|_| "flood thread")?;
+        drop((first, second));
+        Ok((rounds, took))
+    });
+    let result = peer.join().expect("peer thread");
+    let _ = done_tx.send(());
+    let counters = srv.join().expect("engine thread");
+    let (rounds, took) = result.unwrap_or_else(|e| panic!("peer: {e}"));
+    let counters = counters.unwrap_or_else(|e| panic!("engine: {e}"));
+    let t = &counters.driver.table;
+    println!(
+        "{FLOOD} spoofed SYNs in {took:?}; {rounds} verified rounds; cookies sent {}, dropped {}, \
+         validated {}, failed {}; half-open connections made {}; backlog drops {}",
+        t.syncookies_sent,
+        t.syncookies_dropped,
+        t.syncookies_validated,
+        t.syncookies_failed,
+        t.passive_opens,
+        t.backlog_drops
+    );
+    assert!(t.syncookies_sent > 0, "no SYN cookies: {t:?}");
+    assert_eq!(
+        t.syncookies_validated, 1,
+        "the new client did not come through its cookie"
+    );
+    // The first client, each shard's half-open queue (the backlog, 64, per queue), the new
+    // client: nothing more was kept.
+    let kept = u64::from(QUEUES) * XdpEngineConfig::default().backlog as u64 + 2;
+    assert!(t.passive_opens <= kept, "{t:?}");
 }

@@ -13,6 +13,7 @@ use crate::isn::IsnGenerator;
 use crate::ranges::{Range, RangeSet};
 use crate::rtt::RttEstimator;
 use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
+use crate::syncookie;
 use crate::time::{earliest, Instant};
 use crate::wire::{
     DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN,
@@ -593,6 +594,96 @@ impl Connection {
         c.syn_due = true;
         c.recompute_emss(false);
         Some(c)
+    }
+
+    /// The SYN-ACK a listener with `cfg` sends for `syn` without keeping any state: its
+    /// sequence number is the SYN cookie `cookie` ([`crate::syncookie`], RFC 4987 3.6), its
+    /// options those of [`Connection::accept`]'s SYN-ACK, except that window scaling and
+    /// SACK are offered only when timestamps carry them back.
+    pub fn cookie_syn_ack(
+        cfg: &Config,
+        syn: &SegmentRepr<'_>,
+        cookie: u32,
+        isn: &IsnGenerator,
+        now: Instant,
+    ) -> SegmentRepr<'static> {
+        let tuple = FourTuple::of_received(syn);
+        let mut options = TcpOptions::default();
+        options.mss = Some(cfg.mss);
+        if let (true, Some((peer_tsval, _))) = (cfg.timestamps, syn.options.timestamp) {
+            let peer_wscale = syn.options.window_scale.filter(|_| cfg.window_scaling);
+            if peer_wscale.is_some() {
+                options.window_scale = Some(wscale_for(cfg.max_recv_window));
+            }
+            options.sack_permitted = cfg.sack && syn.options.sack_permitted;
+            let ts_now = (now.as_millis() as u32).wrapping_add(isn.timestamp_offset(&tuple));
+            let tsval = syncookie::encode_timestamp(ts_now, peer_wscale, options.sack_permitted);
+            options.timestamp = Some((tsval, peer_tsval));
+        }
+        SegmentRepr {
+            src_addr: syn.dst_addr,
+            dst_addr: syn.src_addr,
+            src_port: syn.dst_port,
+            dst_port: syn.src_port,
+            seq: cookie,
+            ack: syn.seq.wrapping_add(1),
+            flags: TcpFlags {
+                syn: true,
+                ack: true,
+                ..TcpFlags::default()
+            },
+            window: cfg.recv_buffer.min(65_535) as u16,
+            options,
+            payload: &[],
+        }
+    }
+
+    /// The connection a SYN cookie stood for, rebuilt from `ack`, the segment that brought it
+    /// back (RFC 4987 3.6): in SYN-RECEIVED as if [`Connection::cookie_syn_ack`]'s SYN-ACK
+    /// had come from it (no RTT sample from it), with the peer's MSS from the cookie
+    /// (`mss_index` in [`syncookie::MSS_TABLE`]) and its window scale and SACK from the
+    /// timestamp echoed; `ack` is then to be handled as usual.
+    pub fn from_cookie(
+        cfg: Config,
+        ack: &SegmentRepr<'_>,
+        mss_index: u8,
+        isn: &IsnGenerator,
+        now: Instant,
+    ) -> Self {
+        let tuple = FourTuple::of_received(ack);
+        let mut options = TcpOptions::default();
+        options.mss = syncookie::MSS_TABLE.get(usize::from(mss_index)).copied();
+        if let Some((tsval, tsecr)) = ack.options.timestamp {
+            let (wscale, sack) = syncookie::decode_timestamp(tsecr);
+            options.window_scale = wscale;
+            options.sack_permitted = sack;
+            options.timestamp = Some((tsval, 0));
+        }
+        let syn = SegmentRepr {
+            src_addr: ack.src_addr,
+            dst_addr: ack.dst_addr,
+            src_port: ack.src_port,
+            dst_port: ack.dst_port,
+            seq: ack.seq.wrapping_sub(1),
+            ack: 0,
+            flags: TcpFlags {
+                syn: true,
+                ..TcpFlags::default()
+            },
+            window: ack.window,
+            options,
+            payload: &[],
+        };
+        let iss = ack.ack.wrapping_sub(1);
+        let mut c = Connection::new(cfg, tuple, iss, isn.timestamp_offset(&tuple), now);
+        c.take_syn_options(&syn, now);
+        c.state = State::SynReceived;
+        c.recompute_emss(false);
+        c.syn_due = false;
+        c.syn_retransmitted = true;
+        c.window_field(true);
+        c.last_ack_sent = syn.seq.wrapping_add(1);
+        c
     }
 
     // ------------------------------------------------------------------

@@ -49,6 +49,21 @@ impl IsnGenerator {
         m.wrapping_add(self.hash_tuple(tuple, 0) as u32)
     }
 
+    /// The two keyed hashes of a SYN cookie ([`crate::syncookie`]) for `tuple`: one of the
+    /// tuple alone, one of the tuple and the cookie's `minute`.
+    pub fn cookie_hashes(&self, tuple: &FourTuple, minute: u32) -> (u32, u32) {
+        let h1 = self.hash_tuple(tuple, 2) as u32;
+        let mut m = [0u8; 16];
+        m[..4].copy_from_slice(&tuple.local_addr.octets());
+        m[4..6].copy_from_slice(&tuple.local_port.to_be_bytes());
+        m[6..10].copy_from_slice(&tuple.remote_addr.octets());
+        m[10..12].copy_from_slice(&tuple.remote_port.to_be_bytes());
+        m[12..].copy_from_slice(&minute.to_be_bytes());
+        // Domain 3: `hash_tuple` uses 0 to 2 over 13 octets; this message has 16.
+        let h2 = siphash24(self.k0 ^ 3, self.k1, &m) as u32;
+        (h1, h2)
+    }
+
     /// The timestamp-clock offset for a connection on `tuple`.
     pub fn timestamp_offset(&self, tuple: &FourTuple) -> u32 {
         self.hash_tuple(tuple, 1) as u32

@@ -21,6 +21,7 @@ pub mod ranges;
 pub mod rtt;
 pub mod seq;
 pub mod sim;
+pub mod syncookie;
 pub mod table;
 pub mod time;
 pub mod wire;

@@ -10,6 +10,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use crate::config::Config;
 use crate::conn::{reset_reply, Connection, PassedUp, State, TxSource, TxSourceError};
 use crate::isn::IsnGenerator;
+use crate::syncookie;
 use crate::time::Instant;
 use crate::wire::{FourTuple, SegmentRepr, WireError};
 use core::net::Ipv4Addr;
@@ -98,8 +99,16 @@ pub struct TableStats {
     pub resets_sent: u64,
     /// SYNs dropped because a listener's backlog was full.
     pub backlog_drops: u64,
-    /// Connections created from SYNs.
+    /// Connections created from SYNs (or SYN cookies).
     pub passive_opens: u64,
+    /// SYN-ACKs sent with a SYN cookie (the listener's half-open queue was full).
+    pub syncookies_sent: u64,
+    /// Cookie SYN-ACKs not sent: too many replies were waiting to go out.
+    pub syncookies_dropped: u64,
+    /// ACKs that brought back a good SYN cookie (each made a connection).
+    pub syncookies_validated: u64,
+    /// ACKs for no connection to a listening port whose cookie was not good.
+    pub syncookies_failed: u64,
     /// Challenge ACKs (RFC 5961 7) withheld by the table-wide limit
     /// ([`ConnectionTable::set_challenge_ack_limit`]).
     pub challenge_acks_limited: u64,
@@ -211,13 +220,21 @@ pub struct ConnectionTable {
     isn: IsnGenerator,
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
     ready: VecDeque<u32>,
-    resets: VecDeque<SegmentRepr<'static>>,
+    /// Replies sent for no connection: RSTs, and SYN-ACKs carrying SYN cookies.
+    control: VecDeque<SegmentRepr<'static>>,
+    syn_cookies: bool,
     max_connections: usize,
     stats: TableStats,
     challenge: ChallengeLimit,
 }
 
-const MAX_PENDING_RESETS: usize = 256;
+/// The most replies for no connection (RSTs, cookie SYN-ACKs) waiting to be sent.
+const MAX_PENDING_CONTROL: usize = 256;
+
+/// The SYN cookies' clock: minutes of `now`.
+fn minute(now: Instant) -> u32 {
+    (now.as_millis() / 60_000) as u32
+}
 
 impl ConnectionTable {
     /// A table for up to `max_connections`, with the ISN secret `isn_key`.
@@ -230,7 +247,8 @@ impl ConnectionTable {
             isn: IsnGenerator::new(isn_key),
             timers: BinaryHeap::with_capacity(max_connections * 2),
             ready: VecDeque::with_capacity(max_connections),
-            resets: VecDeque::with_capacity(MAX_PENDING_RESETS),
+            control: VecDeque::with_capacity(MAX_PENDING_CONTROL),
+            syn_cookies: true,
             max_connections,
             stats: TableStats::default(),
             challenge: ChallengeLimit {
@@ -434,56 +452,44 @@ impl ConnectionTable {
         };
         let tuple = FourTuple::of_received(&seg);
         if let Some(index) = self.by_tuple.get_received(&tuple) {
-            let slot = &mut self.slots[index as usize];
-            let id = ConnId {
-                index,
-                generation: slot.generation,
-            };
-            if let Some(conn) = slot.conn.as_mut() {
-                conn.handle_segment(now, &seg, |p| pass_up(id, p));
-                if conn.take_challenge_ack() && !self.challenge.allow(now) {
-                    conn.withdraw_challenge_ack();
-                    self.stats.challenge_acks_limited += 1;
-                }
-                let state = conn.state();
-                if state == State::Closed {
-                    if let Some(t) = slot.tuple.take() {
-                        self.by_tuple.remove(&t);
-                    }
-                }
-                if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
-                    if !matches!(state, State::SynReceived | State::Closed) {
-                        slot.queued_for_accept = true;
-                        if let Some(l) = self.listeners.get_mut(&key) {
-                            l.accept_queue.push_back(id);
-                        }
-                    }
-                }
-            }
-            if self.reap_unaccepted(index) {
-                return Ok(None);
-            }
-            self.mark_ready(index);
-            return Ok(Some(id));
+            return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
         }
-        // No connection: a listener may take a SYN.
+        // No connection: a listener may take a SYN, or the ACK of a SYN cookie.
+        let key = if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
+            Some((seg.dst_addr, seg.dst_port))
+        } else if self
+            .listeners
+            .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        {
+            Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        } else {
+            None
+        };
+        if let (Some(key), true) = (key, seg.flags.ack && !seg.flags.syn && !seg.flags.rst) {
+            if let Some(index) = self.cookie_connection(now, key, &seg) {
+                return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
+            }
+        }
         if seg.flags.syn && !seg.flags.ack && !seg.flags.rst {
-            let key = if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
-                Some((seg.dst_addr, seg.dst_port))
-            } else if self
-                .listeners
-                .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
-            {
-                Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
-            } else {
-                None
-            };
             if let Some(key) = key {
                 let Some(l) = self.listeners.get_mut(&key) else {
                     return Ok(None);
                 };
                 if l.pending >= l.backlog {
-                    self.stats.backlog_drops += 1;
+                    if !self.syn_cookies {
+                        self.stats.backlog_drops += 1;
+                    } else if self.control.len() >= MAX_PENDING_CONTROL {
+                        self.stats.syncookies_dropped += 1;
+                    } else {
+                        let tuple = FourTuple::of_received(&seg);
+                        let index = syncookie::mss_index(seg.options.mss.unwrap_or(536));
+                        let cookie =
+                            syncookie::encode(&self.isn, &tuple, seg.seq, minute(now), index);
+                        let reply =
+                            Connection::cookie_syn_ack(&l.config, &seg, cookie, &self.isn, now);
+                        self.control.push_back(reply);
+                        self.stats.syncookies_sent += 1;
+                    }
                     return Ok(None);
                 }
                 let cfg = l.config.clone();
@@ -501,11 +507,95 @@ impl ConnectionTable {
         }
         self.stats.no_connection += 1;
         if let Some(rst) = reset_reply(&seg) {
-            if self.resets.len() < MAX_PENDING_RESETS {
-                self.resets.push_back(rst);
+            if self.control.len() < MAX_PENDING_CONTROL {
+                self.control.push_back(rst);
             }
         }
         Ok(None)
+    }
+
+    /// The connection a SYN cookie stood for, if `ack` (for no connection, to the listener
+    /// `key`) brings back a good one and the listener's accept queue has room: made in
+    /// SYN-RECEIVED, to take `ack` (RFC 4987 3.6).
+    fn cookie_connection(
+        &mut self,
+        now: Instant,
+        key: (Ipv4Addr, u16),
+        ack: &SegmentRepr<'_>,
+    ) -> Option<u32> {
+        if !self.syn_cookies {
+            return None;
+        }
+        let tuple = FourTuple::of_received(ack);
+        let peer_isn = ack.seq.wrapping_sub(1);
+        let cookie = ack.ack.wrapping_sub(1);
+        let Some(mss_index) = syncookie::check(&self.isn, &tuple, peer_isn, cookie, minute(now))
+        else {
+            self.stats.syncookies_failed += 1;
+            return None;
+        };
+        let l = self.listeners.get(&key)?;
+        if l.accept_queue.len() >= l.backlog {
+            self.stats.backlog_drops += 1;
+            return None;
+        }
+        let conn = Connection::from_cookie(l.config.clone(), ack, mss_index, &self.isn, now);
+        let id = self.insert(conn, Some(key)).ok()?;
+        if let Some(l) = self.listeners.get_mut(&key) {
+            l.pending += 1;
+        }
+        self.stats.passive_opens += 1;
+        self.stats.syncookies_validated += 1;
+        Some(id.index)
+    }
+
+    /// Whether a listener whose queue of half-open connections is full answers SYNs with SYN
+    /// cookies ([`crate::syncookie`], RFC 4987 3.6; on by default, as Linux's
+    /// `tcp_syncookies = 1`) instead of dropping them.
+    pub fn set_syn_cookies(&mut self, on: bool) {
+        self.syn_cookies = on;
+    }
+
+    /// A segment for the connection in slot `index`.
+    #[inline]
+    fn on_connection_segment<F: FnMut(ConnId, PassedUp<'_>)>(
+        &mut self,
+        now: Instant,
+        index: u32,
+        seg: &SegmentRepr<'_>,
+        pass_up: &mut F,
+    ) -> Option<ConnId> {
+        let slot = &mut self.slots[index as usize];
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        if let Some(conn) = slot.conn.as_mut() {
+            conn.handle_segment(now, seg, |p| pass_up(id, p));
+            if conn.take_challenge_ack() && !self.challenge.allow(now) {
+                conn.withdraw_challenge_ack();
+                self.stats.challenge_acks_limited += 1;
+            }
+            let state = conn.state();
+            if state == State::Closed {
+                if let Some(t) = slot.tuple.take() {
+                    self.by_tuple.remove(&t);
+                }
+            }
+            if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
+                if !matches!(state, State::SynReceived | State::Closed) {
+                    slot.queued_for_accept = true;
+                    if let Some(l) = self.listeners.get_mut(&key) {
+                        l.accept_queue.push_back(id);
+                    }
+                }
+            }
+        }
+        if self.reap_unaccepted(index) {
+            return None;
+        }
+        self.mark_ready(index);
+        Some(id)
     }
 
     fn reschedule(&mut self, index: u32) {
@@ -541,9 +631,11 @@ impl ConnectionTable {
         buf: &mut [u8],
         mut sources: Option<&mut dyn TxSources>,
     ) -> Option<usize> {
-        if let Some(rst) = self.resets.pop_front() {
-            if let Ok(n) = rst.emit(buf) {
-                self.stats.resets_sent += 1;
+        if let Some(reply) = self.control.pop_front() {
+            if let Ok(n) = reply.emit(buf) {
+                if reply.flags.rst {
+                    self.stats.resets_sent += 1;
+                }
                 return Some(n);
             }
         }

@@ -191,6 +191,7 @@ fn unknown_segments_get_rst_and_malformed_are_counted() {
 #[test]
 fn backlog_limits_half_open_connections() {
     let mut t = ConnectionTable::new([4; 16], 16);
+    t.set_syn_cookies(false);
     t.listen(SERVER, 4791, 2, Config::default());
     let now = Instant::ZERO;
     for i in 0..3 {
@@ -422,4 +423,99 @@ fn a_half_open_connection_gives_up_after_five_syn_ack_retransmissions() {
         held >= core::time::Duration::from_secs(60) && held <= core::time::Duration::from_secs(70),
         "held for {held:?}"
     );
+}
+
+/// With the half-open queue full of spoofed SYNs, a real client's SYN gets a SYN cookie
+/// (RFC 4987 3.6); its ACK brings the cookie back and makes the connection, with the MSS,
+/// window scale, SACK and timestamps the handshake agreed, and data flows both ways. A forged
+/// ACK makes nothing and is answered with a RST; a flood of SYNs costs no table entries.
+#[test]
+fn syn_cookies_when_the_half_open_queue_is_full() {
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let mut server = ConnectionTable::new([6; 16], 64);
+    let mut clients = ConnectionTable::new([7; 16], 64);
+    server.listen(SERVER, 4791, 2, Config::default());
+    let now = Instant::from_millis(5);
+    let mut buf = [0u8; 2048];
+    // Spoofed SYNs from addresses that never answer fill the half-open queue, then 10,000
+    // more get cookies and leave no state behind.
+    for i in 0..10_002 {
+        let _ = server.handle_packet(now, &raw(tuple(1000 + i), 77, 0, syn), |_, _| {});
+        while server.poll_transmit(now, &mut buf).is_some() {}
+    }
+    assert_eq!(server.len(), 2);
+    assert_eq!(server.stats().syncookies_sent, 10_000);
+    assert_eq!(server.stats().backlog_drops, 0);
+
+    let cfg = Config {
+        tx_mode: TxMode::Records,
+        ..Config::default()
+    };
+    let id = clients.connect(cfg, tuple(1), now).expect("connect");
+    pump(&mut clients, &mut server, now);
+    assert_eq!(server.stats().syncookies_sent, 10_001);
+    assert_eq!(server.stats().syncookies_validated, 1);
+    let sid = server
+        .accept(SERVER, 4791)
+        .expect("the cookie connection is accepted");
+    let c = clients.get_mut(id).expect("client");
+    assert_eq!(c.state(), State::Established);
+    let (c_scales, c_sack, c_ts) = (c.window_scales(), c.sack_enabled(), c.timestamps_enabled());
+    c.send_record(b"through a cookie").expect("send");
+    let s = server.get_mut(sid).expect("server");
+    assert_eq!(s.state(), State::Established);
+    assert_eq!(
+        s.window_scales(),
+        (c_scales.1, c_scales.0),
+        "window scales agree"
+    );
+    assert!(c_sack && s.sack_enabled(), "SACK carried by the cookie");
+    assert!(c_ts && s.timestamps_enabled());
+    assert_eq!(s.emss(), c.emss(), "MSS carried by the cookie");
+    s.send(b"and back").expect("server send");
+    pump(&mut clients, &mut server, now);
+    let mut got = [0u8; 64];
+    let n = server.get_mut(sid).expect("server").recv(&mut got);
+    assert_eq!(&got[..n], b"through a cookie");
+    let n = clients.get_mut(id).expect("client").recv(&mut got);
+    assert_eq!(&got[..n], b"and back");
+
+    // A forged ACK (a guessed cookie) makes nothing and gets a RST.
+    let ack = TcpFlags {
+        ack: true,
+        ..TcpFlags::default()
+    };
+    let before = server.len();
+    let forged = raw(tuple(2), 1000, 0x1234_5678, ack);
+    assert_eq!(server.handle_packet(now, &forged, |_, _| {}), Ok(None));
+    assert_eq!(server.len(), before);
+    assert_eq!(server.stats().syncookies_failed, 1);
+    let n = server.poll_transmit(now, &mut buf).expect("rst");
+    assert!(SegmentRepr::parse(&buf[..n]).expect("rst").flags.rst);
+
+    // A cookie is only good for two minutes.
+    let id = clients
+        .connect(
+            Config {
+                tx_mode: TxMode::Records,
+                ..Config::default()
+            },
+            tuple(3),
+            now,
+        )
+        .expect("connect");
+    let n = clients.poll_transmit(now, &mut buf).expect("SYN");
+    let _ = server.handle_packet(now, &buf[..n], |_, _| {});
+    let n = server.poll_transmit(now, &mut buf).expect("cookie SYN-ACK");
+    let late = now + std::time::Duration::from_secs(4 * 60);
+    let _ = clients.handle_packet(late, &buf[..n], |_, _| {});
+    let n = clients.poll_transmit(late, &mut buf).expect("ACK");
+    let before = server.stats().syncookies_validated;
+    let _ = server.handle_packet(late, &buf[..n], |_, _| {});
+    assert_eq!(server.stats().syncookies_validated, before);
+    assert_eq!(server.stats().syncookies_failed, 2);
+    let _ = id;
 }

@@ -367,6 +367,11 @@ impl XdpTcpStats {
         t.resets_sent += u.resets_sent;
         t.backlog_drops += u.backlog_drops;
         t.passive_opens += u.passive_opens;
+        t.syncookies_sent += u.syncookies_sent;
+        t.syncookies_dropped += u.syncookies_dropped;
+        t.syncookies_validated += u.syncookies_validated;
+        t.syncookies_failed += u.syncookies_failed;
+        t.challenge_acks_limited += u.challenge_acks_limited;
     }
 }
 
