@@ -5,11 +5,13 @@
 //!
 //! The test relay ([`Relay`], also the `iwarp-relay` binary of this crate): an L2 forwarder
 //! between two interfaces (the relay namespace) that impairs the TCP traffic it forwards, to
-//! put the AF_XDP engine through real loss, reordering and re-segmentation on the test bed.
+//! put the AF_XDP engine through real loss, reordering, re-segmentation, duplication,
+//! corruption, delay and a shrinking path MTU on the test bed.
 //!
 //! Frames are read and written with `AF_PACKET` sockets (the relay's ends are promiscuous and
 //! carry no addresses, so the kernel there only watches). Everything that is not IPv4 TCP (ARP)
-//! is forwarded unchanged. TCP segments, per direction:
+//! is forwarded unchanged (but delayed and MTU-checked like the rest, steps 5 and 6). TCP
+//! segments, per direction:
 //!
 //! 1. *MSS clamp* (optional): the MSS option of SYNs is lowered, as middleboxes do, so senders
 //!    make FPDUs smaller than the segments the relay may build;
@@ -18,28 +20,55 @@
 //!    the link's MTU, with fresh IPv4 and TCP checksums; FIN, PSH, the newest ACK, window and
 //!    options ride on the last piece; out-of-sequence segments (retransmissions) flush what is
 //!    gathered and start anew. FPDUs then no longer start segments.
-//! 3. *Loss and reordering*: each resulting segment (pure ACKs included) is dropped with
-//!    probability [`RelayConfig::loss`], or with [`RelayConfig::reorder`] held back until 1 to
-//!    [`RelayConfig::reorder_frames`] later frames of its direction have passed (or
+//! 3. *Loss, corruption, duplication*: each resulting segment (pure ACKs included) is dropped
+//!    with probability [`RelayConfig::loss`]; a data segment that is not dropped has 1 to
+//!    [`RelayConfig::corrupt_bits`] distinct bits of its payload flipped with probability
+//!    [`RelayConfig::corrupt`] (in the directions of [`RelayConfig::corrupt_toward`], from
+//!    [`RelayConfig::corrupt_start`], at most [`RelayConfig::corrupt_max`] segments), its TCP
+//!    checksum recomputed so that TCP accepts it and only MPA's CRC can tell; then the segment
+//!    is sent twice with probability [`RelayConfig::duplicate`]: the copy goes out right
+//!    behind it, or at once when the segment itself is held back (step 4).
+//! 4. *Reordering*: with [`RelayConfig::reorder`] a segment (not its duplicate) is held back
+//!    until 1 to [`RelayConfig::reorder_frames`] later frames of its direction have passed (or
 //!    [`RelayConfig::reorder_delay`] has), else forwarded at once.
+//! 5. *Path MTU drop* (optional, [`RelayConfig::path_mtu`]): from its start on, every IPv4
+//!    packet longer than the new MTU is dropped, as a router with a smaller next hop does; one
+//!    with DF set (our senders and Linux set it) is answered with an ICMP "fragmentation
+//!    needed" (type 3 code 4, RFC 792) carrying the next-hop MTU (RFC 1191 section 4) and the
+//!    packet's IPv4 header and first 8 payload octets, sent back to the sender's MAC and IPv4
+//!    address from [`PathMtu::router`]. The relay never fragments.
+//! 6. *Delay and jitter* (optional): every frame leaves [`RelayConfig::delay`] plus a uniform
+//!    draw from 0 to [`RelayConfig::jitter`] after it arrived. Frames are sent in the order of
+//!    their departure times, so jitter reorders frames that arrive closer together than it
+//!    (as on real paths with several queues or links; counted as `jitter_reordered`).
 //!
 //! Frames are parsed and checksums rewritten with `tcp_engine::wire` ([`EthernetFrame`],
-//! [`Ipv4TcpView`], [`wire::fill_checksums`]), the engine's own frame view and checksum.
+//! [`Ipv4TcpView`], [`wire::fill_checksums`], [`wire::Checksum`]), the engine's own frame view
+//! and checksum.
 //!
-//! Decisions come from a seeded generator (xorshift), so a seed gives the same decisions for
-//! the same sequence of frames. The relay runs on its own thread until [`Relay::stop`] (or drop)
-//! or its `lifetime` ends.
+//! Decisions come from seeded generators (xorshift), so a seed gives the same decisions for
+//! the same sequence of frames. Loss, reordering and re-segmentation share one generator;
+//! duplication, corruption and jitter each draw from their own generator per direction, only
+//! for the frames they may act on, so that corruption, for one, hits the same data segments
+//! of a direction with the same bits whatever the other direction does (without loss, which
+//! decides first which segments there are). Counters are kept per
+//! direction ([`DirStats`]); [`Relay::stats`] reads them while the relay runs. The relay runs
+//! on its own thread until [`Relay::stop`] (or drop) or its `lifetime` ends.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::ffi::CString;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tcp_engine::wire::{self, EthernetFrame, Ipv4TcpView, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
+use tcp_engine::wire::{
+    self, Checksum, EthernetFrame, Ipv4TcpView, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4,
+};
 
 /// Namespace of host A.
 pub const NS_A: &str = "iwra";
@@ -59,6 +88,9 @@ pub const RELAY_DEV_B: &str = "rrb0";
 pub const ADDR_A: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
 /// Host B's address.
 pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+/// The address the relay's ICMP messages come from by default ([`PathMtu::router`]): in the
+/// bed's subnet, owned by no host.
+pub const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 254);
 
 /// Errors of the test relay.
 #[derive(Debug, thiserror::Error)]
@@ -108,8 +140,90 @@ pub struct RelayConfig {
     pub mss_clamp: Option<u16>,
     /// Largest IPv4 packet the relay builds (the links' MTU).
     pub mtu: usize,
+    /// Probability a TCP segment that was not dropped is sent twice.
+    pub duplicate: f64,
+    /// Probability a data segment (payload, no SYN or RST) that was not dropped has bits of its
+    /// payload flipped (its checksums recomputed).
+    pub corrupt: f64,
+    /// A corrupted segment has 1 to this many distinct payload bits flipped (uniform count;
+    /// at least 1).
+    pub corrupt_bits: u32,
+    /// The directions whose data segments may be corrupted.
+    pub corrupt_toward: Toward,
+    /// When corruption begins (each direction on its own with [`Start::AfterBytes`]).
+    pub corrupt_start: Start,
+    /// Most segments corrupted in each direction.
+    pub corrupt_max: u64,
+    /// One-way delay added to every frame.
+    pub delay: Duration,
+    /// Each frame is delayed by a further uniform draw from 0 to this (frames may overtake
+    /// each other).
+    pub jitter: Duration,
+    /// A path MTU that shrinks mid-run (`None`: the links' MTU throughout).
+    pub path_mtu: Option<PathMtu>,
     /// The relay stops by itself after this long.
     pub lifetime: Duration,
+}
+
+/// Which directions of the relay an impairment acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Toward {
+    /// Frames from A to B and from B to A.
+    #[default]
+    Both,
+    /// Frames going to host A (from B).
+    A,
+    /// Frames going to host B (from A).
+    B,
+}
+
+impl Toward {
+    /// True if the direction towards B (`toward_b`) or towards A (`!toward_b`) is included.
+    pub fn includes(self, toward_b: bool) -> bool {
+        match self {
+            Toward::Both => true,
+            Toward::A => !toward_b,
+            Toward::B => toward_b,
+        }
+    }
+}
+
+/// When an impairment begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Start {
+    /// From the relay's first frame.
+    #[default]
+    Now,
+    /// Once this long has passed since the relay started.
+    After(Duration),
+    /// In a direction, once the relay has received this many TCP payload octets in it
+    /// (retransmissions included; [`DirStats::payload_in`]).
+    AfterBytes(u64),
+}
+
+/// A path MTU drop: from `start` on, IPv4 packets longer than `mtu` are dropped and, with DF
+/// set, answered with an ICMP "fragmentation needed" from `router` (see the module
+/// documentation, step 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathMtu {
+    /// The new path MTU (largest IPv4 packet forwarded), carried as the ICMP's next-hop MTU.
+    pub mtu: u16,
+    /// When the drop begins (both directions).
+    pub start: Start,
+    /// Source address of the ICMP messages: the router whose next hop is too small. The relay
+    /// has no address of its own; Linux accepts any unicast source.
+    pub router: Ipv4Addr,
+}
+
+impl PathMtu {
+    /// A drop to `mtu` from `start`, ICMP from [`ROUTER`].
+    pub fn new(mtu: u16, start: Start) -> PathMtu {
+        PathMtu {
+            mtu,
+            start,
+            router: ROUTER,
+        }
+    }
 }
 
 impl Default for RelayConfig {
@@ -127,6 +241,15 @@ impl Default for RelayConfig {
             hold: Duration::from_micros(300),
             mss_clamp: None,
             mtu: 1500,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            corrupt_bits: 1,
+            corrupt_toward: Toward::Both,
+            corrupt_start: Start::Now,
+            corrupt_max: u64::MAX,
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+            path_mtu: None,
             lifetime: Duration::from_secs(600),
         }
     }
@@ -155,6 +278,23 @@ pub struct DirStats {
     pub unaligned_pieces: u64,
     /// SYNs whose MSS option was lowered.
     pub mss_clamped: u64,
+    /// TCP payload octets received (retransmissions included).
+    pub payload_in: u64,
+    /// TCP segments sent twice.
+    pub duplicated: u64,
+    /// Data segments forwarded with payload bits flipped and checksums recomputed.
+    pub corrupted: u64,
+    /// Payload bits flipped in those.
+    pub corrupted_bits: u64,
+    /// Frames that went through the delay line (delay or jitter set).
+    pub delayed: u64,
+    /// Of those, frames that left it after a frame that entered it later (jitter overtook
+    /// them).
+    pub jitter_reordered: u64,
+    /// IPv4 packets dropped for being longer than the path MTU.
+    pub mtu_dropped: u64,
+    /// ICMP "fragmentation needed" messages sent back to the sender of this direction.
+    pub icmp_sent: u64,
 }
 
 /// Counters of both directions.
@@ -169,6 +309,8 @@ pub struct RelayStats {
 /// A running relay (see the module documentation).
 pub struct Relay {
     stop: Arc<AtomicBool>,
+    /// The counters as the relay thread last published them.
+    live: Arc<Mutex<RelayStats>>,
     thread: Option<JoinHandle<Result<RelayStats, RelayError>>>,
 }
 
@@ -182,8 +324,10 @@ impl Relay {
     /// Opens the relay's sockets (in `cfg.netns`) and starts forwarding. Needs root.
     pub fn start(cfg: RelayConfig) -> Result<Relay, RelayError> {
         let stop = Arc::new(AtomicBool::new(false));
+        let live = Arc::new(Mutex::new(RelayStats::default()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let flag = stop.clone();
+        let published = live.clone();
         let thread = std::thread::Builder::new()
             .name("iwarp-relay".into())
             .spawn(move || {
@@ -206,12 +350,13 @@ impl Relay {
                         return Err(RelayError::Thread(text));
                     }
                 };
-                run(cfg, a, b, &flag)
+                run(cfg, a, b, &flag, &published)
             })
             .map_err(io_err("spawning the relay thread"))?;
         match ready_rx.recv_timeout(Duration::from_secs(10)) {
             Ok(Ok(())) => Ok(Relay {
                 stop,
+                live,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -219,6 +364,15 @@ impl Relay {
                 Err(e)
             }
             Err(_) => Err(RelayError::Thread("did not start".into())),
+        }
+    }
+
+    /// The counters so far (the relay thread publishes them after each round of frames it
+    /// handled; what it is handling now is not in them yet).
+    pub fn stats(&self) -> RelayStats {
+        match self.live.lock() {
+            Ok(s) => *s,
+            Err(poisoned) => *poisoned.into_inner(),
         }
     }
 
@@ -507,11 +661,64 @@ struct Held {
     deadline: Instant,
 }
 
+/// A frame in the delay line: it leaves at `at`; `order` numbers the frames as they entered.
+struct Delayed {
+    at: Instant,
+    order: u64,
+    frame: Vec<u8>,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}
+
+/// The generators of one direction's own impairments (see the module documentation).
+struct Streams {
+    duplicate: Rng,
+    corrupt: Rng,
+    jitter: Rng,
+}
+
+impl Streams {
+    fn new(seed: u64, toward_b: bool) -> Streams {
+        let dir: u64 = if toward_b { 0x100 } else { 0x200 };
+        Streams {
+            duplicate: Rng::new(seed ^ (dir + 1).rotate_left(40)),
+            corrupt: Rng::new(seed ^ (dir + 2).rotate_left(40)),
+            jitter: Rng::new(seed ^ (dir + 3).rotate_left(40)),
+        }
+    }
+}
+
 struct Direction {
+    /// True for frames from A to B.
+    toward_b: bool,
     /// Frames ready to go out, in order.
     outbox: Vec<Vec<u8>>,
+    /// Frames to send back where this direction's frames come from (ICMP).
+    replies: Vec<Vec<u8>>,
     gathered: Option<Gathered>,
     held: Vec<Held>,
+    /// The delay line, earliest departure first.
+    delayed: BinaryHeap<Reverse<Delayed>>,
+    /// Frames that entered the delay line so far.
+    delay_order: u64,
+    /// Highest `order` that left the delay line so far (plus one; 0: none yet).
+    delay_left: u64,
+    streams: Streams,
     stats: DirStats,
     ip_id: u16,
 }
@@ -519,16 +726,33 @@ struct Direction {
 struct Ctx<'a> {
     cfg: &'a RelayConfig,
     rng: Rng,
+    /// When the relay started ([`Start::After`]).
+    started: Instant,
 }
 
 impl Direction {
-    fn new() -> Direction {
+    fn new(seed: u64, toward_b: bool) -> Direction {
         Direction {
+            toward_b,
             outbox: Vec::new(),
+            replies: Vec::new(),
             gathered: None,
             held: Vec::new(),
+            delayed: BinaryHeap::new(),
+            delay_order: 0,
+            delay_left: 0,
+            streams: Streams::new(seed, toward_b),
             stats: DirStats::default(),
             ip_id: 0,
+        }
+    }
+
+    /// True once `start` has come for this direction.
+    fn begun(&self, start: Start, ctx: &Ctx<'_>, now: Instant) -> bool {
+        match start {
+            Start::Now => true,
+            Start::After(d) => now.saturating_duration_since(ctx.started) >= d,
+            Start::AfterBytes(n) => self.stats.payload_in >= n,
         }
     }
 
@@ -536,7 +760,7 @@ impl Direction {
         self.stats.frames_in += 1;
         let Some(t) = parse_tcp(frame) else {
             self.stats.other += 1;
-            self.emit(frame.to_vec());
+            self.emit(ctx, frame.to_vec(), now);
             return Ok(());
         };
         self.stats.tcp_in += 1;
@@ -544,6 +768,7 @@ impl Direction {
         let has_data = t.end > t.payload;
         if has_data {
             self.stats.data_in += 1;
+            self.stats.payload_in += (t.end - t.payload) as u64;
         }
         if t.flags & SYN != 0 {
             if let Some(clamp) = ctx.cfg.mss_clamp {
@@ -662,12 +887,15 @@ impl Direction {
         Ok(())
     }
 
-    fn impair(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) -> io::Result<()> {
+    fn impair(&mut self, ctx: &mut Ctx<'_>, mut frame: Vec<u8>, now: Instant) -> io::Result<()> {
         let x = ctx.rng.unit();
         if x < ctx.cfg.loss {
             self.stats.dropped += 1;
             return Ok(());
         }
+        self.corrupt(ctx, &mut frame, now);
+        let copy = (ctx.cfg.duplicate > 0.0 && self.streams.duplicate.unit() < ctx.cfg.duplicate)
+            .then(|| frame.clone());
         if x < ctx.cfg.loss + ctx.cfg.reorder {
             let after = ctx.rng.range(1, u64::from(ctx.cfg.reorder_frames.max(1))) as u32;
             self.held.push(Held {
@@ -675,29 +903,111 @@ impl Direction {
                 after,
                 deadline: now + ctx.cfg.reorder_delay,
             });
-            return Ok(());
+        } else {
+            self.pass(ctx, frame, now);
         }
-        self.emit(frame);
-        // Held frames go out once enough later ones have passed them.
+        if let Some(copy) = copy {
+            self.stats.duplicated += 1;
+            self.pass(ctx, copy, now);
+        }
+        Ok(())
+    }
+
+    /// Sends a frame on, and the held frames that enough frames have now passed.
+    fn pass(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) {
+        self.emit(ctx, frame, now);
         let mut i = 0;
         while i < self.held.len() {
             self.held[i].after -= 1;
             if self.held[i].after == 0 {
                 let h = self.held.swap_remove(i);
                 self.stats.reordered += 1;
-                self.emit(h.frame);
+                self.emit(ctx, h.frame, now);
             } else {
                 i += 1;
             }
         }
-        Ok(())
     }
 
-    fn emit(&mut self, frame: Vec<u8>) {
-        self.outbox.push(frame);
+    /// Flips 1..=`corrupt_bits` distinct payload bits of a data segment, if this one is to be
+    /// corrupted, and recomputes its checksums.
+    fn corrupt(&mut self, ctx: &mut Ctx<'_>, frame: &mut [u8], now: Instant) {
+        let cfg = ctx.cfg;
+        if cfg.corrupt <= 0.0
+            || self.stats.corrupted >= cfg.corrupt_max
+            || !cfg.corrupt_toward.includes(self.toward_b)
+            || !self.begun(cfg.corrupt_start, ctx, now)
+        {
+            return;
+        }
+        let Some(t) = parse_tcp(frame) else { return };
+        if t.end <= t.payload || t.flags & (SYN | RST) != 0 {
+            return;
+        }
+        let rng = &mut self.streams.corrupt;
+        if rng.unit() >= cfg.corrupt {
+            return;
+        }
+        let payload = &mut frame[t.payload..t.end];
+        let bits = payload.len() as u64 * 8;
+        let want = rng.range(1, u64::from(cfg.corrupt_bits.max(1)).min(bits));
+        let mut flipped: Vec<u64> = Vec::with_capacity(want as usize);
+        // Distinct bits: a bit drawn twice is drawn again (a bounded number of times; a
+        // flip undone by a second one would leave the segment intact).
+        for _ in 0..want * 16 {
+            if flipped.len() as u64 == want {
+                break;
+            }
+            let bit = rng.range(0, bits - 1);
+            if !flipped.contains(&bit) {
+                flipped.push(bit);
+                payload[(bit / 8) as usize] ^= 0x80 >> (bit % 8);
+            }
+        }
+        fix_checksums(frame, &t);
+        self.stats.corrupted += 1;
+        self.stats.corrupted_bits += flipped.len() as u64;
     }
 
-    /// Time-driven work: gathered data held too long, held-back frames due.
+    /// Hands a frame to the path after the relay: the path MTU, then the delay line.
+    fn emit(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) {
+        if let Some(p) = ctx.cfg.path_mtu {
+            if self.begun(p.start, ctx, now) {
+                if let Some(ip) = parse_ipv4(&frame) {
+                    if ip.total > usize::from(p.mtu) {
+                        self.stats.mtu_dropped += 1;
+                        self.ip_id = self.ip_id.wrapping_add(1);
+                        if let Some(icmp) = frag_needed(&frame, p.mtu, p.router, self.ip_id) {
+                            self.stats.icmp_sent += 1;
+                            self.replies.push(icmp);
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+        let (delay, jitter) = (ctx.cfg.delay, ctx.cfg.jitter);
+        if delay.is_zero() && jitter.is_zero() {
+            self.outbox.push(frame);
+            return;
+        }
+        let extra = if jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            let ns = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
+            Duration::from_nanos(self.streams.jitter.range(0, ns))
+        };
+        self.stats.delayed += 1;
+        self.delayed.push(Reverse(Delayed {
+            at: now + delay + extra,
+            order: self.delay_order,
+            frame,
+        }));
+        self.delay_order += 1;
+    }
+
+    /// Time-driven work: gathered data held too long, held-back frames due, delayed frames
+    /// due.
     fn timers(&mut self, ctx: &mut Ctx<'_>, now: Instant) -> io::Result<()> {
         if self
             .gathered
@@ -711,10 +1021,21 @@ impl Direction {
             if self.held[i].deadline <= now {
                 let h = self.held.swap_remove(i);
                 self.stats.reordered += 1;
-                self.emit(h.frame);
+                self.emit(ctx, h.frame, now);
             } else {
                 i += 1;
             }
+        }
+        while self.delayed.peek().is_some_and(|d| d.0.at <= now) {
+            let Some(Reverse(d)) = self.delayed.pop() else {
+                break;
+            };
+            if d.order < self.delay_left {
+                self.stats.jitter_reordered += 1;
+            } else {
+                self.delay_left = d.order + 1;
+            }
+            self.outbox.push(d.frame);
         }
         Ok(())
     }
@@ -722,11 +1043,100 @@ impl Direction {
     fn next_deadline(&self, hold: Duration) -> Option<Instant> {
         let g = self.gathered.as_ref().map(|g| g.since + hold);
         let h = self.held.iter().map(|h| h.deadline).min();
-        match (g, h) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let d = self.delayed.peek().map(|d| d.0.at);
+        [g, h, d].into_iter().flatten().min()
     }
+}
+
+/// The fields of an IPv4 packet the path MTU drop looks at.
+#[derive(Debug, Clone, Copy)]
+struct Ipv4Info {
+    /// IPv4 header length.
+    header_len: usize,
+    /// IPv4 total length.
+    total: usize,
+    /// Don't Fragment set.
+    df: bool,
+    /// Fragment offset (in 8-octet units).
+    frag_offset: u16,
+    protocol: u8,
+    src: [u8; 4],
+}
+
+/// The IPv4 header of an Ethernet frame, if it is IPv4 and its lengths fit the frame.
+fn parse_ipv4(f: &[u8]) -> Option<Ipv4Info> {
+    let eth = EthernetFrame::new_checked(f).ok()?;
+    if eth.ethertype() != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let ip = eth.payload();
+    let (&vihl, _) = ip.split_first()?;
+    let header_len = usize::from(vihl & 0x0f) * 4;
+    if vihl >> 4 != 4 || header_len < 20 || ip.len() < header_len {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    if total < header_len || total > ip.len() {
+        return None;
+    }
+    let frag = u16::from_be_bytes([ip[6], ip[7]]);
+    Some(Ipv4Info {
+        header_len,
+        total,
+        df: frag & 0x4000 != 0,
+        frag_offset: frag & 0x1fff,
+        protocol: ip[9],
+        src: [ip[12], ip[13], ip[14], ip[15]],
+    })
+}
+
+/// ICMP type "destination unreachable" (RFC 792).
+const ICMP_DEST_UNREACHABLE: u8 = 3;
+/// ICMP code "fragmentation needed and DF set" (RFC 792).
+const ICMP_FRAG_NEEDED: u8 = 4;
+const IP_PROTOCOL_ICMP: u8 = 1;
+
+/// The ICMP "fragmentation needed and DF set" a router sends back for `frame`, an IPv4 packet
+/// it cannot forward to a next hop of `mtu` (RFC 792; RFC 1191 section 4: the next-hop MTU in
+/// the low 16 bits of the second word): an Ethernet frame to the packet's source MAC (from its
+/// destination MAC), an IPv4 packet from `router` to the packet's source (identification
+/// `ip_id`), the ICMP message carrying the packet's IPv4 header and its first 8 payload
+/// octets. `None` when no ICMP may be sent (RFC 1122 3.2.2, RFC 1812 4.3.2.7): not IPv4, DF
+/// clear (a router would fragment), not the first fragment, or itself ICMP (never an error
+/// about an error; the bed carries no other ICMP).
+fn frag_needed(frame: &[u8], mtu: u16, router: Ipv4Addr, ip_id: u16) -> Option<Vec<u8>> {
+    let ip = parse_ipv4(frame)?;
+    if !ip.df || ip.frag_offset != 0 || ip.protocol == IP_PROTOCOL_ICMP {
+        return None;
+    }
+    let quoted = &frame[ETH_LEN..ETH_LEN + (ip.header_len + 8).min(ip.total)];
+    let icmp_len = 8 + quoted.len();
+    let total = 20 + icmp_len;
+    let mut f = vec![0u8; ETH_LEN + total];
+    // Ethernet: back to the sender.
+    f[0..6].copy_from_slice(&frame[6..12]);
+    f[6..12].copy_from_slice(&frame[0..6]);
+    f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    // IPv4.
+    let h = ETH_LEN;
+    f[h] = 0x45;
+    f[h + 2..h + 4].copy_from_slice(&(total as u16).to_be_bytes());
+    f[h + 4..h + 6].copy_from_slice(&ip_id.to_be_bytes());
+    f[h + 8] = 64;
+    f[h + 9] = IP_PROTOCOL_ICMP;
+    f[h + 12..h + 16].copy_from_slice(&router.octets());
+    f[h + 16..h + 20].copy_from_slice(&ip.src);
+    let sum = Checksum::new().add_bytes(&f[h..h + 20]).finish();
+    f[h + 10..h + 12].copy_from_slice(&sum.to_be_bytes());
+    // ICMP.
+    let m = h + 20;
+    f[m] = ICMP_DEST_UNREACHABLE;
+    f[m + 1] = ICMP_FRAG_NEEDED;
+    f[m + 6..m + 8].copy_from_slice(&mtu.to_be_bytes());
+    f[m + 8..].copy_from_slice(quoted);
+    let sum = Checksum::new().add_bytes(&f[m..]).finish();
+    f[m + 2..m + 4].copy_from_slice(&sum.to_be_bytes());
+    Some(f)
 }
 
 fn run(
@@ -734,20 +1144,30 @@ fn run(
     a: PacketSocket,
     b: PacketSocket,
     stop: &AtomicBool,
+    live: &Mutex<RelayStats>,
 ) -> Result<RelayStats, RelayError> {
     let started = Instant::now();
     let a_fd = a.fd.as_raw_fd();
     let b_fd = b.fd.as_raw_fd();
-    // Frames read on A's side go out on B's, and the other way round.
+    // Frames read on A's side go out on B's, and the other way round; replies (ICMP) go back
+    // out where their direction's frames come from.
     let (a_rx, b_rx) = (a, b);
-    let mut dirs = [Direction::new(), Direction::new()];
+    let mut dirs = [
+        Direction::new(cfg.seed, true),
+        Direction::new(cfg.seed, false),
+    ];
     let rx = [&a_rx, &b_rx];
     let tx = [&b_rx, &a_rx];
     let mut ctx = Ctx {
         cfg: &cfg,
         rng: Rng::new(cfg.seed),
+        started,
     };
     let mut buf = vec![0u8; 1 << 16];
+    let stats = |dirs: &[Direction; 2]| RelayStats {
+        a_to_b: dirs[0].stats,
+        b_to_a: dirs[1].stats,
+    };
     let res = (|| -> io::Result<()> {
         while !stop.load(Ordering::Relaxed) && started.elapsed() < cfg.lifetime {
             let mut any = false;
@@ -763,13 +1183,19 @@ fn run(
                 }
             }
             let now = Instant::now();
-            for (d, out) in dirs.iter_mut().zip(tx) {
+            for (i, d) in dirs.iter_mut().enumerate() {
                 d.timers(&mut ctx, now)?;
                 for f in d.outbox.drain(..) {
-                    if out.send(&f)? {
+                    if tx[i].send(&f)? {
                         d.stats.frames_out += 1;
                     }
                 }
+                for f in d.replies.drain(..) {
+                    rx[i].send(&f)?;
+                }
+            }
+            if let Ok(mut l) = live.lock() {
+                *l = stats(&dirs);
             }
             if any {
                 continue;
@@ -807,10 +1233,7 @@ fn run(
         Ok(())
     })();
     res.map_err(io_err("forwarding"))?;
-    Ok(RelayStats {
-        a_to_b: dirs[0].stats,
-        b_to_a: dirs[1].stats,
-    })
+    Ok(stats(&dirs))
 }
 
 #[cfg(test)]
@@ -878,8 +1301,9 @@ mod tests {
         let mut ctx = Ctx {
             cfg: &cfg,
             rng: Rng::new(3),
+            started: Instant::now(),
         };
-        let mut d = Direction::new();
+        let mut d = Direction::new(3, true);
         let now = Instant::now();
         let stream: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 1) as u8).collect();
         let mut at = 0;
@@ -911,6 +1335,277 @@ mod tests {
             "{:?}",
             d.stats
         );
+    }
+
+    fn ctx(cfg: &RelayConfig) -> Ctx<'_> {
+        Ctx {
+            cfg,
+            rng: Rng::new(cfg.seed),
+            started: Instant::now(),
+        }
+    }
+
+    /// Feeds `frames` to a fresh direction (towards B if `toward_b`, else towards A) and runs
+    /// its timers `after` later; returns it.
+    fn feed(cfg: &RelayConfig, toward_b: bool, frames: &[Vec<u8>], after: Duration) -> Direction {
+        let mut c = ctx(cfg);
+        let mut d = Direction::new(cfg.seed, toward_b);
+        let now = c.started;
+        for f in frames {
+            let mut f = f.clone();
+            d.take_frame(&mut c, &mut f, now).unwrap();
+        }
+        d.timers(&mut c, now + after).unwrap();
+        d
+    }
+
+    fn data_frames(n: usize, len: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let payload: Vec<u8> = (0..len).map(|j| (i * 31 + j * 7) as u8).collect();
+                frame(1000 + (i * len) as u32, PSH, &payload)
+            })
+            .collect()
+    }
+
+    fn bits_differing(a: &[u8], b: &[u8]) -> u32 {
+        a.iter().zip(b).map(|(x, y)| (x ^ y).count_ones()).sum()
+    }
+
+    #[test]
+    fn corruption_flips_payload_bits_and_recomputes_the_checksums() {
+        let cfg = RelayConfig {
+            corrupt: 1.0,
+            corrupt_bits: 5,
+            ..RelayConfig::default()
+        };
+        let mut input = data_frames(200, 1000);
+        input.push(frame(5, SYN, b""));
+        input.push(frame(6, 0, b""));
+        let d = feed(&cfg, true, &input, Duration::ZERO);
+        assert_eq!(d.outbox.len(), input.len());
+        let mut bits = 0;
+        let mut seen = [false; 6];
+        for (sent, got) in input.iter().zip(&d.outbox) {
+            assert!(checksums_ok(got), "TCP must accept it");
+            let t = parse_tcp(got).unwrap();
+            // Headers as sent but for the checksums (IPv4 10..12, TCP 16..18).
+            let mut a = sent[..t.payload].to_vec();
+            let mut b = got[..t.payload].to_vec();
+            for v in [&mut a, &mut b] {
+                v[ETH_LEN + 10..ETH_LEN + 12].fill(0);
+                v[t.tcp + 16..t.tcp + 18].fill(0);
+            }
+            assert_eq!(a, b);
+            let n = bits_differing(&sent[t.payload..], &got[t.payload..]);
+            if t.end == t.payload {
+                assert_eq!(n, 0, "no payload, nothing to corrupt");
+            } else {
+                assert!((1..=5).contains(&n), "{n} bits flipped");
+                seen[n as usize] = true;
+            }
+            bits += u64::from(n);
+        }
+        assert_eq!(seen, [false, true, true, true, true, true]);
+        assert_eq!(d.stats.corrupted, 200);
+        assert_eq!(d.stats.corrupted_bits, bits);
+    }
+
+    #[test]
+    fn corruption_keeps_to_its_direction_start_limit_and_seed() {
+        let input = data_frames(100, 500);
+        let cfg = RelayConfig {
+            corrupt: 0.5,
+            corrupt_bits: 3,
+            corrupt_toward: Toward::A,
+            corrupt_start: Start::AfterBytes(10 * 500),
+            corrupt_max: 20,
+            ..RelayConfig::default()
+        };
+        // Towards B: not corrupted.
+        let d = feed(&cfg, true, &input, Duration::ZERO);
+        assert_eq!(d.outbox, input);
+        assert_eq!(d.stats.corrupted, 0);
+        // Towards A: not before 5,000 octets arrived (the 10th segment reaches it), 20 at most.
+        let d = feed(&cfg, false, &input, Duration::ZERO);
+        assert_eq!(d.outbox[..9], input[..9]);
+        let hit: Vec<usize> = (0..input.len())
+            .filter(|&i| d.outbox[i] != input[i])
+            .collect();
+        assert_eq!(hit.len(), 20);
+        assert_eq!(d.stats.corrupted, 20);
+        assert!(hit[0] >= 9 && hit[19] < 99, "{hit:?}");
+        // The same seed hits the same segments with the same bits; another seed does not.
+        let again = feed(&cfg, false, &input, Duration::ZERO);
+        assert_eq!(again.outbox, d.outbox);
+        let other = feed(
+            &RelayConfig {
+                seed: 2,
+                ..cfg.clone()
+            },
+            false,
+            &input,
+            Duration::ZERO,
+        );
+        assert_ne!(other.outbox, d.outbox);
+    }
+
+    #[test]
+    fn duplication_sends_a_copy_right_behind() {
+        let input = data_frames(1000, 100);
+        let cfg = RelayConfig {
+            duplicate: 0.25,
+            ..RelayConfig::default()
+        };
+        let d = feed(&cfg, true, &input, Duration::ZERO);
+        let dups = d.stats.duplicated as usize;
+        assert!((150..350).contains(&dups), "{dups}");
+        assert_eq!(d.outbox.len(), input.len() + dups);
+        let mut out = d.outbox.iter().peekable();
+        for f in &input {
+            assert_eq!(out.next(), Some(f));
+            if out.peek() == Some(&f) {
+                out.next();
+            }
+        }
+        assert_eq!(out.next(), None);
+    }
+
+    #[test]
+    fn delay_and_jitter_hold_frames_and_jitter_reorders_them() {
+        let input = data_frames(500, 100);
+        let cfg = RelayConfig {
+            delay: Duration::from_millis(1),
+            jitter: Duration::from_millis(2),
+            ..RelayConfig::default()
+        };
+        let mut c = ctx(&cfg);
+        let mut d = Direction::new(cfg.seed, true);
+        let t0 = c.started;
+        for (i, f) in input.iter().enumerate() {
+            let mut f = f.clone();
+            // One frame every 10 us: 5 ms of frames, far closer together than the jitter.
+            d.take_frame(&mut c, &mut f, t0 + Duration::from_micros(10 * i as u64))
+                .unwrap();
+        }
+        assert_eq!(d.stats.delayed, 500);
+        d.timers(&mut c, t0 + Duration::from_micros(999)).unwrap();
+        assert!(d.outbox.is_empty(), "nothing leaves before the delay");
+        assert_eq!(
+            d.next_deadline(cfg.hold).map(|t| t >= t0 + cfg.delay),
+            Some(true)
+        );
+        d.timers(&mut c, t0 + Duration::from_millis(9)).unwrap();
+        assert_eq!(d.outbox.len(), 500);
+        assert!(d.next_deadline(cfg.hold).is_none());
+        let mut sorted = d.outbox.clone();
+        sorted.sort_by_key(|f| parse_tcp(f).unwrap().seq);
+        assert_eq!(sorted, input, "every frame once");
+        assert_ne!(d.outbox, input, "jitter reorders");
+        assert!(d.stats.jitter_reordered > 100, "{:?}", d.stats);
+        // A delay without jitter keeps the order.
+        let cfg = RelayConfig {
+            delay: Duration::from_millis(1),
+            ..RelayConfig::default()
+        };
+        let d = feed(&cfg, true, &input, Duration::from_millis(2));
+        assert_eq!(d.outbox, input);
+        assert_eq!(d.stats.jitter_reordered, 0);
+    }
+
+    /// Checks an ICMP "fragmentation needed" built for `sent` (an Ethernet/IPv4/TCP frame).
+    fn check_frag_needed(icmp: &[u8], sent: &[u8], mtu: u16, router: Ipv4Addr) {
+        let h = ETH_LEN;
+        // Ethernet: to the sender's MAC, from the MAC it sent to.
+        assert_eq!(icmp[0..6], sent[6..12]);
+        assert_eq!(icmp[6..12], sent[0..6]);
+        assert_eq!(icmp[12..14], [0x08, 0x00]);
+        // IPv4: a 20-octet header that sums right, ICMP, from the router to the sender.
+        let ip = &icmp[h..];
+        assert_eq!(ip[0], 0x45);
+        assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), ip.len());
+        assert_eq!(ip[9], IP_PROTOCOL_ICMP);
+        assert_eq!(Checksum::new().add_bytes(&ip[..20]).finish(), 0);
+        assert_eq!(ip[12..16], router.octets());
+        assert_eq!(ip[16..20], sent[h + 12..h + 16]);
+        // ICMP: type 3 code 4, a checksum over the message that sums right, the unused half
+        // word zero, the next-hop MTU, the IPv4 header and 8 octets (ports, sequence number).
+        let m = &ip[20..];
+        assert_eq!((m[0], m[1]), (3, 4));
+        assert_eq!(Checksum::new().add_bytes(m).finish(), 0);
+        assert_eq!(m[4..6], [0, 0]);
+        assert_eq!(u16::from_be_bytes([m[6], m[7]]), mtu);
+        assert_eq!(m[8..], sent[h..h + 20 + 8]);
+    }
+
+    #[test]
+    fn frag_needed_carries_the_mtu_header_and_eight_octets() {
+        let mut sent = frame(0x0102_0304, PSH, &[0xab; 1400]);
+        sent[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 0xb]);
+        sent[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0xa]);
+        let router = Ipv4Addr::new(192, 0, 2, 1);
+        let icmp = frag_needed(&sent, 1280, router, 7).unwrap();
+        assert_eq!(icmp.len(), ETH_LEN + 20 + 8 + 20 + 8);
+        check_frag_needed(&icmp, &sent, 1280, router);
+        assert_eq!(icmp[ETH_LEN + 4..ETH_LEN + 6], 7u16.to_be_bytes());
+        // The quoted TCP header starts with the ports and the sequence number.
+        let q = ETH_LEN + 20 + 8 + 20;
+        assert_eq!(icmp[q..q + 4], [0x9c, 0x40, 0x13, 0x88]);
+        assert_eq!(icmp[q + 4..q + 8], [1, 2, 3, 4]);
+        // No ICMP without DF, for later fragments, or about ICMP.
+        let mut no_df = sent.clone();
+        no_df[ETH_LEN + 6] = 0;
+        assert!(frag_needed(&no_df, 1280, router, 7).is_none());
+        let mut later = sent.clone();
+        later[ETH_LEN + 7] = 1;
+        assert!(frag_needed(&later, 1280, router, 7).is_none());
+        let mut icmp_pkt = sent.clone();
+        icmp_pkt[ETH_LEN + 9] = IP_PROTOCOL_ICMP;
+        assert!(frag_needed(&icmp_pkt, 1280, router, 7).is_none());
+        // Not IPv4 (ARP), or a total length beyond the frame.
+        let mut arp = sent.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(frag_needed(&arp, 1280, router, 7).is_none());
+        assert!(frag_needed(&sent[..200], 1280, router, 7).is_none());
+    }
+
+    #[test]
+    fn path_mtu_drop_answers_large_packets_with_icmp_from_its_start() {
+        let cfg = RelayConfig {
+            path_mtu: Some(PathMtu::new(1000, Start::AfterBytes(5 * 1400))),
+            ..RelayConfig::default()
+        };
+        let mut input = data_frames(10, 1400);
+        input.push(frame(99, 0, b""));
+        input.push(frame(100, PSH, &[1; 900]));
+        let mut no_df = frame(200, PSH, &[2; 1400]);
+        no_df[ETH_LEN + 6] = 0;
+        let t = parse_tcp(&no_df).unwrap();
+        fix_checksums(&mut no_df, &t);
+        input.push(no_df);
+        let d = feed(&cfg, true, &input, Duration::ZERO);
+        // The first 4 pass; from the 5th (whose octets reach the start) large ones are dropped.
+        assert_eq!(d.outbox[..4], input[..4]);
+        assert_eq!(d.outbox[4..], input[10..12], "small packets still pass");
+        assert_eq!(d.stats.mtu_dropped, 7);
+        assert_eq!(d.stats.icmp_sent, 6, "none for the packet without DF");
+        assert_eq!(d.replies.len(), 6);
+        for (icmp, sent) in d.replies.iter().zip(&input[4..10]) {
+            check_frag_needed(icmp, sent, 1000, ROUTER);
+        }
+        // A start in time.
+        let cfg = RelayConfig {
+            path_mtu: Some(PathMtu::new(1000, Start::After(Duration::from_secs(5)))),
+            ..RelayConfig::default()
+        };
+        let d = feed(&cfg, true, &input, Duration::ZERO);
+        assert_eq!(d.outbox, input);
+        let mut c = ctx(&cfg);
+        let mut d = Direction::new(1, true);
+        let mut f = input[0].clone();
+        let later = c.started + Duration::from_secs(5);
+        d.take_frame(&mut c, &mut f, later).unwrap();
+        assert_eq!((d.outbox.len(), d.replies.len()), (0, 1));
     }
 
     #[test]
