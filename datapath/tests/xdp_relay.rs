@@ -10,7 +10,17 @@
 //! * a re-segmenting relay (segments gathered and cut again at random offsets, MSS clamped so
 //!   FPDUs are smaller than the segments it builds) with Markers both ways and 2% loss and
 //!   reordering: FPDUs are still placed out of order, and what is held at each gap stays
-//!   under the bound `gap_bound` explains (the pieces of the FPDUs the gap cuts).
+//!   under the bound `gap_bound` explains (the pieces of the FPDUs the gap cuts);
+//! * everything at once, at 0, 1, 5 and 20% loss (`impaired_*`): as much reordering (at least
+//!   2%), 2% of segments duplicated, 100 us of delay with 0-300 us of jitter (which reorders
+//!   frames closer together than that), re-segmentation with the MSS clamped, Markers in two of
+//!   the four; smaller rounds at 20%, where TCP moves little;
+//! * corruption (`corrupted_fpdus_are_never_placed_and_end_only_their_connection`): the relay
+//!   flips payload bits of a few FPDUs and recomputes the TCP checksum; MPA's CRC catches the
+//!   first, nothing corrupted is placed, a Terminate (MPA error 2) ends that connection alone,
+//!   and the same engines go on with verified transfers on their other connections.
+//!
+//! Every session has a deadline (`WAIT`) that all its waits share.
 //!
 //! Read Requests act only in order (RFC 5040 5.3), so an early one would be held. The client
 //! posts each round's Read first and starts a round only after the server's "round done"
@@ -33,20 +43,25 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain, RecvWr,
-    SendOp, SendWr, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain, QpError,
+    RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
+use mpa::MpaError;
+use rdmap::wire::layer;
 use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
 
-/// Message sizes of the rounds (each round: one Read, one Write, one Send of this size).
+/// Message sizes of the rounds (each round: one Read, one Write, one Send of this size) of the
+/// 1% and 5% cases and the re-segmenting one.
 const ROUNDS: [usize; 3] = [4096, 1 << 20, 2 << 20];
+/// The largest message of any round.
 const REGION: usize = 2 << 20;
 
 /// Where round `r`'s Read source lies in the server's Read region (alternate halves).
 fn read_half(r: usize) -> usize {
     (r % 2) * REGION
 }
+/// Longest a whole session may take (each wait gets what is left of it).
 const WAIT: Duration = Duration::from_secs(60);
 const PORT: u16 = 19_615;
 /// The "round done" message the server sends.
@@ -75,6 +90,20 @@ fn params(mpa: &MpaConfig) -> ConnectParams {
     }
 }
 
+/// What is left until `deadline` (at least a millisecond, so a wait still looks once).
+fn left(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// A session's rounds and the time it has.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    rounds: &'static [usize],
+    deadline: Instant,
+}
+
 fn stop(mut engine: XdpEngine) -> EngineCounters {
     engine.stop();
     engine.counters()
@@ -82,7 +111,12 @@ fn stop(mut engine: XdpEngine) -> EngineCounters {
 
 const ALL: Access = Access::ALL;
 
-fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCounters, String> {
+fn server(
+    mpa: MpaConfig,
+    plan: Plan,
+    ready: std::sync::mpsc::Sender<()>,
+) -> Result<EngineCounters, String> {
+    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
         .map_err(|e| format!("server engine: {e}"))?;
     let listener = engine
@@ -90,7 +124,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
         .map_err(|e| format!("listen: {e}"))?;
     let _ = ready.send(());
     let req = listener
-        .accept_timeout(WAIT)
+        .accept_timeout(left(deadline))
         .map_err(|e| format!("accept: {e}"))?
         .ok_or("no connection request in time")?;
     let pd = ProtectionDomain::new();
@@ -101,21 +135,21 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
     let done = pd.register(4096, ALL).map_err(|e| e.to_string())?;
     let recvs = vec![RecvWr {
         wr_id: 0,
-        sg_list: recv.sge(0, ROUNDS[0] as u32).into(),
+        sg_list: recv.sge(0, rounds[0] as u32).into(),
     }];
     let mut welcome = Vec::new();
     for mr in [&wbuf, &rbuf] {
         welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
         welcome.extend_from_slice(&mr.base_to().to_be_bytes());
     }
-    rbuf.write(read_half(0), &pattern(1000, ROUNDS[0]));
+    rbuf.write(read_half(0), &pattern(1000, rounds[0]));
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| format!("accept: {e}"))?;
     let mut qp = conn.qp;
-    for (r, &size) in ROUNDS.iter().enumerate() {
+    for (r, &size) in rounds.iter().enumerate() {
         let c = cq
-            .wait(WAIT)
+            .wait(left(deadline))
             .ok_or_else(|| format!("round {r}: no receive completion: {:?}", qp.status()))?;
         if c.wc.status != WcStatus::Success
             || c.wc.opcode != WcOpcode::Recv
@@ -131,7 +165,7 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
             return Err(format!("round {r}: Write data differs"));
         }
         // The next round's Read source and receive, then "round done".
-        if let Some(&next) = ROUNDS.get(r + 1) {
+        if let Some(&next) = rounds.get(r + 1) {
             rbuf.write(read_half(r + 1), &pattern(1000 + r + 1, next));
             qp.post_recv(RecvWr {
                 wr_id: r as u64 + 1,
@@ -151,13 +185,13 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
         })
         .map_err(|e| format!("post_send: {e}"))?;
         let c = cq
-            .wait(WAIT)
+            .wait(left(deadline))
             .ok_or_else(|| format!("round {r}: \"done\" not completed: {:?}", qp.status()))?;
         if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Send {
             return Err(format!("round {r}: \"done\": {c:?}"));
         }
     }
-    if !qp.wait_finished(WAIT) {
+    if !qp.wait_finished(left(deadline)) {
         return Err(format!(
             "connection not closed by the client: {:?}",
             qp.status()
@@ -167,7 +201,8 @@ fn server(mpa: MpaConfig, ready: std::sync::mpsc::Sender<()>) -> Result<EngineCo
     Ok(stop(engine))
 }
 
-fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
+fn client(mpa: MpaConfig, plan: Plan) -> Result<EngineCounters, String> {
+    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
         .map_err(|e| format!("client engine: {e}"))?;
     let pd = ProtectionDomain::new();
@@ -188,14 +223,14 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
     let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
     let (wstag, wto, rstag, rto) = (stag(0), to(0), stag(12), to(12));
     let mut qp = conn.qp;
-    for r in 0..ROUNDS.len() {
+    for r in 0..rounds.len() {
         qp.post_recv(RecvWr {
             wr_id: 200 + r as u64,
             sg_list: done.sge(r * DONE_LEN, DONE_LEN as u32).into(),
         })
         .map_err(|e| format!("post_recv: {e}"))?;
     }
-    for (r, &size) in ROUNDS.iter().enumerate() {
+    for (r, &size) in rounds.iter().enumerate() {
         src.write(0, &pattern(3000 + r, size));
         send_src.write(0, &pattern(2000 + r, size));
         let ops = [
@@ -236,7 +271,7 @@ fn client(mpa: MpaConfig) -> Result<EngineCounters, String> {
         // Our three work requests and the server's "round done".
         let mut seen = Vec::new();
         while seen.len() < 4 {
-            let c = cq.wait(WAIT).ok_or_else(|| {
+            let c = cq.wait(left(deadline)).ok_or_else(|| {
                 format!("round {r}: completions so far {seen:?}; {:?}", qp.status())
             })?;
             if c.wc.status != WcStatus::Success {
@@ -267,9 +302,14 @@ struct Run {
     relay: RelayStats,
 }
 
-/// One session through a relay configured by `relay`, with `mpa` on both ends.
-fn run(relay: RelayConfig, mpa: MpaConfig) -> Run {
+/// One session of `rounds` through a relay configured by `relay`, with `mpa` on both ends, in
+/// at most `limit` (the waits share it; the threads are joined after it).
+fn run(relay: RelayConfig, mpa: MpaConfig, rounds: &'static [usize], limit: Duration) -> Run {
     let t = Instant::now();
+    let plan = Plan {
+        rounds,
+        deadline: t + limit,
+    };
     let relay = Relay::start(RelayConfig {
         netns: Some(NS_RELAY.into()),
         dev_a: RELAY_DEV_A.into(),
@@ -280,12 +320,12 @@ fn run(relay: RelayConfig, mpa: MpaConfig) -> Run {
     .unwrap_or_else(|e| panic!("relay: {e}"));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let m = mpa.clone();
-    let srv = spawn_in_ns(NS_A, move || server(m, ready_tx));
-    if ready_rx.recv_timeout(WAIT).is_err() {
+    let srv = spawn_in_ns(NS_A, move || server(m, plan, ready_tx));
+    if ready_rx.recv_timeout(limit).is_err() {
         let r = srv.join();
         panic!("server did not start: {r:?}");
     }
-    let cli = spawn_in_ns(NS_B, move || client(mpa));
+    let cli = spawn_in_ns(NS_B, move || client(mpa, plan));
     let c = cli.join().expect("client thread");
     let s = srv.join().expect("server thread");
     let relay = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));
@@ -318,6 +358,8 @@ fn aligned(loss: f64, seed: u64) {
             ..RelayConfig::default()
         },
         MpaConfig::default(),
+        &ROUNDS,
+        WAIT,
     );
     let (s, c) = (&r.server.conns, &r.client.conns);
     assert!(r.relay.a_to_b.dropped + r.relay.b_to_a.dropped > 0);
@@ -358,6 +400,8 @@ fn resegmenting_relay_with_markers() {
             markers: true,
             ..MpaConfig::default()
         },
+        &ROUNDS,
+        WAIT,
     );
     let (s, c) = (&r.server.conns, &r.client.conns);
     for (who, e, d) in [
@@ -420,4 +464,541 @@ const FPDU_MAX: u64 = MSS_CLAMP as u64 - 12;
 /// Held runs are within the same bound.
 fn gap_bound() -> u64 {
     2 * FPDU_MAX + 512
+}
+
+/// Rounds of the impaired cases at 0, 1 and 5% loss.
+const IMPAIRED_ROUNDS: [usize; 3] = [4096, 256 << 10, 1 << 20];
+/// Rounds at 20% loss (and as much reordering): TCP moves little at that rate.
+const HEAVY_ROUNDS: [usize; 3] = [4096, 64 << 10, 256 << 10];
+
+/// Everything at once: loss at `loss`, reordering at `loss` (at least 2%), 2% of segments
+/// duplicated, 100 us of delay with 0-300 us of jitter (frames closer together than that are
+/// reordered too), re-segmentation with the MSS clamped; Markers both ways if `markers`.
+/// Every byte of every round is checked (in `server` and `client`).
+fn impaired(loss: f64, seed: u64, markers: bool, rounds: &'static [usize], limit: Duration) {
+    let _bed = relay_bed_or_skip!();
+    let r = run(
+        RelayConfig {
+            seed,
+            loss,
+            reorder: loss.max(0.02),
+            duplicate: 0.02,
+            delay: Duration::from_micros(100),
+            jitter: Duration::from_micros(300),
+            resegment: true,
+            mss_clamp: Some(MSS_CLAMP),
+            ..RelayConfig::default()
+        },
+        MpaConfig {
+            markers,
+            ..MpaConfig::default()
+        },
+        rounds,
+        limit,
+    );
+    let (s, c) = (&r.server.conns, &r.client.conns);
+    for (who, e, d) in [
+        ("server", s, &r.relay.b_to_a),
+        ("client", c, &r.relay.a_to_b),
+    ] {
+        println!(
+            "towards the {who}: relay dropped {}, reordered {}, duplicated {}, jitter-reordered \
+             {} of {} frames, {} of {} pieces cut inside a segment; {who} engine: {} FPDUs in, \
+             {} placed out of order, held peak {} B, crc errors {}; its peer retransmitted \
+             some of these (both: {} + {} retransmissions, {} + {} RTOs)",
+            d.dropped,
+            d.reordered,
+            d.duplicated,
+            d.jitter_reordered,
+            d.delayed,
+            d.unaligned_pieces,
+            d.pieces,
+            e.fpdus_rx,
+            e.fpdus_placed_out_of_order,
+            e.held_peak,
+            e.crc_errors,
+            s.retransmissions,
+            c.retransmissions,
+            s.rto_expirations,
+            c.rto_expirations,
+        );
+        assert!(d.duplicated > 0, "{who}: {d:?}");
+        assert!(d.jitter_reordered > 0, "{who}: {d:?}");
+        assert!(d.pieces > 0 && d.reordered > 0, "{who}: {d:?}");
+        if loss > 0.0 {
+            assert!(d.dropped > 0, "{who}: {d:?}");
+        }
+    }
+    if loss > 0.0 {
+        assert!(s.retransmissions + c.retransmissions > 0, "{s:?} {c:?}");
+    }
+}
+
+#[test]
+fn impaired_no_loss_duplication_jitter_resegmentation() {
+    impaired(0.0, 41, false, &IMPAIRED_ROUNDS, WAIT);
+}
+
+#[test]
+fn impaired_loss_1_percent_with_markers() {
+    impaired(0.01, 42, true, &IMPAIRED_ROUNDS, WAIT);
+}
+
+#[test]
+fn impaired_loss_5_percent() {
+    impaired(0.05, 43, false, &IMPAIRED_ROUNDS, WAIT);
+}
+
+#[test]
+fn impaired_loss_20_percent_with_markers() {
+    impaired(0.20, 44, true, &HEAVY_ROUNDS, WAIT);
+}
+
+/// The corruption case's port.
+const CORRUPT_PORT: u16 = 19_616;
+/// The Write the relay corrupts.
+const VICTIM_LEN: usize = 2 << 20;
+/// Data segments (one FPDU each: the sender aligns FPDUs, nothing re-cuts them) the relay
+/// corrupts on their way to the server.
+const CORRUPTED: u64 = 3;
+/// ... once this many payload octets went that way: the two MPA Requests, the victim's first
+/// Send and the start of its Write pass intact.
+const CORRUPT_AFTER: u64 = 64 << 10;
+/// Sends and receives of the corruption case.
+const MSG: usize = 4096;
+/// The verified transfers of the other connections: a Write and a Read of this, and a Send.
+const OTHER_LEN: usize = 1 << 20;
+
+/// Posts a signaled work request.
+fn post(
+    qp: &datapath::QueuePair,
+    wr_id: u64,
+    op: SendOp,
+    sge: datapath::Sge,
+) -> Result<(), String> {
+    qp.post_send(SendWr {
+        wr_id,
+        op,
+        sg_list: sge.into(),
+        signaled: true,
+    })
+    .map_err(|e| format!("post {wr_id}: {e}"))
+}
+
+fn send_op() -> SendOp {
+    SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    }
+}
+
+/// Waits for `n` completions on `cq`; every one must succeed.
+fn completions(
+    cq: &CompletionQueue,
+    n: usize,
+    deadline: Instant,
+    what: &str,
+) -> Result<(), String> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let c = cq
+            .wait(left(deadline))
+            .ok_or_else(|| format!("{what}: completions so far {seen:?}"))?;
+        if c.wc.status != WcStatus::Success {
+            return Err(format!("{what}: {c:?}"));
+        }
+        seen.push(c.wc.wr_id);
+    }
+    Ok(())
+}
+
+/// The server's half of a verified transfer on a connection the client Writes to, Reads from
+/// and Sends to: its regions (announced in the welcome), then the checks once the Send is in,
+/// and a reply Send that tells the client.
+struct Served {
+    conn: datapath::Connection,
+    cq: CompletionQueue,
+    target: MemoryRegion,
+    /// The Read source (registered as long as this lives).
+    _source: MemoryRegion,
+    recv: MemoryRegion,
+    reply: MemoryRegion,
+    seed: usize,
+}
+
+fn accept_other(
+    listener: &datapath::Listener,
+    pd: &ProtectionDomain,
+    seed: usize,
+    deadline: Instant,
+) -> Result<Served, String> {
+    let req = listener
+        .accept_timeout(left(deadline))
+        .map_err(|e| format!("accept: {e}"))?
+        .ok_or("no connection request in time")?;
+    let cq = CompletionQueue::new();
+    let target = pd.register(OTHER_LEN, ALL).map_err(|e| e.to_string())?;
+    let source = pd.register(OTHER_LEN, ALL).map_err(|e| e.to_string())?;
+    source.write(0, &pattern(seed + 1, OTHER_LEN));
+    let recv = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    let reply = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    let mut welcome = Vec::new();
+    for mr in [&target, &source] {
+        welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
+        welcome.extend_from_slice(&mr.base_to().to_be_bytes());
+    }
+    let recvs = vec![RecvWr {
+        wr_id: 1,
+        sg_list: recv.sge(0, MSG as u32).into(),
+    }];
+    let conn = req
+        .accept_with_recvs(pd, &cq, &welcome, recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    Ok(Served {
+        conn,
+        cq,
+        target,
+        _source: source,
+        recv,
+        reply,
+        seed,
+    })
+}
+
+impl Served {
+    /// Waits for the client's Write and Send, checks them, replies.
+    fn verify(&self, deadline: Instant) -> Result<(), String> {
+        let c = self
+            .cq
+            .wait(left(deadline))
+            .ok_or_else(|| format!("seed {}: no Send: {:?}", self.seed, self.conn.qp.status()))?;
+        if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv {
+            return Err(format!("seed {}: {c:?}", self.seed));
+        }
+        if bytes(&self.recv, 0, MSG) != pattern(self.seed + 2, MSG) {
+            return Err(format!("seed {}: Send data differs", self.seed));
+        }
+        if bytes(&self.target, 0, OTHER_LEN) != pattern(self.seed, OTHER_LEN) {
+            return Err(format!("seed {}: Write data differs", self.seed));
+        }
+        self.reply.write(0, &pattern(self.seed + 3, MSG));
+        post(&self.conn.qp, 9, send_op(), self.reply.sge(0, MSG as u32))?;
+        completions(&self.cq, 1, deadline, "reply")
+    }
+}
+
+/// The client's half: Write, Read, Send, then the server's reply; checks the Read and the
+/// reply.
+fn transfer_other(
+    conn: &datapath::Connection,
+    cq: &CompletionQueue,
+    pd: &ProtectionDomain,
+    seed: usize,
+    deadline: Instant,
+) -> Result<(), String> {
+    let w = &conn.private_data;
+    if w.len() != 24 {
+        return Err(format!("welcome of {} bytes", w.len()));
+    }
+    let stag = |o: usize| datapath::Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
+    let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
+    let src = pd.register(OTHER_LEN, ALL).map_err(|e| e.to_string())?;
+    let dst = pd.register(OTHER_LEN, ALL).map_err(|e| e.to_string())?;
+    let msg = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    let reply = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    src.write(0, &pattern(seed, OTHER_LEN));
+    msg.write(0, &pattern(seed + 2, MSG));
+    conn.qp
+        .post_recv(RecvWr {
+            wr_id: 4,
+            sg_list: reply.sge(0, MSG as u32).into(),
+        })
+        .map_err(|e| format!("post_recv: {e}"))?;
+    let qp = &conn.qp;
+    let (wstag, wto, rstag, rto) = (stag(0), to(0), stag(12), to(12));
+    post(
+        qp,
+        1,
+        SendOp::Read {
+            remote_stag: rstag,
+            remote_to: rto,
+        },
+        dst.sge(0, OTHER_LEN as u32),
+    )?;
+    post(
+        qp,
+        2,
+        SendOp::Write {
+            remote_stag: wstag,
+            remote_to: wto,
+        },
+        src.sge(0, OTHER_LEN as u32),
+    )?;
+    post(qp, 3, send_op(), msg.sge(0, MSG as u32))?;
+    completions(cq, 4, deadline, &format!("seed {seed}"))?;
+    if bytes(&dst, 0, OTHER_LEN) != pattern(seed + 1, OTHER_LEN) {
+        return Err(format!("seed {seed}: Read data differs"));
+    }
+    if bytes(&reply, 0, MSG) != pattern(seed + 3, MSG) {
+        return Err(format!("seed {seed}: reply differs"));
+    }
+    Ok(())
+}
+
+/// What the corruption case's server saw of the victim's Write region.
+#[derive(Debug)]
+struct TargetCheck {
+    /// Octets holding the Write's data (a prefix: the FPDUs before the first corrupted one).
+    written: usize,
+    /// Octets still holding what was there before.
+    untouched: usize,
+    /// Octets holding neither: corrupted data placed.
+    foreign: usize,
+    /// Length of the prefix that holds the Write's data.
+    written_prefix: usize,
+}
+
+fn corrupt_server(
+    deadline: Instant,
+    ready: std::sync::mpsc::Sender<()>,
+) -> Result<(EngineCounters, TargetCheck), String> {
+    let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
+        .map_err(|e| format!("server engine: {e}"))?;
+    let listener = engine
+        .listen(CORRUPT_PORT, params(&MpaConfig::default()))
+        .map_err(|e| format!("listen: {e}"))?;
+    let _ = ready.send(());
+    let pd = ProtectionDomain::new();
+    // 1. The bystander, opened first and idle while the victim dies.
+    let mut by = accept_other(&listener, &pd, 500, deadline)?;
+    // 2. The victim: a region the Write goes to, holding `stale` before, two receives.
+    let req = listener
+        .accept_timeout(left(deadline))
+        .map_err(|e| format!("accept: {e}"))?
+        .ok_or("no victim connection request in time")?;
+    let cq = CompletionQueue::new();
+    let stale = pattern(600, VICTIM_LEN);
+    let target = pd.register(VICTIM_LEN, ALL).map_err(|e| e.to_string())?;
+    target.write(0, &stale);
+    let recv = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    let mut welcome = Vec::new();
+    welcome.extend_from_slice(&target.stag().0.to_be_bytes());
+    welcome.extend_from_slice(&target.base_to().to_be_bytes());
+    let recvs = (1..=2)
+        .map(|wr_id| RecvWr {
+            wr_id,
+            sg_list: recv.sge(0, MSG as u32).into(),
+        })
+        .collect();
+    let victim = req
+        .accept_with_recvs(&pd, &cq, &welcome, recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    // Its first Send arrives intact (a valid FPDU before the Terminate, RFC 5044 7.1.2).
+    let c = cq
+        .wait(left(deadline))
+        .ok_or_else(|| format!("victim: no Send: {:?}", victim.qp.status()))?;
+    if c.wc.status != WcStatus::Success || bytes(&recv, 0, MSG) != pattern(601, MSG) {
+        return Err(format!("victim's first Send: {c:?}"));
+    }
+    // Then its Write is corrupted on the way: the queue pair ends with the CRC error.
+    if !victim.qp.wait_finished(left(deadline)) {
+        return Err(format!("victim did not end: {:?}", victim.qp.status()));
+    }
+    let st = victim.qp.status();
+    if !matches!(st.error, Some(QpError::Mpa(MpaError::CrcMismatch { .. }))) {
+        return Err(format!("victim: not a CRC error: {st:?}"));
+    }
+    let term = st
+        .sent_terminate
+        .ok_or(format!("no Terminate sent: {st:?}"))?;
+    if (term.layer, term.etype, term.code) != (layer::LLP, 0, 2) || st.remote_terminate.is_some() {
+        return Err(format!("victim: Terminate {term:?}: {st:?}"));
+    }
+    let c = cq
+        .wait(left(deadline))
+        .ok_or("victim: receive not flushed")?;
+    if (c.wc.wr_id, c.wc.status) != (2, WcStatus::WrFlushError) {
+        return Err(format!("victim: {c:?}"));
+    }
+    let fresh = pattern(602, VICTIM_LEN);
+    let got = bytes(&target, 0, VICTIM_LEN);
+    let mut check = TargetCheck {
+        written: 0,
+        untouched: 0,
+        foreign: 0,
+        written_prefix: got.iter().zip(&fresh).take_while(|(a, b)| a == b).count(),
+    };
+    for i in 0..VICTIM_LEN {
+        if got[i] == fresh[i] {
+            check.written += 1;
+        } else if got[i] == stale[i] {
+            check.untouched += 1;
+        } else {
+            check.foreign += 1;
+        }
+    }
+    // 3. The bystander, then a connection opened after, each a verified transfer.
+    by.verify(deadline)?;
+    let mut late = accept_other(&listener, &pd, 700, deadline)?;
+    late.verify(deadline)?;
+    for (what, s) in [("bystander", &mut by), ("late", &mut late)] {
+        if !s.conn.qp.wait_finished(left(deadline)) {
+            return Err(format!("{what}: not closed: {:?}", s.conn.qp.status()));
+        }
+        s.conn.qp.disconnect();
+        // The client closed it, nothing else.
+        let e = s.conn.qp.status().error;
+        if !matches!(e, None | Some(QpError::PeerClosed)) {
+            return Err(format!("{what}: {e:?}"));
+        }
+    }
+    Ok((stop(engine), check))
+}
+
+fn corrupt_client(deadline: Instant, relay: &Relay) -> Result<EngineCounters, String> {
+    let engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
+        .map_err(|e| format!("client engine: {e}"))?;
+    let pd = ProtectionDomain::new();
+    let addr = SocketAddr::from((ADDR_A, CORRUPT_PORT));
+    let p = params(&MpaConfig::default());
+    let by_cq = CompletionQueue::new();
+    let mut by = engine
+        .connect(addr, &pd, &by_cq, &p, b"bystander")
+        .map_err(|e| format!("connect: {e}"))?;
+    let cq = CompletionQueue::new();
+    let victim = engine
+        .connect(addr, &pd, &cq, &p, b"victim")
+        .map_err(|e| format!("connect: {e}"))?;
+    let w = &victim.private_data;
+    if w.len() != 12 {
+        return Err(format!("victim's welcome of {} bytes", w.len()));
+    }
+    let stag = datapath::Stag(u32::from_be_bytes(w[0..4].try_into().unwrap()));
+    let to = u64::from_be_bytes(w[4..12].try_into().unwrap());
+    let src = pd.register(VICTIM_LEN, ALL).map_err(|e| e.to_string())?;
+    src.write(0, &pattern(602, VICTIM_LEN));
+    let msg = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+    msg.write(0, &pattern(601, MSG));
+    post(&victim.qp, 1, send_op(), msg.sge(0, MSG as u32))?;
+    completions(&cq, 1, deadline, "victim's first Send")?;
+    post(
+        &victim.qp,
+        2,
+        SendOp::Write {
+            remote_stag: stag,
+            remote_to: to,
+        },
+        src.sge(0, VICTIM_LEN as u32),
+    )?;
+    post(&victim.qp, 3, send_op(), msg.sge(0, MSG as u32))?;
+    // The server's Terminate ends the victim here.
+    if !victim.qp.wait_finished(left(deadline)) {
+        return Err(format!("victim did not end: {:?}", victim.qp.status()));
+    }
+    let st = victim.qp.status();
+    let term = st
+        .remote_terminate
+        .ok_or(format!("victim: no Terminate received: {st:?}"))?;
+    if (term.layer, term.etype, term.code) != (layer::LLP, 0, 2) || st.sent_terminate.is_some() {
+        return Err(format!("victim: {st:?}"));
+    }
+    // Every corruption the relay was to make is made before the others carry data.
+    while relay.stats().b_to_a.corrupted < CORRUPTED {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the relay corrupted only {:?}",
+                relay.stats().b_to_a
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    transfer_other(&by, &by_cq, &pd, 500, deadline)?;
+    let late_cq = CompletionQueue::new();
+    let mut late = engine
+        .connect(addr, &pd, &late_cq, &p, b"late")
+        .map_err(|e| format!("connect: {e}"))?;
+    transfer_other(&late, &late_cq, &pd, 700, deadline)?;
+    for c in [&mut by, &mut late] {
+        c.qp.disconnect();
+        if !c.qp.status().finished {
+            return Err(format!("disconnect did not finish: {:?}", c.qp.status()));
+        }
+    }
+    Ok(stop(engine))
+}
+
+/// The relay flips 1-3 payload bits of 3 of the victim's Write FPDUs (after 64 KiB went to
+/// the server), with the TCP checksum recomputed: TCP delivers them, MPA's CRC catches the
+/// first, nothing of it (or of what follows) is placed, the server answers with a Terminate
+/// (layer LLP, MPA error 2) and its queue pair reports `QpError::Mpa(CrcMismatch)`; the
+/// client's reports the Terminate. The same engines then complete verified Writes, Reads and
+/// Sends on a connection opened before (idle meanwhile) and on one opened after.
+#[test]
+fn corrupted_fpdus_are_never_placed_and_end_only_their_connection() {
+    let _bed = relay_bed_or_skip!();
+    let t = Instant::now();
+    let deadline = t + WAIT;
+    let relay = Relay::start(RelayConfig {
+        netns: Some(NS_RELAY.into()),
+        dev_a: RELAY_DEV_A.into(),
+        dev_b: RELAY_DEV_B.into(),
+        seed: 21,
+        corrupt: 0.5,
+        corrupt_bits: 3,
+        corrupt_toward: Toward::A,
+        corrupt_start: Start::AfterBytes(CORRUPT_AFTER),
+        corrupt_max: CORRUPTED,
+        lifetime: Duration::from_secs(300),
+        ..RelayConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("relay: {e}"));
+    let (s, c) = std::thread::scope(|scope| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let srv = testbed::scoped_in_ns(scope, NS_A, move || corrupt_server(deadline, ready_tx));
+        if ready_rx.recv_timeout(WAIT).is_err() {
+            let r = srv.join();
+            panic!("server did not start: {r:?}");
+        }
+        let relay = &relay;
+        let cli = testbed::scoped_in_ns(scope, NS_B, move || corrupt_client(deadline, relay));
+        (
+            srv.join().expect("server thread"),
+            cli.join().expect("client thread"),
+        )
+    });
+    let stats = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));
+    println!("relay: {stats:#?}");
+    println!("took {:?}", t.elapsed());
+    let client = c.unwrap_or_else(|e| panic!("client: {e}\nrelay {stats:?}"));
+    let (server, check) = s.unwrap_or_else(|e| panic!("server: {e}\nrelay {stats:?}"));
+    println!("server engine: {:#?}", server.conns);
+    println!("client engine: {:#?}", client.conns);
+    println!("victim's Write region: {check:?}");
+    let d = &stats.b_to_a;
+    println!(
+        "relay corrupted {} segments ({} bits) towards the server, {} towards the client",
+        d.corrupted, d.corrupted_bits, stats.a_to_b.corrupted
+    );
+    assert_eq!(d.corrupted, CORRUPTED, "{d:?}");
+    assert_eq!(stats.a_to_b.corrupted, 0);
+    // Nothing corrupted was placed: the region holds the Write's data up to the first
+    // corrupted FPDU and what it held before from there.
+    assert_eq!(check.foreign, 0, "{check:?}");
+    assert_eq!(check.written_prefix, check.written, "{check:?}");
+    assert!(
+        check.written > (CORRUPT_AFTER as usize) / 2 && check.written < VICTIM_LEN,
+        "{check:?}"
+    );
+    let (s, c) = (&server.conns, &client.conns);
+    assert_eq!(
+        s.crc_errors, 1,
+        "the first corrupted FPDU, and nothing after it, checked"
+    );
+    assert_eq!((s.terminates_sent, s.terminates_received), (1, 0));
+    assert_eq!((c.terminates_sent, c.terminates_received), (0, 1));
+    assert_eq!(c.crc_errors, 0);
+    for (who, e) in [("server", &server), ("client", &client)] {
+        assert!(e.error.is_none(), "{who}: {:?}", e.error);
+        assert_eq!(e.established, 3, "{who}");
+    }
 }
