@@ -511,6 +511,7 @@ pub struct IwarpConn {
     /// Stream offset of this direction's SeqStart (after the Request or Reply).
     tx_seq_start: u64,
     tx_failed: Option<TxSourceError>,
+    /// The ULPDU being framed: grows to the largest one sent (at most MULPDU) and stays.
     ulpdu: Vec<u8>,
     tcp_closed: bool,
     /// TCP reached ESTABLISHED (a reset before that is a refusal).
@@ -643,7 +644,6 @@ impl IwarpConn {
         self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
         self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
         self.chains.reserve(MAX_CHAINS);
-        self.ulpdu.reserve(1 << 16);
         if self
             .store
             .grow(

@@ -132,7 +132,10 @@ impl FpduDecoder {
     /// Allocates the internal buffer for the largest ULPDU accepted, so that no input
     /// allocates later (a locator's guesses read arbitrary ULPDU_Length values).
     pub fn reserve_max_ulpdu(&mut self) {
-        self.ulpdu.reserve(self.max_ulpdu);
+        if self.ulpdu.capacity() < self.max_ulpdu {
+            self.ulpdu
+                .reserve_exact(self.max_ulpdu.saturating_sub(self.ulpdu.len()));
+        }
     }
 
     /// The largest ULPDU_Length accepted.

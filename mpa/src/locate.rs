@@ -27,15 +27,10 @@ pub struct FpduLocator {
 impl FpduLocator {
     /// `crc`: CRCs are checked on this connection; `markers`: the peer inserts Markers.
     pub fn new(crc: bool, markers: bool) -> FpduLocator {
-        let mut decoder = FpduDecoder::new(crc, markers);
-        if crc || markers {
-            // Guesses read any ULPDU_Length: the buffer is sized for the largest at once.
-            decoder.reserve_max_ulpdu();
-        }
         FpduLocator {
             crc,
             markers,
-            decoder,
+            decoder: FpduDecoder::new(crc, markers),
             tail: None,
         }
     }
@@ -137,6 +132,9 @@ impl FpduLocator {
             return (None, false);
         };
         self.decoder.reset(start);
+        // Guesses read any ULPDU_Length: the buffer is sized for the largest at once, on the
+        // first scan (a connection that never sees a segment out of order holds none).
+        self.decoder.reserve_max_ulpdu();
         let mut end = None;
         // An error ends the scan; what was handed up before it was verified.
         let ok = self

@@ -123,11 +123,21 @@ pub trait TcpApp {
         let _ = (id, conn, event);
     }
 
-    /// Called once per turn for every live connection, after the turn's received packets:
-    /// queue data (`send`, `send_record`), read in-order data (`recv`), set the receive
-    /// window, close or abort. `now` is the driver's clock, as the TCP library sees it.
+    /// Called for a live connection after the turn's received packets: queue data (`send`,
+    /// `send_record`), read in-order data (`recv`), set the receive window, close or abort.
+    /// `now` is the driver's clock, as the TCP library sees it. Every turn for every
+    /// connection while there are at most 64; beyond that, in a turn where a segment, an
+    /// event, the accept or open, or [`TcpApp::attention`] named the connection, and at least
+    /// every 20 ms.
     fn on_poll(&mut self, id: ConnId, conn: &mut Connection, now: engine::Instant) {
         let _ = (id, conn, now);
+    }
+
+    /// Names (through `mark`) the connections the application has work for this turn
+    /// (requests it queued for them), so that their `on_poll` comes now and not at the next
+    /// full round.
+    fn attention(&mut self, mark: &mut dyn FnMut(ConnId)) {
+        let _ = mark;
     }
 
     /// [`tcp_engine::TxMode::Source`] connections: write the stream octets
@@ -513,6 +523,43 @@ impl ShardCtx {
 /// How often a shard sweeps its stale flow-directory entries.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// Up to this many live connections, every turn services every connection
+/// ([`TcpApp::on_poll`]); above it, a turn services the connections that need it (see
+/// [`Attention`]) and all of them once per [`SERVICE_ALL_EVERY`].
+const SERVICE_ALL_MAX: usize = 64;
+/// With more than [`SERVICE_ALL_MAX`] connections, how often every connection is serviced
+/// anyway: what no segment, event or application request announces (the application's own
+/// deadlines, a timer that ended a connection) waits at most this long.
+const SERVICE_ALL_EVERY: Duration = Duration::from_millis(20);
+
+/// The connections a turn must service: those a received segment, an accept, an active
+/// open or the application ([`TcpApp::attention`]) named since the last service. A list and
+/// a flag per table slot (allocated once, at the table's size): marking is O(1), no
+/// allocation.
+#[derive(Debug)]
+struct Attention {
+    list: Vec<ConnId>,
+    marked: Vec<bool>,
+}
+
+impl Attention {
+    fn new(capacity: usize) -> Attention {
+        Attention {
+            list: Vec::with_capacity(capacity),
+            marked: vec![false; capacity],
+        }
+    }
+
+    fn mark(&mut self, id: ConnId) {
+        if let Some(m) = self.marked.get_mut(id.index()) {
+            if !*m {
+                *m = true;
+                self.list.push(id);
+            }
+        }
+    }
+}
+
 /// Poll-mode TCP over AF_XDP on one interface (see the module documentation).
 pub struct XdpTcp {
     // Field order is drop order: the (last driver's) port detaches the program first (the
@@ -526,6 +573,9 @@ pub struct XdpTcp {
     pollfds: Vec<libc::pollfd>,
     table: ConnectionTable,
     conns: Vec<Tracked>,
+    attention: Attention,
+    /// When (TCP clock, nanoseconds) every connection was last serviced.
+    last_service_all: u64,
     listeners: Vec<Listening>,
     neigh: Neighbours,
     mtu: u16,
@@ -700,6 +750,8 @@ impl XdpTcp {
             pollfds,
             table: ConnectionTable::new(isn_key, cfg.max_connections),
             conns: Vec::with_capacity(cfg.max_connections),
+            attention: Attention::new(cfg.max_connections),
+            last_service_all: 0,
             listeners: Vec::new(),
             neigh: Neighbours::new(port.ifindex, cfg.max_neighbours),
             mtu: mtu as u16,
@@ -885,6 +937,7 @@ impl XdpTcp {
             dir_key,
             _reservation: Some(reservation),
         });
+        self.attention.mark(id);
         Ok(id)
     }
 
@@ -1037,12 +1090,14 @@ impl XdpTcp {
             stats,
             cfg,
             shard,
+            attention,
             ..
         } = self;
         let mut rx = Rx {
             table,
             neigh,
             stats,
+            attention,
             now,
         };
         let mut any = false;
@@ -1096,6 +1151,7 @@ impl XdpTcp {
                     dir_key,
                     _reservation: None,
                 });
+                self.attention.mark(id);
                 if let Some(conn) = self.table.get_mut(id) {
                     app.on_accept(id, conn);
                 }
@@ -1104,51 +1160,100 @@ impl XdpTcp {
         any
     }
 
-    /// Events, `on_poll` and removal of closed connections.
+    /// Events, `on_poll` and removal of closed connections: every connection each turn while
+    /// there are at most [`SERVICE_ALL_MAX`], else those that need it ([`Attention`]) and all
+    /// of them every [`SERVICE_ALL_EVERY`], so that a turn costs what happened, not how many
+    /// connections are open.
     fn service<A: TcpApp + ?Sized>(&mut self, app: &mut A, now: engine::Instant) -> bool {
+        let attention = &mut self.attention;
+        app.attention(&mut |id| attention.mark(id));
+        let nanos = now.as_nanos();
+        let all = self.conns.len() <= SERVICE_ALL_MAX
+            || nanos.saturating_sub(self.last_service_all) >= SERVICE_ALL_EVERY.as_nanos() as u64;
         let mut any = false;
+        let mut marked = std::mem::take(&mut self.attention.list);
+        for id in marked.drain(..) {
+            if let Some(m) = self.attention.marked.get_mut(id.index()) {
+                *m = false;
+            }
+            if !all {
+                let (had, closed) = self.service_one(app, id, now);
+                any |= had;
+                if closed {
+                    // Linear, but only when a connection ends.
+                    if let Some(i) = self.conns.iter().position(|t| t.id == id) {
+                        any = true;
+                        self.remove_closed(app, i);
+                    }
+                }
+            }
+        }
+        self.attention.list = marked;
+        if !all {
+            return any;
+        }
+        self.last_service_all = nanos;
         let mut i = 0;
         while i < self.conns.len() {
             let id = self.conns[i].id;
-            let closed = match self.table.get_mut(id) {
-                Some(conn) => {
-                    // A connection queues a handful of events at most per segment; the bound
-                    // only guards against a misbehaving application re-arming them forever.
-                    for _ in 0..64 {
-                        let Some(ev) = conn.poll_event() else { break };
-                        any = true;
-                        app.on_event(id, conn, ev);
-                    }
-                    app.on_poll(id, conn, now);
-                    for _ in 0..64 {
-                        let Some(ev) = conn.poll_event() else { break };
-                        any = true;
-                        app.on_event(id, conn, ev);
-                    }
-                    conn.state() == State::Closed
-                }
-                None => true,
-            };
+            let (had, closed) = self.service_one(app, id, now);
+            any |= had;
             if !closed {
                 i += 1;
                 continue;
             }
             any = true;
-            let tracked = self.conns.swap_remove(i);
-            if let Some(flow) = tracked.flow {
-                // Failing to unsteer leaves a stale map entry for a 4-tuple nobody uses; the
-                // connection is gone either way.
-                let _ = self.port.prog().unsteer_flow(flow);
-            }
-            if let (Some(sh), Some(key)) = (&self.shard, tracked.dir_key) {
-                sh.set.directory.remove(key, sh.index);
-            }
-            self.stats.closed += 1;
-            if let Some(conn) = self.table.remove(id) {
-                app.on_closed(id, conn);
-            }
+            self.remove_closed(app, i);
         }
         any
+    }
+
+    /// Events and `on_poll` of one connection; whether anything happened, and whether it is
+    /// closed (or gone).
+    fn service_one<A: TcpApp + ?Sized>(
+        &mut self,
+        app: &mut A,
+        id: ConnId,
+        now: engine::Instant,
+    ) -> (bool, bool) {
+        let mut any = false;
+        let closed = match self.table.get_mut(id) {
+            Some(conn) => {
+                // A connection queues a handful of events at most per segment; the bound
+                // only guards against a misbehaving application re-arming them forever.
+                for _ in 0..64 {
+                    let Some(ev) = conn.poll_event() else { break };
+                    any = true;
+                    app.on_event(id, conn, ev);
+                }
+                app.on_poll(id, conn, now);
+                for _ in 0..64 {
+                    let Some(ev) = conn.poll_event() else { break };
+                    any = true;
+                    app.on_event(id, conn, ev);
+                }
+                conn.state() == State::Closed
+            }
+            None => true,
+        };
+        (any, closed)
+    }
+
+    /// Forgets the closed connection at position `i` of the live list.
+    fn remove_closed<A: TcpApp + ?Sized>(&mut self, app: &mut A, i: usize) {
+        let tracked = self.conns.swap_remove(i);
+        if let Some(flow) = tracked.flow {
+            // Failing to unsteer leaves a stale map entry for a 4-tuple nobody uses; the
+            // connection is gone either way.
+            let _ = self.port.prog().unsteer_flow(flow);
+        }
+        if let (Some(sh), Some(key)) = (&self.shard, tracked.dir_key) {
+            sh.set.directory.remove(key, sh.index);
+        }
+        self.stats.closed += 1;
+        if let Some(conn) = self.table.remove(tracked.id) {
+            app.on_closed(tracked.id, conn);
+        }
     }
 
     fn transmit<A: TcpApp + ?Sized>(
@@ -1224,6 +1329,7 @@ struct Rx<'a> {
     table: &'a mut ConnectionTable,
     neigh: &'a mut Neighbours,
     stats: &'a mut XdpTcpStats,
+    attention: &'a mut Attention,
     now: tcp_engine::Instant,
 }
 
@@ -1276,8 +1382,10 @@ impl Rx<'_> {
         if syn && self.table.stats().passive_opens > opens {
             self.neigh.learn_passive(src_ip, src_mac);
         }
-        if res.is_err() {
-            self.stats.rx_malformed += 1;
+        match res {
+            Ok(Some(id)) => self.attention.mark(id),
+            Ok(None) => {}
+            Err(_) => self.stats.rx_malformed += 1,
         }
         if let (Some(sh), Some(key)) = (shard, claimed) {
             if !matches!(res, Ok(Some(_))) {

@@ -3,6 +3,8 @@
 //! and completions, FPDUs filled into frames), and the connection settings derived from the
 //! engine's ([`State::conn_config`], [`tx_mode`]).
 
+use std::sync::Arc;
+
 use crossbeam_channel::{TryRecvError, TrySendError};
 use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState};
@@ -17,7 +19,7 @@ use crate::{DatapathError, QpError};
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
-use super::wake::{ListenPort, State, TableView};
+use super::wake::{ListenPort, SlotWaker, State, TableView};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -76,6 +78,19 @@ fn table_of<'t>(
 }
 
 impl TcpApp for App<'_> {
+    fn attention(&mut self, mark: &mut dyn FnMut(ConnId)) {
+        let st = &mut *self.st;
+        while let Ok(id) = st.attention_rx.try_recv() {
+            if let Some(w) = st.slots.get_mut(&id).and_then(|s| s.waker.as_ref()) {
+                w.taken();
+            }
+            mark(id);
+        }
+        for id in st.attention_local.drain(..) {
+            mark(id);
+        }
+    }
+
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
         let State {
             slots,
@@ -155,6 +170,7 @@ impl TcpApp for App<'_> {
             progress,
             wake,
             shard,
+            attention_tx,
             ..
         } = &mut *self.st;
         let Some(slot) = slots.get_mut(&id) else {
@@ -246,12 +262,14 @@ impl TcpApp for App<'_> {
                     };
                     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
                     slot.cmds = Some(cmd_rx);
+                    let waker = Arc::new(SlotWaker::new(wake.clone(), id, attention_tx.clone()));
+                    slot.waker = Some(waker.clone());
                     let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
                         .min(usize::from(u16::MAX));
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
-                        waker: wake.clone(),
+                        waker,
                         shared: slot.shared.clone(),
                         negotiated,
                         mulpdu,

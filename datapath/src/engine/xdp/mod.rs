@@ -168,6 +168,8 @@ fn spawn_shard(
         xdp.add_wake_fd(wake_rx.as_raw_fd());
         let _ = ready_tx.send(Ok(xdp.local_ip()));
         let inbox = xdp.shard_set();
+        let (attention_tx, attention_rx) =
+            crossbeam_channel::bounded(cfg.driver.max_connections.max(1));
         let turner = Turner {
             st: State {
                 slots: SlotMap::default(),
@@ -182,6 +184,9 @@ fn spawn_shard(
                 wake: engine_wake.clone(),
                 shard: index,
                 cfg: cfg.clone(),
+                attention_tx: attention_tx.clone(),
+                attention_rx: attention_rx.clone(),
+                attention_local: Vec::new(),
             },
             tables: Vec::new(),
             views: Vec::new(),

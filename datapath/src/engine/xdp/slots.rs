@@ -15,6 +15,7 @@ use crate::xdp_tcp::ConnId;
 use crate::{DatapathError, QpError};
 
 use super::commands::Reply;
+use super::wake::SlotWaker;
 
 /// Who waits for a connection's setup to end.
 pub(super) enum Waiter {
@@ -35,6 +36,8 @@ pub(super) struct Slot {
     pub(super) shared: Arc<Shared>,
     pub(super) waiter: Waiter,
     pub(super) closing: bool,
+    /// The queue pair's waker, once the application has it.
+    pub(super) waker: Option<Arc<SlotWaker>>,
     last_state: Option<QpState>,
 }
 
@@ -52,6 +55,7 @@ impl Slot {
             shared: Shared::new(state),
             waiter: Waiter::None,
             closing: false,
+            waker: None,
             last_state: None,
         }
     }

@@ -525,6 +525,7 @@ impl Turner {
                     reply,
                 } => {
                     let table = self.table_index(&pd);
+                    self.st.attention_local.push(id);
                     match self.accept(id, &pd, table, &private_data, recvs, &params) {
                         Ok(()) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
@@ -551,6 +552,7 @@ impl Turner {
                     private_data,
                     reply,
                 } => {
+                    self.st.attention_local.push(id);
                     let res = match self.st.slots.get_mut(&id) {
                         Some(slot) => {
                             slot.closing = true;

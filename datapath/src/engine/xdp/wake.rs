@@ -14,7 +14,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant as StdInstant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use rdmap::MemoryTable;
 
 use crate::engine::ConnCounters;
@@ -189,6 +189,43 @@ pub(super) struct ListenPort {
     pub(super) record: Arc<ListenRecord>,
 }
 
+/// A queue pair's way to wake its engine: names the connection for the engine's next service
+/// (`TcpApp::attention`; once, until the engine has taken it), then wakes the shard's
+/// [`Wake`]. With many connections a turn services only those named (see `xdp_tcp`).
+pub(super) struct SlotWaker {
+    wake: Arc<Wake>,
+    id: ConnId,
+    queued: AtomicBool,
+    attention: Sender<ConnId>,
+}
+
+impl SlotWaker {
+    pub(super) fn new(wake: Arc<Wake>, id: ConnId, attention: Sender<ConnId>) -> SlotWaker {
+        SlotWaker {
+            wake,
+            id,
+            queued: AtomicBool::new(false),
+            attention,
+        }
+    }
+
+    /// The engine took the name: the next request names the connection again. Called before
+    /// the engine reads the connection's requests.
+    pub(super) fn taken(&self) {
+        self.queued.store(false, Ordering::SeqCst);
+    }
+}
+
+impl QpWaker for SlotWaker {
+    fn wake(&self) -> io::Result<()> {
+        if !self.queued.swap(true, Ordering::SeqCst) {
+            // Bounded at the table's size, and each connection is in it at most once.
+            let _ = self.attention.try_send(self.id);
+        }
+        self.wake.wake()
+    }
+}
+
 /// The engine thread's connection state (what the driver's callbacks reach).
 pub(super) struct State {
     pub(super) slots: SlotMap,
@@ -207,6 +244,11 @@ pub(super) struct State {
     /// This shard's index in the engine.
     pub(super) shard: usize,
     pub(super) cfg: XdpEngineConfig,
+    /// Connections whose queue pairs posted requests ([`SlotWaker`]).
+    pub(super) attention_tx: Sender<ConnId>,
+    pub(super) attention_rx: Receiver<ConnId>,
+    /// Connections the engine thread itself gave work (accept, reject).
+    pub(super) attention_local: Vec<ConnId>,
 }
 
 #[cfg(test)]
