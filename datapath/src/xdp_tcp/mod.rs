@@ -526,7 +526,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Up to this many live connections, every turn services every connection
 /// ([`TcpApp::on_poll`]); above it, a turn services the connections that need it (see
 /// [`Attention`]) and all of them once per [`SERVICE_ALL_EVERY`].
-const SERVICE_ALL_MAX: usize = 64;
+pub(crate) const SERVICE_ALL_MAX: usize = 64;
 /// With more than [`SERVICE_ALL_MAX`] connections, how often every connection is serviced
 /// anyway: what no segment, event or application request announces (the application's own
 /// deadlines, a timer that ended a connection) waits at most this long.

@@ -80,6 +80,12 @@ fn table_of<'t>(
 impl TcpApp for App<'_> {
     fn attention(&mut self, mark: &mut dyn FnMut(ConnId)) {
         let st = &mut *self.st;
+        // As the driver decides (`xdp_tcp::SERVICE_ALL_MAX`): when the count first passes it,
+        // requests posted just before are seen at the next full round (at most 20 ms on).
+        st.many.store(
+            st.slots.len() > crate::xdp_tcp::SERVICE_ALL_MAX,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         while let Ok(id) = st.attention_rx.try_recv() {
             if let Some(w) = st.slots.get_mut(&id).and_then(|s| s.waker.as_ref()) {
                 w.taken();
@@ -171,6 +177,7 @@ impl TcpApp for App<'_> {
             wake,
             shard,
             attention_tx,
+            many,
             ..
         } = &mut *self.st;
         let Some(slot) = slots.get_mut(&id) else {
@@ -262,7 +269,12 @@ impl TcpApp for App<'_> {
                     };
                     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
                     slot.cmds = Some(cmd_rx);
-                    let waker = Arc::new(SlotWaker::new(wake.clone(), id, attention_tx.clone()));
+                    let waker = Arc::new(SlotWaker::new(
+                        wake.clone(),
+                        id,
+                        attention_tx.clone(),
+                        many.clone(),
+                    ));
                     slot.waker = Some(waker.clone());
                     let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
                         .min(usize::from(u16::MAX));

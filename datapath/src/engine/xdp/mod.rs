@@ -187,6 +187,7 @@ fn spawn_shard(
                 attention_tx: attention_tx.clone(),
                 attention_rx: attention_rx.clone(),
                 attention_local: Vec::new(),
+                many: Arc::new(AtomicBool::new(false)),
             },
             tables: Vec::new(),
             views: Vec::new(),

@@ -192,6 +192,11 @@ impl<V> SlotMap<V> {
         self.len == 0
     }
 
+    /// How many connections are held.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(super) fn values(&self) -> impl Iterator<Item = &V> {
         self.v.iter().filter_map(|e| e.as_ref().map(|(_, s)| s))
     }

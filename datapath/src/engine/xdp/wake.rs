@@ -197,15 +197,24 @@ pub(super) struct SlotWaker {
     id: ConnId,
     queued: AtomicBool,
     attention: Sender<ConnId>,
+    /// Whether the shard has so many connections that turns service only those named; with
+    /// few, naming costs the posting thread for nothing (every turn services them all).
+    many: Arc<AtomicBool>,
 }
 
 impl SlotWaker {
-    pub(super) fn new(wake: Arc<Wake>, id: ConnId, attention: Sender<ConnId>) -> SlotWaker {
+    pub(super) fn new(
+        wake: Arc<Wake>,
+        id: ConnId,
+        attention: Sender<ConnId>,
+        many: Arc<AtomicBool>,
+    ) -> SlotWaker {
         SlotWaker {
             wake,
             id,
             queued: AtomicBool::new(false),
             attention,
+            many,
         }
     }
 
@@ -218,7 +227,7 @@ impl SlotWaker {
 
 impl QpWaker for SlotWaker {
     fn wake(&self) -> io::Result<()> {
-        if !self.queued.swap(true, Ordering::SeqCst) {
+        if self.many.load(Ordering::Relaxed) && !self.queued.swap(true, Ordering::SeqCst) {
             // Bounded at the table's size, and each connection is in it at most once.
             let _ = self.attention.try_send(self.id);
         }
@@ -249,6 +258,8 @@ pub(super) struct State {
     pub(super) attention_rx: Receiver<ConnId>,
     /// Connections the engine thread itself gave work (accept, reject).
     pub(super) attention_local: Vec<ConnId>,
+    /// More connections than a turn services all at once ([`SlotWaker`]).
+    pub(super) many: Arc<AtomicBool>,
 }
 
 #[cfg(test)]
