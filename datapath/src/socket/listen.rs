@@ -27,7 +27,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{MpaError, RequestInfo};
 use rdmap::RecvWr;
 
-use super::{start_engine, Setup};
+use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
     ConnectParams, ConnectRequest, ListenProvider, ListenRecord, Listener, PendingProvider,

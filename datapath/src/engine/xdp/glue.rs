@@ -87,8 +87,8 @@ impl TcpApp for App<'_> {
             std::sync::atomic::Ordering::Relaxed,
         );
         while let Ok(id) = st.attention_rx.try_recv() {
-            if let Some(w) = st.slots.get_mut(&id).and_then(|s| s.waker.as_ref()) {
-                w.taken();
+            if let Some(named) = st.slots.get_mut(&id).and_then(|s| s.named.as_ref()) {
+                named.store(false, std::sync::atomic::Ordering::SeqCst);
             }
             mark(id);
         }
@@ -269,13 +269,15 @@ impl TcpApp for App<'_> {
                     };
                     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
                     slot.cmds = Some(cmd_rx);
+                    let named = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    slot.named = Some(named.clone());
                     let waker = Arc::new(SlotWaker::new(
                         wake.clone(),
                         id,
+                        named,
                         attention_tx.clone(),
                         many.clone(),
                     ));
-                    slot.waker = Some(waker.clone());
                     let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
                         .min(usize::from(u16::MAX));
                     let parts = QpParts {

@@ -2,6 +2,7 @@
 //! application side, who waits for its setup) and the [`SlotMap`] that finds them by [`ConnId`].
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
@@ -15,7 +16,6 @@ use crate::xdp_tcp::ConnId;
 use crate::{DatapathError, QpError};
 
 use super::commands::Reply;
-use super::wake::SlotWaker;
 
 /// Who waits for a connection's setup to end.
 pub(super) enum Waiter {
@@ -36,8 +36,9 @@ pub(super) struct Slot {
     pub(super) shared: Arc<Shared>,
     pub(super) waiter: Waiter,
     pub(super) closing: bool,
-    /// The queue pair's waker, once the application has it.
-    pub(super) waker: Option<Arc<SlotWaker>>,
+    /// Set by the queue pair's waker while the engine has not taken the connection's name
+    /// (see `wake::SlotWaker`); cleared by the engine before it reads the requests.
+    pub(super) named: Option<Arc<AtomicBool>>,
     last_state: Option<QpState>,
 }
 
@@ -55,7 +56,7 @@ impl Slot {
             shared: Shared::new(state),
             waiter: Waiter::None,
             closing: false,
-            waker: None,
+            named: None,
             last_state: None,
         }
     }

@@ -195,7 +195,8 @@ pub(super) struct ListenPort {
 pub(super) struct SlotWaker {
     wake: Arc<Wake>,
     id: ConnId,
-    queued: AtomicBool,
+    /// Shared with the connection's slot, which clears it when the engine takes the name.
+    queued: Arc<AtomicBool>,
     attention: Sender<ConnId>,
     /// Whether the shard has so many connections that turns service only those named; with
     /// few, naming costs the posting thread for nothing (every turn services them all).
@@ -203,25 +204,23 @@ pub(super) struct SlotWaker {
 }
 
 impl SlotWaker {
+    /// A waker for connection `id`, naming it through `queued` (the slot keeps the other
+    /// reference and clears it before the engine reads the connection's requests, so the next
+    /// request names the connection again).
     pub(super) fn new(
         wake: Arc<Wake>,
         id: ConnId,
+        queued: Arc<AtomicBool>,
         attention: Sender<ConnId>,
         many: Arc<AtomicBool>,
     ) -> SlotWaker {
         SlotWaker {
             wake,
             id,
-            queued: AtomicBool::new(false),
+            queued,
             attention,
             many,
         }
-    }
-
-    /// The engine took the name: the next request names the connection again. Called before
-    /// the engine reads the connection's requests.
-    pub(super) fn taken(&self) {
-        self.queued.store(false, Ordering::SeqCst);
     }
 }
 

@@ -1,0 +1,436 @@
+//! The socket transport's queue-pair engine: once a connection is in Full Operation, one
+//! thread per connection owns the non-blocking socket (`mio`), the MPA encoder/decoder and the
+//! sans-IO [`rdmap::QueuePair`]; the application talks to it through a lock-free command
+//! channel and the completion queue.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use mio::{Events, Interest, Poll, Token, Waker};
+use mpa::{FpduDecoder, FpduEncoder, Negotiated};
+use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
+use rdmap::{WcOpcode, WorkCompletion};
+
+use crate::memory::{ProtectionDomain, SharedTable};
+use crate::verbs::cm::ConnectParams;
+use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
+use crate::verbs::qp::{
+    local_status, wc_opcode, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP,
+};
+use crate::{DatapathError, QpError};
+
+impl QpWaker for Waker {
+    fn wake(&self) -> io::Result<()> {
+        Waker::wake(self)
+    }
+}
+
+/// What connection setup hands to the engine.
+pub(super) struct Setup {
+    pub(super) negotiated: Negotiated,
+    /// Bytes read after the MPA Request/Reply (the start of the FPDU stream).
+    pub(super) leftover: Vec<u8>,
+    pub(super) initiator: bool,
+    /// Receive work requests to post before any byte is processed.
+    pub(super) recvs: Vec<RecvWr>,
+}
+
+pub(super) fn start_engine(
+    stream: TcpStream,
+    setup: Setup,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    params: &ConnectParams,
+) -> Result<QueuePair, DatapathError> {
+    let Setup {
+        negotiated,
+        leftover,
+        initiator,
+        recvs,
+    } = setup;
+    let sock = socket2::SockRef::from(&stream);
+    // Dead peers end the connection (RFC 9293 3.8.4 keepalive; RFC 5482 user timeout).
+    if let Some(k) = params.keepalive {
+        // The kernel counts keepalive times in whole seconds, at least one.
+        let secs = |d: Duration| Duration::from_secs(d.as_secs_f64().ceil().max(1.0) as u64);
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(secs(k.idle))
+            .with_interval(secs(k.interval))
+            .with_retries(k.probes.max(1));
+        sock.set_tcp_keepalive(&ka)?;
+    }
+    sock.set_tcp_user_timeout(params.user_timeout)?;
+    let mss = sock.mss().unwrap_or(536) as usize;
+    let mulpdu = mpa::mulpdu(mss, negotiated.markers_tx).min(usize::from(u16::MAX));
+    let peer = stream.peer_addr()?;
+    stream.set_read_timeout(None)?;
+    stream.set_nonblocking(true)?;
+    let mut stream = mio::net::TcpStream::from_std(stream);
+    let poll = Poll::new()?;
+    poll.registry()
+        .register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+    let num = NEXT_QP.fetch_add(1, Ordering::Relaxed);
+
+    let mut qp = rdmap::QueuePair::new(QpConfig {
+        pd: pd.id,
+        sq_depth: params.sq_depth,
+        rq_depth: params.rq_depth,
+        ird: negotiated.ird,
+        ord: negotiated.ord,
+    });
+    if let Some(srq) = &params.srq {
+        srq.attach(&mut qp, pd.id)?;
+    }
+    if !initiator {
+        if let Some(kind) = negotiated.rtr {
+            qp.expect_rtr(rtr_kind(kind))
+                .map_err(|_| DatapathError::InvalidArgument("cannot prepare for the RTR"))?;
+        }
+    }
+    qp.enter_rts(negotiated.ird, negotiated.ord);
+    {
+        let table = pd.table.snapshot();
+        for wr in recvs {
+            qp.post_recv(wr, &table)
+                .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
+        }
+    }
+    if initiator {
+        if let Some(kind) = negotiated.rtr {
+            // RFC 6581 3: the initiator's RTR is its first FPDU.
+            qp.send_rtr(rtr_kind(kind));
+        }
+    }
+    let shared = Shared::new(qp.state());
+    let engine = Engine {
+        stream,
+        poll,
+        cmds: cmd_rx,
+        encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
+        decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
+        may_send: initiator || !negotiated.responder_waits_for_fpdu,
+        qp,
+        table: pd.table.clone(),
+        cq: cq.sink(),
+        num,
+        shared: shared.clone(),
+        tx: Vec::with_capacity(TX_HIGH + 70_000),
+        tx_off: 0,
+        ulpdu: Vec::with_capacity(70_000),
+        rx: vec![0u8; 256 * 1024],
+        mulpdu,
+        closing: false,
+        rx_closed: false,
+        tx_failed: false,
+        last_state: None,
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("iwarp-qp{num}"))
+        .spawn(move || engine.run(leftover))?;
+    Ok(QueuePair::from_parts(QpParts {
+        num,
+        cmds: cmd_tx,
+        waker,
+        shared,
+        negotiated,
+        mulpdu,
+        peer,
+        thread: Some(thread),
+    }))
+}
+
+fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
+    match kind {
+        mpa::RtrKind::Send => rdmap::RtrKind::Send,
+        mpa::RtrKind::Write => rdmap::RtrKind::Write,
+        mpa::RtrKind::Read => rdmap::RtrKind::Read,
+    }
+}
+
+const SOCKET: Token = Token(0);
+const WAKE: Token = Token(1);
+/// Encoded bytes kept ready for the socket before asking the queue pair for more.
+const TX_HIGH: usize = 512 * 1024;
+/// Read calls per loop turn, so a busy receive side cannot starve commands and transmit.
+const RX_BUDGET: usize = 16;
+
+struct Engine {
+    stream: mio::net::TcpStream,
+    poll: Poll,
+    cmds: Receiver<Cmd>,
+    qp: rdmap::QueuePair,
+    table: SharedTable,
+    encoder: FpduEncoder,
+    decoder: FpduDecoder,
+    /// RFC 5044 7.1.2: the Responder sends nothing before it has received a valid FPDU.
+    may_send: bool,
+    cq: CqSink,
+    num: u32,
+    shared: Arc<Shared>,
+    tx: Vec<u8>,
+    tx_off: usize,
+    ulpdu: Vec<u8>,
+    rx: Vec<u8>,
+    mulpdu: usize,
+    closing: bool,
+    rx_closed: bool,
+    tx_failed: bool,
+    last_state: Option<QpState>,
+}
+
+impl Engine {
+    fn run(mut self, leftover: Vec<u8>) {
+        if !leftover.is_empty() {
+            self.process_rx(&leftover);
+        }
+        let mut events = Events::with_capacity(16);
+        loop {
+            let mut progress = self.handle_commands();
+            progress |= self.receive();
+            progress |= self.transmit();
+            progress |= self.deliver_completions();
+            self.publish_status();
+            if self.finished() {
+                break;
+            }
+            if !progress {
+                let _ = self.poll.poll(&mut events, Some(Duration::from_millis(50)));
+            }
+        }
+        let _ = self.stream.flush();
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.deliver_completions();
+        self.shared.mark_finished(self.qp.state());
+    }
+
+    /// Records what ended the connection (see `Shared::set_error`).
+    fn set_error(&self, error: QpError) {
+        self.shared.set_error(error, self.qp.remote_terminate());
+    }
+
+    fn handle_commands(&mut self) -> bool {
+        let mut progress = false;
+        loop {
+            let cmd = match self.cmds.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => Cmd::Close,
+            };
+            progress = true;
+            match cmd {
+                Cmd::Send(wr) => {
+                    let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
+                    let res = {
+                        let table = self.table.snapshot();
+                        self.qp.post_send(wr, &table)
+                    };
+                    if let Err(e) = res {
+                        self.complete_local_error(wr_id, opcode, &e);
+                    }
+                }
+                Cmd::Recv(wr) => {
+                    let wr_id = wr.wr_id;
+                    let res = {
+                        let table = self.table.snapshot();
+                        self.qp.post_recv(wr, &table)
+                    };
+                    if let Err(e) = res {
+                        self.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                    }
+                }
+                Cmd::Close => {
+                    if !self.closing {
+                        self.closing = true;
+                        self.qp.close();
+                    }
+                    break;
+                }
+            }
+        }
+        progress
+    }
+
+    fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+        self.cq.push(Completion {
+            qp_num: self.num,
+            wc: WorkCompletion {
+                wr_id,
+                opcode,
+                status: local_status(e),
+                byte_len: 0,
+                invalidated: None,
+                solicited: false,
+            },
+        });
+    }
+
+    fn receive(&mut self) -> bool {
+        if self.rx_closed {
+            return false;
+        }
+        let mut progress = false;
+        let mut rx = std::mem::take(&mut self.rx);
+        for _ in 0..RX_BUDGET {
+            match self.stream.read(&mut rx) {
+                Ok(0) => {
+                    self.rx_closed = true;
+                    if !self.closing && self.qp.state() != QpState::Error {
+                        self.set_error(QpError::PeerClosed);
+                    }
+                    self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                    progress = true;
+                    break;
+                }
+                Ok(n) => {
+                    progress = true;
+                    self.process_rx(&rx[..n]);
+                    if self.rx_closed {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.rx_closed = true;
+                    self.set_error(QpError::from_io(&e));
+                    self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                    progress = true;
+                    break;
+                }
+            }
+        }
+        self.rx = rx;
+        progress
+    }
+
+    /// Feeds received bytes through MPA into the queue pair (placement happens here).
+    fn process_rx(&mut self, bytes: &[u8]) {
+        let table = self.table.snapshot();
+        let qp = &mut self.qp;
+        let mut got_fpdu = false;
+        let mut first_error = None;
+        let res = self.decoder.feed(bytes, |ulpdu| {
+            got_fpdu = true;
+            if let Err(e) = qp.on_ulpdu(ulpdu, &table) {
+                first_error.get_or_insert(e);
+            }
+        });
+        drop(table);
+        if got_fpdu {
+            self.may_send = true;
+        }
+        if first_error.is_some() {
+            // The queue pair queued its Terminate: the cause is that Terminate.
+            if let Some(t) = self.qp.local_terminate() {
+                self.set_error(QpError::LocalTerminate(t));
+            }
+        }
+        if let Err(e) = res {
+            // RFC 5044 8: deliver nothing more; RFC 5040 7.1: report it with a Terminate
+            // (layer MPA). The connection, not the process, ends.
+            self.set_error(QpError::Mpa(e.clone()));
+            let cause = if self.may_send {
+                TerminateCause::Llp { code: e.code() }
+            } else {
+                // A Responder that has not yet received a valid FPDU may send nothing, not
+                // even a Terminate (RFC 5044 7.1.2 rule 4): the connection just closes.
+                TerminateCause::ConnectionLost
+            };
+            self.qp.on_transport_error(cause);
+            self.rx_closed = true;
+        }
+    }
+
+    fn transmit(&mut self) -> bool {
+        let mut progress = false;
+        if self.may_send && !self.tx_failed && self.tx.len() - self.tx_off < TX_HIGH {
+            let table = self.table.snapshot();
+            while self.tx.len() - self.tx_off < TX_HIGH {
+                self.ulpdu.clear();
+                if self
+                    .qp
+                    .poll_transmit(self.mulpdu, &table, &mut self.ulpdu)
+                    .is_none()
+                {
+                    break;
+                }
+                progress = true;
+                if self.encoder.encode(&self.ulpdu, &mut self.tx).is_err() {
+                    // Only a ULPDU above MPA's 65535-octet limit fails here: a local bug.
+                    self.set_error(QpError::Local("a ULPDU too long for MPA"));
+                    self.qp
+                        .on_transport_error(TerminateCause::LocalCatastrophic);
+                    break;
+                }
+            }
+        }
+        while self.tx_off < self.tx.len() && !self.tx_failed {
+            match self.stream.write(&self.tx[self.tx_off..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.tx_off += n;
+                    progress = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.tx_failed = true;
+                    self.set_error(QpError::from_io(&e));
+                    self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                    progress = true;
+                }
+            }
+        }
+        if self.tx_off == self.tx.len() {
+            self.tx.clear();
+            self.tx_off = 0;
+        } else if self.tx_off > TX_HIGH {
+            self.tx.drain(..self.tx_off);
+            self.tx_off = 0;
+        }
+        progress
+    }
+
+    fn deliver_completions(&mut self) -> bool {
+        let mut progress = false;
+        while let Some(wc) = self.qp.poll_completion() {
+            progress = true;
+            self.cq.push(Completion {
+                qp_num: self.num,
+                wc,
+            });
+        }
+        progress
+    }
+
+    fn publish_status(&mut self) {
+        let state = self.qp.state();
+        if self.last_state == Some(state) {
+            return;
+        }
+        self.last_state = Some(state);
+        drop(
+            self.shared
+                .publish(state, self.qp.remote_terminate(), self.qp.local_terminate()),
+        );
+    }
+
+    fn tx_idle(&self) -> bool {
+        self.tx_off == self.tx.len() && (!self.may_send || !self.qp.has_pending_transmit())
+    }
+
+    fn finished(&self) -> bool {
+        let state = self.qp.state();
+        if self.tx_failed {
+            return true;
+        }
+        let dead = state == QpState::Error || self.closing;
+        dead && self.tx_idle()
+    }
+}
