@@ -12,7 +12,7 @@ use rdmap::{
     Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag, WcStatus,
     WorkCompletion,
 };
-use tcp_engine::sim::{Endpoint, LinkConfig, Network};
+use tcp_engine::sim::{Endpoint, LinkConfig, Network, PacketTooBig};
 use tcp_engine::{
     Config, Connection, Event as TcpEvent, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode,
 };
@@ -172,9 +172,10 @@ impl Endpoint for Side {
         self.pump(now);
     }
 
-    fn on_packet_too_big(&mut self, mtu: u16) {
+    fn on_packet_too_big(&mut self, now: Instant, report: PacketTooBig) {
         if let Some(tcp) = self.tcp.as_mut() {
-            tcp.set_path_mtu(mtu);
+            // Later reports of a burst name the MTU already taken: ignored.
+            let _ = tcp.handle_packet_too_big(now, report.seq, report.mtu);
         }
     }
 }

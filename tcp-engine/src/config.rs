@@ -47,6 +47,11 @@ pub struct Config {
     pub mss: u16,
     /// Initial path MTU for the send side; default 1500.
     pub path_mtu: u16,
+    /// The lowest path MTU a "packet too big" report may set
+    /// ([`crate::Connection::handle_packet_too_big`]); reports below it are ignored (RFC 5927
+    /// 7.2: a forged tiny MTU would make every segment mostly headers). Default 552, Linux's
+    /// `min_pmtu` (512 octets of data and 40 of headers).
+    pub min_path_mtu: u16,
     /// Transmit API.
     pub tx_mode: TxMode,
     /// Receive API.
@@ -150,6 +155,7 @@ impl Default for Config {
         Config {
             mss: 1460,
             path_mtu: 1500,
+            min_path_mtu: 552,
             tx_mode: TxMode::Stream,
             rx_mode: RxMode::InOrder,
             send_buffer: 4 << 20,

@@ -163,6 +163,37 @@ pub enum SendError {
     },
 }
 
+/// Why [`Connection::handle_packet_too_big`] (or the table's) did not act on a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PacketTooBigError {
+    /// No connection has the quoted 4-tuple (the table's lookup).
+    #[error("no connection for the quoted segment")]
+    NoConnection,
+    /// The connection is not synchronized (RFC 9293 3.3.2): nothing of ours it could quote.
+    #[error("connection not synchronized")]
+    NotSynchronized,
+    /// The quoted sequence number is not of data in flight (RFC 5927 4.1): stale or forged.
+    #[error("quoted sequence number not in flight")]
+    SequenceNotInFlight,
+    /// The MTU is below the floor ([`Config::min_path_mtu`], RFC 5927 7.2): likely forged.
+    #[error("MTU {mtu} below the floor {floor}")]
+    MtuBelowFloor {
+        /// The MTU the report named.
+        mtu: u16,
+        /// The floor.
+        floor: u16,
+    },
+    /// The MTU is not below the current path MTU (RFC 1191 3: reports never raise it); the
+    /// usual case for the further reports a burst of oversized segments draws.
+    #[error("MTU {mtu} not below the path MTU {path_mtu}")]
+    MtuNotSmaller {
+        /// The MTU the report named.
+        mtu: u16,
+        /// The connection's path MTU, unchanged.
+        path_mtu: u16,
+    },
+}
+
 /// Counters (monotonic unless noted).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConnStats {
@@ -196,6 +227,9 @@ pub struct ConnStats {
     pub probes: u64,
     /// Aborts by the user timeout (`Config::user_timeout`).
     pub user_timeouts: u64,
+    /// Path MTU reductions by believed "packet too big" reports
+    /// ([`Connection::handle_packet_too_big`]).
+    pub path_mtu_reductions: u64,
     /// D-SACK blocks received (RFC 2883: the peer got a segment twice).
     pub dsacks_received: u64,
     /// D-SACK blocks sent.
@@ -1045,11 +1079,103 @@ impl Connection {
         self.enter_closed(None);
     }
 
-    /// The path MTU changed (e.g. an ICMP "fragmentation needed" the
-    /// datapath validated, RFC 1191). Recomputes EMSS and reports a change.
+    /// Sets the path MTU as is (at least 68, RFC 1191 3), up or down, without any check and
+    /// without retransmitting: for a path MTU learned otherwise than from the network (a
+    /// route's MTU, a local interface). Recomputes EMSS and reports a change. A "packet too
+    /// big" report from the network goes through [`Connection::handle_packet_too_big`].
     pub fn set_path_mtu(&mut self, mtu: u16) {
         self.path_mtu = mtu.max(68);
         self.recompute_emss(true);
+    }
+
+    /// The path MTU the send side uses (the largest IPv4 packet it emits).
+    pub fn path_mtu(&self) -> u16 {
+        self.path_mtu
+    }
+
+    /// A "packet too big" report for one of our segments: an ICMP "fragmentation needed and
+    /// DF set" (RFC 792, RFC 1191 4) whose quoted TCP header carried sequence number `seq`
+    /// and which named `mtu` as the next hop's MTU. Sans-IO: the caller parsed the message
+    /// ([`crate::wire::parse_frag_needed`]) and found this connection by the quoted 4-tuple
+    /// ([`crate::table::ConnectionTable::handle_packet_too_big`] does both lookups).
+    ///
+    /// ICMP is easy to forge, so the report is believed only if (RFC 5927 4.1) `seq` lies in
+    /// SND.UNA..SND.NXT (the sent and not yet acknowledged octets, FIN included: a real
+    /// report is about data in flight; a blind attacker must guess a window of them), else
+    /// [`PacketTooBigError::SequenceNotInFlight`], and only on a synchronized connection
+    /// ([`PacketTooBigError::NotSynchronized`]: our SYNs are far below any MTU). It is then
+    /// ignored if `mtu` is below [`Config::min_path_mtu`] (RFC 5927 7.2: a forged tiny MTU
+    /// would cut throughput by the headers' share; Linux's floor is 552;
+    /// [`PacketTooBigError::MtuBelowFloor`]), or not below the current path MTU (RFC 1191 3:
+    /// a report never raises the estimate; the further reports a burst of oversized segments
+    /// draws name the MTU already taken; [`PacketTooBigError::MtuNotSmaller`]).
+    ///
+    /// Believed, it lowers the path MTU and EMSS (RFC 9293 3.7.1 and 3.7.2; new segments and
+    /// the MULPDU of new FPDUs follow, [`Event::EmssChanged`]) and, as Linux's
+    /// `tcp_simple_retransmit`, marks the segments in flight that are now larger than EMSS as
+    /// lost, so that [`Connection::poll_transmit`] resends them at once, split at EMSS,
+    /// instead of waiting for loss detection or the retransmission timeout. Unlike Linux, only
+    /// those sent since the reported segment (it included): on a path that keeps order both
+    /// ways, the first report to arrive is about the first segment the router dropped, so the
+    /// segments sent before it went through before the MTU fell (Linux resends those too, a
+    /// window of duplicates on a fast path); one the router dropped out of that order (its
+    /// report then stale, [`PacketTooBigError::MtuNotSmaller`]) is left to SACK and RACK
+    /// (RFC 8985) or the timeout. RFC 1191 6.4: this is not a congestion signal, so the
+    /// congestion window is not cut; the segments leave the pipe (they are not in the
+    /// network), and go out again as the window allows. Returns the new EMSS. No allocation
+    /// (the splits happen as segments are resent).
+    pub fn handle_packet_too_big(
+        &mut self,
+        now: Instant,
+        seq: u32,
+        mtu: u16,
+    ) -> Result<u16, PacketTooBigError> {
+        if !self.state.synchronized() {
+            return Err(PacketTooBigError::NotSynchronized);
+        }
+        let Some(pos) = self
+            .snd
+            .pos_of(seq, self.snd_una)
+            .filter(|&p| p >= self.snd_una && p < self.snd_max())
+        else {
+            return Err(PacketTooBigError::SequenceNotInFlight);
+        };
+        let floor = self.cfg.min_path_mtu.max(68);
+        if mtu < floor {
+            return Err(PacketTooBigError::MtuBelowFloor { mtu, floor });
+        }
+        if mtu >= self.path_mtu {
+            return Err(PacketTooBigError::MtuNotSmaller {
+                mtu,
+                path_mtu: self.path_mtu,
+            });
+        }
+        self.path_mtu = mtu;
+        self.recompute_emss(true);
+        self.stats.path_mtu_reductions += 1;
+        let emss = u32::from(self.emss);
+        // The segment reported, and when it was sent: whatever was sent before it reached the
+        // router before it (on a path that keeps order) and may have passed; whatever was sent
+        // since and is too large was dropped too.
+        let i = self.scoreboard.partition_point(|e| e.end() <= pos);
+        let from = self.scoreboard.get(i).map(|e| (e.xmit_time, e.start));
+        let mut marked = false;
+        for e in self.scoreboard.iter_mut() {
+            let since = from
+                .is_none_or(|(t, start)| e.xmit_time > t || (e.xmit_time == t && e.start >= start));
+            if e.state == SegState::InFlight && e.len > emss && since {
+                e.state = SegState::Lost;
+                self.pipe -= e.seq_len();
+                self.lost_count += 1;
+                marked = true;
+            }
+        }
+        if marked {
+            // Resending what the router dropped is no probe for a tail loss.
+            self.tlp_deadline = None;
+        }
+        self.update_stall(now);
+        Ok(self.emss)
     }
 
     fn recompute_emss(&mut self, report: bool) {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::time::Instant;
-use crate::wire::{SegmentRepr, TcpFlags, IPV4_HEADER_LEN, TCP_HEADER_LEN};
+use crate::wire::{Ipv4TcpView, SegmentRepr, TcpFlags, IPV4_HEADER_LEN, TCP_HEADER_LEN};
 use core::time::Duration;
 
 /// xoshiro256** seeded through SplitMix64.
@@ -173,8 +173,20 @@ pub struct Link {
     held: Vec<(u32, Instant, Vec<u8>)>,
     /// Counters.
     pub stats: LinkStats,
-    /// A "packet too big" report (new MTU) not yet given to the sender.
-    pub pending_too_big: Option<u16>,
+    /// A "packet too big" report not yet given to the sender (the first of those since it
+    /// was last given one: the first a router sends back is the first to arrive).
+    pub pending_too_big: Option<PacketTooBig>,
+}
+
+/// What a link reports to the sender of a packet longer than its MTU, as a router's ICMP
+/// "fragmentation needed" would (RFC 1191 4: the next-hop MTU; RFC 792: the quoted header,
+/// of which TCP reads the sequence number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketTooBig {
+    /// The link's MTU.
+    pub mtu: u16,
+    /// The sequence number of the segment dropped.
+    pub seq: u32,
 }
 
 fn resegment_ok(r: &SegmentRepr<'_>) -> bool {
@@ -210,7 +222,13 @@ impl Link {
         self.stats.offered += 1;
         if packet.len() > usize::from(self.cfg.mtu) {
             self.stats.too_big += 1;
-            self.pending_too_big = Some(self.cfg.mtu);
+            // The first report of a burst is the one that arrives first.
+            if let (None, Ok(v)) = (self.pending_too_big, Ipv4TcpView::new_unverified(packet)) {
+                self.pending_too_big = Some(PacketTooBig {
+                    mtu: self.cfg.mtu,
+                    seq: v.tcp().sequence_number(),
+                });
+            }
             return;
         }
         if self.rng.chance(self.cfg.loss) {
@@ -413,8 +431,8 @@ pub trait Endpoint {
     fn next_timeout(&self) -> Option<Instant>;
     /// Deadline reached.
     fn on_timeout(&mut self, now: Instant);
-    /// The link reported "packet too big" with this MTU.
-    fn on_packet_too_big(&mut self, _mtu: u16) {}
+    /// The link dropped a packet of ours as too big and reports it.
+    fn on_packet_too_big(&mut self, _now: Instant, _report: PacketTooBig) {}
 }
 
 /// Which way a packet went.
@@ -475,12 +493,12 @@ impl Network {
                 self.b_to_a.send(self.now, &self.buf[..n]);
                 progress = true;
             }
-            if let Some(mtu) = self.a_to_b.pending_too_big.take() {
-                a.on_packet_too_big(mtu);
+            if let Some(report) = self.a_to_b.pending_too_big.take() {
+                a.on_packet_too_big(self.now, report);
                 progress = true;
             }
-            if let Some(mtu) = self.b_to_a.pending_too_big.take() {
-                b.on_packet_too_big(mtu);
+            if let Some(report) = self.b_to_a.pending_too_big.take() {
+                b.on_packet_too_big(self.now, report);
                 progress = true;
             }
             while let Some(p) = self.a_to_b.pop_due(self.now) {

@@ -8,7 +8,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use crate::config::Config;
-use crate::conn::{reset_reply, Connection, PassedUp, State, TxSource, TxSourceError};
+use crate::conn::{
+    reset_reply, Connection, PacketTooBigError, PassedUp, State, TxSource, TxSourceError,
+};
 use crate::isn::IsnGenerator;
 use crate::syncookie;
 use crate::time::Instant;
@@ -547,6 +549,35 @@ impl ConnectionTable {
         self.stats.passive_opens += 1;
         self.stats.syncookies_validated += 1;
         Some(id.index)
+    }
+
+    /// A "packet too big" report (an ICMP "fragmentation needed", RFC 792 and RFC 1191 4)
+    /// about the segment of the connection `tuple` (from our side: the quoted segment's
+    /// source is local, [`crate::wire::QuotedTcp::sender_tuple`]) with sequence number `seq`,
+    /// naming next-hop MTU `mtu`: the connection validates it and lowers its path MTU
+    /// ([`Connection::handle_packet_too_big`], RFC 5927 4.1 and 7.2), and is queued to
+    /// resend at once what no longer fits. O(1) lookup, no allocation. Returns the
+    /// connection and its new EMSS.
+    pub fn handle_packet_too_big(
+        &mut self,
+        now: Instant,
+        tuple: &FourTuple,
+        seq: u32,
+        mtu: u16,
+    ) -> Result<(ConnId, u16), PacketTooBigError> {
+        let index = self
+            .by_tuple
+            .get(tuple)
+            .ok_or(PacketTooBigError::NoConnection)?;
+        let slot = &mut self.slots[index as usize];
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        let conn = slot.conn.as_mut().ok_or(PacketTooBigError::NoConnection)?;
+        let emss = conn.handle_packet_too_big(now, seq, mtu)?;
+        self.mark_ready(index);
+        Ok((id, emss))
     }
 
     /// Whether a listener whose queue of half-open connections is full answers SYNs with SYN

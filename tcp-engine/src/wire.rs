@@ -22,18 +22,31 @@
 //! [`fill_checksums`] for tools and tests that inspect or rewrite segments, and
 //! [`Ipv4TcpPeek`], the cheap first look a receive path takes before the full parse.
 //!
+//! ICMP "fragmentation needed" messages (RFC 792, RFC 1191 4), which lower a connection's
+//! path MTU, have views of their own in the same style: [`Ipv4Packet`] / [`Ipv4Repr`] for an
+//! IPv4 header of any protocol (the outer one, and the one an ICMP error quotes),
+//! [`Icmpv4Packet`] / [`FragNeededRepr`] for the message, [`parse_frag_needed`] through
+//! every layer.
+//!
 //! Nothing here panics on malformed input: every error is a [`WireError`] (or `None`). The
-//! exceptions say so: [`EthernetFrame::new_unchecked`] views and the `*_of` readers of
+//! exceptions say so: the `new_unchecked` views and the `*_of` readers of
 //! [`Ipv4TcpPeek`], for buffers whose length the caller knows.
 
 use core::net::Ipv4Addr;
 
 mod checksum;
 mod ethernet;
+mod icmp;
+mod ipv4;
 
 pub use checksum::Checksum;
 pub use ethernet::{EthernetFrame, EthernetRepr, MacAddress, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
 use etherparse::{Ipv4HeaderSlice, TcpSlice};
+pub use icmp::{
+    emit_frag_needed, parse_frag_needed, FragNeededRepr, Icmpv4Packet, QuotedTcp,
+    ICMP_CODE_FRAG_NEEDED, ICMP_DEST_UNREACHABLE, ICMP_HEADER_LEN, ICMP_QUOTED_DATA_LEN,
+};
+pub use ipv4::{Ipv4Packet, Ipv4Repr, IP_PROTOCOL_ICMP};
 
 /// Length of the IPv4 header we emit (no IP options).
 pub const IPV4_HEADER_LEN: usize = 20;
@@ -70,6 +83,15 @@ pub enum WireError {
     /// The TCP checksum does not verify (RFC 9293 3.1).
     #[error("TCP checksum mismatch")]
     BadTcpChecksum,
+    /// The IP payload is not ICMP ([`parse_frag_needed`]).
+    #[error("IP payload is not ICMP")]
+    NotIcmp,
+    /// The ICMP checksum does not verify (RFC 792).
+    #[error("ICMP checksum mismatch")]
+    BadIcmpChecksum,
+    /// An ICMP message other than "fragmentation needed and DF set" (type 3, code 4).
+    #[error("ICMP message is not fragmentation needed")]
+    NotFragNeeded,
     /// An option's length runs past the end of the option space.
     #[error("truncated TCP option")]
     TruncatedOption,

@@ -1,15 +1,19 @@
 //! Bounded fuzzing on stable Rust (proptest-driven; see README "Fuzzing"):
 //! the segment parser on arbitrary and mutated packets (with checksums
 //! repaired so mutations reach option and header decoding), emit/parse
-//! round trips, and the connection state machine under random segment
-//! sequences, timeouts and application calls. Case counts scale with
+//! round trips, the ICMP "fragmentation needed" parser likewise, and the
+//! connection state machine under random segment sequences, timeouts,
+//! "packet too big" reports and application calls. Case counts scale with
 //! TCP_FUZZ_CASES (default bounded for CI).
 mod common;
 use common::*;
 use etherparse::checksum::Sum16BitWords;
 use proptest::prelude::*;
 use tcp_engine::ranges::RangeSet;
-use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
+use tcp_engine::wire::{
+    emit_frag_needed, parse_frag_needed, FragNeededRepr, Icmpv4Packet, Ipv4Packet, QuotedTcp,
+    SackBlock, TcpFlags, TcpOptions,
+};
 use tcp_engine::{Config, Connection, Instant, IsnGenerator, SegmentRepr, State};
 
 fn cases(default: u32) -> u32 {
@@ -113,9 +117,51 @@ proptest! {
     #[test]
     fn parser_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = SegmentRepr::parse(&bytes);
+        let _ = parse_frag_needed(&bytes);
         let mut b = bytes.clone();
         repair_checksums(&mut b);
         let _ = SegmentRepr::parse(&b);
+    }
+
+    /// ICMP "fragmentation needed" messages with random fields, mutated, their checksums
+    /// repaired (so that the mutations reach the quote), and cut: no panic; what parses
+    /// emits the same message back.
+    #[test]
+    fn frag_needed_parser_survives_mutations(
+        mtu: u16, seq: u32, ports: (u16, u16), total_len: u16,
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        cut in any::<usize>(),
+    ) {
+        let msg = FragNeededRepr {
+            next_hop_mtu: mtu,
+            quoted: QuotedTcp { src_addr: A_ADDR, dst_addr: B_ADDR, src_port: ports.0, dst_port: ports.1, seq, total_len },
+        };
+        let mut p = vec![0u8; 64];
+        let Ok(n) = emit_frag_needed(B_ADDR, 1, &msg, &mut p) else {
+            prop_assert!(total_len < 20, "emit refused {msg:?}");
+            return Ok(());
+        };
+        p.truncate(n);
+        prop_assert_eq!(parse_frag_needed(&p).map(|(_, m)| m), Ok(msg));
+        for (i, x) in flips {
+            let len = p.len();
+            p[i % len] ^= x;
+        }
+        let _ = parse_frag_needed(&p);
+        // Repaired: the outer header's checksum (IHL permitting) and the ICMP one.
+        let ihl = usize::from(p[0] & 0x0f) * 4;
+        if (20..=p.len()).contains(&ihl) {
+            Ipv4Packet::new_unchecked(&mut p[..]).fill_checksum();
+            if p.len() >= ihl + 8 {
+                Icmpv4Packet::new_unchecked(&mut p[ihl..]).fill_checksum();
+            }
+        }
+        if let Ok((_, m)) = parse_frag_needed(&p) {
+            let mut q = vec![0u8; 64];
+            prop_assert!(emit_frag_needed(B_ADDR, 1, &m, &mut q).is_ok());
+        }
+        let k = cut % (p.len() + 1);
+        let _ = parse_frag_needed(&p[..k]);
     }
 
     #[test]
@@ -165,6 +211,10 @@ enum Op {
     Abort,
     Window(u32),
     Mtu(u16),
+    TooBig {
+        seq_off: i32,
+        mtu: u16,
+    },
 }
 
 fn arb_op() -> impl Strategy<Value = Op> {
@@ -177,6 +227,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Abort).prop_filter("rare", |_| true),
         1 => (0u32..200_000).prop_map(Op::Window),
         1 => (500u16..1600).prop_map(Op::Mtu),
+        2 => (-3000i32..200_000, 0u16..2000).prop_map(|(seq_off, mtu)| Op::TooBig { seq_off, mtu }),
     ]
 }
 
@@ -269,6 +320,18 @@ proptest! {
                     let _ = conn.recv(&mut sink);
                 }
                 Op::Mtu(m) => conn.set_path_mtu(m),
+                Op::TooBig { seq_off, mtu } => {
+                    let before = conn.path_mtu();
+                    let seq = conn.snd_una().wrapping_add(seq_off as u32);
+                    match conn.handle_packet_too_big(now, seq, mtu) {
+                        Ok(emss) => {
+                            prop_assert!(mtu < before && mtu >= 552, "{mtu} from {before}");
+                            prop_assert_eq!(conn.path_mtu(), mtu);
+                            prop_assert_eq!(conn.emss(), emss);
+                        }
+                        Err(_) => prop_assert_eq!(conn.path_mtu(), before),
+                    }
+                }
             }
             let mut emitted = 0;
             while let Some(n) = conn.poll_transmit(now, &mut buf) {

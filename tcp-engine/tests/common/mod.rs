@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tcp_engine::ranges::RangeSet;
-use tcp_engine::sim::{Direction, Endpoint, LinkConfig, Network, Rng};
+use tcp_engine::sim::{Direction, Endpoint, LinkConfig, Network, PacketTooBig, Rng};
 use tcp_engine::{
     Config, Connection, Event, FourTuple, Instant, IsnGenerator, RxMode, SegmentRepr, State,
     TxMode, TxSource, TxSourceError,
@@ -288,9 +288,10 @@ impl Endpoint for Peer {
         self.pump();
     }
 
-    fn on_packet_too_big(&mut self, mtu: u16) {
+    fn on_packet_too_big(&mut self, now: Instant, report: PacketTooBig) {
         if let Some(c) = self.conn.as_mut() {
-            c.set_path_mtu(mtu);
+            // Later reports of a burst name the MTU already taken: ignored.
+            let _ = c.handle_packet_too_big(now, report.seq, report.mtu);
         }
     }
 }
