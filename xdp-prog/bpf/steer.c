@@ -2,8 +2,9 @@
 //
 // XDP steering program for the iWARP kernel-bypass data path.
 //
-// Redirects IPv4 TCP packets that belong to iWARP into the AF_XDP socket bound
-// to the packet's RX queue; everything else goes to the kernel unchanged.
+// Redirects IPv4 TCP packets that belong to iWARP, and the ICMP "fragmentation
+// needed" messages about them, into the AF_XDP socket bound to the packet's RX
+// queue; everything else goes to the kernel unchanged.
 //
 // A packet is steered when
 //   * its TCP destination port is a key of `steer_ports` (listeners), or
@@ -11,18 +12,29 @@
 //     (established connections).
 // All keys are in network byte order, exactly as they appear on the wire.
 //
+// An ICMP "fragmentation needed and DF set" (type 3 code 4, RFC 792; the next-hop
+// MTU of RFC 1191 section 4) is steered too when the TCP segment it quotes (IPv4
+// header and first 8 octets: ports and sequence number), read in reverse, is a
+// packet of ours that the rules above steer: its source port a key of
+// `steer_ports`, or {daddr, saddr, dport, sport} of the quoted header a key of
+// `steer_flows`; and the ICMP goes to that segment's source. The engine owns those
+// connections and lowers their path MTU (RFC 1191, validated per RFC 5927); the
+// kernel, which has no socket for them, would drop the message. Every other ICMP
+// goes to the kernel.
+//
 // A steered packet goes to `xsks[ctx->rx_queue_index]` through
 // bpf_redirect_map(..., XDP_PASS): when no AF_XDP socket is bound to that
 // queue the kernel gets the packet (and will answer a SYN with a RST).
 //
 // Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), VLAN-tagged frames, IPv4
-// fragments, non-TCP, malformed or truncated headers.
+// fragments, other protocols and other ICMP, malformed or truncated headers.
 //
 // Counters (`counters`, PERCPU_ARRAY, one u64 per CPU per slot; every packet is
 // counted in exactly one slot):
-//   0 = redirected into an AF_XDP socket,
+//   0 = a TCP segment redirected into an AF_XDP socket,
 //   1 = passed to the kernel because it is not steered,
-//   2 = steered but no AF_XDP socket bound to its RX queue (passed to the kernel).
+//   2 = steered but no AF_XDP socket bound to its RX queue (passed to the kernel),
+//   3 = an ICMP "fragmentation needed" redirected into an AF_XDP socket.
 //
 // Two entry points share the code: `steer` (SEC "xdp") and `steer_frags`
 // (SEC "xdp.frags", multi-buffer aware, needed for native XDP on veth when the
@@ -40,7 +52,8 @@
 #define COUNTER_REDIRECTED 0
 #define COUNTER_PASSED 1
 #define COUNTER_NO_SOCKET 2
-#define COUNTER_SLOTS 3
+#define COUNTER_ICMP_REDIRECTED 3
+#define COUNTER_SLOTS 4
 
 // Must match `MAX_QUEUES` in src/lib.rs.
 #define MAX_QUEUES 64
@@ -89,6 +102,93 @@ static __always_inline void count(__u32 slot)
 		*c += 1; // per-CPU slot: no atomics needed
 }
 
+// ICMP (RFC 792), as <linux/icmp.h> has it (that header pulls in libc headers the
+// BPF target does not have).
+#define ICMP_DEST_UNREACH 3
+#define ICMP_FRAG_NEEDED 4
+
+struct icmp_hdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be16 unused;
+	__be16 mtu; // next-hop MTU of "fragmentation needed" (RFC 1191 section 4)
+};
+
+// The first 8 octets of a TCP header: all an ICMP error is sure to quote (RFC 792).
+struct tcp_quote {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+};
+
+// Redirects the packet into the AF_XDP socket of its RX queue; `redirected` is the
+// counter slot for success.
+static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected)
+{
+	__u32 queue = ctx->rx_queue_index;
+	long action;
+
+	if (!bpf_map_lookup_elem(&xsks, &queue)) {
+		count(COUNTER_NO_SOCKET);
+		return XDP_PASS;
+	}
+	action = bpf_redirect_map(&xsks, queue, XDP_PASS);
+	count(action == XDP_REDIRECT ? redirected : COUNTER_NO_SOCKET);
+	return action;
+}
+
+// `ip` is a whole, unfragmented IPv4 header of an ICMP packet within the first
+// buffer, `icmp` right after it (IHL checked by the caller).
+static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
+				      struct icmp_hdr *icmp, void *data_end)
+{
+	struct iphdr *inner;
+	struct tcp_quote *th;
+	__u32 inner_len;
+	__u16 sport;
+
+	if ((void *)(icmp + 1) > data_end)
+		goto pass;
+	if (icmp->type != ICMP_DEST_UNREACH || icmp->code != ICMP_FRAG_NEEDED)
+		goto pass;
+	inner = (void *)(icmp + 1);
+	if ((void *)(inner + 1) > data_end)
+		goto pass;
+	if (inner->version != 4 || inner->ihl < 5 || inner->protocol != IPPROTO_TCP)
+		goto pass;
+	// A later fragment quotes no TCP header; an ICMP error goes to the
+	// source of the datagram it quotes (RFC 792).
+	if (inner->frag_off & bpf_htons(0x1fff))
+		goto pass;
+	if (inner->saddr != ip->daddr)
+		goto pass;
+	inner_len = (__u32)inner->ihl * 4; // 20..60
+	th = (void *)inner + inner_len;
+	if ((void *)(th + 1) > data_end)
+		goto pass;
+
+	sport = th->source;
+	if (!bpf_map_lookup_elem(&steer_ports, &sport)) {
+		// The quoted segment went from us to the peer: reversed, it is
+		// the key of the peer's segments to us.
+		struct flow_key key = {
+			.saddr = inner->daddr,
+			.daddr = inner->saddr,
+			.sport = th->dest,
+			.dport = th->source,
+		};
+
+		if (!bpf_map_lookup_elem(&steer_flows, &key))
+			goto pass;
+	}
+	return redirect(ctx, COUNTER_ICMP_REDIRECTED);
+
+pass:
+	count(COUNTER_PASSED);
+	return XDP_PASS;
+}
+
 static __always_inline int steer_packet(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -96,9 +196,8 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	struct tcphdr *tcp;
-	__u32 ihl_len, doff_len, queue;
+	__u32 ihl_len, doff_len;
 	__u16 dport;
-	long action;
 
 	if ((void *)(eth + 1) > data_end)
 		goto pass;
@@ -108,14 +207,18 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)
 		goto pass;
-	if (ip->version != 4 || ip->ihl < 5 || ip->protocol != IPPROTO_TCP)
+	if (ip->version != 4 || ip->ihl < 5)
+		goto pass;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_ICMP)
 		goto pass;
 	// A fragment (MF set or offset non-zero) does not carry a whole TCP
-	// header at a known place: leave reassembly to the kernel.
+	// (or ICMP) header at a known place: leave reassembly to the kernel.
 	if (ip->frag_off & bpf_htons(0x3fff))
 		goto pass;
 
 	ihl_len = (__u32)ip->ihl * 4; // 20..60
+	if (ip->protocol == IPPROTO_ICMP)
+		return steer_icmp(ctx, ip, (void *)ip + ihl_len, data_end);
 	tcp = (void *)ip + ihl_len;
 	if ((void *)(tcp + 1) > data_end)
 		goto pass;
@@ -138,14 +241,7 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 			goto pass;
 	}
 
-	queue = ctx->rx_queue_index;
-	if (!bpf_map_lookup_elem(&xsks, &queue)) {
-		count(COUNTER_NO_SOCKET);
-		return XDP_PASS;
-	}
-	action = bpf_redirect_map(&xsks, queue, XDP_PASS);
-	count(action == XDP_REDIRECT ? COUNTER_REDIRECTED : COUNTER_NO_SOCKET);
-	return action;
+	return redirect(ctx, COUNTER_REDIRECTED);
 
 pass:
 	count(COUNTER_PASSED);

@@ -7,8 +7,11 @@
 //!   listeners) or whose 4-tuple is steered ([`SteeringProgram::steer_flow`], for connections)
 //!   goes to the AF_XDP socket bound to the packet's RX queue
 //!   ([`SteeringProgram::bind_socket`]); with no socket bound there it goes to the kernel;
-//! * everything else (ARP, ICMP, other TCP, IPv6, VLAN-tagged frames, IPv4 fragments) goes to the
-//!   kernel.
+//! * an ICMP "fragmentation needed" (type 3 code 4, RFC 792 and RFC 1191 4) whose quoted TCP
+//!   segment, read in reverse, is a steered flow's or came from a steered port goes to that
+//!   socket too (the engine lowers the connection's path MTU; the kernel has no socket for it);
+//! * everything else (ARP, other ICMP, other TCP, IPv6, VLAN-tagged frames, IPv4 fragments) goes
+//!   to the kernel.
 //!
 //! [`SteeringProgram`] loads the object, attaches it to one interface (native/driver or
 //! generic/SKB mode), edits the steering maps, binds sockets to queues, reads the per-CPU
@@ -58,6 +61,7 @@ const MAP_COUNTERS: &str = "counters";
 const COUNTER_REDIRECTED: u32 = 0;
 const COUNTER_PASSED: u32 = 1;
 const COUNTER_NO_SOCKET: u32 = 2;
+const COUNTER_ICMP_REDIRECTED: u32 = 3;
 
 /// Linux `IFNAMSIZ` (including the terminating NUL).
 const IFNAMSIZ: usize = 16;
@@ -151,6 +155,9 @@ pub struct Counters {
     pub passed: u64,
     /// Steered packets passed to the kernel because no AF_XDP socket is bound to their RX queue.
     pub no_socket: u64,
+    /// ICMP "fragmentation needed" messages about steered flows redirected into an AF_XDP
+    /// socket (not counted in `redirected`).
+    pub icmp_redirected: u64,
 }
 
 impl Counters {
@@ -160,6 +167,7 @@ impl Counters {
             redirected: self.redirected.wrapping_sub(earlier.redirected),
             passed: self.passed.wrapping_sub(earlier.passed),
             no_socket: self.no_socket.wrapping_sub(earlier.no_socket),
+            icmp_redirected: self.icmp_redirected.wrapping_sub(earlier.icmp_redirected),
         }
     }
 }
@@ -660,6 +668,7 @@ impl SteeringProgram {
             redirected: sum(COUNTER_REDIRECTED)?,
             passed: sum(COUNTER_PASSED)?,
             no_socket: sum(COUNTER_NO_SOCKET)?,
+            icmp_redirected: sum(COUNTER_ICMP_REDIRECTED)?,
         })
     }
 }
@@ -734,18 +743,21 @@ mod tests {
             redirected: 5,
             passed: 10,
             no_socket: 1,
+            icmp_redirected: 3,
         };
         let b = Counters {
             redirected: 7,
             passed: 15,
             no_socket: 1,
+            icmp_redirected: 4,
         };
         assert_eq!(
             b.since(&a),
             Counters {
                 redirected: 2,
                 passed: 5,
-                no_socket: 0
+                no_socket: 0,
+                icmp_redirected: 1,
             }
         );
     }

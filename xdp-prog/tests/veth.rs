@@ -349,6 +349,108 @@ fn mac_of(ns: &str, dev: &str) -> String {
         .to_string()
 }
 
+/// Sends an ICMP "fragmentation needed" (next-hop MTU 1200) to `to` from the calling
+/// thread's namespace through a raw socket (the kernel writes the IPv4 header), quoting a
+/// 1500-octet TCP segment `quoted_src:sport -> quoted_dst:dport` with sequence number 7.
+fn send_frag_needed(
+    to: std::net::Ipv4Addr,
+    quoted_src: std::net::Ipv4Addr,
+    sport: u16,
+    quoted_dst: std::net::Ipv4Addr,
+    dport: u16,
+) {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    use tcp_engine::wire::{FragNeededRepr, Icmpv4Packet, QuotedTcp};
+    let msg = FragNeededRepr {
+        next_hop_mtu: 1200,
+        quoted: QuotedTcp {
+            src_addr: quoted_src,
+            dst_addr: quoted_dst,
+            src_port: sport,
+            dst_port: dport,
+            seq: 7,
+            total_len: 1500,
+        },
+    };
+    let mut buf = vec![0u8; msg.buffer_len()];
+    msg.emit(&mut Icmpv4Packet::new_unchecked(&mut buf[..]))
+        .expect("emit");
+    let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4)).expect("raw socket");
+    let n = s
+        .send_to(&buf, &SockAddr::from(SocketAddrV4::new(to, 0)))
+        .expect("send ICMP");
+    assert_eq!(n, buf.len());
+}
+
+/// The ICMP "fragmentation needed" messages that reached the sockets within `wait`, as (quoted
+/// source port, quoted destination port), stopping early once `want` of them arrived.
+fn collect_frag_needed(xsks: &mut [Xsk], wait: Duration, want: usize) -> Vec<(u16, u16)> {
+    let deadline = Instant::now() + wait;
+    let mut got = Vec::new();
+    loop {
+        for x in xsks.iter_mut() {
+            for f in x.drain() {
+                let Some(ip) = f.data.get(14..) else { continue };
+                if let Ok((_, m)) = tcp_engine::wire::parse_frag_needed(ip) {
+                    got.push((m.quoted.src_port, m.quoted.dst_port));
+                }
+            }
+        }
+        if got.len() >= want || Instant::now() >= deadline {
+            return got;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// (f) An ICMP "fragmentation needed" about a segment of a steered flow (its quoted header
+/// reversed is the flow's key) or from a steered port reaches the AF_XDP ring, counted as
+/// `icmp_redirected`; one about another flow, or quoting a segment from another source than
+/// the host it goes to, goes to the kernel (`passed`). Both program variants.
+#[test]
+fn f_frag_needed_about_steered_flows_reaches_af_xdp_ring() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17010;
+    const LISTEN: u16 = 17011;
+    const SPORT: u16 = 40010;
+    for frags in [false, true] {
+        in_ns(NS_A, || {
+            let mut prog = SteeringProgram::load(frags).expect("load");
+            prog.attach(DEV_A, AttachMode::Auto).expect("attach");
+            prog.steer_flow(FourTuple {
+                saddr: ADDR_B,
+                daddr: ADDR_A,
+                sport: SPORT,
+                dport: PORT,
+            })
+            .expect("steer_flow");
+            prog.steer_port(LISTEN).expect("steer_port");
+            let mut xsks = bind_all_queues(&mut prog);
+            let before = prog.counters().expect("counters");
+            in_ns(NS_B, || {
+                // Steered: the flow's segment A:PORT -> B:SPORT; one from the listening port.
+                send_frag_needed(ADDR_A, ADDR_A, PORT, ADDR_B, SPORT);
+                send_frag_needed(ADDR_A, ADDR_A, LISTEN, ADDR_B, 50000);
+                // Not steered: another peer port; the flow quoted the wrong way round; a
+                // segment from another host than the one the ICMP goes to.
+                send_frag_needed(ADDR_A, ADDR_A, PORT, ADDR_B, SPORT + 1);
+                send_frag_needed(ADDR_A, ADDR_B, SPORT, ADDR_A, PORT);
+                send_frag_needed(ADDR_A, ADDR_B, PORT, ADDR_A, SPORT);
+            });
+            let mut got = collect_frag_needed(&mut xsks, Duration::from_secs(1), 2);
+            got.sort_unstable();
+            let late = collect_frag_needed(&mut xsks, Duration::from_millis(200), usize::MAX);
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: redirected ICMP {got:?}, counters {d:?}");
+            assert_eq!(got, [(PORT, SPORT), (LISTEN, 50000)], "frags {frags}");
+            assert!(late.is_empty(), "{late:?}");
+            assert_eq!(d.icmp_redirected, 2, "{d:?}");
+            assert_eq!((d.redirected, d.no_socket), (0, 0), "{d:?}");
+            assert!(d.passed >= 3, "{d:?}");
+        });
+    }
+}
+
 /// (d) Detaching (dropping the program) leaves both veth ends exactly as they were: same
 /// `ip -d link show` (no xdp) and same offload features (native XDP on veth changes GRO on
 /// its end and GSO on the peer while attached).
