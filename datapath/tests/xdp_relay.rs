@@ -15,6 +15,10 @@
 //!   2%), 2% of segments duplicated, 100 us of delay with 0-300 us of jitter (which reorders
 //!   frames closer together than that), re-segmentation with the MSS clamped, Markers in two of
 //!   the four; smaller rounds at 20%, where TCP moves little;
+//! * a path MTU drop from 1500 to 1200 mid-transfer (`path_mtu_drop_*`), alone and with 1%
+//!   loss and reordering: the relay answers each packet it drops with an ICMP "fragmentation
+//!   needed"; each engine believes the first, lowers its connection's path MTU and resends at
+//!   once; every byte still arrives, with no retransmission timeout without loss;
 //! * corruption (`corrupted_fpdus_are_never_placed_and_end_only_their_connection`): the relay
 //!   flips payload bits of a few FPDUs and recomputes the TCP checksum; MPA's CRC catches the
 //!   first, nothing corrupted is placed, a Terminate (MPA error 2) ends that connection alone,
@@ -552,6 +556,80 @@ fn impaired_loss_5_percent() {
 #[test]
 fn impaired_loss_20_percent_with_markers() {
     impaired(0.20, 44, true, &HEAVY_ROUNDS, WAIT);
+}
+
+/// The path MTU after the drop: the links carry 1500.
+const DROPPED_MTU: u16 = 1200;
+/// The drop begins once this many payload octets went each way (mid-round 2 both ways).
+const DROP_AFTER: u64 = 256 << 10;
+
+/// The relay's path MTU drops from 1500 to [`DROPPED_MTU`] mid-transfer (after
+/// [`DROP_AFTER`] each way), with `loss` and as much reordering: the relay drops every larger
+/// packet and answers each with an ICMP "fragmentation needed" (RFC 1191 4). The steering
+/// program hands those to the engines, each engine's connection lowers its path MTU on the
+/// first (later ones of the burst are stale) and resends what no longer fits at once, and the
+/// Writes, Reads and Sends of every round still arrive byte-exact (checked by `server` and
+/// `client`), well within the deadline.
+fn path_mtu_drop(loss: f64, seed: u64) {
+    let _bed = relay_bed_or_skip!();
+    let t = Instant::now();
+    let r = run(
+        RelayConfig {
+            seed,
+            loss,
+            reorder: loss,
+            path_mtu: Some(PathMtu::new(DROPPED_MTU, Start::AfterBytes(DROP_AFTER))),
+            ..RelayConfig::default()
+        },
+        MpaConfig::default(),
+        &ROUNDS,
+        WAIT,
+    );
+    let took = t.elapsed();
+    // The ICMP of a direction goes back to its sender: A (the server) sends towards B.
+    for (who, e, d) in [
+        ("server", &r.server, &r.relay.a_to_b),
+        ("client", &r.client, &r.relay.b_to_a),
+    ] {
+        let (drv, c) = (&e.driver, &e.conns);
+        println!(
+            "{who}: the relay dropped {} of its packets as too big and answered {} with ICMP; \
+             its driver believed {}, found {} stale and rejected {}; {} retransmissions, {} \
+             RTOs, {} octets held at most",
+            d.mtu_dropped,
+            d.icmp_sent,
+            drv.icmp_frag_needed,
+            drv.icmp_frag_needed_stale,
+            drv.icmp_rejected,
+            c.retransmissions,
+            c.rto_expirations,
+            c.held_peak,
+        );
+        assert!(d.mtu_dropped > 0 && d.icmp_sent > 0, "{who}: {d:?}");
+        // One connection each: its path MTU lowered once, by the first ICMP that arrived.
+        assert_eq!(drv.icmp_frag_needed, 1, "{who}: {drv:?}");
+        assert!(
+            drv.icmp_frag_needed + drv.icmp_frag_needed_stale + drv.icmp_rejected <= d.icmp_sent,
+            "{who}: {drv:?} {d:?}"
+        );
+        assert!(c.retransmissions > 0, "{who}: {c:?}");
+        if loss == 0.0 {
+            // Resent at once, not after a timeout; nothing forged on the bed.
+            assert_eq!(c.rto_expirations, 0, "{who}: {c:?}");
+            assert_eq!(drv.icmp_rejected, 0, "{who}: {drv:?}");
+        }
+    }
+    assert!(took < WAIT, "took {took:?}");
+}
+
+#[test]
+fn path_mtu_drop_mid_transfer() {
+    path_mtu_drop(0.0, 51);
+}
+
+#[test]
+fn path_mtu_drop_mid_transfer_with_loss_reorder_1_percent() {
+    path_mtu_drop(0.01, 52);
 }
 
 /// The corruption case's port.

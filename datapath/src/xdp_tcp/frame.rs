@@ -5,7 +5,9 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use tcp_engine::wire::{EthernetFrame, EthernetRepr, Ipv4TcpPeek, ETHERTYPE_IPV4};
+use tcp_engine::wire::{
+    EthernetFrame, EthernetRepr, Ipv4TcpPeek, ETHERTYPE_IPV4, IP_PROTOCOL_ICMP,
+};
 
 use crate::xsk::neighbour;
 
@@ -19,6 +21,15 @@ pub(crate) fn ipv4_tcp_packet(frame: &[u8]) -> Option<(Ipv4TcpPeek<'_>, [u8; 6])
         return None;
     }
     Some((Ipv4TcpPeek::new(eth.payload())?, eth.src_addr()))
+}
+
+/// A received frame's IPv4 packet if it carries ICMP (Ethernet padding left on: the full
+/// parse, [`tcp_engine::wire::parse_frag_needed`], cuts at the total length). The steering
+/// program redirects ICMP "fragmentation needed" messages about our flows (`xdp-prog`).
+pub(crate) fn ipv4_icmp_packet(frame: &[u8]) -> Option<&[u8]> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    let ip = eth.payload();
+    (eth.ethertype() == ETHERTYPE_IPV4 && ip.get(9) == Some(&IP_PROTOCOL_ICMP)).then_some(ip)
 }
 
 /// The destination address of an IPv4 packet (at least 20 octets).

@@ -30,8 +30,9 @@
 //! packet is dropped and counted ([`XdpTcpStats::tx_no_mac`]).
 //!
 //! **One turn** ([`XdpTcp::poll`]): take up to [`XdpTcpConfig::rx_batch`] frames from each
-//! socket, parse Ethernet/IPv4 (anything else is dropped and counted), hand each IPv4 packet to
-//! [`ConnectionTable::handle_packet`] (its passed-up data goes to [`TcpApp::on_data`]); hand new
+//! socket, parse Ethernet/IPv4 (anything else is dropped and counted), hand each IPv4 TCP packet
+//! to [`ConnectionTable::handle_packet`] (its passed-up data goes to [`TcpApp::on_data`]) and
+//! each ICMP one to the path MTU handling (below); hand new
 //! connections of listeners to [`TcpApp::on_accept`]; for every live connection report its
 //! events ([`TcpApp::on_event`]) and call [`TcpApp::on_poll`] (the application sends, reads,
 //! sets its receive window, closes), then forget closed ones ([`TcpApp::on_closed`]); run
@@ -54,6 +55,28 @@
 //! socket, receiving and transmitting on its queue, and its own table), sharing one attached
 //! program ([`XdpPort`]); segments that arrive on a shard that does not own their flow are
 //! handed over ([`shard`]). Each shard is meant for its own thread.
+//!
+//! **Path MTU** (RFC 1191, RFC 9293 3.7.2). Our segments leave with DF set, so a router whose
+//! next hop cannot take one drops it and answers with an ICMP "fragmentation needed" (RFC 792,
+//! type 3 code 4) that names the next hop's MTU (RFC 1191 4) and quotes the segment's IPv4
+//! header and first 8 octets. The steering program redirects such a message into the AF_XDP
+//! socket of its queue when the quoted segment, reversed, is of a steered flow or port
+//! (`xdp-prog`; other ICMP goes to the kernel); the driver parses it
+//! ([`tcp_engine::wire::parse_frag_needed`]: lengths, both checksums, addressed to the quoted
+//! segment's source) and gives it to the table
+//! ([`ConnectionTable::handle_packet_too_big`]), which believes it only for a connection of
+//! the quoted 4-tuple, a quoted sequence number in flight (RFC 5927 4.1) and an MTU from the
+//! floor ([`tcp_engine::Config::min_path_mtu`], 552 as Linux, RFC 5927 7.2) to below the
+//! connection's path MTU (RFC 1191 3). The connection then lowers its EMSS (new segments,
+//! and the MPA layer's MULPDU for new FPDUs, follow) and resends at once, split at the new
+//! EMSS, the reported segment and what it sent since that no longer fits, without cutting its
+//! congestion window (as Linux's `tcp_simple_retransmit`, RFC 1191 6.4; see
+//! [`Connection::handle_packet_too_big`]). Counted in [`XdpTcpStats::icmp_frag_needed`],
+//! [`XdpTcpStats::icmp_frag_needed_stale`] and [`XdpTcpStats::icmp_rejected`]. A shard routes
+//! the message by the quoted flow like a segment: one about another shard's flow goes to that
+//! shard's inbox. Not done: a per-destination cache (each connection learns for itself; a new
+//! one starts from the interface's MTU again), raising the estimate after a while (RFC 1191
+//! 6.3), and PLPMTUD (RFC 4821) for paths that drop the ICMP (black holes).
 //!
 //! **Upper layer.** [`TcpApp`] is the seam the iWARP engine plugs into: in MPA mode
 //! ([`tcp_engine::Config::mpa`]) `on_data` receives every accepted segment's payload at once
@@ -342,6 +365,18 @@ pub struct XdpTcpStats {
     pub handoff_drops: u64,
     /// Shards: SYNs dropped because the flow directory was full.
     pub directory_full: u64,
+    /// ICMP "fragmentation needed" messages believed (see the module documentation, *Path
+    /// MTU*): a connection's path MTU lowered, and what was dropped resent at once.
+    pub icmp_frag_needed: u64,
+    /// ICMP "fragmentation needed" messages for a segment in flight of a connection of ours
+    /// that named an MTU not below its path MTU: the further reports of a burst of oversized
+    /// segments, after the first lowered it (RFC 1191 3).
+    pub icmp_frag_needed_stale: u64,
+    /// ICMP messages dropped: malformed (lengths, checksums), not a "fragmentation needed"
+    /// about a TCP segment sent from this host, for no connection of this driver, quoting a
+    /// sequence number not in flight (RFC 5927 4.1) or naming an MTU below the floor (RFC 5927
+    /// 7.2): forged, or stale.
+    pub icmp_rejected: u64,
     /// The kernel's count of frames for this driver's sockets that it dropped before they
     /// reached an RX ring (`XDP_STATISTICS` `rx_dropped` + `rx_ring_full`: the ring or the fill
     /// ring had no room, i.e. the driver's thread fell behind by a whole RX frame pool).
@@ -366,6 +401,9 @@ impl XdpTcpStats {
         self.handoffs_in += o.handoffs_in;
         self.handoff_drops += o.handoff_drops;
         self.directory_full += o.directory_full;
+        self.icmp_frag_needed += o.icmp_frag_needed;
+        self.icmp_frag_needed_stale += o.icmp_frag_needed_stale;
+        self.icmp_rejected += o.icmp_rejected;
         self.rx_kernel_drops += o.rx_kernel_drops;
         let (t, u) = (&mut self.table, &o.table);
         t.bad_checksum += u.bad_checksum;
@@ -1340,7 +1378,10 @@ impl Rx<'_> {
     /// claim dropped if the table made no connection of it).
     fn frame<A: TcpApp + ?Sized>(&mut self, frame: &[u8], shard: Option<&ShardCtx>, app: &mut A) {
         let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
-            self.stats.rx_not_ipv4_tcp += 1;
+            match frame::ipv4_icmp_packet(frame) {
+                Some(ip) => self.icmp(ip, frame, shard),
+                None => self.stats.rx_not_ipv4_tcp += 1,
+            }
             return;
         };
         let (ip, src_ip) = (peek.packet(), peek.src_addr());
@@ -1391,6 +1432,51 @@ impl Rx<'_> {
             if !matches!(res, Ok(Some(_))) {
                 sh.set.directory.remove(key, sh.index);
             }
+        }
+    }
+
+    /// One received ICMP packet (`ip`, of `frame`): an ICMP "fragmentation needed" about a
+    /// segment of ours lowers its connection's path MTU (see the module documentation, *Path
+    /// MTU*). For a shard (`shard` is `None` for frames from the inbox), a message about a
+    /// flow another shard owns is copied to that shard's inbox, as its segments are.
+    /// Zero-copy parse, no allocation; nothing in the message is trusted before the table
+    /// checked it.
+    fn icmp(&mut self, ip: &[u8], frame: &[u8], shard: Option<&ShardCtx>) {
+        let Ok((outer, msg)) = tcp_engine::wire::parse_frag_needed(ip) else {
+            self.stats.icmp_rejected += 1;
+            return;
+        };
+        let q = msg.quoted;
+        // An ICMP error goes to the source of the datagram it quotes (RFC 792).
+        if outer.dst_addr != q.src_addr {
+            self.stats.icmp_rejected += 1;
+            return;
+        }
+        if let Some(sh) = shard {
+            let owner = shard::flow_key(q.dst_addr, q.dst_port, q.src_port)
+                .and_then(|key| sh.set.directory.lookup(key));
+            match owner {
+                Some(o) if o != sh.index => {
+                    sh.hand_off(o, frame, self.stats);
+                    return;
+                }
+                Some(_) => {}
+                None => {
+                    self.stats.icmp_rejected += 1;
+                    return;
+                }
+            }
+        }
+        let tuple = q.sender_tuple();
+        match self
+            .table
+            .handle_packet_too_big(self.now, &tuple, q.seq, msg.next_hop_mtu)
+        {
+            Ok(_) => self.stats.icmp_frag_needed += 1,
+            Err(tcp_engine::PacketTooBigError::MtuNotSmaller { .. }) => {
+                self.stats.icmp_frag_needed_stale += 1
+            }
+            Err(_) => self.stats.icmp_rejected += 1,
         }
     }
 }
@@ -1466,5 +1552,207 @@ mod tests {
     fn driver_is_send() {
         fn send<T: Send>() {}
         send::<XdpTcp>();
+    }
+
+    /// The path MTU handling of the receive path ([`Rx::icmp`]), without an interface.
+    mod icmp {
+        use super::*;
+        use tcp_engine::wire::{emit_frag_needed, FragNeededRepr, QuotedTcp, SegmentRepr};
+        use tcp_engine::{FourTuple, IsnGenerator};
+
+        const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+        const REMOTE: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+        const ROUTER: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 254);
+
+        struct NoApp;
+        impl TcpApp for NoApp {}
+
+        fn tuple() -> FourTuple {
+            FourTuple {
+                local_addr: LOCAL,
+                local_port: 40000,
+                remote_addr: REMOTE,
+                remote_port: 5000,
+            }
+        }
+
+        /// A table whose one connection (to a peer made here) has three 1448-octet segments
+        /// in flight; their sequence numbers.
+        fn table_in_flight() -> (ConnectionTable, ConnId, Vec<u32>) {
+            let now = tcp_engine::Instant::ZERO;
+            let mut table = ConnectionTable::new([1; 16], 4);
+            let id = table
+                .connect(TcpConfig::default(), tuple(), now)
+                .expect("connect");
+            let mut buf = vec![0u8; 2048];
+            let n = table.poll_transmit(now, &mut buf).expect("SYN");
+            let syn = SegmentRepr::parse(&buf[..n]).expect("SYN");
+            let isn = IsnGenerator::new([2; 16]);
+            let mut peer =
+                Connection::accept(TcpConfig::default(), &syn, &isn, now).expect("accept");
+            let n = peer.poll_transmit(now, &mut buf).expect("SYN-ACK");
+            let synack = buf[..n].to_vec();
+            assert_eq!(table.handle_packet(now, &synack, |_, _| {}), Ok(Some(id)));
+            while table.poll_transmit(now, &mut buf).is_some() {}
+            let conn = table.get_mut(id).expect("connection");
+            assert_eq!(conn.send(&[9u8; 3 * 1448]), Ok(3 * 1448));
+            let mut seqs = Vec::new();
+            while let Some(n) = table.poll_transmit(now, &mut buf) {
+                assert_eq!(n, 1500);
+                seqs.push(SegmentRepr::parse(&buf[..n]).expect("segment").seq);
+            }
+            assert_eq!(seqs.len(), 3);
+            (table, id, seqs)
+        }
+
+        /// An Ethernet frame carrying the router's ICMP "fragmentation needed" about our
+        /// segment `seq` of `quoted` (our side's tuple), naming `mtu`.
+        fn frame_of(quoted: FourTuple, seq: u32, mtu: u16) -> Vec<u8> {
+            let msg = FragNeededRepr {
+                next_hop_mtu: mtu,
+                quoted: QuotedTcp {
+                    src_addr: quoted.local_addr,
+                    dst_addr: quoted.remote_addr,
+                    src_port: quoted.local_port,
+                    dst_port: quoted.remote_port,
+                    seq,
+                    total_len: 1500,
+                },
+            };
+            let mut f = vec![0u8; ETH_HLEN + 56];
+            frame::write_eth(&mut f[..ETH_HLEN], [2; 6], [4; 6]);
+            let n = emit_frag_needed(ROUTER, 1, &msg, &mut f[ETH_HLEN..]).expect("emit");
+            assert_eq!(n, 56);
+            f
+        }
+
+        fn receive(table: &mut ConnectionTable, stats: &mut XdpTcpStats, frame: &[u8]) {
+            receive_on(table, stats, frame, None);
+        }
+
+        fn receive_on(
+            table: &mut ConnectionTable,
+            stats: &mut XdpTcpStats,
+            frame: &[u8],
+            shard: Option<&ShardCtx>,
+        ) {
+            let mut neigh = Neighbours::new(0, 4);
+            let mut rx = Rx {
+                table,
+                neigh: &mut neigh,
+                stats,
+                now: tcp_engine::Instant::from_millis(1),
+            };
+            rx.frame(frame, shard, &mut NoApp);
+        }
+
+        /// Forged or stale messages (a sequence number not in flight, an unknown 4-tuple, an
+        /// MTU below the floor, a bad checksum, another ICMP message, one not addressed to
+        /// the quoted segment's source) are counted and change nothing; the real one lowers
+        /// the path MTU and the oversized segments go out again at once; the rest of its
+        /// burst is stale.
+        #[test]
+        fn forged_messages_change_nothing_and_the_real_one_lowers_the_path_mtu() {
+            let (mut table, id, seqs) = table_in_flight();
+            let mut stats = XdpTcpStats::default();
+            let (t, now) = (tuple(), tcp_engine::Instant::from_millis(1));
+            let mut forged = vec![
+                frame_of(t, seqs[0].wrapping_sub(1), 1200),
+                frame_of(t, seqs[2].wrapping_add(1448), 1200),
+                frame_of(
+                    FourTuple {
+                        remote_port: 5001,
+                        ..t
+                    },
+                    seqs[1],
+                    1200,
+                ),
+                frame_of(t, seqs[1], 551),
+                frame_of(t, seqs[1], 0),
+            ];
+            let mut bad_sum = frame_of(t, seqs[1], 1200);
+            bad_sum[ETH_HLEN + 20 + 2] ^= 1;
+            forged.push(bad_sum);
+            let mut echo = frame_of(t, seqs[1], 1200);
+            echo[ETH_HLEN + 20] = 8; // echo request
+            tcp_engine::wire::Icmpv4Packet::new_unchecked(&mut echo[ETH_HLEN + 20..])
+                .fill_checksum();
+            forged.push(echo);
+            let mut elsewhere = frame_of(t, seqs[1], 1200);
+            elsewhere[ETH_HLEN + 19] = 9; // to 10.78.0.9, quoting our segment
+            tcp_engine::wire::Ipv4Packet::new_unchecked(&mut elsewhere[ETH_HLEN..]).fill_checksum();
+            forged.push(elsewhere);
+            let mut buf = vec![0u8; 2048];
+            for (i, f) in forged.iter().enumerate() {
+                receive(&mut table, &mut stats, f);
+                assert_eq!(stats.icmp_rejected, i as u64 + 1, "message {i}");
+                let conn = table.get(id).expect("connection");
+                assert_eq!((conn.path_mtu(), conn.emss()), (1500, 1448), "message {i}");
+                assert!(
+                    table.poll_transmit(now, &mut buf).is_none(),
+                    "message {i}: nothing resent"
+                );
+            }
+            assert_eq!(
+                (stats.icmp_frag_needed, stats.icmp_frag_needed_stale),
+                (0, 0)
+            );
+            assert_eq!((stats.rx_not_ipv4_tcp, stats.rx_malformed), (0, 0));
+            // The same MTU as now: stale.
+            receive(&mut table, &mut stats, &frame_of(t, seqs[1], 1500));
+            assert_eq!(stats.icmp_frag_needed_stale, 1);
+            // The real one, then the rest of its burst.
+            receive(&mut table, &mut stats, &frame_of(t, seqs[0], 1200));
+            receive(&mut table, &mut stats, &frame_of(t, seqs[1], 1200));
+            receive(&mut table, &mut stats, &frame_of(t, seqs[2], 1200));
+            assert_eq!(stats.icmp_frag_needed, 1);
+            assert_eq!(stats.icmp_frag_needed_stale, 3);
+            assert_eq!(stats.icmp_rejected, forged.len() as u64);
+            let conn = table.get(id).expect("connection");
+            assert_eq!((conn.path_mtu(), conn.emss()), (1200, 1148));
+            let mut resent = Vec::new();
+            while let Some(n) = table.poll_transmit(now, &mut buf) {
+                resent.push(n);
+            }
+            assert_eq!(resent, [1200, 352, 1200, 352, 1200, 352]);
+        }
+
+        /// Shards: a message about a flow another shard owns goes to that shard's inbox; one
+        /// about a flow nobody owns is rejected.
+        #[test]
+        fn a_shard_hands_a_message_to_the_flows_owner() {
+            let (mut table, _, seqs) = table_in_flight();
+            let set = Arc::new(ShardSet::new(2, 4, 256, 16).expect("shards"));
+            let ctx = ShardCtx {
+                index: 0,
+                set: set.clone(),
+            };
+            let t = tuple();
+            let f = frame_of(t, seqs[0], 1200);
+            let mut stats = XdpTcpStats::default();
+            receive_on(&mut table, &mut stats, &f, Some(&ctx));
+            assert_eq!(stats.icmp_rejected, 1, "nobody owns the flow");
+            let key = shard::flow_key(REMOTE, 5000, 40000).expect("key");
+            assert_eq!(set.directory.claim(key, 1), Ok(1));
+            receive_on(&mut table, &mut stats, &f, Some(&ctx));
+            assert_eq!(stats.handoffs_out, 1);
+            assert_eq!(stats.icmp_rejected, 1);
+            let mut handed = Vec::new();
+            assert!(set.inboxes[1].pop_with(|b| handed.extend_from_slice(b)));
+            assert_eq!(handed, f);
+            // The owner (here: this table) believes it from its inbox.
+            receive_on(&mut table, &mut stats, &handed, None);
+            assert_eq!(stats.icmp_frag_needed, 1);
+            // Owned by this shard: handled here.
+            assert!(set.directory.remove(key, 1));
+            assert_eq!(set.directory.claim(key, 0), Ok(0));
+            receive_on(
+                &mut table,
+                &mut stats,
+                &frame_of(t, seqs[1], 1000),
+                Some(&ctx),
+            );
+            assert_eq!((stats.icmp_frag_needed, stats.handoffs_out), (2, 1));
+        }
     }
 }
