@@ -1637,10 +1637,12 @@ mod tests {
             shard: Option<&ShardCtx>,
         ) {
             let mut neigh = Neighbours::new(0, 4);
+            let mut attention = Attention::new(16);
             let mut rx = Rx {
                 table,
                 neigh: &mut neigh,
                 stats,
+                attention: &mut attention,
                 now: tcp_engine::Instant::from_millis(1),
             };
             rx.frame(frame, shard, &mut NoApp);
