@@ -1,0 +1,712 @@
+//! One `IwarpConn` fed arbitrary TCP segments after a valid MPA startup.
+//!
+//! Two connections, an Initiator and a Responder, each an `IwarpConn` over its own
+//! `tcp_engine::Connection`, run the TCP handshake and the MPA startup in memory (packets
+//! passed straight across) with configs from the input: revision, CRC and Markers on either
+//! side, peer-to-peer RTR, transmit mode (`TxMode::Source` or `Records`), reassembly room and
+//! placed-FPDU table size. Then one of them (the target) is cut off from its peer and the input
+//! speaks for the peer: it builds the peer's FPDU stream (ULPDUs from templates aimed at the
+//! target's regions, multi-FPDU Writes and Sends, FPDUs with an octet changed after framing,
+//! raw octets) and sends segments of that stream with sequence numbers, flags, ACK and window
+//! of its choice: in order, FPDU-aligned out of order, arbitrary ranges, repeated. Timers run,
+//! the target's application posts receives, Reads and Writes and closes.
+//!
+//! The target's memory is an `iwarp_fuzz::Arena` with the region set of the `rdmap_ulpdu`
+//! target. Every segment's octets are those of the one peer stream at their stream offset, so
+//! what TCP accepts at any offset is known.
+//!
+//! Asserts after every step: nothing panics; no write leaves its region (guards unchanged,
+//! every logged write in bounds); writes land only where allowed (remote-write regions, posted
+//! receive elements, Read sinks); nothing is written once the queue pair has left RTS or MPA
+//! failed; every packet the target emits parses; and, with CRCs on, nothing is placed from an
+//! FPDU whose CRC failed: a write carrying octets of an FPDU whose CRC was broken must be
+//! explained by an FPDU in the stream whose CRC an independent CRC32c accepts.
+#![no_main]
+
+use std::net::Ipv4Addr;
+use std::ops::Range;
+use std::time::Duration;
+
+use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn};
+use iwarp_fuzz::{
+    contains, ref_fpdu, tagged_header, untagged_header, Arena, ArenaRegion, Input, Templates,
+};
+use libfuzzer_sys::fuzz_target;
+use mpa::{FpduEncoder, MpaConfig};
+use rdmap::{Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag};
+use tcp_engine::wire::TcpFlags;
+use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+
+const PD: PdId = PdId(1);
+const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+const W: usize = 0;
+const WR_TOP: usize = 1;
+const R: usize = 2;
+const RECV: usize = 3;
+const FOREIGN: usize = 4;
+const SINK: usize = 5;
+const INVALID: usize = 6;
+const GONE: usize = 7;
+const SRC: usize = 8;
+const REGIONS: usize = 9;
+const BASES: [u64; REGIONS] = [
+    0x1000,
+    u64::MAX - 127,
+    0x2000,
+    0x3000,
+    0x4000,
+    0x5000,
+    0x6000,
+    0x7000,
+    0x8000,
+];
+const LENS: [usize; REGIONS] = [4096, 128, 256, 512, 256, 384, 128, 64, 2048];
+
+/// One side: its TCP connection (once it exists), its iWARP connection and memory.
+struct End {
+    tcp: Option<Connection>,
+    iw: IwarpConn,
+    arena: Arena,
+    mem: MemoryTable<ArenaRegion>,
+    events: Vec<ConnEvent>,
+}
+
+impl End {
+    fn new(iw: IwarpConn) -> End {
+        End {
+            tcp: None,
+            iw,
+            arena: Arena::new(),
+            mem: MemoryTable::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Runs the connection's turn: TCP events, MPA deadlines, queued FPDUs, events (a
+    /// Request is accepted).
+    fn pump(&mut self, now: Instant) {
+        let Some(tcp) = self.tcp.as_mut() else {
+            return;
+        };
+        self.iw.take_tcp_events(tcp);
+        self.iw.poll(tcp, &self.mem, now);
+        while let Some(ev) = self.iw.poll_event() {
+            if let ConnEvent::Request(_) = ev {
+                if self.iw.accept(b"server").is_ok() {
+                    self.iw.poll(tcp, &self.mem, now);
+                }
+            }
+            self.events.push(ev);
+        }
+        while self.iw.qp_mut().poll_completion().is_some() {}
+    }
+
+    /// The packets this side emits now.
+    fn transmit(&mut self, now: Instant) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let Some(tcp) = self.tcp.as_mut() else {
+            return out;
+        };
+        let mut buf = vec![0u8; 9100];
+        for _ in 0..256 {
+            let Some(n) = self.iw.poll_transmit(tcp, &self.mem, now, &mut buf) else {
+                break;
+            };
+            if let Err(e) = SegmentRepr::parse(&buf[..n]) {
+                panic!("emitted an unparseable packet: {e:?}");
+            }
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    /// Hands a packet to this side (a listener's SYN makes its connection).
+    fn receive(&mut self, packet: &[u8], now: Instant, listen: &Config, isn: &IsnGenerator) {
+        let Ok(seg) = SegmentRepr::parse(packet) else {
+            return;
+        };
+        match self.tcp.as_mut() {
+            None => self.tcp = Connection::accept(listen.clone(), &seg, isn, now),
+            Some(tcp) => {
+                let End { iw, mem, .. } = self;
+                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+            }
+        }
+        self.pump(now);
+    }
+}
+
+/// An FPDU of the peer's stream whose CRC was broken: the octets its ULPDU carried.
+struct Poisoned {
+    payload: Vec<u8>,
+}
+
+/// The peer's stream as the input builds it, relative to the target's SeqStart.
+struct Plan {
+    /// MPA position (from SeqStart) of `bytes[0]`.
+    base: u64,
+    /// Stream offset (TCP, from the first data octet) of `bytes[0]`.
+    tcp_base: u64,
+    bytes: Vec<u8>,
+    enc: FpduEncoder,
+    crc: bool,
+    markers: bool,
+    /// (start, end) offsets in `bytes` of every FPDU built whole.
+    fpdus: Vec<(usize, usize)>,
+    poisoned: Vec<Poisoned>,
+    /// Offsets below this have been sent: the plan only grows after it.
+    sent_end: usize,
+}
+
+impl Plan {
+    fn position(&self) -> u64 {
+        self.base + self.bytes.len() as u64
+    }
+
+    /// Appends one FPDU carrying `ulpdu`; `change` flips an octet after framing.
+    fn fpdu(&mut self, ulpdu: &[u8], change: Option<(u16, u8)>) {
+        let start = self.bytes.len();
+        if self.enc.encode(ulpdu, &mut self.bytes).is_err() {
+            return;
+        }
+        let end = self.bytes.len();
+        if let Some((at, x)) = change {
+            let i = start + usize::from(at) % (end - start);
+            self.bytes[i] ^= x | 1;
+            // What a placement of this FPDU could carry: its payload as sent, and what the
+            // receiver reads after the change.
+            let h = if ulpdu.first().is_some_and(|c| c & 0x80 != 0) {
+                14
+            } else {
+                18
+            };
+            let payload = |u: &[u8]| u.get(h.min(u.len())..).unwrap_or(&[]).to_vec();
+            self.poisoned.push(Poisoned {
+                payload: payload(ulpdu),
+            });
+            let at = self.base + start as u64;
+            let header = if self.markers && at.is_multiple_of(512) {
+                at + 4
+            } else {
+                at
+            };
+            if let Some(r) = ref_fpdu(|p| self.octet(p), header, self.markers, 0) {
+                self.poisoned.push(Poisoned {
+                    payload: payload(&r.ulpdu),
+                });
+            }
+        } else {
+            self.fpdus.push((start, end));
+        }
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        self.bytes.extend_from_slice(bytes);
+        self.enc = FpduEncoder::with_position(self.crc, self.markers, self.position() as u32);
+    }
+
+    /// Makes the plan cover offsets below `end` (zeros) before they are sent.
+    fn cover(&mut self, end: usize) {
+        if end > self.bytes.len() {
+            let n = end - self.bytes.len();
+            self.raw(&vec![0; n]);
+        }
+        self.sent_end = self.sent_end.max(end);
+    }
+
+    /// The octet at MPA position `p`, if the plan has it.
+    fn octet(&self, p: u64) -> Option<u8> {
+        let i = usize::try_from(p.checked_sub(self.base)?).ok()?;
+        self.bytes.get(i).copied()
+    }
+
+    /// Whether an FPDU whose CRC is good (by the reference CRC32c) carries `data`.
+    fn justified(&self, data: &[u8]) -> bool {
+        let octet = |p: u64| self.octet(p);
+        let check = |header: u64| {
+            ref_fpdu(octet, header, self.markers, 0)
+                .is_some_and(|r| r.lenient_ok(true, self.markers) && contains(&r.ulpdu, data))
+        };
+        // The FPDUs built whole first, then every other position.
+        let built = self.fpdus.iter().any(|&(s, _)| {
+            let at = self.base + s as u64;
+            check(if self.markers && at.is_multiple_of(512) {
+                at + 4
+            } else {
+                at
+            })
+        });
+        built
+            || (0..self.bytes.len() as u64)
+                .map(|i| self.base + i)
+                .filter(|p| !(self.markers && p.is_multiple_of(512)))
+                .any(check)
+    }
+}
+
+fn tcp_config(source: bool, sack: bool) -> Config {
+    let mut cfg = Config::mpa();
+    if source {
+        cfg.tx_mode = TxMode::Source;
+    }
+    cfg.timestamps = false;
+    cfg.sack = sack;
+    cfg
+}
+
+/// Length of the Request or Reply of this harness's startup (private data of 6 octets).
+fn frame_len(rev: u8) -> u64 {
+    20 + if rev >= 2 { 4 } else { 0 } + 6
+}
+
+struct Target {
+    end: End,
+    stags: [Stag; REGIONS],
+    allowed: [Vec<Range<usize>>; REGIONS],
+    next_recv: usize,
+    next_read: usize,
+    crc: bool,
+    mpa_failed: bool,
+}
+
+impl Target {
+    fn check(&mut self, from: usize, frozen: bool, plan: &Plan) {
+        self.end.arena.check();
+        let writes = self.end.arena.writes();
+        if frozen {
+            assert_eq!(
+                writes.len(),
+                from,
+                "written after RTS or MPA ended: {:?}",
+                &writes[from..]
+            );
+        }
+        for w in &writes[from..] {
+            let ok = self.allowed[w.region]
+                .iter()
+                .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
+            assert!(ok || w.len == 0, "write not allowed: {w:?}");
+            if self.crc
+                && !w.data.is_empty()
+                && plan.poisoned.iter().any(|p| contains(&p.payload, &w.data))
+            {
+                assert!(
+                    plan.justified(&w.data),
+                    "placed octets of an FPDU whose CRC failed: {w:?}"
+                );
+            }
+        }
+        self.mpa_failed |= self
+            .end
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::MpaFailed(_) | ConnEvent::TransportClosed(_)));
+    }
+
+    fn frozen(&self) -> bool {
+        self.mpa_failed || self.end.iw.qp().state() != QpState::Rts
+    }
+
+    fn post_recv(&mut self) {
+        if self.next_recv >= 4 {
+            return;
+        }
+        let layouts: [&[(u64, u32)]; 4] = [
+            &[(0, 48)],
+            &[(0, 16), (64, 32)],
+            &[(8, 8), (40, 40)],
+            &[(0, 64), (64, 64)],
+        ];
+        let i = self.next_recv;
+        self.next_recv += 1;
+        let base = 128 * i as u64;
+        let mut sg_list = SgeList::new();
+        for &(off, len) in layouts[i] {
+            let _ = sg_list.push(Sge {
+                stag: self.stags[RECV],
+                to: BASES[RECV] + base + off,
+                len,
+            });
+            let start = (base + off) as usize;
+            self.allowed[RECV].push(start..start + len as usize);
+        }
+        let wr = RecvWr {
+            wr_id: 100 + i as u64,
+            sg_list,
+        };
+        let _ = self.end.iw.qp_mut().post_recv(wr, &self.end.mem);
+    }
+
+    fn post_send(&mut self, input: &mut Input) {
+        let op = input.u8();
+        let len = u32::from(input.u16() % 1500);
+        let wr = if op & 1 == 0 && self.next_read < 3 {
+            let off = 128 * self.next_read as u64;
+            self.next_read += 1;
+            let size = len.min(128);
+            self.allowed[SINK].push(off as usize..(off + u64::from(size)) as usize);
+            SendWr {
+                wr_id: 200 + self.next_read as u64,
+                op: SendOp::Read {
+                    remote_stag: Stag(input.u32()),
+                    remote_to: input.u64(),
+                },
+                sg_list: Sge {
+                    stag: self.stags[SINK],
+                    to: BASES[SINK] + off,
+                    len: size,
+                }
+                .into(),
+                signaled: true,
+            }
+        } else {
+            let write = op & 2 != 0;
+            SendWr {
+                wr_id: 300,
+                op: if write {
+                    SendOp::Write {
+                        remote_stag: Stag(input.u32()),
+                        remote_to: input.u64(),
+                    }
+                } else {
+                    SendOp::Send {
+                        solicited: op & 4 != 0,
+                        invalidate: None,
+                    }
+                },
+                sg_list: Sge {
+                    stag: self.stags[SRC],
+                    to: BASES[SRC],
+                    len: len.min(LENS[SRC] as u32),
+                }
+                .into(),
+                signaled: op & 8 == 0,
+            }
+        };
+        let _ = self.end.iw.qp_mut().post_send(wr, &self.end.mem);
+    }
+}
+
+/// The MPA config of one side from two knob bits and the shared revision.
+fn mpa_config(rev: u8, crc: bool, markers: bool, p2p: bool, waits: bool) -> MpaConfig {
+    MpaConfig {
+        rev,
+        crc,
+        markers,
+        peer_to_peer: p2p && rev >= 2,
+        responder_waits_for_fpdu: waits,
+        ird: 4,
+        ord: 4,
+        ..MpaConfig::default()
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input::new(data);
+    let k1 = input.u8();
+    let k2 = input.u8();
+    let target_is_initiator = k1 & 1 != 0;
+    let rev = if k1 & 2 != 0 { 1 } else { 2 };
+    let p2p = k1 & 4 != 0;
+    let icfg = mpa_config(rev, k1 & 8 != 0, k1 & 16 != 0, p2p, true);
+    let rcfg = mpa_config(rev, k1 & 32 != 0, k1 & 64 != 0, false, k1 & 128 == 0);
+    let source = k2 & 1 != 0;
+    let conn_cfg = |mpa: &MpaConfig, k: u8| {
+        let mut c = ConnConfig {
+            mpa: mpa.clone(),
+            reassembly_capacity: [4096, 16384, 65536, 1 << 20][usize::from(k >> 1 & 3)],
+            max_placed_fpdus: [1, 4, 64, 8192][usize::from(k >> 3 & 3)],
+            max_tx_fpdus: 64,
+            ..ConnConfig::default()
+        };
+        c.qp.pd = PD;
+        c.qp.ird = 4;
+        c.qp.ord = 4;
+        c
+    };
+    let tcp_cfg = tcp_config(source, k2 & 32 == 0);
+    let epoch = std::time::Instant::now();
+    let mut now = Instant::ZERO + Duration::from_millis(1);
+    let tuple = FourTuple {
+        local_addr: A,
+        local_port: 40000,
+        remote_addr: B,
+        remote_port: 5000,
+    };
+    let isn_a = IsnGenerator::new([3; 16]);
+    let isn_b = IsnGenerator::new([9; 16]);
+    let (Ok(iw_a), Ok(iw_b)) = (
+        IwarpConn::initiator(conn_cfg(&icfg, k2), b"client", epoch, now),
+        IwarpConn::responder(conn_cfg(&rcfg, k2), epoch, now),
+    ) else {
+        return;
+    };
+    let mut a = End::new(iw_a);
+    let mut b = End::new(iw_b);
+    a.tcp = Some(Connection::connect(tcp_cfg.clone(), tuple, &isn_a, now));
+
+    // The target's regions (the peer's memory is never touched).
+    let target_end = if target_is_initiator { &mut a } else { &mut b };
+    let access = [
+        Access::REMOTE_WRITE,
+        Access::ALL,
+        Access::REMOTE_READ,
+        Access::LOCAL_WRITE,
+        Access::ALL,
+        Access::LOCAL_WRITE,
+        Access::REMOTE_WRITE,
+        Access::ALL,
+        Access::REMOTE_READ,
+    ];
+    let mut stags = [Stag(0); REGIONS];
+    for i in 0..REGIONS {
+        let region = target_end.arena.region(LENS[i], 0x10 + i as u8);
+        let pd = if i == FOREIGN { PdId(2) } else { PD };
+        stags[i] = target_end.mem.register(pd, region, BASES[i], access[i]);
+    }
+    let _ = target_end.mem.invalidate(stags[INVALID], PD);
+    let _ = target_end.mem.deregister(stags[GONE]);
+    target_end.arena.record_data(true);
+
+    // TCP handshake and MPA startup, packets passed straight across until quiet.
+    for _ in 0..64 {
+        a.pump(now);
+        b.pump(now);
+        let from_a = a.transmit(now);
+        let from_b = b.transmit(now);
+        if from_a.is_empty() && from_b.is_empty() {
+            break;
+        }
+        for p in &from_a {
+            b.receive(p, now, &tcp_cfg, &isn_b);
+        }
+        for p in &from_b {
+            a.receive(p, now, &tcp_cfg, &isn_a);
+        }
+        now += Duration::from_micros(100);
+    }
+    if !(a.iw.is_established() && b.iw.is_established()) {
+        return;
+    }
+    let (end, peer_rev_frame) = if target_is_initiator {
+        (a, frame_len(rev))
+    } else {
+        (b, frame_len(rev))
+    };
+    let Some(neg) = end.iw.negotiated().cloned() else {
+        return;
+    };
+    let Some(tcp) = end.tcp.as_ref() else {
+        return;
+    };
+    let rcv_offset = tcp.rcv_nxt_offset();
+    let stream_start = tcp.rcv_stream_start();
+    let t = tcp.four_tuple();
+    assert!(
+        rcv_offset >= peer_rev_frame,
+        "the peer's startup frame did not arrive"
+    );
+    let mut target = Target {
+        end,
+        stags,
+        allowed: Default::default(),
+        next_recv: 0,
+        next_read: 0,
+        crc: neg.crc,
+        mpa_failed: false,
+    };
+    target.allowed[W].push(0..LENS[W]);
+    target.allowed[WR_TOP].push(0..LENS[WR_TOP]);
+    let _ = (R, FOREIGN, INVALID, GONE);
+    let mut plan = Plan {
+        base: rcv_offset - peer_rev_frame,
+        tcp_base: rcv_offset,
+        bytes: Vec::new(),
+        enc: FpduEncoder::with_position(
+            neg.crc,
+            neg.markers_rx,
+            (rcv_offset - peer_rev_frame) as u32,
+        ),
+        crc: neg.crc,
+        markers: neg.markers_rx,
+        fpdus: Vec::new(),
+        poisoned: Vec::new(),
+        sent_end: 0,
+    };
+    let templates = Templates {
+        stags: stags.iter().map(|s| s.raw()).collect(),
+        bases: BASES.to_vec(),
+        lens: LENS.to_vec(),
+    };
+    let mut cursor = 0usize;
+    let mut send_msn = 1u32;
+
+    for _ in 0..96 {
+        if input.is_empty() {
+            break;
+        }
+        let from = target.end.arena.write_count();
+        let frozen = target.frozen();
+        let op = input.u8();
+        match op % 12 {
+            // The peer's stream grows.
+            0..=2 => {
+                let ulpdu = templates.ulpdu(&mut input);
+                let change = (op & 0x80 != 0).then(|| (input.u16(), input.u8()));
+                plan.fpdu(&ulpdu, change);
+            }
+            3 => {
+                // A multi-FPDU Write or Send, each FPDU within the MULPDU chosen here.
+                let len = usize::from(input.u16() % 4096);
+                let per = 16 + usize::from(input.u16() % 1400);
+                let fill = input.u8();
+                let write = op & 0x40 != 0;
+                let (stag, region) = templates.stag(&mut input);
+                let to = templates.to(&mut input, region);
+                let msn = send_msn;
+                send_msn = send_msn.wrapping_add(1);
+                let mut at = 0;
+                loop {
+                    let n = per.min(len - at);
+                    let last = at + n == len;
+                    let mut u = if write {
+                        tagged_header(
+                            0x81 | if last { 0x40 } else { 0 },
+                            0x40,
+                            stag,
+                            to.wrapping_add(at as u64),
+                        )
+                    } else {
+                        untagged_header(
+                            0x01 | if last { 0x40 } else { 0 },
+                            0x43,
+                            0,
+                            0,
+                            msn,
+                            at as u32,
+                        )
+                    };
+                    u.extend((at..at + n).map(|i| fill ^ (i as u8).wrapping_mul(13)));
+                    plan.fpdu(&u, None);
+                    at += n;
+                    if last || plan.bytes.len() > 1 << 16 {
+                        break;
+                    }
+                }
+            }
+            4 => {
+                let n = usize::from(input.u8());
+                let mut raw = input.bytes(n).to_vec();
+                if plan.markers {
+                    raw.truncate(raw.len() & !3);
+                }
+                plan.raw(&raw);
+            }
+            // Segments of the stream.
+            5..=8 => {
+                let mode = input.u8();
+                let (off, len): (i64, usize) = match op % 12 {
+                    5 => {
+                        // In order from the cursor.
+                        let len = 1 + usize::from(input.u16() % 2000);
+                        let off = cursor;
+                        cursor += len;
+                        (off as i64, len)
+                    }
+                    6 => {
+                        // FPDU-aligned: whole FPDUs from the j-th on.
+                        if plan.fpdus.is_empty() {
+                            continue;
+                        }
+                        let j = usize::from(input.u8()) % plan.fpdus.len();
+                        let k = usize::from(input.u8() % 4);
+                        let end = plan.fpdus[(j + k).min(plan.fpdus.len() - 1)].1;
+                        let start = plan.fpdus[j].0;
+                        (start as i64, end - start)
+                    }
+                    7 => {
+                        let off = i64::from(input.u16()) - 64;
+                        (off, usize::from(input.u16() % 3000))
+                    }
+                    _ => {
+                        // Resend what was sent, possibly cut differently.
+                        let off = usize::from(input.u16()) % plan.sent_end.max(1);
+                        (off as i64, 1 + usize::from(input.u16() % 1500))
+                    }
+                };
+                let end = (off + len as i64).max(0) as usize;
+                plan.cover(end);
+                let mut payload = vec![0u8; len];
+                for (i, b) in payload.iter_mut().enumerate() {
+                    let at = off + i as i64;
+                    if at >= 0 {
+                        *b = plan.bytes[at as usize];
+                    }
+                }
+                let End { tcp, iw, mem, .. } = &mut target.end;
+                let Some(tcp) = tcp.as_mut() else {
+                    break;
+                };
+                let flags = if mode & 0xE0 == 0xE0 {
+                    let f = input.u8();
+                    TcpFlags {
+                        fin: f & 1 != 0,
+                        syn: f & 2 != 0,
+                        rst: f & 4 != 0,
+                        psh: f & 8 != 0,
+                        ack: f & 16 != 0,
+                        urg: f & 32 != 0,
+                    }
+                } else {
+                    TcpFlags {
+                        ack: true,
+                        psh: mode & 1 != 0,
+                        fin: mode & 0xF0 == 0x10,
+                        ..TcpFlags::default()
+                    }
+                };
+                let ack = match mode >> 1 & 3 {
+                    0 | 1 => tcp.snd_nxt(),
+                    2 => tcp.snd_una().wrapping_add(u32::from(input.u16())),
+                    _ => input.u32(),
+                };
+                let window = if mode & 8 != 0 { input.u16() } else { 65535 };
+                let seq = stream_start
+                    .wrapping_add(plan.tcp_base as u32)
+                    .wrapping_add(off as u32);
+                let seg = SegmentRepr {
+                    src_addr: t.remote_addr,
+                    dst_addr: t.local_addr,
+                    src_port: t.remote_port,
+                    dst_port: t.local_port,
+                    seq,
+                    ack,
+                    flags,
+                    window,
+                    options: Default::default(),
+                    payload: &payload,
+                };
+                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+            }
+            9 => {
+                now += Duration::from_millis(u64::from(input.u16()));
+                if let Some(tcp) = target.end.tcp.as_mut() {
+                    if tcp.poll_timeout().is_some_and(|d| d <= now) {
+                        tcp.handle_timeout(now);
+                    }
+                }
+            }
+            10 => target.post_recv(),
+            _ => match input.u8() % 8 {
+                0 => target.end.iw.close(),
+                1..=3 => target.post_recv(),
+                _ => target.post_send(&mut input),
+            },
+        }
+        target.end.pump(now);
+        let _ = target.end.transmit(now);
+        target.check(from, frozen, &plan);
+    }
+});

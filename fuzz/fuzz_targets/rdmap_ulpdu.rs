@@ -1,0 +1,368 @@
+//! RDMAP (RFC 5040) receive: `QueuePair::on_ulpdu` in order, and early (out-of-order)
+//! placement with `place_early` followed by `on_placed_ulpdu` when the stream reaches the
+//! segment (RFC 5041 5.3).
+//!
+//! The queue pair's memory is an `iwarp_fuzz::Arena`: regions between guard octets, every
+//! write logged. Regions: two that take remote writes (one at the top of the 64-bit TO space),
+//! one remote-read only, a receive region with posted receives of one to three elements, one
+//! of another protection domain, a Read sink with outstanding Reads, one invalidated and one
+//! deregistered. Knobs choose IRD/ORD, receives, Reads, an expected RTR and the MULPDU.
+//!
+//! Input: ULPDUs, each raw octets or a Write / Read Response / Send / Read Request /
+//! Terminate template with fields from the input (STags picked among the regions', or any),
+//! and an arrival key: segments arriving ahead of the in-order point are placed early, the
+//! rest of the processing happens in stream order.
+//!
+//! Asserts: nothing panics; no write leaves its region (guards unchanged, every logged write
+//! in bounds); writes land only where the checks allow (anywhere in the remote-write regions,
+//! inside a posted receive's elements, inside an outstanding Read's sink, nowhere else);
+//! nothing is written once the queue pair has left RTS; at most one Terminate goes out and
+//! nothing after it. And, differentially: when neither run failed or left RTS and no two
+//! writes overlapped, placing early gives the same memory, completions and transmitted
+//! ULPDUs as processing everything in order (the ULPDUs only when nothing was written to a
+//! region a Read Response may read: a Write placed early may show in the Response to a Read
+//! Request before it).
+#![no_main]
+
+use std::ops::Range;
+
+use iwarp_fuzz::{Arena, ArenaRegion, Input, Templates, WriteRec};
+use libfuzzer_sys::fuzz_target;
+use rdmap::qp::{QpConfig, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList};
+use rdmap::{Access, MemoryTable, Opcode, PdId, QpState, Stag, WorkCompletion};
+
+const PD: PdId = PdId(1);
+
+/// Region indices (arena ids, in creation order).
+const W: usize = 0;
+const WR_TOP: usize = 1;
+const R: usize = 2;
+const RECV: usize = 3;
+const FOREIGN: usize = 4;
+const SINK: usize = 5;
+const INVALID: usize = 6;
+const GONE: usize = 7;
+const REGIONS: usize = 8;
+
+const BASES: [u64; REGIONS] = [
+    0x1000,
+    u64::MAX - 127,
+    0x2000,
+    0x3000,
+    0x4000,
+    0x5000,
+    0x6000,
+    0x7000,
+];
+const LENS: [usize; REGIONS] = [256, 128, 256, 512, 256, 384, 128, 64];
+
+/// The setup a run needs, built the same way twice for the differential check.
+#[derive(Clone, Copy)]
+struct Knobs {
+    ird: u16,
+    ord: u16,
+    recvs: usize,
+    reads: usize,
+    read_size: u32,
+    rtr: Option<RtrKind>,
+    mulpdu: usize,
+}
+
+struct Bed {
+    arena: Arena,
+    mem: MemoryTable<ArenaRegion>,
+    qp: QueuePair,
+    stags: [Stag; REGIONS],
+    /// Where each region may be written.
+    allowed: [Vec<Range<usize>>; REGIONS],
+    completions: Vec<WorkCompletion>,
+    sent: Vec<Vec<u8>>,
+    terminates: usize,
+}
+
+fn bed(k: Knobs) -> Bed {
+    let arena = Arena::new();
+    let mut mem = MemoryTable::new();
+    let access = [
+        Access::REMOTE_WRITE,
+        Access::ALL,
+        Access::REMOTE_READ,
+        Access::LOCAL_WRITE,
+        Access::ALL,
+        Access::LOCAL_WRITE,
+        Access::REMOTE_WRITE,
+        Access::ALL,
+    ];
+    let mut stags = [Stag(0); REGIONS];
+    for i in 0..REGIONS {
+        let region = arena.region(LENS[i], 0x10 + i as u8);
+        assert_eq!(region.id(), i);
+        let pd = if i == FOREIGN { PdId(2) } else { PD };
+        stags[i] = mem.register(pd, region, BASES[i], access[i]);
+    }
+    mem.invalidate(stags[INVALID], PD).expect("invalidate");
+    mem.deregister(stags[GONE]).expect("deregister");
+    let mut allowed: [Vec<Range<usize>>; REGIONS] = Default::default();
+    allowed[W].push(0..LENS[W]);
+    allowed[WR_TOP].push(0..LENS[WR_TOP]);
+    // Never written: R (remote read only), FOREIGN, INVALID, GONE; RECV and SINK only where
+    // receives and Reads are posted below.
+    allowed[R].clear();
+
+    let mut qp = QueuePair::new(QpConfig {
+        pd: PD,
+        sq_depth: 8,
+        rq_depth: 8,
+        ird: k.ird,
+        ord: k.ord,
+    });
+    if let Some(kind) = k.rtr {
+        qp.expect_rtr(kind).expect("expect_rtr in Idle");
+    }
+    qp.enter_rts(k.ird, k.ord);
+    // Receives: one element, two apart, three with an empty one, two adjacent.
+    let layouts: [&[(u64, u32)]; 4] = [
+        &[(0, 48)],
+        &[(0, 16), (64, 32)],
+        &[(0, 0), (8, 8), (40, 40)],
+        &[(0, 64), (64, 64)],
+    ];
+    for (i, layout) in layouts.iter().take(k.recvs).enumerate() {
+        let base = 128 * i as u64;
+        let mut sg_list = SgeList::new();
+        for &(off, len) in layout.iter() {
+            let sge = Sge {
+                stag: stags[RECV],
+                to: BASES[RECV] + base + off,
+                len,
+            };
+            sg_list.push(sge).expect("room");
+            let start = (base + off) as usize;
+            allowed[RECV].push(start..start + len as usize);
+        }
+        qp.post_recv(
+            RecvWr {
+                wr_id: 100 + i as u64,
+                sg_list,
+            },
+            &mem,
+        )
+        .expect("post_recv");
+    }
+    for i in 0..k.reads {
+        let off = 128 * i as u64;
+        let size = k.read_size.min(128);
+        qp.post_send(
+            SendWr {
+                wr_id: 200 + i as u64,
+                op: SendOp::Read {
+                    remote_stag: Stag(0x9900 + i as u32),
+                    remote_to: 0,
+                },
+                sg_list: Sge {
+                    stag: stags[SINK],
+                    to: BASES[SINK] + off,
+                    len: size,
+                }
+                .into(),
+                signaled: true,
+            },
+            &mem,
+        )
+        .expect("post Read");
+        allowed[SINK].push(off as usize..(off + u64::from(size)) as usize);
+    }
+    let mut b = Bed {
+        arena,
+        mem,
+        qp,
+        stags,
+        allowed,
+        completions: Vec::new(),
+        sent: Vec::new(),
+        terminates: 0,
+    };
+    b.drain(k.mulpdu);
+    b.sent.clear();
+    b
+}
+
+impl Bed {
+    /// Everything the queue pair transmits now, and its completions.
+    fn drain(&mut self, mulpdu: usize) {
+        let mut out = Vec::new();
+        while let Some(tx) = self.qp.poll_transmit(mulpdu, &self.mem, &mut out) {
+            assert_eq!(tx.len, out.len());
+            assert!(self.terminates == 0, "a ULPDU after the Terminate");
+            if tx.opcode == Opcode::Terminate {
+                self.terminates += 1;
+                assert!(tx.last);
+            }
+            self.sent.push(std::mem::take(&mut out));
+        }
+        while let Some(wc) = self.qp.poll_completion() {
+            self.completions.push(wc);
+        }
+    }
+
+    /// Checks the writes logged since `from`; `frozen` when none may have happened.
+    fn check_writes(&self, from: usize, frozen: bool) {
+        let writes = self.arena.writes();
+        if frozen {
+            assert_eq!(
+                writes.len(),
+                from,
+                "written after leaving RTS: {:?}",
+                &writes[from..]
+            );
+        }
+        for w in &writes[from..] {
+            let ok = self.allowed[w.region]
+                .iter()
+                .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
+            assert!(ok || w.len == 0, "write not allowed: {w:?}");
+        }
+    }
+}
+
+/// One segment of the stream.
+struct Ulpdu {
+    bytes: Vec<u8>,
+    key: u8,
+}
+
+fn ulpdus(input: &mut Input, templates: &Templates) -> Vec<Ulpdu> {
+    let mut out = Vec::new();
+    while !input.is_empty() && out.len() < 48 {
+        let key = input.u8();
+        let bytes = templates.ulpdu(input);
+        out.push(Ulpdu { bytes, key });
+    }
+    out
+}
+
+fn header_len(ulpdu: &[u8]) -> usize {
+    if ulpdu.first().is_some_and(|c| c & 0x80 != 0) {
+        14
+    } else {
+        18
+    }
+}
+
+/// Whether two logged writes overlap in one region.
+fn overlapping(writes: &[WriteRec]) -> bool {
+    writes.iter().enumerate().any(|(i, a)| {
+        writes[i + 1..].iter().any(|b| {
+            a.region == b.region
+                && a.len > 0
+                && b.len > 0
+                && a.offset < b.offset + b.len
+                && b.offset < a.offset + a.len
+        })
+    })
+}
+
+/// Processes `ulpdus` arriving in `arrival` order; returns whether any call failed.
+fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: bool) -> bool {
+    let mut placed = vec![false; ulpdus.len()];
+    let mut arrived = vec![false; ulpdus.len()];
+    let mut next = 0;
+    let mut failed = false;
+    for &i in arrival {
+        arrived[i] = true;
+        if i != next {
+            if early {
+                let from = b.arena.write_count();
+                let frozen = b.qp.state() != QpState::Rts;
+                placed[i] = b.qp.place_early(&ulpdus[i].bytes, &b.mem);
+                b.check_writes(from, frozen);
+                if placed[i] {
+                    assert!(!frozen, "placed early outside RTS");
+                }
+            }
+            continue;
+        }
+        while next < ulpdus.len() && arrived[next] {
+            let u = &ulpdus[next].bytes;
+            let from = b.arena.write_count();
+            let frozen = b.qp.state() != QpState::Rts;
+            let result = if placed[next] {
+                let h = header_len(u);
+                b.qp.on_placed_ulpdu(&u[..h], u.len() - h, &b.mem)
+            } else {
+                b.qp.on_ulpdu(u, &b.mem)
+            };
+            b.check_writes(from, frozen);
+            if result.is_err() {
+                failed = true;
+                assert_ne!(b.qp.state(), QpState::Rts, "an error left the QP in RTS");
+            }
+            b.drain(mulpdu);
+            next += 1;
+        }
+    }
+    b.arena.check();
+    failed
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input::new(data);
+    let k1 = input.u8();
+    let k2 = input.u8();
+    let knobs = Knobs {
+        ird: u16::from(k1 & 3),
+        ord: u16::from((k1 >> 2) & 3).max(1),
+        recvs: usize::from((k1 >> 4) % 5),
+        reads: usize::from(k2 & 3),
+        read_size: match (k2 >> 2) & 3 {
+            0 => 0,
+            1 => 1,
+            2 => 100,
+            _ => 128,
+        },
+        rtr: match (k2 >> 4) & 3 {
+            1 => Some(RtrKind::Send),
+            2 => Some(RtrKind::Write),
+            3 => Some(RtrKind::Read),
+            _ => None,
+        },
+        mulpdu: 20 + usize::from(input.u8()) * 4,
+    };
+    let early = bed(knobs);
+    let templates = Templates {
+        stags: early.stags.iter().map(|s| s.raw()).collect(),
+        bases: BASES.to_vec(),
+        lens: LENS.to_vec(),
+    };
+    let segments = ulpdus(&mut input, &templates);
+    let mut arrival: Vec<usize> = (0..segments.len()).collect();
+    arrival.sort_by_key(|&i| segments[i].key);
+
+    let mut a = early;
+    let failed_a = run(&mut a, &segments, &arrival, knobs.mulpdu, true);
+    let in_order: Vec<usize> = (0..segments.len()).collect();
+    let mut b = bed(knobs);
+    let failed_b = run(&mut b, &segments, &in_order, knobs.mulpdu, false);
+
+    let writes_a = a.arena.writes();
+    let writes_b = b.arena.writes();
+    let comparable = !failed_a
+        && !failed_b
+        && a.qp.state() == QpState::Rts
+        && b.qp.state() == QpState::Rts
+        && !overlapping(&writes_a)
+        && !overlapping(&writes_b);
+    if comparable {
+        assert!(
+            a.arena.snapshot() == b.arena.snapshot(),
+            "early placement left other memory than in-order processing"
+        );
+        assert_eq!(a.completions, b.completions, "completions differ");
+        // A Read Response is read from its region when it is sent: a Write placed early into
+        // a remotely readable region may show in the Response to a Read Request before it
+        // (RFC 5040 5.5 orders a Read only after the Writes before it).
+        if !writes_a.iter().any(|w| w.region == WR_TOP && w.len > 0) {
+            assert_eq!(a.sent, b.sent, "transmitted ULPDUs differ");
+        }
+    }
+});
