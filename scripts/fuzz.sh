@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of tcp-engine with cargo-fuzz (libFuzzer) on the stable toolchain:
-# the segment parser and the connection state machine (tcp-engine/fuzz/fuzz_targets/), each for
-# a bounded time. Fails (non-zero exit) on the first crash, printing the reproducer's path.
+# Coverage-guided fuzzing with cargo-fuzz (libFuzzer) on the stable toolchain, each target for a
+# bounded time. Fails (non-zero exit) on the first crash, printing the reproducer's path.
 #
-# usage: scripts/fuzz.sh [TARGET...]          (default: every target)
+# Fuzz crates (each its own workspace, targets in fuzz_targets/, seeds in seeds/<target>/):
+#   tcp-engine/fuzz   the TCP segment parser and connection state machine
+#   fuzz              the iWARP layers: MPA startup and framing, DDP, RDMAP, IwarpConn
+#
+# usage: scripts/fuzz.sh [TARGET...]          (default: every target of every fuzz crate)
 #   FUZZ_SECONDS   seconds per target (default 60)
 #   FUZZ_WORK_DIR  corpus and crash artifacts (default target/fuzz)
 #
 # cargo-fuzz's default AddressSanitizer needs nightly (-Zsanitizer); with `--sanitizer none`
 # everything it passes to rustc is stable (-Cpasses=sancov-module and -Cllvm-args coverage
-# flags), so no RUSTC_BOOTSTRAP is needed. The targets are safe Rust over a
-# #![forbid(unsafe_code)] crate, so ASan would add little; debug assertions and overflow
-# checks are on. Reproduce a crash with:
-#   (cd tcp-engine/fuzz && cargo fuzz run --sanitizer none TARGET path/to/crash-file)
+# flags), so no RUSTC_BOOTSTRAP is needed. The targets are safe Rust over #![forbid(unsafe_code)]
+# crates, so ASan would add little; debug assertions and overflow checks are on, and the iWARP
+# targets put registered memory between guard octets. All crates build into one target
+# directory (target/fuzz-build), so the crates they share are compiled once. Reproduce a crash
+# with (DIR the target's fuzz crate):
+#   (cd DIR && cargo fuzz run --sanitizer none --target-dir ../target/fuzz-build TARGET path/to/crash-file)
+# (from tcp-engine/fuzz the target directory is ../../target/fuzz-build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
 WORK="${FUZZ_WORK_DIR:-$PWD/target/fuzz}"
-FUZZ_DIR=tcp-engine/fuzz
+BUILD="$PWD/target/fuzz-build"
+FUZZ_DIRS=(tcp-engine/fuzz fuzz)
+started=$SECONDS
 
 case "$SECONDS_PER_TARGET" in
   '' | *[!0-9]*)
@@ -37,28 +45,53 @@ if ! have_version; then
   cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
 fi
 
-targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then
-  mapfile -t targets < <(cd "$FUZZ_DIR" && cargo fuzz list)
-fi
-[ ${#targets[@]} -gt 0 ] || { echo "fuzz.sh: no fuzz targets found in $FUZZ_DIR" >&2; exit 1; }
+# Which crate each target belongs to.
+declare -A dir_of=()
+all=()
+for d in "${FUZZ_DIRS[@]}"; do
+  while read -r t; do
+    [ -n "$t" ] || continue
+    [ -z "${dir_of[$t]:-}" ] || { echo "fuzz.sh: target $t is in two crates" >&2; exit 2; }
+    dir_of[$t]=$d
+    all+=("$t")
+  done < <(cd "$d" && cargo fuzz list)
+done
 
-echo "== cargo fuzz build (${targets[*]})"
-(cd "$FUZZ_DIR" && cargo fuzz build --sanitizer none)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+[ ${#targets[@]} -gt 0 ] || { echo "fuzz.sh: no fuzz targets found in ${FUZZ_DIRS[*]}" >&2; exit 1; }
+for t in "${targets[@]}"; do
+  [ -n "${dir_of[$t]:-}" ] || {
+    echo "fuzz.sh: unknown target '$t' (known: ${all[*]})" >&2
+    exit 2
+  }
+done
+
+for d in "${FUZZ_DIRS[@]}"; do
+  wanted=()
+  for t in "${targets[@]}"; do
+    [ "${dir_of[$t]}" != "$d" ] || wanted+=("$t")
+  done
+  [ ${#wanted[@]} -gt 0 ] || continue
+  echo "== cargo fuzz build $d (${wanted[*]})"
+  (cd "$d" && cargo fuzz build --sanitizer none --target-dir "$BUILD")
+done
+echo "fuzz.sh: built in $((SECONDS - started))s"
 
 for t in "${targets[@]}"; do
+  d=${dir_of[$t]}
   corpus="$WORK/corpus/$t"
   artifacts="$WORK/artifacts/$t"
   mkdir -p "$corpus" "$artifacts"
   seeds=()
-  [ -d "$FUZZ_DIR/seeds/$t" ] && seeds=("$PWD/$FUZZ_DIR/seeds/$t")
-  echo "== fuzzing $t for ${SECONDS_PER_TARGET}s (corpus $corpus)"
+  [ -d "$d/seeds/$t" ] && seeds=("$PWD/$d/seeds/$t")
+  echo "== fuzzing $t ($d) for ${SECONDS_PER_TARGET}s (corpus $corpus)"
   # The first corpus directory receives new inputs; the committed seeds are read only.
-  if ! (cd "$FUZZ_DIR" && cargo fuzz run --sanitizer none "$t" "$corpus" "${seeds[@]}" -- \
+  if ! (cd "$d" && cargo fuzz run --sanitizer none --target-dir "$BUILD" "$t" "$corpus" "${seeds[@]}" -- \
     -max_total_time="$SECONDS_PER_TARGET" -artifact_prefix="$artifacts/" -print_final_stats=1); then
     echo "fuzz.sh: $t FAILED; reproducer(s):" >&2
     ls -1 "$artifacts"/* >&2 || true
     exit 1
   fi
 done
-echo "fuzz.sh: ${#targets[@]} target(s) ran ${SECONDS_PER_TARGET}s each without a crash"
+echo "fuzz.sh: ${#targets[@]} target(s) ran ${SECONDS_PER_TARGET}s each without a crash; total $((SECONDS - started))s (build included)"
