@@ -256,7 +256,8 @@ fn tcp_config(source: bool, sack: bool) -> Config {
     cfg
 }
 
-/// Length of the Request or Reply of this harness's startup (private data of 6 octets).
+/// Length of the Request or Reply of this harness's startup (private data of 6 octets: "client"
+/// and "server").
 fn frame_len(rev: u8) -> u64 {
     20 + if rev >= 2 { 4 } else { 0 } + 6
 }
@@ -490,11 +491,9 @@ fuzz_target!(|data: &[u8]| {
     if !(a.iw.is_established() && b.iw.is_established()) {
         return;
     }
-    let (end, peer_rev_frame) = if target_is_initiator {
-        (a, frame_len(rev))
-    } else {
-        (b, frame_len(rev))
-    };
+    let end = if target_is_initiator { a } else { b };
+    // Both frames carry 6 octets of private data, and the RFC 6581 block at Rev 2.
+    let peer_frame = frame_len(rev);
     let Some(neg) = end.iw.negotiated().cloned() else {
         return;
     };
@@ -505,7 +504,7 @@ fuzz_target!(|data: &[u8]| {
     let stream_start = tcp.rcv_stream_start();
     let t = tcp.four_tuple();
     assert!(
-        rcv_offset >= peer_rev_frame,
+        rcv_offset >= peer_frame,
         "the peer's startup frame did not arrive"
     );
     let mut target = Target {
@@ -519,16 +518,14 @@ fuzz_target!(|data: &[u8]| {
     };
     target.allowed[W].push(0..LENS[W]);
     target.allowed[WR_TOP].push(0..LENS[WR_TOP]);
+    // R, FOREIGN, INVALID and GONE are never written: no ranges. RECV and SINK get theirs
+    // as receives and Reads are posted.
     let _ = (R, FOREIGN, INVALID, GONE);
     let mut plan = Plan {
-        base: rcv_offset - peer_rev_frame,
+        base: rcv_offset - peer_frame,
         tcp_base: rcv_offset,
         bytes: Vec::new(),
-        enc: FpduEncoder::with_position(
-            neg.crc,
-            neg.markers_rx,
-            (rcv_offset - peer_rev_frame) as u32,
-        ),
+        enc: FpduEncoder::with_position(neg.crc, neg.markers_rx, (rcv_offset - peer_frame) as u32),
         crc: neg.crc,
         markers: neg.markers_rx,
         fpdus: Vec::new(),
