@@ -470,6 +470,10 @@ fn gap_bound() -> u64 {
     2 * FPDU_MAX + 512
 }
 
+/// The path MTU of the impaired cases after the drop: below the segments the MSS clamp
+/// lets the senders send, so that they meet the drop and its ICMP.
+const IMPAIRED_MTU: u16 = 600;
+
 /// Rounds of the impaired cases at 0, 1 and 5% loss.
 const IMPAIRED_ROUNDS: [usize; 3] = [4096, 256 << 10, 1 << 20];
 /// Rounds at 20% loss (and as much reordering): TCP moves little at that rate.
@@ -477,8 +481,12 @@ const HEAVY_ROUNDS: [usize; 3] = [4096, 64 << 10, 256 << 10];
 
 /// Everything at once: loss at `loss`, reordering at `loss` (at least 2%), 2% of segments
 /// duplicated, 100 us of delay with 0-300 us of jitter (frames closer together than that are
-/// reordered too), re-segmentation with the MSS clamped; Markers both ways if `markers`.
-/// Every byte of every round is checked (in `server` and `client`).
+/// reordered too), re-segmentation with the MSS clamped, and the path MTU dropping to
+/// [`IMPAIRED_MTU`] mid-transfer (after [`DROP_AFTER`] each way: the relay's re-cut segments
+/// fit it, and what it forwards as the senders sent it, retransmissions mostly, meets the drop
+/// and its ICMP; how many is printed, it varies: `path_mtu_drop_*` test the drop alone);
+/// Markers both ways if `markers`. Every byte of every round is checked (in `server` and
+/// `client`).
 fn impaired(loss: f64, seed: u64, markers: bool, rounds: &'static [usize], limit: Duration) {
     let _bed = relay_bed_or_skip!();
     let r = run(
@@ -491,6 +499,7 @@ fn impaired(loss: f64, seed: u64, markers: bool, rounds: &'static [usize], limit
             jitter: Duration::from_micros(300),
             resegment: true,
             mss_clamp: Some(MSS_CLAMP),
+            path_mtu: Some(PathMtu::new(IMPAIRED_MTU, Start::AfterBytes(DROP_AFTER))),
             ..RelayConfig::default()
         },
         MpaConfig {
@@ -509,7 +518,8 @@ fn impaired(loss: f64, seed: u64, markers: bool, rounds: &'static [usize], limit
             "towards the {who}: relay dropped {}, reordered {}, duplicated {}, jitter-reordered \
              {} of {} frames, {} of {} pieces cut inside a segment; {who} engine: {} FPDUs in, \
              {} placed out of order, held peak {} B, crc errors {}; its peer retransmitted \
-             some of these (both: {} + {} retransmissions, {} + {} RTOs)",
+             some of these (both: {} + {} retransmissions, {} + {} RTOs); path MTU: {} \
+             dropped, {} ICMPs",
             d.dropped,
             d.reordered,
             d.duplicated,
@@ -525,6 +535,8 @@ fn impaired(loss: f64, seed: u64, markers: bool, rounds: &'static [usize], limit
             c.retransmissions,
             s.rto_expirations,
             c.rto_expirations,
+            d.mtu_dropped,
+            d.icmp_sent,
         );
         assert!(d.duplicated > 0, "{who}: {d:?}");
         assert!(d.jitter_reordered > 0, "{who}: {d:?}");

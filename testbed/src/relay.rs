@@ -818,7 +818,7 @@ impl Direction {
         }
         // Cut pieces at random sizes while more than a full segment is gathered.
         while let Some(g) = &self.gathered {
-            let max = self.max_payload(ctx, g);
+            let max = self.max_payload(ctx, g, now);
             if g.data.len() <= max {
                 break;
             }
@@ -831,8 +831,15 @@ impl Direction {
         Ok(())
     }
 
-    fn max_payload(&self, ctx: &Ctx<'_>, g: &Gathered) -> usize {
-        ctx.cfg.mtu.saturating_sub(g.t.payload - ETH_LEN).max(1)
+    /// The most payload a re-cut segment carries: what the link's MTU holds, or the path
+    /// MTU's once it has dropped (a re-segmenting middlebox knows its own way out; segments
+    /// the senders sent too large still meet the drop and its ICMP).
+    fn max_payload(&self, ctx: &Ctx<'_>, g: &Gathered, now: Instant) -> usize {
+        let mtu = match ctx.cfg.path_mtu {
+            Some(p) if self.begun(p.start, ctx, now) => ctx.cfg.mtu.min(usize::from(p.mtu)),
+            _ => ctx.cfg.mtu,
+        };
+        mtu.saturating_sub(g.t.payload - ETH_LEN).max(1)
     }
 
     /// Sends the first `n` gathered octets as one segment.
