@@ -5,9 +5,7 @@
 //! buffers of Full Operation are allocated when it is reached. Run with `--nocapture` to see
 //! the figures.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use datapath::engine::xdp::XdpEngineConfig;
 use datapath::engine::{ConnConfig, IwarpConn};
@@ -16,30 +14,11 @@ use tcp_engine::table::ConnectionTable;
 use tcp_engine::wire::{TcpFlags, TcpOptions};
 use tcp_engine::{Instant, RxMode, SegmentRepr, TxMode};
 
-struct Counting;
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: forwards every call unchanged to the system allocator; only counts live octets.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as i64, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as i64, Ordering::Relaxed);
-        // SAFETY: `p` came from `System.alloc`/`realloc` with layout `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as i64 - l.size() as i64, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+#[path = "common/live_heap.rs"]
+mod live_heap;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: live_heap::Counting = live_heap::Counting;
 
 /// The most a connection may hold before Full Operation, in octets.
 const BOUND: i64 = 8 << 10;
@@ -88,13 +67,13 @@ fn half_open_cost() -> i64 {
     let syns: Vec<Vec<u8>> = (0..N as u16).map(syn).collect();
     let mut table = ConnectionTable::new([3; 16], 4 * N as usize);
     table.listen(US, PORT, 2 * N as usize, engine_tcp());
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_heap::live();
     for s in &syns {
         table
             .handle_packet(Instant::ZERO, s, |_, _| {})
             .expect("SYN accepted");
     }
-    let per = (LIVE.load(Ordering::Relaxed) - before) / N;
+    let per = (live_heap::live() - before) / N;
     assert_eq!(table.len(), N as usize);
     per
 }
@@ -119,11 +98,11 @@ fn responder_cost() -> i64 {
         ..ConnConfig::default()
     };
     let epoch = std::time::Instant::now();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_heap::live();
     let conns: Vec<IwarpConn> = (0..N)
         .map(|_| IwarpConn::responder(cfg.clone(), epoch, Instant::ZERO).expect("responder"))
         .collect();
-    let per = (LIVE.load(Ordering::Relaxed) - before) / N;
+    let per = (live_heap::live() - before) / N;
     assert_eq!(conns.len(), N as usize);
     per
 }

@@ -10,9 +10,7 @@
 //! about 4 minutes: an engine turn costs O(live connections) (`xdp_tcp`'s module
 //! documentation), so setting up and closing slow down as connections accumulate.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -23,30 +21,11 @@ use datapath::{
 };
 use testbed::*;
 
-struct Counting;
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: forwards every call unchanged to the system allocator; only counts live octets.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as i64, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as i64, Ordering::Relaxed);
-        // SAFETY: `p` came from `System.alloc`/`realloc` with layout `l`.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as i64 - l.size() as i64, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+#[path = "common/live_heap.rs"]
+mod live_heap;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: live_heap::Counting = live_heap::Counting;
 
 const PORT: u16 = 19_641;
 const SOCKET_PORT: u16 = 19_642;
@@ -223,7 +202,7 @@ fn open_all(n: usize) -> Result<(Opened, Vec<Connection>, XdpEngine), String> {
             &pattern(i, SEND_LEN, 7),
         );
     }
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live_heap::live();
     let started = Instant::now();
     let addr = SocketAddr::from((ADDR_A, PORT));
     let per = n.div_ceil(CONNECTORS);
@@ -291,7 +270,7 @@ fn open_all(n: usize) -> Result<(Opened, Vec<Connection>, XdpEngine), String> {
     }
     // Idle now: what the connections hold (both ends live in this process).
     std::thread::sleep(Duration::from_millis(200));
-    let heap_per_conn = (LIVE.load(Ordering::Relaxed) - before) / (2 * n as i64);
+    let heap_per_conn = (live_heap::live() - before) / (2 * n as i64);
     Ok((
         Opened {
             setup,

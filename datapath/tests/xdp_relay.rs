@@ -626,8 +626,10 @@ fn path_mtu_drop(loss: f64, seed: u64) {
         );
         assert!(c.retransmissions > 0, "{who}: {c:?}");
         if loss == 0.0 {
-            // Resent at once, not after a timeout; nothing forged on the bed.
-            assert_eq!(c.rto_expirations, 0, "{who}: {c:?}");
+            // Resent at once, not after a timeout: an RTO that fired anyway (a loaded machine
+            // delays the ACKs past it) was found spurious and undone; a segment the ICMP did
+            // not get resent would need a real one. Nothing forged on the bed.
+            assert!(c.rto_expirations <= c.spurious_undone, "{who}: {c:?}");
             assert_eq!(drv.icmp_rejected, 0, "{who}: {drv:?}");
         }
     }
