@@ -35,7 +35,8 @@ fn frame(kind: FrameKind, rev: u8, crc: bool, markers: bool, block: bool, pd: &[
     .expect("frame")
 }
 
-/// `mpa_startup`'s config: revision 1 or 2, C, M, IRD, ORD (both below 32), peer-to-peer.
+/// `mpa_startup`'s config: revision 1 or 2, C, M, IRD, ORD (both below 32), peer-to-peer,
+/// startup and accept timeouts of 10 s.
 fn mpa_config(s: &mut Seed, rev: u8, crc: bool, markers: bool, depth: u16, p2p: bool) {
     let mut f: u16 = if rev == 1 { 0 } else { 1 };
     if crc {
@@ -47,7 +48,7 @@ fn mpa_config(s: &mut Seed, rev: u8, crc: bool, markers: bool, depth: u16, p2p: 
     if p2p {
         f |= 32;
     }
-    s.u16(f).u16(depth).u16(depth).u16(10_000);
+    s.u16(f).u16(depth).u16(depth).u16(10_000).u16(10_000);
 }
 
 /// Pieces of `sizes` octets each, no time passing, no timeout check.

@@ -67,6 +67,7 @@ fn config(input: &mut Input) -> MpaConfig {
             MAX_PRIVATE_DATA
         },
         timeout: Duration::from_millis(u64::from(input.u16())),
+        accept_timeout: Duration::from_millis(u64::from(input.u16())),
         responder_waits_for_fpdu: f & 1024 == 0,
     }
 }
@@ -288,9 +289,11 @@ fn feed_initiator(
     None
 }
 
-/// Feeds `stream` to a Responder in pieces; returns the Request info and the octets it took.
+/// Feeds `stream` to a Responder (whose `MpaConfig::accept_timeout` is `accept_timeout`) in
+/// pieces; returns the Request info and the octets it took.
 fn feed_responder(
     resp: &mut Responder,
+    accept_timeout: Duration,
     stream: &[u8],
     input: &mut Input,
     now: &mut Instant,
@@ -324,9 +327,10 @@ fn feed_responder(
             Ok((consumed, Some(info))) => {
                 assert!(consumed <= piece.len());
                 taken.extend_from_slice(&piece[..consumed]);
-                assert!(
-                    resp.poll_timeout().is_none(),
-                    "a deadline after the Request"
+                assert_eq!(
+                    resp.poll_timeout(),
+                    now.checked_add(accept_timeout),
+                    "after the Request, the deadline is the accept timeout's"
                 );
                 assert!(
                     resp.feed(piece, *now).is_err(),
@@ -408,7 +412,9 @@ fn responder_mode(input: &mut Input) {
     let split = usize::from(front.u8()).min(stream.len());
     let (sizes, request) = stream.split_at(split);
     let mut sizes = Input::new(sizes);
-    let Some(Ok((info, taken))) = feed_responder(&mut resp, request, &mut sizes, &mut now) else {
+    let Some(Ok((info, taken))) =
+        feed_responder(&mut resp, cfg.accept_timeout, request, &mut sizes, &mut now)
+    else {
         return;
     };
     let taken = check_request_info(&cfg, &info, &taken);
@@ -491,7 +497,9 @@ fn pair_mode(input: &mut Input) {
     };
     let mut request = init.request().to_vec();
     let mut changed = mangle(&mut request, input);
-    let Some(Ok((info, taken))) = feed_responder(&mut resp, &request, input, &mut now) else {
+    let Some(Ok((info, taken))) =
+        feed_responder(&mut resp, rcfg.accept_timeout, &request, input, &mut now)
+    else {
         return;
     };
     let taken = check_request_info(&rcfg, &info, &taken);

@@ -82,10 +82,12 @@ impl TcpApp for App<'_> {
         let st = &mut *self.st;
         // As the driver decides (`xdp_tcp::SERVICE_ALL_MAX`): when the count first passes it,
         // requests posted just before are seen at the next full round (at most 20 ms on).
-        st.many.store(
-            st.slots.len() > crate::xdp_tcp::SERVICE_ALL_MAX,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        // Stored only when it changes: every post reads it, and a store each turn would take
+        // the cache line from the posting thread's core each time.
+        let many = st.slots.len() > crate::xdp_tcp::SERVICE_ALL_MAX;
+        if st.many.load(std::sync::atomic::Ordering::Relaxed) != many {
+            st.many.store(many, std::sync::atomic::Ordering::Relaxed);
+        }
         while let Ok(id) = st.attention_rx.try_recv() {
             if let Some(named) = st.slots.get_mut(&id).and_then(|s| s.named.as_ref()) {
                 named.store(false, std::sync::atomic::Ordering::SeqCst);
