@@ -628,9 +628,10 @@ fn path_mtu_drop(loss: f64, seed: u64) {
         if loss == 0.0 {
             // Resent at once, not after a timeout: an RTO that fired anyway (a loaded machine
             // delays the ACKs past it) was found spurious and undone; a segment the ICMP did
-            // not get resent would need a real one. Nothing forged on the bed.
+            // not get resent would need a real one. (ICMPs are rejected when the segment they
+            // quote was acknowledged before they arrived, RFC 5927's in-flight check: on a
+            // loaded machine some of a burst come that late.)
             assert!(c.rto_expirations <= c.spurious_undone, "{who}: {c:?}");
-            assert_eq!(drv.icmp_rejected, 0, "{who}: {drv:?}");
         }
     }
     assert!(took < WAIT, "took {took:?}");
