@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{MpaError, RequestInfo};
@@ -30,7 +30,8 @@ use rdmap::RecvWr;
 use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
-    ConnectParams, ConnectRequest, ListenProvider, ListenRecord, Listener, PendingProvider,
+    recv_request, ConnectParams, ConnectRequest, ListenProvider, ListenRecord, Listener,
+    PendingProvider,
 };
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::QueuePair;
@@ -142,16 +143,8 @@ impl ListenProvider for SocketListen {
         params: &ConnectParams,
         timeout: Option<Duration>,
     ) -> Result<Option<ConnectRequest>, DatapathError> {
-        let arrived = match timeout {
-            None => self
-                .requests
-                .recv()
-                .map_err(|_| DatapathError::Disconnected)?,
-            Some(t) => match self.requests.recv_timeout(t) {
-                Ok(a) => a,
-                Err(RecvTimeoutError::Timeout) => return Ok(None),
-                Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
-            },
+        let Some(arrived) = recv_request(&self.requests, timeout)? else {
+            return Ok(None);
         };
         let Arrived {
             stream,

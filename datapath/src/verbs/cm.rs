@@ -156,6 +156,25 @@ impl ListenRecord {
     }
 }
 
+/// The next item of a listener's queue, waiting up to `timeout` (`None`: forever): `Ok(None)`
+/// when the time passed, `Disconnected` when the transport side is gone. What both
+/// transports' [`ListenProvider::accept`] wait with.
+pub(crate) fn recv_request<T>(
+    rx: &crossbeam_channel::Receiver<T>,
+    timeout: Option<Duration>,
+) -> Result<Option<T>, DatapathError> {
+    match timeout {
+        None => rx.recv().map(Some).map_err(|_| DatapathError::Disconnected),
+        Some(t) => match rx.recv_timeout(t) {
+            Ok(m) => Ok(Some(m)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(None),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(DatapathError::Disconnected)
+            }
+        },
+    }
+}
+
 /// A transport's listening port.
 pub(crate) trait ListenProvider: Send + Sync {
     /// The bound address.

@@ -10,7 +10,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
-use crate::verbs::cm::{ConnectParams, ConnectRequest, ListenProvider, PendingProvider};
+use crate::verbs::cm::{
+    recv_request, ConnectParams, ConnectRequest, ListenProvider, PendingProvider,
+};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::ConnId;
@@ -80,13 +82,8 @@ impl ListenProvider for XdpListen {
         params: &ConnectParams,
         timeout: Option<Duration>,
     ) -> Result<Option<ConnectRequest>, DatapathError> {
-        let msg = match timeout {
-            None => self.rx.recv().map_err(|_| DatapathError::Disconnected)?,
-            Some(t) => match self.rx.recv_timeout(t) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => return Ok(None),
-                Err(RecvTimeoutError::Disconnected) => return Err(DatapathError::Disconnected),
-            },
+        let Some(msg) = recv_request(&self.rx, timeout)? else {
+            return Ok(None);
         };
         let handle = self
             .handles
