@@ -164,7 +164,8 @@ fn server(
     ready: mpsc::Sender<()>,
     done: mpsc::Receiver<()>,
 ) -> Result<datapath::engine::EngineCounters, String> {
-    let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
+    let mut engine =
+        XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
     let listener = engine.listen(port, params()).map_err(|e| e.to_string())?;
     let _ = ready.send(());
     let pd = ProtectionDomain::new();
@@ -195,6 +196,9 @@ fn server(
             return Err(format!("the engine's connection ended: {st:?}"));
         }
     }
+    // Stopped, its threads publish their last counters (running, every 50 ms or so).
+    drop(listener);
+    engine.stop();
     Ok(engine.counters())
 }
 
@@ -335,6 +339,7 @@ fn a_syn_flood_leaves_new_clients_and_running_transfers_intact() {
             .map_err(|e| e.to_string())?;
         let first = connect_peer(FLOOD_PORT, &cq, &pd)?;
         round(&first.conn.qp, &cq, &src, &sink, first.remote, 1)?;
+        let (filled_tx, filled_rx) = mpsc::channel();
         let flood = spawn_in_ns(NS_B, move || {
             let raw = RawSocket::on(DEV_B);
             let started = std::time::Instant::now();
@@ -342,11 +347,17 @@ fn a_syn_flood_leaves_new_clients_and_running_transfers_intact() {
                 let from = Ipv4Addr::new(10, 77, 0, 100 + (i % 100) as u8);
                 let port = 1024 + (i / 100) as u16;
                 raw.send(&syn_from(engine_mac, from, port, FLOOD_PORT, false));
+                if i == FLOOD / 10 {
+                    let _ = filled_tx.send(());
+                }
             }
             started.elapsed()
         });
-        // The new client, once the flood has filled the half-open queue.
-        std::thread::sleep(Duration::from_millis(100));
+        // The new client, once the flood has filled every shard's half-open queue: 10,000
+        // SYNs, spread over the queues by their flows, ahead of the client's SYN in each ring.
+        filled_rx
+            .recv_timeout(WAIT)
+            .map_err(|_| "the flood did not start")?;
         let second = connect_peer(FLOOD_PORT, &cq, &pd)?;
         let mut rounds = 1;
         let mut seed = 2u8;

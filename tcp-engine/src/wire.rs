@@ -599,12 +599,22 @@ impl<'a> Ipv4TcpPeek<'a> {
         self.tcp_octets(14)
             .is_some_and(|t| t[13] & (ACK_BIT | SYN_BIT) == SYN_BIT)
     }
+
+    /// True for a segment that may complete a handshake a SYN cookie answered: ACK set, SYN
+    /// and RST clear (RFC 4987 3.6).
+    #[inline]
+    pub fn may_complete_cookie(&self) -> bool {
+        self.tcp_octets(14)
+            .is_some_and(|t| t[13] & (ACK_BIT | SYN_BIT | RST_BIT) == ACK_BIT)
+    }
 }
 
 /// SYN in the TCP control bits octet.
 const SYN_BIT: u8 = 0x02;
 /// ACK in the TCP control bits octet.
 const ACK_BIT: u8 = 0x10;
+/// RST in the TCP control bits octet.
+const RST_BIT: u8 = 0x04;
 
 /// A TCP segment in IPv4, decoded. `payload` borrows from the packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -237,7 +237,8 @@ pub struct XdpTcpConfig {
     pub neighbour_timeout: Duration,
     /// Most cached next-hop addresses.
     pub max_neighbours: usize,
-    /// The ISN secret (RFC 6528); `None`: 16 bytes from `/dev/urandom`.
+    /// The ISN and SYN-cookie secret (RFC 6528, RFC 4987 3.6); `None`: 16 bytes from
+    /// `/dev/urandom`, one for all the shards of [`XdpTcp::open_shards`].
     pub isn_key: Option<[u8; 16]>,
     /// Shards ([`XdpTcp::open_shards`]): frames each shard's inbox holds for segments other
     /// shards received for its flows (preallocated, each the MTU plus the Ethernet header,
@@ -363,7 +364,8 @@ pub struct XdpTcpStats {
     pub handoffs_in: u64,
     /// Shards: segments for another shard's flow dropped because its inbox was full.
     pub handoff_drops: u64,
-    /// Shards: SYNs dropped because the flow directory was full.
+    /// Shards: SYNs (and ACKs that might have brought back a SYN cookie) dropped because the
+    /// flow directory was full.
     pub directory_full: u64,
     /// ICMP "fragmentation needed" messages believed (see the module documentation, *Path
     /// MTU*): a connection's path MTU lowered, and what was dropped resent at once.
@@ -711,7 +713,12 @@ impl XdpTcp {
     /// transmitting on its queue), its own connection table, and an inbox; a segment that
     /// arrives on a shard that does not own its flow is copied to the owner's inbox. Each
     /// shard is meant to run on its own thread. Needs root.
-    pub fn open_shards(ifname: &str, cfg: XdpTcpConfig) -> Result<Vec<Self>, XdpTcpError> {
+    pub fn open_shards(ifname: &str, mut cfg: XdpTcpConfig) -> Result<Vec<Self>, XdpTcpError> {
+        // One key for every shard: a SYN cookie one shard sent is good on any other (a peer
+        // that re-hashes its TX queue after an RTO may bring it back on another queue).
+        if cfg.isn_key.is_none() {
+            cfg.isn_key = Some(random_key()?);
+        }
         let port = Arc::new(XdpPort::open(ifname, &cfg)?);
         let queues = port.select_queues(&cfg)?;
         let set = Arc::new(
@@ -1374,8 +1381,8 @@ struct Rx<'a> {
 impl Rx<'_> {
     /// One received frame. For a shard (`shard` is `None` for frames from the inbox, which
     /// were routed already): a segment of a flow another shard owns is copied to its inbox; a
-    /// SYN of a flow nobody owns is claimed for this shard before the table sees it (and the
-    /// claim dropped if the table made no connection of it).
+    /// SYN or ACK of a flow nobody owns is claimed for this shard before the table sees it
+    /// (and the claim dropped if the table made no connection of it).
     fn frame<A: TcpApp + ?Sized>(&mut self, frame: &[u8], shard: Option<&ShardCtx>, app: &mut A) {
         let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
             match frame::ipv4_icmp_packet(frame) {
@@ -1390,8 +1397,12 @@ impl Rx<'_> {
         if let Some(sh) = shard {
             if let Some(key) = shard::packet_key(&peek) {
                 let dir = &sh.set.directory;
+                // A SYN, or an ACK that may bring back a SYN cookie (the SYN left no state,
+                // and its claim was dropped), may open a connection here: claim its flow
+                // first, so that its later segments on other shards come here.
+                let opens = syn || peek.may_complete_cookie();
                 let owner = match dir.lookup(key) {
-                    None if syn => match dir.claim(key, sh.index) {
+                    None if opens => match dir.claim(key, sh.index) {
                         Ok(o) => {
                             if o == sh.index {
                                 claimed = Some(key);
@@ -1554,8 +1565,9 @@ mod tests {
         send::<XdpTcp>();
     }
 
-    /// The path MTU handling of the receive path ([`Rx::icmp`]), without an interface.
-    mod icmp {
+    /// The receive path ([`Rx::frame`], [`Rx::icmp`]) without an interface: path MTU
+    /// messages and the shards' routing of segments.
+    mod rx {
         use super::*;
         use tcp_engine::wire::{emit_frag_needed, FragNeededRepr, QuotedTcp, SegmentRepr};
         use tcp_engine::{FourTuple, IsnGenerator};
@@ -1717,6 +1729,88 @@ mod tests {
                 resent.push(n);
             }
             assert_eq!(resent, [1200, 352, 1200, 352, 1200, 352]);
+        }
+
+        /// Shards: a client whose SYN got a SYN cookie (the half-open queue is full) and whose
+        /// ACK arrives on another shard: that shard claims the flow before the cookie makes
+        /// the connection, so the client's later segments on the first shard go to it and
+        /// are not answered with a RST.
+        #[test]
+        fn a_cookie_ack_claims_its_flow_for_the_shard_that_took_it() {
+            let now = tcp_engine::Instant::from_millis(1);
+            let mut server = ConnectionTable::new([1; 16], 8);
+            server.listen(LOCAL, 40000, 1, TcpConfig::default());
+            let set = Arc::new(ShardSet::new(2, 4, 2048, 16).expect("shards"));
+            let ctx = |index| ShardCtx {
+                index,
+                set: set.clone(),
+            };
+            let mut stats = XdpTcpStats::default();
+            let framed = |ip: &[u8]| {
+                let mut f = vec![0u8; ETH_HLEN];
+                frame::write_eth(&mut f, [2; 6], [4; 6]);
+                f.extend_from_slice(ip);
+                f
+            };
+            let mut buf = vec![0u8; 2048];
+            // A spoofed SYN fills the half-open queue (backlog 1).
+            let mut other = ConnectionTable::new([3; 16], 4);
+            let far = FourTuple {
+                local_addr: Ipv4Addr::new(10, 78, 0, 9),
+                local_port: 777,
+                remote_addr: LOCAL,
+                remote_port: 40000,
+            };
+            other
+                .connect(TcpConfig::default(), far, now)
+                .expect("connect");
+            let n = other.poll_transmit(now, &mut buf).expect("SYN");
+            receive_on(&mut server, &mut stats, &framed(&buf[..n]), Some(&ctx(0)));
+            while server.poll_transmit(now, &mut buf).is_some() {}
+            // The client's SYN on shard 0 gets a cookie and leaves no claim.
+            let mut client = ConnectionTable::new([2; 16], 4);
+            let t = FourTuple {
+                local_addr: REMOTE,
+                local_port: 5000,
+                remote_addr: LOCAL,
+                remote_port: 40000,
+            };
+            let cid = client
+                .connect(TcpConfig::default(), t, now)
+                .expect("connect");
+            let n = client.poll_transmit(now, &mut buf).expect("SYN");
+            receive_on(&mut server, &mut stats, &framed(&buf[..n]), Some(&ctx(0)));
+            assert_eq!(server.stats().syncookies_sent, 1);
+            let key = shard::flow_key(REMOTE, 5000, 40000).expect("key");
+            assert_eq!(set.directory.lookup(key), None);
+            let n = server.poll_transmit(now, &mut buf).expect("cookie SYN-ACK");
+            client
+                .handle_packet(now, &buf[..n], |_, _| {})
+                .expect("SYN-ACK");
+            // Its ACK arrives on shard 1, which claims the flow and makes the connection.
+            let n = client.poll_transmit(now, &mut buf).expect("ACK");
+            receive_on(&mut server, &mut stats, &framed(&buf[..n]), Some(&ctx(1)));
+            assert_eq!(server.stats().syncookies_validated, 1);
+            assert_eq!(set.directory.lookup(key), Some(1));
+            // Data on shard 0 goes to shard 1; nothing answers it with a RST.
+            let conn = client.get_mut(cid).expect("client");
+            assert_eq!(conn.send(b"after the cookie"), Ok(16));
+            let n = client.poll_transmit(now, &mut buf).expect("data");
+            receive_on(&mut server, &mut stats, &framed(&buf[..n]), Some(&ctx(0)));
+            assert_eq!(stats.handoffs_out, 1);
+            assert_eq!(server.stats().no_connection, 0);
+            // A stray ACK for no connection claims nothing for long: the claim is dropped.
+            let stray = client.get_mut(cid).expect("client");
+            assert_eq!(stray.send(b"x"), Ok(1));
+            let n = client.poll_transmit(now, &mut buf).expect("data");
+            let mut f = framed(&buf[..n]);
+            // Another source port: no connection, no cookie.
+            f[ETH_HLEN + 20..ETH_HLEN + 22].copy_from_slice(&5001u16.to_be_bytes());
+            tcp_engine::wire::fill_checksums(&mut f[ETH_HLEN..]).expect("checksums");
+            receive_on(&mut server, &mut stats, &f, Some(&ctx(0)));
+            let stray_key = shard::flow_key(REMOTE, 5001, 40000).expect("key");
+            assert_eq!(set.directory.lookup(stray_key), None);
+            assert_eq!(server.stats().syncookies_failed, 1);
         }
 
         /// Shards: a message about a flow another shard owns goes to that shard's inbox; one
