@@ -215,6 +215,29 @@ fn read_response_template(s: &mut Seed, last: bool, off: u16, n: u8) {
     s.u8(n).bytes(&vec![0x77; usize::from(n)]);
 }
 
+/// A template Atomic Request (RFC 7306): FetchAdd of 1 on the word at `off` of region
+/// `region`, MSN `msn` on QN 1.
+fn atomic_request_template(s: &mut Seed, msn: u8, region: u8, off: u16) {
+    s.u8(4).u8(0x20).u8(msn); // kind Read Request, flags: the Atomic Request template
+    s.u8(2); // AOpCode pick: FetchAdd
+    s.u32(0x0A0B_0C0D); // Request Identifier
+    s.u8(region).u8(2).u16(off); // STag of the region, TO = base + off
+    s.u64(1).u64(0).u64(0).u64(u64::MAX); // Add Data, Add Mask, Compare Data and Mask
+}
+
+/// A template Immediate Data message (RFC 7306 6.3) with MSN `msn`.
+fn immediate_template(s: &mut Seed, msn: u8, value: u8) {
+    // kind Send, flags: template ctrl (Last), opcode 0x42 + 6 = Immediate Data.
+    s.u8(3).u8(0x40 | 6 << 1 | 1);
+    s.u8(0).u8(msn).u8(0).u32(0); // invalidate STag pick, MSN, MO 0
+    s.u8(8).bytes(&[value; 8]);
+}
+
+/// A template Atomic Response (RFC 7306 5.2.2) on QN 3.
+fn atomic_response_template(s: &mut Seed, msn: u8, request_id: u32, original: u64) {
+    s.u8(5).u8(0x20).u8(msn).u32(request_id).u64(original);
+}
+
 fn rdmap_ulpdu() {
     let t = "rdmap_ulpdu";
     // IRD 2, ORD 2, two receives; one Read of 100 octets; MULPDU 200.
@@ -244,6 +267,19 @@ fn rdmap_ulpdu() {
         .u8(8)
         .bytes(&[0x11, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]);
     write(t, "rtr_then_terminate", &s);
+
+    // RFC 7306 on (knob 0x40): a FetchAdd outstanding after the Read (MSN 2 on QN 1, its
+    // Request Identifier), an Atomic Request on the all-rights region, an Immediate Data, and
+    // the Response to our FetchAdd.
+    let mut s = Seed::new();
+    s.u8(k1).u8(k2 | 0x40).u8(mulpdu);
+    s.u8(1);
+    atomic_request_template(&mut s, 1, 1, 8);
+    s.u8(2);
+    immediate_template(&mut s, 1, 0x11);
+    s.u8(3);
+    atomic_response_template(&mut s, 1, 2, 77);
+    write(t, "rfc7306_atomics_and_immediate", &s);
 }
 
 /// `iwarp_conn` knobs: target side, CRC, Markers, transmit mode, reassembly room.

@@ -6,10 +6,12 @@
 //! write logged. Regions: two that take remote writes (one at the top of the 64-bit TO space),
 //! one remote-read only, a receive region with posted receives of one to three elements, one
 //! of another protection domain, a Read sink with outstanding Reads, one invalidated and one
-//! deregistered. Knobs choose IRD/ORD, receives, Reads, an expected RTR and the MULPDU.
+//! deregistered. Knobs choose IRD/ORD, receives, Reads, an expected RTR, the MULPDU and the
+//! RFC 7306 extensions (with an outstanding FetchAdd).
 //!
-//! Input: ULPDUs, each raw octets or a Write / Read Response / Send / Read Request /
-//! Terminate template with fields from the input (STags picked among the regions', or any),
+//! Input: ULPDUs, each raw octets or a Write / Read Response / Send / Immediate Data / Read
+//! Request / Atomic Request / Terminate / Atomic Response template with fields from the input
+//! (STags picked among the regions', or any),
 //! and an arrival key: segments arriving ahead of the in-order point are placed early, the
 //! rest of the processing happens in stream order.
 //!
@@ -66,6 +68,8 @@ struct Knobs {
     read_size: u32,
     rtr: Option<RtrKind>,
     mulpdu: usize,
+    /// RFC 7306 on the queue pair; with it, one FetchAdd outstanding after the Reads.
+    extensions: bool,
 }
 
 struct Bed {
@@ -115,6 +119,7 @@ fn bed(k: Knobs) -> Bed {
         rq_depth: 8,
         ird: k.ird,
         ord: k.ord,
+        extensions: k.extensions,
     });
     if let Some(kind) = k.rtr {
         qp.expect_rtr(kind).expect("expect_rtr in Idle");
@@ -171,6 +176,30 @@ fn bed(k: Knobs) -> Bed {
         )
         .expect("post Read");
         allowed[SINK].push(off as usize..(off + u64::from(size)) as usize);
+    }
+    if k.extensions && k.reads < 3 {
+        // Its Response writes the original value into the next free 8 octets of the sink.
+        let off = 128 * k.reads as u64;
+        qp.post_send(
+            SendWr {
+                wr_id: 300,
+                op: SendOp::Atomic {
+                    remote_stag: Stag(0x9990),
+                    remote_to: 0,
+                    op: rdmap::wire::AtomicOp::fetch_add(1),
+                },
+                sg_list: Sge {
+                    stag: stags[SINK],
+                    to: BASES[SINK] + off,
+                    len: 8,
+                }
+                .into(),
+                signaled: true,
+            },
+            &mem,
+        )
+        .expect("post FetchAdd");
+        allowed[SINK].push(off as usize..off as usize + 8);
     }
     let mut b = Bed {
         arena,
@@ -327,6 +356,7 @@ fuzz_target!(|data: &[u8]| {
             _ => None,
         },
         mulpdu: 20 + usize::from(input.u8()) * 4,
+        extensions: k2 & 0x40 != 0,
     };
     let early = bed(knobs);
     let templates = Templates {

@@ -352,6 +352,23 @@ impl RegionBuffer for ArenaRegion {
             None => inner.escaped = true,
         }
     }
+
+    /// A read and a logged write of the word (the arena has one thread): what an Atomic
+    /// Operation (RFC 7306 5.1) writes is checked like any other write.
+    fn atomic_at(
+        &self,
+        offset: usize,
+        op: rdmap::wire::AtomicOp,
+    ) -> Result<u64, rdmap::memory::NotAtomic> {
+        if !offset.is_multiple_of(8) {
+            return Err(rdmap::memory::NotAtomic);
+        }
+        let mut word = [0u8; 8];
+        self.read_at(offset, &mut word);
+        let original = u64::from_ne_bytes(word);
+        self.write_at(offset, &op.apply(original).to_ne_bytes());
+        Ok(original)
+    }
 }
 
 /// Marker interval (RFC 5044 4.3).
@@ -555,7 +572,8 @@ impl Templates {
     }
 
     /// One ULPDU: raw octets, an RDMA Write or Read Response, a Send (any of its four
-    /// opcodes), an RDMA Read Request or a Terminate, fields from the input.
+    /// opcodes, or RFC 7306's Immediate Data), an RDMA Read Request or (RFC 7306) an Atomic
+    /// Request, a Terminate or (RFC 7306) an Atomic Response, fields from the input.
     pub fn ulpdu(&self, input: &mut Input) -> Vec<u8> {
         let kind = input.u8();
         let flags = input.u8();
@@ -606,6 +624,29 @@ impl Templates {
                 v.extend_from_slice(input.bytes(n));
                 v
             }
+            4 if flags & 0x20 != 0 => {
+                // RFC 7306 5.2.1, Figure 4.
+                let msn = u32::from(input.u8() % 4);
+                let ctrl = if flags & 4 != 0 { 0x01 } else { 0x41 };
+                let mut v = untagged_header(ctrl, 0x4A, 0, 1, msn, 0);
+                let aopcode = match input.u8() % 4 {
+                    0 => input.u8() & 0x0F,
+                    1 => 2,
+                    _ => 0,
+                };
+                v.extend_from_slice(&u32::from(aopcode).to_be_bytes());
+                v.extend_from_slice(&input.u32().to_be_bytes()); // Request Identifier
+                let (stag, region) = self.stag(input);
+                v.extend_from_slice(&stag.to_be_bytes());
+                v.extend_from_slice(&self.to(input, region).to_be_bytes());
+                for _ in 0..4 {
+                    v.extend_from_slice(&input.u64().to_be_bytes()); // data and masks
+                }
+                if flags & 8 != 0 {
+                    v.truncate(v.len() - usize::from(input.u8() % 52));
+                }
+                v
+            }
             4 => {
                 let msn = u32::from(input.u8() % 4);
                 let mo = if flags & 2 != 0 {
@@ -627,6 +668,17 @@ impl Templates {
                 v.extend_from_slice(&self.to(input, region).to_be_bytes());
                 if flags & 8 != 0 {
                     v.truncate(v.len() - usize::from(input.u8() % 28));
+                }
+                v
+            }
+            _ if flags & 0x20 != 0 => {
+                // RFC 7306 5.2.2, Figure 6: on QN 3.
+                let msn = u32::from(input.u8() % 4);
+                let mut v = untagged_header(0x41, 0x4B, 0, 3, msn, 0);
+                v.extend_from_slice(&input.u32().to_be_bytes()); // Original Request Identifier
+                v.extend_from_slice(&input.u64().to_be_bytes()); // Original Remote Data Value
+                if flags & 8 != 0 {
+                    v.truncate(v.len() - usize::from(input.u8() % 12));
                 }
                 v
             }

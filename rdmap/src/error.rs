@@ -124,6 +124,47 @@ pub enum RdmapError {
     /// A local resource failed while processing inbound data.
     #[error("local catastrophic error")]
     LocalCatastrophic,
+    /// An Atomic Request whose target is not 64-bit aligned (RFC 7306 5.1.1, 8.2).
+    #[error("Atomic Request for tagged offset {to:#x}: not 64-bit aligned")]
+    AtomicMisaligned {
+        /// The Remote Tagged Offset of the request.
+        to: u64,
+    },
+    /// An Atomic Request whose target failed a check of its region (RFC 7306 5.2, as an
+    /// RDMA Read's source, RFC 5040 7.2 rule 4).
+    #[error("Atomic Request STag {stag}: {violation}")]
+    AtomicAccess {
+        /// The Remote STag of the request.
+        stag: Stag,
+        /// What the check found.
+        violation: AccessViolation,
+    },
+    /// An Atomic Request with an Atomic Operation Code this implementation does not
+    /// support (RFC 7306 5.2.1 rule 4).
+    #[error("unsupported Atomic Operation Code {aopcode:#x}")]
+    UnsupportedAtomic {
+        /// The AOpCode received.
+        aopcode: u8,
+    },
+    /// An Atomic Response that answers no outstanding Atomic Request, or another one than
+    /// the next (RFC 7306 5.2.2 rule 7).
+    #[error("Atomic Response for request {request_id:#x}: not the next outstanding one")]
+    UnexpectedAtomicResponse {
+        /// The Original Request Identifier received.
+        request_id: u32,
+    },
+    /// An Atomic Request message that is not 52 octets (RFC 7306 5.2.1, Figure 4).
+    #[error("malformed Atomic Request ({len} octets)")]
+    MalformedAtomicRequest {
+        /// The length received.
+        len: u32,
+    },
+    /// An Immediate Data message that does not carry exactly 8 octets (RFC 7306 6.3).
+    #[error("Immediate Data message of {len} octets (must be 8)")]
+    BadImmediateLength {
+        /// The length received.
+        len: usize,
+    },
 
     // ---- local API errors (never sent to the peer) ----
     /// The queue pair's state does not allow the operation.
@@ -169,6 +210,22 @@ pub enum RdmapError {
     /// posted there, and one is attached only before any receive was posted.
     #[error("the queue pair uses a shared receive queue")]
     SrqAttached,
+    /// A work request of RFC 7306 on a queue pair whose extensions are off
+    /// ([`crate::QpConfig::extensions`]).
+    #[error("RDMAP extensions (RFC 7306) are off on this queue pair")]
+    ExtensionsOff,
+    /// An Atomic work request whose sink is not one element of 8 octets.
+    #[error("an Atomic's sink must be one scatter/gather element of 8 octets, not {len}")]
+    AtomicSink {
+        /// The list's total length.
+        len: u64,
+    },
+    /// An Immediate Data work request with a scatter/gather list (it carries no data).
+    #[error("an Immediate Data work request carries no data ({len} octets given)")]
+    ImmediatePayload {
+        /// The list's total length.
+        len: u64,
+    },
 }
 
 /// (Layer, EType, Error Code) of a Terminate (RFC 5040 4.8, Figure 9).
@@ -242,6 +299,19 @@ impl TerminateCause {
         match err {
             RdmapError::InvalidVersion { .. } => rdmap(REMOTE_OPERATION, INVALID_VERSION),
             RdmapError::UnexpectedOpcode { .. } => rdmap(REMOTE_OPERATION, UNEXPECTED_OPCODE),
+            // RFC 7306 8.2: a misaligned target is a Remote Operation Error, "Catastrophic
+            // error, localized to RDMAP Stream".
+            RdmapError::AtomicMisaligned { .. } => rdmap(REMOTE_OPERATION, CATASTROPHIC_STREAM),
+            // RFC 7306 5.2.1 rule 4 names no code: the AOpCode is an opcode we do not
+            // implement.
+            RdmapError::UnsupportedAtomic { .. } => rdmap(REMOTE_OPERATION, UNEXPECTED_OPCODE),
+            RdmapError::UnexpectedAtomicResponse { .. } => {
+                rdmap(REMOTE_OPERATION, CATASTROPHIC_STREAM)
+            }
+            RdmapError::BadImmediateLength { .. } | RdmapError::MalformedAtomicRequest { .. } => {
+                rdmap(REMOTE_OPERATION, UNSPECIFIED)
+            }
+
             // A short Terminate/other RDMAP header: the message is malformed.
             RdmapError::Truncated { .. } | RdmapError::MalformedReadRequest { .. } => {
                 rdmap(REMOTE_OPERATION, UNSPECIFIED)
@@ -257,8 +327,10 @@ impl TerminateCause {
                 AccessViolation::ToWrap => ddp_tagged(0x03),
                 AccessViolation::AccessRights => rdmap(REMOTE_PROTECTION, ACCESS_RIGHTS),
             },
-            // The source of a Read Request: RDMAP remote protection (7.2 rule 4).
-            RdmapError::SourceAccess { violation, .. } => rdmap(
+            // The source of a Read Request: RDMAP remote protection (7.2 rule 4); the target
+            // of an Atomic Request is addressed the same way (RFC 7306 5.2).
+            RdmapError::SourceAccess { violation, .. }
+            | RdmapError::AtomicAccess { violation, .. } => rdmap(
                 REMOTE_PROTECTION,
                 match violation {
                     AccessViolation::InvalidStag => INVALID_STAG,
@@ -287,6 +359,9 @@ impl TerminateCause {
             | RdmapError::MemoryTableFull
             | RdmapError::MessageTooLong { .. }
             | RdmapError::ReadSinkNotContiguous
+            | RdmapError::ExtensionsOff
+            | RdmapError::AtomicSink { .. }
+            | RdmapError::ImmediatePayload { .. }
             | RdmapError::SrqAttached => None,
         }
     }

@@ -18,6 +18,12 @@ use mpa::crc::Crc32c;
 
 use crate::error::RdmapError;
 pub use crate::types::{AccessViolation, Stag};
+use crate::wire::AtomicOp;
+
+/// [`RegionBuffer::atomic_at`] could not operate on the word: its address is not 8-aligned
+/// in memory, or the buffer type has no atomic access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotAtomic;
 
 /// Access rights of a region (RFC 5040 2.3; RFC 5042 5.3). Local read is always
 /// allowed. A bit set, like the `bitflags` crate's types.
@@ -33,8 +39,11 @@ impl Access {
     pub const REMOTE_READ: Access = Access(1 << 1);
     /// The peer may write the region with RDMA Write.
     pub const REMOTE_WRITE: Access = Access(1 << 2);
+    /// The peer may target the region with Atomic Operations (RFC 7306 5; verbs'
+    /// `IBV_ACCESS_REMOTE_ATOMIC`).
+    pub const REMOTE_ATOMIC: Access = Access(1 << 3);
     /// Every right.
-    pub const ALL: Access = Access(0b111);
+    pub const ALL: Access = Access(0b1111);
 
     /// The raw bits.
     pub const fn bits(self) -> u8 {
@@ -142,6 +151,20 @@ pub trait RegionBuffer {
     fn share(&self) -> Option<SharedBuffer> {
         None
     }
+
+    /// Performs `op` (RFC 7306 5.1) atomically on the 64-bit word at `offset`, read and
+    /// written in the memory's own byte order (5.1.1: "performed in the endian format of the
+    /// target memory"), and returns the value it held before. Atomic with respect to every
+    /// other `atomic_at` on the same bytes, whichever queue pair or thread calls it, and (for
+    /// memory the application shares) to the application's own atomic instructions on that
+    /// word. `offset + 8 <= self.len()` is checked by the caller.
+    ///
+    /// Errors: [`NotAtomic`] if the word is not 8-aligned in memory, or (the default) the
+    /// buffer type cannot do it.
+    fn atomic_at(&self, offset: usize, op: AtomicOp) -> Result<u64, NotAtomic> {
+        let _ = (offset, op);
+        Err(NotAtomic)
+    }
 }
 
 /// A shared handle to a region's bytes ([`RegionBuffer::share`]).
@@ -177,6 +200,21 @@ impl RegionBuffer for VecBytes {
 
     fn write_at(&self, offset: usize, src: &[u8]) {
         self.lock()[offset..offset + src.len()].copy_from_slice(src);
+    }
+
+    /// Under the buffer's lock, so atomic with respect to every other access through it. A
+    /// `Vec<u8>` has no 8-aligned guarantee: alignment is the offset's.
+    fn atomic_at(&self, offset: usize, op: AtomicOp) -> Result<u64, NotAtomic> {
+        if !offset.is_multiple_of(8) {
+            return Err(NotAtomic);
+        }
+        let mut bytes = self.lock();
+        let word = bytes.get_mut(offset..offset + 8).ok_or(NotAtomic)?;
+        let mut value = [0u8; 8];
+        value.copy_from_slice(word);
+        let original = u64::from_ne_bytes(value);
+        word.copy_from_slice(&op.apply(original).to_ne_bytes());
+        Ok(original)
     }
 }
 
@@ -222,6 +260,10 @@ impl RegionBuffer for VecBuffer {
 
     fn share(&self) -> Option<SharedBuffer> {
         Some(self.bytes.clone())
+    }
+
+    fn atomic_at(&self, offset: usize, op: AtomicOp) -> Result<u64, NotAtomic> {
+        self.bytes.atomic_at(offset, op)
     }
 }
 

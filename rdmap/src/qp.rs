@@ -66,9 +66,11 @@ use ddp::{
 use crate::error::{RdmapError, TerminateCause, TerminateCode};
 use crate::memory::{Access, AccessViolation, MemoryTable, PdId, RegionBuffer, Stag};
 pub use crate::types::QpState;
+pub use crate::wire::AtomicOp;
 use crate::wire::{
-    invalidate_stag, layer, queue, rdmap_etype, CopiedDdpHeader, Opcode, RdmapControl, ReadRequest,
-    TerminateHeader, TerminateView, READ_REQUEST_LEN,
+    invalidate_stag, layer, queue, rdmap_etype, AtomicRequest, AtomicResponse, CopiedDdpHeader,
+    ImmediateData, Opcode, RdmapControl, ReadRequest, TerminateHeader, TerminateView,
+    ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, IMMEDIATE_DATA_LEN, READ_REQUEST_LEN,
 };
 
 /// Queue pair parameters.
@@ -84,8 +86,15 @@ pub struct QpConfig {
     /// [`QueuePair::enter_rts`] sets the negotiated value.
     pub ird: u16,
     /// Outbound RDMA Read Requests that may be outstanding, until
-    /// [`QueuePair::enter_rts`] sets the negotiated value.
+    /// [`QueuePair::enter_rts`] sets the negotiated value. Atomic Requests count against
+    /// IRD and ORD together with Read Requests (RFC 7306 5.2).
     pub ord: u16,
+    /// The RDMAP extensions of RFC 7306 (Atomic Operations, Immediate Data) on this stream.
+    /// Off by default: an application turns them on only when its ULP knows the peer
+    /// supports them (RFC 7306 1.1). Off, their opcodes are refused as RFC 5040's reserved
+    /// ones (Terminate "Unexpected OpCode"), QN 3 is an invalid DDP queue, and work requests
+    /// that would send them are refused at posting ([`RdmapError::ExtensionsOff`]).
+    pub extensions: bool,
 }
 
 impl Default for QpConfig {
@@ -96,6 +105,7 @@ impl Default for QpConfig {
             rq_depth: 128,
             ird: 16,
             ord: 16,
+            extensions: false,
         }
     }
 }
@@ -126,6 +136,79 @@ pub enum SendOp {
         /// Peer TO of the first octet.
         remote_to: u64,
     },
+    /// An Atomic Operation (RFC 7306 5) on the peer's 64-bit word at `remote_to` (8-aligned);
+    /// the word's original value is written into the local sink (one scatter/gather element
+    /// of exactly 8 octets, LOCAL_WRITE) in this host's byte order. Verbs'
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD` is [`AtomicOp::fetch_add`], `IBV_WR_ATOMIC_CMP_AND_SWP`
+    /// [`AtomicOp::cmp_swap`]. Needs [`QpConfig::extensions`].
+    Atomic {
+        /// Peer STag (REMOTE_ATOMIC).
+        remote_stag: Stag,
+        /// Peer TO of the word.
+        remote_to: u64,
+        /// The operation and its operands.
+        op: AtomicOp,
+    },
+    /// RDMA Write followed by an Immediate Data message (RFC 7306 6: the "RDMA Write with
+    /// Immediate Data" of InfiniBand): the peer's receive completes with `immediate` once the
+    /// Write is placed. Verbs' `IBV_WR_RDMA_WRITE_WITH_IMM`. Needs [`QpConfig::extensions`].
+    WriteImmediate {
+        /// Peer STag.
+        remote_stag: Stag,
+        /// Peer TO of the first octet.
+        remote_to: u64,
+        /// The 8 octets of Immediate Data, as a big-endian number on the wire.
+        immediate: u64,
+    },
+    /// Send followed by an Immediate Data message (RFC 7306 6, Figure 7's table: completed in
+    /// order at the peer): the peer completes two receives, the Send's and then one carrying
+    /// `immediate`. Needs [`QpConfig::extensions`].
+    SendImmediate {
+        /// The Immediate Data message with Solicited Event.
+        solicited: bool,
+        /// The 8 octets of Immediate Data.
+        immediate: u64,
+    },
+    /// An Immediate Data message alone (RFC 7306 6.3): consumes one receive at the peer,
+    /// which completes with `immediate`. The scatter/gather list must be empty. Needs
+    /// [`QpConfig::extensions`].
+    Immediate {
+        /// Immediate Data with Solicited Event.
+        solicited: bool,
+        /// The 8 octets of Immediate Data.
+        immediate: u64,
+    },
+}
+
+impl SendOp {
+    /// The opcode of this operation's completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send { .. } | SendOp::SendImmediate { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteImmediate { .. } => WcOpcode::Write,
+            SendOp::Read { .. } => WcOpcode::Read,
+            SendOp::Atomic {
+                op: AtomicOp::FetchAdd { .. },
+                ..
+            } => WcOpcode::FetchAdd,
+            SendOp::Atomic {
+                op: AtomicOp::CmpSwap { .. },
+                ..
+            } => WcOpcode::CmpSwap,
+            SendOp::Immediate { .. } => WcOpcode::Immediate,
+        }
+    }
+
+    /// True for the operations of RFC 7306.
+    pub fn is_extension(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Atomic { .. }
+                | SendOp::WriteImmediate { .. }
+                | SendOp::SendImmediate { .. }
+                | SendOp::Immediate { .. }
+        )
+    }
 }
 
 /// A send queue work request.
@@ -169,6 +252,15 @@ pub enum WcOpcode {
     Read,
     /// A receive work request.
     Recv,
+    /// An Atomic FetchAdd work request (RFC 7306 5.1.1).
+    FetchAdd,
+    /// An Atomic CmpSwap work request (RFC 7306 5.1.2).
+    CmpSwap,
+    /// An Immediate Data work request ([`SendOp::Immediate`]).
+    Immediate,
+    /// A receive work request that an Immediate Data message completed
+    /// ([`WorkCompletion::immediate`]); nothing was placed in its buffer.
+    RecvImmediate,
 }
 
 /// Completion status (verbs).
@@ -210,6 +302,23 @@ pub struct WorkCompletion {
     pub invalidated: Option<Stag>,
     /// For a Recv: the Send carried the Solicited Event flag.
     pub solicited: bool,
+    /// For [`WcOpcode::RecvImmediate`]: the Immediate Data (RFC 7306 6.1).
+    pub immediate: Option<u64>,
+}
+
+impl WorkCompletion {
+    /// The completion of a work request that did not succeed: no octets, no receive details.
+    pub fn failed(wr_id: u64, opcode: WcOpcode, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            opcode,
+            status,
+            byte_len: 0,
+            invalidated: None,
+            solicited: false,
+            immediate: None,
+        }
+    }
 }
 
 /// What [`QueuePair::poll_transmit`] produced.
@@ -306,6 +415,9 @@ struct SqEntry {
     sent: u64,
     /// The message length (the scatter/gather list's total).
     total: u64,
+    /// RFC 7306 6: the work request's Immediate Data message is next (its Send or Write, if
+    /// it has one, is out).
+    tail: bool,
 }
 
 /// The parts of the send queue's head one transmitted segment needs.
@@ -315,6 +427,7 @@ struct SqHead {
     seq: u64,
     sent: u64,
     total: u64,
+    tail: bool,
 }
 
 /// Completion bookkeeping of one send work request, kept in submission order.
@@ -340,6 +453,19 @@ struct OutstandingRead {
     size: u32,
 }
 
+/// An Atomic Request we sent whose Response has not arrived (RFC 7306 5.2.2).
+#[derive(Debug, Clone, Copy)]
+struct OutstandingAtomic {
+    /// Completion slot.
+    seq: u64,
+    /// MSN of the Atomic Request on QN 1 (to match the peer's Terminate); also its Request
+    /// Identifier.
+    msn: u32,
+    /// Where the original value goes: 8 octets at `to` of `stag`.
+    sink_stag: Stag,
+    sink_to: u64,
+}
+
 /// A Send or RDMA Write whose Last segment was handed out under
 /// [`TxCompletion::Acknowledged`] and whose acknowledgement is awaited.
 #[derive(Debug, Clone, Copy)]
@@ -359,6 +485,13 @@ enum MessageName {
     /// A tagged segment of an RDMA Write to `stag` whose TO lies in the `len` octets from
     /// `to` (the segments handed out so far).
     Write { stag: u32, to: u64, len: u64 },
+    /// An Immediate Data message on QN 0 with MSN `msn` (RFC 7306 6), or the Send
+    /// (`send_msn`) or RDMA Write (`write`: STag, TO, length) its work request sent before it.
+    Immediate {
+        msn: u32,
+        send_msn: Option<u32>,
+        write: Option<(u32, u64, u64)>,
+    },
 }
 
 impl MessageName {
@@ -376,15 +509,35 @@ impl MessageName {
                     && h.to.wrapping_sub(to) < len.max(1)
                     && RdmapControl::parse(h.rsvd_ulp).is_ok_and(|c| c.opcode == Opcode::Write)
             }
+            (
+                MessageName::Immediate {
+                    msn,
+                    send_msn,
+                    write,
+                },
+                hdr,
+            ) => {
+                let own = matches!(hdr, DdpHeader::Untagged(h) if h.qn == queue::SEND
+                    && h.msn == msn
+                    && RdmapControl::parse(h.rsvd_ulp[0]).is_ok_and(|c| c.opcode.is_immediate()));
+                own || send_msn.is_some_and(|msn| MessageName::Send { msn }.named_by(hdr))
+                    || write.is_some_and(|(stag, to, len)| {
+                        MessageName::Write { stag, to, len }.named_by(hdr)
+                    })
+            }
             _ => false,
         }
     }
 }
 
-/// An inbound RDMA Read Request to answer.
+/// An inbound RDMA Read Request to answer, or (RFC 7306 5.2: on the same queue, answered in
+/// the same order) an Atomic Request.
 #[derive(Debug, Clone, Copy)]
 struct ReadResponseJob {
     request: ReadRequest,
+    /// An Atomic Request, performed when its Response is generated (after every Read
+    /// Response before it, RFC 7306 7); `request` is then unused.
+    atomic: Option<AtomicRequest>,
     /// The DDP header and payload length of the Request's Last segment (for a
     /// Terminate raised while responding).
     request_segment: Option<(CopiedDdpHeader, u16)>,
@@ -394,12 +547,21 @@ struct ReadResponseJob {
     sent: u32,
 }
 
-/// The RDMAP opcode and Invalidate STag of a Send whose Last segment has arrived.
+/// The RDMAP opcode and Invalidate STag of a Send (or the Immediate Data of an Immediate
+/// Data message) whose Last segment has arrived.
 #[derive(Debug, Clone, Copy)]
 struct InboundSend {
     msn: u32,
     opcode: Opcode,
     invalidate: u32,
+    immediate: u64,
+}
+
+/// A staged inbound message of QN 1: a Read Request, or (RFC 7306) an Atomic Request.
+#[derive(Debug, Clone, Copy)]
+struct StagedRequest {
+    bytes: [u8; ATOMIC_REQUEST_LEN],
+    atomic: bool,
 }
 
 /// An inbound error with the context its Terminate needs.
@@ -447,10 +609,12 @@ pub struct QueuePair {
     slots_base: u64,
     next_seq: u64,
     outstanding_reads: VecDeque<OutstandingRead>,
+    outstanding_atomics: VecDeque<OutstandingAtomic>,
     read_responses: VecDeque<ReadResponseJob>,
     tx_send_msn: u32,
     tx_read_msn: u32,
     tx_terminate_msn: u32,
+    tx_atomic_msn: u32,
     rtr_pending: Option<RtrKind>,
     /// Fair alternation between the send queue and Read Responses.
     prefer_read_response: bool,
@@ -471,7 +635,10 @@ pub struct QueuePair {
     /// The RTR sink buffer is posted and not yet consumed.
     rtr_sink_pending: bool,
     rrq: UntaggedQueue<u16>,
-    read_staging: Vec<[u8; READ_REQUEST_LEN]>,
+    read_staging: Vec<StagedRequest>,
+    /// QN 3 (RFC 7306 5.2.2 rule 5): one buffer per Atomic Request that may be outstanding.
+    arq: UntaggedQueue<u16>,
+    atomic_staging: Vec<[u8; ATOMIC_RESPONSE_LEN]>,
     tq: UntaggedQueue<()>,
     terminate_staging: [u8; TERMINATE_BUFFER_LEN],
     inbound_sends: VecDeque<InboundSend>,
@@ -518,10 +685,12 @@ impl QueuePair {
             slots_base: 0,
             next_seq: 0,
             outstanding_reads: VecDeque::new(),
+            outstanding_atomics: VecDeque::new(),
             read_responses: VecDeque::new(),
             tx_send_msn: ddp::INITIAL_MSN,
             tx_read_msn: ddp::INITIAL_MSN,
             tx_terminate_msn: ddp::INITIAL_MSN,
+            tx_atomic_msn: ddp::INITIAL_MSN,
             rtr_pending: None,
             prefer_read_response: false,
             terminate_tx: None,
@@ -534,6 +703,8 @@ impl QueuePair {
             rtr_sink_pending: false,
             rrq: UntaggedQueue::new(queue::READ_REQUEST, 0),
             read_staging: Vec::new(),
+            arq: UntaggedQueue::new(queue::ATOMIC_RESPONSE, 0),
+            atomic_staging: Vec::new(),
             tq: UntaggedQueue::new(queue::TERMINATE, 1),
             terminate_staging: [0; TERMINATE_BUFFER_LEN],
             inbound_sends: VecDeque::new(),
@@ -542,6 +713,7 @@ impl QueuePair {
             srq: None,
         };
         qp.setup_read_queue(cfg.ird);
+        qp.setup_atomic_queue(cfg.ord);
         // A fresh queue with capacity 1 always takes one buffer.
         let _ = qp.tq.post(TERMINATE_BUFFER_LEN as u32, ());
         qp
@@ -551,10 +723,36 @@ impl QueuePair {
     /// outstanding (RFC 5040 5.2.2).
     fn setup_read_queue(&mut self, ird: u16) {
         self.rrq = UntaggedQueue::new(queue::READ_REQUEST, usize::from(ird));
-        self.read_staging = vec![[0; READ_REQUEST_LEN]; usize::from(ird)];
+        let empty = StagedRequest {
+            bytes: [0; ATOMIC_REQUEST_LEN],
+            atomic: false,
+        };
+        self.read_staging = vec![empty; usize::from(ird)];
         for slot in 0..ird {
             // Capacity is `ird`, so these posts cannot fail.
-            let _ = self.rrq.post(READ_REQUEST_LEN as u32, slot);
+            let _ = self.rrq.post(self.request_buffer_len(), slot);
+        }
+    }
+
+    /// Octets of a QN 1 buffer: a Read Request, or with the extensions an Atomic Request
+    /// (RFC 7306 5.2.2 rule 4: the same queue takes both).
+    fn request_buffer_len(&self) -> u32 {
+        if self.cfg.extensions {
+            ATOMIC_REQUEST_LEN as u32
+        } else {
+            READ_REQUEST_LEN as u32
+        }
+    }
+
+    /// With the extensions, posts `ord` buffers on QN 3, one per Atomic Request that may be
+    /// outstanding (RFC 7306 5.2.2 rule 5); without, QN 3 takes nothing.
+    fn setup_atomic_queue(&mut self, ord: u16) {
+        let n = if self.cfg.extensions { ord } else { 0 };
+        self.arq = UntaggedQueue::new(queue::ATOMIC_RESPONSE, usize::from(n));
+        self.atomic_staging = vec![[0; ATOMIC_RESPONSE_LEN]; usize::from(n)];
+        for slot in 0..n {
+            // Capacity is `n`, so these posts cannot fail.
+            let _ = self.arq.post(ATOMIC_RESPONSE_LEN as u32, slot);
         }
     }
 
@@ -567,6 +765,7 @@ impl QueuePair {
         self.ird = ird;
         self.ord = ord;
         self.setup_read_queue(ird);
+        self.setup_atomic_queue(ord);
         self.state = QpState::Rts;
     }
 
@@ -740,16 +939,38 @@ impl QueuePair {
         if self.slots.len() >= self.cfg.sq_depth {
             return Err(RdmapError::SendQueueFull);
         }
-        let (needed, opcode) = match wr.op {
-            SendOp::Send { .. } => (Access::NONE, WcOpcode::Send),
-            SendOp::Write { .. } => (Access::NONE, WcOpcode::Write),
-            SendOp::Read { .. } => (Access::LOCAL_WRITE, WcOpcode::Read),
+        let opcode = wr.op.wc_opcode();
+        // A Read's or an Atomic's local element is where the answer lands.
+        let needed = match wr.op {
+            SendOp::Read { .. } | SendOp::Atomic { .. } => Access::LOCAL_WRITE,
+            _ => Access::NONE,
         };
+        if wr.op.is_extension() && !self.cfg.extensions {
+            return Err(RdmapError::ExtensionsOff);
+        }
         if opcode == WcOpcode::Read
             && wr.sg_list.as_slice().iter().filter(|s| s.len > 0).count() > 1
         {
             // RFC 5040 4.4: a Read Request names one Data Sink STag and TO.
             return Err(RdmapError::ReadSinkNotContiguous);
+        }
+        match wr.op {
+            SendOp::Atomic { .. } => {
+                // RFC 7306 5.1: the original value is one 64-bit word.
+                let pieces = wr.sg_list.as_slice().iter().filter(|s| s.len > 0).count();
+                if pieces != 1 || wr.sg_list.total_len() != 8 {
+                    return Err(RdmapError::AtomicSink {
+                        len: wr.sg_list.total_len(),
+                    });
+                }
+            }
+            SendOp::Immediate { .. } if wr.sg_list.total_len() != 0 => {
+                // RFC 7306 Figure 3: no ULP payload in an Immediate Data message.
+                return Err(RdmapError::ImmediatePayload {
+                    len: wr.sg_list.total_len(),
+                });
+            }
+            _ => {}
         }
         self.check_local(&wr.sg_list, needed, mem)?;
         let seq = self.next_seq;
@@ -768,6 +989,7 @@ impl QueuePair {
             seq,
             sent: 0,
             total,
+            tail: matches!(wr.op, SendOp::Immediate { .. }),
         });
         Ok(())
     }
@@ -881,6 +1103,7 @@ impl QueuePair {
                 },
                 invalidated: None,
                 solicited: false,
+                immediate: None,
             });
         }
     }
@@ -949,6 +1172,7 @@ impl QueuePair {
         self.acked_pending = 0;
         self.sq.clear();
         self.outstanding_reads.clear();
+        self.outstanding_atomics.clear();
         self.read_responses.clear();
         for slot in self.slots.iter_mut() {
             if slot.status.is_none() {
@@ -958,18 +1182,16 @@ impl QueuePair {
         self.release_slots();
         for slot in self.rq.drain() {
             if let RecvSlot::User(wr) = slot {
-                self.completions.push_back(WorkCompletion {
-                    wr_id: wr.wr_id,
-                    opcode: WcOpcode::Recv,
-                    status: WcStatus::WrFlushError,
-                    byte_len: 0,
-                    invalidated: None,
-                    solicited: false,
-                });
+                self.completions.push_back(WorkCompletion::failed(
+                    wr.wr_id,
+                    WcOpcode::Recv,
+                    WcStatus::WrFlushError,
+                ));
             }
         }
         self.rtr_sink_pending = false;
         self.rrq.drain();
+        self.arq.drain();
         self.tq.drain();
         self.inbound_sends.clear();
     }
@@ -1029,7 +1251,11 @@ impl QueuePair {
     fn sq_ready(&self) -> bool {
         match self.sq.front() {
             Some(entry) => match entry.wr.op {
-                SendOp::Read { .. } => self.outstanding_reads.len() < usize::from(self.ord),
+                // RFC 7306 5.2: Atomic Requests share ORD with Read Requests.
+                SendOp::Read { .. } | SendOp::Atomic { .. } => {
+                    self.outstanding_reads.len() + self.outstanding_atomics.len()
+                        < usize::from(self.ord)
+                }
                 _ => true,
             },
             None => false,
@@ -1044,10 +1270,12 @@ impl QueuePair {
             (true, false) => Some(TxSource::SendQueue),
             (false, true) => Some(TxSource::ReadResponse),
             (true, true) => {
-                let sq_write = self
-                    .sq
-                    .front()
-                    .filter(|e| matches!(e.wr.op, SendOp::Write { .. }));
+                let sq_write = self.sq.front().filter(|e| {
+                    matches!(
+                        e.wr.op,
+                        SendOp::Write { .. } | SendOp::WriteImmediate { .. }
+                    ) && !e.tail
+                });
                 let rr_started = self.read_responses.front().is_some_and(|j| j.sent > 0);
                 match sq_write {
                     // Never interleave two tagged messages.
@@ -1268,10 +1496,25 @@ impl QueuePair {
             seq: head.seq,
             sent: head.sent,
             total: head.total,
+            tail: head.tail,
         };
+        if entry.tail {
+            return self.emit_immediate(entry, out);
+        }
         let sink = head.wr.sg_list.piece_at(0, u64::MAX).map(|(s, _)| s);
+        if let SendOp::Atomic {
+            remote_stag,
+            remote_to,
+            op,
+        } = entry.op
+        {
+            let Some(sink) = sink else {
+                return self.fail_locally(out);
+            };
+            return self.emit_atomic_request(entry.seq, sink, remote_stag, remote_to, op, out);
+        }
         let header_len = match entry.op {
-            SendOp::Write { .. } => TAGGED_HEADER_LEN,
+            SendOp::Write { .. } | SendOp::WriteImmediate { .. } => TAGGED_HEADER_LEN,
             _ => UNTAGGED_HEADER_LEN,
         };
         let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
@@ -1321,6 +1564,11 @@ impl QueuePair {
             SendOp::Write {
                 remote_stag,
                 remote_to,
+            }
+            | SendOp::WriteImmediate {
+                remote_stag,
+                remote_to,
+                ..
             } => (
                 Opcode::Write,
                 Self::tagged(
@@ -1342,7 +1590,17 @@ impl QueuePair {
                     Self::untagged(opcode, inv, queue::SEND, self.tx_send_msn, mo, last),
                 )
             }
-            SendOp::Read { .. } => return self.fail_locally(out),
+            SendOp::SendImmediate { .. } => {
+                // A plain Send; the Solicited Event goes on the Immediate Data after it.
+                let mo = u32::try_from(entry.sent).unwrap_or(u32::MAX);
+                (
+                    Opcode::Send,
+                    Self::untagged(Opcode::Send, 0, queue::SEND, self.tx_send_msn, mo, last),
+                )
+            }
+            SendOp::Read { .. } | SendOp::Atomic { .. } | SendOp::Immediate { .. } => {
+                return self.fail_locally(out)
+            }
         };
         let payload = Self::push_segment(out, &hdr, if by_ref { 0 } else { len as usize });
         let mut reference = None;
@@ -1378,7 +1636,21 @@ impl QueuePair {
         if let Some(head) = self.sq.front_mut() {
             head.sent += len;
         }
-        if last {
+        if last
+            && matches!(
+                entry.op,
+                SendOp::WriteImmediate { .. } | SendOp::SendImmediate { .. }
+            )
+        {
+            // RFC 7306 6: the Immediate Data message follows; the work request completes
+            // with it.
+            if opcode.is_send() {
+                self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
+            }
+            if let Some(head) = self.sq.front_mut() {
+                head.tail = true;
+            }
+        } else if last {
             // Named before the queue and the MSN move on (a Read never gets here).
             let Some(name) = self.sq_head_name(total) else {
                 return self.fail_locally(out);
@@ -1396,6 +1668,104 @@ impl QueuePair {
                 len: out.len() - start + reference.map_or(0, |r| r.len as usize),
             },
             reference,
+        )
+    }
+
+    /// The Immediate Data message (RFC 7306 6.2, 6.3) of the send queue's head: alone, or
+    /// after its Send or RDMA Write went out. The work request completes with it.
+    fn emit_immediate(&mut self, entry: SqHead, out: &mut Vec<u8>) -> (TxUlpdu, Option<TxPayload>) {
+        let (solicited, immediate, send_msn, write) = match entry.op {
+            SendOp::Immediate {
+                solicited,
+                immediate,
+            } => (solicited, immediate, None, None),
+            SendOp::SendImmediate {
+                solicited,
+                immediate,
+            } => (
+                solicited,
+                immediate,
+                Some(self.tx_send_msn.wrapping_sub(1)),
+                None,
+            ),
+            SendOp::WriteImmediate {
+                remote_stag,
+                remote_to,
+                immediate,
+            } => (
+                false,
+                immediate,
+                None,
+                Some((remote_stag.raw(), remote_to, entry.total)),
+            ),
+            _ => return self.fail_locally(out),
+        };
+        let opcode = if solicited {
+            Opcode::ImmediateDataSe
+        } else {
+            Opcode::ImmediateData
+        };
+        let start = out.len();
+        let msn = self.tx_send_msn;
+        let hdr = Self::untagged(opcode, 0, queue::SEND, msn, 0, true);
+        let payload = Self::push_segment(out, &hdr, IMMEDIATE_DATA_LEN);
+        ImmediateData(immediate.to_be_bytes()).emit(&mut out[payload]);
+        self.sq.pop_front();
+        self.tx_send_msn = msn.wrapping_add(1);
+        let name = MessageName::Immediate {
+            msn,
+            send_msn,
+            write,
+        };
+        self.message_handed_out(entry.seq, name);
+        (
+            TxUlpdu {
+                opcode,
+                last: true,
+                len: out.len() - start,
+            },
+            None,
+        )
+    }
+
+    /// The Atomic Request (RFC 7306 5.2.1) of the send queue's head, on QN 1 with the Read
+    /// Requests; its MSN is also its Request Identifier. The work request completes when the
+    /// Response arrives (5.4 rule 7).
+    fn emit_atomic_request(
+        &mut self,
+        seq: u64,
+        sink: Sge,
+        remote_stag: Stag,
+        remote_to: u64,
+        op: AtomicOp,
+        out: &mut Vec<u8>,
+    ) -> (TxUlpdu, Option<TxPayload>) {
+        let start = out.len();
+        let msn = self.tx_read_msn;
+        self.tx_read_msn = msn.wrapping_add(1);
+        let request = AtomicRequest {
+            op,
+            request_id: msn,
+            stag: remote_stag.raw(),
+            to: remote_to,
+        };
+        let hdr = Self::untagged(Opcode::AtomicRequest, 0, queue::READ_REQUEST, msn, 0, true);
+        let payload = Self::push_segment(out, &hdr, ATOMIC_REQUEST_LEN);
+        request.emit(&mut out[payload]);
+        self.sq.pop_front();
+        self.outstanding_atomics.push_back(OutstandingAtomic {
+            seq,
+            msn,
+            sink_stag: sink.stag,
+            sink_to: sink.to,
+        });
+        (
+            TxUlpdu {
+                opcode: Opcode::AtomicRequest,
+                last: true,
+                len: out.len() - start,
+            },
+            None,
         )
     }
 
@@ -1419,19 +1789,33 @@ impl QueuePair {
     /// How a Terminate names the Send or Write at the head of the send queue, with `len`
     /// octets of it handed out; `None` for a Read.
     fn sq_head_name(&self, len: u64) -> Option<MessageName> {
-        match self.sq.front()?.wr.op {
+        let head = self.sq.front()?;
+        match head.wr.op {
             SendOp::Send { .. } => Some(MessageName::Send {
                 msn: self.tx_send_msn,
+            }),
+            SendOp::SendImmediate { .. } => Some(MessageName::Send {
+                // Once its Send is out, the MSN has moved on to the Immediate Data's.
+                msn: if head.tail {
+                    self.tx_send_msn.wrapping_sub(1)
+                } else {
+                    self.tx_send_msn
+                },
             }),
             SendOp::Write {
                 remote_stag,
                 remote_to,
+            }
+            | SendOp::WriteImmediate {
+                remote_stag,
+                remote_to,
+                ..
             } => Some(MessageName::Write {
                 stag: remote_stag.raw(),
                 to: remote_to,
                 len,
             }),
-            SendOp::Read { .. } => None,
+            SendOp::Read { .. } | SendOp::Atomic { .. } | SendOp::Immediate { .. } => None,
         }
     }
 
@@ -1453,6 +1837,9 @@ impl QueuePair {
                 0,
             ));
         };
+        if let Some(atomic) = job.atomic {
+            return self.emit_atomic_response(job, atomic, mem, out);
+        }
         let start = out.len();
         let request = job.request;
         let room = max_ulpdu.saturating_sub(TAGGED_HEADER_LEN).max(1);
@@ -1502,7 +1889,7 @@ impl QueuePair {
         if last {
             self.read_responses.pop_front();
             // The slot was taken from the queue at delivery, so there is room.
-            let _ = self.rrq.post(READ_REQUEST_LEN as u32, job.slot);
+            let _ = self.rrq.post(self.request_buffer_len(), job.slot);
         } else if let Some(head) = self.read_responses.front_mut() {
             head.sent = sent;
         }
@@ -1513,6 +1900,60 @@ impl QueuePair {
                 len: out.len() - start + reference.map_or(0, |r| r.len as usize),
             },
             reference,
+        ))
+    }
+
+    /// Performs the Atomic Request at the head of the responder's queue and emits its
+    /// Response (RFC 7306 5.2.2) on QN 3. Performed now, when its turn comes after every Read
+    /// Response before it (7: "Atomic Response Message will not be generated until RDMA Read
+    /// Response has been generated"), with one CPU atomic operation on the registered memory
+    /// ([`RegionBuffer::atomic_at`], 5.3). The target was checked at delivery and is checked
+    /// again (it may have been deregistered since); a failure is the Terminate of 8.2.
+    fn emit_atomic_response<B: RegionBuffer>(
+        &mut self,
+        job: ReadResponseJob,
+        atomic: AtomicRequest,
+        mem: &MemoryTable<B>,
+        out: &mut Vec<u8>,
+    ) -> Result<(TxUlpdu, Option<TxPayload>), TerminateHeader> {
+        let fail = |error: RdmapError| {
+            let code = TerminateCause::Error(error).code();
+            Self::terminate_for(code, job.request_segment, None)
+        };
+        let stag = Stag(atomic.stag);
+        let (buffer, offset) = mem
+            .validate(stag, self.cfg.pd, Access::REMOTE_ATOMIC, atomic.to, 8)
+            .map_err(|violation| fail(RdmapError::AtomicAccess { stag, violation }))?;
+        let original = buffer
+            .atomic_at(offset, atomic.op)
+            .map_err(|_| fail(RdmapError::AtomicMisaligned { to: atomic.to }))?;
+        let start = out.len();
+        let msn = self.tx_atomic_msn;
+        self.tx_atomic_msn = msn.wrapping_add(1);
+        let hdr = Self::untagged(
+            Opcode::AtomicResponse,
+            0,
+            queue::ATOMIC_RESPONSE,
+            msn,
+            0,
+            true,
+        );
+        let payload = Self::push_segment(out, &hdr, ATOMIC_RESPONSE_LEN);
+        AtomicResponse {
+            request_id: atomic.request_id,
+            original,
+        }
+        .emit(&mut out[payload]);
+        self.read_responses.pop_front();
+        // The slot was taken from the queue at delivery, so there is room.
+        let _ = self.rrq.post(self.request_buffer_len(), job.slot);
+        Ok((
+            TxUlpdu {
+                opcode: Opcode::AtomicResponse,
+                last: true,
+                len: out.len() - start,
+            },
+            None,
         ))
     }
 
@@ -1700,12 +2141,21 @@ impl QueuePair {
                 }
             }
             DdpHeader::Untagged(hdr) => {
-                // DDP validates the QN before RDMAP looks at the opcode.
-                if hdr.qn > queue::TERMINATE {
+                // DDP validates the QN before RDMAP looks at the opcode. QN 3 exists only
+                // with the extensions (RFC 7306 10.2).
+                let top = if self.cfg.extensions {
+                    queue::ATOMIC_RESPONSE
+                } else {
+                    queue::TERMINATE
+                };
+                if hdr.qn > top {
                     return Err(DdpError::InvalidQn { qn: hdr.qn }.into());
                 }
                 let opcode = RdmapControl::parse(hdr.rsvd_ulp[0])?.opcode;
-                if opcode.queue_number() != Some(hdr.qn) {
+                // Without the extensions their opcodes are RFC 5040's reserved ones.
+                if (opcode.is_extension() && !self.cfg.extensions)
+                    || opcode.queue_number() != Some(hdr.qn)
+                {
                     return Err(RdmapError::UnexpectedOpcode {
                         opcode: opcode as u8,
                     }
@@ -1717,11 +2167,15 @@ impl QueuePair {
                         let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
                         let segment = CopiedDdpHeader::from_segment(ddp_header)
                             .map(|h| (h, u16::try_from(bytes.len()).unwrap_or(u16::MAX)));
-                        self.receive_read_request(&hdr, bytes, segment, mem)
+                        self.receive_read_request(&hdr, opcode, bytes, segment, mem)
+                    }
+                    queue::TERMINATE => {
+                        let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
+                        self.receive_terminate(&hdr, bytes)
                     }
                     _ => {
                         let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
-                        self.receive_terminate(&hdr, bytes)
+                        self.receive_atomic_response(&hdr, bytes, mem)
                     }
                 }
             }
@@ -1816,7 +2270,10 @@ impl QueuePair {
         error.into()
     }
 
-    /// Send, Send with SE, Send with (SE and) Invalidate (5.3) on QN 0.
+    /// Send, Send with SE, Send with (SE and) Invalidate (5.3) on QN 0; with the extensions,
+    /// Immediate Data (with SE) too (RFC 7306 6.3): it must carry exactly 8 octets in one
+    /// segment, consumes a receive buffer and places nothing in it; its receive completes
+    /// with the value ([`WcOpcode::RecvImmediate`]).
     fn receive_send<B: RegionBuffer>(
         &mut self,
         opcode: Opcode,
@@ -1825,6 +2282,37 @@ impl QueuePair {
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         self.take_from_srq(hdr.msn);
+        let mut immediate = 0;
+        if opcode.is_immediate() {
+            let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
+            let len = bytes.len();
+            if hdr.mo != 0 || !hdr.last {
+                return Err(RdmapError::BadImmediateLength { len }.into());
+            }
+            immediate = u64::from_be_bytes(ImmediateData::parse(bytes)?.0);
+            self.rq.place(hdr, 0)?;
+        } else {
+            self.place_send(hdr, payload, mem)?;
+        }
+        // A repeated Last segment (DDP allows repeated placement) is recorded once.
+        if hdr.last && !self.inbound_sends.iter().any(|s| s.msn == hdr.msn) {
+            self.inbound_sends.push_back(InboundSend {
+                msn: hdr.msn,
+                opcode,
+                invalidate: invalidate_stag(&hdr.rsvd_ulp),
+                immediate,
+            });
+        }
+        self.deliver_sends(mem)
+    }
+
+    /// Places a Send segment's payload into its receive buffer.
+    fn place_send<B: RegionBuffer>(
+        &mut self,
+        hdr: &UntaggedHeader,
+        payload: Payload<'_>,
+        mem: &MemoryTable<B>,
+    ) -> Result<(), Fault> {
         let placement = self.rq.place(hdr, payload.len())?;
         if !payload.is_empty() {
             let RecvSlot::User(wr) = &placement.cookie else {
@@ -1837,14 +2325,11 @@ impl QueuePair {
                 return Err(RdmapError::LocalCatastrophic.into());
             }
         }
-        // A repeated Last segment (DDP allows repeated placement) is recorded once.
-        if hdr.last && !self.inbound_sends.iter().any(|s| s.msn == hdr.msn) {
-            self.inbound_sends.push_back(InboundSend {
-                msn: hdr.msn,
-                opcode,
-                invalidate: invalidate_stag(&hdr.rsvd_ulp),
-            });
-        }
+        Ok(())
+    }
+
+    /// Completes the receives of the QN 0 messages DDP now delivers, in MSN order.
+    fn deliver_sends<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) -> Result<(), Fault> {
         while let Some(delivered) = self.rq.poll_delivery() {
             let info = self
                 .inbound_sends
@@ -1867,7 +2352,12 @@ impl QueuePair {
                 byte_len: delivered.len,
                 invalidated: None,
                 solicited: opcode.is_solicited(),
+                immediate: None,
             };
+            if opcode.is_immediate() {
+                completion.opcode = WcOpcode::RecvImmediate;
+                completion.immediate = info.map(|i| i.immediate);
+            }
             if opcode.carries_invalidate_stag() {
                 let stag = Stag(info.map_or(0, |i| i.invalidate));
                 if let Err(error) = mem.invalidate(stag, self.cfg.pd) {
@@ -1885,10 +2375,14 @@ impl QueuePair {
 
     /// RDMA Read Request (5.2.1) on QN 1: staged until delivered (rule 12), then the
     /// source is checked (7.2 rule 4: STag valid, same PD, REMOTE_READ, no wrap, in
-    /// bounds; not for a zero-length Read) and the Response queued.
+    /// bounds; not for a zero-length Read) and the Response queued. With the extensions, an
+    /// Atomic Request on the same queue (RFC 7306 5.2.1): checked when delivered (8.2:
+    /// 64-bit aligned; its region as a Read's source, with REMOTE_ATOMIC, 8 octets), queued
+    /// behind the Read Responses before it, and performed when its Response is generated.
     fn receive_read_request<B: RegionBuffer>(
         &mut self,
         hdr: &UntaggedHeader,
+        opcode: Opcode,
         payload: &[u8],
         request_segment: Option<(CopiedDdpHeader, u16)>,
         mem: &MemoryTable<B>,
@@ -1905,19 +2399,43 @@ impl QueuePair {
         let staged = self
             .read_staging
             .get_mut(usize::from(placement.cookie))
-            .and_then(|s| s.get_mut(start..start + payload.len()))
             .ok_or(RdmapError::LocalCatastrophic)?;
-        staged.copy_from_slice(payload);
+        staged.atomic = opcode == Opcode::AtomicRequest;
+        staged
+            .bytes
+            .get_mut(start..start + payload.len())
+            .ok_or(RdmapError::LocalCatastrophic)?
+            .copy_from_slice(payload);
         while let Some(delivered) = self.rrq.poll_delivery() {
             let slot = delivered.cookie;
-            if delivered.len as usize != READ_REQUEST_LEN {
-                return Err(RdmapError::MalformedReadRequest { len: delivered.len }.into());
-            }
-            let bytes = self
+            let staged = *self
                 .read_staging
                 .get(usize::from(slot))
                 .ok_or(RdmapError::LocalCatastrophic)?;
-            let request = ReadRequest::parse(bytes)?;
+            if staged.atomic {
+                if delivered.len as usize != ATOMIC_REQUEST_LEN {
+                    return Err(RdmapError::MalformedAtomicRequest { len: delivered.len }.into());
+                }
+                let atomic = AtomicRequest::parse(&staged.bytes)?;
+                if !atomic.to.is_multiple_of(8) {
+                    return Err(RdmapError::AtomicMisaligned { to: atomic.to }.into());
+                }
+                let stag = Stag(atomic.stag);
+                mem.validate(stag, self.cfg.pd, Access::REMOTE_ATOMIC, atomic.to, 8)
+                    .map_err(|violation| RdmapError::AtomicAccess { stag, violation })?;
+                self.read_responses.push_back(ReadResponseJob {
+                    request: ReadRequest::default(),
+                    atomic: Some(atomic),
+                    request_segment,
+                    slot,
+                    sent: 0,
+                });
+                continue;
+            }
+            if delivered.len as usize != READ_REQUEST_LEN {
+                return Err(RdmapError::MalformedReadRequest { len: delivered.len }.into());
+            }
+            let request = ReadRequest::parse(&staged.bytes)?;
             if request.size > 0 {
                 let src = Stag(request.src_stag);
                 mem.validate(
@@ -1937,10 +2455,67 @@ impl QueuePair {
             }
             self.read_responses.push_back(ReadResponseJob {
                 request,
+                atomic: None,
                 request_segment,
                 slot,
                 sent: 0,
             });
+        }
+        Ok(())
+    }
+
+    /// Atomic Response (RFC 7306 5.2.2) on QN 3: must answer the oldest outstanding Atomic
+    /// Request (responses come in request order, rule 8; rule 7: anything else is an
+    /// error); the original value goes into the request's sink in this host's byte order,
+    /// and the work request completes (5.4 rule 7).
+    fn receive_atomic_response<B: RegionBuffer>(
+        &mut self,
+        hdr: &UntaggedHeader,
+        payload: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), Fault> {
+        let placement = self.arq.place(hdr, payload.len())?;
+        let start = placement.offset as usize;
+        self.atomic_staging
+            .get_mut(usize::from(placement.cookie))
+            .and_then(|s| s.get_mut(start..start + payload.len()))
+            .ok_or(RdmapError::LocalCatastrophic)?
+            .copy_from_slice(payload);
+        while let Some(delivered) = self.arq.poll_delivery() {
+            let slot = delivered.cookie;
+            let bytes = *self
+                .atomic_staging
+                .get(usize::from(slot))
+                .ok_or(RdmapError::LocalCatastrophic)?;
+            let response =
+                AtomicResponse::parse(bytes.get(..delivered.len as usize).unwrap_or(&[]))?;
+            let expected = self.outstanding_atomics.front().copied();
+            let Some(atomic) = expected.filter(|a| a.msn == response.request_id) else {
+                return Err(RdmapError::UnexpectedAtomicResponse {
+                    request_id: response.request_id,
+                }
+                .into());
+            };
+            self.outstanding_atomics.pop_front();
+            // The slot was taken from the queue at delivery, so there is room.
+            let _ = self.arq.post(ATOMIC_RESPONSE_LEN as u32, slot);
+            match mem.validate(
+                atomic.sink_stag,
+                self.cfg.pd,
+                Access::LOCAL_WRITE,
+                atomic.sink_to,
+                8,
+            ) {
+                Ok((buffer, offset)) => {
+                    buffer.write_at(offset, &response.original.to_ne_bytes());
+                    self.finish_slot(atomic.seq, WcStatus::Success);
+                }
+                Err(_) => {
+                    // Deregistered since it was posted: a local error (RFC 7306 8.1).
+                    self.finish_slot(atomic.seq, WcStatus::LocalProtectionError);
+                    return Err(RdmapError::LocalCatastrophic.into());
+                }
+            }
         }
         Ok(())
     }
@@ -2029,6 +2604,7 @@ impl QueuePair {
             self.outstanding_reads
                 .iter()
                 .filter_map(|r| r.seq)
+                .chain(self.outstanding_atomics.iter().map(|a| a.seq))
                 .chain(self.awaiting_ack.front().map(|a| a.seq))
                 .chain(self.sq.front().filter(|e| e.sent > 0).map(|e| e.seq))
                 .min()
@@ -2050,7 +2626,8 @@ impl QueuePair {
         if let DdpHeader::Untagged(u) = hdr {
             if u.qn == queue::READ_REQUEST {
                 let read = self.outstanding_reads.iter().find(|r| r.msn == u.msn);
-                return read.and_then(|r| r.seq);
+                let atomic = self.outstanding_atomics.iter().find(|a| a.msn == u.msn);
+                return read.and_then(|r| r.seq).or(atomic.map(|a| a.seq));
             }
         }
         let head = self

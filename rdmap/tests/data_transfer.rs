@@ -27,6 +27,7 @@ fn ok(wr_id: u64, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
         byte_len,
         invalidated: None,
         solicited: false,
+        immediate: None,
     }
 }
 

@@ -69,6 +69,8 @@ fn target() -> Target {
         rq_depth: 8,
         ird: 2,
         ord: 2,
+        // RFC 7306's messages are parsed and checked too.
+        extensions: true,
     });
     qp.enter_rts(2, 2);
     for i in 0..3u32 {

@@ -18,9 +18,7 @@ use rdmap::{WcOpcode, WorkCompletion};
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::qp::{
-    local_status, wc_opcode, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP,
-};
+use crate::verbs::qp::{local_status, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP};
 use crate::{DatapathError, QpError};
 
 impl QpWaker for Waker {
@@ -83,6 +81,7 @@ pub(super) fn start_engine(
         rq_depth: params.rq_depth,
         ird: negotiated.ird,
         ord: negotiated.ord,
+        extensions: params.rdmap_extensions,
     });
     if let Some(srq) = &params.srq {
         srq.attach(&mut qp, pd.id)?;
@@ -225,7 +224,7 @@ impl Engine {
             progress = true;
             match cmd {
                 Cmd::Send(wr) => {
-                    let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
+                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                     let res = {
                         let table = self.table.snapshot();
                         self.qp.post_send(wr, &table)
@@ -259,14 +258,7 @@ impl Engine {
     fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
         self.cq.push(Completion {
             qp_num: self.num,
-            wc: WorkCompletion {
-                wr_id,
-                opcode,
-                status: local_status(e),
-                byte_len: 0,
-                invalidated: None,
-                solicited: false,
-            },
+            wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
         });
     }
 

@@ -43,6 +43,12 @@ pub struct ConnectParams {
     /// Reply with R=1) and its connection closed; one left unanswered fails after
     /// `mpa.accept_timeout`. Default 64.
     pub backlog: usize,
+    /// The RDMAP extensions of RFC 7306 (Atomic Operations, Immediate Data) on the
+    /// connection's queue pair ([`rdmap::QpConfig::extensions`]). Off by default: turn them
+    /// on only when the application protocol knows the peer supports them (RFC 7306 1.1;
+    /// Linux siw does not). Both ends must agree: a peer without them terminates the
+    /// connection on the first such message.
+    pub rdmap_extensions: bool,
 }
 
 /// TCP keepalive settings (RFC 9293 3.8.4; `SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
@@ -88,6 +94,7 @@ impl Default for ConnectParams {
             keepalive: Some(Keepalive::default()),
             user_timeout: Some(Duration::from_secs(30)),
             backlog: 64,
+            rdmap_extensions: false,
         }
     }
 }

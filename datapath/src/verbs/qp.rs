@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use mpa::Negotiated;
-use rdmap::{QpState, RecvWr, SendOp, SendWr, TerminateInfo, WcOpcode, WcStatus};
+use rdmap::{QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
 
 use crate::{DatapathError, QpError};
 
@@ -288,13 +288,5 @@ pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
         E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
         E::MessageTooLong { .. } => WcStatus::LocalLengthError,
         _ => WcStatus::LocalQpOperationError,
-    }
-}
-
-pub(crate) fn wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send { .. } => WcOpcode::Send,
-        SendOp::Write { .. } => WcOpcode::Write,
-        SendOp::Read { .. } => WcOpcode::Read,
     }
 }

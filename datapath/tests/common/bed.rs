@@ -50,3 +50,54 @@ pub fn engine_connect_in_a(
         .map_err(|e| format!("connect: {e}"))?;
     Ok((engine, conn))
 }
+
+/// Starts the engine on `dev` inside namespace `ns`.
+pub fn start_engine(ns: &'static str, dev: &'static str) -> XdpEngine {
+    testbed::in_ns(ns, move || {
+        XdpEngine::start(dev, XdpEngineConfig::default())
+    })
+    .unwrap_or_else(|e| panic!("engine on {dev}: {e}"))
+}
+
+/// Which stack runs one end of a connection on the bed: an engine (on its namespace's
+/// device), or the socket transport (kernel TCP) in namespace `iwb`.
+#[derive(Clone, Copy)]
+pub enum Stack<'a> {
+    Engine(&'a XdpEngine),
+    Socket,
+}
+
+impl Stack<'_> {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Stack::Engine(_) => "engine",
+            Stack::Socket => "socket",
+        }
+    }
+
+    pub fn listen(&self, port: u16, p: ConnectParams) -> Listener {
+        match self {
+            Stack::Engine(e) => e.listen(port, p),
+            Stack::Socket => testbed::in_ns(NS_B, move || {
+                Listener::bind(SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)), p)
+            }),
+        }
+        .unwrap_or_else(|e| panic!("listen on {port}: {e}"))
+    }
+
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        p: &ConnectParams,
+        private_data: &[u8],
+    ) -> Result<Connection, datapath::DatapathError> {
+        match self {
+            Stack::Engine(e) => e.connect(addr, pd, cq, p, private_data),
+            Stack::Socket => {
+                testbed::in_ns(NS_B, || datapath::connect(addr, pd, cq, p, private_data))
+            }
+        }
+    }
+}

@@ -188,6 +188,15 @@ pub fn config() -> QpConfig {
         rq_depth: 64,
         ird: 8,
         ord: 8,
+        extensions: false,
+    }
+}
+
+/// [`config`] with the RFC 7306 extensions on.
+pub fn config_ext() -> QpConfig {
+    QpConfig {
+        extensions: true,
+        ..config()
     }
 }
 

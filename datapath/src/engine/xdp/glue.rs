@@ -12,7 +12,7 @@ use tcp_engine::{Instant, PassedUp, State as TcpState};
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
 use crate::verbs::cm::ConnectParams;
-use crate::verbs::qp::{wc_opcode, Cmd, QpParts};
+use crate::verbs::qp::{Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::{DatapathError, QpError};
 
@@ -38,6 +38,7 @@ impl State {
                 pd,
                 sq_depth: params.sq_depth,
                 rq_depth: params.rq_depth,
+                extensions: params.rdmap_extensions,
                 ..QpConfig::default()
             },
             reassembly_capacity: self.cfg.reassembly_capacity,
@@ -137,6 +138,7 @@ impl TcpApp for App<'_> {
             rq_depth: 0,
             ird: 0,
             ord: 0,
+            extensions: false,
         };
         let now = self.st.now();
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
@@ -210,7 +212,7 @@ impl TcpApp for App<'_> {
                 let mem = table_of(slot.table, self.mem, scratch);
                 match cmd {
                     Cmd::Send(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wc_opcode(&wr.op));
+                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                         if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
                             slot.complete_local_error(wr_id, opcode, &e);
                         }

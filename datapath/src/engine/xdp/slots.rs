@@ -83,14 +83,7 @@ impl Slot {
         if let Some(cq) = &self.cq {
             cq.push(Completion {
                 qp_num: self.num,
-                wc: WorkCompletion {
-                    wr_id,
-                    opcode,
-                    status: local_status(e),
-                    byte_len: 0,
-                    invalidated: None,
-                    solicited: false,
-                },
+                wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
             });
         }
     }

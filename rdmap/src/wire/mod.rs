@@ -1,12 +1,21 @@
-//! RDMAP wire formats (RFC 5040 section 4).
+//! RDMAP wire formats (RFC 5040 section 4, and RFC 7306's extensions in [`ext`]).
 //!
 //! RDMAP has little header of its own: the RDMAP control byte travels in the first
 //! RsvdULP octet of the DDP header (4.1), the Invalidate STag in RsvdULP octets 2..5 of
-//! untagged segments (4.1, 4.7), and only two messages carry an RDMAP header after the
-//! DDP header: the RDMA Read Request (4.4, [`ReadRequest`]) and the Terminate (4.8,
-//! [`TerminateHeader`]). Like smoltcp's `wire` module, each header has a checked view
-//! over bytes ([`ReadRequestView`], [`TerminateView`]) and a parsed representation with
-//! `parse`/`emit`.
+//! untagged segments (4.1, 4.7), and only two messages of RFC 5040 carry an RDMAP header
+//! after the DDP header: the RDMA Read Request (4.4, [`ReadRequest`]) and the Terminate
+//! (4.8, [`TerminateHeader`]). RFC 7306 adds the Atomic Request and Response headers and
+//! the Immediate Data header ([`ext`]). Like smoltcp's `wire` module, each header has a
+//! checked view over bytes ([`ReadRequestView`], [`TerminateView`], ...) and a parsed
+//! representation with `parse`/`emit`.
+
+pub mod ext;
+mod field;
+pub use ext::{
+    AtomicOp, AtomicRequest, AtomicRequestView, AtomicResponse, AtomicResponseView, ImmediateData,
+    ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, IMMEDIATE_DATA_LEN,
+};
+use field::{be_u16, be_u32, be_u64, truncated};
 
 use crate::error::RdmapError;
 pub use crate::error::{layer, rdmap_code, rdmap_etype};
@@ -35,14 +44,17 @@ pub const UNTAGGED_DDP_HEADER_LEN: usize = 18;
 pub const MAX_TERMINATE_LEN: usize =
     TERMINATE_CONTROL_LEN + TERMINATE_SEGMENT_LEN_LEN + UNTAGGED_DDP_HEADER_LEN + READ_REQUEST_LEN;
 
-/// DDP queue numbers used by RDMAP (RFC 5040 Figure 4).
+/// DDP queue numbers used by RDMAP (RFC 5040 Figure 4, RFC 7306 Figure 2).
 pub mod queue {
-    /// Send, Send with Invalidate, Send with SE, Send with SE and Invalidate.
+    /// Send, Send with Invalidate, Send with SE, Send with SE and Invalidate; Immediate
+    /// Data and Immediate Data with SE (RFC 7306).
     pub const SEND: u32 = 0;
-    /// RDMA Read Request.
+    /// RDMA Read Request; Atomic Request (RFC 7306 5.2).
     pub const READ_REQUEST: u32 = 1;
     /// Terminate.
     pub const TERMINATE: u32 = 2;
+    /// Atomic Response (RFC 7306 5.2, 10.2): only on a stream with the extensions on.
+    pub const ATOMIC_RESPONSE: u32 = 3;
 }
 
 /// Bits of the RDMAP control byte (4.1, Figure 3).
@@ -57,7 +69,9 @@ pub mod control {
     pub const OPCODE_MASK: u8 = 0x0F;
 }
 
-/// RDMA message opcodes (RFC 5040 4.1, Figure 4).
+/// RDMA message opcodes (RFC 5040 4.1, Figure 4; RFC 7306 4.1, Figure 2). The four of RFC
+/// 7306 ([`Opcode::is_extension`]) are parsed here and refused by a queue pair whose
+/// extensions are off, as RFC 5040 reserved opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
@@ -77,10 +91,18 @@ pub enum Opcode {
     SendSeInvalidate = 6,
     /// 0111b Terminate (untagged, QN 2).
     Terminate = 7,
+    /// 1000b Immediate Data (untagged, QN 0; RFC 7306 6).
+    ImmediateData = 8,
+    /// 1001b Immediate Data with Solicited Event (untagged, QN 0; RFC 7306 6).
+    ImmediateDataSe = 9,
+    /// 1010b Atomic Request (untagged, QN 1; RFC 7306 5.2.1).
+    AtomicRequest = 10,
+    /// 1011b Atomic Response (untagged, QN 3; RFC 7306 5.2.2).
+    AtomicResponse = 11,
 }
 
 impl Opcode {
-    /// The opcode for a 4-bit value; `None` for the reserved values 1000b..1111b.
+    /// The opcode for a 4-bit value; `None` for the reserved values 1100b..1111b.
     pub fn from_u8(value: u8) -> Option<Opcode> {
         Some(match value {
             0 => Opcode::Write,
@@ -91,6 +113,10 @@ impl Opcode {
             5 => Opcode::SendSe,
             6 => Opcode::SendSeInvalidate,
             7 => Opcode::Terminate,
+            8 => Opcode::ImmediateData,
+            9 => Opcode::ImmediateDataSe,
+            10 => Opcode::AtomicRequest,
+            11 => Opcode::AtomicResponse,
             _ => return None,
         })
     }
@@ -104,17 +130,40 @@ impl Opcode {
     pub fn queue_number(self) -> Option<u32> {
         match self {
             Opcode::Write | Opcode::ReadResponse => None,
-            Opcode::ReadRequest => Some(queue::READ_REQUEST),
-            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate => {
-                Some(queue::SEND)
-            }
+            Opcode::ReadRequest | Opcode::AtomicRequest => Some(queue::READ_REQUEST),
+            Opcode::Send
+            | Opcode::SendInvalidate
+            | Opcode::SendSe
+            | Opcode::SendSeInvalidate
+            | Opcode::ImmediateData
+            | Opcode::ImmediateDataSe => Some(queue::SEND),
             Opcode::Terminate => Some(queue::TERMINATE),
+            Opcode::AtomicResponse => Some(queue::ATOMIC_RESPONSE),
         }
     }
 
     /// True for the four Send message types (5.3).
     pub fn is_send(self) -> bool {
-        self.queue_number() == Some(queue::SEND)
+        matches!(
+            self,
+            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate
+        )
+    }
+
+    /// True for the opcodes RFC 7306 adds (4.1, Figure 2).
+    pub fn is_extension(self) -> bool {
+        matches!(
+            self,
+            Opcode::ImmediateData
+                | Opcode::ImmediateDataSe
+                | Opcode::AtomicRequest
+                | Opcode::AtomicResponse
+        )
+    }
+
+    /// True for Immediate Data and Immediate Data with SE (RFC 7306 6).
+    pub fn is_immediate(self) -> bool {
+        matches!(self, Opcode::ImmediateData | Opcode::ImmediateDataSe)
     }
 
     /// True if the Invalidate STag field is valid for this opcode (4.1, 4.7).
@@ -122,9 +171,13 @@ impl Opcode {
         matches!(self, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
     }
 
-    /// True for Send with Solicited Event (and Invalidate) (4.6, 4.7).
+    /// True for Send with Solicited Event (and Invalidate) (4.6, 4.7) and Immediate Data
+    /// with SE (RFC 7306 6).
     pub fn is_solicited(self) -> bool {
-        matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
+        matches!(
+            self,
+            Opcode::SendSe | Opcode::SendSeInvalidate | Opcode::ImmediateDataSe
+        )
     }
 
     /// The Send variant for the given flags.
@@ -147,10 +200,11 @@ pub struct RdmapControl {
 
 impl RdmapControl {
     /// Parses the control byte. Checks the version first (RFC 5040 7.2 rule 3), then the
-    /// opcode (rule 2); reserved bits are ignored.
+    /// opcode (rule 2); reserved bits are ignored. RFC 7306's opcodes are accepted here;
+    /// the queue pair refuses them when its extensions are off.
     ///
     /// Errors: [`RdmapError::InvalidVersion`] for RV != 1,
-    /// [`RdmapError::UnexpectedOpcode`] for a reserved opcode.
+    /// [`RdmapError::UnexpectedOpcode`] for a reserved opcode (1100b..1111b).
     pub fn parse(byte: u8) -> Result<RdmapControl, RdmapError> {
         let version = (byte & control::VERSION_MASK) >> control::VERSION_SHIFT;
         if version != RDMAP_VERSION {
@@ -183,25 +237,6 @@ impl RdmapControl {
 pub fn invalidate_stag(rsvd_ulp: &[u8; 5]) -> u32 {
     let [_, a, b, c, d] = *rsvd_ulp;
     u32::from_be_bytes([a, b, c, d])
-}
-
-fn be_u16(bytes: &[u8], at: usize) -> Option<u16> {
-    let b = bytes.get(at..at.checked_add(2)?)?;
-    Some(u16::from_be_bytes([b[0], b[1]]))
-}
-
-fn be_u32(bytes: &[u8], at: usize) -> Option<u32> {
-    let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
-    Some(u32::from_be_bytes(b))
-}
-
-fn be_u64(bytes: &[u8], at: usize) -> Option<u64> {
-    let b: [u8; 8] = bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
-    Some(u64::from_be_bytes(b))
-}
-
-fn truncated(needed: usize, have: usize) -> RdmapError {
-    RdmapError::Truncated { needed, have }
 }
 
 mod rr_field {
@@ -641,6 +676,11 @@ mod tests {
             (Opcode::SendSe, 0x45),
             (Opcode::SendSeInvalidate, 0x46),
             (Opcode::Terminate, 0x47),
+            // RFC 7306 Figure 2.
+            (Opcode::ImmediateData, 0x48),
+            (Opcode::ImmediateDataSe, 0x49),
+            (Opcode::AtomicRequest, 0x4A),
+            (Opcode::AtomicResponse, 0x4B),
         ];
         for (opcode, byte) in table {
             assert_eq!(RdmapControl { opcode }.to_byte(), byte);
@@ -674,7 +714,7 @@ mod tests {
 
     #[test]
     fn control_byte_rejects_reserved_opcodes() {
-        for raw in 8u8..=15 {
+        for raw in 12u8..=15 {
             assert_eq!(
                 RdmapControl::parse(0x40 | raw),
                 Err(RdmapError::UnexpectedOpcode { opcode: raw })
@@ -697,6 +737,21 @@ mod tests {
             assert!(!op.is_tagged());
         }
         assert_eq!(Opcode::Write.queue_number(), None);
+        // RFC 7306 Figure 2: untagged, Immediate Data on QN 0, Atomic Request on QN 1 (with
+        // Read Requests), Atomic Response on QN 3; none of them is a Send.
+        assert_eq!(Opcode::ImmediateData.queue_number(), Some(0));
+        assert_eq!(Opcode::ImmediateDataSe.queue_number(), Some(0));
+        assert_eq!(Opcode::AtomicRequest.queue_number(), Some(1));
+        assert_eq!(Opcode::AtomicResponse.queue_number(), Some(3));
+        for op in [
+            Opcode::ImmediateData,
+            Opcode::ImmediateDataSe,
+            Opcode::AtomicRequest,
+            Opcode::AtomicResponse,
+        ] {
+            assert!(op.is_extension() && !op.is_tagged() && !op.is_send());
+        }
+        assert!(Opcode::ImmediateDataSe.is_solicited() && !Opcode::ImmediateData.is_solicited());
         assert_eq!(Opcode::send(true, true), Opcode::SendSeInvalidate);
         assert_eq!(Opcode::send(false, true), Opcode::SendInvalidate);
     }
