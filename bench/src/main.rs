@@ -135,6 +135,11 @@ pub struct Cli {
     /// Ask the peer to insert MPA markers towards us (RFC 5044 4.3).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub markers: OnOff,
+    /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
+    /// of the expected value with the next one; either way the client checks every original
+    /// value and the server the counter's final value.
+    #[arg(short = 'A', long, value_enum, default_value_t = AtomicType::FetchAndAdd)]
+    pub atomic_type: AtomicType,
     /// Print one JSON object with the results on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -152,12 +157,24 @@ pub enum TestKind {
     ReadLat,
     SendBw,
     SendLat,
+    /// RFC 7306 Atomic Operations streamed (perftest's `ib_atomic_bw`).
+    AtomicBw,
+    /// RFC 7306 Atomic Operations one at a time (perftest's `ib_atomic_lat`).
+    AtomicLat,
 }
 
 impl TestKind {
     /// Bandwidth (streaming) rather than latency (ping-pong) test.
     pub fn is_bw(self) -> bool {
-        matches!(self, Self::WriteBw | Self::ReadBw | Self::SendBw)
+        matches!(
+            self,
+            Self::WriteBw | Self::ReadBw | Self::SendBw | Self::AtomicBw
+        )
+    }
+    /// An RFC 7306 Atomic Operations test: 8-octet operations on the server's counter, with
+    /// the RDMAP extensions on at both ends.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Self::AtomicBw | Self::AtomicLat)
     }
     /// Wire code in the hello message.
     pub fn code(self) -> u8 {
@@ -172,6 +189,8 @@ impl TestKind {
             Self::ReadLat,
             Self::SendBw,
             Self::SendLat,
+            Self::AtomicBw,
+            Self::AtomicLat,
         ]
         .get(usize::from(c))
         .copied()
@@ -185,6 +204,8 @@ impl TestKind {
             Self::ReadLat => "read-lat",
             Self::SendBw => "send-bw",
             Self::SendLat => "send-lat",
+            Self::AtomicBw => "atomic-bw",
+            Self::AtomicLat => "atomic-lat",
         }
     }
 }
@@ -226,6 +247,17 @@ pub enum EngineThreads {
     One,
 }
 
+/// The Atomic Operation of atomic-bw and atomic-lat (`--atomic-type`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicType {
+    /// FetchAdd (RFC 7306 5.1.1) of 1.
+    #[value(alias = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    /// CmpSwap (RFC 7306 5.1.2) of the value the counter holds with the next one.
+    #[value(alias = "CMP_AND_SWAP")]
+    CmpAndSwap,
+}
+
 /// A boolean option spelled on/off.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnOff {
@@ -243,6 +275,10 @@ impl OnOff {
 impl Cli {
     /// `--cq-mod` in force: the test's default if not given, at most `--tx-depth`.
     pub fn cq_mod(&self) -> u32 {
+        // atomic-bw reads every original value as its operation completes.
+        if self.test.is_atomic() {
+            return 1;
+        }
         let default = if self.test == TestKind::ReadBw {
             1
         } else {
@@ -255,6 +291,9 @@ impl Cli {
 
     /// The sizes this run covers.
     pub fn sizes(&self) -> Vec<u64> {
+        if self.test.is_atomic() {
+            return vec![8];
+        }
         if self.all_sizes {
             (1..=23).map(|e| 1u64 << e).collect()
         } else {
@@ -282,6 +321,12 @@ impl Cli {
     fn validate(&self) -> Result<(), String> {
         if let Some(0) = self.size {
             return Err("--size must be at least 1".into());
+        }
+        if self.test.is_atomic() && (self.all_sizes || self.size.is_some_and(|s| s != 8)) {
+            return Err(format!(
+                "{} moves 8 octets per operation: no --size or --all-sizes",
+                self.test.name()
+            ));
         }
         if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
             return Err(format!("--size must be at most {}", proto::MAX_SIZE));

@@ -185,6 +185,9 @@ pub enum Ctrl {
     PhaseAck { ok: bool, checked_bytes: u64 },
     /// Server -> client: `n` more receive buffers are posted (send-bw flow control).
     Credit { n: u32 },
+    /// Client -> server: an atomic test's phase is over after `ops` operations (each added 1
+    /// to the server's counter, or swapped it for the next value).
+    AtomicDone { ops: u64 },
 }
 
 impl Ctrl {
@@ -199,6 +202,10 @@ impl Ctrl {
             Ctrl::Credit { n } => {
                 b[0] = 2;
                 b[4..8].copy_from_slice(&n.to_be_bytes());
+            }
+            Ctrl::AtomicDone { ops } => {
+                b[0] = 3;
+                b[8..16].copy_from_slice(&ops.to_be_bytes());
             }
         }
         b
@@ -216,6 +223,7 @@ impl Ctrl {
                 checked_bytes: v,
             }),
             2 => Some(Ctrl::Credit { n }),
+            3 => Some(Ctrl::AtomicDone { ops: v }),
             _ => None,
         }
     }
@@ -252,6 +260,7 @@ mod tests {
                 checked_bytes: 99,
             },
             Ctrl::Credit { n: 7 },
+            Ctrl::AtomicDone { ops: 1 << 40 },
         ] {
             assert_eq!(Ctrl::decode(&c.encode()), Some(c));
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::XdpEngineConfig;
 use datapath::{
-    Access, Completion, CompletionQueue, ConnectParams, Device, MemoryRegion, MpaConfig,
+    Access, AtomicOp, Completion, CompletionQueue, ConnectParams, Device, MemoryRegion, MpaConfig,
     ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
     Transport as DeviceTransport, WcOpcode, WcStatus,
 };
@@ -22,7 +22,7 @@ use crate::engine_report::EngineReport;
 use crate::pattern;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
-use crate::{Cli, CqMode, TestKind, Transport};
+use crate::{AtomicType, Cli, CqMode, TestKind, Transport};
 
 /// How long a test may go without any progress before it gives up.
 const STALL: Duration = Duration::from_secs(30);
@@ -48,6 +48,7 @@ fn connect_params(cli: &Cli) -> ConnectParams {
             ..MpaConfig::default()
         },
         setup_timeout: cli.setup_timeout(),
+        rdmap_extensions: cli.test.is_atomic(),
         ..ConnectParams::default()
     }
 }
@@ -70,6 +71,8 @@ struct Side {
     /// Buffer for checking received data (grown once to the largest check, at most
     /// [`CHECK_CHUNK`] octets), so a check per message does not allocate.
     scratch: std::cell::RefCell<Vec<u8>>,
+    /// atomic-bw and atomic-lat (client): the operation.
+    atomic_type: AtomicType,
 }
 
 impl Side {
@@ -199,6 +202,27 @@ impl Side {
         Stag(self.remote.stag)
     }
 
+    /// The `i`-th Atomic Operation of a phase on the server's counter (its first word), which
+    /// then holds `i`: FetchAdd of 1, or CmpSwap of `i` with `i + 1`. Its original value must
+    /// be `i`.
+    fn atomic(&self, i: u64) -> SendOp {
+        SendOp::Atomic {
+            remote_stag: self.remote_stag(),
+            remote_to: self.remote.to,
+            op: match self.atomic_type {
+                AtomicType::FetchAndAdd => AtomicOp::fetch_add(1),
+                AtomicType::CmpAndSwap => AtomicOp::cmp_swap(i, i + 1),
+            },
+        }
+    }
+
+    /// The original value an Atomic Operation wrote into the 8 octets at `off`.
+    fn original(&self, off: u64) -> u64 {
+        let mut b = [0u8; 8];
+        self.data.read(off as usize, &mut b);
+        u64::from_ne_bytes(b)
+    }
+
     fn send_done(&self) -> Result<(), String> {
         self.qp
             .post_send(SendWr {
@@ -290,11 +314,12 @@ fn check(c: Completion, side: &Side) -> Result<Completion, String> {
 }
 
 fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, MemoryRegion), String> {
+    let mut access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    if hello.test.is_atomic() {
+        access |= Access::REMOTE_ATOMIC;
+    }
     let data = pd
-        .register(
-            hello.buffer_len() as usize,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-        )
+        .register(hello.buffer_len() as usize, access)
         .map_err(|e| e.to_string())?;
     let ctrl = pd
         .register(2 * CTRL_SLOTS * CTRL_LEN, Access::LOCAL_WRITE)
@@ -304,9 +329,14 @@ fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, Memor
 
 fn describe(cli: &Cli, side: &Side) -> String {
     let n = side.qp.negotiated();
+    let what = match (cli.test.is_atomic(), cli.server.is_some(), cli.atomic_type) {
+        (true, true, AtomicType::FetchAndAdd) => format!("{} (FetchAdd)", cli.test.name()),
+        (true, true, AtomicType::CmpAndSwap) => format!("{} (CmpSwap)", cli.test.name()),
+        _ => cli.test.name().to_string(),
+    };
     format!(
         "{} over the {} transport: MPA rev {}, CRC {}, markers rx {} tx {}, MULPDU {}",
-        cli.test.name(),
+        what,
         cli.transport.name(),
         n.rev,
         if n.crc { "on" } else { "off" },
@@ -463,6 +493,7 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         poll: cli.cq == CqMode::Poll,
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
+        atomic_type: cli.atomic_type,
     };
     if !cli.json {
         eprintln!("iwarp-bench: {}", describe(cli, &side));
@@ -544,6 +575,8 @@ fn prepare_phase(data: &MemoryRegion, hello: &Hello, size: u64) {
             fill(data, &mut Vec::new(), SERVER_SEED, 0, max);
             data.write((max + size - 1) as usize, &[0]);
         }
+        // The counter the client's Atomic Operations count up from 0.
+        TestKind::AtomicBw | TestKind::AtomicLat => data.write(0, &0u64.to_ne_bytes()),
         _ => {}
     }
 }
@@ -559,6 +592,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         let mut checked = 0u64;
         let mut received = 0u64;
         let mut since_credit = 0u64;
+        let mut atomic_done = None;
         let mut i = 0u64;
         loop {
             // write-lat: answer pings as they land; the phase ends with the client's Send.
@@ -606,8 +640,11 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
             };
             match (c.wc.opcode, c.wc.wr_id & KIND_MASK) {
                 (WcOpcode::Recv, K_CTRL_RECV) => {
+                    if test.is_atomic() {
+                        atomic_done = side.read_ctrl(c.wc.wr_id);
+                    }
                     side.post_ctrl_recv()?;
-                    break; // zero-length phase-done
+                    break; // phase-done: zero-length, or an atomic test's count
                 }
                 (WcOpcode::Recv, K_DATA_RECV) => {
                     let wr = plan.data_recv(&side.data, &mut recv_posted);
@@ -657,6 +694,19 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
             let (good, bytes) = check_written_slots(side, slots, size);
             ok &= good;
             checked += bytes;
+        }
+        if test.is_atomic() {
+            // Each operation moved the counter by one: it holds their number.
+            let counter = side.original(0);
+            match atomic_done {
+                Some(Ctrl::AtomicDone { ops }) if ops == counter => checked += 8 * ops,
+                _ => {
+                    eprintln!(
+                        "iwarp-bench: counter {counter} after the phase, client said {atomic_done:?}"
+                    );
+                    ok = false;
+                }
+            }
         }
         verified += checked;
         if let Some(&next) = sizes.get(phase + 1) {
@@ -780,6 +830,7 @@ fn client_session(
         poll: cli.cq == CqMode::Poll,
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
+        atomic_type: cli.atomic_type,
     };
     let banner = describe(cli, &side);
     if !cli.json {
@@ -805,23 +856,26 @@ fn client_session(
     let mut client_verified = 0u64;
     let mut out = None;
     for size in side.hello.sizes.clone() {
+        let ops;
         if cli.test.is_bw() {
             let (r, checked) = client_bw(&mut side, size, duration)?;
             client_verified += checked;
             if !cli.json {
                 println!("{}", stats::bw_row(&r));
             }
+            ops = r.iterations;
             bw_results.push(r);
         } else {
             let (mut samples, checked) = client_lat(&mut side, size, duration)?;
             client_verified += checked;
+            ops = samples.len() as u64;
             let r = LatencyResult::from_samples(size, &mut samples);
             if !cli.json {
                 println!("{}", stats::lat_row(&r));
             }
             lat_results.push(r);
         }
-        verified += finish_phase(&mut side, size)?;
+        verified += finish_phase(&mut side, size, ops)?;
     }
     if cli.json {
         let results = if cli.test.is_bw() {
@@ -858,11 +912,15 @@ fn client_session(
 }
 
 /// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.
-fn finish_phase(side: &mut Side, size: u64) -> Result<u64, String> {
+fn finish_phase(side: &mut Side, size: u64, atomic_ops: u64) -> Result<u64, String> {
     if side.hello.test == TestKind::SendLat {
         side.post_ctrl_recv()?;
     }
-    side.send_done()?;
+    if side.hello.test.is_atomic() {
+        side.send_ctrl(Ctrl::AtomicDone { ops: atomic_ops })?;
+    } else {
+        side.send_done()?;
+    }
     loop {
         let c = side.next()?;
         if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
@@ -879,7 +937,9 @@ fn finish_phase(side: &mut Side, size: u64) -> Result<u64, String> {
                     return Err(format!("server found corrupted data at size {size}"))
                 }
                 Some(Ctrl::Credit { .. }) => continue,
-                None => return Err("malformed control message from server".into()),
+                Some(Ctrl::AtomicDone { .. }) | None => {
+                    return Err("malformed control message from server".into())
+                }
             }
         }
     }
@@ -942,8 +1002,13 @@ fn client_bw(
     duration: Option<Duration>,
 ) -> Result<(BandwidthResult, u64), String> {
     let test = side.hello.test;
-    let slots = side.hello.slots(size);
     let depth = u64::from(side.hello.tx_depth);
+    // atomic-bw: a sink per outstanding operation, each checked as it completes.
+    let slots = if test.is_atomic() {
+        depth
+    } else {
+        side.hello.slots(size)
+    };
     let iters = side.hello.iters;
     let mut credits = if test == TestKind::SendBw {
         side.hello.send_credits()
@@ -989,6 +1054,7 @@ fn client_bw(
                     remote_stag: side.remote_stag(),
                     remote_to: side.remote.to + off,
                 },
+                TestKind::AtomicBw => side.atomic(posted),
                 _ => SendOp::Send {
                     solicited: false,
                     invalidate: None,
@@ -1027,6 +1093,16 @@ fn client_bw(
                         "completion of work request {i} out of order ({completed} done before)"
                     ));
                 };
+                if test.is_atomic() {
+                    // Signaled one by one (`cq_mod` 1): this is operation `completed`.
+                    let original = side.original((completed % slots) * size);
+                    if original != completed {
+                        return Err(format!(
+                            "atomic-bw: operation {completed} saw the counter at {original}"
+                        ));
+                    }
+                    checked += size;
+                }
                 outstanding -= done;
                 completed += done;
                 if completed / 64 != (completed - done) / 64 {
@@ -1103,29 +1179,42 @@ fn client_lat(
                 checked += size;
             }
             _ => {
-                side.post_data(
-                    K_DATA | i,
-                    SendOp::Read {
-                        remote_stag: side.remote_stag(),
-                        remote_to: side.remote.to,
-                    },
-                    max,
-                    size,
-                    true,
-                )?;
+                let (op, sink) = if test == TestKind::AtomicLat {
+                    (side.atomic(i), 0)
+                } else {
+                    (
+                        SendOp::Read {
+                            remote_stag: side.remote_stag(),
+                            remote_to: side.remote.to,
+                        },
+                        max,
+                    )
+                };
+                side.post_data(K_DATA | i, op, sink, size, true)?;
                 loop {
                     if let Some(c) = side.try_next()? {
                         if c.wc.wr_id == K_DATA | i {
                             break;
                         }
                     } else if t0.elapsed() > STALL {
-                        return Err(format!("read-lat: no completion: {}", side.fail_reason()));
+                        return Err(format!(
+                            "{}: no completion: {}",
+                            test.name(),
+                            side.fail_reason()
+                        ));
                     } else {
                         std::thread::yield_now();
                     }
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6);
-                if let Some(at) = side.mismatch(SERVER_SEED, max, 0, size) {
+                if test == TestKind::AtomicLat {
+                    let original = side.original(0);
+                    if original != i {
+                        return Err(format!(
+                            "atomic-lat: operation {i} saw the counter at {original}"
+                        ));
+                    }
+                } else if let Some(at) = side.mismatch(SERVER_SEED, max, 0, size) {
                     return Err(format!("read-lat: read {i} differs at byte {at}"));
                 }
                 checked += size;

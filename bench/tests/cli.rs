@@ -204,9 +204,30 @@ fn a_taken_port_is_replaced_by_a_fresh_one() {
     drop(holder);
 }
 
+/// atomic-bw and atomic-lat (RFC 7306, both operations): one 8-octet row, every original
+/// value checked by the client and the counter's final value by the server.
+#[test]
+fn atomic_tests_check_every_original_and_the_final_counter() {
+    for test in ["atomic-bw", "atomic-lat"] {
+        for op in ["fetch-and-add", "CMP_AND_SWAP"] {
+            let out = run_ok(test, &["-n", "3000", "-A", op, "--json"]);
+            let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+            let r = &v["results"][0];
+            assert_eq!(v["results"].as_array().map(Vec::len), Some(1), "{v}");
+            assert_eq!(r["bytes"], 8, "{test} {op}: {v}");
+            assert_eq!(r["iterations"], 3000, "{test} {op}: {v}");
+            assert_eq!(v["verified_bytes_client"], 8 * 3000, "{test} {op}: {v}");
+            assert_eq!(v["verified_bytes_server"], 8 * 3000, "{test} {op}: {v}");
+        }
+    }
+}
+
 #[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [
+        &["atomic-bw", "-s", "64"][..],
+        &["atomic-lat", "-a"],
+        &["perftest", "atomic-bw", "127.0.0.1"],
         &["write-bw", "-s", "0"][..],
         &["write-bw", "--mpa-rev", "3"],
         &["write-bw", "--slots", "1025"],

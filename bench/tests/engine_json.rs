@@ -202,3 +202,61 @@ fn perftest_json_reports_engine_counters() {
     assert!(counter(&c, "fpdus_tx") >= 50 * 65536 / 1500, "{c}");
     assert_eq!(counter(&s, "fpdus_rx"), counter(&c, "fpdus_tx"), "{s}\n{c}");
 }
+
+/// atomic-bw and atomic-lat engine to engine: the RDMAP extensions negotiated by both
+/// `iwarp-bench`s, every original value and the final counter checked, no Terminate.
+#[test]
+fn atomic_tests_engine_to_engine() {
+    let _bed = bed_or_skip!();
+    for (test, port) in [("atomic-bw", "18721"), ("atomic-lat", "18722")] {
+        let args = |iface: &'static str| {
+            [
+                test,
+                "--transport",
+                "xdp",
+                "--iface",
+                iface,
+                "-p",
+                port,
+                "-n",
+                "20000",
+                "--json",
+            ]
+            .map(str::to_owned)
+        };
+        let server_args = args(DEV_A);
+        let server = bench_in(
+            NS_A,
+            &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .spawn()
+        .expect("start server");
+        let mut client_args = args(DEV_B).to_vec();
+        client_args.push(ADDR_A.to_string());
+        let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            let out = bench_in(NS_B, &client_args).output().expect("run client");
+            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+            if out.status.success() || !refused || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let server = wait_with_timeout(server, Duration::from_secs(60));
+        let c = parse("client", &client);
+        let s = parse("server", &server);
+        assert_eq!(c["results"][0]["iterations"], 20000, "{test}: {c}");
+        assert_eq!(c["verified_bytes_client"], 8 * 20000, "{test}: {c}");
+        assert_eq!(c["verified_bytes_server"], 8 * 20000, "{test}: {c}");
+        for (who, side) in [("client", &c), ("server", &s)] {
+            assert_eq!(counter(side, "terminates_sent"), 0, "{test} {who}: {side}");
+            assert_eq!(
+                counter(side, "terminates_received"),
+                0,
+                "{test} {who}: {side}"
+            );
+        }
+        println!("{test}: {}", c["results"][0]);
+    }
+}

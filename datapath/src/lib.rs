@@ -76,12 +76,13 @@ pub use error::{DatapathError, QpError};
 pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{
-    Access, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag, WcOpcode, WcStatus,
+    Access, AtomicOp, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag, WcOpcode, WcStatus,
     WorkCompletion, MAX_SGE,
 };
 pub use socket::connect;
 pub use verbs::cm::{ConnectParams, ConnectRequest, Connection, Keepalive, ListenStats, Listener};
 pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
+pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};
 pub use verbs::qp::{QpStatus, QueuePair};
 pub use verbs::srq::SharedReceiveQueue;

@@ -16,10 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::bed::{start_engine, Stack};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, Connection, MemoryRegion, ProtectionDomain, QpError,
-    RecvWr, SendOp, SendWr, SgeList, Stag, WcOpcode, WcStatus,
+    Access, AtomicOp, CompletionQueue, ConnectParams, Connection, MemoryRegion, ProtectionDomain,
+    QpError, RecvWr, SendOp, SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
-use rdmap::wire::AtomicOp;
 use testbed::*;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -663,6 +662,101 @@ fn a_peer_without_the_extensions_terminates_them_as_unexpected_opcodes() {
         });
         if let Err(e) = res {
             panic!("{} server, {} client: {e}", server.name(), client.name());
+        }
+    }
+}
+
+/// The discovery probe (a FetchAdd of 0 on a connection made for it): a peer with the
+/// extensions answers (or, for a target it refuses, terminates with a protection error); one
+/// without terminates with "Unexpected OpCode".
+#[test]
+fn the_probe_tells_peers_with_and_without_the_extensions_apart() {
+    let _bed = bed_or_skip!();
+    let a = start_engine(NS_A, DEV_A);
+    let cases = [
+        (
+            Stack::Engine(&a),
+            Stack::Socket,
+            ADDR_A,
+            true,
+            true,
+            19_648u16,
+        ),
+        (
+            Stack::Engine(&a),
+            Stack::Socket,
+            ADDR_A,
+            true,
+            false,
+            19_649,
+        ),
+        (
+            Stack::Engine(&a),
+            Stack::Socket,
+            ADDR_A,
+            false,
+            true,
+            19_650,
+        ),
+        (
+            Stack::Socket,
+            Stack::Engine(&a),
+            ADDR_B,
+            false,
+            true,
+            19_651,
+        ),
+    ];
+    for (server, client, addr, server_ext, good_target, port) in cases {
+        let listener = server.listen(port, params(server_ext));
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let mr = pd
+            .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)
+            .expect("register");
+        let found = std::thread::scope(|s| {
+            let srv = s.spawn(|| {
+                let req = listener.accept_timeout(WAIT).ok().flatten()?;
+                req.accept(&pd, &cq, &offer(&mr)).ok()
+            });
+            let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
+            let conn = client
+                .connect(
+                    SocketAddr::from((addr, port)),
+                    &cpd,
+                    &ccq,
+                    &params(true),
+                    b"",
+                )
+                .expect("connect");
+            let target = if good_target {
+                offered(&conn)
+            } else {
+                (Stag(0), 0)
+            };
+            let found = datapath::probe_rdmap_extensions(&conn.qp, &ccq, &cpd, target, WAIT)
+                .expect("probe");
+            drop(srv.join().expect("server thread"));
+            found
+        });
+        let want = if server_ext {
+            datapath::ExtensionSupport::Supported
+        } else {
+            datapath::ExtensionSupport::Unsupported
+        };
+        assert_eq!(
+            found,
+            want,
+            "{} server (extensions {server_ext}), {} client, good target {good_target}",
+            server.name(),
+            client.name()
+        );
+        if server_ext && good_target {
+            assert_eq!(
+                word(&mr, 0).load(Ordering::SeqCst),
+                0,
+                "Add Data 0 changes nothing"
+            );
         }
     }
 }

@@ -50,8 +50,9 @@ pub mod wire;
 pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use memory::{Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, VecBuffer};
 pub use qp::{
-    QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList, TerminateInfo,
-    TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    AtomicOp, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList,
+    TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
+    MAX_SGE,
 };
 pub use types::{AccessViolation, QpState, Stag};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

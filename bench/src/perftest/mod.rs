@@ -249,6 +249,13 @@ struct Run {
 impl Run {
     fn from_cli(cli: &PerftestCli) -> Result<Self, String> {
         let t = cli.test;
+        if t.is_atomic() {
+            return Err(format!(
+                "{}: the perftest peer runs perftest's six Write, Read and Send tests (Linux \
+                 siw has no RFC 7306 atomics); run atomic tests with iwarp-bench at both ends",
+                t.name()
+            ));
+        }
         let size = cli.size.unwrap_or(if t.is_bw() { 65536 } else { 2 });
         if size == 0 || size > MAX_SIZE {
             return Err(format!("-s must be between 1 and {MAX_SIZE}"));
@@ -539,6 +546,9 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
         TestKind::WriteLat => s.server_write_lat(),
         TestKind::ReadLat => s.server_read_lat(),
         TestKind::SendLat => s.server_send_lat(),
+        TestKind::AtomicBw | TestKind::AtomicLat => Err(PerftestError::Setup(
+            "no atomic tests in perftest mode".into(),
+        )),
     }?;
     // The client disconnects first (perftest's does, data then communication connection);
     // closing under it can fail its last work request's completion (seen with siw: "Bad wc
@@ -616,6 +626,9 @@ fn run_client(
         TestKind::WriteLat => s.client_write_lat(),
         TestKind::ReadLat => s.client_read_lat(),
         TestKind::SendLat => s.client_send_lat(),
+        TestKind::AtomicBw | TestKind::AtomicLat => Err(PerftestError::Setup(
+            "no atomic tests in perftest mode".into(),
+        )),
     }?;
     // Linux siw fails a work request whose data already left but whose completion it has not
     // yet made when the connection closes (seen: "Failed status 2" on write-lat's last Write,

@@ -8,5 +8,6 @@ pub(crate) mod cm;
 pub(crate) mod cm_events;
 pub(crate) mod cq;
 mod event_queue;
+pub(crate) mod probe;
 pub(crate) mod qp;
 pub(crate) mod srq;
