@@ -760,3 +760,228 @@ fn the_probe_tells_peers_with_and_without_the_extensions_apart() {
         }
     }
 }
+
+/// A Terminate's layer, error type and code, and the opcodes of the ULPDUs before it.
+type Terminated = ((u8, u8, u8), Vec<u8>);
+
+/// A raw iWARP initiator over kernel TCP: the MPA exchange through `mpa::Initiator`, then
+/// FPDUs of ULPDUs we build byte by byte (what our own requester would never send).
+struct RawPeer {
+    s: std::net::TcpStream,
+    enc: mpa::FpduEncoder,
+    dec: mpa::FpduDecoder,
+    negotiated: mpa::Negotiated,
+    /// The responder's private data: its region's STag and base TO.
+    offer: (Stag, u64),
+}
+
+impl RawPeer {
+    fn connect(addr: SocketAddr, ord: u16) -> Result<RawPeer, String> {
+        use std::io::{Read, Write};
+        let config = mpa::MpaConfig {
+            ord,
+            ..mpa::MpaConfig::default()
+        };
+        let mut init = mpa::Initiator::new(config, b"", std::time::Instant::now())
+            .map_err(|e| e.to_string())?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+        s.write_all(init.request()).map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        loop {
+            let mut chunk = [0u8; 512];
+            let n = s
+                .read(&mut chunk)
+                .map_err(|e| format!("reading the Reply: {e}"))?;
+            if n == 0 {
+                return Err("closed before the Reply".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            match init
+                .feed(&buf, std::time::Instant::now())
+                .map_err(|e| e.to_string())?
+            {
+                (_, mpa::InitiatorEvent::NeedMore) => continue,
+                (
+                    used,
+                    mpa::InitiatorEvent::Accepted {
+                        negotiated,
+                        private_data,
+                    },
+                ) => {
+                    if used != buf.len() {
+                        return Err("FPDUs right after the Reply".into());
+                    }
+                    let offer = (
+                        Stag(u32::from_be_bytes(private_data[..4].try_into().unwrap())),
+                        u64::from_be_bytes(private_data[4..12].try_into().unwrap()),
+                    );
+                    return Ok(RawPeer {
+                        s,
+                        enc: mpa::FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
+                        dec: mpa::FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
+                        negotiated,
+                        offer,
+                    });
+                }
+                (_, other) => return Err(format!("MPA: {other:?}")),
+            }
+        }
+    }
+
+    /// An Atomic Request ULPDU with QN 1 MSN `msn`, its AOpCode word set to `aopcode`.
+    fn atomic_request(&self, msn: u32, aopcode: u8) -> Vec<u8> {
+        let mut ulpdu = vec![0x41, 0x4A, 0, 0, 0, 0];
+        ulpdu.extend_from_slice(&1u32.to_be_bytes());
+        ulpdu.extend_from_slice(&msn.to_be_bytes());
+        ulpdu.extend_from_slice(&0u32.to_be_bytes());
+        let request = rdmap::wire::AtomicRequest {
+            op: AtomicOp::fetch_add(1),
+            request_id: msn,
+            stag: self.offer.0 .0,
+            to: self.offer.1,
+        };
+        let mut header = request.to_bytes();
+        header[3] = aopcode;
+        ulpdu.extend_from_slice(&header);
+        ulpdu
+    }
+
+    fn send(&mut self, ulpdus: &[Vec<u8>]) -> Result<(), String> {
+        use std::io::Write;
+        let mut out = Vec::new();
+        for u in ulpdus {
+            self.enc.encode(u, &mut out).map_err(|e| e.to_string())?;
+        }
+        self.s.write_all(&out).map_err(|e| e.to_string())
+    }
+
+    /// Reads FPDUs until a Terminate (QN 2) arrives: its layer, type and code, and the ULPDUs
+    /// (opcodes) before it.
+    fn terminate(&mut self) -> Result<Terminated, String> {
+        use std::io::Read;
+        let mut before = Vec::new();
+        let mut found = None;
+        loop {
+            let mut chunk = [0u8; 2048];
+            let n = self
+                .s
+                .read(&mut chunk)
+                .map_err(|e| format!("no Terminate: {e}"))?;
+            if n == 0 {
+                return Err(format!("closed without a Terminate; before it {before:?}"));
+            }
+            self.dec
+                .feed(&chunk[..n], |u| {
+                    if found.is_some() || u.len() < 18 {
+                        return;
+                    }
+                    if u[1] & 0x0F == 7 {
+                        found = rdmap::wire::TerminateHeader::parse(&u[18..])
+                            .ok()
+                            .map(|t| (t.layer, t.etype, t.code));
+                    } else {
+                        before.push(u[1] & 0x0F);
+                    }
+                })
+                .map_err(|e| e.to_string())?;
+            if let Some(t) = found {
+                return Ok((t, before));
+            }
+        }
+    }
+}
+
+/// From the wire, what our requester never sends: an Atomic Request with an unsupported
+/// AOpCode (RFC 7306 5.2.1 rule 4) gets "Unexpected OpCode", and more Atomic Requests than the
+/// responder's IRD gets the Terminate of RFC 5040 for exceeding it (remote operation,
+/// catastrophic for the stream), answered only for the ones within IRD. The responder (engine
+/// or socket transport) goes on serving its other connections.
+#[test]
+fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
+    let _bed = bed_or_skip!();
+    let a = start_engine(NS_A, DEV_A);
+    for (server, addr, port) in [
+        (Stack::Engine(&a), ADDR_A, 19_652u16),
+        (Stack::Socket, ADDR_B, 19_653),
+    ] {
+        let listener = server.listen(port, params(true));
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let mr = pd
+            .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)
+            .expect("register");
+        let res = std::thread::scope(|s| {
+            let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
+                let mut conns = Vec::new();
+                for _ in 0..3 {
+                    let req = listener
+                        .accept_timeout(WAIT)
+                        .map_err(|e| e.to_string())?
+                        .ok_or("no request")?;
+                    conns.push(
+                        req.accept(&pd, &cq, &offer(&mr))
+                            .map_err(|e| e.to_string())?,
+                    );
+                }
+                Ok(conns)
+            });
+            let raw = in_ns(NS_B, || -> Result<u64, String> {
+                let to = SocketAddr::from((addr, port));
+                // An AOpCode of 0001b.
+                let mut p = RawPeer::connect(to, 4)?;
+                let bad = p.atomic_request(1, 0x1);
+                p.send(&[bad])?;
+                let (t, _) = p.terminate()?;
+                if t != (0, 2, 6) {
+                    return Err(format!("unsupported AOpCode: Terminate {t:?}"));
+                }
+                // IRD + 1 Atomic Requests at once. Asked for a large ORD, MPA gives us the
+                // responder's IRD (RFC 6581 9.1).
+                let mut p = RawPeer::connect(to, 256)?;
+                let ird = u32::from(p.negotiated.ord);
+                let burst: Vec<_> = (1..=ird + 1).map(|msn| p.atomic_request(msn, 0)).collect();
+                p.send(&burst)?;
+                let (t, before) = p.terminate()?;
+                if t != (0, 2, 7) {
+                    return Err(format!("beyond IRD {ird}: Terminate {t:?}"));
+                }
+                if before.len() > ird as usize || before.iter().any(|&op| op != 0xB) {
+                    return Err(format!("beyond IRD {ird}: answered {before:?} first"));
+                }
+                Ok(before.len() as u64)
+            });
+            // The responder still serves another connection.
+            let served = (|| -> Result<u64, String> {
+                let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
+                let conn = Stack::Socket
+                    .connect(
+                        SocketAddr::from((addr, port)),
+                        &cpd,
+                        &ccq,
+                        &params(true),
+                        b"",
+                    )
+                    .map_err(|e| format!("connect: {e}"))?;
+                let sink = cpd
+                    .register(8, Access::LOCAL_WRITE)
+                    .map_err(|e| e.to_string())?;
+                one_atomic(&conn, &ccq, &sink, offered(&conn), AtomicOp::fetch_add(1))
+            })();
+            let srv = srv.join().expect("server thread");
+            let answered = raw?;
+            let original = served?;
+            srv.map(|_| (answered, original))
+        });
+        let (answered, original) = res.unwrap_or_else(|e| panic!("{} server: {e}", server.name()));
+        // The unsupported one changed nothing; of the burst, exactly the ones answered before
+        // the Terminate were performed (an Atomic runs when its Response is generated).
+        assert_eq!(original, answered, "{}", server.name());
+        assert_eq!(
+            word(&mr, 0).load(Ordering::SeqCst),
+            answered + 1,
+            "{}",
+            server.name()
+        );
+    }
+}
