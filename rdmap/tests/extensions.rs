@@ -181,6 +181,60 @@ fn a_read_before_an_atomic_sees_the_word_before_it_and_ord_counts_both() {
     assert_eq!(msns, [1, 2, 3]);
 }
 
+/// RFC 7306 7: "Atomic, then RDMA Read: the Read Response will not be generated until the
+/// Atomic Response has been generated" (the Read sees the word after the FetchAdd); and
+/// "Send, then Atomic: the Atomic Response will not be generated until the Send has been
+/// Completed" (the receive completes before the requester's Atomic does).
+#[test]
+fn an_atomic_before_a_read_is_seen_by_it_and_a_send_before_it_completes_first() {
+    let mut pair = Pair::with_configs(MULPDU, config_ext(), config_ext());
+    let target = pair.b.region(
+        words(&[0, 10, 0, 0]),
+        BASE,
+        Access::REMOTE_ATOMIC | Access::REMOTE_READ,
+    );
+    let rbuf = pair.b.region(vec![0; 16], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(90, rbuf, 0, 16);
+    let src = pair.a.region(vec![5; 16], 0, Access::NONE);
+    let sink = pair.a.region(vec![0; 16], 0, Access::LOCAL_WRITE);
+    pair.a.post(
+        1,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 16,
+        }),
+    );
+    atomic(&mut pair, 2, target, BASE + 8, AtomicOp::fetch_add(7), sink);
+    pair.a.post(
+        3,
+        SendOp::Read {
+            remote_stag: target,
+            remote_to: BASE + 8,
+        },
+        Some(Sge {
+            stag: sink,
+            to: 8,
+            len: 8,
+        }),
+    );
+    // Everything A has goes out, then B answers all of it.
+    pair.pump();
+    let got = pair.a.contents(sink);
+    assert_eq!((word(&got, 0), word(&got, 1)), (10, 17));
+    let b = pair.b.completions();
+    assert_eq!((b.len(), b[0].wr_id, b[0].byte_len), (1, 90, 16));
+    let a: Vec<_> = pair.a.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(a, [1, 2, 3]);
+    // B's answers: the Atomic Response, then the Read Response.
+    let b_sent: Vec<_> = pair.sent_by(Side::B).map(|t| t.opcode()).collect();
+    assert_eq!(b_sent, [Opcode::AtomicResponse, Opcode::ReadResponse]);
+}
+
 /// Each error of RFC 7306 8.2 (and of the checks 5.2 borrows from RDMA Read) raised from
 /// the wire: the responder sends the Terminate named there, with the request's DDP header
 /// and no RDMA header; the requester's work request completes with the matching error.
