@@ -135,6 +135,17 @@ pub struct Cli {
     /// Ask the peer to insert MPA markers towards us (RFC 5044 4.3).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub markers: OnOff,
+    /// write-bw and write-lat: each Write is followed by RFC 7306 Immediate Data carrying its
+    /// iteration number (perftest's `--write_with_imm`), which the receiver's receive completes
+    /// with; the RDMAP extensions are on at both ends. The client decides (the server follows
+    /// its hello; given the flag too, it checks the client's agrees).
+    #[arg(long)]
+    pub write_with_imm: bool,
+    /// send-bw and send-lat: each Send is followed by RFC 7306 Immediate Data carrying its
+    /// iteration number (perftest's `--send_with_imm`): two receives per message at the
+    /// receiver. As `--write-with-imm` otherwise.
+    #[arg(long)]
+    pub send_with_imm: bool,
     /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
     /// of the expected value with the next one; either way the client checks every original
     /// value and the server the counter's final value.
@@ -307,6 +318,10 @@ impl Cli {
         self.iters
             .unwrap_or(if self.test.is_bw() { 5000 } else { 1000 })
     }
+    /// `--write-with-imm` or `--send-with-imm`.
+    pub fn imm(&self) -> bool {
+        self.write_with_imm || self.send_with_imm
+    }
     /// Connection setup deadline.
     pub fn setup_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout.max(0.1))
@@ -321,6 +336,12 @@ impl Cli {
     fn validate(&self) -> Result<(), String> {
         if let Some(0) = self.size {
             return Err("--size must be at least 1".into());
+        }
+        if self.write_with_imm && !matches!(self.test, TestKind::WriteBw | TestKind::WriteLat) {
+            return Err("--write-with-imm is for write-bw and write-lat".into());
+        }
+        if self.send_with_imm && !matches!(self.test, TestKind::SendBw | TestKind::SendLat) {
+            return Err("--send-with-imm is for send-bw and send-lat".into());
         }
         if self.test.is_atomic() && (self.all_sizes || self.size.is_some_and(|s| s != 8)) {
             return Err(format!(

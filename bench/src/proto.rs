@@ -18,13 +18,16 @@ pub const CTRL_LEN: usize = 16;
 /// Control receive buffers each side keeps posted.
 pub const CTRL_SLOTS: usize = 64;
 
-const HELLO_MAGIC: &[u8; 4] = b"IWB3";
+const HELLO_MAGIC: &[u8; 4] = b"IWB4";
 const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
 
 /// The client's description of the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hello {
     pub test: TestKind,
+    /// `--write-with-imm` / `--send-with-imm`: each Write or Send is followed by RFC 7306
+    /// Immediate Data (the RDMAP extensions on at both ends).
+    pub imm: bool,
     pub tx_depth: u32,
     /// Message slots the bandwidth tests cycle through (`--slots`); 0: `tx_depth`.
     pub slots: u32,
@@ -47,6 +50,7 @@ impl Hello {
         let mut v = Vec::with_capacity(64);
         v.extend_from_slice(HELLO_MAGIC);
         v.push(self.test.code());
+        v.push(u8::from(self.imm));
         v.extend_from_slice(&self.tx_depth.to_be_bytes());
         v.extend_from_slice(&self.slots.to_be_bytes());
         v.extend_from_slice(&self.iters.to_be_bytes());
@@ -66,6 +70,11 @@ impl Hello {
             return None;
         }
         let test = TestKind::from_code(r.u8()?)?;
+        let imm = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
         let tx_depth = r.u32()?;
         let slots = r.u32()?;
         let iters = r.u64()?;
@@ -81,6 +90,7 @@ impl Hello {
         ok.then_some((
             Hello {
                 test,
+                imm,
                 tx_depth,
                 slots,
                 iters,
@@ -237,6 +247,7 @@ mod tests {
     fn hello_round_trip_and_rejects_garbage() {
         let h = Hello {
             test: TestKind::SendBw,
+            imm: true,
             tx_depth: 128,
             slots: 2,
             iters: 10,
@@ -270,6 +281,7 @@ mod tests {
     fn all_sizes_fit_the_hello_and_the_buffer() {
         let mut h = Hello {
             test: TestKind::WriteBw,
+            imm: false,
             tx_depth: 128,
             slots: 0,
             iters: 1,

@@ -48,7 +48,7 @@ fn connect_params(cli: &Cli) -> ConnectParams {
             ..MpaConfig::default()
         },
         setup_timeout: cli.setup_timeout(),
-        rdmap_extensions: cli.test.is_atomic(),
+        rdmap_extensions: cli.test.is_atomic() || cli.imm(),
         ..ConnectParams::default()
     }
 }
@@ -74,6 +74,10 @@ struct Side {
     /// atomic-bw and atomic-lat (client): the operation.
     atomic_type: AtomicType,
 }
+
+/// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
+/// spare: the client's initial credit (RFC 5041 has no receiver-not-ready retry).
+const IMM_CREDITS: u64 = CTRL_SLOTS as u64 - 2;
 
 impl Side {
     fn max_size(&self) -> u64 {
@@ -200,6 +204,39 @@ impl Side {
 
     fn remote_stag(&self) -> Stag {
         Stag(self.remote.stag)
+    }
+
+    /// A Write of the message at `off` to the peer's `to`, with Immediate Data `i` when the
+    /// run asked for it.
+    fn write_op(&self, to: u64, i: u64) -> SendOp {
+        let remote_stag = self.remote_stag();
+        if self.hello.imm {
+            SendOp::WriteImmediate {
+                remote_stag,
+                remote_to: to,
+                immediate: i,
+            }
+        } else {
+            SendOp::Write {
+                remote_stag,
+                remote_to: to,
+            }
+        }
+    }
+
+    /// A Send, followed by Immediate Data `i` when the run asked for it.
+    fn send_op(&self, i: u64) -> SendOp {
+        if self.hello.imm {
+            SendOp::SendImmediate {
+                solicited: false,
+                immediate: i,
+            }
+        } else {
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            }
+        }
     }
 
     /// The `i`-th Atomic Operation of a phase on the server's counter (its first word), which
@@ -453,6 +490,13 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
             cli.test.name()
         ));
     }
+    if cli.imm() && !hello.imm {
+        let _ = req.reject(b"iwarp-bench: immediate data mismatch");
+        return Err(
+            "this server was given --write-with-imm/--send-with-imm, the client not".into(),
+        );
+    }
+    let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let (data, ctrl) = register(&pd, &hello)?;
@@ -595,24 +639,16 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         let mut atomic_done = None;
         let mut i = 0u64;
         loop {
-            // write-lat: answer pings as they land; the phase ends with the client's Send.
-            if test == TestKind::WriteLat {
+            // write-lat: answer pings as they land; the phase ends with the client's Send. (With
+            // Immediate Data, a ping is its receive's completion, below.)
+            if test == TestKind::WriteLat && !side.hello.imm {
                 let last = side.data.read_volatile((max + size - 1) as usize);
                 if last == Some(stamp(i)) {
                     ok &= side.lat_check(CLIENT_SEED, max, size, i);
                     checked += size;
                     side.data.write((size - 1) as usize, &[stamp(i)]);
-                    let (stag, to) = (side.remote_stag(), side.remote.to + max);
-                    side.post_data(
-                        K_DATA | i,
-                        SendOp::Write {
-                            remote_stag: stag,
-                            remote_to: to,
-                        },
-                        0,
-                        size,
-                        true,
-                    )?;
+                    let op = side.write_op(side.remote.to + max, i);
+                    side.post_data(K_DATA | i, op, 0, size, true)?;
                     i += 1;
                     continue;
                 }
@@ -633,12 +669,54 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
             }
             // send-lat polls for the ping like perftest's busy `ibv_poll_cq` loop (and like the
             // client's wait for the pong); the bandwidth tests block.
-            let c = if test == TestKind::SendLat {
+            let c = if test == TestKind::SendLat || test == TestKind::WriteLat {
                 side.next_polling()?
             } else {
                 side.next()?
             };
             match (c.wc.opcode, c.wc.wr_id & KIND_MASK) {
+                // Immediate Data after a Write: it took a control receive.
+                (WcOpcode::RecvImmediate, K_CTRL_RECV) => {
+                    side.post_ctrl_recv()?;
+                    let imm = c.wc.immediate;
+                    if test == TestKind::WriteLat {
+                        ok &= imm == Some(i) && side.lat_check(CLIENT_SEED, max, size, i);
+                        checked += size;
+                        side.data.write((size - 1) as usize, &[stamp(i)]);
+                        let op = side.write_op(side.remote.to + max, i);
+                        side.post_data(K_DATA | i, op, 0, size, true)?;
+                        i += 1;
+                    } else {
+                        ok &= imm == Some(received);
+                        received += 1;
+                        since_credit += 1;
+                        if since_credit >= (IMM_CREDITS / 4).max(1) {
+                            side.send_ctrl(Ctrl::Credit {
+                                n: since_credit as u32,
+                            })?;
+                            since_credit = 0;
+                        }
+                    }
+                }
+                // Immediate Data after a Send: it took a data receive (nothing placed).
+                (WcOpcode::RecvImmediate, K_DATA_RECV) => {
+                    let wr = plan.data_recv(&side.data, &mut recv_posted);
+                    side.qp.post_recv(wr).map_err(|e| e.to_string())?;
+                    let msg = received.wrapping_sub(1);
+                    ok &= c.wc.immediate == Some(msg);
+                    if test == TestKind::SendLat {
+                        let op = side.send_op(msg);
+                        side.post_data(K_DATA | msg, op, 0, size, true)?;
+                    } else {
+                        since_credit += 1;
+                        if since_credit >= (plan.credit_window / 4).max(1) {
+                            side.send_ctrl(Ctrl::Credit {
+                                n: since_credit as u32,
+                            })?;
+                            since_credit = 0;
+                        }
+                    }
+                }
                 (WcOpcode::Recv, K_CTRL_RECV) => {
                     if test.is_atomic() {
                         atomic_done = side.read_ctrl(c.wc.wr_id);
@@ -657,16 +735,11 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     if test == TestKind::SendLat {
                         ok &= got == size && side.lat_check(CLIENT_SEED, max, size, received);
                         side.data.write((size - 1) as usize, &[stamp(received)]);
-                        side.post_data(
-                            K_DATA | received,
-                            SendOp::Send {
-                                solicited: false,
-                                invalidate: None,
-                            },
-                            0,
-                            size,
-                            true,
-                        )?;
+                        // With Immediate Data the pong waits for it (above).
+                        if !side.hello.imm {
+                            let op = side.send_op(received);
+                            side.post_data(K_DATA | received, op, 0, size, true)?;
+                        }
                     } else {
                         let src = (received % slots) * size;
                         ok &= got == size
@@ -791,6 +864,7 @@ fn client_session(
     let duration = cli.duration.map(Duration::from_secs_f64);
     let hello = Hello {
         test: cli.test,
+        imm: cli.imm(),
         tx_depth: cli.tx_depth,
         slots: cli.slots,
         iters: if duration.is_some() {
@@ -1010,10 +1084,13 @@ fn client_bw(
         side.hello.slots(size)
     };
     let iters = side.hello.iters;
-    let mut credits = if test == TestKind::SendBw {
-        side.hello.send_credits()
-    } else {
-        u64::MAX
+    // Receives the server has posted for us (RFC 5041 has no receiver-not-ready retry): a Send
+    // takes one, Immediate Data one more; a Write takes none, with Immediate Data one.
+    let imm = side.hello.imm;
+    let (mut credits, cost) = match test {
+        TestKind::SendBw => (side.hello.send_credits(), 1 + u64::from(imm)),
+        TestKind::WriteBw if imm => (IMM_CREDITS, 1),
+        _ => (u64::MAX, 0),
     };
     let start = Instant::now();
     let mut progress = Progress::new(side, size, duration, start);
@@ -1031,7 +1108,7 @@ fn client_bw(
     loop {
         while !stop
             && outstanding < depth
-            && credits > 0
+            && credits >= cost.max(1)
             && (test != TestKind::ReadBw || posted < released + depth)
         {
             let last = match duration {
@@ -1046,26 +1123,18 @@ fn client_bw(
             let slot = posted % slots;
             let off = slot * size;
             let op = match test {
-                TestKind::WriteBw => SendOp::Write {
-                    remote_stag: side.remote_stag(),
-                    remote_to: side.remote.to + off,
-                },
+                TestKind::WriteBw => side.write_op(side.remote.to + off, posted),
                 TestKind::ReadBw => SendOp::Read {
                     remote_stag: side.remote_stag(),
                     remote_to: side.remote.to + off,
                 },
                 TestKind::AtomicBw => side.atomic(posted),
-                _ => SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
-                },
+                _ => side.send_op(posted),
             };
             side.post_data(K_DATA | posted, op, off, size, signaled)?;
             posted += 1;
             outstanding += 1;
-            if test == TestKind::SendBw {
-                credits -= 1;
-            }
+            credits = credits.saturating_sub(cost);
             stop = last;
         }
         if test == TestKind::ReadBw && released < completed {
@@ -1157,21 +1226,38 @@ fn client_lat(
                             sg_list: side.data.sge(max as usize, size as u32).into(),
                         })
                         .map_err(|e| e.to_string())?;
+                    if side.hello.imm {
+                        // The pong's Immediate Data takes a receive of its own.
+                        side.qp
+                            .post_recv(RecvWr {
+                                wr_id: K_DATA_RECV | 2,
+                                sg_list: SgeList::new(),
+                            })
+                            .map_err(|e| e.to_string())?;
+                    }
                 }
                 side.data.write((size - 1) as usize, &[stamp(i)]);
                 let op = if test == TestKind::WriteLat {
-                    SendOp::Write {
-                        remote_stag: side.remote_stag(),
-                        remote_to: side.remote.to + max,
-                    }
+                    side.write_op(side.remote.to + max, i)
                 } else {
-                    SendOp::Send {
-                        solicited: false,
-                        invalidate: None,
-                    }
+                    side.send_op(i)
                 };
                 side.post_data(K_DATA | i, op, 0, size, true)?;
-                wait_pong(side, test, max, size, i, t0)?;
+                if side.hello.imm {
+                    let c = wait_immediate(side, i, t0)?;
+                    if c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
+                        side.post_ctrl_recv()?;
+                    }
+                    if c.wc.immediate != Some(i) {
+                        return Err(format!(
+                            "{}: reply {i} carried Immediate Data {:?}",
+                            test.name(),
+                            c.wc.immediate
+                        ));
+                    }
+                } else {
+                    wait_pong(side, test, max, size, i, t0)?;
+                }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 if !side.lat_check(SERVER_SEED, max, size, i) {
                     return Err(format!("{}: reply {i} has wrong content", test.name()));
@@ -1225,6 +1311,27 @@ fn client_lat(
     // Put the pattern back where the stamp went, for the next size.
     side.fill(CLIENT_SEED, size - 1, 1);
     Ok((samples, checked))
+}
+
+/// Waits for the pong of iteration `i` with Immediate Data: the receive its Immediate Data
+/// completes (after the data: RFC 7306 7).
+fn wait_immediate(side: &Side, i: u64, t0: Instant) -> Result<Completion, String> {
+    loop {
+        match side.try_next()? {
+            Some(c) if c.wc.opcode == WcOpcode::RecvImmediate => return Ok(c),
+            Some(_) => {}
+            None => {
+                if t0.elapsed() > STALL {
+                    return Err(format!(
+                        "{}: no Immediate Data for ping {i}: {}",
+                        side.hello.test.name(),
+                        side.fail_reason()
+                    ));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 /// Waits for the pong of iteration `i`: the stamp in the last byte (write-lat) or the receive

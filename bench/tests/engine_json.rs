@@ -203,14 +203,20 @@ fn perftest_json_reports_engine_counters() {
     assert_eq!(counter(&s, "fpdus_rx"), counter(&c, "fpdus_tx"), "{s}\n{c}");
 }
 
-/// atomic-bw and atomic-lat engine to engine: the RDMAP extensions negotiated by both
-/// `iwarp-bench`s, every original value and the final counter checked, no Terminate.
+/// RFC 7306 engine to engine: atomic-bw and atomic-lat (every original value and the final
+/// counter checked), and write-bw and send-lat with Immediate Data after every message (each
+/// value checked by the receiver); the RDMAP extensions on at both ends, no Terminate.
 #[test]
-fn atomic_tests_engine_to_engine() {
+fn rfc7306_tests_engine_to_engine() {
     let _bed = bed_or_skip!();
-    for (test, port) in [("atomic-bw", "18721"), ("atomic-lat", "18722")] {
+    for (test, flag, size, port) in [
+        ("atomic-bw", None, 8u64, "18721"),
+        ("atomic-lat", None, 8, "18722"),
+        ("write-bw", Some("--write-with-imm"), 4096, "18723"),
+        ("send-lat", Some("--send-with-imm"), 64, "18724"),
+    ] {
         let args = |iface: &'static str| {
-            [
+            let mut v = [
                 test,
                 "--transport",
                 "xdp",
@@ -223,6 +229,11 @@ fn atomic_tests_engine_to_engine() {
                 "--json",
             ]
             .map(str::to_owned)
+            .to_vec();
+            if size != 8 {
+                v.extend(["-s".to_string(), size.to_string()]);
+            }
+            v
         };
         let server_args = args(DEV_A);
         let server = bench_in(
@@ -231,7 +242,8 @@ fn atomic_tests_engine_to_engine() {
         )
         .spawn()
         .expect("start server");
-        let mut client_args = args(DEV_B).to_vec();
+        let mut client_args = args(DEV_B);
+        client_args.extend(flag.map(str::to_owned));
         client_args.push(ADDR_A.to_string());
         let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -247,8 +259,14 @@ fn atomic_tests_engine_to_engine() {
         let c = parse("client", &client);
         let s = parse("server", &server);
         assert_eq!(c["results"][0]["iterations"], 20000, "{test}: {c}");
-        assert_eq!(c["verified_bytes_client"], 8 * 20000, "{test}: {c}");
-        assert_eq!(c["verified_bytes_server"], 8 * 20000, "{test}: {c}");
+        if test == "write-bw" {
+            // The server checks the slots the Writes cycle through once they are done (and
+            // each Immediate Data value as it arrives).
+            assert!(c["verified_bytes_server"].as_u64() > Some(0), "{test}: {c}");
+        } else {
+            assert_eq!(c["verified_bytes_server"], size * 20000, "{test}: {c}");
+            assert_eq!(c["verified_bytes_client"], size * 20000, "{test}: {c}");
+        }
         for (who, side) in [("client", &c), ("server", &s)] {
             assert_eq!(counter(side, "terminates_sent"), 0, "{test} {who}: {side}");
             assert_eq!(

@@ -49,15 +49,35 @@ pub fn with_free_port<T>(mut f: impl FnMut(&str) -> (Output, T)) -> (Output, T) 
 /// taken between [`free_port`] and the server's bind (another test's connection may get it as
 /// its ephemeral port) is replaced by a fresh one ([`with_free_port`]).
 pub fn run_pair(test: &str, port: u16, args: &[&str]) -> (Output, Output) {
-    let first = run_pair_on(test, &port.to_string(), args);
+    run_pair_with(test, port, args, &[])
+}
+
+/// [`run_pair`] with `client_args` given to the client only.
+pub fn run_pair_with(
+    test: &str,
+    port: u16,
+    args: &[&str],
+    client_args: &[&str],
+) -> (Output, Output) {
+    let first = run_pair_on_with(test, &port.to_string(), args, client_args);
     if !port_taken(&first.0) {
         return first;
     }
-    with_free_port(|port| run_pair_on(test, port, args))
+    with_free_port(|port| run_pair_on_with(test, port, args, client_args))
 }
 
 /// [`run_pair`] on `port` only: a taken port shows as the server's bind error.
 pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
+    run_pair_on_with(test, port, args, &[])
+}
+
+/// [`run_pair_on`] with `client_args` given to the client only.
+pub fn run_pair_on_with(
+    test: &str,
+    port: &str,
+    args: &[&str],
+    client_args: &[&str],
+) -> (Output, Output) {
     let mut server: Child = Command::new(bin())
         .args([test, "--bind", "127.0.0.1", "--port", port])
         .args(args)
@@ -69,6 +89,7 @@ pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
         Command::new(bin())
             .args([test, "--port", port])
             .args(args)
+            .args(client_args)
             .arg("127.0.0.1")
             .output()
             .expect("run client")

@@ -311,6 +311,14 @@ impl ConnectRequest {
         self
     }
 
+    /// Sets the RDMAP extensions of RFC 7306 on the queue pair that accepting creates,
+    /// whatever the listener's parameters say ([`ConnectParams::rdmap_extensions`]): for an
+    /// application that learns from the Request's private data whether its peer speaks them.
+    pub fn rdmap_extensions(mut self, on: bool) -> Self {
+        self.params.rdmap_extensions = on;
+        self
+    }
+
     /// Accepts with our private data and starts the queue pair.
     pub fn accept(
         self,
