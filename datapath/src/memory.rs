@@ -401,35 +401,43 @@ impl PinnedBuffer {
         let _ = (offset, len);
     }
 
-    /// Copies `src` to `offset`; bytes that would fall past the end are dropped.
+    /// Whether the word at `offset` lies at a 64-bit aligned address (RFC 7306 5.2.1: an
+    /// Atomic Request's TO must name a 64-bit aligned ULP buffer address).
+    pub fn is_atomic_aligned(&self, offset: usize) -> bool {
+        (self.ptr.as_ptr() as usize)
+            .wrapping_add(offset)
+            .is_multiple_of(std::mem::align_of::<AtomicU64>())
+    }
+
     /// Performs `op` (RFC 7306 5.1) on the 64-bit word at `offset` with one CPU atomic
     /// read-modify-write (a compare-and-exchange loop) on the memory itself, in this host's
     /// byte order: atomic with respect to every other Atomic Operation from any connection and
     /// to the application's own atomic instructions on the same word (RFC 7306 5.3 asks for
-    /// the first; sharing registered memory with the application needs the second). Returns
-    /// the original value.
+    /// the first; sharing registered memory with the application needs the second). Not atomic
+    /// with respect to plain accesses to the same bytes (RDMA Writes placed there, Reads of
+    /// them, the application's plain loads and stores): RFC 7306 5 recommends not mixing them
+    /// on a word used for atomics. Returns the original value.
     ///
-    /// Errors: [`rdmap::memory::NotAtomic`] if the word's address is not 8-aligned or it does
-    /// not lie inside the buffer.
+    /// Errors: [`NotAtomic::Misaligned`](rdmap::memory::NotAtomic) if the word's address is
+    /// not 8-aligned or it does not lie inside the buffer.
     pub fn atomic_at(
         &self,
         offset: usize,
         op: rdmap::wire::AtomicOp,
     ) -> Result<u64, rdmap::memory::NotAtomic> {
-        if self.clamp(offset, 8) != 8 {
-            return Err(rdmap::memory::NotAtomic);
+        if self.clamp(offset, 8) != 8 || !self.is_atomic_aligned(offset) {
+            return Err(rdmap::memory::NotAtomic::Misaligned);
         }
-        // `offset + 8 <= self.len`, checked above.
-        let addr = self.ptr.as_ptr().wrapping_add(offset);
-        if !(addr as usize).is_multiple_of(std::mem::align_of::<AtomicU64>()) {
-            return Err(rdmap::memory::NotAtomic);
-        }
-        // SAFETY: `addr` is 8-aligned (checked) and its 8 bytes lie inside our allocation
-        // (checked), which stays alive while `self` does. Every access the engine makes to
-        // these bytes other than this one is a plain copy that the application is told races
-        // with Atomic Operations on the same word (RFC 7306 5, implementation note); atomic
-        // accesses (ours from any thread, the application's) are all atomic.
-        let word = unsafe { AtomicU64::from_ptr(addr.cast::<u64>()) };
+        // SAFETY: the word's address is 8-aligned and its 8 bytes lie inside our allocation
+        // (both checked above), which stays alive while `self` does. Concurrent accesses to
+        // these bytes by other means are not excluded: like every access the transports make
+        // to registered memory (`read_at`/`write_at` copy while the application may write), we
+        // treat it as memory a device shares with the program, which the Rust memory model
+        // does not describe; what holds is that every atomic access to the word (ours from any
+        // engine thread, the application's) is a hardware atomic on it, so atomics never
+        // interfere with each other. Plain accesses racing with them are the application's
+        // choice, as with DMA.
+        let word = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) };
         let mut current = word.load(Ordering::Acquire);
         loop {
             match word.compare_exchange_weak(
@@ -444,6 +452,7 @@ impl PinnedBuffer {
         }
     }
 
+    /// Copies `src` to `offset`; bytes that would fall past the end are dropped.
     pub fn write_at(&self, offset: usize, src: &[u8]) {
         let n = self.clamp(offset, src.len());
         if n == 0 {
@@ -519,6 +528,9 @@ impl RegionBuffer for RegionMemory {
     ) -> Result<u64, rdmap::memory::NotAtomic> {
         self.0.atomic_at(offset, op)
     }
+    fn is_atomic_aligned(&self, offset: usize) -> bool {
+        self.0.is_atomic_aligned(offset)
+    }
     fn prefetch(&self, offset: usize, len: usize) {
         self.0.prefetch(offset, len)
     }
@@ -550,6 +562,9 @@ impl RegionBuffer for PinnedBuffer {
         op: rdmap::wire::AtomicOp,
     ) -> Result<u64, rdmap::memory::NotAtomic> {
         PinnedBuffer::atomic_at(self, offset, op)
+    }
+    fn is_atomic_aligned(&self, offset: usize) -> bool {
+        PinnedBuffer::is_atomic_aligned(self, offset)
     }
     fn prefetch(&self, offset: usize, len: usize) {
         PinnedBuffer::prefetch(self, offset, len)

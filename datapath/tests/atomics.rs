@@ -188,6 +188,11 @@ fn values(server: Stack<'_>, client: Stack<'_>, server_addr: std::net::Ipv4Addr,
             if got != want {
                 return Err(format!("server completions {got:?}, want {want:?}"));
             }
+            let mut untouched = vec![0xFFu8; 64];
+            rbuf.read(0, &mut untouched);
+            if untouched != vec![0u8; 64] {
+                return Err("Immediate Data placed something in its receive's buffer".into());
+            }
             let mut data = vec![0u8; 2048];
             mr.read(1024, &mut data);
             if data != pattern(2048, 5) {
@@ -318,31 +323,31 @@ fn fetch_adds(
     Ok(originals)
 }
 
-/// Eight queue pairs, four on the peer's engine and four on its socket transport, each doing
-/// `IWARP_ATOMIC_OPS` FetchAdds of 1 on one counter of the engine's, while the engine's
-/// application adds 1 to it as many times with its own atomic instructions: the counter ends at
-/// the exact sum, and every FetchAdd saw a different original value (none was lost or applied
-/// twice, RFC 7306 5.3).
-#[test]
-fn fetch_adds_from_eight_queue_pairs_and_the_application_add_up() {
-    let _bed = bed_or_skip!();
-    let ops: usize = std::env::var("IWARP_ATOMIC_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let a = start_engine(NS_A, DEV_A);
-    let b = start_engine(NS_B, DEV_B);
-    let port = 19_644;
-    let listener = Stack::Engine(&a).listen(port, params(true));
+/// Eight queue pairs, four from an engine and four from a socket transport, each doing
+/// `IWARP_ATOMIC_OPS` FetchAdds of 1 on one counter of the responder's, while the responder's
+/// application adds 1 to it with its own atomic instructions from the moment every queue pair is
+/// connected until all are done: the counter ends at the exact sum, and every FetchAdd saw a
+/// different original value (none lost or applied twice, RFC 7306 5.3). The responder is the
+/// engine, then the socket transport.
+fn fetch_adds_add_up(
+    server: Stack<'_>,
+    clients: [Stack<'_>; 2],
+    addr: std::net::Ipv4Addr,
+    port: u16,
+    ops: usize,
+) {
+    let listener = server.listen(port, params(true));
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let mr = pd
         .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)
         .expect("register");
     word(&mr, COUNTER).store(1000, Ordering::SeqCst);
+    let connected = std::sync::Barrier::new(9);
+    let done = std::sync::atomic::AtomicBool::new(false);
     let started = Instant::now();
-    let results = std::thread::scope(|s| {
-        let mr = &mr;
+    let (conns, local, originals) = std::thread::scope(|s| {
+        let (mr, connected, done) = (&mr, &connected, &done);
         let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
             let mut conns = Vec::new();
             for _ in 0..8 {
@@ -357,67 +362,98 @@ fn fetch_adds_from_eight_queue_pairs_and_the_application_add_up() {
             }
             Ok(conns)
         });
-        let app = s.spawn(|| {
-            for _ in 0..ops {
-                word(mr, COUNTER).fetch_add(1, Ordering::SeqCst);
+        let app = s.spawn(move || {
+            connected.wait();
+            let mut n = 0u64;
+            // A few every 20 us: the clients keep the cores.
+            while !done.load(Ordering::Acquire) {
+                for _ in 0..4 {
+                    word(mr, COUNTER).fetch_add(1, Ordering::SeqCst);
+                }
+                n += 4;
+                std::thread::sleep(Duration::from_micros(20));
             }
+            n
         });
         let clients: Vec<_> = (0..8)
             .map(|i| {
-                let stack = if i < 4 {
-                    Stack::Engine(&b)
-                } else {
-                    Stack::Socket
-                };
+                let stack = clients[i / 4];
                 s.spawn(move || -> Result<Vec<u64>, String> {
                     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-                    let conn = stack
-                        .connect(
-                            SocketAddr::from((ADDR_A, port)),
-                            &pd,
-                            &cq,
-                            &params(true),
-                            b"",
-                        )
-                        .map_err(|e| format!("{} client {i}: connect: {e}", stack.name()))?;
+                    let conn =
+                        stack.connect(SocketAddr::from((addr, port)), &pd, &cq, &params(true), b"");
+                    // Everyone passes the barrier, connected or not, so nothing waits forever.
+                    connected.wait();
+                    let conn =
+                        conn.map_err(|e| format!("{} client {i}: connect: {e}", stack.name()))?;
                     let (stag, base) = offered(&conn);
                     fetch_adds(&conn, &cq, &pd, (stag, base + COUNTER as u64), ops)
                         .map_err(|e| format!("{} client {i}: {e}", stack.name()))
                 })
             })
             .collect();
-        app.join().expect("application thread");
         let originals: Vec<_> = clients
             .into_iter()
             .map(|c| c.join().expect("client thread"))
             .collect();
-        (srv.join().expect("server thread"), originals)
+        done.store(true, Ordering::Release);
+        let local = app.join().expect("application thread");
+        (srv.join().expect("server thread"), local, originals)
     });
     let took = started.elapsed();
-    let (conns, originals) = results;
-    let _conns = conns.unwrap_or_else(|e| panic!("server: {e}"));
+    let _conns = conns.unwrap_or_else(|e| panic!("{} server: {e}", server.name()));
     let mut all = Vec::with_capacity(8 * ops);
     for r in originals {
-        all.extend(r.unwrap_or_else(|e| panic!("{e}")));
+        all.extend(r.unwrap_or_else(|e| panic!("{} server: {e}", server.name())));
     }
     let counter = word(&mr, COUNTER).load(Ordering::SeqCst);
     println!(
-        "8 x {ops} FetchAdds and {ops} local increments in {took:?}: counter {counter} \
-         ({:.0} remote FetchAdds/s)",
+        "{} server: 8 x {ops} FetchAdds and {local} local increments at the same time in \
+         {took:?}: counter {counter} ({:.0} remote FetchAdds/s)",
+        server.name(),
         (8 * ops) as f64 / took.as_secs_f64()
     );
-    assert_eq!(counter, 1000 + 9 * ops as u64, "the exact sum");
+    assert!(
+        local > 0,
+        "the application did not run beside the FetchAdds"
+    );
+    let sum = 1000 + 8 * ops as u64 + local;
+    assert_eq!(counter, sum, "{}: the exact sum", server.name());
     all.sort_unstable();
     let before = all.len();
     all.dedup();
     assert_eq!(
         all.len(),
         before,
-        "two FetchAdds saw the same original value"
+        "{}: two FetchAdds saw the same original value",
+        server.name()
     );
-    assert!(all
-        .iter()
-        .all(|&v| (1000..1000 + 9 * ops as u64).contains(&v)));
+    assert!(all.iter().all(|&v| (1000..sum).contains(&v)));
+}
+
+#[test]
+fn fetch_adds_from_eight_queue_pairs_and_the_application_add_up() {
+    let _bed = bed_or_skip!();
+    let ops: usize = std::env::var("IWARP_ATOMIC_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let a = start_engine(NS_A, DEV_A);
+    let b = start_engine(NS_B, DEV_B);
+    fetch_adds_add_up(
+        Stack::Engine(&a),
+        [Stack::Engine(&b), Stack::Socket],
+        ADDR_A,
+        19_644,
+        ops,
+    );
+    fetch_adds_add_up(
+        Stack::Socket,
+        [Stack::Engine(&a), Stack::Socket],
+        ADDR_B,
+        19_654,
+        ops,
+    );
 }
 
 /// CmpSwap as a lock (0 free, else the holder's id + 1) taken by eight queue pairs, four from
@@ -892,11 +928,15 @@ impl RawPeer {
     }
 }
 
-/// From the wire, what our requester never sends: an Atomic Request with an unsupported
-/// AOpCode (RFC 7306 5.2.1 rule 4) gets "Unexpected OpCode", and more Atomic Requests than the
-/// responder's IRD gets the Terminate of RFC 5040 for exceeding it (remote operation,
-/// catastrophic for the stream), answered only for the ones within IRD. The responder (engine
-/// or socket transport) goes on serving its other connections.
+/// Each error of RFC 7306 section 8 from the wire. From a raw peer, what our requester never
+/// sends: an Atomic Request with an unsupported AOpCode (5.2.1 rule 4) gets "Unexpected
+/// OpCode", and more Atomic Requests than the responder's IRD gets the Terminate of RFC 5040 for
+/// exceeding it (remote operation, catastrophic for the stream), answered only for the ones
+/// within IRD. From our requester: a misaligned target (8.2: remote operation, catastrophic for
+/// the stream), a region without REMOTE_ATOMIC (remote protection, access rights) and one out
+/// of bounds (remote protection, base or bounds), each completing its work request with the
+/// matching remote error. The responder (engine or socket transport) goes on serving its other
+/// connections.
 #[test]
 fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
     let _bed = bed_or_skip!();
@@ -911,10 +951,13 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
         let mr = pd
             .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)
             .expect("register");
+        let no_atomics = pd
+            .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .expect("register");
         let res = std::thread::scope(|s| {
             let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
                 let mut conns = Vec::new();
-                for _ in 0..3 {
+                for _ in 0..6 {
                     let req = listener
                         .accept_timeout(WAIT)
                         .map_err(|e| e.to_string())?
@@ -951,6 +994,74 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
                 }
                 Ok(before.len() as u64)
             });
+            // Our requester, towards targets the responder must refuse.
+            let refused = (|| -> Result<(), String> {
+                let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
+                let sink = cpd
+                    .register(8, Access::LOCAL_WRITE)
+                    .map_err(|e| e.to_string())?;
+                let cases = [
+                    (
+                        "misaligned",
+                        mr.stag(),
+                        mr.base_to() + 4,
+                        (0, 2, 7),
+                        WcStatus::RemoteOperationError,
+                    ),
+                    (
+                        "no REMOTE_ATOMIC",
+                        no_atomics.stag(),
+                        no_atomics.base_to(),
+                        (0, 1, 2),
+                        WcStatus::RemoteAccessError,
+                    ),
+                    (
+                        "out of bounds",
+                        mr.stag(),
+                        mr.base_to() + REGION as u64,
+                        (0, 1, 1),
+                        WcStatus::RemoteAccessError,
+                    ),
+                ];
+                for (what, stag, to, code, status) in cases {
+                    let conn = Stack::Socket
+                        .connect(
+                            SocketAddr::from((addr, port)),
+                            &cpd,
+                            &ccq,
+                            &params(true),
+                            b"",
+                        )
+                        .map_err(|e| format!("connect: {e}"))?;
+                    post(
+                        &conn,
+                        1,
+                        SendOp::Atomic {
+                            remote_stag: stag,
+                            remote_to: to,
+                            op: AtomicOp::fetch_add(1),
+                        },
+                        sink.sge(0, 8).into(),
+                    )?;
+                    let c = next(&ccq, &conn, what)?;
+                    if c.wc.status != status {
+                        return Err(format!("{what}: {c:?}"));
+                    }
+                    let deadline = Instant::now() + WAIT;
+                    let t = loop {
+                        let st = conn.qp.status();
+                        if st.remote_terminate.is_some() || Instant::now() > deadline {
+                            break st.remote_terminate;
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    };
+                    let t = t.ok_or(format!("{what}: no Terminate"))?;
+                    if (t.layer, t.etype, t.code) != code {
+                        return Err(format!("{what}: Terminate {t:?}"));
+                    }
+                }
+                Ok(())
+            })();
             // The responder still serves another connection.
             let served = (|| -> Result<u64, String> {
                 let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
@@ -969,6 +1080,7 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
                 one_atomic(&conn, &ccq, &sink, offered(&conn), AtomicOp::fetch_add(1))
             })();
             let srv = srv.join().expect("server thread");
+            refused?;
             let answered = raw?;
             let original = served?;
             srv.map(|_| (answered, original))

@@ -360,13 +360,13 @@ impl RegionBuffer for ArenaRegion {
         offset: usize,
         op: rdmap::wire::AtomicOp,
     ) -> Result<u64, rdmap::memory::NotAtomic> {
-        if !offset.is_multiple_of(8) {
-            return Err(rdmap::memory::NotAtomic);
+        if !self.is_atomic_aligned(offset) {
+            return Err(rdmap::memory::NotAtomic::Misaligned);
         }
         let mut word = [0u8; 8];
         self.read_at(offset, &mut word);
-        let original = u64::from_ne_bytes(word);
-        self.write_at(offset, &op.apply(original).to_ne_bytes());
+        let original = op.apply_to_ne_bytes(&mut word);
+        self.write_at(offset, &word);
         Ok(original)
     }
 }

@@ -153,6 +153,15 @@ pub enum RdmapError {
         /// The Original Request Identifier received.
         request_id: u32,
     },
+    /// The sink of an Atomic Response (our 8 octets for the original value) no longer passes
+    /// its checks: deregistered since the request was posted (RFC 7306 8.1 rule 2).
+    #[error("Atomic Response sink STag {stag}: {violation}")]
+    AtomicResponseSink {
+        /// The sink's STag.
+        stag: Stag,
+        /// What the check found.
+        violation: AccessViolation,
+    },
     /// An Atomic Request message that is not 52 octets (RFC 7306 5.2.1, Figure 4).
     #[error("malformed Atomic Request ({len} octets)")]
     MalformedAtomicRequest {
@@ -304,10 +313,12 @@ impl TerminateCause {
             RdmapError::AtomicMisaligned { .. } => rdmap(REMOTE_OPERATION, CATASTROPHIC_STREAM),
             // RFC 7306 5.2.1 rule 4 names no code: the AOpCode is an opcode we do not
             // implement.
-            RdmapError::UnsupportedAtomic { .. } => rdmap(REMOTE_OPERATION, UNEXPECTED_OPCODE),
-            RdmapError::UnexpectedAtomicResponse { .. } => {
-                rdmap(REMOTE_OPERATION, CATASTROPHIC_STREAM)
+            // An Atomic Response that answers nothing outstanding: as a Read Response that
+            // does, an unexpected opcode.
+            RdmapError::UnsupportedAtomic { .. } | RdmapError::UnexpectedAtomicResponse { .. } => {
+                rdmap(REMOTE_OPERATION, UNEXPECTED_OPCODE)
             }
+            RdmapError::AtomicResponseSink { .. } => rdmap(REMOTE_OPERATION, CATASTROPHIC_STREAM),
             RdmapError::BadImmediateLength { .. } | RdmapError::MalformedAtomicRequest { .. } => {
                 rdmap(REMOTE_OPERATION, UNSPECIFIED)
             }

@@ -20,10 +20,14 @@ use crate::error::RdmapError;
 pub use crate::types::{AccessViolation, Stag};
 use crate::wire::AtomicOp;
 
-/// [`RegionBuffer::atomic_at`] could not operate on the word: its address is not 8-aligned
-/// in memory, or the buffer type has no atomic access.
+/// Why [`RegionBuffer::atomic_at`] could not operate on a word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotAtomic;
+pub enum NotAtomic {
+    /// The word's address is not 64-bit aligned in memory (RFC 7306 5.1.1).
+    Misaligned,
+    /// This buffer type has no atomic access (the trait's default).
+    Unsupported,
+}
 
 /// Access rights of a region (RFC 5040 2.3; RFC 5042 5.3). Local read is always
 /// allowed. A bit set, like the `bitflags` crate's types.
@@ -159,11 +163,19 @@ pub trait RegionBuffer {
     /// memory the application shares) to the application's own atomic instructions on that
     /// word. `offset + 8 <= self.len()` is checked by the caller.
     ///
-    /// Errors: [`NotAtomic`] if the word is not 8-aligned in memory, or (the default) the
-    /// buffer type cannot do it.
+    /// Errors: [`NotAtomic::Misaligned`] if the word is not 8-aligned in memory;
+    /// [`NotAtomic::Unsupported`] (the default) if the buffer type cannot do it.
     fn atomic_at(&self, offset: usize, op: AtomicOp) -> Result<u64, NotAtomic> {
         let _ = (offset, op);
-        Err(NotAtomic)
+        Err(NotAtomic::Unsupported)
+    }
+
+    /// Whether the word at `offset` lies at a 64-bit aligned address in memory: an Atomic
+    /// Request's TO "MUST represent a ULP Buffer address that is 64-bit aligned" (RFC 7306
+    /// 5.2.1), whatever the region's base TO. The default judges by the offset, for buffers
+    /// whose first octet is so aligned.
+    fn is_atomic_aligned(&self, offset: usize) -> bool {
+        offset.is_multiple_of(8)
     }
 }
 
@@ -202,19 +214,18 @@ impl RegionBuffer for VecBytes {
         self.lock()[offset..offset + src.len()].copy_from_slice(src);
     }
 
-    /// Under the buffer's lock, so atomic with respect to every other access through it. A
-    /// `Vec<u8>` has no 8-aligned guarantee: alignment is the offset's.
+    /// Under the buffer's lock, so atomic with respect to every other access through it.
+    /// Alignment is the offset's ([`RegionBuffer::is_atomic_aligned`]'s default).
     fn atomic_at(&self, offset: usize, op: AtomicOp) -> Result<u64, NotAtomic> {
-        if !offset.is_multiple_of(8) {
-            return Err(NotAtomic);
+        if !self.is_atomic_aligned(offset) {
+            return Err(NotAtomic::Misaligned);
         }
         let mut bytes = self.lock();
-        let word = bytes.get_mut(offset..offset + 8).ok_or(NotAtomic)?;
-        let mut value = [0u8; 8];
-        value.copy_from_slice(word);
-        let original = u64::from_ne_bytes(value);
-        word.copy_from_slice(&op.apply(original).to_ne_bytes());
-        Ok(original)
+        let word = bytes
+            .get_mut(offset..offset + 8)
+            .and_then(|w| <&mut [u8; 8]>::try_from(w).ok())
+            .ok_or(NotAtomic::Misaligned)?;
+        Ok(op.apply_to_ne_bytes(word))
     }
 }
 

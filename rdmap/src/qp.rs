@@ -64,7 +64,7 @@ use ddp::{
 };
 
 use crate::error::{RdmapError, TerminateCause, TerminateCode};
-use crate::memory::{Access, AccessViolation, MemoryTable, PdId, RegionBuffer, Stag};
+use crate::memory::{Access, AccessViolation, MemoryTable, NotAtomic, PdId, RegionBuffer, Stag};
 pub use crate::types::QpState;
 pub use crate::wire::AtomicOp;
 use crate::wire::{
@@ -1920,13 +1920,13 @@ impl QueuePair {
             let code = TerminateCause::Error(error).code();
             Self::terminate_for(code, job.request_segment, None)
         };
-        let stag = Stag(atomic.stag);
-        let (buffer, offset) = mem
-            .validate(stag, self.cfg.pd, Access::REMOTE_ATOMIC, atomic.to, 8)
-            .map_err(|violation| fail(RdmapError::AtomicAccess { stag, violation }))?;
-        let original = buffer
-            .atomic_at(offset, atomic.op)
-            .map_err(|_| fail(RdmapError::AtomicMisaligned { to: atomic.to }))?;
+        let (buffer, offset) = self.atomic_target(mem, &atomic).map_err(fail)?;
+        let original = buffer.atomic_at(offset, atomic.op).map_err(|e| {
+            fail(match e {
+                NotAtomic::Misaligned => RdmapError::AtomicMisaligned { to: atomic.to },
+                NotAtomic::Unsupported => RdmapError::LocalCatastrophic,
+            })
+        })?;
         let start = out.len();
         let msn = self.tx_atomic_msn;
         self.tx_atomic_msn = msn.wrapping_add(1);
@@ -1955,6 +1955,24 @@ impl QueuePair {
             },
             None,
         ))
+    }
+
+    /// The word an Atomic Request targets, checked as RFC 7306 asks: its region as an RDMA
+    /// Read's source with REMOTE_ATOMIC, 8 octets in bounds (5.2), and a 64-bit aligned address
+    /// in memory (5.2.1, 8.2).
+    fn atomic_target<'m, B: RegionBuffer>(
+        &self,
+        mem: &'m MemoryTable<B>,
+        atomic: &AtomicRequest,
+    ) -> Result<(&'m B, usize), RdmapError> {
+        let stag = Stag(atomic.stag);
+        let (buffer, offset) = mem
+            .validate(stag, self.cfg.pd, Access::REMOTE_ATOMIC, atomic.to, 8)
+            .map_err(|violation| RdmapError::AtomicAccess { stag, violation })?;
+        if !buffer.is_atomic_aligned(offset) {
+            return Err(RdmapError::AtomicMisaligned { to: atomic.to });
+        }
+        Ok((buffer, offset))
     }
 
     /// The Terminate for `code`, with the headers RFC 5040 Figure 10 asks for.
@@ -2066,7 +2084,9 @@ impl QueuePair {
                     return false;
                 }
                 match RdmapControl::parse(hdr.rsvd_ulp[0]) {
-                    Ok(c) if c.opcode.queue_number() == Some(queue::SEND) => {}
+                    // Sends only: Immediate Data (QN 0 too) places nothing, it is processed in
+                    // order; with the extensions off it is refused there.
+                    Ok(c) if c.opcode.is_send() => {}
                     _ => return false,
                 }
                 let Ok(placement) = self.rq.locate(&hdr, payload.len()) else {
@@ -2284,13 +2304,14 @@ impl QueuePair {
         self.take_from_srq(hdr.msn);
         let mut immediate = 0;
         if opcode.is_immediate() {
+            // DDP's checks first (RFC 7306 8.2): the MSN takes a receive, nothing is placed.
+            self.rq.place(hdr, 0)?;
             let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
             let len = bytes.len();
             if hdr.mo != 0 || !hdr.last {
                 return Err(RdmapError::BadImmediateLength { len }.into());
             }
             immediate = u64::from_be_bytes(ImmediateData::parse(bytes)?.0);
-            self.rq.place(hdr, 0)?;
         } else {
             self.place_send(hdr, payload, mem)?;
         }
@@ -2417,12 +2438,7 @@ impl QueuePair {
                     return Err(RdmapError::MalformedAtomicRequest { len: delivered.len }.into());
                 }
                 let atomic = AtomicRequest::parse(&staged.bytes)?;
-                if !atomic.to.is_multiple_of(8) {
-                    return Err(RdmapError::AtomicMisaligned { to: atomic.to }.into());
-                }
-                let stag = Stag(atomic.stag);
-                mem.validate(stag, self.cfg.pd, Access::REMOTE_ATOMIC, atomic.to, 8)
-                    .map_err(|violation| RdmapError::AtomicAccess { stag, violation })?;
+                self.atomic_target(mem, &atomic)?;
                 self.read_responses.push_back(ReadResponseJob {
                     request: ReadRequest::default(),
                     atomic: Some(atomic),
@@ -2510,10 +2526,15 @@ impl QueuePair {
                     buffer.write_at(offset, &response.original.to_ne_bytes());
                     self.finish_slot(atomic.seq, WcStatus::Success);
                 }
-                Err(_) => {
-                    // Deregistered since it was posted: a local error (RFC 7306 8.1).
+                Err(violation) => {
+                    // Deregistered since it was posted: the Terminate carries the Response's
+                    // DDP header (RFC 7306 8.1 rule 2).
                     self.finish_slot(atomic.seq, WcStatus::LocalProtectionError);
-                    return Err(RdmapError::LocalCatastrophic.into());
+                    return Err(RdmapError::AtomicResponseSink {
+                        stag: atomic.sink_stag,
+                        violation,
+                    }
+                    .into());
                 }
             }
         }

@@ -274,3 +274,65 @@ fn nothing_is_placed_early_where_the_in_order_check_would_refuse() {
     let code = err.terminate_code().expect("a Terminate");
     assert_eq!((code.layer, code.etype, code.code), (0, 1, 2));
 }
+
+/// RFC 7306 Immediate Data is never placed early (it places nothing: its receive completes
+/// with the value in order), so a Write with Immediate and an Immediate Data message that
+/// arrive ahead of the in-order point leave the receive buffer untouched and complete as they
+/// would in order.
+#[test]
+fn immediate_data_is_not_placed_early() {
+    let mut pair = Pair::with_configs(MULPDU, config_ext(), config_ext());
+    let src = pair.a.region(pattern(3000, 4), 0, Access::NONE);
+    let dst = pair.b.region(vec![0; 3000], 0, Access::REMOTE_WRITE);
+    let rbuf = pair.b.region(vec![0xAB; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(1, rbuf, 0, 32);
+    pair.b.post_recv(2, rbuf, 32, 32);
+    pair.a.post(
+        10,
+        SendOp::WriteImmediate {
+            remote_stag: dst,
+            remote_to: 0,
+            immediate: 77,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 3000,
+        }),
+    );
+    pair.a.post(
+        11,
+        SendOp::Immediate {
+            solicited: false,
+            immediate: 78,
+        },
+        None,
+    );
+    let ulpdus = drain(&mut pair, Side::A);
+    let order: Vec<usize> = (0..ulpdus.len()).rev().collect();
+    let placed = deliver_out_of_order(&mut pair.b, &ulpdus, &order);
+    let immediates = ulpdus.iter().filter(|u| u[1] & 0x0F == 8).count();
+    assert_eq!(immediates, 2);
+    for (u, early) in ulpdus.iter().zip(&placed) {
+        assert!(
+            !(u[1] & 0x0F == 8 && *early),
+            "an Immediate Data was placed early"
+        );
+    }
+    assert_eq!(
+        pair.b.contents(rbuf),
+        vec![0xAB; 64],
+        "nothing placed in the receives"
+    );
+    assert_eq!(pair.b.contents(dst), pattern(3000, 4));
+    let c = pair.b.completions();
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.opcode, c.immediate)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcOpcode::RecvImmediate, Some(77)),
+            (2, WcOpcode::RecvImmediate, Some(78))
+        ]
+    );
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+}

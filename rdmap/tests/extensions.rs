@@ -621,7 +621,7 @@ fn an_unexpected_atomic_response_is_an_error() {
         Err(RdmapError::UnexpectedAtomicResponse { request_id: 9 })
     );
     let t = pair.a.qp.local_terminate().expect("Terminate");
-    assert_eq!((t.layer, t.etype, t.code), (0, 2, 7));
+    assert_eq!((t.layer, t.etype, t.code), (0, 2, 6));
 }
 
 /// Posting checks: an Atomic's sink is one element of exactly 8 octets with LOCAL_WRITE; an

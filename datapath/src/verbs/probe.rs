@@ -33,7 +33,9 @@ const PROBE_WR_ID: u64 = u64::MAX - 0x7306;
 /// else: a peer without them terminates it. `target` is a word of the peer's that it lets us
 /// reach (STag and 8-aligned TO); any value will do when only the answer matters (a peer that
 /// supports the extensions refuses a bad target with a protection error, which says as much).
-/// Completions of `cq` other than the probe's are dropped. Waits at most `timeout`.
+/// Completions of `cq` other than the probe's are dropped. Waits at most `timeout`; after a
+/// timeout the connection is unusable (the probe's 8-octet sink is gone, so a late answer ends
+/// it): close it.
 ///
 /// Errors: [`DatapathError::Timeout`] when the peer neither answers nor ends the connection
 /// in time; the errors of registering the 8-octet sink in `pd` and of posting.

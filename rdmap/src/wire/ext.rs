@@ -169,6 +169,15 @@ impl AtomicOp {
         }
     }
 
+    /// Applies the operation to a word held in this host's byte order (5.1.1: "performed in
+    /// the endian format of the target memory"); returns the original value. Not atomic by
+    /// itself: for buffers that serialize their accesses.
+    pub fn apply_to_ne_bytes(&self, word: &mut [u8; 8]) -> u64 {
+        let original = u64::from_ne_bytes(*word);
+        *word = self.apply(original).to_ne_bytes();
+        original
+    }
+
     /// The value the word holds after the operation, given the value it held before
     /// (`original`): the pseudocode of 5.1.1 (FetchAdd) and 5.1.2 (CmpSwap).
     pub fn apply(&self, original: u64) -> u64 {
