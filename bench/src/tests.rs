@@ -177,6 +177,17 @@ impl Side {
             .map_err(|e| e.to_string())
     }
 
+    /// One more receive is posted again for the client: tells it once a quarter of `window`
+    /// has gathered (`since` counts them).
+    fn credit_back(&mut self, since: &mut u64, window: u64) -> Result<(), String> {
+        *since += 1;
+        if *since >= (window / 4).max(1) {
+            self.send_ctrl(Ctrl::Credit { n: *since as u32 })?;
+            *since = 0;
+        }
+        Ok(())
+    }
+
     fn read_ctrl(&self, wr_id: u64) -> Option<Ctrl> {
         let slot = (wr_id & !KIND_MASK) as usize;
         let mut b = [0u8; CTRL_LEN];
@@ -689,13 +700,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     } else {
                         ok &= imm == Some(received);
                         received += 1;
-                        since_credit += 1;
-                        if since_credit >= (IMM_CREDITS / 4).max(1) {
-                            side.send_ctrl(Ctrl::Credit {
-                                n: since_credit as u32,
-                            })?;
-                            since_credit = 0;
-                        }
+                        side.credit_back(&mut since_credit, IMM_CREDITS)?;
                     }
                 }
                 // Immediate Data after a Send: it took a data receive (nothing placed).
@@ -708,13 +713,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         let op = side.send_op(msg);
                         side.post_data(K_DATA | msg, op, 0, size, true)?;
                     } else {
-                        since_credit += 1;
-                        if since_credit >= (plan.credit_window / 4).max(1) {
-                            side.send_ctrl(Ctrl::Credit {
-                                n: since_credit as u32,
-                            })?;
-                            since_credit = 0;
-                        }
+                        side.credit_back(&mut since_credit, plan.credit_window)?;
                     }
                 }
                 (WcOpcode::Recv, K_CTRL_RECV) => {
@@ -744,13 +743,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         let src = (received % slots) * size;
                         ok &= got == size
                             && side.mismatch(CLIENT_SEED, slot * max, src, size).is_none();
-                        since_credit += 1;
-                        if since_credit >= (plan.credit_window / 4).max(1) {
-                            side.send_ctrl(Ctrl::Credit {
-                                n: since_credit as u32,
-                            })?;
-                            since_credit = 0;
-                        }
+                        side.credit_back(&mut since_credit, plan.credit_window)?;
                     }
                     received += 1;
                     checked += got;

@@ -34,6 +34,33 @@ fn counter(side: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no engine counter {name:?} in {side}"))
 }
 
+/// Runs `server_args` in `iwa` and `client_args` (then the server's address) in `iwb`, both
+/// `iwarp-bench`; returns the client's and the server's JSON. With --json the server says
+/// nothing when it listens: the client retries while the server's kernel still answers the SYN
+/// with a reset.
+fn bed_run(server_args: &[String], client_args: &[String]) -> (Value, Value) {
+    let server = bench_in(
+        NS_A,
+        &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .spawn()
+    .expect("start server");
+    let addr = ADDR_A.to_string();
+    let mut client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+    client_args.push(&addr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let out = bench_in(NS_B, &client_args).output().expect("run client");
+        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
+        if out.status.success() || !refused || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    (parse("client", &client), parse("server", &server))
+}
+
 #[test]
 fn xdp_json_reports_engine_counters() {
     let _bed = bed_or_skip!();
@@ -55,30 +82,7 @@ fn xdp_json_reports_engine_counters() {
         ]
         .map(str::to_owned)
     };
-    let server_args = args(DEV_A);
-    let server = bench_in(
-        NS_A,
-        &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .spawn()
-    .expect("start server");
-    // With --json the server says nothing when it listens: the client retries while the
-    // server's kernel still answers the SYN with a reset.
-    let mut client_args = args(DEV_B).to_vec();
-    client_args.push(ADDR_A.to_string());
-    let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let out = bench_in(NS_B, &client_args).output().expect("run client");
-        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-        if out.status.success() || !refused || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let server = wait_with_timeout(server, Duration::from_secs(60));
-    let c = parse("client", &client);
-    let s = parse("server", &server);
+    let (c, s) = bed_run(&args(DEV_A), &args(DEV_B));
 
     // The fields scripts read are unchanged.
     assert_eq!(c["transport"], "xdp", "{c}");
@@ -235,29 +239,9 @@ fn rfc7306_tests_engine_to_engine() {
             }
             v
         };
-        let server_args = args(DEV_A);
-        let server = bench_in(
-            NS_A,
-            &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
-        )
-        .spawn()
-        .expect("start server");
         let mut client_args = args(DEV_B);
         client_args.extend(flag.map(str::to_owned));
-        client_args.push(ADDR_A.to_string());
-        let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let client = loop {
-            let out = bench_in(NS_B, &client_args).output().expect("run client");
-            let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-            if out.status.success() || !refused || Instant::now() > deadline {
-                break out;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let server = wait_with_timeout(server, Duration::from_secs(60));
-        let c = parse("client", &client);
-        let s = parse("server", &server);
+        let (c, s) = bed_run(&args(DEV_A), &client_args);
         assert_eq!(c["results"][0]["iterations"], 20000, "{test}: {c}");
         if test == "write-bw" {
             // The server checks the slots the Writes cycle through once they are done (and

@@ -51,6 +51,67 @@ fn offered(conn: &Connection) -> (Stag, u64) {
     )
 }
 
+/// Accepts `n` connection requests on `listener`, each with a zero-length receive posted
+/// (`recvs`) or none, offering `mr`.
+fn accept_n(
+    listener: &datapath::Listener,
+    n: usize,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    recvs: bool,
+) -> Result<Vec<Connection>, String> {
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no request")?;
+        let recvs = if recvs {
+            vec![RecvWr {
+                wr_id: 1,
+                sg_list: SgeList::new(),
+            }]
+        } else {
+            Vec::new()
+        };
+        conns.push(
+            req.accept_with_recvs(pd, cq, &offer(mr), recvs)
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(conns)
+}
+
+/// Connects from `stack` to `addr` with the extensions `ext`.
+fn dial(
+    stack: Stack<'_>,
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    ext: bool,
+) -> Result<Connection, String> {
+    stack
+        .connect(addr, pd, cq, &params(ext), b"")
+        .map_err(|e| format!("{} connect: {e}", stack.name()))
+}
+
+/// The Terminate the peer sent on `conn`, waited for up to [`WAIT`] (it arrives with, or just
+/// after, the completion it caused): its layer, type and code.
+fn remote_terminate(conn: &Connection) -> Option<(u8, u8, u8)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let st = conn.qp.status();
+        if let Some(t) = st.remote_terminate {
+            return Some((t.layer, t.etype, t.code));
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The responder's word at `offset`, read with an atomic load (the peer's Atomic Operations
 /// are CPU atomics on these very bytes).
 fn word(mr: &MemoryRegion, offset: usize) -> &AtomicU64 {
@@ -209,15 +270,13 @@ fn values(server: Stack<'_>, client: Stack<'_>, server_addr: std::net::Ipv4Addr,
         });
         let cli = (|| -> Result<(), String> {
             let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-            let conn = client
-                .connect(
-                    SocketAddr::from((server_addr, port)),
-                    &pd,
-                    &cq,
-                    &params(true),
-                    b"",
-                )
-                .map_err(|e| format!("connect: {e}"))?;
+            let conn = dial(
+                client,
+                SocketAddr::from((server_addr, port)),
+                &pd,
+                &cq,
+                true,
+            )?;
             let (stag, base) = offered(&conn);
             let counter = (stag, base + COUNTER as u64);
             let sink = pd
@@ -348,20 +407,7 @@ fn fetch_adds_add_up(
     let started = Instant::now();
     let (conns, local, originals) = std::thread::scope(|s| {
         let (mr, connected, done) = (&mr, &connected, &done);
-        let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
-            let mut conns = Vec::new();
-            for _ in 0..8 {
-                let req = listener
-                    .accept_timeout(WAIT)
-                    .map_err(|e| e.to_string())?
-                    .ok_or("no request")?;
-                conns.push(
-                    req.accept(&pd, &cq, &offer(mr))
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            Ok(conns)
-        });
+        let srv = s.spawn(|| accept_n(&listener, 8, &pd, &cq, mr, false));
         let app = s.spawn(move || {
             connected.wait();
             let mut n = 0u64;
@@ -484,20 +530,7 @@ fn cmp_swap_as_a_lock_never_lets_two_holders_in() {
         .expect("register");
     let (conns, results) = std::thread::scope(|s| {
         let mr = &mr;
-        let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
-            let mut conns = Vec::new();
-            for _ in 0..8 {
-                let req = listener
-                    .accept_timeout(WAIT)
-                    .map_err(|e| e.to_string())?
-                    .ok_or("no request")?;
-                conns.push(
-                    req.accept(&pd, &cq, &offer(mr))
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-            Ok(conns)
-        });
+        let srv = s.spawn(|| accept_n(&listener, 8, &pd, &cq, mr, false));
         let clients: Vec<_> = (0..8u64)
             .map(|id| {
                 let stack = if id < 4 {
@@ -507,15 +540,7 @@ fn cmp_swap_as_a_lock_never_lets_two_holders_in() {
                 };
                 s.spawn(move || -> Result<u64, String> {
                     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-                    let conn = stack
-                        .connect(
-                            SocketAddr::from((ADDR_A, port)),
-                            &pd,
-                            &cq,
-                            &params(true),
-                            b"",
-                        )
-                        .map_err(|e| format!("connect: {e}"))?;
+                    let conn = dial(stack, SocketAddr::from((ADDR_A, port)), &pd, &cq, true)?;
                     let (stag, base) = offered(&conn);
                     let lock = (stag, base + LOCK as u64);
                     let buf = pd
@@ -599,38 +624,11 @@ fn a_peer_without_the_extensions_terminates_them_as_unexpected_opcodes() {
         let cq = CompletionQueue::new();
         let mr = pd.register(REGION, Access::ALL).expect("register");
         let res = std::thread::scope(|s| {
-            let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
-                let mut conns = Vec::new();
-                for _ in 0..3 {
-                    let req = listener
-                        .accept_timeout(WAIT)
-                        .map_err(|e| e.to_string())?
-                        .ok_or("no request")?;
-                    let recvs = vec![RecvWr {
-                        wr_id: 1,
-                        sg_list: SgeList::new(),
-                    }];
-                    conns.push(
-                        req.accept_with_recvs(&pd, &cq, &offer(&mr), recvs)
-                            .map_err(|e| e.to_string())?,
-                    );
-                }
-                Ok(conns)
-            });
+            let srv = s.spawn(|| accept_n(&listener, 3, &pd, &cq, &mr, true));
             let cli = (|| -> Result<(), String> {
                 let cpd = ProtectionDomain::new();
                 let ccq = CompletionQueue::new();
-                let connect = |ext| {
-                    client
-                        .connect(
-                            SocketAddr::from((addr, port)),
-                            &cpd,
-                            &ccq,
-                            &params(ext),
-                            b"",
-                        )
-                        .map_err(|e| format!("connect: {e}"))
-                };
+                let connect = |ext| dial(client, SocketAddr::from((addr, port)), &cpd, &ccq, ext);
                 let sink = cpd
                     .register(64, Access::LOCAL_WRITE)
                     .map_err(|e| e.to_string())?;
@@ -658,20 +656,11 @@ fn a_peer_without_the_extensions_terminates_them_as_unexpected_opcodes() {
                     if c.wc.status != WcStatus::RemoteOperationError {
                         return Err(format!("op {i}: {c:?}"));
                     }
-                    let deadline = Instant::now() + WAIT;
-                    let st = loop {
-                        let st = conn.qp.status();
-                        if st.remote_terminate.is_some() || Instant::now() > deadline {
-                            break st;
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    };
-                    let t = st
-                        .remote_terminate
-                        .ok_or(format!("op {i}: no Terminate {st:?}"))?;
-                    if (t.layer, t.etype, t.code) != (0, 2, 6) {
+                    let t = remote_terminate(&conn).ok_or(format!("op {i}: no Terminate"))?;
+                    if t != (0, 2, 6) {
                         return Err(format!("op {i}: Terminate {t:?}"));
                     }
+                    let st = conn.qp.status();
                     if !matches!(st.error, Some(QpError::RemoteTerminate(_))) {
                         return Err(format!("op {i}: error {:?}", st.error));
                     }
@@ -756,15 +745,8 @@ fn the_probe_tells_peers_with_and_without_the_extensions_apart() {
                 req.accept(&pd, &cq, &offer(&mr)).ok()
             });
             let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
-            let conn = client
-                .connect(
-                    SocketAddr::from((addr, port)),
-                    &cpd,
-                    &ccq,
-                    &params(true),
-                    b"",
-                )
-                .expect("connect");
+            let conn =
+                dial(client, SocketAddr::from((addr, port)), &cpd, &ccq, true).expect("connect");
             let target = if good_target {
                 offered(&conn)
             } else {
@@ -955,20 +937,7 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
             .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_READ)
             .expect("register");
         let res = std::thread::scope(|s| {
-            let srv = s.spawn(|| -> Result<Vec<Connection>, String> {
-                let mut conns = Vec::new();
-                for _ in 0..6 {
-                    let req = listener
-                        .accept_timeout(WAIT)
-                        .map_err(|e| e.to_string())?
-                        .ok_or("no request")?;
-                    conns.push(
-                        req.accept(&pd, &cq, &offer(&mr))
-                            .map_err(|e| e.to_string())?,
-                    );
-                }
-                Ok(conns)
-            });
+            let srv = s.spawn(|| accept_n(&listener, 6, &pd, &cq, &mr, false));
             let raw = in_ns(NS_B, || -> Result<u64, String> {
                 let to = SocketAddr::from((addr, port));
                 // An AOpCode of 0001b.
@@ -1024,15 +993,13 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
                     ),
                 ];
                 for (what, stag, to, code, status) in cases {
-                    let conn = Stack::Socket
-                        .connect(
-                            SocketAddr::from((addr, port)),
-                            &cpd,
-                            &ccq,
-                            &params(true),
-                            b"",
-                        )
-                        .map_err(|e| format!("connect: {e}"))?;
+                    let conn = dial(
+                        Stack::Socket,
+                        SocketAddr::from((addr, port)),
+                        &cpd,
+                        &ccq,
+                        true,
+                    )?;
                     post(
                         &conn,
                         1,
@@ -1047,16 +1014,8 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
                     if c.wc.status != status {
                         return Err(format!("{what}: {c:?}"));
                     }
-                    let deadline = Instant::now() + WAIT;
-                    let t = loop {
-                        let st = conn.qp.status();
-                        if st.remote_terminate.is_some() || Instant::now() > deadline {
-                            break st.remote_terminate;
-                        }
-                        std::thread::sleep(Duration::from_millis(2));
-                    };
-                    let t = t.ok_or(format!("{what}: no Terminate"))?;
-                    if (t.layer, t.etype, t.code) != code {
+                    let t = remote_terminate(&conn).ok_or(format!("{what}: no Terminate"))?;
+                    if t != code {
                         return Err(format!("{what}: Terminate {t:?}"));
                     }
                 }
@@ -1065,15 +1024,13 @@ fn atomic_requests_a_peer_must_refuse_from_a_raw_peer() {
             // The responder still serves another connection.
             let served = (|| -> Result<u64, String> {
                 let (cpd, ccq) = (ProtectionDomain::new(), CompletionQueue::new());
-                let conn = Stack::Socket
-                    .connect(
-                        SocketAddr::from((addr, port)),
-                        &cpd,
-                        &ccq,
-                        &params(true),
-                        b"",
-                    )
-                    .map_err(|e| format!("connect: {e}"))?;
+                let conn = dial(
+                    Stack::Socket,
+                    SocketAddr::from((addr, port)),
+                    &cpd,
+                    &ccq,
+                    true,
+                )?;
                 let sink = cpd
                     .register(8, Access::LOCAL_WRITE)
                     .map_err(|e| e.to_string())?;
