@@ -16,6 +16,12 @@
 //! What `scripts/bench-engine-cpu.sh` reads as the engine's user time per frame on the veth
 //! bed, less the engine thread's loop, the AF_XDP rings and the cache the kernel takes between
 //! kicks; deterministic enough to compare changes to the protocol crates by.
+//!
+//! `write_lat/round_trip_64B`: write-lat's ping-pong without the kernel, timed whole: A posts a
+//! 64-octet RDMA Write into B's region and frames it, B takes the segment (TCP, MPA CRC,
+//! placement), posts its 64-octet Write back and frames it (with its ACK), A takes it and ACKs.
+//! Both sides' protocol work per round trip: what the engine adds to raw AF_XDP's ping-pong on
+//! the bed, less the engine turn's loop, the rings and the kernel (issue #24, latency).
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -268,6 +274,101 @@ impl Bench {
     }
 }
 
+/// Octets of each write-lat message.
+const PING: usize = 64;
+
+impl Bench {
+    /// Posts on `side` a signaled RDMA Write of [`PING`] octets from `src` to the peer's `dst`.
+    fn post_ping(side: &mut Side, wr_id: u64, src: Stag, dst: Stag) {
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Write {
+                remote_stag: dst,
+                remote_to: 0,
+            },
+            sg_list: Sge {
+                stag: src,
+                to: 0,
+                len: PING as u32,
+            }
+            .into(),
+            signaled: true,
+        };
+        side.iw
+            .qp_mut()
+            .post_send(wr, &side.mem)
+            .expect("post the ping");
+    }
+
+    /// Everything `from` has to send now, taken by `to`.
+    fn deliver(
+        from: &mut Side,
+        to: &mut Side,
+        now: Instant,
+        frames: &mut [Vec<u8>],
+        lens: &mut [usize],
+    ) {
+        let n = from.turn(now, frames, lens);
+        for (f, &len) in frames.iter().zip(lens.iter()).take(n) {
+            to.receive(now, &f[..len], None);
+        }
+    }
+
+    /// One write-lat round trip (see the module documentation): ping `i` from A's `ping.0` to
+    /// B's `ping.1`, its pong from B's `pong.0` to A's `pong.1`; checks the pong's stamp.
+    fn round_trip(&mut self, i: u64, ping: (Stag, Stag), pong: (Stag, Stag)) {
+        let stamp = [(i % 251) as u8 + 1];
+        self.now += FRAME_TIME;
+        let now = self.now;
+        let Bench {
+            a, b, frames, lens, ..
+        } = self;
+        if let Some(src) = a.mem.get(ping.0) {
+            src.write_at(PING - 1, &stamp);
+        }
+        Self::post_ping(a, i, ping.0, ping.1);
+        Self::deliver(a, b, now, frames, lens);
+        if let Some(src) = b.mem.get(pong.0) {
+            src.write_at(PING - 1, &stamp);
+        }
+        Self::post_ping(b, i, pong.0, pong.1);
+        Self::deliver(b, a, now, frames, lens);
+        Self::deliver(a, b, now, frames, lens);
+        let mut got = [0u8];
+        if let Some(sink) = a.mem.get(pong.1) {
+            sink.read_at(PING - 1, &mut got);
+        }
+        assert_eq!(got, stamp, "round trip {i}: the pong did not arrive");
+    }
+}
+
+fn write_lat(c: &mut Criterion) {
+    let mut bench = Bench::new(1, false);
+    let region = || PinnedBuffer::new(PING).expect("region");
+    let ping_src = bench.a.mem.register(PD, region(), 0, Access::NONE);
+    let ping_dst = bench.sink;
+    let pong_src = bench.b.mem.register(PD, region(), 0, Access::NONE);
+    let pong_dst = bench.a.mem.register(PD, region(), 0, Access::REMOTE_WRITE);
+    let (ping, pong) = ((ping_src, ping_dst), (pong_src, pong_dst));
+    let mut i = 0u64;
+    // Past TCP's start.
+    for _ in 0..1000 {
+        bench.round_trip(i, ping, pong);
+        i += 1;
+    }
+    let mut group = c.benchmark_group("write_lat");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("round_trip_64B", |b| {
+        b.iter(|| {
+            bench.round_trip(i, ping, pong);
+            i += 1;
+        })
+    });
+    group.finish();
+    let c = bench.a.iw.counters();
+    assert_eq!(c.retransmissions, 0, "a lossless link retransmits nothing");
+}
+
 fn tx_path(c: &mut Criterion) {
     let mut group = c.benchmark_group("tx_path");
     group.throughput(Throughput::Elements(1));
@@ -302,5 +403,5 @@ fn tx_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, tx_path);
+criterion_group!(benches, tx_path, write_lat);
 criterion_main!(benches);
