@@ -7,6 +7,7 @@
 mod engine_report;
 mod net;
 mod pattern;
+mod pcap;
 mod perftest;
 mod proto;
 mod raw;
@@ -37,6 +38,12 @@ pub struct Cli {
     /// Interface for `--transport xdp` (its first IPv4 address is ours).
     #[arg(long)]
     pub iface: Option<String>,
+    /// `--transport xdp`: write every frame the engine receives and sends to FILE (pcap with
+    /// nanosecond timestamps; Wireshark and tshark read it). A bounded ring between the engine
+    /// and a writer thread: frames it cannot hold are counted as dropped (reported at the
+    /// end), never waited for. tcpdump cannot see these frames.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
     /// `--transport xdp`: pin the engine thread to this CPU (the application thread is left
     /// alone; `taskset` pins a whole process).
     #[arg(long)]

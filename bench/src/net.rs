@@ -3,6 +3,7 @@
 //! opened as a `datapath::Device`: the rest of the run uses only the API.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use datapath::{
@@ -10,30 +11,44 @@ use datapath::{
     Transport as DeviceTransport,
 };
 
+use datapath::engine::XdpEngineConfig;
+use datapath::xsk::Capture;
+
 use crate::engine_report::EngineReport;
+use crate::pcap::PcapReport;
 use crate::Transport;
 
 /// The chosen transport: a [`Device`] of the API (which holds the engine for `xdp`; it must
 /// outlive its queue pairs).
 pub struct Net {
     device: Device,
+    /// `--pcap`: the engine's frames go to this capture.
+    capture: Option<Capture>,
 }
 
 impl Net {
-    /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`]; nothing for sockets.
-    pub fn start(transport: Transport, iface: Option<&str>) -> Result<Self, String> {
+    /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`] (its frames captured to
+    /// `pcap` if given); nothing for sockets.
+    pub fn start(
+        transport: Transport,
+        iface: Option<&str>,
+        pcap: Option<&Path>,
+    ) -> Result<Self, String> {
+        let capture = crate::pcap::start(pcap, transport)?;
         let device = match transport {
             Transport::Socket => Device::socket(),
             Transport::Xdp => {
                 let iface = iface.ok_or("--transport xdp needs --iface")?;
+                let mut config = Box::<XdpEngineConfig>::default();
+                config.driver.xsk.capture = capture.as_ref().map(Capture::tap);
                 Device::open(DeviceTransport::Xdp {
                     ifname: iface.to_owned(),
-                    config: Box::default(),
+                    config,
                 })
                 .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?
             }
         };
-        Ok(Self { device })
+        Ok(Self { device, capture })
     }
 
     /// Listens on `port`: on `bind` (socket transport) or the engine's interface address.
@@ -91,9 +106,11 @@ impl Net {
         }
     }
 
-    /// Stops the engine (if any) and returns its counters.
-    pub fn finish(self) -> Option<EngineReport> {
-        Some(EngineReport::new(&self.device.close()?))
+    /// Stops the engine (if any) and returns its counters, then finishes the capture (if any)
+    /// and returns what it wrote.
+    pub fn finish(self) -> (Option<EngineReport>, Option<PcapReport>) {
+        let engine = self.device.close().map(|c| EngineReport::new(&c));
+        (engine, self.capture.map(PcapReport::finish))
     }
 }
 

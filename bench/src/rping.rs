@@ -113,6 +113,10 @@ pub struct RpingCli {
     /// Interface for `--transport xdp`.
     #[arg(long)]
     pub iface: Option<String>,
+    /// `--transport xdp`: write every frame the engine receives and sends to FILE (pcap, as
+    /// `iwarp-bench --pcap`).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// Entry point: `args` starts with "rping".
@@ -133,7 +137,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         eprintln!("rping: --timeout and --step-timeout must be between 0 and 3600 seconds");
         return ExitCode::from(2);
     }
-    let net = match Net::start(cli.transport, cli.iface.as_deref()) {
+    let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("rping: {e}");
@@ -148,8 +152,12 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, &net, a)),
         }
     };
-    if let Some(report) = net.finish() {
+    let (engine, pcap) = net.finish();
+    if let Some(report) = engine {
         eprintln!("rping: {}", report.line());
+    }
+    if let Some(p) = pcap {
+        eprintln!("rping: {}", p.line());
     }
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,9 +20,11 @@ use serde_json::json;
 
 use crate::engine_report::EngineReport;
 use crate::pattern;
+use crate::pcap::PcapReport;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
 use crate::{AtomicType, Cli, CqMode, TestKind, Transport};
+use datapath::xsk::Capture;
 
 /// How long a test may go without any progress before it gives up.
 const STALL: Duration = Duration::from_secs(30);
@@ -399,9 +401,10 @@ fn describe(cli: &Cli, side: &Side) -> String {
 
 /// Runs the server side of one test session, then returns.
 /// The AF_XDP engine when `--transport xdp` (it must outlive the queue pair).
-fn open_device(cli: &Cli) -> Result<Device, String> {
+fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
+    let capture = crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
     if cli.transport != Transport::Xdp {
-        return Ok(Device::socket());
+        return Ok((Device::socket(), None));
     }
     let iface = cli
         .iface
@@ -432,11 +435,13 @@ fn open_device(cli: &Cli) -> Result<Device, String> {
     if let Some(us) = cli.engine_park_max_us {
         cfg.park_max = std::time::Duration::from_micros(us);
     }
-    Device::open(DeviceTransport::Xdp {
+    cfg.driver.xsk.capture = capture.as_ref().map(Capture::tap);
+    let device = Device::open(DeviceTransport::Xdp {
         ifname: iface.to_owned(),
         config: Box::new(cfg),
     })
-    .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))
+    .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?;
+    Ok((device, capture))
 }
 
 /// Stops the engine (if any) and returns its counters; without `--json` also prints them on
@@ -454,22 +459,32 @@ fn engine_report(cli: &Cli, device: Device) -> Option<EngineReport> {
 /// xdp`, `null` for the socket transport.
 fn finish(
     cli: &Cli,
-    device: Device,
+    (device, capture): (Device, Option<Capture>),
     session: Result<Option<serde_json::Value>, String>,
 ) -> Result<(), String> {
     let report = engine_report(cli, device);
+    // After the engine has stopped: every frame it handled is in the ring.
+    let pcap = capture.map(PcapReport::finish);
+    if let Some(p) = &pcap {
+        if !cli.json || p.incomplete() {
+            eprintln!("iwarp-bench: {}", p.line());
+        }
+    }
     let Some(mut out) = session? else {
         return Ok(());
     };
     out["engine"] = serde_json::to_value(report).map_err(|e| e.to_string())?;
+    if let Some(p) = pcap {
+        out["pcap"] = serde_json::to_value(p).map_err(|e| e.to_string())?;
+    }
     println!("{out}");
     Ok(())
 }
 
 pub fn run_server(cli: &Cli) -> Result<(), String> {
-    let device = open_device(cli)?;
-    let result = serve_session(cli, &device);
-    finish(cli, device, result)
+    let opened = open_device(cli)?;
+    let result = serve_session(cli, &opened.0);
+    finish(cli, opened, result)
 }
 
 /// Serves one session; with `--json` returns the object to print once the engine has stopped.
@@ -842,9 +857,9 @@ impl Side {
 
 /// Runs the client side: connects, runs every size, prints the results.
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
-    let device = open_device(cli)?;
-    let result = client_session(cli, addr, &device);
-    finish(cli, device, result)
+    let opened = open_device(cli)?;
+    let result = client_session(cli, addr, &opened.0);
+    finish(cli, opened, result)
 }
 
 /// Runs the client's session; with `--json` returns the object to print once the engine has

@@ -269,6 +269,26 @@ fn bad_arguments_are_errors_not_panics() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // `--pcap` captures the AF_XDP engine's frames; the socket transport says so at once
+    // (before any connection) and creates no file.
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("socket.pcap");
+    let _ = std::fs::remove_file(&file);
+    for args in [
+        &["write-bw"][..],
+        &["rping", "-s"],
+        &["perftest", "write-bw"],
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .arg("--pcap")
+            .arg(&file)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--transport xdp"), "{args:?}: {err}");
+        assert!(!file.exists(), "{args:?}");
+    }
     // Nothing listening: a clear connection error.
     let port = free_port().to_string();
     let out = std::process::Command::new(bin())

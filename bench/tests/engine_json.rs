@@ -9,57 +9,14 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{bench_in, wait_with_timeout};
-use serde_json::Value;
+use common::{bed_run, bench_in, counter, parse, wait_with_timeout};
 use testbed::*;
 
 const PORT: &str = "18720";
 const SIZE: u64 = 65536;
 const ITERS: u64 = 200;
-
-fn parse(what: &str, out: &std::process::Output) -> Value {
-    let so = String::from_utf8_lossy(&out.stdout);
-    let se = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what} failed:\n{so}\n{se}");
-    serde_json::from_str(so.trim())
-        .unwrap_or_else(|e| panic!("{what}: stdout is not one JSON object ({e}):\n{so}\n{se}"))
-}
-
-/// Counter `name` of a side's `"engine"` object (fails the test when absent or not a number).
-fn counter(side: &Value, name: &str) -> u64 {
-    side["engine"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no engine counter {name:?} in {side}"))
-}
-
-/// Runs `server_args` in `iwa` and `client_args` (then the server's address) in `iwb`, both
-/// `iwarp-bench`; returns the client's and the server's JSON. With --json the server says
-/// nothing when it listens: the client retries while the server's kernel still answers the SYN
-/// with a reset.
-fn bed_run(server_args: &[String], client_args: &[String]) -> (Value, Value) {
-    let server = bench_in(
-        NS_A,
-        &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .spawn()
-    .expect("start server");
-    let addr = ADDR_A.to_string();
-    let mut client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
-    client_args.push(&addr);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let out = bench_in(NS_B, &client_args).output().expect("run client");
-        let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
-        if out.status.success() || !refused || Instant::now() > deadline {
-            break out;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let server = wait_with_timeout(server, Duration::from_secs(60));
-    (parse("client", &client), parse("server", &server))
-}
 
 #[test]
 fn xdp_json_reports_engine_counters() {

@@ -196,6 +196,10 @@ pub struct PerftestCli {
     /// Interface for `--transport xdp`.
     #[arg(long)]
     pub iface: Option<String>,
+    /// `--transport xdp`: write every frame the engine receives and sends to FILE (pcap, as
+    /// `iwarp-bench --pcap`).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
     /// MPA revision to request: 1 or 2 (rdma_cm on Linux uses 2).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub mpa_rev: u8,
@@ -355,7 +359,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let net = match Net::start(cli.transport, cli.iface.as_deref()) {
+    let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("perftest: {e}");
@@ -366,9 +370,12 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         None => run_server(&cli, run, &net),
         Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, run, &net, a)),
     };
-    let engine = net.finish();
+    let (engine, pcap) = net.finish();
     if let Some(report) = &engine {
         eprintln!("perftest: {}", report.line());
+    }
+    if let Some(p) = &pcap {
+        eprintln!("perftest: {}", p.line());
     }
     match res {
         Ok(mut out) => {
@@ -376,6 +383,9 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
                 // The engine's counters as iwarp-bench's own tests report them: an object for
                 // `--transport xdp`, null for the socket transport.
                 out.json["engine"] = serde_json::to_value(&engine).unwrap_or_default();
+                if let Some(p) = &pcap {
+                    out.json["pcap"] = serde_json::to_value(p).unwrap_or_default();
+                }
                 println!("{}", out.json);
             } else {
                 for l in &out.table {

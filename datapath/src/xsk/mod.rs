@@ -22,11 +22,13 @@
 //! Also here: interface facts, route and neighbour (ARP) lookup over rtnetlink
 //! ([`interface_info`], [`resolve_next_hop`]) and frame building ([`packet`]).
 
+pub mod capture;
 mod error;
 mod netlink;
 pub mod packet;
 mod socket;
 
+pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
 pub use error::XskError;
 pub use netlink::{interface_info, neighbour, resolve_next_hop, route_to, InterfaceInfo, Route};
 pub use socket::{BindMode, RxBatch, XskConfig, XskSocket, XskStats};

@@ -9,6 +9,7 @@ use xsk_rs::config::{
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
+use super::capture::CaptureTap;
 use super::error::{euid, XskError};
 use super::netlink;
 
@@ -62,6 +63,9 @@ pub struct XskConfig {
     pub bind_attempts: u32,
     /// Wait between bind attempts.
     pub bind_retry_delay: Duration,
+    /// Copy every frame received and transmitted to this packet capture (`None`: no
+    /// capture, one branch per batch).
+    pub capture: Option<CaptureTap>,
 }
 
 impl Default for XskConfig {
@@ -77,6 +81,7 @@ impl Default for XskConfig {
             max_batch: 64,
             bind_attempts: 10,
             bind_retry_delay: Duration::from_millis(200),
+            capture: None,
         }
     }
 }
@@ -165,6 +170,7 @@ pub struct XskSocket {
     hugepages: bool,
     zero_copy: bool,
     stats: XskStats,
+    capture: Option<CaptureTap>,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -377,6 +383,7 @@ impl XskSocket {
             hugepages,
             zero_copy: query_zero_copy(fd),
             stats: XskStats::default(),
+            capture: cfg.capture.clone(),
         })
     }
 
@@ -444,6 +451,13 @@ impl XskSocket {
             let _ = self.fq.wakeup(self.rx.fd_mut(), 0);
         }
         self.stats.rx_frames += n as u64;
+        if let Some(tap) = &self.capture {
+            for desc in &self.rx_descs[..n] {
+                // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
+                // this UMEM that nobody writes until it returns to the fill ring.
+                tap.record(unsafe { self.umem.data(desc) }.contents());
+            }
+        }
         // Every frame's headers at once: the kernel wrote them on another CPU (veth's receive
         // runs in the peer's thread), and a TCP header with options ends past the first cache
         // line; read one after the other, each line is a transfer from that CPU the receive
@@ -525,6 +539,13 @@ impl XskSocket {
                 self.free_tx.extend_from_slice(&self.tx_descs[..k]);
                 self.kick()?;
                 break;
+            }
+            if let Some(tap) = &self.capture {
+                for desc in &self.tx_descs[..produced] {
+                    // SAFETY: frames of this UMEM written above and now on the TX ring: until
+                    // they complete, the kernel only reads them, as this does.
+                    tap.record(unsafe { self.umem.data(desc) }.contents());
+                }
             }
             self.tx_in_flight += produced;
             self.stats.tx_frames += produced as u64;
