@@ -24,6 +24,7 @@ pub mod sim;
 pub mod syncookie;
 pub mod table;
 pub mod time;
+mod timers;
 pub mod wire;
 
 pub use cc::{CongestionAlgorithm, CongestionControl, Cubic, NewReno, SlowStart};

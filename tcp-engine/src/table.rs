@@ -4,8 +4,7 @@
 //! and a timer heap, so the cost per packet does not grow with the number
 //! of connections.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::config::Config;
 use crate::conn::{
@@ -14,6 +13,7 @@ use crate::conn::{
 use crate::isn::IsnGenerator;
 use crate::syncookie;
 use crate::time::Instant;
+use crate::timers::TimerQueue;
 use crate::wire::{FourTuple, SegmentRepr, WireError};
 use core::net::Ipv4Addr;
 
@@ -220,7 +220,8 @@ pub struct ConnectionTable {
     by_tuple: TupleIndex,
     listeners: HashMap<(Ipv4Addr, u16), Listener>,
     isn: IsnGenerator,
-    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    /// Each slot's earliest deadline (one entry per slot).
+    timers: TimerQueue,
     ready: VecDeque<u32>,
     /// Replies sent for no connection: RSTs, and SYN-ACKs carrying SYN cookies.
     control: VecDeque<SegmentRepr<'static>>,
@@ -247,7 +248,7 @@ impl ConnectionTable {
             by_tuple: TupleIndex::with_capacity(max_connections),
             listeners: HashMap::new(),
             isn: IsnGenerator::new(isn_key),
-            timers: BinaryHeap::with_capacity(max_connections * 2),
+            timers: TimerQueue::with_capacity(max_connections),
             ready: VecDeque::with_capacity(max_connections),
             control: VecDeque::with_capacity(MAX_PENDING_CONTROL),
             syn_cookies: true,
@@ -342,6 +343,7 @@ impl ConnectionTable {
         slot.listener = listener;
         slot.queued_for_accept = false;
         slot.deadline = None;
+        self.timers.set(index, None);
         slot.ready = false;
         let id = ConnId {
             index,
@@ -413,6 +415,7 @@ impl ConnectionTable {
         slot.generation = slot.generation.wrapping_add(1);
         slot.deadline = None;
         let conn = slot.conn.take();
+        self.timers.set(id.index, None);
         self.free.push(id.index);
         conn
     }
@@ -634,9 +637,7 @@ impl ConnectionTable {
         let d = slot.conn.as_ref().and_then(|c| c.poll_timeout());
         if d != slot.deadline {
             slot.deadline = d;
-            if let Some(d) = d {
-                self.timers.push(Reverse((d, index, slot.generation)));
-            }
+            self.timers.set(index, d);
         }
     }
 
@@ -694,29 +695,26 @@ impl ConnectionTable {
         None
     }
 
+    /// Connections with a pending deadline: the timer queue's entries, at most one per
+    /// connection however often its deadlines move.
+    pub fn timers_pending(&self) -> usize {
+        self.timers.len()
+    }
+
     /// The earliest deadline of any connection.
-    pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(&Reverse((d, index, generation))) = self.timers.peek() {
-            let slot = &self.slots[index as usize];
-            if slot.generation == generation && slot.deadline == Some(d) {
-                return Some(d);
-            }
-            self.timers.pop();
-        }
-        None
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|(d, _)| d)
     }
 
     /// Run every expired timer.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&Reverse((d, index, generation))) = self.timers.peek() {
+        while let Some((d, index)) = self.timers.peek() {
             if d > now {
                 break;
             }
             self.timers.pop();
             let slot = &mut self.slots[index as usize];
-            if slot.generation != generation || slot.deadline != Some(d) {
-                continue;
-            }
+            debug_assert_eq!(slot.deadline, Some(d), "the queue follows the slots");
             slot.deadline = None;
             if let Some(conn) = slot.conn.as_mut() {
                 conn.handle_timeout(now);

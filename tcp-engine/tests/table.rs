@@ -519,3 +519,63 @@ fn syn_cookies_when_the_half_open_queue_is_full() {
     assert_eq!(server.stats().syncookies_failed, 2);
     let _ = id;
 }
+
+/// A ping-pong connection with keepalive and a user timeout on moves its earliest deadline
+/// between the retransmission timer and those far deadlines every round trip: the table's
+/// timer queue still holds one entry per connection (it once kept every superseded deadline
+/// until it expired, growing with the connection's lifetime), and the timers still fire.
+#[test]
+fn moving_deadlines_keep_one_timer_entry_per_connection() {
+    let cfg = Config {
+        keepalive: Some((
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(1),
+            3,
+        )),
+        user_timeout: Some(std::time::Duration::from_secs(30)),
+        tx_mode: TxMode::Records,
+        ..Config::default()
+    };
+    let mut client = ConnectionTable::new([1; 16], 4);
+    let mut server = ConnectionTable::new([2; 16], 4);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, cfg.clone());
+    let mut now = Instant::from_millis(1);
+    let id = client.connect(cfg, tuple(0), now).expect("connect");
+    pump(&mut client, &mut server, now);
+    let sid = server
+        .accept(Ipv4Addr::UNSPECIFIED, 4791)
+        .or_else(|| server.accept(SERVER, 4791))
+        .expect("accepted");
+    let mut buf = [0u8; 64];
+    let mut most = 0;
+    for i in 0..20_000u64 {
+        now = Instant::from_nanos(now.as_nanos() + 10_000);
+        let c = client.get_mut(id).expect("client");
+        c.send_record(&i.to_be_bytes()).expect("ping");
+        pump(&mut client, &mut server, now);
+        let s = server.get_mut(sid).expect("server");
+        assert_eq!(s.recv(&mut buf), 8, "ping {i}");
+        s.send_record(&i.to_be_bytes()).expect("pong");
+        pump(&mut client, &mut server, now);
+        let c = client.get_mut(id).expect("client");
+        assert_eq!(c.recv(&mut buf), 8, "pong {i}");
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+        most = most
+            .max(client.timers_pending())
+            .max(server.timers_pending());
+    }
+    assert_eq!(most, 1, "one connection, one timer entry per table");
+    // Keepalive still runs: after 60 s idle the client probes and the server answers.
+    let idle = Instant::from_nanos(now.as_nanos() + 61_000_000_000);
+    assert!(client.poll_timeout().is_some_and(|d| d <= idle));
+    client.handle_timeout(idle);
+    assert!(
+        pump(&mut client, &mut server, idle) >= 2,
+        "a probe and its ACK"
+    );
+    assert_eq!(
+        client.get_mut(id).expect("client").state(),
+        State::Established
+    );
+}
