@@ -505,6 +505,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         }
         let index = self
             .scramble
+            .as_ref()
             .map_or(stag.index(), |s| s.slot_of(stag.index())) as usize;
         let slot = self.slots.get(index)?;
         (slot.key == stag.key() && slot.region.is_some()).then_some(index)

@@ -1501,14 +1501,15 @@ impl QueuePair {
         if entry.tail {
             return self.emit_immediate(entry, out);
         }
-        let sink = head.wr.sg_list.piece_at(0, u64::MAX).map(|(s, _)| s);
+        // A Read's or an Atomic's local sink: its first element (a Read or Atomic has one).
+        let sink = || head.wr.sg_list.piece_at(0, u64::MAX).map(|(s, _)| s);
         if let SendOp::Atomic {
             remote_stag,
             remote_to,
             op,
         } = entry.op
         {
-            let Some(sink) = sink else {
+            let Some(sink) = sink() else {
                 return self.fail_locally(out);
             };
             return self.emit_atomic_request(entry.seq, sink, remote_stag, remote_to, op, out);
@@ -1527,6 +1528,7 @@ impl QueuePair {
             remote_to,
         } = entry.op
         {
+            let sink = sink();
             let request = ReadRequest {
                 sink_stag: sink.map_or(0, |s| s.stag.raw()),
                 sink_to: sink.map_or(0, |s| s.to),
