@@ -5,6 +5,7 @@
 //! private data, and every run verifies the data that arrived.
 
 mod engine_report;
+mod live;
 mod net;
 mod pattern;
 mod pcap;
@@ -161,6 +162,11 @@ pub struct Cli {
     /// Print one JSON object with the results on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// `--transport xdp`: print the engine's counters (totals and rates) on stderr every this
+    /// many seconds while the run goes on. `iwarp-bench stats` shows them from another shell
+    /// (every run on the engine refreshes them in /run/iwarp-bench once a second).
+    #[arg(long, value_name = "SECONDS")]
+    pub stats_every: Option<f64>,
     /// Seconds to wait for connection setup.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
@@ -340,7 +346,22 @@ impl Cli {
             .next()
             .ok_or_else(|| format!("{host} has no address"))
     }
+    /// `--stats-every` as a duration.
+    pub fn stats_every(&self) -> Option<std::time::Duration> {
+        self.stats_every.map(std::time::Duration::from_secs_f64)
+    }
+
     fn validate(&self) -> Result<(), String> {
+        if let Some(every) = self.stats_every {
+            if self.transport != Transport::Xdp {
+                return Err(
+                    "--stats-every shows the AF_XDP engine's counters (--transport xdp)".into(),
+                );
+            }
+            if !(0.1..=3600.0).contains(&every) {
+                return Err("--stats-every must be between 0.1 and 3600 seconds".into());
+            }
+        }
         if let Some(0) = self.size {
             return Err("--size must be at least 1".into());
         }
@@ -398,6 +419,9 @@ fn main() -> ExitCode {
     }
     if std::env::args().nth(1).as_deref() == Some("perftest") {
         return perftest::main(std::env::args().skip(1));
+    }
+    if std::env::args().nth(1).as_deref() == Some("stats") {
+        return live::stats_main(std::env::args().skip(1));
     }
     let cli = Cli::parse();
     if let Err(e) = cli.validate() {

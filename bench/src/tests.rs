@@ -19,6 +19,7 @@ use datapath::{
 use serde_json::json;
 
 use crate::engine_report::EngineReport;
+use crate::live;
 use crate::pattern;
 use crate::pcap::PcapReport;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
@@ -483,7 +484,10 @@ fn finish(
 
 pub fn run_server(cli: &Cli) -> Result<(), String> {
     let opened = open_device(cli)?;
-    let result = serve_session(cli, &opened.0);
+    let what = format!("{} server", cli.test.name());
+    let result = live::with_live_counters(&opened.0, cli.stats_every(), &what, || {
+        serve_session(cli, &opened.0)
+    });
     finish(cli, opened, result)
 }
 
@@ -858,7 +862,10 @@ impl Side {
 /// Runs the client side: connects, runs every size, prints the results.
 pub fn run_client(cli: &Cli, addr: SocketAddr) -> Result<(), String> {
     let opened = open_device(cli)?;
-    let result = client_session(cli, addr, &opened.0);
+    let what = format!("{} client", cli.test.name());
+    let result = live::with_live_counters(&opened.0, cli.stats_every(), &what, || {
+        client_session(cli, addr, &opened.0)
+    });
     finish(cli, opened, result)
 }
 

@@ -259,6 +259,17 @@ fn bad_arguments_are_errors_not_panics() {
         &["write-bw", "--mpa-rev", "3"],
         &["write-bw", "--slots", "1025"],
         &["write-bw", "--cq-mod", "0"],
+        &["write-bw", "--stats-every", "1"],
+        &[
+            "write-bw",
+            "--transport",
+            "xdp",
+            "--iface",
+            "lo",
+            "--stats-every",
+            "0",
+        ],
+        &["stats", "--nope"],
         &["nope"],
     ] {
         let out = std::process::Command::new(bin())
@@ -298,4 +309,49 @@ fn bad_arguments_are_errors_not_panics() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refused"), "{err}");
+}
+
+/// `iwarp-bench stats` reads what running engines publish: nothing there is said plainly; a
+/// snapshot of a live process is shown as a table column; one of a process that is gone (a
+/// run killed before it could remove its file) is skipped.
+#[test]
+fn stats_shows_live_snapshots_only() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stats-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let stats = |args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .arg("stats")
+            .arg("--dir")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .expect("run stats");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(stats(&[]).contains("no iwarp-bench run"), "{}", stats(&[]));
+    let me = std::process::id();
+    let snapshot = |pid: u32, frames: u64| {
+        format!(
+            r#"{{"pid":{pid},"run":"write-bw client","uptime_s":1.5,"engine":{{"frames_rx":{frames},"error":null}}}}"#
+        )
+    };
+    std::fs::write(dir.join(format!("{me}.json")), snapshot(me, 4242)).expect("write");
+    // No process has a pid this high (pid_max is at most 2^22).
+    std::fs::write(dir.join("4194999.json"), snapshot(4_194_999, 7)).expect("write");
+    let table = stats(&[]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("frames_rx") && l.ends_with("4242")),
+        "{table}"
+    );
+    assert!(!table.contains("4194999"), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&stats(&["--json"])).expect("json");
+    assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
+    assert!(
+        stats(&["1"]).contains("no iwarp-bench run"),
+        "only pid 1 asked for"
+    );
 }
