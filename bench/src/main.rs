@@ -404,7 +404,26 @@ impl Cli {
     }
 }
 
+/// Logging through `tracing`: `RUST_LOG` (e.g. `info`, or `datapath=debug`) selects what the
+/// library reports on stderr (connection setup, MPA, Terminates, ends, engine start and
+/// stop); without it nothing is logged.
+fn init_logging() {
+    let Some(spec) = std::env::var_os("RUST_LOG") else {
+        return;
+    };
+    match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        Err(e) => eprintln!("iwarp-bench: RUST_LOG={spec:?} ignored: {e}"),
+    }
+}
+
 fn main() -> ExitCode {
+    init_logging();
     if std::env::args().nth(1).as_deref() == Some("raw") {
         return raw::main(std::env::args().skip(1));
     }

@@ -1044,12 +1044,20 @@ struct Progress {
     duration: Option<Duration>,
     start: Instant,
     next: Instant,
+    /// stderr is a terminal: a progress bar instead of lines.
+    terminal: bool,
+    /// The bar, made once the size has run for [`Progress::EVERY`] (short sizes stay quiet).
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Progress {
+    /// Lines: one a second, from the first second on.
     const EVERY: Duration = Duration::from_secs(1);
+    /// A terminal's bar: redrawn this often.
+    const BAR_EVERY: Duration = Duration::from_millis(100);
 
     fn new(side: &Side, size: u64, duration: Option<Duration>, start: Instant) -> Progress {
+        use std::io::IsTerminal;
         Progress {
             test: side.hello.test.name(),
             bw: side.hello.test.is_bw(),
@@ -1058,6 +1066,8 @@ impl Progress {
             duration,
             start,
             next: start + Self::EVERY,
+            terminal: std::io::stderr().is_terminal(),
+            bar: None,
         }
     }
 
@@ -1066,7 +1076,6 @@ impl Progress {
         if now < self.next {
             return;
         }
-        self.next = now + Self::EVERY;
         let secs = now.duration_since(self.start).as_secs_f64();
         let of = match self.duration {
             Some(d) => format!("in {secs:.1} of {:.1} s", d.as_secs_f64()),
@@ -1078,10 +1087,49 @@ impl Progress {
         } else {
             String::new()
         };
+        if self.terminal {
+            self.next = now + Self::BAR_EVERY;
+            let (pos, len) = match self.duration {
+                Some(d) => (
+                    now.duration_since(self.start).as_millis() as u64,
+                    d.as_millis() as u64,
+                ),
+                None => (done, self.iters),
+            };
+            let bar = self.bar.get_or_insert_with(|| {
+                let bar = indicatif::ProgressBar::new(len);
+                let style = indicatif::ProgressStyle::with_template(
+                    "{prefix} [{bar:30}] {percent:>3}% {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> ");
+                bar.set_style(style);
+                bar.set_prefix(format!("{} {} B", self.test, self.size));
+                bar
+            });
+            bar.set_position(pos.min(len));
+            // Short enough for an 80-column line: the bar shows how far.
+            bar.set_message(if self.bw {
+                rate.trim_start_matches(", ").to_owned()
+            } else {
+                format!("{done} iterations")
+            });
+            return;
+        }
+        self.next = now + Self::EVERY;
         eprintln!(
             "iwarp-bench: {} {} B: {done} iterations {of}{rate}",
             self.test, self.size
         );
+    }
+}
+
+impl Drop for Progress {
+    /// The size is done: its bar goes (the result table follows on stdout).
+    fn drop(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
     }
 }
 

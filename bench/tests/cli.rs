@@ -355,3 +355,55 @@ fn stats_shows_live_snapshots_only() {
         "only pid 1 asked for"
     );
 }
+
+/// On a terminal the client shows a progress bar for a size that runs longer than a second
+/// (run under `script`, which gives it a pseudo-terminal); elsewhere it prints a line a second.
+#[test]
+fn progress_is_a_bar_on_a_terminal_and_lines_elsewhere() {
+    if !require(have("script"), "script (util-linux) is needed") {
+        return;
+    }
+    // A 2-second write-bw; the client as `client(port)` makes it.
+    let run = |client: &dyn Fn(&str) -> std::process::Command| {
+        let port = free_port().to_string();
+        let mut server = std::process::Command::new(bin())
+            .args([
+                "write-bw",
+                "-D",
+                "2",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start server");
+        let out = client_once_listening(&mut server, || client(&port).output().expect("client"));
+        let _ = wait_with_timeout(server, std::time::Duration::from_secs(60));
+        assert!(out.status.success(), "{out:?}");
+        out
+    };
+    let tty = run(&|port| {
+        let line = format!("{} write-bw -D 2 --port {port} 127.0.0.1", bin().display());
+        let mut c = std::process::Command::new("script");
+        c.args(["-qec", &line, "/dev/null"]);
+        c
+    });
+    // `script` puts the terminal's output (stdout and stderr) on its stdout.
+    let tty = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.contains("[=") && tty.contains('%'), "no bar: {tty}");
+    assert!(!tty.contains("65536 B: "), "lines on a terminal: {tty}");
+    let piped = run(&|port| {
+        let mut c = std::process::Command::new(bin());
+        c.args(["write-bw", "-D", "2", "--port", port, "127.0.0.1"]);
+        c
+    });
+    let lines = String::from_utf8_lossy(&piped.stderr);
+    assert!(
+        lines.contains("65536 B: ") && lines.contains("iterations in 1."),
+        "{lines}"
+    );
+    assert!(!lines.contains("[="), "a bar on a pipe: {lines}");
+}

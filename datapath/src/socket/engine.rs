@@ -50,6 +50,15 @@ pub(super) fn start_engine(
         initiator,
         recvs,
     } = setup;
+    tracing::info!(
+        peer = ?stream.peer_addr().ok(),
+        initiator,
+        rev = negotiated.rev,
+        crc = negotiated.crc,
+        markers_tx = negotiated.markers_tx,
+        markers_rx = negotiated.markers_rx,
+        "MPA Full Operation (kernel TCP)"
+    );
     let sock = socket2::SockRef::from(&stream);
     // Dead peers end the connection (RFC 9293 3.8.4 keepalive; RFC 5482 user timeout).
     if let Some(k) = params.keepalive {
@@ -205,12 +214,26 @@ impl Engine {
         let _ = self.stream.flush();
         let _ = self.stream.shutdown(Shutdown::Both);
         self.deliver_completions();
+        tracing::info!(
+            peer = ?self.stream.peer_addr().ok(),
+            state = ?self.qp.state(),
+            "TCP connection ended (kernel TCP)"
+        );
         self.shared.mark_finished(self.qp.state());
     }
 
     /// Records what ended the connection (see `Shared::set_error`).
     fn set_error(&self, error: QpError) {
-        self.shared.set_error(error, self.qp.remote_terminate());
+        let terminate = self.qp.remote_terminate();
+        match &terminate {
+            Some(t) => tracing::info!(
+                error = %error,
+                terminate = ?t,
+                "queue pair in error: the peer sent a Terminate"
+            ),
+            None => tracing::debug!(error = %error, "queue pair in error"),
+        }
+        self.shared.set_error(error, terminate);
     }
 
     fn handle_commands(&mut self) -> bool {

@@ -110,6 +110,7 @@ impl SocketListen {
             record,
             buf: vec![0; 4096],
         };
+        tracing::info!(%local, "listening (kernel TCP)");
         let thread = std::thread::Builder::new()
             .name(format!("iwarp-listen{}", local.port()))
             .spawn(move || thread.run())?;
@@ -293,6 +294,7 @@ impl Startups {
                 }
                 // Closed or reset before the Request was complete.
                 Ok(_) | Err(_) => {
+                    tracing::debug!(peer = %s.peer, "closed before its MPA Request (kernel TCP)");
                     self.record.startup_failed(&MpaError::ConnectionLost);
                     return true;
                 }
@@ -301,6 +303,7 @@ impl Startups {
                 Ok(progress) => progress,
                 // RFC 5044 7.1.2: a malformed Request (or none in time) closes the connection.
                 Err(e) => {
+                    tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
                     self.record.startup_failed(&e);
                     return true;
                 }
@@ -320,6 +323,14 @@ impl Startups {
             peer,
             mut responder,
         } = s;
+        tracing::info!(
+            %peer,
+            rev = info.rev,
+            crc = info.crc,
+            markers = info.markers,
+            private_data = info.private_data.len(),
+            "MPA Request received (kernel TCP)"
+        );
         let held: HeldStream = Arc::new(Mutex::new(Some(stream)));
         let deadline = responder.poll_timeout();
         let arrived = Arrived {
@@ -365,6 +376,7 @@ impl Startups {
             .retain(|_, s| match s.responder.handle_timeout(now) {
                 Ok(()) => true,
                 Err(e) => {
+                    tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
                     record.startup_failed(&e);
                     false
                 }
@@ -374,6 +386,7 @@ impl Startups {
                 break;
             };
             if let Some(stream) = w.stream.upgrade().and_then(|held| take(&held)) {
+                tracing::warn!("MPA Request left unanswered past the accept timeout: closed");
                 self.record.startup_failed(&MpaError::AcceptTimeout);
                 let _ = stream.shutdown(Shutdown::Both);
             }

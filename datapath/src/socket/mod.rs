@@ -35,6 +35,7 @@ pub fn connect(
     // Check the configuration and private data before opening a connection the responder
     // would only see fail.
     let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
+    tracing::info!(peer = %addr, "connecting (kernel TCP)");
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.request())?;
@@ -47,6 +48,7 @@ pub fn connect(
         match event {
             InitiatorEvent::NeedMore => continue,
             InitiatorEvent::Rejected { private_data } => {
+                tracing::info!(peer = %addr, "MPA Request rejected by the peer");
                 let _ = stream.shutdown(Shutdown::Both);
                 return Err(DatapathError::Rejected { private_data });
             }

@@ -149,6 +149,7 @@ impl TcpApp for App<'_> {
             }
         };
         let mut slot = Slot::new(conn, None, tuple);
+        tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
         for (seq, stream_offset, bytes) in early.into_iter().flatten() {
             let data = PassedUp {
                 seq,
@@ -243,6 +244,14 @@ impl TcpApp for App<'_> {
             *progress = true;
             match ev {
                 ConnEvent::Request(info) => {
+                    tracing::info!(
+                        peer = %slot.peer,
+                        rev = info.rev,
+                        crc = info.crc,
+                        markers = info.markers,
+                        private_data = info.private_data.len(),
+                        "MPA Request received"
+                    );
                     let msg = RequestMsg {
                         id,
                         info,
@@ -271,6 +280,14 @@ impl TcpApp for App<'_> {
                     let Some(negotiated) = slot.conn.negotiated().cloned() else {
                         continue;
                     };
+                    tracing::info!(
+                        peer = %slot.peer,
+                        rev = negotiated.rev,
+                        crc = negotiated.crc,
+                        markers_tx = negotiated.markers_tx,
+                        markers_rx = negotiated.markers_rx,
+                        "MPA Full Operation"
+                    );
                     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
                     slot.cmds = Some(cmd_rx);
                     let named = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -307,10 +324,12 @@ impl TcpApp for App<'_> {
                     }
                 }
                 ConnEvent::Rejected { private_data } => {
+                    tracing::info!(peer = %slot.peer, "MPA Request rejected by the peer");
                     slot.closing = true;
                     slot.fail_waiter(DatapathError::Rejected { private_data });
                 }
                 ConnEvent::StartupFailed(e) => {
+                    tracing::warn!(peer = %slot.peer, error = %e, "MPA startup failed");
                     if matches!(slot.waiter, Waiter::None) {
                         // A passive connection the application has not accepted: its
                         // listener counts why it ended.
@@ -322,14 +341,22 @@ impl TcpApp for App<'_> {
                     slot.fail_waiter(DatapathError::Mpa(e));
                 }
                 ConnEvent::ConnectionRefused => {
+                    tracing::info!(peer = %slot.peer, "connection refused (TCP reset)");
                     slot.set_error(QpError::Refused);
                     slot.fail_waiter(DatapathError::Io(std::io::Error::from(
                         std::io::ErrorKind::ConnectionRefused,
                     )));
                 }
-                ConnEvent::MpaFailed(e) => slot.set_error(QpError::Mpa(e)),
-                ConnEvent::TransmitSourceFailed(_) => slot.set_error(QpError::TransmitSourceFailed),
+                ConnEvent::MpaFailed(e) => {
+                    tracing::warn!(peer = %slot.peer, error = %e, "MPA error: Terminate sent");
+                    slot.set_error(QpError::Mpa(e));
+                }
+                ConnEvent::TransmitSourceFailed(e) => {
+                    tracing::warn!(peer = %slot.peer, error = %e, "a frame's source memory is gone: connection reset");
+                    slot.set_error(QpError::TransmitSourceFailed);
+                }
                 ConnEvent::TransportClosed(how) => {
+                    tracing::info!(peer = %slot.peer, how = ?how, "TCP connection ended");
                     if !slot.closing {
                         slot.set_error(transport_closed_error(how));
                     }
@@ -385,6 +412,7 @@ impl TcpApp for App<'_> {
     fn on_closed(&mut self, id: ConnId, _tcp: TcpConnection) {
         self.st.early.remove(&id);
         if let Some(mut slot) = self.st.slots.remove(&id) {
+            tracing::debug!(peer = %slot.peer, "connection closed and released");
             slot.finish(QpError::PeerClosed);
             add_counters(&mut self.st.ended, &slot.conn.counters());
             self.st.ended_conns += 1;

@@ -239,6 +239,7 @@ impl XdpEngine {
             let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
             let (shard, local_ip) =
                 spawn_shard(format!("iwarp-xdp-{ifname}"), open, cfg.clone(), 0, cfg.cpu)?;
+            tracing::info!(iface = ifname, %local_ip, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
                 shards: vec![shard],
                 next: AtomicUsize::new(0),
@@ -270,6 +271,12 @@ impl XdpEngine {
             engine.local_ip = ip;
             engine.shards.push(shard);
         }
+        tracing::info!(
+            iface = ifname,
+            local_ip = %engine.local_ip,
+            shards = engine.shards.len(),
+            "AF_XDP engine started"
+        );
         Ok(engine)
     }
 
@@ -301,6 +308,7 @@ impl XdpEngine {
                 .handle
                 .call(cmd, rx, params.setup_timeout, "starting to listen")?;
         }
+        tracing::info!(local = %SocketAddr::from((self.local_ip, port)), "listening (AF_XDP engine)");
         Ok(Listener::from_provider(
             Box::new(XdpListen {
                 rx: req_rx,
@@ -358,6 +366,7 @@ impl XdpEngine {
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
         let wait = params.setup_timeout + Duration::from_secs(5);
         handle.send(cmd)?;
+        tracing::info!(peer = %addr, shard = n, "connecting (AF_XDP engine)");
         Ok(Box::new(move || {
             let (parts, private_data) = Handle::reply(rx, wait, "connecting")?;
             Ok(Connection {

@@ -63,8 +63,17 @@ impl Slot {
 
     /// Records what ended the connection (see `Shared::set_error`).
     pub(super) fn set_error(&self, error: QpError) {
-        self.shared
-            .set_error(error, self.conn.qp().remote_terminate());
+        let terminate = self.conn.qp().remote_terminate();
+        match &terminate {
+            Some(t) => tracing::info!(
+                peer = %self.peer,
+                error = %error,
+                terminate = ?t,
+                "queue pair in error: the peer sent a Terminate"
+            ),
+            None => tracing::debug!(peer = %self.peer, error = %error, "queue pair in error"),
+        }
+        self.shared.set_error(error, terminate);
     }
 
     pub(super) fn fail_waiter(&mut self, e: DatapathError) {

@@ -192,6 +192,17 @@ impl Engine {
             if error.is_none() {
                 error = t.failed.take();
             }
+            match &error {
+                Some(e) => tracing::error!(
+                    error = %e,
+                    connections = t.st.slots.len(),
+                    "AF_XDP engine thread stopped on a failure"
+                ),
+                None => tracing::debug!(
+                    connections = t.st.slots.len(),
+                    "AF_XDP engine thread stopped"
+                ),
+            }
             // Every queue pair is flushed (its work requests complete with `WrFlushError`, its
             // waiters get an error) and its command channel closes (later posts fail); a
             // connection whose state a panic left unusable is only dropped.
