@@ -4,6 +4,7 @@
 //! client. Both sides exchange their buffer (STag, TO, length) and the test parameters in MPA
 //! private data, and every run verifies the data that arrived.
 
+mod compare;
 mod engine_report;
 mod live;
 mod net;
@@ -438,6 +439,9 @@ fn main() -> ExitCode {
     }
     if std::env::args().nth(1).as_deref() == Some("perftest") {
         return perftest::main(std::env::args().skip(1));
+    }
+    if std::env::args().nth(1).as_deref() == Some("compare") {
+        return compare::main(std::env::args().skip(1));
     }
     if std::env::args().nth(1).as_deref() == Some("stats") {
         return live::stats_main(std::env::args().skip(1));

@@ -1,0 +1,737 @@
+//! `iwarp-bench compare`: one command for the side-by-side comparison that `docs/BENCHMARKS.md`
+//! asks for. It brings up the veth bed (`scripts/netns.sh up`), then runs, alternating in
+//! rounds (the machine drifts: alternating puts every transport under the same drift), raw
+//! AF_XDP, the AF_XDP engine, the socket transport and iperf3 (kernel TCP) for one test at one
+//! size or a sweep of sizes, each run a server in `iwa` and a client in `iwb`; prints each
+//! transport's median with the engine's ratio to the others, writes every round as JSON
+//! (`--json`) and draws the sweep (`--plot FILE.svg`: one line per transport against the
+//! message size).
+//!
+//! * `bw`: Gbit/s. The engine and the socket transport: `write-bw`. Raw AF_XDP: `raw tx` to
+//!   `raw rx` of as many full-MTU frames as the engine's FPDUs would take, its TCP-payload
+//!   goodput. iperf3: the same octets in writes of the message size.
+//! * `lat`: microseconds, the median half round trip. The engine and the socket transport:
+//!   `write-lat`. Raw AF_XDP: `raw pingpong` with frames of the message size plus headers.
+//!   iperf3 measures no latency and is left out.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The bed's namespaces, interfaces and server address (`scripts/netns.sh`).
+const NS_SERVER: &str = "iwa";
+const NS_CLIENT: &str = "iwb";
+const DEV_SERVER: &str = "iwa0";
+const DEV_CLIENT: &str = "iwb0";
+const SERVER_IP: &str = "10.77.0.1";
+/// Octets of Ethernet, IPv4 and TCP headers in a raw frame.
+const FRAME_HEADERS: u64 = 54;
+/// TCP payload of one engine frame at MTU 1500 (timestamps, MPA and tagged DDP headers off).
+const ENGINE_PAYLOAD: u64 = 1500 - 40 - 12 - 6 - 14;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Kind {
+    Bw,
+    Lat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Which {
+    /// Raw AF_XDP (no TCP): the ceiling.
+    Raw,
+    /// The AF_XDP engine (`--transport xdp`).
+    Xdp,
+    /// The socket transport (kernel TCP).
+    Socket,
+    /// iperf3 over kernel TCP (bw only).
+    Iperf3,
+}
+
+impl Which {
+    fn name(self) -> &'static str {
+        match self {
+            Which::Raw => "raw",
+            Which::Xdp => "xdp",
+            Which::Socket => "socket",
+            Which::Iperf3 => "iperf3",
+        }
+    }
+}
+
+/// Compare transports side by side on the veth bed (root).
+#[derive(Parser, Debug)]
+#[command(name = "iwarp-bench compare")]
+struct CompareCli {
+    /// `bw`: Gbit/s (write-bw); `lat`: median half round trip in us (write-lat).
+    #[arg(long, value_enum, default_value_t = Kind::Bw)]
+    test: Kind,
+    /// Message sizes (comma-separated or repeated); default 65536 (bw) or 64 (lat).
+    #[arg(short, long, value_delimiter = ',')]
+    size: Vec<u64>,
+    /// A sweep: every power of two from 1 KiB (bw) or 64 B (lat) to 1 MiB (bw) or 8 KiB (lat).
+    #[arg(short = 'a', long)]
+    sweep: bool,
+    /// Iterations per run (default: 2000 for bw, 10000 for lat).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Rounds; each runs every transport at every size once, in an order that rotates.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: u32,
+    /// Transports to compare (comma-separated; iperf3 only for bw).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Which::Raw, Which::Xdp, Which::Socket, Which::Iperf3])]
+    transports: Vec<Which>,
+    /// Pin servers to CPU 0 and clients to CPU 1 (taskset).
+    #[arg(long)]
+    pinned: bool,
+    /// Write every round and the medians to this file as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the medians against the message size to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize)]
+struct Sample {
+    round: u32,
+    size: u64,
+    transport: Which,
+    value: f64,
+}
+
+pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
+    let cli = match CompareCli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwarp-bench compare: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &CompareCli) -> Result<(), String> {
+    if let Some(p) = &cli.plot {
+        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err("--plot draws SVG: give a FILE.svg".into());
+        }
+    }
+    let mut transports = cli.transports.clone();
+    transports.sort();
+    transports.dedup();
+    if cli.test == Kind::Lat && transports.contains(&Which::Iperf3) {
+        eprintln!("iwarp-bench compare: iperf3 measures no latency: left out of lat");
+        transports.retain(|&t| t != Which::Iperf3);
+    }
+    if transports.is_empty() {
+        return Err("no transport to compare".into());
+    }
+    let sizes = sizes(cli)?;
+    let iters = cli
+        .iters
+        .unwrap_or(if cli.test == Kind::Bw { 2000 } else { 10_000 });
+    testbed::run_script("up")?;
+    let me = std::env::current_exe().map_err(|e| format!("finding iwarp-bench itself: {e}"))?;
+    let mut runner = Runner {
+        me,
+        pinned: cli.pinned,
+        port: 18_900,
+    };
+    let mut samples = Vec::new();
+    let total = cli.rounds as usize * sizes.len() * transports.len();
+    for round in 0..cli.rounds {
+        for &size in &sizes {
+            // Rotate the order each round: no transport always runs first.
+            let k = round as usize % transports.len();
+            for &t in transports[k..].iter().chain(&transports[..k]) {
+                let value = runner.measure(cli.test, t, size, iters)?;
+                samples.push(Sample {
+                    round,
+                    size,
+                    transport: t,
+                    value,
+                });
+                eprintln!(
+                    "iwarp-bench compare: [{}/{total}] round {} {} {size} B: {value:.2} {}",
+                    samples.len(),
+                    round + 1,
+                    t.name(),
+                    unit(cli.test)
+                );
+            }
+        }
+    }
+    let medians = medians(&samples);
+    print!(
+        "{}",
+        table(cli.test, cli.rounds, &sizes, &transports, &medians)
+    );
+    if let Some(path) = &cli.json {
+        let out = serde_json::json!({
+            "test": test_name(cli.test),
+            "unit": unit(cli.test),
+            "iterations": iters,
+            "pinned": cli.pinned,
+            "rounds": samples,
+            "medians": medians
+                .iter()
+                .map(|((size, t), v)| serde_json::json!({"size": size, "transport": t, "value": v}))
+                .collect::<Vec<_>>(),
+        });
+        std::fs::write(path, format!("{out:#}\n"))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &cli.plot {
+        plot(path, cli.test, &sizes, &transports, &medians)?;
+    }
+    Ok(())
+}
+
+fn sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
+    let mut sizes = if cli.sweep {
+        let (lo, hi) = match cli.test {
+            Kind::Bw => (10, 20),
+            Kind::Lat => (6, 13),
+        };
+        (lo..=hi).map(|p| 1u64 << p).collect()
+    } else if cli.size.is_empty() {
+        vec![if cli.test == Kind::Bw { 65536 } else { 64 }]
+    } else {
+        cli.size.clone()
+    };
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.iter().any(|&s| s == 0 || s > 8 << 20) {
+        return Err("sizes must be from 1 B to 8 MiB".into());
+    }
+    if cli.test == Kind::Lat && sizes.iter().any(|&s| s + FRAME_HEADERS > 1514) {
+        return Err(
+            "lat sizes must fit one frame (at most 1460 B): raw ping-pong is one frame".into(),
+        );
+    }
+    Ok(sizes)
+}
+
+fn test_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Bw => "write-bw",
+        Kind::Lat => "write-lat",
+    }
+}
+
+fn unit(k: Kind) -> &'static str {
+    match k {
+        Kind::Bw => "Gbit/s",
+        Kind::Lat => "us",
+    }
+}
+
+/// The median of each (size, transport).
+fn medians(samples: &[Sample]) -> BTreeMap<(u64, Which), f64> {
+    let mut by: BTreeMap<(u64, Which), Vec<f64>> = BTreeMap::new();
+    for s in samples {
+        by.entry((s.size, s.transport)).or_default().push(s.value);
+    }
+    by.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            let m = if v.len() % 2 == 1 {
+                v[v.len() / 2]
+            } else {
+                (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+            };
+            (k, m)
+        })
+        .collect()
+}
+
+/// The medians per size, and the engine's ratio to each other transport (for lat, the
+/// other's time over the engine's: above 1 means the engine is faster, as for bw).
+fn table(
+    k: Kind,
+    rounds: u32,
+    sizes: &[u64],
+    transports: &[Which],
+    medians: &BTreeMap<(u64, Which), f64>,
+) -> String {
+    let mut out = format!(
+        "compare: {}, medians of {rounds} round(s), {}\n{:>9}",
+        test_name(k),
+        unit(k),
+        "bytes"
+    );
+    for t in transports {
+        out.push_str(&format!("{:>10}", t.name()));
+    }
+    let others: Vec<Which> = if transports.contains(&Which::Xdp) {
+        transports
+            .iter()
+            .copied()
+            .filter(|&t| t != Which::Xdp)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for t in &others {
+        out.push_str(&format!("{:>13}", format!("xdp/{}", t.name())));
+    }
+    out.push('\n');
+    for &size in sizes {
+        out.push_str(&format!("{size:>9}"));
+        for &t in transports {
+            out.push_str(&format!(
+                "{:>10.2}",
+                medians.get(&(size, t)).copied().unwrap_or(0.0)
+            ));
+        }
+        let xdp = medians.get(&(size, Which::Xdp)).copied().unwrap_or(0.0);
+        for &t in &others {
+            let other = medians.get(&(size, t)).copied().unwrap_or(0.0);
+            let ratio = match k {
+                Kind::Bw => xdp / other,
+                Kind::Lat => other / xdp,
+            };
+            out.push_str(&format!("{ratio:>13.2}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Runs the measurements as processes in the bed's namespaces.
+struct Runner {
+    me: PathBuf,
+    pinned: bool,
+    /// The next TCP port (each run its own: no TIME_WAIT clashes).
+    port: u16,
+}
+
+impl Runner {
+    fn next_port(&mut self) -> String {
+        self.port = if self.port >= 19_400 {
+            18_900
+        } else {
+            self.port + 1
+        };
+        self.port.to_string()
+    }
+
+    /// `ip netns exec NS [taskset -c CPU] PROGRAM ARGS...`.
+    fn command(&self, ns: &str, server: bool, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]);
+        if self.pinned {
+            c.args(["taskset", "-c", if server { "0" } else { "1" }]);
+        }
+        c.arg(program).args(args);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    fn measure(&mut self, k: Kind, t: Which, size: u64, iters: u64) -> Result<f64, String> {
+        let what = format!("{} {size} B", t.name());
+        let v = match (k, t) {
+            (Kind::Bw, Which::Raw) => self.raw_bw(size, iters),
+            (Kind::Lat, Which::Raw) => self.raw_lat(size, iters),
+            (_, Which::Xdp | Which::Socket) => self.bench_pair(k, t, size, iters),
+            (Kind::Bw, Which::Iperf3) => self.iperf3(size, iters),
+            (Kind::Lat, Which::Iperf3) => Err("iperf3 measures no latency".into()),
+        }
+        .map_err(|e| format!("{what}: {e}"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("{what}: no result ({v})"));
+        }
+        Ok(v)
+    }
+
+    /// iwarp-bench write-bw / write-lat over the engine or the socket transport.
+    fn bench_pair(&mut self, k: Kind, t: Which, size: u64, iters: u64) -> Result<f64, String> {
+        let port = self.next_port();
+        let (size, iters) = (size.to_string(), iters.to_string());
+        let common = [
+            test_name(k),
+            "-p",
+            &port,
+            "-s",
+            &size,
+            "-n",
+            &iters,
+            "--json",
+        ];
+        let (server_t, client_t): (&[&str], &[&str]) = match t {
+            Which::Xdp => (
+                &["--transport", "xdp", "--iface", DEV_SERVER],
+                &["--transport", "xdp", "--iface", DEV_CLIENT],
+            ),
+            _ => (
+                &["--transport", "socket", "--bind", SERVER_IP],
+                &["--transport", "socket"],
+            ),
+        };
+        let me = self.me.clone();
+        let server = self
+            .command(NS_SERVER, true, &me, &[&common[..], server_t].concat())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the server: {e}"))?;
+        let client_args = [&common[..], client_t, &[SERVER_IP]].concat();
+        let client = retry_while_refused(|| {
+            self.command(NS_CLIENT, false, &me, &client_args)
+                .output()
+                .map_err(|e| format!("running the client: {e}"))
+        });
+        let _ = finish(server);
+        let out = client?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        let field = if k == Kind::Bw {
+            "gbit_per_sec"
+        } else {
+            "t_typical_us"
+        };
+        v["results"][0][field]
+            .as_f64()
+            .ok_or_else(|| format!("no {field} in {v}"))
+    }
+
+    /// Raw AF_XDP: `raw tx` to `raw rx`, full frames, as many as the engine's FPDUs would be.
+    fn raw_bw(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+        // 20,000 to 100,000 frames (~30 to 150 MB): fewer measure the start more than the
+        // rate; more only give the receiver more chances to fall a ring behind, and `raw rx`
+        // fails a run that lost frames.
+        let frames = (iters * size.div_ceil(ENGINE_PAYLOAD))
+            .clamp(20_000, 100_000)
+            .to_string();
+        let port = self.next_port();
+        let frame = (1500 + 14).to_string();
+        let me = self.me.clone();
+        let mut rx = self
+            .command(
+                NS_SERVER,
+                true,
+                &me,
+                &[
+                    "raw", "rx", "--iface", DEV_SERVER, "--size", &frame, "--count", &frames,
+                ],
+            )
+            .args([
+                "--mode", "driver", "--port", &port, "--ring", "2048", "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting raw rx: {e}"))?;
+        wait_for_line(&mut rx, "ready", Duration::from_secs(20))?;
+        let tx = self
+            .command(
+                NS_CLIENT,
+                false,
+                &me,
+                &[
+                    "raw", "tx", "--iface", DEV_CLIENT, "--size", &frame, "--count", &frames,
+                ],
+            )
+            .args(["--dst-ip", SERVER_IP, "--port", &port, "--quiet"])
+            .output()
+            .map_err(|e| format!("running raw tx: {e}"))?;
+        let rx = finish(rx)?;
+        if !tx.status.success() {
+            return Err(String::from_utf8_lossy(&tx.stderr).trim().to_owned());
+        }
+        if !rx.status.success() {
+            return Err(format!(
+                "raw rx failed ({}): frames lost? rerun, or see `iwarp-bench raw rx`",
+                rx.status
+            ));
+        }
+        let v: Value = serde_json::from_slice(&rx.stdout).map_err(|e| format!("raw rx: {e}"))?;
+        v["payload_gbit_per_sec"]
+            .as_f64()
+            .ok_or_else(|| format!("no payload_gbit_per_sec in {v}"))
+    }
+
+    /// Raw AF_XDP ping-pong of frames carrying `size` octets of payload.
+    fn raw_lat(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+        let port = self.next_port();
+        let (count, frame) = (
+            iters.to_string(),
+            (size + FRAME_HEADERS).max(64).to_string(),
+        );
+        let me = self.me.clone();
+        let responder = self
+            .command(
+                NS_SERVER,
+                true,
+                &me,
+                &["raw", "pingpong", "--iface", DEV_SERVER, "--count", &count],
+            )
+            .args(["--mode", "driver", "--port", &port, "--quiet"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the raw responder: {e}"))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let out = self
+            .command(
+                NS_CLIENT,
+                false,
+                &me,
+                &[
+                    "raw", "pingpong", "--iface", DEV_CLIENT, "--dst-ip", SERVER_IP,
+                ],
+            )
+            .args(["--size", &frame, "--count", &count, "--mode", "driver"])
+            .args(["--port", &port, "--quiet", "--json"])
+            .output()
+            .map_err(|e| format!("running the raw initiator: {e}"))?;
+        let _ = finish(responder);
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        v["t_typical_us"]
+            .as_f64()
+            .ok_or_else(|| format!("no t_typical_us in {v}"))
+    }
+
+    /// iperf3 (kernel TCP): the octets of `iters` messages, in writes of `size`.
+    fn iperf3(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+        let port = self.next_port();
+        let iperf = PathBuf::from("iperf3");
+        let server = self
+            .command(NS_SERVER, true, &iperf, &["-s", "-1", "-p", &port])
+            // Pipes, read at the end (a little text): with /dev/null for output, iperf3's
+            // server was seen never to take the connection.
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting iperf3 -s: {e}"))?;
+        // iperf3's client gives up on a refused connection in a way a quick retry does not
+        // mend: let the server get to its listen first.
+        std::thread::sleep(Duration::from_millis(300));
+        let bytes = (size * iters).to_string();
+        let len = size.min(1 << 20).to_string();
+        let client = retry_while_refused(|| {
+            self.command(NS_CLIENT, false, &iperf, &["-c", SERVER_IP, "-p", &port])
+                .args(["-n", &bytes, "-l", &len, "-J"])
+                .output()
+                .map_err(|e| format!("running iperf3 -c: {e}"))
+        });
+        let _ = finish(server);
+        let out = client?;
+        let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("iperf3: {e}"))?;
+        if let Some(e) = v["error"].as_str() {
+            return Err(format!("iperf3: {e}"));
+        }
+        v["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .map(|b| b / 1e9)
+            .ok_or_else(|| "iperf3 reported no sum_received".to_string())
+    }
+}
+
+/// Runs a client again while its server is not listening yet (connection refused), for up to
+/// 10 s.
+fn retry_while_refused(mut run: impl FnMut() -> Result<Output, String>) -> Result<Output, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = run()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let refused = text.contains("refused") || text.contains("Connection refused");
+        if out.status.success() || !refused || Instant::now() > deadline {
+            return Ok(out);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits (bounded) for a child to end; kills it past 60 s.
+fn finish(mut child: Child) -> Result<Output, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                break;
+            }
+        }
+    }
+    child.wait_with_output().map_err(|e| e.to_string())
+}
+
+/// Reads `child`'s stderr until a line contains `what` (the rest is left unread).
+fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<(), String> {
+    let err = child.stderr.take().ok_or("no stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains(what) => return Ok(()),
+            Ok(_) => {}
+            Err(_) => return Err(format!("no '{what}' within {limit:?}")),
+        }
+    }
+}
+
+/// The medians against the message size (log scale), one line per transport.
+fn plot(
+    path: &Path,
+    k: Kind,
+    sizes: &[u64],
+    transports: &[Which],
+    medians: &BTreeMap<(u64, Which), f64>,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
+    let lo = sizes.first().copied().unwrap_or(1);
+    let hi = sizes.last().copied().unwrap_or(1).max(lo * 2);
+    let top = medians.values().copied().fold(0.0f64, f64::max) * 1.15;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{} on the veth bed, median per size", test_name(k)),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((lo..hi).log_scale(), 0f64..top.max(1e-3))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("message size (bytes)")
+        .y_desc(match k {
+            Kind::Bw => "Gbit/s",
+            Kind::Lat => "half round trip (us)",
+        })
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, &t) in transports.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points: Vec<(u64, f64)> = sizes
+            .iter()
+            .filter_map(|&s| medians.get(&(s, t)).map(|&v| (s, v)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(t.name())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(size: u64, t: Which, value: f64) -> Sample {
+        Sample {
+            round: 0,
+            size,
+            transport: t,
+            value,
+        }
+    }
+
+    #[test]
+    fn medians_and_ratios() {
+        let s = [
+            sample(64, Which::Xdp, 5.0),
+            sample(64, Which::Xdp, 7.0),
+            sample(64, Which::Xdp, 6.0),
+            sample(64, Which::Socket, 3.0),
+            sample(64, Which::Socket, 4.0),
+        ];
+        let m = medians(&s);
+        assert_eq!(m[&(64, Which::Xdp)], 6.0);
+        assert_eq!(m[&(64, Which::Socket)], 3.5);
+        let t = table(Kind::Bw, 3, &[64], &[Which::Xdp, Which::Socket], &m);
+        assert!(t.contains("xdp/socket"), "{t}");
+        assert!(
+            t.lines()
+                .last()
+                .is_some_and(|l| l.trim_end().ends_with("1.71")),
+            "{t}"
+        );
+        // For latency the ratio is the other's time over the engine's.
+        let t = table(Kind::Lat, 3, &[64], &[Which::Xdp, Which::Socket], &m);
+        assert!(
+            t.lines()
+                .last()
+                .is_some_and(|l| l.trim_end().ends_with("0.58")),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_plot_has_a_line_per_transport() {
+        let path = std::env::temp_dir().join(format!("compare-{}.svg", std::process::id()));
+        let sizes = [1024, 4096, 65536];
+        let transports = [Which::Raw, Which::Xdp, Which::Socket];
+        let mut m = BTreeMap::new();
+        for (i, &t) in transports.iter().enumerate() {
+            for &s in &sizes {
+                m.insert((s, t), (i + 1) as f64 * (s as f64).log2());
+            }
+        }
+        plot(&path, Kind::Bw, &sizes, &transports, &m).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for t in transports {
+            assert!(
+                svg.contains(&format!("\n{}\n", t.name())),
+                "legend {}",
+                t.name()
+            );
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! `iwarp-bench compare` on the veth bed with a short setting: bw at two sizes over raw AF_XDP,
+//! the engine, the socket transport and iperf3, and lat at one size without iperf3 (which
+//! measures no latency). The JSON has every round and a positive median per size and
+//! transport; the SVG plot is a whole SVG document with one series per transport (its legend
+//! entry and a marker per size); the table has the engine's ratio to each other transport.
+//!
+//! Needs root and iperf3; skips (or fails under `CI=true`) otherwise.
+
+mod common;
+
+use std::process::Command;
+
+use common::{bin, have, require};
+use serde_json::Value;
+use testbed::*;
+
+fn compare(name: &str, args: &[&str], transports: &[&str], sizes: usize) {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let (json, svg) = (
+        dir.join(format!("{name}.json")),
+        dir.join(format!("{name}.svg")),
+    );
+    let out = Command::new(bin())
+        .arg("compare")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .expect("run compare");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{name}:\n{so}\n{se}");
+    for t in transports.iter().filter(|&&t| t != "xdp") {
+        assert!(
+            so.contains(&format!("xdp/{t}")),
+            "{name}: no ratio to {t}:\n{so}"
+        );
+    }
+
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("valid JSON");
+    let medians = v["medians"].as_array().expect("medians");
+    assert_eq!(medians.len(), sizes * transports.len(), "{v}");
+    for m in medians {
+        assert!(m["value"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
+        assert!(
+            transports.contains(&m["transport"].as_str().unwrap_or("?")),
+            "{m}"
+        );
+    }
+    assert_eq!(v["rounds"].as_array().map(Vec::len), Some(medians.len()));
+
+    let svg = std::fs::read_to_string(&svg).expect("svg");
+    assert!(
+        svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+        "{name}"
+    );
+    for t in transports {
+        assert!(
+            svg.contains(&format!("\n{t}\n</text>")),
+            "{name}: no legend for {t}"
+        );
+    }
+    assert_eq!(
+        svg.matches("<circle").count(),
+        sizes * transports.len(),
+        "{name}: a marker per size and transport"
+    );
+}
+
+#[test]
+fn compare_runs_every_transport_and_plots_them() {
+    if !require(have("iperf3"), "iperf3 is needed (scripts/install-deps.sh)") {
+        return;
+    }
+    let _bed = bed_or_skip!();
+    compare(
+        "compare-bw",
+        &[
+            "--test",
+            "bw",
+            "-s",
+            "4096,65536",
+            "-n",
+            "300",
+            "--rounds",
+            "1",
+        ],
+        &["raw", "xdp", "socket", "iperf3"],
+        2,
+    );
+    compare(
+        "compare-lat",
+        &["--test", "lat", "-s", "64", "-n", "500", "--rounds", "1"],
+        &["raw", "xdp", "socket"],
+        1,
+    );
+}
