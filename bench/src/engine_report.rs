@@ -72,6 +72,8 @@ pub struct EngineReport {
     pub idle_ms: f64,
     /// Engine threads (shards: one per queue, or 1).
     pub shards: u64,
+    /// Every AF_XDP socket runs in zero-copy mode (false: copy mode, as on veth).
+    pub zero_copy: bool,
     /// Segments a shard received for a flow another shard owns and handed over.
     pub handoffs: u64,
     /// Of those, dropped because the owner's inbox was full.
@@ -118,6 +120,7 @@ impl EngineReport {
             parks: c.parks,
             idle_ms: c.idle_ns as f64 / 1e6,
             shards: c.shards as u64,
+            zero_copy: c.zero_copy,
             handoffs: c.driver.handoffs_out,
             handoff_drops: c.driver.handoff_drops,
             frames_dropped_by_kernel: c.driver.rx_kernel_drops,
@@ -137,7 +140,7 @@ impl EngineReport {
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
-             (segments handed between them {}, dropped {}){}",
+             (segments handed between them {}, dropped {}), AF_XDP {}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -171,6 +174,7 @@ impl EngineReport {
             self.shards,
             self.handoffs,
             self.handoff_drops,
+            if self.zero_copy { "zero-copy" } else { "copy mode" },
             self.error
                 .as_ref()
                 .map(|e| format!(", stopped by: {e}"))

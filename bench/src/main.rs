@@ -87,6 +87,16 @@ pub struct Cli {
     /// of 32; 0: no limit, a turn sends all it may; default: the engine's).
     #[arg(long)]
     pub engine_tx_turn_frames: Option<usize>,
+    /// `--transport xdp`: busy-poll the NIC's NAPI context from the engine for this many
+    /// microseconds (`SO_BUSY_POLL`, with `SO_PREFER_BUSY_POLL`; `datapath::xsk::BusyPoll`).
+    /// For real NICs with deferred interrupts (`napi_defer_hard_irqs`, `gro_flush_timeout`);
+    /// veth has nothing to gain from it.
+    #[arg(long, value_name = "USECS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub engine_busy_poll: Option<u32>,
+    /// `--transport xdp` with `--engine-busy-poll`: packets one busy poll may process
+    /// (`SO_BUSY_POLL_BUDGET`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub engine_busy_poll_budget: u16,
     /// `--transport xdp`, inline progress: the longest a parked engine thread sleeps, in
     /// microseconds, before it looks whether the application still polls
     /// (`XdpEngineConfig::park_max`; its sleeps start at 500 and double; 500 or less: every

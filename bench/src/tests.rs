@@ -437,6 +437,11 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
         cfg.park_max = std::time::Duration::from_micros(us);
     }
     cfg.driver.xsk.capture = capture.as_ref().map(Capture::tap);
+    cfg.driver.xsk.busy_poll = cli.engine_busy_poll.map(|usecs| datapath::xsk::BusyPoll {
+        usecs,
+        budget: cli.engine_busy_poll_budget,
+        prefer: true,
+    });
     let device = Device::open(DeviceTransport::Xdp {
         ifname: iface.to_owned(),
         config: Box::new(cfg),

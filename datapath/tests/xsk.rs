@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
 use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
-use datapath::xsk::{interface_info, resolve_next_hop, BindMode, XskConfig, XskError, XskSocket};
+use datapath::xsk::{
+    interface_info, resolve_next_hop, BindMode, BusyPoll, BusyPollState, XskConfig, XskError,
+    XskSocket,
+};
 use socket2::{Domain, Protocol, Socket, Type};
 use testbed::*;
 
@@ -470,4 +473,44 @@ impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
+}
+
+/// `XskConfig::busy_poll` sets SO_PREFER_BUSY_POLL, SO_BUSY_POLL and SO_BUSY_POLL_BUDGET on the
+/// socket (read back from the kernel), a socket without it has none, and on veth, which has
+/// no zero-copy, the default bind (`BindMode::Auto`: zero-copy where the driver offers it)
+/// comes up in copy mode and says so.
+#[test]
+fn busy_poll_options_are_applied_and_veth_binds_in_copy_mode() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let bp = BusyPoll {
+            usecs: 50,
+            budget: 16,
+            prefer: true,
+        };
+        let cfg = XskConfig {
+            busy_poll: Some(bp),
+            ..XskConfig::default()
+        };
+        let sock = XskSocket::open(DEV_A, 2, &cfg).expect("open with busy polling");
+        // The budget cannot be read back (the kernel does not report it); it was set, or the
+        // socket would not have opened.
+        assert_eq!(
+            sock.busy_poll_state().expect("getsockopt"),
+            BusyPollState {
+                usecs: 50,
+                prefer: true
+            }
+        );
+        assert!(!sock.is_zero_copy(), "veth has no AF_XDP zero-copy");
+        drop(sock);
+        let plain = XskSocket::open(DEV_A, 3, &XskConfig::default()).expect("open");
+        assert_eq!(
+            plain.busy_poll_state().expect("getsockopt"),
+            BusyPollState {
+                usecs: 0,
+                prefer: false
+            }
+        );
+    });
 }

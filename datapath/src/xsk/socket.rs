@@ -66,6 +66,100 @@ pub struct XskConfig {
     /// Copy every frame received and transmitted to this packet capture (`None`: no
     /// capture, one branch per batch).
     pub capture: Option<CaptureTap>,
+    /// Busy polling of the socket's NAPI context (`None`: interrupts, the default).
+    pub busy_poll: Option<BusyPoll>,
+}
+
+/// Busy polling for a real NIC (the kernel's AF_XDP busy-poll mode): the socket's receive
+/// path runs the driver's NAPI poll from the application's `recvfrom`/`sendto` instead of from
+/// interrupts. Set on the socket as `SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL` and
+/// `SO_BUSY_POLL_BUDGET` (socket(7)); with it the receive path calls `recvfrom` whenever its
+/// ring is empty, which is what drives NAPI. It pays off only with the NIC's interrupts
+/// deferred, e.g. `echo 2 > /sys/class/net/IF/napi_defer_hard_irqs` and
+/// `echo 200000 > /sys/class/net/IF/gro_flush_timeout`; veth has no NAPI to gain from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// `SO_BUSY_POLL`: microseconds a blocking receive busy-polls before it sleeps.
+    pub usecs: u32,
+    /// `SO_BUSY_POLL_BUDGET`: packets one busy poll may process (the kernel caps it).
+    pub budget: u16,
+    /// `SO_PREFER_BUSY_POLL`: keep the NIC's interrupts off while the application polls.
+    pub prefer: bool,
+}
+
+impl Default for BusyPoll {
+    /// The kernel documentation's example: 20 us, a budget of 64, preferred.
+    fn default() -> Self {
+        BusyPoll {
+            usecs: 20,
+            budget: 64,
+            prefer: true,
+        }
+    }
+}
+
+/// What the kernel reports of a socket's busy polling ([`XskSocket::busy_poll_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyPollState {
+    /// `SO_BUSY_POLL`.
+    pub usecs: u32,
+    /// `SO_PREFER_BUSY_POLL`.
+    pub prefer: bool,
+}
+
+/// `SO_PREFER_BUSY_POLL` (include/uapi/asm-generic/socket.h).
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+/// `SO_BUSY_POLL_BUDGET`.
+const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
+
+fn set_int_option(fd: RawFd, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `value` is a live c_int and its size is passed; the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn get_int_option(fd: RawFd, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes passed; the kernel writes at
+    // most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the three busy-poll options on `fd`.
+fn apply_busy_poll(fd: RawFd, bp: BusyPoll) -> io::Result<()> {
+    set_int_option(fd, SO_PREFER_BUSY_POLL, libc::c_int::from(bp.prefer))?;
+    set_int_option(
+        fd,
+        libc::SO_BUSY_POLL,
+        libc::c_int::try_from(bp.usecs).unwrap_or(libc::c_int::MAX),
+    )?;
+    set_int_option(fd, SO_BUSY_POLL_BUDGET, libc::c_int::from(bp.budget))
 }
 
 impl Default for XskConfig {
@@ -82,6 +176,7 @@ impl Default for XskConfig {
             bind_attempts: 10,
             bind_retry_delay: Duration::from_millis(200),
             capture: None,
+            busy_poll: None,
         }
     }
 }
@@ -171,6 +266,8 @@ pub struct XskSocket {
     zero_copy: bool,
     stats: XskStats,
     capture: Option<CaptureTap>,
+    /// Busy polling: `recvfrom` on every empty receive (see [`BusyPoll`]).
+    busy_poll: bool,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -362,6 +459,14 @@ impl XskSocket {
         }
         let free_tx: Vec<FrameDesc> = descs.drain(rx_frames..).collect();
         let fd = rx.fd().as_raw_fd();
+        if let Some(bp) = cfg.busy_poll {
+            apply_busy_poll(fd, bp).map_err(|source| XskError::Setup {
+                ifname: ifname.to_owned(),
+                queue,
+                detail: "setting the busy-poll socket options",
+                source,
+            })?;
+        }
         let frame_capacity = (cfg.frame_size - umem_cfg.xdp_headroom()) as usize;
         Ok(Self {
             ifname: ifname.to_owned(),
@@ -384,6 +489,7 @@ impl XskSocket {
             zero_copy: query_zero_copy(fd),
             stats: XskStats::default(),
             capture: cfg.capture.clone(),
+            busy_poll: cfg.busy_poll.is_some(),
         })
     }
 
@@ -419,6 +525,17 @@ impl XskSocket {
         self.zero_copy
     }
 
+    /// The busy-poll options as the kernel reports them for this socket (zero and false
+    /// unless [`XskConfig::busy_poll`] set them). The kernel does not report
+    /// `SO_BUSY_POLL_BUDGET` (getsockopt: ENOPROTOOPT); a socket that opened has it set.
+    pub fn busy_poll_state(&self) -> io::Result<BusyPollState> {
+        let fd = self.fd();
+        Ok(BusyPollState {
+            usecs: u32::try_from(get_int_option(fd, libc::SO_BUSY_POLL)?).unwrap_or(0),
+            prefer: get_int_option(fd, SO_PREFER_BUSY_POLL)? != 0,
+        })
+    }
+
     /// TX frames on the TX ring or in the kernel, not yet completed.
     pub fn tx_in_flight(&self) -> usize {
         self.tx_in_flight
@@ -446,7 +563,7 @@ impl XskSocket {
         // SAFETY: `rx_descs` is scratch owned by us; `consume` overwrites its first `n` entries
         // with descriptors of frames of this socket's UMEM that the kernel has handed back.
         let n = unsafe { self.rx.consume(&mut self.rx_descs[..want]) };
-        if n == 0 && self.need_wakeup && self.fq.needs_wakeup() {
+        if n == 0 && (self.busy_poll || self.need_wakeup && self.fq.needs_wakeup()) {
             self.stats.fill_wakeups += 1;
             let _ = self.fq.wakeup(self.rx.fd_mut(), 0);
         }

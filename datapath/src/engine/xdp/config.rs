@@ -136,6 +136,9 @@ pub struct EngineCounters {
     pub shards: usize,
     /// Per shard (only with more than one): its driver's counters (frames, hand-offs).
     pub shard_drivers: Vec<XdpTcpStats>,
+    /// Every AF_XDP socket of the engine runs in zero-copy mode (the default bind asks for it
+    /// where the driver offers it); false: copy mode, as on veth.
+    pub zero_copy: bool,
 }
 
 impl EngineCounters {

@@ -383,6 +383,7 @@ impl XdpEngine {
             shards: self.shards.len(),
             ..EngineCounters::default()
         };
+        let mut zero_copy = !self.shards.is_empty();
         for shard in &self.shards {
             let mut c = shard
                 .counters
@@ -392,11 +393,13 @@ impl XdpEngine {
             let w = &shard.handle.wake;
             c.app_turns = w.app_turns.load(Ordering::Relaxed);
             c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
+            zero_copy &= c.zero_copy;
             sum.add(&c);
             if self.shards.len() > 1 {
                 sum.shard_drivers.push(c.driver);
             }
         }
+        sum.zero_copy = zero_copy;
         sum
     }
 
