@@ -24,6 +24,60 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+/// perftest options that mean nothing for iWARP over TCP, accepted so that a perftest command
+/// line runs unchanged; [`PerftestCompat::notes`] says which were ignored.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PerftestCompat {
+    /// perftest's `-F` (do not fail when the cpufreq governor may skew cycle counts):
+    /// accepted; the results here come from the monotonic clock, not cycle counters.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// perftest's `--report_gbits`: accepted; bandwidth results always give Gbit/s (and
+    /// MiB/s).
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// perftest's `-m/--mtu` (the InfiniBand path MTU): ignored; iWARP runs over TCP and the
+    /// interface's MTU applies.
+    #[arg(short = 'm', long = "mtu", value_name = "MTU")]
+    pub mtu: Option<u32>,
+    /// perftest's `-x/--gid-index`: ignored; iWARP addresses peers by IP.
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u32>,
+    /// perftest's `-d/--ib-dev`: ignored; `--transport` (and `--iface`) choose the device.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
+    pub ib_dev: Option<String>,
+    /// perftest's `-i/--ib-port`: ignored.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
+    pub ib_port: Option<u32>,
+}
+
+impl PerftestCompat {
+    /// One line per perftest option given that changes nothing here.
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut ignored = |flag: &str, why: &str| out.push(format!("{flag} ignored: {why}"));
+        if let Some(m) = self.mtu {
+            ignored(
+                &format!("-m {m}"),
+                "iWARP runs over TCP; the interface's MTU applies",
+            );
+        }
+        if let Some(x) = self.gid_index {
+            ignored(&format!("-x {x}"), "iWARP addresses peers by IP");
+        }
+        if let Some(d) = &self.ib_dev {
+            ignored(
+                &format!("-d {d}"),
+                "--transport and --iface choose the device",
+            );
+        }
+        if let Some(i) = self.ib_port {
+            ignored(&format!("-i {i}"), "there are no HCA ports here");
+        }
+        out
+    }
+}
+
 /// perftest-shaped tests over the iWARP stack.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "iwarp-bench", version, about)]
@@ -178,6 +232,8 @@ pub struct Cli {
     /// (every run on the engine refreshes them in /run/iwarp-bench once a second).
     #[arg(long, value_name = "SECONDS")]
     pub stats_every: Option<f64>,
+    #[command(flatten)]
+    pub compat: PerftestCompat,
     /// Seconds to wait for connection setup.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
@@ -460,6 +516,9 @@ fn main() -> ExitCode {
     if let Err(e) = cli.validate() {
         eprintln!("iwarp-bench: {e}");
         return ExitCode::from(2);
+    }
+    for note in cli.compat.notes() {
+        eprintln!("iwarp-bench: {note}");
     }
     let result = match cli.server.clone() {
         None => tests::run_server(&cli),

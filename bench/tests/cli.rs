@@ -407,3 +407,54 @@ fn progress_is_a_bar_on_a_terminal_and_lines_elsewhere() {
     );
     assert!(!lines.contains("[="), "a bar on a pipe: {lines}");
 }
+
+/// perftest options that mean nothing for iWARP over TCP are accepted, so a perftest command
+/// line runs unchanged, and each ignored one is said on stderr: in iwarp-bench's own tests
+/// and in its perftest peer mode.
+#[test]
+fn perftest_only_options_are_accepted_and_noted() {
+    let compat = [
+        "-F",
+        "--report_gbits",
+        "-m",
+        "4096",
+        "-x",
+        "3",
+        "-d",
+        "rxe0",
+        "-i",
+        "1",
+    ];
+    let mut args = vec!["-n", "20"];
+    args.extend(compat);
+    let (server, client) = run_pair("write-bw", free_port(), &args);
+    assert!(
+        server.status.success() && client.status.success(),
+        "{client:?}"
+    );
+    let err = String::from_utf8_lossy(&client.stderr);
+    for note in [
+        "-m 4096 ignored",
+        "-x 3 ignored",
+        "-d rxe0 ignored",
+        "-i 1 ignored",
+    ] {
+        assert!(err.contains(note), "{note}: {err}");
+    }
+    assert!(
+        !err.contains("-F") && !err.contains("report_gbits"),
+        "accepted silently: {err}"
+    );
+    // The perftest peer mode parses them too (nobody listens: a connection error, not an
+    // argument error, which would exit with 2).
+    let port = free_port().to_string();
+    let out = std::process::Command::new(bin())
+        .args(["perftest", "write-bw", "-p", &port, "--timeout", "1"])
+        .args(compat)
+        .arg("127.0.0.1")
+        .output()
+        .expect("run perftest");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("-x 3 ignored"), "{err}");
+}

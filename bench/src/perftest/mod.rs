@@ -200,6 +200,8 @@ pub struct PerftestCli {
     /// `iwarp-bench --pcap`).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub compat: crate::PerftestCompat,
     /// MPA revision to request: 1 or 2 (rdma_cm on Linux uses 2).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub mpa_rev: u8,
@@ -359,6 +361,9 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for note in cli.compat.notes() {
+        eprintln!("perftest: {note}");
+    }
     let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {
         Ok(n) => n,
         Err(e) => {
