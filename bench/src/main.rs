@@ -234,6 +234,14 @@ pub struct Cli {
     pub stats_every: Option<f64>,
     #[command(flatten)]
     pub compat: PerftestCompat,
+    /// Latency tests: print every sample in microseconds, in the order taken, before the
+    /// result line (perftest's `-U`).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Latency tests: print the samples sorted, the two largest left out, before the result
+    /// line (perftest's `-H`; a cumulative distribution to plot).
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
     /// Seconds to wait for connection setup.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
@@ -428,6 +436,9 @@ impl Cli {
             if !(0.1..=3600.0).contains(&every) {
                 return Err("--stats-every must be between 0.1 and 3600 seconds".into());
             }
+        }
+        if (self.report_unsorted || self.report_histogram) && self.test.is_bw() {
+            return Err("-U and -H report the samples of latency tests".into());
         }
         if let Some(0) = self.size {
             return Err("--size must be at least 1".into());

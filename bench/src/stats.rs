@@ -83,6 +83,68 @@ pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec] 
 pub const BW_HEADER: &str =
     " #bytes     #iterations    BW average[MiB/sec]   BW average[Gb/sec]   MsgRate[Mpps]";
 
+/// How many of the largest samples perftest leaves out of a sorted report (its
+/// `LAT_MEASURE_TAIL`).
+const LAT_MEASURE_TAIL: usize = 2;
+
+/// A number as C's `printf("%g")` writes it (six significant digits, trailing zeros dropped,
+/// an exponent outside 1e-4..1e6), as perftest prints each sample.
+pub fn printf_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_finite() {
+            "0".into()
+        } else {
+            v.to_string()
+        };
+    }
+    let exp = v.abs().log10().floor() as i32;
+    // Rounding to six digits can carry into the next power of ten (999999.5 -> 1e+06).
+    let exp = {
+        let scientific = format!("{:.5e}", v);
+        scientific
+            .split('e')
+            .nth(1)
+            .and_then(|e| e.parse::<i32>().ok())
+            .unwrap_or(exp)
+    };
+    let trim = |s: String| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            s
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        let s = format!("{:.5e}", v);
+        let (mantissa, e) = s.split_once('e').unwrap_or((&s, "0"));
+        let e: i32 = e.parse().unwrap_or(0);
+        format!(
+            "{}e{}{:02}",
+            trim(mantissa.to_owned()),
+            if e < 0 { '-' } else { '+' },
+            e.abs()
+        )
+    } else {
+        let decimals = (5 - exp).max(0) as usize;
+        trim(format!("{v:.decimals$}"))
+    }
+}
+
+/// perftest's `-U` (`unsorted`: every sample in the order taken) or `-H` (the samples sorted,
+/// the largest [`LAT_MEASURE_TAIL`] left out): a `#, usec` line, then `i, value` per sample.
+pub fn lat_samples_report(samples: &[f64], sorted: bool) -> String {
+    let mut v = samples.to_vec();
+    if sorted {
+        v.sort_by(f64::total_cmp);
+        v.truncate(v.len().saturating_sub(LAT_MEASURE_TAIL));
+    }
+    let mut out = String::from("#, usec\n");
+    for (i, s) in v.iter().enumerate() {
+        out.push_str(&format!("{}, {}\n", i + 1, printf_g(*s)));
+    }
+    out
+}
+
 pub fn lat_row(r: &LatencyResult) -> String {
     format!(
         " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<16.2} {:<22.2} {:<.2}",
@@ -107,6 +169,40 @@ pub fn bw_row(r: &BandwidthResult) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Against C's printf("%g") (Python's `'%g' % v` is the same).
+    #[test]
+    fn printf_g_matches_c() {
+        for (v, c) in [
+            (4.3215, "4.3215"),
+            (12.345678, "12.3457"),
+            (0.000123, "0.000123"),
+            (0.0000123, "1.23e-05"),
+            (1234567.0, "1.23457e+06"),
+            (100.0, "100"),
+            (999999.5, "1e+06"),
+            (5.0, "5"),
+            (1.23456789, "1.23457"),
+            (0.5, "0.5"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(super::printf_g(v), c, "{v}");
+        }
+    }
+
+    #[test]
+    fn sample_reports_as_perftest_prints_them() {
+        let samples = [3.5, 1.25, 9.0, 2.0, 7.75];
+        assert_eq!(
+            super::lat_samples_report(&samples, false),
+            "#, usec\n1, 3.5\n2, 1.25\n3, 9\n4, 2\n5, 7.75\n"
+        );
+        // Sorted, the two largest left out (perftest's LAT_MEASURE_TAIL).
+        assert_eq!(
+            super::lat_samples_report(&samples, true),
+            "#, usec\n1, 1.25\n2, 2\n3, 3.5\n"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -963,6 +963,16 @@ fn client_session(
             let (mut samples, checked) = client_lat(&mut side, size, duration)?;
             client_verified += checked;
             ops = samples.len() as u64;
+            if !cli.json && (cli.report_unsorted || cli.report_histogram) {
+                // As perftest: the samples, then the header again before the result line.
+                if cli.report_unsorted {
+                    print!("{}", stats::lat_samples_report(&samples, false));
+                }
+                if cli.report_histogram {
+                    print!("{}", stats::lat_samples_report(&samples, true));
+                }
+                println!("{}", stats::LAT_HEADER);
+            }
             let r = LatencyResult::from_samples(size, &mut samples);
             if !cli.json {
                 println!("{}", stats::lat_row(&r));

@@ -260,6 +260,8 @@ fn bad_arguments_are_errors_not_panics() {
         &["write-bw", "--slots", "1025"],
         &["write-bw", "--cq-mod", "0"],
         &["write-bw", "--stats-every", "1"],
+        &["write-bw", "-U"],
+        &["read-bw", "--report-histogram"],
         &[
             "write-bw",
             "--transport",
@@ -457,4 +459,31 @@ fn perftest_only_options_are_accepted_and_noted() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("-x 3 ignored"), "{err}");
+}
+
+/// perftest's `-U` and `-H` on a latency test: every sample in the order taken, then sorted
+/// without the two largest, each after a `#, usec` line, and the result header again before
+/// the result line.
+#[test]
+fn latency_samples_unsorted_and_sorted() {
+    let out = run_ok("write-lat", &["-n", "50", "-U", "-H"]);
+    let blocks: Vec<&str> = out.split("#, usec\n").collect();
+    assert_eq!(blocks.len(), 3, "{out}");
+    let values = |block: &str| -> Vec<f64> {
+        block
+            .lines()
+            .take_while(|l| l.contains(", "))
+            .map(|l| {
+                let (i, v) = l.split_once(", ").expect("i, value");
+                assert!(i.parse::<usize>().is_ok(), "{l}");
+                v.parse().expect("a number")
+            })
+            .collect()
+    };
+    let (unsorted, sorted) = (values(blocks[1]), values(blocks[2]));
+    assert_eq!(unsorted.len(), 50, "{out}");
+    assert_eq!(sorted.len(), 48, "{out}");
+    assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{out}");
+    assert!(unsorted.iter().all(|&v| v > 0.0));
+    assert_eq!(out.matches("t_typical[usec]").count(), 2, "{out}");
 }
