@@ -427,7 +427,7 @@ impl Runner {
         let port = self.next_port();
         let frame = (1500 + 14).to_string();
         let me = self.me.clone();
-        let mut rx = self
+        let rx_child = self
             .command(
                 NS_SERVER,
                 true,
@@ -443,7 +443,8 @@ impl Runner {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting raw rx: {e}"))?;
-        wait_for_line(&mut rx, "ready", Duration::from_secs(20))?;
+        let mut rx = Reaped(Some(rx_child));
+        wait_for_line(rx.child(), "ready", Duration::from_secs(20))?;
         let tx = self
             .command(
                 NS_CLIENT,
@@ -456,7 +457,7 @@ impl Runner {
             .args(["--dst-ip", SERVER_IP, "--port", &port, "--quiet"])
             .output()
             .map_err(|e| format!("running raw tx: {e}"))?;
-        let rx = finish(rx)?;
+        let rx = rx.finish()?;
         if !tx.status.success() {
             return Err(String::from_utf8_lossy(&tx.stderr).trim().to_owned());
         }
@@ -480,7 +481,7 @@ impl Runner {
             (size + FRAME_HEADERS).max(64).to_string(),
         );
         let me = self.me.clone();
-        let responder = self
+        let responder_child = self
             .command(
                 NS_SERVER,
                 true,
@@ -492,6 +493,7 @@ impl Runner {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("starting the raw responder: {e}"))?;
+        let responder = Reaped(Some(responder_child));
         std::thread::sleep(Duration::from_millis(500));
         let out = self
             .command(
@@ -506,7 +508,7 @@ impl Runner {
             .args(["--port", &port, "--quiet", "--json"])
             .output()
             .map_err(|e| format!("running the raw initiator: {e}"))?;
-        let _ = finish(responder);
+        let _ = responder.finish();
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
         }
@@ -571,6 +573,31 @@ fn retry_while_refused(mut run: impl FnMut() -> Result<Output, String>) -> Resul
     }
 }
 
+/// A child process that is killed if it is dropped before [`Reaped::finish`] took it (an
+/// error path must not leave a server holding the bed's XDP program or port).
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn child(&mut self) -> &mut Child {
+        self.0
+            .as_mut()
+            .expect("taken only by finish, which consumes self")
+    }
+
+    fn finish(mut self) -> Result<Output, String> {
+        finish(self.0.take().expect("taken only here"))
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Waits (bounded) for a child to end; kills it past 60 s.
 fn finish(mut child: Child) -> Result<Output, String> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -591,11 +618,11 @@ fn finish(mut child: Child) -> Result<Output, String> {
 fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<(), String> {
     let err = child.stderr.take().ok_or("no stderr")?;
     let (tx, rx) = std::sync::mpsc::channel();
+    // Reads to the end even after the line came (nobody listens then): a closed pipe would
+    // end the child at its next progress line.
     std::thread::spawn(move || {
         for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let deadline = Instant::now() + limit;

@@ -46,11 +46,17 @@ pub fn with_live_counters<T>(
             }
             r.end();
         });
-        let out = run();
-        stop.store(true, Ordering::Relaxed);
-        reporter.thread().unpark();
-        let _ = reporter.join();
-        out
+        // Stops the reporter however `run` ends: a panic in it would otherwise leave the
+        // scope waiting for a reporter that never stops.
+        struct Stop<'a>(&'a AtomicBool, &'a std::thread::Thread);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+                self.1.unpark();
+            }
+        }
+        let _stop = Stop(&stop, reporter.thread());
+        run()
     })
 }
 

@@ -234,6 +234,11 @@ pub struct Cli {
     pub stats_every: Option<f64>,
     #[command(flatten)]
     pub compat: PerftestCompat,
+    /// Wait for completions on a completion channel (`req_notify` on the queue, then the
+    /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of
+    /// `CompletionQueue::wait` (perftest's `-e`). The latency tests' ping-pong always polls.
+    #[arg(short = 'e', long = "use_event")]
+    pub use_event: bool,
     /// Latency tests: print every sample in microseconds, in the order taken, before the
     /// result line (perftest's `-U`).
     #[arg(short = 'U', long = "report-unsorted")]
@@ -436,6 +441,11 @@ impl Cli {
             if !(0.1..=3600.0).contains(&every) {
                 return Err("--stats-every must be between 0.1 and 3600 seconds".into());
             }
+        }
+        if self.use_event && self.cq == CqMode::Poll {
+            return Err(
+                "-e waits on the completion channel, --cq poll busy-polls: one of them".into(),
+            );
         }
         if (self.report_unsorted || self.report_histogram) && self.test.is_bw() {
             return Err("-U and -H report the samples of latency tests".into());

@@ -34,19 +34,31 @@ impl Net {
         iface: Option<&str>,
         pcap: Option<&Path>,
     ) -> Result<Self, String> {
+        if transport == Transport::Xdp && iface.is_none() {
+            return Err("--transport xdp needs --iface".into());
+        }
         let capture = crate::pcap::start(pcap, transport)?;
-        let device = match transport {
-            Transport::Socket => Device::socket(),
-            Transport::Xdp => {
-                let iface = iface.ok_or("--transport xdp needs --iface")?;
+        let device = match (transport, iface) {
+            (Transport::Xdp, Some(iface)) => {
                 let mut config = Box::<XdpEngineConfig>::default();
                 config.driver.xsk.capture = capture.as_ref().map(Capture::tap);
-                Device::open(DeviceTransport::Xdp {
+                match Device::open(DeviceTransport::Xdp {
                     ifname: iface.to_owned(),
                     config,
-                })
-                .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?
+                }) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        // No engine, no frames: leave no empty capture behind.
+                        if let Some(c) = capture {
+                            let path = c.path().to_owned();
+                            drop(c);
+                            let _ = std::fs::remove_file(path);
+                        }
+                        return Err(format!("starting the AF_XDP engine on {iface}: {e}"));
+                    }
+                }
             }
+            _ => Device::socket(),
         };
         Ok(Self { device, capture })
     }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::XdpEngineConfig;
 use datapath::{
-    Access, AtomicOp, Completion, CompletionQueue, ConnectParams, Device, MemoryRegion, MpaConfig,
-    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
+    Access, AtomicOp, Completion, CompletionChannel, CompletionQueue, ConnectParams, Device,
+    MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
     Transport as DeviceTransport, WcOpcode, WcStatus,
 };
 use serde_json::json;
@@ -56,6 +56,20 @@ fn connect_params(cli: &Cli) -> ConnectParams {
     }
 }
 
+/// Completion channel events `-e` waited for (reported with the results).
+static EVENTS_WAITED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The side's completion queue: with `-e` created on a completion channel.
+fn completion_queue(
+    use_event: bool,
+) -> Result<(CompletionQueue, Option<CompletionChannel>), String> {
+    if !use_event {
+        return Ok((CompletionQueue::new(), None));
+    }
+    let ch = CompletionChannel::new().map_err(|e| format!("a completion channel: {e}"))?;
+    Ok((CompletionQueue::with_channel(&ch), Some(ch)))
+}
+
 /// One side of a running test.
 struct Side {
     qp: QueuePair,
@@ -68,6 +82,12 @@ struct Side {
     ctrl_sent: u64,
     /// `--cq poll`: [`next`](Self::next) polls instead of blocking.
     poll: bool,
+    /// `-e`: [`next`](Self::next) waits on this completion channel (the queue is armed with
+    /// `req_notify` before each wait).
+    channel: Option<CompletionChannel>,
+    /// Progress may be a bar on a terminal (not with `--stats-every`, whose lines would tear
+    /// through it).
+    progress_bar: bool,
     /// Bandwidth tests: one work request in this many is signaled (`--cq-mod`, at most the
     /// send queue depth).
     cq_mod: u64,
@@ -114,6 +134,24 @@ impl Side {
         self.next_by(true)
     }
 
+    /// `-e`: a completion if one is queued; otherwise arms the queue, looks once more (one
+    /// may have come between the look and the arming, and would fire no event), and waits up
+    /// to 20 ms on the channel's descriptor, as a verbs program does with
+    /// `ibv_req_notify_cq` and `ibv_get_cq_event`.
+    fn next_event(&self, ch: &CompletionChannel) -> Result<Option<Completion>, String> {
+        if let Some(c) = self.cq.try_next() {
+            return Ok(Some(c));
+        }
+        self.cq.req_notify(false).map_err(|e| e.to_string())?;
+        if let Some(c) = self.cq.try_next() {
+            return Ok(Some(c));
+        }
+        if ch.wait_event(Duration::from_millis(20)).is_some() {
+            EVENTS_WAITED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(self.cq.try_next())
+    }
+
     /// The next completion, by polling (`try_next` and a yield per empty poll) or by blocking
     /// waits of 20 ms, until [`STALL`] passes or the connection ends.
     fn next_by(&self, polling: bool) -> Result<Completion, String> {
@@ -121,6 +159,8 @@ impl Side {
         loop {
             let got = if polling {
                 self.cq.try_next()
+            } else if let Some(ch) = &self.channel {
+                self.next_event(ch)?
             } else {
                 self.cq.wait(Duration::from_millis(20))
             };
@@ -403,14 +443,16 @@ fn describe(cli: &Cli, side: &Side) -> String {
 /// Runs the server side of one test session, then returns.
 /// The AF_XDP engine when `--transport xdp` (it must outlive the queue pair).
 fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
-    let capture = crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
     if cli.transport != Transport::Xdp {
+        // Refuses --pcap with a reason.
+        crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
         return Ok((Device::socket(), None));
     }
     let iface = cli
         .iface
         .as_deref()
         .ok_or("--transport xdp needs --iface")?;
+    let capture = crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
     let mut cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
         cpus: cli.engine_cpus.clone(),
@@ -445,9 +487,19 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
     let device = Device::open(DeviceTransport::Xdp {
         ifname: iface.to_owned(),
         config: Box::new(cfg),
-    })
-    .map_err(|e| format!("starting the AF_XDP engine on {iface}: {e}"))?;
-    Ok((device, capture))
+    });
+    match device {
+        Ok(d) => Ok((d, capture)),
+        Err(e) => {
+            // No engine, no frames: leave no empty capture behind.
+            if let Some(c) = capture {
+                let path = c.path().to_owned();
+                drop(c);
+                let _ = std::fs::remove_file(path);
+            }
+            Err(format!("starting the AF_XDP engine on {iface}: {e}"))
+        }
+    }
 }
 
 /// Stops the engine (if any) and returns its counters; without `--json` also prints them on
@@ -469,6 +521,10 @@ fn finish(
     session: Result<Option<serde_json::Value>, String>,
 ) -> Result<(), String> {
     let report = engine_report(cli, device);
+    let events = EVENTS_WAITED.load(std::sync::atomic::Ordering::Relaxed);
+    if cli.use_event && !cli.json {
+        eprintln!("iwarp-bench: -e: woken by {events} completion channel events");
+    }
     // After the engine has stopped: every frame it handled is in the ring.
     let pcap = capture.map(PcapReport::finish);
     if let Some(p) = &pcap {
@@ -480,6 +536,9 @@ fn finish(
         return Ok(());
     };
     out["engine"] = serde_json::to_value(report).map_err(|e| e.to_string())?;
+    if cli.use_event {
+        out["completion_events"] = events.into();
+    }
     if let Some(p) = pcap {
         out["pcap"] = serde_json::to_value(p).map_err(|e| e.to_string())?;
     }
@@ -533,7 +592,7 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
     }
     let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
     let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
+    let (cq, channel) = completion_queue(cli.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
     // Everything the client may touch first is ready before we accept: our data, the first
     // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
@@ -570,6 +629,8 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        channel: channel.clone(),
+        progress_bar: cli.stats_every.is_none(),
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
@@ -896,7 +957,7 @@ fn client_session(
         sizes: cli.sizes(),
     };
     let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
+    let (cq, channel) = completion_queue(cli.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
     let mine = RemoteBuf {
         stag: data.stag().0,
@@ -922,6 +983,8 @@ fn client_session(
         ctrl_posted: 0,
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
+        channel: channel.clone(),
+        progress_bar: cli.stats_every.is_none(),
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
@@ -1081,7 +1144,8 @@ impl Progress {
             duration,
             start,
             next: start + Self::EVERY,
-            terminal: std::io::stderr().is_terminal(),
+            // `--stats-every` lines would tear through a bar: lines then.
+            terminal: std::io::stderr().is_terminal() && side.progress_bar,
             bar: None,
         }
     }

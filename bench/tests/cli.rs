@@ -261,6 +261,7 @@ fn bad_arguments_are_errors_not_panics() {
         &["write-bw", "--cq-mod", "0"],
         &["write-bw", "--stats-every", "1"],
         &["write-bw", "-U"],
+        &["write-bw", "-e", "--cq", "poll"],
         &["read-bw", "--report-histogram"],
         &[
             "write-bw",
@@ -486,4 +487,28 @@ fn latency_samples_unsorted_and_sorted() {
     assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "{out}");
     assert!(unsorted.iter().all(|&v| v > 0.0));
     assert_eq!(out.matches("t_typical[usec]").count(), 2, "{out}");
+}
+
+/// perftest's `-e`: completions are waited for on a completion channel (the queue armed,
+/// then the channel's descriptor), and the run says how many events woke it.
+#[test]
+fn use_event_waits_on_the_completion_channel() {
+    let (server, client) = run_pair("write-bw", free_port(), &["-n", "3000", "-e"]);
+    assert!(
+        server.status.success() && client.status.success(),
+        "{client:?}"
+    );
+    for (who, out) in [("client", &client), ("server", &server)] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let n: u64 = err
+            .split("woken by ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{who}: no event count: {err}"));
+        if who == "client" {
+            // 3000 Writes, 128 outstanding, one in 100 signaled: it waited, on events.
+            assert!(n >= 1, "{who}: {err}");
+        }
+    }
 }

@@ -492,7 +492,10 @@ fn busy_poll_options_are_applied_and_veth_binds_in_copy_mode() {
             busy_poll: Some(bp),
             ..XskConfig::default()
         };
-        let sock = XskSocket::open(DEV_A, 2, &cfg).expect("open with busy polling");
+        let mut sock = XskSocket::open(DEV_A, 2, &cfg).expect("open with busy polling");
+        // An empty receive busy-polls (recvfrom) instead of waking the fill ring.
+        assert!(sock.recv_batch(16).is_empty());
+        assert_eq!(sock.stats().busy_polls, 1);
         // The budget cannot be read back (the kernel does not report it); it was set, or the
         // socket would not have opened.
         assert_eq!(

@@ -211,11 +211,13 @@ impl Engine {
                 let _ = self.poll.poll(&mut events, Some(Duration::from_millis(50)));
             }
         }
+        // Read before the shutdown, after which the socket no longer has it.
+        let peer = self.stream.peer_addr().ok();
         let _ = self.stream.flush();
         let _ = self.stream.shutdown(Shutdown::Both);
         self.deliver_completions();
         tracing::info!(
-            peer = ?self.stream.peer_addr().ok(),
+            peer = ?peer,
             state = ?self.qp.state(),
             "TCP connection ended (kernel TCP)"
         );

@@ -166,7 +166,8 @@ impl CaptureTap {
 /// [`Capture::finish`] writes what is queued, closes the file and reports.
 pub struct Capture {
     shared: Arc<Shared>,
-    writer: Option<JoinHandle<()>>,
+    /// The writer thread; it hands its queue back when it ends.
+    writer: Option<JoinHandle<Receiver<Record>>>,
     path: PathBuf,
 }
 
@@ -215,7 +216,10 @@ impl Capture {
         let s = shared.clone();
         let writer = std::thread::Builder::new()
             .name("iwarp-pcap".into())
-            .spawn(move || write_records(&s, &full_rx, out))?;
+            .spawn(move || {
+                write_records(&s, &full_rx, out);
+                full_rx
+            })?;
         Ok(Capture {
             shared,
             writer: Some(writer),
@@ -258,8 +262,14 @@ impl Capture {
     fn stop(&mut self) {
         self.shared.finished.store(true, Ordering::SeqCst);
         if let Some(w) = self.writer.take() {
-            if w.join().is_err() {
-                self.set_error("the capture writer panicked".into());
+            match w.join() {
+                // A tap that passed the `finished` check just before it was set may have
+                // queued a frame after the writer's last look: counted, not lost silently.
+                Ok(full) => {
+                    let late = full.try_iter().count() as u64;
+                    self.shared.dropped.fetch_add(late, Ordering::Relaxed);
+                }
+                Err(_) => self.set_error("the capture writer panicked".into()),
             }
         }
     }

@@ -217,6 +217,8 @@ pub struct XskStats {
     pub tx_kicks: u64,
     /// Fill-ring wakeups issued.
     pub fill_wakeups: u64,
+    /// Busy polls issued (`recvfrom` on an empty RX ring, [`BusyPoll`]).
+    pub busy_polls: u64,
     /// Kernel: frames dropped for other reasons (e.g. no fill-ring frame).
     pub rx_dropped: u64,
     /// Kernel: frames dropped because the RX ring was full.
@@ -525,6 +527,24 @@ impl XskSocket {
         self.zero_copy
     }
 
+    /// `recvfrom(fd, NULL, 0, MSG_DONTWAIT)`: with the busy-poll options set, the kernel runs
+    /// the driver's NAPI poll for this socket's queue. Its errors (EAGAIN with nothing to do,
+    /// EBUSY) mean only that nothing was polled this time.
+    fn busy_poll_kick(&self) {
+        // SAFETY: a zero-length receive with a null buffer and no address: the kernel writes
+        // nothing to user memory; `fd` is this socket's open descriptor.
+        let _ = unsafe {
+            libc::recvfrom(
+                self.fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+    }
+
     /// The busy-poll options as the kernel reports them for this socket (zero and false
     /// unless [`XskConfig::busy_poll`] set them). The kernel does not report
     /// `SO_BUSY_POLL_BUDGET` (getsockopt: ENOPROTOOPT); a socket that opened has it set.
@@ -563,7 +583,12 @@ impl XskSocket {
         // SAFETY: `rx_descs` is scratch owned by us; `consume` overwrites its first `n` entries
         // with descriptors of frames of this socket's UMEM that the kernel has handed back.
         let n = unsafe { self.rx.consume(&mut self.rx_descs[..want]) };
-        if n == 0 && (self.busy_poll || self.need_wakeup && self.fq.needs_wakeup()) {
+        if n == 0 && self.busy_poll {
+            // Only `recvfrom` runs the driver's NAPI poll for an AF_XDP socket (`poll(2)`
+            // busy-polls only with the net.core.busy_poll sysctl set).
+            self.stats.busy_polls += 1;
+            self.busy_poll_kick();
+        } else if n == 0 && self.need_wakeup && self.fq.needs_wakeup() {
             self.stats.fill_wakeups += 1;
             let _ = self.fq.wakeup(self.rx.fd_mut(), 0);
         }
