@@ -711,6 +711,24 @@ fn crc_corruption_places_nothing_and_terminates() {
         "nothing of the corrupted FPDU was placed"
     );
     assert!(sink[..at] == data[..at], "the FPDUs before it were placed");
+    // Both ends then close, though A still had most of the 1 MiB queued when B's FIN came
+    // (FIN-WAIT-1 -> CLOSING with data unsent): A sends it and its FIN, B discards it with its
+    // window kept open.
+    bed.run_until(
+        "close after the Terminate",
+        Duration::from_secs(10),
+        |a, b| {
+            let gone = |s: &Side| {
+                s.tcp.as_ref().is_none_or(|t| {
+                    matches!(
+                        t.state(),
+                        tcp_engine::State::Closed | tcp_engine::State::TimeWait
+                    )
+                })
+            };
+            gone(a) && gone(b)
+        },
+    );
 }
 
 /// MPA revision 1 and 2, CRC on and off, Markers on and off, and the RFC 6581 peer-to-peer

@@ -743,6 +743,12 @@ impl IwarpConn {
         }
         self.counters.segments += 1;
         if self.rx_dead {
+            // Nothing more is processed after a Terminate (RFC 5040 5.3): discard it, but as
+            // consumed, so the receive window stays open. Held at a closed window, the peer
+            // could never send its FIN behind the data it had queued, and the connection
+            // would not close until the user timeout ended it.
+            let end = data.stream_offset + data.data.len() as u64;
+            self.consumed = self.consumed.max(end);
             return;
         }
         let mut off = data.stream_offset;

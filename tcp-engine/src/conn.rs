@@ -50,6 +50,21 @@ impl State {
     fn synchronized(self) -> bool {
         !matches!(self, State::Closed | State::SynSent | State::SynReceived)
     }
+
+    /// Data the application queued, and the FIN behind it, still go out (RFC 9293 3.10.4:
+    /// a CLOSE queues the FIN after the preceding SENDs). CLOSING included: a peer's FIN that
+    /// arrives while ours still waits behind queued data moves FIN-WAIT-1 to CLOSING, and the
+    /// data must still be sent (without it the connection stalled until the user timeout).
+    fn may_send_queued(self) -> bool {
+        matches!(
+            self,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
+        )
+    }
 }
 
 /// Something the application should know about.
@@ -1243,10 +1258,8 @@ impl Connection {
     }
 
     fn has_new_data(&self) -> bool {
-        matches!(
-            self.state,
-            State::Established | State::CloseWait | State::FinWait1 | State::LastAck
-        ) && (self.snd_nxt < self.data_end() || (self.fin_queued && !self.fin_sent))
+        self.state.may_send_queued()
+            && (self.snd_nxt < self.data_end() || (self.fin_queued && !self.fin_sent))
     }
 
     /// Run expired timers.
@@ -2884,10 +2897,7 @@ impl Connection {
         buf: &mut [u8],
         source: &mut dyn TxSource,
     ) -> Option<usize> {
-        if !matches!(
-            self.state,
-            State::Established | State::CloseWait | State::FinWait1 | State::LastAck
-        ) {
+        if !self.state.may_send_queued() {
             return None;
         }
         let data_end = self.data_end();
