@@ -6,6 +6,7 @@
 
 mod compare;
 mod engine_report;
+mod interrupt;
 mod live;
 mod net;
 mod pattern;
@@ -178,9 +179,16 @@ pub struct Cli {
     /// Run every power-of-two size from 2 bytes to 8 MiB.
     #[arg(short = 'a', long)]
     pub all_sizes: bool,
-    /// Run each size for this many seconds instead of a fixed number of iterations.
+    /// Run each size for this many seconds instead of a fixed number of iterations (with
+    /// `--run_infinitely`: the interval between result lines).
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
+    /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
+    /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
+    /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
+    /// client needs it (the server learns it from the client).
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
     /// Outstanding work requests in bandwidth tests.
     #[arg(short = 't', long, default_value_t = 128)]
     pub tx_depth: u32,
@@ -426,6 +434,11 @@ impl Cli {
             .next()
             .ok_or_else(|| format!("{host} has no address"))
     }
+    /// `--run_infinitely`: how often a result line is printed (`-D`, default 5 s).
+    pub fn report_every(&self) -> Option<Duration> {
+        self.run_infinitely
+            .then(|| Duration::from_secs_f64(self.duration.unwrap_or(5.0)))
+    }
     /// `--stats-every` as a duration.
     pub fn stats_every(&self) -> Option<std::time::Duration> {
         self.stats_every.map(std::time::Duration::from_secs_f64)
@@ -467,6 +480,17 @@ impl Cli {
         }
         if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
             return Err(format!("--size must be at most {}", proto::MAX_SIZE));
+        }
+        if self.run_infinitely {
+            if !self.test.is_bw() {
+                return Err("--run_infinitely is for the bandwidth tests".into());
+            }
+            if self.all_sizes {
+                return Err("--run_infinitely runs one size: no -a".into());
+            }
+            if self.iters.is_some() {
+                return Err("--run_infinitely runs until interrupted: no -n".into());
+            }
         }
         if self.iters == Some(0) {
             return Err("--iters must be at least 1".into());

@@ -19,6 +19,7 @@ use datapath::{
 use serde_json::json;
 
 use crate::engine_report::EngineReport;
+use crate::interrupt;
 use crate::live;
 use crate::pattern;
 use crate::pcap::PcapReport;
@@ -96,6 +97,10 @@ struct Side {
     scratch: std::cell::RefCell<Vec<u8>>,
     /// atomic-bw and atomic-lat (client): the operation.
     atomic_type: AtomicType,
+    /// Longest wait for one completion before the run fails ([`STALL`]); `None`: as long as
+    /// the connection lives (a bandwidth test's server sees no completion until the client's
+    /// phase-done Send, however long the client runs; a dead peer ends the connection).
+    stall: Option<Duration>,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -155,7 +160,7 @@ impl Side {
     /// The next completion, by polling (`try_next` and a yield per empty poll) or by blocking
     /// waits of 20 ms, until [`STALL`] passes or the connection ends.
     fn next_by(&self, polling: bool) -> Result<Completion, String> {
-        let deadline = Instant::now() + STALL;
+        let deadline = self.stall.map(|d| Instant::now() + d);
         loop {
             let got = if polling {
                 self.cq.try_next()
@@ -173,11 +178,13 @@ impl Side {
                 }
                 return Err(format!("connection ended: {}", self.fail_reason()));
             }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "no completion for {STALL:?}: {}",
-                    self.fail_reason()
-                ));
+            if let (Some(deadline), Some(stall)) = (deadline, self.stall) {
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "no completion for {stall:?}: {}",
+                        self.fail_reason()
+                    ));
+                }
             }
             if polling {
                 std::thread::yield_now();
@@ -634,6 +641,7 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
+        stall: (!cli.test.is_bw()).then_some(STALL),
     };
     if !cli.json {
         eprintln!("iwarp-bench: {}", describe(cli, &side));
@@ -942,7 +950,15 @@ fn client_session(
     addr: SocketAddr,
     device: &Device,
 ) -> Result<Option<serde_json::Value>, String> {
-    let duration = cli.duration.map(Duration::from_secs_f64);
+    let report_every = cli.report_every();
+    if report_every.is_some() {
+        interrupt::install()?;
+    }
+    // `--run_infinitely` takes `-D` as its reporting interval; the run itself has no end.
+    let duration = match report_every {
+        Some(_) => Some(Duration::MAX),
+        None => cli.duration.map(Duration::from_secs_f64),
+    };
     let hello = Hello {
         test: cli.test,
         imm: cli.imm(),
@@ -953,7 +969,7 @@ fn client_session(
         } else {
             cli.iterations()
         },
-        duration_ms: duration.map_or(0, |d| d.as_millis().max(1) as u64),
+        duration_ms: duration.map_or(0, |d| d.as_millis().clamp(1, u64::MAX.into()) as u64),
         sizes: cli.sizes(),
     };
     let pd = ProtectionDomain::new();
@@ -988,6 +1004,7 @@ fn client_session(
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
+        stall: Some(STALL),
     };
     let banner = describe(cli, &side);
     if !cli.json {
@@ -1015,7 +1032,7 @@ fn client_session(
     for size in side.hello.sizes.clone() {
         let ops;
         if cli.test.is_bw() {
-            let (r, checked) = client_bw(&mut side, size, duration)?;
+            let (r, checked) = client_bw(&mut side, size, duration, report_every)?;
             client_verified += checked;
             if !cli.json {
                 println!("{}", stats::bw_row(&r));
@@ -1212,10 +1229,14 @@ impl Drop for Progress {
     }
 }
 
+/// One size of a bandwidth test: `-n` messages, or as many as `duration` allows, or (with
+/// `report_every`, `--run_infinitely`) until SIGINT/SIGTERM, with a result line for each
+/// interval. Returns the result and the octets the client checked.
 fn client_bw(
     side: &mut Side,
     size: u64,
     duration: Option<Duration>,
+    report_every: Option<Duration>,
 ) -> Result<(BandwidthResult, u64), String> {
     let test = side.hello.test;
     let depth = u64::from(side.hello.tx_depth);
@@ -1247,15 +1268,18 @@ fn client_bw(
     // Set once the last work request is posted; that one is always signaled, so that its
     // completion says when everything is done.
     let mut stop = duration.is_none() && iters == 0;
+    // `--run_infinitely`: the current reporting interval's start and the messages done then.
+    let mut window = (start, 0u64);
     loop {
         while !stop
             && outstanding < depth
             && credits >= cost.max(1)
             && (test != TestKind::ReadBw || posted < released + depth)
         {
-            let last = match duration {
-                Some(d) => start.elapsed() >= d,
-                None => posted + 1 >= iters,
+            let last = match (report_every, duration) {
+                (Some(_), _) => interrupt::requested(),
+                (None, Some(d)) => start.elapsed() >= d,
+                (None, None) => posted + 1 >= iters,
             };
             // One in `cq_mod` is signaled (perftest's --cq-mod); a signaled completion tells
             // that the unsignaled ones before it are done too (completions in order, RFC 5040
@@ -1316,7 +1340,15 @@ fn client_bw(
                 }
                 outstanding -= done;
                 completed += done;
-                if completed / 64 != (completed - done) / 64 {
+                if let Some(every) = report_every {
+                    let now = Instant::now();
+                    if now.duration_since(window.0) >= every {
+                        let secs = now.duration_since(window.0).as_secs_f64();
+                        let r = BandwidthResult::new(size, completed - window.1, secs);
+                        println!("{}", stats::bw_row(&r));
+                        window = (now, completed);
+                    }
+                } else if completed / 64 != (completed - done) / 64 {
                     progress.tick(Instant::now(), completed);
                 }
             }

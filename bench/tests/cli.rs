@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 fn run_ok(test: &str, args: &[&str]) -> String {
     let port = free_port();
@@ -511,4 +513,77 @@ fn use_event_waits_on_the_completion_channel() {
             assert!(n >= 1, "{who}: {err}");
         }
     }
+}
+
+/// `--run_infinitely -D 0.4`: a result line per 0.4 s until SIGINT, then the run ends as a
+/// finished one (the server checks the data, the client prints the totals) and both exit 0.
+#[test]
+fn run_infinitely_reports_each_interval_and_ends_cleanly_on_sigint() {
+    let port = free_port().to_string();
+    let server = Command::new(bin())
+        .args([
+            "write-bw",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "-s",
+            "4096",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let mut client = None;
+    for _ in 0..100 {
+        let mut c = Command::new(bin())
+            .args(["write-bw", "--port", &port, "-s", "4096"])
+            .args(["--run_infinitely", "-D", "0.4", "127.0.0.1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start client");
+        std::thread::sleep(Duration::from_millis(200));
+        if matches!(c.try_wait(), Ok(Some(_))) {
+            // Refused: the server was not listening yet.
+            continue;
+        }
+        client = Some(c);
+        break;
+    }
+    let client = client.expect("the client connected");
+    std::thread::sleep(Duration::from_millis(1800));
+    let sent = Command::new("kill")
+        .args(["-INT", &client.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let client = wait_with_timeout(client, Duration::from_secs(30));
+    let server = wait_with_timeout(server, Duration::from_secs(30));
+    let (out, err) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr),
+    );
+    assert!(
+        client.status.success() && server.status.success(),
+        "client:\n{out}\n{err}\nserver:\n{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with(" 4096")).collect();
+    // About 1.8 s / 0.4 s interval rows, then the totals.
+    assert!(rows.len() >= 4, "{out}");
+    let iterations = |row: &str| -> u64 {
+        row.split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("iterations")
+    };
+    let total = iterations(rows[rows.len() - 1]);
+    let windows: u64 = rows[..rows.len() - 1].iter().map(|r| iterations(r)).sum();
+    assert!(total >= windows && windows > 0, "{out}");
+    assert!(err.contains("checked by the server"), "{err}");
+    assert!(
+        String::from_utf8_lossy(&server.stderr).contains("server verified"),
+        "server did not check the data"
+    );
 }
