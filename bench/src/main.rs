@@ -183,6 +183,12 @@ pub struct Cli {
     /// `--run_infinitely`: the interval between result lines).
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
+    /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
+    /// and `--tx-depth` outstanding work requests; the result lines sum them (perftest's
+    /// `-q`). Only the client needs it (the server learns it from the client).
+    #[arg(short = 'q', long = "qp", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
+    pub qps: u16,
     /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
     /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
     /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
@@ -481,6 +487,9 @@ impl Cli {
         if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
             return Err(format!("--size must be at most {}", proto::MAX_SIZE));
         }
+        if self.qps > 1 && !self.test.is_bw() {
+            return Err("-q runs several queue pairs in the bandwidth tests".into());
+        }
         if self.run_infinitely {
             if !self.test.is_bw() {
                 return Err("--run_infinitely is for the bandwidth tests".into());
@@ -490,6 +499,9 @@ impl Cli {
             }
             if self.iters.is_some() {
                 return Err("--run_infinitely runs until interrupted: no -n".into());
+            }
+            if self.qps > 1 {
+                return Err("--run_infinitely runs one queue pair: no -q".into());
             }
         }
         if self.iters == Some(0) {

@@ -18,7 +18,7 @@ pub const CTRL_LEN: usize = 16;
 /// Control receive buffers each side keeps posted.
 pub const CTRL_SLOTS: usize = 64;
 
-const HELLO_MAGIC: &[u8; 4] = b"IWB4";
+const HELLO_MAGIC: &[u8; 4] = b"IWB5";
 const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
 
 /// The client's description of the run.
@@ -34,7 +34,13 @@ pub struct Hello {
     pub iters: u64,
     pub duration_ms: u64,
     pub sizes: Vec<u64>,
+    /// `-q`: connections (queue pairs) the client opens for the run, each with this hello;
+    /// the server accepts that many and serves them at once.
+    pub qps: u16,
 }
+
+/// Most queue pairs (`-q`) one run may use.
+pub const MAX_QPS: u16 = 64;
 
 /// A registered buffer as the peer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +66,7 @@ impl Hello {
         for s in &self.sizes {
             v.extend_from_slice(&s.to_be_bytes());
         }
+        v.extend_from_slice(&self.qps.to_be_bytes());
         v
     }
 
@@ -82,7 +89,9 @@ impl Hello {
         let buf = decode_buf(&mut r)?;
         let n = r.u8()?;
         let sizes = (0..n).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
+        let qps = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
         let ok = !sizes.is_empty()
+            && (1..=MAX_QPS).contains(&qps)
             && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
             && (1..=1024).contains(&tx_depth)
             && slots <= 1024
@@ -96,6 +105,7 @@ impl Hello {
                 iters,
                 duration_ms,
                 sizes,
+                qps,
             },
             buf,
         ))
@@ -253,6 +263,7 @@ mod tests {
             iters: 10,
             duration_ms: 0,
             sizes: vec![2, 4, 8],
+            qps: 4,
         };
         let b = RemoteBuf {
             stag: 0x1234,
@@ -287,6 +298,7 @@ mod tests {
             iters: 1,
             duration_ms: 0,
             sizes: (1..=23).map(|e| 1u64 << e).collect(),
+            qps: 1,
         };
         assert!(
             h.encode(RemoteBuf {

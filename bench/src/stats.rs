@@ -79,6 +79,29 @@ impl BandwidthResult {
     }
 }
 
+impl BandwidthResult {
+    /// Queue pairs that ran `bytes`-octet messages at the same time (`-q`), as one: their
+    /// iterations and rates added up, the longest time.
+    pub fn sum(bytes: u64, parts: &[&BandwidthResult]) -> Self {
+        let mut r = Self {
+            bytes,
+            iterations: 0,
+            seconds: 0.0,
+            mib_per_sec: 0.0,
+            gbit_per_sec: 0.0,
+            msg_rate_mpps: 0.0,
+        };
+        for p in parts {
+            r.iterations += p.iterations;
+            r.seconds = r.seconds.max(p.seconds);
+            r.mib_per_sec += p.mib_per_sec;
+            r.gbit_per_sec += p.gbit_per_sec;
+            r.msg_rate_mpps += p.msg_rate_mpps;
+        }
+        r
+    }
+}
+
 pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
 pub const BW_HEADER: &str =
     " #bytes     #iterations    BW average[MiB/sec]   BW average[Gb/sec]   MsgRate[Mpps]";

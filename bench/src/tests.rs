@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, AtomicOp, Completion, CompletionChannel, CompletionQueue, ConnectParams, Device,
-    MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
-    Transport as DeviceTransport, WcOpcode, WcStatus,
+    Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr,
+    SgeList, Stag, Transport as DeviceTransport, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -578,11 +578,68 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
             cli.test.name()
         );
     }
+    let (mut side, plan, recv_posted) = accept_side(cli, &listener, None)?;
+    if !cli.json {
+        eprintln!("iwarp-bench: {}", describe(cli, &side));
+    }
+    // `-q`: the client's other queue pairs, then every one served at once.
+    let mut more = Vec::new();
+    for _ in 1..side.hello.qps {
+        more.push(accept_side(cli, &listener, Some(&side.hello))?);
+    }
+    let verified = if more.is_empty() {
+        serve(&mut side, &plan, recv_posted)?
+    } else {
+        more.insert(0, (side, plan, recv_posted));
+        let counts = std::thread::scope(|scope| {
+            let handles: Vec<_> = more
+                .iter_mut()
+                .map(|(side, plan, posted)| scope.spawn(move || serve(side, plan, *posted)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
+                })
+                .collect::<Result<Vec<u64>, String>>()
+        })?;
+        side = more.swap_remove(0).0;
+        counts.iter().sum()
+    };
+    let out = if cli.json {
+        Some(
+            json!({ "role": "server", "test": cli.test.name(), "qps": side.hello.qps,
+                    "verified_bytes": verified, "ok": true }),
+        )
+    } else {
+        eprintln!("iwarp-bench: server verified {verified} bytes; done");
+        None
+    };
+    side.qp.wait_finished(Duration::from_secs(5));
+    for (other, _, _) in &more {
+        other.qp.wait_finished(Duration::from_secs(5));
+    }
+    Ok(out)
+}
+
+/// Accepts one queue pair of the session: the client's hello checked (against the first
+/// one's, `first`, for the further queue pairs of `-q`), buffers registered and readied,
+/// receives posted before the connection is accepted.
+fn accept_side(
+    cli: &Cli,
+    listener: &Listener,
+    first: Option<&Hello>,
+) -> Result<(Side, ServerPlan, u64), String> {
     let req = listener.accept().map_err(|e| e.to_string())?;
     let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
         let _ = req.reject(b"iwarp-bench: malformed hello");
         return Err("client sent a malformed hello in its private data".into());
     };
+    if first.is_some_and(|f| *f != hello) {
+        let _ = req.reject(b"iwarp-bench: hello differs from the first queue pair's");
+        return Err("a further queue pair's hello differs from the first one's".into());
+    }
     if hello.test != cli.test {
         let _ = req.reject(b"iwarp-bench: test mismatch");
         return Err(format!(
@@ -626,7 +683,7 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| e.to_string())?;
-    let mut side = Side {
+    let side = Side {
         qp: conn.qp,
         cq,
         data,
@@ -636,27 +693,14 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
-        channel: channel.clone(),
+        channel,
         progress_bar: cli.stats_every.is_none(),
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
         stall: (!cli.test.is_bw()).then_some(STALL),
     };
-    if !cli.json {
-        eprintln!("iwarp-bench: {}", describe(cli, &side));
-    }
-    let verified = serve(&mut side, &plan, recv_posted)?;
-    let out = if cli.json {
-        Some(
-            json!({ "role": "server", "test": cli.test.name(), "verified_bytes": verified, "ok": true }),
-        )
-    } else {
-        eprintln!("iwarp-bench: server verified {verified} bytes; done");
-        None
-    };
-    side.qp.wait_finished(Duration::from_secs(5));
-    Ok(out)
+    Ok((side, plan, recv_posted))
 }
 
 /// How the server lays out its receive buffers.
@@ -971,7 +1015,150 @@ fn client_session(
         },
         duration_ms: duration.map_or(0, |d| d.as_millis().clamp(1, u64::MAX.into()) as u64),
         sizes: cli.sizes(),
+        qps: cli.qps,
     };
+    // `-q`: every connection is set up before any of them starts sending.
+    let mut sides = Vec::new();
+    for _ in 0..cli.qps {
+        sides.push(client_connect(cli, addr, device, hello.clone())?);
+    }
+    let banner = describe(cli, &sides[0]);
+    if !cli.json {
+        eprintln!("iwarp-bench: {banner}");
+        println!(
+            "{}",
+            if cli.test.is_bw() {
+                stats::BW_HEADER
+            } else {
+                stats::LAT_HEADER
+            }
+        );
+    }
+    for side in &mut sides {
+        side.fill(CLIENT_SEED, 0, side.data.len() as u64);
+        if cli.test != TestKind::SendLat {
+            for _ in 0..CTRL_SLOTS {
+                side.post_ctrl_recv()?;
+            }
+        }
+        // Several queue pairs: one table for all, no progress of one of them.
+        side.progress_bar &= cli.qps == 1;
+    }
+    let mut bw_results = Vec::new();
+    let mut lat_results = Vec::new();
+    let (mut verified, mut client_verified) = (0u64, 0u64);
+    if cli.qps > 1 {
+        // One thread per queue pair, each running every size; the rows sum them.
+        let runs = std::thread::scope(|scope| {
+            let handles: Vec<_> = sides
+                .iter_mut()
+                .map(|side| scope.spawn(move || client_bw_sizes(side, duration, report_every)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })?;
+        for (i, size) in hello.sizes.iter().enumerate() {
+            let parts: Vec<&BandwidthResult> =
+                runs.iter().filter_map(|r| r.get(i)).map(|p| &p.0).collect();
+            let r = BandwidthResult::sum(*size, &parts);
+            if !cli.json {
+                println!("{}", stats::bw_row(&r));
+            }
+            bw_results.push(r);
+        }
+        for run in &runs {
+            for (_, checked, server_checked) in run {
+                client_verified += checked;
+                verified += server_checked;
+            }
+        }
+    } else {
+        let side = &mut sides[0];
+        for size in side.hello.sizes.clone() {
+            let ops;
+            if cli.test.is_bw() {
+                let (r, checked) = client_bw(side, size, duration, report_every)?;
+                client_verified += checked;
+                if !cli.json {
+                    println!("{}", stats::bw_row(&r));
+                }
+                ops = r.iterations;
+                bw_results.push(r);
+            } else {
+                let (mut samples, checked) = client_lat(side, size, duration)?;
+                client_verified += checked;
+                ops = samples.len() as u64;
+                if !cli.json && (cli.report_unsorted || cli.report_histogram) {
+                    // As perftest: the samples, then the header again before the result line.
+                    if cli.report_unsorted {
+                        print!("{}", stats::lat_samples_report(&samples, false));
+                    }
+                    if cli.report_histogram {
+                        print!("{}", stats::lat_samples_report(&samples, true));
+                    }
+                    println!("{}", stats::LAT_HEADER);
+                }
+                let r = LatencyResult::from_samples(size, &mut samples);
+                if !cli.json {
+                    println!("{}", stats::lat_row(&r));
+                }
+                lat_results.push(r);
+            }
+            verified += finish_phase(side, size, ops)?;
+        }
+    }
+    let mut out = None;
+    if cli.json {
+        let results = if cli.test.is_bw() {
+            serde_json::to_value(&bw_results)
+        } else {
+            serde_json::to_value(&lat_results)
+        }
+        .map_err(|e| e.to_string())?;
+        let side = &sides[0];
+        let n = side.qp.negotiated();
+        out = Some(json!({
+                "role": "client",
+                "test": cli.test.name(),
+                "transport": cli.transport.name(),
+                "mpa_rev": n.rev,
+                "crc": n.crc,
+                "markers_rx": n.markers_rx,
+                "markers_tx": n.markers_tx,
+                "mulpdu": side.qp.mulpdu(),
+                "tx_depth": cli.tx_depth,
+                "cq_mod": side.cq_mod,
+                "slots": cli.slots,
+                "qps": cli.qps,
+                "verified_bytes_server": verified,
+                "verified_bytes_client": client_verified,
+                "results": results,
+        }));
+    } else {
+        eprintln!(
+            "iwarp-bench: data verified: {verified} bytes checked by the server, \
+             {client_verified} by the client"
+        );
+    }
+    for side in &mut sides {
+        side.qp.disconnect();
+    }
+    Ok(out)
+}
+
+/// Connects one queue pair of the run: its own protection domain, completion queue and
+/// buffers, the hello in the MPA Request.
+fn client_connect(
+    cli: &Cli,
+    addr: SocketAddr,
+    device: &Device,
+    hello: Hello,
+) -> Result<Side, String> {
     let pd = ProtectionDomain::new();
     let (cq, channel) = completion_queue(cli.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
@@ -989,7 +1176,7 @@ fn client_session(
     if remote.len < hello.buffer_len() {
         return Err("server's buffer is smaller than the run needs".into());
     }
-    let mut side = Side {
+    Ok(Side {
         qp: conn.qp,
         cq,
         data,
@@ -999,99 +1186,28 @@ fn client_session(
         ctrl_posted: 0,
         ctrl_sent: 0,
         poll: cli.cq == CqMode::Poll,
-        channel: channel.clone(),
+        channel,
         progress_bar: cli.stats_every.is_none(),
         cq_mod: u64::from(cli.cq_mod()),
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
         stall: Some(STALL),
-    };
-    let banner = describe(cli, &side);
-    if !cli.json {
-        eprintln!("iwarp-bench: {banner}");
-        println!(
-            "{}",
-            if cli.test.is_bw() {
-                stats::BW_HEADER
-            } else {
-                stats::LAT_HEADER
-            }
-        );
-    }
-    side.fill(CLIENT_SEED, 0, side.data.len() as u64);
-    if cli.test != TestKind::SendLat {
-        for _ in 0..CTRL_SLOTS {
-            side.post_ctrl_recv()?;
-        }
-    }
-    let mut bw_results = Vec::new();
-    let mut lat_results = Vec::new();
-    let mut verified = 0u64;
-    let mut client_verified = 0u64;
-    let mut out = None;
+    })
+}
+
+/// Every size of a bandwidth test on one queue pair of several (`-q`): per size, the result,
+/// the octets this side checked and those the server checked.
+fn client_bw_sizes(
+    side: &mut Side,
+    duration: Option<Duration>,
+    report_every: Option<Duration>,
+) -> Result<Vec<(BandwidthResult, u64, u64)>, String> {
+    let mut out = Vec::new();
     for size in side.hello.sizes.clone() {
-        let ops;
-        if cli.test.is_bw() {
-            let (r, checked) = client_bw(&mut side, size, duration, report_every)?;
-            client_verified += checked;
-            if !cli.json {
-                println!("{}", stats::bw_row(&r));
-            }
-            ops = r.iterations;
-            bw_results.push(r);
-        } else {
-            let (mut samples, checked) = client_lat(&mut side, size, duration)?;
-            client_verified += checked;
-            ops = samples.len() as u64;
-            if !cli.json && (cli.report_unsorted || cli.report_histogram) {
-                // As perftest: the samples, then the header again before the result line.
-                if cli.report_unsorted {
-                    print!("{}", stats::lat_samples_report(&samples, false));
-                }
-                if cli.report_histogram {
-                    print!("{}", stats::lat_samples_report(&samples, true));
-                }
-                println!("{}", stats::LAT_HEADER);
-            }
-            let r = LatencyResult::from_samples(size, &mut samples);
-            if !cli.json {
-                println!("{}", stats::lat_row(&r));
-            }
-            lat_results.push(r);
-        }
-        verified += finish_phase(&mut side, size, ops)?;
+        let (r, checked) = client_bw(side, size, duration, report_every)?;
+        let server_checked = finish_phase(side, size, r.iterations)?;
+        out.push((r, checked, server_checked));
     }
-    if cli.json {
-        let results = if cli.test.is_bw() {
-            serde_json::to_value(&bw_results)
-        } else {
-            serde_json::to_value(&lat_results)
-        }
-        .map_err(|e| e.to_string())?;
-        let n = side.qp.negotiated();
-        out = Some(json!({
-                "role": "client",
-                "test": cli.test.name(),
-                "transport": cli.transport.name(),
-                "mpa_rev": n.rev,
-                "crc": n.crc,
-                "markers_rx": n.markers_rx,
-                "markers_tx": n.markers_tx,
-                "mulpdu": side.qp.mulpdu(),
-                "tx_depth": cli.tx_depth,
-                "cq_mod": side.cq_mod,
-                "slots": cli.slots,
-                "verified_bytes_server": verified,
-                "verified_bytes_client": client_verified,
-                "results": results,
-        }));
-    } else {
-        eprintln!(
-            "iwarp-bench: data verified: {verified} bytes checked by the server, \
-             {client_verified} by the client"
-        );
-    }
-    side.qp.disconnect();
     Ok(out)
 }
 

@@ -235,6 +235,12 @@ pub fn counter(side: &Value, name: &str) -> u64 {
 /// nothing when it listens: the client retries while the server's kernel still answers the SYN
 /// with a reset.
 pub fn bed_run(server_args: &[String], client_args: &[String]) -> (Value, Value) {
+    let (client, server) = bed_pair(server_args, client_args);
+    (parse("client", &client), parse("server", &server))
+}
+
+/// [`bed_run`]'s outputs as they are (client, server), whatever they say.
+pub fn bed_pair(server_args: &[String], client_args: &[String]) -> (Output, Output) {
     let server = bench_in(
         NS_A,
         &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -254,5 +260,5 @@ pub fn bed_run(server_args: &[String], client_args: &[String]) -> (Value, Value)
         std::thread::sleep(Duration::from_millis(100));
     };
     let server = wait_with_timeout(server, Duration::from_secs(60));
-    (parse("client", &client), parse("server", &server))
+    (client, server)
 }

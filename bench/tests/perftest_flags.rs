@@ -1,0 +1,145 @@
+//! perftest's habitual command lines (issue #28) given to `iwarp-bench` at both ends: engine
+//! to engine on the veth bed (server in `iwa`, client in `iwb`) and over the socket transport
+//! on loopback, each run verified by the tool itself (the server checks what the client
+//! wrote or sent, the client what it read; a failed check fails the run) and its table read
+//! back here.
+//!
+//! The bed part needs root; it skips (or fails under `CI=true`) without the bed.
+
+mod common;
+
+use std::process::Output;
+
+use common::*;
+use testbed::*;
+
+/// A command line as a perftest user types it (with a small `-n` where perftest's default
+/// would take minutes), and what its table must show.
+struct Case {
+    test: &'static str,
+    flags: &'static [&'static str],
+    /// Rows of the result table.
+    rows: usize,
+    /// Iterations in each row (`None`: a timed run, at least one).
+    iterations: Option<u64>,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        test: "write-bw",
+        flags: &["-a", "-F", "--report_gbits", "-n", "20"],
+        rows: 23,
+        iterations: Some(20),
+    },
+    Case {
+        test: "write-bw",
+        flags: &["-q", "4", "-n", "300"],
+        rows: 1,
+        iterations: Some(4 * 300),
+    },
+    Case {
+        test: "read-bw",
+        flags: &["-D", "5"],
+        rows: 1,
+        iterations: None,
+    },
+    Case {
+        test: "send-lat",
+        flags: &["-H", "-n", "300"],
+        rows: 1,
+        iterations: Some(300),
+    },
+    Case {
+        test: "write-lat",
+        flags: &["-a", "-n", "30"],
+        rows: 23,
+        iterations: Some(30),
+    },
+];
+
+/// The result rows of a table (lines that start with a size and an iteration count).
+fn rows(out: &str) -> Vec<(u64, u64)> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn check(case: &Case, how: &str, client: &Output, server: &Output) {
+    let (out, err) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr),
+    );
+    let what = format!("{} {} ({how})", case.test, case.flags.join(" "));
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client:\n{out}\n{err}\nserver:\n{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    let got = rows(&out);
+    // -H prints "i, value" sample lines too: those have a comma.
+    let table: Vec<_> = got.iter().filter(|r| r.0 > 1).copied().collect();
+    assert_eq!(table.len(), case.rows, "{what}:\n{out}");
+    for &(size, iters) in &table {
+        match case.iterations {
+            Some(n) => assert_eq!(iters, n, "{what}: size {size}:\n{out}"),
+            None => assert!(iters > 0, "{what}:\n{out}"),
+        }
+    }
+    if case.rows == 23 {
+        let sizes: Vec<u64> = table.iter().map(|r| r.0).collect();
+        assert_eq!(
+            sizes,
+            (1..=23).map(|e| 1u64 << e).collect::<Vec<_>>(),
+            "{what}"
+        );
+    }
+    if case.flags.contains(&"-H") {
+        let samples = out
+            .lines()
+            .filter(|l| l.contains(", ") && !l.starts_with('#'))
+            .count();
+        // perftest's -H leaves out the two largest samples.
+        assert_eq!(
+            samples as u64,
+            case.iterations.unwrap_or(0) - 2,
+            "{what}:\n{out}"
+        );
+    }
+    // What the tool checked.
+    assert!(
+        err.contains("data verified:")
+            && !err.contains("verified: 0 bytes checked by the server, 0 by"),
+        "{what}: nothing verified:\n{err}"
+    );
+}
+
+#[test]
+fn perftest_command_lines_over_the_socket_transport() {
+    for case in CASES {
+        let port = free_port();
+        let (server, client) = run_pair(case.test, port, case.flags);
+        check(case, "socket", &client, &server);
+    }
+}
+
+#[test]
+fn perftest_command_lines_engine_to_engine() {
+    let _bed = bed_or_skip!();
+    for (i, case) in CASES.iter().enumerate() {
+        let port = (18760 + i).to_string();
+        let args = |iface: &str| {
+            let mut v: Vec<String> = [case.test, "--transport", "xdp", "--iface", iface, "-p"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            v.push(port.clone());
+            v.extend(case.flags.iter().map(|s| s.to_string()));
+            v
+        };
+        let (client, server) = bed_pair(&args(DEV_A), &args(DEV_B));
+        check(case, "engine", &client, &server);
+    }
+}
