@@ -47,6 +47,7 @@
 //!   buffers grant no remote read, and perftest does not check data).
 
 mod comm;
+mod report;
 pub mod wire;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -184,6 +185,30 @@ pub struct PerftestCli {
     /// Must equal the peer's in send-bw: it is the client's credit window.
     #[arg(short = 'r', long)]
     pub rx_depth: Option<u32>,
+    /// All sizes, 2 octets to 8 MiB, `-n` iterations each (perftest's `-a`; write-bw and
+    /// write-lat here). Both sides need it: buffers are laid out for 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    pub all_sizes: bool,
+    /// Duration mode (read-bw and write-bw clients; perftest's `-D`): post for this many whole
+    /// seconds and report the messages completed in the middle (a quarter of it, rounded down,
+    /// left out at each end). A server needs nothing: it learns the count from the report.
+    #[arg(short = 'D', long = "duration", value_name = "SECONDS")]
+    pub duration: Option<u32>,
+    /// Bidirectional (write-bw; perftest's `-b`): both sides Write into each other's buffer at
+    /// once; each side's row sums both directions. Both sides need it.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Queue pairs (write-bw; perftest's `-q`): that many data connections, each running `-n`
+    /// iterations into its own part of the peer's buffer; one row for all. Both sides need it.
+    #[arg(short = 'q', long = "qp", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub qps: u16,
+    /// Latency tests: print every sample (perftest's `-U`).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Latency tests: print the samples sorted, the two largest left out (perftest's `-H`).
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
     /// Accepted for perftest compatibility: queue pairs are always connected rdma_cm style.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
@@ -241,7 +266,18 @@ pub struct PerftestCli {
 #[derive(Debug, Clone, Copy)]
 struct Run {
     test: TestKind,
+    /// The message size, or the largest of `-a` (buffers are laid out for it).
     size: u64,
+    /// `-a`: every power of two from 2 to [`MAX_SIZE`].
+    all_sizes: bool,
+    /// `-D`: whole seconds.
+    duration: Option<u32>,
+    bidirectional: bool,
+    qps: u64,
+    /// `--report_gbits`: bandwidth in Gb/s (10^9 bits) instead of MB/s (2^20 octets).
+    gbits: bool,
+    report_unsorted: bool,
+    report_histogram: bool,
     iters: u64,
     tx_depth: u64,
     rx_depth: u64,
@@ -262,9 +298,47 @@ impl Run {
                 t.name()
             ));
         }
-        let size = cli.size.unwrap_or(if t.is_bw() { 65536 } else { 2 });
+        let mut size = cli.size.unwrap_or(if t.is_bw() { 65536 } else { 2 });
         if size == 0 || size > MAX_SIZE {
             return Err(format!("-s must be between 1 and {MAX_SIZE}"));
+        }
+        let only = |flag: &str, tests: &[TestKind]| {
+            if tests.contains(&t) {
+                Ok(())
+            } else {
+                let names: Vec<&str> = tests.iter().map(|t| t.name()).collect();
+                Err(format!(
+                    "{flag} is implemented here for {} (not {})",
+                    names.join(" and "),
+                    t.name()
+                ))
+            }
+        };
+        if cli.all_sizes {
+            only("-a", &[TestKind::WriteBw, TestKind::WriteLat])?;
+            if cli.duration.is_some() {
+                return Err("-a with -D: perftest runs all sizes by iterations only".into());
+            }
+            // perftest: `size = MAX_SIZE` lays the buffers out for the largest message.
+            size = MAX_SIZE;
+        }
+        if let Some(d) = cli.duration {
+            only("-D", &[TestKind::WriteBw, TestKind::ReadBw])?;
+            if !(1..=3600).contains(&d) || d <= 2 * (d / 4) {
+                return Err("-D must be between 1 and 3600 seconds".into());
+            }
+        }
+        if cli.bidirectional {
+            only("-b", &[TestKind::WriteBw])?;
+        }
+        if cli.qps > 1 {
+            only("-q", &[TestKind::WriteBw])?;
+            if cli.bidirectional {
+                return Err("-q with -b: not implemented in perftest mode".into());
+            }
+        }
+        if (cli.report_unsorted || cli.report_histogram) && t.is_bw() {
+            return Err("-U and -H are for the latency tests".into());
         }
         let iters = cli
             .iters
@@ -300,6 +374,13 @@ impl Run {
         Ok(Self {
             test: t,
             size,
+            all_sizes: cli.all_sizes,
+            duration: cli.duration,
+            bidirectional: cli.bidirectional,
+            qps: u64::from(cli.qps),
+            gbits: cli.compat.report_gbits,
+            report_unsorted: cli.report_unsorted,
+            report_histogram: cli.report_histogram,
             iters,
             tx_depth: tx_depth.min(iters),
             rx_depth,
@@ -338,7 +419,8 @@ impl Run {
 
 /// What a run produced.
 struct Outcome {
-    /// Result table lines (perftest's format).
+    /// The result table's rows (perftest's format; latency tests' `-U`/`-H` samples before
+    /// their row).
     table: Vec<String>,
     /// What was verified, in words.
     verified: String,
@@ -393,9 +475,33 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 println!("{}", out.json);
             } else {
+                let header = report::Header {
+                    test: run.test,
+                    server: cli.server.is_none(),
+                    bidirectional: run.bidirectional,
+                    qps: run.qps,
+                    tx_depth: run.tx_depth,
+                    rx_depth: run.rx_depth,
+                    cq_mod: 1,
+                    out_reads: run.rd_atomic,
+                    mtu: wire::mtu_octets(wire::OUR_MTU),
+                    device: cli.iface.as_deref().unwrap_or(cli.transport.name()),
+                };
+                for l in report::header_block(&header) {
+                    println!("{l}");
+                }
+                println!(
+                    "{}",
+                    if run.test.is_bw() {
+                        report::bw_header(run.gbits)
+                    } else {
+                        report::LAT_HEADER
+                    }
+                );
                 for l in &out.table {
                     println!("{l}");
                 }
+                println!("{}", report::RESULT_LINE);
                 eprintln!("perftest: {}", out.verified);
             }
             ExitCode::SUCCESS
@@ -677,17 +783,6 @@ enum BwKind {
     Send,
 }
 
-/// Perftest's bandwidth report line.
-const BW_HEADER: &str =
-    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
-
-fn bw_row(r: &BwReport) -> String {
-    format!(
-        " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
-        r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
-    )
-}
-
 fn bw_json(r: &BwReport) -> serde_json::Value {
     json!({ "bytes": r.size, "iterations": r.iters, "bw_peak_mb_per_sec": r.bw_peak,
             "bw_avg_mb_per_sec": r.bw_avg, "msg_rate_mpps": r.msg_rate })
@@ -919,18 +1014,25 @@ impl Session {
         self.dests(3, &mine)?;
         let step = "handshake after the client's Writes";
         self.comm.recv_dest(step)?;
-        // Every octet: written slots changed, all else as we left it.
+        self.comm.send_dest(step, &mine)?;
+        let peer = self.reports(&BwReport::default())?;
+        // Every octet: written slots changed, all else as we left it. In duration mode the
+        // report counts only the messages of the sampling window: at least that many slots
+        // were written, maybe all.
         let step = "checking the written buffer";
         let mut got = vec![0u8; len as usize];
         let mut expect = vec![0u8; len as usize];
         pattern::fill(POISON_SEED, 0, &mut expect);
-        let written = self.run.iters.min(g.slots());
+        let (written, may) = match self.run.duration {
+            Some(_) => (peer.iters.min(g.slots()), g.slots()),
+            None => (self.run.iters.min(g.slots()), self.run.iters.min(g.slots())),
+        };
         // The client's handshake travels on the other connection and can overtake the last
         // Writes still being placed: a slot still untouched is looked at again for a while.
         let start = Instant::now();
         loop {
             mr.read(0, &mut got);
-            match check_written(&got, &expect, written, g) {
+            match check_written(&got, &expect, written, may, g) {
                 Ok(()) => break,
                 Err(Unwritten::Slot(_)) if start.elapsed() < self.run.step.min(SETTLE) => {
                     std::thread::sleep(Duration::from_millis(5));
@@ -944,11 +1046,9 @@ impl Session {
                 Err(Unwritten::Outside(i)) => return Err(untouched_changed(step, i, GUARD)),
             }
         }
-        self.comm.send_dest(step, &mine)?;
-        let peer = self.reports(&BwReport::default())?;
         self.comm.handshake("closing handshake", &mine)?;
         Ok(Outcome {
-            table: vec![BW_HEADER.into(), bw_row(&peer)],
+            table: vec![report::bw_row(&peer, self.run.gbits)],
             verified: format!(
                 "write-bw server: {written} slot(s) of {} octets written, the other {} octets \
                  of the buffer (gaps, unused slots, {GUARD}-octet guards) untouched; the table \
@@ -976,9 +1076,15 @@ impl Session {
         let peer = self.dests(3, &mine)?;
         let step = "handshake after the client's Reads";
         self.comm.recv_dest(step)?;
-        // The client's Reads landed in its buffer's first half, slot for slot.
+        self.comm.send_dest(step, &mine)?;
+        let peer_rep = self.reports(&BwReport::default())?;
+        // The client's Reads landed in its buffer's first half, slot for slot (in duration
+        // mode at least as many as its report counts).
         let step = "reading back the client's landing area";
-        let written = self.run.iters.min(g.slots());
+        let written = match self.run.duration {
+            Some(_) => peer_rep.iters.min(g.slots()),
+            None => self.run.iters.min(g.slots()),
+        };
         let len = (written - 1) * g.inc() + g.size;
         let base = peer.vaddr.checked_sub(g.buff_size()).ok_or_else(|| {
             PerftestError::protocol(step, format!("client vaddr {:#x} too low", peer.vaddr))
@@ -993,11 +1099,9 @@ impl Session {
                 ));
             }
         }
-        self.comm.send_dest(step, &mine)?;
-        let peer_rep = self.reports(&BwReport::default())?;
         self.comm.handshake("closing handshake", &mine)?;
         Ok(Outcome {
-            table: vec![BW_HEADER.into(), bw_row(&peer_rep)],
+            table: vec![report::bw_row(&peer_rep, self.run.gbits)],
             verified: format!(
                 "read-bw server: read back the client's landing area ({written} slot(s) of {} \
                  octets): equal to what we served; the table is the client's own report",
@@ -1086,10 +1190,10 @@ impl Session {
             }
         }
         let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
-        let rep = bw_report(size, n, secs, None);
+        let rep = bw_report(size, n, secs, None, self.run.gbits);
         self.comm.handshake("closing handshake", &mine)?;
         Ok(Outcome {
-            table: vec![BW_HEADER.into(), bw_row(&rep)],
+            table: vec![report::bw_row(&rep, self.run.gbits)],
             verified: format!(
                 "send-bw server: {n} Sends of {size} octets received, lengths right, each equal \
                  to the earlier ones from the same one of the client's {} source slot(s); \
@@ -1110,8 +1214,8 @@ impl Session {
         )?;
         let mine = self.dest(&mr, b);
         let peer = self.dests(4, &mine)?;
-        let samples = self.write_lat_loop(&mr, peer, true)?;
-        self.lat_outcome(samples, "write-lat server", "every Write from the client")
+        let runs = self.write_lat_sizes(&mr, peer, true)?;
+        self.lat_outcomes(runs, "write-lat server", "every Write from the client")
     }
 
     fn server_read_lat(&mut self) -> Result<Outcome, PerftestError> {
@@ -1218,7 +1322,6 @@ impl Session {
             (None, None) => self.dest(&src, 0),
         };
         let peer = self.dests(3, &mine)?;
-        let mut got = vec![0u8; size as usize];
         if kind == BwKind::Read {
             // Our pattern over the server's buffer, so every Read can be checked.
             let step = "writing our pattern over the server's buffer";
@@ -1230,138 +1333,205 @@ impl Session {
                 &mine,
             )?;
         }
+        // -a: every size in turn, no exchange between them (perftest's write_bw client); the
+        // report the server gets is the last size's.
+        let sizes: Vec<u64> = if self.run.all_sizes {
+            (1..=23).map(|e| 1u64 << e).collect()
+        } else {
+            vec![self.geo.size]
+        };
+        let mut reps = Vec::new();
+        let (mut total_posted, mut checked) = (0u64, 0u64);
         let step = match kind {
             BwKind::Write => "RDMA Writes",
             BwKind::Read => "RDMA Reads",
             BwKind::Send => "Sends",
         };
-        let n = self.run.iters;
-        let depth = if kind == BwKind::Read {
-            self.run.tx_depth.min(ring_slots)
-        } else {
-            self.run.tx_depth
-        };
-        let window = self.run.rx_depth;
-        let mut t_post: Vec<Instant> = Vec::with_capacity(n as usize);
-        let mut t_done: Vec<Instant> = Vec::with_capacity(n as usize);
-        let (mut posted, mut done, mut checked) = (0u64, 0u64, 0u64);
-        let mut progress = Instant::now();
-        while done < n {
-            let mut blocked = false;
-            while posted < n && posted - done < depth {
-                if let Some(c) = &credit {
-                    // perftest: stop while scnt + 1 - credit >= rx_depth (u32 arithmetic).
-                    let credited = read_credit(c);
-                    if u64::from((posted as u32 + 1).wrapping_sub(credited)) >= window {
-                        blocked = true;
-                        break;
-                    }
+        for size in sizes {
+            let g = Geometry { size, ..self.geo };
+            let mut got = vec![0u8; size as usize];
+            let step = match kind {
+                BwKind::Write => "RDMA Writes",
+                BwKind::Read => "RDMA Reads",
+                BwKind::Send => "Sends",
+            };
+            // -D: post for the whole duration; count what completes in the middle (perftest's
+            // START, SAMPLE and STOP_SAMPLE states, `margin` = a quarter, rounded down, each end).
+            let timed = self.run.duration.map(|d| {
+                let d = u64::from(d);
+                let margin = d / 4;
+                (
+                    Duration::from_secs(d),
+                    Duration::from_secs(margin),
+                    Duration::from_secs(d - margin),
+                )
+            });
+            let n = if timed.is_some() {
+                u64::MAX
+            } else {
+                self.run.iters
+            };
+            let start = Instant::now();
+            let mut in_window = 0u64;
+            let depth = if kind == BwKind::Read {
+                self.run.tx_depth.min(ring_slots)
+            } else {
+                self.run.tx_depth
+            };
+            let window = self.run.rx_depth;
+            let expected = if timed.is_some() { 1 } else { n as usize };
+            let mut t_post: Vec<Instant> = Vec::with_capacity(expected);
+            let mut t_done: Vec<Instant> = Vec::with_capacity(expected);
+            let (mut posted, mut done) = (0u64, 0u64);
+            let mut progress = Instant::now();
+            loop {
+                let time_up = timed.is_some_and(|(d, _, _)| start.elapsed() >= d);
+                if done >= n || (time_up && done == posted) {
+                    break;
                 }
-                let off = g.slot_offset(posted);
-                let (op, local) = match kind {
-                    BwKind::Write => (
-                        SendOp::Write {
-                            remote_stag: Stag(peer.rkey),
-                            remote_to: peer.vaddr + off,
-                        },
-                        src.sge(off as usize, size as u32),
-                    ),
-                    BwKind::Read => {
-                        let l = landing.as_ref().ok_or_else(|| {
-                            PerftestError::Setup("read-bw without read buffers".into())
-                        })?;
-                        let at = (posted % ring_slots) * size;
-                        fill(l, POISON_SEED, at, 0, size);
-                        (
-                            SendOp::Read {
+                let mut blocked = false;
+                while posted < n && !time_up && posted - done < depth {
+                    if let Some(c) = &credit {
+                        // perftest: stop while scnt + 1 - credit >= rx_depth (u32 arithmetic).
+                        let credited = read_credit(c);
+                        if u64::from((posted as u32 + 1).wrapping_sub(credited)) >= window {
+                            blocked = true;
+                            break;
+                        }
+                    }
+                    let off = g.slot_offset(posted);
+                    let (op, local) = match kind {
+                        BwKind::Write => (
+                            SendOp::Write {
                                 remote_stag: Stag(peer.rkey),
                                 remote_to: peer.vaddr + off,
                             },
-                            l.sge(at as usize, size as u32),
-                        )
-                    }
-                    BwKind::Send => (
-                        SendOp::Send {
-                            solicited: false,
-                            invalidate: None,
+                            src.sge(off as usize, size as u32),
+                        ),
+                        BwKind::Read => {
+                            let l = landing.as_ref().ok_or_else(|| {
+                                PerftestError::Setup("read-bw without read buffers".into())
+                            })?;
+                            let at = (posted % ring_slots) * size;
+                            fill(l, POISON_SEED, at, 0, size);
+                            (
+                                SendOp::Read {
+                                    remote_stag: Stag(peer.rkey),
+                                    remote_to: peer.vaddr + off,
+                                },
+                                l.sge(at as usize, size as u32),
+                            )
+                        }
+                        BwKind::Send => (
+                            SendOp::Send {
+                                solicited: false,
+                                invalidate: None,
+                            },
+                            src.sge(off as usize, size as u32),
+                        ),
+                    };
+                    self.data.post(
+                        step,
+                        SendWr {
+                            wr_id: K_DATA | posted,
+                            op,
+                            sg_list: local.into(),
+                            signaled: true,
                         },
-                        src.sge(off as usize, size as u32),
-                    ),
+                    )?;
+                    if timed.is_none() || t_post.is_empty() {
+                        t_post.push(Instant::now());
+                    }
+                    posted += 1;
+                    progress = Instant::now();
+                }
+                let wait = if blocked {
+                    Duration::from_micros(200)
+                } else {
+                    Duration::from_millis(20)
                 };
-                self.data.post(
-                    step,
-                    SendWr {
-                        wr_id: K_DATA | posted,
-                        op,
-                        sg_list: local.into(),
-                        signaled: true,
-                    },
-                )?;
-                t_post.push(Instant::now());
-                posted += 1;
-                progress = Instant::now();
-            }
-            let wait = if blocked {
-                Duration::from_micros(200)
-            } else {
-                Duration::from_millis(20)
-            };
-            match self.data.wait_for(step, wait)? {
-                Some(c) if c.wc.wr_id & KIND == K_DATA => {
-                    let i = c.wc.wr_id & !KIND;
-                    let now = Instant::now();
-                    t_done.push(now);
-                    if let Some(l) = &landing {
-                        let at = (i % ring_slots) * size;
-                        let off = g.slot_offset(i);
-                        if u64::from(c.wc.byte_len) != size {
-                            return Err(PerftestError::mismatch(
-                                step,
-                                format!("Read {i} returned {} octets", c.wc.byte_len),
-                            ));
+                match self.data.wait_for(step, wait)? {
+                    Some(c) if c.wc.wr_id & KIND == K_DATA => {
+                        let i = c.wc.wr_id & !KIND;
+                        let now = Instant::now();
+                        if timed.is_none() {
+                            t_done.push(now);
                         }
-                        l.read(at as usize, &mut got);
-                        if let Some(j) = pattern::first_mismatch(PATTERN_SEED, off, &got) {
-                            return Err(PerftestError::mismatch(
-                                step,
-                                format!(
-                                    "Read {i} (server offset {off}) differs from what we \
-                                     wrote there at octet {j}"
+                        if let Some((_, from, to)) = timed {
+                            let at = now.duration_since(start);
+                            in_window += u64::from(at >= from && at < to);
+                        }
+                        if let Some(l) = &landing {
+                            let at = (i % ring_slots) * size;
+                            let off = g.slot_offset(i);
+                            if u64::from(c.wc.byte_len) != size {
+                                return Err(PerftestError::mismatch(
+                                    step,
+                                    format!("Read {i} returned {} octets", c.wc.byte_len),
+                                ));
+                            }
+                            l.read(at as usize, &mut got);
+                            if let Some(j) = pattern::first_mismatch(PATTERN_SEED, off, &got) {
+                                return Err(PerftestError::mismatch(
+                                    step,
+                                    format!(
+                                        "Read {i} (server offset {off}) differs from what we \
+                                         wrote there at octet {j}"
+                                    ),
+                                ));
+                            }
+                            if let Some(m) = &mirror {
+                                m.write(off as usize, &got);
+                            }
+                            checked += size;
+                        }
+                        done += 1;
+                        progress = now;
+                    }
+                    Some(_) => {}
+                    None => {
+                        if progress.elapsed() > self.run.step {
+                            let credit_note = credit
+                                .as_ref()
+                                .map(|c| format!(", credit {}", read_credit(c)))
+                                .unwrap_or_default();
+                            return Err(PerftestError::Timeout {
+                                step: step.to_string(),
+                                after: self.run.step,
+                                state: format!(
+                                    "{posted} posted, {done} completed{credit_note}; {}",
+                                    qp_state(&self.data.qp)
                                 ),
-                            ));
+                            });
                         }
-                        if let Some(m) = &mirror {
-                            m.write(off as usize, &got);
-                        }
-                        checked += size;
+                        self.data.check_alive(step)?;
                     }
-                    done += 1;
-                    progress = now;
-                }
-                Some(_) => {}
-                None => {
-                    if progress.elapsed() > self.run.step {
-                        let credit_note = credit
-                            .as_ref()
-                            .map(|c| format!(", credit {}", read_credit(c)))
-                            .unwrap_or_default();
-                        return Err(PerftestError::Timeout {
-                            step: step.to_string(),
-                            after: self.run.step,
-                            state: format!(
-                                "{posted} posted, {done} completed{credit_note}; {}",
-                                qp_state(&self.data.qp)
-                            ),
-                        });
-                    }
-                    self.data.check_alive(step)?;
                 }
             }
+            let rep = match timed {
+                // No peak in duration mode (perftest's noPeak): 0.
+                Some((_, from, to)) => BwReport {
+                    bw_peak: 0.0,
+                    ..bw_report(
+                        size,
+                        in_window,
+                        (to - from).as_secs_f64(),
+                        None,
+                        self.run.gbits,
+                    )
+                },
+                None => {
+                    let secs = t_post
+                        .first()
+                        .map_or(0.0, |t| progress.duration_since(*t).as_secs_f64());
+                    bw_report(size, n, secs, fastest(&t_post, &t_done), self.run.gbits)
+                }
+            };
+            reps.push(rep);
+            total_posted += posted;
         }
-        let secs = t_post
-            .first()
-            .map_or(0.0, |t| progress.duration_since(*t).as_secs_f64());
-        let rep = bw_report(size, n, secs, fastest(&t_post, &t_done));
+        let rep = reps.last().copied().unwrap_or_default();
+        let n = total_posted;
         let test = match kind {
             BwKind::Write => "write-bw",
             BwKind::Read => "read-bw",
@@ -1379,18 +1549,28 @@ impl Session {
                  RDMA-Wrote over the server's buffer first ({checked} octets checked)"
             ),
             BwKind::Write => format!(
-                "write-bw client: {n} Writes of {size} octets completed (perftest's buffer \
-                 grants no remote read, so the data cannot be read back)"
+                "write-bw client: {n} Writes of {} octets completed (perftest's buffer \
+                 grants no remote read, so the data cannot be read back)",
+                if self.run.all_sizes {
+                    "2 to 8388608".to_string()
+                } else {
+                    size.to_string()
+                }
             ),
             BwKind::Send => format!(
                 "send-bw client: {n} Sends of {size} octets completed within the server's \
-                 credits (window {window}; perftest does not check Send data)"
+                 credits (window {}; perftest does not check Send data)",
+                self.run.rx_depth
             ),
         };
         Ok(Outcome {
-            table: vec![BW_HEADER.into(), bw_row(&rep)],
+            table: reps
+                .iter()
+                .map(|r| report::bw_row(r, self.run.gbits))
+                .collect(),
             verified,
             json: json!({ "role": "client", "test": test, "result": bw_json(&rep),
+                          "results": reps.iter().map(bw_json).collect::<Vec<_>>(),
                           "octets_verified": checked, "peer_version": self.peer_version }),
         })
     }
@@ -1404,8 +1584,8 @@ impl Session {
         )?;
         let mine = self.dest(&mr, b);
         let peer = self.dests(4, &mine)?;
-        let samples = self.write_lat_loop(&mr, peer, false)?;
-        self.lat_outcome(samples, "write-lat client", "every Write from the server")
+        let runs = self.write_lat_sizes(&mr, peer, false)?;
+        self.lat_outcomes(runs, "write-lat client", "every Write from the server")
     }
 
     fn client_read_lat(&mut self) -> Result<Outcome, PerftestError> {
@@ -1492,13 +1672,37 @@ impl Session {
     /// with the iteration number in the last octet) to the peer, and waits for the peer's
     /// number in the last octet of its own landing area (`mr[b..]`). Returns half round trips
     /// (µs).
+    /// write-lat's ping-pong for each size (`-a`: every power of two from 2 to 8 MiB, no
+    /// exchange between sizes, as perftest's write_lat): the samples of each.
+    fn write_lat_sizes(
+        &mut self,
+        mr: &MemoryRegion,
+        peer: Dest,
+        server: bool,
+    ) -> Result<Vec<(u64, Vec<f64>)>, PerftestError> {
+        let mut out = Vec::new();
+        for size in self.sizes() {
+            out.push((size, self.write_lat_loop(mr, peer, server, size)?));
+        }
+        Ok(out)
+    }
+
+    /// The message sizes of the run: `-s`, or with `-a` 2 to 8 MiB.
+    fn sizes(&self) -> Vec<u64> {
+        if self.run.all_sizes {
+            (1..=23).map(|e| 1u64 << e).collect()
+        } else {
+            vec![self.geo.size]
+        }
+    }
+
     fn write_lat_loop(
         &mut self,
         mr: &MemoryRegion,
         peer: Dest,
         server: bool,
+        size: u64,
     ) -> Result<Vec<f64>, PerftestError> {
-        let size = self.geo.size;
         let b = self.geo.buff_size();
         mr.write(0, &vec![0u8; size as usize]);
         let n = self.run.iters;
@@ -1508,7 +1712,7 @@ impl Session {
             let stamp = i as u8;
             let step = format!("write-lat iteration {i}: waiting for the peer's Write");
             if !server {
-                self.await_write(&step, mr, b, stamp)?;
+                self.await_write(&step, mr, b, size, stamp)?;
                 if let Some(t) = t_sent {
                     samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
@@ -1531,7 +1735,7 @@ impl Session {
             self.data.wait_id(&wstep, K_DATA | i)?;
             t_sent = Some(t);
             if server {
-                self.await_write(&step, mr, b, stamp)?;
+                self.await_write(&step, mr, b, size, stamp)?;
                 samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
         }
@@ -1540,21 +1744,26 @@ impl Session {
 
     /// Waits for the peer's Write with `stamp` in the last octet of `mr[b..b + size]`, then
     /// checks the rest is perftest's zeroed buffer (allowing a moment for octets placed after
-    /// the last one by out-of-order placement).
+    /// the last one by out-of-order placement). With `-a`, perftest's buffer still holds the
+    /// last stamp of each smaller size at that size's last octet (`-n`, as one octet).
     fn await_write(
         &self,
         step: &str,
         mr: &MemoryRegion,
         b: u64,
+        size: u64,
         stamp: u8,
     ) -> Result<(), PerftestError> {
-        let size = self.geo.size;
         self.wait_octet(step, mr, b + size - 1, stamp)?;
         let mut body = vec![0u8; (size - 1) as usize];
+        let stale = self.run.iters as u8;
+        let allowed = |i: usize, x: u8| {
+            x == 0 || (self.run.all_sizes && x == stale && (i + 1).is_power_of_two() && i > 0)
+        };
         let start = Instant::now();
         loop {
             mr.read(b as usize, &mut body);
-            match body.iter().position(|&x| x != 0) {
+            match body.iter().enumerate().position(|(i, &x)| !allowed(i, x)) {
                 None => return Ok(()),
                 Some(i) if start.elapsed() > Duration::from_millis(200) => {
                     return Err(PerftestError::mismatch(
@@ -1650,25 +1859,66 @@ impl Session {
 
     fn lat_outcome(
         &self,
-        mut samples: Vec<f64>,
+        samples: Vec<f64>,
         who: &str,
         what: &str,
     ) -> Result<Outcome, PerftestError> {
-        let r = LatencyResult::from_samples(self.geo.size, &mut samples);
+        self.lat_outcomes(vec![(self.geo.size, samples)], who, what)
+    }
+
+    /// The rows of a latency run, one per size (perftest's `-U` and `-H` samples before each).
+    fn lat_outcomes(
+        &self,
+        runs: Vec<(u64, Vec<f64>)>,
+        who: &str,
+        what: &str,
+    ) -> Result<Outcome, PerftestError> {
+        let mut table = Vec::new();
+        let mut results = Vec::new();
+        for (size, mut samples) in runs {
+            // perftest's -U / -H: the samples before the row, then the column line again.
+            let before = table.len();
+            if self.run.report_unsorted {
+                table.extend(
+                    stats::lat_samples_report(&samples, false)
+                        .lines()
+                        .map(String::from),
+                );
+            }
+            if self.run.report_histogram {
+                table.extend(
+                    stats::lat_samples_report(&samples, true)
+                        .lines()
+                        .map(String::from),
+                );
+            }
+            if table.len() > before {
+                table.push(report::RESULT_LINE.into());
+                table.push(report::LAT_HEADER.into());
+            }
+            let r = LatencyResult::from_samples(size, &mut samples);
+            table.push(report::lat_row(&r));
+            results.push(r);
+        }
         let content = match self.run.test {
             TestKind::WriteLat => "perftest's zeroed buffer with the iteration number last",
             TestKind::SendLat => "right length, equal to the first",
             _ => "equal to our pattern",
         };
         Ok(Outcome {
-            table: vec![stats::LAT_HEADER.into(), stats::lat_row(&r)],
+            table,
             verified: format!(
-                "{who}: {} iterations, {what} checked ({content}); latency = half a round trip",
-                self.run.iters
+                "{who}: {} iterations{}, {what} checked ({content}); latency = half a round trip",
+                self.run.iters,
+                if results.len() > 1 {
+                    " of each size"
+                } else {
+                    ""
+                }
             ),
             json: json!({ "role": if self.server { "server" } else { "client" },
-                          "test": self.run.test.name(), "result": r,
-                          "peer_version": self.peer_version }),
+                          "test": self.run.test.name(), "result": results.last(),
+                          "results": results, "peer_version": self.peer_version }),
         })
     }
 }
@@ -1681,17 +1931,25 @@ enum Unwritten {
     Outside(usize),
 }
 
-/// write-bw's target buffer (`GUARD` octets, the window, `GUARD` octets) after `written`
-/// messages: each written slot changed, every other octet as filled (`expect`).
-fn check_written(got: &[u8], expect: &[u8], written: u64, g: Geometry) -> Result<(), Unwritten> {
+/// write-bw's target buffer (`GUARD` octets, the window, `GUARD` octets) after the client's
+/// Writes: each of the first `written` slots changed, the slots up to `may` (duration mode:
+/// the report counts fewer than were sent) changed or not, every other octet as filled
+/// (`expect`).
+fn check_written(
+    got: &[u8],
+    expect: &[u8],
+    written: u64,
+    may: u64,
+    g: Geometry,
+) -> Result<(), Unwritten> {
     let mut at = 0usize;
-    for k in 0..written {
+    for k in 0..may.max(written) {
         let a = (GUARD + k * g.inc()) as usize;
         let b = a + g.size as usize;
         if let Some(i) = (at..a).find(|&i| got[i] != expect[i]) {
             return Err(Unwritten::Outside(i));
         }
-        if got[a..b] == expect[a..b] {
+        if k < written && got[a..b] == expect[a..b] {
             return Err(Unwritten::Slot(k));
         }
         at = b;
@@ -1755,13 +2013,16 @@ fn fastest(posted: &[Instant], done: &[Instant]) -> Option<Duration> {
 }
 
 /// perftest's report: average over the whole run, peak from [`fastest`].
-fn bw_report(size: u64, iters: u64, secs: f64, fastest: Option<Duration>) -> BwReport {
+/// Bandwidth in MB/s (2^20 octets), or with `gbits` in Gb/s (10^9 bits), as perftest's
+/// `--report_gbits` switches it; perftest without a peak (`-D`) reports 0.
+fn bw_report(size: u64, iters: u64, secs: f64, fastest: Option<Duration>, gbits: bool) -> BwReport {
     let s = secs.max(1e-9);
-    let avg = (size * iters) as f64 / s / MB;
+    let unit = if gbits { 125_000_000.0 } else { MB };
+    let avg = (size * iters) as f64 / s / unit;
     BwReport {
         size,
         iters,
-        bw_peak: fastest.map_or(avg, |d| size as f64 / d.as_secs_f64().max(1e-9) / MB),
+        bw_peak: fastest.map_or(avg, |d| size as f64 / d.as_secs_f64().max(1e-9) / unit),
         bw_avg: avg,
         msg_rate: iters as f64 / s / 1e6,
     }
@@ -1795,7 +2056,7 @@ mod tests {
 
     #[test]
     fn bandwidth_report_units() {
-        let r = bw_report(65536, 100, 1.0, Some(Duration::from_millis(1)));
+        let r = bw_report(65536, 100, 1.0, Some(Duration::from_millis(1)), false);
         assert!((r.bw_avg - 6.25).abs() < 1e-9);
         assert!((r.bw_peak - 62.5).abs() < 1e-9);
         assert!((r.msg_rate - 1e-4).abs() < 1e-12);

@@ -24,6 +24,15 @@ pub const OUR_CACHE_LINE: u32 = 64;
 /// own and the peer's value, so 4096 never lowers the peer's; iWARP ignores it anyway.
 pub const OUR_MTU: &[u8; 2] = b"5\0";
 
+/// The octets of an MTU as perftest's exchange names it (an `ibv_mtu` code as ASCII digits:
+/// `128 << code`); 0 for anything else.
+pub fn mtu_octets(b: &[u8]) -> u32 {
+    match b.first() {
+        Some(&c @ b'1'..=b'5') => 128 << (c - b'0'),
+        _ => 0,
+    }
+}
+
 /// `struct pingpong_dest`: what each side tells the other about its queue pair and buffer.
 /// With rdma_cm only `rkey` and `vaddr` matter; the rest is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
