@@ -146,8 +146,101 @@ fn bad_arguments_are_errors() {
         &["perftest", "write-bw", "-s", "0"],
         &["perftest", "nope"],
         &["perftest", "read-lat", "--transport", "xdp"],
+        &["perftest", "send-bw", "-a"],
+        &["perftest", "write-bw", "-a", "-D", "5"],
+        &["perftest", "read-bw", "-q", "2"],
+        &["perftest", "write-bw", "-H"],
     ] {
         let o = Command::new(bin()).args(args).output().expect("run");
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+}
+
+/// The table rows of a side's output: (size, iterations), and the lines of `-H` samples.
+fn rows(o: &Output) -> (Vec<(u64, u64)>, usize) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let table = out
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect();
+    let samples = out
+        .lines()
+        .filter(|l| l.contains(", ") && !l.starts_with('#'))
+        .count();
+    (table, samples)
+}
+
+/// perftest's habitual options in perftest mode, both sides ours: -a (write-bw: a row per
+/// size at the client, the last size's report at the server; write-lat: a row per size at
+/// both), -D, -b, -q, -H, --report_gbits, each side checking what it can.
+#[test]
+fn perftest_options_both_sides() {
+    let all: Vec<u64> = (1..=23).map(|e| 1u64 << e).collect();
+    let cases: &[(&str, &[&str])] = &[
+        ("write-bw", &["-a", "-n", "5", "-F", "--report_gbits"]),
+        ("write-lat", &["-a", "-n", "10"]),
+        ("read-bw", &["-D", "2"]),
+        ("write-bw", &["-D", "2", "-s", "64"]),
+        ("write-bw", &["-b", "-n", "300"]),
+        ("write-bw", &["-q", "4", "-n", "100"]),
+        ("write-bw", &["-q", "3", "-s", "64", "-n", "100"]),
+        ("send-lat", &["-H", "-n", "50"]),
+    ];
+    for (test, args) in cases {
+        let (s, c) = pair(test, args, args);
+        let what = format!("{test} {args:?}");
+        assert!(
+            s.status.success() && c.status.success(),
+            "{what}\nserver: {}\nclient: {}",
+            text(&s),
+            text(&c)
+        );
+        let ((st, ss), (ct, cs)) = (rows(&s), rows(&c));
+        for (t, who) in [(&st, "server"), (&ct, "client")] {
+            assert!(
+                !t.is_empty(),
+                "{what}: no {who} row: {}",
+                text(if who == "server" { &s } else { &c })
+            );
+        }
+        let a = args.contains(&"-a");
+        match *test {
+            "write-bw" if a => {
+                assert_eq!(ct.iter().map(|r| r.0).collect::<Vec<_>>(), all, "{what}");
+                assert_eq!(st, vec![(1 << 23, 5)], "{what}: the last size's report");
+                assert!(text(&c).contains("BW average[Gb/sec]"), "{what}");
+            }
+            "write-lat" => {
+                assert_eq!(ct.iter().map(|r| r.0).collect::<Vec<_>>(), all, "{what}");
+                assert_eq!(st.iter().map(|r| r.0).collect::<Vec<_>>(), all, "{what}");
+            }
+            "write-bw" if args.contains(&"-q") => {
+                let q: u64 = args[1].parse().expect("-q N");
+                assert_eq!(ct[0].1, q * 100, "{what}: -n per queue pair");
+                assert!(
+                    text(&s).contains(&format!("{q} queue pairs' windows")),
+                    "{what}"
+                );
+            }
+            "write-bw" if args.contains(&"-b") => {
+                assert!(
+                    text(&s).contains("the peer's checked in our buffer"),
+                    "{what}"
+                );
+                assert!(
+                    text(&c).contains("the peer's checked in our buffer"),
+                    "{what}"
+                );
+            }
+            "send-lat" => {
+                // The samples less the two largest (a side's first iteration may give none).
+                assert!((47..=48).contains(&cs), "{what}: -H samples: {cs}");
+                assert!((47..=48).contains(&ss), "{what}: -H samples: {ss}");
+            }
+            _ => assert!(ct[0].1 > 0 && st[0].1 == ct[0].1, "{what}"),
+        }
     }
 }

@@ -330,6 +330,9 @@ impl Run {
         }
         if cli.bidirectional {
             only("-b", &[TestKind::WriteBw])?;
+            if cli.all_sizes || cli.duration.is_some() {
+                return Err("-b with -a or -D: not implemented in perftest mode".into());
+            }
         }
         if cli.qps > 1 {
             only("-q", &[TestKind::WriteBw])?;
@@ -536,6 +539,8 @@ struct Session {
     pd: ProtectionDomain,
     comm: Comm,
     data: Qp,
+    /// `-q`: the further data queue pairs (sharing `data`'s completion queue).
+    more: Vec<Qp>,
     geo: Geometry,
     peer_version: String,
 }
@@ -640,6 +645,17 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
     let conn = req
         .accept(&pd, &dcq, &[])
         .map_err(|e| PerftestError::datapath(step, e))?;
+    // -q: the further data connections, numbered in the order they arrive (as perftest's
+    // server numbers its connect requests), on the same completion queue.
+    let mut more = Vec::new();
+    for k in 1..run.qps {
+        let step = format!("data connection {} of {}", k + 1, run.qps);
+        let req = accept(&listener, run.step, &step)?;
+        let c = req
+            .accept(&pd, &dcq, &[])
+            .map_err(|e| PerftestError::datapath(&step, e))?;
+        more.push(Qp::new(c.qp, dcq.clone(), run.step));
+    }
     drop(listener);
     log(
         &run,
@@ -657,6 +673,7 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
         pd,
         comm,
         data,
+        more,
         geo,
         peer_version,
     };
@@ -728,6 +745,16 @@ fn run_client(
             describe(&conn.qp)
         ),
     );
+    // -q: the further data connections, one after the other (so the server numbers them
+    // as we do), on the same completion queue.
+    let mut more = Vec::new();
+    for k in 1..run.qps {
+        let step = format!("data connection {} of {}", k + 1, run.qps);
+        let (c, _) = net
+            .connect_retrying(addr, &pd, &dcq, &params, run.step, pause)
+            .map_err(|e| PerftestError::datapath(&format!("{step} to {addr}"), e))?;
+        more.push(Qp::new(c.qp, dcq.clone(), run.step));
+    }
     std::thread::sleep(run.settle);
     let data = Qp::new(conn.qp, dcq, run.step);
     comm.handshake("handshake after the data connection", &Dest::default())?;
@@ -737,6 +764,7 @@ fn run_client(
         pd,
         comm,
         data,
+        more,
         geo,
         peer_version,
     };
@@ -875,6 +903,54 @@ impl Session {
         Ok(first)
     }
 
+    /// Data queue pair `q` (`-q`: the first, then the further ones in connection order).
+    fn qp_at(&self, q: usize) -> &Qp {
+        match q.checked_sub(1) {
+            Some(k) => self.more.get(k).unwrap_or(&self.data),
+            None => &self.data,
+        }
+    }
+
+    /// The buffer-key handshakes of a bandwidth test, one `pingpong_dest` per queue pair
+    /// (`mine`): one round per queue pair, a second round repeating them, then one more with
+    /// the first (perftest's write_bw/read_bw with `-q`; three alike for one queue pair). The
+    /// peer's, per queue pair.
+    fn dests_per_qp(&mut self, mine: &[Dest]) -> Result<Vec<Dest>, PerftestError> {
+        let n = mine.len();
+        if n == 1 {
+            return Ok(vec![self.dests(3, &mine[0])?]);
+        }
+        let total = 2 * n + 1;
+        let mut peers = Vec::with_capacity(n);
+        for (k, d) in mine.iter().enumerate() {
+            let step = format!("buffer-key handshake {} of {total}", k + 1);
+            peers.push(self.comm.handshake(&step, d)?);
+        }
+        for (k, d) in mine.iter().enumerate() {
+            let step = format!("buffer-key handshake {} of {total}", n + k + 1);
+            let again = self.comm.handshake(&step, d)?;
+            if (again.rkey, again.vaddr) != (peers[k].rkey, peers[k].vaddr) {
+                return Err(PerftestError::protocol(
+                    &step,
+                    format!("peer changed queue pair {k}'s buffer between rounds"),
+                ));
+            }
+        }
+        self.comm.handshake(
+            &format!("buffer-key handshake {total} of {total}"),
+            &mine[0],
+        )?;
+        self.log(format_args!(
+            "{n} queue pairs; peer buffers: {}",
+            peers
+                .iter()
+                .map(|d| format!("rkey {:#010x} vaddr {:#018x}", d.rkey, d.vaddr))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        Ok(peers)
+    }
+
     /// `xchg_bw_reports`: five 8-octet exchanges.
     fn reports(&mut self, mine: &BwReport) -> Result<BwReport, PerftestError> {
         let names = ["size", "iterations", "peak", "average", "message rate"];
@@ -898,6 +974,9 @@ impl Session {
             ));
         }
         self.data.qp.disconnect();
+        for q in &mut self.more {
+            q.qp.disconnect();
+        }
         if !linger.is_zero() {
             self.comm.qp_mut().wait_finished(linger);
         }
@@ -1000,64 +1079,100 @@ impl Session {
 
     // ---- servers (the perftest tool is the client) ----
 
-    fn server_write_bw(&mut self) -> Result<Outcome, PerftestError> {
-        let g = self.geo;
-        let win = g.buff_size();
-        let len = GUARD + win + GUARD;
+    /// write-bw's target: `windows` (one per queue pair) advertised windows of
+    /// `BUFF_SIZE` octets back to back between two guards, filled with what the peer's Writes
+    /// must change; the region and our `pingpong_dest` of each window.
+    fn target_buffer(&self, windows: u64) -> Result<(MemoryRegion, Vec<Dest>), PerftestError> {
+        let win = self.geo.buff_size();
+        let len = GUARD + windows * win + GUARD;
         let mr = self.register(
             len,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
             "registering the target buffer",
         )?;
         fill(&mr, POISON_SEED, 0, 0, len);
-        let mine = self.dest(&mr, GUARD);
-        self.dests(3, &mine)?;
-        let step = "handshake after the client's Writes";
-        self.comm.recv_dest(step)?;
-        self.comm.send_dest(step, &mine)?;
-        let peer = self.reports(&BwReport::default())?;
-        // Every octet: written slots changed, all else as we left it. In duration mode the
-        // report counts only the messages of the sampling window: at least that many slots
-        // were written, maybe all.
+        let dests = (0..windows)
+            .map(|i| self.dest(&mr, GUARD + i * win))
+            .collect();
+        Ok((mr, dests))
+    }
+
+    /// Checks every octet of a [`Session::target_buffer`] after the peer's Writes: in each
+    /// window the first `written` slots changed, those up to `may` changed or not, all else as
+    /// we left it. The peer's last handshake travels on the other connection and can overtake
+    /// the last Writes still being placed: a slot still untouched is looked at again for a
+    /// while.
+    fn check_target(
+        &self,
+        mr: &MemoryRegion,
+        windows: u64,
+        written: u64,
+        may: u64,
+    ) -> Result<(), PerftestError> {
         let step = "checking the written buffer";
-        let mut got = vec![0u8; len as usize];
-        let mut expect = vec![0u8; len as usize];
+        let g = self.geo;
+        let len = mr.len();
+        let mut got = vec![0u8; len];
+        let mut expect = vec![0u8; len];
         pattern::fill(POISON_SEED, 0, &mut expect);
-        let (written, may) = match self.run.duration {
-            Some(_) => (peer.iters.min(g.slots()), g.slots()),
-            None => (self.run.iters.min(g.slots()), self.run.iters.min(g.slots())),
-        };
-        // The client's handshake travels on the other connection and can overtake the last
-        // Writes still being placed: a slot still untouched is looked at again for a while.
         let start = Instant::now();
         loop {
             mr.read(0, &mut got);
-            match check_written(&got, &expect, written, may, g) {
-                Ok(()) => break,
-                Err(Unwritten::Slot(_)) if start.elapsed() < self.run.step.min(SETTLE) => {
+            match check_written(&got, &expect, windows, written, may, g) {
+                Ok(()) => return Ok(()),
+                Err(Unwritten::Slot(..)) if start.elapsed() < self.run.step.min(SETTLE) => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(Unwritten::Slot(k)) => {
+                Err(Unwritten::Slot(w, k)) => {
                     return Err(PerftestError::mismatch(
                         step,
-                        format!("slot {k} (offset {}) was never written", k * g.inc()),
+                        format!(
+                            "slot {k} (offset {}) of window {w} was never written",
+                            k * g.inc()
+                        ),
                     ))
                 }
                 Err(Unwritten::Outside(i)) => return Err(untouched_changed(step, i, GUARD)),
             }
         }
-        self.comm.handshake("closing handshake", &mine)?;
+    }
+
+    fn server_write_bw(&mut self) -> Result<Outcome, PerftestError> {
+        if self.run.bidirectional {
+            return self.client_bw(BwKind::Write);
+        }
+        let g = self.geo;
+        let qps = self.run.qps;
+        let (mr, mine) = self.target_buffer(qps)?;
+        self.dests_per_qp(&mine)?;
+        let step = "handshake after the client's Writes";
+        self.comm.recv_dest(step)?;
+        self.comm.send_dest(step, &mine[0])?;
+        let peer = self.reports(&BwReport::default())?;
+        // In duration mode the report counts only the messages of the sampling window: at
+        // least that many slots were written, maybe all.
+        let (written, may) = match self.run.duration {
+            Some(_) => (peer.iters.min(g.slots()), g.slots()),
+            None => (self.run.iters.min(g.slots()), self.run.iters.min(g.slots())),
+        };
+        self.check_target(&mr, qps, written, may)?;
+        self.comm.handshake("closing handshake", &mine[0])?;
         Ok(Outcome {
             table: vec![report::bw_row(&peer, self.run.gbits)],
             verified: format!(
-                "write-bw server: {written} slot(s) of {} octets written, the other {} octets \
-                 of the buffer (gaps, unused slots, {GUARD}-octet guards) untouched; the table \
-                 is the client's own report",
+                "write-bw server: {written} slot(s) of {} octets written{}, the other {} \
+                 octets of the buffer (gaps, unused slots, {GUARD}-octet guards) untouched; \
+                 the table is the client's own report",
                 g.size,
-                len - written * g.size
+                if qps > 1 {
+                    format!(" in each of {qps} queue pairs' windows")
+                } else {
+                    String::new()
+                },
+                mr.len() as u64 - qps * written * g.size
             ),
             json: json!({ "role": "server", "test": "write-bw", "peer_report": bw_json(&peer),
-                          "slots_written": written, "octets_checked": len,
+                          "slots_written": written, "octets_checked": mr.len(), "qps": qps,
                           "peer_version": self.peer_version }),
         })
     }
@@ -1316,12 +1431,27 @@ impl Session {
         } else {
             None
         };
-        let mine = match (&credit, &mirror) {
-            (Some(c), _) => self.dest(c, 0),
-            (None, Some(m)) => self.dest(m, g.buff_size()),
-            (None, None) => self.dest(&src, 0),
+        // -b: both sides Write; ours is a target like a server's (guards, filled).
+        let duplex = self.run.bidirectional && kind == BwKind::Write;
+        let target = if duplex {
+            Some(self.target_buffer(1)?)
+        } else {
+            None
         };
-        let peer = self.dests(3, &mine)?;
+        let qps = self.run.qps;
+        let mines: Vec<Dest> = match (&credit, &mirror, &target) {
+            (Some(c), _, _) => vec![self.dest(c, 0)],
+            (None, Some(m), _) => vec![self.dest(m, g.buff_size())],
+            (None, None, Some((_, d))) => d.clone(),
+            (None, None, None) => (0..qps).map(|_| self.dest(&src, 0)).collect(),
+        };
+        let mine = mines[0];
+        let peers = self.dests_per_qp(&mines)?;
+        let peer = peers[0];
+        if duplex {
+            self.comm
+                .handshake("handshake before the test (-b)", &mine)?;
+        }
         if kind == BwKind::Read {
             // Our pattern over the server's buffer, so every Read can be checked.
             let step = "writing our pattern over the server's buffer";
@@ -1366,11 +1496,13 @@ impl Session {
                     Duration::from_secs(d - margin),
                 )
             });
+            // -q: message i goes on queue pair i % qps, as message i / qps of that one.
             let n = if timed.is_some() {
                 u64::MAX
             } else {
-                self.run.iters
+                self.run.iters * qps
             };
+            let mut outstanding = vec![0u64; qps as usize];
             let start = Instant::now();
             let mut in_window = 0u64;
             let depth = if kind == BwKind::Read {
@@ -1390,7 +1522,7 @@ impl Session {
                     break;
                 }
                 let mut blocked = false;
-                while posted < n && !time_up && posted - done < depth {
+                while posted < n && !time_up && outstanding[(posted % qps) as usize] < depth {
                     if let Some(c) = &credit {
                         // perftest: stop while scnt + 1 - credit >= rx_depth (u32 arithmetic).
                         let credited = read_credit(c);
@@ -1399,12 +1531,13 @@ impl Session {
                             break;
                         }
                     }
-                    let off = g.slot_offset(posted);
+                    let q = (posted % qps) as usize;
+                    let off = g.slot_offset(posted / qps);
                     let (op, local) = match kind {
                         BwKind::Write => (
                             SendOp::Write {
-                                remote_stag: Stag(peer.rkey),
-                                remote_to: peer.vaddr + off,
+                                remote_stag: Stag(peers[q].rkey),
+                                remote_to: peers[q].vaddr + off,
                             },
                             src.sge(off as usize, size as u32),
                         ),
@@ -1430,7 +1563,7 @@ impl Session {
                             src.sge(off as usize, size as u32),
                         ),
                     };
-                    self.data.post(
+                    self.qp_at(q).post(
                         step,
                         SendWr {
                             wr_id: K_DATA | posted,
@@ -1443,6 +1576,7 @@ impl Session {
                         t_post.push(Instant::now());
                     }
                     posted += 1;
+                    outstanding[q] += 1;
                     progress = Instant::now();
                 }
                 let wait = if blocked {
@@ -1486,6 +1620,8 @@ impl Session {
                             checked += size;
                         }
                         done += 1;
+                        let q = (i % qps) as usize;
+                        outstanding[q] = outstanding[q].saturating_sub(1);
                         progress = now;
                     }
                     Some(_) => {}
@@ -1537,16 +1673,35 @@ impl Session {
             BwKind::Read => "read-bw",
             BwKind::Send => "send-bw",
         };
+        let mut row = rep;
         if kind != BwKind::Send {
-            self.comm
-                .handshake(&format!("handshake after our {step}"), &mine)?;
-            self.reports(&rep)?;
+            if !duplex {
+                self.comm
+                    .handshake(&format!("handshake after our {step}"), &mine)?;
+            }
+            let theirs = self.reports(&rep)?;
+            if let Some((mr, _)) = &target {
+                // -b: the peer's Writes into our buffer, checked as a server checks them; the
+                // row sums both directions (perftest's print_full_bw_report with -b).
+                let written = self.run.iters.min(self.geo.slots());
+                self.check_target(mr, 1, written, written)?;
+                checked += written * self.geo.size;
+                row.bw_peak += theirs.bw_peak;
+                row.bw_avg += theirs.bw_avg;
+                row.msg_rate += theirs.msg_rate;
+            }
         }
         self.comm.handshake("closing handshake", &mine)?;
         let verified = match kind {
             BwKind::Read => format!(
                 "read-bw client: {n} Reads of {size} octets, each equal to the pattern we \
                  RDMA-Wrote over the server's buffer first ({checked} octets checked)"
+            ),
+            BwKind::Write if duplex => format!(
+                "write-bw -b {}: {n} Writes of {size} octets each way; the peer's checked in \
+                 our buffer (each written slot changed, guards and gaps untouched); the row \
+                 sums both directions",
+                if self.server { "server" } else { "client" }
             ),
             BwKind::Write => format!(
                 "write-bw client: {n} Writes of {} octets completed (perftest's buffer \
@@ -1564,10 +1719,13 @@ impl Session {
             ),
         };
         Ok(Outcome {
-            table: reps
-                .iter()
-                .map(|r| report::bw_row(r, self.run.gbits))
-                .collect(),
+            table: if duplex {
+                vec![report::bw_row(&row, self.run.gbits)]
+            } else {
+                reps.iter()
+                    .map(|r| report::bw_row(r, self.run.gbits))
+                    .collect()
+            },
             verified,
             json: json!({ "role": "client", "test": test, "result": bw_json(&rep),
                           "results": reps.iter().map(bw_json).collect::<Vec<_>>(),
@@ -1925,34 +2083,38 @@ impl Session {
 
 /// What is wrong with write-bw's target buffer.
 enum Unwritten {
-    /// This slot still holds our filling.
-    Slot(u64),
+    /// This slot (of this window) still holds our filling.
+    Slot(u64, u64),
     /// This octet (from the buffer's start, guard included) changed outside the written slots.
     Outside(usize),
 }
 
-/// write-bw's target buffer (`GUARD` octets, the window, `GUARD` octets) after the client's
-/// Writes: each of the first `written` slots changed, the slots up to `may` (duration mode:
-/// the report counts fewer than were sent) changed or not, every other octet as filled
-/// (`expect`).
+/// write-bw's target buffer (`GUARD` octets, `windows` windows of `BUFF_SIZE` octets, `GUARD`
+/// octets) after the peer's Writes: in each window the first `written` slots changed, the
+/// slots up to `may` (duration mode: the report counts fewer than were sent) changed or not,
+/// every other octet as filled (`expect`).
 fn check_written(
     got: &[u8],
     expect: &[u8],
+    windows: u64,
     written: u64,
     may: u64,
     g: Geometry,
 ) -> Result<(), Unwritten> {
     let mut at = 0usize;
-    for k in 0..may.max(written) {
-        let a = (GUARD + k * g.inc()) as usize;
-        let b = a + g.size as usize;
-        if let Some(i) = (at..a).find(|&i| got[i] != expect[i]) {
-            return Err(Unwritten::Outside(i));
+    for w in 0..windows {
+        let base = GUARD + w * g.buff_size();
+        for k in 0..may.max(written) {
+            let a = (base + k * g.inc()) as usize;
+            let b = a + g.size as usize;
+            if let Some(i) = (at..a).find(|&i| got[i] != expect[i]) {
+                return Err(Unwritten::Outside(i));
+            }
+            if k < written && got[a..b] == expect[a..b] {
+                return Err(Unwritten::Slot(w, k));
+            }
+            at = b;
         }
-        if k < written && got[a..b] == expect[a..b] {
-            return Err(Unwritten::Slot(k));
-        }
-        at = b;
     }
     match (at..got.len()).find(|&i| got[i] != expect[i]) {
         Some(i) => Err(Unwritten::Outside(i)),
