@@ -787,8 +787,9 @@ pt_tool() { echo "ib_${1/-/_}"; } # write-bw -> ib_write_bw
 PT_KILL="killall -9 ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat 2>/dev/null"
 
 # The guest tool's result line (its table row) and, on failure, its last words.
+# perftest registers 2 x 8 MiB per queue pair with -a: above the default RLIMIT_MEMLOCK (8 MiB).
 pt_guest_cmd() { # TOOL ARGS...: runs the tool, prints rows= and the output's tail
-  echo "$* > /tmp/pt.log 2>&1; rc=\$?; echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pt.log); \
+  echo "ulimit -l unlimited; $* > /tmp/pt.log 2>&1; rc=\$?; echo rows=\$(grep -cE '^ +[0-9]+ +[0-9]+ ' /tmp/pt.log); \
 grep -E '^ +[0-9]+ +[0-9]+ |#bytes|rror|ailed|nable|Couldn|FAIL' /tmp/pt.log | cut -c1-200 | tail -n 12; exit \$rc"
 }
 
@@ -799,13 +800,15 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
   tool=$(pt_tool "$test")
   local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
-  ip netns exec "$NS_A" timeout 150 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
+  # shellcheck disable=SC2086 # PT_FLAGS: several words
+  ip netns exec "$NS_A" timeout 150 "$BENCH" perftest "$test" -s "$size" -n "$iters" ${PT_FLAGS:-} \
     -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
   sleep 0.3
   local rc=0 out
-  out=$(guest 120 "$PT_KILL; $(pt_guest_cmd "$tool" -R -F -p "$PT_PORT" -s "$size" -n "$iters" "$ADDR_A")") ||
+  # shellcheck disable=SC2086 # PT_FLAGS: several words
+  out=$(guest 120 "$PT_KILL; $(pt_guest_cmd "$tool" -R -F -p "$PT_PORT" -s "$size" -n "$iters" ${PT_FLAGS:-} "$ADDR_A")") ||
     rc=$?
   printf '%s\n' "$out" >"$glog"
   local src=0
@@ -821,7 +824,7 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
   elif ! engine_used "$slog" "${extra[@]}"; then
     result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$slog")"
   else
-    result "$name" ok "(guest $tool -R -s $size -n $iters as client; $verdict)"
+    result "$name" ok "(guest $tool -R -s $size -n $iters ${PT_FLAGS:-}as client; $verdict)"
   fi
   cap_stop "$name" $((${#PASS[@]} > before))
 }
@@ -834,10 +837,11 @@ case_pt_siw_server() { # NAME TEST SIZE ITERS [EXTRA our args]
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
   guest 10 "$PT_KILL; \
-job start pts 110 '$tool -R -F -p $PT_PORT -s $size -n $iters > /tmp/pts.log 2>&1'" >/dev/null || true
+job start pts 110 'ulimit -l unlimited; $tool -R -F -p $PT_PORT -s $size -n $iters ${PT_FLAGS:-} > /tmp/pts.log 2>&1'" >/dev/null || true
   local rc=0
   # Our client retries (refused) until the tool listens.
-  ip netns exec "$NS_A" timeout 120 "$BENCH" perftest "$test" -s "$size" -n "$iters" \
+  # shellcheck disable=SC2086 # PT_FLAGS: several words
+  ip netns exec "$NS_A" timeout 120 "$BENCH" perftest "$test" -s "$size" -n "$iters" ${PT_FLAGS:-} \
     -p "$PT_PORT" --timeout 60 --step-timeout 60 "${extra[@]}" "$GUEST_ADDR" >"$clog" 2>&1 ||
     rc=$?
   local grc=0 out
@@ -857,7 +861,7 @@ exit \$rc") || grc=$?
   elif ! engine_used "$clog" "${extra[@]}"; then
     result "$name" fail "no AF_XDP engine connection reported: $(tail -n 1 "$clog")"
   else
-    result "$name" ok "(guest $tool -R -s $size -n $iters as server; $verdict)"
+    result "$name" ok "(guest $tool -R -s $size -n $iters ${PT_FLAGS:-}as server; $verdict)"
   fi
   cap_stop "$name" $((${#PASS[@]} > before))
 }
@@ -877,6 +881,19 @@ perftest_suite() {
       case_pt_siw_client "pt-$t-xdp-siw-client" "$t" "$size" "$n" --transport xdp --iface iwa0
       case_pt_siw_server "pt-$t-xdp-siw-server" "$t" "$size" "$n" --transport xdp --iface iwa0
     fi
+  done
+}
+
+# perftest's habitual options (issue #28), the real tool and our peer given the same ones (perftest
+# exchanges no test parameters), both roles.
+perftest_options_suite() {
+  local spec name test size n flags
+  for spec in "wbw-all|write-bw|65536|5|-a --report_gbits" "wbw-q4|write-bw|65536|20|-q 4" \
+    "wbw-bidir|write-bw|65536|20|-b" "rbw-dur|read-bw|65536|20|-D 5" \
+    "slat-hist|send-lat|64|50|-H" "wlat-all|write-lat|64|5|-a"; do
+    IFS='|' read -r name test size n flags <<<"$spec"
+    PT_FLAGS="$flags " case_pt_siw_client "pt-$name-siw-client" "$test" "$size" "$n"
+    PT_FLAGS="$flags " case_pt_siw_server "pt-$name-siw-server" "$test" "$size" "$n"
   done
 }
 
@@ -991,6 +1008,7 @@ suite() {
   case_siw_server "siw-server-rev1-crc-on-4096" 4096 100 1 on on
   case_siw_server "siw-server-rev1-crc-off-4096" 4096 100 1 off off
   perftest_suite
+  perftest_options_suite
   # rping over the AF_XDP engine (our TCP, steering program on iwa0) against siw.
   for s in 26 4096 65535; do
     case_siw_client "siw-client-xdp-$s" "$s" 100 on on --transport xdp --iface iwa0

@@ -1698,9 +1698,9 @@ impl Session {
                  RDMA-Wrote over the server's buffer first ({checked} octets checked)"
             ),
             BwKind::Write if duplex => format!(
-                "write-bw -b {}: {n} Writes of {size} octets each way; the peer's checked in \
-                 our buffer (each written slot changed, guards and gaps untouched); the row \
-                 sums both directions",
+                "write-bw {}: -b, {n} Writes of {size} octets each way; the peer's checked \
+                 in our buffer (each written slot changed, guards and gaps untouched); the \
+                 row sums both directions",
                 if self.server { "server" } else { "client" }
             ),
             BwKind::Write => format!(
