@@ -24,8 +24,13 @@ pa=()
 pb=()
 qa=()
 qb=()
-for _ in $(seq 1 "$PAIRS"); do
-  for which in base new; do
+# Which binary runs first alternates pair by pair (base new, new base, ...): the second run of
+# a pair was measured slower than the first with the same binary in both (an A/A of write-lat
+# gave base/new 0.889 with a fixed order).
+for pair in $(seq 1 "$PAIRS"); do
+  order="base new"
+  if [ $((pair % 2)) = 0 ]; then order="new base"; fi
+  for which in $order; do
     if [ "$which" = base ]; then bin=$A; xa=${BASE_ARGS:-}; else bin=$B; xa=${NEW_ARGS:-}; fi
     # shellcheck disable=SC2086
     ip netns exec iwa $sp "$bin" "$TEST" --transport xdp --iface iwa0 --port "$PORT" $xa \

@@ -189,6 +189,11 @@ pub struct Cli {
     #[arg(short = 'q', long = "qp", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
     pub qps: u16,
+    /// write-bw: both directions at once (perftest's `-b`): a second connection on which the
+    /// server Writes and the client checks, beside the first; each row sums both directions.
+    /// Only the client needs it (the server learns it from the client).
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
     /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
     /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
     /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
@@ -489,6 +494,17 @@ impl Cli {
         }
         if self.qps > 1 && !self.test.is_bw() {
             return Err("-q runs several queue pairs in the bandwidth tests".into());
+        }
+        if self.bidirectional {
+            if self.test != TestKind::WriteBw {
+                return Err("-b is implemented for write-bw".into());
+            }
+            if self.qps > 1 || self.run_infinitely || self.imm() {
+                return Err(
+                    "-b runs one queue pair each way: no -q, --run_infinitely or --write-with-imm"
+                        .into(),
+                );
+            }
         }
         if self.run_infinitely {
             if !self.test.is_bw() {

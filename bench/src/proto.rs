@@ -37,6 +37,11 @@ pub struct Hello {
     /// `-q`: connections (queue pairs) the client opens for the run, each with this hello;
     /// the server accepts that many and serves them at once.
     pub qps: u16,
+    /// `-b`: the client opens a second connection, marked `reverse`, on which the roles are
+    /// swapped (the server sends, the client checks), both directions at once.
+    pub bidirectional: bool,
+    /// This connection is `-b`'s reverse one.
+    pub reverse: bool,
 }
 
 /// Most queue pairs (`-q`) one run may use.
@@ -67,6 +72,7 @@ impl Hello {
             v.extend_from_slice(&s.to_be_bytes());
         }
         v.extend_from_slice(&self.qps.to_be_bytes());
+        v.push(u8::from(self.bidirectional) | u8::from(self.reverse) << 1);
         v
     }
 
@@ -90,8 +96,12 @@ impl Hello {
         let n = r.u8()?;
         let sizes = (0..n).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
         let qps = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
+        let flags = r.u8()?;
+        let (bidirectional, reverse) = (flags & 1 != 0, flags & 2 != 0);
         let ok = !sizes.is_empty()
             && (1..=MAX_QPS).contains(&qps)
+            && flags <= 3
+            && (!reverse || bidirectional)
             && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
             && (1..=1024).contains(&tx_depth)
             && slots <= 1024
@@ -106,6 +116,8 @@ impl Hello {
                 duration_ms,
                 sizes,
                 qps,
+                bidirectional,
+                reverse,
             },
             buf,
         ))
@@ -208,6 +220,11 @@ pub enum Ctrl {
     /// Client -> server: an atomic test's phase is over after `ops` operations (each added 1
     /// to the server's counter, or swapped it for the next value).
     AtomicDone { ops: u64 },
+    /// `-b`'s reverse connection, checking side -> sending side: receives posted, go.
+    Ready,
+    /// `-b`'s reverse connection, sending side -> checking side, after each phase: what the
+    /// sender measured (`iterations` in `micros` microseconds), for the client's sum.
+    Report { iterations: u64, micros: u32 },
 }
 
 impl Ctrl {
@@ -227,6 +244,12 @@ impl Ctrl {
                 b[0] = 3;
                 b[8..16].copy_from_slice(&ops.to_be_bytes());
             }
+            Ctrl::Ready => b[0] = 4,
+            Ctrl::Report { iterations, micros } => {
+                b[0] = 5;
+                b[4..8].copy_from_slice(&micros.to_be_bytes());
+                b[8..16].copy_from_slice(&iterations.to_be_bytes());
+            }
         }
         b
     }
@@ -244,6 +267,11 @@ impl Ctrl {
             }),
             2 => Some(Ctrl::Credit { n }),
             3 => Some(Ctrl::AtomicDone { ops: v }),
+            4 => Some(Ctrl::Ready),
+            5 => Some(Ctrl::Report {
+                iterations: v,
+                micros: n,
+            }),
             _ => None,
         }
     }
@@ -264,6 +292,8 @@ mod tests {
             duration_ms: 0,
             sizes: vec![2, 4, 8],
             qps: 4,
+            bidirectional: true,
+            reverse: true,
         };
         let b = RemoteBuf {
             stag: 0x1234,
@@ -283,6 +313,11 @@ mod tests {
             },
             Ctrl::Credit { n: 7 },
             Ctrl::AtomicDone { ops: 1 << 40 },
+            Ctrl::Ready,
+            Ctrl::Report {
+                iterations: 5000,
+                micros: 123_456,
+            },
         ] {
             assert_eq!(Ctrl::decode(&c.encode()), Some(c));
         }
@@ -299,6 +334,8 @@ mod tests {
             duration_ms: 0,
             sizes: (1..=23).map(|e| 1u64 << e).collect(),
             qps: 1,
+            bidirectional: false,
+            reverse: false,
         };
         assert!(
             h.encode(RemoteBuf {

@@ -101,6 +101,8 @@ struct Side {
     /// the connection lives (a bandwidth test's server sees no completion until the client's
     /// phase-done Send, however long the client runs; a dead peer ends the connection).
     stall: Option<Duration>,
+    /// `-b`'s reverse connection, checking side: the sender's measurement of each size.
+    reports: Vec<BandwidthResult>,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -587,7 +589,29 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
     for _ in 1..side.hello.qps {
         more.push(accept_side(cli, &listener, Some(&side.hello))?);
     }
-    let verified = if more.is_empty() {
+    let verified = if side.hello.bidirectional {
+        // `-b`: the client's reverse connection, on which we send and the client checks.
+        let first = Hello {
+            reverse: true,
+            ..side.hello.clone()
+        };
+        let (mut back, _, _) = accept_side(cli, &listener, Some(&first))?;
+        back.fill(CLIENT_SEED, 0, back.data.len() as u64);
+        let (verified, sent) = std::thread::scope(|scope| {
+            let fwd = scope.spawn(|| serve(&mut side, &plan, recv_posted));
+            let rev = scope.spawn(|| send_reverse(&mut back));
+            let join = |r: std::thread::Result<Result<u64, String>>| {
+                r.unwrap_or_else(|_| Err("a direction's thread panicked".into()))
+            };
+            (join(fwd.join()), join(rev.join()))
+        });
+        let (verified, sent) = (verified?, sent?);
+        if !cli.json {
+            eprintln!("iwarp-bench: -b: sent {sent} messages the client checked");
+        }
+        back.qp.wait_finished(Duration::from_secs(5));
+        verified
+    } else if more.is_empty() {
         serve(&mut side, &plan, recv_posted)?
     } else {
         more.insert(0, (side, plan, recv_posted));
@@ -637,6 +661,8 @@ fn accept_side(
         return Err("client sent a malformed hello in its private data".into());
     };
     if first.is_some_and(|f| *f != hello) {
+        // (A further queue pair repeats the first hello; `-b`'s reverse connection the
+        // first with `reverse` set.)
         let _ = req.reject(b"iwarp-bench: hello differs from the first queue pair's");
         return Err("a further queue pair's hello differs from the first one's".into());
     }
@@ -699,8 +725,39 @@ fn accept_side(
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
         stall: (!cli.test.is_bw()).then_some(STALL),
+        reports: Vec::new(),
     };
     Ok((side, plan, recv_posted))
+}
+
+/// `-b`, the server's side of the reverse connection: once the client says its receives are
+/// posted, every size as a client sends it, each phase followed by what we measured (for the
+/// client's sum). Returns the messages sent.
+fn send_reverse(side: &mut Side) -> Result<u64, String> {
+    loop {
+        let c = side.next()?;
+        if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
+            let msg = side.read_ctrl(c.wc.wr_id);
+            side.post_ctrl_recv()?;
+            match msg {
+                Some(Ctrl::Ready) => break,
+                other => return Err(format!("-b: expected the client's go, got {other:?}")),
+            }
+        }
+    }
+    let duration =
+        (side.hello.duration_ms > 0).then(|| Duration::from_millis(side.hello.duration_ms));
+    let mut sent = 0;
+    for size in side.hello.sizes.clone() {
+        let (r, _) = client_bw(side, size, duration, None)?;
+        finish_phase(side, size, r.iterations)?;
+        side.send_ctrl(Ctrl::Report {
+            iterations: r.iterations,
+            micros: (r.seconds * 1e6).clamp(1.0, f64::from(u32::MAX)) as u32,
+        })?;
+        sent += r.iterations;
+    }
+    Ok(sent)
 }
 
 /// How the server lays out its receive buffers.
@@ -922,6 +979,30 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         if !ok {
             return Err(format!("data verification failed at size {size}"));
         }
+        if side.hello.reverse {
+            // `-b`: the sender's measurement of the phase.
+            loop {
+                let c = side.next()?;
+                if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
+                    let msg = side.read_ctrl(c.wc.wr_id);
+                    side.post_ctrl_recv()?;
+                    match msg {
+                        Some(Ctrl::Report { iterations, micros }) => {
+                            side.reports.push(BandwidthResult::new(
+                                size,
+                                iterations,
+                                f64::from(micros) / 1e6,
+                            ));
+                            break;
+                        }
+                        Some(Ctrl::Credit { .. }) => {}
+                        other => {
+                            return Err(format!("-b: expected the server's report, got {other:?}"))
+                        }
+                    }
+                }
+            }
+        }
     }
     Ok(verified)
 }
@@ -1016,6 +1097,8 @@ fn client_session(
         duration_ms: duration.map_or(0, |d| d.as_millis().clamp(1, u64::MAX.into()) as u64),
         sizes: cli.sizes(),
         qps: cli.qps,
+        bidirectional: cli.bidirectional,
+        reverse: false,
     };
     // `-q`: every connection is set up before any of them starts sending.
     let mut sides = Vec::new();
@@ -1047,7 +1130,59 @@ fn client_session(
     let mut bw_results = Vec::new();
     let mut lat_results = Vec::new();
     let (mut verified, mut client_verified) = (0u64, 0u64);
-    if cli.qps > 1 {
+    if cli.bidirectional {
+        // `-b`: a second connection on which the server sends and we check, run at the same
+        // time as ours; each row sums both directions.
+        let mut back = client_connect(
+            cli,
+            addr,
+            device,
+            Hello {
+                reverse: true,
+                ..hello.clone()
+            },
+        )?;
+        back.fill(SERVER_SEED, 0, back.data.len() as u64);
+        prepare_phase(&back.data, &back.hello, back.hello.sizes[0]);
+        for _ in 0..CTRL_SLOTS {
+            back.post_ctrl_recv()?;
+        }
+        back.stall = None;
+        let plan = ServerPlan::new(&back.hello);
+        back.send_ctrl(Ctrl::Ready)?;
+        let side = &mut sides[0];
+        side.progress_bar = false;
+        let (fwd, rev) = std::thread::scope(|scope| {
+            let fwd = scope.spawn(|| client_bw_sizes(side, duration, None));
+            let rev = scope.spawn(|| serve(&mut back, &plan, 0));
+            (
+                fwd.join()
+                    .unwrap_or_else(|_| Err("a direction's thread panicked".into())),
+                rev.join()
+                    .unwrap_or_else(|_| Err("a direction's thread panicked".into())),
+            )
+        });
+        let (fwd, rev) = (fwd?, rev?);
+        for (i, size) in hello.sizes.iter().enumerate() {
+            let parts: Vec<&BandwidthResult> = fwd
+                .get(i)
+                .map(|p| &p.0)
+                .into_iter()
+                .chain(back.reports.get(i))
+                .collect();
+            let r = BandwidthResult::sum(*size, &parts);
+            if !cli.json {
+                println!("{}", stats::bw_row(&r));
+            }
+            bw_results.push(r);
+        }
+        for (_, checked, server_checked) in &fwd {
+            client_verified += checked;
+            verified += server_checked;
+        }
+        client_verified += rev;
+        back.qp.disconnect();
+    } else if cli.qps > 1 {
         // One thread per queue pair, each running every size; the rows sum them.
         let runs = std::thread::scope(|scope| {
             let handles: Vec<_> = sides
@@ -1192,6 +1327,7 @@ fn client_connect(
         scratch: Default::default(),
         atomic_type: cli.atomic_type,
         stall: Some(STALL),
+        reports: Vec::new(),
     })
 }
 
@@ -1237,7 +1373,7 @@ fn finish_phase(side: &mut Side, size: u64, atomic_ops: u64) -> Result<u64, Stri
                     return Err(format!("server found corrupted data at size {size}"))
                 }
                 Some(Ctrl::Credit { .. }) => continue,
-                Some(Ctrl::AtomicDone { .. }) | None => {
+                Some(Ctrl::AtomicDone { .. } | Ctrl::Ready | Ctrl::Report { .. }) | None => {
                     return Err("malformed control message from server".into())
                 }
             }

@@ -38,6 +38,13 @@ const CASES: &[Case] = &[
         iterations: Some(4 * 300),
     },
     Case {
+        test: "write-bw",
+        flags: &["-b", "-n", "300"],
+        rows: 1,
+        // Both directions' messages.
+        iterations: Some(2 * 300),
+    },
+    Case {
         test: "read-bw",
         flags: &["-D", "5"],
         rows: 1,
@@ -106,6 +113,13 @@ fn check(case: &Case, how: &str, client: &Output, server: &Output) {
             samples as u64,
             case.iterations.unwrap_or(0) - 2,
             "{what}:\n{out}"
+        );
+    }
+    if case.flags.contains(&"-b") {
+        // The client checked the server's direction.
+        assert!(
+            err.contains("checked by the server") && !err.contains(", 0 by the client"),
+            "{what}: the reverse direction was not checked:\n{err}"
         );
     }
     // What the tool checked.
