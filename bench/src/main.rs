@@ -50,6 +50,11 @@ pub struct PerftestCompat {
     /// perftest's `-i/--ib-port`: ignored.
     #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
     pub ib_port: Option<u32>,
+    /// perftest's `-I/--inline_size` (small messages copied into the work request): accepted
+    /// without effect; payloads are always gathered from registered memory. (Linux siw's
+    /// perftest disables inline too: "Device not recognized to implement inline feature".)
+    #[arg(short = 'I', long = "inline_size", value_name = "N")]
+    pub inline_size: Option<u32>,
 }
 
 impl PerftestCompat {
@@ -74,6 +79,12 @@ impl PerftestCompat {
         }
         if let Some(i) = self.ib_port {
             ignored(&format!("-i {i}"), "there are no HCA ports here");
+        }
+        if let Some(n) = self.inline_size {
+            ignored(
+                &format!("-I {n}"),
+                "inline sends are not implemented; payloads are gathered from registered memory",
+            );
         }
         out
     }
@@ -194,6 +205,12 @@ pub struct Cli {
     /// Only the client needs it (the server learns it from the client).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
+    /// Bandwidth tests: post work requests in lists of N, one call each
+    /// (`QueuePair::post_send_list`, `ibv_post_send` with a chain; perftest's `-l`); one in N
+    /// signaled unless `--cq-mod` says otherwise.
+    #[arg(short = 'l', long = "post_list", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub post_list: u32,
     /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
     /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
     /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
@@ -402,7 +419,10 @@ impl Cli {
         if self.test.is_atomic() {
             return 1;
         }
-        let default = if self.test == TestKind::ReadBw {
+        let default = if self.post_list > 1 {
+            // perftest: the CQ moderation becomes the size of the post list.
+            self.post_list
+        } else if self.test == TestKind::ReadBw {
             1
         } else {
             100
@@ -491,6 +511,14 @@ impl Cli {
         }
         if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
             return Err(format!("--size must be at most {}", proto::MAX_SIZE));
+        }
+        if self.post_list > 1 {
+            if !self.test.is_bw() || self.test.is_atomic() {
+                return Err("-l posts lists in the write, read and send bandwidth tests".into());
+            }
+            if self.post_list > self.tx_depth {
+                return Err("-l must be at most --tx-depth".into());
+            }
         }
         if self.qps > 1 && !self.test.is_bw() {
             return Err("-q runs several queue pairs in the bandwidth tests".into());

@@ -23,6 +23,8 @@ use crate::interrupt;
 use crate::live;
 use crate::pattern;
 use crate::pcap::PcapReport;
+use crate::perftest::report;
+use crate::perftest::wire::BwReport;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
 use crate::{AtomicType, Cli, CqMode, TestKind, Transport};
@@ -103,6 +105,11 @@ struct Side {
     stall: Option<Duration>,
     /// `-b`'s reverse connection, checking side: the sender's measurement of each size.
     reports: Vec<BandwidthResult>,
+    /// `--report_gbits`: rows in Gb/s.
+    report_gbits: bool,
+    /// `-l`: bandwidth tests post their work requests in lists of this many
+    /// ([`QueuePair::post_send_list`]).
+    post_list: usize,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -726,6 +733,8 @@ fn accept_side(
         atomic_type: cli.atomic_type,
         stall: (!cli.test.is_bw()).then_some(STALL),
         reports: Vec::new(),
+        report_gbits: cli.compat.report_gbits,
+        post_list: cli.post_list as usize,
     };
     Ok((side, plan, recv_posted))
 }
@@ -1108,12 +1117,33 @@ fn client_session(
     let banner = describe(cli, &sides[0]);
     if !cli.json {
         eprintln!("iwarp-bench: {banner}");
+        // perftest's header block and column line, so that what parses perftest's output
+        // parses ours.
+        let device = match cli.transport {
+            Transport::Xdp => cli.iface.clone().unwrap_or_default(),
+            Transport::Socket => "socket".to_string(),
+        };
+        let header = report::Header {
+            test: cli.test,
+            server: false,
+            bidirectional: cli.bidirectional,
+            qps: u64::from(cli.qps),
+            tx_depth: u64::from(cli.tx_depth),
+            rx_depth: sides[0].hello.send_credits(),
+            cq_mod: u64::from(cli.cq_mod()),
+            out_reads: connect_params(cli).mpa.ord,
+            mtu: sides[0].qp.mulpdu() as u32,
+            device: &device,
+        };
+        for line in report::header_block(&header) {
+            println!("{line}");
+        }
         println!(
             "{}",
             if cli.test.is_bw() {
-                stats::BW_HEADER
+                report::bw_header(cli.compat.report_gbits)
             } else {
-                stats::LAT_HEADER
+                report::LAT_HEADER
             }
         );
     }
@@ -1172,7 +1202,7 @@ fn client_session(
                 .collect();
             let r = BandwidthResult::sum(*size, &parts);
             if !cli.json {
-                println!("{}", stats::bw_row(&r));
+                println!("{}", perftest_row(&r, cli.compat.report_gbits));
             }
             bw_results.push(r);
         }
@@ -1202,7 +1232,7 @@ fn client_session(
                 runs.iter().filter_map(|r| r.get(i)).map(|p| &p.0).collect();
             let r = BandwidthResult::sum(*size, &parts);
             if !cli.json {
-                println!("{}", stats::bw_row(&r));
+                println!("{}", perftest_row(&r, cli.compat.report_gbits));
             }
             bw_results.push(r);
         }
@@ -1220,7 +1250,7 @@ fn client_session(
                 let (r, checked) = client_bw(side, size, duration, report_every)?;
                 client_verified += checked;
                 if !cli.json {
-                    println!("{}", stats::bw_row(&r));
+                    println!("{}", perftest_row(&r, cli.compat.report_gbits));
                 }
                 ops = r.iterations;
                 bw_results.push(r);
@@ -1236,16 +1266,20 @@ fn client_session(
                     if cli.report_histogram {
                         print!("{}", stats::lat_samples_report(&samples, true));
                     }
-                    println!("{}", stats::LAT_HEADER);
+                    println!("{}", report::RESULT_LINE);
+                    println!("{}", report::LAT_HEADER);
                 }
                 let r = LatencyResult::from_samples(size, &mut samples);
                 if !cli.json {
-                    println!("{}", stats::lat_row(&r));
+                    println!("{}", report::lat_row(&r));
                 }
                 lat_results.push(r);
             }
             verified += finish_phase(side, size, ops)?;
         }
+    }
+    if !cli.json {
+        println!("{}", report::RESULT_LINE);
     }
     let mut out = None;
     if cli.json {
@@ -1328,6 +1362,8 @@ fn client_connect(
         atomic_type: cli.atomic_type,
         stall: Some(STALL),
         reports: Vec::new(),
+        report_gbits: cli.compat.report_gbits,
+        post_list: cli.post_list as usize,
     })
 }
 
@@ -1345,6 +1381,34 @@ fn client_bw_sizes(
         out.push((r, checked, server_checked));
     }
     Ok(out)
+}
+
+/// Posts the gathered work requests of `-l` as one list (nothing if there are none).
+fn post_list(side: &Side, pending: &mut Vec<SendWr>) -> Result<(), String> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    side.qp
+        .post_send_list(pending.drain(..))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A bandwidth row as perftest prints it: MB/s (2^20 octets) or, with `--report_gbits`, Gb/s;
+/// the peak column 0.00 as perftest's when it measures none (these runs time sizes, not
+/// single messages).
+fn perftest_row(r: &BandwidthResult, gbits: bool) -> String {
+    let avg = if gbits { r.gbit_per_sec } else { r.mib_per_sec };
+    report::bw_row(
+        &BwReport {
+            size: r.bytes,
+            iters: r.iterations,
+            bw_peak: 0.0,
+            bw_avg: avg,
+            msg_rate: r.msg_rate_mpps,
+        },
+        gbits,
+    )
 }
 
 /// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.
@@ -1522,6 +1586,7 @@ fn client_bw(
     let mut stop = duration.is_none() && iters == 0;
     // `--run_infinitely`: the current reporting interval's start and the messages done then.
     let mut window = (start, 0u64);
+    let mut pending = Vec::with_capacity(side.post_list);
     loop {
         while !stop
             && outstanding < depth
@@ -1549,12 +1614,27 @@ fn client_bw(
                 TestKind::AtomicBw => side.atomic(posted),
                 _ => side.send_op(posted),
             };
-            side.post_data(K_DATA | posted, op, off, size, signaled)?;
+            let wr = SendWr {
+                wr_id: K_DATA | posted,
+                op,
+                sg_list: side.data.sge(off as usize, size as u32).into(),
+                signaled,
+            };
+            if side.post_list > 1 {
+                // -l: gathered, posted as one list when full (or below, when the window is).
+                pending.push(wr);
+                if pending.len() >= side.post_list {
+                    post_list(side, &mut pending)?;
+                }
+            } else {
+                side.qp.post_send(wr).map_err(|e| e.to_string())?;
+            }
             posted += 1;
             outstanding += 1;
             credits = credits.saturating_sub(cost);
             stop = last;
         }
+        post_list(side, &mut pending)?;
         if test == TestKind::ReadBw && released < completed {
             let off = (released % slots) * size;
             if let Some(at) = side.mismatch(SERVER_SEED, off, off, size) {
@@ -1597,7 +1677,7 @@ fn client_bw(
                     if now.duration_since(window.0) >= every {
                         let secs = now.duration_since(window.0).as_secs_f64();
                         let r = BandwidthResult::new(size, completed - window.1, secs);
-                        println!("{}", stats::bw_row(&r));
+                        println!("{}", perftest_row(&r, side.report_gbits));
                         window = (now, completed);
                     }
                 } else if completed / 64 != (completed - done) / 64 {

@@ -177,7 +177,12 @@ fn long_runs_report_progress() {
 fn duration_mode_and_table_output() {
     let out = run_ok("write-lat", &["-D", "0.3", "-s", "64"]);
     assert!(out.contains("t_typical[usec]"), "{out}");
-    let row = out.lines().nth(1).expect("a result row");
+    // perftest's header block, its column line, then the row.
+    let row = out
+        .lines()
+        .skip_while(|l| !l.contains("t_typical[usec]"))
+        .nth(1)
+        .expect("a result row");
     let iters: u64 = row
         .split_whitespace()
         .nth(1)
@@ -429,6 +434,8 @@ fn perftest_only_options_are_accepted_and_noted() {
         "rxe0",
         "-i",
         "1",
+        "-I",
+        "64",
     ];
     let mut args = vec!["-n", "20"];
     args.extend(compat);
@@ -443,6 +450,7 @@ fn perftest_only_options_are_accepted_and_noted() {
         "-x 3 ignored",
         "-d rxe0 ignored",
         "-i 1 ignored",
+        "-I 64 ignored: inline sends are not implemented",
     ] {
         assert!(err.contains(note), "{note}: {err}");
     }

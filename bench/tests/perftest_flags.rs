@@ -45,6 +45,12 @@ const CASES: &[Case] = &[
         iterations: Some(2 * 300),
     },
     Case {
+        test: "send-bw",
+        flags: &["-l", "8", "-n", "800"],
+        rows: 1,
+        iterations: Some(800),
+    },
+    Case {
         test: "read-bw",
         flags: &["-D", "5"],
         rows: 1,

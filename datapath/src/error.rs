@@ -57,6 +57,18 @@ pub enum DatapathError {
     Xdp(#[from] crate::xdp_tcp::XdpTcpError),
 }
 
+/// [`crate::QueuePair::post_send_list`] stopped part way (verbs' `bad_wr`): the first `posted`
+/// work requests were posted, the rest were not.
+#[derive(Debug, thiserror::Error)]
+#[error("{posted} work requests of the list posted, then: {source}")]
+pub struct PostListError {
+    /// Work requests posted before the failure.
+    pub posted: usize,
+    /// Why the rest were not.
+    #[source]
+    pub source: DatapathError,
+}
+
 /// Why a queue pair's connection ended: the first cause seen, kept in
 /// [`crate::QpStatus::error`]. The Terminates themselves (with every field) are in
 /// [`crate::QpStatus::sent_terminate`] and [`crate::QpStatus::remote_terminate`].

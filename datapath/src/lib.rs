@@ -72,7 +72,7 @@ pub mod xdp_tcp;
 pub mod xsk;
 
 pub use device::{Device, Transport};
-pub use error::{DatapathError, QpError};
+pub use error::{DatapathError, PostListError, QpError};
 pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{

@@ -615,3 +615,80 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     expect_wc(&server.cq, 101, WcOpcode::Recv, WcStatus::WrFlushError);
     assert_no_more(&server.cq);
 }
+
+/// `post_send_list` (`ibv_post_send` with a chain): eight Writes into eight slots of the
+/// peer's region, posted in one call, complete in order, and each slot holds its Write's data;
+/// on a closed queue pair the list is refused with nothing posted.
+#[test]
+fn a_list_of_writes_posted_in_one_call() {
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let src = client.pd.register(8 * 512, Access::LOCAL_WRITE).unwrap();
+    let want = pattern(7, 8 * 512);
+    src.write(0, &want);
+    let dst = server
+        .pd
+        .register(8 * 512, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let (mut c, _s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![RecvWr {
+                wr_id: 50,
+                sg_list: SgeList::new(),
+            }],
+        },
+    );
+    let wrs = (0..8u64).map(|i| SendWr {
+        wr_id: i,
+        op: SendOp::Write {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to() + i * 512,
+        },
+        sg_list: src.sge(i as usize * 512, 512).into(),
+        signaled: true,
+    });
+    // The Send after them arrives after their data is placed (RFC 5040 5.5: in order).
+    let send = SendWr {
+        wr_id: 8,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: SgeList::new(),
+        signaled: true,
+    };
+    assert_eq!(c.qp.post_send_list(wrs.chain([send])).unwrap(), 9);
+    for i in 0..8 {
+        expect_wc(&client.cq, i, WcOpcode::Write, WcStatus::Success);
+    }
+    expect_wc(&client.cq, 8, WcOpcode::Send, WcStatus::Success);
+    expect_wc(&server.cq, 50, WcOpcode::Recv, WcStatus::Success);
+    assert_bytes_eq(&region_bytes(&dst, 0, 8 * 512), &want, "the listed Writes");
+    c.qp.disconnect();
+    assert!(c.qp.wait_finished(std::time::Duration::from_secs(10)));
+    let refused = c.qp.post_send_list([SendWr {
+        wr_id: 9,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: SgeList::new(),
+        signaled: true,
+    }]);
+    assert!(
+        matches!(
+            refused,
+            Err(datapath::PostListError {
+                posted: 0,
+                source: DatapathError::Disconnected
+            })
+        ),
+        "{refused:?}"
+    );
+}

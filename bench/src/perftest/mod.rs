@@ -47,7 +47,7 @@
 //!   buffers grant no remote read, and perftest does not check data).
 
 mod comm;
-mod report;
+pub(crate) mod report;
 pub mod wire;
 
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use mpa::Negotiated;
 use rdmap::{QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
 
-use crate::{DatapathError, QpError};
+use crate::{DatapathError, PostListError, QpError};
 
 /// What the application can see of a queue pair's state while its engine runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +231,31 @@ impl QueuePair {
     /// full send queue, queue pair not ready) come back as an error completion.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         self.command(Cmd::Send(wr))
+    }
+
+    /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
+    /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
+    /// `-l`). Returns how many were posted; if the queue pair is gone part way,
+    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`).
+    pub fn post_send_list(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<usize, PostListError> {
+        let mut posted = 0;
+        for wr in wrs {
+            if self.cmds.send(Cmd::Send(wr)).is_err() {
+                return Err(PostListError {
+                    posted,
+                    source: DatapathError::Disconnected,
+                });
+            }
+            posted += 1;
+        }
+        self.waker.wake().map_err(|e| PostListError {
+            posted,
+            source: DatapathError::Io(e),
+        })?;
+        Ok(posted)
     }
 
     /// Posts a receive buffer for incoming Sends.
