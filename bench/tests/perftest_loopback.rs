@@ -244,3 +244,60 @@ fn perftest_options_both_sides() {
         }
     }
 }
+
+/// `--run_infinitely -D 1`: the client prints a row a second until SIGINT, then closes
+/// without a report (as perftest's); the server waits as long as that takes and both exit 0.
+#[test]
+fn run_infinitely_until_sigint() {
+    let (server, client) = with_free_port(|port| {
+        let server = Command::new(bin())
+            .args(["perftest", "write-bw", "-p", port, "--bind", "127.0.0.1"])
+            .args(["--run_infinitely", "-D", "1", "-s", "4096"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start perftest server");
+        let client = Command::new(bin())
+            .args([
+                "perftest",
+                "write-bw",
+                "127.0.0.1",
+                "-p",
+                port,
+                "--settle-ms",
+                "0",
+            ])
+            .args(["--run_infinitely", "-D", "1", "-s", "4096"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start perftest client");
+        std::thread::sleep(Duration::from_millis(3500));
+        let sent = Command::new("kill")
+            .args(["-INT", &client.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success());
+        let client = wait_with_timeout(client, Duration::from_secs(30));
+        (wait_with_timeout(server, Duration::from_secs(30)), client)
+    });
+    assert!(
+        server.status.success() && client.status.success(),
+        "server: {}\nclient: {}",
+        text(&server),
+        text(&client)
+    );
+    let (rows, _) = rows(&client);
+    assert!(rows.len() >= 2, "a row a second: {}", text(&client));
+    assert!(rows.iter().all(|r| r.0 == 4096 && r.1 > 0), "{rows:?}");
+    assert!(
+        text(&client).contains("ran until interrupted"),
+        "{}",
+        text(&client)
+    );
+    assert!(
+        text(&server).contains("the client ran until interrupted"),
+        "{}",
+        text(&server)
+    );
+}

@@ -188,6 +188,11 @@ impl Comm {
         }
     }
 
+    /// How long each later step may take.
+    pub fn set_step_timeout(&mut self, d: Duration) {
+        self.q.step_timeout = d;
+    }
+
     pub fn qp_mut(&mut self) -> &mut QueuePair {
         &mut self.q.qp
     }

@@ -203,6 +203,11 @@ pub struct PerftestCli {
     #[arg(short = 'q', long = "qp", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=16))]
     pub qps: u16,
+    /// Bandwidth tests (write-bw, read-bw; perftest's `--run_infinitely`): the client runs
+    /// until Ctrl-C (SIGINT) or SIGTERM with a row every `-D` seconds (default 5), then closes
+    /// without a report, as perftest's does; the server waits as long as the client runs.
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
     /// Latency tests: print every sample (perftest's `-U`).
     #[arg(short = 'U', long = "report-unsorted")]
     pub report_unsorted: bool,
@@ -278,6 +283,9 @@ struct Run {
     gbits: bool,
     report_unsorted: bool,
     report_histogram: bool,
+    run_infinitely: bool,
+    /// `--run_infinitely`: seconds between rows (`-D`, default 5).
+    report_every: u32,
     iters: u64,
     tx_depth: u64,
     rx_depth: u64,
@@ -322,7 +330,13 @@ impl Run {
             // perftest: `size = MAX_SIZE` lays the buffers out for the largest message.
             size = MAX_SIZE;
         }
-        if let Some(d) = cli.duration {
+        if cli.run_infinitely {
+            only("--run_infinitely", &[TestKind::WriteBw, TestKind::ReadBw])?;
+            if cli.all_sizes || cli.bidirectional || cli.qps > 1 {
+                return Err("--run_infinitely runs one size, one way, one queue pair here".into());
+            }
+        }
+        if let Some(d) = cli.duration.filter(|_| !cli.run_infinitely) {
             only("-D", &[TestKind::WriteBw, TestKind::ReadBw])?;
             if !(1..=3600).contains(&d) || d <= 2 * (d / 4) {
                 return Err("-D must be between 1 and 3600 seconds".into());
@@ -378,12 +392,14 @@ impl Run {
             test: t,
             size,
             all_sizes: cli.all_sizes,
-            duration: cli.duration,
+            duration: cli.duration.filter(|_| !cli.run_infinitely),
             bidirectional: cli.bidirectional,
             qps: u64::from(cli.qps),
             gbits: cli.compat.report_gbits,
             report_unsorted: cli.report_unsorted,
             report_histogram: cli.report_histogram,
+            run_infinitely: cli.run_infinitely,
+            report_every: cli.duration.unwrap_or(5),
             iters,
             tx_depth: tx_depth.min(iters),
             rx_depth,
@@ -456,6 +472,39 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !run.json {
+        // perftest's header block and column line, before the run (its rows may come while
+        // it goes on: --run_infinitely).
+        let header = report::Header {
+            test: run.test,
+            server: cli.server.is_none(),
+            bidirectional: run.bidirectional,
+            qps: run.qps,
+            tx_depth: run.tx_depth,
+            rx_depth: run.rx_depth,
+            cq_mod: 1,
+            out_reads: run.rd_atomic,
+            mtu: wire::mtu_octets(wire::OUR_MTU),
+            device: cli.iface.as_deref().unwrap_or(cli.transport.name()),
+        };
+        for l in report::header_block(&header) {
+            println!("{l}");
+        }
+        println!(
+            "{}",
+            if run.test.is_bw() {
+                report::bw_header(run.gbits)
+            } else {
+                report::LAT_HEADER
+            }
+        );
+    }
+    if run.run_infinitely && cli.server.is_some() {
+        if let Err(e) = crate::interrupt::install() {
+            eprintln!("perftest: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let res = match cli.server.as_deref() {
         None => run_server(&cli, run, &net),
         Some(host) => resolve(host, cli.port).and_then(|a| run_client(&cli, run, &net, a)),
@@ -478,29 +527,6 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
                 }
                 println!("{}", out.json);
             } else {
-                let header = report::Header {
-                    test: run.test,
-                    server: cli.server.is_none(),
-                    bidirectional: run.bidirectional,
-                    qps: run.qps,
-                    tx_depth: run.tx_depth,
-                    rx_depth: run.rx_depth,
-                    cq_mod: 1,
-                    out_reads: run.rd_atomic,
-                    mtu: wire::mtu_octets(wire::OUR_MTU),
-                    device: cli.iface.as_deref().unwrap_or(cli.transport.name()),
-                };
-                for l in report::header_block(&header) {
-                    println!("{l}");
-                }
-                println!(
-                    "{}",
-                    if run.test.is_bw() {
-                        report::bw_header(run.gbits)
-                    } else {
-                        report::LAT_HEADER
-                    }
-                );
                 for l in &out.table {
                     println!("{l}");
                 }
@@ -903,6 +929,42 @@ impl Session {
         Ok(first)
     }
 
+    /// `--run_infinitely`, server: perftest's client runs until it is interrupted and then
+    /// closes without a report; we wait as long as that takes, then check what we can (a
+    /// write-bw target's guards and gaps untouched).
+    fn until_client_leaves(
+        &mut self,
+        test: &str,
+        target: Option<&MemoryRegion>,
+    ) -> Result<Outcome, PerftestError> {
+        // Ten years: as long as the connection lives.
+        self.comm
+            .set_step_timeout(Duration::from_secs(10 * 365 * 24 * 3600));
+        let step = "waiting for the client to stop";
+        if self.comm.recv_dest(step).is_ok() {
+            return Err(PerftestError::protocol(
+                step,
+                "the client sent a handshake: it does not run infinitely".to_string(),
+            ));
+        }
+        if let Some(mr) = target {
+            self.check_target(mr, 1, 0, self.geo.slots())?;
+        }
+        Ok(Outcome {
+            table: Vec::new(),
+            verified: format!(
+                "{test} server: the client ran until interrupted and closed{}",
+                if target.is_some() {
+                    "; nothing outside the slots it may write changed"
+                } else {
+                    ""
+                }
+            ),
+            json: json!({ "role": "server", "test": test, "run_infinitely": true,
+                          "peer_version": self.peer_version }),
+        })
+    }
+
     /// Data queue pair `q` (`-q`: the first, then the further ones in connection order).
     fn qp_at(&self, q: usize) -> &Qp {
         match q.checked_sub(1) {
@@ -1146,6 +1208,9 @@ impl Session {
         let (mr, mine) = self.target_buffer(qps)?;
         self.dests_per_qp(&mine)?;
         let step = "handshake after the client's Writes";
+        if self.run.run_infinitely {
+            return self.until_client_leaves("write-bw", Some(&mr));
+        }
         self.comm.recv_dest(step)?;
         self.comm.send_dest(step, &mine[0])?;
         let peer = self.reports(&BwReport::default())?;
@@ -1190,6 +1255,9 @@ impl Session {
         let mine = self.dest(&mr, 0);
         let peer = self.dests(3, &mine)?;
         let step = "handshake after the client's Reads";
+        if self.run.run_infinitely {
+            return self.until_client_leaves("read-bw", None);
+        }
         self.comm.recv_dest(step)?;
         self.comm.send_dest(step, &mine)?;
         let peer_rep = self.reports(&BwReport::default())?;
@@ -1497,7 +1565,10 @@ impl Session {
                 )
             });
             // -q: message i goes on queue pair i % qps, as message i / qps of that one.
-            let n = if timed.is_some() {
+            let infinite = self.run.run_infinitely;
+            let every = Duration::from_secs(u64::from(self.run.report_every));
+            let mut row_start = (Instant::now(), 0u64);
+            let n = if timed.is_some() || infinite {
                 u64::MAX
             } else {
                 self.run.iters * qps
@@ -1511,13 +1582,18 @@ impl Session {
                 self.run.tx_depth
             };
             let window = self.run.rx_depth;
-            let expected = if timed.is_some() { 1 } else { n as usize };
+            let expected = if timed.is_some() || infinite {
+                1
+            } else {
+                n as usize
+            };
             let mut t_post: Vec<Instant> = Vec::with_capacity(expected);
             let mut t_done: Vec<Instant> = Vec::with_capacity(expected);
             let (mut posted, mut done) = (0u64, 0u64);
             let mut progress = Instant::now();
             loop {
-                let time_up = timed.is_some_and(|(d, _, _)| start.elapsed() >= d);
+                let time_up = timed.is_some_and(|(d, _, _)| start.elapsed() >= d)
+                    || (infinite && crate::interrupt::requested());
                 if done >= n || (time_up && done == posted) {
                     break;
                 }
@@ -1572,7 +1648,7 @@ impl Session {
                             signaled: true,
                         },
                     )?;
-                    if timed.is_none() || t_post.is_empty() {
+                    if (timed.is_none() && !infinite) || t_post.is_empty() {
                         t_post.push(Instant::now());
                     }
                     posted += 1;
@@ -1588,8 +1664,18 @@ impl Session {
                     Some(c) if c.wc.wr_id & KIND == K_DATA => {
                         let i = c.wc.wr_id & !KIND;
                         let now = Instant::now();
-                        if timed.is_none() {
+                        if timed.is_none() && !infinite {
                             t_done.push(now);
+                        }
+                        if infinite && now.duration_since(row_start.0) >= every {
+                            // --run_infinitely: a row per interval, no peak (perftest's).
+                            let secs = now.duration_since(row_start.0).as_secs_f64();
+                            let r = BwReport {
+                                bw_peak: 0.0,
+                                ..bw_report(size, done - row_start.1, secs, None, self.run.gbits)
+                            };
+                            println!("{}", report::bw_row(&r, self.run.gbits));
+                            row_start = (now, done);
                         }
                         if let Some((_, from, to)) = timed {
                             let at = now.duration_since(start);
@@ -1660,7 +1746,7 @@ impl Session {
                     let secs = t_post
                         .first()
                         .map_or(0.0, |t| progress.duration_since(*t).as_secs_f64());
-                    bw_report(size, n, secs, fastest(&t_post, &t_done), self.run.gbits)
+                    bw_report(size, done, secs, fastest(&t_post, &t_done), self.run.gbits)
                 }
             };
             reps.push(rep);
@@ -1673,6 +1759,20 @@ impl Session {
             BwKind::Read => "read-bw",
             BwKind::Send => "send-bw",
         };
+        if self.run.run_infinitely {
+            // perftest's client ends on the signal without its report or closing exchange.
+            return Ok(Outcome {
+                table: Vec::new(),
+                verified: format!(
+                    "{} client: ran until interrupted, {total_posted} messages of {size} octets \
+                     ({checked} octets checked); no report, as perftest's --run_infinitely",
+                    kind_name(kind)
+                ),
+                json: json!({ "role": "client", "test": kind_name(kind),
+                              "messages": total_posted, "octets_verified": checked,
+                              "peer_version": self.peer_version }),
+            });
+        }
         let mut row = rep;
         if kind != BwKind::Send {
             if !duplex {
@@ -2078,6 +2178,14 @@ impl Session {
                           "test": self.run.test.name(), "result": results.last(),
                           "results": results, "peer_version": self.peer_version }),
         })
+    }
+}
+
+fn kind_name(kind: BwKind) -> &'static str {
+    match kind {
+        BwKind::Write => "write-bw",
+        BwKind::Read => "read-bw",
+        BwKind::Send => "send-bw",
     }
 }
 
