@@ -55,6 +55,19 @@ pub struct PerftestCompat {
     /// perftest disables inline too: "Device not recognized to implement inline feature".)
     #[arg(short = 'I', long = "inline_size", value_name = "N")]
     pub inline_size: Option<u32>,
+    /// Wait for completions on a completion channel (`req_notify` on the queue, then the
+    /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of the queue's
+    /// blocking wait (perftest's `-e`). Latency ping-pongs always poll.
+    #[arg(short = 'e', long = "use_event")]
+    pub use_event: bool,
+    /// Latency tests: print every sample in microseconds, in the order taken, before the
+    /// result line (perftest's `-U`).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Latency tests: print the samples sorted, the two largest left out, before the result
+    /// line (perftest's `-H`; a cumulative distribution to plot).
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
 }
 
 impl PerftestCompat {
@@ -270,19 +283,6 @@ pub struct Cli {
     pub stats_every: Option<f64>,
     #[command(flatten)]
     pub compat: PerftestCompat,
-    /// Wait for completions on a completion channel (`req_notify` on the queue, then the
-    /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of
-    /// `CompletionQueue::wait` (perftest's `-e`). The latency tests' ping-pong always polls.
-    #[arg(short = 'e', long = "use_event")]
-    pub use_event: bool,
-    /// Latency tests: print every sample in microseconds, in the order taken, before the
-    /// result line (perftest's `-U`).
-    #[arg(short = 'U', long = "report-unsorted")]
-    pub report_unsorted: bool,
-    /// Latency tests: print the samples sorted, the two largest left out, before the result
-    /// line (perftest's `-H`; a cumulative distribution to plot).
-    #[arg(short = 'H', long = "report-histogram")]
-    pub report_histogram: bool,
     /// Seconds to wait for connection setup.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
@@ -486,12 +486,12 @@ impl Cli {
                 return Err("--stats-every must be between 0.1 and 3600 seconds".into());
             }
         }
-        if self.use_event && self.cq == CqMode::Poll {
+        if self.compat.use_event && self.cq == CqMode::Poll {
             return Err(
                 "-e waits on the completion channel, --cq poll busy-polls: one of them".into(),
             );
         }
-        if (self.report_unsorted || self.report_histogram) && self.test.is_bw() {
+        if (self.compat.report_unsorted || self.compat.report_histogram) && self.test.is_bw() {
             return Err("-U and -H report the samples of latency tests".into());
         }
         if let Some(0) = self.size {

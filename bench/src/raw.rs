@@ -30,7 +30,8 @@ use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
 use datapath::xsk::{interface_info, resolve_next_hop, InterfaceInfo, XskConfig, XskSocket};
 use serde::Serialize;
 
-use crate::stats::{self, BandwidthResult, LatencyResult};
+use crate::perftest::report;
+use crate::stats::{BandwidthResult, LatencyResult};
 
 /// Raw AF_XDP tools on the test bed (no TCP): the ceiling for everything above.
 #[derive(Parser, Debug)]
@@ -392,8 +393,8 @@ fn print_bw(o: &Opts, report: &BwReport<'_>) {
             serde_json::to_string(report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
         );
     } else {
-        println!("{}", stats::BW_HEADER);
-        println!("{}", stats::bw_row(&report.bw));
+        println!("{}", report::bw_header(false));
+        println!("{}", report::bw_row_of(&report.bw, false));
         println!(
             "raw {}: {} of {} frames, {:.3} Mpps, {:.3} Gbit/s (frame octets), {:.3} Gbit/s goodput (TCP payload), kernel drops {}",
             report.test,
@@ -736,8 +737,8 @@ fn ping(o: &Opts) -> Res<()> {
             serde_json::to_string(&r).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
         );
     } else {
-        println!("{}", stats::LAT_HEADER);
-        println!("{}", stats::lat_row(&lat));
+        println!("{}", report::LAT_HEADER);
+        println!("{}", report::lat_row(&lat));
         println!("raw pingpong: latency = round trip / 2; {lost} frame(s) lost");
     }
     if samples.is_empty() {

@@ -102,10 +102,6 @@ impl BandwidthResult {
     }
 }
 
-pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
-pub const BW_HEADER: &str =
-    " #bytes     #iterations    BW average[MiB/sec]   BW average[Gb/sec]   MsgRate[Mpps]";
-
 /// How many of the largest samples perftest leaves out of a sorted report (its
 /// `LAT_MEASURE_TAIL`).
 const LAT_MEASURE_TAIL: usize = 2;
@@ -166,28 +162,6 @@ pub fn lat_samples_report(samples: &[f64], sorted: bool) -> String {
         out.push_str(&format!("{}, {}\n", i + 1, printf_g(*s)));
     }
     out
-}
-
-pub fn lat_row(r: &LatencyResult) -> String {
-    format!(
-        " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<16.2} {:<22.2} {:<.2}",
-        r.bytes,
-        r.iterations,
-        r.t_min_us,
-        r.t_max_us,
-        r.t_typical_us,
-        r.t_avg_us,
-        r.t_stdev_us,
-        r.p99_us,
-        r.p99_9_us
-    )
-}
-
-pub fn bw_row(r: &BandwidthResult) -> String {
-    format!(
-        " {:<10} {:<15} {:<21.2} {:<20.3} {:.6}",
-        r.bytes, r.iterations, r.mib_per_sec, r.gbit_per_sec, r.msg_rate_mpps
-    )
 }
 
 #[cfg(test)]

@@ -24,7 +24,6 @@ use crate::live;
 use crate::pattern;
 use crate::pcap::PcapReport;
 use crate::perftest::report;
-use crate::perftest::wire::BwReport;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
 use crate::{AtomicType, Cli, CqMode, TestKind, Transport};
@@ -538,7 +537,7 @@ fn finish(
 ) -> Result<(), String> {
     let report = engine_report(cli, device);
     let events = EVENTS_WAITED.load(std::sync::atomic::Ordering::Relaxed);
-    if cli.use_event && !cli.json {
+    if cli.compat.use_event && !cli.json {
         eprintln!("iwarp-bench: -e: woken by {events} completion channel events");
     }
     // After the engine has stopped: every frame it handled is in the ring.
@@ -552,7 +551,7 @@ fn finish(
         return Ok(());
     };
     out["engine"] = serde_json::to_value(report).map_err(|e| e.to_string())?;
-    if cli.use_event {
+    if cli.compat.use_event {
         out["completion_events"] = events.into();
     }
     if let Some(p) = pcap {
@@ -604,14 +603,10 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         };
         let (mut back, _, _) = accept_side(cli, &listener, Some(&first))?;
         back.fill(CLIENT_SEED, 0, back.data.len() as u64);
-        let (verified, sent) = std::thread::scope(|scope| {
-            let fwd = scope.spawn(|| serve(&mut side, &plan, recv_posted));
-            let rev = scope.spawn(|| send_reverse(&mut back));
-            let join = |r: std::thread::Result<Result<u64, String>>| {
-                r.unwrap_or_else(|_| Err("a direction's thread panicked".into()))
-            };
-            (join(fwd.join()), join(rev.join()))
-        });
+        let (verified, sent) = both(
+            || serve(&mut side, &plan, recv_posted),
+            || send_reverse(&mut back),
+        );
         let (verified, sent) = (verified?, sent?);
         if !cli.json {
             eprintln!("iwarp-bench: -b: sent {sent} messages the client checked");
@@ -622,19 +617,7 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         serve(&mut side, &plan, recv_posted)?
     } else {
         more.insert(0, (side, plan, recv_posted));
-        let counts = std::thread::scope(|scope| {
-            let handles: Vec<_> = more
-                .iter_mut()
-                .map(|(side, plan, posted)| scope.spawn(move || serve(side, plan, *posted)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
-                })
-                .collect::<Result<Vec<u64>, String>>()
-        })?;
+        let counts = each(&mut more, |(side, plan, posted)| serve(side, plan, *posted))?;
         side = more.swap_remove(0).0;
         counts.iter().sum()
     };
@@ -689,7 +672,7 @@ fn accept_side(
     }
     let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
     let pd = ProtectionDomain::new();
-    let (cq, channel) = completion_queue(cli.use_event)?;
+    let (cq, channel) = completion_queue(cli.compat.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
     // Everything the client may touch first is ready before we accept: our data, the first
     // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
@@ -767,6 +750,44 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
         sent += r.iterations;
     }
     Ok(sent)
+}
+
+/// Runs `f` on every item at once, a thread each (`-q`'s queue pairs); the results in order,
+/// or the first error.
+fn each<T: Send, R: Send>(
+    items: &mut [T],
+    f: impl Fn(&mut T) -> Result<R, String> + Sync,
+) -> Result<Vec<R>, String> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .iter_mut()
+            .map(|item| scope.spawn(move || f(item)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// Runs `a` and `b` at once (`-b`'s two directions) and returns both results.
+fn both<A: Send, B: Send>(
+    a: impl FnOnce() -> Result<A, String> + Send,
+    b: impl FnOnce() -> Result<B, String> + Send,
+) -> (Result<A, String>, Result<B, String>) {
+    std::thread::scope(|scope| {
+        let a = scope.spawn(a);
+        let b = scope.spawn(b);
+        const PANICKED: &str = "a direction's thread panicked";
+        (
+            a.join().unwrap_or_else(|_| Err(PANICKED.into())),
+            b.join().unwrap_or_else(|_| Err(PANICKED.into())),
+        )
+    })
 }
 
 /// How the server lays out its receive buffers.
@@ -1182,16 +1203,10 @@ fn client_session(
         back.send_ctrl(Ctrl::Ready)?;
         let side = &mut sides[0];
         side.progress_bar = false;
-        let (fwd, rev) = std::thread::scope(|scope| {
-            let fwd = scope.spawn(|| client_bw_sizes(side, duration, None));
-            let rev = scope.spawn(|| serve(&mut back, &plan, 0));
-            (
-                fwd.join()
-                    .unwrap_or_else(|_| Err("a direction's thread panicked".into())),
-                rev.join()
-                    .unwrap_or_else(|_| Err("a direction's thread panicked".into())),
-            )
-        });
+        let (fwd, rev) = both(
+            || client_bw_sizes(side, duration, None),
+            || serve(&mut back, &plan, 0),
+        );
         let (fwd, rev) = (fwd?, rev?);
         for (i, size) in hello.sizes.iter().enumerate() {
             let parts: Vec<&BandwidthResult> = fwd
@@ -1202,7 +1217,7 @@ fn client_session(
                 .collect();
             let r = BandwidthResult::sum(*size, &parts);
             if !cli.json {
-                println!("{}", perftest_row(&r, cli.compat.report_gbits));
+                println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
             }
             bw_results.push(r);
         }
@@ -1214,25 +1229,15 @@ fn client_session(
         back.qp.disconnect();
     } else if cli.qps > 1 {
         // One thread per queue pair, each running every size; the rows sum them.
-        let runs = std::thread::scope(|scope| {
-            let handles: Vec<_> = sides
-                .iter_mut()
-                .map(|side| scope.spawn(move || client_bw_sizes(side, duration, report_every)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
-                })
-                .collect::<Result<Vec<_>, String>>()
+        let runs = each(&mut sides, |side| {
+            client_bw_sizes(side, duration, report_every)
         })?;
         for (i, size) in hello.sizes.iter().enumerate() {
             let parts: Vec<&BandwidthResult> =
                 runs.iter().filter_map(|r| r.get(i)).map(|p| &p.0).collect();
             let r = BandwidthResult::sum(*size, &parts);
             if !cli.json {
-                println!("{}", perftest_row(&r, cli.compat.report_gbits));
+                println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
             }
             bw_results.push(r);
         }
@@ -1250,7 +1255,7 @@ fn client_session(
                 let (r, checked) = client_bw(side, size, duration, report_every)?;
                 client_verified += checked;
                 if !cli.json {
-                    println!("{}", perftest_row(&r, cli.compat.report_gbits));
+                    println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
                 }
                 ops = r.iterations;
                 bw_results.push(r);
@@ -1258,12 +1263,12 @@ fn client_session(
                 let (mut samples, checked) = client_lat(side, size, duration)?;
                 client_verified += checked;
                 ops = samples.len() as u64;
-                if !cli.json && (cli.report_unsorted || cli.report_histogram) {
+                if !cli.json && (cli.compat.report_unsorted || cli.compat.report_histogram) {
                     // As perftest: the samples, then the header again before the result line.
-                    if cli.report_unsorted {
+                    if cli.compat.report_unsorted {
                         print!("{}", stats::lat_samples_report(&samples, false));
                     }
-                    if cli.report_histogram {
+                    if cli.compat.report_histogram {
                         print!("{}", stats::lat_samples_report(&samples, true));
                     }
                     println!("{}", report::RESULT_LINE);
@@ -1329,7 +1334,7 @@ fn client_connect(
     hello: Hello,
 ) -> Result<Side, String> {
     let pd = ProtectionDomain::new();
-    let (cq, channel) = completion_queue(cli.use_event)?;
+    let (cq, channel) = completion_queue(cli.compat.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
     let mine = RemoteBuf {
         stag: data.stag().0,
@@ -1392,23 +1397,6 @@ fn post_list(side: &Side, pending: &mut Vec<SendWr>) -> Result<(), String> {
         .post_send_list(pending.drain(..))
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// A bandwidth row as perftest prints it: MB/s (2^20 octets) or, with `--report_gbits`, Gb/s;
-/// the peak column 0.00 as perftest's when it measures none (these runs time sizes, not
-/// single messages).
-fn perftest_row(r: &BandwidthResult, gbits: bool) -> String {
-    let avg = if gbits { r.gbit_per_sec } else { r.mib_per_sec };
-    report::bw_row(
-        &BwReport {
-            size: r.bytes,
-            iters: r.iterations,
-            bw_peak: 0.0,
-            bw_avg: avg,
-            msg_rate: r.msg_rate_mpps,
-        },
-        gbits,
-    )
 }
 
 /// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.
@@ -1677,7 +1665,7 @@ fn client_bw(
                     if now.duration_since(window.0) >= every {
                         let secs = now.duration_since(window.0).as_secs_f64();
                         let r = BandwidthResult::new(size, completed - window.1, secs);
-                        println!("{}", perftest_row(&r, side.report_gbits));
+                        println!("{}", report::bw_row_of(&r, side.report_gbits));
                         window = (now, completed);
                     }
                 } else if completed / 64 != (completed - done) / 64 {

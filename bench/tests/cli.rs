@@ -561,11 +561,7 @@ fn run_infinitely_reports_each_interval_and_ends_cleanly_on_sigint() {
     }
     let client = client.expect("the client connected");
     std::thread::sleep(Duration::from_millis(1800));
-    let sent = Command::new("kill")
-        .args(["-INT", &client.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(sent.success());
+    interrupt(&client);
     let client = wait_with_timeout(client, Duration::from_secs(30));
     let server = wait_with_timeout(server, Duration::from_secs(30));
     let (out, err) = (

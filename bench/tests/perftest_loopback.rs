@@ -150,6 +150,8 @@ fn bad_arguments_are_errors() {
         &["perftest", "write-bw", "-a", "-D", "5"],
         &["perftest", "read-bw", "-q", "2"],
         &["perftest", "write-bw", "-H"],
+        &["perftest", "read-bw", "-l", "4"],
+        &["perftest", "write-bw", "-l", "4", "-n", "10"],
     ] {
         let o = Command::new(bin()).args(args).output().expect("run");
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -188,6 +190,9 @@ fn perftest_options_both_sides() {
         ("write-bw", &["-q", "4", "-n", "100"]),
         ("write-bw", &["-q", "3", "-s", "64", "-n", "100"]),
         ("send-lat", &["-H", "-n", "50"]),
+        ("write-bw", &["-l", "4", "-s", "64", "-n", "400"]),
+        ("write-bw", &["-e", "-n", "200"]),
+        ("read-bw", &["-e", "-n", "200"]),
     ];
     for (test, args) in cases {
         let (s, c) = pair(test, args, args);
@@ -222,6 +227,13 @@ fn perftest_options_both_sides() {
                 assert_eq!(ct[0].1, q * 100, "{what}: -n per queue pair");
                 assert!(
                     text(&s).contains(&format!("{q} queue pairs' windows")),
+                    "{what}"
+                );
+            }
+            "write-bw" if args.contains(&"-l") => {
+                // Four list elements, four slots: the rest of the cycle buffer untouched.
+                assert!(
+                    text(&s).contains("4 slot(s) of 64 octets written"),
                     "{what}"
                 );
             }
@@ -273,11 +285,7 @@ fn run_infinitely_until_sigint() {
             .spawn()
             .expect("start perftest client");
         std::thread::sleep(Duration::from_millis(3500));
-        let sent = Command::new("kill")
-            .args(["-INT", &client.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success());
+        interrupt(&client);
         let client = wait_with_timeout(client, Duration::from_secs(30));
         (wait_with_timeout(server, Duration::from_secs(30)), client)
     });

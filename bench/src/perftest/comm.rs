@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use datapath::{
-    Access, Completion, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp,
-    SendWr, WcOpcode, WcStatus,
+    Access, Completion, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
+    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 use super::wire::{Dest, DEST_LEN};
@@ -45,6 +45,8 @@ pub struct Qp {
     pub step_timeout: Duration,
     /// Completions taken off the queue while waiting for something else.
     stash: VecDeque<Completion>,
+    /// `-e`: waits go through this completion channel (the queue armed first).
+    channel: Option<CompletionChannel>,
 }
 
 impl Qp {
@@ -54,7 +56,33 @@ impl Qp {
             cq,
             step_timeout,
             stash: VecDeque::new(),
+            channel: None,
         }
+    }
+
+    /// Waits through `channel` (`-e`: `ibv_req_notify_cq` + `ibv_get_cq_event`).
+    pub fn with_channel(mut self, channel: Option<CompletionChannel>) -> Self {
+        self.channel = channel;
+        self
+    }
+
+    /// A completion within `d`: the queue's blocking wait, or with a channel: look, arm,
+    /// look again (one may have come before the arming and fire no event), wait for the event.
+    fn wait_cq(&self, d: Duration) -> Option<Completion> {
+        let Some(ch) = &self.channel else {
+            return self.cq.wait(d);
+        };
+        if let Some(c) = self.cq.try_next() {
+            return Some(c);
+        }
+        if self.cq.req_notify(false).is_err() {
+            return self.cq.wait(d);
+        }
+        if let Some(c) = self.cq.try_next() {
+            return Some(c);
+        }
+        ch.wait_event(d);
+        self.cq.try_next()
     }
 
     fn fail(&self, step: &str, c: &Completion) -> PerftestError {
@@ -74,7 +102,7 @@ impl Qp {
         }
         let deadline = Instant::now() + self.step_timeout;
         loop {
-            if let Some(c) = self.cq.wait(Duration::from_millis(20)) {
+            if let Some(c) = self.wait_cq(Duration::from_millis(20)) {
                 return if c.wc.status == WcStatus::Success {
                     Ok(c)
                 } else {
@@ -106,7 +134,7 @@ impl Qp {
         if let Some(c) = self.stash.pop_front() {
             return Ok(Some(c));
         }
-        match self.cq.wait(d) {
+        match self.wait_cq(d) {
             None => Ok(None),
             Some(c) if c.wc.status == WcStatus::Success => Ok(Some(c)),
             Some(c) => Err(self.fail(step, &c)),

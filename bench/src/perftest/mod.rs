@@ -208,12 +208,12 @@ pub struct PerftestCli {
     /// without a report, as perftest's does; the server waits as long as the client runs.
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
-    /// Latency tests: print every sample (perftest's `-U`).
-    #[arg(short = 'U', long = "report-unsorted")]
-    pub report_unsorted: bool,
-    /// Latency tests: print the samples sorted, the two largest left out (perftest's `-H`).
-    #[arg(short = 'H', long = "report-histogram")]
-    pub report_histogram: bool,
+    /// write-bw: post the Writes in lists of N (perftest's `-l`): list element j always goes
+    /// to slot j of the cycle buffer, as perftest's fixed lists do. Both sides need it (the
+    /// server checks the slots it implies).
+    #[arg(short = 'l', long = "post_list", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub post_list: u64,
     /// Accepted for perftest compatibility: queue pairs are always connected rdma_cm style.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
@@ -284,6 +284,9 @@ struct Run {
     report_unsorted: bool,
     report_histogram: bool,
     run_infinitely: bool,
+    /// `-l`: Writes per posted list.
+    post_list: u64,
+    use_event: bool,
     /// `--run_infinitely`: seconds between rows (`-D`, default 5).
     report_every: u32,
     iters: u64,
@@ -330,6 +333,15 @@ impl Run {
             // perftest: `size = MAX_SIZE` lays the buffers out for the largest message.
             size = MAX_SIZE;
         }
+        if cli.post_list > 1 {
+            only("-l", &[TestKind::WriteBw])?;
+            if cli.bidirectional || cli.qps > 1 || cli.all_sizes {
+                return Err("-l with -b, -q or -a: not implemented in perftest mode".into());
+            }
+            if cli.iters.is_some_and(|n| n % cli.post_list != 0) {
+                return Err("-n must be a multiple of -l (perftest's rule)".into());
+            }
+        }
         if cli.run_infinitely {
             only("--run_infinitely", &[TestKind::WriteBw, TestKind::ReadBw])?;
             if cli.all_sizes || cli.bidirectional || cli.qps > 1 {
@@ -354,7 +366,7 @@ impl Run {
                 return Err("-q with -b: not implemented in perftest mode".into());
             }
         }
-        if (cli.report_unsorted || cli.report_histogram) && t.is_bw() {
+        if (cli.compat.report_unsorted || cli.compat.report_histogram) && t.is_bw() {
             return Err("-U and -H are for the latency tests".into());
         }
         let iters = cli
@@ -396,9 +408,11 @@ impl Run {
             bidirectional: cli.bidirectional,
             qps: u64::from(cli.qps),
             gbits: cli.compat.report_gbits,
-            report_unsorted: cli.report_unsorted,
-            report_histogram: cli.report_histogram,
+            report_unsorted: cli.compat.report_unsorted,
+            report_histogram: cli.compat.report_histogram,
             run_infinitely: cli.run_infinitely,
+            post_list: cli.post_list,
+            use_event: cli.compat.use_event,
             report_every: cli.duration.unwrap_or(5),
             iters,
             tx_depth: tx_depth.min(iters),
@@ -667,7 +681,7 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
     comm.handshake("handshake before the data connection", &Dest::default())?;
     let step = "data connection";
     let req = accept(&listener, run.step, step)?;
-    let dcq = CompletionQueue::new();
+    let (dcq, channel) = data_cq(&run)?;
     let conn = req
         .accept(&pd, &dcq, &[])
         .map_err(|e| PerftestError::datapath(step, e))?;
@@ -691,7 +705,7 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
             describe(&conn.qp)
         ),
     );
-    let data = Qp::new(conn.qp, dcq, run.step);
+    let data = Qp::new(conn.qp, dcq, run.step).with_channel(channel);
     comm.handshake("handshake after the data connection", &Dest::default())?;
     let mut s = Session {
         run,
@@ -759,7 +773,7 @@ fn run_client(
     let (geo, peer_version) = prefix(&mut comm, run.size)?;
     comm.handshake("handshake before the data connection", &Dest::default())?;
     let step = "data connection";
-    let dcq = CompletionQueue::new();
+    let (dcq, channel) = data_cq(&run)?;
     // The server listens again only after the handshake: retry while refused.
     let (conn, tries) = net
         .connect_retrying(addr, &pd, &dcq, &params, run.step, pause)
@@ -782,7 +796,7 @@ fn run_client(
         more.push(Qp::new(c.qp, dcq.clone(), run.step));
     }
     std::thread::sleep(run.settle);
-    let data = Qp::new(conn.qp, dcq, run.step);
+    let data = Qp::new(conn.qp, dcq, run.step).with_channel(channel);
     comm.handshake("handshake after the data connection", &Dest::default())?;
     let mut s = Session {
         run,
@@ -1216,9 +1230,15 @@ impl Session {
         let peer = self.reports(&BwReport::default())?;
         // In duration mode the report counts only the messages of the sampling window: at
         // least that many slots were written, maybe all.
+        // -l: the lists' elements go to the same slots every time.
+        let used = if self.run.post_list > 1 {
+            g.slots().min(self.run.post_list)
+        } else {
+            g.slots()
+        };
         let (written, may) = match self.run.duration {
-            Some(_) => (peer.iters.min(g.slots()), g.slots()),
-            None => (self.run.iters.min(g.slots()), self.run.iters.min(g.slots())),
+            Some(_) => (peer.iters.min(used), used),
+            None => (self.run.iters.min(used), self.run.iters.min(used)),
         };
         self.check_target(&mr, qps, written, may)?;
         self.comm.handshake("closing handshake", &mine[0])?;
@@ -1574,6 +1594,7 @@ impl Session {
                 self.run.iters * qps
             };
             let mut outstanding = vec![0u64; qps as usize];
+            let mut pending = Vec::with_capacity(self.run.post_list as usize);
             let start = Instant::now();
             let mut in_window = 0u64;
             let depth = if kind == BwKind::Read {
@@ -1608,7 +1629,11 @@ impl Session {
                         }
                     }
                     let q = (posted % qps) as usize;
-                    let off = g.slot_offset(posted / qps);
+                    // -l: list element j always goes to slot j (perftest's fixed lists).
+                    let off = match self.run.post_list {
+                        1 => g.slot_offset(posted / qps),
+                        l => g.slot_offset(posted % l),
+                    };
                     let (op, local) = match kind {
                         BwKind::Write => (
                             SendOp::Write {
@@ -1639,21 +1664,40 @@ impl Session {
                             src.sge(off as usize, size as u32),
                         ),
                     };
-                    self.qp_at(q).post(
-                        step,
-                        SendWr {
-                            wr_id: K_DATA | posted,
-                            op,
-                            sg_list: local.into(),
-                            signaled: true,
-                        },
-                    )?;
+                    let wr = SendWr {
+                        wr_id: K_DATA | posted,
+                        op,
+                        sg_list: local.into(),
+                        signaled: true,
+                    };
+                    if self.run.post_list > 1 {
+                        // -l: one list per window's worth, posted when full or at the end.
+                        pending.push(wr);
+                        let last = posted + 1 >= n
+                            || outstanding[q] + 1 >= depth
+                            || pending.len() as u64 >= self.run.post_list;
+                        if last {
+                            self.data
+                                .qp
+                                .post_send_list(pending.drain(..))
+                                .map_err(|e| PerftestError::Setup(format!("{step}: {e}")))?;
+                        }
+                    } else {
+                        self.qp_at(q).post(step, wr)?;
+                    }
                     if (timed.is_none() && !infinite) || t_post.is_empty() {
                         t_post.push(Instant::now());
                     }
                     posted += 1;
                     outstanding[q] += 1;
                     progress = Instant::now();
+                }
+                if !pending.is_empty() {
+                    // The window or the run ended before the list was full.
+                    self.data
+                        .qp
+                        .post_send_list(pending.drain(..))
+                        .map_err(|e| PerftestError::Setup(format!("{step}: {e}")))?;
                 }
                 let wait = if blocked {
                     Duration::from_micros(200)
@@ -2179,6 +2223,18 @@ impl Session {
                           "results": results, "peer_version": self.peer_version }),
         })
     }
+}
+
+/// The data connections' completion queue, with `-e` on a completion channel.
+fn data_cq(
+    run: &Run,
+) -> Result<(CompletionQueue, Option<datapath::CompletionChannel>), PerftestError> {
+    if !run.use_event {
+        return Ok((CompletionQueue::new(), None));
+    }
+    let ch = datapath::CompletionChannel::new()
+        .map_err(|e| PerftestError::datapath("a completion channel", e))?;
+    Ok((CompletionQueue::with_channel(&ch), Some(ch)))
 }
 
 fn kind_name(kind: BwKind) -> &'static str {

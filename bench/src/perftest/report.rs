@@ -2,7 +2,7 @@
 //! the header block (`ctx_print_test_info`), the result tables' column lines and rows
 //! (perftest_parameters.h `RESULT_FMT*`, `REPORT_FMT*`), and the dashed separator.
 
-use crate::stats::LatencyResult;
+use crate::stats::{BandwidthResult, LatencyResult};
 use crate::TestKind;
 
 use super::wire::BwReport;
@@ -34,6 +34,23 @@ pub fn bw_row(r: &BwReport, gbits: bool) -> String {
             r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
         )
     }
+}
+
+/// A bandwidth result of ours as perftest's row: MB/s (2^20 octets) or, with `gbits`, Gb/s;
+/// the peak column 0.00, as perftest's when it measures none (these runs time sizes, not
+/// single messages).
+pub fn bw_row_of(r: &BandwidthResult, gbits: bool) -> String {
+    let avg = if gbits { r.gbit_per_sec } else { r.mib_per_sec };
+    bw_row(
+        &BwReport {
+            size: r.bytes,
+            iters: r.iterations,
+            bw_peak: 0.0,
+            bw_avg: avg,
+            msg_rate: r.msg_rate_mpps,
+        },
+        gbits,
+    )
 }
 
 /// `RESULT_FMT_LAT` as printed (with its trailing space).

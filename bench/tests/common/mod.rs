@@ -121,6 +121,15 @@ pub fn port_taken(server: &Output) -> bool {
     String::from_utf8_lossy(&server.stderr).contains("Address already in use")
 }
 
+/// Sends SIGINT (Ctrl-C) to a child.
+pub fn interrupt(child: &Child) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -INT {}", child.id());
+}
+
 /// Waits for a child, killing it after `timeout`.
 pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
     let deadline = Instant::now() + timeout;
