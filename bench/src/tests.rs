@@ -116,6 +116,51 @@ struct Side {
 const IMM_CREDITS: u64 = CTRL_SLOTS as u64 - 2;
 
 impl Side {
+    /// A side of `cli`'s run on a connected queue pair: its completion queue (and `-e`'s
+    /// channel), its data and control regions, the peer's buffer, the run's hello; as a client
+    /// waits (no control receive posted yet, [`STALL`] per completion).
+    fn new(
+        cli: &Cli,
+        qp: QueuePair,
+        (cq, channel): (CompletionQueue, Option<CompletionChannel>),
+        (data, ctrl): (MemoryRegion, MemoryRegion),
+        remote: RemoteBuf,
+        hello: Hello,
+    ) -> Side {
+        Side {
+            qp,
+            cq,
+            data,
+            ctrl,
+            remote,
+            hello,
+            ctrl_posted: 0,
+            ctrl_sent: 0,
+            poll: cli.cq == CqMode::Poll,
+            channel,
+            progress_bar: cli.stats_every.is_none(),
+            cq_mod: u64::from(cli.cq_mod()),
+            scratch: Default::default(),
+            atomic_type: cli.atomic_type,
+            stall: Some(STALL),
+            reports: Vec::new(),
+            report_gbits: cli.compat.report_gbits,
+            post_list: cli.post_list as usize,
+        }
+    }
+
+    /// The next control message (other completions passed over), its receive posted again.
+    fn next_ctrl(&mut self) -> Result<Option<Ctrl>, String> {
+        loop {
+            let c = self.next()?;
+            if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
+                let msg = self.read_ctrl(c.wc.wr_id);
+                self.post_ctrl_recv()?;
+                return Ok(msg);
+            }
+        }
+    }
+
     fn max_size(&self) -> u64 {
         self.hello.sizes.iter().copied().max().unwrap_or(1)
     }
@@ -699,26 +744,10 @@ fn accept_side(
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| e.to_string())?;
-    let side = Side {
-        qp: conn.qp,
-        cq,
-        data,
-        ctrl,
-        remote: client_buf,
-        hello,
-        ctrl_posted: if plan.send_test { 0 } else { CTRL_SLOTS as u64 },
-        ctrl_sent: 0,
-        poll: cli.cq == CqMode::Poll,
-        channel,
-        progress_bar: cli.stats_every.is_none(),
-        cq_mod: u64::from(cli.cq_mod()),
-        scratch: Default::default(),
-        atomic_type: cli.atomic_type,
-        stall: (!cli.test.is_bw()).then_some(STALL),
-        reports: Vec::new(),
-        report_gbits: cli.compat.report_gbits,
-        post_list: cli.post_list as usize,
-    };
+    let mut side = Side::new(cli, conn.qp, (cq, channel), (data, ctrl), client_buf, hello);
+    side.ctrl_posted = if plan.send_test { 0 } else { CTRL_SLOTS as u64 };
+    // A bandwidth test's server sees no completion until the client's phase-done Send.
+    side.stall = (!cli.test.is_bw()).then_some(STALL);
     Ok((side, plan, recv_posted))
 }
 
@@ -726,16 +755,9 @@ fn accept_side(
 /// posted, every size as a client sends it, each phase followed by what we measured (for the
 /// client's sum). Returns the messages sent.
 fn send_reverse(side: &mut Side) -> Result<u64, String> {
-    loop {
-        let c = side.next()?;
-        if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
-            let msg = side.read_ctrl(c.wc.wr_id);
-            side.post_ctrl_recv()?;
-            match msg {
-                Some(Ctrl::Ready) => break,
-                other => return Err(format!("-b: expected the client's go, got {other:?}")),
-            }
-        }
+    match side.next_ctrl()? {
+        Some(Ctrl::Ready) => {}
+        other => return Err(format!("-b: expected the client's go, got {other:?}")),
     }
     let duration =
         (side.hello.duration_ms > 0).then(|| Duration::from_millis(side.hello.duration_ms));
@@ -1012,23 +1034,18 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         if side.hello.reverse {
             // `-b`: the sender's measurement of the phase.
             loop {
-                let c = side.next()?;
-                if c.wc.opcode == WcOpcode::Recv && c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
-                    let msg = side.read_ctrl(c.wc.wr_id);
-                    side.post_ctrl_recv()?;
-                    match msg {
-                        Some(Ctrl::Report { iterations, micros }) => {
-                            side.reports.push(BandwidthResult::new(
-                                size,
-                                iterations,
-                                f64::from(micros) / 1e6,
-                            ));
-                            break;
-                        }
-                        Some(Ctrl::Credit { .. }) => {}
-                        other => {
-                            return Err(format!("-b: expected the server's report, got {other:?}"))
-                        }
+                match side.next_ctrl()? {
+                    Some(Ctrl::Report { iterations, micros }) => {
+                        side.reports.push(BandwidthResult::new(
+                            size,
+                            iterations,
+                            f64::from(micros) / 1e6,
+                        ));
+                        break;
+                    }
+                    Some(Ctrl::Credit { .. }) => {}
+                    other => {
+                        return Err(format!("-b: expected the server's report, got {other:?}"))
                     }
                 }
             }
@@ -1350,26 +1367,14 @@ fn client_connect(
     if remote.len < hello.buffer_len() {
         return Err("server's buffer is smaller than the run needs".into());
     }
-    Ok(Side {
-        qp: conn.qp,
-        cq,
-        data,
-        ctrl,
+    Ok(Side::new(
+        cli,
+        conn.qp,
+        (cq, channel),
+        (data, ctrl),
         remote,
         hello,
-        ctrl_posted: 0,
-        ctrl_sent: 0,
-        poll: cli.cq == CqMode::Poll,
-        channel,
-        progress_bar: cli.stats_every.is_none(),
-        cq_mod: u64::from(cli.cq_mod()),
-        scratch: Default::default(),
-        atomic_type: cli.atomic_type,
-        stall: Some(STALL),
-        reports: Vec::new(),
-        report_gbits: cli.compat.report_gbits,
-        post_list: cli.post_list as usize,
-    })
+    ))
 }
 
 /// Every size of a bandwidth test on one queue pair of several (`-q`): per size, the result,
