@@ -109,16 +109,9 @@ struct Sample {
 }
 
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
-    let cli = match CompareCli::try_parse_from(args) {
+    let cli: CompareCli = match crate::parse_args(args) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,

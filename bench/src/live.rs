@@ -209,16 +209,9 @@ struct StatsCli {
 }
 
 pub fn stats_main(args: impl Iterator<Item = String>) -> ExitCode {
-    let cli = match StatsCli::try_parse_from(args) {
+    let cli: StatsCli = match crate::parse_args(args) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     let snaps = match read_snapshots(&cli.dir, &cli.pids) {
         Ok(s) => s,

@@ -572,6 +572,15 @@ impl Cli {
     }
 }
 
+/// Parses a subcommand's arguments; on an error (or `--help`) prints clap's message and
+/// gives the exit code to end with (2 for a usage error, 0 for help or version).
+pub fn parse_args<T: Parser>(args: impl IntoIterator<Item = String>) -> Result<T, ExitCode> {
+    T::try_parse_from(args).map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+    })
+}
+
 /// Logging through `tracing`: `RUST_LOG` (e.g. `info`, or `datapath=debug`) selects what the
 /// library reports on stderr (connection setup, MPA, Terminates, ends, engine start and
 /// stop); without it nothing is logged.

@@ -184,16 +184,9 @@ impl PayloadSource {
 
 /// Entry point: `args` starts with the subcommand's own name ("raw").
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
-    let cli = match RawCli::try_parse_from(args) {
+    let cli: RawCli = match crate::parse_args(args) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     let result = match &cli.cmd {
         Cmd::Tx(o) => tx(o),

@@ -121,12 +121,9 @@ pub struct RpingCli {
 
 /// Entry point: `args` starts with "rping".
 pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
-    let cli = match RpingCli::try_parse_from(args) {
+    let cli: RpingCli = match crate::parse_args(args) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(code) => return code,
     };
     if cli.size == 0 || cli.size > MAX_SIZE {
         eprintln!("rping: -S must be between 1 and {MAX_SIZE}");

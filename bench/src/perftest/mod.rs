@@ -462,12 +462,9 @@ struct Outcome {
 
 /// Entry point: `args` starts with "perftest".
 pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
-    let cli = match PerftestCli::try_parse_from(args) {
+    let cli: PerftestCli = match crate::parse_args(args) {
         Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(code) => return code,
     };
     let run = match Run::from_cli(&cli) {
         Ok(r) => r,
