@@ -11,7 +11,9 @@ extern "C" fn on_signal(_: libc::c_int) {
     REQUESTED.store(true, Ordering::SeqCst);
 }
 
-/// Routes SIGINT (Ctrl-C) and SIGTERM to [`requested`] instead of ending the process.
+/// Routes the next SIGINT (Ctrl-C) or SIGTERM to [`requested`] instead of ending the process;
+/// the one after that ends it as usual (`SA_RESETHAND`), so a run that does not stop can still
+/// be interrupted.
 pub fn install() -> Result<(), String> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler is an
@@ -20,6 +22,7 @@ pub fn install() -> Result<(), String> {
         let rc = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESETHAND;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(sig, &action, std::ptr::null_mut())
         };

@@ -547,6 +547,9 @@ impl Cli {
             if self.qps > 1 {
                 return Err("--run_infinitely runs one queue pair: no -q".into());
             }
+            if self.json {
+                return Err("--run_infinitely prints rows as it goes: no --json".into());
+            }
         }
         if self.iters == Some(0) {
             return Err("--iters must be at least 1".into());

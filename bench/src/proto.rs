@@ -46,6 +46,8 @@ pub struct Hello {
 
 /// Most queue pairs (`-q`) one run may use.
 pub const MAX_QPS: u16 = 64;
+/// Most memory the data buffers of one run's queue pairs may take at each end.
+pub const MAX_SESSION_MEMORY: u64 = 1 << 30;
 
 /// A registered buffer as the peer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,25 +104,27 @@ impl Hello {
             && (1..=MAX_QPS).contains(&qps)
             && flags <= 3
             && (!reverse || bidirectional)
+            // -b: write-bw, one queue pair each way.
+            && (!bidirectional || (test == TestKind::WriteBw && qps == 1))
             && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
             && (1..=1024).contains(&tx_depth)
             && slots <= 1024
             && (iters > 0 || duration_ms > 0);
-        ok.then_some((
-            Hello {
-                test,
-                imm,
-                tx_depth,
-                slots,
-                iters,
-                duration_ms,
-                sizes,
-                qps,
-                bidirectional,
-                reverse,
-            },
-            buf,
-        ))
+        let hello = Hello {
+            test,
+            imm,
+            tx_depth,
+            slots,
+            iters,
+            duration_ms,
+            sizes,
+            qps,
+            bidirectional,
+            reverse,
+        };
+        // What one hello makes the server register: a buffer per queue pair.
+        let memory = hello.buffer_len().saturating_mul(u64::from(qps));
+        (ok && memory <= MAX_SESSION_MEMORY).then_some((hello, buf))
     }
 
     /// Length both sides register for the data buffer: room for `tx_depth` messages of the
@@ -300,9 +304,35 @@ mod tests {
             to: 0xdead_beef,
             len: 4096,
         };
+        // -b: write-bw with one queue pair only; -q alone is fine.
+        assert_eq!(
+            Hello::decode(&h.encode(b)),
+            None,
+            "-b with send-bw and -q 4"
+        );
+        let q4 = Hello {
+            bidirectional: false,
+            reverse: false,
+            ..h.clone()
+        };
+        assert_eq!(Hello::decode(&q4.encode(b)), Some((q4, b)));
+        let h = Hello {
+            test: TestKind::WriteBw,
+            qps: 1,
+            ..h
+        };
         let enc = h.encode(b);
         assert!(enc.len() <= 508);
-        assert_eq!(Hello::decode(&enc), Some((h, b)));
+        assert_eq!(Hello::decode(&enc), Some((h.clone(), b)));
+        // A run's buffers are bounded at each end.
+        let huge = Hello {
+            bidirectional: false,
+            reverse: false,
+            qps: MAX_QPS,
+            sizes: vec![MAX_SIZE],
+            ..h
+        };
+        assert_eq!(Hello::decode(&huge.encode(b)), None);
         assert_eq!(Hello::decode(&enc[..enc.len() - 1]), None);
         assert_eq!(Hello::decode(b"nope"), None);
         assert_eq!(decode_welcome(&encode_welcome(b)), Some(b));

@@ -66,7 +66,8 @@ pub struct BandwidthResult {
 
 impl BandwidthResult {
     pub fn new(bytes: u64, iterations: u64, seconds: f64) -> Self {
-        let total = (bytes * iterations) as f64;
+        // In f64: `iterations` may come from the peer (`-b`'s report).
+        let total = bytes as f64 * iterations as f64;
         let s = seconds.max(1e-9);
         Self {
             bytes,
@@ -81,24 +82,23 @@ impl BandwidthResult {
 
 impl BandwidthResult {
     /// Queue pairs that ran `bytes`-octet messages at the same time (`-q`), as one: their
-    /// iterations and rates added up, the longest time.
-    pub fn sum(bytes: u64, parts: &[&BandwidthResult]) -> Self {
-        let mut r = Self {
-            bytes,
-            iterations: 0,
-            seconds: 0.0,
-            mib_per_sec: 0.0,
-            gbit_per_sec: 0.0,
-            msg_rate_mpps: 0.0,
-        };
-        for p in parts {
-            r.iterations += p.iterations;
-            r.seconds = r.seconds.max(p.seconds);
-            r.mib_per_sec += p.mib_per_sec;
-            r.gbit_per_sec += p.gbit_per_sec;
-            r.msg_rate_mpps += p.msg_rate_mpps;
+    /// messages over the longest of their times (perftest's rule: all the octets over the
+    /// time from the first post to the last completion), never more than the link carried.
+    pub fn concurrent(bytes: u64, parts: &[&BandwidthResult]) -> Self {
+        let iterations = parts.iter().map(|p| p.iterations).sum();
+        let seconds = parts.iter().map(|p| p.seconds).fold(0.0, f64::max);
+        Self::new(bytes, iterations, seconds)
+    }
+
+    /// Both directions of `-b` in one row, as perftest's duplex row: `self`'s size and
+    /// message count, the rates of both added.
+    pub fn with_reverse(&self, reverse: &BandwidthResult) -> Self {
+        Self {
+            mib_per_sec: self.mib_per_sec + reverse.mib_per_sec,
+            gbit_per_sec: self.gbit_per_sec + reverse.gbit_per_sec,
+            msg_rate_mpps: self.msg_rate_mpps + reverse.msg_rate_mpps,
+            ..self.clone()
         }
-        r
     }
 }
 

@@ -90,6 +90,8 @@ struct Side {
     /// Progress may be a bar on a terminal (not with `--stats-every`, whose lines would tear
     /// through it).
     progress_bar: bool,
+    /// Progress shown at all (not for one of several connections run at once: `-q`, `-b`).
+    progress: bool,
     /// Bandwidth tests: one work request in this many is signaled (`--cq-mod`, at most the
     /// send queue depth).
     cq_mod: u64,
@@ -139,6 +141,7 @@ impl Side {
             poll: cli.cq == CqMode::Poll,
             channel,
             progress_bar: cli.stats_every.is_none(),
+            progress: true,
             cq_mod: u64::from(cli.cq_mod()),
             scratch: Default::default(),
             atomic_type: cli.atomic_type,
@@ -690,11 +693,23 @@ fn accept_side(
     listener: &Listener,
     first: Option<&Hello>,
 ) -> Result<(Side, ServerPlan, u64), String> {
-    let req = listener.accept().map_err(|e| e.to_string())?;
+    // The client's further connections (`-q`, `-b`) come right after its first: a client that
+    // died in between must not keep the server waiting for whoever comes next.
+    let req = match first {
+        None => listener.accept().map_err(|e| e.to_string())?,
+        Some(_) => listener
+            .accept_timeout(cli.setup_timeout())
+            .map_err(|e| e.to_string())?
+            .ok_or("the client's further connection did not come")?,
+    };
     let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
         let _ = req.reject(b"iwarp-bench: malformed hello");
         return Err("client sent a malformed hello in its private data".into());
     };
+    if first.is_none() && hello.reverse {
+        let _ = req.reject(b"iwarp-bench: a reverse connection first");
+        return Err("the client's first connection is marked reverse (-b's second)".into());
+    }
     if first.is_some_and(|f| *f != hello) {
         // (A further queue pair repeats the first hello; `-b`'s reverse connection the
         // first with `reverse` set.)
@@ -755,6 +770,10 @@ fn accept_side(
 /// posted, every size as a client sends it, each phase followed by what we measured (for the
 /// client's sum). Returns the messages sent.
 fn send_reverse(side: &mut Side) -> Result<u64, String> {
+    // The client's window, not ours, bounds what is outstanding: a signaled one in every
+    // window, or the sender would wait for a completion that never comes.
+    side.cq_mod = side.cq_mod.min(u64::from(side.hello.tx_depth)).max(1);
+    side.stall = Some(STALL);
     match side.next_ctrl()? {
         Some(Ctrl::Ready) => {}
         other => return Err(format!("-b: expected the client's go, got {other:?}")),
@@ -1123,9 +1142,6 @@ fn client_session(
     device: &Device,
 ) -> Result<Option<serde_json::Value>, String> {
     let report_every = cli.report_every();
-    if report_every.is_some() {
-        interrupt::install()?;
-    }
     // `--run_infinitely` takes `-D` as its reporting interval; the run itself has no end.
     let duration = match report_every {
         Some(_) => Some(Duration::MAX),
@@ -1147,6 +1163,14 @@ fn client_session(
         bidirectional: cli.bidirectional,
         reverse: false,
     };
+    let memory = hello.buffer_len() * u64::from(cli.qps);
+    if memory > proto::MAX_SESSION_MEMORY {
+        return Err(format!(
+            "-q {} at this size needs {memory} octets of buffers at each end; at most {}",
+            cli.qps,
+            proto::MAX_SESSION_MEMORY
+        ));
+    }
     // `-q`: every connection is set up before any of them starts sending.
     let mut sides = Vec::new();
     for _ in 0..cli.qps {
@@ -1169,6 +1193,7 @@ fn client_session(
             tx_depth: u64::from(cli.tx_depth),
             rx_depth: sides[0].hello.send_credits(),
             cq_mod: u64::from(cli.cq_mod()),
+            post_list: u64::from(cli.post_list),
             out_reads: connect_params(cli).mpa.ord,
             mtu: sides[0].qp.mulpdu() as u32,
             device: &device,
@@ -1193,7 +1218,12 @@ fn client_session(
             }
         }
         // Several queue pairs: one table for all, no progress of one of them.
-        side.progress_bar &= cli.qps == 1;
+        side.progress &= cli.qps == 1;
+    }
+    if report_every.is_some() {
+        // Caught only now that the run's loop is there to see it; a second one ends the
+        // process.
+        interrupt::install()?;
     }
     let mut bw_results = Vec::new();
     let mut lat_results = Vec::new();
@@ -1219,20 +1249,15 @@ fn client_session(
         let plan = ServerPlan::new(&back.hello);
         back.send_ctrl(Ctrl::Ready)?;
         let side = &mut sides[0];
-        side.progress_bar = false;
+        side.progress = false;
         let (fwd, rev) = both(
             || client_bw_sizes(side, duration, None),
             || serve(&mut back, &plan, 0),
         );
         let (fwd, rev) = (fwd?, rev?);
-        for (i, size) in hello.sizes.iter().enumerate() {
-            let parts: Vec<&BandwidthResult> = fwd
-                .get(i)
-                .map(|p| &p.0)
-                .into_iter()
-                .chain(back.reports.get(i))
-                .collect();
-            let r = BandwidthResult::sum(*size, &parts);
+        for ((r, _, _), reverse) in fwd.iter().zip(&back.reports) {
+            // perftest's duplex row: our size and count, both directions' rates.
+            let r = r.with_reverse(reverse);
             if !cli.json {
                 println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
             }
@@ -1252,7 +1277,7 @@ fn client_session(
         for (i, size) in hello.sizes.iter().enumerate() {
             let parts: Vec<&BandwidthResult> =
                 runs.iter().filter_map(|r| r.get(i)).map(|p| &p.0).collect();
-            let r = BandwidthResult::sum(*size, &parts);
+            let r = BandwidthResult::concurrent(*size, &parts);
             if !cli.json {
                 println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
             }
@@ -1445,6 +1470,8 @@ struct Progress {
     bw: bool,
     size: u64,
     iters: u64,
+    /// Nothing shown ([`Side::progress`] off).
+    quiet: bool,
     duration: Option<Duration>,
     start: Instant,
     next: Instant,
@@ -1467,6 +1494,7 @@ impl Progress {
             bw: side.hello.test.is_bw(),
             size,
             iters: side.hello.iters,
+            quiet: !side.progress,
             duration,
             start,
             next: start + Self::EVERY,
@@ -1478,7 +1506,7 @@ impl Progress {
 
     /// `done` iterations complete at `now`.
     fn tick(&mut self, now: Instant, done: u64) {
-        if now < self.next {
+        if self.quiet || now < self.next {
             return;
         }
         let secs = now.duration_since(self.start).as_secs_f64();

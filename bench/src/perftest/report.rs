@@ -1,4 +1,4 @@
-//! What perftest prints, byte for byte, so that scripts written for its output read ours:
+//! What perftest prints, in its format strings, so that scripts written for its output read ours:
 //! the header block (`ctx_print_test_info`), the result tables' column lines and rows
 //! (perftest_parameters.h `RESULT_FMT*`, `REPORT_FMT*`), and the dashed separator.
 
@@ -80,10 +80,13 @@ pub struct Header<'a> {
     pub qps: u64,
     pub tx_depth: u64,
     pub rx_depth: u64,
-    /// Every work request is signaled here: 1.
+    /// One work request in this many is signaled (perftest mode signals every one: 1).
     pub cq_mod: u64,
+    /// Work requests per posted list (`-l`; 1: no lists).
+    pub post_list: u64,
     pub out_reads: u16,
-    /// The MTU both sides agreed on in perftest's exchange, in octets.
+    /// The MTU line's value, in octets: in perftest mode the MTU we offer in perftest's
+    /// exchange, in iwarp-bench the connection's MULPDU (the largest DDP segment).
     pub mtu: u32,
     /// Ours: the transport (and interface), in place of an RDMA device name.
     pub device: &'a str,
@@ -99,10 +102,12 @@ pub fn header_block(h: &Header) -> Vec<String> {
         TestKind::AtomicBw | TestKind::AtomicLat => "Atomic",
     };
     let bw = h.test.is_bw();
-    let kind = match (bw, h.bidirectional) {
-        (true, true) => "Bidirectional BW ",
-        (true, false) => "BW ",
-        (false, _) => "Latency ",
+    let kind = match (bw, h.bidirectional, h.post_list > 1) {
+        (true, true, true) => "Bidirectional Post List BW ",
+        (true, true, false) => "Bidirectional BW ",
+        (true, false, true) => "Post List BW ",
+        (true, false, false) => "BW ",
+        (false, ..) => "Latency ",
     };
     let send = matches!(h.test, TestKind::SendBw | TestKind::SendLat);
     let read = matches!(h.test, TestKind::ReadBw | TestKind::ReadLat);
@@ -117,6 +122,9 @@ pub fn header_block(h: &Header) -> Vec<String> {
     ];
     if !h.server || h.bidirectional {
         out.push(format!(" TX depth        : {}", h.tx_depth));
+    }
+    if h.post_list > 1 {
+        out.push(format!(" Post List       : {}", h.post_list));
     }
     if send && (h.server || h.bidirectional) {
         out.push(format!(" RX depth        : {}", h.rx_depth));
@@ -186,6 +194,7 @@ mod tests {
             tx_depth: 128,
             rx_depth: 1,
             cq_mod: 1,
+            post_list: 1,
             out_reads: 128,
             mtu: 4096,
             device: "socket",

@@ -236,7 +236,9 @@ impl QueuePair {
     /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
     /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
     /// `-l`). Returns how many were posted; if the queue pair is gone part way,
-    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`).
+    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`). If only the
+    /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
+    /// not be posted again.
     pub fn post_send_list(
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
