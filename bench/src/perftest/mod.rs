@@ -1616,7 +1616,13 @@ impl Session {
             let start = Instant::now();
             let mut in_window = 0u64;
             let depth = if kind == BwKind::Read {
-                self.run.tx_depth.min(ring_slots)
+                // One Read fewer outstanding than the responder's IRD allows: Linux siw as
+                // responder sometimes leaves a Read Request unanswered (no Terminate; the
+                // connection stalls until the user timeout) when a new one arrives the moment
+                // the previous response's last octets left and every IRD slot was in use (seen
+                // in `ib_read_bw -R -D 5` runs, which keep the queue full for seconds).
+                let ord = u64::from(self.data.qp.negotiated().ord).max(2);
+                self.run.tx_depth.min(ring_slots).min(ord - 1)
             } else {
                 self.run.tx_depth
             };
