@@ -98,6 +98,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tcp_engine::table::{ConnectionTable, TableError, TableStats};
 
 use crate::xsk::packet::ETH_HLEN;
+use crate::xsk::rss::RssTable;
 use crate::xsk::steering::{
     ActiveMode, AttachMode, Counters, FourTuple as FlowKey, SteeringProgram, XdpError,
 };
@@ -460,6 +461,9 @@ pub struct XdpPort {
     mtu: u32,
     /// Queues usable (min of RX and TX queues, capped by the XSKMAP's size).
     queues: u32,
+    /// The NIC's RSS key and indirection table, or why they are unknown (veth has none):
+    /// with them a connecting shard picks a source port whose replies land on its own queue.
+    rss: Result<RssTable, String>,
 }
 
 impl std::fmt::Debug for XdpPort {
@@ -482,6 +486,20 @@ impl XdpPort {
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
         let mut prog = SteeringProgram::load(false)?;
         let mode = prog.attach(ifname, cfg.attach_mode)?;
+        let rss = RssTable::read(ifname).map_err(|e| e.to_string());
+        match &rss {
+            Ok(t) => tracing::info!(
+                ifname,
+                key_octets = t.sizes().0,
+                table_entries = t.sizes().1,
+                "RSS known: connecting shards pick source ports whose replies land on their queue"
+            ),
+            Err(why) => tracing::info!(
+                ifname,
+                "RSS unknown ({why}): source ports left to the kernel, replies on another \
+                 shard's queue are handed over"
+            ),
+        }
         Ok(XdpPort {
             prog: Mutex::new(prog),
             mode,
@@ -495,6 +513,7 @@ impl XdpPort {
                 .rx_queues
                 .min(info.tx_queues)
                 .min(crate::xsk::steering::MAX_QUEUES),
+            rss,
         })
     }
 
@@ -647,6 +666,10 @@ fn random_key() -> Result<[u8; 16], XdpTcpError> {
         .map_err(XdpTcpError::Random)?;
     Ok(key)
 }
+
+/// Ephemeral ports a shard tries for one whose replies land on its queue
+/// ([`XdpTcp::source_port`]): with 64 queues, one in three connections finds none.
+const RSS_PORT_TRIES: usize = 64;
 
 /// Binds (never listens) a kernel TCP socket to `addr:port` (0: any free port) so the kernel
 /// leaves the port to us. Returns the socket and the port.
@@ -915,6 +938,31 @@ impl XdpTcp {
         Ok(())
     }
 
+    /// A source port for a connection to `remote`, reserved with the kernel. A shard on a NIC
+    /// whose RSS configuration is known takes the first of the kernel's ephemeral ports whose
+    /// replies (from `remote` to us) the NIC hashes onto the shard's own queue: about N tries
+    /// for N queues, all reservations held until the choice so that none comes twice. After
+    /// [`RSS_PORT_TRIES`] it keeps the last one; its segments are then handed over to this
+    /// shard like those of any flow that arrives on another queue.
+    fn source_port(&self, remote: SocketAddrV4) -> Result<(Socket, u16), XdpTcpError> {
+        let local_ip = self.port.local_ip;
+        let (Some(_), Ok(rss), [sock]) = (&self.shard, &self.port.rss, self.socks.as_slice())
+        else {
+            return reserve_port(local_ip, 0);
+        };
+        let queue = sock.queue();
+        let mut tried = Vec::new();
+        for _ in 0..RSS_PORT_TRIES {
+            let (reservation, port) = reserve_port(local_ip, 0)?;
+            if rss.queue_of(remote, SocketAddrV4::new(local_ip, port)) == queue {
+                return Ok((reservation, port));
+            }
+            tried.push((reservation, port));
+        }
+        tracing::debug!(%remote, queue, "no source port of {RSS_PORT_TRIES} lands on our queue");
+        tried.pop().map_or_else(|| reserve_port(local_ip, 0), Ok)
+    }
+
     /// Opens a connection to `remote` with `cfg` (MTU and MSS lowered to the interface's):
     /// resolves the next hop (blocking up to [`XdpTcpConfig::neighbour_timeout`]), reserves an
     /// ephemeral port with the kernel, steers the 4-tuple and queues the SYN (sent by the next
@@ -930,7 +978,7 @@ impl XdpTcp {
             });
         }
         self.neigh.learn(*remote.ip(), mac);
-        let (reservation, local_port) = reserve_port(self.port.local_ip, 0)?;
+        let (reservation, local_port) = self.source_port(remote)?;
         let flow = FlowKey {
             saddr: *remote.ip(),
             daddr: self.port.local_ip,

@@ -26,6 +26,7 @@ pub mod capture;
 mod error;
 mod netlink;
 pub mod packet;
+pub mod rss;
 mod socket;
 
 pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
