@@ -1617,10 +1617,10 @@ impl Session {
             let mut in_window = 0u64;
             let depth = if kind == BwKind::Read {
                 // One Read fewer outstanding than the responder's IRD allows: Linux siw as
-                // responder sometimes leaves a Read Request unanswered (no Terminate; the
-                // connection stalls until the user timeout) when a new one arrives the moment
-                // the previous response's last octets left and every IRD slot was in use (seen
-                // in `ib_read_bw -R -D 5` runs, which keep the queue full for seconds).
+                // responder (in the TCG guest) once left a Read Request unanswered, with no
+                // Terminate, until the user timeout, while `ib_read_bw -R -D 5` kept every
+                // IRD slot in use for seconds; with one slot spare four runs in a row passed.
+                // Why siw stalled is not known (its IRD overflow path sends a Terminate).
                 let ord = u64::from(self.data.qp.negotiated().ord).max(2);
                 self.run.tx_depth.min(ring_slots).min(ord - 1)
             } else {
