@@ -208,13 +208,14 @@ pub struct Cli {
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
-    /// and `--tx-depth` outstanding work requests; the result lines sum them (perftest's
-    /// `-q`). Only the client needs it (the server learns it from the client).
+    /// and `--tx-depth` outstanding work requests; a result line counts all their messages
+    /// over the longest one's time (perftest's `-q`). Only the client needs it (the server learns it from the client).
     #[arg(short = 'q', long = "qp", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
     pub qps: u16,
     /// write-bw: both directions at once (perftest's `-b`): a second connection on which the
-    /// server Writes and the client checks, beside the first; each row sums both directions.
+    /// server Writes and the client checks, beside the first; a row gives our message count
+    /// and both directions' rates added (perftest's duplex row).
     /// Only the client needs it (the server learns it from the client).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
