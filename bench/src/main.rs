@@ -439,7 +439,7 @@ impl Cli {
             return vec![8];
         }
         if self.all_sizes {
-            (1..=23).map(|e| 1u64 << e).collect()
+            all_sizes()
         } else {
             vec![self
                 .size
@@ -574,6 +574,11 @@ impl Cli {
         }
         Ok(())
     }
+}
+
+/// perftest's `-a`: every power of two from 2 octets to 8 MiB.
+pub fn all_sizes() -> Vec<u64> {
+    (1..=23).map(|e| 1u64 << e).collect()
 }
 
 /// Parses a subcommand's arguments; on an error (or `--help`) prints clap's message and

@@ -67,6 +67,16 @@ struct Side {
 }
 
 impl Side {
+    /// This side's TCP connection is over (gone, closed, or in TIME-WAIT).
+    fn tcp_gone(&self) -> bool {
+        self.tcp.as_ref().is_none_or(|t| {
+            matches!(
+                t.state(),
+                tcp_engine::State::Closed | tcp_engine::State::TimeWait
+            )
+        })
+    }
+
     fn pump(&mut self, now: Instant) {
         let Some(tcp) = self.tcp.as_mut() else { return };
         self.iw.take_tcp_events(tcp);
@@ -717,17 +727,7 @@ fn crc_corruption_places_nothing_and_terminates() {
     bed.run_until(
         "close after the Terminate",
         Duration::from_secs(10),
-        |a, b| {
-            let gone = |s: &Side| {
-                s.tcp.as_ref().is_none_or(|t| {
-                    matches!(
-                        t.state(),
-                        tcp_engine::State::Closed | tcp_engine::State::TimeWait
-                    )
-                })
-            };
-            gone(a) && gone(b)
-        },
+        |a, b| a.tcp_gone() && b.tcp_gone(),
     );
 }
 
@@ -926,15 +926,7 @@ fn graceful_close() {
     );
     bed.a.iw.close();
     bed.run_until("close", Duration::from_secs(5), |a, b| {
-        let gone = |s: &Side| {
-            s.tcp.as_ref().is_none_or(|t| {
-                matches!(
-                    t.state(),
-                    tcp_engine::State::Closed | tcp_engine::State::TimeWait
-                )
-            })
-        };
-        gone(a) && gone(b)
+        a.tcp_gone() && b.tcp_gone()
     });
     assert!(bed
         .b

@@ -1571,11 +1571,7 @@ impl Session {
         }
         // -a: every size in turn, no exchange between them (perftest's write_bw client); the
         // report the server gets is the last size's.
-        let sizes: Vec<u64> = if self.run.all_sizes {
-            (1..=23).map(|e| 1u64 << e).collect()
-        } else {
-            vec![self.geo.size]
-        };
+        let sizes = self.sizes();
         let mut reps = Vec::new();
         let (mut total_posted, mut checked) = (0u64, 0u64);
         let step = match kind {
@@ -2015,7 +2011,7 @@ impl Session {
     /// The message sizes of the run: `-s`, or with `-a` 2 to 8 MiB.
     fn sizes(&self) -> Vec<u64> {
         if self.run.all_sizes {
-            (1..=23).map(|e| 1u64 << e).collect()
+            crate::all_sizes()
         } else {
             vec![self.geo.size]
         }
