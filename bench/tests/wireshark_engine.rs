@@ -342,6 +342,48 @@ fn plain_relay() -> Relay {
     .unwrap_or_else(|e| panic!("relay: {e}"))
 }
 
+/// tshark's one-line view of the frames where each TCP stream starts (handshake, MPA
+/// exchange) and of every frame it flags (retransmissions, out of order): what a failure
+/// needs to be understood when the capture file itself is gone with the machine.
+fn stream_starts(path: &Path) -> String {
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(path)
+        .args([
+            "-Y",
+            "tcp.flags.syn == 1 || tcp.flags.reset == 1 || tcp.flags.fin == 1 \
+                      || tcp.seq < 100 || tcp.analysis.flags",
+        ])
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "frame.time_relative",
+        ])
+        .args([
+            "-e",
+            "tcp.stream",
+            "-e",
+            "tcp.srcport",
+            "-e",
+            "tcp.dstport",
+            "-e",
+            "tcp.seq",
+        ])
+        .args(["-e", "tcp.len", "-e", "tcp.flags.str", "-e", "_ws.col.Info"])
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .take(200)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(tshark: {e})"),
+    }
+}
+
 /// Ping-pong iterations per size.
 const RUNS: [(&str, &str); 2] = [("64", "20"), ("70000", "5")];
 
@@ -389,8 +431,17 @@ fn tshark_decodes_engine_rev1_crc_capture() {
         std::fs::write(&dump, &text).expect("save tshark output");
         let ctx = format!("{test}: see {}", dump.display());
         let sessions = RUNS.len();
-        assert_eq!(count(&text, "Request frame header"), sessions, "{ctx}");
-        assert_eq!(count(&text, "Reply frame header"), sessions, "{ctx}");
+        let (requests, replies) = (
+            count(&text, "Request frame header"),
+            count(&text, "Reply frame header"),
+        );
+        if (requests, replies) != (sessions, sessions) {
+            panic!(
+                "{ctx}: {requests} MPA Requests and {replies} Replies decoded, expected \
+                 {sessions} each; where the streams start:\n{}",
+                stream_starts(&path)
+            );
+        }
         assert!(!text.contains("Malformed"), "{ctx}");
         assert!(!text.contains("Bad CRC"), "{ctx}");
         let fpdus = count(&text, "    FPDU\n");
