@@ -692,3 +692,94 @@ fn a_list_of_writes_posted_in_one_call() {
         "{refused:?}"
     );
 }
+
+/// Inline work requests (`ibv_post_send` with `IBV_SEND_INLINE`): a Write and a Send whose
+/// payload is copied out of a plain buffer of the application's at post time (no region, the
+/// buffer overwritten at once) arrive whole; a Read cannot be inline and fails locally.
+#[test]
+fn inline_writes_and_sends_need_no_region() {
+    use datapath::{InlineData, InlineSendWr, MAX_INLINE_DATA};
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let dst = server
+        .pd
+        .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let inbox = server.pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let (c, _s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![RecvWr {
+                wr_id: 50,
+                sg_list: inbox.sge(0, 4096).into(),
+            }],
+        },
+    );
+    let mut buf = pattern(3, MAX_INLINE_DATA);
+    let write = InlineSendWr {
+        wr_id: 1,
+        op: SendOp::Write {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to() + 100,
+        },
+        data: InlineData::new(&buf).unwrap(),
+        signaled: true,
+    };
+    c.qp.post_send_inline(write).unwrap();
+    buf.fill(0);
+    let send = InlineSendWr {
+        wr_id: 2,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        data: InlineData::new(&pattern(4, 100)).unwrap(),
+        signaled: true,
+    };
+    c.qp.post_send_inline(send).unwrap();
+    let read = InlineSendWr {
+        wr_id: 3,
+        op: SendOp::Read {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to(),
+        },
+        ..send
+    };
+    c.qp.post_send_inline(read).unwrap();
+    // The refused Read completes at once, before the two in flight.
+    let mut done: Vec<_> = collect(&client.cq, 3, "the client's completions")
+        .iter()
+        .map(|c| (c.wc.wr_id, c.wc.opcode, c.wc.status, c.wc.byte_len))
+        .collect();
+    done.sort_by_key(|d| d.0);
+    assert_eq!(
+        done,
+        vec![
+            (
+                1,
+                WcOpcode::Write,
+                WcStatus::Success,
+                MAX_INLINE_DATA as u32
+            ),
+            (2, WcOpcode::Send, WcStatus::Success, 100),
+            (3, WcOpcode::Read, WcStatus::LocalQpOperationError, 0),
+        ]
+    );
+    let r = expect_wc(&server.cq, 50, WcOpcode::Recv, WcStatus::Success);
+    assert_eq!(r.wc.byte_len, 100);
+    assert_bytes_eq(
+        &region_bytes(&dst, 100, MAX_INLINE_DATA),
+        &pattern(3, MAX_INLINE_DATA),
+        "the inline Write",
+    );
+    assert_bytes_eq(
+        &region_bytes(&inbox, 0, 100),
+        &pattern(4, 100),
+        "the inline Send",
+    );
+}

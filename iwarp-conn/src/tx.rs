@@ -44,9 +44,12 @@ use copy_crc::{crc_update, crc_update_len_head};
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
 const MARKER_INTERVAL: u64 = 512;
 const CRC_LEN: usize = 4;
-/// Largest inline part of a ULPDU: a DDP/RDMAP header, or a whole Terminate (at most 70
-/// octets), Read Request (46) or RTR.
-pub(crate) const HEAD_MAX: usize = 80;
+/// Largest inline part of a ULPDU: a whole Terminate (at most 70 octets), Read Request (46)
+/// or RTR, or a DDP/RDMAP header (an untagged one is 18 octets) with the payload of an inline
+/// work request (`rdmap::InlineSendWr`, at most [`rdmap::MAX_INLINE_DATA`] octets, which the
+/// queue pair hands over with the header: it is kept in no region).
+pub(crate) const HEAD_MAX: usize = 18 + rdmap::MAX_INLINE_DATA;
+const _: () = assert!(HEAD_MAX <= u8::MAX as usize, "TxFpdu::head_len is a u8");
 /// Octets read through the stack when a CRC must be computed over payload that is not being
 /// written out.
 const CRC_CHUNK: usize = 512;
@@ -153,7 +156,8 @@ pub(crate) struct TxRing {
     /// those.
     held: Vec<Option<Held>>,
     /// Per slot, an inline part longer than [`HEAD_INLINE`]; touched only for those (allocated
-    /// zeroed: for a ring of 2048 its pages are not even faulted in until used).
+    /// zeroed: for a ring of 2048 its pages are not even faulted in until used, so a
+    /// connection that sends no inline work requests keeps a few pages of it resident).
     long_heads: Vec<[u8; HEAD_MAX]>,
     head: usize,
     len: usize,

@@ -185,6 +185,10 @@ pub enum RdmapError {
     /// The send queue holds `sq_depth` work requests.
     #[error("send queue full")]
     SendQueueFull,
+    /// Only a Send or an RDMA Write (with or without Immediate Data) carries its payload
+    /// inline; a Read or an Atomic names a local sink instead.
+    #[error("only a Send or an RDMA Write work request carries inline data")]
+    NotInlinable,
     /// The receive queue holds `rq_depth` work requests.
     #[error("receive queue full")]
     RecvQueueFull,
@@ -364,6 +368,7 @@ impl TerminateCause {
             RdmapError::LocalCatastrophic => rdmap(LOCAL_CATASTROPHIC, 0),
             RdmapError::InvalidState { .. }
             | RdmapError::SendQueueFull
+            | RdmapError::NotInlinable
             | RdmapError::RecvQueueFull
             | RdmapError::LocalAccess { .. }
             | RdmapError::UnknownStag { .. }

@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+mod inline;
 pub mod memory;
 pub mod qp;
 mod sge;
@@ -48,11 +49,12 @@ mod types;
 pub mod wire;
 
 pub use error::{RdmapError, TerminateCause, TerminateCode};
+pub use inline::{InlineData, InlineTooLong, MAX_INLINE_DATA};
 pub use memory::{Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, VecBuffer};
 pub use qp::{
-    AtomicOp, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList,
-    TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus, WorkCompletion,
-    MAX_SGE,
+    AtomicOp, InlineSendWr, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge,
+    SgeList, TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus,
+    WorkCompletion, MAX_SGE,
 };
 pub use types::{AccessViolation, QpState, Stag};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

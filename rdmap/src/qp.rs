@@ -64,6 +64,7 @@ use ddp::{
 };
 
 use crate::error::{RdmapError, TerminateCause, TerminateCode};
+use crate::inline::InlineData;
 use crate::memory::{Access, AccessViolation, MemoryTable, NotAtomic, PdId, RegionBuffer, Stag};
 pub use crate::types::QpState;
 pub use crate::wire::AtomicOp;
@@ -228,6 +229,22 @@ pub struct SendWr {
     /// [`WcStatus::Success`] is queued; a later signaled request's completion tells that it
     /// is done (rule 15: in order). A request that fails, or is flushed, is always reported.
     /// Bandwidth applications signal one request in many (perftest's `--cq-mod`).
+    pub signaled: bool,
+}
+
+/// A send work request whose payload was copied into it when it was built ([`InlineData`]:
+/// verbs' `IBV_SEND_INLINE`): a Send or an RDMA Write, with or without Immediate Data. The
+/// message on the wire is the one a [`SendWr`] with the same octets in registered memory
+/// produces; the queue pair keeps the copy until the message is handed out whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineSendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// A Send, RDMA Write, Send with Immediate or RDMA Write with Immediate.
+    pub op: SendOp,
+    /// The payload.
+    pub data: InlineData,
+    /// As [`SendWr::signaled`].
     pub signaled: bool,
 }
 
@@ -418,6 +435,9 @@ struct SqEntry {
     /// RFC 7306 6: the work request's Immediate Data message is next (its Send or Write, if
     /// it has one, is out).
     tail: bool,
+    /// The payload is the front of [`QueuePair::inline_data`] (the scatter/gather list is
+    /// empty).
+    inline: bool,
 }
 
 /// The parts of the send queue's head one transmitted segment needs.
@@ -428,6 +448,7 @@ struct SqHead {
     sent: u64,
     total: u64,
     tail: bool,
+    inline: bool,
 }
 
 /// Completion bookkeeping of one send work request, kept in submission order.
@@ -604,6 +625,9 @@ pub struct QueuePair {
 
     // ---- transmit side ----
     sq: VecDeque<SqEntry>,
+    /// The payloads of the inline entries of `sq`, in queue order: one per entry whose
+    /// `inline` is set, dropped when that entry leaves the queue.
+    inline_data: VecDeque<InlineData>,
     slots: VecDeque<CompletionSlot>,
     /// Sequence number of `slots.front()`.
     slots_base: u64,
@@ -681,6 +705,7 @@ impl QueuePair {
             ird: cfg.ird,
             ord: cfg.ord,
             sq: VecDeque::new(),
+            inline_data: VecDeque::new(),
             slots: VecDeque::new(),
             slots_base: 0,
             next_seq: 0,
@@ -973,25 +998,70 @@ impl QueuePair {
             _ => {}
         }
         self.check_local(&wr.sg_list, needed, mem)?;
+        let total = wr.sg_list.total_len();
+        self.enqueue_send(wr, total, false);
+        Ok(())
+    }
+
+    /// Posts a Send or RDMA Write whose payload travels in the work request
+    /// ([`InlineSendWr`]). Checked now as [`QueuePair::post_send`]: the state, send queue
+    /// space, and the operation ([`RdmapError::NotInlinable`] for a Read, an Atomic or a
+    /// lone Immediate Data message). No memory region is involved.
+    pub fn post_send_inline(&mut self, wr: InlineSendWr) -> Result<(), RdmapError> {
+        self.check_postable()?;
+        if self.slots.len() >= self.cfg.sq_depth {
+            return Err(RdmapError::SendQueueFull);
+        }
+        match wr.op {
+            SendOp::Send { .. }
+            | SendOp::Write { .. }
+            | SendOp::SendImmediate { .. }
+            | SendOp::WriteImmediate { .. } => {}
+            SendOp::Read { .. } | SendOp::Atomic { .. } | SendOp::Immediate { .. } => {
+                return Err(RdmapError::NotInlinable)
+            }
+        }
+        if wr.op.is_extension() && !self.cfg.extensions {
+            return Err(RdmapError::ExtensionsOff);
+        }
+        let send = SendWr {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sg_list: SgeList::new(),
+            signaled: wr.signaled,
+        };
+        self.inline_data.push_back(wr.data);
+        self.enqueue_send(send, wr.data.len() as u64, true);
+        Ok(())
+    }
+
+    /// Queues a checked send work request of `total` octets and its completion slot.
+    fn enqueue_send(&mut self, wr: SendWr, total: u64, inline: bool) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.slots.push_back(CompletionSlot {
             wr_id: wr.wr_id,
-            opcode,
-            // At most u32::MAX: checked above.
-            byte_len: wr.sg_list.total_len() as u32,
+            opcode: wr.op.wc_opcode(),
+            // At most u32::MAX: checked by the callers.
+            byte_len: total as u32,
             status: None,
             signaled: wr.signaled,
         });
-        let total = wr.sg_list.total_len();
         self.sq.push_back(SqEntry {
             wr,
             seq,
             sent: 0,
             total,
             tail: matches!(wr.op, SendOp::Immediate { .. }),
+            inline,
         });
-        Ok(())
+    }
+
+    /// Removes the send queue's head (and its inline payload).
+    fn pop_sq(&mut self) {
+        if self.sq.pop_front().is_some_and(|e| e.inline) {
+            self.inline_data.pop_front();
+        }
     }
 
     /// Posts a receive work request: one buffer for the next inbound Send. Checked:
@@ -1171,6 +1241,7 @@ impl QueuePair {
         self.awaiting_ack.clear();
         self.acked_pending = 0;
         self.sq.clear();
+        self.inline_data.clear();
         self.outstanding_reads.clear();
         self.outstanding_atomics.clear();
         self.read_responses.clear();
@@ -1497,6 +1568,7 @@ impl QueuePair {
             sent: head.sent,
             total: head.total,
             tail: head.tail,
+            inline: head.inline,
         };
         if entry.tail {
             return self.emit_immediate(entry, out);
@@ -1521,7 +1593,11 @@ impl QueuePair {
         let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
         // A segment gathers from one element: it ends where the element does (DDP lets a
         // message be cut anywhere, RFC 5041 5.1).
-        let piece = head.wr.sg_list.piece_at(entry.sent, room);
+        let piece = if entry.inline {
+            None
+        } else {
+            head.wr.sg_list.piece_at(entry.sent, room)
+        };
         let start = out.len();
         if let SendOp::Read {
             remote_stag,
@@ -1541,7 +1617,7 @@ impl QueuePair {
             let hdr = Self::untagged(Opcode::ReadRequest, 0, queue::READ_REQUEST, msn, 0, true);
             let payload = Self::push_segment(out, &hdr, READ_REQUEST_LEN);
             request.emit(&mut out[payload]);
-            self.sq.pop_front();
+            self.pop_sq();
             self.outstanding_reads.push_back(OutstandingRead {
                 seq: Some(entry.seq),
                 msn,
@@ -1560,7 +1636,11 @@ impl QueuePair {
         }
 
         let total = entry.total;
-        let len = piece.map_or(0, |(_, n)| n);
+        let len = if entry.inline {
+            room.min(total - entry.sent)
+        } else {
+            piece.map_or(0, |(_, n)| n)
+        };
         let last = entry.sent + len == total;
         let (opcode, hdr) = match entry.op {
             SendOp::Write {
@@ -1604,9 +1684,24 @@ impl QueuePair {
                 return self.fail_locally(out)
             }
         };
-        let payload = Self::push_segment(out, &hdr, if by_ref { 0 } else { len as usize });
+        // Inline octets go into the segment itself: no region holds them.
+        let in_out = !by_ref || entry.inline;
+        let payload = Self::push_segment(out, &hdr, if in_out { len as usize } else { 0 });
         let mut reference = None;
-        if len > 0 {
+        if len > 0 && entry.inline {
+            // `sent + len <= total` = the payload's length (the entry's own).
+            let from = entry.sent as usize;
+            let data = self.inline_data.front().map(InlineData::as_slice);
+            match data.and_then(|d| d.get(from..from + len as usize)) {
+                Some(octets) => out[payload].copy_from_slice(octets),
+                None => {
+                    out.truncate(start);
+                    self.pop_sq();
+                    self.finish_slot(entry.seq, WcStatus::LocalQpOperationError);
+                    return self.fail_locally(out);
+                }
+            }
+        } else if len > 0 {
             let copied = piece.and_then(|(sge, _)| {
                 let to = sge.to;
                 mem.validate(sge.stag, self.cfg.pd, Access::NONE, to, len)
@@ -1629,7 +1724,7 @@ impl QueuePair {
                 }
                 None => {
                     out.truncate(start);
-                    self.sq.pop_front();
+                    self.pop_sq();
                     self.finish_slot(entry.seq, WcStatus::LocalProtectionError);
                     return self.fail_locally(out);
                 }
@@ -1657,7 +1752,7 @@ impl QueuePair {
             let Some(name) = self.sq_head_name(total) else {
                 return self.fail_locally(out);
             };
-            self.sq.pop_front();
+            self.pop_sq();
             if opcode.is_send() {
                 self.tx_send_msn = self.tx_send_msn.wrapping_add(1);
             }
@@ -1712,7 +1807,7 @@ impl QueuePair {
         let hdr = Self::untagged(opcode, 0, queue::SEND, msn, 0, true);
         let payload = Self::push_segment(out, &hdr, IMMEDIATE_DATA_LEN);
         ImmediateData(immediate.to_be_bytes()).emit(&mut out[payload]);
-        self.sq.pop_front();
+        self.pop_sq();
         self.tx_send_msn = msn.wrapping_add(1);
         let name = MessageName::Immediate {
             msn,
@@ -1754,7 +1849,7 @@ impl QueuePair {
         let hdr = Self::untagged(Opcode::AtomicRequest, 0, queue::READ_REQUEST, msn, 0, true);
         let payload = Self::push_segment(out, &hdr, ATOMIC_REQUEST_LEN);
         request.emit(&mut out[payload]);
-        self.sq.pop_front();
+        self.pop_sq();
         self.outstanding_atomics.push_back(OutstandingAtomic {
             seq,
             msn,

@@ -258,6 +258,12 @@ impl Engine {
                         self.complete_local_error(wr_id, opcode, &e);
                     }
                 }
+                Cmd::SendInline(wr) => {
+                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                    if let Err(e) = self.qp.post_send_inline(wr) {
+                        self.complete_local_error(wr_id, opcode, &e);
+                    }
+                }
                 Cmd::Recv(wr) => {
                     let wr_id = wr.wr_id;
                     let res = {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use mpa::Negotiated;
-use rdmap::{QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
+use rdmap::{InlineSendWr, QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
 
 use crate::{DatapathError, PostListError, QpError};
 
@@ -36,6 +36,7 @@ pub struct QpStatus {
 /// A command from the application's [`QueuePair`] handle to the engine that runs it.
 pub(crate) enum Cmd {
     Send(SendWr),
+    SendInline(InlineSendWr),
     Recv(RecvWr),
     Close,
 }
@@ -231,6 +232,15 @@ impl QueuePair {
     /// full send queue, queue pair not ready) come back as an error completion.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         self.command(Cmd::Send(wr))
+    }
+
+    /// Posts a Send or RDMA Write that carries its payload itself (`ibv_post_send` with
+    /// `IBV_SEND_INLINE`): the octets were copied into [`InlineSendWr::data`], so the
+    /// application's buffer is free again as soon as this returns, and it need not be
+    /// registered. A Read, an Atomic or a lone Immediate Data message completes with
+    /// [`WcStatus::LocalQpOperationError`] (they carry no payload).
+    pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
+        self.command(Cmd::SendInline(wr))
     }
 
     /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the

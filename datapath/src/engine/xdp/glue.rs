@@ -218,6 +218,12 @@ impl TcpApp for App<'_> {
                             slot.complete_local_error(wr_id, opcode, &e);
                         }
                     }
+                    Cmd::SendInline(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
+                            slot.complete_local_error(wr_id, opcode, &e);
+                        }
+                    }
                     Cmd::Recv(wr) => {
                         let wr_id = wr.wr_id;
                         if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
