@@ -917,7 +917,7 @@ perftest_options_suite() {
   local spec name test size n flags
   for spec in "wbw-all|write-bw|65536|5|-a --report_gbits" "wbw-q4|write-bw|65536|20|-q 4" \
     "wbw-bidir|write-bw|65536|20|-b" "rbw-dur|read-bw|65536|20|-D 5" \
-    "slat-hist|send-lat|64|50|-H" "wlat-all|write-lat|64|5|-a"; do
+    "slat-hist|send-lat|64|50|-H" "slat-inline|send-lat|64|50|-I 64" "wlat-all|write-lat|64|5|-a"; do
     IFS='|' read -r name test size n flags <<<"$spec"
     PT_FLAGS="$flags " case_pt_siw_client "pt-$name-siw-client" "$test" "$size" "$n"
     PT_FLAGS="$flags " case_pt_siw_server "pt-$name-siw-server" "$test" "$size" "$n"

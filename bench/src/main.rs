@@ -6,6 +6,7 @@
 
 mod compare;
 mod engine_report;
+mod inline;
 mod interrupt;
 mod live;
 mod net;
@@ -50,9 +51,10 @@ pub struct PerftestCompat {
     /// perftest's `-i/--ib-port`: ignored.
     #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
     pub ib_port: Option<u32>,
-    /// perftest's `-I/--inline_size` (small messages copied into the work request): accepted
-    /// without effect; payloads are always gathered from registered memory. (Linux siw's
-    /// perftest disables inline too: "Device not recognized to implement inline feature".)
+    /// perftest's `-I/--inline_size`: Sends and RDMA Writes of at most N octets (at most
+    /// 236) are posted inline, their payload copied into the work request when posted
+    /// (`post_send_inline`, verbs' `IBV_SEND_INLINE`). Local to each side: give it to both
+    /// ends where both send. Not for Read or Atomic tests.
     #[arg(short = 'I', long = "inline_size", value_name = "N")]
     pub inline_size: Option<u32>,
     /// Wait for completions on a completion channel (`req_notify` on the queue, then the
@@ -92,12 +94,6 @@ impl PerftestCompat {
         }
         if let Some(i) = self.ib_port {
             ignored(&format!("-i {i}"), "there are no HCA ports here");
-        }
-        if let Some(n) = self.inline_size {
-            ignored(
-                &format!("-I {n}"),
-                "inline sends are not implemented; payloads are gathered from registered memory",
-            );
         }
         out
     }
@@ -521,6 +517,10 @@ impl Cli {
                 return Err("-l must be at most --tx-depth".into());
             }
         }
+        inline::check(
+            self.compat.inline_size,
+            !self.test.is_atomic() && !matches!(self.test, TestKind::ReadBw | TestKind::ReadLat),
+        )?;
         if self.qps > 1 && !self.test.is_bw() {
             return Err("-q runs several queue pairs in the bandwidth tests".into());
         }

@@ -111,6 +111,8 @@ struct Side {
     /// `-l`: bandwidth tests post their work requests in lists of this many
     /// ([`QueuePair::post_send_list`]).
     post_list: usize,
+    /// `-I`: Sends and Writes of at most this many octets are posted inline (0: none).
+    inline_size: u64,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -149,6 +151,7 @@ impl Side {
             reports: Vec::new(),
             report_gbits: cli.compat.report_gbits,
             post_list: cli.post_list as usize,
+            inline_size: cli.compat.inline_size.map_or(0, u64::from),
         }
     }
 
@@ -309,14 +312,21 @@ impl Side {
         len: u64,
         signaled: bool,
     ) -> Result<(), String> {
-        self.qp
-            .post_send(SendWr {
-                wr_id,
-                op,
-                sg_list: self.data.sge(offset as usize, len as u32).into(),
-                signaled,
-            })
-            .map_err(|e| e.to_string())
+        self.post_wr(SendWr {
+            wr_id,
+            op,
+            sg_list: self.data.sge(offset as usize, len as u32).into(),
+            signaled,
+        })
+    }
+
+    /// Posts a work request on the data region, inline when `-I` covers it.
+    fn post_wr(&self, wr: SendWr) -> Result<(), String> {
+        match crate::inline::inline_wr(&wr, &self.data, self.inline_size) {
+            Some(inline) => self.qp.post_send_inline(inline),
+            None => self.qp.post_send(wr),
+        }
+        .map_err(|e| e.to_string())
     }
 
     fn remote_stag(&self) -> Stag {
@@ -1194,6 +1204,7 @@ fn client_session(
             rx_depth: sides[0].hello.send_credits(),
             cq_mod: u64::from(cli.cq_mod()),
             post_list: u64::from(cli.post_list),
+            inline: cli.compat.inline_size.map_or(0, u64::from),
             out_reads: connect_params(cli).mpa.ord,
             mtu: sides[0].qp.mulpdu() as u32,
             device: &device,
@@ -1641,14 +1652,15 @@ fn client_bw(
                 sg_list: side.data.sge(off as usize, size as u32).into(),
                 signaled,
             };
-            if side.post_list > 1 {
+            if side.post_list > 1 && size > side.inline_size {
                 // -l: gathered, posted as one list when full (or below, when the window is).
                 pending.push(wr);
                 if pending.len() >= side.post_list {
                     post_list(side, &mut pending)?;
                 }
             } else {
-                side.qp.post_send(wr).map_err(|e| e.to_string())?;
+                // (-I with -l: an inline work request goes on its own.)
+                side.post_wr(wr)?;
             }
             posted += 1;
             outstanding += 1;

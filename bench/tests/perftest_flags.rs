@@ -68,6 +68,25 @@ const CASES: &[Case] = &[
         rows: 23,
         iterations: Some(30),
     },
+    // -I: Sends and Writes up to N octets posted inline (the rest of -a's sizes gathered).
+    Case {
+        test: "write-lat",
+        flags: &["-a", "-I", "128", "-n", "20"],
+        rows: 23,
+        iterations: Some(20),
+    },
+    Case {
+        test: "send-bw",
+        flags: &["-I", "236", "-s", "236", "-n", "500"],
+        rows: 1,
+        iterations: Some(500),
+    },
+    Case {
+        test: "write-bw",
+        flags: &["-I", "64", "-l", "4", "-s", "64", "-n", "400"],
+        rows: 1,
+        iterations: Some(400),
+    },
 ];
 
 /// The result rows of a table (lines that start with a size and an iteration count).
@@ -120,6 +139,10 @@ fn check(case: &Case, how: &str, client: &Output, server: &Output) {
             case.iterations.unwrap_or(0) - 2,
             "{what}:\n{out}"
         );
+    }
+    if let Some(i) = case.flags.iter().position(|f| *f == "-I") {
+        let line = format!(" Max inline data : {}[B]", case.flags[i + 1]);
+        assert!(out.contains(&line), "{what}: no '{line}':\n{out}");
     }
     if case.flags.contains(&"-b") {
         // The client checked the server's direction.

@@ -152,6 +152,8 @@ fn bad_arguments_are_errors() {
         &["perftest", "write-bw", "-H"],
         &["perftest", "read-bw", "-l", "4"],
         &["perftest", "write-bw", "-l", "4", "-n", "10"],
+        &["perftest", "write-lat", "-I", "237"],
+        &["perftest", "read-lat", "-I", "64"],
     ] {
         let o = Command::new(bin()).args(args).output().expect("run");
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
@@ -193,6 +195,14 @@ fn perftest_options_both_sides() {
         ("write-bw", &["-l", "4", "-s", "64", "-n", "400"]),
         ("write-bw", &["-e", "-n", "200"]),
         ("read-bw", &["-e", "-n", "200"]),
+        // -I: sizes up to 64 inline, the rest gathered; all checked.
+        ("write-lat", &["-a", "-I", "64", "-n", "10"]),
+        ("send-lat", &["-I", "236", "-s", "236", "-n", "50"]),
+        ("write-bw", &["-I", "128", "-s", "128", "-n", "400"]),
+        (
+            "write-bw",
+            &["-I", "64", "-l", "4", "-s", "64", "-n", "400"],
+        ),
     ];
     for (test, args) in cases {
         let (s, c) = pair(test, args, args);
@@ -210,6 +220,10 @@ fn perftest_options_both_sides() {
                 "{what}: no {who} row: {}",
                 text(if who == "server" { &s } else { &c })
             );
+        }
+        if let Some(i) = args.iter().position(|a| *a == "-I") {
+            let line = format!(" Max inline data : {}[B]", args[i + 1]);
+            assert!(text(&c).contains(&line), "{what}: {line}");
         }
         let a = args.contains(&"-a");
         match *test {
@@ -245,6 +259,13 @@ fn perftest_options_both_sides() {
                 assert!(
                     text(&c).contains("the peer's checked in our buffer"),
                     "{what}"
+                );
+            }
+            "send-lat" if args.contains(&"-I") => {
+                // (As perftest: the server's first iteration gives no sample.)
+                assert!(
+                    ct[0].1 == 50 && (49..=50).contains(&st[0].1),
+                    "{what}: {ct:?} {st:?}"
                 );
             }
             "send-lat" => {

@@ -175,6 +175,24 @@ impl Qp {
             .map_err(|e| PerftestError::datapath(step, e))
     }
 
+    /// Posts a Send or Write whose elements lie in `src`: inline when `-I` covers it
+    /// (`inline_size`, 0 for none), as it is otherwise.
+    pub fn post_from(
+        &self,
+        step: &str,
+        wr: SendWr,
+        src: &MemoryRegion,
+        inline_size: u64,
+    ) -> Result<(), PerftestError> {
+        match crate::inline::inline_wr(&wr, src, inline_size) {
+            Some(inline) => self
+                .qp
+                .post_send_inline(inline)
+                .map_err(|e| PerftestError::datapath(step, e)),
+            None => self.post(step, wr),
+        }
+    }
+
     /// Posts a receive.
     pub fn post_recv(&self, step: &str, wr: RecvWr) -> Result<(), PerftestError> {
         self.qp

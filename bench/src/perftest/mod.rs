@@ -286,6 +286,8 @@ struct Run {
     run_infinitely: bool,
     /// `-l`: Writes per posted list.
     post_list: u64,
+    /// `-I`: Sends and Writes of at most this many octets are posted inline (0: none).
+    inline_size: u64,
     use_event: bool,
     /// `--run_infinitely`: seconds between rows (`-D`, default 5).
     report_every: u32,
@@ -344,6 +346,10 @@ impl Run {
                 return Err("-n must be a multiple of -l (perftest's rule)".into());
             }
         }
+        crate::inline::check(
+            cli.compat.inline_size,
+            !matches!(t, TestKind::ReadBw | TestKind::ReadLat) && !t.is_atomic(),
+        )?;
         if cli.run_infinitely {
             only("--run_infinitely", &[TestKind::WriteBw, TestKind::ReadBw])?;
             if cli.json {
@@ -417,6 +423,7 @@ impl Run {
             report_histogram: cli.compat.report_histogram,
             run_infinitely: cli.run_infinitely,
             post_list: cli.post_list,
+            inline_size: cli.compat.inline_size.map_or(0, u64::from),
             use_event: cli.compat.use_event,
             report_every: cli.duration.unwrap_or(5),
             iters,
@@ -500,6 +507,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
             rx_depth: run.rx_depth,
             cq_mod: 1,
             post_list: run.post_list,
+            inline: run.inline_size,
             out_reads: run.rd_atomic,
             mtu: wire::mtu_octets(wire::OUR_MTU),
             device: cli.iface.as_deref().unwrap_or(cli.transport.name()),
@@ -1691,7 +1699,7 @@ impl Session {
                         sg_list: local.into(),
                         signaled: true,
                     };
-                    if self.run.post_list > 1 {
+                    if self.run.post_list > 1 && size > self.run.inline_size {
                         // -l: one list per window's worth, posted when full or at the end.
                         pending.push(wr);
                         let last = posted + 1 >= n
@@ -1704,7 +1712,9 @@ impl Session {
                                 .map_err(|e| PerftestError::datapath(step, e.source))?;
                         }
                     } else {
-                        self.qp_at(q).post(step, wr)?;
+                        // (-I with -l: an inline work request goes on its own.)
+                        self.qp_at(q)
+                            .post_from(step, wr, &src, self.run.inline_size)?;
                     }
                     if keep_times || t_post.is_empty() {
                         t_post.push(Instant::now());
@@ -2045,7 +2055,7 @@ impl Session {
             mr.write((size - 1) as usize, &[stamp]);
             let t = Instant::now();
             let wstep = format!("write-lat iteration {i}: our Write");
-            self.data.post(
+            self.data.post_from(
                 &wstep,
                 SendWr {
                     wr_id: K_DATA | i,
@@ -2056,6 +2066,8 @@ impl Session {
                     sg_list: mr.sge(0, size as u32).into(),
                     signaled: true,
                 },
+                mr,
+                self.run.inline_size,
             )?;
             self.data.wait_id(&wstep, K_DATA | i)?;
             t_sent = Some(t);
@@ -2168,7 +2180,7 @@ impl Session {
     }
 
     fn send_one(&mut self, i: u64, src: &MemoryRegion, size: u64) -> Result<(), PerftestError> {
-        self.data.post(
+        self.data.post_from(
             &format!("send-lat iteration {i}: our Send"),
             SendWr {
                 wr_id: K_DATA | i,
@@ -2179,6 +2191,8 @@ impl Session {
                 sg_list: src.sge(0, size as u32).into(),
                 signaled: true,
             },
+            src,
+            self.run.inline_size,
         )
     }
 

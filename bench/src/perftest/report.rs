@@ -84,6 +84,8 @@ pub struct Header<'a> {
     pub cq_mod: u64,
     /// Work requests per posted list (`-l`; 1: no lists).
     pub post_list: u64,
+    /// `-I`: the most octets a Send or Write carries inline (0: none).
+    pub inline: u64,
     pub out_reads: u16,
     /// The MTU line's value, in octets: in perftest mode the MTU we offer in perftest's
     /// exchange, in iwarp-bench the connection's MULPDU (the largest DDP segment).
@@ -138,7 +140,7 @@ pub fn header_block(h: &Header) -> Vec<String> {
     if read {
         out.push(format!(" Outstand reads  : {}", h.out_reads));
     } else {
-        out.push(" Max inline data : 0[B]".to_string());
+        out.push(format!(" Max inline data : {}[B]", h.inline));
     }
     out.push(" rdma_cm QPs\t : ON".to_string());
     out.push(" Data ex. method : rdma_cm".to_string());
@@ -195,6 +197,7 @@ mod tests {
             rx_depth: 1,
             cq_mod: 1,
             post_list: 1,
+            inline: 0,
             out_reads: 128,
             mtu: 4096,
             device: "socket",
@@ -204,6 +207,9 @@ mod tests {
         assert!(b.contains(&" Number of qps   : 1\t\tTransport type : IW".to_string()));
         assert!(b.contains(&" TX depth        : 128".to_string()));
         assert!(b.contains(&" Data ex. method : rdma_cm".to_string()));
+        assert!(b.contains(&" Max inline data : 0[B]".to_string()));
         assert_eq!(b.first(), b.last());
+        let inline = header_block(&Header { inline: 64, ..h });
+        assert!(inline.contains(&" Max inline data : 64[B]".to_string()));
     }
 }
