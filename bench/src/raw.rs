@@ -27,7 +27,9 @@ use datapath::xsk::packet::{
     swap_endpoints, tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec, HEADERS_LEN,
 };
 use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
-use datapath::xsk::{interface_info, resolve_next_hop, InterfaceInfo, XskConfig, XskSocket};
+use datapath::xsk::{
+    interface_info, resolve_next_hop, InterfaceInfo, XskConfig, XskSocket, MAX_FRAMES_PER_PACKET,
+};
 use serde::Serialize;
 
 use crate::perftest::report;
@@ -216,13 +218,23 @@ fn secs(s: f64, what: &str) -> Res<Duration> {
     }
 }
 
-fn xsk_config(o: &Opts) -> Res<XskConfig> {
+/// What one 4 KiB UMEM frame holds (4096 less the kernel's 256 octets of XDP headroom).
+const FRAME_CAPACITY: usize = 3840;
+
+/// Frames of the interface's MTU do not fit one UMEM frame: multi-buffer AF_XDP (the
+/// `xdp.frags` program, sockets bound with `XDP_USE_SG`), as the engine does.
+fn multi_buffer(info: &InterfaceInfo) -> bool {
+    info.mtu as usize + 14 > FRAME_CAPACITY
+}
+
+fn xsk_config(o: &Opts, info: &InterfaceInfo) -> Res<XskConfig> {
     if !o.ring.is_power_of_two() || !(64..=65536).contains(&o.ring) {
         return Err("--ring must be a power of two between 64 and 65536".into());
     }
     Ok(XskConfig {
         rx_ring: o.ring,
         tx_ring: o.ring,
+        multi_buffer: multi_buffer(info),
         ..XskConfig::default()
     })
 }
@@ -232,11 +244,17 @@ fn facts(o: &Opts) -> Res<(InterfaceInfo, Ipv4Addr)> {
     let (ip, _) = info
         .ipv4
         .ok_or_else(|| format!("interface {} has no IPv4 address", o.iface))?;
-    let max = (info.mtu as usize + 14).min(3840);
+    let frames = if multi_buffer(&info) {
+        MAX_FRAMES_PER_PACKET
+    } else {
+        1
+    };
+    let max = (info.mtu as usize + 14).min(FRAME_CAPACITY * frames);
     if o.size < HEADERS_LEN || o.size > max {
         return Err(format!(
             "--size {} out of range: {HEADERS_LEN}..={max} on {} (MTU {}; a 4 KiB UMEM frame \
-             holds 3840; raise the MTU on both veth ends for larger frames)",
+             holds {FRAME_CAPACITY}, a multi-buffer packet {MAX_FRAMES_PER_PACKET} frames; \
+             raise the MTU on both veth ends for larger frames)",
             o.size, o.iface, info.mtu
         ));
     }
@@ -279,7 +297,7 @@ fn frame_into(buf: &mut [u8], spec: &TcpFrameSpec, size: usize) -> usize {
 
 /// Attaches the steering program, steers the port and binds one socket per selected queue.
 fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Vec<XskSocket>)> {
-    let mut prog = SteeringProgram::load(false).map_err(|e| e.to_string())?;
+    let mut prog = SteeringProgram::load(multi_buffer(info)).map_err(|e| e.to_string())?;
     let active = prog
         .attach(&o.iface, o.mode.into())
         .map_err(|e| e.to_string())?;
@@ -288,8 +306,8 @@ fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Ve
         Some(q) => vec![q],
         None => (0..info.rx_queues.min(info.tx_queues)).collect(),
     };
-    let socks =
-        XskSocket::open_queues(&o.iface, queues, &xsk_config(o)?).map_err(|e| e.to_string())?;
+    let socks = XskSocket::open_queues(&o.iface, queues, &xsk_config(o, info)?)
+        .map_err(|e| e.to_string())?;
     for s in &socks {
         prog.bind_socket(s.queue(), s.fd())
             .map_err(|e| e.to_string())?;
@@ -415,7 +433,8 @@ fn tx(o: &Opts) -> Res<()> {
         return Err(format!("cannot build a {}-octet frame", o.size));
     }
     let queue = o.queue.unwrap_or(0);
-    let mut sock = XskSocket::open(&o.iface, queue, &xsk_config(o)?).map_err(|e| e.to_string())?;
+    let mut sock =
+        XskSocket::open(&o.iface, queue, &xsk_config(o, &info)?).map_err(|e| e.to_string())?;
     if !o.quiet {
         let from = match o.source_mib {
             Some(mib) => format!(", payloads copied from a region of {mib} MiB"),

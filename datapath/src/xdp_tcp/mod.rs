@@ -464,6 +464,9 @@ pub struct XdpPort {
     /// The NIC's RSS key and indirection table, or why they are unknown (veth has none):
     /// with them a connecting shard picks a source port whose replies land on its own queue.
     rss: Result<RssTable, String>,
+    /// Packets of the MTU do not fit one UMEM frame: the multi-buffer program (`xdp.frags`)
+    /// is attached and the sockets bind for multi-buffer packets.
+    multi_buffer: bool,
 }
 
 impl std::fmt::Debug for XdpPort {
@@ -484,8 +487,20 @@ impl XdpPort {
         let (local_ip, _) = info
             .ipv4
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
-        let mut prog = SteeringProgram::load(false)?;
+        // A frame holds the frame size less the kernel's XDP headroom (256 octets).
+        let frame_capacity = (cfg.xsk.frame_size as usize).saturating_sub(256);
+        let multi_buffer = cfg.xsk.multi_buffer || info.mtu as usize + ETH_HLEN > frame_capacity;
+        let mut prog = SteeringProgram::load(multi_buffer)?;
         let mode = prog.attach(ifname, cfg.attach_mode)?;
+        if multi_buffer {
+            tracing::info!(
+                ifname,
+                mtu = info.mtu,
+                frame_capacity,
+                "multi-buffer AF_XDP: packets of the MTU span several UMEM frames (xdp.frags \
+                 program, XDP_USE_SG sockets)"
+            );
+        }
         let rss = RssTable::read(ifname).map_err(|e| e.to_string());
         match &rss {
             Ok(t) => tracing::info!(
@@ -514,6 +529,7 @@ impl XdpPort {
                 .min(info.tx_queues)
                 .min(crate::xsk::steering::MAX_QUEUES),
             rss,
+            multi_buffer,
         })
     }
 
@@ -748,8 +764,8 @@ impl XdpTcp {
             ShardSet::new(
                 queues.len(),
                 cfg.inbox_frames,
-                // A received frame holds at most the MTU and the Ethernet header.
-                (cfg.xsk.frame_size as usize).min(port.mtu as usize + ETH_HLEN),
+                // A received packet holds at most the MTU and the Ethernet header.
+                port.mtu as usize + ETH_HLEN,
                 cfg.max_connections.saturating_mul(queues.len()),
             )
             .map_err(XdpTcpError::Inbox)?,
@@ -777,7 +793,7 @@ impl XdpTcp {
             Some(k) => k,
             None => random_key()?,
         };
-        let socks = XskSocket::open_queues(&port.ifname, queues.iter().copied(), &cfg.xsk)?;
+        let socks = open_sockets(&port, queues, &cfg.xsk)?;
         {
             let mut prog = port.prog();
             for s in &socks {
@@ -786,12 +802,20 @@ impl XdpTcp {
         }
         let frame_mtu = socks
             .iter()
-            .map(|s| s.frame_capacity().saturating_sub(ETH_HLEN))
+            .map(|s| s.packet_capacity().saturating_sub(ETH_HLEN))
             .min()
             .unwrap_or(0);
         let mtu = (port.mtu as usize)
             .min(frame_mtu)
             .min(usize::from(u16::MAX));
+        if mtu < port.mtu as usize {
+            tracing::warn!(
+                ifname = port.ifname.as_str(),
+                interface_mtu = port.mtu,
+                mtu,
+                "the engine's packets are limited to what its UMEM frames hold: MSS from MTU {mtu}"
+            );
+        }
         if mtu < usize::from(MIN_MTU) {
             return Err(XdpTcpError::MtuTooSmall {
                 ifname: port.ifname.clone(),
@@ -1414,6 +1438,35 @@ impl XdpTcp {
         }
         sock.flush()?;
         Ok(sent_any)
+    }
+}
+
+/// The AF_XDP sockets of `queues`, bound for multi-buffer packets when the port needs them;
+/// where the kernel refuses multi-buffer binding (before Linux 6.6), single-frame sockets,
+/// said in the log (the MTU the engine uses is then what one frame holds).
+fn open_sockets(
+    port: &XdpPort,
+    queues: &[u32],
+    xsk: &XskConfig,
+) -> Result<Vec<XskSocket>, XdpTcpError> {
+    let mut xsk = xsk.clone();
+    xsk.multi_buffer |= port.multi_buffer;
+    match XskSocket::open_queues(&port.ifname, queues.iter().copied(), &xsk) {
+        Err(e) if xsk.multi_buffer => {
+            tracing::warn!(
+                ifname = port.ifname.as_str(),
+                error = %e,
+                "binding for multi-buffer AF_XDP (XDP_USE_SG) failed: packets limited to one \
+                 UMEM frame"
+            );
+            xsk.multi_buffer = false;
+            Ok(XskSocket::open_queues(
+                &port.ifname,
+                queues.iter().copied(),
+                &xsk,
+            )?)
+        }
+        other => Ok(other?),
     }
 }
 

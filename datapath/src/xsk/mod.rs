@@ -32,7 +32,10 @@ mod socket;
 pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
 pub use error::XskError;
 pub use netlink::{interface_info, neighbour, resolve_next_hop, route_to, InterfaceInfo, Route};
-pub use socket::{BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats};
+pub use socket::{
+    BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats,
+    MAX_FRAMES_PER_PACKET,
+};
 /// The steering program and its loader (the `xdp-prog` crate), re-exported for callers of this
 /// module: attach it, steer ports or flows, and put each socket's fd into its XSKMAP.
 pub use xdp_prog as steering;

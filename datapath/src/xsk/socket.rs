@@ -68,7 +68,24 @@ pub struct XskConfig {
     pub capture: Option<CaptureTap>,
     /// Busy polling of the socket's NAPI context (`None`: interrupts, the default).
     pub busy_poll: Option<BusyPoll>,
+    /// Multi-buffer AF_XDP (`XDP_USE_SG`, Linux 6.6): a packet may span up to
+    /// [`MAX_FRAMES_PER_PACKET`] frames, the frames of one packet all but the last marked
+    /// `XDP_PKT_CONTD` in their descriptor's options, so packets larger than a frame (jumbo
+    /// frames) pass. Received multi-frame packets are joined into one buffer of the socket
+    /// before they are handed out; transmitted ones are built in one and split into frames.
+    /// Needs an XDP program that handles multi-buffer packets (`xdp.frags`). Off: a packet is
+    /// one frame (the fast path, no copy).
+    pub multi_buffer: bool,
 }
+
+/// The most UMEM frames one packet spans with [`XskConfig::multi_buffer`]: 4 frames of a
+/// 4 KiB UMEM hold 15 360 octets, room for a 9000-octet MTU (Linux caps a multi-buffer
+/// packet at 17 frames, `MAX_SKB_FRAGS` + 1). A received packet of more frames is dropped
+/// (counted); none longer is built.
+pub const MAX_FRAMES_PER_PACKET: usize = 4;
+
+/// `XDP_PKT_CONTD` (include/uapi/linux/if_xdp.h): more frames of this packet follow.
+const XDP_PKT_CONTD: u32 = 1;
 
 /// Busy polling for a real NIC (the kernel's AF_XDP busy-poll mode): the socket's receive
 /// path runs the driver's NAPI poll from the application's `recvfrom`/`sendto` instead of from
@@ -177,6 +194,7 @@ impl Default for XskConfig {
             bind_retry_delay: Duration::from_millis(200),
             capture: None,
             busy_poll: None,
+            multi_buffer: false,
         }
     }
 }
@@ -231,6 +249,22 @@ pub struct XskStats {
     pub tx_invalid_descs: u64,
     /// Kernel: times the TX ring was found empty on a kick.
     pub tx_ring_empty: u64,
+    /// Received packets that spanned several frames ([`XskConfig::multi_buffer`]), joined.
+    pub rx_multi_frame: u64,
+    /// Received multi-frame packets dropped: more than [`MAX_FRAMES_PER_PACKET`] frames, or
+    /// cut short (their last frame not received with them).
+    pub rx_multi_frame_dropped: u64,
+    /// Transmitted packets that spanned several frames.
+    pub tx_multi_frame: u64,
+}
+
+/// One received packet of a batch in which some packet spans several frames.
+#[derive(Debug, Clone, Copy)]
+enum RxPacket {
+    /// In one frame: the descriptor's index in the batch.
+    Frame(usize),
+    /// Joined from several frames into the socket's `rx_joined`, at this range.
+    Joined { at: usize, len: usize },
 }
 
 /// Octets of a frame's headers prefetched: of each received frame as its batch is taken
@@ -270,6 +304,18 @@ pub struct XskSocket {
     capture: Option<CaptureTap>,
     /// Busy polling: `recvfrom` on every empty receive (see [`BusyPoll`]).
     busy_poll: bool,
+    /// Bound with `XDP_USE_SG` ([`XskConfig::multi_buffer`]).
+    multi_buffer: bool,
+    /// The packets of the current RX batch when one of them spans several frames (else empty:
+    /// packet `i` is frame `i`).
+    rx_packets: Vec<RxPacket>,
+    /// Whether `rx_packets` describes the current batch.
+    rx_indexed: bool,
+    /// The octets of the current batch's multi-frame packets, joined (capacity for a full
+    /// batch of the largest packets, allocated when the socket opens).
+    rx_joined: Vec<u8>,
+    /// A packet being built before it is split into frames (multi-buffer only).
+    tx_joined: Vec<u8>,
 }
 
 impl std::fmt::Debug for XskSocket {
@@ -421,6 +467,9 @@ impl XskSocket {
         if cfg.need_wakeup {
             bind |= BindFlags::XDP_USE_NEED_WAKEUP;
         }
+        if cfg.multi_buffer {
+            bind |= BindFlags::XDP_USE_SG;
+        }
         match cfg.bind_mode {
             BindMode::Auto => {}
             BindMode::Copy => bind |= BindFlags::XDP_COPY,
@@ -470,14 +519,23 @@ impl XskSocket {
             })?;
         }
         let frame_capacity = (cfg.frame_size - umem_cfg.xdp_headroom()) as usize;
+        let (frames_per_packet, joined) = if cfg.multi_buffer {
+            (
+                MAX_FRAMES_PER_PACKET,
+                frame_capacity * MAX_FRAMES_PER_PACKET,
+            )
+        } else {
+            (1, 0)
+        };
         Ok(Self {
             ifname: ifname.to_owned(),
             queue,
             tx_ring_size: 2 * free_tx.len(),
             fill_pending: Vec::with_capacity(rx_frames),
             free_tx,
-            rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
-            tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize],
+            // Room for the rest of a packet the batch limit cut.
+            rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize + frames_per_packet - 1],
+            tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize * frames_per_packet],
             comp_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
             rx,
             tx,
@@ -492,6 +550,15 @@ impl XskSocket {
             stats: XskStats::default(),
             capture: cfg.capture.clone(),
             busy_poll: cfg.busy_poll.is_some(),
+            multi_buffer: cfg.multi_buffer,
+            rx_packets: Vec::with_capacity(if cfg.multi_buffer {
+                cfg.max_batch as usize + MAX_FRAMES_PER_PACKET
+            } else {
+                0
+            }),
+            rx_indexed: false,
+            rx_joined: Vec::with_capacity(joined * cfg.max_batch as usize),
+            tx_joined: vec![0; joined],
         })
     }
 
@@ -514,6 +581,21 @@ impl XskSocket {
     /// Largest packet a frame can hold (frame size less the XDP headroom).
     pub fn frame_capacity(&self) -> usize {
         self.frame_capacity
+    }
+
+    /// Largest packet the socket receives and sends: a frame's capacity, or
+    /// [`MAX_FRAMES_PER_PACKET`] frames' when bound for multi-buffer.
+    pub fn packet_capacity(&self) -> usize {
+        if self.multi_buffer {
+            self.frame_capacity * MAX_FRAMES_PER_PACKET
+        } else {
+            self.frame_capacity
+        }
+    }
+
+    /// Whether the socket is bound for multi-buffer packets ([`XskConfig::multi_buffer`]).
+    pub fn is_multi_buffer(&self) -> bool {
+        self.multi_buffer
     }
 
     /// True if the UMEM is backed by huge pages (false: huge pages were not asked for or none
@@ -579,10 +661,21 @@ impl XskSocket {
                 self.fill_pending.clear();
             }
         }
-        let want = max.min(self.rx_descs.len());
+        // The descriptors past `max_batch` take the rest of a multi-frame packet.
+        let spare = if self.multi_buffer {
+            MAX_FRAMES_PER_PACKET - 1
+        } else {
+            0
+        };
+        let want = max.min(self.rx_descs.len() - spare);
         // SAFETY: `rx_descs` is scratch owned by us; `consume` overwrites its first `n` entries
         // with descriptors of frames of this socket's UMEM that the kernel has handed back.
-        let n = unsafe { self.rx.consume(&mut self.rx_descs[..want]) };
+        let mut n = unsafe { self.rx.consume(&mut self.rx_descs[..want]) };
+        self.rx_indexed = false;
+        if self.multi_buffer && n > 0 {
+            n = self.finish_cut_packet(n);
+            self.index_packets(n);
+        }
         if n == 0 && self.busy_poll {
             // Only `recvfrom` runs the driver's NAPI poll for an AF_XDP socket (`poll(2)`
             // busy-polls only with the net.core.busy_poll sysctl set).
@@ -594,10 +687,22 @@ impl XskSocket {
         }
         self.stats.rx_frames += n as u64;
         if let Some(tap) = &self.capture {
-            for desc in &self.rx_descs[..n] {
-                // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
-                // this UMEM that nobody writes until it returns to the fill ring.
-                tap.record(unsafe { self.umem.data(desc) }.contents());
+            if self.rx_indexed {
+                for p in &self.rx_packets {
+                    match *p {
+                        // SAFETY: as below.
+                        RxPacket::Frame(i) => {
+                            tap.record(unsafe { self.umem.data(&self.rx_descs[i]) }.contents())
+                        }
+                        RxPacket::Joined { at, len } => tap.record(&self.rx_joined[at..at + len]),
+                    }
+                }
+            } else {
+                for desc in &self.rx_descs[..n] {
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame
+                    // of this UMEM that nobody writes until it returns to the fill ring.
+                    tap.record(unsafe { self.umem.data(desc) }.contents());
+                }
             }
         }
         // Every frame's headers at once: the kernel wrote them on another CPU (veth's receive
@@ -610,6 +715,71 @@ impl XskSocket {
             }
         }
         RxBatch { sock: self, n }
+    }
+
+    /// Multi-buffer: when the last of the `n` descriptors taken says more frames of its packet
+    /// follow, takes them too (the kernel publishes a packet's frames together, so they are on
+    /// the ring; the batch limit cut the packet). Returns the new count.
+    fn finish_cut_packet(&mut self, mut n: usize) -> usize {
+        while n < self.rx_descs.len() && self.rx_descs[n - 1].options() & XDP_PKT_CONTD != 0 {
+            // SAFETY: as in `recv_batch`: scratch owned by us, overwritten with descriptors
+            // the kernel handed back.
+            let got = unsafe { self.rx.consume(&mut self.rx_descs[n..n + 1]) };
+            if got == 0 {
+                break;
+            }
+            n += got;
+        }
+        n
+    }
+
+    /// Multi-buffer: when a packet of the `n` descriptors spans several frames, lists the
+    /// batch's packets (`rx_packets`) and joins each multi-frame one into `rx_joined`. A packet
+    /// of more than [`MAX_FRAMES_PER_PACKET`] frames, or one whose last frame is missing, is
+    /// dropped (its frames go back to the fill ring with the batch).
+    fn index_packets(&mut self, n: usize) {
+        let descs = &self.rx_descs[..n];
+        if descs.iter().all(|d| d.options() & XDP_PKT_CONTD == 0) {
+            return;
+        }
+        self.rx_packets.clear();
+        self.rx_joined.clear();
+        let mut i = 0;
+        while i < n {
+            let first = i;
+            while i < n && self.rx_descs[i].options() & XDP_PKT_CONTD != 0 {
+                i += 1;
+            }
+            if i == n {
+                // Its last frame did not come with it.
+                self.stats.rx_multi_frame_dropped += 1;
+                break;
+            }
+            i += 1;
+            let frames = i - first;
+            if frames == 1 {
+                self.rx_packets.push(RxPacket::Frame(first));
+                continue;
+            }
+            if frames > MAX_FRAMES_PER_PACKET {
+                self.stats.rx_multi_frame_dropped += 1;
+                continue;
+            }
+            let at = self.rx_joined.len();
+            for desc in &self.rx_descs[first..i] {
+                // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
+                // this UMEM that nobody writes until it returns to the fill ring. (Within the
+                // capacity reserved at open: a batch holds at most `max_batch` + 3 frames.)
+                self.rx_joined
+                    .extend_from_slice(unsafe { self.umem.data(desc) }.contents());
+            }
+            self.stats.rx_multi_frame += 1;
+            self.rx_packets.push(RxPacket::Joined {
+                at,
+                len: self.rx_joined.len() - at,
+            });
+        }
+        self.rx_indexed = true;
     }
 
     /// Waits up to `timeout` for the RX ring to have frames (`poll`), for callers that do not
@@ -626,10 +796,17 @@ impl XskSocket {
     /// (only when the kernel asks for one, with need-wakeup) and a reap of the completion ring.
     /// Fewer than `n` are queued when free TX frames run out: reap completions and call again.
     /// Returns how many were queued.
+    ///
+    /// On a multi-buffer socket `buf` holds [`packet_capacity`](Self::packet_capacity) bytes
+    /// and a packet longer than a frame goes out in several (see [`XskConfig::multi_buffer`]);
+    /// the count returned is of packets.
     pub fn send_batch<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
     where
         F: FnMut(usize, &mut [u8]) -> usize,
     {
+        if self.multi_buffer {
+            return self.send_batch_joined(n, fill);
+        }
         if self.free_tx.len() < n {
             self.complete();
         }
@@ -698,6 +875,83 @@ impl XskSocket {
             // writes frames the kernel has just read (in cache) rather than ones last used a
             // turn ago, which a turn's worth of frames, copies and ACKs has pushed out.
             self.complete();
+        }
+        Ok(queued)
+    }
+
+    /// [`send_batch`](Self::send_batch) on a multi-buffer socket: each packet is built in
+    /// `tx_joined` and copied into as many frames as it needs, all but the last marked
+    /// `XDP_PKT_CONTD`; a packet's frames go to the TX ring together.
+    fn send_batch_joined<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    where
+        F: FnMut(usize, &mut [u8]) -> usize,
+    {
+        let cap = self.frame_capacity;
+        let mut index = 0;
+        let mut queued = 0;
+        while index < n {
+            let mut k = 0;
+            let mut packets = 0;
+            let mut out_of_frames = false;
+            while index < n && k + MAX_FRAMES_PER_PACKET <= self.tx_descs.len() {
+                if self.free_tx.len() < MAX_FRAMES_PER_PACKET {
+                    self.complete();
+                    if self.free_tx.len() < MAX_FRAMES_PER_PACKET {
+                        out_of_frames = true;
+                        break;
+                    }
+                }
+                let len = fill(index, &mut self.tx_joined).min(self.tx_joined.len());
+                index += 1;
+                if len == 0 {
+                    continue;
+                }
+                if let Some(tap) = &self.capture {
+                    tap.record(&self.tx_joined[..len]);
+                }
+                let frames = len.div_ceil(cap);
+                for (f, piece) in self.tx_joined[..len].chunks(cap).enumerate() {
+                    // At least MAX_FRAMES_PER_PACKET are free (checked above) and a packet
+                    // needs at most that many.
+                    let Some(mut desc) = self.free_tx.pop() else {
+                        break;
+                    };
+                    {
+                        // SAFETY: `desc` came from the free list, so it is a frame of this
+                        // UMEM that neither the kernel (it is on no ring) nor any other view
+                        // is using.
+                        let mut data = unsafe { self.umem.data_mut(&mut desc) };
+                        data.cursor().set_pos(piece.len());
+                        data.contents_mut().copy_from_slice(piece);
+                    }
+                    desc.set_options(if f + 1 < frames { XDP_PKT_CONTD } else { 0 });
+                    self.tx_descs[k] = desc;
+                    k += 1;
+                }
+                packets += 1;
+                if frames > 1 {
+                    self.stats.tx_multi_frame += 1;
+                }
+            }
+            if k > 0 {
+                // SAFETY: the descriptors are frames of this UMEM taken from the free list and
+                // written above; from here the kernel owns them until they come back on the
+                // completion ring. (The ring takes all of them or none.)
+                let produced = unsafe { self.tx.produce(&self.tx_descs[..k]) };
+                if produced == 0 {
+                    self.free_tx.extend_from_slice(&self.tx_descs[..k]);
+                    self.kick()?;
+                    break;
+                }
+                self.tx_in_flight += produced;
+                self.stats.tx_frames += produced as u64;
+                queued += packets;
+                self.kick()?;
+                self.complete();
+            }
+            if out_of_frames {
+                break;
+            }
         }
         Ok(queued)
     }
@@ -818,18 +1072,30 @@ pub struct RxBatch<'a> {
 }
 
 impl RxBatch<'_> {
-    /// Number of frames.
+    /// Number of packets (frames, unless a multi-buffer packet spans several).
     pub fn len(&self) -> usize {
-        self.n
+        if self.sock.rx_indexed {
+            self.sock.rx_packets.len()
+        } else {
+            self.n
+        }
     }
 
     /// True if nothing was received.
     pub fn is_empty(&self) -> bool {
-        self.n == 0
+        self.len() == 0
     }
 
-    /// The bytes of frame `i`, or `None` if `i >= len()`.
+    /// The bytes of packet `i`, or `None` if `i >= len()`.
     pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let i = if self.sock.rx_indexed {
+            match *self.sock.rx_packets.get(i)? {
+                RxPacket::Frame(d) => d,
+                RxPacket::Joined { at, len } => return self.sock.rx_joined.get(at..at + len),
+            }
+        } else {
+            i
+        };
         let desc = self.sock.rx_descs[..self.n].get(i)?;
         // SAFETY: the descriptor came from this socket's RX ring, so it describes a frame of its
         // UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
@@ -844,15 +1110,19 @@ impl RxBatch<'_> {
     /// works on the frame before, not while it waits for them one by one.
     #[inline]
     pub fn prefetch(&self, i: usize) {
+        if self.sock.rx_indexed {
+            // (Joined packets were just written: in cache.)
+            return;
+        }
         if let Some(desc) = self.sock.rx_descs[..self.n].get(i) {
             self.sock
                 .prefetch_frame_octets(desc, HEADER_PREFETCH, desc.lengths().data());
         }
     }
 
-    /// Iterates the frames in arrival order.
+    /// Iterates the packets in arrival order.
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        (0..self.n).filter_map(move |i| self.get(i))
+        (0..self.len()).filter_map(move |i| self.get(i))
     }
 }
 

@@ -1,0 +1,125 @@
+//! Jumbo frames (issue #24): the veth bed at MTU 9000, where one packet spans several 4 KiB
+//! UMEM frames (multi-buffer AF_XDP: the `xdp.frags` program, `XDP_USE_SG` sockets, packets of
+//! several frames joined on receive and split on transmit). Writes, Reads and Sends from 2 B to
+//! 8 MiB (`-a`) and of 16 MiB, verified by the tool, engine to engine with Markers off and on,
+//! and between the engine and the socket transport (kernel TCP at MTU 9000) both ways.
+//!
+//! Needs root and the bed; skips (or fails under `CI=true`) without it.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+use testbed::*;
+
+const JUMBO: &str = "9000";
+
+/// Both ends of the bed at MTU 9000 while it lives, 1500 again after.
+struct Jumbo;
+
+impl Jumbo {
+    fn set(mtu: &str) -> Result<(), String> {
+        for (ns, dev) in [(NS_A, DEV_A), (NS_B, DEV_B)] {
+            let out = Command::new("ip")
+                .args(["-n", ns, "link", "set", "dev", dev, "mtu", mtu])
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ip -n {ns} link set dev {dev} mtu {mtu}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn on() -> Jumbo {
+        Jumbo::set(JUMBO).expect("MTU 9000 on the bed");
+        Jumbo
+    }
+}
+
+impl Drop for Jumbo {
+    fn drop(&mut self) {
+        if let Err(e) = Jumbo::set("1500") {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+fn args(test: &str, transport: &str, iface: &str, port: u16, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [test, "--transport", transport, "-p", &port.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if transport == "xdp" {
+        v.extend(["--iface".to_string(), iface.to_string()]);
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// The run succeeded and verified data; returns the MTU line's value (the connection's
+/// MULPDU in iwarp-bench's header block).
+fn check(what: &str, client: &Output, server: &Output) -> u64 {
+    let (out, err) = (
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr),
+    );
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client:\n{out}\n{err}\nserver:\n{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(
+        err.contains("data verified:")
+            && !err.contains("verified: 0 bytes checked by the server, 0 by"),
+        "{what}: nothing verified:\n{err}"
+    );
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("Mtu             : "))
+        .and_then(|v| v.trim_end_matches("[B]").parse().ok())
+        .unwrap_or_else(|| panic!("{what}: no Mtu line:\n{out}"))
+}
+
+#[test]
+fn jumbo_frames_engine_to_engine_and_to_the_socket_transport() {
+    let _bed = bed_or_skip!();
+    let _mtu = Jumbo::on();
+    let mut port = 18_900;
+    let mut run = |test: &str, server: &str, client: &str, extra: &[&str]| {
+        port += 1;
+        let what = format!(
+            "{test} {server} server, {client} client {}",
+            extra.join(" ")
+        );
+        let (c, s) = bed_pair(
+            &args(test, server, DEV_A, port, extra),
+            &args(test, client, DEV_B, port, extra),
+        );
+        let mulpdu = check(&what, &c, &s);
+        if client == "xdp" || server == "xdp" {
+            // An FPDU as large as a jumbo segment allows (RFC 5044 4.5: MULPDU from EMSS).
+            assert!(mulpdu > 8_000, "{what}: MULPDU {mulpdu}");
+        }
+        let err = String::from_utf8_lossy(&c.stderr);
+        println!(
+            "{what}: MULPDU {mulpdu}; {}",
+            err.lines().last().unwrap_or("")
+        );
+    };
+    for test in ["write-bw", "read-bw", "send-bw"] {
+        run(test, "xdp", "xdp", &["-a", "-n", "5"]);
+        run(test, "xdp", "xdp", &["-s", "16777216", "-n", "2"]);
+    }
+    for test in ["write-bw", "read-bw"] {
+        run(test, "xdp", "xdp", &["-a", "-n", "3", "--markers", "on"]);
+    }
+    for test in ["write-bw", "read-bw", "send-bw"] {
+        run(test, "socket", "xdp", &["-a", "-n", "3"]);
+        run(test, "xdp", "socket", &["-a", "-n", "3"]);
+    }
+    run("write-lat", "xdp", "xdp", &["-a", "-n", "20"]);
+}
