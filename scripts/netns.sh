@@ -5,7 +5,8 @@
 #
 # Both ends have 4 RX and 4 TX queues (AF_XDP sockets can bind to queues 0..3; native XDP on
 # veth needs rx queues >= the peer's tx queues), TX checksum offload off (so kernel-made TCP
-# segments carry full checksums, which an AF_XDP receiver can verify), and lo up.
+# segments carry full checksums, which an AF_XDP receiver can verify), MTU 1500 (or
+# IWARP_BED_MTU), and lo up.
 #
 # usage: scripts/netns.sh up|down|status
 #   up      create what is missing (idempotent: running it twice is fine)
@@ -59,6 +60,9 @@ up() {
   ip -n "$NS_B" addr replace "$ADDR_B" dev "$DEV_B"
   ip netns exec "$NS_A" ethtool -K "$DEV_A" tx off >/dev/null
   ip netns exec "$NS_B" ethtool -K "$DEV_B" tx off >/dev/null
+  # The MTU too (a run at jumbo MTU must not leave it to the next user of the bed).
+  ip -n "$NS_A" link set "$DEV_A" mtu "${IWARP_BED_MTU:-1500}"
+  ip -n "$NS_B" link set "$DEV_B" mtu "${IWARP_BED_MTU:-1500}"
   ip -n "$NS_A" link set "$DEV_A" up
   ip -n "$NS_B" link set "$DEV_B" up
   echo "netns.sh: up ($NS_A/$DEV_A ${ADDR_A%/*} <-> $NS_B/$DEV_B ${ADDR_B%/*})"

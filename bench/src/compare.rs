@@ -32,8 +32,11 @@ const DEV_CLIENT: &str = "iwb0";
 const SERVER_IP: &str = "10.77.0.1";
 /// Octets of Ethernet, IPv4 and TCP headers in a raw frame.
 const FRAME_HEADERS: u64 = 54;
-/// TCP payload of one engine frame at MTU 1500 (timestamps, MPA and tagged DDP headers off).
-const ENGINE_PAYLOAD: u64 = 1500 - 40 - 12 - 6 - 14;
+/// TCP payload of one engine frame at `mtu` (IPv4 and TCP headers, timestamps, MPA and tagged
+/// DDP headers off).
+fn engine_payload(mtu: u64) -> u64 {
+    mtu - 40 - 12 - 6 - 14
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -97,6 +100,16 @@ struct CompareCli {
     /// Draw the medians against the message size to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// The bed's MTU (both veth ends): above 3826 the engine and raw AF_XDP use multi-buffer
+    /// AF_XDP (a packet over several UMEM frames).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u64).range(1280..=9000))]
+    mtu: u64,
+    /// Leave the kernel's TX offloads (checksum, TSO/GSO) on for the socket transport and
+    /// iperf3 (the bed turns them off, since kernel TCP on veth otherwise sends partial
+    /// checksums that a peer outside the kernel, the engine, cannot check; runs here never
+    /// mix the two).
+    #[arg(long)]
+    offloads: bool,
 }
 
 /// One measurement.
@@ -143,11 +156,13 @@ fn run(cli: &CompareCli) -> Result<(), String> {
         .iters
         .unwrap_or(if cli.test == Kind::Bw { 2000 } else { 10_000 });
     testbed::run_script("up")?;
+    bed_settings(cli)?;
     let me = std::env::current_exe().map_err(|e| format!("finding iwarp-bench itself: {e}"))?;
     let mut runner = Runner {
         me,
         pinned: cli.pinned,
         port: 18_900,
+        mtu: cli.mtu,
     };
     let mut samples = Vec::new();
     let total = cli.rounds as usize * sizes.len() * transports.len();
@@ -199,6 +214,51 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     Ok(())
 }
 
+/// `--mtu` and `--offloads` on both ends of the bed just brought up.
+fn bed_settings(cli: &CompareCli) -> Result<(), String> {
+    for (ns, dev) in [(NS_SERVER, DEV_SERVER), (NS_CLIENT, DEV_CLIENT)] {
+        let mut cmds: Vec<Vec<String>> = Vec::new();
+        {
+            cmds.push(
+                [
+                    "ip",
+                    "-n",
+                    ns,
+                    "link",
+                    "set",
+                    "dev",
+                    dev,
+                    "mtu",
+                    &cli.mtu.to_string(),
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+        }
+        if cli.offloads {
+            cmds.push(
+                ["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "on"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+        }
+        for cmd in cmds {
+            let out = Command::new(&cmd[0])
+                .args(&cmd[1..])
+                .output()
+                .map_err(|e| format!("{}: {e}", cmd.join(" ")))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{}: {}",
+                    cmd.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
     let mut sizes = if cli.sweep {
         let (lo, hi) = match cli.test {
@@ -216,10 +276,12 @@ fn sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
     if sizes.iter().any(|&s| s == 0 || s > 8 << 20) {
         return Err("sizes must be from 1 B to 8 MiB".into());
     }
-    if cli.test == Kind::Lat && sizes.iter().any(|&s| s + FRAME_HEADERS > 1514) {
-        return Err(
-            "lat sizes must fit one frame (at most 1460 B): raw ping-pong is one frame".into(),
-        );
+    if cli.test == Kind::Lat && sizes.iter().any(|&s| s + FRAME_HEADERS > cli.mtu + 14) {
+        return Err(format!(
+            "lat sizes must fit one frame (at most {} B at MTU {}): raw ping-pong is one frame",
+            cli.mtu - 40,
+            cli.mtu
+        ));
     }
     Ok(sizes)
 }
@@ -316,6 +378,8 @@ struct Runner {
     pinned: bool,
     /// The next TCP port (each run its own: no TIME_WAIT clashes).
     port: u16,
+    /// The bed's MTU.
+    mtu: u64,
 }
 
 impl Runner {
@@ -414,11 +478,11 @@ impl Runner {
         // 20,000 to 100,000 frames (~30 to 150 MB): fewer measure the start more than the
         // rate; more only give the receiver more chances to fall a ring behind, and `raw rx`
         // fails a run that lost frames.
-        let frames = (iters * size.div_ceil(ENGINE_PAYLOAD))
+        let frames = (iters * size.div_ceil(engine_payload(self.mtu)))
             .clamp(20_000, 100_000)
             .to_string();
         let port = self.next_port();
-        let frame = (1500 + 14).to_string();
+        let frame = (self.mtu + 14).to_string();
         let me = self.me.clone();
         let rx_child = self
             .command(

@@ -99,4 +99,24 @@ fn compare_runs_every_transport_and_plots_them() {
         &["raw", "xdp", "socket"],
         1,
     );
+    // Jumbo frames: raw AF_XDP and the engine with multi-buffer packets, kernel TCP with its
+    // offloads.
+    compare(
+        "compare-bw-9000",
+        &[
+            "--test",
+            "bw",
+            "-s",
+            "65536",
+            "-n",
+            "300",
+            "--rounds",
+            "1",
+            "--mtu",
+            "9000",
+            "--offloads",
+        ],
+        &["raw", "xdp", "socket", "iperf3"],
+        1,
+    );
 }
