@@ -924,6 +924,46 @@ perftest_options_suite() {
   done
 }
 
+# The guest link's MTU: our end (iwa0), the bed's other end and the bridge and tap in iwb, and
+# the guest's eth0.
+set_link_mtu() { # MTU
+  ip -n "$NS_A" link set dev iwa0 mtu "$1" && ip -n "$NS_B" link set dev iwb0 mtu "$1" &&
+    ip -n "$NS_B" link set dev "$TAP" mtu "$1" && ip -n "$NS_B" link set dev "$BRIDGE" mtu "$1" &&
+    guest 10 "ip link set dev eth0 mtu $1" >/dev/null
+}
+
+# Jumbo frames (issue #24): rping and ib_write_bw -R against the engine at MTU 9000 on the
+# guest link, where the engine's packets span several UMEM frames (multi-buffer AF_XDP: its
+# counters line then counts multi-frame packets).
+jumbo_suite() {
+  local names="siw-client-xdp-jumbo-65535|pt-write-bw-xdp-jumbo-siw-client"
+  [ -z "${SIW_VM_ONLY:-}" ] || [[ $names =~ $SIW_VM_ONLY ]] || [[ jumbo =~ $SIW_VM_ONLY ]] ||
+    return 0
+  reset_guest_if_suspect
+  CASE_T0=$SECONDS
+  if ! set_link_mtu 9000 >"$OUT/jumbo-mtu.log" 2>&1; then
+    result siw-jumbo-mtu fail "setting MTU 9000 on the guest link failed: $(tail -n 2 "$OUT/jumbo-mtu.log" | tr '\n' ' ')"
+    set_link_mtu 1500 >/dev/null 2>&1 || true
+    return
+  fi
+  local case
+  case_siw_client siw-client-xdp-jumbo-65535 65535 100 on on --transport xdp --iface iwa0
+  case_pt_siw_client pt-write-bw-xdp-jumbo-siw-client write-bw 65536 20 --transport xdp \
+    --iface iwa0
+  for case in siw-client-xdp-jumbo-65535 pt-write-bw-xdp-jumbo-siw-client; do
+    [ -f "$OUT/$case.server.log" ] || continue
+    CASE_T0=$SECONDS
+    local line
+    line=$(grep -o "multi-frame packets rx [0-9]* tx [0-9]*" "$OUT/$case.server.log" || true)
+    if [ -n "$line" ]; then
+      result "$case-multi-buffer" ok "(our engine at MTU 9000: $line)"
+    else
+      result "$case-multi-buffer" fail "our engine counted no multi-frame packet: $(grep -o 'engine counters:.*' "$OUT/$case.server.log" | cut -c1-160)"
+    fi
+  done
+  set_link_mtu 1500 >/dev/null 2>&1 || log "warning: the guest link's MTU was not set back to 1500"
+}
+
 # For a case run with `--transport xdp`: did the engine carry it? (Its counters line.)
 engine_used() { # LOG EXTRA_ARGS...
   local log=$1
@@ -1049,6 +1089,7 @@ suite() {
   capture_check capture-rev2-64k 2 case_siw_client capture-rev2-64k-session 65535 5 on on
   # perftest's habitual options, the longest cases (-a sweeps to 8 MiB), last with default siw.
   perftest_options_suite
+  jumbo_suite
   # siw built with CRC required: it asks C=1, so our "off" still ends with CRC on.
   if ! want_case siw-crcreq; then
     :

@@ -81,6 +81,10 @@ pub struct EngineReport {
     /// Frames the kernel dropped before they reached an engine socket's RX ring (the ring or
     /// the fill ring was full or empty: an engine thread fell a whole RX frame pool behind).
     pub frames_dropped_by_kernel: u64,
+    /// Packets received over several UMEM frames (multi-buffer AF_XDP at jumbo MTUs).
+    pub multi_frame_rx: u64,
+    /// Packets sent over several UMEM frames.
+    pub multi_frame_tx: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
 }
@@ -124,6 +128,8 @@ impl EngineReport {
             handoffs: c.driver.handoffs_out,
             handoff_drops: c.driver.handoff_drops,
             frames_dropped_by_kernel: c.driver.rx_kernel_drops,
+            multi_frame_rx: c.driver.rx_multi_frame,
+            multi_frame_tx: c.driver.tx_multi_frame,
             error: c.error.clone(),
         }
     }
@@ -140,7 +146,7 @@ impl EngineReport {
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
-             (segments handed between them {}, dropped {}), AF_XDP {}{}",
+             (segments handed between them {}, dropped {}), AF_XDP {}{}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -175,6 +181,14 @@ impl EngineReport {
             self.handoffs,
             self.handoff_drops,
             if self.zero_copy { "zero-copy" } else { "copy mode" },
+            if self.multi_frame_rx + self.multi_frame_tx > 0 {
+                format!(
+                    ", multi-frame packets rx {} tx {}",
+                    self.multi_frame_rx, self.multi_frame_tx
+                )
+            } else {
+                String::new()
+            },
             self.error
                 .as_ref()
                 .map(|e| format!(", stopped by: {e}"))

@@ -92,6 +92,8 @@ fn xdp_json_reports_engine_counters() {
             "handoffs",
             "handoff_drops",
             "frames_dropped_by_kernel",
+            "multi_frame_rx",
+            "multi_frame_tx",
         ] {
             counter(side, name);
         }

@@ -104,6 +104,16 @@ fn jumbo_frames_engine_to_engine_and_to_the_socket_transport() {
             // An FPDU as large as a jumbo segment allows (RFC 5044 4.5: MULPDU from EMSS).
             assert!(mulpdu > 8_000, "{what}: MULPDU {mulpdu}");
         }
+        // The engine side(s) sent or received packets over several UMEM frames.
+        for (side, out) in [("client", &c), ("server", &s)] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if let Some(line) = err.lines().find(|l| l.contains("engine counters:")) {
+                assert!(
+                    line.contains("multi-frame packets rx "),
+                    "{what}: the {side}'s engine carried no multi-frame packet: {line}"
+                );
+            }
+        }
         let err = String::from_utf8_lossy(&c.stderr);
         println!(
             "{what}: MULPDU {mulpdu}; {}",

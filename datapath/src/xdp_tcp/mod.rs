@@ -384,6 +384,10 @@ pub struct XdpTcpStats {
     /// reached an RX ring (`XDP_STATISTICS` `rx_dropped` + `rx_ring_full`: the ring or the fill
     /// ring had no room, i.e. the driver's thread fell behind by a whole RX frame pool).
     pub rx_kernel_drops: u64,
+    /// Packets received over several UMEM frames (multi-buffer AF_XDP, jumbo MTUs), joined.
+    pub rx_multi_frame: u64,
+    /// Packets sent over several UMEM frames.
+    pub tx_multi_frame: u64,
     /// The connection table's counters.
     pub table: TableStats,
 }
@@ -408,6 +412,8 @@ impl XdpTcpStats {
         self.icmp_frag_needed_stale += o.icmp_frag_needed_stale;
         self.icmp_rejected += o.icmp_rejected;
         self.rx_kernel_drops += o.rx_kernel_drops;
+        self.rx_multi_frame += o.rx_multi_frame;
+        self.tx_multi_frame += o.tx_multi_frame;
         let (t, u) = (&mut self.table, &o.table);
         t.bad_checksum += u.bad_checksum;
         t.bad_ip += u.bad_ip;
@@ -1085,6 +1091,8 @@ impl XdpTcp {
         s.table = self.table.stats().clone();
         for k in self.socks.iter().map(|x| x.stats()) {
             s.rx_kernel_drops += k.rx_dropped + k.rx_ring_full;
+            s.rx_multi_frame += k.rx_multi_frame;
+            s.tx_multi_frame += k.tx_multi_frame;
         }
         s
     }
