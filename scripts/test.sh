@@ -29,7 +29,7 @@ read -r passed failed skipped < <(grep -E "^test result:" target/test-output.txt
 echo "cargo test: $passed passed, $failed failed, $skipped skipped"
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
-  # Seven targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
+  # Nine targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
   # (80 s idle, 112 s beside other builds): 3.3 to 3.9 minutes on CI's 2 cores. fuzz.sh prints
   # the total.
   echo "== fuzz (every target, bounded; libFuzzer's log in target/fuzz-output.txt)"

@@ -1,0 +1,94 @@
+//! What can go wrong in IFT's startup and framing.
+
+/// The first four octets of an MPA Request or Reply ("MPA "): what an IFT endpoint reads where
+/// it expects an adaption indication when the peer speaks MPA.
+pub(crate) const MPA_KEY_START: u32 = 0x4D50_4120;
+
+/// An IFT error. Each one ends the connection (the draft names no error codes; the layer
+/// above reports the cause).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IftError {
+    /// The adaption indication does not start with the magic number (section 4.1).
+    #[error(
+        "adaption indication magic {found:#010x}, not 0x52444450 (\"RDDP\"){}",
+        if *found == MPA_KEY_START { ": the peer speaks MPA, not IFT" } else { "" }
+    )]
+    BadMagic {
+        /// What was there.
+        found: u32,
+    },
+    /// The adaption indication's CRC does not match (section 4.2: it is always present).
+    #[error("adaption indication CRC {found:#010x}, computed {computed:#010x}")]
+    IndicationCrc {
+        /// The CRC field.
+        found: u32,
+        /// The CRC of the 60 octets before it.
+        computed: u32,
+    },
+    /// The peer's BC version is above ours: incompatible (section 4.2).
+    #[error("adaption indication version {version}, BC version {bc_version}: we implement 1")]
+    IncompatibleVersion {
+        /// The peer's version.
+        version: u16,
+        /// The peer's backward-compatible version.
+        bc_version: u16,
+    },
+    /// The indication is of the other phase (PH, section 4.2): phase 0 comes from the
+    /// initiator, phase 1 from the responder.
+    #[error("adaption indication of phase {found}, expected phase {expected}")]
+    WrongPhase {
+        /// The phase expected.
+        expected: u8,
+        /// The phase received.
+        found: u8,
+    },
+    /// The two ends disagree on RDMA mode (R, section 4.2: "MUST be closed in error").
+    #[error("RDMA mode: ours {ours}, the peer's {theirs}; both ends must agree (R bit)")]
+    ModeMismatch {
+        /// Our R.
+        ours: bool,
+        /// The peer's R.
+        theirs: bool,
+    },
+    /// The peer's CRC choice is one our policy does not accept (HC, PC, IH, IP, section 4.2).
+    #[error("the peer's CRC choice is unacceptable: {0}")]
+    Unacceptable(&'static str),
+    /// The exchange did not finish by its deadline.
+    #[error("IFT startup timed out")]
+    StartupTimeout,
+    /// A local mistake (a call out of turn, a value out of range).
+    #[error("{0}")]
+    Local(&'static str),
+    /// A frame's header_size is not the length of the DDP header it precedes.
+    #[error("IFT frame header_size {found}: its DDP header is {expected} octets")]
+    BadHeaderSize {
+        /// The header_size field.
+        found: u16,
+        /// The DDP header's length (14 tagged, 18 untagged).
+        expected: usize,
+    },
+    /// A frame carries a VTag other than ours (section 4.2: the receiver's VTag).
+    #[error("IFT frame VTag {found:#06x}, ours is {expected:#06x}")]
+    BadVtag {
+        /// The frame's VTag.
+        found: u16,
+        /// The VTag we sent in our adaption indication.
+        expected: u16,
+    },
+    /// The header CRC does not match: nothing of the frame may be trusted or placed.
+    #[error("IFT header CRC {found:#010x}, computed {computed:#010x}")]
+    HeaderCrc {
+        /// The CRC field.
+        found: u32,
+        /// The CRC of the IFT and DDP headers.
+        computed: u32,
+    },
+    /// The payload CRC does not match.
+    #[error("IFT payload CRC {found:#010x}, computed {computed:#010x}")]
+    PayloadCrc {
+        /// The CRC field.
+        found: u32,
+        /// The CRC of the payload.
+        computed: u32,
+    },
+}
