@@ -202,41 +202,75 @@ impl State {
     }
 }
 
-/// Reads the peer's indication of `phase` from `bytes`, negotiating once it is whole.
-fn step(
-    state: &mut State,
-    cfg: &IftConfig,
-    expected: Phase,
+/// One side's exchange: its config, deadline and progress.
+#[derive(Debug, Clone)]
+struct Exchange {
+    cfg: IftConfig,
     deadline: Option<Instant>,
-    bytes: &[u8],
-    now: Instant,
-) -> Result<(usize, Option<Negotiated>), IftError> {
-    state.check_open()?;
-    if deadline.is_some_and(|d| now >= d) {
-        *state = State::Failed(IftError::StartupTimeout);
-        return Err(IftError::StartupTimeout);
-    }
-    let State::Awaiting(reader) = state else {
-        return Err(IftError::Local("the exchange is over"));
-    };
-    let (used, parsed) = reader.take(bytes);
-    let outcome = match parsed {
-        None => return Ok((used, None)),
-        Some(Err(e)) => Err(e),
-        Some(Ok(peer)) if peer.phase != expected => Err(IftError::WrongPhase {
-            expected: expected.number(),
-            found: peer.phase.number(),
-        }),
-        Some(Ok(peer)) => negotiate(cfg, &peer),
-    };
-    match outcome {
-        Ok(n) => {
-            *state = State::Done;
-            Ok((used, Some(n)))
+    state: State,
+}
+
+impl Exchange {
+    fn new(cfg: IftConfig, now: Instant) -> Exchange {
+        Exchange {
+            deadline: deadline(now, cfg.timeout),
+            cfg,
+            state: State::Awaiting(Reader::new()),
         }
-        Err(e) => {
-            *state = State::Failed(e.clone());
-            Err(e)
+    }
+
+    /// Reads the peer's indication of phase `expected` from `bytes`, negotiating once it is
+    /// whole.
+    fn feed(
+        &mut self,
+        expected: Phase,
+        bytes: &[u8],
+        now: Instant,
+    ) -> Result<(usize, Option<Negotiated>), IftError> {
+        self.state.check_open()?;
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.state = State::Failed(IftError::StartupTimeout);
+            return Err(IftError::StartupTimeout);
+        }
+        let State::Awaiting(reader) = &mut self.state else {
+            return Err(IftError::Local("the exchange is over"));
+        };
+        let (used, parsed) = reader.take(bytes);
+        let outcome = match parsed {
+            None => return Ok((used, None)),
+            Some(Err(e)) => Err(e),
+            Some(Ok(peer)) if peer.phase != expected => Err(IftError::WrongPhase {
+                expected: expected.number(),
+                found: peer.phase.number(),
+            }),
+            Some(Ok(peer)) => negotiate(&self.cfg, &peer),
+        };
+        match outcome {
+            Ok(n) => {
+                self.state = State::Done;
+                Ok((used, Some(n)))
+            }
+            Err(e) => {
+                self.state = State::Failed(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        matches!(self.state, State::Awaiting(_))
+            .then_some(self.deadline)
+            .flatten()
+    }
+
+    fn handle_timeout(&mut self, now: Instant) -> Result<(), IftError> {
+        match &self.state {
+            State::Awaiting(_) if self.deadline.is_some_and(|d| now >= d) => {
+                self.state = State::Failed(IftError::StartupTimeout);
+                Err(IftError::StartupTimeout)
+            }
+            State::Failed(e) => Err(e.clone()),
+            _ => Ok(()),
         }
     }
 }
@@ -244,10 +278,8 @@ fn step(
 /// The initiator (node A): sends phase 0, reads and checks phase 1.
 #[derive(Debug, Clone)]
 pub struct Initiator {
-    cfg: IftConfig,
+    exchange: Exchange,
     indication: [u8; INDICATION_LEN],
-    deadline: Option<Instant>,
-    state: State,
 }
 
 impl Initiator {
@@ -255,9 +287,7 @@ impl Initiator {
     pub fn new(cfg: IftConfig, now: Instant) -> Initiator {
         Initiator {
             indication: cfg.indication(Phase::Zero).to_bytes(),
-            deadline: deadline(now, cfg.timeout),
-            cfg,
-            state: State::Awaiting(Reader::new()),
+            exchange: Exchange::new(cfg, now),
         }
     }
 
@@ -274,55 +304,31 @@ impl Initiator {
         bytes: &[u8],
         now: Instant,
     ) -> Result<(usize, Option<Negotiated>), IftError> {
-        step(
-            &mut self.state,
-            &self.cfg,
-            Phase::One,
-            self.deadline,
-            bytes,
-            now,
-        )
+        self.exchange.feed(Phase::One, bytes, now)
     }
 
     /// When [`Initiator::handle_timeout`] must be called, while the exchange goes on.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        matches!(self.state, State::Awaiting(_))
-            .then_some(self.deadline)
-            .flatten()
+        self.exchange.poll_timeout()
     }
 
     /// Fails the exchange with [`IftError::StartupTimeout`] once its deadline has passed.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), IftError> {
-        timeout(&mut self.state, self.deadline, now)
-    }
-}
-
-fn timeout(state: &mut State, deadline: Option<Instant>, now: Instant) -> Result<(), IftError> {
-    match state {
-        State::Awaiting(_) if deadline.is_some_and(|d| now >= d) => {
-            *state = State::Failed(IftError::StartupTimeout);
-            Err(IftError::StartupTimeout)
-        }
-        State::Failed(e) => Err(e.clone()),
-        _ => Ok(()),
+        self.exchange.handle_timeout(now)
     }
 }
 
 /// The responder (node B): reads and checks phase 0, answers with phase 1.
 #[derive(Debug, Clone)]
 pub struct Responder {
-    cfg: IftConfig,
-    deadline: Option<Instant>,
-    state: State,
+    exchange: Exchange,
 }
 
 impl Responder {
     /// Waits for the initiator's phase 0 until `now + cfg.timeout`.
     pub fn new(cfg: IftConfig, now: Instant) -> Responder {
         Responder {
-            deadline: deadline(now, cfg.timeout),
-            cfg,
-            state: State::Awaiting(Reader::new()),
+            exchange: Exchange::new(cfg, now),
         }
     }
 
@@ -336,29 +342,18 @@ impl Responder {
         bytes: &[u8],
         now: Instant,
     ) -> Result<(usize, Option<(Negotiated, [u8; INDICATION_LEN])>), IftError> {
-        let (used, n) = step(
-            &mut self.state,
-            &self.cfg,
-            Phase::Zero,
-            self.deadline,
-            bytes,
-            now,
-        )?;
-        Ok((
-            used,
-            n.map(|n| (n, self.cfg.indication(Phase::One).to_bytes())),
-        ))
+        let (used, n) = self.exchange.feed(Phase::Zero, bytes, now)?;
+        let reply = || self.exchange.cfg.indication(Phase::One).to_bytes();
+        Ok((used, n.map(|n| (n, reply()))))
     }
 
     /// When [`Responder::handle_timeout`] must be called, while the exchange goes on.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        matches!(self.state, State::Awaiting(_))
-            .then_some(self.deadline)
-            .flatten()
+        self.exchange.poll_timeout()
     }
 
     /// Fails the exchange with [`IftError::StartupTimeout`] once its deadline has passed.
     pub fn handle_timeout(&mut self, now: Instant) -> Result<(), IftError> {
-        timeout(&mut self.state, self.deadline, now)
+        self.exchange.handle_timeout(now)
     }
 }
