@@ -1449,9 +1449,11 @@ impl XdpTcp {
     }
 }
 
-/// The AF_XDP sockets of `queues`, bound for multi-buffer packets when the port needs them;
-/// where the kernel refuses multi-buffer binding (before Linux 6.6), single-frame sockets,
-/// said in the log (the MTU the engine uses is then what one frame holds).
+/// The AF_XDP sockets of `queues`, bound for multi-buffer packets when the port needs them.
+/// Where the driver cannot do multi-buffer in zero-copy mode, copy mode is tried (when the
+/// bind mode was left to the kernel); where the kernel refuses multi-buffer binding at all
+/// (before Linux 6.6), single-frame sockets, said in the log (the MTU the engine uses is then
+/// what one frame holds).
 fn open_sockets(
     port: &XdpPort,
     queues: &[u32],
@@ -1459,23 +1461,32 @@ fn open_sockets(
 ) -> Result<Vec<XskSocket>, XdpTcpError> {
     let mut xsk = xsk.clone();
     xsk.multi_buffer |= port.multi_buffer;
-    match XskSocket::open_queues(&port.ifname, queues.iter().copied(), &xsk) {
-        Err(e) if xsk.multi_buffer => {
-            tracing::warn!(
+    let open = |xsk: &XskConfig| XskSocket::open_queues(&port.ifname, queues.iter().copied(), xsk);
+    let first = match open(&xsk) {
+        Err(e) if xsk.multi_buffer => e,
+        other => return Ok(other?),
+    };
+    if xsk.bind_mode == crate::xsk::BindMode::Auto {
+        let copy = XskConfig {
+            bind_mode: crate::xsk::BindMode::Copy,
+            ..xsk.clone()
+        };
+        if let Ok(socks) = open(&copy) {
+            tracing::info!(
                 ifname = port.ifname.as_str(),
-                error = %e,
-                "binding for multi-buffer AF_XDP (XDP_USE_SG) failed: packets limited to one \
-                 UMEM frame"
+                error = %first,
+                "multi-buffer AF_XDP bound in copy mode (the zero-copy bind failed)"
             );
-            xsk.multi_buffer = false;
-            Ok(XskSocket::open_queues(
-                &port.ifname,
-                queues.iter().copied(),
-                &xsk,
-            )?)
+            return Ok(socks);
         }
-        other => Ok(other?),
     }
+    tracing::warn!(
+        ifname = port.ifname.as_str(),
+        error = %first,
+        "binding for multi-buffer AF_XDP (XDP_USE_SG) failed: packets limited to one UMEM frame"
+    );
+    xsk.multi_buffer = false;
+    Ok(open(&xsk)?)
 }
 
 /// What receiving one frame needs (the driver's fields, borrowed apart from its sockets).
