@@ -297,7 +297,10 @@ fn frame_into(buf: &mut [u8], spec: &TcpFrameSpec, size: usize) -> usize {
 
 /// Attaches the steering program, steers the port and binds one socket per selected queue.
 fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Vec<XskSocket>)> {
-    let mut prog = SteeringProgram::load(multi_buffer(info)).map_err(|e| e.to_string())?;
+    // The multi-buffer program also where drivers refuse native XDP without it (above MTU
+    // 3498: veth 3506, mlx5 3498) though a frame still fits one UMEM frame.
+    let frags = multi_buffer(info) || info.mtu > 3498;
+    let mut prog = SteeringProgram::load(frags).map_err(|e| e.to_string())?;
     let active = prog
         .attach(&o.iface, o.mode.into())
         .map_err(|e| e.to_string())?;

@@ -493,10 +493,15 @@ impl XdpPort {
         let (local_ip, _) = info
             .ipv4
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
-        // A frame holds the frame size less the kernel's XDP headroom (256 octets).
+        // Packets larger than a UMEM frame holds (the frame size less the kernel's 256 octets
+        // of XDP headroom) span several frames: multi-buffer sockets. The program must handle
+        // multi-buffer packets then, and also above MTU 3498, where drivers refuse native XDP
+        // to a program without (veth at 3506, mlx5 at 3498) though a packet still fits one
+        // frame (a socket without XDP_USE_SG takes a multi-buffer packet that fits one frame).
         let frame_capacity = (cfg.xsk.frame_size as usize).saturating_sub(256);
         let multi_buffer = cfg.xsk.multi_buffer || info.mtu as usize + ETH_HLEN > frame_capacity;
-        let mut prog = SteeringProgram::load(multi_buffer)?;
+        let frags = multi_buffer || info.mtu > PLAIN_XDP_MTU_MAX;
+        let mut prog = SteeringProgram::load(frags)?;
         let mode = prog.attach(ifname, cfg.attach_mode)?;
         if multi_buffer {
             tracing::info!(
@@ -770,8 +775,12 @@ impl XdpTcp {
             ShardSet::new(
                 queues.len(),
                 cfg.inbox_frames,
-                // A received packet holds at most the MTU and the Ethernet header.
-                port.mtu as usize + ETH_HLEN,
+                // A received packet holds at most the MTU and the Ethernet header, and the
+                // engine takes none larger than its sockets do.
+                (port.mtu as usize + ETH_HLEN).min(
+                    (cfg.xsk.frame_size as usize).saturating_sub(256)
+                        * crate::xsk::MAX_FRAMES_PER_PACKET,
+                ),
                 cfg.max_connections.saturating_mul(queues.len()),
             )
             .map_err(XdpTcpError::Inbox)?,
@@ -1245,7 +1254,8 @@ impl XdpTcp {
                 continue;
             }
             any = true;
-            full |= batch.len() >= cfg.rx_batch;
+            // Frames, not packets: a full ring gives full batches of frames.
+            full |= batch.frames() >= cfg.rx_batch;
             for i in 0..RX_PREFETCH_AHEAD {
                 batch.prefetch(i);
             }
@@ -1449,6 +1459,22 @@ impl XdpTcp {
     }
 }
 
+/// The largest MTU at which every driver we know of runs a program without multi-buffer
+/// support in native mode (mlx5: 3498; veth: 3506).
+const PLAIN_XDP_MTU_MAX: u32 = 3498;
+
+/// Whether a socket setup error may be the kernel or driver refusing `XDP_USE_SG` (and not,
+/// say, a busy queue).
+fn multi_buffer_refused(e: &XskError) -> bool {
+    let errno = match e {
+        XskError::NoXdpSupport { source, .. } | XskError::Setup { source, .. } => {
+            source.raw_os_error()
+        }
+        _ => None,
+    };
+    matches!(errno, Some(libc::EINVAL) | Some(libc::EOPNOTSUPP))
+}
+
 /// The AF_XDP sockets of `queues`, bound for multi-buffer packets when the port needs them.
 /// Where the driver cannot do multi-buffer in zero-copy mode, copy mode is tried (when the
 /// bind mode was left to the kernel); where the kernel refuses multi-buffer binding at all
@@ -1463,7 +1489,7 @@ fn open_sockets(
     xsk.multi_buffer |= port.multi_buffer;
     let open = |xsk: &XskConfig| XskSocket::open_queues(&port.ifname, queues.iter().copied(), xsk);
     let first = match open(&xsk) {
-        Err(e) if xsk.multi_buffer => e,
+        Err(e) if xsk.multi_buffer && multi_buffer_refused(&e) => e,
         other => return Ok(other?),
     };
     if xsk.bind_mode == crate::xsk::BindMode::Auto {

@@ -311,6 +311,9 @@ pub struct XskSocket {
     rx_packets: Vec<RxPacket>,
     /// Whether `rx_packets` describes the current batch.
     rx_indexed: bool,
+    /// The frames of a packet cut short (its last frame was still on the RX ring when its
+    /// batch ended) are being dropped: the next batch skips frames up to that packet's end.
+    rx_discarding: bool,
     /// The octets of the current batch's multi-frame packets, joined (capacity for a full
     /// batch of the largest packets, allocated when the socket opens).
     rx_joined: Vec<u8>,
@@ -557,6 +560,7 @@ impl XskSocket {
                 0
             }),
             rx_indexed: false,
+            rx_discarding: false,
             rx_joined: Vec::with_capacity(joined * cfg.max_batch as usize),
             tx_joined: vec![0; joined],
         })
@@ -738,21 +742,31 @@ impl XskSocket {
     /// of more than [`MAX_FRAMES_PER_PACKET`] frames, or one whose last frame is missing, is
     /// dropped (its frames go back to the fill ring with the batch).
     fn index_packets(&mut self, n: usize) {
-        let descs = &self.rx_descs[..n];
-        if descs.iter().all(|d| d.options() & XDP_PKT_CONTD == 0) {
+        // The rest of a packet dropped in the last batch: never a packet of its own.
+        let mut skip = 0;
+        while self.rx_discarding && skip < n {
+            if self.rx_descs[skip].options() & XDP_PKT_CONTD == 0 {
+                self.rx_discarding = false;
+            }
+            skip += 1;
+        }
+        let descs = &self.rx_descs[skip..n];
+        if skip == 0 && descs.iter().all(|d| d.options() & XDP_PKT_CONTD == 0) {
             return;
         }
         self.rx_packets.clear();
         self.rx_joined.clear();
-        let mut i = 0;
+        let mut i = skip;
         while i < n {
             let first = i;
             while i < n && self.rx_descs[i].options() & XDP_PKT_CONTD != 0 {
                 i += 1;
             }
             if i == n {
-                // Its last frame did not come with it.
+                // Its last frame did not come with it (more frames than the batch had room
+                // for): drop it, and its frames still on the ring with the next batch.
                 self.stats.rx_multi_frame_dropped += 1;
+                self.rx_discarding = true;
                 break;
             }
             i += 1;
@@ -1084,6 +1098,12 @@ impl RxBatch<'_> {
     /// True if nothing was received.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Frames taken from the RX ring for this batch (more than [`len`](Self::len) when
+    /// packets span several): what says whether the ring had more than a batch.
+    pub fn frames(&self) -> usize {
+        self.n
     }
 
     /// The bytes of packet `i`, or `None` if `i >= len()`.
