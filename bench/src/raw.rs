@@ -218,15 +218,9 @@ fn secs(s: f64, what: &str) -> Res<Duration> {
     }
 }
 
-/// What one 4 KiB UMEM frame holds (4096 less the kernel's 256 octets of XDP headroom).
-const FRAME_CAPACITY: usize = 3840;
-
-/// Frames of the interface's MTU do not fit one UMEM frame: multi-buffer AF_XDP (the
-/// `xdp.frags` program, sockets bound with `XDP_USE_SG`), as the engine does.
-fn multi_buffer(info: &InterfaceInfo) -> bool {
-    info.mtu as usize + 14 > FRAME_CAPACITY
-}
-
+/// The sockets' config for the interface: multi-buffer AF_XDP (the `xdp.frags` program,
+/// sockets bound with `XDP_USE_SG`) where frames of its MTU do not fit one UMEM frame, as the
+/// engine does.
 fn xsk_config(o: &Opts, info: &InterfaceInfo) -> Res<XskConfig> {
     if !o.ring.is_power_of_two() || !(64..=65536).contains(&o.ring) {
         return Err("--ring must be a power of two between 64 and 65536".into());
@@ -234,9 +228,9 @@ fn xsk_config(o: &Opts, info: &InterfaceInfo) -> Res<XskConfig> {
     Ok(XskConfig {
         rx_ring: o.ring,
         tx_ring: o.ring,
-        multi_buffer: multi_buffer(info),
         ..XskConfig::default()
-    })
+    }
+    .for_mtu(info.mtu))
 }
 
 fn facts(o: &Opts) -> Res<(InterfaceInfo, Ipv4Addr)> {
@@ -244,18 +238,17 @@ fn facts(o: &Opts) -> Res<(InterfaceInfo, Ipv4Addr)> {
     let (ip, _) = info
         .ipv4
         .ok_or_else(|| format!("interface {} has no IPv4 address", o.iface))?;
-    let frames = if multi_buffer(&info) {
-        MAX_FRAMES_PER_PACKET
-    } else {
-        1
-    };
-    let max = (info.mtu as usize + 14).min(FRAME_CAPACITY * frames);
+    let cfg = xsk_config(o, &info)?;
+    let max = (info.mtu as usize + 14).min(cfg.packet_capacity());
     if o.size < HEADERS_LEN || o.size > max {
         return Err(format!(
             "--size {} out of range: {HEADERS_LEN}..={max} on {} (MTU {}; a 4 KiB UMEM frame \
-             holds {FRAME_CAPACITY}, a multi-buffer packet {MAX_FRAMES_PER_PACKET} frames; \
+             holds {}, a multi-buffer packet {MAX_FRAMES_PER_PACKET} frames; \
              raise the MTU on both veth ends for larger frames)",
-            o.size, o.iface, info.mtu
+            o.size,
+            o.iface,
+            info.mtu,
+            cfg.frame_capacity()
         ));
     }
     Ok((info, ip))
@@ -297,9 +290,7 @@ fn frame_into(buf: &mut [u8], spec: &TcpFrameSpec, size: usize) -> usize {
 
 /// Attaches the steering program, steers the port and binds one socket per selected queue.
 fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Vec<XskSocket>)> {
-    // The multi-buffer program also where drivers refuse native XDP without it (above MTU
-    // 3498: veth 3506, mlx5 3498) though a frame still fits one UMEM frame.
-    let frags = multi_buffer(info) || info.mtu > 3498;
+    let frags = xsk_config(o, info)?.needs_frags_program(info.mtu);
     let mut prog = SteeringProgram::load(frags).map_err(|e| e.to_string())?;
     let active = prog
         .attach(&o.iface, o.mode.into())

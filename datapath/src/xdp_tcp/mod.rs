@@ -493,15 +493,9 @@ impl XdpPort {
         let (local_ip, _) = info
             .ipv4
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
-        // Packets larger than a UMEM frame holds (the frame size less the kernel's 256 octets
-        // of XDP headroom) span several frames: multi-buffer sockets. The program must handle
-        // multi-buffer packets then, and also above MTU 3498, where drivers refuse native XDP
-        // to a program without (veth at 3506, mlx5 at 3498) though a packet still fits one
-        // frame (a socket without XDP_USE_SG takes a multi-buffer packet that fits one frame).
-        let frame_capacity = (cfg.xsk.frame_size as usize).saturating_sub(256);
-        let multi_buffer = cfg.xsk.multi_buffer || info.mtu as usize + ETH_HLEN > frame_capacity;
-        let frags = multi_buffer || info.mtu > PLAIN_XDP_MTU_MAX;
-        let mut prog = SteeringProgram::load(frags)?;
+        let xsk = cfg.xsk.for_mtu(info.mtu);
+        let (multi_buffer, frame_capacity) = (xsk.multi_buffer, xsk.frame_capacity());
+        let mut prog = SteeringProgram::load(xsk.needs_frags_program(info.mtu))?;
         let mode = prog.attach(ifname, cfg.attach_mode)?;
         if multi_buffer {
             tracing::info!(
@@ -777,10 +771,7 @@ impl XdpTcp {
                 cfg.inbox_frames,
                 // A received packet holds at most the MTU and the Ethernet header, and the
                 // engine takes none larger than its sockets do.
-                (port.mtu as usize + ETH_HLEN).min(
-                    (cfg.xsk.frame_size as usize).saturating_sub(256)
-                        * crate::xsk::MAX_FRAMES_PER_PACKET,
-                ),
+                (port.mtu as usize + ETH_HLEN).min(cfg.xsk.for_mtu(port.mtu).packet_capacity()),
                 cfg.max_connections.saturating_mul(queues.len()),
             )
             .map_err(XdpTcpError::Inbox)?,
@@ -1458,10 +1449,6 @@ impl XdpTcp {
         Ok(sent_any)
     }
 }
-
-/// The largest MTU at which every driver we know of runs a program without multi-buffer
-/// support in native mode (mlx5: 3498; veth: 3506).
-const PLAIN_XDP_MTU_MAX: u32 = 3498;
 
 /// Whether a socket setup error may be the kernel or driver refusing `XDP_USE_SG` (and not,
 /// say, a busy queue).

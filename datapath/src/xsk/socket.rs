@@ -199,7 +199,46 @@ impl Default for XskConfig {
     }
 }
 
+/// The kernel's XDP headroom at the start of every UMEM frame (`XDP_PACKET_HEADROOM`).
+const XDP_HEADROOM: u32 = 256;
+
+/// The largest MTU at which every driver we know of runs an XDP program without multi-buffer
+/// support in native mode (mlx5: 3498; veth: 3506).
+const PLAIN_XDP_MTU_MAX: u32 = 3498;
+
 impl XskConfig {
+    /// Largest packet one frame holds: the frame size less the kernel's XDP headroom.
+    pub fn frame_capacity(&self) -> usize {
+        self.frame_size.saturating_sub(XDP_HEADROOM) as usize
+    }
+
+    /// The largest packet sockets of this config take: one frame's, or
+    /// [`MAX_FRAMES_PER_PACKET`] frames' with [`XskConfig::multi_buffer`].
+    pub fn packet_capacity(&self) -> usize {
+        if self.multi_buffer {
+            self.frame_capacity() * MAX_FRAMES_PER_PACKET
+        } else {
+            self.frame_capacity()
+        }
+    }
+
+    /// This config for an interface of `mtu`: multi-buffer sockets when a packet of the MTU
+    /// (with its Ethernet header) does not fit one frame.
+    pub fn for_mtu(&self, mtu: u32) -> XskConfig {
+        XskConfig {
+            multi_buffer: self.multi_buffer || mtu as usize + 14 > self.frame_capacity(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the steering program must be the multi-buffer (`xdp.frags`) variant: for
+    /// multi-buffer sockets, and above MTU 3498, where drivers refuse native XDP to a program
+    /// without it (veth at 3506, mlx5 at 3498) though a packet still fits one frame (a socket
+    /// without `XDP_USE_SG` takes a multi-buffer packet that fits one frame).
+    pub fn needs_frags_program(&self, mtu: u32) -> bool {
+        self.multi_buffer || mtu > PLAIN_XDP_MTU_MAX
+    }
+
     fn validate(&self) -> Result<(), XskError> {
         let pow2 = |v: u32| v.is_power_of_two();
         let ok = |v: u32| pow2(v) && (8..=1 << 20).contains(&v);
