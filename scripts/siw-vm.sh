@@ -601,6 +601,22 @@ bench_bin() {
 }
 
 XFAIL=()
+RETRIED=()
+# The options cases (-a sweeps to 8 MiB, -q, -b) drive siw under software emulation for up to a
+# minute; about once in five suites siw flushed one of their queue pairs or stopped answering
+# mid-run (the guest, not the wire: the same case passes on the next try). Such a case runs
+# once more on a fresh siw (reset_guest_if_suspect); both outcomes are printed, and a second
+# failure counts.
+retry_once() { # CASE_FUNCTION ARGS...
+  local before=${#FAIL[@]}
+  "$@"
+  [ ${#FAIL[@]} -gt "$before" ] || return 0
+  local name=${FAIL[-1]}
+  unset 'FAIL[-1]'
+  RETRIED+=("$name")
+  echo "  RETRY $name: failed once, running it again on a fresh siw"
+  "$@"
+}
 result() { # result NAME ok|fail DETAIL
   local known=${KNOWN_FAIL[$1]:-} took="[$((SECONDS - CASE_T0)) s]"
   set -- "$1" "$2" "${*:3} $took"
@@ -919,8 +935,8 @@ perftest_options_suite() {
     "wbw-bidir|write-bw|65536|20|-b" "rbw-dur|read-bw|65536|20|-D 5" \
     "slat-hist|send-lat|64|50|-H" "slat-inline|send-lat|64|50|-I 64" "wlat-all|write-lat|64|5|-a"; do
     IFS='|' read -r name test size n flags <<<"$spec"
-    PT_FLAGS="$flags " case_pt_siw_client "pt-$name-siw-client" "$test" "$size" "$n"
-    PT_FLAGS="$flags " case_pt_siw_server "pt-$name-siw-server" "$test" "$size" "$n"
+    PT_FLAGS="$flags " retry_once case_pt_siw_client "pt-$name-siw-client" "$test" "$size" "$n"
+    PT_FLAGS="$flags " retry_once case_pt_siw_server "pt-$name-siw-server" "$test" "$size" "$n"
   done
 }
 
@@ -1050,7 +1066,7 @@ run_test() {
     suite
   done
   guest 10 poweroff >/dev/null || true
-  echo "siw-vm: ${#XFAIL[@]} known failures (${XFAIL[*]:-none}), $((SECONDS - t0)) s"
+  echo "siw-vm: ${#XFAIL[@]} known failures (${XFAIL[*]:-none}), retried once: ${RETRIED[*]:-none}, $((SECONDS - t0)) s"
   echo "siw-vm: ${#PASS[@]} passed, ${#FAIL[@]} failed"
   if [ ${#FAIL[@]} -gt 0 ]; then
     echo "siw-vm test: failing: ${FAIL[*]} (logs in $OUT)" >&2
