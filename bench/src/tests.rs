@@ -32,6 +32,50 @@ use datapath::xsk::Capture;
 /// How long a test may go without any progress before it gives up.
 const STALL: Duration = Duration::from_secs(30);
 
+/// How long a latency loop polls its completion queue without giving up the CPU: a
+/// `sched_yield` costs about a microsecond (most of it in the scheduler even when nothing else
+/// wants the core), which is the size of what the latency tests measure. Past this, it yields
+/// at every empty poll, so that an engine thread sharing its core gets to run.
+const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(50);
+
+/// Polls that found nothing since the last progress: spins, then yields, and says when the
+/// wait has lasted [`STALL`]. The clock is read every 32nd empty poll only while spinning (a
+/// reading costs as much as a poll of an idle engine).
+struct Idle {
+    polls: u32,
+    since: Option<Instant>,
+    yielding: bool,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle {
+            polls: 0,
+            since: None,
+            yielding: false,
+        }
+    }
+
+    /// After an empty poll; true once the wait has lasted [`STALL`].
+    fn wait(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        if self.yielding {
+            std::thread::yield_now();
+        } else if !self.polls.is_multiple_of(32) {
+            std::hint::spin_loop();
+            return false;
+        }
+        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
+        self.yielding = waited > SPIN_BEFORE_YIELD;
+        waited > STALL
+    }
+
+    /// After a poll that found something.
+    fn reset(&mut self) {
+        *self = Idle::new();
+    }
+}
+
 // wr_id kinds (top byte) so completions say what they were for.
 const K_DATA: u64 = 1 << 56;
 const K_CTRL_RECV: u64 = 2 << 56;
@@ -220,6 +264,7 @@ impl Side {
     /// waits of 20 ms, until [`STALL`] passes or the connection ends.
     fn next_by(&self, polling: bool) -> Result<Completion, String> {
         let deadline = self.stall.map(|d| Instant::now() + d);
+        let mut idle = Idle::new();
         loop {
             let got = if polling {
                 self.cq.try_next()
@@ -246,7 +291,8 @@ impl Side {
                 }
             }
             if polling {
-                std::thread::yield_now();
+                // The deadline above bounds this wait.
+                let _ = idle.wait();
             }
         }
     }
@@ -924,12 +970,14 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         let mut since_credit = 0u64;
         let mut atomic_done = None;
         let mut i = 0u64;
+        let mut idle = Idle::new();
         loop {
             // write-lat: answer pings as they land; the phase ends with the client's Send. (With
             // Immediate Data, a ping is its receive's completion, below.)
             if test == TestKind::WriteLat && !side.hello.imm {
                 let last = side.data.read_volatile((max + size - 1) as usize);
                 if last == Some(stamp(i)) {
+                    idle.reset();
                     ok &= side.lat_check(CLIENT_SEED, max, size, i);
                     checked += size;
                     side.data.write((size - 1) as usize, &[stamp(i)]);
@@ -948,7 +996,12 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         if side.qp.status().finished {
                             return Err(format!("connection ended: {}", side.fail_reason()));
                         }
-                        std::thread::yield_now();
+                        if idle.wait() {
+                            return Err(format!(
+                                "write-lat: no ping {i} for {STALL:?}: {}",
+                                side.fail_reason()
+                            ));
+                        }
                         continue;
                     }
                 }
@@ -1783,7 +1836,7 @@ fn client_lat(
                 };
                 side.post_data(K_DATA | i, op, 0, size, true)?;
                 if side.hello.imm {
-                    let c = wait_immediate(side, i, t0)?;
+                    let c = wait_immediate(side, i)?;
                     if c.wc.wr_id & KIND_MASK == K_CTRL_RECV {
                         side.post_ctrl_recv()?;
                     }
@@ -1795,7 +1848,7 @@ fn client_lat(
                         ));
                     }
                 } else {
-                    wait_pong(side, test, max, size, i, t0)?;
+                    wait_pong(side, test, max, size, i)?;
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 if !side.lat_check(SERVER_SEED, max, size, i) {
@@ -1816,19 +1869,18 @@ fn client_lat(
                     )
                 };
                 side.post_data(K_DATA | i, op, sink, size, true)?;
+                let mut idle = Idle::new();
                 loop {
                     if let Some(c) = side.try_next()? {
                         if c.wc.wr_id == K_DATA | i {
                             break;
                         }
-                    } else if t0.elapsed() > STALL {
+                    } else if idle.wait() {
                         return Err(format!(
                             "{}: no completion: {}",
                             test.name(),
                             side.fail_reason()
                         ));
-                    } else {
-                        std::thread::yield_now();
                     }
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6);
@@ -1854,20 +1906,20 @@ fn client_lat(
 
 /// Waits for the pong of iteration `i` with Immediate Data: the receive its Immediate Data
 /// completes (after the data: RFC 7306 7).
-fn wait_immediate(side: &Side, i: u64, t0: Instant) -> Result<Completion, String> {
+fn wait_immediate(side: &Side, i: u64) -> Result<Completion, String> {
+    let mut idle = Idle::new();
     loop {
         match side.try_next()? {
             Some(c) if c.wc.opcode == WcOpcode::RecvImmediate => return Ok(c),
             Some(_) => {}
             None => {
-                if t0.elapsed() > STALL {
+                if idle.wait() {
                     return Err(format!(
                         "{}: no Immediate Data for ping {i}: {}",
                         side.hello.test.name(),
                         side.fail_reason()
                     ));
                 }
-                std::thread::yield_now();
             }
         }
     }
@@ -1875,14 +1927,8 @@ fn wait_immediate(side: &Side, i: u64, t0: Instant) -> Result<Completion, String
 
 /// Waits for the pong of iteration `i`: the stamp in the last byte (write-lat) or the receive
 /// completion (send-lat).
-fn wait_pong(
-    side: &Side,
-    test: TestKind,
-    max: u64,
-    size: u64,
-    i: u64,
-    t0: Instant,
-) -> Result<(), String> {
+fn wait_pong(side: &Side, test: TestKind, max: u64, size: u64, i: u64) -> Result<(), String> {
+    let mut idle = Idle::new();
     loop {
         if test == TestKind::WriteLat
             && side.data.read_volatile((max + size - 1) as usize) == Some(stamp(i))
@@ -1893,14 +1939,13 @@ fn wait_pong(
             Some(c) if test == TestKind::SendLat && c.wc.opcode == WcOpcode::Recv => return Ok(()),
             Some(_) => {}
             None => {
-                if t0.elapsed() > STALL {
+                if idle.wait() {
                     return Err(format!(
                         "{}: no reply to ping {i}: {}",
                         test.name(),
                         side.fail_reason()
                     ));
                 }
-                std::thread::yield_now();
             }
         }
     }

@@ -193,6 +193,14 @@ pub trait TcpApp {
         self.fill_tx(id, stream_offset, out).map(|()| None)
     }
 
+    /// Whether the application queued work for the driver (requests for its connections)
+    /// since the last call. Called at the start of every [`XdpTcp::poll`]; a poll after a
+    /// quiet one (see there) that finds no frame and no deadline due returns at once unless
+    /// this says yes. The default, `true`, makes every poll a full one.
+    fn has_new_work(&mut self) -> bool {
+        true
+    }
+
     /// The application's own next deadline (e.g. an MPA startup timeout), so that
     /// [`XdpTcp::turn`] and [`XdpTcp::wait`] do not sleep past it. TCP's deadlines are the
     /// driver's business.
@@ -359,6 +367,9 @@ pub struct XdpTcpStats {
     pub closed: u64,
     /// Sleeps in `ppoll`.
     pub waits: u64,
+    /// Polls that returned at once: the poll before found nothing to do and nothing arrived
+    /// since (no frame, no request, no deadline due).
+    pub quiet_polls: u64,
     /// Shards: segments received here for a flow another shard owns, copied to its inbox.
     pub handoffs_out: u64,
     /// Shards: segments other shards handed to this one (taken from its inbox).
@@ -404,6 +415,7 @@ impl XdpTcpStats {
         self.accepted += o.accepted;
         self.closed += o.closed;
         self.waits += o.waits;
+        self.quiet_polls += o.quiet_polls;
         self.handoffs_out += o.handoffs_out;
         self.handoffs_in += o.handoffs_in;
         self.handoff_drops += o.handoff_drops;
@@ -663,6 +675,12 @@ pub struct XdpTcp {
     idle_turns: u32,
     /// Turns in a row whose expired TCP timers waited for a full receive batch to drain.
     timers_deferred: u32,
+    /// The last full poll found nothing to do and left nothing behind (see [`XdpTcp::poll`]);
+    /// with the deadline (TCP clock) before which the next one can only come from a frame or
+    /// the application.
+    quiet: Option<Option<tcp_engine::Instant>>,
+    /// The last poll left its timers and transmission to this one ([`XdpTcp::poll_answering`]).
+    deferred: bool,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
 }
@@ -856,6 +874,8 @@ impl XdpTcp {
             epoch: std::time::Instant::now(),
             idle_turns: 0,
             timers_deferred: 0,
+            quiet: None,
+            deferred: false,
             stats: XdpTcpStats::default(),
             cfg,
             port,
@@ -934,6 +954,7 @@ impl XdpTcp {
     /// [`wait`](Self::wait)'s sleep when it becomes readable. The caller keeps it open for as
     /// long as the driver lives and drains it.
     pub fn add_wake_fd(&mut self, fd: std::os::fd::RawFd) {
+        self.quiet = None;
         self.pollfds.push(libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -951,6 +972,7 @@ impl XdpTcp {
     /// interface's): reserves the port with the kernel and steers it. At most `backlog`
     /// connections may be half-open or not yet handed to [`TcpApp::on_accept`].
     pub fn listen(&mut self, port: u16, backlog: usize, cfg: TcpConfig) -> Result<(), XdpTcpError> {
+        self.quiet = None;
         if self.listeners.iter().any(|l| l.port == port) {
             return Err(XdpTcpError::PortInUse {
                 addr: self.port.local_ip,
@@ -998,6 +1020,7 @@ impl XdpTcp {
     /// ephemeral port with the kernel, steers the 4-tuple and queues the SYN (sent by the next
     /// [`poll`](Self::poll)). [`Event::Connected`] reports the handshake's end.
     pub fn connect(&mut self, remote: SocketAddrV4, cfg: TcpConfig) -> Result<ConnId, XdpTcpError> {
+        self.quiet = None;
         let (route, mac) = resolve_next_hop(*remote.ip(), self.cfg.neighbour_timeout)?;
         if route.ifindex != self.port.ifindex {
             return Err(XdpTcpError::WrongInterface {
@@ -1071,6 +1094,7 @@ impl XdpTcp {
 
     /// A connection, for sending, reading, closing outside [`TcpApp::on_poll`].
     pub fn connection_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
+        self.quiet = None;
         self.table.get_mut(id)
     }
 
@@ -1110,11 +1134,50 @@ impl XdpTcp {
     /// One turn of the loop (see the module documentation); never blocks. Returns true if
     /// anything happened (frames received or sent, connections accepted, events, closes).
     pub fn poll<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
+        self.poll_inner(app, false)
+    }
+
+    /// [`poll`](Self::poll) for a thread that runs the driver between its own requests and
+    /// waits for what arrives (an application polling for completions or for data landing in
+    /// its memory): a poll that passed received data up returns once the connections are
+    /// serviced (placement done, completions handed out), leaving timers and transmission to
+    /// the next poll, which runs in full. The reply the application then posts carries the
+    /// acknowledgement a transmission now would have sent alone, in one pass instead of two.
+    /// At most one poll in a row defers; one that received only acknowledgements (a sender's
+    /// window opening) does not.
+    pub fn poll_answering<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
+        self.poll_inner(app, true)
+    }
+
+    fn poll_inner<A: TcpApp + ?Sized>(
+        &mut self,
+        app: &mut A,
+        defer: bool,
+    ) -> Result<bool, XdpTcpError> {
+        let app_work = app.has_new_work();
+        if let Some(until) = self.quiet {
+            // The clock is read every 16th quiet poll only (a clock reading costs as much as
+            // the rest of such a poll): a deadline passes at most 15 of them late.
+            if !app_work
+                && self.nothing_received()
+                && (!self.stats.quiet_polls.is_multiple_of(16)
+                    || until.is_none_or(|d| self.now() < d))
+            {
+                self.stats.quiet_polls += 1;
+                return Ok(false);
+            }
+            self.quiet = None;
+        }
+        // One clock reading per poll: the timers below fire at most a turn's length late.
         let now = self.now();
-        let (mut work, backlog) = self.receive(now, app);
+        let (mut work, backlog, passed_up) = self.receive(now, app);
         work |= self.accept_new(app);
         work |= self.service(app, now);
-        let now = self.now();
+        if defer && passed_up && !self.deferred {
+            self.deferred = true;
+            return Ok(work);
+        }
+        self.deferred = false;
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
             // A full batch means more frames wait in a ring, and after the thread was
             // descheduled they hold the ACKs the expired timers are waiting for: firing the
@@ -1126,9 +1189,49 @@ impl XdpTcp {
                 self.table.handle_timeout(now);
             }
         }
-        work |= self.transmit(now, app)?;
+        let (sent, tx_settled) = self.transmit(now, app)?;
+        work |= sent;
         self.sweep(now);
+        // Quiet: nothing happened, nothing waits for a later turn (a full receive batch,
+        // deferred timers, segments or frames left unsent), and every connection was serviced
+        // (with many, a turn services only those named, and all of them now and then).
+        if !work
+            && !backlog
+            && self.timers_deferred == 0
+            && tx_settled
+            && self.conns.len() <= SERVICE_ALL_MAX
+        {
+            let sweep = self.shard.as_ref().map(|_| {
+                tcp_engine::Instant::from_nanos(
+                    self.last_sweep
+                        .saturating_add(SWEEP_EVERY.as_nanos() as u64),
+                )
+            });
+            self.quiet = Some(
+                [self.table.poll_timeout(), app.poll_timeout(), sweep]
+                    .into_iter()
+                    .flatten()
+                    .min(),
+            );
+        }
         Ok(work)
+    }
+
+    /// Makes the next [`poll`](Self::poll) a full one (the caller changed something the
+    /// driver cannot see).
+    pub fn unquiet(&mut self) {
+        self.quiet = None;
+    }
+
+    /// True if no frame waits on any RX ring or in the shard's inbox, and receiving owes the
+    /// kernel nothing (see [`XskSocket::rx_idle`]).
+    fn nothing_received(&mut self) -> bool {
+        if let Some(inbox) = self.shard.as_ref().and_then(|s| s.inbox()) {
+            if !inbox.is_empty() {
+                return false;
+            }
+        }
+        self.socks.iter_mut().all(|s| s.rx_idle())
     }
 
     /// Shards: once per [`SWEEP_EVERY`], forgets this shard's directory entries whose flow
@@ -1202,12 +1305,12 @@ impl XdpTcp {
     }
 
     /// Takes a batch from each socket (and, for a shard, from its inbox); returns (any frame,
-    /// some batch was full).
+    /// some batch was full, some segment passed data up to the application).
     fn receive<A: TcpApp + ?Sized>(
         &mut self,
         now: tcp_engine::Instant,
         app: &mut A,
-    ) -> (bool, bool) {
+    ) -> (bool, bool, bool) {
         let Self {
             socks,
             table,
@@ -1224,6 +1327,7 @@ impl XdpTcp {
             stats,
             attention,
             now,
+            passed_up: false,
         };
         let mut any = false;
         let mut full = false;
@@ -1257,7 +1361,7 @@ impl XdpTcp {
                 rx.frame(frame, shard.as_ref(), app);
             }
         }
-        (any, full)
+        (any, full, rx.passed_up)
     }
 
     fn accept_new<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
@@ -1382,11 +1486,13 @@ impl XdpTcp {
         }
     }
 
+    /// Builds and queues what the connections have to send, then kicks. Returns (anything
+    /// sent, nothing left: the table had no more and no frame waits on the TX ring).
     fn transmit<A: TcpApp + ?Sized>(
         &mut self,
         now: tcp_engine::Instant,
         app: &mut A,
-    ) -> Result<bool, XdpTcpError> {
+    ) -> Result<(bool, bool), XdpTcpError> {
         let Self {
             socks,
             table,
@@ -1446,7 +1552,7 @@ impl XdpTcp {
             }
         }
         sock.flush()?;
-        Ok(sent_any)
+        Ok((sent_any, exhausted && sock.tx_ring_idle()))
     }
 }
 
@@ -1509,6 +1615,8 @@ struct Rx<'a> {
     stats: &'a mut XdpTcpStats,
     attention: &'a mut Attention,
     now: tcp_engine::Instant,
+    /// Some segment passed data up to the application.
+    passed_up: bool,
 }
 
 impl Rx<'_> {
@@ -1559,9 +1667,12 @@ impl Rx<'_> {
             }
         }
         let opens = self.table.stats().passive_opens;
-        let res = self
-            .table
-            .handle_packet(self.now, ip, |id, data| app.on_data(id, data));
+        let mut passed_up = false;
+        let res = self.table.handle_packet(self.now, ip, |id, data| {
+            passed_up = true;
+            app.on_data(id, data)
+        });
+        self.passed_up |= passed_up;
         // The SYN passed every check and opened a connection: its source MAC is the next hop
         // to answer through, if nothing is known of the address yet (see `Neighbours`).
         if syn && self.table.stats().passive_opens > opens {
@@ -1789,6 +1900,7 @@ mod tests {
                 stats,
                 attention: &mut attention,
                 now: tcp_engine::Instant::from_millis(1),
+                passed_up: false,
             };
             rx.frame(frame, shard, &mut NoApp);
         }

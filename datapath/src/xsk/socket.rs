@@ -1081,6 +1081,21 @@ impl XskSocket {
         Ok(done)
     }
 
+    /// True if no frame waits on the TX ring for the kernel to take it.
+    pub fn tx_ring_idle(&mut self) -> bool {
+        self.tx_ring_pending() == 0
+    }
+
+    /// True if a receive now would find nothing and owe the kernel nothing: no frame on the
+    /// RX ring, none waiting to go back to the fill ring, no wake-up asked for by the fill
+    /// ring, and no busy polling (whose `recvfrom` must run on every empty receive).
+    pub fn rx_idle(&mut self) -> bool {
+        self.fill_pending.is_empty()
+            && !self.busy_poll
+            && !(self.need_wakeup && self.fq.needs_wakeup())
+            && self.rx.nb_avail(1) == 0
+    }
+
     fn tx_ring_pending(&mut self) -> usize {
         let free = self.tx.nb_free_exact() as usize;
         self.tx_ring_size.saturating_sub(free)

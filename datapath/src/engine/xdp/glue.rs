@@ -79,6 +79,19 @@ fn table_of<'t>(
 }
 
 impl TcpApp for App<'_> {
+    fn has_new_work(&mut self) -> bool {
+        // A turn reads the queues after this load, and a poster counts after queueing: a
+        // request counted after this load is seen by the next turn's.
+        let posted = self
+            .st
+            .wake
+            .posted
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let new = posted != self.st.seen_posts || !self.st.attention_local.is_empty();
+        self.st.seen_posts = posted;
+        new
+    }
+
     fn attention(&mut self, mark: &mut dyn FnMut(ConnId)) {
         let st = &mut *self.st;
         // As the driver decides (`xdp_tcp::SERVICE_ALL_MAX`): when the count first passes it,

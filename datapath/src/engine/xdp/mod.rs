@@ -151,6 +151,7 @@ fn spawn_shard(
         app_turns: AtomicU64::new(0),
         thread_turns: AtomicU64::new(0),
         app_waits: AtomicU64::new(0),
+        posted: AtomicU64::new(0),
     });
     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
@@ -187,6 +188,7 @@ fn spawn_shard(
                 attention_tx: attention_tx.clone(),
                 attention_rx: attention_rx.clone(),
                 attention_local: Vec::new(),
+                seen_posts: 0,
                 many: Arc::new(AtomicBool::new(false)),
             },
             tables: Vec::new(),

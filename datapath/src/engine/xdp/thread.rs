@@ -56,8 +56,21 @@ impl Turner {
     /// One turn: received frames (placement), every connection's work requests, timers,
     /// transmission. True if there was work.
     pub(super) fn turn(&mut self) -> bool {
+        self.turn_on(false)
+    }
+
+    /// [`turn`](Self::turn) on an application thread (inline progress): received frames are
+    /// placed and their completions handed out before anything else, and the transmission
+    /// they call for goes with the application's reply (`XdpTcp::poll_answering`).
+    pub(super) fn turn_inline(&mut self) -> bool {
+        self.turn_on(true)
+    }
+
+    fn turn_on(&mut self, inline: bool) -> bool {
         // Before reading the queues (see `Wake::pending`).
-        self.st.wake.pending.swap(false, Ordering::SeqCst);
+        if self.st.wake.pending.swap(false, Ordering::SeqCst) {
+            self.xdp.unquiet();
+        }
         let mut work;
         {
             // Each PD table's version number is compared once per turn (one load, no lock: a
@@ -73,7 +86,12 @@ impl Turner {
                 mem: &mut self.views,
                 tables: &self.tables,
             };
-            match self.xdp.poll(&mut app) {
+            let polled = if inline {
+                self.xdp.poll_answering(&mut app)
+            } else {
+                self.xdp.poll(&mut app)
+            };
+            match polled {
                 Ok(w) => work = w,
                 Err(e) => {
                     self.failed.get_or_insert(e.to_string());
@@ -266,7 +284,13 @@ impl Engine {
         let mut work = false;
         if p.stopping.is_none() {
             match t.commands(&self.cmds) {
-                Ok(w) => work |= w,
+                Ok(w) => {
+                    if w {
+                        // Setup commands change connections behind the driver's back.
+                        t.xdp.unquiet();
+                    }
+                    work |= w;
+                }
                 Err(()) => {
                     p.stopping = Some(StdInstant::now());
                     for slot in t.st.slots.values_mut() {

@@ -75,6 +75,10 @@ pub(super) struct Wake {
     /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
     /// park while the application blocks instead of polling.
     pub(super) app_waits: AtomicU64,
+    /// Work requests posted (counted before the poster wakes or drives anything): a turn
+    /// that finds it unchanged since the last one knows no request waits
+    /// (`TcpApp::has_new_work`).
+    pub(super) posted: AtomicU64,
 }
 
 impl Wake {
@@ -82,6 +86,7 @@ impl Wake {
     /// application drives), runs a turn here, which takes the request and transmits at once;
     /// otherwise (or if another thread is in a turn) wakes the engine if it sleeps or is parked.
     fn wake(&self) -> io::Result<()> {
+        self.posted.fetch_add(1, Ordering::SeqCst);
         if self.state.load(Ordering::SeqCst) == PARKED && self.drive() {
             return Ok(());
         }
@@ -125,7 +130,7 @@ impl Wake {
         let Some(turner) = guard.as_mut() else {
             return false;
         };
-        turner.turn();
+        turner.turn_inline();
         self.app_turns.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -257,6 +262,8 @@ pub(super) struct State {
     pub(super) attention_rx: Receiver<ConnId>,
     /// Connections the engine thread itself gave work (accept, reject).
     pub(super) attention_local: Vec<ConnId>,
+    /// [`Wake::posted`] as the last turn read it.
+    pub(super) seen_posts: u64,
     /// More connections than a turn services all at once ([`SlotWaker`]).
     pub(super) many: Arc<AtomicBool>,
 }
