@@ -119,6 +119,9 @@ struct Sample {
     size: u64,
     transport: Which,
     value: f64,
+    /// `lat`: the run's 99th percentile (us).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p99: Option<f64>,
 }
 
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
@@ -171,12 +174,13 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             // Rotate the order each round: no transport always runs first.
             let k = round as usize % transports.len();
             for &t in transports[k..].iter().chain(&transports[..k]) {
-                let value = runner.measure(cli.test, t, size, iters)?;
+                let (value, p99) = runner.measure(cli.test, t, size, iters)?;
                 samples.push(Sample {
                     round,
                     size,
                     transport: t,
                     value,
+                    p99,
                 });
                 eprintln!(
                     "iwarp-bench compare: [{}/{total}] round {} {} {size} B: {value:.2} {}",
@@ -188,11 +192,18 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             }
         }
     }
-    let medians = medians(&samples);
+    let p99s = medians(&samples, |s| s.p99);
+    let medians = medians(&samples, |s| Some(s.value));
     print!(
         "{}",
-        table(cli.test, cli.rounds, &sizes, &transports, &medians)
+        table(cli.test, "", cli.rounds, &sizes, &transports, &medians)
     );
+    if cli.test == Kind::Lat {
+        print!(
+            "{}",
+            table(cli.test, " p99", cli.rounds, &sizes, &transports, &p99s)
+        );
+    }
     if let Some(path) = &cli.json {
         let out = serde_json::json!({
             "test": test_name(cli.test),
@@ -202,7 +213,13 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             "rounds": samples,
             "medians": medians
                 .iter()
-                .map(|((size, t), v)| serde_json::json!({"size": size, "transport": t, "value": v}))
+                .map(|((size, t), v)| {
+                    let mut m = serde_json::json!({"size": size, "transport": t, "value": v});
+                    if let Some(p) = p99s.get(&(*size, *t)) {
+                        m["p99"] = serde_json::json!(p);
+                    }
+                    m
+                })
                 .collect::<Vec<_>>(),
         });
         std::fs::write(path, format!("{out:#}\n"))
@@ -300,11 +317,13 @@ fn unit(k: Kind) -> &'static str {
     }
 }
 
-/// The median of each (size, transport).
-fn medians(samples: &[Sample]) -> BTreeMap<(u64, Which), f64> {
+/// The median of `of` (where the sample has it) for each (size, transport).
+fn medians(samples: &[Sample], of: impl Fn(&Sample) -> Option<f64>) -> BTreeMap<(u64, Which), f64> {
     let mut by: BTreeMap<(u64, Which), Vec<f64>> = BTreeMap::new();
     for s in samples {
-        by.entry((s.size, s.transport)).or_default().push(s.value);
+        if let Some(v) = of(s) {
+            by.entry((s.size, s.transport)).or_default().push(v);
+        }
     }
     by.into_iter()
         .map(|(k, mut v)| {
@@ -323,13 +342,14 @@ fn medians(samples: &[Sample]) -> BTreeMap<(u64, Which), f64> {
 /// other's time over the engine's: above 1 means the engine is faster, as for bw).
 fn table(
     k: Kind,
+    what: &str,
     rounds: u32,
     sizes: &[u64],
     transports: &[Which],
     medians: &BTreeMap<(u64, Which), f64>,
 ) -> String {
     let mut out = format!(
-        "compare: {}, medians of {rounds} round(s), {}\n{:>9}",
+        "compare: {}{what}, medians of {rounds} round(s), {}\n{:>9}",
         test_name(k),
         unit(k),
         "bytes"
@@ -404,24 +424,38 @@ impl Runner {
         c
     }
 
-    fn measure(&mut self, k: Kind, t: Which, size: u64, iters: u64) -> Result<f64, String> {
+    /// One run: its figure (Gbit/s, or the median half round trip in us) and, for `lat`, its
+    /// 99th percentile.
+    fn measure(
+        &mut self,
+        k: Kind,
+        t: Which,
+        size: u64,
+        iters: u64,
+    ) -> Result<(f64, Option<f64>), String> {
         let what = format!("{} {size} B", t.name());
         let v = match (k, t) {
-            (Kind::Bw, Which::Raw) => self.raw_bw(size, iters),
+            (Kind::Bw, Which::Raw) => self.raw_bw(size, iters).map(|v| (v, None)),
             (Kind::Lat, Which::Raw) => self.raw_lat(size, iters),
             (_, Which::Xdp | Which::Socket) => self.bench_pair(k, t, size, iters),
-            (Kind::Bw, Which::Iperf3) => self.iperf3(size, iters),
+            (Kind::Bw, Which::Iperf3) => self.iperf3(size, iters).map(|v| (v, None)),
             (Kind::Lat, Which::Iperf3) => Err("iperf3 measures no latency".into()),
         }
         .map_err(|e| format!("{what}: {e}"))?;
-        if !(v.is_finite() && v > 0.0) {
-            return Err(format!("{what}: no result ({v})"));
+        if !(v.0.is_finite() && v.0 > 0.0) {
+            return Err(format!("{what}: no result ({})", v.0));
         }
         Ok(v)
     }
 
     /// iwarp-bench write-bw / write-lat over the engine or the socket transport.
-    fn bench_pair(&mut self, k: Kind, t: Which, size: u64, iters: u64) -> Result<f64, String> {
+    fn bench_pair(
+        &mut self,
+        k: Kind,
+        t: Which,
+        size: u64,
+        iters: u64,
+    ) -> Result<(f64, Option<f64>), String> {
         let port = self.next_port();
         let (size, iters) = (size.to_string(), iters.to_string());
         let common = [
@@ -468,9 +502,10 @@ impl Runner {
         } else {
             "t_typical_us"
         };
-        v["results"][0][field]
+        let value = v["results"][0][field]
             .as_f64()
-            .ok_or_else(|| format!("no {field} in {v}"))
+            .ok_or_else(|| format!("no {field} in {v}"))?;
+        Ok((value, v["results"][0]["p99_us"].as_f64()))
     }
 
     /// Raw AF_XDP: `raw tx` to `raw rx`, full frames, as many as the engine's FPDUs would be.
@@ -531,7 +566,7 @@ impl Runner {
     }
 
     /// Raw AF_XDP ping-pong of frames carrying `size` octets of payload.
-    fn raw_lat(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+    fn raw_lat(&mut self, size: u64, iters: u64) -> Result<(f64, Option<f64>), String> {
         let port = self.next_port();
         let (count, frame) = (
             iters.to_string(),
@@ -570,9 +605,10 @@ impl Runner {
             return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
         }
         let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-        v["t_typical_us"]
+        let value = v["t_typical_us"]
             .as_f64()
-            .ok_or_else(|| format!("no t_typical_us in {v}"))
+            .ok_or_else(|| format!("no t_typical_us in {v}"))?;
+        Ok((value, v["p99_us"].as_f64()))
     }
 
     /// iperf3 (kernel TCP): the octets of `iters` messages, in writes of `size`.
@@ -762,6 +798,7 @@ mod tests {
             size,
             transport: t,
             value,
+            p99: Some(value * 2.0),
         }
     }
 
@@ -774,10 +811,14 @@ mod tests {
             sample(64, Which::Socket, 3.0),
             sample(64, Which::Socket, 4.0),
         ];
-        let m = medians(&s);
+        let m = medians(&s, |s| Some(s.value));
         assert_eq!(m[&(64, Which::Xdp)], 6.0);
         assert_eq!(m[&(64, Which::Socket)], 3.5);
-        let t = table(Kind::Bw, 3, &[64], &[Which::Xdp, Which::Socket], &m);
+        let p = medians(&s, |s| s.p99);
+        assert_eq!(p[&(64, Which::Xdp)], 12.0);
+        let none = medians(&s, |_| None);
+        assert!(none.is_empty());
+        let t = table(Kind::Bw, "", 3, &[64], &[Which::Xdp, Which::Socket], &m);
         assert!(t.contains("xdp/socket"), "{t}");
         assert!(
             t.lines()
@@ -786,7 +827,15 @@ mod tests {
             "{t}"
         );
         // For latency the ratio is the other's time over the engine's.
-        let t = table(Kind::Lat, 3, &[64], &[Which::Xdp, Which::Socket], &m);
+        let t = table(
+            Kind::Lat,
+            " p99",
+            3,
+            &[64],
+            &[Which::Xdp, Which::Socket],
+            &m,
+        );
+        assert!(t.starts_with("compare: write-lat p99, medians of 3"), "{t}");
         assert!(
             t.lines()
                 .last()

@@ -45,8 +45,16 @@ fn compare(name: &str, args: &[&str], transports: &[&str], sizes: usize) {
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("valid JSON");
     let medians = v["medians"].as_array().expect("medians");
     assert_eq!(medians.len(), sizes * transports.len(), "{v}");
+    let lat = v["test"] == "write-lat";
     for m in medians {
         assert!(m["value"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
+        // Latency runs report their 99th percentile too (the median of the rounds').
+        if lat {
+            assert!(
+                m["p99"].as_f64().unwrap_or(0.0) >= m["value"].as_f64().unwrap_or(f64::MAX),
+                "{m}"
+            );
+        }
         assert!(
             transports.contains(&m["transport"].as_str().unwrap_or("?")),
             "{m}"
