@@ -1168,7 +1168,6 @@ impl XdpTcp {
             }
             self.quiet = None;
         }
-        // One clock reading per poll: the timers below fire at most a turn's length late.
         let now = self.now();
         let (mut work, backlog, passed_up) = self.receive(now, app);
         work |= self.accept_new(app);
@@ -1178,6 +1177,11 @@ impl XdpTcp {
             return Ok(work);
         }
         self.deferred = false;
+        // A poll that received or serviced something reads the clock again: what it sends
+        // carries timestamps (RTT samples) and arms timers from the time it is sent, not from
+        // before a batch of frames was processed. One that found nothing needs no second
+        // reading.
+        let now = if work { self.now() } else { now };
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
             // A full batch means more frames wait in a ring, and after the thread was
             // descheduled they hold the ACKs the expired timers are waiting for: firing the
