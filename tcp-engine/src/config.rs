@@ -84,6 +84,11 @@ pub struct Config {
     pub paws_tolerance: Duration,
     /// Offer SACK (RFC 2018).
     pub sack: bool,
+    /// Offer the TCP RDMA option (draft-csapuntz-tcprdma-00 3.2: its 2-octet form on the SYN
+    /// and the SYN-ACK; it is in use only when both sides sent it,
+    /// [`crate::Connection::rdma_option_enabled`]). A SYN-ACK carrying a SYN cookie never
+    /// offers it (the cookie cannot remember the offer). Default off.
+    pub rdma_option: bool,
     /// Congestion controller.
     pub congestion: CongestionAlgorithm,
     /// Initial window in segments (RFC 6928: 10).
@@ -185,6 +190,7 @@ impl Default for Config {
             nagle: false,
             challenge_ack_limit: 100,
             pass_up_duplicates: false,
+            rdma_option: false,
         }
     }
 }

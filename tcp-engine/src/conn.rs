@@ -449,6 +449,8 @@ pub struct Connection {
     // ---- options ----
     offered_wscale: bool,
     sack_enabled: bool,
+    /// Both sides offered the TCP RDMA option (draft-csapuntz-tcprdma-00 3.2).
+    rdma_option_enabled: bool,
     ts_enabled: bool,
     ts_offset: u32,
     ts_recent: Option<u32>,
@@ -585,6 +587,7 @@ impl Connection {
             quickack_left: quickack,
             offered_wscale: cfg.window_scaling,
             sack_enabled: false,
+            rdma_option_enabled: false,
             ts_enabled: false,
             ts_offset,
             ts_recent: None,
@@ -873,6 +876,12 @@ impl Connection {
     /// Whether SACK was negotiated.
     pub fn sack_enabled(&self) -> bool {
         self.sack_enabled
+    }
+
+    /// Whether the TCP RDMA option may be used on this connection: both sides offered it on
+    /// their SYNs (draft-csapuntz-tcprdma-00 3.2).
+    pub fn rdma_option_enabled(&self) -> bool {
+        self.rdma_option_enabled
     }
 
     /// Whether timestamps were negotiated.
@@ -1495,6 +1504,9 @@ impl Connection {
             }
         }
         self.sack_enabled = self.cfg.sack && syn.options.sack_permitted;
+        // Any RDMA option on the SYN (or SYN-ACK) is the peer's offer; its 2-octet form is
+        // the one meant for it (draft-csapuntz-tcprdma-00 3.2).
+        self.rdma_option_enabled = self.cfg.rdma_option && syn.options.rdma.is_some();
         if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.options.timestamp) {
             self.ts_enabled = true;
             self.ts_recent = Some(tsval);
@@ -2488,6 +2500,9 @@ impl Connection {
                 options.window_scale = Some(self.rcv_wscale);
             }
             options.sack_permitted = self.cfg.sack && (!is_synack || self.sack_enabled);
+            if self.cfg.rdma_option && (!is_synack || self.rdma_option_enabled) {
+                options.rdma = Some(crate::wire::rdma::RdmaOption::Permitted);
+            }
             if self.cfg.timestamps && (!is_synack || self.ts_enabled) {
                 options.timestamp = Some((self.tsval(now), self.ts_recent.unwrap_or(0)));
             }

@@ -38,6 +38,7 @@ mod checksum;
 mod ethernet;
 mod icmp;
 mod ipv4;
+pub mod rdma;
 
 pub use checksum::Checksum;
 pub use ethernet::{EthernetFrame, EthernetRepr, MacAddress, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
@@ -156,6 +157,12 @@ pub struct TcpOptions {
     pub sack_permitted: bool,
     /// Timestamps option `(TSval, TSecr)` (RFC 7323 3.2).
     pub timestamp: Option<(u32, u32)>,
+    /// The first RDMA option of the segment (draft-csapuntz-tcprdma-00 3.3: later ones are
+    /// not read), aligned on a 4-octet boundary when emitted (3.1.8).
+    pub rdma: Option<rdma::RdmaOption>,
+    /// The segment's first RDMA option was malformed (not read: the segment is ordinary
+    /// data).
+    pub rdma_malformed: bool,
     sack: [SackBlock; 4],
     sack_len: u8,
 }
@@ -195,6 +202,9 @@ impl TcpOptions {
         }
         if self.sack_len > 0 {
             n += 4 + 8 * usize::from(self.sack_len); // NOP NOP SACK(2 + 8n)
+        }
+        if let Some(r) = &self.rdma {
+            n += r.len().next_multiple_of(4); // NOP NOP RDMA(2), or RDMA(4, 16, 20)
         }
         n
     }
@@ -257,6 +267,12 @@ impl TcpOptions {
                     let e = u32::from_be_bytes([body[4], body[5], body[6], body[7]]);
                     o.timestamp = Some((v, e));
                 }
+                rdma::KIND if o.rdma.is_none() && !o.rdma_malformed => {
+                    match rdma::RdmaOptionView::new_checked(&bytes[..len]) {
+                        Ok(view) => o.rdma = Some(rdma::RdmaOption::parse(&view)),
+                        Err(_) => o.rdma_malformed = true,
+                    }
+                }
                 _ => {}
             }
             bytes = &bytes[len..];
@@ -274,8 +290,9 @@ impl TcpOptions {
             self.window_scale,
             self.sack_permitted,
             self.sack_len,
+            self.rdma,
         ) {
-            (Some(ts), None, None, false, 0) => Some(ts),
+            (Some(ts), None, None, false, 0, None) => Some(ts),
             _ => None,
         }
     }
@@ -323,6 +340,17 @@ impl TcpOptions {
             for b in self.sack_blocks() {
                 put(&b.left.to_be_bytes());
                 put(&b.right.to_be_bytes());
+            }
+        }
+        if let Some(r) = &self.rdma {
+            // Everything before ends on a 4-octet boundary; the 2-octet form is padded in
+            // front (draft-csapuntz-tcprdma-00 3.1.8).
+            let mut b = [0u8; 20];
+            if let Ok(n) = r.emit(&mut b) {
+                if n == 2 {
+                    put(&[1, 1]);
+                }
+                put(&b[..n]);
             }
         }
         i
@@ -966,6 +994,61 @@ impl FourTuple {
 
 #[cfg(test)]
 mod tests {
+
+    /// draft-csapuntz-tcprdma-00: the RDMA option among the SYN's options, 4-octet aligned
+    /// (3.1.8), read back; only the first of several is read (3.3); a malformed one is noted
+    /// and the segment still parses (it is ordinary data then).
+    #[test]
+    fn the_rdma_option_among_the_others() {
+        use super::rdma::{RdmaFlags, RdmaOption, RdmaTransfer, Rid};
+        let mut o = TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: true,
+            timestamp: Some((1, 2)),
+            rdma: Some(RdmaOption::Permitted),
+            ..TcpOptions::default()
+        };
+        assert_eq!(o.wire_len(), 24);
+        let mut b = [0u8; 40];
+        let n = o.emit(&mut b);
+        assert_eq!(n, 24);
+        assert_eq!(&b[20..24], &[1, 1, 25, 2]);
+        assert_eq!(TcpOptions::parse(&b[..n]), Ok(o));
+        let t = RdmaOption::Transfer(RdmaTransfer {
+            flags: RdmaFlags {
+                aligned: true,
+                unsolicited: false,
+            },
+            rid: Rid::new(5).expect("rid"),
+            buffer_offset: 900,
+            data_offset: 0,
+            data_length: 1000,
+            total_length: Some(4000),
+        });
+        o = TcpOptions {
+            timestamp: Some((1, 2)),
+            rdma: Some(t),
+            ..TcpOptions::default()
+        };
+        assert_eq!(o.wire_len(), 32);
+        let n = o.emit(&mut b);
+        assert_eq!((n, b[12], b[13]), (32, 25, 20));
+        assert_eq!(TcpOptions::parse(&b[..n]), Ok(o));
+        // A second RDMA option is not read.
+        let mut two = b[..n].to_vec();
+        two.extend_from_slice(&[25, 4, 0x40, 0]);
+        assert_eq!(TcpOptions::parse(&two).map(|p| p.rdma), Ok(Some(t)));
+        // A malformed one (length 12) leaves the segment's other options intact.
+        let bad = [
+            1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2, 25, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let p = TcpOptions::parse(&bad).expect("parses");
+        assert_eq!(
+            (p.rdma, p.rdma_malformed, p.timestamp),
+            (None, true, Some((1, 2)))
+        );
+    }
     use super::*;
 
     fn sample<'a>(payload: &'a [u8]) -> SegmentRepr<'a> {

@@ -708,3 +708,30 @@ fn user_timeout_leaves_idle_connections_alone() {
     assert_eq!(c.state(), Some(State::Established));
     assert_eq!(c.conn().stats().user_timeouts, 0);
 }
+
+/// draft-csapuntz-tcprdma-00 3.2: the RDMA option is in use only when both SYNs carried it.
+#[test]
+fn the_rdma_option_is_used_only_when_both_sides_offer_it() {
+    for (c_on, s_on) in [(true, true), (true, false), (false, true), (false, false)] {
+        let cfg = |on| Config {
+            rdma_option: on,
+            ..Config::default()
+        };
+        let (mut c, mut s, mut net) = setup(2, 0, lossy(0.0), lossy(0.0), cfg(c_on), cfg(s_on));
+        net.run(
+            &mut c,
+            &mut s,
+            Instant::from_millis(1000),
+            |c, s, _| {
+                c.state() == Some(State::Established) && s.state() == Some(State::Established)
+            },
+            |_, _, _| {},
+        );
+        assert_eq!(c.state(), Some(State::Established));
+        let both = c_on && s_on;
+        assert_eq!(c.conn().rdma_option_enabled(), both, "client {c_on} {s_on}");
+        assert_eq!(s.conn().rdma_option_enabled(), both, "server {c_on} {s_on}");
+        // The other options are negotiated as without it.
+        assert!(c.conn().sack_enabled() && c.conn().timestamps_enabled());
+    }
+}

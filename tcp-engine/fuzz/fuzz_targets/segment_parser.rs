@@ -97,5 +97,7 @@ fuzz_target!(|data: &[u8]| {
     if !expect.flags.ack {
         expect.ack = 0;
     }
+    // A malformed RDMA option is not read (the segment is ordinary data), so not re-emitted.
+    expect.options.rdma_malformed = false;
     assert_eq!(again, expect, "emit/parse round trip changed the segment");
 });
