@@ -11,6 +11,7 @@ use crate::cc::CongestionControl;
 use crate::config::{Config, RxMode, TxMode};
 use crate::isn::IsnGenerator;
 use crate::ranges::{Range, RangeSet};
+use crate::rdma_tx::{RdmaSections, RdmaSend};
 use crate::rtt::RttEstimator;
 use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
 use crate::syncookie;
@@ -176,6 +177,10 @@ pub enum SendError {
         /// The octets the writer produced.
         produced: usize,
     },
+    /// [`Connection::send_rdma`]: the octets would end past the 32-bit Buffer Offset of the
+    /// TCP RDMA option (draft-csapuntz-tcprdma-00 3.1).
+    #[error("RDMA section past a 4 GiB buffer")]
+    RdmaBufferOffset,
 }
 
 /// Why [`Connection::handle_packet_too_big`] (or the table's) did not act on a report.
@@ -214,6 +219,9 @@ pub enum PacketTooBigError {
 pub struct ConnStats {
     /// Segments processed.
     pub segments_in: u64,
+    /// Segments sent with a TCP RDMA option describing transfer data
+    /// ([`Connection::send_rdma`]), first transmissions and retransmissions.
+    pub rdma_options_sent: u64,
     /// Packets emitted.
     pub segments_out: u64,
     /// Data segments retransmitted (any reason).
@@ -379,6 +387,8 @@ pub struct Connection {
     source_len: u64,
     /// Ends of the records queued and not yet sent (at most [`Connection::max_tracked`]).
     record_ends: VecDeque<u64>,
+    /// Sections of the send stream that are data of RDMA transfers ([`Connection::send_rdma`]).
+    rdma_tx: RdmaSections,
     /// Most entries `record_ends` and `scoreboard` hold: their capacity, allocated with the
     /// connection and never grown on the per-segment path (records past it are refused with
     /// `BufferFull`, new segments wait for ACKs to free entries).
@@ -526,6 +536,7 @@ impl Connection {
             send_buf_base: 0,
             source_len: 0,
             record_ends: VecDeque::new(),
+            rdma_tx: RdmaSections::new(max_tracked),
             max_tracked,
             fin_queued: false,
             fin_sent: false,
@@ -1025,6 +1036,37 @@ impl Connection {
             self.reserve_for_sending();
         }
         self.send_buf.extend(data[..n].iter().copied());
+        Ok(n)
+    }
+
+    /// Queue bytes in [`TxMode::Stream`] that are data of an RDMA transfer (the TCP RDMA
+    /// option, draft-csapuntz-tcprdma-00): every segment carrying any of them carries the
+    /// option (3.1.8) describing its run of them (one run per segment, section 4), with the
+    /// same annotation when retransmitted; such segments give up the option's octets of
+    /// payload. Returns how many fit, as [`Connection::send`]; the next call for the same
+    /// transfer continues the section when its `buffer_offset` follows on. When the option is
+    /// not in use on the connection ([`Connection::rdma_option_enabled`]) the octets go as
+    /// ordinary data: the stream is the same, only the annotation is missing.
+    pub fn send_rdma(&mut self, data: &[u8], rdma: RdmaSend) -> Result<usize, SendError> {
+        if self.cfg.tx_mode != TxMode::Stream {
+            return Err(SendError::WrongMode);
+        }
+        if !self.rdma_option_enabled {
+            return self.send(data);
+        }
+        if !self.can_queue() {
+            return Err(SendError::NotOpen);
+        }
+        let start = self.data_end();
+        if !self.rdma_tx.has_room(start, &rdma) {
+            return Ok(0);
+        }
+        let n = data.len().min(self.send_capacity());
+        if u64::from(rdma.buffer_offset) + n as u64 > 1 << 32 {
+            return Err(SendError::RdmaBufferOffset);
+        }
+        let n = self.send(&data[..n])?;
+        self.rdma_tx.push(start, n as u64, rdma);
         Ok(n)
     }
 
@@ -2032,6 +2074,7 @@ impl Connection {
         let drop = ((data_acked - self.send_buf_base) as usize).min(self.send_buf.len());
         self.send_buf.drain(..drop);
         self.send_buf_base = data_acked;
+        self.rdma_tx.release_to(data_acked);
         if ack_pos > self.snd_una {
             // Progress: the user timeout's clock starts again.
             self.stalled_since = None;
@@ -2552,10 +2595,14 @@ impl Connection {
             };
         }
         let mut n_fit = n;
-        // Keep the packet within MSS + fixed options when carrying data.
-        while n_fit > 0 && payload_len > 0 {
+        // Keep the packet within MSS + fixed options when carrying data, and the options
+        // within 40 octets (an RDMA option takes up to 20 of them).
+        let rdma = repr.options.rdma.map_or(0, |r| r.len().next_multiple_of(4));
+        let others = repr.options.wire_len();
+        while n_fit > 0 {
             let extra = 4 + 8 * n_fit;
-            if payload_len + extra <= usize::from(self.emss) {
+            let fits_mss = payload_len == 0 || payload_len + rdma + extra <= usize::from(self.emss);
+            if fits_mss && others + extra <= crate::wire::TCP_MAX_OPTIONS_LEN {
                 break;
             }
             n_fit -= 1;
@@ -2737,9 +2784,14 @@ impl Connection {
         let psh = len > 0 && start + u64::from(len) == self.data_end();
         let seq = self.snd.seq_of(start);
         // A data segment without SACK blocks (the usual one) from the connection's prebuilt
-        // headers; FIN and SACK-carrying segments through the general emitter.
+        // headers; FIN, SACK- and RDMA-option-carrying segments through the general emitter.
         let sacks = self.sack_enabled && (!self.rcv_ranges.is_empty() || self.dsack.is_some());
-        let headers = if fin || sacks {
+        let rdma = if self.rdma_tx.is_empty() {
+            None
+        } else {
+            self.rdma_tx.annotate(start, u64::from(len))
+        };
+        let headers = if fin || sacks || rdma.is_some() {
             let flags = TcpFlags {
                 ack: true,
                 fin,
@@ -2747,6 +2799,10 @@ impl Connection {
                 ..TcpFlags::default()
             };
             let mut r = self.base_repr(now, seq, flags);
+            r.options.rdma = rdma;
+            if rdma.is_some() {
+                self.stats.rdma_options_sent += 1;
+            }
             self.add_sack_blocks(&mut r, len as usize);
             Headers::General(r)
         } else {
@@ -2830,8 +2886,13 @@ impl Connection {
             .scoreboard
             .iter()
             .position(|e| e.state == SegState::Lost)?;
-        let emss = u32::from(self.emss);
         let mut e = self.scoreboard[idx];
+        let emss = if self.rdma_tx.is_empty() {
+            u32::from(self.emss)
+        } else {
+            self.rdma_tx
+                .cap_at(e.start, u64::from(e.len), u64::from(self.emss)) as u32
+        };
         if e.len > emss {
             // The path MTU shrank since first transmission: split at EMSS
             // (the first piece keeps the original start boundary).
@@ -2876,6 +2937,10 @@ impl Connection {
         let avail = self.data_end() - self.snd_nxt;
         let emss = u64::from(self.emss);
         match self.cfg.tx_mode {
+            TxMode::Stream if !self.rdma_tx.is_empty() => {
+                self.rdma_tx
+                    .segment_len(self.snd_nxt, self.data_end(), emss)
+            }
             TxMode::Stream => avail.min(emss),
             TxMode::Records | TxMode::Source => {
                 // Records that end after snd_nxt; the first may be partly sent

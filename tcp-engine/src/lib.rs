@@ -18,6 +18,7 @@ pub mod config;
 pub mod conn;
 pub mod isn;
 pub mod ranges;
+mod rdma_tx;
 pub mod rtt;
 pub mod seq;
 pub mod sim;
@@ -34,5 +35,6 @@ pub use conn::{
     TxSource, TxSourceError,
 };
 pub use isn::IsnGenerator;
+pub use rdma_tx::RdmaSend;
 pub use time::Instant;
 pub use wire::{FourTuple, SegmentRepr, WireError};

@@ -1,0 +1,201 @@
+//! Sending with the TCP RDMA option (draft-csapuntz-tcprdma-00; `Connection::send_rdma`): a
+//! stream laid out as HTTP responses (a header, then a body that is an RDMA transfer whose RID
+//! is the response's index, section 5.2) crosses the simulator, with and without loss and
+//! reordering. Every segment is checked on the wire: one that carries octets of a body carries
+//! the option (3.1.8), with the Buffer Offset, Data Offset and Data Length of exactly those
+//! octets (one run of one transfer per segment, section 4), gives up the option's octets of
+//! payload, and carries the same annotation when retransmitted; one that carries none has no
+//! option. The receiver (which does not use the option) reads the stream byte-exact. With the
+//! option not negotiated, nothing is annotated and the stream is the same.
+mod common;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tcp_engine::sim::{Direction, Rng};
+use tcp_engine::wire::rdma::{RdmaOption, Rid};
+use tcp_engine::{Config, RdmaSend, SegmentRepr};
+
+/// One response: its header's stream range and its body's.
+struct Response {
+    header: std::ops::Range<usize>,
+    body: std::ops::Range<usize>,
+}
+
+fn responses(seed: u64, count: usize) -> (Vec<u8>, Vec<Response>) {
+    let mut rng = Rng::new(seed);
+    let mut stream = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let h = rng.range(60, 400) as usize;
+        let b = rng.range(0, 40_000) as usize;
+        let start = stream.len();
+        let mut bytes = vec![0u8; h + b];
+        rng.fill(&mut bytes);
+        stream.extend_from_slice(&bytes);
+        out.push(Response {
+            header: start..start + h,
+            body: start + h..start + h + b,
+        });
+    }
+    (stream, out)
+}
+
+struct Seen {
+    annotated: u64,
+    plain_data: u64,
+    retransmitted_annotated: u64,
+}
+
+/// Runs the transfer; checks every data segment the client sends against the responses.
+fn run(seed: u64, loss: f64, server_offers: bool) -> Seen {
+    let cfg = Config {
+        rdma_option: true,
+        ..Config::default()
+    };
+    let server_cfg = Config {
+        rdma_option: server_offers,
+        ..Config::default()
+    };
+    let (stream, resp) = responses(seed, 24);
+    let (mut c, mut s, mut net) = setup(seed, 0, lossy(loss), lossy(loss), cfg, server_cfg);
+    let established = net.run(
+        &mut c,
+        &mut s,
+        tcp_engine::Instant::from_millis(10_000),
+        |c, s, _| {
+            c.state() == Some(tcp_engine::State::Established)
+                && s.state() == Some(tcp_engine::State::Established)
+        },
+        |_, _, _| {},
+    );
+    assert!(established);
+    assert_eq!(c.conn().rdma_option_enabled(), server_offers);
+    // Queue the whole stream: headers as ordinary data, bodies in two calls each (the second
+    // continues the section).
+    let conn = c.conn_mut();
+    for (i, r) in resp.iter().enumerate() {
+        assert_eq!(conn.send(&stream[r.header.clone()]), Ok(r.header.len()));
+        let mid = r.body.start + r.body.len() / 3;
+        for (from, to) in [(r.body.start, mid), (mid, r.body.end)] {
+            let send = RdmaSend {
+                rid: Rid::new(i as u64).expect("rid"),
+                buffer_offset: (from - r.body.start) as u32,
+                total_length: Some(r.body.len() as u32),
+                unsolicited: false,
+            };
+            assert_eq!(conn.send_rdma(&stream[from..to], send), Ok(to - from));
+        }
+    }
+    let emss = usize::from(conn.emss());
+    c.src = Arc::new(stream.clone());
+    c.queued = stream.len();
+    s.dest = vec![0u8; stream.len()];
+    s.received = 0;
+
+    let mut seq0 = None;
+    let mut sent = std::collections::HashMap::new();
+    let mut seen = Seen {
+        annotated: 0,
+        plain_data: 0,
+        retransmitted_annotated: 0,
+    };
+    // The first body with octets in `[from, to)`.
+    let body_in = |from: usize, to: usize| {
+        resp.iter()
+            .position(|r| !r.body.is_empty() && r.body.end > from && r.body.start < to)
+    };
+    let ok = run_until_done(
+        &mut c,
+        &mut s,
+        &mut net,
+        Duration::from_secs(120),
+        |dir, _, pkt| {
+            if dir != Direction::AtoB {
+                return;
+            }
+            let seg = SegmentRepr::parse(pkt).expect("our own segments parse");
+            if seg.payload.is_empty() {
+                assert_eq!(
+                    seg.options.rdma, None,
+                    "an option on a segment without data"
+                );
+                return;
+            }
+            let seq0 = *seq0.get_or_insert(seg.seq);
+            let off = seg.seq.wrapping_sub(seq0) as usize;
+            let end = off + seg.payload.len();
+            assert_eq!(seg.payload, &stream[off..end], "payload at {off}");
+            // The bodies the segment touches.
+            let Some(i) = body_in(off, end) else {
+                assert_eq!(
+                    seg.options.rdma, None,
+                    "option on [{off}, {end}) of no body"
+                );
+                seen.plain_data += 1;
+                return;
+            };
+            if !server_offers {
+                assert_eq!(seg.options.rdma, None, "annotated without negotiation");
+                seen.plain_data += 1;
+                return;
+            }
+            let r = &resp[i];
+            let (from, to) = (off.max(r.body.start), end.min(r.body.end));
+            assert!(
+                to == end || body_in(to, end).is_none(),
+                "[{off}, {end}) holds octets of two bodies"
+            );
+            let Some(RdmaOption::Transfer(t)) = seg.options.rdma else {
+                panic!("[{off}, {end}) carries body {i} without the option");
+            };
+            assert_eq!(t.rid.get(), i as u64);
+            assert_eq!(t.total_length, Some(r.body.len() as u32));
+            assert_eq!(usize::from(t.data_offset), from - off);
+            assert_eq!(usize::from(t.data_length), to - from);
+            assert_eq!(t.buffer_offset as usize, from - r.body.start);
+            assert_eq!(t.data_range(seg.payload.len()), Ok(from - off..to - off));
+            assert!(
+                seg.payload.len() + 20 <= emss,
+                "the option's octets off the payload"
+            );
+            seen.annotated += 1;
+            if let Some(prev) = sent.insert((off, end), t) {
+                assert_eq!(prev, t, "a retransmission annotated otherwise");
+                seen.retransmitted_annotated += 1;
+            }
+        },
+    );
+    assert!(ok, "transfer incomplete");
+    assert_eq!(
+        c.conn().stats().rdma_options_sent,
+        seen.annotated,
+        "counted as sent"
+    );
+    seen
+}
+
+#[test]
+fn bodies_are_annotated_segment_by_segment() {
+    let seen = run(3, 0.0, true);
+    // Every body cut in pieces of at most EMSS - 20 octets, each piece annotated.
+    assert!(seen.annotated > 24, "{} annotated", seen.annotated);
+    assert_eq!(seen.retransmitted_annotated, 0);
+}
+
+#[test]
+fn retransmissions_carry_the_same_annotation() {
+    let mut retransmitted = 0;
+    for seed in [5, 6, 7] {
+        let seen = run(seed, 0.05, true);
+        assert!(seen.annotated > 24);
+        retransmitted += seen.retransmitted_annotated;
+    }
+    assert!(retransmitted > 0, "the loss exercised no retransmission");
+}
+
+#[test]
+fn without_the_peers_offer_nothing_is_annotated() {
+    let seen = run(9, 0.01, false);
+    assert_eq!(seen.annotated, 0);
+    assert!(seen.plain_data > 0);
+}
