@@ -11,6 +11,7 @@ use crate::cc::CongestionControl;
 use crate::config::{Config, RxMode, TxMode};
 use crate::isn::IsnGenerator;
 use crate::ranges::{Range, RangeSet};
+use crate::rdma_rx::{RdmaPlaced, RdmaPostError, RdmaReceive};
 use crate::rdma_tx::{RdmaSections, RdmaSend};
 use crate::rtt::RttEstimator;
 use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
@@ -183,6 +184,10 @@ pub enum SendError {
     RdmaBufferOffset,
 }
 
+/// The most buffers a connection takes for RDMA transfers at once
+/// ([`Connection::post_rdma_buffer`]).
+pub const MAX_RDMA_BUFFERS: usize = 256;
+
 /// Why [`Connection::handle_packet_too_big`] (or the table's) did not act on a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PacketTooBigError {
@@ -222,6 +227,17 @@ pub struct ConnStats {
     /// Segments sent with a TCP RDMA option describing transfer data
     /// ([`Connection::send_rdma`]), first transmissions and retransmissions.
     pub rdma_options_sent: u64,
+    /// Segments received with a TCP RDMA option describing transfer data (the option in use).
+    pub rdma_options_received: u64,
+    /// Octets placed straight into a posted buffer, arriving in order.
+    pub rdma_placed_in_order: u64,
+    /// Octets placed straight into a posted buffer, arriving out of order.
+    pub rdma_placed_out_of_order: u64,
+    /// Segments whose RDMA option was malformed or not acted on (unknown RID, offsets past
+    /// the segment or the buffer, unsolicited data for a buffer not offered for it, another
+    /// total length or form than the transfer's earlier segments): their data went through
+    /// the stream as ordinary data.
+    pub rdma_refused: u64,
     /// Packets emitted.
     pub segments_out: u64,
     /// Data segments retransmitted (any reason).
@@ -389,6 +405,9 @@ pub struct Connection {
     record_ends: VecDeque<u64>,
     /// Sections of the send stream that are data of RDMA transfers ([`Connection::send_rdma`]).
     rdma_tx: RdmaSections,
+    /// Buffers posted for RDMA transfers and the stream ranges placed in them
+    /// ([`Connection::post_rdma_buffer`]).
+    rdma_rx: RdmaReceive,
     /// Most entries `record_ends` and `scoreboard` hold: their capacity, allocated with the
     /// connection and never grown on the per-segment path (records past it are refused with
     /// `BufferFull`, new segments wait for ACKs to free entries).
@@ -537,6 +556,7 @@ impl Connection {
             source_len: 0,
             record_ends: VecDeque::new(),
             rdma_tx: RdmaSections::new(max_tracked),
+            rdma_rx: RdmaReceive::new(MAX_RDMA_BUFFERS, max_tracked),
             max_tracked,
             fin_queued: false,
             fin_sent: false,
@@ -1070,12 +1090,54 @@ impl Connection {
         Ok(n)
     }
 
+    /// Posts `buf` for the RDMA transfer `rid` (the TCP RDMA option in use,
+    /// [`RxMode::InOrder`]): the data of segments whose option names `rid` is placed straight
+    /// into it at the option's Buffer Offset, in or out of order, once every check passes
+    /// (draft-csapuntz-tcprdma-00 6.1: the data within the segment and the run within `buf`;
+    /// the U bit only if `unsolicited` offers the buffer for unsolicited data; one total
+    /// length and form per transfer); a segment that fails one is ordinary data. In-order
+    /// reading ([`Connection::recv`]) stops at each placed range, which
+    /// [`Connection::next_placed`] reports and passes. At most [`MAX_RDMA_BUFFERS`].
+    pub fn post_rdma_buffer(
+        &mut self,
+        rid: crate::wire::rdma::Rid,
+        buf: Vec<u8>,
+        unsolicited: bool,
+    ) -> Result<(), RdmaPostError> {
+        if self.cfg.rx_mode != RxMode::InOrder {
+            return Err(RdmaPostError::WrongMode);
+        }
+        self.rdma_rx.post(rid, buf, unsolicited)
+    }
+
+    /// Takes back the buffer posted for `rid` (with what was placed in it).
+    pub fn take_rdma_buffer(&mut self, rid: crate::wire::rdma::Rid) -> Option<Vec<u8>> {
+        self.rdma_rx.take(rid)
+    }
+
+    /// The next stream range placed in a posted buffer, once in-order reading has reached it
+    /// ([`Connection::recv`] returns 0 there): passes it, as reading would.
+    pub fn next_placed(&mut self) -> Option<RdmaPlaced> {
+        let p = self.rdma_rx.pop_at(self.rcv_read, self.rcv_nxt)?;
+        self.rcv_read += p.len;
+        self.after_read(p.len);
+        Some(p)
+    }
+
+    /// Where in-order reading stops: `rcv_nxt`, or the next placed range.
+    fn readable_end(&self) -> u64 {
+        match self.rdma_rx.next_start() {
+            Some(s) => s.min(self.rcv_nxt),
+            None => self.rcv_nxt,
+        }
+    }
+
     /// Read in-order data ([`RxMode::InOrder`]); returns octets copied.
     pub fn recv(&mut self, out: &mut [u8]) -> usize {
         if self.cfg.rx_mode != RxMode::InOrder {
             return 0;
         }
-        let avail = (self.rcv_nxt - self.rcv_read) as usize;
+        let avail = (self.readable_end() - self.rcv_read) as usize;
         let n = avail.min(out.len());
         let cap = self.rcv_buf.len();
         let mut copied = 0;
@@ -1086,7 +1148,13 @@ impl Connection {
             copied += run;
         }
         self.rcv_read += n as u64;
-        // Window update when the window opens enough (RFC 9293 3.8.6.2.2).
+        self.after_read(n as u64);
+        n
+    }
+
+    /// Octets were read (or passed, placed): a window update when the window opens enough
+    /// (RFC 9293 3.8.6.2.2).
+    fn after_read(&mut self, n: u64) {
         if n > 0 && self.state.synchronized() {
             let nominal = self.nominal_recv_buffer();
             let new_right = self.rcv_read + nominal;
@@ -1095,12 +1163,11 @@ impl Connection {
                 self.ack_now = true;
             }
         }
-        n
     }
 
-    /// Octets readable in order right now ([`RxMode::InOrder`]).
+    /// Octets readable in order right now ([`RxMode::InOrder`]; up to the next placed range).
     pub fn recv_available(&self) -> usize {
-        (self.rcv_nxt - self.rcv_read) as usize
+        (self.readable_end() - self.rcv_read) as usize
     }
 
     /// [`RxMode::PassUp`]: how many octets past `rcv_nxt` the upper layer can
@@ -2378,14 +2445,50 @@ impl Connection {
                     }
                 }
                 RxMode::InOrder => {
+                    // The run the segment's RDMA option places, if any: its octets go to the
+                    // posted buffer, not to the ring (draft-csapuntz-tcprdma-00).
+                    let mut run = None;
+                    if self.rdma_option_enabled && start_i >= 0 {
+                        if seg.options.rdma_malformed {
+                            self.stats.rdma_refused += 1;
+                        } else if seg.options.rdma.is_some() {
+                            self.stats.rdma_options_received += 1;
+                            match self.rdma_rx.accept(
+                                seg.options.rdma,
+                                start_i as u64,
+                                payload.len(),
+                            ) {
+                                Ok(r) => run = r,
+                                Err(_) => self.stats.rdma_refused += 1,
+                            }
+                        }
+                    }
+                    let (rs, re) = run.map_or((b, b), |r| (r.start.clamp(a, b), r.end.clamp(a, b)));
                     let cap = self.rcv_buf.len();
-                    let mut p = a;
-                    while p < b {
-                        let idx = (p % cap as u64) as usize;
-                        let run = ((b - p) as usize).min(cap - idx);
-                        self.rcv_buf[idx..idx + run]
-                            .copy_from_slice(&payload[off(p)..off(p) + run]);
-                        p += run as u64;
+                    for (from, to) in [(a, rs), (re, b)] {
+                        let mut p = from;
+                        while p < to {
+                            let idx = (p % cap as u64) as usize;
+                            let n = ((to - p) as usize).min(cap - idx);
+                            self.rcv_buf[idx..idx + n]
+                                .copy_from_slice(&payload[off(p)..off(p) + n]);
+                            p += n as u64;
+                        }
+                    }
+                    if let (Some(run), true) = (run, rs < re) {
+                        // Only octets not received before: nothing is placed twice.
+                        let in_order = a <= self.rcv_nxt;
+                        let (ranges, rx) = (&self.rcv_ranges, &mut self.rdma_rx);
+                        let mut placed = 0;
+                        ranges.for_each_gap(rs, re, |g0, g1| {
+                            rx.place(&run, g0, &payload[off(g0)..off(g1)]);
+                            placed += g1 - g0;
+                        });
+                        if in_order {
+                            self.stats.rdma_placed_in_order += placed;
+                        } else {
+                            self.stats.rdma_placed_out_of_order += placed;
+                        }
                     }
                 }
             }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod conn;
 pub mod isn;
 pub mod ranges;
+mod rdma_rx;
 mod rdma_tx;
 pub mod rtt;
 pub mod seq;
@@ -35,6 +36,7 @@ pub use conn::{
     TxSource, TxSourceError,
 };
 pub use isn::IsnGenerator;
+pub use rdma_rx::{RdmaPlaced, RdmaPostError};
 pub use rdma_tx::RdmaSend;
 pub use time::Instant;
 pub use wire::{FourTuple, SegmentRepr, WireError};

@@ -59,6 +59,8 @@ pub struct Peer {
     pub max_ooo_held: u64,
     pub events: Vec<Event>,
     pub malformed: u64,
+    /// Ranges placed in posted RDMA buffers ([`Connection::next_placed`]), in stream order.
+    pub placed: Vec<tcp_engine::RdmaPlaced>,
 }
 
 impl Peer {
@@ -105,6 +107,7 @@ impl Peer {
             max_ooo_held: 0,
             events: Vec::new(),
             malformed: 0,
+            placed: Vec::new(),
         }
     }
 
@@ -184,6 +187,12 @@ impl Peer {
             loop {
                 let n = conn.recv(&mut self.dest[self.received..]);
                 if n == 0 {
+                    // A range placed in a posted RDMA buffer: passed, not read.
+                    if let Some(p) = conn.next_placed() {
+                        self.received += p.len as usize;
+                        self.placed.push(p);
+                        continue;
+                    }
                     break;
                 }
                 self.received += n;
