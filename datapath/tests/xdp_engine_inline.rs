@@ -30,57 +30,15 @@ const SETUP: Duration = Duration::from_secs(30);
 const ROUND_LIMIT: Duration = Duration::from_secs(5);
 
 fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
-    RecvWr {
-        wr_id: i,
-        sg_list: mr.sge((i % 4) as usize * LEN, LEN as u32).into(),
-    }
+    bed::slot_recv(mr, i, LEN)
 }
 
 /// Echoes every Send back (kernel TCP, blocking waits).
 fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    let req = bed::listen_in_b(port, &ready, SETUP)?;
-    let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
-    let buf = pd
-        .register(LEN * 4, Access::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let recvs = (0..4).map(|i| recv_wr(&buf, i)).collect();
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &[], recvs)
-        .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
-    let mut got = 0;
-    while got < ROUNDS {
-        let c = cq
-            .wait(SETUP)
-            .ok_or_else(|| format!("no completion after {got} rounds: {:?}", qp.status()))?;
-        if c.wc.status != WcStatus::Success {
-            return Err(format!("failed completion {c:?}"));
-        }
-        if c.wc.opcode != WcOpcode::Recv {
-            continue;
-        }
-        let i = c.wc.wr_id;
-        let off = (i % 4) as usize * LEN;
-        qp.post_send(SendWr {
-            wr_id: i,
-            op: SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            sg_list: buf.sge(off, LEN as u32).into(),
-            signaled: true,
-        })
-        .map_err(|e| format!("echo: {e}"))?;
-        // Reposted before the client's next Send can arrive (the echo's Send goes first, and
-        // the client sends again only once it has the echo).
-        qp.post_recv(recv_wr(&buf, i + 4))
-            .map_err(|e| format!("repost: {e}"))?;
-        got += 1;
-    }
+    let mut echoed = bed::echo_rounds(port, &ready, ROUNDS, LEN, SETUP, |_| Ok(()))?;
     // The last echoes' completions, then wait for the client to close.
-    let _ = qp.wait_finished(SETUP);
-    qp.disconnect();
+    let _ = echoed.qp.wait_finished(SETUP);
+    echoed.qp.disconnect();
     Ok(())
 }
 

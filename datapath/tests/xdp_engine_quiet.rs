@@ -18,9 +18,7 @@
 use std::time::{Duration, Instant};
 
 use datapath::engine::XdpEngineConfig;
-use datapath::{
-    Access, CompletionQueue, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
-};
+use datapath::{Access, CompletionQueue, ProtectionDomain, RecvWr, SendWr, WcOpcode, WcStatus};
 use testbed::*;
 
 mod common;
@@ -34,22 +32,11 @@ const SETUP: Duration = Duration::from_secs(30);
 const HOLD: Duration = Duration::from_millis(600);
 
 fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
-    RecvWr {
-        wr_id: i,
-        sg_list: mr.sge((i % 4) as usize * LEN, LEN as u32).into(),
-    }
+    bed::slot_recv(mr, i, LEN)
 }
 
 fn send_wr(mr: &datapath::MemoryRegion, i: u64) -> SendWr {
-    SendWr {
-        wr_id: i,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        sg_list: mr.sge((i % 4) as usize * LEN, LEN as u32).into(),
-        signaled: true,
-    }
+    bed::slot_send(mr, i, LEN)
 }
 
 /// The calling thread's network namespace's count of retransmitted TCP segments.
@@ -75,45 +62,19 @@ fn retransmitted_segments() -> Result<u64, String> {
 /// Echoes `ROUNDS` Sends and holds still; returns the kernel's retransmissions from the last
 /// echo on.
 fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<u64, String> {
-    let req = bed::listen_in_b(port, &ready, SETUP)?;
-    let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
-    let buf = pd
-        .register(LEN * 4, Access::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let recvs = (0..4).map(|i| recv_wr(&buf, i)).collect();
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &[], recvs)
-        .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
-    let mut got = 0;
     let mut before = 0;
-    while got < ROUNDS {
-        let c = cq
-            .wait(SETUP)
-            .ok_or_else(|| format!("no completion after {got} rounds: {:?}", qp.status()))?;
-        if c.wc.status != WcStatus::Success {
-            return Err(format!("failed completion {c:?}"));
-        }
-        if c.wc.opcode != WcOpcode::Recv {
-            continue;
-        }
-        let i = c.wc.wr_id;
-        if got == ROUNDS - 1 {
+    let mut echoed = bed::echo_rounds(port, &ready, ROUNDS, LEN, SETUP, |round| {
+        if round == ROUNDS - 1 {
             // The last echo: nothing answers it, so only the client's delayed-ACK timer
             // acknowledges it.
             before = retransmitted_segments()?;
         }
-        qp.post_send(send_wr(&buf, i))
-            .map_err(|e| format!("echo: {e}"))?;
-        qp.post_recv(recv_wr(&buf, i + 4))
-            .map_err(|e| format!("repost: {e}"))?;
-        got += 1;
-    }
+        Ok(())
+    })?;
     std::thread::sleep(HOLD);
     let retransmitted = retransmitted_segments()? - before;
-    let _ = qp.wait_finished(SETUP);
-    qp.disconnect();
+    let _ = echoed.qp.wait_finished(SETUP);
+    echoed.qp.disconnect();
     Ok(retransmitted)
 }
 

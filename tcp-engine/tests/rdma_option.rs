@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
-use tcp_engine::sim::{Direction, Rng};
+use tcp_engine::sim::{Direction, Network, Rng};
 use tcp_engine::wire::rdma::{RdmaOption, Rid};
 use tcp_engine::{Config, RdmaSend, SegmentRepr};
 
@@ -40,6 +40,24 @@ fn responses(seed: u64, count: usize) -> (Vec<u8>, Vec<Response>) {
     (stream, out)
 }
 
+/// A client and a server over links with `loss` (and reordering), run until both are
+/// ESTABLISHED.
+fn connected(seed: u64, loss: f64, c_cfg: Config, s_cfg: Config) -> (Peer, Peer, Network) {
+    let (mut c, mut s, mut net) = setup(seed, 0, lossy(loss), lossy(loss), c_cfg, s_cfg);
+    let established = net.run(
+        &mut c,
+        &mut s,
+        tcp_engine::Instant::from_millis(10_000),
+        |c, s, _| {
+            c.state() == Some(tcp_engine::State::Established)
+                && s.state() == Some(tcp_engine::State::Established)
+        },
+        |_, _, _| {},
+    );
+    assert!(established);
+    (c, s, net)
+}
+
 struct Seen {
     annotated: u64,
     /// Annotated segments the receiver, which posted no buffer, took as ordinary data.
@@ -59,18 +77,7 @@ fn run(seed: u64, loss: f64, server_offers: bool) -> Seen {
         ..Config::default()
     };
     let (stream, resp) = responses(seed, 24);
-    let (mut c, mut s, mut net) = setup(seed, 0, lossy(loss), lossy(loss), cfg, server_cfg);
-    let established = net.run(
-        &mut c,
-        &mut s,
-        tcp_engine::Instant::from_millis(10_000),
-        |c, s, _| {
-            c.state() == Some(tcp_engine::State::Established)
-                && s.state() == Some(tcp_engine::State::Established)
-        },
-        |_, _, _| {},
-    );
-    assert!(established);
+    let (mut c, mut s, mut net) = connected(seed, loss, cfg, server_cfg);
     assert_eq!(c.conn().rdma_option_enabled(), server_offers);
     // Queue the whole stream: headers as ordinary data, bodies in two calls each (the second
     // continues the section).
@@ -218,18 +225,7 @@ fn run_placed(seed: u64, loss: f64) -> (u64, u64) {
         ..Config::default()
     };
     let (stream, resp) = responses(seed, 24);
-    let (mut c, mut s, mut net) = setup(seed, 0, lossy(loss), lossy(loss), cfg.clone(), cfg);
-    let established = net.run(
-        &mut c,
-        &mut s,
-        tcp_engine::Instant::from_millis(10_000),
-        |c, s, _| {
-            c.state() == Some(tcp_engine::State::Established)
-                && s.state() == Some(tcp_engine::State::Established)
-        },
-        |_, _, _| {},
-    );
-    assert!(established);
+    let (mut c, mut s, mut net) = connected(seed, loss, cfg.clone(), cfg);
     for (i, r) in resp.iter().enumerate() {
         if !r.body.is_empty() {
             s.conn_mut()

@@ -1172,7 +1172,8 @@ impl XdpTcp {
         let (mut work, backlog, passed_up) = self.receive(now, app);
         work |= self.accept_new(app);
         work |= self.service(app, now);
-        if defer && passed_up && !self.deferred {
+        // Not when this poll took new requests: their transmission (the reply) goes now.
+        if defer && passed_up && !app_work && !self.deferred {
             self.deferred = true;
             return Ok(work);
         }
@@ -1182,6 +1183,7 @@ impl XdpTcp {
         // before a batch of frames was processed. One that found nothing needs no second
         // reading.
         let now = if work { self.now() } else { now };
+        let mut timers_fired = false;
         if self.table.poll_timeout().is_some_and(|d| d <= now) {
             // A full batch means more frames wait in a ring, and after the thread was
             // descheduled they hold the ACKs the expired timers are waiting for: firing the
@@ -1191,6 +1193,7 @@ impl XdpTcp {
             } else {
                 self.timers_deferred = 0;
                 self.table.handle_timeout(now);
+                timers_fired = true;
             }
         }
         let (sent, tx_settled) = self.transmit(now, app)?;
@@ -1199,8 +1202,11 @@ impl XdpTcp {
         // Quiet: nothing happened, nothing waits for a later turn (a full receive batch,
         // deferred timers, segments or frames left unsent), and every connection was serviced
         // (with many, a turn services only those named, and all of them now and then).
+        // (A timer that fired may have closed a connection without sending anything: the
+        // next poll's service removes it.)
         if !work
             && !backlog
+            && !timers_fired
             && self.timers_deferred == 0
             && tx_settled
             && self.conns.len() <= SERVICE_ALL_MAX

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::ProtectionDomain;
-use datapath::{CompletionQueue, ConnectParams, ConnectRequest, Connection, Listener};
+use datapath::{
+    Access, CompletionQueue, ConnectParams, ConnectRequest, Connection, Listener, MemoryRegion,
+    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+};
 use testbed::{enter_ns, ADDR_B, DEV_A, NS_A, NS_B};
 
 /// Connection parameters with a bounded setup time (10 s).
@@ -100,4 +103,85 @@ impl Stack<'_> {
             }
         }
     }
+}
+
+/// A receive of `len` octets into slot `i % 4` of `mr`.
+pub fn slot_recv(mr: &MemoryRegion, i: u64, len: usize) -> RecvWr {
+    RecvWr {
+        wr_id: i,
+        sg_list: mr.sge((i % 4) as usize * len, len as u32).into(),
+    }
+}
+
+/// A signaled Send of slot `i % 4` (`len` octets) of `mr`.
+pub fn slot_send(mr: &MemoryRegion, i: u64, len: usize) -> SendWr {
+    SendWr {
+        wr_id: i,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: mr.sge((i % 4) as usize * len, len as u32).into(),
+        signaled: true,
+    }
+}
+
+/// The queue pair of [`echo_rounds`] with what it uses (its buffer must outlive the echoes
+/// still in flight; fields drop in order, the queue pair first).
+pub struct Echoed {
+    pub qp: QueuePair,
+    _cq: CompletionQueue,
+    _buf: MemoryRegion,
+    _pd: ProtectionDomain,
+}
+
+/// Moves into `iwb`, accepts one connection on `port` (socket transport, four receives of
+/// `len` octets posted), echoes `rounds` Sends back (blocking waits, up to `within` each),
+/// calling `before_echo(round)` before each echo, and returns the queue pair.
+pub fn echo_rounds(
+    port: u16,
+    ready: &Sender<()>,
+    rounds: u64,
+    len: usize,
+    within: Duration,
+    mut before_echo: impl FnMut(u64) -> Result<(), String>,
+) -> Result<Echoed, String> {
+    let req = listen_in_b(port, ready, within)?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let buf = pd
+        .register(len * 4, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let recvs = (0..4).map(|i| slot_recv(&buf, i, len)).collect();
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    let qp = conn.qp;
+    let mut got = 0;
+    while got < rounds {
+        let c = cq
+            .wait(within)
+            .ok_or_else(|| format!("no completion after {got} rounds: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success {
+            return Err(format!("failed completion {c:?}"));
+        }
+        if c.wc.opcode != WcOpcode::Recv {
+            continue;
+        }
+        let i = c.wc.wr_id;
+        before_echo(got)?;
+        qp.post_send(slot_send(&buf, i, len))
+            .map_err(|e| format!("echo: {e}"))?;
+        // Reposted before the client's next Send can arrive (the echo's Send goes first, and
+        // the client sends again only once it has the echo).
+        qp.post_recv(slot_recv(&buf, i + 4, len))
+            .map_err(|e| format!("repost: {e}"))?;
+        got += 1;
+    }
+    Ok(Echoed {
+        qp,
+        _cq: cq,
+        _buf: buf,
+        _pd: pd,
+    })
 }

@@ -99,6 +99,11 @@ impl Turner {
                 }
             }
         }
+        if self.st.progress {
+            // The application's requests were taken (perhaps not all of them: a turn takes at
+            // most a budget per queue pair) or events handed out: the next poll runs in full.
+            self.xdp.unquiet();
+        }
         work |= std::mem::take(&mut self.st.progress);
         work
     }
@@ -298,6 +303,8 @@ impl Engine {
                         slot.conn.close();
                     }
                     t.st.listeners.clear();
+                    // The closes are sent by the connections' next service.
+                    t.xdp.unquiet();
                 }
             }
         }
@@ -349,6 +356,7 @@ impl Engine {
         fence(Ordering::SeqCst);
         if !self.cmds.is_empty() || t.commands_pending() {
             self.wake.state.store(AWAKE, Ordering::SeqCst);
+            t.xdp.unquiet();
             return Next::Turn;
         }
         let app = App {
