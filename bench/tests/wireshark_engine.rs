@@ -421,27 +421,42 @@ fn tshark_decodes_engine_rev1_crc_capture() {
         ),
     ];
     for (test, port, tshark_ops, our_ops) in tests {
-        let cap = start_capture(&format!("engine-{test}"), port);
-        for (i, (size, n)) in RUNS.iter().enumerate() {
-            session(test, port + i as u16, &["-s", size, "-n", n]);
-        }
-        let path = stop_capture(cap);
-        let text = tshark_verbose(&path);
-        let dump = path.with_extension("tshark.txt");
-        std::fs::write(&dump, &text).expect("save tshark output");
-        let ctx = format!("{test}: see {}", dump.display());
         let sessions = RUNS.len();
-        let (requests, replies) = (
-            count(&text, "Request frame header"),
-            count(&text, "Reply frame header"),
-        );
-        if (requests, replies) != (sessions, sessions) {
+        let mut attempt = 1;
+        let (path, text, ctx) = loop {
+            let cap = start_capture(&format!("engine-{test}"), port);
+            for (i, (size, n)) in RUNS.iter().enumerate() {
+                session(test, port + i as u16, &["-s", size, "-n", n]);
+            }
+            let path = stop_capture(cap);
+            let text = tshark_verbose(&path);
+            let dump = path.with_extension("tshark.txt");
+            std::fs::write(&dump, &text).expect("save tshark output");
+            let ctx = format!("{test}: see {}", dump.display());
+            let (requests, replies) = (
+                count(&text, "Request frame header"),
+                count(&text, "Reply frame header"),
+            );
+            if (requests, replies) == (sessions, sessions) {
+                break (path, text, ctx);
+            }
+            let starts = stream_starts(&path);
+            // tshark 4.0's MPA dissector gives up on a connection whose MPA Request or Reply
+            // was sent twice (a tail loss probe when a loaded machine is slow to answer): it
+            // then decodes neither. That is tshark's limit, not a wire error: capture again.
+            if attempt < 3 && starts.contains("Retransmission") {
+                eprintln!(
+                    "{ctx}: an MPA frame was retransmitted and tshark did not decode that \
+                     connection; capturing again (attempt {attempt}):\n{starts}"
+                );
+                attempt += 1;
+                continue;
+            }
             panic!(
                 "{ctx}: {requests} MPA Requests and {replies} Replies decoded, expected \
-                 {sessions} each; where the streams start:\n{}",
-                stream_starts(&path)
+                 {sessions} each; where the streams start:\n{starts}"
             );
-        }
+        };
         assert!(!text.contains("Malformed"), "{ctx}");
         assert!(!text.contains("Bad CRC"), "{ctx}");
         let fpdus = count(&text, "    FPDU\n");
