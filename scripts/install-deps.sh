@@ -16,6 +16,8 @@ declare -A NEED=(
   [llc]=llvm          # xsk-rs builds libxdp's BPF objects with clang + llc
   [readelf]=binutils
   [pkg-config]=pkg-config
+  [curl]=curl          # HTTP interop tests (the TCP RDMA option)
+  [python3]=python3    # HTTP interop tests: python3 -m http.server
 )
 # libraries (checked by file)
 declare -A LIBS=(

@@ -6,6 +6,7 @@
 
 mod compare;
 mod engine_report;
+mod http;
 mod inline;
 mod interrupt;
 mod live;
@@ -618,6 +619,12 @@ fn main() -> ExitCode {
         Some("tcp-sink" | "tcp-source")
     ) {
         return tcp_tools::main(std::env::args().skip(1));
+    }
+    if matches!(
+        std::env::args().nth(1).as_deref(),
+        Some("http-server" | "http-client")
+    ) {
+        return http::main(std::env::args().skip(1));
     }
     if std::env::args().nth(1).as_deref() == Some("rping") {
         return rping::main(std::env::args().skip(1));

@@ -40,7 +40,7 @@ enum Transport {
 
 /// XDP attach mode of the steering program.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Driver,
     Generic,
     Auto,
@@ -102,7 +102,7 @@ struct SourceCli {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum ToolError {
+pub(crate) enum ToolError {
     #[error(transparent)]
     Driver(#[from] XdpTcpError),
     #[error("--iface is required with --transport xdp")]
@@ -221,7 +221,7 @@ impl TcpFacts {
 }
 
 #[derive(Serialize, Debug, Clone)]
-struct XdpFacts {
+pub(crate) struct XdpFacts {
     iface: String,
     mode: String,
     zero_copy: bool,
@@ -238,7 +238,7 @@ struct XdpFacts {
 }
 
 impl XdpFacts {
-    fn of(d: &XdpTcp) -> Self {
+    pub(crate) fn of(d: &XdpTcp) -> Self {
         let s = d.stats();
         Self {
             iface: d.ifname().to_owned(),
@@ -260,7 +260,7 @@ impl XdpFacts {
     }
 }
 
-fn secs(s: f64, what: &'static str) -> Result<Duration, ToolError> {
+pub(crate) fn secs(s: f64, what: &'static str) -> Result<Duration, ToolError> {
     if s.is_finite() && s > 0.0 && s <= 86_400.0 {
         Ok(Duration::from_secs_f64(s))
     } else {
@@ -268,7 +268,7 @@ fn secs(s: f64, what: &'static str) -> Result<Duration, ToolError> {
     }
 }
 
-fn hex(digest: &[u8]) -> String {
+pub(crate) fn hex(digest: &[u8]) -> String {
     let mut s = String::with_capacity(digest.len() * 2);
     for b in digest {
         let _ = write!(s, "{b:02x}");
@@ -276,7 +276,7 @@ fn hex(digest: &[u8]) -> String {
     s
 }
 
-fn gbit(bytes: u64, d: Duration) -> f64 {
+pub(crate) fn gbit(bytes: u64, d: Duration) -> f64 {
     let s = d.as_secs_f64();
     if s > 0.0 {
         bytes as f64 * 8.0 / s / 1e9
@@ -297,12 +297,12 @@ fn is_root() -> bool {
 }
 
 /// The byte generator: xoshiro256** seeded through splitmix64.
-struct Generator {
+pub(crate) struct Generator {
     s: [u64; 4],
 }
 
 impl Generator {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         let mut x = seed;
         let mut next = || {
             x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -331,7 +331,7 @@ impl Generator {
 
     /// Fills `buf` with the next `buf.len()` bytes of the stream (little-endian words). Only
     /// the last call of a stream may have a length that is not a multiple of 8.
-    fn fill(&mut self, buf: &mut [u8]) {
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         let mut chunks = buf.chunks_exact_mut(8);
         for c in &mut chunks {
             c.copy_from_slice(&self.next_u64().to_le_bytes());
@@ -346,7 +346,7 @@ impl Generator {
 }
 
 /// Once-a-second progress lines on stderr.
-struct Progress {
+pub(crate) struct Progress {
     quiet: bool,
     label: &'static str,
     start: Instant,
@@ -355,7 +355,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(quiet: bool, label: &'static str) -> Self {
+    pub(crate) fn new(quiet: bool, label: &'static str) -> Self {
         let now = Instant::now();
         Self {
             quiet,
@@ -366,7 +366,7 @@ impl Progress {
         }
     }
 
-    fn tick(&mut self, bytes: u64, total: Option<u64>) {
+    pub(crate) fn tick(&mut self, bytes: u64, total: Option<u64>) {
         if self.quiet {
             return;
         }
@@ -388,14 +388,14 @@ impl Progress {
 }
 
 /// Stall detection: fails when the byte count stops moving for `limit`.
-struct Watchdog {
+pub(crate) struct Watchdog {
     limit: Duration,
     last_change: Instant,
     last_bytes: u64,
 }
 
 impl Watchdog {
-    fn new(limit: Duration) -> Self {
+    pub(crate) fn new(limit: Duration) -> Self {
         Self {
             limit,
             last_change: Instant::now(),
@@ -403,7 +403,7 @@ impl Watchdog {
         }
     }
 
-    fn check(&mut self, bytes: u64) -> Result<(), ToolError> {
+    pub(crate) fn check(&mut self, bytes: u64) -> Result<(), ToolError> {
         if bytes != self.last_bytes {
             self.last_bytes = bytes;
             self.last_change = Instant::now();
@@ -415,13 +415,22 @@ impl Watchdog {
 }
 
 fn open_driver(c: &Common) -> Result<XdpTcp, ToolError> {
-    let iface = c.iface.as_deref().ok_or(ToolError::NeedIface)?;
+    open_xdp(c.iface.as_deref(), &c.queues, c.xdp_mode)
+}
+
+/// Opens the AF_XDP driver on `iface` (checks: given, root).
+pub(crate) fn open_xdp(
+    iface: Option<&str>,
+    queues: &[u32],
+    xdp_mode: Mode,
+) -> Result<XdpTcp, ToolError> {
+    let iface = iface.ok_or(ToolError::NeedIface)?;
     if !is_root() {
         return Err(ToolError::NotRoot);
     }
     let cfg = XdpTcpConfig {
-        queues: (!c.queues.is_empty()).then(|| c.queues.clone()),
-        attach_mode: match c.xdp_mode {
+        queues: (!queues.is_empty()).then(|| queues.to_vec()),
+        attach_mode: match xdp_mode {
             Mode::Driver => AttachMode::Driver,
             Mode::Generic => AttachMode::Generic,
             Mode::Auto => AttachMode::Auto,
@@ -431,7 +440,7 @@ fn open_driver(c: &Common) -> Result<XdpTcp, ToolError> {
     Ok(XdpTcp::open(iface, cfg)?)
 }
 
-fn describe(d: &XdpTcp) -> String {
+pub(crate) fn describe(d: &XdpTcp) -> String {
     format!(
         "{} queue(s) {:?}, XDP {} mode, AF_XDP {}, MTU {}",
         d.ifname(),

@@ -11,13 +11,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{bench_in, wait_with_timeout};
+use common::{bench_in, json, Tool};
 use sha2::{Digest, Sha256};
 use testbed::*;
 
@@ -51,77 +51,6 @@ fn kernel_tcp_options_on(ns: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// A tool process whose stderr lines are collected on a thread.
-struct Tool {
-    child: Child,
-    stderr: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Tool {
-    fn start(mut cmd: Command) -> Tool {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start iwarp-bench");
-        let err = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Tool {
-            child,
-            stderr: rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for a stderr line containing `what`.
-    fn wait_for(&mut self, what: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(what) => return,
-                Ok(line) => self.seen.push(line),
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let status = self.child.wait();
-                    self.seen.extend(self.stderr.try_iter());
-                    panic!(
-                        "no {what:?} from iwarp-bench within {timeout:?}; exit {status:?}, stderr: {:?}",
-                        self.seen
-                    );
-                }
-            }
-        }
-    }
-
-    fn finish(self, timeout: Duration) -> (Output, String) {
-        let out = wait_with_timeout(self.child, timeout);
-        let mut err = self.seen;
-        err.extend(self.stderr.try_iter());
-        (out, err.join("\n"))
-    }
-}
-
-fn json(out: &Output, stderr: &str, what: &str) -> serde_json::Value {
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout: {s}\nstderr:\n{stderr}",
-        out.status
-    );
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
-        panic!("{what}: stdout is not one JSON object ({e}):\n{s}\nstderr:\n{stderr}")
-    })
 }
 
 fn hex(d: &[u8]) -> String {

@@ -233,11 +233,17 @@ pub struct ConnStats {
     pub rdma_placed_in_order: u64,
     /// Octets placed straight into a posted buffer, arriving out of order.
     pub rdma_placed_out_of_order: u64,
-    /// Segments whose RDMA option was malformed or not acted on (unknown RID, offsets past
-    /// the segment or the buffer, unsolicited data for a buffer not offered for it, another
-    /// total length or form than the transfer's earlier segments): their data went through
-    /// the stream as ordinary data.
+    /// Segments whose RDMA option was well formed but not acted on (unknown RID, offsets
+    /// past the segment or the buffer, unsolicited data for a buffer not offered for it,
+    /// another total length or form than the transfer's earlier segments): their data went
+    /// through the stream as ordinary data (draft-csapuntz-tcprdma-00 6.1).
     pub rdma_refused: u64,
+    /// Segments whose first RDMA option was malformed (a length the draft does not define,
+    /// running past the options; 3.3): ordinary data.
+    pub rdma_malformed: u64,
+    /// Octets the ULP read in order through the stream ([`Connection::recv`]), as opposed to
+    /// octets placed in posted buffers.
+    pub delivered_in_order: u64,
     /// Packets emitted.
     pub segments_out: u64,
     /// Data segments retransmitted (any reason).
@@ -1148,6 +1154,7 @@ impl Connection {
             copied += run;
         }
         self.rcv_read += n as u64;
+        self.stats.delivered_in_order += n as u64;
         self.after_read(n as u64);
         n
     }
@@ -2450,7 +2457,7 @@ impl Connection {
                     let mut run = None;
                     if self.rdma_option_enabled && start_i >= 0 {
                         if seg.options.rdma_malformed {
-                            self.stats.rdma_refused += 1;
+                            self.stats.rdma_malformed += 1;
                         } else if seg.options.rdma.is_some() {
                             self.stats.rdma_options_received += 1;
                             match self.rdma_rx.accept(

@@ -1,9 +1,11 @@
 //! Helpers for tests that run `iwarp-bench` as a process.
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -270,4 +272,75 @@ pub fn bed_pair(server_args: &[String], client_args: &[String]) -> (Output, Outp
     };
     let server = wait_with_timeout(server, Duration::from_secs(60));
     (client, server)
+}
+
+/// A tool process whose stderr lines are collected on a thread.
+pub struct Tool {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Tool {
+    pub fn start(mut cmd: Command) -> Tool {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start iwarp-bench");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Tool {
+            child,
+            stderr: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `what`.
+    pub fn wait_for(&mut self, what: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return,
+                Ok(line) => self.seen.push(line),
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let status = self.child.wait();
+                    self.seen.extend(self.stderr.try_iter());
+                    panic!(
+                        "no {what:?} from iwarp-bench within {timeout:?}; exit {status:?}, stderr: {:?}",
+                        self.seen
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn finish(self, timeout: Duration) -> (Output, String) {
+        let out = wait_with_timeout(self.child, timeout);
+        let mut err = self.seen;
+        err.extend(self.stderr.try_iter());
+        (out, err.join("\n"))
+    }
+}
+
+pub fn json(out: &Output, stderr: &str, what: &str) -> serde_json::Value {
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {s}\nstderr:\n{stderr}",
+        out.status
+    );
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
+        panic!("{what}: stdout is not one JSON object ({e}):\n{s}\nstderr:\n{stderr}")
+    })
 }

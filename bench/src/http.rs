@@ -1,0 +1,1431 @@
+//! `iwarp-bench http-server` and `iwarp-bench http-client`: HTTP/1.1 over our TCP on AF_XDP
+//! with the TCP RDMA option (draft-csapuntz-tcprdma-00, TCP option kind 25), whose RIDs are
+//! laid out as the draft's section 5.2 does for HTTP: the RID of a message's body is the index
+//! of its request on the connection (the first request is 0, the upper bits zero).
+//!
+//! * `http-server --iface IF --port P` answers `GET /gen/SEED/LEN` with LEN pseudo-random
+//!   octets (the generator of `tcp-source`), `GET /NAME` with the file NAME of `--dir`, and
+//!   `PUT` or `POST` of any path with the SHA-256 (hex) of the body it received; bodies put to
+//!   `/gen/SEED/LEN` must be that object (422 otherwise). Response bodies go as RDMA transfers
+//!   with the U bit clear (5.2.2) when the client offered the option, and the server posts
+//!   buffers (`--put-buffer` octets) for request bodies sent unsolicited (5.2.3).
+//! * `http-client --iface IF ADDR:PORT` sends `--count` requests (`--method get|put|post`)
+//!   pipelined `--depth` deep on one keep-alive connection. For each GET it posts a buffer for
+//!   the body of the response before the request leaves, so the body is placed there straight
+//!   from the received frames, in order or not; a PUT's body is an unsolicited transfer.
+//!   Bodies of `/gen/` objects are compared with the generator's octets, PUT answers with the
+//!   SHA-256 of what was sent.
+//!
+//! Without the option (`--rdma-option off`, or a peer that does not offer it, such as kernel
+//! TCP, which ignores option 25) both are plain HTTP/1.1 and every octet goes through the
+//! stream: `curl` downloads from the server, and the client downloads from any HTTP/1.1 or
+//! 1.0 server that sends `Content-Length` (with `--count 1` when it closes after a response).
+//!
+//! Each prints one JSON object on stdout at the end (the server once `--connections` are
+//! done): octets, time, the CPU time of its thread, and the TCP RDMA counters
+//! ([`tcp_engine::ConnStats`]: options sent and received, octets placed in and out of order,
+//! octets delivered through the stream, refused and malformed options).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, ValueEnum};
+use datapath::xdp_tcp::engine::wire::rdma::Rid;
+use datapath::xdp_tcp::engine::{ConnStats, Instant as TcpInstant, RdmaSend, SendError};
+use datapath::xdp_tcp::{ConnId, Connection, Event, TcpApp, XdpTcp};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::tcp_tools::{
+    describe, gbit, hex, open_xdp, secs, Generator, Mode, Progress, ToolError, Watchdog, XdpFacts,
+};
+
+/// Longest request or response head taken.
+const MAX_HEAD: usize = 16 * 1024;
+/// Requests a server posts unsolicited-body buffers ahead for: twice the client's default
+/// depth, so a body that arrives in the turn before the server read the requests ahead of it
+/// still finds its buffer (one that finds none goes through the stream).
+const PUT_AHEAD: u64 = 8;
+/// Messages read per connection per turn (so transmission keeps its share of the loop).
+const MESSAGES_PER_TURN: usize = 64;
+/// How long the client waits for the server's FIN once every response is in.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Generated objects the server keeps (octets) before it forgets them all.
+const OBJECT_CACHE: usize = 256 << 20;
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Get,
+    Put,
+    Post,
+}
+
+impl Method {
+    fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Put => "PUT",
+            Method::Post => "POST",
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+struct Link {
+    /// Interface to run on, in the current network namespace (our TCP on AF_XDP; needs root).
+    #[arg(long)]
+    iface: Option<String>,
+    /// RX queue to own (repeatable; default: all queues of the interface).
+    #[arg(long = "queue")]
+    queues: Vec<u32>,
+    /// XDP attach mode of the steering program.
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    xdp_mode: Mode,
+    /// Offer the TCP RDMA option (kind 25) on the SYN; it is used when both ends offer it.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    rdma_option: OnOff,
+    /// Seconds to wait for the connection (server: a client; client: the handshake).
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Seconds without progress after which the client fails as stalled.
+    #[arg(long, default_value_t = 30.0)]
+    idle_timeout: f64,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Serve HTTP/1.1 with bodies annotated by the TCP RDMA option.
+#[derive(Parser, Debug)]
+#[command(name = "iwarp-bench http-server")]
+struct ServerCli {
+    #[command(flatten)]
+    link: Link,
+    /// TCP port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Exit (and print the report) after this many connections have closed; 0: never.
+    #[arg(long, default_value_t = 0)]
+    connections: u64,
+    /// Directory whose files `GET /NAME` serves (no subdirectories).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Octets of each buffer posted for unsolicited request bodies (PUT, POST); 0: none.
+    #[arg(long, default_value_t = 1 << 20)]
+    put_buffer: usize,
+    /// Largest object served or body taken, in octets (at most 4 GiB - 1: the option's
+    /// offsets are 32 bits).
+    #[arg(long, default_value_t = 1 << 30)]
+    max_object: u64,
+}
+
+/// Fetch (or upload) objects over HTTP/1.1, bodies placed by the TCP RDMA option.
+#[derive(Parser, Debug)]
+#[command(name = "iwarp-bench http-client")]
+struct ClientCli {
+    #[command(flatten)]
+    link: Link,
+    /// Request method.
+    #[arg(long, value_enum, default_value_t = Method::Get)]
+    method: Method,
+    /// Request target (default `/gen/SEED/SIZE`, checked against the generator).
+    #[arg(long)]
+    path: Option<String>,
+    /// Object size in octets: of `/gen/` objects, of the buffer posted per GET, of PUT bodies.
+    #[arg(long, default_value_t = 1 << 20)]
+    size: u64,
+    /// Seed of the `/gen/` object.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Requests to send.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Requests outstanding at once (pipelined).
+    #[arg(long, default_value_t = 4)]
+    depth: u64,
+    /// The server, ADDR:PORT (IPv4).
+    server: SocketAddrV4,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HttpError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error("malformed HTTP head: {0}")]
+    BadHead(&'static str),
+    #[error("HTTP head longer than {MAX_HEAD} octets")]
+    HeadTooLarge,
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
+    #[error(
+        "message {index}: the peer placed {len} octets for RID {rid} at buffer offset {at}, \
+         where the body had reached {pos} of {body} octets"
+    )]
+    Misplaced {
+        index: u64,
+        rid: u64,
+        len: u64,
+        at: u64,
+        pos: u64,
+        body: u64,
+    },
+    #[error("response {index}: status {status} ({line})")]
+    Status {
+        index: u64,
+        status: u16,
+        line: String,
+    },
+    #[error("response {0}: the body differs from what was expected")]
+    Mismatch(u64),
+    #[error("the server closed the connection after {done} of {count} responses")]
+    Closed { done: u64, count: u64 },
+    #[error("--{0}")]
+    BadArg(&'static str),
+    #[error("sending: {0}")]
+    Send(#[from] SendError),
+}
+
+/// Entry point: `args` starts with the tool's own name (`http-server` or `http-client`).
+pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
+    let args: Vec<String> = args.collect();
+    let tool = args.first().cloned().unwrap_or_default();
+    let result = match tool.as_str() {
+        "http-server" => ServerCli::try_parse_from(&args).map(|c| {
+            server(&c).and_then(|r| serde_json::to_string(&r).map_err(|e| BadJson(e).into()))
+        }),
+        _ => ClientCli::try_parse_from(&args).map(|c| {
+            client(&c).and_then(|r| serde_json::to_string(&r).map_err(|e| BadJson(e).into()))
+        }),
+    };
+    match result {
+        Err(e) => {
+            let _ = e.print();
+            if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Ok(Ok(json)) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => {
+            eprintln!("iwarp-bench {tool}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct BadJson(serde_json::Error);
+
+impl From<BadJson> for HttpError {
+    fn from(e: BadJson) -> Self {
+        HttpError::Tool(ToolError::Io {
+            what: "writing the report".into(),
+            source: e.0.into(),
+        })
+    }
+}
+
+/// CPU time of the calling thread: the engine runs in it (`/proc/thread-self/schedstat`).
+fn thread_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = s.split_whitespace().next()?.parse::<u64>().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// The RID of the body of message `index` (5.2.1: zero above the request index).
+fn rid(index: u64) -> Rid {
+    Rid::new(index & u64::from(u32::MAX)).unwrap_or_else(|_| unreachable!("32 bits fit 46"))
+}
+
+/// The TCP RDMA counters of connections, summed.
+#[derive(Serialize, Debug, Clone, Default)]
+struct RdmaCounters {
+    /// Whether the option was in use (on every connection counted).
+    option_in_use: bool,
+    /// Segments sent with an option describing transfer data.
+    options_sent: u64,
+    /// Segments received with one.
+    options_received: u64,
+    /// Octets placed straight into posted buffers, arriving in order.
+    placed_in_order: u64,
+    /// ... arriving out of order.
+    placed_out_of_order: u64,
+    /// Octets read through the stream.
+    delivered_in_order: u64,
+    /// Segments whose well-formed option was not acted on (their data went through the
+    /// stream).
+    refused: u64,
+    /// Segments with a malformed option (ordinary data).
+    malformed: u64,
+    retransmitted_segments: u64,
+    segments_in: u64,
+    segments_out: u64,
+}
+
+impl RdmaCounters {
+    fn add(&mut self, conn: &Connection) {
+        let s: &ConnStats = conn.stats();
+        self.option_in_use = conn.rdma_option_enabled() && (self.option_in_use || self.is_empty());
+        self.options_sent += s.rdma_options_sent;
+        self.options_received += s.rdma_options_received;
+        self.placed_in_order += s.rdma_placed_in_order;
+        self.placed_out_of_order += s.rdma_placed_out_of_order;
+        self.delivered_in_order += s.delivered_in_order;
+        self.refused += s.rdma_refused;
+        self.malformed += s.rdma_malformed;
+        self.retransmitted_segments += s.retransmitted_segments;
+        self.segments_in += s.segments_in;
+        self.segments_out += s.segments_out;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.segments_in == 0 && self.segments_out == 0
+    }
+}
+
+// ------------------------------------------------------------------------------ messages
+
+/// A request or response head.
+#[derive(Debug, Clone)]
+struct Head {
+    /// The request or status line.
+    line: String,
+    content_length: Option<u64>,
+    /// The connection stays open after this message (HTTP/1.1 unless `Connection: close`;
+    /// HTTP/1.0 only with `Connection: keep-alive`).
+    keep_alive: bool,
+}
+
+impl Head {
+    fn parse(octets: &[u8]) -> Result<Head, HttpError> {
+        let text = std::str::from_utf8(octets).map_err(|_| HttpError::BadHead("not UTF-8"))?;
+        let mut lines = text.split("\r\n");
+        let line = lines.next().unwrap_or_default().to_owned();
+        let words: Vec<&str> = line.split(' ').collect();
+        let version = if line.starts_with("HTTP/") {
+            words[0]
+        } else if words.len() == 3 {
+            words[2]
+        } else {
+            return Err(HttpError::BadHead(
+                "request line is not METHOD TARGET VERSION",
+            ));
+        };
+        let mut keep_alive = match version {
+            "HTTP/1.1" => true,
+            "HTTP/1.0" => false,
+            _ => return Err(HttpError::BadHead("not HTTP/1.0 or HTTP/1.1")),
+        };
+        let mut content_length = None;
+        for h in lines.filter(|l| !l.is_empty()) {
+            let (name, value) = h
+                .split_once(':')
+                .ok_or(HttpError::BadHead("header line without a colon"))?;
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                let n = value
+                    .parse::<u64>()
+                    .map_err(|_| HttpError::BadHead("Content-Length is not a number"))?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(HttpError::BadHead("two different Content-Lengths"));
+                }
+                content_length = Some(n);
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err(HttpError::Unsupported("Transfer-Encoding"));
+            } else if name.eq_ignore_ascii_case("connection") {
+                if value.eq_ignore_ascii_case("close") {
+                    keep_alive = false;
+                } else if value.eq_ignore_ascii_case("keep-alive") {
+                    keep_alive = true;
+                }
+            }
+        }
+        Ok(Head {
+            line,
+            content_length,
+            keep_alive,
+        })
+    }
+
+    /// A response's status code.
+    fn status(&self) -> Option<u16> {
+        self.line.split(' ').nth(1)?.parse().ok()
+    }
+}
+
+/// A whole message read off a connection.
+#[derive(Debug)]
+struct Message {
+    head: Head,
+    body: Vec<u8>,
+    /// Its index on the connection (its body's RID).
+    index: u64,
+    /// Body octets placed in a posted buffer (the rest came through the stream).
+    placed: u64,
+}
+
+/// Buffers for bodies, reused (a body buffer keeps its length, so reuse writes no zeros).
+#[derive(Default)]
+struct Pool(Vec<Vec<u8>>);
+
+impl Pool {
+    fn get(&mut self, len: usize) -> Vec<u8> {
+        let mut v = self.0.pop().unwrap_or_default();
+        v.resize(len, 0);
+        v
+    }
+
+    fn put(&mut self, v: Vec<u8>) {
+        if self.0.len() < 16 {
+            self.0.push(v);
+        }
+    }
+}
+
+/// The body being read.
+struct BodyRead {
+    head: Head,
+    len: u64,
+    pos: u64,
+    /// A buffer is posted for it: placed ranges land there, stream octets wait in `parts`.
+    posted: bool,
+    /// Not posted: the body, `len` octets.
+    buf: Vec<u8>,
+    parts: Vec<(u64, Vec<u8>)>,
+    placed: u64,
+}
+
+/// Reads HTTP messages off a connection: heads through the stream, bodies through the stream
+/// and by placement into the buffer posted for their RID.
+struct Incoming {
+    responses: bool,
+    inbuf: Vec<u8>,
+    /// Index of the message being read.
+    index: u64,
+    body: Option<BodyRead>,
+    /// RIDs a buffer is posted for (by whoever owns this reader).
+    posted: BTreeSet<u64>,
+    head_octets: u64,
+    max_body: u64,
+}
+
+impl Incoming {
+    fn new(responses: bool, max_body: u64) -> Self {
+        Incoming {
+            responses,
+            inbuf: Vec::new(),
+            index: 0,
+            body: None,
+            posted: BTreeSet::new(),
+            head_octets: 0,
+            max_body,
+        }
+    }
+
+    /// The next whole message, if it is all in.
+    fn read(
+        &mut self,
+        conn: &mut Connection,
+        scratch: &mut [u8],
+        pool: &mut Pool,
+    ) -> Result<Option<Message>, HttpError> {
+        loop {
+            let Some(b) = self.body.as_mut() else {
+                if let Some(end) = self.inbuf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = Head::parse(&self.inbuf[..end])?;
+                    self.inbuf.drain(..end + 4);
+                    self.head_octets += end as u64 + 4;
+                    let len = match (head.content_length, self.responses) {
+                        (Some(n), _) => n,
+                        (None, false) => 0,
+                        (None, true) => match head.status() {
+                            Some(204 | 304) => 0,
+                            _ => {
+                                return Err(HttpError::Unsupported(
+                                    "a response without Content-Length",
+                                ))
+                            }
+                        },
+                    };
+                    if len > self.max_body {
+                        return Err(HttpError::Unsupported("a body this large"));
+                    }
+                    let posted = self.posted.contains(&self.index);
+                    self.body = Some(BodyRead {
+                        head,
+                        len,
+                        pos: 0,
+                        posted,
+                        buf: if posted {
+                            Vec::new()
+                        } else {
+                            pool.get(len as usize)
+                        },
+                        parts: Vec::new(),
+                        placed: 0,
+                    });
+                    continue;
+                }
+                if self.inbuf.len() > MAX_HEAD {
+                    return Err(HttpError::HeadTooLarge);
+                }
+                let n = conn.recv(scratch);
+                if n == 0 {
+                    if let Some(p) = conn.next_placed() {
+                        // Placed octets where a head belongs: the peer annotated a head.
+                        return Err(HttpError::Misplaced {
+                            index: self.index,
+                            rid: p.rid.get(),
+                            len: p.len,
+                            at: p.buffer_offset,
+                            pos: 0,
+                            body: 0,
+                        });
+                    }
+                    return Ok(None);
+                }
+                self.inbuf.extend_from_slice(&scratch[..n]);
+                continue;
+            };
+            let left = b.len - b.pos;
+            if left == 0 {
+                let Some(b) = self.body.take() else {
+                    unreachable!("checked above")
+                };
+                return Ok(Some(self.complete(conn, b)));
+            }
+            if !self.inbuf.is_empty() {
+                // Octets read with the head.
+                let n = (self.inbuf.len() as u64).min(left) as usize;
+                Self::stream(b, &self.inbuf[..n]);
+                self.inbuf.drain(..n);
+                continue;
+            }
+            let want = left.min(scratch.len() as u64) as usize;
+            let n = if b.posted {
+                let n = conn.recv(&mut scratch[..want]);
+                Self::stream(b, &scratch[..n]);
+                n
+            } else {
+                let at = b.pos as usize;
+                let n = conn.recv(&mut b.buf[at..at + want]);
+                b.pos += n as u64;
+                n
+            };
+            if n > 0 {
+                continue;
+            }
+            let Some(p) = conn.next_placed() else {
+                return Ok(None);
+            };
+            if p.rid != rid(self.index) || p.buffer_offset != b.pos || p.len > left || !b.posted {
+                return Err(HttpError::Misplaced {
+                    index: self.index,
+                    rid: p.rid.get(),
+                    len: p.len,
+                    at: p.buffer_offset,
+                    pos: b.pos,
+                    body: b.len,
+                });
+            }
+            b.pos += p.len;
+            b.placed += p.len;
+        }
+    }
+
+    /// Body octets that came through the stream.
+    fn stream(b: &mut BodyRead, octets: &[u8]) {
+        if octets.is_empty() {
+            return;
+        }
+        if b.posted {
+            b.parts.push((b.pos, octets.to_vec()));
+        } else {
+            let at = b.pos as usize;
+            b.buf[at..at + octets.len()].copy_from_slice(octets);
+        }
+        b.pos += octets.len() as u64;
+    }
+
+    fn complete(&mut self, conn: &mut Connection, b: BodyRead) -> Message {
+        let index = self.index;
+        self.index += 1;
+        let body = if self.posted.remove(&index) {
+            let mut buf = conn.take_rdma_buffer(rid(index)).unwrap_or_default();
+            buf.resize(b.len as usize, 0);
+            for (at, octets) in &b.parts {
+                let at = *at as usize;
+                buf[at..at + octets.len()].copy_from_slice(octets);
+            }
+            buf
+        } else {
+            b.buf
+        };
+        Message {
+            head: b.head,
+            body,
+            index,
+            placed: b.placed,
+        }
+    }
+}
+
+/// A message to send: its head through the stream, its body as the RDMA transfer of `rid`
+/// (ordinary stream octets when the option is not in use).
+struct Outgoing {
+    head: Vec<u8>,
+    head_sent: usize,
+    body: Arc<Vec<u8>>,
+    body_sent: usize,
+    rid: Rid,
+    unsolicited: bool,
+    close_after: bool,
+}
+
+/// Queues what fits of `out`; `Ok(true)` when a message that closes the connection is done.
+fn push_out(conn: &mut Connection, out: &mut VecDeque<Outgoing>) -> Result<bool, SendError> {
+    while let Some(o) = out.front_mut() {
+        while o.head_sent < o.head.len() {
+            let n = conn.send(&o.head[o.head_sent..])?;
+            if n == 0 {
+                return Ok(false);
+            }
+            o.head_sent += n;
+        }
+        let total = o.body.len() as u32;
+        while o.body_sent < o.body.len() {
+            let send = RdmaSend {
+                rid: o.rid,
+                buffer_offset: o.body_sent as u32,
+                total_length: Some(total),
+                unsolicited: o.unsolicited,
+            };
+            let n = conn.send_rdma(&o.body[o.body_sent..], send)?;
+            if n == 0 {
+                return Ok(false);
+            }
+            o.body_sent += n;
+        }
+        let close = o.close_after;
+        out.pop_front();
+        if close {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn gen_path(seed: u64, size: u64) -> String {
+    format!("/gen/{seed}/{size}")
+}
+
+/// `/gen/SEED/LEN`.
+fn parse_gen(path: &str) -> Option<(u64, u64)> {
+    let (seed, len) = path.strip_prefix("/gen/")?.split_once('/')?;
+    Some((seed.parse().ok()?, len.parse().ok()?))
+}
+
+fn generate(seed: u64, len: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len as usize];
+    Generator::new(seed).fill(&mut v);
+    v
+}
+
+fn open(link: &Link) -> Result<XdpTcp, HttpError> {
+    Ok(open_xdp(
+        link.iface.as_deref(),
+        &link.queues,
+        link.xdp_mode,
+    )?)
+}
+
+// -------------------------------------------------------------------------------- server
+
+/// What the server prints.
+#[derive(Serialize, Debug)]
+struct ServerReport {
+    tool: &'static str,
+    local: String,
+    connections: u64,
+    requests: u64,
+    gets: u64,
+    puts: u64,
+    /// Response body octets sent.
+    body_octets_sent: u64,
+    /// Request body octets received.
+    body_octets_received: u64,
+    /// ... of which placed straight into posted buffers.
+    body_octets_placed: u64,
+    /// Request bodies placed whole. A connection's first body can miss its buffer for its
+    /// opening flight: segments that arrive with the handshake's last ACK are processed
+    /// before the server saw the connection and posted buffers (they go through the stream).
+    bodies_placed_whole: u64,
+    /// Octets of request heads (read through the stream).
+    head_octets: u64,
+    cpu_seconds: f64,
+    rdma: RdmaCounters,
+    xdp: XdpFacts,
+}
+
+struct ServerPeer {
+    incoming: Incoming,
+    out: VecDeque<Outgoing>,
+    peer_closed: bool,
+    closing: bool,
+}
+
+struct ServerApp {
+    put_buffer: usize,
+    max_object: u64,
+    dir: Option<PathBuf>,
+    peers: HashMap<ConnId, ServerPeer>,
+    objects: HashMap<(u64, u64), Arc<Vec<u8>>>,
+    object_octets: usize,
+    scratch: Vec<u8>,
+    pool: Pool,
+    closed: u64,
+    requests: u64,
+    gets: u64,
+    puts: u64,
+    body_octets_sent: u64,
+    body_octets_received: u64,
+    body_octets_placed: u64,
+    bodies_placed_whole: u64,
+    head_octets: u64,
+    rdma: RdmaCounters,
+}
+
+/// A response with a small text body.
+fn text_response(status: &str, body: &str, close: bool, index: u64) -> Outgoing {
+    let conn = if close { "Connection: close\r\n" } else { "" };
+    Outgoing {
+        head: format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n{conn}\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+        head_sent: 0,
+        body: Arc::default(),
+        body_sent: 0,
+        rid: rid(index),
+        unsolicited: false,
+        close_after: close,
+    }
+}
+
+impl ServerApp {
+    fn object(&mut self, seed: u64, len: u64) -> Arc<Vec<u8>> {
+        if let Some(o) = self.objects.get(&(seed, len)) {
+            return o.clone();
+        }
+        if self.object_octets + len as usize > OBJECT_CACHE {
+            self.objects.clear();
+            self.object_octets = 0;
+        }
+        let o = Arc::new(generate(seed, len));
+        self.object_octets += len as usize;
+        self.objects.insert((seed, len), o.clone());
+        o
+    }
+
+    /// The response to request `m`.
+    fn respond(&mut self, m: Message) -> Outgoing {
+        self.requests += 1;
+        let close = !m.head.keep_alive;
+        let words: Vec<&str> = m.head.line.split(' ').collect();
+        let (method, target) = (words[0], words.get(1).copied().unwrap_or("/"));
+        let path = target.split('?').next().unwrap_or(target);
+        let out = match method {
+            "GET" => {
+                self.gets += 1;
+                let body = if let Some((seed, len)) = parse_gen(path) {
+                    if len > self.max_object {
+                        Err(("413 Content Too Large", "object too large\n"))
+                    } else {
+                        Ok(self.object(seed, len))
+                    }
+                } else {
+                    self.file(path)
+                };
+                match body {
+                    Ok(body) => {
+                        self.body_octets_sent += body.len() as u64;
+                        let conn = if close { "Connection: close\r\n" } else { "" };
+                        Outgoing {
+                            head: format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\
+                                 Content-Type: application/octet-stream\r\n{conn}\r\n",
+                                body.len()
+                            )
+                            .into_bytes(),
+                            head_sent: 0,
+                            body,
+                            body_sent: 0,
+                            rid: rid(m.index),
+                            unsolicited: false,
+                            close_after: close,
+                        }
+                    }
+                    Err((status, text)) => text_response(status, text, close, m.index),
+                }
+            }
+            "PUT" | "POST" => {
+                self.puts += 1;
+                self.body_octets_received += m.body.len() as u64;
+                self.body_octets_placed += m.placed;
+                if !m.body.is_empty() && m.placed == m.body.len() as u64 {
+                    self.bodies_placed_whole += 1;
+                }
+                let digest = hex(&Sha256::digest(&m.body));
+                let matches = match parse_gen(path) {
+                    Some((seed, len)) if len <= self.max_object => {
+                        len == m.body.len() as u64 && *self.object(seed, len) == m.body
+                    }
+                    _ => true,
+                };
+                if matches {
+                    text_response("200 OK", &format!("{digest}\n"), close, m.index)
+                } else {
+                    text_response(
+                        "422 Unprocessable Content",
+                        &format!("{digest}\n"),
+                        close,
+                        m.index,
+                    )
+                }
+            }
+            _ => text_response("405 Method Not Allowed", "GET, PUT, POST\n", close, m.index),
+        };
+        self.pool.put(m.body);
+        out
+    }
+
+    /// Posts buffers for unsolicited request bodies (5.2.3), [`PUT_AHEAD`] requests ahead.
+    fn offer_put_buffers(&mut self, peer: &mut ServerPeer, conn: &mut Connection) {
+        if !conn.rdma_option_enabled() || self.put_buffer == 0 {
+            return;
+        }
+        let first = peer.incoming.index;
+        for i in first..first + PUT_AHEAD {
+            if peer.incoming.posted.contains(&i) {
+                continue;
+            }
+            let buf = self.pool.get(self.put_buffer);
+            if conn.post_rdma_buffer(rid(i), buf, true).is_err() {
+                break;
+            }
+            peer.incoming.posted.insert(i);
+        }
+    }
+
+    /// A file of `--dir`.
+    fn file(&self, path: &str) -> Result<Arc<Vec<u8>>, (&'static str, &'static str)> {
+        const NOT_FOUND: (&str, &str) = ("404 Not Found", "not found\n");
+        let dir = self.dir.as_ref().ok_or(NOT_FOUND)?;
+        let name = path.strip_prefix('/').ok_or(NOT_FOUND)?;
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(NOT_FOUND);
+        }
+        let file = dir.join(name);
+        let len = std::fs::metadata(&file).map_err(|_| NOT_FOUND)?.len();
+        if len > self.max_object {
+            return Err(("413 Content Too Large", "file too large\n"));
+        }
+        std::fs::read(&file)
+            .map(Arc::new)
+            .map_err(|_| ("500 Internal Server Error", "read failed\n"))
+    }
+}
+
+impl TcpApp for ServerApp {
+    fn on_accept(&mut self, id: ConnId, conn: &mut Connection) {
+        let mut peer = ServerPeer {
+            incoming: Incoming::new(false, self.max_object),
+            out: VecDeque::new(),
+            peer_closed: false,
+            closing: false,
+        };
+        self.offer_put_buffers(&mut peer, conn);
+        self.peers.insert(id, peer);
+    }
+
+    fn on_event(&mut self, id: ConnId, _conn: &mut Connection, event: Event) {
+        if let (Some(p), Event::PeerClosed) = (self.peers.get_mut(&id), event) {
+            p.peer_closed = true;
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, _now: TcpInstant) {
+        let Some(mut peer) = self.peers.remove(&id) else {
+            return;
+        };
+        if !peer.closing {
+            self.offer_put_buffers(&mut peer, conn);
+        }
+        if !peer.closing {
+            for _ in 0..MESSAGES_PER_TURN {
+                match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
+                    Ok(Some(m)) => {
+                        let out = self.respond(m);
+                        let close = out.close_after;
+                        peer.out.push_back(out);
+                        if close {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let index = peer.incoming.index;
+                        peer.out.push_back(text_response(
+                            "400 Bad Request",
+                            &format!("{e}\n"),
+                            true,
+                            index,
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        match push_out(conn, &mut peer.out) {
+            Ok(true) => {
+                conn.close();
+                peer.closing = true;
+                peer.out.clear();
+            }
+            Ok(false) => {}
+            Err(_) => peer.closing = true,
+        }
+        if peer.peer_closed && peer.out.is_empty() && !peer.closing {
+            conn.close();
+            peer.closing = true;
+        }
+        self.peers.insert(id, peer);
+    }
+
+    fn on_closed(&mut self, id: ConnId, conn: Connection) {
+        if let Some(peer) = self.peers.remove(&id) {
+            self.closed += 1;
+            self.head_octets += peer.incoming.head_octets;
+            self.rdma.add(&conn);
+        }
+    }
+}
+
+fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
+    if cli.max_object > u64::from(u32::MAX) {
+        return Err(HttpError::BadArg(
+            "max-object must be below 4 GiB (32-bit offsets)",
+        ));
+    }
+    let mut drv = open(&cli.link)?;
+    let mut cfg = drv.tcp_config();
+    cfg.rdma_option = cli.link.rdma_option == OnOff::On;
+    let offered = cfg.rdma_option;
+    drv.listen(cli.port, 16, cfg).map_err(ToolError::from)?;
+    let local = format!("{}:{}", drv.local_ip(), cli.port);
+    eprintln!(
+        "http-server: listening on {local} ({}, TCP RDMA option {})",
+        describe(&drv),
+        if offered { "offered" } else { "off" }
+    );
+    let mut app = ServerApp {
+        put_buffer: cli.put_buffer,
+        max_object: cli.max_object,
+        dir: cli.dir.clone(),
+        peers: HashMap::new(),
+        objects: HashMap::new(),
+        object_octets: 0,
+        scratch: vec![0u8; 64 * 1024],
+        pool: Pool::default(),
+        closed: 0,
+        requests: 0,
+        gets: 0,
+        puts: 0,
+        body_octets_sent: 0,
+        body_octets_received: 0,
+        body_octets_placed: 0,
+        bodies_placed_whole: 0,
+        head_octets: 0,
+        rdma: RdmaCounters::default(),
+    };
+    let cpu0 = thread_cpu();
+    while cli.connections == 0 || app.closed < cli.connections {
+        drv.turn(&mut app).map_err(ToolError::from)?;
+    }
+    // One last turn so the final ACKs leave before the program detaches.
+    drv.poll(&mut app).map_err(ToolError::from)?;
+    let cpu = match (cpu0, thread_cpu()) {
+        (Some(a), Some(b)) => b.saturating_sub(a).as_secs_f64(),
+        _ => 0.0,
+    };
+    Ok(ServerReport {
+        tool: "http-server",
+        local,
+        connections: app.closed,
+        requests: app.requests,
+        gets: app.gets,
+        puts: app.puts,
+        body_octets_sent: app.body_octets_sent,
+        body_octets_received: app.body_octets_received,
+        body_octets_placed: app.body_octets_placed,
+        bodies_placed_whole: app.bodies_placed_whole,
+        head_octets: app.head_octets,
+        cpu_seconds: cpu,
+        rdma: app.rdma.clone(),
+        xdp: XdpFacts::of(&drv),
+    })
+}
+
+// -------------------------------------------------------------------------------- client
+
+/// What the client prints.
+#[derive(Serialize, Debug)]
+struct ClientReport {
+    tool: &'static str,
+    method: &'static str,
+    path: String,
+    server: String,
+    local: String,
+    requests: u64,
+    /// Response (GET) or request (PUT, POST) body octets.
+    body_octets: u64,
+    /// Response body octets placed straight into the posted buffers.
+    body_octets_placed: u64,
+    /// Octets of response heads (read through the stream).
+    head_octets: u64,
+    /// First request queued to last response in.
+    seconds: f64,
+    gbit_s: f64,
+    /// CPU time of the client's thread (engine included) over `seconds`.
+    cpu_seconds: f64,
+    cpu_ns_per_octet: f64,
+    /// How bodies were checked: `generator` (`/gen/` objects), `first` (every body equal to
+    /// the first), `sha256` (PUT: the server's digest of what it got).
+    verified: &'static str,
+    /// SHA-256 of the first response body (GET) or of the body sent (PUT, POST).
+    sha256: String,
+    rdma: RdmaCounters,
+    xdp: XdpFacts,
+}
+
+struct ClientApp {
+    id: ConnId,
+    method: Method,
+    path: String,
+    host: String,
+    size: u64,
+    count: u64,
+    depth: u64,
+    /// `/gen/` GETs: the octets every body must be.
+    expected: Option<Arc<Vec<u8>>>,
+    /// PUT, POST: the body and its digest.
+    upload: Arc<Vec<u8>>,
+    upload_digest: String,
+    first: Option<Vec<u8>>,
+    incoming: Incoming,
+    out: VecDeque<Outgoing>,
+    pool: Pool,
+    scratch: Vec<u8>,
+    sent: u64,
+    done: u64,
+    body_octets: u64,
+    body_octets_placed: u64,
+    connected: Option<Instant>,
+    finished: Option<Instant>,
+    cpu: (Option<Duration>, Option<Duration>),
+    close_sent: bool,
+    peer_closed: bool,
+    closed: bool,
+    moved: u64,
+    failure: Option<HttpError>,
+    rdma: RdmaCounters,
+}
+
+impl ClientApp {
+    fn request(&mut self, conn: &mut Connection) -> Result<(), HttpError> {
+        let index = self.sent;
+        let get = self.method == Method::Get;
+        if get && conn.rdma_option_enabled() {
+            let buf = self.pool.get(self.size as usize);
+            if conn.post_rdma_buffer(rid(index), buf, false).is_ok() {
+                self.incoming.posted.insert(index);
+            }
+        }
+        let length = if get {
+            String::new()
+        } else {
+            format!("Content-Length: {}\r\n", self.upload.len())
+        };
+        self.out.push_back(Outgoing {
+            head: format!(
+                "{} {} HTTP/1.1\r\nHost: {}\r\n{length}\r\n",
+                self.method.as_str(),
+                self.path,
+                self.host
+            )
+            .into_bytes(),
+            head_sent: 0,
+            body: if get {
+                Arc::default()
+            } else {
+                self.upload.clone()
+            },
+            body_sent: 0,
+            rid: rid(index),
+            unsolicited: true,
+            close_after: false,
+        });
+        self.sent += 1;
+        Ok(())
+    }
+
+    fn check(&mut self, m: Message) -> Result<(), HttpError> {
+        let status = m.head.status().unwrap_or(0);
+        if !(200..300).contains(&status) {
+            return Err(HttpError::Status {
+                index: m.index,
+                status,
+                line: m.head.line.clone(),
+            });
+        }
+        self.done += 1;
+        if self.method == Method::Get {
+            self.body_octets += m.body.len() as u64;
+            self.body_octets_placed += m.placed;
+            match (&self.expected, &self.first) {
+                (Some(e), _) if **e != m.body => return Err(HttpError::Mismatch(m.index)),
+                (None, Some(f)) if *f != m.body => return Err(HttpError::Mismatch(m.index)),
+                (None, None) => {
+                    self.first = Some(m.body);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        } else {
+            self.body_octets += self.upload.len() as u64;
+            if m.body.strip_suffix(b"\n").unwrap_or(&m.body) != self.upload_digest.as_bytes() {
+                return Err(HttpError::Mismatch(m.index));
+            }
+        }
+        self.pool.put(m.body);
+        Ok(())
+    }
+
+    fn step(&mut self, conn: &mut Connection) -> Result<(), HttpError> {
+        while self.sent < self.count && self.sent - self.done < self.depth {
+            self.request(conn)?;
+        }
+        push_out(conn, &mut self.out)?;
+        for _ in 0..MESSAGES_PER_TURN {
+            match self
+                .incoming
+                .read(conn, &mut self.scratch, &mut self.pool)?
+            {
+                Some(m) => self.check(m)?,
+                None => break,
+            }
+        }
+        if self.done == self.count && self.finished.is_none() {
+            self.finished = Some(Instant::now());
+            self.cpu.1 = thread_cpu();
+            conn.close();
+            self.close_sent = true;
+        }
+        if self.peer_closed && self.done < self.count && conn.recv_available() == 0 {
+            return Err(HttpError::Closed {
+                done: self.done,
+                count: self.count,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl TcpApp for ClientApp {
+    fn on_event(&mut self, id: ConnId, _conn: &mut Connection, event: Event) {
+        if id != self.id {
+            return;
+        }
+        match event {
+            Event::Connected => {
+                self.connected = Some(Instant::now());
+                self.cpu.0 = thread_cpu();
+            }
+            Event::PeerClosed => self.peer_closed = true,
+            Event::Reset if self.finished.is_none() => {
+                self.failure = Some(if self.connected.is_none() {
+                    ToolError::Refused(self.server()).into()
+                } else {
+                    ToolError::Reset(self.moved).into()
+                });
+            }
+            Event::TimedOut if self.finished.is_none() => {
+                self.failure = Some(ToolError::TimedOut(self.moved).into());
+            }
+            _ => {}
+        }
+    }
+
+    fn on_poll(&mut self, id: ConnId, conn: &mut Connection, _now: TcpInstant) {
+        if id != self.id || self.connected.is_none() || self.failure.is_some() {
+            return;
+        }
+        if self.finished.is_none() {
+            if let Err(e) = self.step(conn) {
+                self.failure = Some(e);
+                conn.abort();
+            }
+        }
+        let s = conn.stats();
+        self.moved = s.delivered_in_order
+            + s.rdma_placed_in_order
+            + s.rdma_placed_out_of_order
+            + conn.bytes_acked();
+    }
+
+    fn on_closed(&mut self, id: ConnId, conn: Connection) {
+        if id == self.id {
+            self.closed = true;
+            self.rdma.add(&conn);
+        }
+    }
+}
+
+impl ClientApp {
+    fn server(&self) -> SocketAddrV4 {
+        self.host.parse().unwrap_or(SocketAddrV4::new(0.into(), 0))
+    }
+}
+
+fn client(cli: &ClientCli) -> Result<ClientReport, HttpError> {
+    let link = &cli.link;
+    let timeout = secs(link.timeout, "timeout")?;
+    let idle = secs(link.idle_timeout, "idle-timeout")?;
+    if cli.count == 0 || cli.count > u64::from(u32::MAX) {
+        return Err(HttpError::BadArg("count must be between 1 and 2^32 - 1"));
+    }
+    if cli.depth == 0 {
+        return Err(HttpError::BadArg("depth must be at least 1"));
+    }
+    if cli.size > u64::from(u32::MAX) {
+        return Err(HttpError::BadArg(
+            "size must be below 4 GiB (32-bit offsets)",
+        ));
+    }
+    let path = cli
+        .path
+        .clone()
+        .unwrap_or_else(|| gen_path(cli.seed, cli.size));
+    let get = cli.method == Method::Get;
+    let expected = match parse_gen(&path) {
+        Some((seed, len)) if get => {
+            if len != cli.size {
+                return Err(HttpError::BadArg(
+                    "size must match the /gen/ object's length",
+                ));
+            }
+            Some(Arc::new(generate(seed, len)))
+        }
+        _ => None,
+    };
+    let upload = if get {
+        Arc::default()
+    } else {
+        Arc::new(generate(cli.seed, cli.size))
+    };
+    let upload_digest = hex(&Sha256::digest(upload.as_slice()));
+    let mut drv = open(link)?;
+    let mut cfg = drv.tcp_config();
+    cfg.rdma_option = link.rdma_option == OnOff::On;
+    let id = drv.connect(cli.server, cfg).map_err(ToolError::from)?;
+    let local = drv
+        .connection(id)
+        .map(|c| {
+            let t = c.four_tuple();
+            format!("{}:{}", t.local_addr, t.local_port)
+        })
+        .unwrap_or_default();
+    if !link.quiet {
+        eprintln!(
+            "http-client: {local} -> {} ({}), {} {path} x {}",
+            cli.server,
+            describe(&drv),
+            cli.method.as_str(),
+            cli.count
+        );
+    }
+    let mut app = ClientApp {
+        id,
+        method: cli.method,
+        path: path.clone(),
+        host: cli.server.to_string(),
+        size: cli.size,
+        count: cli.count,
+        depth: cli.depth,
+        expected: expected.clone(),
+        upload,
+        upload_digest: upload_digest.clone(),
+        first: None,
+        incoming: Incoming::new(true, u64::from(u32::MAX)),
+        out: VecDeque::new(),
+        pool: Pool::default(),
+        scratch: vec![0u8; 64 * 1024],
+        sent: 0,
+        done: 0,
+        body_octets: 0,
+        body_octets_placed: 0,
+        connected: None,
+        finished: None,
+        cpu: (None, None),
+        close_sent: false,
+        peer_closed: false,
+        closed: false,
+        moved: 0,
+        failure: None,
+        rdma: RdmaCounters::default(),
+    };
+    let started = Instant::now();
+    let mut progress = Progress::new(link.quiet, "http-client");
+    let mut watchdog = Watchdog::new(idle);
+    loop {
+        drv.turn(&mut app).map_err(ToolError::from)?;
+        if let Some(e) = app.failure.take() {
+            // Let the abort (RST) leave before the program detaches.
+            let _ = drv.poll(&mut app);
+            return Err(e);
+        }
+        if app.closed {
+            break;
+        }
+        match app.finished {
+            Some(t) => {
+                if app.peer_closed || t.elapsed() > CLOSE_GRACE {
+                    break;
+                }
+            }
+            None if app.connected.is_none() => {
+                if started.elapsed() > timeout {
+                    return Err(ToolError::ConnectTimeout(cli.server, timeout).into());
+                }
+            }
+            None => {
+                watchdog.check(app.moved)?;
+                progress.tick(app.body_octets, Some(cli.size * cli.count));
+            }
+        }
+    }
+    drv.poll(&mut app).map_err(ToolError::from)?;
+    if !app.closed {
+        if let Some(c) = drv.connection(id) {
+            app.rdma.add(c);
+        }
+    }
+    let (Some(t0), Some(t1)) = (app.connected, app.finished) else {
+        return Err(HttpError::Closed {
+            done: app.done,
+            count: cli.count,
+        });
+    };
+    let elapsed = t1.duration_since(t0);
+    let cpu = match app.cpu {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => Duration::ZERO,
+    };
+    let sha256 = match (&app.first, &expected) {
+        _ if !get => upload_digest,
+        (Some(f), _) => hex(&Sha256::digest(f)),
+        (None, Some(e)) => hex(&Sha256::digest(e.as_slice())),
+        (None, None) => String::new(),
+    };
+    Ok(ClientReport {
+        tool: "http-client",
+        method: cli.method.as_str(),
+        path,
+        server: cli.server.to_string(),
+        local,
+        requests: app.done,
+        body_octets: app.body_octets,
+        body_octets_placed: app.body_octets_placed,
+        head_octets: app.incoming.head_octets,
+        seconds: elapsed.as_secs_f64(),
+        gbit_s: gbit(app.body_octets, elapsed),
+        cpu_seconds: cpu.as_secs_f64(),
+        cpu_ns_per_octet: if app.body_octets > 0 {
+            cpu.as_nanos() as f64 / app.body_octets as f64
+        } else {
+            0.0
+        },
+        verified: match (get, expected.is_some()) {
+            (false, _) => "sha256",
+            (true, true) => "generator",
+            (true, false) => "first",
+        },
+        sha256,
+        rdma: app.rdma.clone(),
+        xdp: XdpFacts::of(&drv),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_parse_as_http_1_0_and_1_1_say() {
+        let h = Head::parse(b"GET /gen/1/10 HTTP/1.1\r\nHost: x\r\n").expect("request");
+        assert!(h.keep_alive);
+        assert_eq!(h.content_length, None);
+        let h = Head::parse(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\nServer: py").expect("reply");
+        assert!(!h.keep_alive);
+        assert_eq!((h.status(), h.content_length), (Some(200), Some(5)));
+        let h = Head::parse(b"HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 0")
+            .expect("close");
+        assert!(!h.keep_alive);
+        for bad in [
+            &b"GET / HTTP/2\r\n"[..],
+            b"GET /\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
+            b"HTTP/1.1 200 OK\r\nno colon",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                Head::parse(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn gen_paths_round_trip() {
+        assert_eq!(parse_gen(&gen_path(7, 1 << 20)), Some((7, 1 << 20)));
+        assert_eq!(parse_gen("/gen/7"), None);
+        assert_eq!(parse_gen("/gen/x/1"), None);
+        assert_eq!(parse_gen("/other/1/2"), None);
+        assert_eq!(generate(3, 64), generate(3, 64));
+        assert_ne!(generate(3, 64), generate(4, 64));
+    }
+
+    #[test]
+    fn rids_are_the_request_index() {
+        assert_eq!(rid(0).get(), 0);
+        assert_eq!(rid(41).get(), 41);
+        assert_eq!(rid(u64::from(u32::MAX)).get(), u64::from(u32::MAX));
+    }
+}
