@@ -170,9 +170,21 @@ impl RdmaReceive {
             return;
         };
         dst.copy_from_slice(octets);
+        let len = octets.len() as u64;
+        if let Some(mut last) = self.placed.last_entry() {
+            let l = last.get_mut();
+            if l.rid == run.rid
+                && l.stream_offset + l.len == from
+                && l.buffer_offset + l.len == at as u64
+            {
+                // The common case, in-order arrival: the newest range grows.
+                l.len += len;
+                return;
+            }
+        }
         let mut rec = RdmaPlaced {
             stream_offset: from,
-            len: octets.len() as u64,
+            len,
             rid: run.rid,
             buffer_offset: at as u64,
         };
