@@ -94,7 +94,8 @@ struct Link {
     /// Offer the TCP RDMA option (kind 25) on the SYN; it is used when both ends offer it.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     rdma_option: OnOff,
-    /// Seconds to wait for the connection (server: a client; client: the handshake).
+    /// Seconds the client waits for the handshake (the server waits for clients until
+    /// `--connections` have come and gone, or until it is stopped).
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
     /// Seconds without progress after which the client fails as stalled.
@@ -187,6 +188,8 @@ enum HttpError {
     },
     #[error("response {0}: the body differs from what was expected")]
     Mismatch(u64),
+    #[error("response {0} answers no request sent")]
+    Unrequested(u64),
     #[error("the server closed the connection after {done} of {count} responses")]
     Closed { done: u64, count: u64 },
     #[error("--{0}")]
@@ -334,11 +337,20 @@ impl Head {
             let (name, value) = h
                 .split_once(':')
                 .ok_or(HttpError::BadHead("header line without a colon"))?;
+            if name.ends_with([' ', '\t']) || h.starts_with([' ', '\t']) {
+                // RFC 9112 5.1 (whitespace before the colon), 5.2 (obsolete line folding).
+                return Err(HttpError::BadHead(
+                    "whitespace before a colon, or a folded line",
+                ));
+            }
             let value = value.trim();
             if name.eq_ignore_ascii_case("content-length") {
                 let n = value
-                    .parse::<u64>()
-                    .map_err(|_| HttpError::BadHead("Content-Length is not a number"))?;
+                    .bytes()
+                    .all(|c| c.is_ascii_digit())
+                    .then(|| value.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or(HttpError::BadHead("Content-Length is not a number"))?;
                 if content_length.is_some_and(|c| c != n) {
                     return Err(HttpError::BadHead("two different Content-Lengths"));
                 }
@@ -381,6 +393,9 @@ struct Message {
 #[derive(Default)]
 struct Pool(Vec<Vec<u8>>);
 
+/// Largest buffer the pool keeps.
+const POOL_BUFFER_MAX: usize = 64 << 20;
+
 impl Pool {
     fn get(&mut self, len: usize) -> Vec<u8> {
         let mut v = self.0.pop().unwrap_or_default();
@@ -388,8 +403,13 @@ impl Pool {
         v
     }
 
+    /// A buffer of any length (for a body that grows as its octets arrive).
+    fn any(&mut self) -> Vec<u8> {
+        self.0.pop().unwrap_or_default()
+    }
+
     fn put(&mut self, v: Vec<u8>) {
-        if self.0.len() < 16 {
+        if self.0.len() < 16 && v.capacity() <= POOL_BUFFER_MAX {
             self.0.push(v);
         }
     }
@@ -469,11 +489,8 @@ impl Incoming {
                         len,
                         pos: 0,
                         posted,
-                        buf: if posted {
-                            Vec::new()
-                        } else {
-                            pool.get(len as usize)
-                        },
+                        // Not posted: grown as octets arrive, not from the head's word.
+                        buf: if posted { Vec::new() } else { pool.any() },
                         parts: Vec::new(),
                         placed: 0,
                     });
@@ -505,7 +522,7 @@ impl Incoming {
                 let Some(b) = self.body.take() else {
                     unreachable!("checked above")
                 };
-                return Ok(Some(self.complete(conn, b)));
+                return Ok(Some(self.complete(conn, b, pool)));
             }
             if !self.inbuf.is_empty() {
                 // Octets read with the head.
@@ -521,6 +538,7 @@ impl Incoming {
                 n
             } else {
                 let at = b.pos as usize;
+                Self::room(&mut b.buf, at + want, b.len as usize);
                 let n = conn.recv(&mut b.buf[at..at + want]);
                 b.pos += n as u64;
                 n
@@ -555,24 +573,52 @@ impl Incoming {
             b.parts.push((b.pos, octets.to_vec()));
         } else {
             let at = b.pos as usize;
+            Self::room(&mut b.buf, at + octets.len(), b.len as usize);
             b.buf[at..at + octets.len()].copy_from_slice(octets);
         }
         b.pos += octets.len() as u64;
     }
 
-    fn complete(&mut self, conn: &mut Connection, b: BodyRead) -> Message {
+    /// Makes `buf` at least `need` octets long (doubling, at most `len`).
+    fn room(buf: &mut Vec<u8>, need: usize, len: usize) {
+        if buf.len() < need {
+            buf.resize(need.max(buf.len() * 2).min(len), 0);
+        }
+    }
+
+    /// Whether the message being read has a body that arrives without a posted buffer.
+    fn reading_unposted(&self) -> bool {
+        self.body.as_ref().is_some_and(|b| !b.posted)
+    }
+
+    fn complete(&mut self, conn: &mut Connection, b: BodyRead, pool: &mut Pool) -> Message {
         let index = self.index;
         self.index += 1;
-        let body = if self.posted.remove(&index) {
-            let mut buf = conn.take_rdma_buffer(rid(index)).unwrap_or_default();
-            buf.resize(b.len as usize, 0);
-            for (at, octets) in &b.parts {
-                let at = *at as usize;
-                buf[at..at + octets.len()].copy_from_slice(octets);
+        // A buffer posted for this index (also one posted after its head came without one).
+        let buffer = self
+            .posted
+            .remove(&index)
+            .then(|| conn.take_rdma_buffer(rid(index)))
+            .flatten();
+        let body = match buffer {
+            Some(mut buf) if b.posted && b.len > 0 => {
+                buf.resize(b.len as usize, 0);
+                for (at, octets) in &b.parts {
+                    let at = *at as usize;
+                    buf[at..at + octets.len()].copy_from_slice(octets);
+                }
+                buf
             }
-            buf
-        } else {
-            b.buf
+            other => {
+                // No body (a GET at the server), or one read through the stream: a posted
+                // buffer goes back to the pool with its length, for reuse without zeroing.
+                if let Some(buf) = other {
+                    pool.put(buf);
+                }
+                let mut body = b.buf;
+                body.truncate(b.len as usize);
+                body
+            }
         };
         Message {
             head: b.head,
@@ -684,8 +730,15 @@ struct ServerPeer {
     incoming: Incoming,
     out: VecDeque<Outgoing>,
     peer_closed: bool,
+    /// A response that ends the connection is queued: nothing after it is read (RFC 9112
+    /// 9.6).
+    stop_reading: bool,
     closing: bool,
 }
+
+/// Responses a connection may have queued before the server stops reading its requests
+/// (a client that pipelines and does not read holds no more than this).
+const MAX_QUEUED_RESPONSES: usize = 16;
 
 struct ServerApp {
     put_buffer: usize,
@@ -818,7 +871,8 @@ impl ServerApp {
         if !conn.rdma_option_enabled() || self.put_buffer == 0 {
             return;
         }
-        let first = peer.incoming.index;
+        // Not for a body already being read through the stream (it would be split).
+        let first = peer.incoming.index + u64::from(peer.incoming.reading_unposted());
         for i in first..first + PUT_AHEAD {
             if peer.incoming.posted.contains(&i) {
                 continue;
@@ -856,6 +910,7 @@ impl TcpApp for ServerApp {
             incoming: Incoming::new(false, self.max_object),
             out: VecDeque::new(),
             peer_closed: false,
+            stop_reading: false,
             closing: false,
         };
         self.offer_put_buffers(&mut peer, conn);
@@ -872,21 +927,29 @@ impl TcpApp for ServerApp {
         let Some(mut peer) = self.peers.remove(&id) else {
             return;
         };
-        if !peer.closing {
+        if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
         }
-        if !peer.closing {
+        // Whether every request that arrived has been read.
+        let mut drained = false;
+        if !peer.closing && !peer.stop_reading {
             for _ in 0..MESSAGES_PER_TURN {
+                if peer.out.len() >= MAX_QUEUED_RESPONSES {
+                    break;
+                }
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
                     Ok(Some(m)) => {
                         let out = self.respond(m);
-                        let close = out.close_after;
+                        peer.stop_reading = out.close_after;
                         peer.out.push_back(out);
-                        if close {
+                        if peer.stop_reading {
                             break;
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        drained = true;
+                        break;
+                    }
                     Err(e) => {
                         let index = peer.incoming.index;
                         peer.out.push_back(text_response(
@@ -895,6 +958,7 @@ impl TcpApp for ServerApp {
                             true,
                             index,
                         ));
+                        peer.stop_reading = true;
                         break;
                     }
                 }
@@ -909,7 +973,13 @@ impl TcpApp for ServerApp {
             Ok(false) => {}
             Err(_) => peer.closing = true,
         }
-        if peer.peer_closed && peer.out.is_empty() && !peer.closing {
+        // The client closed and everything it sent is answered (a request cut short by its
+        // FIN never completes).
+        if peer.peer_closed
+            && (drained || peer.stop_reading)
+            && peer.out.is_empty()
+            && !peer.closing
+        {
             conn.close();
             peer.closing = true;
         }
@@ -1094,6 +1164,9 @@ impl ClientApp {
     }
 
     fn check(&mut self, m: Message) -> Result<(), HttpError> {
+        if m.index >= self.sent {
+            return Err(HttpError::Unrequested(m.index));
+        }
         let status = m.head.status().unwrap_or(0);
         if !(200..300).contains(&status) {
             return Err(HttpError::Status {
@@ -1130,13 +1203,20 @@ impl ClientApp {
             self.request(conn)?;
         }
         push_out(conn, &mut self.out)?;
+        let mut drained = false;
         for _ in 0..MESSAGES_PER_TURN {
+            if self.done == self.count {
+                break;
+            }
             match self
                 .incoming
                 .read(conn, &mut self.scratch, &mut self.pool)?
             {
                 Some(m) => self.check(m)?,
-                None => break,
+                None => {
+                    drained = true;
+                    break;
+                }
             }
         }
         if self.done == self.count && self.finished.is_none() {
@@ -1145,7 +1225,7 @@ impl ClientApp {
             conn.close();
             self.close_sent = true;
         }
-        if self.peer_closed && self.done < self.count && conn.recv_available() == 0 {
+        if self.peer_closed && self.done < self.count && drained {
             return Err(HttpError::Closed {
                 done: self.done,
                 count: self.count,
@@ -1399,6 +1479,9 @@ mod tests {
             &b"GET / HTTP/2\r\n"[..],
             b"GET /\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: x",
+            b"HTTP/1.1 200 OK\r\nContent-Length: +5",
+            b"HTTP/1.1 200 OK\r\nContent-Length : 5",
+            b"HTTP/1.1 200 OK\r\nX: a\r\n folded",
             b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
             b"HTTP/1.1 200 OK\r\nno colon",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked",
