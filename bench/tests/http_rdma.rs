@@ -280,6 +280,14 @@ fn scratch_dir(name: &str) -> PathBuf {
     d
 }
 
+/// `curl` in side A's namespace (kernel TCP), failing on HTTP errors, bounded in time.
+fn curl() -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", VETH.ns_a, "curl", "-sS", "--fail"])
+        .args(["--max-time", "60"]);
+    c
+}
+
 /// `curl` on kernel TCP (which ignores option 25) against our annotating server: byte-exact
 /// downloads (two on one keep-alive connection) and an upload.
 #[test]
@@ -295,17 +303,7 @@ fn curl_downloads_from_our_server() {
     );
     let url = format!("http://{}:18820/object.bin", VETH.addr_b);
     let (one, two) = (dir.join("one"), dir.join("two"));
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            VETH.ns_a,
-            "curl",
-            "-sS",
-            "--fail",
-            "--max-time",
-            "60",
-        ])
+    let out = curl()
         .args([&url, "-o"])
         .arg(&one)
         .args([&url, "-o"])
@@ -320,17 +318,7 @@ fn curl_downloads_from_our_server() {
     assert_eq!(sha256_file(&one), want, "first download differs");
     assert_eq!(sha256_file(&two), want, "second download differs");
     // An upload: the server answers with the SHA-256 of what it received.
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            VETH.ns_a,
-            "curl",
-            "-sS",
-            "--fail",
-            "--max-time",
-            "60",
-        ])
+    let out = curl()
         .arg("-T")
         .arg(dir.join("object.bin"))
         .arg(format!("http://{}:18820/upload", VETH.addr_b))
