@@ -98,7 +98,8 @@ struct Link {
     /// `--connections` have come and gone, or until it is stopped).
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
-    /// Seconds without progress after which the client fails as stalled.
+    /// Seconds without progress after which the client fails as stalled and the server
+    /// resets a connection (an idle keep-alive connection included).
     #[arg(long, default_value_t = 30.0)]
     idle_timeout: f64,
     /// No progress lines on stderr.
@@ -124,6 +125,11 @@ struct ServerCli {
     /// Octets of each buffer posted for unsolicited request bodies (PUT, POST); 0: none.
     #[arg(long, default_value_t = 1 << 20)]
     put_buffer: usize,
+    /// Octets of such buffers posted at once over all connections (draft-csapuntz-tcprdma-00
+    /// 6.1's quota on unsolicited data): connections beyond it get fewer or none (their
+    /// bodies go through the stream).
+    #[arg(long, default_value_t = 256 << 20)]
+    put_budget: usize,
     /// Largest object served or body taken, in octets (at most 4 GiB - 1: the option's
     /// offsets are 32 bits).
     #[arg(long, default_value_t = 1 << 30)]
@@ -310,6 +316,8 @@ struct Head {
     /// The connection stays open after this message (HTTP/1.1 unless `Connection: close`;
     /// HTTP/1.0 only with `Connection: keep-alive`).
     keep_alive: bool,
+    /// `Expect: 100-continue` (RFC 9110 10.1.1): the client waits for a 100 before the body.
+    expect_continue: bool,
 }
 
 impl Head {
@@ -333,6 +341,7 @@ impl Head {
             _ => return Err(HttpError::BadHead("not HTTP/1.0 or HTTP/1.1")),
         };
         let mut content_length = None;
+        let mut expect_continue = false;
         for h in lines.filter(|l| !l.is_empty()) {
             let (name, value) = h
                 .split_once(':')
@@ -357,6 +366,8 @@ impl Head {
                 content_length = Some(n);
             } else if name.eq_ignore_ascii_case("transfer-encoding") {
                 return Err(HttpError::Unsupported("Transfer-Encoding"));
+            } else if name.eq_ignore_ascii_case("expect") {
+                expect_continue = value.eq_ignore_ascii_case("100-continue");
             } else if name.eq_ignore_ascii_case("connection") {
                 if value.eq_ignore_ascii_case("close") {
                     keep_alive = false;
@@ -369,6 +380,7 @@ impl Head {
             line,
             content_length,
             keep_alive,
+            expect_continue,
         })
     }
 
@@ -440,6 +452,8 @@ struct Incoming {
     posted: BTreeSet<u64>,
     head_octets: u64,
     max_body: u64,
+    /// A request head asked for `100 Continue` before its body (the server answers it).
+    continue_due: bool,
 }
 
 impl Incoming {
@@ -452,6 +466,7 @@ impl Incoming {
             posted: BTreeSet::new(),
             head_octets: 0,
             max_body,
+            continue_due: false,
         }
     }
 
@@ -468,22 +483,25 @@ impl Incoming {
                     let head = Head::parse(&self.inbuf[..end])?;
                     self.inbuf.drain(..end + 4);
                     self.head_octets += end as u64 + 4;
-                    let len = match (head.content_length, self.responses) {
-                        (Some(n), _) => n,
-                        (None, false) => 0,
-                        (None, true) => match head.status() {
-                            Some(204 | 304) => 0,
-                            _ => {
-                                return Err(HttpError::Unsupported(
-                                    "a response without Content-Length",
-                                ))
-                            }
-                        },
+                    let status = head.status().filter(|_| self.responses);
+                    if status.is_some_and(|s| (100..200).contains(&s)) {
+                        // An interim response (RFC 9110 15.2): no body, no message index.
+                        continue;
+                    }
+                    // RFC 9112 6.3: 204 and 304 responses never have a body.
+                    let len = match (head.content_length, self.responses, status) {
+                        (_, true, Some(204 | 304)) => 0,
+                        (Some(n), _, _) => n,
+                        (None, false, _) => 0,
+                        (None, true, _) => {
+                            return Err(HttpError::Unsupported("a response without Content-Length"))
+                        }
                     };
                     if len > self.max_body {
                         return Err(HttpError::Unsupported("a body this large"));
                     }
                     let posted = self.posted.contains(&self.index);
+                    self.continue_due = !self.responses && head.expect_continue && len > 0;
                     self.body = Some(BodyRead {
                         head,
                         len,
@@ -592,6 +610,8 @@ impl Incoming {
     }
 
     fn complete(&mut self, conn: &mut Connection, b: BodyRead, pool: &mut Pool) -> Message {
+        // The body is in: too late for a 100 Continue.
+        self.continue_due = false;
         let index = self.index;
         self.index += 1;
         // A buffer posted for this index (also one posted after its head came without one).
@@ -721,6 +741,8 @@ struct ServerReport {
     bodies_placed_whole: u64,
     /// Octets of request heads (read through the stream).
     head_octets: u64,
+    /// Connections reset for making no progress for `--idle-timeout`.
+    idle_resets: u64,
     cpu_seconds: f64,
     rdma: RdmaCounters,
     xdp: XdpFacts,
@@ -734,6 +756,9 @@ struct ServerPeer {
     /// 9.6).
     stop_reading: bool,
     closing: bool,
+    /// Octets moved either way, and when that last changed (the idle timeout).
+    moved: u64,
+    last_progress: Instant,
 }
 
 /// Responses a connection may have queued before the server stops reading its requests
@@ -742,6 +767,11 @@ const MAX_QUEUED_RESPONSES: usize = 16;
 
 struct ServerApp {
     put_buffer: usize,
+    /// Buffers for unsolicited bodies posted now, over all connections, and the most.
+    posted_buffers: usize,
+    max_posted_buffers: usize,
+    idle: Duration,
+    idle_resets: u64,
     max_object: u64,
     dir: Option<PathBuf>,
     peers: HashMap<ConnId, ServerPeer>,
@@ -877,11 +907,15 @@ impl ServerApp {
             if peer.incoming.posted.contains(&i) {
                 continue;
             }
+            if self.posted_buffers >= self.max_posted_buffers {
+                break;
+            }
             let buf = self.pool.get(self.put_buffer);
             if conn.post_rdma_buffer(rid(i), buf, true).is_err() {
                 break;
             }
             peer.incoming.posted.insert(i);
+            self.posted_buffers += 1;
         }
     }
 
@@ -912,6 +946,8 @@ impl TcpApp for ServerApp {
             peer_closed: false,
             stop_reading: false,
             closing: false,
+            moved: 0,
+            last_progress: Instant::now(),
         };
         self.offer_put_buffers(&mut peer, conn);
         self.peers.insert(id, peer);
@@ -930,6 +966,7 @@ impl TcpApp for ServerApp {
         if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
         }
+        let posted_before = peer.incoming.posted.len();
         // Whether every request that arrived has been read.
         let mut drained = false;
         if !peer.closing && !peer.stop_reading {
@@ -964,6 +1001,21 @@ impl TcpApp for ServerApp {
                 }
             }
         }
+        // Messages read took their buffers back.
+        self.posted_buffers -= posted_before - peer.incoming.posted.len();
+        // The body's sender waits for this (its final response is queued when the body is
+        // in, after it).
+        if std::mem::take(&mut peer.incoming.continue_due) && !peer.stop_reading {
+            peer.out.push_back(Outgoing {
+                head: b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
+                head_sent: 0,
+                body: Arc::default(),
+                body_sent: 0,
+                rid: rid(peer.incoming.index),
+                unsolicited: false,
+                close_after: false,
+            });
+        }
         match push_out(conn, &mut peer.out) {
             Ok(true) => {
                 conn.close();
@@ -983,11 +1035,28 @@ impl TcpApp for ServerApp {
             conn.close();
             peer.closing = true;
         }
+        let st = conn.stats();
+        let moved = st.delivered_in_order
+            + st.rdma_placed_in_order
+            + st.rdma_placed_out_of_order
+            + conn.bytes_acked();
+        let now = Instant::now();
+        if moved != peer.moved {
+            peer.moved = moved;
+            peer.last_progress = now;
+        } else if now.duration_since(peer.last_progress) > self.idle {
+            // Nothing either way for --idle-timeout: a dead, stuck or idle peer.
+            conn.abort();
+            self.idle_resets += 1;
+            peer.last_progress = now;
+        }
         self.peers.insert(id, peer);
     }
 
     fn on_closed(&mut self, id: ConnId, conn: Connection) {
         if let Some(peer) = self.peers.remove(&id) {
+            // Its buffers go with it.
+            self.posted_buffers -= peer.incoming.posted.len();
             self.closed += 1;
             self.head_octets += peer.incoming.head_octets;
             self.rdma.add(&conn);
@@ -1014,6 +1083,10 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
     );
     let mut app = ServerApp {
         put_buffer: cli.put_buffer,
+        posted_buffers: 0,
+        max_posted_buffers: cli.put_budget.checked_div(cli.put_buffer).unwrap_or(0),
+        idle: secs(cli.link.idle_timeout, "idle-timeout")?,
+        idle_resets: 0,
         max_object: cli.max_object,
         dir: cli.dir.clone(),
         peers: HashMap::new(),
@@ -1054,6 +1127,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         body_octets_placed: app.body_octets_placed,
         bodies_placed_whole: app.bodies_placed_whole,
         head_octets: app.head_octets,
+        idle_resets: app.idle_resets,
         cpu_seconds: cpu,
         rdma: app.rdma.clone(),
         xdp: XdpFacts::of(&drv),

@@ -401,3 +401,36 @@ fn our_client_downloads_from_a_kernel_http_server() {
         "{c}"
     );
 }
+
+/// A client that connects and then says nothing is reset after `--idle-timeout`, and the
+/// server counts it.
+#[test]
+fn idle_connections_are_reset() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_840, 1, &["--idle-timeout", "1"]);
+    let python = if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    };
+    // Connects, sends nothing, and waits (at most 20 s) for the server to give up on it.
+    let script = format!(
+        "import socket\n\
+         s = socket.create_connection(('{}', 18840), timeout=20)\n\
+         try:\n    print(len(s.recv(1)))\n\
+         except ConnectionResetError:\n    print('reset')\n",
+        VETH.addr_b
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", VETH.ns_a, python, "-c", &script])
+        .output()
+        .expect("run python3");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && matches!(said.trim(), "reset" | "0"),
+        "the idle client saw {said:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["idle_resets"]), 1, "{srv}");
+}

@@ -17,6 +17,13 @@
 //! bed, less the engine thread's loop, the AF_XDP rings and the cache the kernel takes between
 //! kicks; deterministic enough to compare changes to the protocol crates by.
 //!
+//! `rx_path/{hot,cold}/per_frame`: the receiver's share of the same batches, timed apart: the
+//! 32 segments taken (`Connection::handle_segment`: TCP checksum verified, MPA's CRC32C
+//! checked, the payload placed into the sink region by `IwarpConn::on_data`) and its ACKs
+//! written (`Side::turn`). `hot` places into one 64 KiB slot, `cold` into 128 in turn (8 MiB).
+//! The receive path per frame that issue #24's single pass over received payload (checksum,
+//! CRC and copy) is measured by.
+//!
 //! `write_lat/round_trip_64B`: write-lat's ping-pong without the kernel, timed whole: A posts a
 //! 64-octet RDMA Write into B's region and frames it, B takes the segment (TCP, MPA CRC,
 //! placement), posts its 64-octet Write back and frames it (with its ACK), A takes it and ACKs.
@@ -243,8 +250,8 @@ impl Bench {
         self.a.tcp.as_ref().map_or(0, |t| t.bytes_acked()) / MESSAGE as u64
     }
 
-    /// One batch: returns (time the sender spent, frames sent).
-    fn batch(&mut self) -> (Duration, u64) {
+    /// One batch: returns (time the sender spent, time the receiver spent, frames sent).
+    fn batch(&mut self) -> (Duration, Duration, u64) {
         self.post();
         let t0 = StdInstant::now();
         let now = self.now;
@@ -252,11 +259,13 @@ impl Bench {
         let mut spent = t0.elapsed();
         self.now = now + FRAME_TIME * n.max(1) as u32;
         let now = self.now;
-        // The receiver, not timed: places the data and ACKs it.
+        // The receiver (timed apart): places the data and ACKs it.
+        let r0 = StdInstant::now();
         for (f, &len) in self.frames.iter().zip(&self.lens).take(n) {
             self.b.receive(now, &f[..len], None);
         }
         let acks = self.b.turn(now, &mut self.acks, &mut self.ack_lens);
+        let received = r0.elapsed();
         if self.cold {
             // A kick's worth of other lines through the cache (the kernel's work on the veth
             // bed between the engine's batches).
@@ -270,7 +279,7 @@ impl Bench {
             self.a.receive(now, &f[..len], None);
         }
         spent += t1.elapsed();
-        (spent, n as u64)
+        (spent, received, n as u64)
     }
 }
 
@@ -370,7 +379,16 @@ fn write_lat(c: &mut Criterion) {
 }
 
 fn tx_path(c: &mut Criterion) {
-    let mut group = c.benchmark_group("tx_path");
+    path(c, "tx_path", |(tx, _)| tx);
+}
+
+fn rx_path(c: &mut Criterion) {
+    path(c, "rx_path", |(_, rx)| rx);
+}
+
+/// Per-frame time of one side of the batches: `side` picks the sender's or the receiver's.
+fn path(c: &mut Criterion, name: &str, side: fn((Duration, Duration)) -> Duration) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(1));
     for (name, slots, cold) in [("hot", 1, false), ("cold", 128, true)] {
         let mut bench = Bench::new(slots, cold);
@@ -385,8 +403,8 @@ fn tx_path(c: &mut Criterion) {
                 let mut frames = 0;
                 let mut stalls = 0;
                 while frames < iters {
-                    let (t, n) = bench.batch();
-                    spent += t;
+                    let (tx, rx, n) = bench.batch();
+                    spent += side((tx, rx));
                     frames += n;
                     if n == 0 {
                         stalls += 1;
@@ -403,5 +421,5 @@ fn tx_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, tx_path, write_lat);
+criterion_group!(benches, tx_path, rx_path, write_lat);
 criterion_main!(benches);

@@ -1472,7 +1472,9 @@ impl XdpTcp {
                     any = true;
                     app.on_event(id, conn, ev);
                 }
-                conn.state() == State::Closed
+                // A connection the application aborted is closed with its RST still to
+                // send: it goes after this turn's transmission has sent it.
+                conn.state() == State::Closed && !conn.wants_transmit()
             }
             None => true,
         };
