@@ -743,6 +743,8 @@ struct ServerReport {
     head_octets: u64,
     /// Connections reset for making no progress for `--idle-timeout`.
     idle_resets: u64,
+    /// `100 Continue` answers to `Expect: 100-continue`.
+    continues_sent: u64,
     cpu_seconds: f64,
     rdma: RdmaCounters,
     xdp: XdpFacts,
@@ -772,6 +774,7 @@ struct ServerApp {
     max_posted_buffers: usize,
     idle: Duration,
     idle_resets: u64,
+    continues_sent: u64,
     max_object: u64,
     dir: Option<PathBuf>,
     peers: HashMap<ConnId, ServerPeer>,
@@ -1006,6 +1009,7 @@ impl TcpApp for ServerApp {
         // The body's sender waits for this (its final response is queued when the body is
         // in, after it).
         if std::mem::take(&mut peer.incoming.continue_due) && !peer.stop_reading {
+            self.continues_sent += 1;
             peer.out.push_back(Outgoing {
                 head: b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
                 head_sent: 0,
@@ -1087,6 +1091,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         max_posted_buffers: cli.put_budget.checked_div(cli.put_buffer).unwrap_or(0),
         idle: secs(cli.link.idle_timeout, "idle-timeout")?,
         idle_resets: 0,
+        continues_sent: 0,
         max_object: cli.max_object,
         dir: cli.dir.clone(),
         peers: HashMap::new(),
@@ -1128,6 +1133,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         bodies_placed_whole: app.bodies_placed_whole,
         head_octets: app.head_octets,
         idle_resets: app.idle_resets,
+        continues_sent: app.continues_sent,
         cpu_seconds: cpu,
         rdma: app.rdma.clone(),
         xdp: XdpFacts::of(&drv),

@@ -334,6 +334,8 @@ fn curl_downloads_from_our_server() {
     println!("server: {srv}");
     assert_eq!(u(&srv, &["gets"]), 2, "{srv}");
     assert_eq!(u(&srv, &["puts"]), 1, "{srv}");
+    // curl asks before it sends a body over 1 MiB (Expect: 100-continue), and got its answer.
+    assert_eq!(u(&srv, &["continues_sent"]), 1, "{srv}");
     assert_eq!(srv["rdma"]["option_in_use"], false, "{srv}");
     assert_eq!(u(&srv, &["rdma", "options_sent"]), 0, "{srv}");
 }
