@@ -1543,6 +1543,179 @@ fn client(cli: &ClientCli) -> Result<ClientReport, HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datapath::xdp_tcp::engine::{Config, FourTuple, IsnGenerator, SegmentRepr, State};
+
+    /// A client and a server connection wired back to back in memory.
+    struct Pair {
+        client: Connection,
+        server: Connection,
+        now: TcpInstant,
+    }
+
+    impl Pair {
+        fn new() -> Pair {
+            let cfg = Config {
+                rdma_option: true,
+                ..Config::default()
+            };
+            let tuple = FourTuple {
+                local_addr: [10, 0, 0, 1].into(),
+                local_port: 40_000,
+                remote_addr: [10, 0, 0, 2].into(),
+                remote_port: 80,
+            };
+            let now = TcpInstant::ZERO;
+            let mut client =
+                Connection::connect(cfg.clone(), tuple, &IsnGenerator::new([1; 16]), now);
+            let mut buf = vec![0u8; 2048];
+            let n = client.poll_transmit(now, &mut buf).expect("SYN");
+            let syn = SegmentRepr::parse(&buf[..n]).expect("parse the SYN");
+            let server =
+                Connection::accept(cfg, &syn, &IsnGenerator::new([2; 16]), now).expect("accept");
+            let mut pair = Pair {
+                client,
+                server,
+                now,
+            };
+            pair.pump(false);
+            assert_eq!(pair.client.state(), State::Established);
+            assert!(pair.client.rdma_option_enabled());
+            pair
+        }
+
+        /// Moves segments both ways until neither side has any; `reverse`: each burst arrives
+        /// last segment first (out of order).
+        fn pump(&mut self, reverse: bool) {
+            for _ in 0..10_000 {
+                self.now += Duration::from_micros(10);
+                let now = self.now;
+                let mut moved = false;
+                for dir in 0..2 {
+                    let (from, to) = if dir == 0 {
+                        (&mut self.client, &mut self.server)
+                    } else {
+                        (&mut self.server, &mut self.client)
+                    };
+                    let mut burst = Vec::new();
+                    let mut buf = vec![0u8; 2048];
+                    while let Some(n) = from.poll_transmit(now, &mut buf) {
+                        burst.push(buf[..n].to_vec());
+                    }
+                    if reverse {
+                        burst.reverse();
+                    }
+                    for pkt in &burst {
+                        let seg = SegmentRepr::parse(pkt).expect("parse");
+                        to.handle_segment(now, &seg, |_| {});
+                    }
+                    moved |= !burst.is_empty();
+                }
+                if !moved {
+                    return;
+                }
+            }
+            panic!("the pair never went quiet");
+        }
+    }
+
+    /// Queues a GET response: the head in pieces of `piece` octets (pumped apart), the body
+    /// as transfer `rid`.
+    fn respond(pair: &mut Pair, body: &[u8], rid_of_body: u64, piece: usize) {
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+        for part in head.as_bytes().chunks(piece) {
+            assert_eq!(pair.server.send(part), Ok(part.len()));
+            pair.pump(false);
+        }
+        let mut at = 0;
+        while at < body.len() {
+            let send = RdmaSend {
+                rid: rid(rid_of_body),
+                buffer_offset: at as u32,
+                total_length: Some(body.len() as u32),
+                unsolicited: false,
+            };
+            at += pair
+                .server
+                .send_rdma(&body[at..], send)
+                .expect("queue the body");
+            pair.pump(true);
+        }
+    }
+
+    fn read_all(pair: &mut Pair, incoming: &mut Incoming, pool: &mut Pool) -> Vec<Message> {
+        let mut scratch = vec![0u8; 4096];
+        let mut out = Vec::new();
+        while let Some(m) = incoming
+            .read(&mut pair.client, &mut scratch, pool)
+            .expect("read")
+        {
+            out.push(m);
+        }
+        out
+    }
+
+    #[test]
+    fn pipelined_responses_are_placed_split_and_streamed_as_they_came() {
+        let mut pair = Pair::new();
+        let mut incoming = Incoming::new(true, 1 << 20);
+        let mut pool = Pool::default();
+        let bodies = [generate(1, 0), generate(2, 5_000), generate(3, 70_000)];
+        // Buffers for responses 0 and 1; response 2's is 1000 octets short, so the tail of
+        // its body is refused (past the buffer) and comes through the stream.
+        for (i, len) in [(0, 16), (1, 5_000), (2, 69_000)] {
+            pair.client
+                .post_rdma_buffer(rid(i), vec![0; len], false)
+                .expect("post");
+            incoming.posted.insert(i);
+        }
+        for (i, b) in bodies.iter().enumerate() {
+            // Heads cut into 7-octet pieces: a head arrives across several reads.
+            respond(&mut pair, b, i as u64, 7);
+        }
+        let got = read_all(&mut pair, &mut incoming, &mut pool);
+        assert_eq!(got.len(), 3);
+        for (i, m) in got.iter().enumerate() {
+            assert_eq!(m.index, i as u64);
+            assert_eq!(m.head.status(), Some(200));
+            assert_eq!(m.body, bodies[i], "body {i}");
+        }
+        assert_eq!(got[1].placed, 5_000);
+        assert!(
+            got[2].placed > 0 && got[2].placed <= 69_000,
+            "{}",
+            got[2].placed
+        );
+        let st = pair.client.stats();
+        assert!(st.rdma_placed_out_of_order > 0, "bursts arrived reversed");
+        assert_eq!(
+            st.delivered_in_order,
+            incoming.head_octets + 70_000 - got[2].placed,
+            "the stream carried the heads and the refused tail"
+        );
+        assert!(incoming.posted.is_empty(), "every buffer was taken back");
+    }
+
+    #[test]
+    fn a_body_placed_for_another_request_is_refused() {
+        let mut pair = Pair::new();
+        let mut incoming = Incoming::new(true, 1 << 20);
+        let mut pool = Pool::default();
+        for i in 0..2 {
+            pair.client
+                .post_rdma_buffer(rid(i), vec![0; 3_000], false)
+                .expect("post");
+            incoming.posted.insert(i);
+        }
+        // Response 0's body annotated as request 1's.
+        respond(&mut pair, &generate(4, 3_000), 1, 64);
+        let mut scratch = vec![0u8; 4096];
+        match incoming.read(&mut pair.client, &mut scratch, &mut pool) {
+            Err(HttpError::Misplaced {
+                index: 0, rid: 1, ..
+            }) => {}
+            other => panic!("expected Misplaced, got {other:?}"),
+        }
+    }
 
     #[test]
     fn heads_parse_as_http_1_0_and_1_1_say() {
