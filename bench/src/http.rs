@@ -41,7 +41,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::tcp_tools::{
-    describe, gbit, hex, open_xdp, secs, Generator, Mode, Progress, ToolError, Watchdog, XdpFacts,
+    describe, gbit, hex, open_xdp, secs, Generator, Progress, ToolError, Watchdog, XdpArgs,
+    XdpFacts,
 };
 
 /// Longest request or response head taken.
@@ -82,15 +83,8 @@ impl Method {
 
 #[derive(Args, Debug, Clone)]
 struct Link {
-    /// Interface to run on, in the current network namespace (our TCP on AF_XDP; needs root).
-    #[arg(long)]
-    iface: Option<String>,
-    /// RX queue to own (repeatable; default: all queues of the interface).
-    #[arg(long = "queue")]
-    queues: Vec<u32>,
-    /// XDP attach mode of the steering program.
-    #[arg(long, value_enum, default_value_t = Mode::Auto)]
-    xdp_mode: Mode,
+    #[command(flatten)]
+    xdp: XdpArgs,
     /// Offer the TCP RDMA option (kind 25) on the SYN; it is used when both ends offer it.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     rdma_option: OnOff,
@@ -711,11 +705,7 @@ fn generate(seed: u64, len: u64) -> Vec<u8> {
 }
 
 fn open(link: &Link) -> Result<XdpTcp, HttpError> {
-    Ok(open_xdp(
-        link.iface.as_deref(),
-        &link.queues,
-        link.xdp_mode,
-    )?)
+    Ok(open_xdp(&link.xdp)?)
 }
 
 // -------------------------------------------------------------------------------- server

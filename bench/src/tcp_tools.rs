@@ -46,12 +46,10 @@ pub(crate) enum Mode {
     Auto,
 }
 
+/// Where our TCP on AF_XDP runs (the tools of this module and `http`).
 #[derive(Args, Debug, Clone)]
-struct Common {
-    /// `xdp`: our TCP over AF_XDP; `socket`: kernel TCP.
-    #[arg(long, value_enum, default_value_t = Transport::Xdp)]
-    transport: Transport,
-    /// Interface to run on (xdp transport), in the current network namespace.
+pub(crate) struct XdpArgs {
+    /// Interface to run on (our TCP on AF_XDP; needs root), in the current network namespace.
     #[arg(long)]
     iface: Option<String>,
     /// RX queue to own (repeatable; default: all queues of the interface).
@@ -60,6 +58,15 @@ struct Common {
     /// XDP attach mode of the steering program.
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     xdp_mode: Mode,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// `xdp`: our TCP over AF_XDP; `socket`: kernel TCP.
+    #[arg(long, value_enum, default_value_t = Transport::Xdp)]
+    transport: Transport,
+    #[command(flatten)]
+    xdp: XdpArgs,
     /// Seconds to wait for the connection (sink: a client; source: the handshake).
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
@@ -105,7 +112,7 @@ struct SourceCli {
 pub(crate) enum ToolError {
     #[error(transparent)]
     Driver(#[from] XdpTcpError),
-    #[error("--iface is required with --transport xdp")]
+    #[error("--iface is required: our TCP on AF_XDP runs on an interface")]
     NeedIface,
     #[error(
         "not root: --transport xdp needs root (XDP program: CAP_BPF, CAP_NET_ADMIN; AF_XDP: CAP_NET_RAW)"
@@ -415,16 +422,17 @@ impl Watchdog {
 }
 
 fn open_driver(c: &Common) -> Result<XdpTcp, ToolError> {
-    open_xdp(c.iface.as_deref(), &c.queues, c.xdp_mode)
+    open_xdp(&c.xdp)
 }
 
-/// Opens the AF_XDP driver on `iface` (checks: given, root).
-pub(crate) fn open_xdp(
-    iface: Option<&str>,
-    queues: &[u32],
-    xdp_mode: Mode,
-) -> Result<XdpTcp, ToolError> {
-    let iface = iface.ok_or(ToolError::NeedIface)?;
+/// Opens the AF_XDP driver as `args` say (checks: an interface given, root).
+pub(crate) fn open_xdp(args: &XdpArgs) -> Result<XdpTcp, ToolError> {
+    let XdpArgs {
+        iface,
+        queues,
+        xdp_mode,
+    } = args;
+    let iface = iface.as_deref().ok_or(ToolError::NeedIface)?;
     if !is_root() {
         return Err(ToolError::NotRoot);
     }

@@ -436,3 +436,58 @@ fn idle_connections_are_reset() {
     let srv = finish(s);
     assert_eq!(u(&srv, &["idle_resets"]), 1, "{srv}");
 }
+
+/// Mistakes are one line on stderr and a failing status, before anything is opened (no root
+/// or bed needed).
+#[test]
+fn http_tools_fail_clearly() {
+    for (args, says) in [
+        (&["http-client", "10.0.0.1:80"][..], "--iface is required"),
+        (
+            &[
+                "http-client",
+                "--iface",
+                "lo",
+                "--count",
+                "0",
+                "10.0.0.1:80",
+            ],
+            "--count must be between 1",
+        ),
+        (
+            &[
+                "http-client",
+                "--iface",
+                "lo",
+                "--depth",
+                "0",
+                "10.0.0.1:80",
+            ],
+            "--depth must be at least 1",
+        ),
+        (
+            &[
+                "http-client",
+                "--iface",
+                "lo",
+                "--path",
+                "/gen/1/5",
+                "10.0.0.1:80",
+            ],
+            "--size must match",
+        ),
+        (
+            &["http-server", "--iface", "lo", "--max-object", "5000000000"],
+            "--max-object must be below 4 GiB",
+        ),
+    ] {
+        let out = Command::new(common::bin())
+            .args(args)
+            .output()
+            .expect("run iwarp-bench");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}

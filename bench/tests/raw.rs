@@ -8,12 +8,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{bin, wait_with_timeout};
+use common::{bin, Tool};
 use testbed::*;
 
 /// `iwarp-bench raw <args>` inside namespace `ns`.
@@ -27,46 +25,10 @@ fn raw_in(ns: &str, args: &[&str]) -> Command {
 }
 
 /// A receiving process, started and waited on until it prints its "ready" line on stderr.
-struct Receiver {
-    child: Child,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Receiver {
-    fn start(mut cmd: Command) -> Receiver {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start receiver");
-        let err = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut seen = Vec::new();
-        loop {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(line) if line.contains("ready") => break,
-                Ok(line) => seen.push(line),
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("receiver never got ready; stderr so far: {seen:?}");
-                }
-            }
-        }
-        Receiver { child, stderr: rx }
-    }
-
-    fn finish(self) -> (Output, String) {
-        let out = wait_with_timeout(self.child, Duration::from_secs(60));
-        let err: Vec<String> = self.stderr.try_iter().collect();
-        (out, err.join("\n"))
-    }
+fn receiver(cmd: Command) -> Tool {
+    let mut t = Tool::start(cmd);
+    t.wait_for("ready", Duration::from_secs(30));
+    t
 }
 
 fn json(out: &Output, what: &str) -> serde_json::Value {
@@ -91,7 +53,7 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
         ("1514", "driver", None),
         ("1514", "driver", Some("2")),
     ] {
-        let rx = Receiver::start(raw_in(
+        let rx = receiver(raw_in(
             "iwa",
             &[
                 "rx", "--iface", "iwa0", "--count", N, "--size", size, "--mode", mode, "--port",
@@ -122,7 +84,7 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
             "raw tx failed: {}",
             String::from_utf8_lossy(&tx.stderr)
         );
-        let (rx_out, rx_err) = rx.finish();
+        let (rx_out, rx_err) = rx.finish(Duration::from_secs(60));
         assert!(
             rx_out.status.success(),
             "raw rx failed:\n{}\n{}\n{rx_err}",
@@ -169,7 +131,7 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
 #[test]
 fn raw_pingpong_runs() {
     let _bed = bed_or_skip!();
-    let pong = Receiver::start(raw_in(
+    let pong = receiver(raw_in(
         "iwa",
         &[
             "pingpong", "--iface", "iwa0", "--count", "300", "--warmup", "20", "--port", "18620",
@@ -198,7 +160,7 @@ fn raw_pingpong_runs() {
     )
     .output()
     .expect("run pingpong initiator");
-    let (pong_out, pong_err) = pong.finish();
+    let (pong_out, pong_err) = pong.finish(Duration::from_secs(60));
     assert!(
         ping.status.success(),
         "initiator failed: {}",
