@@ -655,6 +655,27 @@ struct Outgoing {
     close_after: bool,
 }
 
+impl Outgoing {
+    /// Message `index` of its connection (its body, if any, is the transfer of `rid(index)`).
+    fn new(
+        head: impl Into<Vec<u8>>,
+        body: Arc<Vec<u8>>,
+        index: u64,
+        unsolicited: bool,
+        close_after: bool,
+    ) -> Outgoing {
+        Outgoing {
+            head: head.into(),
+            head_sent: 0,
+            body,
+            body_sent: 0,
+            rid: rid(index),
+            unsolicited,
+            close_after,
+        }
+    }
+}
+
 /// Queues what fits of `out`; `Ok(true)` when a message that closes the connection is done.
 fn push_out(conn: &mut Connection, out: &mut VecDeque<Outgoing>) -> Result<bool, SendError> {
     while let Some(o) = out.front_mut() {
@@ -786,20 +807,17 @@ struct ServerApp {
 
 /// A response with a small text body.
 fn text_response(status: &str, body: &str, close: bool, index: u64) -> Outgoing {
+    let head = response_head(status, body.len(), "text/plain", close) + body;
+    Outgoing::new(head, Arc::default(), index, false, close)
+}
+
+/// A response's head: status line, length and type, and `Connection: close` when `close`.
+fn response_head(status: &str, len: usize, content_type: &str, close: bool) -> String {
     let conn = if close { "Connection: close\r\n" } else { "" };
-    Outgoing {
-        head: format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n{conn}\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
-        head_sent: 0,
-        body: Arc::default(),
-        body_sent: 0,
-        rid: rid(index),
-        unsolicited: false,
-        close_after: close,
-    }
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nContent-Type: {content_type}\r\n\
+         {conn}\r\n"
+    )
 }
 
 impl ServerApp {
@@ -839,21 +857,9 @@ impl ServerApp {
                 match body {
                     Ok(body) => {
                         self.body_octets_sent += body.len() as u64;
-                        let conn = if close { "Connection: close\r\n" } else { "" };
-                        Outgoing {
-                            head: format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\
-                                 Content-Type: application/octet-stream\r\n{conn}\r\n",
-                                body.len()
-                            )
-                            .into_bytes(),
-                            head_sent: 0,
-                            body,
-                            body_sent: 0,
-                            rid: rid(m.index),
-                            unsolicited: false,
-                            close_after: close,
-                        }
+                        let head =
+                            response_head("200 OK", body.len(), "application/octet-stream", close);
+                        Outgoing::new(head, body, m.index, false, close)
                     }
                     Err((status, text)) => text_response(status, text, close, m.index),
                 }
@@ -1000,15 +1006,10 @@ impl TcpApp for ServerApp {
         // in, after it).
         if std::mem::take(&mut peer.incoming.continue_due) && !peer.stop_reading {
             self.continues_sent += 1;
-            peer.out.push_back(Outgoing {
-                head: b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
-                head_sent: 0,
-                body: Arc::default(),
-                body_sent: 0,
-                rid: rid(peer.incoming.index),
-                unsolicited: false,
-                close_after: false,
-            });
+            let head = &b"HTTP/1.1 100 Continue\r\n\r\n"[..];
+            let index = peer.incoming.index;
+            peer.out
+                .push_back(Outgoing::new(head, Arc::default(), index, false, false));
         }
         match push_out(conn, &mut peer.out) {
             Ok(true) => {
@@ -1210,25 +1211,19 @@ impl ClientApp {
         } else {
             format!("Content-Length: {}\r\n", self.upload.len())
         };
-        self.out.push_back(Outgoing {
-            head: format!(
-                "{} {} HTTP/1.1\r\nHost: {}\r\n{length}\r\n",
-                self.method.as_str(),
-                self.path,
-                self.host
-            )
-            .into_bytes(),
-            head_sent: 0,
-            body: if get {
-                Arc::default()
-            } else {
-                self.upload.clone()
-            },
-            body_sent: 0,
-            rid: rid(index),
-            unsolicited: true,
-            close_after: false,
-        });
+        let head = format!(
+            "{} {} HTTP/1.1\r\nHost: {}\r\n{length}\r\n",
+            self.method.as_str(),
+            self.path,
+            self.host
+        );
+        let body = if get {
+            Arc::default()
+        } else {
+            self.upload.clone()
+        };
+        self.out
+            .push_back(Outgoing::new(head, body, index, true, false));
         self.sent += 1;
         Ok(())
     }

@@ -1057,12 +1057,18 @@ impl Connection {
         if !self.can_queue() {
             return Err(SendError::NotOpen);
         }
+        Ok(self.queue_stream(data))
+    }
+
+    /// Queues what fits of `data` in the send buffer ([`TxMode::Stream`], checked by the
+    /// caller); returns how much.
+    fn queue_stream(&mut self, data: &[u8]) -> usize {
         let n = data.len().min(self.send_capacity());
         if n > 0 {
             self.reserve_for_sending();
         }
         self.send_buf.extend(data[..n].iter().copied());
-        Ok(n)
+        n
     }
 
     /// Queue bytes in [`TxMode::Stream`] that are data of an RDMA transfer (the TCP RDMA
@@ -1091,7 +1097,7 @@ impl Connection {
         if u64::from(rdma.buffer_offset) + n as u64 > 1 << 32 {
             return Err(SendError::RdmaBufferOffset);
         }
-        let n = self.send(&data[..n])?;
+        let n = self.queue_stream(&data[..n]);
         self.rdma_tx.push(start, n as u64, rdma);
         Ok(n)
     }
