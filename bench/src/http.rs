@@ -737,6 +737,16 @@ struct ServerReport {
     tool: &'static str,
     local: String,
     connections: u64,
+    #[serde(flatten)]
+    totals: ServerTotals,
+    cpu_seconds: f64,
+    rdma: RdmaCounters,
+    xdp: XdpFacts,
+}
+
+/// What the server counts over its connections (in its report as they are).
+#[derive(Serialize, Debug, Clone, Default)]
+struct ServerTotals {
     requests: u64,
     gets: u64,
     puts: u64,
@@ -756,9 +766,6 @@ struct ServerReport {
     idle_resets: u64,
     /// `100 Continue` answers to `Expect: 100-continue`.
     continues_sent: u64,
-    cpu_seconds: f64,
-    rdma: RdmaCounters,
-    xdp: XdpFacts,
 }
 
 struct ServerPeer {
@@ -784,8 +791,6 @@ struct ServerApp {
     posted_buffers: usize,
     max_posted_buffers: usize,
     idle: Duration,
-    idle_resets: u64,
-    continues_sent: u64,
     max_object: u64,
     dir: Option<PathBuf>,
     peers: HashMap<ConnId, ServerPeer>,
@@ -794,14 +799,7 @@ struct ServerApp {
     scratch: Vec<u8>,
     pool: Pool,
     closed: u64,
-    requests: u64,
-    gets: u64,
-    puts: u64,
-    body_octets_sent: u64,
-    body_octets_received: u64,
-    body_octets_placed: u64,
-    bodies_placed_whole: u64,
-    head_octets: u64,
+    totals: ServerTotals,
     rdma: RdmaCounters,
 }
 
@@ -837,14 +835,14 @@ impl ServerApp {
 
     /// The response to request `m`.
     fn respond(&mut self, m: Message) -> Outgoing {
-        self.requests += 1;
+        self.totals.requests += 1;
         let close = !m.head.keep_alive;
         let words: Vec<&str> = m.head.line.split(' ').collect();
         let (method, target) = (words[0], words.get(1).copied().unwrap_or("/"));
         let path = target.split('?').next().unwrap_or(target);
         let out = match method {
             "GET" => {
-                self.gets += 1;
+                self.totals.gets += 1;
                 let body = if let Some((seed, len)) = parse_gen(path) {
                     if len > self.max_object {
                         Err(("413 Content Too Large", "object too large\n"))
@@ -856,7 +854,7 @@ impl ServerApp {
                 };
                 match body {
                     Ok(body) => {
-                        self.body_octets_sent += body.len() as u64;
+                        self.totals.body_octets_sent += body.len() as u64;
                         let head =
                             response_head("200 OK", body.len(), "application/octet-stream", close);
                         Outgoing::new(head, body, m.index, false, close)
@@ -865,11 +863,11 @@ impl ServerApp {
                 }
             }
             "PUT" | "POST" => {
-                self.puts += 1;
-                self.body_octets_received += m.body.len() as u64;
-                self.body_octets_placed += m.placed;
+                self.totals.puts += 1;
+                self.totals.body_octets_received += m.body.len() as u64;
+                self.totals.body_octets_placed += m.placed;
                 if !m.body.is_empty() && m.placed == m.body.len() as u64 {
-                    self.bodies_placed_whole += 1;
+                    self.totals.bodies_placed_whole += 1;
                 }
                 let digest = hex(&Sha256::digest(&m.body));
                 let matches = match parse_gen(path) {
@@ -1005,7 +1003,7 @@ impl TcpApp for ServerApp {
         // The body's sender waits for this (its final response is queued when the body is
         // in, after it).
         if std::mem::take(&mut peer.incoming.continue_due) && !peer.stop_reading {
-            self.continues_sent += 1;
+            self.totals.continues_sent += 1;
             let head = &b"HTTP/1.1 100 Continue\r\n\r\n"[..];
             let index = peer.incoming.index;
             peer.out
@@ -1042,7 +1040,7 @@ impl TcpApp for ServerApp {
         } else if now.duration_since(peer.last_progress) > self.idle {
             // Nothing either way for --idle-timeout: a dead, stuck or idle peer.
             conn.abort();
-            self.idle_resets += 1;
+            self.totals.idle_resets += 1;
             peer.last_progress = now;
         }
         self.peers.insert(id, peer);
@@ -1053,7 +1051,7 @@ impl TcpApp for ServerApp {
             // Its buffers go with it.
             self.posted_buffers -= peer.incoming.posted.len();
             self.closed += 1;
-            self.head_octets += peer.incoming.head_octets;
+            self.totals.head_octets += peer.incoming.head_octets;
             self.rdma.add(&conn);
         }
     }
@@ -1081,8 +1079,6 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         posted_buffers: 0,
         max_posted_buffers: cli.put_budget.checked_div(cli.put_buffer).unwrap_or(0),
         idle: secs(cli.link.idle_timeout, "idle-timeout")?,
-        idle_resets: 0,
-        continues_sent: 0,
         max_object: cli.max_object,
         dir: cli.dir.clone(),
         peers: HashMap::new(),
@@ -1091,14 +1087,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         scratch: vec![0u8; 64 * 1024],
         pool: Pool::default(),
         closed: 0,
-        requests: 0,
-        gets: 0,
-        puts: 0,
-        body_octets_sent: 0,
-        body_octets_received: 0,
-        body_octets_placed: 0,
-        bodies_placed_whole: 0,
-        head_octets: 0,
+        totals: ServerTotals::default(),
         rdma: RdmaCounters::default(),
     };
     let cpu0 = thread_cpu();
@@ -1115,16 +1104,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         tool: "http-server",
         local,
         connections: app.closed,
-        requests: app.requests,
-        gets: app.gets,
-        puts: app.puts,
-        body_octets_sent: app.body_octets_sent,
-        body_octets_received: app.body_octets_received,
-        body_octets_placed: app.body_octets_placed,
-        bodies_placed_whole: app.bodies_placed_whole,
-        head_octets: app.head_octets,
-        idle_resets: app.idle_resets,
-        continues_sent: app.continues_sent,
+        totals: app.totals.clone(),
         cpu_seconds: cpu,
         rdma: app.rdma.clone(),
         xdp: XdpFacts::of(&drv),
