@@ -2,7 +2,8 @@
 # Two iwarp-bench binaries A/B on the veth test bed for latency, alternating run by run (the
 # machine is noisy: alternating puts both under the same drift): write-lat (or another latency
 # test) of SIZE octets, server in iwa, client in iwb, both `--transport xdp`. One line per run:
-# label, median (t_typical) and p99 in us; at the end the medians of each and new/base.
+# label, median (t_typical) and p99 in us; at the end the medians of each and new/base, and
+# the median of the pairs' own ratios.
 # Companion of bench-engine-ab.sh (bandwidth). BASE_ARGS / NEW_ARGS as there.
 # Usage: scripts/bench-engine-ab-lat.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-lat|send-lat|read-lat] [iterations] [size]
 set -euo pipefail
@@ -58,4 +59,8 @@ m = [statistics.median(float(x) for x in v.split()) for v in sys.argv[1:]]
 print(f'median t_typical base {m[0]:.2f} new {m[1]:.2f} us, base/new {m[0] / m[1]:.3f}; '
       f'p99 base {m[2]:.2f} new {m[3]:.2f} us, base/new {m[2] / m[3]:.3f} '
       f'($TEST, {sys.argv[1].count(\" \") + 1} pairs, $PLACE, -s $SIZE -n $N)')
+# Each pair's own ratio: both runs of a pair saw the same phase of a drifting machine.
+r = sorted(float(b) / float(n) for b, n in zip(sys.argv[1].split(), sys.argv[2].split()))
+print(f'pairs base/new t_typical: median {statistics.median(r):.3f}, '
+      f'quartiles {r[len(r) // 4]:.3f} {r[(3 * len(r)) // 4]:.3f}')
 " "${pa[*]}" "${pb[*]}" "${qa[*]}" "${qb[*]}"

@@ -4,10 +4,11 @@
 # both `--transport xdp`. Prints one line per run: label, Gbit/s, and the client process's CPU
 # time per 64 KiB message in us, user and system (`/usr/bin/time`; the client sends in write-bw
 # and send-bw: its CPU time does not grow when other processes take its core, unlike Gbit/s);
-# at the end the medians of each and new/base. For measuring an engine change: build the old
-# commit, copy its binary away, build the new one. BASE_ARGS / NEW_ARGS: extra iwarp-bench options
-# for both sides of the base / new runs (e.g. the same binary twice with BASE_ARGS="--engine-threads
-# one" NEW_ARGS="--engine-threads per-queue").
+# at the end the medians of each and new/base, and the median of the pairs' own ratios. For
+# measuring an engine change: build the old commit, copy its binary away, build the new one.
+# BASE_ARGS / NEW_ARGS: extra iwarp-bench options for both sides of the base / new runs (e.g.
+# the same binary twice with BASE_ARGS="--engine-threads one" NEW_ARGS="--engine-threads
+# per-queue").
 # Usage: scripts/bench-engine-ab.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-bw|read-bw|send-bw] [iterations]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,4 +71,8 @@ print(f'median base {m[0]:.2f} new {m[1]:.2f} Gbit/s, new/base {m[1] / m[0]:.3f}
       f'client CPU us/message: user base {m[2]:.1f} new {m[3]:.1f}, new/base {m[3] / m[2]:.3f}, '
       f'user+sys base {m[4]:.1f} new {m[5]:.1f}, new/base {m[5] / m[4]:.3f} '
       f'($TEST, $PLACE, {len(sys.argv[1].split())} pairs, -n $N)')
+# Each pair's own ratio: both runs of a pair saw the same phase of a drifting machine.
+r = sorted(float(n) / float(b) for b, n in zip(sys.argv[1].split(), sys.argv[2].split()))
+print(f'pairs new/base: median {statistics.median(r):.3f}, '
+      f'quartiles {r[len(r) // 4]:.3f} {r[(3 * len(r)) // 4]:.3f}')
 " "${ra[*]}" "${rb[*]}" "${ua[*]}" "${ub[*]}" "${ta[*]}" "${tb[*]}"

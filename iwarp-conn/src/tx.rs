@@ -35,7 +35,7 @@
 
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
-use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, Stag, TxPayload};
+use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, Stag, StagHint, TxPayload};
 use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
@@ -166,6 +166,8 @@ pub(crate) struct TxRing {
     /// Stream offset of SeqStart (Marker positions are counted from here).
     seq_start: u64,
     pd: PdId,
+    /// Where the payload STag checked last was found ([`MemoryTable::validate_hinted`]).
+    stag_hint: StagHint,
     /// Index (from the oldest descriptor) of the FPDU the last fill ended in: TCP asks for its
     /// stream in order (one segment after the other), so the next fill almost always starts
     /// there or in the one after; any other offset (a retransmission) is searched for.
@@ -209,6 +211,7 @@ impl TxRing {
             markers: false,
             seq_start: 0,
             pd: PdId(0),
+            stag_hint: StagHint::default(),
             cursor: 0,
         }
     }
@@ -258,6 +261,7 @@ impl TxRing {
     }
 
     /// Wire length of an FPDU carrying `ulpdu_len` octets starting at stream offset `start`.
+    #[inline]
     pub fn wire_len(&self, start: u64, ulpdu_len: usize) -> usize {
         let position = start.wrapping_sub(self.seq_start) as u32;
         FpduEncoder::with_position(self.crc, self.markers, position).wire_len(ulpdu_len)
@@ -414,7 +418,14 @@ impl TxRing {
                     let region = match f.payload() {
                         Some(p) => {
                             let found = mem
-                                .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
+                                .validate_hinted(
+                                    p.stag,
+                                    self.pd,
+                                    p.access,
+                                    p.to,
+                                    u64::from(p.len),
+                                    &mut self.stag_hint,
+                                )
                                 .map_err(|_| err)?;
                             last = Some((p.stag, p.to, found));
                             Some(found)

@@ -200,6 +200,7 @@ impl FpduEncoder {
 
     /// Octets the next FPDU would take on the wire for a ULPDU of `ulpdu_len` octets, at the
     /// current position: header, ULPDU, PAD, CRC and any Markers (RFC 5044 sections 4.1, 4.3).
+    #[inline]
     pub fn wire_len(&self, ulpdu_len: usize) -> usize {
         self.layout(ulpdu_len).wire_len
     }

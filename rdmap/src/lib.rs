@@ -50,7 +50,10 @@ pub mod wire;
 
 pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use inline::{InlineData, InlineTooLong, MAX_INLINE_DATA};
-pub use memory::{Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, VecBuffer};
+pub use memory::{
+    Access, MemoryTable, PdId, RegionBuffer, RegionInfo, SharedBuffer, StagHint, TableVersion,
+    VecBuffer,
+};
 pub use qp::{
     AtomicOp, InlineSendWr, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge,
     SgeList, TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus,

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpa::crc::Crc32c;
@@ -327,6 +327,38 @@ pub struct MemoryTable<B> {
     free: VecDeque<u32>,
     /// With a secret: how slots and keys become the STags a peer sees.
     scramble: Option<StagScramble>,
+    /// This table and its copies ([`MemoryTable::version`]); unique per process.
+    id: u64,
+    /// Registrations, re-registrations and deregistrations made in this copy.
+    changes: u64,
+    /// Invalidations, counted across every copy (as the regions' `valid` flags are shared).
+    invalidations: Arc<AtomicU64>,
+}
+
+/// What a check against a [`MemoryTable`] depended on: equal versions mean that every check
+/// ([`MemoryTable::validate`]) answers as it did, so a caller that checked a range may skip
+/// checking it again (a send queue, segment after segment of one element). Any registration,
+/// re-registration, deregistration or invalidation gives a new version. The default is no
+/// table's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TableVersion {
+    table: u64,
+    changes: u64,
+    invalidations: u64,
+}
+
+/// Source of [`MemoryTable`] ids (0 is no table's).
+static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Where [`MemoryTable::validate_hinted`] last found an STag. The default remembers
+/// nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StagHint {
+    stag: u32,
+    slot: u32,
+    /// The table's STag mapping ([`MemoryTable::mapping`]: 0 for a table without a secret,
+    /// whose slot is the STag index; slot 0 is never a region's).
+    mapping: u64,
 }
 
 /// Free slots a table keeps before it reuses the oldest one.
@@ -412,6 +444,9 @@ impl<B: RegionBuffer> MemoryTable<B> {
             }],
             free: VecDeque::new(),
             scramble: None,
+            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
+            changes: 0,
+            invalidations: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -428,6 +463,16 @@ impl<B: RegionBuffer> MemoryTable<B> {
     /// The STag index a slot goes by.
     fn index_of(&self, slot: u32) -> u32 {
         self.scramble.map_or(slot, |s| s.index_of(slot))
+    }
+
+    /// The table's current [`TableVersion`].
+    #[inline]
+    pub fn version(&self) -> TableVersion {
+        TableVersion {
+            table: self.id,
+            changes: self.changes,
+            invalidations: self.invalidations.load(Ordering::Acquire),
+        }
     }
 
     /// Number of registered regions.
@@ -496,6 +541,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         slot.key = scramble.map_or(slot.uses, |s| s.key(slot.uses));
         slot.region = Some(region);
         let key = slot.key;
+        self.changes += 1;
         Ok(Stag::new(self.index_of(index), key))
     }
 
@@ -513,6 +559,35 @@ impl<B: RegionBuffer> MemoryTable<B> {
 
     fn region(&self, stag: Stag) -> Option<&Region<B>> {
         self.slots.get(self.slot_index(stag)?)?.region.as_ref()
+    }
+
+    /// Which STag-to-slot mapping this table uses (copies of a table share it).
+    fn mapping(&self) -> u64 {
+        self.scramble.as_ref().map_or(0, |s| s.rounds[0] | 1)
+    }
+
+    /// [`MemoryTable::region`] through `hint`: the slot found for the same STag last time
+    /// in a table of the same mapping is taken without the index permutation (its key and
+    /// region are checked as always).
+    fn region_hinted(&self, stag: Stag, hint: &mut StagHint) -> Option<&Region<B>> {
+        let mapping = self.mapping();
+        let index = if hint.stag == stag.raw() && hint.mapping == mapping {
+            hint.slot as usize
+        } else {
+            let index = self.slot_index(stag)?;
+            *hint = StagHint {
+                stag: stag.raw(),
+                // At most 2^24 slots.
+                slot: index as u32,
+                mapping,
+            };
+            index
+        };
+        let slot = self.slots.get(index)?;
+        if index == 0 || slot.key != stag.key() {
+            return None;
+        }
+        slot.region.as_ref()
     }
 
     /// Re-registers the region named by `stag` with a new PD, base TO and access, under
@@ -572,7 +647,9 @@ impl<B: RegionBuffer> MemoryTable<B> {
                 scramble.map_or(slot.uses, |s| s.key(slot.uses))
             }
         };
-        Ok(Stag::new(stag.index(), slot.key))
+        let stag = Stag::new(stag.index(), slot.key);
+        self.changes += 1;
+        Ok(stag)
     }
 
     /// Removes the region and returns its buffer. The STag (and any older key of the
@@ -586,6 +663,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             .take()
             .ok_or(RdmapError::UnknownStag { stag })?;
         self.free.push_back(index as u32);
+        self.changes += 1;
         Ok(region.buffer)
     }
 
@@ -610,6 +688,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             return Err(cannot(AccessViolation::StagNotAssociated));
         }
         region.valid.store(false, Ordering::Release);
+        self.invalidations.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -647,6 +726,36 @@ impl<B: RegionBuffer> MemoryTable<B> {
         len: u64,
     ) -> Result<(&B, usize), AccessViolation> {
         let region = self.region(stag).ok_or(AccessViolation::InvalidStag)?;
+        Self::check(region, pd, needed, to, len)
+    }
+
+    /// [`MemoryTable::validate`] for a caller that checks the same STag many times in a row
+    /// (a transmit ring, FPDU after FPDU): `hint` remembers where the STag was found, so the
+    /// next check of it skips the STag index permutation. Same checks, same results.
+    pub fn validate_hinted(
+        &self,
+        stag: Stag,
+        pd: PdId,
+        needed: Access,
+        to: u64,
+        len: u64,
+        hint: &mut StagHint,
+    ) -> Result<(&B, usize), AccessViolation> {
+        let region = self
+            .region_hinted(stag, hint)
+            .ok_or(AccessViolation::InvalidStag)?;
+        Self::check(region, pd, needed, to, len)
+    }
+
+    /// The checks of [`MemoryTable::validate`] after the STag lookup.
+    #[inline]
+    fn check(
+        region: &Region<B>,
+        pd: PdId,
+        needed: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<(&B, usize), AccessViolation> {
         if !region.valid.load(Ordering::Acquire) {
             return Err(AccessViolation::InvalidStag);
         }
@@ -834,6 +943,88 @@ mod tests {
             check(stag, PD, Access::REMOTE_READ, 0x1064, 1),
             Some(AccessViolation::BaseBounds)
         );
+    }
+
+    /// Every change a check depends on gives a new version; a copy keeps the version until
+    /// either copy changes, and an invalidation through one copy shows in both.
+    #[test]
+    fn the_version_changes_with_everything_a_check_depends_on() {
+        let mut t = MemoryTable::with_secret(3);
+        let v0 = t.version();
+        assert_ne!(v0, TableVersion::default());
+        assert_ne!(
+            v0,
+            MemoryTable::<VecBuffer>::new().version(),
+            "another table"
+        );
+        let a = t.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+        let v1 = t.version();
+        assert_ne!(v1, v0);
+        assert_eq!(t.version(), v1, "a lookup changes nothing");
+        let a = t.reregister(a, PD, 0, Access::LOCAL_WRITE).unwrap();
+        let v2 = t.version();
+        assert_ne!(v2, v1);
+        let copy = t.clone();
+        assert_eq!(copy.version(), v2);
+        copy.invalidate(a, PD).unwrap();
+        let v3 = t.version();
+        assert_ne!(v3, v2);
+        assert_eq!(copy.version(), v3);
+        assert!(copy.invalidate(a, PD).is_err());
+        assert_eq!(t.version(), v3, "a refused invalidation changes nothing");
+        t.deregister(a).unwrap();
+        assert_ne!(t.version(), v3);
+        assert!(t.deregister(a).is_err());
+    }
+
+    /// The hinted lookup answers as the plain one through every change a remembered slot
+    /// can see: deregistration, the slot reused under another key, invalidation, a hint from
+    /// another table (another secret), and a table without a secret.
+    #[test]
+    fn a_hinted_check_answers_as_the_plain_one() {
+        let same = |t: &MemoryTable<VecBuffer>, stag, hint: &mut StagHint| {
+            let plain = t.validate(stag, PD, Access::NONE, 0, 8).map(|(_, o)| o);
+            let hinted = t
+                .validate_hinted(stag, PD, Access::NONE, 0, 8, hint)
+                .map(|(_, o)| o);
+            assert_eq!(plain, hinted, "{stag:?}");
+            plain
+        };
+        for secret in [Some(1), None] {
+            let mut t = match secret {
+                Some(s) => MemoryTable::with_secret(s),
+                None => MemoryTable::new(),
+            };
+            let mut hint = StagHint::default();
+            assert!(same(&t, Stag(0), &mut hint).is_err());
+            let a = t.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+            assert_eq!(same(&t, a, &mut hint), Ok(0));
+            assert_eq!(same(&t, a, &mut hint), Ok(0));
+            // Another table's STag with this table's hint, and this one's with the other's.
+            let mut other = MemoryTable::with_secret(2);
+            let b = other.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+            let mut other_hint = StagHint::default();
+            assert_eq!(same(&other, b, &mut other_hint), Ok(0));
+            let _ = same(&t, b, &mut other_hint);
+            let _ = same(&other, a, &mut hint);
+            // Deregistered, then its slot reused (after the quarantine) under another key.
+            assert_eq!(same(&t, a, &mut hint), Ok(0));
+            t.deregister(a).unwrap();
+            assert!(same(&t, a, &mut hint).is_err());
+            let mut newest = a;
+            for _ in 0..=FREE_QUARANTINE {
+                newest = t.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+                let _ = same(&t, a, &mut hint);
+                let _ = same(&t, newest, &mut hint);
+                t.deregister(newest).unwrap();
+            }
+            assert!(same(&t, newest, &mut hint).is_err());
+            // Invalidated through the STag the hint remembers.
+            let c = t.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+            assert_eq!(same(&t, c, &mut hint), Ok(0));
+            t.invalidate(c, PD).unwrap();
+            assert_eq!(same(&t, c, &mut hint), Err(AccessViolation::InvalidStag));
+        }
     }
 
     #[test]

@@ -65,7 +65,9 @@ use ddp::{
 
 use crate::error::{RdmapError, TerminateCause, TerminateCode};
 use crate::inline::InlineData;
-use crate::memory::{Access, AccessViolation, MemoryTable, NotAtomic, PdId, RegionBuffer, Stag};
+use crate::memory::{
+    Access, AccessViolation, MemoryTable, NotAtomic, PdId, RegionBuffer, Stag, TableVersion,
+};
 pub use crate::types::QpState;
 pub use crate::wire::AtomicOp;
 use crate::wire::{
@@ -438,6 +440,11 @@ struct SqEntry {
     /// The payload is the front of [`QueuePair::inline_data`] (the scatter/gather list is
     /// empty).
     inline: bool,
+    /// Message offset up to which the source was found valid (the end of the element
+    /// checked last) in the memory table of version `checked_in`: while the table is
+    /// unchanged, later segments of that element handed out by reference skip the check.
+    checked_to: u64,
+    checked_in: TableVersion,
 }
 
 /// The parts of the send queue's head one transmitted segment needs.
@@ -449,6 +456,7 @@ struct SqHead {
     total: u64,
     tail: bool,
     inline: bool,
+    checked_to: u64,
 }
 
 /// Completion bookkeeping of one send work request, kept in submission order.
@@ -1054,6 +1062,8 @@ impl QueuePair {
             total,
             tail: matches!(wr.op, SendOp::Immediate { .. }),
             inline,
+            checked_to: 0,
+            checked_in: TableVersion::default(),
         });
     }
 
@@ -1333,6 +1343,7 @@ impl QueuePair {
         }
     }
 
+    #[inline]
     fn pick_source(&self) -> Option<TxSource> {
         let sq = self.sq_ready();
         let rr = !self.read_responses.is_empty();
@@ -1545,6 +1556,22 @@ impl QueuePair {
         }
     }
 
+    /// The send queue head's source failed its check: the segment begun at `start` is
+    /// dropped, the work request completes with [`WcStatus::LocalProtectionError`] and the
+    /// Terminate goes out instead ([`QueuePair::fail_locally`]).
+    #[cold]
+    fn fail_source(
+        &mut self,
+        seq: u64,
+        start: usize,
+        out: &mut Vec<u8>,
+    ) -> (TxUlpdu, Option<TxPayload>) {
+        out.truncate(start);
+        self.pop_sq();
+        self.finish_slot(seq, WcStatus::LocalProtectionError);
+        self.fail_locally(out)
+    }
+
     /// One segment of the send queue's head message. A local failure (the source
     /// region vanished or changed since posting) completes the work request with
     /// [`WcStatus::LocalProtectionError`] and emits the Terminate to send instead
@@ -1561,6 +1588,7 @@ impl QueuePair {
         let Some(head) = self.sq.front() else {
             return self.fail_locally(out);
         };
+        let version = mem.version();
         // What this segment needs of the head, without copying its scatter/gather list.
         let entry = SqHead {
             op: head.wr.op,
@@ -1569,6 +1597,11 @@ impl QueuePair {
             total: head.total,
             tail: head.tail,
             inline: head.inline,
+            checked_to: if head.checked_in == version {
+                head.checked_to
+            } else {
+                0
+            },
         };
         if entry.tail {
             return self.emit_immediate(entry, out);
@@ -1592,11 +1625,11 @@ impl QueuePair {
         };
         let room = max_ulpdu.saturating_sub(header_len).max(1) as u64;
         // A segment gathers from one element: it ends where the element does (DDP lets a
-        // message be cut anywhere, RFC 5041 5.1).
-        let piece = if entry.inline {
+        // message be cut anywhere, RFC 5041 5.1). `rest`: the element from `sent` to its end.
+        let rest = if entry.inline {
             None
         } else {
-            head.wr.sg_list.piece_at(entry.sent, room)
+            head.wr.sg_list.piece_at(entry.sent, u64::MAX)
         };
         let start = out.len();
         if let SendOp::Read {
@@ -1639,7 +1672,7 @@ impl QueuePair {
         let len = if entry.inline {
             room.min(total - entry.sent)
         } else {
-            piece.map_or(0, |(_, n)| n)
+            rest.map_or(0, |(_, n)| n.min(room))
         };
         let last = entry.sent + len == total;
         let (opcode, hdr) = match entry.op {
@@ -1702,31 +1735,37 @@ impl QueuePair {
                 }
             }
         } else if len > 0 {
-            let copied = piece.and_then(|(sge, _)| {
-                let to = sge.to;
-                mem.validate(sge.stag, self.cfg.pd, Access::NONE, to, len)
-                    .ok()
-                    .map(|found| (found, sge.stag, to))
-            });
-            match copied {
-                Some(((buffer, offset), stag, to)) => {
-                    if by_ref {
-                        reference = Some(TxPayload {
-                            stag,
-                            to,
-                            // At most one ULPDU (<= 65535 octets).
-                            len: len as u32,
-                            access: Access::NONE,
-                        });
-                    } else {
-                        buffer.read_at(offset, &mut out[payload]);
+            let Some((sge, rest_len)) = rest else {
+                return self.fail_source(entry.seq, start, out);
+            };
+            if by_ref {
+                // By reference the payload is read, and checked again, when TCP sends it
+                // (`TxRing::fill`). Here the rest of the element is checked whole, and again
+                // only once the memory table changed, so that a source gone since posting
+                // completes the work request in error.
+                if entry.sent + len > entry.checked_to {
+                    if mem
+                        .validate(sge.stag, self.cfg.pd, Access::NONE, sge.to, rest_len)
+                        .is_err()
+                    {
+                        return self.fail_source(entry.seq, start, out);
+                    }
+                    if let Some(head) = self.sq.front_mut() {
+                        head.checked_to = entry.sent + rest_len;
+                        head.checked_in = version;
                     }
                 }
-                None => {
-                    out.truncate(start);
-                    self.pop_sq();
-                    self.finish_slot(entry.seq, WcStatus::LocalProtectionError);
-                    return self.fail_locally(out);
+                reference = Some(TxPayload {
+                    stag: sge.stag,
+                    to: sge.to,
+                    // At most one ULPDU (<= 65535 octets).
+                    len: len as u32,
+                    access: Access::NONE,
+                });
+            } else {
+                match mem.validate(sge.stag, self.cfg.pd, Access::NONE, sge.to, len) {
+                    Ok((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
+                    Err(_) => return self.fail_source(entry.seq, start, out),
                 }
             }
         }

@@ -91,6 +91,7 @@ impl SgeList {
     /// The piece of the list that holds message offset `offset`: the element and how far into
     /// it, with at most `max` octets (fewer at the element's end). `None` past the end. Empty
     /// elements are skipped.
+    #[inline]
     pub fn piece_at(&self, offset: u64, max: u64) -> Option<(Sge, u64)> {
         let mut start = 0u64;
         for s in self.as_slice() {

@@ -160,10 +160,10 @@ fn acknowledged_completion_waits_for_the_ack() {
 /// A Write whose source region is deregistered after a first segment went out: the next
 /// segment is the Terminate instead (RFC 5040 7.1 rule 1: local catastrophic, no headers),
 /// the work request completes with a local protection error, and nothing follows; the same
-/// from both transmit calls.
+/// from both transmit calls, and for a region invalidated instead.
 #[test]
 fn a_source_gone_mid_message_sends_the_terminate_instead() {
-    for described in [false, true] {
+    for (described, invalidated) in [(false, false), (true, false), (false, true), (true, true)] {
         let mut p = Peer::new(config());
         let src = p.region(pattern(3000, 5), 0, Access::NONE);
         p.post(
@@ -189,7 +189,11 @@ fn a_source_gone_mid_message_sends_the_terminate_instead() {
         let mut out = Vec::new();
         let first = poll(&mut p, &mut out).expect("first segment");
         assert_eq!((first.opcode, first.last), (Opcode::Write, false));
-        assert!(p.mem.deregister(src).is_ok());
+        if invalidated {
+            assert!(p.mem.invalidate(src, config().pd).is_ok());
+        } else {
+            assert!(p.mem.deregister(src).is_ok());
+        }
         out.clear();
         let t = poll(&mut p, &mut out).expect("the Terminate");
         assert_eq!(

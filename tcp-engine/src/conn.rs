@@ -1035,6 +1035,7 @@ impl Connection {
     /// only the length; they are asked for from the [`TxSource`] given to
     /// [`Connection::poll_transmit_with`] when the record (or part of it) is sent or
     /// retransmitted. All or nothing.
+    #[inline]
     pub fn send_record_len(&mut self, len: usize) -> Result<(), SendError> {
         self.admit_record(TxMode::Source, len)?;
         self.reserve_for_sending();
