@@ -255,6 +255,14 @@ pub struct Cli {
     /// Ask the peer to insert MPA markers towards us (RFC 5044 4.3).
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub markers: OnOff,
+    /// How DDP segments are framed on TCP: `mpa` (RFC 5044) or `ift`
+    /// (draft-williams-iwarp-ift-01, experimental, `--transport socket` only). Both ends must
+    /// say the same. With `ift`, `--crc` sets the header and the payload CRC of our frames,
+    /// and the hello and welcome (MPA private data otherwise) go as the connection's first
+    /// Sends; the server then needs `--write-with-imm`/`--send-with-imm` if the client gives
+    /// them.
+    #[arg(long, value_enum, default_value_t = FramingArg::Mpa)]
+    pub framing: FramingArg,
     /// write-bw and write-lat: each Write is followed by RFC 7306 Immediate Data carrying its
     /// iteration number (perftest's `--write_with_imm`), which the receiver's receive completes
     /// with; the RDMAP extensions are on at both ends. The client decides (the server follows
@@ -394,6 +402,15 @@ pub enum AtomicType {
     /// CmpSwap (RFC 7306 5.1.2) of the value the counter holds with the next one.
     #[value(alias = "CMP_AND_SWAP")]
     CmpAndSwap,
+}
+
+/// `--framing`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramingArg {
+    /// MPA (RFC 5044).
+    Mpa,
+    /// IFT (draft-williams-iwarp-ift-01).
+    Ift,
 }
 
 /// A boolean option spelled on/off.

@@ -129,6 +129,54 @@ impl Net {
 /// True for the errors of a peer that is not listening (yet): TCP refused or reset. The AF_XDP
 /// engine reports a reset answering its SYN as `ConnectionRefused`, like a kernel socket; a
 /// connection lost later during MPA setup (code 1) is retried too.
+/// What a connection's startup agreed on, in a line: MPA's revision, CRC and Markers, or
+/// IFT's CRCs each way; then IRD/ORD and the RTR.
+pub fn describe_agreed(qp: &datapath::QueuePair) -> String {
+    let on = |b: bool| if b { "on" } else { "off" };
+    let a = qp.agreed();
+    let framing = match a {
+        datapath::Agreed::Mpa(n) => format!(
+            "MPA rev {}, CRC {}, markers rx {} tx {}, RTR {:?}",
+            n.rev,
+            on(n.crc),
+            on(n.markers_rx),
+            on(n.markers_tx),
+            n.rtr
+        ),
+        datapath::Agreed::Ift { negotiated: n, .. } => format!(
+            "IFT, header CRC tx {} rx {}, payload CRC tx {} rx {}",
+            on(n.tx.header_crc),
+            on(n.rx.header_crc),
+            on(n.tx.payload_crc),
+            on(n.rx.payload_crc)
+        ),
+    };
+    format!("{framing}, IRD {} ORD {}", a.ird(), a.ord())
+}
+
+/// The startup's agreement for a JSON report: `framing`, and MPA's fields or IFT's.
+pub fn agreed_json(qp: &datapath::QueuePair) -> serde_json::Value {
+    match qp.agreed() {
+        datapath::Agreed::Mpa(n) => serde_json::json!({
+            "framing": "mpa",
+            "mpa_rev": n.rev,
+            "crc": n.crc,
+            "markers_rx": n.markers_rx,
+            "markers_tx": n.markers_tx,
+        }),
+        datapath::Agreed::Ift { negotiated: n, .. } => serde_json::json!({
+            "framing": "ift",
+            "header_crc_tx": n.tx.header_crc,
+            "payload_crc_tx": n.tx.payload_crc,
+            "header_crc_rx": n.rx.header_crc,
+            "payload_crc_rx": n.rx.payload_crc,
+            "crc": n.tx.payload_crc || n.rx.payload_crc,
+            "markers_rx": false,
+            "markers_tx": false,
+        }),
+    }
+}
+
 pub fn not_listening(e: &DatapathError) -> bool {
     match e {
         DatapathError::Mpa(mpa::MpaError::ConnectionLost) => true,

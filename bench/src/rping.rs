@@ -445,17 +445,7 @@ fn data_region(pd: &ProtectionDomain, len: u32) -> Result<MemoryRegion, String> 
 }
 
 fn describe(qp: &QueuePair) -> String {
-    let n = qp.negotiated();
-    format!(
-        "MPA rev {}, CRC {}, markers {}/{}, IRD {} ORD {}, RTR {:?}",
-        n.rev,
-        if n.crc { "on" } else { "off" },
-        if n.markers_tx { "tx" } else { "-" },
-        if n.markers_rx { "rx" } else { "-" },
-        n.ird,
-        n.ord,
-        n.rtr
-    )
+    crate::net::describe_agreed(qp)
 }
 
 fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, AtomicOp, Completion, CompletionChannel, CompletionQueue, ConnectParams, Device,
-    Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr,
-    SgeList, Stag, Transport as DeviceTransport, WcOpcode, WcStatus,
+    Framing, Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp,
+    SendWr, SgeList, Stag, Transport as DeviceTransport, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -26,7 +26,7 @@ use crate::pcap::PcapReport;
 use crate::perftest::report;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
 use crate::stats::{self, BandwidthResult, LatencyResult};
-use crate::{AtomicType, Cli, CqMode, TestKind, Transport};
+use crate::{AtomicType, Cli, CqMode, FramingArg, TestKind, Transport};
 use datapath::xsk::Capture;
 
 /// How long a test may go without any progress before it gives up.
@@ -89,7 +89,16 @@ fn stamp(i: u64) -> u8 {
 }
 
 fn connect_params(cli: &Cli) -> ConnectParams {
+    let framing = match cli.framing {
+        FramingArg::Mpa => Framing::Mpa,
+        FramingArg::Ift => Framing::Ift(ift::IftConfig {
+            header_crc: cli.crc.on(),
+            payload_crc: cli.crc.on(),
+            ..ift::IftConfig::with_vtag(0)
+        }),
+    };
     ConnectParams {
+        framing,
         mpa: MpaConfig {
             rev: cli.mpa_rev,
             crc: cli.crc.on(),
@@ -157,6 +166,8 @@ struct Side {
     post_list: usize,
     /// `-I`: Sends and Writes of at most this many octets are posted inline (0: none).
     inline_size: u64,
+    /// `--framing ift`: the region the hello and the welcome went through.
+    setup: Option<MemoryRegion>,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -196,6 +207,7 @@ impl Side {
             report_gbits: cli.compat.report_gbits,
             post_list: cli.post_list as usize,
             inline_size: cli.compat.inline_size.map_or(0, u64::from),
+            setup: None,
         }
     }
 
@@ -538,20 +550,16 @@ fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, Memor
 }
 
 fn describe(cli: &Cli, side: &Side) -> String {
-    let n = side.qp.negotiated();
     let what = match (cli.test.is_atomic(), cli.server.is_some(), cli.atomic_type) {
         (true, true, AtomicType::FetchAndAdd) => format!("{} (FetchAdd)", cli.test.name()),
         (true, true, AtomicType::CmpAndSwap) => format!("{} (CmpSwap)", cli.test.name()),
         _ => cli.test.name().to_string(),
     };
     format!(
-        "{} over the {} transport: MPA rev {}, CRC {}, markers rx {} tx {}, MULPDU {}",
+        "{} over the {} transport: {}, MULPDU {}",
         what,
         cli.transport.name(),
-        n.rev,
-        if n.crc { "on" } else { "off" },
-        if n.markers_rx { "on" } else { "off" },
-        if n.markers_tx { "on" } else { "off" },
+        crate::net::describe_agreed(&side.qp),
         side.qp.mulpdu()
     )
 }
@@ -758,6 +766,9 @@ fn accept_side(
             .map_err(|e| e.to_string())?
             .ok_or("the client's further connection did not come")?,
     };
+    if cli.framing == FramingArg::Ift {
+        return accept_side_ift(cli, req, first);
+    }
     let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
         let _ = req.reject(b"iwarp-bench: malformed hello");
         return Err("client sent a malformed hello in its private data".into());
@@ -819,6 +830,163 @@ fn accept_side(
     side.ctrl_posted = if plan.send_test { 0 } else { CTRL_SLOTS as u64 };
     // A bandwidth test's server sees no completion until the client's phase-done Send.
     side.stall = (!cli.test.is_bw()).then_some(STALL);
+    Ok((side, plan, recv_posted))
+}
+
+/// The hello and the welcome as the connection's first Sends (`--framing ift`: IFT has no
+/// private data), through a region of their own: its first half sends, its second receives.
+const SETUP_LEN: usize = 4096;
+const SETUP_RECV: u64 = u64::MAX - 1;
+const SETUP_SEND: u64 = u64::MAX - 2;
+
+/// Sends `message` from `setup` and, unless `receive` is false, waits for the peer's (the
+/// receive was posted before); returns what came in (empty when not waiting for it).
+fn setup_exchange(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    setup: &MemoryRegion,
+    message: &[u8],
+    receive: bool,
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
+    if message.len() > SETUP_LEN {
+        return Err(format!("a setup message of {} octets", message.len()));
+    }
+    setup.write(0, message);
+    qp.post_send(SendWr {
+        wr_id: SETUP_SEND,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: setup.sge(0, message.len() as u32).into(),
+        signaled: true,
+    })
+    .map_err(|e| format!("sending the setup message: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let (mut sent, mut got) = (false, (!receive).then(Vec::new));
+    while !sent || got.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("the setup exchange did not finish in time".into());
+        }
+        let Some(c) = cq.wait(left.min(Duration::from_millis(100))) else {
+            if let Some(e) = qp.status().error {
+                return Err(format!("setup: {e}"));
+            }
+            continue;
+        };
+        if c.wc.status != WcStatus::Success {
+            return Err(format!("setup message: {:?}", c.wc.status));
+        }
+        match c.wc.wr_id {
+            SETUP_SEND => sent = true,
+            SETUP_RECV => {
+                let mut b = vec![0u8; c.wc.byte_len as usize];
+                setup.read(SETUP_LEN, &mut b);
+                got = Some(b);
+            }
+            other => return Err(format!("unexpected completion {other:#x} during setup")),
+        }
+    }
+    Ok(got.unwrap_or_default())
+}
+
+fn setup_recv(setup: &MemoryRegion) -> RecvWr {
+    RecvWr {
+        wr_id: SETUP_RECV,
+        sg_list: setup.sge(SETUP_LEN, SETUP_LEN as u32).into(),
+    }
+}
+
+/// [`accept_side`] with `--framing ift`: accepted with one receive for the hello, which then
+/// comes as the client's first Send; the buffers and receives are readied, and the welcome
+/// sent, once it is checked.
+fn accept_side_ift(
+    cli: &Cli,
+    req: datapath::ConnectRequest,
+    first: Option<&Hello>,
+) -> Result<(Side, ServerPlan, u64), String> {
+    // The extensions are decided at accept, before the hello: by this server's own flags.
+    let req = req.rdmap_extensions(cli.test.is_atomic() || cli.imm());
+    let pd = ProtectionDomain::new();
+    let (cq, channel) = completion_queue(cli.compat.use_event)?;
+    let setup = pd
+        .register(2 * SETUP_LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], vec![setup_recv(&setup)])
+        .map_err(|e| e.to_string())?;
+    // An error below drops the queue pair, which closes the connection.
+    // Nothing to send yet: wait for the hello alone.
+    let deadline = Instant::now() + cli.setup_timeout();
+    let hello_bytes = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("the client's hello did not come".into());
+        }
+        match cq.wait(left.min(Duration::from_millis(100))) {
+            Some(c) if c.wc.wr_id == SETUP_RECV && c.wc.status == WcStatus::Success => {
+                let mut b = vec![0u8; c.wc.byte_len as usize];
+                setup.read(SETUP_LEN, &mut b);
+                break b;
+            }
+            Some(c) => return Err(format!("waiting for the hello: {:?}", c.wc.status)),
+            None => {}
+        }
+    };
+    let Some((hello, client_buf)) = Hello::decode(&hello_bytes) else {
+        return Err("client sent a malformed hello".into());
+    };
+    if first.is_none() && hello.reverse {
+        return Err("the client's first connection is marked reverse (-b's second)".into());
+    }
+    if first.is_some_and(|f| *f != hello) {
+        return Err("a further queue pair's hello differs from the first one's".into());
+    }
+    if hello.test != cli.test {
+        return Err(format!(
+            "client asked for {}, this server runs {}",
+            hello.test.name(),
+            cli.test.name()
+        ));
+    }
+    if hello.imm != cli.imm() {
+        return Err(
+            "with --framing ift give the server the client's --write-with-imm/--send-with-imm"
+                .into(),
+        );
+    }
+    let (data, ctrl) = register(&pd, &hello)?;
+    fill(&data, &mut Vec::new(), SERVER_SEED, 0, data.len() as u64);
+    prepare_phase(&data, &hello, hello.sizes[0]);
+    let plan = ServerPlan::new(&hello);
+    let mut recv_posted = 0u64;
+    let mut recvs = Vec::new();
+    if plan.send_test {
+        for _ in 0..=plan.credit_window {
+            recvs.push(plan.data_recv(&data, &mut recv_posted));
+        }
+    } else {
+        for slot in 0..CTRL_SLOTS {
+            recvs.push(ctrl_recv(&ctrl, slot as u64));
+        }
+    }
+    for r in recvs {
+        if let Err(e) = conn.qp.post_recv(r) {
+            return Err(format!("posting receives: {e}"));
+        }
+    }
+    let welcome = proto::encode_welcome(RemoteBuf {
+        stag: data.stag().0,
+        to: data.base_to(),
+        len: data.len() as u64,
+    });
+    setup_exchange(&conn.qp, &cq, &setup, &welcome, false, cli.setup_timeout())?;
+    let mut side = Side::new(cli, conn.qp, (cq, channel), (data, ctrl), client_buf, hello);
+    side.ctrl_posted = if plan.send_test { 0 } else { CTRL_SLOTS as u64 };
+    side.stall = (!cli.test.is_bw()).then_some(STALL);
+    side.setup = Some(setup);
     Ok((side, plan, recv_posted))
 }
 
@@ -1401,15 +1569,10 @@ fn client_session(
         }
         .map_err(|e| e.to_string())?;
         let side = &sides[0];
-        let n = side.qp.negotiated();
-        out = Some(json!({
+        let mut report = json!({
                 "role": "client",
                 "test": cli.test.name(),
                 "transport": cli.transport.name(),
-                "mpa_rev": n.rev,
-                "crc": n.crc,
-                "markers_rx": n.markers_rx,
-                "markers_tx": n.markers_tx,
                 "mulpdu": side.qp.mulpdu(),
                 "tx_depth": cli.tx_depth,
                 "cq_mod": side.cq_mod,
@@ -1418,7 +1581,13 @@ fn client_session(
                 "verified_bytes_server": verified,
                 "verified_bytes_client": client_verified,
                 "results": results,
-        }));
+        });
+        if let (Some(fields), serde_json::Value::Object(agreed)) =
+            (report.as_object_mut(), crate::net::agreed_json(&side.qp))
+        {
+            fields.extend(agreed);
+        }
+        out = Some(report);
     } else {
         eprintln!(
             "iwarp-bench: data verified: {verified} bytes checked by the server, \
@@ -1448,22 +1617,39 @@ fn client_connect(
         len: data.len() as u64,
     };
     let private = hello.encode(mine);
+    let ift = cli.framing == FramingArg::Ift;
     let conn = device
-        .connect(addr, &pd, &cq, &connect_params(cli), &private)
+        .connect(
+            addr,
+            &pd,
+            &cq,
+            &connect_params(cli),
+            if ift { &[] } else { &private },
+        )
         .map_err(|e| format!("connect to {addr}: {e}"))?;
-    let remote = proto::decode_welcome(&conn.private_data)
+    // With IFT the hello and the welcome are the first Sends (no private data).
+    let mut setup = None;
+    let welcome = if ift {
+        let region = pd
+            .register(2 * SETUP_LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        conn.qp
+            .post_recv(setup_recv(&region))
+            .map_err(|e| format!("posting the welcome's receive: {e}"))?;
+        let w = setup_exchange(&conn.qp, &cq, &region, &private, true, cli.setup_timeout())?;
+        setup = Some(region);
+        w
+    } else {
+        conn.private_data.clone()
+    };
+    let remote = proto::decode_welcome(&welcome)
         .ok_or("server sent a malformed welcome in its private data")?;
     if remote.len < hello.buffer_len() {
         return Err("server's buffer is smaller than the run needs".into());
     }
-    Ok(Side::new(
-        cli,
-        conn.qp,
-        (cq, channel),
-        (data, ctrl),
-        remote,
-        hello,
-    ))
+    let mut side = Side::new(cli, conn.qp, (cq, channel), (data, ctrl), remote, hello);
+    side.setup = setup;
+    Ok(side)
 }
 
 /// Every size of a bandwidth test on one queue pair of several (`-q`): per size, the result,

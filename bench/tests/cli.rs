@@ -89,6 +89,81 @@ fn mpa_settings_matrix() {
     }
 }
 
+/// `--framing ift` (draft-williams-iwarp-ift-01) on both sides: every test over IFT frames,
+/// with and without CRCs, several sizes, the data verified by both sides; the report names
+/// the framing and each direction's CRCs. An IFT client against an MPA server fails at once.
+#[test]
+fn every_test_over_ift_framing() {
+    for crc in ["on", "off"] {
+        for test in [
+            "write-bw",
+            "read-bw",
+            "send-bw",
+            "write-lat",
+            "read-lat",
+            "send-lat",
+        ] {
+            let out = run_ok(
+                test,
+                &["--framing", "ift", "--crc", crc, "-a", "-n", "2", "--json"],
+            );
+            let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+            assert_eq!(v["framing"], "ift", "{test}: {v}");
+            for key in [
+                "header_crc_tx",
+                "payload_crc_tx",
+                "header_crc_rx",
+                "payload_crc_rx",
+            ] {
+                assert_eq!(v[key].as_bool(), Some(crc == "on"), "{test} {key}: {v}");
+            }
+            assert!(v.get("mpa_rev").is_none(), "{test}: {v}");
+            assert_eq!(v["results"].as_array().map(Vec::len), Some(23), "{test}");
+            let checked = v["verified_bytes_server"].as_u64().unwrap_or(0)
+                + v["verified_bytes_client"].as_u64().unwrap_or(0);
+            assert!(
+                checked >= (2..=23).map(|e| 1u64 << e).sum::<u64>(),
+                "{test}: {checked}"
+            );
+        }
+    }
+    // The MPA server refuses the IFT client's indication and goes on listening; the client
+    // fails at once, saying why.
+    let port = free_port().to_string();
+    let mut server = Command::new(bin())
+        .args([
+            "write-bw",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "-n",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start server");
+    let started = std::time::Instant::now();
+    let client = client_once_listening(&mut server, || {
+        Command::new(bin())
+            .args(["write-bw", "--port", &port, "-n", "2", "--framing", "ift"])
+            .arg("127.0.0.1")
+            .output()
+            .expect("run client")
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let err = String::from_utf8_lossy(&client.stderr);
+    assert!(!client.status.success(), "{err}");
+    assert!(err.contains("IFT") && err.contains("MPA"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// `--cq poll` on both sides: the bandwidth tests take their completions by polling, with the
 /// same verified result.
 #[test]

@@ -15,6 +15,10 @@ pub enum DatapathError {
     /// MPA connection setup failed (the code is the RFC 5044 8 MPA error code).
     #[error("MPA error (code {code}): {0}", code = .0.code())]
     Mpa(#[from] mpa::MpaError),
+    /// IFT connection setup (the adaption indications, draft-williams-iwarp-ift-01 section
+    /// 4) failed; an MPA peer shows as [`ift::IftError::BadMagic`].
+    #[error("IFT error (code {code}): {0}", code = .0.code())]
+    Ift(#[from] ift::IftError),
     /// The responder rejected the connection (MPA Reply with R=1), with its private data.
     #[error("connection rejected by peer ({} bytes of private data)", .private_data.len())]
     Rejected {
@@ -83,6 +87,11 @@ pub enum QpError {
     /// [`mpa::MpaError::code`] went out.
     #[error("MPA error (code {code}): {0}", code = .0.code())]
     Mpa(mpa::MpaError),
+    /// An IFT error in the peer's frames (draft-williams-iwarp-ift-01 5.1: a header or
+    /// payload CRC, a length, the VTag): nothing of that frame was placed, and a Terminate of
+    /// layer LLP with [`ift::IftError::code`] went out.
+    #[error("IFT error (code {code}): {0}", code = .0.code())]
+    Ift(ift::IftError),
     /// We found an error in the peer's traffic (DDP or RDMAP, RFC 5040 7) and sent this
     /// Terminate.
     #[error(

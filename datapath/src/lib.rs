@@ -80,9 +80,11 @@ pub use rdmap::{
     Sge, SgeList, Stag, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE_DATA, MAX_SGE,
 };
 pub use socket::connect;
-pub use verbs::cm::{ConnectParams, ConnectRequest, Connection, Keepalive, ListenStats, Listener};
+pub use verbs::cm::{
+    ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
+};
 pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
 pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};
-pub use verbs::qp::{QpStatus, QueuePair};
+pub use verbs::qp::{Agreed, QpStatus, QueuePair};
 pub use verbs::srq::SharedReceiveQueue;

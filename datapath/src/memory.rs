@@ -601,7 +601,7 @@ pub(crate) type SharedTable = Arc<RegionTable>;
 
 /// 64 bits from the kernel's random source (`getrandom(2)`, which blocks only before the
 /// pool is first initialised at boot); the clock mixed with the address space if it fails.
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut v = 0u64;
     // SAFETY: getrandom writes at most 8 octets into our local u64.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };

@@ -293,7 +293,7 @@ fn corrupted_fpdu_without_crc_is_placed_as_received() {
         },
     );
     let (c, s) = (c.unwrap(), s.unwrap());
-    assert!(!c.qp.negotiated().crc);
+    assert!(!c.qp.negotiated().expect("MPA").crc);
     send_round_trip(&c, &client, &server.cq, 1, &recv_buf, 100);
 
     let data = pattern(79, LEN);

@@ -20,7 +20,7 @@ fn all_sizes_rev2_crc_no_markers() {
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let info = verified_transfers(&listener, addr, &p, &full_sizes(), 1);
-    let (c, s) = (&info.client_negotiated, &info.server_negotiated);
+    let (c, s) = (&info.client_negotiated(), &info.server_negotiated());
     assert_eq!((c.rev, s.rev), (2, 2));
     assert!(c.crc && s.crc);
     assert!(!c.markers_tx && !c.markers_rx && !s.markers_tx && !s.markers_rx);
@@ -61,7 +61,7 @@ fn matrix(rev: u8) {
             let addr = listener.local_addr().unwrap();
             let seed = u64::from(rev) * 100 + u64::from(crc) * 10 + u64::from(mi) * 2 + mr as u64;
             let info = verified_transfers(&listener, addr, &cp, &sizes, seed);
-            let (c, s) = (&info.client_negotiated, &info.server_negotiated);
+            let (c, s) = (&info.client_negotiated(), &info.server_negotiated());
             let cfg = format!("rev {rev} crc {crc} M(initiator) {mi} M(responder) {mr}");
             assert_eq!((c.rev, s.rev), (rev, rev), "{cfg}");
             assert_eq!((c.crc, s.crc), (crc, crc), "{cfg}");
@@ -102,7 +102,7 @@ fn crc_off_only_when_both_sides_ask() {
             let info = verified_transfers(&listener, addr, &params(mpa(rev, cc, false)), &sizes, 7);
             let want = cc || sc;
             assert_eq!(
-                (info.client_negotiated.crc, info.server_negotiated.crc),
+                (info.client_negotiated().crc, info.server_negotiated().crc),
                 (want, want),
                 "rev {rev}: initiator C={cc}, responder C={sc}"
             );
@@ -156,7 +156,7 @@ fn revision_interoperation() {
         3,
     );
     assert_eq!(
-        (info.client_negotiated.rev, info.server_negotiated.rev),
+        (info.client_negotiated().rev, info.server_negotiated().rev),
         (1, 1)
     );
 
@@ -188,7 +188,7 @@ fn revision_interoperation() {
         &[Size::Bytes(5)],
         4,
     );
-    assert_eq!(info.client_negotiated.rev, 1);
+    assert_eq!(info.client_negotiated().rev, 1);
 }
 
 /// Connects with `client_pd` and accepts with `server_pd`, checking that each side sees
@@ -206,7 +206,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
         let acc = sc.spawn(|| {
             let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
             assert_eq!(req.private_data(), client_pd, "request private data");
-            assert_eq!(req.info().rev, rev);
+            assert_eq!(req.info().expect("MPA").rev, rev);
             let recv = RecvWr {
                 wr_id: 1,
                 sg_list: server_buf.sge(0, 16).into(),
@@ -225,7 +225,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
         s.private_data, client_pd,
         "request private data at the responder"
     );
-    assert_eq!(c.qp.negotiated().rev, rev);
+    assert_eq!(c.qp.negotiated().expect("MPA").rev, rev);
     c.qp.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Send {
@@ -339,7 +339,7 @@ fn over_long_private_data_on_accept_is_refused() {
         assert!(c.is_err());
 
         let info = verified_transfers(&listener, addr, &p, &[Size::Bytes(10)], 11);
-        assert_eq!(info.client_negotiated.rev, rev);
+        assert_eq!(info.client_negotiated().rev, rev);
     }
 }
 

@@ -437,8 +437,8 @@ fn run_combo(
         return Err(format!("request private data {:?}", s.private_data));
     }
     let (rev, crc, to_server, to_client) = combo.expected();
-    let cn = c.qp.negotiated();
-    let sn = s.qp.negotiated();
+    let cn = c.qp.negotiated().expect("MPA");
+    let sn = s.qp.negotiated().expect("MPA");
     let got_c = (cn.rev, cn.crc, cn.markers_tx, cn.markers_rx);
     let got_s = (sn.rev, sn.crc, sn.markers_rx, sn.markers_tx);
     if got_c != (rev, crc, to_server, to_client)

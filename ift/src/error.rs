@@ -53,6 +53,10 @@ pub enum IftError {
     /// The peer's CRC choice is one our policy does not accept (HC, PC, IH, IP, section 4.2).
     #[error("the peer's CRC choice is unacceptable: {0}")]
     Unacceptable(&'static str),
+    /// The peer closed the connection before the exchange was complete (an MPA responder
+    /// closes on an IFT indication, RFC 5044 7.1.2).
+    #[error("the peer closed the connection during the IFT adaption exchange (an MPA peer does)")]
+    ConnectionLost,
     /// The exchange did not finish by its deadline.
     #[error("IFT startup timed out")]
     StartupTimeout,
@@ -91,4 +95,25 @@ pub enum IftError {
         /// The CRC of the payload.
         computed: u32,
     },
+}
+
+impl IftError {
+    /// The code of the Terminate (layer LLP, RFC 5040 7.2) that reports this error to the
+    /// peer. The draft defines none; these follow MPA's (RFC 5044 8) for the nearest fault: 1
+    /// the exchange ended (timeout, connection lost), 2 a CRC error, 3 a frame whose lengths or VTag are wrong,
+    /// 4 an adaption indication not acceptable, 5 a local error.
+    pub fn code(&self) -> u8 {
+        match self {
+            IftError::StartupTimeout | IftError::ConnectionLost => 1,
+            IftError::HeaderCrc { .. } | IftError::PayloadCrc { .. } => 2,
+            IftError::BadHeaderSize { .. } | IftError::BadVtag { .. } => 3,
+            IftError::BadMagic { .. }
+            | IftError::IndicationCrc { .. }
+            | IftError::IncompatibleVersion { .. }
+            | IftError::WrongPhase { .. }
+            | IftError::ModeMismatch { .. }
+            | IftError::Unacceptable(_) => 4,
+            IftError::Local(_) => 5,
+        }
+    }
 }

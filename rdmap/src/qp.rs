@@ -2139,8 +2139,10 @@ impl QueuePair {
     // receive
     // ------------------------------------------------------------------------------
 
-    /// Processes one received ULPDU (a DDP segment as MPA handed it up), in stream
-    /// order: places data into `mem` and generates completions.
+    /// Processes one received DDP segment, its header (14 octets tagged, 18 untagged, RFC
+    /// 5041 4.2, 4.3) and its payload (RDMAP headers included) apart, as a framing that
+    /// carries them apart hands them up (IFT), in stream order: places data into `mem` and
+    /// generates completions.
     ///
     /// On a protocol error (every check of RFC 5040 7.2 and RFC 5041 7.1) it queues the
     /// Terminate the RFCs name, enters [`QpState::Terminate`] and returns the error.
@@ -2148,6 +2150,17 @@ impl QueuePair {
     /// MUST silently drop any subsequent incoming DDP Segments"); in Idle it refuses it
     /// with [`RdmapError::InvalidState`]. Nothing is ever written outside a registered
     /// region that passed its checks, and no input panics.
+    pub fn on_segment<B: RegionBuffer>(
+        &mut self,
+        ddp_header: &[u8],
+        payload: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
+        self.process(ddp_header, Payload::Bytes(payload), mem)
+    }
+
+    /// Receives one ULPDU (DDP header, then payload) in stream order: what
+    /// [`QueuePair::on_segment`] does for a framing that delivers the two contiguous (MPA).
     pub fn on_ulpdu<B: RegionBuffer>(
         &mut self,
         ulpdu: &[u8],

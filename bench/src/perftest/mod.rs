@@ -838,15 +838,7 @@ fn run_client(
 }
 
 fn describe(qp: &datapath::QueuePair) -> String {
-    let n = qp.negotiated();
-    format!(
-        "MPA rev {}, CRC {}, IRD {} ORD {}, RTR {:?}",
-        n.rev,
-        if n.crc { "on" } else { "off" },
-        n.ird,
-        n.ord,
-        n.rtr
-    )
+    crate::net::describe_agreed(qp)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1625,7 +1617,7 @@ impl Session {
                 // Terminate, until the user timeout, while `ib_read_bw -R -D 5` kept every
                 // IRD slot in use for seconds; with one slot spare four runs in a row passed.
                 // Why siw stalled is not known (its IRD overflow path sends a Terminate).
-                let ord = u64::from(self.data.qp.negotiated().ord).max(2);
+                let ord = u64::from(self.data.qp.agreed().ord()).max(2);
                 self.run.tx_depth.min(ring_slots).min(ord - 1)
             } else {
                 self.run.tx_depth

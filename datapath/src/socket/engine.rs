@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
-use mpa::{FpduDecoder, FpduEncoder, Negotiated};
+use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
 use rdmap::{WcOpcode, WorkCompletion};
 
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::qp::{local_status, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP};
+use crate::verbs::qp::{local_status, Agreed, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP};
 use crate::{DatapathError, QpError};
 
 impl QpWaker for Waker {
@@ -29,8 +29,9 @@ impl QpWaker for Waker {
 
 /// What connection setup hands to the engine.
 pub(super) struct Setup {
-    pub(super) negotiated: Negotiated,
-    /// Bytes read after the MPA Request/Reply (the start of the FPDU stream).
+    pub(super) agreed: Agreed,
+    /// Bytes read after the startup (MPA Request/Reply or IFT indications): the start of the
+    /// FPDU or frame stream.
     pub(super) leftover: Vec<u8>,
     pub(super) initiator: bool,
     /// Receive work requests to post before any byte is processed.
@@ -45,20 +46,31 @@ pub(super) fn start_engine(
     params: &ConnectParams,
 ) -> Result<QueuePair, DatapathError> {
     let Setup {
-        negotiated,
+        agreed,
         leftover,
         initiator,
         recvs,
     } = setup;
-    tracing::info!(
-        peer = ?stream.peer_addr().ok(),
-        initiator,
-        rev = negotiated.rev,
-        crc = negotiated.crc,
-        markers_tx = negotiated.markers_tx,
-        markers_rx = negotiated.markers_rx,
-        "MPA Full Operation (kernel TCP)"
-    );
+    match &agreed {
+        Agreed::Mpa(n) => tracing::info!(
+            peer = ?stream.peer_addr().ok(),
+            initiator,
+            rev = n.rev,
+            crc = n.crc,
+            markers_tx = n.markers_tx,
+            markers_rx = n.markers_rx,
+            "MPA Full Operation (kernel TCP)"
+        ),
+        Agreed::Ift { negotiated: n, .. } => tracing::info!(
+            peer = ?stream.peer_addr().ok(),
+            initiator,
+            header_crc_tx = n.tx.header_crc,
+            payload_crc_tx = n.tx.payload_crc,
+            header_crc_rx = n.rx.header_crc,
+            payload_crc_rx = n.rx.payload_crc,
+            "IFT framing (kernel TCP)"
+        ),
+    }
     let sock = socket2::SockRef::from(&stream);
     // Dead peers end the connection (RFC 9293 3.8.4 keepalive; RFC 5482 user timeout).
     if let Some(k) = params.keepalive {
@@ -72,7 +84,16 @@ pub(super) fn start_engine(
     }
     sock.set_tcp_user_timeout(params.user_timeout)?;
     let mss = sock.mss().unwrap_or(536) as usize;
-    let mulpdu = mpa::mulpdu(mss, negotiated.markers_tx).min(usize::from(u16::MAX));
+    let mulpdu = match &agreed {
+        Agreed::Mpa(n) => mpa::mulpdu(mss, n.markers_tx),
+        // A frame per segment: the IFT header and the CRCs around the ULPDU.
+        Agreed::Ift { negotiated: n, .. } => {
+            let crcs = 4 * (usize::from(n.tx.header_crc) + usize::from(n.tx.payload_crc));
+            mss.saturating_sub(ift::wire::FRAME_HEADER_LEN + crcs)
+                .max(128)
+        }
+    }
+    .min(usize::from(u16::MAX));
     let peer = stream.peer_addr()?;
     stream.set_read_timeout(None)?;
     stream.set_nonblocking(true)?;
@@ -88,20 +109,24 @@ pub(super) fn start_engine(
         pd: pd.id,
         sq_depth: params.sq_depth,
         rq_depth: params.rq_depth,
-        ird: negotiated.ird,
-        ord: negotiated.ord,
+        ird: agreed.ird(),
+        ord: agreed.ord(),
         extensions: params.rdmap_extensions,
     });
+    let rtr = match &agreed {
+        Agreed::Mpa(n) => n.rtr,
+        Agreed::Ift { .. } => None,
+    };
     if let Some(srq) = &params.srq {
         srq.attach(&mut qp, pd.id)?;
     }
     if !initiator {
-        if let Some(kind) = negotiated.rtr {
+        if let Some(kind) = rtr {
             qp.expect_rtr(rtr_kind(kind))
                 .map_err(|_| DatapathError::InvalidArgument("cannot prepare for the RTR"))?;
         }
     }
-    qp.enter_rts(negotiated.ird, negotiated.ord);
+    qp.enter_rts(agreed.ird(), agreed.ord());
     {
         let table = pd.table.snapshot();
         for wr in recvs {
@@ -110,7 +135,7 @@ pub(super) fn start_engine(
         }
     }
     if initiator {
-        if let Some(kind) = negotiated.rtr {
+        if let Some(kind) = rtr {
             // RFC 6581 3: the initiator's RTR is its first FPDU.
             qp.send_rtr(rtr_kind(kind));
         }
@@ -120,9 +145,12 @@ pub(super) fn start_engine(
         stream,
         poll,
         cmds: cmd_rx,
-        encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
-        decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
-        may_send: initiator || !negotiated.responder_waits_for_fpdu,
+        framer: Framer::new(&agreed),
+        // RFC 5044 7.1.2 rule 4 (MPA only): the Responder sends nothing before a valid FPDU.
+        may_send: match &agreed {
+            Agreed::Mpa(n) => initiator || !n.responder_waits_for_fpdu,
+            Agreed::Ift { .. } => true,
+        },
         qp,
         table: pd.table.clone(),
         cq: cq.sink(),
@@ -146,7 +174,7 @@ pub(super) fn start_engine(
         cmds: cmd_tx,
         waker,
         shared,
-        negotiated,
+        agreed,
         mulpdu,
         peer,
         thread: Some(thread),
@@ -168,14 +196,73 @@ const TX_HIGH: usize = 512 * 1024;
 /// Read calls per loop turn, so a busy receive side cannot starve commands and transmit.
 const RX_BUDGET: usize = 16;
 
+/// How DDP segments are framed on the stream.
+enum Framer {
+    /// MPA FPDUs (RFC 5044).
+    Mpa {
+        encoder: FpduEncoder,
+        decoder: Box<FpduDecoder>,
+    },
+    /// IFT frames (draft-williams-iwarp-ift-01 5.1).
+    Ift {
+        encoder: ift::FrameEncoder,
+        decoder: ift::FrameDecoder,
+    },
+}
+
+impl Framer {
+    fn new(agreed: &Agreed) -> Framer {
+        match agreed {
+            Agreed::Mpa(n) => Framer::Mpa {
+                encoder: FpduEncoder::new(n.crc, n.markers_tx),
+                decoder: Box::new(FpduDecoder::new(n.crc, n.markers_rx)),
+            },
+            Agreed::Ift { negotiated: n, .. } => Framer::Ift {
+                encoder: ift::FrameEncoder::new(n.tx),
+                decoder: ift::FrameDecoder::new(n.rx),
+            },
+        }
+    }
+
+    /// Frames one ULPDU (DDP header and payload) onto `out`; false if it cannot be framed
+    /// (longer than the framing allows: a local bug).
+    fn encode(&mut self, ulpdu: &[u8], out: &mut Vec<u8>) -> bool {
+        match self {
+            Framer::Mpa { encoder, .. } => encoder.encode(ulpdu, out).is_ok(),
+            Framer::Ift { encoder, .. } => encoder.encode(ulpdu, out).is_ok(),
+        }
+    }
+}
+
+/// A framing error in the received stream, with the Terminate code that reports it.
+enum FramingError {
+    Mpa(mpa::MpaError),
+    Ift(ift::IftError),
+}
+
+impl FramingError {
+    fn code(&self) -> u8 {
+        match self {
+            FramingError::Mpa(e) => e.code(),
+            FramingError::Ift(e) => e.code(),
+        }
+    }
+
+    fn into_qp_error(self) -> QpError {
+        match self {
+            FramingError::Mpa(e) => QpError::Mpa(e),
+            FramingError::Ift(e) => QpError::Ift(e),
+        }
+    }
+}
+
 struct Engine {
     stream: mio::net::TcpStream,
     poll: Poll,
     cmds: Receiver<Cmd>,
     qp: rdmap::QueuePair,
     table: SharedTable,
-    encoder: FpduEncoder,
-    decoder: FpduDecoder,
+    framer: Framer,
     /// RFC 5044 7.1.2: the Responder sends nothing before it has received a valid FPDU.
     may_send: bool,
     cq: CqSink,
@@ -332,18 +419,33 @@ impl Engine {
         progress
     }
 
-    /// Feeds received bytes through MPA into the queue pair (placement happens here).
+    /// Feeds received bytes through the framing into the queue pair (placement happens
+    /// here).
     fn process_rx(&mut self, bytes: &[u8]) {
         let table = self.table.snapshot();
         let qp = &mut self.qp;
         let mut got_fpdu = false;
         let mut first_error = None;
-        let res = self.decoder.feed(bytes, |ulpdu| {
-            got_fpdu = true;
-            if let Err(e) = qp.on_ulpdu(ulpdu, &table) {
-                first_error.get_or_insert(e);
-            }
-        });
+        let res = match &mut self.framer {
+            Framer::Mpa { decoder, .. } => decoder
+                .feed(bytes, |ulpdu| {
+                    got_fpdu = true;
+                    if let Err(e) = qp.on_ulpdu(ulpdu, &table) {
+                        first_error.get_or_insert(e);
+                    }
+                })
+                .map_err(FramingError::Mpa),
+            // A frame's header and payload CRCs were checked before it is handed up: nothing
+            // of a frame that fails them is placed.
+            Framer::Ift { decoder, .. } => decoder
+                .feed(bytes, |frame| {
+                    got_fpdu = true;
+                    if let Err(e) = qp.on_segment(frame.ddp_header, frame.payload, &table) {
+                        first_error.get_or_insert(e);
+                    }
+                })
+                .map_err(FramingError::Ift),
+        };
         drop(table);
         if got_fpdu {
             self.may_send = true;
@@ -356,10 +458,11 @@ impl Engine {
         }
         if let Err(e) = res {
             // RFC 5044 8: deliver nothing more; RFC 5040 7.1: report it with a Terminate
-            // (layer MPA). The connection, not the process, ends.
-            self.set_error(QpError::Mpa(e.clone()));
+            // (layer LLP). The connection, not the process, ends.
+            let code = e.code();
+            self.set_error(e.into_qp_error());
             let cause = if self.may_send {
-                TerminateCause::Llp { code: e.code() }
+                TerminateCause::Llp { code }
             } else {
                 // A Responder that has not yet received a valid FPDU may send nothing, not
                 // even a Terminate (RFC 5044 7.1.2 rule 4): the connection just closes.
@@ -384,9 +487,10 @@ impl Engine {
                     break;
                 }
                 progress = true;
-                if self.encoder.encode(&self.ulpdu, &mut self.tx).is_err() {
-                    // Only a ULPDU above MPA's 65535-octet limit fails here: a local bug.
-                    self.set_error(QpError::Local("a ULPDU too long for MPA"));
+                if !self.framer.encode(&self.ulpdu, &mut self.tx) {
+                    // Only a ULPDU above the framing's 65535-octet limit fails here: a local
+                    // bug.
+                    self.set_error(QpError::Local("a ULPDU too long for its framing"));
                     self.qp
                         .on_transport_error(TerminateCause::LocalCatastrophic);
                     break;

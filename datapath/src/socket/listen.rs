@@ -30,11 +30,11 @@ use rdmap::RecvWr;
 use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
-    recv_request, ConnectParams, ConnectRequest, ListenProvider, ListenRecord, Listener,
-    PendingProvider,
+    recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing, ListenProvider,
+    ListenRecord, Listener, PendingProvider,
 };
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::qp::QueuePair;
+use crate::verbs::qp::{Agreed, QueuePair};
 use crate::DatapathError;
 
 /// The most connections a listener keeps waiting for their MPA Request; more are closed as
@@ -64,11 +64,50 @@ type HeldStream = Arc<Mutex<Option<TcpStream>>>;
 /// A connection whose valid Request came in, on its way to the application.
 struct Arrived {
     stream: HeldStream,
-    responder: mpa::Responder,
-    info: RequestInfo,
+    answer: Answer,
+    /// The MPA Request (none with IFT).
+    info: Option<RequestInfo>,
     peer: SocketAddr,
     /// Bytes read after the Request (the start of the FPDU stream).
     leftover: Vec<u8>,
+}
+
+/// How a connection's startup is read: an MPA Request, or an IFT phase 0 indication.
+enum Startup {
+    Mpa(mpa::Responder),
+    Ift(ift::Responder),
+}
+
+impl Startup {
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Startup::Mpa(r) => r.poll_timeout(),
+            Startup::Ift(r) => r.poll_timeout(),
+        }
+    }
+}
+
+/// What answers a connection whose startup is complete: MPA's Responder builds the Reply on
+/// accept or reject; IFT's phase 1 indication is ready (a reject just closes).
+enum Answer {
+    Mpa(mpa::Responder),
+    Ift {
+        negotiated: ift::Negotiated,
+        reply: [u8; ift::wire::INDICATION_LEN],
+        /// When the application must have accepted (`MpaConfig::accept_timeout` after the
+        /// indication came in).
+        deadline: Instant,
+    },
+}
+
+impl Answer {
+    /// When the connection is closed if the application has not answered.
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Answer::Mpa(r) => r.poll_timeout(),
+            Answer::Ift { deadline, .. } => Some(*deadline),
+        }
+    }
 }
 
 /// A kernel TCP listening socket and the thread that reads Requests for it.
@@ -102,6 +141,7 @@ impl SocketListen {
             listener,
             poll,
             mpa: params.mpa.clone(),
+            framing: params.framing.clone(),
             starting: HashMap::new(),
             next_token: WAKE.0 + 1,
             waiting: VecDeque::new(),
@@ -149,14 +189,14 @@ impl ListenProvider for SocketListen {
         };
         let Arrived {
             stream,
-            responder,
+            answer,
             info,
             peer,
             leftover,
         } = arrived;
         let pending = SocketPending {
             stream,
-            responder,
+            answer,
             leftover,
         };
         Ok(Some(ConnectRequest::new(
@@ -172,7 +212,7 @@ impl ListenProvider for SocketListen {
 struct Starting {
     stream: TcpStream,
     peer: SocketAddr,
-    responder: mpa::Responder,
+    startup: Startup,
 }
 
 /// A Request handed to the application, and when its connection is closed if unanswered.
@@ -186,6 +226,7 @@ struct Startups {
     listener: TcpListener,
     poll: Poll,
     mpa: mpa::MpaConfig,
+    framing: Framing,
     starting: HashMap<Token, Starting>,
     next_token: usize,
     /// In arrival order, which is deadline order (one accept timeout for all).
@@ -229,7 +270,7 @@ impl Startups {
         let starting = self
             .starting
             .values()
-            .filter_map(|s| s.responder.poll_timeout())
+            .filter_map(|s| s.startup.poll_timeout())
             .min();
         let waiting = self.waiting.front().map(|w| w.deadline);
         starting.into_iter().chain(waiting).min()
@@ -248,8 +289,16 @@ impl Startups {
             if self.starting.len() >= MAX_STARTING {
                 continue; // dropped: closed
             }
-            let Ok(responder) = mpa::Responder::new(self.mpa.clone(), Instant::now()) else {
-                continue;
+            let startup = match &self.framing {
+                Framing::Mpa => match mpa::Responder::new(self.mpa.clone(), Instant::now()) {
+                    Ok(r) => Startup::Mpa(r),
+                    Err(_) => continue,
+                },
+                Framing::Ift(cfg) => {
+                    let mut cfg = with_fresh_vtag(cfg);
+                    cfg.timeout = self.mpa.timeout;
+                    Startup::Ift(ift::Responder::new(cfg, Instant::now()))
+                }
             };
             let token = Token(self.next_token);
             self.next_token = self.next_token.wrapping_add(1).max(WAKE.0 + 1);
@@ -270,7 +319,7 @@ impl Startups {
                     Starting {
                         stream,
                         peer,
-                        responder,
+                        startup,
                     },
                 );
             }
@@ -299,43 +348,79 @@ impl Startups {
                     return true;
                 }
             };
-            let (used, info) = match s.responder.feed(&self.buf[..n], Instant::now()) {
-                Ok(progress) => progress,
-                // RFC 5044 7.1.2: a malformed Request (or none in time) closes the connection.
-                Err(e) => {
-                    tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
-                    self.record.startup_failed(&e);
-                    return true;
-                }
+            let now = Instant::now();
+            let (used, complete) = match &mut s.startup {
+                Startup::Mpa(responder) => match responder.feed(&self.buf[..n], now) {
+                    Ok((used, info)) => (used, info.map(Some)),
+                    // RFC 5044 7.1.2: a malformed Request (or none in time) closes the
+                    // connection.
+                    Err(e) => {
+                        tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
+                        self.record.startup_failed(&e);
+                        return true;
+                    }
+                },
+                // IFT section 4.2: an unacceptable indication closes the connection.
+                Startup::Ift(responder) => match responder.feed(&self.buf[..n], now) {
+                    Ok((used, None)) => (used, None),
+                    Ok((used, Some((negotiated, reply)))) => {
+                        let deadline = now + self.mpa.accept_timeout;
+                        let answer = Answer::Ift {
+                            negotiated,
+                            reply,
+                            deadline,
+                        };
+                        let _ = self
+                            .poll
+                            .registry()
+                            .deregister(&mut SourceFd(&s.stream.as_raw_fd()));
+                        let leftover = self.buf[used..n].to_vec();
+                        return self.hand_over(s.stream, s.peer, answer, None, leftover);
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
+                        self.record.ift_startup_failed(&e);
+                        return true;
+                    }
+                },
             };
-            let Some(info) = info else { continue };
+            let Some(info) = complete else { continue };
             let _ = self
                 .poll
                 .registry()
                 .deregister(&mut SourceFd(&s.stream.as_raw_fd()));
-            return self.hand_over(s, info, self.buf[used..n].to_vec());
+            let Startup::Mpa(responder) = s.startup else {
+                return true;
+            };
+            let leftover = self.buf[used..n].to_vec();
+            return self.hand_over(s.stream, s.peer, Answer::Mpa(responder), info, leftover);
         }
     }
 
-    fn hand_over(&mut self, s: Starting, info: RequestInfo, leftover: Vec<u8>) -> bool {
-        let Starting {
-            stream,
-            peer,
-            mut responder,
-        } = s;
-        tracing::info!(
-            %peer,
-            rev = info.rev,
-            crc = info.crc,
-            markers = info.markers,
-            private_data = info.private_data.len(),
-            "MPA Request received (kernel TCP)"
-        );
+    fn hand_over(
+        &mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        answer: Answer,
+        info: Option<RequestInfo>,
+        leftover: Vec<u8>,
+    ) -> bool {
+        match &info {
+            Some(info) => tracing::info!(
+                %peer,
+                rev = info.rev,
+                crc = info.crc,
+                markers = info.markers,
+                private_data = info.private_data.len(),
+                "MPA Request received (kernel TCP)"
+            ),
+            None => tracing::info!(%peer, "IFT adaption indication received (kernel TCP)"),
+        }
         let held: HeldStream = Arc::new(Mutex::new(Some(stream)));
-        let deadline = responder.poll_timeout();
+        let deadline = answer.deadline();
         let arrived = Arrived {
             stream: held.clone(),
-            responder,
+            answer,
             info,
             peer,
             leftover,
@@ -353,12 +438,14 @@ impl Startups {
             Err(TrySendError::Full(arrived)) => {
                 // The application has `backlog` Requests to answer already: reject this one.
                 self.record.over_backlog();
-                responder = arrived.responder;
                 if let Some(mut stream) = take(&held) {
-                    if let Ok(reply) = responder.reject(&[]) {
-                        let _ = stream.set_nonblocking(false);
-                        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-                        let _ = stream.write_all(&reply);
+                    // IFT has no reject: the connection just closes.
+                    if let Answer::Mpa(mut responder) = arrived.answer {
+                        if let Ok(reply) = responder.reject(&[]) {
+                            let _ = stream.set_nonblocking(false);
+                            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                            let _ = stream.write_all(&reply);
+                        }
                     }
                     let _ = stream.shutdown(Shutdown::Both);
                 }
@@ -372,15 +459,24 @@ impl Startups {
     /// application left unanswered past the accept timeout.
     fn expire(&mut self, now: Instant) {
         let record = &self.record;
-        self.starting
-            .retain(|_, s| match s.responder.handle_timeout(now) {
+        self.starting.retain(|_, s| match &mut s.startup {
+            Startup::Mpa(responder) => match responder.handle_timeout(now) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
                     record.startup_failed(&e);
                     false
                 }
-            });
+            },
+            Startup::Ift(responder) => match responder.handle_timeout(now) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
+                    record.ift_startup_failed(&e);
+                    false
+                }
+            },
+        });
         while self.waiting.front().is_some_and(|w| w.deadline <= now) {
             let Some(w) = self.waiting.pop_front() else {
                 break;
@@ -401,7 +497,7 @@ fn take(held: &HeldStream) -> Option<TcpStream> {
 /// A kernel TCP connection whose MPA Request waits for the application.
 struct SocketPending {
     stream: HeldStream,
-    responder: mpa::Responder,
+    answer: Answer,
     /// Bytes read after the Request (the start of the FPDU stream).
     leftover: Vec<u8>,
 }
@@ -426,16 +522,34 @@ impl PendingProvider for SocketPending {
     ) -> Result<QueuePair, DatapathError> {
         let mut stream = self.stream()?;
         let SocketPending {
-            mut responder,
-            leftover,
-            ..
+            answer, leftover, ..
         } = *self;
-        let (reply, negotiated) = responder.accept(private_data)?;
-        stream.write_all(&reply)?;
+        let agreed = match answer {
+            Answer::Mpa(mut responder) => {
+                let (reply, negotiated) = responder.accept(private_data)?;
+                stream.write_all(&reply)?;
+                Agreed::Mpa(negotiated)
+            }
+            Answer::Ift {
+                negotiated, reply, ..
+            } => {
+                if !private_data.is_empty() {
+                    return Err(DatapathError::InvalidArgument(
+                        "IFT framing carries no private data",
+                    ));
+                }
+                stream.write_all(&reply)?;
+                Agreed::Ift {
+                    negotiated,
+                    ird: params.mpa.ird,
+                    ord: params.mpa.ord,
+                }
+            }
+        };
         start_engine(
             stream,
             Setup {
-                negotiated,
+                agreed,
                 leftover,
                 initiator: false,
                 recvs,
@@ -452,10 +566,17 @@ impl PendingProvider for SocketPending {
         _params: &ConnectParams,
     ) -> Result<(), DatapathError> {
         let mut stream = self.stream()?;
-        let mut responder = self.responder;
-        let reply = responder.reject(private_data)?;
-        stream.write_all(&reply)?;
-        let _ = stream.shutdown(Shutdown::Write);
+        match self.answer {
+            Answer::Mpa(mut responder) => {
+                let reply = responder.reject(private_data)?;
+                stream.write_all(&reply)?;
+                let _ = stream.shutdown(Shutdown::Write);
+            }
+            // IFT has no reject message: the connection closes.
+            Answer::Ift { .. } => {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
         Ok(())
     }
 }

@@ -19,8 +19,9 @@ use std::time::Instant;
 use mpa::InitiatorEvent;
 
 use crate::memory::ProtectionDomain;
-use crate::verbs::cm::{ConnectParams, Connection};
+use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Connection, Framing};
 use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::Agreed;
 use crate::DatapathError;
 
 /// Connects to an MPA responder (the rdma_cm `connect` step) and starts the queue pair.
@@ -31,6 +32,9 @@ pub fn connect(
     params: &ConnectParams,
     private_data: &[u8],
 ) -> Result<Connection, DatapathError> {
+    if let Framing::Ift(cfg) = &params.framing {
+        return connect_ift(addr, pd, cq, params, cfg, private_data);
+    }
     let start = Instant::now();
     // Check the configuration and private data before opening a connection the responder
     // would only see fail.
@@ -57,7 +61,7 @@ pub fn connect(
                 private_data,
             } => {
                 let setup = Setup {
-                    negotiated,
+                    agreed: Agreed::Mpa(negotiated),
                     leftover: buf[used..n].to_vec(),
                     initiator: true,
                     recvs: Vec::new(),
@@ -66,6 +70,57 @@ pub fn connect(
                 return Ok(Connection { qp, private_data });
             }
         }
+    }
+}
+
+/// [`connect`] with IFT framing (draft-williams-iwarp-ift-01): the phase 0 adaption
+/// indication out, the responder's phase 1 in, by the setup deadline.
+fn connect_ift(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    params: &ConnectParams,
+    cfg: &ift::IftConfig,
+    private_data: &[u8],
+) -> Result<Connection, DatapathError> {
+    if !private_data.is_empty() {
+        return Err(DatapathError::InvalidArgument(
+            "IFT framing carries no private data",
+        ));
+    }
+    let start = Instant::now();
+    let mut initiator = ift::Initiator::new(with_fresh_vtag(cfg), start);
+    tracing::info!(peer = %addr, "connecting with IFT framing (kernel TCP)");
+    let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
+    stream.set_nodelay(true)?;
+    stream.write_all(initiator.indication())?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = read_with_deadline(&mut stream, &mut buf, start + params.setup_timeout).map_err(
+            |e| match e.kind() {
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                    DatapathError::Ift(ift::IftError::ConnectionLost)
+                }
+                _ => setup_error(e, "waiting for the IFT adaption indication"),
+            },
+        )?;
+        let (used, done) = initiator.feed(&buf[..n], Instant::now())?;
+        let Some(negotiated) = done else { continue };
+        let setup = Setup {
+            agreed: Agreed::Ift {
+                negotiated,
+                ird: params.mpa.ird,
+                ord: params.mpa.ord,
+            },
+            leftover: buf[used..n].to_vec(),
+            initiator: true,
+            recvs: Vec::new(),
+        };
+        let qp = start_engine(stream, setup, pd, cq, params)?;
+        return Ok(Connection {
+            qp,
+            private_data: Vec::new(),
+        });
     }
 }
 

@@ -20,8 +20,14 @@ use crate::DatapathError;
 /// Parameters of a connection: MPA negotiation and queue sizes.
 #[derive(Debug, Clone)]
 pub struct ConnectParams {
-    /// What we ask for in MPA (revision, CRC, markers, IRD/ORD, RTR, private-data cap).
+    /// What we ask for in MPA (revision, CRC, markers, IRD/ORD, RTR, private-data cap). With
+    /// [`Framing::Ift`], its IRD and ORD (IFT negotiates neither: both ends are configured
+    /// alike) and its startup and accept timeouts still apply.
     pub mpa: MpaConfig,
+    /// How DDP segments are framed on the TCP stream: MPA (the default) or IFT. Both ends
+    /// must be configured alike (IFT section 4: the port or the application protocol agrees
+    /// on it); an IFT end and an MPA end fail their setup at once, each with a clear error.
+    pub framing: Framing,
     /// Send queue depth (outstanding send/write/read work requests).
     pub sq_depth: usize,
     /// Receive queue depth (posted receive work requests).
@@ -49,6 +55,30 @@ pub struct ConnectParams {
     /// Linux siw does not). Both ends must agree: a peer without them terminates the
     /// connection on the first such message.
     pub rdmap_extensions: bool,
+}
+
+/// The framing of DDP segments on a connection's TCP stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Framing {
+    /// MPA (RFC 5044), as [`ConnectParams::mpa`] asks.
+    #[default]
+    Mpa,
+    /// IFT (draft-williams-iwarp-ift-01), experimental, on the socket transport only so far:
+    /// the adaption exchange of section 4 with these settings, then frames of section 5.1
+    /// (separate header and payload CRCs, no padding, no Markers). The VTag is drawn afresh
+    /// from the operating system's random source for every connection, whatever `vtag` says.
+    /// No private data is exchanged and there is no MPA-style reject: a listener that
+    /// rejects just closes the connection.
+    Ift(ift::IftConfig),
+}
+
+/// `cfg` with a VTag fresh from the operating system's random source, for one connection
+/// (IFT section 4.2).
+pub(crate) fn with_fresh_vtag(cfg: &ift::IftConfig) -> ift::IftConfig {
+    ift::IftConfig {
+        vtag: crate::memory::random_u64() as u16,
+        ..cfg.clone()
+    }
 }
 
 /// TCP keepalive settings (RFC 9293 3.8.4; `SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`,
@@ -87,6 +117,7 @@ impl Default for ConnectParams {
     fn default() -> Self {
         Self {
             mpa: MpaConfig::default(),
+            framing: Framing::Mpa,
             sq_depth: 4096,
             rq_depth: 4096,
             setup_timeout: Duration::from_secs(10),
@@ -126,6 +157,9 @@ pub struct ListenStats {
     pub accept_timeouts: u64,
     /// The MPA error of the latest refused Request.
     pub last_refusal: Option<MpaError>,
+    /// With [`Framing::Ift`]: the IFT error of the latest refused adaption indication
+    /// (counted in `refused`; timeouts in `startup_timeouts`).
+    pub last_ift_refusal: Option<ift::IftError>,
 }
 
 /// A listener's [`ListenStats`], kept by the transport that reads its Requests (failures only:
@@ -149,6 +183,17 @@ impl ListenRecord {
             other => {
                 s.refused += 1;
                 s.last_refusal = Some(other.clone());
+            }
+        });
+    }
+
+    /// A connection's IFT adaption exchange failed before the application accepted it.
+    pub(crate) fn ift_startup_failed(&self, error: &ift::IftError) {
+        self.update(|s| match error {
+            ift::IftError::StartupTimeout => s.startup_timeouts += 1,
+            other => {
+                s.refused += 1;
+                s.last_ift_refusal = Some(other.clone());
             }
         });
     }
@@ -266,10 +311,12 @@ impl Listener {
     }
 }
 
-/// A connection request that has sent a valid MPA Request; accept or reject it.
+/// A connection request that has sent a valid MPA Request (or IFT adaption indication);
+/// accept or reject it.
 pub struct ConnectRequest {
     inner: Box<dyn PendingProvider>,
-    info: RequestInfo,
+    /// The MPA Request; `None` with IFT framing.
+    info: Option<RequestInfo>,
     peer: SocketAddr,
     params: ConnectParams,
 }
@@ -277,7 +324,7 @@ pub struct ConnectRequest {
 impl ConnectRequest {
     pub(crate) fn new(
         inner: Box<dyn PendingProvider>,
-        info: RequestInfo,
+        info: Option<RequestInfo>,
         peer: SocketAddr,
         params: ConnectParams,
     ) -> Self {
@@ -289,14 +336,15 @@ impl ConnectRequest {
         }
     }
 
-    /// The private data of the Request (without the RFC 6581 IRD/ORD block).
+    /// The private data of the Request (without the RFC 6581 IRD/ORD block); none with IFT
+    /// framing.
     pub fn private_data(&self) -> &[u8] {
-        &self.info.private_data
+        self.info.as_ref().map_or(&[], |i| &i.private_data)
     }
 
-    /// Everything the Request said.
-    pub fn info(&self) -> &RequestInfo {
-        &self.info
+    /// Everything the MPA Request said; `None` with IFT framing.
+    pub fn info(&self) -> Option<&RequestInfo> {
+        self.info.as_ref()
     }
 
     /// The initiator's address.
@@ -344,7 +392,7 @@ impl ConnectRequest {
             .accept(pd, cq, private_data, recvs, &self.params)?;
         Ok(Connection {
             qp,
-            private_data: self.info.private_data,
+            private_data: self.info.map(|i| i.private_data).unwrap_or_default(),
         })
     }
 

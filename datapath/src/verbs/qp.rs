@@ -157,12 +157,55 @@ pub struct QueuePair {
     cmds: Sender<Cmd>,
     waker: Arc<dyn QpWaker>,
     shared: Arc<Shared>,
-    negotiated: Negotiated,
+    agreed: Agreed,
     mulpdu: usize,
     peer: SocketAddr,
     /// The transport's thread for this connection alone, joined on disconnect (the socket
     /// transport's; the AF_XDP engine's thread is shared).
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the two ends of a connection agreed on when it started.
+#[derive(Debug, Clone)]
+pub enum Agreed {
+    /// MPA's Request and Reply (RFC 5044 7.1, RFC 6581).
+    Mpa(Negotiated),
+    /// IFT's adaption indications (draft-williams-iwarp-ift-01 section 4), and the IRD and ORD
+    /// both ends are configured with (IFT negotiates neither).
+    Ift {
+        /// The frame formats of both directions, the VTags, speculative placement.
+        negotiated: ift::Negotiated,
+        /// Our IRD.
+        ird: u16,
+        /// Our ORD.
+        ord: u16,
+    },
+}
+
+impl Agreed {
+    /// Our IRD: Read Requests the peer may have outstanding at us.
+    pub fn ird(&self) -> u16 {
+        match self {
+            Agreed::Mpa(n) => n.ird,
+            Agreed::Ift { ird, .. } => *ird,
+        }
+    }
+
+    /// Our ORD: Read Requests we may have outstanding at the peer.
+    pub fn ord(&self) -> u16 {
+        match self {
+            Agreed::Mpa(n) => n.ord,
+            Agreed::Ift { ord, .. } => *ord,
+        }
+    }
+
+    /// The framing's name: "mpa" or "ift".
+    pub fn framing(&self) -> &'static str {
+        match self {
+            Agreed::Mpa(_) => "mpa",
+            Agreed::Ift { .. } => "ift",
+        }
+    }
 }
 
 /// What an engine hands over to build the application's [`QueuePair`] handle.
@@ -171,7 +214,7 @@ pub(crate) struct QpParts {
     pub(crate) cmds: Sender<Cmd>,
     pub(crate) waker: Arc<dyn QpWaker>,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) negotiated: Negotiated,
+    pub(crate) agreed: Agreed,
     pub(crate) mulpdu: usize,
     pub(crate) peer: SocketAddr,
     /// The transport's thread for this connection alone, if it has one.
@@ -189,7 +232,7 @@ impl QueuePair {
             cmds: p.cmds,
             waker: p.waker,
             shared: p.shared,
-            negotiated: p.negotiated,
+            agreed: p.agreed,
             mulpdu: p.mulpdu,
             peer: p.peer,
             thread: p.thread,
@@ -206,9 +249,18 @@ impl QueuePair {
         self.num
     }
 
-    /// The MPA parameters both sides agreed on.
-    pub fn negotiated(&self) -> &Negotiated {
-        &self.negotiated
+    /// The MPA parameters both sides agreed on; `None` on an IFT connection
+    /// ([`QueuePair::agreed`]).
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        match &self.agreed {
+            Agreed::Mpa(n) => Some(n),
+            Agreed::Ift { .. } => None,
+        }
+    }
+
+    /// What the connection's startup agreed on, MPA's or IFT's.
+    pub fn agreed(&self) -> &Agreed {
+        &self.agreed
     }
 
     /// Largest ULPDU (DDP segment) this connection sends, from the TCP MSS (RFC 5044 4.5).

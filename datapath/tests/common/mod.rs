@@ -493,12 +493,30 @@ pub fn full_sizes() -> Vec<Size> {
 
 /// What a verified transfer run saw.
 pub struct RunInfo {
-    pub client_negotiated: datapath::Negotiated,
-    pub server_negotiated: datapath::Negotiated,
+    pub client_agreed: datapath::Agreed,
+    pub server_agreed: datapath::Agreed,
     pub client_mulpdu: usize,
     pub server_mulpdu: usize,
     /// The sizes actually moved, in order.
     pub sizes: Vec<usize>,
+}
+
+impl RunInfo {
+    /// The client's MPA parameters (the run used MPA).
+    pub fn client_negotiated(&self) -> &datapath::Negotiated {
+        match &self.client_agreed {
+            datapath::Agreed::Mpa(n) => n,
+            other => panic!("the client's connection did not use MPA: {other:?}"),
+        }
+    }
+
+    /// The server's MPA parameters (the run used MPA).
+    pub fn server_negotiated(&self) -> &datapath::Negotiated {
+        match &self.server_agreed {
+            datapath::Agreed::Mpa(n) => n,
+            other => panic!("the server's connection did not use MPA: {other:?}"),
+        }
+    }
 }
 
 const SENTINEL: u8 = 0xEE;
@@ -641,8 +659,8 @@ pub fn verified_transfers(
     }
 
     let info = RunInfo {
-        client_negotiated: c.qp.negotiated().clone(),
-        server_negotiated: s.qp.negotiated().clone(),
+        client_agreed: c.qp.agreed().clone(),
+        server_agreed: s.qp.agreed().clone(),
         client_mulpdu,
         server_mulpdu,
         sizes: moved,

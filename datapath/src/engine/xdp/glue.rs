@@ -12,7 +12,7 @@ use tcp_engine::{Instant, PassedUp, State as TcpState};
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
 use crate::verbs::cm::ConnectParams;
-use crate::verbs::qp::{Cmd, QpParts};
+use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::{DatapathError, QpError};
 
@@ -325,7 +325,7 @@ impl TcpApp for App<'_> {
                         cmds: cmd_tx,
                         waker,
                         shared: slot.shared.clone(),
-                        negotiated,
+                        agreed: Agreed::Mpa(negotiated),
                         mulpdu,
                         peer: slot.peer,
                         thread: None,
