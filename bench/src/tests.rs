@@ -773,18 +773,41 @@ fn accept_side(
         let _ = req.reject(b"iwarp-bench: malformed hello");
         return Err("client sent a malformed hello in its private data".into());
     };
+    if let Err(why) = check_hello(cli, &hello, first) {
+        let _ = req.reject(format!("iwarp-bench: {why}").as_bytes());
+        return Err(why);
+    }
+    let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
+    let pd = ProtectionDomain::new();
+    let (cq, channel) = completion_queue(cli.compat.use_event)?;
+    // Everything the client may touch first is ready before we accept: our data, the first
+    // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
+    let ready = ServerReady::new(&pd, &hello)?;
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &ready.welcome, ready.recvs)
+        .map_err(|e| e.to_string())?;
+    let side = server_side(
+        cli,
+        conn.qp,
+        (cq, channel),
+        ready.regions,
+        client_buf,
+        hello,
+        ready.plan.send_test,
+    );
+    Ok((side, ready.plan, ready.recv_posted))
+}
+
+/// The server's checks of a client's hello (`first`: the first queue pair's, which the further
+/// ones of `-q` repeat and `-b`'s reverse one repeats with `reverse` set).
+fn check_hello(cli: &Cli, hello: &Hello, first: Option<&Hello>) -> Result<(), String> {
     if first.is_none() && hello.reverse {
-        let _ = req.reject(b"iwarp-bench: a reverse connection first");
         return Err("the client's first connection is marked reverse (-b's second)".into());
     }
-    if first.is_some_and(|f| *f != hello) {
-        // (A further queue pair repeats the first hello; `-b`'s reverse connection the
-        // first with `reverse` set.)
-        let _ = req.reject(b"iwarp-bench: hello differs from the first queue pair's");
+    if first.is_some_and(|f| f != hello) {
         return Err("a further queue pair's hello differs from the first one's".into());
     }
     if hello.test != cli.test {
-        let _ = req.reject(b"iwarp-bench: test mismatch");
         return Err(format!(
             "client asked for {}, this server runs {}",
             hello.test.name(),
@@ -792,45 +815,73 @@ fn accept_side(
         ));
     }
     if cli.imm() && !hello.imm {
-        let _ = req.reject(b"iwarp-bench: immediate data mismatch");
         return Err(
             "this server was given --write-with-imm/--send-with-imm, the client not".into(),
         );
     }
-    let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
-    let pd = ProtectionDomain::new();
-    let (cq, channel) = completion_queue(cli.compat.use_event)?;
-    let (data, ctrl) = register(&pd, &hello)?;
-    // Everything the client may touch first is ready before we accept: our data, the first
-    // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
-    fill(&data, &mut Vec::new(), SERVER_SEED, 0, data.len() as u64);
-    prepare_phase(&data, &hello, hello.sizes[0]);
-    let plan = ServerPlan::new(&hello);
-    let mut recvs = Vec::new();
-    let mut recv_posted = 0u64;
-    if plan.send_test {
-        // One more than advertised: the phase-done Send needs a buffer too.
-        for _ in 0..=plan.credit_window {
-            recvs.push(plan.data_recv(&data, &mut recv_posted));
+    Ok(())
+}
+
+/// The server's side of one queue pair, readied for a client's hello before the client may
+/// send anything: the data region filled and the first phase's landing area prepared, the
+/// receives to post (the data receives of a send test, one more than advertised for the
+/// phase-done Send; the control receives otherwise) and the welcome naming our buffer.
+struct ServerReady {
+    regions: (MemoryRegion, MemoryRegion),
+    plan: ServerPlan,
+    recvs: Vec<RecvWr>,
+    recv_posted: u64,
+    welcome: Vec<u8>,
+}
+
+impl ServerReady {
+    fn new(pd: &ProtectionDomain, hello: &Hello) -> Result<ServerReady, String> {
+        let (data, ctrl) = register(pd, hello)?;
+        fill(&data, &mut Vec::new(), SERVER_SEED, 0, data.len() as u64);
+        prepare_phase(&data, hello, hello.sizes[0]);
+        let plan = ServerPlan::new(hello);
+        let mut recvs = Vec::new();
+        let mut recv_posted = 0u64;
+        if plan.send_test {
+            for _ in 0..=plan.credit_window {
+                recvs.push(plan.data_recv(&data, &mut recv_posted));
+            }
+        } else {
+            for slot in 0..CTRL_SLOTS {
+                recvs.push(ctrl_recv(&ctrl, slot as u64));
+            }
         }
-    } else {
-        for slot in 0..CTRL_SLOTS {
-            recvs.push(ctrl_recv(&ctrl, slot as u64));
-        }
+        let welcome = proto::encode_welcome(RemoteBuf {
+            stag: data.stag().0,
+            to: data.base_to(),
+            len: data.len() as u64,
+        });
+        Ok(ServerReady {
+            regions: (data, ctrl),
+            plan,
+            recvs,
+            recv_posted,
+            welcome,
+        })
     }
-    let welcome = proto::encode_welcome(RemoteBuf {
-        stag: data.stag().0,
-        to: data.base_to(),
-        len: data.len() as u64,
-    });
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &welcome, recvs)
-        .map_err(|e| e.to_string())?;
-    let mut side = Side::new(cli, conn.qp, (cq, channel), (data, ctrl), client_buf, hello);
-    side.ctrl_posted = if plan.send_test { 0 } else { CTRL_SLOTS as u64 };
+}
+
+/// The server's [`Side`] of an accepted queue pair (`send_test`: its receives are data
+/// receives, not control ones).
+fn server_side(
+    cli: &Cli,
+    qp: QueuePair,
+    cq: (CompletionQueue, Option<CompletionChannel>),
+    regions: (MemoryRegion, MemoryRegion),
+    client_buf: RemoteBuf,
+    hello: Hello,
+    send_test: bool,
+) -> Side {
+    let mut side = Side::new(cli, qp, cq, regions, client_buf, hello);
+    side.ctrl_posted = if send_test { 0 } else { CTRL_SLOTS as u64 };
     // A bandwidth test's server sees no completion until the client's phase-done Send.
     side.stall = (!cli.test.is_bw()).then_some(STALL);
-    Ok((side, plan, recv_posted))
+    side
 }
 
 /// The hello and the welcome as the connection's first Sends (`--framing ift`: IFT has no
@@ -938,56 +989,38 @@ fn accept_side_ift(
     let Some((hello, client_buf)) = Hello::decode(&hello_bytes) else {
         return Err("client sent a malformed hello".into());
     };
-    if first.is_none() && hello.reverse {
-        return Err("the client's first connection is marked reverse (-b's second)".into());
-    }
-    if first.is_some_and(|f| *f != hello) {
-        return Err("a further queue pair's hello differs from the first one's".into());
-    }
-    if hello.test != cli.test {
-        return Err(format!(
-            "client asked for {}, this server runs {}",
-            hello.test.name(),
-            cli.test.name()
-        ));
-    }
+    check_hello(cli, &hello, first)?;
     if hello.imm != cli.imm() {
         return Err(
             "with --framing ift give the server the client's --write-with-imm/--send-with-imm"
                 .into(),
         );
     }
-    let (data, ctrl) = register(&pd, &hello)?;
-    fill(&data, &mut Vec::new(), SERVER_SEED, 0, data.len() as u64);
-    prepare_phase(&data, &hello, hello.sizes[0]);
-    let plan = ServerPlan::new(&hello);
-    let mut recv_posted = 0u64;
-    let mut recvs = Vec::new();
-    if plan.send_test {
-        for _ in 0..=plan.credit_window {
-            recvs.push(plan.data_recv(&data, &mut recv_posted));
-        }
-    } else {
-        for slot in 0..CTRL_SLOTS {
-            recvs.push(ctrl_recv(&ctrl, slot as u64));
-        }
+    let ready = ServerReady::new(&pd, &hello)?;
+    for r in ready.recvs {
+        conn.qp
+            .post_recv(r)
+            .map_err(|e| format!("posting receives: {e}"))?;
     }
-    for r in recvs {
-        if let Err(e) = conn.qp.post_recv(r) {
-            return Err(format!("posting receives: {e}"));
-        }
-    }
-    let welcome = proto::encode_welcome(RemoteBuf {
-        stag: data.stag().0,
-        to: data.base_to(),
-        len: data.len() as u64,
-    });
-    setup_exchange(&conn.qp, &cq, &setup, &welcome, false, cli.setup_timeout())?;
-    let mut side = Side::new(cli, conn.qp, (cq, channel), (data, ctrl), client_buf, hello);
-    side.ctrl_posted = if plan.send_test { 0 } else { CTRL_SLOTS as u64 };
-    side.stall = (!cli.test.is_bw()).then_some(STALL);
+    setup_exchange(
+        &conn.qp,
+        &cq,
+        &setup,
+        &ready.welcome,
+        false,
+        cli.setup_timeout(),
+    )?;
+    let mut side = server_side(
+        cli,
+        conn.qp,
+        (cq, channel),
+        ready.regions,
+        client_buf,
+        hello,
+        ready.plan.send_test,
+    );
     side.setup = Some(setup);
-    Ok((side, plan, recv_posted))
+    Ok((side, ready.plan, ready.recv_posted))
 }
 
 /// `-b`, the server's side of the reverse connection: once the client says its receives are

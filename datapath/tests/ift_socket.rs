@@ -24,6 +24,17 @@ fn ift_params(header_crc: bool, payload_crc: bool) -> ConnectParams {
     }
 }
 
+/// The listener's statistics once it has refused one connection (bounded wait).
+fn once_refused(listener: &Listener) -> datapath::ListenStats {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while listener.stats().refused == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stats = listener.stats();
+    assert_eq!(stats.refused, 1, "{stats:?}");
+    stats
+}
+
 fn ift_of(agreed: &Agreed) -> ift::Negotiated {
     match agreed {
         Agreed::Ift { negotiated, .. } => *negotiated,
@@ -104,12 +115,7 @@ fn an_ift_initiator_and_an_mpa_listener_both_fail_at_once() {
         "took {:?}",
         started.elapsed()
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while listener.stats().refused == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let stats = listener.stats();
-    assert_eq!(stats.refused, 1, "{stats:?}");
+    let stats = once_refused(&listener);
     assert!(
         matches!(stats.last_refusal, Some(mpa::MpaError::InvalidKey)),
         "{stats:?}"
@@ -135,12 +141,7 @@ fn an_mpa_initiator_and_an_ift_listener_both_fail_at_once() {
         "took {:?}: {err}",
         started.elapsed()
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while listener.stats().refused == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let stats = listener.stats();
-    assert_eq!(stats.refused, 1, "{stats:?}");
+    let stats = once_refused(&listener);
     let refusal = stats.last_ift_refusal.expect("the listener's IFT error");
     assert!(matches!(refusal, IftError::BadMagic { .. }), "{refusal:?}");
     assert!(
