@@ -126,9 +126,6 @@ impl Net {
     }
 }
 
-/// True for the errors of a peer that is not listening (yet): TCP refused or reset. The AF_XDP
-/// engine reports a reset answering its SYN as `ConnectionRefused`, like a kernel socket; a
-/// connection lost later during MPA setup (code 1) is retried too.
 /// What a connection's startup agreed on, in a line: MPA's revision, CRC and Markers, or
 /// IFT's CRCs each way; then IRD/ORD and the RTR.
 pub fn describe_agreed(qp: &datapath::QueuePair) -> String {
@@ -177,6 +174,9 @@ pub fn agreed_json(qp: &datapath::QueuePair) -> serde_json::Value {
     }
 }
 
+/// True for the errors of a peer that is not listening (yet): TCP refused or reset. The AF_XDP
+/// engine reports a reset answering its SYN as `ConnectionRefused`, like a kernel socket; a
+/// connection lost later during MPA setup (code 1) is retried too.
 pub fn not_listening(e: &DatapathError) -> bool {
     match e {
         DatapathError::Mpa(mpa::MpaError::ConnectionLost) => true,

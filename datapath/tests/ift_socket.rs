@@ -271,3 +271,125 @@ fn a_corrupted_frame_is_never_placed_and_ends_the_connection() {
         assert_bytes_eq(&region_bytes(&target, 0, LEN), &[0xEE; LEN], what);
     }
 }
+
+/// A raw IFT peer (the `ift` crate's initiator over a plain TCP socket) against our listener:
+/// after the exchange its frame carries a VTag other than ours. The server refuses it (nothing
+/// placed, the connection ends with `IftError::BadVtag`) and says so in a Terminate of layer
+/// LLP, code 3, framed with the peer's own VTag.
+#[test]
+fn a_frame_with_the_wrong_vtag_is_refused_with_a_terminate() {
+    use std::io::{Read, Write};
+    let listener = Listener::bind(any_port(), ift_params(true, true)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Side::new();
+    let mut raw = std::net::TcpStream::connect(addr).unwrap();
+    raw.set_read_timeout(Some(WAIT)).unwrap();
+    let mut ini = ift::Initiator::new(IftConfig::with_vtag(0x1234), Instant::now());
+    raw.write_all(ini.indication()).unwrap();
+    let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+    assert!(req.info().is_none(), "IFT has no MPA Request");
+    let conn = req.accept(&server.pd, &server.cq, &[]).unwrap();
+    let mut reply = [0u8; 64];
+    raw.read_exact(&mut reply).unwrap();
+    let (used, n) = ini.feed(&reply, Instant::now()).unwrap();
+    let n = n.expect("the exchange is complete");
+    assert_eq!(used, 64);
+    assert_eq!(n.rx.vtag, 0x1234, "the server sends our VTag");
+    // An untagged Send, last segment (DDP control 0x41, RDMAP Send 0x43), QN 0, MSN 1, MO 0.
+    let mut ulpdu = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+    ulpdu.extend_from_slice(b"hello");
+    let wrong = ift::FrameFormat {
+        vtag: n.tx.vtag ^ 0x0101,
+        ..n.tx
+    };
+    let mut frame = Vec::new();
+    ift::FrameEncoder::new(wrong)
+        .encode(&ulpdu, &mut frame)
+        .unwrap();
+    raw.write_all(&frame).unwrap();
+
+    assert!(conn.qp.wait_finished(WAIT), "the server's QP did not end");
+    let err = conn.qp.status().error.expect("no error reported");
+    assert!(
+        matches!(err, datapath::QpError::Ift(IftError::BadVtag { .. })),
+        "{err:?}"
+    );
+    // The Terminate comes back as an IFT frame with our VTag.
+    let mut decoder = ift::FrameDecoder::new(n.rx);
+    let mut terminate = None;
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + WAIT;
+    while terminate.is_none() && Instant::now() < deadline {
+        let got = raw.read(&mut buf).unwrap();
+        assert!(got > 0, "closed before the Terminate");
+        decoder
+            .feed(&buf[..got], |f| {
+                terminate = Some(rdmap::TerminateHeader::parse(f.payload).expect("Terminate"));
+            })
+            .unwrap();
+    }
+    let t = terminate.expect("no Terminate");
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (rdmap::wire::layer::LLP, 0, 3),
+        "{t:?}"
+    );
+}
+
+/// An indication the application never answers: the listener closes the connection at the
+/// accept timeout and counts it; a late accept fails.
+#[test]
+fn an_unanswered_ift_request_is_closed_at_the_accept_timeout() {
+    use std::io::{Read, Write};
+    let mut p = ift_params(true, true);
+    p.mpa.accept_timeout = Duration::from_millis(300);
+    let listener = Listener::bind(any_port(), p).unwrap();
+    let mut raw = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    raw.set_read_timeout(Some(WAIT)).unwrap();
+    let ini = ift::Initiator::new(IftConfig::with_vtag(7), Instant::now());
+    raw.write_all(ini.indication()).unwrap();
+    let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+    let started = Instant::now();
+    let mut b = [0u8; 64];
+    assert_eq!(
+        raw.read(&mut b).unwrap_or(0),
+        0,
+        "no reply, the connection closes"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let server = Side::new();
+    assert!(req.accept(&server.pd, &server.cq, &[]).is_err());
+    assert_eq!(listener.stats().accept_timeouts, 1);
+}
+
+/// A responder that never answers the indication: the initiator gives up at its setup
+/// deadline.
+#[test]
+fn an_initiator_gives_up_at_its_setup_deadline() {
+    let silent = std::net::TcpListener::bind(any_port()).unwrap();
+    let addr = silent.local_addr().unwrap();
+    let mut p = ift_params(true, true);
+    p.setup_timeout = Duration::from_millis(500);
+    let client = Side::new();
+    let started = Instant::now();
+    let err = datapath::connect(addr, &client.pd, &client.cq, &p, &[])
+        .err()
+        .expect("nobody answers");
+    assert!(
+        matches!(
+            err,
+            DatapathError::Timeout(_) | DatapathError::Ift(IftError::StartupTimeout)
+        ),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}

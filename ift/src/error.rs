@@ -53,9 +53,13 @@ pub enum IftError {
     /// The peer's CRC choice is one our policy does not accept (HC, PC, IH, IP, section 4.2).
     #[error("the peer's CRC choice is unacceptable: {0}")]
     Unacceptable(&'static str),
-    /// The peer closed the connection before the exchange was complete (an MPA responder
-    /// closes on an IFT indication, RFC 5044 7.1.2).
-    #[error("the peer closed the connection during the IFT adaption exchange (an MPA peer does)")]
+    /// The peer closed the connection before the exchange was complete: an MPA responder
+    /// does on an IFT indication (RFC 5044 7.1.2), as does an IFT listener that refuses our
+    /// indication, rejects the connection or is over its backlog.
+    #[error(
+        "the peer closed the connection during the IFT adaption exchange (an MPA peer does, \
+         and an IFT listener that turns the connection down)"
+    )]
     ConnectionLost,
     /// The exchange did not finish by its deadline.
     #[error("IFT startup timed out")]

@@ -327,10 +327,10 @@ pub struct MemoryTable<B> {
     free: VecDeque<u32>,
     /// With a secret: how slots and keys become the STags a peer sees.
     scramble: Option<StagScramble>,
-    /// This table and its copies ([`MemoryTable::version`]); unique per process.
+    /// This table's contents apart from invalidations ([`MemoryTable::version`]): unique per
+    /// process, shared by a copy until either changes (a registration, re-registration or
+    /// deregistration gives the changed one a new id).
     id: u64,
-    /// Registrations, re-registrations and deregistrations made in this copy.
-    changes: u64,
     /// Invalidations, counted across every copy (as the regions' `valid` flags are shared).
     invalidations: Arc<AtomicU64>,
 }
@@ -343,7 +343,6 @@ pub struct MemoryTable<B> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TableVersion {
     table: u64,
-    changes: u64,
     invalidations: u64,
 }
 
@@ -356,9 +355,10 @@ static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
 pub struct StagHint {
     stag: u32,
     slot: u32,
-    /// The table's STag mapping ([`MemoryTable::mapping`]: 0 for a table without a secret,
-    /// whose slot is the STag index; slot 0 is never a region's).
-    mapping: u64,
+    /// The table's STag mapping ([`MemoryTable::mapping`]; `None` for a table without a
+    /// secret, whose slot is the STag index, and in the default hint, whose STag 0 names slot
+    /// 0, never a region's).
+    mapping: Option<u64>,
 }
 
 /// Free slots a table keeps before it reuses the oldest one.
@@ -370,6 +370,8 @@ const FREE_QUARANTINE: usize = 64;
 /// from a random start, so a slot's key comes back only after 256 registrations of it.
 #[derive(Debug, Clone, Copy)]
 struct StagScramble {
+    /// The secret the rest is derived from (names the mapping, [`MemoryTable::mapping`]).
+    secret: u64,
     /// Round keys of the index permutation.
     rounds: [u64; 4],
     /// Key sequence: `key(n) = (n * mul + add) ^ xor` (`mul` odd: a bijection of u8).
@@ -392,6 +394,7 @@ impl StagScramble {
         let rounds = [next(), next(), next(), next()];
         let k = next();
         StagScramble {
+            secret,
             rounds,
             mul: (k as u8) | 1,
             add: (k >> 8) as u8,
@@ -445,7 +448,6 @@ impl<B: RegionBuffer> MemoryTable<B> {
             free: VecDeque::new(),
             scramble: None,
             id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
-            changes: 0,
             invalidations: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -465,12 +467,17 @@ impl<B: RegionBuffer> MemoryTable<B> {
         self.scramble.map_or(slot, |s| s.index_of(slot))
     }
 
+    /// A registration, re-registration or deregistration was made: a new version, which no
+    /// copy of the table shares.
+    fn changed(&mut self) {
+        self.id = NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The table's current [`TableVersion`].
     #[inline]
     pub fn version(&self) -> TableVersion {
         TableVersion {
             table: self.id,
-            changes: self.changes,
             invalidations: self.invalidations.load(Ordering::Acquire),
         }
     }
@@ -541,7 +548,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         slot.key = scramble.map_or(slot.uses, |s| s.key(slot.uses));
         slot.region = Some(region);
         let key = slot.key;
-        self.changes += 1;
+        self.changed();
         Ok(Stag::new(self.index_of(index), key))
     }
 
@@ -561,9 +568,10 @@ impl<B: RegionBuffer> MemoryTable<B> {
         self.slots.get(self.slot_index(stag)?)?.region.as_ref()
     }
 
-    /// Which STag-to-slot mapping this table uses (copies of a table share it).
-    fn mapping(&self) -> u64 {
-        self.scramble.as_ref().map_or(0, |s| s.rounds[0] | 1)
+    /// Which STag-to-slot mapping this table uses (its secret; `None`: the identity). Copies of
+    /// a table share it.
+    fn mapping(&self) -> Option<u64> {
+        self.scramble.as_ref().map(|s| s.secret)
     }
 
     /// [`MemoryTable::region`] through `hint`: the slot found for the same STag last time
@@ -648,7 +656,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             }
         };
         let stag = Stag::new(stag.index(), slot.key);
-        self.changes += 1;
+        self.changed();
         Ok(stag)
     }
 
@@ -663,7 +671,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             .take()
             .ok_or(RdmapError::UnknownStag { stag })?;
         self.free.push_back(index as u32);
-        self.changes += 1;
+        self.changed();
         Ok(region.buffer)
     }
 
@@ -974,7 +982,16 @@ mod tests {
         assert_eq!(t.version(), v3, "a refused invalidation changes nothing");
         t.deregister(a).unwrap();
         assert_ne!(t.version(), v3);
+        let v4 = t.version();
         assert!(t.deregister(a).is_err());
+        assert_eq!(t.version(), v4, "a refused deregistration changes nothing");
+        // Two copies that each change differently part ways.
+        let (mut x, mut y) = (t.clone(), t.clone());
+        x.register(PD, VecBuffer::zeroed(8), 0, Access::ALL);
+        y.register(PD, VecBuffer::zeroed(16), 0, Access::NONE);
+        assert_ne!(x.version(), y.version());
+        assert_ne!(x.version(), v4);
+        assert_eq!(t.version(), v4, "the original is unchanged");
     }
 
     /// The hinted lookup answers as the plain one through every change a remembered slot

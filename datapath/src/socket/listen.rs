@@ -50,6 +50,11 @@ impl Listener {
     /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
     /// Requests of new connections beside the application (see the module documentation).
     pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
+        if matches!(&params.framing, Framing::Ift(cfg) if !cfg.rdma) {
+            return Err(DatapathError::InvalidArgument(
+                "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",
+            ));
+        }
         let record = Arc::new(ListenRecord::default());
         let listen = SocketListen::start(addr, &params, record.clone())?;
         Ok(Listener::from_provider(Box::new(listen), params, record))
@@ -95,8 +100,8 @@ enum Answer {
         negotiated: ift::Negotiated,
         reply: [u8; ift::wire::INDICATION_LEN],
         /// When the application must have accepted (`MpaConfig::accept_timeout` after the
-        /// indication came in).
-        deadline: Instant,
+        /// indication came in; `None`: no deadline, a timeout too large for the clock).
+        deadline: Option<Instant>,
     },
 }
 
@@ -105,7 +110,7 @@ impl Answer {
     fn deadline(&self) -> Option<Instant> {
         match self {
             Answer::Mpa(r) => r.poll_timeout(),
-            Answer::Ift { deadline, .. } => Some(*deadline),
+            Answer::Ift { deadline, .. } => *deadline,
         }
     }
 }
@@ -364,7 +369,7 @@ impl Startups {
                 Startup::Ift(responder) => match responder.feed(&self.buf[..n], now) {
                     Ok((used, None)) => (used, None),
                     Ok((used, Some((negotiated, reply)))) => {
-                        let deadline = now + self.mpa.accept_timeout;
+                        let deadline = now.checked_add(self.mpa.accept_timeout);
                         let answer = Answer::Ift {
                             negotiated,
                             reply,
@@ -482,7 +487,9 @@ impl Startups {
                 break;
             };
             if let Some(stream) = w.stream.upgrade().and_then(|held| take(&held)) {
-                tracing::warn!("MPA Request left unanswered past the accept timeout: closed");
+                tracing::warn!(
+                    "a connection request left unanswered past the accept timeout: closed"
+                );
                 self.record.startup_failed(&MpaError::AcceptTimeout);
                 let _ = stream.shutdown(Shutdown::Both);
             }
@@ -520,6 +527,11 @@ impl PendingProvider for SocketPending {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
+        if matches!(self.answer, Answer::Ift { .. }) && !private_data.is_empty() {
+            return Err(DatapathError::InvalidArgument(
+                "IFT framing carries no private data",
+            ));
+        }
         let mut stream = self.stream()?;
         let SocketPending {
             answer, leftover, ..
@@ -533,11 +545,6 @@ impl PendingProvider for SocketPending {
             Answer::Ift {
                 negotiated, reply, ..
             } => {
-                if !private_data.is_empty() {
-                    return Err(DatapathError::InvalidArgument(
-                        "IFT framing carries no private data",
-                    ));
-                }
                 stream.write_all(&reply)?;
                 Agreed::Ift {
                     negotiated,

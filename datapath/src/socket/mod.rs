@@ -88,8 +88,18 @@ fn connect_ift(
             "IFT framing carries no private data",
         ));
     }
+    if !cfg.rdma {
+        return Err(DatapathError::InvalidArgument(
+            "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",
+        ));
+    }
     let start = Instant::now();
-    let mut initiator = ift::Initiator::new(with_fresh_vtag(cfg), start);
+    // One deadline for the whole setup: the exchange's is the connection's.
+    let cfg = ift::IftConfig {
+        timeout: params.setup_timeout,
+        ..with_fresh_vtag(cfg)
+    };
+    let mut initiator = ift::Initiator::new(cfg, start);
     tracing::info!(peer = %addr, "connecting with IFT framing (kernel TCP)");
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
