@@ -756,9 +756,9 @@ struct ServerTotals {
     body_octets_received: u64,
     /// ... of which placed straight into posted buffers.
     body_octets_placed: u64,
-    /// Request bodies placed whole. A connection's first body can miss its buffer for its
-    /// opening flight: segments that arrive with the handshake's last ACK are processed
-    /// before the server saw the connection and posted buffers (they go through the stream).
+    /// Request bodies placed whole. A connection's first body can miss its buffer for the
+    /// octets of the segment that completes the handshake: they are passed up before the
+    /// server has the connection and posts buffers (they go through the stream).
     bodies_placed_whole: u64,
     /// Octets of request heads (read through the stream).
     head_octets: u64,

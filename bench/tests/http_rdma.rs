@@ -175,14 +175,13 @@ fn gets_and_puts_are_placed_on_the_veth_bed() {
     assert_eq!(u(&c, &["requests"]), 32, "{c}");
     assert_eq!(u(&srv, &["puts"]), 32, "{srv}");
     assert_eq!(u(&srv, &["body_octets_received"]), 32 * MIB, "{srv}");
-    // Every body but the first placed whole; the first's opening flight can arrive with the
-    // handshake's last ACK, before the server had the connection to post buffers on.
+    // Every body but the first placed whole, and of the first all but what the segment that
+    // completes the handshake carries: that segment's data is passed up before the server has
+    // the connection to post buffers on; the segments after it, even in the same receive
+    // batch, find them (the engine accepts at once).
     assert!(u(&srv, &["bodies_placed_whole"]) >= 31, "{srv}");
     let unplaced = 32 * MIB - u(&srv, &["body_octets_placed"]);
-    assert!(
-        unplaced <= 64 * 1024,
-        "{unplaced} body octets not placed: {srv}"
-    );
+    assert!(unplaced <= 1460, "{unplaced} body octets not placed: {srv}");
     assert_eq!(
         u(&srv, &["rdma", "delivered_in_order"]),
         u(&srv, &["head_octets"]) + unplaced,

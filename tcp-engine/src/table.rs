@@ -103,6 +103,8 @@ pub struct TableStats {
     pub backlog_drops: u64,
     /// Connections created from SYNs (or SYN cookies).
     pub passive_opens: u64,
+    /// Passive connections whose handshake completed, queued for [`ConnectionTable::accept`].
+    pub queued_for_accept: u64,
     /// SYN-ACKs sent with a SYN cookie (the listener's half-open queue was full).
     pub syncookies_sent: u64,
     /// Cookie SYN-ACKs not sent: too many replies were waiting to go out.
@@ -621,6 +623,7 @@ impl ConnectionTable {
                     slot.queued_for_accept = true;
                     if let Some(l) = self.listeners.get_mut(&key) {
                         l.accept_queue.push_back(id);
+                        self.stats.queued_for_accept += 1;
                     }
                 }
             }

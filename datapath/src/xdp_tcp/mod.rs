@@ -128,7 +128,8 @@ const RX_PREFETCH_AHEAD: usize = 2;
 /// empty default, so an application implements only what it uses.
 ///
 /// For a passive connection, `on_data` (MPA pass-up mode) can come before `on_accept`: the ACK
-/// that completes the handshake may carry data. `on_accept` follows in the same turn.
+/// that completes the handshake may carry data. `on_accept` follows right after that segment,
+/// before the next received one.
 pub trait TcpApp {
     /// Data passed up at once as TCP accepts it ([`tcp_engine::RxMode::PassUp`]): the
     /// sequence number and stream offset of `data.data[0]`, in order or not, each octet once.
@@ -1329,6 +1330,9 @@ impl XdpTcp {
             cfg,
             shard,
             attention,
+            listeners,
+            conns,
+            port,
             ..
         } = self;
         let mut rx = Rx {
@@ -1338,6 +1342,12 @@ impl XdpTcp {
             attention,
             now,
             passed_up: false,
+            accept: AcceptTo {
+                listeners,
+                conns,
+                local_ip: port.local_ip,
+                sharded: shard.is_some(),
+            },
         };
         let mut any = false;
         let mut full = false;
@@ -1375,29 +1385,13 @@ impl XdpTcp {
     }
 
     fn accept_new<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> bool {
-        let mut any = false;
-        for l in &self.listeners {
-            // Bounded by the backlog: the accept queue holds at most that many.
-            while let Some(id) = self.table.accept(self.port.local_ip, l.port) {
-                any = true;
-                self.stats.accepted += 1;
-                let dir_key = self.shard.as_ref().and_then(|_| {
-                    let t = self.table.get(id)?.four_tuple();
-                    shard::flow_key(t.remote_addr, t.remote_port, t.local_port)
-                });
-                self.conns.push(Tracked {
-                    id,
-                    flow: None,
-                    dir_key,
-                    _reservation: None,
-                });
-                self.attention.mark(id);
-                if let Some(conn) = self.table.get_mut(id) {
-                    app.on_accept(id, conn);
-                }
-            }
-        }
-        any
+        let mut to = AcceptTo {
+            listeners: &self.listeners,
+            conns: &mut self.conns,
+            local_ip: self.port.local_ip,
+            sharded: self.shard.is_some(),
+        };
+        to.accept(&mut self.table, &mut self.stats, &mut self.attention, app)
     }
 
     /// Events, `on_poll` and removal of closed connections: every connection each turn while
@@ -1629,6 +1623,54 @@ struct Rx<'a> {
     now: tcp_engine::Instant,
     /// Some segment passed data up to the application.
     passed_up: bool,
+    /// Where a connection whose handshake a segment completes goes at once, so that the
+    /// application has it (and may post its buffers) before the segments after it in the same
+    /// batch: a client's first data often comes right behind its last handshake ACK.
+    accept: AcceptTo<'a>,
+}
+
+/// What accepting a listener's completed connections touches besides the table.
+struct AcceptTo<'a> {
+    listeners: &'a [Listening],
+    conns: &'a mut Vec<Tracked>,
+    local_ip: Ipv4Addr,
+    sharded: bool,
+}
+
+impl AcceptTo<'_> {
+    /// Hands every connection in the listeners' accept queues to the application
+    /// (`on_accept`); true if there was any.
+    fn accept<A: TcpApp + ?Sized>(
+        &mut self,
+        table: &mut ConnectionTable,
+        stats: &mut XdpTcpStats,
+        attention: &mut Attention,
+        app: &mut A,
+    ) -> bool {
+        let mut any = false;
+        for l in self.listeners {
+            // Bounded by the backlog: the accept queue holds at most that many.
+            while let Some(id) = table.accept(self.local_ip, l.port) {
+                any = true;
+                stats.accepted += 1;
+                let dir_key = self.sharded.then_some(()).and_then(|_| {
+                    let t = table.get(id)?.four_tuple();
+                    shard::flow_key(t.remote_addr, t.remote_port, t.local_port)
+                });
+                self.conns.push(Tracked {
+                    id,
+                    flow: None,
+                    dir_key,
+                    _reservation: None,
+                });
+                attention.mark(id);
+                if let Some(conn) = table.get_mut(id) {
+                    app.on_accept(id, conn);
+                }
+            }
+        }
+        any
+    }
 }
 
 impl Rx<'_> {
@@ -1679,12 +1721,17 @@ impl Rx<'_> {
             }
         }
         let opens = self.table.stats().passive_opens;
+        let queued = self.table.stats().queued_for_accept;
         let mut passed_up = false;
         let res = self.table.handle_packet(self.now, ip, |id, data| {
             passed_up = true;
             app.on_data(id, data)
         });
         self.passed_up |= passed_up;
+        if self.table.stats().queued_for_accept != queued {
+            self.accept
+                .accept(self.table, self.stats, self.attention, app);
+        }
         // The SYN passed every check and opened a connection: its source MAC is the next hop
         // to answer through, if nothing is known of the address yet (see `Neighbours`).
         if syn && self.table.stats().passive_opens > opens {
@@ -1906,6 +1953,7 @@ mod tests {
         ) {
             let mut neigh = Neighbours::new(0, 4);
             let mut attention = Attention::new(16);
+            let mut conns = Vec::new();
             let mut rx = Rx {
                 table,
                 neigh: &mut neigh,
@@ -1913,6 +1961,12 @@ mod tests {
                 attention: &mut attention,
                 now: tcp_engine::Instant::from_millis(1),
                 passed_up: false,
+                accept: AcceptTo {
+                    listeners: &[],
+                    conns: &mut conns,
+                    local_ip: Ipv4Addr::UNSPECIFIED,
+                    sharded: shard.is_some(),
+                },
             };
             rx.frame(frame, shard, &mut NoApp);
         }
