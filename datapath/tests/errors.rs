@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use datapath::{
     Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpError, QpState,
-    RecvWr, SendOp, SendWr, SgeList, Stag, WcOpcode, WcStatus,
+    RecvWr, SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
 use mpa::MpaError;
@@ -42,42 +42,6 @@ fn write_wire_len(len: usize, mulpdu: usize) -> usize {
 
 fn read_request_wire_len() -> usize {
     fpdu_len(UNTAGGED_HEADER + READ_REQUEST)
-}
-
-fn write_wr(wr_id: u64, src: &MemoryRegion, len: usize, stag: Stag, to: u64) -> SendWr {
-    SendWr {
-        wr_id,
-        op: SendOp::Write {
-            remote_stag: stag,
-            remote_to: to,
-        },
-        sg_list: src.sge(0, len as u32).into(),
-        signaled: true,
-    }
-}
-
-fn read_wr(wr_id: u64, sink: &MemoryRegion, len: usize, stag: Stag, to: u64) -> SendWr {
-    SendWr {
-        wr_id,
-        op: SendOp::Read {
-            remote_stag: stag,
-            remote_to: to,
-        },
-        sg_list: sink.sge(0, len as u32).into(),
-        signaled: true,
-    }
-}
-
-fn send_wr(wr_id: u64, src: &MemoryRegion, len: usize) -> SendWr {
-    SendWr {
-        wr_id,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        sg_list: src.sge(0, len as u32).into(),
-        signaled: true,
-    }
 }
 
 /// Both queue pairs end (bounded wait) in Error.

@@ -169,7 +169,7 @@ fn private_data_with_ift_is_refused() {
 /// error, as MPA's), and both queue pairs end. The target region is untouched.
 #[test]
 fn a_corrupted_frame_is_never_placed_and_ends_the_connection() {
-    use datapath::{Access, QpError, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+    use datapath::{Access, QpError, QpState, RecvWr, WcOpcode, WcStatus};
     use rdmap::wire::layer;
     const LEN: usize = 16 * 1024;
     // Frame: 6 octets of IFT header, the 14-octet tagged DDP header (RDMAP's STag at octets
@@ -206,31 +206,14 @@ fn a_corrupted_frame_is_never_placed_and_ends_the_connection() {
         let (c, s) = (c.unwrap(), s.unwrap());
         let src = client.pd.register(LEN, Access::NONE).unwrap();
         src.write(0, &pattern(5, LEN));
-        c.qp.post_send(SendWr {
-            wr_id: 9,
-            op: SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            sg_list: src.sge(0, 64).into(),
-            signaled: true,
-        })
-        .unwrap();
+        c.qp.post_send(send_wr(9, &src, 64)).unwrap();
         expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::Success);
         expect_wc(&client.cq, 9, WcOpcode::Send, WcStatus::Success);
 
         relay.hold();
         relay.corrupt_in(offset);
-        c.qp.post_send(SendWr {
-            wr_id: 10,
-            op: SendOp::Write {
-                remote_stag: target.stag(),
-                remote_to: target.base_to(),
-            },
-            sg_list: src.sge(0, LEN as u32).into(),
-            signaled: true,
-        })
-        .unwrap();
+        c.qp.post_send(write_wr(10, &src, LEN, target.stag(), target.base_to()))
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while relay.corrupted().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));

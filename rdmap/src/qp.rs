@@ -1556,19 +1556,21 @@ impl QueuePair {
         }
     }
 
-    /// The send queue head's source failed its check: the segment begun at `start` is
-    /// dropped, the work request completes with [`WcStatus::LocalProtectionError`] and the
-    /// Terminate goes out instead ([`QueuePair::fail_locally`]).
+    /// The send queue head's payload could not be had (its source failed its check, or its
+    /// inline octets are missing): the segment begun at `start` is dropped, the work request
+    /// completes with `status` and the Terminate goes out instead
+    /// ([`QueuePair::fail_locally`]).
     #[cold]
-    fn fail_source(
+    fn fail_head(
         &mut self,
         seq: u64,
         start: usize,
         out: &mut Vec<u8>,
+        status: WcStatus,
     ) -> (TxUlpdu, Option<TxPayload>) {
         out.truncate(start);
         self.pop_sq();
-        self.finish_slot(seq, WcStatus::LocalProtectionError);
+        self.finish_slot(seq, status);
         self.fail_locally(out)
     }
 
@@ -1728,15 +1730,12 @@ impl QueuePair {
             match data.and_then(|d| d.get(from..from + len as usize)) {
                 Some(octets) => out[payload].copy_from_slice(octets),
                 None => {
-                    out.truncate(start);
-                    self.pop_sq();
-                    self.finish_slot(entry.seq, WcStatus::LocalQpOperationError);
-                    return self.fail_locally(out);
+                    return self.fail_head(entry.seq, start, out, WcStatus::LocalQpOperationError)
                 }
             }
         } else if len > 0 {
             let Some((sge, rest_len)) = rest else {
-                return self.fail_source(entry.seq, start, out);
+                return self.fail_head(entry.seq, start, out, WcStatus::LocalProtectionError);
             };
             if by_ref {
                 // By reference the payload is read, and checked again, when TCP sends it
@@ -1748,7 +1747,12 @@ impl QueuePair {
                         .validate(sge.stag, self.cfg.pd, Access::NONE, sge.to, rest_len)
                         .is_err()
                     {
-                        return self.fail_source(entry.seq, start, out);
+                        return self.fail_head(
+                            entry.seq,
+                            start,
+                            out,
+                            WcStatus::LocalProtectionError,
+                        );
                     }
                     if let Some(head) = self.sq.front_mut() {
                         head.checked_to = entry.sent + rest_len;
@@ -1765,7 +1769,14 @@ impl QueuePair {
             } else {
                 match mem.validate(sge.stag, self.cfg.pd, Access::NONE, sge.to, len) {
                     Ok((buffer, offset)) => buffer.read_at(offset, &mut out[payload]),
-                    Err(_) => return self.fail_source(entry.seq, start, out),
+                    Err(_) => {
+                        return self.fail_head(
+                            entry.seq,
+                            start,
+                            out,
+                            WcStatus::LocalProtectionError,
+                        )
+                    }
                 }
             }
         }

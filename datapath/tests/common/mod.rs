@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use datapath::{
     connect, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
-    MemoryRegion, MpaConfig, ProtectionDomain, RecvWr, WcOpcode, WcStatus,
+    MemoryRegion, MpaConfig, ProtectionDomain, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
 
 /// Upper bound for any single wait in these tests (connection setup, one completion, the end of
@@ -672,4 +672,43 @@ pub fn verified_transfers(
     assert_no_more(&client.cq);
     assert_no_more(&server.cq);
     info
+}
+
+/// An RDMA Write of `len` octets from the start of `src` to `stag`/`to`, signaled.
+pub fn write_wr(wr_id: u64, src: &MemoryRegion, len: usize, stag: Stag, to: u64) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_stag: stag,
+            remote_to: to,
+        },
+        sg_list: src.sge(0, len as u32).into(),
+        signaled: true,
+    }
+}
+
+/// An RDMA Read of `len` octets from `stag`/`to` into the start of `sink`, signaled.
+pub fn read_wr(wr_id: u64, sink: &MemoryRegion, len: usize, stag: Stag, to: u64) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Read {
+            remote_stag: stag,
+            remote_to: to,
+        },
+        sg_list: sink.sge(0, len as u32).into(),
+        signaled: true,
+    }
+}
+
+/// A Send of `len` octets from the start of `src`, signaled.
+pub fn send_wr(wr_id: u64, src: &MemoryRegion, len: usize) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: src.sge(0, len as u32).into(),
+        signaled: true,
+    }
 }
