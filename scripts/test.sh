@@ -9,6 +9,22 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 
+# CI builds from scratch: incremental state would only take disk (about 1.4 GiB).
+[ "${CI:-}" != true ] || export CARGO_INCREMENTAL=0
+# Free space where target/ lives, printed before each stage so that a build that dies for want
+# of disk (the linker then fails with "Bus error") says so in the log. A fresh run needs about
+# NEED_GIB (target/ with the fuzz build and the siw guest's image).
+NEED_GIB=6
+disk() {
+  local avail
+  avail=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+  echo "disk: ${avail} GiB free ($1)"
+  if [ "$avail" -lt "$NEED_GIB" ]; then
+    echo "disk: warning: less than the ${NEED_GIB} GiB a fresh run needs; builds may fail"
+  fi
+}
+disk "start"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -19,6 +35,7 @@ python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn
 echo "== cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+disk "before cargo test"
 echo "== cargo test"
 # Tests that need root or the veth test bed fail instead of skipping when CI=true.
 mkdir -p target
@@ -29,6 +46,7 @@ read -r passed failed skipped < <(grep -E "^test result:" target/test-output.txt
 echo "cargo test: $passed passed, $failed failed, $skipped skipped"
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+  disk "before fuzz"
   # Nine targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
   # (80 s idle, 112 s beside other builds): 3.3 to 3.9 minutes on CI's 2 cores. fuzz.sh prints
   # the total.
@@ -43,6 +61,7 @@ if [ "${SKIP_FUZZ:-0}" != 1 ]; then
 fi
 
 if [ "${SKIP_SIW:-0}" != 1 ]; then
+  disk "before siw"
   echo "== siw interop (Linux siw in a QEMU guest)"
   scripts/siw-vm.sh test 2>&1 | tee target/siw-output.txt
   read -r sp sf < <(grep -E "^siw-vm: [0-9]+ passed, [0-9]+ failed" target/siw-output.txt | tail -1 |
@@ -51,5 +70,6 @@ if [ "${SKIP_SIW:-0}" != 1 ]; then
   failed=$((failed + ${sf:-0}))
 fi
 
+disk "end"
 echo "total: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
