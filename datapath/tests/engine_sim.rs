@@ -45,6 +45,8 @@ struct Corruptor {
     seen: usize,
     /// (TO, length) of the corrupted FPDU's payload when it was a tagged FPDU.
     hit: Option<(u64, usize)>,
+    /// The octet of the segment's payload flipped (`None`: the middle one).
+    at: Option<usize>,
 }
 
 struct Side {
@@ -82,14 +84,21 @@ impl Side {
         self.iw.take_tcp_events(tcp);
         self.iw.poll(tcp, &self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
-            if let (ConnEvent::Request(_), false) = (&ev, self.ignore_request) {
+            let request = matches!(ev, ConnEvent::Request(_) | ConnEvent::IftRequest(_));
+            if request && !self.ignore_request {
                 for wr in self.pre_recvs.drain(..) {
                     self.iw.qp_mut().post_recv(wr, &self.mem).expect("pre-post");
                 }
+                // IFT carries no private data.
+                let ift = matches!(ev, ConnEvent::IftRequest(_));
                 if self.reject {
-                    self.iw.reject(b"go away").expect("reject");
+                    self.iw
+                        .reject(if ift { b"" } else { b"go away" })
+                        .expect("reject");
                 } else {
-                    self.iw.accept(b"server").expect("accept");
+                    self.iw
+                        .accept(if ift { b"" } else { b"server" })
+                        .expect("accept");
                 }
                 self.iw.poll(tcp, &self.mem, now);
             }
@@ -135,7 +144,7 @@ impl Endpoint for Side {
                         c.hit = Some((to, len));
                     }
                     let mut payload = p.to_vec();
-                    let i = payload.len() / 2;
+                    let i = c.at.unwrap_or(payload.len() / 2);
                     payload[i] ^= 0x5a;
                     let mut bad = seg;
                     bad.payload = &payload;
@@ -206,6 +215,18 @@ fn conn_config(mpa: &MpaConfig) -> ConnConfig {
 }
 
 fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
+    bed_with(seed, link, conn_config(&mpa), conn_config(&mpa), b"client")
+}
+
+/// A bed whose initiator A and responder B have their own settings; A's Request carries
+/// `private_data`.
+fn bed_with(
+    seed: u64,
+    link: LinkConfig,
+    a_cfg: ConnConfig,
+    b_cfg: ConnConfig,
+    private_data: &[u8],
+) -> Bed {
     let epoch = std::time::Instant::now();
     let tuple = FourTuple {
         local_addr: A_ADDR,
@@ -219,8 +240,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         tcp: Some(tcp_a),
         listen: None,
         isn: isn_a,
-        iw: IwarpConn::initiator(conn_config(&mpa), b"client", epoch, Instant::ZERO)
-            .expect("initiator"),
+        iw: IwarpConn::initiator(a_cfg, private_data, epoch, Instant::ZERO).expect("initiator"),
         mem: MemoryTable::new(),
         completions: Vec::new(),
         events: Vec::new(),
@@ -234,7 +254,7 @@ fn bed(seed: u64, link: LinkConfig, mpa: MpaConfig) -> Bed {
         tcp: None,
         listen: Some(tcp_config()),
         isn: IsnGenerator::new([seed as u8 ^ 0x5a; 16]),
-        iw: IwarpConn::responder(conn_config(&mpa), epoch, Instant::ZERO).expect("responder"),
+        iw: IwarpConn::responder(b_cfg, epoch, Instant::ZERO).expect("responder"),
         mem: MemoryTable::new(),
         completions: Vec::new(),
         events: Vec::new(),
@@ -730,6 +750,7 @@ fn crc_corruption_places_nothing_and_terminates() {
         min_len: 1000,
         seen: 0,
         hit: None,
+        at: None,
     });
     let size = 1 << 20;
     let data = pattern(size, 99);
@@ -1301,4 +1322,295 @@ fn terminate_names_the_refused_write() {
         );
         assert_eq!(bed.a.iw.qp().state(), QpState::Error);
     }
+}
+
+// ----------------------------------------------------------------------------------------
+// IFT framing (draft-williams-iwarp-ift-01)
+// ----------------------------------------------------------------------------------------
+
+/// Settings for IFT framing: our frames carry a header CRC if `hc` and a payload CRC if `pc`;
+/// the VTag is `vtag`.
+fn ift_config(hc: bool, pc: bool, vtag: u16) -> ConnConfig {
+    let mut cfg = conn_config(&MpaConfig::default());
+    cfg.ift = Some(ift::IftConfig {
+        header_crc: hc,
+        payload_crc: pc,
+        ..ift::IftConfig::with_vtag(vtag)
+    });
+    cfg
+}
+
+/// An IFT bed: A's frames carry (`a_hc`, `a_pc`), B's (`b_hc`, `b_pc`).
+fn ift_bed(seed: u64, link: LinkConfig, a: (bool, bool), b: (bool, bool)) -> Bed {
+    bed_with(
+        seed,
+        link,
+        ift_config(a.0, a.1, 0x1a2b),
+        ift_config(b.0, b.1, 0x3c4d),
+        b"",
+    )
+}
+
+/// Every header/payload CRC combination, each end its own (both alike and crossed): the
+/// exchange agrees what each side said, and Write, Send and Read from 1 B up (to 16 MiB with
+/// both CRCs on) arrive intact, framed in order.
+#[test]
+fn ift_write_send_read_every_crc_choice() {
+    let choices = [(true, true), (true, false), (false, true), (false, false)];
+    let mut cases: Vec<((bool, bool), (bool, bool))> = choices.iter().map(|&c| (c, c)).collect();
+    cases.push(((true, true), (false, false)));
+    cases.push(((false, true), (true, false)));
+    for (i, (a, b)) in cases.into_iter().enumerate() {
+        let mut bed = ift_bed(200 + i as u64, LinkConfig::default(), a, b);
+        bed.establish();
+        let na = *bed.a.iw.ift_negotiated().expect("A speaks IFT");
+        let nb = *bed.b.iw.ift_negotiated().expect("B speaks IFT");
+        assert!(bed.a.iw.negotiated().is_none());
+        assert_eq!((na.tx.header_crc, na.tx.payload_crc), a);
+        assert_eq!((nb.tx.header_crc, nb.tx.payload_crc), b);
+        assert_eq!(
+            (na.tx.vtag, nb.tx.vtag),
+            (0x3c4d, 0x1a2b),
+            "each sends the other's VTag"
+        );
+        assert_eq!(
+            (na.rx.header_crc, na.rx.payload_crc, na.rx.vtag),
+            (b.0, b.1, 0x1a2b)
+        );
+        let max = if i == 0 { 16 << 20 } else { 1 << 20 };
+        let r = regions(&mut bed, max);
+        for (k, size) in SIZES.into_iter().filter(|&s| s <= max).enumerate() {
+            round_trip(
+                &mut bed,
+                &r,
+                Round {
+                    size,
+                    seed: 300 + k as u64,
+                },
+                ALL,
+            );
+        }
+        print_counters(&format!("ift {a:?} {b:?}"), &bed);
+        for side in [bed.a.counters(), bed.b.counters()] {
+            assert_eq!(side.crc_errors, 0);
+            assert_eq!(side.terminates_sent, 0);
+            assert_eq!(side.held_peak, 0, "lossless: nothing out of order");
+        }
+    }
+}
+
+/// Under loss and reordering, frames are processed in order (no speculative placement yet):
+/// out-of-order segments wait in the reassembly store, and every transfer is byte-exact.
+#[test]
+fn ift_under_loss_is_byte_exact() {
+    for (i, loss) in [0.01, 0.05].into_iter().enumerate() {
+        let mut bed = ift_bed(210 + i as u64, lossy(loss), (true, true), (true, true));
+        bed.establish();
+        let r = regions(&mut bed, 4 << 20);
+        for (k, size) in [1000, 65_536, 1 << 20, 4 << 20].into_iter().enumerate() {
+            round_trip(
+                &mut bed,
+                &r,
+                Round {
+                    size,
+                    seed: 400 + k as u64,
+                },
+                ALL,
+            );
+        }
+        print_counters(&format!("ift loss {loss}"), &bed);
+        let b = bed.b.counters();
+        assert!(b.segments_out_of_order > 10, "{b:?}");
+        assert!(b.held_total > 0, "out-of-order segments held: {b:?}");
+        assert_eq!(b.bytes_placed_out_of_order, 0, "{b:?}");
+        assert!(bed.a.counters().retransmissions > 0);
+        for side in [bed.a.counters(), bed.b.counters()] {
+            assert_eq!(side.crc_errors, 0);
+            assert_eq!(side.terminates_sent, 0);
+        }
+    }
+}
+
+/// A frame corrupted on the way (checksums fixed up, so TCP accepts it), in its payload or
+/// its DDP header: the CRC that covers it catches it, nothing of the frame is placed, B sends
+/// a Terminate of layer LLP with code 2 (CRC) and A sees it.
+#[test]
+fn ift_corruption_places_nothing_and_terminates() {
+    // (octet flipped: None = mid-payload, Some(10) = inside the DDP header's STag)
+    for (i, at) in [None, Some(10)].into_iter().enumerate() {
+        let mut bed = ift_bed(
+            220 + i as u64,
+            LinkConfig::default(),
+            (true, true),
+            (true, true),
+        );
+        bed.establish();
+        let r = regions(&mut bed, 1 << 20);
+        bed.b.corrupt = Some(Corruptor {
+            nth: 10,
+            min_len: 1000,
+            seen: 0,
+            hit: None,
+            at,
+        });
+        let size = 1 << 20;
+        let data = pattern(size, 98);
+        post_write(&mut bed, &r, 1, &data);
+        bed.run_until("terminate", Duration::from_secs(10), |a, _| {
+            a.iw.qp().remote_terminate().is_some()
+        });
+        let term = bed.a.iw.qp().remote_terminate().unwrap();
+        let b = bed.b.counters();
+        print_counters("ift crc", &bed);
+        assert_eq!((term.layer, term.etype, term.code), (2, 0, 2));
+        assert_eq!(b.crc_errors, 1);
+        if at.is_some() {
+            assert_eq!(b.ift_header_crc_errors, 1, "{b:?}");
+        } else {
+            assert_eq!(b.ift_payload_crc_errors, 1, "{b:?}");
+        }
+        assert!(bed
+            .b
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::IftFailed(_))));
+        assert_eq!(bed.b.iw.qp().state(), QpState::Error);
+        // Only whole, verified frames were placed: every octet of the sink is the data or
+        // still zero (a flipped octet would be neither), and the data stops short.
+        let sink = bed.b.bytes(r.b_sink);
+        assert!(
+            sink.iter().zip(&data).all(|(&s, &d)| s == d || s == 0),
+            "nothing of the corrupted frame was placed"
+        );
+        assert!(
+            sink[..size] != data[..],
+            "the frames from the bad one on never placed"
+        );
+        assert!(
+            sink[..1000] == data[..1000],
+            "the frames before it were placed"
+        );
+    }
+}
+
+/// An IFT end and an MPA end: each fails at once with the error its own framing names (the
+/// MPA responder reads the indication as a bad Request; the IFT responder reads the Request
+/// as an indication whose magic is MPA's), and neither hangs.
+#[test]
+fn ift_against_mpa_fails_fast_both_ways() {
+    let mpa = conn_config(&MpaConfig::default());
+    let ift_a = ift_config(true, true, 1);
+    let ift_b = ift_config(true, true, 2);
+    for (i, (a_cfg, b_cfg, pd)) in [(ift_a, mpa.clone(), &b""[..]), (mpa, ift_b, &b"client"[..])]
+        .into_iter()
+        .enumerate()
+    {
+        let a_ift = a_cfg.ift.is_some();
+        let mut bed = bed_with(230 + i as u64, LinkConfig::default(), a_cfg, b_cfg, pd);
+        bed.run_until("both fail", Duration::from_secs(2), |a, b| {
+            let failed = |s: &Side| {
+                s.events.iter().any(|e| {
+                    matches!(
+                        e,
+                        ConnEvent::StartupFailed(_) | ConnEvent::IftStartupFailed(_)
+                    )
+                })
+            };
+            failed(a) && failed(b)
+        });
+        println!("A {:?}\nB {:?}", bed.a.events, bed.b.events);
+        if a_ift {
+            assert!(bed
+                .a
+                .events
+                .contains(&ConnEvent::IftStartupFailed(ift::IftError::ConnectionLost)));
+            assert!(bed
+                .b
+                .events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::StartupFailed(_))));
+        } else {
+            assert!(bed.b.events.iter().any(|e| matches!(
+                e,
+                ConnEvent::IftStartupFailed(ift::IftError::BadMagic { .. })
+            )));
+            assert!(bed
+                .a
+                .events
+                .contains(&ConnEvent::StartupFailed(mpa::MpaError::ConnectionLost)));
+        }
+        assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
+    }
+}
+
+/// IFT over `TxMode::Records` (frames copied into TCP's send buffer) interoperates with
+/// `TxMode::Source` (frames written from registered memory at transmission), under loss.
+#[test]
+fn ift_records_mode_interoperates_with_source_mode() {
+    let mut bed = ift_bed(240, lossy(0.01), (true, false), (false, true));
+    bed.a.tcp = Some(Connection::connect(
+        Config {
+            tx_mode: TxMode::Records,
+            ..Config::mpa()
+        },
+        bed.a.tcp.as_ref().unwrap().four_tuple(),
+        &bed.a.isn,
+        Instant::ZERO,
+    ));
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    for (k, size) in [1, 1500, 65_536, 1 << 20].into_iter().enumerate() {
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size,
+                seed: 500 + k as u64,
+            },
+            ALL,
+        );
+    }
+    print_counters("ift records", &bed);
+}
+
+/// An IFT responder whose application never answers closes at `MpaConfig::accept_timeout`;
+/// an IFT responder that rejects just closes (IFT has no reject message).
+#[test]
+fn ift_unanswered_and_rejected() {
+    let mut b_cfg = ift_config(true, true, 2);
+    b_cfg.mpa.accept_timeout = Duration::from_secs(3);
+    let mut bed = bed_with(
+        250,
+        LinkConfig::default(),
+        ift_config(true, true, 1),
+        b_cfg,
+        b"",
+    );
+    bed.b.ignore_request = true;
+    bed.run_until("phase 0 delivered", Duration::from_secs(2), |_, b| {
+        b.events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::IftRequest(_)))
+    });
+    let asked = bed.net.now;
+    bed.run_until("accept timeout", Duration::from_secs(10), |a, b| {
+        b.events
+            .contains(&ConnEvent::IftStartupFailed(ift::IftError::StartupTimeout))
+            && a.events
+                .iter()
+                .any(|e| matches!(e, ConnEvent::IftStartupFailed(_)))
+    });
+    let waited = bed.net.now.saturating_since(asked);
+    assert!(
+        waited >= Duration::from_secs(3) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+
+    let mut bed = ift_bed(251, LinkConfig::default(), (true, true), (true, true));
+    bed.b.reject = true;
+    bed.run_until("reject", Duration::from_secs(5), |a, _| {
+        a.events
+            .contains(&ConnEvent::IftStartupFailed(ift::IftError::ConnectionLost))
+    });
+    assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
 }

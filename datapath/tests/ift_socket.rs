@@ -2,7 +2,7 @@
 //! adaption exchange picks each direction's CRCs, then Write, Send and Read of every size
 //! (1 octet to 16 MiB, both sides of the MULPDU) move byte-exact with every combination of
 //! header and payload CRCs; an IFT end and an MPA end fail their setup at once, each saying
-//! why; the AF_XDP engine refuses IFT clearly.
+//! why. The AF_XDP engine's IFT is tested on the veth bed (`xdp_ift.rs`).
 
 mod common;
 

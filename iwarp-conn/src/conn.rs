@@ -67,6 +67,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use ift::{FrameDecoder, FrameEncoder, IftError};
 use mpa::{
     FpduDecoder, FpduEncoder, FpduLocator, Initiator, InitiatorEvent, MpaConfig, MpaError,
     Negotiated, RequestInfo, Responder,
@@ -78,7 +79,7 @@ use tcp_engine::{
     TxSourceError,
 };
 
-use crate::tx::TxRing;
+use crate::tx::{ift_frame_len, TxRing};
 
 /// Length of a tagged DDP header.
 const TAGGED_HEADER_LEN: usize = 14;
@@ -129,6 +130,13 @@ pub struct ConnConfig {
     /// FPDUs queued and not yet acknowledged whose descriptors can be kept at once
     /// (`tcp_engine::TxMode::Source`; allocated when the connection is made).
     pub max_tx_fpdus: usize,
+    /// IFT framing (draft-williams-iwarp-ift-01) instead of MPA when set: the adaption
+    /// exchange replaces the MPA Request and Reply, frames replace FPDUs. Both ends must be
+    /// configured for it (section 4: never the first offer of RDDP). `mpa`'s IRD, ORD,
+    /// `timeout`-independent `accept_timeout` still apply; its revision, CRC, Markers, RTR and
+    /// private data do not (IFT carries no private data). Received frames are processed in
+    /// order: out-of-order segments wait in the reassembly store.
+    pub ift: Option<ift::IftConfig>,
 }
 
 impl Default for ConnConfig {
@@ -140,6 +148,7 @@ impl Default for ConnConfig {
             max_placed_fpdus: 8192,
             tx_ahead: 512 << 10,
             max_tx_fpdus: 2048,
+            ift: None,
         }
     }
 }
@@ -211,6 +220,10 @@ pub struct ConnCounters {
     pub terminates_sent: u64,
     /// Terminate messages received.
     pub terminates_received: u64,
+    /// IFT: frames whose header CRC did not match (nothing of them was placed).
+    pub ift_header_crc_errors: u64,
+    /// IFT: frames whose payload CRC did not match (nothing of them was placed).
+    pub ift_payload_crc_errors: u64,
 }
 
 /// What happened to the connection, for the layer above.
@@ -244,6 +257,15 @@ pub enum ConnEvent {
     /// The octets of an FPDU TCP had to (re)transmit could not be produced (its source region
     /// was deregistered or shrank): the TCP connection was reset.
     TransmitSourceFailed(TxSourceError),
+    /// IFT responder: a valid phase 0 adaption indication arrived (what was agreed); call
+    /// [`IwarpConn::accept`] (which sends phase 1) or [`IwarpConn::reject`] (which closes).
+    IftRequest(ift::Negotiated),
+    /// The IFT adaption exchange failed (bad or unacceptable indication, timeout, the peer
+    /// closed; section 4.2): the connection closes without a Terminate.
+    IftStartupFailed(IftError),
+    /// An IFT frame failed a check (VTag, header_size, a CRC): nothing of it was placed, the
+    /// receive direction stopped and a Terminate (layer LLP, [`IftError::code`]) was queued.
+    IftFailed(IftError),
 }
 
 /// Errors of the local API.
@@ -255,6 +277,9 @@ pub enum ConnError {
     /// MPA refused (e.g. private data too long).
     #[error("MPA: {0}")]
     Mpa(#[from] MpaError),
+    /// IFT refused (e.g. private data, which IFT does not carry).
+    #[error("IFT: {0}")]
+    Ift(#[from] IftError),
 }
 
 /// A placed FPDU's record: enough to process it in order without its payload.
@@ -282,6 +307,22 @@ struct Full {
     may_send: bool,
 }
 
+/// IFT Full Operation: frames both ways, received ones processed in order.
+#[derive(Debug)]
+struct IftFull {
+    negotiated: ift::Negotiated,
+    decoder: FrameDecoder,
+    encoder: FrameEncoder,
+}
+
+/// IFT responder: phase 0 was acceptable; the application decides by `deadline`.
+#[derive(Debug)]
+struct IftPending {
+    negotiated: ift::Negotiated,
+    reply: [u8; ift::wire::INDICATION_LEN],
+    deadline: std::time::Instant,
+}
+
 #[derive(Debug)]
 enum Phase {
     /// Initiator, waiting for the Reply.
@@ -291,6 +332,13 @@ enum Phase {
     /// Responder, the Request is in; the application decides.
     AwaitingAccept(Box<Responder>),
     Full(Box<Full>),
+    /// IFT initiator, waiting for phase 1.
+    IftInitiating(Box<ift::Initiator>),
+    /// IFT responder, waiting for phase 0.
+    IftAwaitingIndication(Box<ift::Responder>),
+    /// IFT responder, phase 0 is in; the application decides.
+    IftAwaitingAccept(Box<IftPending>),
+    IftFull(Box<IftFull>),
     /// Rejected (either side) or failed: nothing more is processed.
     Done,
 }
@@ -513,6 +561,8 @@ pub struct IwarpConn {
     tx_failed: Option<TxSourceError>,
     /// The ULPDU being framed: grows to the largest one sent (at most MULPDU) and stays.
     ulpdu: Vec<u8>,
+    /// `TxMode::Records` with IFT: the frame being queued (grows like `ulpdu`).
+    frame: Vec<u8>,
     tcp_closed: bool,
     /// TCP reached ESTABLISHED (a reset before that is a refusal).
     tcp_established: bool,
@@ -523,7 +573,7 @@ pub struct IwarpConn {
 
 impl IwarpConn {
     fn new(cfg: ConnConfig, epoch: std::time::Instant, now: Instant, phase: Phase) -> IwarpConn {
-        let initiator = matches!(phase, Phase::Initiating(_));
+        let initiator = matches!(phase, Phase::Initiating(_) | Phase::IftInitiating(_));
         // What Full Operation needs (the transmit ring, the placement records, the ULPDU
         // buffer, the full reassembly store) is allocated when it starts (`enter_full`).
         let store = if initiator {
@@ -554,6 +604,7 @@ impl IwarpConn {
             tx_seq_start: 0,
             tx_failed: None,
             ulpdu: Vec::new(),
+            frame: Vec::new(),
             tcp_closed: false,
             tcp_established: false,
             tcp_close_requested: false,
@@ -572,6 +623,17 @@ impl IwarpConn {
         now: Instant,
     ) -> Result<IwarpConn, ConnError> {
         let mpa_now = epoch + Duration::from_nanos(now.as_nanos());
+        if let Some(ift_cfg) = &cfg.ift {
+            if !private_data.is_empty() {
+                return Err(IftError::Local("IFT carries no private data").into());
+            }
+            let initiator = ift::Initiator::new(ift_cfg.clone(), mpa_now);
+            let indication = initiator.indication().to_vec();
+            let phase = Phase::IftInitiating(Box::new(initiator));
+            let mut conn = IwarpConn::new(cfg, epoch, now, phase);
+            conn.startup_record = Some(indication);
+            return Ok(conn);
+        }
         let initiator = Initiator::new(cfg.mpa.clone(), private_data, mpa_now)?;
         let request = initiator.request().to_vec();
         let mut conn = IwarpConn::new(cfg, epoch, now, Phase::Initiating(Box::new(initiator)));
@@ -587,6 +649,11 @@ impl IwarpConn {
         now: Instant,
     ) -> Result<IwarpConn, ConnError> {
         let mpa_now = epoch + Duration::from_nanos(now.as_nanos());
+        if let Some(ift_cfg) = &cfg.ift {
+            let responder = ift::Responder::new(ift_cfg.clone(), mpa_now);
+            let phase = Phase::IftAwaitingIndication(Box::new(responder));
+            return Ok(IwarpConn::new(cfg, epoch, now, phase));
+        }
         let responder = Responder::new(cfg.mpa.clone(), mpa_now)?;
         Ok(IwarpConn::new(
             cfg,
@@ -603,6 +670,18 @@ impl IwarpConn {
     /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
     /// Operation. Receives may be posted before (the QP accepts them while connecting).
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        if let Phase::IftAwaitingAccept(pending) = &self.phase {
+            if !private_data.is_empty() {
+                return Err(IftError::Local("IFT carries no private data").into());
+            }
+            let (negotiated, reply) = (pending.negotiated, pending.reply);
+            self.startup_record = Some(reply.to_vec());
+            self.enter_ift_full(negotiated);
+            self.events.push_back(ConnEvent::Established {
+                private_data: Vec::new(),
+            });
+            return Ok(());
+        }
         let Phase::AwaitingAccept(responder) = &mut self.phase else {
             return Err(ConnError::InvalidState("no MPA Request waiting"));
         };
@@ -618,6 +697,12 @@ impl IwarpConn {
 
     /// Responder: rejects the Request (Reply with R=1); the connection closes once it is sent.
     pub fn reject(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        if matches!(self.phase, Phase::IftAwaitingAccept(_)) {
+            // IFT has no reject message: the connection just closes.
+            self.phase = Phase::Done;
+            self.qp.on_transport_error(TerminateCause::ConnectionLost);
+            return Ok(());
+        }
         let Phase::AwaitingAccept(responder) = &mut self.phase else {
             return Err(ConnError::InvalidState("no MPA Request waiting"));
         };
@@ -669,6 +754,32 @@ impl IwarpConn {
         self.phase = Phase::Full(Box::new(full));
     }
 
+    /// IFT Full Operation: the ring, the placement records and the full store as for MPA;
+    /// IRD and ORD from `cfg.mpa` (IFT negotiates neither).
+    fn enter_ift_full(&mut self, negotiated: ift::Negotiated) {
+        self.qp.enter_rts(self.cfg.mpa.ird, self.cfg.mpa.ord);
+        self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
+        if self
+            .store
+            .grow(
+                self.consumed,
+                self.cfg.reassembly_capacity,
+                MAX_STORE_RANGES,
+            )
+            .is_err()
+        {
+            // Cannot happen: the startup store's ranges fit a larger store.
+            self.rx_dead = true;
+            self.qp
+                .on_transport_error(TerminateCause::LocalCatastrophic);
+        }
+        self.phase = Phase::IftFull(Box::new(IftFull {
+            decoder: FrameDecoder::new(negotiated.rx),
+            encoder: FrameEncoder::new(negotiated.tx),
+            negotiated,
+        }));
+    }
+
     /// The queue pair: post work requests, poll completions, read its state.
     pub fn qp(&self) -> &QueuePair {
         &self.qp
@@ -687,9 +798,35 @@ impl IwarpConn {
         }
     }
 
-    /// True in Full Operation.
+    /// What the IFT adaption exchange agreed, once in Full Operation with IFT framing.
+    pub fn ift_negotiated(&self) -> Option<&ift::Negotiated> {
+        match &self.phase {
+            Phase::IftFull(full) => Some(&full.negotiated),
+            _ => None,
+        }
+    }
+
+    /// True in Full Operation (MPA or IFT).
     pub fn is_established(&self) -> bool {
-        matches!(self.phase, Phase::Full(_))
+        matches!(self.phase, Phase::Full(_) | Phase::IftFull(_))
+    }
+
+    /// The largest ULPDU one segment of `emss` octets carries whole in this connection's
+    /// framing (RFC 5044 4.5 for MPA, the Markers this direction sends included; IFT's frame
+    /// header and CRCs otherwise), at most 65535. `None` before Full Operation.
+    pub fn mulpdu(&self, emss: u16) -> Option<usize> {
+        let emss = usize::from(emss);
+        let m = match &self.phase {
+            Phase::Full(full) => mpa::mulpdu(emss, full.negotiated.markers_tx),
+            Phase::IftFull(full) => ift_mulpdu(emss, &full.negotiated.tx),
+            _ => return None,
+        };
+        Some(m.min(usize::from(u16::MAX)))
+    }
+
+    /// Whether the connection frames with IFT.
+    fn is_ift(&self) -> bool {
+        self.cfg.ift.is_some()
     }
 
     /// The counters.
@@ -929,7 +1066,10 @@ impl IwarpConn {
     }
 
     fn paused(&self) -> bool {
-        matches!(self.phase, Phase::AwaitingAccept(_))
+        matches!(
+            self.phase,
+            Phase::AwaitingAccept(_) | Phase::IftAwaitingAccept(_)
+        )
     }
 
     /// Keeps octets in the reassembly store; an overflow (a peer past the window) ends the
@@ -937,7 +1077,13 @@ impl IwarpConn {
     fn hold(&mut self, off: u64, bytes: &[u8]) {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
-            Err(StoreFull) if !matches!(self.phase, Phase::Full(_)) => {
+            Err(StoreFull) if !self.is_established() && self.is_ift() => {
+                // The initiator sent frames before our phase 1 (it cannot know our VTag).
+                self.ift_startup_failed(IftError::Local(
+                    "the initiator sent data beyond its phase 0 indication before phase 1",
+                ));
+            }
+            Err(StoreFull) if !self.is_established() => {
                 // The peer sent more than its Request before the Reply.
                 self.startup_failed(MpaError::InvalidFrame(
                     "data beyond the MPA Request before the Reply",
@@ -1286,7 +1432,60 @@ impl IwarpConn {
                         }
                     }
                 }
-                Phase::AwaitingAccept(_) => return used,
+                Phase::AwaitingAccept(_) | Phase::IftAwaitingAccept(_) => return used,
+                Phase::IftInitiating(initiator) => {
+                    let now = self.epoch + Duration::from_nanos(self.now.as_nanos());
+                    match initiator.feed(rest, now) {
+                        Ok((n, None)) => n.max(rest.len()),
+                        Ok((n, Some(negotiated))) => {
+                            self.enter_ift_full(negotiated);
+                            self.events.push_back(ConnEvent::Established {
+                                private_data: Vec::new(),
+                            });
+                            n
+                        }
+                        Err(e) => {
+                            self.ift_startup_failed(e);
+                            rest.len()
+                        }
+                    }
+                }
+                Phase::IftAwaitingIndication(responder) => {
+                    let now = self.epoch + Duration::from_nanos(self.now.as_nanos());
+                    match responder.feed(rest, now) {
+                        Ok((n, None)) => n.max(rest.len()),
+                        Ok((n, Some((negotiated, reply)))) => {
+                            let deadline =
+                                now.checked_add(self.cfg.mpa.accept_timeout).unwrap_or(now);
+                            self.phase = Phase::IftAwaitingAccept(Box::new(IftPending {
+                                negotiated,
+                                reply,
+                                deadline,
+                            }));
+                            self.events.push_back(ConnEvent::IftRequest(negotiated));
+                            self.consumed += n as u64;
+                            return used + n;
+                        }
+                        Err(e) => {
+                            self.ift_startup_failed(e);
+                            rest.len()
+                        }
+                    }
+                }
+                Phase::IftFull(full) => {
+                    let qp = &mut self.qp;
+                    let counters = &mut self.counters;
+                    let res = full.decoder.feed(rest, |frame| {
+                        counters.fpdus_rx += 1;
+                        if qp.on_segment(frame.ddp_header, frame.payload, mem).is_ok() {
+                            counters.bytes_placed_in_order += frame.payload.len() as u64;
+                        }
+                    });
+                    if let Err(e) = res {
+                        self.ift_failed(e);
+                    }
+                    rest.len()
+                }
                 Phase::Full(full) => {
                     let qp = &mut self.qp;
                     let counters = &mut self.counters;
@@ -1319,6 +1518,30 @@ impl IwarpConn {
         } else {
             used
         }
+    }
+
+    /// The IFT adaption exchange failed: the connection closes, no Terminate (section 4.2).
+    fn ift_startup_failed(&mut self, e: IftError) {
+        self.events.push_back(ConnEvent::IftStartupFailed(e));
+        self.phase = Phase::Done;
+        self.rx_dead = true;
+        self.qp.on_transport_error(TerminateCause::ConnectionLost);
+    }
+
+    /// A frame failed a check: stop receiving, Terminate of layer LLP with the IFT code.
+    fn ift_failed(&mut self, e: IftError) {
+        match e {
+            IftError::HeaderCrc { .. } => self.counters.ift_header_crc_errors += 1,
+            IftError::PayloadCrc { .. } => self.counters.ift_payload_crc_errors += 1,
+            _ => {}
+        }
+        if matches!(e, IftError::HeaderCrc { .. } | IftError::PayloadCrc { .. }) {
+            self.counters.crc_errors += 1;
+        }
+        self.qp
+            .on_transport_error(TerminateCause::Llp { code: e.code() });
+        self.events.push_back(ConnEvent::IftFailed(e));
+        self.rx_dead = true;
     }
 
     fn startup_failed(&mut self, e: MpaError) {
@@ -1466,10 +1689,12 @@ impl IwarpConn {
                     self.tcp_closed = true;
                     self.rx_dead = true;
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
-                    if !matches!(self.phase, Phase::Full(_) | Phase::Done) {
+                    if !self.is_established() && !matches!(self.phase, Phase::Done) {
                         self.events.push_back(
                             if event == TcpEvent::Reset && !self.tcp_established {
                                 ConnEvent::ConnectionRefused
+                            } else if self.is_ift() {
+                                ConnEvent::IftStartupFailed(IftError::ConnectionLost)
                             } else {
                                 ConnEvent::StartupFailed(MpaError::ConnectionLost)
                             },
@@ -1506,6 +1731,15 @@ impl IwarpConn {
         };
         if let Some(e) = timeout {
             self.startup_failed(e);
+        }
+        let ift_timeout = match &mut self.phase {
+            Phase::IftInitiating(i) => i.handle_timeout(mpa_now).err(),
+            Phase::IftAwaitingIndication(r) => r.handle_timeout(mpa_now).err(),
+            Phase::IftAwaitingAccept(p) if mpa_now >= p.deadline => Some(IftError::StartupTimeout),
+            _ => None,
+        };
+        if let Some(e) = ift_timeout {
+            self.ift_startup_failed(e);
         }
         self.drain(mem);
         if let Some(record) = self.startup_record.take() {
@@ -1588,24 +1822,38 @@ impl IwarpConn {
         tcp: &mut TcpConnection,
         mem: &MemoryTable<B>,
     ) {
-        let Phase::Full(full) = &mut self.phase else {
-            return;
-        };
-        if !full.may_send || self.startup_record.is_some() {
+        if self.startup_record.is_some() {
             return;
         }
-        if !self.tx_started {
-            self.tx_started = true;
-            self.tx.start(
-                full.negotiated.crc,
-                full.negotiated.markers_tx,
-                self.tx_seq_start,
-                self.qp.pd(),
-            );
-        }
+        let emss = usize::from(tcp.emss());
         // Nothing in the loop changes TCP's EMSS: the MULPDU once per turn, not per FPDU.
-        let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), full.negotiated.markers_tx)
-            .min(usize::from(u16::MAX));
+        let mulpdu = match &self.phase {
+            Phase::Full(full) => {
+                if !full.may_send {
+                    return;
+                }
+                if !self.tx_started {
+                    self.tx_started = true;
+                    self.tx.start(
+                        full.negotiated.crc,
+                        full.negotiated.markers_tx,
+                        self.tx_seq_start,
+                        self.qp.pd(),
+                    );
+                }
+                mpa::mulpdu(emss, full.negotiated.markers_tx)
+            }
+            Phase::IftFull(full) => {
+                if !self.tx_started {
+                    self.tx_started = true;
+                    self.tx
+                        .start_ift(full.negotiated.tx, self.tx_seq_start, self.qp.pd());
+                }
+                ift_mulpdu(emss, &full.negotiated.tx)
+            }
+            _ => return,
+        }
+        .min(usize::from(u16::MAX));
         loop {
             let start = tcp.send_stream_end();
             // Room for the largest FPDU this MULPDU can give (Markers and PAD included).
@@ -1694,6 +1942,10 @@ impl IwarpConn {
     }
 
     fn transmit<B: RegionBuffer>(&mut self, tcp: &mut TcpConnection, mem: &MemoryTable<B>) {
+        if matches!(self.phase, Phase::IftFull(_)) {
+            self.transmit_ift_records(tcp, mem);
+            return;
+        }
         let Phase::Full(full) = &mut self.phase else {
             return;
         };
@@ -1735,12 +1987,56 @@ impl IwarpConn {
         }
     }
 
-    /// The earliest MPA startup deadline, as a TCP instant (TCP's own deadlines come from
-    /// the TCP connection).
+    /// `TxMode::Records` with IFT: each ULPDU copied out of the region and framed (section
+    /// 5.1) into TCP's send buffer as one record.
+    fn transmit_ift_records<B: RegionBuffer>(
+        &mut self,
+        tcp: &mut TcpConnection,
+        mem: &MemoryTable<B>,
+    ) {
+        let Phase::IftFull(full) = &mut self.phase else {
+            return;
+        };
+        if self.startup_record.is_some() {
+            return;
+        }
+        loop {
+            let mulpdu =
+                ift_mulpdu(usize::from(tcp.emss()), &full.negotiated.tx).min(usize::from(u16::MAX));
+            if tcp.send_capacity() < ift_frame_len(&full.negotiated.tx, mulpdu)
+                || tcp.send_queue_len() >= self.cfg.tx_ahead
+            {
+                return;
+            }
+            self.ulpdu.clear();
+            let Some(tx) = self.qp.poll_transmit(mulpdu, mem, &mut self.ulpdu) else {
+                return;
+            };
+            if tx.opcode == rdmap::wire::Opcode::Terminate {
+                self.counters.terminates_sent += 1;
+            }
+            self.frame.clear();
+            let sent = full.encoder.encode(&self.ulpdu, &mut self.frame).is_ok()
+                && tcp.send_record(&self.frame).is_ok();
+            if !sent {
+                // The capacity was checked and the ULPDU is within MULPDU: only a closed
+                // TCP gets here. Nothing more can be sent.
+                self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                return;
+            }
+            self.counters.fpdus_tx += 1;
+        }
+    }
+
+    /// The earliest startup deadline (MPA or IFT), as a TCP instant (TCP's own deadlines come
+    /// from the TCP connection).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadline = match &self.phase {
             Phase::Initiating(i) => i.poll_timeout(),
             Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.poll_timeout(),
+            Phase::IftInitiating(i) => i.poll_timeout(),
+            Phase::IftAwaitingIndication(r) => r.poll_timeout(),
+            Phase::IftAwaitingAccept(p) => Some(p.deadline),
             _ => None,
         }?;
         let since = deadline.saturating_duration_since(self.epoch);
@@ -1751,6 +2047,7 @@ impl IwarpConn {
     pub fn wants_transmit(&self) -> bool {
         self.startup_record.is_some()
             || matches!(&self.phase, Phase::Full(f) if f.may_send) && self.qp.has_pending_transmit()
+            || matches!(&self.phase, Phase::IftFull(_)) && self.qp.has_pending_transmit()
     }
 }
 
@@ -1772,6 +2069,12 @@ impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
     ) -> Result<Option<u16>, TxSourceError> {
         self.conn.fill(stream_offset, out, self.mem).map(Some)
     }
+}
+
+/// The largest ULPDU an IFT frame of `fmt` carries in one segment of `emss` octets: the
+/// frame header and the CRCs `fmt` has come off (no padding, no Markers; section 5.1).
+fn ift_mulpdu(emss: usize, fmt: &ift::FrameFormat) -> usize {
+    emss.saturating_sub(ift_frame_len(fmt, 0))
 }
 
 /// The DDP header's length, from its T flag: tagged (RFC 5041 section 4.2) or untagged (4.3).

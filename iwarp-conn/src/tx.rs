@@ -40,6 +40,8 @@ use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
 use copy_crc::{crc_update, crc_update_len_head};
+use ift::wire::{crc_to_wire, FrameHeaderRepr, FRAME_HEADER_LEN as IFT_HEADER_LEN};
+use ift::FrameFormat;
 
 /// MPA Markers recur every 512 octets of the stream (RFC 5044 4.3).
 const MARKER_INTERVAL: u64 = 512;
@@ -163,6 +165,9 @@ pub(crate) struct TxRing {
     len: usize,
     crc: bool,
     markers: bool,
+    /// IFT framing (draft-williams-iwarp-ift-01 section 5.1) instead of MPA's: the format of
+    /// our frames (`crc` and `markers` are then unused).
+    ift: Option<FrameFormat>,
     /// Stream offset of SeqStart (Marker positions are counted from here).
     seq_start: u64,
     pd: PdId,
@@ -209,6 +214,7 @@ impl TxRing {
             len: 0,
             crc: false,
             markers: false,
+            ift: None,
             seq_start: 0,
             pd: PdId(0),
             stag_hint: StagHint::default(),
@@ -220,8 +226,16 @@ impl TxRing {
     pub fn start(&mut self, crc: bool, markers: bool, seq_start: u64, pd: PdId) {
         self.crc = crc;
         self.markers = markers;
+        self.ift = None;
         self.seq_start = seq_start;
         self.pd = pd;
+    }
+
+    /// IFT frames of `format` from stream offset `seq_start` on (after the adaption
+    /// indication).
+    pub fn start_ift(&mut self, format: FrameFormat, seq_start: u64, pd: PdId) {
+        self.start(false, false, seq_start, pd);
+        self.ift = Some(format);
     }
 
     pub fn is_full(&self) -> bool {
@@ -263,6 +277,10 @@ impl TxRing {
     /// Wire length of an FPDU carrying `ulpdu_len` octets starting at stream offset `start`.
     #[inline]
     pub fn wire_len(&self, start: u64, ulpdu_len: usize) -> usize {
+        if let Some(fmt) = &self.ift {
+            // The frame's header and payload sizes add up to the ULPDU's length.
+            return ift_frame_len(fmt, ulpdu_len);
+        }
         let position = start.wrapping_sub(self.seq_start) as u32;
         FpduEncoder::with_position(self.crc, self.markers, position).wire_len(ulpdu_len)
     }
@@ -406,14 +424,15 @@ impl TxRing {
                 self.long_heads.get(k).and_then(|h| h.get(..head_len))
             }
             .ok_or(err)?;
+            let ift = self.ift;
             let (part, crc) = match held {
-                Some(h) => w.fill_from(
-                    f,
-                    head,
-                    Some((&*h.buf, h.off)),
-                    from,
-                    &mut out[done..done + n],
-                ),
+                Some(h) => {
+                    let region = Some((&*h.buf, h.off));
+                    match &ift {
+                        Some(fmt) => ift_fill(fmt, f, head, region, from, &mut out[done..done + n]),
+                        None => w.fill_from(f, head, region, from, &mut out[done..done + n]),
+                    }
+                }
                 None => {
                     let region = match f.payload() {
                         Some(p) => {
@@ -432,7 +451,10 @@ impl TxRing {
                         }
                         None => None,
                     };
-                    w.fill_from(f, head, region, from, &mut out[done..done + n])
+                    match &ift {
+                        Some(fmt) => ift_fill(fmt, f, head, region, from, &mut out[done..done + n]),
+                        None => w.fill_from(f, head, region, from, &mut out[done..done + n]),
+                    }
                 }
             };
             if let (Some(c), Some(f)) = (crc, self.slots.get_mut(k)) {
@@ -561,6 +583,119 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
 #[inline]
 pub(crate) fn add_at(sum: Checksum, at: usize, part: u16) -> Checksum {
     sum.add_sum(if at % 2 == 1 { part.swap_bytes() } else { part })
+}
+
+/// Octets of the IFT frame (draft-williams-iwarp-ift-01 section 5.1) of a ULPDU of
+/// `ulpdu_len` octets: the frame header, the ULPDU (DDP header and payload) and the CRCs
+/// `fmt` has.
+#[inline]
+pub(crate) fn ift_frame_len(fmt: &FrameFormat, ulpdu_len: usize) -> usize {
+    let crcs = usize::from(fmt.header_crc) + usize::from(fmt.payload_crc);
+    IFT_HEADER_LEN + ulpdu_len + crcs * CRC_LEN
+}
+
+/// Writes the octets `[from, from + out.len())` of FPDU `f`'s IFT frame (draft section 5.1):
+/// header_size, payload_size and the peer's VTag, the DDP header (the first octets of `head`),
+/// the header CRC over those two if `fmt` has it, the payload (the rest of `head`, then the
+/// region's octets), the payload CRC if `fmt` has it; no padding. Returns the ones' complement
+/// sum of `out` and the payload CRC if computed now (a fill covering the whole payload computes
+/// it as the copy goes; a part reaching the payload CRC field without it reads the payload
+/// once more). The header CRC covers at most 24 octets and is computed at every fill.
+fn ift_fill<B: RegionBuffer + ?Sized>(
+    fmt: &FrameFormat,
+    f: &TxFpdu,
+    head: &[u8],
+    region: Option<(&B, usize)>,
+    from: usize,
+    out: &mut [u8],
+) -> (u16, Option<u32>) {
+    let tagged = head
+        .first()
+        .is_some_and(|b| b & ddp::wire::control::TAGGED != 0);
+    let h = if tagged {
+        ddp::wire::TAGGED_HEADER_LEN
+    } else {
+        ddp::wire::UNTAGGED_HEADER_LEN
+    }
+    .min(head.len());
+    let (ddp_header, inline) = head.split_at(h);
+    let payload_len = usize::from(f.ulpdu_len).saturating_sub(h);
+    let region_len = payload_len.saturating_sub(inline.len());
+    // Frame header, DDP header and header CRC: at most 6 + 18 + 4 octets, built whole.
+    let mut front = [0u8; IFT_HEADER_LEN + ddp::wire::UNTAGGED_HEADER_LEN + CRC_LEN];
+    FrameHeaderRepr {
+        header_size: h as u16,
+        payload_size: payload_len as u16,
+        vtag: fmt.vtag,
+    }
+    .emit(&mut front[..IFT_HEADER_LEN]);
+    front[IFT_HEADER_LEN..IFT_HEADER_LEN + h].copy_from_slice(ddp_header);
+    let mut front_len = IFT_HEADER_LEN + h;
+    if fmt.header_crc {
+        let crc = !crc_update(u32::MAX, &front[..front_len]);
+        front[front_len..front_len + CRC_LEN].copy_from_slice(&crc_to_wire(crc));
+        front_len += CRC_LEN;
+    }
+    let end = from + out.len();
+    // Writes the part of `bytes` (at frame offset `at`) that falls in the window.
+    let put = |at: usize, bytes: &[u8], out: &mut [u8]| {
+        let a = at.max(from);
+        let b = (at + bytes.len()).min(end);
+        if a < b {
+            out[a - from..b - from].copy_from_slice(&bytes[a - at..b - at]);
+        }
+    };
+    put(0, &front[..front_len], out);
+    put(front_len, inline, out);
+    let region_at = front_len + inline.len();
+    let crc_at = front_len + payload_len;
+    let whole_payload = from <= front_len && end >= crc_at;
+    let mut computed = None;
+    let mut crc_state = u32::MAX;
+    let want_crc = fmt.payload_crc && f.crc().is_none();
+    if want_crc && whole_payload {
+        crc_state = crc_update(crc_state, inline);
+    }
+    // The region's part in the window.
+    let a = region_at.max(from);
+    let b = (region_at + region_len).min(end);
+    if a < b {
+        let dst = &mut out[a - from..b - from];
+        match region {
+            Some((buf, off)) if want_crc && whole_payload => {
+                buf.read_at_crc(off + (a - region_at), dst, &mut crc_state)
+            }
+            Some((buf, off)) => buf.read_at(off + (a - region_at), dst),
+            // A descriptor with region payload always has its region (`TxRing::fill`).
+            None => dst.fill(0),
+        }
+    }
+    if want_crc && whole_payload {
+        computed = Some(!crc_state);
+    }
+    if fmt.payload_crc && end > crc_at {
+        let crc = match (f.crc(), computed) {
+            (Some(c), _) | (None, Some(c)) => c,
+            (None, None) => {
+                // A part reaching the payload CRC field without the whole payload in it, and
+                // the CRC never computed: read the payload for it first.
+                let mut state = crc_update(u32::MAX, inline);
+                if let Some((buf, off)) = region {
+                    let mut tmp = [0u8; CRC_CHUNK];
+                    let mut done = 0;
+                    while done < region_len {
+                        let m = (region_len - done).min(CRC_CHUNK);
+                        buf.read_at_crc(off + done, &mut tmp[..m], &mut state);
+                        done += m;
+                    }
+                }
+                computed = Some(!state);
+                !state
+            }
+        };
+        put(crc_at, &crc_to_wire(crc), out);
+    }
+    (Checksum::new().add_bytes(out).sum(), computed)
 }
 
 /// Writes parts of FPDUs.
@@ -979,6 +1114,134 @@ mod tests {
             stag,
             base: seq_start,
         }
+    }
+
+    /// [`case`] with IFT frames of `fmt` (draft section 5.1), expected from `ift`'s own
+    /// `FrameEncoder`: the DDP header's length follows its T bit as the encoder reads it.
+    fn case_ift(fmt: FrameFormat, seq_start: u64, seed: u64) -> Case {
+        let mut mem = MemoryTable::new();
+        let data: Vec<u8> = (0..20000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ seed as u8)
+            .collect();
+        let stag = mem.register(
+            PD,
+            VecBuffer::from_vec(data.clone()),
+            0x10_000,
+            Access::REMOTE_READ,
+        );
+        let mut ring = TxRing::new(64);
+        ring.start_ift(fmt, seq_start, PD);
+        let enc = ift::FrameEncoder::new(fmt);
+        let mut expected = Vec::new();
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        let mut start = seq_start;
+        for k in 0..40 {
+            let head_len = [14usize, 18, 46, 70][next(4) as usize];
+            let mut head: Vec<u8> = (0..head_len)
+                .map(|i| (i as u8) ^ (k as u8) ^ 0x35)
+                .collect();
+            if head_len == 14 || next(2) == 0 {
+                head[0] |= ddp::wire::control::TAGGED;
+            }
+            let (payload, bytes) = match next(4) {
+                0 => (None, Vec::new()),
+                k => {
+                    let len = next(3000) as usize + if next(3) == 0 { 0 } else { 1 };
+                    let off = next(15000) as usize;
+                    let p = TxPayload {
+                        stag,
+                        to: 0x10_000 + off as u64,
+                        len: len as u32,
+                        access: if k == 1 {
+                            Access::REMOTE_READ
+                        } else {
+                            Access::NONE
+                        },
+                    };
+                    (Some(p), data[off..off + len].to_vec())
+                }
+            };
+            let n = ring.push(start, &head, payload, false, &mem).expect("push");
+            let ulpdu = [head.as_slice(), bytes.as_slice()].concat();
+            let m = enc.encode(&ulpdu, &mut expected).expect("encode");
+            assert_eq!(m, n, "wire length of frame {k}");
+            start += n as u64;
+        }
+        Case {
+            mem,
+            ring,
+            expected,
+            stag,
+            base: seq_start,
+        }
+    }
+
+    #[test]
+    fn ift_fill_matches_the_frame_encoder_for_any_range() {
+        for (hc, pc) in [(true, true), (true, false), (false, true), (false, false)] {
+            let fmt = FrameFormat {
+                header_crc: hc,
+                payload_crc: pc,
+                vtag: 0xbeef,
+                verify: false,
+            };
+            for seed in 1..4u64 {
+                let seq_start = [0u64, 64, 101][seed as usize - 1];
+                let what = format!("hc {hc} pc {pc} seed {seed}");
+                // Frame by frame as TCP asks for them (payload CRC computed and kept), then
+                // everything at once (kept CRCs used).
+                let mut c = case_ift(fmt, seq_start, seed);
+                let total = c.expected.len();
+                let spans: Vec<(u64, u64)> = c.ring.iter().map(|f| (f.start, f.end())).collect();
+                for (a, b) in spans {
+                    let (a, b) = ((a - c.base) as usize, (b - c.base) as usize);
+                    fill_matches(&mut c, a, b - a, &format!("frame ({what})"));
+                }
+                fill_matches(&mut c, 0, total, &format!("all ({what})"));
+                // Arbitrary ranges of a fresh ring: parts reaching the payload CRC field before
+                // any whole fill computed it.
+                let mut c = case_ift(fmt, seq_start, seed);
+                let mut x = seed * 7919;
+                for _ in 0..300 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let a = (x >> 33) as usize % total;
+                    let len = ((x >> 13) as usize % 1700).min(total - a).max(1);
+                    fill_matches(&mut c, a, len, &format!("range ({what})"));
+                }
+                for a in (0..total).step_by(89) {
+                    fill_matches(&mut c, a, 1, &format!("octet ({what})"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ift_frames_decode_and_verify() {
+        // What the ring writes, read back by `ift`'s decoder with CRCs checked: every frame's
+        // DDP header and payload as queued.
+        let fmt = FrameFormat {
+            header_crc: true,
+            payload_crc: true,
+            vtag: 0x0102,
+            verify: true,
+        };
+        let mut c = case_ift(fmt, 7, 2);
+        let mut out = vec![0u8; c.expected.len()];
+        c.ring.fill(c.base, &mut out, &c.mem).expect("fill");
+        let mut dec = ift::FrameDecoder::new(fmt);
+        let mut frames = 0;
+        for piece in out.chunks(333) {
+            dec.feed(piece, |_| frames += 1).expect("valid frames");
+        }
+        assert_eq!(frames, 40);
     }
 
     #[test]

@@ -63,7 +63,8 @@ pub enum Framing {
     /// MPA (RFC 5044), as [`ConnectParams::mpa`] asks.
     #[default]
     Mpa,
-    /// IFT (draft-williams-iwarp-ift-01), experimental, on the socket transport only so far:
+    /// IFT (draft-williams-iwarp-ift-01), experimental, on both transports (the AF_XDP
+    /// engine processes received frames in order only, without speculative placement so far):
     /// the adaption exchange of section 4 with these settings, then frames of section 5.1
     /// (separate header and payload CRCs, no padding, no Markers). The VTag is drawn afresh
     /// from the operating system's random source for every connection, whatever `vtag` says.

@@ -20,7 +20,8 @@ pub(super) type Reply<T> = Sender<Result<T, DatapathError>>;
 
 pub(super) struct RequestMsg {
     pub(super) id: ConnId,
-    pub(super) info: RequestInfo,
+    /// The MPA Request; `None` for an IFT phase 0 adaption indication.
+    pub(super) info: Option<RequestInfo>,
     pub(super) peer: SocketAddr,
     /// The shard whose connection it is.
     pub(super) shard: usize,

@@ -187,4 +187,6 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     }
     sum.terminates_sent += c.terminates_sent;
     sum.terminates_received += c.terminates_received;
+    sum.ift_header_crc_errors += c.ift_header_crc_errors;
+    sum.ift_payload_crc_errors += c.ift_payload_crc_errors;
 }

@@ -11,7 +11,7 @@ use tcp_engine::{Instant, PassedUp, State as TcpState};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
-use crate::verbs::cm::ConnectParams;
+use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
 use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::{DatapathError, QpError};
@@ -45,6 +45,10 @@ impl State {
             max_placed_fpdus: self.cfg.max_placed_fpdus,
             tx_ahead: self.cfg.tx_ahead,
             max_tx_fpdus: self.cfg.max_tx_fpdus,
+            ift: match &params.framing {
+                Framing::Mpa => None,
+                Framing::Ift(cfg) => Some(with_fresh_vtag(cfg)),
+            },
         }
     }
 }
@@ -262,15 +266,30 @@ impl TcpApp for App<'_> {
         while let Some(ev) = slot.conn.poll_event() {
             *progress = true;
             match ev {
-                ConnEvent::Request(info) => {
-                    tracing::info!(
-                        peer = %slot.peer,
-                        rev = info.rev,
-                        crc = info.crc,
-                        markers = info.markers,
-                        private_data = info.private_data.len(),
-                        "MPA Request received"
-                    );
+                ConnEvent::Request(_) | ConnEvent::IftRequest(_) => {
+                    let info = match ev {
+                        ConnEvent::Request(info) => {
+                            tracing::info!(
+                                peer = %slot.peer,
+                                rev = info.rev,
+                                crc = info.crc,
+                                markers = info.markers,
+                                private_data = info.private_data.len(),
+                                "MPA Request received"
+                            );
+                            Some(info)
+                        }
+                        ConnEvent::IftRequest(n) => {
+                            tracing::info!(
+                                peer = %slot.peer,
+                                header_crc = n.rx.header_crc,
+                                payload_crc = n.rx.payload_crc,
+                                "IFT phase 0 adaption indication received"
+                            );
+                            None
+                        }
+                        _ => None,
+                    };
                     let msg = RequestMsg {
                         id,
                         info,
@@ -296,17 +315,38 @@ impl TcpApp for App<'_> {
                 }
                 ConnEvent::Established { private_data } => {
                     *established += 1;
-                    let Some(negotiated) = slot.conn.negotiated().cloned() else {
+                    let agreed = if let Some(n) = slot.conn.negotiated().cloned() {
+                        tracing::info!(
+                            peer = %slot.peer,
+                            rev = n.rev,
+                            crc = n.crc,
+                            markers_tx = n.markers_tx,
+                            markers_rx = n.markers_rx,
+                            "MPA Full Operation"
+                        );
+                        Agreed::Mpa(n)
+                    } else if let Some(n) = slot.conn.ift_negotiated().copied() {
+                        tracing::info!(
+                            peer = %slot.peer,
+                            header_crc_tx = n.tx.header_crc,
+                            payload_crc_tx = n.tx.payload_crc,
+                            header_crc_rx = n.rx.header_crc,
+                            payload_crc_rx = n.rx.payload_crc,
+                            "IFT Full Operation"
+                        );
+                        let ord = slot.conn.qp().ord();
+                        let ird = slot.conn.qp().ird();
+                        Agreed::Ift {
+                            negotiated: n,
+                            ird,
+                            ord,
+                        }
+                    } else {
                         continue;
                     };
-                    tracing::info!(
-                        peer = %slot.peer,
-                        rev = negotiated.rev,
-                        crc = negotiated.crc,
-                        markers_tx = negotiated.markers_tx,
-                        markers_rx = negotiated.markers_rx,
-                        "MPA Full Operation"
-                    );
+                    let Some(mulpdu) = slot.conn.mulpdu(tcp.emss()) else {
+                        continue;
+                    };
                     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
                     slot.cmds = Some(cmd_rx);
                     let named = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -318,14 +358,12 @@ impl TcpApp for App<'_> {
                         attention_tx.clone(),
                         many.clone(),
                     ));
-                    let mulpdu = mpa::mulpdu(usize::from(tcp.emss()), negotiated.markers_tx)
-                        .min(usize::from(u16::MAX));
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
                         waker,
                         shared: slot.shared.clone(),
-                        agreed: Agreed::Mpa(negotiated),
+                        agreed,
                         mulpdu,
                         peer: slot.peer,
                         thread: None,
@@ -358,6 +396,20 @@ impl TcpApp for App<'_> {
                     }
                     slot.set_error(QpError::Startup(e.clone()));
                     slot.fail_waiter(DatapathError::Mpa(e));
+                }
+                ConnEvent::IftStartupFailed(e) => {
+                    tracing::warn!(peer = %slot.peer, error = %e, "IFT adaption exchange failed");
+                    if matches!(slot.waiter, Waiter::None) {
+                        if let Some(l) = listeners.get(&slot.local_port) {
+                            l.record.ift_startup_failed(&e);
+                        }
+                    }
+                    slot.set_error(QpError::Ift(e.clone()));
+                    slot.fail_waiter(DatapathError::Ift(e));
+                }
+                ConnEvent::IftFailed(e) => {
+                    tracing::warn!(peer = %slot.peer, error = %e, "IFT frame error: Terminate sent");
+                    slot.set_error(QpError::Ift(e));
                 }
                 ConnEvent::ConnectionRefused => {
                     tracing::info!(peer = %slot.peer, "connection refused (TCP reset)");

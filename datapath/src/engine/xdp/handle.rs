@@ -93,7 +93,7 @@ impl ListenProvider for XdpListen {
         let pending = PendingRequest { id: msg.id, handle };
         Ok(Some(ConnectRequest::new(
             Box::new(pending),
-            Some(msg.info),
+            msg.info,
             msg.peer,
             params.clone(),
         )))

@@ -295,7 +295,6 @@ impl XdpEngine {
     /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
     /// listens, and the connections of all of them come to the one [`Listener`].
     pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
-        refuse_ift(&params)?;
         let (req_tx, req_rx) = crossbeam_channel::bounded(params.backlog.max(1));
         let record = Arc::new(ListenRecord::default());
         for shard in &self.shards {
@@ -345,7 +344,6 @@ impl XdpEngine {
         params: &ConnectParams,
         private_data: &[u8],
     ) -> Result<PendingConnect, DatapathError> {
-        refuse_ift(params)?;
         let SocketAddr::V4(addr) = addr else {
             return Err(DatapathError::InvalidArgument(
                 "the AF_XDP engine speaks IPv4 only",
@@ -435,16 +433,5 @@ impl XdpEngine {
 impl Drop for XdpEngine {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// IFT framing (`Framing::Ift`) runs on the socket transport only so far: the engine says so
-/// instead of speaking MPA to a peer that expects IFT.
-fn refuse_ift(params: &ConnectParams) -> Result<(), DatapathError> {
-    match params.framing {
-        crate::verbs::cm::Framing::Mpa => Ok(()),
-        crate::verbs::cm::Framing::Ift(_) => Err(DatapathError::InvalidArgument(
-            "IFT framing runs on the socket transport only (the AF_XDP engine speaks MPA)",
-        )),
     }
 }

@@ -600,12 +600,7 @@ impl Turner {
                     let res = match self.st.slots.get_mut(&id) {
                         Some(slot) => {
                             slot.closing = true;
-                            slot.conn.reject(&private_data).map_err(|e| match e {
-                                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
-                                crate::engine::ConnError::InvalidState(s) => {
-                                    DatapathError::InvalidArgument(s)
-                                }
-                            })
+                            slot.conn.reject(&private_data).map_err(conn_error)
                         }
                         None => Err(DatapathError::Disconnected),
                     };
@@ -625,10 +620,7 @@ impl Turner {
         let table = self.table_index(pd);
         let cfg = self.st.conn_config(params, pd.id);
         let mut conn = IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now())
-            .map_err(|e| match e {
-                crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
-                crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
-            })?;
+            .map_err(conn_error)?;
         if let Some(srq) = &params.srq {
             srq.attach(conn.qp_mut(), pd.id)?;
         }
@@ -681,12 +673,19 @@ impl Turner {
                     .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
             }
         }
-        slot.conn.accept(private_data).map_err(|e| match e {
-            crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
-            crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
-        })?;
+        slot.conn.accept(private_data).map_err(conn_error)?;
         slot.table = Some(table);
         Ok(())
+    }
+}
+
+/// A connection's refusal of a local call, as the application sees it.
+fn conn_error(e: crate::engine::ConnError) -> DatapathError {
+    match e {
+        crate::engine::ConnError::Mpa(m) => DatapathError::Mpa(m),
+        crate::engine::ConnError::Ift(ift::IftError::Local(s))
+        | crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
+        crate::engine::ConnError::Ift(e) => DatapathError::Ift(e),
     }
 }
 
