@@ -256,8 +256,7 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub markers: OnOff,
     /// How DDP segments are framed on TCP: `mpa` (RFC 5044) or `ift`
-    /// (draft-williams-iwarp-ift-01, experimental; the AF_XDP engine receives IFT frames in
-    /// order only, without speculative placement). Both ends must
+    /// (draft-williams-iwarp-ift-01, experimental). Both ends must
     /// say the same. With `ift`, `--crc` sets the header and the payload CRC of our frames,
     /// and the hello and welcome (MPA private data otherwise) go as the connection's first
     /// Sends; the server then needs `--write-with-imm`/`--send-with-imm` if the client gives

@@ -1399,14 +1399,21 @@ fn ift_write_send_read_every_crc_choice() {
     }
 }
 
-/// Under loss and reordering, frames are processed in order (no speculative placement yet):
-/// out-of-order segments wait in the reassembly store, and every transfer is byte-exact.
+/// Under loss and reordering with header-aligned senders (ours), both CRCs and SP granted:
+/// every out-of-order segment's frames are placed speculatively (section 8) straight into the
+/// sink, each placement is confirmed when the in-order framing reaches it, and nothing is held
+/// for Writes and Sends; Read Requests (acted on only in order) are the only frames held.
 #[test]
-fn ift_under_loss_is_byte_exact() {
+fn ift_under_loss_places_speculatively_and_confirms() {
     for (i, loss) in [0.01, 0.05].into_iter().enumerate() {
         let mut bed = ift_bed(210 + i as u64, lossy(loss), (true, true), (true, true));
         bed.establish();
         let r = regions(&mut bed, 4 << 20);
+        let ops = Ops {
+            write: true,
+            send: true,
+            read: false,
+        };
         for (k, size) in [1000, 65_536, 1 << 20, 4 << 20].into_iter().enumerate() {
             round_trip(
                 &mut bed,
@@ -1415,19 +1422,83 @@ fn ift_under_loss_is_byte_exact() {
                     size,
                     seed: 400 + k as u64,
                 },
-                ALL,
+                ops,
             );
         }
         print_counters(&format!("ift loss {loss}"), &bed);
         let b = bed.b.counters();
         assert!(b.segments_out_of_order > 10, "{b:?}");
-        assert!(b.held_total > 0, "out-of-order segments held: {b:?}");
-        assert_eq!(b.bytes_placed_out_of_order, 0, "{b:?}");
+        assert!(b.bytes_placed_out_of_order > 100_000, "{b:?}");
+        assert_eq!(
+            b.ift_speculation_confirmed, b.fpdus_placed_out_of_order,
+            "every speculative placement confirmed: {b:?}"
+        );
+        assert_eq!(b.held_total, 0, "nothing held with aligned senders: {b:?}");
+        assert_eq!(b.unlocated_segments, 0, "{b:?}");
         assert!(bed.a.counters().retransmissions > 0);
+        for (k, size) in [1000, 1 << 20].into_iter().enumerate() {
+            round_trip(
+                &mut bed,
+                &r,
+                Round {
+                    size,
+                    seed: 410 + k as u64,
+                },
+                ALL,
+            );
+        }
+        let a = bed.a.counters();
+        print_counters(&format!("ift loss {loss} with reads"), &bed);
+        assert!(
+            a.bytes_placed_out_of_order > 10_000,
+            "Read Responses placed: {a:?}"
+        );
+        assert_eq!(a.ift_speculation_confirmed, a.fpdus_placed_out_of_order);
+        assert_eq!(a.held_total, 0, "{a:?}");
         for side in [bed.a.counters(), bed.b.counters()] {
             assert_eq!(side.crc_errors, 0);
             assert_eq!(side.terminates_sent, 0);
         }
+    }
+}
+
+/// No speculation where the draft's conditions are not met: frames without a header CRC (a
+/// guess would rest on the VTag alone), or a sender that did not grant SP. Out-of-order
+/// segments then wait in the reassembly store, and every transfer is still byte-exact.
+#[test]
+fn ift_without_header_crc_or_sp_holds_and_completes() {
+    for (i, (a_hc, a_sp)) in [(false, true), (true, false)].into_iter().enumerate() {
+        let mut a_cfg = ift_config(a_hc, true, 0x1a2b);
+        if let Some(c) = a_cfg.ift.as_mut() {
+            c.allow_speculative = a_sp;
+        }
+        let mut bed = bed_with(
+            215 + i as u64,
+            lossy(0.02),
+            a_cfg,
+            ift_config(true, true, 0x3c4d),
+            b"",
+        );
+        bed.establish();
+        let nb = *bed.b.iw.ift_negotiated().expect("IFT");
+        assert_eq!(nb.may_speculate, a_sp);
+        let r = regions(&mut bed, 1 << 20);
+        for (k, size) in [65_536, 1 << 20].into_iter().enumerate() {
+            round_trip(
+                &mut bed,
+                &r,
+                Round {
+                    size,
+                    seed: 420 + k as u64,
+                },
+                ALL,
+            );
+        }
+        let b = bed.b.counters();
+        print_counters(&format!("ift hc {a_hc} sp {a_sp}"), &bed);
+        assert!(b.segments_out_of_order > 0, "{b:?}");
+        assert_eq!(b.fpdus_placed_out_of_order, 0, "{b:?}");
+        assert!(b.held_total > 0, "{b:?}");
     }
 }
 

@@ -4,10 +4,11 @@
 //! the stream, fed in those pieces. Asserts: every frame handed out, encoded again with the
 //! same format, gives back exactly the octets it came from, in order, with nothing skipped
 //! (so a checked frame's CRCs were right); the decoder never holds more than one frame; an
-//! error is final and repeated. Nothing may panic.
+//! error is final and repeated; a frame `whole_frame_at` finds at the stream's start (section
+//! 8's guess) is exactly the first frame the decoder gives. Nothing may panic.
 #![no_main]
 
-use ift::{FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
+use ift::{whole_frame_at, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
 use iwarp_fuzz::Input;
 use libfuzzer_sys::fuzz_target;
 
@@ -22,6 +23,17 @@ fuzz_target!(|data: &[u8]| {
     };
     let sizes: Vec<u8> = input.bytes(32).to_vec();
     let stream = input.rest().to_vec();
+    if let Some((len, guessed)) = whole_frame_at(&fmt, &stream) {
+        assert!(len <= stream.len());
+        let mut first = None;
+        FrameDecoder::new(fmt)
+            .feed(&stream[..len], |fr| {
+                first.get_or_insert((fr.ddp_header.to_vec(), fr.payload.to_vec()));
+            })
+            .expect("a guessed frame decodes");
+        let want = (guessed.ddp_header.to_vec(), guessed.payload.to_vec());
+        assert_eq!(first, Some(want), "the guess is not the decoder's frame");
+    }
     let mut dec = FrameDecoder::new(fmt);
     let enc = FrameEncoder::new(fmt);
     let mut again = Vec::new();

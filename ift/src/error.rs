@@ -99,6 +99,16 @@ pub enum IftError {
         /// The CRC of the payload.
         computed: u32,
     },
+    /// A frame placed speculatively (section 8) is not where the frames before it, read in
+    /// order, end: the guess was wrong, and its octets are no longer there to place again.
+    #[error(
+        "a frame placed speculatively at TCP stream offset {offset} is not where the frames \
+         before it end"
+    )]
+    SpeculationMismatch {
+        /// Its offset in the TCP stream.
+        offset: u64,
+    },
 }
 
 impl IftError {
@@ -110,7 +120,9 @@ impl IftError {
         match self {
             IftError::StartupTimeout | IftError::ConnectionLost => 1,
             IftError::HeaderCrc { .. } | IftError::PayloadCrc { .. } => 2,
-            IftError::BadHeaderSize { .. } | IftError::BadVtag { .. } => 3,
+            IftError::BadHeaderSize { .. }
+            | IftError::BadVtag { .. }
+            | IftError::SpeculationMismatch { .. } => 3,
             IftError::BadMagic { .. }
             | IftError::IndicationCrc { .. }
             | IftError::IncompatibleVersion { .. }

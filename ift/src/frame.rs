@@ -173,6 +173,20 @@ fn check_frame<'a>(fmt: &FrameFormat, b: &'a [u8]) -> Result<Frame<'a>, IftError
     })
 }
 
+/// The frame at the start of `bytes`, if one lies there whole and passes every check `fmt`
+/// asks for (VTag, header_size, then the header CRC, then the payload CRC): its length and
+/// parts. `None` otherwise. For a receiver that guesses where a frame starts in a segment that
+/// arrived out of order (section 8, speculative placement): a guess that fails any check is no
+/// frame, and no error is reported for it.
+pub fn whole_frame_at<'a>(fmt: &FrameFormat, bytes: &'a [u8]) -> Option<(usize, Frame<'a>)> {
+    if bytes.len() <= FRAME_HEADER_LEN {
+        return None;
+    }
+    let len = check_start(fmt, bytes).ok()?;
+    let frame = check_frame(fmt, bytes.get(..len)?).ok()?;
+    Some((len, frame))
+}
+
 /// Reads frames from a byte stream taken in any pieces. A frame that fails a check ends the
 /// stream: the decoder then refuses everything with the same error (the connection ends).
 #[derive(Debug, Clone)]

@@ -34,6 +34,6 @@ mod startup;
 pub mod wire;
 
 pub use error::IftError;
-pub use frame::{Frame, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
+pub use frame::{whole_frame_at, Frame, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
 pub use startup::{CrcPolicy, IftConfig, Initiator, Negotiated, Responder};
 pub use wire::{IndicationRepr, Phase};

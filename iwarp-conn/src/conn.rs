@@ -133,9 +133,10 @@ pub struct ConnConfig {
     /// IFT framing (draft-williams-iwarp-ift-01) instead of MPA when set: the adaption
     /// exchange replaces the MPA Request and Reply, frames replace FPDUs. Both ends must be
     /// configured for it (section 4: never the first offer of RDDP). `mpa`'s IRD, ORD,
-    /// `timeout`-independent `accept_timeout` still apply; its revision, CRC, Markers, RTR and
-    /// private data do not (IFT carries no private data). Received frames are processed in
-    /// order: out-of-order segments wait in the reassembly store.
+    /// `accept_timeout` still apply; its revision, CRC, Markers, RTR and private data do not
+    /// (IFT carries no private data). Frames of an out-of-order segment are placed
+    /// speculatively when the peer granted SP and sends header CRCs (`IwarpConn::speculate`);
+    /// the rest waits in the reassembly store.
     pub ift: Option<ift::IftConfig>,
 }
 
@@ -220,6 +221,9 @@ pub struct ConnCounters {
     pub terminates_sent: u64,
     /// Terminate messages received.
     pub terminates_received: u64,
+    /// IFT: frames placed speculatively (section 8) whose place the in-order framing then
+    /// confirmed (the placements themselves count in `fpdus_placed_out_of_order`).
+    pub ift_speculation_confirmed: u64,
     /// IFT: frames whose header CRC did not match (nothing of them was placed).
     pub ift_header_crc_errors: u64,
     /// IFT: frames whose payload CRC did not match (nothing of them was placed).
@@ -1100,6 +1104,16 @@ impl IwarpConn {
 
     /// An out-of-order segment: place what can be placed, hold the rest.
     fn out_of_order<B: RegionBuffer>(&mut self, off: u64, bytes: &[u8], mem: &MemoryTable<B>) {
+        if let Phase::IftFull(full) = &self.phase {
+            let n = &full.negotiated;
+            if n.may_speculate && n.rx.header_crc && n.rx.verify {
+                let fmt = n.rx;
+                self.speculate(off, bytes, fmt, mem);
+            } else {
+                self.hold(off, bytes);
+            }
+            return;
+        }
         let Phase::Full(full) = &mut self.phase else {
             self.hold(off, bytes);
             return;
@@ -1145,7 +1159,8 @@ impl IwarpConn {
                     return;
                 }
                 counters.held_total += gap.len() as u64;
-                record_placed(placed, counters, (start, end), ulpdu, header_len);
+                let (header, payload) = ulpdu.split_at(header_len);
+                record_placed(placed, counters, (start, end), header, payload.len());
                 first_placed.get_or_insert(start);
                 cursor = end;
             });
@@ -1240,7 +1255,14 @@ impl IwarpConn {
                 }
                 let fpdu_start = fpdu_start(rx_start, span.start, markers, cursor);
                 let fpdu_end = rx_start + span.end;
-                record_placed(placed, counters, (fpdu_start, fpdu_end), ulpdu, header_len);
+                let (header, payload) = ulpdu.split_at(header_len);
+                record_placed(
+                    placed,
+                    counters,
+                    (fpdu_start, fpdu_end),
+                    header,
+                    payload.len(),
+                );
                 found.push((fpdu_start, fpdu_end));
                 cursor = fpdu_end;
             });
@@ -1344,12 +1366,13 @@ impl IwarpConn {
                                         return;
                                     }
                                     let s = fpdu_start(rx_start, span.start, markers, start);
+                                    let (header, payload) = ulpdu.split_at(header_len);
                                     record_placed(
                                         placed,
                                         counters,
                                         (s, fpdu_end),
-                                        ulpdu,
-                                        header_len,
+                                        header,
+                                        payload.len(),
                                     );
                                     placed_at = Some(s);
                                 },
@@ -1602,12 +1625,98 @@ impl IwarpConn {
         }
     }
 
+    /// IFT speculative placement (draft section 8) of an out-of-order segment: the frames
+    /// that lie whole in it from its first octet on (our senders start a segment with a frame,
+    /// as for MPA) are guessed there and confirmed by every check section 8.1 lists that the
+    /// frame has: VTag, header_size and payload_size (the frame must end inside the segment),
+    /// the header CRC (required: without it a guess rests on the 16-bit VTag alone, so we do
+    /// not speculate) and the payload CRC if the peer sends one; then the DDP and RDMAP checks
+    /// of [`QueuePair::place_segment_early`] (STag, access, TO and length for tagged frames;
+    /// QN, MSN and MO against a posted receive for Sends; DDP and RDMAP versions). A frame
+    /// whose target overlaps one placed speculatively and not yet confirmed is not placed
+    /// (section 8.2: a placement that later proves wrong must not have overwritten one that
+    /// may be right). What is not placed is held for the in-order pass, which reports any
+    /// error at its place in the stream (nothing is reported speculatively); the first octet
+    /// that is no valid frame ends the guessing for the segment.
+    fn speculate<B: RegionBuffer>(
+        &mut self,
+        off: u64,
+        bytes: &[u8],
+        fmt: ift::FrameFormat,
+        mem: &MemoryTable<B>,
+    ) {
+        let mut at = 0;
+        let mut held_from = 0;
+        while at < bytes.len() && self.placed.len() < self.cfg.max_placed_fpdus {
+            let Some((len, frame)) = ift::whole_frame_at(&fmt, &bytes[at..]) else {
+                break;
+            };
+            let placed = !self.overlaps_unconfirmed(frame.ddp_header, frame.payload.len())
+                && self
+                    .qp
+                    .place_segment_early(frame.ddp_header, frame.payload, mem);
+            if placed {
+                // The octets before it (frames not placed) wait for the in-order pass.
+                let run = &bytes[held_from..at];
+                self.hold(off + held_from as u64, run);
+                if self.rx_dead {
+                    return;
+                }
+                let span = (off + at as u64, off + (at + len) as u64);
+                record_placed(
+                    &mut self.placed,
+                    &mut self.counters,
+                    span,
+                    frame.ddp_header,
+                    frame.payload.len(),
+                );
+                held_from = at + len;
+            }
+            at += len;
+        }
+        if at == 0 {
+            self.counters.unlocated_segments += 1;
+        }
+        self.hold(off + held_from as u64, &bytes[held_from..]);
+    }
+
+    /// Whether a frame with this DDP header and payload length would write where a frame
+    /// placed speculatively and not yet confirmed did (the same tagged buffer's octets, or the
+    /// same message's octets of an untagged queue); a header that does not parse counts as
+    /// overlapping.
+    fn overlaps_unconfirmed(&self, ddp_header: &[u8], payload_len: usize) -> bool {
+        let Some(t) = PlacementTarget::of(ddp_header, payload_len) else {
+            return true;
+        };
+        self.placed.iter().any(|p| {
+            PlacementTarget::of(
+                &p.header[..usize::from(p.header_len)],
+                p.payload_len as usize,
+            )
+            .is_none_or(|q| q.overlaps(&t))
+        })
+    }
+
     /// The in-order point reached an FPDU placed early: skip its octets and let the queue
     /// pair do the in-order part.
     fn deliver_placed<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) {
         let Some(p) = self.placed.pop_front() else {
             return;
         };
+        if let Phase::IftFull(full) = &self.phase {
+            // Section 8: the speculation is confirmed from the length fields of every frame
+            // before it: the in-order framing must have ended a frame right here.
+            if full.decoder.buffered() != 0 {
+                self.ift_failed(IftError::SpeculationMismatch { offset: p.start });
+                return;
+            }
+            self.consumed = p.end;
+            self.counters.fpdus_rx += 1;
+            self.counters.ift_speculation_confirmed += 1;
+            let header = &p.header[..usize::from(p.header_len)];
+            let _ = self.qp.on_placed_ulpdu(header, p.payload_len as usize, mem);
+            return;
+        }
         let Phase::Full(full) = &mut self.phase else {
             return;
         };
@@ -2104,12 +2213,13 @@ fn record_placed(
     placed: &mut VecDeque<PlacedFpdu>,
     counters: &mut ConnCounters,
     (start, end): (u64, u64),
-    ulpdu: &[u8],
-    header_len: usize,
+    ddp_header: &[u8],
+    payload_len: usize,
 ) {
+    let header_len = ddp_header.len().min(UNTAGGED_HEADER_LEN);
     let mut header = [0u8; UNTAGGED_HEADER_LEN];
-    header[..header_len].copy_from_slice(&ulpdu[..header_len]);
-    let payload_len = (ulpdu.len() - header_len) as u32;
+    header[..header_len].copy_from_slice(&ddp_header[..header_len]);
+    let payload_len = payload_len as u32;
     let i = placed.partition_point(|p| p.start < start);
     placed.insert(
         i,
@@ -2123,6 +2233,71 @@ fn record_placed(
     );
     counters.fpdus_placed_out_of_order += 1;
     counters.bytes_placed_out_of_order += u64::from(payload_len);
+}
+
+/// Where a DDP segment's payload goes (RFC 5041 4.2, 4.3): octets of a tagged buffer, or octets
+/// of one message of an untagged queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PlacementTarget {
+    Tagged {
+        stag: u32,
+        start: u64,
+        end: u64,
+    },
+    Untagged {
+        qn: u32,
+        msn: u32,
+        start: u64,
+        end: u64,
+    },
+}
+
+impl PlacementTarget {
+    fn of(ddp_header: &[u8], payload_len: usize) -> Option<PlacementTarget> {
+        let (header, _) = ddp::wire::DdpHeader::parse(ddp_header).ok()?;
+        let len = payload_len as u64;
+        Some(match header {
+            ddp::wire::DdpHeader::Tagged(h) => PlacementTarget::Tagged {
+                stag: h.stag,
+                start: h.to,
+                end: h.to.saturating_add(len),
+            },
+            ddp::wire::DdpHeader::Untagged(h) => PlacementTarget::Untagged {
+                qn: h.qn,
+                msn: h.msn,
+                start: u64::from(h.mo),
+                end: u64::from(h.mo) + len,
+            },
+        })
+    }
+
+    fn overlaps(&self, other: &PlacementTarget) -> bool {
+        match (*self, *other) {
+            (
+                PlacementTarget::Tagged { stag, start, end },
+                PlacementTarget::Tagged {
+                    stag: s2,
+                    start: a,
+                    end: b,
+                },
+            ) => stag == s2 && start < b && a < end,
+            (
+                PlacementTarget::Untagged {
+                    qn,
+                    msn,
+                    start,
+                    end,
+                },
+                PlacementTarget::Untagged {
+                    qn: q2,
+                    msn: m2,
+                    start: a,
+                    end: b,
+                },
+            ) => qn == q2 && msn == m2 && start < b && a < end,
+            _ => false,
+        }
+    }
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {

@@ -2197,13 +2197,28 @@ impl QueuePair {
     /// Early placement only writes where the in-order check will also allow: a region of
     /// this PD with the needed access, the sink of an outstanding Read, a posted receive.
     pub fn place_early<B: RegionBuffer>(&self, ulpdu: &[u8], mem: &MemoryTable<B>) -> bool {
+        let Some((header, payload)) = split_ulpdu(ulpdu) else {
+            return false;
+        };
+        self.place_segment_early(header, payload, mem)
+    }
+
+    /// [`place_early`](Self::place_early) of a DDP segment whose header and payload are
+    /// apart (a framing that puts a CRC between them, as IFT's header CRC): `ddp_header` is
+    /// exactly the DDP header (14 or 18 octets).
+    pub fn place_segment_early<B: RegionBuffer>(
+        &self,
+        ddp_header: &[u8],
+        payload: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> bool {
         if self.state != QpState::Rts {
             return false;
         }
-        let Ok((header, payload)) = DdpHeader::parse(ulpdu) else {
+        let Ok((header, rest)) = DdpHeader::parse(ddp_header) else {
             return false;
         };
-        if payload.is_empty() {
+        if !rest.is_empty() || payload.is_empty() {
             return false;
         }
         let len = payload.len() as u64;

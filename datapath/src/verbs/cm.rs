@@ -63,13 +63,17 @@ pub enum Framing {
     /// MPA (RFC 5044), as [`ConnectParams::mpa`] asks.
     #[default]
     Mpa,
-    /// IFT (draft-williams-iwarp-ift-01), experimental, on both transports (the AF_XDP
-    /// engine processes received frames in order only, without speculative placement so far):
-    /// the adaption exchange of section 4 with these settings, then frames of section 5.1
+    /// IFT (draft-williams-iwarp-ift-01), experimental, on both transports: the adaption
+    /// exchange of section 4 with these settings, then frames of section 5.1
     /// (separate header and payload CRCs, no padding, no Markers). The VTag is drawn afresh
     /// from the operating system's random source for every connection, whatever `vtag` says.
     /// No private data is exchanged and there is no MPA-style reject: a listener that
     /// rejects just closes the connection.
+    ///
+    /// With `allow_speculative` (SP) the peer's AF_XDP engine may place our frames that
+    /// arrive out of order before the ones ahead of them (section 8). Section 8.3 then holds
+    /// for the application: the parts of a receive buffer or of a region that no message
+    /// wrote may hold anything, not necessarily what they held before.
     Ift(ift::IftConfig),
 }
 
