@@ -2,8 +2,10 @@
 # The AF_XDP engine through the test relay (scripts/netns-relay.sh, testbed's `iwarp-relay`):
 # write-bw engine to engine (server in iwra, client in iwrb) with the relay dropping and
 # reordering 1% and 5% of TCP segments, then re-segmenting (MSS clamped to 700, data re-cut at
-# random offsets) with 2% loss and reordering and Markers on both ways. Prints Markdown: the
-# receiving engine's placement counters, the sender's retransmissions, what the relay did.
+# random offsets) with 2% loss and reordering and Markers on both ways; then the same three
+# with IFT framing (`--framing ift`, both CRCs, speculative placement; no Markers). Prints
+# Markdown: the receiving engine's placement counters (for IFT, how many speculative placements
+# the in-order pass confirmed), the sender's retransmissions, what the relay did.
 # Needs root.
 # Usage: scripts/bench-relay.sh [iterations] [size] [seed]   (ROWS="aligned-5" runs only those rows)
 set -euo pipefail
@@ -11,7 +13,7 @@ cd "$(dirname "$0")/.."
 N=${1:-400}
 SIZE=${2:-65536}
 SEED=${3:-7}
-ROWS=${ROWS:-aligned-1 aligned-5 reseg-2}
+ROWS=${ROWS:-aligned-1 aligned-5 reseg-2 ift-aligned-1 ift-aligned-5 ift-reseg-2}
 [ "$(id -u)" -eq 0 ] || { echo "bench-relay: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
 scripts/install-deps.sh >/dev/null
 cargo build --release --locked -p bench >/dev/null 2>&1
@@ -52,6 +54,9 @@ run() { # name relay-args bench-args
 run aligned-1 "--loss 0.01 --reorder 0.01" ""
 run aligned-5 "--loss 0.05 --reorder 0.05" ""
 run reseg-2 "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700" "--markers on"
+run ift-aligned-1 "--loss 0.01 --reorder 0.01" "--framing ift"
+run ift-aligned-5 "--loss 0.05 --reorder 0.05" "--framing ift"
+run ift-reseg-2 "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700" "--framing ift"
 
 echo "host: $(uname -r), $(nproc) cores; date $(date -u +%Y-%m-%dT%H:%MZ); write-bw $SIZE B x $N, seed $SEED"
 echo
@@ -67,7 +72,8 @@ def counters(path):
                 gap=num(r"most held at one gap (\d+) B"), rtx=num(r"retransmitted segments (\d+)"),
                 rto=num(r"timeouts (\d+)"), tlp=num(r"loss probes (\d+)"),
                 undone=num(r"undone as spurious (\d+)"), paws=num(r"PAWS drops (\d+)"),
-                crc=num(r"CRC errors (\d+)"))
+                crc=num(r"CRC errors (\d+)"),
+                confirmed=int((re.search(r"placements confirmed (\d+)", line) or [0, 0])[1]))
 def relay(path):
     d = {}
     for l in open(path):
@@ -85,13 +91,17 @@ print("| relay | `iwarp-relay` args / bench args | Gbit/s | receiver: segments (
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
                    ("aligned-5", "--loss 0.05 --reorder 0.05", ""),
-                   ("reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--markers on")]:
+                   ("reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--markers on"),
+                   ("ift-aligned-1", "--loss 0.01 --reorder 0.01", "--framing ift"),
+                   ("ift-aligned-5", "--loss 0.05 --reorder 0.05", "--framing ift"),
+                   ("ift-reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--framing ift")]:
     if not os.path.exists(f"{tmp}/{name}.server"):
         continue
     s = counters(f"{tmp}/{name}.server"); c = counters(f"{tmp}/{name}.client")
     rl = relay(f"{tmp}/{name}.relay")["b->a"]
+    conf = f", {s['confirmed']} confirmed" if name.startswith("ift") else ""
     print(f"| {name} | `{r}` / `{b}` | {gbit(tmp + '/' + name + '.client')} | {s['seg']} ({s['ooo']}) | "
-          f"{s['ooo_b']} B ({s['ooo_f']} FPDUs) | {s['peak']} B ({s['gaps']}) | {s['gap']} B | {s['crc']} | {s['paws']} | "
+          f"{s['ooo_b']} B ({s['ooo_f']} FPDUs{conf}) | {s['peak']} B ({s['gaps']}) | {s['gap']} B | {s['crc']} | {s['paws']} | "
           f"{c['rtx']} ({c['rto']} / {c['tlp']} / {c['undone']}) | "
           f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) |")
 PY

@@ -55,6 +55,12 @@ pub struct EngineReport {
     pub send_limited_by_sender_ms: f64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
+    /// IFT: frames placed speculatively whose place the in-order framing confirmed.
+    pub ift_speculation_confirmed: u64,
+    /// IFT: frames whose header CRC did not match.
+    pub ift_header_crc_errors: u64,
+    /// IFT: frames whose payload CRC did not match.
+    pub ift_payload_crc_errors: u64,
     /// Terminate messages sent.
     pub terminates_sent: u64,
     /// Terminate messages received.
@@ -116,6 +122,9 @@ impl EngineReport {
             send_limited_by_cwnd_ms: k.send_limited_ns[1] as f64 / 1e6,
             send_limited_by_sender_ms: k.send_limited_ns[2] as f64 / 1e6,
             crc_errors: k.crc_errors,
+            ift_speculation_confirmed: k.ift_speculation_confirmed,
+            ift_header_crc_errors: k.ift_header_crc_errors,
+            ift_payload_crc_errors: k.ift_payload_crc_errors,
             terminates_sent: k.terminates_sent,
             terminates_received: k.terminates_received,
             connections: c.established,
@@ -146,7 +155,7 @@ impl EngineReport {
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
-             (segments handed between them {}, dropped {}), AF_XDP {}{}{}",
+             (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -185,6 +194,21 @@ impl EngineReport {
                 format!(
                     ", multi-frame packets rx {} tx {}",
                     self.multi_frame_rx, self.multi_frame_tx
+                )
+            } else {
+                String::new()
+            },
+            if self.ift_speculation_confirmed
+                + self.ift_header_crc_errors
+                + self.ift_payload_crc_errors
+                > 0
+            {
+                format!(
+                    ", IFT speculative placements confirmed {}, header CRC errors {}, \
+                     payload CRC errors {}",
+                    self.ift_speculation_confirmed,
+                    self.ift_header_crc_errors,
+                    self.ift_payload_crc_errors
                 )
             } else {
                 String::new()

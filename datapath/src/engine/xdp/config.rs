@@ -158,35 +158,67 @@ impl EngineCounters {
     }
 }
 
+/// Adds one connection's counters to `sum` (the peaks as maxima). Every field is named, so a
+/// counter added to `ConnCounters` cannot be left out here.
 pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
-    sum.segments += c.segments;
-    sum.segments_out_of_order += c.segments_out_of_order;
-    sum.fpdus_rx += c.fpdus_rx;
-    sum.fpdus_tx += c.fpdus_tx;
-    sum.bytes_placed_in_order += c.bytes_placed_in_order;
-    sum.bytes_placed_out_of_order += c.bytes_placed_out_of_order;
-    sum.fpdus_placed_out_of_order += c.fpdus_placed_out_of_order;
-    sum.held_bytes += c.held_bytes;
-    if c.held_peak > sum.held_peak {
-        sum.held_peak = c.held_peak;
-        sum.held_peak_gaps = c.held_peak_gaps;
+    let ConnCounters {
+        segments,
+        segments_out_of_order,
+        fpdus_rx,
+        fpdus_tx,
+        bytes_placed_in_order,
+        bytes_placed_out_of_order,
+        fpdus_placed_out_of_order,
+        held_bytes,
+        held_peak,
+        held_total,
+        held_run_peak,
+        held_gap_peak,
+        held_peak_gaps,
+        unlocated_segments,
+        crc_errors,
+        retransmissions,
+        rto_expirations,
+        loss_probes,
+        fast_recoveries,
+        spurious_undone,
+        paws_drops,
+        send_limited_ns,
+        terminates_sent,
+        terminates_received,
+        ift_speculation_confirmed,
+        ift_header_crc_errors,
+        ift_payload_crc_errors,
+    } = *c;
+    sum.segments += segments;
+    sum.segments_out_of_order += segments_out_of_order;
+    sum.fpdus_rx += fpdus_rx;
+    sum.fpdus_tx += fpdus_tx;
+    sum.bytes_placed_in_order += bytes_placed_in_order;
+    sum.bytes_placed_out_of_order += bytes_placed_out_of_order;
+    sum.fpdus_placed_out_of_order += fpdus_placed_out_of_order;
+    sum.held_bytes += held_bytes;
+    if held_peak > sum.held_peak {
+        sum.held_peak = held_peak;
+        sum.held_peak_gaps = held_peak_gaps;
     }
-    sum.held_gap_peak = sum.held_gap_peak.max(c.held_gap_peak);
-    sum.held_run_peak = sum.held_run_peak.max(c.held_run_peak);
-    sum.held_total += c.held_total;
-    sum.unlocated_segments += c.unlocated_segments;
-    sum.crc_errors += c.crc_errors;
-    sum.retransmissions += c.retransmissions;
-    sum.rto_expirations += c.rto_expirations;
-    sum.loss_probes += c.loss_probes;
-    sum.fast_recoveries += c.fast_recoveries;
-    sum.spurious_undone += c.spurious_undone;
-    sum.paws_drops += c.paws_drops;
-    for (s, c) in sum.send_limited_ns.iter_mut().zip(c.send_limited_ns) {
+    sum.held_gap_peak = sum.held_gap_peak.max(held_gap_peak);
+    sum.held_run_peak = sum.held_run_peak.max(held_run_peak);
+    sum.held_total += held_total;
+    sum.unlocated_segments += unlocated_segments;
+    sum.crc_errors += crc_errors;
+    sum.retransmissions += retransmissions;
+    sum.rto_expirations += rto_expirations;
+    sum.loss_probes += loss_probes;
+    sum.fast_recoveries += fast_recoveries;
+    sum.spurious_undone += spurious_undone;
+    sum.paws_drops += paws_drops;
+    for (s, c) in sum.send_limited_ns.iter_mut().zip(send_limited_ns) {
         *s += c;
     }
-    sum.terminates_sent += c.terminates_sent;
-    sum.terminates_received += c.terminates_received;
-    sum.ift_header_crc_errors += c.ift_header_crc_errors;
-    sum.ift_payload_crc_errors += c.ift_payload_crc_errors;
+    sum.terminates_sent += terminates_sent;
+    sum.terminates_received += terminates_received;
+    sum.ift_speculation_confirmed += ift_speculation_confirmed;
+    sum.ift_header_crc_errors += ift_header_crc_errors;
+    sum.ift_payload_crc_errors += ift_payload_crc_errors;
 }
