@@ -66,6 +66,9 @@ struct Side {
     ignore_request: bool,
     /// Ignore every packet that arrives (withholds the peer's ACKs).
     deaf: bool,
+    /// The first data segment whose payload holds these octets after its start is cut there,
+    /// and the second part is delivered before the first (a re-segmenting, reordering path).
+    split_at: Option<Vec<u8>>,
 }
 
 impl Side {
@@ -123,9 +126,43 @@ impl Side {
     }
 }
 
+impl Side {
+    /// `split_at`: the packet cut at the first occurrence of the octets, as two packets in
+    /// reverse order; `None` if it does not hold them.
+    fn split(&mut self, packet: &[u8]) -> Option<[Vec<u8>; 2]> {
+        let pattern = self.split_at.as_ref()?;
+        let seg = SegmentRepr::parse(packet).ok()?;
+        let k = seg
+            .payload
+            .windows(pattern.len())
+            .position(|w| w == &pattern[..])
+            .filter(|&k| k > 0)?;
+        self.split_at = None;
+        let emit = |s: SegmentRepr<'_>| {
+            let mut buf = vec![0u8; s.packet_len()];
+            let n = s.emit(&mut buf).expect("emit");
+            buf.truncate(n);
+            buf
+        };
+        let mut front = seg;
+        front.payload = &seg.payload[..k];
+        front.flags.fin = false;
+        let mut back = seg;
+        back.payload = &seg.payload[k..];
+        back.seq = seg.seq.wrapping_add(k as u32);
+        Some([emit(back), emit(front)])
+    }
+}
+
 impl Endpoint for Side {
     fn receive(&mut self, now: Instant, packet: &[u8]) {
         if self.deaf {
+            return;
+        }
+        if let Some(parts) = self.split(packet) {
+            for part in parts {
+                self.receive(now, &part);
+            }
             return;
         }
         let Ok(seg) = SegmentRepr::parse(packet) else {
@@ -249,6 +286,7 @@ fn bed_with(
         reject: false,
         ignore_request: false,
         deaf: false,
+        split_at: None,
     };
     let b = Side {
         tcp: None,
@@ -263,6 +301,7 @@ fn bed_with(
         reject: false,
         ignore_request: false,
         deaf: false,
+        split_at: None,
     };
     let net = Network::new(link.clone(), link, seed);
     Bed { a, b, net }
@@ -1684,4 +1723,105 @@ fn ift_unanswered_and_rejected() {
             .contains(&ConnEvent::IftStartupFailed(ift::IftError::ConnectionLost))
     });
     assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
+}
+
+/// A wrong guess (section 8): A Sends a message whose payload holds a whole, valid IFT frame
+/// (B's VTag, both CRCs right, an RDMA Write to B's sink), and the path cuts the segment right
+/// at that embedded frame and delivers the second part first. B guesses a frame at the part's
+/// start, every check passes, and it places it speculatively. When the first part arrives,
+/// the in-order framing finds A's real frame spanning that point: the placement is withdrawn,
+/// TCP takes the octets back unacknowledged, A resends them, and they are processed in order.
+/// The Send arrives intact and the connection goes on.
+#[test]
+fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
+    let mut bed = ift_bed(260, LinkConfig::default(), (true, true), (true, true));
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    // The frame hidden in the payload: a tagged RDMA Write (DDP: T, L, DV 1; RDMAP: RV 1,
+    // opcode Write) of 64 octets to B's sink, framed as A frames for B.
+    let mut fake_ulpdu = vec![0xC1, 0x40];
+    fake_ulpdu.extend_from_slice(&r.b_sink.0.to_be_bytes());
+    fake_ulpdu.extend_from_slice(&(B_SINK_TO + 4096).to_be_bytes());
+    fake_ulpdu.extend_from_slice(&[0xAB; 64]);
+    let a_tx = bed.a.iw.ift_negotiated().expect("IFT").tx;
+    let mut fake = Vec::new();
+    ift::FrameEncoder::new(a_tx)
+        .encode(&fake_ulpdu, &mut fake)
+        .expect("encode");
+    let message = [&pattern(100, 7)[..], &fake, &pattern(100, 8)].concat();
+    bed.b.split_at = Some(fake[..24].to_vec());
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &message);
+    bed.b
+        .iw
+        .qp_mut()
+        .post_recv(
+            RecvWr {
+                wr_id: 5,
+                sg_list: Sge {
+                    stag: r.b_recv,
+                    to: B_RECV_TO,
+                    len: 4096,
+                }
+                .into(),
+            },
+            &bed.b.mem,
+        )
+        .expect("post_recv");
+    bed.a
+        .iw
+        .qp_mut()
+        .post_send(
+            SendWr {
+                wr_id: 6,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sg_list: Sge {
+                    stag: r.a_src,
+                    to: A_SRC_TO,
+                    len: message.len() as u32,
+                }
+                .into(),
+                signaled: true,
+            },
+            &bed.a.mem,
+        )
+        .expect("post_send");
+    bed.run_until("the Send", Duration::from_secs(10), |a, b| {
+        !a.completions.is_empty() && !b.completions.is_empty()
+    });
+    print_counters("ift wrong guess", &bed);
+    assert!(bed.b.split_at.is_none(), "the path cut the segment");
+    let b = bed.b.counters();
+    assert_eq!(
+        b.fpdus_placed_out_of_order, 1,
+        "the embedded frame was placed: {b:?}"
+    );
+    assert_eq!(b.ift_speculation_confirmed, 0, "{b:?}");
+    assert_eq!(b.ift_speculation_withdrawn, 1, "{b:?}");
+    assert_eq!(b.ift_acks_withheld, 1, "{b:?}");
+    assert_eq!(bed.b.tcp.as_ref().unwrap().stats().reneged, 1);
+    let wc = &bed.b.completions[0];
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    assert_eq!(wc.byte_len as usize, message.len());
+    assert!(
+        bed.b.bytes(r.b_recv)[..message.len()] == message[..],
+        "the Send, processed again in order, is intact"
+    );
+    assert_eq!(bed.a.completions[0].status, WcStatus::Success);
+    // Section 8.3: the wrong placement wrote where no message did; the connection goes on.
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 65_536,
+            seed: 600,
+        },
+        ALL,
+    );
+    for side in [bed.a.counters(), bed.b.counters()] {
+        assert_eq!(side.crc_errors, 0);
+        assert_eq!(side.terminates_sent, 0);
+    }
 }

@@ -1262,3 +1262,168 @@ fn corrupted_fpdus_are_never_placed_and_end_only_their_connection() {
         assert_eq!(e.established, 3, "{who}");
     }
 }
+
+/// IFT, the relay corrupting frames towards the server (1-3 payload bits of up to 3 segments
+/// after 64 KiB, TCP checksum recomputed) with 1 % loss and reordering: out-of-order segments
+/// are guessed at, but a corrupted frame fails its header or payload CRC and is never placed,
+/// speculatively or in order; in order, the CRC error ends the connection with
+/// `QpError::Ift` and a Terminate of layer LLP, code 2 (CRC).
+#[test]
+fn ift_corrupted_frames_are_never_placed() {
+    let _bed = relay_bed_or_skip!();
+    let deadline = Instant::now() + WAIT;
+    let relay = Relay::start(RelayConfig {
+        netns: Some(NS_RELAY.into()),
+        dev_a: RELAY_DEV_A.into(),
+        dev_b: RELAY_DEV_B.into(),
+        seed: 24,
+        loss: 0.01,
+        reorder: 0.01,
+        corrupt: 0.5,
+        corrupt_bits: 3,
+        corrupt_toward: Toward::A,
+        corrupt_start: Start::AfterBytes(CORRUPT_AFTER),
+        corrupt_max: CORRUPTED,
+        lifetime: Duration::from_secs(300),
+        ..RelayConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("relay: {e}"));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (regions_tx, regions_rx) = std::sync::mpsc::channel::<(datapath::Stag, u64)>();
+    let srv = spawn_in_ns(
+        NS_A,
+        move || -> Result<(EngineCounters, TargetCheck), String> {
+            let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
+                .map_err(|e| format!("server engine: {e}"))?;
+            let listener = engine
+                .listen(CORRUPT_PORT, ift_params())
+                .map_err(|e| format!("listen: {e}"))?;
+            let _ = ready_tx.send(());
+            let req = listener
+                .accept_timeout(left(deadline))
+                .map_err(|e| format!("accept: {e}"))?
+                .ok_or("no connection request in time")?;
+            let pd = ProtectionDomain::new();
+            let cq = CompletionQueue::new();
+            let stale = pattern(600, VICTIM_LEN);
+            let target = pd.register(VICTIM_LEN, ALL).map_err(|e| e.to_string())?;
+            target.write(0, &stale);
+            let recv = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+            let recvs = vec![RecvWr {
+                wr_id: 1,
+                sg_list: recv.sge(0, MSG as u32).into(),
+            }];
+            let conn = req
+                .accept_with_recvs(&pd, &cq, &[], recvs)
+                .map_err(|e| format!("accept: {e}"))?;
+            let _ = regions_tx.send((target.stag(), target.base_to()));
+            if !conn.qp.wait_finished(left(deadline)) {
+                return Err(format!("did not end: {:?}", conn.qp.status()));
+            }
+            let st = conn.qp.status();
+            if !matches!(
+                st.error,
+                Some(QpError::Ift(
+                    ift::IftError::HeaderCrc { .. } | ift::IftError::PayloadCrc { .. }
+                ))
+            ) {
+                return Err(format!("not an IFT CRC error: {st:?}"));
+            }
+            let term = st
+                .sent_terminate
+                .ok_or(format!("no Terminate sent: {st:?}"))?;
+            if (term.layer, term.etype, term.code) != (layer::LLP, 0, 2) {
+                return Err(format!("Terminate {term:?}: {st:?}"));
+            }
+            let fresh = pattern(602, VICTIM_LEN);
+            let got = bytes(&target, 0, VICTIM_LEN);
+            let mut check = TargetCheck {
+                written: 0,
+                untouched: 0,
+                foreign: 0,
+                written_prefix: got.iter().zip(&fresh).take_while(|(a, b)| a == b).count(),
+            };
+            for i in 0..VICTIM_LEN {
+                if got[i] == fresh[i] {
+                    check.written += 1;
+                } else if got[i] == stale[i] {
+                    check.untouched += 1;
+                } else {
+                    check.foreign += 1;
+                }
+            }
+            Ok((stop(engine), check))
+        },
+    );
+    if ready_rx.recv_timeout(WAIT).is_err() {
+        let r = srv.join();
+        panic!("server did not start: {r:?}");
+    }
+    let cli = spawn_in_ns(NS_B, move || -> Result<EngineCounters, String> {
+        let engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
+            .map_err(|e| format!("client engine: {e}"))?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let conn = engine
+            .connect(
+                SocketAddr::from((ADDR_A, CORRUPT_PORT)),
+                &pd,
+                &cq,
+                &ift_params(),
+                &[],
+            )
+            .map_err(|e| format!("connect: {e}"))?;
+        let (stag, to) = regions_rx
+            .recv_timeout(left(deadline))
+            .map_err(|_| "no regions from the server")?;
+        let src = pd.register(VICTIM_LEN, ALL).map_err(|e| e.to_string())?;
+        src.write(0, &pattern(602, VICTIM_LEN));
+        let msg = pd.register(MSG, ALL).map_err(|e| e.to_string())?;
+        post(
+            &conn.qp,
+            2,
+            SendOp::Write {
+                remote_stag: stag,
+                remote_to: to,
+            },
+            src.sge(0, VICTIM_LEN as u32),
+        )?;
+        post(&conn.qp, 3, send_op(), msg.sge(0, MSG as u32))?;
+        if !conn.qp.wait_finished(left(deadline)) {
+            return Err(format!("did not end: {:?}", conn.qp.status()));
+        }
+        let st = conn.qp.status();
+        let term = st
+            .remote_terminate
+            .ok_or(format!("no Terminate received: {st:?}"))?;
+        if (term.layer, term.etype, term.code) != (layer::LLP, 0, 2) {
+            return Err(format!("Terminate {term:?}: {st:?}"));
+        }
+        Ok(stop(engine))
+    });
+    let c = cli.join().expect("client thread");
+    let s = srv.join().expect("server thread");
+    let stats = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));
+    println!("relay: {stats:#?}");
+    let _client = c.unwrap_or_else(|e| panic!("client: {e}\nrelay {stats:?}"));
+    let (server, check) = s.unwrap_or_else(|e| panic!("server: {e}\nrelay {stats:?}"));
+    println!("server engine: {:#?}", server.conns);
+    println!("Write region: {check:?}");
+    assert!(stats.b_to_a.corrupted >= 1, "{:?}", stats.b_to_a);
+    let e = &server.conns;
+    assert_eq!(e.crc_errors, 1, "{e:?}");
+    assert_eq!(
+        e.ift_header_crc_errors + e.ift_payload_crc_errors,
+        1,
+        "{e:?}"
+    );
+    assert_eq!(check.foreign, 0, "corrupted data placed: {check:?}");
+    assert!(
+        check.written_prefix >= 32 << 10,
+        "the frames before it were placed: {check:?}"
+    );
+    assert_eq!(
+        e.ift_speculation_confirmed, e.fpdus_placed_out_of_order,
+        "nothing placed speculatively that was not confirmed: {e:?}"
+    );
+}

@@ -224,6 +224,14 @@ pub struct ConnCounters {
     /// IFT: frames placed speculatively (section 8) whose place the in-order framing then
     /// confirmed (the placements themselves count in `fpdus_placed_out_of_order`).
     pub ift_speculation_confirmed: u64,
+    /// IFT: frames placed speculatively whose place the in-order framing did not confirm, or
+    /// that lay beyond such a frame: withdrawn, their octets taken back from TCP to be
+    /// processed (placed again) in order when the peer resends them.
+    pub ift_speculation_withdrawn: u64,
+    /// IFT: times TCP took octets back unacknowledged after a failed confirmation
+    /// (`tcp_engine::Connection::renege_from`): the ACK the peer would have had is withheld
+    /// and it resends them (section 8).
+    pub ift_acks_withheld: u64,
     /// IFT: frames whose header CRC did not match (nothing of them was placed).
     pub ift_header_crc_errors: u64,
     /// IFT: frames whose payload CRC did not match (nothing of them was placed).
@@ -506,6 +514,22 @@ impl Store {
         }
     }
 
+    /// Forgets everything at or beyond `pos`.
+    fn truncate_from(&mut self, pos: u64) {
+        while let Some(r) = self.ranges.last_mut() {
+            if r.0 >= pos {
+                self.held -= r.1 - r.0;
+                self.ranges.pop();
+            } else {
+                if r.1 > pos {
+                    self.held -= r.1 - pos;
+                    r.1 = pos;
+                }
+                break;
+            }
+        }
+    }
+
     fn release_to(&mut self, pos: u64) {
         while let Some(r) = self.ranges.first_mut() {
             if r.1 <= pos {
@@ -536,6 +560,10 @@ pub struct IwarpConn {
     consumed: u64,
     /// The receive direction stopped (MPA error, overflow, transport gone).
     rx_dead: bool,
+    /// IFT: a speculative placement was not confirmed; TCP is to take back the octets from
+    /// this stream offset on at the next `poll` (until then, octets there are ignored: they
+    /// will be passed up again).
+    renege_at: Option<u64>,
     store: Store,
     placed: VecDeque<PlacedFpdu>,
     /// A held range copied out of the ring to be scanned again (allocated once, on first use).
@@ -600,6 +628,7 @@ impl IwarpConn {
             phase,
             consumed: 0,
             rx_dead: false,
+            renege_at: None,
             startup_record: None,
             startup_sent: None,
             source_mode: None,
@@ -894,6 +923,14 @@ impl IwarpConn {
         }
         let mut off = data.stream_offset;
         let mut bytes = data.data;
+        if let Some(x) = self.renege_at {
+            // TCP will pass these up again once it has taken them back.
+            let keep = x.saturating_sub(off).min(bytes.len() as u64) as usize;
+            bytes = &bytes[..keep];
+            if bytes.is_empty() {
+                return;
+            }
+        }
         if off < self.consumed {
             // Already processed: cannot happen with a TCP that passes each octet once.
             let skip = (self.consumed - off).min(bytes.len() as u64) as usize;
@@ -1680,6 +1717,21 @@ impl IwarpConn {
         self.hold(off + held_from as u64, &bytes[held_from..]);
     }
 
+    /// A speculative placement at stream offset `at` (the in-order point) was not confirmed:
+    /// the guess was wrong. Its octets and everything after them are needed again, and the
+    /// only copy is the peer's: every placement and held octet from `at` on is dropped, and
+    /// TCP is asked (at the next `poll`, before it acknowledges them) to take them back, so the
+    /// peer resends them and they are processed in order (section 8: "withhold TCP
+    /// acknowledgement of this segment and force the remote end to retransmit it"). If TCP
+    /// can no longer (it acknowledged them), the connection ends with
+    /// `IftError::SpeculationMismatch`.
+    fn withdraw_speculation(&mut self, at: u64) {
+        self.counters.ift_speculation_withdrawn += 1 + self.placed.len() as u64;
+        self.placed.clear();
+        self.store.truncate_from(at);
+        self.renege_at = Some(at);
+    }
+
     /// Whether a frame with this DDP header and payload length would write where a frame
     /// placed speculatively and not yet confirmed did (the same tagged buffer's octets, or the
     /// same message's octets of an untagged queue); a header that does not parse counts as
@@ -1707,7 +1759,7 @@ impl IwarpConn {
             // Section 8: the speculation is confirmed from the length fields of every frame
             // before it: the in-order framing must have ended a frame right here.
             if full.decoder.buffered() != 0 {
-                self.ift_failed(IftError::SpeculationMismatch { offset: p.start });
+                self.withdraw_speculation(p.start);
                 return;
             }
             self.consumed = p.end;
@@ -1849,6 +1901,13 @@ impl IwarpConn {
         };
         if let Some(e) = ift_timeout {
             self.ift_startup_failed(e);
+        }
+        if let Some(at) = self.renege_at.take() {
+            if tcp.renege_from(at) {
+                self.counters.ift_acks_withheld += 1;
+            } else {
+                self.ift_failed(IftError::SpeculationMismatch { offset: at });
+            }
         }
         self.drain(mem);
         if let Some(record) = self.startup_record.take() {

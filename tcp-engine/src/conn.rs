@@ -268,6 +268,9 @@ pub struct ConnStats {
     pub duplicate_segments: u64,
     /// Octets passed up in `PassUp` mode.
     pub passed_up_bytes: u64,
+    /// Times octets passed up were taken back before being acknowledged
+    /// ([`Connection::renege_from`]).
+    pub reneged: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
     /// Aborts by the user timeout (`Config::user_timeout`).
@@ -490,6 +493,8 @@ pub struct Connection {
     ts_offset: u32,
     ts_recent: Option<u32>,
     last_ack_sent: u32,
+    /// `rcv_nxt` when the last ACK went out: octets below it are acknowledged for good.
+    rcv_nxt_acked: u64,
     /// The data segments' headers, built again when the handshake settles `ts_enabled`.
     data_header: DataHeader,
 
@@ -629,6 +634,7 @@ impl Connection {
             ts_offset,
             ts_recent: None,
             last_ack_sent: 0,
+            rcv_nxt_acked: 0,
             data_header: DataHeader::new(&tuple, false),
             time_wait_deadline: None,
             keepalive_deadline: None,
@@ -2741,7 +2747,32 @@ impl Connection {
             self.delack_deadline = None;
             self.unacked_segments = 0;
             self.last_ack_sent = ack;
+            self.rcv_nxt_acked = self.rcv_nxt;
         }
+    }
+
+    /// [`RxMode::PassUp`]: takes back the octets from stream offset `offset` on, which were
+    /// passed up but not acknowledged yet, so that the peer sends them again and they are
+    /// passed up again (what an upper layer that placed some of them too early needs, IFT's
+    /// speculative placement, draft-williams-iwarp-ift-01 section 8: "withhold TCP
+    /// acknowledgement ... and force the remote end to retransmit"). `RCV.NXT` returns to
+    /// `offset` and the out-of-order ranges from there are forgotten: a receiver may discard
+    /// what it has only SACKed (RFC 2018 section 8), and the sender keeps it until it is
+    /// acknowledged cumulatively, resending it at its retransmission timeout. The right window
+    /// edge stays where it was offered. Refused (`false`, nothing changed) outside `PassUp`,
+    /// once an ACK at or beyond `offset` went out (those octets are the peer's to forget), or
+    /// once the peer's FIN arrived.
+    pub fn renege_from(&mut self, offset: u64) -> bool {
+        if self.cfg.rx_mode != RxMode::PassUp
+            || offset < self.rcv_nxt_acked
+            || self.peer_fin_pos.is_some()
+        {
+            return false;
+        }
+        self.rcv_nxt = self.rcv_nxt.min(offset);
+        self.rcv_ranges.truncate_from(offset);
+        self.stats.reneged += 1;
+        true
     }
 
     /// Emit the next packet (IPv4 + TCP) into `buf`; returns its length.

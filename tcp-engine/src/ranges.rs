@@ -128,6 +128,14 @@ impl RangeSet {
         p
     }
 
+    /// Remove everything at or beyond `pos`.
+    pub fn truncate_from(&mut self, pos: u64) {
+        self.ranges.retain_mut(|r| {
+            r.end = r.end.min(pos);
+            r.start < r.end
+        });
+    }
+
     /// Up to `out.len()` ranges, most recently updated first (RFC 2018 4).
     pub fn most_recent(&self, out: &mut [Range]) -> usize {
         let mut n = 0;

@@ -1,0 +1,101 @@
+//! Taking back octets passed up but not yet acknowledged (`Connection::renege_from`, for IFT's
+//! speculative placement, draft-williams-iwarp-ift-01 section 8): the ACK that would have
+//! covered them is withheld, the out-of-order ranges beyond are forgotten (RFC 2018 section 8),
+//! and the octets are passed up again when they come again. Refused once an ACK covered them,
+//! outside pass-up mode, and after the peer's FIN.
+mod common;
+use common::*;
+use tcp_engine::wire::{TcpFlags, TcpOptions};
+use tcp_engine::{Config, Instant, RxMode, SegmentRepr};
+
+const MSS: usize = 1000;
+
+fn pass_up() -> Config {
+    Config {
+        rx_mode: RxMode::PassUp,
+        timestamps: false,
+        ..Config::default()
+    }
+}
+
+/// Feeds the server a data segment of `len` octets at stream offset `off` as the client would
+/// send it; returns the stream offsets passed up and the ack numbers of the server's packets
+/// emitted right after, if `transmit`.
+fn feed(c: &Peer, s: &mut Peer, off: u64, len: usize, transmit: bool) -> (Vec<u64>, Vec<u32>) {
+    let t = c.conn().four_tuple();
+    let payload = vec![0x5a; len];
+    let seg = SegmentRepr {
+        src_addr: t.local_addr,
+        dst_addr: t.remote_addr,
+        src_port: t.local_port,
+        dst_port: t.remote_port,
+        seq: s.conn().rcv_stream_start().wrapping_add(off as u32),
+        ack: c.conn().rcv_nxt(),
+        flags: TcpFlags {
+            ack: true,
+            ..TcpFlags::default()
+        },
+        window: 1000,
+        options: TcpOptions::default(),
+        payload: &payload,
+    };
+    let mut passed = Vec::new();
+    let now = Instant::from_millis(20_000);
+    s.conn_mut()
+        .handle_segment(now, &seg, |p| passed.push(p.stream_offset));
+    let mut acks = Vec::new();
+    let mut buf = [0u8; 2048];
+    if transmit {
+        while let Some(n) = s.conn_mut().poll_transmit(now, &mut buf) {
+            acks.push(SegmentRepr::parse(&buf[..n]).expect("valid segment").ack);
+        }
+    }
+    (passed, acks)
+}
+
+#[test]
+fn octets_taken_back_before_their_ack_are_passed_up_again() {
+    let (c, mut s, _net) = established(pass_up());
+    let start = s.conn().rcv_stream_start();
+    // Out of order (acknowledged with a SACK for it), then the segment filling the hole.
+    let (passed, _) = feed(&c, &mut s, MSS as u64, MSS, true);
+    assert_eq!(passed, [MSS as u64]);
+    let (passed, _) = feed(&c, &mut s, 0, MSS, false);
+    assert_eq!(passed, [0]);
+    assert_eq!(s.conn().rcv_nxt_offset(), 2 * MSS as u64);
+    // The upper layer wants the second segment again, before any ACK covered it.
+    assert!(s.conn_mut().renege_from(MSS as u64));
+    assert_eq!(s.conn().rcv_nxt_offset(), MSS as u64);
+    assert_eq!(s.conn().stats().reneged, 1);
+    let mut buf = [0u8; 2048];
+    let n = s
+        .conn_mut()
+        .poll_transmit(Instant::from_millis(20_000), &mut buf)
+        .expect("an ACK");
+    let ack = SegmentRepr::parse(&buf[..n]).expect("valid").ack;
+    assert_eq!(
+        ack,
+        start.wrapping_add(MSS as u32),
+        "the ACK stops at the taken-back octets"
+    );
+    // They come again and are passed up again.
+    let (passed, acks) = feed(&c, &mut s, MSS as u64, MSS, true);
+    assert_eq!(passed, [MSS as u64]);
+    assert_eq!(acks, [start.wrapping_add(2 * MSS as u32)]);
+    // Acknowledged now: no longer the receiver's to take back.
+    assert!(!s.conn_mut().renege_from(MSS as u64));
+    assert!(!s.conn_mut().renege_from(0));
+    assert!(
+        s.conn_mut().renege_from(2 * MSS as u64),
+        "nothing there: nothing to refuse"
+    );
+}
+
+#[test]
+fn refused_outside_pass_up_mode() {
+    let (_c, mut s, _net) = established(Config {
+        timestamps: false,
+        ..Config::default()
+    });
+    assert!(!s.conn_mut().renege_from(0));
+}
