@@ -111,6 +111,9 @@ const MAX_CHAINS: usize = 256;
 const MAX_CHAIN_WALK: usize = 8;
 /// Most held octets before a located FPDU searched backwards for the FPDUs before it.
 const MAX_BACKFILL: u64 = 4096;
+/// IFT: most unconfirmed speculative placements a frame's target is compared with (section
+/// 8.2); with more, the frame is held instead of placed.
+const MAX_OVERLAP_SCAN: usize = 512;
 
 /// Settings of one connection.
 #[derive(Debug, Clone)]
@@ -304,6 +307,8 @@ struct PlacedFpdu {
     header: [u8; UNTAGGED_HEADER_LEN],
     header_len: u8,
     payload_len: u32,
+    /// Where its payload went (for IFT's overlap check, section 8.2).
+    target: Option<PlacementTarget>,
 }
 
 /// Full Operation state of the receive and transmit directions.
@@ -792,6 +797,7 @@ impl IwarpConn {
     fn enter_ift_full(&mut self, negotiated: ift::Negotiated) {
         self.qp.enter_rts(self.cfg.mpa.ird, self.cfg.mpa.ord);
         self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
+        self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
         if self
             .store
             .grow(
@@ -1119,9 +1125,10 @@ impl IwarpConn {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
             Err(StoreFull) if !self.is_established() && self.is_ift() => {
-                // The initiator sent frames before our phase 1 (it cannot know our VTag).
+                // Data beyond the peer's indication before the exchange ended (an initiator
+                // cannot know our VTag before our phase 1).
                 self.ift_startup_failed(IftError::Local(
-                    "the initiator sent data beyond its phase 0 indication before phase 1",
+                    "the peer sent data beyond its adaption indication before the exchange ended",
                 ));
             }
             Err(StoreFull) if !self.is_established() => {
@@ -1685,6 +1692,11 @@ impl IwarpConn {
         let mut at = 0;
         let mut held_from = 0;
         while at < bytes.len() && self.placed.len() < self.cfg.max_placed_fpdus {
+            // Placing a frame may split what is held around it in two: keep room for that
+            // (else stop guessing and hold the rest of the segment as one range).
+            if self.store.ranges.len() + 2 > self.store.max_ranges {
+                break;
+            }
             let Some((len, frame)) = ift::whole_frame_at(&fmt, &bytes[at..]) else {
                 break;
             };
@@ -1732,6 +1744,18 @@ impl IwarpConn {
         self.renege_at = Some(at);
     }
 
+    /// A withdrawal's pending request to TCP (`withdraw_speculation`): before anything TCP
+    /// sends could acknowledge the octets.
+    fn apply_renege(&mut self, tcp: &mut TcpConnection) {
+        if let Some(at) = self.renege_at.take() {
+            if tcp.renege_from(at) {
+                self.counters.ift_acks_withheld += 1;
+            } else {
+                self.ift_failed(IftError::SpeculationMismatch { offset: at });
+            }
+        }
+    }
+
     /// Whether a frame with this DDP header and payload length would write where a frame
     /// placed speculatively and not yet confirmed did (the same tagged buffer's octets, or the
     /// same message's octets of an untagged queue); a header that does not parse counts as
@@ -1740,13 +1764,13 @@ impl IwarpConn {
         let Some(t) = PlacementTarget::of(ddp_header, payload_len) else {
             return true;
         };
-        self.placed.iter().any(|p| {
-            PlacementTarget::of(
-                &p.header[..usize::from(p.header_len)],
-                p.payload_len as usize,
-            )
-            .is_none_or(|q| q.overlaps(&t))
-        })
+        // The scan is bounded: beyond MAX_OVERLAP_SCAN unconfirmed placements, a frame is
+        // not placed (held for the in-order pass) rather than searched for.
+        self.placed.len() > MAX_OVERLAP_SCAN
+            || self
+                .placed
+                .iter()
+                .any(|p| p.target.is_none_or(|q| q.overlaps(&t)))
     }
 
     /// The in-order point reached an FPDU placed early: skip its octets and let the queue
@@ -1902,13 +1926,7 @@ impl IwarpConn {
         if let Some(e) = ift_timeout {
             self.ift_startup_failed(e);
         }
-        if let Some(at) = self.renege_at.take() {
-            if tcp.renege_from(at) {
-                self.counters.ift_acks_withheld += 1;
-            } else {
-                self.ift_failed(IftError::SpeculationMismatch { offset: at });
-            }
-        }
+        self.apply_renege(tcp);
         self.drain(mem);
         if let Some(record) = self.startup_record.take() {
             let start = tcp.send_stream_end();
@@ -2103,6 +2121,7 @@ impl IwarpConn {
         now: Instant,
         buf: &mut [u8],
     ) -> Option<usize> {
+        self.apply_renege(tcp);
         if tcp.config().tx_mode != TxMode::Source {
             return tcp.poll_transmit(now, buf);
         }
@@ -2288,6 +2307,7 @@ fn record_placed(
             header,
             header_len: header_len as u8,
             payload_len,
+            target: PlacementTarget::of(&ddp_header[..header_len], payload_len as usize),
         },
     );
     counters.fpdus_placed_out_of_order += 1;

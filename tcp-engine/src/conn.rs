@@ -271,6 +271,9 @@ pub struct ConnStats {
     /// Times octets passed up were taken back before being acknowledged
     /// ([`Connection::renege_from`]).
     pub reneged: u64,
+    /// Times the peer was seen to have discarded data it had SACKed (a SACKed segment at the
+    /// cumulative acknowledgement point): those segments were sent again.
+    pub peer_reneged: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
     /// Aborts by the user timeout (`Config::user_timeout`).
@@ -2167,6 +2170,24 @@ impl Connection {
             self.stalled_since = None;
         }
         self.snd_una = ack_pos;
+        // RFC 2018 section 8: a receiver may discard data it has only SACKed (ours does for
+        // IFT's speculative placement, `renege_from`). A SACKed segment right at the
+        // cumulative point shows it did: had the peer kept it, this ACK would cover it. Every
+        // SACK is then forgotten and those segments are sent again, as after a timeout
+        // (RFC 6675 section 5.1 clears the scoreboard then for the same reason).
+        if self
+            .scoreboard
+            .front()
+            .is_some_and(|e| e.state == SegState::Sacked && e.start == ack_pos)
+        {
+            self.stats.peer_reneged += 1;
+            for e in self.scoreboard.iter_mut() {
+                if e.state == SegState::Sacked {
+                    e.state = SegState::Lost;
+                    self.lost_count += 1;
+                }
+            }
+        }
     }
 
     /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
@@ -2758,7 +2779,9 @@ impl Connection {
     /// acknowledgement ... and force the remote end to retransmit"). `RCV.NXT` returns to
     /// `offset` and the out-of-order ranges from there are forgotten: a receiver may discard
     /// what it has only SACKed (RFC 2018 section 8), and the sender keeps it until it is
-    /// acknowledged cumulatively, resending it at its retransmission timeout. The right window
+    /// acknowledged cumulatively. Ours sees it at the next ACK (a SACKed segment at the
+    /// cumulative point, `ConnStats::peer_reneged`) and resends; others at their
+    /// retransmission timeout, where RFC 2018 section 8 has them ignore SACK state. The right window
     /// edge stays where it was offered. Refused (`false`, nothing changed) outside `PassUp`,
     /// once an ACK at or beyond `offset` went out (those octets are the peer's to forget), or
     /// once the peer's FIN arrived.

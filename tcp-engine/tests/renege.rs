@@ -99,3 +99,77 @@ fn refused_outside_pass_up_mode() {
     });
     assert!(!s.conn_mut().renege_from(0));
 }
+
+/// Our own sender against a receiver that reneges: segments 2-4 arrive while segment 1 is
+/// lost and are SACKed; segment 1 comes again and the receiver takes back 3-4. Its next ACK
+/// stops at segment 3, which the sender holds as SACKed: the sender sees the reneging and
+/// sends 3 and 4 again at once, without waiting for its retransmission timeout.
+#[test]
+fn our_sender_resends_what_the_receiver_took_back() {
+    let stream = Config {
+        timestamps: false,
+        mss: MSS as u16,
+        ..Config::default()
+    };
+    let receiver = Config {
+        mss: MSS as u16,
+        ..pass_up()
+    };
+    let (mut c, mut s, _net) = established_pair(stream, receiver);
+    let mut now = Instant::from_millis(20_000);
+    let data = vec![0x77u8; 4 * MSS];
+    assert_eq!(c.conn_mut().send(&data).expect("send"), 4 * MSS);
+    let mut buf = [0u8; 2048];
+    let mut segs = Vec::new();
+    while let Some(n) = c.conn_mut().poll_transmit(now, &mut buf) {
+        segs.push(buf[..n].to_vec());
+    }
+    assert_eq!(segs.len(), 4, "four full segments");
+    let start = s.conn().rcv_stream_start();
+    let offset_of = |p: &[u8]| {
+        let r = SegmentRepr::parse(p).expect("valid");
+        u64::from(r.seq.wrapping_sub(start))
+    };
+    // Deliver to the server, collecting what it passes up and the ACKs it sends.
+    let deliver = |s: &mut Peer, c: &mut Peer, p: &[u8], now: Instant| -> Vec<u64> {
+        let seg = SegmentRepr::parse(p).expect("valid");
+        let mut passed = Vec::new();
+        s.conn_mut()
+            .handle_segment(now, &seg, |u| passed.push(u.stream_offset));
+        let mut b = [0u8; 2048];
+        while let Some(n) = s.conn_mut().poll_transmit(now, &mut b) {
+            let a = SegmentRepr::parse(&b[..n]).expect("valid");
+            c.conn_mut().handle_segment(now, &a, |_| {});
+        }
+        passed
+    };
+    for p in &segs[1..] {
+        deliver(&mut s, &mut c, p, now);
+    }
+    // Segment 1 again (as a retransmission would bring it): everything is in; then the
+    // receiver takes back segments 3 and 4 before acknowledging them.
+    now += std::time::Duration::from_millis(1);
+    let seg1 = SegmentRepr::parse(&segs[0]).expect("valid");
+    s.conn_mut().handle_segment(now, &seg1, |_| {});
+    assert_eq!(s.conn().rcv_nxt_offset(), 4 * MSS as u64);
+    assert!(s.conn_mut().renege_from(2 * MSS as u64));
+    let mut b = [0u8; 2048];
+    while let Some(n) = s.conn_mut().poll_transmit(now, &mut b) {
+        let a = SegmentRepr::parse(&b[..n]).expect("valid");
+        assert_eq!(a.ack, start.wrapping_add(2 * MSS as u32));
+        c.conn_mut().handle_segment(now, &a, |_| {});
+    }
+    assert_eq!(c.conn().stats().peer_reneged, 1);
+    // Segments 3 and 4 go again now, and are passed up again.
+    let mut again = Vec::new();
+    while let Some(n) = c.conn_mut().poll_transmit(now, &mut buf) {
+        let p = buf[..n].to_vec();
+        if !SegmentRepr::parse(&p).expect("valid").payload.is_empty() {
+            again.push(offset_of(&p));
+            let passed = deliver(&mut s, &mut c, &p, now);
+            assert_eq!(passed, [offset_of(&p)]);
+        }
+    }
+    assert_eq!(again, [2 * MSS as u64, 3 * MSS as u64]);
+    assert_eq!(s.conn().rcv_nxt_offset(), 4 * MSS as u64);
+}

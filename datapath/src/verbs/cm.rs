@@ -196,6 +196,7 @@ impl ListenRecord {
     pub(crate) fn ift_startup_failed(&self, error: &ift::IftError) {
         self.update(|s| match error {
             ift::IftError::StartupTimeout => s.startup_timeouts += 1,
+            ift::IftError::ConnectionLost => s.closed_early += 1,
             other => {
                 s.refused += 1;
                 s.last_ift_refusal = Some(other.clone());
