@@ -1018,6 +1018,30 @@ struct TargetCheck {
     written_prefix: usize,
 }
 
+impl TargetCheck {
+    /// What the victim's Write region `got` holds, against the Write's data (pattern 602)
+    /// and `stale`, what it held before.
+    fn of(got: &[u8], stale: &[u8]) -> TargetCheck {
+        let fresh = pattern(602, got.len());
+        let mut check = TargetCheck {
+            written: 0,
+            untouched: 0,
+            foreign: 0,
+            written_prefix: got.iter().zip(&fresh).take_while(|(a, b)| a == b).count(),
+        };
+        for ((g, f), s) in got.iter().zip(&fresh).zip(stale) {
+            if g == f {
+                check.written += 1;
+            } else if g == s {
+                check.untouched += 1;
+            } else {
+                check.foreign += 1;
+            }
+        }
+        check
+    }
+}
+
 fn corrupt_server(
     deadline: Instant,
     ready: std::sync::mpsc::Sender<()>,
@@ -1080,23 +1104,7 @@ fn corrupt_server(
     if (c.wc.wr_id, c.wc.status) != (2, WcStatus::WrFlushError) {
         return Err(format!("victim: {c:?}"));
     }
-    let fresh = pattern(602, VICTIM_LEN);
-    let got = bytes(&target, 0, VICTIM_LEN);
-    let mut check = TargetCheck {
-        written: 0,
-        untouched: 0,
-        foreign: 0,
-        written_prefix: got.iter().zip(&fresh).take_while(|(a, b)| a == b).count(),
-    };
-    for i in 0..VICTIM_LEN {
-        if got[i] == fresh[i] {
-            check.written += 1;
-        } else if got[i] == stale[i] {
-            check.untouched += 1;
-        } else {
-            check.foreign += 1;
-        }
-    }
+    let check = TargetCheck::of(&bytes(&target, 0, VICTIM_LEN), &stale);
     // 3. The bystander, then a connection opened after, each a verified transfer.
     by.verify(deadline)?;
     let mut late = accept_other(&listener, &pd, 700, deadline)?;
@@ -1335,23 +1343,7 @@ fn ift_corrupted_frames_are_never_placed() {
             if (term.layer, term.etype, term.code) != (layer::LLP, 0, 2) {
                 return Err(format!("Terminate {term:?}: {st:?}"));
             }
-            let fresh = pattern(602, VICTIM_LEN);
-            let got = bytes(&target, 0, VICTIM_LEN);
-            let mut check = TargetCheck {
-                written: 0,
-                untouched: 0,
-                foreign: 0,
-                written_prefix: got.iter().zip(&fresh).take_while(|(a, b)| a == b).count(),
-            };
-            for i in 0..VICTIM_LEN {
-                if got[i] == fresh[i] {
-                    check.written += 1;
-                } else if got[i] == stale[i] {
-                    check.untouched += 1;
-                } else {
-                    check.foreign += 1;
-                }
-            }
+            let check = TargetCheck::of(&bytes(&target, 0, VICTIM_LEN), &stale);
             Ok((stop(engine), check))
         },
     );

@@ -764,6 +764,21 @@ impl IwarpConn {
                 self.qp.send_rtr(rtr_kind(kind));
             }
         }
+        self.allocate_for_full();
+        let full = Full {
+            rx_start,
+            decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
+            locator: FpduLocator::new(negotiated.crc, negotiated.markers_rx),
+            encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
+            may_send: self.initiator || !negotiated.responder_waits_for_fpdu,
+            negotiated,
+        };
+        self.phase = Phase::Full(Box::new(full));
+    }
+
+    /// What Full Operation needs, either framing: the transmit ring, the placement records
+    /// and the held-run spans, and the reassembly store at its full size.
+    fn allocate_for_full(&mut self) {
         self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
         self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
         self.chains.reserve(MAX_CHAINS);
@@ -781,37 +796,13 @@ impl IwarpConn {
             self.qp
                 .on_transport_error(TerminateCause::LocalCatastrophic);
         }
-        let full = Full {
-            rx_start,
-            decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
-            locator: FpduLocator::new(negotiated.crc, negotiated.markers_rx),
-            encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
-            may_send: self.initiator || !negotiated.responder_waits_for_fpdu,
-            negotiated,
-        };
-        self.phase = Phase::Full(Box::new(full));
     }
 
     /// IFT Full Operation: the ring, the placement records and the full store as for MPA;
     /// IRD and ORD from `cfg.mpa` (IFT negotiates neither).
     fn enter_ift_full(&mut self, negotiated: ift::Negotiated) {
         self.qp.enter_rts(self.cfg.mpa.ird, self.cfg.mpa.ord);
-        self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
-        self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
-        if self
-            .store
-            .grow(
-                self.consumed,
-                self.cfg.reassembly_capacity,
-                MAX_STORE_RANGES,
-            )
-            .is_err()
-        {
-            // Cannot happen: the startup store's ranges fit a larger store.
-            self.rx_dead = true;
-            self.qp
-                .on_transport_error(TerminateCause::LocalCatastrophic);
-        }
+        self.allocate_for_full();
         self.phase = Phase::IftFull(Box::new(IftFull {
             decoder: FrameDecoder::new(negotiated.rx),
             encoder: FrameEncoder::new(negotiated.tx),
