@@ -69,6 +69,8 @@ struct Side {
     /// The first data segment whose payload holds these octets after its start is cut there,
     /// and the second part is delivered before the first (a re-segmenting, reordering path).
     split_at: Option<Vec<u8>>,
+    /// The first data segment whose payload holds these octets is dropped.
+    drop_once: Option<Vec<u8>>,
 }
 
 impl Side {
@@ -164,6 +166,16 @@ impl Endpoint for Side {
                 self.receive(now, &part);
             }
             return;
+        }
+        if let (Some(pattern), Ok(seg)) = (&self.drop_once, SegmentRepr::parse(packet)) {
+            if seg
+                .payload
+                .windows(pattern.len())
+                .any(|w| w == &pattern[..])
+            {
+                self.drop_once = None;
+                return;
+            }
         }
         let Ok(seg) = SegmentRepr::parse(packet) else {
             return;
@@ -287,6 +299,7 @@ fn bed_with(
         ignore_request: false,
         deaf: false,
         split_at: None,
+        drop_once: None,
     };
     let b = Side {
         tcp: None,
@@ -302,6 +315,7 @@ fn bed_with(
         ignore_request: false,
         deaf: false,
         split_at: None,
+        drop_once: None,
     };
     let net = Network::new(link.clone(), link, seed);
     Bed { a, b, net }
@@ -1823,5 +1837,57 @@ fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
     for side in [bed.a.counters(), bed.b.counters()] {
         assert_eq!(side.crc_errors, 0);
         assert_eq!(side.terminates_sent, 0);
+    }
+}
+
+/// Section 8.2's last rule: two Writes to the same octets of B's sink, F then P. F's segment is
+/// lost, P's arrives and is placed speculatively; F's retransmission, placed in order, writes
+/// over P's octets, so P's placement is withdrawn, TCP takes its octets back, A resends them
+/// and they are placed again after F: the sink ends with P's data, the later Write's.
+#[test]
+fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
+    let mut bed = ift_bed(270, LinkConfig::default(), (true, true), (true, true));
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let (f, p) = (pattern(1000, 31), pattern(1000, 32));
+    let src = bed.a.mem.get(r.a_src).unwrap();
+    rdmap::RegionBuffer::write_at(src, 0, &f);
+    rdmap::RegionBuffer::write_at(src, 4096, &p);
+    for (wr_id, at) in [(1u64, 0u64), (2, 4096)] {
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Write {
+                remote_stag: r.b_sink,
+                remote_to: B_SINK_TO,
+            },
+            sg_list: Sge {
+                stag: r.a_src,
+                to: A_SRC_TO + at,
+                len: 1000,
+            }
+            .into(),
+            signaled: true,
+        };
+        bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
+    }
+    bed.b.drop_once = Some(f[..32].to_vec());
+    bed.run_until("both Writes", Duration::from_secs(10), |a, _| {
+        a.completions.len() >= 2
+    });
+    print_counters("ift overwrite", &bed);
+    assert!(bed.b.drop_once.is_none(), "F's first segment was dropped");
+    let b = bed.b.counters();
+    assert_eq!(
+        b.fpdus_placed_out_of_order, 1,
+        "P placed speculatively: {b:?}"
+    );
+    assert_eq!(b.ift_speculation_withdrawn, 1, "{b:?}");
+    assert_eq!(b.ift_acks_withheld, 1, "{b:?}");
+    assert!(
+        bed.b.bytes(r.b_sink)[..1000] == p[..],
+        "the later Write's data is what stays"
+    );
+    for wc in &bed.a.completions {
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     }
 }

@@ -1533,14 +1533,31 @@ impl IwarpConn {
                 Phase::IftFull(full) => {
                     let qp = &mut self.qp;
                     let counters = &mut self.counters;
+                    let placed = &self.placed;
+                    // Section 8.2: an in-order placement over a speculative one not yet
+                    // confirmed (the same octets of a buffer, written later in the stream)
+                    // makes the speculative one invalid: it must be placed again, after.
+                    let mut overwritten: Option<u64> = None;
                     let res = full.decoder.feed(rest, |frame| {
                         counters.fpdus_rx += 1;
+                        if !placed.is_empty() {
+                            let t = PlacementTarget::of(frame.ddp_header, frame.payload.len());
+                            let hit = placed.iter().find(|p| {
+                                t.is_some_and(|t| p.target.is_some_and(|q| q.overlaps(&t)))
+                            });
+                            if let Some(p) = hit {
+                                overwritten = Some(overwritten.map_or(p.start, |x| x.min(p.start)));
+                            }
+                        }
                         if qp.on_segment(frame.ddp_header, frame.payload, mem).is_ok() {
                             counters.bytes_placed_in_order += frame.payload.len() as u64;
                         }
                     });
                     if let Err(e) = res {
                         self.ift_failed(e);
+                    } else if let Some(at) = overwritten {
+                        // Its octets come again from the peer and are placed in order.
+                        self.withdraw_speculation(at);
                     }
                     rest.len()
                 }
@@ -1729,7 +1746,8 @@ impl IwarpConn {
     /// can no longer (it acknowledged them), the connection ends with
     /// `IftError::SpeculationMismatch`.
     fn withdraw_speculation(&mut self, at: u64) {
-        self.counters.ift_speculation_withdrawn += 1 + self.placed.len() as u64;
+        // Every record left lies at or after `at` (the in-order point is before all of them).
+        self.counters.ift_speculation_withdrawn += self.placed.len() as u64;
         self.placed.clear();
         self.store.truncate_from(at);
         self.renege_at = Some(at);
@@ -1774,6 +1792,7 @@ impl IwarpConn {
             // Section 8: the speculation is confirmed from the length fields of every frame
             // before it: the in-order framing must have ended a frame right here.
             if full.decoder.buffered() != 0 {
+                self.placed.push_front(p);
                 self.withdraw_speculation(p.start);
                 return;
             }
