@@ -57,6 +57,8 @@ pub struct EngineReport {
     pub crc_errors: u64,
     /// IFT: frames placed speculatively whose place the in-order framing confirmed.
     pub ift_speculation_confirmed: u64,
+    /// IFT: frames not placed speculatively because they would write octets placed before.
+    pub ift_speculation_refused: u64,
     /// IFT: speculative placements withdrawn (not confirmed, or beyond one that was not) and
     /// processed again in order.
     pub ift_speculation_withdrawn: u64,
@@ -128,6 +130,7 @@ impl EngineReport {
             send_limited_by_sender_ms: k.send_limited_ns[2] as f64 / 1e6,
             crc_errors: k.crc_errors,
             ift_speculation_confirmed: k.ift_speculation_confirmed,
+            ift_speculation_refused: k.ift_speculation_refused,
             ift_speculation_withdrawn: k.ift_speculation_withdrawn,
             ift_acks_withheld: k.ift_acks_withheld,
             ift_header_crc_errors: k.ift_header_crc_errors,
@@ -206,15 +209,17 @@ impl EngineReport {
                 String::new()
             },
             if self.ift_speculation_confirmed
+                + self.ift_speculation_refused
                 + self.ift_speculation_withdrawn
                 + self.ift_header_crc_errors
                 + self.ift_payload_crc_errors
                 > 0
             {
                 format!(
-                    ", IFT speculative placements confirmed {}, withdrawn {} (ACKs withheld \
-                     {}), header CRC errors {}, payload CRC errors {}",
+                    ", IFT speculative placements confirmed {}, refused over written octets {}, \
+                     withdrawn {} (ACKs withheld {}), header CRC errors {}, payload CRC errors {}",
                     self.ift_speculation_confirmed,
+                    self.ift_speculation_refused,
                     self.ift_speculation_withdrawn,
                     self.ift_acks_withheld,
                     self.ift_header_crc_errors,

@@ -1455,28 +1455,26 @@ fn ift_write_send_read_every_crc_choice() {
 /// Under loss and reordering with header-aligned senders (ours), both CRCs and SP granted:
 /// every out-of-order segment's frames are placed speculatively (section 8) straight into the
 /// sink, each placement is confirmed when the in-order framing reaches it, and nothing is held
-/// for Writes and Sends; Read Requests (acted on only in order) are the only frames held.
+/// for Writes and Sends into buffers not written before (each round has fresh regions); Read
+/// Requests (acted on only in order) are the only frames held. Then the same regions again:
+/// section 8.2 forbids guessing over octets placed before, so those frames wait for the
+/// in-order pass (held), and everything still arrives byte-exact.
 #[test]
 fn ift_under_loss_places_speculatively_and_confirms() {
     for (i, loss) in [0.01, 0.05].into_iter().enumerate() {
         let mut bed = ift_bed(210 + i as u64, lossy(loss), (true, true), (true, true));
         bed.establish();
-        let r = regions(&mut bed, 4 << 20);
         let ops = Ops {
             write: true,
             send: true,
             read: false,
         };
+        let mut last = None;
         for (k, size) in [1000, 65_536, 1 << 20, 4 << 20].into_iter().enumerate() {
-            round_trip(
-                &mut bed,
-                &r,
-                Round {
-                    size,
-                    seed: 400 + k as u64,
-                },
-                ops,
-            );
+            let r = regions(&mut bed, size);
+            let seed = 400 + k as u64;
+            round_trip(&mut bed, &r, Round { size, seed }, ops);
+            last = Some((r, size));
         }
         print_counters(&format!("ift loss {loss}"), &bed);
         let b = bed.b.counters();
@@ -1487,18 +1485,13 @@ fn ift_under_loss_places_speculatively_and_confirms() {
             "every speculative placement confirmed: {b:?}"
         );
         assert_eq!(b.held_total, 0, "nothing held with aligned senders: {b:?}");
+        assert_eq!(b.ift_speculation_refused, 0, "{b:?}");
         assert_eq!(b.unlocated_segments, 0, "{b:?}");
         assert!(bed.a.counters().retransmissions > 0);
         for (k, size) in [1000, 1 << 20].into_iter().enumerate() {
-            round_trip(
-                &mut bed,
-                &r,
-                Round {
-                    size,
-                    seed: 410 + k as u64,
-                },
-                ALL,
-            );
+            let r = regions(&mut bed, size);
+            let seed = 410 + k as u64;
+            round_trip(&mut bed, &r, Round { size, seed }, ALL);
         }
         let a = bed.a.counters();
         print_counters(&format!("ift loss {loss} with reads"), &bed);
@@ -1508,6 +1501,14 @@ fn ift_under_loss_places_speculatively_and_confirms() {
         );
         assert_eq!(a.ift_speculation_confirmed, a.fpdus_placed_out_of_order);
         assert_eq!(a.held_total, 0, "{a:?}");
+        // The 4 MiB regions once more: the Write's frames may no longer be guessed at.
+        let (r, size) = last.expect("rounds ran");
+        round_trip(&mut bed, &r, Round { size, seed: 420 }, ops);
+        let b2 = bed.b.counters();
+        print_counters(&format!("ift loss {loss}, buffers reused"), &bed);
+        assert!(b2.ift_speculation_refused > 0, "{b2:?}");
+        assert!(b2.held_total > 0, "{b2:?}");
+        assert_eq!(b2.ift_speculation_confirmed, b2.fpdus_placed_out_of_order);
         for side in [bed.a.counters(), bed.b.counters()] {
             assert_eq!(side.crc_errors, 0);
             assert_eq!(side.terminates_sent, 0);

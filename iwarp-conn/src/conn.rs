@@ -80,6 +80,7 @@ use tcp_engine::{
 };
 
 use crate::tx::{ift_frame_len, TxRing};
+use crate::written::{PlacementTarget, Written};
 
 /// Length of a tagged DDP header.
 const TAGGED_HEADER_LEN: usize = 14;
@@ -111,9 +112,9 @@ const MAX_CHAINS: usize = 256;
 const MAX_CHAIN_WALK: usize = 8;
 /// Most held octets before a located FPDU searched backwards for the FPDUs before it.
 const MAX_BACKFILL: u64 = 4096;
-/// IFT: most unconfirmed speculative placements a frame's target is compared with (section
-/// 8.2); with more, the frame is held instead of placed.
-const MAX_OVERLAP_SCAN: usize = 512;
+/// IFT: most speculative placements awaiting confirmation; beyond them frames are held. Bounds
+/// the check of each frame processed in order against them (section 8.2's last rule).
+const MAX_UNCONFIRMED: usize = 512;
 
 /// Settings of one connection.
 #[derive(Debug, Clone)]
@@ -227,6 +228,11 @@ pub struct ConnCounters {
     /// IFT: frames placed speculatively (section 8) whose place the in-order framing then
     /// confirmed (the placements themselves count in `fpdus_placed_out_of_order`).
     pub ift_speculation_confirmed: u64,
+    /// IFT: frames of out-of-order segments not placed speculatively because octets of their
+    /// buffer they would write were written before, or the buffer is no longer tracked
+    /// (section 8.2: nothing placed before may be overwritten by a guess); they wait for the
+    /// in-order pass.
+    pub ift_speculation_refused: u64,
     /// IFT: frames placed speculatively whose place the in-order framing did not confirm, or
     /// that lay beyond such a frame: withdrawn, their octets taken back from TCP to be
     /// processed (placed again) in order when the peer resends them.
@@ -330,6 +336,8 @@ struct IftFull {
     negotiated: ift::Negotiated,
     decoder: FrameDecoder,
     encoder: FrameEncoder,
+    /// What the peer's frames have written where (section 8.2).
+    written: Written,
 }
 
 /// IFT responder: phase 0 was acceptable; the application decides by `deadline`.
@@ -806,6 +814,7 @@ impl IwarpConn {
         self.phase = Phase::IftFull(Box::new(IftFull {
             decoder: FrameDecoder::new(negotiated.rx),
             encoder: FrameEncoder::new(negotiated.tx),
+            written: Written::new(),
             negotiated,
         }));
     }
@@ -1534,14 +1543,20 @@ impl IwarpConn {
                     let qp = &mut self.qp;
                     let counters = &mut self.counters;
                     let placed = &self.placed;
+                    let IftFull {
+                        decoder, written, ..
+                    } = &mut **full;
                     // Section 8.2: an in-order placement over a speculative one not yet
                     // confirmed (the same octets of a buffer, written later in the stream)
                     // makes the speculative one invalid: it must be placed again, after.
                     let mut overwritten: Option<u64> = None;
-                    let res = full.decoder.feed(rest, |frame| {
+                    let res = decoder.feed(rest, |frame| {
                         counters.fpdus_rx += 1;
+                        let t = PlacementTarget::of(frame.ddp_header, frame.payload.len());
+                        if let Some(t) = &t {
+                            written.record(t);
+                        }
                         if !placed.is_empty() {
-                            let t = PlacementTarget::of(frame.ddp_header, frame.payload.len());
                             let hit = placed.iter().find(|p| {
                                 t.is_some_and(|t| p.target.is_some_and(|q| q.overlaps(&t)))
                             });
@@ -1708,11 +1723,23 @@ impl IwarpConn {
             let Some((len, frame)) = ift::whole_frame_at(&fmt, &bytes[at..]) else {
                 break;
             };
-            let placed = !self.overlaps_unconfirmed(frame.ddp_header, frame.payload.len())
+            let target = PlacementTarget::of(frame.ddp_header, frame.payload.len());
+            let fresh = match (&self.phase, &target) {
+                (Phase::IftFull(full), Some(t)) => full.written.may_speculate(t),
+                _ => false,
+            };
+            if !fresh {
+                self.counters.ift_speculation_refused += 1;
+            }
+            let placed = fresh
+                && self.placed.len() < MAX_UNCONFIRMED
                 && self
                     .qp
                     .place_segment_early(frame.ddp_header, frame.payload, mem);
             if placed {
+                if let (Phase::IftFull(full), Some(t)) = (&mut self.phase, &target) {
+                    full.written.record(t);
+                }
                 // The octets before it (frames not placed) wait for the in-order pass.
                 let run = &bytes[held_from..at];
                 self.hold(off + held_from as u64, run);
@@ -1763,23 +1790,6 @@ impl IwarpConn {
                 self.ift_failed(IftError::SpeculationMismatch { offset: at });
             }
         }
-    }
-
-    /// Whether a frame with this DDP header and payload length would write where a frame
-    /// placed speculatively and not yet confirmed did (the same tagged buffer's octets, or the
-    /// same message's octets of an untagged queue); a header that does not parse counts as
-    /// overlapping.
-    fn overlaps_unconfirmed(&self, ddp_header: &[u8], payload_len: usize) -> bool {
-        let Some(t) = PlacementTarget::of(ddp_header, payload_len) else {
-            return true;
-        };
-        // The scan is bounded: beyond MAX_OVERLAP_SCAN unconfirmed placements, a frame is
-        // not placed (held for the in-order pass) rather than searched for.
-        self.placed.len() > MAX_OVERLAP_SCAN
-            || self
-                .placed
-                .iter()
-                .any(|p| p.target.is_none_or(|q| q.overlaps(&t)))
     }
 
     /// The in-order point reached an FPDU placed early: skip its octets and let the queue
@@ -2322,71 +2332,6 @@ fn record_placed(
     );
     counters.fpdus_placed_out_of_order += 1;
     counters.bytes_placed_out_of_order += u64::from(payload_len);
-}
-
-/// Where a DDP segment's payload goes (RFC 5041 4.2, 4.3): octets of a tagged buffer, or octets
-/// of one message of an untagged queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PlacementTarget {
-    Tagged {
-        stag: u32,
-        start: u64,
-        end: u64,
-    },
-    Untagged {
-        qn: u32,
-        msn: u32,
-        start: u64,
-        end: u64,
-    },
-}
-
-impl PlacementTarget {
-    fn of(ddp_header: &[u8], payload_len: usize) -> Option<PlacementTarget> {
-        let (header, _) = ddp::wire::DdpHeader::parse(ddp_header).ok()?;
-        let len = payload_len as u64;
-        Some(match header {
-            ddp::wire::DdpHeader::Tagged(h) => PlacementTarget::Tagged {
-                stag: h.stag,
-                start: h.to,
-                end: h.to.saturating_add(len),
-            },
-            ddp::wire::DdpHeader::Untagged(h) => PlacementTarget::Untagged {
-                qn: h.qn,
-                msn: h.msn,
-                start: u64::from(h.mo),
-                end: u64::from(h.mo) + len,
-            },
-        })
-    }
-
-    fn overlaps(&self, other: &PlacementTarget) -> bool {
-        match (*self, *other) {
-            (
-                PlacementTarget::Tagged { stag, start, end },
-                PlacementTarget::Tagged {
-                    stag: s2,
-                    start: a,
-                    end: b,
-                },
-            ) => stag == s2 && start < b && a < end,
-            (
-                PlacementTarget::Untagged {
-                    qn,
-                    msn,
-                    start,
-                    end,
-                },
-                PlacementTarget::Untagged {
-                    qn: q2,
-                    msn: m2,
-                    start: a,
-                    end: b,
-                },
-            ) => qn == q2 && msn == m2 && start < b && a < end,
-            _ => false,
-        }
-    }
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {

@@ -3,9 +3,13 @@
 //! - [`conn`]: [`IwarpConn`], driving a `tcp_engine::Connection` in record-transmit /
 //!   pass-up-receive mode: MPA startup (RFC 5044 7.1, RFC 6581), Full Operation with
 //!   out-of-order placement (RFC 5041 5.3-5.4: an FPDU located in an out-of-order segment is
-//!   placed at once, completions stay in order) and the RDMAP queue pair (RFC 5040).
+//!   placed at once, completions stay in order) and the RDMAP queue pair (RFC 5040); or IFT
+//!   framing (draft-williams-iwarp-ift-01) with speculative placement.
 //! - `tx`: the FPDU descriptors in flight and the fill that writes any stream range of them
-//!   straight from registered memory into the packet buffer (no send-buffer copy).
+//!   straight from registered memory into the packet buffer (no send-buffer copy), MPA's
+//!   FPDUs or IFT's frames.
+//! - `written`: where received segments write and what each buffer has had written (IFT's
+//!   rule that a speculative placement overwrites nothing placed before).
 //!
 //! No I/O, no threads, no clock reads: the AF_XDP engine in `datapath` runs these connections,
 //! and the seeded simulator of `tcp_engine::sim` tests them. The few machine-level kernels the
@@ -15,5 +19,6 @@
 
 pub mod conn;
 mod tx;
+mod written;
 
 pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};

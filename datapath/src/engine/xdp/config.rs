@@ -187,6 +187,7 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
         terminates_sent,
         terminates_received,
         ift_speculation_confirmed,
+        ift_speculation_refused,
         ift_speculation_withdrawn,
         ift_acks_withheld,
         ift_header_crc_errors,
@@ -221,6 +222,7 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.terminates_sent += terminates_sent;
     sum.terminates_received += terminates_received;
     sum.ift_speculation_confirmed += ift_speculation_confirmed;
+    sum.ift_speculation_refused += ift_speculation_refused;
     sum.ift_speculation_withdrawn += ift_speculation_withdrawn;
     sum.ift_acks_withheld += ift_acks_withheld;
     sum.ift_header_crc_errors += ift_header_crc_errors;
