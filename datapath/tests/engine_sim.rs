@@ -1841,30 +1841,57 @@ fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
     }
 }
 
-/// Section 8.2's last rule: two Writes to the same octets of B's sink, F then P. F's segment is
-/// lost, P's arrives and is placed speculatively; F's retransmission, placed in order, writes
-/// over P's octets, so P's placement is withdrawn, TCP takes its octets back, A resends them
-/// and they are placed again after F: the sink ends with P's data, the later Write's.
+/// Section 8.2's last rule: two Writes to the same octets of B's sink, F then P, with a Send
+/// between them. F's segment is lost; the Send's and P's arrive and are placed speculatively.
+/// F's retransmission, placed in order, writes over P's octets, so P's placement (and only
+/// that: the Send's stays and is confirmed) is withdrawn, TCP takes P's octets back, A resends
+/// them and they are placed again after F: the sink ends with P's data, the later Write's.
 #[test]
 fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
     let mut bed = ift_bed(270, LinkConfig::default(), (true, true), (true, true));
     bed.establish();
     let r = regions(&mut bed, 1 << 20);
-    let (f, p) = (pattern(1000, 31), pattern(1000, 32));
+    let (f, m, p) = (pattern(1000, 31), pattern(800, 33), pattern(1000, 32));
     let src = bed.a.mem.get(r.a_src).unwrap();
     rdmap::RegionBuffer::write_at(src, 0, &f);
+    rdmap::RegionBuffer::write_at(src, 2048, &m);
     rdmap::RegionBuffer::write_at(src, 4096, &p);
-    for (wr_id, at) in [(1u64, 0u64), (2, 4096)] {
+    bed.b
+        .iw
+        .qp_mut()
+        .post_recv(
+            RecvWr {
+                wr_id: 9,
+                sg_list: Sge {
+                    stag: r.b_recv,
+                    to: B_RECV_TO,
+                    len: 4096,
+                }
+                .into(),
+            },
+            &bed.b.mem,
+        )
+        .expect("post_recv");
+    let write = SendOp::Write {
+        remote_stag: r.b_sink,
+        remote_to: B_SINK_TO,
+    };
+    let send = SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    };
+    for (wr_id, op, at, len) in [
+        (1u64, write, 0u64, 1000u32),
+        (2, send, 2048, 800),
+        (3, write, 4096, 1000),
+    ] {
         let wr = SendWr {
             wr_id,
-            op: SendOp::Write {
-                remote_stag: r.b_sink,
-                remote_to: B_SINK_TO,
-            },
+            op,
             sg_list: Sge {
                 stag: r.a_src,
                 to: A_SRC_TO + at,
-                len: 1000,
+                len,
             }
             .into(),
             signaled: true,
@@ -1872,22 +1899,25 @@ fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
         bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
     }
     bed.b.drop_once = Some(f[..32].to_vec());
-    bed.run_until("both Writes", Duration::from_secs(10), |a, _| {
-        a.completions.len() >= 2
+    bed.run_until("all three", Duration::from_secs(10), |a, b| {
+        a.completions.len() >= 3 && !b.completions.is_empty()
     });
     print_counters("ift overwrite", &bed);
     assert!(bed.b.drop_once.is_none(), "F's first segment was dropped");
     let b = bed.b.counters();
     assert_eq!(
-        b.fpdus_placed_out_of_order, 1,
-        "P placed speculatively: {b:?}"
+        b.fpdus_placed_out_of_order, 2,
+        "the Send and P placed: {b:?}"
     );
-    assert_eq!(b.ift_speculation_withdrawn, 1, "{b:?}");
+    assert_eq!(b.ift_speculation_withdrawn, 1, "P only: {b:?}");
+    assert_eq!(b.ift_speculation_confirmed, 1, "the Send: {b:?}");
     assert_eq!(b.ift_acks_withheld, 1, "{b:?}");
     assert!(
         bed.b.bytes(r.b_sink)[..1000] == p[..],
         "the later Write's data is what stays"
     );
+    assert!(bed.b.bytes(r.b_recv)[..800] == m[..], "the Send intact");
+    assert_eq!(bed.b.completions[0].status, WcStatus::Success);
     for wc in &bed.a.completions {
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     }

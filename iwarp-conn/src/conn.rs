@@ -773,6 +773,7 @@ impl IwarpConn {
             }
         }
         self.allocate_for_full();
+        self.chains.reserve(MAX_CHAINS);
         let full = Full {
             rx_start,
             decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
@@ -784,12 +785,11 @@ impl IwarpConn {
         self.phase = Phase::Full(Box::new(full));
     }
 
-    /// What Full Operation needs, either framing: the transmit ring, the placement records
-    /// and the held-run spans, and the reassembly store at its full size.
+    /// What Full Operation needs, either framing: the transmit ring, the placement records and
+    /// the reassembly store at its full size.
     fn allocate_for_full(&mut self) {
         self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
         self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
-        self.chains.reserve(MAX_CHAINS);
         if self
             .store
             .grow(
@@ -1554,7 +1554,7 @@ impl IwarpConn {
                         counters.fpdus_rx += 1;
                         let t = PlacementTarget::of(frame.ddp_header, frame.payload.len());
                         if let Some(t) = &t {
-                            written.record(t);
+                            written.record(t, true);
                         }
                         if !placed.is_empty() {
                             let hit = placed.iter().find(|p| {
@@ -1682,6 +1682,10 @@ impl IwarpConn {
             }
             self.store = store;
             self.store.release_to(self.consumed);
+            if let Some(at) = self.renege_at {
+                // A withdrawal while the store was out: what it holds from there comes again.
+                self.store.truncate_from(at);
+            }
             if (used as u64) < end - start {
                 break;
             }
@@ -1738,7 +1742,7 @@ impl IwarpConn {
                     .place_segment_early(frame.ddp_header, frame.payload, mem);
             if placed {
                 if let (Phase::IftFull(full), Some(t)) = (&mut self.phase, &target) {
-                    full.written.record(t);
+                    full.written.record(t, false);
                 }
                 // The octets before it (frames not placed) wait for the in-order pass.
                 let run = &bytes[held_from..at];
@@ -1773,11 +1777,13 @@ impl IwarpConn {
     /// can no longer (it acknowledged them), the connection ends with
     /// `IftError::SpeculationMismatch`.
     fn withdraw_speculation(&mut self, at: u64) {
-        // Every record left lies at or after `at` (the in-order point is before all of them).
-        self.counters.ift_speculation_withdrawn += self.placed.len() as u64;
-        self.placed.clear();
+        let keep = self.placed.partition_point(|p| p.start < at);
+        self.counters.ift_speculation_withdrawn += (self.placed.len() - keep) as u64;
+        self.placed.truncate(keep);
+        // (`drain` may have the store out while this runs: it truncates it again when it
+        // puts it back.)
         self.store.truncate_from(at);
-        self.renege_at = Some(at);
+        self.renege_at = Some(self.renege_at.map_or(at, |x| x.min(at)));
     }
 
     /// A withdrawal's pending request to TCP (`withdraw_speculation`): before anything TCP

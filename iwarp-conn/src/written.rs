@@ -133,22 +133,25 @@ impl Written {
         self.entries.iter().position(|e| e.buffer == buffer)
     }
 
-    /// Whether `t` may be placed speculatively: every write so far is tracked, and none of
-    /// `t`'s octets was written before.
+    /// Whether `t` may be placed speculatively: every write so far is tracked, none of `t`'s
+    /// octets was written before, and the write can be tracked (its buffer has an entry or
+    /// one is free).
     pub(crate) fn may_speculate(&self, t: &PlacementTarget) -> bool {
         if self.lost_all {
             return false;
         }
         match self.find(t.buffer) {
-            None => true,
+            None => self.entries.len() < BUFFERS,
             Some(i) => !self.entries[i].lost && !self.entries[i].written(t.start, t.end),
         }
     }
 
-    /// Records that `t`'s octets were written (placed in order or speculatively). A message
-    /// of an untagged queue retires the buffers of that queue's earlier messages.
-    pub(crate) fn record(&mut self, t: &PlacementTarget) {
-        if let Buffer::Untagged { qn, msn } = t.buffer {
+    /// Records that `t`'s octets were written, placed in order (`in_order`) or
+    /// speculatively. A message of an untagged queue processed in order retires the buffers
+    /// of that queue's earlier messages (not a speculative one: earlier messages may still be
+    /// arriving).
+    pub(crate) fn record(&mut self, t: &PlacementTarget, in_order: bool) {
+        if let (Buffer::Untagged { qn, msn }, true) = (t.buffer, in_order) {
             self.entries.retain(|e| match e.buffer {
                 Buffer::Untagged { qn: q, msn: m } => q != qn || (msn.wrapping_sub(m) as i32) <= 0,
                 Buffer::Tagged { .. } => true,
@@ -227,29 +230,45 @@ mod tests {
     fn speculation_only_where_nothing_was_written() {
         let mut w = Written::new();
         assert!(w.may_speculate(&tagged(7, 0, 100)));
-        w.record(&tagged(7, 0, 100));
+        w.record(&tagged(7, 0, 100), true);
         assert!(!w.may_speculate(&tagged(7, 50, 150)));
         assert!(w.may_speculate(&tagged(7, 100, 200)));
         assert!(w.may_speculate(&tagged(8, 0, 100)), "another buffer");
         // A buffer with more written ranges than tracked: no more speculation into it.
         for k in 0..=RANGES as u64 {
-            w.record(&tagged(9, 10 * k, 10 * k + 5));
+            w.record(&tagged(9, 10 * k, 10 * k + 5), true);
         }
         assert!(!w.may_speculate(&tagged(9, 1000, 1001)));
         assert!(w.may_speculate(&tagged(7, 100, 200)));
     }
 
     #[test]
+    fn a_speculative_record_retires_nothing() {
+        let mut w = Written::new();
+        w.record(&untagged(8, 0, 100), false);
+        w.record(&untagged(9, 0, 100), false);
+        assert!(
+            !w.may_speculate(&untagged(8, 0, 10)),
+            "message 8 is still arriving"
+        );
+        w.record(&untagged(9, 100, 200), true);
+        assert!(
+            w.may_speculate(&untagged(8, 0, 10)),
+            "retired by message 9 in order"
+        );
+    }
+
+    #[test]
     fn a_later_message_retires_earlier_receive_buffers() {
         let mut w = Written::new();
-        w.record(&untagged(1, 0, 100));
+        w.record(&untagged(1, 0, 100), true);
         assert!(!w.may_speculate(&untagged(1, 0, 10)));
         assert!(w.may_speculate(&untagged(2, 0, 10)));
-        w.record(&untagged(2, 0, 100));
+        w.record(&untagged(2, 0, 100), true);
         assert!(w.entries.len() == 1, "message 1's buffer retired");
         // Many messages: the table never fills with retired ones.
         for msn in 3..200 {
-            w.record(&untagged(msn, 0, 100));
+            w.record(&untagged(msn, 0, 100), true);
             assert!(w.may_speculate(&untagged(msn + 1, 0, 100)));
         }
     }
@@ -258,11 +277,15 @@ mod tests {
     fn too_many_buffers_stops_all_speculation() {
         let mut w = Written::new();
         for stag in 0..BUFFERS as u32 {
-            w.record(&tagged(stag, 0, 10));
+            w.record(&tagged(stag, 0, 10), true);
         }
-        assert!(w.may_speculate(&tagged(1000, 0, 10)));
-        w.record(&tagged(1000, 0, 10));
-        assert!(!w.may_speculate(&tagged(1001, 0, 10)), "lost track");
-        assert!(!w.may_speculate(&tagged(0, 100, 110)));
+        assert!(
+            !w.may_speculate(&tagged(1000, 0, 10)),
+            "no room to track it"
+        );
+        assert!(w.may_speculate(&tagged(0, 100, 110)), "a tracked buffer");
+        // An in-order write that cannot be tracked: no speculation anywhere any more.
+        w.record(&tagged(1000, 0, 10), true);
+        assert!(!w.may_speculate(&tagged(0, 200, 210)), "lost track");
     }
 }
