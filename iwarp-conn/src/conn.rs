@@ -1555,11 +1555,10 @@ impl IwarpConn {
                         let t = PlacementTarget::of(frame.ddp_header, frame.payload.len());
                         if let Some(t) = &t {
                             written.record(t, true);
-                        }
-                        if !placed.is_empty() {
-                            let hit = placed.iter().find(|p| {
-                                t.is_some_and(|t| p.target.is_some_and(|q| q.overlaps(&t)))
-                            });
+                            // `placed` is in stream order: the first hit is the earliest.
+                            let hit = placed
+                                .iter()
+                                .find(|p| p.target.is_some_and(|q| q.overlaps(t)));
                             if let Some(p) = hit {
                                 overwritten = Some(overwritten.map_or(p.start, |x| x.min(p.start)));
                             }

@@ -609,15 +609,9 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
     from: usize,
     out: &mut [u8],
 ) -> (u16, Option<u32>) {
-    let tagged = head
-        .first()
-        .is_some_and(|b| b & ddp::wire::control::TAGGED != 0);
-    let h = if tagged {
-        ddp::wire::TAGGED_HEADER_LEN
-    } else {
-        ddp::wire::UNTAGGED_HEADER_LEN
-    }
-    .min(head.len());
+    let h = ddp::wire::DdpSegment::new_unchecked(head)
+        .header_len()
+        .min(head.len());
     let (ddp_header, inline) = head.split_at(h);
     let payload_len = usize::from(f.ulpdu_len).saturating_sub(h);
     let region_len = payload_len.saturating_sub(inline.len());
