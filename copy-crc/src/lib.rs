@@ -100,10 +100,10 @@ pub unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u3
         let (c, le) = match x86::level() {
             // SAFETY (both): as in `copy_crc32c`.
             x86::Level::Avx512 => unsafe {
-                x86::copy_crc_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state)
+                x86::copy_crc_sum::<true, true>(src, dst.as_mut_ptr(), dst.len(), state)
             },
             x86::Level::Sse => unsafe {
-                x86::copy_crc_sse_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state)
+                x86::copy_crc_sse_sum::<true, true>(src, dst.as_mut_ptr(), dst.len(), state)
             },
             x86::Level::None => {
                 // SAFETY: as the caller guarantees.
@@ -114,6 +114,42 @@ pub unsafe fn copy_crc32c_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u3
     }
     // SAFETY: as the caller guarantees.
     unsafe { copy_then_crc_sum(src, dst, state) }
+}
+
+/// The CRC32c register `state` continued over `bytes`, and the ones' complement sum of
+/// `bytes` (as `tcp_engine::wire::Checksum::sum` gives it, `bytes[0]` the high-order octet of
+/// a 16-bit word), reading each octet once: [`copy_crc32c_sum`]'s loop without the stores. A
+/// receiver verifies a segment's TCP checksum and an FPDU's CRC (RFC 5044 4.4) in the one read
+/// of the payload this way, before anything is placed.
+pub fn crc32c_sum(bytes: &[u8], state: u32) -> (u32, u16) {
+    #[cfg(target_arch = "x86_64")]
+    if bytes.len() >= x86::MIN_LEN {
+        let src = bytes.as_ptr();
+        // Never written: the routines store only with `STORE`.
+        let dst = src.cast_mut();
+        let (c, le) = match x86::level() {
+            // SAFETY (both): the features the routine is compiled for were detected on this
+            // CPU; `src` is valid for `bytes.len()` reads; without `STORE` nothing is written
+            // through `dst`.
+            x86::Level::Avx512 => unsafe {
+                x86::copy_crc_sum::<true, false>(src, dst, bytes.len(), state)
+            },
+            x86::Level::Sse => unsafe {
+                x86::copy_crc_sse_sum::<true, false>(src, dst, bytes.len(), state)
+            },
+            x86::Level::None => return two_pass_crc_sum(bytes, state),
+        };
+        return (c, fold_le(le));
+    }
+    two_pass_crc_sum(bytes, state)
+}
+
+/// The portable fallback of [`crc32c_sum`]: a CRC pass, then a sum.
+fn two_pass_crc_sum(bytes: &[u8], state: u32) -> (u32, u16) {
+    (
+        crc_update(state, bytes),
+        tcp_engine::wire::Checksum::new().add_bytes(bytes).sum(),
+    )
 }
 
 /// [`copy_crc32c`] from a slice: copies `src[..dst.len()]` into `dst` and returns the CRC32c
@@ -292,18 +328,20 @@ pub(crate) mod x86 {
         _mm512_ternarylogic_epi64::<0x96>(lo, hi, next)
     }
 
-    /// Loads 64 octets from `src + i`, stores them to `dst + i`, returns them.
+    /// Loads 64 octets from `src + i`, stores them to `dst + i` if `STORE`, returns them.
     ///
     /// # Safety
-    /// `src + i` and `dst + i` valid for 64 octets.
+    /// `src + i` valid for 64 octets, and with `STORE` `dst + i` too.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn move64(src: *const u8, dst: *mut u8, i: usize) -> __m512i {
-        // SAFETY: the caller guarantees 64 readable octets at `src + i` and 64 writable ones
-        // at `dst + i`; both intrinsics are unaligned.
+    unsafe fn move64<const STORE: bool>(src: *const u8, dst: *mut u8, i: usize) -> __m512i {
+        // SAFETY: the caller guarantees 64 readable octets at `src + i` and, with `STORE`, 64
+        // writable ones at `dst + i`; both intrinsics are unaligned.
         unsafe {
             let v = _mm512_loadu_si512(src.add(i).cast());
-            _mm512_storeu_si512(dst.add(i).cast(), v);
+            if STORE {
+                _mm512_storeu_si512(dst.add(i).cast(), v);
+            }
             v
         }
     }
@@ -355,13 +393,13 @@ pub(crate) mod x86 {
     /// register `c` continued over them with `crc32`.
     ///
     /// # Safety
-    /// `src` valid for `len` reads, `dst` for `len` writes.
+    /// `src` valid for `len` reads, with `STORE` `dst` for `len` writes (else not written).
     ///
     /// With `SUM`, also adds the octets to `sum` as little-endian 32-bit words relative to
     /// `dst` (`i` is even: a multiple of 16), an odd octet at its place in a 16-bit word.
     #[inline]
     #[target_feature(enable = "sse4.2")]
-    unsafe fn tail<const SUM: bool>(
+    unsafe fn tail<const SUM: bool, const STORE: bool>(
         src: *const u8,
         dst: *mut u8,
         mut i: usize,
@@ -373,8 +411,10 @@ pub(crate) mod x86 {
         while i + 8 <= len {
             // SAFETY: `i + 8 <= len`; unaligned 8-octet access on both sides.
             let v = unsafe { src.add(i).cast::<u64>().read_unaligned() };
-            // SAFETY: as above.
-            unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
+            if STORE {
+                // SAFETY: as above.
+                unsafe { dst.add(i).cast::<u64>().write_unaligned(v) };
+            }
             c = _mm_crc32_u64(c, v);
             if SUM {
                 *sum += (v & 0xffff_ffff) + (v >> 32);
@@ -385,8 +425,10 @@ pub(crate) mod x86 {
         while i < len {
             // SAFETY: `i < len`.
             let v = unsafe { src.add(i).read() };
-            // SAFETY: as above.
-            unsafe { dst.add(i).write(v) };
+            if STORE {
+                // SAFETY: as above.
+                unsafe { dst.add(i).write(v) };
+            }
             c = _mm_crc32_u8(c, v);
             if SUM {
                 *sum += u64::from(v) << (8 * (i & 1));
@@ -429,18 +471,20 @@ pub(crate) mod x86 {
         _mm_xor_si128(_mm_xor_si128(lo, hi), next)
     }
 
-    /// Loads 16 octets from `src + i`, stores them to `dst + i`, returns them.
+    /// Loads 16 octets from `src + i`, stores them to `dst + i` if `STORE`, returns them.
     ///
     /// # Safety
-    /// `src + i` and `dst + i` valid for 16 octets.
+    /// `src + i` valid for 16 octets, and with `STORE` `dst + i` too.
     #[inline]
     #[target_feature(enable = "sse2")]
-    unsafe fn move16(src: *const u8, dst: *mut u8, i: usize) -> __m128i {
-        // SAFETY: the caller guarantees 16 readable octets at `src + i` and 16 writable ones
-        // at `dst + i`; both intrinsics are unaligned.
+    unsafe fn move16<const STORE: bool>(src: *const u8, dst: *mut u8, i: usize) -> __m128i {
+        // SAFETY: the caller guarantees 16 readable octets at `src + i` and, with `STORE`, 16
+        // writable ones at `dst + i`; both intrinsics are unaligned.
         unsafe {
             let v = _mm_loadu_si128(src.add(i).cast());
-            _mm_storeu_si128(dst.add(i).cast(), v);
+            if STORE {
+                _mm_storeu_si128(dst.add(i).cast(), v);
+            }
             v
         }
     }
@@ -453,7 +497,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "pclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc_sse(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
         // SAFETY: as the caller guarantees.
-        unsafe { copy_crc_sse_sum::<false>(src, dst, len, state).0 }
+        unsafe { copy_crc_sse_sum::<false, true>(src, dst, len, state).0 }
     }
 
     /// [`copy_crc_sse`], and with `SUM` the octets' sum as little-endian 32-bit words (else 0).
@@ -461,7 +505,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// As for [`copy_crc_sse`].
     #[target_feature(enable = "pclmulqdq,sse4.2")]
-    pub(crate) unsafe fn copy_crc_sse_sum<const SUM: bool>(
+    pub(crate) unsafe fn copy_crc_sse_sum<const SUM: bool, const STORE: bool>(
         src: *const u8,
         dst: *mut u8,
         len: usize,
@@ -472,10 +516,10 @@ pub(crate) mod x86 {
         // SAFETY (all `move16` below): `i + 16 <= len` at each call.
         let (a0, mut b, mut c, mut d) = unsafe {
             (
-                move16(src, dst, 0),
-                move16(src, dst, 16),
-                move16(src, dst, 32),
-                move16(src, dst, 48),
+                move16::<STORE>(src, dst, 0),
+                move16::<STORE>(src, dst, 16),
+                move16::<STORE>(src, dst, 32),
+                move16::<STORE>(src, dst, 48),
             )
         };
         if SUM {
@@ -488,10 +532,10 @@ pub(crate) mod x86 {
             // SAFETY: `i + 64 <= len`.
             unsafe {
                 let (va, vb, vc, vd) = (
-                    move16(src, dst, i),
-                    move16(src, dst, i + 16),
-                    move16(src, dst, i + 32),
-                    move16(src, dst, i + 48),
+                    move16::<STORE>(src, dst, i),
+                    move16::<STORE>(src, dst, i + 16),
+                    move16::<STORE>(src, dst, i + 32),
+                    move16::<STORE>(src, dst, i + 48),
                 );
                 if SUM {
                     s = sum128(sum128(sum128(sum128(s, va), vb), vc), vd);
@@ -509,7 +553,7 @@ pub(crate) mod x86 {
         x = fold128(c, k, x);
         while i + 16 <= len {
             // SAFETY: `i + 16 <= len`.
-            let v = unsafe { move16(src, dst, i) };
+            let v = unsafe { move16::<STORE>(src, dst, i) };
             if SUM {
                 s = sum128(s, v);
             }
@@ -520,7 +564,7 @@ pub(crate) mod x86 {
         let r = _mm_crc32_u64(r, _mm_extract_epi64::<1>(x) as u64);
         let mut sum = (_mm_cvtsi128_si64(s) as u64).wrapping_add(_mm_extract_epi64::<1>(s) as u64);
         // SAFETY: `i <= len`, the same ranges as the caller's.
-        let c = unsafe { tail::<SUM>(src, dst, i, len, r as u32, &mut sum) };
+        let c = unsafe { tail::<SUM, STORE>(src, dst, i, len, r as u32, &mut sum) };
         (c, sum)
     }
 
@@ -533,7 +577,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc(src: *const u8, dst: *mut u8, len: usize, state: u32) -> u32 {
         // SAFETY: as the caller guarantees.
-        unsafe { copy_crc_sum::<false>(src, dst, len, state).0 }
+        unsafe { copy_crc_sum::<false, true>(src, dst, len, state).0 }
     }
 
     /// [`copy_crc`], and with `SUM` the octets' sum as little-endian 32-bit words (else 0),
@@ -542,7 +586,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// As for [`copy_crc`].
     #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
-    pub(crate) unsafe fn copy_crc_sum<const SUM: bool>(
+    pub(crate) unsafe fn copy_crc_sum<const SUM: bool, const STORE: bool>(
         src: *const u8,
         dst: *mut u8,
         len: usize,
@@ -559,10 +603,10 @@ pub(crate) mod x86 {
             // SAFETY (all `move64` below): `i + 64 <= len` at each call.
             let (a0, mut b, mut c, mut d) = unsafe {
                 (
-                    move64(src, dst, 0),
-                    move64(src, dst, 64),
-                    move64(src, dst, 128),
-                    move64(src, dst, 192),
+                    move64::<STORE>(src, dst, 0),
+                    move64::<STORE>(src, dst, 64),
+                    move64::<STORE>(src, dst, 128),
+                    move64::<STORE>(src, dst, 192),
                 )
             };
             // Four sums, one per block of the step, so that no chain of additions is longer
@@ -585,10 +629,10 @@ pub(crate) mod x86 {
                 // SAFETY: `i + 256 <= len`.
                 unsafe {
                     let (va, vb, vc, vd) = (
-                        move64(src, dst, i),
-                        move64(src, dst, i + 64),
-                        move64(src, dst, i + 128),
-                        move64(src, dst, i + 192),
+                        move64::<STORE>(src, dst, i),
+                        move64::<STORE>(src, dst, i + 64),
+                        move64::<STORE>(src, dst, i + 128),
+                        move64::<STORE>(src, dst, i + 192),
                     );
                     if SUM {
                         sa = sum512(sa, va);
@@ -612,7 +656,7 @@ pub(crate) mod x86 {
             z = fold(c, keys(K512), z);
         } else {
             // SAFETY: `len >= 64`.
-            let v = unsafe { move64(src, dst, 0) };
+            let v = unsafe { move64::<STORE>(src, dst, 0) };
             if SUM {
                 s = sum512(s, v);
             }
@@ -622,7 +666,7 @@ pub(crate) mod x86 {
         let k = keys(K512);
         while i + 64 <= len {
             // SAFETY: `i + 64 <= len`.
-            let v = unsafe { move64(src, dst, i) };
+            let v = unsafe { move64::<STORE>(src, dst, i) };
             if SUM {
                 s = sum512(s, v);
             }
@@ -635,7 +679,7 @@ pub(crate) mod x86 {
             0
         };
         // SAFETY: `i <= len`, the same ranges as the caller's.
-        let c = unsafe { tail::<SUM>(src, dst, i, len, reduce(z), &mut sum) };
+        let c = unsafe { tail::<SUM, STORE>(src, dst, i, len, reduce(z), &mut sum) };
         (c, sum)
     }
 }
@@ -773,7 +817,8 @@ mod tests {
             return unsafe { copy_then_crc_sum(src, dst, state) };
         }
         // SAFETY: only called when `x86::level()` is `Avx512`; ranges as the caller's.
-        let (c, le) = unsafe { x86::copy_crc_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state) };
+        let (c, le) =
+            unsafe { x86::copy_crc_sum::<true, true>(src, dst.as_mut_ptr(), dst.len(), state) };
         (c, fold_le(le))
     }
 
@@ -785,7 +830,7 @@ mod tests {
         }
         // SAFETY: only called when `x86::level()` is not `None`; ranges as the caller's.
         let (c, le) =
-            unsafe { x86::copy_crc_sse_sum::<true>(src, dst.as_mut_ptr(), dst.len(), state) };
+            unsafe { x86::copy_crc_sse_sum::<true, true>(src, dst.as_mut_ptr(), dst.len(), state) };
         (c, fold_le(le))
     }
 
@@ -842,6 +887,78 @@ mod tests {
                 );
             }
         }
+    }
+
+    type ReadSum = fn(&[u8], u32) -> (u32, u16);
+
+    /// The reading routines this CPU can run: the dispatch, the fallback and each vector
+    /// routine without its stores.
+    fn read_routines() -> Vec<(&'static str, ReadSum)> {
+        let mut r: Vec<(&'static str, ReadSum)> =
+            vec![("dispatch", crc32c_sum), ("fallback", two_pass_crc_sum)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            fn sse(bytes: &[u8], state: u32) -> (u32, u16) {
+                if bytes.len() < x86::MIN_LEN {
+                    return two_pass_crc_sum(bytes, state);
+                }
+                let src = bytes.as_ptr();
+                // SAFETY: only listed when `x86::level()` is not `None`; `src` valid for
+                // `bytes.len()` reads; nothing is stored without `STORE`.
+                let (c, le) = unsafe {
+                    x86::copy_crc_sse_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
+                };
+                (c, fold_le(le))
+            }
+            fn avx512(bytes: &[u8], state: u32) -> (u32, u16) {
+                if bytes.len() < x86::MIN_LEN {
+                    return two_pass_crc_sum(bytes, state);
+                }
+                let src = bytes.as_ptr();
+                // SAFETY: only listed when `x86::level()` is `Avx512`; as in `sse`.
+                let (c, le) = unsafe {
+                    x86::copy_crc_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
+                };
+                (c, fold_le(le))
+            }
+            let level = x86::level();
+            if level != x86::Level::None {
+                r.push(("sse", sse));
+            }
+            if level == x86::Level::Avx512 {
+                r.push(("avx512", avx512));
+            }
+        }
+        r
+    }
+
+    /// The reading routines give the reference CRC and sum, and leave the input as it was,
+    /// for every length up to 4096 at random alignments, from any CRC state.
+    #[test]
+    fn reading_crc_and_sum_match_the_reference_for_every_length_and_alignment() {
+        use tcp_engine::wire::Checksum;
+        let mut src = data(4096 + 128, 9);
+        src[2000..2600].fill(0xff);
+        let copy = src.clone();
+        let mut next = test_rng(0x5eed_0002);
+        let routines = read_routines();
+        assert!(routines.len() >= 2);
+        for len in 0..=4096 {
+            for &(name, read) in &routines {
+                let s = next(64);
+                let state = next(1 << 20) as u32 ^ 0xFFFF_FFFF;
+                let (crc, sum) = read(&src[s..s + len], state);
+                let mut want = Crc32c::with_state(state);
+                want.update(&src[s..s + len]);
+                assert_eq!(crc, want.state(), "crc {name} len {len} s {s}");
+                assert_eq!(
+                    sum,
+                    Checksum::new().add_bytes(&src[s..s + len]).sum(),
+                    "sum {name} len {len} s {s}"
+                );
+            }
+        }
+        assert_eq!(src, copy, "input written");
     }
 
     #[test]

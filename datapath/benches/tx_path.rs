@@ -18,8 +18,9 @@
 //! kicks; deterministic enough to compare changes to the protocol crates by.
 //!
 //! `rx_path/{hot,cold}/per_frame`: the receiver's share of the same batches, timed apart: the
-//! 32 segments taken (`Connection::handle_segment`: TCP checksum verified, MPA's CRC32C
-//! checked, the payload placed into the sink region by `IwarpConn::on_data`) and its ACKs
+//! 32 segments taken (TCP checksum and MPA's CRC32C from one read of the payload,
+//! `SegmentDigest`; `Connection::handle_segment`; the payload placed into the sink region by
+//! `IwarpConn::on_data_with_crc`) and its ACKs
 //! written (`Side::turn`). `hot` places into one 64 KiB slot, `cold` into 128 in turn (8 MiB).
 //! The receive path per frame that issue #24's single pass over received payload (checksum,
 //! CRC and copy) is measured by.
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant as StdInstant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use datapath::engine::{ConnConfig, ConnEvent, IwarpConn, XdpEngineConfig};
 use datapath::PinnedBuffer;
+use iwarp_conn::SegmentDigest;
 use rdmap::{Access, MemoryTable, PdId, SendOp, SendWr, Sge, Stag};
 use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
 
@@ -83,15 +85,24 @@ impl Side {
         self.iw.poll_transmit(tcp, &self.mem, now, buf)
     }
 
-    /// Hands `packet` to this side's TCP (data placed by its `IwarpConn`).
+    /// Hands `packet` to this side's TCP (data placed by its `IwarpConn`), its data read once
+    /// for the checksum and the FPDU's CRC, as the engine does (`SegmentDigest`).
     fn receive(&mut self, now: Instant, packet: &[u8], listen: Option<&IsnGenerator>) {
-        let Ok(seg) = SegmentRepr::parse(packet) else {
+        let mut digest = SegmentDigest::default();
+        let Ok(seg) = SegmentRepr::parse_summing(packet, |p| {
+            digest = SegmentDigest::of(p);
+            digest.sum
+        }) else {
             return;
         };
         match (self.tcp.as_mut(), listen) {
             (Some(tcp), _) => {
                 let Side { iw, mem, .. } = self;
-                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+                let whole = seg.payload.len();
+                tcp.handle_segment(now, &seg, |p| {
+                    let crc = digest.fpdu_crc.filter(|_| p.data.len() == whole);
+                    iw.on_data_with_crc(p, crc, mem)
+                });
             }
             (None, Some(isn)) => self.tcp = Connection::accept(tcp_config(), &seg, isn, now),
             (None, None) => {}

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use datapath::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
+use iwarp_conn::SegmentDigest;
 use mpa::MpaConfig;
 use rdmap::memory::VecBuffer;
 use rdmap::{
@@ -71,6 +72,9 @@ struct Side {
     split_at: Option<Vec<u8>>,
     /// The first data segment whose payload holds these octets is dropped.
     drop_once: Option<Vec<u8>>,
+    /// The next FPDU CRC found as a segment is read for its checksum is given to the
+    /// connection wrong (a test that the connection checks the FPDU against it).
+    lie_about_crc: bool,
 }
 
 impl Side {
@@ -205,16 +209,29 @@ impl Endpoint for Side {
             }
         }
         let packet = corrupted.as_deref().unwrap_or(packet);
-        let Ok(seg) = SegmentRepr::parse(packet) else {
+        // The data read once for the checksum and the FPDU's CRC, as the engine does.
+        let mut digest = SegmentDigest::default();
+        let Ok(seg) = SegmentRepr::parse_summing(packet, |p| {
+            digest = SegmentDigest::of(p);
+            digest.sum
+        }) else {
             return;
         };
+        if self.lie_about_crc && digest.fpdu_crc.is_some() {
+            self.lie_about_crc = false;
+            digest.fpdu_crc = digest.fpdu_crc.map(|c| c ^ 1);
+        }
         if self.tcp.is_none() {
             if let Some(cfg) = self.listen.clone() {
                 self.tcp = Connection::accept(cfg, &seg, &self.isn, now);
             }
         } else if let Some(tcp) = self.tcp.as_mut() {
             let Side { iw, mem, .. } = self;
-            tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+            let whole = seg.payload.len();
+            tcp.handle_segment(now, &seg, |p| {
+                let crc = digest.fpdu_crc.filter(|_| p.data.len() == whole);
+                iw.on_data_with_crc(p, crc, mem)
+            });
         }
         self.pump(now);
     }
@@ -300,6 +317,7 @@ fn bed_with(
         deaf: false,
         split_at: None,
         drop_once: None,
+        lie_about_crc: false,
     };
     let b = Side {
         tcp: None,
@@ -316,6 +334,7 @@ fn bed_with(
         deaf: false,
         split_at: None,
         drop_once: None,
+        lie_about_crc: false,
     };
     let net = Network::new(link.clone(), link, seed);
     Bed { a, b, net }
@@ -862,6 +881,59 @@ fn crc_corruption_places_nothing_and_terminates() {
         Duration::from_secs(10),
         |a, b| a.tcp_gone() && b.tcp_gone(),
     );
+}
+
+/// The CRC found as a segment was read for its TCP checksum is what the FPDU is checked
+/// against (issue #24's single read of received payload): given wrong for one whole-FPDU
+/// segment of intact data, that FPDU fails as a CRC error: Terminate LLP/MPA/2.
+#[test]
+fn the_crc_read_with_the_checksum_is_the_one_checked() {
+    let mut bed = bed(8, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let size = 256 << 10;
+    let data = pattern(size, 5);
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
+    let write = |bed: &mut Bed, wr_id: u64| {
+        bed.a
+            .iw
+            .qp_mut()
+            .post_send(
+                SendWr {
+                    wr_id,
+                    op: SendOp::Write {
+                        remote_stag: r.b_sink,
+                        remote_to: B_SINK_TO,
+                    },
+                    sg_list: Sge {
+                        stag: r.a_src,
+                        to: A_SRC_TO,
+                        len: size as u32,
+                    }
+                    .into(),
+                    signaled: true,
+                },
+                &bed.a.mem,
+            )
+            .unwrap();
+    };
+    // Told right, every FPDU passes and the data is placed.
+    write(&mut bed, 1);
+    bed.run_until("first write", Duration::from_secs(10), |a, _| {
+        a.completions.iter().any(|c| c.wr_id == 1)
+    });
+    assert_eq!(&bed.b.bytes(r.b_sink)[..size], &data[..]);
+    assert_eq!(bed.b.counters().crc_errors, 0);
+    // Told wrong once: that FPDU fails.
+    bed.b.lie_about_crc = true;
+    write(&mut bed, 2);
+    bed.run_until("terminate", Duration::from_secs(10), |a, _| {
+        a.iw.qp().remote_terminate().is_some()
+    });
+    let term = bed.a.iw.qp().remote_terminate().unwrap();
+    assert_eq!((term.layer, term.etype, term.code), (2, 0, 2));
+    assert_eq!(bed.b.counters().crc_errors, 1);
+    assert!(!bed.b.lie_about_crc, "a whole-FPDU segment came");
 }
 
 /// MPA revision 1 and 2, CRC on and off, Markers on and off, and the RFC 6581 peer-to-peer

@@ -903,17 +903,35 @@ impl IwarpConn {
     /// segment names the one the peer refused, whose octets its TCP did receive
     /// (`QueuePair::message_acknowledged_deferred`); those before it complete, the rest flush.
     pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &MemoryTable<B>) {
+        self.on_data_with_crc(data, None, mem);
+    }
+
+    /// [`on_data`](Self::on_data) told the CRC32c of `data.data` but its last four octets,
+    /// computed as the segment was read for its TCP checksum ([`crate::SegmentDigest`]): an
+    /// in-order segment that is one whole FPDU is checked against it rather than read again
+    /// (`mpa::FpduDecoder::feed_spans_with_crc`), then placed.
+    pub fn on_data_with_crc<B: RegionBuffer>(
+        &mut self,
+        data: PassedUp<'_>,
+        covered_crc: Option<u32>,
+        mem: &MemoryTable<B>,
+    ) {
         let source = self.source_mode == Some(true);
         if source {
             self.take_acknowledged(data.acked, true);
         }
-        self.receive_segment(data, mem);
+        self.receive_segment(data, covered_crc, mem);
         if source {
             self.qp.complete_acknowledged();
         }
     }
 
-    fn receive_segment<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &MemoryTable<B>) {
+    fn receive_segment<B: RegionBuffer>(
+        &mut self,
+        data: PassedUp<'_>,
+        covered_crc: Option<u32>,
+        mem: &MemoryTable<B>,
+    ) {
         if data.data.is_empty() {
             return;
         }
@@ -947,7 +965,9 @@ impl IwarpConn {
             }
         }
         if off == self.consumed && !self.paused() {
-            let used = self.process_in_order(bytes, mem);
+            // The CRC covers the segment's data, only if none of it was cut off above.
+            let known = covered_crc.filter(|_| bytes.len() == data.data.len());
+            let used = self.process_in_order(bytes, known, mem);
             let rest = &bytes[used..];
             if !rest.is_empty() && !self.rx_dead {
                 let at = off + used as u64;
@@ -1443,7 +1463,14 @@ impl IwarpConn {
 
     /// Processes in-order octets at `self.consumed`; returns how many were used (fewer only
     /// when startup pauses for the application's accept).
-    fn process_in_order<B: RegionBuffer>(&mut self, bytes: &[u8], mem: &MemoryTable<B>) -> usize {
+    /// In-order octets `bytes` through the phase's decoder; `covered_crc`, the CRC of all of
+    /// `bytes` but its last four octets (see [`on_data_with_crc`](Self::on_data_with_crc)).
+    fn process_in_order<B: RegionBuffer>(
+        &mut self,
+        bytes: &[u8],
+        mut covered_crc: Option<u32>,
+        mem: &MemoryTable<B>,
+    ) -> usize {
         let mut used = 0;
         while used < bytes.len() && !self.rx_dead {
             let rest = &bytes[used..];
@@ -1579,7 +1606,8 @@ impl IwarpConn {
                     let qp = &mut self.qp;
                     let counters = &mut self.counters;
                     let mut got_fpdu = false;
-                    let res = full.decoder.feed_spans(rest, |_, ulpdu| {
+                    let known = covered_crc.take().filter(|_| used == 0);
+                    let res = full.decoder.feed_spans_with_crc(rest, known, |_, ulpdu| {
                         got_fpdu = true;
                         counters.fpdus_rx += 1;
                         let header_len = ddp_header_len(ulpdu);
@@ -1675,9 +1703,9 @@ impl IwarpConn {
             let start = self.consumed;
             let store = std::mem::take(&mut self.store);
             let (a, b) = store.slices(start, end);
-            let mut used = self.process_in_order(a, mem);
+            let mut used = self.process_in_order(a, None, mem);
             if used == a.len() && !self.rx_dead {
-                used += self.process_in_order(b, mem);
+                used += self.process_in_order(b, None, mem);
             }
             self.store = store;
             self.store.release_to(self.consumed);

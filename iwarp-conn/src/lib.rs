@@ -8,6 +8,8 @@
 //! - `tx`: the FPDU descriptors in flight and the fill that writes any stream range of them
 //!   straight from registered memory into the packet buffer (no send-buffer copy), MPA's
 //!   FPDUs or IFT's frames.
+//! - [`rx_digest`]: a received segment's data read once for the TCP checksum and the CRC of the
+//!   FPDU it holds.
 //! - `written`: where received segments write and what each buffer has had written (IFT's
 //!   rule that a speculative placement overwrites nothing placed before).
 //!
@@ -18,7 +20,9 @@
 #![forbid(unsafe_code)]
 
 pub mod conn;
+pub mod rx_digest;
 mod tx;
 mod written;
 
 pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub use rx_digest::SegmentDigest;

@@ -224,12 +224,29 @@ impl FpduDecoder {
     /// before the header, which belongs to this FPDU, is not included; Markers inside are).
     pub fn feed_spans<F: FnMut(FpduSpan, &[u8])>(
         &mut self,
+        bytes: &[u8],
+        on_ulpdu: F,
+    ) -> Result<(), MpaError> {
+        self.feed_spans_with_crc(bytes, None, on_ulpdu)
+    }
+
+    /// [`feed_spans`](Self::feed_spans) told the CRC of `bytes` as one FPDU: `covered_crc` is
+    /// the CRC32c (RFC 5044 4.4) of all of `bytes` but its last four octets, which the caller
+    /// computed as it read them (a receiver does so with the TCP checksum, in one pass over
+    /// the segment). When `bytes` is exactly one whole FPDU starting at an FPDU boundary with
+    /// no Marker in it, its CRC field is checked against that value and the octets are not
+    /// read again; otherwise the value is ignored. A wrong value fails the FPDU as a CRC
+    /// mismatch would: it never lets an FPDU through that the CRC would have stopped.
+    pub fn feed_spans_with_crc<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
         mut bytes: &[u8],
+        mut covered_crc: Option<u32>,
         mut on_ulpdu: F,
     ) -> Result<(), MpaError> {
         if let Some(error) = &self.error {
             return Err(error.clone());
         }
+        let whole = bytes.len();
         while !bytes.is_empty() {
             if let Some(got) = self.marker_got {
                 let take = (MARKER_LEN - got).min(bytes.len());
@@ -255,7 +272,9 @@ impl FpduDecoder {
             let until_marker = self.until_marker();
             match self.phase {
                 Phase::Header { got: 0 } => {
-                    if let Some(rest) = self.try_whole_fpdu(bytes, &mut on_ulpdu)? {
+                    // Only while nothing of the input has been consumed.
+                    let known = covered_crc.take().filter(|_| bytes.len() == whole);
+                    if let Some(rest) = self.try_whole_fpdu(bytes, known, &mut on_ulpdu)? {
                         bytes = rest;
                         continue;
                     }
@@ -341,9 +360,14 @@ impl FpduDecoder {
     /// The zero-copy path: at an FPDU boundary, when the whole FPDU is in `bytes` and no
     /// Marker falls inside it, verify it in place and hand up a slice of `bytes`. Returns the
     /// octets after the FPDU, or `None` when the general path must be taken.
+    ///
+    /// `known`: the CRC of all of `bytes` but its last four octets (see
+    /// [`feed_spans_with_crc`](Self::feed_spans_with_crc)), used when the FPDU is all of
+    /// `bytes`.
     fn try_whole_fpdu<'b, F: FnMut(FpduSpan, &[u8])>(
         &mut self,
         bytes: &'b [u8],
+        known: Option<u32>,
         on_ulpdu: &mut F,
     ) -> Result<Option<&'b [u8]>, MpaError> {
         let Some(header) = FpduHeader::parse(bytes) else {
@@ -357,11 +381,14 @@ impl FpduDecoder {
         let (fpdu, rest) = bytes.split_at(total);
         let (covered, crc_field) = fpdu.split_at(total - CRC_LEN);
         self.header_position = self.position;
-        self.hash(covered);
+        let known = known.filter(|_| total == bytes.len());
+        if known.is_none() {
+            self.hash(covered);
+        }
         self.position += total as u64;
         let mut received = [0; CRC_LEN];
         received.copy_from_slice(crc_field);
-        self.verify(received)?;
+        self.verify_with(known, received)?;
         let ulpdu = covered
             .get(FPDU_HEADER_LEN..FPDU_HEADER_LEN + ulpdu_len)
             .unwrap_or(&[]);
@@ -372,8 +399,14 @@ impl FpduDecoder {
 
     /// Checks the CRC, then any Marker disagreement, of the FPDU just read.
     fn verify(&mut self, received: [u8; CRC_LEN]) -> Result<(), MpaError> {
+        self.verify_with(None, received)
+    }
+
+    /// [`verify`](Self::verify), the CRC of the covered octets `known` already or else the
+    /// hasher's.
+    fn verify_with(&mut self, known: Option<u32>, received: [u8; CRC_LEN]) -> Result<(), MpaError> {
         if self.crc {
-            let computed = self.hasher.finalize();
+            let computed = known.unwrap_or_else(|| self.hasher.finalize());
             let received = u32::from_le_bytes(received);
             if computed != received {
                 return self.fail(MpaError::CrcMismatch { computed, received });

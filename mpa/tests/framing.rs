@@ -548,3 +548,61 @@ fn markers_follow_absolute_tcp_sequence_numbers_across_the_wrap() {
         );
     }
 }
+
+/// `feed_spans_with_crc`: the caller's CRC of a whole FPDU replaces the decoder's own (a
+/// right one passes the FPDU, a wrong one fails it as error 2 with nothing handed up), and is
+/// ignored where the input is not exactly one FPDU at a boundary.
+#[test]
+fn a_crc_computed_by_the_caller_checks_a_whole_fpdu() {
+    use mpa::crc::crc32c;
+    let mut encoder = FpduEncoder::new(true, false);
+    let mut one = Vec::new();
+    encoder.encode(&[7u8; 100], &mut one).unwrap();
+    let covered = crc32c(&one[..one.len() - 4]);
+
+    // Right: handed up, as `feed` would.
+    let mut decoder = FpduDecoder::new(true, false);
+    let mut got = Vec::new();
+    decoder
+        .feed_spans_with_crc(&one, Some(covered), |_, u| got.push(u.to_vec()))
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].len(), 100);
+
+    // Wrong: the FPDU fails though its octets are intact.
+    let mut decoder = FpduDecoder::new(true, false);
+    let mut handed = 0;
+    let err = decoder
+        .feed_spans_with_crc(&one, Some(covered ^ 1), |_, _| handed += 1)
+        .unwrap_err();
+    assert!(matches!(err, MpaError::CrcMismatch { .. }), "{err:?}");
+    assert_eq!(handed, 0);
+
+    // Ignored when the input holds more than one FPDU (the value then covers no FPDU).
+    let mut two = one.clone();
+    encoder.encode(b"second", &mut two).unwrap();
+    let mut decoder = FpduDecoder::new(true, false);
+    let mut seen = 0;
+    decoder
+        .feed_spans_with_crc(&two, Some(0xdead_beef), |_, _| seen += 1)
+        .unwrap();
+    assert_eq!(seen, 2);
+
+    // Ignored when the decoder is inside an FPDU: the input's end is then not its CRC field.
+    let mut decoder = FpduDecoder::new(true, false);
+    let mut seen = 0;
+    decoder.feed_spans(&two[..3], |_, _| seen += 1).unwrap();
+    decoder
+        .feed_spans_with_crc(&two[3..], Some(0xdead_beef), |_, _| seen += 1)
+        .unwrap();
+    assert_eq!(seen, 2);
+
+    // A corrupted FPDU with the CRC computed over what arrived fails as it would without.
+    let mut bad = one.clone();
+    bad[20] ^= 0x40;
+    let mut decoder = FpduDecoder::new(true, false);
+    let err = decoder
+        .feed_spans_with_crc(&bad, Some(crc32c(&bad[..bad.len() - 4])), |_, _| {})
+        .unwrap_err();
+    assert!(matches!(err, MpaError::CrcMismatch { .. }), "{err:?}");
+}

@@ -36,6 +36,30 @@ pub trait TxSources {
     }
 }
 
+/// What processing a received packet calls back into ([`ConnectionTable::handle_packet_with`]).
+pub trait Receiver {
+    /// The ones' complement sum of a segment's data (RFC 1071, as
+    /// [`Checksum::sum`](crate::wire::Checksum::sum) gives it), the payload's share of the TCP
+    /// checksum (RFC 9293 3.1), before the segment is checked further or matched to a
+    /// connection. A receiver that reads the data for more than the checksum (an FPDU's CRC)
+    /// can do both in one read here; a wrong sum fails the checksum.
+    fn payload_sum(&mut self, payload: &[u8]) -> u16 {
+        crate::wire::Checksum::new().add_bytes(payload).sum()
+    }
+
+    /// Data passed up ([`crate::RxMode::PassUp`]) for connection `id`.
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>);
+}
+
+/// A closure as a [`Receiver`] that sums payloads the plain way.
+struct PassUpFn<F>(F);
+
+impl<F: FnMut(ConnId, PassedUp<'_>)> Receiver for PassUpFn<F> {
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) {
+        (self.0)(id, data)
+    }
+}
+
 /// One connection's view of a [`TxSources`].
 struct SourceOf<'a> {
     id: ConnId,
@@ -448,15 +472,28 @@ impl ConnectionTable {
         &mut self,
         now: Instant,
         packet: &[u8],
-        mut pass_up: impl FnMut(ConnId, PassedUp<'_>),
+        pass_up: impl FnMut(ConnId, PassedUp<'_>),
     ) -> Result<Option<ConnId>, WireError> {
-        let seg = match SegmentRepr::parse(packet) {
+        self.handle_packet_with(now, packet, &mut PassUpFn(pass_up))
+    }
+
+    /// [`handle_packet`](Self::handle_packet) calling back into `rx`: its
+    /// [`payload_sum`](Receiver::payload_sum) for the TCP checksum, then its
+    /// [`pass_up`](Receiver::pass_up) for data.
+    pub fn handle_packet_with<R: Receiver + ?Sized>(
+        &mut self,
+        now: Instant,
+        packet: &[u8],
+        rx: &mut R,
+    ) -> Result<Option<ConnId>, WireError> {
+        let seg = match SegmentRepr::parse_summing(packet, |p| rx.payload_sum(p)) {
             Ok(s) => s,
             Err(e) => {
                 self.count_error(e);
                 return Err(e);
             }
         };
+        let mut pass_up = |id: ConnId, data: PassedUp<'_>| rx.pass_up(id, data);
         let tuple = FourTuple::of_received(&seg);
         if let Some(index) = self.by_tuple.get_received(&tuple) {
             return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));

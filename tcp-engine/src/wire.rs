@@ -377,7 +377,22 @@ impl<'a> Ipv4TcpView<'a> {
     /// not past the segment), TCP checksum over the pseudo-header.
     #[inline]
     pub fn new_checked(packet: &'a [u8]) -> Result<Self, WireError> {
-        Self::parse::<true>(packet)
+        Self::parse::<true>(packet, payload_sum)
+    }
+
+    /// [`new_checked`](Self::new_checked) with the payload's share of the TCP checksum from
+    /// `payload_sum`: given the segment's data (after the TCP options, up to the IPv4 total
+    /// length), it returns that data's ones' complement sum as
+    /// [`Checksum::sum`](checksum::Checksum::sum) gives it, and may do more in the same
+    /// read (an iWARP receiver computes the CRC of the FPDU the data holds). Called once,
+    /// after every length check passed, before the TCP checksum is decided; a wrong sum fails
+    /// the check.
+    #[inline]
+    pub fn new_checked_summing(
+        packet: &'a [u8],
+        payload_sum: impl FnOnce(&[u8]) -> u16,
+    ) -> Result<Self, WireError> {
+        Self::parse::<true>(packet, payload_sum)
     }
 
     /// [`new_checked`](Self::new_checked) without the two checksums: every length and the
@@ -387,13 +402,16 @@ impl<'a> Ipv4TcpView<'a> {
     /// segments whatever their checksums, or that rewrite them ([`fill_checksums`]).
     #[inline]
     pub fn new_unverified(packet: &'a [u8]) -> Result<Self, WireError> {
-        Self::parse::<false>(packet)
+        Self::parse::<false>(packet, payload_sum)
     }
 
     /// The checks of `new_checked`, the checksums only when `VERIFY` (in the same order, so
     /// that a packet with several faults reports the same one either way).
     #[inline]
-    fn parse<const VERIFY: bool>(packet: &'a [u8]) -> Result<Self, WireError> {
+    fn parse<const VERIFY: bool>(
+        packet: &'a [u8],
+        payload_sum: impl FnOnce(&[u8]) -> u16,
+    ) -> Result<Self, WireError> {
         if packet.len() < IPV4_HEADER_LEN {
             return Err(WireError::Truncated);
         }
@@ -428,7 +446,15 @@ impl<'a> Ipv4TcpView<'a> {
             return Err(WireError::BadDataOffset);
         }
         let tcp = TcpSlice::from_slice(tcp_bytes).map_err(|_| WireError::BadDataOffset)?;
-        if VERIFY && !tcp_sum_ok(ip.source(), ip.destination(), tcp_bytes) {
+        if VERIFY
+            && !tcp_sum_ok(
+                ip.source(),
+                ip.destination(),
+                tcp_bytes,
+                data_offset,
+                payload_sum,
+            )
+        {
             return Err(WireError::BadTcpChecksum);
         }
         Ok(Ipv4TcpView { packet, ip, tcp })
@@ -483,6 +509,8 @@ impl<'a> Ipv4TcpView<'a> {
             self.ip.source(),
             self.ip.destination(),
             &self.packet[self.ip_header_len()..],
+            self.tcp_header_len(),
+            payload_sum,
         )
     }
 }
@@ -505,13 +533,31 @@ fn pseudo_header(src: [u8; 4], dst: [u8; 4], tcp_len: u16) -> Checksum {
 }
 
 /// True if a TCP segment, its checksum field included, sums to all ones over the
-/// pseudo-header (RFC 9293 3.1).
+/// pseudo-header (RFC 9293 3.1). The header (`header_len` octets, a multiple of 4 not past
+/// the segment) is summed here, the data by `payload_sum`.
 #[inline]
-fn tcp_sum_ok(src: [u8; 4], dst: [u8; 4], segment: &[u8]) -> bool {
+fn tcp_sum_ok(
+    src: [u8; 4],
+    dst: [u8; 4],
+    segment: &[u8],
+    header_len: usize,
+    payload_sum: impl FnOnce(&[u8]) -> u16,
+) -> bool {
     let Ok(len) = u16::try_from(segment.len()) else {
         return false;
     };
-    pseudo_header(src, dst, len).add_bytes(segment).finish() == 0
+    let (header, payload) = segment.split_at(header_len.min(segment.len()));
+    pseudo_header(src, dst, len)
+        .add_short(header)
+        .add_sum(payload_sum(payload))
+        .finish()
+        == 0
+}
+
+/// The ones' complement sum of a segment's data, read for nothing else.
+#[inline]
+fn payload_sum(payload: &[u8]) -> u16 {
+    Checksum::new().add_bytes(payload).sum()
 }
 
 /// Rewrites the IPv4 header checksum (RFC 791 3.1) and the TCP checksum (RFC 9293 3.1,
@@ -673,6 +719,16 @@ impl<'a> SegmentRepr<'a> {
     /// Parse and validate an IPv4 packet into a segment representation.
     pub fn parse(packet: &'a [u8]) -> Result<SegmentRepr<'a>, WireError> {
         let view = Ipv4TcpView::new_checked(packet)?;
+        Self::from_view(&view)
+    }
+
+    /// [`parse`](Self::parse) with the payload's checksum share from `payload_sum` (see
+    /// [`Ipv4TcpView::new_checked_summing`]).
+    pub fn parse_summing(
+        packet: &'a [u8],
+        payload_sum: impl FnOnce(&[u8]) -> u16,
+    ) -> Result<SegmentRepr<'a>, WireError> {
+        let view = Ipv4TcpView::new_checked_summing(packet, payload_sum)?;
         Self::from_view(&view)
     }
 

@@ -138,6 +138,16 @@ pub trait TcpApp {
         let _ = (id, data);
     }
 
+    /// The ones' complement sum of a received segment's data (the TCP checksum's share, RFC
+    /// 9293 3.1; as `tcp_engine::wire::Checksum::sum` gives it), asked for while the segment is
+    /// checked, before its connection is known and before [`on_data`](Self::on_data). An
+    /// application that reads the data for more (an iWARP receiver: the CRC of the FPDU it
+    /// holds) does both here in one read and keeps the rest for `on_data`. A wrong sum drops
+    /// the segment as corrupted.
+    fn payload_sum(&mut self, payload: &[u8]) -> u16 {
+        tcp_engine::wire::Checksum::new().add_bytes(payload).sum()
+    }
+
     /// A listener's connection completed its handshake and is now the application's.
     fn on_accept(&mut self, id: ConnId, conn: &mut Connection) {
         let _ = (id, conn);
@@ -1722,12 +1732,12 @@ impl Rx<'_> {
         }
         let opens = self.table.stats().passive_opens;
         let queued = self.table.stats().queued_for_accept;
-        let mut passed_up = false;
-        let res = self.table.handle_packet(self.now, ip, |id, data| {
-            passed_up = true;
-            app.on_data(id, data)
-        });
-        self.passed_up |= passed_up;
+        let mut rx = AppReceiver {
+            app,
+            passed_up: false,
+        };
+        let res = self.table.handle_packet_with(self.now, ip, &mut rx);
+        self.passed_up |= rx.passed_up;
         if self.table.stats().queued_for_accept != queued {
             self.accept
                 .accept(self.table, self.stats, self.attention, app);
@@ -1792,6 +1802,24 @@ impl Rx<'_> {
             }
             Err(_) => self.stats.icmp_rejected += 1,
         }
+    }
+}
+
+/// The application as what a received packet calls back into ([`TcpApp::payload_sum`],
+/// [`TcpApp::on_data`]).
+struct AppReceiver<'a, A: ?Sized> {
+    app: &'a mut A,
+    passed_up: bool,
+}
+
+impl<A: TcpApp + ?Sized> tcp_engine::table::Receiver for AppReceiver<'_, A> {
+    fn payload_sum(&mut self, payload: &[u8]) -> u16 {
+        self.app.payload_sum(payload)
+    }
+
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) {
+        self.passed_up = true;
+        self.app.on_data(id, data);
     }
 }
 

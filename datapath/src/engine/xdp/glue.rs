@@ -15,11 +15,21 @@ use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
 use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::{DatapathError, QpError};
+use iwarp_conn::SegmentDigest;
 
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
 use super::wake::{ListenPort, SlotWaker, State, TableView};
+
+/// What [`TcpApp::payload_sum`] found in the segment being received: where its data lies and
+/// the CRC of the FPDU it is ([`SegmentDigest`]), for that segment's [`TcpApp::on_data`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RxDigest {
+    at: usize,
+    len: usize,
+    crc: u32,
+}
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -117,7 +127,24 @@ impl TcpApp for App<'_> {
         }
     }
 
+    fn payload_sum(&mut self, payload: &[u8]) -> u16 {
+        let digest = SegmentDigest::of(payload);
+        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
+            at: payload.as_ptr().addr(),
+            len: payload.len(),
+            crc,
+        });
+        digest.sum
+    }
+
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+        // The CRC found as this segment was summed, if TCP passes up all of its data.
+        let crc = self
+            .st
+            .rx_digest
+            .take()
+            .filter(|d| d.at == data.data.as_ptr().addr() && d.len == data.data.len())
+            .map(|d| d.crc);
         let State {
             slots,
             early,
@@ -127,7 +154,7 @@ impl TcpApp for App<'_> {
         match slots.get_mut(&id) {
             Some(slot) => {
                 let mem = table_of(slot.table, self.mem, scratch);
-                slot.conn.on_data(data, mem);
+                slot.conn.on_data_with_crc(data, crc, mem);
             }
             None => early.entry(id).or_default().push((
                 data.seq,

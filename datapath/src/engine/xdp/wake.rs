@@ -266,6 +266,8 @@ pub(super) struct State {
     pub(super) seen_posts: u64,
     /// More connections than a turn services all at once ([`SlotWaker`]).
     pub(super) many: Arc<AtomicBool>,
+    /// The FPDU CRC of the segment being received, for its `on_data`.
+    pub(super) rx_digest: Option<super::glue::RxDigest>,
 }
 
 #[cfg(test)]
