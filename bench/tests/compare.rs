@@ -46,6 +46,13 @@ fn compare(name: &str, args: &[&str], transports: &[&str], sizes: usize) {
     let medians = v["medians"].as_array().expect("medians");
     assert_eq!(medians.len(), sizes * transports.len(), "{v}");
     let lat = v["test"] == "write-lat";
+    // The test `--test` named (every call here gives it first).
+    let test = match args[1] {
+        "bw" => "write-bw",
+        "lat" => "write-lat",
+        other => other,
+    };
+    assert_eq!(v["test"], test, "{v}");
     for m in medians {
         assert!(m["value"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
         // Latency runs report their 99th percentile too (the median of the rounds').
@@ -105,6 +112,23 @@ fn compare_runs_every_transport_and_plots_them() {
         "compare-lat",
         &["--test", "lat", "-s", "64", "-n", "500", "--rounds", "1"],
         &["raw", "xdp", "socket"],
+        1,
+    );
+    compare(
+        "compare-read-bw",
+        &[
+            "--test",
+            "read-bw",
+            "-s",
+            "65536",
+            "-n",
+            "300",
+            "--rounds",
+            "1",
+            "--transports",
+            "xdp,socket",
+        ],
+        &["xdp", "socket"],
         1,
     );
     // Jumbo frames: raw AF_XDP and the engine with multi-buffer packets, kernel TCP with its
