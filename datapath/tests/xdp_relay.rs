@@ -444,7 +444,8 @@ fn aligned_loss_reorder_1_percent() {
 
 /// Jumbo frames through the relay (issue #24): at MTU 9000 the engines' packets span several
 /// UMEM frames (multi-buffer AF_XDP); with 1 % loss and reordering the aligned senders' FPDUs
-/// are still placed out of order straight from the segments, nothing held.
+/// are still placed out of order straight from the segments, nothing held, and the joined
+/// packets' checksums and CRCs come from the join's one read.
 #[test]
 fn aligned_loss_reorder_1_percent_at_mtu_9000() {
     let _bed = relay_bed_or_skip!();
@@ -452,6 +453,12 @@ fn aligned_loss_reorder_1_percent_at_mtu_9000() {
     let r = aligned_on_bed(0.01, 13);
     for (who, e) in [("server", &r.server), ("client", &r.client)] {
         assert!(e.driver.rx_multi_frame > 0, "{who}: {:?}", e.driver);
+        // Their payloads were summed and CRC'd by the copy that joined their frames.
+        assert!(
+            e.driver.rx_multi_frame_digested > 0,
+            "{who}: {:?}",
+            e.driver
+        );
         assert!(e.driver.tx_multi_frame > 0, "{who}: {:?}", e.driver);
     }
 }

@@ -43,6 +43,18 @@ impl SegmentDigest {
     }
 }
 
+impl SegmentDigest {
+    /// The digest of `payload` from a read done elsewhere (a copy that joined the frames of a
+    /// multi-buffer packet): `sum`, the ones' complement sum of all of it, and `covered_crc`,
+    /// the CRC32c of all of it but its last four octets, kept when `payload` is one FPDU.
+    pub fn read(payload: &[u8], sum: u16, covered_crc: u32) -> SegmentDigest {
+        SegmentDigest {
+            sum,
+            fpdu_crc: one_fpdu(payload).map(|_| covered_crc),
+        }
+    }
+}
+
 /// The length of what the CRC covers if `payload` is exactly one FPDU without Markers by its
 /// ULPDU_Length field, else `None`.
 fn one_fpdu(payload: &[u8]) -> Option<usize> {
@@ -83,6 +95,29 @@ mod tests {
             let field = u32::from_le_bytes(wire[wire.len() - 4..].try_into().unwrap());
             assert_eq!(d.fpdu_crc, Some(field));
         }
+    }
+
+    #[test]
+    fn a_read_done_elsewhere_is_kept_for_one_fpdu_only() {
+        let wire = fpdu(1000);
+        let d = SegmentDigest::read(&wire, 0x1234, 0xabcd_ef01);
+        assert_eq!(
+            d,
+            SegmentDigest {
+                sum: 0x1234,
+                fpdu_crc: Some(0xabcd_ef01)
+            }
+        );
+        let mut two = fpdu(100);
+        two.extend_from_slice(&fpdu(20));
+        let d = SegmentDigest::read(&two, 0x1234, 0xabcd_ef01);
+        assert_eq!(
+            d,
+            SegmentDigest {
+                sum: 0x1234,
+                fpdu_crc: None
+            }
+        );
     }
 
     #[test]

@@ -102,7 +102,9 @@ use crate::xsk::rss::RssTable;
 use crate::xsk::steering::{
     ActiveMode, AttachMode, Counters, FourTuple as FlowKey, SteeringProgram, XdpError,
 };
-use crate::xsk::{interface_info, resolve_next_hop, XskConfig, XskError, XskSocket, XskStats};
+use crate::xsk::{
+    interface_info, resolve_next_hop, PayloadDigest, XskConfig, XskError, XskSocket, XskStats,
+};
 use frame::Neighbours;
 use shard::ShardSet;
 
@@ -146,6 +148,14 @@ pub trait TcpApp {
     /// the segment as corrupted.
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
         tcp_engine::wire::Checksum::new().add_bytes(payload).sum()
+    }
+
+    /// [`payload_sum`](Self::payload_sum) for a multi-frame packet whose join already read
+    /// the payload (`digest`: its sum, and the CRC32c of all of it but its last four octets):
+    /// returns the sum, and keeps the CRC for `on_data` if the application checks one.
+    fn payload_digested(&mut self, payload: &[u8], digest: PayloadDigest) -> u16 {
+        let _ = payload;
+        digest.sum
     }
 
     /// A listener's connection completed its handshake and is now the application's.
@@ -408,6 +418,9 @@ pub struct XdpTcpStats {
     pub rx_kernel_drops: u64,
     /// Packets received over several UMEM frames (multi-buffer AF_XDP, jumbo MTUs), joined.
     pub rx_multi_frame: u64,
+    /// Of those, the ones whose TCP payload the join summed and CRC'd as it copied them
+    /// (`xsk::PayloadDigest`): read once, checked from these values.
+    pub rx_multi_frame_digested: u64,
     /// Packets sent over several UMEM frames.
     pub tx_multi_frame: u64,
     /// The connection table's counters.
@@ -436,6 +449,7 @@ impl XdpTcpStats {
         self.icmp_rejected += o.icmp_rejected;
         self.rx_kernel_drops += o.rx_kernel_drops;
         self.rx_multi_frame += o.rx_multi_frame;
+        self.rx_multi_frame_digested += o.rx_multi_frame_digested;
         self.tx_multi_frame += o.tx_multi_frame;
         let (t, u) = (&mut self.table, &o.table);
         t.bad_checksum += u.bad_checksum;
@@ -1127,6 +1141,7 @@ impl XdpTcp {
         for k in self.socks.iter().map(|x| x.stats()) {
             s.rx_kernel_drops += k.rx_dropped + k.rx_ring_full;
             s.rx_multi_frame += k.rx_multi_frame;
+            s.rx_multi_frame_digested += k.rx_multi_frame_digested;
             s.tx_multi_frame += k.tx_multi_frame;
         }
         s
@@ -1365,7 +1380,7 @@ impl XdpTcp {
             for _ in 0..cfg.rx_batch {
                 if !inbox.pop_with(|frame| {
                     rx.stats.handoffs_in += 1;
-                    rx.frame(frame, None, app);
+                    rx.frame(frame, None, None, app);
                 }) {
                     break;
                 }
@@ -1388,7 +1403,7 @@ impl XdpTcp {
                 batch.prefetch(i + RX_PREFETCH_AHEAD);
                 let Some(frame) = batch.get(i) else { break };
                 rx.stats.rx_frames += 1;
-                rx.frame(frame, shard.as_ref(), app);
+                rx.frame(frame, batch.digest(i), shard.as_ref(), app);
             }
         }
         (any, full, rx.passed_up)
@@ -1688,7 +1703,15 @@ impl Rx<'_> {
     /// were routed already): a segment of a flow another shard owns is copied to its inbox; a
     /// SYN or ACK of a flow nobody owns is claimed for this shard before the table sees it
     /// (and the claim dropped if the table made no connection of it).
-    fn frame<A: TcpApp + ?Sized>(&mut self, frame: &[u8], shard: Option<&ShardCtx>, app: &mut A) {
+    ///
+    /// `digest`: what joining a multi-frame packet read of its TCP payload, if it did.
+    fn frame<A: TcpApp + ?Sized>(
+        &mut self,
+        frame: &[u8],
+        digest: Option<PayloadDigest>,
+        shard: Option<&ShardCtx>,
+        app: &mut A,
+    ) {
         let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
             match frame::ipv4_icmp_packet(frame) {
                 Some(ip) => self.icmp(ip, frame, shard),
@@ -1735,6 +1758,7 @@ impl Rx<'_> {
         let mut rx = AppReceiver {
             app,
             passed_up: false,
+            digest,
         };
         let res = self.table.handle_packet_with(self.now, ip, &mut rx);
         self.passed_up |= rx.passed_up;
@@ -1810,11 +1834,17 @@ impl Rx<'_> {
 struct AppReceiver<'a, A: ?Sized> {
     app: &'a mut A,
     passed_up: bool,
+    /// What joining the packet read of its payload.
+    digest: Option<PayloadDigest>,
 }
 
 impl<A: TcpApp + ?Sized> tcp_engine::table::Receiver for AppReceiver<'_, A> {
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
-        self.app.payload_sum(payload)
+        match self.digest.take() {
+            // The join parsed the same headers: the same octets (the length says so too).
+            Some(d) if d.len == payload.len() => self.app.payload_digested(payload, d),
+            _ => self.app.payload_sum(payload),
+        }
     }
 
     fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) {
@@ -1996,7 +2026,7 @@ mod tests {
                     sharded: shard.is_some(),
                 },
             };
-            rx.frame(frame, shard, &mut NoApp);
+            rx.frame(frame, None, shard, &mut NoApp);
         }
 
         /// Forged or stale messages (a sequence number not in flight, an unknown 4-tuple, an

@@ -24,6 +24,7 @@
 
 pub mod capture;
 mod error;
+mod join;
 mod netlink;
 pub mod packet;
 pub mod rss;
@@ -31,6 +32,7 @@ mod socket;
 
 pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
 pub use error::XskError;
+pub use join::PayloadDigest;
 pub use netlink::{interface_info, neighbour, resolve_next_hop, route_to, InterfaceInfo, Route};
 pub use socket::{
     BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats,

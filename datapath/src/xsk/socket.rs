@@ -11,6 +11,7 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use super::capture::CaptureTap;
 use super::error::{euid, XskError};
+use super::join::{self, PayloadDigest};
 use super::netlink;
 
 /// How the socket binds: copy or zero-copy (`XDP_COPY` / `XDP_ZEROCOPY`).
@@ -293,6 +294,9 @@ pub struct XskStats {
     /// Received multi-frame packets dropped: more than [`MAX_FRAMES_PER_PACKET`] frames, or
     /// cut short (their last frame not received with them).
     pub rx_multi_frame_dropped: u64,
+    /// Received multi-frame packets whose TCP payload the join summed and CRC'd as it copied
+    /// them ([`PayloadDigest`]).
+    pub rx_multi_frame_digested: u64,
     /// Transmitted packets that spanned several frames.
     pub tx_multi_frame: u64,
 }
@@ -302,8 +306,13 @@ pub struct XskStats {
 enum RxPacket {
     /// In one frame: the descriptor's index in the batch.
     Frame(usize),
-    /// Joined from several frames into the socket's `rx_joined`, at this range.
-    Joined { at: usize, len: usize },
+    /// Joined from several frames into the socket's `rx_joined`, at this range, with what the
+    /// join read of its TCP payload.
+    Joined {
+        at: usize,
+        len: usize,
+        digest: Option<PayloadDigest>,
+    },
 }
 
 /// Octets of a frame's headers prefetched: of each received frame as its batch is taken
@@ -353,9 +362,10 @@ pub struct XskSocket {
     /// The frames of a packet cut short (its last frame was still on the RX ring when its
     /// batch ended) are being dropped: the next batch skips frames up to that packet's end.
     rx_discarding: bool,
-    /// The octets of the current batch's multi-frame packets, joined (capacity for a full
-    /// batch of the largest packets, allocated when the socket opens).
+    /// The octets of the current batch's multi-frame packets, joined (room for a full batch
+    /// of the largest packets, allocated when the socket opens), used up to `rx_joined_len`.
     rx_joined: Vec<u8>,
+    rx_joined_len: usize,
     /// A packet being built before it is split into frames (multi-buffer only).
     tx_joined: Vec<u8>,
 }
@@ -600,7 +610,8 @@ impl XskSocket {
             }),
             rx_indexed: false,
             rx_discarding: false,
-            rx_joined: Vec::with_capacity(joined * cfg.max_batch as usize),
+            rx_joined: vec![0; joined * cfg.max_batch as usize],
+            rx_joined_len: 0,
             tx_joined: vec![0; joined],
         })
     }
@@ -737,7 +748,9 @@ impl XskSocket {
                         RxPacket::Frame(i) => {
                             tap.record(unsafe { self.umem.data(&self.rx_descs[i]) }.contents())
                         }
-                        RxPacket::Joined { at, len } => tap.record(&self.rx_joined[at..at + len]),
+                        RxPacket::Joined { at, len, .. } => {
+                            tap.record(&self.rx_joined[at..at + len])
+                        }
                     }
                 }
             } else {
@@ -794,7 +807,7 @@ impl XskSocket {
             return;
         }
         self.rx_packets.clear();
-        self.rx_joined.clear();
+        self.rx_joined_len = 0;
         let mut i = skip;
         while i < n {
             let first = i;
@@ -818,19 +831,26 @@ impl XskSocket {
                 self.stats.rx_multi_frame_dropped += 1;
                 continue;
             }
-            let at = self.rx_joined.len();
-            for desc in &self.rx_descs[first..i] {
+            let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
+            for (slot, desc) in frames.iter_mut().zip(&self.rx_descs[first..i]) {
                 // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
-                // this UMEM that nobody writes until it returns to the fill ring. (Within the
-                // capacity reserved at open: a batch holds at most `max_batch` + 3 frames.)
-                self.rx_joined
-                    .extend_from_slice(unsafe { self.umem.data(desc) }.contents());
+                // this UMEM that nobody writes until it returns to the fill ring.
+                *slot = unsafe { self.umem.data(desc) }.contents();
             }
+            let frames = &frames[..i - first];
+            let len: usize = frames.iter().map(|f| f.len()).sum();
+            let at = self.rx_joined_len;
+            // Room for every packet of a batch at its largest (reserved at open); a batch
+            // holds at most `max_batch` packets.
+            let Some(dst) = self.rx_joined.get_mut(at..at + len) else {
+                self.stats.rx_multi_frame_dropped += 1;
+                continue;
+            };
+            let digest = join::join(frames, dst);
+            self.rx_joined_len += len;
             self.stats.rx_multi_frame += 1;
-            self.rx_packets.push(RxPacket::Joined {
-                at,
-                len: self.rx_joined.len() - at,
-            });
+            self.stats.rx_multi_frame_digested += u64::from(digest.is_some());
+            self.rx_packets.push(RxPacket::Joined { at, len, digest });
         }
         self.rx_indexed = true;
     }
@@ -1165,7 +1185,7 @@ impl RxBatch<'_> {
         let i = if self.sock.rx_indexed {
             match *self.sock.rx_packets.get(i)? {
                 RxPacket::Frame(d) => d,
-                RxPacket::Joined { at, len } => return self.sock.rx_joined.get(at..at + len),
+                RxPacket::Joined { at, len, .. } => return self.sock.rx_joined.get(at..at + len),
             }
         } else {
             i
@@ -1191,6 +1211,18 @@ impl RxBatch<'_> {
         if let Some(desc) = self.sock.rx_descs[..self.n].get(i) {
             self.sock
                 .prefetch_frame_octets(desc, HEADER_PREFETCH, desc.lengths().data());
+        }
+    }
+
+    /// What joining packet `i` read of its TCP payload, for a multi-frame packet that had one
+    /// to digest ([`PayloadDigest`]); `None` for other packets.
+    pub fn digest(&self, i: usize) -> Option<PayloadDigest> {
+        if !self.sock.rx_indexed {
+            return None;
+        }
+        match *self.sock.rx_packets.get(i)? {
+            RxPacket::Joined { digest, .. } => digest,
+            RxPacket::Frame(_) => None,
         }
     }
 

@@ -14,22 +14,14 @@ use crate::memory::{RegionMemory, SharedTable};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
 use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
+use crate::xsk::PayloadDigest;
 use crate::{DatapathError, QpError};
 use iwarp_conn::SegmentDigest;
 
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
-use super::wake::{ListenPort, SlotWaker, State, TableView};
-
-/// What [`TcpApp::payload_sum`] found in the segment being received: where its data lies and
-/// the CRC of the FPDU it is ([`SegmentDigest`]), for that segment's [`TcpApp::on_data`].
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RxDigest {
-    at: usize,
-    len: usize,
-    crc: u32,
-}
+use super::wake::{ListenPort, RxDigest, SlotWaker, State, TableView};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -129,6 +121,16 @@ impl TcpApp for App<'_> {
 
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
         let digest = SegmentDigest::of(payload);
+        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
+            at: payload.as_ptr().addr(),
+            len: payload.len(),
+            crc,
+        });
+        digest.sum
+    }
+
+    fn payload_digested(&mut self, payload: &[u8], digest: PayloadDigest) -> u16 {
+        let digest = SegmentDigest::read(payload, digest.sum, digest.crc);
         self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
             at: payload.as_ptr().addr(),
             len: payload.len(),
