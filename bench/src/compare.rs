@@ -597,7 +597,14 @@ impl Runner {
         if !rx.status.success() {
             // `raw rx` reports a run that ended short of its count, then fails it.
             return match report {
-                Ok(v) if v["frames"].as_u64() < v["expected"].as_u64() => Ok(None),
+                Ok(v)
+                    if matches!(
+                        (v["frames"].as_u64(), v["expected"].as_u64()),
+                        (Some(f), Some(e)) if f < e
+                    ) =>
+                {
+                    Ok(None)
+                }
                 _ => Err(format!("raw rx failed ({})", rx.status)),
             };
         }

@@ -503,7 +503,8 @@ pub(crate) mod x86 {
     /// [`copy_crc_sse`], and with `SUM` the octets' sum as little-endian 32-bit words (else 0).
     ///
     /// # Safety
-    /// As for [`copy_crc_sse`].
+    /// As for [`copy_crc_sse`]; without `STORE` nothing is written through `dst` (it may be
+    /// `src` itself) and only `src` need be valid, for `len` reads.
     #[target_feature(enable = "pclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc_sse_sum<const SUM: bool, const STORE: bool>(
         src: *const u8,
@@ -584,7 +585,8 @@ pub(crate) mod x86 {
     /// added up from the same registers.
     ///
     /// # Safety
-    /// As for [`copy_crc`].
+    /// As for [`copy_crc`]; without `STORE` nothing is written through `dst` (it may be `src`
+    /// itself) and only `src` need be valid, for `len` reads.
     #[target_feature(enable = "avx512f,vpclmulqdq,sse4.2")]
     pub(crate) unsafe fn copy_crc_sum<const SUM: bool, const STORE: bool>(
         src: *const u8,

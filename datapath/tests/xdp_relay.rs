@@ -453,7 +453,8 @@ fn aligned_loss_reorder_1_percent_at_mtu_9000() {
     let r = aligned_on_bed(0.01, 13);
     for (who, e) in [("server", &r.server), ("client", &r.client)] {
         assert!(e.driver.rx_multi_frame > 0, "{who}: {:?}", e.driver);
-        // Their payloads were summed and CRC'd by the copy that joined their frames.
+        // Their payloads were summed and CRC'd by the copy that joined their frames, and TCP
+        // checked their checksums from that sum.
         assert!(
             e.driver.rx_multi_frame_digested > 0,
             "{who}: {:?}",

@@ -235,8 +235,9 @@ impl FpduDecoder {
     /// computed as it read them (a receiver does so with the TCP checksum, in one pass over
     /// the segment). When `bytes` is exactly one whole FPDU starting at an FPDU boundary with
     /// no Marker in it, its CRC field is checked against that value and the octets are not
-    /// read again; otherwise the value is ignored. A wrong value fails the FPDU as a CRC
-    /// mismatch would: it never lets an FPDU through that the CRC would have stopped.
+    /// read again; otherwise (and always with Markers) the value is ignored. A wrong value
+    /// fails the FPDU as a CRC mismatch would: it never lets an FPDU through that the CRC
+    /// would have stopped.
     pub fn feed_spans_with_crc<F: FnMut(FpduSpan, &[u8])>(
         &mut self,
         mut bytes: &[u8],
@@ -272,8 +273,12 @@ impl FpduDecoder {
             let until_marker = self.until_marker();
             match self.phase {
                 Phase::Header { got: 0 } => {
-                    // Only while nothing of the input has been consumed.
-                    let known = covered_crc.take().filter(|_| bytes.len() == whole);
+                    // Only while nothing of the input has been consumed, and without Markers:
+                    // a Marker read just before this header (at the end of the last input) is
+                    // already in this FPDU's CRC (RFC 5044 4.4), and not in the caller's.
+                    let known = covered_crc
+                        .take()
+                        .filter(|_| bytes.len() == whole && !self.markers);
                     if let Some(rest) = self.try_whole_fpdu(bytes, known, &mut on_ulpdu)? {
                         bytes = rest;
                         continue;

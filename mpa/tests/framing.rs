@@ -606,3 +606,27 @@ fn a_crc_computed_by_the_caller_checks_a_whole_fpdu() {
         .unwrap_err();
     assert!(matches!(err, MpaError::CrcMismatch { .. }), "{err:?}");
 }
+
+/// With Markers, a Marker read at the end of one input just before the next FPDU's header is
+/// covered by that FPDU's CRC (RFC 5044 4.4); a CRC the caller computed over the next input
+/// alone leaves it out, so it is not used there: the FPDU passes on the decoder's own CRC.
+#[test]
+fn a_crc_computed_by_the_caller_is_not_used_with_markers() {
+    use mpa::crc::crc32c;
+    let mut encoder = FpduEncoder::new(true, true);
+    let mut wire = Vec::new();
+    // Marker at 0, a 508-octet FPDU to 512, a Marker, the second FPDU from 516.
+    encoder.encode(&[1u8; 502], &mut wire).unwrap();
+    encoder.encode(&[2u8; 100], &mut wire).unwrap();
+    assert_eq!(wire.len(), 516 + 108);
+    let (first, second) = wire.split_at(516);
+    let mut decoder = FpduDecoder::new(true, true);
+    let mut got = Vec::new();
+    decoder.feed(first, |u| got.push(u.to_vec())).unwrap();
+    let own = crc32c(&second[..second.len() - 4]);
+    decoder
+        .feed_spans_with_crc(second, Some(own), |_, u| got.push(u.to_vec()))
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1], vec![2u8; 100]);
+}

@@ -418,8 +418,8 @@ pub struct XdpTcpStats {
     pub rx_kernel_drops: u64,
     /// Packets received over several UMEM frames (multi-buffer AF_XDP, jumbo MTUs), joined.
     pub rx_multi_frame: u64,
-    /// Of those, the ones whose TCP payload the join summed and CRC'd as it copied them
-    /// (`xsk::PayloadDigest`): read once, checked from these values.
+    /// Of those, the ones whose checksum TCP checked from the sum the join computed as it
+    /// copied them (`xsk::PayloadDigest`, `TcpApp::payload_digested`): read once.
     pub rx_multi_frame_digested: u64,
     /// Packets sent over several UMEM frames.
     pub tx_multi_frame: u64,
@@ -629,9 +629,15 @@ impl ShardCtx {
     }
 
     /// Copies `frame` to shard `owner`'s inbox.
-    fn hand_off(&self, owner: u32, frame: &[u8], stats: &mut XdpTcpStats) {
+    fn hand_off(
+        &self,
+        owner: u32,
+        frame: &[u8],
+        digest: Option<PayloadDigest>,
+        stats: &mut XdpTcpStats,
+    ) {
         match self.set.inboxes.get(owner as usize) {
-            Some(inbox) if inbox.push(frame) => stats.handoffs_out += 1,
+            Some(inbox) if inbox.push_digested(frame, digest) => stats.handoffs_out += 1,
             _ => stats.handoff_drops += 1,
         }
     }
@@ -1141,7 +1147,6 @@ impl XdpTcp {
         for k in self.socks.iter().map(|x| x.stats()) {
             s.rx_kernel_drops += k.rx_dropped + k.rx_ring_full;
             s.rx_multi_frame += k.rx_multi_frame;
-            s.rx_multi_frame_digested += k.rx_multi_frame_digested;
             s.tx_multi_frame += k.tx_multi_frame;
         }
         s
@@ -1378,9 +1383,9 @@ impl XdpTcp {
         let mut full = false;
         if let Some(inbox) = shard.as_ref().and_then(|s| s.inbox()) {
             for _ in 0..cfg.rx_batch {
-                if !inbox.pop_with(|frame| {
+                if !inbox.pop_with_digest(|frame, digest| {
                     rx.stats.handoffs_in += 1;
-                    rx.frame(frame, None, None, app);
+                    rx.frame(frame, digest, None, app);
                 }) {
                     break;
                 }
@@ -1748,7 +1753,7 @@ impl Rx<'_> {
                     o => o,
                 };
                 if let Some(o) = owner.filter(|&o| o != sh.index) {
-                    sh.hand_off(o, frame, self.stats);
+                    sh.hand_off(o, frame, digest, self.stats);
                     return;
                 }
             }
@@ -1759,9 +1764,11 @@ impl Rx<'_> {
             app,
             passed_up: false,
             digest,
+            digest_used: false,
         };
         let res = self.table.handle_packet_with(self.now, ip, &mut rx);
         self.passed_up |= rx.passed_up;
+        self.stats.rx_multi_frame_digested += u64::from(rx.digest_used);
         if self.table.stats().queued_for_accept != queued {
             self.accept
                 .accept(self.table, self.stats, self.attention, app);
@@ -1805,7 +1812,7 @@ impl Rx<'_> {
                 .and_then(|key| sh.set.directory.lookup(key));
             match owner {
                 Some(o) if o != sh.index => {
-                    sh.hand_off(o, frame, self.stats);
+                    sh.hand_off(o, frame, None, self.stats);
                     return;
                 }
                 Some(_) => {}
@@ -1836,13 +1843,18 @@ struct AppReceiver<'a, A: ?Sized> {
     passed_up: bool,
     /// What joining the packet read of its payload.
     digest: Option<PayloadDigest>,
+    /// Whether TCP took the payload's sum from `digest`.
+    digest_used: bool,
 }
 
 impl<A: TcpApp + ?Sized> tcp_engine::table::Receiver for AppReceiver<'_, A> {
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
         match self.digest.take() {
             // The join parsed the same headers: the same octets (the length says so too).
-            Some(d) if d.len == payload.len() => self.app.payload_digested(payload, d),
+            Some(d) if d.len == payload.len() => {
+                self.digest_used = true;
+                self.app.payload_digested(payload, d)
+            }
             _ => self.app.payload_sum(payload),
         }
     }

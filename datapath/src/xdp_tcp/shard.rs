@@ -17,6 +17,7 @@
 //!   it, no allocation; when none is free the segment is dropped and counted (TCP recovers).
 //!   The owner is woken by a datagram on its inbox socket only while it says it sleeps.
 
+use crate::xsk::PayloadDigest;
 use std::cell::UnsafeCell;
 use std::io;
 use std::net::Ipv4Addr;
@@ -243,12 +244,16 @@ struct FrameBuf(UnsafeCell<Box<[u8]>>);
 
 /// A shard's bounded inbox of frames handed over by other shards (see the module
 /// documentation).
+/// A frame queued in an inbox: its buffer's index, its length, and what the join of a
+/// multi-frame packet read of its TCP payload (the same octets, copied).
+type Queued = (u32, u32, Option<PayloadDigest>);
+
 pub struct Inbox {
     bufs: Box<[FrameBuf]>,
     free_tx: Sender<u32>,
     free_rx: Receiver<u32>,
-    full_tx: Sender<(u32, u32)>,
-    full_rx: Receiver<(u32, u32)>,
+    full_tx: Sender<Queued>,
+    full_rx: Receiver<Queued>,
     /// Set by the owner while it sleeps (or is about to): senders then write `wake_tx`.
     asleep: AtomicBool,
     wake_tx: UnixDatagram,
@@ -306,6 +311,12 @@ impl Inbox {
     /// False (nothing queued) if no buffer is free or the frame does not fit. No allocation,
     /// no lock.
     pub fn push(&self, frame: &[u8]) -> bool {
+        self.push_digested(frame, None)
+    }
+
+    /// [`push`](Self::push) with what joining the packet read of its payload, handed to the
+    /// owner with the frame ([`pop_with_digest`](Self::pop_with_digest)).
+    pub fn push_digested(&self, frame: &[u8], digest: Option<PayloadDigest>) -> bool {
         let Ok(i) = self.free_rx.try_recv() else {
             return false;
         };
@@ -320,7 +331,11 @@ impl Inbox {
             return false;
         }
         dst[..frame.len()].copy_from_slice(frame);
-        if self.full_tx.try_send((i, frame.len() as u32)).is_err() {
+        if self
+            .full_tx
+            .try_send((i, frame.len() as u32, digest))
+            .is_err()
+        {
             // Cannot happen (the full queue holds every buffer); give the buffer back.
             let _ = self.free_tx.try_send(i);
             return false;
@@ -336,14 +351,19 @@ impl Inbox {
     /// The owner: takes the next queued frame, hands it to `f`, and frees the buffer. False if
     /// the inbox was empty.
     pub fn pop_with(&self, f: impl FnOnce(&[u8])) -> bool {
-        let Ok((i, len)) = self.full_rx.try_recv() else {
+        self.pop_with_digest(|frame, _| f(frame))
+    }
+
+    /// [`pop_with`](Self::pop_with), also giving the digest the frame was pushed with.
+    pub fn pop_with_digest(&self, f: impl FnOnce(&[u8], Option<PayloadDigest>)) -> bool {
+        let Ok((i, len, digest)) = self.full_rx.try_recv() else {
             return false;
         };
         if let Some(buf) = self.bufs.get(i as usize) {
             // SAFETY: index `i` came out of the full queue, so the pusher has finished writing
             // and no other thread holds it until it goes back to the free queue below.
             let src = unsafe { &*buf.0.get() };
-            f(src.get(..len as usize).unwrap_or(&[]));
+            f(src.get(..len as usize).unwrap_or(&[]), digest);
         }
         let _ = self.free_tx.try_send(i);
         true
@@ -637,6 +657,21 @@ mod tests {
         assert_eq!(seen, (0..4u8).map(|n| vec![n; 10]).collect::<Vec<_>>());
         assert!(inbox.is_empty());
         assert!(inbox.push(&[7; 64]), "buffers come back");
+    }
+
+    #[test]
+    fn inbox_hands_a_joined_packets_digest_over_with_it() {
+        let inbox = Inbox::new(4, 64).unwrap();
+        let d = PayloadDigest {
+            len: 8,
+            sum: 0x1234,
+            crc: 0xdead_beef,
+        };
+        assert!(inbox.push_digested(&[1; 30], Some(d)));
+        assert!(inbox.push(&[2; 30]));
+        let mut seen = Vec::new();
+        while inbox.pop_with_digest(|f, digest| seen.push((f[0], digest))) {}
+        assert_eq!(seen, vec![(1, Some(d)), (2, None)]);
     }
 
     #[test]
