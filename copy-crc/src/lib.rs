@@ -773,12 +773,12 @@ mod tests {
         unsafe { x86::copy_crc_sse(src, dst.as_mut_ptr(), dst.len(), state) }
     }
 
-    /// The routines this CPU can run: the dispatching one, the fallback, and each vector one.
-    fn routines() -> Vec<(&'static str, Copy)> {
-        let mut r: Vec<(&'static str, Copy)> =
-            vec![("dispatch", copy_crc32c), ("fallback", copy_then_crc)];
+    /// Of one kind of routine, those this CPU can run: the dispatching one, the fallback, and
+    /// each vector one its features allow (`vector`: the SSE and the AVX-512 routine).
+    fn listed<T>(dispatch: T, fallback: T, vector: Option<(T, T)>) -> Vec<(&'static str, T)> {
+        let mut r = vec![("dispatch", dispatch), ("fallback", fallback)];
         #[cfg(target_arch = "x86_64")]
-        {
+        if let Some((sse, avx512)) = vector {
             let level = x86::level();
             if level != x86::Level::None {
                 r.push(("sse", sse));
@@ -787,7 +787,18 @@ mod tests {
                 r.push(("avx512", avx512));
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = vector;
         r
+    }
+
+    /// The copying routines this CPU can run.
+    fn routines() -> Vec<(&'static str, Copy)> {
+        #[cfg(target_arch = "x86_64")]
+        let vector = Some((sse as Copy, avx512 as Copy));
+        #[cfg(not(target_arch = "x86_64"))]
+        let vector = None;
+        listed(copy_crc32c, copy_then_crc, vector)
     }
 
     #[test]
@@ -838,21 +849,11 @@ mod tests {
 
     /// The summing routines this CPU can run, as [`routines`].
     fn sum_routines() -> Vec<(&'static str, CopySum)> {
-        let mut r: Vec<(&'static str, CopySum)> = vec![
-            ("dispatch", copy_crc32c_sum),
-            ("fallback", copy_then_crc_sum),
-        ];
         #[cfg(target_arch = "x86_64")]
-        {
-            let level = x86::level();
-            if level != x86::Level::None {
-                r.push(("sse", sse_sum));
-            }
-            if level == x86::Level::Avx512 {
-                r.push(("avx512", avx512_sum));
-            }
-        }
-        r
+        let vector = Some((sse_sum as CopySum, avx512_sum as CopySum));
+        #[cfg(not(target_arch = "x86_64"))]
+        let vector = None;
+        listed(copy_crc32c_sum, copy_then_crc_sum, vector)
     }
 
     /// The summing copies give the same copy and CRC as the plain ones and the sum
@@ -896,42 +897,36 @@ mod tests {
     /// The reading routines this CPU can run: the dispatch, the fallback and each vector
     /// routine without its stores.
     fn read_routines() -> Vec<(&'static str, ReadSum)> {
-        let mut r: Vec<(&'static str, ReadSum)> =
-            vec![("dispatch", crc32c_sum), ("fallback", two_pass_crc_sum)];
         #[cfg(target_arch = "x86_64")]
-        {
-            fn sse(bytes: &[u8], state: u32) -> (u32, u16) {
-                if bytes.len() < x86::MIN_LEN {
-                    return two_pass_crc_sum(bytes, state);
-                }
-                let src = bytes.as_ptr();
-                // SAFETY: only listed when `x86::level()` is not `None`; `src` valid for
-                // `bytes.len()` reads; nothing is stored without `STORE`.
-                let (c, le) = unsafe {
-                    x86::copy_crc_sse_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
-                };
-                (c, fold_le(le))
+        fn sse(bytes: &[u8], state: u32) -> (u32, u16) {
+            if bytes.len() < x86::MIN_LEN {
+                return two_pass_crc_sum(bytes, state);
             }
-            fn avx512(bytes: &[u8], state: u32) -> (u32, u16) {
-                if bytes.len() < x86::MIN_LEN {
-                    return two_pass_crc_sum(bytes, state);
-                }
-                let src = bytes.as_ptr();
-                // SAFETY: only listed when `x86::level()` is `Avx512`; as in `sse`.
-                let (c, le) = unsafe {
-                    x86::copy_crc_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
-                };
-                (c, fold_le(le))
-            }
-            let level = x86::level();
-            if level != x86::Level::None {
-                r.push(("sse", sse));
-            }
-            if level == x86::Level::Avx512 {
-                r.push(("avx512", avx512));
-            }
+            let src = bytes.as_ptr();
+            // SAFETY: only listed when `x86::level()` is not `None`; `src` valid for
+            // `bytes.len()` reads; nothing is stored without `STORE`.
+            let (c, le) = unsafe {
+                x86::copy_crc_sse_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
+            };
+            (c, fold_le(le))
         }
-        r
+        #[cfg(target_arch = "x86_64")]
+        fn avx512(bytes: &[u8], state: u32) -> (u32, u16) {
+            if bytes.len() < x86::MIN_LEN {
+                return two_pass_crc_sum(bytes, state);
+            }
+            let src = bytes.as_ptr();
+            // SAFETY: only listed when `x86::level()` is `Avx512`; as in `sse`.
+            let (c, le) = unsafe {
+                x86::copy_crc_sum::<true, false>(src, src.cast_mut(), bytes.len(), state)
+            };
+            (c, fold_le(le))
+        }
+        #[cfg(target_arch = "x86_64")]
+        let vector = Some((sse as ReadSum, avx512 as ReadSum));
+        #[cfg(not(target_arch = "x86_64"))]
+        let vector = None;
+        listed(crc32c_sum, two_pass_crc_sum, vector)
     }
 
     /// The reading routines give the reference CRC and sum, and leave the input as it was,

@@ -826,28 +826,7 @@ fn crc_corruption_places_nothing_and_terminates() {
     });
     let size = 1 << 20;
     let data = pattern(size, 99);
-    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
-    bed.a
-        .iw
-        .qp_mut()
-        .post_send(
-            SendWr {
-                wr_id: 1,
-                op: SendOp::Write {
-                    remote_stag: r.b_sink,
-                    remote_to: B_SINK_TO,
-                },
-                sg_list: Sge {
-                    stag: r.a_src,
-                    to: A_SRC_TO,
-                    len: size as u32,
-                }
-                .into(),
-                signaled: true,
-            },
-            &bed.a.mem,
-        )
-        .unwrap();
+    post_write(&mut bed, &r, 1, &data);
     bed.run_until("terminate", Duration::from_secs(10), |a, _| {
         a.iw.qp().remote_terminate().is_some()
     });
@@ -893,32 +872,8 @@ fn the_crc_read_with_the_checksum_is_the_one_checked() {
     let r = regions(&mut bed, 1 << 20);
     let size = 256 << 10;
     let data = pattern(size, 5);
-    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
-    let write = |bed: &mut Bed, wr_id: u64| {
-        bed.a
-            .iw
-            .qp_mut()
-            .post_send(
-                SendWr {
-                    wr_id,
-                    op: SendOp::Write {
-                        remote_stag: r.b_sink,
-                        remote_to: B_SINK_TO,
-                    },
-                    sg_list: Sge {
-                        stag: r.a_src,
-                        to: A_SRC_TO,
-                        len: size as u32,
-                    }
-                    .into(),
-                    signaled: true,
-                },
-                &bed.a.mem,
-            )
-            .unwrap();
-    };
     // Told right, every FPDU passes and the data is placed.
-    write(&mut bed, 1);
+    post_write(&mut bed, &r, 1, &data);
     bed.run_until("first write", Duration::from_secs(10), |a, _| {
         a.completions.iter().any(|c| c.wr_id == 1)
     });
@@ -926,7 +881,7 @@ fn the_crc_read_with_the_checksum_is_the_one_checked() {
     assert_eq!(bed.b.counters().crc_errors, 0);
     // Told wrong once: that FPDU fails.
     bed.b.lie_about_crc = true;
-    write(&mut bed, 2);
+    post_write(&mut bed, &r, 2, &data);
     bed.run_until("terminate", Duration::from_secs(10), |a, _| {
         a.iw.qp().remote_terminate().is_some()
     });
