@@ -710,6 +710,19 @@ want_case() {
   CASE_T0=$SECONDS
 }
 
+# Waits until our server (PID, logging to LOG) says it listens, at most 30 s: on the AF_XDP
+# engine that comes after the steering program is attached and the port steered, which under a
+# loaded CI took longer than a fixed pause (the guest's SYN then met the kernel's RST).
+wait_listening() { # LOG PID
+  local _
+  for _ in $(seq 1 300); do
+    grep -q "listening on" "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  log "warning: our server did not say it listens within 30 s ($1)"
+}
+
 # Our server in iwa, rping client in the guest.
 case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our args]
   want_case "$1" || return 0
@@ -721,7 +734,7 @@ case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our 
     --timeout 60 "$@" >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
-  sleep 0.2
+  wait_listening "$slog" "$spid"
   local rc=0 out
   # stdout and stderr apart: rping's buffered stdout would be cut by its stderr lines.
   out=$(guest 100 "rping -c -a $ADDR_A -C $count -S $size -v -V > /tmp/r.log 2>/tmp/r.err; \
@@ -848,7 +861,7 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
     -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
-  sleep 0.3
+  wait_listening "$slog" "$spid"
   local rc=0 out
   # shellcheck disable=SC2086 # PT_FLAGS: several words
   out=$(guest 120 "$PT_KILL; $(pt_guest_cmd "$tool" -R -F -p "$PT_PORT" -s "$size" -n "$iters" ${PT_FLAGS:-} "$ADDR_A")") ||
@@ -1145,7 +1158,7 @@ bench_pair() {
     --bind "$ADDR_A" "${xdp[@]}" --timeout 60 --step-timeout 60 >"$slog" 2>&1 &
   local spid=$! grow orow out rc=0
   CHILD_PIDS+=("$spid")
-  sleep 0.5
+  wait_listening "$slog" "$spid"
   out=$(guest 280 "$tool -R -p $PT_PORT -s $size -n $n $ADDR_A 2>&1") || rc=$?
   printf '%s\n' "$out" >"$OUT/bench-$test-$tr-siw-client.guest.log"
   wait "$spid" || rc=$((rc + 100))
@@ -1196,7 +1209,7 @@ bench_self() { # TEST SIZE N TRANSPORT
     >"$OUT/bench-self-$test-$tr.server.log" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
-  sleep 0.5
+  wait_listening "$OUT/bench-self-$test-$tr.server.log" "$spid"
   ip netns exec "$NS_B" timeout 300 "$BENCH" "$test" -s "$size" -n "$n" "$ADDR_A" \
     >"$OUT/bench-self-$test-$tr.client.log" 2>&1 || rc=$?
   wait "$spid" || rc=$((rc + 100))

@@ -451,7 +451,9 @@ fn describe(qp: &QueuePair) -> String {
 fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
     let host = cli.addr.as_deref().unwrap_or("0.0.0.0");
     let bind = resolve(host, cli.port)?;
-    let (listener, _) = net.listen(&bind.ip().to_string(), cli.port, params(cli))?;
+    let (listener, addr) = net.listen(&bind.ip().to_string(), cli.port, params(cli))?;
+    // Scripts start their client after this line: from here a SYN reaches the listener.
+    eprintln!("rping: server listening on {addr}");
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let ctrl = ctrl_region(&pd)?;

@@ -268,6 +268,16 @@ impl DdpHeader {
     }
 }
 
+/// The length of the DDP header whose first octet (the control field) is `first`: 14 with the
+/// T bit set (tagged, RFC 5041 4.2), 18 without (untagged, 4.3).
+pub fn header_len_of(first: u8) -> usize {
+    if first & control::TAGGED != 0 {
+        TAGGED_HEADER_LEN
+    } else {
+        UNTAGGED_HEADER_LEN
+    }
+}
+
 /// A checked zero-copy view of one DDP segment (RFC 5041 4.4: header, then ULP payload).
 ///
 /// [`DdpSegment::new_checked`] guarantees the buffer holds the whole header selected by
@@ -330,13 +340,10 @@ impl<T: AsRef<[u8]>> DdpSegment<T> {
             .unwrap_or(0)
     }
 
-    /// Header length selected by the T bit.
+    /// Header length selected by the T bit ([`header_len_of`]; 18, untagged, for an empty
+    /// buffer).
     pub fn header_len(&self) -> usize {
-        if self.is_tagged() {
-            TAGGED_HEADER_LEN
-        } else {
-            UNTAGGED_HEADER_LEN
-        }
+        header_len_of(self.control())
     }
 
     fn tagged_field<V>(&self, read: impl Fn(&[u8]) -> Option<V>) -> Option<V> {
@@ -394,6 +401,18 @@ impl<T: AsRef<[u8]>> DdpSegment<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The T bit alone picks the header length (RFC 5041 4.2, 4.3), whatever the other
+    /// control bits say; an empty segment reads as untagged.
+    #[test]
+    fn the_t_bit_picks_the_header_length() {
+        for first in 0..=u8::MAX {
+            let want = if first & 0x80 != 0 { 14 } else { 18 };
+            assert_eq!(header_len_of(first), want, "{first:#04x}");
+            assert_eq!(DdpSegment::new_unchecked([first]).header_len(), want);
+        }
+        assert_eq!(DdpSegment::new_unchecked(&[][..]).header_len(), 18);
+    }
 
     /// The DDP segment inside RFC 5044 Fig. 5 (ULPDU after ULPDU_Length 0x002a): an
     /// untagged Send, L = 1, DV = 1, RsvdULP[0] = 0x43, QN 0, MSN 1, MO 0, 24 zero octets.

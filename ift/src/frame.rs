@@ -31,16 +31,6 @@ pub struct FrameFormat {
     pub verify: bool,
 }
 
-/// The DDP header's length from its first octet: 14 with the T bit (tagged), else 18 (RFC
-/// 5041 4.2, 4.3).
-fn ddp_header_len(first: u8) -> usize {
-    if first & ddp::wire::control::TAGGED != 0 {
-        TAGGED_HEADER_LEN
-    } else {
-        UNTAGGED_HEADER_LEN
-    }
-}
-
 /// Builds frames.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameEncoder {
@@ -70,7 +60,7 @@ impl FrameEncoder {
         let Some(&first) = ulpdu.first() else {
             return Err(IftError::Local("an empty ULPDU has no DDP header"));
         };
-        let h = ddp_header_len(first);
+        let h = ddp::wire::header_len_of(first);
         if ulpdu.len() < h {
             return Err(IftError::Local("the ULPDU is shorter than its DDP header"));
         }
@@ -122,7 +112,7 @@ fn check_start(fmt: &FrameFormat, b: &[u8]) -> Result<usize, IftError> {
         });
     }
     let expected = match b.get(FRAME_HEADER_LEN) {
-        Some(&first) => ddp_header_len(first),
+        Some(&first) => ddp::wire::header_len_of(first),
         // Not known yet: at least a plausible length.
         None if h.header_size as usize == TAGGED_HEADER_LEN => TAGGED_HEADER_LEN,
         None => UNTAGGED_HEADER_LEN,
@@ -145,7 +135,7 @@ fn check_start(fmt: &FrameFormat, b: &[u8]) -> Result<usize, IftError> {
 fn check_frame<'a>(fmt: &FrameFormat, b: &'a [u8]) -> Result<Frame<'a>, IftError> {
     let len = check_start(fmt, b)?;
     debug_assert_eq!(len, b.len());
-    let h = ddp_header_len(b[FRAME_HEADER_LEN]);
+    let h = ddp::wire::header_len_of(b[FRAME_HEADER_LEN]);
     let header_end = FRAME_HEADER_LEN + h;
     let mut at = header_end;
     if fmt.header_crc {

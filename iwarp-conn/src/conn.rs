@@ -67,6 +67,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use ddp::{DdpSegment, UNTAGGED_HEADER_LEN};
 use ift::{FrameDecoder, FrameEncoder, IftError};
 use mpa::{
     FpduDecoder, FpduEncoder, FpduLocator, Initiator, InitiatorEvent, MpaConfig, MpaError,
@@ -82,10 +83,6 @@ use tcp_engine::{
 use crate::tx::{ift_frame_len, TxRing};
 use crate::written::{PlacementTarget, Written};
 
-/// Length of a tagged DDP header.
-const TAGGED_HEADER_LEN: usize = 14;
-/// Length of an untagged DDP header.
-const UNTAGGED_HEADER_LEN: usize = 18;
 /// MPA Markers recur every 512 octets of the stream.
 const MARKER_INTERVAL: u64 = 512;
 const MARKER_LEN: u64 = 4;
@@ -1210,7 +1207,7 @@ impl IwarpConn {
                 if placed.len() >= max_placed || overflow {
                     return;
                 }
-                let header_len = ddp_header_len(ulpdu);
+                let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
                 if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
                     return;
                 }
@@ -1313,7 +1310,7 @@ impl IwarpConn {
                 if placed.len() >= max_placed || found.len() >= MAX_RELOCATED {
                     return;
                 }
-                let header_len = ddp_header_len(ulpdu);
+                let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
                 if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
                     return;
                 }
@@ -1421,7 +1418,7 @@ impl IwarpConn {
                                 rel,
                                 Some(rel),
                                 |span, ulpdu| {
-                                    let header_len = ddp_header_len(ulpdu);
+                                    let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
                                     if placed_at.is_some()
                                         || span.end != fpdu_end - rx_start
                                         || ulpdu.len() < header_len
@@ -1610,7 +1607,7 @@ impl IwarpConn {
                     let res = full.decoder.feed_spans_with_crc(rest, known, |_, ulpdu| {
                         got_fpdu = true;
                         counters.fpdus_rx += 1;
-                        let header_len = ddp_header_len(ulpdu);
+                        let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
                         if qp.on_ulpdu(ulpdu, mem).is_ok() {
                             counters.bytes_placed_in_order +=
                                 ulpdu.len().saturating_sub(header_len) as u64;
@@ -2315,15 +2312,6 @@ impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
 /// frame header and the CRCs `fmt` has come off (no padding, no Markers; section 5.1).
 fn ift_mulpdu(emss: usize, fmt: &ift::FrameFormat) -> usize {
     emss.saturating_sub(ift_frame_len(fmt, 0))
-}
-
-/// The DDP header's length, from its T flag: tagged (RFC 5041 section 4.2) or untagged (4.3).
-fn ddp_header_len(ulpdu: &[u8]) -> usize {
-    if ulpdu.first().is_some_and(|b| b & 0x80 != 0) {
-        TAGGED_HEADER_LEN
-    } else {
-        UNTAGGED_HEADER_LEN
-    }
 }
 
 /// The stream position where an FPDU found at `span_start` (relative to `rx_start`) begins:

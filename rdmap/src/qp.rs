@@ -2870,11 +2870,6 @@ impl<'a> Payload<'a> {
 /// Splits a ULPDU into its DDP header and payload by the T bit (RFC 5041 4.1); `None` when
 /// it is shorter than the header its T bit names.
 fn split_ulpdu(ulpdu: &[u8]) -> Option<(&[u8], &[u8])> {
-    let first = *ulpdu.first()?;
-    let header_len = if first & 0x80 != 0 {
-        ddp::TAGGED_HEADER_LEN
-    } else {
-        ddp::UNTAGGED_HEADER_LEN
-    };
+    let header_len = ddp::wire::DdpSegment::new_unchecked(ulpdu).header_len();
     (ulpdu.len() >= header_len).then(|| ulpdu.split_at(header_len))
 }

@@ -34,10 +34,10 @@ pub const TERMINATE_CONTROL_LEN: usize = 4;
 pub const TERMINATE_SEGMENT_LEN_LEN: usize = 2;
 
 /// Octets of a tagged DDP header (RFC 5041 4.2).
-pub const TAGGED_DDP_HEADER_LEN: usize = 14;
+pub const TAGGED_DDP_HEADER_LEN: usize = ddp::TAGGED_HEADER_LEN;
 
 /// Octets of an untagged DDP header (RFC 5041 4.3).
-pub const UNTAGGED_DDP_HEADER_LEN: usize = 18;
+pub const UNTAGGED_DDP_HEADER_LEN: usize = ddp::UNTAGGED_HEADER_LEN;
 
 /// The largest Terminate header: control, segment length, untagged DDP header and Read
 /// Request header.
@@ -395,12 +395,7 @@ impl CopiedDdpHeader {
     /// Copies the DDP header from the start of a ULPDU, if the ULPDU is long enough for
     /// the header its T bit selects.
     pub fn from_segment(ulpdu: &[u8]) -> Option<CopiedDdpHeader> {
-        let first = *ulpdu.first()?;
-        let len = if first & 0x80 != 0 {
-            TAGGED_DDP_HEADER_LEN
-        } else {
-            UNTAGGED_DDP_HEADER_LEN
-        };
+        let len = ddp::wire::header_len_of(*ulpdu.first()?);
         let src = ulpdu.get(..len)?;
         let mut bytes = [0u8; UNTAGGED_DDP_HEADER_LEN];
         bytes[..len].copy_from_slice(src);
@@ -417,7 +412,7 @@ impl CopiedDdpHeader {
 
     /// True if the copied header is tagged.
     pub fn is_tagged(&self) -> bool {
-        self.bytes[0] & 0x80 != 0
+        self.bytes[0] & ddp::wire::control::TAGGED != 0
     }
 }
 
@@ -515,11 +510,7 @@ impl<T: AsRef<[u8]>> TerminateView<T> {
             return Some(0);
         }
         let first = *self.buffer.as_ref().get(self.ddp_header_at())?;
-        Some(if first & 0x80 != 0 {
-            TAGGED_DDP_HEADER_LEN
-        } else {
-            UNTAGGED_DDP_HEADER_LEN
-        })
+        Some(ddp::wire::header_len_of(first))
     }
 
     /// Total octets of this Terminate header; `None` if the buffer ends before the
