@@ -385,8 +385,14 @@ fn table(
     } else {
         Vec::new()
     };
+    // Each ratio is named as it is computed, and is above 1 where the engine does better: its
+    // rate over the other's, or the other's time over its own.
     for t in &others {
-        out.push_str(&format!("{:>13}", format!("xdp/{}", t.name())));
+        let name = match k {
+            Kind::Bw | Kind::ReadBw => format!("xdp/{}", t.name()),
+            Kind::Lat => format!("{}/xdp", t.name()),
+        };
+        out.push_str(&format!("{name:>13}"));
     }
     out.push('\n');
     for &size in sizes {
@@ -889,6 +895,7 @@ mod tests {
             &m,
         );
         assert!(t.starts_with("compare: write-lat p99, medians of 3"), "{t}");
+        assert!(t.contains("socket/xdp") && !t.contains("xdp/socket"), "{t}");
         assert!(
             t.lines()
                 .last()
