@@ -440,22 +440,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
     let mut expect_a = 0;
     let mut expect_b = 0;
     if ops.send {
-        bed.b
-            .iw
-            .qp_mut()
-            .post_recv(
-                RecvWr {
-                    wr_id: seed,
-                    sg_list: Sge {
-                        stag: r.b_recv,
-                        to: B_RECV_TO,
-                        len,
-                    }
-                    .into(),
-                },
-                &bed.b.mem,
-            )
-            .expect("post_recv");
+        post_recv_b(bed, r, seed, len);
         expect_b += 1;
     }
     let local = Some(Sge {
@@ -1118,6 +1103,24 @@ fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
         .qp_mut()
         .post_send(wr, &bed.a.mem)
         .expect("post write");
+}
+
+/// Posts on B a receive of `len` octets into its receive region.
+fn post_recv_b(bed: &mut Bed, r: &Regions, wr_id: u64, len: u32) {
+    let wr = RecvWr {
+        wr_id,
+        sg_list: Sge {
+            stag: r.b_recv,
+            to: B_RECV_TO,
+            len,
+        }
+        .into(),
+    };
+    bed.b
+        .iw
+        .qp_mut()
+        .post_recv(wr, &bed.b.mem)
+        .expect("post_recv");
 }
 
 /// Runs for `time` of virtual time whatever happens.
@@ -1793,22 +1796,7 @@ fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
     let message = [&pattern(100, 7)[..], &fake, &pattern(100, 8)].concat();
     bed.b.split_at = Some(fake[..24].to_vec());
     rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &message);
-    bed.b
-        .iw
-        .qp_mut()
-        .post_recv(
-            RecvWr {
-                wr_id: 5,
-                sg_list: Sge {
-                    stag: r.b_recv,
-                    to: B_RECV_TO,
-                    len: 4096,
-                }
-                .into(),
-            },
-            &bed.b.mem,
-        )
-        .expect("post_recv");
+    post_recv_b(&mut bed, &r, 5, 4096);
     bed.a
         .iw
         .qp_mut()
@@ -1883,22 +1871,7 @@ fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
     rdmap::RegionBuffer::write_at(src, 0, &f);
     rdmap::RegionBuffer::write_at(src, 2048, &m);
     rdmap::RegionBuffer::write_at(src, 4096, &p);
-    bed.b
-        .iw
-        .qp_mut()
-        .post_recv(
-            RecvWr {
-                wr_id: 9,
-                sg_list: Sge {
-                    stag: r.b_recv,
-                    to: B_RECV_TO,
-                    len: 4096,
-                }
-                .into(),
-            },
-            &bed.b.mem,
-        )
-        .expect("post_recv");
+    post_recv_b(&mut bed, &r, 9, 4096);
     let write = SendOp::Write {
         remote_stag: r.b_sink,
         remote_to: B_SINK_TO,
