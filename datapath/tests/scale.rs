@@ -6,7 +6,7 @@
 //! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
 //!
 //! `IWARP_SCALE_CONNS` sets the number of engine connections: 2,000 by default (CI), 10,000
-//! for the run by hand recorded in `docs/BENCHMARKS.md` ("Connection scale"), which takes
+//! for the run by hand recorded in `docs/BENCHMARKS.md` (its table in the history), which takes
 //! about 4 minutes: an engine turn costs O(live connections) (`xdp_tcp`'s module
 //! documentation), so setting up and closing slow down as connections accumulate.
 

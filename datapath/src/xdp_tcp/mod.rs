@@ -254,7 +254,7 @@ pub struct XdpTcpConfig {
     /// all, are read only at the start of a turn: without a limit a bulk sender's turn sends
     /// its whole window (~350 frames, ~1 ms on the veth bed) and holds the ACKs that arrive
     /// meanwhile until the turn ends, which makes the round trip as long as the window and
-    /// leaves the window no slack for a peer that is late (docs/BENCHMARKS.md, "Where the
+    /// leaves the window no slack for a peer that is late (docs/benchmarks-history.md, "Where the
     /// round trip's millisecond goes"). Default 0: a limit shortens the round trip (64: p50
     /// ~0.15 ms instead of ~0.5 ms) but bought no write-bw on the veth bed (64: 0.94 of no
     /// limit, 256: 0.99).
