@@ -84,6 +84,19 @@ fn table_of<'t>(
     }
 }
 
+impl App<'_> {
+    /// Keeps the FPDU CRC of the segment being received for its `on_data` (where its data
+    /// lies, to match the octets TCP passes up); returns the sum for TCP's checksum.
+    fn keep_digest(&mut self, payload: &[u8], digest: SegmentDigest) -> u16 {
+        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
+            at: payload.as_ptr().addr(),
+            len: payload.len(),
+            crc,
+        });
+        digest.sum
+    }
+}
+
 impl TcpApp for App<'_> {
     fn has_new_work(&mut self) -> bool {
         // A turn reads the queues after this load, and a poster counts after queueing: a
@@ -120,23 +133,14 @@ impl TcpApp for App<'_> {
     }
 
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
-        let digest = SegmentDigest::of(payload);
-        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
-            at: payload.as_ptr().addr(),
-            len: payload.len(),
-            crc,
-        });
-        digest.sum
+        self.keep_digest(payload, SegmentDigest::of(payload))
     }
 
     fn payload_digested(&mut self, payload: &[u8], digest: PayloadDigest) -> u16 {
-        let digest = SegmentDigest::read(payload, digest.sum, digest.crc);
-        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
-            at: payload.as_ptr().addr(),
-            len: payload.len(),
-            crc,
-        });
-        digest.sum
+        self.keep_digest(
+            payload,
+            SegmentDigest::read(payload, digest.sum, digest.crc),
+        )
     }
 
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
