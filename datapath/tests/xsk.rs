@@ -145,7 +145,8 @@ fn interface_facts_and_neighbour_resolution() {
 }
 
 /// A frame built in a UMEM frame and sent from the TX ring of a socket in `iwa` arrives in `iwb`
-/// (seen by an AF_PACKET socket there) with valid IPv4 and TCP checksums and intact payload.
+/// (seen by an AF_PACKET socket there) with valid IPv4 and TCP checksums and intact payload;
+/// `send_until` ends its batch where the source runs dry.
 #[test]
 fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
     let _bed = bed_or_skip!();
@@ -172,18 +173,35 @@ fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
             })
             .unwrap();
         assert_eq!(sent, sizes.len());
+        // A source that runs dry: a skipped frame goes on, `None` ends the batch at once (the
+        // call is not offered the batch's other frames).
+        let mut offered = 0;
+        let sent = xsk
+            .send_until(32, |i, buf| {
+                offered += 1;
+                match i {
+                    0 => Some(0),
+                    1 => {
+                        let s = TcpFrameSpec { seq: 1002, ..spec };
+                        Some(write_tcp_frame(buf, &s, 64, |p| pattern(s.seq, p)).unwrap())
+                    }
+                    _ => None,
+                }
+            })
+            .unwrap();
+        assert_eq!((sent, offered), (1, 3), "queued, frames offered");
         assert!(
             xsk.drain_tx(Duration::from_secs(2)).unwrap(),
             "TX completes"
         );
         let st = xsk.stats();
-        assert_eq!((st.tx_frames, st.tx_completed), (2, 2), "{st:?}");
+        assert_eq!((st.tx_frames, st.tx_completed), (3, 3), "{st:?}");
         assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
     });
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut seen = Vec::new();
     let mut buf = vec![0u8; 65536];
-    while seen.len() < sizes.len() && Instant::now() < deadline {
+    while seen.len() < sizes.len() + 1 && Instant::now() < deadline {
         let n = match (&capture).read(&mut buf) {
             Ok(n) => n,
             Err(e)
@@ -212,7 +230,7 @@ fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
     seen.sort();
     assert_eq!(
         seen,
-        vec![(1000, 64), (1001, 1514)],
+        vec![(1000, 64), (1001, 1514), (1002, 64)],
         "frames seen in iwb (seq, length)"
     );
 }

@@ -1556,24 +1556,21 @@ impl XdpTcp {
             rounds = rounds.min(self.cfg.tx_turn_frames.div_ceil(batch) - 1);
         }
         for _ in 0..=rounds {
-            let queued = sock.send_batch(batch, |_, buf| {
-                if exhausted {
-                    return 0;
-                }
+            let queued = sock.send_until(batch, |_, buf| {
                 let cap = buf.len().min(limit);
                 let (eth, ip) = buf[..cap].split_at_mut(ETH_HLEN);
                 let Some(len) = table.poll_transmit_with(now, ip, &mut sources) else {
                     exhausted = true;
-                    return 0;
+                    return None;
                 };
                 match neigh.lookup(frame::ipv4_dst(&ip[..len])) {
                     Some(dst_mac) => {
                         frame::write_eth(eth, dst_mac, src_mac);
-                        ETH_HLEN + len
+                        Some(ETH_HLEN + len)
                     }
                     None => {
                         stats.tx_no_mac += 1;
-                        0
+                        Some(0)
                     }
                 }
             })?;

@@ -877,6 +877,17 @@ impl XskSocket {
     where
         F: FnMut(usize, &mut [u8]) -> usize,
     {
+        self.send_until(n, |i, buf| Some(fill(i, buf)))
+    }
+
+    /// [`send_batch`](Self::send_batch) for a source that can run dry: `fill` returning `None`
+    /// says nothing more is to be sent, and the call queues what it has and ends there (a
+    /// latency-bound sender queues one frame; without the end it would be offered, and take
+    /// from the free list and put back, every frame of the batch).
+    pub fn send_until<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    where
+        F: FnMut(usize, &mut [u8]) -> Option<usize>,
+    {
         if self.multi_buffer {
             return self.send_batch_joined(n, fill);
         }
@@ -885,7 +896,8 @@ impl XskSocket {
         }
         let mut index = 0;
         let mut queued = 0;
-        while index < n {
+        let mut dry = false;
+        while index < n && !dry {
             let chunk = (n - index).min(self.tx_descs.len()).min(self.free_tx.len());
             if chunk == 0 {
                 break;
@@ -906,11 +918,16 @@ impl XskSocket {
                     let mut cursor = data.cursor();
                     let cap = cursor.buf_len();
                     cursor.set_pos(cap);
-                    let len = fill(index, data.contents_mut()).min(cap);
-                    data.cursor().set_pos(len);
+                    let len = fill(index, data.contents_mut()).map(|l| l.min(cap));
+                    data.cursor().set_pos(len.unwrap_or(0));
                     len
                 };
                 index += 1;
+                let Some(len) = len else {
+                    self.free_tx.push(desc);
+                    dry = true;
+                    break;
+                };
                 if len == 0 {
                     self.free_tx.push(desc);
                 } else {
@@ -957,12 +974,13 @@ impl XskSocket {
     /// `XDP_PKT_CONTD`; a packet's frames go to the TX ring together.
     fn send_batch_joined<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
     where
-        F: FnMut(usize, &mut [u8]) -> usize,
+        F: FnMut(usize, &mut [u8]) -> Option<usize>,
     {
         let cap = self.frame_capacity;
         let mut index = 0;
         let mut queued = 0;
-        while index < n {
+        let mut dry = false;
+        while index < n && !dry {
             let mut k = 0;
             let mut packets = 0;
             let mut out_of_frames = false;
@@ -974,7 +992,11 @@ impl XskSocket {
                         break;
                     }
                 }
-                let len = fill(index, &mut self.tx_joined).min(self.tx_joined.len());
+                let Some(len) = fill(index, &mut self.tx_joined) else {
+                    dry = true;
+                    break;
+                };
+                let len = len.min(self.tx_joined.len());
                 index += 1;
                 if len == 0 {
                     continue;
