@@ -34,12 +34,26 @@ pub fn fill(seed: u64, offset: u64, buf: &mut [u8]) {
     fill_bytes(seed, index * 8, tail);
 }
 
-/// [`fill`] octet by octet (for the parts of a buffer that are not whole words).
+/// [`fill`] for the parts of a buffer that are not whole words: each pattern word computed
+/// once for the octets of it that `buf` holds.
 fn fill_bytes(seed: u64, offset: u64, buf: &mut [u8]) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        let pos = offset + i as u64;
-        *b = word(seed, pos / 8).to_le_bytes()[(pos % 8) as usize];
+    let mut i = 0;
+    while i < buf.len() {
+        let (w, n) = word_part(seed, offset + i as u64, buf.len() - i);
+        buf[i..i + n].copy_from_slice(&w[..n]);
+        i += n;
     }
+}
+
+/// The pattern octets from stream position `pos` to the end of its word, at most `max` of
+/// them: (the octets, how many).
+#[inline(always)]
+fn word_part(seed: u64, pos: u64, max: usize) -> ([u8; 8], usize) {
+    let start = (pos % 8) as usize;
+    let mut w = [0u8; 8];
+    let n = (8 - start).min(max);
+    w[..n].copy_from_slice(&word(seed, pos / 8).to_le_bytes()[start..start + n]);
+    (w, n)
 }
 
 /// Index of the first byte of `buf` that differs from the pattern at `offset`, if any.
@@ -70,12 +84,18 @@ pub fn first_mismatch(seed: u64, offset: u64, buf: &[u8]) -> Option<usize> {
     first_mismatch_bytes(seed, offset + at as u64, quads.remainder()).map(|i| at + i)
 }
 
-/// [`first_mismatch`] octet by octet.
+/// [`first_mismatch`] for the parts of a buffer that are not four-word blocks: each pattern
+/// word computed once (a latency test checks every 64-octet message on its round trip).
 fn first_mismatch_bytes(seed: u64, offset: u64, buf: &[u8]) -> Option<usize> {
-    buf.iter().enumerate().position(|(i, &b)| {
-        let pos = offset + i as u64;
-        b != word(seed, pos / 8).to_le_bytes()[(pos % 8) as usize]
-    })
+    let mut i = 0;
+    while i < buf.len() {
+        let (w, n) = word_part(seed, offset + i as u64, buf.len() - i);
+        if let Some(k) = buf[i..i + n].iter().zip(&w[..n]).position(|(a, b)| a != b) {
+            return Some(i + k);
+        }
+        i += n;
+    }
+    None
 }
 
 #[cfg(test)]
