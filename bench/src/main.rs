@@ -669,6 +669,11 @@ fn main() -> ExitCode {
             .server_addr(&host)
             .and_then(|addr| tests::run_client(&cli, addr)),
     };
+    // Built with the `latency-probe` feature: where the engine's time went (steps seen at
+    // least 1,000 times; scripts/latency-breakdown.sh reads these lines).
+    if let Some(steps) = datapath::probe::report(1000) {
+        eprint!("{steps}");
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

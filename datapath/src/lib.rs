@@ -66,6 +66,7 @@ mod device;
 pub mod engine;
 mod error;
 mod memory;
+pub mod probe;
 mod socket;
 mod verbs;
 pub mod xdp_tcp;

@@ -14,6 +14,7 @@ use crossbeam_channel::Sender;
 use mpa::Negotiated;
 use rdmap::{InlineSendWr, QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
 
+use crate::probe::{self, Mark};
 use crate::{DatapathError, PostListError, QpError};
 
 /// What the application can see of a queue pair's state while its engine runs.
@@ -283,6 +284,7 @@ impl QueuePair {
     /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
     /// full send queue, queue pair not ready) come back as an error completion.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+        probe::mark(Mark::Posted);
         self.command(Cmd::Send(wr))
     }
 
@@ -292,6 +294,7 @@ impl QueuePair {
     /// registered. A Read, an Atomic or a lone Immediate Data message completes with
     /// [`WcStatus::LocalQpOperationError`] (they carry no payload).
     pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
+        probe::mark(Mark::Posted);
         self.command(Cmd::SendInline(wr))
     }
 
@@ -305,6 +308,7 @@ impl QueuePair {
         &self,
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, PostListError> {
+        probe::mark(Mark::Posted);
         let mut posted = 0;
         for wr in wrs {
             if self.cmds.send(Cmd::Send(wr)).is_err() {

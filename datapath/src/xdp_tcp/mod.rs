@@ -97,6 +97,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tcp_engine::table::{ConnectionTable, TableError, TableStats};
 
+use crate::probe::{self, Mark};
 use crate::xsk::packet::ETH_HLEN;
 use crate::xsk::rss::RssTable;
 use crate::xsk::steering::{
@@ -1199,10 +1200,13 @@ impl XdpTcp {
             }
             self.quiet = None;
         }
+        probe::mark(Mark::PollStart);
         let now = self.now();
         let (mut work, backlog, passed_up) = self.receive(now, app);
+        probe::mark(Mark::Received);
         work |= self.accept_new(app);
         work |= self.service(app, now);
+        probe::mark(Mark::Serviced);
         // Not when this poll took new requests: their transmission (the reply) goes now.
         if defer && passed_up && !app_work && !self.deferred {
             self.deferred = true;
@@ -1227,7 +1231,9 @@ impl XdpTcp {
                 timers_fired = true;
             }
         }
+        probe::mark(Mark::TransmitStart);
         let (sent, tx_settled) = self.transmit(now, app)?;
+        probe::mark(Mark::Transmitted);
         work |= sent;
         self.sweep(now);
         // Quiet: nothing happened, nothing waits for a later turn (a full receive batch,
@@ -1384,6 +1390,7 @@ impl XdpTcp {
         if let Some(inbox) = shard.as_ref().and_then(|s| s.inbox()) {
             for _ in 0..cfg.rx_batch {
                 if !inbox.pop_with_digest(|frame, digest| {
+                    probe::mark(Mark::FrameSeen);
                     rx.stats.handoffs_in += 1;
                     rx.frame(frame, digest, None, app);
                 }) {
@@ -1398,6 +1405,7 @@ impl XdpTcp {
             if batch.is_empty() {
                 continue;
             }
+            probe::mark(Mark::FrameSeen);
             any = true;
             // Frames, not packets: a full ring gives full batches of frames.
             full |= batch.frames() >= cfg.rx_batch;
@@ -1563,6 +1571,7 @@ impl XdpTcp {
                     exhausted = true;
                     return None;
                 };
+                probe::mark(Mark::FrameWritten);
                 match neigh.lookup(frame::ipv4_dst(&ip[..len])) {
                     Some(dst_mac) => {
                         frame::write_eth(eth, dst_mac, src_mac);
@@ -1763,7 +1772,9 @@ impl Rx<'_> {
             digest,
             digest_used: false,
         };
+        probe::mark(Mark::FrameRouted);
         let res = self.table.handle_packet_with(self.now, ip, &mut rx);
+        probe::mark(Mark::SegmentDone);
         self.passed_up |= rx.passed_up;
         self.stats.rx_multi_frame_digested += u64::from(rx.digest_used);
         if self.table.stats().queued_for_accept != queued {

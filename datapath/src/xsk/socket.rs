@@ -13,6 +13,7 @@ use super::capture::CaptureTap;
 use super::error::{euid, XskError};
 use super::join::{self, PayloadDigest};
 use super::netlink;
+use crate::probe::{self, Mark};
 
 /// How the socket binds: copy or zero-copy (`XDP_COPY` / `XDP_ZEROCOPY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1087,7 +1088,9 @@ impl XskSocket {
     fn kick(&mut self) -> Result<(), XskError> {
         if !self.need_wakeup || self.tx.needs_wakeup() {
             self.stats.tx_kicks += 1;
+            probe::mark(Mark::KickStart);
             self.tx.wakeup().map_err(XskError::Wakeup)?;
+            probe::mark(Mark::KickDone);
         }
         Ok(())
     }

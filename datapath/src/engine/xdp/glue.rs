@@ -11,6 +11,7 @@ use tcp_engine::{Instant, PassedUp, State as TcpState};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
+use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
 use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
@@ -133,14 +134,18 @@ impl TcpApp for App<'_> {
     }
 
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
-        self.keep_digest(payload, SegmentDigest::of(payload))
+        let sum = self.keep_digest(payload, SegmentDigest::of(payload));
+        probe::mark(Mark::PayloadSummed);
+        sum
     }
 
     fn payload_digested(&mut self, payload: &[u8], digest: PayloadDigest) -> u16 {
-        self.keep_digest(
+        let sum = self.keep_digest(
             payload,
             SegmentDigest::read(payload, digest.sum, digest.crc),
-        )
+        );
+        probe::mark(Mark::PayloadSummed);
+        sum
     }
 
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
@@ -160,7 +165,9 @@ impl TcpApp for App<'_> {
         match slots.get_mut(&id) {
             Some(slot) => {
                 let mem = table_of(slot.table, self.mem, scratch);
+                probe::mark(Mark::DataPassedUp);
                 slot.conn.on_data_with_crc(data, crc, mem);
+                probe::mark(Mark::DataPlaced);
             }
             None => early.entry(id).or_default().push((
                 data.seq,
