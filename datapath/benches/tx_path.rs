@@ -98,9 +98,9 @@ impl Side {
         match (self.tcp.as_mut(), listen) {
             (Some(tcp), _) => {
                 let Side { iw, mem, .. } = self;
-                let whole = seg.payload.len();
+                let held = digest.hold(seg.payload);
                 tcp.handle_segment(now, &seg, |p| {
-                    let crc = digest.fpdu_crc.filter(|_| p.data.len() == whole);
+                    let crc = held.and_then(|h| h.for_data(p.data));
                     iw.on_data_with_crc(p, crc, mem)
                 });
             }

@@ -25,4 +25,4 @@ mod tx;
 mod written;
 
 pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
-pub use rx_digest::SegmentDigest;
+pub use rx_digest::{HeldCrc, SegmentDigest};

@@ -55,6 +55,39 @@ impl SegmentDigest {
     }
 }
 
+impl SegmentDigest {
+    /// The FPDU CRC kept for the data TCP will pass up from this segment's `payload`: usable
+    /// only if TCP passes up all of it, at once ([`HeldCrc::for_data`]). `None` if the segment
+    /// was not one whole FPDU.
+    pub fn hold(&self, payload: &[u8]) -> Option<HeldCrc> {
+        self.fpdu_crc.map(|crc| HeldCrc {
+            at: payload.as_ptr().addr(),
+            len: payload.len(),
+            crc,
+        })
+    }
+}
+
+/// A received segment's FPDU CRC ([`SegmentDigest::fpdu_crc`]) kept until TCP passes the
+/// segment's data up, and the segment it belongs to. TCP may pass up less than the segment
+/// (the part it had already, a part beyond its window) or data of another segment (what a
+/// filled gap released): the CRC is for the whole segment's octets only, so the data passed up
+/// must be exactly them, by address and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldCrc {
+    at: usize,
+    len: usize,
+    crc: u32,
+}
+
+impl HeldCrc {
+    /// The CRC for `data` if `data` is the whole segment it was computed over, else `None`
+    /// (the decoder then computes the CRC itself).
+    pub fn for_data(self, data: &[u8]) -> Option<u32> {
+        (self.at == data.as_ptr().addr() && self.len == data.len()).then_some(self.crc)
+    }
+}
+
 /// The length of what the CRC covers if `payload` is exactly one FPDU without Markers by its
 /// ULPDU_Length field, else `None`.
 fn one_fpdu(payload: &[u8]) -> Option<usize> {
@@ -118,6 +151,24 @@ mod tests {
                 fpdu_crc: None
             }
         );
+    }
+
+    #[test]
+    fn a_held_crc_is_for_the_whole_segment_only() {
+        let wire = fpdu(100);
+        let held = SegmentDigest::of(&wire).hold(&wire).expect("one FPDU");
+        assert_eq!(
+            held.for_data(&wire),
+            Some(crc32c(&wire[..wire.len() - CRC_LEN]))
+        );
+        // A part of it (TCP passed up only what was new), or the same octets elsewhere.
+        assert_eq!(held.for_data(&wire[4..]), None);
+        assert_eq!(held.for_data(&wire[..wire.len() - 4]), None);
+        let copy = wire.clone();
+        assert_eq!(held.for_data(&copy), None);
+        let mut two = fpdu(100);
+        two.extend_from_slice(&fpdu(20));
+        assert_eq!(SegmentDigest::of(&two).hold(&two), None);
     }
 
     #[test]

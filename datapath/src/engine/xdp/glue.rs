@@ -22,7 +22,7 @@ use iwarp_conn::SegmentDigest;
 use super::commands::RequestMsg;
 use super::config::{add_counters, XdpEngineConfig};
 use super::slots::{Slot, Waiter};
-use super::wake::{ListenPort, RxDigest, SlotWaker, State, TableView};
+use super::wake::{ListenPort, SlotWaker, State, TableView};
 
 /// Queue-pair commands taken per connection per turn (so one busy poster cannot starve the
 /// others or the receive side).
@@ -89,11 +89,7 @@ impl App<'_> {
     /// Keeps the FPDU CRC of the segment being received for its `on_data` (where its data
     /// lies, to match the octets TCP passes up); returns the sum for TCP's checksum.
     fn keep_digest(&mut self, payload: &[u8], digest: SegmentDigest) -> u16 {
-        self.st.rx_digest = digest.fpdu_crc.map(|crc| RxDigest {
-            at: payload.as_ptr().addr(),
-            len: payload.len(),
-            crc,
-        });
+        self.st.rx_crc = digest.hold(payload);
         digest.sum
     }
 }
@@ -150,12 +146,7 @@ impl TcpApp for App<'_> {
 
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
         // The CRC found as this segment was summed, if TCP passes up all of its data.
-        let crc = self
-            .st
-            .rx_digest
-            .take()
-            .filter(|d| d.at == data.data.as_ptr().addr() && d.len == data.data.len())
-            .map(|d| d.crc);
+        let crc = self.st.rx_crc.take().and_then(|h| h.for_data(data.data));
         let State {
             slots,
             early,

@@ -189,7 +189,7 @@ fn spawn_shard(
                 attention_rx: attention_rx.clone(),
                 attention_local: Vec::new(),
                 seen_posts: 0,
-                rx_digest: None,
+                rx_crc: None,
                 many: Arc::new(AtomicBool::new(false)),
             },
             tables: Vec::new(),

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant as StdInstant};
 
 use crossbeam_channel::{Receiver, Sender};
+use iwarp_conn::HeldCrc;
 use rdmap::MemoryTable;
 
 use crate::engine::ConnCounters;
@@ -266,18 +267,9 @@ pub(super) struct State {
     pub(super) seen_posts: u64,
     /// More connections than a turn services all at once ([`SlotWaker`]).
     pub(super) many: Arc<AtomicBool>,
-    /// The FPDU CRC of the segment being received, for its `on_data`.
-    pub(super) rx_digest: Option<RxDigest>,
-}
-
-/// What `TcpApp::payload_sum` (or `payload_digested`) found in the segment being received:
-/// where its data lies and the CRC of the FPDU it is (`iwarp_conn::SegmentDigest`), for that
-/// segment's `TcpApp::on_data`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RxDigest {
-    pub(super) at: usize,
-    pub(super) len: usize,
-    pub(super) crc: u32,
+    /// The FPDU CRC that `TcpApp::payload_sum` (or `payload_digested`) found in the segment
+    /// being received, for its `on_data`.
+    pub(super) rx_crc: Option<HeldCrc>,
 }
 
 #[cfg(test)]
