@@ -1,7 +1,7 @@
 //! Where a message's time goes on the engine's path (issue #24, latency): time-stamp-counter
 //! marks at named points of a turn ([`Mark`]), and for each pair of marks that follow each
 //! other on one thread, how often and how long apart. `scripts/latency-breakdown.sh` runs
-//! write-lat with it and prints one side's half round trip step by step.
+//! write-lat with it and prints each side's half round trip step by step.
 //!
 //! Compiled in only with the `latency-probe` feature; without it [`mark`] is an empty inline
 //! function and [`report`] says so, so the engine's own builds carry nothing of it. With it, a

@@ -90,6 +90,7 @@ impl App<'_> {
     /// lies, to match the octets TCP passes up); returns the sum for TCP's checksum.
     fn keep_digest(&mut self, payload: &[u8], digest: SegmentDigest) -> u16 {
         self.st.rx_crc = digest.hold(payload);
+        probe::mark(Mark::PayloadSummed);
         digest.sum
     }
 }
@@ -130,18 +131,14 @@ impl TcpApp for App<'_> {
     }
 
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
-        let sum = self.keep_digest(payload, SegmentDigest::of(payload));
-        probe::mark(Mark::PayloadSummed);
-        sum
+        self.keep_digest(payload, SegmentDigest::of(payload))
     }
 
     fn payload_digested(&mut self, payload: &[u8], digest: PayloadDigest) -> u16 {
-        let sum = self.keep_digest(
+        self.keep_digest(
             payload,
             SegmentDigest::read(payload, digest.sum, digest.crc),
-        );
-        probe::mark(Mark::PayloadSummed);
-        sum
+        )
     }
 
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
