@@ -5,9 +5,8 @@
 # write-lat of SIZE octets on the veth bed (server in iwa on CPU 0, client in iwb on CPU 1,
 # `--transport xdp`, default engine options plus ARGS), and prints for each side the mean time
 # of each step from the reply's frame on the RX ring to the kick that sends the next message,
-# their sum, and the kick itself. Steps that several polls share (an empty receive, a service)
-# are means over all of them. The probe costs a few ns per mark: compare runs of it with each
-# other, not with runs of the plain build.
+# their sum, and the kick itself. The probe costs a few ns per mark: compare runs of it with
+# each other, not with runs of the plain build.
 # Usage: scripts/latency-breakdown.sh [iterations] [size]   (ARGS: more iwarp-bench options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +44,17 @@ if [ "$ok" != 1 ]; then
   exit 1
 fi
 wait "$srv" || true
+# Raw AF_XDP's ping-pong with the same build, frames of the message and the headers (as
+# `iwarp-bench compare`): its kicks, beside the engine's.
+RAW_FRAME=$((SIZE + 54 > 64 ? SIZE + 54 : 64))
+ip netns exec iwa taskset -c 0 "$BIN" raw pingpong --iface iwa0 --count "$N" --mode driver \
+  --port $((PORT + 1)) --quiet >/dev/null 2>"$out/raw-server.err" &
+srv=$!
+sleep 0.5
+ip netns exec iwb taskset -c 1 "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 \
+  --size "$RAW_FRAME" --count "$N" --mode driver --port $((PORT + 1)) --quiet --json \
+  >"$out/raw.json" 2>"$out/raw-client.err" || echo "latency-breakdown: raw ping-pong failed" >&2
+wait "$srv" || true
 python3 - "$out" "$SIZE" "$N" <<'EOF'
 import json, re, sys
 out, size, n = sys.argv[1:]
@@ -64,11 +74,10 @@ path = [
     ("DataPassedUp", "DataPlaced", "MPA/DDP/RDMAP: the data placed"),
     ("DataPlaced", "SegmentDone", "TCP after the data"),
     ("SegmentDone", "Received", "rest of the receive"),
-    ("Received", "Serviced", "service (mean of every poll's)"),
-    ("Serviced", "Posted", "answering return, the application's check and post"),
-    ("Posted", "PollStart", "post to the turn (channel, wake, lock)"),
-    ("PollStart", "Received", "the turn's receive, nothing there (mean)"),
-    ("Received", "Serviced", "service: the request taken, the FPDU queued (mean)"),
+    ("Received", "Delivered", "completions handed out (the answering poll returns, no service)"),
+    ("Delivered", "Posted", "back in the application: the stamp seen, the reply posted"),
+    ("Posted", "PollStart", "post to the posting turn (channel, wake, lock)"),
+    ("PollStart", "Serviced", "the posting turn: the connection's request taken, FPDU queued"),
     ("Serviced", "TransmitStart", "to the transmit"),
     ("TransmitStart", "FrameWritten", "TCP segment and FPDU written into the frame"),
     ("FrameWritten", "KickStart", "end of the batch, TX ring, to the kick"),
@@ -92,7 +101,15 @@ for a, b, what in path:
 print(f"| **before the kick** | {' | '.join(f'**{t:.0f}**' for t in total)} |")
 kick = [s.get(("KickStart", "KickDone")) for _, s in sides]
 print(f"| the kick (sendto) | {' | '.join('-' if v is None else f'{v:.0f}' for v in kick)} |")
-print("ns, means over the run; the service step counts twice (the receiving poll's and the posting one's)")
+try:
+    raw = json.load(open(f"{out}/raw.json"))
+    raw_kick = [steps(f"{out}/raw-{name}.err").get(("KickStart", "KickDone")) for name, _ in sides]
+    print(f"| raw AF_XDP ping-pong's kick | {' | '.join('-' if v is None else f'{v:.0f}' for v in raw_kick)} |")
+    print(f"raw AF_XDP ping-pong, frames of {size} B + 54: t_typical {raw['t_typical_us']:.2f} us, "
+          f"p99 {raw['p99_us']:.2f} us (half round trip, same build)")
+except (OSError, ValueError, KeyError):
+    print("raw AF_XDP ping-pong: no result")
+print("ns, means over the run")
 if missing:
     print("steps not seen (left out of the sums; e.g. posts on another thread without inline "
           "progress): " + ", ".join(missing))

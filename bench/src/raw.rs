@@ -199,6 +199,11 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
         Cmd::Pingpong(o) if o.dst_ip.is_some() => ping(o),
         Cmd::Pingpong(o) => pong(o),
     };
+    // Built with the `latency-probe` feature: the socket's kicks (KickStart -> KickDone), for
+    // scripts/latency-breakdown.sh to set beside the engine's.
+    if let Some(steps) = datapath::probe::report(1000) {
+        eprint!("{steps}");
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1179,11 +1179,15 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                 let last = side.data.read_volatile((max + size - 1) as usize);
                 if last == Some(stamp(i)) {
                     idle.reset();
-                    ok &= side.lat_check(CLIENT_SEED, max, size, i);
-                    checked += size;
                     side.data.write((size - 1) as usize, &[stamp(i)]);
                     let op = side.write_op(side.remote.to + max, i);
                     side.post_data(K_DATA | i, op, 0, size, true)?;
+                    // The body is checked after the reply is on its way (off the measured
+                    // round trip, as the client checks its pong after taking the time); its
+                    // stamp was read above. The next ping, which may land meanwhile, carries
+                    // the same body.
+                    ok &= side.lat_body_ok(CLIENT_SEED, max, size);
+                    checked += size;
                     i += 1;
                     continue;
                 }
@@ -1380,8 +1384,14 @@ impl Side {
     /// Checks a latency-test message at `off`: the sender's pattern and the stamp in the last
     /// byte.
     fn lat_check(&self, seed: u64, off: u64, size: u64, i: u64) -> bool {
-        let body_ok = self.mismatch(seed, off, 0, size - 1).is_none();
-        body_ok && self.data.read_volatile((off + size - 1) as usize) == Some(stamp(i))
+        self.lat_body_ok(seed, off, size)
+            && self.data.read_volatile((off + size - 1) as usize) == Some(stamp(i))
+    }
+
+    /// Checks a latency-test message's body at `off` (all but the stamp in its last byte):
+    /// the sender's pattern, the same in every message of a phase.
+    fn lat_body_ok(&self, seed: u64, off: u64, size: u64) -> bool {
+        self.mismatch(seed, off, 0, size - 1).is_none()
     }
 }
 

@@ -42,6 +42,9 @@ pub enum Mark {
     KickDone,
     /// The transmit step is done.
     Transmitted,
+    /// An answering poll handed out what the data it received completed, and returns to the
+    /// application without a service.
+    Delivered,
 }
 
 /// Records that the calling thread reached `m` (with the `latency-probe` feature).
@@ -99,7 +102,7 @@ mod imp {
     use super::{Mark, Step};
 
     /// Number of [`Mark`]s.
-    const MARKS: usize = Mark::Transmitted as usize + 1;
+    const MARKS: usize = Mark::Delivered as usize + 1;
 
     /// All marks, by number.
     const ALL: [Mark; MARKS] = [
@@ -118,6 +121,7 @@ mod imp {
         Mark::KickStart,
         Mark::KickDone,
         Mark::Transmitted,
+        Mark::Delivered,
     ];
 
     /// Gaps longer than this (the thread slept, or the run paused) are not counted.

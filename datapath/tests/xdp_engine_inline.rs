@@ -4,7 +4,9 @@
 //! completed by the application thread alone. The proof is per round: the engine thread's turn
 //! counter (`EngineCounters::thread_turns`, live) does not move between posting a Send and
 //! having both its completion and the echo's receive completion, so the engine thread did none
-//! of that round's work. Some rounds may still see an engine-thread turn (a preempted poller
+//! of that round's work; the driver's counters show the Sends leaving in posting turns (the
+//! posting thread's turn for its connection alone) and the echoes handed out by answering polls
+//! that return before any service. Some rounds may still see an engine-thread turn (a preempted poller
 //! lets the parked engine thread resume at its next look), so a quarter of the rounds must qualify.
 //! The same run with inline progress off is the control: no application turn, and no round
 //! without an engine-thread turn.
@@ -14,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use datapath::engine::XdpEngineConfig;
+use datapath::engine::{EngineCounters, XdpEngineConfig};
 use datapath::{
     Access, CompletionQueue, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
@@ -44,7 +46,7 @@ fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
 
 /// Rounds of Send + echo, polling the completion queue only with `try_next`. Returns the rounds
 /// during which the engine thread ran no turn, and the application's turns.
-fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
+fn client(port: u16, inline: bool) -> Result<(u64, EngineCounters), String> {
     let cfg = XdpEngineConfig {
         inline_progress: inline,
         // One engine thread for every queue: with a thread per queue, the kernel peer's
@@ -118,13 +120,14 @@ fn client(port: u16, inline: bool) -> Result<(u64, u64), String> {
     let c = engine.counters();
     println!(
         "inline progress {inline}: {quiet_rounds} of {ROUNDS} rounds without an engine-thread \
-         turn; turns: application {}, engine thread {}, parks {}",
-        c.app_turns, c.thread_turns, c.parks
+         turn; turns: application {} (posting {}), engine thread {}, parks {}; answering \
+         returns {}",
+        c.app_turns, c.driver.posting_turns, c.thread_turns, c.parks, c.driver.answering_returns
     );
-    Ok((quiet_rounds, c.app_turns))
+    Ok((quiet_rounds, c))
 }
 
-fn run(port: u16, inline: bool) -> (u64, u64) {
+fn run(port: u16, inline: bool) -> (u64, EngineCounters) {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let srv = std::thread::spawn(move || server(port, ready_tx));
     if ready_rx.recv_timeout(SETUP).is_err() {
@@ -142,15 +145,37 @@ fn run(port: u16, inline: bool) -> (u64, u64) {
 #[test]
 fn a_polling_application_drives_the_engine_while_its_thread_is_parked() {
     let _bed = bed_or_skip!();
-    let (quiet, app_turns) = run(19_541, true);
-    assert!(app_turns > 0, "no application turn with inline progress on");
+    let (quiet, c) = run(19_541, true);
+    assert!(
+        c.app_turns > 0,
+        "no application turn with inline progress on"
+    );
     assert!(
         quiet >= ROUNDS / 4,
         "only {quiet} of {ROUNDS} rounds completed without an engine-thread turn"
     );
+    // A Send posted while the engine thread is parked goes out in a turn for its connection
+    // alone on the posting thread, and an echo is handed to the polling thread before any
+    // service. Every quiet round's post was such a turn, unless its poster found another
+    // thread in a turn (the engine thread's look, rare).
+    assert!(
+        c.driver.posting_turns >= quiet / 2,
+        "{} posting turns for {quiet} rounds without an engine-thread turn",
+        c.driver.posting_turns
+    );
+    assert!(
+        c.driver.answering_returns >= quiet / 2,
+        "{} answering returns for {quiet} rounds without an engine-thread turn",
+        c.driver.answering_returns
+    );
     // The control: the same rounds with only the engine thread running turns.
-    let (quiet, app_turns) = run(19_542, false);
-    assert_eq!(app_turns, 0, "application turns with inline progress off");
+    let (quiet, c) = run(19_542, false);
+    assert_eq!(c.app_turns, 0, "application turns with inline progress off");
+    assert_eq!(
+        (c.driver.posting_turns, c.driver.answering_returns),
+        (0, 0),
+        "posting turns or answering returns with inline progress off"
+    );
     assert_eq!(
         quiet, 0,
         "rounds completed without the engine thread, inline progress off"

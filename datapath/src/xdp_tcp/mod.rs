@@ -186,6 +186,15 @@ pub trait TcpApp {
         let _ = mark;
     }
 
+    /// An answering poll ([`XdpTcp::poll_answering`]) that passed data up returns before it
+    /// services the connections: hand out now what the data received for connection `id`
+    /// finished (its completions), for the application that waits for them; its `on_poll`
+    /// and events come in the next poll. Returns whether anything was handed out.
+    fn deliver_received(&mut self, id: ConnId) -> bool {
+        let _ = id;
+        false
+    }
+
     /// [`tcp_engine::TxMode::Source`] connections: write the stream octets
     /// `[stream_offset, stream_offset + out.len())` of connection `id` into `out` (a UMEM
     /// frame) while the driver builds a data segment, first transmission or retransmission
@@ -392,6 +401,12 @@ pub struct XdpTcpStats {
     /// Polls that returned at once: the poll before found nothing to do and nothing arrived
     /// since (no frame, no request, no deadline due).
     pub quiet_polls: u64,
+    /// Turns for one connection on the thread that posted work to it
+    /// ([`XdpTcp::poll_posted`]): its service and the transmission, nothing received.
+    pub posting_turns: u64,
+    /// Answering polls ([`XdpTcp::poll_answering`]) that returned to the application with
+    /// the received data placed and its completions handed out, before any service.
+    pub answering_returns: u64,
     /// Shards: segments received here for a flow another shard owns, copied to its inbox.
     pub handoffs_out: u64,
     /// Shards: segments other shards handed to this one (taken from its inbox).
@@ -441,6 +456,8 @@ impl XdpTcpStats {
         self.closed += o.closed;
         self.waits += o.waits;
         self.quiet_polls += o.quiet_polls;
+        self.posting_turns += o.posting_turns;
+        self.answering_returns += o.answering_returns;
         self.handoffs_out += o.handoffs_out;
         self.handoffs_in += o.handoffs_in;
         self.handoff_drops += o.handoff_drops;
@@ -711,7 +728,8 @@ pub struct XdpTcp {
     /// with the deadline (TCP clock) before which the next one can only come from a frame or
     /// the application.
     quiet: Option<Option<tcp_engine::Instant>>,
-    /// The last poll left its timers and transmission to this one ([`XdpTcp::poll_answering`]).
+    /// The last poll left its service, timers and transmission to this one
+    /// ([`XdpTcp::poll_answering`]).
     deferred: bool,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
@@ -1171,14 +1189,47 @@ impl XdpTcp {
 
     /// [`poll`](Self::poll) for a thread that runs the driver between its own requests and
     /// waits for what arrives (an application polling for completions or for data landing in
-    /// its memory): a poll that passed received data up returns once the connections are
-    /// serviced (placement done, completions handed out), leaving timers and transmission to
-    /// the next poll, which runs in full. The reply the application then posts carries the
+    /// its memory): a poll that passed received data up returns once the data is placed and
+    /// what it finished is handed out ([`TcpApp::deliver_received`]), leaving the connections'
+    /// service, timers and transmission to the next poll, which runs in full. What the
+    /// application waits for is in its memory and its completion queue that much sooner (a
+    /// write-lat reply is posted before any service). The reply the application then posts carries the
     /// acknowledgement a transmission now would have sent alone, in one pass instead of two.
     /// At most one poll in a row defers; one that received only acknowledgements (a sender's
     /// window opening) does not.
     pub fn poll_answering<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
         self.poll_inner(app, true)
+    }
+
+    /// A turn for connection `id`, whose application just queued work for it, on the
+    /// posting thread: that connection's service ([`TcpApp::on_poll`], which takes the
+    /// work, and its events), then the transmission, which sends what it queued. No frame is
+    /// received, no other connection serviced and no timer run: the next poll (a full one)
+    /// does that, and services `id` again. What a posted request costs before its frame
+    /// leaves is its own connection's work alone.
+    pub fn poll_posted<A: TcpApp + ?Sized>(
+        &mut self,
+        app: &mut A,
+        id: ConnId,
+    ) -> Result<bool, XdpTcpError> {
+        // Frames wait (a sender posting without polling): a full turn takes them, so that a
+        // run of posts does not leave the acknowledgements it waits for on the RX ring.
+        if !self.nothing_received() {
+            return self.poll_inner(app, false);
+        }
+        probe::mark(Mark::PollStart);
+        self.stats.posting_turns += 1;
+        // The next poll runs in full and services this connection again (a close it
+        // reached is handled there).
+        self.quiet = None;
+        self.attention.mark(id);
+        let now = self.now();
+        let (serviced, _) = self.service_one(app, id, now);
+        probe::mark(Mark::Serviced);
+        probe::mark(Mark::TransmitStart);
+        let (sent, _) = self.transmit(now, app)?;
+        probe::mark(Mark::Transmitted);
+        Ok(serviced || sent)
     }
 
     fn poll_inner<A: TcpApp + ?Sized>(
@@ -1204,15 +1255,24 @@ impl XdpTcp {
         let now = self.now();
         let (mut work, backlog, passed_up) = self.receive(now, app);
         probe::mark(Mark::Received);
-        work |= self.accept_new(app);
-        work |= self.service(app, now);
-        probe::mark(Mark::Serviced);
-        // Not when this poll took new requests: their transmission (the reply) goes now.
+        // An answering poll returns with the data placed and what it finished handed out;
+        // the service, timers and transmission wait for the next poll. Not when this poll
+        // took new requests: their transmission (the reply) goes now.
         if defer && passed_up && !app_work && !self.deferred {
             self.deferred = true;
+            self.stats.answering_returns += 1;
+            // The connections that received (marked by the receive, serviced by the next
+            // poll).
+            for &id in &self.attention.list {
+                work |= app.deliver_received(id);
+            }
+            probe::mark(Mark::Delivered);
             return Ok(work);
         }
         self.deferred = false;
+        work |= self.accept_new(app);
+        work |= self.service(app, now);
+        probe::mark(Mark::Serviced);
         // A poll that received or serviced something reads the clock again: what it sends
         // carries timestamps (RTT samples) and arms timers from the time it is sent, not from
         // before a batch of frames was processed. One that found nothing needs no second

@@ -130,6 +130,16 @@ impl TcpApp for App<'_> {
         }
     }
 
+    fn deliver_received(&mut self, id: ConnId) -> bool {
+        let delivered = self
+            .st
+            .slots
+            .get_mut(&id)
+            .is_some_and(|slot| slot.deliver_completions());
+        self.st.progress |= delivered;
+        delivered
+    }
+
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {
         self.keep_digest(payload, SegmentDigest::of(payload))
     }

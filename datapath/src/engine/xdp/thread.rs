@@ -66,6 +66,37 @@ impl Turner {
         self.turn_on(true)
     }
 
+    /// A turn on the thread that just posted a work request to connection `id` (inline
+    /// progress): that connection's requests are taken and what they queue is sent, nothing
+    /// else (`XdpTcp::poll_posted`); the next turn runs in full.
+    pub(super) fn turn_posted(&mut self, id: ConnId) -> bool {
+        self.read_tables();
+        let mut app = App {
+            st: &mut self.st,
+            mem: &mut self.views,
+            tables: &self.tables,
+        };
+        let work = match self.xdp.poll_posted(&mut app, id) {
+            Ok(w) => w,
+            Err(e) => {
+                self.failed.get_or_insert(e.to_string());
+                false
+            }
+        };
+        work | std::mem::take(&mut self.st.progress)
+    }
+
+    /// Each PD table's version number is compared once per turn (one load, no lock: a
+    /// registration never makes a turn wait, nor a turn a registration); a table is read
+    /// again only when it changed.
+    fn read_tables(&mut self) {
+        for (view, table) in self.views.iter_mut().zip(&self.tables) {
+            if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                *view = Some(table.versioned());
+            }
+        }
+    }
+
     fn turn_on(&mut self, inline: bool) -> bool {
         // Before reading the queues (see `Wake::pending`).
         if self.st.wake.pending.swap(false, Ordering::SeqCst) {
@@ -73,14 +104,7 @@ impl Turner {
         }
         let mut work;
         {
-            // Each PD table's version number is compared once per turn (one load, no lock: a
-            // registration never makes a turn wait, nor a turn a registration); a table is read
-            // again only when it changed.
-            for (view, table) in self.views.iter_mut().zip(&self.tables) {
-                if view.as_ref().is_none_or(|v| table.changed_since(v)) {
-                    *view = Some(table.versioned());
-                }
-            }
+            self.read_tables();
             let mut app = App {
                 st: &mut self.st,
                 mem: &mut self.views,

@@ -95,6 +95,18 @@ impl Wake {
         self.wake_engine()
     }
 
+    /// [`wake`](Self::wake) for a work request queued for connection `id`: the turn on the
+    /// posting thread takes that connection's requests and sends what they queue, nothing
+    /// more ([`Turner::turn_posted`]).
+    fn wake_posted(&self, id: ConnId) -> io::Result<()> {
+        self.posted.fetch_add(1, Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == PARKED && self.drive_with(|t| t.turn_posted(id)) {
+            return Ok(());
+        }
+        self.pending.store(true, Ordering::SeqCst);
+        self.wake_engine()
+    }
+
     /// Called after an engine command was queued: wakes the engine if it sleeps or is parked
     /// (application turns do not take engine commands).
     pub(super) fn wake_engine(&self) -> io::Result<()> {
@@ -119,6 +131,11 @@ impl Wake {
     /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
     /// is no system call either). True if a turn ran.
     fn drive(&self) -> bool {
+        self.drive_with(Turner::turn_inline)
+    }
+
+    /// [`drive`](Self::drive) with the turn `turn`.
+    fn drive_with(&self, turn: impl FnOnce(&mut Turner) -> bool) -> bool {
         if !self.inline {
             return false;
         }
@@ -131,7 +148,7 @@ impl Wake {
         let Some(turner) = guard.as_mut() else {
             return false;
         };
-        turner.turn_inline();
+        turn(turner);
         self.app_turns.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -236,7 +253,7 @@ impl QpWaker for SlotWaker {
             // Bounded at the table's size, and each connection is in it at most once.
             let _ = self.attention.try_send(self.id);
         }
-        self.wake.wake()
+        self.wake.wake_posted(self.id)
     }
 }
 
