@@ -710,6 +710,29 @@ impl IwarpConn {
         self.epoch + Duration::from_nanos(self.now.as_nanos())
     }
 
+    /// The startup phases' deadlines (MPA Request/Reply, IFT's adaption exchange, the
+    /// application's accept), at the time of the last [`IwarpConn::poll`].
+    fn startup_deadlines(&mut self) {
+        let mpa_now = self.mpa_now();
+        let timeout = match &mut self.phase {
+            Phase::Initiating(i) => i.handle_timeout(mpa_now).err(),
+            Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.handle_timeout(mpa_now).err(),
+            _ => None,
+        };
+        if let Some(e) = timeout {
+            self.startup_failed(e);
+        }
+        let ift_timeout = match &mut self.phase {
+            Phase::IftInitiating(i) => i.handle_timeout(mpa_now).err(),
+            Phase::IftAwaitingIndication(r) => r.handle_timeout(mpa_now).err(),
+            Phase::IftAwaitingAccept(p) if mpa_now >= p.deadline => Some(IftError::StartupTimeout),
+            _ => None,
+        };
+        if let Some(e) = ift_timeout {
+            self.ift_startup_failed(e);
+        }
+    }
+
     /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
     /// Operation. Receives may be posted before (the QP accepts them while connecting).
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
@@ -1958,23 +1981,10 @@ impl IwarpConn {
         if source && self.qp.tx_completion() != rdmap::TxCompletion::Acknowledged {
             self.qp.set_tx_completion(rdmap::TxCompletion::Acknowledged);
         }
-        let mpa_now = self.mpa_now();
-        let timeout = match &mut self.phase {
-            Phase::Initiating(i) => i.handle_timeout(mpa_now).err(),
-            Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.handle_timeout(mpa_now).err(),
-            _ => None,
-        };
-        if let Some(e) = timeout {
-            self.startup_failed(e);
-        }
-        let ift_timeout = match &mut self.phase {
-            Phase::IftInitiating(i) => i.handle_timeout(mpa_now).err(),
-            Phase::IftAwaitingIndication(r) => r.handle_timeout(mpa_now).err(),
-            Phase::IftAwaitingAccept(p) if mpa_now >= p.deadline => Some(IftError::StartupTimeout),
-            _ => None,
-        };
-        if let Some(e) = ift_timeout {
-            self.ift_startup_failed(e);
+        // Startup deadlines (MPA's, IFT's); in Full Operation there are none and the clock
+        // is not converted.
+        if !matches!(self.phase, Phase::Full(_) | Phase::IftFull(_) | Phase::Done) {
+            self.startup_deadlines();
         }
         self.apply_renege(tcp);
         self.drain(mem);
