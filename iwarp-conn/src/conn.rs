@@ -896,6 +896,11 @@ impl IwarpConn {
         c
     }
 
+    /// Whether an event waits for [`IwarpConn::poll_event`].
+    pub fn has_event(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<ConnEvent> {
         self.events.pop_front()

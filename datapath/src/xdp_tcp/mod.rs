@@ -186,13 +186,15 @@ pub trait TcpApp {
         let _ = mark;
     }
 
-    /// An answering poll ([`XdpTcp::poll_answering`]) that passed data up returns before it
-    /// services the connections: hand out now what the data received for connection `id`
+    /// An answering poll ([`XdpTcp::poll_answering`]) that passed data up may return before
+    /// it services the connections: hand out now what the data received for connection `id`
     /// finished (its completions), for the application that waits for them; its `on_poll`
-    /// and events come in the next poll. Returns whether anything was handed out.
-    fn deliver_received(&mut self, id: ConnId) -> bool {
+    /// and events come in the next poll. Returns whether anything was handed out, or `None`
+    /// if the connection needs its service in this poll (an event, a state change to
+    /// publish), which the poll then runs. The default asks for the service.
+    fn deliver_received(&mut self, id: ConnId) -> Option<bool> {
         let _ = id;
-        false
+        None
     }
 
     /// [`tcp_engine::TxMode::Source`] connections: write the stream octets
@@ -1206,15 +1208,18 @@ impl XdpTcp {
     /// work, and its events), then the transmission, which sends what it queued. No frame is
     /// received, no other connection serviced and no timer run: the next poll (a full one)
     /// does that, and services `id` again. What a posted request costs before its frame
-    /// leaves is its own connection's work alone.
+    /// leaves is its own connection's work alone. A full poll instead when frames wait or a
+    /// TCP timer is due.
     pub fn poll_posted<A: TcpApp + ?Sized>(
         &mut self,
         app: &mut A,
         id: ConnId,
     ) -> Result<bool, XdpTcpError> {
-        // Frames wait (a sender posting without polling): a full turn takes them, so that a
-        // run of posts does not leave the acknowledgements it waits for on the RX ring.
-        if !self.nothing_received() {
+        // Frames wait (a sender posting without polling), or a TCP timer is due: a full turn
+        // takes them, so that a run of posts does not leave the acknowledgements it waits
+        // for on the RX ring, nor a retransmission for later.
+        let now = self.now();
+        if !self.nothing_received() || self.table.poll_timeout().is_some_and(|d| d <= now) {
             return self.poll_inner(app, false);
         }
         probe::mark(Mark::PollStart);
@@ -1223,7 +1228,6 @@ impl XdpTcp {
         // reached is handled there).
         self.quiet = None;
         self.attention.mark(id);
-        let now = self.now();
         let (serviced, _) = self.service_one(app, id, now);
         probe::mark(Mark::Serviced);
         probe::mark(Mark::TransmitStart);
@@ -1259,20 +1263,36 @@ impl XdpTcp {
         // the service, timers and transmission wait for the next poll. Not when this poll
         // took new requests: their transmission (the reply) goes now.
         if defer && passed_up && !app_work && !self.deferred {
-            self.deferred = true;
-            self.stats.answering_returns += 1;
             // The connections that received (marked by the receive, serviced by the next
-            // poll).
+            // poll, or by this one if one of them needs it now).
+            let mut serviced_later = true;
             for &id in &self.attention.list {
-                work |= app.deliver_received(id);
+                match app.deliver_received(id) {
+                    Some(delivered) => work |= delivered,
+                    None => {
+                        serviced_later = false;
+                        break;
+                    }
+                }
             }
-            probe::mark(Mark::Delivered);
-            return Ok(work);
+            if serviced_later {
+                self.deferred = true;
+                self.stats.answering_returns += 1;
+                probe::mark(Mark::Delivered);
+                return Ok(work);
+            }
         }
+        // An answering poll whose connections needed their service now still leaves timers
+        // and transmission to the next poll.
+        let deferring = defer && passed_up && !app_work && !self.deferred;
         self.deferred = false;
         work |= self.accept_new(app);
         work |= self.service(app, now);
         probe::mark(Mark::Serviced);
+        if deferring {
+            self.deferred = true;
+            return Ok(work);
+        }
         // A poll that received or serviced something reads the clock again: what it sends
         // carries timestamps (RTT samples) and arms timers from the time it is sent, not from
         // before a batch of frames was processed. One that found nothing needs no second

@@ -120,7 +120,8 @@ pub struct EngineCounters {
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
     /// Engine turns run by application threads polling a completion queue or posting while the
-    /// engine thread was parked ([`XdpEngineConfig::inline_progress`]); live.
+    /// engine thread was parked ([`XdpEngineConfig::inline_progress`]; posting turns are in
+    /// `driver.posting_turns` too); live.
     pub app_turns: u64,
     /// Engine turns run by the engine thread; live.
     pub thread_turns: u64,

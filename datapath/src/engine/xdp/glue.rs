@@ -130,14 +130,16 @@ impl TcpApp for App<'_> {
         }
     }
 
-    fn deliver_received(&mut self, id: ConnId) -> bool {
-        let delivered = self
-            .st
-            .slots
-            .get_mut(&id)
-            .is_some_and(|slot| slot.deliver_completions());
+    fn deliver_received(&mut self, id: ConnId) -> Option<bool> {
+        let slot = self.st.slots.get_mut(&id)?;
+        // Events and a changed queue-pair state (a Terminate, an error) are the service's:
+        // its completions go out with the status that explains them.
+        if slot.needs_service() {
+            return None;
+        }
+        let delivered = slot.deliver_completions();
         self.st.progress |= delivered;
-        delivered
+        Some(delivered)
     }
 
     fn payload_sum(&mut self, payload: &[u8]) -> u16 {

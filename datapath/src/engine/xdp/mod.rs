@@ -149,6 +149,7 @@ fn spawn_shard(
         inline: cfg.inline_progress,
         core: OnceLock::new(),
         app_turns: AtomicU64::new(0),
+        app_polls: AtomicU64::new(0),
         thread_turns: AtomicU64::new(0),
         app_waits: AtomicU64::new(0),
         posted: AtomicU64::new(0),

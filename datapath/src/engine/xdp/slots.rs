@@ -111,6 +111,12 @@ impl Slot {
         any
     }
 
+    /// Whether the connection has something only its service hands out: an event, or a
+    /// queue-pair state not yet published (a Terminate received, an error).
+    pub(super) fn needs_service(&self) -> bool {
+        self.conn.has_event() || self.last_state != Some(self.conn.qp().state())
+    }
+
     pub(super) fn publish(&mut self, finished: bool) {
         let state = self.conn.qp().state();
         if self.last_state == Some(state) && !finished {

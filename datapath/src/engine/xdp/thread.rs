@@ -70,6 +70,12 @@ impl Turner {
     /// progress): that connection's requests are taken and what they queue is sent, nothing
     /// else (`XdpTcp::poll_posted`); the next turn runs in full.
     pub(super) fn turn_posted(&mut self, id: ConnId) -> bool {
+        // A request posted without a turn of its own (its poster found the state taken) may
+        // wait on another connection: a full turn takes every connection's requests before
+        // this one's are sent, as they were posted.
+        if self.st.wake.pending.load(Ordering::SeqCst) {
+            return self.turn_on(true);
+        }
         self.read_tables();
         let mut app = App {
             st: &mut self.st,
@@ -83,6 +89,10 @@ impl Turner {
                 false
             }
         };
+        if self.st.progress {
+            // As after any turn (a posting turn that became a full one may have gone quiet).
+            self.xdp.unquiet();
+        }
         work | std::mem::take(&mut self.st.progress)
     }
 
@@ -176,7 +186,7 @@ impl Pace {
     /// blocked in a wait since (they poll, so the engine thread may leave the work to them).
     fn app_drove(&mut self, wake: &Wake) -> bool {
         let now = (
-            wake.app_turns.load(Ordering::Relaxed),
+            wake.app_polls.load(Ordering::Relaxed),
             wake.app_waits.load(Ordering::SeqCst),
         );
         let driven = now.0 != self.seen.0 && now.1 == self.seen.1;

@@ -69,8 +69,12 @@ pub(super) struct Wake {
     pub(super) inline: bool,
     /// The engine's state, set once its thread has opened the driver; emptied when it stops.
     pub(super) core: OnceLock<Arc<Core>>,
-    /// Turns run by application threads.
+    /// Turns run by application threads (polls and posting turns).
     pub(super) app_turns: AtomicU64,
+    /// Of those, the full turns of threads polling a completion queue: while they come, the
+    /// engine thread stays parked (posting turns alone do not keep it: they run no timers
+    /// and serve one connection).
+    pub(super) app_polls: AtomicU64,
     /// Turns run by the engine thread.
     pub(super) thread_turns: AtomicU64,
     /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
@@ -100,7 +104,9 @@ impl Wake {
     /// more ([`Turner::turn_posted`]).
     fn wake_posted(&self, id: ConnId) -> io::Result<()> {
         self.posted.fetch_add(1, Ordering::SeqCst);
-        if self.state.load(Ordering::SeqCst) == PARKED && self.drive_with(|t| t.turn_posted(id)) {
+        if self.state.load(Ordering::SeqCst) == PARKED
+            && self.drive_with(|t| t.turn_posted(id), false)
+        {
             return Ok(());
         }
         self.pending.store(true, Ordering::SeqCst);
@@ -131,11 +137,12 @@ impl Wake {
     /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
     /// is no system call either). True if a turn ran.
     fn drive(&self) -> bool {
-        self.drive_with(Turner::turn_inline)
+        self.drive_with(Turner::turn_inline, true)
     }
 
-    /// [`drive`](Self::drive) with the turn `turn`.
-    fn drive_with(&self, turn: impl FnOnce(&mut Turner) -> bool) -> bool {
+    /// [`drive`](Self::drive) with the turn `turn`; `polled`: the turn of a thread polling a
+    /// completion queue ([`Wake::app_polls`]).
+    fn drive_with(&self, turn: impl FnOnce(&mut Turner) -> bool, polled: bool) -> bool {
         if !self.inline {
             return false;
         }
@@ -150,6 +157,9 @@ impl Wake {
         };
         turn(turner);
         self.app_turns.fetch_add(1, Ordering::Relaxed);
+        if polled {
+            self.app_polls.fetch_add(1, Ordering::Relaxed);
+        }
         true
     }
 
