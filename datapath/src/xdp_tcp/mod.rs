@@ -404,7 +404,8 @@ pub struct XdpTcpStats {
     /// since (no frame, no request, no deadline due).
     pub quiet_polls: u64,
     /// Turns for one connection on the thread that posted work to it
-    /// ([`XdpTcp::poll_posted`]): its service and the transmission, nothing received.
+    /// ([`XdpTcp::poll_posted`]): its service and the transmission, nothing received (those
+    /// it turned into full turns are not counted).
     pub posting_turns: u64,
     /// Answering polls ([`XdpTcp::poll_answering`]) that returned to the application with
     /// the received data placed and its completions handed out, before any service.

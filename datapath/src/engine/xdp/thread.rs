@@ -68,7 +68,8 @@ impl Turner {
 
     /// A turn on the thread that just posted a work request to connection `id` (inline
     /// progress): that connection's requests are taken and what they queue is sent, nothing
-    /// else (`XdpTcp::poll_posted`); the next turn runs in full.
+    /// else (`XdpTcp::poll_posted`), unless a full turn is due (a request posted earlier
+    /// waits, frames wait, a timer is due); the next turn runs in full.
     pub(super) fn turn_posted(&mut self, id: ConnId) -> bool {
         // A request posted without a turn of its own (its poster found the state taken) may
         // wait on another connection: a full turn takes every connection's requests before
@@ -169,7 +170,8 @@ struct Pace {
     last_publish: StdInstant,
     /// When the engine began to stop (its command channel closed).
     stopping: Option<StdInstant>,
-    /// Application turns and blocking waits as of the engine thread's last look.
+    /// Application polls' turns ([`Wake::app_polls`]) and blocking waits as of the engine
+    /// thread's last look.
     seen: (u64, u64),
     /// What stopped the engine thread.
     error: Option<String>,
@@ -182,8 +184,9 @@ struct Pace {
 }
 
 impl Pace {
-    /// Inline progress: whether application threads drove turns since the last look and none
-    /// blocked in a wait since (they poll, so the engine thread may leave the work to them).
+    /// Inline progress: whether application threads polled (drove full turns) since the last
+    /// look and none blocked in a wait since (they poll, so the engine thread may leave the
+    /// work to them; posting turns alone do not count).
     fn app_drove(&mut self, wake: &Wake) -> bool {
         let now = (
             wake.app_polls.load(Ordering::Relaxed),

@@ -87,21 +87,11 @@ pub(super) struct Wake {
 }
 
 impl Wake {
-    /// Called after a queue-pair work request was queued. With the engine thread parked (the
-    /// application drives), runs a turn here, which takes the request and transmits at once;
-    /// otherwise (or if another thread is in a turn) wakes the engine if it sleeps or is parked.
-    fn wake(&self) -> io::Result<()> {
-        self.posted.fetch_add(1, Ordering::SeqCst);
-        if self.state.load(Ordering::SeqCst) == PARKED && self.drive() {
-            return Ok(());
-        }
-        self.pending.store(true, Ordering::SeqCst);
-        self.wake_engine()
-    }
-
-    /// [`wake`](Self::wake) for a work request queued for connection `id`: the turn on the
-    /// posting thread takes that connection's requests and sends what they queue, nothing
-    /// more ([`Turner::turn_posted`]).
+    /// Called after a queue-pair work request was queued for connection `id`. With the engine
+    /// thread parked (the application drives), runs a turn here, which takes the request and
+    /// transmits at once: a posting turn for that connection alone, or a full one where
+    /// [`Turner::turn_posted`] says so. Otherwise (or if another thread is in a turn) wakes
+    /// the engine if it sleeps or is parked.
     fn wake_posted(&self, id: ConnId) -> io::Result<()> {
         self.posted.fetch_add(1, Ordering::SeqCst);
         if self.state.load(Ordering::SeqCst) == PARKED
@@ -174,12 +164,6 @@ impl Wake {
         if self.state.load(Ordering::SeqCst) == PARKED {
             let _ = self.wake_now();
         }
-    }
-}
-
-impl QpWaker for Wake {
-    fn wake(&self) -> io::Result<()> {
-        Wake::wake(self)
     }
 }
 
