@@ -1196,8 +1196,9 @@ impl XdpTcp {
     /// what it finished is handed out ([`TcpApp::deliver_received`]), leaving the connections'
     /// service, timers and transmission to the next poll, which runs in full. What the
     /// application waits for is in its memory and its completion queue that much sooner (a
-    /// write-lat reply is posted before any service). The reply the application then posts carries the
-    /// acknowledgement a transmission now would have sent alone, in one pass instead of two.
+    /// write-lat reply is posted before any service). The reply the application then posts
+    /// carries the acknowledgement a transmission now would have sent alone, in one pass
+    /// instead of two.
     /// At most one poll in a row defers; one that received only acknowledgements (a sender's
     /// window opening) does not.
     pub fn poll_answering<A: TcpApp + ?Sized>(&mut self, app: &mut A) -> Result<bool, XdpTcpError> {
