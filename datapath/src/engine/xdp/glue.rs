@@ -248,7 +248,6 @@ impl TcpApp for App<'_> {
         // Work requests from the application.
         if let Some(rx) = &slot.cmds {
             let mut close = false;
-            let mut taken = 0;
             for _ in 0..CMD_BUDGET {
                 let cmd = match rx.try_recv() {
                     Ok(c) => c,
@@ -256,7 +255,6 @@ impl TcpApp for App<'_> {
                     Err(TryRecvError::Disconnected) => Cmd::Close,
                 };
                 *progress = true;
-                taken += 1;
                 // The request may name a region registered after this turn read the tables
                 // (but before the request was posted, so before it was taken here): read the
                 // PD's table again. The rest of the turn, transmission included, sees that
@@ -295,9 +293,10 @@ impl TcpApp for App<'_> {
                     }
                 }
             }
-            if taken == CMD_BUDGET && !rx.is_empty() {
-                // More than a turn takes: the rest wait as a request nobody took does (the
-                // next posting turn runs in full, a parked engine thread wakes).
+            if !close && !rx.is_empty() {
+                // More than a turn takes (or one posted meanwhile): the rest wait as a request
+                // nobody took does (the next posting turn runs in full, a parked engine thread
+                // wakes).
                 wake.pending
                     .store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = wake.wake_engine();

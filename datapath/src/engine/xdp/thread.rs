@@ -17,7 +17,7 @@ use rdmap::{QpState, RecvWr};
 use crate::engine::IwarpConn;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::ConnectParams;
-use crate::xdp_tcp::ConnId;
+use crate::xdp_tcp::{ConnId, XdpTcp, XdpTcpError};
 use crate::{DatapathError, QpError};
 
 use super::commands::EngineCmd;
@@ -77,35 +77,7 @@ impl Turner {
         if self.st.wake.pending.load(Ordering::SeqCst) {
             return self.turn_on(true);
         }
-        self.read_tables();
-        let mut app = App {
-            st: &mut self.st,
-            mem: &mut self.views,
-            tables: &self.tables,
-        };
-        let work = match self.xdp.poll_posted(&mut app, id) {
-            Ok(w) => w,
-            Err(e) => {
-                self.failed.get_or_insert(e.to_string());
-                false
-            }
-        };
-        if self.st.progress {
-            // As after any turn (a posting turn that became a full one may have gone quiet).
-            self.xdp.unquiet();
-        }
-        work | std::mem::take(&mut self.st.progress)
-    }
-
-    /// Each PD table's version number is compared once per turn (one load, no lock: a
-    /// registration never makes a turn wait, nor a turn a registration); a table is read
-    /// again only when it changed.
-    fn read_tables(&mut self) {
-        for (view, table) in self.views.iter_mut().zip(&self.tables) {
-            if view.as_ref().is_none_or(|v| table.changed_since(v)) {
-                *view = Some(table.versioned());
-            }
-        }
+        self.run_poll(|xdp, app| xdp.poll_posted(app, id))
     }
 
     fn turn_on(&mut self, inline: bool) -> bool {
@@ -113,34 +85,43 @@ impl Turner {
         if self.st.wake.pending.swap(false, Ordering::SeqCst) {
             self.xdp.unquiet();
         }
-        let mut work;
-        {
-            self.read_tables();
-            let mut app = App {
-                st: &mut self.st,
-                mem: &mut self.views,
-                tables: &self.tables,
-            };
-            let polled = if inline {
-                self.xdp.poll_answering(&mut app)
+        self.run_poll(|xdp, app| {
+            if inline {
+                xdp.poll_answering(app)
             } else {
-                self.xdp.poll(&mut app)
-            };
-            match polled {
-                Ok(w) => work = w,
-                Err(e) => {
-                    self.failed.get_or_insert(e.to_string());
-                    work = false;
-                }
+                xdp.poll(app)
+            }
+        })
+    }
+
+    /// Runs one driver poll (`poll`) over the engine's connections; true if there was work.
+    fn run_poll(
+        &mut self,
+        poll: impl FnOnce(&mut XdpTcp, &mut App<'_>) -> Result<bool, XdpTcpError>,
+    ) -> bool {
+        // Each PD table's version number is compared once per turn (one load, no lock: a
+        // registration never makes a turn wait, nor a turn a registration); a table is read
+        // again only when it changed.
+        for (view, table) in self.views.iter_mut().zip(&self.tables) {
+            if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                *view = Some(table.versioned());
             }
         }
+        let mut app = App {
+            st: &mut self.st,
+            mem: &mut self.views,
+            tables: &self.tables,
+        };
+        let work = poll(&mut self.xdp, &mut app).unwrap_or_else(|e| {
+            self.failed.get_or_insert(e.to_string());
+            false
+        });
         if self.st.progress {
             // The application's requests were taken (perhaps not all of them: a turn takes at
             // most a budget per queue pair) or events handed out: the next poll runs in full.
             self.xdp.unquiet();
         }
-        work |= std::mem::take(&mut self.st.progress);
-        work
+        work | std::mem::take(&mut self.st.progress)
     }
 
     /// True if a queue-pair command waits.

@@ -94,9 +94,7 @@ impl Wake {
     /// the engine if it sleeps or is parked.
     fn wake_posted(&self, id: ConnId) -> io::Result<()> {
         self.posted.fetch_add(1, Ordering::SeqCst);
-        if self.state.load(Ordering::SeqCst) == PARKED
-            && self.drive_with(|t| t.turn_posted(id), false)
-        {
+        if self.state.load(Ordering::SeqCst) == PARKED && self.drive_with(|t| t.turn_posted(id)) {
             return Ok(());
         }
         self.pending.store(true, Ordering::SeqCst);
@@ -127,12 +125,15 @@ impl Wake {
     /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
     /// is no system call either). True if a turn ran.
     fn drive(&self) -> bool {
-        self.drive_with(Turner::turn_inline, true)
+        let ran = self.drive_with(Turner::turn_inline);
+        if ran {
+            self.app_polls.fetch_add(1, Ordering::Relaxed);
+        }
+        ran
     }
 
-    /// [`drive`](Self::drive) with the turn `turn`; `polled`: the turn of a thread polling a
-    /// completion queue ([`Wake::app_polls`]).
-    fn drive_with(&self, turn: impl FnOnce(&mut Turner) -> bool, polled: bool) -> bool {
+    /// [`drive`](Self::drive) with the turn `turn`.
+    fn drive_with(&self, turn: impl FnOnce(&mut Turner) -> bool) -> bool {
         if !self.inline {
             return false;
         }
@@ -147,9 +148,6 @@ impl Wake {
         };
         turn(turner);
         self.app_turns.fetch_add(1, Ordering::Relaxed);
-        if polled {
-            self.app_polls.fetch_add(1, Ordering::Relaxed);
-        }
         true
     }
 
