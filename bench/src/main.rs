@@ -259,8 +259,8 @@ pub struct Cli {
     /// (draft-williams-iwarp-ift-01, experimental). Both ends must
     /// say the same. With `ift`, `--crc` sets the header and the payload CRC of our frames,
     /// and the hello and welcome (MPA private data otherwise) go as the connection's first
-    /// Sends; the server then needs `--write-with-imm`/`--send-with-imm` if the client gives
-    /// them.
+    /// Sends (the server accepts with the RFC 7306 extensions on, as it cannot read the hello
+    /// before).
     #[arg(long, value_enum, default_value_t = FramingArg::Mpa)]
     pub framing: FramingArg,
     /// write-bw and write-lat: each Write is followed by RFC 7306 Immediate Data carrying its

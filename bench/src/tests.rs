@@ -958,8 +958,11 @@ fn accept_side_ift(
     req: datapath::ConnectRequest,
     first: Option<&Hello>,
 ) -> Result<(Side, ServerPlan, u64), String> {
-    // The extensions are decided at accept, before the hello: by this server's own flags.
-    let req = req.rdmap_extensions(cli.test.is_atomic() || cli.imm());
+    // The extensions are decided at accept, before the hello says whether the client uses
+    // them: on, so that the server takes what the client's hello asks for. Having them on
+    // only lets the peer send RFC 7306 messages; the server sends one only when the hello
+    // says the client has them on too.
+    let req = req.rdmap_extensions(true);
     let pd = ProtectionDomain::new();
     let (cq, channel) = completion_queue(cli.compat.use_event)?;
     let setup = pd
@@ -990,12 +993,6 @@ fn accept_side_ift(
         return Err("client sent a malformed hello".into());
     };
     check_hello(cli, &hello, first)?;
-    if hello.imm != cli.imm() {
-        return Err(
-            "with --framing ift give the server the client's --write-with-imm/--send-with-imm"
-                .into(),
-        );
-    }
     let ready = ServerReady::new(&pd, &hello)?;
     for r in ready.recvs {
         conn.qp

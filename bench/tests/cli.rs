@@ -306,26 +306,41 @@ fn atomic_tests_check_every_original_and_the_final_counter() {
 
 /// `--write-with-imm` and `--send-with-imm` (RFC 7306 Immediate Data after every Write or
 /// Send, given to the client only): the data is verified as without them, and the receiver
-/// checks each Immediate Data value (a wrong one fails the run).
+/// checks each Immediate Data value (a wrong one fails the run). With MPA framing the server
+/// learns it from the client's hello in the MPA Request; with IFT framing (the hello comes
+/// after the accept) as well.
 #[test]
 fn immediate_data_after_every_write_and_send() {
-    for (test, flag) in [
-        ("write-bw", "--write-with-imm"),
-        ("write-lat", "--write-with-imm"),
-        ("send-bw", "--send-with-imm"),
-        ("send-lat", "--send-with-imm"),
-    ] {
-        let port = free_port();
-        let (server, client) = run_pair_with(test, port, &["-n", "500", "-s", "1024"], &[flag]);
-        let so = String::from_utf8_lossy(&client.stdout);
-        let se = String::from_utf8_lossy(&client.stderr);
-        assert!(client.status.success(), "{test} {flag}: {so}\n{se}");
-        assert!(
-            server.status.success(),
-            "{test} {flag} server: {}",
-            String::from_utf8_lossy(&server.stderr)
-        );
-        assert!(se.contains("data verified"), "{test} {flag}: {se}");
+    for framing in ["mpa", "ift"] {
+        for (test, flag) in [
+            ("write-bw", "--write-with-imm"),
+            ("write-lat", "--write-with-imm"),
+            ("send-bw", "--send-with-imm"),
+            ("send-lat", "--send-with-imm"),
+        ] {
+            let port = free_port();
+            let (server, client) = run_pair_with(
+                test,
+                port,
+                &["-n", "500", "-s", "1024", "--framing", framing],
+                &[flag],
+            );
+            let so = String::from_utf8_lossy(&client.stdout);
+            let se = String::from_utf8_lossy(&client.stderr);
+            assert!(
+                client.status.success(),
+                "{framing} {test} {flag}: {so}\n{se}"
+            );
+            assert!(
+                server.status.success(),
+                "{framing} {test} {flag} server: {}",
+                String::from_utf8_lossy(&server.stderr)
+            );
+            assert!(
+                se.contains("data verified"),
+                "{framing} {test} {flag}: {se}"
+            );
+        }
     }
 }
 
