@@ -8,46 +8,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::*;
 use testbed::*;
-
-const JUMBO: &str = "9000";
-
-/// Both ends of the bed at MTU 9000 while it lives, 1500 again after.
-struct Jumbo;
-
-impl Jumbo {
-    fn set(mtu: &str) -> Result<(), String> {
-        for (ns, dev) in [(NS_A, DEV_A), (NS_B, DEV_B)] {
-            let out = Command::new("ip")
-                .args(["-n", ns, "link", "set", "dev", dev, "mtu", mtu])
-                .output()
-                .map_err(|e| format!("ip: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "ip -n {ns} link set dev {dev} mtu {mtu}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn on() -> Jumbo {
-        Jumbo::set(JUMBO).expect("MTU 9000 on the bed");
-        Jumbo
-    }
-}
-
-impl Drop for Jumbo {
-    fn drop(&mut self) {
-        if let Err(e) = Jumbo::set("1500") {
-            eprintln!("warning: {e}");
-        }
-    }
-}
 
 fn args(test: &str, transport: &str, iface: &str, port: u16, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [test, "--transport", transport, "-p", &port.to_string()]
@@ -86,8 +50,8 @@ fn check(what: &str, client: &Output, server: &Output) -> u64 {
 
 #[test]
 fn jumbo_frames_engine_to_engine_and_to_the_socket_transport() {
-    let _bed = bed_or_skip!();
-    let _mtu = Jumbo::on();
+    let bed = bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000 on the bed");
     let mut port = 18_900;
     let mut run = |test: &str, server: &str, client: &str, extra: &[&str]| {
         port += 1;

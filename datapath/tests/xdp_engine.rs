@@ -273,15 +273,9 @@ fn client(kind: Kind, server: Ipv4Addr, mtu: Option<u16>) -> Result<(), String> 
 /// Server in `iwa`, client in `iwb` (or the other way round), both veth ends at `mtu` if
 /// given.
 fn case(server_kind: Kind, client_kind: Kind, server_in_a: bool, mtu: Option<u16>) {
-    let _bed = bed_or_skip!();
+    let bed = bed_or_skip!();
     if let Some(m) = mtu {
-        for (ns, dev) in [(NS_A, DEV_A), (NS_B, DEV_B)] {
-            let st = std::process::Command::new("ip")
-                .args(["-n", ns, "link", "set", dev, "mtu", &m.to_string()])
-                .status()
-                .expect("running ip");
-            assert!(st.success(), "ip -n {ns} link set {dev} mtu {m}: {st}");
-        }
+        bed.set_mtu(u32::from(m)).expect("the bed's MTU");
     }
     let t = Instant::now();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -390,22 +390,6 @@ fn run_with(
     }
 }
 
-/// Every end of the relay bed (`iwra0`, `rra0` and `rrb0`, `iwrb0`) at `mtu`.
-fn relay_bed_mtu(mtu: u32) {
-    for (ns, dev) in [
-        (NS_A, DEV_A),
-        (NS_RELAY, RELAY_DEV_A),
-        (NS_RELAY, RELAY_DEV_B),
-        (NS_B, DEV_B),
-    ] {
-        let ok = std::process::Command::new("ip")
-            .args(["-n", ns, "link", "set", "dev", dev, "mtu", &mtu.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip -n {ns} link set dev {dev} mtu {mtu}");
-    }
-}
-
 fn aligned(loss: f64, seed: u64) {
     let _bed = relay_bed_or_skip!();
     aligned_on_bed(loss, seed);
@@ -448,8 +432,8 @@ fn aligned_loss_reorder_1_percent() {
 /// packets' checksums and CRCs come from the join's one read.
 #[test]
 fn aligned_loss_reorder_1_percent_at_mtu_9000() {
-    let _bed = relay_bed_or_skip!();
-    relay_bed_mtu(9000);
+    let bed = relay_bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000 on the relay bed");
     let r = aligned_on_bed(0.01, 13);
     for (who, e) in [("server", &r.server), ("client", &r.client)] {
         assert!(e.driver.rx_multi_frame > 0, "{who}: {:?}", e.driver);

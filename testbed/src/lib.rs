@@ -120,15 +120,31 @@ fn run_bed_script(script: &Path, arg: &str) -> Result<(), String> {
         || script.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let out = Command::new(script)
-        .arg(arg)
-        .output()
-        .map_err(|e| format!("running scripts/{name} {arg}: {e}"))?;
+    run(
+        Command::new(script).arg(arg),
+        &format!("scripts/{name} {arg}"),
+    )
+}
+
+/// Sets the MTU of interface `dev` in namespace `ns` (`ip -n NS link set dev DEV mtu MTU`).
+pub fn set_mtu(ns: &str, dev: &str, mtu: u32) -> Result<(), String> {
+    let mtu = mtu.to_string();
+    let args = ["-n", ns, "link", "set", "dev", dev, "mtu", &mtu];
+    run(
+        Command::new("ip").args(args),
+        &format!("ip {}", args.join(" ")),
+    )
+}
+
+/// Runs `cmd` (described as `what` in the error) to its end; its standard error in the error
+/// if it fails.
+fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("running {what}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "scripts/{name} {arg} failed ({}): {}",
+            "{what} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ))
@@ -168,6 +184,13 @@ impl Bed {
         let bed = Bed { _lock: lock };
         run_script("up")?;
         Ok(bed)
+    }
+
+    /// Both veth ends at `mtu`; the bed comes down with the test, so nothing needs setting
+    /// back. (Native XDP on one end checks the other end's MTU when it attaches.)
+    pub fn set_mtu(&self, mtu: u32) -> Result<(), String> {
+        set_mtu(NS_B, DEV_B, mtu)?;
+        set_mtu(NS_A, DEV_A, mtu)
     }
 }
 
@@ -219,6 +242,20 @@ impl RelayBed {
         let bed = RelayBed { _lock: lock };
         run_relay_script("up")?;
         Ok(bed)
+    }
+
+    /// Every end of the relay bed (`iwra0`, the relay's `rra0` and `rrb0`, `iwrb0`) at `mtu`.
+    pub fn set_mtu(&self, mtu: u32) -> Result<(), String> {
+        use relay::{DEV_A, DEV_B, NS_A, NS_B, NS_RELAY, RELAY_DEV_A, RELAY_DEV_B};
+        for (ns, dev) in [
+            (NS_A, DEV_A),
+            (NS_RELAY, RELAY_DEV_A),
+            (NS_RELAY, RELAY_DEV_B),
+            (NS_B, DEV_B),
+        ] {
+            set_mtu(ns, dev, mtu)?;
+        }
+        Ok(())
     }
 }
 

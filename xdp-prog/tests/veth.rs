@@ -568,9 +568,8 @@ fn e_driver_mode_unsupported_is_an_error() {
 /// driver mode and still steers.
 #[test]
 fn e_large_mtu_needs_frags_program_in_driver_mode() {
-    let _bed = bed_or_skip!();
-    sh(&["ip", "-n", NS_B, "link", "set", "dev", DEV_B, "mtu", "9000"]);
-    sh(&["ip", "-n", NS_A, "link", "set", "dev", DEV_A, "mtu", "9000"]);
+    let bed = bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000 on the bed");
     in_ns(NS_A, || {
         let mut plain = SteeringProgram::load(false).expect("load");
         let err = plain
