@@ -18,6 +18,40 @@ use crate::engine_report::EngineReport;
 use crate::pcap::PcapReport;
 use crate::Transport;
 
+/// Opens the API's device of `transport`: for [`Transport::Xdp`] the AF_XDP engine on `iface`
+/// with `config`, its frames captured to `pcap` if given (`--pcap`; refused with a reason for
+/// the socket transport, which has no frames of its own).
+pub fn open_device(
+    transport: Transport,
+    iface: Option<&str>,
+    pcap: Option<&Path>,
+    mut config: Box<XdpEngineConfig>,
+) -> Result<(Device, Option<Capture>), String> {
+    if transport != Transport::Xdp {
+        // Refuses --pcap with a reason.
+        crate::pcap::start(pcap, transport)?;
+        return Ok((Device::socket(), None));
+    }
+    let iface = iface.ok_or("--transport xdp needs --iface")?;
+    let capture = crate::pcap::start(pcap, transport)?;
+    config.driver.xsk.capture = capture.as_ref().map(Capture::tap);
+    match Device::open(DeviceTransport::Xdp {
+        ifname: iface.to_owned(),
+        config,
+    }) {
+        Ok(d) => Ok((d, capture)),
+        Err(e) => {
+            // No engine, no frames: leave no empty capture behind.
+            if let Some(c) = capture {
+                let path = c.path().to_owned();
+                drop(c);
+                let _ = std::fs::remove_file(path);
+            }
+            Err(format!("starting the AF_XDP engine on {iface}: {e}"))
+        }
+    }
+}
+
 /// The chosen transport: a [`Device`] of the API (which holds the engine for `xdp`; it must
 /// outlive its queue pairs).
 pub struct Net {
@@ -34,32 +68,7 @@ impl Net {
         iface: Option<&str>,
         pcap: Option<&Path>,
     ) -> Result<Self, String> {
-        if transport == Transport::Xdp && iface.is_none() {
-            return Err("--transport xdp needs --iface".into());
-        }
-        let capture = crate::pcap::start(pcap, transport)?;
-        let device = match (transport, iface) {
-            (Transport::Xdp, Some(iface)) => {
-                let mut config = Box::<XdpEngineConfig>::default();
-                config.driver.xsk.capture = capture.as_ref().map(Capture::tap);
-                match Device::open(DeviceTransport::Xdp {
-                    ifname: iface.to_owned(),
-                    config,
-                }) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        // No engine, no frames: leave no empty capture behind.
-                        if let Some(c) = capture {
-                            let path = c.path().to_owned();
-                            drop(c);
-                            let _ = std::fs::remove_file(path);
-                        }
-                        return Err(format!("starting the AF_XDP engine on {iface}: {e}"));
-                    }
-                }
-            }
-            _ => Device::socket(),
-        };
+        let (device, capture) = open_device(transport, iface, pcap, Box::default())?;
         Ok(Self { device, capture })
     }
 

@@ -14,7 +14,7 @@ use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, AtomicOp, Completion, CompletionChannel, CompletionQueue, ConnectParams, Device,
     Framing, Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp,
-    SendWr, SgeList, Stag, Transport as DeviceTransport, WcOpcode, WcStatus,
+    SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -567,19 +567,9 @@ fn describe(cli: &Cli, side: &Side) -> String {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-/// Runs the server side of one test session, then returns.
-/// The AF_XDP engine when `--transport xdp` (it must outlive the queue pair).
+/// The API's device of `--transport`: the AF_XDP engine, with the `--engine-*` options, when
+/// `xdp` (it must outlive the queue pair).
 fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
-    if cli.transport != Transport::Xdp {
-        // Refuses --pcap with a reason.
-        crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
-        return Ok((Device::socket(), None));
-    }
-    let iface = cli
-        .iface
-        .as_deref()
-        .ok_or("--transport xdp needs --iface")?;
-    let capture = crate::pcap::start(cli.pcap.as_deref(), cli.transport)?;
     let mut cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
         cpus: cli.engine_cpus.clone(),
@@ -605,28 +595,17 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
     if let Some(us) = cli.engine_park_max_us {
         cfg.park_max = std::time::Duration::from_micros(us);
     }
-    cfg.driver.xsk.capture = capture.as_ref().map(Capture::tap);
     cfg.driver.xsk.busy_poll = cli.engine_busy_poll.map(|usecs| datapath::xsk::BusyPoll {
         usecs,
         budget: cli.engine_busy_poll_budget,
         prefer: true,
     });
-    let device = Device::open(DeviceTransport::Xdp {
-        ifname: iface.to_owned(),
-        config: Box::new(cfg),
-    });
-    match device {
-        Ok(d) => Ok((d, capture)),
-        Err(e) => {
-            // No engine, no frames: leave no empty capture behind.
-            if let Some(c) = capture {
-                let path = c.path().to_owned();
-                drop(c);
-                let _ = std::fs::remove_file(path);
-            }
-            Err(format!("starting the AF_XDP engine on {iface}: {e}"))
-        }
-    }
+    crate::net::open_device(
+        cli.transport,
+        cli.iface.as_deref(),
+        cli.pcap.as_deref(),
+        Box::new(cfg),
+    )
 }
 
 /// Stops the engine (if any) and returns its counters; without `--json` also prints them on
