@@ -4,62 +4,75 @@ use core::time::Duration;
 
 /// RTO estimator of RFC 6298 2: SRTT, RTTVAR, RTO with exponential backoff
 /// (5.5) and a configurable floor (2.4; see [`crate::Config::min_rto`]).
+///
+/// Kept in whole nanoseconds (`u64`, saturating: 584 years) rather than `Duration`s: an RTT
+/// sample is taken per acknowledgement, and `Duration`'s multiply and divide (seconds and
+/// nanoseconds apart, checked) cost several times the integer arithmetic. The clock's
+/// granularity G is the nanosecond either way.
 #[derive(Debug, Clone)]
 pub struct RttEstimator {
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    /// SRTT once measured; 0 before the first sample (an RTT is never 0 ns in practice, and
+    /// [`sampled`](Self::sampled) says which).
+    srtt: u64,
+    rttvar: u64,
     /// max(2 SRTT, SRTT + 4 RTTVAR), kept with the estimate: the probe timeout of RFC 8985
     /// 7.2 with data in flight, asked for after every segment sent.
-    pto_base: Duration,
-    min_rtt: Option<Duration>,
-    rto: Duration,
+    pto_base: u64,
+    min_rtt: u64,
+    rto: u64,
+    sampled: bool,
     backoff_shift: u32,
-    min_rto: Duration,
-    max_rto: Duration,
+    min_rto: u64,
+    max_rto: u64,
+}
+
+/// Whole nanoseconds of `d`, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl RttEstimator {
     /// Before any sample the RTO is `initial_rto` (RFC 6298 2.1).
     pub fn new(initial_rto: Duration, min_rto: Duration, max_rto: Duration) -> Self {
         RttEstimator {
-            srtt: None,
-            rttvar: Duration::ZERO,
-            pto_base: Duration::ZERO,
-            min_rtt: None,
-            rto: initial_rto,
+            srtt: 0,
+            rttvar: 0,
+            pto_base: 0,
+            min_rtt: 0,
+            rto: nanos(initial_rto),
+            sampled: false,
             backoff_shift: 0,
-            min_rto,
-            max_rto,
+            min_rto: nanos(min_rto),
+            max_rto: nanos(max_rto),
         }
     }
 
     /// Take one RTT measurement (RFC 6298 2.2, 2.3; clock granularity G is
     /// the nanosecond, so `max(G, K*RTTVAR)` is `K*RTTVAR`).
     pub fn sample(&mut self, r: Duration) {
-        match self.srtt {
-            None => {
-                self.srtt = Some(r);
-                self.rttvar = r / 2;
-            }
-            Some(srtt) => {
-                let diff = srtt.abs_diff(r);
-                self.rttvar = self.rttvar * 3 / 4 + diff / 4;
-                self.srtt = Some(srtt * 7 / 8 + r / 8);
-            }
+        let r = nanos(r);
+        if self.sampled {
+            let diff = self.srtt.abs_diff(r);
+            self.rttvar = self.rttvar.saturating_mul(3) / 4 + diff / 4;
+            self.srtt = self.srtt.saturating_mul(7) / 8 + r / 8;
+            self.min_rtt = self.min_rtt.min(r);
+        } else {
+            self.srtt = r;
+            self.rttvar = r / 2;
+            self.min_rtt = r;
+            self.sampled = true;
         }
-        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
-        let srtt = self.srtt.unwrap_or(r);
-        let unfloored = srtt + self.rttvar * 4;
-        self.pto_base = (srtt * 2).max(unfloored);
-        self.rto = unfloored.clamp(self.min_rto, self.max_rto);
+        let unfloored = self.srtt.saturating_add(self.rttvar.saturating_mul(4));
+        self.pto_base = self.srtt.saturating_mul(2).max(unfloored);
+        self.rto = unfloored.clamp(self.min_rto, self.max_rto.max(self.min_rto));
         // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
         self.backoff_shift = 0;
     }
 
     /// The current timeout including backoff (RFC 6298 5.5).
     pub fn rto(&self) -> Duration {
-        let backed = self.rto.saturating_mul(1u32 << self.backoff_shift.min(16));
-        backed.min(self.max_rto)
+        let backed = self.rto.saturating_mul(1u64 << self.backoff_shift.min(16));
+        Duration::from_nanos(backed.min(self.max_rto))
     }
 
     /// Double the timeout (RFC 6298 5.5).
@@ -82,25 +95,26 @@ impl RttEstimator {
 
     /// Smoothed RTT, once measured.
     pub fn srtt(&self) -> Option<Duration> {
-        self.srtt
+        self.sampled.then(|| Duration::from_nanos(self.srtt))
     }
 
     /// SRTT + 4 RTTVAR without floor or backoff: when an ACK is overdue
     /// given the variation measured so far.
     pub fn unfloored_rto(&self) -> Option<Duration> {
-        self.srtt.map(|s| s + self.rttvar * 4)
+        self.sampled
+            .then(|| Duration::from_nanos(self.srtt.saturating_add(self.rttvar.saturating_mul(4))))
     }
 
     /// max(2 SRTT, SRTT + 4 RTTVAR) once measured: RFC 8985 7.2's PTO (2 SRTT) not before an
     /// ACK is overdue by the measured variation ([`unfloored_rto`](Self::unfloored_rto)).
     /// Computed per sample, not per segment sent.
     pub fn pto_base(&self) -> Option<Duration> {
-        self.srtt.map(|_| self.pto_base)
+        self.sampled.then(|| Duration::from_nanos(self.pto_base))
     }
 
     /// Smallest RTT seen (RFC 8985 uses it for the reordering window).
     pub fn min_rtt(&self) -> Option<Duration> {
-        self.min_rtt
+        self.sampled.then(|| Duration::from_nanos(self.min_rtt))
     }
 }
 
@@ -144,6 +158,42 @@ mod tests {
                 Some((srtt * 2).max(unfloored)),
                 "after {us} us"
             );
+        }
+    }
+
+    /// The estimator in whole nanoseconds gives what RFC 6298's formulas give in `Duration`s
+    /// (the arithmetic it had before), sample by sample, over samples from 1 us to 100 ms.
+    #[test]
+    fn integer_nanoseconds_match_duration_arithmetic() {
+        let (min_rto, max_rto) = (Duration::from_millis(1), Duration::from_secs(60));
+        let mut e = RttEstimator::new(Duration::from_secs(1), min_rto, max_rto);
+        let (mut srtt, mut rttvar): (Option<Duration>, Duration) = (None, Duration::ZERO);
+        let mut min_rtt = Duration::MAX;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let r = Duration::from_nanos(1_000 + x % 100_000_000);
+            e.sample(r);
+            match srtt {
+                None => {
+                    srtt = Some(r);
+                    rttvar = r / 2;
+                }
+                Some(s) => {
+                    rttvar = rttvar * 3 / 4 + s.abs_diff(r) / 4;
+                    srtt = Some(s * 7 / 8 + r / 8);
+                }
+            }
+            min_rtt = min_rtt.min(r);
+            let s = srtt.expect("sampled");
+            let unfloored = s + rttvar * 4;
+            assert_eq!(e.srtt(), Some(s), "sample {i}");
+            assert_eq!(e.unfloored_rto(), Some(unfloored), "sample {i}");
+            assert_eq!(e.pto_base(), Some((s * 2).max(unfloored)), "sample {i}");
+            assert_eq!(e.rto(), unfloored.clamp(min_rto, max_rto), "sample {i}");
+            assert_eq!(e.min_rtt(), Some(min_rtt), "sample {i}");
         }
     }
 
