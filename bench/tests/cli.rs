@@ -341,6 +341,22 @@ fn immediate_data_after_every_write_and_send() {
                 "{framing} {test} {flag}: {se}"
             );
         }
+        // A server given the flag refuses a client that was not (it would wait for Immediate
+        // Data that never comes), saying why.
+        let (server, client) = run_pair_sides(
+            "write-lat",
+            free_port(),
+            &["-n", "5", "--framing", framing],
+            &["--write-with-imm"],
+            &[],
+        );
+        let err = String::from_utf8_lossy(&server.stderr);
+        assert!(
+            !server.status.success(),
+            "{framing}: the server accepted: {err}"
+        );
+        assert!(err.contains("--write-with-imm"), "{framing}: {err}");
+        assert!(!client.status.success(), "{framing}: the client succeeded");
     }
 }
 

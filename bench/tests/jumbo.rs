@@ -71,17 +71,21 @@ fn jumbo_frames_engine_to_engine_and_to_the_socket_transport() {
             assert!(mulpdu > 8_000, "{what}: MULPDU {mulpdu}");
         }
         // The engine side(s) sent or received packets over several UMEM frames.
-        for (side, out) in [("client", &c), ("server", &s)]
+        for (side, transport, out) in [("client", client, &c), ("server", server, &s)]
             .into_iter()
-            .filter(|_| multi)
+            .filter(|&(_, transport, _)| multi && transport == "xdp")
         {
             let err = String::from_utf8_lossy(&out.stderr);
-            if let Some(line) = err.lines().find(|l| l.contains("engine counters:")) {
-                assert!(
-                    line.contains("multi-frame packets rx "),
-                    "{what}: the {side}'s engine carried no multi-frame packet: {line}"
-                );
-            }
+            let line = err
+                .lines()
+                .find(|l| l.contains("engine counters:"))
+                .unwrap_or_else(|| {
+                    panic!("{what}: the {side} ({transport}) printed no engine counters:\n{err}")
+                });
+            assert!(
+                line.contains("multi-frame packets rx "),
+                "{what}: the {side}'s engine carried no multi-frame packet: {line}"
+            );
         }
         let err = String::from_utf8_lossy(&c.stderr);
         println!(

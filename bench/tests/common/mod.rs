@@ -64,16 +64,28 @@ pub fn run_pair_with(
     args: &[&str],
     client_args: &[&str],
 ) -> (Output, Output) {
-    let first = run_pair_on_with(test, &port.to_string(), args, client_args);
+    run_pair_sides(test, port, args, &[], client_args)
+}
+
+/// [`run_pair`] with `server_args` given to the server only and `client_args` to the client
+/// only.
+pub fn run_pair_sides(
+    test: &str,
+    port: u16,
+    args: &[&str],
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (Output, Output) {
+    let first = run_pair_on_sides(test, &port.to_string(), args, server_args, client_args);
     if !port_taken(&first.0) {
         return first;
     }
-    with_free_port(|port| run_pair_on_with(test, port, args, client_args))
+    with_free_port(|port| run_pair_on_sides(test, port, args, server_args, client_args))
 }
 
 /// [`run_pair`] on `port` only: a taken port shows as the server's bind error.
 pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
-    run_pair_on_with(test, port, args, &[])
+    run_pair_on_sides(test, port, args, &[], &[])
 }
 
 /// [`run_pair_on`] with `client_args` given to the client only.
@@ -83,9 +95,22 @@ pub fn run_pair_on_with(
     args: &[&str],
     client_args: &[&str],
 ) -> (Output, Output) {
+    run_pair_on_sides(test, port, args, &[], client_args)
+}
+
+/// [`run_pair_on`] with `server_args` given to the server only and `client_args` to the
+/// client only.
+pub fn run_pair_on_sides(
+    test: &str,
+    port: &str,
+    args: &[&str],
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (Output, Output) {
     let mut server: Child = Command::new(bin())
         .args([test, "--bind", "127.0.0.1", "--port", port])
         .args(args)
+        .args(server_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
