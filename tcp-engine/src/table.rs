@@ -725,6 +725,14 @@ impl ConnectionTable {
                     None => conn.poll_transmit(now, buf),
                 };
                 if let Some(n) = sent {
+                    if !conn.wants_transmit() {
+                        // That was its last segment for now: it leaves the queue here, not
+                        // on the next offer (which would go through every kind of segment it
+                        // might send to find none: a latency-bound sender's every message).
+                        slot.ready = false;
+                        self.ready.pop_front();
+                        self.reschedule(index);
+                    }
                     return Some(n);
                 }
             }
