@@ -3214,6 +3214,7 @@ impl Connection {
             }
             self.pipe += len;
             self.arm_tlp(now);
+            self.note_sent_all(now);
             return Some(n);
         }
         if self.fin_queued && !self.fin_sent && self.scoreboard.len() < self.max_tracked {
@@ -3229,12 +3230,25 @@ impl Connection {
                 retransmits: 0,
             });
             self.pipe += 1;
+            self.note_sent_all(now);
             return Some(n);
         }
         // Nothing unsent: limited by the sender while data is in flight, idle after.
         let limit = (self.snd_una < self.snd_max()).then_some(SendLimit::Sender);
         self.note_send_limit(now, limit);
         None
+    }
+
+    /// After a segment of new data or the FIN: with nothing left unsent, the sender limits
+    /// from now on (data is in flight), as the next offer would find; the connection table
+    /// makes none once the connection says it wants nothing more ([`wants_transmit`]).
+    ///
+    /// [`wants_transmit`]: Connection::wants_transmit
+    #[inline]
+    fn note_sent_all(&mut self, now: Instant) {
+        if !self.has_new_data() {
+            self.note_send_limit(now, Some(SendLimit::Sender));
+        }
     }
 
     /// Ends the current send-limited state (adding its time to [`ConnStats`]) and

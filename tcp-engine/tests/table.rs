@@ -579,3 +579,51 @@ fn moving_deadlines_keep_one_timer_entry_per_connection() {
         State::Established
     );
 }
+
+/// What held a sender back is timed through the table as through a lone connection (RFC 4898
+/// 4, tcpEStatsPerfSndLimTimeSnd): a message sent whole at once, its acknowledgement (the
+/// reply) 1 ms later: 1 ms limited by the sender, though the table takes the connection off
+/// its ready queue with the message's segment (no later offer finds it with data in flight
+/// and nothing to send).
+#[test]
+fn a_lone_message_is_timed_as_sender_limited_until_its_ack() {
+    let mut client = ConnectionTable::new([5; 16], 4);
+    let mut server = ConnectionTable::new([6; 16], 4);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
+    let t0 = Instant::from_millis(1);
+    let id = client
+        .connect(Config::default(), tuple(0), t0)
+        .expect("connect");
+    pump(&mut client, &mut server, t0);
+    let sid = server
+        .accept(SERVER, 4791)
+        .or_else(|| server.accept(Ipv4Addr::UNSPECIFIED, 4791))
+        .expect("accepted");
+    let mut buf = [0u8; 2048];
+    client
+        .get_mut(id)
+        .expect("live")
+        .send(b"ping")
+        .expect("send");
+    let n = client.poll_transmit(t0, &mut buf).expect("the ping");
+    assert_eq!(client.poll_transmit(t0, &mut buf), None, "one segment");
+    let _ = server.handle_packet(t0, &buf[..n], |_, _| {});
+    // The reply carries the acknowledgement, 1 ms later.
+    let t1 = t0 + std::time::Duration::from_millis(1);
+    server
+        .get_mut(sid)
+        .expect("live")
+        .send(b"pong")
+        .expect("send");
+    let n = server.poll_transmit(t1, &mut buf).expect("the pong");
+    let _ = client.handle_packet(t1, &buf[..n], |_, _| {});
+    // The next offer finds nothing in flight: the sender-limited stretch ends there.
+    while client.poll_transmit(t1, &mut buf).is_some() {}
+    let st = client.get(id).expect("live").stats();
+    assert_eq!(st.snd_lim_time_sender_ns, 1_000_000, "{st:?}");
+    assert_eq!(
+        st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns,
+        0,
+        "{st:?}"
+    );
+}
