@@ -1570,7 +1570,6 @@ impl Connection {
         // 2 SRTT, not before an ACK is overdue by the measured variation
         // either (SRTT + 4 RTTVAR): with ACKs that come late by a varying
         // amount (a loaded receiver), 2 SRTT alone probes before they arrive.
-        // Kept by the estimator per RTT sample, not computed per segment.
         let Some(base) = self.rtt.pto_base() else {
             return;
         };

@@ -15,9 +15,6 @@ pub struct RttEstimator {
     /// [`sampled`](Self::sampled) says which).
     srtt: u64,
     rttvar: u64,
-    /// max(2 SRTT, SRTT + 4 RTTVAR), kept with the estimate: the probe timeout of RFC 8985
-    /// 7.2 with data in flight, asked for after every segment sent.
-    pto_base: u64,
     min_rtt: u64,
     rto: u64,
     sampled: bool,
@@ -37,7 +34,6 @@ impl RttEstimator {
         RttEstimator {
             srtt: 0,
             rttvar: 0,
-            pto_base: 0,
             min_rtt: 0,
             rto: nanos(initial_rto),
             sampled: false,
@@ -62,11 +58,16 @@ impl RttEstimator {
             self.min_rtt = r;
             self.sampled = true;
         }
-        let unfloored = self.srtt.saturating_add(self.rttvar.saturating_mul(4));
-        self.pto_base = self.srtt.saturating_mul(2).max(unfloored);
-        self.rto = unfloored.clamp(self.min_rto, self.max_rto.max(self.min_rto));
+        self.rto = self
+            .unfloored()
+            .clamp(self.min_rto, self.max_rto.max(self.min_rto));
         // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
         self.backoff_shift = 0;
+    }
+
+    /// SRTT + 4 RTTVAR in nanoseconds (RFC 6298 2.3, before the floor).
+    fn unfloored(&self) -> u64 {
+        self.srtt.saturating_add(self.rttvar.saturating_mul(4))
     }
 
     /// The current timeout including backoff (RFC 6298 5.5).
@@ -101,15 +102,14 @@ impl RttEstimator {
     /// SRTT + 4 RTTVAR without floor or backoff: when an ACK is overdue
     /// given the variation measured so far.
     pub fn unfloored_rto(&self) -> Option<Duration> {
-        self.sampled
-            .then(|| Duration::from_nanos(self.srtt.saturating_add(self.rttvar.saturating_mul(4))))
+        self.sampled.then(|| Duration::from_nanos(self.unfloored()))
     }
 
     /// max(2 SRTT, SRTT + 4 RTTVAR) once measured: RFC 8985 7.2's PTO (2 SRTT) not before an
     /// ACK is overdue by the measured variation ([`unfloored_rto`](Self::unfloored_rto)).
-    /// Computed per sample, not per segment sent.
     pub fn pto_base(&self) -> Option<Duration> {
-        self.sampled.then(|| Duration::from_nanos(self.pto_base))
+        self.sampled
+            .then(|| Duration::from_nanos(self.srtt.saturating_mul(2).max(self.unfloored())))
     }
 
     /// Smallest RTT seen (RFC 8985 uses it for the reordering window).

@@ -729,18 +729,22 @@ impl ConnectionTable {
                         // That was its last segment for now: it leaves the queue here, not
                         // on the next offer (which would go through every kind of segment it
                         // might send to find none: a latency-bound sender's every message).
-                        slot.ready = false;
-                        self.ready.pop_front();
-                        self.reschedule(index);
+                        self.leave_ready_front(index);
                     }
                     return Some(n);
                 }
             }
-            slot.ready = false;
-            self.ready.pop_front();
-            self.reschedule(index);
+            self.leave_ready_front(index);
         }
         None
+    }
+
+    /// The connection in slot `index`, at the head of the ready queue, leaves it; its
+    /// deadline is brought up to date with what it sent.
+    fn leave_ready_front(&mut self, index: u32) {
+        self.slots[index as usize].ready = false;
+        self.ready.pop_front();
+        self.reschedule(index);
     }
 
     /// Connections with a pending deadline: the timer queue's entries, at most one per

@@ -88,16 +88,6 @@ pub fn run_pair_on(test: &str, port: &str, args: &[&str]) -> (Output, Output) {
     run_pair_on_sides(test, port, args, &[], &[])
 }
 
-/// [`run_pair_on`] with `client_args` given to the client only.
-pub fn run_pair_on_with(
-    test: &str,
-    port: &str,
-    args: &[&str],
-    client_args: &[&str],
-) -> (Output, Output) {
-    run_pair_on_sides(test, port, args, &[], client_args)
-}
-
 /// [`run_pair_on`] with `server_args` given to the server only and `client_args` to the
 /// client only.
 pub fn run_pair_on_sides(
