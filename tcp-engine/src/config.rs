@@ -105,7 +105,8 @@ pub struct Config {
     /// spurious timeouts from delayed ACKs are rare. Raise it for WAN peers
     /// with 40 ms delayed ACKs.
     pub min_rto: Duration,
-    /// Ceiling on the RTO (RFC 6298 2.5: at least 60 s).
+    /// Ceiling on the RTO (RFC 6298 2.5: at least 60 s). A ceiling below `min_rto` is raised
+    /// to it: the floor wins.
     pub max_rto: Duration,
     /// Retransmission timeouts in a row before the connection is aborted.
     pub max_retransmissions: u32,

@@ -517,6 +517,9 @@ pub struct Connection {
     /// The last segment made a challenge ACK due (the table may withdraw it under its global
     /// limit, [`Connection::take_challenge_ack`]).
     challenge_due: bool,
+    /// Whether an ACK was already due before the challenge ACK made one due: withdrawing the
+    /// challenge must not withdraw it.
+    ack_due_before_challenge: bool,
 }
 
 const DEFAULT_SEND_MSS: u16 = 536;
@@ -647,6 +650,7 @@ impl Connection {
             challenge_window_start: now,
             challenge_count: 0,
             challenge_due: false,
+            ack_due_before_challenge: false,
             cfg,
         }
     }
@@ -1756,6 +1760,9 @@ impl Connection {
         if self.challenge_count < self.cfg.challenge_ack_limit {
             self.challenge_count += 1;
             self.stats.challenge_acks += 1;
+            if !self.challenge_due {
+                self.ack_due_before_challenge = self.ack_now;
+            }
             self.ack_now = true;
             self.challenge_due = true;
         }
@@ -1768,9 +1775,10 @@ impl Connection {
     }
 
     /// Withdraws the challenge ACK the last segment made due (a global limit said no): a
-    /// segment that calls for a challenge ACK is otherwise dropped, so nothing else is due.
+    /// segment that calls for a challenge ACK is otherwise dropped, so the only ACK still due
+    /// is one an earlier segment made due (an out-of-order segment's duplicate ACK, say).
     pub fn withdraw_challenge_ack(&mut self) {
-        self.ack_now = false;
+        self.ack_now = self.ack_due_before_challenge;
         self.stats.challenge_acks = self.stats.challenge_acks.saturating_sub(1);
     }
 
@@ -2824,7 +2832,7 @@ impl Connection {
         source: Option<&mut dyn TxSource>,
     ) -> Option<usize> {
         self.update_stall(now);
-        if let Some(rst) = self.pending_rst.take() {
+        if let Some(rst) = self.pending_rst {
             let flags = TcpFlags {
                 rst: true,
                 ack: rst.ack.is_some(),
@@ -2834,7 +2842,9 @@ impl Connection {
             repr.ack = rst.ack.unwrap_or(0);
             repr.options = TcpOptions::default();
             repr.window = 0;
+            // Due until it is written: a buffer too small for it leaves it for the next call.
             let n = repr.emit(buf).ok()?;
+            self.pending_rst = None;
             self.stats.segments_out += 1;
             return Some(n);
         }
@@ -2885,7 +2895,6 @@ impl Connection {
             }
         }
         if self.probe_due {
-            self.probe_due = false;
             // Window probe / keepalive: an already-acknowledged sequence
             // number, no data, so record boundaries are never disturbed; the
             // peer answers with an ACK carrying its window (RFC 9293 3.8.6.1,
@@ -2900,6 +2909,7 @@ impl Connection {
                 },
             );
             let n = repr.emit(buf).ok()?;
+            self.probe_due = false;
             self.after_emit_ack(&repr);
             self.arm_persist(now);
             return Some(n);

@@ -29,7 +29,8 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl RttEstimator {
-    /// Before any sample the RTO is `initial_rto` (RFC 6298 2.1).
+    /// Before any sample the RTO is `initial_rto` (RFC 6298 2.1). A `max_rto` below `min_rto`
+    /// is raised to it.
     pub fn new(initial_rto: Duration, min_rto: Duration, max_rto: Duration) -> Self {
         RttEstimator {
             srtt: 0,
@@ -39,7 +40,7 @@ impl RttEstimator {
             sampled: false,
             backoff_shift: 0,
             min_rto: nanos(min_rto),
-            max_rto: nanos(max_rto),
+            max_rto: nanos(max_rto.max(min_rto)),
         }
     }
 
@@ -58,9 +59,7 @@ impl RttEstimator {
             self.min_rtt = r;
             self.sampled = true;
         }
-        self.rto = self
-            .unfloored()
-            .clamp(self.min_rto, self.max_rto.max(self.min_rto));
+        self.rto = self.unfloored().clamp(self.min_rto, self.max_rto);
         // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
         self.backoff_shift = 0;
     }
@@ -125,6 +124,20 @@ mod tests {
     /// RFC 6298's initial RTO (1 s) and a 60 s ceiling, with the RTO floor `min_rto`.
     fn estimator(min_rto: Duration) -> RttEstimator {
         RttEstimator::new(Duration::from_secs(1), min_rto, Duration::from_secs(60))
+    }
+
+    /// `Config::max_rto` below `min_rto`: the floor wins, for small and large samples alike.
+    #[test]
+    fn a_ceiling_below_the_floor_gives_the_floor() {
+        let mut e = RttEstimator::new(
+            Duration::from_secs(1),
+            Duration::from_millis(200),
+            Duration::from_millis(50),
+        );
+        e.sample(Duration::from_micros(10));
+        assert_eq!(e.rto(), Duration::from_millis(200));
+        e.sample(Duration::from_secs(2));
+        assert_eq!(e.rto(), Duration::from_millis(200));
     }
 
     #[test]

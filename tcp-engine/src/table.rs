@@ -703,11 +703,13 @@ impl ConnectionTable {
         buf: &mut [u8],
         mut sources: Option<&mut dyn TxSources>,
     ) -> Option<usize> {
-        if let Some(reply) = self.control.pop_front() {
+        // A reply stays queued until a buffer holds it.
+        if let Some(reply) = self.control.front() {
             if let Ok(n) = reply.emit(buf) {
                 if reply.flags.rst {
                     self.stats.resets_sent += 1;
                 }
+                self.control.pop_front();
                 return Some(n);
             }
         }

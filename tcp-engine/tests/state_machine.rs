@@ -278,6 +278,21 @@ fn rst_exact_sequence_resets() {
     assert_eq!(s.conn_mut().poll_event(), Some(Event::Reset));
 }
 
+/// An abort's RST stays due until a buffer holds it: a call with a buffer too small for the
+/// segment writes nothing and loses nothing.
+#[test]
+fn an_aborts_rst_survives_a_buffer_too_small_for_it() {
+    let (mut c, _s, net) = established(Config::default());
+    let now = net.now;
+    c.conn_mut().abort();
+    let mut small = [0u8; 10];
+    assert_eq!(c.conn_mut().poll_transmit(now, &mut small), None);
+    let sent = drain(c.conn_mut(), now);
+    assert_eq!(sent.len(), 1, "the RST, once");
+    let rst = tcp_engine::wire::SegmentRepr::parse(&sent[0]).expect("valid");
+    assert!(rst.flags.rst, "{rst:?}");
+}
+
 #[test]
 fn rst_in_window_not_exact_gets_challenge_ack() {
     let (c, mut s, net) = established(Config::default());

@@ -174,6 +174,8 @@ fn unknown_segments_get_rst_and_malformed_are_counted() {
         },
     );
     assert_eq!(t.handle_packet(now, &pkt, |_, _| {}), Ok(None));
+    // A buffer too small for the RST writes nothing and the RST stays queued.
+    assert_eq!(t.poll_transmit(now, &mut [0u8; 10]), None);
     let mut buf = [0u8; 200];
     let n = t.poll_transmit(now, &mut buf).expect("rst");
     let rst = SegmentRepr::parse(&buf[..n]).expect("valid");
@@ -625,5 +627,52 @@ fn a_lone_message_is_timed_as_sender_limited_until_its_ack() {
         st.snd_lim_time_rwin_ns + st.snd_lim_time_cwnd_ns,
         0,
         "{st:?}"
+    );
+}
+
+/// RFC 5961 7 with the table-wide limit spent: a spoofed SYN's challenge ACK is withdrawn, but
+/// the duplicate ACK an out-of-order segment made due just before it in the same batch still
+/// goes out (RFC 5681 4.2), or the sender's fast retransmit would wait for its RTO.
+#[test]
+fn a_withdrawn_challenge_ack_keeps_the_ack_an_earlier_segment_made_due() {
+    let mut client = ConnectionTable::new([7; 16], 4);
+    let mut server = ConnectionTable::new([8; 16], 4);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
+    let now = Instant::from_millis(1);
+    let id = client
+        .connect(Config::default(), tuple(0), now)
+        .expect("connect");
+    pump(&mut client, &mut server, now);
+    assert!(server.accept(Ipv4Addr::UNSPECIFIED, 4791).is_some());
+    server.set_challenge_ack_limit(0);
+    client
+        .get_mut(id)
+        .expect("live")
+        .send(&[7u8; 2000])
+        .expect("send");
+    let mut buf = [0u8; 2048];
+    client.poll_transmit(now, &mut buf).expect("first segment");
+    let n = client.poll_transmit(now, &mut buf).expect("second segment");
+    // The first segment is lost: the second arrives out of order.
+    let _ = server.handle_packet(now, &buf[..n], |_, _| {});
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let _ = server.handle_packet(now, &raw(tuple(0), 12345, 0, syn), |_, _| {});
+    assert_eq!(server.stats().challenge_acks_limited, 1, "the limit held");
+    let n = server
+        .poll_transmit(now, &mut buf)
+        .expect("the duplicate ACK still goes out");
+    let dupack = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert!(dupack.flags.ack && dupack.payload.is_empty(), "{dupack:?}");
+    assert!(
+        !dupack.options.sack_blocks().is_empty(),
+        "it reports the out-of-order data: {dupack:?}"
+    );
+    assert_eq!(
+        server.poll_transmit(now, &mut buf),
+        None,
+        "one ACK, no challenge"
     );
 }
