@@ -235,6 +235,96 @@ fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
     );
 }
 
+/// Multi-buffer transmit (`XskConfig::multi_buffer`) at MTU 9000: a 9014-octet frame goes out
+/// as three UMEM frames (the first two marked `XDP_PKT_CONTD`) and arrives in `iwb` whole;
+/// `send_until` on such a socket skips a frame its source leaves empty and ends the batch where
+/// the source runs dry, as on a single-buffer socket.
+#[test]
+fn multi_buffer_tx_spans_frames_and_send_until_ends_dry() {
+    let bed = bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000");
+    const DPORT: u16 = 17102;
+    let capture = in_ns(NS_B, || {
+        let proto = Protocol::from(i32::from((libc::ETH_P_ALL as u16).to_be()));
+        let s = Socket::new(Domain::PACKET, Type::RAW, Some(proto)).expect("AF_PACKET socket");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        s
+    });
+    // (seq, frame octets): a jumbo frame (MTU 9000 plus the Ethernet header), a small one.
+    let sizes = [(2000u32, 9014usize), (2001, 64)];
+    in_ns(NS_A, || {
+        let cfg = XskConfig {
+            multi_buffer: true,
+            ..copy_cfg()
+        };
+        let mut xsk = XskSocket::open(DEV_A, 0, &cfg).expect("multi-buffer AF_XDP socket");
+        assert!(xsk.packet_capacity() >= 9014, "{}", xsk.packet_capacity());
+        let spec = spec_to(DEV_A, ADDR_B, 40002, DPORT);
+        let mut offered = 0;
+        let sent = xsk
+            .send_until(32, |i, buf| {
+                offered += 1;
+                let (seq, len) = match i {
+                    0 => sizes[0],
+                    1 => return Some(0),
+                    2 => sizes[1],
+                    _ => return None,
+                };
+                let s = TcpFrameSpec { seq, ..spec };
+                Some(write_tcp_frame(buf, &s, len, |p| pattern(seq, p)).unwrap())
+            })
+            .unwrap();
+        assert_eq!((sent, offered), (2, 4), "packets queued, packets offered");
+        assert!(
+            xsk.drain_tx(Duration::from_secs(2)).unwrap(),
+            "TX completes"
+        );
+        let st = xsk.stats();
+        assert_eq!(
+            (st.tx_frames, st.tx_completed, st.tx_multi_frame),
+            (4, 4, 1),
+            "three frames for the jumbo packet, one for the small one: {st:?}"
+        );
+        assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
+    });
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while seen.len() < sizes.len() && Instant::now() < deadline {
+        let n = match (&capture).read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => panic!("AF_PACKET read: {e}"),
+        };
+        let Some(f) = TcpFrame::parse(&buf[..n]) else {
+            continue;
+        };
+        if f.src_ip() != ADDR_A || f.dst_port() != DPORT {
+            continue;
+        }
+        assert!(f.ipv4_checksum_ok(), "IPv4 checksum of {:?}", f);
+        assert!(f.tcp_checksum_ok(), "TCP checksum of {:?}", f);
+        let mut want = vec![0u8; f.payload().len()];
+        pattern(f.seq(), &mut want);
+        assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
+        seen.push((f.seq(), n));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![(2000, 9014), (2001, 64)],
+        "frames seen in iwb (seq, length)"
+    );
+}
+
 /// A SYN from the kernel of `iwb` to a steered port lands in an AF_XDP RX ring in `iwa` (program
 /// attached, one socket per queue put in the XSKMAP), and the kernel of `iwa` never answers it.
 /// Runs in generic and in driver mode.
