@@ -114,6 +114,54 @@ fn pattern(seq: u32, p: &mut [u8]) {
     }
 }
 
+/// An AF_PACKET socket in `iwb` that sees every frame there (100 ms read timeout).
+fn capture_in_b() -> Socket {
+    in_ns(NS_B, || {
+        let proto = Protocol::from(i32::from((libc::ETH_P_ALL as u16).to_be()));
+        let s = Socket::new(Domain::PACKET, Type::RAW, Some(proto)).expect("AF_PACKET socket");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        s
+    })
+}
+
+/// The frames from `iwa` to TCP port `dport` that `capture` sees within 3 s, until `count`:
+/// (sequence number, frame length), sorted; each with valid IPv4 and TCP checksums and the
+/// payload [`pattern`] of its sequence number.
+fn frames_seen(capture: &Socket, dport: u16, count: usize) -> Vec<(u32, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while seen.len() < count && Instant::now() < deadline {
+        let n = match (&*capture).read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => panic!("AF_PACKET read: {e}"),
+        };
+        let Some(f) = TcpFrame::parse(&buf[..n]) else {
+            continue;
+        };
+        if f.src_ip() != ADDR_A || f.dst_port() != dport {
+            continue;
+        }
+        assert!(f.ipv4_checksum_ok(), "IPv4 checksum of {:?}", f);
+        assert!(f.tcp_checksum_ok(), "TCP checksum of {:?}", f);
+        let mut want = vec![0u8; f.payload().len()];
+        pattern(f.seq(), &mut want);
+        assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
+        seen.push((f.seq(), n));
+    }
+    seen.sort();
+    seen
+}
+
 // ---------------------------------------------------------------- tests
 
 /// Interface facts over rtnetlink match the bed: MAC, address, MTU, queue count; ARP resolution
@@ -151,13 +199,7 @@ fn interface_facts_and_neighbour_resolution() {
 fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
     let _bed = bed_or_skip!();
     const DPORT: u16 = 17101;
-    let capture = in_ns(NS_B, || {
-        let proto = Protocol::from(i32::from((libc::ETH_P_ALL as u16).to_be()));
-        let s = Socket::new(Domain::PACKET, Type::RAW, Some(proto)).expect("AF_PACKET socket");
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        s
-    });
+    let capture = capture_in_b();
     let sizes = [64usize, 1514];
     in_ns(NS_A, || {
         let mut xsk = XskSocket::open(DEV_A, 0, &copy_cfg()).expect("AF_XDP socket on iwa0/0");
@@ -198,36 +240,7 @@ fn tx_ring_frame_arrives_in_peer_with_valid_checksums() {
         assert_eq!((st.tx_frames, st.tx_completed), (3, 3), "{st:?}");
         assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
     });
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut seen = Vec::new();
-    let mut buf = vec![0u8; 65536];
-    while seen.len() < sizes.len() + 1 && Instant::now() < deadline {
-        let n = match (&capture).read(&mut buf) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => panic!("AF_PACKET read: {e}"),
-        };
-        let Some(f) = TcpFrame::parse(&buf[..n]) else {
-            continue;
-        };
-        if f.src_ip() != ADDR_A || f.dst_port() != DPORT {
-            continue;
-        }
-        assert!(f.ipv4_checksum_ok(), "IPv4 checksum of {:?}", f);
-        assert!(f.tcp_checksum_ok(), "TCP checksum of {:?}", f);
-        let mut want = vec![0u8; f.payload().len()];
-        pattern(f.seq(), &mut want);
-        assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
-        seen.push((f.seq(), n));
-    }
-    seen.sort();
+    let seen = frames_seen(&capture, DPORT, sizes.len() + 1);
     assert_eq!(
         seen,
         vec![(1000, 64), (1001, 1514), (1002, 64)],
@@ -244,13 +257,7 @@ fn multi_buffer_tx_spans_frames_and_send_until_ends_dry() {
     let bed = bed_or_skip!();
     bed.set_mtu(9000).expect("MTU 9000");
     const DPORT: u16 = 17102;
-    let capture = in_ns(NS_B, || {
-        let proto = Protocol::from(i32::from((libc::ETH_P_ALL as u16).to_be()));
-        let s = Socket::new(Domain::PACKET, Type::RAW, Some(proto)).expect("AF_PACKET socket");
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        s
-    });
+    let capture = capture_in_b();
     // (seq, frame octets): a jumbo frame (MTU 9000 plus the Ethernet header), a small one.
     let sizes = [(2000u32, 9014usize), (2001, 64)];
     in_ns(NS_A, || {
@@ -288,36 +295,7 @@ fn multi_buffer_tx_spans_frames_and_send_until_ends_dry() {
         );
         assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
     });
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut seen = Vec::new();
-    let mut buf = vec![0u8; 65536];
-    while seen.len() < sizes.len() && Instant::now() < deadline {
-        let n = match (&capture).read(&mut buf) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => panic!("AF_PACKET read: {e}"),
-        };
-        let Some(f) = TcpFrame::parse(&buf[..n]) else {
-            continue;
-        };
-        if f.src_ip() != ADDR_A || f.dst_port() != DPORT {
-            continue;
-        }
-        assert!(f.ipv4_checksum_ok(), "IPv4 checksum of {:?}", f);
-        assert!(f.tcp_checksum_ok(), "TCP checksum of {:?}", f);
-        let mut want = vec![0u8; f.payload().len()];
-        pattern(f.seq(), &mut want);
-        assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
-        seen.push((f.seq(), n));
-    }
-    seen.sort();
+    let seen = frames_seen(&capture, DPORT, sizes.len());
     assert_eq!(
         seen,
         vec![(2000, 9014), (2001, 64)],

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Instant as WallClock;
-use tcp_engine::table::{ConnectionTable, TableError};
+use tcp_engine::table::{ConnId, ConnectionTable, TableError};
 use tcp_engine::wire::{SegmentRepr, TcpFlags, TcpOptions};
 use tcp_engine::{Config, Event, FourTuple, Instant, SendError, State, TxMode};
 
@@ -582,6 +582,22 @@ fn moving_deadlines_keep_one_timer_entry_per_connection() {
     );
 }
 
+/// A client table and a listening server table with one connection between them, established
+/// at `now` (default configurations): the tables and the connection's ids, client's first.
+fn connected_tables(now: Instant) -> (ConnectionTable, ConnectionTable, ConnId, ConnId) {
+    let mut client = ConnectionTable::new([5; 16], 4);
+    let mut server = ConnectionTable::new([6; 16], 4);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
+    let id = client
+        .connect(Config::default(), tuple(0), now)
+        .expect("connect");
+    pump(&mut client, &mut server, now);
+    let sid = server
+        .accept(Ipv4Addr::UNSPECIFIED, 4791)
+        .expect("accepted");
+    (client, server, id, sid)
+}
+
 /// What held a sender back is timed through the table as through a lone connection (RFC 4898
 /// 4, tcpEStatsPerfSndLimTimeSnd): a message sent whole at once, its acknowledgement (the
 /// reply) 1 ms later: 1 ms limited by the sender, though the table takes the connection off
@@ -589,18 +605,8 @@ fn moving_deadlines_keep_one_timer_entry_per_connection() {
 /// and nothing to send).
 #[test]
 fn a_lone_message_is_timed_as_sender_limited_until_its_ack() {
-    let mut client = ConnectionTable::new([5; 16], 4);
-    let mut server = ConnectionTable::new([6; 16], 4);
-    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
     let t0 = Instant::from_millis(1);
-    let id = client
-        .connect(Config::default(), tuple(0), t0)
-        .expect("connect");
-    pump(&mut client, &mut server, t0);
-    let sid = server
-        .accept(SERVER, 4791)
-        .or_else(|| server.accept(Ipv4Addr::UNSPECIFIED, 4791))
-        .expect("accepted");
+    let (mut client, mut server, id, sid) = connected_tables(t0);
     let mut buf = [0u8; 2048];
     client
         .get_mut(id)
@@ -635,15 +641,8 @@ fn a_lone_message_is_timed_as_sender_limited_until_its_ack() {
 /// goes out (RFC 5681 4.2), or the sender's fast retransmit would wait for its RTO.
 #[test]
 fn a_withdrawn_challenge_ack_keeps_the_ack_an_earlier_segment_made_due() {
-    let mut client = ConnectionTable::new([7; 16], 4);
-    let mut server = ConnectionTable::new([8; 16], 4);
-    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
     let now = Instant::from_millis(1);
-    let id = client
-        .connect(Config::default(), tuple(0), now)
-        .expect("connect");
-    pump(&mut client, &mut server, now);
-    assert!(server.accept(Ipv4Addr::UNSPECIFIED, 4791).is_some());
+    let (mut client, mut server, id, _) = connected_tables(now);
     server.set_challenge_ack_limit(0);
     client
         .get_mut(id)
