@@ -35,8 +35,8 @@ pub struct PerftestCompat {
     /// accepted; the results here come from the monotonic clock, not cycle counters.
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
-    /// perftest's `--report_gbits`: accepted; bandwidth results always give Gbit/s (and
-    /// MiB/s).
+    /// perftest's `--report_gbits`: the bandwidth rows in Gb/s (10^9 bits) instead of MB/s
+    /// (2^20 octets), as perftest's.
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
     /// perftest's `-m/--mtu` (the InfiniBand path MTU): ignored; iWARP runs over TCP and the
