@@ -89,15 +89,24 @@ impl RawSocket {
         }
     }
 
+    /// Sends `frame`; while the device's queue is full (`ENOBUFS`: the flood outruns veth),
+    /// waits and tries again, for at most 5 s.
     fn send(&self, frame: &[u8]) {
-        // SAFETY: sends `frame.len()` octets from a live slice on our bound socket.
-        let n = unsafe { libc::send(self.0, frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "{}",
-            std::io::Error::last_os_error()
-        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            // SAFETY: sends `frame.len()` octets from a live slice on our bound socket.
+            let n = unsafe { libc::send(self.0, frame.as_ptr().cast(), frame.len(), 0) };
+            if n == frame.len() as isize {
+                return;
+            }
+            let e = std::io::Error::last_os_error();
+            let full = matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::EAGAIN));
+            assert!(
+                n < 0 && full && std::time::Instant::now() < deadline,
+                "raw send: {n}: {e}"
+            );
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 }
 
