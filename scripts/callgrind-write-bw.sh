@@ -8,7 +8,8 @@
 # binary given, in order (e.g. a base build and a new one).
 # TEST=read-bw counts the receiving side instead: a read-bw client (the Read Responses come to
 # it), divided by the FPDUs it received.
-# Usage: scripts/callgrind-write-bw.sh BIN [BIN...]   (N: environment, default 300; TEST)
+# ARGS: more options for both sides (e.g. ARGS="--framing ift").
+# Usage: scripts/callgrind-write-bw.sh BIN [BIN...]   (N: environment, default 300; TEST, ARGS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 BIN [BIN...]" >&2; exit 2; }
@@ -27,13 +28,15 @@ PORT=19350
 out=$(mktemp -d)
 trap 'rm -rf "$out"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
 for bin in "$@"; do
+  # shellcheck disable=SC2086
   ip netns exec iwa taskset -c 0 "$bin" "$TEST" --transport xdp --iface iwa0 --port "$PORT" \
-    -s 65536 -n "$N" --json >/dev/null 2>&1 &
+    ${ARGS:-} -s 65536 -n "$N" --json >/dev/null 2>&1 &
   srv=$!
   sleep 2
+  # shellcheck disable=SC2086
   ip netns exec iwb taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$out/cg" \
     --toggle-collect='*XdpTcp*poll_inner*' "$bin" "$TEST" --transport xdp --iface iwb0 \
-    --port "$PORT" -s 65536 -n "$N" --json 10.77.0.1 >"$out/client.json" 2>/dev/null
+    --port "$PORT" ${ARGS:-} -s 65536 -n "$N" --json 10.77.0.1 >"$out/client.json" 2>/dev/null
   wait "$srv" || true
   PORT=$((PORT + 1))
   python3 - "$bin" "$out/cg" "$out/client.json" "$COUNT" "$WHAT" <<'EOF'

@@ -600,7 +600,9 @@ pub(crate) fn ift_frame_len(fmt: &FrameFormat, ulpdu_len: usize) -> usize {
 /// region's octets), the payload CRC if `fmt` has it; no padding. Returns the ones' complement
 /// sum of `out` and the payload CRC if computed now (a fill covering the whole payload computes
 /// it as the copy goes; a part reaching the payload CRC field without it reads the payload
-/// once more). The header CRC covers at most 24 octets and is computed at every fill.
+/// once more). The header CRC covers at most 24 octets and is computed at every fill. The sum
+/// is taken from what is written, the region's octets from the copy's own pass where the
+/// buffer gives it (`RegionBuffer::read_at_crc_sum`), so `out` is not read back.
 fn ift_fill<B: RegionBuffer + ?Sized>(
     fmt: &FrameFormat,
     f: &TxFpdu,
@@ -631,16 +633,21 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
         front_len += CRC_LEN;
     }
     let end = from + out.len();
-    // Writes the part of `bytes` (at frame offset `at`) that falls in the window.
-    let put = |at: usize, bytes: &[u8], out: &mut [u8]| {
+    // Writes the part of `bytes` (at frame offset `at`) that falls in the window, and adds it
+    // to the sum (from `bytes`: a few octets, not read back from `out`).
+    let put = |at: usize, bytes: &[u8], out: &mut [u8], sum: Checksum| {
         let a = at.max(from);
         let b = (at + bytes.len()).min(end);
         if a < b {
-            out[a - from..b - from].copy_from_slice(&bytes[a - at..b - at]);
+            let piece = &bytes[a - at..b - at];
+            out[a - from..b - from].copy_from_slice(piece);
+            add_at(sum, a - from, Checksum::new().add_bytes(piece).sum())
+        } else {
+            sum
         }
     };
-    put(0, &front[..front_len], out);
-    put(front_len, inline, out);
+    let mut sum = put(0, &front[..front_len], out, Checksum::new());
+    sum = put(front_len, inline, out, sum);
     let region_at = front_len + inline.len();
     let crc_at = front_len + payload_len;
     let whole_payload = from <= front_len && end >= crc_at;
@@ -655,14 +662,23 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
     let b = (region_at + region_len).min(end);
     if a < b {
         let dst = &mut out[a - from..b - from];
-        match region {
+        let part = match region {
             Some((buf, off)) if want_crc && whole_payload => {
-                buf.read_at_crc(off + (a - region_at), dst, &mut crc_state)
+                buf.read_at_crc_sum(off + (a - region_at), dst, &mut crc_state)
             }
-            Some((buf, off)) => buf.read_at(off + (a - region_at), dst),
+            Some((buf, off)) => {
+                buf.read_at(off + (a - region_at), dst);
+                None
+            }
             // A descriptor with region payload always has its region (`TxRing::fill`).
-            None => dst.fill(0),
-        }
+            None => {
+                dst.fill(0);
+                Some(0)
+            }
+        };
+        // `None`: the buffer copied without summing.
+        let part = part.unwrap_or_else(|| Checksum::new().add_bytes(dst).sum());
+        sum = add_at(sum, a - from, part);
     }
     if want_crc && whole_payload {
         computed = Some(!crc_state);
@@ -687,9 +703,9 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
                 !state
             }
         };
-        put(crc_at, &crc_to_wire(crc), out);
+        sum = put(crc_at, &crc_to_wire(crc), out, sum);
     }
-    (Checksum::new().add_bytes(out).sum(), computed)
+    (sum.sum(), computed)
 }
 
 /// Writes parts of FPDUs.
@@ -1113,16 +1129,21 @@ mod tests {
     /// [`case`] with IFT frames of `fmt` (draft section 5.1), expected from `ift`'s own
     /// `FrameEncoder`: the DDP header's length follows its T bit as the encoder reads it.
     fn case_ift(fmt: FrameFormat, seq_start: u64, seed: u64) -> Case {
+        case_ift_in(VecBuffer::from_vec, fmt, seq_start, seed)
+    }
+
+    /// [`case_ift`] with the payload in a buffer made by `make` from the bytes.
+    fn case_ift_in<B: RegionBuffer>(
+        make: impl Fn(Vec<u8>) -> B,
+        fmt: FrameFormat,
+        seq_start: u64,
+        seed: u64,
+    ) -> Case<B> {
         let mut mem = MemoryTable::new();
         let data: Vec<u8> = (0..20000u32)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 ^ seed as u8)
             .collect();
-        let stag = mem.register(
-            PD,
-            VecBuffer::from_vec(data.clone()),
-            0x10_000,
-            Access::REMOTE_READ,
-        );
+        let stag = mem.register(PD, make(data.clone()), 0x10_000, Access::REMOTE_READ);
         let mut ring = TxRing::new(64);
         ring.start_ift(fmt, seq_start, PD);
         let enc = ift::FrameEncoder::new(fmt);
@@ -1176,8 +1197,15 @@ mod tests {
         }
     }
 
+    /// Over plain memory (the payload CRC and the sum each a pass of their own) and over
+    /// memory that copies, CRCs and sums in one (the engine's pinned regions).
     #[test]
     fn ift_fill_matches_the_frame_encoder_for_any_range() {
+        ift_fill_matches_for_any_range(VecBuffer::from_vec);
+        ift_fill_matches_for_any_range(pinned);
+    }
+
+    fn ift_fill_matches_for_any_range<B: RegionBuffer>(make: impl Fn(Vec<u8>) -> B + Copy) {
         for (hc, pc) in [(true, true), (true, false), (false, true), (false, false)] {
             let fmt = FrameFormat {
                 header_crc: hc,
@@ -1190,7 +1218,7 @@ mod tests {
                 let what = format!("hc {hc} pc {pc} seed {seed}");
                 // Frame by frame as TCP asks for them (payload CRC computed and kept), then
                 // everything at once (kept CRCs used).
-                let mut c = case_ift(fmt, seq_start, seed);
+                let mut c = case_ift_in(make, fmt, seq_start, seed);
                 let total = c.expected.len();
                 let spans: Vec<(u64, u64)> = c.ring.iter().map(|f| (f.start, f.end())).collect();
                 for (a, b) in spans {
@@ -1200,7 +1228,7 @@ mod tests {
                 fill_matches(&mut c, 0, total, &format!("all ({what})"));
                 // Arbitrary ranges of a fresh ring: parts reaching the payload CRC field before
                 // any whole fill computed it.
-                let mut c = case_ift(fmt, seq_start, seed);
+                let mut c = case_ift_in(make, fmt, seq_start, seed);
                 let mut x = seed * 7919;
                 for _ in 0..300 {
                     x = x
