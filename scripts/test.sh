@@ -28,7 +28,7 @@ disk "start"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== module import cycles (datapath, rdmap)"
+echo "== module import cycles (datapath, rdmap, iwarp-conn)"
 python3 scripts/check-module-cycles.py --self-test >/dev/null
 python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn
 

@@ -1392,6 +1392,13 @@ impl Connection {
         }
     }
 
+    /// Whether a RST is due (an abort's, or one answering a segment): it is the first thing
+    /// [`Connection::poll_transmit`] writes, whatever the state, and stays due until a buffer
+    /// holds it.
+    pub fn rst_due(&self) -> bool {
+        self.pending_rst.is_some()
+    }
+
     /// Whether [`Connection::poll_transmit`] has something to emit now.
     pub fn wants_transmit(&self) -> bool {
         self.pending_rst.is_some()
@@ -3146,7 +3153,7 @@ impl Connection {
             let base = self.rtt.rto();
             let d = base
                 .saturating_mul(1 << self.persist_backoff.min(10))
-                .min(self.cfg.max_rto);
+                .min(self.cfg.max_rto.max(self.cfg.min_rto));
             self.persist_deadline = Some(now + d);
         }
     }

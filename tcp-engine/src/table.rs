@@ -703,14 +703,21 @@ impl ConnectionTable {
         buf: &mut [u8],
         mut sources: Option<&mut dyn TxSources>,
     ) -> Option<usize> {
-        // A reply stays queued until a buffer holds it.
+        // A reply stays queued until a buffer holds it (one that cannot be written at all
+        // is dropped).
         if let Some(reply) = self.control.front() {
-            if let Ok(n) = reply.emit(buf) {
-                if reply.flags.rst {
-                    self.stats.resets_sent += 1;
+            match reply.emit(buf) {
+                Ok(n) => {
+                    if reply.flags.rst {
+                        self.stats.resets_sent += 1;
+                    }
+                    self.control.pop_front();
+                    return Some(n);
                 }
-                self.control.pop_front();
-                return Some(n);
+                Err(WireError::BufferTooSmall) => {}
+                Err(_) => {
+                    self.control.pop_front();
+                }
             }
         }
         while let Some(&index) = self.ready.front() {
@@ -734,6 +741,11 @@ impl ConnectionTable {
                         self.leave_ready_front(index);
                     }
                     return Some(n);
+                }
+                if conn.rst_due() {
+                    // The buffer was too small for its RST (nothing else stops one): it stays
+                    // first in the queue for the next call.
+                    return None;
                 }
             }
             self.leave_ready_front(index);

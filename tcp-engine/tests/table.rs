@@ -636,6 +636,21 @@ fn a_lone_message_is_timed_as_sender_limited_until_its_ack() {
     );
 }
 
+/// An abort's RST offered a buffer too small for it stays first in the table's queue: the next
+/// call with a real buffer sends it (an aborted connection has no timer left to offer it again).
+#[test]
+fn an_aborted_connections_rst_waits_for_a_buffer_that_holds_it() {
+    let now = Instant::from_millis(1);
+    let (mut client, _server, id, _) = connected_tables(now);
+    client.get_mut(id).expect("live").abort();
+    assert_eq!(client.poll_transmit(now, &mut [0u8; 10]), None);
+    let mut buf = [0u8; 200];
+    let n = client.poll_transmit(now, &mut buf).expect("the RST");
+    let rst = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert!(rst.flags.rst, "{rst:?}");
+    assert_eq!(client.poll_transmit(now, &mut buf), None, "once");
+}
+
 /// RFC 5961 7 with the table-wide limit spent: a spoofed SYN's challenge ACK is withdrawn, but
 /// the duplicate ACK an out-of-order segment made due just before it in the same batch still
 /// goes out (RFC 5681 4.2), or the sender's fast retransmit would wait for its RTO.
