@@ -1000,7 +1000,8 @@ impl IwarpConn {
             }
         } else {
             self.counters.segments_out_of_order += 1;
-            self.out_of_order(off, bytes, mem);
+            let known = covered_crc.filter(|_| bytes.len() == data.data.len());
+            self.out_of_order(off, bytes, known, mem);
         }
         self.drain(mem);
         self.follow_in_order_chain(mem);
@@ -1191,8 +1192,16 @@ impl IwarpConn {
         // The peak is taken in `on_data`, once the segment is fully processed.
     }
 
-    /// An out-of-order segment: place what can be placed, hold the rest.
-    fn out_of_order<B: RegionBuffer>(&mut self, off: u64, bytes: &[u8], mem: &MemoryTable<B>) {
+    /// An out-of-order segment: place what can be placed, hold the rest. `covered_crc`: the
+    /// CRC of the segment's octets as one FPDU, if the receiver computed it with the checksum
+    /// (an aligned sender's segment is then checked without reading it again; MPA only).
+    fn out_of_order<B: RegionBuffer>(
+        &mut self,
+        off: u64,
+        bytes: &[u8],
+        covered_crc: Option<u32>,
+        mem: &MemoryTable<B>,
+    ) {
         if let Phase::IftFull(full) = &self.phase {
             let n = &full.negotiated;
             if n.may_speculate && n.rx.header_crc && n.rx.verify {
@@ -1229,9 +1238,12 @@ impl IwarpConn {
         let mut first_placed = None;
         let mut overflow = false;
         let known = known.map(|k| k - rx_start);
-        let found = full
-            .locator
-            .locate_from(bytes, position, known, |span, ulpdu| {
+        let found = full.locator.locate_from_with_crc(
+            bytes,
+            position,
+            known,
+            covered_crc,
+            |span, ulpdu| {
                 if placed.len() >= max_placed || overflow {
                     return;
                 }
@@ -1252,7 +1264,8 @@ impl IwarpConn {
                 record_placed(placed, counters, (start, end), header, payload.len());
                 first_placed.get_or_insert(start);
                 cursor = end;
-            });
+            },
+        );
         let tail = full.locator.tail();
         if found.is_none() {
             self.counters.unlocated_segments += 1;

@@ -68,6 +68,24 @@ impl FpduLocator {
         segment: &[u8],
         position: u64,
         known: Option<u64>,
+        on_fpdu: F,
+    ) -> Option<FpduSpan> {
+        self.locate_from_with_crc(segment, position, known, None, on_fpdu)
+    }
+
+    /// [`locate_from`](Self::locate_from) told the CRC of `segment` as one FPDU: `covered_crc`
+    /// is the CRC32c (RFC 5044 4.4) of all of the segment but its last four octets, which a
+    /// receiver computes with the TCP checksum in one pass. The scan from the segment's start
+    /// takes it as [`FpduDecoder::feed_spans_with_crc`] does: when the segment is exactly one
+    /// FPDU (an aligned sender's) its CRC field is checked against the value and the octets
+    /// are not read again; otherwise the value is ignored. A wrong value fails that FPDU as a
+    /// CRC mismatch would.
+    pub fn locate_from_with_crc<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
+        segment: &[u8],
+        position: u64,
+        known: Option<u64>,
+        covered_crc: Option<u32>,
         mut on_fpdu: F,
     ) -> Option<FpduSpan> {
         self.tail = None;
@@ -91,7 +109,8 @@ impl FpduLocator {
                 continue;
             }
             tried = Some(start);
-            let (found, ok) = self.scan(segment, position, start, &mut on_fpdu);
+            let crc = covered_crc.filter(|_| start == position);
+            let (found, ok) = self.scan(segment, position, start, crc, &mut on_fpdu);
             if found.is_some() {
                 return found;
             }
@@ -121,6 +140,7 @@ impl FpduLocator {
         segment: &[u8],
         position: u64,
         start: u64,
+        covered_crc: Option<u32>,
         on_fpdu: &mut F,
     ) -> (Option<FpduSpan>, bool) {
         self.tail = None;
@@ -139,7 +159,7 @@ impl FpduLocator {
         // An error ends the scan; what was handed up before it was verified.
         let ok = self
             .decoder
-            .feed_spans(rest, |span, ulpdu| {
+            .feed_spans_with_crc(rest, covered_crc, |span, ulpdu| {
                 end = Some(span.end);
                 on_fpdu(span, ulpdu);
             })
@@ -224,6 +244,34 @@ mod tests {
             .iter()
             .find(|f| f.0 == start || f.0 + 4 == start)
             .map(|f| &f.2)
+    }
+
+    /// A segment of one FPDU out of order, its CRC given by the caller: taken at face value (a
+    /// wrong one fails the FPDU, so the octets were not read again), and ignored for a segment
+    /// of two FPDUs (it cannot be the CRC of either).
+    #[test]
+    fn a_covered_crc_checks_a_one_fpdu_segment_in_place_of_its_octets() {
+        let (wire, fpdus) = stream(true, false, 8);
+        let (s, e, ref ulpdu) = fpdus[5];
+        let seg = &wire[s as usize..e as usize];
+        let crc = crate::crc::crc32c(&seg[..seg.len() - 4]);
+        for (given, placed) in [(crc, true), (crc ^ 1, false)] {
+            let mut loc = FpduLocator::new(true, false);
+            let mut found = Vec::new();
+            let span =
+                loc.locate_from_with_crc(seg, s, None, Some(given), |_, u| found.push(u.to_vec()));
+            assert_eq!(span.is_some(), placed, "CRC given {given:#x}");
+            assert_eq!(found.len(), usize::from(placed));
+            if placed {
+                assert_eq!(&found[0], ulpdu);
+            }
+        }
+        let (s, e) = (fpdus[2].0, fpdus[3].1);
+        let two = &wire[s as usize..e as usize];
+        let mut loc = FpduLocator::new(true, false);
+        let mut n = 0;
+        let span = loc.locate_from_with_crc(two, s, None, Some(0xdead_beef), |_, _| n += 1);
+        assert_eq!((span.map(|f| (f.start, f.end)), n), (Some((s, e)), 2));
     }
 
     #[test]
