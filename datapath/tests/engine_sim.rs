@@ -72,11 +72,15 @@ struct Side {
     split_at: Option<Vec<u8>>,
     /// The first data segment whose payload holds these octets is dropped.
     drop_once: Option<Vec<u8>>,
+    /// More data segments holding those octets to drop after the first (its retransmissions).
+    drop_again: u32,
     /// The next FPDU CRC found as a segment is read for its checksum is given to the
     /// connection wrong (a test that the connection checks the FPDU against it).
     lie_about_crc: bool,
     /// The same, for the next such segment that arrives out of order (ahead of RCV.NXT).
     lie_about_crc_out_of_order: bool,
+    /// TCP payload octets that reached this side (retransmissions included).
+    rx_octets: u64,
 }
 
 impl Side {
@@ -179,13 +183,18 @@ impl Endpoint for Side {
                 .windows(pattern.len())
                 .any(|w| w == &pattern[..])
             {
-                self.drop_once = None;
+                if self.drop_again == 0 {
+                    self.drop_once = None;
+                } else {
+                    self.drop_again -= 1;
+                }
                 return;
             }
         }
         let Ok(seg) = SegmentRepr::parse(packet) else {
             return;
         };
+        self.rx_octets += seg.payload.len() as u64;
         let mut corrupted = None;
         if let Some(c) = self.corrupt.as_mut() {
             if seg.payload.len() >= c.min_len && c.hit.is_none() {
@@ -333,8 +342,10 @@ fn bed_with(
         deaf: false,
         split_at: None,
         drop_once: None,
+        drop_again: 0,
         lie_about_crc: false,
         lie_about_crc_out_of_order: false,
+        rx_octets: 0,
     };
     let b = Side {
         tcp: None,
@@ -351,8 +362,10 @@ fn bed_with(
         deaf: false,
         split_at: None,
         drop_once: None,
+        drop_again: 0,
         lie_about_crc: false,
         lie_about_crc_out_of_order: false,
+        rx_octets: 0,
     };
     let net = Network::new(link.clone(), link, seed);
     Bed { a, b, net }
@@ -935,6 +948,53 @@ fn an_out_of_order_segment_is_checked_against_the_crc_read_with_its_checksum() {
         "the segment was held: {told_wrong:?}"
     );
     assert_eq!((told_right.crc_errors, told_wrong.crc_errors), (0, 0));
+}
+
+/// A peer whose FPDUs B may not place early (a Write to an STag B never gave) behind a gap:
+/// every segment after the gap joins a held run that B would scan again whole, up to 64 KiB
+/// per segment. Those scans are bounded by a credit of 8 octets per octet received (256 KiB to
+/// start); past it they wait for the in-order pass, which then refuses the Write with a
+/// Terminate as it would have anyway.
+#[test]
+fn rescans_of_held_runs_are_bounded_by_what_the_peer_sent() {
+    let mut bed = bed(12, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let data = pattern(80 << 10, 77);
+    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
+    // The Write's first segment is lost, and its first retransmissions: what follows arrives
+    // out of order.
+    bed.b.drop_once = Some(data[..32].to_vec());
+    bed.b.drop_again = 4;
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Write {
+            remote_stag: Stag(0x00de_ad00),
+            remote_to: 0,
+        },
+        sg_list: Sge {
+            stag: r.a_src,
+            to: A_SRC_TO,
+            len: data.len() as u32,
+        }
+        .into(),
+        signaled: true,
+    };
+    bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
+    bed.run_until("terminate", Duration::from_secs(10), |a, _| {
+        a.iw.qp().remote_terminate().is_some()
+    });
+    let b = bed.b.counters();
+    print_counters("held run rescans", &bed);
+    assert!(b.segments_out_of_order > 20, "{b:?}");
+    assert!(b.rescans_deferred > 0, "the credit ran out: {b:?}");
+    let bound = (256 << 10) + 8 * bed.b.rx_octets;
+    assert!(
+        b.rescanned_bytes <= bound,
+        "rescanned {} > {bound} for {} octets received",
+        b.rescanned_bytes,
+        bed.b.rx_octets
+    );
 }
 
 /// MPA revision 1 and 2, CRC on and off, Markers on and off, and the RFC 6581 peer-to-peer

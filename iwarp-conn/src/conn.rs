@@ -109,6 +109,15 @@ const MAX_CHAINS: usize = 256;
 const MAX_CHAIN_WALK: usize = 8;
 /// Most held octets before a located FPDU searched backwards for the FPDUs before it.
 const MAX_BACKFILL: u64 = 4096;
+/// Held octets a connection may read again (rescans of held runs, backfill's CRC checks) per
+/// octet it receives: those reads only place data early, and without a bound a peer that
+/// keeps a long run held (FPDUs nobody may place, a ULPDU_Length that never ends) and sends it
+/// one octet at a time makes every octet cost a 64 KiB scan. Beyond the credit the scans wait:
+/// the held octets are processed in order, as without early placement.
+const SCAN_CREDIT_PER_OCTET: u64 = 8;
+/// The credit a connection starts with, and the most it keeps.
+const SCAN_CREDIT_START: u64 = 256 << 10;
+const SCAN_CREDIT_MAX: u64 = 1 << 20;
 /// IFT: most speculative placements awaiting confirmation; beyond them frames are held. Bounds
 /// the check of each frame processed in order against them (section 8.2's last rule).
 const MAX_UNCONFIRMED: usize = 512;
@@ -199,6 +208,11 @@ pub struct ConnCounters {
     pub held_peak_gaps: u64,
     /// Out-of-order segments in which no FPDU could be located.
     pub unlocated_segments: u64,
+    /// Held octets read again to place FPDUs early (rescans of held runs, backfill's CRC
+    /// checks); bounded by a credit earned per octet received.
+    pub rescanned_bytes: u64,
+    /// Such reads left to the in-order pass for want of credit.
+    pub rescans_deferred: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
     pub crc_errors: u64,
     /// Segments TCP retransmitted.
@@ -578,6 +592,8 @@ pub struct IwarpConn {
     placed: VecDeque<PlacedFpdu>,
     /// A held range copied out of the ring to be scanned again (allocated once, on first use).
     relocate_buf: Vec<u8>,
+    /// Held octets that may still be read again (see [`SCAN_CREDIT_PER_OCTET`]).
+    scan_credit: u64,
     /// Spans of the FPDUs such a scan placed (allocated once).
     relocated: Vec<(u64, u64)>,
     /// FPDUs framed out of order whose end lies beyond the octets that framed them, as
@@ -628,6 +644,7 @@ impl IwarpConn {
             store,
             placed: VecDeque::new(),
             relocate_buf: Vec::new(),
+            scan_credit: SCAN_CREDIT_START,
             relocated: Vec::new(),
             chains: Vec::new(),
             in_order_chain: 0,
@@ -961,6 +978,8 @@ impl IwarpConn {
             return;
         }
         self.counters.segments += 1;
+        let earned = (data.data.len() as u64).saturating_mul(SCAN_CREDIT_PER_OCTET);
+        self.scan_credit = self.scan_credit.saturating_add(earned).min(SCAN_CREDIT_MAX);
         if self.rx_dead {
             // Nothing more is processed after a Terminate (RFC 5040 5.3): discard it, but as
             // consumed, so the receive window stays open. Held at a closed window, the peer
@@ -1335,6 +1354,9 @@ impl IwarpConn {
         if start < full.rx_start || !full.locator.can_locate() {
             return None;
         }
+        if !spend_scan_credit(&mut self.scan_credit, &mut self.counters, end - start) {
+            return None;
+        }
         let mut buf = std::mem::take(&mut self.relocate_buf);
         let mut found = std::mem::take(&mut self.relocated);
         self.store.copy_for_scan(start, end, &mut buf, &mut found);
@@ -1408,6 +1430,9 @@ impl IwarpConn {
             return;
         }
         let start = start.max(first.saturating_sub(MAX_BACKFILL));
+        if !spend_scan_credit(&mut self.scan_credit, &mut self.counters, end - start) {
+            return;
+        }
         let mut buf = std::mem::take(&mut self.relocate_buf);
         let mut found = std::mem::take(&mut self.relocated);
         self.store.copy_for_scan(start, end, &mut buf, &mut found);
@@ -1450,6 +1475,10 @@ impl IwarpConn {
                         {
                             let from = (header - start) as usize;
                             let to = (fpdu_end - start) as usize;
+                            let cost = (to - from) as u64;
+                            if !spend_scan_credit(&mut self.scan_credit, &mut self.counters, cost) {
+                                break 'fpdus;
+                            }
                             let qp = &self.qp;
                             let placed = &mut self.placed;
                             let counters = &mut self.counters;
@@ -2352,6 +2381,18 @@ fn fpdu_start(rx_start: u64, span_start: u64, markers: bool, floor: u64) -> u64 
     } else {
         start
     }
+}
+
+/// Takes `cost` held octets' worth of rescan credit (see [`SCAN_CREDIT_PER_OCTET`]) and
+/// counts them; false (counted as deferred) when the credit does not cover them.
+fn spend_scan_credit(credit: &mut u64, counters: &mut ConnCounters, cost: u64) -> bool {
+    if *credit < cost {
+        counters.rescans_deferred += 1;
+        return false;
+    }
+    *credit -= cost;
+    counters.rescanned_bytes += cost;
+    true
 }
 
 /// Records an FPDU placed ahead of delivery at stream positions `span`, keeping `placed` in

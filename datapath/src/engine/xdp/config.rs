@@ -177,6 +177,8 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
         held_gap_peak,
         held_peak_gaps,
         unlocated_segments,
+        rescanned_bytes,
+        rescans_deferred,
         crc_errors,
         retransmissions,
         rto_expirations,
@@ -210,6 +212,8 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.held_run_peak = sum.held_run_peak.max(held_run_peak);
     sum.held_total += held_total;
     sum.unlocated_segments += unlocated_segments;
+    sum.rescanned_bytes += rescanned_bytes;
+    sum.rescans_deferred += rescans_deferred;
     sum.crc_errors += crc_errors;
     sum.retransmissions += retransmissions;
     sum.rto_expirations += rto_expirations;
