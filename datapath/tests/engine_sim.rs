@@ -997,6 +997,38 @@ fn rescans_of_held_runs_are_bounded_by_what_the_peer_sent() {
     );
 }
 
+/// A gap the peer never fills (its first segment and every retransmission of it lost) with
+/// data beyond it (placed early, waiting for delivery): after `ConnConfig::held_timeout`
+/// (30 s) without the in-order point moving, the receiver ends the connection with a Terminate
+/// instead of keeping that state for the connection's life.
+#[test]
+fn octets_held_beyond_a_gap_never_filled_end_the_connection() {
+    let mut bed = bed(13, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    // A first Write whole: the responder has the initiator's first FPDU and may send (MPA).
+    post_write(&mut bed, &r, 1, &pattern(1000, 77));
+    bed.run_until("first write", Duration::from_secs(10), |a, _| {
+        a.completions.iter().any(|c| c.wr_id == 1)
+    });
+    let data = pattern(80 << 10, 78);
+    bed.b.drop_once = Some(data[..32].to_vec());
+    bed.b.drop_again = u32::MAX;
+    let start = bed.net.now;
+    post_write(&mut bed, &r, 2, &data);
+    bed.run_until("terminate", Duration::from_secs(60), |a, _| {
+        a.iw.qp().remote_terminate().is_some()
+    });
+    let waited = bed.net.now - start;
+    let b = bed.b.counters();
+    assert_eq!(b.held_timeouts, 1, "{b:?}");
+    assert!(b.fpdus_placed_out_of_order > 0, "{b:?}");
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
+        "ended after {waited:?}"
+    );
+}
+
 /// MPA revision 1 and 2, CRC on and off, Markers on and off, and the RFC 6581 peer-to-peer
 /// RTR (Send, Write, Read): each connects, moves data both ways under 1 % loss, and with CRCs
 /// on and aligned senders holds nothing for Writes and Sends (a preceding Marker is skipped

@@ -148,6 +148,13 @@ pub struct ConnConfig {
     /// speculatively when the peer granted SP and sends header CRCs (`IwarpConn::speculate`);
     /// the rest waits in the reassembly store.
     pub ift: Option<ift::IftConfig>,
+    /// In Full Operation, how long data received beyond a gap (held in the reassembly store,
+    /// or placed early and not yet delivered) may wait while the in-order point does not move:
+    /// then the peer is not filling the gap (its TCP gave up retransmitting, or it means to
+    /// keep our memory held) and the connection ends with a Terminate (local catastrophic
+    /// error, RFC 5040 7.4.1). The mirror of TCP's user timeout (RFC 5482) for the peer's
+    /// data. Default 30 s; `None`: no limit.
+    pub held_timeout: Option<Duration>,
 }
 
 impl Default for ConnConfig {
@@ -160,6 +167,7 @@ impl Default for ConnConfig {
             tx_ahead: 512 << 10,
             max_tx_fpdus: 2048,
             ift: None,
+            held_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -213,6 +221,9 @@ pub struct ConnCounters {
     pub rescanned_bytes: u64,
     /// Such reads left to the in-order pass for want of credit.
     pub rescans_deferred: u64,
+    /// Connections ended because data waited beyond a gap the peer never filled
+    /// ([`ConnConfig::held_timeout`]).
+    pub held_timeouts: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
     pub crc_errors: u64,
     /// Segments TCP retransmitted.
@@ -594,6 +605,9 @@ pub struct IwarpConn {
     relocate_buf: Vec<u8>,
     /// Held octets that may still be read again (see [`SCAN_CREDIT_PER_OCTET`]).
     scan_credit: u64,
+    /// While data waits beyond a gap: the in-order point then and when it must have moved on
+    /// ([`ConnConfig::held_timeout`]).
+    held_deadline: Option<(u64, Instant)>,
     /// Spans of the FPDUs such a scan placed (allocated once).
     relocated: Vec<(u64, u64)>,
     /// FPDUs framed out of order whose end lies beyond the octets that framed them, as
@@ -645,6 +659,7 @@ impl IwarpConn {
             placed: VecDeque::new(),
             relocate_buf: Vec::new(),
             scan_credit: SCAN_CREDIT_START,
+            held_deadline: None,
             relocated: Vec::new(),
             chains: Vec::new(),
             in_order_chain: 0,
@@ -747,6 +762,31 @@ impl IwarpConn {
         };
         if let Some(e) = ift_timeout {
             self.ift_startup_failed(e);
+        }
+    }
+
+    /// [`ConnConfig::held_timeout`]: armed when data waits beyond a gap (held octets, FPDUs
+    /// placed early), moved on whenever the in-order point has moved since, fired when it has
+    /// not by then.
+    fn held_deadline(&mut self, now: Instant) {
+        let Some(timeout) = self.cfg.held_timeout else {
+            return;
+        };
+        if (self.store.held == 0 && self.placed.is_empty()) || self.rx_dead {
+            self.held_deadline = None;
+            return;
+        }
+        match self.held_deadline {
+            Some((mark, at)) if mark == self.consumed => {
+                if now >= at {
+                    self.held_deadline = None;
+                    self.counters.held_timeouts += 1;
+                    self.rx_dead = true;
+                    self.qp
+                        .on_transport_error(TerminateCause::LocalCatastrophic);
+                }
+            }
+            _ => self.held_deadline = Some((self.consumed, now + timeout)),
         }
     }
 
@@ -2032,6 +2072,8 @@ impl IwarpConn {
         // is not converted.
         if !matches!(self.phase, Phase::Full(_) | Phase::IftFull(_) | Phase::Done) {
             self.startup_deadlines();
+        } else {
+            self.held_deadline(now);
         }
         self.apply_renege(tcp);
         self.drain(mem);
@@ -2322,9 +2364,11 @@ impl IwarpConn {
         }
     }
 
-    /// The earliest startup deadline (MPA or IFT), as a TCP instant (TCP's own deadlines come
+    /// The earliest deadline: startup's (MPA or IFT), or in Full Operation that of octets held
+    /// beyond a gap ([`ConnConfig::held_timeout`]); as a TCP instant (TCP's own deadlines come
     /// from the TCP connection).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let held = self.held_deadline.map(|(_, at)| at);
         let deadline = match &self.phase {
             Phase::Initiating(i) => i.poll_timeout(),
             Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.poll_timeout(),
@@ -2332,9 +2376,12 @@ impl IwarpConn {
             Phase::IftAwaitingIndication(r) => r.poll_timeout(),
             Phase::IftAwaitingAccept(p) => Some(p.deadline),
             _ => None,
-        }?;
-        let since = deadline.saturating_duration_since(self.epoch);
-        Some(Instant::ZERO + since)
+        };
+        let startup = deadline.map(|d| Instant::ZERO + d.saturating_duration_since(self.epoch));
+        match (startup, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether there is something to send that TCP has not taken yet.

@@ -179,6 +179,7 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
         unlocated_segments,
         rescanned_bytes,
         rescans_deferred,
+        held_timeouts,
         crc_errors,
         retransmissions,
         rto_expirations,
@@ -214,6 +215,7 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.unlocated_segments += unlocated_segments;
     sum.rescanned_bytes += rescanned_bytes;
     sum.rescans_deferred += rescans_deferred;
+    sum.held_timeouts += held_timeouts;
     sum.crc_errors += crc_errors;
     sum.retransmissions += retransmissions;
     sum.rto_expirations += rto_expirations;

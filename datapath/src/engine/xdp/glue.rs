@@ -52,6 +52,8 @@ impl State {
                 Framing::Mpa => None,
                 Framing::Ift(cfg) => Some(with_fresh_vtag(cfg)),
             },
+            // The peer's data without progress ends the connection when ours would.
+            held_timeout: params.user_timeout,
         }
     }
 }
