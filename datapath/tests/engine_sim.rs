@@ -457,6 +457,18 @@ const ALL: Ops = Ops {
     read: true,
 };
 
+const WRITE_SEND: Ops = Ops {
+    write: true,
+    send: true,
+    read: false,
+};
+
+const WRITE: Ops = Ops {
+    write: true,
+    send: false,
+    read: false,
+};
+
 /// One Write, Send and Read of `round.size` octets; checks the data on both sides.
 fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
     let Round { size, seed } = round;
@@ -631,11 +643,7 @@ fn aligned_under_loss(loss: f64, seed: u64) {
     let mut bed = bed(seed, lossy(loss), MpaConfig::default());
     bed.establish();
     let r = regions(&mut bed, 16 << 20);
-    let ops = Ops {
-        write: true,
-        send: true,
-        read: false,
-    };
+    let ops = WRITE_SEND;
     for (i, size) in [1000, 65_536, 1 << 20, 16 << 20].into_iter().enumerate() {
         round_trip(
             &mut bed,
@@ -919,11 +927,7 @@ fn an_out_of_order_segment_is_checked_against_the_crc_read_with_its_checksum() {
         bed.establish();
         bed.b.lie_about_crc_out_of_order = lie;
         let r = regions(&mut bed, 1 << 20);
-        let ops = Ops {
-            write: true,
-            send: false,
-            read: false,
-        };
+        let ops = WRITE;
         round_trip(
             &mut bed,
             &r,
@@ -961,26 +965,11 @@ fn rescans_of_held_runs_are_bounded_by_what_the_peer_sent() {
     bed.establish();
     let r = regions(&mut bed, 1 << 20);
     let data = pattern(80 << 10, 77);
-    rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, &data);
     // The Write's first segment is lost, and its first retransmissions: what follows arrives
     // out of order.
     bed.b.drop_once = Some(data[..32].to_vec());
     bed.b.drop_again = 4;
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::Write {
-            remote_stag: Stag(0x00de_ad00),
-            remote_to: 0,
-        },
-        sg_list: Sge {
-            stag: r.a_src,
-            to: A_SRC_TO,
-            len: data.len() as u32,
-        }
-        .into(),
-        signaled: true,
-    };
-    bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
+    post_write_to(&mut bed, &r, 1, &data, (Stag(0x00de_ad00), 0));
     bed.run_until("terminate", Duration::from_secs(10), |a, _| {
         a.iw.qp().remote_terminate().is_some()
     });
@@ -1071,11 +1060,7 @@ fn mpa_variants() {
         );
         assert_eq!(n.rtr.is_some(), mpa.peer_to_peer);
         let r = regions(&mut bed, 1 << 20);
-        let ops = Ops {
-            write: true,
-            send: true,
-            read: false,
-        };
+        let ops = WRITE_SEND;
         round_trip(
             &mut bed,
             &r,
@@ -1236,12 +1221,17 @@ fn graceful_close() {
 
 /// Posts one Write of `data` from A's source to B's sink.
 fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
+    post_write_to(bed, r, wr_id, data, (r.b_sink, B_SINK_TO));
+}
+
+/// [`post_write`] to `remote` (STag, tagged offset) instead of B's sink region.
+fn post_write_to(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8], remote: (Stag, u64)) {
     rdmap::RegionBuffer::write_at(bed.a.mem.get(r.a_src).unwrap(), 0, data);
     let wr = SendWr {
         wr_id,
         op: SendOp::Write {
-            remote_stag: r.b_sink,
-            remote_to: B_SINK_TO,
+            remote_stag: remote.0,
+            remote_to: remote.1,
         },
         sg_list: Sge {
             stag: r.a_src,
@@ -1647,11 +1637,7 @@ fn ift_under_loss_places_speculatively_and_confirms() {
     for (i, loss) in [0.01, 0.05].into_iter().enumerate() {
         let mut bed = ift_bed(210 + i as u64, lossy(loss), (true, true), (true, true));
         bed.establish();
-        let ops = Ops {
-            write: true,
-            send: true,
-            read: false,
-        };
+        let ops = WRITE_SEND;
         let mut last = None;
         for (k, size) in [1000, 65_536, 1 << 20, 4 << 20].into_iter().enumerate() {
             let r = regions(&mut bed, size);

@@ -2378,10 +2378,7 @@ impl IwarpConn {
             _ => None,
         };
         let startup = deadline.map(|d| Instant::ZERO + d.saturating_duration_since(self.epoch));
-        match (startup, held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [startup, held].into_iter().flatten().min()
     }
 
     /// Whether there is something to send that TCP has not taken yet.

@@ -3153,7 +3153,7 @@ impl Connection {
             let base = self.rtt.rto();
             let d = base
                 .saturating_mul(1 << self.persist_backoff.min(10))
-                .min(self.cfg.max_rto.max(self.cfg.min_rto));
+                .min(self.rtt.max_rto());
             self.persist_deadline = Some(now + d);
         }
     }

@@ -111,6 +111,11 @@ impl RttEstimator {
             .then(|| Duration::from_nanos(self.srtt.saturating_mul(2).max(self.unfloored())))
     }
 
+    /// The ceiling on the RTO: `max_rto`, raised to `min_rto` if below it.
+    pub fn max_rto(&self) -> Duration {
+        Duration::from_nanos(self.max_rto)
+    }
+
     /// Smallest RTT seen (RFC 8985 uses it for the reordering window).
     pub fn min_rtt(&self) -> Option<Duration> {
         self.sampled.then(|| Duration::from_nanos(self.min_rtt))
