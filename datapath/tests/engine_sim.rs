@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use datapath::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn};
+use datapath::engine::{ConnConfig, ConnCounters, ConnEvent, IwarpConn, ReassemblyBudget};
 use iwarp_conn::SegmentDigest;
 use mpa::MpaConfig;
 use rdmap::memory::VecBuffer;
@@ -1018,6 +1018,133 @@ fn octets_held_beyond_a_gap_never_filled_end_the_connection() {
     );
 }
 
+/// The memory a connection takes at its first out-of-order octet (the 1 MiB reassembly ring,
+/// the scan buffers) goes back once the store has stayed empty for a second, and is taken
+/// again at the next loss: connections a peer once sent out of order and then left idle do
+/// not each keep a megabyte. The shared budget is charged and credited with the ring.
+#[test]
+fn an_idle_reassembly_store_gives_its_memory_back() {
+    // Without CRCs (and Markers) no FPDU can be located out of order: what arrives beyond
+    // the gap is held, in the ring.
+    let mpa = MpaConfig {
+        crc: false,
+        ..MpaConfig::default()
+    };
+    let budget = ReassemblyBudget::new(3 << 20);
+    let b_cfg = ConnConfig {
+        reassembly_budget: Some(budget.clone()),
+        ..conn_config(&mpa)
+    };
+    let mut bed = bed_with(
+        14,
+        LinkConfig::default(),
+        conn_config(&mpa),
+        b_cfg,
+        b"client",
+    );
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let sink = |bed: &Bed, len: usize| {
+        let mut out = vec![0; len];
+        rdmap::RegionBuffer::read_at(bed.b.mem.get(r.b_sink).unwrap(), 0, &mut out);
+        out
+    };
+    post_write(&mut bed, &r, 1, &pattern(1000, 77));
+    bed.run_until("first write", Duration::from_secs(10), |a, _| {
+        a.completions.iter().any(|c| c.wr_id == 1)
+    });
+    assert_eq!(
+        bed.b.iw.reassembly_memory(),
+        0,
+        "nothing arrived out of order yet"
+    );
+    for (round, wr_id) in [(1, 2), (2, 3)] {
+        // The Write's first segment is lost once: what follows arrives out of order.
+        let data = pattern(80 << 10, 80 + wr_id);
+        bed.b.drop_once = Some(data[..32].to_vec());
+        post_write(&mut bed, &r, wr_id, &data);
+        bed.run_until("write after a loss", Duration::from_secs(10), |a, _| {
+            a.completions.iter().any(|c| c.wr_id == wr_id)
+        });
+        assert_eq!(sink(&bed, data.len()), data, "round {round}");
+        let b = bed.b.counters();
+        assert!(b.held_peak > 0, "{b:?}");
+        assert!(bed.b.iw.reassembly_memory() >= 1 << 20, "round {round}");
+        assert_eq!(budget.available(), 2 << 20, "one ring charged");
+        assert_eq!(b.store_releases, round - 1, "{b:?}");
+        run_for(&mut bed, Duration::from_millis(800));
+        assert!(bed.b.iw.reassembly_memory() >= 1 << 20, "kept for a second");
+        run_for(&mut bed, Duration::from_millis(400));
+        assert_eq!(bed.b.iw.reassembly_memory(), 0, "round {round}");
+        assert_eq!(budget.available(), 3 << 20, "credited");
+        assert_eq!(bed.b.counters().store_refusals, 0);
+        assert_eq!(bed.b.counters().store_releases, round);
+    }
+}
+
+/// With the shared reassembly budget spent, a connection holds nothing out of order: what
+/// it would hold (without CRCs, everything beyond a gap) is given back to TCP, which forgets
+/// it (RFC 2018 section 8) and has the peer send it again. Under 1 % loss every Write and
+/// Send still arrives byte-exact, and the budget is never overdrawn. With CRCs and an aligned
+/// sender nothing needs holding (each segment's FPDU is placed at once): the spent budget
+/// changes nothing.
+#[test]
+fn a_spent_reassembly_budget_gives_out_of_order_data_back() {
+    let no_crc = conn_config(&MpaConfig {
+        crc: false,
+        ..MpaConfig::default()
+    });
+    let crc = conn_config(&MpaConfig::default());
+    // IFT with both CRCs: the first round's frames are placed speculatively; later rounds
+    // write the same regions again, where section 8.2 forbids guessing, so they would wait.
+    let ift = ift_config(true, true, 0x1a2b);
+    let ift_b = ift_config(true, true, 0x3c4d);
+    for (i, (name, a_cfg, b_cfg, holds)) in [
+        ("mpa without crc", no_crc.clone(), no_crc, true),
+        ("mpa", crc.clone(), crc, false),
+        ("ift", ift, ift_b, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let budget = ReassemblyBudget::new((1 << 20) - 1);
+        let b_cfg = ConnConfig {
+            reassembly_budget: Some(budget.clone()),
+            ..b_cfg
+        };
+        let private_data: &[u8] = if a_cfg.ift.is_some() { b"" } else { b"client" };
+        let mut bed = bed_with(220 + i as u64, lossy(0.01), a_cfg, b_cfg, private_data);
+        bed.establish();
+        let r = regions(&mut bed, 1 << 20);
+        for round in 0..3 {
+            round_trip(
+                &mut bed,
+                &r,
+                Round {
+                    size: 1 << 20,
+                    seed: 60 + round,
+                },
+                WRITE_SEND,
+            );
+        }
+        let b = bed.b.counters();
+        print_counters(&format!("spent reassembly budget, {name}"), &bed);
+        assert!(b.segments_out_of_order > 0, "{name}: {b:?}");
+        assert_eq!(b.held_total, 0, "{name}: nothing held: {b:?}");
+        assert_eq!(bed.b.iw.reassembly_memory(), 0);
+        assert_eq!(budget.available(), (1 << 20) - 1);
+        let b_tcp = bed.b.tcp.as_ref().unwrap().stats();
+        if holds {
+            assert!(b.store_refusals > 0, "{name}: {b:?}");
+            assert!(b_tcp.reneged > 0, "{name}: TCP took them back: {b_tcp:?}");
+        } else {
+            assert_eq!(b.store_refusals, 0, "{b:?}");
+            assert!(b.fpdus_placed_out_of_order > 0, "{b:?}");
+        }
+        assert!(bed.a.iw.qp().remote_terminate().is_none());
+    }
+}
+
 /// MPA revision 1 and 2, CRC on and off, Markers on and off, and the RFC 6581 peer-to-peer
 /// RTR (Send, Write, Read): each connects, moves data both ways under 1 % loss, and with CRCs
 /// on and aligned senders holds nothing for Writes and Sends (a preceding Marker is skipped
@@ -1285,6 +1412,7 @@ fn source_failed(events: &[ConnEvent]) -> bool {
         .any(|e| matches!(e, ConnEvent::TransmitSourceFailed(_)))
 }
 
+/// Lets `time` pass: everything due by then runs, and the clock ends there.
 fn run_for(bed: &mut Bed, time: Duration) {
     let deadline = bed.net.now + time;
     bed.net.run(
@@ -1294,6 +1422,7 @@ fn run_for(bed: &mut Bed, time: Duration) {
         |_, _, _| false,
         |_, _, _| {},
     );
+    bed.net.now = bed.net.now.max(deadline);
 }
 
 /// A Write completes when its data is acknowledged, not when handed to TCP: with B's ACKs

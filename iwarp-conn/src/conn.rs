@@ -80,6 +80,7 @@ use tcp_engine::{
     TxSourceError,
 };
 
+use crate::budget::ReassemblyBudget;
 use crate::tx::{ift_frame_len, TxRing};
 use crate::written::{PlacementTarget, Written};
 
@@ -118,6 +119,13 @@ const SCAN_CREDIT_PER_OCTET: u64 = 8;
 /// The credit a connection starts with, and the most it keeps.
 const SCAN_CREDIT_START: u64 = 256 << 10;
 const SCAN_CREDIT_MAX: u64 = 1 << 20;
+/// How long the reassembly store stays empty (nothing held, nothing placed early) before
+/// the memory it took at the first out-of-order octet (its ring of
+/// `ConnConfig::reassembly_capacity` octets, its range list, the scan buffers) is freed. Long
+/// enough that a connection losing segments now and then keeps it from one loss to the next;
+/// short enough that connections a peer once sent out of order, then left idle, do not each
+/// keep a megabyte.
+const STORE_IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// IFT: most speculative placements awaiting confirmation; beyond them frames are held. Bounds
 /// the check of each frame processed in order against them (section 8.2's last rule).
 const MAX_UNCONFIRMED: usize = 512;
@@ -155,6 +163,11 @@ pub struct ConnConfig {
     /// error, RFC 5040 7.4.1). The mirror of TCP's user timeout (RFC 5482) for the peer's
     /// data. Default 30 s; `None`: no limit.
     pub held_timeout: Option<Duration>,
+    /// Memory shared with other connections that pays for the reassembly store's ring when
+    /// data first waits in it (see [`ReassemblyBudget`]); when it cannot, what arrived out of
+    /// order is given back to TCP, which has the peer send it again. `None`: each store
+    /// allocates freely (bounded by `reassembly_capacity` alone).
+    pub reassembly_budget: Option<ReassemblyBudget>,
 }
 
 impl Default for ConnConfig {
@@ -168,6 +181,7 @@ impl Default for ConnConfig {
             max_tx_fpdus: 2048,
             ift: None,
             held_timeout: Some(Duration::from_secs(30)),
+            reassembly_budget: None,
         }
     }
 }
@@ -224,6 +238,11 @@ pub struct ConnCounters {
     /// Connections ended because data waited beyond a gap the peer never filled
     /// ([`ConnConfig::held_timeout`]).
     pub held_timeouts: u64,
+    /// Times the reassembly store's memory was freed after it stayed empty for a second.
+    pub store_releases: u64,
+    /// Times data out of order found the reassembly budget spent
+    /// ([`ConnConfig::reassembly_budget`]) and was given back to TCP.
+    pub store_refusals: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
     pub crc_errors: u64,
     /// Segments TCP retransmitted.
@@ -401,30 +420,60 @@ struct Store {
     /// Sorted, disjoint, non-adjacent stream ranges held.
     ranges: Vec<(u64, u64)>,
     held: u64,
+    /// Charged the ring's capacity when it is allocated, credited when it is freed.
+    budget: Option<ReassemblyBudget>,
+    /// Octets charged to `budget` now.
+    charged: usize,
 }
 
-/// The store cannot take these octets (the peer went past the offered window).
-#[derive(Debug)]
-struct StoreFull;
+/// Why the store did not take octets.
+#[derive(Debug, PartialEq, Eq)]
+enum StoreRefused {
+    /// The peer went past the offered window.
+    Full,
+    /// The ring is not allocated and the budget cannot pay for it.
+    NoMemory,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.uncharge();
+    }
+}
 
 impl Store {
-    fn new(capacity: usize, max_ranges: usize) -> Store {
+    fn new(capacity: usize, max_ranges: usize, budget: Option<ReassemblyBudget>) -> Store {
         Store {
             ring: Vec::new(),
             capacity: capacity.max(1),
             max_ranges: max_ranges.max(1),
             ranges: Vec::new(),
             held: 0,
+            budget,
+            charged: 0,
+        }
+    }
+
+    /// Credits the budget with what the ring was charged.
+    fn uncharge(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(std::mem::take(&mut self.charged));
         }
     }
 
     /// Moves what is held into a store of `capacity` octets and `max_ranges` ranges (larger
     /// than this one's); `base` is the in-order point.
-    fn grow(&mut self, base: u64, capacity: usize, max_ranges: usize) -> Result<(), StoreFull> {
+    fn grow(
+        &mut self,
+        base: u64,
+        capacity: usize,
+        max_ranges: usize,
+        budget: Option<ReassemblyBudget>,
+    ) -> Result<(), StoreRefused> {
         if capacity <= self.capacity {
             return Ok(());
         }
-        let old = std::mem::replace(self, Store::new(capacity, max_ranges));
+        let old = std::mem::replace(self, Store::new(capacity, max_ranges, budget));
         for &(start, end) in &old.ranges {
             let (a, b) = old.slices(start, end);
             self.insert(base, start, a)?;
@@ -434,23 +483,29 @@ impl Store {
     }
 
     /// Keeps `data` at stream offset `off`; `base` is the in-order point.
-    fn insert(&mut self, base: u64, off: u64, data: &[u8]) -> Result<(), StoreFull> {
+    fn insert(&mut self, base: u64, off: u64, data: &[u8]) -> Result<(), StoreRefused> {
         if data.is_empty() {
             return Ok(());
         }
         let end = off + data.len() as u64;
         if off < base || end > base + self.capacity as u64 {
-            return Err(StoreFull);
+            return Err(StoreRefused::Full);
         }
         let i = self.ranges.partition_point(|r| r.1 < off);
         // Each octet is passed up once, so a new range never overlaps a held one; it may touch.
         if self.ranges.get(i).is_some_and(|r| r.0 < end && off < r.1) {
-            return Err(StoreFull);
+            return Err(StoreRefused::Full);
         }
         if self.ranges.len() >= self.max_ranges {
-            return Err(StoreFull);
+            return Err(StoreRefused::Full);
         }
         if self.ring.is_empty() {
+            if let Some(b) = &self.budget {
+                if !b.take(self.capacity) {
+                    return Err(StoreRefused::NoMemory);
+                }
+                self.charged = self.capacity;
+            }
             self.ring = vec![0; self.capacity];
             // Once, with the ring: the range list never grows past this.
             self.ranges.reserve_exact(self.max_ranges);
@@ -540,6 +595,28 @@ impl Store {
         buf.extend_from_slice(b);
     }
 
+    /// Whether the ring is allocated.
+    fn is_allocated(&self) -> bool {
+        !self.ring.is_empty()
+    }
+
+    /// Frees the ring and the range list when nothing is held; the next held octet allocates
+    /// them again. Returns whether anything was freed.
+    fn release_if_empty(&mut self) -> bool {
+        if !self.ranges.is_empty() || !self.is_allocated() {
+            return false;
+        }
+        self.ring = Vec::new();
+        self.ranges = Vec::new();
+        self.uncharge();
+        true
+    }
+
+    /// Octets of heap the store holds.
+    fn allocated(&self) -> usize {
+        self.ring.capacity() + self.ranges.capacity() * std::mem::size_of::<(u64, u64)>()
+    }
+
     /// Drops the spans a scan placed: each lies inside the one held range copied, and the
     /// caller checked there is room for every split.
     fn remove_placed(&mut self, found: &[(u64, u64)]) {
@@ -599,6 +676,8 @@ pub struct IwarpConn {
     /// this stream offset on at the next `poll` (until then, octets there are ignored: they
     /// will be passed up again).
     renege_at: Option<u64>,
+    /// A wrong IFT speculation is among what `renege_at` gives back.
+    renege_speculation: bool,
     store: Store,
     placed: VecDeque<PlacedFpdu>,
     /// A held range copied out of the ring to be scanned again (allocated once, on first use).
@@ -608,6 +687,8 @@ pub struct IwarpConn {
     /// While data waits beyond a gap: the in-order point then and when it must have moved on
     /// ([`ConnConfig::held_timeout`]).
     held_deadline: Option<(u64, Instant)>,
+    /// Since when the store has been empty with its memory allocated ([`STORE_IDLE_RELEASE`]).
+    store_idle_since: Option<Instant>,
     /// Spans of the FPDUs such a scan placed (allocated once).
     relocated: Vec<(u64, u64)>,
     /// FPDUs framed out of order whose end lies beyond the octets that framed them, as
@@ -649,9 +730,13 @@ impl IwarpConn {
         // What Full Operation needs (the transmit ring, the placement records, the ULPDU
         // buffer, the full reassembly store) is allocated when it starts (`enter_full`).
         let store = if initiator {
-            Store::new(cfg.reassembly_capacity, MAX_STORE_RANGES)
+            Store::new(
+                cfg.reassembly_capacity,
+                MAX_STORE_RANGES,
+                cfg.reassembly_budget.clone(),
+            )
         } else {
-            Store::new(STARTUP_STORE, STARTUP_STORE_RANGES)
+            Store::new(STARTUP_STORE, STARTUP_STORE_RANGES, None)
         };
         IwarpConn {
             qp: QueuePair::new(cfg.qp),
@@ -660,6 +745,7 @@ impl IwarpConn {
             relocate_buf: Vec::new(),
             scan_credit: SCAN_CREDIT_START,
             held_deadline: None,
+            store_idle_since: None,
             relocated: Vec::new(),
             chains: Vec::new(),
             in_order_chain: 0,
@@ -671,6 +757,7 @@ impl IwarpConn {
             consumed: 0,
             rx_dead: false,
             renege_at: None,
+            renege_speculation: false,
             startup_record: None,
             startup_sent: None,
             source_mode: None,
@@ -790,6 +877,37 @@ impl IwarpConn {
         }
     }
 
+    /// [`STORE_IDLE_RELEASE`]: frees the reassembly store's memory and the scan buffers once the
+    /// store has stayed empty, with nothing placed early, that long.
+    fn release_idle_store(&mut self, now: Instant) {
+        let allocated = self.store.is_allocated() || self.relocate_buf.capacity() != 0;
+        if !allocated || self.store.held != 0 || !self.placed.is_empty() {
+            self.store_idle_since = None;
+            return;
+        }
+        match self.store_idle_since {
+            None => self.store_idle_since = Some(now),
+            Some(since) if now >= since + STORE_IDLE_RELEASE => {
+                self.store_idle_since = None;
+                self.store.release_if_empty();
+                self.relocate_buf = Vec::new();
+                self.relocated = Vec::new();
+                self.counters.store_releases += 1;
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Octets of heap the connection holds for data received out of order: the reassembly
+    /// store's ring and range list and the buffers of its scans. Allocated at the first
+    /// out-of-order octet (the startup store's few KiB before Full Operation) and freed once
+    /// the store has stayed empty for a second.
+    pub fn reassembly_memory(&self) -> usize {
+        self.store.allocated()
+            + self.relocate_buf.capacity()
+            + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
+    }
+
     /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
     /// Operation. Receives may be posted before (the QP accepts them while connecting).
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
@@ -873,10 +991,14 @@ impl IwarpConn {
                 self.consumed,
                 self.cfg.reassembly_capacity,
                 MAX_STORE_RANGES,
+                self.cfg.reassembly_budget.clone(),
             )
             .is_err()
         {
-            // Cannot happen: the startup store's ranges fit a larger store.
+            // The startup store's ranges fit a larger store, but its ring may find the budget
+            // spent: the peer sent data behind its Request (or indication) before our Reply,
+            // which no conforming peer does, and it is given nothing more.
+            self.counters.store_refusals += 1;
             self.rx_dead = true;
             self.qp
                 .on_transport_error(TerminateCause::LocalCatastrophic);
@@ -1225,24 +1347,31 @@ impl IwarpConn {
     }
 
     /// Keeps octets in the reassembly store; an overflow (a peer past the window) ends the
-    /// connection.
+    /// connection, a spent budget gives the octets from `off` on back to TCP.
     fn hold(&mut self, off: u64, bytes: &[u8]) {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
-            Err(StoreFull) if !self.is_established() && self.is_ift() => {
+            Err(StoreRefused::NoMemory) if self.is_established() && off > self.consumed => {
+                self.counters.store_refusals += 1;
+                self.give_back(off);
+            }
+            Err(_) if !self.is_established() && self.is_ift() => {
                 // Data beyond the peer's indication before the exchange ended (an initiator
                 // cannot know our VTag before our phase 1).
                 self.ift_startup_failed(IftError::Local(
                     "the peer sent data beyond its adaption indication before the exchange ended",
                 ));
             }
-            Err(StoreFull) if !self.is_established() => {
+            Err(_) if !self.is_established() => {
                 // The peer sent more than its Request before the Reply.
                 self.startup_failed(MpaError::InvalidFrame(
                     "data beyond the MPA Request before the Reply",
                 ));
             }
-            Err(StoreFull) => {
+            Err(refused) => {
+                if refused == StoreRefused::NoMemory {
+                    self.counters.store_refusals += 1;
+                }
                 self.rx_dead = true;
                 self.qp
                     .on_transport_error(TerminateCause::LocalCatastrophic);
@@ -1295,7 +1424,7 @@ impl IwarpConn {
         let consumed = self.consumed;
         let mut cursor = off;
         let mut first_placed = None;
-        let mut overflow = false;
+        let mut overflow = None;
         let known = known.map(|k| k - rx_start);
         let found = full.locator.locate_from_with_crc(
             bytes,
@@ -1303,7 +1432,7 @@ impl IwarpConn {
             known,
             covered_crc,
             |span, ulpdu| {
-                if placed.len() >= max_placed || overflow {
+                if placed.len() >= max_placed || overflow.is_some() {
                     return;
                 }
                 let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
@@ -1314,8 +1443,8 @@ impl IwarpConn {
                 let end = rx_start + span.end;
                 // Bytes between the previous placed FPDU and this one stay for the in-order pass.
                 let gap = &bytes[(cursor - off) as usize..(start - off) as usize];
-                if store.insert(consumed, cursor, gap).is_err() {
-                    overflow = true;
+                if let Err(refused) = store.insert(consumed, cursor, gap) {
+                    overflow = Some(refused);
                     return;
                 }
                 counters.held_total += gap.len() as u64;
@@ -1329,11 +1458,21 @@ impl IwarpConn {
         if found.is_none() {
             self.counters.unlocated_segments += 1;
         }
-        if overflow {
-            self.rx_dead = true;
-            self.qp
-                .on_transport_error(TerminateCause::LocalCatastrophic);
-            return;
+        match overflow {
+            // Only the FPDUs before `cursor` were recorded: the one that found no room for
+            // the octets before it comes again with them.
+            Some(StoreRefused::NoMemory) => {
+                self.counters.store_refusals += 1;
+                self.give_back(cursor);
+                return;
+            }
+            Some(StoreRefused::Full) => {
+                self.rx_dead = true;
+                self.qp
+                    .on_transport_error(TerminateCause::LocalCatastrophic);
+                return;
+            }
+            None => {}
         }
         let rest = &bytes[(cursor - off) as usize..];
         let at = cursor;
@@ -1881,7 +2020,9 @@ impl IwarpConn {
                 // The octets before it (frames not placed) wait for the in-order pass.
                 let run = &bytes[held_from..at];
                 self.hold(off + held_from as u64, run);
-                if self.rx_dead {
+                let given_back = self.renege_at.is_some_and(|x| x <= off + at as u64);
+                if self.rx_dead || given_back {
+                    // (Given back: the frame comes again with the octets before it.)
                     return;
                 }
                 let span = (off + at as u64, off + (at + len) as u64);
@@ -1913,6 +2054,18 @@ impl IwarpConn {
     fn withdraw_speculation(&mut self, at: u64) {
         let keep = self.placed.partition_point(|p| p.start < at);
         self.counters.ift_speculation_withdrawn += (self.placed.len() - keep) as u64;
+        self.renege_speculation = true;
+        self.give_back(at);
+    }
+
+    /// Forgets every placement and held octet from stream offset `at` on and asks TCP (at
+    /// the next `poll`) to take those octets back, so that the peer sends them again: for a
+    /// speculation that proved wrong, or octets out of order the reassembly budget cannot
+    /// pay to hold ([`ConnConfig::reassembly_budget`]; RFC 2018 section 8 lets a receiver
+    /// discard what it has only SACKed). What an early placement wrote is written again,
+    /// the same octets, when they come back.
+    fn give_back(&mut self, at: u64) {
+        let keep = self.placed.partition_point(|p| p.start < at);
         self.placed.truncate(keep);
         // (`drain` may have the store out while this runs: it truncates it again when it
         // puts it back.)
@@ -1920,14 +2073,24 @@ impl IwarpConn {
         self.renege_at = Some(self.renege_at.map_or(at, |x| x.min(at)));
     }
 
-    /// A withdrawal's pending request to TCP (`withdraw_speculation`): before anything TCP
-    /// sends could acknowledge the octets.
+    /// A give-back's pending request to TCP ([`IwarpConn::give_back`]): before anything TCP
+    /// sends could acknowledge the octets. If TCP can no longer take them back (it
+    /// acknowledged them, or the peer's FIN came), a wrong speculation ends the connection
+    /// with `IftError::SpeculationMismatch`, octets the budget could not hold with a
+    /// Terminate (local catastrophic error).
     fn apply_renege(&mut self, tcp: &mut TcpConnection) {
         if let Some(at) = self.renege_at.take() {
+            let speculation = std::mem::take(&mut self.renege_speculation);
             if tcp.renege_from(at) {
-                self.counters.ift_acks_withheld += 1;
-            } else {
+                if speculation {
+                    self.counters.ift_acks_withheld += 1;
+                }
+            } else if speculation {
                 self.ift_failed(IftError::SpeculationMismatch { offset: at });
+            } else {
+                self.rx_dead = true;
+                self.qp
+                    .on_transport_error(TerminateCause::LocalCatastrophic);
             }
         }
     }
@@ -2077,6 +2240,9 @@ impl IwarpConn {
         }
         self.apply_renege(tcp);
         self.drain(mem);
+        if matches!(self.phase, Phase::Full(_) | Phase::IftFull(_)) {
+            self.release_idle_store(now);
+        }
         if let Some(record) = self.startup_record.take() {
             let start = tcp.send_stream_end();
             let queued = if source {
@@ -2365,10 +2531,14 @@ impl IwarpConn {
     }
 
     /// The earliest deadline: startup's (MPA or IFT), or in Full Operation that of octets held
-    /// beyond a gap ([`ConnConfig::held_timeout`]); as a TCP instant (TCP's own deadlines come
+    /// beyond a gap ([`ConnConfig::held_timeout`]) and the release of an idle reassembly store
+    /// ([`IwarpConn::reassembly_memory`]); as a TCP instant (TCP's own deadlines come
     /// from the TCP connection).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let held = self.held_deadline.map(|(_, at)| at);
+        let release = self
+            .store_idle_since
+            .map(|since| since + STORE_IDLE_RELEASE);
         let deadline = match &self.phase {
             Phase::Initiating(i) => i.poll_timeout(),
             Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.poll_timeout(),
@@ -2378,7 +2548,7 @@ impl IwarpConn {
             _ => None,
         };
         let startup = deadline.map(|d| Instant::ZERO + d.saturating_duration_since(self.epoch));
-        [startup, held].into_iter().flatten().min()
+        [startup, held, release].into_iter().flatten().min()
     }
 
     /// Whether there is something to send that TCP has not taken yet.
@@ -2482,7 +2652,7 @@ mod tests {
 
     #[test]
     fn store_merges_wraps_and_releases() {
-        let mut s = Store::new(16, MAX_STORE_RANGES);
+        let mut s = Store::new(16, MAX_STORE_RANGES, None);
         s.insert(0, 4, b"efgh").unwrap();
         s.insert(0, 12, b"mnop").unwrap();
         s.insert(0, 8, b"ijkl").unwrap();

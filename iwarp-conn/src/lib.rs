@@ -8,6 +8,7 @@
 //! - `tx`: the FPDU descriptors in flight and the fill that writes any stream range of them
 //!   straight from registered memory into the packet buffer (no send-buffer copy), MPA's
 //!   FPDUs or IFT's frames.
+//! - [`ReassemblyBudget`]: memory for out-of-order data shared by many connections.
 //! - [`rx_digest`]: a received segment's data read once for the TCP checksum and the CRC of the
 //!   FPDU it holds.
 //! - `written`: where received segments write and what each buffer has had written (IFT's
@@ -19,10 +20,12 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod conn;
 pub mod rx_digest;
 mod tx;
 mod written;
 
+pub use budget::ReassemblyBudget;
 pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
 pub use rx_digest::{HeldCrc, SegmentDigest};

@@ -7,7 +7,7 @@
 //!   application API.
 
 pub use iwarp_conn::conn;
-pub use iwarp_conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub use iwarp_conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn, ReassemblyBudget};
 pub mod xdp;
 
 pub use xdp::{EngineCounters, XdpEngine, XdpEngineConfig};

@@ -20,6 +20,15 @@ pub struct XdpEngineConfig {
     pub tcp: TcpConfig,
     /// Per connection: octets of the reassembly store (also the receive window).
     pub reassembly_capacity: usize,
+    /// Octets all the engine's connections may hold out of order together (their reassembly
+    /// stores, [`ConnConfig::reassembly_budget`]): a store takes `reassembly_capacity` of it
+    /// when data first waits in it and gives it back once it has stayed empty for a second
+    /// or its connection ends. With the budget spent, data that arrives out of order is given
+    /// back to TCP (which has the peer send it again) instead of held, as a kernel under
+    /// memory pressure prunes its out-of-order queue: a peer that opens many connections and
+    /// sends each a segment out of order makes the engine hold at most this much. Default
+    /// 256 MiB (256 connections recovering from loss at once with the default 1 MiB store).
+    pub reassembly_budget: usize,
     /// Per connection: FPDUs placed out of order whose records can be kept at once.
     pub max_placed_fpdus: usize,
     /// Per connection: octets queued in TCP before no more FPDUs are framed.
@@ -89,6 +98,7 @@ impl Default for XdpEngineConfig {
                 ..TcpConfig::mpa()
             },
             reassembly_capacity: conn.reassembly_capacity,
+            reassembly_budget: 256 << 20,
             max_placed_fpdus: conn.max_placed_fpdus,
             tx_ahead: conn.tx_ahead,
             max_tx_fpdus: conn.max_tx_fpdus,
@@ -180,6 +190,8 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
         rescanned_bytes,
         rescans_deferred,
         held_timeouts,
+        store_releases,
+        store_refusals,
         crc_errors,
         retransmissions,
         rto_expirations,
@@ -216,6 +228,8 @@ pub(super) fn add_counters(sum: &mut ConnCounters, c: &ConnCounters) {
     sum.rescanned_bytes += rescanned_bytes;
     sum.rescans_deferred += rescans_deferred;
     sum.held_timeouts += held_timeouts;
+    sum.store_releases += store_releases;
+    sum.store_refusals += store_refusals;
     sum.crc_errors += crc_errors;
     sum.retransmissions += retransmissions;
     sum.rto_expirations += rto_expirations;

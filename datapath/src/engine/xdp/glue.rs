@@ -54,6 +54,7 @@ impl State {
             },
             // The peer's data without progress ends the connection when ours would.
             held_timeout: params.user_timeout,
+            reassembly_budget: Some(self.budget.clone()),
         }
     }
 }

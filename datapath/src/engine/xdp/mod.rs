@@ -78,9 +78,9 @@ use std::time::Duration;
 
 use rdmap::MemoryTable;
 
-use crate::engine::ConnCounters;
 #[cfg(doc)]
 use crate::engine::IwarpConn;
+use crate::engine::{ConnCounters, ReassemblyBudget};
 use crate::memory::ProtectionDomain;
 #[cfg(doc)]
 use crate::verbs::cm::ConnectRequest;
@@ -136,6 +136,7 @@ fn spawn_shard(
     name: String,
     open: Opener,
     cfg: XdpEngineConfig,
+    budget: ReassemblyBudget,
     index: usize,
     pin: Option<usize>,
 ) -> Result<(ShardThread, Ipv4Addr), DatapathError> {
@@ -186,6 +187,7 @@ fn spawn_shard(
                 wake: engine_wake.clone(),
                 shard: index,
                 cfg: cfg.clone(),
+                budget,
                 attention_tx: attention_tx.clone(),
                 attention_rx: attention_rx.clone(),
                 attention_local: Vec::new(),
@@ -237,12 +239,13 @@ impl XdpEngine {
     /// (named `iwarp-xdp-<ifname><queue>`), and waits until their drivers are open. Needs root
     /// (XDP, AF_XDP).
     pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
+        let budget = ReassemblyBudget::new(cfg.reassembly_budget);
         if !cfg.shard_per_queue {
             let ifname_owned = ifname.to_owned();
             let driver = cfg.driver.clone();
             let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
-            let (shard, local_ip) =
-                spawn_shard(format!("iwarp-xdp-{ifname}"), open, cfg.clone(), 0, cfg.cpu)?;
+            let name = format!("iwarp-xdp-{ifname}");
+            let (shard, local_ip) = spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu)?;
             tracing::info!(iface = ifname, %local_ip, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
                 shards: vec![shard],
@@ -269,6 +272,7 @@ impl XdpEngine {
                 format!("iwarp-xdp-{ifname}{queue}"),
                 open,
                 cfg.clone(),
+                budget.clone(),
                 i,
                 pin,
             )?;

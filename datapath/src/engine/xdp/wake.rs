@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use iwarp_conn::HeldCrc;
 use rdmap::MemoryTable;
 
-use crate::engine::ConnCounters;
+use crate::engine::{ConnCounters, ReassemblyBudget};
 use crate::memory::{RegionMemory, SharedTable, TableVersion};
 use crate::verbs::cm::{ConnectParams, ListenRecord};
 #[cfg(doc)]
@@ -267,6 +267,8 @@ pub(super) struct State {
     /// This shard's index in the engine.
     pub(super) shard: usize,
     pub(super) cfg: XdpEngineConfig,
+    /// The engine's [`XdpEngineConfig::reassembly_budget`], shared by its shards.
+    pub(super) budget: ReassemblyBudget,
     /// Connections whose queue pairs posted requests ([`SlotWaker`]).
     pub(super) attention_tx: Sender<ConnId>,
     pub(super) attention_rx: Receiver<ConnId>,
