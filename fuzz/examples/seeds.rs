@@ -282,28 +282,100 @@ fn rdmap_ulpdu() {
     write(t, "rfc7306_atomics_and_immediate", &s);
 }
 
-/// `iwarp_conn` knobs: target side, CRC, Markers, transmit mode, reassembly room.
-fn conn_knobs(s: &mut Seed, initiator: bool, crc: bool, markers: bool, source: bool) {
-    let mut k1 = u8::from(initiator);
-    if crc {
-        k1 |= 8 | 32;
+/// How an `iwarp_conn` seed frames the stream and passes segments up.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// MPA; segments as `on_data`.
+    Mpa,
+    /// MPA; segments as the engine passes them, with the CRC read with their checksum.
+    MpaDigest,
+    /// IFT with both CRCs each way, checked, speculative placement allowed.
+    Ift,
+}
+
+/// `iwarp_conn` knobs: target side, CRC, Markers (MPA; IFT always has both CRCs), transmit
+/// mode, framing, reassembly budget (0: none, 1: spent, 2: one store's worth).
+struct Knobs {
+    initiator: bool,
+    crc: bool,
+    markers: bool,
+    source: bool,
+    framing: Framing,
+    budget: u8,
+}
+
+impl Knobs {
+    fn write(&self, s: &mut Seed) {
+        let mut k1 = u8::from(self.initiator);
+        // Reassembly room 16 KiB, 64 placed-FPDU records.
+        let mut k2 = u8::from(self.source) | 1 << 1 | 2 << 3;
+        match self.framing {
+            Framing::Mpa | Framing::MpaDigest => {
+                if self.crc {
+                    k1 |= 8 | 32;
+                }
+                if self.markers {
+                    k1 |= 16 | 64;
+                }
+                if let Framing::MpaDigest = self.framing {
+                    k2 |= 64;
+                }
+            }
+            Framing::Ift => {
+                k1 |= 2 | 4 | 8 | 16;
+                k2 |= 128;
+            }
+        }
+        s.u8(k1).u8(k2).u8(self.budget);
     }
-    if markers {
-        k1 |= 16 | 64;
-    }
-    let k2 = u8::from(source) | 1 << 1 | 2 << 3;
-    s.u8(k1).u8(k2);
 }
 
 fn iwarp_conn() {
     let t = "iwarp_conn";
-    for (name, initiator, crc, markers, source) in [
-        ("responder_crc", false, true, false, true),
-        ("initiator_crc_markers", true, true, true, false),
-        ("responder_markers_only", false, false, true, true),
+    let knobs = |initiator, crc, markers, source, framing, budget| Knobs {
+        initiator,
+        crc,
+        markers,
+        source,
+        framing,
+        budget,
+    };
+    for (name, k) in [
+        (
+            "responder_crc",
+            knobs(false, true, false, true, Framing::Mpa, 0),
+        ),
+        (
+            "initiator_crc_markers",
+            knobs(true, true, true, false, Framing::Mpa, 0),
+        ),
+        (
+            "responder_markers_only",
+            knobs(false, false, true, true, Framing::Mpa, 0),
+        ),
+        (
+            "initiator_crc_digest",
+            knobs(true, true, false, true, Framing::MpaDigest, 0),
+        ),
+        (
+            "responder_ift",
+            knobs(false, true, false, true, Framing::Ift, 0),
+        ),
+        (
+            "initiator_ift_records",
+            knobs(true, true, false, false, Framing::Ift, 0),
+        ),
+        (
+            "responder_spent_budget",
+            knobs(false, false, false, true, Framing::Mpa, 1),
+        ),
+        (
+            "initiator_one_store_budget",
+            knobs(true, false, false, true, Framing::Mpa, 2),
+        ),
     ] {
         let mut s = Seed::new();
-        conn_knobs(&mut s, initiator, crc, markers, source);
+        k.write(&mut s);
         s.u8(10).u8(10); // post two receives
         s.u8(11).u8(4).u8(0).u16(100).u32(0x1234).u64(0); // post a Read of 100 octets
                                                           // Stream: a Write, a Send in two FPDUs, a multi-FPDU Write (75 % 12 == 3, 0x40:

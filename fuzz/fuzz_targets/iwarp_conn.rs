@@ -4,12 +4,16 @@
 //! `tcp_engine::Connection`, run the TCP handshake and the MPA startup in memory (packets
 //! passed straight across) with configs from the input: revision, CRC and Markers on either
 //! side, peer-to-peer RTR, transmit mode (`TxMode::Source` or `Records`), reassembly room and
-//! placed-FPDU table size. Then one of them (the target) is cut off from its peer and the input
-//! speaks for the peer: it builds the peer's FPDU stream (ULPDUs from templates aimed at the
-//! target's regions, multi-FPDU Writes and Sends, FPDUs with an octet changed after framing,
-//! raw octets) and sends segments of that stream with sequence numbers, flags, ACK and window
-//! of its choice: in order, FPDU-aligned out of order, arbitrary ranges, repeated. Timers run,
-//! the target's application posts receives, Reads and Writes and closes.
+//! placed-FPDU table size. Or, with IFT framing (draft-williams-iwarp-ift-01), the adaption
+//! exchange with each side's header and payload CRCs, CRC checking and speculative placement
+//! from the input. Then one of them (the target) is cut off from its peer and the input
+//! speaks for the peer: it builds the peer's FPDU (or IFT frame) stream (ULPDUs from templates
+//! aimed at the target's regions, multi-FPDU Writes and Sends, FPDUs with an octet changed
+//! after framing, raw octets) and sends segments of that stream with sequence numbers, flags,
+//! ACK and window of its choice: in order, FPDU-aligned out of order, arbitrary ranges,
+//! repeated. Timers run, the target's application posts receives, Reads and Writes and closes.
+//! Segments reach the connection either as `on_data` or, as the AF_XDP engine passes them, as
+//! `on_data_with_crc` with the CRC read with the segment's checksum (`SegmentDigest`).
 //!
 //! The target's memory is an `iwarp_fuzz::Arena` with the region set of the `rdmap_ulpdu`
 //! target. Every segment's octets are those of the one peer stream at their stream offset, so
@@ -20,22 +24,28 @@
 //! receive elements, Read sinks); nothing is written once the queue pair has left RTS or MPA
 //! failed; every packet the target emits parses; and, with CRCs on, nothing is placed from an
 //! FPDU whose CRC failed: a write carrying octets of an FPDU whose CRC was broken must be
-//! explained by an FPDU in the stream whose CRC an independent CRC32c accepts.
+//! explained by an FPDU in the stream whose CRC an independent CRC32c accepts (for IFT, a
+//! frame whose CRCs it accepts, when the target checks them); and the octets of held data read
+//! again (`rescanned_bytes`) stay within the credit the octets received earn.
 #![no_main]
 
 use std::net::Ipv4Addr;
 use std::ops::Range;
 use std::time::Duration;
 
-use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn};
+use ift::{CrcPolicy, FrameEncoder, FrameFormat, IftConfig};
+use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn, ReassemblyBudget, SegmentDigest};
 use iwarp_fuzz::{
-    contains, ref_fpdu, tagged_header, untagged_header, Arena, ArenaRegion, Input, Templates,
+    contains, ref_fpdu, ref_ift_frame, tagged_header, untagged_header, Arena, ArenaRegion, Input,
+    Templates,
 };
 use libfuzzer_sys::fuzz_target;
 use mpa::{FpduEncoder, MpaConfig};
 use rdmap::{Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag};
 use tcp_engine::wire::TcpFlags;
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+use tcp_engine::{
+    Config, Connection, FourTuple, Instant, IsnGenerator, PassedUp, SegmentRepr, TxMode,
+};
 
 const PD: PdId = PdId(1);
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -63,6 +73,10 @@ const BASES: [u64; REGIONS] = [
     0x8000,
 ];
 const LENS: [usize; REGIONS] = [4096, 128, 256, 512, 256, 384, 128, 64, 2048];
+/// `iwarp_conn`'s rescan credit (`SCAN_CREDIT_START`, `SCAN_CREDIT_PER_OCTET`): the most held
+/// octets a connection reads again are this many plus so many per octet it received.
+const RESCAN_START: u64 = 256 << 10;
+const RESCAN_PER_OCTET: u64 = 8;
 
 /// One side: its TCP connection (once it exists), its iWARP connection and memory.
 struct End {
@@ -71,16 +85,25 @@ struct End {
     arena: Arena,
     mem: MemoryTable<ArenaRegion>,
     events: Vec<ConnEvent>,
+    /// The private data of an accept (none with IFT).
+    accept_data: &'static [u8],
+    /// Segments reach the connection with the CRC read with their checksum.
+    digest: bool,
+    /// Octets TCP passed up.
+    passed_up: u64,
 }
 
 impl End {
-    fn new(iw: IwarpConn) -> End {
+    fn new(iw: IwarpConn, accept_data: &'static [u8], digest: bool) -> End {
         End {
             tcp: None,
             iw,
             arena: Arena::new(),
             mem: MemoryTable::new(),
             events: Vec::new(),
+            accept_data,
+            digest,
+            passed_up: 0,
         }
     }
 
@@ -93,8 +116,8 @@ impl End {
         self.iw.take_tcp_events(tcp);
         self.iw.poll(tcp, &self.mem, now);
         while let Some(ev) = self.iw.poll_event() {
-            if let ConnEvent::Request(_) = ev {
-                if self.iw.accept(b"server").is_ok() {
+            if let ConnEvent::Request(_) | ConnEvent::IftRequest(_) = ev {
+                if self.iw.accept(self.accept_data).is_ok() {
                     self.iw.poll(tcp, &self.mem, now);
                 }
             }
@@ -130,12 +153,51 @@ impl End {
         match self.tcp.as_mut() {
             None => self.tcp = Connection::accept(listen.clone(), &seg, isn, now),
             Some(tcp) => {
-                let End { iw, mem, .. } = self;
-                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+                let End {
+                    iw,
+                    mem,
+                    digest,
+                    passed_up,
+                    ..
+                } = self;
+                let held = digest.then(|| held_crc(seg.payload)).flatten();
+                tcp.handle_segment(now, &seg, |p| pass_up(iw, mem, p, held, passed_up));
             }
         }
         self.pump(now);
     }
+}
+
+/// What the AF_XDP engine keeps of a received segment's payload as it sums it for TCP's
+/// checksum: the CRC of the one FPDU it holds, if it holds one.
+fn held_crc(payload: &[u8]) -> Option<iwarp_conn::HeldCrc> {
+    SegmentDigest::of(payload).hold(payload)
+}
+
+/// Passes data TCP passed up to the connection: with `held` (from [`held_crc`]) as the engine
+/// does, `on_data_with_crc`, the CRC given when the data is that whole segment; else `on_data`.
+fn pass_up(
+    iw: &mut IwarpConn,
+    mem: &MemoryTable<ArenaRegion>,
+    data: PassedUp<'_>,
+    held: Option<iwarp_conn::HeldCrc>,
+    passed_up: &mut u64,
+) {
+    *passed_up += data.data.len() as u64;
+    match held {
+        Some(h) => {
+            let crc = h.for_data(data.data);
+            iw.on_data_with_crc(data, crc, mem);
+        }
+        None => iw.on_data(data, mem),
+    }
+}
+
+/// How the peer's stream is framed.
+enum Framing {
+    Mpa(FpduEncoder),
+    /// IFT frames of the format the target receives.
+    Ift(FrameFormat),
 }
 
 /// An FPDU of the peer's stream whose CRC was broken: the octets its ULPDU carried.
@@ -150,11 +212,14 @@ struct Plan {
     /// Stream offset (TCP, from the first data octet) of `bytes[0]`.
     tcp_base: u64,
     bytes: Vec<u8>,
-    enc: FpduEncoder,
+    framing: Framing,
     crc: bool,
     markers: bool,
     /// (start, end) offsets in `bytes` of every FPDU built whole.
     fpdus: Vec<(usize, usize)>,
+    /// The same of every FPDU built, those with an octet changed included: where FPDU-aligned
+    /// segments start and end.
+    framed: Vec<(usize, usize)>,
     poisoned: Vec<Poisoned>,
     /// Offsets below this have been sent: the plan only grows after it.
     sent_end: usize,
@@ -168,10 +233,17 @@ impl Plan {
     /// Appends one FPDU carrying `ulpdu`; `change` flips an octet after framing.
     fn fpdu(&mut self, ulpdu: &[u8], change: Option<(u16, u8)>) {
         let start = self.bytes.len();
-        if self.enc.encode(ulpdu, &mut self.bytes).is_err() {
+        let encoded = match &mut self.framing {
+            Framing::Mpa(enc) => enc.encode(ulpdu, &mut self.bytes).is_ok(),
+            Framing::Ift(fmt) => FrameEncoder::new(*fmt)
+                .encode(ulpdu, &mut self.bytes)
+                .is_ok(),
+        };
+        if !encoded {
             return;
         }
         let end = self.bytes.len();
+        self.framed.push((start, end));
         if let Some((at, x)) = change {
             let i = start + usize::from(at) % (end - start);
             self.bytes[i] ^= x | 1;
@@ -187,14 +259,23 @@ impl Plan {
                 payload: payload(ulpdu),
             });
             let at = self.base + start as u64;
-            let header = if self.markers && at.is_multiple_of(512) {
-                at + 4
-            } else {
-                at
+            let read_back = match &self.framing {
+                Framing::Mpa(_) => {
+                    let header = if self.markers && at.is_multiple_of(512) {
+                        at + 4
+                    } else {
+                        at
+                    };
+                    ref_fpdu(|p| self.octet(p), header, self.markers, 0).map(|r| r.ulpdu)
+                }
+                Framing::Ift(fmt) => {
+                    ref_ift_frame(|p| self.octet(p), at, fmt.header_crc, fmt.payload_crc)
+                        .map(|r| r.ulpdu)
+                }
             };
-            if let Some(r) = ref_fpdu(|p| self.octet(p), header, self.markers, 0) {
+            if let Some(ulpdu) = read_back {
                 self.poisoned.push(Poisoned {
-                    payload: payload(&r.ulpdu),
+                    payload: payload(&ulpdu),
                 });
             }
         } else {
@@ -204,7 +285,10 @@ impl Plan {
 
     fn raw(&mut self, bytes: &[u8]) {
         self.bytes.extend_from_slice(bytes);
-        self.enc = FpduEncoder::with_position(self.crc, self.markers, self.position() as u32);
+        let position = self.position() as u32;
+        if let Framing::Mpa(enc) = &mut self.framing {
+            *enc = FpduEncoder::with_position(self.crc, self.markers, position);
+        }
     }
 
     /// Makes the plan cover offsets below `end` (zeros) before they are sent.
@@ -222,12 +306,15 @@ impl Plan {
         self.bytes.get(i).copied()
     }
 
-    /// Whether an FPDU whose CRC is good (by the reference CRC32c) carries `data`.
+    /// Whether an FPDU (or IFT frame) whose CRC is good (by the reference CRC32c) carries
+    /// `data`.
     fn justified(&self, data: &[u8]) -> bool {
         let octet = |p: u64| self.octet(p);
-        let check = |header: u64| {
-            ref_fpdu(octet, header, self.markers, 0)
-                .is_some_and(|r| r.lenient_ok(true, self.markers) && contains(&r.ulpdu, data))
+        let check = |header: u64| match &self.framing {
+            Framing::Mpa(_) => ref_fpdu(octet, header, self.markers, 0)
+                .is_some_and(|r| r.lenient_ok(true, self.markers) && contains(&r.ulpdu, data)),
+            Framing::Ift(fmt) => ref_ift_frame(octet, header, fmt.header_crc, fmt.payload_crc)
+                .is_some_and(|r| r.crcs_ok && contains(&r.ulpdu, data)),
         };
         // The FPDUs built whole first, then every other position.
         let built = self.fpdus.iter().any(|&(s, _)| {
@@ -275,6 +362,13 @@ struct Target {
 impl Target {
     fn check(&mut self, from: usize, frozen: bool, plan: &Plan) {
         self.end.arena.check();
+        let rescanned = self.end.iw.counters().rescanned_bytes;
+        let credit = RESCAN_START + RESCAN_PER_OCTET * self.end.passed_up;
+        assert!(
+            rescanned <= credit,
+            "read {rescanned} held octets again on {} received",
+            self.end.passed_up
+        );
         let writes = self.end.arena.writes();
         if frozen {
             assert_eq!(
@@ -408,16 +502,40 @@ fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
     let k1 = input.u8();
     let k2 = input.u8();
+    // The reassembly budget the connections share: none, spent, or one store's worth.
+    let k3 = input.u8();
     let target_is_initiator = k1 & 1 != 0;
     let rev = if k1 & 2 != 0 { 1 } else { 2 };
     let p2p = k1 & 4 != 0;
     let icfg = mpa_config(rev, k1 & 8 != 0, k1 & 16 != 0, p2p, true);
     let rcfg = mpa_config(rev, k1 & 32 != 0, k1 & 64 != 0, false, k1 & 128 == 0);
     let source = k2 & 1 != 0;
-    let conn_cfg = |mpa: &MpaConfig, k: u8| {
+    let digest = k2 & 64 != 0;
+    // IFT instead of MPA: k1's bits above the target's side then say each side's CRCs
+    // (initiator HC, PC, responder HC, PC), whether both check the CRCs they receive and
+    // whether both allow speculative placement; the MPA configs still give IRD and ORD.
+    let ift_mode = k2 & 128 != 0;
+    let ift_cfg = |vtag: u16, hc: bool, pc: bool| IftConfig {
+        rdma: true,
+        header_crc: hc,
+        payload_crc: pc,
+        check_crcs: k1 & 32 == 0,
+        accept: CrcPolicy::default(),
+        allow_speculative: k1 & 64 == 0,
+        vtag,
+        timeout: Duration::from_secs(10),
+    };
+    let i_ift = ift_cfg(0x1234, k1 & 2 != 0, k1 & 4 != 0);
+    let r_ift = ift_cfg(0x5678 ^ u16::from(k1 & 128), k1 & 8 != 0, k1 & 16 != 0);
+    let capacity = [4096, 16384, 65536, 1 << 20][usize::from(k2 >> 1 & 3)];
+    let budget_octets = [None, Some(0), Some(capacity), None][usize::from(k3 & 3)];
+    let budget = budget_octets.map(ReassemblyBudget::new);
+    let conn_cfg = |mpa: &MpaConfig, ift: &IftConfig, k: u8| {
         let mut c = ConnConfig {
             mpa: mpa.clone(),
-            reassembly_capacity: [4096, 16384, 65536, 1 << 20][usize::from(k >> 1 & 3)],
+            ift: ift_mode.then(|| ift.clone()),
+            reassembly_capacity: capacity,
+            reassembly_budget: budget.clone(),
             max_placed_fpdus: [1, 4, 64, 8192][usize::from(k >> 3 & 3)],
             max_tx_fpdus: 64,
             ..ConnConfig::default()
@@ -438,14 +556,19 @@ fuzz_target!(|data: &[u8]| {
     };
     let isn_a = IsnGenerator::new([3; 16]);
     let isn_b = IsnGenerator::new([9; 16]);
+    let (client, server): (&[u8], &'static [u8]) = if ift_mode {
+        (b"", b"")
+    } else {
+        (b"client", b"server")
+    };
     let (Ok(iw_a), Ok(iw_b)) = (
-        IwarpConn::initiator(conn_cfg(&icfg, k2), b"client", epoch, now),
-        IwarpConn::responder(conn_cfg(&rcfg, k2), epoch, now),
+        IwarpConn::initiator(conn_cfg(&icfg, &i_ift, k2), client, epoch, now),
+        IwarpConn::responder(conn_cfg(&rcfg, &r_ift, k2), epoch, now),
     ) else {
         return;
     };
-    let mut a = End::new(iw_a);
-    let mut b = End::new(iw_b);
+    let mut a = End::new(iw_a, server, digest);
+    let mut b = End::new(iw_b, server, digest);
     a.tcp = Some(Connection::connect(tcp_cfg.clone(), tuple, &isn_a, now));
 
     // The target's regions (the peer's memory is never touched).
@@ -491,18 +614,34 @@ fuzz_target!(|data: &[u8]| {
     if !(a.iw.is_established() && b.iw.is_established()) {
         return;
     }
-    let end = if target_is_initiator { a } else { b };
-    // Both frames carry 6 octets of private data, and the RFC 6581 block at Rev 2.
-    let peer_frame = frame_len(rev);
-    let Some(neg) = end.iw.negotiated().cloned() else {
-        return;
-    };
+    let (end, peer) = if target_is_initiator { (a, b) } else { (b, a) };
     let Some(tcp) = end.tcp.as_ref() else {
         return;
     };
     let rcv_offset = tcp.rcv_nxt_offset();
     let stream_start = tcp.rcv_stream_start();
     let t = tcp.four_tuple();
+    // The peer's startup frame: with MPA, 6 octets of private data and the RFC 6581 block at
+    // Rev 2; with IFT, its adaption indication.
+    let (peer_frame, framing, crc, markers) = if ift_mode {
+        let Some(neg) = end.iw.ift_negotiated().copied() else {
+            return;
+        };
+        let rx = neg.rx;
+        let checked = rx.verify && (rx.header_crc || rx.payload_crc);
+        let indication = ift::wire::INDICATION_LEN as u64;
+        (indication, Framing::Ift(rx), checked, false)
+    } else {
+        let Some(neg) = end.iw.negotiated().cloned() else {
+            return;
+        };
+        let peer_frame = frame_len(rev);
+        let Some(position) = rcv_offset.checked_sub(peer_frame) else {
+            return;
+        };
+        let enc = FpduEncoder::with_position(neg.crc, neg.markers_rx, position as u32);
+        (peer_frame, Framing::Mpa(enc), neg.crc, neg.markers_rx)
+    };
     assert!(
         rcv_offset >= peer_frame,
         "the peer's startup frame did not arrive"
@@ -513,7 +652,7 @@ fuzz_target!(|data: &[u8]| {
         allowed: Default::default(),
         next_recv: 0,
         next_read: 0,
-        crc: neg.crc,
+        crc,
         mpa_failed: false,
     };
     target.allowed[W].push(0..LENS[W]);
@@ -525,10 +664,11 @@ fuzz_target!(|data: &[u8]| {
         base: rcv_offset - peer_frame,
         tcp_base: rcv_offset,
         bytes: Vec::new(),
-        enc: FpduEncoder::with_position(neg.crc, neg.markers_rx, (rcv_offset - peer_frame) as u32),
-        crc: neg.crc,
-        markers: neg.markers_rx,
+        framing,
+        crc,
+        markers,
         fpdus: Vec::new(),
+        framed: Vec::new(),
         poisoned: Vec::new(),
         sent_end: 0,
     };
@@ -614,13 +754,14 @@ fuzz_target!(|data: &[u8]| {
                     }
                     6 => {
                         // FPDU-aligned: whole FPDUs from the j-th on.
-                        if plan.fpdus.is_empty() {
+                        let framed = &plan.framed;
+                        if framed.is_empty() {
                             continue;
                         }
-                        let j = usize::from(input.u8()) % plan.fpdus.len();
+                        let j = usize::from(input.u8()) % framed.len();
                         let k = usize::from(input.u8() % 4);
-                        let end = plan.fpdus[(j + k).min(plan.fpdus.len() - 1)].1;
-                        let start = plan.fpdus[j].0;
+                        let end = framed[(j + k).min(framed.len() - 1)].1;
+                        let start = framed[j].0;
                         (start as i64, end - start)
                     }
                     7 => {
@@ -642,7 +783,14 @@ fuzz_target!(|data: &[u8]| {
                         *b = plan.bytes[at as usize];
                     }
                 }
-                let End { tcp, iw, mem, .. } = &mut target.end;
+                let End {
+                    tcp,
+                    iw,
+                    mem,
+                    digest,
+                    passed_up,
+                    ..
+                } = &mut target.end;
                 let Some(tcp) = tcp.as_mut() else {
                     break;
                 };
@@ -685,7 +833,8 @@ fuzz_target!(|data: &[u8]| {
                     options: Default::default(),
                     payload: &payload,
                 };
-                tcp.handle_segment(now, &seg, |p| iw.on_data(p, mem));
+                let held = digest.then(|| held_crc(&payload)).flatten();
+                tcp.handle_segment(now, &seg, |p| pass_up(iw, mem, p, held, passed_up));
             }
             9 => {
                 now += Duration::from_millis(u64::from(input.u16()));
@@ -705,5 +854,15 @@ fuzz_target!(|data: &[u8]| {
         target.end.pump(now);
         let _ = target.end.transmit(now);
         target.check(from, frozen, &plan);
+    }
+    // Every store charged to the budget gave back what it took.
+    drop(target);
+    drop(peer);
+    if let (Some(b), Some(octets)) = (&budget, budget_octets) {
+        assert_eq!(
+            b.available(),
+            octets,
+            "the reassembly budget was not credited"
+        );
     }
 });

@@ -513,6 +513,62 @@ pub fn ref_fpdu(
     })
 }
 
+/// One IFT frame as read independently of the `ift` crate (see [`ref_ift_frame`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefFrame {
+    /// Position just after the frame.
+    pub end: u64,
+    /// The ULPDU: the DDP header and the payload, CRCs removed.
+    pub ulpdu: Vec<u8>,
+    /// Every CRC the frame carries matches CRC32c over what it covers.
+    pub crcs_ok: bool,
+}
+
+/// Reads the IFT frame (draft-williams-iwarp-ift-01 section 5.1) whose six-octet header
+/// (header_size, payload_size, VTag, each 16 bits big-endian) is at stream position `at`:
+/// the DDP header of header_size octets, its CRC with `header_crc` (over the six octets and
+/// the DDP header), the payload of payload_size octets, its CRC with `payload_crc`; no
+/// padding. The VTag and header_size are not checked against anything: a reader stricter
+/// than this one finds fewer frames. `None` when an octet it needs is unknown.
+pub fn ref_ift_frame(
+    octet: impl Fn(u64) -> Option<u8>,
+    at: u64,
+    header_crc: bool,
+    payload_crc: bool,
+) -> Option<RefFrame> {
+    let read = |from: u64, n: u64| -> Option<Vec<u8>> {
+        (from..from.checked_add(n)?).map(&octet).collect()
+    };
+    let head = read(at, 6)?;
+    let header_size = u64::from(u16::from_be_bytes([head[0], head[1]]));
+    let payload_size = u64::from(u16::from_be_bytes([head[2], head[3]]));
+    let mut pos = at + 6;
+    let ddp_header = read(pos, header_size)?;
+    pos += header_size;
+    let mut crcs_ok = true;
+    if header_crc {
+        let field = read(pos, 4)?;
+        let mut covered = head.clone();
+        covered.extend_from_slice(&ddp_header);
+        crcs_ok &= crc32c(&covered).to_le_bytes()[..] == field[..];
+        pos += 4;
+    }
+    let payload = read(pos, payload_size)?;
+    pos += payload_size;
+    if payload_crc {
+        let field = read(pos, 4)?;
+        crcs_ok &= crc32c(&payload).to_le_bytes()[..] == field[..];
+        pos += 4;
+    }
+    let mut ulpdu = ddp_header;
+    ulpdu.extend_from_slice(&payload);
+    Some(RefFrame {
+        end: pos,
+        ulpdu,
+        crcs_ok,
+    })
+}
+
 /// True when `needle` (non-empty) occurs in `haystack`.
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
