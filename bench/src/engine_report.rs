@@ -33,6 +33,13 @@ pub struct EngineReport {
     pub held_peak_gaps: u64,
     /// Most octets held at one gap.
     pub held_gap_peak_bytes: u64,
+    /// Times a reassembly store's memory went back after it stayed empty for a second.
+    pub reassembly_releases: u64,
+    /// Times data out of order found the engine's reassembly budget spent and was given back
+    /// to TCP for the peer to send again.
+    pub reassembly_refusals: u64,
+    /// Connections ended because data waited beyond a gap the peer never filled.
+    pub held_timeouts: u64,
     /// Segments TCP retransmitted.
     pub retransmitted_segments: u64,
     /// TCP retransmission timeouts.
@@ -119,6 +126,9 @@ impl EngineReport {
             held_peak_bytes: k.held_peak,
             held_peak_gaps: k.held_peak_gaps,
             held_gap_peak_bytes: k.held_gap_peak,
+            reassembly_releases: k.store_releases,
+            reassembly_refusals: k.store_refusals,
+            held_timeouts: k.held_timeouts,
             retransmitted_segments: k.retransmissions,
             rto_expirations: k.rto_expirations,
             loss_probes: k.loss_probes,
@@ -165,7 +175,7 @@ impl EngineReport {
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
-             (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}",
+             (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -204,6 +214,15 @@ impl EngineReport {
                 format!(
                     ", multi-frame packets rx {} tx {}",
                     self.multi_frame_rx, self.multi_frame_tx
+                )
+            } else {
+                String::new()
+            },
+            if self.reassembly_refusals + self.held_timeouts > 0 {
+                format!(
+                    ", out-of-order data given back for want of reassembly memory {} times, \
+                     connections ended by a gap never filled {}",
+                    self.reassembly_refusals, self.held_timeouts
                 )
             } else {
                 String::new()

@@ -179,6 +179,12 @@ pub struct Cli {
     /// look after 500 us; default: the engine's, 4000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub engine_park_max_us: Option<u64>,
+    /// `--transport xdp`: mebibytes of memory all the engine's connections may hold out of
+    /// order together (`XdpEngineConfig::reassembly_budget`; a connection's store takes 1 MiB
+    /// while data waits in it); beyond it, data that arrives out of order is given back to TCP
+    /// and the peer sends it again (default: the engine's, 256).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub engine_reassembly_budget_mib: Option<u64>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
     /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
     /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with

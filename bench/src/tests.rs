@@ -595,6 +595,9 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
     if let Some(us) = cli.engine_park_max_us {
         cfg.park_max = std::time::Duration::from_micros(us);
     }
+    if let Some(mib) = cli.engine_reassembly_budget_mib {
+        cfg.reassembly_budget = usize::try_from(mib << 20).unwrap_or(usize::MAX);
+    }
     cfg.driver.xsk.busy_poll = cli.engine_busy_poll.map(|usecs| datapath::xsk::BusyPoll {
         usecs,
         budget: cli.engine_busy_poll_budget,

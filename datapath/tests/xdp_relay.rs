@@ -112,6 +112,18 @@ fn left(deadline: Instant) -> Duration {
 struct Plan {
     rounds: &'static [usize],
     deadline: Instant,
+    /// Both engines' `XdpEngineConfig::reassembly_budget`, if not the default.
+    reassembly_budget: Option<usize>,
+}
+
+impl Plan {
+    fn engine_config(&self) -> XdpEngineConfig {
+        let default = XdpEngineConfig::default();
+        XdpEngineConfig {
+            reassembly_budget: self.reassembly_budget.unwrap_or(default.reassembly_budget),
+            ..default
+        }
+    }
 }
 
 fn stop(mut engine: XdpEngine) -> EngineCounters {
@@ -134,8 +146,8 @@ fn server(
     regions: std::sync::mpsc::Sender<Vec<u8>>,
 ) -> Result<EngineCounters, String> {
     let (rounds, deadline) = (plan.rounds, plan.deadline);
-    let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
-        .map_err(|e| format!("server engine: {e}"))?;
+    let engine =
+        XdpEngine::start(DEV_A, plan.engine_config()).map_err(|e| format!("server engine: {e}"))?;
     let listener = engine
         .listen(PORT, params.clone())
         .map_err(|e| format!("listen: {e}"))?;
@@ -226,8 +238,8 @@ fn client(
     regions: std::sync::mpsc::Receiver<Vec<u8>>,
 ) -> Result<EngineCounters, String> {
     let (rounds, deadline) = (plan.rounds, plan.deadline);
-    let engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
-        .map_err(|e| format!("client engine: {e}"))?;
+    let engine =
+        XdpEngine::start(DEV_B, plan.engine_config()).map_err(|e| format!("client engine: {e}"))?;
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let src = pd.register(REGION, ALL).map_err(|e| e.to_string())?;
@@ -346,10 +358,22 @@ fn run_with(
     rounds: &'static [usize],
     limit: Duration,
 ) -> Run {
+    run_budgeted(relay, params, rounds, limit, None)
+}
+
+/// [`run_with`] with both engines' reassembly budget set.
+fn run_budgeted(
+    relay: RelayConfig,
+    params: ConnectParams,
+    rounds: &'static [usize],
+    limit: Duration,
+    reassembly_budget: Option<usize>,
+) -> Run {
     let t = Instant::now();
     let plan = Plan {
         rounds,
         deadline: t + limit,
+        reassembly_budget,
     };
     let relay = Relay::start(RelayConfig {
         netns: Some(NS_RELAY.into()),
@@ -504,6 +528,39 @@ fn resegmenting_relay_with_markers() {
         assert!(e.held_peak_gaps >= 1, "{who}: {e:?}");
         assert!(e.held_peak < e.held_peak_gaps * gap_bound(), "{who}: {e:?}");
         assert!(e.retransmissions > 0, "{who}: {e:?}");
+    }
+}
+
+/// The resegmenting relay with 2 % loss and no reassembly memory at all (a budget of 0): the
+/// pieces of cut FPDUs that would wait in the store are given back to TCP, which forgets them
+/// and has the peer send them again, on the real engine path (answering polls and posting
+/// turns must apply the give-back before an ACK covers the octets). Every round arrives
+/// byte-exact, without a Terminate, and nothing is ever held.
+#[test]
+fn resegmenting_relay_without_reassembly_memory() {
+    let _bed = relay_bed_or_skip!();
+    let r = run_budgeted(
+        RelayConfig {
+            seed: 17,
+            loss: 0.02,
+            reorder: 0.02,
+            resegment: true,
+            mss_clamp: Some(MSS_CLAMP),
+            ..RelayConfig::default()
+        },
+        params(&MpaConfig::default()),
+        &ROUNDS,
+        WAIT,
+        Some(0),
+    );
+    for (who, e) in [("server", &r.server.conns), ("client", &r.client.conns)] {
+        println!(
+            "{who}: {} refusals, {} FPDUs placed out of order, {} segments out of order",
+            e.store_refusals, e.fpdus_placed_out_of_order, e.segments_out_of_order
+        );
+        assert!(e.store_refusals > 0, "{who}: {e:?}");
+        assert_eq!(e.held_total, 0, "{who}: {e:?}");
+        assert_eq!(e.held_timeouts, 0, "{who}: {e:?}");
     }
 }
 

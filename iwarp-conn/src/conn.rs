@@ -424,6 +424,8 @@ struct Store {
     budget: Option<ReassemblyBudget>,
     /// Octets charged to `budget` now.
     charged: usize,
+    /// Octets were put in since [`Store::take_used`] last asked.
+    used: bool,
 }
 
 /// Why the store did not take octets.
@@ -451,7 +453,13 @@ impl Store {
             held: 0,
             budget,
             charged: 0,
+            used: false,
         }
+    }
+
+    /// Whether octets were put in since the last call.
+    fn take_used(&mut self) -> bool {
+        std::mem::take(&mut self.used)
     }
 
     /// Credits the budget with what the ring was charged.
@@ -510,6 +518,7 @@ impl Store {
             // Once, with the ring: the range list never grows past this.
             self.ranges.reserve_exact(self.max_ranges);
         }
+        self.used = true;
         let cap = self.capacity as u64;
         let at = (off % cap) as usize;
         let first = data.len().min(self.capacity - at);
@@ -881,7 +890,8 @@ impl IwarpConn {
     /// store has stayed empty, with nothing placed early, that long.
     fn release_idle_store(&mut self, now: Instant) {
         let allocated = self.store.is_allocated() || self.relocate_buf.capacity() != 0;
-        if !allocated || self.store.held != 0 || !self.placed.is_empty() {
+        let used = self.store.take_used();
+        if !allocated || used || self.store.held != 0 || !self.placed.is_empty() {
             self.store_idle_since = None;
             return;
         }
@@ -1078,6 +1088,13 @@ impl IwarpConn {
     /// Whether an event waits for [`IwarpConn::poll_event`].
     pub fn has_event(&self) -> bool {
         !self.events.is_empty()
+    }
+
+    /// Whether [`IwarpConn::poll`] must run before TCP transmits anything: octets were given
+    /// back (a wrong IFT speculation, or no reassembly memory) and TCP must take them back
+    /// before an ACK of its covers them.
+    pub fn needs_poll(&self) -> bool {
+        self.renege_at.is_some()
     }
 
     /// The next event, if any.
@@ -1351,7 +1368,8 @@ impl IwarpConn {
     fn hold(&mut self, off: u64, bytes: &[u8]) {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
-            Err(StoreRefused::NoMemory) if self.is_established() && off > self.consumed => {
+            // (An initiator's store is budgeted from the start: FPDUs behind a lost Reply.)
+            Err(StoreRefused::NoMemory) if off > self.consumed => {
                 self.counters.store_refusals += 1;
                 self.give_back(off);
             }
@@ -2240,6 +2258,8 @@ impl IwarpConn {
         }
         self.apply_renege(tcp);
         self.drain(mem);
+        // What the drain gave back (an IFT placement its in-order pass did not confirm).
+        self.apply_renege(tcp);
         if matches!(self.phase, Phase::Full(_) | Phase::IftFull(_)) {
             self.release_idle_store(now);
         }
