@@ -78,37 +78,78 @@ fn tshark_decodes_rev1_crc_capture() {
     ] {
         let n = iters.to_string();
         let args = ["--mpa-rev", "1", "--crc", "on", "-s", "64", "-n", &n];
-        // The capture follows the port: a fresh one (the first was taken) gets a new capture.
-        let (server, (client, path)) = with_free_port(|port| {
-            let cap = start_capture(test, port);
-            let (server, client) = run_pair_on(test, port, &args);
-            (server, (client, stop_capture(cap)))
-        });
-        assert!(
-            server.status.success(),
-            "{test} server: {}",
-            String::from_utf8_lossy(&server.stderr)
-        );
-        assert!(
-            client.status.success(),
-            "{test} client: {}",
-            String::from_utf8_lossy(&client.stderr)
-        );
-        let text = tshark_verbose(&path);
-        let dump = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}.tshark.txt"));
-        std::fs::write(&dump, &text).expect("save tshark output");
-        let ctx = format!("{test}: see {}", dump.display());
-        assert_eq!(count(&text, "Request frame header"), 1, "{ctx}");
-        assert_eq!(count(&text, "Reply frame header"), 1, "{ctx}");
-        assert_eq!(count(&text, "Revision: 1\n"), 2, "{ctx}");
-        assert!(!text.contains("Malformed"), "{ctx}");
-        let fpdus = count(&text, "    FPDU\n");
-        let good = count(&text, "(Good CRC32)");
-        assert!(fpdus >= iters, "{ctx}: only {fpdus} FPDUs decoded");
-        assert_eq!(good, fpdus, "{ctx}: {fpdus} FPDUs but {good} good CRCs");
-        for (op, at_least) in opcodes {
-            let n = count(&text, op);
-            assert!(n >= *at_least, "{ctx}: {n} x '{op}', expected {at_least}");
+        // A capture on loopback now and then misses a few packets of a run (seen in CI: four
+        // of a send-lat run's segments absent, the rest in order), which then decodes short:
+        // a run is taken again, up to three times. A decoding regression fails every one.
+        let mut failures = Vec::new();
+        for attempt in 1..=3 {
+            match capture_and_decode(test, &args, iters, opcodes) {
+                Ok(()) => break,
+                Err(e) => {
+                    eprintln!("{test}, attempt {attempt}: {e}");
+                    failures.push(e);
+                }
+            }
         }
+        assert!(
+            failures.len() < 3,
+            "{test}: every attempt failed: {failures:#?}"
+        );
     }
+}
+
+/// One run of `test` with `args` under a capture, decoded by tshark and checked: the MPA
+/// Request and Reply, only good CRCs, at least `iters` FPDUs and each of `opcodes` as often as
+/// it says.
+fn capture_and_decode(
+    test: &str,
+    args: &[&str],
+    iters: usize,
+    opcodes: &[(&str, usize)],
+) -> Result<(), String> {
+    // The capture follows the port: a fresh one (the first was taken) gets a new capture.
+    let (server, (client, path)) = with_free_port(|port| {
+        let cap = start_capture(test, port);
+        let (server, client) = run_pair_on(test, port, args);
+        (server, (client, stop_capture(cap)))
+    });
+    assert!(
+        server.status.success(),
+        "{test} server: {}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(
+        client.status.success(),
+        "{test} client: {}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let text = tshark_verbose(&path);
+    let dump = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{test}.tshark.txt"));
+    std::fs::write(&dump, &text).expect("save tshark output");
+    let ctx = format!("see {}", dump.display());
+    let check = |ok: bool, what: String| {
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{what} ({ctx})"))
+        }
+    };
+    let requests = count(&text, "Request frame header");
+    let replies = count(&text, "Reply frame header");
+    check(
+        requests == 1 && replies == 1,
+        format!("{requests} Requests, {replies} Replies"),
+    )?;
+    let revisions = count(&text, "Revision: 1\n");
+    check(revisions == 2, format!("{revisions} x 'Revision: 1'"))?;
+    check(!text.contains("Malformed"), "a malformed packet".into())?;
+    let fpdus = count(&text, "    FPDU\n");
+    let good = count(&text, "(Good CRC32)");
+    check(fpdus >= iters, format!("only {fpdus} FPDUs decoded"))?;
+    check(good == fpdus, format!("{fpdus} FPDUs but {good} good CRCs"))?;
+    for &(op, at_least) in opcodes {
+        let n = count(&text, op);
+        check(n >= at_least, format!("{n} x '{op}', expected {at_least}"))?;
+    }
+    Ok(())
 }
