@@ -528,8 +528,11 @@ pub struct RefFrame {
 /// (header_size, payload_size, VTag, each 16 bits big-endian) is at stream position `at`:
 /// the DDP header of header_size octets, its CRC with `header_crc` (over the six octets and
 /// the DDP header), the payload of payload_size octets, its CRC with `payload_crc`; no
-/// padding. The VTag and header_size are not checked against anything: a reader stricter
-/// than this one finds fewer frames. `None` when an octet it needs is unknown.
+/// padding. The VTag is not checked (a reader stricter than this one finds fewer frames);
+/// header_size must be a DDP header's, 14 or 18 octets, and a header CRC must match before
+/// the payload is read, as every receiver requires: so that reading every position of a
+/// stream does not read 64 KiB at each. `None` when the header fails those or an octet it
+/// needs is unknown.
 pub fn ref_ift_frame(
     octet: impl Fn(u64) -> Option<u8>,
     at: u64,
@@ -542,6 +545,9 @@ pub fn ref_ift_frame(
     let head = read(at, 6)?;
     let header_size = u64::from(u16::from_be_bytes([head[0], head[1]]));
     let payload_size = u64::from(u16::from_be_bytes([head[2], head[3]]));
+    if header_size != 14 && header_size != 18 {
+        return None;
+    }
     let mut pos = at + 6;
     let ddp_header = read(pos, header_size)?;
     pos += header_size;
@@ -550,7 +556,9 @@ pub fn ref_ift_frame(
         let field = read(pos, 4)?;
         let mut covered = head.clone();
         covered.extend_from_slice(&ddp_header);
-        crcs_ok &= crc32c(&covered).to_le_bytes()[..] == field[..];
+        if crc32c(&covered).to_le_bytes()[..] != field[..] {
+            return None;
+        }
         pos += 4;
     }
     let payload = read(pos, payload_size)?;
