@@ -2798,11 +2798,14 @@ impl Connection {
     /// retransmission timeout, where RFC 2018 section 8 has them ignore SACK state. The right window
     /// edge stays where it was offered. Refused (`false`, nothing changed) outside `PassUp`,
     /// once an ACK at or beyond `offset` went out (those octets are the peer's to forget), or
-    /// once the peer's FIN arrived.
+    /// once the peer's FIN was taken in order (RFC 9293 3.10.7.4: the connection has moved on).
+    /// A FIN that arrived out of order is kept where it is: it takes effect once the octets
+    /// before it, sent again, are in (the peer keeps its FIN until it is acknowledged too).
     pub fn renege_from(&mut self, offset: u64) -> bool {
         if self.cfg.rx_mode != RxMode::PassUp
             || offset < self.rcv_nxt_acked
-            || self.peer_fin_pos.is_some()
+            || self.fin_received
+            || self.peer_fin_pos.is_some_and(|fin| offset > fin)
         {
             return false;
         }

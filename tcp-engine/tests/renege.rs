@@ -2,11 +2,12 @@
 //! speculative placement, draft-williams-iwarp-ift-01 section 8): the ACK that would have
 //! covered them is withheld, the out-of-order ranges beyond are forgotten (RFC 2018 section 8),
 //! and the octets are passed up again when they come again. Refused once an ACK covered them,
-//! outside pass-up mode, and after the peer's FIN.
+//! outside pass-up mode, and after the peer's FIN was taken in order; a FIN that arrived out of
+//! order waits for the octets taken back.
 mod common;
 use common::*;
 use tcp_engine::wire::{TcpFlags, TcpOptions};
-use tcp_engine::{Config, Instant, RxMode, SegmentRepr};
+use tcp_engine::{Config, Instant, RxMode, SegmentRepr, State};
 
 const MSS: usize = 1000;
 
@@ -22,6 +23,18 @@ fn pass_up() -> Config {
 /// send it; returns the stream offsets passed up and the ack numbers of the server's packets
 /// emitted right after, if `transmit`.
 fn feed(c: &Peer, s: &mut Peer, off: u64, len: usize, transmit: bool) -> (Vec<u64>, Vec<u32>) {
+    feed_flags(c, s, off, len, transmit, false)
+}
+
+/// [`feed`], the segment carrying a FIN if `fin`.
+fn feed_flags(
+    c: &Peer,
+    s: &mut Peer,
+    off: u64,
+    len: usize,
+    transmit: bool,
+    fin: bool,
+) -> (Vec<u64>, Vec<u32>) {
     let t = c.conn().four_tuple();
     let payload = vec![0x5a; len];
     let seg = SegmentRepr {
@@ -33,6 +46,7 @@ fn feed(c: &Peer, s: &mut Peer, off: u64, len: usize, transmit: bool) -> (Vec<u6
         ack: c.conn().rcv_nxt(),
         flags: TcpFlags {
             ack: true,
+            fin,
             ..TcpFlags::default()
         },
         window: 1000,
@@ -88,6 +102,42 @@ fn octets_taken_back_before_their_ack_are_passed_up_again() {
     assert!(
         s.conn_mut().renege_from(2 * MSS as u64),
         "nothing there: nothing to refuse"
+    );
+}
+
+/// The peer's last segment, with its FIN, arrives before the one before it and is taken
+/// back: the FIN stays known and closes the connection once the octets come again; after
+/// that, nothing can be taken back.
+#[test]
+fn a_fin_out_of_order_waits_for_the_octets_taken_back() {
+    let (c, mut s, _net) = established(pass_up());
+    let (passed, _) = feed_flags(&c, &mut s, MSS as u64, MSS, true, true);
+    assert_eq!(passed, [MSS as u64]);
+    assert_eq!(
+        s.conn().state(),
+        State::Established,
+        "the FIN is not in order yet"
+    );
+    assert!(
+        !s.conn_mut().renege_from(3 * MSS as u64),
+        "nothing lies beyond the FIN"
+    );
+    assert!(s.conn_mut().renege_from(MSS as u64));
+    let (passed, _) = feed(&c, &mut s, 0, MSS, true);
+    assert_eq!(passed, [0]);
+    assert_eq!(
+        s.conn().rcv_nxt_offset(),
+        MSS as u64,
+        "the taken-back octets are missing"
+    );
+    assert_eq!(s.conn().state(), State::Established);
+    // They come again, without the FIN flag this time: the FIN known before takes effect.
+    let (passed, _) = feed(&c, &mut s, MSS as u64, MSS, true);
+    assert_eq!(passed, [MSS as u64]);
+    assert_eq!(s.conn().state(), State::CloseWait);
+    assert!(
+        !s.conn_mut().renege_from(2 * MSS as u64),
+        "the FIN was taken"
     );
 }
 
