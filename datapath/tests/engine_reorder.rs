@@ -66,7 +66,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
     );
     let guard1 = mem.register(PD, VecBuffer::zeroed(4096), 0, Access::REMOTE_WRITE);
     let request = Initiator::new(mpa, b"", epoch).unwrap().request().to_vec();
-    conn.on_data(
+    let taken_back = conn.on_data(
         PassedUp {
             acked: 0,
             seq: 0,
@@ -75,6 +75,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
         },
         &mem,
     );
+    assert_eq!(taken_back, None, "nothing is given back here");
     assert!(matches!(conn.poll_event(), Some(ConnEvent::Request(_))));
     conn.accept(b"").unwrap();
     Receiver {
@@ -150,7 +151,7 @@ fn random_orders_place_exactly() {
         let mut segs = segments(&fpdus, &mut rng, cut);
         shuffle(&mut segs, &mut rng);
         for (off, bytes) in &segs {
-            conn.on_data(
+            let taken_back = conn.on_data(
                 PassedUp {
                     acked: 0,
                     seq: 0,
@@ -159,6 +160,7 @@ fn random_orders_place_exactly() {
                 },
                 &mem,
             );
+            assert_eq!(taken_back, None, "nothing is given back here");
         }
         let c = conn.counters();
         let got = mem.get(sink).unwrap().to_vec();
@@ -218,7 +220,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
         }
         shuffle(&mut segs, &mut rng);
         for (off, bytes) in &segs {
-            conn.on_data(
+            let taken_back = conn.on_data(
                 PassedUp {
                     acked: 0,
                     seq: 0,
@@ -227,6 +229,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
                 },
                 &mem,
             );
+            assert_eq!(taken_back, None, "nothing is given back here");
         }
         // With CRCs, nothing corrupted is placed: only the sink, inside the Write's range.
         if crc {
@@ -354,7 +357,7 @@ fn hold_around_holes(
     let mut rcv_max = 0;
     let mut worst = 0;
     for &(s, e) in &pieces {
-        conn.on_data(
+        let taken_back = conn.on_data(
             PassedUp {
                 acked: 0,
                 seq: 0,
@@ -363,6 +366,7 @@ fn hold_around_holes(
             },
             &mem,
         );
+        assert_eq!(taken_back, None, "nothing is given back here");
         pending.retain(|&h| h != (s, e));
         rcv_max = rcv_max.max(e);
         let held = conn.counters().held_bytes;
@@ -583,7 +587,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
         let mut rcv_max = 0u64;
         let mut worst = 0u64;
         for &(_, (s, e)) in &order {
-            conn.on_data(
+            let taken_back = conn.on_data(
                 PassedUp {
                     seq: 0,
                     stream_offset: start as u64 + s,
@@ -592,6 +596,7 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
                 },
                 &mem,
             );
+            assert_eq!(taken_back, None, "nothing is given back here");
             let i = pieces.partition_point(|p| p.0 < s);
             delivered[i] = true;
             rcv_max = rcv_max.max(e);

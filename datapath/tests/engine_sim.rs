@@ -70,6 +70,10 @@ struct Side {
     /// The first data segment whose payload holds these octets after its start is cut there,
     /// and the second part is delivered before the first (a re-segmenting, reordering path).
     split_at: Option<Vec<u8>>,
+    /// With `split_at`: the first part is delivered after the packet that follows the cut
+    /// one (held in `held_front` until then), not right after the second part.
+    split_front_late: bool,
+    held_front: Option<Vec<u8>>,
     /// The first data segment whose payload holds these octets is dropped.
     drop_once: Option<Vec<u8>>,
     /// More data segments holding those octets to drop after the first (its retransmissions).
@@ -171,10 +175,18 @@ impl Endpoint for Side {
         if self.deaf {
             return;
         }
-        if let Some(parts) = self.split(packet) {
-            for part in parts {
-                self.receive(now, &part);
+        if let Some([back, front]) = self.split(packet) {
+            self.receive(now, &back);
+            if self.split_front_late {
+                self.held_front = Some(front);
+            } else {
+                self.receive(now, &front);
             }
+            return;
+        }
+        if let Some(front) = self.held_front.take() {
+            self.receive(now, packet);
+            self.receive(now, &front);
             return;
         }
         if let (Some(pattern), Ok(seg)) = (&self.drop_once, SegmentRepr::parse(packet)) {
@@ -341,6 +353,8 @@ fn bed_with(
         ignore_request: false,
         deaf: false,
         split_at: None,
+        split_front_late: false,
+        held_front: None,
         drop_once: None,
         drop_again: 0,
         lie_about_crc: false,
@@ -361,6 +375,8 @@ fn bed_with(
         ignore_request: false,
         deaf: false,
         split_at: None,
+        split_front_late: false,
+        held_front: None,
         drop_once: None,
         drop_again: 0,
         lie_about_crc: false,
@@ -2047,6 +2063,21 @@ fn ift_unanswered_and_rejected() {
 /// The Send arrives intact and the connection goes on.
 #[test]
 fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
+    ift_wrong_guess(false);
+}
+
+/// [`ift_wrong_guess_is_withdrawn_and_processed_again_in_order`] with A's FIN in the Send's
+/// segment: the part that arrives first carries it, so the part that fills the gap would put
+/// the FIN in order as it reveals the wrong guess. B's connection gives the octets back in
+/// its answer to the pass-up, before TCP takes the FIN (which waits for them to come again),
+/// instead of at its next poll, when TCP could no longer and the connection ended with
+/// `SpeculationMismatch`.
+#[test]
+fn ift_wrong_guess_withdrawn_before_the_peers_fin() {
+    ift_wrong_guess(true);
+}
+
+fn ift_wrong_guess(with_fin: bool) {
     let mut bed = ift_bed(260, LinkConfig::default(), (true, true), (true, true));
     bed.establish();
     let r = regions(&mut bed, 1 << 20);
@@ -2086,10 +2117,32 @@ fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
             &bed.a.mem,
         )
         .expect("post_send");
-    bed.run_until("the Send", Duration::from_secs(10), |a, b| {
-        !a.completions.is_empty() && !b.completions.is_empty()
-    });
+    if with_fin {
+        // The Send's FPDU queued to TCP, then TCP closed: the FIN follows it at once, and
+        // arrives before the segment's first part.
+        bed.b.split_front_late = true;
+        let now = bed.net.now;
+        bed.a.pump(now);
+        bed.a.tcp.as_mut().expect("tcp").close();
+        bed.run_until("the Send and B's FIN", Duration::from_secs(10), |_, b| {
+            !b.completions.is_empty()
+                && b.events
+                    .contains(&ConnEvent::TransportClosed(TcpEvent::PeerClosed))
+        });
+    } else {
+        bed.run_until("the Send", Duration::from_secs(10), |a, b| {
+            !a.completions.is_empty() && !b.completions.is_empty()
+        });
+    }
     print_counters("ift wrong guess", &bed);
+    assert!(
+        !bed.b
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::IftFailed(_))),
+        "{:?}",
+        bed.b.events
+    );
     assert!(bed.b.split_at.is_none(), "the path cut the segment");
     let b = bed.b.counters();
     assert_eq!(
@@ -2107,6 +2160,9 @@ fn ift_wrong_guess_is_withdrawn_and_processed_again_in_order() {
         bed.b.bytes(r.b_recv)[..message.len()] == message[..],
         "the Send, processed again in order, is intact"
     );
+    if with_fin {
+        return;
+    }
     assert_eq!(bed.a.completions[0].status, WcStatus::Success);
     // Section 8.3: the wrong placement wrote where no message did; the connection goes on.
     round_trip(

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use datapath::xdp_tcp::engine::{Instant as TcpInstant, RxMode};
 use datapath::xdp_tcp::{
-    ConnId, Connection, Event, PassedUp, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
+    ConnId, Connection, Event, PassedUp, TakeBack, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
 };
 use testbed::*;
 
@@ -271,19 +271,20 @@ struct Placer {
 }
 
 impl TcpApp for Placer {
-    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
         self.conn.get_or_insert(id);
         let start = data.stream_offset as usize;
         let end = start + data.data.len();
         if end > self.placed.len() {
             self.beyond += 1;
-            return;
+            return None;
         }
         if start as u64 != self.passed {
             self.out_of_order += 1;
         }
         self.placed[start..end].copy_from_slice(data.data);
         self.passed += data.data.len() as u64;
+        None
     }
 
     fn on_accept(&mut self, id: ConnId, conn: &mut Connection) {

@@ -44,7 +44,7 @@ use mpa::{FpduEncoder, MpaConfig};
 use rdmap::{Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag};
 use tcp_engine::wire::TcpFlags;
 use tcp_engine::{
-    Config, Connection, FourTuple, Instant, IsnGenerator, PassedUp, SegmentRepr, TxMode,
+    Config, Connection, FourTuple, Instant, IsnGenerator, PassedUp, SegmentRepr, TakeBack, TxMode,
 };
 
 const PD: PdId = PdId(1);
@@ -182,12 +182,12 @@ fn pass_up(
     data: PassedUp<'_>,
     held: Option<iwarp_conn::HeldCrc>,
     passed_up: &mut u64,
-) {
+) -> Option<TakeBack> {
     *passed_up += data.data.len() as u64;
     match held {
         Some(h) => {
             let crc = h.for_data(data.data);
-            iw.on_data_with_crc(data, crc, mem);
+            iw.on_data_with_crc(data, crc, mem)
         }
         None => iw.on_data(data, mem),
     }

@@ -76,8 +76,8 @@ use mpa::{
 use rdmap::QpConfig;
 use rdmap::{MemoryTable, QpState, QueuePair, RegionBuffer, TerminateCause};
 use tcp_engine::{
-    Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError, TxMode, TxSource,
-    TxSourceError,
+    Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError, TakeBack, TxMode,
+    TxSource, TxSourceError,
 };
 
 use crate::budget::ReassemblyBudget;
@@ -681,11 +681,12 @@ pub struct IwarpConn {
     consumed: u64,
     /// The receive direction stopped (MPA error, overflow, transport gone).
     rx_dead: bool,
-    /// IFT: a speculative placement was not confirmed; TCP is to take back the octets from
-    /// this stream offset on at the next `poll` (until then, octets there are ignored: they
-    /// will be passed up again).
+    /// Octets given back ([`IwarpConn::give_back`]): TCP is to take back the octets from
+    /// this stream offset on, in the answer to the data passed up or at the next `poll`
+    /// (until then, octets there are ignored: they will be passed up again).
     renege_at: Option<u64>,
-    /// A wrong IFT speculation is among what `renege_at` gives back.
+    /// A wrong IFT speculation is among what `renege_at` gives back (or, once it went to TCP
+    /// in a pass-up's answer, among what it gave back: for a `TakeBackRefused`).
     renege_speculation: bool,
     store: Store,
     placed: VecDeque<PlacedFpdu>,
@@ -1123,20 +1124,32 @@ impl IwarpConn {
     /// Sends and Writes it acknowledges complete after its data: a Terminate in the same
     /// segment names the one the peer refused, whose octets its TCP did receive
     /// (`QueuePair::message_acknowledged_deferred`); those before it complete, the rest flush.
-    pub fn on_data<B: RegionBuffer>(&mut self, data: PassedUp<'_>, mem: &MemoryTable<B>) {
-        self.on_data_with_crc(data, None, mem);
+    ///
+    /// The answer is for TCP, as the pass-up callback's answer
+    /// (`TcpConnection::handle_segment`): octets this connection gives back (a wrong IFT
+    /// speculation, or octets the reassembly budget cannot hold), which TCP must take back
+    /// before it takes anything after them. Dropping it leaves them given back here and
+    /// acknowledged by TCP: the stream breaks.
+    #[must_use = "TCP must take back the octets given back"]
+    pub fn on_data<B: RegionBuffer>(
+        &mut self,
+        data: PassedUp<'_>,
+        mem: &MemoryTable<B>,
+    ) -> Option<TakeBack> {
+        self.on_data_with_crc(data, None, mem)
     }
 
     /// [`on_data`](Self::on_data) told the CRC32c of `data.data` but its last four octets,
     /// computed as the segment was read for its TCP checksum ([`crate::SegmentDigest`]): an
     /// in-order segment that is one whole FPDU is checked against it rather than read again
-    /// (`mpa::FpduDecoder::feed_spans_with_crc`), then placed.
+    /// (`mpa::FpduDecoder::feed_spans_with_crc`), then placed. The answer as `on_data`'s.
+    #[must_use = "TCP must take back the octets given back"]
     pub fn on_data_with_crc<B: RegionBuffer>(
         &mut self,
         data: PassedUp<'_>,
         covered_crc: Option<u32>,
         mem: &MemoryTable<B>,
-    ) {
+    ) -> Option<TakeBack> {
         let source = self.source_mode == Some(true);
         if source {
             self.take_acknowledged(data.acked, true);
@@ -1145,6 +1158,11 @@ impl IwarpConn {
         if source {
             self.qp.complete_acknowledged();
         }
+        let from = self.renege_at.take()?;
+        if self.renege_speculation {
+            self.counters.ift_acks_withheld += 1;
+        }
+        Some(TakeBack { from })
     }
 
     fn receive_segment<B: RegionBuffer>(
@@ -2064,8 +2082,8 @@ impl IwarpConn {
     /// A speculative placement at stream offset `at` (the in-order point) was not confirmed:
     /// the guess was wrong. Its octets and everything after them are needed again, and the
     /// only copy is the peer's: every placement and held octet from `at` on is dropped, and
-    /// TCP is asked (at the next `poll`, before it acknowledges them) to take them back, so the
-    /// peer resends them and they are processed in order (section 8: "withhold TCP
+    /// TCP is asked (before it acknowledges them, [`IwarpConn::give_back`]) to take them
+    /// back, so the peer resends them and they are processed in order (section 8: "withhold TCP
     /// acknowledgement of this segment and force the remote end to retransmit it"). If TCP
     /// can no longer (it acknowledged them), the connection ends with
     /// `IftError::SpeculationMismatch`.
@@ -2076,8 +2094,10 @@ impl IwarpConn {
         self.give_back(at);
     }
 
-    /// Forgets every placement and held octet from stream offset `at` on and asks TCP (at
-    /// the next `poll`) to take those octets back, so that the peer sends them again: for a
+    /// Forgets every placement and held octet from stream offset `at` on and asks TCP to take
+    /// those octets back, so that the peer sends them again: in the answer to the data being
+    /// passed up ([`TakeBack`], before TCP takes anything after them, the peer's FIN included),
+    /// or at the next `poll` when it happens there. For a
     /// speculation that proved wrong, or octets out of order the reassembly budget cannot
     /// pay to hold ([`ConnConfig::reassembly_budget`]; RFC 2018 section 8 lets a receiver
     /// discard what it has only SACKed). What an early placement wrote is written again,
@@ -2098,18 +2118,27 @@ impl IwarpConn {
     /// Terminate (local catastrophic error).
     fn apply_renege(&mut self, tcp: &mut TcpConnection) {
         if let Some(at) = self.renege_at.take() {
-            let speculation = std::mem::take(&mut self.renege_speculation);
             if tcp.renege_from(at) {
-                if speculation {
+                if std::mem::take(&mut self.renege_speculation) {
                     self.counters.ift_acks_withheld += 1;
                 }
-            } else if speculation {
-                self.ift_failed(IftError::SpeculationMismatch { offset: at });
             } else {
-                self.rx_dead = true;
-                self.qp
-                    .on_transport_error(TerminateCause::LocalCatastrophic);
+                self.take_back_refused(at);
             }
+        }
+    }
+
+    /// TCP could not take back octets given back from `at` on: it acknowledged them, or
+    /// took the peer's FIN after them. A wrong speculation ends the connection with
+    /// `IftError::SpeculationMismatch`, octets the budget could not hold with a Terminate
+    /// (local catastrophic error).
+    fn take_back_refused(&mut self, at: u64) {
+        if std::mem::take(&mut self.renege_speculation) {
+            self.ift_failed(IftError::SpeculationMismatch { offset: at });
+        } else {
+            self.rx_dead = true;
+            self.qp
+                .on_transport_error(TerminateCause::LocalCatastrophic);
         }
     }
 
@@ -2193,6 +2222,7 @@ impl IwarpConn {
         match event {
             TcpEvent::Connected => self.tcp_established = true,
             TcpEvent::EmssChanged(_) => {}
+            TcpEvent::TakeBackRefused { offset } => self.take_back_refused(offset),
             TcpEvent::PeerClosed
             | TcpEvent::Closed
             | TcpEvent::Reset
@@ -2255,6 +2285,11 @@ impl IwarpConn {
             self.startup_deadlines();
         } else {
             self.held_deadline(now);
+        }
+        if self.renege_at.is_none() {
+            // What pass-ups gave back went to TCP with their answers, and a refusal came as
+            // a TCP event before this poll.
+            self.renege_speculation = false;
         }
         self.apply_renege(tcp);
         self.drain(mem);

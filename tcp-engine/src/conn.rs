@@ -84,6 +84,13 @@ pub enum Event {
     Reset,
     /// Retransmissions or keepalives went unanswered; the connection aborted.
     TimedOut,
+    /// A pass-up's [`TakeBack`] could not be honoured ([`Connection::renege_from`] refused
+    /// it): the octets from `offset` on will be acknowledged though the upper layer let
+    /// them go. The upper layer's stream is broken; it should end the connection.
+    TakeBackRefused {
+        /// The [`TakeBack::from`] refused.
+        offset: u64,
+    },
     /// [`TxMode::Source`]: the [`TxSource`] could not produce octets TCP had to send (for
     /// example a retransmission whose source memory is gone); the connection aborted (RST).
     SourceFailed,
@@ -152,6 +159,35 @@ pub struct PassedUp<'a> {
     /// ([`Connection::bytes_acked`]; the ACK is processed before the data is passed up), so
     /// an upper layer can release what was acknowledged before acting on what arrived.
     pub acked: u64,
+}
+
+/// An upper layer's answer to data passed up ([`Connection::handle_segment`]): take the
+/// octets from stream offset `from` on back, as [`Connection::renege_from`] does, before
+/// anything after them in the segment is taken (the rest of its data, and a FIN that it
+/// would have put in order). Given back in the same call, a gap-filling segment cannot have
+/// the peer's FIN taken in between, as it could if the upper layer asked only later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeBack {
+    /// Stream offset of the first octet given back.
+    pub from: u64,
+}
+
+/// What a pass-up callback may return: nothing (`()`), or `Option<TakeBack>`.
+pub trait PassUpReply {
+    /// The octets to take back, if any.
+    fn take_back(self) -> Option<TakeBack>;
+}
+
+impl PassUpReply for () {
+    fn take_back(self) -> Option<TakeBack> {
+        None
+    }
+}
+
+impl PassUpReply for Option<TakeBack> {
+    fn take_back(self) -> Option<TakeBack> {
+        self
+    }
 }
 
 /// Why a send call failed.
@@ -1605,13 +1641,15 @@ impl Connection {
     /// Process a segment addressed to this connection (RFC 9293 3.10.7).
     /// In [`RxMode::PassUp`] new data is given to `pass_up` before this
     /// returns; in [`RxMode::InOrder`] it is buffered for
-    /// [`Connection::recv`].
-    pub fn handle_segment<F: FnMut(PassedUp<'_>)>(
+    /// [`Connection::recv`]. `pass_up` may answer with a [`TakeBack`]
+    /// ([`PassUpReply`]): those octets are taken back before the segment's FIN.
+    pub fn handle_segment<R: PassUpReply, F: FnMut(PassedUp<'_>) -> R>(
         &mut self,
         now: Instant,
         seg: &SegmentRepr<'_>,
         mut pass_up: F,
     ) {
+        let mut pass_up = |p: PassedUp<'_>| pass_up(p).take_back();
         self.stats.segments_in += 1;
         if let Some((idle, _, _)) = self.cfg.keepalive {
             self.last_heard = now;
@@ -1793,7 +1831,7 @@ impl Connection {
         &mut self,
         now: Instant,
         seg: &SegmentRepr<'_>,
-        pass_up: &mut dyn FnMut(PassedUp<'_>),
+        pass_up: &mut dyn FnMut(PassedUp<'_>) -> Option<TakeBack>,
     ) {
         let rcv_nxt_seq = self.rcv_nxt();
         // PAWS (RFC 7323 5.3 R1), with a reordering tolerance
@@ -2427,7 +2465,7 @@ impl Connection {
         now: Instant,
         seg: &SegmentRepr<'_>,
         rel: i64,
-        pass_up: &mut dyn FnMut(PassedUp<'_>),
+        pass_up: &mut dyn FnMut(PassedUp<'_>) -> Option<TakeBack>,
     ) {
         let start_i = self.rcv_nxt as i64 + rel;
         let payload = seg.payload;
@@ -2444,6 +2482,7 @@ impl Connection {
         let was_in_order = start_i as u64 <= self.rcv_nxt && start_i >= 0;
         let had_holes = !self.rcv_ranges.is_empty();
         let mut accepted_fin = seg.flags.fin && end_i >= 0 && (end_i as u64) <= right;
+        let mut take_back: Option<u64> = None;
         if !payload.is_empty() && start_i < self.rcv_nxt as i64 && end_i > 0 {
             // Partly a duplicate of in-order data (RFC 2883 4.1.1).
             let d0 = start_i.max(0) as u64;
@@ -2476,22 +2515,29 @@ impl Connection {
                     let acked = self.bytes_acked();
                     let mut passed = 0u64;
                     if self.cfg.pass_up_duplicates {
-                        pass_up(PassedUp {
+                        take_back = pass_up(PassedUp {
                             seq: rcv.seq_of(a),
                             stream_offset: a,
                             data: &payload[off(a)..off(b)],
                             acked,
-                        });
+                        })
+                        .map(|t| t.from);
                         passed += b - a;
                     } else {
                         self.rcv_ranges.for_each_gap(a, b, |g0, g1| {
-                            pass_up(PassedUp {
+                            if take_back.is_some_and(|t| g0 >= t) {
+                                return; // given back: it comes again
+                            }
+                            let reply = pass_up(PassedUp {
                                 seq: rcv.seq_of(g0),
                                 stream_offset: g0,
                                 data: &payload[off(g0)..off(g1)],
                                 acked,
                             });
                             passed += g1 - g0;
+                            if let Some(t) = reply {
+                                take_back = Some(take_back.map_or(t.from, |x| x.min(t.from)));
+                            }
                         });
                     }
                     self.stats.passed_up_bytes += passed;
@@ -2562,6 +2608,12 @@ impl Connection {
         }
         if accepted_fin {
             self.peer_fin_pos = Some(end_i as u64);
+        }
+        if let Some(t) = take_back {
+            // Before the FIN below is taken: the octets before it are missing again.
+            if !self.renege_from(t) {
+                self.events.push_back(Event::TakeBackRefused { offset: t });
+            }
         }
         // ACK policy (RFC 5681 4.2, RFC 1122 4.2.3.2).
         if !payload.is_empty() {

@@ -8,7 +8,8 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::config::Config;
 use crate::conn::{
-    reset_reply, Connection, PacketTooBigError, PassedUp, State, TxSource, TxSourceError,
+    reset_reply, Connection, PacketTooBigError, PassUpReply, PassedUp, State, TakeBack, TxSource,
+    TxSourceError,
 };
 use crate::isn::IsnGenerator;
 use crate::syncookie;
@@ -47,16 +48,17 @@ pub trait Receiver {
         crate::wire::Checksum::new().add_bytes(payload).sum()
     }
 
-    /// Data passed up ([`crate::RxMode::PassUp`]) for connection `id`.
-    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>);
+    /// Data passed up ([`crate::RxMode::PassUp`]) for connection `id`; the answer as
+    /// [`Connection::handle_segment`]'s callback gives it.
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack>;
 }
 
 /// A closure as a [`Receiver`] that sums payloads the plain way.
 struct PassUpFn<F>(F);
 
-impl<F: FnMut(ConnId, PassedUp<'_>)> Receiver for PassUpFn<F> {
-    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) {
-        (self.0)(id, data)
+impl<R: PassUpReply, F: FnMut(ConnId, PassedUp<'_>) -> R> Receiver for PassUpFn<F> {
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
+        (self.0)(id, data).take_back()
     }
 }
 
@@ -467,12 +469,12 @@ impl ConnectionTable {
 
     /// Process one received IPv4 packet. Malformed packets are counted and
     /// dropped. Data passed up (PassUp mode) goes to `pass_up` with the
-    /// connection's handle.
-    pub fn handle_packet(
+    /// connection's handle; it may answer as [`Connection::handle_segment`]'s callback does.
+    pub fn handle_packet<R: PassUpReply>(
         &mut self,
         now: Instant,
         packet: &[u8],
-        pass_up: impl FnMut(ConnId, PassedUp<'_>),
+        pass_up: impl FnMut(ConnId, PassedUp<'_>) -> R,
     ) -> Result<Option<ConnId>, WireError> {
         self.handle_packet_with(now, packet, &mut PassUpFn(pass_up))
     }
@@ -631,7 +633,7 @@ impl ConnectionTable {
 
     /// A segment for the connection in slot `index`.
     #[inline]
-    fn on_connection_segment<F: FnMut(ConnId, PassedUp<'_>)>(
+    fn on_connection_segment<F: FnMut(ConnId, PassedUp<'_>) -> Option<TakeBack>>(
         &mut self,
         now: Instant,
         index: u32,

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use tcp_engine::wire::{TcpFlags, TcpOptions};
-use tcp_engine::{Config, Instant, RxMode, SegmentRepr, State};
+use tcp_engine::{Config, Event, Instant, RxMode, SegmentRepr, State, TakeBack};
 
 const MSS: usize = 1000;
 
@@ -35,6 +35,20 @@ fn feed_flags(
     transmit: bool,
     fin: bool,
 ) -> (Vec<u64>, Vec<u32>) {
+    feed_answering(c, s, off, len, transmit, fin, |_| None)
+}
+
+/// [`feed_flags`], the pass-up answering what `answer` gives for each stream offset passed
+/// up.
+fn feed_answering(
+    c: &Peer,
+    s: &mut Peer,
+    off: u64,
+    len: usize,
+    transmit: bool,
+    fin: bool,
+    answer: impl Fn(u64) -> Option<TakeBack>,
+) -> (Vec<u64>, Vec<u32>) {
     let t = c.conn().four_tuple();
     let payload = vec![0x5a; len];
     let seg = SegmentRepr {
@@ -55,8 +69,10 @@ fn feed_flags(
     };
     let mut passed = Vec::new();
     let now = Instant::from_millis(20_000);
-    s.conn_mut()
-        .handle_segment(now, &seg, |p| passed.push(p.stream_offset));
+    s.conn_mut().handle_segment(now, &seg, |p| {
+        passed.push(p.stream_offset);
+        answer(p.stream_offset)
+    });
     let mut acks = Vec::new();
     let mut buf = [0u8; 2048];
     if transmit {
@@ -139,6 +155,76 @@ fn a_fin_out_of_order_waits_for_the_octets_taken_back() {
         !s.conn_mut().renege_from(2 * MSS as u64),
         "the FIN was taken"
     );
+}
+
+/// The segment that fills the gap before an out-of-order FIN is where an upper layer finds
+/// that it must give back what lies beyond the gap (IFT's speculation proved wrong there).
+/// Answered in the pass-up, the octets are taken back before the FIN is taken: the FIN stays
+/// known and closes the connection once they come again. Asked for after the call, it is too
+/// late: the FIN was taken with the gap filled.
+#[test]
+fn a_take_back_answered_in_the_pass_up_comes_before_the_fin() {
+    for in_the_pass_up in [true, false] {
+        let (c, mut s, _net) = established(pass_up());
+        let _ = feed_flags(&c, &mut s, MSS as u64, MSS, true, true);
+        let (passed, _) = feed_answering(&c, &mut s, 0, MSS, true, false, |off| {
+            (in_the_pass_up && off == 0).then_some(TakeBack { from: MSS as u64 })
+        });
+        assert_eq!(passed, [0]);
+        if !in_the_pass_up {
+            assert_eq!(s.conn().state(), State::CloseWait);
+            assert!(!s.conn_mut().renege_from(MSS as u64), "too late");
+            continue;
+        }
+        assert_eq!(s.conn().rcv_nxt_offset(), MSS as u64);
+        assert_eq!(s.conn().state(), State::Established);
+        assert_eq!(s.conn().stats().reneged, 1);
+        let (passed, _) = feed(&c, &mut s, MSS as u64, MSS, true);
+        assert_eq!(passed, [MSS as u64], "passed up again");
+        assert_eq!(s.conn().state(), State::CloseWait);
+        while let Some(ev) = s.conn_mut().poll_event() {
+            assert!(!matches!(ev, Event::TakeBackRefused { .. }), "{ev:?}");
+        }
+    }
+}
+
+/// A take-back answered for one gap of a segment: the segment's later gaps are not passed up,
+/// and they are missing again, as is everything the receiver held beyond.
+#[test]
+fn a_take_back_stops_the_rest_of_the_segment() {
+    let (c, mut s, _net) = established(pass_up());
+    let _ = feed(&c, &mut s, MSS as u64, MSS, true);
+    let _ = feed(&c, &mut s, 3 * MSS as u64, MSS, true);
+    // One segment over [0, 3 MSS): gaps [0, MSS) and [2 MSS, 3 MSS).
+    let half = MSS as u64 / 2;
+    let (passed, _) = feed_answering(&c, &mut s, 0, 3 * MSS, true, false, |off| {
+        (off == 0).then_some(TakeBack { from: half })
+    });
+    assert_eq!(passed, [0]);
+    assert_eq!(s.conn().rcv_nxt_offset(), half);
+    let (passed, _) = feed(&c, &mut s, 0, 4 * MSS, true);
+    assert_eq!(passed, [half], "all of it comes again, in one piece");
+    assert_eq!(s.conn().rcv_nxt_offset(), 4 * MSS as u64);
+}
+
+/// A take-back of octets already acknowledged cannot be honoured: TCP says so with an event,
+/// and acknowledges what it has.
+#[test]
+fn a_take_back_of_acknowledged_octets_is_refused_with_an_event() {
+    let (c, mut s, _net) = established(pass_up());
+    let (_, acks) = feed(&c, &mut s, 0, MSS, true);
+    assert!(!acks.is_empty(), "an ACK covered the first segment");
+    let _ = feed_answering(&c, &mut s, MSS as u64, MSS, true, false, |_| {
+        Some(TakeBack { from: 0 })
+    });
+    assert_eq!(s.conn().rcv_nxt_offset(), 2 * MSS as u64);
+    let mut refused = Vec::new();
+    while let Some(ev) = s.conn_mut().poll_event() {
+        if let Event::TakeBackRefused { offset } = ev {
+            refused.push(offset);
+        }
+    }
+    assert_eq!(refused, [0]);
 }
 
 #[test]

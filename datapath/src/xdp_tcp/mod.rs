@@ -112,7 +112,7 @@ use shard::ShardSet;
 /// The sans-IO TCP this driver runs, re-exported for its users.
 pub use tcp_engine as engine;
 pub use tcp_engine::table::ConnId;
-pub use tcp_engine::{Config as TcpConfig, Connection, Event, PassedUp, State};
+pub use tcp_engine::{Config as TcpConfig, Connection, Event, PassedUp, State, TakeBack};
 
 /// IPv4 + TCP headers without options.
 const IP_TCP_HEADERS: u16 = 40;
@@ -136,9 +136,11 @@ const RX_PREFETCH_AHEAD: usize = 2;
 pub trait TcpApp {
     /// Data passed up at once as TCP accepts it ([`tcp_engine::RxMode::PassUp`]): the
     /// sequence number and stream offset of `data.data[0]`, in order or not, each octet once.
-    /// The bytes are borrowed from the received UMEM frame.
-    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+    /// The bytes are borrowed from the received UMEM frame. The answer may give octets back
+    /// to TCP ([`tcp_engine::TakeBack`], as `Connection::handle_segment`'s callback does).
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
         let _ = (id, data);
+        None
     }
 
     /// The ones' complement sum of a received segment's data (the TCP checksum's share, RFC
@@ -1949,9 +1951,9 @@ impl<A: TcpApp + ?Sized> tcp_engine::table::Receiver for AppReceiver<'_, A> {
         }
     }
 
-    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) {
+    fn pass_up(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
         self.passed_up = true;
-        self.app.on_data(id, data);
+        self.app.on_data(id, data)
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{TryRecvError, TrySendError};
 use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
-use tcp_engine::{Instant, PassedUp, State as TcpState};
+use tcp_engine::{Instant, PassedUp, State as TcpState, TakeBack};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
@@ -156,7 +156,7 @@ impl TcpApp for App<'_> {
         )
     }
 
-    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) {
+    fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
         // The CRC found as this segment was summed, if TCP passes up all of its data.
         let crc = self.st.rx_crc.take().and_then(|h| h.for_data(data.data));
         let State {
@@ -165,20 +165,25 @@ impl TcpApp for App<'_> {
             scratch,
             ..
         } = &mut *self.st;
-        match slots.get_mut(&id) {
+        let take_back = match slots.get_mut(&id) {
             Some(slot) => {
                 let mem = table_of(slot.table, self.mem, scratch);
                 probe::mark(Mark::DataPassedUp);
-                slot.conn.on_data_with_crc(data, crc, mem);
+                let take_back = slot.conn.on_data_with_crc(data, crc, mem);
                 probe::mark(Mark::DataPlaced);
+                take_back
             }
-            None => early.entry(id).or_default().push((
-                data.seq,
-                data.stream_offset,
-                data.data.to_vec(),
-            )),
-        }
+            None => {
+                early.entry(id).or_default().push((
+                    data.seq,
+                    data.stream_offset,
+                    data.data.to_vec(),
+                ));
+                None
+            }
+        };
         self.st.progress = true;
+        take_back
     }
 
     fn on_accept(&mut self, id: ConnId, tcp: &mut TcpConnection) {
@@ -210,15 +215,31 @@ impl TcpApp for App<'_> {
         };
         let mut slot = Slot::new(conn, None, tuple);
         tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
+        // Given back while replayed: TCP takes it back here, as it would have in the pass-up,
+        // and what was passed up after it comes again too.
+        let mut taken_back: Option<u64> = None;
         for (seq, stream_offset, bytes) in early.into_iter().flatten() {
+            let keep = taken_back.map_or(bytes.len(), |t| {
+                t.saturating_sub(stream_offset).min(bytes.len() as u64) as usize
+            });
+            if keep == 0 {
+                continue;
+            }
             let data = PassedUp {
                 seq,
                 stream_offset,
-                data: &bytes,
+                data: &bytes[..keep],
                 // Nothing was sent on a connection not yet accepted.
                 acked: 0,
             };
-            slot.conn.on_data(data, &self.st.scratch);
+            if let Some(t) = slot.conn.on_data(data, &self.st.scratch) {
+                taken_back = Some(taken_back.map_or(t.from, |x| x.min(t.from)));
+            }
+        }
+        if let Some(offset) = taken_back {
+            if !tcp.renege_from(offset) {
+                slot.conn.on_tcp_event(TcpEvent::TakeBackRefused { offset });
+            }
         }
         self.st.slots.insert(id, slot);
         self.st.progress = true;
@@ -543,12 +564,16 @@ impl TcpApp for App<'_> {
     }
 }
 
-/// The queue pair's error text for a TCP connection that ended under it.
 /// What a TCP connection's end means to the queue pair on it.
 fn transport_closed_error(how: tcp_engine::Event) -> QpError {
     use tcp_engine::Event as E;
     match how {
-        E::PeerClosed | E::Closed | E::Connected | E::EmssChanged(_) => QpError::PeerClosed,
+        // (The last three never end a connection.)
+        E::PeerClosed
+        | E::Closed
+        | E::Connected
+        | E::EmssChanged(_)
+        | E::TakeBackRefused { .. } => QpError::PeerClosed,
         E::Reset => QpError::PeerReset,
         E::TimedOut => QpError::PeerUnreachable,
         E::SourceFailed => QpError::TransmitSourceFailed,
