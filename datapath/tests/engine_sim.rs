@@ -74,6 +74,8 @@ struct Side {
     /// one (held in `held_front` until then), not right after the second part.
     split_front_late: bool,
     held_front: Option<Vec<u8>>,
+    /// Whether the packet that let the held first part in carried a FIN.
+    front_released_by_fin: Option<bool>,
     /// The first data segment whose payload holds these octets is dropped.
     drop_once: Option<Vec<u8>>,
     /// More data segments holding those octets to drop after the first (its retransmissions).
@@ -185,6 +187,7 @@ impl Endpoint for Side {
             return;
         }
         if let Some(front) = self.held_front.take() {
+            self.front_released_by_fin = SegmentRepr::parse(packet).ok().map(|s| s.flags.fin);
             self.receive(now, packet);
             self.receive(now, &front);
             return;
@@ -355,6 +358,7 @@ fn bed_with(
         split_at: None,
         split_front_late: false,
         held_front: None,
+        front_released_by_fin: None,
         drop_once: None,
         drop_again: 0,
         lie_about_crc: false,
@@ -377,6 +381,7 @@ fn bed_with(
         split_at: None,
         split_front_late: false,
         held_front: None,
+        front_released_by_fin: None,
         drop_once: None,
         drop_again: 0,
         lie_about_crc: false,
@@ -2161,6 +2166,11 @@ fn ift_wrong_guess(with_fin: bool) {
         "the Send, processed again in order, is intact"
     );
     if with_fin {
+        assert_eq!(
+            bed.b.front_released_by_fin,
+            Some(true),
+            "A's FIN came between the two parts"
+        );
         return;
     }
     assert_eq!(bed.a.completions[0].status, WcStatus::Success);

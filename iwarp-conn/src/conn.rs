@@ -682,12 +682,19 @@ pub struct IwarpConn {
     /// The receive direction stopped (MPA error, overflow, transport gone).
     rx_dead: bool,
     /// Octets given back ([`IwarpConn::give_back`]): TCP is to take back the octets from
-    /// this stream offset on, in the answer to the data passed up or at the next `poll`
-    /// (until then, octets there are ignored: they will be passed up again).
+    /// this stream offset on, in the answer to the data being passed up, or at the end of
+    /// the `poll` that gave them back (until then, octets there are ignored: they will be
+    /// passed up again).
     renege_at: Option<u64>,
-    /// A wrong IFT speculation is among what `renege_at` gives back (or, once it went to TCP
-    /// in a pass-up's answer, among what it gave back: for a `TakeBackRefused`).
+    /// A wrong IFT speculation is among what `renege_at` gives back.
     renege_speculation: bool,
+    /// Where the last take-back of a wrong speculation that went to TCP in a pass-up's
+    /// answer starts, until the next `poll` (TCP reports a refusal as an event before it):
+    /// to tell a `TakeBackRefused` of it from one of octets the budget could not hold.
+    speculation_answered: Option<u64>,
+    /// Octets went back to TCP in a pass-up's answer since the last `poll`
+    /// ([`IwarpConn::needs_poll`]).
+    answered_take_back: bool,
     store: Store,
     placed: VecDeque<PlacedFpdu>,
     /// A held range copied out of the ring to be scanned again (allocated once, on first use).
@@ -768,6 +775,8 @@ impl IwarpConn {
             rx_dead: false,
             renege_at: None,
             renege_speculation: false,
+            speculation_answered: None,
+            answered_take_back: false,
             startup_record: None,
             startup_sent: None,
             source_mode: None,
@@ -1086,16 +1095,16 @@ impl IwarpConn {
         c
     }
 
+    /// Whether [`IwarpConn::poll`] should run before TCP transmits again: octets went back
+    /// to TCP (a wrong IFT speculation, or no reassembly memory), and the peer is to hear of it
+    /// at once, with what the poll does after a give-back (its in-order pass, the window).
+    pub fn needs_poll(&self) -> bool {
+        self.answered_take_back
+    }
+
     /// Whether an event waits for [`IwarpConn::poll_event`].
     pub fn has_event(&self) -> bool {
         !self.events.is_empty()
-    }
-
-    /// Whether [`IwarpConn::poll`] must run before TCP transmits anything: octets were given
-    /// back (a wrong IFT speculation, or no reassembly memory) and TCP must take them back
-    /// before an ACK of its covers them.
-    pub fn needs_poll(&self) -> bool {
-        self.renege_at.is_some()
     }
 
     /// The next event, if any.
@@ -1159,8 +1168,10 @@ impl IwarpConn {
             self.qp.complete_acknowledged();
         }
         let from = self.renege_at.take()?;
-        if self.renege_speculation {
+        self.answered_take_back = true;
+        if std::mem::take(&mut self.renege_speculation) {
             self.counters.ift_acks_withheld += 1;
+            self.speculation_answered = Some(from);
         }
         Some(TakeBack { from })
     }
@@ -2118,22 +2129,21 @@ impl IwarpConn {
     /// Terminate (local catastrophic error).
     fn apply_renege(&mut self, tcp: &mut TcpConnection) {
         if let Some(at) = self.renege_at.take() {
-            if tcp.renege_from(at) {
-                if std::mem::take(&mut self.renege_speculation) {
-                    self.counters.ift_acks_withheld += 1;
-                }
-            } else {
-                self.take_back_refused(at);
+            let speculation = std::mem::take(&mut self.renege_speculation);
+            if !tcp.renege_from(at) {
+                self.take_back_refused(at, speculation);
+            } else if speculation {
+                self.counters.ift_acks_withheld += 1;
             }
         }
     }
 
     /// TCP could not take back octets given back from `at` on: it acknowledged them, or
-    /// took the peer's FIN after them. A wrong speculation ends the connection with
-    /// `IftError::SpeculationMismatch`, octets the budget could not hold with a Terminate
-    /// (local catastrophic error).
-    fn take_back_refused(&mut self, at: u64) {
-        if std::mem::take(&mut self.renege_speculation) {
+    /// took the peer's FIN after them. A wrong speculation (`speculation`) ends the
+    /// connection with `IftError::SpeculationMismatch`, octets the budget could not hold
+    /// with a Terminate (local catastrophic error).
+    fn take_back_refused(&mut self, at: u64, speculation: bool) {
+        if speculation {
             self.ift_failed(IftError::SpeculationMismatch { offset: at });
         } else {
             self.rx_dead = true;
@@ -2222,7 +2232,14 @@ impl IwarpConn {
         match event {
             TcpEvent::Connected => self.tcp_established = true,
             TcpEvent::EmssChanged(_) => {}
-            TcpEvent::TakeBackRefused { offset } => self.take_back_refused(offset),
+            TcpEvent::TakeBackRefused { offset } => {
+                let speculation = self.speculation_answered == Some(offset);
+                if speculation {
+                    // Counted as withheld when the answer went to TCP.
+                    self.counters.ift_acks_withheld -= 1;
+                }
+                self.take_back_refused(offset, speculation);
+            }
             TcpEvent::PeerClosed
             | TcpEvent::Closed
             | TcpEvent::Reset
@@ -2286,12 +2303,10 @@ impl IwarpConn {
         } else {
             self.held_deadline(now);
         }
-        if self.renege_at.is_none() {
-            // What pass-ups gave back went to TCP with their answers, and a refusal came as
-            // a TCP event before this poll.
-            self.renege_speculation = false;
-        }
-        self.apply_renege(tcp);
+        // What pass-ups gave back went to TCP with their answers, and a refusal came as a TCP
+        // event before this poll.
+        self.speculation_answered = None;
+        self.answered_take_back = false;
         self.drain(mem);
         // What the drain gave back (an IFT placement its in-order pass did not confirm).
         self.apply_renege(tcp);

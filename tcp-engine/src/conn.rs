@@ -493,6 +493,8 @@ pub struct Connection {
     ignore_cwnd_credit: u32,
     rto_deadline: Option<Instant>,
     rto_retries: u32,
+    /// When the first timeout of the current series (`rto_retries` from 1) fired.
+    rto_series_start: Instant,
     tlp_deadline: Option<Instant>,
     tlp_outstanding: bool,
     /// The send-limited state entered and when (see [`SendLimit`]); `None` while
@@ -645,6 +647,7 @@ impl Connection {
             ignore_cwnd_credit: 0,
             rto_deadline: None,
             rto_retries: 0,
+            rto_series_start: Instant::ZERO,
             tlp_deadline: None,
             tlp_outstanding: false,
             send_limit: None,
@@ -1521,13 +1524,21 @@ impl Connection {
     fn on_rto(&mut self, now: Instant) {
         self.stats.rto_expirations += 1;
         self.rto_retries += 1;
+        if self.rto_retries == 1 {
+            self.rto_series_start = now;
+        }
         let limit = match self.state {
             // A half-open connection ties up a listener's backlog: bounded like Linux's
             // tcp_synack_retries (5: about a minute with a 1 s initial RTO).
             State::SynReceived => self.cfg.max_synack_retransmissions,
             _ => self.cfg.max_retransmissions,
         };
-        if self.rto_retries > limit {
+        // The limit counts timeouts that back off. A new RTT sample (a SACK, say) collapses
+        // the backoff (RFC 6298 5.7), so timeouts may come closer together: the series also
+        // has to have lasted as long as `limit` backed-off timeouts from the floor would
+        // (as Linux's tcp_retries2 is a time), or a peer that SACKs while one segment is
+        // stuck would be given up on within a few hundred milliseconds.
+        if self.rto_retries > limit && now - self.rto_series_start >= self.give_up_after(limit) {
             self.abort_timed_out();
             return;
         }
@@ -1555,8 +1566,18 @@ impl Connection {
         }
         self.cc
             .on_retransmission_timeout(now, flight, u32::from(self.emss));
+        // A SACKed segment at the cumulative point when the timer fires: the peer discarded
+        // what it SACKed (RFC 2018 section 8: after a timeout the sender SHOULD turn off its
+        // SACKed bits), or it would have acknowledged it. Everything goes again.
+        let reneged = self
+            .scoreboard
+            .front()
+            .is_some_and(|e| e.state == SegState::Sacked);
+        if reneged {
+            self.stats.peer_reneged += 1;
+        }
         for e in self.scoreboard.iter_mut() {
-            if e.state == SegState::InFlight {
+            if e.state == SegState::InFlight || (reneged && e.state == SegState::Sacked) {
                 e.state = SegState::Lost;
                 self.lost_count += 1;
             }
@@ -1570,6 +1591,20 @@ impl Connection {
         self.tlp_outstanding = false;
         self.rack_deadline = None;
         self.rto_deadline = Some(now + self.rtt.rto());
+    }
+
+    /// How long a series of `limit` retransmission timeouts lasts at the least: each
+    /// doubling from `Config::min_rto`, up to `Config::max_rto`.
+    fn give_up_after(&self, limit: u32) -> Duration {
+        let max = self.cfg.max_rto.max(self.cfg.min_rto);
+        (0..limit.min(64))
+            .map(|k| {
+                self.cfg
+                    .min_rto
+                    .checked_mul(1u32 << k.min(31))
+                    .map_or(max, |d| d.min(max))
+            })
+            .sum()
     }
 
     fn on_tlp_timeout(&mut self, now: Instant) {
@@ -2610,8 +2645,11 @@ impl Connection {
             self.peer_fin_pos = Some(end_i as u64);
         }
         if let Some(t) = take_back {
-            // Before the FIN below is taken: the octets before it are missing again.
-            if !self.renege_from(t) {
+            // Before the FIN below is taken: the octets before it are missing again. The ACK
+            // that tells the peer goes out at once.
+            if self.renege_from(t) {
+                self.ack_now = true;
+            } else {
                 self.events.push_back(Event::TakeBackRefused { offset: t });
             }
         }
@@ -2863,6 +2901,10 @@ impl Connection {
         }
         self.rcv_nxt = self.rcv_nxt.min(offset);
         self.rcv_ranges.truncate_from(offset);
+        if self.dsack.is_some_and(|(_, end)| end > offset) {
+            // A D-SACK (RFC 2883) of octets no longer held would read as a SACK of them.
+            self.dsack = None;
+        }
         self.stats.reneged += 1;
         true
     }

@@ -6,7 +6,7 @@
 //! order waits for the octets taken back.
 mod common;
 use common::*;
-use tcp_engine::wire::{TcpFlags, TcpOptions};
+use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
 use tcp_engine::{Config, Event, Instant, RxMode, SegmentRepr, State, TakeBack};
 
 const MSS: usize = 1000;
@@ -207,6 +207,24 @@ fn a_take_back_stops_the_rest_of_the_segment() {
     assert_eq!(s.conn().rcv_nxt_offset(), 4 * MSS as u64);
 }
 
+/// With every segment's data passed up whole (`pass_up_duplicates`, octets received before
+/// included), a take-back answered for one still takes back from where it says.
+#[test]
+fn a_take_back_with_duplicates_passed_up() {
+    let (c, mut s, _net) = established(Config {
+        pass_up_duplicates: true,
+        ..pass_up()
+    });
+    let _ = feed(&c, &mut s, MSS as u64, MSS, true);
+    let (passed, acks) = feed_answering(&c, &mut s, 0, 2 * MSS, true, false, |off| {
+        (off == 0).then_some(TakeBack { from: MSS as u64 })
+    });
+    assert_eq!(passed, [0], "one pass-up, duplicates included");
+    assert_eq!(s.conn().rcv_nxt_offset(), MSS as u64);
+    let start = s.conn().rcv_stream_start();
+    assert_eq!(acks, [start.wrapping_add(MSS as u32)], "an ACK at once");
+}
+
 /// A take-back of octets already acknowledged cannot be honoured: TCP says so with an event,
 /// and acknowledges what it has.
 #[test]
@@ -225,6 +243,97 @@ fn a_take_back_of_acknowledged_octets_is_refused_with_an_event() {
         }
     }
     assert_eq!(refused, [0]);
+}
+
+/// A duplicate of out-of-order octets is reported with a D-SACK (RFC 2883); taken back before
+/// the ACK goes out, those octets are no longer held, and the ACK carries no block for them
+/// (the sender would read it as a SACK and never send them again).
+#[test]
+fn octets_taken_back_lose_their_d_sack() {
+    let (c, mut s, _net) = established(pass_up());
+    let _ = feed(&c, &mut s, 0, MSS, true);
+    let _ = feed(&c, &mut s, 2 * MSS as u64, MSS, false);
+    let _ = feed(&c, &mut s, 2 * MSS as u64, MSS, false);
+    assert!(s.conn_mut().renege_from(2 * MSS as u64));
+    let mut buf = [0u8; 2048];
+    let n = s
+        .conn_mut()
+        .poll_transmit(Instant::from_millis(20_000), &mut buf)
+        .expect("an ACK");
+    let ack = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert_eq!(
+        ack.options.sack_blocks(),
+        &[],
+        "no block for octets not held"
+    );
+}
+
+/// Our sender holds the segment at its cumulative point as SACKed (a receiver that SACKed it
+/// and then discarded it, RFC 2018 section 8; or a wrong block), and the ACKs stop there. When
+/// its retransmission timer fires, it sends that segment again, rather than only what it
+/// holds as unacknowledged and unSACKed (nothing, here: the connection would hang).
+#[test]
+fn a_timeout_resends_a_sacked_segment_at_the_cumulative_point() {
+    let stream = Config {
+        timestamps: false,
+        mss: MSS as u16,
+        ..Config::default()
+    };
+    let receiver = Config {
+        mss: MSS as u16,
+        ..pass_up()
+    };
+    let (mut c, s, _net) = established_pair(stream, receiver);
+    let now = Instant::from_millis(20_000);
+    assert_eq!(c.conn_mut().send(&[0x77u8; MSS]).expect("send"), MSS);
+    let mut buf = [0u8; 2048];
+    let n = c
+        .conn_mut()
+        .poll_transmit(now, &mut buf)
+        .expect("a segment");
+    let first = SegmentRepr::parse(&buf[..n]).expect("valid").seq;
+    // The receiver's ACK stays at the segment and SACKs it.
+    let t = s.conn().four_tuple();
+    let mut options = TcpOptions::default();
+    options.set_sack_blocks(&[SackBlock {
+        left: first,
+        right: first.wrapping_add(MSS as u32),
+    }]);
+    let ack = SegmentRepr {
+        src_addr: t.local_addr,
+        dst_addr: t.remote_addr,
+        src_port: t.local_port,
+        dst_port: t.remote_port,
+        seq: s.conn().snd_nxt(),
+        ack: first,
+        flags: TcpFlags {
+            ack: true,
+            ..TcpFlags::default()
+        },
+        window: 1000,
+        options,
+        payload: &[],
+    };
+    c.conn_mut()
+        .handle_segment(now + std::time::Duration::from_millis(1), &ack, |_| {});
+    // The loss probe finds nothing in flight to send; the retransmission timer comes next.
+    let mut sent = None;
+    for _ in 0..4 {
+        let Some(fire) = c.conn().poll_timeout() else {
+            break;
+        };
+        c.conn_mut().handle_timeout(fire);
+        if let Some(n) = c.conn_mut().poll_transmit(fire, &mut buf) {
+            sent = Some(n);
+            break;
+        }
+    }
+    assert_eq!(c.conn().stats().rto_expirations, 1);
+    let n = sent.expect("the segment again");
+    let again = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert_eq!(again.seq, first);
+    assert_eq!(again.payload.len(), MSS);
+    assert_eq!(c.conn().stats().peer_reneged, 1);
 }
 
 #[test]

@@ -4,8 +4,11 @@
 //! (or far from) its sequence space, clock advances with timer runs, and application calls.
 //!
 //! Checked after every step: nothing panics, every emitted packet parses, the transmit loop
-//! ends, `rcv_nxt` never moves back, pass-up never hands up an octet twice and never holds
-//! out-of-order data, and the timer deadline is never in the past after `handle_timeout`.
+//! ends, `rcv_nxt` never moves back (but to a take-back the pass-up answered with, which TCP
+//! either honours, with `rcv_nxt` there and those octets passed up again later, or refuses
+//! with an event), pass-up never hands up an octet twice (nor beyond a take-back in the same
+//! segment) and never holds out-of-order data, and the timer deadline is never in the past
+//! after `handle_timeout`.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -14,7 +17,9 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use tcp_engine::ranges::RangeSet;
 use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
-use tcp_engine::{Config, Connection, FourTuple, Instant, IsnGenerator, SegmentRepr, TxMode};
+use tcp_engine::{
+    Config, Connection, Event, FourTuple, Instant, IsnGenerator, SegmentRepr, TakeBack, TxMode,
+};
 
 /// Reads fixed-width values off the fuzz input; zeros once it runs out.
 struct Input<'a>(&'a [u8]);
@@ -180,15 +185,55 @@ fuzz_target!(|data: &[u8]| {
                     payload: &payload[..len],
                 };
                 let mut twice = false;
+                // Flags bit 6: the first pass-up is answered with a take-back, from its middle
+                // (bit 7) or its start.
+                let answer = flags & 0x40 != 0;
+                let mut answered: Option<u64> = None;
                 conn.handle_segment(now, &seg, |p| {
                     let s = p.stream_offset;
                     let e = s + p.data.len() as u64;
+                    if answered.is_some_and(|t| e > t) {
+                        twice = true; // passed up beyond a take-back in the same segment
+                    }
                     let mut fresh = 0;
                     passed.for_each_gap(s, e, |a, b| fresh += b - a);
                     twice |= fresh != e - s;
                     passed.insert(s, e);
+                    if !answer || answered.is_some() {
+                        return None;
+                    }
+                    let from = if flags & 0x80 != 0 {
+                        s + (e - s) / 2
+                    } else {
+                        s
+                    };
+                    answered = Some(from);
+                    Some(TakeBack { from })
                 });
                 assert!(!twice, "an octet was passed up twice");
+                if let Some(from) = answered {
+                    let mut refused = false;
+                    for _ in 0..64 {
+                        match conn.poll_event() {
+                            Some(Event::TakeBackRefused { offset }) => {
+                                assert_eq!(offset, from);
+                                refused = true;
+                            }
+                            Some(_) => {}
+                            None => break,
+                        }
+                    }
+                    if !refused {
+                        assert!(
+                            conn.rcv_nxt_offset() <= from,
+                            "rcv_nxt {} beyond a take-back from {from}",
+                            conn.rcv_nxt_offset()
+                        );
+                        // The octets from there on are the peer's to send again.
+                        passed.truncate_from(from);
+                        last_rcv = last_rcv.min(conn.rcv_nxt_offset());
+                    }
+                }
             }
             4 => {
                 now += Duration::from_micros(u64::from(input.u32() % 4_000_000));

@@ -113,8 +113,7 @@ impl Slot {
 
     /// Whether the connection has something only its service hands out: an event, or a
     /// queue-pair state not yet published (a Terminate received, an error); or octets it gave
-    /// back, which TCP must take back before anything it transmits acknowledges them
-    /// ([`IwarpConn::needs_poll`]).
+    /// back to TCP, which the peer is to hear of at once ([`IwarpConn::needs_poll`]).
     pub(super) fn needs_service(&self) -> bool {
         self.conn.has_event()
             || self.last_state != Some(self.conn.qp().state())
