@@ -2236,7 +2236,8 @@ impl IwarpConn {
                 let speculation = self.speculation_answered == Some(offset);
                 if speculation {
                     // Counted as withheld when the answer went to TCP.
-                    self.counters.ift_acks_withheld -= 1;
+                    self.counters.ift_acks_withheld =
+                        self.counters.ift_acks_withheld.saturating_sub(1);
                 }
                 self.take_back_refused(offset, speculation);
             }

@@ -108,7 +108,10 @@ pub struct Config {
     /// Ceiling on the RTO (RFC 6298 2.5: at least 60 s). A ceiling below `min_rto` is raised
     /// to it: the floor wins.
     pub max_rto: Duration,
-    /// Retransmission timeouts in a row before the connection is aborted.
+    /// Retransmission timeouts in a row before the connection is aborted, once the series
+    /// has also lasted as long as that many timeouts doubling from `min_rto` would (an RTT
+    /// sample, from a SACK say, collapses the backoff, RFC 6298 5.7; Linux's `tcp_retries2`
+    /// is a time the same way).
     pub max_retransmissions: u32,
     /// SYN-ACK retransmissions before a half-open connection (SYN-RECEIVED) is dropped.
     /// Default 5, as Linux's `tcp_synack_retries`: about a minute with the 1 s initial RTO

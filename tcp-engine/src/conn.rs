@@ -1594,17 +1594,18 @@ impl Connection {
     }
 
     /// How long a series of `limit` retransmission timeouts lasts at the least: each
-    /// doubling from `Config::min_rto`, up to `Config::max_rto`.
+    /// doubling from `Config::min_rto` (16 times at most, as the backoff does), up to
+    /// `Config::max_rto`.
     fn give_up_after(&self, limit: u32) -> Duration {
         let max = self.cfg.max_rto.max(self.cfg.min_rto);
         (0..limit.min(64))
             .map(|k| {
                 self.cfg
                     .min_rto
-                    .checked_mul(1u32 << k.min(31))
+                    .checked_mul(1u32 << k.min(16))
                     .map_or(max, |d| d.min(max))
             })
-            .sum()
+            .fold(Duration::ZERO, Duration::saturating_add)
     }
 
     fn on_tlp_timeout(&mut self, now: Instant) {
