@@ -6,6 +6,7 @@
 //! order waits for the octets taken back.
 mod common;
 use common::*;
+use tcp_engine::sim::Network;
 use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
 use tcp_engine::{Config, Event, Instant, RxMode, SegmentRepr, State, TakeBack};
 
@@ -19,27 +20,29 @@ fn pass_up() -> Config {
     }
 }
 
+/// Our own stream sender (no timestamps, MSS-sized segments) connected to a pass-up receiver.
+fn sender_and_pass_up_receiver() -> (Peer, Peer, Network) {
+    let stream = Config {
+        timestamps: false,
+        mss: MSS as u16,
+        ..Config::default()
+    };
+    let receiver = Config {
+        mss: MSS as u16,
+        ..pass_up()
+    };
+    established_pair(stream, receiver)
+}
+
 /// Feeds the server a data segment of `len` octets at stream offset `off` as the client would
 /// send it; returns the stream offsets passed up and the ack numbers of the server's packets
 /// emitted right after, if `transmit`.
 fn feed(c: &Peer, s: &mut Peer, off: u64, len: usize, transmit: bool) -> (Vec<u64>, Vec<u32>) {
-    feed_flags(c, s, off, len, transmit, false)
+    feed_answering(c, s, off, len, transmit, false, |_| None)
 }
 
-/// [`feed`], the segment carrying a FIN if `fin`.
-fn feed_flags(
-    c: &Peer,
-    s: &mut Peer,
-    off: u64,
-    len: usize,
-    transmit: bool,
-    fin: bool,
-) -> (Vec<u64>, Vec<u32>) {
-    feed_answering(c, s, off, len, transmit, fin, |_| None)
-}
-
-/// [`feed_flags`], the pass-up answering what `answer` gives for each stream offset passed
-/// up.
+/// [`feed`], the segment carrying a FIN if `fin`, the pass-up answering what `answer` gives
+/// for each stream offset passed up.
 fn feed_answering(
     c: &Peer,
     s: &mut Peer,
@@ -127,7 +130,7 @@ fn octets_taken_back_before_their_ack_are_passed_up_again() {
 #[test]
 fn a_fin_out_of_order_waits_for_the_octets_taken_back() {
     let (c, mut s, _net) = established(pass_up());
-    let (passed, _) = feed_flags(&c, &mut s, MSS as u64, MSS, true, true);
+    let (passed, _) = feed_answering(&c, &mut s, MSS as u64, MSS, true, true, |_| None);
     assert_eq!(passed, [MSS as u64]);
     assert_eq!(
         s.conn().state(),
@@ -166,7 +169,7 @@ fn a_fin_out_of_order_waits_for_the_octets_taken_back() {
 fn a_take_back_answered_in_the_pass_up_comes_before_the_fin() {
     for in_the_pass_up in [true, false] {
         let (c, mut s, _net) = established(pass_up());
-        let _ = feed_flags(&c, &mut s, MSS as u64, MSS, true, true);
+        let _ = feed_answering(&c, &mut s, MSS as u64, MSS, true, true, |_| None);
         let (passed, _) = feed_answering(&c, &mut s, 0, MSS, true, false, |off| {
             (in_the_pass_up && off == 0).then_some(TakeBack { from: MSS as u64 })
         });
@@ -274,16 +277,7 @@ fn octets_taken_back_lose_their_d_sack() {
 /// holds as unacknowledged and unSACKed (nothing, here: the connection would hang).
 #[test]
 fn a_timeout_resends_a_sacked_segment_at_the_cumulative_point() {
-    let stream = Config {
-        timestamps: false,
-        mss: MSS as u16,
-        ..Config::default()
-    };
-    let receiver = Config {
-        mss: MSS as u16,
-        ..pass_up()
-    };
-    let (mut c, s, _net) = established_pair(stream, receiver);
+    let (mut c, s, _net) = sender_and_pass_up_receiver();
     let now = Instant::from_millis(20_000);
     assert_eq!(c.conn_mut().send(&[0x77u8; MSS]).expect("send"), MSS);
     let mut buf = [0u8; 2048];
@@ -351,16 +345,7 @@ fn refused_outside_pass_up_mode() {
 /// sends 3 and 4 again at once, without waiting for its retransmission timeout.
 #[test]
 fn our_sender_resends_what_the_receiver_took_back() {
-    let stream = Config {
-        timestamps: false,
-        mss: MSS as u16,
-        ..Config::default()
-    };
-    let receiver = Config {
-        mss: MSS as u16,
-        ..pass_up()
-    };
-    let (mut c, mut s, _net) = established_pair(stream, receiver);
+    let (mut c, mut s, _net) = sender_and_pass_up_receiver();
     let mut now = Instant::from_millis(20_000);
     let data = vec![0x77u8; 4 * MSS];
     assert_eq!(c.conn_mut().send(&data).expect("send"), 4 * MSS);
