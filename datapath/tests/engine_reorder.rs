@@ -29,6 +29,18 @@ impl Rng {
 }
 
 /// A responder in Full Operation, with a 256 KiB sink (plus guard regions around it).
+/// Passes `data` up to `conn` as TCP would, at stream offset `stream_offset`. Nothing here gives
+/// octets back (no reassembly budget, no IFT): the answer must be empty.
+fn pass_up(conn: &mut IwarpConn, stream_offset: u64, data: &[u8], mem: &MemoryTable<VecBuffer>) {
+    let data = PassedUp {
+        acked: 0,
+        seq: 0,
+        stream_offset,
+        data,
+    };
+    assert_eq!(conn.on_data(data, mem), None, "nothing is given back here");
+}
+
 struct Receiver {
     conn: IwarpConn,
     mem: MemoryTable<VecBuffer>,
@@ -66,16 +78,7 @@ fn receiver(markers: bool, crc: bool) -> Receiver {
     );
     let guard1 = mem.register(PD, VecBuffer::zeroed(4096), 0, Access::REMOTE_WRITE);
     let request = Initiator::new(mpa, b"", epoch).unwrap().request().to_vec();
-    let taken_back = conn.on_data(
-        PassedUp {
-            acked: 0,
-            seq: 0,
-            stream_offset: 0,
-            data: &request,
-        },
-        &mem,
-    );
-    assert_eq!(taken_back, None, "nothing is given back here");
+    pass_up(&mut conn, 0, &request, &mem);
     assert!(matches!(conn.poll_event(), Some(ConnEvent::Request(_))));
     conn.accept(b"").unwrap();
     Receiver {
@@ -151,16 +154,7 @@ fn random_orders_place_exactly() {
         let mut segs = segments(&fpdus, &mut rng, cut);
         shuffle(&mut segs, &mut rng);
         for (off, bytes) in &segs {
-            let taken_back = conn.on_data(
-                PassedUp {
-                    acked: 0,
-                    seq: 0,
-                    stream_offset: start as u64 + off,
-                    data: bytes,
-                },
-                &mem,
-            );
-            assert_eq!(taken_back, None, "nothing is given back here");
+            pass_up(&mut conn, start as u64 + off, bytes, &mem);
         }
         let c = conn.counters();
         let got = mem.get(sink).unwrap().to_vec();
@@ -220,16 +214,7 @@ fn corruption_and_garbage_never_panic_nor_escape_the_sink() {
         }
         shuffle(&mut segs, &mut rng);
         for (off, bytes) in &segs {
-            let taken_back = conn.on_data(
-                PassedUp {
-                    acked: 0,
-                    seq: 0,
-                    stream_offset: start as u64 + off,
-                    data: bytes,
-                },
-                &mem,
-            );
-            assert_eq!(taken_back, None, "nothing is given back here");
+            pass_up(&mut conn, start as u64 + off, bytes, &mem);
         }
         // With CRCs, nothing corrupted is placed: only the sink, inside the Write's range.
         if crc {
@@ -357,16 +342,12 @@ fn hold_around_holes(
     let mut rcv_max = 0;
     let mut worst = 0;
     for &(s, e) in &pieces {
-        let taken_back = conn.on_data(
-            PassedUp {
-                acked: 0,
-                seq: 0,
-                stream_offset: start as u64 + s,
-                data: &stream[s as usize..e as usize],
-            },
+        pass_up(
+            &mut conn,
+            start as u64 + s,
+            &stream[s as usize..e as usize],
             &mem,
         );
-        assert_eq!(taken_back, None, "nothing is given back here");
         pending.retain(|&h| h != (s, e));
         rcv_max = rcv_max.max(e);
         let held = conn.counters().held_bytes;
@@ -587,16 +568,12 @@ fn relay_orders_hold_the_cut_fpdus_pieces() {
         let mut rcv_max = 0u64;
         let mut worst = 0u64;
         for &(_, (s, e)) in &order {
-            let taken_back = conn.on_data(
-                PassedUp {
-                    seq: 0,
-                    stream_offset: start as u64 + s,
-                    data: &stream[s as usize..e as usize],
-                    acked: 0,
-                },
+            pass_up(
+                &mut conn,
+                start as u64 + s,
+                &stream[s as usize..e as usize],
                 &mem,
             );
-            assert_eq!(taken_back, None, "nothing is given back here");
             let i = pieces.partition_point(|p| p.0 < s);
             delivered[i] = true;
             rcv_max = rcv_max.max(e);
