@@ -1569,15 +1569,15 @@ impl Connection {
         // A SACKed segment at the cumulative point when the timer fires: the peer discarded
         // what it SACKed (RFC 2018 section 8: after a timeout the sender SHOULD turn off its
         // SACKed bits), or it would have acknowledged it. Everything goes again.
-        let reneged = self
+        if self
             .scoreboard
             .front()
-            .is_some_and(|e| e.state == SegState::Sacked);
-        if reneged {
-            self.stats.peer_reneged += 1;
+            .is_some_and(|e| e.state == SegState::Sacked)
+        {
+            self.forget_sacks();
         }
         for e in self.scoreboard.iter_mut() {
-            if e.state == SegState::InFlight || (reneged && e.state == SegState::Sacked) {
+            if e.state == SegState::InFlight {
                 e.state = SegState::Lost;
                 self.lost_count += 1;
             }
@@ -2268,12 +2268,18 @@ impl Connection {
             .front()
             .is_some_and(|e| e.state == SegState::Sacked && e.start == ack_pos)
         {
-            self.stats.peer_reneged += 1;
-            for e in self.scoreboard.iter_mut() {
-                if e.state == SegState::Sacked {
-                    e.state = SegState::Lost;
-                    self.lost_count += 1;
-                }
+            self.forget_sacks();
+        }
+    }
+
+    /// The peer reneged (RFC 2018 section 8): every segment held as SACKed is lost, to be
+    /// sent again (`ConnStats::peer_reneged`).
+    fn forget_sacks(&mut self) {
+        self.stats.peer_reneged += 1;
+        for e in self.scoreboard.iter_mut() {
+            if e.state == SegState::Sacked {
+                e.state = SegState::Lost;
+                self.lost_count += 1;
             }
         }
     }
