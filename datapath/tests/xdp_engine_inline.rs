@@ -11,8 +11,11 @@
 //! The same run with inline progress off is the control: no application turn, and no round
 //! without an engine-thread turn.
 //!
+//! A second test stops polling without blocking and times how soon the parked engine thread
+//! takes its turns back.
+//!
 //! Engine client in `iwa`, socket-transport echo server in `iwb`. Needs root; skips (fails
-//! under `CI=true`) without the veth bed. About 1 s.
+//! under `CI=true`) without the veth bed. About 4 s.
 
 use std::time::{Duration, Instant};
 
@@ -35,9 +38,9 @@ fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
     bed::slot_recv(mr, i, LEN)
 }
 
-/// Echoes every Send back (kernel TCP, blocking waits).
-fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    let mut echoed = bed::echo_rounds(port, &ready, ROUNDS, LEN, SETUP, |_| Ok(()))?;
+/// Echoes `rounds` Sends back (kernel TCP, blocking waits).
+fn server(port: u16, ready: std::sync::mpsc::Sender<()>, rounds: u64) -> Result<(), String> {
+    let mut echoed = bed::echo_rounds(port, &ready, rounds, LEN, SETUP, |_| Ok(()))?;
     // The last echoes' completions, then wait for the client to close.
     let _ = echoed.qp.wait_finished(SETUP);
     echoed.qp.disconnect();
@@ -127,19 +130,72 @@ fn client(port: u16, inline: bool) -> Result<(u64, EngineCounters), String> {
     Ok((quiet_rounds, c))
 }
 
-fn run(port: u16, inline: bool) -> (u64, EngineCounters) {
+/// Runs `client` (on its own thread) against [`server`] echoing `rounds` Sends.
+fn against_server<T: Send + 'static>(
+    port: u16,
+    rounds: u64,
+    client: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> T {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = std::thread::spawn(move || server(port, ready_tx));
+    let srv = std::thread::spawn(move || server(port, ready_tx, rounds));
     if ready_rx.recv_timeout(SETUP).is_err() {
         let r = srv.join();
         panic!("server did not start: {r:?}");
     }
-    let cli = std::thread::spawn(move || client(port, inline));
+    let cli = std::thread::spawn(client);
     let c = cli.join().expect("client thread");
     let s = srv.join().expect("server thread");
     let c = c.unwrap_or_else(|e| panic!("client: {e}"));
     s.unwrap_or_else(|e| panic!("server: {e}"));
     c
+}
+
+fn run(port: u16, inline: bool) -> (u64, EngineCounters) {
+    against_server(port, ROUNDS, move || client(port, inline))
+}
+
+/// The parked engine thread's longest sleep in [`stopped_polling`].
+const PARK_MAX: Duration = Duration::from_millis(200);
+
+/// Polls the completion queue (`try_next`, nothing arrives) long enough for the parked engine
+/// thread's sleeps to reach [`PARK_MAX`], then stops polling without blocking in a wait, and
+/// measures how long after its last poll the engine thread runs a turn again; three times.
+fn stopped_polling(port: u16) -> Result<Vec<Duration>, String> {
+    let cfg = XdpEngineConfig {
+        // One engine thread (see `client`): the turns counted are the connection's thread's.
+        shard_per_queue: false,
+        park_max: PARK_MAX,
+        ..XdpEngineConfig::default()
+    };
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let (mut engine, mut conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
+    let mut lags = Vec::new();
+    for _ in 0..3 {
+        // Sleeps from 500 us doubling to 200 ms: 455 ms of polling parks the thread for 200 ms.
+        let polling = Instant::now();
+        let mut last_poll = polling;
+        while polling.elapsed() < Duration::from_millis(700) {
+            if let Some(c) = cq.try_next() {
+                return Err(format!("unexpected completion {c:?}"));
+            }
+            last_poll = Instant::now();
+        }
+        let turns = engine.counters().thread_turns;
+        while engine.counters().thread_turns == turns {
+            if last_poll.elapsed() > 4 * PARK_MAX {
+                return Err(format!(
+                    "no engine-thread turn {:?} after the last poll",
+                    last_poll.elapsed()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        lags.push(last_poll.elapsed());
+    }
+    conn.qp.disconnect();
+    engine.stop();
+    Ok(lags)
 }
 
 #[test]
@@ -179,5 +235,26 @@ fn a_polling_application_drives_the_engine_while_its_thread_is_parked() {
     assert_eq!(
         quiet, 0,
         "rounds completed without the engine thread, inline progress off"
+    );
+}
+
+/// An application that stops polling without blocking in a wait (it computes, or sleeps) gets
+/// its engine thread back within `park_max` of its last poll, and with it received frames
+/// and timers (a delayed acknowledgement, a retransmission): a parked thread that looks while
+/// the application still polls, just before it stops, sleeps once more, but the look after that
+/// finds the last poll old and resumes. Before, that look saw a poll since the previous one and
+/// slept once more again: the engine was away for up to twice `park_max` (8 ms by default,
+/// more than an engine peer's 5 ms minimum retransmission timeout: write-lat's clients
+/// retransmitted spuriously after their last round).
+#[test]
+fn an_application_that_stops_polling_gets_its_engine_thread_back() {
+    let _bed = bed_or_skip!();
+    let lags = against_server(19_543, 0, || stopped_polling(19_543));
+    println!("engine-thread turn after the last poll: {lags:?} (park_max {PARK_MAX:?})");
+    // At most one sleep of `PARK_MAX` after the last poll, with room for a loaded machine.
+    let bound = PARK_MAX + Duration::from_millis(50);
+    assert!(
+        lags.iter().all(|&lag| lag < bound),
+        "the engine thread came back {lags:?} after the application's last poll (bound {bound:?})"
     );
 }

@@ -736,6 +736,8 @@ pub struct XdpTcp {
     /// The last poll left its service, timers and transmission to this one
     /// ([`XdpTcp::poll_answering`]).
     deferred: bool,
+    /// The last clock reading of a poll ([`XdpTcp::polled_at`]).
+    polled_at: tcp_engine::Instant,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
 }
@@ -931,6 +933,7 @@ impl XdpTcp {
             timers_deferred: 0,
             quiet: None,
             deferred: false,
+            polled_at: tcp_engine::Instant::from_nanos(0),
             stats: XdpTcpStats::default(),
             cfg,
             port,
@@ -1153,6 +1156,14 @@ impl XdpTcp {
         self.table.get_mut(id)
     }
 
+    /// When (on the clock of [`epoch`](Self::epoch)) the last [`poll`](Self::poll) or
+    /// [`poll_answering`](Self::poll_answering) read the clock: at most 16 polls before the last
+    /// one (quiet polls read it every 16th). What tells a parked engine thread whether the
+    /// application still polls (inline progress).
+    pub fn polled_at(&self) -> tcp_engine::Instant {
+        self.polled_at
+    }
+
     /// True if the table holds no connection (half-open ones included).
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
@@ -1248,19 +1259,24 @@ impl XdpTcp {
         let app_work = app.has_new_work();
         if let Some(until) = self.quiet {
             // The clock is read every 16th quiet poll only (a clock reading costs as much as
-            // the rest of such a poll): a deadline passes at most 15 of them late.
-            if !app_work
-                && self.nothing_received()
-                && (!self.stats.quiet_polls.is_multiple_of(16)
-                    || until.is_none_or(|d| self.now() < d))
-            {
-                self.stats.quiet_polls += 1;
-                return Ok(false);
+            // the rest of such a poll): a deadline passes at most 15 of them late, and
+            // `polled_at` is as old.
+            if !app_work && self.nothing_received() {
+                let due = self.stats.quiet_polls.is_multiple_of(16) && {
+                    let now = self.now();
+                    self.polled_at = now;
+                    until.is_some_and(|d| now >= d)
+                };
+                if !due {
+                    self.stats.quiet_polls += 1;
+                    return Ok(false);
+                }
             }
             self.quiet = None;
         }
         probe::mark(Mark::PollStart);
         let now = self.now();
+        self.polled_at = now;
         let (mut work, backlog, passed_up) = self.receive(now, app);
         probe::mark(Mark::Received);
         // An answering poll returns with the data placed and what it finished handed out;

@@ -79,9 +79,10 @@ pub struct XdpEngineConfig {
     /// application still drives turns (its sleeps start at 500 us and double). Each look
     /// wakes the engine thread on a core a busy-polling application may be using, and delays
     /// what that application is waiting for by a few microseconds (at 500 us, a round trip in
-    /// ~50 of a latency test's: its p99); it is also the most the connections' progress
+    /// ~50 of a latency test's: its p99); it is also about the most the connections' progress
     /// (received frames, timers) waits when the application stops polling without blocking in
-    /// [`CompletionQueue::wait`]. Default 4 ms.
+    /// [`CompletionQueue::wait`] (a look that finds the last poll older than 250 us resumes
+    /// the engine thread; one that finds a newer poll sleeps once more). Default 4 ms.
     pub park_max: Duration,
 }
 

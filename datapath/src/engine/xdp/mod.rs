@@ -151,6 +151,7 @@ fn spawn_shard(
         core: OnceLock::new(),
         app_turns: AtomicU64::new(0),
         app_polls: AtomicU64::new(0),
+        app_polled_at: AtomicU64::new(0),
         thread_turns: AtomicU64::new(0),
         app_waits: AtomicU64::new(0),
         posted: AtomicU64::new(0),
@@ -171,6 +172,7 @@ fn spawn_shard(
         xdp.add_wake_fd(wake_rx.as_raw_fd());
         let _ = ready_tx.send(Ok(xdp.local_ip()));
         let inbox = xdp.shard_set();
+        let epoch = xdp.epoch();
         let (attention_tx, attention_rx) =
             crossbeam_channel::bounded(cfg.driver.max_connections.max(1));
         let turner = Turner {
@@ -182,7 +184,7 @@ fn spawn_shard(
                 ended: ConnCounters::default(),
                 established: 0,
                 ended_conns: 0,
-                epoch: xdp.epoch(),
+                epoch,
                 progress: false,
                 wake: engine_wake.clone(),
                 shard: index,
@@ -212,6 +214,7 @@ fn spawn_shard(
             parks: 0,
             pin,
             inbox,
+            epoch,
         };
         engine.run();
     })?;

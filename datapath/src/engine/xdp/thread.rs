@@ -24,7 +24,9 @@ use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{next_park, Core, ListenPort, Turner, Wake, AWAKE, PARK, PARKED, SLEEPING};
+use super::wake::{
+    next_park, Core, ListenPort, Turner, Wake, APP_STALE, AWAKE, PARK, PARKED, SLEEPING,
+};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -191,6 +193,8 @@ pub(super) struct Engine {
     pub(super) pin: Option<usize>,
     /// Shards: the inboxes and this shard's index (a parked thread is woken by hand-offs).
     pub(super) inbox: Option<(Arc<crate::xdp_tcp::shard::ShardSet>, usize)>,
+    /// The driver's clock zero (`XdpTcp::epoch`), for [`Wake::app_polled_at`].
+    pub(super) epoch: StdInstant,
 }
 
 impl Engine {
@@ -408,10 +412,10 @@ impl Engine {
     }
 
     /// Inline progress: sleeps on the wake-up socket alone, the state unlocked, while
-    /// application threads keep driving turns; back to polling when they stop (no application
-    /// turn since the last look: the sleeps between looks start at [`PARK`] and double up to
-    /// [`XdpEngineConfig::park_max`]), block in a wait, or something writes the wake-up socket
-    /// (an engine command, a work request whose poster could not run a turn).
+    /// application threads keep driving turns; back to polling when they stop (at a look, no
+    /// application poll for [`APP_STALE`]: the sleeps between looks start at [`PARK`] and
+    /// double up to [`XdpEngineConfig::park_max`]), block in a wait, or something writes the
+    /// wake-up socket (an engine command, a work request whose poster could not run a turn).
     fn park(&mut self, p: &mut Pace) {
         self.parks += 1;
         let mut sleep = PARK;
@@ -443,12 +447,21 @@ impl Engine {
                     }
                 }
             }
-            if woken || !p.app_drove(&self.wake) {
+            if woken || !p.app_drove(&self.wake) || self.app_stopped() {
                 return;
             }
             sleep = next_park(sleep, self.cfg.park_max);
         }
         self.wake.state.store(AWAKE, Ordering::SeqCst);
+    }
+
+    /// Inline progress: the application has not polled for [`APP_STALE`] (it polled since
+    /// the last look, perhaps only just after it).
+    fn app_stopped(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let polled = self.wake.app_polled_at.load(Ordering::Relaxed);
+        // A poll's reading may come after `now` (it raced this look): not stopped.
+        Duration::from_nanos(now.saturating_sub(polled)) >= APP_STALE
     }
 
     /// Empties the wake-up socket; true if it held anything.

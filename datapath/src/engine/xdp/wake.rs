@@ -43,6 +43,14 @@ pub(super) const PARKED: u8 = 2;
 /// [`XdpEngineConfig::park_max`].
 pub(super) const PARK: Duration = Duration::from_micros(500);
 
+/// How long the application may go without polling before a parked engine thread, at its
+/// next look, takes its turns back although the application polled since the last look: it
+/// has stopped (it computes, or sleeps without [`CompletionQueue::wait`]), and what arrives
+/// or falls due meanwhile is the engine thread's again. Without it, an application that
+/// stopped just after a look kept the engine parked for a whole sleep more (up to twice
+/// [`XdpEngineConfig::park_max`]: long enough for a peer's retransmission timeout).
+pub(super) const APP_STALE: Duration = Duration::from_micros(250);
+
 /// The parked engine thread's next sleep after one of `slept` that found the application still
 /// driving turns: twice as long, at most `max` (and never shorter than [`PARK`]).
 pub(super) fn next_park(slept: Duration, max: Duration) -> Duration {
@@ -75,6 +83,10 @@ pub(super) struct Wake {
     /// engine thread stays parked (posting turns alone do not keep it: they run no timers
     /// and serve one connection).
     pub(super) app_polls: AtomicU64,
+    /// When the last of those read the clock (`XdpTcp::polled_at`, nanoseconds on the
+    /// driver's clock): a parked engine thread that finds it older than [`APP_STALE`] takes
+    /// its turns back.
+    pub(super) app_polled_at: AtomicU64,
     /// Turns run by the engine thread.
     pub(super) thread_turns: AtomicU64,
     /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
@@ -125,7 +137,12 @@ impl Wake {
     /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
     /// is no system call either). True if a turn ran.
     fn drive(&self) -> bool {
-        let ran = self.drive_with(Turner::turn_inline);
+        let ran = self.drive_with(|t| {
+            let work = t.turn_inline();
+            self.app_polled_at
+                .store(t.xdp.polled_at().as_nanos(), Ordering::Relaxed);
+            work
+        });
         if ran {
             self.app_polls.fetch_add(1, Ordering::Relaxed);
         }
