@@ -87,6 +87,8 @@ pub struct EngineReport {
     pub turns_application: u64,
     /// Times the engine thread parked.
     pub parks: u64,
+    /// Times a parked engine thread woke (each a context switch on the application's core).
+    pub parked_wakes: u64,
     /// Milliseconds the engine thread waited (turns without work) while it had connections,
     /// summed over engine threads.
     pub idle_ms: f64,
@@ -151,6 +153,7 @@ impl EngineReport {
             turns_engine_thread: c.thread_turns,
             turns_application: c.app_turns,
             parks: c.parks,
+            parked_wakes: c.parked_wakes,
             idle_ms: c.idle_ns as f64 / 1e6,
             shards: c.shards as u64,
             zero_copy: c.zero_copy,
@@ -174,7 +177,8 @@ impl EngineReport {
              sending limited by the peer's window {:.1} ms, the congestion window {:.1} ms, \
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
-             by the application {} (engine parked {} times, idle {:.1} ms), engine threads {} \
+             by the application {} (engine parked {} times, woke {} times parked, idle {:.1} ms), \
+             engine threads {} \
              (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}{}",
             self.frames_rx,
             self.frames_tx,
@@ -205,6 +209,7 @@ impl EngineReport {
             self.turns_engine_thread,
             self.turns_application,
             self.parks,
+            self.parked_wakes,
             self.idle_ms,
             self.shards,
             self.handoffs,

@@ -173,10 +173,10 @@ pub struct Cli {
     /// (`SO_BUSY_POLL_BUDGET`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub engine_busy_poll_budget: u16,
-    /// `--transport xdp`, inline progress: the longest a parked engine thread sleeps, in
-    /// microseconds, before it looks whether the application still polls
-    /// (`XdpEngineConfig::park_max`; its sleeps start at 500 and double; 500 or less: every
-    /// look after 500 us; default: the engine's, 4000).
+    /// `--transport xdp`, inline progress: how long after the application's last poll, in
+    /// microseconds, the parked engine thread takes its turns back (`XdpEngineConfig::park_max`:
+    /// its watchdog, which the polls push forward every half of it; default: the engine's,
+    /// 4000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub engine_park_max_us: Option<u64>,
     /// `--transport xdp`: mebibytes of memory all the engine's connections may hold out of

@@ -95,6 +95,7 @@ fn xdp_json_reports_engine_counters() {
             "spurious_undone",
             "paws_drops",
             "parks",
+            "parked_wakes",
             "shards",
             "handoffs",
             "handoff_drops",

@@ -68,21 +68,22 @@ pub struct XdpEngineConfig {
     /// Inline progress (run-to-completion): an application thread that polls a
     /// [`CompletionQueue`] of this engine ([`CompletionQueue::try_next`],
     /// [`CompletionQueue::poll`]) runs an engine turn itself when nobody else is in one, and
-    /// while it keeps doing so the engine thread parks (sleeps on its wake-up socket, looking
-    /// again after 500 us, then after twice as long each time up to
+    /// while it keeps doing so the engine thread parks (sleeps on its wake-up socket and a
+    /// watchdog timer that the application's polls keep pushing forward, see
     /// [`park_max`](Self::park_max)), so the poller is the only thread on its core and a
     /// received frame is placed and completed by the thread that waits for it; a work request
     /// posted meanwhile is transmitted by the posting thread. A blocking
     /// [`CompletionQueue::wait`] unparks the engine thread first. Default on.
     pub inline_progress: bool,
-    /// Inline progress: the longest a parked engine thread sleeps before it looks whether the
-    /// application still drives turns (its sleeps start at 500 us and double). Each look
-    /// wakes the engine thread on a core a busy-polling application may be using, and delays
-    /// what that application is waiting for by a few microseconds (at 500 us, a round trip in
-    /// ~50 of a latency test's: its p99); it is also about the most the connections' progress
-    /// (received frames, timers) waits when the application stops polling without blocking in
-    /// [`CompletionQueue::wait`] (a look that finds the last poll older than 250 us resumes
-    /// the engine thread; one that finds a newer poll sleeps once more). Default 4 ms.
+    /// Inline progress: the most the connections' progress (received frames, timers) waits
+    /// once the application stops polling without blocking in [`CompletionQueue::wait`] (to
+    /// compute, or to sleep). The parked engine thread's watchdog expires this long after its
+    /// last push, and the application's polls push it (one system call, which on a virtual
+    /// machine reprograms the core's timer) once half of this has passed since the last push,
+    /// in a poll that found nothing to do, or once three quarters have in any poll: shorter
+    /// means more pushes (at 2 ms, a write-lat p99 twice as long on the veth bed), longer
+    /// means progress waits longer. Default 4 ms (below an engine peer's 5 ms minimum
+    /// retransmission timeout).
     pub park_max: Duration,
 }
 
@@ -138,6 +139,10 @@ pub struct EngineCounters {
     pub thread_turns: u64,
     /// Times the engine thread parked because application threads drove its turns.
     pub parks: u64,
+    /// Times the parked engine thread woke: its watchdog expired, a command or a work request
+    /// nobody took came, the application blocked in a wait, or (every 50 ms) to publish these
+    /// counters. Each is a context switch on a core the application may be polling on; live.
+    pub parked_wakes: u64,
     /// Nanoseconds the engine thread spent between a turn that found no work and the next
     /// one that found some, while it had connections (spinning, yielding, sleeping or
     /// parked): the part of a run in which it waited for ACKs, work requests or the peer's
@@ -166,6 +171,7 @@ impl EngineCounters {
         self.app_turns += o.app_turns;
         self.thread_turns += o.thread_turns;
         self.parks += o.parks;
+        self.parked_wakes += o.parked_wakes;
         self.idle_ns += o.idle_ns;
     }
 }

@@ -66,6 +66,7 @@ mod handle;
 mod slots;
 mod thread;
 mod wake;
+mod watchdog;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -152,7 +153,11 @@ fn spawn_shard(
         app_turns: AtomicU64::new(0),
         app_polls: AtomicU64::new(0),
         app_polled_at: AtomicU64::new(0),
+        watchdog: watchdog::Watchdog::new()?,
+        watchdog_pushed: AtomicU64::new(0),
+        park_max: cfg.park_max,
         thread_turns: AtomicU64::new(0),
+        parked_wakes: AtomicU64::new(0),
         app_waits: AtomicU64::new(0),
         posted: AtomicU64::new(0),
     });
@@ -404,6 +409,7 @@ impl XdpEngine {
             let w = &shard.handle.wake;
             c.app_turns = w.app_turns.load(Ordering::Relaxed);
             c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
+            c.parked_wakes = w.parked_wakes.load(Ordering::Relaxed);
             zero_copy &= c.zero_copy;
             sum.add(&c);
             if self.shards.len() > 1 {

@@ -24,9 +24,7 @@ use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{
-    next_park, Core, ListenPort, Turner, Wake, APP_STALE, AWAKE, PARK, PARKED, SLEEPING,
-};
+use super::wake::{Core, ListenPort, Turner, Wake, APP_STALE, AWAKE, PARKED, SLEEPING};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -411,14 +409,18 @@ impl Engine {
         Next::Turn
     }
 
-    /// Inline progress: sleeps on the wake-up socket alone, the state unlocked, while
-    /// application threads keep driving turns; back to polling when they stop (at a look, no
-    /// application poll for [`APP_STALE`]: the sleeps between looks start at [`PARK`] and
-    /// double up to [`XdpEngineConfig::park_max`]), block in a wait, or something writes the
-    /// wake-up socket (an engine command, a work request whose poster could not run a turn).
+    /// Inline progress: sleeps on the wake-up socket and the watchdog, the state unlocked,
+    /// while application threads keep driving turns (their polls keep pushing the watchdog
+    /// forward: see `watchdog`); back to polling when they stop (the watchdog expires
+    /// [`XdpEngineConfig::park_max`] after its last push and the last poll is more than
+    /// [`APP_STALE`] old), block in a wait, or something writes the wake-up socket (an engine
+    /// command, a work request whose poster could not run a turn). It also wakes every
+    /// [`COUNTERS_EVERY`] to publish the counters, and looks then too.
     fn park(&mut self, p: &mut Pace) {
         self.parks += 1;
-        let mut sleep = PARK;
+        // An expiry left from an earlier park would end this one's first sleep at once.
+        self.wake.watchdog.take_expiry();
+        self.arm_watchdog();
         loop {
             self.wake.state.store(PARKED, Ordering::SeqCst);
             fence(Ordering::SeqCst);
@@ -433,12 +435,19 @@ impl Engine {
             if inbox.is_some_and(|b| !b.sleep_begin()) {
                 break;
             }
-            let woken = wait_readable(self.wake_rx.as_raw_fd(), inbox.map(|b| b.wake_fd()), sleep);
+            let fds = [
+                self.wake_rx.as_raw_fd(),
+                inbox.map_or(-1, |b| b.wake_fd()),
+                self.wake.watchdog.fd(),
+            ];
+            let woken = wait_readable(fds, COUNTERS_EVERY);
             if let Some(b) = inbox {
                 b.sleep_end();
             }
             self.wake.state.store(AWAKE, Ordering::SeqCst);
+            self.wake.parked_wakes.fetch_add(1, Ordering::Relaxed);
             let woken = self.drain_wake() || woken.is_err();
+            let expired = self.wake.watchdog.take_expiry();
             if p.last_publish.elapsed() >= COUNTERS_EVERY {
                 if let Ok(g) = self.core.try_lock() {
                     if let Some(t) = g.as_ref() {
@@ -450,9 +459,22 @@ impl Engine {
             if woken || !p.app_drove(&self.wake) || self.app_stopped() {
                 return;
             }
-            sleep = next_park(sleep, self.cfg.park_max);
+            if expired {
+                // The application paused without stopping (or could not push): watch again.
+                self.arm_watchdog();
+            }
         }
         self.wake.state.store(AWAKE, Ordering::SeqCst);
+    }
+
+    /// Sets the watchdog to expire [`XdpEngineConfig::park_max`] from now.
+    fn arm_watchdog(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.wake.watchdog_pushed.store(now, Ordering::Relaxed);
+        if let Err(e) = self.wake.watchdog.arm(self.cfg.park_max) {
+            // The sleeps still end every `COUNTERS_EVERY`: progress waits that long at most.
+            tracing::warn!(error = %e, "the parked engine thread's watchdog could not be set");
+        }
     }
 
     /// Inline progress: the application has not polled for [`APP_STALE`] (it polled since
@@ -493,27 +515,29 @@ impl Engine {
     }
 }
 
-/// Waits up to `timeout` for `fd` (or `fd2`) to become readable (`ppoll`); `Err` on a failed
-/// `ppoll`.
-fn wait_readable(
-    fd: std::os::fd::RawFd,
-    fd2: Option<std::os::fd::RawFd>,
-    timeout: Duration,
-) -> io::Result<bool> {
-    let pfd = |fd| libc::pollfd {
+/// Waits up to `timeout` for any of `fds` to become readable (`ppoll`; a negative one is left
+/// out); `Err` on a failed `ppoll`.
+fn wait_readable(fds: [std::os::fd::RawFd; 3], timeout: Duration) -> io::Result<bool> {
+    let mut pfds = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    let mut pfds = [pfd(fd), pfd(fd2.unwrap_or(-1))];
-    let n = if fd2.is_some() { 2 } else { 1 };
+    });
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
-    // SAFETY: `pfds` and `ts` are valid and owned by this frame, the count passed (1 or 2) is
-    // at most `pfds`' length, and a null signal mask leaves the thread's mask alone.
-    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), n, &ts, std::ptr::null()) };
+    // SAFETY: `pfds` and `ts` are valid and owned by this frame, the count passed is `pfds`'
+    // length (ppoll skips negative descriptors), and a null signal mask leaves the thread's
+    // mask alone.
+    let rc = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {

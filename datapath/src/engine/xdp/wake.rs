@@ -1,6 +1,7 @@
 //! Waking and driving the engine from the application: the engine thread's sleep states
-//! ([`AWAKE`], [`SLEEPING`], [`PARKED`]) and parked back-off ([`PARK`], [`next_park`]), and
-//! [`Wake`], the application's side of an engine (wake-up socket, sleep state, inline turns).
+//! ([`AWAKE`], [`SLEEPING`], [`PARKED`]), when the application's polls push a parked thread's
+//! watchdog ([`push_due`]), and [`Wake`], the application's side of an engine (wake-up socket,
+//! sleep state, inline turns).
 //!
 //! The state an application thread drives inline is defined here too: [`Wake`] holds the
 //! [`Core`], a [`Turner`] behind a mutex, whose [`State`] holds the [`Wake`] again (for the queue
@@ -18,6 +19,8 @@ use crossbeam_channel::{Receiver, Sender};
 use iwarp_conn::HeldCrc;
 use rdmap::MemoryTable;
 
+#[cfg(doc)]
+use crate::engine::EngineCounters;
 use crate::engine::{ConnCounters, ReassemblyBudget};
 use crate::memory::{RegionMemory, SharedTable, TableVersion};
 use crate::verbs::cm::{ConnectParams, ListenRecord};
@@ -30,31 +33,32 @@ use crate::xdp_tcp::{ConnId, XdpTcp};
 use super::commands::RequestMsg;
 use super::config::XdpEngineConfig;
 use super::slots::SlotMap;
+use super::watchdog::Watchdog;
 
 /// The engine thread runs its own turns (busy-polling or asleep in `ppoll`).
 pub(super) const AWAKE: u8 = 0;
 /// The engine thread sleeps in `ppoll` (after `busy_poll` without work), holding its state.
 pub(super) const SLEEPING: u8 = 1;
 /// The engine thread is parked because application threads drive its turns (inline progress):
-/// it sleeps on the wake-up socket only, its state free for whoever polls.
+/// it sleeps on the wake-up socket and its [`Watchdog`] only, its state free for whoever polls.
 pub(super) const PARKED: u8 = 2;
-/// How long a parked engine thread first sleeps before it looks whether the application still
-/// drives; each look that finds it still driving doubles the next sleep, up to
-/// [`XdpEngineConfig::park_max`].
-pub(super) const PARK: Duration = Duration::from_micros(500);
 
-/// How long the application may go without polling before a parked engine thread, at its
-/// next look, takes its turns back although the application polled since the last look: it
-/// has stopped (it computes, or sleeps without [`CompletionQueue::wait`]), and what arrives
-/// or falls due meanwhile is the engine thread's again. Without it, an application that
-/// stopped just after a look kept the engine parked for a whole sleep more (up to twice
-/// [`XdpEngineConfig::park_max`]: long enough for a peer's retransmission timeout).
+/// How long the application may go without polling before a parked engine thread that wakes
+/// (its watchdog expired, or to publish its counters) takes its turns back: it has stopped (it
+/// computes, or sleeps without [`CompletionQueue::wait`]), and what arrives or falls due
+/// meanwhile is the engine thread's again.
 pub(super) const APP_STALE: Duration = Duration::from_micros(250);
 
-/// The parked engine thread's next sleep after one of `slept` that found the application still
-/// driving turns: twice as long, at most `max` (and never shorter than [`PARK`]).
-pub(super) fn next_park(slept: Duration, max: Duration) -> Duration {
-    slept.saturating_mul(2).min(max.max(PARK))
+/// Whether an application poll at `at` (nanoseconds on the driver's clock) that did (`work`) or
+/// did not do work pushes the parked engine thread's watchdog, last pushed at `pushed`: a poll
+/// that found nothing to do once half of `park_max` has passed (its system call then delays
+/// nothing the application waits for), any poll once three quarters have (an application
+/// that never polls idle). So a steadily polling application keeps the watchdog from expiring,
+/// with at most one push per half of `park_max`.
+pub(super) fn push_due(at: u64, pushed: u64, work: bool, park_max: Duration) -> bool {
+    let max = u64::try_from(park_max.as_nanos()).unwrap_or(u64::MAX);
+    let since = at.saturating_sub(pushed);
+    since >= max / 4 * 3 || (!work && since >= max / 2)
 }
 
 /// The application's side of the engine: the wake-up socket, the engine thread's sleep state,
@@ -84,11 +88,20 @@ pub(super) struct Wake {
     /// and serve one connection).
     pub(super) app_polls: AtomicU64,
     /// When the last of those read the clock (`XdpTcp::polled_at`, nanoseconds on the
-    /// driver's clock): a parked engine thread that finds it older than [`APP_STALE`] takes
-    /// its turns back.
+    /// driver's clock): a parked engine thread that wakes and finds it older than
+    /// [`APP_STALE`] takes its turns back.
     pub(super) app_polled_at: AtomicU64,
+    /// The parked engine thread's watchdog: expires [`XdpEngineConfig::park_max`] after its
+    /// last push (by the engine thread as it parks, then by the application's polls).
+    pub(super) watchdog: Watchdog,
+    /// When (driver clock, nanoseconds) the watchdog was last pushed ([`push_due`]).
+    pub(super) watchdog_pushed: AtomicU64,
+    /// [`XdpEngineConfig::park_max`].
+    pub(super) park_max: Duration,
     /// Turns run by the engine thread.
     pub(super) thread_turns: AtomicU64,
+    /// Times the parked engine thread woke ([`EngineCounters::parked_wakes`]).
+    pub(super) parked_wakes: AtomicU64,
     /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
     /// park while the application blocks instead of polling.
     pub(super) app_waits: AtomicU64,
@@ -137,16 +150,40 @@ impl Wake {
     /// per turn, as the engine thread takes it; nobody ever waits on that mutex, so releasing it
     /// is no system call either). True if a turn ran.
     fn drive(&self) -> bool {
+        let mut polled = None;
         let ran = self.drive_with(|t| {
             let work = t.turn_inline();
-            self.app_polled_at
-                .store(t.xdp.polled_at().as_nanos(), Ordering::Relaxed);
+            let at = t.xdp.polled_at().as_nanos();
+            self.app_polled_at.store(at, Ordering::Relaxed);
+            polled = Some((at, work));
             work
         });
+        if let Some((at, work)) = polled {
+            self.push_watchdog(at, work);
+        }
         if ran {
             self.app_polls.fetch_add(1, Ordering::Relaxed);
         }
         ran
+    }
+
+    /// Pushes the parked engine thread's watchdog forward after a poll at `at` (see
+    /// [`push_due`]); nothing while the engine thread is not parked.
+    fn push_watchdog(&self, at: u64, work: bool) {
+        if self.state.load(Ordering::Relaxed) != PARKED
+            || !push_due(
+                at,
+                self.watchdog_pushed.load(Ordering::Relaxed),
+                work,
+                self.park_max,
+            )
+        {
+            return;
+        }
+        self.watchdog_pushed.store(at, Ordering::Relaxed);
+        // If this fails, the watchdog expires and the engine thread, finding the application
+        // still polling, pushes it itself.
+        let _ = self.watchdog.arm(self.park_max);
     }
 
     /// [`drive`](Self::drive) with the turn `turn`.
@@ -305,24 +342,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parked_sleeps_double_up_to_the_maximum() {
-        let ms = Duration::from_millis;
-        let mut sleep = PARK;
-        let mut seen = vec![sleep];
-        for _ in 0..6 {
-            sleep = next_park(sleep, ms(4));
-            seen.push(sleep);
-        }
-        let us = Duration::from_micros;
-        assert_eq!(
-            seen,
-            [us(500), ms(1), ms(2), ms(4), ms(4), ms(4), ms(4)],
-            "500 us, doubling, capped at park_max"
-        );
-        // A maximum at or below the first sleep keeps every look at 500 us (the former
-        // behaviour); one between doublings caps the last.
-        assert_eq!(next_park(PARK, us(100)), PARK);
-        assert_eq!(next_park(PARK, PARK), PARK);
-        assert_eq!(next_park(ms(2), us(3000)), us(3000));
+    fn polls_push_the_watchdog_idle_after_half_busy_after_three_quarters() {
+        let max = Duration::from_millis(4);
+        let ms = 1_000_000u64;
+        let pushed = 10 * ms;
+        // Idle polls: not before half of park_max.
+        assert!(!push_due(pushed + 2 * ms - 1, pushed, false, max));
+        assert!(push_due(pushed + 2 * ms, pushed, false, max));
+        // Polls that worked: not before three quarters of it.
+        assert!(!push_due(pushed + 3 * ms - 1, pushed, true, max));
+        assert!(push_due(pushed + 3 * ms, pushed, true, max));
+        // A poll's clock reading older than the last push (another thread pushed since).
+        assert!(!push_due(pushed - ms, pushed, false, max));
     }
 }
