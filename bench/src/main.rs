@@ -175,8 +175,8 @@ pub struct Cli {
     pub engine_busy_poll_budget: u16,
     /// `--transport xdp`, inline progress: how long after the application's last poll, in
     /// microseconds, the parked engine thread takes its turns back (`XdpEngineConfig::park_max`:
-    /// its watchdog, which the polls push forward every half of it; default: the engine's,
-    /// 4000).
+    /// its watchdog, which the polls push forward every half of it; at least 1000; default:
+    /// the engine's, 4000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub engine_park_max_us: Option<u64>,
     /// `--transport xdp`: mebibytes of memory all the engine's connections may hold out of

@@ -82,8 +82,8 @@ pub struct XdpEngineConfig {
     /// machine reprograms the core's timer) once half of this has passed since the last push,
     /// in a poll that found nothing to do, or once three quarters have in any poll: shorter
     /// means more pushes (at 2 ms, a write-lat p99 twice as long on the veth bed), longer
-    /// means progress waits longer. Default 4 ms (below an engine peer's 5 ms minimum
-    /// retransmission timeout).
+    /// means progress waits longer. At least 1 ms (a smaller value is raised to it). Default
+    /// 4 ms (below an engine peer's 5 ms minimum retransmission timeout).
     pub park_max: Duration,
 }
 

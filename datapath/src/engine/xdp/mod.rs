@@ -31,7 +31,8 @@
 //! taken with `try_lock`, once per turn, so no thread waits on it. A thread polling a
 //! [`CompletionQueue`] of the engine runs a turn itself when the queue is empty and nobody else
 //! is in one; while application threads keep doing so (and do not block in
-//! [`CompletionQueue::wait`]) the engine thread parks on its wake-up socket, and a work request
+//! [`CompletionQueue::wait`]) the engine thread parks (sleeps on its wake-up socket and a
+//! watchdog timer that their polls keep pushing forward), and a work request
 //! posted meanwhile is transmitted by a turn on the posting thread. The poller then has its
 //! core to itself: no hand-off to the engine thread per message in either direction.
 //!
@@ -155,7 +156,7 @@ fn spawn_shard(
         app_polled_at: AtomicU64::new(0),
         watchdog: watchdog::Watchdog::new()?,
         watchdog_pushed: AtomicU64::new(0),
-        park_max: cfg.park_max,
+        park_max: cfg.park_max.max(wake::MIN_PARK_MAX),
         thread_turns: AtomicU64::new(0),
         parked_wakes: AtomicU64::new(0),
         app_waits: AtomicU64::new(0),

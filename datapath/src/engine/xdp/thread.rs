@@ -24,7 +24,7 @@ use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{Core, ListenPort, Turner, Wake, APP_STALE, AWAKE, PARKED, SLEEPING};
+use super::wake::{app_stale, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEEPING};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -413,13 +413,12 @@ impl Engine {
     /// while application threads keep driving turns (their polls keep pushing the watchdog
     /// forward: see `watchdog`); back to polling when they stop (the watchdog expires
     /// [`XdpEngineConfig::park_max`] after its last push and the last poll is more than
-    /// [`APP_STALE`] old), block in a wait, or something writes the wake-up socket (an engine
+    /// [`app_stale`] old), block in a wait, or something writes the wake-up socket (an engine
     /// command, a work request whose poster could not run a turn). It also wakes every
     /// [`COUNTERS_EVERY`] to publish the counters, and looks then too.
     fn park(&mut self, p: &mut Pace) {
         self.parks += 1;
-        // An expiry left from an earlier park would end this one's first sleep at once.
-        self.wake.watchdog.take_expiry();
+        // Arming also clears an expiry of an earlier park not yet read.
         self.arm_watchdog();
         loop {
             self.wake.state.store(PARKED, Ordering::SeqCst);
@@ -457,7 +456,7 @@ impl Engine {
                 }
             }
             if woken || !p.app_drove(&self.wake) || self.app_stopped() {
-                return;
+                break;
             }
             if expired {
                 // The application paused without stopping (or could not push): watch again.
@@ -465,25 +464,27 @@ impl Engine {
             }
         }
         self.wake.state.store(AWAKE, Ordering::SeqCst);
+        // Pushes stop (the engine thread is no longer parked): no expiry to interrupt the core.
+        let _ = self.wake.watchdog.disarm();
     }
 
     /// Sets the watchdog to expire [`XdpEngineConfig::park_max`] from now.
     fn arm_watchdog(&self) {
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.wake.watchdog_pushed.store(now, Ordering::Relaxed);
-        if let Err(e) = self.wake.watchdog.arm(self.cfg.park_max) {
+        if let Err(e) = self.wake.watchdog.arm(self.wake.park_max) {
             // The sleeps still end every `COUNTERS_EVERY`: progress waits that long at most.
             tracing::warn!(error = %e, "the parked engine thread's watchdog could not be set");
         }
     }
 
-    /// Inline progress: the application has not polled for [`APP_STALE`] (it polled since
+    /// Inline progress: the application has not polled for [`app_stale`] (it polled since
     /// the last look, perhaps only just after it).
     fn app_stopped(&self) -> bool {
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let polled = self.wake.app_polled_at.load(Ordering::Relaxed);
         // A poll's reading may come after `now` (it raced this look): not stopped.
-        Duration::from_nanos(now.saturating_sub(polled)) >= APP_STALE
+        Duration::from_nanos(now.saturating_sub(polled)) >= app_stale(self.wake.park_max)
     }
 
     /// Empties the wake-up socket; true if it held anything.

@@ -43,11 +43,19 @@ pub(super) const SLEEPING: u8 = 1;
 /// it sleeps on the wake-up socket and its [`Watchdog`] only, its state free for whoever polls.
 pub(super) const PARKED: u8 = 2;
 
+/// The least [`XdpEngineConfig::park_max`] an engine uses (a smaller one is raised to it): below
+/// it, pushes of the watchdog would cost a system call in nearly every poll.
+pub(super) const MIN_PARK_MAX: Duration = Duration::from_millis(1);
+
 /// How long the application may go without polling before a parked engine thread that wakes
 /// (its watchdog expired, or to publish its counters) takes its turns back: it has stopped (it
 /// computes, or sleeps without [`CompletionQueue::wait`]), and what arrives or falls due
-/// meanwhile is the engine thread's again.
-pub(super) const APP_STALE: Duration = Duration::from_micros(250);
+/// meanwhile is the engine thread's again. A quarter of `park_max`: when the watchdog expires,
+/// the last poll is always at least that old (a poll that worked pushes it once three
+/// quarters have passed), so an expiry resumes the thread unless a poll raced it.
+pub(super) fn app_stale(park_max: Duration) -> Duration {
+    park_max / 4
+}
 
 /// Whether an application poll at `at` (nanoseconds on the driver's clock) that did (`work`) or
 /// did not do work pushes the parked engine thread's watchdog, last pushed at `pushed`: a poll
@@ -89,14 +97,14 @@ pub(super) struct Wake {
     pub(super) app_polls: AtomicU64,
     /// When the last of those read the clock (`XdpTcp::polled_at`, nanoseconds on the
     /// driver's clock): a parked engine thread that wakes and finds it older than
-    /// [`APP_STALE`] takes its turns back.
+    /// [`app_stale`] takes its turns back.
     pub(super) app_polled_at: AtomicU64,
     /// The parked engine thread's watchdog: expires [`XdpEngineConfig::park_max`] after its
     /// last push (by the engine thread as it parks, then by the application's polls).
     pub(super) watchdog: Watchdog,
     /// When (driver clock, nanoseconds) the watchdog was last pushed ([`push_due`]).
     pub(super) watchdog_pushed: AtomicU64,
-    /// [`XdpEngineConfig::park_max`].
+    /// [`XdpEngineConfig::park_max`], at least [`MIN_PARK_MAX`].
     pub(super) park_max: Duration,
     /// Turns run by the engine thread.
     pub(super) thread_turns: AtomicU64,
@@ -168,7 +176,10 @@ impl Wake {
     }
 
     /// Pushes the parked engine thread's watchdog forward after a poll at `at` (see
-    /// [`push_due`]); nothing while the engine thread is not parked.
+    /// [`push_due`]); nothing while the engine thread is not parked. The state is read
+    /// relaxed: a push missed because the thread has just parked leaves the watchdog to
+    /// expire, and the thread, finding the application still polling, arms it again; a push
+    /// after it has just resumed costs one timer interrupt.
     fn push_watchdog(&self, at: u64, work: bool) {
         if self.state.load(Ordering::Relaxed) != PARKED
             || !push_due(

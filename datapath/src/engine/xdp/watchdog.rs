@@ -43,9 +43,18 @@ impl Watchdog {
     }
 
     /// Sets the timer to expire `after` from now (at least a nanosecond), replacing any
-    /// earlier setting.
+    /// earlier setting and clearing an expiry not yet read.
     pub(super) fn arm(&self, after: Duration) -> io::Result<()> {
-        let after = after.max(Duration::from_nanos(1));
+        self.set(after.max(Duration::from_nanos(1)))
+    }
+
+    /// Stops the timer (and clears an expiry not yet read).
+    pub(super) fn disarm(&self) -> io::Result<()> {
+        self.set(Duration::ZERO)
+    }
+
+    /// `timerfd_settime` with `after` from now, zero to disarm.
+    fn set(&self, after: Duration) -> io::Result<()> {
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
                 tv_sec: 0,
@@ -116,5 +125,16 @@ mod tests {
             !readable(&w, Duration::from_millis(50)),
             "a one-shot timer expired again"
         );
+        // Disarmed, and an expiry not yet read cleared by arming again.
+        w.arm(Duration::from_millis(20)).expect("arm");
+        w.disarm().expect("disarm");
+        assert!(
+            !readable(&w, Duration::from_millis(100)),
+            "expired disarmed"
+        );
+        w.arm(Duration::from_millis(1)).expect("arm");
+        assert!(readable(&w, Duration::from_secs(5)), "never expired");
+        w.arm(Duration::from_secs(60)).expect("arm again");
+        assert!(!w.take_expiry(), "arming left the earlier expiry");
     }
 }
