@@ -321,42 +321,6 @@ fn list_pattern(i: u64) -> [u8; LEN] {
     p
 }
 
-/// Accepts one connection in `iwb` (socket transport) with a receive posted for each of the
-/// [`LIST`] Sends, and checks that they arrive in order, each with its own octets.
-fn list_sink(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    let req = bed::listen_in_b(port, &ready, SETUP)?;
-    let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
-    let buf = pd
-        .register(LEN * LIST as usize, Access::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let recvs = (0..LIST)
-        .map(|i| RecvWr {
-            wr_id: i,
-            sg_list: buf.sge(i as usize * LEN, LEN as u32).into(),
-        })
-        .collect();
-    let mut conn = req
-        .accept_with_recvs(&pd, &cq, &[], recvs)
-        .map_err(|e| format!("accept: {e}"))?;
-    for i in 0..LIST {
-        let c = cq
-            .wait(SETUP)
-            .ok_or_else(|| format!("Send {i} did not arrive: {:?}", conn.qp.status()))?;
-        if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv || c.wc.wr_id != i {
-            return Err(format!("receive {i}: unexpected completion {c:?}"));
-        }
-        let mut got = [0u8; LEN];
-        buf.read(i as usize * LEN, &mut got);
-        if got != list_pattern(i) {
-            return Err(format!("Send {i} arrived with other octets"));
-        }
-    }
-    let _ = conn.qp.wait_finished(SETUP);
-    conn.qp.disconnect();
-    Ok(())
-}
-
 /// Polls until the engine thread has parked, posts [`LIST`] Sends in one `post_send_list`
 /// (one wake-up, so one posting turn on this thread, which takes 256 of them), and polls
 /// until every one has completed, in order.
@@ -426,7 +390,14 @@ fn post_list(port: u16) -> Result<EngineCounters, String> {
 #[test]
 fn a_list_longer_than_a_turn_takes_all_goes_out_while_parked() {
     let _bed = bed_or_skip!();
-    let c = against(|ready| list_sink(19_544, ready), || post_list(19_544));
+    let c = against(
+        |ready| {
+            bed::receive_sends(19_544, &ready, LIST, LEN, SETUP, |i| {
+                list_pattern(i).to_vec()
+            })
+        },
+        || post_list(19_544),
+    );
     println!(
         "{LIST} Sends in one list: posting turns {}, application turns {}, engine-thread turns \
          {}, parks {}",

@@ -11,9 +11,7 @@
 use std::time::{Duration, Instant};
 
 use datapath::engine::XdpEngineConfig;
-use datapath::{
-    Access, CompletionQueue, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
-};
+use datapath::{Access, CompletionQueue, ProtectionDomain, SendOp, SendWr, WcStatus};
 use testbed::*;
 
 mod common;
@@ -29,40 +27,7 @@ const WOKEN_WITHIN: Duration = Duration::from_secs(5);
 const PAUSE: Duration = Duration::from_millis(100);
 
 fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    let req = bed::listen_in_b(PORT, &ready, SETUP)?;
-    let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
-    let recv = pd
-        .register(LEN * ROUNDS as usize, Access::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    let recvs = (0..ROUNDS)
-        .map(|i| RecvWr {
-            wr_id: i,
-            sg_list: recv.sge(i as usize * LEN, LEN as u32).into(),
-        })
-        .collect();
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &[], recvs)
-        .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
-    for i in 0..ROUNDS {
-        let c = cq
-            .wait(SETUP)
-            .ok_or_else(|| format!("no receive completion {i}: {:?}", qp.status()))?;
-        if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv || c.wc.wr_id != i {
-            return Err(format!("unexpected completion {c:?}"));
-        }
-        let mut got = [0u8; LEN];
-        recv.read(i as usize * LEN, &mut got);
-        if got != [i as u8 + 1; LEN] {
-            return Err(format!("Send {i}: wrong data"));
-        }
-    }
-    if !qp.wait_finished(SETUP) {
-        return Err(format!("client did not close: {:?}", qp.status()));
-    }
-    qp.disconnect();
-    Ok(())
+    bed::receive_sends(PORT, &ready, ROUNDS, LEN, SETUP, |i| vec![i as u8 + 1; LEN])
 }
 
 fn client() -> Result<(), String> {

@@ -789,8 +789,9 @@ fn reserve_port(addr: Ipv4Addr, port: u16) -> Result<(Socket, u16), XdpTcpError>
     Ok((sock, bound))
 }
 
-/// Sleeps until one of `fds` is readable or `timeout` passes. Returns how many are readable.
-fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
+/// Sleeps until one of `fds` is readable or `timeout` passes (a negative descriptor is left
+/// out). Returns how many are readable; 0 if a signal interrupted the sleep.
+pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,

@@ -105,6 +105,54 @@ impl Stack<'_> {
     }
 }
 
+/// Moves into `iwb`, accepts one connection on `port` (socket transport) with `count` receives
+/// of `len` octets posted, each into its own slot, checks that `count` Sends arrive in order,
+/// Send `i` carrying `expected(i)` (each waited for up to `within`), and waits for the client
+/// to close.
+pub fn receive_sends(
+    port: u16,
+    ready: &Sender<()>,
+    count: u64,
+    len: usize,
+    within: Duration,
+    expected: impl Fn(u64) -> Vec<u8>,
+) -> Result<(), String> {
+    let req = listen_in_b(port, ready, within)?;
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let buf = pd
+        .register(len * count as usize, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let recvs = (0..count)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sg_list: buf.sge(i as usize * len, len as u32).into(),
+        })
+        .collect();
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], recvs)
+        .map_err(|e| format!("accept: {e}"))?;
+    let mut qp = conn.qp;
+    let mut got = vec![0u8; len];
+    for i in 0..count {
+        let c = cq
+            .wait(within)
+            .ok_or_else(|| format!("no receive completion {i}: {:?}", qp.status()))?;
+        if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv || c.wc.wr_id != i {
+            return Err(format!("receive {i}: unexpected completion {c:?}"));
+        }
+        buf.read(i as usize * len, &mut got);
+        if got != expected(i) {
+            return Err(format!("Send {i}: wrong data"));
+        }
+    }
+    if !qp.wait_finished(within) {
+        return Err(format!("client did not close: {:?}", qp.status()));
+    }
+    qp.disconnect();
+    Ok(())
+}
+
 /// A receive of `len` octets into slot `i % 4` of `mr`.
 pub fn slot_recv(mr: &MemoryRegion, i: u64, len: usize) -> RecvWr {
     RecvWr {

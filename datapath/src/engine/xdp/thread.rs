@@ -516,37 +516,15 @@ impl Engine {
     }
 }
 
-/// Waits up to `timeout` for any of `fds` to become readable (`ppoll`; a negative one is left
-/// out); `Err` on a failed `ppoll`.
+/// Waits up to `timeout` for any of `fds` to become readable (a negative one is left out);
+/// `Err` on a failed `ppoll`.
 fn wait_readable(fds: [std::os::fd::RawFd; 3], timeout: Duration) -> io::Result<bool> {
     let mut pfds = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     });
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `pfds` and `ts` are valid and owned by this frame, the count passed is `pfds`'
-    // length (ppoll skips negative descriptors), and a null signal mask leaves the thread's
-    // mask alone.
-    let rc = unsafe {
-        libc::ppoll(
-            pfds.as_mut_ptr(),
-            pfds.len() as libc::nfds_t,
-            &ts,
-            std::ptr::null(),
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(rc > 0)
+    Ok(crate::xdp_tcp::ppoll(&mut pfds, timeout)? > 0)
 }
 
 impl Turner {
