@@ -470,8 +470,9 @@ impl Engine {
 
     /// Sets the watchdog to expire [`XdpEngineConfig::park_max`] from now.
     fn arm_watchdog(&self) {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.wake.watchdog_pushed.store(now, Ordering::Relaxed);
+        self.wake
+            .watchdog_pushed
+            .store(self.clock_nanos(), Ordering::Relaxed);
         if let Err(e) = self.wake.watchdog.arm(self.wake.park_max) {
             // The sleeps still end every `COUNTERS_EVERY`: progress waits that long at most.
             tracing::warn!(error = %e, "the parked engine thread's watchdog could not be set");
@@ -481,10 +482,16 @@ impl Engine {
     /// Inline progress: the application has not polled for [`app_stale`] (it polled since
     /// the last look, perhaps only just after it).
     fn app_stopped(&self) -> bool {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let polled = self.wake.app_polled_at.load(Ordering::Relaxed);
-        // A poll's reading may come after `now` (it raced this look): not stopped.
-        Duration::from_nanos(now.saturating_sub(polled)) >= app_stale(self.wake.park_max)
+        // A poll's reading may come after this one (it raced this look): not stopped.
+        Duration::from_nanos(self.clock_nanos().saturating_sub(polled))
+            >= app_stale(self.wake.park_max)
+    }
+
+    /// Now on the driver's clock (`XdpTcp::epoch`), in nanoseconds: the clock of
+    /// [`Wake::app_polled_at`] and [`Wake::watchdog_pushed`].
+    fn clock_nanos(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Empties the wake-up socket; true if it held anything.
