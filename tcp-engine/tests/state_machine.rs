@@ -632,6 +632,86 @@ fn retransmission_limit_aborts() {
     assert_eq!(c.conn().stats().rto_expirations, 5);
 }
 
+/// The retransmission limit is also a time: a peer that SACKs new data while one segment stays
+/// stuck gives the sender fresh RTT samples, each of which collapses the backoff (RFC 6298
+/// 5.7), so timeouts come `min_rto` apart and `max_retransmissions` of them pass within a few
+/// tens of milliseconds. The connection lives on until the series has lasted as long as that
+/// many timeouts doubling from `min_rto` (5 + 10 + 20 + 40 ms for 4), then aborts with
+/// `TimedOut`, as Linux's `tcp_retries2` is a time.
+#[test]
+fn a_stuck_segment_with_sacks_around_it_is_given_up_on_after_the_give_up_time() {
+    use tcp_engine::sim::Endpoint;
+    let cfg = Config {
+        max_retransmissions: 4,
+        ..Config::default()
+    };
+    let give_up_after = Duration::from_millis(5 + 10 + 20 + 40);
+    let (mut c, mut s, net) = established(cfg);
+    let start = net.now;
+    // The first segment sent from here never arrives, nor does any copy of it.
+    c.conn_mut().send(&[9u8; 100]).expect("send");
+    let mut buf = vec![0u8; 2048];
+    let stuck = {
+        let n = Endpoint::transmit(&mut c, start, &mut buf).expect("the stuck segment");
+        SegmentRepr::parse(&buf[..n]).expect("valid").seq
+    };
+    let mut now = start;
+    let mut first_rto = None;
+    let mut alive_past_count = false;
+    // A small segment every 100 us (the loss window of one MSS still lets it through next
+    // to the stuck one), delivered and SACKed within 10 us either way.
+    for _ in 0..20_000 {
+        if c.state() != Some(State::Established) {
+            break;
+        }
+        now += Duration::from_micros(100);
+        let _ = c.conn_mut().send(&[7u8; 100]);
+        // Each side's timers, then what it sends, to the other (the stuck segment dropped).
+        let step = |from: &mut Peer, to: &mut Peer, buf: &mut [u8]| {
+            if from.next_timeout().is_some_and(|t| t <= now) {
+                from.on_timeout(now);
+            }
+            while let Some(n) = Endpoint::transmit(from, now, buf) {
+                let seg = SegmentRepr::parse(&buf[..n]).expect("valid");
+                if seg.seq == stuck && !seg.payload.is_empty() {
+                    continue;
+                }
+                to.receive(now + Duration::from_micros(10), &buf[..n]);
+            }
+        };
+        step(&mut c, &mut s, &mut buf);
+        step(&mut s, &mut c, &mut buf);
+        let rtos = c.conn().stats().rto_expirations;
+        if rtos >= 1 {
+            first_rto.get_or_insert(now);
+        }
+        if rtos > 5 && c.state() == Some(State::Established) {
+            alive_past_count = true;
+        }
+    }
+    let first_rto = first_rto.expect("the stuck segment timed out");
+    let rtos = c.conn().stats().rto_expirations;
+    assert_eq!(
+        c.state(),
+        Some(State::Closed),
+        "given up on ({rtos} timeouts)"
+    );
+    assert!(c.events.contains(&Event::TimedOut));
+    assert!(
+        alive_past_count,
+        "the backoff never collapsed: {rtos} timeouts (the count alone is 5)"
+    );
+    let lasted = now - first_rto;
+    assert!(
+        lasted >= give_up_after,
+        "gave up {lasted:?} after the first timeout, before {give_up_after:?}"
+    );
+    assert!(
+        lasted < give_up_after + Duration::from_millis(20),
+        "gave up {lasted:?} after the first timeout: one timeout past {give_up_after:?} at most"
+    );
+}
+
 /// The retransmission limit counts timeouts in a row: an ACK that acknowledges everything
 /// outstanding ends the series (RFC 9293 3.8.3's R2 is about one segment's retransmissions), so
 /// a request/response connection whose requests now and then time out once (a loaded peer that
