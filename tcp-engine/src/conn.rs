@@ -2908,9 +2908,12 @@ impl Connection {
         }
         self.rcv_nxt = self.rcv_nxt.min(offset);
         self.rcv_ranges.truncate_from(offset);
-        if self.dsack.is_some_and(|(_, end)| end > offset) {
-            // A D-SACK (RFC 2883) of octets no longer held would read as a SACK of them.
-            self.dsack = None;
+        if let Some((start, end)) = self.dsack {
+            if end > offset {
+                // A D-SACK (RFC 2883) of octets no longer held would read as a SACK of them;
+                // its part below them still reports a duplicate of octets held.
+                self.dsack = (start < offset).then_some((start, offset));
+            }
         }
         self.stats.reneged += 1;
         true

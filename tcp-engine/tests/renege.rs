@@ -271,6 +271,33 @@ fn octets_taken_back_lose_their_d_sack() {
     );
 }
 
+/// A D-SACK that reaches past the octets taken back keeps its part below them: those octets
+/// are still held, so their duplicate is still news for the sender (RFC 2883), and a block
+/// that ended past them would read as a SACK of octets no longer held.
+#[test]
+fn a_d_sack_straddling_the_take_back_keeps_its_part_below_it() {
+    let (c, mut s, _net) = established(pass_up());
+    let _ = feed(&c, &mut s, 0, MSS, true);
+    let _ = feed(&c, &mut s, 2 * MSS as u64, MSS, false);
+    let _ = feed(&c, &mut s, 2 * MSS as u64, MSS, false);
+    let at = 2 * MSS as u64 + MSS as u64 / 2;
+    assert!(s.conn_mut().renege_from(at));
+    let mut buf = [0u8; 2048];
+    let n = s
+        .conn_mut()
+        .poll_transmit(Instant::from_millis(20_000), &mut buf)
+        .expect("an ACK");
+    let ack = SegmentRepr::parse(&buf[..n]).expect("valid");
+    let seq = |off: u64| s.conn().rcv_stream_start().wrapping_add(off as u32);
+    let kept = SackBlock {
+        left: seq(2 * MSS as u64),
+        right: seq(at),
+    };
+    // The D-SACK first, then the SACK block of the out-of-order octets still held, which
+    // holds it (RFC 2883 4.1.2); no block reaches past the octets taken back.
+    assert_eq!(ack.options.sack_blocks(), &[kept, kept]);
+}
+
 /// Our sender holds the segment at its cumulative point as SACKed (a receiver that SACKed it
 /// and then discarded it, RFC 2018 section 8; or a wrong block), and the ACKs stop there. When
 /// its retransmission timer fires, it sends that segment again, rather than only what it
