@@ -154,7 +154,12 @@ fn spawn_shard(
         app_turns: AtomicU64::new(0),
         app_polls: AtomicU64::new(0),
         app_polled_at: AtomicU64::new(0),
-        watchdog: watchdog::Watchdog::new()?,
+        // Only a parked engine thread sleeps on it: none without inline progress.
+        watchdog: if cfg.inline_progress {
+            Some(watchdog::Watchdog::new()?)
+        } else {
+            None
+        },
         watchdog_pushed: AtomicU64::new(0),
         park_max: cfg.park_max.max(wake::MIN_PARK_MAX),
         thread_turns: AtomicU64::new(0),

@@ -437,7 +437,7 @@ impl Engine {
             let fds = [
                 self.wake_rx.as_raw_fd(),
                 inbox.map_or(-1, |b| b.wake_fd()),
-                self.wake.watchdog.fd(),
+                self.wake.watchdog.as_ref().map_or(-1, |w| w.fd()),
             ];
             let woken = wait_readable(fds, COUNTERS_EVERY);
             if let Some(b) = inbox {
@@ -446,7 +446,7 @@ impl Engine {
             self.wake.state.store(AWAKE, Ordering::SeqCst);
             self.wake.parked_wakes.fetch_add(1, Ordering::Relaxed);
             let woken = self.drain_wake() || woken.is_err();
-            let expired = self.wake.watchdog.take_expiry();
+            let expired = self.wake.watchdog.as_ref().is_some_and(|w| w.take_expiry());
             if p.last_publish.elapsed() >= COUNTERS_EVERY {
                 if let Ok(g) = self.core.try_lock() {
                     if let Some(t) = g.as_ref() {
@@ -465,7 +465,9 @@ impl Engine {
         }
         self.wake.state.store(AWAKE, Ordering::SeqCst);
         // Pushes stop (the engine thread is no longer parked): no expiry to interrupt the core.
-        let _ = self.wake.watchdog.disarm();
+        if let Some(w) = &self.wake.watchdog {
+            let _ = w.disarm();
+        }
     }
 
     /// Sets the watchdog to expire [`XdpEngineConfig::park_max`] from now.
@@ -473,7 +475,8 @@ impl Engine {
         self.wake
             .watchdog_pushed
             .store(self.clock_nanos(), Ordering::Relaxed);
-        if let Err(e) = self.wake.watchdog.arm(self.wake.park_max) {
+        let Some(w) = &self.wake.watchdog else { return };
+        if let Err(e) = w.arm(self.wake.park_max) {
             // The sleeps still end every `COUNTERS_EVERY`: progress waits that long at most.
             tracing::warn!(error = %e, "the parked engine thread's watchdog could not be set");
         }

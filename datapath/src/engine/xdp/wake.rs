@@ -100,8 +100,9 @@ pub(super) struct Wake {
     /// [`app_stale`] takes its turns back.
     pub(super) app_polled_at: AtomicU64,
     /// The parked engine thread's watchdog: expires [`XdpEngineConfig::park_max`] after its
-    /// last push (by the engine thread as it parks, then by the application's polls).
-    pub(super) watchdog: Watchdog,
+    /// last push (by the engine thread as it parks, then by the application's polls). `None`
+    /// without inline progress (the engine thread never parks).
+    pub(super) watchdog: Option<Watchdog>,
     /// When (driver clock, nanoseconds) the watchdog was last pushed ([`push_due`]).
     pub(super) watchdog_pushed: AtomicU64,
     /// [`XdpEngineConfig::park_max`], at least [`MIN_PARK_MAX`].
@@ -194,7 +195,9 @@ impl Wake {
         self.watchdog_pushed.store(at, Ordering::Relaxed);
         // If this fails, the watchdog expires and the engine thread, finding the application
         // still polling, pushes it itself.
-        let _ = self.watchdog.arm(self.park_max);
+        if let Some(w) = &self.watchdog {
+            let _ = w.arm(self.park_max);
+        }
     }
 
     /// [`drive`](Self::drive) with the turn `turn`.
