@@ -634,10 +634,11 @@ fn retransmission_limit_aborts() {
 
 /// The retransmission limit is also a time: a peer that SACKs new data while one segment stays
 /// stuck gives the sender fresh RTT samples, each of which collapses the backoff (RFC 6298
-/// 5.7), so timeouts come `min_rto` apart and `max_retransmissions` of them pass within a few
-/// tens of milliseconds. The connection lives on until the series has lasted as long as that
-/// many timeouts doubling from `min_rto` (5 + 10 + 20 + 40 ms for 4), then aborts with
-/// `TimedOut`, as Linux's `tcp_retries2` is a time.
+/// 5.7), so timeouts come twice `min_rto` apart (each is armed with the RTO backed off once)
+/// and `max_retransmissions` of them pass within a few tens of milliseconds. The connection
+/// lives on until the series has lasted as long as that many timeouts doubling from `min_rto`
+/// (5 + 10 + 20 + 40 ms for 4), then aborts with `TimedOut`, as Linux's `tcp_retries2` is a
+/// time.
 #[test]
 fn a_stuck_segment_with_sacks_around_it_is_given_up_on_after_the_give_up_time() {
     use tcp_engine::sim::Endpoint;
