@@ -1832,14 +1832,22 @@ impl Connection {
         limit.max(self.rcv_window_right())
     }
 
-    fn challenge_ack(&mut self, now: Instant) {
-        // RFC 5961 7: rate-limited.
+    /// Whether a reply to a segment outside the window (a challenge ACK, a SYN-ACK sent again)
+    /// may go now: at most `Config::challenge_ack_limit` a second (RFC 5961 7). Counts it.
+    fn out_of_window_reply_allowed(&mut self, now: Instant) -> bool {
         if now - self.challenge_window_start >= Duration::from_secs(1) {
             self.challenge_window_start = now;
             self.challenge_count = 0;
         }
         if self.challenge_count < self.cfg.challenge_ack_limit {
             self.challenge_count += 1;
+            return true;
+        }
+        false
+    }
+
+    fn challenge_ack(&mut self, now: Instant) {
+        if self.out_of_window_reply_allowed(now) {
             self.stats.challenge_acks += 1;
             if !self.challenge_due {
                 self.ack_due_before_challenge = self.ack_now;
@@ -1883,6 +1891,23 @@ impl Connection {
                     return;
                 }
             }
+        }
+        // The SYN that opened this connection, again: our SYN-ACK did not reach its sender.
+        // RFC 9293 3.10.7.4 would only ACK it (it is not acceptable), and an ACK without SYN
+        // is dropped in SYN-SENT (3.10.7.3), so the handshake would wait for our own
+        // retransmission timer. The SYN-ACK goes again now instead (as Linux answers it),
+        // rate-limited as challenge ACKs are; its ACK then gives no RTT sample (Karn).
+        if self.state == State::SynReceived
+            && seg.flags.syn
+            && !seg.flags.ack
+            && !seg.flags.rst
+            && seg.seq == self.rcv.isn
+        {
+            if self.out_of_window_reply_allowed(now) {
+                self.syn_due = true;
+                self.syn_retransmitted = true;
+            }
+            return;
         }
         // Acceptability (RFC 9293 3.10.7.4 first).
         let seg_len = i64::from(seg.seq_len());
@@ -1935,14 +1960,10 @@ impl Connection {
             }
             return;
         }
-        // SYN in a synchronized state (RFC 5961 4.2).
+        // SYN in a synchronized state (RFC 5961 4.2); a retransmitted SYN in SYN-RECEIVED
+        // was answered above.
         if seg.flags.syn {
-            if self.state == State::SynReceived && seg.seq == self.rcv.isn {
-                // Retransmitted SYN: resend SYN-ACK.
-                self.syn_due = true;
-            } else {
-                self.challenge_ack(now);
-            }
+            self.challenge_ack(now);
             return;
         }
         if !seg.flags.ack {

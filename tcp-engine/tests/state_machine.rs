@@ -632,6 +632,55 @@ fn retransmission_limit_aborts() {
     assert_eq!(c.conn().stats().rto_expirations, 5);
 }
 
+/// A client whose SYN-ACK was lost sends its SYN again. The server, in SYN-RECEIVED, answers
+/// with the SYN-ACK at once: a bare ACK (RFC 9293 3.10.7.4's answer to a segment that is not
+/// acceptable) would be dropped in SYN-SENT (3.10.7.3), leaving the handshake to the server's
+/// own timer. The handshake's ACK then gives the server no RTT sample (Karn: its SYN-ACK went
+/// twice).
+#[test]
+fn a_retransmitted_syn_gets_the_syn_ack_again() {
+    let cfg = Config::default();
+    let mut c = Connection::connect(
+        cfg.clone(),
+        client_tuple(),
+        &IsnGenerator::new([1; 16]),
+        Instant::ZERO,
+    );
+    let mut buf = [0u8; 2048];
+    let n = c.poll_transmit(Instant::ZERO, &mut buf).expect("the SYN");
+    let syn = buf[..n].to_vec();
+    let seg = SegmentRepr::parse(&syn).expect("valid");
+    let mut s = Connection::accept(cfg, &seg, &IsnGenerator::new([2; 16]), Instant::ZERO)
+        .expect("accepted");
+    s.poll_transmit(Instant::ZERO, &mut buf)
+        .expect("the SYN-ACK, lost");
+    let t = c.poll_timeout().expect("the SYN's timer");
+    c.handle_timeout(t);
+    let n = c.poll_transmit(t, &mut buf).expect("the SYN again");
+    let again = buf[..n].to_vec();
+    let seg = SegmentRepr::parse(&again).expect("valid");
+    assert!(seg.flags.syn && !seg.flags.ack);
+    let t = t + Duration::from_micros(10);
+    s.handle_segment(t, &seg, |_| {});
+    let n = s.poll_transmit(t, &mut buf).expect("an answer at once");
+    let answer = buf[..n].to_vec();
+    let seg = SegmentRepr::parse(&answer).expect("valid");
+    assert!(
+        seg.flags.syn && seg.flags.ack,
+        "the SYN-ACK again, not {:?}",
+        seg.flags
+    );
+    let t = t + Duration::from_micros(10);
+    c.handle_segment(t, &seg, |_| {});
+    assert_eq!(c.state(), State::Established);
+    let n = c.poll_transmit(t, &mut buf).expect("the handshake's ACK");
+    let ack = buf[..n].to_vec();
+    let t = t + Duration::from_micros(10);
+    s.handle_segment(t, &SegmentRepr::parse(&ack).expect("valid"), |_| {});
+    assert_eq!(s.state(), State::Established);
+    assert_eq!(s.srtt(), None, "no RTT sample from a SYN-ACK sent twice");
+}
+
 /// The retransmission limit is also a time: a peer that SACKs new data while one segment stays
 /// stuck gives the sender fresh RTT samples, each of which collapses the backoff (RFC 6298
 /// 5.7), so timeouts come twice `min_rto` apart (each is armed with the RTO backed off once)
