@@ -442,6 +442,8 @@ pub struct Connection {
     syn_acked: bool,
     syn_due: bool,
     syn_sent_at: Option<Instant>,
+    /// When the latest copy of our SYN (SYN-ACK) went, and the TSval it carried, if any.
+    syn_last_sent: Option<(Instant, u32)>,
     syn_retransmitted: bool,
     snd_una: u64,
     snd_nxt: u64,
@@ -602,6 +604,7 @@ impl Connection {
             syn_acked: false,
             syn_due: false,
             syn_sent_at: None,
+            syn_last_sent: None,
             syn_retransmitted: false,
             snd_una: 0,
             snd_nxt: 0,
@@ -1767,7 +1770,7 @@ impl Connection {
         if ack_ok {
             self.syn_acked = true;
             self.syn_due = false;
-            if let (Some(t), false) = (self.syn_sent_at, self.syn_retransmitted) {
+            if let Some(t) = self.handshake_sent_at(seg) {
                 self.rtt.sample(now - t);
             }
             self.rto_deadline = None;
@@ -1781,6 +1784,20 @@ impl Connection {
             self.state = State::SynReceived;
             self.syn_due = true;
         }
+    }
+
+    /// When the SYN (SYN-ACK) that `seg` answers went, for the handshake's RTT sample: the
+    /// only copy's time if it went once (Karn's algorithm, RFC 6298 3); if it went again, the
+    /// latest copy's, provided `seg` echoes that copy's timestamp (RFC 7323 4.1: the TSecr
+    /// names the transmission it answers, as Linux measures it). Otherwise none, and the RTO
+    /// stays backed off until a later sample.
+    fn handshake_sent_at(&self, seg: &SegmentRepr<'_>) -> Option<Instant> {
+        if !self.syn_retransmitted {
+            return self.syn_sent_at;
+        }
+        let (at, tsval) = self.syn_last_sent?;
+        let (_, tsecr) = seg.options.timestamp?;
+        (tsecr == tsval).then_some(at)
     }
 
     fn reset_cc(&mut self) {
@@ -1984,7 +2001,7 @@ impl Connection {
             if seg.ack == self.snd.isn.wrapping_add(1) {
                 self.syn_acked = true;
                 self.syn_due = false;
-                if let (Some(t), false) = (self.syn_sent_at, self.syn_retransmitted) {
+                if let Some(t) = self.handshake_sent_at(seg) {
                     self.rtt.sample(now - t);
                 }
                 self.rto_deadline = None;
@@ -3002,6 +3019,7 @@ impl Connection {
                 if self.syn_sent_at.is_none() {
                     self.syn_sent_at = Some(now);
                 }
+                self.syn_last_sent = repr.options.timestamp.map(|(tsval, _)| (now, tsval));
                 if self.rto_deadline.is_none() {
                     self.rto_deadline = Some(now + self.rtt.rto());
                 }

@@ -635,8 +635,8 @@ fn retransmission_limit_aborts() {
 /// A client whose SYN-ACK was lost sends its SYN again. The server, in SYN-RECEIVED, answers
 /// with the SYN-ACK at once: a bare ACK (RFC 9293 3.10.7.4's answer to a segment that is not
 /// acceptable) would be dropped in SYN-SENT (3.10.7.3), leaving the handshake to the server's
-/// own timer. The handshake's ACK then gives the server no RTT sample (Karn: its SYN-ACK went
-/// twice).
+/// own timer. The handshake's ACK measures the round trip of the second SYN-ACK, whose
+/// timestamp it echoes (RFC 7323 4.1), not of the first.
 #[test]
 fn a_retransmitted_syn_gets_the_syn_ack_again() {
     let cfg = Config::default();
@@ -678,7 +678,96 @@ fn a_retransmitted_syn_gets_the_syn_ack_again() {
     let t = t + Duration::from_micros(10);
     s.handle_segment(t, &SegmentRepr::parse(&ack).expect("valid"), |_| {});
     assert_eq!(s.state(), State::Established);
-    assert_eq!(s.srtt(), None, "no RTT sample from a SYN-ACK sent twice");
+    assert_eq!(
+        s.srtt(),
+        Some(Duration::from_micros(20)),
+        "measured from the SYN-ACK sent again"
+    );
+}
+
+/// A SYN, or a SYN-ACK, that went twice still measures the round trip when timestamps are on:
+/// the answer echoes the second copy's timestamp, which names the copy it answers (RFC 7323
+/// 4.1), so the first data's RTO comes from that sample and not from the handshake's
+/// backed-off timer. Without timestamps, Karn's algorithm (RFC 6298 3) leaves no sample.
+#[test]
+fn a_handshake_sent_twice_measures_the_rtt_by_its_timestamps() {
+    let hop = Duration::from_micros(10);
+    for timestamps in [true, false] {
+        let cfg = Config {
+            timestamps,
+            ..Config::default()
+        };
+        let mut buf = [0u8; 2048];
+        let mut send = |conn: &mut Connection, now: Instant| -> Vec<u8> {
+            let n = conn.poll_transmit(now, &mut buf).expect("a segment");
+            buf[..n].to_vec()
+        };
+        let take = |conn: &mut Connection, now: Instant, packet: &[u8]| {
+            conn.handle_segment(now, &SegmentRepr::parse(packet).expect("valid"), |_| {});
+        };
+        let connect = || {
+            Connection::connect(
+                cfg.clone(),
+                client_tuple(),
+                &IsnGenerator::new([1; 16]),
+                Instant::ZERO,
+            )
+        };
+        let accept = |syn: &[u8], now: Instant| {
+            let seg = SegmentRepr::parse(syn).expect("valid");
+            Connection::accept(cfg.clone(), &seg, &IsnGenerator::new([2; 16]), now)
+                .expect("accepted")
+        };
+
+        // The client's SYN is lost once; the second copy is answered at once.
+        let mut c = connect();
+        let _lost = send(&mut c, Instant::ZERO);
+        let t = c.poll_timeout().expect("the SYN's timer");
+        c.handle_timeout(t);
+        let syn = send(&mut c, t);
+        let mut s = accept(&syn, t + hop);
+        let synack = send(&mut s, t + hop);
+        take(&mut c, t + hop * 2, &synack);
+        assert_eq!(c.state(), State::Established);
+        if timestamps {
+            assert_eq!(
+                c.srtt(),
+                Some(hop * 2),
+                "the client measured the second SYN"
+            );
+            assert_eq!(c.rto(), cfg.min_rto);
+        } else {
+            assert_eq!(c.srtt(), None, "Karn: no sample without timestamps");
+            assert!(
+                c.rto() > Duration::from_secs(1),
+                "backed off: {:?}",
+                c.rto()
+            );
+        }
+
+        // The server's SYN-ACK is lost once; the second copy is answered at once.
+        let mut c = connect();
+        let syn = send(&mut c, Instant::ZERO);
+        let mut s = accept(&syn, Instant::ZERO + hop);
+        let _lost = send(&mut s, Instant::ZERO + hop);
+        let t = s.poll_timeout().expect("the SYN-ACK's timer");
+        s.handle_timeout(t);
+        let synack = send(&mut s, t);
+        take(&mut c, t + hop, &synack);
+        let ack = send(&mut c, t + hop);
+        take(&mut s, t + hop * 2, &ack);
+        assert_eq!(s.state(), State::Established);
+        if timestamps {
+            assert_eq!(
+                s.srtt(),
+                Some(hop * 2),
+                "the server measured the second SYN-ACK"
+            );
+            assert_eq!(s.rto(), cfg.min_rto);
+        } else {
+            assert_eq!(s.srtt(), None, "Karn: no sample without timestamps");
+        }
+    }
 }
 
 /// The retransmission limit is also a time: a peer that SACKs new data while one segment stays
