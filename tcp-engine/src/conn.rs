@@ -1920,6 +1920,13 @@ impl Connection {
             && !seg.flags.rst
             && seg.seq == self.rcv.isn
         {
+            // Echoed in the SYN-ACK, its timestamp measures the handshake for the peer (RFC
+            // 7323 4.3: SEG.SEQ is below Last.ACK.sent).
+            if let (true, Some((tsval, _))) = (self.ts_enabled, seg.options.timestamp) {
+                if self.ts_recent.is_none_or(|r| seq_ge(tsval, r)) {
+                    self.ts_recent = Some(tsval);
+                }
+            }
             if self.out_of_window_reply_allowed(now) {
                 self.syn_due = true;
                 self.syn_retransmitted = true;

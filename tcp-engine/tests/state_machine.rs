@@ -635,8 +635,9 @@ fn retransmission_limit_aborts() {
 /// A client whose SYN-ACK was lost sends its SYN again. The server, in SYN-RECEIVED, answers
 /// with the SYN-ACK at once: a bare ACK (RFC 9293 3.10.7.4's answer to a segment that is not
 /// acceptable) would be dropped in SYN-SENT (3.10.7.3), leaving the handshake to the server's
-/// own timer. The handshake's ACK measures the round trip of the second SYN-ACK, whose
-/// timestamp it echoes (RFC 7323 4.1), not of the first.
+/// own timer. That SYN-ACK echoes the second SYN's timestamp, so the client measures the
+/// round trip of its second SYN, and the handshake's ACK the server's of the second SYN-ACK
+/// (RFC 7323 4.1, 4.3).
 #[test]
 fn a_retransmitted_syn_gets_the_syn_ack_again() {
     let cfg = Config::default();
@@ -673,6 +674,11 @@ fn a_retransmitted_syn_gets_the_syn_ack_again() {
     let t = t + Duration::from_micros(10);
     c.handle_segment(t, &seg, |_| {});
     assert_eq!(c.state(), State::Established);
+    assert_eq!(
+        c.srtt(),
+        Some(Duration::from_micros(20)),
+        "the SYN-ACK echoes the second SYN's timestamp: the client measured it"
+    );
     let n = c.poll_transmit(t, &mut buf).expect("the handshake's ACK");
     let ack = buf[..n].to_vec();
     let t = t + Duration::from_micros(10);
