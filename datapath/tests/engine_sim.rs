@@ -283,7 +283,10 @@ impl Endpoint for Side {
     }
 
     fn next_timeout(&self) -> Option<Instant> {
-        let tcp = self.tcp.as_ref().and_then(|t| t.poll_timeout());
+        // Before its TCP connection exists a side has nothing to time (`pump` polls the
+        // `IwarpConn` only with one): a responder's startup deadline would otherwise stay
+        // due, and the network would call `on_timeout` forever at the same instant.
+        let tcp = self.tcp.as_ref()?.poll_timeout();
         match (tcp, self.iw.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
