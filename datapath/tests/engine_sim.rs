@@ -1749,9 +1749,10 @@ fn many_seeds_of_loss_reordering_and_framing_choices() {
     for seed in 0..seeds {
         let mut r = tcp_engine::sim::Rng::new(seed.wrapping_mul(0x9e37_79b9).wrapping_add(17));
         let loss: f64 = [0.0, 0.01, 0.03, 0.08, 0.15][r.range(0, 4) as usize];
-        // Startup under 15 % loss (and as much reordering) may outlast its timeout; the link
-        // gets that much only once the connection is up.
-        let mut link = lossy(loss.min(0.08));
+        // Startup under heavy loss may outlast its timeout (at 8 %, four SYNs lost in a row:
+        // one seed in ~30,000 ran out of time); the link gets the seed's loss once the
+        // connection is up.
+        let mut link = lossy(loss.min(0.03));
         let middlebox = r.chance(0.3);
         if middlebox {
             link.split = 0.1;
