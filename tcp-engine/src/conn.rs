@@ -1913,7 +1913,8 @@ impl Connection {
         // RFC 9293 3.10.7.4 would only ACK it (it is not acceptable), and an ACK without SYN
         // is dropped in SYN-SENT (3.10.7.3), so the handshake would wait for our own
         // retransmission timer. The SYN-ACK goes again now instead (as Linux answers it),
-        // rate-limited as challenge ACKs are; its ACK then gives no RTT sample (Karn).
+        // rate-limited as challenge ACKs are; its ACK is measured only if it echoes this
+        // copy's timestamp (`handshake_sent_at`).
         if self.state == State::SynReceived
             && seg.flags.syn
             && !seg.flags.ack
