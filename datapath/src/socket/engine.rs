@@ -303,6 +303,10 @@ impl Engine {
         let _ = self.stream.flush();
         let _ = self.stream.shutdown(Shutdown::Both);
         self.deliver_completions();
+        let (cq, num) = (&self.cq, self.num);
+        self.shared.stop_posts(Some(&self.cmds), |wc| {
+            cq.push(Completion { qp_num: num, wc });
+        });
         tracing::info!(
             peer = ?peer,
             state = ?self.qp.state(),

@@ -5,14 +5,16 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use mpa::Negotiated;
-use rdmap::{InlineSendWr, QpState, RecvWr, SendWr, TerminateInfo, WcStatus};
+use rdmap::{
+    InlineSendWr, QpState, RecvWr, SendWr, TerminateInfo, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use crate::probe::{self, Mark};
 use crate::{DatapathError, PostListError, QpError};
@@ -48,6 +50,23 @@ pub(crate) struct Shared {
     /// Called once when the transport has finished with the connection (a connection-manager
     /// event channel's `Disconnected`), with the cause.
     on_finish: Mutex<Option<FinishHook>>,
+    /// The gate of the command channel: the number of posts under way, and [`POSTS_STOPPED`]
+    /// once the transport has stopped taking work requests. A post either sees the stop and
+    /// fails, or is counted, and the transport waits for it to be queued before it flushes
+    /// the queue: no work request is accepted and then lost.
+    posts: AtomicUsize,
+}
+
+/// The bit of [`Shared::posts`] that says the transport takes no more work requests.
+const POSTS_STOPPED: usize = 1 << (usize::BITS - 1);
+
+/// A post under way, counted in [`Shared::posts`] until it is dropped.
+struct PostUnderWay<'a>(&'a AtomicUsize);
+
+impl Drop for PostUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// What [`Shared::set_on_finish`] calls.
@@ -64,7 +83,50 @@ impl Shared {
                 finished: false,
             }),
             on_finish: Mutex::new(None),
+            posts: AtomicUsize::new(0),
         })
+    }
+
+    /// Lets a post through the gate, or refuses it once the transport stopped taking work.
+    fn enter_post(&self) -> Result<PostUnderWay<'_>, DatapathError> {
+        let under_way = PostUnderWay(&self.posts);
+        if self.posts.fetch_add(1, Ordering::AcqRel) & POSTS_STOPPED != 0 {
+            return Err(DatapathError::Disconnected);
+        }
+        Ok(under_way)
+    }
+
+    /// Stops taking work requests: posts from now on fail with
+    /// [`DatapathError::Disconnected`]. Returns once the posts under way are queued, then
+    /// completes those still queued in `cmds` as flushed (`WrFlushError`, as the queue pair's
+    /// own outstanding work requests complete when it ends) through `complete`.
+    pub(crate) fn stop_posts(
+        &self,
+        cmds: Option<&Receiver<Cmd>>,
+        mut complete: impl FnMut(WorkCompletion),
+    ) {
+        self.posts.fetch_or(POSTS_STOPPED, Ordering::AcqRel);
+        // A post under way only queues its request: this wait is as short as a channel send
+        // (longer only if the posting thread is descheduled in it).
+        while self.posts.load(Ordering::Acquire) & !POSTS_STOPPED != 0 {
+            std::thread::yield_now();
+        }
+        let Some(cmds) = cmds else {
+            return;
+        };
+        while let Ok(cmd) = cmds.try_recv() {
+            let (wr_id, opcode) = match cmd {
+                Cmd::Send(wr) => (wr.wr_id, wr.op.wc_opcode()),
+                Cmd::SendInline(wr) => (wr.wr_id, wr.op.wc_opcode()),
+                Cmd::Recv(wr) => (wr.wr_id, WcOpcode::Recv),
+                Cmd::Close => continue,
+            };
+            complete(WorkCompletion::failed(
+                wr_id,
+                opcode,
+                WcStatus::WrFlushError,
+            ));
+        }
     }
 
     /// Calls `hook` once the transport has finished with the connection (at once if it has).
@@ -83,8 +145,10 @@ impl Shared {
         }
     }
 
-    /// The transport has finished with the connection: the status is final.
+    /// The transport has finished with the connection: the status is final, and posts fail
+    /// (see [`Shared::stop_posts`], which the transport calls first to flush what is queued).
     pub(crate) fn mark_finished(&self, state: QpState) {
+        self.stop_posts(None, |_| {});
         let error = {
             let mut st = self.lock();
             st.state = state;
@@ -275,14 +339,20 @@ impl QueuePair {
     }
 
     fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        self.cmds
-            .send(cmd)
-            .map_err(|_| DatapathError::Disconnected)?;
+        {
+            let _under_way = self.shared.enter_post()?;
+            self.cmds
+                .send(cmd)
+                .map_err(|_| DatapathError::Disconnected)?;
+        }
         self.waker.wake().map_err(DatapathError::Io)
     }
 
     /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
-    /// full send queue, queue pair not ready) come back as an error completion.
+    /// full send queue, queue pair not ready) come back as an error completion. Once the
+    /// transport has finished with the connection, posts fail with
+    /// [`DatapathError::Disconnected`]; a request accepted before that always completes
+    /// (`WrFlushError` if the connection ended first).
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         self.command(Cmd::Send(wr))
@@ -311,11 +381,14 @@ impl QueuePair {
         probe::mark(Mark::Posted);
         let mut posted = 0;
         for wr in wrs {
-            if self.cmds.send(Cmd::Send(wr)).is_err() {
-                return Err(PostListError {
-                    posted,
-                    source: DatapathError::Disconnected,
-                });
+            // Through the gate one by one: the transport never waits on the caller's iterator.
+            let queued = self.shared.enter_post().and_then(|_under_way| {
+                self.cmds
+                    .send(Cmd::Send(wr))
+                    .map_err(|_| DatapathError::Disconnected)
+            });
+            if let Err(source) = queued {
+                return Err(PostListError { posted, source });
             }
             posted += 1;
         }
@@ -381,5 +454,74 @@ pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
         E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
         E::MessageTooLong { .. } => WcStatus::LocalLengthError,
         _ => WcStatus::LocalQpOperationError,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmap::SgeList;
+    use std::sync::atomic::AtomicBool;
+
+    /// Posts race the transport's stop: each is refused, or taken by the transport, or
+    /// flushed by the stop; none is accepted and lost, and none gets through after the stop.
+    #[test]
+    fn a_post_racing_the_stop_is_refused_or_completed() {
+        for round in 0..200u64 {
+            let shared = Shared::new(QpState::Rts);
+            let (tx, rx) = crossbeam_channel::unbounded::<Cmd>();
+            let go = AtomicBool::new(false);
+            let (accepted, taken, flushed) = std::thread::scope(|s| {
+                let posters: Vec<_> = (0..2u64)
+                    .map(|t| {
+                        let (shared, tx, go) = (&shared, tx.clone(), &go);
+                        s.spawn(move || {
+                            while !go.load(Ordering::Acquire) {
+                                std::hint::spin_loop();
+                            }
+                            let mut accepted = 0u64;
+                            for i in 0..1_000u64 {
+                                let wr = RecvWr {
+                                    wr_id: t << 32 | i,
+                                    sg_list: SgeList::new(),
+                                };
+                                let queued = shared.enter_post().and_then(|_under_way| {
+                                    tx.send(Cmd::Recv(wr))
+                                        .map_err(|_| DatapathError::Disconnected)
+                                });
+                                match queued {
+                                    Ok(()) => accepted += 1,
+                                    Err(DatapathError::Disconnected) => break,
+                                    Err(e) => panic!("unexpected {e}"),
+                                }
+                            }
+                            accepted
+                        })
+                    })
+                    .collect();
+                go.store(true, Ordering::Release);
+                // The transport takes some, then stops at a point that varies by round.
+                let mut taken = 0u64;
+                for _ in 0..round * 5 {
+                    if rx.try_recv().is_ok() {
+                        taken += 1;
+                    }
+                }
+                let mut flushed = 0u64;
+                shared.stop_posts(Some(&rx), |wc| {
+                    assert_eq!(wc.status, WcStatus::WrFlushError);
+                    assert_eq!(wc.opcode, WcOpcode::Recv);
+                    flushed += 1;
+                });
+                let accepted: u64 = posters.into_iter().map(|p| p.join().unwrap()).sum();
+                (accepted, taken, flushed)
+            });
+            assert_eq!(accepted, taken + flushed, "round {round}");
+            assert!(rx.try_recv().is_err(), "a post got through after the stop");
+            assert!(matches!(
+                shared.enter_post(),
+                Err(DatapathError::Disconnected)
+            ));
+        }
     }
 }

@@ -142,6 +142,12 @@ impl Slot {
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
         self.deliver_completions();
+        let (cq, num) = (&self.cq, self.num);
+        self.shared.stop_posts(self.cmds.take().as_ref(), |wc| {
+            if let Some(cq) = cq {
+                cq.push(Completion { qp_num: num, wc });
+            }
+        });
         if !self.closing {
             self.set_error(why);
         }
