@@ -1888,6 +1888,21 @@ impl Connection {
         self.stats.challenge_acks = self.stats.challenge_acks.saturating_sub(1);
     }
 
+    /// Timestamp bookkeeping (RFC 7323 4.3): the segment's TSval becomes TS.Recent if the
+    /// segment starts at or below Last.ACK.sent and the TSval is not older.
+    fn note_ts_recent(&mut self, seg: &SegmentRepr<'_>) {
+        if !self.ts_enabled {
+            return;
+        }
+        if let Some((tsval, _)) = seg.options.timestamp {
+            if seq_le(seg.seq, self.last_ack_sent)
+                && self.ts_recent.is_none_or(|r| seq_ge(tsval, r))
+            {
+                self.ts_recent = Some(tsval);
+            }
+        }
+    }
+
     fn on_segment_synchronized(
         &mut self,
         now: Instant,
@@ -1921,13 +1936,9 @@ impl Connection {
             && !seg.flags.rst
             && seg.seq == self.rcv.isn
         {
-            // Echoed in the SYN-ACK, its timestamp measures the handshake for the peer (RFC
-            // 7323 4.3: SEG.SEQ is below Last.ACK.sent).
-            if let (true, Some((tsval, _))) = (self.ts_enabled, seg.options.timestamp) {
-                if self.ts_recent.is_none_or(|r| seq_ge(tsval, r)) {
-                    self.ts_recent = Some(tsval);
-                }
-            }
+            // Echoed in the SYN-ACK, its timestamp measures the handshake for the peer (SEG.SEQ
+            // is below Last.ACK.sent).
+            self.note_ts_recent(seg);
             if self.out_of_window_reply_allowed(now) {
                 self.syn_due = true;
                 self.syn_retransmitted = true;
@@ -1994,16 +2005,7 @@ impl Connection {
         if !seg.flags.ack {
             return;
         }
-        // Timestamp bookkeeping (RFC 7323 4.3).
-        if self.ts_enabled {
-            if let Some((tsval, _)) = seg.options.timestamp {
-                if seq_le(seg.seq, self.last_ack_sent)
-                    && self.ts_recent.is_none_or(|r| seq_ge(tsval, r))
-                {
-                    self.ts_recent = Some(tsval);
-                }
-            }
-        }
+        self.note_ts_recent(seg);
         // ACK (RFC 9293 3.10.7.4 fifth, RFC 5961 5.2).
         if self.state == State::SynReceived {
             if seg.ack == self.snd.isn.wrapping_add(1) {
