@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::*;
 use datapath::{
@@ -614,6 +615,69 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
     );
     expect_wc(&server.cq, 101, WcOpcode::Recv, WcStatus::WrFlushError);
     assert_no_more(&server.cq);
+}
+
+/// Posts from another thread race the peer's close: every post that returned `Ok` completes
+/// exactly once (flushed if the connection ended first), and the posts end with
+/// [`DatapathError::Disconnected`] once the transport has finished with the connection. 20
+/// connections, each closed by the server at a different point of the stream of posts.
+#[test]
+fn posts_racing_the_peer_s_close_all_complete() {
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    for round in 0..20u64 {
+        let (client, server) = (Side::new(), Side::new());
+        let (c, s) = establish_ok(
+            &listener,
+            &client,
+            &p,
+            ServerPlan {
+                side: &server,
+                private_data: &[],
+                recvs: vec![],
+            },
+        );
+        let accepted = std::thread::scope(|scope| {
+            let poster = scope.spawn(|| {
+                let deadline = Instant::now() + WAIT;
+                let mut accepted = 0u64;
+                loop {
+                    let wr = RecvWr {
+                        wr_id: accepted,
+                        sg_list: SgeList::new(),
+                    };
+                    match c.qp.post_recv(wr) {
+                        Ok(()) => accepted += 1,
+                        Err(DatapathError::Disconnected) => return accepted,
+                        Err(e) => panic!("round {round}: a post failed with {e}"),
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "round {round}: posts never refused"
+                    );
+                }
+            });
+            std::thread::sleep(Duration::from_micros(250 * round));
+            drop(s);
+            poster.join().expect("the posting thread panicked")
+        });
+        assert!(
+            c.qp.wait_finished(WAIT),
+            "round {round}: client QP did not end"
+        );
+        let mut completed = vec![false; accepted as usize];
+        for _ in 0..accepted {
+            let wc = next_wc(&client.cq, "a completion of an accepted post").wc;
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            assert_ne!(wc.status, WcStatus::Success, "nothing was sent to it");
+            let seen = completed
+                .get_mut(wc.wr_id as usize)
+                .unwrap_or_else(|| panic!("round {round}: completion of a refused post {wc:?}"));
+            assert!(!*seen, "round {round}: two completions of {}", wc.wr_id);
+            *seen = true;
+        }
+        assert_no_more(&client.cq);
+    }
 }
 
 /// `post_send_list` (`ibv_post_send` with a chain): eight Writes into eight slots of the

@@ -621,3 +621,106 @@ fn shards_kernel_clients_engine_server() {
     // All 8 on one queue has odds 4^-7.
     assert!(accepting >= 2, "one shard accepted everything: {c:#?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Posts racing the end of a connection
+
+/// Posts from another thread race the peer's close on an engine's queue pair: every post that
+/// returned `Ok` completes exactly once (flushed if the connection ended first), and the posts
+/// end with `Disconnected` once the engine has finished with the connection. 10 connections
+/// from an engine in `iwa` to the socket transport in `iwb`, each closed by the server at a
+/// different point of the stream of posts.
+#[test]
+fn engine_posts_racing_the_peer_s_close_all_complete() {
+    const ROUNDS: u64 = 10;
+    let _bed = bed_or_skip!();
+    let port = PORT + 30;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params())
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        for round in 0..ROUNDS {
+            let req = listener
+                .accept_timeout(WAIT)
+                .map_err(|e| format!("accept: {e}"))?
+                .ok_or_else(|| format!("round {round}: no connection request"))?;
+            let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+            let conn = req
+                .accept(&pd, &cq, &[])
+                .map_err(|e| format!("round {round}: accept: {e}"))?;
+            std::thread::sleep(Duration::from_micros(500 * round));
+            drop(conn);
+        }
+        Ok(())
+    });
+    ready_rx.recv_timeout(WAIT).expect("server not listening");
+    let mut engine = start_engine_in(NS_A, DEV_A);
+    for round in 0..ROUNDS {
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let c = engine
+            .connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(), &[])
+            .unwrap_or_else(|e| panic!("round {round}: connect: {e}"));
+        let accepted = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let deadline = Instant::now() + WAIT;
+                    let mut accepted = 0u64;
+                    loop {
+                        let wr = RecvWr {
+                            wr_id: accepted,
+                            sg_list: datapath::SgeList::new(),
+                        };
+                        match c.qp.post_recv(wr) {
+                            Ok(()) => accepted += 1,
+                            Err(datapath::DatapathError::Disconnected) => return accepted,
+                            Err(e) => panic!("round {round}: a post failed with {e}"),
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "round {round}: posts never refused"
+                        );
+                    }
+                })
+                .join()
+                .expect("the posting thread panicked")
+        });
+        // Refused from the moment the engine stops taking work, just before it publishes the
+        // end.
+        assert!(
+            c.qp.wait_finished(WAIT),
+            "round {round}: refused, and the queue pair did not end"
+        );
+        let mut completed = vec![false; accepted as usize];
+        for _ in 0..accepted {
+            let wc = cq
+                .wait(WAIT)
+                .unwrap_or_else(|| panic!("round {round}: an accepted post never completed"))
+                .wc;
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            assert_ne!(wc.status, WcStatus::Success, "nothing was sent to it");
+            let seen = completed
+                .get_mut(wc.wr_id as usize)
+                .unwrap_or_else(|| panic!("round {round}: completion of a refused post {wc:?}"));
+            assert!(!*seen, "round {round}: two completions of {}", wc.wr_id);
+            *seen = true;
+        }
+        if let Some(c) = cq.try_next() {
+            panic!("round {round}: unexpected extra completion {c:?}");
+        }
+        println!("round {round}: {accepted} posts accepted, each completed once");
+    }
+    server
+        .join()
+        .expect("server thread")
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    engine.stop();
+}
+
+/// Starts the engine on `dev` inside namespace `ns`.
+fn start_engine_in(ns: &'static str, dev: &'static str) -> XdpEngine {
+    in_ns(ns, move || {
+        XdpEngine::start(dev, XdpEngineConfig::default())
+    })
+    .unwrap_or_else(|e| panic!("engine on {dev}: {e}"))
+}

@@ -87,19 +87,25 @@ impl Shared {
         })
     }
 
-    /// Lets a post through the gate, or refuses it once the transport stopped taking work.
-    fn enter_post(&self) -> Result<PostUnderWay<'_>, DatapathError> {
-        let under_way = PostUnderWay(&self.posts);
-        if self.posts.fetch_add(1, Ordering::AcqRel) & POSTS_STOPPED != 0 {
+    /// Queues a work request for the transport through the gate of [`Shared::posts`], or
+    /// refuses it once the transport stopped taking work.
+    fn queue(&self, cmds: &Sender<Cmd>, cmd: Cmd) -> Result<(), DatapathError> {
+        // Refused without counting once stopped, so that posts retried in a loop cannot keep
+        // `stop_posts` waiting; the `fetch_add` below decides.
+        if self.posts.load(Ordering::Relaxed) & POSTS_STOPPED != 0 {
             return Err(DatapathError::Disconnected);
         }
-        Ok(under_way)
+        let _under_way = PostUnderWay(&self.posts);
+        if self.posts.fetch_add(1, Ordering::Relaxed) & POSTS_STOPPED != 0 {
+            return Err(DatapathError::Disconnected);
+        }
+        cmds.send(cmd).map_err(|_| DatapathError::Disconnected)
     }
 
     /// Stops taking work requests: posts from now on fail with
-    /// [`DatapathError::Disconnected`]. Returns once the posts under way are queued, then
+    /// [`DatapathError::Disconnected`]. Waits for the posts under way to be queued, then
     /// completes those still queued in `cmds` as flushed (`WrFlushError`, as the queue pair's
-    /// own outstanding work requests complete when it ends) through `complete`.
+    /// own outstanding work requests complete when it ends) through `complete`, and returns.
     pub(crate) fn stop_posts(
         &self,
         cmds: Option<&Receiver<Cmd>>,
@@ -339,12 +345,7 @@ impl QueuePair {
     }
 
     fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        {
-            let _under_way = self.shared.enter_post()?;
-            self.cmds
-                .send(cmd)
-                .map_err(|_| DatapathError::Disconnected)?;
-        }
+        self.shared.queue(&self.cmds, cmd)?;
         self.waker.wake().map_err(DatapathError::Io)
     }
 
@@ -382,12 +383,7 @@ impl QueuePair {
         let mut posted = 0;
         for wr in wrs {
             // Through the gate one by one: the transport never waits on the caller's iterator.
-            let queued = self.shared.enter_post().and_then(|_under_way| {
-                self.cmds
-                    .send(Cmd::Send(wr))
-                    .map_err(|_| DatapathError::Disconnected)
-            });
-            if let Err(source) = queued {
+            if let Err(source) = self.shared.queue(&self.cmds, Cmd::Send(wr)) {
                 return Err(PostListError { posted, source });
             }
             posted += 1;
@@ -447,10 +443,16 @@ impl Drop for QueuePair {
     }
 }
 
-/// Completion status of a work request the queue pair refused when it was posted.
+/// Completion status of a work request the queue pair refused when it was posted. One posted
+/// to a queue pair in Error is flushed (`WrFlushError`), as verbs completes it there (siw's
+/// `post_send` does the same) and as the queue pair's own work requests were: a drain that
+/// posts a last request and waits for its completion sees what it expects.
 pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     use rdmap::RdmapError as E;
     match e {
+        E::InvalidState {
+            state: QpState::Error,
+        } => WcStatus::WrFlushError,
         E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
         E::MessageTooLong { .. } => WcStatus::LocalLengthError,
         _ => WcStatus::LocalQpOperationError,
@@ -461,51 +463,56 @@ pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
 mod tests {
     use super::*;
     use rdmap::SgeList;
-    use std::sync::atomic::AtomicBool;
+
+    /// A request the queue pair refuses for its state is flushed in Error, and a local QP
+    /// operation error in the states where it can never run (Closing, Terminate).
+    #[test]
+    fn a_request_posted_in_error_is_flushed() {
+        let status = |state| local_status(&rdmap::RdmapError::InvalidState { state });
+        assert_eq!(status(QpState::Error), WcStatus::WrFlushError);
+        assert_eq!(status(QpState::Closing), WcStatus::LocalQpOperationError);
+        assert_eq!(status(QpState::Terminate), WcStatus::LocalQpOperationError);
+    }
 
     /// Posts race the transport's stop: each is refused, or taken by the transport, or
     /// flushed by the stop; none is accepted and lost, and none gets through after the stop.
+    /// Two threads post until refused; the transport takes a number that varies by round, then
+    /// stops.
     #[test]
     fn a_post_racing_the_stop_is_refused_or_completed() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut flushed_any = false;
         for round in 0..200u64 {
             let shared = Shared::new(QpState::Rts);
             let (tx, rx) = crossbeam_channel::unbounded::<Cmd>();
-            let go = AtomicBool::new(false);
             let (accepted, taken, flushed) = std::thread::scope(|s| {
                 let posters: Vec<_> = (0..2u64)
                     .map(|t| {
-                        let (shared, tx, go) = (&shared, tx.clone(), &go);
+                        let (shared, tx) = (&shared, tx.clone());
                         s.spawn(move || {
-                            while !go.load(Ordering::Acquire) {
-                                std::hint::spin_loop();
-                            }
                             let mut accepted = 0u64;
-                            for i in 0..1_000u64 {
+                            loop {
                                 let wr = RecvWr {
-                                    wr_id: t << 32 | i,
+                                    wr_id: t << 32 | accepted,
                                     sg_list: SgeList::new(),
                                 };
-                                let queued = shared.enter_post().and_then(|_under_way| {
-                                    tx.send(Cmd::Recv(wr))
-                                        .map_err(|_| DatapathError::Disconnected)
-                                });
-                                match queued {
+                                match shared.queue(&tx, Cmd::Recv(wr)) {
                                     Ok(()) => accepted += 1,
-                                    Err(DatapathError::Disconnected) => break,
+                                    Err(DatapathError::Disconnected) => return accepted,
                                     Err(e) => panic!("unexpected {e}"),
                                 }
+                                assert!(std::time::Instant::now() < deadline, "never stopped");
                             }
-                            accepted
                         })
                     })
                     .collect();
-                go.store(true, Ordering::Release);
                 // The transport takes some, then stops at a point that varies by round.
                 let mut taken = 0u64;
-                for _ in 0..round * 5 {
+                while taken < round % 50 + 1 {
                     if rx.try_recv().is_ok() {
                         taken += 1;
                     }
+                    assert!(std::time::Instant::now() < deadline, "nothing posted");
                 }
                 let mut flushed = 0u64;
                 shared.stop_posts(Some(&rx), |wc| {
@@ -519,9 +526,13 @@ mod tests {
             assert_eq!(accepted, taken + flushed, "round {round}");
             assert!(rx.try_recv().is_err(), "a post got through after the stop");
             assert!(matches!(
-                shared.enter_post(),
+                shared.queue(&tx, Cmd::Close),
                 Err(DatapathError::Disconnected)
             ));
+            flushed_any |= flushed > 0;
         }
+        // The posts were refused mid-stream (each thread posts until refused), with requests
+        // still queued in at least one round.
+        assert!(flushed_any, "no round stopped with requests queued");
     }
 }

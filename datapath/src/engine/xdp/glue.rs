@@ -326,7 +326,9 @@ impl TcpApp for App<'_> {
                 let _ = wake.wake_engine();
             }
             if close {
-                slot.cmds = None;
+                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
+                // request still queued is flushed all the same, and later posts fail.
+                slot.stop_posts();
                 if !slot.closing {
                     slot.closing = true;
                     slot.conn.close();

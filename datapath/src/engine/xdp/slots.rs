@@ -132,8 +132,20 @@ impl Slot {
                 .publish(state, qp.remote_terminate(), qp.local_terminate()),
         );
         if finished {
+            self.stop_posts();
             self.shared.mark_finished(state);
         }
+    }
+
+    /// Takes no more work requests from the application and completes those still queued as
+    /// flushed ([`Shared::stop_posts`]), after the queue pair's own completions.
+    pub(super) fn stop_posts(&mut self) {
+        let (cq, num) = (&self.cq, self.num);
+        self.shared.stop_posts(self.cmds.take().as_ref(), |wc| {
+            if let Some(cq) = cq {
+                cq.push(Completion { qp_num: num, wc });
+            }
+        });
     }
 
     /// The connection is over: the queue pair flushed, completions out, status final.
@@ -142,12 +154,6 @@ impl Slot {
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
         self.deliver_completions();
-        let (cq, num) = (&self.cq, self.num);
-        self.shared.stop_posts(self.cmds.take().as_ref(), |wc| {
-            if let Some(cq) = cq {
-                cq.push(Completion { qp_num: num, wc });
-            }
-        });
         if !self.closing {
             self.set_error(why);
         }

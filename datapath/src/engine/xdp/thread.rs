@@ -259,6 +259,7 @@ impl Engine {
                     slot.finish(cause.clone());
                 }));
                 if finished.is_err() {
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| slot.stop_posts()));
                     slot.shared.mark_finished(QpState::Error);
                 }
                 add_counters(&mut t.st.ended, &slot.conn.counters());
