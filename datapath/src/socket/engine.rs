@@ -195,6 +195,8 @@ const WAKE: Token = Token(1);
 const TX_HIGH: usize = 512 * 1024;
 /// Read calls per loop turn, so a busy receive side cannot starve commands and transmit.
 const RX_BUDGET: usize = 16;
+/// Work requests taken from the application per turn.
+const CMD_BUDGET: usize = 256;
 
 /// How DDP segments are framed on the stream.
 enum Framer {
@@ -331,7 +333,10 @@ impl Engine {
 
     fn handle_commands(&mut self) -> bool {
         let mut progress = false;
-        loop {
+        // A budget per turn, so that an application posting without pause cannot keep the
+        // thread from the socket (and from hearing that the connection ended); the rest wait
+        // for the next turn, which comes at once (progress).
+        for _ in 0..CMD_BUDGET {
             let cmd = match self.cmds.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Empty) => break,

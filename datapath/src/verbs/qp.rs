@@ -315,7 +315,7 @@ impl QueuePair {
         &self.shared
     }
 
-    /// Local queue pair number (also in every [`Completion`]).
+    /// Local queue pair number (also in every [`Completion`](crate::Completion)).
     pub fn num(&self) -> u32 {
         self.num
     }
@@ -352,8 +352,10 @@ impl QueuePair {
     /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
     /// full send queue, queue pair not ready) come back as an error completion. Once the
     /// transport has finished with the connection, posts fail with
-    /// [`DatapathError::Disconnected`]; a request accepted before that always completes
-    /// (`WrFlushError` if the connection ended first).
+    /// [`DatapathError::Disconnected`] and nothing is queued; a request accepted before that
+    /// always completes (`WrFlushError` if the connection ended first). A
+    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
+    /// and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         self.command(Cmd::Send(wr))
@@ -395,7 +397,8 @@ impl QueuePair {
         Ok(posted)
     }
 
-    /// Posts a receive buffer for incoming Sends.
+    /// Posts a receive buffer for incoming Sends. Fails, or completes, as
+    /// [`QueuePair::post_send`] says.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         self.command(Cmd::Recv(wr))
     }
@@ -497,7 +500,14 @@ mod tests {
                                     sg_list: SgeList::new(),
                                 };
                                 match shared.queue(&tx, Cmd::Recv(wr)) {
-                                    Ok(()) => accepted += 1,
+                                    Ok(()) => {
+                                        accepted += 1;
+                                        // The queue stays short should the stopping
+                                        // thread be descheduled.
+                                        if accepted.is_multiple_of(256) {
+                                            std::thread::yield_now();
+                                        }
+                                    }
                                     Err(DatapathError::Disconnected) => return accepted,
                                     Err(e) => panic!("unexpected {e}"),
                                 }

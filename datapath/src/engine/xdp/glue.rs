@@ -326,13 +326,15 @@ impl TcpApp for App<'_> {
                 let _ = wake.wake_engine();
             }
             if close {
-                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
-                // request still queued is flushed all the same, and later posts fail.
-                slot.stop_posts();
                 if !slot.closing {
                     slot.closing = true;
                     slot.conn.close();
                 }
+                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
+                // request still queued is flushed all the same, after the queue pair's own,
+                // and later posts fail.
+                slot.deliver_completions();
+                slot.stop_posts();
             }
         }
         let mem = table_of(slot.table, self.mem, scratch);

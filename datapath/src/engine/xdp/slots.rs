@@ -141,11 +141,14 @@ impl Slot {
     /// flushed ([`Shared::stop_posts`]), after the queue pair's own completions.
     pub(super) fn stop_posts(&mut self) {
         let (cq, num) = (&self.cq, self.num);
-        self.shared.stop_posts(self.cmds.take().as_ref(), |wc| {
+        // The receiver is dropped only after the flush: should a push panic part way (at an
+        // engine's shutdown, where that is caught), the rest is still there to flush again.
+        self.shared.stop_posts(self.cmds.as_ref(), |wc| {
             if let Some(cq) = cq {
                 cq.push(Completion { qp_num: num, wc });
             }
         });
+        self.cmds = None;
     }
 
     /// The connection is over: the queue pair flushed, completions out, status final.
