@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use datapath::{
@@ -637,53 +637,15 @@ fn posts_racing_the_peer_s_close_all_complete() {
                 recvs: vec![],
             },
         );
+        let what = format!("round {round}");
         let accepted = std::thread::scope(|scope| {
-            let poster = scope.spawn(|| {
-                let deadline = Instant::now() + WAIT;
-                let mut accepted = 0u64;
-                loop {
-                    let wr = RecvWr {
-                        wr_id: accepted,
-                        sg_list: SgeList::new(),
-                    };
-                    match c.qp.post_recv(wr) {
-                        Ok(()) => {
-                            accepted += 1;
-                            // Memory stays bounded on a loaded machine: past 100,000 posts, a
-                            // pause between them.
-                            if accepted > 100_000 {
-                                std::thread::sleep(Duration::from_micros(10));
-                            }
-                        }
-                        Err(DatapathError::Disconnected) => return accepted,
-                        Err(e) => panic!("round {round}: a post failed with {e}"),
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "round {round}: posts never refused"
-                    );
-                }
-            });
+            let poster = scope.spawn(|| post_recvs_until_refused(&c.qp, &what));
             std::thread::sleep(Duration::from_micros(250 * round));
             drop(s);
             poster.join().expect("the posting thread panicked")
         });
-        assert!(
-            c.qp.wait_finished(WAIT),
-            "round {round}: client QP did not end"
-        );
-        let mut completed = vec![false; accepted as usize];
-        for _ in 0..accepted {
-            let wc = next_wc(&client.cq, "a completion of an accepted post").wc;
-            assert_eq!(wc.opcode, WcOpcode::Recv);
-            assert_ne!(wc.status, WcStatus::Success, "nothing was sent to it");
-            let seen = completed
-                .get_mut(wc.wr_id as usize)
-                .unwrap_or_else(|| panic!("round {round}: completion of a refused post {wc:?}"));
-            assert!(!*seen, "round {round}: two completions of {}", wc.wr_id);
-            *seen = true;
-        }
-        assert_no_more(&client.cq);
+        assert!(c.qp.wait_finished(WAIT), "{what}: client QP did not end");
+        each_completed_once(&client.cq, accepted, &what);
     }
 }
 

@@ -33,6 +33,8 @@ use datapath::{
 };
 use testbed::*;
 
+mod common;
+
 const SIZES: [usize; 3] = [1, 4096, 1 << 20];
 /// Where size `i`'s data goes in the server's regions (disjoint, so nothing is overwritten).
 const OFFSETS: [usize; 3] = [0, 4096, 8192];
@@ -655,40 +657,16 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
         Ok(())
     });
     ready_rx.recv_timeout(WAIT).expect("server not listening");
-    let mut engine = start_engine_in(NS_A, DEV_A);
+    let mut engine = common::bed::start_engine(NS_A, DEV_A);
     for round in 0..ROUNDS {
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
         let c = engine
             .connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(), &[])
             .unwrap_or_else(|e| panic!("round {round}: connect: {e}"));
+        let what = format!("round {round}");
         let accepted = std::thread::scope(|scope| {
             scope
-                .spawn(|| {
-                    let deadline = Instant::now() + WAIT;
-                    let mut accepted = 0u64;
-                    loop {
-                        let wr = RecvWr {
-                            wr_id: accepted,
-                            sg_list: datapath::SgeList::new(),
-                        };
-                        match c.qp.post_recv(wr) {
-                            Ok(()) => {
-                                accepted += 1;
-                                // Memory stays bounded on a loaded machine: past 100,000 posts, a
-                                // pause between them.
-                                if accepted > 100_000 {
-                                    std::thread::sleep(Duration::from_micros(10));
-                                }
-                            }
-                            Err(datapath::DatapathError::Disconnected) => return accepted,
-                            Err(e) => panic!("round {round}: a post failed with {e}"),
-                        }
-                        assert!(
-                            Instant::now() < deadline,
-                            "round {round}: posts never refused"
-                        );
-                    }
-                })
+                .spawn(|| common::post_recvs_until_refused(&c.qp, &what))
                 .join()
                 .expect("the posting thread panicked")
         });
@@ -696,25 +674,9 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
         // end.
         assert!(
             c.qp.wait_finished(WAIT),
-            "round {round}: refused, and the queue pair did not end"
+            "{what}: refused, and the queue pair did not end"
         );
-        let mut completed = vec![false; accepted as usize];
-        for _ in 0..accepted {
-            let wc = cq
-                .wait(WAIT)
-                .unwrap_or_else(|| panic!("round {round}: an accepted post never completed"))
-                .wc;
-            assert_eq!(wc.opcode, WcOpcode::Recv);
-            assert_ne!(wc.status, WcStatus::Success, "nothing was sent to it");
-            let seen = completed
-                .get_mut(wc.wr_id as usize)
-                .unwrap_or_else(|| panic!("round {round}: completion of a refused post {wc:?}"));
-            assert!(!*seen, "round {round}: two completions of {}", wc.wr_id);
-            *seen = true;
-        }
-        if let Some(c) = cq.try_next() {
-            panic!("round {round}: unexpected extra completion {c:?}");
-        }
+        common::each_completed_once(&cq, accepted, &what);
         println!("round {round}: {accepted} posts accepted, each completed once");
     }
     server
@@ -722,12 +684,4 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
         .expect("server thread")
         .unwrap_or_else(|e| panic!("server: {e}"));
     engine.stop();
-}
-
-/// Starts the engine on `dev` inside namespace `ns`.
-fn start_engine_in(ns: &'static str, dev: &'static str) -> XdpEngine {
-    in_ns(ns, move || {
-        XdpEngine::start(dev, XdpEngineConfig::default())
-    })
-    .unwrap_or_else(|e| panic!("engine on {dev}: {e}"))
 }

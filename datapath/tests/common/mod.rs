@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use datapath::{
     connect, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
-    MemoryRegion, MpaConfig, ProtectionDomain, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
+    WcOpcode, WcStatus,
 };
 
 /// Upper bound for any single wait in these tests (connection setup, one completion, the end of
@@ -148,6 +149,58 @@ pub fn collect(cq: &CompletionQueue, n: usize, what: &str) -> Vec<Completion> {
 pub fn assert_no_more(cq: &CompletionQueue) {
     if let Some(c) = cq.try_next() {
         panic!("unexpected extra completion {c:?}");
+    }
+}
+
+/// Posts zero-length receives on `qp` as fast as it takes them (`wr_id` 0, 1, ...) until one is
+/// refused with `Disconnected`, and returns how many were accepted. Bounded by [`WAIT`]; past
+/// 100,000 posts a pause between them keeps memory bounded on a loaded machine.
+pub fn post_recvs_until_refused(qp: &QueuePair, what: &str) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let mut accepted = 0u64;
+    loop {
+        let wr = RecvWr {
+            wr_id: accepted,
+            sg_list: SgeList::new(),
+        };
+        match qp.post_recv(wr) {
+            Ok(()) => {
+                accepted += 1;
+                if accepted > 100_000 {
+                    std::thread::sleep(Duration::from_micros(10));
+                }
+            }
+            Err(DatapathError::Disconnected) => return accepted,
+            Err(e) => panic!("{what}: a post failed with {e}"),
+        }
+        assert!(Instant::now() < deadline, "{what}: posts never refused");
+    }
+}
+
+/// Checks that each of the `accepted` receives of [`post_recvs_until_refused`] completed
+/// exactly once, none successfully (nothing was sent to them), and that nothing else is
+/// queued on `cq`.
+pub fn each_completed_once(cq: &CompletionQueue, accepted: u64, what: &str) {
+    let mut completed = vec![false; accepted as usize];
+    for _ in 0..accepted {
+        let wc = cq
+            .wait(WAIT)
+            .unwrap_or_else(|| panic!("{what}: an accepted post never completed"))
+            .wc;
+        assert_eq!(wc.opcode, WcOpcode::Recv, "{what}");
+        assert_ne!(
+            wc.status,
+            WcStatus::Success,
+            "{what}: nothing was sent to it"
+        );
+        let seen = completed
+            .get_mut(wc.wr_id as usize)
+            .unwrap_or_else(|| panic!("{what}: completion of a refused post {wc:?}"));
+        assert!(!*seen, "{what}: two completions of {}", wc.wr_id);
+        *seen = true;
+    }
+    if let Some(c) = cq.try_next() {
+        panic!("{what}: unexpected extra completion {c:?}");
     }
 }
 
