@@ -314,6 +314,9 @@ pub struct ConnStats {
     pub probes: u64,
     /// Aborts by the user timeout (`Config::user_timeout`).
     pub user_timeouts: u64,
+    /// Connections reset after waiting `Config::fin_wait2_timeout` in FIN-WAIT-2 for a FIN
+    /// the peer never sent.
+    pub fin_wait2_timeouts: u64,
     /// Path MTU reductions by believed "packet too big" reports
     /// ([`Connection::handle_packet_too_big`]).
     pub path_mtu_reductions: u64,
@@ -543,6 +546,8 @@ pub struct Connection {
 
     // ---- misc timers ----
     time_wait_deadline: Option<Instant>,
+    /// When FIN-WAIT-2 gives up on the peer's FIN (`Config::fin_wait2_timeout`).
+    fin_wait2_deadline: Option<Instant>,
     keepalive_deadline: Option<Instant>,
     keepalive_unanswered: u32,
     /// When the last segment arrived. The keepalive deadline is not moved per segment (that
@@ -685,6 +690,7 @@ impl Connection {
             rcv_nxt_acked: 0,
             data_header: DataHeader::new(&tuple, false),
             time_wait_deadline: None,
+            fin_wait2_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
             last_heard: now,
@@ -1409,6 +1415,7 @@ impl Connection {
         t = earliest(t, self.persist_deadline);
         t = earliest(t, self.delack_deadline);
         t = earliest(t, self.time_wait_deadline);
+        t = earliest(t, self.fin_wait2_deadline);
         t = earliest(t, self.user_timeout_deadline());
         earliest(t, self.keepalive_deadline)
     }
@@ -1466,6 +1473,18 @@ impl Connection {
         self.update_stall(now);
         if self.time_wait_deadline.is_some_and(|d| d <= now) {
             self.time_wait_deadline = None;
+            self.enter_closed(Some(Event::Closed));
+            return;
+        }
+        if self.fin_wait2_deadline.is_some_and(|d| d <= now) {
+            // The peer never closed its side: reset it (its CLOSE-WAIT learns the
+            // connection is gone) and forget the connection. The RST's sequence number is
+            // the peer's RCV.NXT exactly (RFC 5961 3.2), past our acknowledged FIN.
+            self.stats.fin_wait2_timeouts += 1;
+            self.pending_rst = Some(PendingRst {
+                seq: self.snd.seq_of(self.snd_max()),
+                ack: None,
+            });
             self.enter_closed(Some(Event::Closed));
             return;
         }
@@ -2150,7 +2169,10 @@ impl Connection {
         // FIN acknowledged?
         if self.fin_sent && self.snd_una >= self.snd_max() {
             match self.state {
-                State::FinWait1 => self.state = State::FinWait2,
+                State::FinWait1 => {
+                    self.state = State::FinWait2;
+                    self.fin_wait2_deadline = self.cfg.fin_wait2_timeout.map(|t| now + t);
+                }
                 State::Closing => self.enter_time_wait(now),
                 State::LastAck => {
                     self.enter_closed(Some(Event::Closed));
@@ -2686,6 +2708,10 @@ impl Connection {
             if a <= self.rcv_nxt {
                 let n = self.rcv_nxt.max(b);
                 self.rcv_nxt = self.rcv_ranges.advance_from(n);
+                if self.state == State::FinWait2 {
+                    // New data: a half-closed connection still receiving is not idle.
+                    self.fin_wait2_deadline = self.cfg.fin_wait2_timeout.map(|t| now + t);
+                }
             } else {
                 self.rcv_ranges.insert(a, b);
             }
@@ -2758,6 +2784,7 @@ impl Connection {
     fn enter_time_wait(&mut self, now: Instant) {
         self.state = State::TimeWait;
         self.time_wait_deadline = Some(now + self.cfg.time_wait);
+        self.fin_wait2_deadline = None;
         self.rto_deadline = None;
         self.tlp_deadline = None;
         self.rack_deadline = None;
@@ -2775,6 +2802,7 @@ impl Connection {
         self.keepalive_deadline = None;
         self.delack_deadline = None;
         self.time_wait_deadline = None;
+        self.fin_wait2_deadline = None;
         self.syn_due = false;
         self.ack_now = false;
         self.probe_due = false;

@@ -975,3 +975,49 @@ fn the_rdma_option_is_used_only_when_both_sides_offer_it() {
         assert!(c.conn().sack_enabled() && c.conn().timestamps_enabled());
     }
 }
+
+/// A peer that acknowledges our FIN but never sends its own (its side sits in CLOSE-WAIT,
+/// answering keepalives) does not hold the connection for ever: FIN-WAIT-2 gives up after
+/// `Config::fin_wait2_timeout`, resets the peer and closes. New data from the peer starts the
+/// wait again; answered keepalives do not. Without the timeout the connection stays in
+/// FIN-WAIT-2 as long as the peer answers.
+#[test]
+fn fin_wait_2_gives_up_on_a_peer_that_never_closes() {
+    let cfg = |fin_wait2_timeout| Config {
+        fin_wait2_timeout,
+        keepalive: Some((Duration::from_millis(50), Duration::from_millis(10), 3)),
+        ..Config::default()
+    };
+    // Without the timeout: held as long as the peer answers.
+    let (mut c, mut s, mut net) = established_pair(cfg(None), Config::default());
+    c.conn_mut().close();
+    run_idle(&mut c, &mut s, &mut net, 2000);
+    assert_eq!(c.state(), Some(State::FinWait2));
+    assert_eq!(s.state(), Some(State::CloseWait));
+    assert!(
+        c.conn().stats().probes > 10,
+        "keepalives answered meanwhile"
+    );
+
+    let (mut c, mut s, mut net) =
+        established_pair(cfg(Some(Duration::from_millis(300))), Config::default());
+    c.conn_mut().close();
+    run_idle(&mut c, &mut s, &mut net, 20);
+    assert_eq!(c.state(), Some(State::FinWait2));
+    // Data from the peer 200 ms in: the wait starts again from there.
+    run_idle(&mut c, &mut s, &mut net, 180);
+    s.conn_mut().send(&[7u8; 100]).expect("send in CLOSE-WAIT");
+    run_idle(&mut c, &mut s, &mut net, 250);
+    assert_eq!(
+        c.state(),
+        Some(State::FinWait2),
+        "new data restarted the wait"
+    );
+    assert_eq!(c.conn().stats().fin_wait2_timeouts, 0);
+    run_idle(&mut c, &mut s, &mut net, 100);
+    assert_eq!(c.state(), Some(State::Closed), "300 ms after the data");
+    assert!(c.events.contains(&Event::Closed));
+    assert_eq!(c.conn().stats().fin_wait2_timeouts, 1);
+    assert_eq!(s.state(), Some(State::Closed), "the peer got the reset");
+    assert!(s.events.contains(&Event::Reset));
+}
