@@ -77,6 +77,11 @@ impl Device {
         addr: SocketAddr,
         params: ConnectParams,
     ) -> Result<Listener, DatapathError> {
+        if params.backlog > crate::verbs::cm::MAX_BACKLOG {
+            return Err(DatapathError::InvalidArgument(
+                "a listener's backlog is at most MAX_BACKLOG (65536) Requests",
+            ));
+        }
         match &self.engine {
             None => Listener::bind(addr, params),
             Some(e) => {

@@ -83,9 +83,10 @@ pub use rdmap::{
 pub use socket::connect;
 pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
+    MAX_BACKLOG,
 };
 pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
 pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};
 pub use verbs::qp::{Agreed, QpStatus, QueuePair};
-pub use verbs::srq::SharedReceiveQueue;
+pub use verbs::srq::{SharedReceiveQueue, MAX_SRQ_WR};

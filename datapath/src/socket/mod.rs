@@ -40,12 +40,13 @@ pub fn connect(
     // would only see fail.
     let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
     tracing::info!(peer = %addr, "connecting (kernel TCP)");
+    let setup_deadline = crate::verbs::deadline_after(params.setup_timeout);
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.request())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = read_with_deadline(&mut stream, &mut buf, start + params.setup_timeout)
+        let n = read_with_deadline(&mut stream, &mut buf, setup_deadline)
             .map_err(|e| setup_error(e, "waiting for the MPA Reply"))?;
         let now = Instant::now();
         let (used, event) = initiator.feed(&buf[..n], now)?;
@@ -101,19 +102,20 @@ fn connect_ift(
     };
     let mut initiator = ift::Initiator::new(cfg, start);
     tracing::info!(peer = %addr, "connecting with IFT framing (kernel TCP)");
+    let setup_deadline = crate::verbs::deadline_after(params.setup_timeout);
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.indication())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = read_with_deadline(&mut stream, &mut buf, start + params.setup_timeout).map_err(
-            |e| match e.kind() {
+        let n = read_with_deadline(&mut stream, &mut buf, setup_deadline).map_err(|e| {
+            match e.kind() {
                 io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
                     DatapathError::Ift(ift::IftError::ConnectionLost)
                 }
                 _ => setup_error(e, "waiting for the IFT adaption indication"),
-            },
-        )?;
+            }
+        })?;
         let (used, done) = initiator.feed(&buf[..n], Instant::now())?;
         let Some(negotiated) = done else { continue };
         let setup = Setup {

@@ -17,6 +17,10 @@ use crate::verbs::qp::QueuePair;
 use crate::verbs::srq::SharedReceiveQueue;
 use crate::DatapathError;
 
+/// The largest [`ConnectParams::backlog`] a listener takes (`Device::listen` refuses more
+/// with [`DatapathError::InvalidArgument`]).
+pub const MAX_BACKLOG: usize = 1 << 16;
+
 /// Parameters of a connection: MPA negotiation and queue sizes.
 #[derive(Debug, Clone)]
 pub struct ConnectParams {
@@ -47,7 +51,8 @@ pub struct ConnectParams {
     /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
     /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
     /// Reply with R=1) and its connection closed; one left unanswered fails after
-    /// `mpa.accept_timeout`. Default 64.
+    /// `mpa.accept_timeout`. Default 64, at most [`MAX_BACKLOG`] (the queue is allocated
+    /// whole when listening starts).
     pub backlog: usize,
     /// The RDMAP extensions of RFC 7306 (Atomic Operations, Immediate Data) on the
     /// connection's queue pair ([`rdmap::QpConfig::extensions`]). Off by default: turn them

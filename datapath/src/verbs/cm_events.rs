@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::verbs::cm::{ConnectRequest, Connection, Listener};
 use crate::verbs::event_queue::EventQueue;
-use crate::verbs::qp::QueuePair;
+use crate::verbs::qp::{QueuePair, Shared};
 use crate::{DatapathError, QpError};
 
 /// One connection-manager event (`struct rdma_cm_event`).
@@ -181,12 +181,16 @@ impl QueuePair {
     /// Queues [`CmEvent::Disconnected`] on `channel` when the connection ends (at once if it
     /// has ended already).
     pub fn notify_disconnect(&self, channel: &CmEventChannel) {
-        let channel = channel.clone();
-        let qp_num = self.num();
-        self.shared().set_on_finish(Box::new(move |error| {
-            channel.push(CmEvent::Disconnected { qp_num, error })
-        }));
+        notify_disconnect(self.shared(), self.num(), channel);
     }
+}
+
+/// [`QueuePair::notify_disconnect`] for the queue pair of `shared`, numbered `qp_num`.
+fn notify_disconnect(shared: &Shared, qp_num: u32, channel: &CmEventChannel) {
+    let channel = channel.clone();
+    shared.set_on_finish(Box::new(move |error| {
+        channel.push(CmEvent::Disconnected { qp_num, error })
+    }));
 }
 
 /// Queues the outcome of a connection attempt.
@@ -197,11 +201,15 @@ pub(crate) fn push_outcome(
 ) {
     channel.push(match outcome {
         Ok(connection) => {
-            connection.qp.notify_disconnect(channel);
-            CmEvent::Established {
+            // Established goes first: a connection that ends at once (the peer closes right
+            // after accepting) reports its end after it, never before.
+            let (shared, qp_num) = (Arc::clone(connection.qp.shared()), connection.qp.num());
+            channel.push(CmEvent::Established {
                 context,
                 connection,
-            }
+            });
+            notify_disconnect(&shared, qp_num, channel);
+            return;
         }
         Err(DatapathError::Rejected { private_data }) => CmEvent::Rejected {
             context,

@@ -235,7 +235,8 @@ impl CompletionQueue {
         if let Some(d) = self.inner.driver.get() {
             d.before_wait();
         }
-        rx.recv_deadline(Instant::now() + timeout).ok()
+        rx.recv_deadline(super::timeout::deadline_after(timeout))
+            .ok()
     }
 
     /// Number of completions waiting.
@@ -282,7 +283,7 @@ impl CompletionChannel {
     /// Waits up to `timeout` for an event (`ibv_get_cq_event` on a blocking channel) with
     /// `poll(2)` on the descriptor.
     pub fn wait_event(&self, timeout: Duration) -> Option<CompletionQueue> {
-        let deadline = Instant::now() + timeout;
+        let deadline = super::timeout::deadline_after(timeout);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // An event of a queue dropped since is skipped, as `get_event` does.

@@ -96,7 +96,7 @@ impl<T> EventQueue<T> {
 
     /// Takes the oldest event, waiting up to `timeout` for one.
     pub(crate) fn pop_wait(&self, timeout: Duration) -> Option<T> {
-        let deadline = Instant::now() + timeout;
+        let deadline = super::timeout::deadline_after(timeout);
         loop {
             if let Some(item) = self.pop() {
                 return Some(item);

@@ -57,7 +57,7 @@ pub fn probe_rdmap_extensions(
         sg_list: sink.sge(0, 8).into(),
         signaled: true,
     })?;
-    let deadline = Instant::now() + timeout;
+    let deadline = super::timeout::deadline_after(timeout);
     let status = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let c = cq

@@ -414,7 +414,7 @@ impl QueuePair {
 
     /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
     pub fn wait_finished(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = super::timeout::deadline_after(timeout);
         loop {
             if self.status().finished {
                 return true;
@@ -427,7 +427,10 @@ impl QueuePair {
     }
 
     /// Closes the connection: outstanding work requests complete as flushed, the socket is
-    /// shut down, and the engine thread is joined.
+    /// shut down, and the engine thread is joined. On the AF_XDP engine it waits at most 10 s
+    /// for the connection to finish (a peer that stops acknowledging keeps it retransmitting
+    /// until the user timeout): check [`QueuePair::status`]`.finished` before freeing memory
+    /// registered with [`crate::ProtectionDomain::register_raw`].
     pub fn disconnect(&mut self) {
         let _ = self.command(Cmd::Close);
         if let Some(t) = self.thread.take() {

@@ -45,12 +45,16 @@ impl std::fmt::Debug for SharedReceiveQueue {
     }
 }
 
+/// The most receives a [`SharedReceiveQueue`] holds (`ibv_create_srq`'s `max_wr`; the queue
+/// is allocated whole when created).
+pub const MAX_SRQ_WR: usize = 1 << 20;
+
 impl SharedReceiveQueue {
     /// A queue of `pd` holding at most `max_wr` posted receives (`ibv_create_srq`).
     pub fn new(pd: &ProtectionDomain, max_wr: usize) -> Result<Self, DatapathError> {
-        if max_wr == 0 {
+        if max_wr == 0 || max_wr > MAX_SRQ_WR {
             return Err(DatapathError::InvalidArgument(
-                "a shared receive queue holds at least one receive",
+                "a shared receive queue holds 1 to MAX_SRQ_WR (1048576) receives",
             ));
         }
         let (tx, rx) = crossbeam_channel::bounded(max_wr);

@@ -386,7 +386,7 @@ impl XdpEngine {
             reply: tx,
         };
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
-        let wait = params.setup_timeout + Duration::from_secs(5);
+        let wait = params.setup_timeout.saturating_add(Duration::from_secs(5));
         handle.send(cmd)?;
         tracing::info!(peer = %addr, shard = n, "connecting (AF_XDP engine)");
         Ok(Box::new(move || {

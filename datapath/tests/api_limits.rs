@@ -1,0 +1,47 @@
+//! Arguments too large for what they size get a typed error, not a panic nor an allocation
+//! the size of the address space: a shared receive queue's `max_wr` and a listener's backlog
+//! (both queues are allocated whole). No root, no bed.
+
+use datapath::{
+    ConnectParams, DatapathError, Device, ProtectionDomain, SharedReceiveQueue, MAX_BACKLOG,
+    MAX_SRQ_WR,
+};
+
+#[test]
+fn an_srq_larger_than_max_srq_wr_is_refused() {
+    let pd = ProtectionDomain::new();
+    for max_wr in [0, MAX_SRQ_WR + 1, usize::MAX] {
+        assert!(
+            matches!(
+                SharedReceiveQueue::new(&pd, max_wr),
+                Err(DatapathError::InvalidArgument(_))
+            ),
+            "max_wr {max_wr}"
+        );
+    }
+    assert!(SharedReceiveQueue::new(&pd, 1).is_ok());
+}
+
+#[test]
+fn a_backlog_larger_than_max_backlog_is_refused() {
+    let dev = Device::socket();
+    let addr = "127.0.0.1:0".parse().expect("address");
+    for backlog in [MAX_BACKLOG + 1, usize::MAX] {
+        let params = ConnectParams {
+            backlog,
+            ..ConnectParams::default()
+        };
+        assert!(
+            matches!(
+                dev.listen(addr, params),
+                Err(DatapathError::InvalidArgument(_))
+            ),
+            "backlog {backlog}"
+        );
+    }
+    let params = ConnectParams {
+        backlog: MAX_BACKLOG,
+        ..ConnectParams::default()
+    };
+    assert!(dev.listen(addr, params).is_ok());
+}
