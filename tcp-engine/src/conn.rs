@@ -1276,11 +1276,12 @@ impl Connection {
         }
     }
 
-    /// Abort (RFC 9293 3.10.5): send RST if synchronized, drop everything.
+    /// Abort (RFC 9293 3.10.5): send RST if synchronized, drop everything. The RST's sequence
+    /// number is past a FIN we sent (`reset_seq`).
     pub fn abort(&mut self) {
         if self.state.synchronized() || self.state == State::SynReceived {
             self.pending_rst = Some(PendingRst {
-                seq: self.snd.seq_of(self.snd_nxt),
+                seq: self.reset_seq(),
                 ack: None,
             });
         }
@@ -1478,11 +1479,10 @@ impl Connection {
         }
         if self.fin_wait2_deadline.is_some_and(|d| d <= now) {
             // The peer never closed its side: reset it (its CLOSE-WAIT learns the
-            // connection is gone) and forget the connection. The RST's sequence number is
-            // the peer's RCV.NXT exactly (RFC 5961 3.2), past our acknowledged FIN.
+            // connection is gone) and forget the connection.
             self.stats.fin_wait2_timeouts += 1;
             self.pending_rst = Some(PendingRst {
-                seq: self.snd.seq_of(self.snd_max()),
+                seq: self.reset_seq(),
                 ack: None,
             });
             self.enter_closed(Some(Event::Closed));
@@ -1533,10 +1533,19 @@ impl Connection {
         }
     }
 
+    /// The sequence number of a RST we send on our own: SND.NXT past any FIN we sent (as
+    /// Linux's), which is the peer's RCV.NXT exactly once it has our FIN (RFC 5961 3.2 takes
+    /// only that), and inside its window if the FIN was lost (the peer then sends a challenge
+    /// ACK, which the closed connection answers with a RST it accepts). Before the FIN, the
+    /// two are the same.
+    fn reset_seq(&self) -> u32 {
+        self.snd.seq_of(self.snd_max())
+    }
+
     fn abort_timed_out(&mut self) {
         if self.state.synchronized() {
             self.pending_rst = Some(PendingRst {
-                seq: self.snd.seq_of(self.snd_nxt),
+                seq: self.reset_seq(),
                 ack: None,
             });
         }
