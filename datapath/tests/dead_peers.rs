@@ -175,3 +175,73 @@ fn socket_idle_connection_to_a_vanished_peer() {
 fn socket_peer_cut_off_mid_transfer() {
     check(false, true, Duration::from_secs(4));
 }
+
+/// The application disconnects from a peer that vanished with Writes in flight, on a
+/// connection with neither keepalive nor user timeout (only the retransmission limit, minutes
+/// away, would end it): `disconnect` gives the graceful close its 10 s, then resets the
+/// connection, and returns with the queue pair finished, every Write completed (flushed) and
+/// the memory the Writes came from no longer read by the engine.
+#[test]
+fn engine_disconnect_from_a_vanished_peer_resets_when_the_close_cannot_finish() {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let srv = spawn_in_ns(NS_B, move || peer(ready_tx, done_rx));
+    ready_rx.recv_timeout(WAIT).expect("peer ready");
+    let ours = spawn_in_ns(NS_A, move || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let src = pd.register(1 << 20, Access::NONE).expect("source");
+        let params = ConnectParams {
+            keepalive: None,
+            user_timeout: None,
+            ..params()
+        };
+        let conn = engine
+            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &params, b"")
+            .expect("connect");
+        let p = &conn.private_data;
+        let stag = Stag(u32::from_be_bytes(p[..4].try_into().unwrap()));
+        let to = u64::from_be_bytes(p[4..12].try_into().unwrap());
+        let mut qp = conn.qp;
+        link(NS_B, DEV_B, false);
+        for i in 0..8 {
+            qp.post_send(SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    remote_stag: stag,
+                    remote_to: to,
+                },
+                sg_list: src.sge(0, 1 << 20).into(),
+                signaled: true,
+            })
+            .expect("post");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        qp.disconnect();
+        let took = t.elapsed();
+        let finished = qp.status().finished;
+        let mut completed = 0;
+        while let Some(c) = cq.wait(Duration::from_millis(500)) {
+            assert_ne!(c.wc.status, WcStatus::Success, "{c:?}");
+            completed += 1;
+        }
+        drop(qp);
+        drop(engine);
+        (finished, took, completed)
+    });
+    let result = ours.join();
+    link(NS_B, DEV_B, true);
+    let _ = done_tx.send(());
+    let _ = srv.join();
+    let (finished, took, completed) = result.expect("our side");
+    println!("disconnect took {took:?}, finished {finished}, {completed} Writes completed");
+    assert!(
+        finished,
+        "disconnect returned after {took:?} with the queue pair still in use"
+    );
+    assert!(took < Duration::from_secs(13), "took {took:?}");
+    assert_eq!(completed, 8, "every Write completes");
+}

@@ -2227,6 +2227,15 @@ impl IwarpConn {
         }
     }
 
+    /// This connection's TCP is gone for good: nothing of the transmit ring is sent again, so
+    /// the requests it was sending from complete if flushed
+    /// (`rdmap::QueuePair::set_sources_busy`).
+    pub fn transport_gone(&mut self) {
+        self.tx.clear();
+        self.startup_sent = None;
+        self.qp.set_sources_busy(false);
+    }
+
     /// A TCP event of this connection.
     pub fn on_tcp_event(&mut self, event: TcpEvent) {
         match event {
@@ -2256,8 +2265,7 @@ impl IwarpConn {
                 if event != TcpEvent::PeerClosed {
                     // TCP is gone: nothing will be asked for again. (After the peer's FIN our
                     // own unacknowledged octets may still need retransmitting.)
-                    self.tx.clear();
-                    self.startup_sent = None;
+                    self.transport_gone();
                 }
                 if !self.tcp_closed {
                     self.tcp_closed = true;
@@ -2386,6 +2394,7 @@ impl IwarpConn {
             (true, true) => qp.message_acknowledged_deferred(),
             (false, _) => {}
         });
+        qp.set_sources_busy(!tx.is_empty());
     }
 
     /// `TxMode::Source`: queues FPDU descriptors (no payload copy) and their lengths in TCP.
@@ -2446,12 +2455,16 @@ impl IwarpConn {
                 .tx
                 .push(start, &self.ulpdu, seg.payload, seg.completes, mem);
             let queued = match pushed {
-                Ok(wire_len) => tcp.send_record_len(wire_len).is_ok(),
+                Ok(wire_len) => {
+                    // What it reads stays in use until acknowledged (a flush waits for it).
+                    self.qp.set_sources_busy(true);
+                    tcp.send_record_len(wire_len).is_ok()
+                }
                 Err(_) => false,
             };
             if !queued {
                 // Room was checked and segments fit an FPDU: only a closed TCP gets here.
-                self.tx.clear();
+                self.transport_gone();
                 self.qp.on_transport_error(TerminateCause::ConnectionLost);
                 return;
             }

@@ -247,6 +247,11 @@ impl TxRing {
         self.len
     }
 
+    /// No FPDU is queued (none is read from registered memory any more).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The slot of descriptor `i` (counted from the oldest); `i` < capacity.
     #[inline]
     fn slot(&self, i: usize) -> usize {

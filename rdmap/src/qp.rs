@@ -591,6 +591,10 @@ struct InboundSend {
 struct StagedRequest {
     bytes: [u8; ATOMIC_REQUEST_LEN],
     atomic: bool,
+    /// The DDP header (and payload length) of the segment that carried it, for a Terminate
+    /// about it (4.8): a request can be delivered by a later segment (an earlier MSN that
+    /// arrived after it).
+    segment: Option<(CopiedDdpHeader, u16)>,
 }
 
 /// An inbound error with the context its Terminate needs.
@@ -599,6 +603,9 @@ struct Fault {
     error: RdmapError,
     /// The Read Request that caused the error, when one did (Figure 10: R bit).
     read_request: Option<ReadRequest>,
+    /// The segment in error when it is not the one being received (a staged request that
+    /// segment's arrival delivered): its DDP header goes in the Terminate (4.8).
+    segment: Option<(CopiedDdpHeader, u16)>,
 }
 
 impl From<RdmapError> for Fault {
@@ -606,6 +613,7 @@ impl From<RdmapError> for Fault {
         Fault {
             error,
             read_request: None,
+            segment: None,
         }
     }
 }
@@ -639,6 +647,10 @@ pub struct QueuePair {
     slots: VecDeque<CompletionSlot>,
     /// Sequence number of `slots.front()`.
     slots_base: u64,
+    /// The transport still holds FPDUs of handed-out requests that it reads from the
+    /// application's memory when it (re)sends them ([`QueuePair::set_sources_busy`]):
+    /// flushed requests complete only once it no longer does.
+    sources_busy: bool,
     next_seq: u64,
     outstanding_reads: VecDeque<OutstandingRead>,
     outstanding_atomics: VecDeque<OutstandingAtomic>,
@@ -729,6 +741,7 @@ impl QueuePair {
             terminate_tx: None,
             terminate_sent: false,
             tx_completion: TxCompletion::HandOff,
+            sources_busy: false,
             awaiting_ack: VecDeque::new(),
             acked_pending: 0,
             tx_completes: false,
@@ -759,6 +772,7 @@ impl QueuePair {
         let empty = StagedRequest {
             bytes: [0; ATOMIC_REQUEST_LEN],
             atomic: false,
+            segment: None,
         };
         self.read_staging = vec![empty; usize::from(ird)];
         for slot in 0..ird {
@@ -1067,6 +1081,40 @@ impl QueuePair {
         });
     }
 
+    /// Whether the transport still reads handed-out requests' payload from the application's
+    /// memory (a transport that sends from registered memory and keeps FPDUs until they are
+    /// acknowledged, so that it can resend them). While it does, requests flushed by a close
+    /// or an error (RFC 5040 6.2, 5.4) wait to complete: verbs gives a buffer back to the
+    /// application with its request's completion, and octets read from it after that could
+    /// be the application's next message, sent under this one's headers and CRC. Set it false
+    /// once the transport has released those FPDUs (acknowledged, or the connection gone).
+    pub fn set_sources_busy(&mut self, busy: bool) {
+        if self.sources_busy != busy {
+            self.sources_busy = busy;
+            if !busy {
+                self.release_slots();
+            }
+        }
+    }
+
+    /// Completes a send queue work request that [`QueuePair::post_send`] or
+    /// [`QueuePair::post_send_inline`] refused, with `status` (the caller's mapping of the
+    /// error), in its place: after every request posted before it (rule 15), as verbs
+    /// completes a request whose local checks fail. It holds a send queue entry until then,
+    /// as such a request does on a verbs device (a full queue's refusal is counted beyond
+    /// `sq_depth`).
+    pub fn complete_send_in_error(&mut self, wr_id: u64, opcode: WcOpcode, status: WcStatus) {
+        self.next_seq += 1;
+        self.slots.push_back(CompletionSlot {
+            wr_id,
+            opcode,
+            byte_len: 0,
+            status: Some(status),
+            signaled: true,
+        });
+        self.release_slots();
+    }
+
     /// Removes the send queue's head (and its inline payload).
     fn pop_sq(&mut self) {
         if self.sq.pop_front().is_some_and(|e| e.inline) {
@@ -1166,6 +1214,11 @@ impl QueuePair {
     fn release_slots(&mut self) {
         while let Some(slot) = self.slots.front() {
             let Some(status) = slot.status else { break };
+            if status == WcStatus::WrFlushError && self.sources_busy {
+                // Its octets may still be read from its buffer for sending: the buffer is
+                // not the application's again yet.
+                break;
+            }
             let slot = *slot;
             self.slots.pop_front();
             self.slots_base += 1;
@@ -2305,9 +2358,11 @@ impl QueuePair {
             Ok(()) => Ok(()),
             Err(fault) => {
                 let code = TerminateCause::Error(fault.error.clone()).code();
-                let segment = CopiedDdpHeader::from_segment(header).map(|h| {
-                    let len = u16::try_from(payload.len()).unwrap_or(u16::MAX);
-                    (h, len)
+                let segment = fault.segment.or_else(|| {
+                    CopiedDdpHeader::from_segment(header).map(|h| {
+                        let len = u16::try_from(payload.len()).unwrap_or(u16::MAX);
+                        (h, len)
+                    })
                 });
                 let header = Self::terminate_for(code, segment, fault.read_request);
                 self.raise_terminate(header);
@@ -2597,6 +2652,7 @@ impl QueuePair {
             .get_mut(usize::from(placement.cookie))
             .ok_or(RdmapError::LocalCatastrophic)?;
         staged.atomic = opcode == Opcode::AtomicRequest;
+        staged.segment = request_segment;
         staged
             .bytes
             .get_mut(start..start + payload.len())
@@ -2608,25 +2664,35 @@ impl QueuePair {
                 .read_staging
                 .get(usize::from(slot))
                 .ok_or(RdmapError::LocalCatastrophic)?;
+            // Errors about this request name the segment that carried it.
+            let in_error = |error: RdmapError| Fault {
+                error,
+                read_request: None,
+                segment: staged.segment,
+            };
             if staged.atomic {
                 if delivered.len as usize != ATOMIC_REQUEST_LEN {
-                    return Err(RdmapError::MalformedAtomicRequest { len: delivered.len }.into());
+                    return Err(in_error(RdmapError::MalformedAtomicRequest {
+                        len: delivered.len,
+                    }));
                 }
-                let atomic = AtomicRequest::parse(&staged.bytes)?;
-                self.atomic_target(mem, &atomic)?;
+                let atomic = AtomicRequest::parse(&staged.bytes).map_err(in_error)?;
+                self.atomic_target(mem, &atomic).map_err(in_error)?;
                 self.read_responses.push_back(ReadResponseJob {
                     request: ReadRequest::default(),
                     atomic: Some(atomic),
-                    request_segment,
+                    request_segment: staged.segment,
                     slot,
                     sent: 0,
                 });
                 continue;
             }
             if delivered.len as usize != READ_REQUEST_LEN {
-                return Err(RdmapError::MalformedReadRequest { len: delivered.len }.into());
+                return Err(in_error(RdmapError::MalformedReadRequest {
+                    len: delivered.len,
+                }));
             }
-            let request = ReadRequest::parse(&staged.bytes)?;
+            let request = ReadRequest::parse(&staged.bytes).map_err(in_error)?;
             if request.size > 0 {
                 let src = Stag(request.src_stag);
                 mem.validate(
@@ -2642,12 +2708,13 @@ impl QueuePair {
                         violation,
                     },
                     read_request: Some(request),
+                    segment: staged.segment,
                 })?;
             }
             self.read_responses.push_back(ReadResponseJob {
                 request,
                 atomic: None,
-                request_segment,
+                request_segment: staged.segment,
                 slot,
                 sent: 0,
             });

@@ -1051,3 +1051,89 @@ fn sends_take_buffers_from_a_shared_receive_queue() {
         "nothing taken for a far MSN"
     );
 }
+
+/// Posts Write `wr_id` of 64 octets from A's `src` to B's `sink`.
+fn write_64(pair: &mut Pair, wr_id: u64, src: Stag, sink: Stag) {
+    pair.a.post(
+        wr_id,
+        SendOp::Write {
+            remote_stag: sink,
+            remote_to: 0,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 64,
+        }),
+    );
+}
+
+/// A request refused at post time (here a local element naming no region) completes in its
+/// place (rule 15): after the Write posted before it, even though that Write completes only
+/// once it is sent; verbs completes a request whose local checks fail the same way.
+#[test]
+fn a_request_refused_at_post_time_completes_after_those_before_it() {
+    let mut pair = Pair::new(MULPDU);
+    let sink = pair.b.region(vec![0; 64], 0, Access::REMOTE_WRITE);
+    let src = pair.a.region(vec![7; 64], 0, Access::NONE);
+    write_64(&mut pair, 1, src, sink);
+    let refused = pair.a.qp.post_send(
+        SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                remote_stag: sink,
+                remote_to: 0,
+            },
+            sg_list: Sge {
+                stag: Stag(src.0 ^ 0x0100_0000),
+                to: 0,
+                len: 8,
+            }
+            .into(),
+            signaled: true,
+        },
+        &pair.a.mem,
+    );
+    assert!(refused.is_err());
+    pair.a
+        .qp
+        .complete_send_in_error(2, WcOpcode::Write, WcStatus::LocalProtectionError);
+    assert!(
+        pair.a.completions().is_empty(),
+        "the Write before it is not sent yet"
+    );
+    pair.pump();
+    let done = pair.a.completions();
+    let order: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        order,
+        [(1, WcStatus::Success), (2, WcStatus::LocalProtectionError)]
+    );
+}
+
+/// A transport that still holds a request's FPDUs, to send or resend them from the
+/// application's buffer, keeps the request's flush completion back until it has let them go:
+/// the completion gives the buffer back to the application. Receives flush at once (nothing
+/// is sent from them).
+#[test]
+fn a_flushed_request_completes_once_the_transport_no_longer_reads_its_buffer() {
+    let mut pair = Pair::new(MULPDU);
+    let sink = pair.b.region(vec![0; 64], 0, Access::REMOTE_WRITE);
+    let src = pair.a.region(vec![7; 64], 0, Access::NONE);
+    let rbuf = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.a.post_recv(9, rbuf, 0, 64);
+    write_64(&mut pair, 1, src, sink);
+    pair.a.qp.set_sources_busy(true);
+    pair.a.qp.close();
+    let now: Vec<_> = pair.a.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(now, [9], "the receive flushes, the Write waits");
+    pair.a.qp.set_sources_busy(false);
+    let later = pair.a.completions();
+    assert_eq!(
+        later
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::WrFlushError)]
+    );
+}

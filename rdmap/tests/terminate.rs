@@ -806,3 +806,34 @@ fn source_deregistered_mid_response_reports_progress() {
     assert_eq!(read_wc.status, WcStatus::RemoteAccessError);
     assert_eq!(pair.b.qp.state(), QpState::Error);
 }
+
+/// A Read Request that arrives before the one ahead of it (MSN 2, then MSN 1) is checked only
+/// when MSN 1's segment delivers both (rule 12); its Terminate still copies the DDP header of
+/// the segment that carried it, and names it (4.8, Figure 10), not MSN 1's.
+#[test]
+fn a_read_request_delivered_by_a_later_segment_is_named_in_its_terminate() {
+    let mut pair = pair(true);
+    let source = pair.b.region(pattern(64, 3), 0, Access::REMOTE_READ);
+    let request = |src_stag| ReadRequest {
+        sink_stag: 0x0012_3400,
+        sink_to: 0,
+        size: 16,
+        src_stag,
+        src_to: 0,
+    };
+    let bad = request(source.0 ^ 0x0100_0000);
+    let second = untagged(0x41, 0x41, 1, 2, &bad.to_bytes());
+    inject(&mut pair, second.clone());
+    assert_eq!(pair.b.qp.state(), QpState::Rts, "staged, not yet delivered");
+    inject(
+        &mut pair,
+        untagged(0x41, 0x41, 1, 1, &request(source.0).to_bytes()),
+    );
+    let term = pair.b.qp.local_terminate().expect("B sent a Terminate");
+    let copied = term.ddp_header.expect("D bit");
+    let n = copied.as_bytes().len();
+    assert_eq!(copied.as_bytes(), &second[..n], "MSN 2's segment header");
+    assert_eq!(term.segment_len, Some(28));
+    assert_eq!(term.read_request, Some(bad));
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+}

@@ -351,13 +351,15 @@ impl Engine {
                         self.qp.post_send(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.complete_local_error(wr_id, opcode, &e);
+                        self.qp
+                            .complete_send_in_error(wr_id, opcode, local_status(&e));
                     }
                 }
                 Cmd::SendInline(wr) => {
                     let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                     if let Err(e) = self.qp.post_send_inline(wr) {
-                        self.complete_local_error(wr_id, opcode, &e);
+                        self.qp
+                            .complete_send_in_error(wr_id, opcode, local_status(&e));
                     }
                 }
                 Cmd::Recv(wr) => {

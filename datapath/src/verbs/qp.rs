@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -55,6 +55,10 @@ pub(crate) struct Shared {
     /// fails, or is counted, and the transport waits for it to be queued before it flushes
     /// the queue: no work request is accepted and then lost.
     posts: AtomicUsize,
+    /// The application's disconnect gave up on a graceful close: the transport drops the
+    /// connection at once (a reset), so that nothing reads or writes the queue pair's memory
+    /// once the queue pair is finished.
+    abort: AtomicBool,
 }
 
 /// The bit of [`Shared::posts`] that says the transport takes no more work requests.
@@ -84,7 +88,19 @@ impl Shared {
             }),
             on_finish: Mutex::new(None),
             posts: AtomicUsize::new(0),
+            abort: AtomicBool::new(false),
         })
+    }
+
+    /// Asks the transport to reset the connection now ([`QueuePair::disconnect`] after its
+    /// graceful wait).
+    pub(crate) fn request_abort(&self) {
+        self.abort.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Shared::request_abort`] was called.
+    pub(crate) fn abort_requested(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
     }
 
     /// Queues a work request for the transport through the gate of [`Shared::posts`], or
@@ -295,6 +311,9 @@ pub(crate) struct QpParts {
 /// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
 /// connection.
 const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long [`QueuePair::disconnect`] waits for the reset that follows a graceful close that
+/// did not finish in [`DISCONNECT_WAIT`].
+const ABORT_WAIT: Duration = Duration::from_secs(2);
 
 impl QueuePair {
     pub(crate) fn from_parts(p: QpParts) -> QueuePair {
@@ -427,18 +446,26 @@ impl QueuePair {
     }
 
     /// Closes the connection: outstanding work requests complete as flushed, the socket is
-    /// shut down, and the engine thread is joined. On the AF_XDP engine it waits at most 10 s
-    /// for the connection to finish (a peer that stops acknowledging keeps it retransmitting
-    /// until the user timeout): check [`QueuePair::status`]`.finished` before freeing memory
-    /// registered with [`crate::ProtectionDomain::register_raw`].
+    /// shut down, and the engine thread is joined. On the AF_XDP engine, a graceful close
+    /// that has not finished within 10 s (a peer that stopped acknowledging keeps our data
+    /// and FIN in flight) becomes a reset: once this returns, the transport neither reads nor
+    /// writes the queue pair's memory ([`QueuePair::status`]`.finished`; only an engine that
+    /// does not answer at all leaves it false).
     pub fn disconnect(&mut self) {
         let _ = self.command(Cmd::Close);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-        } else {
-            // A shared thread (the AF_XDP engine's) serves other connections too: wait
-            // (bounded) for it to report this one closed instead of joining it.
-            self.wait_finished(DISCONNECT_WAIT);
+        } else if !self.wait_finished(DISCONNECT_WAIT) {
+            // A shared thread (the AF_XDP engine's) serves other connections too: it is
+            // asked to drop this one, not joined.
+            self.shared.request_abort();
+            let _ = self.waker.wake();
+            if !self.wait_finished(ABORT_WAIT) {
+                tracing::warn!(
+                    qp = self.num,
+                    "disconnect: the transport did not finish with the queue pair"
+                );
+            }
         }
     }
 }

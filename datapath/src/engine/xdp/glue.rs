@@ -13,7 +13,7 @@ use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
 use crate::memory::{RegionMemory, SharedTable};
 use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
-use crate::verbs::qp::{Agreed, Cmd, QpParts};
+use crate::verbs::qp::{local_status, Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::xsk::PayloadDigest;
 use crate::{DatapathError, QpError};
@@ -296,13 +296,21 @@ impl TcpApp for App<'_> {
                     Cmd::Send(wr) => {
                         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                         if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
-                            slot.complete_local_error(wr_id, opcode, &e);
+                            slot.conn.qp_mut().complete_send_in_error(
+                                wr_id,
+                                opcode,
+                                local_status(&e),
+                            );
                         }
                     }
                     Cmd::SendInline(wr) => {
                         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                         if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
-                            slot.complete_local_error(wr_id, opcode, &e);
+                            slot.conn.qp_mut().complete_send_in_error(
+                                wr_id,
+                                opcode,
+                                local_status(&e),
+                            );
                         }
                     }
                     Cmd::Recv(wr) => {
@@ -336,6 +344,15 @@ impl TcpApp for App<'_> {
                 slot.deliver_completions();
                 slot.stop_posts();
             }
+        }
+        // The application's disconnect gave up on the graceful close (`Shared::request_abort`):
+        // reset the connection; the queue pair flushes, and TCP, closed, reads nothing more
+        // from the queue pair's memory nor passes anything up to it.
+        if slot.shared.abort_requested() && tcp.state() != TcpState::Closed {
+            tracing::info!(peer = %slot.peer, "disconnect timed out: connection reset");
+            slot.closing = true;
+            tcp.abort();
+            slot.conn.on_tcp_event(TcpEvent::Reset);
         }
         let mem = table_of(slot.table, self.mem, scratch);
         slot.conn.poll(tcp, mem, now);

@@ -140,19 +140,37 @@ impl Slot {
     /// Takes no more work requests from the application and completes those still queued as
     /// flushed ([`Shared::stop_posts`]), after the queue pair's own completions.
     pub(super) fn stop_posts(&mut self) {
-        let (cq, num) = (&self.cq, self.num);
+        let Slot {
+            conn,
+            cq,
+            num,
+            shared,
+            cmds,
+            ..
+        } = self;
         // The receiver is dropped only after the flush: should a push panic part way (at an
         // engine's shutdown, where that is caught), the rest is still there to flush again.
-        self.shared.stop_posts(self.cmds.as_ref(), |wc| {
-            if let Some(cq) = cq {
-                cq.push(Completion { qp_num: num, wc });
+        // Send requests complete behind the queue pair's own (which may wait for the transmit
+        // ring, `rdmap::QueuePair::set_sources_busy`); receives flush at once, as the queue
+        // pair's did.
+        shared.stop_posts(cmds.as_ref(), |wc| {
+            if wc.opcode == WcOpcode::Recv {
+                if let Some(cq) = cq {
+                    cq.push(Completion { qp_num: *num, wc });
+                }
+            } else {
+                conn.qp_mut()
+                    .complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
             }
         });
-        self.cmds = None;
+        *cmds = None;
+        self.deliver_completions();
     }
 
     /// The connection is over: the queue pair flushed, completions out, status final.
     pub(super) fn finish(&mut self, why: QpError) {
+        // Nothing is sent from the queue pair's memory any more: flushed requests complete.
+        self.conn.transport_gone();
         self.conn
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
