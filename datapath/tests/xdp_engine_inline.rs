@@ -131,32 +131,13 @@ fn client(port: u16, inline: bool) -> Result<(u64, EngineCounters), String> {
     Ok((quiet_rounds, c))
 }
 
-/// Runs `server` and, once it listens, `client`, each on its own thread; the client's result.
-fn against<T: Send + 'static>(
-    server: impl FnOnce(std::sync::mpsc::Sender<()>) -> Result<(), String> + Send + 'static,
-    client: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> T {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = std::thread::spawn(move || server(ready_tx));
-    if ready_rx.recv_timeout(SETUP).is_err() {
-        let r = srv.join();
-        panic!("server did not start: {r:?}");
-    }
-    let cli = std::thread::spawn(client);
-    let c = cli.join().expect("client thread");
-    let s = srv.join().expect("server thread");
-    let c = c.unwrap_or_else(|e| panic!("client: {e}"));
-    s.unwrap_or_else(|e| panic!("server: {e}"));
-    c
-}
-
 /// Runs `client` against [`server`] echoing `rounds` Sends on `port`.
 fn against_server<T: Send + 'static>(
     port: u16,
     rounds: u64,
     client: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> T {
-    against(move |ready| server(port, ready, rounds), client)
+    bed::against(move |ready| server(port, ready, rounds), client, SETUP)
 }
 
 fn run(port: u16, inline: bool) -> (u64, EngineCounters) {
@@ -392,13 +373,14 @@ fn post_list(port: u16) -> Result<EngineCounters, String> {
 #[test]
 fn a_list_longer_than_a_turn_takes_all_goes_out_while_parked() {
     let _bed = bed_or_skip!();
-    let c = against(
+    let c = bed::against(
         |ready| {
             bed::receive_sends(19_544, &ready, LIST, LEN, SETUP, |i| {
                 list_pattern(i).to_vec()
             })
         },
         || post_list(19_544),
+        SETUP,
     );
     println!(
         "{LIST} Sends in one list: posting turns {}, application turns {}, engine-thread turns \

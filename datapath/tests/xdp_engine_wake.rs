@@ -89,15 +89,5 @@ fn client() -> Result<(), String> {
 #[test]
 fn a_post_wakes_a_sleeping_engine() {
     let _bed = bed_or_skip!();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = std::thread::spawn(move || server(ready_tx));
-    if ready_rx.recv_timeout(SETUP).is_err() {
-        let r = srv.join();
-        panic!("server did not start: {r:?}");
-    }
-    let cli = std::thread::spawn(client);
-    let c = cli.join().expect("client thread");
-    let s = srv.join().expect("server thread");
-    c.unwrap_or_else(|e| panic!("client: {e}"));
-    s.unwrap_or_else(|e| panic!("server: {e}"));
+    bed::against(server, client, SETUP);
 }

@@ -21,7 +21,7 @@
 //! ([`CompletionQueue::req_notify`]) hands the work back to the engine thread.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{fence, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,9 @@ pub(crate) trait EngineDriver: Send + Sync {
     fn drive(&self) -> bool;
     /// The application is about to block: the engine thread must do the work again.
     fn before_wait(&self);
+    /// A completion queue was armed for an event (`on`), or its arming ended (the event
+    /// fired, or the queue was dropped armed).
+    fn armed(&self, on: bool);
 }
 
 /// Not armed.
@@ -66,6 +69,8 @@ struct CqInner {
     channel: Option<Arc<ChannelInner>>,
     /// [`DISARMED`], [`ARMED_ANY`] or [`ARMED_SOLICITED`].
     armed: AtomicU8,
+    /// This arming was told to the driver ([`EngineDriver::armed`]), and its end is to be.
+    armed_told: AtomicBool,
 }
 
 /// A completion queue. Cloning it gives another handle to the same queue.
@@ -78,6 +83,25 @@ pub struct CompletionQueue {
 #[derive(Clone)]
 pub(crate) struct CqSink {
     inner: Arc<CqInner>,
+}
+
+impl CqInner {
+    /// The arming told to the driver ended (its event fired): the driver hears of it once. An
+    /// event that fires between a `req_notify`'s arming and its telling leaves the count up
+    /// until the next event or the queue's end: the engine thread then only parks less.
+    fn arming_ended(&self) {
+        if self.armed_told.swap(false, Ordering::SeqCst) {
+            if let Some(d) = self.driver.get() {
+                d.armed(false);
+            }
+        }
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.arming_ended();
+    }
 }
 
 impl CqSink {
@@ -94,6 +118,7 @@ impl CqSink {
             let fire = armed == ARMED_ANY || (armed == ARMED_SOLICITED && solicited);
             // The swap makes one event per arming, whichever thread gets there first.
             if fire && inner.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
+                inner.arming_ended();
                 channel.push(Arc::downgrade(&self.inner));
             }
         }
@@ -127,6 +152,7 @@ impl CompletionQueue {
                 driver: OnceLock::new(),
                 channel,
                 armed: AtomicU8::new(DISARMED),
+                armed_told: AtomicBool::new(false),
             }),
         }
     }
@@ -177,8 +203,12 @@ impl CompletionQueue {
                 _ => None,
             });
         fence(Ordering::SeqCst);
-        // The application is about to sleep on the channel: nobody polls for the engine.
+        // The application is about to sleep on the channel: nobody polls for the engine, and
+        // until the event fires the engine thread must not leave its work to polls.
         if let Some(d) = self.inner.driver.get() {
+            if !self.inner.armed_told.swap(true, Ordering::SeqCst) {
+                d.armed(true);
+            }
             d.before_wait();
         }
         Ok(())

@@ -233,3 +233,24 @@ pub fn echo_rounds(
         _pd: pd,
     })
 }
+
+/// Runs `server` on a thread, waits up to `setup` for it to say it is ready, runs `client` on
+/// another, and returns the client's result; an error or panic on either side fails the test.
+pub fn against<T: Send + 'static>(
+    server: impl FnOnce(Sender<()>) -> Result<(), String> + Send + 'static,
+    client: impl FnOnce() -> Result<T, String> + Send + 'static,
+    setup: Duration,
+) -> T {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let srv = std::thread::spawn(move || server(ready_tx));
+    if ready_rx.recv_timeout(setup).is_err() {
+        let r = srv.join();
+        panic!("server did not start: {r:?}");
+    }
+    let cli = std::thread::spawn(client);
+    let c = cli.join().expect("client thread");
+    let s = srv.join().expect("server thread");
+    let c = c.unwrap_or_else(|e| panic!("client: {e}"));
+    s.unwrap_or_else(|e| panic!("server: {e}"));
+    c
+}

@@ -143,6 +143,10 @@ pub struct EngineCounters {
     /// nobody took came, the application blocked in a wait, or (every 50 ms) to publish these
     /// counters. Each is a context switch on a core the application may be polling on; live.
     pub parked_wakes: u64,
+    /// Of those, the wakes by its watchdog ([`XdpEngineConfig::park_max`]): the application
+    /// stopped polling and left the engine thread parked, so whatever came meanwhile waited
+    /// up to that long; live.
+    pub watchdog_wakes: u64,
     /// Nanoseconds the engine thread spent between a turn that found no work and the next
     /// one that found some, while it had connections (spinning, yielding, sleeping or
     /// parked): the part of a run in which it waited for ACKs, work requests or the peer's
@@ -172,6 +176,7 @@ impl EngineCounters {
         self.thread_turns += o.thread_turns;
         self.parks += o.parks;
         self.parked_wakes += o.parked_wakes;
+        self.watchdog_wakes += o.watchdog_wakes;
         self.idle_ns += o.idle_ns;
     }
 }

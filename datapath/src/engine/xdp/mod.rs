@@ -164,6 +164,8 @@ fn spawn_shard(
         park_max: cfg.park_max.max(wake::MIN_PARK_MAX),
         thread_turns: AtomicU64::new(0),
         parked_wakes: AtomicU64::new(0),
+        watchdog_wakes: AtomicU64::new(0),
+        armed_cqs: std::sync::atomic::AtomicUsize::new(0),
         app_waits: AtomicU64::new(0),
         posted: AtomicU64::new(0),
     });
@@ -416,6 +418,7 @@ impl XdpEngine {
             c.app_turns = w.app_turns.load(Ordering::Relaxed);
             c.thread_turns = w.thread_turns.load(Ordering::Relaxed);
             c.parked_wakes = w.parked_wakes.load(Ordering::Relaxed);
+            c.watchdog_wakes = w.watchdog_wakes.load(Ordering::Relaxed);
             zero_copy &= c.zero_copy;
             sum.add(&c);
             if self.shards.len() > 1 {

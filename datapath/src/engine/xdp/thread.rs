@@ -166,14 +166,18 @@ struct Pace {
 
 impl Pace {
     /// Inline progress: whether application threads polled (drove full turns) since the last
-    /// look and none blocked in a wait since (they poll, so the engine thread may leave the
-    /// work to them; posting turns alone do not count).
+    /// look, none blocked in a wait since and no completion queue is armed for an event
+    /// (they poll, so the engine thread may leave the work to them; posting turns alone do
+    /// not count). An armed queue's application polls once after arming and then sleeps on
+    /// the channel: a parked engine would leave what comes next to the watchdog.
     fn app_drove(&mut self, wake: &Wake) -> bool {
         let now = (
             wake.app_polls.load(Ordering::Relaxed),
             wake.app_waits.load(Ordering::SeqCst),
         );
-        let driven = now.0 != self.seen.0 && now.1 == self.seen.1;
+        let driven = now.0 != self.seen.0
+            && now.1 == self.seen.1
+            && wake.armed_cqs.load(Ordering::SeqCst) == 0;
         self.seen = now;
         driven
     }
@@ -448,6 +452,9 @@ impl Engine {
             self.wake.parked_wakes.fetch_add(1, Ordering::Relaxed);
             let woken = self.drain_wake() || woken.is_err();
             let expired = self.wake.watchdog.as_ref().is_some_and(|w| w.take_expiry());
+            if expired {
+                self.wake.watchdog_wakes.fetch_add(1, Ordering::Relaxed);
+            }
             if p.last_publish.elapsed() >= COUNTERS_EVERY {
                 if let Ok(g) = self.core.try_lock() {
                     if let Some(t) = g.as_ref() {

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -111,6 +111,12 @@ pub(super) struct Wake {
     pub(super) thread_turns: AtomicU64,
     /// Times the parked engine thread woke ([`EngineCounters::parked_wakes`]).
     pub(super) parked_wakes: AtomicU64,
+    /// Of those, the wakes by the watchdog ([`EngineCounters::watchdog_wakes`]).
+    pub(super) watchdog_wakes: AtomicU64,
+    /// Completion queues of this engine armed for an event (`CompletionQueue::req_notify`):
+    /// while any is, its application is about to sleep on the channel, not poll, and the
+    /// engine thread does not park.
+    pub(super) armed_cqs: AtomicUsize,
     /// Blocking waits of the application ([`CompletionQueue::wait`]): the engine thread does not
     /// park while the application blocks instead of polling.
     pub(super) app_waits: AtomicU64,
@@ -234,6 +240,20 @@ impl Wake {
 }
 
 impl EngineDriver for Wake {
+    fn armed(&self, on: bool) {
+        if on {
+            self.armed_cqs.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.inline && self.state.load(Ordering::SeqCst) == PARKED {
+                let _ = self.wake_now();
+            }
+        } else {
+            let _ = self
+                .armed_cqs
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+    }
+
     fn drive(&self) -> bool {
         Wake::drive(self)
     }
