@@ -758,10 +758,10 @@ impl ProtectionDomain {
     /// pair that still holds a transfer from it (a Read Response being retransmitted) keeps
     /// using the bytes until that transfer ends, so free the memory only after the queue pairs
     /// that used the region have finished ([`crate::QpStatus::finished`], or
-    /// [`crate::QueuePair::wait_finished`] returned true): [`crate::QueuePair::disconnect`]
-    /// waits for that only so long (10 s on the AF_XDP engine, whose connection may still be
-    /// retransmitting to a peer that stopped acknowledging). Nothing else may free or unmap the
-    /// memory meanwhile.
+    /// [`crate::QueuePair::wait_finished`] returned true), which
+    /// [`crate::QueuePair::disconnect`] brings about (on the AF_XDP engine, by resetting a
+    /// connection whose graceful close has not finished in 10 s) unless the engine does not
+    /// answer at all. Nothing else may free or unmap the memory meanwhile.
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,

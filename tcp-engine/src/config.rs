@@ -151,13 +151,14 @@ pub struct Config {
     pub user_timeout: Option<Duration>,
     /// TIME-WAIT duration (2 MSL, RFC 9293 3.6.1). Default 60 s.
     pub time_wait: Duration,
-    /// Longest wait in FIN-WAIT-2 for the peer's FIN without anything new from it (as Linux's
-    /// `tcp_fin_timeout`): our FIN is acknowledged, so no timer of RFC 9293 runs, and a peer
-    /// that never closes its side (its kernel answering keepalives from CLOSE-WAIT) would
-    /// hold the connection for ever. On expiry the connection is reset and closed
-    /// ([`crate::Event::Closed`], `ConnStats::fin_wait2_timeouts`). New data from the peer
-    /// starts the wait again (a half-closed connection still receiving is not idle). `None`:
-    /// wait for ever. Default 60 s.
+    /// Longest time in FIN-WAIT-2, waiting for the peer's FIN (as Linux's `tcp_fin_timeout`
+    /// for a connection its application closed): our FIN is acknowledged, so no timer of RFC
+    /// 9293 runs, and a peer that never closes its side (its kernel answering keepalives from
+    /// CLOSE-WAIT, or sending an octet now and then) would hold the connection for ever. On
+    /// expiry the connection is reset and closed ([`crate::Event::Closed`],
+    /// `ConnStats::fin_wait2_timeouts`). Data the peer sends meanwhile is still received, but
+    /// does not extend the time: a half-closed connection receives for this long at most
+    /// after our FIN. `None`: wait for ever. Default 60 s.
     pub fin_wait2_timeout: Option<Duration>,
     /// Nagle's algorithm (RFC 9293 3.7.4); off by default.
     pub nagle: bool,

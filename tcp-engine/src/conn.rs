@@ -1533,13 +1533,16 @@ impl Connection {
         }
     }
 
-    /// The sequence number of a RST we send on our own: SND.NXT past any FIN we sent (as
-    /// Linux's), which is the peer's RCV.NXT exactly once it has our FIN (RFC 5961 3.2 takes
-    /// only that), and inside its window if the FIN was lost (the peer then sends a challenge
-    /// ACK, which the closed connection answers with a RST it accepts). Before the FIN, the
-    /// two are the same.
+    /// The sequence number of a RST we send on our own: SND.NXT past any FIN we sent, which is
+    /// the peer's RCV.NXT exactly once it has our FIN (RFC 5961 3.2 takes only that), and
+    /// inside its window if the FIN was lost (the peer then sends a challenge ACK, which the
+    /// closed connection answers with a RST it accepts); but no further than the window the
+    /// peer offered. Before the FIN, the two are the same.
     fn reset_seq(&self) -> u32 {
-        self.snd.seq_of(self.snd_max())
+        // Inside the window the peer last offered (as Linux's `tcp_acceptable_seq`): a FIN
+        // sent into a zero window may have been dropped.
+        let edge = self.snd_una.saturating_add(self.snd_wnd);
+        self.snd.seq_of(self.snd_max().min(edge).max(self.snd_una))
     }
 
     fn abort_timed_out(&mut self) {
@@ -2717,10 +2720,6 @@ impl Connection {
             if a <= self.rcv_nxt {
                 let n = self.rcv_nxt.max(b);
                 self.rcv_nxt = self.rcv_ranges.advance_from(n);
-                if self.state == State::FinWait2 {
-                    // New data: a half-closed connection still receiving is not idle.
-                    self.fin_wait2_deadline = self.cfg.fin_wait2_timeout.map(|t| now + t);
-                }
             } else {
                 self.rcv_ranges.insert(a, b);
             }

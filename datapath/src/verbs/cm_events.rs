@@ -193,6 +193,15 @@ fn notify_disconnect(shared: &Shared, qp_num: u32, channel: &CmEventChannel) {
     }));
 }
 
+/// Where a `Disconnected` waits until its connection's `Established` is queued
+/// ([`push_outcome`]).
+enum HeldEnd {
+    /// `Established` not queued yet; the end, if it came.
+    Holding(Option<Box<CmEvent>>),
+    /// Queued: an end goes straight to the channel.
+    Open,
+}
+
 /// Queues the outcome of a connection attempt.
 pub(crate) fn push_outcome(
     channel: &CmEventChannel,
@@ -202,13 +211,35 @@ pub(crate) fn push_outcome(
     channel.push(match outcome {
         Ok(connection) => {
             // Established goes first: a connection that ends at once (the peer closes right
-            // after accepting) reports its end after it, never before.
-            let (shared, qp_num) = (Arc::clone(connection.qp.shared()), connection.qp.num());
+            // after accepting) reports its end after it, never before. The end's hook is set
+            // before Established is queued (so that an application that takes Established and
+            // sets its own with `notify_disconnect` is not overridden), and holds the end
+            // until then.
+            let qp_num = connection.qp.num();
+            let held = Arc::new(std::sync::Mutex::new(HeldEnd::Holding(None)));
+            let (hook_held, hook_channel) = (Arc::clone(&held), channel.clone());
+            connection.qp.shared().set_on_finish(Box::new(move |error| {
+                let end = CmEvent::Disconnected { qp_num, error };
+                let mut h = hook_held.lock().unwrap_or_else(|e| e.into_inner());
+                match &mut *h {
+                    HeldEnd::Holding(slot) => *slot = Some(Box::new(end)),
+                    HeldEnd::Open => hook_channel.push(end),
+                }
+            }));
             channel.push(CmEvent::Established {
                 context,
                 connection,
             });
-            notify_disconnect(&shared, qp_num, channel);
+            let end = {
+                let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
+                match std::mem::replace(&mut *h, HeldEnd::Open) {
+                    HeldEnd::Holding(end) => end,
+                    HeldEnd::Open => None,
+                }
+            };
+            if let Some(end) = end {
+                channel.push(*end);
+            }
             return;
         }
         Err(DatapathError::Rejected { private_data }) => CmEvent::Rejected {

@@ -21,7 +21,7 @@
 //! ([`CompletionQueue::req_notify`]) hands the work back to the engine thread.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,12 @@ const DISARMED: u8 = 0;
 const ARMED_ANY: u8 = 1;
 /// Armed for the next solicited (or failed) completion.
 const ARMED_SOLICITED: u8 = 2;
+/// The arming's mode bits ([`ARMED_ANY`], [`ARMED_SOLICITED`]).
+const MODE: u8 = 3;
+/// With an arming: it was told to the engine ([`EngineDriver::armed`]), and its end is to be.
+/// In the same word as the mode, so that the event's swap to [`DISARMED`] says at once
+/// whether the arming it ends was counted.
+const TOLD: u8 = 4;
 
 struct CqInner {
     tx: Sender<Completion>,
@@ -67,10 +73,8 @@ struct CqInner {
     driver: OnceLock<Arc<dyn EngineDriver>>,
     /// The channel notifications go to, if the queue was created with one.
     channel: Option<Arc<ChannelInner>>,
-    /// [`DISARMED`], [`ARMED_ANY`] or [`ARMED_SOLICITED`].
+    /// [`DISARMED`], or [`ARMED_ANY`] or [`ARMED_SOLICITED`] with or without [`TOLD`].
     armed: AtomicU8,
-    /// This arming was told to the driver ([`EngineDriver::armed`]), and its end is to be.
-    armed_told: AtomicBool,
 }
 
 /// A completion queue. Cloning it gives another handle to the same queue.
@@ -86,11 +90,25 @@ pub(crate) struct CqSink {
 }
 
 impl CqInner {
-    /// The arming told to the driver ended (its event fired): the driver hears of it once. An
-    /// event that fires between a `req_notify`'s arming and its telling leaves the count up
-    /// until the next event or the queue's end: the engine thread then only parks less.
-    fn arming_ended(&self) {
-        if self.armed_told.swap(false, Ordering::SeqCst) {
+    /// Tells the driver of the arming in place, if there is one it has not heard of (armed
+    /// before the queue met its engine, or just now). Nothing if the event took the arming
+    /// first.
+    fn tell_arming(&self) {
+        let Some(d) = self.driver.get() else { return };
+        let told = self
+            .armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                (a & MODE != 0 && a & TOLD == 0).then_some(a | TOLD)
+            });
+        if told.is_ok() {
+            d.armed(true);
+        }
+    }
+
+    /// An arming ended (`was`: the word before it went to [`DISARMED`]): the driver hears of
+    /// it if it heard of the arming.
+    fn arming_ended(&self, was: u8) {
+        if was & TOLD != 0 {
             if let Some(d) = self.driver.get() {
                 d.armed(false);
             }
@@ -100,7 +118,8 @@ impl CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        self.arming_ended();
+        let was = *self.armed.get_mut();
+        self.arming_ended(was);
     }
 }
 
@@ -114,12 +133,15 @@ impl CqSink {
             // Pairs with the fence in `req_notify`: either the arming thread's poll sees this
             // completion, or this load sees it armed.
             fence(Ordering::SeqCst);
-            let armed = inner.armed.load(Ordering::SeqCst);
-            let fire = armed == ARMED_ANY || (armed == ARMED_SOLICITED && solicited);
-            // The swap makes one event per arming, whichever thread gets there first.
-            if fire && inner.armed.swap(DISARMED, Ordering::SeqCst) != DISARMED {
-                inner.arming_ended();
-                channel.push(Arc::downgrade(&self.inner));
+            let mode = inner.armed.load(Ordering::SeqCst) & MODE;
+            let fire = mode == ARMED_ANY || (mode == ARMED_SOLICITED && solicited);
+            if fire {
+                // The swap makes one event per arming, whichever thread gets there first.
+                let was = inner.armed.swap(DISARMED, Ordering::SeqCst);
+                if was != DISARMED {
+                    inner.arming_ended(was);
+                    channel.push(Arc::downgrade(&self.inner));
+                }
             }
         }
     }
@@ -152,7 +174,6 @@ impl CompletionQueue {
                 driver: OnceLock::new(),
                 channel,
                 armed: AtomicU8::new(DISARMED),
-                armed_told: AtomicBool::new(false),
             }),
         }
     }
@@ -167,6 +188,8 @@ impl CompletionQueue {
     /// Remembers the engine to drive when polling (only the first one sticks).
     pub(crate) fn attach(&self, engine: Arc<dyn EngineDriver>) {
         let _ = self.inner.driver.set(engine);
+        // An arming made before: the engine hears of it now.
+        self.inner.tell_arming();
     }
 
     /// True if both handles name the same queue.
@@ -193,22 +216,23 @@ impl CompletionQueue {
         } else {
             ARMED_ANY
         };
-        // Widen only: ANY (1) stays ANY; DISARMED or SOLICITED become `want` if it is wider.
+        // Widen only: ANY (1) stays ANY; DISARMED or SOLICITED become `want` if it is wider
+        // (an arming already told stays told).
         let _ = self
             .inner
             .armed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| match (a, want) {
-                (DISARMED, w) => Some(w),
-                (ARMED_SOLICITED, ARMED_ANY) => Some(ARMED_ANY),
-                _ => None,
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                match (a & MODE, want) {
+                    (DISARMED, w) => Some(w),
+                    (ARMED_SOLICITED, ARMED_ANY) => Some(ARMED_ANY | (a & TOLD)),
+                    _ => None,
+                }
             });
         fence(Ordering::SeqCst);
         // The application is about to sleep on the channel: nobody polls for the engine, and
         // until the event fires the engine thread must not leave its work to polls.
+        self.inner.tell_arming();
         if let Some(d) = self.inner.driver.get() {
-            if !self.inner.armed_told.swap(true, Ordering::SeqCst) {
-                d.armed(true);
-            }
             d.before_wait();
         }
         Ok(())
@@ -333,5 +357,55 @@ impl AsRawFd for CompletionChannel {
 impl AsFd for CompletionChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.inner.borrowed_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmap::{WcOpcode, WorkCompletion};
+    use std::sync::atomic::AtomicIsize;
+
+    /// A driver that counts the armings it was told of.
+    #[derive(Default)]
+    struct Counting(AtomicIsize);
+
+    impl EngineDriver for Counting {
+        fn drive(&self) -> bool {
+            false
+        }
+        fn before_wait(&self) {}
+        fn armed(&self, on: bool) {
+            self.0.fetch_add(if on { 1 } else { -1 }, Ordering::SeqCst);
+        }
+    }
+
+    fn completion() -> Completion {
+        Completion {
+            qp_num: 1,
+            wc: WorkCompletion::failed(7, WcOpcode::Send, WcStatus::WrFlushError),
+        }
+    }
+
+    /// The engine hears of every arming once and of its end once: armed before the queue met
+    /// its engine, armed again while armed, ended by the event, or by the queue's end.
+    #[test]
+    fn armings_are_told_to_the_engine_once_each_way() {
+        let channel = CompletionChannel::new().expect("channel");
+        let driver = Arc::new(Counting::default());
+        let count = || driver.0.load(Ordering::SeqCst);
+        let cq = CompletionQueue::with_channel(&channel);
+        cq.req_notify(true).expect("arm");
+        cq.attach(driver.clone());
+        assert_eq!(count(), 1, "an arming made before the engine came");
+        cq.req_notify(false).expect("widen");
+        assert_eq!(count(), 1, "widening is the same arming");
+        cq.sink().push(completion());
+        assert_eq!(count(), 0, "the event ended it");
+        assert!(channel.get_event().is_some());
+        cq.req_notify(false).expect("arm again");
+        assert_eq!(count(), 1);
+        drop(cq);
+        assert_eq!(count(), 0, "a queue dropped armed ends its arming");
     }
 }

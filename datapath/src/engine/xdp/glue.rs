@@ -347,8 +347,14 @@ impl TcpApp for App<'_> {
         }
         // The application's disconnect gave up on the graceful close (`Shared::request_abort`):
         // reset the connection; the queue pair flushes, and TCP, closed, reads nothing more
-        // from the queue pair's memory nor passes anything up to it.
-        if slot.shared.abort_requested() && tcp.state() != TcpState::Closed {
+        // from the queue pair's memory nor passes anything up to it. Not once the close has
+        // got as far as FIN-WAIT-2 (it finished just as the wait ended: TIME-WAIT stays).
+        if slot.shared.abort_requested()
+            && !matches!(
+                tcp.state(),
+                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+            )
+        {
             tracing::info!(peer = %slot.peer, "disconnect timed out: connection reset");
             slot.closing = true;
             tcp.abort();
