@@ -89,6 +89,8 @@ pub struct EngineReport {
     pub parks: u64,
     /// Times a parked engine thread woke (each a context switch on the application's core).
     pub parked_wakes: u64,
+    /// Of those, wakes by its watchdog (the application stopped polling with work pending).
+    pub watchdog_wakes: u64,
     /// Milliseconds the engine thread waited (turns without work) while it had connections,
     /// summed over engine threads.
     pub idle_ms: f64,
@@ -154,6 +156,7 @@ impl EngineReport {
             turns_application: c.app_turns,
             parks: c.parks,
             parked_wakes: c.parked_wakes,
+            watchdog_wakes: c.watchdog_wakes,
             idle_ms: c.idle_ns as f64 / 1e6,
             shards: c.shards as u64,
             zero_copy: c.zero_copy,
@@ -177,7 +180,7 @@ impl EngineReport {
              sending limited by the peer's window {:.1} ms, the congestion window {:.1} ms, \
              the sender {:.1} ms, PAWS drops {}, CRC errors {}, \
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
-             by the application {} (engine parked {} times, woke {} times parked, idle {:.1} ms), \
+             by the application {} (engine parked {} times, woke {} times parked, {} by its watchdog, idle {:.1} ms), \
              engine threads {} \
              (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}{}",
             self.frames_rx,
@@ -210,6 +213,7 @@ impl EngineReport {
             self.turns_application,
             self.parks,
             self.parked_wakes,
+            self.watchdog_wakes,
             self.idle_ms,
             self.shards,
             self.handoffs,

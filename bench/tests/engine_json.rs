@@ -96,6 +96,7 @@ fn xdp_json_reports_engine_counters() {
             "paws_drops",
             "parks",
             "parked_wakes",
+            "watchdog_wakes",
             "shards",
             "handoffs",
             "handoff_drops",
