@@ -1277,13 +1277,10 @@ impl Connection {
     }
 
     /// Abort (RFC 9293 3.10.5): send RST if synchronized, drop everything. The RST's sequence
-    /// number is past a FIN we sent (`reset_seq`).
+    /// number is past a FIN we sent (`queue_reset`).
     pub fn abort(&mut self) {
         if self.state.synchronized() || self.state == State::SynReceived {
-            self.pending_rst = Some(PendingRst {
-                seq: self.reset_seq(),
-                ack: None,
-            });
+            self.queue_reset();
         }
         self.enter_closed(None);
     }
@@ -1481,10 +1478,7 @@ impl Connection {
             // The peer never closed its side: reset it (its CLOSE-WAIT learns the
             // connection is gone) and forget the connection.
             self.stats.fin_wait2_timeouts += 1;
-            self.pending_rst = Some(PendingRst {
-                seq: self.reset_seq(),
-                ack: None,
-            });
+            self.queue_reset();
             self.enter_closed(Some(Event::Closed));
             return;
         }
@@ -1533,24 +1527,23 @@ impl Connection {
         }
     }
 
-    /// The sequence number of a RST we send on our own: SND.NXT past any FIN we sent, which is
-    /// the peer's RCV.NXT exactly once it has our FIN (RFC 5961 3.2 takes only that), and
-    /// inside its window if the FIN was lost (the peer then sends a challenge ACK, which the
-    /// closed connection answers with a RST it accepts); but no further than the window the
-    /// peer offered. Before the FIN, the two are the same.
-    fn reset_seq(&self) -> u32 {
-        // Inside the window the peer last offered (as Linux's `tcp_acceptable_seq`): a FIN
-        // sent into a zero window may have been dropped.
+    /// Queues a RST of our own (an abort's or a timeout's). Its sequence number is SND.NXT
+    /// past any FIN we sent, which is the peer's RCV.NXT exactly once it has our FIN (RFC 5961
+    /// 3.2 takes only that), and inside its window if the FIN was lost (the peer then sends a
+    /// challenge ACK, which the closed connection answers with a RST it accepts); but no
+    /// further than the window the peer offered (as Linux's `tcp_acceptable_seq`: a FIN sent
+    /// into a zero window may have been dropped). Before the FIN, the two are the same.
+    fn queue_reset(&mut self) {
         let edge = self.snd_una.saturating_add(self.snd_wnd);
-        self.snd.seq_of(self.snd_max().min(edge).max(self.snd_una))
+        self.pending_rst = Some(PendingRst {
+            seq: self.snd.seq_of(self.snd_max().min(edge)),
+            ack: None,
+        });
     }
 
     fn abort_timed_out(&mut self) {
         if self.state.synchronized() {
-            self.pending_rst = Some(PendingRst {
-                seq: self.reset_seq(),
-                ack: None,
-            });
+            self.queue_reset();
         }
         self.enter_closed(Some(Event::TimedOut));
     }

@@ -40,7 +40,7 @@ pub fn connect(
     // would only see fail.
     let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
     tracing::info!(peer = %addr, "connecting (kernel TCP)");
-    let setup_deadline = crate::verbs::deadline_after(params.setup_timeout);
+    let setup_deadline = crate::verbs::timeout::deadline_after(params.setup_timeout);
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.request())?;
@@ -102,7 +102,7 @@ fn connect_ift(
     };
     let mut initiator = ift::Initiator::new(cfg, start);
     tracing::info!(peer = %addr, "connecting with IFT framing (kernel TCP)");
-    let setup_deadline = crate::verbs::deadline_after(params.setup_timeout);
+    let setup_deadline = crate::verbs::timeout::deadline_after(params.setup_timeout);
     let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.indication())?;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::verbs::cm::{ConnectRequest, Connection, Listener};
 use crate::verbs::event_queue::EventQueue;
-use crate::verbs::qp::{QueuePair, Shared};
+use crate::verbs::qp::QueuePair;
 use crate::{DatapathError, QpError};
 
 /// One connection-manager event (`struct rdma_cm_event`).
@@ -181,16 +181,12 @@ impl QueuePair {
     /// Queues [`CmEvent::Disconnected`] on `channel` when the connection ends (at once if it
     /// has ended already).
     pub fn notify_disconnect(&self, channel: &CmEventChannel) {
-        notify_disconnect(self.shared(), self.num(), channel);
+        let channel = channel.clone();
+        let qp_num = self.num();
+        self.shared().set_on_finish(Box::new(move |error| {
+            channel.push(CmEvent::Disconnected { qp_num, error })
+        }));
     }
-}
-
-/// [`QueuePair::notify_disconnect`] for the queue pair of `shared`, numbered `qp_num`.
-fn notify_disconnect(shared: &Shared, qp_num: u32, channel: &CmEventChannel) {
-    let channel = channel.clone();
-    shared.set_on_finish(Box::new(move |error| {
-        channel.push(CmEvent::Disconnected { qp_num, error })
-    }));
 }
 
 /// Where a `Disconnected` waits until its connection's `Established` is queued

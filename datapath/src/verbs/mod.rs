@@ -11,6 +11,4 @@ mod event_queue;
 pub(crate) mod probe;
 pub(crate) mod qp;
 pub(crate) mod srq;
-mod timeout;
-
-pub(crate) use timeout::deadline_after;
+pub(crate) mod timeout;

@@ -341,7 +341,6 @@ impl TcpApp for App<'_> {
                 // Nothing follows a Close (the handle's disconnect holds it exclusively): any
                 // request still queued is flushed all the same, after the queue pair's own,
                 // and later posts fail.
-                slot.deliver_completions();
                 slot.stop_posts();
             }
         }

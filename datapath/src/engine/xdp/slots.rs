@@ -140,6 +140,8 @@ impl Slot {
     /// Takes no more work requests from the application and completes those still queued as
     /// flushed ([`Shared::stop_posts`]), after the queue pair's own completions.
     pub(super) fn stop_posts(&mut self) {
+        // The queue pair's own completions go first (its flushed receives among them).
+        self.deliver_completions();
         let Slot {
             conn,
             cq,
