@@ -287,7 +287,14 @@ impl Engine {
             self.process_rx(&leftover);
         }
         let mut events = Events::with_capacity(16);
+        let mut aborted = false;
         loop {
+            if self.shared.abort_requested() {
+                // `QueuePair::abort`: the close below resets the connection (a zero linger
+                // time, RFC 9293 3.10.5 ABORT) and nothing more is sent or placed.
+                aborted = true;
+                break;
+            }
             let mut progress = self.handle_commands();
             progress |= self.receive();
             progress |= self.transmit();
@@ -302,8 +309,14 @@ impl Engine {
         }
         // Read before the shutdown, after which the socket no longer has it.
         let peer = self.stream.peer_addr().ok();
-        let _ = self.stream.flush();
-        let _ = self.stream.shutdown(Shutdown::Both);
+        if aborted {
+            let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+            self.qp.on_transport_error(TerminateCause::ConnectionLost);
+            tracing::info!(peer = ?peer, "the application reset the connection");
+        } else {
+            let _ = self.stream.flush();
+            let _ = self.stream.shutdown(Shutdown::Both);
+        }
         self.deliver_completions();
         let (cq, num) = (&self.cq, self.num);
         self.shared.stop_posts(Some(&self.cmds), |wc| {

@@ -55,9 +55,10 @@ pub(crate) struct Shared {
     /// fails, or is counted, and the transport waits for it to be queued before it flushes
     /// the queue: no work request is accepted and then lost.
     posts: AtomicUsize,
-    /// The application's disconnect gave up on a graceful close: the transport drops the
-    /// connection at once (a reset), so that nothing reads or writes the queue pair's memory
-    /// once the queue pair is finished.
+    /// The application asked for the connection to be reset ([`QueuePair::abort`], or a
+    /// [`QueuePair::disconnect`] whose graceful close did not finish): the transport drops it
+    /// at once, so that nothing reads or writes the queue pair's memory once the queue pair is
+    /// finished.
     abort: AtomicBool,
 }
 
@@ -92,8 +93,8 @@ impl Shared {
         })
     }
 
-    /// Asks the transport to reset the connection now ([`QueuePair::disconnect`] after its
-    /// graceful wait).
+    /// Asks the transport to reset the connection now ([`QueuePair::abort`], and
+    /// [`QueuePair::disconnect`] after its graceful wait).
     pub(crate) fn request_abort(&self) {
         self.abort.store(true, Ordering::Release);
     }
@@ -466,6 +467,31 @@ impl QueuePair {
                     "disconnect: the transport did not finish with the queue pair"
                 );
             }
+        }
+    }
+
+    /// Moves the queue pair to Error at once (`ibv_modify_qp` to `IBV_QPS_ERR`): the TCP
+    /// connection is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with
+    /// [`QpError::PeerReset`]), every outstanding and queued work request completes with
+    /// [`WcStatus::WrFlushError`] (a Send or Write the peer has acknowledged whole may
+    /// complete successfully first), and later posts fail with [`DatapathError::Disconnected`].
+    /// Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
+    /// acknowledged is dropped. Returns once the transport has finished with the queue pair
+    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed. The abort
+    /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
+    /// queue pair that has finished already it does nothing.
+    pub fn abort(&mut self) {
+        self.shared.request_abort();
+        // A wake even when the command channel is closed: the transport checks the request on
+        // its connection's next turn.
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        } else if !self.wait_finished(ABORT_WAIT) {
+            tracing::warn!(
+                qp = self.num,
+                "abort: the transport did not finish with the queue pair"
+            );
         }
     }
 }

@@ -344,17 +344,18 @@ impl TcpApp for App<'_> {
                 slot.stop_posts();
             }
         }
-        // The application's disconnect gave up on the graceful close (`Shared::request_abort`):
-        // reset the connection; the queue pair flushes, and TCP, closed, reads nothing more
-        // from the queue pair's memory nor passes anything up to it. Not once the close has
-        // got as far as FIN-WAIT-2 (it finished just as the wait ended: TIME-WAIT stays).
+        // The application's abort, or its disconnect giving up on the graceful close
+        // (`Shared::request_abort`): reset the connection; the queue pair flushes, and TCP,
+        // closed, reads nothing more from the queue pair's memory nor passes anything up to
+        // it. Not once a close has got as far as FIN-WAIT-2 (the queue pair is finished
+        // there: TIME-WAIT stays).
         if slot.shared.abort_requested()
             && !matches!(
                 tcp.state(),
                 TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
             )
         {
-            tracing::info!(peer = %slot.peer, "disconnect timed out: connection reset");
+            tracing::info!(peer = %slot.peer, "the application reset the connection");
             slot.closing = true;
             tcp.abort();
             slot.conn.on_tcp_event(TcpEvent::Reset);

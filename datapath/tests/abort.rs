@@ -1,0 +1,150 @@
+//! `QueuePair::abort` (`ibv_modify_qp` to Error): the connection is reset, not closed, on both
+//! transports. The aborting side's outstanding work requests complete flushed, its status is
+//! final when `abort` returns, and later posts fail; the peer's queue pair ends with
+//! `PeerReset` (a graceful `disconnect` gives it `PeerClosed`). The socket transport on
+//! loopback; the AF_XDP engine on the veth bed (root, `SKIPPED` without, a failure under
+//! `CI=true`) against the socket transport in `iwb`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{bed, establish_ok, params as loopback_params, Side, WAIT};
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    CompletionQueue, DatapathError, Listener, MpaConfig, ProtectionDomain, QpError, QpState,
+    QueuePair, RecvWr, SgeList, WcOpcode, WcStatus,
+};
+use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A};
+
+/// Receives the aborting side posts before it aborts (nothing is ever sent to them).
+const RECVS: u64 = 4;
+
+fn post_recvs(qp: &QueuePair) {
+    for wr_id in 0..RECVS {
+        qp.post_recv(RecvWr {
+            wr_id,
+            sg_list: SgeList::new(),
+        })
+        .expect("post_recv");
+    }
+}
+
+/// Aborts `qp` (whose receives 0..RECVS are outstanding) and checks this side: finished in
+/// Error with no error of its own when `abort` returns, every receive flushed once, later posts
+/// refused, a second abort harmless.
+fn abort_and_check(mut qp: QueuePair, cq: &CompletionQueue, what: &str) {
+    qp.abort();
+    let st = qp.status();
+    assert!(st.finished, "{what}: abort returned before the transport let go");
+    assert_eq!(st.state, QpState::Error, "{what}");
+    assert_eq!(st.error, None, "{what}: the application ended it");
+    let mut seen = vec![false; RECVS as usize];
+    for _ in 0..RECVS {
+        let wc = cq
+            .wait(WAIT)
+            .unwrap_or_else(|| panic!("{what}: a receive never completed"))
+            .wc;
+        assert_eq!(
+            (wc.opcode, wc.status),
+            (WcOpcode::Recv, WcStatus::WrFlushError),
+            "{what}"
+        );
+        assert!(!std::mem::replace(&mut seen[wc.wr_id as usize], true));
+    }
+    assert!(cq.try_next().is_none(), "{what}: an extra completion");
+    let refused = qp.post_recv(RecvWr {
+        wr_id: 99,
+        sg_list: SgeList::new(),
+    });
+    assert!(
+        matches!(refused, Err(DatapathError::Disconnected)),
+        "{what}: a post after the abort: {refused:?}"
+    );
+    qp.abort();
+}
+
+/// Waits (bounded) until `qp` has finished and returns its error.
+fn peer_error(qp: &QueuePair) -> Option<QpError> {
+    let deadline = Instant::now() + WAIT;
+    while !qp.status().finished {
+        assert!(Instant::now() < deadline, "the peer's queue pair never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    qp.status().error
+}
+
+#[test]
+fn socket_transport_abort_resets_the_connection() {
+    let params = loopback_params(MpaConfig::default());
+    let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &params,
+        common::ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    post_recvs(&c.qp);
+    abort_and_check(c.qp, &client.cq, "socket transport");
+    assert_eq!(peer_error(&s.qp), Some(QpError::PeerReset));
+}
+
+/// The graceful close, for contrast: the same peer sees the FIN.
+#[test]
+fn socket_transport_disconnect_closes_the_connection() {
+    let params = loopback_params(MpaConfig::default());
+    let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
+    let (client, server) = (Side::new(), Side::new());
+    let (mut c, s) = establish_ok(
+        &listener,
+        &client,
+        &params,
+        common::ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    c.qp.disconnect();
+    assert_eq!(peer_error(&s.qp), Some(QpError::PeerClosed));
+}
+
+#[test]
+fn engine_abort_resets_the_connection() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_571;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (aborted_tx, aborted_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || -> Result<Option<QpError>, String> {
+        let req = bed::listen_in_b(PORT, &ready_tx, WAIT)?;
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let conn = req.accept(&pd, &cq, &[]).map_err(|e| e.to_string())?;
+        aborted_rx
+            .recv_timeout(WAIT)
+            .map_err(|_| "the engine side never aborted")?;
+        Ok(peer_error(&conn.qp))
+    });
+    ready_rx.recv_timeout(WAIT).expect("peer listening");
+    let ours = spawn_in_ns(NS_A, move || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let conn = engine
+            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &bed::params(), &[])
+            .expect("connect");
+        post_recvs(&conn.qp);
+        abort_and_check(conn.qp, &cq, "engine");
+        let _ = aborted_tx.send(());
+        drop(engine);
+    });
+    let ours = ours.join();
+    let theirs = peer.join().expect("peer thread");
+    ours.expect("engine side");
+    assert_eq!(theirs.expect("peer"), Some(QpError::PeerReset));
+}
