@@ -50,6 +50,21 @@ pub enum DatapathError {
     /// A memory region is still used by a transfer, so its memory cannot be handed back yet.
     #[error("memory region still in use by the transport")]
     RegionInUse,
+    /// The send queue is full (`ibv_post_send`'s `ENOMEM`): `depth` send work requests
+    /// ([`crate::ConnectParams::sq_depth`]) are posted and not yet completed. Nothing was
+    /// queued; post again once a completion has been polled.
+    #[error("send queue full ({depth} work requests outstanding)")]
+    SendQueueFull {
+        /// The queue's depth.
+        depth: usize,
+    },
+    /// The receive queue is full (`ibv_post_recv`'s `ENOMEM`): `depth` receives
+    /// ([`crate::ConnectParams::rq_depth`]) are posted and not yet used. Nothing was queued.
+    #[error("receive queue full ({depth} receives posted)")]
+    RecvQueueFull {
+        /// The queue's depth.
+        depth: usize,
+    },
     /// The queue pair's engine has stopped (connection closed or in error).
     #[error("queue pair is no longer connected")]
     Disconnected,

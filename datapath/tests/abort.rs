@@ -38,7 +38,10 @@ fn post_recvs(qp: &QueuePair) {
 fn abort_and_check(mut qp: QueuePair, cq: &CompletionQueue, what: &str) {
     qp.abort();
     let st = qp.status();
-    assert!(st.finished, "{what}: abort returned before the transport let go");
+    assert!(
+        st.finished,
+        "{what}: abort returned before the transport let go"
+    );
     assert_eq!(st.state, QpState::Error, "{what}");
     assert_eq!(st.error, None, "{what}: the application ended it");
     let mut seen = vec![false; RECVS as usize];
@@ -70,7 +73,10 @@ fn abort_and_check(mut qp: QueuePair, cq: &CompletionQueue, what: &str) {
 fn peer_error(qp: &QueuePair) -> Option<QpError> {
     let deadline = Instant::now() + WAIT;
     while !qp.status().finished {
-        assert!(Instant::now() < deadline, "the peer's queue pair never ended");
+        assert!(
+            Instant::now() < deadline,
+            "the peer's queue pair never ended"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     qp.status().error
@@ -136,7 +142,13 @@ fn engine_abort_resets_the_connection() {
         let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
         let conn = engine
-            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &bed::params(), &[])
+            .connect(
+                SocketAddr::from((ADDR_B, PORT)),
+                &pd,
+                &cq,
+                &bed::params(),
+                &[],
+            )
             .expect("connect");
         post_recvs(&conn.qp);
         abort_and_check(conn.qp, &cq, "engine");

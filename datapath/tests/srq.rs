@@ -64,7 +64,7 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
             wr_id: 999,
             sg_list: recv.sge(0, 1).into(),
         }),
-        Err(DatapathError::InvalidArgument(_))
+        Err(DatapathError::RecvQueueFull { depth: POSTED })
     ) {
         return Err("a full SRQ took another receive".into());
     }

@@ -1186,6 +1186,28 @@ impl QueuePair {
         usize::from(self.rtr_sink_pending)
     }
 
+    /// The queue pair's parameters.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// Places of the send queue in use: send work requests posted and not yet completed
+    /// (what [`QpConfig::sq_depth`] bounds). A request leaves it when its completion is
+    /// queued for [`QueuePair::poll_completion`] (or, unsignaled, would have been).
+    pub fn send_queue_used(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Receive work requests posted on the queue pair and not yet used or flushed (what
+    /// [`QpConfig::rq_depth`] bounds); 0 with a shared receive queue attached. A receive
+    /// leaves it when its completion is queued for [`QueuePair::poll_completion`].
+    pub fn recv_queue_used(&self) -> usize {
+        if self.srq.is_some() {
+            return 0;
+        }
+        self.rq.posted().saturating_sub(self.rtr_sink_posted())
+    }
+
     /// The next completion, if any.
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
         self.completions.pop_front()

@@ -457,6 +457,10 @@ impl Run {
                 ..MpaConfig::default()
             },
             setup_timeout: self.step,
+            // Room for `-t` work requests outstanding and `-r` receives posted (a post
+            // beyond a queue's depth fails).
+            sq_depth: (self.tx_depth as usize).max(ConnectParams::default().sq_depth),
+            rq_depth: (self.rx_depth as usize).max(ConnectParams::default().rq_depth),
             ..ConnectParams::default()
         }
     }

@@ -18,7 +18,9 @@ use rdmap::{WcOpcode, WorkCompletion};
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::qp::{local_status, Agreed, Cmd, QpParts, QpWaker, QueuePair, Shared, NEXT_QP};
+use crate::verbs::qp::{
+    local_status, Agreed, Cmd, QpParts, QpWaker, QueueAccount, QueuePair, Shared, NEXT_QP,
+};
 use crate::{DatapathError, QpError};
 
 impl QpWaker for Waker {
@@ -141,6 +143,10 @@ pub(super) fn start_engine(
         }
     }
     let shared = Shared::new(qp.state());
+    // Receives posted at accept count against the receive queue from the start.
+    let account = QueueAccount::default();
+    account.publish(&qp, &shared);
+    let (sq_depth, rq_depth) = (qp.config().sq_depth, qp.config().rq_depth);
     let engine = Engine {
         stream,
         poll,
@@ -152,6 +158,7 @@ pub(super) fn start_engine(
             Agreed::Ift { .. } => true,
         },
         qp,
+        account,
         table: pd.table.clone(),
         cq: cq.sink(),
         num,
@@ -178,6 +185,8 @@ pub(super) fn start_engine(
         mulpdu,
         peer,
         thread: Some(thread),
+        sq_depth,
+        rq_depth,
     }))
 }
 
@@ -263,6 +272,8 @@ struct Engine {
     poll: Poll,
     cmds: Receiver<Cmd>,
     qp: rdmap::QueuePair,
+    /// The work requests taken from `cmds`, for the queue pair's post-time queue limits.
+    account: QueueAccount,
     table: SharedTable,
     framer: Framer,
     /// RFC 5044 7.1.2: the Responder sends nothing before it has received a valid FPDU.
@@ -355,6 +366,7 @@ impl Engine {
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => Cmd::Close,
             };
+            self.account.took(&cmd);
             progress = true;
             match cmd {
                 Cmd::Send(wr) => {
@@ -398,6 +410,7 @@ impl Engine {
     }
 
     fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+        self.account.publish(&self.qp, &self.shared);
         self.cq.push(Completion {
             qp_num: self.num,
             wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
@@ -551,6 +564,10 @@ impl Engine {
     fn deliver_completions(&mut self) -> bool {
         let mut progress = false;
         while let Some(wc) = self.qp.poll_completion() {
+            if !progress {
+                // The places these completions free, before the application can see them.
+                self.account.publish(&self.qp, &self.shared);
+            }
             progress = true;
             self.cq.push(Completion {
                 qp_num: self.num,

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,6 +60,10 @@ pub(crate) struct Shared {
     /// at once, so that nothing reads or writes the queue pair's memory once the queue pair is
     /// finished.
     abort: AtomicBool,
+    /// Send work requests that have left the send queue, and receives that have left the
+    /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
+    sends_retired: AtomicU64,
+    recvs_retired: AtomicU64,
 }
 
 /// The bit of [`Shared::posts`] that says the transport takes no more work requests.
@@ -71,6 +75,64 @@ struct PostUnderWay<'a>(&'a AtomicUsize);
 impl Drop for PostUnderWay<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A transport's count of the work requests it took from a queue pair's command channel, from
+/// which it publishes how many have left the queue pair's send and receive queues (taken, less
+/// those still in them: [`rdmap::QueuePair::send_queue_used`], `recv_queue_used`). A post
+/// counts against its queue's depth from the moment it is posted until the published count
+/// passes it ([`QueuePair::post_send`]), so a post to a full queue fails at once
+/// ([`DatapathError::SendQueueFull`], verbs' `ENOMEM`) and the channel never holds more work
+/// requests than the depths allow. The counts wrap: receives posted at accept
+/// (`accept_with_recvs`) are in the queue pair without having been taken, and the
+/// application's posted count less the published one is then what the channel and the queue
+/// pair hold, exactly.
+#[derive(Debug, Default)]
+pub(crate) struct QueueAccount {
+    sends_taken: u64,
+    recvs_taken: u64,
+}
+
+impl QueueAccount {
+    /// The transport took `cmd` from the channel.
+    pub(crate) fn took(&mut self, cmd: &Cmd) {
+        match cmd {
+            Cmd::Send(_) | Cmd::SendInline(_) => self.sends_taken += 1,
+            Cmd::Recv(_) => self.recvs_taken += 1,
+            Cmd::Close => {}
+        }
+    }
+
+    /// Publishes what has left `qp`'s queues. The transport calls this before it hands
+    /// completions to the completion queue, so that an application that polls a completion
+    /// and posts again finds the place free.
+    pub(crate) fn publish(&self, qp: &rdmap::QueuePair, shared: &Shared) {
+        let sends = self.sends_taken.wrapping_sub(qp.send_queue_used() as u64);
+        let recvs = self.recvs_taken.wrapping_sub(qp.recv_queue_used() as u64);
+        shared.sends_retired.store(sends, Ordering::Release);
+        shared.recvs_retired.store(recvs, Ordering::Release);
+    }
+}
+
+/// Takes a place for one post in a queue of `depth` whose posts are counted in `posted` and
+/// whose departures the transport publishes in `retired` ([`QueueAccount`]); false when the
+/// queue is full.
+fn reserve(posted: &AtomicU64, retired: &AtomicU64, depth: usize) -> bool {
+    let mut n = posted.load(Ordering::Relaxed);
+    loop {
+        if n.wrapping_sub(retired.load(Ordering::Acquire)) >= depth as u64 {
+            return false;
+        }
+        match posted.compare_exchange_weak(
+            n,
+            n.wrapping_add(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return true,
+            Err(now) => n = now,
+        }
     }
 }
 
@@ -90,6 +152,8 @@ impl Shared {
             on_finish: Mutex::new(None),
             posts: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
+            sends_retired: AtomicU64::new(0),
+            recvs_retired: AtomicU64::new(0),
         })
     }
 
@@ -97,6 +161,11 @@ impl Shared {
     /// [`QueuePair::disconnect`] after its graceful wait).
     pub(crate) fn request_abort(&self) {
         self.abort.store(true, Ordering::Release);
+    }
+
+    /// Whether posts have stopped ([`Shared::stop_posts`]).
+    fn posts_stopped(&self) -> bool {
+        self.posts.load(Ordering::Relaxed) & POSTS_STOPPED != 0
     }
 
     /// Whether [`Shared::request_abort`] was called.
@@ -251,6 +320,11 @@ pub struct QueuePair {
     /// The transport's thread for this connection alone, joined on disconnect (the socket
     /// transport's; the AF_XDP engine's thread is shared).
     thread: Option<JoinHandle<()>>,
+    sq_depth: usize,
+    rq_depth: usize,
+    /// Send and receive work requests posted (see [`QueueAccount`]).
+    sends_posted: AtomicU64,
+    recvs_posted: AtomicU64,
 }
 
 /// What the two ends of a connection agreed on when it started.
@@ -307,6 +381,9 @@ pub(crate) struct QpParts {
     pub(crate) peer: SocketAddr,
     /// The transport's thread for this connection alone, if it has one.
     pub(crate) thread: Option<JoinHandle<()>>,
+    /// The queue pair's send and receive queue depths ([`rdmap::QpConfig`]).
+    pub(crate) sq_depth: usize,
+    pub(crate) rq_depth: usize,
 }
 
 /// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
@@ -327,6 +404,10 @@ impl QueuePair {
             mulpdu: p.mulpdu,
             peer: p.peer,
             thread: p.thread,
+            sq_depth: p.sq_depth,
+            rq_depth: p.rq_depth,
+            sends_posted: AtomicU64::new(0),
+            recvs_posted: AtomicU64::new(0),
         }
     }
 
@@ -365,13 +446,52 @@ impl QueuePair {
     }
 
     fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        self.shared.queue(&self.cmds, cmd)?;
+        self.queue(cmd)?;
         self.waker.wake().map_err(DatapathError::Io)
     }
 
-    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). Local errors (bad local STag,
-    /// full send queue, queue pair not ready) come back as an error completion. Once the
-    /// transport has finished with the connection, posts fail with
+    /// Queues `cmd` for the transport (no wake-up), counting a work request against its
+    /// queue's depth: a full queue refuses it with [`DatapathError::SendQueueFull`] or
+    /// [`DatapathError::RecvQueueFull`] (or [`DatapathError::Disconnected`] once posts have
+    /// stopped).
+    fn queue(&self, cmd: Cmd) -> Result<(), DatapathError> {
+        let (posted, retired, depth, full) = match &cmd {
+            Cmd::Send(_) | Cmd::SendInline(_) => (
+                &self.sends_posted,
+                &self.shared.sends_retired,
+                self.sq_depth,
+                DatapathError::SendQueueFull {
+                    depth: self.sq_depth,
+                },
+            ),
+            Cmd::Recv(_) => (
+                &self.recvs_posted,
+                &self.shared.recvs_retired,
+                self.rq_depth,
+                DatapathError::RecvQueueFull {
+                    depth: self.rq_depth,
+                },
+            ),
+            Cmd::Close => return self.shared.queue(&self.cmds, cmd),
+        };
+        if !reserve(posted, retired, depth) {
+            if self.shared.posts_stopped() {
+                return Err(DatapathError::Disconnected);
+            }
+            return Err(full);
+        }
+        self.shared.queue(&self.cmds, cmd).inspect_err(|_| {
+            posted.fetch_sub(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). A full send queue
+    /// ([`ConnectParams::sq_depth`](crate::ConnectParams::sq_depth) work requests posted and
+    /// not yet completed) fails the post with [`DatapathError::SendQueueFull`] and queues
+    /// nothing (`ibv_post_send`'s `ENOMEM`); a request leaves the queue when its completion
+    /// reaches the completion queue (an unsignaled one when it would have). Other local
+    /// errors (bad local STag, queue pair not ready) come back as an error completion. Once
+    /// the transport has finished with the connection, posts fail with
     /// [`DatapathError::Disconnected`] and nothing is queued; a request accepted before that
     /// always completes (`WrFlushError` if the connection ended first). A
     /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
@@ -393,8 +513,9 @@ impl QueuePair {
 
     /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
     /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
-    /// `-l`). Returns how many were posted; if the queue pair is gone part way,
-    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`). If only the
+    /// `-l`). Returns how many were posted; if the send queue fills or the queue pair is gone
+    /// part way, [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those
+    /// are queued and complete, the rest are not. If only the
     /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
     /// not be posted again.
     pub fn post_send_list(
@@ -405,7 +526,11 @@ impl QueuePair {
         let mut posted = 0;
         for wr in wrs {
             // Through the gate one by one: the transport never waits on the caller's iterator.
-            if let Err(source) = self.shared.queue(&self.cmds, Cmd::Send(wr)) {
+            if let Err(source) = self.queue(Cmd::Send(wr)) {
+                if posted > 0 {
+                    // Those queued before are the transport's to run.
+                    let _ = self.waker.wake();
+                }
                 return Err(PostListError { posted, source });
             }
             posted += 1;
@@ -418,7 +543,9 @@ impl QueuePair {
     }
 
     /// Posts a receive buffer for incoming Sends. Fails, or completes, as
-    /// [`QueuePair::post_send`] says.
+    /// [`QueuePair::post_send`] says; a full receive queue
+    /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
+    /// yet used) with [`DatapathError::RecvQueueFull`].
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         self.command(Cmd::Recv(wr))
     }

@@ -73,8 +73,8 @@ impl SharedReceiveQueue {
 
     /// Posts a receive (`ibv_post_srq_recv`). Its scatter/gather list is checked now against
     /// the protection domain (valid STags of the PD, LOCAL_WRITE, in bounds, at most 2^32 - 1
-    /// octets); fails with [`DatapathError::InvalidArgument`] if it does not pass or the queue
-    /// is full.
+    /// octets); fails with [`DatapathError::InvalidArgument`] if it does not pass, and with
+    /// [`DatapathError::RecvQueueFull`] when the queue is full (`ENOMEM`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         if wr.sg_list.total_len() > u64::from(u32::MAX) {
             return Err(DatapathError::InvalidArgument(
@@ -100,7 +100,9 @@ impl SharedReceiveQueue {
             }
         }
         self.inner.tx.try_send(wr).map_err(|e| match e {
-            TrySendError::Full(_) => DatapathError::InvalidArgument("shared receive queue full"),
+            TrySendError::Full(_) => DatapathError::RecvQueueFull {
+                depth: self.inner.tx.capacity().unwrap_or(0),
+            },
             TrySendError::Disconnected(_) => DatapathError::Disconnected,
         })
     }

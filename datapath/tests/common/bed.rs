@@ -28,8 +28,18 @@ pub fn listen_in_b(
     ready: &Sender<()>,
     within: Duration,
 ) -> Result<ConnectRequest, String> {
+    listen_in_b_with(port, ready, within, params())
+}
+
+/// [`listen_in_b`] with the listener's connection parameters given.
+pub fn listen_in_b_with(
+    port: u16,
+    ready: &Sender<()>,
+    within: Duration,
+    params: ConnectParams,
+) -> Result<ConnectRequest, String> {
     enter_ns(NS_B).map_err(|e| e.to_string())?;
-    let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params())
+    let listener = Listener::bind(SocketAddr::from((ADDR_B, port)), params)
         .map_err(|e| format!("listen: {e}"))?;
     let _ = ready.send(());
     listener

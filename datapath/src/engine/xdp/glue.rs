@@ -278,6 +278,7 @@ impl TcpApp for App<'_> {
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => Cmd::Close,
                 };
+                slot.account.took(&cmd);
                 *progress = true;
                 // The request may name a region registered after this turn read the tables
                 // (but before the request was posted, so before it was taken here): read the
@@ -457,6 +458,10 @@ impl TcpApp for App<'_> {
                         attention_tx.clone(),
                         many.clone(),
                     ));
+                    let qp_cfg = *slot.conn.qp().config();
+                    // Receives posted at accept count against the receive queue from the
+                    // start.
+                    slot.account.publish(slot.conn.qp(), &slot.shared);
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
@@ -466,6 +471,8 @@ impl TcpApp for App<'_> {
                         mulpdu,
                         peer: slot.peer,
                         thread: None,
+                        sq_depth: qp_cfg.sq_depth,
+                        rq_depth: qp_cfg.rq_depth,
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
                         Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),

@@ -11,7 +11,7 @@ use rdmap::{QpState, TerminateCause, WcOpcode};
 
 use crate::engine::IwarpConn;
 use crate::verbs::cq::{Completion, CqSink};
-use crate::verbs::qp::{local_status, Cmd, QpParts, Shared, NEXT_QP};
+use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared, NEXT_QP};
 use crate::xdp_tcp::ConnId;
 use crate::{DatapathError, QpError};
 
@@ -39,6 +39,8 @@ pub(super) struct Slot {
     /// Set by the queue pair's waker while the engine has not taken the connection's name
     /// (see `wake::SlotWaker`); cleared by the engine before it reads the requests.
     pub(super) named: Option<Arc<AtomicBool>>,
+    /// The work requests taken from `cmds`, for the queue pair's post-time queue limits.
+    pub(super) account: QueueAccount,
     last_state: Option<QpState>,
 }
 
@@ -57,6 +59,7 @@ impl Slot {
             waiter: Waiter::None,
             closing: false,
             named: None,
+            account: QueueAccount::default(),
             last_state: None,
         }
     }
@@ -89,6 +92,7 @@ impl Slot {
     }
 
     pub(super) fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+        self.account.publish(self.conn.qp(), &self.shared);
         if let Some(cq) = &self.cq {
             cq.push(Completion {
                 qp_num: self.num,
@@ -100,6 +104,10 @@ impl Slot {
     pub(super) fn deliver_completions(&mut self) -> bool {
         let mut any = false;
         while let Some(wc) = self.conn.qp_mut().poll_completion() {
+            if !any {
+                // The places these completions free, before the application can see them.
+                self.account.publish(self.conn.qp(), &self.shared);
+            }
             any = true;
             if let Some(cq) = &self.cq {
                 cq.push(Completion {
