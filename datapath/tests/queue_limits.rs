@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{bed, send_wr, write_wr, Side, WAIT};
+use common::{bed, read_wr, send_wr, write_wr, Side, WAIT};
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
     Access, CompletionQueue, ConnectParams, DatapathError, Listener, MemoryRegion, MpaConfig,
@@ -41,8 +41,8 @@ fn recv(wr_id: u64) -> RecvWr {
     }
 }
 
-/// A peer that answers the MPA Request and then reads nothing: the Writes posted to it can
-/// never complete. Listens on `addr`, says `ready`, holds the connection until `done`.
+/// A peer that answers the MPA Request and then reads and sends nothing: the Reads posted to
+/// it can never complete. Listens on `addr`, says `ready`, holds the connection until `done`.
 fn silent_responder(
     addr: SocketAddr,
     ready: mpsc::Sender<SocketAddr>,
@@ -73,21 +73,21 @@ fn silent_responder(
     Ok(())
 }
 
-/// Fills the send queue of `qp` (connected to a silent peer) with Writes that cannot complete,
+/// Fills the send queue of `qp` (connected to a silent peer) with Reads that cannot complete,
 /// and checks that every further post fails at once with `SendQueueFull`, the list's with
-/// `posted` 0; then aborts: the queued Writes flush.
-fn fill_the_send_queue(mut qp: QueuePair, cq: &CompletionQueue, src: &MemoryRegion) {
-    let write = |i| write_wr(i, src, src.len(), Stag(0x0bad_0100), 0);
+/// `posted` 0; then aborts: the queued Reads flush.
+fn fill_the_send_queue(mut qp: QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
+    let read = |i| read_wr(i, sink, 64, Stag(0x0bad_0100), 0);
     for i in 0..DEPTH as u64 {
-        qp.post_send(write(i)).expect("a post within the depth");
+        qp.post_send(read(i)).expect("a post within the depth");
     }
     for i in 0..3 {
-        match qp.post_send(write(100 + i)) {
+        match qp.post_send(read(100 + i)) {
             Err(DatapathError::SendQueueFull { depth: DEPTH }) => {}
             other => panic!("a post beyond the depth: {other:?}"),
         }
     }
-    match qp.post_send_list([write(200), write(201)]) {
+    match qp.post_send_list([read(200), read(201)]) {
         Err(e) if e.posted == 0 && matches!(e.source, DatapathError::SendQueueFull { .. }) => {}
         other => panic!("a list beyond the depth: {other:?}"),
     }
@@ -101,7 +101,7 @@ fn fill_the_send_queue(mut qp: QueuePair, cq: &CompletionQueue, src: &MemoryRegi
     assert_eq!(
         ids,
         (0..DEPTH as u64).collect::<Vec<_>>(),
-        "the queued Writes flush"
+        "the queued Reads flush"
     );
 }
 
@@ -114,9 +114,9 @@ fn socket_send_queue_full_fails_the_post() {
     });
     let addr = ready_rx.recv_timeout(WAIT).expect("peer listening");
     let side = Side::new();
-    let src = side.pd.register(64 << 20, Access::NONE).expect("source");
+    let sink = side.pd.register(4096, Access::LOCAL_WRITE).expect("sink");
     let conn = datapath::connect(addr, &side.pd, &side.cq, &params(), &[]).expect("connect");
-    fill_the_send_queue(conn.qp, &side.cq, &src);
+    fill_the_send_queue(conn.qp, &side.cq, &sink);
     let _ = done_tx.send(());
     peer.join().expect("peer thread").expect("peer");
 }
@@ -133,11 +133,11 @@ fn engine_send_queue_full_fails_the_post() {
     let ours = spawn_in_ns(NS_A, move || {
         let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
         let side = Side::new();
-        let src = side.pd.register(64 << 20, Access::NONE).expect("source");
+        let sink = side.pd.register(4096, Access::LOCAL_WRITE).expect("sink");
         let conn = engine
             .connect(addr, &side.pd, &side.cq, &params(), &[])
             .expect("connect");
-        fill_the_send_queue(conn.qp, &side.cq, &src);
+        fill_the_send_queue(conn.qp, &side.cq, &sink);
         drop(engine);
     });
     let ours = ours.join();

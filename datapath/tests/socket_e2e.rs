@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use datapath::{
-    Access, DatapathError, Listener, QpError, QpState, RecvWr, SendOp, SendWr, SgeList, WcOpcode,
-    WcStatus,
+    Access, ConnectParams, DatapathError, Listener, QpError, QpState, RecvWr, SendOp, SendWr,
+    SgeList, WcOpcode, WcStatus,
 };
 
 /// Every size of [`full_sizes`] (1 B to 16 MiB, MULPDU +- 1, segment payload boundaries) with
@@ -623,7 +623,11 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
 /// connections, each closed by the server at a different point of the stream of posts.
 #[test]
 fn posts_racing_the_peer_s_close_all_complete() {
-    let p = params(mpa(2, true, false));
+    // A receive queue deep enough that the posts race the close rather than fill it.
+    let p = ConnectParams {
+        rq_depth: 1 << 20,
+        ..params(mpa(2, true, false))
+    };
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     for round in 0..20u64 {
         let (client, server) = (Side::new(), Side::new());

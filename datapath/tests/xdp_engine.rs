@@ -660,8 +660,13 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
     let mut engine = common::bed::start_engine(NS_A, DEV_A);
     for round in 0..ROUNDS {
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        // A receive queue deep enough that the posts race the end rather than fill it.
+        let deep = ConnectParams {
+            rq_depth: 1 << 20,
+            ..params()
+        };
         let c = engine
-            .connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(), &[])
+            .connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &deep, &[])
             .unwrap_or_else(|e| panic!("round {round}: connect: {e}"));
         let what = format!("round {round}");
         let accepted = std::thread::scope(|scope| {

@@ -436,6 +436,12 @@ impl Engine {
                 }
                 Ok(n) => {
                     progress = true;
+                    // A receive posted before these octets came is in place for them: the
+                    // peer may have been told of it some other way than by this stream (its
+                    // Send can follow the post by less than a turn of this loop).
+                    if !self.cmds.is_empty() {
+                        self.handle_commands();
+                    }
                     self.process_rx(&rx[..n]);
                     if self.rx_closed {
                         break;

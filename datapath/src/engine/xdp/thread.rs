@@ -376,10 +376,12 @@ impl Engine {
         if since.elapsed() < self.cfg.busy_poll {
             return Next::Yield;
         }
-        // Sleep: announce it, then look at the command queues a last time (see `Wake`).
+        // Sleep: announce it, then look at the command queues a last time (see `Wake`), and
+        // at a wake-up that names no command (a queue pair's abort) but came while awake.
         self.wake.state.store(SLEEPING, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if !self.cmds.is_empty() || t.commands_pending() {
+        if !self.cmds.is_empty() || t.commands_pending() || self.wake.pending.load(Ordering::SeqCst)
+        {
             self.wake.state.store(AWAKE, Ordering::SeqCst);
             t.xdp.unquiet();
             return Next::Turn;
