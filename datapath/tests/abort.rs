@@ -82,8 +82,9 @@ fn peer_error(qp: &QueuePair) -> Option<QpError> {
     qp.status().error
 }
 
-#[test]
-fn socket_transport_abort_resets_the_connection() {
+/// A connection over the socket transport on loopback: the client's side and queue pair, and
+/// the server's queue pair (its side lives as long as the queue pair needs it).
+fn socket_pair() -> (Side, QueuePair, QueuePair) {
     let params = loopback_params(MpaConfig::default());
     let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
     let (client, server) = (Side::new(), Side::new());
@@ -97,29 +98,23 @@ fn socket_transport_abort_resets_the_connection() {
             recvs: Vec::new(),
         },
     );
-    post_recvs(&c.qp);
-    abort_and_check(c.qp, &client.cq, "socket transport");
-    assert_eq!(peer_error(&s.qp), Some(QpError::PeerReset));
+    (client, c.qp, s.qp)
+}
+
+#[test]
+fn socket_transport_abort_resets_the_connection() {
+    let (client, ours, theirs) = socket_pair();
+    post_recvs(&ours);
+    abort_and_check(ours, &client.cq, "socket transport");
+    assert_eq!(peer_error(&theirs), Some(QpError::PeerReset));
 }
 
 /// The graceful close, for contrast: the same peer sees the FIN.
 #[test]
 fn socket_transport_disconnect_closes_the_connection() {
-    let params = loopback_params(MpaConfig::default());
-    let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
-    let (client, server) = (Side::new(), Side::new());
-    let (mut c, s) = establish_ok(
-        &listener,
-        &client,
-        &params,
-        common::ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: Vec::new(),
-        },
-    );
-    c.qp.disconnect();
-    assert_eq!(peer_error(&s.qp), Some(QpError::PeerClosed));
+    let (_client, mut ours, theirs) = socket_pair();
+    ours.disconnect();
+    assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, Keepalive, ProtectionDomain, QpError, SendOp, SendWr,
-    Stag, WcStatus,
+    Access, CompletionQueue, ConnectParams, Keepalive, ProtectionDomain, QpError, QueuePair,
+    SendOp, SendWr, Stag, WcStatus,
 };
 use testbed::*;
 
@@ -176,11 +176,10 @@ fn socket_peer_cut_off_mid_transfer() {
     check(false, true, Duration::from_secs(4));
 }
 
-/// `abort` against the same vanished peer (`ibv_modify_qp` to Error): no graceful wait, the
-/// connection reset at once, the queue pair finished when it returns, every Write flushed.
-#[test]
-fn engine_abort_with_a_vanished_peer_returns_without_waiting() {
-    let _bed = bed_or_skip!();
+/// Our engine in `iwa` connects to the peer, its link goes down, eight 1 MiB Writes are
+/// posted (none can be acknowledged), and `end` ends the queue pair. Returns how long `end`
+/// took, whether the queue pair was finished when it returned, and the completions' statuses.
+fn end_with_a_vanished_peer(end: fn(&mut QueuePair)) -> (Duration, bool, Vec<WcStatus>) {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
     let srv = spawn_in_ns(NS_B, move || peer(ready_tx, done_rx));
@@ -217,28 +216,22 @@ fn engine_abort_with_a_vanished_peer_returns_without_waiting() {
         }
         std::thread::sleep(Duration::from_millis(200));
         let t = Instant::now();
-        qp.abort();
+        end(&mut qp);
         let took = t.elapsed();
         let finished = qp.status().finished;
-        let mut flushed = 0;
+        let mut statuses = Vec::new();
         while let Some(c) = cq.wait(Duration::from_millis(500)) {
-            assert_eq!(c.wc.status, WcStatus::WrFlushError, "{c:?}");
-            flushed += 1;
+            statuses.push(c.wc.status);
         }
         drop(qp);
         drop(engine);
-        (finished, took, flushed)
+        (took, finished, statuses)
     });
     let result = ours.join();
     link(NS_B, DEV_B, true);
     let _ = done_tx.send(());
     let _ = srv.join();
-    let (finished, took, flushed) = result.expect("our side");
-    println!("abort took {took:?}, finished {finished}, {flushed} Writes flushed");
-    assert!(finished, "abort returned with the queue pair still in use");
-    // `disconnect` waits 10 s for the graceful close here (the test above).
-    assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert_eq!(flushed, 8, "every Write is flushed");
+    result.expect("our side")
 }
 
 /// The application disconnects from a peer that vanished with Writes in flight, on a
@@ -249,64 +242,30 @@ fn engine_abort_with_a_vanished_peer_returns_without_waiting() {
 #[test]
 fn engine_disconnect_from_a_vanished_peer_resets_when_the_close_cannot_finish() {
     let _bed = bed_or_skip!();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (done_tx, done_rx) = mpsc::channel();
-    let srv = spawn_in_ns(NS_B, move || peer(ready_tx, done_rx));
-    ready_rx.recv_timeout(WAIT).expect("peer ready");
-    let ours = spawn_in_ns(NS_A, move || {
-        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
-        let pd = ProtectionDomain::new();
-        let cq = CompletionQueue::new();
-        let src = pd.register(1 << 20, Access::NONE).expect("source");
-        let params = ConnectParams {
-            keepalive: None,
-            user_timeout: None,
-            ..params()
-        };
-        let conn = engine
-            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &params, b"")
-            .expect("connect");
-        let p = &conn.private_data;
-        let stag = Stag(u32::from_be_bytes(p[..4].try_into().unwrap()));
-        let to = u64::from_be_bytes(p[4..12].try_into().unwrap());
-        let mut qp = conn.qp;
-        link(NS_B, DEV_B, false);
-        for i in 0..8 {
-            qp.post_send(SendWr {
-                wr_id: i,
-                op: SendOp::Write {
-                    remote_stag: stag,
-                    remote_to: to,
-                },
-                sg_list: src.sge(0, 1 << 20).into(),
-                signaled: true,
-            })
-            .expect("post");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let t = Instant::now();
-        qp.disconnect();
-        let took = t.elapsed();
-        let finished = qp.status().finished;
-        let mut completed = 0;
-        while let Some(c) = cq.wait(Duration::from_millis(500)) {
-            assert_ne!(c.wc.status, WcStatus::Success, "{c:?}");
-            completed += 1;
-        }
-        drop(qp);
-        drop(engine);
-        (finished, took, completed)
-    });
-    let result = ours.join();
-    link(NS_B, DEV_B, true);
-    let _ = done_tx.send(());
-    let _ = srv.join();
-    let (finished, took, completed) = result.expect("our side");
-    println!("disconnect took {took:?}, finished {finished}, {completed} Writes completed");
+    let (took, finished, statuses) = end_with_a_vanished_peer(QueuePair::disconnect);
+    println!("disconnect took {took:?}, finished {finished}, completions {statuses:?}");
     assert!(
         finished,
         "disconnect returned after {took:?} with the queue pair still in use"
     );
     assert!(took < Duration::from_secs(13), "took {took:?}");
-    assert_eq!(completed, 8, "every Write completes");
+    assert_eq!(statuses.len(), 8, "every Write completes");
+    assert!(!statuses.contains(&WcStatus::Success), "{statuses:?}");
+}
+
+/// `abort` against the same vanished peer (`ibv_modify_qp` to Error): no graceful wait, the
+/// connection reset at once, the queue pair finished when it returns, every Write flushed.
+#[test]
+fn engine_abort_with_a_vanished_peer_returns_without_waiting() {
+    let _bed = bed_or_skip!();
+    let (took, finished, statuses) = end_with_a_vanished_peer(QueuePair::abort);
+    println!("abort took {took:?}, finished {finished}, completions {statuses:?}");
+    assert!(finished, "abort returned with the queue pair still in use");
+    // `disconnect` waits 10 s for the graceful close here.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(
+        statuses,
+        vec![WcStatus::WrFlushError; 8],
+        "every Write is flushed"
+    );
 }
