@@ -334,3 +334,72 @@ fn engine_queues_refill_as_completions_are_polled() {
     ours.expect("engine side");
     theirs.expect("receiver");
 }
+
+/// The engine receiving: its receives posted at accept count, and a receive it reposts on a
+/// completion is in place for the Send the credit (given out of band) brings, although the
+/// engine's turn receives before it serves.
+#[test]
+fn engine_receiver_refills_as_completions_are_polled() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_585;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (checked_tx, checked_rx) = mpsc::channel();
+    let (credit_tx, credit_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let ours = spawn_in_ns(NS_A, move || -> Result<(), String> {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
+            .map_err(|e| format!("engine: {e}"))?;
+        let listener = engine.listen(PORT, params()).map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        let server = Side::new();
+        let sink = server
+            .pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .map_err(|e| e.to_string())?;
+        let conn = req
+            .accept_with_recvs(
+                &server.pd,
+                &server.cq,
+                &offer(&sink),
+                (0..DEPTH as u64).map(recv).collect(),
+            )
+            .map_err(|e| e.to_string())?;
+        receives_posted_at_accept_count(&conn.qp)?;
+        let _ = checked_tx.send(());
+        receiver(&conn.qp, &server.cq, credit_tx)?;
+        let _ = done_rx.recv_timeout(WAIT);
+        drop(conn);
+        drop(engine);
+        Ok(())
+    });
+    ready_rx.recv_timeout(WAIT).expect("engine listening");
+    let theirs = spawn_in_ns(NS_B, move || {
+        let client = Side::new();
+        let src = client.pd.register(4096, Access::NONE).expect("source");
+        let conn = datapath::connect(
+            SocketAddr::from((testbed::ADDR_A, PORT)),
+            &client.pd,
+            &client.cq,
+            &params(),
+            &[],
+        )
+        .expect("connect");
+        checked_rx.recv_timeout(WAIT).expect("the receiver's check");
+        sender(
+            &conn.qp,
+            &client.cq,
+            &src,
+            offered(&conn.private_data),
+            &credit_rx,
+        );
+        let _ = done_tx.send(());
+    });
+    let theirs = theirs.join();
+    let ours = ours.join().expect("engine thread");
+    theirs.expect("socket sender");
+    ours.expect("engine receiver");
+}

@@ -438,7 +438,8 @@ impl Engine {
                     progress = true;
                     // A receive posted before these octets came is in place for them: the
                     // peer may have been told of it some other way than by this stream (its
-                    // Send can follow the post by less than a turn of this loop).
+                    // Send can follow the post by less than a turn of this loop; the engine
+                    // does the same in `on_data`).
                     if !self.cmds.is_empty() {
                         self.handle_commands();
                     }

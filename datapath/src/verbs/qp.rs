@@ -545,12 +545,9 @@ impl QueuePair {
     /// Posts a receive buffer for incoming Sends. Fails, or completes, as
     /// [`QueuePair::post_send`] says; a full receive queue
     /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
-    /// yet used) with [`DatapathError::RecvQueueFull`]. A Send the peer sends on hearing of
-    /// this receive through this queue pair (a message posted after it) always finds it. On
-    /// the AF_XDP engine, one the peer was told of another way (another connection) can
-    /// arrive in the engine's turn before the receive is taken, and end the connection (RFC
-    /// 5041 7.1, no buffer for its MSN); the socket transport takes waiting receives before
-    /// it reads further.
+    /// yet used) with [`DatapathError::RecvQueueFull`]. A Send that reaches the transport
+    /// after this returns finds the receive in place, however the peer heard of it (both
+    /// transports take queued work requests before they place a connection's received data).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         self.command(Cmd::Recv(wr))
     }

@@ -89,6 +89,96 @@ fn table_of<'t>(
 }
 
 impl App<'_> {
+    /// Takes the connection's work requests from the application (at most `CMD_BUDGET` a
+    /// turn) into its queue pair.
+    fn take_commands(&mut self, id: ConnId) {
+        let State {
+            slots,
+            scratch,
+            progress,
+            wake,
+            ..
+        } = &mut *self.st;
+        let Some(slot) = slots.get_mut(&id) else {
+            return;
+        };
+        if let Some(rx) = &slot.cmds {
+            let mut close = false;
+            for _ in 0..CMD_BUDGET {
+                let cmd = match rx.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => Cmd::Close,
+                };
+                slot.account.took(&cmd);
+                *progress = true;
+                // The request may name a region registered after this turn read the tables
+                // (but before the request was posted, so before it was taken here): read the
+                // PD's table again. The rest of the turn, transmission included, sees that
+                // version or a newer one (versions only move forward). One atomic load per
+                // work request, none per packet.
+                if let Some(i) = slot.table {
+                    if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
+                        if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                            *view = Some(table.versioned());
+                        }
+                    }
+                }
+                let mem = table_of(slot.table, self.mem, scratch);
+                match cmd {
+                    Cmd::Send(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
+                            slot.conn.qp_mut().complete_send_in_error(
+                                wr_id,
+                                opcode,
+                                local_status(&e),
+                            );
+                        }
+                    }
+                    Cmd::SendInline(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
+                            slot.conn.qp_mut().complete_send_in_error(
+                                wr_id,
+                                opcode,
+                                local_status(&e),
+                            );
+                        }
+                    }
+                    Cmd::Recv(wr) => {
+                        let wr_id = wr.wr_id;
+                        if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
+                            slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                        }
+                    }
+                    Cmd::Close => {
+                        close = true;
+                        break;
+                    }
+                }
+            }
+            if !close && !rx.is_empty() {
+                // More than a turn takes (or one posted meanwhile): the rest wait as a request
+                // nobody took does (the next posting turn runs in full, a parked engine thread
+                // wakes).
+                wake.pending
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = wake.wake_engine();
+            }
+            if close {
+                if !slot.closing {
+                    slot.closing = true;
+                    slot.conn.close();
+                }
+                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
+                // request still queued is flushed all the same, after the queue pair's own,
+                // and later posts fail.
+                slot.stop_posts();
+            }
+        }
+    }
+
     /// Keeps the FPDU CRC of the segment being received for its `on_data` (where its data
     /// lies, to match the octets TCP passes up); returns the sum for TCP's checksum.
     fn keep_digest(&mut self, payload: &[u8], digest: SegmentDigest) -> u16 {
@@ -157,6 +247,17 @@ impl TcpApp for App<'_> {
     }
 
     fn on_data(&mut self, id: ConnId, data: PassedUp<'_>) -> Option<TakeBack> {
+        // A receive posted before this segment arrived is in place for it, even if the peer
+        // heard of it another way than through this connection (a turn receives before it
+        // serves): what is queued is taken first (two loads when nothing is).
+        if self
+            .st
+            .slots
+            .get_mut(&id)
+            .is_some_and(|s| s.cmds.as_ref().is_some_and(|c| !c.is_empty()))
+        {
+            self.take_commands(id);
+        }
         // The CRC found as this segment was summed, if TCP passes up all of its data.
         let crc = self.st.rx_crc.take().and_then(|h| h.for_data(data.data));
         let State {
@@ -254,6 +355,7 @@ impl TcpApp for App<'_> {
     }
 
     fn on_poll(&mut self, id: ConnId, tcp: &mut TcpConnection, now: Instant) {
+        self.take_commands(id);
         let State {
             slots,
             listeners,
@@ -269,82 +371,6 @@ impl TcpApp for App<'_> {
         let Some(slot) = slots.get_mut(&id) else {
             return;
         };
-        // Work requests from the application.
-        if let Some(rx) = &slot.cmds {
-            let mut close = false;
-            for _ in 0..CMD_BUDGET {
-                let cmd = match rx.try_recv() {
-                    Ok(c) => c,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => Cmd::Close,
-                };
-                slot.account.took(&cmd);
-                *progress = true;
-                // The request may name a region registered after this turn read the tables
-                // (but before the request was posted, so before it was taken here): read the
-                // PD's table again. The rest of the turn, transmission included, sees that
-                // version or a newer one (versions only move forward). One atomic load per
-                // work request, none per packet.
-                if let Some(i) = slot.table {
-                    if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
-                        if view.as_ref().is_none_or(|v| table.changed_since(v)) {
-                            *view = Some(table.versioned());
-                        }
-                    }
-                }
-                let mem = table_of(slot.table, self.mem, scratch);
-                match cmd {
-                    Cmd::Send(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-                        if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
-                            slot.conn.qp_mut().complete_send_in_error(
-                                wr_id,
-                                opcode,
-                                local_status(&e),
-                            );
-                        }
-                    }
-                    Cmd::SendInline(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-                        if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
-                            slot.conn.qp_mut().complete_send_in_error(
-                                wr_id,
-                                opcode,
-                                local_status(&e),
-                            );
-                        }
-                    }
-                    Cmd::Recv(wr) => {
-                        let wr_id = wr.wr_id;
-                        if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
-                            slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
-                        }
-                    }
-                    Cmd::Close => {
-                        close = true;
-                        break;
-                    }
-                }
-            }
-            if !close && !rx.is_empty() {
-                // More than a turn takes (or one posted meanwhile): the rest wait as a request
-                // nobody took does (the next posting turn runs in full, a parked engine thread
-                // wakes).
-                wake.pending
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                let _ = wake.wake_engine();
-            }
-            if close {
-                if !slot.closing {
-                    slot.closing = true;
-                    slot.conn.close();
-                }
-                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
-                // request still queued is flushed all the same, after the queue pair's own,
-                // and later posts fail.
-                slot.stop_posts();
-            }
-        }
         // The application's abort, or its disconnect giving up on the graceful close
         // (`Shared::request_abort`): reset the connection; the queue pair flushes, and TCP,
         // closed, reads nothing more from the queue pair's memory nor passes anything up to
