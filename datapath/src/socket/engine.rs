@@ -169,6 +169,7 @@ pub(super) fn start_engine(
         rx: vec![0u8; 256 * 1024],
         mulpdu,
         closing: false,
+        close_taken: false,
         rx_closed: false,
         tx_failed: false,
         last_state: None,
@@ -287,6 +288,8 @@ struct Engine {
     rx: Vec<u8>,
     mulpdu: usize,
     closing: bool,
+    /// A Close taken before received octets were processed, for the next turn.
+    close_taken: bool,
     rx_closed: bool,
     tx_failed: bool,
     last_state: Option<QpState>,
@@ -306,7 +309,7 @@ impl Engine {
                 aborted = true;
                 break;
             }
-            let mut progress = self.handle_commands();
+            let mut progress = self.handle_commands(false);
             progress |= self.receive();
             progress |= self.transmit();
             progress |= self.deliver_completions();
@@ -355,12 +358,26 @@ impl Engine {
         self.shared.set_error(error, terminate);
     }
 
-    fn handle_commands(&mut self) -> bool {
+    /// Takes work requests from the application: at most `CMD_BUDGET` a turn, so that an
+    /// application posting without pause cannot keep the thread from the socket (the rest
+    /// wait for the next turn, which comes at once: progress); before received octets are
+    /// processed (`before_data`), all that are queued (the post-time queue limits bound them)
+    /// up to a Close, which the next turn carries out, after those octets.
+    fn handle_commands(&mut self, before_data: bool) -> bool {
         let mut progress = false;
-        // A budget per turn, so that an application posting without pause cannot keep the
-        // thread from the socket (and from hearing that the connection ended); the rest wait
-        // for the next turn, which comes at once (progress).
-        for _ in 0..CMD_BUDGET {
+        if self.close_taken && !before_data {
+            self.close_taken = false;
+            if !self.closing {
+                self.closing = true;
+                self.qp.close();
+            }
+            return true;
+        }
+        let budget = if before_data { usize::MAX } else { CMD_BUDGET };
+        for _ in 0..budget {
+            if self.close_taken {
+                break;
+            }
             let cmd = match self.cmds.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Empty) => break,
@@ -397,6 +414,7 @@ impl Engine {
                         self.complete_local_error(wr_id, WcOpcode::Recv, &e);
                     }
                 }
+                Cmd::Close if before_data => self.close_taken = true,
                 Cmd::Close => {
                     if !self.closing {
                         self.closing = true;
@@ -441,7 +459,7 @@ impl Engine {
                     // Send can follow the post by less than a turn of this loop; the engine
                     // does the same in `on_data`).
                     if !self.cmds.is_empty() {
-                        self.handle_commands();
+                        self.handle_commands(true);
                     }
                     self.process_rx(&rx[..n]);
                     if self.rx_closed {

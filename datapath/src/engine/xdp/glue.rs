@@ -89,9 +89,12 @@ fn table_of<'t>(
 }
 
 impl App<'_> {
-    /// Takes the connection's work requests from the application (at most `CMD_BUDGET` a
-    /// turn) into its queue pair.
-    fn take_commands(&mut self, id: ConnId) {
+    /// Takes the connection's work requests from the application into its queue pair: in the
+    /// service (`before_data` false) at most `CMD_BUDGET` a turn, a Close included; before
+    /// received data is placed (`before_data`), all that are queued (the post-time queue
+    /// limits bound them), up to a Close, which is left to the service (`Slot::close_taken`)
+    /// so that the data and the acknowledgements this turn brings count first.
+    fn take_commands(&mut self, id: ConnId, before_data: bool) {
         let State {
             slots,
             scratch,
@@ -103,8 +106,12 @@ impl App<'_> {
             return;
         };
         if let Some(rx) = &slot.cmds {
-            let mut close = false;
-            for _ in 0..CMD_BUDGET {
+            let mut close = slot.close_taken && !before_data;
+            let budget = if before_data { usize::MAX } else { CMD_BUDGET };
+            for _ in 0..budget {
+                if close || slot.close_taken {
+                    break;
+                }
                 let cmd = match rx.try_recv() {
                     Ok(c) => c,
                     Err(TryRecvError::Empty) => break,
@@ -152,13 +159,11 @@ impl App<'_> {
                             slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
                         }
                     }
-                    Cmd::Close => {
-                        close = true;
-                        break;
-                    }
+                    Cmd::Close if before_data => slot.close_taken = true,
+                    Cmd::Close => close = true,
                 }
             }
-            if !close && !rx.is_empty() {
+            if !close && !before_data && !rx.is_empty() {
                 // More than a turn takes (or one posted meanwhile): the rest wait as a request
                 // nobody took does (the next posting turn runs in full, a parked engine thread
                 // wakes).
@@ -167,6 +172,7 @@ impl App<'_> {
                 let _ = wake.wake_engine();
             }
             if close {
+                slot.close_taken = false;
                 if !slot.closing {
                     slot.closing = true;
                     slot.conn.close();
@@ -256,7 +262,7 @@ impl TcpApp for App<'_> {
             .get_mut(&id)
             .is_some_and(|s| s.cmds.as_ref().is_some_and(|c| !c.is_empty()))
         {
-            self.take_commands(id);
+            self.take_commands(id, true);
         }
         // The CRC found as this segment was summed, if TCP passes up all of its data.
         let crc = self.st.rx_crc.take().and_then(|h| h.for_data(data.data));
@@ -355,7 +361,7 @@ impl TcpApp for App<'_> {
     }
 
     fn on_poll(&mut self, id: ConnId, tcp: &mut TcpConnection, now: Instant) {
-        self.take_commands(id);
+        self.take_commands(id, false);
         let State {
             slots,
             listeners,

@@ -41,6 +41,8 @@ pub(super) struct Slot {
     pub(super) named: Option<Arc<AtomicBool>>,
     /// The work requests taken from `cmds`, for the queue pair's post-time queue limits.
     pub(super) account: QueueAccount,
+    /// A Close taken before received data was placed, for the service to carry out.
+    pub(super) close_taken: bool,
     last_state: Option<QpState>,
 }
 
@@ -60,6 +62,7 @@ impl Slot {
             closing: false,
             named: None,
             account: QueueAccount::default(),
+            close_taken: false,
             last_state: None,
         }
     }
@@ -119,11 +122,12 @@ impl Slot {
         any
     }
 
-    /// Whether the connection has something only its service hands out: an event, or a
-    /// queue-pair state not yet published (a Terminate received, an error); or octets it gave
+    /// Whether the connection has something only its service hands out: an event, a Close
+    /// taken before received data, or a queue-pair state not yet published (a Terminate received, an error); or octets it gave
     /// back to TCP, which the peer is to hear of at once ([`IwarpConn::needs_poll`]).
     pub(super) fn needs_service(&self) -> bool {
         self.conn.has_event()
+            || self.close_taken
             || self.last_state != Some(self.conn.qp().state())
             || self.conn.needs_poll()
     }
