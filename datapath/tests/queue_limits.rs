@@ -273,6 +273,56 @@ fn socket_queues_refill_as_completions_are_polled() {
     });
 }
 
+/// The receiving end of a refill test, accepted from `req` with `DEPTH` receives: checks that
+/// they count, says so on `checked`, receives (`receiver`), then holds the connection until
+/// the sender says `done` (its last Writes may still be on their way).
+fn receiving_end(
+    req: datapath::ConnectRequest,
+    checked: mpsc::Sender<()>,
+    credit: mpsc::Sender<()>,
+    done: mpsc::Receiver<()>,
+) -> Result<(), String> {
+    let server = Side::new();
+    let sink = server
+        .pd
+        .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .map_err(|e| e.to_string())?;
+    let conn = req
+        .accept_with_recvs(
+            &server.pd,
+            &server.cq,
+            &offer(&sink),
+            (0..DEPTH as u64).map(recv).collect(),
+        )
+        .map_err(|e| e.to_string())?;
+    receives_posted_at_accept_count(&conn.qp)?;
+    let _ = checked.send(());
+    receiver(&conn.qp, &server.cq, credit)?;
+    let _ = done.recv_timeout(WAIT);
+    Ok(())
+}
+
+/// The sending end of a refill test, connected as `client` with `conn`: waits for the
+/// receiver's check, sends (`sender`), says `done`.
+fn sending_end(
+    client: &Side,
+    conn: &datapath::Connection,
+    checked: &mpsc::Receiver<()>,
+    credit: &mpsc::Receiver<()>,
+    done: &mpsc::Sender<()>,
+) {
+    let src = client.pd.register(4096, Access::NONE).expect("source");
+    checked.recv_timeout(WAIT).expect("the receiver's check");
+    sender(
+        &conn.qp,
+        &client.cq,
+        &src,
+        offered(&conn.private_data),
+        credit,
+    );
+    let _ = done.send(());
+}
+
 #[test]
 fn engine_queues_refill_as_completions_are_polled() {
     let _bed = bed_or_skip!();
@@ -283,31 +333,12 @@ fn engine_queues_refill_as_completions_are_polled() {
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let peer = std::thread::spawn(move || -> Result<(), String> {
         let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, params())?;
-        let server = Side::new();
-        let sink = server
-            .pd
-            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .map_err(|e| e.to_string())?;
-        let conn = req
-            .accept_with_recvs(
-                &server.pd,
-                &server.cq,
-                &offer(&sink),
-                (0..DEPTH as u64).map(recv).collect(),
-            )
-            .map_err(|e| e.to_string())?;
-        receives_posted_at_accept_count(&conn.qp)?;
-        let _ = checked_tx.send(());
-        receiver(&conn.qp, &server.cq, credit_tx)?;
-        // The sender's last Writes may still be on their way.
-        let _ = done_rx.recv_timeout(WAIT);
-        Ok(())
+        receiving_end(req, checked_tx, credit_tx, done_rx)
     });
     ready_rx.recv_timeout(WAIT).expect("peer listening");
     let ours = spawn_in_ns(NS_A, move || {
         let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
         let client = Side::new();
-        let src = client.pd.register(4096, Access::NONE).expect("source");
         let conn = engine
             .connect(
                 SocketAddr::from((ADDR_B, PORT)),
@@ -317,15 +348,7 @@ fn engine_queues_refill_as_completions_are_polled() {
                 &[],
             )
             .expect("connect");
-        checked_rx.recv_timeout(WAIT).expect("the receiver's check");
-        sender(
-            &conn.qp,
-            &client.cq,
-            &src,
-            offered(&conn.private_data),
-            &credit_rx,
-        );
-        let _ = done_tx.send(());
+        sending_end(&client, &conn, &checked_rx, &credit_rx, &done_tx);
         drop(conn);
         drop(engine);
     });
@@ -355,31 +378,13 @@ fn engine_receiver_refills_as_completions_are_polled() {
             .accept_timeout(WAIT)
             .map_err(|e| e.to_string())?
             .ok_or("no connection request")?;
-        let server = Side::new();
-        let sink = server
-            .pd
-            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-            .map_err(|e| e.to_string())?;
-        let conn = req
-            .accept_with_recvs(
-                &server.pd,
-                &server.cq,
-                &offer(&sink),
-                (0..DEPTH as u64).map(recv).collect(),
-            )
-            .map_err(|e| e.to_string())?;
-        receives_posted_at_accept_count(&conn.qp)?;
-        let _ = checked_tx.send(());
-        receiver(&conn.qp, &server.cq, credit_tx)?;
-        let _ = done_rx.recv_timeout(WAIT);
-        drop(conn);
+        receiving_end(req, checked_tx, credit_tx, done_rx)?;
         drop(engine);
         Ok(())
     });
     ready_rx.recv_timeout(WAIT).expect("engine listening");
     let theirs = spawn_in_ns(NS_B, move || {
         let client = Side::new();
-        let src = client.pd.register(4096, Access::NONE).expect("source");
         let conn = datapath::connect(
             SocketAddr::from((testbed::ADDR_A, PORT)),
             &client.pd,
@@ -388,15 +393,7 @@ fn engine_receiver_refills_as_completions_are_polled() {
             &[],
         )
         .expect("connect");
-        checked_rx.recv_timeout(WAIT).expect("the receiver's check");
-        sender(
-            &conn.qp,
-            &client.cq,
-            &src,
-            offered(&conn.private_data),
-            &credit_rx,
-        );
-        let _ = done_tx.send(());
+        sending_end(&client, &conn, &checked_rx, &credit_rx, &done_tx);
     });
     let theirs = theirs.join();
     let ours = ours.join().expect("engine thread");
