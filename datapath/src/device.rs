@@ -12,6 +12,7 @@ use crate::verbs::cm::{ConnectParams, Connection, Listener};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel};
 use crate::verbs::cq::CompletionQueue;
 use crate::DatapathError;
+use rdmap::RecvWr;
 
 /// Which transport a [`Device`] runs.
 #[derive(Debug, Clone)]
@@ -105,9 +106,29 @@ impl Device {
         params: &ConnectParams,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
+        self.connect_with_recvs(addr, pd, cq, params, private_data, Vec::new())
+    }
+
+    /// [`Device::connect`] with `recvs` posted to the queue pair before the peer can send
+    /// anything, as verbs applications post receives between `rdma_create_qp` and
+    /// `rdma_connect`. iWARP has no receiver-not-ready retry: a Send that finds no posted
+    /// buffer ends the connection (RFC 5041 7.1), and with peer-to-peer setup (RFC 6581, an
+    /// RTR) or a responder that does not wait for the first FPDU, the peer may send before
+    /// `connect` returns. The receives count against `params.rq_depth` (more than it is
+    /// `InvalidArgument`); with `params.srq` they are refused the same way (post them to the
+    /// shared receive queue instead).
+    pub fn connect_with_recvs(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+    ) -> Result<Connection, DatapathError> {
         match &self.engine {
-            None => socket::connect(addr, pd, cq, params, private_data),
-            Some(e) => e.connect(addr, pd, cq, params, private_data),
+            None => socket::connect_with_recvs(addr, pd, cq, params, private_data, recvs),
+            Some(e) => e.connect_with_recvs(addr, pd, cq, params, private_data, recvs),
         }
     }
 
@@ -127,13 +148,33 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
+        let recvs = Vec::new();
+        self.connect_async_with_recvs(addr, pd, cq, params, private_data, recvs, channel, context)
+    }
+
+    /// [`Device::connect_async`] with `recvs` posted before the peer can send anything (see
+    /// [`Device::connect_with_recvs`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_async_with_recvs(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
         let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
         {
-            Some(e) => e.start_connect(addr, pd, cq, params, private_data)?,
+            Some(e) => e.start_connect(addr, pd, cq, params, private_data, recvs)?,
             None => {
                 let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
                 let private_data = private_data.to_vec();
-                Box::new(move || socket::connect(addr, &pd, &cq, &params, &private_data))
+                Box::new(move || {
+                    socket::connect_with_recvs(addr, &pd, &cq, &params, &private_data, recvs)
+                })
             }
         };
         let channel = channel.clone();

@@ -80,7 +80,7 @@ pub use rdmap::{
     Access, AtomicOp, InlineData, InlineSendWr, InlineTooLong, QpState, RecvWr, SendOp, SendWr,
     Sge, SgeList, Stag, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE_DATA, MAX_SGE,
 };
-pub use socket::connect;
+pub use socket::{connect, connect_with_recvs};
 pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
     MAX_BACKLOG,

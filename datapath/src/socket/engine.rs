@@ -19,7 +19,8 @@ use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{
-    local_status, Agreed, Cmd, QpParts, QpWaker, QueueAccount, QueuePair, Shared, NEXT_QP,
+    local_status, post_initial_recvs, Agreed, Cmd, QpParts, QpWaker, QueueAccount, QueuePair,
+    Shared, NEXT_QP,
 };
 use crate::{DatapathError, QpError};
 
@@ -129,13 +130,7 @@ pub(super) fn start_engine(
         }
     }
     qp.enter_rts(agreed.ird(), agreed.ord());
-    {
-        let table = pd.table.snapshot();
-        for wr in recvs {
-            qp.post_recv(wr, &table)
-                .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
-        }
-    }
+    post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs)?;
     if initiator {
         if let Some(kind) = rtr {
             // RFC 6581 3: the initiator's RTR is its first FPDU.

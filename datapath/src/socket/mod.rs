@@ -17,6 +17,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Instant;
 
 use mpa::InitiatorEvent;
+use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Connection, Framing};
@@ -32,8 +33,21 @@ pub fn connect(
     params: &ConnectParams,
     private_data: &[u8],
 ) -> Result<Connection, DatapathError> {
+    connect_with_recvs(addr, pd, cq, params, private_data, Vec::new())
+}
+
+/// [`connect`] with `recvs` posted before the peer can send anything (verbs' `ibv_post_recv`
+/// before `rdma_connect`): see [`crate::Device::connect_with_recvs`].
+pub fn connect_with_recvs(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    params: &ConnectParams,
+    private_data: &[u8],
+    recvs: Vec<RecvWr>,
+) -> Result<Connection, DatapathError> {
     if let Framing::Ift(cfg) = &params.framing {
-        return connect_ift(addr, pd, cq, params, cfg, private_data);
+        return connect_ift(addr, pd, cq, params, cfg, private_data, recvs);
     }
     let start = Instant::now();
     // Check the configuration and private data before opening a connection the responder
@@ -65,7 +79,7 @@ pub fn connect(
                     agreed: Agreed::Mpa(negotiated),
                     leftover: buf[used..n].to_vec(),
                     initiator: true,
-                    recvs: Vec::new(),
+                    recvs,
                 };
                 let qp = start_engine(stream, setup, pd, cq, params)?;
                 return Ok(Connection { qp, private_data });
@@ -83,6 +97,7 @@ fn connect_ift(
     params: &ConnectParams,
     cfg: &ift::IftConfig,
     private_data: &[u8],
+    recvs: Vec<RecvWr>,
 ) -> Result<Connection, DatapathError> {
     if !private_data.is_empty() {
         return Err(DatapathError::InvalidArgument(
@@ -126,7 +141,7 @@ fn connect_ift(
             },
             leftover: buf[used..n].to_vec(),
             initiator: true,
-            recvs: Vec::new(),
+            recvs,
         };
         let qp = start_engine(stream, setup, pd, cq, params)?;
         return Ok(Connection {

@@ -115,6 +115,28 @@ impl QueueAccount {
     }
 }
 
+/// Posts the receives an application gave with its connect or accept
+/// ([`crate::Device::connect_with_recvs`], `ConnectRequest::accept_with_recvs`), before the
+/// queue pair can receive anything: iWARP has no receiver-not-ready retry, so a Send the peer
+/// sends at once must find them (RFC 5041 7.1). More than the receive queue's depth is
+/// `RecvQueueFull`; a receive the queue pair refuses otherwise (a region it cannot write, a
+/// shared receive queue attached) is `InvalidArgument`.
+pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
+    qp: &mut rdmap::QueuePair,
+    mem: &rdmap::MemoryTable<B>,
+    recvs: Vec<RecvWr>,
+) -> Result<(), DatapathError> {
+    for wr in recvs {
+        qp.post_recv(wr, mem).map_err(|e| match e {
+            rdmap::RdmapError::RecvQueueFull => DatapathError::RecvQueueFull {
+                depth: qp.config().rq_depth,
+            },
+            _ => DatapathError::InvalidArgument("receive work request refused"),
+        })?;
+    }
+    Ok(())
+}
+
 /// Takes a place for one post in a queue of `depth` whose posts are counted in `posted` and
 /// whose departures the transport publishes in `retired` ([`QueueAccount`]); false when the
 /// queue is full.

@@ -41,6 +41,7 @@ pub(super) enum EngineCmd {
         cq: CqSink,
         params: ConnectParams,
         private_data: Vec<u8>,
+        recvs: Vec<RecvWr>,
         reply: Reply<(QpParts, Vec<u8>)>,
     },
     Accept {

@@ -78,7 +78,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdmap::MemoryTable;
+use rdmap::{MemoryTable, RecvWr};
 
 #[cfg(doc)]
 use crate::engine::IwarpConn;
@@ -353,7 +353,21 @@ impl XdpEngine {
         params: &ConnectParams,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        self.start_connect(addr, pd, cq, params, private_data)?()
+        self.connect_with_recvs(addr, pd, cq, params, private_data, Vec::new())
+    }
+
+    /// [`XdpEngine::connect`] with `recvs` posted before the peer can send anything: see
+    /// [`crate::Device::connect_with_recvs`].
+    pub fn connect_with_recvs(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+        recvs: Vec<RecvWr>,
+    ) -> Result<Connection, DatapathError> {
+        self.start_connect(addr, pd, cq, params, private_data, recvs)?()
     }
 
     /// The first half of [`XdpEngine::connect`]: hands the engine the command and returns
@@ -365,6 +379,7 @@ impl XdpEngine {
         cq: &CompletionQueue,
         params: &ConnectParams,
         private_data: &[u8],
+        recvs: Vec<RecvWr>,
     ) -> Result<PendingConnect, DatapathError> {
         let SocketAddr::V4(addr) = addr else {
             return Err(DatapathError::InvalidArgument(
@@ -385,6 +400,7 @@ impl XdpEngine {
             cq: cq.sink(),
             params: params.clone(),
             private_data: private_data.to_vec(),
+            recvs,
             reply: tx,
         };
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.

@@ -17,6 +17,7 @@ use rdmap::{QpState, RecvWr};
 use crate::engine::IwarpConn;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::ConnectParams;
+use crate::verbs::qp::post_initial_recvs;
 use crate::xdp_tcp::{ConnId, XdpTcp, XdpTcpError};
 use crate::{DatapathError, QpError};
 
@@ -598,9 +599,10 @@ impl Turner {
                     cq,
                     params,
                     private_data,
+                    recvs,
                     reply,
                 } => {
-                    let res = self.connect(addr, &pd, &params, &private_data);
+                    let res = self.connect(addr, &pd, &params, &private_data, recvs);
                     match res {
                         Ok(id) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
@@ -670,6 +672,7 @@ impl Turner {
         pd: &ProtectionDomain,
         params: &ConnectParams,
         private_data: &[u8],
+        recvs: Vec<RecvWr>,
     ) -> Result<ConnId, DatapathError> {
         let table = self.table_index(pd);
         let cfg = self.st.conn_config(params, pd.id);
@@ -678,6 +681,7 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(conn.qp_mut(), pd.id)?;
         }
+        post_initial_recvs(conn.qp_mut(), &pd.table.snapshot(), recvs)?;
         let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
@@ -718,15 +722,7 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(slot.conn.qp_mut(), pd.id)?;
         }
-        {
-            let mem = pd.table.snapshot();
-            for wr in recvs {
-                slot.conn
-                    .qp_mut()
-                    .post_recv(wr, &mem)
-                    .map_err(|_| DatapathError::InvalidArgument("receive work request refused"))?;
-            }
-        }
+        post_initial_recvs(slot.conn.qp_mut(), &pd.table.snapshot(), recvs)?;
         slot.conn.accept(private_data).map_err(conn_error)?;
         slot.table = Some(table);
         Ok(())

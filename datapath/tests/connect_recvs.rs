@@ -1,0 +1,237 @@
+//! Receives posted with the connect (`connect_with_recvs`; verbs applications post them
+//! between `rdma_create_qp` and `rdma_connect`). With peer-to-peer setup (RFC 6581: the
+//! initiator's RTR is its first FPDU) the responder may send the moment the RTR arrives, before
+//! the initiator's `connect` has returned, and iWARP has no receiver-not-ready retry: a Send
+//! that finds no posted receive ends the connection (RFC 5041 7.1). A receive posted with the
+//! connect is there in time. The socket transport on loopback, the AF_XDP engine on the veth
+//! bed (root, `SKIPPED` without, a failure under `CI=true`), each against a socket-transport
+//! server that sends at once.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
+use datapath::engine::{XdpEngine, XdpEngineConfig};
+use datapath::{
+    Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
+    Device, Listener, MemoryRegion, MpaConfig, RecvWr, WcOpcode, WcStatus,
+};
+use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A};
+
+/// Octets of the server's greeting.
+const LEN: usize = 64;
+
+/// Peer-to-peer setup (an RTR) and a receive queue of `rq_depth`.
+fn p2p(rq_depth: usize) -> ConnectParams {
+    ConnectParams {
+        mpa: MpaConfig {
+            peer_to_peer: true,
+            ..MpaConfig::default()
+        },
+        rq_depth,
+        ..common::params(MpaConfig::default())
+    }
+}
+
+fn greeting() -> Vec<u8> {
+    (0..LEN as u8).map(|i| i ^ 0x5a).collect()
+}
+
+/// Accepts `req` and posts the greeting at once, the Send's completion waited for; holds the
+/// connection until `done`.
+fn greet(req: ConnectRequest, done: mpsc::Receiver<()>) -> Result<(), String> {
+    let side = Side::new();
+    let src = side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    src.write(0, &greeting());
+    let conn = req
+        .accept(&side.pd, &side.cq, &[])
+        .map_err(|e| format!("accept: {e}"))?;
+    conn.qp
+        .post_send(send_wr(1, &src, LEN))
+        .map_err(|e| format!("post the greeting: {e}"))?;
+    let _ = done.recv_timeout(WAIT);
+    drop(conn);
+    Ok(())
+}
+
+/// The receive the client posts with its connect.
+fn recv(sink: &MemoryRegion) -> RecvWr {
+    RecvWr {
+        wr_id: 7,
+        sg_list: sink.sge(0, LEN as u32).into(),
+    }
+}
+
+/// The client's side once connected with one receive of `sink` posted: the greeting lands in
+/// it, and the connection is still sound.
+fn greeted(conn: &Connection, side: &Side, sink: &MemoryRegion, what: &str) {
+    let c = next_wc(&side.cq, what);
+    assert_eq!(
+        (c.wc.wr_id, c.wc.opcode, c.wc.status, c.wc.byte_len),
+        (7, WcOpcode::Recv, WcStatus::Success, LEN as u32),
+        "{what}: {c:?}"
+    );
+    let mut got = vec![0u8; LEN];
+    sink.read(0, &mut got);
+    assert_eq!(got, greeting(), "{what}: the greeting's octets");
+    assert_eq!(conn.qp.status().error, None, "{what}");
+}
+
+/// Listens on loopback with peer-to-peer setup; the server greets the first connection.
+fn greeting_server() -> (
+    SocketAddr,
+    mpsc::Sender<()>,
+    std::thread::JoinHandle<Result<(), String>>,
+) {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        greet(req, done_rx)
+    });
+    (addr, done_tx, server)
+}
+
+#[test]
+fn socket_receive_posted_with_the_connect_takes_the_first_send() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let conn =
+        datapath::connect_with_recvs(addr, &side.pd, &side.cq, &p2p(1), &[], vec![recv(&sink)])
+            .expect("connect");
+    greeted(&conn, &side, &sink, "socket");
+    // The receive counted against the queue's depth of one until it was used.
+    conn.qp
+        .post_recv(recv(&sink))
+        .expect("a receive in the freed place");
+    let _ = done.send(());
+    server.join().expect("server thread").expect("server");
+}
+
+/// The same through an event channel (`rdma_connect` on one): the receive is there before the
+/// `Established` event, as before the greeting.
+#[test]
+fn socket_connect_async_with_recvs_takes_the_first_send() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let channel = CmEventChannel::new().expect("event channel");
+    Device::socket()
+        .connect_async_with_recvs(
+            addr,
+            &side.pd,
+            &side.cq,
+            &p2p(1),
+            &[],
+            vec![recv(&sink)],
+            &channel,
+            3,
+        )
+        .expect("connect_async");
+    let conn = match channel.wait_event(WAIT) {
+        Some(CmEvent::Established {
+            context: 3,
+            connection,
+        }) => connection,
+        other => panic!("not established: {other:?}"),
+    };
+    greeted(&conn, &side, &sink, "socket, event channel");
+    let _ = done.send(());
+    server.join().expect("server thread").expect("server");
+}
+
+/// What `connect_with_recvs` is for: the same server, a client that connects without
+/// receives and posts its receive only after connecting (here a little later, as any
+/// application may be): the greeting found no buffer and the connection ended.
+#[test]
+fn socket_receive_posted_after_the_connect_can_be_too_late() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let conn = datapath::connect(addr, &side.pd, &side.cq, &p2p(1), &[]).expect("connect");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = conn.qp.post_recv(recv(&sink));
+    let deadline = Instant::now() + WAIT;
+    while conn.qp.status().error.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = conn.qp.status();
+    assert!(
+        st.error.is_some(),
+        "a Send with no receive posted must end the connection: {st:?}"
+    );
+    let _ = done.send(());
+    let _ = server.join();
+}
+
+/// More receives than the receive queue holds fail the connect, naming the depth.
+#[test]
+fn socket_connect_with_more_receives_than_the_queue_holds_fails() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let res = datapath::connect_with_recvs(
+        addr,
+        &side.pd,
+        &side.cq,
+        &p2p(1),
+        &[],
+        vec![recv(&sink), recv(&sink)],
+    );
+    assert!(
+        matches!(res, Err(DatapathError::RecvQueueFull { depth: 1 })),
+        "{:?}",
+        res.map(|_| ())
+    );
+    let _ = done.send(());
+    let _ = server.join();
+}
+
+#[test]
+fn engine_receive_posted_with_the_connect_takes_the_first_send() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_661;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, p2p(4))?;
+        greet(req, done_rx)
+    });
+    ready_rx.recv_timeout(WAIT).expect("server listening");
+    let client = spawn_in_ns(NS_A, move || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+        let side = Side::new();
+        let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+        let conn = engine
+            .connect_with_recvs(
+                SocketAddr::from((ADDR_B, PORT)),
+                &side.pd,
+                &side.cq,
+                &p2p(1),
+                &[],
+                vec![recv(&sink)],
+            )
+            .expect("connect");
+        greeted(&conn, &side, &sink, "engine");
+        conn.qp
+            .post_recv(recv(&sink))
+            .expect("a receive in the freed place");
+        let _ = done_tx.send(());
+        drop(conn);
+        drop(engine);
+    });
+    let client = client.join();
+    server.join().expect("server thread").expect("server");
+    client.expect("engine side");
+}
