@@ -17,7 +17,7 @@ use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, Listener, MemoryRegion, MpaConfig, RecvWr, WcOpcode, WcStatus,
+    Device, Listener, MemoryRegion, MpaConfig, RecvWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A};
 
@@ -40,9 +40,9 @@ fn greeting() -> Vec<u8> {
     (0..LEN as u8).map(|i| i ^ 0x5a).collect()
 }
 
-/// Accepts `req` and posts the greeting at once, the Send's completion waited for; holds the
-/// connection until `done`.
-fn greet(req: ConnectRequest, done: mpsc::Receiver<()>) -> Result<(), String> {
+/// Accepts `req` and, if `greets`, posts the greeting at once; holds the connection until
+/// `done`.
+fn greet(req: ConnectRequest, greets: bool, done: mpsc::Receiver<()>) -> Result<(), String> {
     let side = Side::new();
     let src = side
         .pd
@@ -52,9 +52,11 @@ fn greet(req: ConnectRequest, done: mpsc::Receiver<()>) -> Result<(), String> {
     let conn = req
         .accept(&side.pd, &side.cq, &[])
         .map_err(|e| format!("accept: {e}"))?;
-    conn.qp
-        .post_send(send_wr(1, &src, LEN))
-        .map_err(|e| format!("post the greeting: {e}"))?;
+    if greets {
+        conn.qp
+            .post_send(send_wr(1, &src, LEN))
+            .map_err(|e| format!("post the greeting: {e}"))?;
+    }
     let _ = done.recv_timeout(WAIT);
     drop(conn);
     Ok(())
@@ -83,8 +85,11 @@ fn greeted(conn: &Connection, side: &Side, sink: &MemoryRegion, what: &str) {
     assert_eq!(conn.qp.status().error, None, "{what}");
 }
 
-/// Listens on loopback with peer-to-peer setup; the server greets the first connection.
-fn greeting_server() -> (
+/// Listens on loopback with peer-to-peer setup; the server accepts the first connection
+/// request and greets it if `greets`.
+fn server(
+    greets: bool,
+) -> (
     SocketAddr,
     mpsc::Sender<()>,
     std::thread::JoinHandle<Result<(), String>>,
@@ -97,14 +102,14 @@ fn greeting_server() -> (
             .accept_timeout(WAIT)
             .map_err(|e| e.to_string())?
             .ok_or("no connection request")?;
-        greet(req, done_rx)
+        greet(req, greets, done_rx)
     });
     (addr, done_tx, server)
 }
 
 #[test]
 fn socket_receive_posted_with_the_connect_takes_the_first_send() {
-    let (addr, done, server) = greeting_server();
+    let (addr, done, server) = server(true);
     let side = Side::new();
     let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
     let conn =
@@ -123,7 +128,7 @@ fn socket_receive_posted_with_the_connect_takes_the_first_send() {
 /// `Established` event, as before the greeting.
 #[test]
 fn socket_connect_async_with_recvs_takes_the_first_send() {
-    let (addr, done, server) = greeting_server();
+    let (addr, done, server) = server(true);
     let side = Side::new();
     let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
     let channel = CmEventChannel::new().expect("event channel");
@@ -152,16 +157,13 @@ fn socket_connect_async_with_recvs_takes_the_first_send() {
 }
 
 /// What `connect_with_recvs` is for: the same server, a client that connects without
-/// receives and posts its receive only after connecting (here a little later, as any
-/// application may be): the greeting found no buffer and the connection ended.
+/// receives and has not posted one yet when the greeting arrives (any application may be that
+/// late; this one never posts): the greeting finds no buffer and the connection ends.
 #[test]
 fn socket_receive_posted_after_the_connect_can_be_too_late() {
-    let (addr, done, server) = greeting_server();
+    let (addr, done, server) = server(true);
     let side = Side::new();
-    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
     let conn = datapath::connect(addr, &side.pd, &side.cq, &p2p(1), &[]).expect("connect");
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = conn.qp.post_recv(recv(&sink));
     let deadline = Instant::now() + WAIT;
     while conn.qp.status().error.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -175,27 +177,56 @@ fn socket_receive_posted_after_the_connect_can_be_too_late() {
     let _ = server.join();
 }
 
-/// More receives than the receive queue holds fail the connect, naming the depth.
+/// Receives the connect cannot post fail it before the peer sees a connection: more than the
+/// receive queue holds (naming the depth), or any with a shared receive queue. The server's one
+/// accept then goes to the next, sound connect, which it greets.
 #[test]
-fn socket_connect_with_more_receives_than_the_queue_holds_fails() {
-    let (addr, done, server) = greeting_server();
+fn socket_connect_with_receives_it_cannot_post_fails_first() {
+    let (addr, done, server) = server(true);
     let side = Side::new();
     let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-    let res = datapath::connect_with_recvs(
-        addr,
-        &side.pd,
-        &side.cq,
-        &p2p(1),
-        &[],
-        vec![recv(&sink), recv(&sink)],
-    );
+    let too_many = vec![recv(&sink), recv(&sink)];
+    let res = datapath::connect_with_recvs(addr, &side.pd, &side.cq, &p2p(1), &[], too_many);
     assert!(
         matches!(res, Err(DatapathError::RecvQueueFull { depth: 1 })),
         "{:?}",
         res.map(|_| ())
     );
+    let with_srq = ConnectParams {
+        srq: Some(SharedReceiveQueue::new(&side.pd, 4).expect("srq")),
+        ..p2p(1)
+    };
+    let one = vec![recv(&sink)];
+    let res = datapath::connect_with_recvs(addr, &side.pd, &side.cq, &with_srq, &[], one);
+    assert!(
+        matches!(res, Err(DatapathError::InvalidArgument(_))),
+        "{:?}",
+        res.map(|_| ())
+    );
+    let one = vec![recv(&sink)];
+    let conn =
+        datapath::connect_with_recvs(addr, &side.pd, &side.cq, &p2p(1), &[], one).expect("connect");
+    greeted(&conn, &side, &sink, "socket, after the refusals");
     let _ = done.send(());
-    let _ = server.join();
+    server.join().expect("server thread").expect("server");
+}
+
+/// Receives posted with the connect count against the receive queue's depth from the start:
+/// with the queue filled by them, a further post fails at once.
+#[test]
+fn socket_receives_posted_with_the_connect_count_against_the_depth() {
+    let (addr, done, server) = server(false);
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let two = vec![recv(&sink), recv(&sink)];
+    let conn =
+        datapath::connect_with_recvs(addr, &side.pd, &side.cq, &p2p(2), &[], two).expect("connect");
+    match conn.qp.post_recv(recv(&sink)) {
+        Err(DatapathError::RecvQueueFull { depth: 2 }) => {}
+        other => panic!("a third receive in a queue of two: {other:?}"),
+    }
+    let _ = done.send(());
+    server.join().expect("server thread").expect("server");
 }
 
 #[test]
@@ -206,16 +237,25 @@ fn engine_receive_posted_with_the_connect_takes_the_first_send() {
     let (done_tx, done_rx) = mpsc::channel();
     let server = std::thread::spawn(move || -> Result<(), String> {
         let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, p2p(4))?;
-        greet(req, done_rx)
+        greet(req, true, done_rx)
     });
     ready_rx.recv_timeout(WAIT).expect("server listening");
     let client = spawn_in_ns(NS_A, move || {
         let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
         let side = Side::new();
         let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+        let server_addr = SocketAddr::from((ADDR_B, PORT));
+        let too_many = vec![recv(&sink), recv(&sink)];
+        let res =
+            engine.connect_with_recvs(server_addr, &side.pd, &side.cq, &p2p(1), &[], too_many);
+        assert!(
+            matches!(res, Err(DatapathError::RecvQueueFull { depth: 1 })),
+            "{:?}",
+            res.map(|_| ())
+        );
         let conn = engine
             .connect_with_recvs(
-                SocketAddr::from((ADDR_B, PORT)),
+                server_addr,
                 &side.pd,
                 &side.cq,
                 &p2p(1),
@@ -229,6 +269,48 @@ fn engine_receive_posted_with_the_connect_takes_the_first_send() {
             .expect("a receive in the freed place");
         let _ = done_tx.send(());
         drop(conn);
+        drop(engine);
+    });
+    let client = client.join();
+    server.join().expect("server thread").expect("server");
+    client.expect("engine side");
+}
+
+/// A connect the peer rejects fails, and the receives posted with it, flushed with a queue pair
+/// the application never got, complete on no completion queue (the socket transport never
+/// posts them; the engine's queue pair held them from before the SYN).
+#[test]
+fn engine_rejected_connect_leaves_no_completions() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_662;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, p2p(4))?;
+        req.reject(b"no").map_err(|e| e.to_string())
+    });
+    ready_rx.recv_timeout(WAIT).expect("server listening");
+    let client = spawn_in_ns(NS_A, move || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+        let side = Side::new();
+        let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+        let res = engine.connect_with_recvs(
+            SocketAddr::from((ADDR_B, PORT)),
+            &side.pd,
+            &side.cq,
+            &p2p(1),
+            &[],
+            vec![recv(&sink)],
+        );
+        assert!(
+            matches!(res, Err(DatapathError::Rejected { .. })),
+            "{:?}",
+            res.map(|_| ())
+        );
+        let stray = side.cq.wait(Duration::from_millis(500));
+        assert!(
+            stray.is_none(),
+            "a completion of a rejected connect: {stray:?}"
+        );
         drop(engine);
     });
     let client = client.join();

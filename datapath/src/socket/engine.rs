@@ -138,7 +138,8 @@ pub(super) fn start_engine(
         }
     }
     let shared = Shared::new(qp.state());
-    // Receives posted at accept count against the receive queue from the start.
+    // Receives posted with the connect or accept count against the receive queue from the
+    // start.
     let account = QueueAccount::default();
     account.publish(&qp, &shared);
     let (sq_depth, rq_depth) = (qp.config().sq_depth, qp.config().rq_depth);

@@ -30,8 +30,8 @@ use rdmap::RecvWr;
 use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
-    recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing, ListenProvider,
-    ListenRecord, Listener, PendingProvider,
+    check_initial_recvs, recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing,
+    ListenProvider, ListenRecord, Listener, PendingProvider,
 };
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::{Agreed, QueuePair};
@@ -527,6 +527,8 @@ impl PendingProvider for SocketPending {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
+        // Checked before the Reply: the receives are posted once the connection is up.
+        check_initial_recvs(params, pd, &recvs)?;
         if matches!(self.answer, Answer::Ift { .. }) && !private_data.is_empty() {
             return Err(DatapathError::InvalidArgument(
                 "IFT framing carries no private data",

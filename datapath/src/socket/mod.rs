@@ -20,7 +20,7 @@ use mpa::InitiatorEvent;
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
-use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Connection, Framing};
+use crate::verbs::cm::{check_initial_recvs, with_fresh_vtag, ConnectParams, Connection, Framing};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::Agreed;
 use crate::DatapathError;
@@ -46,6 +46,8 @@ pub fn connect_with_recvs(
     private_data: &[u8],
     recvs: Vec<RecvWr>,
 ) -> Result<Connection, DatapathError> {
+    // They are posted once the connection is up: a refusal must come before the peer has one.
+    check_initial_recvs(params, pd, &recvs)?;
     if let Framing::Ift(cfg) = &params.framing {
         return connect_ift(addr, pd, cq, params, cfg, private_data, recvs);
     }

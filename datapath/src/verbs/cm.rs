@@ -13,13 +13,41 @@ use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::qp::QueuePair;
+use crate::verbs::qp::{post_initial_recvs, QueuePair};
 use crate::verbs::srq::SharedReceiveQueue;
 use crate::DatapathError;
 
 /// The largest [`ConnectParams::backlog`] a listener takes (`Device::listen` refuses more
 /// with [`DatapathError::InvalidArgument`]).
 pub const MAX_BACKLOG: usize = 1 << 16;
+
+/// Checks `recvs` as [`post_initial_recvs`] will post them into a queue pair of `params` in
+/// `pd`, before there is one: a transport that posts them only once its connection is up
+/// (the socket transport, after the MPA exchange) checks first, so that a refusal costs the
+/// peer no connection. Receives with a shared receive queue (`params.srq`) are refused.
+pub(crate) fn check_initial_recvs(
+    params: &ConnectParams,
+    pd: &ProtectionDomain,
+    recvs: &[RecvWr],
+) -> Result<(), DatapathError> {
+    if recvs.is_empty() {
+        return Ok(());
+    }
+    if params.srq.is_some() {
+        return Err(DatapathError::InvalidArgument(
+            "the queue pair takes its receives from the shared receive queue: post them there",
+        ));
+    }
+    let mut qp = rdmap::QueuePair::new(rdmap::QpConfig {
+        pd: pd.id,
+        sq_depth: params.sq_depth,
+        rq_depth: params.rq_depth,
+        ird: params.mpa.ird,
+        ord: params.mpa.ord,
+        extensions: params.rdmap_extensions,
+    });
+    post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs.to_vec())
+}
 
 /// Parameters of a connection: MPA negotiation and queue sizes.
 #[derive(Debug, Clone)]

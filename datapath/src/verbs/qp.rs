@@ -84,8 +84,9 @@ impl Drop for PostUnderWay<'_> {
 /// counts against its queue's depth from the moment it is posted until the published count
 /// passes it ([`QueuePair::post_send`]), so a post to a full queue fails at once
 /// ([`DatapathError::SendQueueFull`], verbs' `ENOMEM`) and the channel never holds more work
-/// requests than the depths allow. The counts wrap: receives posted at accept
-/// (`accept_with_recvs`) are in the queue pair without having been taken, and the
+/// requests than the depths allow. The counts wrap: receives posted with the connect or accept
+/// (`connect_with_recvs`, `accept_with_recvs`) are in the queue pair without having been
+/// taken, and the
 /// application's posted count less the published one is then what the channel and the queue
 /// pair hold, exactly.
 #[derive(Debug, Default)]

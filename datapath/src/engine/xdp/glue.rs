@@ -491,8 +491,8 @@ impl TcpApp for App<'_> {
                         many.clone(),
                     ));
                     let qp_cfg = *slot.conn.qp().config();
-                    // Receives posted at accept count against the receive queue from the
-                    // start.
+                    // Receives posted with the connect or accept count against the receive
+                    // queue from the start.
                     slot.account.publish(slot.conn.qp(), &slot.shared);
                     let parts = QpParts {
                         num: slot.num,
@@ -512,8 +512,10 @@ impl TcpApp for App<'_> {
                         Waiter::None => false,
                     };
                     if !taken {
-                        // The application gave up waiting: nobody will use this connection.
+                        // The application gave up waiting: nobody will use this connection,
+                        // nor see the receives it posted with the call complete.
                         slot.cmds = None;
+                        slot.cq = None;
                         slot.closing = true;
                         slot.conn.close();
                     }

@@ -82,13 +82,18 @@ impl Slot {
         self.shared.set_error(error, terminate);
     }
 
+    /// Fails the connect or accept waiting for this connection. The application never gets
+    /// its queue pair, so the receives it posted with the call (`connect_with_recvs`,
+    /// `accept_with_recvs`), flushed with the queue pair, complete on no completion queue.
     pub(super) fn fail_waiter(&mut self, e: DatapathError) {
         match std::mem::replace(&mut self.waiter, Waiter::None) {
             Waiter::None => {}
             Waiter::Connect(tx) => {
+                self.cq = None;
                 let _ = tx.send(Err(e));
             }
             Waiter::Accept(tx) => {
+                self.cq = None;
                 let _ = tx.send(Err(e));
             }
         }
