@@ -28,6 +28,14 @@ pub enum DatapathError {
     /// A local argument was invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// A work request refused by itself, before any memory or queue was looked at (verbs'
+    /// `EINVAL` from `ibv_post_send` / `ibv_post_recv`): an operation that cannot be posted
+    /// inline, an extension's opcode without the RFC 7306 extensions, a Read with more than one
+    /// sink element, an Atomic whose sink is not one 64-bit word, Immediate Data with a
+    /// payload, a receive on a queue pair that takes its receives from a shared receive queue.
+    /// Nothing was queued.
+    #[error("work request refused: {0}")]
+    InvalidWorkRequest(#[source] rdmap::RdmapError),
     /// Memory for a region could not be allocated.
     #[error("could not allocate {0} bytes")]
     OutOfMemory(usize),

@@ -77,8 +77,8 @@ pub use error::{DatapathError, PostListError, QpError};
 pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{
-    Access, AtomicOp, InlineData, InlineSendWr, InlineTooLong, QpState, RecvWr, SendOp, SendWr,
-    Sge, SgeList, Stag, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE_DATA, MAX_SGE,
+    Access, AtomicOp, InlineData, InlineSendWr, InlineTooLong, QpState, RdmapError, RecvWr, SendOp,
+    SendWr, Sge, SgeList, Stag, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE_DATA, MAX_SGE,
 };
 pub use socket::{connect, connect_with_recvs};
 pub use verbs::cm::{

@@ -14,12 +14,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
-use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
     Device, Listener, MemoryRegion, MpaConfig, RecvWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
-use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A};
+use testbed::{bed_or_skip, ADDR_B};
 
 /// Octets of the server's greeting.
 const LEN: usize = 64;
@@ -233,15 +232,12 @@ fn socket_receives_posted_with_the_connect_count_against_the_depth() {
 fn engine_receive_posted_with_the_connect_takes_the_first_send() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 19_661;
-    let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
-    let server = std::thread::spawn(move || -> Result<(), String> {
-        let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, p2p(4))?;
+    let server = move |ready| {
+        let req = bed::listen_in_b_with(PORT, &ready, WAIT, p2p(4))?;
         greet(req, true, done_rx)
-    });
-    ready_rx.recv_timeout(WAIT).expect("server listening");
-    let client = spawn_in_ns(NS_A, move || {
-        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+    };
+    bed::engine_against(server, move |engine| {
         let side = Side::new();
         let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
         let server_addr = SocketAddr::from((ADDR_B, PORT));
@@ -253,27 +249,16 @@ fn engine_receive_posted_with_the_connect_takes_the_first_send() {
             "{:?}",
             res.map(|_| ())
         );
+        let one = vec![recv(&sink)];
         let conn = engine
-            .connect_with_recvs(
-                server_addr,
-                &side.pd,
-                &side.cq,
-                &p2p(1),
-                &[],
-                vec![recv(&sink)],
-            )
+            .connect_with_recvs(server_addr, &side.pd, &side.cq, &p2p(1), &[], one)
             .expect("connect");
         greeted(&conn, &side, &sink, "engine");
         conn.qp
             .post_recv(recv(&sink))
             .expect("a receive in the freed place");
         let _ = done_tx.send(());
-        drop(conn);
-        drop(engine);
     });
-    let client = client.join();
-    server.join().expect("server thread").expect("server");
-    client.expect("engine side");
 }
 
 /// A connect the peer rejects fails, and the receives posted with it, flushed with a queue pair
@@ -283,24 +268,16 @@ fn engine_receive_posted_with_the_connect_takes_the_first_send() {
 fn engine_rejected_connect_leaves_no_completions() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 19_662;
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let server = std::thread::spawn(move || -> Result<(), String> {
-        let req = bed::listen_in_b_with(PORT, &ready_tx, WAIT, p2p(4))?;
+    let server = move |ready| {
+        let req = bed::listen_in_b_with(PORT, &ready, WAIT, p2p(4))?;
         req.reject(b"no").map_err(|e| e.to_string())
-    });
-    ready_rx.recv_timeout(WAIT).expect("server listening");
-    let client = spawn_in_ns(NS_A, move || {
-        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+    };
+    bed::engine_against(server, move |engine| {
         let side = Side::new();
         let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-        let res = engine.connect_with_recvs(
-            SocketAddr::from((ADDR_B, PORT)),
-            &side.pd,
-            &side.cq,
-            &p2p(1),
-            &[],
-            vec![recv(&sink)],
-        );
+        let one = vec![recv(&sink)];
+        let server_addr = SocketAddr::from((ADDR_B, PORT));
+        let res = engine.connect_with_recvs(server_addr, &side.pd, &side.cq, &p2p(1), &[], one);
         assert!(
             matches!(res, Err(DatapathError::Rejected { .. })),
             "{:?}",
@@ -311,9 +288,5 @@ fn engine_rejected_connect_leaves_no_completions() {
             stray.is_none(),
             "a completion of a rejected connect: {stray:?}"
         );
-        drop(engine);
     });
-    let client = client.join();
-    server.join().expect("server thread").expect("server");
-    client.expect("engine side");
 }

@@ -250,6 +250,57 @@ pub struct InlineSendWr {
     pub signaled: bool,
 }
 
+impl SendWr {
+    /// The checks of the request by itself, before any memory or queue is looked at (what
+    /// verbs' `ibv_post_send` refuses with `EINVAL`): an extension's opcode needs the RFC 7306
+    /// extensions on (`extensions`, [`RdmapError::ExtensionsOff`]); a Read names one sink
+    /// (RFC 5040 4.4: one Data Sink STag and TO, [`RdmapError::ReadSinkNotContiguous`]); an
+    /// Atomic's sink is one 64-bit word (RFC 7306 5.1, [`RdmapError::AtomicSink`]); an
+    /// Immediate Data message carries no payload (RFC 7306 Figure 3,
+    /// [`RdmapError::ImmediatePayload`]).
+    pub fn check_shape(&self, extensions: bool) -> Result<(), RdmapError> {
+        if self.op.is_extension() && !extensions {
+            return Err(RdmapError::ExtensionsOff);
+        }
+        let pieces = || self.sg_list.as_slice().iter().filter(|s| s.len > 0).count();
+        match self.op {
+            SendOp::Read { .. } if pieces() > 1 => Err(RdmapError::ReadSinkNotContiguous),
+            SendOp::Atomic { .. } if pieces() != 1 || self.sg_list.total_len() != 8 => {
+                Err(RdmapError::AtomicSink {
+                    len: self.sg_list.total_len(),
+                })
+            }
+            SendOp::Immediate { .. } if self.sg_list.total_len() != 0 => {
+                Err(RdmapError::ImmediatePayload {
+                    len: self.sg_list.total_len(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl InlineSendWr {
+    /// The checks of the request by itself ([`SendWr::check_shape`]): only a Send or an RDMA
+    /// Write (with Immediate Data or not) carries its payload inline
+    /// ([`RdmapError::NotInlinable`]).
+    pub fn check_shape(&self, extensions: bool) -> Result<(), RdmapError> {
+        match self.op {
+            SendOp::Send { .. }
+            | SendOp::Write { .. }
+            | SendOp::SendImmediate { .. }
+            | SendOp::WriteImmediate { .. } => {}
+            SendOp::Read { .. } | SendOp::Atomic { .. } | SendOp::Immediate { .. } => {
+                return Err(RdmapError::NotInlinable)
+            }
+        }
+        if self.op.is_extension() && !extensions {
+            return Err(RdmapError::ExtensionsOff);
+        }
+        Ok(())
+    }
+}
+
 /// A receive queue work request: one untagged buffer for one inbound Send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
@@ -986,39 +1037,12 @@ impl QueuePair {
         if self.slots.len() >= self.cfg.sq_depth {
             return Err(RdmapError::SendQueueFull);
         }
-        let opcode = wr.op.wc_opcode();
+        wr.check_shape(self.cfg.extensions)?;
         // A Read's or an Atomic's local element is where the answer lands.
         let needed = match wr.op {
             SendOp::Read { .. } | SendOp::Atomic { .. } => Access::LOCAL_WRITE,
             _ => Access::NONE,
         };
-        if wr.op.is_extension() && !self.cfg.extensions {
-            return Err(RdmapError::ExtensionsOff);
-        }
-        if opcode == WcOpcode::Read
-            && wr.sg_list.as_slice().iter().filter(|s| s.len > 0).count() > 1
-        {
-            // RFC 5040 4.4: a Read Request names one Data Sink STag and TO.
-            return Err(RdmapError::ReadSinkNotContiguous);
-        }
-        match wr.op {
-            SendOp::Atomic { .. } => {
-                // RFC 7306 5.1: the original value is one 64-bit word.
-                let pieces = wr.sg_list.as_slice().iter().filter(|s| s.len > 0).count();
-                if pieces != 1 || wr.sg_list.total_len() != 8 {
-                    return Err(RdmapError::AtomicSink {
-                        len: wr.sg_list.total_len(),
-                    });
-                }
-            }
-            SendOp::Immediate { .. } if wr.sg_list.total_len() != 0 => {
-                // RFC 7306 Figure 3: no ULP payload in an Immediate Data message.
-                return Err(RdmapError::ImmediatePayload {
-                    len: wr.sg_list.total_len(),
-                });
-            }
-            _ => {}
-        }
         self.check_local(&wr.sg_list, needed, mem)?;
         let total = wr.sg_list.total_len();
         self.enqueue_send(wr, total, false);
@@ -1034,18 +1058,7 @@ impl QueuePair {
         if self.slots.len() >= self.cfg.sq_depth {
             return Err(RdmapError::SendQueueFull);
         }
-        match wr.op {
-            SendOp::Send { .. }
-            | SendOp::Write { .. }
-            | SendOp::SendImmediate { .. }
-            | SendOp::WriteImmediate { .. } => {}
-            SendOp::Read { .. } | SendOp::Atomic { .. } | SendOp::Immediate { .. } => {
-                return Err(RdmapError::NotInlinable)
-            }
-        }
-        if wr.op.is_extension() && !self.cfg.extensions {
-            return Err(RdmapError::ExtensionsOff);
-        }
+        wr.check_shape(self.cfg.extensions)?;
         let send = SendWr {
             wr_id: wr.wr_id,
             op: wr.op,
@@ -1184,6 +1197,12 @@ impl QueuePair {
     fn rtr_sink_posted(&self) -> usize {
         // The RTR sink, if any, is the front buffer; it is delivered before any other.
         usize::from(self.rtr_sink_pending)
+    }
+
+    /// True if a shared receive queue gives this queue pair its receive buffers
+    /// ([`QueuePair::attach_srq`]).
+    pub fn has_srq(&self) -> bool {
+        self.srq.is_some()
     }
 
     /// The queue pair's parameters.

@@ -143,6 +143,7 @@ pub(super) fn start_engine(
     let account = QueueAccount::default();
     account.publish(&qp, &shared);
     let (sq_depth, rq_depth) = (qp.config().sq_depth, qp.config().rq_depth);
+    let (srq, extensions) = (qp.has_srq(), qp.config().extensions);
     let engine = Engine {
         stream,
         poll,
@@ -184,6 +185,8 @@ pub(super) fn start_engine(
         thread: Some(thread),
         sq_depth,
         rq_depth,
+        srq,
+        extensions,
     }))
 }
 

@@ -345,6 +345,10 @@ pub struct QueuePair {
     thread: Option<JoinHandle<()>>,
     sq_depth: usize,
     rq_depth: usize,
+    /// Receives come from a shared receive queue: `post_recv` refuses them.
+    srq: bool,
+    /// The RFC 7306 extensions are on: their opcodes may be posted.
+    extensions: bool,
     /// Send and receive work requests posted (see [`QueueAccount`]).
     sends_posted: AtomicU64,
     recvs_posted: AtomicU64,
@@ -407,6 +411,10 @@ pub(crate) struct QpParts {
     /// The queue pair's send and receive queue depths ([`rdmap::QpConfig`]).
     pub(crate) sq_depth: usize,
     pub(crate) rq_depth: usize,
+    /// The queue pair takes its receives from a shared receive queue.
+    pub(crate) srq: bool,
+    /// The RDMAP extensions of RFC 7306 are on ([`rdmap::QpConfig::extensions`]).
+    pub(crate) extensions: bool,
 }
 
 /// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
@@ -429,6 +437,8 @@ impl QueuePair {
             thread: p.thread,
             sq_depth: p.sq_depth,
             rq_depth: p.rq_depth,
+            srq: p.srq,
+            extensions: p.extensions,
             sends_posted: AtomicU64::new(0),
             recvs_posted: AtomicU64::new(0),
         }
@@ -512,7 +522,10 @@ impl QueuePair {
     /// ([`ConnectParams::sq_depth`](crate::ConnectParams::sq_depth) work requests posted and
     /// not yet completed) fails the post with [`DatapathError::SendQueueFull`] and queues
     /// nothing (`ibv_post_send`'s `ENOMEM`); a request leaves the queue when its completion
-    /// reaches the completion queue (an unsignaled one when it would have). Other local
+    /// reaches the completion queue (an unsignaled one when it would have). A request wrong
+    /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
+    /// extensions, a Read with more than one sink element, ...) fails the post with
+    /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
     /// errors (bad local STag, queue pair not ready) come back as an error completion. Once
     /// the transport has finished with the connection, posts fail with
     /// [`DatapathError::Disconnected`] and nothing is queued; a request accepted before that
@@ -521,16 +534,20 @@ impl QueuePair {
     /// and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
+        wr.check_shape(self.extensions)
+            .map_err(DatapathError::InvalidWorkRequest)?;
         self.command(Cmd::Send(wr))
     }
 
     /// Posts a Send or RDMA Write that carries its payload itself (`ibv_post_send` with
     /// `IBV_SEND_INLINE`): the octets were copied into [`InlineSendWr::data`], so the
     /// application's buffer is free again as soon as this returns, and it need not be
-    /// registered. A Read, an Atomic or a lone Immediate Data message completes with
-    /// [`WcStatus::LocalQpOperationError`] (they carry no payload).
+    /// registered. A Read, an Atomic or a lone Immediate Data message (they carry no payload to
+    /// inline) fails the post with [`DatapathError::InvalidWorkRequest`] and queues nothing.
     pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
+        wr.check_shape(self.extensions)
+            .map_err(DatapathError::InvalidWorkRequest)?;
         self.command(Cmd::SendInline(wr))
     }
 
@@ -549,7 +566,11 @@ impl QueuePair {
         let mut posted = 0;
         for wr in wrs {
             // Through the gate one by one: the transport never waits on the caller's iterator.
-            if let Err(source) = self.queue(Cmd::Send(wr)) {
+            let queued = wr
+                .check_shape(self.extensions)
+                .map_err(DatapathError::InvalidWorkRequest)
+                .and_then(|()| self.queue(Cmd::Send(wr)));
+            if let Err(source) = queued {
                 if posted > 0 {
                     // Those queued before are the transport's to run.
                     let _ = self.waker.wake();
@@ -568,10 +589,18 @@ impl QueuePair {
     /// Posts a receive buffer for incoming Sends. Fails, or completes, as
     /// [`QueuePair::post_send`] says; a full receive queue
     /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
-    /// yet used) with [`DatapathError::RecvQueueFull`]. A Send that reaches the transport
-    /// after this returns finds the receive in place, however the peer heard of it (both
-    /// transports take queued work requests before they place a connection's received data).
+    /// yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose receives come from
+    /// a shared receive queue ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it
+    /// with [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the
+    /// shared queue instead). A Send that reaches the transport after this returns finds the
+    /// receive in place, however the peer heard of it (both transports take queued work
+    /// requests before they place a connection's received data).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        if self.srq {
+            return Err(DatapathError::InvalidWorkRequest(
+                rdmap::RdmapError::SrqAttached,
+            ));
+        }
         self.command(Cmd::Recv(wr))
     }
 

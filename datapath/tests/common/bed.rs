@@ -264,3 +264,21 @@ pub fn against<T: Send + 'static>(
     s.unwrap_or_else(|e| panic!("server: {e}"));
     c
 }
+
+/// [`against`] with the client on an engine: `client` runs on a thread in `iwa` with an engine
+/// started on [`DEV_A`], after `server` said it is ready; a panic on either side fails the test.
+pub fn engine_against<T: Send + 'static>(
+    server: impl FnOnce(Sender<()>) -> Result<(), String> + Send + 'static,
+    client: impl FnOnce(&XdpEngine) -> T + Send + 'static,
+) -> T {
+    against(
+        server,
+        move || {
+            enter_ns(NS_A).map_err(|e| e.to_string())?;
+            let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
+                .map_err(|e| format!("engine on {DEV_A}: {e}"))?;
+            Ok(client(&engine))
+        },
+        crate::common::WAIT,
+    )
+}

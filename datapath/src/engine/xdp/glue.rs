@@ -505,6 +505,8 @@ impl TcpApp for App<'_> {
                         thread: None,
                         sq_depth: qp_cfg.sq_depth,
                         rq_depth: qp_cfg.rq_depth,
+                        srq: slot.conn.qp().has_srq(),
+                        extensions: qp_cfg.extensions,
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
                         Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),

@@ -1,0 +1,195 @@
+//! Work requests wrong by themselves fail the post at once, as verbs' `ibv_post_send` and
+//! `ibv_post_recv` fail with `EINVAL`, and queue nothing: `DatapathError::InvalidWorkRequest`
+//! naming the RDMAP check (an extension's opcode without the RFC 7306 extensions, a Read with
+//! two sink elements, an inline Read, an Atomic whose sink is not one 64-bit word, Immediate
+//! Data with a payload, a receive on a queue pair fed by a shared receive queue). The socket
+//! transport on loopback; the AF_XDP engine on the veth bed (root, `SKIPPED` without, a failure
+//! under `CI=true`): the handle learns the queue pair's settings from either transport.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{bed, establish_ok, params as loopback_params, ServerPlan, Side, WAIT};
+use datapath::{
+    Access, AtomicOp, CompletionQueue, ConnectParams, DatapathError, InlineData, InlineSendWr,
+    Listener, MemoryRegion, MpaConfig, QueuePair, RdmapError, RecvWr, SendOp, SendWr, SgeList,
+    SharedReceiveQueue, Stag,
+};
+use testbed::{bed_or_skip, ADDR_B};
+
+/// A signaled request of `op` over `sg_list`.
+fn wr(op: SendOp, sg_list: SgeList) -> SendWr {
+    SendWr {
+        wr_id: 9,
+        op,
+        sg_list,
+        signaled: true,
+    }
+}
+
+fn read() -> SendOp {
+    SendOp::Read {
+        remote_stag: Stag(0x100),
+        remote_to: 0,
+    }
+}
+
+fn fetch_add() -> SendOp {
+    SendOp::Atomic {
+        remote_stag: Stag(0x100),
+        remote_to: 0,
+        op: AtomicOp::FetchAdd { add: 1, mask: 0 },
+    }
+}
+
+/// `res` is the refusal `want`.
+fn refused(res: Result<(), DatapathError>, want: RdmapError, what: &str) {
+    match res {
+        Err(DatapathError::InvalidWorkRequest(e)) if e == want => {}
+        other => panic!("{what}: {other:?}, not the refusal {want:?}"),
+    }
+}
+
+/// The refusals of a queue pair without the extensions, its receives from a shared receive
+/// queue; nothing reaches the completion queue.
+fn plain_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
+    let two = SgeList::from_slice(&[sink.sge(0, 8), sink.sge(8, 8)]).expect("two elements");
+    refused(
+        qp.post_send(wr(read(), two)),
+        RdmapError::ReadSinkNotContiguous,
+        "a Read into two elements",
+    );
+    refused(
+        qp.post_send(wr(fetch_add(), sink.sge(0, 8).into())),
+        RdmapError::ExtensionsOff,
+        "an Atomic without the extensions",
+    );
+    let inline_read = InlineSendWr {
+        wr_id: 10,
+        op: read(),
+        data: InlineData::new(&[1, 2, 3]).expect("inline data"),
+        signaled: true,
+    };
+    refused(
+        qp.post_send_inline(inline_read),
+        RdmapError::NotInlinable,
+        "an inline Read",
+    );
+    match qp.post_send_list([wr(read(), two)]) {
+        Err(e) if e.posted == 0 => refused(
+            Err(e.source),
+            RdmapError::ReadSinkNotContiguous,
+            "a list's Read into two elements",
+        ),
+        other => panic!("a list of one refused request: {other:?}"),
+    }
+    let recv = RecvWr {
+        wr_id: 11,
+        sg_list: sink.sge(0, 8).into(),
+    };
+    refused(
+        qp.post_recv(recv),
+        RdmapError::SrqAttached,
+        "a receive on a queue pair fed by a shared receive queue",
+    );
+    let stray = cq.wait(Duration::from_millis(300));
+    assert!(stray.is_none(), "a refused request completed: {stray:?}");
+}
+
+/// The refusals of a queue pair with the extensions on.
+fn extension_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
+    refused(
+        qp.post_send(wr(fetch_add(), sink.sge(0, 4).into())),
+        RdmapError::AtomicSink { len: 4 },
+        "an Atomic into four octets",
+    );
+    let immediate = SendOp::Immediate {
+        solicited: false,
+        immediate: 7,
+    };
+    refused(
+        qp.post_send(wr(immediate, sink.sge(0, 8).into())),
+        RdmapError::ImmediatePayload { len: 8 },
+        "Immediate Data with a payload",
+    );
+    let stray = cq.wait(Duration::from_millis(300));
+    assert!(stray.is_none(), "a refused request completed: {stray:?}");
+}
+
+/// Our end's parameters: a shared receive queue of `pd` and the extensions off, or no shared
+/// receive queue and the extensions on.
+fn ours(base: ConnectParams, side: &Side, extensions: bool) -> ConnectParams {
+    ConnectParams {
+        srq: (!extensions).then(|| SharedReceiveQueue::new(&side.pd, 4).expect("srq")),
+        rdmap_extensions: extensions,
+        ..base
+    }
+}
+
+fn sink(side: &Side) -> MemoryRegion {
+    side.pd
+        .register(64, Access::LOCAL_WRITE)
+        .expect("a sink region")
+}
+
+#[test]
+fn socket_requests_wrong_by_themselves_fail_the_post() {
+    for extensions in [false, true] {
+        let listener = Listener::bind(common::any_port(), loopback_params(MpaConfig::default()))
+            .expect("listen");
+        let (client, server) = (Side::new(), Side::new());
+        let params = ours(loopback_params(MpaConfig::default()), &client, extensions);
+        let plan = ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        };
+        let (c, _s) = establish_ok(&listener, &client, &params, plan);
+        let sink = sink(&client);
+        if extensions {
+            extension_refusals(&c.qp, &client.cq, &sink);
+        } else {
+            plain_refusals(&c.qp, &client.cq, &sink);
+        }
+    }
+}
+
+#[test]
+fn engine_requests_wrong_by_themselves_fail_the_post() {
+    let _bed = bed_or_skip!();
+    for (port, extensions) in [(19_663u16, false), (19_664, true)] {
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let server = move |ready| {
+            let req = bed::listen_in_b(port, &ready, WAIT)?;
+            let side = Side::new();
+            let _conn = req
+                .accept(&side.pd, &side.cq, &[])
+                .map_err(|e| e.to_string())?;
+            let _ = done_rx.recv_timeout(WAIT);
+            Ok(())
+        };
+        bed::engine_against(server, move |engine| {
+            let side = Side::new();
+            let params = ours(bed::params(), &side, extensions);
+            let conn = engine
+                .connect(
+                    SocketAddr::from((ADDR_B, port)),
+                    &side.pd,
+                    &side.cq,
+                    &params,
+                    &[],
+                )
+                .expect("connect");
+            let sink = sink(&side);
+            if extensions {
+                extension_refusals(&conn.qp, &side.cq, &sink);
+            } else {
+                plain_refusals(&conn.qp, &side.cq, &sink);
+            }
+            let _ = done_tx.send(());
+        });
+    }
+}
