@@ -4,7 +4,8 @@
 //! two sink elements, an inline Read, an Atomic whose sink is not one 64-bit word, Immediate
 //! Data with a payload, a receive on a queue pair fed by a shared receive queue). The socket
 //! transport on loopback; the AF_XDP engine on the veth bed (root, `SKIPPED` without, a failure
-//! under `CI=true`): the handle learns the queue pair's settings from either transport.
+//! under `CI=true`): the handle learns the queue pair's settings from either transport, and
+//! reports them (`QueuePair::attr`, verbs' `ibv_query_qp`).
 
 mod common;
 
@@ -15,8 +16,8 @@ use std::time::Duration;
 use common::{bed, establish_ok, params as loopback_params, ServerPlan, Side, WAIT};
 use datapath::{
     Access, AtomicOp, CompletionQueue, ConnectParams, DatapathError, InlineData, InlineSendWr,
-    Listener, MemoryRegion, MpaConfig, QueuePair, RdmapError, RecvWr, SendOp, SendWr, SgeList,
-    SharedReceiveQueue, Stag,
+    Listener, MemoryRegion, MpaConfig, QpAttr, QpState, QueuePair, RdmapError, RecvWr, SendOp,
+    SendWr, SgeList, SharedReceiveQueue, Stag, MAX_INLINE_DATA, MAX_SGE,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -119,6 +120,26 @@ fn extension_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion)
     assert!(stray.is_none(), "a refused request completed: {stray:?}");
 }
 
+/// `qp`'s attributes are those `params` asked for (IRD and ORD as both ends offer them).
+fn check_attr(qp: &QueuePair, params: &ConnectParams, extensions: bool) {
+    let a = qp.attr();
+    let want = QpAttr {
+        state: QpState::Rts,
+        sq_depth: params.sq_depth,
+        rq_depth: if extensions { params.rq_depth } else { 0 },
+        max_sge: MAX_SGE,
+        max_inline_data: MAX_INLINE_DATA,
+        ird: params.mpa.ird,
+        ord: params.mpa.ord,
+        mulpdu: a.mulpdu,
+        srq: !extensions,
+        extensions,
+        peer: qp.peer_addr(),
+    };
+    assert_eq!(a, want);
+    assert!(a.mulpdu > 0 && a.mulpdu < 65536, "{a:?}");
+}
+
 /// Our end's parameters: a shared receive queue of `pd` and the extensions off, or no shared
 /// receive queue and the extensions on.
 fn ours(base: ConnectParams, side: &Side, extensions: bool) -> ConnectParams {
@@ -149,6 +170,7 @@ fn socket_requests_wrong_by_themselves_fail_the_post() {
         };
         let (c, _s) = establish_ok(&listener, &client, &params, plan);
         let sink = sink(&client);
+        check_attr(&c.qp, &params, extensions);
         if extensions {
             extension_refusals(&c.qp, &client.cq, &sink);
         } else {
@@ -184,6 +206,7 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
                 )
                 .expect("connect");
             let sink = sink(&side);
+            check_attr(&conn.qp, &params, extensions);
             if extensions {
                 extension_refusals(&conn.qp, &side.cq, &sink);
             } else {

@@ -14,6 +14,7 @@ use crossbeam_channel::{Receiver, Sender};
 use mpa::Negotiated;
 use rdmap::{
     InlineSendWr, QpState, RecvWr, SendWr, TerminateInfo, WcOpcode, WcStatus, WorkCompletion,
+    MAX_INLINE_DATA, MAX_SGE,
 };
 
 use crate::probe::{self, Mark};
@@ -354,6 +355,38 @@ pub struct QueuePair {
     recvs_posted: AtomicU64,
 }
 
+/// A queue pair's attributes and capabilities, as `ibv_query_qp` reports them
+/// ([`QueuePair::attr`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpAttr {
+    /// The RDMAP state (`qp_state`).
+    pub state: QpState,
+    /// Send queue depth (`cap.max_send_wr`).
+    pub sq_depth: usize,
+    /// Receive queue depth (`cap.max_recv_wr`); 0 on a queue pair fed by a shared receive
+    /// queue, which takes no receives of its own.
+    pub rq_depth: usize,
+    /// Elements per scatter/gather list (`cap.max_send_sge`, `cap.max_recv_sge`): [`MAX_SGE`];
+    /// a Read's sink is one (`max_sge_rd`).
+    pub max_sge: usize,
+    /// Octets a Send or Write may carry inline (`cap.max_inline_data`): [`MAX_INLINE_DATA`].
+    pub max_inline_data: usize,
+    /// Our IRD: Read and Atomic Requests the peer may have outstanding at us
+    /// (`max_dest_rd_atomic`).
+    pub ird: u16,
+    /// Our ORD: Read and Atomic Requests we may have outstanding at the peer
+    /// (`max_rd_atomic`).
+    pub ord: u16,
+    /// The largest DDP segment this connection sends (RFC 5044 4.5; what `path_mtu` stands for).
+    pub mulpdu: usize,
+    /// Receives come from a shared receive queue (`init_attr.srq`).
+    pub srq: bool,
+    /// The RDMAP extensions of RFC 7306 (Atomics, Immediate Data) are on.
+    pub extensions: bool,
+    /// The peer's address.
+    pub peer: SocketAddr,
+}
+
 /// What the two ends of a connection agreed on when it started.
 #[derive(Debug, Clone)]
 pub enum Agreed {
@@ -476,6 +509,23 @@ impl QueuePair {
     /// The peer's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The queue pair's attributes and capabilities in one (`ibv_query_qp`).
+    pub fn attr(&self) -> QpAttr {
+        QpAttr {
+            state: self.status().state,
+            sq_depth: self.sq_depth,
+            rq_depth: if self.srq { 0 } else { self.rq_depth },
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE_DATA,
+            ird: self.agreed.ird(),
+            ord: self.agreed.ord(),
+            mulpdu: self.mulpdu,
+            srq: self.srq,
+            extensions: self.extensions,
+            peer: self.peer,
+        }
     }
 
     fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
