@@ -115,8 +115,9 @@ impl Device {
     /// buffer ends the connection (RFC 5041 7.1), and with peer-to-peer setup (RFC 6581, an
     /// RTR) or a responder that does not wait for the first FPDU, the peer may send before
     /// `connect` returns. The receives count against `params.rq_depth` (more than it fail the
-    /// call with `RecvQueueFull`); with `params.srq`, or naming memory the queue pair may not
-    /// write, they fail it with `InvalidArgument`. Either way before the peer sees a
+    /// call with `RecvQueueFull`); with `params.srq` they fail it with `InvalidWorkRequest`
+    /// (as `post_recv` on such a queue pair), naming memory the queue pair may not write with
+    /// `InvalidArgument`. Either way before the peer sees a
     /// connection. If the connect fails later (rejected, timed out), they are dropped with the
     /// queue pair the application never got: no completion reports them.
     pub fn connect_with_recvs(

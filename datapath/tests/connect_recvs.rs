@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, Listener, MemoryRegion, MpaConfig, RecvWr, SharedReceiveQueue, WcOpcode, WcStatus,
+    Device, Listener, MemoryRegion, MpaConfig, RdmapError, RecvWr, SharedReceiveQueue, WcOpcode,
+    WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -198,7 +199,10 @@ fn socket_connect_with_receives_it_cannot_post_fails_first() {
     let one = vec![recv(&sink)];
     let res = datapath::connect_with_recvs(addr, &side.pd, &side.cq, &with_srq, &[], one);
     assert!(
-        matches!(res, Err(DatapathError::InvalidArgument(_))),
+        matches!(
+            res,
+            Err(DatapathError::InvalidWorkRequest(RdmapError::SrqAttached))
+        ),
         "{:?}",
         res.map(|_| ())
     );

@@ -17,7 +17,7 @@ use common::{bed, establish_ok, params as loopback_params, ServerPlan, Side, WAI
 use datapath::{
     Access, AtomicOp, CompletionQueue, ConnectParams, DatapathError, InlineData, InlineSendWr,
     Listener, MemoryRegion, MpaConfig, QpAttr, QpState, QueuePair, RdmapError, RecvWr, SendOp,
-    SendWr, SgeList, SharedReceiveQueue, Stag, MAX_INLINE_DATA, MAX_SGE,
+    SendWr, SgeList, SharedReceiveQueue, Stag, WcStatus, MAX_INLINE_DATA, MAX_SGE,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -118,6 +118,38 @@ fn extension_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion)
     );
     let stray = cq.wait(Duration::from_millis(300));
     assert!(stray.is_none(), "a refused request completed: {stray:?}");
+    // A list refused part way: the Send before the refused Read is posted and completes (the
+    // peer has a receive posted for it), the Read and what follows are not.
+    let send = SendWr {
+        wr_id: 20,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: sink.sge(0, 16).into(),
+        signaled: true,
+    };
+    let two = SgeList::from_slice(&[sink.sge(0, 8), sink.sge(8, 8)]).expect("two elements");
+    match qp.post_send_list([send, wr(read(), two), send]) {
+        Err(e) if e.posted == 1 => refused(
+            Err(e.source),
+            RdmapError::ReadSinkNotContiguous,
+            "the list's second request",
+        ),
+        other => panic!("a list refused at its second request: {other:?}"),
+    }
+    let c = cq.wait(WAIT).expect("the list's Send completes");
+    assert_eq!((c.wc.wr_id, c.wc.status), (20, WcStatus::Success), "{c:?}");
+    let stray = cq.wait(Duration::from_millis(300));
+    assert!(stray.is_none(), "more of the list completed: {stray:?}");
+}
+
+/// A receive of `inbox` for the list's Send of [`extension_refusals`].
+fn server_recv(inbox: &MemoryRegion) -> RecvWr {
+    RecvWr {
+        wr_id: 1,
+        sg_list: inbox.sge(0, 64).into(),
+    }
 }
 
 /// `qp`'s attributes are those `params` asked for (IRD and ORD as both ends offer them).
@@ -163,10 +195,11 @@ fn socket_requests_wrong_by_themselves_fail_the_post() {
             .expect("listen");
         let (client, server) = (Side::new(), Side::new());
         let params = ours(loopback_params(MpaConfig::default()), &client, extensions);
+        let inbox = server.pd.register(64, Access::LOCAL_WRITE).expect("inbox");
         let plan = ServerPlan {
             side: &server,
             private_data: &[],
-            recvs: Vec::new(),
+            recvs: vec![server_recv(&inbox)],
         };
         let (c, _s) = establish_ok(&listener, &client, &params, plan);
         let sink = sink(&client);
@@ -187,8 +220,12 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
         let server = move |ready| {
             let req = bed::listen_in_b(port, &ready, WAIT)?;
             let side = Side::new();
+            let inbox = side
+                .pd
+                .register(64, Access::LOCAL_WRITE)
+                .map_err(|e| e.to_string())?;
             let _conn = req
-                .accept(&side.pd, &side.cq, &[])
+                .accept_with_recvs(&side.pd, &side.cq, &[], vec![server_recv(&inbox)])
                 .map_err(|e| e.to_string())?;
             let _ = done_rx.recv_timeout(WAIT);
             Ok(())

@@ -34,16 +34,18 @@ pub(crate) fn check_initial_recvs(
         return Ok(());
     }
     if params.srq.is_some() {
-        return Err(DatapathError::InvalidArgument(
-            "the queue pair takes its receives from the shared receive queue: post them there",
+        // As `QueuePair::post_recv` on such a queue pair.
+        return Err(DatapathError::InvalidWorkRequest(
+            rdmap::RdmapError::SrqAttached,
         ));
     }
+    // A receive queue alone: no Read queues to stage.
     let mut qp = rdmap::QueuePair::new(rdmap::QpConfig {
         pd: pd.id,
-        sq_depth: params.sq_depth,
+        sq_depth: 0,
         rq_depth: params.rq_depth,
-        ird: params.mpa.ird,
-        ord: params.mpa.ord,
+        ird: 0,
+        ord: 0,
         extensions: params.rdmap_extensions,
     });
     post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs.to_vec())

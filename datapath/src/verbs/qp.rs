@@ -121,8 +121,9 @@ impl QueueAccount {
 /// ([`crate::Device::connect_with_recvs`], `ConnectRequest::accept_with_recvs`), before the
 /// queue pair can receive anything: iWARP has no receiver-not-ready retry, so a Send the peer
 /// sends at once must find them (RFC 5041 7.1). More than the receive queue's depth is
-/// `RecvQueueFull`; a receive the queue pair refuses otherwise (a region it cannot write, a
-/// shared receive queue attached) is `InvalidArgument`.
+/// `RecvQueueFull`; any with a shared receive queue attached is `InvalidWorkRequest`, as
+/// `post_recv` on such a queue pair; a receive the queue pair refuses otherwise (a region it
+/// cannot write) is `InvalidArgument`.
 pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
     qp: &mut rdmap::QueuePair,
     mem: &rdmap::MemoryTable<B>,
@@ -133,6 +134,7 @@ pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
             rdmap::RdmapError::RecvQueueFull => DatapathError::RecvQueueFull {
                 depth: qp.config().rq_depth,
             },
+            e @ rdmap::RdmapError::SrqAttached => DatapathError::InvalidWorkRequest(e),
             _ => DatapathError::InvalidArgument("receive work request refused"),
         })?;
     }
@@ -576,7 +578,8 @@ impl QueuePair {
     /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
     /// extensions, a Read with more than one sink element, ...) fails the post with
     /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
-    /// errors (bad local STag, queue pair not ready) come back as an error completion. Once
+    /// errors (bad local STag, a message longer than the peer allows, queue pair not ready)
+    /// come back as an error completion. Once
     /// the transport has finished with the connection, posts fail with
     /// [`DatapathError::Disconnected`] and nothing is queued; a request accepted before that
     /// always completes (`WrFlushError` if the connection ended first). A
@@ -603,9 +606,10 @@ impl QueuePair {
 
     /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
     /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
-    /// `-l`). Returns how many were posted; if the send queue fills or the queue pair is gone
-    /// part way, [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those
-    /// are queued and complete, the rest are not. If only the
+    /// `-l`). Returns how many were posted; if the send queue fills, a request is refused by
+    /// itself ([`DatapathError::InvalidWorkRequest`]) or the queue pair is gone part way,
+    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those are queued
+    /// and complete, the rest are not. If only the
     /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
     /// not be posted again.
     pub fn post_send_list(
