@@ -114,12 +114,14 @@ impl Device {
     /// `rdma_connect`. iWARP has no receiver-not-ready retry: a Send that finds no posted
     /// buffer ends the connection (RFC 5041 7.1), and with peer-to-peer setup (RFC 6581, an
     /// RTR) or a responder that does not wait for the first FPDU, the peer may send before
-    /// `connect` returns. The receives count against `params.rq_depth` (more than it fail the
-    /// call with `RecvQueueFull`); with `params.srq` they fail it with `InvalidWorkRequest`
-    /// (as `post_recv` on such a queue pair), naming memory the queue pair may not write with
-    /// `InvalidArgument`. Either way before the peer sees a
-    /// connection. If the connect fails later (rejected, timed out), they are dropped with the
-    /// queue pair the application never got: no completion reports them.
+    /// `connect` returns.
+    ///
+    /// The receives count against `params.rq_depth`. Receives that cannot be posted fail the
+    /// call before the peer sees a connection: more than the depth with `RecvQueueFull`, any
+    /// with `params.srq` with `InvalidWorkRequest` (as `post_recv` on such a queue pair), one
+    /// naming memory the queue pair may not write with `InvalidArgument`. If the connect fails
+    /// later (rejected, timed out), they go with the queue pair the application never got: no
+    /// completion reports them.
     pub fn connect_with_recvs(
         &self,
         addr: SocketAddr,
