@@ -86,7 +86,7 @@ use crate::engine::{ConnCounters, ReassemblyBudget};
 use crate::memory::ProtectionDomain;
 #[cfg(doc)]
 use crate::verbs::cm::ConnectRequest;
-use crate::verbs::cm::{ConnectParams, Connection, ListenRecord, Listener};
+use crate::verbs::cm::{check_initial_recvs, ConnectParams, Connection, ListenRecord, Listener};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
@@ -386,6 +386,8 @@ impl XdpEngine {
                 "the AF_XDP engine speaks IPv4 only",
             ));
         };
+        // As the socket transport does: refused here, nothing of the connection is made.
+        check_initial_recvs(params, pd, &recvs)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
         let handle = &self
             .shards
