@@ -1,11 +1,13 @@
 //! The messages of setup calls: the commands application threads hand an engine thread
 //! ([`EngineCmd`]: listen, connect, accept, reject, shutdown), the one-shot channels that answer
-//! them ([`Reply`]) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
+//! them ([`Reply`], [`Handover`] for the queue pairs of connect and accept) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
 
 use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mpa::RequestInfo;
 use rdmap::RecvWr;
 
@@ -17,6 +19,86 @@ use crate::xdp_tcp::ConnId;
 use crate::DatapathError;
 
 pub(super) type Reply<T> = Sender<Result<T, DatapathError>>;
+
+/// Waiting for the outcome ([`HANDOVER_WAITING`]), delivered by the engine, or given up by
+/// the caller: one compare-and-swap decides between the last two.
+const HANDOVER_WAITING: u8 = 0;
+const HANDOVER_DELIVERED: u8 = 1;
+const HANDOVER_ABANDONED: u8 = 2;
+
+/// The engine's end of a connect's or an accept's outcome: a queue pair that must not be lost
+/// between a caller that gives up waiting and an engine that delivers at that very moment.
+/// Either the engine delivers and the caller receives it (even just after its time ran out),
+/// or the caller gave up first and [`Handover::deliver`] says so, so that the engine drops
+/// the connection itself and reports nothing of it to the caller's completion queue.
+pub(super) struct Handover<T> {
+    tx: Sender<Result<T, DatapathError>>,
+    state: Arc<AtomicU8>,
+}
+
+/// The caller's end of a [`Handover`].
+pub(super) struct HandoverWait<T> {
+    rx: Receiver<Result<T, DatapathError>>,
+    state: Arc<AtomicU8>,
+}
+
+/// A connected pair of a [`Handover`] and its [`HandoverWait`].
+pub(super) fn handover<T>() -> (Handover<T>, HandoverWait<T>) {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let state = Arc::new(AtomicU8::new(HANDOVER_WAITING));
+    (
+        Handover {
+            tx,
+            state: state.clone(),
+        },
+        HandoverWait { rx, state },
+    )
+}
+
+impl<T> Handover<T> {
+    /// Delivers `outcome`; false if the caller had given up (then nobody has it).
+    pub(super) fn deliver(self, outcome: Result<T, DatapathError>) -> bool {
+        let committed = self
+            .state
+            .compare_exchange(
+                HANDOVER_WAITING,
+                HANDOVER_DELIVERED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        // The caller, once it sees DELIVERED, waits for this send; a receiver gone (the
+        // caller's thread died) loses only what nobody could take.
+        committed && self.tx.send(outcome).is_ok()
+    }
+}
+
+impl<T> HandoverWait<T> {
+    /// Waits up to `timeout` for the outcome. Giving up is a compare-and-swap: if the engine
+    /// committed to delivering first, its outcome is waited for and returned.
+    pub(super) fn wait(self, timeout: Duration, what: &'static str) -> Result<T, DatapathError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Disconnected) => Err(DatapathError::Disconnected),
+            Err(RecvTimeoutError::Timeout) => {
+                let gave_up = self
+                    .state
+                    .compare_exchange(
+                        HANDOVER_WAITING,
+                        HANDOVER_ABANDONED,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok();
+                if gave_up {
+                    return Err(DatapathError::Timeout(what));
+                }
+                // Delivered: the send follows the swap at once (or the engine's end is gone).
+                self.rx.recv().unwrap_or(Err(DatapathError::Disconnected))
+            }
+        }
+    }
+}
 
 pub(super) struct RequestMsg {
     pub(super) id: ConnId,
@@ -42,7 +124,7 @@ pub(super) enum EngineCmd {
         params: ConnectParams,
         private_data: Vec<u8>,
         recvs: Vec<RecvWr>,
-        reply: Reply<(QpParts, Vec<u8>)>,
+        reply: Handover<(QpParts, Vec<u8>)>,
     },
     Accept {
         id: ConnId,
@@ -51,7 +133,7 @@ pub(super) enum EngineCmd {
         private_data: Vec<u8>,
         recvs: Vec<RecvWr>,
         params: ConnectParams,
-        reply: Reply<QpParts>,
+        reply: Handover<QpParts>,
     },
     Reject {
         id: ConnId,
@@ -61,4 +143,72 @@ pub(super) enum EngineCmd {
     Shutdown,
     /// Makes the engine thread panic in its turn (tests of the failure path).
     Panic,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivered_outcome_is_received() {
+        let (tx, rx) = handover::<u32>();
+        assert!(tx.deliver(Ok(7)));
+        assert_eq!(rx.wait(Duration::from_secs(1), "test").ok(), Some(7));
+    }
+
+    #[test]
+    fn a_caller_that_gave_up_is_not_delivered_to() {
+        let (tx, rx) = handover::<u32>();
+        assert!(matches!(
+            rx.wait(Duration::from_millis(1), "test"),
+            Err(DatapathError::Timeout("test"))
+        ));
+        assert!(!tx.deliver(Ok(7)), "delivered to a caller that gave up");
+    }
+
+    /// The engine committed to delivering (its swap done, its send not yet) when the caller's
+    /// time ran out: the caller waits for the send and has the outcome, late, instead of
+    /// leaving it to be dropped unreceived.
+    #[test]
+    fn a_delivery_committed_before_the_timeout_is_waited_for() {
+        let (tx, rx) = handover::<u32>();
+        tx.state.store(HANDOVER_DELIVERED, Ordering::Release);
+        let engine = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.tx.send(Ok(7)).is_ok()
+        });
+        assert_eq!(rx.wait(Duration::from_millis(1), "test").ok(), Some(7));
+        assert!(engine.join().expect("engine thread"));
+    }
+
+    /// Deliveries racing the caller's timeout: whatever the timing, either the engine's
+    /// deliver says it was taken and the caller has it, or it says not and the caller timed
+    /// out; never an outcome delivered and lost, nor one received and reported not taken.
+    #[test]
+    fn a_delivery_racing_the_timeout_is_never_lost() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (mut taken, mut abandoned) = (0, 0);
+        for round in 0..2000u32 {
+            let (tx, rx) = handover::<u32>();
+            let engine = std::thread::spawn(move || {
+                for _ in 0..(round % 64) * 16 {
+                    std::hint::spin_loop();
+                }
+                tx.deliver(Ok(round))
+            });
+            let got = rx.wait(Duration::from_micros(u64::from(round % 7)), "test");
+            let delivered = engine.join().expect("engine thread");
+            match (delivered, got) {
+                (true, Ok(v)) => {
+                    assert_eq!(v, round);
+                    taken += 1;
+                }
+                (false, Err(DatapathError::Timeout(_))) => abandoned += 1,
+                (d, g) => panic!("round {round}: delivered {d}, caller got {g:?}"),
+            }
+            assert!(std::time::Instant::now() < deadline, "too slow");
+        }
+        assert!(taken > 0, "no round delivered");
+        assert!(abandoned + taken == 2000);
+    }
 }

@@ -509,8 +509,8 @@ impl TcpApp for App<'_> {
                         extensions: qp_cfg.extensions,
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
-                        Waiter::Connect(tx) => tx.send(Ok((parts, private_data))).is_ok(),
-                        Waiter::Accept(tx) => tx.send(Ok(parts)).is_ok(),
+                        Waiter::Connect(tx) => tx.deliver(Ok((parts, private_data))),
+                        Waiter::Accept(tx) => tx.deliver(Ok(parts)),
                         Waiter::None => false,
                     };
                     if !taken {

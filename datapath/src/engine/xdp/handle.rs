@@ -18,7 +18,7 @@ use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::ConnId;
 use crate::DatapathError;
 
-use super::commands::{EngineCmd, RequestMsg};
+use super::commands::{handover, EngineCmd, RequestMsg};
 use super::wake::Wake;
 
 /// The application's way to the engine thread.
@@ -117,7 +117,7 @@ impl PendingProvider for PendingRequest {
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
         cq.attach(self.handle.wake.clone());
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (tx, rx) = handover();
         let cmd = EngineCmd::Accept {
             id: self.id,
             pd: pd.clone(),
@@ -127,9 +127,8 @@ impl PendingProvider for PendingRequest {
             params: params.clone(),
             reply: tx,
         };
-        let parts = self
-            .handle
-            .call(cmd, rx, params.setup_timeout, "accepting the MPA Request")?;
+        self.handle.send(cmd)?;
+        let parts = rx.wait(params.setup_timeout, "accepting the MPA Request")?;
         Ok(QueuePair::from_parts(parts))
     }
 

@@ -92,7 +92,7 @@ use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
 use crate::DatapathError;
 
-use commands::EngineCmd;
+use commands::{handover, EngineCmd};
 pub use config::{EngineCounters, XdpEngineConfig};
 use handle::{Handle, XdpListen};
 use slots::SlotMap;
@@ -395,7 +395,7 @@ impl XdpEngine {
             .ok_or(DatapathError::Disconnected)?
             .handle;
         cq.attach(handle.wake.clone());
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (tx, rx) = handover();
         let cmd = EngineCmd::Connect {
             addr,
             pd: pd.clone(),
@@ -410,7 +410,7 @@ impl XdpEngine {
         handle.send(cmd)?;
         tracing::info!(peer = %addr, shard = n, "connecting (AF_XDP engine)");
         Ok(Box::new(move || {
-            let (parts, private_data) = Handle::reply(rx, wait, "connecting")?;
+            let (parts, private_data) = rx.wait(wait, "connecting")?;
             Ok(Connection {
                 qp: QueuePair::from_parts(parts),
                 private_data,

@@ -15,13 +15,13 @@ use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared, NEXT_QP
 use crate::xdp_tcp::ConnId;
 use crate::{DatapathError, QpError};
 
-use super::commands::Reply;
+use super::commands::Handover;
 
 /// Who waits for a connection's setup to end.
 pub(super) enum Waiter {
     None,
-    Connect(Reply<(QpParts, Vec<u8>)>),
-    Accept(Reply<QpParts>),
+    Connect(Handover<(QpParts, Vec<u8>)>),
+    Accept(Handover<QpParts>),
 }
 
 pub(super) struct Slot {
@@ -90,11 +90,11 @@ impl Slot {
             Waiter::None => {}
             Waiter::Connect(tx) => {
                 self.cq = None;
-                let _ = tx.send(Err(e));
+                tx.deliver(Err(e));
             }
             Waiter::Accept(tx) => {
                 self.cq = None;
-                let _ = tx.send(Err(e));
+                tx.deliver(Err(e));
             }
         }
     }

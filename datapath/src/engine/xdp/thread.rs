@@ -611,7 +611,7 @@ impl Turner {
                             }
                         }
                         Err(e) => {
-                            let _ = reply.send(Err(e));
+                            reply.deliver(Err(e));
                         }
                     }
                 }
@@ -643,7 +643,7 @@ impl Turner {
                                     slot.conn.close();
                                 }
                             }
-                            let _ = reply.send(Err(e));
+                            reply.deliver(Err(e));
                         }
                     }
                 }
