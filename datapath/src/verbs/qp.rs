@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -65,6 +65,19 @@ pub(crate) struct Shared {
     /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
     sends_retired: AtomicU64,
     recvs_retired: AtomicU64,
+    /// The state last published ([`state_code`]), for posts to read without the status lock.
+    state: AtomicU8,
+}
+
+/// [`QpState`] as [`Shared::state`] holds it.
+fn state_code(state: QpState) -> u8 {
+    match state {
+        QpState::Idle => 0,
+        QpState::Rts => 1,
+        QpState::Closing => 2,
+        QpState::Terminate => 3,
+        QpState::Error => 4,
+    }
 }
 
 /// The bit of [`Shared::posts`] that says the transport takes no more work requests.
@@ -180,7 +193,16 @@ impl Shared {
             abort: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
+            state: AtomicU8::new(state_code(state)),
         })
+    }
+
+    /// The queue pair is closing or terminating (RDMAP Closing or Terminate): a work request
+    /// posted now could only fail, so the post is refused, as siw refuses it (`ENOTCONN`). In
+    /// Error, posts are taken and flushed, as verbs flushes them.
+    fn refuses_posts(&self) -> bool {
+        let code = self.state.load(Ordering::Acquire);
+        code == state_code(QpState::Closing) || code == state_code(QpState::Terminate)
     }
 
     /// Asks the transport to reset the connection now ([`QueuePair::abort`], and
@@ -270,6 +292,7 @@ impl Shared {
         let error = {
             let mut st = self.lock();
             st.state = state;
+            self.state.store(state_code(state), Ordering::Release);
             if st.finished {
                 return;
             }
@@ -311,6 +334,7 @@ impl Shared {
     ) -> std::sync::MutexGuard<'_, QpStatus> {
         let mut st = self.lock();
         st.state = state;
+        self.state.store(state_code(state), Ordering::Release);
         st.remote_terminate = remote;
         st.sent_terminate = sent;
         if st.error.is_none() {
@@ -559,6 +583,9 @@ impl QueuePair {
             ),
             Cmd::Close => return self.shared.queue(&self.cmds, cmd),
         };
+        if self.shared.refuses_posts() {
+            return Err(DatapathError::Disconnected);
+        }
         if !reserve(posted, retired, depth) {
             if self.shared.posts_stopped() {
                 return Err(DatapathError::Disconnected);
@@ -578,11 +605,13 @@ impl QueuePair {
     /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
     /// extensions, a Read with more than one sink element, ...) fails the post with
     /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
-    /// errors (bad local STag, a message longer than the peer allows, queue pair not ready)
-    /// come back as an error completion. Once
-    /// the transport has finished with the connection, posts fail with
-    /// [`DatapathError::Disconnected`] and nothing is queued; a request accepted before that
-    /// always completes (`WrFlushError` if the connection ended first). A
+    /// errors (bad local STag, a message longer than the peer allows) come back as an error
+    /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate)
+    /// or the transport has finished with the connection, posts fail with
+    /// [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing is queued; in Error,
+    /// before the transport has finished, they complete flushed (`WrFlushError`), as verbs
+    /// flushes them. A request accepted always completes (`WrFlushError` if the connection
+    /// ended first). A
     /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
     /// and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
@@ -766,6 +795,78 @@ mod tests {
         assert_eq!(status(QpState::Error), WcStatus::WrFlushError);
         assert_eq!(status(QpState::Closing), WcStatus::LocalQpOperationError);
         assert_eq!(status(QpState::Terminate), WcStatus::LocalQpOperationError);
+    }
+
+    struct NoWake;
+    impl QpWaker for NoWake {
+        fn wake(&self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A queue pair handle over `shared`, and the transport's end of its command channel.
+    fn handle(shared: Arc<Shared>) -> (QueuePair, Receiver<Cmd>) {
+        let (cmds, rx) = crossbeam_channel::unbounded();
+        let agreed = Agreed::Mpa(Negotiated {
+            rev: 2,
+            crc: true,
+            markers_tx: false,
+            markers_rx: false,
+            ird: 4,
+            ord: 4,
+            rtr: None,
+            responder_waits_for_fpdu: false,
+            peer_params: None,
+        });
+        let qp = QueuePair::from_parts(QpParts {
+            num: 1,
+            cmds,
+            waker: Arc::new(NoWake),
+            shared,
+            agreed,
+            mulpdu: 1000,
+            peer: "127.0.0.1:1".parse().unwrap(),
+            thread: None,
+            sq_depth: 8,
+            rq_depth: 8,
+            srq: false,
+            extensions: false,
+        });
+        (qp, rx)
+    }
+
+    /// A queue pair closing or terminating refuses posts (siw's `ENOTCONN`) and queues
+    /// nothing; in Rts and in Error (flushed by the transport) they are taken.
+    #[test]
+    fn posts_are_refused_while_closing_or_terminating() {
+        let recv = || RecvWr {
+            wr_id: 1,
+            sg_list: SgeList::new(),
+        };
+        for (state, taken) in [
+            (QpState::Rts, true),
+            (QpState::Closing, false),
+            (QpState::Terminate, false),
+            (QpState::Error, true),
+        ] {
+            let shared = Shared::new(QpState::Rts);
+            drop(shared.publish(state, None, None));
+            let (qp, rx) = handle(shared.clone());
+            let res = qp.post_recv(recv());
+            if taken {
+                assert!(res.is_ok(), "{state:?}: {res:?}");
+                assert!(rx.try_recv().is_ok(), "{state:?}: not queued");
+            } else {
+                assert!(
+                    matches!(res, Err(DatapathError::Disconnected)),
+                    "{state:?}: {res:?}"
+                );
+                assert!(rx.try_recv().is_err(), "{state:?}: queued");
+            }
+            // No transport here: finished, so that dropping the handle does not wait for one.
+            shared.mark_finished(QpState::Error);
+            drop(qp);
+        }
     }
 
     /// Posts race the transport's stop: each is refused, or taken by the transport, or
