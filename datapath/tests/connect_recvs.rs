@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, Listener, MemoryRegion, MpaConfig, RdmapError, RecvWr, SharedReceiveQueue, WcOpcode,
-    WcStatus,
+    Device, Listener, MemoryRegion, MpaConfig, RdmapError, RecvWr, SharedReceiveQueue, Transport,
+    WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -293,4 +293,65 @@ fn engine_rejected_connect_leaves_no_completions() {
             "a completion of a rejected connect: {stray:?}"
         );
     });
+}
+
+/// A connect still waiting for the peer's MPA Reply when the engine stops fails (a connect
+/// error on the event channel), and the receives posted with it complete on no completion
+/// queue: the engine fails the waiting call before it hands out the flushes.
+#[test]
+fn engine_stopped_under_a_pending_connect_leaves_no_completions() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_665;
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    // A peer that takes the TCP connection and the MPA Request and never replies.
+    let server = move |ready: mpsc::Sender<()>| -> Result<(), String> {
+        testbed::enter_ns(testbed::NS_B).map_err(|e| e.to_string())?;
+        let l = std::net::TcpListener::bind(SocketAddr::from((ADDR_B, PORT)))
+            .map_err(|e| e.to_string())?;
+        let _ = ready.send(());
+        let (_s, _) = l.accept().map_err(|e| e.to_string())?;
+        let _ = done_rx.recv_timeout(WAIT);
+        Ok(())
+    };
+    bed::against(
+        server,
+        move || {
+            testbed::enter_ns(testbed::NS_A).map_err(|e| e.to_string())?;
+            let device = Device::open(Transport::Xdp {
+                ifname: testbed::DEV_A.into(),
+                config: Box::default(),
+            })
+            .map_err(|e| e.to_string())?;
+            let side = Side::new();
+            let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+            let channel = CmEventChannel::new().expect("event channel");
+            device
+                .connect_async_with_recvs(
+                    SocketAddr::from((ADDR_B, PORT)),
+                    &side.pd,
+                    &side.cq,
+                    &p2p(1),
+                    &[],
+                    vec![recv(&sink)],
+                    &channel,
+                    4,
+                )
+                .map_err(|e| e.to_string())?;
+            // The Request is out and unanswered; stop the engine under it.
+            std::thread::sleep(Duration::from_millis(300));
+            drop(device);
+            match channel.wait_event(WAIT) {
+                Some(CmEvent::ConnectError { context: 4, .. }) => {}
+                other => panic!("not a connect error: {other:?}"),
+            }
+            let stray = side.cq.wait(Duration::from_millis(300));
+            assert!(
+                stray.is_none(),
+                "a completion of a connect that never finished: {stray:?}"
+            );
+            let _ = done_tx.send(());
+            Ok(())
+        },
+        WAIT,
+    );
 }

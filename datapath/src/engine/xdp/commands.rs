@@ -184,10 +184,10 @@ mod tests {
     /// Deliveries racing the caller's timeout: whatever the timing, either the engine's
     /// deliver says it was taken and the caller has it, or it says not and the caller timed
     /// out; never an outcome delivered and lost, nor one received and reported not taken.
+    /// (Which of the two happens depends on the machine; the committed-then-timed-out case is
+    /// the test above.)
     #[test]
     fn a_delivery_racing_the_timeout_is_never_lost() {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let (mut taken, mut abandoned) = (0, 0);
         for round in 0..2000u32 {
             let (tx, rx) = handover::<u32>();
             let engine = std::thread::spawn(move || {
@@ -196,19 +196,13 @@ mod tests {
                 }
                 tx.deliver(Ok(round))
             });
-            let got = rx.wait(Duration::from_micros(u64::from(round % 7)), "test");
+            let got = rx.wait(Duration::from_micros(u64::from(round % 200)), "test");
             let delivered = engine.join().expect("engine thread");
             match (delivered, got) {
-                (true, Ok(v)) => {
-                    assert_eq!(v, round);
-                    taken += 1;
-                }
-                (false, Err(DatapathError::Timeout(_))) => abandoned += 1,
+                (true, Ok(v)) => assert_eq!(v, round),
+                (false, Err(DatapathError::Timeout(_))) => {}
                 (d, g) => panic!("round {round}: delivered {d}, caller got {g:?}"),
             }
-            assert!(std::time::Instant::now() < deadline, "too slow");
         }
-        assert!(taken > 0, "no round delivered");
-        assert!(abandoned + taken == 2000);
     }
 }

@@ -109,7 +109,15 @@ impl Slot {
         }
     }
 
+    /// Hands the queue pair's completions to the completion queue. Not while a connect or
+    /// accept still waits for the queue pair: they stay in it until the hand-over (then the
+    /// application, holding the queue pair, gets them) or until the call fails (then they go
+    /// nowhere: [`Slot::fail_waiter`]), so that a caller never sees completions of a queue
+    /// pair it does not get (the receives it posted with the call, flushed).
     pub(super) fn deliver_completions(&mut self) -> bool {
+        if !matches!(self.waiter, Waiter::None) {
+            return false;
+        }
         let mut any = false;
         while let Some(wc) = self.conn.qp_mut().poll_completion() {
             if !any {
@@ -193,11 +201,14 @@ impl Slot {
         self.conn
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
+        // A connect or accept still waiting fails first: the receives posted with it, flushed
+        // just now, must not reach the completion queue of a caller that never gets the queue
+        // pair.
+        self.fail_waiter(DatapathError::Disconnected);
         self.deliver_completions();
         if !self.closing {
             self.set_error(why);
         }
-        self.fail_waiter(DatapathError::Disconnected);
         self.publish(true);
     }
 }
