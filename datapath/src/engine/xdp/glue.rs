@@ -509,15 +509,18 @@ impl TcpApp for App<'_> {
                         extensions: qp_cfg.extensions,
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
-                        Waiter::Connect(tx) => tx.deliver(Ok((parts, private_data))),
-                        Waiter::Accept(tx) => tx.deliver(Ok(parts)),
-                        Waiter::None => false,
+                        Waiter::Connect(tx, cq) => {
+                            tx.deliver(Ok((parts, private_data))).then_some(cq)
+                        }
+                        Waiter::Accept(tx, cq) => tx.deliver(Ok(parts)).then_some(cq),
+                        Waiter::None => None,
                     };
-                    if !taken {
+                    // The application has the queue pair: its completions go to its queue.
+                    slot.cq = taken;
+                    if slot.cq.is_none() {
                         // The application gave up waiting: nobody will use this connection,
                         // nor see the receives it posted with the call complete.
                         slot.cmds = None;
-                        slot.cq = None;
                         slot.closing = true;
                         slot.conn.close();
                     }

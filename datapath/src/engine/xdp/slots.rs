@@ -17,11 +17,12 @@ use crate::{DatapathError, QpError};
 
 use super::commands::Handover;
 
-/// Who waits for a connection's setup to end.
+/// Who waits for a connection's setup to end, with the completion queue the connection gets
+/// when the caller has its queue pair ([`Slot::cq`]).
 pub(super) enum Waiter {
     None,
-    Connect(Handover<(QpParts, Vec<u8>)>),
-    Accept(Handover<QpParts>),
+    Connect(Handover<(QpParts, Vec<u8>)>, CqSink),
+    Accept(Handover<QpParts>, CqSink),
 }
 
 pub(super) struct Slot {
@@ -32,6 +33,7 @@ pub(super) struct Slot {
     pub(super) local_port: u16,
     pub(super) peer: SocketAddr,
     pub(super) cmds: Option<Receiver<Cmd>>,
+    /// The application's completion queue, once it has the queue pair (set at the hand-over).
     pub(super) cq: Option<CqSink>,
     pub(super) shared: Arc<Shared>,
     pub(super) waiter: Waiter,
@@ -82,18 +84,14 @@ impl Slot {
         self.shared.set_error(error, terminate);
     }
 
-    /// Fails the connect or accept waiting for this connection. The application never gets
-    /// its queue pair, so the receives it posted with the call (`connect_with_recvs`,
-    /// `accept_with_recvs`), flushed with the queue pair, complete on no completion queue.
+    /// Fails the connect or accept waiting for this connection.
     pub(super) fn fail_waiter(&mut self, e: DatapathError) {
         match std::mem::replace(&mut self.waiter, Waiter::None) {
             Waiter::None => {}
-            Waiter::Connect(tx) => {
-                self.cq = None;
+            Waiter::Connect(tx, _) => {
                 tx.deliver(Err(e));
             }
-            Waiter::Accept(tx) => {
-                self.cq = None;
+            Waiter::Accept(tx, _) => {
                 tx.deliver(Err(e));
             }
         }
@@ -109,15 +107,15 @@ impl Slot {
         }
     }
 
-    /// Hands the queue pair's completions to the completion queue. Not while a connect or
-    /// accept still waits for the queue pair: they stay in it until the hand-over (then the
-    /// application, holding the queue pair, gets them) or until the call fails (then they go
-    /// nowhere: [`Slot::fail_waiter`]), so that a caller never sees completions of a queue
-    /// pair it does not get (the receives it posted with the call, flushed).
+    /// Hands the queue pair's completions to the completion queue. A connection has one only
+    /// once its caller has the queue pair (the hand-over): until then its completions stay in
+    /// the queue pair, and if the call fails they go nowhere, so that a caller never sees
+    /// completions of a queue pair it does not get (the receives it posted with the call,
+    /// flushed).
     pub(super) fn deliver_completions(&mut self) -> bool {
-        if !matches!(self.waiter, Waiter::None) {
+        let Some(cq) = &self.cq else {
             return false;
-        }
+        };
         let mut any = false;
         while let Some(wc) = self.conn.qp_mut().poll_completion() {
             if !any {
@@ -125,12 +123,10 @@ impl Slot {
                 self.account.publish(self.conn.qp(), &self.shared);
             }
             any = true;
-            if let Some(cq) = &self.cq {
-                cq.push(Completion {
-                    qp_num: self.num,
-                    wc,
-                });
-            }
+            cq.push(Completion {
+                qp_num: self.num,
+                wc,
+            });
         }
         any
     }
@@ -201,14 +197,11 @@ impl Slot {
         self.conn
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
-        // A connect or accept still waiting fails first: the receives posted with it, flushed
-        // just now, must not reach the completion queue of a caller that never gets the queue
-        // pair.
-        self.fail_waiter(DatapathError::Disconnected);
         self.deliver_completions();
         if !self.closing {
             self.set_error(why);
         }
+        self.fail_waiter(DatapathError::Disconnected);
         self.publish(true);
     }
 }

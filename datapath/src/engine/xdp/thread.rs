@@ -606,8 +606,7 @@ impl Turner {
                     match res {
                         Ok(id) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
-                                slot.cq = Some(cq);
-                                slot.waiter = Waiter::Connect(reply);
+                                slot.waiter = Waiter::Connect(reply, cq);
                             }
                         }
                         Err(e) => {
@@ -629,8 +628,7 @@ impl Turner {
                     match self.accept(id, &pd, table, &private_data, recvs, &params) {
                         Ok(()) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
-                                slot.cq = Some(cq);
-                                slot.waiter = Waiter::Accept(reply);
+                                slot.waiter = Waiter::Accept(reply, cq);
                             }
                         }
                         Err(e) => {
