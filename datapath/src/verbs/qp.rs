@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -65,19 +65,16 @@ pub(crate) struct Shared {
     /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
     sends_retired: AtomicU64,
     recvs_retired: AtomicU64,
-    /// The state last published ([`state_code`]), for posts to read without the status lock.
-    state: AtomicU8,
+    /// The state last published is Closing or Terminate ([`refuses_posts_in`]), for posts to
+    /// read without the status lock.
+    refusing_posts: AtomicBool,
 }
 
-/// [`QpState`] as [`Shared::state`] holds it.
-fn state_code(state: QpState) -> u8 {
-    match state {
-        QpState::Idle => 0,
-        QpState::Rts => 1,
-        QpState::Closing => 2,
-        QpState::Terminate => 3,
-        QpState::Error => 4,
-    }
+/// RDMAP Closing and Terminate: a work request posted now could only fail, so the post is
+/// refused, as siw refuses it (`ENOTCONN`). In Error, posts are taken and flushed, as verbs
+/// flushes them.
+fn refuses_posts_in(state: QpState) -> bool {
+    matches!(state, QpState::Closing | QpState::Terminate)
 }
 
 /// The bit of [`Shared::posts`] that says the transport takes no more work requests.
@@ -100,9 +97,8 @@ impl Drop for PostUnderWay<'_> {
 /// ([`DatapathError::SendQueueFull`], verbs' `ENOMEM`) and the channel never holds more work
 /// requests than the depths allow. The counts wrap: receives posted with the connect or accept
 /// (`connect_with_recvs`, `accept_with_recvs`) are in the queue pair without having been
-/// taken, and the
-/// application's posted count less the published one is then what the channel and the queue
-/// pair hold, exactly.
+/// taken, and the application's posted count less the published one is then what the channel
+/// and the queue pair hold, exactly.
 #[derive(Debug, Default)]
 pub(crate) struct QueueAccount {
     sends_taken: u64,
@@ -193,16 +189,13 @@ impl Shared {
             abort: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
-            state: AtomicU8::new(state_code(state)),
+            refusing_posts: AtomicBool::new(refuses_posts_in(state)),
         })
     }
 
-    /// The queue pair is closing or terminating (RDMAP Closing or Terminate): a work request
-    /// posted now could only fail, so the post is refused, as siw refuses it (`ENOTCONN`). In
-    /// Error, posts are taken and flushed, as verbs flushes them.
+    /// The queue pair is closing or terminating ([`refuses_posts_in`]).
     fn refuses_posts(&self) -> bool {
-        let code = self.state.load(Ordering::Acquire);
-        code == state_code(QpState::Closing) || code == state_code(QpState::Terminate)
+        self.refusing_posts.load(Ordering::Acquire)
     }
 
     /// Asks the transport to reset the connection now ([`QueuePair::abort`], and
@@ -292,7 +285,8 @@ impl Shared {
         let error = {
             let mut st = self.lock();
             st.state = state;
-            self.state.store(state_code(state), Ordering::Release);
+            self.refusing_posts
+                .store(refuses_posts_in(state), Ordering::Release);
             if st.finished {
                 return;
             }
@@ -334,7 +328,8 @@ impl Shared {
     ) -> std::sync::MutexGuard<'_, QpStatus> {
         let mut st = self.lock();
         st.state = state;
-        self.state.store(state_code(state), Ordering::Release);
+        self.refusing_posts
+            .store(refuses_posts_in(state), Ordering::Release);
         st.remote_terminate = remote;
         st.sent_terminate = sent;
         if st.error.is_none() {
@@ -611,9 +606,8 @@ impl QueuePair {
     /// [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing is queued; in Error,
     /// before the transport has finished, they complete flushed (`WrFlushError`), as verbs
     /// flushes them. A request accepted always completes (`WrFlushError` if the connection
-    /// ended first). A
-    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
-    /// and completes, and must not be posted again.
+    /// ended first). A [`DatapathError::Io`] says only the transport's wake-up failed: the
+    /// request was queued and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         wr.check_shape(self.extensions)
