@@ -157,7 +157,7 @@ pub(super) fn start_engine(
         qp,
         account,
         table: pd.table.clone(),
-        cq: cq.sink(),
+        cq: CqSink::new(cq, params.recv_cq.as_ref()),
         num,
         shared: shared.clone(),
         tx: Vec::with_capacity(TX_HIGH + 70_000),

@@ -71,6 +71,11 @@ pub struct ConnectParams {
     /// A shared receive queue of the connection's protection domain to take receive buffers
     /// from (then receives are posted there, not on the queue pair).
     pub srq: Option<SharedReceiveQueue>,
+    /// A completion queue of its own for the queue pair's receive completions (verbs'
+    /// `ibv_qp_init_attr.recv_cq`; those of receives taken from `srq` too). `None`: the
+    /// completion queue given to the connect or accept (`send_cq`) takes them with the send
+    /// completions. Polling either queue drives an AF_XDP engine's inline progress.
+    pub recv_cq: Option<CompletionQueue>,
     /// TCP keepalive (RFC 9293 3.8.4), so that an idle connection to a vanished peer ends:
     /// on by default (30 s idle, then 6 probes 5 s apart); `None` turns it off.
     pub keepalive: Option<Keepalive>,
@@ -162,6 +167,7 @@ impl Default for ConnectParams {
             rq_depth: 4096,
             setup_timeout: Duration::from_secs(10),
             srq: None,
+            recv_cq: None,
             keepalive: Some(Keepalive::default()),
             user_timeout: Some(Duration::from_secs(30)),
             backlog: 64,
@@ -397,6 +403,15 @@ impl ConnectRequest {
     /// `rdma_create_qp` with an SRQ in its attributes), whatever the listener's parameters say.
     pub fn use_srq(mut self, srq: &SharedReceiveQueue) -> Self {
         self.params.srq = Some(srq.clone());
+        self
+    }
+
+    /// Makes the queue pair that accepting creates deliver its receive completions to
+    /// `recv_cq` (rdma_cm's `rdma_create_qp` with its own `recv_cq`), whatever the listener's
+    /// parameters say ([`ConnectParams::recv_cq`]); the completion queue given to the accept
+    /// takes the send completions.
+    pub fn use_recv_cq(mut self, recv_cq: &CompletionQueue) -> Self {
+        self.params.recv_cq = Some(recv_cq.clone());
         self
     }
 

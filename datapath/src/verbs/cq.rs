@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use rdmap::{WcStatus, WorkCompletion};
+use rdmap::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::verbs::event_queue::EventQueue;
 use crate::DatapathError;
@@ -83,10 +83,22 @@ pub struct CompletionQueue {
     inner: Arc<CqInner>,
 }
 
-/// Where a transport delivers the completions of one queue pair (a handle on its queue).
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("len", &self.len())
+            .field("channel", &self.inner.channel.is_some())
+            .finish()
+    }
+}
+
+/// Where a transport delivers the completions of one queue pair: its send completion queue,
+/// and its receive completion queue if that is another one (verbs' `send_cq` and `recv_cq`,
+/// [`ConnectParams::recv_cq`](crate::ConnectParams::recv_cq)).
 #[derive(Clone)]
 pub(crate) struct CqSink {
-    inner: Arc<CqInner>,
+    send: Arc<CqInner>,
+    recv: Option<Arc<CqInner>>,
 }
 
 impl CqInner {
@@ -124,9 +136,48 @@ impl Drop for CqInner {
 }
 
 impl CqSink {
-    /// Adds a completion; notifies the queue's channel if the queue is armed for it.
+    /// The queues of one queue pair: `send` takes its send completions, and its receive
+    /// completions too unless `recv` names another queue.
+    pub(crate) fn new(send: &CompletionQueue, recv: Option<&CompletionQueue>) -> CqSink {
+        CqSink {
+            send: send.inner.clone(),
+            recv: recv
+                .filter(|r| !r.same_queue(send))
+                .map(|r| r.inner.clone()),
+        }
+    }
+
+    /// Remembers `engine` on both queues, so that polling either drives it (inline progress).
+    pub(crate) fn attach(&self, engine: Arc<dyn EngineDriver>) {
+        if let Some(recv) = &self.recv {
+            recv.attach(engine.clone());
+        }
+        self.send.attach(engine);
+    }
+
+    /// Adds a completion to its queue (a receive's to the receive completion queue, others to
+    /// the send completion queue: verbs' `recv_cq` and `send_cq`); notifies the queue's
+    /// channel if the queue is armed for it.
     pub(crate) fn push(&self, c: Completion) {
-        let inner = &self.inner;
+        let inner = match (&self.recv, c.wc.opcode) {
+            (Some(recv), WcOpcode::Recv | WcOpcode::RecvImmediate) => recv,
+            _ => &self.send,
+        };
+        inner.push(c);
+    }
+}
+
+impl CqInner {
+    /// Remembers the engine to drive when polling (only the first one sticks).
+    fn attach(&self, engine: Arc<dyn EngineDriver>) {
+        let _ = self.driver.set(engine);
+        // An arming made before: the engine hears of it now.
+        self.tell_arming();
+    }
+
+    /// Adds a completion; notifies the queue's channel if the queue is armed for it.
+    fn push(self: &Arc<Self>, c: Completion) {
+        let inner = self;
         let solicited = c.wc.solicited || c.wc.status != WcStatus::Success;
         let _ = inner.tx.send(c);
         if let Some(channel) = &inner.channel {
@@ -140,7 +191,7 @@ impl CqSink {
                 let was = inner.armed.swap(DISARMED, Ordering::SeqCst);
                 if was != DISARMED {
                     inner.arming_ended(was);
-                    channel.push(Arc::downgrade(&self.inner));
+                    channel.push(Arc::downgrade(self));
                 }
             }
         }
@@ -178,18 +229,10 @@ impl CompletionQueue {
         }
     }
 
-    /// Where a transport delivers completions into this queue.
+    /// Where a transport delivers completions into this queue alone.
+    #[cfg(test)]
     pub(crate) fn sink(&self) -> CqSink {
-        CqSink {
-            inner: self.inner.clone(),
-        }
-    }
-
-    /// Remembers the engine to drive when polling (only the first one sticks).
-    pub(crate) fn attach(&self, engine: Arc<dyn EngineDriver>) {
-        let _ = self.inner.driver.set(engine);
-        // An arming made before: the engine hears of it now.
-        self.inner.tell_arming();
+        CqSink::new(self, None)
     }
 
     /// True if both handles name the same queue.
@@ -396,7 +439,7 @@ mod tests {
         let count = || driver.0.load(Ordering::SeqCst);
         let cq = CompletionQueue::with_channel(&channel);
         cq.req_notify(true).expect("arm");
-        cq.attach(driver.clone());
+        cq.sink().attach(driver.clone());
         assert_eq!(count(), 1, "an arming made before the engine came");
         cq.req_notify(false).expect("widen");
         assert_eq!(count(), 1, "widening is the same arming");

@@ -13,7 +13,7 @@ use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
     recv_request, ConnectParams, ConnectRequest, ListenProvider, PendingProvider,
 };
-use crate::verbs::cq::CompletionQueue;
+use crate::verbs::cq::{CompletionQueue, CqSink};
 use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::ConnId;
 use crate::DatapathError;
@@ -116,12 +116,13 @@ impl PendingProvider for PendingRequest {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
-        cq.attach(self.handle.wake.clone());
+        let cqs = CqSink::new(cq, params.recv_cq.as_ref());
+        cqs.attach(self.handle.wake.clone());
         let (tx, rx) = handover();
         let cmd = EngineCmd::Accept {
             id: self.id,
             pd: pd.clone(),
-            cq: cq.sink(),
+            cq: cqs,
             private_data: private_data.to_vec(),
             recvs,
             params: params.clone(),

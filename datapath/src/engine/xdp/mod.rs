@@ -87,7 +87,7 @@ use crate::memory::ProtectionDomain;
 #[cfg(doc)]
 use crate::verbs::cm::ConnectRequest;
 use crate::verbs::cm::{check_initial_recvs, ConnectParams, Connection, ListenRecord, Listener};
-use crate::verbs::cq::CompletionQueue;
+use crate::verbs::cq::{CompletionQueue, CqSink};
 use crate::verbs::qp::QueuePair;
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
 use crate::DatapathError;
@@ -394,12 +394,13 @@ impl XdpEngine {
             .get(n)
             .ok_or(DatapathError::Disconnected)?
             .handle;
-        cq.attach(handle.wake.clone());
+        let cqs = CqSink::new(cq, params.recv_cq.as_ref());
+        cqs.attach(handle.wake.clone());
         let (tx, rx) = handover();
         let cmd = EngineCmd::Connect {
             addr,
             pd: pd.clone(),
-            cq: cq.sink(),
+            cq: cqs,
             params: params.clone(),
             private_data: private_data.to_vec(),
             recvs,
