@@ -13,8 +13,8 @@ mod common;
 
 use common::*;
 use datapath::{
-    Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpError, QpState,
-    RecvWr, SendWr, SgeList, Stag, WcOpcode, WcStatus,
+    Access, CompletionQueue, Connection, Listener, MemoryRegion, QpError, QpState, RecvWr, SendWr,
+    SgeList, Stag, WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
 use mpa::MpaError;
@@ -52,19 +52,21 @@ fn both_end_in_error(client: &Connection, server: &Connection) {
     assert_eq!(server.qp.status().state, QpState::Error);
 }
 
-/// A stopped queue pair refuses new work requests.
-fn refuses_new_work(conn: &Connection, cq: &CompletionQueue, region: &MemoryRegion) {
-    assert!(matches!(
-        conn.qp.post_send(send_wr(999, region, 1)),
-        Err(DatapathError::Disconnected)
-    ));
-    assert!(matches!(
-        conn.qp.post_recv(RecvWr {
+/// A queue pair that ended in Error flushes new work requests at once (verbs' flush of posts
+/// to a queue pair in the error state): each completes with `WrFlushError`, nothing else.
+fn flushes_new_work(conn: &Connection, cq: &CompletionQueue, region: &MemoryRegion) {
+    assert_eq!(conn.qp.status().state, QpState::Error);
+    conn.qp
+        .post_send(send_wr(999, region, 1))
+        .expect("a Send posted in Error");
+    conn.qp
+        .post_recv(RecvWr {
             wr_id: 998,
-            sg_list: SgeList::new()
-        }),
-        Err(DatapathError::Disconnected)
-    ));
+            sg_list: SgeList::new(),
+        })
+        .expect("a receive posted in Error");
+    expect_wc(cq, 999, WcOpcode::Send, WcStatus::WrFlushError);
+    expect_wc(cq, 998, WcOpcode::Recv, WcStatus::WrFlushError);
     assert_no_more(cq);
 }
 
@@ -204,7 +206,7 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     );
     expect_wc(&client.cq, 11, WcOpcode::Read, WcStatus::WrFlushError);
     expect_wc(&client.cq, 20, WcOpcode::Recv, WcStatus::WrFlushError);
-    refuses_new_work(&c, &client.cq, &src);
+    flushes_new_work(&c, &client.cq, &src);
     let flushed = next_wc(&server.cq, "the server's flushed receive");
     assert_eq!(flushed.qp_num, s.qp.num());
     assert_eq!(
@@ -339,7 +341,7 @@ fn corrupted_first_fpdu_closes_without_terminate() {
     assert_eq!(region_bytes(&target, 0, LEN), vec![0; LEN]);
     expect_wc(&client.cq, 20, WcOpcode::Recv, WcStatus::WrFlushError);
     expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::WrFlushError);
-    refuses_new_work(&c, &client.cq, &src);
+    flushes_new_work(&c, &client.cq, &src);
     assert_no_more(&server.cq);
     verified_transfers(&listener, addr, &p, &[Size::Bytes(10)], 6);
 }
@@ -513,7 +515,7 @@ fn bad_write(stag: impl Fn(&AccessRig) -> (Stag, u64), want: (u8, u8, u8)) {
         vec![0; 64],
         "a Read placed"
     );
-    refuses_new_work(&rig.c, cq, &rig.src);
+    flushes_new_work(&rig.c, cq, &rig.src);
     rig.fresh_connection_works();
 }
 
@@ -584,7 +586,7 @@ fn bad_read(source: impl Fn(&AccessRig) -> (Stag, u64), code: u8) {
     expect_wc(cq, 12, WcOpcode::Read, WcStatus::WrFlushError);
     expect_wc(cq, 20, WcOpcode::Recv, WcStatus::WrFlushError);
     assert_eq!(region_bytes(&rig.sink, 0, REGION), vec![0; REGION]);
-    refuses_new_work(&rig.c, cq, &rig.src);
+    flushes_new_work(&rig.c, cq, &rig.src);
     rig.fresh_connection_works();
 }
 

@@ -618,8 +618,8 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
 }
 
 /// Posts from another thread race the peer's close: every post that returned `Ok` completes
-/// exactly once (flushed if the connection ended first), and the posts end with
-/// [`DatapathError::Disconnected`] once the transport has finished with the connection. 20
+/// exactly once (flushed if the connection ended first), posts after the end included (refused
+/// with [`DatapathError::Disconnected`], or flushed at once in Error). 20
 /// connections, each closed by the server at a different point of the stream of posts.
 #[test]
 fn posts_racing_the_peer_s_close_all_complete() {
@@ -643,7 +643,7 @@ fn posts_racing_the_peer_s_close_all_complete() {
         );
         let what = format!("round {round}");
         let accepted = std::thread::scope(|scope| {
-            let poster = scope.spawn(|| post_recvs_until_refused(&c.qp, &what));
+            let poster = scope.spawn(|| post_recvs_until_the_end(&c.qp, &what));
             std::thread::sleep(Duration::from_micros(250 * round));
             drop(s);
             poster.join().expect("the posting thread panicked")

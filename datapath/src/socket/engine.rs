@@ -144,6 +144,7 @@ pub(super) fn start_engine(
     account.publish(&qp, &shared);
     let (sq_depth, rq_depth) = (qp.config().sq_depth, qp.config().rq_depth);
     let (srq, extensions) = (qp.has_srq(), qp.config().extensions);
+    let cq = CqSink::new(cq, params.recv_cq.as_ref());
     let engine = Engine {
         stream,
         poll,
@@ -157,7 +158,7 @@ pub(super) fn start_engine(
         qp,
         account,
         table: pd.table.clone(),
-        cq: CqSink::new(cq, params.recv_cq.as_ref()),
+        cq: cq.clone(),
         num,
         shared: shared.clone(),
         tx: Vec::with_capacity(TX_HIGH + 70_000),
@@ -187,6 +188,7 @@ pub(super) fn start_engine(
         rq_depth,
         srq,
         extensions,
+        cq: Some(cq),
     }))
 }
 

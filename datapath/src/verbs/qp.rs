@@ -18,6 +18,7 @@ use rdmap::{
 };
 
 use crate::probe::{self, Mark};
+use crate::verbs::cq::{Completion, CqSink};
 use crate::{DatapathError, PostListError, QpError};
 
 /// What the application can see of a queue pair's state while its engine runs.
@@ -43,6 +44,23 @@ pub(crate) enum Cmd {
     SendInline(InlineSendWr),
     Recv(RecvWr),
     Close,
+}
+
+impl Cmd {
+    /// The completion of the work request, flushed (`WrFlushError`); `None` for a Close.
+    fn flushed(&self) -> Option<WorkCompletion> {
+        let (wr_id, opcode) = match self {
+            Cmd::Send(wr) => (wr.wr_id, wr.op.wc_opcode()),
+            Cmd::SendInline(wr) => (wr.wr_id, wr.op.wc_opcode()),
+            Cmd::Recv(wr) => (wr.wr_id, WcOpcode::Recv),
+            Cmd::Close => return None,
+        };
+        Some(WorkCompletion::failed(
+            wr_id,
+            opcode,
+            WcStatus::WrFlushError,
+        ))
+    }
 }
 
 /// State the engine publishes for the application.
@@ -248,17 +266,9 @@ impl Shared {
             return;
         };
         while let Ok(cmd) = cmds.try_recv() {
-            let (wr_id, opcode) = match cmd {
-                Cmd::Send(wr) => (wr.wr_id, wr.op.wc_opcode()),
-                Cmd::SendInline(wr) => (wr.wr_id, wr.op.wc_opcode()),
-                Cmd::Recv(wr) => (wr.wr_id, WcOpcode::Recv),
-                Cmd::Close => continue,
-            };
-            complete(WorkCompletion::failed(
-                wr_id,
-                opcode,
-                WcStatus::WrFlushError,
-            ));
+            if let Some(wc) = cmd.flushed() {
+                complete(wc);
+            }
         }
     }
 
@@ -374,6 +384,9 @@ pub struct QueuePair {
     /// Send and receive work requests posted (see [`QueueAccount`]).
     sends_posted: AtomicU64,
     recvs_posted: AtomicU64,
+    /// The queue pair's completion queues, where a work request posted once the transport
+    /// has finished with the queue pair in Error completes, flushed.
+    cq: Option<CqSink>,
 }
 
 /// A queue pair's attributes and capabilities, as `ibv_query_qp` reports them
@@ -469,6 +482,8 @@ pub(crate) struct QpParts {
     pub(crate) srq: bool,
     /// The RDMAP extensions of RFC 7306 are on ([`rdmap::QpConfig::extensions`]).
     pub(crate) extensions: bool,
+    /// The completion queues the transport delivers the queue pair's completions to.
+    pub(crate) cq: Option<CqSink>,
 }
 
 /// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
@@ -495,6 +510,7 @@ impl QueuePair {
             extensions: p.extensions,
             sends_posted: AtomicU64::new(0),
             recvs_posted: AtomicU64::new(0),
+            cq: p.cq,
         }
     }
 
@@ -581,6 +597,9 @@ impl QueuePair {
         if self.shared.refuses_posts() {
             return Err(DatapathError::Disconnected);
         }
+        if self.shared.posts_stopped() {
+            return self.post_after_the_end(cmd);
+        }
         if !reserve(posted, retired, depth) {
             if self.shared.posts_stopped() {
                 return Err(DatapathError::Disconnected);
@@ -590,6 +609,28 @@ impl QueuePair {
         self.shared.queue(&self.cmds, cmd).inspect_err(|_| {
             posted.fetch_sub(1, Ordering::Relaxed);
         })
+    }
+
+    /// A work request posted after the transport stopped taking them: once it has finished
+    /// with the queue pair in Error, the request completes at once, flushed, as verbs flushes
+    /// what is posted to a queue pair in the error state (siw's `siw_sq_flush_wr`, the drain
+    /// of `ib_drain_qp`); otherwise (ended gracefully, or still ending) the post fails with
+    /// [`DatapathError::Disconnected`], siw's `ENOTCONN`.
+    fn post_after_the_end(&self, cmd: Cmd) -> Result<(), DatapathError> {
+        let in_error = {
+            let st = self.shared.lock();
+            st.finished && st.state == QpState::Error
+        };
+        match (&self.cq, cmd.flushed()) {
+            (Some(cq), Some(wc)) if in_error => {
+                cq.push(Completion {
+                    qp_num: self.num,
+                    wc,
+                });
+                Ok(())
+            }
+            _ => Err(DatapathError::Disconnected),
+        }
     }
 
     /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). A full send queue
@@ -602,11 +643,12 @@ impl QueuePair {
     /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
     /// errors (bad local STag, a message longer than the peer allows) come back as an error
     /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate)
-    /// or the transport has finished with the connection, posts fail with
-    /// [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing is queued; in Error,
-    /// before the transport has finished, they complete flushed (`WrFlushError`), as verbs
-    /// flushes them. A request accepted always completes (`WrFlushError` if the connection
-    /// ended first). A [`DatapathError::Io`] says only the transport's wake-up failed: the
+    /// or the transport has finished with a connection that ended gracefully, posts fail with
+    /// [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing is queued; in Error
+    /// (the connection failed, was reset or aborted) they are taken and complete flushed
+    /// (`WrFlushError`), as verbs flushes them, also once the transport has finished with the
+    /// queue pair (a drain: post a marker and wait for its completion). A request accepted
+    /// always completes (`WrFlushError` if the connection ended first). A [`DatapathError::Io`] says only the transport's wake-up failed: the
     /// request was queued and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
@@ -800,6 +842,11 @@ mod tests {
 
     /// A queue pair handle over `shared`, and the transport's end of its command channel.
     fn handle(shared: Arc<Shared>) -> (QueuePair, Receiver<Cmd>) {
+        handle_with_cq(shared, None)
+    }
+
+    /// [`handle`] whose completions go to `cq`.
+    fn handle_with_cq(shared: Arc<Shared>, cq: Option<CqSink>) -> (QueuePair, Receiver<Cmd>) {
         let (cmds, rx) = crossbeam_channel::unbounded();
         let agreed = Agreed::Mpa(Negotiated {
             rev: 2,
@@ -825,6 +872,7 @@ mod tests {
             rq_depth: 8,
             srq: false,
             extensions: false,
+            cq,
         });
         (qp, rx)
     }
@@ -860,6 +908,59 @@ mod tests {
             // No transport here: finished, so that dropping the handle does not wait for one.
             shared.mark_finished(QpState::Error);
             drop(qp);
+        }
+    }
+
+    /// Once the transport has finished with the queue pair in Error, a post completes at
+    /// once, flushed, on the queue pair's completion queue (a receive's on its receive
+    /// queue); after a graceful end it fails with `Disconnected`. Nothing reaches the
+    /// transport either way.
+    #[test]
+    fn posts_after_the_end_flush_in_error_only() {
+        use crate::verbs::cq::CompletionQueue;
+        let send = SendWr {
+            wr_id: 5,
+            op: rdmap::SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: SgeList::new(),
+            signaled: false,
+        };
+        let recv = RecvWr {
+            wr_id: 6,
+            sg_list: SgeList::new(),
+        };
+        for end in [QpState::Error, QpState::Closing, QpState::Idle] {
+            let (cq, recv_cq) = (CompletionQueue::new(), CompletionQueue::new());
+            let shared = Shared::new(QpState::Rts);
+            let sink = CqSink::new(&cq, Some(&recv_cq));
+            let (qp, rx) = handle_with_cq(shared.clone(), Some(sink));
+            shared.stop_posts(Some(&rx), |_| {});
+            shared.mark_finished(end);
+            let (sent, received) = (qp.post_send(send), qp.post_recv(recv));
+            assert!(rx.try_recv().is_err(), "{end:?}: queued");
+            if end == QpState::Error {
+                assert!(sent.is_ok() && received.is_ok(), "{sent:?} {received:?}");
+                let c = cq.try_next().expect("the Send's completion");
+                assert_eq!(
+                    (c.qp_num, c.wc.wr_id, c.wc.opcode, c.wc.status),
+                    (1, 5, WcOpcode::Send, WcStatus::WrFlushError)
+                );
+                let c = recv_cq.try_next().expect("the receive's completion");
+                assert_eq!(
+                    (c.wc.wr_id, c.wc.opcode, c.wc.status),
+                    (6, WcOpcode::Recv, WcStatus::WrFlushError)
+                );
+            } else {
+                for res in [sent, received] {
+                    assert!(
+                        matches!(res, Err(DatapathError::Disconnected)),
+                        "{end:?}: {res:?}"
+                    );
+                }
+            }
+            assert!(cq.is_empty() && recv_cq.is_empty(), "{end:?}");
         }
     }
 

@@ -153,18 +153,26 @@ pub fn assert_no_more(cq: &CompletionQueue) {
 }
 
 /// Posts zero-length receives on `qp` as fast as it takes them (`wr_id` 0, 1, ...; pausing
-/// while its receive queue is full) until one is refused with `Disconnected`, and returns how
-/// many were accepted. Bounded by [`WAIT`].
-pub fn post_recvs_until_refused(qp: &QueuePair, what: &str) -> u64 {
+/// while its receive queue is full) until the connection's end stops them, and returns how
+/// many were accepted: the first post refused with `Disconnected` (ending, or ended
+/// gracefully), or the first accepted after the transport was seen to have finished (in Error a
+/// post is taken and completes flushed at once). Bounded by [`WAIT`].
+pub fn post_recvs_until_the_end(qp: &QueuePair, what: &str) -> u64 {
     let deadline = Instant::now() + WAIT;
     let mut accepted = 0u64;
     loop {
+        let finished = qp.status().finished;
         let wr = RecvWr {
             wr_id: accepted,
             sg_list: SgeList::new(),
         };
         match qp.post_recv(wr) {
-            Ok(()) => accepted += 1,
+            Ok(()) => {
+                accepted += 1;
+                if finished {
+                    return accepted;
+                }
+            }
             Err(DatapathError::Disconnected) => return accepted,
             // The receive queue is full (nothing is sent to these): wait for the end.
             Err(DatapathError::RecvQueueFull { .. }) => {
@@ -172,11 +180,11 @@ pub fn post_recvs_until_refused(qp: &QueuePair, what: &str) -> u64 {
             }
             Err(e) => panic!("{what}: a post failed with {e}"),
         }
-        assert!(Instant::now() < deadline, "{what}: posts never refused");
+        assert!(Instant::now() < deadline, "{what}: the posts never ended");
     }
 }
 
-/// Checks that each of the `accepted` receives of [`post_recvs_until_refused`] completed
+/// Checks that each of the `accepted` receives of [`post_recvs_until_the_end`] completed
 /// exactly once, none successfully (nothing was sent to them), and that nothing else is
 /// queued on `cq`.
 pub fn each_completed_once(cq: &CompletionQueue, accepted: u64, what: &str) {

@@ -507,6 +507,7 @@ impl TcpApp for App<'_> {
                         rq_depth: qp_cfg.rq_depth,
                         srq: slot.conn.qp().has_srq(),
                         extensions: qp_cfg.extensions,
+                        cq: slot.waiter.cq().cloned(),
                     };
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
                         Waiter::Connect(tx, cq) => {

@@ -25,6 +25,16 @@ pub(super) enum Waiter {
     Accept(Handover<QpParts>, CqSink),
 }
 
+impl Waiter {
+    /// The completion queues of the connection waited for.
+    pub(super) fn cq(&self) -> Option<&CqSink> {
+        match self {
+            Waiter::None => None,
+            Waiter::Connect(_, cq) | Waiter::Accept(_, cq) => Some(cq),
+        }
+    }
+}
+
 pub(super) struct Slot {
     pub(super) conn: IwarpConn,
     /// Index of its PD's table in the engine's list (`None` until the PD is known).
