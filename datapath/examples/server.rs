@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sg_list: inbox.sge(0, 4096).into(),
     };
     let conn = request.accept_with_recvs(&pd, &cq, &welcome, vec![recv])?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
 
     // The client's Send comes after its Write and Read on the same stream.
     let c = cq

@@ -35,7 +35,7 @@ fn post_recvs(qp: &QueuePair) {
 /// Aborts `qp` (whose receives 0..RECVS are outstanding) and checks this side: finished in
 /// Error with no error of its own when `abort` returns, every receive flushed once, a later post
 /// flushed at once (a drain), a second abort harmless.
-fn abort_and_check(mut qp: QueuePair, cq: &CompletionQueue, what: &str) {
+fn abort_and_check(qp: QueuePair, cq: &CompletionQueue, what: &str) {
     qp.abort();
     let st = qp.status();
     assert!(
@@ -116,7 +116,7 @@ fn socket_transport_abort_resets_the_connection() {
 /// The graceful close, for contrast: the same peer sees the FIN.
 #[test]
 fn socket_transport_disconnect_closes_the_connection() {
-    let (_client, mut ours, theirs) = socket_pair();
+    let (_client, ours, theirs) = socket_pair();
     ours.disconnect();
     assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
 }

@@ -172,7 +172,7 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for m in 0..MSGS {
         let c = cq
             .wait(WAIT)
@@ -232,7 +232,7 @@ fn client(connect: &Connect<'_>) -> Result<(), String> {
     let stag = |o: usize| Stag(u32::from_be_bytes(p[o..o + 4].try_into().unwrap()));
     let to = |o: usize| u64::from_be_bytes(p[o + 4..o + 12].try_into().unwrap());
     let (target, target_to, source, source_to) = (stag(0), to(0), stag(12), to(12));
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     let post = |wr_id: u64, op: SendOp, sg_list: SgeList| {
         qp.post_send(SendWr {
             wr_id,

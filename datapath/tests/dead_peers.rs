@@ -179,7 +179,7 @@ fn socket_peer_cut_off_mid_transfer() {
 /// Our engine in `iwa` connects to the peer, its link goes down, eight 1 MiB Writes are
 /// posted (none can be acknowledged), and `end` ends the queue pair. Returns how long `end`
 /// took, whether the queue pair was finished when it returned, and the completions' statuses.
-fn end_with_a_vanished_peer(end: fn(&mut QueuePair)) -> (Duration, bool, Vec<WcStatus>) {
+fn end_with_a_vanished_peer(end: fn(&QueuePair)) -> (Duration, bool, Vec<WcStatus>) {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel();
     let srv = spawn_in_ns(NS_B, move || peer(ready_tx, done_rx));
@@ -200,7 +200,7 @@ fn end_with_a_vanished_peer(end: fn(&mut QueuePair)) -> (Duration, bool, Vec<WcS
         let p = &conn.private_data;
         let stag = Stag(u32::from_be_bytes(p[..4].try_into().unwrap()));
         let to = u64::from_be_bytes(p[4..12].try_into().unwrap());
-        let mut qp = conn.qp;
+        let qp = conn.qp;
         link(NS_B, DEV_B, false);
         for i in 0..8 {
             qp.post_send(SendWr {
@@ -216,7 +216,7 @@ fn end_with_a_vanished_peer(end: fn(&mut QueuePair)) -> (Duration, bool, Vec<WcS
         }
         std::thread::sleep(Duration::from_millis(200));
         let t = Instant::now();
-        end(&mut qp);
+        end(&qp);
         let took = t.elapsed();
         let finished = qp.status().finished;
         let mut statuses = Vec::new();

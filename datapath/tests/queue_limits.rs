@@ -76,7 +76,7 @@ fn silent_responder(
 /// Fills the send queue of `qp` (connected to a silent peer) with Reads that cannot complete,
 /// and checks that every further post fails at once with `SendQueueFull`, the list's with
 /// `posted` 0; then aborts: the queued Reads flush.
-fn fill_the_send_queue(mut qp: QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
+fn fill_the_send_queue(qp: QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
     let read = |i| read_wr(i, sink, 64, Stag(0x0bad_0100), 0);
     for i in 0..DEPTH as u64 {
         qp.post_send(read(i)).expect("a post within the depth");

@@ -107,7 +107,7 @@ fn socket_receive_completions_go_to_the_receive_completion_queue() {
     let listener =
         Listener::bind(common::any_port(), common::params(MpaConfig::default())).expect("listen");
     let addr = listener.local_addr().expect("address");
-    let (mut c, mut s) = std::thread::scope(|scope| {
+    let (c, s) = std::thread::scope(|scope| {
         let accepting = scope.spawn(|| {
             let req = listener
                 .accept_timeout(WAIT)
@@ -146,7 +146,7 @@ fn engine_receive_completion_queue_drives_the_engine() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 19_666;
     let server = |ready| {
-        let mut echoed = bed::echo_rounds(PORT, &ready, ROUNDS, LEN, WAIT, |_| Ok(()))?;
+        let echoed = bed::echo_rounds(PORT, &ready, ROUNDS, LEN, WAIT, |_| Ok(()))?;
         let _ = echoed.qp.wait_finished(WAIT);
         echoed.qp.disconnect();
         Ok(())
@@ -163,7 +163,7 @@ fn engine_receive_completion_queue_drives_the_engine() {
         let ends = Ends::new();
         let params = ends.params(bed::params());
         let recvs = (0..4).map(|i| recv(&ends.buf, i)).collect();
-        let mut conn = engine
+        let conn = engine
             .connect_with_recvs(
                 SocketAddr::from((ADDR_B, PORT)),
                 &ends.side.pd,
@@ -250,7 +250,7 @@ fn engine_accept_with_a_receive_completion_queue() {
             .expect("connect");
         (c, s)
     });
-    let (mut c, mut s) = conns;
+    let (c, s) = conns;
     c.qp.post_recv(recv(&client.buf, 0))
         .expect("client receive");
     exchange(&c.qp, &client, &server, "socket client to engine");

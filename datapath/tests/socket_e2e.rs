@@ -543,7 +543,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
             recvs,
         },
     );
-    let (mut c, s) = (c.unwrap(), s.unwrap());
+    let (c, s) = (c.unwrap(), s.unwrap());
     // One Send through, so both sides are in full operation.
     c.qp.post_send(SendWr {
         wr_id: 1,
@@ -653,6 +653,49 @@ fn posts_racing_the_peer_s_close_all_complete() {
     }
 }
 
+/// `disconnect` takes a shared queue pair, as `rdma_disconnect` takes a shared id: one thread
+/// posts while two others disconnect the same queue pair at once. Every post accepted
+/// completes exactly once, both disconnects return with the queue pair finished, and the
+/// posts end.
+#[test]
+fn disconnect_while_other_threads_post() {
+    let p = ConnectParams {
+        rq_depth: 1 << 20,
+        ..params(mpa(2, true, false))
+    };
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let (c, _s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![],
+        },
+    );
+    let qp = &c.qp;
+    let accepted = std::thread::scope(|scope| {
+        let poster = scope.spawn(|| post_recvs_until_the_end(qp, "posting beside disconnects"));
+        std::thread::sleep(Duration::from_millis(5));
+        let ends: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    qp.disconnect();
+                    qp.status().finished
+                })
+            })
+            .collect();
+        for end in ends {
+            assert!(end.join().expect("a disconnecting thread"), "not finished");
+        }
+        poster.join().expect("the posting thread")
+    });
+    assert!(accepted > 0, "nothing posted before the disconnects");
+    each_completed_once(&client.cq, accepted, "posts beside disconnects");
+}
+
 /// `post_send_list` (`ibv_post_send` with a chain): eight Writes into eight slots of the
 /// peer's region, posted in one call, complete in order, and each slot holds its Write's data;
 /// on a closed queue pair the list is refused with nothing posted.
@@ -668,7 +711,7 @@ fn a_list_of_writes_posted_in_one_call() {
         .pd
         .register(8 * 512, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
-    let (mut c, _s) = establish_ok(
+    let (c, _s) = establish_ok(
         &listener,
         &client,
         &p,

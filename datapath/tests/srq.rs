@@ -121,7 +121,7 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     if srq.try_limit_event() {
         return Err("the low watermark fired twice for one arming".into());
     }
-    for mut qp in qps {
+    for qp in qps {
         qp.wait_finished(WAIT);
         qp.disconnect();
     }
@@ -139,7 +139,7 @@ fn client(c: usize, addr: SocketAddr) -> Result<(), String> {
     }
     let conn = datapath::connect(addr, &pd, &cq, &params(None), &[])
         .map_err(|e| format!("client {c}: connect: {e}"))?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for i in 0..SENDS {
         let len = message(c, i).len() as u32;
         qp.post_send(SendWr {

@@ -491,7 +491,7 @@ fn run_combo(
             &format!("size {size} Write data"),
         )?;
     }
-    let (mut c, mut s) = (c, s);
+    let (c, s) = (c, s);
     c.qp.disconnect();
     if !s.qp.wait_finished(WAIT) {
         return Err(format!("server side did not close: {:?}", s.qp.status()));
@@ -682,7 +682,7 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
     let src = pd.register(4096, ALL).unwrap();
     let data = pattern(u64::from(port), 3000);
     src.write(0, &data);
-    let (c, mut s) = establish(
+    let (c, s) = establish(
         &listener,
         &spd,
         &scq,
@@ -759,7 +759,7 @@ fn failed_accept_case(engine: &XdpEngine, client: Stack<'_>, port: u16) {
         t.elapsed()
     );
     let buf = spd.register(4096, ALL).unwrap();
-    let (c, mut s) = establish(
+    let (c, s) = establish(
         &listener,
         &spd,
         &scq,
@@ -855,7 +855,7 @@ fn many_connections(server: &XdpEngine, client: Stack<'_>, port: u16) {
             }
             let checks: Vec<_> = conns
                 .into_iter()
-                .map(|(i, mut conn, cq)| {
+                .map(|(i, conn, cq)| {
                     let (wtarget, recvbuf) = (&wtarget, &recvbuf);
                     s.spawn(move || -> Result<(), String> {
                         let off = i * CHUNK;
@@ -952,7 +952,7 @@ fn many_connections(server: &XdpEngine, client: Stack<'_>, port: u16) {
                     };
                     let qp = run();
                     all_done.wait();
-                    let res = qp.and_then(|mut qp| {
+                    let res = qp.and_then(|qp| {
                         qp.disconnect();
                         let st = qp.status();
                         if !st.finished

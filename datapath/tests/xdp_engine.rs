@@ -149,7 +149,7 @@ fn server(kind: Kind, ready: std::sync::mpsc::Sender<()>, mtu: Option<u16>) -> R
     let conn = req
         .accept_with_recvs(&pd, &cq, &welcome, recvs)
         .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     check_mulpdu("server", &qp, mtu)?;
     for (i, &size) in SIZES.iter().enumerate() {
         let c = cq
@@ -209,7 +209,7 @@ fn client(kind: Kind, server: Ipv4Addr, mtu: Option<u16>) -> Result<(), String> 
     let stag = |o: usize| datapath::Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
     let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
     let (wstag, wto, rstag, rto) = (stag(0), to(0), stag(12), to(12));
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     check_mulpdu("client", &qp, mtu)?;
     for (i, &size) in SIZES.iter().enumerate() {
         let off = OFFSETS[i];
@@ -412,7 +412,7 @@ fn shard_server(listener: Listener) -> Result<(), String> {
             .map_err(|e| format!("accept {i}: {e}"))?;
         conns.push((i, conn.qp, cq));
     }
-    for (i, mut qp, cq) in conns {
+    for (i, qp, cq) in conns {
         let c = cq
             .wait(WAIT)
             .ok_or_else(|| format!("server {i}: no receive completion: {:?}", qp.status()))?;
@@ -506,7 +506,7 @@ fn shard_clients(
                 .map_err(|e| format!("client {i}: post: {e}"))?;
         }
     }
-    for (i, mut conn, cq) in conns {
+    for (i, conn, cq) in conns {
         for _ in 0..3 {
             let c = cq.wait(WAIT).ok_or_else(|| {
                 format!("client {i}: completions missing: {:?}", conn.qp.status())

@@ -26,7 +26,7 @@ const SETUP: Duration = Duration::from_secs(30);
 const ECHO_DELAY: Duration = Duration::from_millis(3);
 
 fn server(ready: std::sync::mpsc::Sender<()>) -> Result<(), String> {
-    let mut echoed = bed::echo_rounds(PORT, &ready, ROUNDS, LEN, SETUP, |_| {
+    let echoed = bed::echo_rounds(PORT, &ready, ROUNDS, LEN, SETUP, |_| {
         std::thread::sleep(ECHO_DELAY);
         Ok(())
     })?;
@@ -52,7 +52,7 @@ fn client() -> Result<u64, String> {
         .register(LEN * 4, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
     let (mut engine, conn) = bed::engine_connect_in_a(cfg, PORT, &pd, &cq)?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     let before = engine.counters().watchdog_wakes;
     for i in 0..ROUNDS {
         qp.post_recv(bed::slot_recv(&buf, i, LEN))

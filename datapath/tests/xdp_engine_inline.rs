@@ -41,7 +41,7 @@ fn recv_wr(mr: &datapath::MemoryRegion, i: u64) -> RecvWr {
 
 /// Echoes `rounds` Sends back (kernel TCP, blocking waits).
 fn server(port: u16, ready: std::sync::mpsc::Sender<()>, rounds: u64) -> Result<(), String> {
-    let mut echoed = bed::echo_rounds(port, &ready, rounds, LEN, SETUP, |_| Ok(()))?;
+    let echoed = bed::echo_rounds(port, &ready, rounds, LEN, SETUP, |_| Ok(()))?;
     // The last echoes' completions, then wait for the client to close.
     let _ = echoed.qp.wait_finished(SETUP);
     echoed.qp.disconnect();
@@ -69,7 +69,7 @@ fn client(port: u16, inline: bool) -> Result<(u64, EngineCounters), String> {
         .register(LEN * 4, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
     let (mut engine, conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for i in 0..4 {
         qp.post_recv(recv_wr(&dst, i))
             .map_err(|e| format!("post_recv: {e}"))?;
@@ -164,7 +164,7 @@ fn stopped_polling(port: u16) -> Result<Vec<Duration>, String> {
     };
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
-    let (mut engine, mut conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
+    let (mut engine, conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
     let mut lags = Vec::new();
     for round in 0..3 {
         let polling = Instant::now();
@@ -318,7 +318,7 @@ fn post_list(port: u16) -> Result<EngineCounters, String> {
     for i in 0..LIST {
         src.write(i as usize * LEN, &list_pattern(i));
     }
-    let (mut engine, mut conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
+    let (mut engine, conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(50) {
         if let Some(c) = cq.try_next() {

@@ -63,7 +63,7 @@ fn retransmitted_segments() -> Result<u64, String> {
 /// echo on.
 fn server(port: u16, ready: std::sync::mpsc::Sender<()>) -> Result<u64, String> {
     let mut before = 0;
-    let mut echoed = bed::echo_rounds(port, &ready, ROUNDS, LEN, SETUP, |round| {
+    let echoed = bed::echo_rounds(port, &ready, ROUNDS, LEN, SETUP, |round| {
         if round == ROUNDS - 1 {
             // The last echo: nothing answers it, so only the client's delayed-ACK timer
             // acknowledges it.
@@ -97,7 +97,7 @@ fn client(port: u16) -> Result<u64, String> {
         .register(LEN * 4, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
     let (mut engine, conn) = bed::engine_connect_in_a(cfg, port, &pd, &cq)?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for i in 0..4 {
         qp.post_recv(recv_wr(&dst, i))
             .map_err(|e| format!("post_recv: {e}"))?;

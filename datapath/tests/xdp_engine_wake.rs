@@ -41,7 +41,7 @@ fn client() -> Result<(), String> {
         .register(LEN * ROUNDS as usize, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
     let (mut engine, conn) = bed::engine_connect_in_a(cfg, PORT, &pd, &cq)?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for i in 0..ROUNDS {
         std::thread::sleep(PAUSE);
         let off = i as usize * LEN;

@@ -165,7 +165,7 @@ fn server(
         let conn = req
             .accept_with_recvs(&pd, &cq, &[], recvs)
             .map_err(|e| format!("{what}: accept: {e}"))?;
-        let mut qp = conn.qp;
+        let qp = conn.qp;
         let agreed = ift_of(qp.agreed()).map_err(|e| format!("{what}: {e}"))?;
         if (agreed.tx.header_crc, agreed.tx.payload_crc) != *server
             || (agreed.rx.header_crc, agreed.rx.payload_crc) != *client
@@ -250,7 +250,7 @@ fn client(
             None => datapath::connect(addr, &pd, &cq, &params, &[]),
         }
         .map_err(|e| format!("{what}: connect: {e}"))?;
-        let mut qp = conn.qp;
+        let qp = conn.qp;
         let agreed = ift_of(qp.agreed()).map_err(|e| format!("{what}: {e}"))?;
         if (agreed.tx.header_crc, agreed.tx.payload_crc) != *client
             || (agreed.rx.header_crc, agreed.rx.payload_crc) != *server_crcs

@@ -177,7 +177,7 @@ fn server(
         .accept_with_recvs(&pd, &cq, private_data, recvs)
         .map_err(|e| format!("accept: {e}"))?;
     let _ = regions.send(welcome);
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for (r, &size) in rounds.iter().enumerate() {
         let c = cq
             .wait(left(deadline))
@@ -265,7 +265,7 @@ fn client(
     let stag = |o: usize| datapath::Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
     let to = |o: usize| u64::from_be_bytes(w[o + 4..o + 12].try_into().unwrap());
     let (wstag, wto, rstag, rto) = (stag(0), to(0), stag(12), to(12));
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     for r in 0..rounds.len() {
         qp.post_recv(RecvWr {
             wr_id: 200 + r as u64,

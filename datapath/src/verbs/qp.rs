@@ -372,9 +372,9 @@ pub struct QueuePair {
     agreed: Agreed,
     mulpdu: usize,
     peer: SocketAddr,
-    /// The transport's thread for this connection alone, joined on disconnect (the socket
-    /// transport's; the AF_XDP engine's thread is shared).
-    thread: Option<JoinHandle<()>>,
+    /// The transport's thread for this connection alone, joined by the first disconnect or
+    /// abort (the socket transport's; the AF_XDP engine's thread is shared).
+    thread: Mutex<Option<JoinHandle<()>>>,
     sq_depth: usize,
     rq_depth: usize,
     /// Receives come from a shared receive queue: `post_recv` refuses them.
@@ -503,7 +503,7 @@ impl QueuePair {
             agreed: p.agreed,
             mulpdu: p.mulpdu,
             peer: p.peer,
-            thread: p.thread,
+            thread: Mutex::new(p.thread),
             sq_depth: p.sq_depth,
             rq_depth: p.rq_depth,
             srq: p.srq,
@@ -752,9 +752,14 @@ impl QueuePair {
     /// and FIN in flight) becomes a reset: once this returns, the transport neither reads nor
     /// writes the queue pair's memory ([`QueuePair::status`]`.finished`; only an engine that
     /// does not answer at all leaves it false).
-    pub fn disconnect(&mut self) {
+    ///
+    /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
+    /// meanwhile (their posts are taken and flushed, or refused with
+    /// [`DatapathError::Disconnected`]), and several may disconnect at once (each returns once
+    /// the queue pair has finished).
+    pub fn disconnect(&self) {
         let _ = self.command(Cmd::Close);
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.take_thread() {
             let _ = t.join();
         } else if !self.wait_finished(DISCONNECT_WAIT) {
             // A shared thread (the AF_XDP engine's) serves other connections too: it is
@@ -774,18 +779,18 @@ impl QueuePair {
     /// connection is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with
     /// [`QpError::PeerReset`]), every outstanding and queued work request completes with
     /// [`WcStatus::WrFlushError`] (a Send or Write the peer has acknowledged whole may
-    /// complete successfully first), and later posts fail with [`DatapathError::Disconnected`].
-    /// Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
+    /// complete successfully first), and later posts complete at once, flushed (a drain:
+    /// post a marker and wait for its completion). Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
     /// acknowledged is dropped. Returns once the transport has finished with the queue pair
     /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed. The abort
     /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
     /// queue pair that has finished already it does nothing.
-    pub fn abort(&mut self) {
+    pub fn abort(&self) {
         self.shared.request_abort();
         // A wake even when the command channel is closed: the transport checks the request on
         // its connection's next turn.
         let _ = self.waker.wake();
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.take_thread() {
             let _ = t.join();
         } else if !self.wait_finished(ABORT_WAIT) {
             tracing::warn!(
@@ -793,6 +798,13 @@ impl QueuePair {
                 "abort: the transport did not finish with the queue pair"
             );
         }
+    }
+}
+
+impl QueuePair {
+    /// The transport's own thread, for the first caller to join.
+    fn take_thread(&self) -> Option<JoinHandle<()>> {
+        self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 

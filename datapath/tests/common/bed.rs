@@ -142,7 +142,7 @@ pub fn receive_sends(
     let conn = req
         .accept_with_recvs(&pd, &cq, &[], recvs)
         .map_err(|e| format!("accept: {e}"))?;
-    let mut qp = conn.qp;
+    let qp = conn.qp;
     let mut got = vec![0u8; len];
     for i in 0..count {
         let c = cq

@@ -640,7 +640,7 @@ pub fn verified_transfers(
             recvs,
         },
     );
-    let (mut c, s) = (c.expect("connect"), s.expect("accept"));
+    let (c, s) = (c.expect("connect"), s.expect("accept"));
     let (client_mulpdu, server_mulpdu) = (c.qp.mulpdu(), s.qp.mulpdu());
     let mut moved = Vec::new();
 
