@@ -73,7 +73,9 @@ pub enum DatapathError {
         /// The queue's depth.
         depth: usize,
     },
-    /// The queue pair's engine has stopped (connection closed or in error).
+    /// The queue pair is closing or terminating, or its transport has stopped taking work
+    /// requests and the queue pair did not end in Error (where posts complete flushed
+    /// instead); or the engine is gone.
     #[error("queue pair is no longer connected")]
     Disconnected,
     /// Connection setup did not finish in time.

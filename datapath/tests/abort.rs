@@ -44,6 +44,13 @@ fn abort_and_check(qp: QueuePair, cq: &CompletionQueue, what: &str) {
     );
     assert_eq!(st.state, QpState::Error, "{what}");
     assert_eq!(st.error, None, "{what}: the application ended it");
+    // A drain, posted before any completion is read: it completes at once, flushed, behind
+    // every receive the abort flushed.
+    qp.post_recv(RecvWr {
+        wr_id: 99,
+        sg_list: SgeList::new(),
+    })
+    .unwrap_or_else(|e| panic!("{what}: a post after the abort: {e}"));
     let mut seen = vec![false; RECVS as usize];
     for _ in 0..RECVS {
         let wc = cq
@@ -55,21 +62,18 @@ fn abort_and_check(qp: QueuePair, cq: &CompletionQueue, what: &str) {
             (WcOpcode::Recv, WcStatus::WrFlushError),
             "{what}"
         );
-        assert!(!std::mem::replace(&mut seen[wc.wr_id as usize], true));
+        let slot = seen
+            .get_mut(wc.wr_id as usize)
+            .unwrap_or_else(|| panic!("{what}: {} before the flushed receives", wc.wr_id));
+        assert!(!std::mem::replace(slot, true));
     }
-    assert!(cq.try_next().is_none(), "{what}: an extra completion");
-    // A drain: a receive posted after the abort completes at once, flushed, behind the rest.
-    qp.post_recv(RecvWr {
-        wr_id: 99,
-        sg_list: SgeList::new(),
-    })
-    .unwrap_or_else(|e| panic!("{what}: a post after the abort: {e}"));
     let wc = cq.try_next().expect("the drain's completion").wc;
     assert_eq!(
         (wc.wr_id, wc.opcode, wc.status),
         (99, WcOpcode::Recv, WcStatus::WrFlushError),
         "{what}"
     );
+    assert!(cq.try_next().is_none(), "{what}: an extra completion");
     qp.abort();
 }
 

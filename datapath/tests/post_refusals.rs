@@ -19,7 +19,7 @@ use datapath::{
     Listener, MemoryRegion, MpaConfig, QpAttr, QpState, QueuePair, RdmapError, RecvWr, SendOp,
     SendWr, SgeList, SharedReceiveQueue, Stag, WcStatus, MAX_INLINE_DATA, MAX_SGE,
 };
-use testbed::{bed_or_skip, ADDR_B};
+use testbed::{bed_or_skip, ADDR_A, ADDR_B};
 
 /// A signaled request of `op` over `sg_list`.
 fn wr(op: SendOp, sg_list: SgeList) -> SendWr {
@@ -166,8 +166,10 @@ fn check_attr(qp: &QueuePair, params: &ConnectParams, extensions: bool) {
         mulpdu: a.mulpdu,
         srq: !extensions,
         extensions,
+        local: qp.local_addr(),
         peer: qp.peer_addr(),
     };
+    assert_ne!(a.local.port(), 0, "{a:?}");
     assert_eq!(a, want);
     assert!(a.mulpdu > 0 && a.mulpdu < 65536, "{a:?}");
 }
@@ -201,9 +203,12 @@ fn socket_requests_wrong_by_themselves_fail_the_post() {
             private_data: &[],
             recvs: vec![server_recv(&inbox)],
         };
-        let (c, _s) = establish_ok(&listener, &client, &params, plan);
+        let (c, s) = establish_ok(&listener, &client, &params, plan);
         let sink = sink(&client);
         check_attr(&c.qp, &params, extensions);
+        // Each end's address is what the other sees (`rdma_get_local_addr`, `..._peer_addr`).
+        assert_eq!(c.qp.local_addr(), s.qp.peer_addr());
+        assert_eq!(s.qp.local_addr(), c.qp.peer_addr());
         if extensions {
             extension_refusals(&c.qp, &client.cq, &sink);
         } else {
@@ -217,6 +222,7 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
     let _bed = bed_or_skip!();
     for (port, extensions) in [(19_663u16, false), (19_664, true)] {
         let (done_tx, done_rx) = mpsc::channel::<()>();
+        let (seen_tx, seen_rx) = mpsc::channel();
         let server = move |ready| {
             let req = bed::listen_in_b(port, &ready, WAIT)?;
             let side = Side::new();
@@ -224,9 +230,10 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
                 .pd
                 .register(64, Access::LOCAL_WRITE)
                 .map_err(|e| e.to_string())?;
-            let _conn = req
+            let conn = req
                 .accept_with_recvs(&side.pd, &side.cq, &[], vec![server_recv(&inbox)])
                 .map_err(|e| e.to_string())?;
+            let _ = seen_tx.send(conn.qp.peer_addr());
             let _ = done_rx.recv_timeout(WAIT);
             Ok(())
         };
@@ -244,6 +251,10 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
                 .expect("connect");
             let sink = sink(&side);
             check_attr(&conn.qp, &params, extensions);
+            // The engine's address is what the kernel's end sees (`rdma_get_local_addr`).
+            let seen = seen_rx.recv_timeout(WAIT).expect("the server's view");
+            assert_eq!(conn.qp.local_addr(), seen);
+            assert_eq!(seen.ip(), std::net::IpAddr::from(ADDR_A));
             if extensions {
                 extension_refusals(&conn.qp, &side.cq, &sink);
             } else {

@@ -15,7 +15,7 @@ use common::{bed, expect_wc, send_wr, write_wr, Side, WAIT};
 use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, CompletionChannel, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
-    QueuePair, RecvWr, WcOpcode, WcStatus,
+    QueuePair, RecvWr, SendOp, SendWr, SgeList, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, enter_ns, ADDR_B, DEV_A, NS_A};
 
@@ -133,6 +133,88 @@ fn socket_receive_completions_go_to_the_receive_completion_queue() {
     s.qp.disconnect();
     expect_wc(&server.recv_cq, 1, WcOpcode::Recv, WcStatus::WrFlushError);
     stays_empty(&server.side.cq, "the server's send queue after the flush");
+}
+
+/// Receives taken from a shared receive queue, and those that Immediate Data completes
+/// (RFC 7306: a Write with Immediate Data, an Immediate Data message), complete on the queue
+/// pair's receive completion queue too.
+#[test]
+fn socket_srq_and_immediate_receives_go_to_the_receive_completion_queue() {
+    let (client, server) = (Ends::new(), Ends::new());
+    let extended = ConnectParams {
+        rdmap_extensions: true,
+        ..common::params(MpaConfig::default())
+    };
+    let listener = Listener::bind(common::any_port(), extended.clone()).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let srq = SharedReceiveQueue::new(&server.side.pd, 8).expect("srq");
+    for i in 0..3 {
+        srq.post_recv(recv(&server.buf, i)).expect("srq receive");
+    }
+    let (c, _s) = std::thread::scope(|scope| {
+        let accepting = scope.spawn(|| {
+            let req = listener
+                .accept_timeout(WAIT)
+                .expect("accept")
+                .expect("a request");
+            req.use_srq(&srq)
+                .use_recv_cq(&server.recv_cq)
+                .accept(&server.side.pd, &server.side.cq, &[])
+                .expect("accept")
+        });
+        let params = client.params(extended.clone());
+        let c = datapath::connect(addr, &client.side.pd, &client.side.cq, &params, &[])
+            .expect("connect");
+        (c, accepting.join().expect("accepting thread"))
+    });
+    let src = client
+        .side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .expect("src");
+    let ops = [
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        SendOp::WriteImmediate {
+            remote_stag: server.buf.stag(),
+            remote_to: server.buf.base_to() + 3 * LEN as u64,
+            immediate: 7,
+        },
+        SendOp::Immediate {
+            solicited: false,
+            immediate: 8,
+        },
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
+        let sg_list = match op {
+            SendOp::Immediate { .. } => SgeList::new(),
+            _ => src.sge(0, LEN as u32).into(),
+        };
+        c.qp.post_send(SendWr {
+            wr_id: 10 + i as u64,
+            op,
+            sg_list,
+            signaled: true,
+        })
+        .expect("post");
+    }
+    for (i, opcode) in [WcOpcode::Send, WcOpcode::Write, WcOpcode::Immediate]
+        .into_iter()
+        .enumerate()
+    {
+        expect_wc(&client.side.cq, 10 + i as u64, opcode, WcStatus::Success);
+    }
+    for (wr_id, opcode) in [
+        (0, WcOpcode::Recv),
+        (1, WcOpcode::RecvImmediate),
+        (2, WcOpcode::RecvImmediate),
+    ] {
+        expect_wc(&server.recv_cq, wr_id, opcode, WcStatus::Success);
+    }
+    stays_empty(&server.side.cq, "the server's send queue");
+    stays_empty(&client.recv_cq, "the client's receive queue");
 }
 
 /// Rounds the engine client runs against the echo server.

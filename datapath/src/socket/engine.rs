@@ -98,6 +98,7 @@ pub(super) fn start_engine(
     }
     .min(usize::from(u16::MAX));
     let peer = stream.peer_addr()?;
+    let local = stream.local_addr()?;
     stream.set_read_timeout(None)?;
     stream.set_nonblocking(true)?;
     let mut stream = mio::net::TcpStream::from_std(stream);
@@ -182,6 +183,7 @@ pub(super) fn start_engine(
         shared,
         agreed,
         mulpdu,
+        local,
         peer,
         thread: Some(thread),
         sq_depth,

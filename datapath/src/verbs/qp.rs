@@ -70,9 +70,10 @@ pub(crate) struct Shared {
     /// event channel's `Disconnected`), with the cause.
     on_finish: Mutex<Option<FinishHook>>,
     /// The gate of the command channel: the number of posts under way, and [`POSTS_STOPPED`]
-    /// once the transport has stopped taking work requests. A post either sees the stop and
-    /// fails, or is counted, and the transport waits for it to be queued before it flushes
-    /// the queue: no work request is accepted and then lost.
+    /// once the transport has stopped taking work requests. A post either sees the stop (and
+    /// is refused, or flushed by the handle once the queue pair has finished in Error), or is
+    /// counted, and the transport waits for it to be queued before it flushes the queue: no
+    /// work request is accepted and then lost.
     posts: AtomicUsize,
     /// The application asked for the connection to be reset ([`QueuePair::abort`], or a
     /// [`QueuePair::disconnect`] whose graceful close did not finish): the transport drops it
@@ -247,8 +248,10 @@ impl Shared {
         cmds.send(cmd).map_err(|_| DatapathError::Disconnected)
     }
 
-    /// Stops taking work requests: posts from now on fail with
-    /// [`DatapathError::Disconnected`]. Waits for the posts under way to be queued, then
+    /// Stops taking work requests: posts from now on never reach the transport (they fail with
+    /// [`DatapathError::Disconnected`], or once the queue pair has finished in Error complete
+    /// flushed at once: `QueuePair::post_after_the_end`). Waits for the posts under way to be
+    /// queued, then
     /// completes those still queued in `cmds` as flushed (`WrFlushError`, as the queue pair's
     /// own outstanding work requests complete when it ends) through `complete`, and returns.
     pub(crate) fn stop_posts(
@@ -288,7 +291,8 @@ impl Shared {
         }
     }
 
-    /// The transport has finished with the connection: the status is final, and posts fail
+    /// The transport has finished with the connection: the status is final, and posts never
+    /// reach it again (refused, or flushed by the handle in Error)
     /// (see [`Shared::stop_posts`], which the transport calls first to flush what is queued).
     pub(crate) fn mark_finished(&self, state: QpState) {
         self.stop_posts(None, |_| {});
@@ -371,6 +375,7 @@ pub struct QueuePair {
     shared: Arc<Shared>,
     agreed: Agreed,
     mulpdu: usize,
+    local: SocketAddr,
     peer: SocketAddr,
     /// The transport's thread for this connection alone, joined by the first disconnect or
     /// abort (the socket transport's; the AF_XDP engine's thread is shared).
@@ -417,7 +422,9 @@ pub struct QpAttr {
     pub srq: bool,
     /// The RDMAP extensions of RFC 7306 (Atomics, Immediate Data) are on.
     pub extensions: bool,
-    /// The peer's address.
+    /// Our address (`rdma_get_local_addr`).
+    pub local: SocketAddr,
+    /// The peer's address (`rdma_get_peer_addr`).
     pub peer: SocketAddr,
 }
 
@@ -472,6 +479,7 @@ pub(crate) struct QpParts {
     pub(crate) shared: Arc<Shared>,
     pub(crate) agreed: Agreed,
     pub(crate) mulpdu: usize,
+    pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
     /// The transport's thread for this connection alone, if it has one.
     pub(crate) thread: Option<JoinHandle<()>>,
@@ -502,6 +510,7 @@ impl QueuePair {
             shared: p.shared,
             agreed: p.agreed,
             mulpdu: p.mulpdu,
+            local: p.local,
             peer: p.peer,
             thread: Mutex::new(p.thread),
             sq_depth: p.sq_depth,
@@ -543,9 +552,15 @@ impl QueuePair {
         self.mulpdu
     }
 
-    /// The peer's address.
+    /// The peer's address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Our address of the connection (`rdma_get_local_addr`): the interface's address and the
+    /// port the connection uses.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 
     /// The queue pair's attributes and capabilities in one (`ibv_query_qp`).
@@ -561,20 +576,25 @@ impl QueuePair {
             mulpdu: self.mulpdu,
             srq: self.srq,
             extensions: self.extensions,
+            local: self.local,
             peer: self.peer,
         }
     }
 
     fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        self.queue(cmd)?;
+        if !self.queue(cmd)? {
+            // Completed by the handle: nothing for the transport.
+            return Ok(());
+        }
         self.waker.wake().map_err(DatapathError::Io)
     }
 
     /// Queues `cmd` for the transport (no wake-up), counting a work request against its
     /// queue's depth: a full queue refuses it with [`DatapathError::SendQueueFull`] or
-    /// [`DatapathError::RecvQueueFull`] (or [`DatapathError::Disconnected`] once posts have
-    /// stopped).
-    fn queue(&self, cmd: Cmd) -> Result<(), DatapathError> {
+    /// [`DatapathError::RecvQueueFull`]; once posts have stopped, see
+    /// [`QueuePair::post_after_the_end`]. Returns whether `cmd` was queued (the transport is
+    /// to be woken) rather than completed by the handle.
+    fn queue(&self, cmd: Cmd) -> Result<bool, DatapathError> {
         let (posted, retired, depth, full) = match &cmd {
             Cmd::Send(_) | Cmd::SendInline(_) => (
                 &self.sends_posted,
@@ -592,13 +612,13 @@ impl QueuePair {
                     depth: self.rq_depth,
                 },
             ),
-            Cmd::Close => return self.shared.queue(&self.cmds, cmd),
+            Cmd::Close => return self.shared.queue(&self.cmds, cmd).map(|()| true),
         };
         if self.shared.refuses_posts() {
             return Err(DatapathError::Disconnected);
         }
         if self.shared.posts_stopped() {
-            return self.post_after_the_end(cmd);
+            return self.post_after_the_end(cmd).map(|()| false);
         }
         if !reserve(posted, retired, depth) {
             if self.shared.posts_stopped() {
@@ -606,9 +626,12 @@ impl QueuePair {
             }
             return Err(full);
         }
-        self.shared.queue(&self.cmds, cmd).inspect_err(|_| {
-            posted.fetch_sub(1, Ordering::Relaxed);
-        })
+        self.shared
+            .queue(&self.cmds, cmd)
+            .map(|()| true)
+            .inspect_err(|_| {
+                posted.fetch_sub(1, Ordering::Relaxed);
+            })
     }
 
     /// A work request posted after the transport stopped taking them: once it has finished
@@ -642,14 +665,16 @@ impl QueuePair {
     /// extensions, a Read with more than one sink element, ...) fails the post with
     /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
     /// errors (bad local STag, a message longer than the peer allows) come back as an error
-    /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate)
-    /// or the transport has finished with a connection that ended gracefully, posts fail with
-    /// [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing is queued; in Error
-    /// (the connection failed, was reset or aborted) they are taken and complete flushed
-    /// (`WrFlushError`), as verbs flushes them, also once the transport has finished with the
-    /// queue pair (a drain: post a marker and wait for its completion). A request accepted
-    /// always completes (`WrFlushError` if the connection ended first). A [`DatapathError::Io`] says only the transport's wake-up failed: the
-    /// request was queued and completes, and must not be posted again.
+    /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate),
+    /// or the transport has stopped taking work requests (after the application's
+    /// `disconnect`, or as the connection ends) and has not finished with the queue pair in
+    /// Error, posts fail with [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing
+    /// is queued. In Error (the connection failed, was reset or aborted) they are taken and
+    /// complete flushed (`WrFlushError`), as verbs flushes them, also once the transport has
+    /// finished with the queue pair (a drain: post a marker and wait for its completion). A
+    /// request accepted always completes (`WrFlushError` if the connection ended first). A
+    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
+    /// and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         wr.check_shape(self.extensions)
@@ -682,26 +707,31 @@ impl QueuePair {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, PostListError> {
         probe::mark(Mark::Posted);
-        let mut posted = 0;
+        let (mut posted, mut queued_any) = (0, false);
         for wr in wrs {
             // Through the gate one by one: the transport never waits on the caller's iterator.
             let queued = wr
                 .check_shape(self.extensions)
                 .map_err(DatapathError::InvalidWorkRequest)
                 .and_then(|()| self.queue(Cmd::Send(wr)));
-            if let Err(source) = queued {
-                if posted > 0 {
-                    // Those queued before are the transport's to run.
-                    let _ = self.waker.wake();
+            match queued {
+                Ok(queued) => queued_any |= queued,
+                Err(source) => {
+                    if queued_any {
+                        // Those queued before are the transport's to run.
+                        let _ = self.waker.wake();
+                    }
+                    return Err(PostListError { posted, source });
                 }
-                return Err(PostListError { posted, source });
             }
             posted += 1;
         }
-        self.waker.wake().map_err(|e| PostListError {
-            posted,
-            source: DatapathError::Io(e),
-        })?;
+        if queued_any {
+            self.waker.wake().map_err(|e| PostListError {
+                posted,
+                source: DatapathError::Io(e),
+            })?;
+        }
         Ok(posted)
     }
 
@@ -878,6 +908,7 @@ mod tests {
             shared,
             agreed,
             mulpdu: 1000,
+            local: "127.0.0.1:2".parse().unwrap(),
             peer: "127.0.0.1:1".parse().unwrap(),
             thread: None,
             sq_depth: 8,

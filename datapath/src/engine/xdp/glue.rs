@@ -179,7 +179,8 @@ impl App<'_> {
                 }
                 // Nothing follows a Close (the handle's disconnect holds it exclusively): any
                 // request still queued is flushed all the same, after the queue pair's own,
-                // and later posts fail.
+                // and later posts never reach the transport (refused, or flushed by the handle
+                // once the queue pair has finished in Error).
                 slot.stop_posts();
             }
         }
@@ -501,6 +502,10 @@ impl TcpApp for App<'_> {
                         shared: slot.shared.clone(),
                         agreed,
                         mulpdu,
+                        local: {
+                            let t = tcp.four_tuple();
+                            std::net::SocketAddr::from((t.local_addr, t.local_port))
+                        },
                         peer: slot.peer,
                         thread: None,
                         sq_depth: qp_cfg.sq_depth,

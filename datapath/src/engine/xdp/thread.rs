@@ -252,7 +252,8 @@ impl Engine {
                 ),
             }
             // Every queue pair is flushed (its work requests complete with `WrFlushError`, its
-            // waiters get an error) and its command channel closes (later posts fail); a
+            // waiters get an error) and its command channel closes (later posts complete
+            // flushed at once, the queue pair having finished in Error); a
             // connection whose state a panic left unusable is only dropped.
             let cause = if failed {
                 QpError::EngineFailed
