@@ -75,6 +75,8 @@ struct CqInner {
     channel: Option<Arc<ChannelInner>>,
     /// [`DISARMED`], or [`ARMED_ANY`] or [`ARMED_SOLICITED`] with or without [`TOLD`].
     armed: AtomicU8,
+    /// The application's word for the queue (`ibv_create_cq`'s `cq_context`).
+    context: u64,
 }
 
 /// A completion queue. Cloning it gives another handle to the same queue.
@@ -88,6 +90,7 @@ impl std::fmt::Debug for CompletionQueue {
         f.debug_struct("CompletionQueue")
             .field("len", &self.len())
             .field("channel", &self.inner.channel.is_some())
+            .field("context", &self.inner.context)
             .finish()
     }
 }
@@ -207,26 +210,37 @@ impl Default for CompletionQueue {
 impl CompletionQueue {
     /// A new, unbounded completion queue without a channel (`ibv_create_cq` with no channel).
     pub fn new() -> Self {
-        Self::build(None)
+        Self::create(None, 0)
     }
 
     /// A new, unbounded completion queue whose notifications go to `channel`
     /// (`ibv_create_cq` with a completion channel). Several queues may share one channel.
     pub fn with_channel(channel: &CompletionChannel) -> Self {
-        Self::build(Some(channel.inner.clone()))
+        Self::create(Some(channel), 0)
     }
 
-    fn build(channel: Option<Arc<ChannelInner>>) -> Self {
+    /// `ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector)` in one: a new, unbounded
+    /// queue, its notifications going to `channel` if one is given, carrying `context`, the
+    /// application's word for it ([`CompletionQueue::context`]: a C interface keeps its
+    /// `cq_context` pointer there, and finds its own queue again from the queue that
+    /// [`CompletionChannel::get_event`] returns).
+    pub fn create(channel: Option<&CompletionChannel>, context: u64) -> Self {
         let (tx, rx) = crossbeam_channel::unbounded();
         Self {
             inner: Arc::new(CqInner {
                 tx,
                 rx,
                 driver: OnceLock::new(),
-                channel,
+                channel: channel.map(|c| c.inner.clone()),
                 armed: AtomicU8::new(DISARMED),
+                context,
             }),
         }
+    }
+
+    /// The application's word given to [`CompletionQueue::create`] (0 otherwise).
+    pub fn context(&self) -> u64 {
+        self.inner.context
     }
 
     /// Where a transport delivers completions into this queue alone.
@@ -428,6 +442,26 @@ mod tests {
             qp_num: 1,
             wc: WorkCompletion::failed(7, WcOpcode::Send, WcStatus::WrFlushError),
         }
+    }
+
+    /// The queue an event names carries the context it was created with (how a C interface
+    /// finds its `cq_context` from `ibv_get_cq_event`).
+    #[test]
+    fn an_event_names_its_queue_and_context() {
+        let channel = CompletionChannel::new().expect("channel");
+        let (a, b) = (
+            CompletionQueue::create(Some(&channel), 0xa),
+            CompletionQueue::create(Some(&channel), 0xb),
+        );
+        b.req_notify(false).expect("arm b");
+        a.req_notify(false).expect("arm a");
+        b.sink().push(completion());
+        a.sink().push(completion());
+        let first = channel.get_event().expect("b's event");
+        let second = channel.get_event().expect("a's event");
+        assert!(first.same_queue(&b) && second.same_queue(&a));
+        assert_eq!((first.context(), second.context()), (0xb, 0xa));
+        assert_eq!(CompletionQueue::new().context(), 0);
     }
 
     /// The engine hears of every arming once and of its end once: armed before the queue met
