@@ -928,6 +928,18 @@ impl IwarpConn {
             + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
     }
 
+    /// Responder: sets the IRD and ORD the MPA Reply offers for this connection in place of
+    /// the configuration's ([`mpa::Responder::set_ird_ord`]; `rdma_accept`'s
+    /// `responder_resources` and `initiator_depth`), while its Request waits for
+    /// [`IwarpConn::accept`]. IFT negotiates neither: nothing to set.
+    pub fn set_accept_ird_ord(&mut self, ird: u16, ord: u16) -> Result<(), ConnError> {
+        match &mut self.phase {
+            Phase::AwaitingAccept(responder) => Ok(responder.set_ird_ord(ird, ord)?),
+            Phase::IftAwaitingAccept(_) => Ok(()),
+            _ => Err(ConnError::InvalidState("no MPA Request waiting")),
+        }
+    }
+
     /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
     /// Operation. Receives may be posted before (the QP accepts them while connecting).
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {

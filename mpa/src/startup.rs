@@ -715,6 +715,22 @@ impl Responder {
         request.rev.min(self.config.rev)
     }
 
+    /// Sets the IRD and ORD this Responder offers and negotiates with (RFC 6581 9.1) in
+    /// place of its configuration's, for the one connection it answers: `rdma_accept`'s
+    /// `responder_resources` and `initiator_depth`. Only while the Request waits for an
+    /// answer; each at most 0x3FFF ("do not negotiate").
+    pub fn set_ird_ord(&mut self, ird: u16, ord: u16) -> Result<(), MpaError> {
+        self.request()?;
+        let config = MpaConfig {
+            ird,
+            ord,
+            ..self.config.clone()
+        };
+        config.validate()?;
+        self.config = config;
+        Ok(())
+    }
+
     /// Accepts the Request: returns the Reply (R=0) to send, carrying `private_data`, and how
     /// Full Operation runs. Fails with [`MpaError::NoMatchingRtr`] (code 7) when the
     /// peer-to-peer Initiator offers no RTR kind we support; the ULP may then

@@ -384,6 +384,32 @@ fn ird_ord_negotiation() {
     assert_eq!(r.peer_params.map(|p| (p.ird, p.ord)), Some((4, 8)));
 }
 
+/// `rdma_accept`'s `responder_resources` / `initiator_depth`: the IRD and ORD set for the one
+/// Request replace the configuration's in the Reply and the outcome; only while the Request
+/// waits, and only 14 bits.
+#[test]
+fn ird_ord_set_for_one_accept() {
+    let now = Instant::now();
+    let initiator_config = MpaConfig {
+        ird: 4,
+        ord: 8,
+        ..MpaConfig::default()
+    };
+    let mut initiator = Initiator::new(initiator_config, &[], now).unwrap();
+    let mut responder = Responder::new(MpaConfig::default(), now).unwrap();
+    assert!(responder.set_ird_ord(1, 1).is_err(), "no Request yet");
+    responder.feed(initiator.request(), now).unwrap();
+    assert!(responder.set_ird_ord(0x4000, 1).is_err(), "15 bits");
+    responder.set_ird_ord(3, 2).unwrap();
+    let (reply, r) = responder.accept(&[]).unwrap();
+    assert_eq!((r.ird, r.ord), (3, 2));
+    let block = MpaFrameRepr::parse_bytes(&reply).unwrap().enhanced.unwrap();
+    assert_eq!((block.ird, block.ord), (3, 2));
+    let (i, _) = accepted(initiator.feed(&reply, now).unwrap().1);
+    assert_eq!((i.ird, i.ord), (4, 3));
+    assert!(responder.set_ird_ord(1, 1).is_err(), "answered already");
+}
+
 #[test]
 fn ird_ord_0x3fff_means_do_not_negotiate() {
     let initiator = MpaConfig {

@@ -540,6 +540,8 @@ impl PendingProvider for SocketPending {
         } = *self;
         let agreed = match answer {
             Answer::Mpa(mut responder) => {
+                // The accept's own IRD and ORD (`ConnectRequest::ird_ord`).
+                responder.set_ird_ord(params.mpa.ird, params.mpa.ord)?;
                 let (reply, negotiated) = responder.accept(private_data)?;
                 stream.write_all(&reply)?;
                 Agreed::Mpa(negotiated)

@@ -415,6 +415,27 @@ impl ConnectRequest {
         self
     }
 
+    /// Sets the send and receive queue depths of the queue pair that accepting creates
+    /// (`rdma_create_qp`'s `cap.max_send_wr` and `max_recv_wr` on the request's id), whatever
+    /// the listener's parameters say ([`ConnectParams::sq_depth`], `rq_depth`).
+    pub fn queue_depths(mut self, sq_depth: usize, rq_depth: usize) -> Self {
+        self.params.sq_depth = sq_depth;
+        self.params.rq_depth = rq_depth;
+        self
+    }
+
+    /// Sets the IRD and ORD the accept offers (`rdma_accept`'s `responder_resources` and
+    /// `initiator_depth`), whatever the listener's parameters say: the MPA Reply carries them
+    /// and they are negotiated with the Request's as RFC 6581 9.1 says (our ORD at most the
+    /// initiator's IRD; see [`ConnectRequest::info`] for what it offered). Each at most
+    /// 0x3FFF, which means "do not negotiate"; a larger value fails the accept with
+    /// [`DatapathError::Mpa`]. IFT negotiates neither: they are our IRD and ORD as they are.
+    pub fn ird_ord(mut self, ird: u16, ord: u16) -> Self {
+        self.params.mpa.ird = ird;
+        self.params.mpa.ord = ord;
+        self
+    }
+
     /// Sets the RDMAP extensions of RFC 7306 on the queue pair that accepting creates,
     /// whatever the listener's parameters say ([`ConnectParams::rdmap_extensions`]): for an
     /// application that learns from the Request's private data whether its peer speaks them.

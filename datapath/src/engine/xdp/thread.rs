@@ -722,6 +722,9 @@ impl Turner {
             srq.attach(slot.conn.qp_mut(), pd.id)?;
         }
         post_initial_recvs(slot.conn.qp_mut(), &pd.table.snapshot(), recvs)?;
+        slot.conn
+            .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
+            .map_err(conn_error)?;
         slot.conn.accept(private_data).map_err(conn_error)?;
         slot.table = Some(table);
         Ok(())
