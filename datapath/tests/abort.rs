@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use common::{bed, establish_ok, params as loopback_params, Side, WAIT};
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
-    CompletionQueue, Listener, MpaConfig, ProtectionDomain, QpError, QpState, QueuePair, RecvWr,
-    SgeList, WcOpcode, WcStatus,
+    CmEvent, CmEventChannel, CompletionQueue, Listener, MpaConfig, ProtectionDomain, QpError,
+    QpState, QueuePair, RecvWr, SgeList, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A};
 
@@ -123,6 +123,27 @@ fn socket_transport_disconnect_closes_the_connection() {
     let (_client, ours, theirs) = socket_pair();
     ours.disconnect();
     assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
+}
+
+/// `start_disconnect` (`rdma_disconnect`, which returns before the end): the same graceful
+/// close, its end reported by the disconnect event; a second start, and a `disconnect` after
+/// the end, do nothing.
+#[test]
+fn socket_transport_start_disconnect_reports_the_end_by_event() {
+    let (_client, ours, theirs) = socket_pair();
+    let events = CmEventChannel::new().expect("event channel");
+    ours.notify_disconnect(&events);
+    ours.start_disconnect().expect("start the close");
+    ours.start_disconnect().expect("start it again");
+    match events.wait_event(WAIT) {
+        Some(CmEvent::Disconnected { qp_num, error }) => {
+            assert_eq!((qp_num, error), (ours.num(), None));
+        }
+        other => panic!("not the disconnect event: {other:?}"),
+    }
+    assert!(ours.status().finished, "the event came before the end");
+    assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
+    ours.disconnect();
 }
 
 #[test]

@@ -253,6 +253,20 @@ fn engine_disconnect_from_a_vanished_peer_resets_when_the_close_cannot_finish() 
     assert!(!statuses.contains(&WcStatus::Success), "{statuses:?}");
 }
 
+/// `start_disconnect` against the same vanished peer: it returns at once, the queue pair
+/// still in use (the close cannot finish, and nothing of it completes yet), where
+/// `disconnect` would wait its 10 s. (The handle's drop then waits as `disconnect` does.)
+#[test]
+fn engine_start_disconnect_with_a_vanished_peer_returns_at_once() {
+    let _bed = bed_or_skip!();
+    let start = |qp: &QueuePair| qp.start_disconnect().expect("start the close");
+    let (took, finished, statuses) = end_with_a_vanished_peer(start);
+    println!("start_disconnect took {took:?}, finished {finished}, completions {statuses:?}");
+    assert!(!finished, "the close cannot have finished");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(statuses.is_empty(), "{statuses:?}");
+}
+
 /// `abort` against the same vanished peer (`ibv_modify_qp` to Error): no graceful wait, the
 /// connection reset at once, the queue pair finished when it returns, every Write flushed.
 #[test]

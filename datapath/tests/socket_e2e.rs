@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use datapath::{
     Access, ConnectParams, DatapathError, Listener, QpError, QpState, RdmapError, RecvWr, SendOp,
-    SendWr, SgeList, WcOpcode, WcStatus,
+    SendWr, SgeList, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 
 /// Every size of [`full_sizes`] (1 B to 16 MiB, MULPDU +- 1, segment payload boundaries) with
@@ -694,6 +694,108 @@ fn disconnect_while_other_threads_post() {
     });
     assert!(accepted > 0, "nothing posted before the disconnects");
     each_completed_once(&client.cq, accepted, "posts beside disconnects");
+}
+
+/// Lists of receives in one call (`ibv_post_recv`, `ibv_post_srq_recv` with a chain): a list
+/// longer than the queue holds posts what fits and names where it stopped (`bad_wr`), the
+/// posted ones take the peer's Sends; a shared receive queue's list stops at a full queue or
+/// at a receive that fails its check; a queue pair fed by one refuses a list of its own.
+#[test]
+fn lists_of_receives_in_one_call() {
+    let p = ConnectParams {
+        rq_depth: 3,
+        ..params(mpa(2, true, false))
+    };
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let inbox = server.pd.register(4 * 64, Access::LOCAL_WRITE).unwrap();
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![],
+        },
+    );
+    let recv = |i: u64| RecvWr {
+        wr_id: i,
+        sg_list: inbox.sge(i as usize * 64, 64).into(),
+    };
+    match s.qp.post_recv_list((0..4).map(recv)) {
+        Err(e) if e.posted == 3 => assert!(
+            matches!(e.source, DatapathError::RecvQueueFull { depth: 3 }),
+            "{e:?}"
+        ),
+        other => panic!("four receives into a queue of three: {other:?}"),
+    }
+    let src = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..3 {
+        c.qp.post_send(send_wr(10 + i, &src, 64)).unwrap();
+    }
+    for i in 0..3 {
+        expect_wc(&server.cq, i, WcOpcode::Recv, WcStatus::Success);
+        expect_wc(&client.cq, 10 + i, WcOpcode::Send, WcStatus::Success);
+    }
+    assert_no_more(&server.cq);
+
+    let srq = SharedReceiveQueue::new(&server.pd, 2).unwrap();
+    match srq.post_recv_list((0..3).map(recv)) {
+        Err(e) if e.posted == 2 => assert!(
+            matches!(e.source, DatapathError::RecvQueueFull { depth: 2 }),
+            "{e:?}"
+        ),
+        other => panic!("three receives into a shared queue of two: {other:?}"),
+    }
+    let srq = SharedReceiveQueue::new(&server.pd, 4).unwrap();
+    let foreign = RecvWr {
+        wr_id: 9,
+        sg_list: src.sge(0, 64).into(),
+    };
+    match srq.post_recv_list([recv(0), foreign, recv(1)]) {
+        Err(e) if e.posted == 1 => assert!(
+            matches!(e.source, DatapathError::InvalidArgument(_)),
+            "{e:?}"
+        ),
+        other => panic!("a receive of another protection domain in the list: {other:?}"),
+    }
+    assert_eq!(srq.len(), 1);
+    assert_eq!(
+        srq.post_recv_list([recv(1), recv(2)])
+            .expect("a list that fits"),
+        2
+    );
+
+    let fed = ConnectParams {
+        srq: Some(SharedReceiveQueue::new(&client.pd, 4).unwrap()),
+        ..p.clone()
+    };
+    let (c2, _s2) = establish_ok(
+        &listener,
+        &client,
+        &fed,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![],
+        },
+    );
+    let client_inbox = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let own = RecvWr {
+        wr_id: 1,
+        sg_list: client_inbox.sge(0, 64).into(),
+    };
+    match c2.qp.post_recv_list([own]) {
+        Err(e) if e.posted == 0 => assert!(
+            matches!(
+                e.source,
+                DatapathError::InvalidWorkRequest(RdmapError::SrqAttached)
+            ),
+            "{e:?}"
+        ),
+        other => panic!("a list of receives on a queue pair fed by an SRQ: {other:?}"),
+    }
 }
 
 /// `post_send_list` (`ibv_post_send` with a chain): eight Writes into eight slots of the

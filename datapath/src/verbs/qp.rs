@@ -707,14 +707,40 @@ impl QueuePair {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, PostListError> {
         probe::mark(Mark::Posted);
-        let (mut posted, mut queued_any) = (0, false);
-        for wr in wrs {
-            // Through the gate one by one: the transport never waits on the caller's iterator.
-            let queued = wr
-                .check_shape(self.extensions)
+        self.post_list(wrs.into_iter().map(|wr| {
+            wr.check_shape(self.extensions)
+                .map(|()| Cmd::Send(wr))
                 .map_err(DatapathError::InvalidWorkRequest)
-                .and_then(|()| self.queue(Cmd::Send(wr)));
-            match queued {
+        }))
+    }
+
+    /// Posts a list of receives in order, with one wake-up of the transport for the whole list
+    /// (`ibv_post_recv` with a chain of work requests; perftest's `--recv_post_list`). Returns
+    /// how many were posted; each fails, or completes, as [`QueuePair::post_recv`] says, and
+    /// [`PostListError::posted`] says how many went before the one that failed (verbs'
+    /// `bad_wr`): those are queued and complete, the rest are not.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        if self.srq {
+            return Err(PostListError {
+                posted: 0,
+                source: DatapathError::InvalidWorkRequest(rdmap::RdmapError::SrqAttached),
+            });
+        }
+        self.post_list(wrs.into_iter().map(|wr| Ok(Cmd::Recv(wr))))
+    }
+
+    /// Queues `cmds` one by one, each through the gate (the transport never waits on the
+    /// caller's iterator), and wakes the transport once; stops at the first that fails.
+    fn post_list(
+        &self,
+        cmds: impl Iterator<Item = Result<Cmd, DatapathError>>,
+    ) -> Result<usize, PostListError> {
+        let (mut posted, mut queued_any) = (0, false);
+        for cmd in cmds {
+            match cmd.and_then(|cmd| self.queue(cmd)) {
                 Ok(queued) => queued_any |= queued,
                 Err(source) => {
                     if queued_any {
@@ -788,7 +814,7 @@ impl QueuePair {
     /// [`DatapathError::Disconnected`]), and several may disconnect at once (each returns once
     /// the queue pair has finished).
     pub fn disconnect(&self) {
-        let _ = self.command(Cmd::Close);
+        let _ = self.start_disconnect();
         if let Some(t) = self.take_thread() {
             let _ = t.join();
         } else if !self.wait_finished(DISCONNECT_WAIT) {
@@ -802,6 +828,24 @@ impl QueuePair {
                     "disconnect: the transport did not finish with the queue pair"
                 );
             }
+        }
+    }
+
+    /// Starts the graceful close of [`QueuePair::disconnect`] and returns at once, as
+    /// `rdma_disconnect` does, its end reported later (`RDMA_CM_EVENT_DISCONNECTED`): by
+    /// [`QueuePair::notify_disconnect`]'s event, [`QueuePair::status`]`.finished` or
+    /// [`QueuePair::wait_finished`]. Until the end, outstanding work requests may still
+    /// complete and the transport may still read and write the queue pair's memory; the
+    /// close ends by the transport's own bounds (the retransmission limit,
+    /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
+    /// timeout). A later `disconnect`, or dropping the handle, waits for the end as
+    /// `disconnect` does (resetting the connection after 10 s). On a queue pair that is
+    /// closing or has ended already it does nothing. Fails only if the transport could not be
+    /// woken ([`DatapathError::Io`]; the close is queued all the same).
+    pub fn start_disconnect(&self) -> Result<(), DatapathError> {
+        match self.command(Cmd::Close) {
+            Err(DatapathError::Disconnected) => Ok(()),
+            other => other,
         }
     }
 

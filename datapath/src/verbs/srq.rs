@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use rdmap::{Access, RecvSource, RecvWr};
 
 use crate::memory::ProtectionDomain;
-use crate::DatapathError;
+use crate::{DatapathError, PostListError};
 
 struct SrqInner {
     pd: ProtectionDomain,
@@ -105,6 +105,23 @@ impl SharedReceiveQueue {
             },
             TrySendError::Disconnected(_) => DatapathError::Disconnected,
         })
+    }
+
+    /// Posts a list of receives in order (`ibv_post_srq_recv` with a chain of work
+    /// requests): each is checked and fails as [`SharedReceiveQueue::post_recv`] says;
+    /// returns how many were posted, or [`PostListError::posted`], how many went before the
+    /// one that failed (verbs' `bad_wr`): those are posted, the rest are not.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        let mut posted = 0;
+        for wr in wrs {
+            self.post_recv(wr)
+                .map_err(|source| PostListError { posted, source })?;
+            posted += 1;
+        }
+        Ok(posted)
     }
 
     /// Receives posted and not yet taken by a queue pair.
