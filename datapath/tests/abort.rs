@@ -126,14 +126,25 @@ fn socket_transport_disconnect_closes_the_connection() {
 }
 
 /// `start_disconnect` (`rdma_disconnect`, which returns before the end): the same graceful
-/// close, its end reported by the disconnect event; a second start, and a `disconnect` after
-/// the end, do nothing.
+/// close, its end reported by the disconnect event; a Send posted right behind it is flushed
+/// (or refused); a second start, and a `disconnect` after the end, do nothing.
 #[test]
 fn socket_transport_start_disconnect_reports_the_end_by_event() {
-    let (_client, ours, theirs) = socket_pair();
+    let (client, ours, theirs) = socket_pair();
     let events = CmEventChannel::new().expect("event channel");
     ours.notify_disconnect(&events);
     ours.start_disconnect().expect("start the close");
+    // A Send posted right behind the Close: refused, or flushed (nothing is taken after the
+    // Close, where the queue pair, Closing, would refuse it with a local error).
+    let behind = ours.post_send(datapath::SendWr {
+        wr_id: 7,
+        op: datapath::SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: SgeList::new(),
+        signaled: true,
+    });
     ours.start_disconnect().expect("start it again");
     match events.wait_event(WAIT) {
         Some(CmEvent::Disconnected { qp_num, error }) => {
@@ -144,6 +155,14 @@ fn socket_transport_start_disconnect_reports_the_end_by_event() {
     assert!(ours.status().finished, "the event came before the end");
     assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
     ours.disconnect();
+    match behind {
+        Ok(()) => {
+            let wc = client.cq.try_next().expect("the Send's completion").wc;
+            assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WrFlushError), "{wc:?}");
+        }
+        Err(e) => assert!(matches!(e, datapath::DatapathError::Disconnected), "{e:?}"),
+    }
+    assert!(client.cq.try_next().is_none(), "an extra completion");
 }
 
 #[test]

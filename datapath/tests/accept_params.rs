@@ -1,16 +1,19 @@
 //! What one accept sets for its own queue pair, whatever the listener's parameters say
 //! (`ConnectRequest::queue_depths`, `ird_ord`; verbs' `rdma_create_qp` caps on the request's id
 //! and `rdma_accept`'s `responder_resources` / `initiator_depth`): the queue depths, and the
-//! IRD and ORD the MPA Reply offers and both ends then run with (RFC 6581 9.1). The socket
-//! transport on loopback; the AF_XDP engine as responder on the veth bed (root, `SKIPPED`
-//! without, a failure under `CI=true`) to a socket-transport client.
+//! IRD and ORD the MPA Reply offers and both ends then run with (RFC 6581 9.1); with IFT
+//! framing (no negotiation) the server's queue pair runs with them as they are. An IRD beyond
+//! 14 bits fails the accept. The socket transport on loopback; the AF_XDP engine as responder
+//! on the veth bed (root, `SKIPPED` without, a failure under `CI=true`) to a socket-transport
+//! client.
 
 mod common;
 
 use std::net::SocketAddr;
 
 use common::{bed, Side, WAIT};
-use datapath::{ConnectParams, Connection, DatapathError, Listener, MpaConfig, QueuePair};
+use datapath::{ConnectParams, Connection, DatapathError, Framing, Listener, MpaConfig, QueuePair};
+use ift::IftConfig;
 use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
 
 /// The accept's own settings.
@@ -19,37 +22,61 @@ const RQ: usize = 2;
 const IRD: u16 = 3;
 const ORD: u16 = 2;
 
+/// The framings the tests run with.
+fn framings(base: ConnectParams) -> [(ConnectParams, &'static str); 2] {
+    let ift = ConnectParams {
+        // The VTag is drawn afresh per connection.
+        framing: Framing::Ift(IftConfig::with_vtag(0)),
+        ..base.clone()
+    };
+    [(base, "mpa"), (ift, "ift")]
+}
+
 /// Accepts the next request on `listener` with the accept's own depths and IRD/ORD (this
-/// thread), while `connect` runs on another; returns (client, server).
+/// thread), while `connect` runs on another; returns (client, server). First refuses an
+/// accept with an IRD beyond 14 bits, whose connection fails, and takes the next request.
 fn accept_with_own_settings(
     listener: &Listener,
-    connect: impl FnOnce() -> Result<Connection, DatapathError> + Send,
+    connect: impl Fn() -> Result<Connection, DatapathError> + Send + Sync,
 ) -> (Connection, Connection) {
     std::thread::scope(|scope| {
-        let client = scope.spawn(connect);
         let server = Side::new();
+        let refused = scope.spawn(&connect);
         let req = listener
             .accept_timeout(WAIT)
             .expect("accept")
             .expect("a request");
-        // What the initiator offered (RFC 6581 enhanced setup): the listener's defaults.
-        let offered = req
-            .info()
-            .and_then(|i| i.enhanced)
-            .expect("an enhanced Request");
-        assert_eq!((offered.ird, offered.ord), (16, 16));
+        match req.ird_ord(0x4000, ORD).accept(&server.pd, &server.cq, &[]) {
+            Err(DatapathError::InvalidArgument(_)) => {}
+            Err(e) => panic!("an IRD of 15 bits: {e}"),
+            Ok(_) => panic!("an IRD of 15 bits accepted"),
+        }
+        assert!(
+            refused.join().expect("client thread").is_err(),
+            "a connection whose accept was refused"
+        );
+        let client = scope.spawn(&connect);
+        let req = listener
+            .accept_timeout(WAIT)
+            .expect("accept")
+            .expect("a request");
+        if let Some(info) = req.info() {
+            // What the initiator offered (RFC 6581 enhanced setup): the defaults.
+            let offered = info.enhanced.expect("an enhanced Request");
+            assert_eq!((offered.ird, offered.ord), (16, 16));
+        }
         let s = req
             .queue_depths(SQ, RQ)
             .ird_ord(IRD, ORD)
             .accept(&server.pd, &server.cq, &[])
             .expect("accept");
         let c = client.join().expect("client thread").expect("connect");
-        // The handles keep nothing of `server`'s queue: completions are not looked at.
         (c, s)
     })
 }
 
-/// The server runs with the accept's settings; the client's ORD is the server's IRD.
+/// The server runs with the accept's settings; with MPA the client's ORD is the server's IRD,
+/// with IFT the client keeps its own.
 fn check(client: &QueuePair, server: &QueuePair, what: &str) {
     let s = server.attr();
     assert_eq!(
@@ -57,35 +84,42 @@ fn check(client: &QueuePair, server: &QueuePair, what: &str) {
         (SQ, RQ, IRD, ORD),
         "{what}: the server's queue pair"
     );
+    let want_ord = match client.agreed().framing() {
+        "mpa" => IRD,
+        _ => 16,
+    };
     let c = client.attr();
-    assert_eq!((c.ird, c.ord), (16, IRD), "{what}: the client's queue pair");
-}
-
-fn params() -> ConnectParams {
-    common::params(MpaConfig::default())
+    assert_eq!(
+        (c.ird, c.ord),
+        (16, want_ord),
+        "{what}: the client's queue pair"
+    );
 }
 
 #[test]
 fn socket_accept_sets_its_own_depths_and_ird_ord() {
-    let listener = Listener::bind(common::any_port(), params()).expect("listen");
-    let addr = listener.local_addr().expect("address");
-    let client = Side::new();
-    let (c, s) = accept_with_own_settings(&listener, || {
-        datapath::connect(addr, &client.pd, &client.cq, &params(), &[])
-    });
-    check(&c.qp, &s.qp, "socket");
+    for (params, framing) in framings(common::params(MpaConfig::default())) {
+        let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
+        let addr = listener.local_addr().expect("address");
+        let client = Side::new();
+        let (c, s) = accept_with_own_settings(&listener, || {
+            datapath::connect(addr, &client.pd, &client.cq, &params, &[])
+        });
+        check(&c.qp, &s.qp, &format!("socket, {framing}"));
+    }
 }
 
 #[test]
 fn engine_accept_sets_its_own_depths_and_ird_ord() {
     let _bed = bed_or_skip!();
-    const PORT: u16 = 19_668;
     let engine = bed::start_engine(NS_A, DEV_A);
-    let listener = bed::Stack::Engine(&engine).listen(PORT, bed::params());
-    let client = Side::new();
-    let (c, s) = accept_with_own_settings(&listener, || {
-        let addr = SocketAddr::from((ADDR_A, PORT));
-        bed::Stack::Socket.connect(addr, &client.pd, &client.cq, &bed::params(), &[])
-    });
-    check(&c.qp, &s.qp, "engine");
+    for ((params, framing), port) in framings(bed::params()).into_iter().zip([19_668, 19_669]) {
+        let listener = bed::Stack::Engine(&engine).listen(port, params.clone());
+        let client = Side::new();
+        let (c, s) = accept_with_own_settings(&listener, || {
+            let addr = SocketAddr::from((ADDR_A, port));
+            bed::Stack::Socket.connect(addr, &client.pd, &client.cq, &params, &[])
+        });
+        check(&c.qp, &s.qp, &format!("engine, {framing}"));
+    }
 }

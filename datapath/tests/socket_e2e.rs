@@ -655,8 +655,8 @@ fn posts_racing_the_peer_s_close_all_complete() {
 
 /// `disconnect` takes a shared queue pair, as `rdma_disconnect` takes a shared id: one thread
 /// posts while two others disconnect the same queue pair at once. Every post accepted
-/// completes exactly once, both disconnects return with the queue pair finished, and the
-/// posts end.
+/// completes exactly once, flushed, both disconnects return with the queue pair finished,
+/// and the posts end.
 #[test]
 fn disconnect_while_other_threads_post() {
     let p = ConnectParams {
@@ -693,7 +693,26 @@ fn disconnect_while_other_threads_post() {
         poster.join().expect("the posting thread")
     });
     assert!(accepted > 0, "nothing posted before the disconnects");
-    each_completed_once(&client.cq, accepted, "posts beside disconnects");
+    // Each exactly once, and flushed: none was taken after the Close (where the queue pair,
+    // Closing, would refuse it with a local error).
+    let mut seen = vec![false; accepted as usize];
+    for _ in 0..accepted {
+        let wc = next_wc(&client.cq, "a post beside the disconnects").wc;
+        assert_eq!(
+            (wc.opcode, wc.status),
+            (WcOpcode::Recv, WcStatus::WrFlushError),
+            "{wc:?}"
+        );
+        let slot = seen
+            .get_mut(wc.wr_id as usize)
+            .expect("a post that was accepted");
+        assert!(
+            !std::mem::replace(slot, true),
+            "two completions of {}",
+            wc.wr_id
+        );
+    }
+    assert_no_more(&client.cq);
 }
 
 /// Lists of receives in one call (`ibv_post_recv`, `ibv_post_srq_recv` with a chain): a list

@@ -931,11 +931,16 @@ impl IwarpConn {
     /// Responder: sets the IRD and ORD the MPA Reply offers for this connection in place of
     /// the configuration's ([`mpa::Responder::set_ird_ord`]; `rdma_accept`'s
     /// `responder_resources` and `initiator_depth`), while its Request waits for
-    /// [`IwarpConn::accept`]. IFT negotiates neither: nothing to set.
+    /// [`IwarpConn::accept`]. IFT negotiates neither: they are the queue pair's as they are.
     pub fn set_accept_ird_ord(&mut self, ird: u16, ord: u16) -> Result<(), ConnError> {
         match &mut self.phase {
             Phase::AwaitingAccept(responder) => Ok(responder.set_ird_ord(ird, ord)?),
-            Phase::IftAwaitingAccept(_) => Ok(()),
+            Phase::IftAwaitingAccept(_) => {
+                // `enter_ift_full` starts the queue pair with these.
+                self.cfg.mpa.ird = ird;
+                self.cfg.mpa.ord = ord;
+                Ok(())
+            }
             _ => Err(ConnError::InvalidState("no MPA Request waiting")),
         }
     }

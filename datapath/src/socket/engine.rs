@@ -370,10 +370,7 @@ impl Engine {
         let mut progress = false;
         if self.close_taken && !before_data {
             self.close_taken = false;
-            if !self.closing {
-                self.closing = true;
-                self.qp.close();
-            }
+            self.take_close();
             return true;
         }
         let budget = if before_data { usize::MAX } else { CMD_BUDGET };
@@ -419,15 +416,35 @@ impl Engine {
                 }
                 Cmd::Close if before_data => self.close_taken = true,
                 Cmd::Close => {
-                    if !self.closing {
-                        self.closing = true;
-                        self.qp.close();
-                    }
+                    self.take_close();
                     break;
                 }
             }
         }
         progress
+    }
+
+    /// The application's Close: the queue pair starts its graceful close, and nothing follows
+    /// it, as on the engine: requests still queued behind it complete flushed, after the
+    /// queue pair's own, and later posts never reach this thread (refused, or flushed by the
+    /// handle once the queue pair has finished in Error). A post taken after the Close would
+    /// find the queue pair Closing and fail with a local error instead.
+    fn take_close(&mut self) {
+        if !self.closing {
+            self.closing = true;
+            self.qp.close();
+        }
+        self.deliver_completions();
+        let (cq, num, qp) = (&self.cq, self.num, &mut self.qp);
+        self.shared.stop_posts(Some(&self.cmds), |wc| {
+            if wc.opcode == WcOpcode::Recv {
+                cq.push(Completion { qp_num: num, wc });
+            } else {
+                // Behind the queue pair's own send completions.
+                qp.complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
+            }
+        });
+        self.deliver_completions();
     }
 
     fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {

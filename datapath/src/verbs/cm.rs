@@ -429,7 +429,8 @@ impl ConnectRequest {
     /// and they are negotiated with the Request's as RFC 6581 9.1 says (our ORD at most the
     /// initiator's IRD; see [`ConnectRequest::info`] for what it offered). Each at most
     /// 0x3FFF, which means "do not negotiate"; a larger value fails the accept with
-    /// [`DatapathError::Mpa`]. IFT negotiates neither: they are our IRD and ORD as they are.
+    /// [`DatapathError::InvalidArgument`] and rejects the Request. IFT negotiates neither: they are our IRD and ORD as
+    /// they are.
     pub fn ird_ord(mut self, ird: u16, ord: u16) -> Self {
         self.params.mpa.ird = ird;
         self.params.mpa.ord = ord;
@@ -464,6 +465,15 @@ impl ConnectRequest {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
+        let most = mpa::wire::IRD_ORD_NO_NEGOTIATION;
+        if self.params.mpa.ird > most || self.params.mpa.ord > most {
+            // MPA's IRD and ORD are 14 bits. The request is spent: the peer hears of the
+            // refusal now rather than at its setup timeout.
+            let _ = self.inner.reject(&[], &self.params);
+            return Err(DatapathError::InvalidArgument(
+                "IRD and ORD are at most 0x3FFF",
+            ));
+        }
         let qp = self
             .inner
             .accept(pd, cq, private_data, recvs, &self.params)?;

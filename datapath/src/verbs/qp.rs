@@ -839,7 +839,9 @@ impl QueuePair {
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
     /// timeout). A later `disconnect`, or dropping the handle, waits for the end as
-    /// `disconnect` does (resetting the connection after 10 s). On a queue pair that is
+    /// `disconnect` does (on the AF_XDP engine, resetting the connection after 10 s). Posts
+    /// that follow the close are refused, or flushed once the queue pair has finished in
+    /// Error. On a queue pair that is
     /// closing or has ended already it does nothing. Fails only if the transport could not be
     /// woken ([`DatapathError::Io`]; the close is queued all the same).
     pub fn start_disconnect(&self) -> Result<(), DatapathError> {

@@ -177,10 +177,10 @@ impl App<'_> {
                     slot.closing = true;
                     slot.conn.close();
                 }
-                // Nothing follows a Close (the handle's disconnect holds it exclusively): any
-                // request still queued is flushed all the same, after the queue pair's own,
-                // and later posts never reach the transport (refused, or flushed by the handle
-                // once the queue pair has finished in Error).
+                // Nothing follows a Close (other threads may still post while the handle
+                // disconnects): any request still queued is flushed all the same, after the
+                // queue pair's own, and later posts never reach the transport (refused, or
+                // flushed by the handle once the queue pair has finished in Error).
                 slot.stop_posts();
             }
         }
