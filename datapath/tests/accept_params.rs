@@ -12,7 +12,10 @@ mod common;
 use std::net::SocketAddr;
 
 use common::{bed, Side, WAIT};
-use datapath::{ConnectParams, Connection, DatapathError, Framing, Listener, MpaConfig, QueuePair};
+use datapath::{
+    Access, ConnectParams, Connection, DatapathError, Framing, Listener, MpaConfig, QueuePair,
+    RdmapError, SendOp, SendWr, Stag,
+};
 use ift::IftConfig;
 use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
 
@@ -122,4 +125,46 @@ fn engine_accept_sets_its_own_depths_and_ird_ord() {
         });
         check(&c.qp, &s.qp, &format!("engine, {framing}"));
     }
+}
+
+/// An accept with IRD 0 leaves the initiator an ORD of 0 (RFC 6581 9.1): a Read it posts could
+/// never be sent, and fails the post (`EINVAL`) rather than waiting in the send queue forever.
+#[test]
+fn socket_a_read_with_no_ord_fails_the_post() {
+    let params = common::params(MpaConfig::default());
+    let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (client, server) = (Side::new(), Side::new());
+    let (c, _s) = std::thread::scope(|scope| {
+        let connecting =
+            scope.spawn(|| datapath::connect(addr, &client.pd, &client.cq, &params, &[]));
+        let req = listener
+            .accept_timeout(WAIT)
+            .expect("accept")
+            .expect("a request");
+        let s = req
+            .ird_ord(0, ORD)
+            .accept(&server.pd, &server.cq, &[])
+            .expect("accept");
+        (
+            connecting.join().expect("client thread").expect("connect"),
+            s,
+        )
+    });
+    assert_eq!(c.qp.attr().ord, 0);
+    let sink = client.pd.register(64, Access::LOCAL_WRITE).expect("sink");
+    let read = SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+        },
+        sg_list: sink.sge(0, 64).into(),
+        signaled: true,
+    };
+    match c.qp.post_send(read) {
+        Err(DatapathError::InvalidWorkRequest(RdmapError::ZeroOrd)) => {}
+        other => panic!("a Read with ORD 0: {other:?}"),
+    }
+    assert!(client.cq.try_next().is_none(), "the refused Read completed");
 }

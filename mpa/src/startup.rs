@@ -678,17 +678,18 @@ impl Responder {
                 let ord = config.ord.min(initiator.ird);
                 (ord, ord)
             };
-        // Our IRD is what we really have; a zero-length Read RTR needs at least one slot.
+        // Our IRD is what we really have; a zero-length Read RTR needs at least one slot,
+        // negotiated or not.
+        let have = if rtr == Some(RtrKind::Read) {
+            config.ird.max(1)
+        } else {
+            config.ird
+        };
         let (reply_ird, ird) =
             if initiator.ord == IRD_ORD_NO_NEGOTIATION || config.ird == IRD_ORD_NO_NEGOTIATION {
-                (IRD_ORD_NO_NEGOTIATION, config.ird)
+                (IRD_ORD_NO_NEGOTIATION, have)
             } else {
-                let ird = if rtr == Some(RtrKind::Read) {
-                    config.ird.max(1)
-                } else {
-                    config.ird
-                };
-                (ird, ird)
+                (have, have)
             };
         let mut reply = EnhancedParams {
             ird: reply_ird,

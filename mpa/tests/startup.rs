@@ -527,10 +527,18 @@ fn peer_to_peer_rtr_selection() {
         rtr_read: true,
         ..MpaConfig::default()
     };
-    let (i, r, _) = handshake(initiator.clone(), read_only).unwrap();
+    let (i, r, _) = handshake(initiator.clone(), read_only.clone()).unwrap();
     assert_eq!((i.rtr, r.rtr), (Some(RtrKind::Read), Some(RtrKind::Read)));
     assert_eq!(r.ird, 1);
     assert_eq!(i.ord, 1);
+    // The same when the Initiator does not negotiate (ORD 0x3FFF): the Responder still keeps
+    // the one slot the RTR's Read needs.
+    let unnegotiated = MpaConfig {
+        ord: IRD_ORD_NO_NEGOTIATION,
+        ..initiator.clone()
+    };
+    let (_, r, _) = handshake(unnegotiated, read_only).unwrap();
+    assert_eq!((r.rtr, r.ird), (Some(RtrKind::Read), 1));
 
     // Client-server: no RTR, even though the flags are configured.
     let (i, r, reply) = handshake(MpaConfig::default(), MpaConfig::default()).unwrap();

@@ -233,6 +233,10 @@ pub enum RdmapError {
         /// The list's total length.
         len: u64,
     },
+    /// An RDMA Read or Atomic work request on a queue pair whose ORD is 0: no Read or Atomic
+    /// Request may ever be outstanding (RFC 5040 6.1, RFC 7306 5.2), so it could never be sent.
+    #[error("an RDMA Read or Atomic on a queue pair whose ORD is 0")]
+    ZeroOrd,
     /// An Immediate Data work request with a scatter/gather list (it carries no data).
     #[error("an Immediate Data work request carries no data ({len} octets given)")]
     ImmediatePayload {
@@ -378,6 +382,7 @@ impl TerminateCause {
             | RdmapError::ExtensionsOff
             | RdmapError::AtomicSink { .. }
             | RdmapError::ImmediatePayload { .. }
+            | RdmapError::ZeroOrd
             | RdmapError::SrqAttached => None,
         }
     }

@@ -278,6 +278,16 @@ impl SendWr {
             _ => Ok(()),
         }
     }
+
+    /// Whether the request can run on a queue pair whose ORD is `ord`: a Read or an Atomic
+    /// needs at least one outstanding Request ([`RdmapError::ZeroOrd`]; RFC 5040 6.1, RFC
+    /// 7306 5.2: Atomics count against ORD).
+    pub fn check_ord(&self, ord: u16) -> Result<(), RdmapError> {
+        match self.op {
+            SendOp::Read { .. } | SendOp::Atomic { .. } if ord == 0 => Err(RdmapError::ZeroOrd),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl InlineSendWr {
@@ -1038,6 +1048,10 @@ impl QueuePair {
             return Err(RdmapError::SendQueueFull);
         }
         wr.check_shape(self.cfg.extensions)?;
+        if self.state == QpState::Rts {
+            // The ORD is known once in RTS (work posted in Idle waits for it).
+            wr.check_ord(self.ord)?;
+        }
         // A Read's or an Atomic's local element is where the answer lands.
         let needed = match wr.op {
             SendOp::Read { .. } | SendOp::Atomic { .. } => Access::LOCAL_WRITE,

@@ -1137,3 +1137,53 @@ fn a_flushed_request_completes_once_the_transport_no_longer_reads_its_buffer() {
         [(1, WcStatus::WrFlushError)]
     );
 }
+
+/// A queue pair whose ORD is 0 (an IRD of 0 at the peer, RFC 6581 9.1) refuses a Read or an
+/// Atomic when it is posted (it could never be sent, RFC 5040 6.1) instead of holding it at the
+/// head of the send queue for ever; a Send still goes.
+#[test]
+fn a_read_or_atomic_with_no_ord_is_refused_when_posted() {
+    let mut a = common::Peer::new(QpConfig {
+        ord: 0,
+        ..common::config_ext()
+    });
+    let local = a.region(vec![0; 64], 0x1000, Access::LOCAL_WRITE);
+    let sink = Sge {
+        stag: local,
+        to: 0x1000,
+        len: 8,
+    };
+    for op in [
+        SendOp::Read {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+        },
+        SendOp::Atomic {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+            op: rdmap::AtomicOp::FetchAdd { add: 1, mask: 0 },
+        },
+    ] {
+        let wr = SendWr {
+            wr_id: 1,
+            op,
+            sg_list: sink.into(),
+            signaled: true,
+        };
+        assert_eq!(
+            a.qp.post_send(wr, &a.mem),
+            Err(RdmapError::ZeroOrd),
+            "{op:?}"
+        );
+    }
+    let send = SendWr {
+        wr_id: 2,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: sink.into(),
+        signaled: true,
+    };
+    assert_eq!(a.qp.post_send(send, &a.mem), Ok(()));
+}

@@ -662,7 +662,8 @@ impl QueuePair {
     /// nothing (`ibv_post_send`'s `ENOMEM`); a request leaves the queue when its completion
     /// reaches the completion queue (an unsignaled one when it would have). A request wrong
     /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
-    /// extensions, a Read with more than one sink element, ...) fails the post with
+    /// extensions, a Read with more than one sink element, a Read or Atomic where the agreed
+    /// ORD is 0, ...) fails the post with
     /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
     /// errors (bad local STag, a message longer than the peer allows) come back as an error
     /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate),
@@ -677,9 +678,17 @@ impl QueuePair {
     /// and completes, and must not be posted again.
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
-        wr.check_shape(self.extensions)
-            .map_err(DatapathError::InvalidWorkRequest)?;
+        self.check_send(&wr)?;
         self.command(Cmd::Send(wr))
+    }
+
+    /// The checks of a send work request before it is queued: by itself
+    /// ([`rdmap::SendWr::check_shape`]) and against the agreed ORD (a Read or Atomic with ORD
+    /// 0, [`rdmap::SendWr::check_ord`], could never be sent).
+    fn check_send(&self, wr: &SendWr) -> Result<(), DatapathError> {
+        wr.check_shape(self.extensions)
+            .and_then(|()| wr.check_ord(self.agreed.ord()))
+            .map_err(DatapathError::InvalidWorkRequest)
     }
 
     /// Posts a Send or RDMA Write that carries its payload itself (`ibv_post_send` with
@@ -707,11 +716,10 @@ impl QueuePair {
         wrs: impl IntoIterator<Item = SendWr>,
     ) -> Result<usize, PostListError> {
         probe::mark(Mark::Posted);
-        self.post_list(wrs.into_iter().map(|wr| {
-            wr.check_shape(self.extensions)
-                .map(|()| Cmd::Send(wr))
-                .map_err(DatapathError::InvalidWorkRequest)
-        }))
+        self.post_list(
+            wrs.into_iter()
+                .map(|wr| self.check_send(&wr).map(|()| Cmd::Send(wr))),
+        )
     }
 
     /// Posts a list of receives in order, with one wake-up of the transport for the whole list
