@@ -131,3 +131,40 @@ fn connect_accept_reject_and_disconnect_as_events() {
     }
     assert!(client_ch.get_event().is_none());
 }
+
+/// Two listeners on one event channel (rdma_cm's `listen_id`): each request says which
+/// listener it came to by the context that listener was given; a plain `notify` gives 0.
+#[test]
+fn requests_of_two_listeners_on_one_channel_name_their_listener() {
+    let device = Device::socket();
+    let server_ch = CmEventChannel::new().unwrap();
+    let client_ch = CmEventChannel::new().unwrap();
+    let (a, b, c) = (
+        Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap(),
+        Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap(),
+        Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap(),
+    );
+    let addrs = [
+        a.local_addr().unwrap(),
+        b.local_addr().unwrap(),
+        c.local_addr().unwrap(),
+    ];
+    let _a = a.notify_with_context(&server_ch, 0xa).unwrap();
+    let _b = b.notify_with_context(&server_ch, 0xb).unwrap();
+    let _c = c.notify(&server_ch).unwrap();
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    for (addr, want) in addrs.into_iter().zip([0xa, 0xb, 0]) {
+        device
+            .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, want)
+            .unwrap();
+        let CmEvent::ConnectRequest(req) = next(&server_ch, "a request") else {
+            panic!("not a connect request");
+        };
+        assert_eq!(req.listen_context(), want, "the request to {addr}");
+        req.reject(b"").unwrap();
+        assert!(matches!(
+            next(&client_ch, "rejected"),
+            CmEvent::Rejected { context, .. } if context == want
+        ));
+    }
+}

@@ -57,7 +57,7 @@ pub fn connect_with_recvs(
     let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
     tracing::info!(peer = %addr, "connecting (kernel TCP)");
     let setup_deadline = crate::verbs::timeout::deadline_after(params.setup_timeout);
-    let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
+    let mut stream = tcp_connect(addr, params)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.request())?;
     let mut buf = vec![0u8; 4096];
@@ -90,6 +90,22 @@ pub fn connect_with_recvs(
     }
 }
 
+/// Kernel TCP's connect to `addr` within `params.setup_timeout`, from
+/// [`ConnectParams::local_addr`] if it names one.
+fn tcp_connect(addr: SocketAddr, params: &ConnectParams) -> Result<TcpStream, DatapathError> {
+    let Some(local) = params.local_addr else {
+        return Ok(TcpStream::connect_timeout(&addr, params.setup_timeout)?);
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.bind(&local.into())?;
+    socket.connect_timeout(&addr.into(), params.setup_timeout)?;
+    Ok(socket.into())
+}
+
 /// [`connect`] with IFT framing (draft-williams-iwarp-ift-01): the phase 0 adaption
 /// indication out, the responder's phase 1 in, by the setup deadline.
 fn connect_ift(
@@ -120,7 +136,7 @@ fn connect_ift(
     let mut initiator = ift::Initiator::new(cfg, start);
     tracing::info!(peer = %addr, "connecting with IFT framing (kernel TCP)");
     let setup_deadline = crate::verbs::timeout::deadline_after(params.setup_timeout);
-    let mut stream = TcpStream::connect_timeout(&addr, params.setup_timeout)?;
+    let mut stream = tcp_connect(addr, params)?;
     stream.set_nodelay(true)?;
     stream.write_all(initiator.indication())?;
     let mut buf = vec![0u8; 4096];

@@ -71,6 +71,13 @@ pub struct ConnectParams {
     /// A shared receive queue of the connection's protection domain to take receive buffers
     /// from (then receives are posted there, not on the queue pair).
     pub srq: Option<SharedReceiveQueue>,
+    /// Connects from this address (`rdma_resolve_addr`'s `src_addr`, `rdma_bind_addr` before
+    /// `rdma_connect`); `None` lets the system choose. The socket transport binds it (an
+    /// address of this host; port 0 for any port). The AF_XDP engine's address is its
+    /// interface's: another IP fails the connect with [`DatapathError::InvalidArgument`]
+    /// (unspecified is taken as the interface's); a port other than 0 is the source port.
+    /// A port in use fails the connect. Listeners ignore it.
+    pub local_addr: Option<SocketAddr>,
     /// A completion queue of its own for the queue pair's receive completions (verbs'
     /// `ibv_qp_init_attr.recv_cq`; those of receives taken from `srq` too). `None`: the
     /// completion queue given to the connect or accept (`send_cq`) takes them with the send
@@ -168,6 +175,7 @@ impl Default for ConnectParams {
             setup_timeout: Duration::from_secs(10),
             srq: None,
             recv_cq: None,
+            local_addr: None,
             keepalive: Some(Keepalive::default()),
             user_timeout: Some(Duration::from_secs(30)),
             backlog: 64,
@@ -366,6 +374,8 @@ pub struct ConnectRequest {
     info: Option<RequestInfo>,
     peer: SocketAddr,
     params: ConnectParams,
+    /// The context of the listener it came from ([`Listener::notify_with_context`]).
+    context: u64,
 }
 
 impl ConnectRequest {
@@ -380,7 +390,21 @@ impl ConnectRequest {
             info,
             peer,
             params,
+            context: 0,
         }
+    }
+
+    /// The request as it comes from a listener whose context is `context`.
+    pub(crate) fn with_listen_context(mut self, context: u64) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// The context of the listener the request came from (`rdma_cm_event.listen_id` and the
+    /// `context` it carries: several listeners may share one event channel), as given to
+    /// [`Listener::notify_with_context`]; 0 otherwise.
+    pub fn listen_context(&self) -> u64 {
+        self.context
     }
 
     /// The private data of the Request (without the RFC 6581 IRD/ORD block); none with IFT

@@ -151,6 +151,17 @@ impl Listener {
     /// dropped. A peer whose Request is malformed or late is dropped, as `accept` drops it; a
     /// failure of the listener itself is queued as [`CmEvent::ListenError`] and ends it.
     pub fn notify(self, channel: &CmEventChannel) -> Result<NotifyingListener, DatapathError> {
+        self.notify_with_context(channel, 0)
+    }
+
+    /// [`Listener::notify`] with each request tagged with `context`
+    /// ([`ConnectRequest::listen_context`]), so that an application with several listeners on
+    /// one channel knows which one a request came to (rdma_cm's `listen_id` and its context).
+    pub fn notify_with_context(
+        self,
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<NotifyingListener, DatapathError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let channel = channel.clone();
@@ -159,7 +170,9 @@ impl Listener {
             .spawn(move || {
                 while !flag.load(Ordering::SeqCst) {
                     match self.accept_timeout(LISTEN_TURN) {
-                        Ok(Some(request)) => channel.push(CmEvent::ConnectRequest(request)),
+                        Ok(Some(request)) => channel.push(CmEvent::ConnectRequest(
+                            request.with_listen_context(context),
+                        )),
                         Ok(None) => {}
                         // One peer's bad or missing Request: that connection is dropped.
                         Err(DatapathError::Mpa(_) | DatapathError::Timeout(_)) => {}

@@ -1079,6 +1079,18 @@ impl XdpTcp {
     /// ephemeral port with the kernel, steers the 4-tuple and queues the SYN (sent by the next
     /// [`poll`](Self::poll)). [`Event::Connected`] reports the handshake's end.
     pub fn connect(&mut self, remote: SocketAddrV4, cfg: TcpConfig) -> Result<ConnId, XdpTcpError> {
+        self.connect_from(0, remote, cfg)
+    }
+
+    /// [`XdpTcp::connect`] from source port `local_port` of our address, reserved with the
+    /// kernel (a port in use fails with [`XdpTcpError::PortInUse`]); 0 picks one as `connect`
+    /// does.
+    pub fn connect_from(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddrV4,
+        cfg: TcpConfig,
+    ) -> Result<ConnId, XdpTcpError> {
         self.quiet = None;
         let (route, mac) = resolve_next_hop(*remote.ip(), self.cfg.neighbour_timeout)?;
         if route.ifindex != self.port.ifindex {
@@ -1090,7 +1102,10 @@ impl XdpTcp {
             });
         }
         self.neigh.learn(*remote.ip(), mac);
-        let (reservation, local_port) = self.source_port(remote)?;
+        let (reservation, local_port) = match local_port {
+            0 => self.source_port(remote)?,
+            port => reserve_port(self.port.local_ip, port)?,
+        };
         let flow = FlowKey {
             saddr: *remote.ip(),
             daddr: self.port.local_ip,

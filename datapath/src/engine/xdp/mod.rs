@@ -386,6 +386,14 @@ impl XdpEngine {
                 "the AF_XDP engine speaks IPv4 only",
             ));
         };
+        if let Some(local) = params.local_addr {
+            if !local.ip().is_unspecified() && local.ip() != std::net::IpAddr::from(self.local_ip())
+            {
+                return Err(DatapathError::InvalidArgument(
+                    "the AF_XDP engine connects from its interface's address only",
+                ));
+            }
+        }
         // As the socket transport does: refused here, nothing of the connection is made.
         check_initial_recvs(params, pd, &recvs)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);

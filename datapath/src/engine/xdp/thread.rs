@@ -685,7 +685,8 @@ impl Turner {
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
         params.apply_to(&mut tcp);
-        let id = self.xdp.connect(addr, tcp)?;
+        let local_port = params.local_addr.map_or(0, |a| a.port());
+        let id = self.xdp.connect_from(local_port, addr, tcp)?;
         let tuple = self
             .xdp
             .connection(id)
