@@ -1,7 +1,7 @@
 //! Connecting from a given address (`ConnectParams::local_addr`; rdma_cm's `rdma_resolve_addr`
 //! with a source address, rping's `-I`, perftest's `--source_ip`): the connection's local
 //! address is the one asked for, as both ends see it; a port in use fails the connect, and so
-//! does an address the transport cannot send from. The socket transport on loopback; the
+//! do an address of the other family and one the transport cannot send from. The socket transport on loopback; the
 //! AF_XDP engine on the veth bed (root, `SKIPPED` without, a failure under `CI=true`) against
 //! the socket transport in `iwb`.
 
@@ -34,6 +34,13 @@ fn socket_connects_from_the_address_asked_for() {
         Err(DatapathError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse),
         Err(e) => panic!("from a port in use: {e}"),
         Ok(_) => panic!("connected from a port in use"),
+    }
+    // An IPv6 address to an IPv4 peer: refused before any socket is bound.
+    let v6 = from("[::1]:0".parse().expect("an IPv6 address"), params.clone());
+    match datapath::connect(addr, &client.pd, &client.cq, &v6, &[]) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        Err(e) => panic!("from an address of the other family: {e}"),
+        Ok(_) => panic!("connected from an address of the other family"),
     }
     // A free port of another loopback address.
     let local = {

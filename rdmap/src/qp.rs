@@ -1037,7 +1037,9 @@ impl QueuePair {
     /// placed), and the local element: a valid STag of the QP's PD, in bounds, and
     /// for a Read sink the LOCAL_WRITE right ([`RdmapError::LocalAccess`]). A
     /// zero-length element is not checked. Nothing about the remote STag is checked
-    /// here: the peer does that.
+    /// here: the peer does that. In RTS, a Read or Atomic with an ORD of 0 fails with
+    /// [`RdmapError::ZeroOrd`] (in Idle the ORD is not known yet: one posted then, followed
+    /// by [`QueuePair::enter_rts`] with ORD 0, waits for ever).
     pub fn post_send<B: RegionBuffer>(
         &mut self,
         wr: SendWr,

@@ -96,11 +96,18 @@ fn tcp_connect(addr: SocketAddr, params: &ConnectParams) -> Result<TcpStream, Da
     let Some(local) = params.local_addr else {
         return Ok(TcpStream::connect_timeout(&addr, params.setup_timeout)?);
     };
+    if local.is_ipv4() != addr.is_ipv4() {
+        return Err(DatapathError::InvalidArgument(
+            "the local address is not of the peer's address family",
+        ));
+    }
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
+    // As the engine reserves its ports: a port of ours still in TIME-WAIT may be used again.
+    socket.set_reuse_address(true)?;
     socket.bind(&local.into())?;
     socket.connect_timeout(&addr.into(), params.setup_timeout)?;
     Ok(socket.into())

@@ -76,7 +76,10 @@ pub struct ConnectParams {
     /// address of this host; port 0 for any port). The AF_XDP engine's address is its
     /// interface's: another IP fails the connect with [`DatapathError::InvalidArgument`]
     /// (unspecified is taken as the interface's); a port other than 0 is the source port.
-    /// A port in use fails the connect. Listeners ignore it.
+    /// An address of the other family than the peer's fails with
+    /// [`DatapathError::InvalidArgument`]; a port another socket listens on or is connected
+    /// from fails the connect (as bound with `SO_REUSEADDR`: one of ours left in TIME-WAIT
+    /// does not). Listeners ignore it.
     pub local_addr: Option<SocketAddr>,
     /// A completion queue of its own for the queue pair's receive completions (verbs'
     /// `ibv_qp_init_attr.recv_cq`; those of receives taken from `srq` too). `None`: the
