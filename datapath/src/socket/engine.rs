@@ -435,15 +435,8 @@ impl Engine {
             self.qp.close();
         }
         self.deliver_completions();
-        let (cq, num, qp) = (&self.cq, self.num, &mut self.qp);
-        self.shared.stop_posts(Some(&self.cmds), |wc| {
-            if wc.opcode == WcOpcode::Recv {
-                cq.push(Completion { qp_num: num, wc });
-            } else {
-                // Behind the queue pair's own send completions.
-                qp.complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
-            }
-        });
+        self.shared
+            .stop_posts_behind(Some(&self.cmds), &mut self.qp, Some(&self.cq), self.num);
         self.deliver_completions();
     }
 

@@ -275,6 +275,28 @@ impl Shared {
         }
     }
 
+    /// [`Shared::stop_posts`] for a transport still holding `qp`: queued receives complete on
+    /// `cq` (none if the caller never got the queue pair) at once, as the queue pair's own
+    /// flushed receives did; queued send requests complete behind the queue pair's own
+    /// ([`rdmap::QueuePair::complete_send_in_error`]), which the transport hands out next.
+    pub(crate) fn stop_posts_behind(
+        &self,
+        cmds: Option<&Receiver<Cmd>>,
+        qp: &mut rdmap::QueuePair,
+        cq: Option<&CqSink>,
+        qp_num: u32,
+    ) {
+        self.stop_posts(cmds, |wc| {
+            if wc.opcode == WcOpcode::Recv {
+                if let Some(cq) = cq {
+                    cq.push(Completion { qp_num, wc });
+                }
+            } else {
+                qp.complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
+            }
+        });
+    }
+
     /// Calls `hook` once the transport has finished with the connection (at once if it has).
     pub(crate) fn set_on_finish(&self, hook: FinishHook) {
         let done = {
@@ -839,6 +861,11 @@ impl QueuePair {
         }
     }
 
+    /// The transport's own thread, for the first caller to join.
+    fn take_thread(&self) -> Option<JoinHandle<()>> {
+        self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Starts the graceful close of [`QueuePair::disconnect`] and returns at once, as
     /// `rdma_disconnect` does, its end reported later (`RDMA_CM_EVENT_DISCONNECTED`): by
     /// [`QueuePair::notify_disconnect`]'s event, [`QueuePair::status`]`.finished` or
@@ -849,8 +876,7 @@ impl QueuePair {
     /// timeout). A later `disconnect`, or dropping the handle, waits for the end as
     /// `disconnect` does (on the AF_XDP engine, resetting the connection after 10 s). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
-    /// Error. On a queue pair that is
-    /// closing or has ended already it does nothing. Fails only if the transport could not be
+    /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
     /// woken ([`DatapathError::Io`]; the close is queued all the same).
     pub fn start_disconnect(&self) -> Result<(), DatapathError> {
         match self.command(Cmd::Close) {
@@ -882,13 +908,6 @@ impl QueuePair {
                 "abort: the transport did not finish with the queue pair"
             );
         }
-    }
-}
-
-impl QueuePair {
-    /// The transport's own thread, for the first caller to join.
-    fn take_thread(&self) -> Option<JoinHandle<()>> {
-        self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 

@@ -186,16 +186,7 @@ impl Slot {
         // Send requests complete behind the queue pair's own (which may wait for the transmit
         // ring, `rdmap::QueuePair::set_sources_busy`); receives flush at once, as the queue
         // pair's did.
-        shared.stop_posts(cmds.as_ref(), |wc| {
-            if wc.opcode == WcOpcode::Recv {
-                if let Some(cq) = cq {
-                    cq.push(Completion { qp_num: *num, wc });
-                }
-            } else {
-                conn.qp_mut()
-                    .complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
-            }
-        });
+        shared.stop_posts_behind(cmds.as_ref(), conn.qp_mut(), cq.as_ref(), *num);
         *cmds = None;
         self.deliver_completions();
     }
