@@ -155,6 +155,18 @@ impl FpduLocator {
         // Guesses read any ULPDU_Length: the buffer is sized for the largest at once, on the
         // first scan (a connection that never sees a segment out of order holds none).
         self.decoder.reserve_max_ulpdu();
+        let marker_at = MARKER_INTERVAL as u64;
+        if self.markers && start % marker_at == MARKER_LEN as u64 {
+            // A header right after a Marker position whose octets are not here (they ended the
+            // last segment, or a gap took them): that Marker lies between FPDUs, so it holds
+            // FPDUPTR 0 and the header's CRC covers it (RFC 5044 4.3, 4.4). Read as such, the
+            // FPDU can be checked; if the Marker was anything else, its CRC fails the guess.
+            self.decoder.reset(start - MARKER_LEN as u64);
+            let between = MarkerPtr::BETWEEN_FPDUS.to_bytes();
+            if self.decoder.feed_spans(&between, |_, _| {}).is_err() {
+                return (None, false);
+            }
+        }
         let mut end = None;
         // An error ends the scan; what was handed up before it was verified.
         let ok = self
@@ -306,6 +318,35 @@ mod tests {
                 assert!(found.len() > fpdus.len() / 3, "found only {}", found.len());
             }
         }
+    }
+
+    /// A segment that starts with the header of an FPDU whose Marker (between FPDUs, right
+    /// before the header) ended the segment before or fell in a gap: that Marker is in the
+    /// FPDU's CRC (RFC 5044 4.4) but not in the segment. It holds FPDUPTR 0, so the FPDU's
+    /// CRC still checks the guess at the segment's start (without CRCs nothing could).
+    #[test]
+    fn a_header_whose_marker_is_missing_is_found() {
+        let (wire, fpdus) = stream(true, true, 600);
+        let mut tried = 0;
+        for (i, &(s, _, ref ulpdu)) in fpdus.iter().enumerate() {
+            if s % MARKER_INTERVAL as u64 != 0 || i + 2 >= fpdus.len() {
+                continue;
+            }
+            // From the header to the end of the FPDU after next (past the next Marker).
+            let (header, end) = (s + MARKER_LEN as u64, fpdus[i + 2].1);
+            let seg = &wire[header as usize..end as usize];
+            let mut loc = FpduLocator::new(true, true);
+            let mut found = Vec::new();
+            let span = loc.locate(seg, header, |span, u| found.push((span.start, u.to_vec())));
+            assert_eq!(span.map(|f| (f.start, f.end)), Some((header, end)));
+            assert_eq!(found.len(), 3);
+            assert_eq!(found[0], (header, ulpdu.clone()));
+            tried += 1;
+        }
+        assert!(
+            tried >= 2,
+            "the stream has {tried} FPDUs right after a Marker"
+        );
     }
 
     #[test]
