@@ -666,7 +666,13 @@ fn relay_order_holds_the_cut_fpdus_pieces(
                 }
             }
         }
-        let held = conn.counters().held_bytes;
+        let c = conn.counters();
+        // The bound per gap that xdp_relay.rs checks (its `gap_bound`), after every piece.
+        assert!(
+            c.held_gap_peak < 2 * fpdu_max + 512,
+            "seed {seed}: after [{s}, {e}), holes {pending:?}: {c:?}"
+        );
+        let held = c.held_bytes;
         let least = must_hold(&spans, &pending, rcv_max);
         assert!(held >= least, "seed {seed}: held {held} < {least}");
         // Per gap (and the end of what arrived), at most whole FPDUs shorter than the

@@ -386,6 +386,11 @@ pub struct RefFpdu {
     pub crc_with_before: Option<bool>,
     /// Whether the CRC field matches CRC32c over the covered octets from the header on.
     pub crc_without_before: bool,
+    /// With a Marker position right before the header (wherever the floor is): whether the
+    /// CRC field matches CRC32c over a Marker between FPDUs (FPDUPTR 0, RFC 5044 4.3) and the
+    /// covered octets, which a locator that starts at the header without that Marker's
+    /// octets assumes.
+    pub crc_with_zero_marker: Option<bool>,
     /// With a Marker right before the header: whether its FPDUPTR is 0.
     pub marker_before_ok: Option<bool>,
     /// Every Marker after the header points back to it.
@@ -402,7 +407,8 @@ impl RefFpdu {
     }
 
     /// Checks as a receiver that may have started at the header itself (a locator scan): the
-    /// Marker right before it either is part of the FPDU, checked and covered, or is not.
+    /// Marker right before it either is part of the FPDU, checked and covered, or is not, or
+    /// is taken to be a Marker between FPDUs (all zero) and covered.
     pub fn lenient_ok(&self, crc: bool, markers: bool) -> bool {
         if markers && !self.markers_inside_ok {
             return false;
@@ -410,7 +416,8 @@ impl RefFpdu {
         let with = self.crc_with_before.is_some_and(|c| c || !crc)
             && (!markers || self.marker_before_ok.unwrap_or(true));
         let without = !crc || self.crc_without_before;
-        with || without
+        let zero = markers && self.crc_with_zero_marker == Some(true);
+        with || without || zero
     }
 }
 
@@ -491,6 +498,10 @@ pub fn ref_fpdu(
     }
     let received = u32::from_le_bytes([crc_field[0], crc_field[1], crc_field[2], crc_field[3]]);
     let crc_without_before = crc32c(&covered) == received;
+    let crc_with_zero_marker = header
+        .checked_sub(4)
+        .filter(|&m| is_marker(m))
+        .map(|_| crc32c(&[[0u8; 4].as_slice(), &covered].concat()) == received);
     let (crc_with_before, marker_before_ok) = match before {
         Some(m) => {
             let mut with = Vec::with_capacity(covered.len() + 4);
@@ -508,6 +519,7 @@ pub fn ref_fpdu(
         ulpdu: fields,
         crc_with_before,
         crc_without_before,
+        crc_with_zero_marker,
         marker_before_ok,
         markers_inside_ok,
     })
