@@ -8,9 +8,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use crate::engine::xdp::{EngineCounters, XdpEngine, XdpEngineConfig};
 use crate::memory::ProtectionDomain;
 use crate::socket;
-use crate::verbs::cm::{ConnectParams, Connection, Listener};
+use crate::verbs::cm::{ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel};
 use crate::verbs::cq::CompletionQueue;
+use crate::verbs::srq::MAX_SRQ_WR;
 use crate::DatapathError;
 use rdmap::RecvWr;
 
@@ -26,6 +27,64 @@ pub enum Transport {
         /// Engine options (threads, pinning, rings, inline progress, ...).
         config: Box<XdpEngineConfig>,
     },
+}
+
+/// What a [`Device`] supports ([`Device::attr`]): verbs' `ibv_query_device` and the parts of
+/// `ibv_query_port` an iWARP device has. Each limit is one the API enforces; the field says
+/// what exceeding it returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// `max_qp_wr`: work requests a send or receive queue holds ([`MAX_QP_WR`]; more in
+    /// [`ConnectParams`] fails the connect, listen or accept with
+    /// [`DatapathError::InvalidArgument`]).
+    pub max_qp_wr: usize,
+    /// `max_sge`: elements of a work request's scatter/gather list ([`rdmap::MAX_SGE`]; an
+    /// [`rdmap::SgeList`] holds no more).
+    pub max_sge: usize,
+    /// `max_sge_rd`: elements a Read's sink may have (a Read places into one contiguous
+    /// range: more fails the post with [`DatapathError::InvalidWorkRequest`]).
+    pub max_sge_rd: usize,
+    /// `max_inline_data`: octets a Send or Write may carry inline
+    /// ([`rdmap::MAX_INLINE_DATA`]).
+    pub max_inline_data: usize,
+    /// `max_msg_sz`: octets of one message (an element's length is 32 bits, RFC 5040's
+    /// Message Length too).
+    pub max_msg_size: u64,
+    /// `max_mr`: regions a protection domain holds at once (2^24 - 1 STag indices;
+    /// [`DatapathError::RegionTableFull`] beyond).
+    pub max_mr: usize,
+    /// `max_qp_rd_atom`: the largest IRD a queue pair offers ([`MAX_IRD_ORD`]).
+    pub max_qp_rd_atom: u16,
+    /// `max_qp_init_rd_atom`: the largest ORD a queue pair asks for ([`MAX_IRD_ORD`]).
+    pub max_qp_init_rd_atom: u16,
+    /// `max_srq_wr`: receives a shared receive queue holds ([`MAX_SRQ_WR`]).
+    pub max_srq_wr: usize,
+    /// `max_srq_sge`: elements of a receive posted to a shared receive queue.
+    pub max_srq_sge: usize,
+    /// `max_qp`: connections the device holds at once; `None` when only the system limits
+    /// them (the socket transport: a thread and a socket each).
+    pub max_qp: Option<usize>,
+    /// Most Requests a listener keeps waiting for accept or reject ([`MAX_BACKLOG`]).
+    pub max_backlog: usize,
+    /// `atomic_cap`: RFC 7306's Atomic Operations (masked Fetch-and-Add and Compare-and-Swap
+    /// on 64-bit words) are atomic with respect to every CPU of the host (verbs'
+    /// `IBV_ATOMIC_GLOB`: they are the CPU's own atomic instructions on the region's memory),
+    /// on queue pairs with [`ConnectParams::rdmap_extensions`].
+    pub atomics_global: bool,
+    /// The port: its address and MTU.
+    pub port: PortAttr,
+}
+
+/// A device's port ([`DeviceAttr::port`]; the parts of `ibv_query_port` an iWARP device has).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// The IPv4 address it speaks from (the GID an iWARP device derives from it); `None` for
+    /// the socket transport, which speaks from any address of the host.
+    pub addr: Option<Ipv4Addr>,
+    /// `active_mtu`: the link MTU its TCP sizes segments from (and FPDUs from them, RFC 5044
+    /// 5.1's MULPDU); `None` for the socket transport, where the kernel's path to each peer
+    /// decides.
+    pub mtu: Option<u16>,
 }
 
 /// An open transport: listen and connect through it; everything else (protection domains,
@@ -56,6 +115,29 @@ impl Device {
         self.engine.as_ref()
     }
 
+    /// What the device supports (`ibv_query_device`, `ibv_query_port`).
+    pub fn attr(&self) -> DeviceAttr {
+        DeviceAttr {
+            max_qp_wr: MAX_QP_WR,
+            max_sge: rdmap::MAX_SGE,
+            max_sge_rd: 1,
+            max_inline_data: rdmap::MAX_INLINE_DATA,
+            max_msg_size: u64::from(u32::MAX),
+            max_mr: rdmap::Stag::MAX_INDEX as usize,
+            max_qp_rd_atom: MAX_IRD_ORD,
+            max_qp_init_rd_atom: MAX_IRD_ORD,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: rdmap::MAX_SGE,
+            max_qp: self.engine.as_ref().map(XdpEngine::max_connections),
+            max_backlog: MAX_BACKLOG,
+            atomics_global: true,
+            port: PortAttr {
+                addr: self.local_ip(),
+                mtu: self.engine.as_ref().map(XdpEngine::mtu),
+            },
+        }
+    }
+
     /// The address this device listens on for `port`: the engine's interface address, or
     /// `bind` for sockets.
     pub fn listen_addr(&self, bind: IpAddr, port: u16) -> SocketAddr {
@@ -78,11 +160,6 @@ impl Device {
         addr: SocketAddr,
         params: ConnectParams,
     ) -> Result<Listener, DatapathError> {
-        if params.backlog > crate::verbs::cm::MAX_BACKLOG {
-            return Err(DatapathError::InvalidArgument(
-                "a listener's backlog is at most MAX_BACKLOG (65536) Requests",
-            ));
-        }
         match &self.engine {
             None => Listener::bind(addr, params),
             Some(e) => {

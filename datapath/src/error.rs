@@ -58,6 +58,11 @@ pub enum DatapathError {
     /// A memory region is still used by a transfer, so its memory cannot be handed back yet.
     #[error("memory region still in use by the transport")]
     RegionInUse,
+    /// The protection domain holds as many regions as STags can name (2^24 - 1: the 24-bit
+    /// STag index of RFC 5040 2.1), so another cannot be registered (`ibv_reg_mr`'s
+    /// `ENOMEM`) until one is deregistered.
+    #[error("protection domain full: 2^24 - 1 regions registered")]
+    RegionTableFull,
     /// The send queue is full (`ibv_post_send`'s `ENOMEM`): `depth` send work requests
     /// ([`crate::ConnectParams::sq_depth`]) are posted and not yet completed. Nothing was
     /// queued; post again once a completion has been polled.

@@ -72,7 +72,7 @@ mod verbs;
 pub mod xdp_tcp;
 pub mod xsk;
 
-pub use device::{Device, Transport};
+pub use device::{Device, DeviceAttr, PortAttr, Transport};
 pub use error::{DatapathError, PostListError, QpError};
 pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
 pub use mpa::{MpaConfig, Negotiated};
@@ -83,7 +83,7 @@ pub use rdmap::{
 pub use socket::{connect, connect_with_recvs};
 pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
-    MAX_BACKLOG,
+    MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
 };
 pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};

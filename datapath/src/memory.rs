@@ -782,7 +782,8 @@ impl ProtectionDomain {
         let base_to = buf.addr();
         let stag = self
             .table
-            .update(|t| t.register(self.id, RegionMemory(buf.clone()), base_to, access));
+            .update(|t| t.try_register(self.id, RegionMemory(buf.clone()), base_to, access))
+            .map_err(|_| DatapathError::RegionTableFull)?;
         Ok(MemoryRegion {
             stag,
             buf,

@@ -50,6 +50,7 @@ impl Listener {
     /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
     /// Requests of new connections beside the application (see the module documentation).
     pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
+        params.check_listen()?;
         if matches!(&params.framing, Framing::Ift(cfg) if !cfg.rdma) {
             return Err(DatapathError::InvalidArgument(
                 "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",

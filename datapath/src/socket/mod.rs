@@ -46,6 +46,7 @@ pub fn connect_with_recvs(
     private_data: &[u8],
     recvs: Vec<RecvWr>,
 ) -> Result<Connection, DatapathError> {
+    params.check()?;
     // They are posted once the connection is up: a refusal must come before the peer has one.
     check_initial_recvs(params, pd, &recvs)?;
     if let Framing::Ift(cfg) = &params.framing {

@@ -17,9 +17,22 @@ use crate::verbs::qp::{post_initial_recvs, QueuePair};
 use crate::verbs::srq::SharedReceiveQueue;
 use crate::DatapathError;
 
-/// The largest [`ConnectParams::backlog`] a listener takes (`Device::listen` refuses more
-/// with [`DatapathError::InvalidArgument`]).
+/// The largest [`ConnectParams::backlog`] a listener takes (listening refuses more with
+/// [`DatapathError::InvalidArgument`]).
 pub const MAX_BACKLOG: usize = 1 << 16;
+
+/// The most work requests a queue pair's send queue or receive queue holds
+/// ([`ConnectParams::sq_depth`], `rq_depth`; verbs' `max_qp_wr`). A connect, listen or accept
+/// asking for more fails with [`DatapathError::InvalidArgument`]. The queues grow as they fill,
+/// so a deep queue costs memory only when it is used.
+pub const MAX_QP_WR: usize = 1 << 20;
+
+/// The largest IRD and ORD ([`MpaConfig::ird`], `ord`; verbs' `max_qp_rd_atom` and
+/// `max_qp_init_rd_atom`): MPA carries them in 14 bits (RFC 6581 9.1), where this value says
+/// "no negotiation" and is taken as a depth as it is. The same bound holds with IFT framing.
+/// Entering RTS stages IRD inbound Reads (and ORD outbound Atomics), so a larger value would
+/// only cost memory.
+pub const MAX_IRD_ORD: u16 = mpa::wire::IRD_ORD_NO_NEGOTIATION;
 
 /// Checks `recvs` as [`post_initial_recvs`] will post them into a queue pair of `params` in
 /// `pd`, before there is one: a transport that posts them only once its connection is up
@@ -62,9 +75,9 @@ pub struct ConnectParams {
     /// must be configured alike (IFT section 4: the port or the application protocol agrees
     /// on it); an IFT end and an MPA end fail their setup at once, each with a clear error.
     pub framing: Framing,
-    /// Send queue depth (outstanding send/write/read work requests).
+    /// Send queue depth (outstanding send/write/read work requests), at most [`MAX_QP_WR`].
     pub sq_depth: usize,
-    /// Receive queue depth (posted receive work requests).
+    /// Receive queue depth (posted receive work requests), at most [`MAX_QP_WR`].
     pub rq_depth: usize,
     /// Deadline for TCP connect plus the MPA exchange.
     pub setup_timeout: Duration,
@@ -160,6 +173,36 @@ impl Default for Keepalive {
 }
 
 impl ConnectParams {
+    /// Checks what a connect or an accept makes from these parameters, before anything of
+    /// the connection is made: queue depths up to [`MAX_QP_WR`] (0 is a queue that takes
+    /// nothing), IRD and ORD up to [`MAX_IRD_ORD`]. [`DatapathError::InvalidArgument`] says
+    /// which is wrong.
+    pub(crate) fn check(&self) -> Result<(), DatapathError> {
+        if self.sq_depth > MAX_QP_WR || self.rq_depth > MAX_QP_WR {
+            return Err(DatapathError::InvalidArgument(
+                "a send or receive queue holds at most MAX_QP_WR (1048576) work requests",
+            ));
+        }
+        if self.mpa.ird > MAX_IRD_ORD || self.mpa.ord > MAX_IRD_ORD {
+            return Err(DatapathError::InvalidArgument(
+                "IRD and ORD are at most 0x3FFF",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`ConnectParams::check`] for a listener, whose parameters its accepts start from: the
+    /// backlog too, up to [`MAX_BACKLOG`].
+    pub(crate) fn check_listen(&self) -> Result<(), DatapathError> {
+        self.check()?;
+        if self.backlog > MAX_BACKLOG {
+            return Err(DatapathError::InvalidArgument(
+                "a listener's backlog is at most MAX_BACKLOG (65536) Requests",
+            ));
+        }
+        Ok(())
+    }
+
     /// The TCP settings of our own TCP (the AF_XDP engine) with these parameters' keepalive
     /// and user timeout.
     pub(crate) fn apply_to(&self, tcp: &mut tcp_engine::Config) {
@@ -444,7 +487,9 @@ impl ConnectRequest {
 
     /// Sets the send and receive queue depths of the queue pair that accepting creates
     /// (`rdma_create_qp`'s `cap.max_send_wr` and `max_recv_wr` on the request's id), whatever
-    /// the listener's parameters say ([`ConnectParams::sq_depth`], `rq_depth`).
+    /// the listener's parameters say ([`ConnectParams::sq_depth`], `rq_depth`). Each at most
+    /// [`MAX_QP_WR`]: more fails the accept with [`DatapathError::InvalidArgument`] and
+    /// rejects the Request.
     pub fn queue_depths(mut self, sq_depth: usize, rq_depth: usize) -> Self {
         self.params.sq_depth = sq_depth;
         self.params.rq_depth = rq_depth;
@@ -455,9 +500,9 @@ impl ConnectRequest {
     /// `initiator_depth`), whatever the listener's parameters say: the MPA Reply carries them
     /// and they are negotiated with the Request's as RFC 6581 9.1 says (our ORD at most the
     /// initiator's IRD; see [`ConnectRequest::info`] for what it offered). Each at most
-    /// 0x3FFF, which means "do not negotiate"; a larger value fails the accept with
-    /// [`DatapathError::InvalidArgument`] and rejects the Request. IFT negotiates neither: they are our IRD and ORD as
-    /// they are.
+    /// [`MAX_IRD_ORD`] (0x3FFF, which means "do not negotiate"); a larger value fails the
+    /// accept with [`DatapathError::InvalidArgument`] and rejects the Request. IFT negotiates
+    /// neither: they are our IRD and ORD as they are.
     pub fn ird_ord(mut self, ird: u16, ord: u16) -> Self {
         self.params.mpa.ird = ird;
         self.params.mpa.ord = ord;
@@ -492,14 +537,12 @@ impl ConnectRequest {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
-        let most = mpa::wire::IRD_ORD_NO_NEGOTIATION;
-        if self.params.mpa.ird > most || self.params.mpa.ord > most {
-            // MPA's IRD and ORD are 14 bits. The request is spent: the peer hears of the
-            // refusal now rather than at its setup timeout.
+        if let Err(e) = self.params.check() {
+            // Depths or IRD/ORD out of bounds (set on the request, or the listener's). The
+            // request is spent: the peer hears of the refusal now rather than at its setup
+            // timeout.
             let _ = self.inner.reject(&[], &self.params);
-            return Err(DatapathError::InvalidArgument(
-                "IRD and ORD are at most 0x3FFF",
-            ));
+            return Err(e);
         }
         let qp = self
             .inner

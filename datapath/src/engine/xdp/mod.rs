@@ -119,6 +119,10 @@ pub struct XdpEngine {
     /// The shard of the next `connect` (round robin).
     next: AtomicUsize,
     local_ip: Ipv4Addr,
+    /// The MTU its TCP uses (the interface's, as much as its frames hold).
+    mtu: u16,
+    /// Most connections at once, over all shards.
+    max_connections: usize,
 }
 
 impl std::fmt::Debug for XdpEngine {
@@ -141,7 +145,7 @@ fn spawn_shard(
     budget: ReassemblyBudget,
     index: usize,
     pin: Option<usize>,
-) -> Result<(ShardThread, Ipv4Addr), DatapathError> {
+) -> Result<(ShardThread, (Ipv4Addr, u16)), DatapathError> {
     let (wake_tx, wake_rx) = UnixDatagram::pair()?;
     wake_tx.set_nonblocking(true)?;
     wake_rx.set_nonblocking(true)?;
@@ -183,7 +187,7 @@ fn spawn_shard(
             }
         };
         xdp.add_wake_fd(wake_rx.as_raw_fd());
-        let _ = ready_tx.send(Ok(xdp.local_ip()));
+        let _ = ready_tx.send(Ok((xdp.local_ip(), xdp.mtu())));
         let inbox = xdp.shard_set();
         let epoch = xdp.epoch();
         let (attention_tx, attention_rx) =
@@ -231,8 +235,8 @@ fn spawn_shard(
         };
         engine.run();
     })?;
-    let local_ip = match ready_rx.recv_timeout(START_TIMEOUT) {
-        Ok(Ok(ip)) => ip,
+    let opened = match ready_rx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(opened)) => opened,
         Ok(Err(e)) => {
             let _ = thread.join();
             return Err(e);
@@ -245,7 +249,7 @@ fn spawn_shard(
             thread: Some(thread),
             counters,
         },
-        local_ip,
+        opened,
     ))
 }
 
@@ -261,12 +265,16 @@ impl XdpEngine {
             let driver = cfg.driver.clone();
             let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
             let name = format!("iwarp-xdp-{ifname}");
-            let (shard, local_ip) = spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu)?;
-            tracing::info!(iface = ifname, %local_ip, shards = 1, "AF_XDP engine started");
+            let max_connections = cfg.driver.max_connections;
+            let (shard, (local_ip, mtu)) =
+                spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu)?;
+            tracing::info!(iface = ifname, %local_ip, mtu, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
                 shards: vec![shard],
                 next: AtomicUsize::new(0),
                 local_ip,
+                mtu,
+                max_connections,
             });
         }
         // The drivers are opened here (the threads inherit this thread's namespace) and each
@@ -276,6 +284,8 @@ impl XdpEngine {
             shards: Vec::with_capacity(drivers.len()),
             next: AtomicUsize::new(0),
             local_ip: Ipv4Addr::UNSPECIFIED,
+            mtu: 0,
+            max_connections: 0,
         };
         for (i, driver) in drivers.into_iter().enumerate() {
             let queue = driver.queues().first().copied().unwrap_or(0);
@@ -284,7 +294,7 @@ impl XdpEngine {
                 cpus => Some(cpus[i % cpus.len()]),
             };
             let open: Opener = Box::new(move || Ok(driver));
-            let (shard, ip) = spawn_shard(
+            let (shard, (ip, mtu)) = spawn_shard(
                 format!("iwarp-xdp-{ifname}{queue}"),
                 open,
                 cfg.clone(),
@@ -293,11 +303,14 @@ impl XdpEngine {
                 pin,
             )?;
             engine.local_ip = ip;
+            engine.mtu = mtu;
+            engine.max_connections += cfg.driver.max_connections;
             engine.shards.push(shard);
         }
         tracing::info!(
             iface = ifname,
             local_ip = %engine.local_ip,
+            mtu = engine.mtu,
             shards = engine.shards.len(),
             "AF_XDP engine started"
         );
@@ -314,9 +327,23 @@ impl XdpEngine {
         self.local_ip
     }
 
+    /// The MTU the engine's TCP uses: the interface's when the engine started, as much of it
+    /// as its UMEM frames hold (RFC 9293 3.7.1's MSS derives from it; path MTU discovery may
+    /// lower it per connection).
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    /// The most connections the engine holds at once, over all its shards
+    /// ([`crate::xdp_tcp::XdpTcpConfig::max_connections`] each).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
     /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
     /// listens, and the connections of all of them come to the one [`Listener`].
     pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
+        params.check_listen()?;
         let (req_tx, req_rx) = crossbeam_channel::bounded(params.backlog.max(1));
         let record = Arc::new(ListenRecord::default());
         for shard in &self.shards {
@@ -395,6 +422,7 @@ impl XdpEngine {
             }
         }
         // As the socket transport does: refused here, nothing of the connection is made.
+        params.check()?;
         check_initial_recvs(params, pd, &recvs)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
         let handle = &self
