@@ -31,7 +31,8 @@ pub enum Transport {
 
 /// What a [`Device`] supports ([`Device::attr`]): verbs' `ibv_query_device` and the parts of
 /// `ibv_query_port` an iWARP device has. Each limit is one the API enforces; the field says
-/// what exceeding it returns.
+/// what exceeding it returns (queue depths, IRD/ORD and the backlog are checked by every
+/// connect, listen and accept before a connection is made: [`ConnectParams`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
     /// `max_qp_wr`: work requests a send or receive queue holds ([`MAX_QP_WR`]; more in
@@ -41,14 +42,15 @@ pub struct DeviceAttr {
     /// `max_sge`: elements of a work request's scatter/gather list ([`rdmap::MAX_SGE`]; an
     /// [`rdmap::SgeList`] holds no more).
     pub max_sge: usize,
-    /// `max_sge_rd`: elements a Read's sink may have (a Read places into one contiguous
-    /// range: more fails the post with [`DatapathError::InvalidWorkRequest`]).
+    /// `max_sge_rd`: non-empty elements a Read's sink may have (a Read places into one
+    /// contiguous range: more fails the post with [`DatapathError::InvalidWorkRequest`]).
     pub max_sge_rd: usize,
     /// `max_inline_data`: octets a Send or Write may carry inline
     /// ([`rdmap::MAX_INLINE_DATA`]).
     pub max_inline_data: usize,
-    /// `max_msg_sz`: octets of one message (an element's length is 32 bits, RFC 5040's
-    /// Message Length too).
+    /// `max_msg_sz`: octets of one message, its elements together (RFC 5040's Read Message
+    /// Size and the length a receive reports are 32 bits); more completes the request with
+    /// a local length error.
     pub max_msg_size: u64,
     /// `max_mr`: regions a protection domain holds at once (2^24 - 1 STag indices;
     /// [`DatapathError::RegionTableFull`] beyond).
@@ -61,8 +63,11 @@ pub struct DeviceAttr {
     pub max_srq_wr: usize,
     /// `max_srq_sge`: elements of a receive posted to a shared receive queue.
     pub max_srq_sge: usize,
-    /// `max_qp`: connections the device holds at once; `None` when only the system limits
-    /// them (the socket transport: a thread and a socket each).
+    /// `max_qp`: the most connections the device holds at once; `None` when only the system
+    /// limits them (the socket transport: a thread and a socket each). On the AF_XDP engine
+    /// this bounds its TCP connections, those in TIME-WAIT (60 s after a close) and those
+    /// waiting for an accept included, and each shard has its own share: a connect beyond
+    /// its shard's fails with [`DatapathError::Xdp`] (the connection table is full).
     pub max_qp: Option<usize>,
     /// Most Requests a listener keeps waiting for accept or reject ([`MAX_BACKLOG`]).
     pub max_backlog: usize,
@@ -81,9 +86,9 @@ pub struct PortAttr {
     /// The IPv4 address it speaks from (the GID an iWARP device derives from it); `None` for
     /// the socket transport, which speaks from any address of the host.
     pub addr: Option<Ipv4Addr>,
-    /// `active_mtu`: the link MTU its TCP sizes segments from (and FPDUs from them, RFC 5044
-    /// 5.1's MULPDU); `None` for the socket transport, where the kernel's path to each peer
-    /// decides.
+    /// `active_mtu`: the MTU its TCP sizes segments from (and FPDUs from them, RFC 5044 5.1's
+    /// MULPDU), as the engine found it when it started ([`XdpEngine::mtu`]); `None` for the
+    /// socket transport, where the kernel's path to each peer decides.
     pub mtu: Option<u16>,
 }
 
@@ -248,6 +253,8 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
+        // Refused here, as by the synchronous connect, rather than as an event.
+        params.check()?;
         let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
         {
             Some(e) => e.start_connect(addr, pd, cq, params, private_data, recvs)?,

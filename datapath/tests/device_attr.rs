@@ -1,9 +1,9 @@
 //! `Device::attr` (verbs' `ibv_query_device` and `ibv_query_port`): each limit it reports is
 //! one the API enforces, with the error its documentation names, on both transports and at
-//! every entry point (the device's, the transport's own, an accept), before the peer sees a
-//! connection; values at the limit are taken. The socket transport on loopback; the AF_XDP
-//! engine on the veth bed (root, `SKIPPED` without, a failure under `CI=true`), whose port
-//! reports the interface's address and MTU.
+//! every entry point (the device's, the transport's own, `connect_async`, an accept) before a
+//! connection is made (an accept rejects its Request); values at the limit are taken. The
+//! socket transport on loopback; the AF_XDP engine on the veth bed (root, `SKIPPED` without,
+//! a failure under `CI=true`), whose port reports the interface's address and MTU.
 
 mod common;
 
@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::{Side, WAIT};
 use datapath::engine::xdp::XdpEngineConfig;
 use datapath::{
-    ConnectParams, DatapathError, Device, Framing, InlineData, Listener, MpaConfig, Sge, SgeList,
-    Transport,
+    CmEventChannel, ConnectParams, DatapathError, Device, Framing, InlineData, Listener, MpaConfig,
+    Sge, SgeList, Transport,
 };
 use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, NS_A};
 
@@ -96,8 +96,13 @@ fn socket_device_enforces_the_limits_it_reports() {
             "an ORD beyond max_qp_init_rd_atom with IFT framing",
         ),
     ];
+    let events = CmEventChannel::new().expect("event channel");
     for (params, what) in &refused {
         invalid(dev.connect(addr, &client.pd, &client.cq, params, &[]), what);
+        invalid(
+            dev.connect_async(addr, &client.pd, &client.cq, params, &[], &events, 7),
+            what,
+        );
     }
     assert!(
         listener.accept_timeout(QUIET).expect("listener").is_none(),

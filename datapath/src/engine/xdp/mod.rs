@@ -268,6 +268,7 @@ impl XdpEngine {
             let max_connections = cfg.driver.max_connections;
             let (shard, (local_ip, mtu)) =
                 spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu)?;
+            let mtu = mtu.min(cfg.tcp.path_mtu);
             tracing::info!(iface = ifname, %local_ip, mtu, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
                 shards: vec![shard],
@@ -284,7 +285,7 @@ impl XdpEngine {
             shards: Vec::with_capacity(drivers.len()),
             next: AtomicUsize::new(0),
             local_ip: Ipv4Addr::UNSPECIFIED,
-            mtu: 0,
+            mtu: cfg.tcp.path_mtu,
             max_connections: 0,
         };
         for (i, driver) in drivers.into_iter().enumerate() {
@@ -303,7 +304,7 @@ impl XdpEngine {
                 pin,
             )?;
             engine.local_ip = ip;
-            engine.mtu = mtu;
+            engine.mtu = engine.mtu.min(mtu);
             engine.max_connections += cfg.driver.max_connections;
             engine.shards.push(shard);
         }
@@ -328,8 +329,9 @@ impl XdpEngine {
     }
 
     /// The MTU the engine's TCP uses: the interface's when the engine started, as much of it
-    /// as its UMEM frames hold (RFC 9293 3.7.1's MSS derives from it; path MTU discovery may
-    /// lower it per connection).
+    /// as its UMEM frames hold, at most [`XdpEngineConfig::tcp`]'s `path_mtu` (the smallest
+    /// of its shards'; RFC 9293 3.7.1's MSS derives from it; path MTU discovery may lower it
+    /// per connection). A later change of the interface's MTU is not seen.
     pub fn mtu(&self) -> u16 {
         self.mtu
     }
