@@ -753,11 +753,13 @@ impl ProtectionDomain {
     /// access)`). The TO base is `addr`.
     ///
     /// # Safety
-    /// `addr` must be valid for reads and writes of `len` bytes until the region is dropped and
-    /// the transports are done with it: dropping a region deregisters it at once, but a queue
-    /// pair that still holds a transfer from it (a Read Response being retransmitted) keeps
-    /// using the bytes until that transfer ends, so free the memory only after the queue pairs
-    /// that used the region have finished ([`crate::QpStatus::finished`], or
+    /// `addr` must be valid for reads and writes of `len` bytes until the region is
+    /// deregistered and the transports are done with it: [`MemoryRegion::deregister`]
+    /// returning `Ok` says both (`ibv_dereg_mr`). Dropping a region instead deregisters it at
+    /// once, but a queue pair that still holds a transfer from it (a Read Response being
+    /// retransmitted) keeps using the bytes until that transfer ends, so after a drop free the
+    /// memory only once the queue pairs that used the region have finished
+    /// ([`crate::QpStatus::finished`], or
     /// [`crate::QueuePair::wait_finished`] returned true), which
     /// [`crate::QueuePair::disconnect`] brings about (on the AF_XDP engine, by resetting a
     /// connection whose graceful close has not finished in 10 s) unless the engine does not
@@ -795,6 +797,33 @@ impl ProtectionDomain {
 
 /// How long [`MemoryRegion::into_buffer`] waits for a transport to let go of the bytes.
 const HAND_BACK_WAIT: Duration = Duration::from_secs(1);
+
+/// How long [`MemoryRegion::deregister`] waits for the transports to let go of the bytes: a
+/// Read Response holds them until the peer acknowledges it, which on a lossy path takes
+/// retransmissions (as long as `QueuePair::disconnect` waits for a close).
+const DEREGISTER_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until `buf` is the only handle to its bytes (the region was deregistered: the
+/// transports reach them only through handles they took before), up to `deadline`. The
+/// AF_XDP engine reads its tables again within milliseconds even when idle (a turn at least
+/// every `XdpTcpConfig::max_wait`, or a parked thread's watchdog), the socket transport holds
+/// a table only while it handles one event, and a Read Response holds its source until
+/// acknowledged.
+fn sole_handle(
+    mut buf: Arc<PinnedBuffer>,
+    deadline: Instant,
+) -> Result<PinnedBuffer, DatapathError> {
+    loop {
+        match Arc::try_unwrap(buf) {
+            Ok(p) => return Ok(p),
+            Err(b) if Instant::now() < deadline => {
+                buf = b;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(_) => return Err(DatapathError::RegionInUse),
+        }
+    }
+}
 
 /// A registered memory region (`ibv_mr`): bytes named by an [`Stag`]. Dropping it deregisters
 /// it.
@@ -940,23 +969,32 @@ impl MemoryRegion {
     /// go). Fails with [`DatapathError::InvalidArgument`] for a region of another kind or type
     /// (the buffer is dropped).
     pub fn into_buffer<S: RegionStorage>(self) -> Result<S, DatapathError> {
-        let mut buf = self.buf.clone();
+        let buf = self.buf.clone();
         // Deregisters: the transports reach the bytes only through `Arc` clones from now on.
         drop(self);
-        let deadline = Instant::now() + HAND_BACK_WAIT;
-        let pinned = loop {
-            match Arc::try_unwrap(buf) {
-                Ok(p) => break p,
-                Err(b) if Instant::now() < deadline => {
-                    buf = b;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(_) => return Err(DatapathError::RegionInUse),
-            }
-        };
+        let pinned = sole_handle(buf, Instant::now() + HAND_BACK_WAIT)?;
         pinned.into_storage().ok_or(DatapathError::InvalidArgument(
             "the region does not own a buffer of that type",
         ))
+    }
+
+    /// Deregisters the region and waits until no transport uses its bytes (`ibv_dereg_mr`):
+    /// when it returns `Ok`, nothing reads or writes them any more, so memory given to
+    /// [`ProtectionDomain::register_raw`] may be freed (and a region's own buffer has been).
+    /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1).
+    /// Waits up to 10 s (a Read Response holds its source until the peer acknowledges it),
+    /// then fails with [`DatapathError::RegionInUse`]: the region is deregistered all the
+    /// same, but a transfer still holds the bytes, so raw memory must then live until the
+    /// queue pairs that used the region have finished.
+    pub fn deregister(self) -> Result<(), DatapathError> {
+        self.deregister_within(DEREGISTER_WAIT)
+    }
+
+    /// [`MemoryRegion::deregister`], waiting up to `wait`.
+    fn deregister_within(self, wait: Duration) -> Result<(), DatapathError> {
+        let buf = self.buf.clone();
+        drop(self);
+        sole_handle(buf, Instant::now() + wait).map(drop)
     }
 }
 
@@ -1118,6 +1156,56 @@ mod tests {
         assert!(t(new, Access::REMOTE_WRITE).is_err(), "rights narrowed");
         drop(mr);
         assert_eq!(mem[0], 3);
+    }
+
+    /// `deregister` (`ibv_dereg_mr`) returns only once no transport holds the bytes: here a
+    /// table version a transport read before (as an engine turn or a socket transport's event
+    /// holds one), let go of 100 ms later on another thread. The region is gone from the
+    /// current version at once.
+    #[test]
+    fn deregistering_waits_until_the_transports_let_go() {
+        let pd = ProtectionDomain::new().with_pinning(Pinning::BestEffort);
+        let mut mem = vec![5u8; 4096];
+        // SAFETY: `mem` outlives the region: `deregister` returns before it is dropped, and
+        // returns only once nothing holds the bytes.
+        let mr =
+            unsafe { pd.register_raw(mem.as_mut_ptr(), mem.len(), Access::REMOTE_READ) }.unwrap();
+        let stag = mr.stag();
+        let held = pd.table.snapshot();
+        let let_go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let holder = {
+            let let_go = let_go.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                assert!(held.info(stag).is_some(), "the held version has the region");
+                let_go.store(true, Ordering::SeqCst);
+                drop(held);
+            })
+        };
+        assert!(mr.deregister().is_ok());
+        assert!(
+            let_go.load(Ordering::SeqCst),
+            "returned while a transport held the bytes"
+        );
+        assert!(pd.table.snapshot().info(stag).is_none());
+        holder.join().unwrap();
+        drop(mem);
+    }
+
+    /// A holder that does not let go in time: `RegionInUse`, the region deregistered all the
+    /// same (a peer's access fails as of an unknown STag), the bytes still held.
+    #[test]
+    fn deregistering_gives_up_on_a_holder_that_keeps_the_bytes() {
+        let pd = ProtectionDomain::new();
+        let mr = pd.register(4096, Access::REMOTE_WRITE).unwrap();
+        let stag = mr.stag();
+        let held = pd.table.snapshot();
+        assert!(matches!(
+            mr.deregister_within(Duration::from_millis(50)),
+            Err(DatapathError::RegionInUse)
+        ));
+        assert!(pd.table.snapshot().info(stag).is_none());
+        assert!(held.info(stag).is_some(), "the holder keeps its bytes");
     }
 
     /// `mlock` refused (no `CAP_IPC_LOCK` on this thread and a tiny `RLIMIT_MEMLOCK`):

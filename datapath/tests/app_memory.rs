@@ -6,7 +6,9 @@
 //! checked in those very bytes (the addresses the test allocated), and neither protection
 //! domain's count of bytes copied by the API moves. Both sides hold their protection domain's
 //! registration lock through the transfers: the transports (the engine's turns, the socket
-//! transport's threads) read the registration table without it, or the test would hang.
+//! transport's threads) read the registration table without it, or the test would hang. The
+//! server then deregisters the Read source with `deregister` (`ibv_dereg_mr`) and frees its
+//! memory while the connection still lives.
 //!
 //! * `socket_transport_on_loopback`: both sides over kernel TCP on 127.0.0.1.
 //! * `engine_to_engine_on_the_bed`: AF_XDP engines in the veth bed's two namespaces (root;
@@ -138,8 +140,8 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
         .register_buffer(target, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .map_err(|e| e.to_string())?;
     let mut source: Box<[u8]> = pattern(1, TOTAL).into_boxed_slice();
-    // SAFETY: `source` outlives the region: the region is dropped before it, at the end of
-    // this function, after the connection is closed.
+    // SAFETY: `source` outlives the region: it is freed only after `deregister` said that
+    // nothing holds its bytes.
     let source_mr = unsafe {
         pd.register_raw(source.as_mut_ptr(), TOTAL, Access::REMOTE_READ)
             .map_err(|e| e.to_string())?
@@ -186,11 +188,18 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     same(in_place(&target), &pattern(2, TOTAL), "Write target")?;
     let want = expected_recv(&pattern(3, TOTAL), &pattern(4, TOTAL));
     same(in_place(&recv), &want, "Send receive region")?;
+    drop(hold);
+    // The Read source leaves while the connection lives (`ibv_dereg_mr`, then `free`): the
+    // Read Responses may still be on their way; `deregister` returns once nothing holds the
+    // bytes, so the memory goes at once.
+    source_mr
+        .deregister()
+        .map_err(|e| format!("deregistering the Read source: {e}"))?;
+    drop(source);
     if !qp.wait_finished(WAIT) {
         return Err(format!("client did not close: {:?}", qp.status()));
     }
     qp.disconnect();
-    drop(hold);
     if pd.copied_bytes() != 0 {
         return Err(format!("the API copied {} octets", pd.copied_bytes()));
     }
@@ -198,8 +207,6 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     if target.as_ptr() as u64 != target_addr {
         return Err("the Write target came back moved".into());
     }
-    drop(source_mr);
-    drop(source);
     Ok(())
 }
 
