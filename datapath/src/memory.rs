@@ -805,10 +805,10 @@ const DEREGISTER_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits until `buf` is the only handle to its bytes (the region was deregistered: the
 /// transports reach them only through handles they took before), up to `deadline`. The
-/// AF_XDP engine reads its tables again within milliseconds even when idle (a turn at least
-/// every `XdpTcpConfig::max_wait`, or a parked thread's watchdog), the socket transport holds
-/// a table only while it handles one event, and a Read Response holds its source until
-/// acknowledged.
+/// AF_XDP engine reads its tables again even when idle (a turn at least every
+/// `XdpTcpConfig::max_wait` while it has connections, 50 ms without, or when its parked
+/// thread wakes), the socket transport holds a table only while it handles one event, and a
+/// Read Response holds its source until acknowledged.
 fn sole_handle(
     mut buf: Arc<PinnedBuffer>,
     deadline: Instant,
@@ -981,7 +981,9 @@ impl MemoryRegion {
     /// Deregisters the region and waits until no transport uses its bytes (`ibv_dereg_mr`):
     /// when it returns `Ok`, nothing reads or writes them any more, so memory given to
     /// [`ProtectionDomain::register_raw`] may be freed (and a region's own buffer has been).
-    /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1).
+    /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1),
+    /// Read Requests already received but not yet answered included: deregister a region a
+    /// peer reads only once its Reads are done, or its connection ends in a Terminate.
     /// Waits up to 10 s (a Read Response holds its source until the peer acknowledges it),
     /// then fails with [`DatapathError::RegionInUse`]: the region is deregistered all the
     /// same, but a transfer still holds the bytes, so raw memory must then live until the

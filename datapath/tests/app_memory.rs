@@ -7,8 +7,9 @@
 //! domain's count of bytes copied by the API moves. Both sides hold their protection domain's
 //! registration lock through the transfers: the transports (the engine's turns, the socket
 //! transport's threads) read the registration table without it, or the test would hang. The
-//! server then deregisters the Read source with `deregister` (`ibv_dereg_mr`) and frees its
-//! memory while the connection still lives.
+//! server then deregisters the Read source with `deregister` (`ibv_dereg_mr`) once the
+//! client's last Send says its Reads are done, and frees its memory while the connection still
+//! lives.
 //!
 //! * `socket_transport_on_loopback`: both sides over kernel TCP on 127.0.0.1.
 //! * `engine_to_engine_on_the_bed`: AF_XDP engines in the veth bed's two namespaces (root;
@@ -152,12 +153,17 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     if target.base_to() != target_addr || source_mr.base_to() != source.as_ptr() as u64 {
         return Err("a region's TO base is not the application's address".into());
     }
-    let recvs = (0..MSGS)
+    let mut recvs: Vec<RecvWr> = (0..MSGS)
         .map(|m| RecvWr {
             wr_id: m as u64,
             sg_list: recv_list(&recv, m),
         })
         .collect();
+    // The client's last Send (empty), once its Reads have completed.
+    recvs.push(RecvWr {
+        wr_id: MSGS as u64,
+        sg_list: SgeList::new(),
+    });
     // Registration is held off from here until the transfers are checked: the transports read
     // the registration table without its lock, so nothing below waits for it.
     let hold = pd.hold_registrations();
@@ -189,12 +195,21 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     let want = expected_recv(&pattern(3, TOTAL), &pattern(4, TOTAL));
     same(in_place(&recv), &want, "Send receive region")?;
     drop(hold);
-    // The Read source leaves while the connection lives (`ibv_dereg_mr`, then `free`): the
-    // Read Responses may still be on their way; `deregister` returns once nothing holds the
-    // bytes, so the memory goes at once.
-    source_mr
-        .deregister()
-        .map_err(|e| format!("deregistering the Read source: {e}"))?;
+    let c = cq
+        .wait(WAIT)
+        .ok_or_else(|| format!("no last Send: {:?}", qp.status()))?;
+    if (c.wc.wr_id, c.wc.status, c.wc.byte_len) != (MSGS as u64, WcStatus::Success, 0) {
+        return Err(format!("the last Send: {c:?}"));
+    }
+    // The client's Reads are done, the connection lives: the Read source leaves
+    // (`ibv_dereg_mr`, then `free`). Read Responses sent may still wait for their
+    // acknowledgement; `deregister` returns once nothing holds the bytes, so the memory goes
+    // at once.
+    if let Err(e) = source_mr.deregister() {
+        // Something may still read the bytes: they must outlive it.
+        let _ = Box::leak(source);
+        return Err(format!("deregistering the Read source: {e}"));
+    }
     drop(source);
     if !qp.wait_finished(WAIT) {
         return Err(format!("client did not close: {:?}", qp.status()));
@@ -298,6 +313,18 @@ fn client(connect: &Connect<'_>) -> Result<(), String> {
         return Err("the Read sink's TO base is not the application's address".into());
     }
     same(in_place(&sink), &pattern(1, TOTAL), "Read sink")?;
+    // The Reads are done: the server may let their source go.
+    let last = SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    };
+    post(400, last, SgeList::new())?;
+    let c = cq
+        .wait(WAIT)
+        .ok_or_else(|| format!("the last Send did not complete: {:?}", qp.status()))?;
+    if (c.wc.wr_id, c.wc.status) != (400, WcStatus::Success) {
+        return Err(format!("the last Send: {c:?}"));
+    }
     qp.disconnect();
     drop(hold);
     if pd.copied_bytes() != 0 {
