@@ -495,6 +495,9 @@ impl TcpApp for App<'_> {
                     // Receives posted with the connect or accept count against the receive
                     // queue from the start.
                     slot.account.publish(slot.conn.qp(), &slot.shared);
+                    // So is the state (RTS): the application reads it as soon as it has the
+                    // queue pair, before this turn's service would publish it.
+                    slot.publish(false);
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
