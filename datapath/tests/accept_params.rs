@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 
 use common::{bed, Side, WAIT};
 use datapath::{
-    Access, ConnectParams, Connection, DatapathError, Framing, Listener, MpaConfig, QueuePair,
-    RdmapError, SendOp, SendWr, Stag,
+    Access, ConnectParams, ConnectRequest, Connection, DatapathError, Framing, Listener, MpaConfig,
+    QueuePair, RdmapError, RecvWr, SendOp, SendWr, SgeList, Stag,
 };
 use ift::IftConfig;
 use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
@@ -35,29 +35,62 @@ fn framings(base: ConnectParams) -> [(ConnectParams, &'static str); 2] {
     [(base, "mpa"), (ift, "ift")]
 }
 
+/// An accept of a request, as a test makes it.
+type Accept<'a> = &'a dyn Fn(ConnectRequest) -> Result<Connection, DatapathError>;
+
 /// Accepts the next request on `listener` with the accept's own depths and IRD/ORD (this
 /// thread), while `connect` runs on another; returns (client, server). First refuses an
-/// accept with an IRD beyond 14 bits, whose connection fails, and takes the next request.
+/// accept with an IRD beyond 14 bits, then one with more receives than its receive queue
+/// holds: each rejects its Request (the initiator hears `Rejected` with MPA; IFT has no
+/// reject, its connection closes), and takes the next request.
 fn accept_with_own_settings(
     listener: &Listener,
+    mpa: bool,
     connect: impl Fn() -> Result<Connection, DatapathError> + Send + Sync,
 ) -> (Connection, Connection) {
     std::thread::scope(|scope| {
         let server = Side::new();
-        let refused = scope.spawn(&connect);
-        let req = listener
-            .accept_timeout(WAIT)
-            .expect("accept")
-            .expect("a request");
-        match req.ird_ord(0x4000, ORD).accept(&server.pd, &server.cq, &[]) {
-            Err(DatapathError::InvalidArgument(_)) => {}
-            Err(e) => panic!("an IRD of 15 bits: {e}"),
-            Ok(_) => panic!("an IRD of 15 bits accepted"),
+        let too_many: Vec<RecvWr> = (0..=RQ as u64)
+            .map(|wr_id| RecvWr {
+                wr_id,
+                sg_list: SgeList::new(),
+            })
+            .collect();
+        let refusals: [(Accept<'_>, &str); 2] = [
+            (
+                &|req| req.ird_ord(0x4000, ORD).accept(&server.pd, &server.cq, &[]),
+                "an IRD of 15 bits",
+            ),
+            (
+                &|req| {
+                    req.queue_depths(SQ, RQ).accept_with_recvs(
+                        &server.pd,
+                        &server.cq,
+                        &[],
+                        too_many.clone(),
+                    )
+                },
+                "more receives than the receive queue holds",
+            ),
+        ];
+        for (accept, what) in refusals {
+            let refused = scope.spawn(&connect);
+            let req = listener
+                .accept_timeout(WAIT)
+                .expect("accept")
+                .expect("a request");
+            match accept(req) {
+                Err(DatapathError::InvalidArgument(_) | DatapathError::RecvQueueFull { .. }) => {}
+                Err(e) => panic!("{what}: {e}"),
+                Ok(_) => panic!("{what}: accepted"),
+            }
+            match refused.join().expect("client thread") {
+                Err(DatapathError::Rejected { .. }) => {}
+                Err(_) if !mpa => {}
+                Err(e) => panic!("{what}: the initiator got {e}, not a reject"),
+                Ok(_) => panic!("{what}: the initiator connected"),
+            }
         }
-        assert!(
-            refused.join().expect("client thread").is_err(),
-            "a connection whose accept was refused"
-        );
         let client = scope.spawn(&connect);
         let req = listener
             .accept_timeout(WAIT)
@@ -105,7 +138,8 @@ fn socket_accept_sets_its_own_depths_and_ird_ord() {
         let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
         let addr = listener.local_addr().expect("address");
         let client = Side::new();
-        let (c, s) = accept_with_own_settings(&listener, || {
+        let mpa = framing == "mpa";
+        let (c, s) = accept_with_own_settings(&listener, mpa, || {
             datapath::connect(addr, &client.pd, &client.cq, &params, &[])
         });
         check(&c.qp, &s.qp, &format!("socket, {framing}"));
@@ -119,7 +153,7 @@ fn engine_accept_sets_its_own_depths_and_ird_ord() {
     for ((params, framing), port) in framings(bed::params()).into_iter().zip([19_668, 19_669]) {
         let listener = bed::Stack::Engine(&engine).listen(port, params.clone());
         let client = Side::new();
-        let (c, s) = accept_with_own_settings(&listener, || {
+        let (c, s) = accept_with_own_settings(&listener, framing == "mpa", || {
             let addr = SocketAddr::from((ADDR_A, port));
             bed::Stack::Socket.connect(addr, &client.pd, &client.cq, &params, &[])
         });

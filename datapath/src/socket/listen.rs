@@ -30,8 +30,8 @@ use rdmap::RecvWr;
 use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
-    check_initial_recvs, recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing,
-    ListenProvider, ListenRecord, Listener, PendingProvider,
+    recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing, ListenProvider,
+    ListenRecord, Listener, PendingProvider,
 };
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::{Agreed, QueuePair};
@@ -528,13 +528,7 @@ impl PendingProvider for SocketPending {
         recvs: Vec<RecvWr>,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
-        // Checked before the Reply: the receives are posted once the connection is up.
-        check_initial_recvs(params, pd, &recvs)?;
-        if matches!(self.answer, Answer::Ift { .. }) && !private_data.is_empty() {
-            return Err(DatapathError::InvalidArgument(
-                "IFT framing carries no private data",
-            ));
-        }
+        // The receives and private data were checked by `ConnectRequest::accept_with_recvs`.
         let mut stream = self.stream()?;
         let SocketPending {
             answer, leftover, ..

@@ -529,7 +529,11 @@ impl ConnectRequest {
 
     /// Accepts, with `recvs` posted before the peer can send anything: iWARP has no
     /// receiver-not-ready retry, so a Send that finds no posted buffer ends the connection
-    /// (RFC 5041 7.1, MSN with no buffer).
+    /// (RFC 5041 7.1, MSN with no buffer). Receives that cannot be posted fail the accept as
+    /// in [`crate::Device::connect_with_recvs`] (more than the receive queue holds with
+    /// `RecvQueueFull`), and so do parameters out of bounds ([`crate::DeviceAttr`]) and
+    /// private data with IFT framing (`InvalidArgument`): the Request is then rejected, so
+    /// the initiator hears of it at once.
     pub fn accept_with_recvs(
         self,
         pd: &ProtectionDomain,
@@ -537,10 +541,20 @@ impl ConnectRequest {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
-        if let Err(e) = self.params.check() {
-            // Depths or IRD/ORD out of bounds (set on the request, or the listener's). The
-            // request is spent: the peer hears of the refusal now rather than at its setup
-            // timeout.
+        let refused = self.params.check().and_then(|()| {
+            // The receives are posted once the connection is up: refused first.
+            check_initial_recvs(&self.params, pd, &recvs)?;
+            if matches!(self.params.framing, Framing::Ift(_)) && !private_data.is_empty() {
+                return Err(DatapathError::InvalidArgument(
+                    "IFT framing carries no private data",
+                ));
+            }
+            Ok(())
+        });
+        if let Err(e) = refused {
+            // Depths or IRD/ORD out of bounds (set on the request, or the listener's),
+            // receives that cannot be posted, private data IFT cannot carry. The request is
+            // spent: the peer hears of the refusal now rather than at its setup timeout.
             let _ = self.inner.reject(&[], &self.params);
             return Err(e);
         }
