@@ -14,7 +14,8 @@ use std::net::SocketAddr;
 use common::{bed, Side, WAIT};
 use datapath::{
     Access, ConnectParams, ConnectRequest, Connection, DatapathError, Framing, Listener, MpaConfig,
-    QueuePair, RdmapError, RecvWr, SendOp, SendWr, SgeList, Stag,
+    ProtectionDomain, QueuePair, RdmapError, RecvWr, SendOp, SendWr, SgeList, SharedReceiveQueue,
+    Stag,
 };
 use ift::IftConfig;
 use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
@@ -40,9 +41,11 @@ type Accept<'a> = &'a dyn Fn(ConnectRequest) -> Result<Connection, DatapathError
 
 /// Accepts the next request on `listener` with the accept's own depths and IRD/ORD (this
 /// thread), while `connect` runs on another; returns (client, server). First refuses an
-/// accept with an IRD beyond 14 bits, then one with more receives than its receive queue
-/// holds: each rejects its Request (the initiator hears `Rejected` with MPA; IFT has no
-/// reject, its connection closes), and takes the next request.
+/// accept with an IRD beyond 14 bits, one with more receives than its receive queue holds,
+/// one with a shared receive queue of another protection domain and one with private data
+/// MPA cannot carry (IFT: any): each fails with its error and rejects its Request (the
+/// initiator hears `Rejected` with MPA; IFT has no reject, its connection closes), and takes
+/// the next request.
 fn accept_with_own_settings(
     listener: &Listener,
     mpa: bool,
@@ -56,7 +59,9 @@ fn accept_with_own_settings(
                 sg_list: SgeList::new(),
             })
             .collect();
-        let refusals: [(Accept<'_>, &str); 2] = [
+        let other = ProtectionDomain::new();
+        let foreign = SharedReceiveQueue::new(&other, 4).expect("an SRQ of another PD");
+        let refusals: [(Accept<'_>, &str); 4] = [
             (
                 &|req| req.ird_ord(0x4000, ORD).accept(&server.pd, &server.cq, &[]),
                 "an IRD of 15 bits",
@@ -72,6 +77,14 @@ fn accept_with_own_settings(
                 },
                 "more receives than the receive queue holds",
             ),
+            (
+                &|req| req.use_srq(&foreign).accept(&server.pd, &server.cq, &[]),
+                "a shared receive queue of another protection domain",
+            ),
+            (
+                &|req| req.accept(&server.pd, &server.cq, &[7; 600]),
+                "600 octets of private data",
+            ),
         ];
         for (accept, what) in refusals {
             let refused = scope.spawn(&connect);
@@ -79,11 +92,18 @@ fn accept_with_own_settings(
                 .accept_timeout(WAIT)
                 .expect("accept")
                 .expect("a request");
-            match accept(req) {
-                Err(DatapathError::InvalidArgument(_) | DatapathError::RecvQueueFull { .. }) => {}
-                Err(e) => panic!("{what}: {e}"),
+            let e = match accept(req) {
+                Err(e) => e,
                 Ok(_) => panic!("{what}: accepted"),
-            }
+            };
+            let named = match what {
+                "more receives than the receive queue holds" => {
+                    matches!(e, DatapathError::RecvQueueFull { .. })
+                }
+                "600 octets of private data" if mpa => matches!(e, DatapathError::Mpa(_)),
+                _ => matches!(e, DatapathError::InvalidArgument(_)),
+            };
+            assert!(named, "{what}: {e}");
             match refused.join().expect("client thread") {
                 Err(DatapathError::Rejected { .. }) => {}
                 Err(_) if !mpa => {}

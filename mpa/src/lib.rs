@@ -54,7 +54,8 @@ pub use encoder::FpduEncoder;
 pub use error::MpaError;
 pub use locate::FpduLocator;
 pub use startup::{
-    Initiator, InitiatorEvent, MpaConfig, Negotiated, RequestInfo, Responder, RtrKind,
+    check_private_data_to_send, Initiator, InitiatorEvent, MpaConfig, Negotiated, RequestInfo,
+    Responder, RtrKind,
 };
 
 /// The smallest MULPDU MPA may offer, whatever the EMSS (RFC 5044 section 4.5).

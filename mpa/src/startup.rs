@@ -297,7 +297,11 @@ fn timed_out(deadline: Option<Instant>, now: Instant) -> bool {
     deadline.is_some_and(|deadline| now >= deadline)
 }
 
-fn check_private_data_to_send(private_data: &[u8], enhanced: bool) -> Result<(), MpaError> {
+/// Checks private data we are to send in a Request or Reply: at most 512 octets with the
+/// RFC 6581 block (4 octets, `enhanced`) that comes first (RFC 5044 7.1, RFC 6581 9); more is
+/// [`MpaError::Local`]. A responder can check before it answers what [`Responder::accept`]
+/// would refuse (`enhanced`: the Request was an enhanced one).
+pub fn check_private_data_to_send(private_data: &[u8], enhanced: bool) -> Result<(), MpaError> {
     let block = if enhanced { ENHANCED_PARAMS_LEN } else { 0 };
     if block + private_data.len() > MAX_PRIVATE_DATA {
         return Err(MpaError::Local(

@@ -531,9 +531,11 @@ impl ConnectRequest {
     /// receiver-not-ready retry, so a Send that finds no posted buffer ends the connection
     /// (RFC 5041 7.1, MSN with no buffer). Receives that cannot be posted fail the accept as
     /// in [`crate::Device::connect_with_recvs`] (more than the receive queue holds with
-    /// `RecvQueueFull`), and so do parameters out of bounds ([`crate::DeviceAttr`]) and
-    /// private data with IFT framing (`InvalidArgument`): the Request is then rejected, so
-    /// the initiator hears of it at once.
+    /// `RecvQueueFull`), and so do parameters out of bounds ([`crate::DeviceAttr`]), a shared
+    /// receive queue of another protection domain (`InvalidArgument`), private data MPA
+    /// cannot carry (over 512 octets with RFC 6581's block, [`DatapathError::Mpa`]) and any
+    /// with IFT framing (`InvalidArgument`): the Request is then rejected, so the initiator
+    /// hears of it at once.
     pub fn accept_with_recvs(
         self,
         pd: &ProtectionDomain,
@@ -544,10 +546,19 @@ impl ConnectRequest {
         let refused = self.params.check().and_then(|()| {
             // The receives are posted once the connection is up: refused first.
             check_initial_recvs(&self.params, pd, &recvs)?;
-            if matches!(self.params.framing, Framing::Ift(_)) && !private_data.is_empty() {
-                return Err(DatapathError::InvalidArgument(
-                    "IFT framing carries no private data",
-                ));
+            if let Some(srq) = &self.params.srq {
+                srq.check_pd(pd.id)?;
+            }
+            match &self.info {
+                Some(request) => {
+                    mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?
+                }
+                None if !private_data.is_empty() => {
+                    return Err(DatapathError::InvalidArgument(
+                        "IFT framing carries no private data",
+                    ));
+                }
+                None => {}
             }
             Ok(())
         });

@@ -155,6 +155,17 @@ impl SharedReceiveQueue {
         self.inner.events_rx.recv_timeout(timeout).is_ok()
     }
 
+    /// Fails unless the queue belongs to protection domain `pd`: a queue pair takes receives
+    /// only from a shared receive queue of its own domain.
+    pub(crate) fn check_pd(&self, pd: rdmap::PdId) -> Result<(), DatapathError> {
+        if self.inner.pd.id() != pd {
+            return Err(DatapathError::InvalidArgument(
+                "the shared receive queue belongs to another protection domain",
+            ));
+        }
+        Ok(())
+    }
+
     /// Makes `qp` (of protection domain `pd`) take its receives from this queue. Fails if the
     /// queue belongs to another protection domain or `qp` has receives posted.
     pub(crate) fn attach(
@@ -162,11 +173,7 @@ impl SharedReceiveQueue {
         qp: &mut rdmap::QueuePair,
         pd: rdmap::PdId,
     ) -> Result<(), DatapathError> {
-        if self.inner.pd.id() != pd {
-            return Err(DatapathError::InvalidArgument(
-                "the shared receive queue belongs to another protection domain",
-            ));
-        }
+        self.check_pd(pd)?;
         qp.attach_srq(Box::new(SrqSource(self.inner.clone())))
             .map_err(|_| {
                 DatapathError::InvalidArgument(

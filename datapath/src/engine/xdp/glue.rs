@@ -496,8 +496,12 @@ impl TcpApp for App<'_> {
                     // queue from the start.
                     slot.account.publish(slot.conn.qp(), &slot.shared);
                     // So is the state (RTS): the application reads it as soon as it has the
-                    // queue pair, before this turn's service would publish it.
-                    slot.publish(false);
+                    // queue pair, before this turn's service would publish it. Any other
+                    // state (the stream failed right behind the Reply) is left to the
+                    // events that say why, which come first.
+                    if slot.conn.qp().state() == QpState::Rts {
+                        slot.publish(false);
+                    }
                     let parts = QpParts {
                         num: slot.num,
                         cmds: cmd_tx,
