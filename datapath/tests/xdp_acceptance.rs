@@ -710,11 +710,11 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
 }
 
 /// An accept that fails locally (its receive work request is refused) on the engine: the
-/// request is used up, so the engine must close the connection at once, and the client must
-/// see the connection closed (not wait for its MPA timeout); the listener serves the next one.
+/// request is used up, so it is rejected at once, and the client must hear the reject (not
+/// wait for its MPA timeout); the listener serves the next one.
 fn failed_accept_case(engine: &XdpEngine, client: Stack<'_>, port: u16) {
     let mut lp = params(mpa(2, true, false));
-    // Far beyond the client's: only a prompt close can end the client's wait in time.
+    // Far beyond the client's: only a prompt answer can end the client's wait in time.
     lp.mpa.timeout = Duration::from_secs(300);
     let listener = engine.listen(port, lp).expect("listen");
     let addr = SocketAddr::from((ADDR_A, port));
@@ -731,7 +731,7 @@ fn failed_accept_case(engine: &XdpEngine, client: Stack<'_>, port: u16) {
                 .accept_timeout(WAIT)
                 .expect("accept")
                 .expect("no request in time");
-            // 8 KiB into a 4 KiB region: refused.
+            // 8 KiB into a 4 KiB region: refused, and the Request rejected.
             req.accept_with_recvs(&spd, &scq, b"", vec![sge_recv(&small, 1, 0, 8192)])
                 .map(|_| ())
         });
@@ -743,18 +743,11 @@ fn failed_accept_case(engine: &XdpEngine, client: Stack<'_>, port: u16) {
         "engine accept: {s:?}"
     );
     match c {
-        Err(
-            DatapathError::Io(_)
-            | DatapathError::Disconnected
-            | DatapathError::Mpa(mpa::MpaError::ConnectionLost),
-        ) => {}
-        other => panic!(
-            "{} client: {other:?}, want the connection closed",
-            client.name()
-        ),
+        Err(DatapathError::Rejected { .. }) => {}
+        other => panic!("{} client: {other:?}, want a reject", client.name()),
     }
     println!(
-        "engine's failed accept: {} client saw the connection closed after {:?}",
+        "engine's failed accept: {} client was rejected after {:?}",
         client.name(),
         t.elapsed()
     );
