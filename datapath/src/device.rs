@@ -253,12 +253,13 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
-        // Refused here, as by the synchronous connect, rather than as an event.
-        params.check()?;
         let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
         {
+            // `start_connect` checks the parameters itself.
             Some(e) => e.start_connect(addr, pd, cq, params, private_data, recvs)?,
             None => {
+                // Refused here, as by the synchronous connect, rather than as an event.
+                params.check()?;
                 let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
                 let private_data = private_data.to_vec();
                 Box::new(move || {
