@@ -151,7 +151,6 @@ impl FpduLocator {
         else {
             return (None, false);
         };
-        self.decoder.reset(start);
         // Guesses read any ULPDU_Length: the buffer is sized for the largest at once, on the
         // first scan (a connection that never sees a segment out of order holds none).
         self.decoder.reserve_max_ulpdu();
@@ -161,11 +160,35 @@ impl FpduLocator {
             // last segment, or a gap took them): that Marker lies between FPDUs, so it holds
             // FPDUPTR 0 and the header's CRC covers it (RFC 5044 4.3, 4.4). Read as such, the
             // FPDU can be checked; if the Marker was anything else, its CRC fails the guess.
+            let found = self.scan_from(rest, start, true, covered_crc, on_fpdu);
+            // Unless the stream itself starts at this header (a decoder made at this stream
+            // position reads no Marker before it): then the CRC covers the FPDU alone.
+            if found.0.is_some() || found.1 || !self.crc {
+                return found;
+            }
+        }
+        self.scan_from(rest, start, false, covered_crc, on_fpdu)
+    }
+
+    /// Decodes `rest`, which starts at stream position `start`, after the Marker between
+    /// FPDUs just before `start` when `after_marker`; as [`scan`](Self::scan).
+    fn scan_from<F: FnMut(FpduSpan, &[u8])>(
+        &mut self,
+        rest: &[u8],
+        start: u64,
+        after_marker: bool,
+        covered_crc: Option<u32>,
+        on_fpdu: &mut F,
+    ) -> (Option<FpduSpan>, bool) {
+        self.tail = None;
+        if after_marker {
             self.decoder.reset(start - MARKER_LEN as u64);
             let between = MarkerPtr::BETWEEN_FPDUS.to_bytes();
             if self.decoder.feed_spans(&between, |_, _| {}).is_err() {
                 return (None, false);
             }
+        } else {
+            self.decoder.reset(start);
         }
         let mut end = None;
         // An error ends the scan; what was handed up before it was verified.
@@ -347,6 +370,33 @@ mod tests {
             tried >= 2,
             "the stream has {tried} FPDUs right after a Marker"
         );
+    }
+
+    /// A stream that itself starts 4 octets past a Marker position has no Marker before its
+    /// first header, so that FPDU's CRC covers no Marker: the in-order decoder made at that
+    /// position takes it, and so must the locator.
+    #[test]
+    fn a_stream_starting_past_a_marker_position_is_found() {
+        let start = 3 * MARKER_INTERVAL as u32 + MARKER_LEN as u32;
+        let mut enc = FpduEncoder::with_position(true, true, start);
+        let mut wire = Vec::new();
+        for len in [8, 700, 30] {
+            enc.encode(&vec![len as u8; len], &mut wire).unwrap();
+        }
+        let position = u64::from(start);
+        for known in [None, Some(position)] {
+            let mut loc = FpduLocator::new(true, true);
+            let mut found = Vec::new();
+            let span = loc.locate_from(&wire, position, known, |span, u| {
+                found.push((span.start, u.len()))
+            });
+            assert_eq!(
+                span.map(|f| (f.start, f.end)),
+                Some((position, position + wire.len() as u64))
+            );
+            assert_eq!(found.len(), 3, "known {known:?}: {found:?}");
+            assert_eq!(found[0], (position, 8));
+        }
     }
 
     #[test]
