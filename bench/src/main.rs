@@ -71,6 +71,11 @@ pub struct PerftestCompat {
     /// line (perftest's `-H`; a cumulative distribution to plot).
     #[arg(short = 'H', long = "report-histogram")]
     pub report_histogram: bool,
+    /// perftest's `--tos` (rdma_cm's `RDMA_OPTION_ID_TOS`): the IP Type of Service octet of
+    /// this side's TCP segments, the DSCP in its upper six bits (`ConnectParams::tos`; the
+    /// server's applies to its SYN-ACKs too). Default 0.
+    #[arg(long = "tos", value_name = "TOS")]
+    pub tos: Option<u8>,
 }
 
 impl PerftestCompat {

@@ -107,6 +107,7 @@ fn connect_params(cli: &Cli) -> ConnectParams {
         },
         setup_timeout: cli.setup_timeout(),
         rdmap_extensions: cli.test.is_atomic() || cli.imm(),
+        tos: cli.compat.tos.unwrap_or(0),
         ..ConnectParams::default()
     }
 }

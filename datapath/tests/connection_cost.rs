@@ -34,6 +34,7 @@ fn syn(i: u16) -> Vec<u8> {
     options.sack_permitted = true;
     options.timestamp = Some((1, 0));
     let seg = SegmentRepr {
+        tos: 0,
         src_addr: Ipv4Addr::new(10, 1, (i >> 8) as u8, i as u8),
         dst_addr: US,
         src_port: 40_000,

@@ -131,6 +131,7 @@ fn syn_from(
     bad_checksum: bool,
 ) -> Vec<u8> {
     let seg = SegmentRepr {
+        tos: 0,
         src_addr,
         dst_addr: ADDR_A,
         src_port,

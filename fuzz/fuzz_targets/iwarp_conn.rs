@@ -822,6 +822,7 @@ fuzz_target!(|data: &[u8]| {
                     .wrapping_add(plan.tcp_base as u32)
                     .wrapping_add(off as u32);
                 let seg = SegmentRepr {
+                    tos: 0,
                     src_addr: t.remote_addr,
                     dst_addr: t.local_addr,
                     src_port: t.remote_port,

@@ -160,6 +160,12 @@ pub struct Config {
     /// does not extend the time: a half-closed connection receives for this long at most
     /// after our FIN. `None`: wait for ever. Default 60 s.
     pub fin_wait2_timeout: Option<Duration>,
+    /// The IPv4 Type of Service octet of every segment the connection (or a listener, for
+    /// its SYN-ACKs and the connections it accepts) sends (`IP_TOS`, rdma_cm's
+    /// `RDMA_OPTION_ID_TOS`): the DSCP in its upper six bits (RFC 2474 3). Its lower two bits,
+    /// the ECN field, are sent as 0 (Not-ECT) whatever they hold here, as Linux does for TCP:
+    /// this TCP does not negotiate ECN (RFC 3168 6.1.1). Default 0.
+    pub tos: u8,
     /// Nagle's algorithm (RFC 9293 3.7.4); off by default.
     pub nagle: bool,
     /// Most challenge ACKs per second (RFC 5961 7).
@@ -167,6 +173,9 @@ pub struct Config {
     /// `PassUp`: hand up again data that was already passed up.
     pub pass_up_duplicates: bool,
 }
+
+/// The ECN field of the Type of Service octet (RFC 3168 5).
+const ECN_MASK: u8 = 0x03;
 
 impl Default for Config {
     fn default() -> Self {
@@ -201,6 +210,7 @@ impl Default for Config {
             user_timeout: None,
             time_wait: Duration::from_secs(60),
             fin_wait2_timeout: Some(Duration::from_secs(60)),
+            tos: 0,
             nagle: false,
             challenge_ack_limit: 100,
             pass_up_duplicates: false,
@@ -210,6 +220,11 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The Type of Service octet as sent: [`tos`](Self::tos) with the ECN field cleared.
+    pub fn sent_tos(&self) -> u8 {
+        self.tos & !ECN_MASK
+    }
+
     /// The MPA profile: record transmit and pass-up receive.
     pub fn mpa() -> Self {
         Config {

@@ -579,6 +579,7 @@ fn wscale_for(max_window: u64) -> u8 {
 
 impl Connection {
     fn new(cfg: Config, tuple: FourTuple, iss: u32, ts_offset: u32, now: Instant) -> Self {
+        let data_header = DataHeader::new(&tuple, false, cfg.sent_tos());
         let cc = cfg.congestion.build(
             u64::from(cfg.initial_window_segments) * u64::from(DEFAULT_SEND_MSS).max(1460),
             cfg.slow_start,
@@ -688,7 +689,7 @@ impl Connection {
             ts_recent: None,
             last_ack_sent: 0,
             rcv_nxt_acked: 0,
-            data_header: DataHeader::new(&tuple, false),
+            data_header,
             time_wait_deadline: None,
             fin_wait2_deadline: None,
             keepalive_deadline: None,
@@ -772,6 +773,7 @@ impl Connection {
         }
         SegmentRepr {
             src_addr: syn.dst_addr,
+            tos: cfg.sent_tos(),
             dst_addr: syn.src_addr,
             src_port: syn.dst_port,
             dst_port: syn.src_port,
@@ -811,6 +813,7 @@ impl Connection {
         }
         let syn = SegmentRepr {
             src_addr: ack.src_addr,
+            tos: ack.tos,
             dst_addr: ack.dst_addr,
             src_port: ack.src_port,
             dst_port: ack.dst_port,
@@ -1756,7 +1759,7 @@ impl Connection {
         } else {
             self.ts_enabled = false;
         }
-        self.data_header = DataHeader::new(&self.tuple, self.ts_enabled);
+        self.data_header = DataHeader::new(&self.tuple, self.ts_enabled, self.cfg.sent_tos());
         // The window in a SYN is never scaled (RFC 7323 2.2).
         self.snd_wnd = u64::from(syn.window);
         self.max_snd_wnd = self.snd_wnd;
@@ -2886,6 +2889,7 @@ impl Connection {
         }
         SegmentRepr {
             src_addr: self.tuple.local_addr,
+            tos: self.cfg.sent_tos(),
             dst_addr: self.tuple.remote_addr,
             src_port: self.tuple.local_port,
             dst_port: self.tuple.remote_port,
@@ -3513,6 +3517,9 @@ pub fn reset_reply<'a>(seg: &SegmentRepr<'_>) -> Option<SegmentRepr<'a>> {
     };
     Some(SegmentRepr {
         src_addr: seg.dst_addr,
+        // No connection's setting applies: the segment's own DSCP, as Linux answers a
+        // segment no socket owns (its ECN field cleared: this TCP does not do ECN).
+        tos: seg.tos & 0xfc,
         dst_addr: seg.src_addr,
         src_port: seg.dst_port,
         dst_port: seg.src_port,

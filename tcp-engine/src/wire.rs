@@ -695,6 +695,9 @@ const RST_BIT: u8 = 0x04;
 pub struct SegmentRepr<'a> {
     /// IPv4 source address.
     pub src_addr: Ipv4Addr,
+    /// The IPv4 header's Type of Service octet (RFC 791 3.1): the DSCP in its upper six bits
+    /// (RFC 2474 3), the ECN field in its lower two (RFC 3168 5).
+    pub tos: u8,
     /// IPv4 destination address.
     pub dst_addr: Ipv4Addr,
     /// TCP source port.
@@ -738,6 +741,7 @@ impl<'a> SegmentRepr<'a> {
         let options = TcpOptions::parse(t.options())?;
         Ok(SegmentRepr {
             src_addr: view.ip().source_addr(),
+            tos: view.ip().slice()[1],
             dst_addr: view.ip().destination_addr(),
             src_port: t.source_port(),
             dst_port: t.destination_port(),
@@ -820,13 +824,13 @@ impl<'a> SegmentRepr<'a> {
         // IPv4 header (RFC 791 3.1): DF set, ID 0 for atomic datagrams (RFC 6864 4.1).
         let total_be = (total as u16).to_be_bytes();
         let ip_sum = addrs
-            .add_2([0x45, 0])
+            .add_2([0x45, self.tos])
             .add_2(total_be)
             .add_2([0x40, 0])
             .add_2([64, 6])
             .finish()
             .to_be_bytes();
-        let mut ip = [0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        let mut ip = [0x45, self.tos, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
         ip[2..4].copy_from_slice(&total_be);
         ip[10..12].copy_from_slice(&ip_sum);
         ip_out[..12].copy_from_slice(&ip);
@@ -904,8 +908,9 @@ pub struct DataHeader {
 const DATA_HEADER_MAX: usize = IPV4_HEADER_LEN + TCP_HEADER_LEN + TIMESTAMP_OPTION_SPACE;
 
 impl DataHeader {
-    /// The headers of `tuple`'s data segments, with the timestamps option or without.
-    pub fn new(tuple: &FourTuple, timestamps: bool) -> DataHeader {
+    /// The headers of `tuple`'s data segments, with the timestamps option or without, and
+    /// `tos` as the IPv4 Type of Service octet ([`SegmentRepr::tos`]).
+    pub fn new(tuple: &FourTuple, timestamps: bool, tos: u8) -> DataHeader {
         let (src, dst) = (tuple.local_addr.octets(), tuple.remote_addr.octets());
         let len = if timestamps {
             DATA_HEADER_MAX
@@ -913,7 +918,7 @@ impl DataHeader {
             IPV4_HEADER_LEN + TCP_HEADER_LEN
         };
         let mut head = [0u8; DATA_HEADER_MAX];
-        head[..12].copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0]);
+        head[..12].copy_from_slice(&[0x45, tos, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0]);
         head[12..16].copy_from_slice(&src);
         head[16..20].copy_from_slice(&dst);
         let tcp = &mut head[IPV4_HEADER_LEN..];
@@ -933,7 +938,7 @@ impl DataHeader {
             tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + 4].copy_from_slice(&TS_ONLY_LEAD);
             fixed = fixed.add_4(TS_ONLY_LEAD);
         }
-        let ip_fixed = addrs.add_2([0x45, 0]).add_2([0x40, 0]).add_2([64, 6]);
+        let ip_fixed = addrs.add_2([0x45, tos]).add_2([0x40, 0]).add_2([64, 6]);
         DataHeader {
             head,
             len,
@@ -1121,6 +1126,7 @@ mod tests {
         }]);
         SegmentRepr {
             src_addr: Ipv4Addr::new(10, 0, 0, 1),
+            tos: 0xb8,
             dst_addr: Ipv4Addr::new(10, 0, 0, 2),
             src_port: 4000,
             dst_port: 5000,
@@ -1143,6 +1149,7 @@ mod tests {
         let mut buf = [0u8; 200];
         let n = repr.emit(&mut buf).expect("emit");
         assert_eq!(n, repr.packet_len());
+        assert_eq!(buf[1], 0xb8, "the Type of Service octet (DSCP 46, Not-ECT)");
         let parsed = SegmentRepr::parse(&buf[..n]).expect("parse");
         assert_eq!(parsed, repr);
         // etherparse agrees with our checksum.
@@ -1325,6 +1332,7 @@ mod tests {
             ts in proptest::prelude::any::<Option<(u32, u32)>>(),
             payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1500),
             summed in proptest::prelude::any::<bool>(),
+            tos in proptest::prelude::any::<u8>(),
         ) {
             let tuple = FourTuple {
                 local_addr: Ipv4Addr::from(addrs.0),
@@ -1335,6 +1343,7 @@ mod tests {
             let (seq, ack, window, psh) = fields;
             let repr = SegmentRepr {
                 src_addr: tuple.local_addr,
+                tos,
                 dst_addr: tuple.remote_addr,
                 src_port: tuple.local_port,
                 dst_port: tuple.remote_port,
@@ -1359,7 +1368,7 @@ mod tests {
             let mut want = vec![0xa5u8; 1600];
             let mut got = vec![0x5au8; 1600];
             let n = repr.emit_with_summed(&mut want, payload.len(), fill).expect("general");
-            let header = DataHeader::new(&tuple, ts.is_some());
+            let header = DataHeader::new(&tuple, ts.is_some(), tos);
             let m = header
                 .emit_summed(&mut got, seq, ack, psh, window, ts.unwrap_or((7, 9)), payload.len(), fill)
                 .expect("template");
@@ -1367,6 +1376,7 @@ mod tests {
             proptest::prop_assert_eq!(&want[..n], &got[..m]);
             let parsed = SegmentRepr::parse(&got[..m]).expect("parse");
             proptest::prop_assert_eq!(parsed.options.timestamp, ts);
+            proptest::prop_assert_eq!(parsed.tos, tos);
             proptest::prop_assert_eq!(parsed.payload, &payload[..]);
         }
     }
@@ -1379,7 +1389,7 @@ mod tests {
             remote_addr: Ipv4Addr::new(10, 0, 0, 2),
             remote_port: 2,
         };
-        let header = DataHeader::new(&tuple, true);
+        let header = DataHeader::new(&tuple, true, 0);
         let mut buf = [0u8; 60];
         let r = header.emit_summed(&mut buf, 1, 2, false, 3, (4, 5), 9, |_| None);
         assert_eq!(r, Err(WireError::BufferTooSmall));

@@ -25,6 +25,7 @@ fn feed(c: &Peer, s: &mut Peer, now: Instant, seq: u32, len: usize, psh: bool) -
     let t = c.conn().four_tuple();
     let payload = vec![0x5a; len];
     let seg = SegmentRepr {
+        tos: 0,
         src_addr: t.local_addr,
         dst_addr: t.remote_addr,
         src_port: t.local_port,

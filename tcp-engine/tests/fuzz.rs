@@ -22,6 +22,7 @@ fn cases(default: u32) -> u32 {
 
 fn valid_packet(payload: &[u8], opts: TcpOptions) -> Vec<u8> {
     let r = SegmentRepr {
+        tos: 0,
         src_addr: A_ADDR,
         dst_addr: B_ADDR,
         src_port: 1,
@@ -255,6 +256,7 @@ proptest! {
             2 => (Connection::connect(cfg.clone(), client_tuple(), &IsnGenerator::new([5; 16]), Instant::ZERO), 1000u32),
             _ => {
                 let syn = SegmentRepr {
+                    tos: 0,
                     src_addr: A_ADDR, dst_addr: B_ADDR, src_port: A_PORT, dst_port: B_PORT, seq: 999, ack: 0,
                     flags: TcpFlags { syn: true, ..TcpFlags::default() }, window: 1000,
                     options: opts(Some(1000), Some(3), true, Some((5, 0))),
@@ -278,6 +280,7 @@ proptest! {
                         options.set_sack_blocks(&[SackBlock { left, right: left.wrapping_add(u32::from(n)) }]);
                     }
                     let seg = SegmentRepr {
+                        tos: 0,
                         src_addr: t.remote_addr, dst_addr: t.local_addr, src_port: t.remote_port, dst_port: t.local_port,
                         seq: conn.rcv_nxt().wrapping_add(seq_off as u32).wrapping_add(if start == 2 { peer_seq0 } else { 0 }),
                         ack: conn.snd_nxt().wrapping_add(ack_off as u32),

@@ -55,6 +55,7 @@ fn feed_answering(
     let t = c.conn().four_tuple();
     let payload = vec![0x5a; len];
     let seg = SegmentRepr {
+        tos: 0,
         src_addr: t.local_addr,
         dst_addr: t.remote_addr,
         src_port: t.local_port,
@@ -321,6 +322,7 @@ fn a_timeout_resends_a_sacked_segment_at_the_cumulative_point() {
         right: first.wrapping_add(MSS as u32),
     }]);
     let ack = SegmentRepr {
+        tos: 0,
         src_addr: t.local_addr,
         dst_addr: t.remote_addr,
         src_port: t.local_port,

@@ -34,6 +34,7 @@ fn from_client<'a>(
 ) -> SegmentRepr<'a> {
     let t = c.conn().four_tuple();
     SegmentRepr {
+        tos: 0,
         src_addr: t.local_addr,
         dst_addr: t.remote_addr,
         src_port: t.local_port,
@@ -459,6 +460,7 @@ fn syn_sent_rst_and_bad_ack() {
     let n = a.poll_transmit(Instant::ZERO, &mut buf).expect("SYN");
     let syn = SegmentRepr::parse(&buf[..n]).expect("valid").seq;
     let peer = |seq, ack, flags| SegmentRepr {
+        tos: 0,
         src_addr: t.remote_addr,
         dst_addr: t.local_addr,
         src_port: t.remote_port,
@@ -538,6 +540,7 @@ fn time_wait_reacks_retransmitted_fin() {
     let fin_seq = c.conn().rcv_nxt().wrapping_sub(1);
     let t = c.conn().four_tuple();
     let seg = SegmentRepr {
+        tos: 0,
         src_addr: t.remote_addr,
         dst_addr: t.local_addr,
         src_port: t.remote_port,

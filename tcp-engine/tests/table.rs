@@ -142,7 +142,12 @@ fn ten_thousand_connections() {
 }
 
 fn raw(src: FourTuple, seq: u32, ack: u32, flags: TcpFlags) -> Vec<u8> {
+    raw_with_tos(src, seq, ack, flags, 0)
+}
+
+fn raw_with_tos(src: FourTuple, seq: u32, ack: u32, flags: TcpFlags, tos: u8) -> Vec<u8> {
     let r = SegmentRepr {
+        tos,
         src_addr: src.local_addr,
         dst_addr: src.remote_addr,
         src_port: src.local_port,
@@ -689,4 +694,124 @@ fn a_withdrawn_challenge_ack_keeps_the_ack_an_earlier_segment_made_due() {
         None,
         "one ACK, no challenge"
     );
+}
+
+/// `Config::tos`: every segment carries its sender's DSCP with the ECN field clear: a client's
+/// SYN, data, ACKs and FIN; a listener's SYN-ACK, a SYN cookie's included, and what the
+/// connections it accepted send. A reset for a segment no connection owns takes that
+/// segment's DSCP.
+#[test]
+fn each_segment_carries_its_senders_tos() {
+    const CLIENT_TOS: u8 = 0x48; // DSCP 18 (AF21)
+    const SERVER_TOS: u8 = 0xb9; // DSCP 46 (EF) with both ECN bits, which must not be sent
+    let mut client = ConnectionTable::new([8; 16], 8);
+    let mut server = ConnectionTable::new([9; 16], 8);
+    // A backlog of one: the second connection's SYN-ACK is a cookie.
+    let listener = Config {
+        tos: SERVER_TOS,
+        ..Config::default()
+    };
+    server.listen(SERVER, 4791, 1, listener);
+    let cfg = Config {
+        tos: CLIENT_TOS,
+        tx_mode: TxMode::Records,
+        ..Config::default()
+    };
+    let now = Instant::from_millis(1);
+    // (sender, TOS octet, flags) of every segment either table sent.
+    let mut seen: Vec<(Ipv4Addr, u8, TcpFlags)> = Vec::new();
+    let mut exchange = |client: &mut ConnectionTable, server: &mut ConnectionTable| {
+        let mut buf = [0u8; 2048];
+        loop {
+            let mut moved = false;
+            for client_sends in [true, false] {
+                let (from, to) = if client_sends {
+                    (&mut *client, &mut *server)
+                } else {
+                    (&mut *server, &mut *client)
+                };
+                while let Some(n) = from.poll_transmit(now, &mut buf) {
+                    let s = SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
+                    seen.push((s.src_addr, s.tos, s.flags));
+                    let _ = to.handle_packet(now, &buf[..n], |_, _| {});
+                    moved = true;
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+    };
+    let first = client.connect(cfg.clone(), tuple(0), now).expect("connect");
+    exchange(&mut client, &mut server);
+    let mut accepted = vec![server.accept(SERVER, 4791).expect("the first is accepted")];
+    // A SYN that is never answered fills the half-open queue (its SYN-ACK goes nowhere).
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let _ = server.handle_packet(now, &raw(tuple(6), 1, 0, syn), |_, _| {});
+    let mut buf = [0u8; 2048];
+    let n = server.poll_transmit(now, &mut buf).expect("a SYN-ACK");
+    let s = SegmentRepr::parse(&buf[..n]).expect("SYN-ACK");
+    assert_eq!((s.tos, s.flags.syn), (SERVER_TOS & !3, true));
+    let second = client.connect(cfg.clone(), tuple(1), now).expect("connect");
+    exchange(&mut client, &mut server);
+    let ids = [first, second];
+    assert_eq!(
+        server.stats().syncookies_validated,
+        1,
+        "the second was a cookie"
+    );
+    while let Some(sid) = server.accept(SERVER, 4791) {
+        accepted.push(sid);
+    }
+    assert_eq!(accepted.len(), 2);
+    for (&id, &sid) in ids.iter().zip(&accepted) {
+        client
+            .get_mut(id)
+            .expect("client")
+            .send_record(&[7; 3000])
+            .expect("send");
+        server
+            .get_mut(sid)
+            .expect("server")
+            .send(&[9; 3000])
+            .expect("send");
+        exchange(&mut client, &mut server);
+        client.get_mut(id).expect("client").close();
+        exchange(&mut client, &mut server);
+    }
+    for (addr, tos, flags) in &seen {
+        let want = if *addr == SERVER {
+            SERVER_TOS & !3
+        } else {
+            CLIENT_TOS
+        };
+        assert_eq!(*tos, want, "{addr}: a segment with flags {flags:?}");
+    }
+    let (from_server, from_clients): (Vec<&(Ipv4Addr, u8, TcpFlags)>, Vec<_>) =
+        seen.iter().partition(|s| s.0 == SERVER);
+    assert!(from_server.len() >= 8 && from_clients.len() >= 8);
+    assert_eq!(from_server.iter().filter(|s| s.2.syn && s.2.ack).count(), 2);
+    assert_eq!(from_clients.iter().filter(|s| s.2.syn).count(), 2);
+    assert!(from_clients.iter().any(|s| s.2.fin));
+
+    // A SYN to a port nobody listens on: its reset carries the SYN's DSCP.
+    let stray = tuple(5);
+    let stray_syn = raw_with_tos(
+        FourTuple {
+            remote_port: 4792,
+            ..stray
+        },
+        1,
+        0,
+        syn,
+        0x2b,
+    );
+    let _ = server.handle_packet(now, &stray_syn, |_, _| {});
+    let n = server.poll_transmit(now, &mut buf).expect("a reset");
+    let rst = SegmentRepr::parse(&buf[..n]).expect("reset");
+    assert!(rst.flags.rst);
+    assert_eq!(rst.tos, 0x28);
 }

@@ -293,6 +293,7 @@ impl Hand {
         options.mss = Some(1460);
         options.window_scale = Some(0);
         let syn = SegmentRepr {
+            tos: 0,
             src_addr: t.local_addr,
             dst_addr: t.remote_addr,
             src_port: t.local_port,
@@ -340,6 +341,7 @@ impl Hand {
     fn send(&mut self, off: u64, data: &[u8]) -> Option<u64> {
         let t = client_tuple();
         let seg = SegmentRepr {
+            tos: 0,
             src_addr: t.local_addr,
             dst_addr: t.remote_addr,
             src_port: t.local_port,

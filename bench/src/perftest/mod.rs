@@ -461,6 +461,7 @@ impl Run {
             // beyond a queue's depth fails).
             sq_depth: (self.tx_depth as usize).max(ConnectParams::default().sq_depth),
             rq_depth: (self.rx_depth as usize).max(ConnectParams::default().rq_depth),
+            tos: cli.compat.tos.unwrap_or(0),
             ..ConnectParams::default()
         }
     }

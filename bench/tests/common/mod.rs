@@ -2,7 +2,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -267,18 +267,32 @@ pub fn bed_run(server_args: &[String], client_args: &[String]) -> (Value, Value)
 
 /// [`bed_run`]'s outputs as they are (client, server), whatever they say.
 pub fn bed_pair(server_args: &[String], client_args: &[String]) -> (Output, Output) {
+    bed_pair_in((NS_A, ADDR_A), server_args, NS_B, client_args)
+}
+
+/// [`bed_pair`] with the server in namespace `server.0` at address `server.1` and the client
+/// in `client_ns`.
+pub fn bed_pair_in(
+    server: (&str, Ipv4Addr),
+    server_args: &[String],
+    client_ns: &str,
+    client_args: &[String],
+) -> (Output, Output) {
+    let (server_ns, server_addr) = server;
     let server = bench_in(
-        NS_A,
+        server_ns,
         &server_args.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .spawn()
     .expect("start server");
-    let addr = ADDR_A.to_string();
+    let addr = server_addr.to_string();
     let mut client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
     client_args.push(&addr);
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
-        let out = bench_in(NS_B, &client_args).output().expect("run client");
+        let out = bench_in(client_ns, &client_args)
+            .output()
+            .expect("run client");
         let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
         if out.status.success() || !refused || Instant::now() > deadline {
             break out;

@@ -132,6 +132,8 @@ impl SocketListen {
         record: Arc<ListenRecord>,
     ) -> Result<SocketListen, DatapathError> {
         let listener = TcpListener::bind(addr)?;
+        // Its SYN-ACKs and the connections it accepts (which inherit it) carry the TOS.
+        super::sockopt::set_tos(&socket2::SockRef::from(&listener), addr, params.tos)?;
         listener.set_nonblocking(true)?;
         let local = listener.local_addr()?;
         let poll = Poll::new()?;

@@ -9,6 +9,7 @@
 
 mod engine;
 mod listen;
+mod sockopt;
 
 use engine::{start_engine, Setup};
 
@@ -92,24 +93,27 @@ pub fn connect_with_recvs(
 }
 
 /// Kernel TCP's connect to `addr` within `params.setup_timeout`, from
-/// [`ConnectParams::local_addr`] if it names one.
+/// [`ConnectParams::local_addr`] if it names one, with [`ConnectParams::tos`] from the SYN on.
 fn tcp_connect(addr: SocketAddr, params: &ConnectParams) -> Result<TcpStream, DatapathError> {
-    let Some(local) = params.local_addr else {
-        return Ok(TcpStream::connect_timeout(&addr, params.setup_timeout)?);
-    };
-    if local.is_ipv4() != addr.is_ipv4() {
-        return Err(DatapathError::InvalidArgument(
-            "the local address is not of the peer's address family",
-        ));
+    if let Some(local) = params.local_addr {
+        if local.is_ipv4() != addr.is_ipv4() {
+            return Err(DatapathError::InvalidArgument(
+                "the local address is not of the peer's address family",
+            ));
+        }
     }
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
-    // As the engine reserves its ports: a port of ours still in TIME-WAIT may be used again.
-    socket.set_reuse_address(true)?;
-    socket.bind(&local.into())?;
+    sockopt::set_tos(&socket, addr, params.tos)?;
+    if let Some(local) = params.local_addr {
+        // As the engine reserves its ports: a port of ours still in TIME-WAIT may be used
+        // again.
+        socket.set_reuse_address(true)?;
+        socket.bind(&local.into())?;
+    }
     socket.connect_timeout(&addr.into(), params.setup_timeout)?;
     Ok(socket.into())
 }

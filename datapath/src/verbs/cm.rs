@@ -118,6 +118,13 @@ pub struct ConnectParams {
     /// Linux siw does not). Both ends must agree: a peer without them terminates the
     /// connection on the first such message.
     pub rdmap_extensions: bool,
+    /// The IP Type of Service octet of the connection's segments (rdma_cm's
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`, perftest's `--tos`): the DSCP in its upper six
+    /// bits (RFC 2474 3). A listener's applies to its SYN-ACKs and the connections it
+    /// accepts. The ECN field (the lower two bits) is left to TCP, as Linux does for TCP
+    /// sockets: the AF_XDP engine sends Not-ECT (it does not negotiate ECN, RFC 3168 6.1.1).
+    /// The socket transport sets it with `IP_TOS` (`IPV6_TCLASS` for IPv6). Default 0.
+    pub tos: u8,
 }
 
 /// The framing of DDP segments on a connection's TCP stream.
@@ -203,11 +210,12 @@ impl ConnectParams {
         Ok(())
     }
 
-    /// The TCP settings of our own TCP (the AF_XDP engine) with these parameters' keepalive
-    /// and user timeout.
+    /// The TCP settings of our own TCP (the AF_XDP engine) with these parameters' keepalive,
+    /// user timeout and Type of Service.
     pub(crate) fn apply_to(&self, tcp: &mut tcp_engine::Config) {
         tcp.keepalive = self.keepalive.map(|k| (k.idle, k.interval, k.probes));
         tcp.user_timeout = self.user_timeout;
+        tcp.tos = self.tos;
     }
 }
 
@@ -226,6 +234,7 @@ impl Default for ConnectParams {
             user_timeout: Some(Duration::from_secs(30)),
             backlog: 64,
             rdmap_extensions: false,
+            tos: 0,
         }
     }
 }

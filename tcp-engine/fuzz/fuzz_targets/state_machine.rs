@@ -80,7 +80,7 @@ fn start(kind: u8, cfg: &Config, now: Instant, buf: &mut [u8]) -> Connection {
             let mut server = Connection::accept(cfg.clone(), &syn, &isn, now).expect("accept");
             deliver(&mut server, &mut client, now, buf);
             deliver(&mut client, &mut server, now, buf);
-            if kind % 4 == 0 {
+            if kind.is_multiple_of(4) {
                 server
             } else {
                 client
@@ -94,6 +94,7 @@ fn start(kind: u8, cfg: &Config, now: Instant, buf: &mut [u8]) -> Connection {
             options.sack_permitted = true;
             options.timestamp = Some((5, 0));
             let syn = SegmentRepr {
+                tos: 0,
                 src_addr: B,
                 dst_addr: A,
                 src_port: 5000,
@@ -166,6 +167,7 @@ fuzz_target!(|data: &[u8]| {
                     options.sack_permitted = true;
                 }
                 let seg = SegmentRepr {
+                    tos: 0,
                     src_addr: t.remote_addr,
                     dst_addr: t.local_addr,
                     src_port: t.remote_port,
