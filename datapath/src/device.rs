@@ -11,6 +11,8 @@ use crate::socket;
 use crate::verbs::cm::{ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel};
 use crate::verbs::cq::CompletionQueue;
+use crate::verbs::idle::IdleQp;
+use crate::verbs::qp::QpStart;
 use crate::verbs::srq::MAX_SRQ_WR;
 use crate::DatapathError;
 use rdmap::RecvWr;
@@ -213,9 +215,35 @@ impl Device {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
+        let start = QpStart::with_recvs(recvs);
+        self.connect_start(addr, pd, cq, params, private_data, start)
+    }
+
+    /// Connects a queue pair created before (`rdma_connect` after `rdma_create_qp`): as
+    /// [`Device::connect_with_recvs`] with the queue pair's protection domain, completion
+    /// queue, parameters and posted receives; the running queue pair keeps its number.
+    pub fn connect_qp(
+        &self,
+        qp: IdleQp,
+        addr: SocketAddr,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        let (start, pd, cq, params) = qp.into_start();
+        self.connect_start(addr, &pd, &cq, &params, private_data, start)
+    }
+
+    fn connect_start(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+        private_data: &[u8],
+        start: QpStart,
+    ) -> Result<Connection, DatapathError> {
         match &self.engine {
-            None => socket::connect_with_recvs(addr, pd, cq, params, private_data, recvs),
-            Some(e) => e.connect_with_recvs(addr, pd, cq, params, private_data, recvs),
+            None => socket::connect_start(addr, pd, cq, params, private_data, start),
+            Some(e) => e.start_connect(addr, pd, cq, params, private_data, start)?(),
         }
     }
 
@@ -253,17 +281,48 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
+        let start = QpStart::with_recvs(recvs);
+        let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
+        self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
+    }
+
+    /// Starts connecting a queue pair created before and returns at once: as
+    /// [`Device::connect_async`], with the queue pair's protection domain, completion queue,
+    /// parameters and posted receives (see [`Device::connect_qp`]).
+    pub fn connect_qp_async(
+        &self,
+        qp: IdleQp,
+        addr: SocketAddr,
+        private_data: &[u8],
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
+        let (start, pd, cq, params) = qp.into_start();
+        self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect_async_start(
+        &self,
+        addr: SocketAddr,
+        pd: ProtectionDomain,
+        cq: CompletionQueue,
+        params: ConnectParams,
+        private_data: &[u8],
+        start: QpStart,
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
         let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
         {
             // `start_connect` checks the parameters itself.
-            Some(e) => e.start_connect(addr, pd, cq, params, private_data, recvs)?,
+            Some(e) => e.start_connect(addr, &pd, &cq, &params, private_data, start)?,
             None => {
                 // Refused here, as by the synchronous connect, rather than as an event.
                 params.check()?;
-                let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
                 let private_data = private_data.to_vec();
                 Box::new(move || {
-                    socket::connect_with_recvs(addr, &pd, &cq, &params, &private_data, recvs)
+                    socket::connect_start(addr, &pd, &cq, &params, &private_data, start)
                 })
             }
         };

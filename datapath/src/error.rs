@@ -103,6 +103,22 @@ pub struct PostListError {
     pub source: DatapathError,
 }
 
+impl PostListError {
+    /// Posts `wrs` one by one with `post`, stopping at the first that fails: how many were
+    /// posted, or how many went before the failure and why.
+    pub(crate) fn post_each<T>(
+        wrs: impl IntoIterator<Item = T>,
+        mut post: impl FnMut(T) -> Result<(), DatapathError>,
+    ) -> Result<usize, PostListError> {
+        let mut posted = 0;
+        for wr in wrs {
+            post(wr).map_err(|source| PostListError { posted, source })?;
+            posted += 1;
+        }
+        Ok(posted)
+    }
+}
+
 /// Why a queue pair's connection ended: the first cause seen, kept in
 /// [`crate::QpStatus::error`]. The Terminates themselves (with every field) are in
 /// [`crate::QpStatus::sent_terminate`] and [`crate::QpStatus::remote_terminate`].

@@ -13,28 +13,16 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{any_port, bed, next_wc, send_wr, Side, WAIT};
+use common::{any_port, bed, next_wc, p2p, send_wr, Side, WAIT};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, Listener, MemoryRegion, MpaConfig, RdmapError, RecvWr, SharedReceiveQueue, Transport,
-    WcOpcode, WcStatus,
+    Device, Listener, MemoryRegion, RdmapError, RecvWr, SharedReceiveQueue, Transport, WcOpcode,
+    WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
 /// Octets of the server's greeting.
 const LEN: usize = 64;
-
-/// Peer-to-peer setup (an RTR) and a receive queue of `rq_depth`.
-fn p2p(rq_depth: usize) -> ConnectParams {
-    ConnectParams {
-        mpa: MpaConfig {
-            peer_to_peer: true,
-            ..MpaConfig::default()
-        },
-        rq_depth,
-        ..common::params(MpaConfig::default())
-    }
-}
 
 fn greeting() -> Vec<u8> {
     (0..LEN as u8).map(|i| i ^ 0x5a).collect()

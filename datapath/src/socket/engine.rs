@@ -5,22 +5,21 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
-use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
+use rdmap::{QpConfig, QpState, TerminateCause};
 use rdmap::{WcOpcode, WorkCompletion};
 
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{
-    local_status, post_initial_recvs, Agreed, Cmd, QpParts, QpWaker, QueueAccount, QueuePair,
-    Shared, NEXT_QP,
+    local_status, post_initial_recvs, Agreed, Cmd, QpParts, QpStart, QpWaker, QueueAccount,
+    QueuePair, Shared,
 };
 use crate::{DatapathError, QpError};
 
@@ -37,8 +36,9 @@ pub(super) struct Setup {
     /// FPDU or frame stream.
     pub(super) leftover: Vec<u8>,
     pub(super) initiator: bool,
-    /// Receive work requests to post before any byte is processed.
-    pub(super) recvs: Vec<RecvWr>,
+    /// The queue pair's number, and the receive work requests to post before any byte is
+    /// processed.
+    pub(super) start: QpStart,
 }
 
 pub(super) fn start_engine(
@@ -52,7 +52,7 @@ pub(super) fn start_engine(
         agreed,
         leftover,
         initiator,
-        recvs,
+        start: QpStart { num, recvs },
     } = setup;
     match &agreed {
         Agreed::Mpa(n) => tracing::info!(
@@ -107,7 +107,6 @@ pub(super) fn start_engine(
         .register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
-    let num = NEXT_QP.fetch_add(1, Ordering::Relaxed);
 
     let mut qp = rdmap::QueuePair::new(QpConfig {
         pd: pd.id,

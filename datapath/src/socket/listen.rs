@@ -25,7 +25,6 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{MpaError, RequestInfo};
-use rdmap::RecvWr;
 
 use super::engine::{start_engine, Setup};
 use crate::memory::ProtectionDomain;
@@ -34,7 +33,7 @@ use crate::verbs::cm::{
     ListenRecord, Listener, PendingProvider,
 };
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::qp::{Agreed, QueuePair};
+use crate::verbs::qp::{Agreed, QpStart, QueuePair};
 use crate::DatapathError;
 
 /// The most connections a listener keeps waiting for their MPA Request; more are closed as
@@ -527,7 +526,7 @@ impl PendingProvider for SocketPending {
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
         // The receives and private data were checked by `ConnectRequest::accept_with_recvs`.
@@ -560,7 +559,7 @@ impl PendingProvider for SocketPending {
                 agreed,
                 leftover,
                 initiator: false,
-                recvs,
+                start,
             },
             pd,
             cq,

@@ -24,6 +24,7 @@ use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{check_initial_recvs, with_fresh_vtag, ConnectParams, Connection, Framing};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::Agreed;
+use crate::verbs::qp::QpStart;
 use crate::DatapathError;
 
 /// Connects to an MPA responder (the rdma_cm `connect` step) and starts the queue pair.
@@ -47,16 +48,28 @@ pub fn connect_with_recvs(
     private_data: &[u8],
     recvs: Vec<RecvWr>,
 ) -> Result<Connection, DatapathError> {
+    let start = QpStart::with_recvs(recvs);
+    connect_start(addr, pd, cq, params, private_data, start)
+}
+
+/// [`connect_with_recvs`] of a queue pair numbered and with receives as `start` says.
+pub(crate) fn connect_start(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    params: &ConnectParams,
+    private_data: &[u8],
+    start: QpStart,
+) -> Result<Connection, DatapathError> {
     params.check()?;
     // They are posted once the connection is up: a refusal must come before the peer has one.
-    check_initial_recvs(params, pd, &recvs)?;
+    check_initial_recvs(params, pd, &start.recvs)?;
     if let Framing::Ift(cfg) = &params.framing {
-        return connect_ift(addr, pd, cq, params, cfg, private_data, recvs);
+        return connect_ift(addr, pd, cq, params, cfg, private_data, start);
     }
-    let start = Instant::now();
     // Check the configuration and private data before opening a connection the responder
     // would only see fail.
-    let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, start)?;
+    let mut initiator = mpa::Initiator::new(params.mpa.clone(), private_data, Instant::now())?;
     tracing::info!(peer = %addr, "connecting (kernel TCP)");
     let setup_deadline = crate::verbs::timeout::deadline_after(params.setup_timeout);
     let mut stream = tcp_connect(addr, params)?;
@@ -83,7 +96,7 @@ pub fn connect_with_recvs(
                     agreed: Agreed::Mpa(negotiated),
                     leftover: buf[used..n].to_vec(),
                     initiator: true,
-                    recvs,
+                    start,
                 };
                 let qp = start_engine(stream, setup, pd, cq, params)?;
                 return Ok(Connection { qp, private_data });
@@ -127,7 +140,7 @@ fn connect_ift(
     params: &ConnectParams,
     cfg: &ift::IftConfig,
     private_data: &[u8],
-    recvs: Vec<RecvWr>,
+    qp_start: QpStart,
 ) -> Result<Connection, DatapathError> {
     if !private_data.is_empty() {
         return Err(DatapathError::InvalidArgument(
@@ -171,7 +184,7 @@ fn connect_ift(
             },
             leftover: buf[used..n].to_vec(),
             initiator: true,
-            recvs,
+            start: qp_start,
         };
         let qp = start_engine(stream, setup, pd, cq, params)?;
         return Ok(Connection {

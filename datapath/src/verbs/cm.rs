@@ -13,7 +13,7 @@ use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::qp::{post_initial_recvs, QueuePair};
+use crate::verbs::qp::{post_initial_recvs, QpStart, QueuePair};
 use crate::verbs::srq::SharedReceiveQueue;
 use crate::DatapathError;
 
@@ -52,16 +52,24 @@ pub(crate) fn check_initial_recvs(
             rdmap::RdmapError::SrqAttached,
         ));
     }
-    // A receive queue alone: no Read queues to stage.
-    let mut qp = rdmap::QueuePair::new(rdmap::QpConfig {
+    let mut qp = receive_queue_alone(params, pd);
+    post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs.to_vec())
+}
+
+/// A queue pair of `pd` with the receive queue of `params` alone (no Read queues to stage):
+/// it takes receives as the connection's queue pair will, to check them before there is one.
+pub(crate) fn receive_queue_alone(
+    params: &ConnectParams,
+    pd: &ProtectionDomain,
+) -> rdmap::QueuePair {
+    rdmap::QueuePair::new(rdmap::QpConfig {
         pd: pd.id,
         sq_depth: 0,
         rq_depth: params.rq_depth,
         ird: 0,
         ord: 0,
         extensions: params.rdmap_extensions,
-    });
-    post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs.to_vec())
+    })
 }
 
 /// Parameters of a connection: MPA negotiation and queue sizes.
@@ -352,13 +360,14 @@ pub(crate) trait ListenProvider: Send + Sync {
 
 /// A transport's connection whose MPA Request waits for the application.
 pub(crate) trait PendingProvider: Send {
-    /// Sends the accepting Reply and starts the queue pair, with `recvs` posted first.
+    /// Sends the accepting Reply and starts the queue pair: numbered and with receives
+    /// posted as `start` says.
     fn accept(
         self: Box<Self>,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError>;
     /// Sends the rejecting Reply (R=1) and closes.
@@ -428,7 +437,7 @@ pub struct ConnectRequest {
     /// The MPA Request; `None` with IFT framing.
     info: Option<RequestInfo>,
     peer: SocketAddr,
-    params: ConnectParams,
+    pub(crate) params: ConnectParams,
     /// The context of the listener it came from ([`Listener::notify_with_context`]).
     context: u64,
 }
@@ -552,9 +561,21 @@ impl ConnectRequest {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
+        self.accept_start(pd, cq, private_data, QpStart::with_recvs(recvs))
+    }
+
+    /// [`ConnectRequest::accept_with_recvs`] of a queue pair numbered and with receives as
+    /// `start` says.
+    pub(crate) fn accept_start(
+        self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        start: QpStart,
+    ) -> Result<Connection, DatapathError> {
         let refused = self.params.check().and_then(|()| {
             // The receives are posted once the connection is up: refused first.
-            check_initial_recvs(&self.params, pd, &recvs)?;
+            check_initial_recvs(&self.params, pd, &start.recvs)?;
             if let Some(srq) = &self.params.srq {
                 srq.check_pd(pd.id)?;
             }
@@ -580,7 +601,7 @@ impl ConnectRequest {
         }
         let qp = self
             .inner
-            .accept(pd, cq, private_data, recvs, &self.params)?;
+            .accept(pd, cq, private_data, start, &self.params)?;
         Ok(Connection {
             qp,
             private_data: self.info.map(|i| i.private_data).unwrap_or_default(),

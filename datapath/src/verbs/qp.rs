@@ -384,7 +384,31 @@ pub(crate) trait QpWaker: Send + Sync {
     fn wake(&self) -> io::Result<()>;
 }
 
-pub(crate) static NEXT_QP: AtomicU32 = AtomicU32::new(1);
+static NEXT_QP: AtomicU32 = AtomicU32::new(1);
+
+/// A new queue pair number (`ibv_qp.qp_num`): one counter for both transports, so that
+/// numbers are unique in the process.
+pub(crate) fn next_qp_num() -> u32 {
+    NEXT_QP.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What a transport starts a queue pair with from the application: its number, taken when
+/// the application created it ([`crate::IdleQp::num`]) or at the connect or accept, and the
+/// receives posted before its connection ([`post_initial_recvs`]).
+pub(crate) struct QpStart {
+    pub(crate) num: u32,
+    pub(crate) recvs: Vec<RecvWr>,
+}
+
+impl QpStart {
+    /// A queue pair created by the connect or accept itself, with `recvs` posted first.
+    pub(crate) fn with_recvs(recvs: Vec<RecvWr>) -> QpStart {
+        QpStart {
+            num: next_qp_num(),
+            recvs,
+        }
+    }
+}
 
 /// A connected queue pair (RFC 5040 2: one RDMAP stream over one MPA/TCP connection).
 ///

@@ -115,13 +115,7 @@ impl SharedReceiveQueue {
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<usize, PostListError> {
-        let mut posted = 0;
-        for wr in wrs {
-            self.post_recv(wr)
-                .map_err(|source| PostListError { posted, source })?;
-            posted += 1;
-        }
-        Ok(posted)
+        PostListError::post_each(wrs, |wr| self.post_recv(wr))
     }
 
     /// Receives posted and not yet taken by a queue pair.

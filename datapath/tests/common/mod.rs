@@ -46,6 +46,19 @@ pub fn params(mpa: MpaConfig) -> ConnectParams {
     }
 }
 
+/// Peer-to-peer setup (an RTR: with it the responder may send the moment the RTR arrives,
+/// RFC 6581) and a receive queue of `rq_depth`, with a bounded setup time.
+pub fn p2p(rq_depth: usize) -> ConnectParams {
+    ConnectParams {
+        mpa: MpaConfig {
+            peer_to_peer: true,
+            ..MpaConfig::default()
+        },
+        rq_depth,
+        ..params(MpaConfig::default())
+    }
+}
+
 /// A protection domain and a completion queue: what one side of a test owns.
 #[derive(Clone, Default)]
 pub struct Side {

@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mpa::RequestInfo;
-use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{ConnectParams, ListenRecord};
 use crate::verbs::cq::CqSink;
-use crate::verbs::qp::QpParts;
+use crate::verbs::qp::{QpParts, QpStart};
 use crate::xdp_tcp::ConnId;
 use crate::DatapathError;
 
@@ -123,7 +122,7 @@ pub(super) enum EngineCmd {
         cq: CqSink,
         params: ConnectParams,
         private_data: Vec<u8>,
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         reply: Handover<(QpParts, Vec<u8>)>,
     },
     Accept {
@@ -131,7 +130,7 @@ pub(super) enum EngineCmd {
         pd: ProtectionDomain,
         cq: CqSink,
         private_data: Vec<u8>,
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         params: ConnectParams,
         reply: Handover<QpParts>,
     },

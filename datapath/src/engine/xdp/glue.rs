@@ -321,7 +321,8 @@ impl TcpApp for App<'_> {
                 return;
             }
         };
-        let mut slot = Slot::new(conn, None, tuple);
+        // Numbered by the accept, which gives it a queue pair.
+        let mut slot = Slot::new(conn, None, tuple, 0);
         tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
         // Given back while replayed: TCP takes it back here, as it would have in the pass-up,
         // and what was passed up after it comes again too.

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
     recv_request, ConnectParams, ConnectRequest, ListenProvider, PendingProvider,
 };
 use crate::verbs::cq::{CompletionQueue, CqSink};
-use crate::verbs::qp::QueuePair;
+use crate::verbs::qp::{QpStart, QueuePair};
 use crate::xdp_tcp::ConnId;
 use crate::DatapathError;
 
@@ -113,7 +112,7 @@ impl PendingProvider for PendingRequest {
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
         let cqs = CqSink::new(cq, params.recv_cq.as_ref());
@@ -124,7 +123,7 @@ impl PendingProvider for PendingRequest {
             pd: pd.clone(),
             cq: cqs,
             private_data: private_data.to_vec(),
-            recvs,
+            start,
             params: params.clone(),
             reply: tx,
         };

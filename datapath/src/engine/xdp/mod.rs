@@ -88,7 +88,7 @@ use crate::memory::ProtectionDomain;
 use crate::verbs::cm::ConnectRequest;
 use crate::verbs::cm::{check_initial_recvs, ConnectParams, Connection, ListenRecord, Listener};
 use crate::verbs::cq::{CompletionQueue, CqSink};
-use crate::verbs::qp::QueuePair;
+use crate::verbs::qp::{QpStart, QueuePair};
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
 use crate::DatapathError;
 
@@ -396,7 +396,8 @@ impl XdpEngine {
         private_data: &[u8],
         recvs: Vec<RecvWr>,
     ) -> Result<Connection, DatapathError> {
-        self.start_connect(addr, pd, cq, params, private_data, recvs)?()
+        let start = QpStart::with_recvs(recvs);
+        self.start_connect(addr, pd, cq, params, private_data, start)?()
     }
 
     /// The first half of [`XdpEngine::connect`]: hands the engine the command and returns
@@ -408,7 +409,7 @@ impl XdpEngine {
         cq: &CompletionQueue,
         params: &ConnectParams,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
     ) -> Result<PendingConnect, DatapathError> {
         let SocketAddr::V4(addr) = addr else {
             return Err(DatapathError::InvalidArgument(
@@ -425,7 +426,7 @@ impl XdpEngine {
         }
         // As the socket transport does: refused here, nothing of the connection is made.
         params.check()?;
-        check_initial_recvs(params, pd, &recvs)?;
+        check_initial_recvs(params, pd, &start.recvs)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
         let handle = &self
             .shards
@@ -441,7 +442,7 @@ impl XdpEngine {
             cq: cqs,
             params: params.clone(),
             private_data: private_data.to_vec(),
-            recvs,
+            start,
             reply: tx,
         };
         // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.

@@ -11,7 +11,7 @@ use rdmap::{QpState, TerminateCause, WcOpcode};
 
 use crate::engine::IwarpConn;
 use crate::verbs::cq::{Completion, CqSink};
-use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared, NEXT_QP};
+use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared};
 use crate::xdp_tcp::ConnId;
 use crate::{DatapathError, QpError};
 
@@ -59,12 +59,17 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub(super) fn new(conn: IwarpConn, table: Option<usize>, tuple: tcp_engine::FourTuple) -> Slot {
+    pub(super) fn new(
+        conn: IwarpConn,
+        table: Option<usize>,
+        tuple: tcp_engine::FourTuple,
+        num: u32,
+    ) -> Slot {
         let state = conn.qp().state();
         Slot {
             conn,
             table,
-            num: NEXT_QP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            num,
             local_port: tuple.local_port,
             peer: SocketAddr::from((tuple.remote_addr, tuple.remote_port)),
             cmds: None,

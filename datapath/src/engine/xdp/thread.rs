@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant as StdInstant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
-use rdmap::{QpState, RecvWr};
+use rdmap::QpState;
 
 use crate::engine::IwarpConn;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::ConnectParams;
-use crate::verbs::qp::post_initial_recvs;
+use crate::verbs::qp::{post_initial_recvs, QpStart};
 use crate::xdp_tcp::{ConnId, XdpTcp, XdpTcpError};
 use crate::{DatapathError, QpError};
 
@@ -600,10 +600,10 @@ impl Turner {
                     cq,
                     params,
                     private_data,
-                    recvs,
+                    start,
                     reply,
                 } => {
-                    let res = self.connect(addr, &pd, &params, &private_data, recvs);
+                    let res = self.connect(addr, &pd, &params, &private_data, start);
                     match res {
                         Ok(id) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
@@ -620,13 +620,13 @@ impl Turner {
                     pd,
                     cq,
                     private_data,
-                    recvs,
+                    start,
                     params,
                     reply,
                 } => {
                     let table = self.table_index(&pd);
                     self.st.attention_local.push(id);
-                    match self.accept(id, &pd, table, &private_data, recvs, &params) {
+                    match self.accept(id, &pd, table, &private_data, start, &params) {
                         Ok(()) => {
                             if let Some(slot) = self.st.slots.get_mut(&id) {
                                 slot.waiter = Waiter::Accept(reply, cq);
@@ -671,7 +671,7 @@ impl Turner {
         pd: &ProtectionDomain,
         params: &ConnectParams,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
     ) -> Result<ConnId, DatapathError> {
         let table = self.table_index(pd);
         let cfg = self.st.conn_config(params, pd.id);
@@ -680,7 +680,7 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(conn.qp_mut(), pd.id)?;
         }
-        post_initial_recvs(conn.qp_mut(), &pd.table.snapshot(), recvs)?;
+        post_initial_recvs(conn.qp_mut(), &pd.table.snapshot(), start.recvs)?;
         let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
@@ -694,7 +694,7 @@ impl Turner {
             .ok_or(DatapathError::Disconnected)?;
         self.st
             .slots
-            .insert(id, Slot::new(conn, Some(table), tuple));
+            .insert(id, Slot::new(conn, Some(table), tuple, start.num));
         Ok(id)
     }
 
@@ -704,7 +704,7 @@ impl Turner {
         pd: &ProtectionDomain,
         table: usize,
         private_data: &[u8],
-        recvs: Vec<RecvWr>,
+        start: QpStart,
         params: &ConnectParams,
     ) -> Result<(), DatapathError> {
         let cfg = self.st.conn_config(params, pd.id);
@@ -722,7 +722,8 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(slot.conn.qp_mut(), pd.id)?;
         }
-        post_initial_recvs(slot.conn.qp_mut(), &pd.table.snapshot(), recvs)?;
+        post_initial_recvs(slot.conn.qp_mut(), &pd.table.snapshot(), start.recvs)?;
+        slot.num = start.num;
         slot.conn
             .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
             .map_err(conn_error)?;

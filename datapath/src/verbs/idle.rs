@@ -1,0 +1,177 @@
+//! Queue pairs created before their connection (verbs' `rdma_create_qp` or `ibv_create_qp`
+//! before `rdma_connect` or `rdma_accept`): [`IdleQp`] has its number and takes receives at
+//! once; connecting or accepting turns it into a running [`QueuePair`] with the same number
+//! and those receives in place before the peer can send anything.
+
+use std::sync::Mutex;
+
+use rdmap::RecvWr;
+
+use crate::memory::ProtectionDomain;
+use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpStart};
+use crate::{DatapathError, PostListError};
+
+/// A queue pair that has no connection yet (RDMAP's Idle state, RFC 5040 6; verbs' queue
+/// pair between `rdma_create_qp` and `rdma_connect` or `rdma_accept`).
+///
+/// It holds what the queue pair is made of: its protection domain, its completion queues,
+/// the queue depths and shared receive queue of its [`ConnectParams`], and the receives
+/// posted to it so far (`ibv_post_recv` before the connection; iWARP has no
+/// receiver-not-ready retry, so a Send that arrives before its buffer ends the connection,
+/// RFC 5041 7.1). [`crate::Device::connect_qp`] and
+/// [`crate::ConnectRequest::accept_qp`] consume it and start the [`QueuePair`] with its
+/// number and its receives posted first. If the connect or accept fails, the queue pair and
+/// its receives go with it (no completion reports them), as they would with
+/// `rdma_destroy_qp`.
+///
+/// [`QueuePair`]: crate::QueuePair
+pub struct IdleQp {
+    num: u32,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) params: ConnectParams,
+    recvs: Mutex<PostedRecvs>,
+}
+
+/// The receives posted to an [`IdleQp`], and a receive queue of its depth that has taken
+/// each as the running queue pair will (the same checks, the same errors).
+struct PostedRecvs {
+    wrs: Vec<RecvWr>,
+    check: rdmap::QueuePair,
+}
+
+impl std::fmt::Debug for IdleQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleQp")
+            .field("num", &self.num)
+            .field("pd", &self.pd.id())
+            .field("recvs_posted", &self.recvs_posted())
+            .finish()
+    }
+}
+
+impl IdleQp {
+    /// Creates a queue pair of `pd` whose completions go to `cq` (and its receive completions
+    /// to `params.recv_cq` if set), with `params`'s queue depths, shared receive queue and
+    /// RDMAP extensions (`ibv_qp_init_attr`); the rest of `params` is the connection's, used by
+    /// [`crate::Device::connect_qp`]. Parameters out of bounds fail with
+    /// [`DatapathError::InvalidArgument`] (see [`crate::DeviceAttr`]), and so does a shared
+    /// receive queue of another protection domain.
+    pub fn new(
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        params: &ConnectParams,
+    ) -> Result<IdleQp, DatapathError> {
+        params.check()?;
+        if let Some(srq) = &params.srq {
+            srq.check_pd(pd.id)?;
+        }
+        let check = receive_queue_alone(params, pd);
+        Ok(IdleQp {
+            num: next_qp_num(),
+            pd: pd.clone(),
+            cq: cq.clone(),
+            params: params.clone(),
+            recvs: Mutex::new(PostedRecvs {
+                wrs: Vec::new(),
+                check,
+            }),
+        })
+    }
+
+    /// The queue pair's number (`ibv_qp.qp_num`), which the running queue pair keeps (and
+    /// its [`crate::Completion`]s carry).
+    pub fn num(&self) -> u32 {
+        self.num
+    }
+
+    /// The parameters it was created with, as connecting will use them.
+    pub fn params(&self) -> &ConnectParams {
+        &self.params
+    }
+
+    /// Sets the IRD and ORD to ask for when connecting (`rdma_connect`'s
+    /// `responder_resources` and `initiator_depth`): [`ConnectParams::mpa`]'s `ird` and `ord`.
+    /// Values over [`crate::MAX_IRD_ORD`] fail the connect with
+    /// [`DatapathError::InvalidArgument`].
+    pub fn set_ird_ord(&mut self, ird: u16, ord: u16) {
+        self.params.mpa.ird = ird;
+        self.params.mpa.ord = ord;
+    }
+
+    /// Posts a receive, to be in place before the connection can deliver anything
+    /// (`ibv_post_recv` on a queue pair not yet connected). More than the receive queue's
+    /// depth ([`ConnectParams::rq_depth`]) fails with [`DatapathError::RecvQueueFull`]; a
+    /// queue pair fed by a shared receive queue refuses it with
+    /// [`DatapathError::InvalidWorkRequest`]; a receive naming memory the queue pair may not
+    /// write (not of its protection domain, no local write access, out of bounds) with
+    /// [`DatapathError::InvalidArgument`]. Nothing is posted when it fails.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        let mut recvs = self.recvs.lock().unwrap_or_else(|e| e.into_inner());
+        if self.params.srq.is_some() {
+            return Err(DatapathError::InvalidWorkRequest(
+                rdmap::RdmapError::SrqAttached,
+            ));
+        }
+        let PostedRecvs { wrs, check } = &mut *recvs;
+        post_initial_recvs(check, &self.pd.table.snapshot(), vec![wr])?;
+        wrs.push(wr);
+        Ok(())
+    }
+
+    /// Posts a list of receives in order (`ibv_post_recv` with a chain): each as
+    /// [`IdleQp::post_recv`] says; [`PostListError::posted`] says how many went before the
+    /// one that failed (verbs' `bad_wr`), which stay posted.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        PostListError::post_each(wrs, |wr| self.post_recv(wr))
+    }
+
+    /// How many receives are posted.
+    pub fn recvs_posted(&self) -> usize {
+        self.recvs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wrs
+            .len()
+    }
+
+    /// What the transport starts the queue pair with: its number and its receives.
+    pub(crate) fn into_start(self) -> (QpStart, ProtectionDomain, CompletionQueue, ConnectParams) {
+        let recvs = self.recvs.into_inner().unwrap_or_else(|e| e.into_inner());
+        let start = QpStart {
+            num: self.num,
+            recvs: recvs.wrs,
+        };
+        (start, self.pd, self.cq, self.params)
+    }
+}
+
+impl ConnectRequest {
+    /// Accepts with a queue pair created for this request (`rdma_accept` after
+    /// `rdma_create_qp` on the request's id), which becomes the running queue pair with its
+    /// number and with the receives posted to it in place first. The queue pair's own
+    /// settings are those it was created with (its protection domain, completion queues,
+    /// queue depths, shared receive queue and RDMAP extensions), whatever this request's
+    /// [`queue_depths`](Self::queue_depths), [`use_srq`](Self::use_srq),
+    /// [`use_recv_cq`](Self::use_recv_cq) and [`rdmap_extensions`](Self::rdmap_extensions)
+    /// say; the connection's (MPA, IRD and ORD, framing, timeouts, TOS) are the request's. It
+    /// fails, and rejects the request, as [`ConnectRequest::accept_with_recvs`] does.
+    pub fn accept_qp(
+        mut self,
+        qp: IdleQp,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        let (start, pd, cq, qp_params) = qp.into_start();
+        self.params.sq_depth = qp_params.sq_depth;
+        self.params.rq_depth = qp_params.rq_depth;
+        self.params.srq = qp_params.srq;
+        self.params.recv_cq = qp_params.recv_cq;
+        self.params.rdmap_extensions = qp_params.rdmap_extensions;
+        self.accept_start(&pd, &cq, private_data, start)
+    }
+}

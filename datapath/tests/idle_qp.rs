@@ -1,0 +1,383 @@
+//! Queue pairs created before their connection ([`IdleQp`]; verbs' `rdma_create_qp` then
+//! `ibv_post_recv` then `rdma_connect` or `rdma_accept`): the number is the queue pair's from
+//! creation on and the running queue pair keeps it; receives posted before the connection are
+//! in place for a Send the peer makes at once (peer-to-peer setup, RFC 6581: iWARP has no
+//! receiver-not-ready retry, RFC 5041 7.1); posts the queue pair cannot take are refused at
+//! the post; an accept's queue pair has the settings it was created with. The socket
+//! transport on loopback; the AF_XDP engine on the veth bed as initiator and as responder
+//! (root, `SKIPPED` without, a failure under `CI=true`) against the socket transport.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+
+use common::{any_port, bed, next_wc, p2p, send_wr, Side, WAIT};
+use datapath::{
+    Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
+    Device, IdleQp, Listener, MemoryRegion, ProtectionDomain, RdmapError, RecvWr,
+    SharedReceiveQueue, Transport, WcOpcode, WcStatus, MAX_QP_WR,
+};
+use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, NS_A};
+
+/// Octets of a greeting.
+const LEN: usize = 64;
+
+fn greeting() -> Vec<u8> {
+    (0..LEN as u8).map(|i| i ^ 0xa5).collect()
+}
+
+/// A receive of `sink`'s first `LEN` octets.
+fn recv(wr_id: u64, sink: &MemoryRegion) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: sink.sge(0, LEN as u32).into(),
+    }
+}
+
+/// Posts the greeting on `conn` at once (from `side`'s memory) and holds the connection until
+/// `done`.
+fn greet(conn: Connection, side: &Side, done: &mpsc::Receiver<()>) -> Result<(), String> {
+    let src = side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    src.write(0, &greeting());
+    conn.qp
+        .post_send(send_wr(1, &src, LEN))
+        .map_err(|e| format!("post the greeting: {e}"))?;
+    let _ = done.recv_timeout(WAIT);
+    Ok(())
+}
+
+/// The greeting reached receive `wr_id` of `sink`, posted to the idle queue pair numbered
+/// `num`, which `conn` runs as its queue pair.
+fn greeted(conn: &Connection, side: &Side, sink: &MemoryRegion, num: u32, what: &str) {
+    assert_eq!(
+        conn.qp.num(),
+        num,
+        "{what}: the running queue pair's number"
+    );
+    let c = next_wc(&side.cq, what);
+    assert_eq!(
+        (
+            c.qp_num,
+            c.wc.wr_id,
+            c.wc.opcode,
+            c.wc.status,
+            c.wc.byte_len
+        ),
+        (num, 7, WcOpcode::Recv, WcStatus::Success, LEN as u32),
+        "{what}: {c:?}"
+    );
+    let mut got = vec![0u8; LEN];
+    sink.read(0, &mut got);
+    assert_eq!(got, greeting(), "{what}: the greeting's octets");
+    assert_eq!(conn.qp.status().error, None, "{what}");
+}
+
+/// An idle queue pair of `side` with a receive queue of one, and its receive of `sink` posted.
+fn idle_with_a_recv(side: &Side, sink: &MemoryRegion) -> IdleQp {
+    let qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create the queue pair");
+    qp.post_recv(recv(7, sink)).expect("post before connecting");
+    assert_eq!(qp.recvs_posted(), 1);
+    qp
+}
+
+/// Listens on loopback with peer-to-peer setup and greets the first connection at once.
+fn greeting_server() -> (
+    SocketAddr,
+    mpsc::Sender<()>,
+    std::thread::JoinHandle<Result<(), String>>,
+) {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        let side = Side::new();
+        let conn = req
+            .accept(&side.pd, &side.cq, &[])
+            .map_err(|e| format!("accept: {e}"))?;
+        greet(conn, &side, &done_rx)
+    });
+    (addr, done_tx, server)
+}
+
+#[test]
+fn numbers_are_the_queue_pairs_from_creation_and_unique() {
+    let side = Side::new();
+    let a = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("a");
+    let b = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("b");
+    assert_ne!(a.num(), b.num());
+    assert_ne!(a.num(), 0, "0 is no queue pair's number");
+}
+
+/// Creation refuses what a connect would: depths out of bounds, a shared receive queue of
+/// another protection domain.
+#[test]
+fn creation_refuses_bad_parameters() {
+    let side = Side::new();
+    let deep = ConnectParams {
+        rq_depth: MAX_QP_WR + 1,
+        ..p2p(1)
+    };
+    assert!(matches!(
+        IdleQp::new(&side.pd, &side.cq, &deep),
+        Err(DatapathError::InvalidArgument(_))
+    ));
+    let other = ProtectionDomain::new();
+    let foreign = ConnectParams {
+        srq: Some(SharedReceiveQueue::new(&other, 4).expect("srq")),
+        ..p2p(1)
+    };
+    assert!(matches!(
+        IdleQp::new(&side.pd, &side.cq, &foreign),
+        Err(DatapathError::InvalidArgument(_))
+    ));
+}
+
+/// Each refusal is the running queue pair's error for the same post, and leaves nothing
+/// posted; a list stops at the first refused and says how many went before.
+#[test]
+fn posts_it_cannot_take_are_refused_at_the_post() {
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = IdleQp::new(&side.pd, &side.cq, &p2p(2)).expect("create");
+
+    let read_only = side.pd.register(LEN, Access::NONE).expect("read-only");
+    match qp.post_recv(recv(1, &read_only)) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        other => panic!("a receive into memory without local write: {other:?}"),
+    }
+    let other_pd = ProtectionDomain::new();
+    let foreign = other_pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .expect("foreign");
+    match qp.post_recv(recv(2, &foreign)) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        other => panic!("a receive into another protection domain's memory: {other:?}"),
+    }
+    assert_eq!(qp.recvs_posted(), 0);
+
+    let err = qp
+        .post_recv_list([recv(3, &sink), recv(4, &sink), recv(5, &sink)])
+        .expect_err("three receives in a queue of two");
+    assert_eq!(err.posted, 2, "{err:?}");
+    assert!(
+        matches!(err.source, DatapathError::RecvQueueFull { depth: 2 }),
+        "{err:?}"
+    );
+    assert_eq!(qp.recvs_posted(), 2);
+
+    let with_srq = ConnectParams {
+        srq: Some(SharedReceiveQueue::new(&side.pd, 4).expect("srq")),
+        ..p2p(1)
+    };
+    let fed = IdleQp::new(&side.pd, &side.cq, &with_srq).expect("create with an SRQ");
+    match fed.post_recv(recv(6, &sink)) {
+        Err(DatapathError::InvalidWorkRequest(RdmapError::SrqAttached)) => {}
+        other => panic!("a receive on a queue pair fed by an SRQ: {other:?}"),
+    }
+}
+
+#[test]
+fn socket_connect_of_an_idle_qp_keeps_its_number_and_receives() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
+    let conn = Device::socket().connect_qp(qp, addr, &[]).expect("connect");
+    greeted(&conn, &side, &sink, num, "socket");
+    // The receive counted against the queue's depth of one until it was used.
+    conn.qp
+        .post_recv(recv(8, &sink))
+        .expect("a receive in the freed place");
+    let _ = done.send(());
+    server.join().expect("server thread").expect("server");
+}
+
+/// The same through an event channel: the `Established` event's queue pair is the idle one.
+#[test]
+fn socket_connect_async_of_an_idle_qp() {
+    let (addr, done, server) = greeting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
+    let channel = CmEventChannel::new().expect("event channel");
+    Device::socket()
+        .connect_qp_async(qp, addr, &[], &channel, 5)
+        .expect("connect_async");
+    let conn = match channel.wait_event(WAIT) {
+        Some(CmEvent::Established {
+            context: 5,
+            connection,
+        }) => connection,
+        other => panic!("not established: {other:?}"),
+    };
+    greeted(&conn, &side, &sink, num, "socket, event channel");
+    let _ = done.send(());
+    server.join().expect("server thread").expect("server");
+}
+
+/// The connection's settings come from the queue pair for an idle one: its IRD and ORD as set
+/// before the connect are what the Request asks for.
+#[test]
+fn socket_connect_of_an_idle_qp_asks_for_its_ird_ord() {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let server = std::thread::spawn(move || {
+        let req = listener
+            .accept_timeout(WAIT)
+            .expect("accept")
+            .expect("a connection request");
+        let asked = req
+            .info()
+            .and_then(|i| i.enhanced.as_ref())
+            .map(|e| (e.ird, e.ord));
+        let side = Side::new();
+        let conn = req.accept(&side.pd, &side.cq, &[]).expect("accept");
+        (asked, conn)
+    });
+    let side = Side::new();
+    let mut qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create");
+    qp.set_ird_ord(3, 2);
+    let conn = Device::socket().connect_qp(qp, addr, &[]).expect("connect");
+    let (asked, _server_conn) = server.join().expect("server thread");
+    assert_eq!(asked, Some((3, 2)), "the Request's IRD and ORD");
+    let attr = conn.qp.attr();
+    assert_eq!((attr.ord, attr.rq_depth), (2, 1), "{attr:?}");
+}
+
+/// Accepts the next request on `listener` with an idle queue pair whose settings differ from
+/// the listener's (a receive queue of one against four), a receive posted; returns the
+/// connection, the queue pair's number and what it was given.
+fn accept_with_an_idle_qp(
+    req: ConnectRequest,
+) -> Result<(Connection, u32, Side, MemoryRegion), String> {
+    let side = Side::new();
+    let sink = side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    // The request's own depths are overridden by the queue pair's.
+    let req = req.queue_depths(16, 16);
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
+    let conn = req.accept_qp(qp, &[]).map_err(|e| format!("accept: {e}"))?;
+    let attr = conn.qp.attr();
+    if attr.rq_depth != 1 {
+        return Err(format!("the accepted queue pair's depth: {attr:?}"));
+    }
+    Ok((conn, num, side, sink))
+}
+
+#[test]
+fn socket_accept_of_an_idle_qp_keeps_its_number_receives_and_depths() {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (done_tx, done_rx) = mpsc::channel();
+    let client = std::thread::spawn(move || {
+        let side = Side::new();
+        let conn = datapath::connect(addr, &side.pd, &side.cq, &p2p(4), &[])
+            .map_err(|e| format!("connect: {e}"))?;
+        greet(conn, &side, &done_rx)
+    });
+    let req = listener
+        .accept_timeout(WAIT)
+        .expect("accept")
+        .expect("a connection request");
+    let (conn, num, side, sink) = accept_with_an_idle_qp(req).expect("accept");
+    greeted(&conn, &side, &sink, num, "socket responder");
+    let _ = done_tx.send(());
+    client.join().expect("client thread").expect("client");
+}
+
+#[test]
+fn engine_connect_of_an_idle_qp_keeps_its_number_and_receives() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_674;
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = move |ready| {
+        let req = bed::listen_in_b_with(PORT, &ready, WAIT, p2p(4))?;
+        let side = Side::new();
+        let conn = req
+            .accept(&side.pd, &side.cq, &[])
+            .map_err(|e| format!("accept: {e}"))?;
+        greet(conn, &side, &done_rx)
+    };
+    bed::against(
+        server,
+        move || {
+            testbed::enter_ns(NS_A).map_err(|e| e.to_string())?;
+            let device = Device::open(Transport::Xdp {
+                ifname: DEV_A.into(),
+                config: Box::default(),
+            })
+            .map_err(|e| e.to_string())?;
+            let side = Side::new();
+            let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+            let qp = idle_with_a_recv(&side, &sink);
+            let num = qp.num();
+            let conn = device
+                .connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[])
+                .map_err(|e| format!("connect: {e}"))?;
+            greeted(&conn, &side, &sink, num, "engine initiator");
+            let _ = done_tx.send(());
+            Ok(())
+        },
+        WAIT,
+    );
+}
+
+#[test]
+fn engine_accept_of_an_idle_qp_keeps_its_number_receives_and_depths() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_675;
+    let (done_tx, done_rx) = mpsc::channel();
+    // The client: the socket transport in `iwb`, greeting as soon as it is connected.
+    let client = move |ready: mpsc::Receiver<()>| -> Result<(), String> {
+        testbed::enter_ns(testbed::NS_B).map_err(|e| e.to_string())?;
+        ready
+            .recv_timeout(WAIT)
+            .map_err(|_| "the engine did not listen".to_string())?;
+        let side = Side::new();
+        let conn = datapath::connect(
+            SocketAddr::from((ADDR_A, PORT)),
+            &side.pd,
+            &side.cq,
+            &p2p(4),
+            &[],
+        )
+        .map_err(|e| format!("connect: {e}"))?;
+        greet(conn, &side, &done_rx)
+    };
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let client = std::thread::spawn(move || client(ready_rx));
+    testbed::in_ns(NS_A, move || -> Result<(), String> {
+        let device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .map_err(|e| e.to_string())?;
+        let listener = device
+            .listen(SocketAddr::from((ADDR_A, PORT)), p2p(4))
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        let (conn, num, side, sink) = accept_with_an_idle_qp(req)?;
+        greeted(&conn, &side, &sink, num, "engine responder");
+        let _ = done_tx.send(());
+        Ok(())
+    })
+    .expect("engine responder");
+    client.join().expect("client thread").expect("client");
+}
