@@ -74,7 +74,9 @@ pub mod xsk;
 
 pub use device::{Device, DeviceAttr, PortAttr, Transport};
 pub use error::{DatapathError, PostListError, QpError};
-pub use memory::{MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage};
+pub use memory::{
+    Deregistration, MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage,
+};
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{
     Access, AtomicOp, InlineData, InlineSendWr, InlineTooLong, QpState, RdmapError, RecvWr, SendOp,

@@ -987,16 +987,69 @@ impl MemoryRegion {
     /// Waits up to 10 s (a Read Response holds its source until the peer acknowledges it),
     /// then fails with [`DatapathError::RegionInUse`]: the region is deregistered all the
     /// same, but a transfer still holds the bytes, so raw memory must then live until the
-    /// queue pairs that used the region have finished.
+    /// queue pairs that used the region have finished. To wait again after that (verbs'
+    /// `ibv_dereg_mr` failing with `EBUSY` and called again), use
+    /// [`MemoryRegion::start_deregister`].
     pub fn deregister(self) -> Result<(), DatapathError> {
         self.deregister_within(DEREGISTER_WAIT)
     }
 
     /// [`MemoryRegion::deregister`], waiting up to `wait`.
     fn deregister_within(self, wait: Duration) -> Result<(), DatapathError> {
+        if self.start_deregister().wait(wait) {
+            Ok(())
+        } else {
+            Err(DatapathError::RegionInUse)
+        }
+    }
+
+    /// Deregisters the region now and returns what waits for the transports to let go of its
+    /// bytes ([`Deregistration::wait`], as often as needed): peers' accesses fail from now
+    /// on, as [`MemoryRegion::deregister`] says.
+    pub fn start_deregister(self) -> Deregistration {
         let buf = self.buf.clone();
+        // Deregisters: the transports reach the bytes only through `Arc` clones from now on.
         drop(self);
-        sole_handle(buf, Instant::now() + wait).map(drop)
+        Deregistration { buf }
+    }
+}
+
+/// A deregistered region whose bytes a transport may still hold
+/// ([`MemoryRegion::start_deregister`]). Holding it keeps the bytes of a region that owned
+/// its buffer; raw memory ([`ProtectionDomain::register_raw`]) may be freed once
+/// [`Deregistration::wait`] or [`Deregistration::is_released`] has said true.
+pub struct Deregistration {
+    buf: Arc<PinnedBuffer>,
+}
+
+impl Deregistration {
+    /// Waits up to `timeout` until no transport holds the bytes; true when none does (then
+    /// nothing reads or writes them any more). A Read Response holds its source until the
+    /// peer acknowledges it, a queue pair that ended holds nothing.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = crate::verbs::timeout::deadline_after(timeout);
+        loop {
+            if self.is_released() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// True when no transport holds the bytes any more (this handle alone has them).
+    pub fn is_released(&self) -> bool {
+        Arc::strong_count(&self.buf) == 1
+    }
+}
+
+impl std::fmt::Debug for Deregistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deregistration")
+            .field("released", &self.is_released())
+            .finish()
     }
 }
 
@@ -1208,6 +1261,37 @@ mod tests {
         ));
         assert!(pd.table.snapshot().info(stag).is_none());
         assert!(held.info(stag).is_some(), "the holder keeps its bytes");
+    }
+
+    /// A deregistration started while a holder keeps the bytes can be waited on again, and
+    /// says released once the holder lets go (`ibv_dereg_mr` failing with `EBUSY`, then called
+    /// again).
+    #[test]
+    fn a_started_deregistration_is_waited_on_again_until_released() {
+        let pd = ProtectionDomain::new();
+        let mr = pd.register(4096, Access::REMOTE_WRITE).unwrap();
+        let stag = mr.stag();
+        let held = pd.table.snapshot();
+        let d = mr.start_deregister();
+        assert!(
+            pd.table.snapshot().info(stag).is_none(),
+            "deregistered at once"
+        );
+        assert!(!d.is_released());
+        assert!(
+            !d.wait(Duration::from_millis(20)),
+            "the holder still has the bytes"
+        );
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(held);
+        });
+        assert!(
+            d.wait(Duration::from_secs(10)),
+            "released once the holder let go"
+        );
+        assert!(d.is_released());
+        holder.join().unwrap();
     }
 
     /// `mlock` refused (no `CAP_IPC_LOCK` on this thread and a tiny `RLIMIT_MEMLOCK`):
