@@ -14,7 +14,7 @@ use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, AtomicOp, Completion, CompletionChannel, CompletionQueue, ConnectParams, Device,
     Framing, Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp,
-    SendWr, SgeList, Stag, WcOpcode, WcStatus,
+    SendRequest, SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -381,11 +381,19 @@ impl Side {
 
     /// Posts a work request on the data region, inline when `-I` covers it.
     fn post_wr(&self, wr: SendWr) -> Result<(), String> {
-        match crate::inline::inline_wr(&wr, &self.data, self.inline_size) {
-            Some(inline) => self.qp.post_send_inline(inline),
-            None => self.qp.post_send(wr),
+        match self.request(wr) {
+            SendRequest::Inline(inline) => self.qp.post_send_inline(inline),
+            SendRequest::Wr(wr) => self.qp.post_send(wr),
         }
         .map_err(|e| e.to_string())
+    }
+
+    /// `wr` inline when `-I` covers it, as it is otherwise.
+    fn request(&self, wr: SendWr) -> SendRequest {
+        match crate::inline::inline_wr(&wr, &self.data, self.inline_size) {
+            Some(inline) => SendRequest::Inline(inline),
+            None => SendRequest::Wr(wr),
+        }
     }
 
     fn remote_stag(&self) -> Stag {
@@ -1692,7 +1700,7 @@ fn client_bw_sizes(
 }
 
 /// Posts the gathered work requests of `-l` as one list (nothing if there are none).
-fn post_list(side: &Side, pending: &mut Vec<SendWr>) -> Result<(), String> {
+fn post_list(side: &Side, pending: &mut Vec<SendRequest>) -> Result<(), String> {
     if pending.is_empty() {
         return Ok(());
     }
@@ -1914,14 +1922,14 @@ fn client_bw(
                 sg_list: side.data.sge(off as usize, size as u32).into(),
                 signaled,
             };
-            if side.post_list > 1 && size > side.inline_size {
-                // -l: gathered, posted as one list when full (or below, when the window is).
-                pending.push(wr);
+            if side.post_list > 1 {
+                // -l: gathered (inline ones too, with -I), posted as one list when full (or
+                // below, when the window is).
+                pending.push(side.request(wr));
                 if pending.len() >= side.post_list {
                     post_list(side, &mut pending)?;
                 }
             } else {
-                // (-I with -l: an inline work request goes on its own.)
                 side.post_wr(wr)?;
             }
             posted += 1;

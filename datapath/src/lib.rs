@@ -91,5 +91,5 @@ pub use verbs::cm_events::{CmEvent, CmEventChannel, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue};
 pub use verbs::idle::IdleQp;
 pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};
-pub use verbs::qp::{Agreed, QpAttr, QpStatus, QueuePair};
+pub use verbs::qp::{Agreed, QpAttr, QpStatus, QueuePair, SendRequest};
 pub use verbs::srq::{SharedReceiveQueue, MAX_SRQ_WR};

@@ -986,3 +986,105 @@ fn inline_writes_and_sends_need_no_region() {
         "the inline Send",
     );
 }
+
+/// A chain with inline and non-inline requests mixed (`ibv_post_send` with
+/// `IBV_SEND_INLINE` on some of a chain's requests): an inline Write, a Write from a region
+/// and an inline Send, in one call, complete in order and land whole. An inline Read in a
+/// chain stops it there (`bad_wr`): those before it are posted, it and those after are not.
+#[test]
+fn a_list_mixing_inline_and_registered_requests() {
+    use datapath::{InlineData, InlineSendWr, SendRequest};
+    let p = params(mpa(2, true, false));
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let src = client.pd.register(1024, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &pattern(11, 1024));
+    let dst = server
+        .pd
+        .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let inbox = server.pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let (c, _s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: vec![RecvWr {
+                wr_id: 50,
+                sg_list: inbox.sge(0, 4096).into(),
+            }],
+        },
+    );
+    let inline_write = InlineSendWr {
+        wr_id: 1,
+        op: SendOp::Write {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to(),
+        },
+        data: InlineData::new(&pattern(12, 200)).unwrap(),
+        signaled: true,
+    };
+    let write = SendWr {
+        wr_id: 2,
+        op: SendOp::Write {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to() + 1000,
+        },
+        sg_list: src.sge(0, 1024).into(),
+        signaled: true,
+    };
+    let inline_send = InlineSendWr {
+        wr_id: 3,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        data: InlineData::new(&pattern(13, 64)).unwrap(),
+        signaled: true,
+    };
+    let inline_read = InlineSendWr {
+        wr_id: 4,
+        op: SendOp::Read {
+            remote_stag: dst.stag(),
+            remote_to: dst.base_to(),
+        },
+        ..inline_send
+    };
+    let chain: Vec<SendRequest> = vec![
+        inline_write.into(),
+        write.into(),
+        inline_send.into(),
+        inline_read.into(),
+        write.into(),
+    ];
+    match c.qp.post_send_list(chain) {
+        Err(datapath::PostListError {
+            posted: 3,
+            source: DatapathError::InvalidWorkRequest(RdmapError::NotInlinable),
+        }) => {}
+        other => panic!("a chain with an inline Read fourth: {other:?}"),
+    }
+    expect_wc(&client.cq, 1, WcOpcode::Write, WcStatus::Success);
+    expect_wc(&client.cq, 2, WcOpcode::Write, WcStatus::Success);
+    expect_wc(&client.cq, 3, WcOpcode::Send, WcStatus::Success);
+    let r = expect_wc(&server.cq, 50, WcOpcode::Recv, WcStatus::Success);
+    assert_eq!(r.wc.byte_len, 64);
+    assert_bytes_eq(
+        &region_bytes(&dst, 0, 200),
+        &pattern(12, 200),
+        "inline Write",
+    );
+    assert_bytes_eq(
+        &region_bytes(&dst, 1000, 1024),
+        &pattern(11, 1024),
+        "the Write from a region",
+    );
+    assert_bytes_eq(
+        &region_bytes(&inbox, 0, 64),
+        &pattern(13, 64),
+        "inline Send",
+    );
+    assert_no_more(&client.cq);
+}

@@ -377,6 +377,29 @@ impl Shared {
     }
 }
 
+/// One work request of a send chain ([`QueuePair::post_send_list`]): one whose payload is
+/// in registered memory, or one that carries it inline (`IBV_SEND_INLINE` set on that request
+/// of the chain).
+#[derive(Debug, Clone)]
+pub enum SendRequest {
+    /// As [`QueuePair::post_send`] takes it.
+    Wr(SendWr),
+    /// As [`QueuePair::post_send_inline`] takes it.
+    Inline(InlineSendWr),
+}
+
+impl From<SendWr> for SendRequest {
+    fn from(wr: SendWr) -> Self {
+        SendRequest::Wr(wr)
+    }
+}
+
+impl From<InlineSendWr> for SendRequest {
+    fn from(wr: InlineSendWr) -> Self {
+        SendRequest::Inline(wr)
+    }
+}
+
 /// How a queue pair handle wakes the transport that runs it after queueing a command: the
 /// socket transport's per-connection `mio` poll, or the AF_XDP engine of the interface.
 pub(crate) trait QpWaker: Send + Sync {
@@ -757,15 +780,24 @@ impl QueuePair {
     /// and complete, the rest are not. If only the
     /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
     /// not be posted again.
-    pub fn post_send_list(
+    ///
+    /// Requests that carry their payload inline may be in the chain too ([`SendRequest`]:
+    /// `IBV_SEND_INLINE` on some of a chain's requests), each checked as
+    /// [`QueuePair::post_send_inline`] checks it.
+    pub fn post_send_list<W: Into<SendRequest>>(
         &self,
-        wrs: impl IntoIterator<Item = SendWr>,
+        wrs: impl IntoIterator<Item = W>,
     ) -> Result<usize, PostListError> {
         probe::mark(Mark::Posted);
-        self.post_list(
-            wrs.into_iter()
-                .map(|wr| self.check_send(&wr).map(|()| Cmd::Send(wr))),
-        )
+        self.post_list(wrs.into_iter().map(|wr| {
+            match wr.into() {
+                SendRequest::Wr(wr) => self.check_send(&wr).map(|()| Cmd::Send(wr)),
+                SendRequest::Inline(wr) => wr
+                    .check_shape(self.extensions)
+                    .map(|()| Cmd::SendInline(wr))
+                    .map_err(DatapathError::InvalidWorkRequest),
+            }
+        }))
     }
 
     /// Posts a list of receives in order, with one wake-up of the transport for the whole list
