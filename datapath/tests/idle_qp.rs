@@ -247,6 +247,19 @@ fn socket_connect_of_an_idle_qp_asks_for_its_ird_ord() {
     let side = Side::new();
     let mut qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create");
     qp.set_ird_ord(3, 2);
+    let idle = qp.attr();
+    assert_eq!(
+        (
+            idle.state,
+            idle.ird,
+            idle.ord,
+            idle.sq_depth,
+            idle.rq_depth,
+            idle.mulpdu
+        ),
+        (datapath::QpState::Idle, 3, 2, p2p(1).sq_depth, 1, 0),
+        "{idle:?}"
+    );
     let conn = Device::socket().connect_qp(qp, addr, &[]).expect("connect");
     let (asked, _server_conn) = server.join().expect("server thread");
     assert_eq!(asked, Some((3, 2)), "the Request's IRD and ORD");

@@ -3,6 +3,7 @@
 //! once; connecting or accepting turns it into a running [`QueuePair`] with the same number
 //! and those receives in place before the peer can send anything.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Mutex;
 
 use rdmap::RecvWr;
@@ -10,7 +11,7 @@ use rdmap::RecvWr;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpStart};
+use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpAttr, QpStart};
 use crate::{DatapathError, PostListError};
 
 /// A queue pair that has no connection yet (RDMAP's Idle state, RFC 5040 6; verbs' queue
@@ -90,6 +91,28 @@ impl IdleQp {
     /// The parameters it was created with, as connecting will use them.
     pub fn params(&self) -> &ConnectParams {
         &self.params
+    }
+
+    /// The queue pair's attributes as `ibv_query_qp` reports them before the connection
+    /// (see [`QpAttr`]): state Idle, its depths and capabilities, the IRD and ORD it asks for,
+    /// MULPDU 0, its local address if its parameters name one, the peer's unspecified.
+    pub fn attr(&self) -> QpAttr {
+        let p = &self.params;
+        let unspecified = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+        QpAttr {
+            state: rdmap::QpState::Idle,
+            sq_depth: p.sq_depth,
+            rq_depth: if p.srq.is_some() { 0 } else { p.rq_depth },
+            max_sge: rdmap::MAX_SGE,
+            max_inline_data: rdmap::MAX_INLINE_DATA,
+            ird: p.mpa.ird,
+            ord: p.mpa.ord,
+            mulpdu: 0,
+            srq: p.srq.is_some(),
+            extensions: p.rdmap_extensions,
+            local: p.local_addr.unwrap_or(unspecified),
+            peer: unspecified,
+        }
     }
 
     /// Sets the IRD and ORD to ask for when connecting (`rdma_connect`'s
