@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use datapath::engine::XdpEngineConfig;
 use datapath::{
-    Access, CompletionQueue, ConnectParams, Device, ProtectionDomain, RecvWr, Transport, WcOpcode,
-    WcStatus,
+    Access, CompletionQueue, ConnectParams, Device, IdleQp, ProtectionDomain, RecvWr, Transport,
+    WcOpcode, WcStatus,
 };
 
 const LEN: usize = 1 << 20;
@@ -50,12 +50,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     welcome.extend_from_slice(&mr.stag().0.to_be_bytes());
     welcome.extend_from_slice(&mr.base_to().to_be_bytes());
     welcome.extend_from_slice(&(LEN as u64).to_be_bytes());
-    // iWARP has no receiver-not-ready retry: post the receive before accepting.
-    let recv = RecvWr {
+    // As verbs does it: create the queue pair (`rdma_create_qp`), post its receive
+    // (`ibv_post_recv`: iWARP has no receiver-not-ready retry, so before accepting), accept.
+    let idle = IdleQp::new(&pd, &cq, &ConnectParams::default())?;
+    idle.post_recv(RecvWr {
         wr_id: 1,
         sg_list: inbox.sge(0, 4096).into(),
-    };
-    let conn = request.accept_with_recvs(&pd, &cq, &welcome, vec![recv])?;
+    })?;
+    let conn = request.accept_qp(idle, &welcome)?;
     let qp = conn.qp;
 
     // The client's Send comes after its Write and Read on the same stream.
