@@ -4,7 +4,9 @@
 //! gathered from the region when the message goes out. No effect on the wire (perftest
 //! exchanges no inline size either: each side is given its own).
 
-use datapath::{InlineData, InlineSendWr, MemoryRegion, SendOp, SendWr, MAX_INLINE_DATA};
+use datapath::{
+    InlineData, InlineSendWr, MemoryRegion, SendOp, SendRequest, SendWr, MAX_INLINE_DATA,
+};
 
 /// Checks `-I N` for a test: at most [`MAX_INLINE_DATA`], and only where a Send or Write
 /// carries the data (perftest refuses `-I` for Read and Atomic tests too).
@@ -17,6 +19,15 @@ pub fn check(n: Option<u32>, sends_or_writes: bool) -> Result<(), String> {
             Err("-I applies to Sends and RDMA Writes, not to Read or Atomic tests".into())
         }
         _ => Ok(()),
+    }
+}
+
+/// `wr` as the work request to post: inline when `-I` covers it ([`inline_wr`]), as it is
+/// otherwise.
+pub fn request(wr: SendWr, src: &MemoryRegion, inline_size: u64) -> SendRequest {
+    match inline_wr(&wr, src, inline_size) {
+        Some(inline) => SendRequest::Inline(inline),
+        None => SendRequest::Wr(wr),
     }
 }
 

@@ -390,10 +390,7 @@ impl Side {
 
     /// `wr` inline when `-I` covers it, as it is otherwise.
     fn request(&self, wr: SendWr) -> SendRequest {
-        match crate::inline::inline_wr(&wr, &self.data, self.inline_size) {
-            Some(inline) => SendRequest::Inline(inline),
-            None => SendRequest::Wr(wr),
-        }
+        crate::inline::request(wr, &self.data, self.inline_size)
     }
 
     fn remote_stag(&self) -> Stag {

@@ -8,7 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use crate::engine::xdp::{EngineCounters, XdpEngine, XdpEngineConfig};
 use crate::memory::ProtectionDomain;
 use crate::socket;
-use crate::verbs::cm::{ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR};
+use crate::verbs::cm::{
+    check_initial_recvs, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
+};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::idle::IdleQp;
@@ -318,8 +320,10 @@ impl Device {
             // `start_connect` checks the parameters itself.
             Some(e) => e.start_connect(addr, &pd, &cq, &params, private_data, start)?,
             None => {
-                // Refused here, as by the synchronous connect, rather than as an event.
+                // Refused here, as by the synchronous connect and the engine, rather than as
+                // an event.
                 params.check()?;
+                check_initial_recvs(&params, &pd, &start.recvs)?;
                 let private_data = private_data.to_vec();
                 Box::new(move || {
                     socket::connect_start(addr, &pd, &cq, &params, &private_data, start)

@@ -1041,7 +1041,13 @@ impl Deregistration {
 
     /// True when no transport holds the bytes any more (this handle alone has them).
     pub fn is_released(&self) -> bool {
-        Arc::strong_count(&self.buf) == 1
+        if Arc::strong_count(&self.buf) != 1 {
+            return false;
+        }
+        // The count's load is relaxed: order the last holder's accesses (released by its
+        // drop's decrement) before whatever the caller does with the memory next.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        true
     }
 }
 

@@ -394,3 +394,60 @@ fn engine_accept_of_an_idle_qp_keeps_its_number_receives_and_depths() {
     .expect("engine responder");
     client.join().expect("client thread").expect("client");
 }
+
+/// An accept of an idle queue pair that cannot be made fails and rejects the request at once,
+/// as `accept_with_recvs` does: here the request asks for an IRD beyond 14 bits. The initiator
+/// hears `Rejected` rather than waiting for its setup timeout.
+#[test]
+fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let client = std::thread::spawn(move || {
+        let side = Side::new();
+        datapath::connect(addr, &side.pd, &side.cq, &p2p(4), &[]).map(|_| ())
+    });
+    let req = listener
+        .accept_timeout(WAIT)
+        .expect("accept")
+        .expect("a connection request");
+    let side = Side::new();
+    let qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create");
+    match req.ird_ord(0x4000, 1).accept_qp(qp, &[]) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        Err(e) => panic!("an IRD of 15 bits: {e:?}"),
+        Ok(_) => panic!("accepted an IRD of 15 bits"),
+    }
+    match client.join().expect("client thread") {
+        Err(DatapathError::Rejected { .. }) => {}
+        other => panic!("the initiator of a refused accept: {other:?}"),
+    }
+}
+
+/// A connect of an idle queue pair on an event channel that cannot be made fails at the call
+/// (as `connect_async` does), not as an event: an ORD beyond 14 bits; with the socket
+/// transport, receives whose region was deregistered after they were posted too.
+#[test]
+fn socket_refused_connect_async_of_an_idle_qp_fails_at_the_call() {
+    let channel = CmEventChannel::new().expect("event channel");
+    let side = Side::new();
+    let mut qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create");
+    qp.set_ird_ord(1, 0x4000);
+    let addr = any_port();
+    match Device::socket().connect_qp_async(qp, addr, &[], &channel, 1) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        other => panic!("an ORD of 15 bits: {other:?}"),
+    }
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    drop(sink);
+    match Device::socket().connect_qp_async(qp, addr, &[], &channel, 2) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        other => panic!("a receive into a deregistered region: {other:?}"),
+    }
+    assert!(
+        channel
+            .wait_event(std::time::Duration::from_millis(200))
+            .is_none(),
+        "a refused connect queued an event"
+    );
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use datapath::{
     Access, Completion, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
-    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    QueuePair, RecvWr, SendOp, SendRequest, SendWr, WcOpcode, WcStatus,
 };
 
 use super::wire::{Dest, DEST_LEN};
@@ -184,12 +184,12 @@ impl Qp {
         src: &MemoryRegion,
         inline_size: u64,
     ) -> Result<(), PerftestError> {
-        match crate::inline::inline_wr(&wr, src, inline_size) {
-            Some(inline) => self
+        match crate::inline::request(wr, src, inline_size) {
+            SendRequest::Inline(inline) => self
                 .qp
                 .post_send_inline(inline)
                 .map_err(|e| PerftestError::datapath(step, e)),
-            None => self.post(step, wr),
+            SendRequest::Wr(wr) => self.post(step, wr),
         }
     }
 

@@ -1696,9 +1696,10 @@ impl Session {
                         sg_list: local.into(),
                         signaled: true,
                     };
-                    if self.run.post_list > 1 && size > self.run.inline_size {
-                        // -l: one list per window's worth, posted when full or at the end.
-                        pending.push(wr);
+                    if self.run.post_list > 1 {
+                        // -l: one list per window's worth (inline requests in it, with -I),
+                        // posted when full or at the end.
+                        pending.push(crate::inline::request(wr, &src, self.run.inline_size));
                         let last = posted + 1 >= n
                             || outstanding[q] + 1 >= depth
                             || pending.len() as u64 >= self.run.post_list;
@@ -1709,7 +1710,6 @@ impl Session {
                                 .map_err(|e| PerftestError::datapath(step, e.source))?;
                         }
                     } else {
-                        // (-I with -l: an inline work request goes on its own.)
                         self.qp_at(q)
                             .post_from(step, wr, &src, self.run.inline_size)?;
                     }

@@ -37,7 +37,8 @@ pub struct IdleQp {
 }
 
 /// The receives posted to an [`IdleQp`], and a receive queue of its depth that has taken
-/// each as the running queue pair will (the same checks, the same errors).
+/// each as the connect or accept will post it (the checks and errors of
+/// [`crate::Device::connect_with_recvs`]).
 struct PostedRecvs {
     wrs: Vec<RecvWr>,
     check: rdmap::QueuePair,
@@ -94,8 +95,9 @@ impl IdleQp {
     }
 
     /// The queue pair's attributes as `ibv_query_qp` reports them before the connection
-    /// (see [`QpAttr`]): state Idle, its depths and capabilities, the IRD and ORD it asks for,
-    /// MULPDU 0, its local address if its parameters name one, the peer's unspecified.
+    /// (see [`QpAttr`]): state Idle, its depths and capabilities, the IRD and ORD a connect
+    /// asks for (an accept's are the request's), MULPDU 0, its local address if its
+    /// parameters name one (unspecified otherwise), the peer's unspecified.
     pub fn attr(&self) -> QpAttr {
         let p = &self.params;
         let unspecified = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
@@ -117,6 +119,7 @@ impl IdleQp {
 
     /// Sets the IRD and ORD to ask for when connecting (`rdma_connect`'s
     /// `responder_resources` and `initiator_depth`): [`ConnectParams::mpa`]'s `ird` and `ord`.
+    /// An accept takes the request's instead ([`ConnectRequest::ird_ord`], `rdma_accept`'s).
     /// Values over [`crate::MAX_IRD_ORD`] fail the connect with
     /// [`DatapathError::InvalidArgument`].
     pub fn set_ird_ord(&mut self, ird: u16, ord: u16) {
@@ -130,7 +133,11 @@ impl IdleQp {
     /// queue pair fed by a shared receive queue refuses it with
     /// [`DatapathError::InvalidWorkRequest`]; a receive naming memory the queue pair may not
     /// write (not of its protection domain, no local write access, out of bounds) with
-    /// [`DatapathError::InvalidArgument`]. Nothing is posted when it fails.
+    /// [`DatapathError::InvalidArgument`], here at the post, as
+    /// [`crate::Device::connect_with_recvs`] refuses it (a running queue pair takes such a
+    /// receive and completes it in error, as verbs does). Nothing is posted when it fails. The
+    /// receives are checked again when the queue pair is connected or accepted: one whose
+    /// region was deregistered since fails that call.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         let mut recvs = self.recvs.lock().unwrap_or_else(|e| e.into_inner());
         if self.params.srq.is_some() {

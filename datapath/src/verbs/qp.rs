@@ -465,8 +465,9 @@ pub struct QueuePair {
 
 /// A queue pair's attributes and capabilities, as `ibv_query_qp` reports them
 /// ([`QueuePair::attr`]; before the connection, [`crate::IdleQp::attr`], where what only the
-/// connection decides is not known yet: IRD and ORD are those asked for, MULPDU is 0 and the
-/// addresses are unspecified, as verbs reports no path MTU before RTR).
+/// connection decides is not known yet: IRD and ORD are those a connect asks for, MULPDU is 0,
+/// the peer's address unspecified and ours unless the parameters name it, as verbs reports no
+/// path MTU before RTR).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpAttr {
     /// The RDMAP state (`qp_state`).
