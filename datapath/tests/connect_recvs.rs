@@ -13,11 +13,10 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{any_port, bed, next_wc, p2p, send_wr, Side, WAIT};
+use common::{bed, next_wc, p2p, send_wr, Side, WAIT};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, Listener, MemoryRegion, RdmapError, RecvWr, SharedReceiveQueue, Transport, WcOpcode,
-    WcStatus,
+    Device, MemoryRegion, RdmapError, RecvWr, SharedReceiveQueue, Transport, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -90,16 +89,8 @@ fn server(
     mpsc::Sender<()>,
     std::thread::JoinHandle<Result<(), String>>,
 ) {
-    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
-    let addr = listener.local_addr().expect("address");
     let (done_tx, done_rx) = mpsc::channel();
-    let server = std::thread::spawn(move || {
-        let req = listener
-            .accept_timeout(WAIT)
-            .map_err(|e| e.to_string())?
-            .ok_or("no connection request")?;
-        greet(req, greets, done_rx)
-    });
+    let (addr, server) = common::serve_one(p2p(4), move |req| greet(req, greets, done_rx));
     (addr, done_tx, server)
 }
 

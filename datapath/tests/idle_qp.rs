@@ -90,14 +90,8 @@ fn greeting_server() -> (
     mpsc::Sender<()>,
     std::thread::JoinHandle<Result<(), String>>,
 ) {
-    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
-    let addr = listener.local_addr().expect("address");
     let (done_tx, done_rx) = mpsc::channel();
-    let server = std::thread::spawn(move || {
-        let req = listener
-            .accept_timeout(WAIT)
-            .map_err(|e| e.to_string())?
-            .ok_or("no connection request")?;
+    let (addr, server) = common::serve_one(p2p(4), move |req| {
         let side = Side::new();
         let conn = req
             .accept(&side.pd, &side.cq, &[])

@@ -894,12 +894,18 @@ fn a_list_of_writes_posted_in_one_call() {
     );
 }
 
-/// Inline work requests (`ibv_post_send` with `IBV_SEND_INLINE`): a Write and a Send whose
-/// payload is copied out of a plain buffer of the application's at post time (no region, the
-/// buffer overwritten at once) arrive whole; a Read cannot be inline and fails locally.
-#[test]
-fn inline_writes_and_sends_need_no_region() {
-    use datapath::{InlineData, InlineSendWr, MAX_INLINE_DATA};
+/// A connection on loopback (MPA rev 2, CRCs) whose server has a region `dst` the client may
+/// write and one receive (wr_id 50) of its `inbox` posted.
+struct InboxPair {
+    client: Side,
+    server: Side,
+    c: datapath::Connection,
+    _s: datapath::Connection,
+    dst: datapath::MemoryRegion,
+    inbox: datapath::MemoryRegion,
+}
+
+fn inbox_pair() -> InboxPair {
     let p = params(mpa(2, true, false));
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let (client, server) = (Side::new(), Side::new());
@@ -921,6 +927,30 @@ fn inline_writes_and_sends_need_no_region() {
             }],
         },
     );
+    InboxPair {
+        client,
+        server,
+        c,
+        _s,
+        dst,
+        inbox,
+    }
+}
+
+/// Inline work requests (`ibv_post_send` with `IBV_SEND_INLINE`): a Write and a Send whose
+/// payload is copied out of a plain buffer of the application's at post time (no region, the
+/// buffer overwritten at once) arrive whole; a Read cannot be inline and fails locally.
+#[test]
+fn inline_writes_and_sends_need_no_region() {
+    use datapath::{InlineData, InlineSendWr, MAX_INLINE_DATA};
+    let InboxPair {
+        client,
+        server,
+        c,
+        _s,
+        dst,
+        inbox,
+    } = inbox_pair();
     let mut buf = pattern(3, MAX_INLINE_DATA);
     let write = InlineSendWr {
         wr_id: 1,
@@ -994,29 +1024,16 @@ fn inline_writes_and_sends_need_no_region() {
 #[test]
 fn a_list_mixing_inline_and_registered_requests() {
     use datapath::{InlineData, InlineSendWr, SendRequest};
-    let p = params(mpa(2, true, false));
-    let listener = Listener::bind(any_port(), p.clone()).unwrap();
-    let (client, server) = (Side::new(), Side::new());
+    let InboxPair {
+        client,
+        server,
+        c,
+        _s,
+        dst,
+        inbox,
+    } = inbox_pair();
     let src = client.pd.register(1024, Access::LOCAL_WRITE).unwrap();
     src.write(0, &pattern(11, 1024));
-    let dst = server
-        .pd
-        .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let inbox = server.pd.register(4096, Access::LOCAL_WRITE).unwrap();
-    let (c, _s) = establish_ok(
-        &listener,
-        &client,
-        &p,
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: vec![RecvWr {
-                wr_id: 50,
-                sg_list: inbox.sge(0, 4096).into(),
-            }],
-        },
-    );
     let inline_write = InlineSendWr {
         wr_id: 1,
         op: SendOp::Write {

@@ -13,9 +13,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use datapath::{
-    connect, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
-    MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, SgeList, Stag,
-    WcOpcode, WcStatus,
+    connect, Completion, CompletionQueue, ConnectParams, ConnectRequest, Connection, DatapathError,
+    Listener, MemoryRegion, MpaConfig, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr,
+    SgeList, Stag, WcOpcode, WcStatus,
 };
 
 /// Upper bound for any single wait in these tests (connection setup, one completion, the end of
@@ -57,6 +57,24 @@ pub fn p2p(rq_depth: usize) -> ConnectParams {
         rq_depth,
         ..params(MpaConfig::default())
     }
+}
+
+/// Listens on loopback with `params`; a thread takes the first connection request (waiting
+/// up to [`WAIT`]) and hands it to `serve`. Returns the address and the thread.
+pub fn serve_one(
+    params: ConnectParams,
+    serve: impl FnOnce(ConnectRequest) -> Result<(), String> + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<Result<(), String>>) {
+    let listener = Listener::bind(any_port(), params).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let server = std::thread::spawn(move || {
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        serve(req)
+    });
+    (addr, server)
 }
 
 /// A protection domain and a completion queue: what one side of a test owns.
