@@ -1039,7 +1039,9 @@ impl QueuePair {
     /// zero-length element is not checked. Nothing about the remote STag is checked
     /// here: the peer does that. In RTS, a Read or Atomic with an ORD of 0 fails with
     /// [`RdmapError::ZeroOrd`] (in Idle the ORD is not known yet: one posted then, followed
-    /// by [`QueuePair::enter_rts`] with ORD 0, waits for ever).
+    /// by [`QueuePair::enter_rts`] with ORD 0, completes with
+    /// [`WcStatus::LocalQpOperationError`] when it reaches the head of the send queue, and
+    /// the queue pair terminates as for any local failure of the head).
     pub fn post_send<B: RegionBuffer>(
         &mut self,
         wr: SendWr,
@@ -1442,10 +1444,12 @@ impl QueuePair {
     fn sq_ready(&self) -> bool {
         match self.sq.front() {
             Some(entry) => match entry.wr.op {
-                // RFC 7306 5.2: Atomic Requests share ORD with Read Requests.
+                // RFC 7306 5.2: Atomic Requests share ORD with Read Requests. With an ORD of
+                // 0 (one posted in Idle) the head is "ready" to fail (`emit_sq_segment`).
                 SendOp::Read { .. } | SendOp::Atomic { .. } => {
-                    self.outstanding_reads.len() + self.outstanding_atomics.len()
-                        < usize::from(self.ord)
+                    self.ord == 0
+                        || self.outstanding_reads.len() + self.outstanding_atomics.len()
+                            < usize::from(self.ord)
                 }
                 _ => true,
             },
@@ -1717,6 +1721,11 @@ impl QueuePair {
         };
         if entry.tail {
             return self.emit_immediate(entry, out);
+        }
+        if self.ord == 0 && matches!(entry.op, SendOp::Read { .. } | SendOp::Atomic { .. }) {
+            // Posted in Idle, before the ORD was known (`post_send` refuses it in RTS): it
+            // could never be sent (RFC 5040 6.1), so it fails instead of holding the queue.
+            return self.fail_head(entry.seq, out.len(), out, WcStatus::LocalQpOperationError);
         }
         // A Read's or an Atomic's local sink: its first element (a Read or Atomic has one).
         let sink = || head.wr.sg_list.piece_at(0, u64::MAX).map(|(s, _)| s);

@@ -1187,3 +1187,79 @@ fn a_read_or_atomic_with_no_ord_is_refused_when_posted() {
     };
     assert_eq!(a.qp.post_send(send, &a.mem), Ok(()));
 }
+
+/// A Read or Atomic posted in Idle, before the ORD is known, followed by RTS with ORD 0, could
+/// never be sent: it completes with a local error when it reaches the head of the send queue
+/// (the queue pair terminates, as for any local failure of the head), after the Send posted
+/// before it, instead of holding the queue for ever.
+#[test]
+fn a_read_posted_in_idle_then_ord_0_fails_instead_of_waiting() {
+    for op in [
+        SendOp::Read {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+        },
+        SendOp::Atomic {
+            remote_stag: Stag(0x100),
+            remote_to: 0,
+            op: rdmap::AtomicOp::FetchAdd { add: 1, mask: 0 },
+        },
+    ] {
+        let cfg = QpConfig {
+            ord: 0,
+            ..common::config_ext()
+        };
+        let mut qp = rdmap::qp::QueuePair::new(cfg);
+        let mut mem = rdmap::MemoryTable::new();
+        let local = mem.register(
+            common::PD,
+            rdmap::VecBuffer::from_vec(vec![0; 64]),
+            0x1000,
+            Access::LOCAL_WRITE,
+        );
+        let sink = Sge {
+            stag: local,
+            to: 0x1000,
+            len: 8,
+        };
+        let send = SendWr {
+            wr_id: 1,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: sink.into(),
+            signaled: true,
+        };
+        let read = SendWr {
+            wr_id: 2,
+            op,
+            sg_list: sink.into(),
+            signaled: true,
+        };
+        assert_eq!(qp.post_send(send, &mem), Ok(()));
+        assert_eq!(qp.post_send(read, &mem), Ok(()), "{op:?} in Idle");
+        qp.enter_rts(4, 0);
+        let mut sent = Vec::new();
+        for _ in 0..8 {
+            let mut buf = Vec::new();
+            match qp.poll_transmit(1024, &mem, &mut buf) {
+                Some(tx) => sent.push(tx.opcode),
+                None => break,
+            }
+        }
+        assert_eq!(
+            sent,
+            vec![rdmap::Opcode::Send, rdmap::Opcode::Terminate],
+            "{op:?}"
+        );
+        let done: Vec<_> = std::iter::from_fn(|| qp.poll_completion())
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(
+            done,
+            vec![(1, WcStatus::Success), (2, WcStatus::LocalQpOperationError)],
+            "{op:?}"
+        );
+    }
+}
