@@ -83,6 +83,7 @@ pub use rdmap::{
     SendWr, Sge, SgeList, Stag, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE_DATA, MAX_SGE,
 };
 pub use socket::{connect, connect_with_recvs};
+pub use verbs::async_events::{AsyncEvent, AsyncEventChannel};
 pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
     MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,

@@ -4,6 +4,7 @@
 //! management ([`cm`]). Both transports (the socket transport, [`crate::socket`], and the
 //! AF_XDP engine, [`crate::engine::xdp`]) serve this one layer; nothing in it names either.
 
+pub(crate) mod async_events;
 pub(crate) mod cm;
 pub(crate) mod cm_events;
 pub(crate) mod cq;

@@ -69,6 +69,9 @@ pub(crate) struct Shared {
     /// Called once when the transport has finished with the connection (a connection-manager
     /// event channel's `Disconnected`), with the cause.
     on_finish: Mutex<Option<FinishHook>>,
+    /// The same for an asynchronous event channel (`ibv_get_async_event`), beside the
+    /// connection manager's.
+    on_finish_async: Mutex<Option<FinishHook>>,
     /// The gate of the command channel: the number of posts under way, and [`POSTS_STOPPED`]
     /// once the transport has stopped taking work requests. A post either sees the stop (and
     /// is refused, or flushed by the handle once the queue pair has finished in Error), or is
@@ -204,6 +207,7 @@ impl Shared {
                 finished: false,
             }),
             on_finish: Mutex::new(None),
+            on_finish_async: Mutex::new(None),
             posts: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
@@ -299,12 +303,22 @@ impl Shared {
 
     /// Calls `hook` once the transport has finished with the connection (at once if it has).
     pub(crate) fn set_on_finish(&self, hook: FinishHook) {
+        self.set_finish_hook(&self.on_finish, hook);
+    }
+
+    /// [`Shared::set_on_finish`] for an asynchronous event channel: a hook of its own, so
+    /// that it and the connection manager's are both called.
+    pub(crate) fn set_on_finish_async(&self, hook: FinishHook) {
+        self.set_finish_hook(&self.on_finish_async, hook);
+    }
+
+    fn set_finish_hook(&self, slot: &Mutex<Option<FinishHook>>, hook: FinishHook) {
         let done = {
             let st = self.lock();
             if st.finished {
                 Some(st.error.clone())
             } else {
-                *self.on_finish.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
                 return;
             }
         };
@@ -329,13 +343,11 @@ impl Shared {
             st.finished = true;
             st.error.clone()
         };
-        let hook = self
-            .on_finish
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(hook) = hook {
-            hook(error);
+        for slot in [&self.on_finish, &self.on_finish_async] {
+            let hook = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(hook) = hook {
+                hook(error.clone());
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //! `IBV_EVENT_SRQ_LIMIT_REACHED` does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -26,7 +26,12 @@ struct SrqInner {
     limit: AtomicUsize,
     events_tx: Sender<()>,
     events_rx: Receiver<()>,
+    /// Called with each low-watermark event too (an asynchronous event channel's).
+    on_limit: Mutex<Option<LimitHook>>,
 }
+
+/// What a low-watermark event calls besides queueing it ([`SharedReceiveQueue::set_on_limit`]).
+pub(crate) type LimitHook = Box<dyn Fn() + Send + Sync>;
 
 /// A shared receive queue of one protection domain. Cloning gives another handle to the same
 /// queue; give it to connections in `ConnectParams::srq`.
@@ -67,6 +72,7 @@ impl SharedReceiveQueue {
                 limit: AtomicUsize::new(0),
                 events_tx,
                 events_rx,
+                on_limit: Mutex::new(None),
             }),
         })
     }
@@ -149,6 +155,15 @@ impl SharedReceiveQueue {
         self.inner.events_rx.recv_timeout(timeout).is_ok()
     }
 
+    /// Calls `hook` with each low-watermark event from now on (replacing an earlier one).
+    pub(crate) fn set_on_limit(&self, hook: LimitHook) {
+        *self
+            .inner
+            .on_limit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
     /// Fails unless the queue belongs to protection domain `pd`: a queue pair takes receives
     /// only from a shared receive queue of its own domain.
     pub(crate) fn check_pd(&self, pd: rdmap::PdId) -> Result<(), DatapathError> {
@@ -186,6 +201,10 @@ impl RecvSource for SrqSource {
         let limit = inner.limit.load(Ordering::Relaxed);
         if limit > 0 && inner.rx.len() < limit && inner.limit.swap(0, Ordering::SeqCst) > 0 {
             let _ = inner.events_tx.send(());
+            // Once per arming: a lock here is off the path of every other take.
+            if let Some(hook) = &*inner.on_limit.lock().unwrap_or_else(|e| e.into_inner()) {
+                hook();
+            }
         }
         Some(wr)
     }

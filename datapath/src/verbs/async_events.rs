@@ -1,0 +1,135 @@
+//! Asynchronous events (verbs' `ibv_get_async_event` on a device context's `async_fd`):
+//! a queue pair that failed, a queue pair fed by a shared receive queue that will take no more
+//! receives from it, a shared receive queue below its low watermark. They are queued on an
+//! [`AsyncEventChannel`] whose file descriptor is readable while an event waits; a queue pair
+//! ([`QueuePair::notify_async`]) and a shared receive queue
+//! ([`SharedReceiveQueue::notify_limit`]) send theirs to the channel given, tagged with the
+//! application's word for the object (a C interface keeps its `ibv_qp` or `ibv_srq` pointer
+//! there).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::verbs::event_queue::EventQueue;
+use crate::verbs::qp::QueuePair;
+use crate::verbs::srq::SharedReceiveQueue;
+use crate::{DatapathError, QpError};
+
+/// One asynchronous event (`struct ibv_async_event`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The queue pair's connection failed (`IBV_EVENT_QP_FATAL`; a C interface may tell
+    /// `IBV_EVENT_QP_REQ_ERR` and `IBV_EVENT_QP_ACCESS_ERR` apart by the Terminate in
+    /// `error`): it ended with an error, other than the application's own
+    /// [`QueuePair::abort`] and the peer's graceful close ([`QpError::PeerClosed`], which the
+    /// connection manager's `Disconnected` reports, as verbs does). Its outstanding work
+    /// requests complete flushed.
+    QpFatal {
+        /// The queue pair's number.
+        qp_num: u32,
+        /// The application's word given to [`QueuePair::notify_async`].
+        context: u64,
+        /// What ended it ([`crate::QpStatus::error`]).
+        error: QpError,
+    },
+    /// A queue pair fed by a shared receive queue has ended, however it ended, and takes no
+    /// more receives from it (`IBV_EVENT_QP_LAST_WQE_REACHED`): the receives it took have
+    /// completed, so it may be destroyed.
+    QpLastWqeReached {
+        /// The queue pair's number.
+        qp_num: u32,
+        /// The application's word given to [`QueuePair::notify_async`].
+        context: u64,
+    },
+    /// A take left fewer receives than the armed low watermark
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`; [`SharedReceiveQueue::arm_limit`]).
+    SrqLimitReached {
+        /// The application's word given to [`SharedReceiveQueue::notify_limit`].
+        context: u64,
+    },
+}
+
+/// A channel of asynchronous events (a device context's `async_fd`). Cloning gives another
+/// handle to the same channel.
+#[derive(Clone)]
+pub struct AsyncEventChannel {
+    queue: Arc<EventQueue<AsyncEvent>>,
+}
+
+impl AsyncEventChannel {
+    /// A new channel, backed by a non-blocking eventfd.
+    pub fn new() -> Result<Self, DatapathError> {
+        Ok(Self {
+            queue: Arc::new(EventQueue::new()?),
+        })
+    }
+
+    /// Takes the oldest event without blocking (`ibv_get_async_event` on a non-blocking
+    /// descriptor).
+    pub fn get_event(&self) -> Option<AsyncEvent> {
+        self.queue.pop()
+    }
+
+    /// Waits up to `timeout` for an event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<AsyncEvent> {
+        self.queue.pop_wait(timeout)
+    }
+}
+
+impl AsRawFd for AsyncEventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.queue.raw_fd()
+    }
+}
+
+impl AsFd for AsyncEventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.queue.borrowed_fd()
+    }
+}
+
+impl QueuePair {
+    /// Sends the queue pair's asynchronous events to `channel`, tagged with `context`:
+    /// [`AsyncEvent::QpFatal`] if it fails, and for a queue pair fed by a shared
+    /// receive queue [`AsyncEvent::QpLastWqeReached`] when it ends (after the other). At once
+    /// if it has ended already. Independent of [`QueuePair::notify_disconnect`]: both may be
+    /// used. A second call replaces the first.
+    pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
+        let channel = channel.clone();
+        let (qp_num, srq) = (self.num(), self.attr().srq);
+        // Weak: the hook is the queue pair's own (no cycle if it never ends).
+        let shared = Arc::downgrade(self.shared());
+        self.shared().set_on_finish_async(Box::new(move |error| {
+            // The peer's graceful close (a FIN) is the connection manager's `Disconnected`
+            // alone, as `rdma_disconnect` at the peer is in verbs.
+            if let Some(error) = error.filter(|e| *e != QpError::PeerClosed) {
+                let aborted = shared.upgrade().is_some_and(|s| s.abort_requested());
+                if !aborted {
+                    channel.queue.push(AsyncEvent::QpFatal {
+                        qp_num,
+                        context,
+                        error,
+                    });
+                }
+            }
+            if srq {
+                channel
+                    .queue
+                    .push(AsyncEvent::QpLastWqeReached { qp_num, context });
+            }
+        }));
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Sends the queue's low-watermark events to `channel` too, tagged with `context`
+    /// ([`AsyncEvent::SrqLimitReached`]), besides
+    /// [`SharedReceiveQueue::wait_limit_event`]'s queue. A second call replaces the first.
+    pub fn notify_limit(&self, channel: &AsyncEventChannel, context: u64) {
+        let channel = channel.clone();
+        self.set_on_limit(Box::new(move || {
+            channel.queue.push(AsyncEvent::SrqLimitReached { context })
+        }));
+    }
+}

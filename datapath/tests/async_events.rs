@@ -1,0 +1,235 @@
+//! Asynchronous events ([`AsyncEventChannel`], verbs' `ibv_get_async_event`): a queue pair whose
+//! connection fails reports `QpFatal` (the application's own abort does not), one fed by a
+//! shared receive queue reports `QpLastWqeReached` when it ends however it ends, and a shared
+//! receive queue reports `SrqLimitReached` when a take crosses its armed low watermark; the
+//! channel's descriptor is readable while an event waits. The socket transport on loopback,
+//! and the AF_XDP engine on the veth bed (root, `SKIPPED` without, a failure under `CI=true`)
+//! against a socket-transport peer that resets.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{any_port, bed, establish_ok, params, Side, ServerPlan, WAIT};
+use datapath::{
+    Access, AsyncEvent, AsyncEventChannel, ConnectParams, Listener, MpaConfig, QpError, RecvWr,
+    SendOp, SendWr, SharedReceiveQueue,
+};
+use testbed::{bed_or_skip, ADDR_B};
+
+/// No event arrives within a short while.
+fn quiet(channel: &AsyncEventChannel, what: &str) {
+    if let Some(e) = channel.wait_event(Duration::from_millis(200)) {
+        panic!("{what}: an event: {e:?}");
+    }
+}
+
+/// True when `fd` is readable now.
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack, a zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// The client's queue pair fails (the server resets): `QpFatal` with its number, context and
+/// cause, the descriptor readable until it is taken. The server, which aborted, reports nothing.
+#[test]
+fn a_failed_connection_reports_qp_fatal_an_abort_does_not() {
+    let p = params(MpaConfig::default());
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    let (ours, theirs) = (
+        AsyncEventChannel::new().unwrap(),
+        AsyncEventChannel::new().unwrap(),
+    );
+    c.qp.notify_async(&ours, 7);
+    s.qp.notify_async(&theirs, 8);
+    assert!(!readable(ours.as_raw_fd()));
+    s.qp.abort();
+    assert!(c.qp.wait_finished(WAIT));
+    assert!(
+        readable(ours.as_raw_fd()),
+        "the descriptor once an event waits"
+    );
+    match ours.wait_event(WAIT) {
+        Some(AsyncEvent::QpFatal {
+            qp_num,
+            context: 7,
+            error: QpError::PeerReset,
+        }) if qp_num == c.qp.num() => {}
+        other => panic!("the reset queue pair: {other:?}"),
+    }
+    assert!(!readable(ours.as_raw_fd()), "the descriptor once taken");
+    quiet(&ours, "after QpFatal");
+    quiet(&theirs, "the queue pair that aborted");
+}
+
+/// A graceful close reports nothing; a queue pair that already ended reports at once.
+#[test]
+fn a_graceful_close_reports_nothing_an_ended_qp_at_once() {
+    let p = params(MpaConfig::default());
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    let channel = AsyncEventChannel::new().unwrap();
+    c.qp.notify_async(&channel, 1);
+    s.qp.notify_async(&channel, 2);
+    c.qp.disconnect();
+    assert!(c.qp.wait_finished(WAIT) && s.qp.wait_finished(WAIT));
+    quiet(&channel, "a graceful close");
+
+    // Another pair, the server reset; the client asks only once it has ended.
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    s.qp.abort();
+    assert!(c.qp.wait_finished(WAIT));
+    c.qp.notify_async(&channel, 3);
+    match channel.get_event() {
+        Some(AsyncEvent::QpFatal { context: 3, .. }) => {}
+        other => panic!("an ended queue pair: {other:?}"),
+    }
+}
+
+/// A shared receive queue's low watermark, and its queue pair's last-WQE event: the server's
+/// queue pair takes its receives from an SRQ armed at 2 with 3 posted; the client's second Send
+/// leaves 1, which fires `SrqLimitReached` once; the client's graceful close ends the server's
+/// queue pair, which reports `QpLastWqeReached` (and no `QpFatal`).
+#[test]
+fn srq_limit_and_last_wqe_reached() {
+    let server = Side::new();
+    let srq = SharedReceiveQueue::new(&server.pd, 8).unwrap();
+    let inbox = server.pd.register(3 * 64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..3u64 {
+        srq.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: inbox.sge(i as usize * 64, 64).into(),
+        })
+        .unwrap();
+    }
+    let channel = AsyncEventChannel::new().unwrap();
+    srq.notify_limit(&channel, 40);
+    srq.arm_limit(2);
+    let p = params(MpaConfig::default());
+    let with_srq = ConnectParams {
+        srq: Some(srq.clone()),
+        ..p.clone()
+    };
+    let listener = Listener::bind(any_port(), with_srq).unwrap();
+    let client = Side::new();
+    let (c, s) = establish_ok(
+        &listener,
+        &client,
+        &p,
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    s.qp.notify_async(&channel, 41);
+    let src = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..2 {
+        c.qp.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: src.sge(0, 64).into(),
+            signaled: true,
+        })
+        .unwrap();
+    }
+    common::collect(&server.cq, 2, "the server's receives");
+    assert_eq!(
+        channel.wait_event(WAIT),
+        Some(AsyncEvent::SrqLimitReached { context: 40 })
+    );
+    assert!(srq.try_limit_event(), "the SRQ's own queue has it too");
+    quiet(&channel, "one event per arming");
+    c.qp.disconnect();
+    assert!(s.qp.wait_finished(WAIT));
+    match channel.wait_event(WAIT) {
+        Some(AsyncEvent::QpLastWqeReached { qp_num, context: 41 }) if qp_num == s.qp.num() => {}
+        other => panic!("the SRQ queue pair's end: {other:?}"),
+    }
+    quiet(&channel, "a graceful end: no QpFatal");
+}
+
+/// The engine's queue pair whose peer resets: `QpFatal`.
+#[test]
+fn engine_qp_reset_by_its_peer_reports_qp_fatal() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_676;
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let server = move |ready| {
+        let req = bed::listen_in_b(PORT, &ready, WAIT)?;
+        let side = Side::new();
+        let conn = req
+            .accept(&side.pd, &side.cq, &[])
+            .map_err(|e| format!("accept: {e}"))?;
+        // Reset once the client is listening for events.
+        let _ = done_rx.recv_timeout(WAIT);
+        conn.qp.abort();
+        Ok(())
+    };
+    bed::engine_against(server, move |engine| {
+        let side = Side::new();
+        let conn = engine
+            .connect(
+                SocketAddr::from((ADDR_B, PORT)),
+                &side.pd,
+                &side.cq,
+                &bed::params(),
+                &[],
+            )
+            .expect("connect");
+        let channel = AsyncEventChannel::new().unwrap();
+        conn.qp.notify_async(&channel, 9);
+        let _ = done_tx.send(());
+        match channel.wait_event(WAIT) {
+            Some(AsyncEvent::QpFatal {
+                qp_num,
+                context: 9,
+                error: QpError::PeerReset,
+            }) if qp_num == conn.qp.num() => {}
+            other => panic!("the engine's reset queue pair: {other:?}"),
+        }
+    });
+}
