@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use crate::engine::xdp::{EngineCounters, XdpEngine, XdpEngineConfig};
 use crate::memory::ProtectionDomain;
 use crate::socket;
+use crate::verbs::async_events::{AsyncEvent, AsyncEventChannel};
 use crate::verbs::cm::{
     check_initial_recvs, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
 };
@@ -335,6 +336,18 @@ impl Device {
             .name("iwarp-cm-connect".into())
             .spawn(move || push_outcome(&channel, context, wait()))?;
         Ok(())
+    }
+
+    /// Sends the device's own asynchronous event to `channel`: [`AsyncEvent::DeviceFatal`] when
+    /// the AF_XDP engine fails (a thread's panic or a fatal driver error; its queue pairs end
+    /// with [`crate::QpError::EngineFailed`], each reporting [`AsyncEvent::QpFatal`] where
+    /// asked), at once if it has failed already. Not when it is stopped. The socket transport
+    /// has no device-wide failure: nothing is sent. A second call replaces the first.
+    pub fn notify_async(&self, channel: &AsyncEventChannel) {
+        if let Some(e) = &self.engine {
+            let channel = channel.clone();
+            e.on_failure(Box::new(move || channel.push(AsyncEvent::DeviceFatal)));
+        }
     }
 
     /// Stops the engine (closing its connections) and returns its final counters; `None` for

@@ -13,12 +13,12 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{any_port, bed, establish_ok, params, Side, ServerPlan, WAIT};
+use common::{any_port, bed, establish_ok, params, ServerPlan, Side, WAIT};
 use datapath::{
-    Access, AsyncEvent, AsyncEventChannel, ConnectParams, Listener, MpaConfig, QpError, RecvWr,
-    SendOp, SendWr, SharedReceiveQueue,
+    Access, AsyncEvent, AsyncEventChannel, ConnectParams, Device, Listener, MpaConfig, QpError,
+    RecvWr, SendOp, SendWr, SharedReceiveQueue, Transport,
 };
-use testbed::{bed_or_skip, ADDR_B};
+use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A};
 
 /// No event arrives within a short while.
 fn quiet(channel: &AsyncEventChannel, what: &str) {
@@ -186,7 +186,10 @@ fn srq_limit_and_last_wqe_reached() {
     c.qp.disconnect();
     assert!(s.qp.wait_finished(WAIT));
     match channel.wait_event(WAIT) {
-        Some(AsyncEvent::QpLastWqeReached { qp_num, context: 41 }) if qp_num == s.qp.num() => {}
+        Some(AsyncEvent::QpLastWqeReached {
+            qp_num,
+            context: 41,
+        }) if qp_num == s.qp.num() => {}
         other => panic!("the SRQ queue pair's end: {other:?}"),
     }
     quiet(&channel, "a graceful end: no QpFatal");
@@ -232,4 +235,71 @@ fn engine_qp_reset_by_its_peer_reports_qp_fatal() {
             other => panic!("the engine's reset queue pair: {other:?}"),
         }
     });
+}
+
+/// The engine fails (an injected panic in its thread): the device reports `DeviceFatal`, after
+/// its queue pair's `QpFatal` (`EngineFailed`). An engine stopped normally reports nothing.
+#[test]
+fn engine_failure_reports_device_fatal_a_stop_does_not() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_677;
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let peer = testbed::spawn_in_ns(testbed::NS_B, move || -> Result<(), String> {
+        ready_rx.recv_timeout(WAIT).map_err(|_| "no listener")?;
+        let side = Side::new();
+        let conn = datapath::connect(
+            SocketAddr::from((ADDR_A, PORT)),
+            &side.pd,
+            &side.cq,
+            &bed::params(),
+            &[],
+        )
+        .map_err(|e| format!("connect: {e}"))?;
+        let _ = done_rx.recv_timeout(WAIT);
+        drop(conn);
+        Ok(())
+    });
+    testbed::in_ns(testbed::NS_A, move || {
+        let quiet_device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .expect("engine");
+        let channel = AsyncEventChannel::new().unwrap();
+        quiet_device.notify_async(&channel);
+        let _ = quiet_device.close();
+        quiet(&channel, "an engine stopped normally");
+
+        let device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .expect("engine");
+        device.notify_async(&channel);
+        let listener = device
+            .listen(SocketAddr::from((ADDR_A, PORT)), bed::params())
+            .expect("listen");
+        let _ = ready_tx.send(());
+        let req = listener
+            .accept_timeout(WAIT)
+            .expect("accept")
+            .expect("a connection request");
+        let side = Side::new();
+        let conn = req.accept(&side.pd, &side.cq, &[]).expect("accept");
+        conn.qp.notify_async(&channel, 5);
+        device.engine().expect("the engine").inject_panic();
+        match channel.wait_event(WAIT) {
+            Some(AsyncEvent::QpFatal {
+                context: 5,
+                error: QpError::EngineFailed,
+                ..
+            }) => {}
+            other => panic!("the queue pair of a failed engine: {other:?}"),
+        }
+        assert_eq!(channel.wait_event(WAIT), Some(AsyncEvent::DeviceFatal));
+        quiet(&channel, "one DeviceFatal");
+        let _ = done_tx.send(());
+    });
+    peer.join().expect("peer thread").expect("peer");
 }

@@ -1,6 +1,7 @@
 //! Asynchronous events (verbs' `ibv_get_async_event` on a device context's `async_fd`):
 //! a queue pair that failed, a queue pair fed by a shared receive queue that will take no more
-//! receives from it, a shared receive queue below its low watermark. They are queued on an
+//! receives from it, a shared receive queue below its low watermark, a device that failed
+//! ([`crate::Device::notify_async`]). They are queued on an
 //! [`AsyncEventChannel`] whose file descriptor is readable while an event waits; a queue pair
 //! ([`QueuePair::notify_async`]) and a shared receive queue
 //! ([`SharedReceiveQueue::notify_limit`]) send theirs to the channel given, tagged with the
@@ -48,6 +49,9 @@ pub enum AsyncEvent {
         /// The application's word given to [`SharedReceiveQueue::notify_limit`].
         context: u64,
     },
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`; [`crate::Device::notify_async`]): the
+    /// AF_XDP engine's thread panicked or its driver failed. Its queue pairs have ended.
+    DeviceFatal,
 }
 
 /// A channel of asynchronous events (a device context's `async_fd`). Cloning gives another
@@ -74,6 +78,10 @@ impl AsyncEventChannel {
     /// Waits up to `timeout` for an event.
     pub fn wait_event(&self, timeout: Duration) -> Option<AsyncEvent> {
         self.queue.pop_wait(timeout)
+    }
+
+    pub(crate) fn push(&self, event: AsyncEvent) {
+        self.queue.push(event);
     }
 }
 

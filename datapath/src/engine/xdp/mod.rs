@@ -105,6 +105,38 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// What waits for the outcome of a connection attempt ([`XdpEngine::start_connect`]).
 pub(crate) type PendingConnect = Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send>;
 
+/// What an engine's failure calls ([`XdpEngine::on_failure`]): once for the engine, whichever
+/// of its threads fails first.
+#[derive(Default)]
+pub(crate) struct FailureNotice {
+    /// Failed yet, and the hook.
+    state: Mutex<(bool, Option<FailureHook>)>,
+}
+
+/// A hook of [`FailureNotice`].
+pub(crate) type FailureHook = Box<dyn Fn() + Send + Sync>;
+
+impl FailureNotice {
+    /// An engine thread failed: the hook is called unless it was already.
+    pub(super) fn fail(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.0 {
+            st.0 = true;
+            if let Some(hook) = &st.1 {
+                hook();
+            }
+        }
+    }
+
+    fn set(&self, hook: FailureHook) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.0 {
+            hook();
+        }
+        st.1 = Some(hook);
+    }
+}
+
 /// One engine thread and its way in.
 struct ShardThread {
     handle: Handle,
@@ -123,6 +155,8 @@ pub struct XdpEngine {
     mtu: u16,
     /// Most connections at once, over all shards.
     max_connections: usize,
+    /// What the failure of one of its threads calls.
+    failure: Arc<FailureNotice>,
 }
 
 impl std::fmt::Debug for XdpEngine {
@@ -145,6 +179,7 @@ fn spawn_shard(
     budget: ReassemblyBudget,
     index: usize,
     pin: Option<usize>,
+    failure: Arc<FailureNotice>,
 ) -> Result<(ShardThread, (Ipv4Addr, u16)), DatapathError> {
     let (wake_tx, wake_rx) = UnixDatagram::pair()?;
     wake_tx.set_nonblocking(true)?;
@@ -232,6 +267,7 @@ fn spawn_shard(
             pin,
             inbox,
             epoch,
+            failure,
         };
         engine.run();
     })?;
@@ -266,8 +302,9 @@ impl XdpEngine {
             let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
             let name = format!("iwarp-xdp-{ifname}");
             let max_connections = cfg.driver.max_connections;
+            let failure = Arc::new(FailureNotice::default());
             let (shard, (local_ip, mtu)) =
-                spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu)?;
+                spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu, failure.clone())?;
             let mtu = mtu.min(cfg.tcp.path_mtu);
             tracing::info!(iface = ifname, %local_ip, mtu, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
@@ -276,6 +313,7 @@ impl XdpEngine {
                 local_ip,
                 mtu,
                 max_connections,
+                failure,
             });
         }
         // The drivers are opened here (the threads inherit this thread's namespace) and each
@@ -287,6 +325,7 @@ impl XdpEngine {
             local_ip: Ipv4Addr::UNSPECIFIED,
             mtu: cfg.tcp.path_mtu,
             max_connections: 0,
+            failure: Arc::new(FailureNotice::default()),
         };
         for (i, driver) in drivers.into_iter().enumerate() {
             let queue = driver.queues().first().copied().unwrap_or(0);
@@ -302,6 +341,7 @@ impl XdpEngine {
                 budget.clone(),
                 i,
                 pin,
+                engine.failure.clone(),
             )?;
             engine.local_ip = ip;
             engine.mtu = engine.mtu.min(mtu);
@@ -485,6 +525,14 @@ impl XdpEngine {
         }
         sum.zero_copy = zero_copy;
         sum
+    }
+
+    /// Calls `hook` when one of the engine's threads fails (a panic or a fatal driver error:
+    /// its queue pairs end with [`crate::QpError::EngineFailed`]), once for the engine; at
+    /// once if one has failed already. Not when the engine is stopped. Replaces an earlier
+    /// hook.
+    pub(crate) fn on_failure(&self, hook: FailureHook) {
+        self.failure.set(hook);
     }
 
     /// Makes every engine thread panic in its next turn, to test what the application sees

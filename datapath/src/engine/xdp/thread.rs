@@ -198,6 +198,8 @@ pub(super) struct Engine {
     pub(super) inbox: Option<(Arc<crate::xdp_tcp::shard::ShardSet>, usize)>,
     /// The driver's clock zero (`XdpTcp::epoch`), for [`Wake::app_polled_at`].
     pub(super) epoch: StdInstant,
+    /// Told when this thread fails.
+    pub(super) failure: Arc<super::FailureNotice>,
 }
 
 impl Engine {
@@ -271,6 +273,9 @@ impl Engine {
                 add_counters(&mut t.st.ended, &slot.conn.counters());
             }
             self.publish(&t, error, p.idle_ns);
+            if failed {
+                self.failure.fail();
+            }
         } else {
             let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             c.error = error;
