@@ -61,6 +61,7 @@ pub fn inline_wr(wr: &SendWr, src: &MemoryRegion, inline_size: u64) -> Option<In
         op: wr.op,
         data: InlineData::new(&buf[..at]).ok()?,
         signaled: wr.signaled,
+        fence: false,
     })
 }
 
@@ -82,6 +83,7 @@ mod tests {
             },
             sg_list: mr.sge(100, 4).into(),
             signaled: false,
+            fence: false,
         };
         let w = inline_wr(&write, &mr, 4).expect("inline");
         assert_eq!((w.wr_id, w.op, w.signaled), (9, write.op, false));

@@ -334,6 +334,7 @@ impl Peer {
                 },
                 sg_list: self.ctrl.sge(off, INFO_LEN as u32).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("post send: {e}"))
     }
@@ -497,6 +498,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                 },
                 sg_list: data.sge(0, src.size).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("post RDMA Read: {e}"))?;
         let c = peer.must(WR_READ, "the RDMA Read")?;
@@ -549,6 +551,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
                 },
                 sg_list: data.sge(0, len).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("post RDMA Write: {e}"))?;
         peer.must(WR_WRITE, "the RDMA Write")?;

@@ -341,6 +341,7 @@ impl Side {
                 },
                 sg_list: self.ctrl.sge(off, CTRL_LEN as u32).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| e.to_string())
     }
@@ -376,6 +377,7 @@ impl Side {
             op,
             sg_list: self.data.sge(offset as usize, len as u32).into(),
             signaled,
+            fence: false,
         })
     }
 
@@ -461,6 +463,7 @@ impl Side {
                 },
                 sg_list: SgeList::new(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| e.to_string())
     }
@@ -900,6 +903,7 @@ fn setup_exchange(
         },
         sg_list: setup.sge(0, message.len() as u32).into(),
         signaled: true,
+        fence: false,
     })
     .map_err(|e| format!("sending the setup message: {e}"))?;
     let deadline = Instant::now() + timeout;
@@ -1918,6 +1922,7 @@ fn client_bw(
                 op,
                 sg_list: side.data.sge(off as usize, size as u32).into(),
                 signaled,
+                fence: false,
             };
             if side.post_list > 1 {
                 // -l: gathered (inline ones too, with -I), posted as one list when full (or

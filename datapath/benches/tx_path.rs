@@ -248,6 +248,7 @@ impl Bench {
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             };
             if self.a.iw.qp_mut().post_send(wr, &self.a.mem).is_err() {
                 break;
@@ -313,6 +314,7 @@ impl Bench {
             }
             .into(),
             signaled: true,
+            fence: false,
         };
         side.iw
             .qp_mut()

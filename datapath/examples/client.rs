@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             op,
             sg_list,
             signaled: true,
+            fence: false,
         })
     };
     let write = SendOp::Write {

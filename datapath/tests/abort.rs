@@ -144,6 +144,7 @@ fn socket_transport_start_disconnect_reports_the_end_by_event() {
         },
         sg_list: SgeList::new(),
         signaled: true,
+        fence: false,
     });
     ours.start_disconnect().expect("start it again");
     match events.wait_event(WAIT) {

@@ -215,6 +215,7 @@ fn socket_a_read_with_no_ord_fails_the_post() {
         },
         sg_list: sink.sge(0, 64).into(),
         signaled: true,
+        fence: false,
     };
     match c.qp.post_send(read) {
         Err(DatapathError::InvalidWorkRequest(RdmapError::ZeroOrd)) => {}

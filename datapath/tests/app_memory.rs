@@ -261,6 +261,7 @@ fn client(connect: &Connect<'_>) -> Result<(), String> {
             op,
             sg_list,
             signaled: true,
+            fence: false,
         })
         .map_err(|e| format!("post {wr_id}: {e}"))
     };

@@ -173,6 +173,7 @@ fn srq_limit_and_last_wqe_reached() {
             },
             sg_list: src.sge(0, 64).into(),
             signaled: true,
+            fence: false,
         })
         .unwrap();
     }

@@ -129,6 +129,7 @@ fn post(conn: &Connection, wr_id: u64, op: SendOp, sg_list: SgeList) -> Result<(
             op,
             sg_list,
             signaled: true,
+            fence: false,
         })
         .map_err(|e| format!("post {wr_id}: {e}"))
 }

@@ -58,6 +58,7 @@ fn send_wr(wr_id: u64, mr: &datapath::MemoryRegion, len: u32, solicited: bool) -
         },
         sg_list: mr.sge(0, len).into(),
         signaled: true,
+        fence: false,
     }
 }
 

@@ -96,6 +96,7 @@ fn case(engine: bool, writing: bool) -> (Option<QpError>, Duration) {
                 },
                 sg_list: src.sge(0, 1 << 20).into(),
                 signaled: true,
+                fence: false,
             })
         };
         // A few Writes complete before the cut.
@@ -211,6 +212,7 @@ fn end_with_a_vanished_peer(end: fn(&QueuePair)) -> (Duration, bool, Vec<WcStatu
                 },
                 sg_list: src.sge(0, 1 << 20).into(),
                 signaled: true,
+                fence: false,
             })
             .expect("post");
         }

@@ -264,6 +264,7 @@ fn steady_state(resegment: bool) {
                         op,
                         sg_list: local.into(),
                         signaled: true,
+                        fence: false,
                     },
                     &a.mem,
                 )

@@ -525,6 +525,7 @@ fn writes_fpdus_sized(
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             },
             &src,
         )

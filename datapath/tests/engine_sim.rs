@@ -525,6 +525,7 @@ fn round_trip(bed: &mut Bed, r: &Regions, round: Round, ops: Ops) {
                     op,
                     sg_list: local.into(),
                     signaled: true,
+                    fence: false,
                 },
                 &bed.a.mem,
             )
@@ -765,6 +766,7 @@ fn inline_writes_and_sends_survive_loss() {
             op,
             data: InlineData::new(&data).expect("fits"),
             signaled: true,
+            fence: false,
         };
         bed.a.iw.qp_mut().post_send_inline(wr).expect("post inline");
         posted += 1;
@@ -1391,6 +1393,7 @@ fn post_write_to(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8], remote: (S
         }
         .into(),
         signaled: true,
+        fence: false,
     };
     bed.a
         .iw
@@ -1521,6 +1524,7 @@ fn post_read(bed: &mut Bed, r: &Regions, wr_id: u64, len: u32) {
         }
         .into(),
         signaled: true,
+        fence: false,
     };
     bed.a
         .iw
@@ -1671,6 +1675,7 @@ fn terminate_names_the_refused_write() {
                 op,
                 sg_list: src(len).into(),
                 signaled: true,
+                fence: false,
             };
             bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
         }
@@ -2206,6 +2211,7 @@ fn ift_wrong_guess(with_fin: bool) {
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             },
             &bed.a.mem,
         )
@@ -2317,6 +2323,7 @@ fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
             }
             .into(),
             signaled: true,
+            fence: false,
         };
         bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
     }

@@ -28,6 +28,7 @@ fn wr(op: SendOp, sg_list: SgeList) -> SendWr {
         op,
         sg_list,
         signaled: true,
+        fence: false,
     }
 }
 
@@ -73,6 +74,7 @@ fn plain_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion) {
         op: read(),
         data: InlineData::new(&[1, 2, 3]).expect("inline data"),
         signaled: true,
+        fence: false,
     };
     refused(
         qp.post_send_inline(inline_read),
@@ -128,6 +130,7 @@ fn extension_refusals(qp: &QueuePair, cq: &CompletionQueue, sink: &MemoryRegion)
         },
         sg_list: sink.sge(0, 16).into(),
         signaled: true,
+        fence: false,
     };
     let two = SgeList::from_slice(&[sink.sge(0, 8), sink.sge(8, 8)]).expect("two elements");
     match qp.post_send_list([send, wr(read(), two), send]) {

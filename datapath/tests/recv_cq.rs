@@ -197,6 +197,7 @@ fn socket_srq_and_immediate_receives_go_to_the_receive_completion_queue() {
             op,
             sg_list,
             signaled: true,
+            fence: false,
         })
         .expect("post");
     }

@@ -83,6 +83,7 @@ fn a_region_registered_just_before_a_post_is_found() {
                     },
                     sg_list: big.sge(0, BIG as u32).into(),
                     signaled: false,
+                    fence: false,
                 })?;
             }
             let mr = pd
@@ -109,6 +110,7 @@ fn a_region_registered_just_before_a_post_is_found() {
                     op,
                     sg_list: mr.sge(0, 4096).into(),
                     signaled: true,
+                    fence: false,
                 })?;
             }
             for _ in 0..2 {

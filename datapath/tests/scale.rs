@@ -243,6 +243,7 @@ fn open_all(n: usize) -> Result<(Opened, Vec<Connection>, XdpEngine), String> {
                 },
                 sg_list: src.sge(base, WRITE_LEN as u32).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("Write {i}: {e}"))?;
         conn.qp
@@ -254,6 +255,7 @@ fn open_all(n: usize) -> Result<(Opened, Vec<Connection>, XdpEngine), String> {
                 },
                 sg_list: src.sge(base + WRITE_LEN, SEND_LEN as u32).into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("Send {i}: {e}"))?;
         conns.push(conn);

@@ -235,6 +235,7 @@ fn private_data_round_trip(rev: u8, client_pd: &[u8], server_pd: &[u8]) {
         },
         sg_list: client_buf.sge(0, 16).into(),
         signaled: true,
+        fence: false,
     })
     .unwrap();
     expect_wc(&server.cq, 1, WcOpcode::Recv, WcStatus::Success);
@@ -466,6 +467,7 @@ fn eight_concurrent_connections() {
                             op,
                             sg_list: local.sge(0, len).into(),
                             signaled: true,
+                            fence: false,
                         })
                         .unwrap();
                     }
@@ -553,6 +555,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
         },
         sg_list: SgeList::new(),
         signaled: true,
+        fence: false,
     })
     .unwrap();
     let r = expect_wc(&server.cq, 100, WcOpcode::Recv, WcStatus::Success);
@@ -577,6 +580,7 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
         },
         sg_list: c_buf.sge(0, 64).into(),
         signaled: true,
+        fence: false,
     })
     .unwrap();
     // The Read Request (18-octet DDP header + 28) has left the client and is held.
@@ -853,6 +857,7 @@ fn a_list_of_writes_posted_in_one_call() {
         },
         sg_list: src.sge(i as usize * 512, 512).into(),
         signaled: true,
+        fence: false,
     });
     // The Send after them arrives after their data is placed (RFC 5040 5.5: in order).
     let send = SendWr {
@@ -863,6 +868,7 @@ fn a_list_of_writes_posted_in_one_call() {
         },
         sg_list: SgeList::new(),
         signaled: true,
+        fence: false,
     };
     assert_eq!(c.qp.post_send_list(wrs.chain([send])).unwrap(), 9);
     for i in 0..8 {
@@ -881,6 +887,7 @@ fn a_list_of_writes_posted_in_one_call() {
         },
         sg_list: SgeList::new(),
         signaled: true,
+        fence: false,
     }]);
     assert!(
         matches!(
@@ -960,6 +967,7 @@ fn inline_writes_and_sends_need_no_region() {
         },
         data: InlineData::new(&buf).unwrap(),
         signaled: true,
+        fence: false,
     };
     c.qp.post_send_inline(write).unwrap();
     buf.fill(0);
@@ -971,6 +979,7 @@ fn inline_writes_and_sends_need_no_region() {
         },
         data: InlineData::new(&pattern(4, 100)).unwrap(),
         signaled: true,
+        fence: false,
     };
     c.qp.post_send_inline(send).unwrap();
     let read = InlineSendWr {
@@ -1042,6 +1051,7 @@ fn a_list_mixing_inline_and_registered_requests() {
         },
         data: InlineData::new(&pattern(12, 200)).unwrap(),
         signaled: true,
+        fence: false,
     };
     let write = SendWr {
         wr_id: 2,
@@ -1051,6 +1061,7 @@ fn a_list_mixing_inline_and_registered_requests() {
         },
         sg_list: src.sge(0, 1024).into(),
         signaled: true,
+        fence: false,
     };
     let inline_send = InlineSendWr {
         wr_id: 3,
@@ -1060,6 +1071,7 @@ fn a_list_mixing_inline_and_registered_requests() {
         },
         data: InlineData::new(&pattern(13, 64)).unwrap(),
         signaled: true,
+        fence: false,
     };
     let inline_read = InlineSendWr {
         wr_id: 4,

@@ -248,6 +248,7 @@ fn round(
             op,
             sg_list: mr.sge(0, LEN as u32).into(),
             signaled: true,
+            fence: false,
         })
         .map_err(|e| e.to_string())
     };

@@ -150,6 +150,7 @@ fn client(c: usize, addr: SocketAddr) -> Result<(), String> {
             },
             sg_list: src.sge(i * BUF, len).into(),
             signaled: true,
+            fence: false,
         })
         .map_err(|e| e.to_string())?;
     }

@@ -216,6 +216,7 @@ fn write_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize, stag: Stag, 
         },
         sg_list: src.sge(off, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 
@@ -228,6 +229,7 @@ fn read_wr(wr_id: u64, sink: &MemoryRegion, off: usize, len: usize, stag: Stag, 
         },
         sg_list: sink.sge(off, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 
@@ -240,6 +242,7 @@ fn send_wr(wr_id: u64, src: &MemoryRegion, off: usize, len: usize) -> SendWr {
         },
         sg_list: src.sge(off, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 

@@ -221,6 +221,7 @@ fn client(kind: Kind, server: Ipv4Addr, mtu: Option<u16>) -> Result<(), String> 
                 op,
                 sg_list: local.into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("post: {e}"))
         };
@@ -502,6 +503,7 @@ fn shard_clients(
                     op,
                     sg_list: local.into(),
                     signaled: true,
+                    fence: false,
                 })
                 .map_err(|e| format!("client {i}: post: {e}"))?;
         }

@@ -87,6 +87,7 @@ fn client(port: u16, inline: bool) -> Result<(u64, EngineCounters), String> {
             },
             sg_list: src.sge(0, LEN as u32).into(),
             signaled: true,
+            fence: false,
         })
         .map_err(|e| format!("post: {e}"))?;
         let (mut sent, mut echoed) = (false, false);
@@ -333,6 +334,7 @@ fn post_list(port: u16) -> Result<EngineCounters, String> {
         },
         sg_list: src.sge(i as usize * LEN, LEN as u32).into(),
         signaled: true,
+        fence: false,
     });
     let posted = conn
         .qp

@@ -55,6 +55,7 @@ fn client() -> Result<(), String> {
             },
             sg_list: src.sge(off, LEN as u32).into(),
             signaled: true,
+            fence: false,
         })
         .map_err(|e| format!("post: {e}"))?;
         let c = cq.wait(WOKEN_WITHIN).ok_or_else(|| {

@@ -274,6 +274,7 @@ fn client(
                     op,
                     sg_list: sge.into(),
                     signaled: true,
+                    fence: false,
                 })
                 .map_err(|e| format!("{what}: post: {e}"))
             };

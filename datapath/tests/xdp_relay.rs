@@ -213,6 +213,7 @@ fn server(
             },
             sg_list: done.sge(0, DONE_LEN as u32).into(),
             signaled: true,
+            fence: false,
         })
         .map_err(|e| format!("post_send: {e}"))?;
         let c = cq
@@ -308,6 +309,7 @@ fn client(
                 op,
                 sg_list: local.into(),
                 signaled: true,
+                fence: false,
             })
             .map_err(|e| format!("post: {e}"))?;
         }
@@ -901,6 +903,7 @@ fn post(
         op,
         sg_list: sge.into(),
         signaled: true,
+        fence: false,
     })
     .map_err(|e| format!("post {wr_id}: {e}"))
 }

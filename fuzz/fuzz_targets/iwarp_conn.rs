@@ -455,6 +455,7 @@ impl Target {
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             }
         } else {
             let write = op & 2 != 0;
@@ -478,6 +479,7 @@ impl Target {
                 }
                 .into(),
                 signaled: op & 8 == 0,
+                fence: false,
             }
         };
         let _ = self.end.iw.qp_mut().post_send(wr, &self.end.mem);

@@ -171,6 +171,7 @@ fn bed(k: Knobs) -> Bed {
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             },
             &mem,
         )
@@ -195,6 +196,7 @@ fn bed(k: Knobs) -> Bed {
                 }
                 .into(),
                 signaled: true,
+                fence: false,
             },
             &mem,
         )

@@ -232,6 +232,11 @@ pub struct SendWr {
     /// is done (rule 15: in order). A request that fails, or is flushed, is always reported.
     /// Bandwidth applications signal one request in many (perftest's `--cq-mod`).
     pub signaled: bool,
+    /// Read fence (verbs' `IBV_SEND_FENCE`): the request is not started until every Read and
+    /// Atomic posted before it has completed (its Response placed). RFC 5040 5.5 lets a later
+    /// Send reach the peer's application before the peer has sent an earlier Read's Response;
+    /// a Send that tells the peer it may reuse what was read must be fenced.
+    pub fence: bool,
 }
 
 /// A send work request whose payload was copied into it when it was built ([`InlineData`]:
@@ -248,6 +253,8 @@ pub struct InlineSendWr {
     pub data: InlineData,
     /// As [`SendWr::signaled`].
     pub signaled: bool,
+    /// As [`SendWr::fence`].
+    pub fence: bool,
 }
 
 impl SendWr {
@@ -1082,6 +1089,7 @@ impl QueuePair {
             op: wr.op,
             sg_list: SgeList::new(),
             signaled: wr.signaled,
+            fence: wr.fence,
         };
         self.inline_data.push_back(wr.data);
         self.enqueue_send(send, wr.data.len() as u64, true);
@@ -1447,9 +1455,13 @@ impl QueuePair {
                 // RFC 7306 5.2: Atomic Requests share ORD with Read Requests. With an ORD of
                 // 0 (one posted in Idle) the head is "ready" to fail (`emit_sq_segment`).
                 SendOp::Read { .. } | SendOp::Atomic { .. } => {
-                    self.ord == 0
-                        || self.outstanding_reads.len() + self.outstanding_atomics.len()
-                            < usize::from(self.ord)
+                    let outstanding = self.outstanding_reads.len() + self.outstanding_atomics.len();
+                    (!entry.wr.fence || outstanding == 0)
+                        && (self.ord == 0 || outstanding < usize::from(self.ord))
+                }
+                // A fenced request waits for every earlier Read and Atomic (`SendWr::fence`).
+                _ if entry.wr.fence => {
+                    self.outstanding_reads.is_empty() && self.outstanding_atomics.is_empty()
                 }
                 _ => true,
             },

@@ -700,7 +700,8 @@ fn close_flushes_outstanding_work() {
                     invalidate: None
                 },
                 sg_list: SgeList::new(),
-                signaled: true
+                signaled: true,
+                fence: false,
             },
             &pair.a.mem
         ),
@@ -727,6 +728,7 @@ fn local_checks_on_post() {
         }
         .into(),
         signaled: true,
+        fence: false,
     };
     assert_eq!(
         pair.a.qp.post_send(read_sink, &pair.a.mem),
@@ -748,6 +750,7 @@ fn local_checks_on_post() {
         }
         .into(),
         signaled: true,
+        fence: false,
     };
     assert_eq!(
         pair.a.qp.post_send(too_long, &pair.a.mem),
@@ -788,6 +791,7 @@ fn local_checks_on_post() {
         },
         sg_list: SgeList::new(),
         signaled: true,
+        fence: false,
     };
     qp.post_send(send, &pair.a.mem).unwrap();
     assert_eq!(
@@ -880,6 +884,7 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
                 op: send,
                 sg_list: src,
                 signaled: true,
+                fence: false,
             },
             &pair.a.mem,
         )
@@ -909,6 +914,7 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
                 op: write,
                 sg_list: src,
                 signaled: true,
+                fence: false,
             },
             &pair.a.mem,
         )
@@ -941,6 +947,7 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
         op: read,
         sg_list,
         signaled: true,
+        fence: false,
     };
     assert_eq!(
         pair.a.qp.post_send(wr(two), &pair.a.mem),
@@ -963,6 +970,7 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
         op: send,
         sg_list: bad,
         signaled: true,
+        fence: false,
     };
     assert!(matches!(
         pair.a.qp.post_send(bad_send, &pair.a.mem),
@@ -1091,6 +1099,7 @@ fn a_request_refused_at_post_time_completes_after_those_before_it() {
             }
             .into(),
             signaled: true,
+            fence: false,
         },
         &pair.a.mem,
     );
@@ -1169,6 +1178,7 @@ fn a_read_or_atomic_with_no_ord_is_refused_when_posted() {
             op,
             sg_list: sink.into(),
             signaled: true,
+            fence: false,
         };
         assert_eq!(
             a.qp.post_send(wr, &a.mem),
@@ -1184,6 +1194,7 @@ fn a_read_or_atomic_with_no_ord_is_refused_when_posted() {
         },
         sg_list: sink.into(),
         signaled: true,
+        fence: false,
     };
     assert_eq!(a.qp.post_send(send, &a.mem), Ok(()));
 }
@@ -1230,12 +1241,14 @@ fn a_read_posted_in_idle_then_ord_0_fails_instead_of_waiting() {
             },
             sg_list: sink.into(),
             signaled: true,
+            fence: false,
         };
         let read = SendWr {
             wr_id: 2,
             op,
             sg_list: sink.into(),
             signaled: true,
+            fence: false,
         };
         assert_eq!(qp.post_send(send, &mem), Ok(()));
         assert_eq!(qp.post_send(read, &mem), Ok(()), "{op:?} in Idle");
@@ -1262,4 +1275,139 @@ fn a_read_posted_in_idle_then_ord_0_fails_instead_of_waiting() {
             "{op:?}"
         );
     }
+}
+
+/// A fenced request (`SendWr::fence`, verbs' `IBV_SEND_FENCE`) waits until every earlier Read
+/// has its Response placed: A posts a Read, a fenced Send, a Read, a plain Send. A sends the
+/// first Read Request and then nothing until B's Response has come; only then the fenced Send,
+/// and behind it the second Read and the plain Send (not fenced: they go at once). The
+/// fenced Send is not held back by a Read posted after it.
+#[test]
+fn a_fenced_request_waits_for_earlier_reads() {
+    let mut pair = Pair::new(MULPDU);
+    let source = pair.b.region(pattern(3000, 7), 0, Access::REMOTE_READ);
+    let inbox = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(100, inbox, 0, 64);
+    pair.b.post_recv(101, inbox, 0, 64);
+    let sink = pair.a.region(vec![0; 6000], 0, Access::LOCAL_WRITE);
+    let read = |to: u64| SendWr {
+        wr_id: to,
+        op: SendOp::Read {
+            remote_stag: source,
+            remote_to: 0,
+        },
+        sg_list: Sge {
+            stag: sink,
+            to,
+            len: 3000,
+        }
+        .into(),
+        signaled: true,
+        fence: false,
+    };
+    let send = |wr_id: u64, fence: bool| SendWr {
+        wr_id,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sg_list: Sge {
+            stag: sink,
+            to: 0,
+            len: 16,
+        }
+        .into(),
+        signaled: true,
+        fence,
+    };
+    let a = &mut pair.a;
+    for wr in [read(0), send(1, true), read(3000), send(2, false)] {
+        a.qp.post_send(wr, &a.mem).expect("post");
+    }
+    assert!(pair.step(Side::A), "the first Read Request");
+    assert_eq!(pair.log[0].opcode(), Opcode::ReadRequest);
+    assert!(
+        !pair.step(Side::A),
+        "the fenced Send must wait for the Read"
+    );
+    while pair.step(Side::B) {}
+    let responses = pair
+        .log
+        .iter()
+        .filter(|t| t.from == Side::B && t.opcode() == Opcode::ReadResponse)
+        .count();
+    assert!(responses > 0);
+    pair.pump();
+    let from_a: Vec<Opcode> = pair
+        .sent_by(Side::A)
+        .map(|t| t.opcode())
+        .filter(|o| *o != Opcode::ReadResponse)
+        .collect();
+    assert_eq!(
+        from_a,
+        vec![
+            Opcode::ReadRequest,
+            Opcode::Send,
+            Opcode::ReadRequest,
+            Opcode::Send
+        ]
+    );
+    let done: Vec<_> = pair
+        .a
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        done,
+        vec![
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (3000, WcStatus::Success),
+            (2, WcStatus::Success)
+        ]
+    );
+    // Without the fence the Send goes right behind the Read Request.
+    let mut pair = Pair::new(MULPDU);
+    let source = pair.b.region(pattern(64, 7), 0, Access::REMOTE_READ);
+    let inbox = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(100, inbox, 0, 64);
+    let sink = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    let a = &mut pair.a;
+    let wrs = [
+        SendWr {
+            wr_id: 0,
+            op: SendOp::Read {
+                remote_stag: source,
+                remote_to: 0,
+            },
+            sg_list: Sge {
+                stag: sink,
+                to: 0,
+                len: 64,
+            }
+            .into(),
+            signaled: true,
+            fence: false,
+        },
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: Sge {
+                stag: sink,
+                to: 0,
+                len: 16,
+            }
+            .into(),
+            signaled: true,
+            fence: false,
+        },
+    ];
+    for wr in wrs {
+        a.qp.post_send(wr, &a.mem).expect("post");
+    }
+    assert!(pair.step(Side::A) && pair.step(Side::A), "both at once");
 }

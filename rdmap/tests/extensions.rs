@@ -532,6 +532,7 @@ fn without_the_extensions_their_messages_are_unexpected_opcodes() {
         }
         .into(),
         signaled: true,
+        fence: false,
     };
     assert_eq!(
         off.a.qp.post_send(wr, &off.a.mem),
@@ -638,6 +639,7 @@ fn atomic_and_immediate_work_requests_are_checked_when_posted() {
                 op,
                 sg_list: sg.into(),
                 signaled: true,
+                fence: false,
             },
             &pair.a.mem,
         )

@@ -103,6 +103,7 @@ fn target() -> Target {
             }
             .into(),
             signaled: true,
+            fence: false,
         },
         &mem,
     )

@@ -54,6 +54,7 @@ fn inline_messages_equal_gathered_ones() {
                     op,
                     data: InlineData::new(&data).unwrap(),
                     signaled: true,
+                    fence: false,
                 })
                 .expect("post_send_inline");
         }
@@ -128,6 +129,7 @@ fn inline_payload_is_placed_at_the_peer() {
                 op,
                 data,
                 signaled: true,
+                fence: false,
             })
             .unwrap();
     }
@@ -167,6 +169,7 @@ fn inline_refuses_what_cannot_carry_it() {
             op,
             data,
             signaled: true,
+            fence: false,
         })
     };
     for (op, opcode) in [
@@ -232,6 +235,7 @@ fn queued_inline_requests_are_flushed() {
                 },
                 data: InlineData::new(&pattern(150, wr_id as u8)).unwrap(),
                 signaled: true,
+                fence: false,
             })
             .unwrap();
     }

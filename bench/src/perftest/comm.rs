@@ -262,6 +262,7 @@ impl Comm {
                 },
                 sg_list: self.mr.sge(SLOT, data.len() as u32).into(),
                 signaled: true,
+                fence: false,
             },
         )?;
         self.q.wait_id(step, WR_SEND)?;

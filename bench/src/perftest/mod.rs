@@ -1133,6 +1133,7 @@ impl Session {
                 },
                 sg_list: mr.sge(0, len as u32).into(),
                 signaled: true,
+                fence: false,
             },
         )?;
         let c = self.data.wait_id(step, K_CHECK)?;
@@ -1164,6 +1165,7 @@ impl Session {
                 },
                 sg_list: src.sge(0, len as u32).into(),
                 signaled: true,
+                fence: false,
             },
         )?;
         self.data.wait_id(step, K_FILL)?;
@@ -1411,6 +1413,7 @@ impl Session {
                         },
                         sg_list: credit_src.sge(0, 4).into(),
                         signaled: true,
+                        fence: false,
                     },
                 )?;
             }
@@ -1695,6 +1698,7 @@ impl Session {
                         op,
                         sg_list: local.into(),
                         signaled: true,
+                        fence: false,
                     };
                     if self.run.post_list > 1 {
                         // -l: one list per window's worth (inline requests in it, with -I),
@@ -1952,6 +1956,7 @@ impl Session {
                     },
                     sg_list: landing.sge(0, size as u32).into(),
                     signaled: true,
+                    fence: false,
                 },
             )?;
             let c = self.data.wait_id(step, K_DATA | i)?;
@@ -2062,6 +2067,7 @@ impl Session {
                     },
                     sg_list: mr.sge(0, size as u32).into(),
                     signaled: true,
+                    fence: false,
                 },
                 mr,
                 self.run.inline_size,
@@ -2187,6 +2193,7 @@ impl Session {
                 },
                 sg_list: src.sge(0, size as u32).into(),
                 signaled: true,
+                fence: false,
             },
             src,
             self.run.inline_size,

@@ -56,6 +56,7 @@ pub fn probe_rdmap_extensions(
         },
         sg_list: sink.sge(0, 8).into(),
         signaled: true,
+        fence: false,
     })?;
     let deadline = super::timeout::deadline_after(timeout);
     let status = loop {

@@ -1113,6 +1113,7 @@ mod tests {
             },
             sg_list: SgeList::new(),
             signaled: false,
+            fence: false,
         };
         let recv = RecvWr {
             wr_id: 6,

@@ -181,6 +181,7 @@ pub fn slot_send(mr: &MemoryRegion, i: u64, len: usize) -> SendWr {
         },
         sg_list: mr.sge((i % 4) as usize * len, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 

@@ -694,6 +694,7 @@ pub fn verified_transfers(
             },
             sg_list: c_src.sge(0, n as u32).into(),
             signaled: true,
+            fence: false,
         })
         .unwrap();
         c.qp.post_send(SendWr {
@@ -704,6 +705,7 @@ pub fn verified_transfers(
             },
             sg_list: c_src.sge(0, n as u32).into(),
             signaled: true,
+            fence: false,
         })
         .unwrap();
         let recv = expect_wc(&server.cq, i as u64, WcOpcode::Recv, WcStatus::Success);
@@ -737,6 +739,7 @@ pub fn verified_transfers(
             },
             sg_list: c_sink.sge(0, n as u32).into(),
             signaled: true,
+            fence: false,
         })
         .unwrap();
         let r = expect_wc(&client.cq, id + 2, WcOpcode::Read, WcStatus::Success);
@@ -775,6 +778,7 @@ pub fn write_wr(wr_id: u64, src: &MemoryRegion, len: usize, stag: Stag, to: u64)
         },
         sg_list: src.sge(0, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 
@@ -788,6 +792,7 @@ pub fn read_wr(wr_id: u64, sink: &MemoryRegion, len: usize, stag: Stag, to: u64)
         },
         sg_list: sink.sge(0, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }
 
@@ -801,5 +806,6 @@ pub fn send_wr(wr_id: u64, src: &MemoryRegion, len: usize) -> SendWr {
         },
         sg_list: src.sge(0, len as u32).into(),
         signaled: true,
+        fence: false,
     }
 }

@@ -61,6 +61,7 @@ impl Peer {
                     op,
                     sg_list: local.into(),
                     signaled,
+                    fence: false,
                 },
                 &self.mem,
             )
