@@ -346,7 +346,9 @@ impl Device {
     pub fn notify_async(&self, channel: &AsyncEventChannel) {
         if let Some(e) = &self.engine {
             let channel = channel.clone();
-            e.on_failure(Box::new(move || channel.push(AsyncEvent::DeviceFatal)));
+            e.on_failure(std::sync::Arc::new(move || {
+                channel.push(AsyncEvent::DeviceFatal)
+            }));
         }
     }
 

@@ -1048,7 +1048,9 @@ impl QueuePair {
     /// [`RdmapError::ZeroOrd`] (in Idle the ORD is not known yet: one posted then, followed
     /// by [`QueuePair::enter_rts`] with ORD 0, completes with
     /// [`WcStatus::LocalQpOperationError`] when it reaches the head of the send queue, and
-    /// the queue pair terminates as for any local failure of the head).
+    /// the queue pair terminates as for any local failure of the head: what went before it
+    /// completes first, flushed if it still awaited its acknowledgement under
+    /// [`TxCompletion::Acknowledged`]).
     pub fn post_send<B: RegionBuffer>(
         &mut self,
         wr: SendWr,

@@ -482,7 +482,11 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.rx_closed = true;
-                    self.set_error(QpError::from_io(&e));
+                    // Our own close ends as the engine's does: without an error (its end is
+                    // the connection manager's `Disconnected`, not a failure).
+                    if !self.closing {
+                        self.set_error(QpError::from_io(&e));
+                    }
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     progress = true;
                     break;
@@ -582,7 +586,9 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.tx_failed = true;
-                    self.set_error(QpError::from_io(&e));
+                    if !self.closing {
+                        self.set_error(QpError::from_io(&e));
+                    }
                     self.qp.on_transport_error(TerminateCause::ConnectionLost);
                     progress = true;
                 }

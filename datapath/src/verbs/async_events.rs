@@ -23,9 +23,9 @@ pub enum AsyncEvent {
     /// The queue pair's connection failed (`IBV_EVENT_QP_FATAL`; a C interface may tell
     /// `IBV_EVENT_QP_REQ_ERR` and `IBV_EVENT_QP_ACCESS_ERR` apart by the Terminate in
     /// `error`): it ended with an error, other than the application's own
-    /// [`QueuePair::abort`] and the peer's graceful close ([`QpError::PeerClosed`], which the
-    /// connection manager's `Disconnected` reports, as verbs does). Its outstanding work
-    /// requests complete flushed.
+    /// [`QueuePair::abort`] or `disconnect` (which record none) and the peer's graceful close
+    /// ([`QpError::PeerClosed`], which the connection manager's `Disconnected` reports, as
+    /// verbs does). Its outstanding work requests complete flushed.
     QpFatal {
         /// The queue pair's number.
         qp_num: u32,
@@ -49,8 +49,9 @@ pub enum AsyncEvent {
         /// The application's word given to [`SharedReceiveQueue::notify_limit`].
         context: u64,
     },
-    /// The device failed (`IBV_EVENT_DEVICE_FATAL`; [`crate::Device::notify_async`]): the
-    /// AF_XDP engine's thread panicked or its driver failed. Its queue pairs have ended.
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`; [`crate::Device::notify_async`]): one of
+    /// the AF_XDP engine's threads panicked or its driver failed. That thread's queue pairs
+    /// have ended (the engine's other threads, with more queues of the interface, go on).
     DeviceFatal,
 }
 
@@ -101,25 +102,23 @@ impl QueuePair {
     /// Sends the queue pair's asynchronous events to `channel`, tagged with `context`:
     /// [`AsyncEvent::QpFatal`] if it fails, and for a queue pair fed by a shared
     /// receive queue [`AsyncEvent::QpLastWqeReached`] when it ends (after the other). At once
-    /// if it has ended already. Independent of [`QueuePair::notify_disconnect`]: both may be
-    /// used. A second call replaces the first.
+    /// if it has ended already (so a call after the end reports again). Independent of
+    /// [`QueuePair::notify_disconnect`]: both may be used. A second call before the end
+    /// replaces the first.
     pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
         let channel = channel.clone();
         let (qp_num, srq) = (self.num(), self.attr().srq);
-        // Weak: the hook is the queue pair's own (no cycle if it never ends).
-        let shared = Arc::downgrade(self.shared());
         self.shared().set_on_finish_async(Box::new(move |error| {
             // The peer's graceful close (a FIN) is the connection manager's `Disconnected`
-            // alone, as `rdma_disconnect` at the peer is in verbs.
+            // alone, as `rdma_disconnect` at the peer is in verbs. Our own `disconnect` and
+            // `abort` record no error (nor does a normal stop of the engine): only what failed
+            // first, before or after them, is reported.
             if let Some(error) = error.filter(|e| *e != QpError::PeerClosed) {
-                let aborted = shared.upgrade().is_some_and(|s| s.abort_requested());
-                if !aborted {
-                    channel.queue.push(AsyncEvent::QpFatal {
-                        qp_num,
-                        context,
-                        error,
-                    });
-                }
+                channel.queue.push(AsyncEvent::QpFatal {
+                    qp_num,
+                    context,
+                    error,
+                });
             }
             if srq {
                 channel

@@ -114,26 +114,33 @@ pub(crate) struct FailureNotice {
 }
 
 /// A hook of [`FailureNotice`].
-pub(crate) type FailureHook = Box<dyn Fn() + Send + Sync>;
+pub(crate) type FailureHook = Arc<dyn Fn() + Send + Sync>;
 
 impl FailureNotice {
-    /// An engine thread failed: the hook is called unless it was already.
+    /// An engine thread failed: the hook is called unless it was already (outside the lock).
     pub(super) fn fail(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !st.0 {
-            st.0 = true;
-            if let Some(hook) = &st.1 {
-                hook();
+        let hook = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.0 {
+                return;
             }
+            st.0 = true;
+            st.1.clone()
+        };
+        if let Some(hook) = hook {
+            hook();
         }
     }
 
     fn set(&self, hook: FailureHook) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.0 {
+        let failed = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.1 = Some(hook.clone());
+            st.0
+        };
+        if failed {
             hook();
         }
-        st.1 = Some(hook);
     }
 }
 

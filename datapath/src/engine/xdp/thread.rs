@@ -268,6 +268,9 @@ impl Engine {
                 }));
                 if finished.is_err() {
                     let _ = std::panic::catch_unwind(AssertUnwindSafe(|| slot.stop_posts()));
+                    if !slot.closing {
+                        slot.shared.set_error(cause.clone(), None);
+                    }
                     slot.shared.mark_finished(QpState::Error);
                 }
                 add_counters(&mut t.st.ended, &slot.conn.counters());
