@@ -62,6 +62,7 @@
 
 mod commands;
 mod config;
+mod failure;
 mod glue;
 mod handle;
 mod slots;
@@ -94,6 +95,7 @@ use crate::DatapathError;
 
 use commands::{handover, EngineCmd};
 pub use config::{EngineCounters, XdpEngineConfig};
+use failure::{FailureHook, FailureNotice};
 use handle::{Handle, XdpListen};
 use slots::SlotMap;
 use thread::Engine;
@@ -104,45 +106,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What waits for the outcome of a connection attempt ([`XdpEngine::start_connect`]).
 pub(crate) type PendingConnect = Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send>;
-
-/// What an engine's failure calls ([`XdpEngine::on_failure`]): once for the engine, whichever
-/// of its threads fails first.
-#[derive(Default)]
-pub(crate) struct FailureNotice {
-    /// Failed yet, and the hook.
-    state: Mutex<(bool, Option<FailureHook>)>,
-}
-
-/// A hook of [`FailureNotice`].
-pub(crate) type FailureHook = Arc<dyn Fn() + Send + Sync>;
-
-impl FailureNotice {
-    /// An engine thread failed: the hook is called unless it was already (outside the lock).
-    pub(super) fn fail(&self) {
-        let hook = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if st.0 {
-                return;
-            }
-            st.0 = true;
-            st.1.clone()
-        };
-        if let Some(hook) = hook {
-            hook();
-        }
-    }
-
-    fn set(&self, hook: FailureHook) {
-        let failed = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.1 = Some(hook.clone());
-            st.0
-        };
-        if failed {
-            hook();
-        }
-    }
-}
 
 /// One engine thread and its way in.
 struct ShardThread {

@@ -199,7 +199,7 @@ pub(super) struct Engine {
     /// The driver's clock zero (`XdpTcp::epoch`), for [`Wake::app_polled_at`].
     pub(super) epoch: StdInstant,
     /// Told when this thread fails.
-    pub(super) failure: Arc<super::FailureNotice>,
+    pub(super) failure: Arc<super::failure::FailureNotice>,
 }
 
 impl Engine {
