@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use datapath::{
-    CompletionQueue, ConnectParams, Connection, DatapathError, Device, Listener, ProtectionDomain,
-    Transport as DeviceTransport,
+    CompletionQueue, ConnectParams, Connection, DatapathError, Device, IdleQp, Listener,
+    ProtectionDomain, Transport as DeviceTransport,
 };
 
 use datapath::engine::XdpEngineConfig;
@@ -100,6 +100,16 @@ impl Net {
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
         self.device.connect(addr, pd, cq, params, private_data)
+    }
+
+    /// Connects a queue pair created before (`rdma_connect` after `rdma_create_qp`).
+    pub fn connect_qp(
+        &self,
+        qp: IdleQp,
+        addr: SocketAddr,
+        private_data: &[u8],
+    ) -> Result<Connection, DatapathError> {
+        self.device.connect_qp(qp, addr, private_data)
     }
 
     /// Connects, retrying while nobody listens yet (connection refused or reset), for up to

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use datapath::{
-    Access, Completion, CompletionQueue, ConnectParams, MemoryRegion, MpaConfig, ProtectionDomain,
-    QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectParams, IdleQp, MemoryRegion, MpaConfig,
+    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
 
 use crate::net::Net;
@@ -470,10 +470,12 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
             req.info()
         );
     }
-    let recvs = (0..RECV_SLOTS).map(|s| recv_wr(&ctrl, s)).collect();
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &[], recvs)
-        .map_err(|e| format!("accept: {e}"))?;
+    // As rping does: the queue pair created on the request's id (`rdma_create_qp`), its
+    // receives posted (`ibv_post_recv`), then `rdma_accept`.
+    let qp = IdleQp::new(&pd, &cq, &params(cli)).map_err(|e| format!("create the QP: {e}"))?;
+    qp.post_recv_list((0..RECV_SLOTS).map(|s| recv_wr(&ctrl, s)))
+        .map_err(|e| format!("post the receives: {e}"))?;
+    let conn = req.accept_qp(qp, &[]).map_err(|e| format!("accept: {e}"))?;
     let mut peer = Peer::new(conn.qp, cq, ctrl, cli);
     peer.recv_posted = RECV_SLOTS;
     peer.log(format_args!("connected: {}", describe(&peer.qp)));
@@ -587,13 +589,15 @@ fn run_client(cli: &RpingCli, net: &Net, addr: SocketAddr) -> Result<(), String>
     let ctrl = ctrl_region(&pd)?;
     let start = data_region(&pd, cli.size)?;
     let sink = data_region(&pd, cli.size)?;
+    // As rping does: `rdma_create_qp`, its receives posted, then `rdma_connect`.
+    let qp = IdleQp::new(&pd, &cq, &params(cli)).map_err(|e| format!("create the QP: {e}"))?;
+    qp.post_recv_list((0..RECV_SLOTS).map(|s| recv_wr(&ctrl, s)))
+        .map_err(|e| format!("post the receives: {e}"))?;
     let conn = net
-        .connect(addr, &pd, &cq, &params(cli), &[])
+        .connect_qp(qp, addr, &[])
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     let mut peer = Peer::new(conn.qp, cq, ctrl, cli);
-    for _ in 0..RECV_SLOTS {
-        peer.post_recv()?;
-    }
+    peer.recv_posted = RECV_SLOTS;
     peer.log(format_args!("connected: {}", describe(&peer.qp)));
     std::thread::sleep(Duration::from_millis(cli.settle_ms));
     let size = cli.size as usize;
