@@ -49,6 +49,7 @@
 //!     op: SendOp::Write { remote_stag: stag, remote_to: to },
 //!     sg_list: src.sge(0, 12).into(),
 //!     signaled: true,
+//!     fence: false,
 //! })?;
 //! let done = cq.wait(Duration::from_secs(10)).expect("a completion");
 //! assert_eq!(done.wc.status, WcStatus::Success);

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{any_port, bed, establish_ok, params, ServerPlan, Side, WAIT};
+use common::{any_port, bed, establish_plain, params, Side, WAIT};
 use datapath::{
     Access, AsyncEvent, AsyncEventChannel, ConnectParams, Device, Listener, MpaConfig, QpError,
     RecvWr, SendOp, SendWr, SharedReceiveQueue, Transport,
@@ -46,16 +46,7 @@ fn a_failed_connection_reports_qp_fatal_an_abort_does_not() {
     let p = params(MpaConfig::default());
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let (client, server) = (Side::new(), Side::new());
-    let (c, s) = establish_ok(
-        &listener,
-        &client,
-        &p,
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: Vec::new(),
-        },
-    );
+    let (c, s) = establish_plain(&listener, &client, &server, &p);
     let (ours, theirs) = (
         AsyncEventChannel::new().unwrap(),
         AsyncEventChannel::new().unwrap(),
@@ -88,16 +79,7 @@ fn a_graceful_close_reports_nothing_an_ended_qp_at_once() {
     let p = params(MpaConfig::default());
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let (client, server) = (Side::new(), Side::new());
-    let (c, s) = establish_ok(
-        &listener,
-        &client,
-        &p,
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: Vec::new(),
-        },
-    );
+    let (c, s) = establish_plain(&listener, &client, &server, &p);
     let channel = AsyncEventChannel::new().unwrap();
     c.qp.notify_async(&channel, 1);
     s.qp.notify_async(&channel, 2);
@@ -107,16 +89,7 @@ fn a_graceful_close_reports_nothing_an_ended_qp_at_once() {
 
     // Another pair, the server reset; the client asks only once it has ended.
     let (client, server) = (Side::new(), Side::new());
-    let (c, s) = establish_ok(
-        &listener,
-        &client,
-        &p,
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: Vec::new(),
-        },
-    );
+    let (c, s) = establish_plain(&listener, &client, &server, &p);
     s.qp.abort();
     assert!(c.qp.wait_finished(WAIT));
     c.qp.notify_async(&channel, 3);
@@ -152,16 +125,7 @@ fn srq_limit_and_last_wqe_reached() {
     };
     let listener = Listener::bind(any_port(), with_srq).unwrap();
     let client = Side::new();
-    let (c, s) = establish_ok(
-        &listener,
-        &client,
-        &p,
-        ServerPlan {
-            side: &server,
-            private_data: &[],
-            recvs: Vec::new(),
-        },
-    );
+    let (c, s) = establish_plain(&listener, &client, &server, &p);
     s.qp.notify_async(&channel, 41);
     let src = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
     for i in 0..2 {

@@ -24,7 +24,8 @@
 //!
 //! let write = SendOp::Write { remote_stag: dst, remote_to: 0x1000 };
 //! let sg_list = Sge { stag: src, to: 0, len: 3000 }.into();
-//! a.post_send(SendWr { wr_id: 1, op: write, sg_list, signaled: true }, &mem_a)?;
+//! let wr = SendWr { wr_id: 1, op: write, sg_list, signaled: true, fence: false };
+//! a.post_send(wr, &mem_a)?;
 //!
 //! // The transport: each ULPDU from A goes to B (here without MPA in between).
 //! let mut ulpdu = Vec::new();

@@ -149,6 +149,25 @@ pub fn establish_ok(
     )
 }
 
+/// [`establish_ok`] with a server that posts no receives and sends no private data.
+pub fn establish_plain(
+    listener: &Listener,
+    client: &Side,
+    server: &Side,
+    params: &ConnectParams,
+) -> (Connection, Connection) {
+    establish_ok(
+        listener,
+        client,
+        params,
+        ServerPlan {
+            side: server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    )
+}
+
 /// The next completion, or a panic naming `what` once [`WAIT`] has passed.
 pub fn next_wc(cq: &CompletionQueue, what: &str) -> Completion {
     cq.wait(WAIT)
