@@ -66,6 +66,9 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u16,
     /// `max_srq_wr`: receives a shared receive queue holds ([`MAX_SRQ_WR`]).
     pub max_srq_wr: usize,
+    /// `max_cqe`: completions a completion queue holds ([`crate::MAX_CQE`]; more fails
+    /// [`crate::CompletionQueue::create`]).
+    pub max_cqe: usize,
     /// `max_srq_sge`: elements of a receive posted to a shared receive queue.
     pub max_srq_sge: usize,
     /// `max_qp`: the most connections the device holds at once; `None` when only the system
@@ -137,6 +140,7 @@ impl Device {
             max_qp_rd_atom: MAX_IRD_ORD,
             max_qp_init_rd_atom: MAX_IRD_ORD,
             max_srq_wr: MAX_SRQ_WR,
+            max_cqe: crate::MAX_CQE,
             max_srq_sge: rdmap::MAX_SGE,
             max_qp: self.engine.as_ref().map(XdpEngine::max_connections),
             max_backlog: MAX_BACKLOG,

@@ -78,6 +78,11 @@ pub enum DatapathError {
         /// The queue's depth.
         depth: usize,
     },
+    /// A post to a queue pair that ended in Error, whose flushed completion found the
+    /// completion queue full (`ENOMEM`; [`crate::CompletionQueue::is_overrun`]): the request
+    /// was not taken. Poll the queue, then post again.
+    #[error("completion queue full: the post's flushed completion could not be queued")]
+    CompletionQueueFull,
     /// The queue pair is closing or terminating, or its transport has stopped taking work
     /// requests and the queue pair did not end in Error (where posts complete flushed
     /// instead); or the engine is gone.
@@ -178,6 +183,11 @@ pub enum QpError {
     /// its thread): every queue pair was flushed and XDP released.
     #[error("the AF_XDP engine failed")]
     EngineFailed,
+    /// A completion of the queue pair found its completion queue full and was lost (verbs'
+    /// CQ overrun, `IBV_EVENT_CQ_ERR`; [`crate::CompletionQueue::is_overrun`]): the
+    /// connection was reset. Poll the queue more often, or make it larger.
+    #[error("completion queue overrun: a completion was lost, connection reset")]
+    CqOverrun,
     /// A local failure that should not happen (a bug): the connection was ended.
     #[error("local failure: {0}")]
     Local(&'static str),

@@ -115,7 +115,8 @@ fn serve(
     let engine = XdpEngine::start(DEV_A, engine_config(n)).map_err(|e| e.to_string())?;
     let listener = engine.listen(PORT, params()).map_err(|e| e.to_string())?;
     let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
+    // A receive completion per connection, and room for their flushes.
+    let cq = CompletionQueue::create(2 * n, None, 0).map_err(|e| e.to_string())?;
     let sink = pd
         .register(n * WRITE_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .map_err(|e| e.to_string())?;
@@ -191,7 +192,8 @@ fn open_all(n: usize) -> Result<(Opened, Vec<Connection>, XdpEngine), String> {
     raise_nofile();
     let engine = XdpEngine::start(DEV_B, engine_config(n)).map_err(|e| e.to_string())?;
     let pd = ProtectionDomain::new();
-    let cq = CompletionQueue::new();
+    // Two signaled requests per connection before any is polled.
+    let cq = CompletionQueue::create(2 * n, None, 0).map_err(|e| e.to_string())?;
     let src = pd
         .register(n * (WRITE_LEN + SEND_LEN), Access::NONE)
         .map_err(|e| e.to_string())?;

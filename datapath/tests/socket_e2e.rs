@@ -629,12 +629,12 @@ fn disconnect_flushes_and_the_peer_sees_the_end() {
 fn posts_racing_the_peer_s_close_all_complete() {
     // A receive queue deep enough that the posts race the close rather than fill it.
     let p = ConnectParams {
-        rq_depth: 1 << 20,
+        rq_depth: DEEP_RQ,
         ..params(mpa(2, true, false))
     };
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     for round in 0..20u64 {
-        let (client, server) = (Side::new(), Side::new());
+        let (client, server) = (Side::with_cqe(DEEP_CQE), Side::new());
         let (c, s) = establish_ok(
             &listener,
             &client,
@@ -664,11 +664,11 @@ fn posts_racing_the_peer_s_close_all_complete() {
 #[test]
 fn disconnect_while_other_threads_post() {
     let p = ConnectParams {
-        rq_depth: 1 << 20,
+        rq_depth: DEEP_RQ,
         ..params(mpa(2, true, false))
     };
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
-    let (client, server) = (Side::new(), Side::new());
+    let (client, server) = (Side::with_cqe(DEEP_CQE), Side::new());
     let (c, _s) = establish_ok(
         &listener,
         &client,

@@ -661,10 +661,11 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
     ready_rx.recv_timeout(WAIT).expect("server not listening");
     let mut engine = common::bed::start_engine(NS_A, DEV_A);
     for round in 0..ROUNDS {
-        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let side = common::Side::with_cqe(common::DEEP_CQE);
+        let (pd, cq) = (side.pd, side.cq);
         // A receive queue deep enough that the posts race the end rather than fill it.
         let deep = ConnectParams {
-            rq_depth: 1 << 20,
+            rq_depth: common::DEEP_RQ,
             ..params()
         };
         let c = engine

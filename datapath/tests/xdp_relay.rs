@@ -442,8 +442,14 @@ fn aligned_on_bed(loss: f64, seed: u64) -> Run {
         assert!(e.bytes_placed_out_of_order > 0, "{who}: {e:?}");
         assert_eq!(e.held_peak, 0, "{who}: {e:?}");
         assert_eq!(e.held_total, 0, "{who}: {e:?}");
-        assert!(e.retransmissions > 0, "{who}: {e:?}");
     }
+    // The loss was recovered from. Not asserted per side: a direction whose few drops were
+    // all pure ACKs has nothing to resend (one run lost a single frame from the server, an
+    // ACK, and its one loss probe ended the transfer).
+    assert!(
+        s.retransmissions + c.retransmissions > 0,
+        "server: {s:?}, client: {c:?}"
+    );
     r
 }
 

@@ -2270,12 +2270,20 @@ impl Session {
 fn data_cq(
     run: &Run,
 ) -> Result<(CompletionQueue, Option<datapath::CompletionChannel>), PerftestError> {
-    if !run.use_event {
-        return Ok((CompletionQueue::new(), None));
-    }
-    let ch = datapath::CompletionChannel::new()
-        .map_err(|e| PerftestError::datapath("a completion channel", e))?;
-    Ok((CompletionQueue::with_channel(&ch), Some(ch)))
+    // As perftest sizes its queue: every queue pair's work requests, both ways.
+    let cqe = (run.qps * (run.tx_depth + run.rx_depth))
+        .clamp(datapath::DEFAULT_CQE as u64, datapath::MAX_CQE as u64) as usize;
+    let ch = if run.use_event {
+        Some(
+            datapath::CompletionChannel::new()
+                .map_err(|e| PerftestError::datapath("a completion channel", e))?,
+        )
+    } else {
+        None
+    };
+    let cq = CompletionQueue::create(cqe, ch.as_ref(), 0)
+        .map_err(|e| PerftestError::datapath("a completion queue", e))?;
+    Ok((cq, ch))
 }
 
 fn kind_name(kind: BwKind) -> &'static str {

@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, TerminateCause};
-use rdmap::{WcOpcode, WorkCompletion};
+use rdmap::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
@@ -170,6 +170,7 @@ pub(super) fn start_engine(
         close_taken: false,
         rx_closed: false,
         tx_failed: false,
+        cq_overrun: false,
         last_state: None,
     };
     let thread = std::thread::Builder::new()
@@ -294,6 +295,8 @@ struct Engine {
     close_taken: bool,
     rx_closed: bool,
     tx_failed: bool,
+    /// A completion found the completion queue full and was lost: the connection is reset.
+    cq_overrun: bool,
     last_state: Option<QpState>,
 }
 
@@ -305,6 +308,13 @@ impl Engine {
         let mut events = Events::with_capacity(16);
         let mut aborted = false;
         loop {
+            if self.cq_overrun {
+                // A completion was lost to a full completion queue (verbs' CQ overrun): the
+                // queue pair fails and the connection is reset, as an abort does.
+                self.set_error(QpError::CqOverrun);
+                aborted = true;
+                break;
+            }
             if self.shared.abort_requested() {
                 // `QueuePair::abort`: the close below resets the connection (a zero linger
                 // time, RFC 9293 3.10.5 ABORT) and nothing more is sent or placed.
@@ -328,7 +338,11 @@ impl Engine {
         if aborted {
             let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
             self.qp.on_transport_error(TerminateCause::ConnectionLost);
-            tracing::info!(peer = ?peer, "the application reset the connection");
+            if self.cq_overrun {
+                tracing::warn!(peer = ?peer, "completion queue overrun: connection reset");
+            } else {
+                tracing::info!(peer = ?peer, "the application reset the connection");
+            }
         } else {
             let _ = self.stream.flush();
             let _ = self.stream.shutdown(Shutdown::Both);
@@ -336,13 +350,18 @@ impl Engine {
         self.deliver_completions();
         let (cq, num) = (&self.cq, self.num);
         self.shared.stop_posts(Some(&self.cmds), |wc| {
-            cq.push(Completion { qp_num: num, wc });
+            // At the end: a completion lost here only marks the queue overrun.
+            let _ = cq.push(Completion { qp_num: num, wc });
         });
         tracing::info!(
             peer = ?peer,
             state = ?self.qp.state(),
             "TCP connection ended (kernel TCP)"
         );
+        if self.cq_overrun {
+            // Found at any point, the last pass before a graceful end included.
+            self.set_error(QpError::CqOverrun);
+        }
         self.shared.mark_finished(self.qp.state());
     }
 
@@ -439,12 +458,13 @@ impl Engine {
         self.deliver_completions();
     }
 
-    fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
+    fn complete_local_error(&mut self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
         self.account.publish(&self.qp, &self.shared);
-        self.cq.push(Completion {
+        let c = Completion {
             qp_num: self.num,
             wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
-        });
+        };
+        self.cq_overrun |= self.cq.push(c).is_err();
     }
 
     fn receive(&mut self) -> bool {
@@ -612,10 +632,13 @@ impl Engine {
                 self.account.publish(&self.qp, &self.shared);
             }
             progress = true;
-            self.cq.push(Completion {
+            // A flushed request lost marks the queue only: the queue pair is ending anyway.
+            let flushed = wc.status == WcStatus::WrFlushError;
+            let c = Completion {
                 qp_num: self.num,
                 wc,
-            });
+            };
+            self.cq_overrun |= self.cq.push(c).is_err() && !flushed;
         }
         progress
     }

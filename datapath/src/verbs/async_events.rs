@@ -1,6 +1,7 @@
 //! Asynchronous events (verbs' `ibv_get_async_event` on a device context's `async_fd`):
 //! a queue pair that failed, a queue pair fed by a shared receive queue that will take no more
-//! receives from it, a shared receive queue below its low watermark, a device that failed
+//! receives from it, a shared receive queue below its low watermark, a completion queue that
+//! overran ([`CompletionQueue::notify_async`]), a device that failed
 //! ([`crate::Device::notify_async`]). They are queued on an
 //! [`AsyncEventChannel`] whose file descriptor is readable while an event waits; a queue pair
 //! ([`QueuePair::notify_async`]) and a shared receive queue
@@ -12,6 +13,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::verbs::cq::CompletionQueue;
 use crate::verbs::event_queue::EventQueue;
 use crate::verbs::qp::QueuePair;
 use crate::verbs::srq::SharedReceiveQueue;
@@ -53,6 +55,14 @@ pub enum AsyncEvent {
     /// the AF_XDP engine's threads panicked or its driver failed. That thread's queue pairs
     /// have ended (the engine's other threads, with more queues of the interface, go on).
     DeviceFatal,
+    /// A completion found the completion queue full and was lost (`IBV_EVENT_CQ_ERR`;
+    /// [`CompletionQueue::notify_async`]): the queue pair that completed into it fails with
+    /// [`QpError::CqOverrun`] unless it was ending already. At the queue's first overrun (a
+    /// later `notify_async` on an overrun queue reports it again).
+    CqError {
+        /// The application's word given to [`CompletionQueue::notify_async`].
+        context: u64,
+    },
 }
 
 /// A channel of asynchronous events (a device context's `async_fd`). Cloning gives another
@@ -125,6 +135,17 @@ impl QueuePair {
                     .queue
                     .push(AsyncEvent::QpLastWqeReached { qp_num, context });
             }
+        }));
+    }
+}
+
+impl CompletionQueue {
+    /// Sends the queue's overrun to `channel`, tagged with `context` ([`AsyncEvent::CqError`]);
+    /// at once if it has overrun already. A second call replaces the first.
+    pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
+        let channel = channel.clone();
+        self.set_on_overrun(Box::new(move || {
+            channel.queue.push(AsyncEvent::CqError { context })
         }));
     }
 }

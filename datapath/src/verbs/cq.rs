@@ -1,7 +1,19 @@
 //! Completion queues and completion channels (verbs' `ibv_cq` and `ibv_comp_channel`).
 //!
 //! Work completions flow from the transports' threads to the application through a lock-free
-//! channel (crossbeam). One queue may serve several queue pairs.
+//! channel (crossbeam's array channel: its slots are allocated when the queue is created, none
+//! per completion). One queue may serve several queue pairs.
+//!
+//! **Capacity.** A queue holds at most its `cqe` completions ([`CompletionQueue::create`];
+//! [`DEFAULT_CQE`] for [`CompletionQueue::new`]), as verbs' does. A completion that finds the
+//! queue full overruns it (`IBV_EVENT_CQ_ERR`): that completion is lost, the queue reports
+//! [`CompletionQueue::is_overrun`] and [`crate::AsyncEvent::CqError`]
+//! ([`CompletionQueue::notify_async`]), and the queue pair that completed into it fails with
+//! [`crate::QpError::CqOverrun`] (its connection is reset) unless it was ending already (a
+//! flushed completion lost, or another error first). The completions already queued stay to
+//! be polled. A post to a queue pair ended in Error whose flushed completion finds the queue
+//! full is refused instead ([`DatapathError::CompletionQueueFull`]). The queue's slots take
+//! about 56 octets per completion (448 KiB at [`DEFAULT_CQE`]).
 //!
 //! **Notification.** A queue created with a [`CompletionChannel`]
 //! ([`CompletionQueue::with_channel`]) can be armed with [`CompletionQueue::req_notify`]: the
@@ -21,8 +33,8 @@
 //! ([`CompletionQueue::req_notify`]) hands the work back to the engine thread.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{fence, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -30,6 +42,18 @@ use rdmap::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::verbs::event_queue::EventQueue;
 use crate::DatapathError;
+
+/// Completions a queue made by [`CompletionQueue::new`] or [`CompletionQueue::with_channel`]
+/// holds: the flushed work requests of a queue pair with both queues at their default depths
+/// ([`crate::ConnectParams::sq_depth`], `rq_depth`).
+pub const DEFAULT_CQE: usize = 8192;
+
+/// The most completions one queue may hold (`max_cqe`, [`crate::DeviceAttr::max_cqe`]); the
+/// queue's slots are allocated when it is created.
+pub const MAX_CQE: usize = 1 << 20;
+
+/// What a queue calls when it first overruns ([`CompletionQueue::notify_async`]).
+pub(crate) type OverrunHook = Box<dyn Fn() + Send + Sync>;
 
 /// A work completion tagged with the number of the queue pair it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +101,12 @@ struct CqInner {
     armed: AtomicU8,
     /// The application's word for the queue (`ibv_create_cq`'s `cq_context`).
     context: u64,
+    /// Completions the queue holds (`cqe`).
+    capacity: usize,
+    /// A completion found the queue full and was lost.
+    overrun: AtomicBool,
+    /// Called at the first overrun ([`CompletionQueue::notify_async`]).
+    on_overrun: Mutex<Option<OverrunHook>>,
 }
 
 /// A completion queue. Cloning it gives another handle to the same queue.
@@ -160,13 +190,23 @@ impl CqSink {
 
     /// Adds a completion to its queue (a receive's to the receive completion queue, others to
     /// the send completion queue: verbs' `recv_cq` and `send_cq`); notifies the queue's
-    /// channel if the queue is armed for it.
-    pub(crate) fn push(&self, c: Completion) {
-        let inner = match (&self.recv, c.wc.opcode) {
+    /// channel if the queue is armed for it. Fails with [`CqOverrun`] if the queue is full
+    /// (the completion is lost; the transport fails the queue pair).
+    pub(crate) fn push(&self, c: Completion) -> Result<(), CqOverrun> {
+        self.queue_of(&c).push(c, true)
+    }
+
+    /// [`CqSink::push`] for a completion that can still be refused (a post's own flushed
+    /// completion, its caller told): a full queue is not overrun by it.
+    pub(crate) fn offer(&self, c: Completion) -> Result<(), CqOverrun> {
+        self.queue_of(&c).push(c, false)
+    }
+
+    fn queue_of(&self, c: &Completion) -> &Arc<CqInner> {
+        match (&self.recv, c.wc.opcode) {
             (Some(recv), WcOpcode::Recv | WcOpcode::RecvImmediate) => recv,
             _ => &self.send,
-        };
-        inner.push(c);
+        }
     }
 }
 
@@ -178,11 +218,31 @@ impl CqInner {
         self.tell_arming();
     }
 
-    /// Adds a completion; notifies the queue's channel if the queue is armed for it.
-    fn push(self: &Arc<Self>, c: Completion) {
+    /// Adds a completion; notifies the queue's channel if the queue is armed for it. A full
+    /// queue refuses it; with `overrun`, that loses it: the queue is marked (the first time,
+    /// its [`OverrunHook`] runs).
+    fn push(self: &Arc<Self>, c: Completion, overrun: bool) -> Result<(), CqOverrun> {
         let inner = self;
         let solicited = c.wc.solicited || c.wc.status != WcStatus::Success;
-        let _ = inner.tx.send(c);
+        if inner.tx.try_send(c).is_err() {
+            if !overrun {
+                return Err(CqOverrun);
+            }
+            // Full (the receiver lives as long as `self`): verbs' CQ overrun.
+            // Under the hook's lock, so that `set_on_overrun` sees the mark or its hook runs
+            // here (once either way).
+            let hook = inner.on_overrun.lock().unwrap_or_else(|e| e.into_inner());
+            if !inner.overrun.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    cqe = inner.capacity,
+                    "completion queue overrun: a completion was lost"
+                );
+                if let Some(hook) = hook.as_ref() {
+                    hook();
+                }
+            }
+            return Err(CqOverrun);
+        }
         if let Some(channel) = &inner.channel {
             // Pairs with the fence in `req_notify`: either the arming thread's poll sees this
             // completion, or this load sees it armed.
@@ -198,8 +258,13 @@ impl CqInner {
                 }
             }
         }
+        Ok(())
     }
 }
+
+/// A completion found its completion queue full and was lost (verbs' CQ overrun).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CqOverrun;
 
 impl Default for CompletionQueue {
     fn default() -> Self {
@@ -208,24 +273,43 @@ impl Default for CompletionQueue {
 }
 
 impl CompletionQueue {
-    /// A new, unbounded completion queue without a channel (`ibv_create_cq` with no channel).
+    /// A new completion queue of [`DEFAULT_CQE`] completions without a channel
+    /// (`ibv_create_cq` with no channel).
     pub fn new() -> Self {
-        Self::create(None, 0)
+        Self::with_capacity(DEFAULT_CQE, None, 0)
     }
 
-    /// A new, unbounded completion queue whose notifications go to `channel`
-    /// (`ibv_create_cq` with a completion channel). Several queues may share one channel.
+    /// A new completion queue of [`DEFAULT_CQE`] completions whose notifications go to
+    /// `channel` (`ibv_create_cq` with a completion channel). Several queues may share one
+    /// channel.
     pub fn with_channel(channel: &CompletionChannel) -> Self {
-        Self::create(Some(channel), 0)
+        Self::with_capacity(DEFAULT_CQE, Some(channel), 0)
     }
 
-    /// `ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector)` in one: a new, unbounded
-    /// queue, its notifications going to `channel` if one is given, carrying `context`, the
-    /// application's word for it ([`CompletionQueue::context`]: a C interface keeps its
-    /// `cq_context` pointer there, and finds its own queue again from the queue that
-    /// [`CompletionChannel::get_event`] returns).
-    pub fn create(channel: Option<&CompletionChannel>, context: u64) -> Self {
-        let (tx, rx) = crossbeam_channel::unbounded();
+    /// `ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector)` in one: a new queue of
+    /// `cqe` completions (see the module's "Capacity"), its notifications going to `channel`
+    /// if one is given, carrying `context`, the application's word for it
+    /// ([`CompletionQueue::context`]: a C interface keeps its `cq_context` pointer there, and
+    /// finds its own queue again from the queue that [`CompletionChannel::get_event`]
+    /// returns).
+    ///
+    /// Fails with [`DatapathError::InvalidArgument`] if `cqe` is 0 or above [`MAX_CQE`]
+    /// (`EINVAL`).
+    pub fn create(
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+        context: u64,
+    ) -> Result<Self, DatapathError> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(DatapathError::InvalidArgument(
+                "a completion queue holds 1 to MAX_CQE completions",
+            ));
+        }
+        Ok(Self::with_capacity(cqe, channel, context))
+    }
+
+    fn with_capacity(cqe: usize, channel: Option<&CompletionChannel>, context: u64) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(cqe);
         Self {
             inner: Arc::new(CqInner {
                 tx,
@@ -234,8 +318,36 @@ impl CompletionQueue {
                 channel: channel.map(|c| c.inner.clone()),
                 armed: AtomicU8::new(DISARMED),
                 context,
+                capacity: cqe,
+                overrun: AtomicBool::new(false),
+                on_overrun: Mutex::new(None),
             }),
         }
+    }
+
+    /// Completions the queue holds (`cqe` as `ibv_create_cq` returns it).
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// Whether a completion found the queue full and was lost (verbs' CQ overrun; see the
+    /// module's "Capacity"). Stays true.
+    pub fn is_overrun(&self) -> bool {
+        self.inner.overrun.load(Ordering::Acquire)
+    }
+
+    /// Calls `hook` at the queue's first overrun, on the transport's thread (at once if it
+    /// has overrun already). A second call replaces the first.
+    pub(crate) fn set_on_overrun(&self, hook: OverrunHook) {
+        let mut slot = self
+            .inner
+            .on_overrun
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.is_overrun() {
+            hook();
+        }
+        *slot = Some(hook);
     }
 
     /// The application's word given to [`CompletionQueue::create`] (0 otherwise).
@@ -450,13 +562,13 @@ mod tests {
     fn an_event_names_its_queue_and_context() {
         let channel = CompletionChannel::new().expect("channel");
         let (a, b) = (
-            CompletionQueue::create(Some(&channel), 0xa),
-            CompletionQueue::create(Some(&channel), 0xb),
+            CompletionQueue::create(16, Some(&channel), 0xa).expect("queue"),
+            CompletionQueue::create(16, Some(&channel), 0xb).expect("queue"),
         );
         b.req_notify(false).expect("arm b");
         a.req_notify(false).expect("arm a");
-        b.sink().push(completion());
-        a.sink().push(completion());
+        b.sink().push(completion()).expect("room");
+        a.sink().push(completion()).expect("room");
         let first = channel.get_event().expect("b's event");
         let second = channel.get_event().expect("a's event");
         assert!(first.same_queue(&b) && second.same_queue(&a));
@@ -477,12 +589,47 @@ mod tests {
         assert_eq!(count(), 1, "an arming made before the engine came");
         cq.req_notify(false).expect("widen");
         assert_eq!(count(), 1, "widening is the same arming");
-        cq.sink().push(completion());
+        cq.sink().push(completion()).expect("room");
         assert_eq!(count(), 0, "the event ended it");
         assert!(channel.get_event().is_some());
         cq.req_notify(false).expect("arm again");
         assert_eq!(count(), 1);
         drop(cq);
         assert_eq!(count(), 0, "a queue dropped armed ends its arming");
+    }
+
+    /// A full queue overruns: the completion is lost, the mark stays, the hook runs once (or
+    /// at once for a hook set after the overrun); what the queue held is still there.
+    #[test]
+    fn a_full_queue_overruns_once() {
+        let cq = CompletionQueue::create(2, None, 0).expect("queue");
+        let fired = Arc::new(AtomicU8::new(0));
+        let hook = fired.clone();
+        cq.set_on_overrun(Box::new(move || {
+            hook.fetch_add(1, Ordering::SeqCst);
+        }));
+        let sink = cq.sink();
+        sink.push(completion()).expect("room");
+        sink.push(completion()).expect("room");
+        assert!(!cq.is_overrun());
+        assert_eq!(sink.push(completion()), Err(CqOverrun));
+        assert_eq!(sink.push(completion()), Err(CqOverrun));
+        assert!(cq.is_overrun());
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "once per queue");
+        let late = Arc::new(AtomicU8::new(0));
+        let hook = late.clone();
+        cq.set_on_overrun(Box::new(move || {
+            hook.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(
+            late.load(Ordering::SeqCst),
+            1,
+            "a hook set after the overrun"
+        );
+        assert_eq!(cq.len(), 2);
+        let mut out = Vec::new();
+        assert_eq!(cq.poll(&mut out, 8), 2);
+        sink.push(completion()).expect("room again once polled");
+        assert!(cq.is_overrun(), "the mark stays");
     }
 }

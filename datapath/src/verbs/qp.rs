@@ -293,7 +293,8 @@ impl Shared {
         self.stop_posts(cmds, |wc| {
             if wc.opcode == WcOpcode::Recv {
                 if let Some(cq) = cq {
-                    cq.push(Completion { qp_num, wc });
+                    // At the end: a completion lost here only marks the queue overrun.
+                    let _ = cq.push(Completion { qp_num, wc });
                 }
             } else {
                 qp.complete_send_in_error(wc.wr_id, wc.opcode, wc.status);
@@ -722,20 +723,20 @@ impl QueuePair {
     /// with the queue pair in Error, the request completes at once, flushed, as verbs flushes
     /// what is posted to a queue pair in the error state (siw's `siw_sq_flush_wr`, the drain
     /// of `ib_drain_qp`); otherwise (ended gracefully, or still ending) the post fails with
-    /// [`DatapathError::Disconnected`], siw's `ENOTCONN`.
+    /// [`DatapathError::Disconnected`], siw's `ENOTCONN`. A full completion queue refuses
+    /// the flushed request ([`DatapathError::CompletionQueueFull`]).
     fn post_after_the_end(&self, cmd: Cmd) -> Result<(), DatapathError> {
         let in_error = {
             let st = self.shared.lock();
             st.finished && st.state == QpState::Error
         };
         match (&self.cq, cmd.flushed()) {
-            (Some(cq), Some(wc)) if in_error => {
-                cq.push(Completion {
+            (Some(cq), Some(wc)) if in_error => cq
+                .offer(Completion {
                     qp_num: self.num,
                     wc,
-                });
-                Ok(())
-            }
+                })
+                .map_err(|_| DatapathError::CompletionQueueFull),
             _ => Err(DatapathError::Disconnected),
         }
     }

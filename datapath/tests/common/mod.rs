@@ -88,7 +88,23 @@ impl Side {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// A side whose completion queue holds `cqe` completions.
+    pub fn with_cqe(cqe: usize) -> Self {
+        Side {
+            pd: ProtectionDomain::new(),
+            cq: CompletionQueue::create(cqe, None, 0).expect("a completion queue"),
+        }
+    }
 }
+
+/// A receive queue deep enough that posts race a connection's end rather than fill it
+/// ([`post_recvs_until_the_end`]); the completion queue taking its receives holds as many
+/// and the few posts flushed at once after the end ([`DEEP_CQE`]).
+pub const DEEP_RQ: usize = 1 << 18;
+
+/// Completions a queue taking [`DEEP_RQ`] receives holds.
+pub const DEEP_CQE: usize = DEEP_RQ + 64;
 
 /// What the server does with the next connection request.
 pub struct ServerPlan<'a> {

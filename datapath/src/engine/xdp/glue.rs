@@ -100,6 +100,7 @@ impl App<'_> {
             scratch,
             progress,
             wake,
+            attention_local,
             ..
         } = &mut *self.st;
         let Some(slot) = slots.get_mut(&id) else {
@@ -184,6 +185,10 @@ impl App<'_> {
                 slot.stop_posts();
             }
         }
+        if slot.overrun_pending() {
+            // A completion was lost: the service resets the connection.
+            attention_local.push(id);
+        }
     }
 
     /// Keeps the FPDU CRC of the segment being received for its `on_data` (where its data
@@ -238,6 +243,10 @@ impl TcpApp for App<'_> {
             return None;
         }
         let delivered = slot.deliver_completions();
+        if slot.overrun_pending() {
+            // A completion was lost: the service resets the connection.
+            self.st.attention_local.push(id);
+        }
         self.st.progress |= delivered;
         Some(delivered)
     }
@@ -373,6 +382,7 @@ impl TcpApp for App<'_> {
             wake,
             shard,
             attention_tx,
+            attention_local,
             many,
             ..
         } = &mut *self.st;
@@ -395,6 +405,7 @@ impl TcpApp for App<'_> {
             tcp.abort();
             slot.conn.on_tcp_event(TcpEvent::Reset);
         }
+        slot.reset_if_overrun(tcp);
         let mem = table_of(slot.table, self.mem, scratch);
         slot.conn.poll(tcp, mem, now);
         while let Some(ev) = slot.conn.poll_event() {
@@ -600,6 +611,15 @@ impl TcpApp for App<'_> {
                 tcp.state(),
                 TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
             );
+        if slot.overrun_pending() {
+            if done {
+                // Ending now: the lost completion is what failed it (nothing to reset).
+                slot.reset_if_overrun(tcp);
+            } else {
+                // A completion was lost just now: the next service resets the connection.
+                attention_local.push(id);
+            }
+        }
         slot.publish(done);
     }
 

@@ -1,18 +1,20 @@
 //! The engine's connections: a [`Slot`] per connection (its `IwarpConn`, the queue pair's
 //! application side, who waits for its setup) and the [`SlotMap`] that finds them by [`ConnId`].
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use rdmap::WorkCompletion;
-use rdmap::{QpState, TerminateCause, WcOpcode};
+use rdmap::{QpState, TerminateCause, WcOpcode, WcStatus};
+use tcp_engine::State as TcpState;
 
 use crate::engine::IwarpConn;
 use crate::verbs::cq::{Completion, CqSink};
 use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared};
-use crate::xdp_tcp::ConnId;
+use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent};
 use crate::{DatapathError, QpError};
 
 use super::commands::Handover;
@@ -55,6 +57,11 @@ pub(super) struct Slot {
     pub(super) account: QueueAccount,
     /// A Close taken before received data was placed, for the service to carry out.
     pub(super) close_taken: bool,
+    /// A completion found the completion queue full and was lost: the service resets the
+    /// connection ([`Slot::reset_if_overrun`]).
+    cq_overrun: Cell<bool>,
+    /// The overrun was dealt with (the error recorded, the connection reset).
+    cq_overrun_done: bool,
     last_state: Option<QpState>,
 }
 
@@ -80,6 +87,8 @@ impl Slot {
             named: None,
             account: QueueAccount::default(),
             close_taken: false,
+            cq_overrun: Cell::new(false),
+            cq_overrun_done: false,
             last_state: None,
         }
     }
@@ -115,11 +124,45 @@ impl Slot {
     pub(super) fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
         self.account.publish(self.conn.qp(), &self.shared);
         if let Some(cq) = &self.cq {
-            cq.push(Completion {
+            let c = Completion {
                 qp_num: self.num,
                 wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
-            });
+            };
+            if cq.push(c).is_err() {
+                self.cq_overrun.set(true);
+            }
         }
+    }
+
+    /// Whether a completion was lost to a full completion queue and the service has yet to
+    /// reset the connection for it.
+    pub(super) fn overrun_pending(&self) -> bool {
+        self.cq_overrun.get() && !self.cq_overrun_done
+    }
+
+    /// After a completion was lost to a full completion queue (verbs' CQ overrun): the queue
+    /// pair fails with [`QpError::CqOverrun`] and, unless its connection is closing already,
+    /// the connection is reset (its outstanding requests flush). True if it did something.
+    pub(super) fn reset_if_overrun(&mut self, tcp: &mut TcpConnection) -> bool {
+        if !self.overrun_pending() {
+            return false;
+        }
+        self.cq_overrun_done = true;
+        if self.shared.lock().finished {
+            // Its end is published already (with what ended it).
+            return false;
+        }
+        self.set_error(QpError::CqOverrun);
+        if !matches!(
+            tcp.state(),
+            TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+        ) {
+            tracing::warn!(peer = %self.peer, "completion queue overrun: connection reset");
+            self.closing = true;
+            tcp.abort();
+            self.conn.on_tcp_event(TcpEvent::Reset);
+        }
+        true
     }
 
     /// Hands the queue pair's completions to the completion queue. A connection has one only
@@ -138,10 +181,15 @@ impl Slot {
                 self.account.publish(self.conn.qp(), &self.shared);
             }
             any = true;
-            cq.push(Completion {
+            // A flushed request lost marks the queue only: the queue pair is ending anyway.
+            let flushed = wc.status == WcStatus::WrFlushError;
+            let c = Completion {
                 qp_num: self.num,
                 wc,
-            });
+            };
+            if cq.push(c).is_err() && !flushed {
+                self.cq_overrun.set(true);
+            }
         }
         any
     }
@@ -154,6 +202,7 @@ impl Slot {
             || self.close_taken
             || self.last_state != Some(self.conn.qp().state())
             || self.conn.needs_poll()
+            || self.overrun_pending()
     }
 
     pub(super) fn publish(&mut self, finished: bool) {
@@ -204,6 +253,11 @@ impl Slot {
             .qp_mut()
             .on_transport_error(TerminateCause::ConnectionLost);
         self.deliver_completions();
+        if self.overrun_pending() {
+            // A completion lost before the end: that is what failed.
+            self.cq_overrun_done = true;
+            self.set_error(QpError::CqOverrun);
+        }
         if !self.closing {
             self.set_error(why);
         }
