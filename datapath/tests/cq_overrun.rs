@@ -196,3 +196,93 @@ fn a_post_after_the_end_into_a_full_queue_is_refused() {
         (3, WcStatus::WrFlushError)
     );
 }
+
+/// The engine's overrun found on its receive path (a receive completion handed out as the
+/// Send is placed, outside the connection's service): the connection is still reset and the
+/// queue pair fails with `CqOverrun`. The engine posts 8 receives into a queue of 4 and an
+/// unsignaled Send (the initiator sends first); the peer answers with 5 Sends.
+#[test]
+fn engine_overrun_on_the_receive_path_fails_the_queue_pair() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_679;
+    let server = move |ready| {
+        let req = bed::listen_in_b(PORT, &ready, WAIT)?;
+        let side = Side::new();
+        let (_inbox, recvs) = recvs(&side);
+        let conn = req
+            .accept_with_recvs(&side.pd, &side.cq, &[], recvs)
+            .map_err(|e| format!("accept: {e}"))?;
+        // The Responder holds its FPDUs until the Initiator's first arrives (RFC 5044 7.1.2
+        // rule 4): the client's Send, then ours.
+        match side.cq.wait(WAIT) {
+            Some(c) if c.wc.status == WcStatus::Success => {}
+            other => return Err(format!("the client's Send: {other:?}")),
+        }
+        let src = side
+            .pd
+            .register(64, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        for i in 0..=CQE as u64 {
+            // The last may race the reset.
+            if let Err(e) = conn.qp.post_send(send(&src, i)) {
+                return Err(format!("Send {i}: {e}"));
+            }
+        }
+        if !conn.qp.wait_finished(WAIT) {
+            return Err("the peer's queue pair did not end".into());
+        }
+        match conn.qp.status().error {
+            Some(QpError::PeerReset) => Ok(()),
+            other => Err(format!("the peer's queue pair ended with {other:?}")),
+        }
+    };
+    bed::engine_against(server, move |engine| {
+        let side = Side::with_cqe(CQE);
+        let (_inbox, recvs) = recvs(&side);
+        let channel = AsyncEventChannel::new().unwrap();
+        side.cq.notify_async(&channel, 5);
+        let conn = engine
+            .connect_with_recvs(
+                SocketAddr::from((ADDR_B, PORT)),
+                &side.pd,
+                &side.cq,
+                &bed::params(),
+                &[],
+                recvs,
+            )
+            .expect("connect");
+        conn.qp.notify_async(&channel, 6);
+        // Unsignaled: the queue is for the receives.
+        let src = side.pd.register(64, Access::LOCAL_WRITE).unwrap();
+        let first = SendWr {
+            signaled: false,
+            ..send(&src, 100)
+        };
+        conn.qp.post_send(first).expect("the first Send");
+        assert!(
+            conn.qp.wait_finished(WAIT),
+            "the engine's queue pair ends: overrun {}, len {}, {:?}",
+            side.cq.is_overrun(),
+            side.cq.len(),
+            conn.qp.status()
+        );
+        assert_eq!(conn.qp.status().error, Some(QpError::CqOverrun));
+        assert_eq!(
+            channel.wait_event(WAIT),
+            Some(AsyncEvent::CqError { context: 5 })
+        );
+        match channel.wait_event(WAIT) {
+            Some(AsyncEvent::QpFatal {
+                context: 6,
+                error: QpError::CqOverrun,
+                ..
+            }) => {}
+            other => panic!("QpFatal: {other:?}"),
+        }
+        let mut got = Vec::new();
+        assert_eq!(side.cq.poll(&mut got, 2 * CQE), CQE);
+        for (i, c) in got.iter().enumerate() {
+            assert_eq!((c.wc.wr_id, c.wc.status), (i as u64, WcStatus::Success));
+        }
+    });
+}
