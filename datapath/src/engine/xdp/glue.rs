@@ -390,20 +390,10 @@ impl TcpApp for App<'_> {
             return;
         };
         // The application's abort, or its disconnect giving up on the graceful close
-        // (`Shared::request_abort`): reset the connection; the queue pair flushes, and TCP,
-        // closed, reads nothing more from the queue pair's memory nor passes anything up to
-        // it. Not once a close has got as far as FIN-WAIT-2 (the queue pair is finished
-        // there: TIME-WAIT stays).
-        if slot.shared.abort_requested()
-            && !matches!(
-                tcp.state(),
-                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
-            )
-        {
+        // (`Shared::request_abort`): reset the connection (`Slot::reset`). Then a completion
+        // lost to a full completion queue, if any.
+        if slot.shared.abort_requested() && slot.reset(tcp) {
             tracing::info!(peer = %slot.peer, "the application reset the connection");
-            slot.closing = true;
-            tcp.abort();
-            slot.conn.on_tcp_event(TcpEvent::Reset);
         }
         slot.reset_if_overrun(tcp);
         let mem = table_of(slot.table, self.mem, scratch);

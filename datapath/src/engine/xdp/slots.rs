@@ -153,15 +153,26 @@ impl Slot {
             return false;
         }
         self.set_error(QpError::CqOverrun);
-        if !matches!(
+        if self.reset(tcp) {
+            tracing::warn!(peer = %self.peer, "completion queue overrun: connection reset");
+        }
+        true
+    }
+
+    /// Resets the connection (RFC 9293 3.10.5 ABORT): the queue pair flushes, and TCP, closed,
+    /// reads nothing more from the queue pair's memory nor passes anything up to it. Not once
+    /// a close has got as far as FIN-WAIT-2 (the queue pair is finished there: TIME-WAIT
+    /// stays). True if it reset.
+    pub(super) fn reset(&mut self, tcp: &mut TcpConnection) -> bool {
+        if matches!(
             tcp.state(),
             TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
         ) {
-            tracing::warn!(peer = %self.peer, "completion queue overrun: connection reset");
-            self.closing = true;
-            tcp.abort();
-            self.conn.on_tcp_event(TcpEvent::Reset);
+            return false;
         }
+        self.closing = true;
+        tcp.abort();
+        self.conn.on_tcp_event(TcpEvent::Reset);
         true
     }
 
