@@ -128,6 +128,17 @@ fn socket_transport_overrun_fails_the_queue_pair() {
     assert_eq!(s.qp.status().error, Some(QpError::PeerReset));
 }
 
+/// The peer's side of the engine tests: its queue pair ends, reset by the engine.
+fn ended_by_reset(conn: &Connection) -> Result<(), String> {
+    if !conn.qp.wait_finished(WAIT) {
+        return Err("the peer's queue pair did not end".into());
+    }
+    match conn.qp.status().error {
+        Some(QpError::PeerReset) => Ok(()),
+        other => Err(format!("the peer's queue pair ended with {other:?}")),
+    }
+}
+
 #[test]
 fn engine_overrun_fails_the_queue_pair() {
     let _bed = bed_or_skip!();
@@ -139,13 +150,7 @@ fn engine_overrun_fails_the_queue_pair() {
         let conn = req
             .accept_with_recvs(&side.pd, &side.cq, &[], recvs)
             .map_err(|e| format!("accept: {e}"))?;
-        if !conn.qp.wait_finished(WAIT) {
-            return Err("the peer's queue pair did not end".into());
-        }
-        match conn.qp.status().error {
-            Some(QpError::PeerReset) => Ok(()),
-            other => Err(format!("the peer's queue pair ended with {other:?}")),
-        }
+        ended_by_reset(&conn)
     };
     bed::engine_against(server, move |engine| {
         let side = Side::with_cqe(CQE);
@@ -223,18 +228,11 @@ fn engine_overrun_on_the_receive_path_fails_the_queue_pair() {
             .register(64, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
         for i in 0..=CQE as u64 {
-            // The last may race the reset.
             if let Err(e) = conn.qp.post_send(send(&src, i)) {
                 return Err(format!("Send {i}: {e}"));
             }
         }
-        if !conn.qp.wait_finished(WAIT) {
-            return Err("the peer's queue pair did not end".into());
-        }
-        match conn.qp.status().error {
-            Some(QpError::PeerReset) => Ok(()),
-            other => Err(format!("the peer's queue pair ended with {other:?}")),
-        }
+        ended_by_reset(&conn)
     };
     bed::engine_against(server, move |engine| {
         let side = Side::with_cqe(CQE);
