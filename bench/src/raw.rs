@@ -451,15 +451,23 @@ fn tx(o: &Opts) -> Res<()> {
     let mut sent = 0u64;
     while sent < count {
         let n = (count - sent).min(256) as usize;
-        let k = sock
-            .send_batch(n, |_, buf| {
-                match source.as_mut() {
-                    Some(src) => src.fill(&mut buf[..size], &template),
-                    None => buf[..size].copy_from_slice(&template),
-                }
+        let k = match source.as_mut() {
+            Some(src) => sock.send_batch(n, |_, buf| {
+                src.fill(&mut buf[..size], &template);
                 size
-            })
-            .map_err(|e| e.to_string())?;
+            }),
+            // Straight into the packet's frames (several at a jumbo MTU), as the engine writes.
+            None => sock.send_framed(n, |_, frames| {
+                let mut at = 0;
+                for frame in frames.iter_mut() {
+                    let piece = (size - at).min(frame.len());
+                    frame[..piece].copy_from_slice(&template[at..at + piece]);
+                    at += piece;
+                }
+                Some(at)
+            }),
+        }
+        .map_err(|e| e.to_string())?;
         sent += k as u64;
         if k < n {
             sock.flush().map_err(|e| e.to_string())?;

@@ -2519,12 +2519,52 @@ impl IwarpConn {
             return Ok(sum.sum());
         }
         match self.tx.fill(offset, out, mem) {
-            Ok(part) => Ok(crate::tx::add_at(sum, at, part).sum()),
+            Ok(part) => Ok(sum.add_sum_at(at, part).sum()),
             Err(e) => {
                 self.tx_failed = Some(e);
                 Err(e)
             }
         }
+    }
+
+    /// [`IwarpConn::fill`] into a packet in pieces (`tcp_engine::TxSource::fill_split`): the
+    /// `len` stream octets from `offset` on, `first` whole and then on through `rest`. A
+    /// segment that is one whole FPDU without Markers (the usual one) is written in one pass,
+    /// its CRC carried across the pieces. Anything else (Markers, IFT frames, the MPA
+    /// startup) is written whole into `scratch` and copied into the pieces where `scratch`
+    /// holds `len` octets (a piece-by-piece fill would compute a cut FPDU's CRC in a pass of
+    /// its own), piece by piece otherwise. Returns the ones' complement sum of the octets.
+    pub fn fill_split<B: RegionBuffer>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+        mem: &MemoryTable<B>,
+        scratch: &mut [u8],
+    ) -> Result<u16, TxSourceError> {
+        let startup = self
+            .startup_sent
+            .as_ref()
+            .is_some_and(|(start, record)| offset < start + record.len() as u64);
+        if !startup {
+            if let Some(filled) = self.tx.fill_whole_split(offset, len, first, rest, mem) {
+                return filled.inspect_err(|&e| self.tx_failed = Some(e));
+            }
+        }
+        if let Some(whole) = scratch.get_mut(..len) {
+            let sum = self.fill(offset, whole, mem)?;
+            let mut at = 0;
+            for piece in std::iter::once(first).chain(rest.iter_mut().map(|p| &mut **p)) {
+                let n = piece.len().min(len - at);
+                piece[..n].copy_from_slice(&whole[at..at + n]);
+                at += n;
+            }
+            return Ok(sum);
+        }
+        tcp_engine::fill_in_pieces(offset, len, first, rest, |offset, out| {
+            self.fill(offset, out, mem).map(Some)
+        })
     }
 
     /// Emits TCP's next packet into `buf`, the data octets from [`IwarpConn::fill`] in
@@ -2677,6 +2717,18 @@ impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
         out: &mut [u8],
     ) -> Result<Option<u16>, TxSourceError> {
         self.conn.fill(stream_offset, out, self.mem).map(Some)
+    }
+
+    fn fill_split(
+        &mut self,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, TxSourceError> {
+        // No room to join in: what is not one whole unmarked FPDU goes piece by piece.
+        self.conn
+            .fill_split(stream_offset, len, first, rest, self.mem, &mut [])
     }
 }
 

@@ -466,7 +466,7 @@ impl TxRing {
                 f.crc = c;
                 f.has_crc = true;
             }
-            sum = add_at(sum, done, part);
+            sum = sum.add_sum_at(done, part);
             done += n;
             pos += n as u64;
             self.cursor = i;
@@ -478,6 +478,83 @@ impl TxRing {
         self.prefetch(i + 1, last, mem);
         self.prefetch_descriptor(i + DESCRIPTOR_AHEAD);
         Ok(sum.sum())
+    }
+
+    /// [`fill`](Self::fill) of a segment that is exactly one whole FPDU without Markers (MPA
+    /// framing: the usual segment), the `len` octets from `offset` written into a packet in
+    /// pieces (`first` whole, then on through `rest`) in one pass, the CRC carried across them
+    /// (RFC 5044 4.4). `None` where the segment is not such an FPDU, or its headers do not fit
+    /// in `first`: the caller then fills piece by piece. Otherwise the ones' complement sum
+    /// of the octets, or the error of a source that is no longer valid.
+    pub fn fill_whole_split<B: RegionBuffer>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+        mem: &MemoryTable<B>,
+    ) -> Option<Result<u16, TxSourceError>> {
+        if self.ift.is_some() || self.markers {
+            return None;
+        }
+        let i = self.find(offset);
+        if i >= self.len {
+            return None;
+        }
+        let k = self.slot(i);
+        let f = self.slots.get(k)?;
+        if f.start != offset || f.wire_len as usize != len {
+            return None;
+        }
+        let err = TxSourceError { offset, len };
+        let head_len = usize::from(f.head_len);
+        let head = if head_len <= HEAD_INLINE {
+            f.head.get(..head_len)
+        } else {
+            self.long_heads.get(k).and_then(|h| h.get(..head_len))
+        };
+        let Some(head) = head else {
+            return Some(Err(err));
+        };
+        let w = FpduWriter {
+            crc: self.crc,
+            markers: false,
+            seq_start: self.seq_start,
+        };
+        let mut last = None;
+        let written = match (f.held, self.held.get(k).and_then(Option::as_ref)) {
+            (true, Some(h)) => w.whole_unmarked_split(f, head, Some((&*h.buf, h.off)), first, rest),
+            (true, None) => return Some(Err(err)),
+            (false, _) => {
+                let region = match f.payload() {
+                    Some(p) => {
+                        let Ok(found) = mem.validate_hinted(
+                            p.stag,
+                            self.pd,
+                            p.access,
+                            p.to,
+                            u64::from(p.len),
+                            &mut self.stag_hint,
+                        ) else {
+                            return Some(Err(err));
+                        };
+                        last = Some((p.stag, p.to, found));
+                        Some(found)
+                    }
+                    None => None,
+                };
+                w.whole_unmarked_split(f, head, region, first, rest)
+            }
+        };
+        let (sum, crc) = written?;
+        if let (Some(c), Some(f)) = (crc, self.slots.get_mut(k)) {
+            f.crc = c;
+            f.has_crc = true;
+        }
+        self.cursor = i;
+        self.prefetch(i + 1, last, mem);
+        self.prefetch_descriptor(i + DESCRIPTOR_AHEAD);
+        Some(Ok(sum))
     }
 
     /// Asks the CPU for the cache lines of descriptor `i` (reads nothing). A descriptor is
@@ -583,13 +660,6 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-/// `sum` continued by the sum `part` of octets that start at offset `at` of the summed data:
-/// byte-swapped when `at` is odd (RFC 1071 2(B)).
-#[inline]
-pub(crate) fn add_at(sum: Checksum, at: usize, part: u16) -> Checksum {
-    sum.add_sum(if at % 2 == 1 { part.swap_bytes() } else { part })
-}
-
 /// Octets of the IFT frame (draft-williams-iwarp-ift-01 section 5.1) of a ULPDU of
 /// `ulpdu_len` octets: the frame header, the ULPDU (DDP header and payload) and the CRCs
 /// `fmt` has.
@@ -646,7 +716,7 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
         if a < b {
             let piece = &bytes[a - at..b - at];
             out[a - from..b - from].copy_from_slice(piece);
-            add_at(sum, a - from, Checksum::new().add_bytes(piece).sum())
+            sum.add_sum_at(a - from, Checksum::new().add_bytes(piece).sum())
         } else {
             sum
         }
@@ -683,7 +753,7 @@ fn ift_fill<B: RegionBuffer + ?Sized>(
         };
         // `None`: the buffer copied without summing.
         let part = part.unwrap_or_else(|| Checksum::new().add_bytes(dst).sum());
-        sum = add_at(sum, a - from, part);
+        sum = sum.add_sum_at(a - from, part);
     }
     if want_crc && whole_payload {
         computed = Some(!crc_state);
@@ -957,7 +1027,7 @@ impl FpduWriter {
             };
             // `None`: the buffer copied (and CRC'd) without summing.
             let part = part.unwrap_or_else(|| Checksum::new().add_bytes(dst).sum());
-            sum = add_at(sum, h, part);
+            sum = sum.add_sum_at(h, part);
         }
         let (pad_out, field) = rest.split_at_mut(pad);
         // At most 3 octets: `copy_short`'s moves, not a call into `memset`.
@@ -976,6 +1046,92 @@ impl FpduWriter {
         let bytes = value.to_le_bytes();
         field.copy_from_slice(&bytes);
         (sum.add_4(bytes).sum(), self.crc.then_some(value))
+    }
+
+    /// [`whole_unmarked`](Self::whole_unmarked) into a packet in pieces: the FPDU's octets
+    /// from the start of `first` on, then through `rest` in order (the last piece written only
+    /// as far as the FPDU goes), the payload copied, summed and CRC'd piece by piece with the
+    /// CRC carried from one to the next, PAD and the CRC field after it wherever they fall.
+    /// `None` (nothing written) if ULPDU_Length and the inline header do not fit in `first` or
+    /// the pieces hold less than the FPDU.
+    fn whole_unmarked_split<B: RegionBuffer + ?Sized>(
+        &self,
+        f: &TxFpdu,
+        head: &[u8],
+        region: Option<(&B, usize)>,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Option<(u16, Option<u32>)> {
+        let pl = match (region, f.payload()) {
+            (Some(_), Some(p)) => p.len as usize,
+            _ => 0,
+        };
+        let h = 2 + head.len();
+        let pad = pad_len(usize::from(f.ulpdu_len));
+        let trailer_len = pad + CRC_LEN;
+        let room = first.len() + rest.iter().map(|p| p.len()).sum::<usize>();
+        if first.len() < h || room < h + pl + trailer_len {
+            return None;
+        }
+        let (hdr, first_rest) = first.split_at_mut(h);
+        let len = f.ulpdu_len.to_be_bytes();
+        hdr[..2].copy_from_slice(&len);
+        copy_short(&mut hdr[2..], head);
+        let mut sum = Checksum::new().add_2(len).add_short(head);
+        let mut crc = u32::MAX;
+        if self.crc {
+            crc = crc_update_len_head(crc, f.ulpdu_len, head);
+        }
+        let mut payload_left = pl;
+        let mut trailer = [0u8; 3 + CRC_LEN];
+        let mut trailer_at = 0;
+        let mut value = None;
+        // Octets of the FPDU written so far.
+        let mut at = h;
+        for dst in std::iter::once(first_rest).chain(rest.iter_mut().map(|p| &mut **p)) {
+            let mut o = 0;
+            if payload_left > 0 {
+                if let Some((buf, base)) = region {
+                    let n = dst.len().min(payload_left);
+                    let d = &mut dst[..n];
+                    let part = if self.crc {
+                        buf.read_at_crc_sum(base + (pl - payload_left), d, &mut crc)
+                    } else {
+                        buf.read_at(base + (pl - payload_left), d);
+                        None
+                    };
+                    let part = part.unwrap_or_else(|| Checksum::new().add_bytes(d).sum());
+                    sum = sum.add_sum_at(at, part);
+                    payload_left -= n;
+                    o = n;
+                    at += n;
+                }
+            }
+            if payload_left > 0 {
+                continue;
+            }
+            if value.is_none() {
+                let v = match (self.crc, pad) {
+                    (false, _) => 0,
+                    (true, 0) => !crc,
+                    (true, _) => !crc_update(crc, &[0u8; 3][..pad]),
+                };
+                // RFC 5044 4.4: least significant octet first, after PAD's zeros.
+                trailer[pad..trailer_len].copy_from_slice(&v.to_le_bytes());
+                value = Some(v);
+            }
+            let n = (dst.len() - o).min(trailer_len - trailer_at);
+            let part = &trailer[trailer_at..trailer_at + n];
+            dst[o..o + n].copy_from_slice(part);
+            sum = sum.add_sum_at(at, Checksum::new().add_bytes(part).sum());
+            trailer_at += n;
+            at += n;
+            if trailer_at == trailer_len {
+                break;
+            }
+        }
+        debug_assert_eq!(at, h + pl + trailer_len);
+        Some((sum.sum(), value.filter(|_| self.crc)))
     }
 
     /// One pass; returns the CRC and the ones' complement sum of `out`. The CRC is computed in
@@ -1631,6 +1787,79 @@ mod tests {
         }
         check(VecBuffer::from_vec);
         check(pinned);
+    }
+
+    #[test]
+    fn whole_fpdus_into_pieces_match_the_encoder() {
+        // Each FPDU of a case written into a packet in pieces (a first piece of any length,
+        // then three of random lengths): one pass where the FPDU is whole and unmarked and its
+        // headers fit the first piece, the bytes and sum the encoder's; otherwise `None`, and
+        // piece by piece gives the same.
+        let mut rng = test_rng(11);
+        let mut passes = 0;
+        for (crc, markers) in [(true, false), (false, false), (true, true)] {
+            for seed in 1..4u64 {
+                let mut c = case_in(
+                    pinned,
+                    crc,
+                    markers,
+                    [0u64, 20, 37][seed as usize - 1],
+                    seed,
+                );
+                for i in 0..c.ring.len {
+                    let f = *c.ring.get(i).expect("queued");
+                    let (start, len) = (f.start, f.wire_len as usize);
+                    let at = (start - c.base) as usize;
+                    let expected = &c.expected[at..at + len];
+                    let mut first = vec![0xeeu8; rng(len + 1)];
+                    let mut bufs: Vec<Vec<u8>> =
+                        (0..3).map(|_| vec![0x11u8; rng(len) + 1]).collect();
+                    let room = first.len() + bufs.iter().map(Vec::len).sum::<usize>();
+                    if room < len {
+                        bufs.push(vec![0x22u8; len - room]);
+                    }
+                    let mut rest: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    let what = format!("crc {crc} markers {markers} seed {seed} FPDU {i}");
+                    let h = 2 + usize::from(f.head_len);
+                    let whole = !markers && first.len() >= h;
+                    let sum = match c
+                        .ring
+                        .fill_whole_split(start, len, &mut first, &mut rest, &c.mem)
+                    {
+                        Some(filled) => {
+                            assert!(whole, "{what}: one pass where it cannot be");
+                            filled.expect("fill")
+                        }
+                        None => {
+                            assert!(!whole, "{what}: no pass");
+                            tcp_engine::fill_in_pieces(
+                                start,
+                                len,
+                                &mut first,
+                                &mut rest,
+                                |o, out| c.ring.fill(o, out, &c.mem).map(Some),
+                            )
+                            .expect("piece by piece")
+                        }
+                    };
+                    let mut got = first.clone();
+                    for b in &bufs {
+                        got.extend_from_slice(&b[..b.len().min(len - got.len().min(len))]);
+                    }
+                    got.truncate(len);
+                    assert_eq!(got, expected, "{what}");
+                    assert_eq!(sum, sum_of(expected), "{what}");
+                    passes += usize::from(whole);
+                    // The CRC the pass kept is the one a later part (a retransmission) writes.
+                    let mut field = [0u8; CRC_LEN];
+                    c.ring
+                        .fill(start + (len - CRC_LEN) as u64, &mut field, &c.mem)
+                        .expect("field");
+                    assert_eq!(field, expected[len - CRC_LEN..], "{what}: CRC kept");
+                }
+            }
+        }
+        assert!(passes > 100, "{passes} FPDUs written in one pass");
     }
 
     #[test]

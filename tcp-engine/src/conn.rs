@@ -18,7 +18,7 @@ use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
 use crate::syncookie;
 use crate::time::{earliest, Instant};
 use crate::wire::{
-    DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN,
+    Checksum, DataHeader, FourTuple, SackBlock, SegmentRepr, TcpFlags, TcpOptions, IPV4_HEADER_LEN,
     TCP_HEADER_LEN, TIMESTAMP_OPTION_SPACE,
 };
 use core::time::Duration;
@@ -132,6 +132,68 @@ pub trait TxSource {
     ) -> Result<Option<u16>, TxSourceError> {
         self.fill(stream_offset, out).map(|()| None)
     }
+
+    /// Writes the `len` stream octets from `stream_offset` on into a packet in pieces (see
+    /// [`Connection::poll_transmit_split`]): `first` whole, then on through `rest` in order,
+    /// the last piece written only as far as `len` goes. Returns their ones' complement sum.
+    /// The default fills piece by piece with [`fill_summed`](Self::fill_summed)
+    /// ([`fill_in_pieces`]); a source that carries state across an FPDU (its CRC) writes the
+    /// pieces in one pass instead.
+    fn fill_split(
+        &mut self,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, TxSourceError> {
+        fill_in_pieces(stream_offset, len, first, rest, |offset, out| {
+            self.fill_summed(offset, out)
+        })
+    }
+}
+
+/// Writes the `len` stream octets from `stream_offset` on into `first` and then through
+/// `rest` in order (the last piece only as far as `len` goes), one `fill(offset, piece)` per
+/// piece, and returns the ones' complement sum of all of them: each piece's sum as `fill`
+/// gives it, or read back from the piece where it gives none, added at the piece's offset
+/// (RFC 1071 2(B)). `TxSourceError` if the pieces hold fewer than `len` octets.
+pub fn fill_in_pieces(
+    stream_offset: u64,
+    len: usize,
+    first: &mut [u8],
+    rest: &mut [&mut [u8]],
+    mut fill: impl FnMut(u64, &mut [u8]) -> Result<Option<u16>, TxSourceError>,
+) -> Result<u16, TxSourceError> {
+    let mut sum = Checksum::new();
+    let mut at = 0;
+    for piece in std::iter::once(first).chain(rest.iter_mut().map(|p| &mut **p)) {
+        if at == len {
+            break;
+        }
+        let n = piece.len().min(len - at);
+        let out = &mut piece[..n];
+        let part = match fill(stream_offset + at as u64, out)? {
+            Some(part) => part,
+            None => Checksum::new().add_bytes(out).sum(),
+        };
+        sum = sum.add_sum_at(at, part);
+        at += n;
+    }
+    if at < len {
+        return Err(TxSourceError {
+            offset: stream_offset + at as u64,
+            len: len - at,
+        });
+    }
+    Ok(sum.sum())
+}
+
+/// Where [`Connection::poll_transmit_split`] writes a packet: the headers at the start of
+/// `head`, a data segment's payload from there on through `tail` in order (contiguous when
+/// `tail` is empty).
+struct PacketOut<'a, 'b> {
+    head: &'a mut [u8],
+    tail: &'a mut [&'b mut [u8]],
 }
 
 /// The source used where none is given: it produces nothing.
@@ -3004,7 +3066,11 @@ impl Connection {
     /// Call until it returns `None`. In [`TxMode::Source`] no data is sent (use
     /// [`Connection::poll_transmit_with`]).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        self.poll_transmit_inner(now, buf, None)
+        let out = &mut PacketOut {
+            head: buf,
+            tail: &mut [],
+        };
+        self.poll_transmit_inner(now, out, None)
     }
 
     /// [`Connection::poll_transmit`] for [`TxMode::Source`]: the payload of a data segment,
@@ -3017,13 +3083,33 @@ impl Connection {
         buf: &mut [u8],
         source: &mut dyn TxSource,
     ) -> Option<usize> {
-        self.poll_transmit_inner(now, buf, Some(source))
+        let out = &mut PacketOut {
+            head: buf,
+            tail: &mut [],
+        };
+        self.poll_transmit_inner(now, out, Some(source))
+    }
+
+    /// [`Connection::poll_transmit_with`] into a packet buffer in pieces (the frames of a
+    /// multi-buffer AF_XDP packet): the IPv4 and TCP headers at the start of `head`, a data
+    /// segment's payload from there on through `tail` in order, written by `source` in one
+    /// call ([`TxSource::fill_split`]). Control segments go in `head` alone. Returns the
+    /// packet's length, all pieces together.
+    pub fn poll_transmit_split(
+        &mut self,
+        now: Instant,
+        head: &mut [u8],
+        tail: &mut [&mut [u8]],
+        source: &mut dyn TxSource,
+    ) -> Option<usize> {
+        let out = &mut PacketOut { head, tail };
+        self.poll_transmit_inner(now, out, Some(source))
     }
 
     fn poll_transmit_inner(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut PacketOut<'_, '_>,
         source: Option<&mut dyn TxSource>,
     ) -> Option<usize> {
         self.update_stall(now);
@@ -3038,7 +3124,7 @@ impl Connection {
             repr.options = TcpOptions::default();
             repr.window = 0;
             // Due until it is written: a buffer too small for it leaves it for the next call.
-            let n = repr.emit(buf).ok()?;
+            let n = repr.emit(out.head).ok()?;
             self.pending_rst = None;
             self.stats.segments_out += 1;
             return Some(n);
@@ -3047,7 +3133,7 @@ impl Connection {
             State::Closed => return None,
             State::SynSent | State::SynReceived => {
                 if !self.syn_due {
-                    return self.emit_pure_ack_if_due(now, buf);
+                    return self.emit_pure_ack_if_due(now, out.head);
                 }
                 let ack = self.state == State::SynReceived;
                 let flags = TcpFlags {
@@ -3056,7 +3142,7 @@ impl Connection {
                     ..TcpFlags::default()
                 };
                 let repr = self.base_repr(now, self.snd.isn, flags);
-                let n = repr.emit(buf).ok()?;
+                let n = repr.emit(out.head).ok()?;
                 self.after_emit_ack(&repr);
                 self.syn_due = false;
                 if self.syn_sent_at.is_none() {
@@ -3076,18 +3162,18 @@ impl Connection {
         let mut no_source = NoSource;
         let source = source.unwrap_or(&mut no_source);
         if data {
-            if let Some(n) = self.try_retransmit(now, buf, source) {
+            if let Some(n) = self.try_retransmit(now, out, source) {
                 return Some(n);
             }
             if self.state == State::Closed {
                 // The source failed: send the RST.
-                return self.poll_transmit_inner(now, buf, None);
+                return self.poll_transmit_inner(now, out, None);
             }
-            if let Some(n) = self.try_send_new(now, buf, source) {
+            if let Some(n) = self.try_send_new(now, out, source) {
                 return Some(n);
             }
             if self.state == State::Closed {
-                return self.poll_transmit_inner(now, buf, None);
+                return self.poll_transmit_inner(now, out, None);
             }
         }
         if self.probe_due {
@@ -3104,13 +3190,13 @@ impl Connection {
                     ..TcpFlags::default()
                 },
             );
-            let n = repr.emit(buf).ok()?;
+            let n = repr.emit(out.head).ok()?;
             self.probe_due = false;
             self.after_emit_ack(&repr);
             self.arm_persist(now);
             return Some(n);
         }
-        self.emit_pure_ack_if_due(now, buf)
+        self.emit_pure_ack_if_due(now, out.head)
     }
 
     fn emit_pure_ack_if_due(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
@@ -3151,7 +3237,7 @@ impl Connection {
     fn emit_data(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut PacketOut<'_, '_>,
         start: u64,
         len: u32,
         fin: bool,
@@ -3197,41 +3283,89 @@ impl Connection {
             (start - self.send_buf_base) as usize
         };
         let (a, b) = self.send_buf.as_slices();
-        let fill = |out: &mut [u8]| {
-            if from_source {
-                if out.is_empty() {
-                    return None;
-                }
-                return match source.fill_summed(start, out) {
-                    Ok(sum) => sum,
-                    Err(e) => {
-                        failed = Some(e);
-                        None
-                    }
-                };
-            }
+        // The modes other than `Source`: the segment's payload octets from `at` on, into
+        // `piece`, from the send buffer.
+        let copy = |at: usize, piece: &mut [u8]| {
             let mut o = 0;
-            let mut s = off;
-            let l = out.len();
+            let mut s = off + at;
+            let l = piece.len();
             if s < a.len() {
                 let run = (a.len() - s).min(l);
-                out[..run].copy_from_slice(&a[s..s + run]);
+                piece[..run].copy_from_slice(&a[s..s + run]);
                 o = run;
                 s = 0;
             } else {
                 s -= a.len();
             }
             if o < l {
-                out[o..].copy_from_slice(&b[s..s + (l - o)]);
+                piece[o..].copy_from_slice(&b[s..s + (l - o)]);
             }
-            None
         };
-        let (emitted, ack) = match headers {
-            Headers::General(r) => (r.emit_with_summed(buf, len as usize, fill), r.ack),
-            Headers::Prebuilt { window, ts, ack } => {
-                let h = &self.data_header;
-                let n = h.emit_summed(buf, seq, ack, psh, window, ts, len as usize, fill);
-                (n, ack)
+        let payload_len = len as usize;
+        let (emitted, ack) = if out.tail.is_empty() {
+            let fill = |payload: &mut [u8]| {
+                if !from_source {
+                    copy(0, payload);
+                    return None;
+                }
+                if payload.is_empty() {
+                    return None;
+                }
+                match source.fill_summed(start, payload) {
+                    Ok(sum) => sum,
+                    Err(e) => {
+                        failed = Some(e);
+                        None
+                    }
+                }
+            };
+            match headers {
+                Headers::General(r) => (r.emit_with_summed(out.head, payload_len, fill), r.ack),
+                Headers::Prebuilt { window, ts, ack } => {
+                    let h = &self.data_header;
+                    let n = h.emit_summed(out.head, seq, ack, psh, window, ts, payload_len, fill);
+                    (n, ack)
+                }
+            }
+        } else {
+            // In pieces: the payload starts after the headers in `head` and runs on through
+            // the tail, written by one call of the source.
+            let header_len = match &headers {
+                Headers::General(r) => r.header_len(),
+                Headers::Prebuilt { .. } => self.data_header.header_len(),
+            };
+            let room = out.head.len().saturating_sub(header_len)
+                + out.tail.iter().map(|p| p.len()).sum::<usize>();
+            if payload_len > room {
+                return None;
+            }
+            let tail = &mut *out.tail;
+            let fill = |first: &mut [u8]| {
+                if payload_len == 0 {
+                    return 0;
+                }
+                let first_len = first.len().min(payload_len);
+                let first = &mut first[..first_len];
+                let filled = if from_source {
+                    source.fill_split(start, payload_len, first, tail)
+                } else {
+                    fill_in_pieces(start, payload_len, first, tail, |offset, piece| {
+                        copy((offset - start) as usize, piece);
+                        Ok(None)
+                    })
+                };
+                filled.unwrap_or_else(|e| {
+                    failed = Some(e);
+                    0
+                })
+            };
+            match headers {
+                Headers::General(r) => (r.emit_split(out.head, payload_len, fill), r.ack),
+                Headers::Prebuilt { window, ts, ack } => {
+                    let h = &self.data_header;
+                    let n = h.emit_split(out.head, seq, ack, psh, window, ts, payload_len, fill);
+                    (n, ack)
+                }
             }
         };
         let n = emitted.ok()?;
@@ -3252,7 +3386,7 @@ impl Connection {
     fn try_retransmit(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut PacketOut<'_, '_>,
         source: &mut dyn TxSource,
     ) -> Option<usize> {
         if self.lost_count == 0 {
@@ -3291,7 +3425,7 @@ impl Connection {
         } else if pipe > 0 && pipe + len > cwnd {
             return None;
         }
-        let n = self.emit_data(now, buf, e.start, e.len, e.fin, source)?;
+        let n = self.emit_data(now, out, e.start, e.len, e.fin, source)?;
         let s = &mut self.scoreboard[idx];
         s.state = SegState::InFlight;
         s.xmit_time = now;
@@ -3350,7 +3484,7 @@ impl Connection {
     fn try_send_new(
         &mut self,
         now: Instant,
-        buf: &mut [u8],
+        out: &mut PacketOut<'_, '_>,
         source: &mut dyn TxSource,
     ) -> Option<usize> {
         if !self.state.may_send_queued() {
@@ -3403,7 +3537,7 @@ impl Connection {
             }
             self.note_send_limit(now, None);
             let start = self.snd_nxt;
-            let n = self.emit_data(now, buf, start, len as u32, false, source)?;
+            let n = self.emit_data(now, out, start, len as u32, false, source)?;
             self.snd_nxt += len;
             while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
                 self.record_ends.pop_front();
@@ -3424,7 +3558,7 @@ impl Connection {
         }
         if self.fin_queued && !self.fin_sent && self.scoreboard.len() < self.max_tracked {
             let start = self.snd_nxt;
-            let n = self.emit_data(now, buf, start, 0, true, source)?;
+            let n = self.emit_data(now, out, start, 0, true, source)?;
             self.fin_sent = true;
             self.scoreboard.push_back(TxSegment {
                 start,

@@ -35,6 +35,21 @@ pub trait TxSources {
     ) -> Result<Option<u16>, TxSourceError> {
         self.fill(id, stream_offset, out).map(|()| None)
     }
+
+    /// [`TxSource::fill_split`] for connection `id`; the default fills piece by piece with
+    /// [`fill_summed`](Self::fill_summed).
+    fn fill_split(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, TxSourceError> {
+        crate::conn::fill_in_pieces(stream_offset, len, first, rest, |offset, out| {
+            self.fill_summed(id, offset, out)
+        })
+    }
 }
 
 /// What processing a received packet calls back into ([`ConnectionTable::handle_packet_with`]).
@@ -79,6 +94,17 @@ impl TxSource for SourceOf<'_> {
         out: &mut [u8],
     ) -> Result<Option<u16>, TxSourceError> {
         self.sources.fill_summed(self.id, stream_offset, out)
+    }
+
+    fn fill_split(
+        &mut self,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, TxSourceError> {
+        self.sources
+            .fill_split(self.id, stream_offset, len, first, rest)
     }
 }
 
@@ -685,7 +711,7 @@ impl ConnectionTable {
 
     /// Emit the next packet of any connection (or a pending RST).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        self.poll_transmit_inner(now, buf, None)
+        self.poll_transmit_inner(now, buf, &mut [], None)
     }
 
     /// [`ConnectionTable::poll_transmit`] with the sources of [`crate::TxMode::Source`]
@@ -696,13 +722,28 @@ impl ConnectionTable {
         buf: &mut [u8],
         sources: &mut dyn TxSources,
     ) -> Option<usize> {
-        self.poll_transmit_inner(now, buf, Some(sources))
+        self.poll_transmit_inner(now, buf, &mut [], Some(sources))
+    }
+
+    /// [`ConnectionTable::poll_transmit_with`] into a packet buffer in pieces (the frames of
+    /// a multi-buffer AF_XDP packet; [`Connection::poll_transmit_split`]): headers at the start
+    /// of `head`, a data segment's payload from there on through `tail`; control segments and
+    /// the table's replies in `head` alone.
+    pub fn poll_transmit_split(
+        &mut self,
+        now: Instant,
+        head: &mut [u8],
+        tail: &mut [&mut [u8]],
+        sources: &mut dyn TxSources,
+    ) -> Option<usize> {
+        self.poll_transmit_inner(now, head, tail, Some(sources))
     }
 
     fn poll_transmit_inner(
         &mut self,
         now: Instant,
         buf: &mut [u8],
+        tail: &mut [&mut [u8]],
         mut sources: Option<&mut dyn TxSources>,
     ) -> Option<usize> {
         // A reply stays queued until a buffer holds it (one that cannot be written at all
@@ -731,7 +772,7 @@ impl ConnectionTable {
                 };
                 let sent = match sources.as_deref_mut() {
                     Some(sources) => {
-                        conn.poll_transmit_with(now, buf, &mut SourceOf { id, sources })
+                        conn.poll_transmit_split(now, buf, tail, &mut SourceOf { id, sources })
                     }
                     None => conn.poll_transmit(now, buf),
                 };

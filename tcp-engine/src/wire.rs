@@ -806,6 +806,32 @@ impl<'a> SegmentRepr<'a> {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<u16>,
     ) -> Result<usize, WireError> {
+        let total = self.header_len() + payload_len;
+        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
+        self.emit_split(buf, payload_len, |payload| {
+            fill(payload).unwrap_or_else(|| Checksum::new().add_bytes(payload).sum())
+        })
+    }
+
+    /// Octets of the IPv4 and TCP headers (options included) this segment emits.
+    pub fn header_len(&self) -> usize {
+        IPV4_HEADER_LEN + TCP_HEADER_LEN + self.options.wire_len()
+    }
+
+    /// [`emit_with_summed`](Self::emit_with_summed) for a packet whose payload need not follow
+    /// its headers in one buffer (the frames of a multi-buffer AF_XDP packet): the headers go
+    /// at the start of `head`, and `fill` is given the rest of `head` (of any length, shorter
+    /// or longer than the payload), writes the `payload_len` octets of payload from there on
+    /// and wherever the caller keeps the rest, and returns their ones' complement sum
+    /// ([`Checksum::sum`]), which the TCP checksum takes instead of reading them (RFC 1071
+    /// 2(A), 2(C); the payload starts at an offset of the segment that is a multiple of 4).
+    /// Returns the packet's length.
+    pub fn emit_split(
+        &self,
+        head: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> u16,
+    ) -> Result<usize, WireError> {
         let opt_len = self.options.wire_len();
         if opt_len > TCP_MAX_OPTIONS_LEN {
             return Err(WireError::OptionsTooLong);
@@ -815,8 +841,11 @@ impl<'a> SegmentRepr<'a> {
         if total > usize::from(u16::MAX) {
             return Err(WireError::BufferTooSmall);
         }
-        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
-        let (ip_out, tcp) = buf.split_at_mut(IPV4_HEADER_LEN);
+        if head.len() < IPV4_HEADER_LEN + TCP_HEADER_LEN + opt_len {
+            return Err(WireError::BufferTooSmall);
+        }
+        let (ip_out, rest) = head.split_at_mut(IPV4_HEADER_LEN);
+        let (tcp, payload_room) = rest.split_at_mut(TCP_HEADER_LEN + opt_len);
         // The header checksums are summed from the field values, not read back from `buf`
         // (loads spanning the small stores just made would wait for them).
         let (src, dst) = (self.src_addr.octets(), self.dst_addr.octets());
@@ -851,32 +880,24 @@ impl<'a> SegmentRepr<'a> {
         tcp[12..14].copy_from_slice(&off_flags);
         tcp[14..16].copy_from_slice(&window);
         tcp[16..20].copy_from_slice(&[0, 0, 0, 0]);
-        let written = self
-            .options
-            .emit(&mut tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]);
+        let written = self.options.emit(&mut tcp[TCP_HEADER_LEN..]);
         debug_assert_eq!(written, opt_len);
-        let payload_sum = fill(&mut tcp[TCP_HEADER_LEN + opt_len..]);
+        let payload_sum = fill(payload_room);
         let pseudo = addrs.add_2([0, 6]).add_2((tcp_len as u16).to_be_bytes());
-        let sum = match payload_sum {
-            Some(p) => {
-                let header = pseudo
-                    .add_4(ports)
-                    .add_4(seq)
-                    .add_4(ack)
-                    .add_2(off_flags)
-                    .add_2(window);
-                let header = match self.options.timestamp_only() {
-                    Some((v, e)) => header
-                        .add_4(TS_ONLY_LEAD)
-                        .add_4(v.to_be_bytes())
-                        .add_4(e.to_be_bytes()),
-                    None => header.add_short(&tcp[TCP_HEADER_LEN..TCP_HEADER_LEN + opt_len]),
-                };
-                header.add_sum(p)
-            }
-            None => pseudo.add_bytes(tcp),
-        }
-        .finish();
+        let header = pseudo
+            .add_4(ports)
+            .add_4(seq)
+            .add_4(ack)
+            .add_2(off_flags)
+            .add_2(window);
+        let header = match self.options.timestamp_only() {
+            Some((v, e)) => header
+                .add_4(TS_ONLY_LEAD)
+                .add_4(v.to_be_bytes())
+                .add_4(e.to_be_bytes()),
+            None => header.add_short(&tcp[TCP_HEADER_LEN..]),
+        };
+        let sum = header.add_sum(payload_sum).finish();
         tcp[16..18].copy_from_slice(&sum.to_be_bytes());
         Ok(total)
     }
@@ -896,9 +917,8 @@ pub struct DataHeader {
     head: [u8; DATA_HEADER_MAX],
     /// Octets of `head` in use: 40, or 52 with timestamps.
     len: usize,
-    /// The pseudo-header's addresses and protocol (RFC 9293 3.1).
-    pseudo: Checksum,
-    /// `pseudo` plus the TCP header's fixed words: the ports and the timestamps' lead.
+    /// The pseudo-header's addresses and protocol (RFC 9293 3.1), the TCP header's fixed words:
+    /// the ports and the timestamps' lead.
     fixed: Checksum,
     /// The IPv4 header's words but the total length (its checksum field zero).
     ip_fixed: Checksum,
@@ -942,7 +962,6 @@ impl DataHeader {
         DataHeader {
             head,
             len,
-            pseudo,
             fixed,
             ip_fixed,
         }
@@ -951,6 +970,11 @@ impl DataHeader {
     /// Whether the headers carry the timestamps option.
     pub fn has_timestamps(&self) -> bool {
         self.len == DATA_HEADER_MAX
+    }
+
+    /// Octets of the headers: 40, or 52 with timestamps.
+    pub fn header_len(&self) -> usize {
+        self.len
     }
 
     /// Writes a data segment of `payload_len` octets into `buf` and returns its length: the
@@ -971,12 +995,36 @@ impl DataHeader {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]) -> Option<u16>,
     ) -> Result<usize, WireError> {
+        let buf = buf
+            .get_mut(..self.len + payload_len)
+            .ok_or(WireError::BufferTooSmall)?;
+        self.emit_split(buf, seq, ack, psh, window, ts, payload_len, |payload| {
+            fill(payload).unwrap_or_else(|| Checksum::new().add_bytes(payload).sum())
+        })
+    }
+
+    /// [`DataHeader::emit_summed`] for a packet whose payload need not follow its headers in
+    /// one buffer, as [`SegmentRepr::emit_split`]: the headers at the start of `head`, and
+    /// `fill`, given the rest of `head`, writes the payload from there on (and on wherever the
+    /// caller keeps the rest) and returns its ones' complement sum.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn emit_split(
+        &self,
+        head: &mut [u8],
+        seq: u32,
+        ack: u32,
+        psh: bool,
+        window: u16,
+        ts: (u32, u32),
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> u16,
+    ) -> Result<usize, WireError> {
         let total = self.len + payload_len;
-        if total > usize::from(u16::MAX) {
+        if total > usize::from(u16::MAX) || head.len() < self.len {
             return Err(WireError::BufferTooSmall);
         }
-        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
-        let (head, payload) = buf.split_at_mut(self.len);
+        let (head, payload_room) = head.split_at_mut(self.len);
         // Lengths known at compile time in each branch: moves, not a call into `memcpy`.
         if self.len == DATA_HEADER_MAX {
             head.copy_from_slice(&self.head);
@@ -1001,29 +1049,21 @@ impl DataHeader {
             tcp[28..32].copy_from_slice(&ts.1);
         }
         let tcp_len = ((total - IPV4_HEADER_LEN) as u16).to_be_bytes();
-        let sum = match fill(payload) {
-            Some(p) => {
-                let sum = self
-                    .fixed
-                    .add_2(tcp_len)
-                    .add_4(seq)
-                    .add_4(ack)
-                    .add_2(off_flags)
-                    .add_2(window);
-                let sum = if timestamps {
-                    sum.add_4(ts.0).add_4(ts.1)
-                } else {
-                    sum
-                };
-                sum.add_sum(p)
-            }
-            None => self
-                .pseudo
-                .add_2(tcp_len)
-                .add_bytes(&buf[IPV4_HEADER_LEN..]),
-        }
-        .finish();
-        buf[IPV4_HEADER_LEN + 16..IPV4_HEADER_LEN + 18].copy_from_slice(&sum.to_be_bytes());
+        let payload_sum = fill(payload_room);
+        let sum = self
+            .fixed
+            .add_2(tcp_len)
+            .add_4(seq)
+            .add_4(ack)
+            .add_2(off_flags)
+            .add_2(window);
+        let sum = if timestamps {
+            sum.add_4(ts.0).add_4(ts.1)
+        } else {
+            sum
+        };
+        let sum = sum.add_sum(payload_sum).finish();
+        tcp[16..18].copy_from_slice(&sum.to_be_bytes());
         Ok(total)
     }
 }
@@ -1333,6 +1373,7 @@ mod tests {
             payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1500),
             summed in proptest::prelude::any::<bool>(),
             tos in proptest::prelude::any::<u8>(),
+            cut in 0usize..1500,
         ) {
             let tuple = FourTuple {
                 local_addr: Ipv4Addr::from(addrs.0),
@@ -1378,6 +1419,27 @@ mod tests {
             proptest::prop_assert_eq!(parsed.options.timestamp, ts);
             proptest::prop_assert_eq!(parsed.tos, tos);
             proptest::prop_assert_eq!(parsed.payload, &payload[..]);
+            // In two pieces: the headers and the payload's first `cut` octets in the head, the
+            // rest of the payload in a tail the fill writes itself (a multi-buffer packet).
+            let cut = cut.min(payload.len());
+            for general in [true, false] {
+                let mut head = vec![0x77u8; repr.header_len() + cut];
+                let mut tail = vec![0x33u8; payload.len() - cut];
+                let split_fill = |first: &mut [u8]| {
+                    first.copy_from_slice(&payload[..cut]);
+                    tail.copy_from_slice(&payload[cut..]);
+                    Checksum::new().add_bytes(&payload).sum()
+                };
+                let k = if general {
+                    repr.emit_split(&mut head, payload.len(), split_fill)
+                } else {
+                    header.emit_split(&mut head, seq, ack, psh, window, ts.unwrap_or((7, 9)), payload.len(), split_fill)
+                }
+                .expect("split");
+                proptest::prop_assert_eq!(k, n);
+                head.extend_from_slice(&tail);
+                proptest::prop_assert_eq!(&want[..n], &head[..]);
+            }
         }
     }
 

@@ -228,6 +228,23 @@ pub trait TcpApp {
         self.fill_tx(id, stream_offset, out).map(|()| None)
     }
 
+    /// [`fill_tx_summed`](Self::fill_tx_summed) into a packet in pieces (the frames of a
+    /// multi-buffer packet; [`tcp_engine::TxSource::fill_split`]): the `len` octets from
+    /// `stream_offset` on, `first` whole and then through `rest`. The default fills piece by
+    /// piece with `fill_tx_summed`.
+    fn fill_tx_split(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, tcp_engine::TxSourceError> {
+        tcp_engine::fill_in_pieces(stream_offset, len, first, rest, |offset, out| {
+            self.fill_tx_summed(id, offset, out)
+        })
+    }
+
     /// Whether the application queued work for the driver (requests for its connections)
     /// since the last call. Called at the start of every [`XdpTcp::poll`]; a poll after a
     /// quiet one (see there) that finds no frame and no deadline due returns at once unless
@@ -1680,15 +1697,31 @@ impl XdpTcp {
             rounds = rounds.min(self.cfg.tx_turn_frames.div_ceil(batch) - 1);
         }
         for _ in 0..=rounds {
-            let queued = sock.send_until(batch, |_, buf| {
-                let cap = buf.len().min(limit);
-                let (eth, ip) = buf[..cap].split_at_mut(ETH_HLEN);
-                let Some(len) = table.poll_transmit_with(now, ip, &mut sources) else {
+            // Each packet straight into its frames (several on a multi-buffer socket): the
+            // headers in the first, a data segment's payload on through the rest, cut at the
+            // MTU.
+            let queued = sock.send_framed(batch, |_, frames| {
+                let (first, rest) = frames.split_first_mut()?;
+                let cap = first.len().min(limit);
+                let mut room = limit - cap;
+                let mut pieces = 0;
+                for piece in rest.iter_mut() {
+                    if room == 0 {
+                        break;
+                    }
+                    let n = piece.len().min(room);
+                    *piece = &mut std::mem::take(piece)[..n];
+                    room -= n;
+                    pieces += 1;
+                }
+                let (eth, ip) = first[..cap].split_at_mut(ETH_HLEN);
+                let tail = &mut rest[..pieces];
+                let Some(len) = table.poll_transmit_split(now, ip, tail, &mut sources) else {
                     exhausted = true;
                     return None;
                 };
                 probe::mark(Mark::FrameWritten);
-                match neigh.lookup(frame::ipv4_dst(&ip[..len])) {
+                match neigh.lookup(frame::ipv4_dst(&ip[..len.min(ip.len())])) {
                     Some(dst_mac) => {
                         frame::write_eth(eth, dst_mac, src_mac);
                         Some(ETH_HLEN + len)
@@ -2009,6 +2042,17 @@ impl<A: TcpApp + ?Sized> tcp_engine::table::TxSources for AppSources<'_, A> {
         out: &mut [u8],
     ) -> Result<Option<u16>, tcp_engine::TxSourceError> {
         self.0.fill_tx_summed(id, stream_offset, out)
+    }
+
+    fn fill_split(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, tcp_engine::TxSourceError> {
+        self.0.fill_tx_split(id, stream_offset, len, first, rest)
     }
 }
 

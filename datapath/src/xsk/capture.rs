@@ -132,6 +132,12 @@ impl CaptureTap {
     /// Hands one frame to the capture, stamped now. Never blocks, never allocates: without a
     /// free buffer the frame is counted as dropped.
     pub fn record(&self, frame: &[u8]) {
+        self.record_pieces(&[frame]);
+    }
+
+    /// [`record`](Self::record) of a frame held in pieces (the UMEM frames of a multi-buffer
+    /// packet), joined in order into the record.
+    pub fn record_pieces(&self, pieces: &[&[u8]]) {
         let s = &*self.shared;
         s.seen.fetch_add(1, Ordering::Relaxed);
         if s.finished.load(Ordering::Relaxed) {
@@ -145,13 +151,16 @@ impl CaptureTap {
             s.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let keep = frame.len().min(s.snaplen);
+        let orig_len: usize = pieces.iter().map(|p| p.len()).sum();
         data.clear();
-        // Within the capacity reserved at creation: no allocation.
-        data.extend_from_slice(&frame[..keep]);
+        for piece in pieces {
+            // Within the capacity reserved at creation: no allocation.
+            let keep = piece.len().min(s.snaplen.saturating_sub(data.len()));
+            data.extend_from_slice(&piece[..keep]);
+        }
         let rec = Record {
             unix_ns,
-            orig_len: u32::try_from(frame.len()).unwrap_or(u32::MAX),
+            orig_len: u32::try_from(orig_len).unwrap_or(u32::MAX),
             data,
         };
         if let Err(e) = s.full_tx.try_send(rec) {
@@ -420,10 +429,17 @@ mod tests {
         .expect("create");
         let tap = cap.tap();
         let frames: Vec<Vec<u8>> = (0..50u8)
-            .map(|i| vec![i; 20 + usize::from(i) * 3])
+            .map(|i| (0..20 + usize::from(i) * 3).map(|k| i ^ k as u8).collect())
             .collect();
-        for f in &frames {
-            tap.record(f);
+        for (i, f) in frames.iter().enumerate() {
+            if i % 2 == 0 {
+                tap.record(f);
+            } else {
+                // In three pieces, as the frames of a multi-buffer packet: joined in order.
+                let (a, rest) = f.split_at(f.len() / 3);
+                let (b, c) = rest.split_at(rest.len() / 2);
+                tap.record_pieces(&[a, b, c]);
+            }
             // The writer keeps up with 64 buffers at this pace.
             std::thread::sleep(Duration::from_micros(200));
         }

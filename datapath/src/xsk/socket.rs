@@ -885,13 +885,21 @@ impl XskSocket {
     /// says nothing more is to be sent, and the call queues what it has and ends there (a
     /// latency-bound sender queues one frame; without the end it would be offered, and take
     /// from the free list and put back, every frame of the batch).
-    pub fn send_until<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    pub fn send_until<F>(&mut self, n: usize, fill: F) -> Result<usize, XskError>
     where
         F: FnMut(usize, &mut [u8]) -> Option<usize>,
     {
         if self.multi_buffer {
             return self.send_batch_joined(n, fill);
         }
+        self.send_single(n, fill)
+    }
+
+    /// [`send_until`](Self::send_until) on a single-buffer socket: a packet per frame.
+    fn send_single<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    where
+        F: FnMut(usize, &mut [u8]) -> Option<usize>,
+    {
         if self.free_tx.len() < n {
             self.complete();
         }
@@ -970,13 +978,22 @@ impl XskSocket {
         Ok(queued)
     }
 
-    /// [`send_batch`](Self::send_batch) on a multi-buffer socket: each packet is built in
-    /// `tx_joined` and copied into as many frames as it needs, all but the last marked
-    /// `XDP_PKT_CONTD`; a packet's frames go to the TX ring together.
-    fn send_batch_joined<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    /// [`send_until`](Self::send_until) with each packet written straight into its frames:
+    /// `fill(i, frames)` gets the frames a packet may take, in order, each
+    /// [`frame_capacity`](Self::frame_capacity) octets (one on a single-buffer socket,
+    /// [`MAX_FRAMES_PER_PACKET`] on a multi-buffer one), and returns the packet's length: its
+    /// octets run through the frames in order, each frame but the packet's last filled whole
+    /// (0 skips the packet, lengths above the frames' room are clipped, `None` says nothing
+    /// more is to be sent). On a multi-buffer socket a packet of several frames goes to the TX
+    /// ring as one, all its frames but the last marked `XDP_PKT_CONTD`. Returns the packets
+    /// queued.
+    pub fn send_framed<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
     where
-        F: FnMut(usize, &mut [u8]) -> Option<usize>,
+        F: FnMut(usize, &mut [&mut [u8]]) -> Option<usize>,
     {
+        if !self.multi_buffer {
+            return self.send_single(n, |i, buf| fill(i, &mut [buf]));
+        }
         let cap = self.frame_capacity;
         let mut index = 0;
         let mut queued = 0;
@@ -993,37 +1010,54 @@ impl XskSocket {
                         break;
                     }
                 }
-                let Some(len) = fill(index, &mut self.tx_joined) else {
+                let mut descs = [FrameDesc::default(); MAX_FRAMES_PER_PACKET];
+                for d in &mut descs {
+                    // At least MAX_FRAMES_PER_PACKET are free (checked above).
+                    if let Some(free) = self.free_tx.pop() {
+                        *d = free;
+                    }
+                }
+                let len = {
+                    // SAFETY: the descriptors came from the free list, so they are distinct
+                    // frames of this UMEM that neither the kernel (they are on no ring) nor
+                    // any other view is using.
+                    let mut views = descs.each_mut().map(|d| unsafe { self.umem.data_mut(d) });
+                    for v in &mut views {
+                        v.cursor().set_pos(cap);
+                    }
+                    let mut frames = views.each_mut().map(|v| v.contents_mut());
+                    fill(index, &mut frames).map(|l| l.min(cap * MAX_FRAMES_PER_PACKET))
+                };
+                index += 1;
+                let Some(len) = len else {
+                    self.free_tx.extend_from_slice(&descs);
                     dry = true;
                     break;
                 };
-                let len = len.min(self.tx_joined.len());
-                index += 1;
-                if len == 0 {
+                let frames = len.div_ceil(cap);
+                for (f, desc) in descs.iter_mut().enumerate().take(frames) {
+                    {
+                        // SAFETY: as above; the view written in `fill` is gone.
+                        let mut data = unsafe { self.umem.data_mut(desc) };
+                        data.cursor().set_pos((len - f * cap).min(cap));
+                    }
+                    desc.set_options(if f + 1 < frames { XDP_PKT_CONTD } else { 0 });
+                    self.tx_descs[k + f] = *desc;
+                }
+                self.free_tx.extend_from_slice(&descs[frames..]);
+                if frames == 0 {
                     continue;
                 }
                 if let Some(tap) = &self.capture {
-                    tap.record(&self.tx_joined[..len]);
-                }
-                let frames = len.div_ceil(cap);
-                for (f, piece) in self.tx_joined[..len].chunks(cap).enumerate() {
-                    // At least MAX_FRAMES_PER_PACKET are free (checked above) and a packet
-                    // needs at most that many.
-                    let Some(mut desc) = self.free_tx.pop() else {
-                        break;
-                    };
-                    {
-                        // SAFETY: `desc` came from the free list, so it is a frame of this
-                        // UMEM that neither the kernel (it is on no ring) nor any other view
-                        // is using.
-                        let mut data = unsafe { self.umem.data_mut(&mut desc) };
-                        data.cursor().set_pos(piece.len());
-                        data.contents_mut().copy_from_slice(piece);
+                    let mut pieces: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
+                    for (piece, desc) in pieces.iter_mut().zip(&self.tx_descs[k..k + frames]) {
+                        // SAFETY: frames of this UMEM written above and on no ring yet: this
+                        // reads them and nothing writes them.
+                        *piece = unsafe { self.umem.data(desc) }.contents();
                     }
-                    desc.set_options(if f + 1 < frames { XDP_PKT_CONTD } else { 0 });
-                    self.tx_descs[k] = desc;
-                    k += 1;
+                    tap.record_pieces(&pieces[..frames]);
                 }
+                k += frames;
                 packets += 1;
                 if frames > 1 {
                     self.stats.tx_multi_frame += 1;
@@ -1050,6 +1084,28 @@ impl XskSocket {
             }
         }
         Ok(queued)
+    }
+
+    /// [`send_batch`](Self::send_batch) on a multi-buffer socket, for a `fill` that writes a
+    /// packet into one buffer: each packet is built in `tx_joined`, then copied into its
+    /// frames ([`send_framed`](Self::send_framed) writes them without the copy).
+    fn send_batch_joined<F>(&mut self, n: usize, mut fill: F) -> Result<usize, XskError>
+    where
+        F: FnMut(usize, &mut [u8]) -> Option<usize>,
+    {
+        let mut joined = std::mem::take(&mut self.tx_joined);
+        let sent = self.send_framed(n, |i, frames| {
+            let len = fill(i, &mut joined)?.min(joined.len());
+            let mut at = 0;
+            for frame in frames.iter_mut() {
+                let piece = (len - at).min(frame.len());
+                frame[..piece].copy_from_slice(&joined[at..at + piece]);
+                at += piece;
+            }
+            Some(at)
+        });
+        self.tx_joined = joined;
+        sent
     }
 
     /// Prefetches the first [`HEADER_PREFETCH`] octets of frame `desc` (a received one not yet

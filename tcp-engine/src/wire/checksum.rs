@@ -103,6 +103,13 @@ impl Checksum {
         }
     }
 
+    /// [`add_sum`](Self::add_sum) of the sum of data that starts at offset `at` of the
+    /// checksummed data: byte-swapped when `at` is odd (RFC 1071 2(B)).
+    #[inline]
+    pub fn add_sum_at(self, at: usize, sum: u16) -> Checksum {
+        self.add_sum(if at % 2 == 1 { sum.swap_bytes() } else { sum })
+    }
+
     /// The ones' complement sum, as a big-endian value (`to_be_bytes` gives the wire octets).
     #[inline]
     pub fn sum(self) -> u16 {

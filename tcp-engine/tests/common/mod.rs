@@ -61,6 +61,9 @@ pub struct Peer {
     pub malformed: u64,
     /// Ranges placed in posted RDMA buffers ([`Connection::next_placed`]), in stream order.
     pub placed: Vec<tcp_engine::RdmaPlaced>,
+    /// Packets written in pieces of this many octets ([`Connection::poll_transmit_split`],
+    /// as into the frames of a multi-buffer AF_XDP packet) instead of one buffer.
+    pub split: Option<usize>,
 }
 
 impl Peer {
@@ -108,6 +111,7 @@ impl Peer {
             events: Vec::new(),
             malformed: 0,
             placed: Vec::new(),
+            split: None,
         }
     }
 
@@ -275,12 +279,19 @@ impl Endpoint for Peer {
     fn transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.pump();
         let conn = self.conn.as_mut()?;
+        let mut source = PeerSource {
+            src: &self.src,
+            acked: conn.bytes_acked(),
+            fills: &mut self.fills,
+        };
+        if let Some(piece) = self.split {
+            // Adjacent pieces of `buf`, but separate slices to TCP: what it writes must
+            // come out as one packet.
+            let (head, tail) = buf.split_at_mut(piece.min(buf.len()));
+            let mut tail: Vec<&mut [u8]> = tail.chunks_mut(piece).collect();
+            return conn.poll_transmit_split(now, head, &mut tail, &mut source);
+        }
         if conn_tx_mode(conn) == TxMode::Source {
-            let mut source = PeerSource {
-                src: &self.src,
-                acked: conn.bytes_acked(),
-                fills: &mut self.fills,
-            };
             return conn.poll_transmit_with(now, buf, &mut source);
         }
         conn.poll_transmit(now, buf)

@@ -641,6 +641,33 @@ impl TcpApp for App<'_> {
         }
     }
 
+    fn fill_tx_split(
+        &mut self,
+        id: ConnId,
+        stream_offset: u64,
+        len: usize,
+        first: &mut [u8],
+        rest: &mut [&mut [u8]],
+    ) -> Result<u16, tcp_engine::TxSourceError> {
+        let State {
+            slots,
+            scratch,
+            tx_joined,
+            ..
+        } = &mut *self.st;
+        match slots.get_mut(&id) {
+            Some(slot) => {
+                let mem = table_of(slot.table, self.mem, scratch);
+                slot.conn
+                    .fill_split(stream_offset, len, first, rest, mem, tx_joined)
+            }
+            None => Err(tcp_engine::TxSourceError {
+                offset: stream_offset,
+                len,
+            }),
+        }
+    }
+
     fn poll_timeout(&self) -> Option<Instant> {
         self.st
             .slots

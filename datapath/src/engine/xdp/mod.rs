@@ -217,6 +217,7 @@ fn spawn_shard(
                 attention_local: Vec::new(),
                 seen_posts: 0,
                 rx_crc: None,
+                tx_joined: vec![0; usize::from(xdp.mtu())],
                 many: Arc::new(AtomicBool::new(false)),
             },
             tables: Vec::new(),

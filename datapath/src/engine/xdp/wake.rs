@@ -369,6 +369,10 @@ pub(super) struct State {
     /// The FPDU CRC that `TcpApp::payload_sum` (or `payload_digested`) found in the segment
     /// being received, for its `on_data`.
     pub(super) rx_crc: Option<HeldCrc>,
+    /// Room for a segment's payload built whole where its connection cannot write it into
+    /// the packet's frames in one pass (`IwarpConn::fill_split`: Markers, IFT, the MPA
+    /// startup), as long as the engine's MTU.
+    pub(super) tx_joined: Vec<u8>,
 }
 
 #[cfg(test)]
