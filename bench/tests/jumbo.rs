@@ -1,6 +1,6 @@
 //! Jumbo frames (issue #24): the veth bed at MTU 9000, where one packet spans several 4 KiB
 //! UMEM frames (multi-buffer AF_XDP: the `xdp.frags` program, `XDP_USE_SG` sockets, packets of
-//! several frames joined on receive and split on transmit). Writes, Reads and Sends of 1 B, from
+//! several frames joined on receive and written straight into their frames on transmit). Writes, Reads and Sends of 1 B, from
 //! 2 B to 8 MiB (`-a`) and of 16 MiB, verified by the tool, with Markers off and on, engine to
 //! engine and between the engine and the socket transport (kernel TCP at MTU 9000) both ways.
 //!

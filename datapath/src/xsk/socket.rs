@@ -74,7 +74,9 @@ pub struct XskConfig {
     /// [`MAX_FRAMES_PER_PACKET`] frames, the frames of one packet all but the last marked
     /// `XDP_PKT_CONTD` in their descriptor's options, so packets larger than a frame (jumbo
     /// frames) pass. Received multi-frame packets are joined into one buffer of the socket
-    /// before they are handed out; transmitted ones are built in one and split into frames.
+    /// before they are handed out; transmitted ones are written straight into their frames
+    /// ([`XskSocket::send_framed`]), or built in one buffer and copied into them
+    /// ([`XskSocket::send_batch`]).
     /// Needs an XDP program that handles multi-buffer packets (`xdp.frags`). Off: a packet is
     /// one frame (the fast path, no copy).
     pub multi_buffer: bool,
@@ -367,7 +369,7 @@ pub struct XskSocket {
     /// of the largest packets, allocated when the socket opens), used up to `rx_joined_len`.
     rx_joined: Vec<u8>,
     rx_joined_len: usize,
-    /// A packet being built before it is split into frames (multi-buffer only).
+    /// A packet being built before it is copied into its frames (multi-buffer `send_batch`).
     tx_joined: Vec<u8>,
 }
 
