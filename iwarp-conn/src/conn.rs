@@ -2529,11 +2529,13 @@ impl IwarpConn {
 
     /// [`IwarpConn::fill`] into a packet in pieces (`tcp_engine::TxSource::fill_split`): the
     /// `len` stream octets from `offset` on, `first` whole and then on through `rest`. A
-    /// segment that is one whole FPDU without Markers (the usual one) is written in one pass,
-    /// its CRC carried across the pieces. Anything else (Markers, IFT frames, the MPA
-    /// startup) is written whole into `scratch` and copied into the pieces where `scratch`
-    /// holds `len` octets (a piece-by-piece fill would compute a cut FPDU's CRC in a pass of
-    /// its own), piece by piece otherwise. Returns the ones' complement sum of the octets.
+    /// segment that is one whole FPDU without Markers (the usual one), its headers inside
+    /// `first`, is written in one pass, its CRC carried across the pieces. Anything else
+    /// (Markers, IFT frames, the MPA startup, a segment of several FPDUs or part of one) is
+    /// written whole into `scratch` and copied into the pieces where `scratch` holds `len`
+    /// octets (a piece-by-piece fill would compute a cut FPDU's CRC in a pass of its own),
+    /// piece by piece otherwise. Returns the ones' complement sum of the octets, or
+    /// `TxSourceError` if the pieces hold fewer than `len`.
     pub fn fill_split<B: RegionBuffer>(
         &mut self,
         offset: u64,
@@ -2551,6 +2553,13 @@ impl IwarpConn {
             if let Some(filled) = self.tx.fill_whole_split(offset, len, first, rest, mem) {
                 return filled.inspect_err(|&e| self.tx_failed = Some(e));
             }
+        }
+        let room = first.len() + rest.iter().map(|p| p.len()).sum::<usize>();
+        if room < len {
+            return Err(TxSourceError {
+                offset: offset + room as u64,
+                len: len - room,
+            });
         }
         if let Some(whole) = scratch.get_mut(..len) {
             let sum = self.fill(offset, whole, mem)?;
@@ -2581,7 +2590,34 @@ impl IwarpConn {
         if tcp.config().tx_mode != TxMode::Source {
             return tcp.poll_transmit(now, buf);
         }
-        tcp.poll_transmit_with(now, buf, &mut ConnSource { conn: self, mem })
+        let source = &mut ConnSource {
+            conn: self,
+            mem,
+            scratch: &mut [],
+        };
+        tcp.poll_transmit_with(now, buf, source)
+    }
+
+    /// [`IwarpConn::poll_transmit`] into a packet in pieces (the frames of a multi-buffer
+    /// packet; `TcpConnection::poll_transmit_split`): headers at the start of `head`, a data
+    /// segment's payload on through `tail`, written by [`IwarpConn::fill_split`] with
+    /// `scratch` lent to it.
+    pub fn poll_transmit_split<B: RegionBuffer>(
+        &mut self,
+        tcp: &mut TcpConnection,
+        mem: &MemoryTable<B>,
+        now: Instant,
+        head: &mut [u8],
+        tail: &mut [&mut [u8]],
+        scratch: &mut [u8],
+    ) -> Option<usize> {
+        self.apply_renege(tcp);
+        let source = &mut ConnSource {
+            conn: self,
+            mem,
+            scratch,
+        };
+        tcp.poll_transmit_split(now, head, tail, source)
     }
 
     fn transmit<B: RegionBuffer>(&mut self, tcp: &mut TcpConnection, mem: &MemoryTable<B>) {
@@ -2704,6 +2740,8 @@ impl IwarpConn {
 struct ConnSource<'a, B> {
     conn: &'a mut IwarpConn,
     mem: &'a MemoryTable<B>,
+    /// Lent to [`IwarpConn::fill_split`] (empty: no joining, piece by piece).
+    scratch: &'a mut [u8],
 }
 
 impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
@@ -2726,9 +2764,8 @@ impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
         first: &mut [u8],
         rest: &mut [&mut [u8]],
     ) -> Result<u16, TxSourceError> {
-        // No room to join in: what is not one whole unmarked FPDU goes piece by piece.
         self.conn
-            .fill_split(stream_offset, len, first, rest, self.mem, &mut [])
+            .fill_split(stream_offset, len, first, rest, self.mem, self.scratch)
     }
 }
 

@@ -522,10 +522,15 @@ impl TxRing {
             seq_start: self.seq_start,
         };
         let mut last = None;
-        let written = match (f.held, self.held.get(k).and_then(Option::as_ref)) {
-            (true, Some(h)) => w.whole_unmarked_split(f, head, Some((&*h.buf, h.off)), first, rest),
-            (true, None) => return Some(Err(err)),
-            (false, _) => {
+        // A held source as `fill` takes it: where the descriptor says so and one is kept.
+        let held = if f.held {
+            self.held.get(k).and_then(Option::as_ref)
+        } else {
+            None
+        };
+        let written = match held {
+            Some(h) => w.whole_unmarked_split(f, head, Some((&*h.buf, h.off)), first, rest),
+            None => {
                 let region = match f.payload() {
                     Some(p) => {
                         let Ok(found) = mem.validate_hinted(
@@ -552,8 +557,9 @@ impl TxRing {
             f.has_crc = true;
         }
         self.cursor = i;
-        self.prefetch(i + 1, last, mem);
-        self.prefetch_descriptor(i + DESCRIPTOR_AHEAD);
+        // As far ahead as `fill` reaches after the FPDU it wrote (see there).
+        self.prefetch(i + 2, last, mem);
+        self.prefetch_descriptor(i + 1 + DESCRIPTOR_AHEAD);
         Some(Ok(sum))
     }
 

@@ -171,6 +171,9 @@ pub fn fill_in_pieces(
             break;
         }
         let n = piece.len().min(len - at);
+        if n == 0 {
+            continue;
+        }
         let out = &mut piece[..n];
         let part = match fill(stream_offset + at as u64, out)? {
             Some(part) => part,
@@ -3092,9 +3095,10 @@ impl Connection {
 
     /// [`Connection::poll_transmit_with`] into a packet buffer in pieces (the frames of a
     /// multi-buffer AF_XDP packet): the IPv4 and TCP headers at the start of `head`, a data
-    /// segment's payload from there on through `tail` in order, written by `source` in one
-    /// call ([`TxSource::fill_split`]). Control segments go in `head` alone. Returns the
-    /// packet's length, all pieces together.
+    /// segment's payload from there on through `tail` in order, written in
+    /// [`TxMode::Source`] by `source` in one call ([`TxSource::fill_split`]) and in the other
+    /// modes copied from the send buffer piece by piece. Control segments go in `head` alone.
+    /// Returns the packet's length, all pieces together.
     pub fn poll_transmit_split(
         &mut self,
         now: Instant,

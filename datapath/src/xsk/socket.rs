@@ -1031,8 +1031,9 @@ impl XskSocket {
                     fill(index, &mut frames).map(|l| l.min(cap * MAX_FRAMES_PER_PACKET))
                 };
                 index += 1;
+                // Frames not used go back with the first taken (the warmest) on top.
                 let Some(len) = len else {
-                    self.free_tx.extend_from_slice(&descs);
+                    self.free_tx.extend(descs.iter().rev());
                     dry = true;
                     break;
                 };
@@ -1046,7 +1047,7 @@ impl XskSocket {
                     desc.set_options(if f + 1 < frames { XDP_PKT_CONTD } else { 0 });
                     self.tx_descs[k + f] = *desc;
                 }
-                self.free_tx.extend_from_slice(&descs[frames..]);
+                self.free_tx.extend(descs[frames..].iter().rev());
                 if frames == 0 {
                     continue;
                 }
