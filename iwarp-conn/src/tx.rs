@@ -1013,16 +1013,7 @@ impl FpduWriter {
         let pad = pad_len(usize::from(f.ulpdu_len));
         debug_assert_eq!(out.len(), h + pl + pad + CRC_LEN);
         let (hdr, rest) = out.split_at_mut(h);
-        let len = f.ulpdu_len.to_be_bytes();
-        hdr[..2].copy_from_slice(&len);
-        copy_short(&mut hdr[2..], head);
-        // Summed and CRC'd from the descriptor, not read back from `out`: loads spanning the
-        // small stores just made would wait for them (store forwarding fails).
-        let mut sum = Checksum::new().add_2(len).add_short(head);
-        let mut crc = u32::MAX;
-        if self.crc {
-            crc = crc_update_len_head(crc, f.ulpdu_len, head);
-        }
+        let (mut sum, mut crc) = self.write_head(f, head, hdr);
         let (dst, rest) = rest.split_at_mut(pl);
         if let (Some((buf, base)), false) = (region, dst.is_empty()) {
             let part = if self.crc {
@@ -1038,20 +1029,42 @@ impl FpduWriter {
         let (pad_out, field) = rest.split_at_mut(pad);
         // At most 3 octets: `copy_short`'s moves, not a call into `memset`.
         copy_short(pad_out, &[0u8; 3][..pad]);
-        let value = if self.crc {
-            if pad > 0 {
-                !crc_update(crc, &[0u8; 3][..pad])
-            } else {
-                !crc
-            }
-        } else {
-            0
-        };
+        let value = self.crc_field(crc, pad);
         // RFC 5044 4.4: least significant octet first (IWARP-WIRE.md 1.2). The field starts
         // at a multiple of 4 (ULPDU_Length, ULPDU and PAD fill whole words).
         let bytes = value.to_le_bytes();
         field.copy_from_slice(&bytes);
         (sum.add_4(bytes).sum(), self.crc.then_some(value))
+    }
+
+    /// Writes ULPDU_Length and the inline header `head` into `hdr` (`2 + head.len()` octets)
+    /// and returns their ones' complement sum and the CRC32c so far (RFC 5044 4.1, 4.4; the
+    /// CRC's initial value when CRCs are off), both from the descriptor, not read back from
+    /// `hdr`: loads spanning the small stores just made would wait for them (store
+    /// forwarding fails).
+    #[inline]
+    fn write_head(&self, f: &TxFpdu, head: &[u8], hdr: &mut [u8]) -> (Checksum, u32) {
+        let len = f.ulpdu_len.to_be_bytes();
+        hdr[..2].copy_from_slice(&len);
+        copy_short(&mut hdr[2..], head);
+        let sum = Checksum::new().add_2(len).add_short(head);
+        let crc = if self.crc {
+            crc_update_len_head(u32::MAX, f.ulpdu_len, head)
+        } else {
+            u32::MAX
+        };
+        (sum, crc)
+    }
+
+    /// The CRC field's value (RFC 5044 4.4) from the CRC run over ULPDU_Length and the ULPDU:
+    /// PAD's `pad` zeros folded in, then complemented; 0 without CRCs.
+    #[inline]
+    fn crc_field(&self, crc: u32, pad: usize) -> u32 {
+        match (self.crc, pad) {
+            (false, _) => 0,
+            (true, 0) => !crc,
+            (true, _) => !crc_update(crc, &[0u8; 3][..pad]),
+        }
     }
 
     /// [`whole_unmarked`](Self::whole_unmarked) into a packet in pieces: the FPDU's octets
@@ -1080,14 +1093,7 @@ impl FpduWriter {
             return None;
         }
         let (hdr, first_rest) = first.split_at_mut(h);
-        let len = f.ulpdu_len.to_be_bytes();
-        hdr[..2].copy_from_slice(&len);
-        copy_short(&mut hdr[2..], head);
-        let mut sum = Checksum::new().add_2(len).add_short(head);
-        let mut crc = u32::MAX;
-        if self.crc {
-            crc = crc_update_len_head(crc, f.ulpdu_len, head);
-        }
+        let (mut sum, mut crc) = self.write_head(f, head, hdr);
         let mut payload_left = pl;
         let mut trailer = [0u8; 3 + CRC_LEN];
         let mut trailer_at = 0;
@@ -1117,11 +1123,7 @@ impl FpduWriter {
                 continue;
             }
             if value.is_none() {
-                let v = match (self.crc, pad) {
-                    (false, _) => 0,
-                    (true, 0) => !crc,
-                    (true, _) => !crc_update(crc, &[0u8; 3][..pad]),
-                };
+                let v = self.crc_field(crc, pad);
                 // RFC 5044 4.4: least significant octet first, after PAD's zeros.
                 trailer[pad..trailer_len].copy_from_slice(&v.to_le_bytes());
                 value = Some(v);
