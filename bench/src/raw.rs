@@ -458,13 +458,12 @@ fn tx(o: &Opts) -> Res<()> {
             }),
             // Straight into the packet's frames (several at a jumbo MTU), as the engine writes.
             None => sock.send_framed(n, |_, frames| {
-                let mut at = 0;
-                for frame in frames.iter_mut() {
-                    let piece = (size - at).min(frame.len());
-                    frame[..piece].copy_from_slice(&template[at..at + piece]);
-                    at += piece;
-                }
-                Some(at)
+                let (first, rest) = frames.split_first_mut()?;
+                Some(datapath::xdp_tcp::engine::copy_to_pieces(
+                    &template[..size],
+                    first,
+                    rest,
+                ))
             }),
         }
         .map_err(|e| e.to_string())?;

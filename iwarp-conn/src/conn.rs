@@ -2554,7 +2554,7 @@ impl IwarpConn {
                 return filled.inspect_err(|&e| self.tx_failed = Some(e));
             }
         }
-        let room = first.len() + rest.iter().map(|p| p.len()).sum::<usize>();
+        let room = tcp_engine::pieces_len(first, rest);
         if room < len {
             return Err(TxSourceError {
                 offset: offset + room as u64,
@@ -2563,12 +2563,7 @@ impl IwarpConn {
         }
         if let Some(whole) = scratch.get_mut(..len) {
             let sum = self.fill(offset, whole, mem)?;
-            let mut at = 0;
-            for piece in std::iter::once(first).chain(rest.iter_mut().map(|p| &mut **p)) {
-                let n = piece.len().min(len - at);
-                piece[..n].copy_from_slice(&whole[at..at + n]);
-                at += n;
-            }
+            tcp_engine::copy_to_pieces(whole, first, rest);
             return Ok(sum);
         }
         tcp_engine::fill_in_pieces(offset, len, first, rest, |offset, out| {

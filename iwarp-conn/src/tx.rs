@@ -118,6 +118,18 @@ impl TxFpdu {
         self.start + u64::from(self.wire_len)
     }
 
+    /// The FPDU's DDP/RDMAP header and inline data: in the descriptor, or in `long_heads[k]`
+    /// (its slot's) when longer than [`HEAD_INLINE`].
+    #[inline]
+    fn head<'a>(&'a self, long_heads: &'a [[u8; HEAD_MAX]], k: usize) -> Option<&'a [u8]> {
+        let head_len = usize::from(self.head_len);
+        if head_len <= HEAD_INLINE {
+            self.head.get(..head_len)
+        } else {
+            long_heads.get(k).and_then(|h| h.get(..head_len))
+        }
+    }
+
     /// The CRC once computed.
     fn crc(&self) -> Option<u32> {
         self.has_crc.then_some(self.crc)
@@ -422,13 +434,7 @@ impl TxRing {
             }
             let from = (pos - f.start) as usize;
             let n = (f.wire_len as usize - from).min(out.len() - done);
-            let head_len = usize::from(f.head_len);
-            let head = if head_len <= HEAD_INLINE {
-                f.head.get(..head_len)
-            } else {
-                self.long_heads.get(k).and_then(|h| h.get(..head_len))
-            }
-            .ok_or(err)?;
+            let head = f.head(&self.long_heads, k).ok_or(err)?;
             let ift = self.ift;
             let (part, crc) = match held {
                 Some(h) => {
@@ -507,13 +513,7 @@ impl TxRing {
             return None;
         }
         let err = TxSourceError { offset, len };
-        let head_len = usize::from(f.head_len);
-        let head = if head_len <= HEAD_INLINE {
-            f.head.get(..head_len)
-        } else {
-            self.long_heads.get(k).and_then(|h| h.get(..head_len))
-        };
-        let Some(head) = head else {
+        let Some(head) = f.head(&self.long_heads, k) else {
             return Some(Err(err));
         };
         let w = FpduWriter {
@@ -1088,8 +1088,7 @@ impl FpduWriter {
         let h = 2 + head.len();
         let pad = pad_len(usize::from(f.ulpdu_len));
         let trailer_len = pad + CRC_LEN;
-        let room = first.len() + rest.iter().map(|p| p.len()).sum::<usize>();
-        if first.len() < h || room < h + pl + trailer_len {
+        if first.len() < h || tcp_engine::pieces_len(first, rest) < h + pl + trailer_len {
             return None;
         }
         let (hdr, first_rest) = first.split_at_mut(h);

@@ -191,6 +191,25 @@ pub fn fill_in_pieces(
     Ok(sum.sum())
 }
 
+/// Octets a packet in pieces holds: `first` and every piece of `rest`.
+#[inline]
+pub fn pieces_len(first: &[u8], rest: &[&mut [u8]]) -> usize {
+    first.len() + rest.iter().map(|p| p.len()).sum::<usize>()
+}
+
+/// Copies `src` into `first` and then on through `rest` in order, as far as they hold it;
+/// returns the octets copied (a packet built in one buffer, put into its frames).
+#[inline]
+pub fn copy_to_pieces(src: &[u8], first: &mut [u8], rest: &mut [&mut [u8]]) -> usize {
+    let mut at = 0;
+    for piece in std::iter::once(first).chain(rest.iter_mut().map(|p| &mut **p)) {
+        let n = piece.len().min(src.len() - at);
+        piece[..n].copy_from_slice(&src[at..at + n]);
+        at += n;
+    }
+    at
+}
+
 /// Where [`Connection::poll_transmit_split`] writes a packet: the headers at the start of
 /// `head`, a data segment's payload from there on through `tail` in order (contiguous when
 /// `tail` is empty).
@@ -3338,9 +3357,7 @@ impl Connection {
                 Headers::General(r) => r.header_len(),
                 Headers::Prebuilt { .. } => self.data_header.header_len(),
             };
-            let room = out.head.len().saturating_sub(header_len)
-                + out.tail.iter().map(|p| p.len()).sum::<usize>();
-            if payload_len > room {
+            if header_len + payload_len > pieces_len(out.head, out.tail) {
                 return None;
             }
             let tail = &mut *out.tail;

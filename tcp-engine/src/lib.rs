@@ -32,8 +32,8 @@ pub mod wire;
 pub use cc::{CongestionAlgorithm, CongestionControl, Cubic, NewReno, SlowStart};
 pub use config::{Config, RxMode, TxMode};
 pub use conn::{
-    fill_in_pieces, reset_reply, ConnStats, Connection, Event, PacketTooBigError, PassUpReply,
-    PassedUp, SendError, State, TakeBack, TxSource, TxSourceError,
+    copy_to_pieces, fill_in_pieces, pieces_len, reset_reply, ConnStats, Connection, Event,
+    PacketTooBigError, PassUpReply, PassedUp, SendError, State, TakeBack, TxSource, TxSourceError,
 };
 pub use isn::IsnGenerator;
 pub use rdma_rx::{RdmaPlaced, RdmaPostError};

@@ -1099,13 +1099,8 @@ impl XskSocket {
         let mut joined = std::mem::take(&mut self.tx_joined);
         let sent = self.send_framed(n, |i, frames| {
             let len = fill(i, &mut joined)?.min(joined.len());
-            let mut at = 0;
-            for frame in frames.iter_mut() {
-                let piece = (len - at).min(frame.len());
-                frame[..piece].copy_from_slice(&joined[at..at + piece]);
-                at += piece;
-            }
-            Some(at)
+            let (first, rest) = frames.split_first_mut()?;
+            Some(tcp_engine::copy_to_pieces(&joined[..len], first, rest))
         });
         self.tx_joined = joined;
         sent
