@@ -28,9 +28,9 @@ disk "start"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== module import cycles (datapath, rdmap, iwarp-conn)"
+echo "== module import cycles (every crate)"
 python3 scripts/check-module-cycles.py --self-test >/dev/null
-python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn
+python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn tcp-engine mpa ddp ift copy-crc bench testbed xdp-prog
 
 echo "== cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -3,7 +3,7 @@
 //! Hello (client -> server, in the MPA Request) and Welcome (server -> client, in the Reply) are
 //! fixed-layout big-endian records that fit in the 508 octets RFC 6581 leaves to the ULP.
 
-use crate::TestKind;
+use clap::ValueEnum;
 
 /// Largest message size a run may use (16 MiB).
 pub const MAX_SIZE: u64 = 16 << 20;
@@ -277,6 +277,68 @@ impl Ctrl {
                 micros: n,
             }),
             _ => None,
+        }
+    }
+}
+
+/// Which test.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestKind {
+    WriteBw,
+    WriteLat,
+    ReadBw,
+    ReadLat,
+    SendBw,
+    SendLat,
+    /// RFC 7306 Atomic Operations streamed (perftest's `ib_atomic_bw`).
+    AtomicBw,
+    /// RFC 7306 Atomic Operations one at a time (perftest's `ib_atomic_lat`).
+    AtomicLat,
+}
+
+impl TestKind {
+    /// Bandwidth (streaming) rather than latency (ping-pong) test.
+    pub fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Self::WriteBw | Self::ReadBw | Self::SendBw | Self::AtomicBw
+        )
+    }
+    /// An RFC 7306 Atomic Operations test: 8-octet operations on the server's counter, with
+    /// the RDMAP extensions on at both ends.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Self::AtomicBw | Self::AtomicLat)
+    }
+    /// Wire code in the hello message.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+    /// Inverse of [`code`](Self::code).
+    pub fn from_code(c: u8) -> Option<Self> {
+        [
+            Self::WriteBw,
+            Self::WriteLat,
+            Self::ReadBw,
+            Self::ReadLat,
+            Self::SendBw,
+            Self::SendLat,
+            Self::AtomicBw,
+            Self::AtomicLat,
+        ]
+        .get(usize::from(c))
+        .copied()
+    }
+    /// Name as typed on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::WriteBw => "write-bw",
+            Self::WriteLat => "write-lat",
+            Self::ReadBw => "read-bw",
+            Self::ReadLat => "read-lat",
+            Self::SendBw => "send-bw",
+            Self::SendLat => "send-lat",
+            Self::AtomicBw => "atomic-bw",
+            Self::AtomicLat => "atomic-lat",
         }
     }
 }

@@ -35,77 +35,30 @@
 use core::net::Ipv4Addr;
 
 mod checksum;
+mod error;
 mod ethernet;
 mod icmp;
 mod ipv4;
 pub mod rdma;
+mod tuple;
 
 pub use checksum::Checksum;
+pub use error::WireError;
 pub use ethernet::{EthernetFrame, EthernetRepr, MacAddress, ETHERNET_HEADER_LEN, ETHERTYPE_IPV4};
 use etherparse::{Ipv4HeaderSlice, TcpSlice};
 pub use icmp::{
     emit_frag_needed, parse_frag_needed, FragNeededRepr, Icmpv4Packet, QuotedTcp,
     ICMP_CODE_FRAG_NEEDED, ICMP_DEST_UNREACHABLE, ICMP_HEADER_LEN, ICMP_QUOTED_DATA_LEN,
 };
-pub use ipv4::{Ipv4Packet, Ipv4Repr, IP_PROTOCOL_ICMP};
+pub use ipv4::{Ipv4Packet, Ipv4Repr, IPV4_HEADER_LEN, IP_PROTOCOL_ICMP, IP_PROTOCOL_TCP};
+pub use tuple::FourTuple;
 
-/// Length of the IPv4 header we emit (no IP options).
-pub const IPV4_HEADER_LEN: usize = 20;
-/// The IPv4 protocol number of TCP (RFC 9293 3.1; IANA Assigned Internet Protocol Numbers).
-pub const IP_PROTOCOL_TCP: u8 = 6;
 /// Length of a TCP header without options.
 pub const TCP_HEADER_LEN: usize = 20;
 /// Largest TCP option space (RFC 9293 3.1: data offset at most 15 words).
 pub const TCP_MAX_OPTIONS_LEN: usize = 40;
 /// Length the timestamp option takes in every segment we emit (NOP NOP TS).
 pub const TIMESTAMP_OPTION_SPACE: usize = 12;
-
-/// Why a received packet was not accepted as a TCP segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    /// Shorter than the headers it claims to have.
-    #[error("packet truncated")]
-    Truncated,
-    /// Not an IPv4 packet, or the IPv4 header is malformed.
-    #[error("malformed IPv4 header")]
-    BadIpv4Header,
-    /// The IPv4 header checksum does not verify (RFC 791 3.1).
-    #[error("IPv4 header checksum mismatch")]
-    BadIpv4Checksum,
-    /// The IP payload is not TCP.
-    #[error("IP payload is not TCP")]
-    NotTcp,
-    /// The packet is an IP fragment (the engine does not reassemble).
-    #[error("IP fragment")]
-    Fragment,
-    /// The TCP data offset is below 5 or beyond the segment.
-    #[error("bad TCP data offset")]
-    BadDataOffset,
-    /// The TCP checksum does not verify (RFC 9293 3.1).
-    #[error("TCP checksum mismatch")]
-    BadTcpChecksum,
-    /// The IP payload is not ICMP ([`parse_frag_needed`]).
-    #[error("IP payload is not ICMP")]
-    NotIcmp,
-    /// The ICMP checksum does not verify (RFC 792).
-    #[error("ICMP checksum mismatch")]
-    BadIcmpChecksum,
-    /// An ICMP message other than "fragmentation needed and DF set" (type 3, code 4).
-    #[error("ICMP message is not fragmentation needed")]
-    NotFragNeeded,
-    /// An option's length runs past the end of the option space.
-    #[error("truncated TCP option")]
-    TruncatedOption,
-    /// A known option has a length other than its defined one.
-    #[error("TCP option with invalid length")]
-    BadOptionLength,
-    /// The output buffer is too small for the segment.
-    #[error("output buffer too small")]
-    BufferTooSmall,
-    /// The options do not fit in 40 octets.
-    #[error("TCP options too long")]
-    OptionsTooLong,
-}
 
 /// Control bits of the TCP header (RFC 9293 3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1066,19 +1019,6 @@ impl DataHeader {
         tcp[16..18].copy_from_slice(&sum.to_be_bytes());
         Ok(total)
     }
-}
-
-/// A connection's addresses, from the local side's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FourTuple {
-    /// Our address.
-    pub local_addr: Ipv4Addr,
-    /// Our port.
-    pub local_port: u16,
-    /// The peer's address.
-    pub remote_addr: Ipv4Addr,
-    /// The peer's port.
-    pub remote_port: u16,
 }
 
 impl FourTuple {

@@ -10,8 +10,8 @@ use datapath::{
     QueuePair, RecvWr, SendOp, SendRequest, SendWr, WcOpcode, WcStatus,
 };
 
+use super::error::PerftestError;
 use super::wire::{Dest, DEST_LEN};
-use super::PerftestError;
 
 /// Octets of each of the two slots of the communication buffer (receive, send); perftest's
 /// largest message is a `pingpong_dest` (56 octets).

@@ -47,6 +47,7 @@
 //!   buffers grant no remote read, and perftest does not check data).
 
 mod comm;
+mod error;
 pub(crate) mod report;
 pub mod wire;
 
@@ -56,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use datapath::{
-    Access, CompletionQueue, ConnectParams, DatapathError, Listener, MemoryRegion, MpaConfig,
-    ProtectionDomain, RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig, ProtectionDomain,
+    RecvWr, SendOp, SendWr, Stag, WcOpcode, WcStatus,
 };
 use serde_json::json;
 
@@ -66,6 +67,7 @@ use crate::pattern;
 use crate::stats::{self, LatencyResult};
 use crate::{OnOff, TestKind, Transport};
 use comm::{qp_state, Comm, Qp};
+pub use error::PerftestError;
 use wire::{BwReport, Dest, Geometry};
 
 /// perftest's default port.
@@ -95,67 +97,6 @@ const K_CREDIT: u64 = 3 << 56;
 const K_CHECK: u64 = 4 << 56;
 const K_FILL: u64 = 5 << 56;
 const KIND: u64 = 0xFF << 56;
-
-/// Errors of a perftest-compatible run, each naming the step that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PerftestError {
-    /// Command line, address, engine or listener trouble before any peer was involved.
-    #[error("{0}")]
-    Setup(String),
-    /// The datapath refused an operation or a connection failed.
-    #[error("{step}: {source}")]
-    Datapath {
-        step: String,
-        #[source]
-        source: Box<DatapathError>,
-    },
-    /// Nothing happened within the step's deadline.
-    #[error("{step}: nothing within {after:?} ({state})")]
-    Timeout {
-        step: String,
-        after: Duration,
-        state: String,
-    },
-    /// The connection went away.
-    #[error("{step}: connection ended ({state})")]
-    Closed { step: String, state: String },
-    /// A work request failed.
-    #[error("{step}: {opcode:?} work request {wr_id:#x} completed with {status:?} ({state})")]
-    Completion {
-        step: String,
-        opcode: WcOpcode,
-        status: WcStatus,
-        wr_id: u64,
-        state: String,
-    },
-    /// The peer did not follow perftest 6.06's exchange.
-    #[error("{step}: {detail}")]
-    Protocol { step: String, detail: String },
-    /// Data arrived or was read back wrong.
-    #[error("{step}: data mismatch: {detail}")]
-    Mismatch { step: String, detail: String },
-}
-
-impl PerftestError {
-    fn datapath(step: &str, source: DatapathError) -> Self {
-        Self::Datapath {
-            step: step.to_string(),
-            source: Box::new(source),
-        }
-    }
-    fn protocol(step: &str, detail: String) -> Self {
-        Self::Protocol {
-            step: step.to_string(),
-            detail,
-        }
-    }
-    fn mismatch(step: &str, detail: String) -> Self {
-        Self::Mismatch {
-            step: step.to_string(),
-            detail,
-        }
-    }
-}
 
 /// perftest-compatible options (`ib_<test> -R [-s size] [-n iters] [-p port] [server]`).
 #[derive(Parser, Debug, Clone)]

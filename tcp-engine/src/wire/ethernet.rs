@@ -7,7 +7,7 @@
 //! (checked for length by [`EthernetFrame::new_checked`]), [`EthernetRepr`] the decoded
 //! header with [`EthernetRepr::parse`] and [`EthernetRepr::emit`].
 
-use super::WireError;
+use super::error::WireError;
 
 /// Octets of the Ethernet II header: two MAC addresses and the EtherType (IEEE 802.3 3.1.1).
 pub const ETHERNET_HEADER_LEN: usize = 14;

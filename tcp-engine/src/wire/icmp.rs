@@ -13,8 +13,10 @@
 
 use core::net::Ipv4Addr;
 
-use super::ipv4::{Ipv4Packet, Ipv4Repr, IP_PROTOCOL_ICMP};
-use super::{Checksum, FourTuple, WireError, IPV4_HEADER_LEN, IP_PROTOCOL_TCP};
+use super::checksum::Checksum;
+use super::error::WireError;
+use super::ipv4::{Ipv4Packet, Ipv4Repr, IPV4_HEADER_LEN, IP_PROTOCOL_ICMP, IP_PROTOCOL_TCP};
+use super::tuple::FourTuple;
 
 /// Octets of the ICMP header: type, code, checksum and the 4 octets whose use the type
 /// decides (RFC 792).

@@ -9,7 +9,13 @@
 
 use core::net::Ipv4Addr;
 
-use super::{Checksum, WireError, IPV4_HEADER_LEN};
+use super::checksum::Checksum;
+use super::error::WireError;
+
+/// Length of the IPv4 header we emit (no IP options).
+pub const IPV4_HEADER_LEN: usize = 20;
+/// The IPv4 protocol number of TCP (RFC 9293 3.1; IANA Assigned Internet Protocol Numbers).
+pub const IP_PROTOCOL_TCP: u8 = 6;
 
 /// The IPv4 protocol number of ICMP (RFC 792; IANA Assigned Internet Protocol Numbers).
 pub const IP_PROTOCOL_ICMP: u8 = 1;

@@ -1,0 +1,542 @@
+//! `iwarp-bench`'s command line shared by its subcommands: the main test's options ([`Cli`]),
+//! the value types every subcommand parses ([`TestKind`], [`Transport`], [`OnOff`], ...), the
+//! perftest options accepted for compatibility, and [`parse_args`].
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::inline;
+use crate::proto::{self, TestKind};
+
+/// perftest options that mean nothing for iWARP over TCP, accepted so that a perftest command
+/// line runs unchanged; [`PerftestCompat::notes`] says which were ignored.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PerftestCompat {
+    /// perftest's `-F` (do not fail when the cpufreq governor may skew cycle counts):
+    /// accepted; the results here come from the monotonic clock, not cycle counters.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// perftest's `--report_gbits`: the bandwidth rows in Gb/s (10^9 bits) instead of MB/s
+    /// (2^20 octets), as perftest's.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// perftest's `-m/--mtu` (the InfiniBand path MTU): ignored; iWARP runs over TCP and the
+    /// interface's MTU applies.
+    #[arg(short = 'm', long = "mtu", value_name = "MTU")]
+    pub mtu: Option<u32>,
+    /// perftest's `-x/--gid-index`: ignored; iWARP addresses peers by IP.
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u32>,
+    /// perftest's `-d/--ib-dev`: ignored; `--transport` (and `--iface`) choose the device.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEVICE")]
+    pub ib_dev: Option<String>,
+    /// perftest's `-i/--ib-port`: ignored.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT")]
+    pub ib_port: Option<u32>,
+    /// perftest's `-I/--inline_size`: Sends and RDMA Writes of at most N octets (at most
+    /// 236) are posted inline, their payload copied into the work request when posted
+    /// (`post_send_inline`, verbs' `IBV_SEND_INLINE`). Local to each side: give it to both
+    /// ends where both send. Not for Read or Atomic tests.
+    #[arg(short = 'I', long = "inline_size", value_name = "N")]
+    pub inline_size: Option<u32>,
+    /// Wait for completions on a completion channel (`req_notify` on the queue, then the
+    /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of the queue's
+    /// blocking wait (perftest's `-e`). Latency ping-pongs always poll.
+    #[arg(short = 'e', long = "use_event")]
+    pub use_event: bool,
+    /// Latency tests: print every sample in microseconds, in the order taken, before the
+    /// result line (perftest's `-U`).
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Latency tests: print the samples sorted, the two largest left out, before the result
+    /// line (perftest's `-H`; a cumulative distribution to plot).
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// perftest's `--tos` (rdma_cm's `RDMA_OPTION_ID_TOS`): the IP Type of Service octet of
+    /// this side's TCP segments, the DSCP in its upper six bits (`ConnectParams::tos`; the
+    /// server's applies to its SYN-ACKs too). Default 0.
+    #[arg(long = "tos", value_name = "TOS")]
+    pub tos: Option<u8>,
+}
+
+impl PerftestCompat {
+    /// One line per perftest option given that changes nothing here.
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut ignored = |flag: &str, why: &str| out.push(format!("{flag} ignored: {why}"));
+        if let Some(m) = self.mtu {
+            ignored(
+                &format!("-m {m}"),
+                "iWARP runs over TCP; the interface's MTU applies",
+            );
+        }
+        if let Some(x) = self.gid_index {
+            ignored(&format!("-x {x}"), "iWARP addresses peers by IP");
+        }
+        if let Some(d) = &self.ib_dev {
+            ignored(
+                &format!("-d {d}"),
+                "--transport and --iface choose the device",
+            );
+        }
+        if let Some(i) = self.ib_port {
+            ignored(&format!("-i {i}"), "there are no HCA ports here");
+        }
+        out
+    }
+}
+
+/// perftest-shaped tests over the iWARP stack.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "iwarp-bench", version, about)]
+pub struct Cli {
+    /// The test to run.
+    #[arg(value_enum)]
+    pub test: TestKind,
+    /// Server address (IP or host name). Without it, run as the server.
+    pub server: Option<String>,
+    /// Transport: `socket` runs MPA over a kernel TCP socket; `xdp` runs it over our own TCP
+    /// on AF_XDP (the poll-mode engine; needs root and `--iface`).
+    #[arg(long, value_enum, default_value_t = Transport::Socket)]
+    pub transport: Transport,
+    /// Interface for `--transport xdp` (its first IPv4 address is ours).
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// `--transport xdp`: write every frame the engine receives and sends to FILE (pcap with
+    /// nanosecond timestamps; Wireshark and tshark read it). A bounded ring between the engine
+    /// and a writer thread: frames it cannot hold are counted as dropped (reported at the
+    /// end), never waited for. tcpdump cannot see these frames.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
+    /// `--transport xdp`: pin the engine thread to this CPU (the application thread is left
+    /// alone; `taskset` pins a whole process).
+    #[arg(long)]
+    pub engine_cpu: Option<usize>,
+    /// `--transport xdp`: engine threads. `per-queue`: one thread (shard) per AF_XDP queue,
+    /// segments arriving on another shard's queue handed over; `one`: one thread serves every
+    /// queue. Default: the engine's (`XdpEngineConfig::shard_per_queue`: per queue).
+    #[arg(long, value_enum)]
+    pub engine_threads: Option<EngineThreads>,
+    /// `--transport xdp` with `--engine-threads per-queue`: pin shard `i`'s thread to the
+    /// `i % n`-th of these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub engine_cpus: Vec<usize>,
+    /// `--transport xdp`: inline progress. `on`: a thread polling a completion queue runs the
+    /// engine's turns itself while the engine thread parks (one thread per core when the
+    /// application busy-polls); `off`: only the engine thread runs turns.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub engine_inline: OnOff,
+    /// `--transport xdp`: the engine copies FPDUs through TCP's send buffer (the transmit
+    /// path before FPDUs were written from registered memory into the frames), for
+    /// comparison.
+    #[arg(long)]
+    pub engine_tx_copy: bool,
+    /// `--transport xdp`: in-order data segments the engine's TCP receives before it ACKs at
+    /// once (`tcp_engine::Config::ack_every_segments`; default: the engine's).
+    #[arg(long)]
+    pub engine_ack_every: Option<u32>,
+    /// `--transport xdp`: RX ring size and RX frame pool of each AF_XDP socket (a power of two,
+    /// 8 to 1048576; `datapath::xsk::XskConfig::rx_ring`; default: the engine's).
+    #[arg(long)]
+    pub engine_rx_ring: Option<u32>,
+    /// `--transport xdp`: most octets a connection has queued in TCP and not yet acknowledged
+    /// before the engine frames more FPDUs (`XdpEngineConfig::tx_ahead`, 16 KiB to 64 MiB;
+    /// default: the engine's). With the receiver's window it bounds the data in flight.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(16384..=67108864))]
+    pub engine_tx_ahead: Option<u32>,
+    /// `--transport xdp`: most frames the engine transmits per turn before it reads its
+    /// received frames again (`XdpTcpConfig::tx_turn_frames`, rounded up to whole kick batches
+    /// of 32; 0: no limit, a turn sends all it may; default: the engine's).
+    #[arg(long)]
+    pub engine_tx_turn_frames: Option<usize>,
+    /// `--transport xdp`: busy-poll the NIC's NAPI context from the engine for this many
+    /// microseconds (`SO_BUSY_POLL`, with `SO_PREFER_BUSY_POLL`; `datapath::xsk::BusyPoll`).
+    /// For real NICs with deferred interrupts (`napi_defer_hard_irqs`, `gro_flush_timeout`);
+    /// veth has nothing to gain from it.
+    #[arg(long, value_name = "USECS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub engine_busy_poll: Option<u32>,
+    /// `--transport xdp` with `--engine-busy-poll`: packets one busy poll may process
+    /// (`SO_BUSY_POLL_BUDGET`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub engine_busy_poll_budget: u16,
+    /// `--transport xdp`, inline progress: how long after the application's last poll, in
+    /// microseconds, the parked engine thread takes its turns back (`XdpEngineConfig::park_max`:
+    /// its watchdog, which the polls push forward every half of it; at least 1000; default:
+    /// the engine's, 4000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub engine_park_max_us: Option<u64>,
+    /// `--transport xdp`: mebibytes of memory all the engine's connections may hold out of
+    /// order together (`XdpEngineConfig::reassembly_budget`; a connection's store takes 1 MiB
+    /// while data waits in it); beyond it, data that arrives out of order is given back to TCP
+    /// and the peer sends it again (default: the engine's, 256).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub engine_reassembly_budget_mib: Option<u64>,
+    /// How this side takes the completions it waits for outside the latency tests' ping-pong
+    /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
+    /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with
+    /// the engine's inline progress the polling thread then runs the engine's turns itself).
+    #[arg(long, value_enum, default_value_t = CqMode::Wait)]
+    pub cq: CqMode,
+    /// TCP port the server listens on.
+    #[arg(short, long, default_value_t = 18515)]
+    pub port: u16,
+    /// Address the server binds to.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Message size in bytes (default: 65536 for bandwidth tests, 64 for latency tests).
+    #[arg(short, long)]
+    pub size: Option<u64>,
+    /// Iterations per size (default: 5000 for bandwidth tests, 1000 for latency tests).
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+    /// Run every power-of-two size from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long)]
+    pub all_sizes: bool,
+    /// Run each size for this many seconds instead of a fixed number of iterations (with
+    /// `--run_infinitely`: the interval between result lines).
+    #[arg(short = 'D', long)]
+    pub duration: Option<f64>,
+    /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
+    /// and `--tx-depth` outstanding work requests; a result line counts all their messages
+    /// over the longest one's time (perftest's `-q`). Only the client needs it (the server learns it from the client).
+    #[arg(short = 'q', long = "qp", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
+    pub qps: u16,
+    /// write-bw: both directions at once (perftest's `-b`): a second connection on which the
+    /// server Writes and the client checks, beside the first; a row gives our message count
+    /// and both directions' rates added (perftest's duplex row).
+    /// Only the client needs it (the server learns it from the client).
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// Bandwidth tests: post work requests in lists of N, one call each
+    /// (`QueuePair::post_send_list`, `ibv_post_send` with a chain; perftest's `-l`); one in N
+    /// signaled unless `--cq-mod` says otherwise.
+    #[arg(short = 'l', long = "post_list", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub post_list: u32,
+    /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
+    /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
+    /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
+    /// client needs it (the server learns it from the client).
+    #[arg(long = "run_infinitely")]
+    pub run_infinitely: bool,
+    /// Outstanding work requests in bandwidth tests.
+    #[arg(short = 't', long, default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Bandwidth tests: signal one work request in this many, the others posted unsignaled
+    /// (`SendWr::signaled` false: no completion unless they fail), as perftest's `--cq-mod`.
+    /// The application then wakes once per N messages instead of per message. Default: 100
+    /// (perftest's) for write-bw and send-bw; 1 for read-bw, whose client checks each
+    /// message's data when it completes, and a batch's data has left the cache by then. At
+    /// most `--tx-depth` (a larger value acts as `--tx-depth`); 1: every work request
+    /// signaled. The last one of a run is always signaled.
+    #[arg(long)]
+    pub cq_mod: Option<u32>,
+    /// Bandwidth tests: message slots of the registered buffer the work requests cycle
+    /// through (1-1024; default 0: one per outstanding work request, up to what the buffer
+    /// holds, so a 64 KiB run moves data through 8 MiB on each side). perftest reuses one
+    /// buffer per side: `--slots 2` measures the transport with the data hot in cache.
+    #[arg(long, default_value_t = 0)]
+    pub slots: u32,
+    /// MPA revision to request: 1 (RFC 5044) or 2 (RFC 6581 enhanced setup).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub mpa_rev: u8,
+    /// CRC32C on FPDUs (RFC 5044 4.4): `off` only takes effect if the peer also asks for off.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub crc: OnOff,
+    /// Ask the peer to insert MPA markers towards us (RFC 5044 4.3).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    pub markers: OnOff,
+    /// How DDP segments are framed on TCP: `mpa` (RFC 5044) or `ift`
+    /// (draft-williams-iwarp-ift-01, experimental). Both ends must
+    /// say the same. With `ift`, `--crc` sets the header and the payload CRC of our frames,
+    /// and the hello and welcome (MPA private data otherwise) go as the connection's first
+    /// Sends (the server accepts with the RFC 7306 extensions on, as it cannot read the hello
+    /// before).
+    #[arg(long, value_enum, default_value_t = FramingArg::Mpa)]
+    pub framing: FramingArg,
+    /// write-bw and write-lat: each Write is followed by RFC 7306 Immediate Data carrying its
+    /// iteration number (perftest's `--write_with_imm`), which the receiver's receive completes
+    /// with; the RDMAP extensions are on at both ends. The client decides (the server follows
+    /// its hello; given the flag too, it checks the client's agrees).
+    #[arg(long)]
+    pub write_with_imm: bool,
+    /// send-bw and send-lat: each Send is followed by RFC 7306 Immediate Data carrying its
+    /// iteration number (perftest's `--send_with_imm`): two receives per message at the
+    /// receiver. As `--write-with-imm` otherwise.
+    #[arg(long)]
+    pub send_with_imm: bool,
+    /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
+    /// of the expected value with the next one; either way the client checks every original
+    /// value and the server the counter's final value.
+    #[arg(short = 'A', long, value_enum, default_value_t = AtomicType::FetchAndAdd)]
+    pub atomic_type: AtomicType,
+    /// Print one JSON object with the results on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// `--transport xdp`: print the engine's counters (totals and rates) on stderr every this
+    /// many seconds while the run goes on. `iwarp-bench stats` shows them from another shell
+    /// (every run on the engine refreshes them in /run/iwarp-bench once a second).
+    #[arg(long, value_name = "SECONDS")]
+    pub stats_every: Option<f64>,
+    #[command(flatten)]
+    pub compat: PerftestCompat,
+    /// Seconds to wait for connection setup.
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+}
+
+/// Transport under the stack.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Kernel TCP socket.
+    Socket,
+    /// Our TCP over AF_XDP (`datapath::engine::XdpEngine`).
+    Xdp,
+}
+
+impl Transport {
+    /// Name as typed on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Socket => "socket",
+            Self::Xdp => "xdp",
+        }
+    }
+}
+
+/// How completions are taken (`--cq`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqMode {
+    /// Block in `CompletionQueue::wait`.
+    Wait,
+    /// Busy-poll `try_next`, yielding after each empty poll.
+    Poll,
+}
+
+/// How many engine threads (`--engine-threads`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineThreads {
+    /// One thread per AF_XDP queue.
+    PerQueue,
+    /// One thread for every queue.
+    One,
+}
+
+/// The Atomic Operation of atomic-bw and atomic-lat (`--atomic-type`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicType {
+    /// FetchAdd (RFC 7306 5.1.1) of 1.
+    #[value(alias = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    /// CmpSwap (RFC 7306 5.1.2) of the value the counter holds with the next one.
+    #[value(alias = "CMP_AND_SWAP")]
+    CmpAndSwap,
+}
+
+/// `--framing`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramingArg {
+    /// MPA (RFC 5044).
+    Mpa,
+    /// IFT (draft-williams-iwarp-ift-01).
+    Ift,
+}
+
+/// A boolean option spelled on/off.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    /// True for `on`.
+    pub fn on(self) -> bool {
+        self == Self::On
+    }
+}
+
+impl Cli {
+    /// `--cq-mod` in force: the test's default if not given, at most `--tx-depth`.
+    pub fn cq_mod(&self) -> u32 {
+        // atomic-bw reads every original value as its operation completes.
+        if self.test.is_atomic() {
+            return 1;
+        }
+        let default = if self.post_list > 1 {
+            // perftest: the CQ moderation becomes the size of the post list.
+            self.post_list
+        } else if self.test == TestKind::ReadBw {
+            1
+        } else {
+            100
+        };
+        self.cq_mod
+            .unwrap_or(default)
+            .clamp(1, self.tx_depth.max(1))
+    }
+
+    /// The sizes this run covers.
+    pub fn sizes(&self) -> Vec<u64> {
+        if self.test.is_atomic() {
+            return vec![8];
+        }
+        if self.all_sizes {
+            all_sizes()
+        } else {
+            vec![self
+                .size
+                .unwrap_or(if self.test.is_bw() { 65536 } else { 64 })]
+        }
+    }
+    /// Iterations per size.
+    pub fn iterations(&self) -> u64 {
+        self.iters
+            .unwrap_or(if self.test.is_bw() { 5000 } else { 1000 })
+    }
+    /// `--write-with-imm` or `--send-with-imm`.
+    pub fn imm(&self) -> bool {
+        self.write_with_imm || self.send_with_imm
+    }
+    /// Connection setup deadline.
+    pub fn setup_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout.max(0.1))
+    }
+    pub(crate) fn server_addr(&self, host: &str) -> Result<SocketAddr, String> {
+        (host, self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{host} has no address"))
+    }
+    /// `--run_infinitely`: how often a result line is printed (`-D`, default 5 s).
+    pub fn report_every(&self) -> Option<Duration> {
+        self.run_infinitely
+            .then(|| Duration::from_secs_f64(self.duration.unwrap_or(5.0)))
+    }
+    /// `--stats-every` as a duration.
+    pub fn stats_every(&self) -> Option<std::time::Duration> {
+        self.stats_every.map(std::time::Duration::from_secs_f64)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if let Some(every) = self.stats_every {
+            if self.transport != Transport::Xdp {
+                return Err(
+                    "--stats-every shows the AF_XDP engine's counters (--transport xdp)".into(),
+                );
+            }
+            if !(0.1..=3600.0).contains(&every) {
+                return Err("--stats-every must be between 0.1 and 3600 seconds".into());
+            }
+        }
+        if self.compat.use_event && self.cq == CqMode::Poll {
+            return Err(
+                "-e waits on the completion channel, --cq poll busy-polls: one of them".into(),
+            );
+        }
+        if (self.compat.report_unsorted || self.compat.report_histogram) && self.test.is_bw() {
+            return Err("-U and -H report the samples of latency tests".into());
+        }
+        if let Some(0) = self.size {
+            return Err("--size must be at least 1".into());
+        }
+        if self.write_with_imm && !matches!(self.test, TestKind::WriteBw | TestKind::WriteLat) {
+            return Err("--write-with-imm is for write-bw and write-lat".into());
+        }
+        if self.send_with_imm && !matches!(self.test, TestKind::SendBw | TestKind::SendLat) {
+            return Err("--send-with-imm is for send-bw and send-lat".into());
+        }
+        if self.test.is_atomic() && (self.all_sizes || self.size.is_some_and(|s| s != 8)) {
+            return Err(format!(
+                "{} moves 8 octets per operation: no --size or --all-sizes",
+                self.test.name()
+            ));
+        }
+        if self.sizes().iter().any(|&s| s > proto::MAX_SIZE) {
+            return Err(format!("--size must be at most {}", proto::MAX_SIZE));
+        }
+        if self.post_list > 1 {
+            if !self.test.is_bw() || self.test.is_atomic() {
+                return Err("-l posts lists in the write, read and send bandwidth tests".into());
+            }
+            if self.post_list > self.tx_depth {
+                return Err("-l must be at most --tx-depth".into());
+            }
+        }
+        inline::check(
+            self.compat.inline_size,
+            !self.test.is_atomic() && !matches!(self.test, TestKind::ReadBw | TestKind::ReadLat),
+        )?;
+        if self.qps > 1 && !self.test.is_bw() {
+            return Err("-q runs several queue pairs in the bandwidth tests".into());
+        }
+        if self.bidirectional {
+            if self.test != TestKind::WriteBw {
+                return Err("-b is implemented for write-bw".into());
+            }
+            if self.qps > 1 || self.run_infinitely || self.imm() {
+                return Err(
+                    "-b runs one queue pair each way: no -q, --run_infinitely or --write-with-imm"
+                        .into(),
+                );
+            }
+        }
+        if self.run_infinitely {
+            if !self.test.is_bw() {
+                return Err("--run_infinitely is for the bandwidth tests".into());
+            }
+            if self.all_sizes {
+                return Err("--run_infinitely runs one size: no -a".into());
+            }
+            if self.iters.is_some() {
+                return Err("--run_infinitely runs until interrupted: no -n".into());
+            }
+            if self.qps > 1 {
+                return Err("--run_infinitely runs one queue pair: no -q".into());
+            }
+            if self.json {
+                return Err("--run_infinitely prints rows as it goes: no --json".into());
+            }
+        }
+        if self.iters == Some(0) {
+            return Err("--iters must be at least 1".into());
+        }
+        if let Some(d) = self.duration {
+            if !(d > 0.0 && d <= 3600.0) {
+                return Err("--duration must be between 0 and 3600 seconds".into());
+            }
+        }
+        if self.transport == Transport::Xdp && self.iface.is_none() {
+            return Err("--transport xdp needs --iface".into());
+        }
+        if self.tx_depth == 0 || self.tx_depth > 1024 {
+            return Err("--tx-depth must be between 1 and 1024".into());
+        }
+        if self.cq_mod == Some(0) {
+            return Err("--cq-mod must be at least 1".into());
+        }
+        if self.slots > 1024 {
+            return Err("--slots must be between 1 and 1024 (0: the default)".into());
+        }
+        Ok(())
+    }
+}
+
+/// perftest's `-a`: every power of two from 2 octets to 8 MiB.
+pub fn all_sizes() -> Vec<u64> {
+    (1..=23).map(|e| 1u64 << e).collect()
+}
+
+/// Parses a subcommand's arguments; on an error (or `--help`) prints clap's message and
+/// gives the exit code to end with (2 for a usage error, 0 for help or version).
+pub fn parse_args<T: Parser>(args: impl IntoIterator<Item = String>) -> Result<T, ExitCode> {
+    T::try_parse_from(args).map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+    })
+}
