@@ -132,3 +132,92 @@ fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
     o.unwrap_or_else(|e| panic!("engine side: {e}"));
     p.unwrap_or_else(|e| panic!("peer side: {e}"));
 }
+
+/// A panic in an engine turn that runs on an application thread (inline progress: the
+/// application polls its completion queue) fails the engine as one on the engine thread does,
+/// and does not unwind into the application's poll: its receives complete flushed, its queue
+/// pair says `QpError::EngineFailed`.
+#[test]
+fn a_panic_in_a_turn_on_the_application_thread_fails_the_engine_not_the_application() {
+    const PORT: u16 = 19_583;
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        ready_rx
+            .recv_timeout(WAIT)
+            .map_err(|_| "engine not ready")?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let conn = datapath::connect(
+            SocketAddr::from((ADDR_A, PORT)),
+            &pd,
+            &cq,
+            &ConnectParams::default(),
+            b"",
+        )
+        .map_err(|e| format!("connect: {e}"))?;
+        let _ = done_rx.recv_timeout(WAIT);
+        drop(conn);
+        Ok(())
+    });
+    let ours = spawn_in_ns(NS_A, move || -> Result<(), String> {
+        let engine =
+            XdpEngine::start(DEV_A, XdpEngineConfig::default()).map_err(|e| e.to_string())?;
+        let listener = engine
+            .listen(PORT, ConnectParams::default())
+            .map_err(|e| e.to_string())?;
+        ready_tx.send(()).map_err(|_| "peer gone")?;
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection")?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let buf = pd
+            .register(4096, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let recvs = (0..3)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sg_list: buf.sge(i as usize * 1024, 1024).into(),
+            })
+            .collect();
+        let conn = req
+            .accept_with_recvs(&pd, &cq, &[], recvs)
+            .map_err(|e| e.to_string())?;
+        engine.inject_inline_panic();
+        // Polling runs engine turns on this thread; the first one panics. Every receive
+        // completes, flushed, and no poll unwinds.
+        let deadline = Instant::now() + WAIT;
+        let mut flushed = 0;
+        while flushed < 3 && Instant::now() < deadline {
+            match cq.try_next() {
+                Some(c) if c.wc.status == WcStatus::WrFlushError => flushed += 1,
+                Some(c) => return Err(format!("{c:?}")),
+                None => std::thread::yield_now(),
+            }
+        }
+        if flushed < 3 {
+            return Err(format!(
+                "{flushed} of 3 receives flushed: {:?}",
+                conn.qp.status()
+            ));
+        }
+        while !conn.qp.status().finished && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = conn.qp.status();
+        if st.error != Some(QpError::EngineFailed) || !st.finished {
+            return Err(format!("status after the panic: {st:?}"));
+        }
+        let _ = done_tx.send(());
+        drop(conn);
+        drop(engine);
+        Ok(())
+    });
+    let o = ours.join().expect("engine side");
+    let p = peer.join().expect("peer side");
+    o.unwrap_or_else(|e| panic!("engine side: {e}"));
+    p.unwrap_or_else(|e| panic!("peer side: {e}"));
+}

@@ -352,6 +352,41 @@ impl ConnectionTable {
         );
     }
 
+    /// Stops accepting connections on `addr:port` (a CLOSE of a socket in LISTEN, RFC 9293
+    /// 3.10.4): SYNs to it meet no connection from now on (a RST, 3.10.7.1). The listener's
+    /// connections nobody took with [`ConnectionTable::accept`] yet, half-open or waiting in
+    /// its queue, are aborted (their RST queued, 3.10.4 ABORT) and their slots freed once it
+    /// is sent; connections already accepted are not affected. Returns whether there was such
+    /// a listener.
+    pub fn unlisten(&mut self, addr: Ipv4Addr, port: u16) -> bool {
+        let key = (addr, port);
+        if self.listeners.remove(&key).is_none() {
+            return false;
+        }
+        for index in 0..self.slots.len() {
+            let slot = &mut self.slots[index];
+            if slot.listener != Some(key) {
+                continue;
+            }
+            let Some(conn) = slot.conn.as_mut() else {
+                continue;
+            };
+            conn.abort();
+            if let Some(t) = slot.tuple.take() {
+                self.by_tuple.remove(&t);
+            }
+            // Unaccepted now: freed when it leaves the ready queue with its RST sent.
+            slot.queued_for_accept = false;
+            let index = index as u32;
+            if conn.wants_transmit() {
+                self.mark_ready(index);
+            } else {
+                self.reap_unaccepted(index);
+            }
+        }
+        true
+    }
+
     /// Take an established connection from a listener's queue.
     pub fn accept(&mut self, addr: Ipv4Addr, port: u16) -> Option<ConnId> {
         let l = self.listeners.get_mut(&(addr, port))?;
@@ -802,6 +837,9 @@ impl ConnectionTable {
         self.slots[index as usize].ready = false;
         self.ready.pop_front();
         self.reschedule(index);
+        // A listener's connection it reset as it stopped ([`ConnectionTable::unlisten`]):
+        // its RST is out.
+        self.reap_unaccepted(index);
     }
 
     /// Connections with a pending deadline: the timer queue's entries, at most one per
@@ -846,11 +884,15 @@ impl ConnectionTable {
     /// if the slot was freed.
     fn reap_unaccepted(&mut self, index: u32) -> bool {
         let slot = &self.slots[index as usize];
-        let dead = slot
+        // (An accepted connection, the common case, is told by its first test.)
+        if slot.listener.is_none() || slot.queued_for_accept {
+            return false;
+        }
+        if !slot
             .conn
             .as_ref()
-            .is_some_and(|c| c.state() == State::Closed);
-        if !dead || slot.queued_for_accept || slot.listener.is_none() {
+            .is_some_and(|c| c.state() == State::Closed)
+        {
             return false;
         }
         let id = ConnId {

@@ -815,3 +815,73 @@ fn each_segment_carries_its_senders_tos() {
     assert!(rst.flags.rst);
     assert_eq!(rst.tos, 0x28);
 }
+
+/// A listener that stops (RFC 9293 3.10.4, CLOSE in LISTEN): a connection it accepted lives
+/// on; one established but not yet accepted and one half-open are reset (their RSTs sent, then
+/// their slots freed); a new SYN meets no connection and gets a RST; the port can be listened
+/// on again.
+#[test]
+fn a_listener_that_stops_resets_what_nobody_accepted() {
+    let now = Instant::from_millis(1);
+    let (mut client, mut server, cid, sid) = connected_tables(now);
+    // A second connection, established and waiting in the accept queue.
+    let waiting = client
+        .connect(Config::default(), tuple(1), now)
+        .expect("connect");
+    pump(&mut client, &mut server, now);
+    // A third, half-open: its SYN reaches the server, whose SYN-ACK is held back.
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let mut half = tuple(2);
+    half.local_addr = Ipv4Addr::new(10, 9, 9, 9);
+    let _ = server.handle_packet(now, &raw(half, 500, 0, syn), |_, _| {});
+    assert_eq!(server.len(), 3);
+
+    assert!(server.unlisten(Ipv4Addr::UNSPECIFIED, 4791));
+    assert!(
+        !server.unlisten(Ipv4Addr::UNSPECIFIED, 4791),
+        "stopped twice"
+    );
+    let mut buf = [0u8; 200];
+    let mut rsts = 0;
+    while let Some(n) = server.poll_transmit(now, &mut buf) {
+        let seg = SegmentRepr::parse(&buf[..n]).expect("segment");
+        rsts += usize::from(seg.flags.rst);
+    }
+    assert_eq!(rsts, 2, "the unaccepted connections are reset");
+    assert_eq!(server.len(), 1, "only the accepted connection is left");
+    assert_eq!(server.get(sid).map(|c| c.state()), Some(State::Established));
+    assert!(server.accept(Ipv4Addr::UNSPECIFIED, 4791).is_none());
+    // The accepted connection still carries data.
+    client
+        .get_mut(cid)
+        .expect("client")
+        .send(b"still here")
+        .expect("send");
+    pump(&mut client, &mut server, now);
+    assert_eq!(client.get(cid).map(|c| c.state()), Some(State::Established));
+    let _ = waiting;
+
+    // A new SYN: no listener, a RST.
+    let resets = server.stats().resets_sent;
+    let mut late = tuple(3);
+    late.local_addr = Ipv4Addr::new(10, 9, 9, 8);
+    let _ = server.handle_packet(now, &raw(late, 700, 0, syn), |_, _| {});
+    while server.poll_transmit(now, &mut buf).is_some() {}
+    assert_eq!(server.len(), 1);
+    assert_eq!(server.stats().resets_sent, resets + 1);
+
+    // Listening again takes connections again.
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 4, Config::default());
+    let again = client
+        .connect(Config::default(), tuple(3), now)
+        .expect("connect");
+    pump(&mut client, &mut server, now);
+    assert!(server.accept(Ipv4Addr::UNSPECIFIED, 4791).is_some());
+    assert_eq!(
+        client.get(again).map(|c| c.state()),
+        Some(State::Established)
+    );
+}

@@ -519,6 +519,8 @@ struct Tracked {
     dir_key: Option<u64>,
     /// Kernel socket bound to the local port (active opens only; listeners hold their own).
     _reservation: Option<Socket>,
+    /// The listening port it was accepted on (passive opens only).
+    listen_port: Option<u16>,
 }
 
 #[derive(Debug)]
@@ -642,17 +644,37 @@ impl XdpPort {
     }
 
     /// The reservation of listening port `port`, shared with every driver of this port
-    /// listening on it: the first one reserves the port with the kernel and steers it.
-    fn reserve_listen(&self, port: u16) -> Result<Arc<Socket>, XdpTcpError> {
+    /// listening on it: the first one reserves the port with the kernel and steers it. Port 0
+    /// takes a port the kernel picks (a new reservation each time). Returns the reservation and
+    /// the port.
+    fn reserve_listen(&self, port: u16) -> Result<(Arc<Socket>, u16), XdpTcpError> {
         let mut listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(sock) = listens.get(&port).and_then(Weak::upgrade) {
-            return Ok(sock);
+            return Ok((sock, port));
         }
-        let (sock, _) = reserve_port(self.local_ip, port)?;
-        self.prog().steer_port(port)?;
+        let (sock, bound) = reserve_port(self.local_ip, port)?;
+        self.prog().steer_port(bound)?;
         let sock = Arc::new(sock);
-        listens.insert(port, Arc::downgrade(&sock));
-        Ok(sock)
+        listens.insert(bound, Arc::downgrade(&sock));
+        Ok((sock, bound))
+    }
+}
+
+impl XdpPort {
+    /// Gives back one driver's share of a listening port's reservation; the last share
+    /// unsteers the port and closes the kernel socket that held it.
+    fn release_listen(&self, listening: Listening) {
+        let mut listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
+        let port = listening.port;
+        drop(listening);
+        if listens.get(&port).and_then(Weak::upgrade).is_none() {
+            listens.remove(&port);
+            // Failing to unsteer leaves the port's packets steered to sockets that drop them
+            // (no listener, no connection): what a port nobody listens on gets anyway.
+            if let Err(e) = self.prog().unsteer_port(port) {
+                tracing::warn!(port, error = %e, "a listening port could not be unsteered");
+            }
+        }
     }
 }
 
@@ -740,6 +762,9 @@ pub struct XdpTcp {
     /// When (TCP clock, nanoseconds) every connection was last serviced.
     last_service_all: u64,
     listeners: Vec<Listening>,
+    /// Listeners stopped while connections they accepted live: their ports stay steered (and
+    /// reserved) for those connections until the last one closes.
+    retired: Vec<Listening>,
     neigh: Neighbours,
     mtu: u16,
     epoch: std::time::Instant,
@@ -944,6 +969,7 @@ impl XdpTcp {
             attention: Attention::new(cfg.max_connections),
             last_service_all: 0,
             listeners: Vec::new(),
+            retired: Vec::new(),
             neigh: Neighbours::new(port.ifindex, cfg.max_neighbours),
             mtu: mtu as u16,
             epoch: std::time::Instant::now(),
@@ -1045,25 +1071,73 @@ impl XdpTcp {
     }
 
     /// Accepts connections on `port` of our address with `cfg` (its MTU and MSS lowered to the
-    /// interface's): reserves the port with the kernel and steers it. At most `backlog`
-    /// connections may be half-open or not yet handed to [`TcpApp::on_accept`].
-    pub fn listen(&mut self, port: u16, backlog: usize, cfg: TcpConfig) -> Result<(), XdpTcpError> {
+    /// interface's): reserves the port with the kernel and steers it; port 0 listens on a port
+    /// the kernel picks. Returns the port. At most `backlog` connections may be half-open or not
+    /// yet handed to [`TcpApp::on_accept`].
+    pub fn listen(
+        &mut self,
+        port: u16,
+        backlog: usize,
+        cfg: TcpConfig,
+    ) -> Result<u16, XdpTcpError> {
         self.quiet = None;
-        if self.listeners.iter().any(|l| l.port == port) {
+        if port != 0 && self.listeners.iter().any(|l| l.port == port) {
             return Err(XdpTcpError::PortInUse {
                 addr: self.port.local_ip,
                 port,
                 source: io::Error::from_raw_os_error(libc::EADDRINUSE),
             });
         }
-        let reservation = self.port.reserve_listen(port)?;
+        // A port stopped while its connections live is still reserved and steered.
+        let listening = match self
+            .retired
+            .iter()
+            .position(|l| port != 0 && l.port == port)
+        {
+            Some(i) => self.retired.swap_remove(i),
+            None => {
+                let (reservation, port) = self.port.reserve_listen(port)?;
+                Listening {
+                    port,
+                    _reservation: reservation,
+                }
+            }
+        };
+        let port = listening.port;
         let cfg = self.fit(cfg);
         self.table.listen(self.port.local_ip, port, backlog, cfg);
-        self.listeners.push(Listening {
-            port,
-            _reservation: reservation,
-        });
-        Ok(())
+        self.listeners.push(listening);
+        Ok(port)
+    }
+
+    /// Stops accepting connections on `port` (a listening socket closed): new SYNs get a RST,
+    /// connections not yet handed to [`TcpApp::on_accept`] are reset
+    /// ([`ConnectionTable::unlisten`]), those accepted live on. The port stays steered and
+    /// reserved with the kernel until the last of them closes (and every other driver of the
+    /// interface listening on it stopped too). Returns whether it was listening there.
+    pub fn unlisten(&mut self, port: u16) -> bool {
+        let Some(i) = self.listeners.iter().position(|l| l.port == port) else {
+            return false;
+        };
+        self.quiet = None;
+        let listening = self.listeners.swap_remove(i);
+        self.table.unlisten(self.port.local_ip, port);
+        self.retired.push(listening);
+        self.release_retired();
+        true
+    }
+
+    /// Releases the stopped listeners none of whose connections lives any more.
+    fn release_retired(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            let port = self.retired[i].port;
+            if self.conns.iter().any(|c| c.listen_port == Some(port)) {
+                i += 1;
+            } else {
+                self.port.release_listen(self.retired.swap_remove(i));
+            }
+        }
     }
 
     /// A source port for a connection to `remote`, reserved with the kernel. A shard on a NIC
@@ -1173,6 +1247,7 @@ impl XdpTcp {
             flow: Some(flow),
             dir_key,
             _reservation: Some(reservation),
+            listen_port: None,
         });
         self.attention.mark(id);
         Ok(id)
@@ -1661,6 +1736,9 @@ impl XdpTcp {
         if let Some(conn) = self.table.remove(tracked.id) {
             app.on_closed(tracked.id, conn);
         }
+        if tracked.listen_port.is_some() && !self.retired.is_empty() {
+            self.release_retired();
+        }
     }
 
     /// Builds and queues what the connections have to send, then kicks. Returns (anything
@@ -1847,6 +1925,7 @@ impl AcceptTo<'_> {
                     flow: None,
                     dir_key,
                     _reservation: None,
+                    listen_port: Some(l.port),
                 });
                 attention.mark(id);
                 if let Some(conn) = table.get_mut(id) {

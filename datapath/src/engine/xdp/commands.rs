@@ -114,7 +114,12 @@ pub(super) enum EngineCmd {
         params: ConnectParams,
         requests: Sender<RequestMsg>,
         record: Arc<ListenRecord>,
-        reply: Reply<()>,
+        /// The port listened on (the one the kernel picked for port 0).
+        reply: Reply<u16>,
+    },
+    /// The listener on `port` was dropped: stop listening (no reply).
+    Unlisten {
+        port: u16,
     },
     Connect {
         addr: SocketAddrV4,

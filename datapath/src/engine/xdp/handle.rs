@@ -70,6 +70,19 @@ pub(super) struct XdpListen {
     pub(super) local: SocketAddr,
 }
 
+impl Drop for XdpListen {
+    /// Stops listening on every shard (`rdma_destroy_id` of a listening id): the port takes no
+    /// new connection; those accepted already live on.
+    fn drop(&mut self) {
+        for handle in &self.handles {
+            // An engine that stopped listens no more anyway.
+            let _ = handle.send(EngineCmd::Unlisten {
+                port: self.local.port(),
+            });
+        }
+    }
+}
+
 impl ListenProvider for XdpListen {
     fn local_addr(&self) -> Result<SocketAddr, DatapathError> {
         Ok(self.local)

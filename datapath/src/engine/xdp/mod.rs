@@ -49,9 +49,14 @@
 //! the application thread waits for at most one turn; a PD once used stays in the engine's list
 //! until the engine stops.
 //!
-//! **Known limitations.** A listener's port stays steered and reserved until the engine stops
-//! (the driver has no `unlisten`); `connect` resolves the next hop on the engine thread
-//! (blocking it up to the driver's neighbour timeout); IPv4 only.
+//! **Listeners.** Dropping a [`Listener`] stops listening on every shard
+//! (`XdpTcp::unlisten`): new SYNs to the port get a RST, connections whose MPA Request nobody
+//! took yet end (rejected when it arrives, or at the MPA accept timeout), connections accepted
+//! live on, and the port stays steered and
+//! reserved with the kernel until the last of them closes; it can be listened on again at once.
+//!
+//! **Known limitations.** `connect` resolves the next hop on the engine thread (blocking it up
+//! to the driver's neighbour timeout); IPv4 only.
 //!
 //! **Modules.** `config`: the settings and the counters. `commands`: the setup commands and
 //! what answers them. `handle`: the application's way in (the providers behind [`Listener`] and
@@ -177,6 +182,7 @@ fn spawn_shard(
         armed_cqs: std::sync::atomic::AtomicUsize::new(0),
         app_waits: AtomicU64::new(0),
         posted: AtomicU64::new(0),
+        panic_inline: AtomicBool::new(false),
     });
     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
@@ -353,12 +359,14 @@ impl XdpEngine {
         self.max_connections
     }
 
-    /// Listens on `port` (reserved with the kernel and steered to the engine); every shard
-    /// listens, and the connections of all of them come to the one [`Listener`].
+    /// Listens on `port` (reserved with the kernel and steered to the engine; port 0: a port
+    /// the kernel picks, [`Listener::local_addr`] says which); every shard listens, and the
+    /// connections of all of them come to the one [`Listener`].
     pub fn listen(&self, port: u16, params: ConnectParams) -> Result<Listener, DatapathError> {
         params.check_listen()?;
         let (req_tx, req_rx) = crossbeam_channel::bounded(params.backlog.max(1));
         let record = Arc::new(ListenRecord::default());
+        let mut port = port;
         for shard in &self.shards {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let cmd = EngineCmd::Listen {
@@ -368,7 +376,8 @@ impl XdpEngine {
                 record: record.clone(),
                 reply: tx,
             };
-            shard
+            // The first shard reserves the port (picks it, for port 0); the others share it.
+            port = shard
                 .handle
                 .call(cmd, rx, params.setup_timeout, "starting to listen")?;
         }
@@ -513,6 +522,21 @@ impl XdpEngine {
     pub fn inject_panic(&self) {
         for shard in &self.shards {
             let _ = shard.handle.send(EngineCmd::Panic);
+        }
+    }
+
+    /// Makes the next engine turn run on an application thread (inline progress: a poll of a
+    /// completion queue or a post while the engine thread is parked) panic, to test that such
+    /// a panic fails the engine as one on the engine thread does, and does not unwind into the
+    /// application's call.
+    #[doc(hidden)]
+    pub fn inject_inline_panic(&self) {
+        for shard in &self.shards {
+            shard
+                .handle
+                .wake
+                .panic_inline
+                .store(true, Ordering::Relaxed);
         }
     }
 

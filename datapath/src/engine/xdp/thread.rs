@@ -25,7 +25,7 @@ use super::commands::EngineCmd;
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{app_stale, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEEPING};
+use super::wake::{app_stale, panic_text, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEEPING};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -343,10 +343,18 @@ impl Engine {
                 }
             }
         }
+        // A turn failed (a fatal driver error, or a panic on an application thread): the
+        // engine ends as failed, before another turn runs on what that one left.
+        if let Some(e) = t.failed.take() {
+            p.error = Some(e);
+            p.failed = true;
+            return Next::Stop;
+        }
         work |= t.turn();
         let turns = self.wake.thread_turns.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = t.failed.take() {
             p.error = Some(e);
+            p.failed = true;
             return Next::Stop;
         }
         // The clock is read for this every 8th turn only (one `clock_gettime` less per turn);
@@ -592,15 +600,23 @@ impl Turner {
                     tcp.tx_mode = tx_mode(&self.st.cfg);
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
                     params.apply_to(&mut tcp);
-                    let res = self.xdp.listen(port, self.st.cfg.backlog, tcp).map(|()| {
-                        let listen = ListenPort {
-                            params,
-                            requests,
-                            record,
-                        };
-                        self.st.listeners.insert(port, listen);
-                    });
+                    let res = self
+                        .xdp
+                        .listen(port, self.st.cfg.backlog, tcp)
+                        .inspect(|&port| {
+                            let listen = ListenPort {
+                                params,
+                                requests,
+                                record,
+                            };
+                            self.st.listeners.insert(port, listen);
+                        });
                     let _ = reply.send(res.map_err(DatapathError::from));
+                }
+                EngineCmd::Unlisten { port } => {
+                    // Requests still arriving for the port are rejected (nobody listens).
+                    self.st.listeners.remove(&port);
+                    self.xdp.unlisten(port);
                 }
                 EngineCmd::Connect {
                     addr,
@@ -749,13 +765,4 @@ fn conn_error(e: crate::engine::ConnError) -> DatapathError {
         | crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
         crate::engine::ConnError::Ift(e) => DatapathError::Ift(e),
     }
-}
-
-/// The message of a caught panic.
-fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
-    cause
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
 }

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixDatagram;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant as StdInstant};
@@ -124,6 +125,9 @@ pub(super) struct Wake {
     /// that finds it unchanged since the last one knows no request waits
     /// (`TcpApp::has_new_work`).
     pub(super) posted: AtomicU64,
+    /// A test asked the next turn on an application thread to panic
+    /// ([`XdpEngine::inject_inline_panic`](super::XdpEngine::inject_inline_panic)).
+    pub(super) panic_inline: AtomicBool,
 }
 
 impl Wake {
@@ -220,7 +224,28 @@ impl Wake {
         let Some(turner) = guard.as_mut() else {
             return false;
         };
-        turn(turner);
+        if turner.failed.is_some() {
+            // A turn failed: the engine thread ends the engine, nobody turns again.
+            return false;
+        }
+        // A panic in the turn (a bug) fails the engine as one on the engine thread does,
+        // rather than unwinding into the application's poll or post: the engine thread, woken,
+        // finds `failed` and ends every connection.
+        let turned = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if self.panic_inline.swap(false, Ordering::Relaxed) {
+                panic!("engine panic injected by a test");
+            }
+            turn(turner)
+        }));
+        if let Err(cause) = turned {
+            turner.failed = Some(format!(
+                "an engine turn panicked on an application thread: {}",
+                panic_text(&cause)
+            ));
+            drop(guard);
+            let _ = self.wake_now();
+            return false;
+        }
         self.app_turns.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -393,4 +418,13 @@ mod tests {
         // A poll's clock reading older than the last push (another thread pushed since).
         assert!(!push_due(pushed - ms, pushed, false, max));
     }
+}
+
+/// The message of a caught panic.
+pub(super) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
+    cause
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
