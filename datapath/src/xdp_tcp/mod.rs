@@ -1815,7 +1815,7 @@ impl XdpTcp {
             if exhausted {
                 break;
             }
-            if queued == 0 && sock.tx_free() == 0 {
+            if queued == 0 && !sock.tx_has_room_for_a_packet() {
                 stats.tx_frames_exhausted += 1;
                 break;
             }

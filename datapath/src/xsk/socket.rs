@@ -706,6 +706,18 @@ impl XskSocket {
         self.free_tx.len()
     }
 
+    /// Whether enough TX frames are free for one more packet right now: one, or on a
+    /// multi-buffer socket the most a packet may span (the frames are taken before the packet's
+    /// length is known).
+    pub fn tx_has_room_for_a_packet(&self) -> bool {
+        let needed = if self.multi_buffer {
+            MAX_FRAMES_PER_PACKET
+        } else {
+            1
+        };
+        self.free_tx.len() >= needed
+    }
+
     /// Takes up to `max` (at most `max_batch`) received frames from the RX ring, without
     /// waiting. The returned batch lends read-only views of the frames; dropping it returns them
     /// to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
@@ -1012,13 +1024,14 @@ impl XskSocket {
                         break;
                     }
                 }
+                // The top MAX_FRAMES_PER_PACKET of the free stack (there are that many: checked
+                // above), the warmest first.
                 let mut descs = [FrameDesc::default(); MAX_FRAMES_PER_PACKET];
-                for d in &mut descs {
-                    // At least MAX_FRAMES_PER_PACKET are free (checked above).
-                    if let Some(free) = self.free_tx.pop() {
-                        *d = free;
-                    }
+                let top = self.free_tx.len() - MAX_FRAMES_PER_PACKET;
+                for (d, free) in descs.iter_mut().zip(self.free_tx[top..].iter().rev()) {
+                    *d = *free;
                 }
+                self.free_tx.truncate(top);
                 let len = {
                     // SAFETY: the descriptors came from the free list, so they are distinct
                     // frames of this UMEM that neither the kernel (they are on no ring) nor
