@@ -367,7 +367,7 @@ impl XdpEngine {
         let (req_tx, req_rx) = crossbeam_channel::bounded(params.backlog.max(1));
         let record = Arc::new(ListenRecord::default());
         let mut port = port;
-        for shard in &self.shards {
+        for (i, shard) in self.shards.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let cmd = EngineCmd::Listen {
                 port,
@@ -377,9 +377,19 @@ impl XdpEngine {
                 reply: tx,
             };
             // The first shard reserves the port (picks it, for port 0); the others share it.
-            port = shard
+            match shard
                 .handle
-                .call(cmd, rx, params.setup_timeout, "starting to listen")?;
+                .call(cmd, rx, params.setup_timeout, "starting to listen")
+            {
+                Ok(bound) => port = bound,
+                Err(e) => {
+                    // The shards that listen already stop (no listener is handed out).
+                    for earlier in &self.shards[..i] {
+                        let _ = earlier.handle.send(EngineCmd::Unlisten { port });
+                    }
+                    return Err(e);
+                }
+            }
         }
         tracing::info!(local = %SocketAddr::from((self.local_ip, port)), "listening (AF_XDP engine)");
         Ok(Listener::from_provider(
