@@ -761,9 +761,8 @@ impl ProtectionDomain {
     /// memory only once the queue pairs that used the region have finished
     /// ([`crate::QpStatus::finished`], or
     /// [`crate::QueuePair::wait_finished`] returned true), which
-    /// [`crate::QueuePair::disconnect`] brings about (on the AF_XDP engine, by resetting a
-    /// connection whose graceful close has not finished in 10 s) unless the engine does not
-    /// answer at all. Nothing else may free or unmap the memory meanwhile.
+    /// [`crate::QueuePair::disconnect`] brings about (by resetting a connection whose
+    /// graceful close has not finished in 10 s) unless the transport does not answer at all. Nothing else may free or unmap the memory meanwhile.
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::event_queue::EventQueue;
+use crate::verbs::event_queue::{EventQueue, WeakEventQueue};
 use crate::verbs::qp::QueuePair;
 use crate::verbs::srq::SharedReceiveQueue;
 use crate::{DatapathError, QpError};
@@ -94,6 +94,12 @@ impl AsyncEventChannel {
     pub(crate) fn push(&self, event: AsyncEvent) {
         self.queue.push(event);
     }
+
+    /// A handle that queues on this channel while the application holds it, without keeping
+    /// it alive (for the hooks of queue pairs, completion queues and shared receive queues).
+    fn downgrade(&self) -> WeakEventQueue<AsyncEvent> {
+        WeakEventQueue::new(&self.queue)
+    }
 }
 
 impl AsRawFd for AsyncEventChannel {
@@ -114,9 +120,10 @@ impl QueuePair {
     /// receive queue [`AsyncEvent::QpLastWqeReached`] when it ends (after the other). At once
     /// if it has ended already (so a call after the end reports again). Independent of
     /// [`QueuePair::notify_disconnect`]: both may be used. A second call before the end
-    /// replaces the first.
+    /// replaces the first. The queue pair does not keep the channel alive: once the
+    /// application has dropped every handle of it, nothing is queued.
     pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
-        let channel = channel.clone();
+        let channel = channel.downgrade();
         let (qp_num, srq) = (self.num(), self.attr().srq);
         self.shared().set_on_finish_async(Box::new(move |error| {
             // The peer's graceful close (a FIN) is the connection manager's `Disconnected`
@@ -124,16 +131,14 @@ impl QueuePair {
             // `abort` record no error (nor does a normal stop of the engine): only what failed
             // first, before or after them, is reported.
             if let Some(error) = error.filter(|e| *e != QpError::PeerClosed) {
-                channel.queue.push(AsyncEvent::QpFatal {
+                channel.push(AsyncEvent::QpFatal {
                     qp_num,
                     context,
                     error,
                 });
             }
             if srq {
-                channel
-                    .queue
-                    .push(AsyncEvent::QpLastWqeReached { qp_num, context });
+                channel.push(AsyncEvent::QpLastWqeReached { qp_num, context });
             }
         }));
     }
@@ -143,9 +148,9 @@ impl CompletionQueue {
     /// Sends the queue's overrun to `channel`, tagged with `context` ([`AsyncEvent::CqError`]);
     /// at once if it has overrun already. A second call replaces the first.
     pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
-        let channel = channel.clone();
+        let channel = channel.downgrade();
         self.set_on_overrun(Box::new(move || {
-            channel.queue.push(AsyncEvent::CqError { context })
+            channel.push(AsyncEvent::CqError { context })
         }));
     }
 }
@@ -155,9 +160,9 @@ impl SharedReceiveQueue {
     /// ([`AsyncEvent::SrqLimitReached`]), besides
     /// [`SharedReceiveQueue::wait_limit_event`]'s queue. A second call replaces the first.
     pub fn notify_limit(&self, channel: &AsyncEventChannel, context: u64) {
-        let channel = channel.clone();
+        let channel = channel.downgrade();
         self.set_on_limit(Box::new(move || {
-            channel.queue.push(AsyncEvent::SrqLimitReached { context })
+            channel.push(AsyncEvent::SrqLimitReached { context })
         }));
     }
 }

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::verbs::cm::{ConnectRequest, Connection, Listener};
-use crate::verbs::event_queue::EventQueue;
+use crate::verbs::event_queue::{EventQueue, WeakEventQueue};
 use crate::verbs::qp::QueuePair;
 use crate::{DatapathError, QpError};
 
@@ -25,7 +25,8 @@ pub enum CmEvent {
     /// reject it.
     ConnectRequest(ConnectRequest),
     /// A connection started with [`crate::Device::connect_async`] is established
-    /// (`RDMA_CM_EVENT_ESTABLISHED`), tagged with the caller's `context`.
+    /// (`RDMA_CM_EVENT_ESTABLISHED`), tagged with the caller's `context`. One never taken is
+    /// dropped with its channel, and the connection closed as a dropped [`Connection`] is.
     Established {
         /// The caller's tag of the attempt.
         context: u64,
@@ -112,6 +113,12 @@ impl CmEventChannel {
     pub(crate) fn push(&self, event: CmEvent) {
         self.queue.push(event);
     }
+
+    /// A handle that queues on this channel while the application holds it, without keeping
+    /// it alive (for the hooks of queue pairs, which may be queued on it).
+    pub(crate) fn downgrade(&self) -> WeakEventQueue<CmEvent> {
+        WeakEventQueue::new(&self.queue)
+    }
 }
 
 impl AsRawFd for CmEventChannel {
@@ -192,9 +199,10 @@ impl Listener {
 
 impl QueuePair {
     /// Queues [`CmEvent::Disconnected`] on `channel` when the connection ends (at once if it
-    /// has ended already).
+    /// has ended already). The queue pair does not keep the channel alive: once the
+    /// application has dropped every handle of it, the event is not queued.
     pub fn notify_disconnect(&self, channel: &CmEventChannel) {
-        let channel = channel.clone();
+        let channel = channel.downgrade();
         let qp_num = self.num();
         self.shared().set_on_finish(Box::new(move |error| {
             channel.push(CmEvent::Disconnected { qp_num, error })
@@ -223,10 +231,14 @@ pub(crate) fn push_outcome(
             // after accepting) reports its end after it, never before. The end's hook is set
             // before Established is queued (so that an application that takes Established and
             // sets its own with `notify_disconnect` is not overridden), and holds the end
-            // until then.
+            // until then. The hook holds the channel weakly: the channel holds the
+            // connection until the application takes it, so a strong handle here would keep
+            // both alive for good if the application dropped the channel without taking it.
+            // Dropped with the channel instead, the connection closes as any dropped
+            // `Connection` does.
             let qp_num = connection.qp.num();
             let held = Arc::new(std::sync::Mutex::new(HeldEnd::Holding(None)));
-            let (hook_held, hook_channel) = (Arc::clone(&held), channel.clone());
+            let (hook_held, hook_channel) = (Arc::clone(&held), channel.downgrade());
             connection.qp.shared().set_on_finish(Box::new(move |error| {
                 let end = CmEvent::Disconnected { qp_num, error };
                 let mut h = hook_held.lock().unwrap_or_else(|e| e.into_inner());

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) struct EventQueue<T> {
@@ -113,5 +113,39 @@ impl<T> EventQueue<T> {
 
     pub(crate) fn borrowed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.efd)
+    }
+}
+
+/// A handle on an [`EventQueue`] that does not keep it alive, for the hooks a queue pair,
+/// completion queue or shared receive queue keeps to report to an application's channel: a
+/// hook that held the channel itself would, with a connection queued on that channel and never
+/// taken (`CmEvent::Established`), make a cycle (channel, connection, hook, channel) that
+/// neither would ever leave. Once every strong handle of the queue is gone, events pushed here
+/// are dropped: nobody could take them.
+pub(crate) struct WeakEventQueue<T>(Weak<EventQueue<T>>);
+
+impl<T: Send + 'static> WeakEventQueue<T> {
+    /// A handle on `queue` that does not keep it alive.
+    pub(crate) fn new(queue: &Arc<EventQueue<T>>) -> Self {
+        Self(Arc::downgrade(queue))
+    }
+
+    /// Queues `item` if the queue still has a strong handle; otherwise drops it. Should the
+    /// last strong handle go while this pushes (the application dropping its channel), this
+    /// call is left holding the queue, and the queue is dropped on a thread of its own rather
+    /// than the caller's: the caller may be a transport's thread, and the events still queued
+    /// may hold connections whose drop waits for that very thread to finish with them.
+    pub(crate) fn push(&self, item: T) {
+        let Some(queue) = self.0.upgrade() else {
+            return;
+        };
+        queue.push(item);
+        if let Some(last) = Arc::into_inner(queue) {
+            // Should no thread be had, it is dropped here after all (a queue pair dropped on
+            // its own transport thread does not wait for it: `QueuePair::disconnect`).
+            let _ = std::thread::Builder::new()
+                .name("iwarp-event-drop".into())
+                .spawn(move || drop(last));
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -460,8 +460,12 @@ pub struct QueuePair {
     local: SocketAddr,
     peer: SocketAddr,
     /// The transport's thread for this connection alone, joined by the first disconnect or
-    /// abort (the socket transport's; the AF_XDP engine's thread is shared).
+    /// abort once it has finished (the socket transport's; the AF_XDP engine's thread is
+    /// shared).
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// That thread's id, kept after the handle is taken: a disconnect or drop on that very
+    /// thread (a finish hook letting go of the last handle) neither waits for it nor joins it.
+    thread_id: Option<ThreadId>,
     sq_depth: usize,
     rq_depth: usize,
     /// Receives come from a shared receive queue: `post_recv` refuses them.
@@ -579,12 +583,14 @@ pub(crate) struct QpParts {
     pub(crate) cq: Option<CqSink>,
 }
 
-/// How long [`QueuePair::disconnect`] waits for a shared transport thread to close the
-/// connection.
+/// How long [`QueuePair::disconnect`] waits for the transport to close the connection
+/// gracefully before it resets it.
 const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How long [`QueuePair::disconnect`] waits for the reset that follows a graceful close that
-/// did not finish in [`DISCONNECT_WAIT`].
+/// did not finish in [`DISCONNECT_WAIT`], and [`QueuePair::abort`] for its reset.
 const ABORT_WAIT: Duration = Duration::from_secs(2);
+/// How often a disconnect or abort looks whether the transport has finished.
+const END_POLL: Duration = Duration::from_millis(1);
 
 impl QueuePair {
     pub(crate) fn from_parts(p: QpParts) -> QueuePair {
@@ -597,6 +603,7 @@ impl QueuePair {
             mulpdu: p.mulpdu,
             local: p.local,
             peer: p.peer,
+            thread_id: p.thread.as_ref().map(|t| t.thread().id()),
             thread: Mutex::new(p.thread),
             sq_depth: p.sq_depth,
             rq_depth: p.rq_depth,
@@ -905,11 +912,14 @@ impl QueuePair {
     }
 
     /// Closes the connection: outstanding work requests complete as flushed, the socket is
-    /// shut down, and the engine thread is joined. On the AF_XDP engine, a graceful close
-    /// that has not finished within 10 s (a peer that stopped acknowledging keeps our data
-    /// and FIN in flight) becomes a reset: once this returns, the transport neither reads nor
-    /// writes the queue pair's memory ([`QueuePair::status`]`.finished`; only an engine that
-    /// does not answer at all leaves it false).
+    /// shut down, and the transport's thread for the connection (the socket transport's) is
+    /// joined. A graceful close that has not finished within 10 s (a peer that stopped
+    /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
+    /// up to 2 s more: once this returns, the transport neither reads nor writes the queue
+    /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
+    /// at all leaves it false). Called on the connection's own transport thread (a finish
+    /// hook dropping the last handle), it only queues the close: that thread cannot wait for
+    /// itself, and has finished with the queue pair when it runs such hooks.
     ///
     /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
     /// meanwhile (their posts are taken and flushed, or refused with
@@ -917,25 +927,68 @@ impl QueuePair {
     /// the queue pair has finished).
     pub fn disconnect(&self) {
         let _ = self.start_disconnect();
-        if let Some(t) = self.take_thread() {
-            let _ = t.join();
-        } else if !self.wait_finished(DISCONNECT_WAIT) {
-            // A shared thread (the AF_XDP engine's) serves other connections too: it is
-            // asked to drop this one, not joined.
-            self.shared.request_abort();
-            let _ = self.waker.wake();
-            if !self.wait_finished(ABORT_WAIT) {
-                tracing::warn!(
-                    qp = self.num,
-                    "disconnect: the transport did not finish with the queue pair"
-                );
+        if self.on_own_thread() {
+            return;
+        }
+        if !self.ended_within(DISCONNECT_WAIT) && !self.reset_within(ABORT_WAIT) {
+            tracing::warn!(
+                qp = self.num,
+                "disconnect: the transport did not finish with the queue pair"
+            );
+            return;
+        }
+        self.join_thread();
+    }
+
+    /// Whether this is the transport's thread for this connection alone.
+    fn on_own_thread(&self) -> bool {
+        self.thread_id == Some(std::thread::current().id())
+    }
+
+    /// Whether the transport has finished with the queue pair, or its own thread has ended
+    /// (a thread that panicked never marks the queue pair finished).
+    fn ended(&self) -> bool {
+        self.shared.lock().finished
+            || self
+                .thread
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(JoinHandle::is_finished)
+    }
+
+    /// Waits up to `timeout` for [`QueuePair::ended`]; true when it has.
+    fn ended_within(&self, timeout: Duration) -> bool {
+        let deadline = super::timeout::deadline_after(timeout);
+        loop {
+            if self.ended() {
+                return true;
             }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(END_POLL);
         }
     }
 
-    /// The transport's own thread, for the first caller to join.
-    fn take_thread(&self) -> Option<JoinHandle<()>> {
-        self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
+    /// Asks the transport to reset the connection now and waits up to `timeout` for it to
+    /// finish; true when it has.
+    fn reset_within(&self, timeout: Duration) -> bool {
+        self.shared.request_abort();
+        // A wake even when the command channel is closed: the transport checks the request on
+        // its connection's next turn.
+        let _ = self.waker.wake();
+        self.ended_within(timeout)
+    }
+
+    /// Joins the transport's own thread, if the queue pair has one and no other caller took
+    /// it: called once the transport has finished with the queue pair, when all that is left
+    /// of the thread is to return.
+    fn join_thread(&self) {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     /// Starts the graceful close of [`QueuePair::disconnect`] and returns at once, as
@@ -946,7 +999,7 @@ impl QueuePair {
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
     /// timeout). A later `disconnect`, or dropping the handle, waits for the end as
-    /// `disconnect` does (on the AF_XDP engine, resetting the connection after 10 s). Posts
+    /// `disconnect` does (resetting the connection after 10 s). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
     /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
     /// woken ([`DatapathError::Io`]; the close is queued all the same).
@@ -967,19 +1020,25 @@ impl QueuePair {
     /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed. The abort
     /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
     /// queue pair that has finished already it does nothing.
+    ///
+    /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
+    /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
+    /// transport thread, it only asks for the reset, as [`QueuePair::disconnect`] there only
+    /// queues the close.
     pub fn abort(&self) {
-        self.shared.request_abort();
-        // A wake even when the command channel is closed: the transport checks the request on
-        // its connection's next turn.
-        let _ = self.waker.wake();
-        if let Some(t) = self.take_thread() {
-            let _ = t.join();
-        } else if !self.wait_finished(ABORT_WAIT) {
+        if self.on_own_thread() {
+            self.shared.request_abort();
+            let _ = self.waker.wake();
+            return;
+        }
+        if !self.reset_within(ABORT_WAIT) {
             tracing::warn!(
                 qp = self.num,
                 "abort: the transport did not finish with the queue pair"
             );
+            return;
         }
+        self.join_thread();
     }
 }
 
@@ -1034,6 +1093,19 @@ mod tests {
 
     /// [`handle`] whose completions go to `cq`.
     fn handle_with_cq(shared: Arc<Shared>, cq: Option<CqSink>) -> (QueuePair, Receiver<Cmd>) {
+        handle_parts(shared, cq, None)
+    }
+
+    /// [`handle`] whose transport thread, for this connection alone, is `thread`.
+    fn handle_on_thread(shared: Arc<Shared>, thread: JoinHandle<()>) -> (QueuePair, Receiver<Cmd>) {
+        handle_parts(shared, None, Some(thread))
+    }
+
+    fn handle_parts(
+        shared: Arc<Shared>,
+        cq: Option<CqSink>,
+        thread: Option<JoinHandle<()>>,
+    ) -> (QueuePair, Receiver<Cmd>) {
         let (cmds, rx) = crossbeam_channel::unbounded();
         let agreed = Agreed::Mpa(Negotiated {
             rev: 2,
@@ -1055,7 +1127,7 @@ mod tests {
             mulpdu: 1000,
             local: "127.0.0.1:2".parse().unwrap(),
             peer: "127.0.0.1:1".parse().unwrap(),
-            thread: None,
+            thread,
             sq_depth: 8,
             rq_depth: 8,
             srq: false,
@@ -1063,6 +1135,42 @@ mod tests {
             cq,
         });
         (qp, rx)
+    }
+
+    /// A queue pair dropped on its own transport thread (a finish hook letting go of the last
+    /// handle, as one holding an event channel with the connection queued on it may) returns
+    /// at once: it neither joins that thread (a self-join, on which std panics) nor waits for
+    /// it to finish, whether or not it has finished with the queue pair.
+    #[test]
+    fn a_queue_pair_dropped_on_its_own_thread_does_not_wait_for_itself() {
+        for finished in [true, false] {
+            let shared = Shared::new(QpState::Rts);
+            if finished {
+                shared.mark_finished(QpState::Idle);
+            }
+            let (qp_tx, qp_rx) = std::sync::mpsc::channel::<QueuePair>();
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            // The queue pair's "transport thread": it is handed the last handle and drops it.
+            let thread = std::thread::spawn(move || {
+                let Ok(qp) = qp_rx.recv() else {
+                    return;
+                };
+                let started = Instant::now();
+                let dropped =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(qp)));
+                let _ = done_tx.send((dropped.is_ok(), started.elapsed()));
+            });
+            let (qp, _transport_end) = handle_on_thread(shared, thread);
+            assert!(qp_tx.send(qp).is_ok(), "the thread is gone");
+            let (dropped, took) = done_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the drop on the queue pair's own thread never returned");
+            assert!(dropped, "finished {finished}: the drop panicked");
+            assert!(
+                took < Duration::from_secs(1),
+                "finished {finished}: {took:?}"
+            );
+        }
     }
 
     /// A queue pair closing or terminating refuses posts (siw's `ENOTCONN`) and queues

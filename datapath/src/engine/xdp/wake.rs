@@ -400,6 +400,15 @@ pub(super) struct State {
     pub(super) tx_joined: Vec<u8>,
 }
 
+/// The message of a caught panic.
+pub(super) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
+    cause
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,13 +427,4 @@ mod tests {
         // A poll's clock reading older than the last push (another thread pushed since).
         assert!(!push_due(pushed - ms, pushed, false, max));
     }
-}
-
-/// The message of a caught panic.
-pub(super) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
-    cause
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
 }

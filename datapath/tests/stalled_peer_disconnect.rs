@@ -1,0 +1,128 @@
+//! `QueuePair::disconnect` on the socket transport is bounded against a peer that stopped
+//! reading: the peer (a raw TCP socket that answers the MPA Request by hand and never reads
+//! again) lets its receive buffer fill, our Writes fill our send buffer behind it, and the
+//! graceful close can never drain; after its 10 s the close becomes a reset and `disconnect`
+//! returns with the queue pair finished. Loopback, no root needed.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use datapath::{
+    Access, CompletionQueue, ConnectParams, ProtectionDomain, SendOp, SendWr, Stag, WcStatus,
+};
+
+/// Bound on each wait for the other side (setup, a completion).
+const WAIT: Duration = Duration::from_secs(20);
+/// Octets of each Write, and of the region they read.
+const WRITE_LEN: usize = 1 << 20;
+/// Writes posted: far more than loopback's socket buffers hold.
+const WRITES: u64 = 64;
+/// What `disconnect` may take: the 10 s graceful wait, the 2 s reset wait and some slack.
+const DISCONNECT_BOUND: Duration = Duration::from_secs(14);
+
+/// A peer that completes the MPA exchange as Responder and then never reads: its socket stays
+/// open until `stop` says (or is dropped).
+fn silent_responder(stop: mpsc::Receiver<()>) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    // Inherited by the accepted socket: a small window, filled at once.
+    socket2::SockRef::from(&listener)
+        .set_recv_buffer_size(16 * 1024)
+        .expect("SO_RCVBUF");
+    let addr = listener.local_addr().expect("address");
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let s = answer_request(&mut s).map(|()| s);
+        // Holds the connection without reading until the test is done with it.
+        let _ = stop.recv_timeout(Duration::from_secs(60));
+        drop(s);
+    });
+    (addr, peer)
+}
+
+/// Reads the MPA Request on `s` and sends an accepting Reply.
+fn answer_request(s: &mut TcpStream) -> Result<(), String> {
+    s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+    let mut responder = mpa::Responder::new(mpa::MpaConfig::default(), Instant::now())
+        .map_err(|e| e.to_string())?;
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed before the Request".into());
+        }
+        let mut at = 0;
+        while at < n {
+            let (used, info) = responder
+                .feed(&chunk[at..n], Instant::now())
+                .map_err(|e| e.to_string())?;
+            at += used;
+            if info.is_some() {
+                let (reply, _) = responder.accept(b"").map_err(|e| e.to_string())?;
+                return s.write_all(&reply).map_err(|e| e.to_string());
+            }
+            if used == 0 {
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (addr, peer) = silent_responder(stop_rx);
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let params = ConnectParams {
+        // Without a user timeout the kernel never gives up on a peer that keeps advertising a
+        // zero window: only `disconnect`'s own bound ends the close.
+        user_timeout: None,
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    };
+    let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
+    let src = pd.register(WRITE_LEN, Access::LOCAL_WRITE).expect("region");
+    for i in 0..WRITES {
+        let wr = SendWr {
+            wr_id: i,
+            // The peer never reads them: where they would go does not matter.
+            op: SendOp::Write {
+                remote_stag: Stag(0x100),
+                remote_to: 0,
+            },
+            sg_list: src.sge(0, WRITE_LEN as u32).into(),
+            signaled: true,
+            fence: false,
+        };
+        conn.qp.post_send(wr).expect("post a Write");
+    }
+    // The Writes go out until the buffers on both sides are full, then stop.
+    let mut completed = 0u64;
+    while let Some(c) = cq.wait(Duration::from_secs(2)) {
+        assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+        completed += 1;
+        assert!(
+            completed < WRITES,
+            "every Write went out: the peer's buffer never filled"
+        );
+    }
+    println!("{completed} of {WRITES} Writes completed before the stall");
+
+    let (done_tx, done_rx) = mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        conn.qp.disconnect();
+        let _ = done_tx.send((started.elapsed(), conn.qp.status()));
+        // Dropped here, on this thread, should the test have given up on it.
+        drop(conn);
+    });
+    let (elapsed, status) = done_rx
+        .recv_timeout(DISCONNECT_BOUND + Duration::from_secs(10))
+        .expect("disconnect did not return");
+    println!("disconnect returned after {elapsed:?}: {status:?}");
+    assert!(elapsed <= DISCONNECT_BOUND, "disconnect took {elapsed:?}");
+    assert!(status.finished, "{status:?}");
+    let _ = stop_tx.send(());
+    peer.join().expect("the peer's thread");
+}
