@@ -26,7 +26,10 @@
 //! with a Terminate) and the descriptor takes a handle to the region's bytes
 //! ([`RegionBuffer::share`]: an `Arc` clone, an atomic increment, no allocation), released
 //! with the descriptor when the segment is acknowledged. Transmissions and retransmissions
-//! read the bytes through that handle, so they still deliver after a deregistration. As with
+//! read the bytes through that handle, so they still deliver after a deregistration; not after
+//! the application invalidated or re-registered the region ([`RegionLive`], RFC 5040 8.1.1:
+//! revoked rights are gone at once): the fill fails, and the connection is reset, so that what
+//! the application writes there after revoking the peer's right never leaves. As with
 //! a hardware RNIC, the Response data is read when the segment is sent, not when the Read
 //! Request arrived: local writes to the region after the Request may show in the Response
 //! (and a retransmission carries what the region holds then); rewriting memory a Read may be
@@ -35,7 +38,9 @@
 
 use mpa::wire::{pad_len, MarkerPtr};
 use mpa::FpduEncoder;
-use rdmap::{Access, MemoryTable, PdId, RegionBuffer, SharedBuffer, Stag, StagHint, TxPayload};
+use rdmap::{
+    Access, MemoryTable, PdId, RegionBuffer, RegionLive, SharedBuffer, Stag, StagHint, TxPayload,
+};
 use tcp_engine::wire::Checksum;
 use tcp_engine::TxSourceError;
 
@@ -105,6 +110,10 @@ const _: () = assert!(std::mem::size_of::<TxFpdu>() == 64);
 struct Held {
     buf: SharedBuffer,
     off: usize,
+    /// The registration's standing: once the application invalidates or re-registers the
+    /// region, nothing more is read through `buf` (it may hold new data the peer has no
+    /// right to).
+    live: RegionLive,
 }
 
 impl std::fmt::Debug for Held {
@@ -324,7 +333,10 @@ impl TxRing {
             let (buf, off) = mem
                 .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                 .map_err(|_| PushError::Source)?;
-            held = buf.share().map(|buf| Held { buf, off });
+            held = buf
+                .share()
+                .zip(mem.live(p.stag))
+                .map(|(buf, live)| Held { buf, off, live });
         }
         let wire_len = self.wire_len(start, ulpdu_len);
         let k = self.slot(self.len);
@@ -438,6 +450,9 @@ impl TxRing {
             let ift = self.ift;
             let (part, crc) = match held {
                 Some(h) => {
+                    if !h.live.is_live() {
+                        return Err(err);
+                    }
                     let region = Some((&*h.buf, h.off));
                     match &ift {
                         Some(fmt) => ift_fill(fmt, f, head, region, from, &mut out[done..done + n]),
@@ -529,6 +544,7 @@ impl TxRing {
             None
         };
         let written = match held {
+            Some(h) if !h.live.is_live() => return Some(Err(err)),
             Some(h) => w.whole_unmarked_split(f, head, Some((&*h.buf, h.off)), first, rest),
             None => {
                 let region = match f.payload() {
@@ -1668,6 +1684,49 @@ mod tests {
         );
         ring.release_to(n as u64, |_| {});
         assert_eq!(ring.len(), 0);
+    }
+
+    /// A queued Read Response whose region the application then invalidates, or re-registers,
+    /// is read no more (first transmission or retransmission): the fill fails.
+    #[test]
+    fn read_response_source_is_not_read_after_invalidation_or_reregistration() {
+        for reregister in [false, true] {
+            let mut mem = MemoryTable::new();
+            let data: Vec<u8> = (0..4000u32).map(|i| (i * 5) as u8).collect();
+            let stag = mem.register(PD, VecBuffer::from_vec(data), 0, Access::REMOTE_READ);
+            let mut ring = TxRing::new(4);
+            ring.start(true, false, 0, PD);
+            let payload = TxPayload {
+                stag,
+                to: 0,
+                len: 1000,
+                access: Access::REMOTE_READ,
+            };
+            let n = ring
+                .push(0, &[0x41u8; 14], Some(payload), false, &mem)
+                .expect("push");
+            let mut out = vec![0u8; n];
+            ring.fill(0, &mut out, &mem)
+                .expect("sent while the right stands");
+            if reregister {
+                mem.reregister(stag, PD, 0, Access::REMOTE_READ)
+                    .expect("reregister");
+            } else {
+                mem.invalidate(stag, PD).expect("invalidate");
+            }
+            assert!(
+                ring.fill(0, &mut out, &mem).is_err(),
+                "retransmitted after the right was revoked (reregister {reregister})"
+            );
+            let (first, rest) = out.split_at_mut(64);
+            assert!(
+                matches!(
+                    ring.fill_whole_split(0, n, first, &mut [rest], &mem),
+                    Some(Err(_))
+                ),
+                "written into pieces after the right was revoked (reregister {reregister})"
+            );
+        }
     }
 
     /// A region whose shared handles can be counted.

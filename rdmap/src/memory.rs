@@ -300,6 +300,21 @@ struct Slot<B> {
     region: Option<Region<B>>,
 }
 
+/// Whether one registration of a region still stands: false once it is invalidated (a local
+/// invalidate, a peer's Send with Invalidate) or re-registered, in every copy of the table at
+/// once; a deregistration leaves it as it was. What a transport holding the region's bytes
+/// past its check (a Read Response's source, [`RegionBuffer::share`]) asks before each read.
+#[derive(Debug, Clone)]
+pub struct RegionLive(Arc<AtomicBool>);
+
+impl RegionLive {
+    /// Whether the registration still stands.
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// What the owner may see of a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -643,10 +658,15 @@ impl<B: RegionBuffer> MemoryTable<B> {
         let Some(region) = slot.region.as_mut() else {
             return Err(RdmapError::UnknownStag { stag });
         };
+        // The old identity dies in every copy of the table at once, as a local invalidate
+        // makes it (a transport checks against the copy it took at the start of its turn, which
+        // still knows the old key and rights: RFC 5040 8.1.1 wants the old rights gone when
+        // this returns). A new registration identity: a new flag.
+        region.valid.store(false, Ordering::Release);
+        self.invalidations.fetch_add(1, Ordering::AcqRel);
         region.pd = pd;
         region.base_to = base_to;
         region.access = access;
-        // A new registration identity: copies that still hold the old key keep the old flag.
         region.valid = Arc::new(AtomicBool::new(true));
         slot.key = match key {
             Some(k) => k,
@@ -698,6 +718,12 @@ impl<B: RegionBuffer> MemoryTable<B> {
         region.valid.store(false, Ordering::Release);
         self.invalidations.fetch_add(1, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// The standing of `stag`'s registration, for a holder of its bytes ([`RegionLive`]);
+    /// `None` for an STag that names no region.
+    pub fn live(&self, stag: Stag) -> Option<RegionLive> {
+        self.region(stag).map(|r| RegionLive(r.valid.clone()))
     }
 
     /// The buffer of a registered region (valid or invalidated), for its owner.
@@ -1081,6 +1107,51 @@ mod tests {
             table.reregister(old, PD, 0, Access::NONE),
             Err(RdmapError::UnknownStag { .. })
         ));
+    }
+
+    /// A copy of the table taken before a re-registration (a transport's, for its turn) stops
+    /// taking the old STag at once: the old rights die everywhere, and the copy's version
+    /// changes, so that checks it remembered are made again.
+    #[test]
+    fn reregister_kills_the_old_stag_in_copies_too() {
+        let (mut table, old) = table_with_region(Access::REMOTE_WRITE);
+        let copy = table.clone();
+        let version = copy.version();
+        assert!(copy
+            .validate(old, PD, Access::REMOTE_WRITE, 0x1000, 8)
+            .is_ok());
+        let new = table
+            .reregister(old, PD, 0x1000, Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(
+            copy.validate(old, PD, Access::REMOTE_WRITE, 0x1000, 8)
+                .err(),
+            Some(AccessViolation::InvalidStag),
+            "the old copy still takes the old STag"
+        );
+        assert_ne!(copy.version(), version);
+        assert!(table
+            .validate(new, PD, Access::REMOTE_READ, 0x1000, 8)
+            .is_ok());
+    }
+
+    /// A registration's standing, held past its check, falls with an invalidation through
+    /// any copy and with a re-registration, not with a deregistration.
+    #[test]
+    fn a_held_standing_falls_with_invalidation_and_reregistration_only() {
+        let (mut table, stag) = table_with_region(Access::REMOTE_READ);
+        let live = table.live(stag).expect("registered");
+        assert!(live.is_live());
+        let stag = table.reregister(stag, PD, 0, Access::REMOTE_READ).unwrap();
+        assert!(!live.is_live(), "re-registered");
+        let live = table.live(stag).expect("registered");
+        table.clone().invalidate(stag, PD).unwrap();
+        assert!(!live.is_live(), "invalidated through a copy");
+        let stag = table.reregister(stag, PD, 0, Access::REMOTE_READ).unwrap();
+        let live = table.live(stag).expect("registered");
+        table.deregister(stag).unwrap();
+        assert!(live.is_live(), "a deregistration leaves it standing");
+        assert!(table.live(stag).is_none());
     }
 
     #[test]
