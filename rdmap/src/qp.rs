@@ -652,6 +652,11 @@ struct InboundSend {
     opcode: Opcode,
     invalidate: u32,
     immediate: u64,
+    /// A Send with Invalidate's Last segment (DDP header and payload length), for the
+    /// Terminate of an invalidation that fails when the message is delivered, possibly by a
+    /// later segment (an earlier MSN that arrived after it): RFC 5040 7.1 names the message
+    /// in error.
+    segment: Option<(CopiedDdpHeader, u16)>,
 }
 
 /// A staged inbound message of QN 1: a Read Request, or (RFC 7306) an Atomic Request.
@@ -2492,7 +2497,7 @@ impl QueuePair {
                     .into());
                 }
                 match hdr.qn {
-                    queue::SEND => self.receive_send(opcode, &hdr, payload, mem),
+                    queue::SEND => self.receive_send(opcode, &hdr, ddp_header, payload, mem),
                     queue::READ_REQUEST => {
                         let bytes = payload.bytes().ok_or(RdmapError::LocalCatastrophic)?;
                         let segment = CopiedDdpHeader::from_segment(ddp_header)
@@ -2608,6 +2613,7 @@ impl QueuePair {
         &mut self,
         opcode: Opcode,
         hdr: &UntaggedHeader,
+        ddp_header: &[u8],
         payload: Payload<'_>,
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
@@ -2627,11 +2633,18 @@ impl QueuePair {
         }
         // A repeated Last segment (DDP allows repeated placement) is recorded once.
         if hdr.last && !self.inbound_sends.iter().any(|s| s.msn == hdr.msn) {
+            let segment = if opcode.carries_invalidate_stag() {
+                CopiedDdpHeader::from_segment(ddp_header)
+                    .map(|h| (h, u16::try_from(payload.len()).unwrap_or(u16::MAX)))
+            } else {
+                None
+            };
             self.inbound_sends.push_back(InboundSend {
                 msn: hdr.msn,
                 opcode,
                 invalidate: invalidate_stag(&hdr.rsvd_ulp),
                 immediate,
+                segment,
             });
         }
         self.deliver_sends(mem)
@@ -2695,7 +2708,11 @@ impl QueuePair {
                     completion.status = WcStatus::RemoteInvalidRequestError;
                     completion.byte_len = 0;
                     self.completions.push_back(completion);
-                    return Err(error.into());
+                    return Err(Fault {
+                        error,
+                        read_request: None,
+                        segment: info.and_then(|i| i.segment),
+                    });
                 }
                 completion.invalidated = Some(stag);
             }

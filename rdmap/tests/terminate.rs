@@ -837,3 +837,35 @@ fn a_read_request_delivered_by_a_later_segment_is_named_in_its_terminate() {
     assert_eq!(term.read_request, Some(bad));
     assert_eq!(pair.b.qp.state(), QpState::Error);
 }
+
+/// A Send with Invalidate of an unknown STag that DDP delivers only when a later segment
+/// arrives (its MSN 2 came before MSN 1): the Terminate names its own segment, not the one
+/// whose arrival delivered it (RFC 5040 7.1).
+#[test]
+fn a_send_with_invalidate_delivered_late_names_its_own_segment() {
+    let mut pair = pair(true);
+    let second_buf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(B_RECV + 1, second_buf, 0, 64);
+    // RDMAP opcode 4, Send with Invalidate; its Invalidate STag in the header's ULP field.
+    let mut invalidating = untagged(0x41, 0x44, 0, 2, &[1, 2, 3, 4]);
+    invalidating[2..6].copy_from_slice(&0x0077_7701u32.to_be_bytes());
+    let plain = untagged(0x41, 0x43, 0, 1, &[5, 6, 7, 8, 9, 10, 11, 12]);
+    assert!(
+        pair.b.qp.on_ulpdu(&invalidating, &pair.b.mem).is_ok(),
+        "placed, not yet delivered"
+    );
+    assert!(matches!(
+        pair.b.qp.on_ulpdu(&plain, &pair.b.mem),
+        Err(RdmapError::CannotInvalidate { .. })
+    ));
+    let term = pair.b.qp.local_terminate().expect("a Terminate");
+    assert_eq!((term.layer, term.etype, term.code), (0, 2, 9));
+    let copied = term.ddp_header.expect("the D bit");
+    let n = copied.as_bytes().len();
+    assert_eq!(
+        copied.as_bytes(),
+        &invalidating[..n],
+        "the segment in error"
+    );
+    assert_eq!(term.segment_len, Some(4));
+}
