@@ -107,12 +107,33 @@ struct CqInner {
     overrun: AtomicBool,
     /// Called at the first overrun ([`CompletionQueue::notify_async`]).
     on_overrun: Mutex<Option<OverrunHook>>,
+    /// What the application's handles share: a channel event names the queue through it, so
+    /// that an event of a queue the application has dropped every handle of is skipped,
+    /// though queue pairs still deliver into it.
+    handle: Weak<CqHandle>,
 }
 
-/// A completion queue. Cloning it gives another handle to the same queue.
+/// The queue as the application's handles hold it (the transports hold [`CqInner`] alone).
+struct CqHandle {
+    inner: Arc<CqInner>,
+}
+
+impl std::ops::Deref for CqHandle {
+    type Target = CqInner;
+
+    fn deref(&self) -> &CqInner {
+        &self.inner
+    }
+}
+
+/// A completion queue. Cloning it gives another handle to the same queue. Queue pairs
+/// delivering into it keep it working after the application dropped every handle, but
+/// nobody can poll it then: it overruns (see the module's "Capacity"), and its channel's
+/// events are skipped. Verbs refuses to destroy a queue still in use (`EBUSY`); drop the
+/// queue pairs first.
 #[derive(Clone)]
 pub struct CompletionQueue {
-    inner: Arc<CqInner>,
+    inner: Arc<CqHandle>,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -173,10 +194,10 @@ impl CqSink {
     /// completions too unless `recv` names another queue.
     pub(crate) fn new(send: &CompletionQueue, recv: Option<&CompletionQueue>) -> CqSink {
         CqSink {
-            send: send.inner.clone(),
+            send: send.inner.inner.clone(),
             recv: recv
                 .filter(|r| !r.same_queue(send))
-                .map(|r| r.inner.clone()),
+                .map(|r| r.inner.inner.clone()),
         }
     }
 
@@ -254,7 +275,7 @@ impl CqInner {
                 let was = inner.armed.swap(DISARMED, Ordering::SeqCst);
                 if was != DISARMED {
                     inner.arming_ended(was);
-                    channel.push(Arc::downgrade(self));
+                    channel.push(inner.handle.clone());
                 }
             }
         }
@@ -311,16 +332,19 @@ impl CompletionQueue {
     fn with_capacity(cqe: usize, channel: Option<&CompletionChannel>, context: u64) -> Self {
         let (tx, rx) = crossbeam_channel::bounded(cqe);
         Self {
-            inner: Arc::new(CqInner {
-                tx,
-                rx,
-                driver: OnceLock::new(),
-                channel: channel.map(|c| c.inner.clone()),
-                armed: AtomicU8::new(DISARMED),
-                context,
-                capacity: cqe,
-                overrun: AtomicBool::new(false),
-                on_overrun: Mutex::new(None),
+            inner: Arc::new_cyclic(|handle| CqHandle {
+                inner: Arc::new(CqInner {
+                    tx,
+                    rx,
+                    driver: OnceLock::new(),
+                    channel: channel.map(|c| c.inner.clone()),
+                    armed: AtomicU8::new(DISARMED),
+                    context,
+                    capacity: cqe,
+                    overrun: AtomicBool::new(false),
+                    on_overrun: Mutex::new(None),
+                    handle: handle.clone(),
+                }),
             }),
         }
     }
@@ -473,8 +497,9 @@ impl CompletionQueue {
     }
 }
 
-/// The queues that fired, oldest first (weak: a dropped queue's event is skipped).
-type ChannelInner = EventQueue<Weak<CqInner>>;
+/// The queues that fired, oldest first (weak: the event of a queue whose handles the
+/// application dropped is skipped).
+type ChannelInner = EventQueue<Weak<CqHandle>>;
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
 /// armed [`CompletionQueue`] created with it gets a completion (see the module documentation).
@@ -494,7 +519,8 @@ impl CompletionChannel {
 
     /// Takes the oldest event without blocking (`ibv_get_cq_event` on a non-blocking channel):
     /// the queue that fired, or `None` if no event is waiting. The descriptor stays readable
-    /// while events remain. An event of a queue dropped since is skipped.
+    /// while events remain. An event of a queue whose every handle the application has
+    /// dropped since is skipped (its queue pairs may still deliver into it).
     pub fn get_event(&self) -> Option<CompletionQueue> {
         loop {
             if let Some(inner) = self.inner.pop()?.upgrade() {
@@ -574,6 +600,25 @@ mod tests {
         assert!(first.same_queue(&b) && second.same_queue(&a));
         assert_eq!((first.context(), second.context()), (0xb, 0xa));
         assert_eq!(CompletionQueue::new().context(), 0);
+    }
+
+    /// An event of a queue whose handles the application has all dropped is skipped, though a
+    /// queue pair still delivers into it (a C interface would hand back a `cq_context` it
+    /// freed with the queue).
+    #[test]
+    fn an_event_of_a_queue_the_application_dropped_is_skipped() {
+        let channel = CompletionChannel::new().expect("channel");
+        let kept = CompletionQueue::create(16, Some(&channel), 1).expect("queue");
+        let dropped = CompletionQueue::create(16, Some(&channel), 2).expect("queue");
+        let delivering = dropped.sink();
+        dropped.req_notify(false).expect("arm");
+        kept.req_notify(false).expect("arm");
+        drop(dropped);
+        delivering.push(completion()).expect("room");
+        kept.sink().push(completion()).expect("room");
+        let event = channel.get_event().expect("the kept queue's event");
+        assert!(event.same_queue(&kept));
+        assert!(channel.get_event().is_none(), "the dropped queue's event");
     }
 
     /// The engine hears of every arming once and of its end once: armed before the queue met
