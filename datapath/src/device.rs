@@ -12,7 +12,7 @@ use crate::verbs::async_events::{AsyncEvent, AsyncEventChannel};
 use crate::verbs::cm::{
     check_initial_recvs, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
 };
-use crate::verbs::cm_events::{push_outcome, CmEventChannel};
+use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::idle::IdleQp;
 use crate::verbs::qp::QpStart;
@@ -258,7 +258,8 @@ impl Device {
     /// is queued on `channel`, tagged with `context`, as `CmEvent::Established` (whose queue
     /// pair then also reports `CmEvent::Disconnected` there), `CmEvent::Rejected` or
     /// `CmEvent::ConnectError` (see [`crate::CmEvent`]). A thread waits for the outcome (the
-    /// socket transport's connect runs on it).
+    /// socket transport's connect runs on it). The returned [`ConnectAttempt`] cancels it
+    /// (`rdma_destroy_id` on the connecting id); dropping it leaves the attempt running.
     #[allow(clippy::too_many_arguments)]
     pub fn connect_async(
         &self,
@@ -269,7 +270,7 @@ impl Device {
         private_data: &[u8],
         channel: &CmEventChannel,
         context: u64,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<ConnectAttempt, DatapathError> {
         let recvs = Vec::new();
         self.connect_async_with_recvs(addr, pd, cq, params, private_data, recvs, channel, context)
     }
@@ -287,7 +288,7 @@ impl Device {
         recvs: Vec<RecvWr>,
         channel: &CmEventChannel,
         context: u64,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<ConnectAttempt, DatapathError> {
         let start = QpStart::with_recvs(recvs);
         let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
         self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
@@ -303,7 +304,7 @@ impl Device {
         private_data: &[u8],
         channel: &CmEventChannel,
         context: u64,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<ConnectAttempt, DatapathError> {
         let (start, pd, cq, params) = qp.into_start();
         self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
     }
@@ -319,7 +320,7 @@ impl Device {
         start: QpStart,
         channel: &CmEventChannel,
         context: u64,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<ConnectAttempt, DatapathError> {
         let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
         {
             // `start_connect` checks the parameters itself.
@@ -336,10 +337,12 @@ impl Device {
             }
         };
         let channel = channel.clone();
+        let attempt = ConnectAttempt::new();
+        let outcome_of = attempt.clone();
         std::thread::Builder::new()
             .name("iwarp-cm-connect".into())
-            .spawn(move || push_outcome(&channel, context, wait()))?;
-        Ok(())
+            .spawn(move || push_outcome(&channel, context, &outcome_of, wait()))?;
+        Ok(attempt)
     }
 
     /// Sends the device's own asynchronous event to `channel`: [`AsyncEvent::DeviceFatal`] when

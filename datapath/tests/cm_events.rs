@@ -168,3 +168,64 @@ fn requests_of_two_listeners_on_one_channel_name_their_listener() {
         ));
     }
 }
+
+/// `ConnectAttempt::cancel` (rdma_destroy_id on an id still connecting): cancelled before its
+/// outcome, no event of the attempt is ever queued and the connection the peer accepted is
+/// reset; once the outcome is queued, cancel says so and the event stays.
+#[test]
+fn a_cancelled_connect_attempt_queues_nothing_and_resets_what_it_made() {
+    let device = Device::socket();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client_ch = CmEventChannel::new().unwrap();
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+
+    // Cancelled while the peer has not answered yet.
+    let attempt = device
+        .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 1)
+        .unwrap();
+    assert!(attempt.cancel(), "cancelled before its outcome");
+    assert!(attempt.cancel(), "cancelled twice");
+    let req = listener
+        .accept_timeout(WAIT)
+        .unwrap()
+        .expect("the attempt's request");
+    let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+    // The client resets the connection as soon as the Reply makes it: the accept may already
+    // find it gone.
+    if let Ok(server) = req.accept(&spd, &scq, b"") {
+        let deadline = std::time::Instant::now() + WAIT;
+        while !server.qp.status().finished && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let st = server.qp.status();
+        assert!(
+            st.finished,
+            "the cancelled attempt's connection lives on: {st:?}"
+        );
+        assert!(
+            matches!(st.error, Some(QpError::PeerReset | QpError::PeerClosed)),
+            "{st:?}"
+        );
+    }
+    assert!(
+        client_ch.wait_event(Duration::from_millis(300)).is_none(),
+        "a cancelled attempt queued an event"
+    );
+
+    // Cancelled after its outcome was queued: too late, the event stays.
+    let attempt = device
+        .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 2)
+        .unwrap();
+    let req = listener
+        .accept_timeout(WAIT)
+        .unwrap()
+        .expect("the attempt's request");
+    let _server = req.accept(&spd, &scq, b"").unwrap();
+    assert!(readable(client_ch.as_raw_fd(), WAIT), "no outcome");
+    assert!(!attempt.cancel(), "cancelled after its outcome was queued");
+    match client_ch.get_event() {
+        Some(CmEvent::Established { context: 2, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}

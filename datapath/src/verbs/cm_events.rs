@@ -10,7 +10,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -219,12 +219,70 @@ enum HeldEnd {
     Open,
 }
 
-/// Queues the outcome of a connection attempt.
+/// A connection attempt of [`crate::Device::connect_async`], as rdma_cm's id is while it
+/// connects: [`ConnectAttempt::cancel`] is `rdma_destroy_id` on it. Dropping the handle leaves
+/// the attempt running, its outcome queued as usual.
+#[derive(Debug, Clone)]
+pub struct ConnectAttempt {
+    state: Arc<Mutex<AttemptState>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttemptState {
+    Connecting,
+    Cancelled,
+    /// Its outcome is on the channel.
+    Queued,
+}
+
+impl ConnectAttempt {
+    pub(crate) fn new() -> ConnectAttempt {
+        ConnectAttempt {
+            state: Arc::new(Mutex::new(AttemptState::Connecting)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttemptState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancels the attempt (`rdma_destroy_id` on an id still connecting): from now on no event
+    /// of it is queued, and a connection it still establishes is reset as soon as it is up
+    /// (the peer sees it end; the attempt itself runs until its outcome, at most the
+    /// parameters' `setup_timeout`). True if the attempt was cancelled; false if its outcome
+    /// was queued on the channel already: take it from there (dropping an `Established`
+    /// connection closes it).
+    pub fn cancel(&self) -> bool {
+        let mut state = self.lock();
+        match *state {
+            AttemptState::Connecting | AttemptState::Cancelled => {
+                *state = AttemptState::Cancelled;
+                true
+            }
+            AttemptState::Queued => false,
+        }
+    }
+}
+
+/// Queues the outcome of a connection attempt, unless the application cancelled it (an
+/// established connection is then reset).
 pub(crate) fn push_outcome(
     channel: &CmEventChannel,
     context: u64,
+    attempt: &ConnectAttempt,
     outcome: Result<Connection, DatapathError>,
 ) {
+    let mut state = attempt.lock();
+    if *state == AttemptState::Cancelled {
+        drop(state);
+        if let Ok(connection) = outcome {
+            connection.qp.abort();
+        }
+        return;
+    }
+    // Under the attempt's lock: a cancel either comes before (nothing queued) or finds the
+    // outcome queued.
+    *state = AttemptState::Queued;
     channel.push(match outcome {
         Ok(connection) => {
             // Established goes first: a connection that ends at once (the peer closes right
