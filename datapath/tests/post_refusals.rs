@@ -171,6 +171,7 @@ fn check_attr(qp: &QueuePair, params: &ConnectParams, extensions: bool) {
         extensions,
         local: qp.local_addr(),
         peer: qp.peer_addr(),
+        tos: params.tos,
     };
     assert_ne!(a.local.port(), 0, "{a:?}");
     assert_eq!(a, want);
@@ -178,11 +179,12 @@ fn check_attr(qp: &QueuePair, params: &ConnectParams, extensions: bool) {
 }
 
 /// Our end's parameters: a shared receive queue of `pd` and the extensions off, or no shared
-/// receive queue and the extensions on.
+/// receive queue, the extensions on and a Type of Service (DSCP AF11).
 fn ours(base: ConnectParams, side: &Side, extensions: bool) -> ConnectParams {
     ConnectParams {
         srq: (!extensions).then(|| SharedReceiveQueue::new(&side.pd, 4).expect("srq")),
         rdmap_extensions: extensions,
+        tos: if extensions { 0x28 } else { 0 },
         ..base
     }
 }

@@ -185,6 +185,7 @@ pub(super) fn start_engine(
         mulpdu,
         local,
         peer,
+        tos: params.tos,
         thread: Some(thread),
         sq_depth,
         rq_depth,

@@ -114,6 +114,7 @@ impl IdleQp {
             extensions: p.rdmap_extensions,
             local: p.local_addr.unwrap_or(unspecified),
             peer: unspecified,
+            tos: p.tos,
         }
     }
 

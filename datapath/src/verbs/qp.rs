@@ -459,6 +459,7 @@ pub struct QueuePair {
     mulpdu: usize,
     local: SocketAddr,
     peer: SocketAddr,
+    tos: u8,
     /// The transport's thread for this connection alone, joined by the first disconnect or
     /// abort once it has finished (the socket transport's; the AF_XDP engine's thread is
     /// shared).
@@ -515,6 +516,11 @@ pub struct QpAttr {
     pub local: SocketAddr,
     /// The peer's address (`rdma_get_peer_addr`).
     pub peer: SocketAddr,
+    /// The IP Type of Service octet set for the connection
+    /// ([`ConnectParams::tos`](crate::ConnectParams::tos): `rdma_set_option`'s
+    /// `RDMA_OPTION_ID_TOS`; `ah_attr.grh.traffic_class` of `ibv_query_qp`); an accepted
+    /// connection's is its listener's. (The AF_XDP engine sends it with the ECN field clear.)
+    pub tos: u8,
 }
 
 /// What the two ends of a connection agreed on when it started.
@@ -570,6 +576,8 @@ pub(crate) struct QpParts {
     pub(crate) mulpdu: usize,
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
+    /// The IP Type of Service octet its segments carry.
+    pub(crate) tos: u8,
     /// The transport's thread for this connection alone, if it has one.
     pub(crate) thread: Option<JoinHandle<()>>,
     /// The queue pair's send and receive queue depths ([`rdmap::QpConfig`]).
@@ -603,6 +611,7 @@ impl QueuePair {
             mulpdu: p.mulpdu,
             local: p.local,
             peer: p.peer,
+            tos: p.tos,
             thread_id: p.thread.as_ref().map(|t| t.thread().id()),
             thread: Mutex::new(p.thread),
             sq_depth: p.sq_depth,
@@ -670,6 +679,7 @@ impl QueuePair {
             extensions: self.extensions,
             local: self.local,
             peer: self.peer,
+            tos: self.tos,
         }
     }
 
@@ -1127,6 +1137,7 @@ mod tests {
             mulpdu: 1000,
             local: "127.0.0.1:2".parse().unwrap(),
             peer: "127.0.0.1:1".parse().unwrap(),
+            tos: 0,
             thread,
             sq_depth: 8,
             rq_depth: 8,

@@ -516,6 +516,7 @@ impl TcpApp for App<'_> {
                             std::net::SocketAddr::from((t.local_addr, t.local_port))
                         },
                         peer: slot.peer,
+                        tos: tcp.config().tos,
                         thread: None,
                         sq_depth: qp_cfg.sq_depth,
                         rq_depth: qp_cfg.rq_depth,
