@@ -2116,7 +2116,6 @@ impl Connection {
         if !seg.flags.ack {
             return;
         }
-        self.note_ts_recent(seg);
         // ACK (RFC 9293 3.10.7.4 fifth, RFC 5961 5.2).
         if self.state == State::SynReceived {
             if seg.ack == self.snd.isn.wrapping_add(1) {
@@ -2145,6 +2144,11 @@ impl Connection {
         } else if !self.process_ack(now, seg) {
             return;
         }
+        // TS.Recent (RFC 7323 5.3 R3) only from a segment whose ACK was acceptable: updated
+        // before the ACK check (as R3's order has it), a blind segment that merely overlaps
+        // RCV.NXT could set a TSval far ahead, and PAWS would then drop every segment of the
+        // real peer (Linux updates it after the check too).
+        self.note_ts_recent(seg);
         // Data (RFC 9293 3.10.7.4 seventh).
         let data_ok = matches!(
             self.state,

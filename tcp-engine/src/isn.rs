@@ -64,6 +64,13 @@ impl IsnGenerator {
         (h1, h2)
     }
 
+    /// A keyed hash of `value`, for the table's other secrets (the challenge-ACK budget of
+    /// each second).
+    pub fn keyed(&self, value: u64) -> u64 {
+        // Domain 4 (a key of its own): `hash_tuple` and `cookie_hashes` use 0 to 3.
+        siphash24(self.k0 ^ 4, self.k1, &value.to_be_bytes())
+    }
+
     /// The timestamp-clock offset for a connection on `tuple`.
     pub fn timestamp_offset(&self, tuple: &FourTuple) -> u32 {
         self.hash_tuple(tuple, 1) as u32

@@ -173,23 +173,41 @@ pub struct TableStats {
 /// A table-wide limit on challenge ACKs per second (Linux's `tcp_challenge_ack_limit`), on
 /// top of each connection's own (`Config::challenge_ack_limit`): an attacker spraying
 /// spoofed RSTs or SYNs over many connections cannot make the host answer each of them.
+///
+/// Each second's budget is drawn afresh, secretly (a keyed hash of the window's number),
+/// between half and one and a half times the limit (Linux's answer to CVE-2016-5696): with a
+/// fixed budget shared by every connection, an off-path attacker who spends it on its own
+/// connections could count how much of it a spoofed segment on someone else's connection used
+/// up, and so learn whether that connection exists and where its sequence numbers lie
+/// (RFC 5961 10).
 #[derive(Debug)]
 struct ChallengeLimit {
     per_second: u32,
     window_start: Option<Instant>,
+    /// Windows begun so far (the budget's hash input).
+    windows: u64,
+    budget: u32,
     sent: u32,
 }
 
 impl ChallengeLimit {
-    fn allow(&mut self, now: Instant) -> bool {
+    fn allow(&mut self, now: Instant, isn: &IsnGenerator) -> bool {
         match self.window_start {
             Some(start) if now - start < core::time::Duration::from_secs(1) => {}
             _ => {
                 self.window_start = Some(now);
                 self.sent = 0;
+                self.windows = self.windows.wrapping_add(1);
+                self.budget = match self.per_second {
+                    0 => 0,
+                    p => {
+                        let spread = isn.keyed(self.windows) % u64::from(p);
+                        p.div_ceil(2).saturating_add(spread as u32)
+                    }
+                };
             }
         }
-        if self.sent < self.per_second {
+        if self.sent < self.budget {
             self.sent += 1;
             true
         } else {
@@ -207,6 +225,9 @@ struct Listener {
     backlog: usize,
     pending: usize,
     accept_queue: VecDeque<ConnId>,
+    /// When (the cookies' clock) it last answered a SYN with a cookie: only within a
+    /// cookie's lifetime after that is an ACK for no connection taken for a cookie's return.
+    cookie_sent_at: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -311,13 +332,17 @@ impl ConnectionTable {
             challenge: ChallengeLimit {
                 per_second: DEFAULT_CHALLENGE_ACK_LIMIT,
                 window_start: None,
+                windows: 0,
+                budget: 0,
                 sent: 0,
             },
         }
     }
 
-    /// Most challenge ACKs per second the whole table sends (default
-    /// [`DEFAULT_CHALLENGE_ACK_LIMIT`]), on top of each connection's limit.
+    /// Challenge ACKs per second the whole table sends, on average (default
+    /// [`DEFAULT_CHALLENGE_ACK_LIMIT`]), on top of each connection's limit: each second's
+    /// budget is drawn in secret between half and one and a half times it (see the limit's
+    /// documentation); 0 sends none. Takes effect from the next second.
     pub fn set_challenge_ack_limit(&mut self, per_second: u32) {
         self.challenge.per_second = per_second;
     }
@@ -348,6 +373,7 @@ impl ConnectionTable {
                 backlog,
                 pending: 0,
                 accept_queue: VecDeque::with_capacity(backlog),
+                cookie_sent_at: None,
             },
         );
     }
@@ -595,6 +621,7 @@ impl ConnectionTable {
                         let reply =
                             Connection::cookie_syn_ack(&l.config, &seg, cookie, &self.isn, now);
                         self.control.push_back(reply);
+                        l.cookie_sent_at = Some(minute(now));
                         self.stats.syncookies_sent += 1;
                     }
                     return Ok(None);
@@ -633,10 +660,22 @@ impl ConnectionTable {
         if !self.syn_cookies {
             return None;
         }
+        // Only while a cookie it sent may still come back (as Linux's
+        // `tcp_synq_no_recent_overflow`): otherwise every stray ACK to a listening port would
+        // be a guess at a cookie, one in ~3.6e8 of which opens a connection, data and all.
+        let now_minute = minute(now);
+        let recent = self
+            .listeners
+            .get(&key)
+            .and_then(|l| l.cookie_sent_at)
+            .is_some_and(|m| now_minute.wrapping_sub(m) <= syncookie::MAX_AGE_MINUTES);
+        if !recent {
+            return None;
+        }
         let tuple = FourTuple::of_received(ack);
         let peer_isn = ack.seq.wrapping_sub(1);
         let cookie = ack.ack.wrapping_sub(1);
-        let Some(mss_index) = syncookie::check(&self.isn, &tuple, peer_isn, cookie, minute(now))
+        let Some(mss_index) = syncookie::check(&self.isn, &tuple, peer_isn, cookie, now_minute)
         else {
             self.stats.syncookies_failed += 1;
             return None;
@@ -708,7 +747,7 @@ impl ConnectionTable {
         };
         if let Some(conn) = slot.conn.as_mut() {
             conn.handle_segment(now, seg, |p| pass_up(id, p));
-            if conn.take_challenge_ack() && !self.challenge.allow(now) {
+            if conn.take_challenge_ack() && !self.challenge.allow(now, &self.isn) {
                 conn.withdraw_challenge_ack();
                 self.stats.challenge_acks_limited += 1;
             }

@@ -1046,3 +1046,44 @@ fn a_reset_after_a_lost_fin_into_a_zero_window_is_accepted() {
     assert_eq!(s.state(), Some(State::Closed), "the reset was taken");
     assert!(s.events.contains(&Event::Reset));
 }
+
+/// A blind segment that overlaps RCV.NXT but acknowledges data never sent (an off-path
+/// guess) carries a timestamp far ahead: it is dropped, and TS.Recent is left alone, so the
+/// real peer's next segment still passes PAWS (TS.Recent is updated only after the ACK
+/// check, as Linux does; RFC 7323 5.3 R3 would update it first).
+#[test]
+fn a_blind_segment_with_a_bad_ack_does_not_move_ts_recent() {
+    let (mut c, mut s, mut net) = setup(
+        5,
+        20_000,
+        lossy(0.0),
+        lossy(0.0),
+        Config::default(),
+        Config::default(),
+    );
+    run_until_done(
+        &mut c,
+        &mut s,
+        &mut net,
+        Duration::from_secs(10),
+        |_, _, _| {},
+    );
+    run_idle(&mut c, &mut s, &mut net, 10);
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    // The ACK field: beyond anything the server sent.
+    let beyond = s.conn().snd_nxt().wrapping_add(1 << 20);
+    let mut blind = from_client(&c, rcv_nxt, beyond, ACK, b"evil");
+    blind.options.timestamp = Some(((1 << 30) + 12_345, 0));
+    s.conn_mut().handle_segment(now, &blind, |_| {});
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt, "the blind data was taken");
+    // The real client goes on: its segments pass PAWS.
+    c.conn_mut().send(b"real").expect("send");
+    run_idle(&mut c, &mut s, &mut net, 50);
+    assert_eq!(
+        s.conn().stats().paws_drops,
+        0,
+        "the blind TSval poisoned PAWS"
+    );
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt.wrapping_add(4));
+}
