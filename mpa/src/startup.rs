@@ -773,7 +773,9 @@ impl Responder {
             ird,
             ord,
             rtr,
-            responder_waits_for_fpdu: self.config.responder_waits_for_fpdu,
+            // With an RTR agreed (peer-to-peer, RFC 6581 5), waiting for it is the RTR's
+            // whole point, whatever the configuration says for client-server startups.
+            responder_waits_for_fpdu: self.config.responder_waits_for_fpdu || rtr.is_some(),
             peer_params: request.enhanced,
         };
         self.state = ResponderState::Accepted;

@@ -121,6 +121,24 @@ fn responder_may_be_told_not_to_wait_for_the_first_fpdu() {
     assert_eq!(reply, waiting_reply);
 }
 
+/// With an RTR agreed (peer-to-peer) the Responder waits for it even when told not to wait
+/// for the Initiator's first FPDU: that setting is for client-server startups (RFC 5044
+/// 7.1.2 rule 4, RFC 6581 5).
+#[test]
+fn a_responder_told_not_to_wait_still_waits_for_an_rtr() {
+    let p2p = MpaConfig {
+        peer_to_peer: true,
+        ..MpaConfig::default()
+    };
+    let quick = MpaConfig {
+        responder_waits_for_fpdu: false,
+        ..MpaConfig::default()
+    };
+    let (initiator, responder, _) = handshake(p2p, quick).unwrap();
+    assert!(responder.rtr.is_some() && initiator.rtr.is_some());
+    assert!(responder.responder_waits_for_fpdu);
+}
+
 #[test]
 fn rev1_round_trip_has_no_block() {
     let rev1 = MpaConfig {
