@@ -4,9 +4,12 @@
 //! [`Listener::accept`](crate::Listener::accept) takes connections whose Request is complete.
 //!
 //! What a peer can make the listener hold is bounded, and every piece of it has a deadline:
-//! - at most [`MAX_STARTING`] connections waiting for their Request, each until
-//!   `MpaConfig::timeout` after its TCP connection was accepted (a 4 KiB read buffer is shared);
-//!   beyond that, new connections are closed at once;
+//! - at most [`max_starting`] connections waiting for their Request (1024, or a quarter of
+//!   the process's descriptor limit if that is less: a flood of silent connections must not
+//!   take every descriptor the application has), each until `MpaConfig::timeout` after its
+//!   TCP connection was accepted (a 4 KiB read buffer is shared); beyond that, new
+//!   connections are closed at once, and so are connections the kernel has ready while the
+//!   process is out of descriptors (a spare one, kept for that, takes and closes them);
 //! - at most `ConnectParams::backlog` connections whose Request waits for the application; a
 //!   Request beyond them is rejected (Reply with R=1) and its connection closed;
 //! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
@@ -36,9 +39,29 @@ use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::{Agreed, QpStart, QueuePair};
 use crate::DatapathError;
 
-/// The most connections a listener keeps waiting for their MPA Request; more are closed as
-/// soon as the kernel hands them over.
+/// The most connections a listener keeps waiting for their MPA Request at best; more are
+/// closed as soon as the kernel hands them over.
 const MAX_STARTING: usize = 1024;
+
+/// The most connections a listener keeps waiting for their MPA Request: [`MAX_STARTING`], or
+/// a quarter of the process's soft descriptor limit (`RLIMIT_NOFILE`; 1024 by default on
+/// Debian) if that is less, but at least 16. Each holds a descriptor until its Request
+/// deadline: a flood of silent connections otherwise takes the descriptors the application
+/// and its other connections need.
+fn max_starting() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the limit into `limit`, a valid rlimit owned by this frame.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if rc != 0 {
+        return MAX_STARTING;
+    }
+    usize::try_from(limit.rlim_cur / 4)
+        .unwrap_or(MAX_STARTING)
+        .clamp(16, MAX_STARTING)
+}
 
 const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -150,6 +173,8 @@ impl SocketListen {
             mpa: params.mpa.clone(),
             framing: params.framing.clone(),
             starting: HashMap::new(),
+            max_starting: max_starting(),
+            spare: std::fs::File::open("/dev/null").ok(),
             next_token: WAKE.0 + 1,
             waiting: VecDeque::new(),
             requests: tx,
@@ -235,6 +260,12 @@ struct Startups {
     mpa: mpa::MpaConfig,
     framing: Framing,
     starting: HashMap<Token, Starting>,
+    /// [`max_starting`], read when the listener started.
+    max_starting: usize,
+    /// A descriptor kept in reserve: out of descriptors (`EMFILE`), the listener gives it
+    /// up to take the next ready connection and close it, rather than leave the kernel's
+    /// queue full and unread (its readiness is edge-triggered).
+    spare: Option<std::fs::File>,
     next_token: usize,
     /// In arrival order, which is deadline order (one accept timeout for all).
     waiting: VecDeque<Waiting>,
@@ -289,11 +320,25 @@ impl Startups {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => c,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // WouldBlock: all taken. Anything else (ECONNABORTED, EMFILE, ...) concerns
-                // that one connection or passes; the listener goes on.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    // Out of descriptors: the spare one takes the next connection, which is
+                    // closed (the peer sees a reset), and comes back. Without a spare, the
+                    // queue waits for the next readiness.
+                    if self.spare.take().is_none() {
+                        return;
+                    }
+                    let taken = self.listener.accept();
+                    drop(taken);
+                    self.spare = std::fs::File::open("/dev/null").ok();
+                    self.record.over_descriptors();
+                    continue;
+                }
+                // WouldBlock: all taken. Anything else (ECONNABORTED, ...) concerns that one
+                // connection or passes; the listener goes on.
                 Err(_) => return,
             };
-            if self.starting.len() >= MAX_STARTING {
+            if self.starting.len() >= self.max_starting {
+                self.record.over_starting();
                 continue; // dropped: closed
             }
             let startup = match &self.framing {

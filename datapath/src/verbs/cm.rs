@@ -272,6 +272,13 @@ pub struct ListenStats {
     pub over_backlog: u64,
     /// Requests the application left unanswered past `MpaConfig::accept_timeout`.
     pub accept_timeouts: u64,
+    /// Connections closed as soon as they were accepted because as many as the listener
+    /// keeps already waited for their Request (socket transport: 1024, or a quarter of the
+    /// process's descriptor limit).
+    pub over_starting: u64,
+    /// Connections closed as soon as they were accepted because the process was out of
+    /// file descriptors (socket transport).
+    pub out_of_descriptors: u64,
     /// The MPA error of the latest refused Request.
     pub last_refusal: Option<MpaError>,
     /// With [`Framing::Ift`]: the IFT error of the latest refused adaption indication
@@ -319,6 +326,16 @@ impl ListenRecord {
     /// A Request was rejected because the backlog was full.
     pub(crate) fn over_backlog(&self) {
         self.update(|s| s.over_backlog += 1);
+    }
+
+    /// A connection closed at once: too many waited for their Request already.
+    pub(crate) fn over_starting(&self) {
+        self.update(|s| s.over_starting += 1);
+    }
+
+    /// A connection closed at once: the process was out of descriptors.
+    pub(crate) fn over_descriptors(&self) {
+        self.update(|s| s.out_of_descriptors += 1);
     }
 
     fn snapshot(&self) -> ListenStats {
