@@ -202,7 +202,11 @@ fn check_accept(cfg: &MpaConfig, request: &MpaFrameRepr, reply: &[u8], n: &Negot
     assert_eq!(r.markers, cfg.markers);
     assert_eq!((n.markers_tx, n.markers_rx), (request.markers, cfg.markers));
     assert_eq!(r.enhanced.is_some(), request.enhanced.is_some());
-    assert_eq!(n.responder_waits_for_fpdu, cfg.responder_waits_for_fpdu);
+    // With an RTR agreed the Responder waits for it whatever it is told (RFC 6581 5).
+    assert_eq!(
+        n.responder_waits_for_fpdu,
+        cfg.responder_waits_for_fpdu || n.rtr.is_some()
+    );
     if let (Some(block), Some(init)) = (r.enhanced, request.enhanced) {
         assert_eq!(block.peer_to_peer, init.peer_to_peer);
         if init.ird != NO_NEG && cfg.ord != NO_NEG {
