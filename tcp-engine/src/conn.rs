@@ -592,6 +592,11 @@ pub struct Connection {
     rack_deadline: Option<Instant>,
     persist_deadline: Option<Instant>,
     persist_backoff: u32,
+    /// Window probes in a row that no acceptable ACK answered: at
+    /// `Config::max_retransmissions` the peer is taken for gone (a peer that answers them,
+    /// its window still shut, keeps the connection for as long as it likes, RFC 1122
+    /// 4.2.2.17).
+    persist_unanswered: u32,
     probe_due: bool,
     pending_rst: Option<PendingRst>,
 
@@ -747,6 +752,7 @@ impl Connection {
             rack_deadline: None,
             persist_deadline: None,
             persist_backoff: 0,
+            persist_unanswered: 0,
             probe_due: false,
             pending_rst: None,
             rcv: SeqAnchor { isn: 0 },
@@ -1589,6 +1595,13 @@ impl Connection {
         }
         if self.persist_deadline.is_some_and(|d| d <= now) {
             self.persist_deadline = None;
+            if self.persist_unanswered >= self.cfg.max_retransmissions {
+                // Nothing acceptable heard across as many probes as retransmissions are
+                // allowed: gone (the window was shut, so no retransmission timer ran).
+                self.abort_timed_out();
+                return;
+            }
+            self.persist_unanswered += 1;
             self.probe_due = true;
             self.stats.probes += 1;
             self.persist_backoff = (self.persist_backoff + 1).min(16);
@@ -2196,6 +2209,8 @@ impl Connection {
             self.max_snd_wnd = self.max_snd_wnd.max(window);
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = seg.ack;
+            // An acceptable ACK, the answer to a window probe among them.
+            self.persist_unanswered = 0;
             if was_zero && window > 0 {
                 self.persist_deadline = None;
                 self.persist_backoff = 0;

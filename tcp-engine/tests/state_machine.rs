@@ -600,6 +600,42 @@ fn zero_window_persist_then_reopen_keeps_records_whole() {
     assert!(ok);
 }
 
+/// A peer that shut its window and then vanished (no keepalive, no user timeout): the window
+/// probes go unanswered and, after as many as retransmissions are allowed, the connection
+/// times out instead of probing for ever. A peer that answers them keeps it open, window
+/// shut (RFC 1122 4.2.2.17).
+#[test]
+fn unanswered_window_probes_end_the_connection_answered_ones_do_not() {
+    let mut cfg = Config::mpa();
+    cfg.recv_buffer = 0;
+    let sender = Config {
+        max_retransmissions: 5,
+        ..Config::mpa()
+    };
+    let (mut c, mut s, mut net) = setup(6, 100_000, lossy(0.0), lossy(0.0), sender, cfg);
+    // Answered for 20 probes' worth of time (backoff capped at 60 s).
+    net.run(
+        &mut c,
+        &mut s,
+        Instant::from_millis(20 * 60_000),
+        |_, _, _| false,
+        |_, _, _| {},
+    );
+    assert_eq!(c.state(), Some(State::Established));
+    assert!(c.conn().stats().probes >= 10, "{:?}", c.conn().stats());
+    // The peer vanishes.
+    net.b_to_a.cfg.loss = 1.0;
+    let probes = c.conn().stats().probes;
+    run_idle(&mut c, &mut s, &mut net, 10 * 60_000);
+    assert_eq!(c.state(), Some(State::Closed));
+    assert!(c.events.contains(&Event::TimedOut));
+    assert_eq!(
+        c.conn().stats().probes - probes,
+        5,
+        "probes after the peer vanished"
+    );
+}
+
 #[test]
 fn keepalive_detects_dead_peer() {
     let cfg = Config {
