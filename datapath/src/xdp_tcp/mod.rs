@@ -405,6 +405,10 @@ pub struct XdpTcpStats {
     pub rx_frames: u64,
     /// Frames dropped because they are not IPv4/TCP.
     pub rx_not_ipv4_tcp: u64,
+    /// TCP segments dropped because they are for another IPv4 address than the engine's
+    /// (the steering program matches ports alone): answered, the table would reset them from
+    /// an address that is not ours.
+    pub rx_not_for_us: u64,
     /// IPv4 packets the table rejected (checksum, header, options; by reason in `table`).
     pub rx_malformed: u64,
     /// Packets put on the TX ring.
@@ -470,6 +474,7 @@ impl XdpTcpStats {
     pub fn add(&mut self, o: &XdpTcpStats) {
         self.rx_frames += o.rx_frames;
         self.rx_not_ipv4_tcp += o.rx_not_ipv4_tcp;
+        self.rx_not_for_us += o.rx_not_for_us;
         self.rx_malformed += o.rx_malformed;
         self.tx_packets += o.tx_packets;
         self.tx_no_mac += o.tx_no_mac;
@@ -1959,6 +1964,14 @@ impl Rx<'_> {
             return;
         };
         let (ip, src_ip) = (peek.packet(), peek.src_addr());
+        // A segment for another address (the steering program matches destination ports
+        // alone): not ours to answer. The table would take it for a stray segment and reset
+        // it from that address, a RST forged from a host we are not, sent where its sender
+        // chose.
+        if peek.dst_addr() != self.accept.local_ip {
+            self.stats.rx_not_for_us += 1;
+            return;
+        }
         let syn = peek.is_syn();
         let mut claimed = None;
         if let Some(sh) = shard {
@@ -2281,7 +2294,7 @@ mod tests {
                 accept: AcceptTo {
                     listeners: &[],
                     conns: &mut conns,
-                    local_ip: Ipv4Addr::UNSPECIFIED,
+                    local_ip: LOCAL,
                     sharded: shard.is_some(),
                 },
             };
@@ -2357,6 +2370,42 @@ mod tests {
                 resent.push(n);
             }
             assert_eq!(resent, [1200, 352, 1200, 352, 1200, 352]);
+        }
+
+        /// A SYN for another address at a listening port (the steering program matches ports
+        /// alone) is dropped unanswered: the table's RST for it would come from an address
+        /// that is not ours. The same SYN to our address opens a connection.
+        #[test]
+        fn a_segment_for_another_address_is_not_answered() {
+            let now = tcp_engine::Instant::from_millis(1);
+            let mut server = ConnectionTable::new([1; 16], 8);
+            server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
+            let mut stats = XdpTcpStats::default();
+            let framed = |ip: &[u8]| {
+                let mut f = vec![0u8; ETH_HLEN];
+                frame::write_eth(&mut f, [2; 6], [4; 6]);
+                f.extend_from_slice(ip);
+                f
+            };
+            let mut buf = vec![0u8; 2048];
+            for (to, answered) in [(Ipv4Addr::new(10, 78, 0, 77), false), (LOCAL, true)] {
+                let mut client = ConnectionTable::new([2; 16], 4);
+                let t = FourTuple {
+                    local_addr: REMOTE,
+                    local_port: 5000,
+                    remote_addr: to,
+                    remote_port: 40000,
+                };
+                client
+                    .connect(TcpConfig::default(), t, now)
+                    .expect("connect");
+                let n = client.poll_transmit(now, &mut buf).expect("SYN");
+                receive_on(&mut server, &mut stats, &framed(&buf[..n]), None);
+                let replied = server.poll_transmit(now, &mut buf).is_some();
+                assert_eq!(replied, answered, "to {to}");
+                assert_eq!(server.len(), usize::from(answered), "to {to}");
+            }
+            assert_eq!(stats.rx_not_for_us, 1);
         }
 
         /// Shards: a client whose SYN got a SYN cookie (the half-open queue is full) and whose
