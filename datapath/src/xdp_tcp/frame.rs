@@ -68,7 +68,11 @@ struct Entry {
 /// redirect that peer's traffic (its SYN-ACK goes to the real peer, which resets it). Only an
 /// active open's resolution (the kernel's own neighbour table) replaces an entry. Bounded:
 /// when full, the oldest entry is evicted (its address is asked of the kernel again when
-/// next needed), so spoofed addresses cannot fill the cache for good.
+/// next needed), so spoofed addresses cannot fill the cache for good; an address the kernel
+/// does not know is not cached at all then (it would evict a known one), and the kernel is
+/// asked at most [`KERNEL_QUERIES_PER_SECOND`] times a second (each query dumps its table
+/// over netlink on the engine thread: a flood of segments from spoofed addresses, each
+/// answered with a RST or a cookie SYN-ACK to a new address, would make one per packet).
 #[derive(Debug)]
 pub(crate) struct Neighbours {
     ifindex: u32,
@@ -79,10 +83,18 @@ pub(crate) struct Neighbours {
     max: usize,
     /// The last successful lookup (one peer is the common case: no hashing per packet).
     last: Option<(Ipv4Addr, [u8; 6])>,
+    /// The second the kernel queries are counted in, and how many it has had.
+    queries_since: Option<Instant>,
+    queries: u32,
+    /// Kernel queries made (for tests and counters).
+    kernel_queries: u64,
 }
 
 /// How long an address the kernel could not resolve is not asked again.
 pub(crate) const NEGATIVE_RETRY: Duration = Duration::from_secs(1);
+
+/// The most queries of the kernel's neighbour table a second ([`Neighbours`]).
+pub(crate) const KERNEL_QUERIES_PER_SECOND: u32 = 16;
 
 impl Neighbours {
     pub(crate) fn new(ifindex: u32, max: usize) -> Self {
@@ -92,12 +104,38 @@ impl Neighbours {
             order: VecDeque::with_capacity(max.min(1024)),
             max: max.max(1),
             last: None,
+            queries_since: None,
+            queries: 0,
+            kernel_queries: 0,
         }
     }
 
-    /// Inserts or replaces `ip`'s entry, evicting the oldest address when full.
+    /// Whether the kernel may be asked now (at most [`KERNEL_QUERIES_PER_SECOND`] a second);
+    /// counts the query if so.
+    fn may_ask_kernel(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .queries_since
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            self.queries_since = Some(now);
+            self.queries = 0;
+        }
+        if self.queries >= KERNEL_QUERIES_PER_SECOND {
+            return false;
+        }
+        self.queries += 1;
+        self.kernel_queries += 1;
+        true
+    }
+
+    /// Inserts or replaces `ip`'s entry, evicting the oldest address when full; an unknown
+    /// address (a negative entry) is not cached when full rather than evict a known one.
     fn insert(&mut self, ip: Ipv4Addr, entry: Entry) {
         if !self.map.contains_key(&ip) {
+            if entry.mac.is_none() && self.map.len() >= self.max {
+                return;
+            }
             while self.map.len() >= self.max {
                 let Some(old) = self.order.pop_front() else {
                     break;
@@ -169,6 +207,11 @@ impl Neighbours {
             }
             _ => {}
         }
+        if !self.may_ask_kernel() {
+            // Asked too often this second (a flood from spoofed addresses): unknown for now,
+            // not cached, asked again later.
+            return None;
+        }
         let found = self.ask_kernel(ip);
         self.insert(
             ip,
@@ -191,6 +234,11 @@ impl Neighbours {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn kernel_queries(&self) -> u64 {
+        self.kernel_queries
     }
 }
 
@@ -282,6 +330,28 @@ mod tests {
         assert_eq!(n.lookup(b), Some([2; 6]));
         // `a`, the oldest, was evicted: the kernel (which knows nothing here) is asked.
         assert_eq!(n.lookup(a), None, "evicted");
+    }
+
+    /// Lookups of many unknown addresses (replies to a flood from spoofed sources) ask the
+    /// kernel at most KERNEL_QUERIES_PER_SECOND times a second and evict no known address.
+    #[test]
+    fn unknown_addresses_neither_flood_the_kernel_nor_evict_known_ones() {
+        let mut n = Neighbours::new(0, 4);
+        let known: Vec<Ipv4Addr> = (1..=4).map(|i| Ipv4Addr::new(192, 0, 2, i)).collect();
+        for (i, ip) in known.iter().enumerate() {
+            n.learn(*ip, [i as u8; 6]);
+        }
+        for i in 0..200u8 {
+            assert_eq!(n.lookup(Ipv4Addr::new(198, 51, 100, i)), None);
+        }
+        assert!(
+            n.kernel_queries() <= u64::from(KERNEL_QUERIES_PER_SECOND) * 2,
+            "{} kernel queries",
+            n.kernel_queries()
+        );
+        for (i, ip) in known.iter().enumerate() {
+            assert_eq!(n.lookup(*ip), Some([i as u8; 6]), "{ip} evicted");
+        }
     }
 
     /// A SYN forged with a known peer's address (a valid one, even) does not move that
