@@ -232,7 +232,11 @@ impl Wake {
         // rather than unwinding into the application's poll or post: the engine thread, woken,
         // finds `failed` and ends every connection.
         let turned = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            if self.panic_inline.swap(false, Ordering::Relaxed) {
+            // A load first: a swap, an atomic write, on every turn would pull the line
+            // (shared with the engine thread's state) away from it.
+            if self.panic_inline.load(Ordering::Relaxed)
+                && self.panic_inline.swap(false, Ordering::Relaxed)
+            {
                 panic!("engine panic injected by a test");
             }
             turn(turner)
