@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, ProtectionDomain, QpError, RecvWr, WcStatus,
+    Access, CompletionQueue, ConnectParams, Connection, Listener, MemoryRegion, ProtectionDomain,
+    QpError, RecvWr, WcStatus,
 };
 use testbed::*;
 
@@ -27,6 +28,57 @@ fn xdp_attached(ns: &str, dev: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
 }
 
+/// The socket transport's connection from `iwb` to the engine's `port`.
+fn connect_from_b(port: u16) -> Result<Connection, String> {
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    datapath::connect(
+        SocketAddr::from((ADDR_A, port)),
+        &pd,
+        &cq,
+        &ConnectParams::default(),
+        b"",
+    )
+    .map_err(|e| format!("connect: {e}"))
+}
+
+/// The next connection on `listener`, accepted with three 1 KiB receives posted (wr_id 0 to
+/// 2); with its protection domain, completion queue and the receives' region.
+fn accept_with_three_recvs(
+    listener: &Listener,
+) -> Result<(Connection, ProtectionDomain, CompletionQueue, MemoryRegion), String> {
+    let req = listener
+        .accept_timeout(WAIT)
+        .map_err(|e| e.to_string())?
+        .ok_or("no connection")?;
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let buf = pd
+        .register(4096, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let recvs = (0..3)
+        .map(|i| RecvWr {
+            wr_id: i,
+            sg_list: buf.sge(i as usize * 1024, 1024).into(),
+        })
+        .collect();
+    let conn = req
+        .accept_with_recvs(&pd, &cq, &[], recvs)
+        .map_err(|e| e.to_string())?;
+    Ok((conn, pd, cq, buf))
+}
+
+/// Waits until `deadline` for `conn`'s queue pair to finish; it must have ended with
+/// `QpError::EngineFailed`.
+fn ended_as_failed(conn: &Connection, deadline: Instant) -> Result<(), String> {
+    while !conn.qp.status().finished && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = conn.qp.status();
+    if st.error != Some(QpError::EngineFailed) || !st.finished {
+        return Err(format!("status after the panic: {st:?}"));
+    }
+    Ok(())
+}
+
 #[test]
 fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
     let _bed = bed_or_skip!();
@@ -36,16 +88,7 @@ fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
         ready_rx
             .recv_timeout(WAIT)
             .map_err(|_| "engine not ready")?;
-        let pd = ProtectionDomain::new();
-        let cq = CompletionQueue::new();
-        let conn = datapath::connect(
-            SocketAddr::from((ADDR_A, PORT)),
-            &pd,
-            &cq,
-            &ConnectParams::default(),
-            b"",
-        )
-        .map_err(|e| format!("connect: {e}"))?;
+        let conn = connect_from_b(PORT)?;
         // Wait for the engine side to have failed, then show kernel TCP works on iwa0.
         go_rx.recv_timeout(WAIT).map_err(|_| "no go")?;
         let s = TcpStream::connect_timeout(&SocketAddr::from((ADDR_A, KERNEL_PORT)), WAIT)
@@ -63,24 +106,7 @@ fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
         let kernel = TcpListener::bind(SocketAddr::from((ADDR_A, KERNEL_PORT)))
             .map_err(|e| e.to_string())?;
         ready_tx.send(()).map_err(|_| "peer gone")?;
-        let req = listener
-            .accept_timeout(WAIT)
-            .map_err(|e| e.to_string())?
-            .ok_or("no connection")?;
-        let pd = ProtectionDomain::new();
-        let cq = CompletionQueue::new();
-        let buf = pd
-            .register(4096, Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        let recvs = (0..3)
-            .map(|i| RecvWr {
-                wr_id: i,
-                sg_list: buf.sge(i as usize * 1024, 1024).into(),
-            })
-            .collect();
-        let conn = req
-            .accept_with_recvs(&pd, &cq, &[], recvs)
-            .map_err(|e| e.to_string())?;
+        let (conn, _pd, cq, buf) = accept_with_three_recvs(&listener)?;
         if !xdp_attached(NS_A, DEV_A) {
             return Err("XDP not attached while the engine runs".into());
         }
@@ -95,13 +121,7 @@ fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
             }
         }
         let deadline = Instant::now() + WAIT;
-        while !conn.qp.status().finished && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let st = conn.qp.status();
-        if st.error != Some(QpError::EngineFailed) || !st.finished {
-            return Err(format!("status after the panic: {st:?}"));
-        }
+        ended_as_failed(&conn, deadline)?;
         // A later post completes at once, flushed (the queue pair ended in Error).
         conn.qp
             .post_recv(RecvWr {
@@ -147,16 +167,7 @@ fn a_panic_in_a_turn_on_the_application_thread_fails_the_engine_not_the_applicat
         ready_rx
             .recv_timeout(WAIT)
             .map_err(|_| "engine not ready")?;
-        let pd = ProtectionDomain::new();
-        let cq = CompletionQueue::new();
-        let conn = datapath::connect(
-            SocketAddr::from((ADDR_A, PORT)),
-            &pd,
-            &cq,
-            &ConnectParams::default(),
-            b"",
-        )
-        .map_err(|e| format!("connect: {e}"))?;
+        let conn = connect_from_b(PORT)?;
         let _ = done_rx.recv_timeout(WAIT);
         drop(conn);
         Ok(())
@@ -168,24 +179,7 @@ fn a_panic_in_a_turn_on_the_application_thread_fails_the_engine_not_the_applicat
             .listen(PORT, ConnectParams::default())
             .map_err(|e| e.to_string())?;
         ready_tx.send(()).map_err(|_| "peer gone")?;
-        let req = listener
-            .accept_timeout(WAIT)
-            .map_err(|e| e.to_string())?
-            .ok_or("no connection")?;
-        let pd = ProtectionDomain::new();
-        let cq = CompletionQueue::new();
-        let buf = pd
-            .register(4096, Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        let recvs = (0..3)
-            .map(|i| RecvWr {
-                wr_id: i,
-                sg_list: buf.sge(i as usize * 1024, 1024).into(),
-            })
-            .collect();
-        let conn = req
-            .accept_with_recvs(&pd, &cq, &[], recvs)
-            .map_err(|e| e.to_string())?;
+        let (conn, _pd, cq, _buf) = accept_with_three_recvs(&listener)?;
         engine.inject_inline_panic();
         // Polling runs engine turns on this thread; the first one panics. Every receive
         // completes, flushed, and no poll unwinds.
@@ -204,13 +198,7 @@ fn a_panic_in_a_turn_on_the_application_thread_fails_the_engine_not_the_applicat
                 conn.qp.status()
             ));
         }
-        while !conn.qp.status().finished && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let st = conn.qp.status();
-        if st.error != Some(QpError::EngineFailed) || !st.finished {
-            return Err(format!("status after the panic: {st:?}"));
-        }
+        ended_as_failed(&conn, deadline)?;
         let _ = done_tx.send(());
         drop(conn);
         drop(engine);

@@ -2275,6 +2275,14 @@ mod tests {
             receive_on(table, stats, frame, None);
         }
 
+        /// `ip` in an Ethernet frame.
+        fn framed(ip: &[u8]) -> Vec<u8> {
+            let mut f = vec![0u8; ETH_HLEN];
+            frame::write_eth(&mut f, [2; 6], [4; 6]);
+            f.extend_from_slice(ip);
+            f
+        }
+
         fn receive_on(
             table: &mut ConnectionTable,
             stats: &mut XdpTcpStats,
@@ -2381,12 +2389,6 @@ mod tests {
             let mut server = ConnectionTable::new([1; 16], 8);
             server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
             let mut stats = XdpTcpStats::default();
-            let framed = |ip: &[u8]| {
-                let mut f = vec![0u8; ETH_HLEN];
-                frame::write_eth(&mut f, [2; 6], [4; 6]);
-                f.extend_from_slice(ip);
-                f
-            };
             let mut buf = vec![0u8; 2048];
             for (to, answered) in [(Ipv4Addr::new(10, 78, 0, 77), false), (LOCAL, true)] {
                 let mut client = ConnectionTable::new([2; 16], 4);
@@ -2423,12 +2425,6 @@ mod tests {
                 set: set.clone(),
             };
             let mut stats = XdpTcpStats::default();
-            let framed = |ip: &[u8]| {
-                let mut f = vec![0u8; ETH_HLEN];
-                frame::write_eth(&mut f, [2; 6], [4; 6]);
-                f.extend_from_slice(ip);
-                f
-            };
             let mut buf = vec![0u8; 2048];
             // A spoofed SYN fills the half-open queue (backlog 1).
             let mut other = ConnectionTable::new([3; 16], 4);
