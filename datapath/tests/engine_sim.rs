@@ -1322,6 +1322,53 @@ fn reject_reports_private_data_and_closes() {
     assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
 }
 
+/// RFC 6581 9.2: a peer-to-peer Initiator that can send none of the RTR kinds the Responder
+/// supports is offered those kinds, fails with code 7 and sends a Terminate (Layer 2, EType
+/// 0, code 7) before it closes; the Responder's queue pair records that Terminate.
+#[test]
+fn no_common_rtr_kind_ends_with_a_terminate_of_code_7() {
+    let write_only = MpaConfig {
+        peer_to_peer: true,
+        rtr_send: false,
+        rtr_write: true,
+        rtr_read: false,
+        ..MpaConfig::default()
+    };
+    let send_only = MpaConfig {
+        rtr_send: true,
+        rtr_write: false,
+        rtr_read: false,
+        ..MpaConfig::default()
+    };
+    let mut bed = bed_with(
+        13,
+        LinkConfig::default(),
+        conn_config(&write_only),
+        conn_config(&send_only),
+        b"client",
+    );
+    bed.run_until("the Terminate", Duration::from_secs(5), |a, b| {
+        a.events
+            .contains(&ConnEvent::StartupFailed(mpa::MpaError::NoMatchingRtr))
+            && b.iw.qp().remote_terminate().is_some()
+    });
+    let t = bed
+        .b
+        .iw
+        .qp()
+        .remote_terminate()
+        .expect("Terminate received");
+    assert_eq!((t.layer, t.etype, t.code), (2, 0, 7), "{t:?}");
+    assert_eq!(bed.b.iw.qp().state(), QpState::Error);
+    bed.run_until("both closed", Duration::from_secs(5), |a, b| {
+        [a, b].iter().all(|s| {
+            s.tcp
+                .as_ref()
+                .is_some_and(|t| t.state() != tcp_engine::State::Established)
+        })
+    });
+}
+
 /// A Request the application never answers holds the connection only until
 /// `MpaConfig::accept_timeout`: then the responder fails with `AcceptTimeout` and closes, and
 /// the initiator's startup ends too.

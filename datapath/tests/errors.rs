@@ -13,11 +13,11 @@ mod common;
 
 use common::*;
 use datapath::{
-    Access, CompletionQueue, Connection, Listener, MemoryRegion, QpError, QpState, RecvWr, SendWr,
-    SgeList, Stag, WcOpcode, WcStatus,
+    Access, CompletionQueue, Connection, DatapathError, Listener, MemoryRegion, QpError, QpState,
+    RecvWr, SendWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
-use mpa::MpaError;
+use mpa::{MpaConfig, MpaError};
 use rdmap::wire::{layer, rdmap_etype};
 use rdmap::ReadRequest;
 
@@ -231,6 +231,52 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
 /// The same corruption with CRCs off on both sides goes undetected: the Write is placed with
 /// exactly that one octet changed (at payload offset 1000 - 2 - 14), which shows the relay hits
 /// the payload and that the CRC is what catches it above.
+/// RFC 6581 9.2 over kernel TCP: a peer-to-peer client that can send no RTR kind the server
+/// supports fails its connect with code 7, and the server's queue pair (accepted, offering
+/// the kinds it supports) receives the client's Terminate (Layer 2, EType 0, code 7) and
+/// ends in Error.
+#[test]
+fn no_common_rtr_kind_ends_with_a_terminate_of_code_7() {
+    let server_params = params(MpaConfig {
+        rtr_send: true,
+        rtr_write: false,
+        rtr_read: false,
+        ..MpaConfig::default()
+    });
+    let client_params = params(MpaConfig {
+        peer_to_peer: true,
+        rtr_send: false,
+        rtr_write: true,
+        rtr_read: false,
+        ..MpaConfig::default()
+    });
+    let listener = Listener::bind(any_port(), server_params).unwrap();
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = establish(
+        &listener,
+        listener.local_addr().unwrap(),
+        &client,
+        &client_params,
+        &[],
+        ServerPlan {
+            side: &server,
+            private_data: &[],
+            recvs: Vec::new(),
+        },
+    );
+    assert!(
+        matches!(c, Err(DatapathError::Mpa(MpaError::NoMatchingRtr))),
+        "{:?}",
+        c.err()
+    );
+    let s = s.expect("the server accepts, offering its RTR kinds");
+    assert!(s.qp.wait_finished(WAIT), "server QP did not end");
+    let st = s.qp.status();
+    assert_eq!(st.state, QpState::Error);
+    let t = st.remote_terminate.expect("the client's Terminate");
+    assert_eq!((t.layer, t.etype, t.code), (layer::LLP, 0, 7), "{t:?}");
+}
+
 #[test]
 fn corrupted_fpdu_without_crc_is_placed_as_received() {
     const LEN: usize = 65_536;

@@ -218,11 +218,19 @@ fn check_accept(cfg: &MpaConfig, request: &MpaFrameRepr, reply: &[u8], n: &Negot
         }
         assert_eq!(n.rtr.is_some(), init.peer_to_peer);
         if let Some(kind) = n.rtr {
-            assert!(rtr_offered(&init, kind) && rtr_supported(cfg, kind));
-            // Exactly one kind is echoed.
+            assert!(rtr_supported(cfg, kind) && rtr_offered(&block, kind));
             let flags = [block.rtr_send, block.rtr_write, block.rtr_read];
-            assert_eq!(flags.iter().filter(|f| **f).count(), 1);
-            assert!(rtr_offered(&block, kind));
+            if rtr_offered(&init, kind) {
+                // A common kind: exactly it is echoed.
+                assert_eq!(flags.iter().filter(|f| **f).count(), 1);
+            } else {
+                // None in common (RFC 6581 9.2): every kind we support is offered.
+                let common = (init.rtr_send && cfg.rtr_send)
+                    || (init.rtr_write && cfg.rtr_write)
+                    || (init.rtr_read && cfg.rtr_read);
+                assert!(!common, "a common RTR kind was not picked");
+                assert_eq!(flags, [cfg.rtr_send, cfg.rtr_write, cfg.rtr_read]);
+            }
         }
     } else {
         assert_eq!(n.rtr, None);
@@ -456,12 +464,10 @@ fn answer(
                 Some((reply, Some(n)))
             }
             Err(MpaError::NoMatchingRtr) => {
+                // Only a Responder supporting no RTR kind at all refuses to accept.
                 let init = request.enhanced.expect("RTR only with the block");
                 assert!(init.peer_to_peer);
-                let common = (init.rtr_send && cfg.rtr_send)
-                    || (init.rtr_write && cfg.rtr_write)
-                    || (init.rtr_read && cfg.rtr_read);
-                assert!(!common, "no matching RTR although one was common");
+                assert!(!cfg.rtr_send && !cfg.rtr_write && !cfg.rtr_read);
                 None
             }
             Err(e) => {
@@ -521,14 +527,29 @@ fn pair_mode(input: &mut Input) {
     let (event, taken) = match outcome {
         Ok(decided) => decided,
         Err(e) => {
-            // Unchanged frames fail only on the Initiator's own limits: time, private data.
+            // Unchanged frames fail only on the Initiator's own limits (time, private data)
+            // or on RTR kinds it cannot send (the Responder offered its own, RFC 6581 9.2).
+            let no_common_rtr = matches!(e, MpaError::NoMatchingRtr)
+                && r_neg
+                    .as_ref()
+                    .is_some_and(|r| r.rtr.is_some_and(|kind| !rtr_supported(&icfg, kind)));
             assert!(
                 changed
+                    || no_common_rtr
                     || matches!(
                         e,
                         MpaError::StartupTimeout | MpaError::PrivateDataTooLong { .. }
                     ),
                 "the Initiator refused an unchanged Reply: {e:?}"
+            );
+            // A Terminate goes out exactly after codes 6 and 7 (RFC 6581 9.1, 9.2).
+            assert_eq!(
+                init.terminate_encoder().is_some(),
+                matches!(
+                    e,
+                    MpaError::InsufficientIrd { .. } | MpaError::NoMatchingRtr
+                ),
+                "{e:?}"
             );
             return;
         }

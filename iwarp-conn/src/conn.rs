@@ -1810,7 +1810,10 @@ impl IwarpConn {
                             rest.len()
                         }
                         Err(e) => {
+                            let terminate = startup_terminate(initiator, &e);
                             self.startup_failed(e);
+                            // Sent before the close that `Phase::Done` leads to.
+                            self.startup_record = terminate;
                             rest.len()
                         }
                     }
@@ -2821,6 +2824,18 @@ fn record_placed(
     );
     counters.fpdus_placed_out_of_order += 1;
     counters.bytes_placed_out_of_order += u64::from(payload_len);
+}
+
+/// The FPDU carrying the Terminate an MPA Initiator sends when the Reply accepted with IRD
+/// or RTR options it cannot meet (RFC 6581 9.1, 9.2: Layer 2, EType 0, code 6 or 7), in the
+/// framing the Reply agreed; `None` when `error` (what [`Initiator::feed`] returned) asks
+/// for no Terminate. Both transports send it, then close.
+pub fn startup_terminate(initiator: &Initiator, error: &MpaError) -> Option<Vec<u8>> {
+    let mut encoder = initiator.terminate_encoder()?;
+    let ulpdu = QueuePair::startup_terminate(TerminateCause::Llp { code: error.code() })?;
+    let mut fpdu = Vec::new();
+    encoder.encode(&ulpdu, &mut fpdu).ok()?;
+    Some(fpdu)
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {

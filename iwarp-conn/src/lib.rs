@@ -27,5 +27,5 @@ mod tx;
 mod written;
 
 pub use budget::ReassemblyBudget;
-pub use conn::{ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub use conn::{startup_terminate, ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
 pub use rx_digest::{HeldCrc, SegmentDigest};

@@ -18,7 +18,7 @@ use crate::MpaError;
 /// covers: a leading FPDUPTR-0 Marker, ULPDU_Length, the ULPDU, any Markers inside, the PAD and
 /// a Marker directly after the PAD. Markers that fall inside the CRC field are not covered.
 /// With CRCs off the CRC field is sent as zeros.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FpduEncoder {
     crc: bool,
     markers: bool,

@@ -22,8 +22,10 @@
 //!   value is kept.
 //! - RTR (RFC 6581 section 9.2): an Initiator with `peer_to_peer` flags every RTR type it
 //!   can send; the Responder echoes A and picks exactly one common type (preferring a
-//!   zero-length Write, then Read, then Send); no common type is [`MpaError::NoMatchingRtr`],
-//!   code 7.
+//!   zero-length Write, then Read, then Send), or, with none in common, offers the types it
+//!   supports; an Initiator that can send none of the offered types fails with
+//!   [`MpaError::NoMatchingRtr`] and sends a Terminate with code 7
+//!   ([`Initiator::terminate_encoder`]), as it does with code 6 for an IRD it cannot give.
 //!
 //! [`FpduDecoder`]: crate::FpduDecoder
 
@@ -347,6 +349,9 @@ pub struct Initiator {
     request: Vec<u8>,
     deadline: Option<Instant>,
     state: InitiatorState,
+    /// Set when an accepting Reply failed the RFC 6581 negotiation: (CRC, Markers towards
+    /// the Responder), the framing the Terminate goes out in.
+    terminate_framing: Option<(bool, bool)>,
 }
 
 impl Initiator {
@@ -396,6 +401,7 @@ impl Initiator {
             config,
             request,
             state: InitiatorState::AwaitingReply(reader),
+            terminate_framing: None,
         })
     }
 
@@ -431,7 +437,13 @@ impl Initiator {
             return Ok((consumed, InitiatorEvent::NeedMore));
         }
         let outcome = match reader.repr() {
-            Ok(reply) => Initiator::judge_reply(&self.config, &reply),
+            Ok(reply) => {
+                let outcome = Initiator::judge_reply(&self.config, &reply);
+                if let Err(MpaError::InsufficientIrd { .. } | MpaError::NoMatchingRtr) = outcome {
+                    self.terminate_framing = Some((self.config.crc || reply.crc, reply.markers));
+                }
+                outcome
+            }
             Err(error) => Err(error),
         };
         match outcome {
@@ -446,6 +458,20 @@ impl Initiator {
     fn fail(&mut self, error: MpaError) -> MpaError {
         self.state = InitiatorState::Failed(error.clone());
         error
+    }
+
+    /// After an accepting Reply whose IRD or RTR options this Initiator cannot meet (codes 6
+    /// and 7 from [`Initiator::feed`]), the encoder for the Terminate it must send before it
+    /// closes (RFC 6581 9.1, 9.2: Layer 2, EType 0 and the code), at SeqStart in the framing
+    /// the Reply agreed. `None` after any other outcome: a Reply that failed otherwise leaves
+    /// no framing to send in (RFC 5044 7.1.2: the connection just closes).
+    pub fn terminate_encoder(&self) -> Option<FpduEncoder> {
+        match (&self.state, self.terminate_framing) {
+            (InitiatorState::Failed(_), Some((crc, markers))) => {
+                Some(FpduEncoder::new(crc, markers))
+            }
+            _ => None,
+        }
     }
 
     /// RFC 5044 7.1.2 rule 3 and RFC 6581 9.1 to 9.3, from the Initiator's side.
@@ -668,11 +694,21 @@ impl Responder {
         initiator: &EnhancedParams,
     ) -> Result<(EnhancedParams, u16, u16, Option<RtrKind>), MpaError> {
         let config = &self.config;
-        let rtr = if initiator.peer_to_peer {
-            let common = config.supported_rtr().intersect(RtrOptions::of(initiator));
-            Some(common.preferred().ok_or(MpaError::NoMatchingRtr)?)
+        // RFC 6581 9.2: one common kind, flagged alone; with none in common, the kinds we
+        // support (the Initiator then sends a Terminate with code 7); supporting none is a
+        // configuration the RFC does not allow an enhanced Responder.
+        let (rtr, offered) = if initiator.peer_to_peer {
+            let supported = config.supported_rtr();
+            let common = supported.intersect(RtrOptions::of(initiator));
+            match common.preferred() {
+                Some(kind) => (Some(kind), RtrOptions::only(kind)),
+                None => (
+                    Some(supported.preferred().ok_or(MpaError::NoMatchingRtr)?),
+                    supported,
+                ),
+            }
         } else {
-            None
+            (None, RtrOptions::default())
         };
         // Our ORD may not exceed the Initiator's IRD.
         let (reply_ord, ord) =
@@ -701,9 +737,7 @@ impl Responder {
             peer_to_peer: initiator.peer_to_peer,
             ..EnhancedParams::default()
         };
-        if let Some(kind) = rtr {
-            RtrOptions::only(kind).apply(&mut reply);
-        }
+        offered.apply(&mut reply);
         Ok((reply, ird, ord, rtr))
     }
 
@@ -737,9 +771,10 @@ impl Responder {
     }
 
     /// Accepts the Request: returns the Reply (R=0) to send, carrying `private_data`, and how
-    /// Full Operation runs. Fails with [`MpaError::NoMatchingRtr`] (code 7) when the
-    /// peer-to-peer Initiator offers no RTR kind we support; the ULP may then
-    /// [`Responder::reject`].
+    /// Full Operation runs. A peer-to-peer Initiator that offers no RTR kind we support gets
+    /// the kinds we do support (RFC 6581 9.2) and answers with a Terminate (code 7); fails
+    /// with [`MpaError::NoMatchingRtr`] only when this Responder is configured with no RTR
+    /// kind at all.
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(Vec<u8>, Negotiated), MpaError> {
         let request = self.request()?;
         check_private_data_to_send(private_data, request.enhanced.is_some())?;

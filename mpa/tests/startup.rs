@@ -512,6 +512,24 @@ fn insufficient_ird_is_error_6() {
     );
     assert_eq!(error.code(), 6);
     assert_eq!(initiator.feed(&[], now), Err(error));
+    // RFC 6581 9.1: the Initiator must send a Terminate (code 6) in the Reply's framing.
+    assert!(initiator.terminate_encoder().is_some());
+}
+
+#[test]
+fn other_reply_failures_send_no_terminate() {
+    let now = Instant::now();
+    // A Reply with a wrong Key: no framing was agreed, the connection just closes.
+    let mut initiator = Initiator::new(MpaConfig::default(), &[], now).unwrap();
+    let mut reply = reply_with(EnhancedParams::default());
+    reply[0] ^= 0xff;
+    assert_eq!(initiator.feed(&reply, now), Err(MpaError::InvalidKey));
+    assert!(initiator.terminate_encoder().is_none());
+    // Nor after a timeout.
+    let mut initiator = Initiator::new(MpaConfig::default(), &[], now).unwrap();
+    let later = now + Duration::from_secs(60);
+    assert!(initiator.handle_timeout(later).is_err());
+    assert!(initiator.terminate_encoder().is_none());
 }
 
 #[test]
@@ -582,11 +600,30 @@ fn no_matching_rtr_is_error_7() {
         ..MpaConfig::default()
     };
     let mut initiator = Initiator::new(initiator_config.clone(), &[], now).unwrap();
-    let (mut responder, _) = responder_with(send_only, initiator.request(), now);
-    let error = responder.accept(&[]).unwrap_err();
+    let (mut responder, _) = responder_with(send_only.clone(), initiator.request(), now);
+    // RFC 6581 9.2: with nothing in common the Responder accepts, offering what it supports,
+    // and expects the kind it prefers.
+    let (reply, negotiated) = responder.accept(&[]).unwrap();
+    assert_eq!(negotiated.rtr, Some(RtrKind::Send));
+    assert!(negotiated.responder_waits_for_fpdu);
+    let block = MpaFrameRepr::parse_bytes(&reply).unwrap().enhanced.unwrap();
+    assert!(block.peer_to_peer && block.rtr_send && !block.rtr_write && !block.rtr_read);
+    // The Initiator can send none of it: code 7, and a Terminate to send in the agreed
+    // framing (CRCs on: the Reply's C).
+    assert!(
+        initiator.terminate_encoder().is_none(),
+        "nothing failed yet"
+    );
+    let error = initiator.feed(&reply, now).unwrap_err();
     assert_eq!(error, MpaError::NoMatchingRtr);
     assert_eq!(error.code(), 7);
-    // The Responder can still reject, advertising what it supports.
+    assert_eq!(
+        initiator.terminate_encoder(),
+        Some(mpa::FpduEncoder::new(true, false))
+    );
+    // A Responder can still reject, advertising what it supports.
+    let mut initiator = Initiator::new(initiator_config.clone(), &[], now).unwrap();
+    let (mut responder, _) = responder_with(send_only, initiator.request(), now);
     let reply = responder.reject(b"send only").unwrap();
     let block = MpaFrameRepr::parse_bytes(&reply).unwrap().enhanced.unwrap();
     assert!(block.peer_to_peer && block.rtr_send && !block.rtr_write);
@@ -594,6 +631,20 @@ fn no_matching_rtr_is_error_7() {
         initiator.feed(&reply, now).unwrap().1,
         InitiatorEvent::Rejected { .. }
     ));
+    assert!(
+        initiator.terminate_encoder().is_none(),
+        "a rejection sends nothing"
+    );
+    // A Responder configured with no RTR kind at all cannot accept a peer-to-peer Request.
+    let initiator = Initiator::new(initiator_config.clone(), &[], now).unwrap();
+    let none = MpaConfig {
+        rtr_send: false,
+        rtr_write: false,
+        rtr_read: false,
+        ..MpaConfig::default()
+    };
+    let (mut responder, _) = responder_with(none, initiator.request(), now);
+    assert_eq!(responder.accept(&[]), Err(MpaError::NoMatchingRtr));
 
     // An accepting Reply that offers nothing the Initiator can send: error 7.
     let mut initiator = Initiator::new(initiator_config.clone(), &[], now).unwrap();

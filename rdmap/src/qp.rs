@@ -1622,6 +1622,27 @@ impl QueuePair {
         })
     }
 
+    /// Appends the Terminate message (RFC 5040 4.8: DDP untagged, queue 2, Last) carrying
+    /// `header`, numbered `msn`.
+    fn push_terminate(out: &mut Vec<u8>, header: &TerminateHeader, msn: u32) {
+        let ddp = Self::untagged(Opcode::Terminate, 0, queue::TERMINATE, msn, 0, true);
+        let payload = Self::push_segment(out, &ddp, header.buffer_len());
+        header.emit(&mut out[payload]);
+    }
+
+    /// The Terminate message (its ULPDU: DDP header and Terminate header) a transport sends
+    /// for `cause` before any queue pair runs on the stream: the MPA Initiator that cannot
+    /// take the Reply's IRD or RTR options (RFC 6581 9.1, 9.2: Layer 2, EType 0, code 6 or
+    /// 7). The first message of the Terminate queue (MSN 1); `None` for a cause that sends
+    /// nothing ([`TerminateCause::ConnectionLost`]).
+    pub fn startup_terminate(cause: TerminateCause) -> Option<Vec<u8>> {
+        let code = cause.code()?;
+        let mut out = Vec::new();
+        let header = TerminateHeader::bare(code.layer, code.etype, code.code);
+        Self::push_terminate(&mut out, &header, ddp::INITIAL_MSN);
+        Some(out)
+    }
+
     fn emit_terminate(&mut self, out: &mut Vec<u8>) -> TxUlpdu {
         let header = self.terminate_tx.unwrap_or(TerminateHeader::bare(
             layer::RDMAP,
@@ -1629,16 +1650,7 @@ impl QueuePair {
             0,
         ));
         let start = out.len();
-        let ddp = Self::untagged(
-            Opcode::Terminate,
-            0,
-            queue::TERMINATE,
-            self.tx_terminate_msn,
-            0,
-            true,
-        );
-        let payload = Self::push_segment(out, &ddp, header.buffer_len());
-        header.emit(&mut out[payload]);
+        Self::push_terminate(out, &header, self.tx_terminate_msn);
         self.tx_terminate_msn = self.tx_terminate_msn.wrapping_add(1);
         self.terminate_sent = true;
         self.enter_error();

@@ -80,7 +80,18 @@ pub(crate) fn connect_start(
         let n = read_with_deadline(&mut stream, &mut buf, setup_deadline)
             .map_err(|e| setup_error(e, "waiting for the MPA Reply"))?;
         let now = Instant::now();
-        let (used, event) = initiator.feed(&buf[..n], now)?;
+        let (used, event) = match initiator.feed(&buf[..n], now) {
+            Ok(progress) => progress,
+            Err(e) => {
+                if let Some(terminate) = iwarp_conn::startup_terminate(&initiator, &e) {
+                    tracing::info!(peer = %addr, error = %e, "MPA Reply not acceptable: Terminate sent");
+                    // Best effort: the connection closes either way.
+                    let _ = stream.write_all(&terminate);
+                    let _ = stream.shutdown(Shutdown::Write);
+                }
+                return Err(e.into());
+            }
+        };
         match event {
             InitiatorEvent::NeedMore => continue,
             InitiatorEvent::Rejected { private_data } => {
