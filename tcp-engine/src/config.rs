@@ -170,6 +170,13 @@ pub struct Config {
     pub nagle: bool,
     /// Most challenge ACKs per second (RFC 5961 7).
     pub challenge_ack_limit: u32,
+    /// Least time between two duplicate ACKs answering segments without data that fall
+    /// outside the receive window or fail PAWS (RFC 9293 3.10.7.4 first, RFC 7323 5.3 R1), as
+    /// Linux's `tcp_invalid_ratelimit`: two ends whose states disagree do not trade ACKs for
+    /// ever, and a blind sender does not draw a reply per packet. Segments carrying data or a
+    /// FIN are always answered (the ACK may carry the D-SACK their sender needs). Default
+    /// 500 ms.
+    pub invalid_ack_interval: Duration,
     /// `PassUp`: hand up again data that was already passed up.
     pub pass_up_duplicates: bool,
 }
@@ -213,6 +220,7 @@ impl Default for Config {
             tos: 0,
             nagle: false,
             challenge_ack_limit: 100,
+            invalid_ack_interval: Duration::from_millis(500),
             pass_up_duplicates: false,
             rdma_option: false,
         }

@@ -380,6 +380,9 @@ pub struct ConnStats {
     pub paws_drops: u64,
     /// Challenge ACKs sent (RFC 5961).
     pub challenge_acks: u64,
+    /// Duplicate ACKs not sent for segments without data outside the window or failing PAWS
+    /// (`Config::invalid_ack_interval`).
+    pub invalid_acks_skipped: u64,
     /// Segments dropped because the out-of-order range table was full.
     pub ooo_range_limit_drops: u64,
     /// Segments that arrived beyond `rcv_nxt`.
@@ -627,6 +630,8 @@ pub struct Connection {
     ts_enabled: bool,
     ts_offset: u32,
     ts_recent: Option<u32>,
+    /// When TS.Recent was last set: older than [`PAWS_IDLE_LIMIT`], it is invalid.
+    ts_recent_at: Instant,
     last_ack_sent: u32,
     /// `rcv_nxt` when the last ACK went out: octets below it are acknowledged for good.
     rcv_nxt_acked: u64,
@@ -654,9 +659,16 @@ pub struct Connection {
     /// Whether an ACK was already due before the challenge ACK made one due: withdrawing the
     /// challenge must not withdraw it.
     ack_due_before_challenge: bool,
+    /// When the last duplicate ACK answering an invalid segment without data went
+    /// (`Config::invalid_ack_interval`).
+    last_invalid_ack: Option<Instant>,
 }
 
 const DEFAULT_SEND_MSS: u16 = 536;
+
+/// How long TS.Recent stays valid without being set (RFC 7323 5.5: 24 days, within which a
+/// timestamp clock of at most 1 ms a tick cannot move by half its range).
+const PAWS_IDLE_LIMIT: Duration = Duration::from_secs(24 * 24 * 60 * 60);
 
 fn wscale_for(max_window: u64) -> u8 {
     let mut s = 0u8;
@@ -777,6 +789,7 @@ impl Connection {
             ts_enabled: false,
             ts_offset,
             ts_recent: None,
+            ts_recent_at: now,
             last_ack_sent: 0,
             rcv_nxt_acked: 0,
             data_header,
@@ -790,6 +803,7 @@ impl Connection {
             challenge_count: 0,
             challenge_due: false,
             ack_due_before_challenge: false,
+            last_invalid_ack: None,
             cfg,
         }
     }
@@ -1853,6 +1867,7 @@ impl Connection {
         if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.options.timestamp) {
             self.ts_enabled = true;
             self.ts_recent = Some(tsval);
+            self.ts_recent_at = now;
         } else {
             self.ts_enabled = false;
         }
@@ -1998,6 +2013,25 @@ impl Connection {
         }
     }
 
+    /// The duplicate ACK answering a segment outside the window or failing PAWS: always for
+    /// one that carries data or a FIN, or is a keepalive probe (SEG.SEQ = RCV.NXT - 1, RFC
+    /// 9293 3.8.4; a prober may ask more often than the interval), at most one per
+    /// `Config::invalid_ack_interval` for the rest.
+    fn ack_invalid(&mut self, now: Instant, seg: &SegmentRepr<'_>) {
+        let keepalive = seg.seq == self.rcv_nxt().wrapping_sub(1);
+        if seg.seq_len() == 0 && !keepalive {
+            if self
+                .last_invalid_ack
+                .is_some_and(|t| now - t < self.cfg.invalid_ack_interval)
+            {
+                self.stats.invalid_acks_skipped += 1;
+                return;
+            }
+            self.last_invalid_ack = Some(now);
+        }
+        self.ack_now = true;
+    }
+
     /// True if the last segment handled made a challenge ACK due (RFC 5961 7); clears the
     /// mark. A connection table asks after each segment to apply its global limit.
     pub fn take_challenge_ack(&mut self) -> bool {
@@ -2014,7 +2048,7 @@ impl Connection {
 
     /// Timestamp bookkeeping (RFC 7323 4.3): the segment's TSval becomes TS.Recent if the
     /// segment starts at or below Last.ACK.sent and the TSval is not older.
-    fn note_ts_recent(&mut self, seg: &SegmentRepr<'_>) {
+    fn note_ts_recent(&mut self, now: Instant, seg: &SegmentRepr<'_>) {
         if !self.ts_enabled {
             return;
         }
@@ -2023,6 +2057,7 @@ impl Connection {
                 && self.ts_recent.is_none_or(|r| seq_ge(tsval, r))
             {
                 self.ts_recent = Some(tsval);
+                self.ts_recent_at = now;
             }
         }
     }
@@ -2042,9 +2077,16 @@ impl Connection {
                     .unwrap_or(u32::MAX)
                     .min(1 << 30);
                 if seq_lt(tsval.wrapping_add(tolerance), recent) {
-                    self.stats.paws_drops += 1;
-                    self.ack_now = true;
-                    return;
+                    if now - self.ts_recent_at > PAWS_IDLE_LIMIT {
+                        // RFC 7323 5.5: after more than 24 days idle the peer's clock may
+                        // have moved on by more than half its range, and TS.Recent is
+                        // invalid: the segment is judged without it and may set it anew.
+                        self.ts_recent = None;
+                    } else {
+                        self.stats.paws_drops += 1;
+                        self.ack_invalid(now, seg);
+                        return;
+                    }
                 }
             }
         }
@@ -2062,7 +2104,7 @@ impl Connection {
         {
             // Echoed in the SYN-ACK, its timestamp measures the handshake for the peer (SEG.SEQ
             // is below Last.ACK.sent).
-            self.note_ts_recent(seg);
+            self.note_ts_recent(now, seg);
             if self.out_of_window_reply_allowed(now) {
                 self.syn_due = true;
                 self.syn_retransmitted = true;
@@ -2100,7 +2142,7 @@ impl Connection {
                 }
             }
             if !seg.flags.rst {
-                self.ack_now = true;
+                self.ack_invalid(now, seg);
                 if seg.flags.fin && self.state == State::TimeWait {
                     self.time_wait_deadline = Some(now + self.cfg.time_wait);
                 }
@@ -2161,7 +2203,7 @@ impl Connection {
         // before the ACK check (as R3's order has it), a blind segment that merely overlaps
         // RCV.NXT could set a TSval far ahead, and PAWS would then drop every segment of the
         // real peer (Linux updates it after the check too).
-        self.note_ts_recent(seg);
+        self.note_ts_recent(now, seg);
         // Data (RFC 9293 3.10.7.4 seventh).
         let data_ok = matches!(
             self.state,

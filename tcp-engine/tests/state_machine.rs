@@ -361,6 +361,43 @@ fn syn_on_established_gets_challenge_ack() {
     assert_eq!(SegmentRepr::parse(&out[0]).expect("valid").ack, rcv_nxt);
 }
 
+/// Segments without data outside the window draw at most one duplicate ACK per
+/// `Config::invalid_ack_interval` (Linux's `tcp_invalid_ratelimit`); segments with data and
+/// keepalive probes are answered every time.
+#[test]
+fn acks_for_invalid_segments_without_data_are_rate_limited() {
+    let (c, mut s, net) = established(Config::default());
+    let now = net.now;
+    let rcv_nxt = s.conn().rcv_nxt();
+    let snd_nxt = s.conn().snd_nxt();
+    let stray = from_client(&c, rcv_nxt.wrapping_add(1 << 30), snd_nxt, ACK, &[]);
+    let mut acks = 0;
+    for _ in 0..10 {
+        s.conn_mut().handle_segment(now, &stray, |_| {});
+        acks += drain(s.conn_mut(), now).len();
+    }
+    assert_eq!(acks, 1, "one ACK for ten");
+    assert_eq!(s.conn().stats().invalid_acks_skipped, 9);
+    // An old duplicate with data: answered (its ACK carries the D-SACK).
+    let old = from_client(&c, rcv_nxt.wrapping_sub(100), snd_nxt, ACK, b"dup");
+    for _ in 0..2 {
+        s.conn_mut().handle_segment(now, &old, |_| {});
+        assert_eq!(drain(s.conn_mut(), now).len(), 1, "data is always answered");
+    }
+    // A keepalive probe: answered.
+    let probe = from_client(&c, rcv_nxt.wrapping_sub(1), snd_nxt, ACK, &[]);
+    for _ in 0..2 {
+        s.conn_mut().handle_segment(now, &probe, |_| {});
+        assert_eq!(drain(s.conn_mut(), now).len(), 1, "keepalives are answered");
+    }
+    // The interval over: the next stray segment is answered again.
+    let later = now + Duration::from_millis(500);
+    s.conn_mut().handle_segment(later, &stray, |_| {});
+    assert_eq!(drain(s.conn_mut(), later).len(), 1);
+    assert_eq!(s.conn().stats().invalid_acks_skipped, 9);
+    assert_eq!(s.state(), Some(State::Established));
+}
+
 #[test]
 fn ack_checks_of_rfc5961() {
     let (c, mut s, net) = established(Config::default());
@@ -416,6 +453,15 @@ fn paws_drops_old_timestamps() {
     s.conn_mut().handle_segment(now, &seg, |_| {});
     assert_eq!(s.conn().stats().paws_drops, 1);
     assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
+    // RFC 7323 5.5: TS.Recent stays valid for 24 days without being set...
+    let day = Duration::from_secs(24 * 60 * 60);
+    s.conn_mut().handle_segment(now + 23 * day, &seg, |_| {});
+    assert_eq!(s.conn().stats().paws_drops, 2);
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
+    // ...and no longer: after 25 idle days the segment is judged without it.
+    s.conn_mut().handle_segment(now + 25 * day, &seg, |_| {});
+    assert_eq!(s.conn().stats().paws_drops, 2);
+    assert_eq!(s.conn().rcv_nxt(), rcv_nxt.wrapping_add(3));
 }
 
 #[test]
