@@ -300,7 +300,11 @@ fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Ve
     let active = prog
         .attach(&o.iface, o.mode.into())
         .map_err(|e| e.to_string())?;
-    prog.steer_port(o.port).map_err(|e| e.to_string())?;
+    // Frames to the interface's own address at the port: what the senders address.
+    let (ip, _) = info
+        .ipv4
+        .ok_or_else(|| format!("interface {} has no IPv4 address", o.iface))?;
+    prog.steer_port(ip, o.port).map_err(|e| e.to_string())?;
     let queues: Vec<u32> = match o.queue {
         Some(q) => vec![q],
         None => (0..info.rx_queues.min(info.tx_queues)).collect(),

@@ -316,7 +316,7 @@ fn steered_syn_lands_in_rx_ring_and_kernel_sends_no_rst() {
         in_ns(NS_A, || {
             let mut prog = SteeringProgram::load(false).expect("load steering program");
             assert_eq!(prog.attach(DEV_A, mode).expect("attach"), expect);
-            prog.steer_port(port).unwrap();
+            prog.steer_port(ADDR_A, port).unwrap();
             let mut socks = XskSocket::open_queues(DEV_A, 0..QUEUES, &copy_cfg()).expect("open");
             for s in &socks {
                 prog.bind_socket(s.queue(), s.fd()).expect("bind_socket");
@@ -415,7 +415,7 @@ fn no_allocation_per_packet_on_rx_and_tx_paths() {
     in_ns(NS_A, || {
         let mut prog = SteeringProgram::load(false).unwrap();
         prog.attach(DEV_A, AttachMode::Generic).unwrap();
-        prog.steer_port(PORT).unwrap();
+        prog.steer_port(ADDR_A, PORT).unwrap();
         let mut rx = XskSocket::open_queues(DEV_A, 0..QUEUES, &copy_cfg()).unwrap();
         for s in &rx {
             prog.bind_socket(s.queue(), s.fd()).unwrap();
@@ -512,7 +512,7 @@ fn tiny_rings_lose_no_frames() {
     let drops = in_ns(NS_A, || {
         let mut prog = SteeringProgram::load(false).unwrap();
         prog.attach(DEV_A, AttachMode::Driver).unwrap();
-        prog.steer_port(PORT).unwrap();
+        prog.steer_port(ADDR_A, PORT).unwrap();
         let mut rx = XskSocket::open_queues(DEV_A, 0..QUEUES, &tiny).unwrap();
         for s in &rx {
             prog.bind_socket(s.queue(), s.fd()).unwrap();

@@ -7,7 +7,8 @@
 // queue; everything else goes to the kernel unchanged.
 //
 // A packet is steered when
-//   * its TCP destination port is a key of `steer_ports` (listeners), or
+//   * its {daddr, dport} is a key of `steer_ports` (listeners: the address and
+//     port they listen on, so that the kernel keeps the port on other addresses), or
 //   * its 4-tuple {saddr, daddr, sport, dport} is a key of `steer_flows`
 //     (established connections).
 // All keys are in network byte order, exactly as they appear on the wire.
@@ -15,7 +16,7 @@
 // An ICMP "fragmentation needed and DF set" (type 3 code 4, RFC 792; the next-hop
 // MTU of RFC 1191 section 4) is steered too when the TCP segment it quotes (IPv4
 // header and first 8 octets: ports and sequence number), read in reverse, is a
-// packet of ours that the rules above steer: its source port a key of
+// packet of ours that the rules above steer: its {saddr, sport} a key of
 // `steer_ports`, or {daddr, saddr, dport, sport} of the quoted header a key of
 // `steer_flows`; and the ICMP goes to that segment's source. The engine owns those
 // connections and lowers their path MTU (RFC 1191, validated per RFC 5927); the
@@ -58,7 +59,14 @@
 // Must match `MAX_QUEUES` in src/lib.rs.
 #define MAX_QUEUES 64
 
-// 12 octets, no padding; must match `FlowKey` in src/lib.rs.
+// 8 octets, the padding zero; must match `listen_key` in src/lib.rs.
+struct listen_key {
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+// 12 octets, no padding; must match `FourTuple::key` in src/lib.rs.
 struct flow_key {
 	__be32 saddr;
 	__be32 daddr;
@@ -69,7 +77,7 @@ struct flow_key {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
-	__type(key, __u16); // TCP destination port, network byte order
+	__type(key, struct listen_key); // local address and TCP port
 	__type(value, __u8);
 } steer_ports SEC(".maps");
 
@@ -146,7 +154,6 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
 	struct iphdr *inner;
 	struct tcp_quote *th;
 	__u32 inner_len;
-	__u16 sport;
 
 	if ((void *)(icmp + 1) > data_end)
 		goto pass;
@@ -168,8 +175,11 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
 	if ((void *)(th + 1) > data_end)
 		goto pass;
 
-	sport = th->source;
-	if (!bpf_map_lookup_elem(&steer_ports, &sport)) {
+	struct listen_key listener = {
+		.addr = inner->saddr,
+		.port = th->source,
+	};
+	if (!bpf_map_lookup_elem(&steer_ports, &listener)) {
 		// The quoted segment went from us to the peer: reversed, it is
 		// the key of the peer's segments to us.
 		struct flow_key key = {
@@ -197,7 +207,6 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	struct iphdr *ip;
 	struct tcphdr *tcp;
 	__u32 ihl_len, doff_len;
-	__u16 dport;
 
 	if ((void *)(eth + 1) > data_end)
 		goto pass;
@@ -228,8 +237,11 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	if ((void *)tcp + doff_len > data_end)
 		goto pass;
 
-	dport = tcp->dest;
-	if (!bpf_map_lookup_elem(&steer_ports, &dport)) {
+	struct listen_key listener = {
+		.addr = ip->daddr,
+		.port = tcp->dest,
+	};
+	if (!bpf_map_lookup_elem(&steer_ports, &listener)) {
 		struct flow_key key = {
 			.saddr = ip->saddr,
 			.daddr = ip->daddr,

@@ -3,12 +3,14 @@
 //! `bpf/steer.c` (built by `build.rs` with clang, embedded here) redirects the IPv4 TCP packets
 //! of iWARP flows into AF_XDP sockets and passes everything else to the kernel:
 //!
-//! * a packet whose TCP destination port is steered ([`SteeringProgram::steer_port`], for
-//!   listeners) or whose 4-tuple is steered ([`SteeringProgram::steer_flow`], for connections)
+//! * a packet whose destination address and TCP port are steered
+//!   ([`SteeringProgram::steer_port`], for listeners; the same port on another address of the
+//!   host stays the kernel's) or whose 4-tuple is steered ([`SteeringProgram::steer_flow`], for
+//!   connections)
 //!   goes to the AF_XDP socket bound to the packet's RX queue
 //!   ([`SteeringProgram::bind_socket`]); with no socket bound there it goes to the kernel;
 //! * an ICMP "fragmentation needed" (type 3 code 4, RFC 792 and RFC 1191 4) whose quoted TCP
-//!   segment, read in reverse, is a steered flow's or came from a steered port goes to that
+//!   segment, read in reverse, is a steered flow's or came from a steered listener goes to that
 //!   socket too (the engine lowers the connection's path MTU; the kernel has no socket for it);
 //! * everything else (ARP, other ICMP, other TCP, IPv6, VLAN-tagged frames, IPv4 fragments) goes
 //!   to the kernel.
@@ -26,7 +28,7 @@
 //! use xdp_prog::{AttachMode, SteeringProgram};
 //! let mut prog = SteeringProgram::load(false)?;
 //! let mode = prog.attach("iwa0", AttachMode::Auto)?;
-//! prog.steer_port(4791)?;
+//! prog.steer_port(std::net::Ipv4Addr::new(10, 77, 0, 1), 4791)?;
 //! // prog.bind_socket(queue, xsk_fd)?;  // an AF_XDP socket already bound to (iwa0, queue)
 //! println!("attached in {mode} mode, counters {:?}", prog.counters()?);
 //! # Ok::<(), xdp_prog::XdpError>(())
@@ -144,6 +146,15 @@ impl FourTuple {
 /// A TCP port as the program sees it in the packet: network byte order.
 fn port_key(port: u16) -> [u8; 2] {
     port.to_be_bytes()
+}
+
+/// The `struct listen_key` of `bpf/steer.c`: the address and port a listener takes packets
+/// on, network byte order, two zero octets of padding.
+fn listen_key(addr: Ipv4Addr, port: u16) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[0..4].copy_from_slice(&addr.octets());
+    k[4..6].copy_from_slice(&port_key(port));
+    k
 }
 
 /// Packet counts summed over all CPUs. Every packet the program sees is counted exactly once.
@@ -426,7 +437,7 @@ pub struct SteeringProgram {
     attached: Option<(String, ActiveMode)>,
     ebpf: Ebpf,
     prog_name: &'static str,
-    ports: HashMap<MapData, [u8; 2], u8>,
+    ports: HashMap<MapData, [u8; 8], u8>,
     flows: HashMap<MapData, [u8; 12], u8>,
     xsks: XskMap<MapData>,
     /// Bit q set = a socket was put in `xsks[q]` (the kernel cannot be asked: XSKMAP lookups
@@ -589,16 +600,17 @@ impl SteeringProgram {
         self.attached = None;
     }
 
-    /// Steers every IPv4 TCP packet to `port` (a listener; host byte order).
-    pub fn steer_port(&mut self, port: u16) -> Result<(), XdpError> {
+    /// Steers every IPv4 TCP packet to `addr:port` (a listener; host byte order). Packets to
+    /// the same port on another address of the host stay the kernel's.
+    pub fn steer_port(&mut self, addr: Ipv4Addr, port: u16) -> Result<(), XdpError> {
         self.ports
-            .insert(port_key(port), 1, 0)
+            .insert(listen_key(addr, port), 1, 0)
             .map_err(|e| map_update_error(MAP_PORTS, e))
     }
 
-    /// Stops steering `port`. Returns whether it was steered.
-    pub fn unsteer_port(&mut self, port: u16) -> Result<bool, XdpError> {
-        map_remove_result(MAP_PORTS, self.ports.remove(&port_key(port)))
+    /// Stops steering `addr:port`. Returns whether it was steered.
+    pub fn unsteer_port(&mut self, addr: Ipv4Addr, port: u16) -> Result<bool, XdpError> {
+        map_remove_result(MAP_PORTS, self.ports.remove(&listen_key(addr, port)))
     }
 
     /// Steers the packets of one connection (see [`FourTuple`] for the direction).
@@ -729,6 +741,14 @@ mod tests {
             ]
         );
         assert_eq!(port_key(0x0102), [1, 2]);
+    }
+
+    #[test]
+    fn listen_key_is_network_order() {
+        assert_eq!(
+            listen_key(Ipv4Addr::new(10, 77, 0, 1), 0x1234),
+            [10, 77, 0, 1, 0x12, 0x34, 0, 0]
+        );
     }
 
     #[test]

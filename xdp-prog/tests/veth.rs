@@ -92,7 +92,7 @@ fn steered_port_case(mode: AttachMode, expect: ActiveMode) {
     const PORT: u16 = 17001;
     in_ns(NS_A, || {
         let mut prog = attach(mode, expect);
-        prog.steer_port(PORT).expect("steer_port");
+        prog.steer_port(ADDR_A, PORT).expect("steer_port");
         let mut xsks = bind_all_queues(&mut prog);
         let rsts_before = tcp_out_rsts();
         let before = prog.counters().expect("counters");
@@ -233,7 +233,7 @@ fn b_unsteered_port_gets_kernel_rst() {
     let _bed = bed_or_skip!();
     in_ns(NS_A, || {
         let mut prog = attach(AttachMode::Driver, ActiveMode::Driver);
-        prog.steer_port(17003).expect("steer_port");
+        prog.steer_port(ADDR_A, 17003).expect("steer_port");
         let mut xsks = bind_all_queues(&mut prog);
         let rsts_before = tcp_out_rsts();
         let before = prog.counters().expect("counters");
@@ -264,6 +264,68 @@ fn b_unsteered_port_gets_kernel_rst() {
     });
 }
 
+/// (b) A listener is steered by address and port: the same port on another address of the
+/// interface stays the kernel's (a kernel listener there completes its handshake), while
+/// the steered address's SYNs go to AF_XDP.
+#[test]
+fn b_steered_port_on_another_address_stays_the_kernels() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17009;
+    let other = std::net::Ipv4Addr::new(10, 77, 0, 11);
+    sh(&[
+        "ip",
+        "-n",
+        NS_A,
+        "addr",
+        "add",
+        &format!("{other}/24"),
+        "dev",
+        DEV_A,
+    ]);
+    in_ns(NS_A, || {
+        let mut prog = attach(AttachMode::Driver, ActiveMode::Driver);
+        prog.steer_port(ADDR_A, PORT).expect("steer_port");
+        let mut xsks = bind_all_queues(&mut prog);
+        let kernel = std::net::TcpListener::bind((other, PORT)).expect("kernel listener");
+        let before = prog.counters().expect("counters");
+        let r = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(other, PORT),
+                Duration::from_secs(3),
+            )
+        });
+        r.expect("the kernel's listener on the other address answers");
+        let d = prog.counters().expect("counters").since(&before);
+        assert!(d.passed >= 1 && d.redirected == 0, "{d:?}");
+        let steered = in_ns(NS_B, || {
+            connect(
+                ADDR_B,
+                0,
+                SocketAddrV4::new(ADDR_A, PORT),
+                STEERED_CONNECT_WAIT,
+            )
+        });
+        assert_eq!(
+            steered
+                .expect_err("the steered address's SYN goes to AF_XDP")
+                .kind(),
+            io::ErrorKind::TimedOut
+        );
+        let segs = collect(&mut xsks, Duration::from_secs(1), is_syn_to(PORT, None));
+        assert!(
+            segs.iter().any(|(_, s)| is_syn_to(PORT, None)(s)),
+            "no SYN to {ADDR_A}:{PORT} in any RX ring: {segs:?}"
+        );
+        assert!(
+            segs.iter().all(|(_, s)| s.daddr == ADDR_A),
+            "segments to {other} reached AF_XDP: {segs:?}"
+        );
+        drop(kernel);
+    });
+}
+
 /// (b) A steered port with no AF_XDP socket on the queue: the packet goes to the kernel
 /// (RST, ECONNREFUSED) and is counted as `no_socket`; unsteering the port is reported.
 #[test]
@@ -272,7 +334,7 @@ fn b_steered_port_without_socket_goes_to_kernel() {
     const PORT: u16 = 17005;
     in_ns(NS_A, || {
         let mut prog = attach(AttachMode::Generic, ActiveMode::Generic);
-        prog.steer_port(PORT).expect("steer_port");
+        prog.steer_port(ADDR_A, PORT).expect("steer_port");
         let before = prog.counters().expect("counters");
         let r = in_ns(NS_B, || {
             connect(
@@ -288,8 +350,8 @@ fn b_steered_port_without_socket_goes_to_kernel() {
         );
         let d = prog.counters().expect("counters").since(&before);
         assert!(d.no_socket >= 1 && d.redirected == 0, "{d:?}");
-        assert!(prog.unsteer_port(PORT).expect("unsteer"));
-        assert!(!prog.unsteer_port(PORT).expect("unsteer again"));
+        assert!(prog.unsteer_port(ADDR_A, PORT).expect("unsteer"));
+        assert!(!prog.unsteer_port(ADDR_A, PORT).expect("unsteer again"));
         assert!(!prog.unbind_socket(0).expect("unbind empty queue"));
     });
 }
@@ -304,7 +366,7 @@ fn c_ping_and_arp_work_while_attached() {
     ] {
         in_ns(NS_A, || {
             let mut prog = attach(mode, expect);
-            prog.steer_port(17006).expect("steer_port");
+            prog.steer_port(ADDR_A, 17006).expect("steer_port");
             let _xsks = bind_all_queues(&mut prog);
             sh(&["ip", "-n", NS_A, "neigh", "flush", "dev", DEV_A]);
             sh(&["ip", "-n", NS_B, "neigh", "flush", "dev", DEV_B]);
@@ -424,7 +486,7 @@ fn f_frag_needed_about_steered_flows_reaches_af_xdp_ring() {
                 dport: PORT,
             })
             .expect("steer_flow");
-            prog.steer_port(LISTEN).expect("steer_port");
+            prog.steer_port(ADDR_A, LISTEN).expect("steer_port");
             let mut xsks = bind_all_queues(&mut prog);
             let before = prog.counters().expect("counters");
             in_ns(NS_B, || {
@@ -477,7 +539,7 @@ fn d_detach_leaves_interface_as_before() {
     ] {
         in_ns(NS_A, || {
             let mut prog = attach(mode, expect);
-            prog.steer_port(17007).expect("steer_port");
+            prog.steer_port(ADDR_A, 17007).expect("steer_port");
             let xsks = bind_all_queues(&mut prog);
             // Explicit detach, then again via drop.
             prog.detach();
@@ -589,7 +651,7 @@ fn e_large_mtu_needs_frags_program_in_driver_mode() {
             frags.attach(DEV_A, AttachMode::Driver).expect("frags"),
             ActiveMode::Driver
         );
-        frags.steer_port(17008).expect("steer");
+        frags.steer_port(ADDR_A, 17008).expect("steer");
         let mut xsks = bind_all_queues(&mut frags);
         let r = in_ns(NS_B, || {
             connect(

@@ -658,7 +658,7 @@ impl XdpPort {
             return Ok((sock, port));
         }
         let (sock, bound) = reserve_port(self.local_ip, port)?;
-        self.prog().steer_port(bound)?;
+        self.prog().steer_port(self.local_ip, bound)?;
         let sock = Arc::new(sock);
         listens.insert(bound, Arc::downgrade(&sock));
         Ok((sock, bound))
@@ -676,7 +676,7 @@ impl XdpPort {
             listens.remove(&port);
             // Failing to unsteer leaves the port's packets steered to sockets that drop them
             // (no listener, no connection): what a port nobody listens on gets anyway.
-            if let Err(e) = self.prog().unsteer_port(port) {
+            if let Err(e) = self.prog().unsteer_port(self.local_ip, port) {
                 tracing::warn!(port, error = %e, "a listening port could not be unsteered");
             }
         }
