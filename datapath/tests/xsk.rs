@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
 use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
 use datapath::xsk::{
-    interface_info, resolve_next_hop, BindMode, BusyPoll, BusyPollState, XskConfig, XskError,
-    XskSocket,
+    interface_info, neighbour, next_hop_mac, resolve_next_hop, BindMode, BusyPoll, BusyPollState,
+    XskConfig, XskError, XskSocket,
 };
 use socket2::{Domain, Protocol, Socket, Type};
 use testbed::*;
@@ -189,6 +189,43 @@ fn interface_facts_and_neighbour_resolution() {
             }
             other => panic!("absent host must not resolve: {other:?}"),
         }
+    });
+}
+
+/// An address behind a router: the kernel's neighbour table has no entry for it, and
+/// `next_hop_mac` (what the engine's next-hop cache asks when it knows nothing of an address)
+/// gives the gateway's MAC; a route by another interface gives none.
+#[test]
+fn next_hop_mac_of_an_address_behind_a_router_is_the_gateways() {
+    let _bed = bed_or_skip!();
+    let routed = Ipv4Addr::new(10, 99, 0, 2);
+    let mac_b = in_ns(NS_B, || interface_info(DEV_B).expect("iwb0").mac);
+    let status = std::process::Command::new("ip")
+        .args(["-n", NS_A, "route", "add", "10.99.0.0/24", "via"])
+        .arg(ADDR_B.to_string())
+        .args(["dev", DEV_A])
+        .status()
+        .expect("ip route");
+    assert!(status.success(), "ip route add: {status}");
+    in_ns(NS_A, || {
+        let info = interface_info(DEV_A).expect("iwa0");
+        resolve_next_hop(ADDR_B, Duration::from_secs(3)).expect("the gateway resolves");
+        assert_eq!(
+            neighbour(info.index, routed).expect("netlink"),
+            None,
+            "no neighbour entry for the routed address itself"
+        );
+        assert_eq!(
+            next_hop_mac(info.index, routed).expect("netlink"),
+            Some(mac_b),
+            "the gateway's MAC"
+        );
+        assert_eq!(
+            next_hop_mac(info.index, ADDR_B).expect("netlink"),
+            Some(mac_b)
+        );
+        // Loopback (index 1) is not the way to it.
+        assert_eq!(next_hop_mac(1, routed).expect("netlink"), None);
     });
 }
 

@@ -9,7 +9,7 @@ use tcp_engine::wire::{
     EthernetFrame, EthernetRepr, Ipv4TcpPeek, ETHERTYPE_IPV4, IP_PROTOCOL_ICMP,
 };
 
-use crate::xsk::neighbour;
+use crate::xsk::next_hop_mac;
 
 /// A received frame's IPv4 packet, trimmed to the IPv4 total length (Ethernet padding cut),
 /// with the source MAC. `None` for anything that is not an untagged IPv4 frame carrying TCP
@@ -52,6 +52,8 @@ struct Entry {
     mac: Option<[u8; 6]>,
     /// When a negative entry was last asked of the kernel.
     checked: Instant,
+    /// Looked up since eviction last passed it (its second chance).
+    used: bool,
 }
 
 /// Next-hop MAC addresses by remote IPv4 address.
@@ -60,15 +62,17 @@ struct Entry {
 /// ([`crate::xsk::resolve_next_hop`]), the source MAC of a valid SYN that opened a connection
 /// at a listener (the next hop that delivered it is the one to answer through) when nothing
 /// is known of that address yet, and, for an address seen in neither way (a RST answering a
-/// stray segment), one non-blocking query of the kernel's neighbour table, repeated at most
-/// once per [`NEGATIVE_RETRY`].
+/// stray segment, an entry evicted), one non-blocking query of the kernel's routing and
+/// neighbour tables (the next hop's MAC: a gateway's for an address behind a router),
+/// repeated at most once per [`NEGATIVE_RETRY`].
 ///
 /// Hardened against spoofing: a SYN never replaces what is known of an address
 /// ([`Neighbours::learn_passive`]): a SYN forged with a connected peer's address cannot
 /// redirect that peer's traffic (its SYN-ACK goes to the real peer, which resets it). Only an
 /// active open's resolution (the kernel's own neighbour table) replaces an entry. Bounded:
-/// when full, the oldest entry is evicted (its address is asked of the kernel again when
-/// next needed), so spoofed addresses cannot fill the cache for good; an address the kernel
+/// when full, the oldest entry not looked up since eviction last passed it is evicted (a
+/// second chance, close to least recently used; its address is asked of the kernel again
+/// when next needed), so spoofed addresses cannot fill the cache for good; an address the kernel
 /// does not know is not cached at all then (it would evict a known one), and the kernel is
 /// asked at most [`KERNEL_QUERIES_PER_SECOND`] times a second (each query dumps its table
 /// over netlink on the engine thread: a flood of segments from spoofed addresses, each
@@ -136,12 +140,28 @@ impl Neighbours {
             if entry.mac.is_none() && self.map.len() >= self.max {
                 return;
             }
+            // An entry looked up since the last pass (or the last one looked up, which the
+            // fast path does not mark) is spared once; at most a round of spares, so this
+            // ends.
+            let mut spares = self.order.len();
             while self.map.len() >= self.max {
                 let Some(old) = self.order.pop_front() else {
                     break;
                 };
-                if self.map.remove(&old).is_some() && self.last.is_some_and(|(l, _)| l == old) {
-                    self.last = None;
+                let recent = self.last.is_some_and(|(l, _)| l == old);
+                match self.map.get_mut(&old) {
+                    Some(e) if spares > 0 && (e.used || recent) => {
+                        spares -= 1;
+                        e.used = false;
+                        self.order.push_back(old);
+                    }
+                    Some(_) => {
+                        self.map.remove(&old);
+                        if recent {
+                            self.last = None;
+                        }
+                    }
+                    None => {}
                 }
             }
             self.order.push_back(ip);
@@ -170,6 +190,7 @@ impl Neighbours {
             Entry {
                 mac: Some(mac),
                 checked: Instant::now(),
+                used: false,
             },
         );
     }
@@ -184,6 +205,7 @@ impl Neighbours {
                 Entry {
                     mac: Some(mac),
                     checked: Instant::now(),
+                    used: false,
                 },
             ),
         }
@@ -196,13 +218,20 @@ impl Neighbours {
                 return Some(mac);
             }
         }
-        match self.map.get(&ip) {
-            Some(Entry { mac: Some(mac), .. }) => {
+        match self.map.get_mut(&ip) {
+            Some(Entry {
+                mac: Some(mac),
+                used,
+                ..
+            }) => {
+                *used = true;
                 let mac = *mac;
                 self.last = Some((ip, mac));
                 return Some(mac);
             }
-            Some(Entry { mac: None, checked }) if checked.elapsed() < NEGATIVE_RETRY => {
+            Some(Entry {
+                mac: None, checked, ..
+            }) if checked.elapsed() < NEGATIVE_RETRY => {
                 return None;
             }
             _ => {}
@@ -218,6 +247,7 @@ impl Neighbours {
             Entry {
                 mac: found,
                 checked: Instant::now(),
+                used: false,
             },
         );
         if let Some(mac) = found {
@@ -228,7 +258,7 @@ impl Neighbours {
 
     fn ask_kernel(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
         // A netlink failure is treated like "unknown": the packet is dropped and counted.
-        neighbour(self.ifindex, ip).ok().flatten()
+        next_hop_mac(self.ifindex, ip).ok().flatten()
     }
 
     #[cfg(test)]
@@ -327,9 +357,33 @@ mod tests {
         n.learn(c, [3; 6]);
         assert_eq!(n.len(), 2, "bounded");
         assert_eq!(n.lookup(c), Some([3; 6]), "the newest is kept");
-        assert_eq!(n.lookup(b), Some([2; 6]));
-        // `a`, the oldest, was evicted: the kernel (which knows nothing here) is asked.
-        assert_eq!(n.lookup(a), None, "evicted");
+        assert_eq!(n.lookup(a), Some([9; 6]), "the one in use is kept");
+        // `b`, never looked up, was evicted: the kernel (which knows nothing here) is asked.
+        assert_eq!(n.lookup(b), None, "evicted");
+    }
+
+    /// A full cache evicts the oldest entry not looked up since eviction last passed it: a
+    /// peer in use outlives one that is not, however long ago each was learned.
+    #[test]
+    fn eviction_spares_what_was_looked_up() {
+        let mut n = Neighbours::new(0, 2);
+        let a = Ipv4Addr::new(192, 0, 2, 1);
+        let b = Ipv4Addr::new(192, 0, 2, 2);
+        let c = Ipv4Addr::new(192, 0, 2, 3);
+        let d = Ipv4Addr::new(192, 0, 2, 4);
+        n.learn(a, [1; 6]);
+        n.learn(b, [2; 6]);
+        assert_eq!(n.lookup(a), Some([1; 6]));
+        n.learn(c, [3; 6]);
+        assert_eq!(n.len(), 2);
+        assert_eq!(n.lookup(a), Some([1; 6]), "the peer in use was kept");
+        assert_eq!(n.lookup(b), None, "the idle one was evicted");
+        // `a` used its second chance; looked up again, it keeps its place against `c`.
+        assert_eq!(n.lookup(a), Some([1; 6]));
+        n.learn(d, [4; 6]);
+        assert_eq!(n.lookup(a), Some([1; 6]));
+        assert_eq!(n.lookup(c), None);
+        assert_eq!(n.lookup(d), Some([4; 6]));
     }
 
     /// Lookups of many unknown addresses (replies to a flood from spoofed sources) ask the

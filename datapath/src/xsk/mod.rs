@@ -33,7 +33,9 @@ mod socket;
 pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
 pub use error::XskError;
 pub use join::PayloadDigest;
-pub use netlink::{interface_info, neighbour, resolve_next_hop, route_to, InterfaceInfo, Route};
+pub use netlink::{
+    interface_info, neighbour, next_hop_mac, resolve_next_hop, route_to, InterfaceInfo, Route,
+};
 pub use socket::{
     BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats,
     MAX_FRAMES_PER_PACKET,

@@ -333,6 +333,18 @@ pub fn neighbour(ifindex: u32, ip: Ipv4Addr) -> Result<Option<[u8; 6]>, XskError
     Ok(mac)
 }
 
+/// The MAC address of the next hop towards `dst` on interface `ifindex`, as the kernel's
+/// routing and neighbour tables hold it now, resolving nothing: the gateway's for an address
+/// behind a router, `dst`'s own on the link. `None` when the route leaves by another
+/// interface or the next hop has no usable entry.
+pub fn next_hop_mac(ifindex: u32, dst: Ipv4Addr) -> Result<Option<[u8; 6]>, XskError> {
+    let route = route_to(dst)?;
+    if route.ifindex != ifindex {
+        return Ok(None);
+    }
+    neighbour(ifindex, route.next_hop)
+}
+
 /// Resolves the MAC address of the next hop towards `dst`: route lookup, then the neighbour
 /// table. When the entry is missing, makes the kernel resolve it by sending a UDP datagram to
 /// the discard port of the next hop (which starts ARP), and asks again every 10 ms, sending
