@@ -81,11 +81,13 @@ struct Entry {
 pub(crate) struct Neighbours {
     ifindex: u32,
     map: HashMap<Ipv4Addr, Entry>,
-    /// Addresses in the order they entered the map (for eviction; may hold addresses
-    /// evicted or replaced since, skipped when met).
+    /// The map's addresses in the order eviction passes them (an address enters at the back
+    /// when first cached, and goes back there when spared).
     order: VecDeque<Ipv4Addr>,
     max: usize,
-    /// The last successful lookup (one peer is the common case: no hashing per packet).
+    /// The last successful lookup (one peer is the common case: no hashing per packet). Its
+    /// entry's `used` is set when another address takes its place ([`Neighbours::set_last`]):
+    /// the lookups it served never touched the map.
     last: Option<(Ipv4Addr, [u8; 6])>,
     /// The second the kernel queries are counted in, and how many it has had.
     queries_since: Option<Instant>,
@@ -165,13 +167,6 @@ impl Neighbours {
                 }
             }
             self.order.push_back(ip);
-            // Stale positions of replaced addresses are dropped once they outnumber the map.
-            if self.order.len() > 2 * self.max {
-                let map = &self.map;
-                let mut seen = std::collections::HashSet::with_capacity(map.len());
-                self.order
-                    .retain(|a| map.contains_key(a) && seen.insert(*a));
-            }
         }
         self.map.insert(ip, entry);
         if self.last.is_some_and(|(l, _)| l == ip) {
@@ -226,7 +221,7 @@ impl Neighbours {
             }) => {
                 *used = true;
                 let mac = *mac;
-                self.last = Some((ip, mac));
+                self.set_last(ip, mac);
                 return Some(mac);
             }
             Some(Entry {
@@ -251,9 +246,20 @@ impl Neighbours {
             },
         );
         if let Some(mac) = found {
-            self.last = Some((ip, mac));
+            self.set_last(ip, mac);
         }
         found
+    }
+
+    /// Makes `ip` the fast path's address; the one it replaces is marked used, for the
+    /// lookups the fast path answered (once per change of peer, not per packet).
+    fn set_last(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        if let Some((l, _)) = self.last.filter(|(l, _)| *l != ip) {
+            if let Some(e) = self.map.get_mut(&l) {
+                e.used = true;
+            }
+        }
+        self.last = Some((ip, mac));
     }
 
     fn ask_kernel(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
@@ -384,6 +390,31 @@ mod tests {
         assert_eq!(n.lookup(a), Some([1; 6]));
         assert_eq!(n.lookup(c), None);
         assert_eq!(n.lookup(d), Some([4; 6]));
+    }
+
+    /// Lookups the fast path answered count as uses once another address takes its place: a
+    /// busy peer whose second chance was spent outlives an address never looked up.
+    #[test]
+    fn fast_path_lookups_count_for_eviction() {
+        let mut n = Neighbours::new(0, 3);
+        let [a, b, c, x, y] = [1, 2, 3, 4, 5].map(|i| Ipv4Addr::new(192, 0, 2, i));
+        n.learn(a, [1; 6]);
+        n.learn(b, [2; 6]);
+        n.learn(c, [3; 6]);
+        assert_eq!(n.lookup(a), Some([1; 6]));
+        // `a` is spared (its mark spent), `b` goes.
+        n.learn(x, [4; 6]);
+        assert_eq!(n.lookup(a), Some([1; 6]), "the fast path");
+        assert_eq!(n.lookup(a), Some([1; 6]), "the fast path");
+        assert_eq!(
+            n.lookup(c),
+            Some([3; 6]),
+            "another peer takes the fast path"
+        );
+        n.learn(y, [5; 6]);
+        assert_eq!(n.lookup(x), None, "never looked up: evicted");
+        assert_eq!(n.lookup(a), Some([1; 6]), "the busy peer was kept");
+        assert_eq!(n.lookup(y), Some([5; 6]));
     }
 
     /// Lookups of many unknown addresses (replies to a flood from spoofed sources) ask the
