@@ -1020,8 +1020,11 @@ capture_check() { # NAME REV CASE_FUNCTION CASE_NAME ARGS...: decode that case's
     result "$name" fail "the captured session failed"
     return
   fi
-  # Our and rping's Send payloads are neither RPC-over-RDMA nor SMB Direct.
-  if ! tshark -n -V --disable-protocol rpcordma --disable-protocol smb_direct -r "$pcap" \
+  # Our and rping's Send payloads are neither RPC-over-RDMA nor SMB Direct. Heuristics
+  # first: a port of the session that some protocol registered (an ephemeral 48898 is
+  # Beckhoff AMS's) would otherwise take the stream from the MPA dissector.
+  if ! tshark -n -V -o tcp.try_heuristic_first:TRUE --disable-protocol rpcordma \
+    --disable-protocol smb_direct -r "$pcap" \
     >"$tlog" 2>&1; then
     result "$name" fail "tshark could not read $pcap"
     return

@@ -217,10 +217,12 @@ pub fn wait_until_file_settles(path: &Path, quiet: Duration, limit: Duration) {
 
 /// `tshark -V` of a capture. Our Send payloads (control messages) are not RPC-over-RDMA or SMB
 /// Direct: those heuristic dissectors are disabled so they do not claim them and report them
-/// as malformed.
+/// as malformed. Heuristic dissectors (MPA's among them) go first: an ephemeral port that
+/// some protocol registered (48898 is Beckhoff AMS's) would otherwise take the stream.
 pub fn tshark_verbose(path: &Path) -> String {
     let out = Command::new("tshark")
-        .args(["-n", "-V", "--disable-protocol", "rpcordma"])
+        .args(["-n", "-V", "-o", "tcp.try_heuristic_first:TRUE"])
+        .args(["--disable-protocol", "rpcordma"])
         .args(["--disable-protocol", "smb_direct", "-r"])
         .arg(path)
         .output()
