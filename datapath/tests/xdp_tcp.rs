@@ -656,6 +656,94 @@ fn refused_connect_and_kernel_owned_port() {
     );
 }
 
+/// Closes every connection it accepts at once (the server closes first, and its side ends
+/// in TIME-WAIT); counts them.
+#[derive(Default)]
+struct Closer {
+    accepted: u32,
+    closed: u32,
+}
+
+impl TcpApp for Closer {
+    fn on_accept(&mut self, _id: ConnId, conn: &mut Connection) {
+        self.accepted += 1;
+        conn.close();
+    }
+
+    fn on_closed(&mut self, _id: ConnId, _conn: Connection) {
+        self.closed += 1;
+    }
+}
+
+/// RFC 6191 against Linux: the driver closes first (TIME-WAIT on its side), and the kernel
+/// client connects again at once from the same port. The new SYN ends the TIME-WAIT and
+/// opens the second connection straight away (before, it drew a challenge ACK, the client
+/// reset it and retried a second later); the old incarnation is reaped.
+#[test]
+fn a_client_reconnecting_from_its_port_ends_time_wait() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18725;
+    const CLIENT_PORT: u16 = 41_725;
+    let driver = spawn_in_ns(NS_A, move || {
+        let mut drv = open_driver();
+        let cfg = drv.tcp_config();
+        drv.listen(PORT, 4, cfg).expect("listen");
+        let client = spawn_in_ns(NS_B, move || -> Result<(), String> {
+            use socket2::{Domain, Protocol, Socket, Type};
+            let to = SocketAddrV4::new(ADDR_A, PORT);
+            for round in 0..2 {
+                // Our LAST-ACK may linger a moment after the FIN exchange: the 4-tuple is
+                // free once the driver's ACK of our FIN is in.
+                let mut tries = 0;
+                let s = loop {
+                    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+                        .map_err(|e| e.to_string())?;
+                    s.set_reuse_address(true).map_err(|e| e.to_string())?;
+                    s.bind(&SocketAddrV4::new(ADDR_B, CLIENT_PORT).into())
+                        .map_err(|e| format!("bind: {e}"))?;
+                    match s.connect_timeout(&to.into(), Duration::from_secs(5)) {
+                        Ok(()) => break s,
+                        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && tries < 200 => {
+                            tries += 1;
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => return Err(format!("connect {round}: {e}")),
+                    }
+                };
+                let mut s: TcpStream = s.into();
+                s.set_read_timeout(Some(Duration::from_secs(10)))
+                    .map_err(|e| e.to_string())?;
+                let mut rest = Vec::new();
+                s.read_to_end(&mut rest)
+                    .map_err(|e| format!("waiting for the server's FIN {round}: {e}"))?;
+            }
+            Ok(())
+        });
+        let mut app = Closer::default();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut failure = None;
+        // The first connection is reaped when the second SYN ends its TIME-WAIT; the second
+        // stays in TIME-WAIT.
+        while !(client.is_finished() && app.accepted >= 2 && app.closed >= 1) {
+            if let Err(e) = drv.turn(&mut app) {
+                failure = Some(e.to_string());
+                break;
+            }
+            if Instant::now() > deadline {
+                failure = Some("not done in 20 s".to_string());
+                break;
+            }
+        }
+        let client = client.join().expect("client thread");
+        (failure, client, app.accepted, app.closed, drv.stats())
+    });
+    let (failure, client, accepted, closed, stats) = driver.join().expect("driver thread");
+    assert_eq!(failure, None, "{stats:?}");
+    client.expect("kernel client");
+    assert_eq!((accepted, closed), (2, 1), "{stats:?}");
+    assert_eq!(stats.table.time_wait_reused, 1, "{stats:?}");
+}
+
 /// The kernel's drops before an RX ring are the driver's counters: with nobody polling, a
 /// burst of frames to a listening port overflows the queue's RX ring and its frame pool (8
 /// frames each here), and `XdpTcpStats::rx_kernel_drops` holds every frame that did not fit.

@@ -14,7 +14,7 @@ use crate::ranges::{Range, RangeSet};
 use crate::rdma_rx::{RdmaPlaced, RdmaPostError, RdmaReceive};
 use crate::rdma_tx::{RdmaSections, RdmaSend};
 use crate::rtt::RttEstimator;
-use crate::seq::{seq_diff, seq_ge, seq_le, seq_lt, SeqAnchor};
+use crate::seq::{seq_diff, seq_ge, seq_gt, seq_le, seq_lt, SeqAnchor};
 use crate::syncookie;
 use crate::time::{earliest, Instant};
 use crate::wire::{
@@ -833,6 +833,20 @@ impl Connection {
         isn: &IsnGenerator,
         now: Instant,
     ) -> Option<Self> {
+        Connection::accept_with(cfg, syn, isn, now, None)
+    }
+
+    /// [`Connection::accept`] for a SYN that ended the TIME-WAIT of the same 4-tuple's
+    /// previous incarnation ([`Connection::time_wait_successor_isn`]): the ISN is
+    /// `isn_floor`, above every sequence number that incarnation used (RFC 6191 2, as Linux
+    /// picks it).
+    pub fn accept_with(
+        cfg: Config,
+        syn: &SegmentRepr<'_>,
+        isn: &IsnGenerator,
+        now: Instant,
+        isn_floor: Option<u32>,
+    ) -> Option<Self> {
         if !syn.flags.syn || syn.flags.ack || syn.flags.rst {
             return None;
         }
@@ -840,7 +854,7 @@ impl Connection {
         let mut c = Connection::new(
             cfg,
             tuple,
-            isn.isn(&tuple, now),
+            isn_floor.unwrap_or_else(|| isn.isn(&tuple, now)),
             isn.timestamp_offset(&tuple),
             now,
         );
@@ -2940,6 +2954,35 @@ impl Connection {
         self.persist_deadline = None;
         self.keepalive_deadline = None;
         self.delack_deadline = None;
+    }
+
+    /// Whether `syn` (a SYN without ACK or RST, for this 4-tuple) may end this connection's
+    /// TIME-WAIT and open a new incarnation (RFC 6191 2, RFC 1122 4.2.2.13, as Linux judges
+    /// it): its sequence number lies beyond RCV.NXT, or its timestamp is newer than TS.Recent
+    /// (and PAWS would not drop it). Returns the ISN the new incarnation takes, above every
+    /// sequence number this one sent (SND.NXT + 65537); `None` leaves TIME-WAIT as it is.
+    pub fn time_wait_successor_isn(&self, syn: &SegmentRepr<'_>) -> Option<u32> {
+        if self.state != State::TimeWait || !syn.flags.syn || syn.flags.ack || syn.flags.rst {
+            return None;
+        }
+        let (newer, older) = match (self.ts_enabled, syn.options.timestamp, self.ts_recent) {
+            (true, Some((tsval, _)), Some(recent)) => {
+                (seq_gt(tsval, recent), seq_lt(tsval, recent))
+            }
+            _ => (false, false),
+        };
+        let later = seq_gt(syn.seq, self.rcv_nxt());
+        // A timestamp older than TS.Recent is what PAWS drops, whatever the sequence number.
+        (!older && (later || newer)).then(|| self.snd_nxt().wrapping_add(65_537))
+    }
+
+    /// Ends TIME-WAIT at once for a new incarnation of the 4-tuple
+    /// ([`Connection::time_wait_successor_isn`]): the connection is closed
+    /// ([`Event::Closed`]).
+    pub fn end_time_wait(&mut self) {
+        if self.state == State::TimeWait {
+            self.enter_closed(Some(Event::Closed));
+        }
     }
 
     fn enter_closed(&mut self, event: Option<Event>) {

@@ -168,6 +168,9 @@ pub struct TableStats {
     /// Challenge ACKs (RFC 5961 7) withheld by the table-wide limit
     /// ([`ConnectionTable::set_challenge_ack_limit`]).
     pub challenge_acks_limited: u64,
+    /// SYNs that ended a 4-tuple's TIME-WAIT and opened a new incarnation at a listener
+    /// (RFC 6191).
+    pub time_wait_reused: u64,
 }
 
 /// A table-wide limit on challenge ACKs per second (Linux's `tcp_challenge_ack_limit`), on
@@ -584,26 +587,24 @@ impl ConnectionTable {
         };
         let mut pass_up = |id: ConnId, data: PassedUp<'_>| rx.pass_up(id, data);
         let tuple = FourTuple::of_received(&seg);
+        let is_syn = seg.flags.syn && !seg.flags.ack && !seg.flags.rst;
+        let mut isn_floor = None;
         if let Some(index) = self.by_tuple.get_received(&tuple) {
-            return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
+            isn_floor = is_syn
+                .then(|| self.end_time_wait_for(index, &seg))
+                .flatten();
+            if isn_floor.is_none() {
+                return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
+            }
         }
         // No connection: a listener may take a SYN, or the ACK of a SYN cookie.
-        let key = if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
-            Some((seg.dst_addr, seg.dst_port))
-        } else if self
-            .listeners
-            .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
-        {
-            Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
-        } else {
-            None
-        };
+        let key = self.listener_for(&seg);
         if let (Some(key), true) = (key, seg.flags.ack && !seg.flags.syn && !seg.flags.rst) {
             if let Some(index) = self.cookie_connection(now, key, &seg) {
                 return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
             }
         }
-        if seg.flags.syn && !seg.flags.ack && !seg.flags.rst {
+        if is_syn {
             if let Some(key) = key {
                 let Some(l) = self.listeners.get_mut(&key) else {
                     return Ok(None);
@@ -627,7 +628,7 @@ impl ConnectionTable {
                     return Ok(None);
                 }
                 let cfg = l.config.clone();
-                if let Some(conn) = Connection::accept(cfg, &seg, &self.isn, now) {
+                if let Some(conn) = Connection::accept_with(cfg, &seg, &self.isn, now, isn_floor) {
                     if let Ok(id) = self.insert(conn, Some(key)) {
                         if let Some(l) = self.listeners.get_mut(&key) {
                             l.pending += 1;
@@ -646,6 +647,39 @@ impl ConnectionTable {
             }
         }
         Ok(None)
+    }
+
+    /// The listener `seg` is addressed to: its address and port, or any address at its port.
+    fn listener_for(&self, seg: &SegmentRepr<'_>) -> Option<(Ipv4Addr, u16)> {
+        if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
+            Some((seg.dst_addr, seg.dst_port))
+        } else if self
+            .listeners
+            .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        {
+            Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        } else {
+            None
+        }
+    }
+
+    /// A SYN for the connection in slot `index`: if that connection is in TIME-WAIT, a
+    /// listener takes the SYN's address and port, and the SYN may open a new incarnation
+    /// ([`Connection::time_wait_successor_isn`], RFC 6191), the old one is closed (its owner
+    /// reaps it as any closed connection) and its 4-tuple freed. Returns the new
+    /// incarnation's ISN.
+    fn end_time_wait_for(&mut self, index: u32, syn: &SegmentRepr<'_>) -> Option<u32> {
+        self.listener_for(syn)?;
+        let slot = &mut self.slots[index as usize];
+        let conn = slot.conn.as_mut()?;
+        let isn = conn.time_wait_successor_isn(syn)?;
+        conn.end_time_wait();
+        if let Some(t) = slot.tuple.take() {
+            self.by_tuple.remove(&t);
+        }
+        self.mark_ready(index);
+        self.stats.time_wait_reused += 1;
+        Some(isn)
     }
 
     /// The connection a SYN cookie stood for, if `ack` (for no connection, to the listener

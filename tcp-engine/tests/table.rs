@@ -922,3 +922,65 @@ fn a_listener_that_stops_resets_what_nobody_accepted() {
         Some(State::Established)
     );
 }
+
+/// RFC 6191: a SYN for a 4-tuple whose previous incarnation is in TIME-WAIT at a listener
+/// opens a new connection at once when it is newer (timestamp, or sequence number beyond
+/// RCV.NXT); the old incarnation is closed, and its SYN-ACK starts above every sequence
+/// number the old one sent. A SYN that is not newer leaves TIME-WAIT alone.
+#[test]
+fn a_newer_syn_ends_time_wait_and_opens_a_new_incarnation() {
+    let t0 = Instant::from_millis(1);
+    let (mut client, mut server, id, sid) = connected_tables(t0);
+    // The server closes first and ends in TIME-WAIT.
+    server.get_mut(sid).expect("live").close();
+    pump(&mut client, &mut server, t0);
+    client.get_mut(id).expect("live").close();
+    pump(&mut client, &mut server, t0);
+    assert_eq!(server.get(sid).expect("kept").state(), State::TimeWait);
+    let old_snd_nxt = server.get(sid).expect("kept").snd_nxt();
+    let old_rcv_nxt = server.get(sid).expect("kept").rcv_nxt();
+    assert!(client.remove(id).is_some());
+
+    // An old SYN (no timestamp, sequence number not beyond RCV.NXT): TIME-WAIT stays.
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let stale = raw(tuple(0), old_rcv_nxt.wrapping_sub(10), 0, syn);
+    let _ = server.handle_packet(t0, &stale, |_, _| {});
+    assert_eq!(server.get(sid).expect("kept").state(), State::TimeWait);
+    assert_eq!(server.stats().time_wait_reused, 0);
+
+    // The client connects again from the same port a second later.
+    let t1 = t0 + std::time::Duration::from_secs(1);
+    let id2 = client
+        .connect(Config::default(), tuple(0), t1)
+        .expect("connect again");
+    let mut buf = [0u8; 2048];
+    let n = client.poll_transmit(t1, &mut buf).expect("the SYN");
+    let _ = server.handle_packet(t1, &buf[..n], |_, _| {});
+    assert_eq!(server.stats().time_wait_reused, 1);
+    assert_eq!(
+        server.get(sid).map(|c| c.state()),
+        Some(State::Closed),
+        "the old incarnation is closed, for its owner to reap"
+    );
+    let n = server.poll_transmit(t1, &mut buf).expect("the SYN-ACK");
+    let syn_ack = SegmentRepr::parse(&buf[..n]).expect("valid");
+    assert!(syn_ack.flags.syn && syn_ack.flags.ack, "{syn_ack:?}");
+    assert_eq!(syn_ack.seq, old_snd_nxt.wrapping_add(65_537));
+    let _ = client.handle_packet(t1, &buf[..n], |_, _| {});
+    pump(&mut client, &mut server, t1);
+    let sid2 = server
+        .accept(Ipv4Addr::UNSPECIFIED, 4791)
+        .expect("the new incarnation is accepted");
+    assert_ne!(sid2, sid);
+    assert_eq!(server.get(sid2).expect("live").state(), State::Established);
+    assert_eq!(client.get(id2).expect("live").state(), State::Established);
+    assert!(server.remove(sid).is_some(), "the old one is reaped apart");
+    assert_eq!(server.get(sid2).expect("live").state(), State::Established);
+    assert_eq!(
+        server.lookup(&server.get(sid2).expect("live").four_tuple()),
+        Some(sid2)
+    );
+}

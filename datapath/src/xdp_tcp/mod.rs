@@ -1735,7 +1735,16 @@ impl XdpTcp {
             let _ = self.port.prog().unsteer_flow(flow);
         }
         if let (Some(sh), Some(key)) = (&self.shard, tracked.dir_key) {
-            sh.set.directory.remove(key, sh.index);
+            // A new incarnation of the 4-tuple (a SYN that ended this one's TIME-WAIT, RFC
+            // 6191) is this shard's too: it keeps the claim.
+            let successor = self.table.get(tracked.id).is_some_and(|c| {
+                self.table
+                    .lookup(&c.four_tuple())
+                    .is_some_and(|other| other != tracked.id)
+            });
+            if !successor {
+                sh.set.directory.remove(key, sh.index);
+            }
         }
         self.stats.closed += 1;
         if let Some(conn) = self.table.remove(tracked.id) {
