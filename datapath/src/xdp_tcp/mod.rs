@@ -496,21 +496,42 @@ impl XdpTcpStats {
         self.rx_multi_frame += o.rx_multi_frame;
         self.rx_multi_frame_digested += o.rx_multi_frame_digested;
         self.tx_multi_frame += o.tx_multi_frame;
-        let (t, u) = (&mut self.table, &o.table);
-        t.bad_checksum += u.bad_checksum;
-        t.bad_ip += u.bad_ip;
-        t.bad_data_offset += u.bad_data_offset;
-        t.bad_options += u.bad_options;
-        t.truncated += u.truncated;
-        t.no_connection += u.no_connection;
-        t.resets_sent += u.resets_sent;
-        t.backlog_drops += u.backlog_drops;
-        t.passive_opens += u.passive_opens;
-        t.syncookies_sent += u.syncookies_sent;
-        t.syncookies_dropped += u.syncookies_dropped;
-        t.syncookies_validated += u.syncookies_validated;
-        t.syncookies_failed += u.syncookies_failed;
-        t.challenge_acks_limited += u.challenge_acks_limited;
+        // Destructured whole: a counter added to the table is summed or fails to compile.
+        let TableStats {
+            bad_checksum,
+            bad_ip,
+            bad_data_offset,
+            bad_options,
+            truncated,
+            no_connection,
+            resets_sent,
+            backlog_drops,
+            passive_opens,
+            queued_for_accept,
+            syncookies_sent,
+            syncookies_dropped,
+            syncookies_validated,
+            syncookies_failed,
+            challenge_acks_limited,
+            time_wait_reused,
+        } = o.table;
+        let t = &mut self.table;
+        t.bad_checksum += bad_checksum;
+        t.bad_ip += bad_ip;
+        t.bad_data_offset += bad_data_offset;
+        t.bad_options += bad_options;
+        t.truncated += truncated;
+        t.no_connection += no_connection;
+        t.resets_sent += resets_sent;
+        t.backlog_drops += backlog_drops;
+        t.passive_opens += passive_opens;
+        t.queued_for_accept += queued_for_accept;
+        t.syncookies_sent += syncookies_sent;
+        t.syncookies_dropped += syncookies_dropped;
+        t.syncookies_validated += syncookies_validated;
+        t.syncookies_failed += syncookies_failed;
+        t.challenge_acks_limited += challenge_acks_limited;
+        t.time_wait_reused += time_wait_reused;
     }
 }
 
