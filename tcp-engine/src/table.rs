@@ -634,6 +634,9 @@ impl ConnectionTable {
                             l.pending += 1;
                         }
                         self.stats.passive_opens += 1;
+                        if isn_floor.is_some() {
+                            self.stats.time_wait_reused += 1;
+                        }
                         return Ok(Some(id));
                     }
                 }
@@ -664,12 +667,21 @@ impl ConnectionTable {
     }
 
     /// A SYN for the connection in slot `index`: if that connection is in TIME-WAIT, a
-    /// listener takes the SYN's address and port, and the SYN may open a new incarnation
-    /// ([`Connection::time_wait_successor_isn`], RFC 6191), the old one is closed (its owner
-    /// reaps it as any closed connection) and its 4-tuple freed. Returns the new
-    /// incarnation's ISN.
+    /// listener takes the SYN's address and port and has room for it (its backlog, and a
+    /// slot of the table: the new incarnation is made at once, never a cookie), and the SYN
+    /// may open a new incarnation ([`Connection::time_wait_successor_isn`], RFC 6191), the
+    /// old one is closed (its owner reaps it as any closed connection) and its 4-tuple
+    /// freed. Returns the new incarnation's ISN. Otherwise TIME-WAIT stays as it is.
     fn end_time_wait_for(&mut self, index: u32, syn: &SegmentRepr<'_>) -> Option<u32> {
-        self.listener_for(syn)?;
+        let key = self.listener_for(syn)?;
+        let room = self
+            .listeners
+            .get(&key)
+            .is_some_and(|l| l.pending < l.backlog)
+            && (!self.free.is_empty() || self.slots.len() < self.max_connections);
+        if !room {
+            return None;
+        }
         let slot = &mut self.slots[index as usize];
         let conn = slot.conn.as_mut()?;
         let isn = conn.time_wait_successor_isn(syn)?;
@@ -678,7 +690,6 @@ impl ConnectionTable {
             self.by_tuple.remove(&t);
         }
         self.mark_ready(index);
-        self.stats.time_wait_reused += 1;
         Some(isn)
     }
 

@@ -923,6 +923,48 @@ fn a_listener_that_stops_resets_what_nobody_accepted() {
     );
 }
 
+/// [`connected_tables`] whose server closed first: its connection is in TIME-WAIT, the
+/// client's is gone (removed from its table). The tables and the server's connection.
+fn server_in_time_wait(now: Instant) -> (ConnectionTable, ConnectionTable, ConnId) {
+    let (mut client, mut server, id, sid) = connected_tables(now);
+    server.get_mut(sid).expect("live").close();
+    pump(&mut client, &mut server, now);
+    client.get_mut(id).expect("live").close();
+    pump(&mut client, &mut server, now);
+    assert_eq!(server.get(sid).expect("kept").state(), State::TimeWait);
+    assert!(client.remove(id).is_some());
+    (client, server, sid)
+}
+
+/// A newer SYN for a TIME-WAIT 4-tuple while its listener's backlog is full: TIME-WAIT stays
+/// (no new incarnation could be made at once, and a cookie's ISN would ignore the old
+/// sequence space), and the SYN is answered as before (a challenge ACK).
+#[test]
+fn time_wait_stays_when_the_listener_has_no_room() {
+    let t0 = Instant::from_millis(1);
+    let (_client, mut server, sid) = server_in_time_wait(t0);
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    // Four half-open connections fill the backlog of 4.
+    for i in 1..=4 {
+        let _ = server.handle_packet(t0, &raw(tuple(i), 1000, 0, syn), |_, _| {});
+    }
+    let later = server
+        .get(sid)
+        .expect("kept")
+        .rcv_nxt()
+        .wrapping_add(100_000);
+    let _ = server.handle_packet(t0, &raw(tuple(0), later, 0, syn), |_, _| {});
+    assert_eq!(server.get(sid).expect("kept").state(), State::TimeWait);
+    assert_eq!(server.stats().time_wait_reused, 0);
+    assert_eq!(
+        server.lookup(&server.get(sid).expect("kept").four_tuple()),
+        Some(sid)
+    );
+}
+
 /// RFC 6191: a SYN for a 4-tuple whose previous incarnation is in TIME-WAIT at a listener
 /// opens a new connection at once when it is newer (timestamp, or sequence number beyond
 /// RCV.NXT); the old incarnation is closed, and its SYN-ACK starts above every sequence
@@ -930,16 +972,9 @@ fn a_listener_that_stops_resets_what_nobody_accepted() {
 #[test]
 fn a_newer_syn_ends_time_wait_and_opens_a_new_incarnation() {
     let t0 = Instant::from_millis(1);
-    let (mut client, mut server, id, sid) = connected_tables(t0);
-    // The server closes first and ends in TIME-WAIT.
-    server.get_mut(sid).expect("live").close();
-    pump(&mut client, &mut server, t0);
-    client.get_mut(id).expect("live").close();
-    pump(&mut client, &mut server, t0);
-    assert_eq!(server.get(sid).expect("kept").state(), State::TimeWait);
+    let (mut client, mut server, sid) = server_in_time_wait(t0);
     let old_snd_nxt = server.get(sid).expect("kept").snd_nxt();
     let old_rcv_nxt = server.get(sid).expect("kept").rcv_nxt();
-    assert!(client.remove(id).is_some());
 
     // An old SYN (no timestamp, sequence number not beyond RCV.NXT): TIME-WAIT stays.
     let syn = TcpFlags {
