@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
 use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
 use datapath::xsk::{
-    interface_info, neighbour, next_hop_mac, resolve_next_hop, BindMode, BusyPoll, BusyPollState,
-    XskConfig, XskError, XskSocket,
+    interface_info, neighbour, next_hop_mac, resolve_next_hop, xdp_device_features, BindMode,
+    BusyPoll, BusyPollState, XskConfig, XskError, XskSocket,
 };
 use socket2::{Domain, Protocol, Socket, Type};
 use testbed::*;
@@ -189,6 +189,28 @@ fn interface_facts_and_neighbour_resolution() {
             }
             other => panic!("absent host must not resolve: {other:?}"),
         }
+    });
+}
+
+/// What veth says of its XDP support through the `netdev` generic netlink family: multi-buffer
+/// receive, no AF_XDP zero-copy (so its sockets' packets are never limited by
+/// `xdp_zc_max_segs`, which only a zero-copy socket obeys).
+#[test]
+fn veth_xdp_device_features() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let info = interface_info(DEV_A).expect("iwa0");
+        let f = xdp_device_features(info.index)
+            .expect("generic netlink")
+            .expect("the netdev family knows iwa0");
+        println!("iwa0: {f:?}");
+        assert_ne!(
+            f.xdp_features & 32,
+            0,
+            "veth receives multi-buffer XDP: {f:?}"
+        );
+        assert_eq!(f.xdp_features & 8, 0, "veth has no AF_XDP zero-copy: {f:?}");
+        assert!(f.zc_max_segs >= 1);
     });
 }
 

@@ -3,8 +3,9 @@
 //! Everything is asked of the network namespace of the calling thread (netlink sockets belong to
 //! the namespace they were created in), so it also works in a thread that entered a namespace
 //! with `setns(2)` (as the test bed's `testbed::enter_ns` does), where `/sys/class/net` would
-//! still show the process's original namespace. A small hand-written client over a raw `NETLINK_ROUTE` socket:
-//! four request types, no dependency beyond `socket2`.
+//! still show the process's original namespace. A small hand-written client over raw netlink
+//! sockets: four `NETLINK_ROUTE` request types and one of generic netlink's `netdev` family (a
+//! device's XDP features), no dependency beyond `socket2`.
 
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, UdpSocket};
@@ -44,6 +45,20 @@ const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 
 const AF_INET: u8 = libc::AF_INET as u8;
+
+/// Generic netlink (`linux/genetlink.h`): the controller's family id, its "get family"
+/// command and attributes.
+const GENL_ID_CTRL: u16 = 0x10;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+/// The `netdev` family (`linux/netdev.h`, Linux 6.3+): its "get device" command and the
+/// attributes read here.
+const NETDEV_FAMILY_NAME: &[u8] = b"netdev\0";
+const NETDEV_CMD_DEV_GET: u8 = 1;
+const NETDEV_A_DEV_IFINDEX: u16 = 1;
+const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+const NETDEV_A_DEV_XDP_ZC_MAX_SEGS: u16 = 4;
 
 /// Neighbour states (`NUD_*`) in which the entry carries a usable link-layer address.
 const NUD_USABLE: u16 = 0x02 /* REACHABLE */
@@ -124,10 +139,14 @@ fn ipv4_of(v: &[u8]) -> Option<Ipv4Addr> {
 
 impl Netlink {
     fn open() -> io::Result<Self> {
+        Self::open_protocol(libc::NETLINK_ROUTE)
+    }
+
+    fn open_protocol(protocol: i32) -> io::Result<Self> {
         let sock = Socket::new(
             Domain::from(libc::AF_NETLINK),
             Type::RAW,
-            Some(Protocol::from(libc::NETLINK_ROUTE)),
+            Some(Protocol::from(protocol)),
         )?;
         sock.set_read_timeout(Some(Duration::from_secs(2)))?;
         Ok(Self {
@@ -200,6 +219,71 @@ impl Netlink {
             }
         }
     }
+}
+
+/// A netlink attribute: length, type, value, padded to four octets.
+fn push_attr(msg: &mut Vec<u8>, ty: u16, value: &[u8]) {
+    let len = 4 + value.len();
+    msg.extend_from_slice(&(len as u16).to_ne_bytes());
+    msg.extend_from_slice(&ty.to_ne_bytes());
+    msg.extend_from_slice(value);
+    msg.resize(msg.len() + align4(len) - len, 0);
+}
+
+/// What a device says of its XDP support (generic netlink's `netdev` family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XdpDeviceFeatures {
+    /// `NETDEV_XDP_ACT_*` bits (8: AF_XDP zero-copy, 32: multi-buffer receive, 64:
+    /// multi-buffer `ndo_xdp_xmit`).
+    pub xdp_features: u64,
+    /// The most frames of one packet the driver takes in zero-copy mode
+    /// (`xdp_zc_max_segs`): a multi-buffer packet of more frames is dropped on transmit.
+    pub zc_max_segs: u32,
+}
+
+/// Asks the kernel's `netdev` generic netlink family about interface `ifindex`. `None` when
+/// the kernel has no such family (before Linux 6.3) or does not say.
+pub fn xdp_device_features(ifindex: u32) -> Result<Option<XdpDeviceFeatures>, XskError> {
+    let mut nl = Netlink::open_protocol(libc::NETLINK_GENERIC).map_err(XskError::Netlink)?;
+    // genlmsghdr { cmd, version, reserved: u16 }, then the attributes.
+    let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
+    push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, NETDEV_FAMILY_NAME);
+    let mut family = None;
+    let asked = nl.request(GENL_ID_CTRL, 0, &body, |_, p| {
+        for (aty, v) in attrs(p.get(4..).unwrap_or(&[])) {
+            if aty == CTRL_ATTR_FAMILY_ID && v.len() == 2 {
+                family = Some(u16_at(v, 0));
+            }
+        }
+    });
+    match asked {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(XskError::Netlink(e)),
+    }
+    let Some(family) = family else {
+        return Ok(None);
+    };
+    let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
+    push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
+    let (mut features, mut segs) = (None, None);
+    nl.request(family, 0, &body, |_, p| {
+        for (aty, v) in attrs(p.get(4..).unwrap_or(&[])) {
+            match aty {
+                NETDEV_A_DEV_XDP_FEATURES if v.len() == 8 => {
+                    features = <[u8; 8]>::try_from(v).ok().map(u64::from_ne_bytes);
+                }
+                NETDEV_A_DEV_XDP_ZC_MAX_SEGS if v.len() == 4 => segs = Some(u32_at(v, 0)),
+                _ => {}
+            }
+        }
+    })
+    .map_err(XskError::Netlink)?;
+    Ok(features.map(|xdp_features| XdpDeviceFeatures {
+        xdp_features,
+        // Older kernels report no limit attribute: one frame, as they take in zero-copy mode.
+        zc_max_segs: segs.unwrap_or(1).max(1),
+    }))
 }
 
 /// Looks up `name` in the calling thread's network namespace.
@@ -393,6 +477,20 @@ mod tests {
         let r = route_to(Ipv4Addr::LOCALHOST).unwrap();
         assert_eq!(r.ifindex, 1);
         assert_eq!(r.next_hop, Ipv4Addr::LOCALHOST);
+    }
+
+    /// The `netdev` generic netlink family answers for loopback (Linux 6.3+, as every kernel
+    /// this project supports): no AF_XDP zero-copy there, and a zero-copy frame limit of at
+    /// least one. An interface index nobody has is an error, not a panic.
+    #[test]
+    fn loopback_xdp_device_features() {
+        let lo = interface_info("lo").expect("lo exists in every namespace");
+        let f = xdp_device_features(lo.index)
+            .expect("generic netlink answers")
+            .expect("the netdev family (Linux 6.3+) knows lo");
+        assert_eq!(f.xdp_features & 8, 0, "lo has no AF_XDP zero-copy: {f:?}");
+        assert!(f.zc_max_segs >= 1, "{f:?}");
+        assert!(xdp_device_features(0x7fff_fff0).is_err());
     }
 
     #[test]

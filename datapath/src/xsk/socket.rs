@@ -351,6 +351,9 @@ pub struct XskSocket {
     need_wakeup: bool,
     hugepages: bool,
     zero_copy: bool,
+    /// The most frames of one packet: 1, or on a multi-buffer socket
+    /// [`MAX_FRAMES_PER_PACKET`] (fewer in zero-copy mode when the driver takes fewer).
+    frames_per_packet: usize,
     stats: XskStats,
     capture: Option<CaptureTap>,
     /// Busy polling: `recvfrom` on every empty receive (see [`BusyPoll`]).
@@ -381,6 +384,7 @@ impl std::fmt::Debug for XskSocket {
             .field("fd", &self.fd())
             .field("hugepages", &self.hugepages)
             .field("zero_copy", &self.zero_copy)
+            .field("frames_per_packet", &self.frames_per_packet)
             .field("tx_in_flight", &self.tx_in_flight)
             .finish()
     }
@@ -422,6 +426,30 @@ fn classify(ifname: &str, queue: u32, detail: &'static str, e: io::Error) -> Xsk
 }
 
 /// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`).
+/// The most frames of one packet the driver of `ifindex` takes in zero-copy mode (its
+/// `xdp_zc_max_segs`, at most [`MAX_FRAMES_PER_PACKET`]): a longer multi-buffer packet would be
+/// dropped on transmit, so the socket sends none. One frame when the kernel does not say
+/// (before Linux 6.3, zero-copy multi-buffer did not exist).
+fn zero_copy_max_frames(ifname: &str, ifindex: u32) -> usize {
+    let segs = match netlink::xdp_device_features(ifindex) {
+        Ok(Some(f)) => f.zc_max_segs as usize,
+        Ok(None) => 1,
+        Err(e) => {
+            tracing::warn!(ifname, error = %e, "xdp_zc_max_segs not readable: one frame a packet");
+            1
+        }
+    };
+    let frames = segs.clamp(1, MAX_FRAMES_PER_PACKET);
+    if frames < MAX_FRAMES_PER_PACKET {
+        tracing::info!(
+            ifname,
+            frames,
+            "zero-copy driver: packets of at most {frames} frame(s)"
+        );
+    }
+    frames
+}
+
 fn query_zero_copy(fd: RawFd) -> bool {
     const XDP_OPTIONS: libc::c_int = 8;
     const XDP_OPTIONS_ZEROCOPY: u32 = 1;
@@ -461,7 +489,7 @@ impl XskSocket {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::try_open(ifname, queue, cfg) {
+            match Self::try_open(ifname, info.index, queue, cfg) {
                 Err(XskError::Setup { source, .. })
                     if source.raw_os_error() == Some(libc::EBUSY) =>
                 {
@@ -492,7 +520,7 @@ impl XskSocket {
             .collect()
     }
 
-    fn try_open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
+    fn try_open(ifname: &str, ifindex: u32, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
         let invalid = XskError::InvalidConfig("ring or frame size rejected");
         let qsize =
             |n: u32| QueueSize::new(n).map_err(|_| XskError::InvalidConfig("ring size rejected"));
@@ -574,13 +602,20 @@ impl XskSocket {
             })?;
         }
         let frame_capacity = (cfg.frame_size - umem_cfg.xdp_headroom()) as usize;
-        let (frames_per_packet, joined) = if cfg.multi_buffer {
-            (
-                MAX_FRAMES_PER_PACKET,
-                frame_capacity * MAX_FRAMES_PER_PACKET,
-            )
+        let zero_copy = query_zero_copy(fd);
+        let frames_per_packet = if cfg.multi_buffer {
+            MAX_FRAMES_PER_PACKET.min(if zero_copy {
+                zero_copy_max_frames(ifname, ifindex)
+            } else {
+                MAX_FRAMES_PER_PACKET
+            })
         } else {
-            (1, 0)
+            1
+        };
+        let joined = if cfg.multi_buffer {
+            frame_capacity * MAX_FRAMES_PER_PACKET
+        } else {
+            0
         };
         Ok(Self {
             ifname: ifname.to_owned(),
@@ -601,7 +636,8 @@ impl XskSocket {
             frame_capacity,
             need_wakeup: cfg.need_wakeup,
             hugepages,
-            zero_copy: query_zero_copy(fd),
+            zero_copy,
+            frames_per_packet,
             stats: XskStats::default(),
             capture: cfg.capture.clone(),
             busy_poll: cfg.busy_poll.is_some(),
@@ -640,14 +676,11 @@ impl XskSocket {
         self.frame_capacity
     }
 
-    /// Largest packet the socket receives and sends: a frame's capacity, or
-    /// [`MAX_FRAMES_PER_PACKET`] frames' when bound for multi-buffer.
+    /// Largest packet the socket receives and sends: a frame's capacity, or, bound for
+    /// multi-buffer, [`MAX_FRAMES_PER_PACKET`] frames' (in zero-copy mode no more frames than
+    /// the driver takes in one packet, its `xdp_zc_max_segs`).
     pub fn packet_capacity(&self) -> usize {
-        if self.multi_buffer {
-            self.frame_capacity * MAX_FRAMES_PER_PACKET
-        } else {
-            self.frame_capacity
-        }
+        self.frame_capacity * self.frames_per_packet
     }
 
     /// Whether the socket is bound for multi-buffer packets ([`XskConfig::multi_buffer`]).
