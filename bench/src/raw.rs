@@ -315,7 +315,35 @@ fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Ve
         prog.bind_socket(s.queue(), s.fd())
             .map_err(|e| e.to_string())?;
     }
+    for s in &socks {
+        fits(o, s)?;
+    }
     Ok((prog, active, socks))
+}
+
+/// `--size` within what the opened socket sends in one packet: the configuration's bound, or
+/// less when a zero-copy driver takes fewer frames a packet than a multi-buffer socket offers.
+fn fits(o: &Opts, sock: &XskSocket) -> Res<()> {
+    let cap = sock.packet_capacity();
+    if o.size > cap {
+        return Err(format!(
+            "--size {} above the {cap} octets a packet holds on {} queue {} ({} mode{})",
+            o.size,
+            o.iface,
+            sock.queue(),
+            if sock.is_zero_copy() {
+                "zero-copy"
+            } else {
+                "copy"
+            },
+            if sock.is_zero_copy() {
+                ": the driver takes fewer frames a packet"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
 }
 
 fn describe(o: &Opts, active: Option<ActiveMode>, socks: &[XskSocket]) -> String {
@@ -438,6 +466,7 @@ fn tx(o: &Opts) -> Res<()> {
     let queue = o.queue.unwrap_or(0);
     let mut sock =
         XskSocket::open(&o.iface, queue, &xsk_config(o, &info)?).map_err(|e| e.to_string())?;
+    fits(o, &sock)?;
     if !o.quiet {
         let from = match o.source_mib {
             Some(mib) => format!(", payloads copied from a region of {mib} MiB"),

@@ -362,6 +362,52 @@ fn multi_buffer_tx_spans_frames_and_send_until_ends_dry() {
     );
 }
 
+/// A multi-buffer socket limited to two frames a packet (what a zero-copy driver's
+/// `xdp_zc_max_segs` of 2 does; veth has no zero-copy, so the limit is set by hand): its packet
+/// capacity is two frames', the writer is offered that room, and a packet of that size goes
+/// out as two frames and arrives whole, also with a kick batch of one.
+#[test]
+fn a_frames_per_packet_limit_bounds_what_is_sent() {
+    let bed = bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000");
+    const DPORT: u16 = 17103;
+    let capture = capture_in_b();
+    let mut len = 0;
+    in_ns(NS_A, || {
+        let cfg = XskConfig {
+            multi_buffer: true,
+            kick_batch: 1,
+            ..copy_cfg()
+        };
+        let mut xsk = XskSocket::open(DEV_A, 0, &cfg).expect("multi-buffer AF_XDP socket");
+        xsk.limit_frames_per_packet(2);
+        assert_eq!(xsk.packet_capacity(), 2 * xsk.frame_capacity());
+        len = xsk.packet_capacity();
+        let spec = spec_to(DEV_A, ADDR_B, 40003, DPORT);
+        let mut room = 0;
+        let sent = xsk
+            .send_until(32, |i, buf| {
+                room = room.max(buf.len());
+                (i == 0).then(|| {
+                    let s = TcpFrameSpec { seq: 3000, ..spec };
+                    write_tcp_frame(buf, &s, len, |p| pattern(3000, p)).unwrap()
+                })
+            })
+            .unwrap();
+        assert_eq!(sent, 1);
+        assert_eq!(room, len, "the writer is offered two frames' room");
+        assert!(
+            xsk.drain_tx(Duration::from_secs(2)).unwrap(),
+            "TX completes"
+        );
+        let st = xsk.stats();
+        assert_eq!((st.tx_frames, st.tx_multi_frame), (2, 1), "{st:?}");
+        assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
+    });
+    let seen = frames_seen(&capture, DPORT, 1);
+    assert_eq!(seen, vec![(3000, len)], "frames seen in iwb (seq, length)");
+}
+
 /// A SYN from the kernel of `iwb` to a steered port lands in an AF_XDP RX ring in `iwa` (program
 /// attached, one socket per queue put in the XSKMAP), and the kernel of `iwa` never answers it.
 /// Runs in generic and in driver mode.

@@ -425,7 +425,6 @@ fn classify(ifname: &str, queue: u32, detail: &'static str, e: io::Error) -> Xsk
     }
 }
 
-/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`).
 /// The most frames of one packet the driver of `ifindex` takes in zero-copy mode (its
 /// `xdp_zc_max_segs`, at most [`MAX_FRAMES_PER_PACKET`]): a longer multi-buffer packet would be
 /// dropped on transmit, so the socket sends none. One frame when the kernel does not say
@@ -450,6 +449,7 @@ fn zero_copy_max_frames(ifname: &str, ifindex: u32) -> usize {
     frames
 }
 
+/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`).
 fn query_zero_copy(fd: RawFd) -> bool {
     const XDP_OPTIONS: libc::c_int = 8;
     const XDP_OPTIONS_ZEROCOPY: u32 = 1;
@@ -612,6 +612,11 @@ impl XskSocket {
         } else {
             1
         };
+        let frames_room = if cfg.multi_buffer {
+            MAX_FRAMES_PER_PACKET
+        } else {
+            1
+        };
         let joined = if cfg.multi_buffer {
             frame_capacity * MAX_FRAMES_PER_PACKET
         } else {
@@ -623,9 +628,12 @@ impl XskSocket {
             tx_ring_size: 2 * free_tx.len(),
             fill_pending: Vec::with_capacity(rx_frames),
             free_tx,
-            // Room for the rest of a packet the batch limit cut.
-            rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize + frames_per_packet - 1],
-            tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize * frames_per_packet],
+            // Room for the rest of a packet the batch limit cut. The arrays hold packets of
+            // MAX_FRAMES_PER_PACKET frames whatever the transmit limit: what is received is
+            // not the driver's transmit limit, and `send_framed` takes that many frames a
+            // packet before it offers `frames_per_packet` of them.
+            rx_descs: vec![FrameDesc::default(); cfg.max_batch as usize + frames_room - 1],
+            tx_descs: vec![FrameDesc::default(); cfg.kick_batch as usize * frames_room],
             comp_descs: vec![FrameDesc::default(); cfg.max_batch as usize],
             rx,
             tx,
@@ -681,6 +689,16 @@ impl XskSocket {
     /// the driver takes in one packet, its `xdp_zc_max_segs`).
     pub fn packet_capacity(&self) -> usize {
         self.frame_capacity * self.frames_per_packet
+    }
+
+    /// Limits a multi-buffer socket to `frames` frames a packet (at least 1, at most
+    /// [`MAX_FRAMES_PER_PACKET`]), as a zero-copy driver's `xdp_zc_max_segs` does: for tests on
+    /// links without zero-copy (veth). Not for applications.
+    #[doc(hidden)]
+    pub fn limit_frames_per_packet(&mut self, frames: usize) {
+        if self.multi_buffer {
+            self.frames_per_packet = frames.clamp(1, MAX_FRAMES_PER_PACKET);
+        }
     }
 
     /// Whether the socket is bound for multi-buffer packets ([`XskConfig::multi_buffer`]).
@@ -1028,7 +1046,8 @@ impl XskSocket {
     /// [`send_until`](Self::send_until) with each packet written straight into its frames:
     /// `fill(i, frames)` gets the frames a packet may take, in order, each
     /// [`frame_capacity`](Self::frame_capacity) octets (one on a single-buffer socket,
-    /// [`MAX_FRAMES_PER_PACKET`] on a multi-buffer one), and returns the packet's length: its
+    /// [`MAX_FRAMES_PER_PACKET`] on a multi-buffer one, fewer in zero-copy mode when the
+    /// driver takes fewer: [`packet_capacity`](Self::packet_capacity)), and returns the packet's length: its
     /// octets run through the frames in order, each frame but the packet's last filled whole
     /// (0 skips the packet, lengths above the frames' room are clipped, `None` says nothing
     /// more is to be sent). On a multi-buffer socket a packet of several frames goes to the TX
@@ -1074,7 +1093,10 @@ impl XskSocket {
                         v.cursor().set_pos(cap);
                     }
                     let mut frames = views.each_mut().map(|v| v.contents_mut());
-                    fill(index, &mut frames).map(|l| l.min(cap * MAX_FRAMES_PER_PACKET))
+                    // A zero-copy driver may take fewer frames a packet: only those are
+                    // offered (the packet writer sees the room it has).
+                    let offered = self.frames_per_packet;
+                    fill(index, &mut frames[..offered]).map(|l| l.min(cap * offered))
                 };
                 index += 1;
                 // Frames not used go back with the first taken (the warmest) on top.
@@ -1143,8 +1165,11 @@ impl XskSocket {
         F: FnMut(usize, &mut [u8]) -> Option<usize>,
     {
         let mut joined = std::mem::take(&mut self.tx_joined);
+        // The writer sees the room a packet has (less than the joined buffer's when a
+        // zero-copy driver takes fewer frames a packet).
+        let room = self.packet_capacity().min(joined.len());
         let sent = self.send_framed(n, |i, frames| {
-            let len = fill(i, &mut joined)?.min(joined.len());
+            let len = fill(i, &mut joined[..room])?.min(room);
             let (first, rest) = frames.split_first_mut()?;
             Some(tcp_engine::copy_to_pieces(&joined[..len], first, rest))
         });
