@@ -249,7 +249,10 @@ pub fn xdp_device_features(ifindex: u32) -> Result<Option<XdpDeviceFeatures>, Xs
     let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
     push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, NETDEV_FAMILY_NAME);
     let mut family = None;
-    let asked = nl.request(GENL_ID_CTRL, 0, &body, |_, p| {
+    let asked = nl.request(GENL_ID_CTRL, 0, &body, |ty, p| {
+        if ty != GENL_ID_CTRL {
+            return;
+        }
         for (aty, v) in attrs(p.get(4..).unwrap_or(&[])) {
             if aty == CTRL_ATTR_FAMILY_ID && v.len() == 2 {
                 family = Some(u16_at(v, 0));
@@ -267,7 +270,10 @@ pub fn xdp_device_features(ifindex: u32) -> Result<Option<XdpDeviceFeatures>, Xs
     let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
     push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
     let (mut features, mut segs) = (None, None);
-    nl.request(family, 0, &body, |_, p| {
+    nl.request(family, 0, &body, |ty, p| {
+        if ty != family {
+            return;
+        }
         for (aty, v) in attrs(p.get(4..).unwrap_or(&[])) {
             match aty {
                 NETDEV_A_DEV_XDP_FEATURES if v.len() == 8 => {
