@@ -56,6 +56,17 @@ struct Entry {
     used: bool,
 }
 
+impl Entry {
+    /// What is known of an address now: its MAC, or (`None`) that the kernel had none.
+    fn new(mac: Option<[u8; 6]>) -> Entry {
+        Entry {
+            mac,
+            checked: Instant::now(),
+            used: false,
+        }
+    }
+}
+
 /// Next-hop MAC addresses by remote IPv4 address.
 ///
 /// Filled from three sources: the route and neighbour lookup of an active open
@@ -180,14 +191,7 @@ impl Neighbours {
         if self.last == Some((ip, mac)) {
             return;
         }
-        self.insert(
-            ip,
-            Entry {
-                mac: Some(mac),
-                checked: Instant::now(),
-                used: false,
-            },
-        );
+        self.insert(ip, Entry::new(Some(mac)));
     }
 
     /// Records `ip` -> `mac` from a valid SYN that opened a connection: only when nothing is
@@ -195,14 +199,7 @@ impl Neighbours {
     pub(crate) fn learn_passive(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
         match self.map.get(&ip) {
             Some(Entry { mac: Some(_), .. }) => {}
-            _ => self.insert(
-                ip,
-                Entry {
-                    mac: Some(mac),
-                    checked: Instant::now(),
-                    used: false,
-                },
-            ),
+            _ => self.insert(ip, Entry::new(Some(mac))),
         }
     }
 
@@ -237,14 +234,7 @@ impl Neighbours {
             return None;
         }
         let found = self.ask_kernel(ip);
-        self.insert(
-            ip,
-            Entry {
-                mac: found,
-                checked: Instant::now(),
-                used: false,
-            },
-        );
+        self.insert(ip, Entry::new(found));
         if let Some(mac) = found {
             self.set_last(ip, mac);
         }

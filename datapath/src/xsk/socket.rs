@@ -618,7 +618,7 @@ impl XskSocket {
             1
         };
         let joined = if cfg.multi_buffer {
-            frame_capacity * MAX_FRAMES_PER_PACKET
+            frame_capacity * frames_room
         } else {
             0
         };
