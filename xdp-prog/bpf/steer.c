@@ -4,7 +4,8 @@
 //
 // Redirects IPv4 TCP packets that belong to iWARP, and the ICMP "fragmentation
 // needed" messages about them, into the AF_XDP socket bound to the packet's RX
-// queue; everything else goes to the kernel unchanged.
+// queue; drops the first fragments of such packets; everything else goes to the
+// kernel unchanged.
 //
 // A packet is steered when
 //   * its {daddr, dport} is a key of `steer_ports` (listeners: the address and
@@ -27,7 +28,10 @@
 // bpf_redirect_map(..., XDP_PASS): when no AF_XDP socket is bound to that
 // queue the kernel gets the packet (and will answer a SYN with a RST).
 //
-// Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), VLAN-tagged frames, IPv4
+// Dropped (XDP_DROP): the first fragment of an IPv4 datagram carrying a TCP segment
+// the rules above steer (see `fragment`).
+//
+// Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), VLAN-tagged frames, other IPv4
 // fragments, other protocols and other ICMP, malformed or truncated headers.
 //
 // Counters (`counters`, PERCPU_ARRAY, one u64 per CPU per slot; every packet is
@@ -35,7 +39,8 @@
 //   0 = a TCP segment redirected into an AF_XDP socket,
 //   1 = passed to the kernel because it is not steered,
 //   2 = steered but no AF_XDP socket bound to its RX queue (passed to the kernel),
-//   3 = an ICMP "fragmentation needed" redirected into an AF_XDP socket.
+//   3 = an ICMP "fragmentation needed" redirected into an AF_XDP socket,
+//   4 = the first fragment of a steered TCP segment, dropped (see `fragment`).
 //
 // Two entry points share the code: `steer` (SEC "xdp") and `steer_frags`
 // (SEC "xdp.frags", multi-buffer aware, needed for native XDP on veth when the
@@ -54,7 +59,8 @@
 #define COUNTER_PASSED 1
 #define COUNTER_NO_SOCKET 2
 #define COUNTER_ICMP_REDIRECTED 3
-#define COUNTER_SLOTS 4
+#define COUNTER_FRAGMENT_DROPPED 4
+#define COUNTER_SLOTS 5
 
 // Must match `MAX_QUEUES` in src/lib.rs.
 #define MAX_QUEUES 64
@@ -146,6 +152,25 @@ static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected)
 	return action;
 }
 
+// Whether {daddr, dport} is a steered listener's or the 4-tuple a steered flow's.
+static __always_inline int steered(__be32 saddr, __be32 daddr, __be16 sport,
+				   __be16 dport)
+{
+	struct listen_key listener = {
+		.addr = daddr,
+		.port = dport,
+	};
+	struct flow_key key = {
+		.saddr = saddr,
+		.daddr = daddr,
+		.sport = sport,
+		.dport = dport,
+	};
+
+	return bpf_map_lookup_elem(&steer_ports, &listener) ||
+	       bpf_map_lookup_elem(&steer_flows, &key);
+}
+
 // `ip` is a whole, unfragmented IPv4 header of an ICMP packet within the first
 // buffer, `icmp` right after it (IHL checked by the caller).
 static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
@@ -175,24 +200,36 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
 	if ((void *)(th + 1) > data_end)
 		goto pass;
 
-	struct listen_key listener = {
-		.addr = inner->saddr,
-		.port = th->source,
-	};
-	if (!bpf_map_lookup_elem(&steer_ports, &listener)) {
-		// The quoted segment went from us to the peer: reversed, it is
-		// the key of the peer's segments to us.
-		struct flow_key key = {
-			.saddr = inner->daddr,
-			.daddr = inner->saddr,
-			.sport = th->dest,
-			.dport = th->source,
-		};
-
-		if (!bpf_map_lookup_elem(&steer_flows, &key))
-			goto pass;
-	}
+	// The quoted segment went from us to the peer: reversed, it is one of
+	// the peer's segments to us.
+	if (!steered(inner->daddr, inner->saddr, th->dest, th->source))
+		goto pass;
 	return redirect(ctx, COUNTER_ICMP_REDIRECTED);
+
+pass:
+	count(COUNTER_PASSED);
+	return XDP_PASS;
+}
+
+// An IPv4 fragment (MF set or offset non-zero; `l4` right after its header). The
+// first fragment of a TCP segment of ours is dropped: the engine's TCP does not
+// reassemble, and the kernel, were it to reassemble the datagram, would answer the
+// segment with a RST (it has no socket for the flow) that resets the peer's
+// connection. Every fragment after the first has no TCP header to match (RFC 791)
+// and goes to the kernel, which, without the first, never completes the datagram
+// and discards it when its reassembly time runs out. A first fragment other than
+// the last carries a multiple of 8 octets (RFC 791), so its ports are there.
+static __always_inline int fragment(struct iphdr *ip, struct tcp_quote *l4,
+				    void *data_end)
+{
+	if (ip->protocol != IPPROTO_TCP || (ip->frag_off & bpf_htons(0x1fff)))
+		goto pass;
+	if ((void *)(l4 + 1) > data_end)
+		goto pass;
+	if (!steered(ip->saddr, ip->daddr, l4->source, l4->dest))
+		goto pass;
+	count(COUNTER_FRAGMENT_DROPPED);
+	return XDP_DROP;
 
 pass:
 	count(COUNTER_PASSED);
@@ -220,12 +257,9 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 		goto pass;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_ICMP)
 		goto pass;
-	// A fragment (MF set or offset non-zero) does not carry a whole TCP
-	// (or ICMP) header at a known place: leave reassembly to the kernel.
-	if (ip->frag_off & bpf_htons(0x3fff))
-		goto pass;
-
 	ihl_len = (__u32)ip->ihl * 4; // 20..60
+	if (ip->frag_off & bpf_htons(0x3fff))
+		return fragment(ip, (void *)ip + ihl_len, data_end);
 	if (ip->protocol == IPPROTO_ICMP)
 		return steer_icmp(ctx, ip, (void *)ip + ihl_len, data_end);
 	tcp = (void *)ip + ihl_len;
@@ -237,22 +271,8 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	if ((void *)tcp + doff_len > data_end)
 		goto pass;
 
-	struct listen_key listener = {
-		.addr = ip->daddr,
-		.port = tcp->dest,
-	};
-	if (!bpf_map_lookup_elem(&steer_ports, &listener)) {
-		struct flow_key key = {
-			.saddr = ip->saddr,
-			.daddr = ip->daddr,
-			.sport = tcp->source,
-			.dport = tcp->dest,
-		};
-
-		if (!bpf_map_lookup_elem(&steer_flows, &key))
-			goto pass;
-	}
-
+	if (!steered(ip->saddr, ip->daddr, tcp->source, tcp->dest))
+		goto pass;
 	return redirect(ctx, COUNTER_REDIRECTED);
 
 pass:

@@ -12,8 +12,10 @@
 //! * an ICMP "fragmentation needed" (type 3 code 4, RFC 792 and RFC 1191 4) whose quoted TCP
 //!   segment, read in reverse, is a steered flow's or came from a steered listener goes to that
 //!   socket too (the engine lowers the connection's path MTU; the kernel has no socket for it);
-//! * everything else (ARP, other ICMP, other TCP, IPv6, VLAN-tagged frames, IPv4 fragments) goes
-//!   to the kernel.
+//! * the first fragment of an IPv4 datagram carrying a segment steered as above is dropped
+//!   (the engine's TCP does not reassemble; the kernel would reset the connection);
+//! * everything else (ARP, other ICMP, other TCP, IPv6, VLAN-tagged frames, other IPv4
+//!   fragments) goes to the kernel.
 //!
 //! [`SteeringProgram`] loads the object, attaches it to one interface (native/driver or
 //! generic/SKB mode), edits the steering maps, binds sockets to queues, reads the per-CPU
@@ -64,6 +66,7 @@ const COUNTER_REDIRECTED: u32 = 0;
 const COUNTER_PASSED: u32 = 1;
 const COUNTER_NO_SOCKET: u32 = 2;
 const COUNTER_ICMP_REDIRECTED: u32 = 3;
+const COUNTER_FRAGMENT_DROPPED: u32 = 4;
 
 /// Linux `IFNAMSIZ` (including the terminating NUL).
 const IFNAMSIZ: usize = 16;
@@ -169,6 +172,11 @@ pub struct Counters {
     /// ICMP "fragmentation needed" messages about steered flows redirected into an AF_XDP
     /// socket (not counted in `redirected`).
     pub icmp_redirected: u64,
+    /// First fragments of IPv4 datagrams carrying a steered TCP segment, dropped: the
+    /// engine's TCP does not reassemble, and the kernel, had it reassembled them, would have
+    /// reset the peer's connection (it has no socket for the flow). The later fragments go
+    /// to the kernel, which never completes the datagram without its first.
+    pub fragments_dropped: u64,
 }
 
 impl Counters {
@@ -179,6 +187,9 @@ impl Counters {
             passed: self.passed.wrapping_sub(earlier.passed),
             no_socket: self.no_socket.wrapping_sub(earlier.no_socket),
             icmp_redirected: self.icmp_redirected.wrapping_sub(earlier.icmp_redirected),
+            fragments_dropped: self
+                .fragments_dropped
+                .wrapping_sub(earlier.fragments_dropped),
         }
     }
 }
@@ -681,6 +692,7 @@ impl SteeringProgram {
             passed: sum(COUNTER_PASSED)?,
             no_socket: sum(COUNTER_NO_SOCKET)?,
             icmp_redirected: sum(COUNTER_ICMP_REDIRECTED)?,
+            fragments_dropped: sum(COUNTER_FRAGMENT_DROPPED)?,
         })
     }
 }
@@ -764,12 +776,14 @@ mod tests {
             passed: 10,
             no_socket: 1,
             icmp_redirected: 3,
+            fragments_dropped: 2,
         };
         let b = Counters {
             redirected: 7,
             passed: 15,
             no_socket: 1,
             icmp_redirected: 4,
+            fragments_dropped: 5,
         };
         assert_eq!(
             b.since(&a),
@@ -778,6 +792,7 @@ mod tests {
                 passed: 5,
                 no_socket: 0,
                 icmp_redirected: 1,
+                fragments_dropped: 3,
             }
         );
     }

@@ -513,6 +513,129 @@ fn f_frag_needed_about_steered_flows_reaches_af_xdp_ring() {
     }
 }
 
+/// Sends one TCP segment `src:sport -> dst:dport` (ACK, 20 octets of data) from the calling
+/// thread's namespace as two IPv4 fragments (24 and 16 octets of the segment) through a raw
+/// socket (the kernel fills in the IPv4 checksum).
+fn send_fragmented_segment(
+    src: std::net::Ipv4Addr,
+    sport: u16,
+    dst: std::net::Ipv4Addr,
+    dport: u16,
+    id: u16,
+) {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    const DATA: usize = 20;
+    let mut whole = vec![0u8; 20 + 20 + DATA];
+    whole[0] = 0x45;
+    let total = whole.len() as u16;
+    whole[2..4].copy_from_slice(&total.to_be_bytes());
+    whole[8] = 64;
+    whole[9] = 6;
+    whole[12..16].copy_from_slice(&src.octets());
+    whole[16..20].copy_from_slice(&dst.octets());
+    let tcp = &mut whole[20..];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+    tcp[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    tcp[8..12].copy_from_slice(&2000u32.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x18; // PSH, ACK
+    tcp[14..16].copy_from_slice(&8192u16.to_be_bytes());
+    tcp[20..].fill(0x5a);
+    tcp_engine::wire::fill_checksums(&mut whole).expect("checksums");
+    let segment = &whole[20..];
+    let s = Socket::new(
+        Domain::IPV4,
+        Type::RAW,
+        Some(Protocol::from(libc::IPPROTO_RAW)),
+    )
+    .expect("raw socket");
+    let to = SockAddr::from(SocketAddrV4::new(dst, 0));
+    // (first octet of the segment, more fragments follow)
+    for (at, len, more) in [(0usize, 24usize, true), (24, 16, false)] {
+        let mut frag = whole[..20].to_vec();
+        frag.extend_from_slice(&segment[at..at + len]);
+        let total = frag.len() as u16;
+        frag[2..4].copy_from_slice(&total.to_be_bytes());
+        frag[4..6].copy_from_slice(&id.to_be_bytes());
+        let flags_offset = u16::from(more) << 13 | (at / 8) as u16;
+        frag[6..8].copy_from_slice(&flags_offset.to_be_bytes());
+        frag[10..12].fill(0);
+        let n = s.send_to(&frag, &to).expect("send fragment");
+        assert_eq!(n, frag.len());
+    }
+}
+
+/// (g) The first fragment of a steered segment is dropped (`fragments_dropped`), so the
+/// kernel never reassembles it and never resets the peer's connection; the same fragments of
+/// a flow that is not steered go to the kernel, which reassembles the segment and answers it
+/// with a RST (what would have reset a steered connection before). Both program variants.
+#[test]
+fn g_first_fragment_of_a_steered_segment_is_dropped() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17020;
+    const LISTEN: u16 = 17021;
+    const SPORT: u16 = 40020;
+    for frags in [false, true] {
+        in_ns(NS_A, || {
+            let mut prog = SteeringProgram::load(frags).expect("load");
+            prog.attach(DEV_A, AttachMode::Auto).expect("attach");
+            prog.steer_flow(FourTuple {
+                saddr: ADDR_B,
+                daddr: ADDR_A,
+                sport: SPORT,
+                dport: PORT,
+            })
+            .expect("steer_flow");
+            prog.steer_port(ADDR_A, LISTEN).expect("steer_port");
+            let _xsks = bind_all_queues(&mut prog);
+            let wait_rsts = |before: u64, want: u64| {
+                let deadline = Instant::now() + Duration::from_millis(500);
+                loop {
+                    let n = tcp_out_rsts() - before;
+                    if n >= want || Instant::now() >= deadline {
+                        return n;
+                    }
+                    thread::sleep(Duration::from_millis(10));
+                }
+            };
+
+            let rsts = tcp_out_rsts();
+            let before = prog.counters().expect("counters");
+            in_ns(NS_B, || {
+                send_fragmented_segment(ADDR_B, SPORT, ADDR_A, PORT, 0x4701);
+                send_fragmented_segment(ADDR_B, 50000, ADDR_A, LISTEN, 0x4702);
+            });
+            let resets = wait_rsts(rsts, 1);
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: steered, counters {d:?}, kernel RSTs {resets}");
+            assert_eq!(d.fragments_dropped, 2, "{d:?}");
+            assert_eq!((d.redirected, d.no_socket), (0, 0), "{d:?}");
+            assert_eq!(
+                resets, 0,
+                "the kernel reassembled a steered segment and reset it"
+            );
+
+            // Control: another peer port of the flow is not steered; its fragments reach
+            // the kernel whole, which resets the segment.
+            let rsts = tcp_out_rsts();
+            let before = prog.counters().expect("counters");
+            in_ns(NS_B, || {
+                send_fragmented_segment(ADDR_B, SPORT + 1, ADDR_A, PORT, 0x4703)
+            });
+            let resets = wait_rsts(rsts, 1);
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: not steered, counters {d:?}, kernel RSTs {resets}");
+            assert_eq!(d.fragments_dropped, 0, "{d:?}");
+            assert!(d.passed >= 2, "{d:?}");
+            assert_eq!(
+                resets, 1,
+                "the kernel did not reset the reassembled segment"
+            );
+        });
+    }
+}
+
 /// (d) Detaching (dropping the program) leaves both veth ends exactly as they were: same
 /// `ip -d link show` (no xdp) and same offload features (native XDP on veth changes GRO on
 /// its end and GSO on the peer while attached).
