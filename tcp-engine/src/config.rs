@@ -52,6 +52,13 @@ pub struct Config {
     /// 7.2: a forged tiny MTU would make every segment mostly headers). Default 552, Linux's
     /// `min_pmtu` (512 octets of data and 40 of headers).
     pub min_path_mtu: u16,
+    /// How long a path MTU lowered by "packet too big" reports is kept: this long after the
+    /// last believed report, the path MTU goes back to [`path_mtu`](Self::path_mtu) (the
+    /// first hop's), so that a path that grew again is used whole (RFC 1191 6.3: at least 5
+    /// minutes, 10 recommended; Linux's `mtu_expires`, 600 s). If the path is still narrow,
+    /// the next large segment draws a new report and the path MTU falls again. `None` keeps
+    /// it lowered for the connection's life. Default 10 minutes.
+    pub path_mtu_expiry: Option<Duration>,
     /// Transmit API.
     pub tx_mode: TxMode,
     /// Receive API.
@@ -190,6 +197,7 @@ impl Default for Config {
             mss: 1460,
             path_mtu: 1500,
             min_path_mtu: 552,
+            path_mtu_expiry: Some(Duration::from_secs(600)),
             tx_mode: TxMode::Stream,
             rx_mode: RxMode::InOrder,
             send_buffer: 4 << 20,

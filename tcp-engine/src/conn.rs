@@ -407,6 +407,9 @@ pub struct ConnStats {
     /// Path MTU reductions by believed "packet too big" reports
     /// ([`Connection::handle_packet_too_big`]).
     pub path_mtu_reductions: u64,
+    /// Lowered path MTUs raised back to the first hop's when they expired
+    /// ([`Config::path_mtu_expiry`]).
+    pub path_mtu_raises: u64,
     /// D-SACK blocks received (RFC 2883: the peer got a segment twice).
     pub dsacks_received: u64,
     /// D-SACK blocks sent.
@@ -561,6 +564,11 @@ pub struct Connection {
     snd_wscale: u8,
     peer_mss: u16,
     path_mtu: u16,
+    /// The path MTU before any report lowered it: the first hop's ([`Config::path_mtu`], or
+    /// what [`Connection::set_path_mtu`] set).
+    first_hop_mtu: u16,
+    /// When a lowered path MTU goes back to `first_hop_mtu` ([`Config::path_mtu_expiry`]).
+    path_mtu_expires: Option<Instant>,
     emss: u16,
     /// One entry per segment sent and not yet cumulatively acknowledged (at most
     /// `max_tracked`).
@@ -732,6 +740,8 @@ impl Connection {
             snd_wscale: 0,
             peer_mss: DEFAULT_SEND_MSS,
             path_mtu,
+            first_hop_mtu: path_mtu,
+            path_mtu_expires: None,
             emss: DEFAULT_SEND_MSS,
             scoreboard: VecDeque::new(),
             pipe: 0,
@@ -1412,6 +1422,8 @@ impl Connection {
     /// big" report from the network goes through [`Connection::handle_packet_too_big`].
     pub fn set_path_mtu(&mut self, mtu: u16) {
         self.path_mtu = mtu.max(68);
+        self.first_hop_mtu = self.path_mtu;
+        self.path_mtu_expires = None;
         self.recompute_emss(true);
     }
 
@@ -1449,8 +1461,10 @@ impl Connection {
     /// report then stale, [`PacketTooBigError::MtuNotSmaller`]) is left to SACK and RACK
     /// (RFC 8985) or the timeout. RFC 1191 6.4: this is not a congestion signal, so the
     /// congestion window is not cut; the segments leave the pipe (they are not in the
-    /// network), and go out again as the window allows. Returns the new EMSS. No allocation
-    /// (the splits happen as segments are resent).
+    /// network), and go out again as the window allows. The lowered path MTU holds for
+    /// [`Config::path_mtu_expiry`] after the last believed report, then goes back to the
+    /// first hop's (RFC 1191 6.3). Returns the new EMSS. No allocation (the splits happen as
+    /// segments are resent).
     pub fn handle_packet_too_big(
         &mut self,
         now: Instant,
@@ -1480,6 +1494,7 @@ impl Connection {
         self.path_mtu = mtu;
         self.recompute_emss(true);
         self.stats.path_mtu_reductions += 1;
+        self.path_mtu_expires = self.cfg.path_mtu_expiry.map(|d| now + d);
         let emss = u32::from(self.emss);
         // The segment reported, and when it was sent: whatever was sent before it reached the
         // router before it (on a path that keeps order) and may have passed; whatever was sent
@@ -1503,6 +1518,17 @@ impl Connection {
         }
         self.update_stall(now);
         Ok(self.emss)
+    }
+
+    /// A lowered path MTU expired (RFC 1191 6.3): back to the first hop's, new segments and
+    /// FPDUs sized by it ([`Event::EmssChanged`]); a path still narrow reports again.
+    fn expire_path_mtu(&mut self) {
+        self.path_mtu_expires = None;
+        if self.path_mtu < self.first_hop_mtu {
+            self.path_mtu = self.first_hop_mtu;
+            self.recompute_emss(true);
+            self.stats.path_mtu_raises += 1;
+        }
     }
 
     fn recompute_emss(&mut self, report: bool) {
@@ -1536,6 +1562,7 @@ impl Connection {
         t = earliest(t, self.time_wait_deadline);
         t = earliest(t, self.fin_wait2_deadline);
         t = earliest(t, self.user_timeout_deadline());
+        t = earliest(t, self.path_mtu_expires);
         earliest(t, self.keepalive_deadline)
     }
 
@@ -1608,6 +1635,9 @@ impl Connection {
             if self.ack_pending {
                 self.ack_now = true;
             }
+        }
+        if self.path_mtu_expires.is_some_and(|d| d <= now) {
+            self.expire_path_mtu();
         }
         if self.rack_deadline.is_some_and(|d| d <= now) {
             self.rack_deadline = None;

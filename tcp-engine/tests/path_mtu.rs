@@ -9,6 +9,8 @@
 //!   flight, an MTU below the floor or not below the current path MTU, a connection not yet
 //!   synchronized, a 4-tuple the table does not know.
 //! * Through the simulator, a path MTU drop mid-transfer costs no retransmission timeout.
+//! * A lowered path MTU expires ([`Config::path_mtu_expiry`], RFC 1191 6.3): the first hop's is
+//!   tried again, and a path still narrow reports again, without a timeout either.
 mod common;
 use common::*;
 
@@ -36,7 +38,12 @@ fn drain(conn: &mut Connection, now: Instant) -> Vec<(u32, usize, usize)> {
 /// A connected client (timestamps on: EMSS = MTU - 52) with `segments` full segments sent
 /// and unacknowledged (the router dropped them all).
 fn in_flight(segments: usize) -> (Connection, Vec<(u32, usize, usize)>, Instant) {
-    let (mut c, _s, net) = established(Config::default());
+    in_flight_with(Config::default(), segments)
+}
+
+/// [`in_flight`] with both ends configured by `cfg`.
+fn in_flight_with(cfg: Config, segments: usize) -> (Connection, Vec<(u32, usize, usize)>, Instant) {
+    let (mut c, _s, net) = established(cfg);
     let now = net.now;
     let mut conn = c.conn.take().expect("client connection");
     assert_eq!(conn.emss(), 1448);
@@ -354,4 +361,108 @@ fn a_mid_transfer_drop_through_the_simulator_costs_no_timeout() {
     // megabyte in flight that passed before the MTU fell is not sent again.
     assert_eq!(st.retransmitted_segments, 2 * too_big);
     assert_eq!(c.conn().emss(), 1148);
+}
+
+/// RFC 1191 6.3: the lowered path MTU holds for `path_mtu_expiry` after the report, then the
+/// first hop's comes back (EMSS too, reported); with no expiry it stays lowered.
+#[test]
+fn a_lowered_path_mtu_expires_and_the_first_hops_is_tried_again() {
+    let (mut conn, sent, now) = in_flight(4);
+    conn.handle_packet_too_big(now, sent[0].0, 1200)
+        .expect("believed");
+    while conn.poll_event().is_some() {}
+    let expiry = Config::default().path_mtu_expiry.expect("on by default");
+    assert_eq!(expiry, Duration::from_secs(600));
+    assert!(conn.poll_timeout().is_some_and(|t| t <= now + expiry));
+    conn.handle_timeout(now + (expiry - Duration::from_millis(1)));
+    assert_eq!(conn.path_mtu(), 1200, "not yet");
+    while conn.poll_event().is_some() {}
+    conn.handle_timeout(now + expiry);
+    assert_eq!(conn.path_mtu(), 1500);
+    assert_eq!(conn.emss(), 1448);
+    assert_eq!(conn.stats().path_mtu_raises, 1);
+    let mut events = Vec::new();
+    while let Some(e) = conn.poll_event() {
+        events.push(e);
+    }
+    assert!(events.contains(&Event::EmssChanged(1448)), "{events:?}");
+    // Expired once: no further raise, no timer left for it.
+    conn.handle_timeout(now + expiry * 2);
+    assert_eq!(conn.stats().path_mtu_raises, 1);
+
+    let cfg = Config {
+        path_mtu_expiry: None,
+        ..Config::default()
+    };
+    let (mut conn, sent, now) = in_flight_with(cfg, 4);
+    conn.handle_packet_too_big(now, sent[0].0, 1200)
+        .expect("believed");
+    conn.handle_timeout(now + Duration::from_secs(3600));
+    assert_eq!(conn.path_mtu(), 1200, "kept without an expiry");
+    assert_eq!(conn.stats().path_mtu_raises, 0);
+}
+
+/// Through the simulator, with a short expiry: the link's MTU falls to 1200 mid-transfer and
+/// (`widens`) comes back to 1500 or (not) stays. A path that widened is used whole again;
+/// one still narrow draws new reports each time the first hop's MTU is tried, and lowers it
+/// again; either way the transfer completes byte-exact with no retransmission timeout.
+#[test]
+fn a_lowered_path_mtu_expires_through_the_simulator() {
+    for widens in [true, false] {
+        let size = 16 << 20;
+        let link = LinkConfig {
+            queue_limit: None,
+            ..LinkConfig::default()
+        };
+        let client = Config {
+            path_mtu_expiry: Some(Duration::from_millis(2)),
+            ..Config::default()
+        };
+        let (mut c, mut s, mut net) = setup(6, size, link.clone(), link, client, Config::default());
+        let limit = Instant::from_millis(60_000);
+        assert!(net.run(
+            &mut c,
+            &mut s,
+            limit,
+            |_, s, _| s.received > size / 8,
+            |_, _, _| {}
+        ));
+        net.a_to_b.cfg.mtu = 1200;
+        assert!(net.run(
+            &mut c,
+            &mut s,
+            limit,
+            |_, s, _| s.received > size / 2,
+            |_, _, _| {}
+        ));
+        assert!(c.conn().stats().path_mtu_reductions >= 1);
+        if widens {
+            net.a_to_b.cfg.mtu = 1500;
+        }
+        let ok = run_until_done(
+            &mut c,
+            &mut s,
+            &mut net,
+            Duration::from_secs(600),
+            |_, _, _| {},
+        );
+        assert!(ok, "widens {widens}: received {}", s.received);
+        assert_eq!(s.dest, **c.src, "widens {widens}");
+        let st = c.conn().stats();
+        println!(
+            "widens {widens}: {} reductions, {} raises, {} dropped as too big, {} RTOs, EMSS {}",
+            st.path_mtu_reductions,
+            st.path_mtu_raises,
+            net.a_to_b.stats.too_big,
+            st.rto_expirations,
+            c.conn().emss()
+        );
+        assert!(st.path_mtu_raises >= 1, "widens {widens}");
+        assert_eq!(st.rto_expirations, 0, "widens {widens}");
+        if widens {
+            assert_eq!(c.conn().emss(), 1448, "the widened path is used whole");
+        } else {
+            assert!(st.path_mtu_reductions >= 2, "a narrow path reports again");
+        }
+    }
 }

@@ -74,9 +74,11 @@
 //! [`Connection::handle_packet_too_big`]). Counted in [`XdpTcpStats::icmp_frag_needed`],
 //! [`XdpTcpStats::icmp_frag_needed_stale`] and [`XdpTcpStats::icmp_rejected`]. A shard routes
 //! the message by the quoted flow like a segment: one about another shard's flow goes to that
-//! shard's inbox. Not done: a per-destination cache (each connection learns for itself; a new
-//! one starts from the interface's MTU again), raising the estimate after a while (RFC 1191
-//! 6.3), and PLPMTUD (RFC 4821) for paths that drop the ICMP (black holes).
+//! shard's inbox. Ten minutes after the last report believed, the connection tries the
+//! interface's MTU again ([`tcp_engine::Config::path_mtu_expiry`], RFC 1191 6.3): a path that
+//! is still narrow reports again. Not done: a per-destination cache (each connection learns
+//! for itself; a new one starts from the interface's MTU again), and PLPMTUD (RFC 4821) for
+//! paths that drop the ICMP (black holes).
 //!
 //! **Upper layer.** [`TcpApp`] is the seam the iWARP engine plugs into: in MPA mode
 //! ([`tcp_engine::Config::mpa`]) `on_data` receives every accepted segment's payload at once
