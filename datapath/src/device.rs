@@ -12,7 +12,7 @@ use crate::verbs::async_events::{AsyncEvent, AsyncEventChannel};
 use crate::verbs::cm::{
     check_initial_recvs, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
 };
-use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
+use crate::verbs::cm_events::{push_outcome, CmEvent, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::idle::IdleQp;
 use crate::verbs::qp::QpStart;
@@ -343,6 +343,84 @@ impl Device {
             .name("iwarp-cm-connect".into())
             .spawn(move || push_outcome(&channel, context, &outcome_of, wait()))?;
         Ok(attempt)
+    }
+
+    /// Resolves `dst` as `rdma_resolve_addr` does, and queues the outcome on `channel`,
+    /// tagged with `context`, before it returns: [`CmEvent::AddrResolved`] with the local
+    /// address a connection to `dst` leaves from (the kernel's route lookup; no packet is
+    /// sent), or [`CmEvent::AddrError`]. On the AF_XDP engine the route must leave through the
+    /// engine's interface (else [`crate::xdp_tcp::XdpTcpError::WrongInterface`]), `dst` must be
+    /// IPv4, and the local address is the engine's.
+    pub fn resolve_addr(&self, dst: SocketAddr, channel: &CmEventChannel, context: u64) {
+        let event = match self.local_addr_to(dst) {
+            Ok(local_addr) => CmEvent::AddrResolved {
+                context,
+                local_addr,
+            },
+            Err(error) => CmEvent::AddrError { context, error },
+        };
+        channel.push(event);
+    }
+
+    /// The local address (port 0) a connection to `dst` leaves from.
+    fn local_addr_to(&self, dst: SocketAddr) -> Result<SocketAddr, DatapathError> {
+        match &self.engine {
+            Some(e) => {
+                let SocketAddr::V4(v4) = dst else {
+                    return Err(DatapathError::InvalidArgument(
+                        "the AF_XDP engine speaks IPv4 only",
+                    ));
+                };
+                e.route_check(*v4.ip())?;
+                Ok(SocketAddr::from((e.local_ip(), 0)))
+            }
+            None => {
+                // A UDP socket connected to `dst`: the kernel picks the route and the source
+                // address, and sends nothing.
+                let any: SocketAddr = match dst {
+                    SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+                    SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+                };
+                let probe = std::net::UdpSocket::bind(any)?;
+                probe.connect(SocketAddr::new(dst.ip(), dst.port().max(1)))?;
+                Ok(SocketAddr::new(probe.local_addr()?.ip(), 0))
+            }
+        }
+    }
+
+    /// Resolves the route to `dst` as `rdma_resolve_route` does, and queues the outcome on
+    /// `channel`, tagged with `context`: [`CmEvent::RouteResolved`] or
+    /// [`CmEvent::RouteError`]. On the AF_XDP engine the next hop's MAC address is resolved
+    /// through the kernel's neighbour table (ARP), on a thread of its own, waiting up to the
+    /// engine's `neighbour_timeout` (3 s by default), and the route must still leave through
+    /// the engine's interface; the socket transport leaves that to the kernel's TCP when it
+    /// connects, and queues `RouteResolved` at once. Fails only if no thread can be had.
+    pub fn resolve_route(
+        &self,
+        dst: SocketAddr,
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
+        let outcome = move |r: Result<(), DatapathError>| match r {
+            Ok(()) => CmEvent::RouteResolved { context },
+            Err(error) => CmEvent::RouteError { context, error },
+        };
+        let Some(e) = &self.engine else {
+            channel.push(outcome(Ok(())));
+            return Ok(());
+        };
+        let SocketAddr::V4(v4) = dst else {
+            channel.push(outcome(Err(DatapathError::InvalidArgument(
+                "the AF_XDP engine speaks IPv4 only",
+            ))));
+            return Ok(());
+        };
+        let resolve = e.next_hop_resolver(*v4.ip());
+        let channel = channel.clone();
+        std::thread::Builder::new()
+            .name("iwarp-cm-route".into())
+            .spawn(move || channel.push(outcome(resolve())))?;
+        Ok(())
     }
 
     /// Sends the device's own asynchronous event to `channel`: [`AsyncEvent::DeviceFatal`] when

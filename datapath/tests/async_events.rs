@@ -117,7 +117,7 @@ fn srq_limit_and_last_wqe_reached() {
     }
     let channel = AsyncEventChannel::new().unwrap();
     srq.notify_limit(&channel, 40);
-    srq.arm_limit(2);
+    srq.arm_limit(2).expect("arm the limit");
     let p = params(MpaConfig::default());
     let with_srq = ConnectParams {
         srq: Some(srq.clone()),

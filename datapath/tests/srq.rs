@@ -68,7 +68,19 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     ) {
         return Err("a full SRQ took another receive".into());
     }
-    srq.arm_limit(LIMIT);
+    // ibv_modify_srq's EINVAL: a limit above the queue's capacity.
+    if !matches!(
+        srq.arm_limit(srq.capacity() + 1),
+        Err(DatapathError::InvalidArgument(_))
+    ) || srq.limit() != 0
+    {
+        return Err("a limit above the capacity was armed".into());
+    }
+    srq.arm_limit(LIMIT)
+        .map_err(|e| format!("arm_limit: {e}"))?;
+    if srq.limit() != LIMIT {
+        return Err(format!("armed limit reads {}", srq.limit()));
+    }
     let _ = ready.send(());
     let mut qps = Vec::new();
     for _ in 0..QPS {
@@ -120,6 +132,9 @@ fn server(listener: Listener, ready: mpsc::Sender<()>) -> Result<(), String> {
     }
     if srq.try_limit_event() {
         return Err("the low watermark fired twice for one arming".into());
+    }
+    if srq.limit() != 0 {
+        return Err(format!("the fired limit still reads {}", srq.limit()));
     }
     for qp in qps {
         qp.wait_finished(WAIT);

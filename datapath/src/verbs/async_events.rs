@@ -73,7 +73,8 @@ pub struct AsyncEventChannel {
 }
 
 impl AsyncEventChannel {
-    /// A new channel, backed by a non-blocking eventfd.
+    /// A new channel, backed by an eventfd that is blocking, as verbs' descriptors are (an application may
+    /// make it non-blocking with `fcntl`; [`Self::get_event`] never waits either way).
     pub fn new() -> Result<Self, DatapathError> {
         Ok(Self {
             queue: Arc::new(EventQueue::new()?),
@@ -89,6 +90,13 @@ impl AsyncEventChannel {
     /// Waits up to `timeout` for an event.
     pub fn wait_event(&self, timeout: Duration) -> Option<AsyncEvent> {
         self.queue.pop_wait(timeout)
+    }
+
+    /// Takes the oldest event as `ibv_get_async_event` does: waits for one while the
+    /// descriptor is blocking (as created), returns `None` at once (its `EAGAIN`) if the
+    /// application made it non-blocking (`O_NONBLOCK`).
+    pub fn next_event(&self) -> Option<AsyncEvent> {
+        self.queue.pop_as_descriptor_says()
     }
 
     pub(crate) fn push(&self, event: AsyncEvent) {

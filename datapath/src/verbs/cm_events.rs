@@ -4,10 +4,12 @@
 //! application sets connections up from its event loop instead of blocking a thread in
 //! `accept` or `connect`.
 //!
-//! Sources: a [`Listener`] handed to [`Listener::notify`] (a thread accepts and queues each
-//! `ConnectRequest`), [`crate::Device::connect_async`] (a thread connects and queues the result)
-//! and [`QueuePair::notify_disconnect`] (the queue pair's end).
+//! Sources: [`crate::Device::resolve_addr`] and [`crate::Device::resolve_route`] (an active
+//! side's steps before it connects), a [`Listener`] handed to [`Listener::notify`] (a thread
+//! accepts and queues each `ConnectRequest`), [`crate::Device::connect_async`] (a thread
+//! connects and queues the result) and [`QueuePair::notify_disconnect`] (the queue pair's end).
 
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,35 @@ use crate::{DatapathError, QpError};
 
 /// One connection-manager event (`struct rdma_cm_event`).
 pub enum CmEvent {
+    /// [`crate::Device::resolve_addr`] found the local address a connection to the
+    /// destination leaves from (`RDMA_CM_EVENT_ADDR_RESOLVED`).
+    AddrResolved {
+        /// The caller's tag of the resolution.
+        context: u64,
+        /// The local address (port 0): what `rdma_get_local_addr` then reports.
+        local_addr: SocketAddr,
+    },
+    /// [`crate::Device::resolve_addr`] failed (`RDMA_CM_EVENT_ADDR_ERROR`): no route, or (the
+    /// AF_XDP engine) a route through another interface.
+    AddrError {
+        /// The caller's tag of the resolution.
+        context: u64,
+        /// Why.
+        error: DatapathError,
+    },
+    /// [`crate::Device::resolve_route`] found the next hop (`RDMA_CM_EVENT_ROUTE_RESOLVED`).
+    RouteResolved {
+        /// The caller's tag of the resolution.
+        context: u64,
+    },
+    /// [`crate::Device::resolve_route`] failed (`RDMA_CM_EVENT_ROUTE_ERROR`): the next hop did
+    /// not answer the kernel's neighbour resolution in time, or the route changed interface.
+    RouteError {
+        /// The caller's tag of the resolution.
+        context: u64,
+        /// Why.
+        error: DatapathError,
+    },
     /// A peer's valid MPA Request on a listener (`RDMA_CM_EVENT_CONNECT_REQUEST`): accept or
     /// reject it.
     ConnectRequest(ConnectRequest),
@@ -63,6 +94,17 @@ pub enum CmEvent {
 impl std::fmt::Debug for CmEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            CmEvent::AddrResolved {
+                context,
+                local_addr,
+            } => write!(f, "AddrResolved(context {context}, {local_addr})"),
+            CmEvent::AddrError { context, error } => {
+                write!(f, "AddrError(context {context}: {error})")
+            }
+            CmEvent::RouteResolved { context } => write!(f, "RouteResolved(context {context})"),
+            CmEvent::RouteError { context, error } => {
+                write!(f, "RouteError(context {context}: {error})")
+            }
             CmEvent::ConnectRequest(r) => write!(f, "ConnectRequest(from {})", r.peer_addr()),
             CmEvent::Established {
                 context,
@@ -92,7 +134,8 @@ pub struct CmEventChannel {
 }
 
 impl CmEventChannel {
-    /// A new channel, backed by a non-blocking eventfd.
+    /// A new channel, backed by an eventfd that is blocking, as verbs' descriptors are (an application may
+    /// make it non-blocking with `fcntl`; [`Self::get_event`] never waits either way).
     pub fn new() -> Result<Self, DatapathError> {
         Ok(Self {
             queue: Arc::new(EventQueue::new()?),
@@ -108,6 +151,13 @@ impl CmEventChannel {
     /// Waits up to `timeout` for an event.
     pub fn wait_event(&self, timeout: Duration) -> Option<CmEvent> {
         self.queue.pop_wait(timeout)
+    }
+
+    /// Takes the oldest event as `rdma_get_cm_event` does: waits for one while the
+    /// descriptor is blocking (as created), returns `None` at once (its `EAGAIN`) if the
+    /// application made it non-blocking (`O_NONBLOCK`).
+    pub fn next_event(&self) -> Option<CmEvent> {
+        self.queue.pop_as_descriptor_says()
     }
 
     pub(crate) fn push(&self, event: CmEvent) {

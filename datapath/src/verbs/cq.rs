@@ -510,7 +510,8 @@ pub struct CompletionChannel {
 }
 
 impl CompletionChannel {
-    /// A new channel (`ibv_create_comp_channel`), backed by a non-blocking eventfd.
+    /// A new channel (`ibv_create_comp_channel`), backed by an eventfd that is blocking, as verbs' descriptors are (an application may
+    /// make it non-blocking with `fcntl`; [`Self::get_event`] never waits either way).
     pub fn new() -> Result<Self, DatapathError> {
         Ok(Self {
             inner: Arc::new(EventQueue::new()?),
@@ -539,6 +540,18 @@ impl CompletionChannel {
             if let Some(inner) = self.inner.pop_wait(left)?.upgrade() {
                 return Some(CompletionQueue { inner });
             }
+        }
+    }
+
+    /// Takes the oldest event as `ibv_get_cq_event` does: waits for one while the descriptor
+    /// is blocking (as created), returns `None` at once (its `EAGAIN`) if the application made
+    /// it non-blocking (`O_NONBLOCK`). Events of dropped queues are skipped, as
+    /// [`Self::get_event`] does.
+    pub fn next_event(&self) -> Option<CompletionQueue> {
+        if self.inner.nonblocking() {
+            self.get_event()
+        } else {
+            self.wait_event(Duration::MAX)
         }
     }
 }
@@ -600,6 +613,45 @@ mod tests {
         assert!(first.same_queue(&b) && second.same_queue(&a));
         assert_eq!((first.context(), second.context()), (0xb, 0xa));
         assert_eq!(CompletionQueue::new().context(), 0);
+    }
+
+    /// `next_event` as `ibv_get_cq_event`: on the blocking descriptor a channel is created with
+    /// it waits for an arming's event (from another thread here); once the application made
+    /// the descriptor non-blocking it returns at once, `None` when nothing waits (`EAGAIN`).
+    #[test]
+    fn next_event_waits_unless_the_descriptor_is_non_blocking() {
+        let channel = CompletionChannel::new().expect("channel");
+        // SAFETY: F_GETFL on the channel's descriptor takes no pointer.
+        let flags = unsafe { libc::fcntl(channel.as_raw_fd(), libc::F_GETFL) };
+        assert!(
+            flags >= 0 && flags & libc::O_NONBLOCK == 0,
+            "created non-blocking"
+        );
+        let cq = CompletionQueue::create(16, Some(&channel), 0x5).expect("queue");
+        cq.req_notify(false).expect("arm");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = channel.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiting.next_event().map(|q| q.context()));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "returned before any event");
+        cq.sink().push(completion()).expect("room");
+        // Bounded: a wait that never ends fails here instead of hanging the test.
+        let context = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(context, Ok(Some(0x5)), "the arming's event");
+
+        // SAFETY: F_SETFL on the channel's descriptor takes no pointer.
+        let set =
+            unsafe { libc::fcntl(channel.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        assert_eq!(set, 0);
+        assert!(
+            channel.next_event().is_none(),
+            "EAGAIN on a non-blocking descriptor"
+        );
+        cq.req_notify(false).expect("arm again");
+        cq.sink().push(completion()).expect("room");
+        assert!(channel.next_event().is_some_and(|q| q.same_queue(&cq)));
     }
 
     /// An event of a queue whose handles the application has all dropped is skipped, though a

@@ -2,6 +2,12 @@
 //! event channels): a queue of events and an eventfd in semaphore mode whose count is the number
 //! of events queued, so the descriptor is readable exactly while an event waits and an
 //! application can sleep on it in epoll, mio or tokio.
+//!
+//! The descriptor is blocking when created, as verbs' are (`ibv_comp_channel::fd`,
+//! `rdma_event_channel::fd`, `ibv_context::async_fd`); an application may make it non-blocking
+//! with `fcntl(fd, F_SETFL, O_NONBLOCK)`. Taking an event never waits for one either way
+//! ([`EventQueue::pop`]); [`EventQueue::pop_as_descriptor_says`] waits, as the C calls do,
+//! unless the application made the descriptor non-blocking.
 
 use std::collections::VecDeque;
 use std::io;
@@ -17,12 +23,7 @@ pub(crate) struct EventQueue<T> {
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> io::Result<Self> {
         // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-        let fd = unsafe {
-            libc::eventfd(
-                0,
-                libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
-            )
-        };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -52,8 +53,17 @@ impl<T> EventQueue<T> {
         };
     }
 
-    /// Takes the oldest event without blocking.
+    /// Takes the oldest event without waiting for one. The count is taken under the queue's
+    /// lock, only when an event is queued: a push queues its event before it raises the
+    /// count, so on a blocking descriptor the read waits at most for a push in progress to
+    /// finish, and on a non-blocking one it fails then (the event stays for the next call,
+    /// when the descriptor is readable). Never more reads than events: the descriptor is
+    /// readable exactly while an event is queued.
     pub(crate) fn pop(&self) -> Option<T> {
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        if items.is_empty() {
+            return None;
+        }
         let mut count: u64 = 0;
         // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode a
         // successful read takes exactly one event's count.
@@ -67,10 +77,25 @@ impl<T> EventQueue<T> {
         if n != std::mem::size_of::<u64>() as isize {
             return None;
         }
-        self.items
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+        items.pop_front()
+    }
+
+    /// Whether the application made the descriptor non-blocking (`O_NONBLOCK`).
+    pub(crate) fn nonblocking(&self) -> bool {
+        // SAFETY: F_GETFL on a descriptor we own takes no pointer.
+        let flags = unsafe { libc::fcntl(self.efd.as_raw_fd(), libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_NONBLOCK != 0
+    }
+
+    /// Takes the oldest event as the C calls do (`ibv_get_cq_event`, `rdma_get_cm_event`,
+    /// `ibv_get_async_event`): waits for one on a blocking descriptor (as created), and
+    /// returns `None` at once on one the application made non-blocking (their `EAGAIN`).
+    pub(crate) fn pop_as_descriptor_says(&self) -> Option<T> {
+        if self.nonblocking() {
+            self.pop()
+        } else {
+            self.pop_wait(Duration::MAX)
+        }
     }
 
     /// Waits up to `timeout` until the descriptor is readable (`poll(2)`); false if it is not.
@@ -147,5 +172,124 @@ impl<T: Send + 'static> WeakEventQueue<T> {
                 .name("iwarp-event-drop".into())
                 .spawn(move || drop(last));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::thread;
+
+    fn readable(q: &EventQueue<u32>) -> bool {
+        q.wait_readable(Instant::now())
+    }
+
+    fn set_nonblocking(q: &EventQueue<u32>) {
+        // SAFETY: F_GETFL and F_SETFL on a descriptor the queue owns take no pointer.
+        let ok = unsafe {
+            let flags = libc::fcntl(q.raw_fd(), libc::F_GETFL);
+            flags >= 0 && libc::fcntl(q.raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+        };
+        assert!(ok, "{}", io::Error::last_os_error());
+    }
+
+    /// Runs `f` on another thread and gives its result, or `None` if it has not returned
+    /// within 5 s (so that a wait that never ends fails the test instead of hanging it).
+    fn within_5s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// As verbs' descriptors: blocking when created; taking an event never waits for one;
+    /// the descriptor is readable exactly while an event is queued.
+    #[test]
+    fn the_descriptor_is_blocking_and_taking_never_waits() {
+        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
+        assert!(!q.nonblocking());
+        let q2 = q.clone();
+        assert_eq!(within_5s(move || q2.pop()), Some(None), "pop waited");
+        assert!(!readable(&q));
+        q.push(1);
+        q.push(2);
+        assert!(readable(&q));
+        assert_eq!(q.pop(), Some(1));
+        assert!(readable(&q));
+        assert_eq!(q.pop(), Some(2));
+        assert!(!readable(&q));
+        assert_eq!(q.pop(), None);
+    }
+
+    /// `pop_as_descriptor_says` waits on a blocking descriptor until an event comes, and on
+    /// one made non-blocking returns at once: nothing when the queue is empty (`EAGAIN`), the
+    /// event when there is one.
+    #[test]
+    fn taking_as_the_descriptor_says_waits_only_while_it_is_blocking() {
+        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
+        let (started_tx, started_rx) = mpsc::channel();
+        let q2 = q.clone();
+        let waiter = thread::spawn(move || {
+            let _ = started_tx.send(());
+            q2.pop_as_descriptor_says()
+        });
+        started_rx.recv().expect("waiter started");
+        thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "returned before any event");
+        q.push(7);
+        assert_eq!(
+            within_5s(move || waiter.join().expect("waiter")),
+            Some(Some(7))
+        );
+
+        set_nonblocking(&q);
+        assert!(q.nonblocking());
+        let q2 = q.clone();
+        assert_eq!(within_5s(move || q2.pop_as_descriptor_says()), Some(None));
+        q.push(8);
+        assert_eq!(q.pop_as_descriptor_says(), Some(8));
+        assert!(!readable(&q));
+    }
+
+    /// Many threads pushing and taking at once: every event is taken once, and the
+    /// descriptor ends unreadable (never more reads than events, none left over).
+    #[test]
+    fn concurrent_pushes_and_takes_lose_and_leave_nothing() {
+        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
+        const PER: u32 = 2_000;
+        let pushers: Vec<_> = (0..2)
+            .map(|t| {
+                let q = q.clone();
+                thread::spawn(move || (0..PER).for_each(|i| q.push(t * PER + i)))
+            })
+            .collect();
+        let takers: Vec<_> = (0..2)
+            .map(|_| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while got.len() < PER as usize && Instant::now() < deadline {
+                        if let Some(v) = q.pop_wait(Duration::from_millis(10)) {
+                            got.push(v);
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        for p in pushers {
+            p.join().expect("pusher");
+        }
+        let mut all: Vec<u32> = takers
+            .into_iter()
+            .flat_map(|t| t.join().expect("taker"))
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..2 * PER).collect::<Vec<_>>());
+        assert!(!readable(&q));
+        assert_eq!(q.pop(), None);
     }
 }

@@ -139,10 +139,24 @@ impl SharedReceiveQueue {
         self.inner.rx.capacity().unwrap_or(usize::MAX)
     }
 
-    /// Arms the low watermark: the first take that leaves fewer than `limit` receives queues
-    /// one event and disarms it. `limit` 0 disarms.
-    pub fn arm_limit(&self, limit: usize) {
+    /// Arms the low watermark (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the first take that
+    /// leaves fewer than `limit` receives queues one event and disarms it. `limit` 0 disarms.
+    /// Fails with [`DatapathError::InvalidArgument`] (verbs' `EINVAL`) if `limit` is above
+    /// the queue's [`capacity`](Self::capacity).
+    pub fn arm_limit(&self, limit: usize) -> Result<(), DatapathError> {
+        if limit > self.capacity() {
+            return Err(DatapathError::InvalidArgument(
+                "the shared receive queue's limit is above its capacity",
+            ));
+        }
         self.inner.limit.store(limit, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The armed low watermark, 0 if none is armed (it disarms when it fires): what
+    /// `ibv_query_srq` reports as `srq_limit`.
+    pub fn limit(&self) -> usize {
+        self.inner.limit.load(Ordering::SeqCst)
     }
 
     /// Takes a low-watermark event if one is queued.

@@ -132,6 +132,44 @@ pub struct XdpEngine {
     max_connections: usize,
     /// What the failure of one of its threads calls.
     failure: Arc<FailureNotice>,
+    /// Its interface: where routes to its peers must leave ([`XdpEngine::route_check`]).
+    iface: Iface,
+}
+
+/// The engine's interface, for the route checks of address and route resolution.
+#[derive(Debug, Clone)]
+struct Iface {
+    name: String,
+    index: u32,
+    /// How long resolving a next hop's MAC waits ([`XdpTcpConfig::neighbour_timeout`]).
+    ///
+    /// [`XdpTcpConfig::neighbour_timeout`]: crate::xdp_tcp::XdpTcpConfig::neighbour_timeout
+    neighbour_timeout: Duration,
+}
+
+impl Iface {
+    fn of(name: &str, cfg: &XdpEngineConfig) -> Result<Iface, DatapathError> {
+        let info = crate::xsk::interface_info(name).map_err(XdpTcpError::from)?;
+        Ok(Iface {
+            name: name.to_owned(),
+            index: info.index,
+            neighbour_timeout: cfg.driver.neighbour_timeout,
+        })
+    }
+
+    /// Fails unless `route` (to `dst`) leaves through this interface.
+    fn check(&self, dst: Ipv4Addr, route_ifindex: u32) -> Result<(), DatapathError> {
+        if route_ifindex != self.index {
+            return Err(XdpTcpError::WrongInterface {
+                addr: dst,
+                route_ifindex,
+                ifname: self.name.clone(),
+                ifindex: self.index,
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for XdpEngine {
@@ -272,6 +310,7 @@ impl XdpEngine {
     /// (named `iwarp-xdp-<ifname><queue>`), and waits until their drivers are open. Needs root
     /// (XDP, AF_XDP).
     pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
+        let iface = Iface::of(ifname, &cfg)?;
         let budget = ReassemblyBudget::new(cfg.reassembly_budget);
         if !cfg.shard_per_queue {
             let ifname_owned = ifname.to_owned();
@@ -291,6 +330,7 @@ impl XdpEngine {
                 mtu,
                 max_connections,
                 failure,
+                iface,
             });
         }
         // The drivers are opened here (the threads inherit this thread's namespace) and each
@@ -303,6 +343,7 @@ impl XdpEngine {
             mtu: cfg.tcp.path_mtu,
             max_connections: 0,
             failure: Arc::new(FailureNotice::default()),
+            iface,
         };
         for (i, driver) in drivers.into_iter().enumerate() {
             let queue = driver.queues().first().copied().unwrap_or(0);
@@ -351,6 +392,28 @@ impl XdpEngine {
     /// per connection). A later change of the interface's MTU is not seen.
     pub fn mtu(&self) -> u16 {
         self.mtu
+    }
+
+    /// Checks that the kernel's route to `dst` leaves through the engine's interface (what
+    /// `rdma_resolve_addr` finds out on the engine; its local address is then the engine's).
+    pub(crate) fn route_check(&self, dst: Ipv4Addr) -> Result<(), DatapathError> {
+        let route = crate::xsk::route_to(dst).map_err(XdpTcpError::from)?;
+        self.iface.check(dst, route.ifindex)
+    }
+
+    /// What resolves the next hop's MAC toward `dst` through the engine's interface (the
+    /// kernel's neighbour resolution, waiting up to the driver's `neighbour_timeout`), to be
+    /// run off the caller's thread: `rdma_resolve_route` on the engine.
+    pub(crate) fn next_hop_resolver(
+        &self,
+        dst: Ipv4Addr,
+    ) -> impl FnOnce() -> Result<(), DatapathError> + Send + 'static {
+        let iface = self.iface.clone();
+        move || {
+            let (route, _) = crate::xsk::resolve_next_hop(dst, iface.neighbour_timeout)
+                .map_err(XdpTcpError::from)?;
+            iface.check(dst, route.ifindex)
+        }
     }
 
     /// The most connections the engine holds at once, over all its shards

@@ -1,0 +1,99 @@
+//! An active side's steps before it connects, as rdma_cm events (`rdma_resolve_addr`,
+//! `rdma_resolve_route`): `Device::resolve_addr` queues `AddrResolved` with the local address a
+//! connection leaves from, or `AddrError`; `Device::resolve_route` queues `RouteResolved` or
+//! `RouteError`, each tagged with the caller's context. The socket transport on loopback (no
+//! root), and the AF_XDP engine on the veth bed (root; skips, or fails under `CI=true`,
+//! without it): its routes must leave through its interface, and its next hop must answer
+//! the kernel's neighbour resolution.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use datapath::engine::XdpEngineConfig;
+use datapath::xdp_tcp::XdpTcpError;
+use datapath::{CmEvent, CmEventChannel, DatapathError, Device, Transport};
+use testbed::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn next(ch: &CmEventChannel, what: &str) -> CmEvent {
+    ch.wait_event(WAIT)
+        .unwrap_or_else(|| panic!("no event: {what}"))
+}
+
+#[test]
+fn socket_transport_resolves_address_and_route_as_events() {
+    let device = Device::socket();
+    let ch = CmEventChannel::new().expect("channel");
+    let peer: SocketAddr = "127.0.0.1:7471".parse().expect("addr");
+    device.resolve_addr(peer, &ch, 11);
+    match next(&ch, "address") {
+        CmEvent::AddrResolved {
+            context: 11,
+            local_addr,
+        } => assert_eq!(local_addr, "127.0.0.1:0".parse().expect("addr")),
+        other => panic!("{other:?}"),
+    }
+    device.resolve_route(peer, &ch, 12).expect("resolve_route");
+    match next(&ch, "route") {
+        CmEvent::RouteResolved { context: 12 } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(ch.get_event().is_none());
+}
+
+#[test]
+fn engine_resolves_address_and_route_through_its_interface() {
+    let _bed = bed_or_skip!();
+    in_ns(NS_A, || {
+        let mut config = XdpEngineConfig::default();
+        config.driver.neighbour_timeout = Duration::from_millis(300);
+        let device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::new(config),
+        })
+        .expect("engine");
+        let ch = CmEventChannel::new().expect("channel");
+        let peer = SocketAddr::from((ADDR_B, 7471));
+
+        device.resolve_addr(peer, &ch, 1);
+        match next(&ch, "the peer's address") {
+            CmEvent::AddrResolved {
+                context: 1,
+                local_addr,
+            } => assert_eq!(local_addr, SocketAddr::from((ADDR_A, 0))),
+            other => panic!("{other:?}"),
+        }
+        // Loopback is reached through `lo`, not the engine's interface.
+        device.resolve_addr("127.0.0.1:7471".parse().expect("addr"), &ch, 2);
+        match next(&ch, "loopback") {
+            CmEvent::AddrError {
+                context: 2,
+                error: DatapathError::Xdp(XdpTcpError::WrongInterface { .. }),
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        device.resolve_addr("[::1]:7471".parse().expect("addr"), &ch, 3);
+        match next(&ch, "IPv6") {
+            CmEvent::AddrError {
+                context: 3,
+                error: DatapathError::InvalidArgument(_),
+            } => {}
+            other => panic!("{other:?}"),
+        }
+
+        device.resolve_route(peer, &ch, 4).expect("resolve_route");
+        match next(&ch, "the peer's route") {
+            CmEvent::RouteResolved { context: 4 } => {}
+            other => panic!("{other:?}"),
+        }
+        // On the link, but nobody has the address: the neighbour resolution times out.
+        let nobody = SocketAddr::from((std::net::Ipv4Addr::new(10, 77, 0, 99), 7471));
+        device.resolve_route(nobody, &ch, 5).expect("resolve_route");
+        match next(&ch, "an address nobody answers for") {
+            CmEvent::RouteError { context: 5, error } => println!("route error: {error}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(ch.get_event().is_none());
+    });
+}
