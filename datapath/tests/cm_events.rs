@@ -7,8 +7,8 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use datapath::{
-    CmEvent, CmEventChannel, CompletionQueue, ConnectParams, DatapathError, Device, Listener,
-    ProtectionDomain, QpError,
+    CmEvent, CmEventChannel, CompletionQueue, ConnectParams, DatapathError, Device, IdleQp,
+    Listener, ProtectionDomain, QpError,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -228,4 +228,69 @@ fn a_cancelled_connect_attempt_queues_nothing_and_resets_what_it_made() {
         Some(CmEvent::Established { context: 2, .. }) => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// The passive side on its event channel (`rdma_create_qp` on the request's id, then
+/// `rdma_accept`, then `RDMA_CM_EVENT_ESTABLISHED`, as rping's server waits for it):
+/// `accept_qp_async` queues `Established` with the queue pair created for the request; an
+/// accept whose arguments are refused fails at once and rejects the request.
+#[test]
+fn an_accept_on_a_channel_queues_established_for_the_passive_side() {
+    let device = Device::socket();
+    let server_ch = CmEventChannel::new().unwrap();
+    let client_ch = CmEventChannel::new().unwrap();
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _listening = listener.notify(&server_ch).unwrap();
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+
+    device
+        .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 7)
+        .unwrap();
+    let CmEvent::ConnectRequest(req) = next(&server_ch, "request") else {
+        panic!("not a connect request");
+    };
+    let qp = IdleQp::new(&spd, &scq, &params()).unwrap();
+    let num = qp.num();
+    req.accept_qp_async(qp, b"welcome", &server_ch, 42).unwrap();
+    // Both kept until the end: a dropped connection closes, and reports it on the channel.
+    let _server_conn = match next(&server_ch, "the passive side's established") {
+        CmEvent::Established {
+            context: 42,
+            connection,
+        } => {
+            assert_eq!(connection.qp.num(), num, "the queue pair created for it");
+            connection
+        }
+        other => panic!("{other:?}"),
+    };
+    let _client_conn = match next(&client_ch, "the active side's established") {
+        CmEvent::Established {
+            context: 7,
+            connection,
+        } => {
+            assert_eq!(connection.private_data, b"welcome");
+            connection
+        }
+        other => panic!("{other:?}"),
+    };
+
+    // Refused at once: more private data than MPA carries (RFC 5044 7.1: 512 octets).
+    device
+        .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 8)
+        .unwrap();
+    let CmEvent::ConnectRequest(req) = next(&server_ch, "second request") else {
+        panic!("not a connect request");
+    };
+    let qp = IdleQp::new(&spd, &scq, &params()).unwrap();
+    assert!(req.accept_qp_async(qp, &[0; 600], &server_ch, 43).is_err());
+    match next(&client_ch, "refused") {
+        CmEvent::Rejected { context: 8, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        server_ch.get_event().is_none(),
+        "no event of a refused accept"
+    );
 }

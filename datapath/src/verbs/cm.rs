@@ -590,6 +590,20 @@ impl ConnectRequest {
         private_data: &[u8],
         start: QpStart,
     ) -> Result<Connection, DatapathError> {
+        self.check_accept(pd, private_data, &start)?
+            .finish_accept(pd, cq, private_data, start)
+    }
+
+    /// Checks what accepting with these arguments needs (depths, IRD/ORD, the receives to
+    /// post, the shared receive queue's domain, private data the framing can carry); on a
+    /// refusal the request is spent (rejected: the peer hears of it now rather than at its
+    /// setup timeout) and the error returned. The request back if it may be accepted.
+    pub(crate) fn check_accept(
+        self,
+        pd: &ProtectionDomain,
+        private_data: &[u8],
+        start: &QpStart,
+    ) -> Result<Self, DatapathError> {
         let refused = self.params.check().and_then(|()| {
             // The receives are posted once the connection is up: refused first.
             check_initial_recvs(&self.params, pd, &start.recvs)?;
@@ -616,6 +630,18 @@ impl ConnectRequest {
             let _ = self.inner.reject(&[], &self.params);
             return Err(e);
         }
+        Ok(self)
+    }
+
+    /// Accepts after [`ConnectRequest::check_accept`] passed: the Reply sent, the queue pair
+    /// running.
+    pub(crate) fn finish_accept(
+        self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        private_data: &[u8],
+        start: QpStart,
+    ) -> Result<Connection, DatapathError> {
         let qp = self
             .inner
             .accept(pd, cq, private_data, start, &self.params)?;

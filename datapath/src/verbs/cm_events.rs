@@ -55,8 +55,9 @@ pub enum CmEvent {
     /// A peer's valid MPA Request on a listener (`RDMA_CM_EVENT_CONNECT_REQUEST`): accept or
     /// reject it.
     ConnectRequest(ConnectRequest),
-    /// A connection started with [`crate::Device::connect_async`] is established
-    /// (`RDMA_CM_EVENT_ESTABLISHED`), tagged with the caller's `context`. One never taken is
+    /// A connection started with [`crate::Device::connect_async`], or accepted with
+    /// [`ConnectRequest::accept_qp_async`], is established (`RDMA_CM_EVENT_ESTABLISHED`),
+    /// tagged with the caller's `context`. One never taken is
     /// dropped with its channel, and the connection closed as a dropped [`Connection`] is.
     Established {
         /// The caller's tag of the attempt.

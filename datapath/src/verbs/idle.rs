@@ -10,6 +10,7 @@ use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
+use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpAttr, QpStart};
 use crate::{DatapathError, PostListError};
@@ -198,11 +199,44 @@ impl ConnectRequest {
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
         let (start, pd, cq, qp_params) = qp.into_start();
+        self.adopt(qp_params);
+        self.accept_start(&pd, &cq, private_data, start)
+    }
+
+    /// [`ConnectRequest::accept_qp`] on an event channel (`rdma_accept` on an id whose
+    /// channel the application waits on): the arguments are checked now (a refusal rejects
+    /// the request and is returned, as `accept_qp`'s), then the Reply is sent from a thread
+    /// of its own and the outcome queued on `channel`, tagged with `context`:
+    /// [`crate::CmEvent::Established`] with the connection (whose queue pair then reports
+    /// [`crate::CmEvent::Disconnected`] there), or [`crate::CmEvent::ConnectError`].
+    pub fn accept_qp_async(
+        mut self,
+        qp: IdleQp,
+        private_data: &[u8],
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
+        let (start, pd, cq, qp_params) = qp.into_start();
+        self.adopt(qp_params);
+        let request = self.check_accept(&pd, private_data, &start)?;
+        let private_data = private_data.to_vec();
+        let channel = channel.clone();
+        let attempt = ConnectAttempt::new();
+        std::thread::Builder::new()
+            .name("iwarp-cm-accept".into())
+            .spawn(move || {
+                let outcome = request.finish_accept(&pd, &cq, &private_data, start);
+                push_outcome(&channel, context, &attempt, outcome);
+            })?;
+        Ok(())
+    }
+
+    /// Takes the queue pair's own settings (see [`ConnectRequest::accept_qp`]).
+    fn adopt(&mut self, qp_params: ConnectParams) {
         self.params.sq_depth = qp_params.sq_depth;
         self.params.rq_depth = qp_params.rq_depth;
         self.params.srq = qp_params.srq;
         self.params.recv_cq = qp_params.recv_cq;
         self.params.rdmap_extensions = qp_params.rdmap_extensions;
-        self.accept_start(&pd, &cq, private_data, start)
     }
 }
