@@ -101,6 +101,107 @@ fn memlock_limit() -> String {
     }
 }
 
+/// The pages this process locked for buffers, counted: `mlock` does not count (one `munlock`
+/// undoes any number of `mlock`s of a page), and two buffers may share a page (two small heap
+/// buffers, or regions the application registered over overlapping memory), so unlocking one
+/// buffer's pages must leave locked those another buffer still covers.
+static LOCKED_PAGES: Mutex<PageLocks> = Mutex::new(PageLocks::new());
+
+/// How many buffers cover each page, as a step function over addresses: each key starts a run
+/// of addresses up to the next key, all covered by its count of buffers; no run before the
+/// first key or from the last key on (whose count is 0). Two keys per buffer at most, so each
+/// change touches the runs within its range and a logarithmic search.
+struct PageLocks {
+    runs: std::collections::BTreeMap<usize, u32>,
+}
+
+impl PageLocks {
+    const fn new() -> Self {
+        Self {
+            runs: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// The count of the run `at` lies in.
+    fn count_at(&self, at: usize) -> u32 {
+        self.runs.range(..=at).next_back().map_or(0, |(_, c)| *c)
+    }
+
+    /// Makes `at` start a run (splitting the one it lies in).
+    fn split(&mut self, at: usize) {
+        if !self.runs.contains_key(&at) {
+            let c = self.count_at(at);
+            self.runs.insert(at, c);
+        }
+    }
+
+    /// Drops the keys in `[start, end]` that begin a run of the same count as the run before
+    /// them (and a leading run of 0), so that the map stays two keys per distinct range.
+    fn merge(&mut self, start: usize, end: usize) {
+        let keys: Vec<usize> = self.runs.range(start..=end).map(|(k, _)| *k).collect();
+        for k in keys {
+            let before = self.runs.range(..k).next_back().map_or(0, |(_, c)| *c);
+            if self.runs.get(&k) == Some(&before) {
+                self.runs.remove(&k);
+            }
+        }
+    }
+
+    /// One more buffer covers `[start, end)` (page-aligned).
+    fn add(&mut self, start: usize, end: usize) {
+        self.split(start);
+        self.split(end);
+        for (_, c) in self.runs.range_mut(start..end) {
+            *c += 1;
+        }
+        self.merge(start, end);
+    }
+
+    /// One buffer fewer covers `[start, end)` (page-aligned; added before); the ranges no
+    /// buffer covers any more, to unlock.
+    fn remove(&mut self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        self.split(start);
+        self.split(end);
+        let mut free: Vec<(usize, usize)> = Vec::new();
+        let mut iter = self.runs.range_mut(start..end).peekable();
+        while let Some((&k, c)) = iter.next() {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                let run_end = iter.peek().map_or(end, |(&n, _)| n);
+                match free.last_mut() {
+                    Some(last) if last.1 == k => last.1 = run_end,
+                    _ => free.push((k, run_end)),
+                }
+            }
+        }
+        self.merge(start, end);
+        free
+    }
+}
+
+/// Counts a buffer's locked range ([`PageLocks::add`]).
+fn count_locked(start: usize, len: usize) {
+    LOCKED_PAGES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .add(start, start + len);
+}
+
+/// A buffer lets go of its locked range: the pages no other buffer covers are unlocked.
+fn release_locked(start: usize, len: usize, unlock: bool) {
+    let free = LOCKED_PAGES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(start, start + len);
+    if unlock {
+        for (s, e) in free {
+            // SAFETY: pages of a range `lock_pages` locked for a buffer that is still mapped
+            // (ours or the caller's memory); munlock changes paging only.
+            unsafe { libc::munlock(s as *const libc::c_void, e - s) };
+        }
+    }
+}
+
 /// Locks the pages of `[addr, addr + len)` as `pinning` asks; the page-aligned range locked.
 fn lock_pages(
     addr: usize,
@@ -115,6 +216,7 @@ fn lock_pages(
     // SAFETY: mlock only changes paging of the range (faulting its pages in); the caller's
     // memory covers `[addr, addr + len)`, and the rest of its first and last pages is mapped too.
     if unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0 {
+        count_locked(start, end - start);
         return Ok(Some((start, end - start)));
     }
     let source = io::Error::last_os_error();
@@ -281,12 +383,16 @@ impl PinnedBuffer {
         }
     }
 
-    fn unlock(&mut self) {
+    /// Lets go of the buffer's locked pages: those no other buffer covers are unlocked
+    /// (`munlock`), unless `munmap` is about to (`unlock` false).
+    fn release_pages(&mut self, unlock: bool) {
         if let Some((start, len)) = self.locked.take() {
-            // SAFETY: the range `lock_pages` locked, still mapped (ours or the caller's memory);
-            // munlock changes paging only.
-            unsafe { libc::munlock(start as *const libc::c_void, len) };
+            release_locked(start, len, unlock);
         }
+    }
+
+    fn unlock(&mut self) {
+        self.release_pages(true);
     }
 
     /// Length in bytes as requested.
@@ -484,6 +590,7 @@ impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         match self.backing {
             Backing::Mapping { map_len } => {
+                self.release_pages(false);
                 // SAFETY: `ptr`/`map_len` are exactly the mapping `allocate` kept; nothing else
                 // refers to the buffer once the last owner drops it. Unmapping also unlocks.
                 unsafe {
@@ -1297,6 +1404,122 @@ mod tests {
         );
         assert!(d.is_released());
         holder.join().unwrap();
+    }
+
+    /// The page-lock counts: overlapping ranges, one removed, leave the shared pages counted;
+    /// each removal returns just the pages nobody covers any more; the map empties.
+    #[test]
+    fn page_locks_count_overlapping_ranges() {
+        const P: usize = PAGE;
+        let mut l = PageLocks::new();
+        l.add(0, 3 * P);
+        l.add(P, 4 * P);
+        l.add(10 * P, 11 * P);
+        assert_eq!(l.count_at(0), 1);
+        assert_eq!(l.count_at(2 * P), 2);
+        assert_eq!(l.count_at(3 * P), 1);
+        assert_eq!(l.count_at(5 * P), 0);
+        assert_eq!(l.remove(0, 3 * P), [(0, P)]);
+        assert_eq!(l.count_at(2 * P), 1);
+        assert_eq!(l.remove(10 * P, 11 * P), [(10 * P, 11 * P)]);
+        assert_eq!(l.remove(P, 4 * P), [(P, 4 * P)]);
+        assert!(l.runs.is_empty(), "{:?}", l.runs);
+        // The same range twice (two small buffers on one page): the second keeps it.
+        l.add(0, P);
+        l.add(0, P);
+        assert!(l.remove(0, P).is_empty());
+        assert_eq!(l.remove(0, P), [(0, P)]);
+        // Nested, then the outer one goes first: the ends are freed, the middle kept.
+        l.add(0, 4 * P);
+        l.add(P, 2 * P);
+        assert_eq!(l.remove(0, 4 * P), [(0, P), (2 * P, 4 * P)]);
+        assert_eq!(l.remove(P, 2 * P), [(P, 2 * P)]);
+        assert!(l.runs.is_empty(), "{:?}", l.runs);
+    }
+
+    /// Whether the page at `addr` is locked: its mapping's `Locked` equals its `Size` in
+    /// `/proc/self/smaps` (the kernel splits a mapping where locking changes).
+    fn page_locked(addr: usize) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let mut inside = false;
+        let mut size = None;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = a <= addr && addr < b;
+                        continue;
+                    }
+                }
+            }
+            if !inside {
+                continue;
+            }
+            let kb = |l: &str| -> usize {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            if line.starts_with("Size:") {
+                size = Some(kb(line));
+            } else if line.starts_with("Locked:") {
+                return size == Some(kb(line));
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Two regions over overlapping memory (as two small heap buffers on one page are):
+    /// dropping one unlocks only the pages the other does not cover.
+    #[test]
+    fn unlocking_a_buffer_leaves_pages_another_covers_locked() {
+        const P: usize = PAGE;
+        // SAFETY: a fresh private anonymous mapping of 4 pages, unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * P,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let base = base as usize;
+        // SAFETY: both ranges lie in the mapping, which outlives the buffers.
+        let (a, b) = unsafe {
+            (
+                PinnedBuffer::from_raw(base as *mut u8, 3 * P - 10, Pinning::BestEffort),
+                PinnedBuffer::from_raw((base + P + 5) as *mut u8, 3 * P - 5, Pinning::BestEffort),
+            )
+        };
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        if !(a.is_locked() && b.is_locked()) {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "mlock refused under CI"
+            );
+            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+        } else {
+            assert!((0..4).all(|i| page_locked(base + i * P)));
+            drop(a);
+            assert!(
+                !page_locked(base),
+                "the page only the dropped buffer covered"
+            );
+            assert!(
+                (1..4).all(|i| page_locked(base + i * P)),
+                "pages the other buffer covers were unlocked"
+            );
+            drop(b);
+            assert!((0..4).all(|i| !page_locked(base + i * P)));
+        }
+        // SAFETY: the mapping made above; no buffer refers to it any more.
+        unsafe { libc::munmap(base as *mut libc::c_void, 4 * P) };
     }
 
     /// `mlock` refused (no `CAP_IPC_LOCK` on this thread and a tiny `RLIMIT_MEMLOCK`):
