@@ -407,6 +407,7 @@ impl Side {
             SendOp::WriteImmediate {
                 remote_stag,
                 remote_to: to,
+                solicited: false,
                 immediate: i,
             }
         } else {

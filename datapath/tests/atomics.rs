@@ -302,6 +302,7 @@ fn values(server: Stack<'_>, client: Stack<'_>, server_addr: std::net::Ipv4Addr,
                 SendOp::WriteImmediate {
                     remote_stag: stag,
                     remote_to: base + 1024,
+                    solicited: false,
                     immediate: 0x0102_0304_0506_0708,
                 },
                 src.sge(0, 2048).into(),

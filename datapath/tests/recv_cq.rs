@@ -180,6 +180,7 @@ fn socket_srq_and_immediate_receives_go_to_the_receive_completion_queue() {
         SendOp::WriteImmediate {
             remote_stag: server.buf.stag(),
             remote_to: server.buf.base_to() + 3 * LEN as u64,
+            solicited: false,
             immediate: 7,
         },
         SendOp::Immediate {

@@ -160,6 +160,9 @@ pub enum SendOp {
         remote_stag: Stag,
         /// Peer TO of the first octet.
         remote_to: u64,
+        /// The Immediate Data message with Solicited Event (RFC 7306 6.2), so that the
+        /// peer's completion is solicited (verbs' `IBV_SEND_SOLICITED`).
+        solicited: bool,
         /// The 8 octets of Immediate Data, as a big-endian number on the wire.
         immediate: u64,
     },
@@ -1988,9 +1991,10 @@ impl QueuePair {
             SendOp::WriteImmediate {
                 remote_stag,
                 remote_to,
+                solicited,
                 immediate,
             } => (
-                false,
+                solicited,
                 immediate,
                 None,
                 Some((remote_stag.raw(), remote_to, entry.total)),

@@ -292,6 +292,7 @@ fn immediate_data_is_not_placed_early() {
         SendOp::WriteImmediate {
             remote_stag: dst,
             remote_to: 0,
+            solicited: false,
             immediate: 77,
         },
         Some(Sge {

@@ -407,6 +407,7 @@ fn write_with_immediate_places_the_data_and_completes_a_receive_with_the_value()
         SendOp::WriteImmediate {
             remote_stag: dst,
             remote_to: 0x4000,
+            solicited: false,
             immediate: 0x1122_3344_5566_7788,
         },
         Some(Sge {
@@ -469,6 +470,43 @@ fn write_with_immediate_places_the_data_and_completes_a_receive_with_the_value()
     assert_eq!(untagged_fields(&imm[1].bytes), (0, 2, 0));
     assert_eq!(imm[0].bytes[18..], 0x1122_3344_5566_7788u64.to_be_bytes());
     assert_eq!(imm[0].bytes[0] & 0x40, 0x40, "Last");
+}
+
+/// RDMA Write with Immediate Data and the Solicited Event (verbs' `IBV_SEND_SOLICITED` on
+/// `IBV_WR_RDMA_WRITE_WITH_IMM`): the Immediate Data message is the SE kind (0x49, RFC 7306
+/// 6.2) and the peer's receive completes solicited.
+#[test]
+fn write_with_immediate_and_solicited_event_completes_a_solicited_receive() {
+    let mut pair = Pair::with_configs(MULPDU, config_ext(), config_ext());
+    let src = pair.a.region(pattern(500, 4), 0, Access::NONE);
+    let dst = pair.b.region(vec![0; 500], 0x4000, Access::REMOTE_WRITE);
+    let rbuf = pair.b.region(vec![0; 16], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(72, rbuf, 0, 16);
+    pair.a.post(
+        3,
+        SendOp::WriteImmediate {
+            remote_stag: dst,
+            remote_to: 0x4000,
+            solicited: true,
+            immediate: 99,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 500,
+        }),
+    );
+    pair.pump();
+    assert_eq!(pair.b.contents(dst), pattern(500, 4));
+    let b = pair.b.completions();
+    let b: Vec<_> = b
+        .iter()
+        .map(|c| (c.wr_id, c.opcode, c.immediate, c.solicited))
+        .collect();
+    assert_eq!(b, [(72, WcOpcode::RecvImmediate, Some(99), true)]);
+    let sent: Vec<_> = pair.sent_by(Side::A).collect();
+    let last = sent.last().expect("sent");
+    assert_eq!(last.bytes[1], 0x49, "Immediate Data with Solicited Event");
 }
 
 #[test]

@@ -21,6 +21,7 @@ fn ops() -> [SendOp; 4] {
         SendOp::WriteImmediate {
             remote_stag: REMOTE,
             remote_to: 0x9100,
+            solicited: false,
             immediate: 0x0102_0304_0506_0708,
         },
         SendOp::SendImmediate {
