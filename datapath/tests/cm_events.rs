@@ -251,6 +251,11 @@ fn an_accept_on_a_channel_queues_established_for_the_passive_side() {
     let CmEvent::ConnectRequest(req) = next(&server_ch, "request") else {
         panic!("not a connect request");
     };
+    assert_eq!(
+        req.local_addr(),
+        addr,
+        "rdma_get_local_addr on the request's id"
+    );
     let qp = IdleQp::new(&spd, &scq, &params()).unwrap();
     let num = qp.num();
     req.accept_qp_async(qp, b"welcome", &server_ch, 42).unwrap();
@@ -293,4 +298,26 @@ fn an_accept_on_a_channel_queues_established_for_the_passive_side() {
         server_ch.get_event().is_none(),
         "no event of a refused accept"
     );
+}
+
+/// A request to a listener on the unspecified address names the specific address the peer
+/// connected to (`rdma_get_local_addr` on the request's id), not the wildcard.
+#[test]
+fn a_request_to_a_wildcard_listener_names_the_address_connected_to() {
+    let device = Device::socket();
+    let server_ch = CmEventChannel::new().unwrap();
+    let client_ch = CmEventChannel::new().unwrap();
+    let listener = Listener::bind("0.0.0.0:0".parse().unwrap(), params()).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _listening = listener.notify(&server_ch).unwrap();
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    device
+        .connect_async(to, &pd, &cq, &params(), b"", &client_ch, 1)
+        .unwrap();
+    let CmEvent::ConnectRequest(req) = next(&server_ch, "request") else {
+        panic!("not a connect request");
+    };
+    assert_eq!(req.local_addr(), to);
+    req.reject(b"").unwrap();
 }

@@ -36,6 +36,8 @@ fn connect_and_accept(
             .accept_timeout(WAIT)
             .expect("accept")
             .expect("a connection request");
+        // `rdma_get_local_addr` on the request's id: the engine's address and port.
+        assert_eq!(request.local_addr(), SocketAddr::from((ADDR_A, port)));
         let accepted = request
             .accept(&server.pd, &server.cq, &[])
             .expect("accept the request");

@@ -226,6 +226,17 @@ impl ListenProvider for SocketListen {
             peer,
             leftover,
         } = arrived;
+        // The accepted socket's own address (a specific one under a wildcard listener); the
+        // listener's should the kernel not say.
+        let known = stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|s| s.local_addr().ok());
+        let local = match known {
+            Some(a) => a,
+            None => self.local_addr()?,
+        };
         let pending = SocketPending {
             stream,
             answer,
@@ -235,6 +246,7 @@ impl ListenProvider for SocketListen {
             Box::new(pending),
             info,
             peer,
+            local,
             params.clone(),
         )))
     }

@@ -454,6 +454,8 @@ pub struct ConnectRequest {
     /// The MPA Request; `None` with IFT framing.
     info: Option<RequestInfo>,
     peer: SocketAddr,
+    /// The address the peer connected to.
+    local: SocketAddr,
     pub(crate) params: ConnectParams,
     /// The context of the listener it came from ([`Listener::notify_with_context`]).
     context: u64,
@@ -464,12 +466,14 @@ impl ConnectRequest {
         inner: Box<dyn PendingProvider>,
         info: Option<RequestInfo>,
         peer: SocketAddr,
+        local: SocketAddr,
         params: ConnectParams,
     ) -> Self {
         Self {
             inner,
             info,
             peer,
+            local,
             params,
             context: 0,
         }
@@ -502,6 +506,13 @@ impl ConnectRequest {
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The address the initiator connected to (`rdma_get_local_addr` on the request's id):
+    /// the accepted connection's local address, a specific one even for a listener bound to
+    /// the unspecified address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 
     /// Makes the queue pair that accepting creates take its receives from `srq` (rdma_cm's

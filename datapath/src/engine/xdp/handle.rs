@@ -107,6 +107,7 @@ impl ListenProvider for XdpListen {
             Box::new(pending),
             msg.info,
             msg.peer,
+            self.local,
             params.clone(),
         )))
     }
