@@ -45,14 +45,29 @@ fn params() -> ConnectParams {
     }
 }
 
-#[test]
-fn connect_accept_reject_and_disconnect_as_events() {
-    let device = Device::socket();
+/// A socket-transport server listening on `bind` (port 0) with its requests on a channel,
+/// and a client's channel: (device, server channel, client channel, listening address, the
+/// notifying listener to keep).
+fn listening_on(
+    bind: &str,
+) -> (
+    Device,
+    CmEventChannel,
+    CmEventChannel,
+    std::net::SocketAddr,
+    datapath::NotifyingListener,
+) {
     let server_ch = CmEventChannel::new().unwrap();
     let client_ch = CmEventChannel::new().unwrap();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap();
+    let listener = Listener::bind(bind.parse().unwrap(), params()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let _listening = listener.notify(&server_ch).unwrap();
+    let listening = listener.notify(&server_ch).unwrap();
+    (Device::socket(), server_ch, client_ch, addr, listening)
+}
+
+#[test]
+fn connect_accept_reject_and_disconnect_as_events() {
+    let (device, server_ch, client_ch, addr, _listening) = listening_on("127.0.0.1:0");
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     assert!(server_ch.get_event().is_none());
 
@@ -236,12 +251,7 @@ fn a_cancelled_connect_attempt_queues_nothing_and_resets_what_it_made() {
 /// accept whose arguments are refused fails at once and rejects the request.
 #[test]
 fn an_accept_on_a_channel_queues_established_for_the_passive_side() {
-    let device = Device::socket();
-    let server_ch = CmEventChannel::new().unwrap();
-    let client_ch = CmEventChannel::new().unwrap();
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let _listening = listener.notify(&server_ch).unwrap();
+    let (device, server_ch, client_ch, addr, _listening) = listening_on("127.0.0.1:0");
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
 
@@ -304,12 +314,8 @@ fn an_accept_on_a_channel_queues_established_for_the_passive_side() {
 /// connected to (`rdma_get_local_addr` on the request's id), not the wildcard.
 #[test]
 fn a_request_to_a_wildcard_listener_names_the_address_connected_to() {
-    let device = Device::socket();
-    let server_ch = CmEventChannel::new().unwrap();
-    let client_ch = CmEventChannel::new().unwrap();
-    let listener = Listener::bind("0.0.0.0:0".parse().unwrap(), params()).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let _listening = listener.notify(&server_ch).unwrap();
+    let (device, server_ch, client_ch, wildcard, _listening) = listening_on("0.0.0.0:0");
+    let port = wildcard.port();
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     device

@@ -465,6 +465,22 @@ fn collect_frag_needed(xsks: &mut [Xsk], wait: Duration, want: usize) -> Vec<(u1
     }
 }
 
+/// The program (`frags`: its multi-buffer variant) attached to `iwa0` in any mode, steering
+/// the flow `B:sport -> A:port` and the listener `A:listen` (call inside `iwa`).
+fn steer_flow_and_listener(frags: bool, sport: u16, port: u16, listen: u16) -> SteeringProgram {
+    let mut prog = SteeringProgram::load(frags).expect("load");
+    prog.attach(DEV_A, AttachMode::Auto).expect("attach");
+    prog.steer_flow(FourTuple {
+        saddr: ADDR_B,
+        daddr: ADDR_A,
+        sport,
+        dport: port,
+    })
+    .expect("steer_flow");
+    prog.steer_port(ADDR_A, listen).expect("steer_port");
+    prog
+}
+
 /// (f) An ICMP "fragmentation needed" about a segment of a steered flow (its quoted header
 /// reversed is the flow's key) or from a steered port reaches the AF_XDP ring, counted as
 /// `icmp_redirected`; one about another flow, or quoting a segment from another source than
@@ -477,16 +493,7 @@ fn f_frag_needed_about_steered_flows_reaches_af_xdp_ring() {
     const SPORT: u16 = 40010;
     for frags in [false, true] {
         in_ns(NS_A, || {
-            let mut prog = SteeringProgram::load(frags).expect("load");
-            prog.attach(DEV_A, AttachMode::Auto).expect("attach");
-            prog.steer_flow(FourTuple {
-                saddr: ADDR_B,
-                daddr: ADDR_A,
-                sport: SPORT,
-                dport: PORT,
-            })
-            .expect("steer_flow");
-            prog.steer_port(ADDR_A, LISTEN).expect("steer_port");
+            let mut prog = steer_flow_and_listener(frags, SPORT, PORT, LISTEN);
             let mut xsks = bind_all_queues(&mut prog);
             let before = prog.counters().expect("counters");
             in_ns(NS_B, || {
@@ -578,16 +585,7 @@ fn g_first_fragment_of_a_steered_segment_is_dropped() {
     const SPORT: u16 = 40020;
     for frags in [false, true] {
         in_ns(NS_A, || {
-            let mut prog = SteeringProgram::load(frags).expect("load");
-            prog.attach(DEV_A, AttachMode::Auto).expect("attach");
-            prog.steer_flow(FourTuple {
-                saddr: ADDR_B,
-                daddr: ADDR_A,
-                sport: SPORT,
-                dport: PORT,
-            })
-            .expect("steer_flow");
-            prog.steer_port(ADDR_A, LISTEN).expect("steer_port");
+            let mut prog = steer_flow_and_listener(frags, SPORT, PORT, LISTEN);
             let _xsks = bind_all_queues(&mut prog);
             let wait_rsts = |before: u64, want: u64| {
                 let deadline = Instant::now() + Duration::from_millis(500);
