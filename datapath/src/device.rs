@@ -102,9 +102,14 @@ pub struct PortAttr {
 
 /// An open transport: listen and connect through it; everything else (protection domains,
 /// regions, completion queues, queue pairs) is the same API whichever it is. For the AF_XDP
-/// engine, dropping the device stops the engine (its queue pairs end with it).
+/// engine, dropping the device's last handle stops the engine (its queue pairs end with it).
+///
+/// Cloning gives another handle to the same device (the same engine), as every
+/// `rdma_cm_id::verbs` of a process names the one `ibv_context` of its device: a program that
+/// opens the device itself and then uses the context an id carries uses one engine, not two.
+#[derive(Clone)]
 pub struct Device {
-    engine: Option<XdpEngine>,
+    engine: Option<std::sync::Arc<XdpEngine>>,
 }
 
 impl Device {
@@ -113,7 +118,9 @@ impl Device {
     pub fn open(transport: Transport) -> Result<Device, DatapathError> {
         let engine = match transport {
             Transport::Socket => None,
-            Transport::Xdp { ifname, config } => Some(XdpEngine::start(&ifname, *config)?),
+            Transport::Xdp { ifname, config } => {
+                Some(std::sync::Arc::new(XdpEngine::start(&ifname, *config)?))
+            }
         };
         Ok(Device { engine })
     }
@@ -125,7 +132,7 @@ impl Device {
 
     /// The engine, if this device is the AF_XDP one (its counters, shards, ...).
     pub fn engine(&self) -> Option<&XdpEngine> {
-        self.engine.as_ref()
+        self.engine.as_deref()
     }
 
     /// What the device supports (`ibv_query_device`, `ibv_query_port`).
@@ -142,12 +149,12 @@ impl Device {
             max_srq_wr: MAX_SRQ_WR,
             max_cqe: crate::MAX_CQE,
             max_srq_sge: rdmap::MAX_SGE,
-            max_qp: self.engine.as_ref().map(XdpEngine::max_connections),
+            max_qp: self.engine.as_deref().map(XdpEngine::max_connections),
             max_backlog: MAX_BACKLOG,
             atomics_global: true,
             port: PortAttr {
                 addr: self.local_ip(),
-                mtu: self.engine.as_ref().map(XdpEngine::mtu),
+                mtu: self.engine.as_deref().map(XdpEngine::mtu),
             },
         }
     }
@@ -163,7 +170,7 @@ impl Device {
 
     /// The engine's IPv4 address; `None` for sockets (any local address).
     pub fn local_ip(&self) -> Option<Ipv4Addr> {
-        self.engine.as_ref().map(XdpEngine::local_ip)
+        self.engine.as_deref().map(XdpEngine::local_ip)
     }
 
     /// Listens (`rdma_listen`): on `addr` for sockets; on `addr`'s port at the interface's
@@ -437,11 +444,16 @@ impl Device {
         }
     }
 
-    /// Stops the engine (closing its connections) and returns its final counters; `None` for
-    /// sockets.
+    /// Stops the engine (closing its connections) and returns its final counters, if this is
+    /// the device's last handle; with other handles left, only this one goes (the engine runs
+    /// on for them) and the counters so far are returned. `None` for sockets.
     pub fn close(self) -> Option<EngineCounters> {
-        let mut engine = self.engine?;
-        engine.stop();
-        Some(engine.counters())
+        match std::sync::Arc::try_unwrap(self.engine?) {
+            Ok(mut engine) => {
+                engine.stop();
+                Some(engine.counters())
+            }
+            Err(shared) => Some(shared.counters()),
+        }
     }
 }

@@ -220,3 +220,38 @@ fn engine_device_reports_its_port_and_enforces_its_limits() {
         "an engine connect with a send queue deeper than max_qp_wr",
     );
 }
+
+/// A device's clones are handles on one engine (as every `rdma_cm_id::verbs` names the one
+/// context of its device): dropping one leaves the engine to the others, `close` on one of
+/// several stops nothing, and the last handle's `close` stops it, leaving the interface free
+/// for another engine.
+#[test]
+fn clones_of_an_engine_device_share_one_engine() {
+    let _bed = bed_or_skip!();
+    let open = || {
+        testbed::in_ns(NS_A, || {
+            Device::open(Transport::Xdp {
+                ifname: DEV_A.into(),
+                config: Box::new(XdpEngineConfig::default()),
+            })
+        })
+    };
+    let dev = open().expect("engine device");
+    let (second, third) = (dev.clone(), dev.clone());
+    let engine = dev.engine().expect("the engine") as *const _;
+    assert!(std::ptr::eq(engine, second.engine().expect("shared")));
+    drop(dev);
+    assert_eq!(second.local_ip(), Some(ADDR_A), "the engine runs on");
+    assert!(
+        third.close().is_some(),
+        "one handle of several: counters so far"
+    );
+    // The engine still holds the interface: another cannot start there.
+    assert!(
+        open().is_err(),
+        "a second engine started beside a running one"
+    );
+    assert!(second.close().is_some(), "the last handle stops it");
+    let again = open().expect("the interface is free once the last handle closed");
+    drop(again);
+}
