@@ -410,6 +410,9 @@ pub struct ConnStats {
     /// Lowered path MTUs raised back to the first hop's when they expired
     /// ([`Config::path_mtu_expiry`]).
     pub path_mtu_raises: u64,
+    /// Scoreboard entries SACK marking and RACK loss detection looked at (the work the
+    /// peer's ACKs made; runs of SACKed entries are jumped over, not looked at).
+    pub sack_scan_steps: u64,
     /// D-SACK blocks received (RFC 2883: the peer got a segment twice).
     pub dsacks_received: u64,
     /// D-SACK blocks sent.
@@ -448,6 +451,74 @@ enum SegState {
     InFlight,
     Sacked,
     Lost,
+}
+
+/// The most spans [`SackedSpans`] keeps.
+const SACKED_SPANS: usize = 16;
+
+/// Stream ranges (positions) every scoreboard entry inside of which is SACKed: the SACK blocks
+/// (RFC 2018 4) as processed, merged, sorted, at most [`SACKED_SPANS`] (when full the lowest
+/// goes: it is the next to be acknowledged). SACK marking and RACK loss detection jump over
+/// the entries inside one instead of looking at each again on every ACK: a block that grows
+/// by a segment per ACK (a receiver behind one lost segment) costs a segment per ACK, not the
+/// whole block, and a peer repeating large blocks makes us do little. Entries only stop being
+/// SACKed when every SACK is forgotten (reneging, RFC 2018 8) and are only split when lost
+/// (a smaller path MTU): both clear the spans. No allocation.
+#[derive(Debug, Clone, Copy, Default)]
+struct SackedSpans {
+    spans: [(u64, u64); SACKED_SPANS],
+    len: usize,
+}
+
+impl SackedSpans {
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The end of the span holding position `pos`, if one does.
+    fn end_of_span_holding(&self, pos: u64) -> Option<u64> {
+        self.spans[..self.len]
+            .iter()
+            .find(|&&(l, r)| l <= pos && pos < r)
+            .map(|&(_, r)| r)
+    }
+
+    /// Adds `[l, r)`, merged with the spans it overlaps or touches.
+    fn add(&mut self, mut l: u64, mut r: u64) {
+        let mut kept = [(0u64, 0u64); SACKED_SPANS];
+        let mut n = 0;
+        for &(a, b) in &self.spans[..self.len] {
+            if b < l || a > r {
+                kept[n] = (a, b);
+                n += 1;
+            } else {
+                l = l.min(a);
+                r = r.max(b);
+            }
+        }
+        if n == SACKED_SPANS {
+            // Full: the lowest span goes.
+            kept.copy_within(1.., 0);
+            n -= 1;
+        }
+        let at = kept[..n].partition_point(|&(a, _)| a < l);
+        kept.copy_within(at..n, at + 1);
+        kept[at] = (l, r);
+        self.spans = kept;
+        self.len = n + 1;
+    }
+
+    /// Forgets what lies below `pos` (cumulatively acknowledged).
+    fn drop_below(&mut self, pos: u64) {
+        let gone = self.spans[..self.len]
+            .iter()
+            .take_while(|&&(_, r)| r <= pos)
+            .count();
+        if gone > 0 {
+            self.spans.copy_within(gone..self.len, 0);
+            self.len -= gone;
+        }
+    }
 }
 
 /// A transmitted segment: its boundaries are fixed at first transmission.
@@ -573,6 +644,9 @@ pub struct Connection {
     /// One entry per segment sent and not yet cumulatively acknowledged (at most
     /// `max_tracked`).
     scoreboard: VecDeque<TxSegment>,
+    /// Stream ranges every scoreboard entry inside of which is SACKed: the SACK blocks as
+    /// processed, merged (see [`SackedSpans`]). SACK marking and RACK jump over them.
+    sacked_spans: SackedSpans,
     pipe: u64,
     lost_count: usize,
     cc: Box<dyn CongestionControl>,
@@ -744,6 +818,7 @@ impl Connection {
             path_mtu_expires: None,
             emss: DEFAULT_SEND_MSS,
             scoreboard: VecDeque::new(),
+            sacked_spans: SackedSpans::default(),
             pipe: 0,
             lost_count: 0,
             cc,
@@ -2314,6 +2389,7 @@ impl Connection {
         if newly_acked > 0 {
             self.eifel_check();
             self.on_cumulative_ack(now, ack_pos);
+            self.sacked_spans.drop_below(ack_pos);
             delivered_any = true;
         }
         if self.sack_enabled && !seg.options.sack_blocks().is_empty() {
@@ -2543,12 +2619,25 @@ impl Connection {
     /// sent again (`ConnStats::peer_reneged`).
     fn forget_sacks(&mut self) {
         self.stats.peer_reneged += 1;
+        self.sacked_spans.clear();
         for e in self.scoreboard.iter_mut() {
             if e.state == SegState::Sacked {
                 e.state = SegState::Lost;
                 self.lost_count += 1;
             }
         }
+    }
+
+    /// If scoreboard entry `i` lies wholly inside a SACKed span, the index of the first entry
+    /// past the span (every one before it inside, so SACKed: see [`SackedSpans`]).
+    fn past_sacked_span(&self, i: usize) -> Option<usize> {
+        let e = self.scoreboard.get(i)?;
+        let end = self.sacked_spans.end_of_span_holding(e.start)?;
+        if e.end() > end {
+            return None;
+        }
+        let j = self.scoreboard.partition_point(|x| x.end() <= end);
+        (j > i).then_some(j)
     }
 
     /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
@@ -2588,6 +2677,11 @@ impl Connection {
                 if e.start >= r {
                     break;
                 }
+                self.stats.sack_scan_steps += 1;
+                if let Some(j) = self.past_sacked_span(i) {
+                    i = j;
+                    continue;
+                }
                 if e.start >= l && e.end() <= r && e.state != SegState::Sacked {
                     match e.state {
                         SegState::InFlight => self.pipe -= e.seq_len(),
@@ -2605,6 +2699,18 @@ impl Connection {
                     any = true;
                 }
                 i += 1;
+            }
+        }
+        // Every entry wholly inside a block processed above is SACKed now.
+        for (k, b) in blocks.iter().enumerate() {
+            if let (Some(l), Some(r)) = (
+                self.snd.pos_of(b.left, self.snd_una),
+                self.snd.pos_of(b.right, self.snd_una),
+            ) {
+                let dsack = k == 0 && r <= ack_pos;
+                if l < r && r <= snd_max && l >= self.snd_una && !dsack {
+                    self.sacked_spans.add(l, r);
+                }
             }
         }
         // A newly SACKed, never-retransmitted segment is an unambiguous sample.
@@ -2714,16 +2820,32 @@ impl Connection {
         };
         let mut next: Option<Instant> = None;
         let mut lost_any = false;
-        for e in self.scoreboard.iter_mut() {
-            // Never-retransmitted segments were sent in sequence order: once one was sent
-            // after RACK.xmit_ts, or at that same instant but ending above RACK.end (a turn
-            // sends many segments with one timestamp), every later entry was sent later or
-            // ends higher, so none was sent before the segment RACK remembers.
-            if e.retransmits == 0
-                && (e.xmit_time > rack_ts || (e.xmit_time == rack_ts && e.end() > self.rack.end))
-            {
+        let rack_end = self.rack.end;
+        // Never-retransmitted segments were sent in sequence order: once one was sent after
+        // RACK.xmit_ts, or at that same instant but ending above RACK.end (a turn sends many
+        // segments with one timestamp), every later entry was sent later or ends higher, so
+        // none was sent before the segment RACK remembers.
+        let sent_after = |e: &TxSegment| {
+            e.retransmits == 0
+                && (e.xmit_time > rack_ts || (e.xmit_time == rack_ts && e.end() > rack_end))
+        };
+        let mut i = 0;
+        while i < self.scoreboard.len() {
+            self.stats.sack_scan_steps += 1;
+            if sent_after(&self.scoreboard[i]) {
                 break;
             }
+            // A run of SACKed entries is jumped over (none of them is in flight); should its
+            // last one have been sent after RACK's, so was everything beyond.
+            if let Some(j) = self.past_sacked_span(i) {
+                if sent_after(&self.scoreboard[j - 1]) {
+                    break;
+                }
+                i = j;
+                continue;
+            }
+            let e = &mut self.scoreboard[i];
+            i += 1;
             if e.state != SegState::InFlight {
                 continue;
             }
@@ -3570,6 +3692,8 @@ impl Connection {
             e.fin = false;
             self.scoreboard[idx] = e;
             self.scoreboard.insert(idx + 1, rest);
+            // A piece of a lost segment may now lie wholly inside a SACKed span.
+            self.sacked_spans.clear();
             self.lost_count += 1;
         }
         let len = e.seq_len();
