@@ -389,7 +389,10 @@ impl Device {
                     SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
                 };
                 let probe = std::net::UdpSocket::bind(any)?;
-                probe.connect(SocketAddr::new(dst.ip(), dst.port().max(1)))?;
+                // `dst` itself (an IPv6 scope kept), at a port a UDP connect takes.
+                let mut to = dst;
+                to.set_port(dst.port().max(1));
+                probe.connect(to)?;
                 Ok(SocketAddr::new(probe.local_addr()?.ip(), 0))
             }
         }

@@ -179,20 +179,18 @@ impl PageLocks {
     }
 }
 
-/// Counts a buffer's locked range ([`PageLocks::add`]).
-fn count_locked(start: usize, len: usize) {
-    LOCKED_PAGES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .add(start, start + len);
+/// The page counts, locked. Held across each `mlock` and its count, and across each release
+/// and its `munlock`s: otherwise a page another thread's buffer has just counted (its `mlock`
+/// a no-op, the page being locked) could be unlocked by a release that found it unused a
+/// moment before.
+fn page_locks() -> MutexGuard<'static, PageLocks> {
+    LOCKED_PAGES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A buffer lets go of its locked range: the pages no other buffer covers are unlocked.
 fn release_locked(start: usize, len: usize, unlock: bool) {
-    let free = LOCKED_PAGES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(start, start + len);
+    let mut locks = page_locks();
+    let free = locks.remove(start, start + len);
     if unlock {
         for (s, e) in free {
             // SAFETY: pages of a range `lock_pages` locked for a buffer that is still mapped
@@ -213,12 +211,14 @@ fn lock_pages(
     }
     let start = addr & !(PAGE - 1);
     let end = (addr + len).next_multiple_of(PAGE);
+    let mut locks = page_locks();
     // SAFETY: mlock only changes paging of the range (faulting its pages in); the caller's
     // memory covers `[addr, addr + len)`, and the rest of its first and last pages is mapped too.
     if unsafe { libc::mlock(start as *const libc::c_void, end - start) } == 0 {
-        count_locked(start, end - start);
+        locks.add(start, end);
         return Ok(Some((start, end - start)));
     }
+    drop(locks);
     let source = io::Error::last_os_error();
     match pinning {
         Pinning::Required => Err(DatapathError::PinFailed {

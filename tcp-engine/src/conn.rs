@@ -3106,6 +3106,7 @@ impl Connection {
         self.persist_deadline = None;
         self.keepalive_deadline = None;
         self.delack_deadline = None;
+        self.path_mtu_expires = None;
     }
 
     /// Whether `syn` (a SYN without ACK or RST, for this 4-tuple) may end this connection's
@@ -3147,6 +3148,7 @@ impl Connection {
         self.delack_deadline = None;
         self.time_wait_deadline = None;
         self.fin_wait2_deadline = None;
+        self.path_mtu_expires = None;
         self.syn_due = false;
         self.ack_now = false;
         self.probe_due = false;

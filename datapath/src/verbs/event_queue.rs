@@ -57,8 +57,8 @@ impl<T> EventQueue<T> {
     /// lock, only when an event is queued: a push queues its event before it raises the
     /// count, so on a blocking descriptor the read waits at most for a push in progress to
     /// finish, and on a non-blocking one it fails then (the event stays for the next call,
-    /// when the descriptor is readable). Never more reads than events: the descriptor is
-    /// readable exactly while an event is queued.
+    /// when the descriptor is readable). Never more reads than events: the descriptor is never
+    /// readable without an event queued (an event is queued a moment before it is readable).
     pub(crate) fn pop(&self) -> Option<T> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         if items.is_empty() {

@@ -222,12 +222,22 @@ impl ConnectRequest {
         let private_data = private_data.to_vec();
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
-        std::thread::Builder::new()
+        // The request goes to the thread once it runs: should no thread be had, it is still
+        // here to reject (the peer hears of it now, not at its MPA timeout).
+        let (hand_over, take) = std::sync::mpsc::sync_channel::<ConnectRequest>(1);
+        let spawned = std::thread::Builder::new()
             .name("iwarp-cm-accept".into())
             .spawn(move || {
+                let Ok(request) = take.recv() else { return };
                 let outcome = request.finish_accept(&pd, &cq, &private_data, start);
                 push_outcome(&channel, context, &attempt, outcome);
-            })?;
+            });
+        if let Err(e) = spawned {
+            let _ = request.reject(&[]);
+            return Err(e.into());
+        }
+        // The thread waits for it: the channel has room for it, and its receiver lives.
+        let _ = hand_over.send(request);
         Ok(())
     }
 
