@@ -2700,17 +2700,15 @@ impl Connection {
                 }
                 i += 1;
             }
-        }
-        // Every entry wholly inside a block processed above is SACKed now.
-        for (k, b) in blocks.iter().enumerate() {
-            if let (Some(l), Some(r)) = (
-                self.snd.pos_of(b.left, self.snd_una),
-                self.snd.pos_of(b.right, self.snd_una),
-            ) {
-                let dsack = k == 0 && r <= ack_pos;
-                if l < r && r <= snd_max && l >= self.snd_una && !dsack {
-                    self.sacked_spans.add(l, r);
-                }
+            // The entries wholly inside this block are SACKed now: their run, from the
+            // first one's start to the last one's end, is a span. On entry boundaries, so
+            // that spans merged later cover whole SACKed entries only, and an entry trimmed by
+            // a partial cumulative ACK cannot come to lie inside one.
+            let lo = self.scoreboard.partition_point(|e| e.start < l);
+            let hi = self.scoreboard.partition_point(|e| e.end() <= r);
+            if lo < hi {
+                let (from, to) = (self.scoreboard[lo].start, self.scoreboard[hi - 1].end());
+                self.sacked_spans.add(from, to);
             }
         }
         // A newly SACKed, never-retransmitted segment is an unambiguous sample.
@@ -3149,6 +3147,7 @@ impl Connection {
         self.time_wait_deadline = None;
         self.fin_wait2_deadline = None;
         self.path_mtu_expires = None;
+        self.sacked_spans.clear();
         self.syn_due = false;
         self.ack_now = false;
         self.probe_due = false;
