@@ -3,6 +3,8 @@
 //! `AF_PACKET` socket in `iwb` carry SYNs that spoof the peer's IPv4 address from another MAC,
 //! valid and with bad checksums. The engine must keep answering the real peer: the transfer
 //! stays intact, and the spoofed half-open connections are the only thing the SYNs make.
+//! A SYN forged from an address the engine knows nothing of, from a MAC nobody has, does not
+//! keep the real host of that address from connecting.
 //! A SYN flood: 100,000 SYNs from spoofed addresses that never answer, while a transfer
 //! runs and a new client connects: the listener answers with SYN cookies once its half-open
 //! queue is full, and both connections carry verified data.
@@ -408,4 +410,38 @@ fn a_syn_flood_leaves_new_clients_and_running_transfers_intact() {
     // client: nothing more was kept.
     let kept = u64::from(QUEUES) * XdpEngineConfig::default().backlog as u64 + 2;
     assert!(t.passive_opens <= kept, "{t:?}");
+}
+
+const UNSEEN_PORT: u16 = 19_573;
+
+/// A SYN forged from an address the engine knows nothing of yet, from a MAC nobody has: the
+/// engine takes that MAC for the address (its SYN-ACK has to go somewhere), but only until a
+/// real SYN from the address comes. Before, the forger's MAC stayed, so the real host's
+/// SYN-ACKs went nowhere and it could not connect at all.
+#[test]
+fn a_syn_forged_from_an_unseen_address_does_not_keep_its_host_out() {
+    let _bed = bed_or_skip!();
+    const HOST: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 50);
+    let engine_mac = mac_of(NS_A, DEV_A);
+    let added = Command::new("ip")
+        .args(["-n", NS_B, "addr", "add", "10.77.0.50/24", "dev", DEV_B])
+        .status()
+        .expect("ip addr add");
+    assert!(added.success(), "a second address for the host in {NS_B}");
+    let engine =
+        in_ns(NS_A, || XdpEngine::start(DEV_A, XdpEngineConfig::default())).expect("engine");
+    let _listener = in_ns(NS_A, || engine.listen(UNSEEN_PORT, params())).expect("listen");
+    let connected = in_ns(NS_B, || {
+        RawSocket::on(DEV_B).send(&syn_from(engine_mac, HOST, 40_000, UNSEEN_PORT, false));
+        std::thread::sleep(Duration::from_millis(100));
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        s.bind(&SocketAddr::from((HOST, 0)).into())
+            .expect("bind the host's address");
+        s.connect_timeout(
+            &SocketAddr::from((ADDR_A, UNSEEN_PORT)).into(),
+            Duration::from_secs(4),
+        )
+    });
+    connected.expect("the real host connects after a forged SYN from its address");
 }

@@ -54,6 +54,9 @@ struct Entry {
     checked: Instant,
     /// Looked up since eviction last passed it (its second chance).
     used: bool,
+    /// Taken from a SYN alone ([`Neighbours::learn_passive`]), no handshake completed from
+    /// that MAC yet: a later SYN may replace it.
+    unconfirmed: bool,
 }
 
 impl Entry {
@@ -63,6 +66,15 @@ impl Entry {
             mac,
             checked: Instant::now(),
             used: false,
+            unconfirmed: false,
+        }
+    }
+
+    /// A MAC taken from a SYN, not confirmed by a handshake yet.
+    fn unconfirmed(mac: [u8; 6]) -> Entry {
+        Entry {
+            unconfirmed: true,
+            ..Entry::new(Some(mac))
         }
     }
 }
@@ -79,8 +91,12 @@ impl Entry {
 ///
 /// Hardened against spoofing: a SYN never replaces what is known of an address
 /// ([`Neighbours::learn_passive`]): a SYN forged with a connected peer's address cannot
-/// redirect that peer's traffic (its SYN-ACK goes to the real peer, which resets it). Only an
-/// active open's resolution (the kernel's own neighbour table) replaces an entry. Bounded:
+/// redirect that peer's traffic (its SYN-ACK goes to the real peer, which resets it). What a
+/// SYN taught is unconfirmed until a handshake from that address completes
+/// ([`Neighbours::confirm`]); until then a later SYN replaces it, so that a SYN forged from an
+/// address nothing was known of, from a MAC that never answers, does not keep the real host
+/// out (its SYN-ACKs sent to the forger's MAC). Only an active open's resolution (the kernel's
+/// own neighbour table) or a completed handshake replaces a confirmed entry. Bounded:
 /// when full, the oldest entry not looked up since eviction last passed it is evicted (a
 /// second chance, close to least recently used; its address is asked of the kernel again
 /// when next needed), so spoofed addresses cannot fill the cache for good; an address the kernel
@@ -194,11 +210,30 @@ impl Neighbours {
         self.insert(ip, Entry::new(Some(mac)));
     }
 
-    /// Records `ip` -> `mac` from a valid SYN that opened a connection: only when nothing is
-    /// known of `ip` (a negative entry aside), never replacing a known MAC.
+    /// Records `ip` -> `mac` from a valid SYN that opened a connection, unconfirmed: when
+    /// nothing is known of `ip` (a negative entry aside) or only what another SYN taught;
+    /// never replacing a confirmed MAC.
     pub(crate) fn learn_passive(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
         match self.map.get(&ip) {
-            Some(Entry { mac: Some(_), .. }) => {}
+            Some(Entry {
+                mac: Some(known),
+                unconfirmed,
+                ..
+            }) if !unconfirmed || *known == mac => {}
+            _ => self.insert(ip, Entry::unconfirmed(mac)),
+        }
+    }
+
+    /// A handshake with `ip` completed, its last segment from `mac` (whoever completed it had
+    /// our SYN-ACK): `mac` is confirmed, replacing what a SYN alone taught, or taken if
+    /// nothing was known. A confirmed MAC stays as it is.
+    pub(crate) fn confirm(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        match self.map.get(&ip) {
+            Some(Entry {
+                mac: Some(_),
+                unconfirmed: false,
+                ..
+            }) => {}
             _ => self.insert(ip, Entry::new(Some(mac))),
         }
     }
@@ -432,6 +467,45 @@ mod tests {
     /// A SYN forged with a known peer's address (a valid one, even) does not move that
     /// peer's traffic to the forger's MAC; an address nothing is known of is learned from its
     /// SYN, and spoofed addresses cannot fill the cache for good.
+    /// What a SYN alone taught gives way to the next SYN until a handshake from the address
+    /// completes: a SYN forged from an address nothing was known of, from a MAC that never
+    /// answers, does not keep the real host out; a confirmed MAC stays.
+    #[test]
+    fn an_unconfirmed_mac_gives_way_to_the_next_syn_until_a_handshake_confirms_one() {
+        const FORGED: [u8; 6] = [0x02, 0, 0, 0, 0x66, 0x66];
+        const REAL: [u8; 6] = [0x02, 0, 0, 0, 0x20, 0x20];
+        let mut n = Neighbours::new(0, 8);
+        let host = Ipv4Addr::new(192, 0, 2, 20);
+        n.learn_passive(host, FORGED);
+        assert_eq!(n.lookup(host), Some(FORGED));
+        n.learn_passive(host, REAL);
+        assert_eq!(
+            n.lookup(host),
+            Some(REAL),
+            "the real host's SYN replaced the forger's"
+        );
+        n.confirm(host, REAL);
+        n.learn_passive(host, FORGED);
+        assert_eq!(
+            n.lookup(host),
+            Some(REAL),
+            "a SYN does not replace a confirmed MAC"
+        );
+        n.confirm(host, FORGED);
+        assert_eq!(n.lookup(host), Some(REAL), "nor does another handshake");
+        // A handshake whose SYN taught nothing (a SYN cookie's) teaches its MAC.
+        let cookie = Ipv4Addr::new(192, 0, 2, 21);
+        n.confirm(cookie, [0x21; 6]);
+        assert_eq!(n.lookup(cookie), Some([0x21; 6]));
+        // A handshake completed from another MAC than the SYN's replaces the unconfirmed one.
+        let moved = Ipv4Addr::new(192, 0, 2, 22);
+        n.learn_passive(moved, FORGED);
+        n.confirm(moved, REAL);
+        assert_eq!(n.lookup(moved), Some(REAL));
+        n.learn_passive(moved, FORGED);
+        assert_eq!(n.lookup(moved), Some(REAL));
+    }
+
     #[test]
     fn a_syn_never_replaces_a_known_neighbour() {
         let mut n = Neighbours::new(0, 4);

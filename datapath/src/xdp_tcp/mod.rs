@@ -2051,6 +2051,8 @@ impl Rx<'_> {
         self.passed_up |= rx.passed_up;
         self.stats.rx_multi_frame_digested += u64::from(rx.digest_used);
         if self.table.stats().queued_for_accept != queued {
+            // A handshake completed: the MAC its last segment came from had our SYN-ACK.
+            self.neigh.confirm(src_ip, src_mac);
             self.accept
                 .accept(self.table, self.stats, self.attention, app);
         }
