@@ -428,11 +428,17 @@ fn a_syn_forged_from_an_unseen_address_does_not_keep_its_host_out() {
         .status()
         .expect("ip addr add");
     assert!(added.success(), "a second address for the host in {NS_B}");
-    let engine =
-        in_ns(NS_A, || XdpEngine::start(DEV_A, XdpEngineConfig::default())).expect("engine");
+    // One engine thread: the forged SYN and the host's land on the same next-hop cache
+    // (with a shard per queue they may not, and the host's shard would know nothing yet).
+    let config = XdpEngineConfig {
+        shard_per_queue: false,
+        ..XdpEngineConfig::default()
+    };
+    let engine = in_ns(NS_A, || XdpEngine::start(DEV_A, config)).expect("engine");
     let _listener = in_ns(NS_A, || engine.listen(UNSEEN_PORT, params())).expect("listen");
     let connected = in_ns(NS_B, || {
-        RawSocket::on(DEV_B).send(&syn_from(engine_mac, HOST, 40_000, UNSEEN_PORT, false));
+        // From a port outside the kernel's ephemeral range (32768-60999).
+        RawSocket::on(DEV_B).send(&syn_from(engine_mac, HOST, 20_001, UNSEEN_PORT, false));
         std::thread::sleep(Duration::from_millis(100));
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
             .expect("socket");

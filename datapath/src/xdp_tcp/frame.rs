@@ -204,9 +204,7 @@ impl Neighbours {
     /// Records `ip` -> `mac` from the kernel's own resolution (an active open's next hop): a
     /// newer fact replaces an older one.
     pub(crate) fn learn(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
-        if self.last == Some((ip, mac)) {
-            return;
-        }
+        // Whatever the fast path holds: an entry a SYN taught is confirmed here.
         self.insert(ip, Entry::new(Some(mac)));
     }
 
@@ -221,6 +219,16 @@ impl Neighbours {
                 ..
             }) if !unconfirmed || *known == mac => {}
             _ => self.insert(ip, Entry::unconfirmed(mac)),
+        }
+    }
+
+    /// A valid SYN from `ip` answered with a SYN cookie (no connection kept): replaces an
+    /// unconfirmed MAC, as [`Neighbours::learn_passive`] would, but caches nothing new.
+    pub(crate) fn replace_unconfirmed(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        if let Some(e) = self.map.get(&ip) {
+            if e.unconfirmed && e.mac != Some(mac) {
+                self.insert(ip, Entry::unconfirmed(mac));
+            }
         }
     }
 
@@ -504,6 +512,28 @@ mod tests {
         assert_eq!(n.lookup(moved), Some(REAL));
         n.learn_passive(moved, FORGED);
         assert_eq!(n.lookup(moved), Some(REAL));
+        // An active open's resolution confirms, also when the fast path holds the pair.
+        let dialled = Ipv4Addr::new(192, 0, 2, 23);
+        n.learn_passive(dialled, REAL);
+        assert_eq!(n.lookup(dialled), Some(REAL));
+        n.learn(dialled, REAL);
+        n.learn_passive(dialled, FORGED);
+        assert_eq!(
+            n.lookup(dialled),
+            Some(REAL),
+            "confirmed by the active open"
+        );
+        // A SYN answered with a cookie replaces an unconfirmed MAC, caches no new address,
+        // leaves a confirmed one.
+        let cookied = Ipv4Addr::new(192, 0, 2, 24);
+        n.learn_passive(cookied, FORGED);
+        n.replace_unconfirmed(cookied, REAL);
+        assert_eq!(n.lookup(cookied), Some(REAL));
+        let before = n.len();
+        n.replace_unconfirmed(Ipv4Addr::new(192, 0, 2, 25), REAL);
+        assert_eq!(n.len(), before, "nothing new cached");
+        n.replace_unconfirmed(host, FORGED);
+        assert_eq!(n.lookup(host), Some(REAL));
     }
 
     #[test]

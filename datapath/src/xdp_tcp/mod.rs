@@ -2038,6 +2038,7 @@ impl Rx<'_> {
             }
         }
         let opens = self.table.stats().passive_opens;
+        let cookies = self.table.stats().syncookies_sent;
         let queued = self.table.stats().queued_for_accept;
         let mut rx = AppReceiver {
             app,
@@ -2060,6 +2061,10 @@ impl Rx<'_> {
         // to answer through, if nothing is known of the address yet (see `Neighbours`).
         if syn && self.table.stats().passive_opens > opens {
             self.neigh.learn_passive(src_ip, src_mac);
+        } else if syn && self.table.stats().syncookies_sent > cookies {
+            // Answered with a cookie (the backlog full): what another SYN alone taught gives
+            // way as it would with room, but nothing new is cached (a flood would churn it).
+            self.neigh.replace_unconfirmed(src_ip, src_mac);
         }
         match res {
             Ok(Some(id)) => self.attention.mark(id),
