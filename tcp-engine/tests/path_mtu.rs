@@ -61,24 +61,8 @@ fn in_flight_with(cfg: Config, segments: usize) -> (Connection, Vec<(u32, usize,
 /// The peer's ACK of everything `conn` sent (no options: for a connection without
 /// timestamps).
 fn ack_all(conn: &mut Connection, now: Instant) {
-    let t = conn.four_tuple();
-    let seg = SegmentRepr {
-        tos: 0,
-        src_addr: t.remote_addr,
-        dst_addr: t.local_addr,
-        src_port: t.remote_port,
-        dst_port: t.local_port,
-        seq: conn.rcv_nxt(),
-        ack: conn.snd_nxt(),
-        flags: tcp_engine::wire::TcpFlags {
-            ack: true,
-            ..Default::default()
-        },
-        window: u16::MAX,
-        options: Default::default(),
-        payload: &[],
-    };
-    conn.handle_segment(now, &seg, |_| None);
+    let nxt = conn.snd_nxt();
+    peer_ack(conn, now, nxt, &[]);
 }
 
 #[test]

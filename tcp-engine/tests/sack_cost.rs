@@ -10,7 +10,7 @@ use common::*;
 
 use std::time::Duration;
 
-use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
+use tcp_engine::wire::SackBlock;
 use tcp_engine::{Config, Connection, Instant, SegmentRepr};
 
 /// A connected client (no timestamps) with `segments` full segments sent and unacknowledged.
@@ -43,26 +43,7 @@ fn in_flight(segments: usize) -> (Connection, Vec<(u32, u32)>, Instant) {
 
 /// The peer's duplicate ACK of `ack` carrying `blocks`.
 fn sack(conn: &mut Connection, now: Instant, ack: u32, blocks: &[SackBlock]) {
-    let t = conn.four_tuple();
-    let mut options = TcpOptions::default();
-    options.set_sack_blocks(blocks);
-    let seg = SegmentRepr {
-        tos: 0,
-        src_addr: t.remote_addr,
-        dst_addr: t.local_addr,
-        src_port: t.remote_port,
-        dst_port: t.local_port,
-        seq: conn.rcv_nxt(),
-        ack,
-        flags: TcpFlags {
-            ack: true,
-            ..TcpFlags::default()
-        },
-        window: u16::MAX,
-        options,
-        payload: &[],
-    };
-    conn.handle_segment(now, &seg, |_| None);
+    peer_ack(conn, now, ack, blocks);
 }
 
 /// The sequence numbers `conn` sends at `now` (after its timers ran).

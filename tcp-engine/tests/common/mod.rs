@@ -493,3 +493,34 @@ pub struct BoundaryCheck {
     pub data_segments: u64,
     pub retransmissions_checked: u64,
 }
+
+/// The peer's pure ACK of `ack` to `conn` (its next expected octet as the sequence number, a
+/// full window), carrying `blocks` as SACK blocks and no other option (for a connection
+/// without timestamps).
+pub fn peer_ack(
+    conn: &mut Connection,
+    now: Instant,
+    ack: u32,
+    blocks: &[tcp_engine::wire::SackBlock],
+) {
+    let t = conn.four_tuple();
+    let mut options = tcp_engine::wire::TcpOptions::default();
+    options.set_sack_blocks(blocks);
+    let seg = SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: conn.rcv_nxt(),
+        ack,
+        flags: tcp_engine::wire::TcpFlags {
+            ack: true,
+            ..Default::default()
+        },
+        window: u16::MAX,
+        options,
+        payload: &[],
+    };
+    conn.handle_segment(now, &seg, |_| None);
+}
