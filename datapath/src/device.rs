@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::engine::xdp::{EngineCounters, XdpEngine, XdpEngineConfig};
+use crate::engine::xdp::{EngineCounters, PendingConnect, XdpEngine, XdpEngineConfig};
 use crate::memory::ProtectionDomain;
 use crate::socket;
 use crate::verbs::async_events::{AsyncEvent, AsyncEventChannel};
@@ -14,7 +14,7 @@ use crate::verbs::cm::{
 };
 use crate::verbs::cm_events::{push_outcome, CmEvent, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::idle::IdleQp;
+use crate::verbs::idle::{IdleParts, IdleQp, RecvFlushes};
 use crate::verbs::qp::QpStart;
 use crate::verbs::srq::MAX_SRQ_WR;
 use crate::DatapathError;
@@ -110,6 +110,18 @@ pub struct PortAttr {
 #[derive(Clone)]
 pub struct Device {
     engine: Option<std::sync::Arc<XdpEngine>>,
+}
+
+/// What an asynchronous connect starts with: the queue pair's parts, and the receives to
+/// flush if it fails (those of an [`IdleQp`]; receives posted with the call itself belong to
+/// a queue pair the application never gets, and complete nowhere).
+struct Connect {
+    addr: SocketAddr,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    params: ConnectParams,
+    start: QpStart,
+    flushes: Option<RecvFlushes>,
 }
 
 impl Device {
@@ -235,15 +247,22 @@ impl Device {
 
     /// Connects a queue pair created before (`rdma_connect` after `rdma_create_qp`): as
     /// [`Device::connect_with_recvs`] with the queue pair's protection domain, completion
-    /// queue, parameters and posted receives; the running queue pair keeps its number.
+    /// queue, parameters and posted receives; the running queue pair keeps its number. If it
+    /// fails, the receives complete as flushed first (see [`IdleQp`]).
     pub fn connect_qp(
         &self,
         qp: IdleQp,
         addr: SocketAddr,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        let (start, pd, cq, params) = qp.into_start();
-        self.connect_start(addr, &pd, &cq, &params, private_data, start)
+        let IdleParts {
+            start,
+            pd,
+            cq,
+            params,
+            flushes,
+        } = qp.into_parts();
+        flushes.after(self.connect_start(addr, &pd, &cq, &params, private_data, start))
     }
 
     fn connect_start(
@@ -296,9 +315,15 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<ConnectAttempt, DatapathError> {
-        let start = QpStart::with_recvs(recvs);
-        let (pd, cq, params) = (pd.clone(), cq.clone(), params.clone());
-        self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
+        let connect = Connect {
+            addr,
+            pd: pd.clone(),
+            cq: cq.clone(),
+            params: params.clone(),
+            start: QpStart::with_recvs(recvs),
+            flushes: None,
+        };
+        self.connect_async_start(connect, private_data, channel, context)
     }
 
     /// Starts connecting a queue pair created before and returns at once: as
@@ -312,43 +337,81 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<ConnectAttempt, DatapathError> {
-        let (start, pd, cq, params) = qp.into_start();
-        self.connect_async_start(addr, pd, cq, params, private_data, start, channel, context)
+        let IdleParts {
+            start,
+            pd,
+            cq,
+            params,
+            flushes,
+        } = qp.into_parts();
+        let connect = Connect {
+            addr,
+            pd,
+            cq,
+            params,
+            start,
+            flushes: Some(flushes),
+        };
+        self.connect_async_start(connect, private_data, channel, context)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn connect_async_start(
         &self,
-        addr: SocketAddr,
-        pd: ProtectionDomain,
-        cq: CompletionQueue,
-        params: ConnectParams,
+        connect: Connect,
         private_data: &[u8],
-        start: QpStart,
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<ConnectAttempt, DatapathError> {
-        let wait: Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send> = match &self.engine
-        {
+        let Connect {
+            addr,
+            pd,
+            cq,
+            params,
+            start,
+            flushes,
+        } = connect;
+        let started = match &self.engine {
             // `start_connect` checks the parameters itself.
-            Some(e) => e.start_connect(addr, &pd, &cq, &params, private_data, start)?,
-            None => {
-                // Refused here, as by the synchronous connect and the engine, rather than as
-                // an event.
-                params.check()?;
-                check_initial_recvs(&params, &pd, &start.recvs)?;
-                let private_data = private_data.to_vec();
-                Box::new(move || {
-                    socket::connect_start(addr, &pd, &cq, &params, &private_data, start)
-                })
-            }
+            Some(e) => e.start_connect(addr, &pd, &cq, &params, private_data, start),
+            // Refused here, as by the synchronous connect and the engine, rather than as an
+            // event.
+            None => params
+                .check()
+                .and_then(|()| check_initial_recvs(&params, &pd, &start.recvs))
+                .map(|()| {
+                    let private_data = private_data.to_vec();
+                    let wait: PendingConnect = Box::new(move || {
+                        socket::connect_start(addr, &pd, &cq, &params, &private_data, start)
+                    });
+                    wait
+                }),
+        };
+        let wait = match started {
+            Ok(wait) => wait,
+            Err(e) => return RecvFlushes::after_maybe(flushes, Err(e)),
         };
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
         let outcome_of = attempt.clone();
-        std::thread::Builder::new()
+        // The attempt goes to the thread once it runs: should no thread be had, the receives
+        // are still here to flush.
+        let (hand_over, take) = std::sync::mpsc::sync_channel::<(PendingConnect, _)>(1);
+        let spawned = std::thread::Builder::new()
             .name("iwarp-cm-connect".into())
-            .spawn(move || push_outcome(&channel, context, &outcome_of, wait()))?;
+            .spawn(move || {
+                let Ok((wait, flushes)) = take.recv() else {
+                    return;
+                };
+                let outcome = RecvFlushes::after_maybe(flushes, wait());
+                push_outcome(&channel, context, &outcome_of, outcome);
+            });
+        if let Err(e) = spawned {
+            // Dropping the wait gives up the attempt: the engine drops the connection.
+            drop(wait);
+            return RecvFlushes::after_maybe(flushes, Err(e.into()));
+        }
+        // The thread waits for it: the channel has room for it, and its receiver lives.
+        let _ = hand_over.send((wait, flushes));
         Ok(attempt)
     }
 

@@ -14,8 +14,8 @@ use std::sync::mpsc;
 
 use common::{any_port, bed, next_wc, p2p, send_wr, Side, WAIT};
 use datapath::{
-    Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, IdleQp, Listener, MemoryRegion, ProtectionDomain, RdmapError, RecvWr,
+    Access, CmEvent, CmEventChannel, CompletionQueue, ConnectParams, ConnectRequest, Connection,
+    DatapathError, Device, IdleQp, Listener, MemoryRegion, ProtectionDomain, RdmapError, RecvWr,
     SharedReceiveQueue, Transport, WcOpcode, WcStatus, MAX_QP_WR,
 };
 use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, NS_A};
@@ -82,6 +82,32 @@ fn idle_with_a_recv(side: &Side, sink: &MemoryRegion) -> IdleQp {
     qp.post_recv(recv(7, sink)).expect("post before connecting");
     assert_eq!(qp.recvs_posted(), 1);
     qp
+}
+
+/// The receives `wr_ids` of the queue pair numbered `num` are on `cq` already, in order,
+/// completed as flushed (a failed connect or accept leaves the queue pair in Error), and
+/// nothing else is.
+fn flushed(cq: &CompletionQueue, num: u32, wr_ids: &[u64], what: &str) {
+    for &wr_id in wr_ids {
+        let c = cq
+            .try_next()
+            .unwrap_or_else(|| panic!("{what}: receive {wr_id} not flushed"));
+        assert_eq!(
+            (c.qp_num, c.wc.wr_id, c.wc.opcode, c.wc.status),
+            (num, wr_id, WcOpcode::Recv, WcStatus::WrFlushError),
+            "{what}: {c:?}"
+        );
+    }
+    assert!(
+        cq.is_empty(),
+        "{what}: more completions: {:?}",
+        cq.try_next()
+    );
+}
+
+/// Listens on loopback and rejects the first connection request.
+fn rejecting_server() -> (SocketAddr, std::thread::JoinHandle<Result<(), String>>) {
+    common::serve_one(p2p(4), |req| req.reject(b"no").map_err(|e| e.to_string()))
 }
 
 /// Listens on loopback with peer-to-peer setup and greets the first connection at once.
@@ -391,7 +417,8 @@ fn engine_accept_of_an_idle_qp_keeps_its_number_receives_and_depths() {
 
 /// An accept of an idle queue pair that cannot be made fails and rejects the request at once,
 /// as `accept_with_recvs` does: here the request asks for an IRD beyond 14 bits. The initiator
-/// hears `Rejected` rather than waiting for its setup timeout.
+/// hears `Rejected` rather than waiting for its setup timeout; the queue pair's receive
+/// completes as flushed.
 #[test]
 fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
     let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
@@ -405,12 +432,15 @@ fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
         .expect("accept")
         .expect("a connection request");
     let side = Side::new();
-    let qp = IdleQp::new(&side.pd, &side.cq, &p2p(1)).expect("create");
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
     match req.ird_ord(0x4000, 1).accept_qp(qp, &[]) {
         Err(DatapathError::InvalidArgument(_)) => {}
         Err(e) => panic!("an IRD of 15 bits: {e:?}"),
         Ok(_) => panic!("accepted an IRD of 15 bits"),
     }
+    flushed(&side.cq, num, &[7], "refused accept");
     match client.join().expect("client thread") {
         Err(DatapathError::Rejected { .. }) => {}
         other => panic!("the initiator of a refused accept: {other:?}"),
@@ -419,7 +449,7 @@ fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
 
 /// A connect of an idle queue pair on an event channel that cannot be made fails at the call
 /// (as `connect_async` does), not as an event: an ORD beyond 14 bits; with the socket
-/// transport, receives whose region was deregistered after they were posted too.
+/// transport, receives whose region was deregistered after they were posted too (flushed).
 #[test]
 fn socket_refused_connect_async_of_an_idle_qp_fails_at_the_call() {
     let channel = CmEventChannel::new().expect("event channel");
@@ -433,15 +463,131 @@ fn socket_refused_connect_async_of_an_idle_qp_fails_at_the_call() {
     }
     let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
     let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
     drop(sink);
     match Device::socket().connect_qp_async(qp, addr, &[], &channel, 2) {
         Err(DatapathError::InvalidArgument(_)) => {}
         other => panic!("a receive into a deregistered region: {other:?}"),
     }
+    flushed(&side.cq, num, &[7], "connect refused at the call");
     assert!(
         channel
             .wait_event(std::time::Duration::from_millis(200))
             .is_none(),
         "a refused connect queued an event"
+    );
+}
+
+/// A connect of an idle queue pair that the peer rejects leaves the queue pair in Error: its
+/// receives complete as flushed, on its own receive completion queue, before the call
+/// returns.
+#[test]
+fn socket_rejected_connect_of_an_idle_qp_flushes_its_receives() {
+    let (addr, server) = rejecting_server();
+    let side = Side::new();
+    let recv_cq = CompletionQueue::new();
+    let params = ConnectParams {
+        recv_cq: Some(recv_cq.clone()),
+        ..p2p(2)
+    };
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = IdleQp::new(&side.pd, &side.cq, &params).expect("create");
+    qp.post_recv_list([recv(7, &sink), recv(8, &sink)])
+        .expect("post before connecting");
+    let num = qp.num();
+    match Device::socket().connect_qp(qp, addr, &[]) {
+        Err(DatapathError::Rejected { .. }) => {}
+        other => panic!("a rejected connect: {:?}", other.map(|_| ())),
+    }
+    flushed(&recv_cq, num, &[7, 8], "rejected connect");
+    assert!(side.cq.is_empty(), "a receive's flush on the send queue");
+    server.join().expect("server thread").expect("server");
+}
+
+/// The same on an event channel: the flushes are on the completion queue when `Rejected`
+/// arrives.
+#[test]
+fn socket_rejected_connect_async_of_an_idle_qp_flushes_before_the_event() {
+    let (addr, server) = rejecting_server();
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
+    let channel = CmEventChannel::new().expect("event channel");
+    Device::socket()
+        .connect_qp_async(qp, addr, &[], &channel, 9)
+        .expect("connect_async");
+    match channel.wait_event(WAIT) {
+        Some(CmEvent::Rejected { context: 9, .. }) => {}
+        other => panic!("not rejected: {other:?}"),
+    }
+    flushed(&side.cq, num, &[7], "rejected connect, event channel");
+    server.join().expect("server thread").expect("server");
+}
+
+/// An accept on an event channel refused at the call flushes the queue pair's receives too.
+#[test]
+fn socket_refused_accept_async_of_an_idle_qp_flushes_its_receives() {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let client = std::thread::spawn(move || {
+        let side = Side::new();
+        datapath::connect(addr, &side.pd, &side.cq, &p2p(4), &[]).map(|_| ())
+    });
+    let req = listener
+        .accept_timeout(WAIT)
+        .expect("accept")
+        .expect("a connection request");
+    let side = Side::new();
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = idle_with_a_recv(&side, &sink);
+    let num = qp.num();
+    let channel = CmEventChannel::new().expect("event channel");
+    match req.ird_ord(0x4000, 1).accept_qp_async(qp, &[], &channel, 3) {
+        Err(DatapathError::InvalidArgument(_)) => {}
+        other => panic!("an IRD of 15 bits: {other:?}"),
+    }
+    flushed(&side.cq, num, &[7], "refused accept on an event channel");
+    match client.join().expect("client thread") {
+        Err(DatapathError::Rejected { .. }) => {}
+        other => panic!("the initiator of a refused accept: {other:?}"),
+    }
+}
+
+/// The AF_XDP engine's connect of an idle queue pair that the peer rejects: its receive,
+/// which the engine's queue pair held from before the SYN, completes as flushed once, on the
+/// application's completion queue, before the call returns.
+#[test]
+fn engine_rejected_connect_of_an_idle_qp_flushes_its_receives() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_680;
+    let server = move |ready| {
+        let req = bed::listen_in_b_with(PORT, &ready, WAIT, p2p(4))?;
+        req.reject(b"no").map_err(|e| e.to_string())
+    };
+    bed::against(
+        server,
+        move || {
+            testbed::enter_ns(NS_A).map_err(|e| e.to_string())?;
+            let device = Device::open(Transport::Xdp {
+                ifname: DEV_A.into(),
+                config: Box::default(),
+            })
+            .map_err(|e| e.to_string())?;
+            let side = Side::new();
+            let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+            let qp = idle_with_a_recv(&side, &sink);
+            let num = qp.num();
+            match device.connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[]) {
+                Err(DatapathError::Rejected { .. }) => {}
+                other => return Err(format!("a rejected connect: {:?}", other.map(|_| ()))),
+            }
+            flushed(&side.cq, num, &[7], "engine, rejected connect");
+            // Nothing more comes of the engine's own queue pair.
+            let stray = side.cq.wait(std::time::Duration::from_millis(300));
+            assert!(stray.is_none(), "a second completion: {stray:?}");
+            Ok(())
+        },
+        WAIT,
     );
 }

@@ -6,12 +6,12 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Mutex;
 
-use rdmap::RecvWr;
+use rdmap::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
-use crate::verbs::cq::CompletionQueue;
+use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpAttr, QpStart};
 use crate::{DatapathError, PostListError};
 
@@ -24,9 +24,12 @@ use crate::{DatapathError, PostListError};
 /// receiver-not-ready retry, so a Send that arrives before its buffer ends the connection,
 /// RFC 5041 7.1). [`crate::Device::connect_qp`] and
 /// [`crate::ConnectRequest::accept_qp`] consume it and start the [`QueuePair`] with its
-/// number and its receives posted first. If the connect or accept fails, the queue pair and
-/// its receives go with it (no completion reports them), as they would with
-/// `rdma_destroy_qp`.
+/// number and its receives posted first. If the connect or accept fails (refused at the
+/// call, rejected, timed out, cancelled), the queue pair is in Error as a verbs queue pair is
+/// after a failed connection: each receive posted to it completes with
+/// [`rdmap::WcStatus::WrFlushError`] on its receive completion queue before the call returns
+/// or its event is queued, so the application gets its buffers back; nothing else of the
+/// queue pair remains.
 ///
 /// [`QueuePair`]: crate::QueuePair
 pub struct IdleQp {
@@ -172,14 +175,86 @@ impl IdleQp {
             .len()
     }
 
-    /// What the transport starts the queue pair with: its number and its receives.
-    pub(crate) fn into_start(self) -> (QpStart, ProtectionDomain, CompletionQueue, ConnectParams) {
+    /// What the transport starts the queue pair with (its number and its receives), and the
+    /// flushes of those receives should the connect or accept fail.
+    pub(crate) fn into_parts(self) -> IdleParts {
         let recvs = self.recvs.into_inner().unwrap_or_else(|e| e.into_inner());
+        let flushes = RecvFlushes {
+            num: self.num,
+            wr_ids: recvs.wrs.iter().map(|wr| wr.wr_id).collect(),
+            cq: CqSink::new(&self.cq, self.params.recv_cq.as_ref()),
+        };
         let start = QpStart {
             num: self.num,
             recvs: recvs.wrs,
         };
-        (start, self.pd, self.cq, self.params)
+        IdleParts {
+            start,
+            pd: self.pd,
+            cq: self.cq,
+            params: self.params,
+            flushes,
+        }
+    }
+}
+
+/// An [`IdleQp`] taken apart for its connect or accept.
+pub(crate) struct IdleParts {
+    pub(crate) start: QpStart,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) params: ConnectParams,
+    pub(crate) flushes: RecvFlushes,
+}
+
+/// The receives posted to an [`IdleQp`], to complete as flushed if its connect or accept
+/// fails. The application has the queue pair's number and its receives' buffers are its own:
+/// as a verbs queue pair goes to ERR when its connection cannot be made (siw moves it there
+/// and flushes its queues), each receive completes with [`WcStatus::WrFlushError`] on the
+/// queue pair's receive completion queue, before the call returns or its event is queued, so
+/// that the application gets its buffers back. A failed call has handed nothing to the
+/// queue pair's completion queues (the transports give a connection its completion queue
+/// only when the caller gets the queue pair), so each receive completes once.
+pub(crate) struct RecvFlushes {
+    num: u32,
+    wr_ids: Vec<u64>,
+    cq: CqSink,
+}
+
+impl RecvFlushes {
+    /// Passes `outcome` on, the receives flushed first if it is a failure.
+    pub(crate) fn after<T>(self, outcome: Result<T, DatapathError>) -> Result<T, DatapathError> {
+        if outcome.is_err() {
+            self.flush();
+        }
+        outcome
+    }
+
+    /// [`RecvFlushes::after`] if there are receives to flush.
+    pub(crate) fn after_maybe<T>(
+        flushes: Option<RecvFlushes>,
+        outcome: Result<T, DatapathError>,
+    ) -> Result<T, DatapathError> {
+        match flushes {
+            Some(flushes) => flushes.after(outcome),
+            None => outcome,
+        }
+    }
+
+    fn flush(self) {
+        for wr_id in self.wr_ids {
+            let c = Completion {
+                qp_num: self.num,
+                wc: WorkCompletion::failed(wr_id, WcOpcode::Recv, WcStatus::WrFlushError),
+            };
+            if self.cq.push(c).is_err() {
+                tracing::warn!(
+                    qp = self.num,
+                    "completion queue full: flushed receives of a failed connection lost"
+                );
+                return;
+            }
+        }
     }
 }
 
@@ -192,15 +267,22 @@ impl ConnectRequest {
     /// [`queue_depths`](Self::queue_depths), [`use_srq`](Self::use_srq),
     /// [`use_recv_cq`](Self::use_recv_cq) and [`rdmap_extensions`](Self::rdmap_extensions)
     /// say; the connection's (MPA, IRD and ORD, framing, timeouts, TOS) are the request's. It
-    /// fails, and rejects the request, as [`ConnectRequest::accept_with_recvs`] does.
+    /// fails, and rejects the request, as [`ConnectRequest::accept_with_recvs`] does, the
+    /// queue pair's receives completing as flushed first (see [`IdleQp`]).
     pub fn accept_qp(
         mut self,
         qp: IdleQp,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        let (start, pd, cq, qp_params) = qp.into_start();
-        self.adopt(qp_params);
-        self.accept_start(&pd, &cq, private_data, start)
+        let IdleParts {
+            start,
+            pd,
+            cq,
+            params,
+            flushes,
+        } = qp.into_parts();
+        self.adopt(params);
+        flushes.after(self.accept_start(&pd, &cq, private_data, start))
     }
 
     /// [`ConnectRequest::accept_qp`] on an event channel (`rdma_accept` on an id whose
@@ -216,28 +298,40 @@ impl ConnectRequest {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
-        let (start, pd, cq, qp_params) = qp.into_start();
-        self.adopt(qp_params);
-        let request = self.check_accept(&pd, private_data, &start)?;
+        let IdleParts {
+            start,
+            pd,
+            cq,
+            params,
+            flushes,
+        } = qp.into_parts();
+        self.adopt(params);
+        let request = match self.check_accept(&pd, private_data, &start) {
+            Ok(request) => request,
+            Err(e) => return flushes.after(Err(e)),
+        };
         let private_data = private_data.to_vec();
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
         // The request goes to the thread once it runs: should no thread be had, it is still
-        // here to reject (the peer hears of it now, not at its MPA timeout).
-        let (hand_over, take) = std::sync::mpsc::sync_channel::<ConnectRequest>(1);
+        // here to reject (the peer hears of it now, not at its MPA timeout), and the
+        // receives to flush.
+        let (hand_over, take) = std::sync::mpsc::sync_channel::<(ConnectRequest, RecvFlushes)>(1);
         let spawned = std::thread::Builder::new()
             .name("iwarp-cm-accept".into())
             .spawn(move || {
-                let Ok(request) = take.recv() else { return };
+                let Ok((request, flushes)) = take.recv() else {
+                    return;
+                };
                 let outcome = request.finish_accept(&pd, &cq, &private_data, start);
-                push_outcome(&channel, context, &attempt, outcome);
+                push_outcome(&channel, context, &attempt, flushes.after(outcome));
             });
         if let Err(e) = spawned {
             let _ = request.reject(&[]);
-            return Err(e.into());
+            return flushes.after(Err(e.into()));
         }
         // The thread waits for it: the channel has room for it, and its receiver lives.
-        let _ = hand_over.send(request);
+        let _ = hand_over.send((request, flushes));
         Ok(())
     }
 
