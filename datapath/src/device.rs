@@ -84,8 +84,25 @@ pub struct DeviceAttr {
     /// `IBV_ATOMIC_GLOB`: they are the CPU's own atomic instructions on the region's memory),
     /// on queue pairs with [`ConnectParams::rdmap_extensions`].
     pub atomics_global: bool,
-    /// The port: its address and MTU.
+    /// `fw_ver`: this library's version (no firmware below it).
+    pub fw_ver: &'static str,
+    /// `node_guid`: the modified EUI-64 of the engine's interface MAC address (RFC 4291
+    /// appendix A: `ff:fe` in the middle, the universal/local bit flipped), as siw derives its
+    /// node GUID; the octets in network order are `node_guid.to_be_bytes()` (verbs'
+    /// `__be64`). 0 for the socket transport, which has no interface of its own.
+    pub node_guid: u64,
+    /// The port: its state, addresses and MTU.
     pub port: PortAttr,
+}
+
+/// A port's state (`ibv_port_attr.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    /// `IBV_PORT_ACTIVE`: the interface is up and has a carrier; the socket transport's port
+    /// always (the kernel routes through whichever interface reaches the peer).
+    Active,
+    /// `IBV_PORT_DOWN`: the interface is down, has no carrier, or is gone.
+    Down,
 }
 
 /// A device's port ([`DeviceAttr::port`]; the parts of `ibv_query_port` an iWARP device has).
@@ -98,6 +115,29 @@ pub struct PortAttr {
     /// MULPDU), as the engine found it when it started ([`XdpEngine::mtu`]); `None` for the
     /// socket transport, where the kernel's path to each peer decides.
     pub mtu: Option<u16>,
+    /// `state`: whether the engine's interface passes packets, as of the query.
+    pub state: PortState,
+    /// The engine's interface MAC address (when it started); `None` for the socket transport.
+    pub mac: Option<[u8; 6]>,
+}
+
+impl PortAttr {
+    /// `ibv_query_gid` of index 0: the MAC address in the first six octets, the rest zero,
+    /// as iWARP devices (siw among them) report their GID; all zero for the socket transport.
+    pub fn gid(&self) -> [u8; 16] {
+        let mut gid = [0u8; 16];
+        if let Some(mac) = self.mac {
+            gid[..6].copy_from_slice(&mac);
+        }
+        gid
+    }
+}
+
+/// The modified EUI-64 of a MAC address (RFC 4291 appendix A), as a number whose big-endian
+/// octets are the identifier.
+fn eui64_of(mac: [u8; 6]) -> u64 {
+    let [a, b, c, d, e, f] = mac;
+    u64::from_be_bytes([a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
 }
 
 /// An open transport: listen and connect through it; everything else (protection domains,
@@ -164,9 +204,16 @@ impl Device {
             max_qp: self.engine.as_deref().map(XdpEngine::max_connections),
             max_backlog: MAX_BACKLOG,
             atomics_global: true,
+            fw_ver: env!("CARGO_PKG_VERSION"),
+            node_guid: self.engine.as_deref().map_or(0, |e| eui64_of(e.mac())),
             port: PortAttr {
                 addr: self.local_ip(),
                 mtu: self.engine.as_deref().map(XdpEngine::mtu),
+                state: match self.engine.as_deref().map(XdpEngine::link_up) {
+                    None | Some(true) => PortState::Active,
+                    Some(false) => PortState::Down,
+                },
+                mac: self.engine.as_deref().map(XdpEngine::mac),
             },
         }
     }
@@ -521,5 +568,20 @@ impl Device {
             }
             Err(shared) => Some(shared.counters()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 4291 appendix A's example: 34-56-78-9A-BC-DE becomes 36-56-78-FF-FE-9A-BC-DE.
+    #[test]
+    fn node_guid_is_the_modified_eui64_of_the_mac() {
+        let guid = eui64_of([0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde]);
+        assert_eq!(
+            guid.to_be_bytes(),
+            [0x36, 0x56, 0x78, 0xff, 0xfe, 0x9a, 0xbc, 0xde]
+        );
     }
 }

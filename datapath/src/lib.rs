@@ -73,7 +73,7 @@ mod verbs;
 pub mod xdp_tcp;
 pub mod xsk;
 
-pub use device::{Device, DeviceAttr, PortAttr, Transport};
+pub use device::{Device, DeviceAttr, PortAttr, PortState, Transport};
 pub use error::{DatapathError, PostListError, QpError};
 pub use memory::{
     Deregistration, MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage,

@@ -14,9 +14,9 @@ use common::{Side, WAIT};
 use datapath::engine::xdp::XdpEngineConfig;
 use datapath::{
     CmEventChannel, ConnectParams, DatapathError, Device, Framing, InlineData, Listener, MpaConfig,
-    Sge, SgeList, Transport,
+    PortState, Sge, SgeList, Transport,
 };
-use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, NS_A};
+use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B};
 
 /// How long a listener is watched for a request that must not come.
 const QUIET: Duration = Duration::from_millis(300);
@@ -35,6 +35,10 @@ fn socket_device_enforces_the_limits_it_reports() {
     let attr = dev.attr();
     assert_eq!(attr.port.addr, None);
     assert_eq!(attr.port.mtu, None);
+    assert_eq!(attr.port.state, PortState::Active);
+    assert_eq!((attr.port.mac, attr.port.gid()), (None, [0; 16]));
+    assert_eq!(attr.node_guid, 0);
+    assert_eq!(attr.fw_ver, env!("CARGO_PKG_VERSION"));
     assert_eq!(attr.max_qp, None);
     assert!(attr.atomics_global);
     let base = common::params(MpaConfig::default());
@@ -219,6 +223,89 @@ fn engine_device_reports_its_port_and_enforces_its_limits() {
         ),
         "an engine connect with a send queue deeper than max_qp_wr",
     );
+}
+
+/// Sets `DEV_B` (the peer end of the engine's veth) down, and up again when dropped.
+struct PeerDown;
+
+impl PeerDown {
+    fn set(up: bool) -> Result<(), String> {
+        let state = if up { "up" } else { "down" };
+        let out = std::process::Command::new("ip")
+            .args(["-n", NS_B, "link", "set", DEV_B, state])
+            .output()
+            .map_err(|e| format!("ip: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ip link set {DEV_B} {state}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PeerDown {
+    fn drop(&mut self) {
+        if let Err(e) = PeerDown::set(true) {
+            eprintln!("restoring the bed: {e}");
+        }
+    }
+}
+
+/// `attr` answers on another thread's network namespace than the engine's.
+fn port_state(dev: &Device) -> PortState {
+    dev.attr().port.state
+}
+
+/// The engine's port (`ibv_query_port`, `ibv_query_gid`, `ibv_query_device`'s `node_guid`):
+/// its MAC is the interface's, the GID the MAC and zeros as iWARP devices report it, the node
+/// GUID its modified EUI-64; the state follows the link as of each query (the peer's end of
+/// the veth down: no carrier, `Down`; up again, `Active`), whichever namespace asks.
+#[test]
+fn engine_port_reports_its_link_state_gid_and_guid() {
+    let _bed = bed_or_skip!();
+    let (dev, info) = testbed::in_ns(NS_A, || {
+        let info = datapath::xsk::interface_info(DEV_A).map_err(|e| e.to_string())?;
+        let dev = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::new(XdpEngineConfig::default()),
+        })
+        .map_err(|e| e.to_string())?;
+        Ok::<_, String>((dev, info))
+    })
+    .expect("engine device");
+    let attr = dev.attr();
+    assert_eq!(attr.port.mac, Some(info.mac));
+    let mut gid = [0u8; 16];
+    gid[..6].copy_from_slice(&info.mac);
+    assert_eq!(attr.port.gid(), gid);
+    let m = info.mac;
+    assert_eq!(
+        attr.node_guid.to_be_bytes(),
+        [m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+    );
+    assert_eq!(attr.port.state, PortState::Active);
+    {
+        let _restore = PeerDown;
+        PeerDown::set(false).expect("the peer's end down");
+        let deadline = std::time::Instant::now() + WAIT;
+        while port_state(&dev) != PortState::Down {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no carrier, still Active"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while port_state(&dev) != PortState::Active {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the link is back, still Down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A device's clones are handles on one engine (as every `rdma_cm_id::verbs` names the one

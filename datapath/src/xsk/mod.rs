@@ -35,7 +35,7 @@ pub use error::XskError;
 pub use join::PayloadDigest;
 pub use netlink::{
     interface_info, neighbour, next_hop_mac, resolve_next_hop, route_to, xdp_device_features,
-    InterfaceInfo, Route, XdpDeviceFeatures,
+    InterfaceInfo, InterfaceQuery, Route, XdpDeviceFeatures,
 };
 pub use socket::{
     BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats,

@@ -30,6 +30,10 @@ const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_GETNEIGH: u16 = 30;
 
+/// `ifinfomsg.ifi_flags`: administratively up.
+const IFF_UP: u32 = 0x1;
+/// `ifinfomsg.ifi_flags`: the driver signals a carrier (RFC 2863 operational state up).
+const IFF_LOWER_UP: u32 = 0x1_0000;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
@@ -85,6 +89,9 @@ pub struct InterfaceInfo {
     pub rx_queues: u32,
     /// Number of TX queues.
     pub tx_queues: u32,
+    /// Up and with a carrier (`IFF_UP` and `IFF_LOWER_UP`, `ip link`'s `UP,LOWER_UP`): it
+    /// passes packets.
+    pub link_up: bool,
 }
 
 /// Result of a route lookup for one destination.
@@ -294,7 +301,34 @@ pub fn xdp_device_features(ifindex: u32) -> Result<Option<XdpDeviceFeatures>, Xs
 
 /// Looks up `name` in the calling thread's network namespace.
 pub fn interface_info(name: &str) -> Result<InterfaceInfo, XskError> {
-    let mut nl = Netlink::open().map_err(XskError::Netlink)?;
+    InterfaceQuery::open()?.info(name)
+}
+
+/// A routing netlink socket kept for looking interfaces up again: it stays in the network
+/// namespace of the thread that opened it, whichever namespace later callers are in.
+pub struct InterfaceQuery(Netlink);
+
+impl std::fmt::Debug for InterfaceQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InterfaceQuery")
+    }
+}
+
+impl InterfaceQuery {
+    /// Opens one in the calling thread's network namespace.
+    pub fn open() -> Result<InterfaceQuery, XskError> {
+        Netlink::open()
+            .map(InterfaceQuery)
+            .map_err(XskError::Netlink)
+    }
+
+    /// Looks up `name` in the namespace this was opened in.
+    pub fn info(&mut self, name: &str) -> Result<InterfaceInfo, XskError> {
+        lookup(&mut self.0, name)
+    }
+}
+
+fn lookup(nl: &mut Netlink, name: &str) -> Result<InterfaceInfo, XskError> {
     let mut found: Option<InterfaceInfo> = None;
     nl.request(RTM_GETLINK, NLM_F_DUMP, &[0u8; 16], |ty, p| {
         if ty != RTM_NEWLINK || p.len() < 16 || found.is_some() {
@@ -308,6 +342,8 @@ pub fn interface_info(name: &str) -> Result<InterfaceInfo, XskError> {
             ipv4: None,
             rx_queues: 1,
             tx_queues: 1,
+            // ifinfomsg { family, pad, type: u16, index: i32, flags: u32, change: u32 }.
+            link_up: u32_at(p, 8) & (IFF_UP | IFF_LOWER_UP) == IFF_UP | IFF_LOWER_UP,
         };
         for (aty, v) in attrs(&p[16..]) {
             match aty {
@@ -475,6 +511,7 @@ mod tests {
         let lo = interface_info("lo").expect("lo exists in every namespace");
         assert_eq!(lo.index, 1);
         assert_eq!(lo.mac, [0; 6]);
+        assert!(lo.link_up, "lo is UP,LOWER_UP");
         assert!(lo.mtu >= 1500);
         assert!(lo.rx_queues >= 1);
         if let Some((ip, _)) = lo.ipv4 {

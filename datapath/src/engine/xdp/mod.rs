@@ -136,11 +136,17 @@ pub struct XdpEngine {
     iface: Iface,
 }
 
-/// The engine's interface, for the route checks of address and route resolution.
+/// The engine's interface, for the route checks of address and route resolution and the
+/// port's attributes.
 #[derive(Debug, Clone)]
 struct Iface {
     name: String,
     index: u32,
+    /// Its MAC address when the engine started.
+    mac: [u8; 6],
+    /// Looks the interface up again (its link state), in the engine's network namespace
+    /// whatever the caller's.
+    query: Arc<Mutex<crate::xsk::InterfaceQuery>>,
     /// How long resolving a next hop's MAC waits ([`XdpTcpConfig::neighbour_timeout`]).
     ///
     /// [`XdpTcpConfig::neighbour_timeout`]: crate::xdp_tcp::XdpTcpConfig::neighbour_timeout
@@ -149,10 +155,13 @@ struct Iface {
 
 impl Iface {
     fn of(name: &str, cfg: &XdpEngineConfig) -> Result<Iface, DatapathError> {
-        let info = crate::xsk::interface_info(name).map_err(XdpTcpError::from)?;
+        let mut query = crate::xsk::InterfaceQuery::open().map_err(XdpTcpError::from)?;
+        let info = query.info(name).map_err(XdpTcpError::from)?;
         Ok(Iface {
             name: name.to_owned(),
             index: info.index,
+            mac: info.mac,
+            query: Arc::new(Mutex::new(query)),
             neighbour_timeout: cfg.driver.neighbour_timeout,
         })
     }
@@ -392,6 +401,25 @@ impl XdpEngine {
     /// per connection). A later change of the interface's MTU is not seen.
     pub fn mtu(&self) -> u16 {
         self.mtu
+    }
+
+    /// The interface's MAC address when the engine started (the port's GID, as iWARP
+    /// devices derive it).
+    pub fn mac(&self) -> [u8; 6] {
+        self.iface.mac
+    }
+
+    /// Whether the interface is up and has a carrier now (`IFF_UP` and `IFF_LOWER_UP`); false
+    /// if it cannot be looked up (gone, or netlink failed).
+    pub fn link_up(&self) -> bool {
+        let mut query = self.iface.query.lock().unwrap_or_else(|e| e.into_inner());
+        match query.info(&self.iface.name) {
+            Ok(info) => info.link_up,
+            Err(e) => {
+                tracing::debug!(ifname = %self.iface.name, error = %e, "link state unknown");
+                false
+            }
+        }
     }
 
     /// Checks that the kernel's route to `dst` leaves through the engine's interface (what
