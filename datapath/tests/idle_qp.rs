@@ -591,3 +591,31 @@ fn engine_rejected_connect_of_an_idle_qp_flushes_its_receives() {
         WAIT,
     );
 }
+
+/// Moving an idle queue pair to Error (`ibv_modify_qp` to ERR before any connection) flushes
+/// its receives, in order, on its receive completion queue; dropping one (`ibv_destroy_qp`)
+/// completes nothing.
+#[test]
+fn an_idle_qp_moved_to_error_flushes_its_receives_and_a_dropped_one_nothing() {
+    let side = Side::new();
+    let recv_cq = CompletionQueue::new();
+    let params = ConnectParams {
+        recv_cq: Some(recv_cq.clone()),
+        ..p2p(3)
+    };
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = IdleQp::new(&side.pd, &side.cq, &params).expect("create");
+    qp.post_recv_list([recv(1, &sink), recv(2, &sink), recv(3, &sink)])
+        .expect("post");
+    let num = qp.num();
+    qp.flush();
+    flushed(&recv_cq, num, &[1, 2, 3], "moved to error");
+    assert!(side.cq.is_empty(), "a receive's flush on the send queue");
+
+    let qp = idle_with_a_recv(&side, &sink);
+    drop(qp);
+    assert!(
+        side.cq.is_empty() && recv_cq.is_empty(),
+        "a dropped queue pair completed"
+    );
+}

@@ -175,6 +175,15 @@ impl IdleQp {
             .len()
     }
 
+    /// Moves the queue pair to Error before any connection (`ibv_modify_qp` to
+    /// `IBV_QPS_ERR`): each receive posted to it completes with
+    /// [`rdmap::WcStatus::WrFlushError`] on its receive completion queue, in the order
+    /// posted, before this returns, as when its connect or accept fails. (Dropping it instead
+    /// is `ibv_destroy_qp`: no completion.)
+    pub fn flush(self) {
+        self.into_parts().flushes.flush();
+    }
+
     /// What the transport starts the queue pair with (its number and its receives), and the
     /// flushes of those receives should the connect or accept fail.
     pub(crate) fn into_parts(self) -> IdleParts {
