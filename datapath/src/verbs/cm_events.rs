@@ -302,7 +302,9 @@ impl ConnectAttempt {
     /// (the peer sees it end; the attempt itself runs until its outcome, at most the
     /// parameters' `setup_timeout`). True if the attempt was cancelled; false if its outcome
     /// was queued on the channel already: take it from there (dropping an `Established`
-    /// connection closes it).
+    /// connection closes it). The receives of an [`crate::IdleQp`] it connects complete as
+    /// flushed when the attempt ends, which may be after this returns (up to the
+    /// `setup_timeout`): their buffers are the transport's until then.
     pub fn cancel(&self) -> bool {
         let mut state = self.lock();
         match *state {

@@ -326,6 +326,29 @@ impl InterfaceQuery {
     pub fn info(&mut self, name: &str) -> Result<InterfaceInfo, XskError> {
         lookup(&mut self.0, name)
     }
+
+    /// Whether the interface numbered `index` is up with a carrier
+    /// ([`InterfaceInfo::link_up`]): one RTM_GETLINK for it alone. An index nobody has is an
+    /// error (`ENODEV`).
+    pub fn link_up(&mut self, index: u32) -> Result<bool, XskError> {
+        // ifinfomsg { family, pad, type: u16, index: i32, flags: u32, change: u32 }.
+        let mut body = [0u8; 16];
+        body[4..8].copy_from_slice(&index.to_ne_bytes());
+        let mut up = None;
+        self.0
+            .request(RTM_GETLINK, 0, &body, |ty, p| {
+                if ty == RTM_NEWLINK && p.len() >= 16 && u32_at(p, 4) == index {
+                    up = Some(flags_link_up(u32_at(p, 8)));
+                }
+            })
+            .map_err(XskError::Netlink)?;
+        up.ok_or_else(|| XskError::InterfaceNotFound(format!("index {index}")))
+    }
+}
+
+/// `IFF_UP` and `IFF_LOWER_UP` both set in `ifi_flags`.
+fn flags_link_up(flags: u32) -> bool {
+    flags & (IFF_UP | IFF_LOWER_UP) == IFF_UP | IFF_LOWER_UP
 }
 
 fn lookup(nl: &mut Netlink, name: &str) -> Result<InterfaceInfo, XskError> {
@@ -343,7 +366,7 @@ fn lookup(nl: &mut Netlink, name: &str) -> Result<InterfaceInfo, XskError> {
             rx_queues: 1,
             tx_queues: 1,
             // ifinfomsg { family, pad, type: u16, index: i32, flags: u32, change: u32 }.
-            link_up: u32_at(p, 8) & (IFF_UP | IFF_LOWER_UP) == IFF_UP | IFF_LOWER_UP,
+            link_up: flags_link_up(u32_at(p, 8)),
         };
         for (aty, v) in attrs(&p[16..]) {
             match aty {
@@ -512,6 +535,10 @@ mod tests {
         assert_eq!(lo.index, 1);
         assert_eq!(lo.mac, [0; 6]);
         assert!(lo.link_up, "lo is UP,LOWER_UP");
+        let mut query = InterfaceQuery::open().expect("netlink");
+        assert!(query.link_up(lo.index).expect("lo by its index"));
+        assert!(query.link_up(0x7fff_fff0).is_err(), "an index nobody has");
+        assert!(query.link_up(lo.index).expect("the socket serves again"));
         assert!(lo.mtu >= 1500);
         assert!(lo.rx_queues >= 1);
         if let Some((ip, _)) = lo.ipv4 {

@@ -410,11 +410,12 @@ impl XdpEngine {
     }
 
     /// Whether the interface is up and has a carrier now (`IFF_UP` and `IFF_LOWER_UP`); false
-    /// if it cannot be looked up (gone, or netlink failed).
+    /// if it cannot be looked up (gone, or netlink failed). Asked by its index, so another
+    /// interface given its name later is not taken for it.
     pub fn link_up(&self) -> bool {
         let mut query = self.iface.query.lock().unwrap_or_else(|e| e.into_inner());
-        match query.info(&self.iface.name) {
-            Ok(info) => info.link_up,
+        match query.link_up(self.iface.index) {
+            Ok(up) => up,
             Err(e) => {
                 tracing::debug!(ifname = %self.iface.name, error = %e, "link state unknown");
                 false
