@@ -1845,6 +1845,7 @@ impl Connection {
         self.pipe = 0;
         self.dupack_credit = 0;
         self.dupacks = 0;
+        self.limited_transmit = 0;
         self.fast_recovery = None;
         self.rto_recover = Some(self.snd_max());
         self.tlp_deadline = None;
@@ -2405,6 +2406,11 @@ impl Connection {
             && self.snd_max() > self.snd_una;
         if newly_acked > 0 {
             self.dupacks = 0;
+            // Limited transmit's allowance belongs to the duplicate ACKs of one run (RFC 3042
+            // 2: "upon the receipt of the first two consecutive duplicate ACKs"): unused, it
+            // ends with them, or a receiver repeating "one new ACK, two duplicates" would
+            // pile up credit to send past the congestion window later.
+            self.limited_transmit = 0;
             let smss = u32::from(self.emss);
             match self.fast_recovery {
                 Some(recover) if self.snd_una < recover => {
@@ -2493,7 +2499,9 @@ impl Connection {
             return;
         }
         if self.dupacks == 3 && self.rto_recover.is_none() {
-            // Fast retransmit (RFC 5681 3.2 steps 2-3, RFC 6582 3.2 step 2).
+            // Fast retransmit (RFC 5681 3.2 steps 2-3, RFC 6582 3.2 step 2); recovery's own
+            // rule sends from here, not limited transmit's leftovers.
+            self.limited_transmit = 0;
             let flight = self.snd_max() - self.snd_una;
             self.begin_undo_episode();
             self.cc.on_congestion_event(now, flight, self.emss.into());

@@ -181,3 +181,70 @@ fn queue_overflow_recovery_does_not_overfill() {
         assert!(l.queue_drops * 6 < l.offered, "{cc:?}: {l:?}");
     }
 }
+
+/// The data segments `conn` sends at `now`, as (first sequence number, one past the last).
+fn sent_now(conn: &mut tcp_engine::Connection, now: tcp_engine::Instant) -> Vec<(u32, u32)> {
+    let mut buf = vec![0u8; 65536];
+    let mut sent = Vec::new();
+    while let Some(n) = conn.poll_transmit(now, &mut buf) {
+        let seg = tcp_engine::SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
+        let len = seg.payload.len() as u32;
+        if len > 0 {
+            sent.push((seg.seq, seg.seq.wrapping_add(len)));
+        }
+        assert!(sent.len() < 100_000, "runaway transmit");
+    }
+    sent
+}
+
+/// Limited transmit (RFC 3042) lets a sender without SACK send a new segment on each of the
+/// first two duplicate ACKs of a run; an allowance it had no data for ends with the run. A
+/// receiver repeating "one new ACK, two duplicates" while the sender had nothing more to send
+/// piled the allowances up (two per round), to be spent past the congestion window once the
+/// application had data: here 100 segments beyond it.
+#[test]
+fn unused_limited_transmit_allowances_do_not_pile_up() {
+    let cfg = Config {
+        sack: false,
+        timestamps: false,
+        ..Config::default()
+    };
+    let (mut c, _s, net) = established(cfg);
+    let now = net.now;
+    let mut conn = c.conn.take().expect("client connection");
+    // The window the SYN-ACK gave (unscaled) opened to the peer's scaled maximum.
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, now, nxt, &[]);
+    let mss = usize::from(conn.emss());
+    for round in 0..50 {
+        assert_eq!(conn.send(&vec![1u8; 2 * mss]), Ok(2 * mss));
+        let sent = sent_now(&mut conn, now);
+        assert_eq!(sent.len(), 2, "round {round}: two segments sent");
+        let first_end = sent[0].1;
+        // A new ACK, then two duplicates: the sender has nothing new to send on them.
+        for _ in 0..3 {
+            peer_ack(&mut conn, now, first_end, &[]);
+        }
+        assert_eq!(
+            sent_now(&mut conn, now),
+            vec![],
+            "round {round}: nothing to send"
+        );
+        peer_ack(&mut conn, now, sent[1].1, &[]);
+    }
+    let cwnd = conn.cwnd();
+    let big = vec![2u8; 4 << 20];
+    let taken = conn.send(&big).expect("send");
+    assert!(
+        taken as u64 > cwnd + 100 * mss as u64,
+        "enough queued to overrun cwnd"
+    );
+    let sent = sent_now(&mut conn, now);
+    assert!(!sent.is_empty());
+    let flight = u64::from(conn.snd_nxt().wrapping_sub(conn.snd_una()));
+    assert!(
+        flight <= cwnd,
+        "{flight} octets in flight past a congestion window of {cwnd} ({} segments over)",
+        (flight - cwnd).div_ceil(mss as u64)
+    );
+}
