@@ -2489,8 +2489,11 @@ impl Connection {
         let smss = u64::from(self.emss);
         if self.fast_recovery.is_some() {
             // Each further duplicate means a segment left the network
-            // (RFC 5681 3.2 step 4, expressed as pipe credit).
-            self.dupack_credit += smss;
+            // (RFC 5681 3.2 step 4, expressed as pipe credit), but no more can have left
+            // than are in flight (the note to step 4; Linux's `tcp_limit_reno_sacked`): a
+            // burst of duplicates beyond them (Savage et al.'s "DupACK spoofing") would
+            // otherwise let as many segments out at once past the window.
+            self.dupack_credit = (self.dupack_credit + smss).min(self.pipe);
             return;
         }
         if self.dupacks < 3 {
@@ -2507,8 +2510,8 @@ impl Connection {
             self.cc.on_congestion_event(now, flight, self.emss.into());
             self.fast_recovery = Some(self.snd_max());
             self.stats.fast_recoveries += 1;
-            self.dupack_credit = 3 * smss;
             self.mark_first_lost();
+            self.dupack_credit = (3 * smss).min(self.pipe);
         }
     }
 

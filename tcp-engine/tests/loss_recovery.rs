@@ -248,3 +248,50 @@ fn unused_limited_transmit_allowances_do_not_pile_up() {
         (flight - cwnd).div_ceil(mss as u64)
     );
 }
+
+/// In NewReno's fast recovery (no SACK) each duplicate ACK means a segment left the network
+/// and lets another go out (RFC 5681 3.2 step 4). A burst of far more duplicates than segments
+/// are in flight (Savage et al.'s "DupACK spoofing", from a receiver that left SACK out of its
+/// SYN) let as many new segments out at once: 1,000 duplicates over a flight of 20 sent ~1,000.
+/// No more segments can have left than are in flight, and the credit stops there (as Linux's
+/// `tcp_limit_reno_sacked`): the burst lets out at most the reduced window.
+#[test]
+fn a_burst_of_duplicate_acks_beyond_the_flight_does_not_open_the_window() {
+    const FLIGHT: usize = 20;
+    let cfg = Config {
+        sack: false,
+        timestamps: false,
+        congestion: tcp_engine::CongestionAlgorithm::NewReno,
+        initial_window_segments: FLIGHT as u32,
+        ..Config::default()
+    };
+    let (mut c, _s, net) = established(cfg);
+    let now = net.now;
+    let mut conn = c.conn.take().expect("client connection");
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, now, nxt, &[]);
+    let mss = usize::from(conn.emss());
+    assert_eq!(conn.send(&vec![1u8; FLIGHT * mss]), Ok(FLIGHT * mss));
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), FLIGHT, "the whole flight at once");
+    let hole = sent[0].0;
+    // Three duplicates: fast retransmit of the first segment.
+    for _ in 0..3 {
+        peer_ack(&mut conn, now, hole, &[]);
+    }
+    let resent = sent_now(&mut conn, now);
+    assert_eq!(resent.first().map(|s| s.0), Some(hole), "fast retransmit");
+    // The application has plenty; 1,000 more duplicates arrive in one burst.
+    let big = vec![2u8; 4 << 20];
+    conn.send(&big).expect("send");
+    for _ in 0..1000 {
+        peer_ack(&mut conn, now, hole, &[]);
+    }
+    let cwnd = conn.cwnd() as usize;
+    let burst = sent_now(&mut conn, now).len();
+    assert!(
+        burst <= cwnd.div_ceil(mss),
+        "{burst} segments sent at once on 1,000 duplicates over a flight of {FLIGHT} \
+         (window {cwnd})"
+    );
+}
