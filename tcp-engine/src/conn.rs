@@ -1846,6 +1846,7 @@ impl Connection {
         self.dupack_credit = 0;
         self.dupacks = 0;
         self.limited_transmit = 0;
+        self.ignore_cwnd_credit = 0;
         self.fast_recovery = None;
         self.rto_recover = Some(self.snd_max());
         self.tlp_deadline = None;
@@ -1883,8 +1884,8 @@ impl Connection {
         }
         self.stats.tlp_probes += 1;
         self.tlp_outstanding = true;
-        if self.snd_nxt < self.data_end() && self.snd_nxt < self.snd_una + self.snd_wnd {
-            self.ignore_cwnd_credit += 1;
+        if self.new_segment_may_go() {
+            self.grant_cwnd_credit();
         } else if let Some(last) = self
             .scoreboard
             .iter_mut()
@@ -1894,9 +1895,38 @@ impl Connection {
             last.state = SegState::Lost;
             self.pipe -= last.seq_len();
             self.lost_count += 1;
-            self.ignore_cwnd_credit += 1;
+            self.grant_cwnd_credit();
         }
         self.rto_deadline = Some(now + self.rtt.rto());
+    }
+
+    /// Whether a window of `window` octets from `ack_pos` (the stream position acknowledged)
+    /// lets the next segment of queued data out (true with nothing queued).
+    fn window_fits_next(&self, ack_pos: u64, window: u64) -> bool {
+        self.snd_nxt >= self.data_end()
+            || self.snd_nxt + self.next_segment_len() <= ack_pos + window
+    }
+
+    /// Whether a segment of new data could go out now but for the congestion window (RFC 8985
+    /// 7.3's "the receive window allows"): one is queued, it fits the peer's window, and
+    /// Nagle would not hold it. Otherwise the probe resends the last segment: a credit granted
+    /// for new data that cannot go out would wait, unused, for a later send.
+    fn new_segment_may_go(&self) -> bool {
+        if self.snd_nxt >= self.data_end() || !self.state.may_send_queued() {
+            return false;
+        }
+        let len = self.next_segment_len();
+        let fits = self.snd_nxt + len <= self.snd_una + self.snd_wnd;
+        let held = self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una;
+        fits && !held
+    }
+
+    /// Lets the next segment out whatever the congestion window says (a fast retransmit, a
+    /// loss probe: RFC 5681 3.2 step 4, RFC 6675 5 step 4.3, RFC 8985 7.3). Credits not used
+    /// by then do not pile up: at most two wait (a probe and a retransmission in one turn),
+    /// and a retransmission timeout or the end of recovery clears them.
+    fn grant_cwnd_credit(&mut self) {
+        self.ignore_cwnd_credit = (self.ignore_cwnd_credit + 1).min(2);
     }
 
     fn arm_tlp(&mut self, now: Instant) {
@@ -2373,10 +2403,12 @@ impl Connection {
             self.snd_wl2 = seg.ack;
             // An acceptable ACK, the answer to a window probe among them.
             self.persist_unanswered = 0;
-            if was_zero && window > 0 {
+            if was_zero && window > 0 && self.window_fits_next(ack_pos, window) {
                 self.persist_deadline = None;
                 self.persist_backoff = 0;
-                // The window opened: progress for the user timeout.
+                // The window opened: progress for the user timeout. Not a window too small
+                // for the next segment: a peer alternating 0 and 1 would hold the connection
+                // past its user timeout with nothing ever moving.
                 self.stalled_since = None;
             }
         }
@@ -2387,6 +2419,7 @@ impl Connection {
             None
         };
         let mut delivered_any = false;
+        let entries_before = self.scoreboard.len();
         if newly_acked > 0 {
             self.eifel_check();
             self.on_cumulative_ack(now, ack_pos);
@@ -2399,7 +2432,9 @@ impl Connection {
         if delivered_any {
             self.tlp_outstanding = false;
         }
-        let is_dupack = newly_acked == 0
+        // RFC 5681 2: a duplicate acknowledges SND.UNA itself, not less (an old ACK, late).
+        let is_dupack = ack_pos == self.snd_una
+            && newly_acked == 0
             && seg.payload.is_empty()
             && !seg.flags.fin
             && !window_changed
@@ -2414,8 +2449,11 @@ impl Connection {
             let smss = u32::from(self.emss);
             match self.fast_recovery {
                 Some(recover) if self.snd_una < recover => {
-                    // Partial ACK (RFC 6582 3.2 step 3).
-                    if !self.sack_enabled {
+                    // Partial ACK (RFC 6582 3.2 step 3): the first unacknowledged segment
+                    // is resent, once it is another one. A partial ACK inside the head
+                    // segment (one octet at a time: ACK division) would resend it whole,
+                    // past the window, for every such ACK.
+                    if !self.sack_enabled && self.scoreboard.len() < entries_before {
                         self.mark_first_lost();
                         self.dupack_credit = self
                             .dupack_credit
@@ -2426,6 +2464,7 @@ impl Connection {
                     // Full ACK: leave recovery (RFC 6582 3.2 step 3 / RFC 6675 5).
                     self.fast_recovery = None;
                     self.dupack_credit = 0;
+                    self.ignore_cwnd_credit = 0;
                 }
                 None => {
                     self.cc.on_ack(now, newly_acked, smss, self.rtt.srtt());
@@ -2435,7 +2474,7 @@ impl Connection {
                 self.rto_recover = None;
             }
         } else if is_dupack {
-            self.dupacks += 1;
+            self.dupacks = self.dupacks.saturating_add(1);
             if !self.sack_enabled {
                 self.on_dupack_newreno(now);
             }
@@ -2521,8 +2560,8 @@ impl Connection {
                 e.state = SegState::Lost;
                 self.pipe -= e.seq_len();
                 self.lost_count += 1;
+                self.grant_cwnd_credit();
             }
-            self.ignore_cwnd_credit += 1;
         }
     }
 
@@ -2742,7 +2781,7 @@ impl Connection {
         // reduced window says (RFC 5681 3.2 step 4, RFC 6675 5 step 4.3);
         // with a window of a few segments it could otherwise wait for ACKs
         // of segments that may be lost too, until the RTO.
-        self.ignore_cwnd_credit += 1;
+        self.grant_cwnd_credit();
         self.tlp_deadline = None;
         self.arm_tlp(now);
         // RFC 8985 6.2 step 4: after 16 recoveries without D-SACK the

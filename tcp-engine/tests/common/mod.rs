@@ -503,6 +503,17 @@ pub fn peer_ack(
     ack: u32,
     blocks: &[tcp_engine::wire::SackBlock],
 ) {
+    peer_ack_window(conn, now, ack, u16::MAX, blocks);
+}
+
+/// [`peer_ack`] with `window` in its window field.
+pub fn peer_ack_window(
+    conn: &mut Connection,
+    now: Instant,
+    ack: u32,
+    window: u16,
+    blocks: &[tcp_engine::wire::SackBlock],
+) {
     let t = conn.four_tuple();
     let mut options = tcp_engine::wire::TcpOptions::default();
     options.set_sack_blocks(blocks);
@@ -518,7 +529,7 @@ pub fn peer_ack(
             ack: true,
             ..Default::default()
         },
-        window: u16::MAX,
+        window,
         options,
         payload: &[],
     };

@@ -1,0 +1,194 @@
+//! A peer that bends the rules with segments it is allowed to send (Savage et al., "TCP
+//! congestion control with a misbehaving receiver", and its relatives): none of it makes us
+//! send past the congestion window, resend without end, or hold a stalled connection past its
+//! user timeout. Each test drives one connection by hand with the peer's segments.
+mod common;
+use common::*;
+
+use std::time::Duration;
+
+use tcp_engine::{Config, CongestionAlgorithm, Connection, Instant, SegmentRepr, State};
+
+/// The data segments `conn` sends at `now`, as (first sequence number, one past the last).
+fn sent_now(conn: &mut Connection, now: Instant) -> Vec<(u32, u32)> {
+    let mut buf = vec![0u8; 65536];
+    let mut sent = Vec::new();
+    while let Some(n) = conn.poll_transmit(now, &mut buf) {
+        let seg = SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
+        let len = seg.payload.len() as u32;
+        if len > 0 {
+            sent.push((seg.seq, seg.seq.wrapping_add(len)));
+        }
+        assert!(sent.len() < 100_000, "runaway transmit");
+    }
+    sent
+}
+
+/// A connected client of `cfg` (window scaling and timestamps off, so that the peer's window
+/// field is its window in octets), its peer's window opened, and the time.
+fn client(cfg: Config) -> (Connection, Instant) {
+    let cfg = Config {
+        window_scaling: false,
+        timestamps: false,
+        ..cfg
+    };
+    let (mut c, _s, net) = established(cfg);
+    let mut conn = c.conn.take().expect("client connection");
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, net.now, nxt, &[]);
+    (conn, net.now)
+}
+
+/// NewReno without SACK (what a peer that leaves SACK out of its SYN gets), `flight` full
+/// segments sent and unacknowledged, the first one then resent by fast retransmit after three
+/// duplicates. Returns the connection, the time and the hole's sequence number.
+fn in_fast_recovery(flight: usize) -> (Connection, Instant, u32) {
+    let (mut conn, now) = client(Config {
+        sack: false,
+        congestion: CongestionAlgorithm::NewReno,
+        initial_window_segments: flight as u32,
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    assert_eq!(conn.send(&vec![1u8; flight * mss]), Ok(flight * mss));
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), flight, "the whole flight at once");
+    let hole = sent[0].0;
+    for _ in 0..3 {
+        peer_ack(&mut conn, now, hole, &[]);
+    }
+    let resent = sent_now(&mut conn, now);
+    assert_eq!(resent.first().map(|s| s.0), Some(hole), "fast retransmit");
+    (conn, now, hole)
+}
+
+/// ACK division in recovery: partial ACKs that each move one octet into the resent head
+/// segment (RFC 6582 resends the first unacknowledged segment on a partial ACK) made us resend
+/// that segment whole, past the window, for every such ACK: ~500 resends for 500 ACKs of one
+/// octet. It is resent again only once a partial ACK reaches another segment.
+#[test]
+fn partial_acks_of_one_octet_do_not_resend_the_head_each_time() {
+    let (mut conn, now, hole) = in_fast_recovery(20);
+    let before = conn.stats().retransmitted_segments;
+    for i in 1..=500u32 {
+        peer_ack(&mut conn, now, hole.wrapping_add(i), &[]);
+        sent_now(&mut conn, now);
+    }
+    let resent = conn.stats().retransmitted_segments - before;
+    assert!(
+        resent <= 1,
+        "{resent} resends on 500 one-octet partial ACKs"
+    );
+}
+
+/// RFC 5681 2: a duplicate ACK acknowledges SND.UNA itself. Old ACKs (below SND.UNA, arriving
+/// late or replayed) counted as duplicates: three of them set off a fast retransmit and a
+/// halved window with nothing lost.
+#[test]
+fn old_acks_are_not_duplicate_acks() {
+    let (mut conn, now) = client(Config {
+        sack: false,
+        congestion: CongestionAlgorithm::NewReno,
+        initial_window_segments: 20,
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    assert_eq!(conn.send(&vec![1u8; 20 * mss]), Ok(20 * mss));
+    let sent = sent_now(&mut conn, now);
+    peer_ack(&mut conn, now, sent[5].0, &[]);
+    let cwnd = conn.cwnd();
+    for _ in 0..5 {
+        peer_ack(&mut conn, now, sent[2].0, &[]);
+    }
+    let resent = sent_now(&mut conn, now);
+    assert_eq!(
+        conn.stats().fast_recoveries,
+        0,
+        "a fast retransmit on old ACKs"
+    );
+    assert!(
+        resent.iter().all(|s| s.0 != sent[5].0),
+        "SND.UNA's segment resent: {resent:?}"
+    );
+    assert!(conn.cwnd() >= cwnd, "the window cut on old ACKs");
+}
+
+/// A tail loss probe (RFC 8985 7.3) that found new data it could not send (the peer's window
+/// kept a few octets past what was sent) took a credit to ignore the congestion window, left
+/// unused, once per probe: a peer that moved one octet per round and let the probe fire
+/// piled the credits up, and once it opened its window we sent one segment past the
+/// congestion window per probe (40 here). The probe resends the last segment instead, and
+/// unused credits do not pile up.
+#[test]
+fn loss_probes_under_a_tight_window_do_not_pile_up_credit() {
+    let (mut conn, mut now) = client(Config::default());
+    let mss = usize::from(conn.emss());
+    let queued = conn.send(&vec![1u8; 400 * mss]).expect("send");
+    assert!(queued >= 200 * mss, "{queued} octets queued");
+    sent_now(&mut conn, now);
+    for round in 0..40 {
+        // One octet of progress (something delivered: the probe may fire again), the right
+        // edge of the window 100 octets past what was sent: no new segment fits.
+        let una = conn.snd_una().wrapping_add(1);
+        let edge = conn.snd_nxt().wrapping_add(100);
+        let window = u16::try_from(edge.wrapping_sub(una)).expect("a small window");
+        peer_ack_window(&mut conn, now, una, window, &[]);
+        sent_now(&mut conn, now);
+        let probes = conn.stats().tlp_probes;
+        let rtos = conn.stats().rto_expirations;
+        let mut waited = 0;
+        while conn.stats().tlp_probes == probes {
+            now += Duration::from_micros(100);
+            conn.handle_timeout(now);
+            sent_now(&mut conn, now);
+            waited += 1;
+            assert!(waited < 10_000, "round {round}: no probe");
+        }
+        assert_eq!(
+            conn.stats().rto_expirations,
+            rtos,
+            "round {round}: a timeout"
+        );
+    }
+    // The peer opens its window.
+    let una = conn.snd_una();
+    peer_ack_window(&mut conn, now, una, u16::MAX, &[]);
+    let cwnd = conn.cwnd();
+    sent_now(&mut conn, now);
+    let flight = u64::from(conn.snd_nxt().wrapping_sub(conn.snd_una()));
+    assert!(
+        flight <= cwnd + 2 * mss as u64,
+        "{flight} octets in flight past a congestion window of {cwnd} ({} segments over)",
+        flight.saturating_sub(cwnd).div_ceil(mss as u64)
+    );
+}
+
+/// The user timeout (RFC 5482) runs while data waits behind a closed window. A peer that
+/// flipped its window between 0 and 1 octet restarted it at every opening, though nothing
+/// could move through a window of one octet: it held the connection for ever. An opening too
+/// small for the next segment is not progress.
+#[test]
+fn a_window_flipping_between_zero_and_one_octet_does_not_dodge_the_user_timeout() {
+    let (mut conn, mut now) = client(Config {
+        user_timeout: Some(Duration::from_millis(300)),
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    conn.send(&vec![1u8; 20 * mss]).expect("send");
+    let sent = sent_now(&mut conn, now);
+    let acked = sent.last().expect("sent").1;
+    // Everything sent acknowledged, the window closed: the rest waits on the peer.
+    peer_ack_window(&mut conn, now, acked, 0, &[]);
+    for step in 0..40 {
+        now += Duration::from_millis(50);
+        conn.handle_timeout(now);
+        sent_now(&mut conn, now);
+        if conn.state() == State::Closed {
+            break;
+        }
+        peer_ack_window(&mut conn, now, acked, (step % 2) as u16, &[]);
+        sent_now(&mut conn, now);
+    }
+    assert_eq!(conn.state(), State::Closed, "held past its user timeout");
+    assert_eq!(conn.stats().user_timeouts, 1);
+}
