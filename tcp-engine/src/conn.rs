@@ -663,6 +663,9 @@ pub struct Connection {
     rto_recover: Option<u64>,
     dupacks: u32,
     dupack_credit: u64,
+    /// Queued data waited for the peer's window (zero, or too small for the next segment):
+    /// the window update that lets it out ends the persist timer's backoff and the stall.
+    window_blocked: bool,
     limited_transmit: u32,
     ignore_cwnd_credit: u32,
     rto_deadline: Option<Instant>,
@@ -838,6 +841,7 @@ impl Connection {
             rto_recover: None,
             dupacks: 0,
             dupack_credit: 0,
+            window_blocked: false,
             limited_transmit: 0,
             ignore_cwnd_credit: 0,
             rto_deadline: None,
@@ -1901,10 +1905,26 @@ impl Connection {
     }
 
     /// Whether a window of `window` octets from `ack_pos` (the stream position acknowledged)
-    /// lets the next segment of queued data out (true with nothing queued).
+    /// lets a segment of queued data out (true with nothing queued).
     fn window_fits_next(&self, ack_pos: u64, window: u64) -> bool {
-        self.snd_nxt >= self.data_end()
-            || self.snd_nxt + self.next_segment_len() <= ack_pos + window
+        self.snd_nxt >= self.data_end() || self.window_allows(ack_pos + window) > 0
+    }
+
+    /// Octets of the next segment of queued data a peer window whose right edge is at
+    /// `wnd_right` lets out: the next segment whole, or (stream mode) as much as the window
+    /// holds if that is at least half the largest window the peer offered (sender SWS
+    /// avoidance, RFC 9293 3.8.6.2.1); 0 if none. A record is never split for the window.
+    fn window_allows(&self, wnd_right: u64) -> u64 {
+        let len = self.next_segment_len();
+        let wnd_avail = wnd_right.saturating_sub(self.snd_nxt);
+        if len <= wnd_avail {
+            return len;
+        }
+        match self.cfg.tx_mode {
+            TxMode::Records | TxMode::Source => 0,
+            TxMode::Stream if wnd_avail >= self.max_snd_wnd / 2 && wnd_avail > 0 => wnd_avail,
+            TxMode::Stream => 0,
+        }
     }
 
     /// Whether a segment of new data could go out now but for the congestion window (RFC 8985
@@ -1915,10 +1935,9 @@ impl Connection {
         if self.snd_nxt >= self.data_end() || !self.state.may_send_queued() {
             return false;
         }
-        let len = self.next_segment_len();
-        let fits = self.snd_nxt + len <= self.snd_una + self.snd_wnd;
+        let len = self.window_allows(self.snd_una + self.snd_wnd);
         let held = self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una;
-        fits && !held
+        len > 0 && !held
     }
 
     /// Lets the next segment out whatever the congestion window says (a fast retransmit, a
@@ -2396,14 +2415,14 @@ impl Connection {
         if seq_lt(self.snd_wl1, seg.seq)
             || (self.snd_wl1 == seg.seq && seq_le(self.snd_wl2, seg.ack))
         {
-            let was_zero = self.snd_wnd == 0;
             self.snd_wnd = window;
             self.max_snd_wnd = self.max_snd_wnd.max(window);
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = seg.ack;
             // An acceptable ACK, the answer to a window probe among them.
             self.persist_unanswered = 0;
-            if was_zero && window > 0 && self.window_fits_next(ack_pos, window) {
+            if self.window_blocked && self.window_fits_next(ack_pos, window) {
+                self.window_blocked = false;
                 self.persist_deadline = None;
                 self.persist_backoff = 0;
                 // The window opened: progress for the user timeout. Not a window too small
@@ -3822,24 +3841,9 @@ impl Connection {
         }
         let data_end = self.data_end();
         if self.snd_nxt < data_end {
-            let mut len = self.next_segment_len();
-            let wnd_right = self.snd_una + self.snd_wnd;
-            let wnd_avail = wnd_right.saturating_sub(self.snd_nxt);
-            if len > wnd_avail {
-                match self.cfg.tx_mode {
-                    // never split a record for the window
-                    TxMode::Records | TxMode::Source => len = 0,
-                    TxMode::Stream => {
-                        // Sender SWS avoidance (RFC 9293 3.8.6.2.1).
-                        if wnd_avail >= self.max_snd_wnd / 2 && wnd_avail > 0 {
-                            len = wnd_avail;
-                        } else {
-                            len = 0;
-                        }
-                    }
-                }
-            }
+            let len = self.window_allows(self.snd_una + self.snd_wnd);
             if len == 0 {
+                self.window_blocked = true;
                 self.arm_persist(now);
                 self.note_send_limit(now, Some(SendLimit::PeerWindow));
                 return None;

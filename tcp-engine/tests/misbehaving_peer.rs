@@ -192,3 +192,53 @@ fn a_window_flipping_between_zero_and_one_octet_does_not_dodge_the_user_timeout(
     assert_eq!(conn.state(), State::Closed, "held past its user timeout");
     assert_eq!(conn.stats().user_timeouts, 1);
 }
+
+/// Steps `conn`'s clock by 1 ms (at most `limit` times) until it sends a window probe;
+/// returns how long that took.
+fn until_probe(conn: &mut Connection, now: &mut Instant, limit: u32) -> Duration {
+    let start = *now;
+    let probes = conn.stats().probes;
+    for _ in 0..limit {
+        *now += Duration::from_millis(1);
+        conn.handle_timeout(*now);
+        sent_now(conn, *now);
+        if conn.stats().probes > probes {
+            return *now - start;
+        }
+    }
+    panic!("no window probe in {limit} ms");
+}
+
+/// A window that opens in steps (zero, then too small for the next segment, then enough)
+/// ends the zero-window episode as one that opens at once: the persist timer's backoff starts
+/// again from the retransmission timeout for the next episode. (The check that an opening
+/// must fit the next segment, above, first took only a direct move from zero to a fitting
+/// window: after a stepped opening the backoff kept growing from one episode to the next.)
+#[test]
+fn a_window_opening_in_steps_ends_the_persist_backoff() {
+    let (mut conn, mut now) = client(Config::default());
+    let mss = usize::from(conn.emss());
+    conn.send(&vec![1u8; 200 * mss]).expect("send");
+    let close_window = |conn: &mut Connection, now: Instant| {
+        let acked = sent_now(conn, now).last().expect("sent").1;
+        peer_ack_window(conn, now, acked, 0, &[]);
+        sent_now(conn, now);
+        acked
+    };
+    let acked = close_window(&mut conn, now);
+    let first = until_probe(&mut conn, &mut now, 60_000);
+    // Several probes, each after a longer wait.
+    for _ in 0..4 {
+        until_probe(&mut conn, &mut now, 60_000);
+    }
+    // The peer reads a little (a window of 100 octets: nothing fits), then enough.
+    peer_ack_window(&mut conn, now, acked, 100, &[]);
+    sent_now(&mut conn, now);
+    peer_ack_window(&mut conn, now, acked, u16::MAX, &[]);
+    close_window(&mut conn, now);
+    let next = until_probe(&mut conn, &mut now, 60_000);
+    assert!(
+        next <= first * 2,
+        "the next episode's first probe after {next:?}, the first episode's after {first:?}"
+    );
+}
