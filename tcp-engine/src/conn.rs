@@ -1911,20 +1911,41 @@ impl Connection {
     }
 
     /// Octets of the next segment of queued data a peer window whose right edge is at
-    /// `wnd_right` lets out: the next segment whole, or (stream mode) as much as the window
-    /// holds if that is at least half the largest window the peer offered (sender SWS
-    /// avoidance, RFC 9293 3.8.6.2.1); 0 if none. A record is never split for the window.
+    /// `wnd_right` lets out: the next segment whole, or, if the window holds at least half
+    /// the largest one the peer offered (sender SWS avoidance, RFC 9293 3.8.6.2.1), as much
+    /// as it holds (in record modes, of whole records: a record is never split for the
+    /// window); 0 if none.
     fn window_allows(&self, wnd_right: u64) -> u64 {
         let len = self.next_segment_len();
         let wnd_avail = wnd_right.saturating_sub(self.snd_nxt);
         if len <= wnd_avail {
             return len;
         }
-        match self.cfg.tx_mode {
-            TxMode::Records | TxMode::Source => 0,
-            TxMode::Stream if wnd_avail >= self.max_snd_wnd / 2 && wnd_avail > 0 => wnd_avail,
-            TxMode::Stream => 0,
+        // Less than the segment only into at least half the largest window the peer offered
+        // (sender SWS avoidance): a peer whose whole window is smaller than a segment still
+        // gets data, a window opening a little at a time does not draw small segments.
+        if wnd_avail < self.max_snd_wnd / 2 || wnd_avail == 0 {
+            return 0;
         }
+        match self.cfg.tx_mode {
+            // The whole records that fit: a record is never split for the window.
+            TxMode::Records | TxMode::Source => self.records_within(wnd_avail),
+            TxMode::Stream => wnd_avail,
+        }
+    }
+
+    /// Octets of the whole records from SND.NXT that fit in `room` (less than the next
+    /// segment, which holds at most EMSS), as one segment; 0 if the first does not fit.
+    fn records_within(&self, room: u64) -> u64 {
+        let mut len = 0;
+        for &end in self.record_ends.iter() {
+            let l = end - self.snd_nxt;
+            if l > room {
+                break;
+            }
+            len = l;
+        }
+        len
     }
 
     /// Whether a segment of new data could go out now but for the congestion window (RFC 8985

@@ -242,3 +242,45 @@ fn a_window_opening_in_steps_ends_the_persist_backoff() {
         "the next episode's first probe after {next:?}, the first episode's after {first:?}"
     );
 }
+
+/// Records (MPA's FPDUs) are grouped into segments of up to EMSS and never split for the
+/// window. A peer whose whole window is smaller than such a group (a receive buffer of 1,000
+/// octets, three records of 400 queued) got nothing, ever, though two records fit: the
+/// connection stalled until its user timeout. Whole records that fit go once the window is at
+/// least half the largest the peer offered (sender SWS avoidance).
+#[test]
+fn a_window_smaller_than_a_segment_still_takes_whole_records() {
+    let quiet = |cfg: Config| Config {
+        window_scaling: false,
+        timestamps: false,
+        ..cfg
+    };
+    let client_cfg = quiet(Config {
+        tx_mode: tcp_engine::TxMode::Records,
+        ..Config::default()
+    });
+    let server_cfg = quiet(Config {
+        recv_buffer: 1000,
+        max_recv_window: 1000,
+        ..Config::default()
+    });
+    let (mut c, _s, net) = established_pair(client_cfg, server_cfg);
+    let now = net.now;
+    let mut conn = c.conn.take().expect("client connection");
+    let nxt = conn.snd_nxt();
+    peer_ack_window(&mut conn, now, nxt, 1000, &[]);
+    for _ in 0..3 {
+        conn.send_record(&[7u8; 400]).expect("record");
+    }
+    let sent = sent_now(&mut conn, now);
+    let octets: u32 = sent.iter().map(|s| s.1.wrapping_sub(s.0)).sum();
+    assert_eq!(
+        octets, 800,
+        "whole records into a window of 1,000: {sent:?}"
+    );
+    // The peer takes them and offers its 1,000 again: the third goes.
+    peer_ack_window(&mut conn, now, sent.last().expect("sent").1, 1000, &[]);
+    let rest = sent_now(&mut conn, now);
+    let octets: u32 = rest.iter().map(|s| s.1.wrapping_sub(s.0)).sum();
+    assert_eq!(octets, 400, "{rest:?}");
+}
