@@ -284,3 +284,81 @@ fn a_window_smaller_than_a_segment_still_takes_whole_records() {
     let octets: u32 = rest.iter().map(|s| s.1.wrapping_sub(s.0)).sum();
     assert_eq!(octets, 400, "{rest:?}");
 }
+
+/// Limited transmit (RFC 3042) lets a sender without SACK send a new segment on each of the
+/// first two duplicate ACKs of a run; an allowance it had no data for ends with the run. A
+/// receiver repeating "one new ACK, two duplicates" while the sender had nothing more to send
+/// piled the allowances up (two per round), to be spent past the congestion window once the
+/// application had data: here 100 segments beyond it.
+#[test]
+fn unused_limited_transmit_allowances_do_not_pile_up() {
+    // Window scaling on: the peer's window must not be what stops the overrun.
+    let cfg = Config {
+        sack: false,
+        timestamps: false,
+        ..Config::default()
+    };
+    let (mut c, _s, net) = established(cfg);
+    let now = net.now;
+    let mut conn = c.conn.take().expect("client connection");
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, now, nxt, &[]);
+    let mss = usize::from(conn.emss());
+    for round in 0..50 {
+        assert_eq!(conn.send(&vec![1u8; 2 * mss]), Ok(2 * mss));
+        let sent = sent_now(&mut conn, now);
+        assert_eq!(sent.len(), 2, "round {round}: two segments sent");
+        let first_end = sent[0].1;
+        // A new ACK, then two duplicates: the sender has nothing new to send on them.
+        for _ in 0..3 {
+            peer_ack(&mut conn, now, first_end, &[]);
+        }
+        assert_eq!(
+            sent_now(&mut conn, now),
+            vec![],
+            "round {round}: nothing to send"
+        );
+        peer_ack(&mut conn, now, sent[1].1, &[]);
+    }
+    let cwnd = conn.cwnd();
+    let big = vec![2u8; 4 << 20];
+    let taken = conn.send(&big).expect("send");
+    assert!(
+        taken as u64 > cwnd + 100 * mss as u64,
+        "enough queued to overrun cwnd"
+    );
+    let sent = sent_now(&mut conn, now);
+    assert!(!sent.is_empty());
+    let flight = u64::from(conn.snd_nxt().wrapping_sub(conn.snd_una()));
+    assert!(
+        flight <= cwnd,
+        "{flight} octets in flight past a congestion window of {cwnd} ({} segments over)",
+        (flight - cwnd).div_ceil(mss as u64)
+    );
+}
+
+/// In NewReno's fast recovery (no SACK) each duplicate ACK means a segment left the network
+/// and lets another go out (RFC 5681 3.2 step 4). A burst of far more duplicates than segments
+/// are in flight (Savage et al.'s "DupACK spoofing", from a receiver that left SACK out of its
+/// SYN) let as many new segments out at once: 1,000 duplicates over a flight of 20 sent ~1,000.
+/// No more segments can have left than are in flight, and the credit stops there (as Linux's
+/// `tcp_limit_reno_sacked`): the burst lets out at most the reduced window.
+#[test]
+fn a_burst_of_duplicate_acks_beyond_the_flight_does_not_open_the_window() {
+    const FLIGHT: usize = 20;
+    let (mut conn, now, hole) = in_fast_recovery(FLIGHT);
+    let mss = usize::from(conn.emss());
+    // The application has plenty; 1,000 more duplicates arrive in one burst.
+    let big = vec![2u8; 4 << 20];
+    conn.send(&big).expect("send");
+    for _ in 0..1000 {
+        peer_ack(&mut conn, now, hole, &[]);
+    }
+    let cwnd = conn.cwnd() as usize;
+    let burst = sent_now(&mut conn, now).len();
+    assert!(
+        burst <= cwnd.div_ceil(mss),
+        "{burst} segments sent at once on 1,000 duplicates over a flight of {FLIGHT} \
+         (window {cwnd})"
+    );
+}
