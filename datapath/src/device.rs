@@ -14,7 +14,7 @@ use crate::verbs::cm::{
 };
 use crate::verbs::cm_events::{push_outcome, CmEvent, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::idle::{IdleParts, IdleQp, RecvFlushes};
+use crate::verbs::idle::{IdleQp, RecvFlushes};
 use crate::verbs::qp::QpStart;
 use crate::verbs::srq::MAX_SRQ_WR;
 use crate::DatapathError;
@@ -302,14 +302,9 @@ impl Device {
         addr: SocketAddr,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        let IdleParts {
-            start,
-            pd,
-            cq,
-            params,
-            flushes,
-        } = qp.into_parts();
-        flushes.after(self.connect_start(addr, &pd, &cq, &params, private_data, start))
+        let qp = qp.into_parts();
+        let outcome = self.connect_start(addr, &qp.pd, &qp.cq, &qp.params, private_data, qp.start);
+        qp.flushes.after(outcome)
     }
 
     fn connect_start(
@@ -384,20 +379,14 @@ impl Device {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<ConnectAttempt, DatapathError> {
-        let IdleParts {
-            start,
-            pd,
-            cq,
-            params,
-            flushes,
-        } = qp.into_parts();
+        let qp = qp.into_parts();
         let connect = Connect {
             addr,
-            pd,
-            cq,
-            params,
-            start,
-            flushes: Some(flushes),
+            pd: qp.pd,
+            cq: qp.cq,
+            params: qp.params,
+            start: qp.start,
+            flushes: Some(qp.flushes),
         };
         self.connect_async_start(connect, private_data, channel, context)
     }

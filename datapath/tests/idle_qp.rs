@@ -105,6 +105,22 @@ fn flushed(cq: &CompletionQueue, num: u32, wr_ids: &[u64], what: &str) {
     );
 }
 
+/// An idle queue pair of a new side whose receive completions go to a queue of their own
+/// (returned), with a receive of each of `wr_ids` posted into the region returned.
+fn idle_with_a_recv_cq(wr_ids: &[u64]) -> (Side, CompletionQueue, IdleQp, MemoryRegion) {
+    let side = Side::new();
+    let recv_cq = CompletionQueue::new();
+    let params = ConnectParams {
+        recv_cq: Some(recv_cq.clone()),
+        ..p2p(wr_ids.len())
+    };
+    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+    let qp = IdleQp::new(&side.pd, &side.cq, &params).expect("create");
+    qp.post_recv_list(wr_ids.iter().map(|&id| recv(id, &sink)))
+        .expect("post before connecting");
+    (side, recv_cq, qp, sink)
+}
+
 /// Listens on loopback and rejects the first connection request.
 fn rejecting_server() -> (SocketAddr, std::thread::JoinHandle<Result<(), String>>) {
     common::serve_one(p2p(4), |req| req.reject(b"no").map_err(|e| e.to_string()))
@@ -344,28 +360,18 @@ fn engine_connect_of_an_idle_qp_keeps_its_number_and_receives() {
             .map_err(|e| format!("accept: {e}"))?;
         greet(conn, &side, &done_rx)
     };
-    bed::against(
-        server,
-        move || {
-            testbed::enter_ns(NS_A).map_err(|e| e.to_string())?;
-            let device = Device::open(Transport::Xdp {
-                ifname: DEV_A.into(),
-                config: Box::default(),
-            })
-            .map_err(|e| e.to_string())?;
-            let side = Side::new();
-            let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-            let qp = idle_with_a_recv(&side, &sink);
-            let num = qp.num();
-            let conn = device
-                .connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[])
-                .map_err(|e| format!("connect: {e}"))?;
-            greeted(&conn, &side, &sink, num, "engine initiator");
-            let _ = done_tx.send(());
-            Ok(())
-        },
-        WAIT,
-    );
+    bed::device_against(server, move |device| {
+        let side = Side::new();
+        let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+        let qp = idle_with_a_recv(&side, &sink);
+        let num = qp.num();
+        let conn = device
+            .connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[])
+            .map_err(|e| format!("connect: {e}"))?;
+        greeted(&conn, &side, &sink, num, "engine initiator");
+        let _ = done_tx.send(());
+        Ok(())
+    });
 }
 
 #[test]
@@ -415,12 +421,13 @@ fn engine_accept_of_an_idle_qp_keeps_its_number_receives_and_depths() {
     client.join().expect("client thread").expect("client");
 }
 
-/// An accept of an idle queue pair that cannot be made fails and rejects the request at once,
-/// as `accept_with_recvs` does: here the request asks for an IRD beyond 14 bits. The initiator
-/// hears `Rejected` rather than waiting for its setup timeout; the queue pair's receive
-/// completes as flushed.
-#[test]
-fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
+/// Accepts a request asking for an IRD beyond 14 bits with an idle queue pair (a receive
+/// posted) through `accept`, which must refuse it: the queue pair's receive completes as
+/// flushed, and the initiator hears `Rejected` rather than waiting for its setup timeout.
+fn refused_accept_of_an_idle_qp(
+    what: &str,
+    accept: impl FnOnce(ConnectRequest, IdleQp) -> Result<(), DatapathError>,
+) {
     let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
     let addr = listener.local_addr().expect("address");
     let client = std::thread::spawn(move || {
@@ -435,16 +442,22 @@ fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
     let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
     let qp = idle_with_a_recv(&side, &sink);
     let num = qp.num();
-    match req.ird_ord(0x4000, 1).accept_qp(qp, &[]) {
+    match accept(req.ird_ord(0x4000, 1), qp) {
         Err(DatapathError::InvalidArgument(_)) => {}
-        Err(e) => panic!("an IRD of 15 bits: {e:?}"),
-        Ok(_) => panic!("accepted an IRD of 15 bits"),
+        other => panic!("{what}: an IRD of 15 bits: {other:?}"),
     }
-    flushed(&side.cq, num, &[7], "refused accept");
+    flushed(&side.cq, num, &[7], what);
     match client.join().expect("client thread") {
         Err(DatapathError::Rejected { .. }) => {}
-        other => panic!("the initiator of a refused accept: {other:?}"),
+        other => panic!("{what}: the initiator of a refused accept: {other:?}"),
     }
+}
+
+/// An accept of an idle queue pair that cannot be made fails and rejects the request at once,
+/// as `accept_with_recvs` does, its receive flushed.
+#[test]
+fn socket_refused_accept_of_an_idle_qp_rejects_the_request() {
+    refused_accept_of_an_idle_qp("accept_qp", |req, qp| req.accept_qp(qp, &[]).map(|_| ()));
 }
 
 /// A connect of an idle queue pair on an event channel that cannot be made fails at the call
@@ -484,16 +497,7 @@ fn socket_refused_connect_async_of_an_idle_qp_fails_at_the_call() {
 #[test]
 fn socket_rejected_connect_of_an_idle_qp_flushes_its_receives() {
     let (addr, server) = rejecting_server();
-    let side = Side::new();
-    let recv_cq = CompletionQueue::new();
-    let params = ConnectParams {
-        recv_cq: Some(recv_cq.clone()),
-        ..p2p(2)
-    };
-    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-    let qp = IdleQp::new(&side.pd, &side.cq, &params).expect("create");
-    qp.post_recv_list([recv(7, &sink), recv(8, &sink)])
-        .expect("post before connecting");
+    let (side, recv_cq, qp, _sink) = idle_with_a_recv_cq(&[7, 8]);
     let num = qp.num();
     match Device::socket().connect_qp(qp, addr, &[]) {
         Err(DatapathError::Rejected { .. }) => {}
@@ -528,30 +532,10 @@ fn socket_rejected_connect_async_of_an_idle_qp_flushes_before_the_event() {
 /// An accept on an event channel refused at the call flushes the queue pair's receives too.
 #[test]
 fn socket_refused_accept_async_of_an_idle_qp_flushes_its_receives() {
-    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
-    let addr = listener.local_addr().expect("address");
-    let client = std::thread::spawn(move || {
-        let side = Side::new();
-        datapath::connect(addr, &side.pd, &side.cq, &p2p(4), &[]).map(|_| ())
-    });
-    let req = listener
-        .accept_timeout(WAIT)
-        .expect("accept")
-        .expect("a connection request");
-    let side = Side::new();
-    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-    let qp = idle_with_a_recv(&side, &sink);
-    let num = qp.num();
     let channel = CmEventChannel::new().expect("event channel");
-    match req.ird_ord(0x4000, 1).accept_qp_async(qp, &[], &channel, 3) {
-        Err(DatapathError::InvalidArgument(_)) => {}
-        other => panic!("an IRD of 15 bits: {other:?}"),
-    }
-    flushed(&side.cq, num, &[7], "refused accept on an event channel");
-    match client.join().expect("client thread") {
-        Err(DatapathError::Rejected { .. }) => {}
-        other => panic!("the initiator of a refused accept: {other:?}"),
-    }
+    refused_accept_of_an_idle_qp("accept_qp_async", |req, qp| {
+        req.accept_qp_async(qp, &[], &channel, 3)
+    });
 }
 
 /// The AF_XDP engine's connect of an idle queue pair that the peer rejects: its receive,
@@ -565,31 +549,21 @@ fn engine_rejected_connect_of_an_idle_qp_flushes_its_receives() {
         let req = bed::listen_in_b_with(PORT, &ready, WAIT, p2p(4))?;
         req.reject(b"no").map_err(|e| e.to_string())
     };
-    bed::against(
-        server,
-        move || {
-            testbed::enter_ns(NS_A).map_err(|e| e.to_string())?;
-            let device = Device::open(Transport::Xdp {
-                ifname: DEV_A.into(),
-                config: Box::default(),
-            })
-            .map_err(|e| e.to_string())?;
-            let side = Side::new();
-            let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-            let qp = idle_with_a_recv(&side, &sink);
-            let num = qp.num();
-            match device.connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[]) {
-                Err(DatapathError::Rejected { .. }) => {}
-                other => return Err(format!("a rejected connect: {:?}", other.map(|_| ()))),
-            }
-            flushed(&side.cq, num, &[7], "engine, rejected connect");
-            // Nothing more comes of the engine's own queue pair.
-            let stray = side.cq.wait(std::time::Duration::from_millis(300));
-            assert!(stray.is_none(), "a second completion: {stray:?}");
-            Ok(())
-        },
-        WAIT,
-    );
+    bed::device_against(server, move |device| {
+        let side = Side::new();
+        let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
+        let qp = idle_with_a_recv(&side, &sink);
+        let num = qp.num();
+        match device.connect_qp(qp, SocketAddr::from((ADDR_B, PORT)), &[]) {
+            Err(DatapathError::Rejected { .. }) => {}
+            other => return Err(format!("a rejected connect: {:?}", other.map(|_| ()))),
+        }
+        flushed(&side.cq, num, &[7], "engine, rejected connect");
+        // Nothing more comes of the engine's own queue pair.
+        let stray = side.cq.wait(std::time::Duration::from_millis(300));
+        assert!(stray.is_none(), "a second completion: {stray:?}");
+        Ok(())
+    });
 }
 
 /// Moving an idle queue pair to Error (`ibv_modify_qp` to ERR before any connection) flushes
@@ -597,16 +571,7 @@ fn engine_rejected_connect_of_an_idle_qp_flushes_its_receives() {
 /// completes nothing.
 #[test]
 fn an_idle_qp_moved_to_error_flushes_its_receives_and_a_dropped_one_nothing() {
-    let side = Side::new();
-    let recv_cq = CompletionQueue::new();
-    let params = ConnectParams {
-        recv_cq: Some(recv_cq.clone()),
-        ..p2p(3)
-    };
-    let sink = side.pd.register(LEN, Access::LOCAL_WRITE).expect("sink");
-    let qp = IdleQp::new(&side.pd, &side.cq, &params).expect("create");
-    qp.post_recv_list([recv(1, &sink), recv(2, &sink), recv(3, &sink)])
-        .expect("post");
+    let (side, recv_cq, qp, sink) = idle_with_a_recv_cq(&[1, 2, 3]);
     let num = qp.num();
     qp.flush();
     flushed(&recv_cq, num, &[1, 2, 3], "moved to error");

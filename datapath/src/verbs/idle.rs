@@ -283,15 +283,10 @@ impl ConnectRequest {
         qp: IdleQp,
         private_data: &[u8],
     ) -> Result<Connection, DatapathError> {
-        let IdleParts {
-            start,
-            pd,
-            cq,
-            params,
-            flushes,
-        } = qp.into_parts();
-        self.adopt(params);
-        flushes.after(self.accept_start(&pd, &cq, private_data, start))
+        let qp = qp.into_parts();
+        self.adopt(qp.params);
+        let outcome = self.accept_start(&qp.pd, &qp.cq, private_data, qp.start);
+        qp.flushes.after(outcome)
     }
 
     /// [`ConnectRequest::accept_qp`] on an event channel (`rdma_accept` on an id whose
@@ -307,18 +302,13 @@ impl ConnectRequest {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<(), DatapathError> {
-        let IdleParts {
-            start,
-            pd,
-            cq,
-            params,
-            flushes,
-        } = qp.into_parts();
-        self.adopt(params);
-        let request = match self.check_accept(&pd, private_data, &start) {
+        let qp = qp.into_parts();
+        self.adopt(qp.params);
+        let request = match self.check_accept(&qp.pd, private_data, &qp.start) {
             Ok(request) => request,
-            Err(e) => return flushes.after(Err(e)),
+            Err(e) => return qp.flushes.after(Err(e)),
         };
+        let (pd, cq, start, flushes) = (qp.pd, qp.cq, qp.start, qp.flushes);
         let private_data = private_data.to_vec();
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();

@@ -8,8 +8,8 @@ use std::time::Duration;
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::ProtectionDomain;
 use datapath::{
-    Access, CompletionQueue, ConnectParams, ConnectRequest, Connection, Listener, MemoryRegion,
-    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnectParams, ConnectRequest, Connection, Device, Listener,
+    MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, Transport, WcOpcode, WcStatus,
 };
 use testbed::{enter_ns, ADDR_B, DEV_A, NS_A, NS_B};
 
@@ -279,6 +279,28 @@ pub fn engine_against<T: Send + 'static>(
             let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
                 .map_err(|e| format!("engine on {DEV_A}: {e}"))?;
             Ok(client(&engine))
+        },
+        crate::common::WAIT,
+    )
+}
+
+/// [`engine_against`] with the engine opened as a [`Device`] (the verbs entry points:
+/// `connect_qp`, `connect_async`, ...); `client` fails the test with its error.
+#[allow(dead_code)]
+pub fn device_against<T: Send + 'static>(
+    server: impl FnOnce(Sender<()>) -> Result<(), String> + Send + 'static,
+    client: impl FnOnce(&Device) -> Result<T, String> + Send + 'static,
+) -> T {
+    against(
+        server,
+        move || {
+            enter_ns(NS_A).map_err(|e| e.to_string())?;
+            let device = Device::open(Transport::Xdp {
+                ifname: DEV_A.into(),
+                config: Box::default(),
+            })
+            .map_err(|e| format!("engine on {DEV_A}: {e}"))?;
+            client(&device)
         },
         crate::common::WAIT,
     )
