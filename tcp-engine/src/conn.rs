@@ -666,6 +666,8 @@ pub struct Connection {
     /// Queued data waited for the peer's window (zero, or too small for the next segment):
     /// the window update that lets it out ends the persist timer's backoff and the stall.
     window_blocked: bool,
+    /// How much of the congestion window the sender used, for its growth (RFC 7661).
+    cwnd_use: CwndUse,
     limited_transmit: u32,
     ignore_cwnd_credit: u32,
     rto_deadline: Option<Instant>,
@@ -842,6 +844,7 @@ impl Connection {
             dupacks: 0,
             dupack_credit: 0,
             window_blocked: false,
+            cwnd_use: CwndUse::default(),
             limited_transmit: 0,
             ignore_cwnd_credit: 0,
             rto_deadline: None,
@@ -2480,6 +2483,7 @@ impl Connection {
             && !window_changed
             && self.snd_max() > self.snd_una;
         if newly_acked > 0 {
+            self.cwnd_use.on_ack(ack_pos, self.snd_max());
             self.dupacks = 0;
             // Limited transmit's allowance belongs to the duplicate ACKs of one run (RFC 3042
             // 2: "upon the receipt of the first two consecutive duplicate ACKs"): unused, it
@@ -2507,7 +2511,13 @@ impl Connection {
                     self.ignore_cwnd_credit = 0;
                 }
                 None => {
-                    self.cc.on_ack(now, newly_acked, smss, self.rtt.srtt());
+                    // The window grows only while it is used (RFC 7661 4.1, as Linux's
+                    // `tcp_is_cwnd_limited`): a peer that holds its window small while
+                    // acknowledging promptly (or an application that sends little) would
+                    // otherwise grow it without bound, to be spent in one burst later.
+                    if self.cwnd_use.allows_growth(self.cc.cwnd()) {
+                        self.cc.on_ack(now, newly_acked, smss, self.rtt.srtt());
+                    }
                 }
             }
             if self.rto_recover.is_some_and(|r| self.snd_una >= r) {
@@ -3876,6 +3886,7 @@ impl Connection {
             let pipe = self.effective_pipe();
             let cwnd = self.cc.cwnd();
             if pipe > 0 && pipe + len > cwnd {
+                self.cwnd_use.limited = true;
                 if self.ignore_cwnd_credit > 0 {
                     self.ignore_cwnd_credit -= 1;
                 } else if self.limited_transmit > 0 {
@@ -3907,6 +3918,7 @@ impl Connection {
                 e.xmit_time = now;
             }
             self.pipe += len;
+            self.cwnd_use.flight = self.cwnd_use.flight.max(self.pipe);
             self.arm_tlp(now);
             self.note_sent_all(now);
             return Some(n);
@@ -3963,6 +3975,41 @@ impl Connection {
             *slot = slot.saturating_add(ns);
         }
         self.send_limit = limit.map(|l| (l, now));
+    }
+}
+
+/// How much of its congestion window a sender used, over the round trip under way and the one
+/// before it (a round ends when what was in flight at its start is acknowledged), for
+/// congestion window validation (RFC 7661; Linux's `tcp_is_cwnd_limited`).
+#[derive(Debug, Default, Clone, Copy)]
+struct CwndUse {
+    /// The stream position whose acknowledgement ends the round.
+    round_end: u64,
+    /// Most octets in flight after a send, this round and the last.
+    flight: u64,
+    prev_flight: u64,
+    /// A send found the window full, this round and the last.
+    limited: bool,
+    prev_limited: bool,
+}
+
+impl CwndUse {
+    /// New data acknowledged up to `ack_pos`, `snd_max` the highest sent: past the round's
+    /// end, a new round begins.
+    fn on_ack(&mut self, ack_pos: u64, snd_max: u64) {
+        if ack_pos >= self.round_end {
+            self.prev_flight = self.flight;
+            self.prev_limited = self.limited;
+            self.flight = 0;
+            self.limited = false;
+            self.round_end = snd_max;
+        }
+    }
+
+    /// Whether a window of `cwnd` octets was used enough to grow: a send found it full, or
+    /// (slow start's doubling) it is less than twice the most that was in flight.
+    fn allows_growth(&self, cwnd: u64) -> bool {
+        self.limited || self.prev_limited || cwnd < 2 * self.flight.max(self.prev_flight)
     }
 }
 

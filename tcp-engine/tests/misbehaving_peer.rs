@@ -362,3 +362,35 @@ fn a_burst_of_duplicate_acks_beyond_the_flight_does_not_open_the_window() {
          (window {cwnd})"
     );
 }
+
+/// A peer that holds its window at 8 segments while acknowledging every flight at once: the
+/// congestion window grew by every octet acknowledged (slow start), to megabytes after 200
+/// round trips, though never more than 8 segments were in flight, ready to be spent in one
+/// burst once the peer opened its window. It grows only while it is used (RFC 7661): while it
+/// is less than twice what was in flight (and by one more ACK's worth at most).
+#[test]
+fn a_window_held_small_does_not_let_the_congestion_window_grow_unused() {
+    let (mut conn, now) = client(Config::default());
+    let mss = usize::from(conn.emss());
+    let window = u16::try_from(8 * mss).expect("8 segments in a window field");
+    let initial = conn.cwnd();
+    let mut queued = 0;
+    for _ in 0..200 {
+        while queued < 64 * mss {
+            queued += conn.send(&vec![3u8; 16 * mss]).expect("send");
+        }
+        let sent = sent_now(&mut conn, now);
+        let Some(last) = sent.last() else { continue };
+        queued -= sent
+            .iter()
+            .map(|s| s.1.wrapping_sub(s.0) as usize)
+            .sum::<usize>();
+        peer_ack_window(&mut conn, now, last.1, window, &[]);
+    }
+    let cwnd = conn.cwnd();
+    assert!(cwnd > initial, "the window grew while it was used");
+    assert!(
+        cwnd <= 3 * u64::from(window),
+        "a congestion window of {cwnd} octets with never more than {window} in flight"
+    );
+}
