@@ -21,6 +21,11 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// `acked` new octets were cumulatively acknowledged outside loss
     /// recovery; `rtt` is the smoothed RTT if known.
     fn on_ack(&mut self, now: Instant, acked: u64, smss: u32, rtt: Option<Duration>);
+    /// New data was acknowledged outside recovery while the congestion window was not what
+    /// limited the sender (the application, or the peer's window): the window does not grow
+    /// (RFC 7661), and a controller whose growth follows the clock leaves that time out when
+    /// it grows again (RFC 9438 5.8). Default: nothing.
+    fn on_ack_unused(&mut self, _now: Instant) {}
     /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
@@ -174,6 +179,9 @@ pub struct Cubic {
     w_last_max: f64,
     /// Start of the current congestion-avoidance epoch.
     epoch_start: Option<Instant>,
+    /// Since when, in the epoch, ACKs came while the window was not used
+    /// ([`CongestionControl::on_ack_unused`]): the epoch moves on by that time.
+    unused_since: Option<Instant>,
     k: f64,
     /// TCP-friendly estimate in segments (W_est, 4.2).
     w_est: f64,
@@ -196,6 +204,7 @@ impl Cubic {
             w_max: 0.0,
             w_last_max: 0.0,
             epoch_start: None,
+            unused_since: None,
             k: 0.0,
             w_est: 0.0,
             cwnd_frac: 0.0,
@@ -223,6 +232,7 @@ impl Cubic {
         let reduced = (w * CUBIC_BETA).max(2.0);
         self.ssthresh = (reduced * seg) as u64;
         self.epoch_start = None;
+        self.unused_since = None;
         self.cwnd_frac = 0.0;
     }
 }
@@ -244,6 +254,10 @@ impl CongestionControl for Cubic {
             return;
         }
         let cwnd_seg = self.cwnd as f64 / seg;
+        if let (Some(since), Some(epoch)) = (self.unused_since.take(), self.epoch_start) {
+            // The time the window went unused does not count (RFC 9438 5.8).
+            self.epoch_start = Some(epoch + now.saturating_since(since));
+        }
         let epoch = match self.epoch_start {
             Some(e) => e,
             None => {
@@ -277,6 +291,11 @@ impl CongestionControl for Cubic {
             self.cwnd_frac -= whole;
         }
     }
+    fn on_ack_unused(&mut self, now: Instant) {
+        if self.epoch_start.is_some() && self.unused_since.is_none() {
+            self.unused_since = Some(now);
+        }
+    }
     fn on_congestion_event(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
         self.reduce(smss);
         self.cwnd = self.ssthresh;
@@ -292,6 +311,7 @@ impl CongestionControl for Cubic {
             self.w_max = w_max;
             self.w_last_max = w_last_max;
             self.epoch_start = None;
+            self.unused_since = None;
             self.cwnd_frac = 0.0;
         }
     }
@@ -367,5 +387,34 @@ mod tests {
             c.on_ack(now, acked, smss, Some(rtt));
         }
         assert!(c.cwnd() > 100_000, "cwnd {}", c.cwnd());
+    }
+
+    /// RFC 9438 5.8: time in which the window went unused (the sender limited by something
+    /// else) does not count toward CUBIC's growth: after 10 s of such ACKs the next ACK grows
+    /// the window as it would have right away, not by the jump 10 s of the cubic curve give.
+    #[test]
+    fn cubic_leaves_the_time_the_window_went_unused_out_of_its_epoch() {
+        let smss = 1000;
+        let rtt = Duration::from_millis(10);
+        let grown = |pause: bool| {
+            let mut c = Cubic::new(100_000);
+            c.on_congestion_event(Instant::ZERO, 100_000, smss);
+            let mut now = Instant::ZERO;
+            for _ in 0..10 {
+                now += Duration::from_millis(1);
+                c.on_ack(now, 1000, smss, Some(rtt));
+            }
+            if pause {
+                for _ in 0..10_000 {
+                    now += Duration::from_millis(1);
+                    c.on_ack_unused(now);
+                }
+            }
+            let before = c.cwnd();
+            now += Duration::from_millis(1);
+            c.on_ack(now, 1000, smss, Some(rtt));
+            c.cwnd() - before
+        };
+        assert_eq!(grown(true), grown(false));
     }
 }

@@ -399,6 +399,8 @@ pub struct ConnStats {
     pub peer_reneged: u64,
     /// Window probes and keepalives sent.
     pub probes: u64,
+    /// Window probes sent (RFC 9293 3.8.6.1; of [`ConnStats::probes`]).
+    pub window_probes: u64,
     /// Aborts by the user timeout (`Config::user_timeout`).
     pub user_timeouts: u64,
     /// Connections reset after waiting `Config::fin_wait2_timeout` in FIN-WAIT-2 for a FIN
@@ -1744,6 +1746,7 @@ impl Connection {
             self.persist_unanswered += 1;
             self.probe_due = true;
             self.stats.probes += 1;
+            self.stats.window_probes += 1;
             self.persist_backoff = (self.persist_backoff + 1).min(16);
         }
         if self.keepalive_deadline.is_some_and(|d| d <= now) {
@@ -2517,6 +2520,8 @@ impl Connection {
                     // otherwise grow it without bound, to be spent in one burst later.
                     if self.cwnd_use.allows_growth(self.cc.cwnd()) {
                         self.cc.on_ack(now, newly_acked, smss, self.rtt.srtt());
+                    } else {
+                        self.cc.on_ack_unused(now);
                     }
                 }
             }
@@ -3573,7 +3578,12 @@ impl Connection {
             let n = repr.emit(out.head).ok()?;
             self.probe_due = false;
             self.after_emit_ack(&repr);
-            self.arm_persist(now);
+            // The next window probe only while data waits for the window: a keepalive of an
+            // idle connection arming it would probe for ever, the backoff growing, and the
+            // next zero-window episode would start from that backoff.
+            if self.window_blocked {
+                self.arm_persist(now);
+            }
             return Some(n);
         }
         self.emit_pure_ack_if_due(now, out.head)

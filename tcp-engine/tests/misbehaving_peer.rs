@@ -189,6 +189,7 @@ fn a_window_flipping_between_zero_and_one_octet_does_not_dodge_the_user_timeout(
         peer_ack_window(&mut conn, now, acked, (step % 2) as u16, &[]);
         sent_now(&mut conn, now);
     }
+    eprintln!("DBG now={:?} stats={:?}", now, conn.stats());
     assert_eq!(conn.state(), State::Closed, "held past its user timeout");
     assert_eq!(conn.stats().user_timeouts, 1);
 }
@@ -392,5 +393,39 @@ fn a_window_held_small_does_not_let_the_congestion_window_grow_unused() {
     assert!(
         cwnd <= 3 * u64::from(window),
         "a congestion window of {cwnd} octets with never more than {window} in flight"
+    );
+}
+
+/// Keepalives (RFC 1122 4.2.3.6) of an idle connection armed the window-probe timer, which then
+/// probed for ever with a growing backoff though no data waited for any window, and the next
+/// zero-window episode began from that backoff (its first probe up to a minute late). Window
+/// probes go only while data waits for the window.
+#[test]
+fn keepalives_of_an_idle_connection_send_no_window_probes() {
+    let (mut conn, mut now) = client(Config {
+        keepalive: Some((Duration::from_millis(50), Duration::from_millis(10), 3)),
+        ..Config::default()
+    });
+    let mut buf = vec![0u8; 65536];
+    let mut keepalives = 0;
+    for _ in 0..2000 {
+        now += Duration::from_millis(5);
+        conn.handle_timeout(now);
+        let mut answered = false;
+        while conn.poll_transmit(now, &mut buf).is_some() {
+            keepalives += 1;
+            answered = true;
+        }
+        if answered {
+            let nxt = conn.snd_nxt();
+            peer_ack(&mut conn, now, nxt, &[]);
+        }
+    }
+    assert_eq!(conn.state(), State::Established);
+    assert!(keepalives > 50, "{keepalives} keepalives in 10 s");
+    assert_eq!(
+        conn.stats().window_probes,
+        0,
+        "window probes of an idle connection"
     );
 }
