@@ -189,7 +189,6 @@ fn a_window_flipping_between_zero_and_one_octet_does_not_dodge_the_user_timeout(
         peer_ack_window(&mut conn, now, acked, (step % 2) as u16, &[]);
         sent_now(&mut conn, now);
     }
-    eprintln!("DBG now={:?} stats={:?}", now, conn.stats());
     assert_eq!(conn.state(), State::Closed, "held past its user timeout");
     assert_eq!(conn.stats().user_timeouts, 1);
 }
