@@ -1940,8 +1940,8 @@ impl Connection {
         }
     }
 
-    /// Octets of the whole records from SND.NXT that fit in `room` (less than the next
-    /// segment, which holds at most EMSS), as one segment; 0 if the first does not fit.
+    /// Octets of the whole records from SND.NXT that fit in `room`, as one segment; 0 if the
+    /// first does not fit.
     fn records_within(&self, room: u64) -> u64 {
         let mut len = 0;
         for &end in self.record_ends.iter() {
@@ -3843,20 +3843,12 @@ impl Connection {
             }
             TxMode::Stream => avail.min(emss),
             TxMode::Records | TxMode::Source => {
-                // Records that end after snd_nxt; the first may be partly sent
-                // (split because larger than EMSS).
-                let mut len = 0;
-                for &end in self.record_ends.iter() {
-                    let l = end - self.snd_nxt;
-                    if l > emss {
-                        if len == 0 {
-                            len = emss;
-                        }
-                        break;
-                    }
-                    len = l;
+                // The whole records that fit EMSS; a first record larger than EMSS is split
+                // (it may be partly sent already).
+                match self.records_within(emss) {
+                    0 if !self.record_ends.is_empty() => emss,
+                    whole => whole,
                 }
-                len
             }
         }
     }
