@@ -26,6 +26,11 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// (RFC 7661), and a controller whose growth follows the clock leaves that time out when
     /// it grows again (RFC 9438 5.8). Default: nothing.
     fn on_ack_unused(&mut self, _now: Instant) {}
+    /// New data goes out with nothing in flight: the connection was idle since its last
+    /// data was acknowledged (or [`Self::on_ack_unused`] since then). A controller whose
+    /// growth follows the clock leaves that time out (RFC 9438 5.8; Linux's
+    /// `CA_EVENT_TX_START`). Default: nothing.
+    fn on_transmit_start(&mut self, _now: Instant) {}
     /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
@@ -235,6 +240,13 @@ impl Cubic {
         self.unused_since = None;
         self.cwnd_frac = 0.0;
     }
+
+    /// Ends a time of the window going unused: the epoch moves on by it (RFC 9438 5.8).
+    fn end_unused(&mut self, now: Instant) {
+        if let (Some(since), Some(epoch)) = (self.unused_since.take(), self.epoch_start) {
+            self.epoch_start = Some(epoch + now.saturating_since(since));
+        }
+    }
 }
 
 impl CongestionControl for Cubic {
@@ -254,10 +266,7 @@ impl CongestionControl for Cubic {
             return;
         }
         let cwnd_seg = self.cwnd as f64 / seg;
-        if let (Some(since), Some(epoch)) = (self.unused_since.take(), self.epoch_start) {
-            // The time the window went unused does not count (RFC 9438 5.8).
-            self.epoch_start = Some(epoch + now.saturating_since(since));
-        }
+        self.end_unused(now);
         let epoch = match self.epoch_start {
             Some(e) => e,
             None => {
@@ -295,6 +304,9 @@ impl CongestionControl for Cubic {
         if self.epoch_start.is_some() && self.unused_since.is_none() {
             self.unused_since = Some(now);
         }
+    }
+    fn on_transmit_start(&mut self, now: Instant) {
+        self.end_unused(now);
     }
     fn on_congestion_event(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
         self.reduce(smss);

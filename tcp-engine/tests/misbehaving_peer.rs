@@ -7,43 +7,13 @@ use common::*;
 
 use std::time::Duration;
 
-use tcp_engine::{Config, CongestionAlgorithm, Connection, Instant, SegmentRepr, State};
-
-/// The data segments `conn` sends at `now`, as (first sequence number, one past the last).
-fn sent_now(conn: &mut Connection, now: Instant) -> Vec<(u32, u32)> {
-    let mut buf = vec![0u8; 65536];
-    let mut sent = Vec::new();
-    while let Some(n) = conn.poll_transmit(now, &mut buf) {
-        let seg = SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
-        let len = seg.payload.len() as u32;
-        if len > 0 {
-            sent.push((seg.seq, seg.seq.wrapping_add(len)));
-        }
-        assert!(sent.len() < 100_000, "runaway transmit");
-    }
-    sent
-}
-
-/// A connected client of `cfg` (window scaling and timestamps off, so that the peer's window
-/// field is its window in octets), its peer's window opened, and the time.
-fn client(cfg: Config) -> (Connection, Instant) {
-    let cfg = Config {
-        window_scaling: false,
-        timestamps: false,
-        ..cfg
-    };
-    let (mut c, _s, net) = established(cfg);
-    let mut conn = c.conn.take().expect("client connection");
-    let nxt = conn.snd_nxt();
-    peer_ack(&mut conn, net.now, nxt, &[]);
-    (conn, net.now)
-}
+use tcp_engine::{Config, CongestionAlgorithm, Connection, Instant, State};
 
 /// NewReno without SACK (what a peer that leaves SACK out of its SYN gets), `flight` full
 /// segments sent and unacknowledged, the first one then resent by fast retransmit after three
 /// duplicates. Returns the connection, the time and the hole's sequence number.
 fn in_fast_recovery(flight: usize) -> (Connection, Instant, u32) {
-    let (mut conn, now) = client(Config {
+    let (mut conn, now) = driven_client(Config {
         sack: false,
         congestion: CongestionAlgorithm::NewReno,
         initial_window_segments: flight as u32,
@@ -86,7 +56,7 @@ fn partial_acks_of_one_octet_do_not_resend_the_head_each_time() {
 /// halved window with nothing lost.
 #[test]
 fn old_acks_are_not_duplicate_acks() {
-    let (mut conn, now) = client(Config {
+    let (mut conn, now) = driven_client(Config {
         sack: false,
         congestion: CongestionAlgorithm::NewReno,
         initial_window_segments: 20,
@@ -121,7 +91,7 @@ fn old_acks_are_not_duplicate_acks() {
 /// unused credits do not pile up.
 #[test]
 fn loss_probes_under_a_tight_window_do_not_pile_up_credit() {
-    let (mut conn, mut now) = client(Config::default());
+    let (mut conn, mut now) = driven_client(Config::default());
     let mss = usize::from(conn.emss());
     let queued = conn.send(&vec![1u8; 400 * mss]).expect("send");
     assert!(queued >= 200 * mss, "{queued} octets queued");
@@ -169,7 +139,7 @@ fn loss_probes_under_a_tight_window_do_not_pile_up_credit() {
 /// small for the next segment is not progress.
 #[test]
 fn a_window_flipping_between_zero_and_one_octet_does_not_dodge_the_user_timeout() {
-    let (mut conn, mut now) = client(Config {
+    let (mut conn, mut now) = driven_client(Config {
         user_timeout: Some(Duration::from_millis(300)),
         ..Config::default()
     });
@@ -216,7 +186,7 @@ fn until_probe(conn: &mut Connection, now: &mut Instant, limit: u32) -> Duration
 /// window: after a stepped opening the backoff kept growing from one episode to the next.)
 #[test]
 fn a_window_opening_in_steps_ends_the_persist_backoff() {
-    let (mut conn, mut now) = client(Config::default());
+    let (mut conn, mut now) = driven_client(Config::default());
     let mss = usize::from(conn.emss());
     conn.send(&vec![1u8; 200 * mss]).expect("send");
     let close_window = |conn: &mut Connection, now: Instant| {
@@ -370,7 +340,7 @@ fn a_burst_of_duplicate_acks_beyond_the_flight_does_not_open_the_window() {
 /// is less than twice what was in flight (and by one more ACK's worth at most).
 #[test]
 fn a_window_held_small_does_not_let_the_congestion_window_grow_unused() {
-    let (mut conn, now) = client(Config::default());
+    let (mut conn, now) = driven_client(Config::default());
     let mss = usize::from(conn.emss());
     let window = u16::try_from(8 * mss).expect("8 segments in a window field");
     let initial = conn.cwnd();
@@ -401,7 +371,7 @@ fn a_window_held_small_does_not_let_the_congestion_window_grow_unused() {
 /// probes go only while data waits for the window.
 #[test]
 fn keepalives_of_an_idle_connection_send_no_window_probes() {
-    let (mut conn, mut now) = client(Config {
+    let (mut conn, mut now) = driven_client(Config {
         keepalive: Some((Duration::from_millis(50), Duration::from_millis(10), 3)),
         ..Config::default()
     });

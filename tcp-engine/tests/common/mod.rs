@@ -535,3 +535,33 @@ pub fn peer_ack_window(
     };
     conn.handle_segment(now, &seg, |_| None);
 }
+
+/// The data segments `conn` sends at `now`, as (first sequence number, one past the last).
+pub fn sent_now(conn: &mut Connection, now: Instant) -> Vec<(u32, u32)> {
+    let mut buf = vec![0u8; 65536];
+    let mut sent = Vec::new();
+    while let Some(n) = conn.poll_transmit(now, &mut buf) {
+        let seg = SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
+        let len = seg.payload.len() as u32;
+        if len > 0 {
+            sent.push((seg.seq, seg.seq.wrapping_add(len)));
+        }
+        assert!(sent.len() < 100_000, "runaway transmit");
+    }
+    sent
+}
+
+/// A connected client of `cfg`, driven by hand (window scaling and timestamps off, so that the peer's window
+/// field is its window in octets), its peer's window opened, and the time.
+pub fn driven_client(cfg: Config) -> (Connection, Instant) {
+    let cfg = Config {
+        window_scaling: false,
+        timestamps: false,
+        ..cfg
+    };
+    let (mut c, _s, net) = established(cfg);
+    let mut conn = c.conn.take().expect("client connection");
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, net.now, nxt, &[]);
+    (conn, net.now)
+}
