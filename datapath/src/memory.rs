@@ -193,8 +193,10 @@ fn release_locked(start: usize, len: usize, unlock: bool) {
     let free = locks.remove(start, start + len);
     if unlock {
         for (s, e) in free {
-            // SAFETY: pages of a range `lock_pages` locked for a buffer that is still mapped
-            // (ours or the caller's memory); munlock changes paging only.
+            // SAFETY: munlock changes paging only, never memory contents. The pages are those
+            // `lock_pages` locked for a buffer still mapped: ours (unmapped after this), or the
+            // caller's, which `register_raw`'s contract keeps mapped until the buffer's last
+            // handle is gone (a `Deregistration` dropped, `deregister` returned).
             unsafe { libc::munlock(s as *const libc::c_void, e - s) };
         }
     }
@@ -237,6 +239,11 @@ fn lock_pages(
 // whose callers take on the aliasing rules. So moving it or sharing it across threads cannot
 // create dangling or out-of-bounds accesses. Concurrent use of the same bytes by the application
 // and the engine is governed by the work-request rules documented above, as with any RDMA memory.
+// What those rules do not exclude (the application polling a byte a peer's Write is placing,
+// two connections placing overlapping Writes from two engine threads) is a data race in the
+// Rust memory model, which has no notion of memory a device writes: we treat registered memory
+// as such memory, accessed only through raw copies (never through references of ours), as every
+// RDMA binding does; the values read are bytes that were written, in no promised order.
 unsafe impl Send for PinnedBuffer {}
 // SAFETY: see the `Send` impl: shared access only ever happens through bounds-checked copies
 // (or the `unsafe` accessors, on their callers' guarantee).
@@ -453,8 +460,10 @@ impl PinnedBuffer {
         if n > 0 {
             fence(Ordering::Acquire);
             // SAFETY: `offset + n <= self.len` (clamped above), so the source range lies inside
-            // our allocation; `copied` is a distinct, valid slice of `n` bytes (no reference into
-            // this buffer is ever handed out, so it cannot overlap the source).
+            // our allocation; `copied` is a distinct, valid slice of `n` bytes (references into
+            // this buffer come only from `MemoryRegion::as_slice`/`as_mut_slice`, whose callers
+            // promise that nothing of ours writes or reads through the buffer meanwhile, so a
+            // slice we are handed does not overlap the range we copy).
             *crc_state = unsafe { copy_crc32c(self.ptr.as_ptr().add(offset), copied, *crc_state) };
         }
         *crc_state = crc_update(*crc_state, rest);
@@ -565,8 +574,9 @@ impl PinnedBuffer {
             return;
         }
         // SAFETY: `offset + n <= self.len` (clamped above), so the destination range lies inside
-        // our allocation; `src` is a valid slice of at least `n` bytes that cannot overlap it
-        // (no reference into this buffer is ever handed out).
+        // our allocation; `src` is a valid slice of at least `n` bytes that does not overlap it
+        // (a reference into this buffer comes only from the `unsafe` accessors, whose callers
+        // promise that nothing writes the bytes behind it meanwhile, as `read_at_crc` says).
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), n);
         }
@@ -574,7 +584,10 @@ impl PinnedBuffer {
     }
 
     /// Reads one byte with volatile semantics, for polling memory that a remote peer writes
-    /// (perftest's latency tests wait for the last byte of a message this way).
+    /// (perftest's latency tests wait for the last byte of a message this way). The engine
+    /// thread may be writing the byte meanwhile: as with memory a NIC writes by DMA, the value
+    /// is one the byte held, and the bytes before it are not ordered by this read (a
+    /// message's completion orders them).
     pub fn read_volatile(&self, offset: usize) -> Option<u8> {
         if offset >= self.len {
             return None;
@@ -862,14 +875,16 @@ impl ProtectionDomain {
     /// # Safety
     /// `addr` must be valid for reads and writes of `len` bytes until the region is
     /// deregistered and the transports are done with it: [`MemoryRegion::deregister`]
-    /// returning `Ok` says both (`ibv_dereg_mr`). Dropping a region instead deregisters it at
-    /// once, but a queue pair that still holds a transfer from it (a Read Response being
-    /// retransmitted) keeps using the bytes until that transfer ends, so after a drop free the
-    /// memory only once the queue pairs that used the region have finished
-    /// ([`crate::QpStatus::finished`], or
-    /// [`crate::QueuePair::wait_finished`] returned true), which
-    /// [`crate::QueuePair::disconnect`] brings about (by resetting a connection whose
-    /// graceful close has not finished in 10 s) unless the transport does not answer at all. Nothing else may free or unmap the memory meanwhile.
+    /// returning `Ok` says both (`ibv_dereg_mr`), as does a [`Deregistration`]
+    /// ([`MemoryRegion::start_deregister`]) that said it was released, once it is dropped.
+    /// Dropping a region instead deregisters it at once but says nothing of when the
+    /// transports are done: an engine turn under way may still place a peer's Write with the
+    /// table it read before the drop, on any queue pair of the protection domain (a peer may
+    /// use a region's STag on any of them), and a Read Response holds its source until
+    /// acknowledged. So after a drop the memory must stay valid until every queue pair of the
+    /// protection domain has finished ([`crate::QpStatus::finished`], or
+    /// [`crate::QueuePair::wait_finished`] returned true): free raw memory after
+    /// `deregister`, not after a drop. Nothing else may free or unmap the memory meanwhile.
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,
@@ -1092,8 +1107,8 @@ impl MemoryRegion {
     /// peer reads only once its Reads are done, or its connection ends in a Terminate.
     /// Waits up to 10 s (a Read Response holds its source until the peer acknowledges it),
     /// then fails with [`DatapathError::RegionInUse`]: the region is deregistered all the
-    /// same, but a transfer still holds the bytes, so raw memory must then live until the
-    /// queue pairs that used the region have finished. To wait again after that (verbs'
+    /// same, but a transfer still holds the bytes, so raw memory must then live until every
+    /// queue pair of the protection domain has finished. To be able to wait again (verbs'
     /// `ibv_dereg_mr` failing with `EBUSY` and called again), use
     /// [`MemoryRegion::start_deregister`].
     pub fn deregister(self) -> Result<(), DatapathError> {
@@ -1123,7 +1138,8 @@ impl MemoryRegion {
 /// A deregistered region whose bytes a transport may still hold
 /// ([`MemoryRegion::start_deregister`]). Holding it keeps the bytes of a region that owned
 /// its buffer; raw memory ([`ProtectionDomain::register_raw`]) may be freed once
-/// [`Deregistration::wait`] or [`Deregistration::is_released`] has said true.
+/// [`Deregistration::wait`] or [`Deregistration::is_released`] has said true and the
+/// `Deregistration` is dropped (its drop gives back the pages' lock, `munlock`).
 pub struct Deregistration {
     buf: Arc<PinnedBuffer>,
 }
