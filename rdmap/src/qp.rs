@@ -787,11 +787,6 @@ impl std::fmt::Debug for SrqSlot {
     }
 }
 
-/// How far ahead of the next expected Send a message may be for the queue pair to take
-/// buffers from its shared receive queue for it (and every message before it): a peer cannot
-/// drain the shared queue by naming MSNs far ahead.
-const SRQ_TAKE_AHEAD: u32 = 64;
-
 impl QueuePair {
     /// A queue pair in [`QpState::Idle`].
     pub fn new(cfg: QpConfig) -> Self {
@@ -1207,27 +1202,29 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Takes buffers from the shared receive queue until the receive queue holds one for
-    /// `msn` (at most [`SRQ_TAKE_AHEAD`] messages ahead; never more than it can hold).
+    /// Takes a buffer from the shared receive queue for the Send message `msn`, processed in
+    /// order, if it is the message just past those holding buffers. A sender sends its
+    /// messages in MSN order (RFC 5041 5.3), so in order a message needs a buffer only when
+    /// its first segment comes, and only that one: a peer naming an MSN ahead takes nothing
+    /// (it gets the RFC 5041 7.1 untagged-buffer Terminate), so it can hold at most the
+    /// buffer of the one message it has begun, not drain a queue shared with other
+    /// connections (RFC 5042 6.4.6).
     fn take_from_srq(&mut self, msn: u32) {
         let Some(SrqSlot(source)) = self.srq.as_mut() else {
             return;
         };
-        let ahead = msn.wrapping_sub(self.rq.next_msn());
-        if ahead >= SRQ_TAKE_AHEAD {
+        let posted = self.rq.posted();
+        if msn.wrapping_sub(self.rq.next_msn()) as usize != posted || posted >= self.rq.max_posted()
+        {
             return;
         }
-        while self.rq.posted() <= ahead as usize && self.rq.posted() < self.rq.max_posted() {
-            let Some(wr) = source.take() else {
-                return;
-            };
-            // The source checked the list (at most u32::MAX octets); `post` cannot fail
-            // below `max_posted`.
-            let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
-            if self.rq.post(len, RecvSlot::User(wr)).is_err() {
-                return;
-            }
-        }
+        let Some(wr) = source.take() else {
+            return;
+        };
+        // The source checked the list (at most u32::MAX octets); `post` cannot fail below
+        // `max_posted`.
+        let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
+        let _ = self.rq.post(len, RecvSlot::User(wr));
     }
 
     fn rtr_sink_posted(&self) -> usize {

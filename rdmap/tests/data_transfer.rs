@@ -979,8 +979,10 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
 }
 
 /// A shared receive queue (`RecvSource`): Sends take buffers from it in order, one per
-/// message; a Send naming an MSN far ahead takes nothing from it (a peer cannot drain a queue
-/// shared with other connections) and gets the RFC 5041 7.1 untagged-buffer Terminate.
+/// message; a Send naming an MSN ahead of the next takes nothing from it and gets the RFC 5041
+/// 7.1 untagged-buffer Terminate. (A first segment, not Last, 63 messages ahead used to take
+/// 64 buffers and be accepted: a peer could hold 64 of a queue shared with other connections
+/// per connection, for as long as it kept the connection.)
 #[test]
 fn sends_take_buffers_from_a_shared_receive_queue() {
     use std::sync::{Arc, Mutex};
@@ -1044,19 +1046,19 @@ fn sends_take_buffers_from_a_shared_receive_queue() {
     assert_eq!(queue.lock().unwrap().len(), 97);
     assert_eq!(&pair.b.contents(sink)[..192], &pattern(64 * 3, 3)[..]);
 
-    // A hand-made Send with MSN 4 + 1000: nothing is taken, and it is refused.
+    // A hand-made first segment of a Send with MSN 4 + 63: nothing is taken, and it is refused.
     let mut far = Vec::new();
-    far.extend_from_slice(&[0x41, 0x43]); // DDP untagged, L=1, DV=1; RDMAP RV=1, Send
+    far.extend_from_slice(&[0x01, 0x43]); // DDP untagged, L=0, DV=1; RDMAP RV=1, Send
     far.extend_from_slice(&[0, 0, 0, 0]); // reserved for the ULP
     far.extend_from_slice(&0u32.to_be_bytes()); // QN 0
-    far.extend_from_slice(&1004u32.to_be_bytes()); // MSN
+    far.extend_from_slice(&67u32.to_be_bytes()); // MSN
     far.extend_from_slice(&0u32.to_be_bytes()); // MO
     far.extend_from_slice(&[7; 8]);
     assert!(pair.b.qp.on_ulpdu(&far, &pair.b.mem).is_err());
     assert_eq!(
         queue.lock().unwrap().len(),
         97,
-        "nothing taken for a far MSN"
+        "nothing taken for an MSN ahead"
     );
 }
 
