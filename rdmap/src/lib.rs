@@ -53,7 +53,7 @@ pub use error::{RdmapError, TerminateCause, TerminateCode};
 pub use inline::{InlineData, InlineTooLong, MAX_INLINE_DATA};
 pub use memory::{
     Access, MemoryTable, PdId, RegionBuffer, RegionInfo, RegionLive, SharedBuffer, StagHint,
-    TableVersion, VecBuffer,
+    StreamMember, TableVersion, VecBuffer,
 };
 pub use qp::{
     AtomicOp, InlineSendWr, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge,

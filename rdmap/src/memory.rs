@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpa::crc::Crc32c;
@@ -67,6 +67,12 @@ impl Access {
     /// True if no right is set.
     pub const fn is_empty(self) -> bool {
         self.0 == 0
+    }
+
+    /// True if any right lets the peer reach the region (read, write or atomics): the
+    /// region is enabled for remote access (RFC 5040 8.1.1).
+    pub const fn is_remote(self) -> bool {
+        self.0 & (Self::REMOTE_READ.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_ATOMIC.0) != 0
     }
 }
 
@@ -348,6 +354,22 @@ pub struct MemoryTable<B> {
     id: u64,
     /// Invalidations, counted across every copy (as the regions' `valid` flags are shared).
     invalidations: Arc<AtomicU64>,
+    /// The streams (queue pairs) that reach the table's regions now ([`StreamMember`]),
+    /// counted across every copy.
+    streams: Arc<AtomicU32>,
+}
+
+/// One stream's membership of a [`MemoryTable`]'s protection domain
+/// ([`MemoryTable::join_stream`]), given up when dropped. The table's STags are scoped to the
+/// protection domain, so every STag enabled for remote access is shared on all its member
+/// streams (what [`MemoryTable::invalidate`] must know: RFC 5040 8.1.1 rule 7).
+#[derive(Debug)]
+pub struct StreamMember(Arc<AtomicU32>);
+
+impl Drop for StreamMember {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What a check against a [`MemoryTable`] depended on: equal versions mean that every check
@@ -464,7 +486,20 @@ impl<B: RegionBuffer> MemoryTable<B> {
             scramble: None,
             id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
             invalidations: Arc::new(AtomicU64::new(0)),
+            streams: Arc::new(AtomicU32::new(0)),
         }
+    }
+
+    /// Counts a stream (a queue pair of this protection domain) among those that reach the
+    /// table's regions, until the returned membership is dropped.
+    pub fn join_stream(&self) -> StreamMember {
+        self.streams.fetch_add(1, Ordering::AcqRel);
+        StreamMember(self.streams.clone())
+    }
+
+    /// The streams that are members now ([`MemoryTable::join_stream`]).
+    pub fn streams(&self) -> u32 {
+        self.streams.load(Ordering::Acquire)
     }
 
     /// An empty table whose STags a peer cannot predict (RFC 5042 6.1.1): indices and keys
@@ -696,10 +731,15 @@ impl<B: RegionBuffer> MemoryTable<B> {
     }
 
     /// Invalidates `stag` on behalf of a peer's Send with Invalidate on a stream of PD
-    /// `pd` (RFC 5040 5.3): the STag must name a valid region of that PD. After this the
-    /// STag fails every check with [`AccessViolation::InvalidStag`] until re-registered.
+    /// `pd` (RFC 5040 5.3): the STag must name a valid region of that PD, and one enabled for
+    /// remote access only while the PD has at most one stream ([`MemoryTable::join_stream`]):
+    /// "An RNIC MUST ensure that a Remote Peer is not able to invalidate an STag enabled for
+    /// remote access, if the STag is shared on multiple streams" (RFC 5040 8.1.1 rule 7), and
+    /// an STag here is shared by every stream of its PD. After this the STag fails every check
+    /// with [`AccessViolation::InvalidStag`] until re-registered.
     ///
-    /// Errors: [`RdmapError::CannotInvalidate`] with the reason.
+    /// Errors: [`RdmapError::CannotInvalidate`] with the reason
+    /// ([`AccessViolation::AccessRights`] for a shared STag).
     pub fn invalidate(&self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
         let cannot = |reason| RdmapError::CannotInvalidate { stag, reason };
         let index = self
@@ -714,6 +754,9 @@ impl<B: RegionBuffer> MemoryTable<B> {
         }
         if region.pd != pd {
             return Err(cannot(AccessViolation::StagNotAssociated));
+        }
+        if region.access.is_remote() && self.streams() > 1 {
+            return Err(cannot(AccessViolation::AccessRights));
         }
         region.valid.store(false, Ordering::Release);
         self.invalidations.fetch_add(1, Ordering::AcqRel);

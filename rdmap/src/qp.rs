@@ -766,6 +766,9 @@ pub struct QueuePair {
     completions: VecDeque<WorkCompletion>,
     /// The shared receive queue the receive buffers come from, if one is attached.
     srq: Option<SrqSlot>,
+    /// The stream's membership of its protection domain's table while it runs
+    /// ([`QueuePair::join_stream`]); given up when its work is flushed.
+    stream: Option<crate::memory::StreamMember>,
 }
 
 /// Where a queue pair attached to a shared receive queue (verbs' SRQ) takes its receive
@@ -828,6 +831,7 @@ impl QueuePair {
             remote_terminate: None,
             completions: VecDeque::new(),
             srq: None,
+            stream: None,
         };
         qp.setup_read_queue(cfg.ird);
         qp.setup_atomic_queue(cfg.ord);
@@ -885,6 +889,16 @@ impl QueuePair {
         self.setup_read_queue(ird);
         self.setup_atomic_queue(ord);
         self.state = QpState::Rts;
+    }
+
+    /// Counts this queue pair among the streams of its protection domain's table `mem`
+    /// ([`MemoryTable::join_stream`]) until it closes or fails: a peer may invalidate an
+    /// STag enabled for remote access only while no other stream shares it (RFC 5040 8.1.1
+    /// rule 7). A transport calls it for each connection's queue pair.
+    pub fn join_stream<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) {
+        if self.stream.is_none() && !matches!(self.state, QpState::Closing | QpState::Error) {
+            self.stream = Some(mem.join_stream());
+        }
     }
 
     /// The current state.
@@ -1374,6 +1388,7 @@ impl QueuePair {
     /// Flushes every outstanding work request with [`WcStatus::WrFlushError`] (RFC 5040
     /// 5.4, 6.2.1: outstanding messages "SHOULD be considered Completed in error").
     fn flush_all(&mut self) {
+        self.stream = None;
         self.rtr_pending = None;
         self.awaiting_ack.clear();
         self.acked_pending = 0;

@@ -496,6 +496,54 @@ fn send_with_invalidate_of_other_pd_stag() {
     assert_eq!(pair.b.mem.info(foreign).map(|i| i.valid), Some(true));
 }
 
+/// RFC 5040 8.1.1 rule 7: a peer may not invalidate an STag enabled for remote access that
+/// is shared on several streams. Our STags are scoped to the protection domain, so while
+/// another queue pair of B's PD runs, A's Send with Invalidate of B's remotely writable region
+/// (the other connection's peer may be writing it) is refused with the Terminate for "STag
+/// cannot be invalidated" and the region stays valid. Before, any region of the PD could be
+/// invalidated by any of its streams' peers. A region not enabled for remote access, and a
+/// remote one once B's queue pair is the only stream, can be.
+#[test]
+fn send_with_invalidate_of_a_stag_shared_on_another_stream() {
+    let mut shared_pd = pair(true);
+    let shared = shared_pd.b.region(vec![0; 8], 0, Access::REMOTE_WRITE);
+    shared_pd.b.qp.join_stream(&shared_pd.b.mem);
+    let _other_stream = shared_pd.b.mem.join_stream();
+    send(&mut shared_pd, 4, Some(shared));
+    verify(
+        &shared_pd,
+        RdmapError::CannotInvalidate {
+            stag: shared,
+            reason: AccessViolation::AccessRights,
+        },
+        (0, 1, 9),
+        true,
+        false,
+    );
+    assert_eq!(shared_pd.b.mem.info(shared).map(|i| i.valid), Some(true));
+    // The failed queue pair gave up its membership; the other stream is alone.
+    assert_eq!(shared_pd.b.mem.streams(), 1);
+
+    for access in [Access::LOCAL_WRITE, Access::REMOTE_READ] {
+        let mut alone = pair(true);
+        let stag = alone.b.region(vec![0; 8], 0, access);
+        alone.b.qp.join_stream(&alone.b.mem);
+        let _other = (access == Access::LOCAL_WRITE).then(|| alone.b.mem.join_stream());
+        send(&mut alone, 4, Some(stag));
+        assert_eq!(
+            alone.b.mem.info(stag).map(|i| i.valid),
+            Some(false),
+            "{access:?}"
+        );
+        let recv = alone
+            .b
+            .completions()
+            .into_iter()
+            .find(|c| c.wr_id == B_RECV);
+        assert_eq!(recv.map(|c| c.invalidated), Some(Some(stag)), "{access:?}");
+    }
+}
+
 #[test]
 fn invalid_ddp_version_untagged() {
     let mut pair = pair(true);

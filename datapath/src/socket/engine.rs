@@ -130,7 +130,9 @@ pub(super) fn start_engine(
         }
     }
     qp.enter_rts(agreed.ird(), agreed.ord());
-    post_initial_recvs(&mut qp, &pd.table.snapshot(), recvs)?;
+    let mem = pd.table.snapshot();
+    post_initial_recvs(&mut qp, &mem, recvs)?;
+    qp.join_stream(&mem);
     if initiator {
         if let Some(kind) = rtr {
             // RFC 6581 3: the initiator's RTR is its first FPDU.

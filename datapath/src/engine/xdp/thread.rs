@@ -704,7 +704,9 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(conn.qp_mut(), pd.id)?;
         }
-        post_initial_recvs(conn.qp_mut(), &pd.table.snapshot(), start.recvs)?;
+        let mem = pd.table.snapshot();
+        post_initial_recvs(conn.qp_mut(), &mem, start.recvs)?;
+        conn.qp_mut().join_stream(&mem);
         let mut tcp = self.st.cfg.tcp.clone();
         tcp.tx_mode = tx_mode(&self.st.cfg);
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
@@ -746,7 +748,9 @@ impl Turner {
         if let Some(srq) = &params.srq {
             srq.attach(slot.conn.qp_mut(), pd.id)?;
         }
-        post_initial_recvs(slot.conn.qp_mut(), &pd.table.snapshot(), start.recvs)?;
+        let mem = pd.table.snapshot();
+        post_initial_recvs(slot.conn.qp_mut(), &mem, start.recvs)?;
+        slot.conn.qp_mut().join_stream(&mem);
         slot.num = start.num;
         slot.conn
             .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
