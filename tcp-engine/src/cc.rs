@@ -22,15 +22,11 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// recovery; `rtt` is the smoothed RTT if known.
     fn on_ack(&mut self, now: Instant, acked: u64, smss: u32, rtt: Option<Duration>);
     /// New data was acknowledged outside recovery while the congestion window was not what
-    /// limited the sender (the application, or the peer's window): the window does not grow
-    /// (RFC 7661), and a controller whose growth follows the clock leaves that time out when
-    /// it grows again (RFC 9438 5.8). Default: nothing.
+    /// limited the sender (the application, or the peer's window), or an ACK left nothing in
+    /// flight (the connection may now sit idle): the window does not grow (RFC 7661), and a
+    /// controller whose growth follows the clock leaves the time from then until an ACK finds
+    /// the window used again out (RFC 9438 5.8). Default: nothing.
     fn on_ack_unused(&mut self, _now: Instant) {}
-    /// New data goes out with nothing in flight: the connection was idle since its last
-    /// data was acknowledged (or [`Self::on_ack_unused`] since then). A controller whose
-    /// growth follows the clock leaves that time out (RFC 9438 5.8; Linux's
-    /// `CA_EVENT_TX_START`). Default: nothing.
-    fn on_transmit_start(&mut self, _now: Instant) {}
     /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
@@ -304,9 +300,6 @@ impl CongestionControl for Cubic {
         if self.epoch_start.is_some() && self.unused_since.is_none() {
             self.unused_since = Some(now);
         }
-    }
-    fn on_transmit_start(&mut self, now: Instant) {
-        self.end_unused(now);
     }
     fn on_congestion_event(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
         self.reduce(smss);

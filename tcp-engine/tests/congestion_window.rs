@@ -9,12 +9,12 @@ use tcp_engine::{Config, Connection, Instant};
 
 const RTT: Duration = Duration::from_millis(10);
 
-/// Round trips in which the sender fills its congestion window and the peer acknowledges the
-/// whole flight one `RTT` later.
+/// Round trips in which the sender sends a whole congestion window (no more is queued) and
+/// the peer acknowledges the flight one `RTT` later.
 fn full_rounds(conn: &mut Connection, now: &mut Instant, rounds: usize) {
     for _ in 0..rounds {
-        let want = 2 * conn.cwnd() as usize;
-        conn.send(&vec![5u8; want]).expect("send");
+        let want = conn.cwnd() as usize;
+        assert_eq!(conn.send(&vec![5u8; want]), Ok(want));
         let sent = sent_now(conn, *now);
         let last = sent.last().expect("a flight").1;
         *now += RTT;
@@ -22,12 +22,23 @@ fn full_rounds(conn: &mut Connection, now: &mut Instant, rounds: usize) {
     }
 }
 
-/// CUBIC's window (in octets) before and after one full round trip that follows `idle` with
-/// nothing in flight; the connection in congestion avoidance after a loss (fast retransmit)
-/// and five full rounds.
-fn cubic_growth_across(idle: Duration) -> (u64, u64) {
+/// What the connection does between its busy rounds.
+enum Pause {
+    /// Nothing: the next round follows at once.
+    None,
+    /// Nothing in flight for this long.
+    Idle(Duration),
+    /// This many round trips of one segment each (requests and responses: the application,
+    /// not the window, limits the sender).
+    OneSegmentRounds(usize),
+}
+
+/// CUBIC's window (in octets) before and after one full round trip that follows `pause`; the
+/// connection in congestion avoidance after a loss (fast retransmit) and five full rounds.
+fn cubic_growth_across(pause: Pause) -> (u64, u64) {
     let (mut conn, mut now) = driven_client(Config {
         sack: false,
+        nagle: false,
         initial_window_segments: 20,
         ..Config::default()
     });
@@ -43,26 +54,51 @@ fn cubic_growth_across(idle: Duration) -> (u64, u64) {
     peer_ack(&mut conn, now, last, &[]);
     assert_eq!(conn.stats().fast_recoveries, 1);
     full_rounds(&mut conn, &mut now, 5);
-    now += idle;
     let before = conn.cwnd();
+    match pause {
+        Pause::None => {}
+        Pause::Idle(d) => now += d,
+        Pause::OneSegmentRounds(n) => {
+            for _ in 0..n {
+                assert_eq!(conn.send(&vec![2u8; mss]), Ok(mss));
+                let sent = sent_now(&mut conn, now);
+                assert_eq!(sent.len(), 1);
+                now += RTT;
+                peer_ack(&mut conn, now, sent[0].1, &[]);
+            }
+        }
+    }
+    assert_eq!(conn.cwnd(), before, "the window grew while unused");
     full_rounds(&mut conn, &mut now, 1);
     (before, conn.cwnd())
 }
 
 /// RFC 9438 5.8: CUBIC's window follows the time since its last reduction, but time in which
-/// the connection was idle does not count. A bulk send after 10 s idle grew the window by
+/// the window went unused does not count: neither time the connection sat idle nor time the
+/// application sent too little to fill it. A bulk send after 10 s idle grew the window by
 /// half (the 1.5x-per-round cap of a curve 10 s on) in its first round trip, as if the
 /// connection had been probing all along; now by what the round would have given without the
-/// pause (Linux shifts the epoch at the first send after idle, `CA_EVENT_TX_START`).
+/// pause (the ACK that emptied the flight starts a time of the window going unused, which the
+/// next ACK that finds it used ends; so do ACKs of a flight too small to use it).
 #[test]
-fn cubic_leaves_idle_time_out_of_its_growth() {
-    let (busy_before, busy_after) = cubic_growth_across(Duration::ZERO);
-    let (idle_before, idle_after) = cubic_growth_across(Duration::from_secs(10));
-    assert_eq!(busy_before, idle_before);
+fn cubic_leaves_idle_and_application_limited_time_out_of_its_growth() {
+    let (busy_before, busy_after) = cubic_growth_across(Pause::None);
     let busy = busy_after - busy_before;
-    let idle = idle_after - idle_before;
-    assert!(
-        idle <= busy + 100,
-        "the window grew by {idle} octets in a round after 10 s idle, {busy} without the pause"
-    );
+    for pause in [
+        Pause::Idle(Duration::from_secs(10)),
+        Pause::OneSegmentRounds(1000),
+    ] {
+        let what = match pause {
+            Pause::None => "no pause",
+            Pause::Idle(_) => "10 s idle",
+            Pause::OneSegmentRounds(_) => "1,000 rounds of one segment",
+        };
+        let (before, after) = cubic_growth_across(pause);
+        assert_eq!(before, busy_before);
+        let grown = after - before;
+        assert!(
+            grown <= busy + 100,
+            "the window grew by {grown} octets in a round after {what}, {busy} without a pause"
+        );
+    }
 }
