@@ -3246,6 +3246,29 @@ impl Connection {
         }
     }
 
+    /// Whether the connection only lingers after its close: in TIME-WAIT, or in FIN-WAIT-2
+    /// (everything we sent, our FIN too, acknowledged; waiting for the peer's FIN).
+    pub fn is_lingering(&self) -> bool {
+        matches!(self.state, State::TimeWait | State::FinWait2)
+    }
+
+    /// Ends a lingering connection ([`Connection::is_lingering`]) before its time, as the
+    /// table does when lingering connections would crowd out new ones (Linux's
+    /// `tcp_max_tw_buckets`, `tcp_max_orphans`): TIME-WAIT closes at once, FIN-WAIT-2 is reset
+    /// and closed as at `Config::fin_wait2_timeout`. Nothing we sent is lost: the peer
+    /// acknowledged all of it. Returns whether it ended.
+    pub fn end_lingering(&mut self) -> bool {
+        match self.state {
+            State::TimeWait => self.end_time_wait(),
+            State::FinWait2 => {
+                self.queue_reset();
+                self.enter_closed(Some(Event::Closed));
+            }
+            _ => return false,
+        }
+        true
+    }
+
     fn enter_closed(&mut self, event: Option<Event>) {
         self.state = State::Closed;
         self.rto_deadline = None;

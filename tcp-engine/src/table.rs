@@ -171,6 +171,11 @@ pub struct TableStats {
     /// SYNs that ended a 4-tuple's TIME-WAIT and opened a new incarnation at a listener
     /// (RFC 6191).
     pub time_wait_reused: u64,
+    /// Connections in TIME-WAIT or FIN-WAIT-2 ended early because more than a quarter of the
+    /// table lingered so ([`ConnectionTable`]'s lingering limit).
+    pub lingering_ended: u64,
+    /// SYNs (and returning SYN cookies) dropped because every slot of the table was taken.
+    pub table_full_drops: u64,
 }
 
 /// A table-wide limit on challenge ACKs per second (Linux's `tcp_challenge_ack_limit`), on
@@ -242,6 +247,8 @@ struct Slot {
     queued_for_accept: bool,
     deadline: Option<Instant>,
     ready: bool,
+    /// The connection is in the lingering queue (it reached TIME-WAIT or FIN-WAIT-2).
+    lingering: bool,
 }
 
 /// The connections by 4-tuple, remembering the last received segment's hit: one connection's
@@ -307,6 +314,11 @@ pub struct ConnectionTable {
     max_connections: usize,
     stats: TableStats,
     challenge: ChallengeLimit,
+    /// Connections that reached TIME-WAIT or FIN-WAIT-2, oldest first (entries of
+    /// connections gone or no longer lingering are skipped when met).
+    lingering: VecDeque<ConnId>,
+    /// The most lingering connections kept: a quarter of the table.
+    max_lingering: usize,
 }
 
 /// The most replies for no connection (RSTs, cookie SYN-ACKs) waiting to be sent.
@@ -339,6 +351,8 @@ impl ConnectionTable {
                 budget: 0,
                 sent: 0,
             },
+            lingering: VecDeque::with_capacity(max_connections),
+            max_lingering: (max_connections / 4).max(1),
         }
     }
 
@@ -450,6 +464,7 @@ impl ConnectionTable {
                     queued_for_accept: false,
                     deadline: None,
                     ready: false,
+                    lingering: false,
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -532,6 +547,7 @@ impl ConnectionTable {
         }
         slot.generation = slot.generation.wrapping_add(1);
         slot.deadline = None;
+        slot.lingering = false;
         let conn = slot.conn.take();
         self.timers.set(id.index, None);
         self.free.push(id.index);
@@ -629,15 +645,19 @@ impl ConnectionTable {
                 }
                 let cfg = l.config.clone();
                 if let Some(conn) = Connection::accept_with(cfg, &seg, &self.isn, now, isn_floor) {
-                    if let Ok(id) = self.insert(conn, Some(key)) {
-                        if let Some(l) = self.listeners.get_mut(&key) {
-                            l.pending += 1;
+                    match self.insert(conn, Some(key)) {
+                        Ok(id) => {
+                            if let Some(l) = self.listeners.get_mut(&key) {
+                                l.pending += 1;
+                            }
+                            self.stats.passive_opens += 1;
+                            if isn_floor.is_some() {
+                                self.stats.time_wait_reused += 1;
+                            }
+                            return Ok(Some(id));
                         }
-                        self.stats.passive_opens += 1;
-                        if isn_floor.is_some() {
-                            self.stats.time_wait_reused += 1;
-                        }
-                        return Ok(Some(id));
+                        Err(TableError::Full) => self.stats.table_full_drops += 1,
+                        Err(_) => {}
                     }
                 }
                 return Ok(None);
@@ -731,7 +751,15 @@ impl ConnectionTable {
             return None;
         }
         let conn = Connection::from_cookie(l.config.clone(), ack, mss_index, &self.isn, now);
-        let id = self.insert(conn, Some(key)).ok()?;
+        let id = match self.insert(conn, Some(key)) {
+            Ok(id) => id,
+            Err(e) => {
+                if e == TableError::Full {
+                    self.stats.table_full_drops += 1;
+                }
+                return None;
+            }
+        };
         if let Some(l) = self.listeners.get_mut(&key) {
             l.pending += 1;
         }
@@ -790,6 +818,7 @@ impl ConnectionTable {
             index,
             generation: slot.generation,
         };
+        let mut entered_lingering = false;
         if let Some(conn) = slot.conn.as_mut() {
             conn.handle_segment(now, seg, |p| pass_up(id, p));
             if conn.take_challenge_ack() && !self.challenge.allow(now, &self.isn) {
@@ -802,6 +831,11 @@ impl ConnectionTable {
                     self.by_tuple.remove(&t);
                 }
             }
+            if !slot.lingering && conn.is_lingering() {
+                slot.lingering = true;
+                self.lingering.push_back(id);
+                entered_lingering = true;
+            }
             if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
                 if !matches!(state, State::SynReceived | State::Closed) {
                     slot.queued_for_accept = true;
@@ -812,11 +846,53 @@ impl ConnectionTable {
                 }
             }
         }
+        if entered_lingering {
+            self.limit_lingering();
+        }
         if self.reap_unaccepted(index) {
             return None;
         }
         self.mark_ready(index);
         Some(id)
+    }
+
+    /// Keeps at most `max_lingering` connections in TIME-WAIT or FIN-WAIT-2: beyond it the
+    /// oldest is ended ([`Connection::end_lingering`]; its owner reaps it as any closed
+    /// connection). A peer that opens and closes connections in a loop (a failed MPA startup
+    /// ends with our FIN: five packets leave a connection in TIME-WAIT for 60 s, or in
+    /// FIN-WAIT-2 if it never sends its own FIN) would otherwise fill the table and every new
+    /// connection would be refused. Amortized O(1): each connection enters the queue once.
+    fn limit_lingering(&mut self) {
+        loop {
+            // Entries of connections that left (closed, removed) go first, wherever they
+            // are met at the front.
+            while let Some(&id) = self.lingering.front() {
+                let live = self
+                    .slot(id)
+                    .and_then(|s| s.conn.as_ref())
+                    .is_some_and(Connection::is_lingering);
+                if live {
+                    break;
+                }
+                self.lingering.pop_front();
+            }
+            if self.lingering.len() <= self.max_lingering {
+                return;
+            }
+            let Some(id) = self.lingering.pop_front() else {
+                return;
+            };
+            let slot = &mut self.slots[id.index as usize];
+            if let Some(conn) = slot.conn.as_mut() {
+                if conn.end_lingering() {
+                    if let Some(t) = slot.tuple.take() {
+                        self.by_tuple.remove(&t);
+                    }
+                    self.stats.lingering_ended += 1;
+                    self.mark_ready(id.index);
+                }
+            }
+        }
     }
 
     fn reschedule(&mut self, index: u32) {

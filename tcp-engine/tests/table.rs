@@ -1019,3 +1019,47 @@ fn a_newer_syn_ends_time_wait_and_opens_a_new_incarnation() {
         Some(sid2)
     );
 }
+
+/// A peer that opens and closes connections in a loop (each ends with our FIN first, as a
+/// failed MPA startup does) left each in TIME-WAIT for 60 s: eight of them filled a table of
+/// eight and every new connection was refused. At most a quarter of the table lingers in
+/// TIME-WAIT or FIN-WAIT-2; beyond it the oldest ends (Linux's `tcp_max_tw_buckets`), so
+/// each of 40 connections in a row is accepted.
+#[test]
+fn lingering_connections_never_fill_the_table() {
+    let t0 = Instant::from_millis(1);
+    let mut clients = ConnectionTable::new([1; 16], 64);
+    let mut server = ConnectionTable::new([2; 16], 8);
+    server.listen(Ipv4Addr::UNSPECIFIED, 4791, 8, Config::default());
+    let mut accepted = Vec::new();
+    for i in 0..40 {
+        let id = clients
+            .connect(Config::default(), tuple(i), t0)
+            .expect("connect");
+        pump(&mut clients, &mut server, t0);
+        let sid = server
+            .accept(Ipv4Addr::UNSPECIFIED, 4791)
+            .unwrap_or_else(|| panic!("connection {i} not accepted: {:?}", server.stats()));
+        accepted.push(sid);
+        server.get_mut(sid).expect("live").close();
+        pump(&mut clients, &mut server, t0);
+        clients.get_mut(id).expect("live").close();
+        pump(&mut clients, &mut server, t0);
+        assert!(clients.remove(id).is_some());
+        // The owner reaps what closed.
+        accepted.retain(|&s| {
+            let closed = server.get(s).is_some_and(|c| c.state() == State::Closed);
+            if closed {
+                server.remove(s);
+            }
+            !closed
+        });
+    }
+    let lingering = accepted
+        .iter()
+        .filter(|&&s| server.get(s).is_some_and(|c| c.state() == State::TimeWait))
+        .count();
+    assert_eq!(lingering, 2, "a quarter of the table in TIME-WAIT");
+    assert_eq!(server.stats().lingering_ended, 38);
+    assert_eq!(server.stats().table_full_drops, 0);
+}

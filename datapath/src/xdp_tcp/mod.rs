@@ -516,6 +516,8 @@ impl XdpTcpStats {
             syncookies_failed,
             challenge_acks_limited,
             time_wait_reused,
+            lingering_ended,
+            table_full_drops,
         } = o.table;
         let t = &mut self.table;
         t.bad_checksum += bad_checksum;
@@ -534,6 +536,8 @@ impl XdpTcpStats {
         t.syncookies_failed += syncookies_failed;
         t.challenge_acks_limited += challenge_acks_limited;
         t.time_wait_reused += time_wait_reused;
+        t.lingering_ended += lingering_ended;
+        t.table_full_drops += table_full_drops;
     }
 }
 
