@@ -31,8 +31,14 @@
 // Dropped (XDP_DROP): the first fragment of an IPv4 datagram carrying a TCP segment
 // the rules above steer (see `fragment`).
 //
-// Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), VLAN-tagged frames, other IPv4
-// fragments, other protocols and other ICMP, malformed or truncated headers.
+// An 802.1Q priority tag (VLAN ID 0: IEEE 802.1Q's priority-only tag, as peers that
+// mark their traffic's priority for DCB/PFC send it) is looked through, and taken off
+// a frame that is steered (`pop_priority_tag`), so the engine always gets untagged
+// frames; the kernel would have taken it off too.
+//
+// Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), frames of a VLAN (a tag with a VLAN
+// ID) or with stacked tags, other IPv4 fragments, other protocols and other ICMP,
+// malformed or truncated headers.
 //
 // Counters (`counters`, PERCPU_ARRAY, one u64 per CPU per slot; every packet is
 // counted in exactly one slot):
@@ -64,6 +70,16 @@
 
 // Must match `MAX_QUEUES` in src/lib.rs.
 #define MAX_QUEUES 64
+
+// An 802.1Q tag after the MAC addresses: the tag control information (priority,
+// drop eligible, VLAN ID) and the type of what follows.
+struct vlan_tag {
+	__be16 tci;
+	__be16 proto;
+};
+
+#define ETH_P_8021Q_TAG 0x8100
+#define VLAN_ID_MASK 0x0fff
 
 // 8 octets, the padding zero; must match `listen_key` in src/lib.rs.
 struct listen_key {
@@ -136,15 +152,41 @@ struct tcp_quote {
 	__be32 seq;
 };
 
-// Redirects the packet into the AF_XDP socket of its RX queue; `redirected` is the
-// counter slot for success.
-static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected)
+// Takes the 4-octet priority tag out of the frame: the MAC addresses move up over
+// it, and the tag's `proto` becomes the frame's type. Every pointer into the packet
+// is invalid afterwards. 0 when done.
+static __always_inline int pop_priority_tag(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 macs[2 * ETH_ALEN];
+
+	if (data + sizeof(macs) > data_end)
+		return -1;
+	__builtin_memcpy(macs, data, sizeof(macs));
+	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct vlan_tag)))
+		return -1;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + sizeof(macs) > data_end)
+		return -1;
+	__builtin_memcpy(data, macs, sizeof(macs));
+	return 0;
+}
+
+// Redirects the packet into the AF_XDP socket of its RX queue, without its
+// priority tag if `tagged`; `redirected` is the counter slot for success.
+static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected, int tagged)
 {
 	__u32 queue = ctx->rx_queue_index;
 	long action;
 
 	if (!bpf_map_lookup_elem(&xsks, &queue)) {
 		count(COUNTER_NO_SOCKET);
+		return XDP_PASS;
+	}
+	if (tagged && pop_priority_tag(ctx)) {
+		count(COUNTER_PASSED);
 		return XDP_PASS;
 	}
 	action = bpf_redirect_map(&xsks, queue, XDP_PASS);
@@ -174,7 +216,7 @@ static __always_inline int steered(__be32 saddr, __be32 daddr, __be16 sport,
 // `ip` is a whole, unfragmented IPv4 header of an ICMP packet within the first
 // buffer, `icmp` right after it (IHL checked by the caller).
 static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
-				      struct icmp_hdr *icmp, void *data_end)
+				      struct icmp_hdr *icmp, void *data_end, int tagged)
 {
 	struct iphdr *inner;
 	struct tcp_quote *th;
@@ -204,7 +246,7 @@ static __always_inline int steer_icmp(struct xdp_md *ctx, struct iphdr *ip,
 	// the peer's segments to us.
 	if (!steered(inner->daddr, inner->saddr, th->dest, th->source))
 		goto pass;
-	return redirect(ctx, COUNTER_ICMP_REDIRECTED);
+	return redirect(ctx, COUNTER_ICMP_REDIRECTED, tagged);
 
 pass:
 	count(COUNTER_PASSED);
@@ -241,16 +283,30 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
+	struct vlan_tag *tag;
 	struct iphdr *ip;
 	struct tcphdr *tcp;
 	__u32 ihl_len, doff_len;
+	__be16 proto;
+	int tagged = 0;
 
 	if ((void *)(eth + 1) > data_end)
 		goto pass;
-	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		goto pass; // ARP, IPv6, VLAN (for now), ...
-
+	proto = eth->h_proto;
 	ip = (void *)(eth + 1);
+	if (proto == bpf_htons(ETH_P_8021Q_TAG)) {
+		tag = (void *)(eth + 1);
+		if ((void *)(tag + 1) > data_end)
+			goto pass;
+		if (tag->tci & bpf_htons(VLAN_ID_MASK))
+			goto pass; // a VLAN's frame: not our interface's
+		proto = tag->proto;
+		ip = (void *)(tag + 1);
+		tagged = 1;
+	}
+	if (proto != bpf_htons(ETH_P_IP))
+		goto pass; // ARP, IPv6, stacked tags, ...
+
 	if ((void *)(ip + 1) > data_end)
 		goto pass;
 	if (ip->version != 4 || ip->ihl < 5)
@@ -261,7 +317,7 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	if (ip->frag_off & bpf_htons(0x3fff))
 		return fragment(ip, (void *)ip + ihl_len, data_end);
 	if (ip->protocol == IPPROTO_ICMP)
-		return steer_icmp(ctx, ip, (void *)ip + ihl_len, data_end);
+		return steer_icmp(ctx, ip, (void *)ip + ihl_len, data_end, tagged);
 	tcp = (void *)ip + ihl_len;
 	if ((void *)(tcp + 1) > data_end)
 		goto pass;
@@ -273,7 +329,7 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 
 	if (!steered(ip->saddr, ip->daddr, tcp->source, tcp->dest))
 		goto pass;
-	return redirect(ctx, COUNTER_REDIRECTED);
+	return redirect(ctx, COUNTER_REDIRECTED, tagged);
 
 pass:
 	count(COUNTER_PASSED);

@@ -634,6 +634,110 @@ fn g_first_fragment_of_a_steered_segment_is_dropped() {
     }
 }
 
+/// An Ethernet frame from `iwb0` to `iwa0` carrying a TCP SYN `ADDR_B:sport -> ADDR_A:dport`,
+/// behind an 802.1Q tag with control information `tci` if one is given.
+fn syn_frame(tci: Option<u16>, sport: u16, dport: u16) -> Vec<u8> {
+    let mut ip = vec![0u8; 40];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&ADDR_B.octets());
+    ip[16..20].copy_from_slice(&ADDR_A.octets());
+    let tcp = &mut ip[20..];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+    tcp[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = TCP_SYN;
+    tcp[14..16].copy_from_slice(&8192u16.to_be_bytes());
+    tcp_engine::wire::fill_checksums(&mut ip).expect("checksums");
+    let mac = |ns, dev| -> Vec<u8> {
+        mac_of(ns, dev)
+            .split(':')
+            .map(|h| u8::from_str_radix(h, 16).expect("hex"))
+            .collect()
+    };
+    let mut frame = mac(NS_A, DEV_A);
+    frame.extend(mac(NS_B, DEV_B));
+    if let Some(tci) = tci {
+        frame.extend_from_slice(&0x8100u16.to_be_bytes());
+        frame.extend_from_slice(&tci.to_be_bytes());
+    }
+    frame.extend_from_slice(&0x0800u16.to_be_bytes());
+    frame.extend(ip);
+    frame
+}
+
+/// Sends `frame` out of `dev` of the calling thread's namespace through an `AF_PACKET` socket.
+fn send_raw_frame(dev: &str, frame: &[u8]) {
+    let index = ifindex(dev);
+    // SAFETY: plain system calls with arguments on our stack; the descriptor is closed
+    // before returning.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(fd >= 0, "AF_PACKET socket: {}", io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = index as i32;
+        sll.sll_halen = 6;
+        sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+        let n = libc::sendto(
+            fd,
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        assert_eq!(n, frame.len() as isize, "send: {err}");
+    }
+}
+
+/// (h) A SYN to a steered port behind an 802.1Q priority tag (VLAN ID 0, priority 3: what a
+/// peer marking its traffic for DCB/PFC sends) reaches the AF_XDP ring untagged, so the
+/// engine parses it as any frame; before, it went to the kernel, which answered with a RST.
+/// A frame of a VLAN (ID 5) stays the kernel's. Both program variants.
+#[test]
+fn h_a_priority_tagged_segment_reaches_the_ring_untagged() {
+    let _bed = bed_or_skip!();
+    const LISTEN: u16 = 17031;
+    for frags in [false, true] {
+        in_ns(NS_A, || {
+            let mut prog = steer_flow_and_listener(frags, 40030, 17030, LISTEN);
+            let mut xsks = bind_all_queues(&mut prog);
+            let before = prog.counters().expect("counters");
+            let (tagged, vlan) = (
+                syn_frame(Some(0x6000), 40031, LISTEN),
+                syn_frame(Some(0x6005), 40032, LISTEN),
+            );
+            in_ns(NS_B, || {
+                send_raw_frame(DEV_B, &tagged);
+                send_raw_frame(DEV_B, &vlan);
+            });
+            let got = collect(
+                &mut xsks,
+                Duration::from_secs(1),
+                is_syn_to(LISTEN, Some(40031)),
+            );
+            thread::sleep(Duration::from_millis(100));
+            let late = collect(&mut xsks, Duration::ZERO, |_| false);
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: got {got:?}, later {late:?}, counters {d:?}");
+            assert_eq!(
+                got.len(),
+                1,
+                "the tagged SYN, parsed as an untagged frame: {got:?}"
+            );
+            assert!(late.is_empty(), "the VLAN's frame was redirected: {late:?}");
+            assert_eq!(d.redirected, 1, "{d:?}");
+            assert!(d.passed >= 1, "{d:?}");
+        });
+    }
+}
+
 /// (d) Detaching (dropping the program) leaves both veth ends exactly as they were: same
 /// `ip -d link show` (no xdp) and same offload features (native XDP on veth changes GRO on
 /// its end and GSO on the peer while attached).
