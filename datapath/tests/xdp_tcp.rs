@@ -18,7 +18,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -622,7 +622,9 @@ fn pass_up_places_every_octet_at_its_offset() {
 }
 
 /// A SYN to a port nobody listens on gets the kernel's RST: `Event::Reset`, the connection is
-/// removed (and unsteered). A port a kernel socket listens on cannot be listened on.
+/// removed (and unsteered). A port a kernel socket listens on cannot be listened on, nor
+/// can a kernel socket take a port we listen on (the reservation listened on, its SYNs
+/// filtered out: a socket bound with SO_REUSEADDR used to share a port merely bound).
 #[test]
 fn refused_connect_and_kernel_owned_port() {
     let _bed = bed_or_skip!();
@@ -642,11 +644,22 @@ fn refused_connect_and_kernel_owned_port() {
         );
         let live = drv.connections().count();
         let kernel = TcpListener::bind(SocketAddrV4::new(ADDR_A, 18724)).expect("kernel listener");
-        let taken = drv.listen(18724, 4, cfg);
+        let taken = drv.listen(18724, 4, cfg.clone());
         drop(kernel);
-        (r, app.reset, app.connected, live, taken)
+        // The other way round: a port we listen on is not the kernel's to give, not even to a
+        // socket with SO_REUSEADDR (which std's listeners set), on our address or any.
+        drv.listen(18726, 4, cfg).expect("listen");
+        let kernel_after = [ADDR_A, Ipv4Addr::UNSPECIFIED]
+            .map(|a| TcpListener::bind(SocketAddrV4::new(a, 18726)).map_err(|e| e.kind()));
+        (r, app.reset, app.connected, live, taken, kernel_after)
     });
-    let (r, reset, connected, live, taken) = driver.join().expect("driver thread");
+    let (r, reset, connected, live, taken, kernel_after) = driver.join().expect("driver thread");
+    assert!(
+        kernel_after
+            .iter()
+            .all(|b| matches!(b, Err(std::io::ErrorKind::AddrInUse))),
+        "a kernel socket bound a port we listen on: {kernel_after:?}"
+    );
     r.expect("refused connection ends");
     assert!(reset && !connected, "expected a RST before any handshake");
     assert_eq!(live, 0, "closed connection still listed");

@@ -14,11 +14,14 @@
 //! to it, SYNs and the accepted connections alike, comes to us, so accepted connections need no
 //! map entry of their own. An active open ([`XdpTcp::connect`]) steers its exact 4-tuple as a
 //! flow, removed when the connection is removed. In both cases a kernel TCP socket is *bound*
-//! (never listening) to the local address and port for as long as we use it: the kernel then
-//! neither hands that port to one of its own connections nor lets another listener take it, and
-//! a port already in kernel use is a clear [`XdpTcpError::PortInUse`]. Packets that arrive on a
-//! queue without a socket go to the kernel, which answers with a RST: select a subset of queues
-//! only on an interface configured with that many queues.
+//! to the local address and port for as long as we use it: the kernel then does not hand that
+//! port to one of its own connections, and a port already in kernel use is a clear
+//! [`XdpTcpError::PortInUse`]. A listening port's socket also listens, with a filter that drops
+//! every segment, so that no kernel socket can take the port either (`SO_REUSEADDR` lets one
+//! share a port merely bound). Packets that arrive on a queue without a socket go to the
+//! kernel, which drops those for a listening port (the reservation's filter) and answers an
+//! active open's with a RST: select a subset of queues only on an interface configured with
+//! that many queues.
 //!
 //! **Next hop.** An active open resolves the route and the neighbour (ARP) entry through
 //! rtnetlink first ([`crate::xsk::resolve_next_hop`], blocking up to
@@ -685,6 +688,10 @@ impl XdpPort {
             return Ok((sock, port));
         }
         let (sock, bound) = reserve_port(self.local_ip, port)?;
+        hold_listening(&sock).map_err(|source| XdpTcpError::Reserve {
+            addr: self.local_ip,
+            source,
+        })?;
         self.prog().steer_port(self.local_ip, bound)?;
         let sock = Arc::new(sock);
         listens.insert(bound, Arc::downgrade(&sock));
@@ -841,8 +848,28 @@ fn random_key() -> Result<[u8; 16], XdpTcpError> {
 /// ([`XdpTcp::source_port`]): with 64 queues, one in three connections finds none.
 const RSS_PORT_TRIES: usize = 64;
 
+/// A reservation of a listening port listens, with a socket filter that drops every segment
+/// (nothing reaches it but what the steering program passes, which is not for a listener of
+/// ours), so that no kernel socket can take the port while we listen on it: the kernel lets a
+/// socket bound with `SO_REUSEADDR` (as most servers' are) share a port with another such
+/// socket that is merely bound, and then listen on it, and every segment for it would come to
+/// us. A SYN that reaches the kernel (a queue without our socket) is dropped rather than
+/// accepted by it.
+fn hold_listening(sock: &Socket) -> io::Result<()> {
+    // Classic BPF `ret #0`: keep nothing of any packet.
+    let drop_all = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    sock.attach_filter(&drop_all)?;
+    sock.listen(0)
+}
+
 /// Binds (never listens) a kernel TCP socket to `addr:port` (0: any free port) so the kernel
-/// leaves the port to us. Returns the socket and the port.
+/// leaves the port to us (a listening port's is then made to listen, `hold_listening`).
+/// Returns the socket and the port.
 fn reserve_port(addr: Ipv4Addr, port: u16) -> Result<(Socket, u16), XdpTcpError> {
     let reserve = |source| XdpTcpError::Reserve { addr, source };
     let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).map_err(reserve)?;
