@@ -66,6 +66,7 @@
 mod device;
 pub mod engine;
 mod error;
+mod log_rate;
 mod memory;
 pub mod probe;
 mod socket;

@@ -30,6 +30,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{MpaError, RequestInfo};
 
 use super::engine::{start_engine, Setup};
+use crate::log_rate::peer_line;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
     recv_request, with_fresh_vtag, ConnectParams, ConnectRequest, Framing, ListenProvider,
@@ -419,7 +420,7 @@ impl Startups {
                     // RFC 5044 7.1.2: a malformed Request (or none in time) closes the
                     // connection.
                     Err(e) => {
-                        tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
+                        peer_line!(warn, peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
                         self.record.startup_failed(&e);
                         return true;
                     }
@@ -442,7 +443,7 @@ impl Startups {
                         return self.hand_over(s.stream, s.peer, answer, None, leftover);
                     }
                     Err(e) => {
-                        tracing::warn!(peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
+                        peer_line!(warn, peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
                         self.record.ift_startup_failed(&e);
                         return true;
                     }
@@ -470,7 +471,8 @@ impl Startups {
         leftover: Vec<u8>,
     ) -> bool {
         match &info {
-            Some(info) => tracing::info!(
+            Some(info) => peer_line!(
+                info,
                 %peer,
                 rev = info.rev,
                 crc = info.crc,
@@ -478,7 +480,7 @@ impl Startups {
                 private_data = info.private_data.len(),
                 "MPA Request received (kernel TCP)"
             ),
-            None => tracing::info!(%peer, "IFT adaption indication received (kernel TCP)"),
+            None => peer_line!(info, %peer, "IFT adaption indication received (kernel TCP)"),
         }
         let held: HeldStream = Arc::new(Mutex::new(Some(stream)));
         let deadline = answer.deadline();
@@ -527,7 +529,7 @@ impl Startups {
             Startup::Mpa(responder) => match responder.handle_timeout(now) {
                 Ok(()) => true,
                 Err(e) => {
-                    tracing::warn!(peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
+                    peer_line!(warn, peer = %s.peer, error = %e, "MPA startup failed (kernel TCP)");
                     record.startup_failed(&e);
                     false
                 }
@@ -535,7 +537,7 @@ impl Startups {
             Startup::Ift(responder) => match responder.handle_timeout(now) {
                 Ok(()) => true,
                 Err(e) => {
-                    tracing::warn!(peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
+                    peer_line!(warn, peer = %s.peer, error = %e, "IFT startup failed (kernel TCP)");
                     record.ift_startup_failed(&e);
                     false
                 }
@@ -546,7 +548,8 @@ impl Startups {
                 break;
             };
             if let Some(stream) = w.stream.upgrade().and_then(|held| take(&held)) {
-                tracing::warn!(
+                peer_line!(
+                    warn,
                     "a connection request left unanswered past the accept timeout: closed"
                 );
                 self.record.startup_failed(&MpaError::AcceptTimeout);

@@ -10,6 +10,7 @@ use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
 use tcp_engine::{Instant, PassedUp, State as TcpState, TakeBack};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
+use crate::log_rate::peer_line;
 use crate::memory::{RegionMemory, SharedTable};
 use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
@@ -404,7 +405,8 @@ impl TcpApp for App<'_> {
                 ConnEvent::Request(_) | ConnEvent::IftRequest(_) => {
                     let info = match ev {
                         ConnEvent::Request(info) => {
-                            tracing::info!(
+                            peer_line!(
+                                info,
                                 peer = %slot.peer,
                                 rev = info.rev,
                                 crc = info.crc,
@@ -415,7 +417,8 @@ impl TcpApp for App<'_> {
                             Some(info)
                         }
                         ConnEvent::IftRequest(n) => {
-                            tracing::info!(
+                            peer_line!(
+                                info,
                                 peer = %slot.peer,
                                 header_crc = n.rx.header_crc,
                                 payload_crc = n.rx.payload_crc,
@@ -451,7 +454,8 @@ impl TcpApp for App<'_> {
                 ConnEvent::Established { private_data } => {
                     *established += 1;
                     let agreed = if let Some(n) = slot.conn.negotiated().cloned() {
-                        tracing::info!(
+                        peer_line!(
+                            info,
                             peer = %slot.peer,
                             rev = n.rev,
                             crc = n.crc,
@@ -461,7 +465,8 @@ impl TcpApp for App<'_> {
                         );
                         Agreed::Mpa(n)
                     } else if let Some(n) = slot.conn.ift_negotiated().copied() {
-                        tracing::info!(
+                        peer_line!(
+                            info,
                             peer = %slot.peer,
                             header_crc_tx = n.tx.header_crc,
                             payload_crc_tx = n.tx.payload_crc,
@@ -542,12 +547,12 @@ impl TcpApp for App<'_> {
                     }
                 }
                 ConnEvent::Rejected { private_data } => {
-                    tracing::info!(peer = %slot.peer, "MPA Request rejected by the peer");
+                    peer_line!(info, peer = %slot.peer, "MPA Request rejected by the peer");
                     slot.closing = true;
                     slot.fail_waiter(DatapathError::Rejected { private_data });
                 }
                 ConnEvent::StartupFailed(e) => {
-                    tracing::warn!(peer = %slot.peer, error = %e, "MPA startup failed");
+                    peer_line!(warn, peer = %slot.peer, error = %e, "MPA startup failed");
                     if matches!(slot.waiter, Waiter::None) {
                         // A passive connection the application has not accepted: its
                         // listener counts why it ended.
@@ -559,7 +564,7 @@ impl TcpApp for App<'_> {
                     slot.fail_waiter(DatapathError::Mpa(e));
                 }
                 ConnEvent::IftStartupFailed(e) => {
-                    tracing::warn!(peer = %slot.peer, error = %e, "IFT adaption exchange failed");
+                    peer_line!(warn, peer = %slot.peer, error = %e, "IFT adaption exchange failed");
                     if matches!(slot.waiter, Waiter::None) {
                         if let Some(l) = listeners.get(&slot.local_port) {
                             l.record.ift_startup_failed(&e);
@@ -569,26 +574,26 @@ impl TcpApp for App<'_> {
                     slot.fail_waiter(DatapathError::Ift(e));
                 }
                 ConnEvent::IftFailed(e) => {
-                    tracing::warn!(peer = %slot.peer, error = %e, "IFT frame error: Terminate sent");
+                    peer_line!(warn, peer = %slot.peer, error = %e, "IFT frame error: Terminate sent");
                     slot.set_error(QpError::Ift(e));
                 }
                 ConnEvent::ConnectionRefused => {
-                    tracing::info!(peer = %slot.peer, "connection refused (TCP reset)");
+                    peer_line!(info, peer = %slot.peer, "connection refused (TCP reset)");
                     slot.set_error(QpError::Refused);
                     slot.fail_waiter(DatapathError::Io(std::io::Error::from(
                         std::io::ErrorKind::ConnectionRefused,
                     )));
                 }
                 ConnEvent::MpaFailed(e) => {
-                    tracing::warn!(peer = %slot.peer, error = %e, "MPA error: Terminate sent");
+                    peer_line!(warn, peer = %slot.peer, error = %e, "MPA error: Terminate sent");
                     slot.set_error(QpError::Mpa(e));
                 }
                 ConnEvent::TransmitSourceFailed(e) => {
-                    tracing::warn!(peer = %slot.peer, error = %e, "a frame's source memory is gone: connection reset");
+                    peer_line!(warn, peer = %slot.peer, error = %e, "a frame's source memory is gone: connection reset");
                     slot.set_error(QpError::TransmitSourceFailed);
                 }
                 ConnEvent::TransportClosed(how) => {
-                    tracing::info!(peer = %slot.peer, how = ?how, "TCP connection ended");
+                    peer_line!(info, peer = %slot.peer, how = ?how, "TCP connection ended");
                     if !slot.closing {
                         slot.set_error(transport_closed_error(how));
                     }
