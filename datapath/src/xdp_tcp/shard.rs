@@ -8,9 +8,10 @@
 //!
 //! * [`FlowDirectory`]: which shard owns which flow, keyed by (remote IPv4 address, remote
 //!   port, local port) packed into one `u64` (the local address is the interface's). A
-//!   fixed-capacity open-addressing table of `AtomicU64` keys and `AtomicU32` owners: readers
-//!   (every received segment) never lock and never allocate; writers (connection setup and
-//!   teardown only) serialize on a mutex among themselves, so insert-if-absent is exact.
+//!   fixed-capacity open-addressing table of `AtomicU64` keys and `AtomicU32` owners, placed by
+//!   a keyed hash and probed at most `MAX_PROBE` slots: readers (every received segment) never
+//!   lock and never allocate; writers (connection setup and teardown only) serialize on a mutex
+//!   among themselves, so insert-if-absent is exact.
 //! * [`Inbox`]: per shard, a bounded set of preallocated frame buffers passed through two
 //!   bounded lock-free queues (free and full buffer indices): a shard that receives a segment
 //!   of a flow another shard owns copies the frame into one of the owner's buffers and queues
@@ -33,6 +34,11 @@ use tcp_engine::wire::Ipv4TcpPeek;
 const EMPTY: u64 = 0;
 /// A slot whose key was removed (never a key: 255.255.255.255 is refused as a remote address).
 const TOMBSTONE: u64 = u64::MAX;
+/// The most slots a lookup or a claim probes from a key's start slot: a key is only ever
+/// placed within them, so a lookup that has probed them all knows the key is absent, however
+/// many tombstones churn has left (a peer can choose which slots its claims and removals
+/// touch only as far as it can guess the keyed hash; the bound holds regardless).
+const MAX_PROBE: usize = 256;
 
 /// A flow's directory key: remote IPv4 address, remote port, local port. `None` for remote
 /// addresses no connection can have (0.0.0.0, 255.255.255.255), whose packets are never
@@ -71,8 +77,16 @@ pub struct FlowDirectory {
     keys: Box<[AtomicU64]>,
     owners: Box<[AtomicU32]>,
     mask: usize,
+    /// Slots probed at most ([`MAX_PROBE`], or the whole table if smaller).
+    probe_limit: usize,
+    /// The hash's secret: peers choose keys (addresses and ports) but cannot tell which
+    /// slots they land on, so they cannot pile their flows onto another's probe run.
+    seed: (u64, u64),
     /// Serializes writers (setup and teardown); readers never take it.
     writer: Mutex<()>,
+    /// Slots probed by lookups (tests only).
+    #[cfg(test)]
+    probed: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for FlowDirectory {
@@ -87,12 +101,19 @@ impl FlowDirectory {
     /// A directory of at least `capacity` slots (rounded up to a power of two, at least 16).
     /// Give it about twice the flows expected at once: probes stay short.
     pub fn new(capacity: usize) -> Self {
+        use std::hash::BuildHasher;
         let n = capacity.max(16).next_power_of_two();
+        // The process's random hash keys (std seeds them from the OS), drawn afresh.
+        let random = std::collections::hash_map::RandomState::new();
         FlowDirectory {
             keys: (0..n).map(|_| AtomicU64::new(EMPTY)).collect(),
             owners: (0..n).map(|_| AtomicU32::new(0)).collect(),
             mask: n - 1,
+            probe_limit: n.min(MAX_PROBE),
+            seed: (random.hash_one(1u8), random.hash_one(2u8) | 1),
             writer: Mutex::new(()),
+            #[cfg(test)]
+            probed: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -102,9 +123,10 @@ impl FlowDirectory {
     }
 
     fn start(&self, key: u64) -> usize {
-        // Fibonacci hashing: the high bits of key * 2^64/phi spread neighbouring ports.
-        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (h >> 32) as usize & self.mask
+        // A keyed folded multiply (as foldhash's): the 128-bit product of the key, mixed
+        // with one secret, and the other, its halves folded together.
+        let m = u128::from(key ^ self.seed.0) * u128::from(self.seed.1);
+        ((m >> 64) as u64 ^ m as u64) as usize & self.mask
     }
 
     /// The owner of `key`, without locking or allocating. `None` if no shard owns it.
@@ -113,7 +135,9 @@ impl FlowDirectory {
             return None;
         }
         let mut i = self.start(key);
-        for _ in 0..self.keys.len() {
+        for _ in 0..self.probe_limit {
+            #[cfg(test)]
+            self.probed.fetch_add(1, Ordering::Relaxed);
             let k = self.keys[i].load(Ordering::Acquire);
             if k == key {
                 // Written before the key was published (Release), so visible after the Acquire.
@@ -140,7 +164,7 @@ impl FlowDirectory {
         let _w = self.lock();
         let mut i = self.start(key);
         let mut free = None;
-        for _ in 0..self.keys.len() {
+        for _ in 0..self.probe_limit {
             let k = self.keys[i].load(Ordering::Relaxed);
             if k == key {
                 return Ok(self.owners[i].load(Ordering::Relaxed));
@@ -175,7 +199,7 @@ impl FlowDirectory {
 
     fn find(&self, key: u64) -> Option<usize> {
         let mut i = self.start(key);
-        for _ in 0..self.keys.len() {
+        for _ in 0..self.probe_limit {
             let k = self.keys[i].load(Ordering::Relaxed);
             if k == key {
                 return Some(i);
@@ -560,6 +584,47 @@ mod tests {
             assert_eq!(d.retain_owned(1, |_| false), 13);
             assert_eq!(d.empty_slots(), slots, "round {round}: tombstones left");
         }
+    }
+
+    /// helper-82's attack: one live flow, then a claim and a removal per slot walking back
+    /// round the table from it (each removal leaves a tombstone, its successor being taken),
+    /// until no slot is empty: a lookup of an absent key (every stray segment) probed the
+    /// whole table, and a SYN's claim again, under the writers' mutex, for good. Probes stop
+    /// at `MAX_PROBE` slots now; claims still find room and keys are still found.
+    #[test]
+    fn tombstones_everywhere_leave_probes_bounded() {
+        let d = FlowDirectory::new(1024);
+        let n = d.capacity();
+        assert!(n > MAX_PROBE);
+        let live = key(0);
+        assert_eq!(d.claim(live, 1), Ok(1));
+        let at = d.start(live);
+        let mut next = 1u32;
+        let mut key_at = |slot: usize| loop {
+            let k = key(next);
+            next += 1;
+            if d.start(k) == slot {
+                return k;
+            }
+        };
+        for back in 1..n {
+            let slot = at.wrapping_sub(back) & d.mask;
+            let k = key_at(slot);
+            assert_eq!(d.claim(k, 2), Ok(2));
+            assert!(d.remove(k, 2));
+        }
+        assert_eq!(d.empty_slots(), 0, "every slot but one a tombstone");
+        let absent = key(u32::MAX / 2);
+        let before = d.probed.load(Ordering::Relaxed);
+        assert_eq!(d.lookup(absent), None);
+        let probes = d.probed.load(Ordering::Relaxed) - before;
+        assert!(
+            probes <= MAX_PROBE,
+            "{probes} slots probed for an absent key"
+        );
+        assert_eq!(d.lookup(live), Some(1));
+        assert_eq!(d.claim(absent, 3), Ok(3));
+        assert_eq!(d.lookup(absent), Some(3));
     }
 
     #[test]
