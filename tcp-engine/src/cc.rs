@@ -22,11 +22,18 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// recovery; `rtt` is the smoothed RTT if known.
     fn on_ack(&mut self, now: Instant, acked: u64, smss: u32, rtt: Option<Duration>);
     /// New data was acknowledged outside recovery while the congestion window was not what
-    /// limited the sender (the application, or the peer's window), or an ACK left nothing in
-    /// flight (the connection may now sit idle): the window does not grow (RFC 7661), and a
-    /// controller whose growth follows the clock leaves the time from then until an ACK finds
-    /// the window used again out (RFC 9438 5.8). Default: nothing.
+    /// limited the sender (the application, or the peer's window): the window does not grow
+    /// (RFC 7661), and a controller whose growth follows the clock leaves the time from then
+    /// until an ACK finds the window used again out (RFC 9438 5.8). Default: nothing.
     fn on_ack_unused(&mut self, _now: Instant) {}
+    /// An ACK left nothing in flight: the connection may sit idle until its next send
+    /// ([`Self::on_transmit_start`]). Default: nothing.
+    fn on_idle(&mut self, _now: Instant) {}
+    /// New data goes out with nothing in flight: a controller whose growth follows the clock
+    /// leaves the time since [`Self::on_idle`] out (RFC 9438 5.8; Linux's
+    /// `CA_EVENT_TX_START`), unless that time is in a longer one the window went unused
+    /// ([`Self::on_ack_unused`]), left out when it ends. Default: nothing.
+    fn on_transmit_start(&mut self, _now: Instant) {}
     /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
@@ -183,6 +190,9 @@ pub struct Cubic {
     /// Since when, in the epoch, ACKs came while the window was not used
     /// ([`CongestionControl::on_ack_unused`]): the epoch moves on by that time.
     unused_since: Option<Instant>,
+    /// Since when nothing is in flight ([`CongestionControl::on_idle`]): the epoch moves on
+    /// by that time at the next send.
+    idle_since: Option<Instant>,
     k: f64,
     /// TCP-friendly estimate in segments (W_est, 4.2).
     w_est: f64,
@@ -206,6 +216,7 @@ impl Cubic {
             w_last_max: 0.0,
             epoch_start: None,
             unused_since: None,
+            idle_since: None,
             k: 0.0,
             w_est: 0.0,
             cwnd_frac: 0.0,
@@ -234,6 +245,7 @@ impl Cubic {
         self.ssthresh = (reduced * seg) as u64;
         self.epoch_start = None;
         self.unused_since = None;
+        self.idle_since = None;
         self.cwnd_frac = 0.0;
     }
 
@@ -301,6 +313,18 @@ impl CongestionControl for Cubic {
             self.unused_since = Some(now);
         }
     }
+    fn on_idle(&mut self, now: Instant) {
+        if self.epoch_start.is_some() {
+            self.idle_since = Some(now);
+        }
+    }
+    fn on_transmit_start(&mut self, now: Instant) {
+        if let (Some(since), Some(epoch), None) =
+            (self.idle_since.take(), self.epoch_start, self.unused_since)
+        {
+            self.epoch_start = Some(epoch + now.saturating_since(since));
+        }
+    }
     fn on_congestion_event(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
         self.reduce(smss);
         self.cwnd = self.ssthresh;
@@ -317,6 +341,7 @@ impl CongestionControl for Cubic {
             self.w_last_max = w_last_max;
             self.epoch_start = None;
             self.unused_since = None;
+            self.idle_since = None;
             self.cwnd_frac = 0.0;
         }
     }
@@ -392,6 +417,49 @@ mod tests {
             c.on_ack(now, acked, smss, Some(rtt));
         }
         assert!(c.cwnd() > 100_000, "cwnd {}", c.cwnd());
+    }
+
+    /// RFC 9438 5.8 counts only time the flow was not limited by the window: a flight sent
+    /// as soon as the last one was acknowledged (one window-sized message per round trip) is
+    /// no idle time (the epoch stood still every round before, so the curve never advanced),
+    /// while 10 s with nothing in flight is left out, and only those 10 s.
+    #[test]
+    fn cubic_leaves_out_only_the_time_nothing_was_in_flight() {
+        let smss = 1000;
+        let rtt = Duration::from_millis(10);
+        // 200 round trips of one window each, acknowledged whole (the flight empties every
+        // round); `told`: the controller hears of each idle time and send; `pause`: 10 s with
+        // nothing in flight after round 100.
+        let run = |told: bool, pause: bool| {
+            let mut c = Cubic::new(100_000);
+            c.on_congestion_event(Instant::ZERO, 100_000, smss);
+            let mut now = Instant::ZERO;
+            for round in 0..200 {
+                now += rtt;
+                c.on_ack(now, c.cwnd(), smss, Some(rtt));
+                if told {
+                    c.on_idle(now);
+                }
+                if pause && round == 100 {
+                    now += Duration::from_secs(10);
+                }
+                if told {
+                    c.on_transmit_start(now);
+                }
+            }
+            c.cwnd()
+        };
+        let plain = run(false, false);
+        assert_eq!(
+            run(true, false),
+            plain,
+            "a flight sent at once is no idle time"
+        );
+        assert_eq!(run(true, true), plain, "the pause is left out, and only it");
+        assert!(
+            run(false, true) > plain,
+            "the pause matters when not left out"
+        );
     }
 
     /// RFC 9438 5.8: time in which the window went unused (the sender limited by something

@@ -2526,9 +2526,8 @@ impl Connection {
                 }
             }
             if self.snd_una >= self.snd_max() {
-                // Nothing in flight: the window goes unused, idle, until an ACK finds it used
-                // again (no ACK comes meanwhile to say so).
-                self.cc.on_ack_unused(now);
+                // Nothing in flight: idle until the next send (`on_transmit_start`).
+                self.cc.on_idle(now);
             }
             if self.rto_recover.is_some_and(|r| self.snd_una >= r) {
                 self.rto_recover = None;
@@ -3937,6 +3936,10 @@ impl Connection {
             self.snd_nxt += len;
             while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
                 self.record_ends.pop_front();
+            }
+            if self.scoreboard.is_empty() {
+                // The first data after an idle time (RFC 9438 5.8).
+                self.cc.on_transmit_start(now);
             }
             // Pushed as a constant and filled in place: `push_back` is not inlined, and it
             // read a segment built on the stack back in wider loads than the stores that

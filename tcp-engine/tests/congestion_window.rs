@@ -78,8 +78,9 @@ fn cubic_growth_across(pause: Pause) -> (u64, u64) {
 /// application sent too little to fill it. A bulk send after 10 s idle grew the window by
 /// half (the 1.5x-per-round cap of a curve 10 s on) in its first round trip, as if the
 /// connection had been probing all along; now by what the round would have given without the
-/// pause (the ACK that emptied the flight starts a time of the window going unused, which the
-/// next ACK that finds it used ends; so do ACKs of a flight too small to use it).
+/// pause (the time from the ACK that emptied the flight to the next send is left out, as
+/// Linux's `CA_EVENT_TX_START` does; the time ACKs of flights too small to use the window
+/// came is left out when an ACK finds it used again).
 #[test]
 fn cubic_leaves_idle_and_application_limited_time_out_of_its_growth() {
     let (busy_before, busy_after) = cubic_growth_across(Pause::None);
