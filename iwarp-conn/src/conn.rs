@@ -2388,7 +2388,8 @@ impl IwarpConn {
         };
         if done && !self.tcp_close_requested {
             self.tcp_close_requested = true;
-            tcp.close();
+            // The stream is done both ways for us: nothing more is read.
+            tcp.close_orphaned();
         }
     }
 

@@ -602,6 +602,8 @@ pub struct Connection {
     state: State,
     events: VecDeque<Event>,
     stats: ConnStats,
+    /// The application reads nothing more ([`Connection::close_orphaned`]).
+    orphaned: bool,
 
     // ---- send side (positions: 0 = ISS + 1) ----
     snd: SeqAnchor,
@@ -796,6 +798,7 @@ impl Connection {
             state: State::Closed,
             events: VecDeque::with_capacity(8),
             stats: ConnStats::default(),
+            orphaned: false,
             snd: SeqAnchor { isn: iss },
             syn_acked: false,
             syn_due: false,
@@ -1472,6 +1475,16 @@ impl Connection {
                 self.ack_now = true;
             }
         }
+    }
+
+    /// [`Connection::close`] by an application that will read nothing more either (a
+    /// `close(2)` rather than a `shutdown(2)` of the sending side: Linux's orphan): once our
+    /// FIN is acknowledged the connection only lingers, in FIN-WAIT-2 as in TIME-WAIT
+    /// ([`Connection::is_lingering`]), and may be ended early when lingering connections
+    /// crowd the table.
+    pub fn close_orphaned(&mut self) {
+        self.orphaned = true;
+        self.close();
     }
 
     /// Close the sending direction (RFC 9293 3.10.4): FIN goes after the
@@ -3246,9 +3259,15 @@ impl Connection {
     }
 
     /// Whether the connection only lingers after its close: in TIME-WAIT, or in FIN-WAIT-2
-    /// (everything we sent, our FIN too, acknowledged; waiting for the peer's FIN).
+    /// (everything we sent, our FIN too, acknowledged; waiting for the peer's FIN) once the
+    /// application said it reads nothing more ([`Connection::close_orphaned`]; a half-closed
+    /// connection whose application still reads is not lingering).
     pub fn is_lingering(&self) -> bool {
-        matches!(self.state, State::TimeWait | State::FinWait2)
+        match self.state {
+            State::TimeWait => true,
+            State::FinWait2 => self.orphaned,
+            _ => false,
+        }
     }
 
     /// Ends a lingering connection ([`Connection::is_lingering`]) before its time, as the
@@ -3257,13 +3276,14 @@ impl Connection {
     /// and closed as at `Config::fin_wait2_timeout`. Nothing we sent is lost: the peer
     /// acknowledged all of it. Returns whether it ended.
     pub fn end_lingering(&mut self) -> bool {
-        match self.state {
-            State::TimeWait => self.end_time_wait(),
-            State::FinWait2 => {
-                self.queue_reset();
-                self.enter_closed(Some(Event::Closed));
-            }
-            _ => return false,
+        if !self.is_lingering() {
+            return false;
+        }
+        if self.state == State::TimeWait {
+            self.end_time_wait();
+        } else {
+            self.queue_reset();
+            self.enter_closed(Some(Event::Closed));
         }
         true
     }

@@ -314,9 +314,12 @@ pub struct ConnectionTable {
     max_connections: usize,
     stats: TableStats,
     challenge: ChallengeLimit,
-    /// Connections that reached TIME-WAIT or FIN-WAIT-2, oldest first (entries of
-    /// connections gone or no longer lingering are skipped when met).
+    /// Connections that came to linger (TIME-WAIT, or FIN-WAIT-2 orphaned), oldest first;
+    /// entries of connections that no longer linger are skipped when met, and dropped
+    /// together when they outnumber the table's slots.
     lingering: VecDeque<ConnId>,
+    /// The connections lingering now (slots whose `lingering` is set).
+    lingering_now: usize,
     /// The most lingering connections kept: a quarter of the table.
     max_lingering: usize,
 }
@@ -352,6 +355,7 @@ impl ConnectionTable {
                 sent: 0,
             },
             lingering: VecDeque::with_capacity(max_connections),
+            lingering_now: 0,
             max_lingering: (max_connections / 4).max(1),
         }
     }
@@ -547,7 +551,9 @@ impl ConnectionTable {
         }
         slot.generation = slot.generation.wrapping_add(1);
         slot.deadline = None;
-        slot.lingering = false;
+        if std::mem::take(&mut slot.lingering) {
+            self.lingering_now -= 1;
+        }
         let conn = slot.conn.take();
         self.timers.set(id.index, None);
         self.free.push(id.index);
@@ -831,11 +837,8 @@ impl ConnectionTable {
                     self.by_tuple.remove(&t);
                 }
             }
-            if !slot.lingering && conn.is_lingering() {
-                slot.lingering = true;
-                self.lingering.push_back(id);
-                entered_lingering = true;
-            }
+            entered_lingering =
+                Self::follow_lingering(slot, id, &mut self.lingering, &mut self.lingering_now);
             if let (Some(key), false) = (slot.listener, slot.queued_for_accept) {
                 if !matches!(state, State::SynReceived | State::Closed) {
                     slot.queued_for_accept = true;
@@ -856,33 +859,29 @@ impl ConnectionTable {
         Some(id)
     }
 
-    /// Keeps at most `max_lingering` connections in TIME-WAIT or FIN-WAIT-2: beyond it the
+    /// Keeps at most `max_lingering` connections lingering (TIME-WAIT, or FIN-WAIT-2 once
+    /// the application reads nothing more: [`Connection::is_lingering`]): beyond it the
     /// oldest is ended ([`Connection::end_lingering`]; its owner reaps it as any closed
     /// connection). A peer that opens and closes connections in a loop (a failed MPA startup
     /// ends with our FIN: five packets leave a connection in TIME-WAIT for 60 s, or in
     /// FIN-WAIT-2 if it never sends its own FIN) would otherwise fill the table and every new
     /// connection would be refused. Amortized O(1): each connection enters the queue once.
     fn limit_lingering(&mut self) {
-        loop {
-            // Entries of connections that left (closed, removed) go first, wherever they
-            // are met at the front.
-            while let Some(&id) = self.lingering.front() {
-                let live = self
-                    .slot(id)
-                    .and_then(|s| s.conn.as_ref())
-                    .is_some_and(Connection::is_lingering);
-                if live {
-                    break;
-                }
-                self.lingering.pop_front();
-            }
-            if self.lingering.len() <= self.max_lingering {
-                return;
-            }
+        while self.lingering_now > self.max_lingering {
             let Some(id) = self.lingering.pop_front() else {
                 return;
             };
-            let slot = &mut self.slots[id.index as usize];
+            // An entry of a connection that no longer lingers (closed, removed, reused) is
+            // dropped as met.
+            let Some(slot) = self
+                .slots
+                .get_mut(id.index as usize)
+                .filter(|s| s.generation == id.generation && s.lingering)
+            else {
+                continue;
+            };
+            slot.lingering = false;
+            self.lingering_now -= 1;
             if let Some(conn) = slot.conn.as_mut() {
                 if conn.end_lingering() {
                     if let Some(t) = slot.tuple.take() {
@@ -892,6 +891,42 @@ impl ConnectionTable {
                     self.mark_ready(id.index);
                 }
             }
+        }
+        // Entries of connections that stopped lingering by themselves pile up behind a
+        // long-lived one at the front: dropped together once they outnumber the slots
+        // (amortized O(1): the queue is then at most the live count).
+        if self.lingering.len() > self.max_connections {
+            let slots = &self.slots;
+            self.lingering.retain(|id| {
+                slots
+                    .get(id.index as usize)
+                    .is_some_and(|s| s.generation == id.generation && s.lingering)
+            });
+        }
+    }
+
+    /// Brings `slot`'s `lingering` mark (and the count) in line with its connection: set when
+    /// it came to linger (queued as `id`; returns true), cleared when it stopped (closed).
+    fn follow_lingering(
+        slot: &mut Slot,
+        id: ConnId,
+        queue: &mut VecDeque<ConnId>,
+        now: &mut usize,
+    ) -> bool {
+        let lingers = slot.conn.as_ref().is_some_and(Connection::is_lingering);
+        match (slot.lingering, lingers) {
+            (false, true) => {
+                slot.lingering = true;
+                *now += 1;
+                queue.push_back(id);
+                true
+            }
+            (true, false) => {
+                slot.lingering = false;
+                *now -= 1;
+                false
+            }
+            _ => false,
         }
     }
 
@@ -1023,6 +1058,10 @@ impl ConnectionTable {
             let slot = &mut self.slots[index as usize];
             debug_assert_eq!(slot.deadline, Some(d), "the queue follows the slots");
             slot.deadline = None;
+            let id = ConnId {
+                index,
+                generation: slot.generation,
+            };
             if let Some(conn) = slot.conn.as_mut() {
                 conn.handle_timeout(now);
                 if conn.state() == State::Closed {
@@ -1030,6 +1069,9 @@ impl ConnectionTable {
                         self.by_tuple.remove(&t);
                     }
                 }
+            }
+            if Self::follow_lingering(slot, id, &mut self.lingering, &mut self.lingering_now) {
+                self.limit_lingering();
             }
             if !self.reap_unaccepted(index) {
                 self.mark_ready(index);

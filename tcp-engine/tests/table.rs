@@ -1063,3 +1063,98 @@ fn lingering_connections_never_fill_the_table() {
     assert_eq!(server.stats().lingering_ended, 38);
     assert_eq!(server.stats().table_full_drops, 0);
 }
+
+/// A server table of 8 (so at most 2 connections linger) and a client table, the listener on
+/// port 4791; `connect(i)` opens client connection `i` and returns both ends' ids.
+struct Lingering {
+    clients: ConnectionTable,
+    server: ConnectionTable,
+    now: Instant,
+}
+
+impl Lingering {
+    fn new() -> Self {
+        let mut server = ConnectionTable::new([2; 16], 8);
+        server.listen(Ipv4Addr::UNSPECIFIED, 4791, 8, Config::default());
+        Lingering {
+            clients: ConnectionTable::new([1; 16], 64),
+            server,
+            now: Instant::from_millis(1),
+        }
+    }
+
+    fn connect(&mut self, i: usize) -> (ConnId, ConnId) {
+        let id = self
+            .clients
+            .connect(Config::default(), tuple(i), self.now)
+            .expect("connect");
+        self.pump();
+        let sid = self
+            .server
+            .accept(Ipv4Addr::UNSPECIFIED, 4791)
+            .expect("accepted");
+        (id, sid)
+    }
+
+    fn pump(&mut self) {
+        pump(&mut self.clients, &mut self.server, self.now);
+    }
+
+    fn state(&self, sid: ConnId) -> Option<State> {
+        self.server.get(sid).map(|c| c.state())
+    }
+}
+
+/// helper-83's review: the limit counted queue entries, not connections, so entries of
+/// connections that had stopped lingering (reset, removed) ended a live one early; and a
+/// half-closed connection whose application still reads (FIN-WAIT-2 after `close`, not
+/// `close_orphaned`) was ended as if it only lingered. Now only what lingers counts, and
+/// only what lingers is ended.
+#[test]
+fn the_lingering_limit_counts_and_ends_only_what_lingers() {
+    let mut t = Lingering::new();
+    // Half-closed, still reading: FIN-WAIT-2, not lingering.
+    let (_hc, half) = t.connect(0);
+    t.server.get_mut(half).expect("live").close();
+    t.pump();
+    assert_eq!(t.state(half), Some(State::FinWait2));
+    // A: TIME-WAIT.
+    let (a_client, a) = t.connect(1);
+    t.server.get_mut(a).expect("live").close_orphaned();
+    t.pump();
+    t.clients.get_mut(a_client).expect("live").close();
+    t.pump();
+    assert_eq!(t.state(a), Some(State::TimeWait));
+    // B: orphaned FIN-WAIT-2 (lingers), then reset by its peer and reaped.
+    let (b_client, b) = t.connect(2);
+    t.server.get_mut(b).expect("live").close_orphaned();
+    t.pump();
+    assert_eq!(t.state(b), Some(State::FinWait2));
+    t.clients.get_mut(b_client).expect("live").abort();
+    t.pump();
+    assert_eq!(t.state(b), Some(State::Closed));
+    assert!(t.server.remove(b).is_some());
+    // C: TIME-WAIT. A and C linger: within the limit of 2.
+    let (c_client, c) = t.connect(3);
+    t.server.get_mut(c).expect("live").close_orphaned();
+    t.pump();
+    t.clients.get_mut(c_client).expect("live").close();
+    t.pump();
+    assert_eq!(t.state(c), Some(State::TimeWait));
+    assert_eq!(
+        t.state(a),
+        Some(State::TimeWait),
+        "A ended for a dead entry"
+    );
+    assert_eq!(t.server.stats().lingering_ended, 0);
+    // D: a third one lingering ends the oldest, A; the half-closed one is left alone.
+    let (d_client, d) = t.connect(4);
+    t.server.get_mut(d).expect("live").close_orphaned();
+    t.pump();
+    t.clients.get_mut(d_client).expect("live").close();
+    t.pump();
+    assert_eq!(t.state(a), Some(State::Closed));
+    assert_eq!(t.state(c), Some(State::TimeWait));
+    assert_eq!(t.state(half), Some(State::FinWait2));
+    assert_eq!(t.server.stats().lingering_ended, 1);
+}

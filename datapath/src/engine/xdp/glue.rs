@@ -308,7 +308,7 @@ impl TcpApp for App<'_> {
         let tuple = tcp.four_tuple();
         let early = self.st.early.remove(&id);
         let Some(ListenPort { params, .. }) = self.st.listeners.get(&tuple.local_port) else {
-            tcp.close();
+            tcp.close_orphaned();
             return;
         };
         // The PD is the one given to `accept`; until then the queue pair is a placeholder
@@ -327,7 +327,7 @@ impl TcpApp for App<'_> {
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
             Ok(c) => c,
             Err(_) => {
-                tcp.close();
+                tcp.close_orphaned();
                 return;
             }
         };
