@@ -66,14 +66,24 @@ impl LogRate {
 pub(crate) static PEER_LINES: LogRate = LogRate::new(PEER_LINES_PER_SECOND);
 
 /// `tracing::$level!(fields..., "message")` about one peer's connection, within
-/// [`PEER_LINES`]'s budget; adds `suppressed = n` when lines were held back before it.
+/// [`PEER_LINES`]'s budget; adds `suppressed = n` when lines were held back before it. A line
+/// of a level the subscriber does not write takes nothing of the budget (info lines filtered
+/// out must not use up what a warning needs).
 macro_rules! peer_line {
-    ($level:ident, $($arg:tt)+) => {
-        if let Some(suppressed) = $crate::log_rate::PEER_LINES.admit() {
-            if suppressed > 0 {
-                tracing::$level!(suppressed, $($arg)+);
-            } else {
-                tracing::$level!($($arg)+);
+    (info, $($arg:tt)+) => {
+        $crate::log_rate::peer_line!(@at tracing::Level::INFO, info, $($arg)+)
+    };
+    (warn, $($arg:tt)+) => {
+        $crate::log_rate::peer_line!(@at tracing::Level::WARN, warn, $($arg)+)
+    };
+    (@at $at:expr, $level:ident, $($arg:tt)+) => {
+        if tracing::enabled!($at) {
+            if let Some(suppressed) = $crate::log_rate::PEER_LINES.admit() {
+                if suppressed > 0 {
+                    tracing::$level!(suppressed, $($arg)+);
+                } else {
+                    tracing::$level!($($arg)+);
+                }
             }
         }
     };
