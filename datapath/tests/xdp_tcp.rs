@@ -1054,3 +1054,57 @@ fn shards_hand_off_without_allocating() {
         "allocations on the shard threads in steady state"
     );
 }
+
+/// Sets `iwa0`'s running channels (`ethtool -L iwa0 <args>`). A closed AF_XDP socket's queue
+/// is released a moment after the close (the kernel frees the socket's pool in a work item),
+/// and until then the kernel refuses to stop the queue: tried for up to 5 s.
+fn set_channels(args: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", NS_A, "ethtool", "-L", DEV_A])
+            .args(args)
+            .output()
+            .expect("ethtool");
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ethtool -L {DEV_A} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The queues a driver opened on `iwa0` with the default configuration binds, or its error.
+fn default_queues() -> Result<Vec<u32>, String> {
+    spawn_in_ns(NS_A, || {
+        XdpTcp::open(DEV_A, XdpTcpConfig::default())
+            .map(|d| d.queues())
+            .map_err(|e| e.to_string())
+    })
+    .join()
+    .expect("driver thread")
+}
+
+/// A NIC may run fewer queues than it has (channels lowered with `ethtool -L`), and an AF_XDP
+/// socket binds only to a running one: the driver bound every queue the interface has and
+/// failed on the first that was not running. It binds the running ones now; and an interface
+/// that receives on more queues than the driver can serve (here, fewer TX queues than RX) is
+/// refused with the reason and the cure, where packets on the queues left out would have gone
+/// to the kernel (a RST, or nothing, for the engine's connections).
+#[test]
+fn the_driver_binds_the_queues_the_interface_runs() {
+    let _bed = bed_or_skip!();
+    set_channels(&["rx", "2", "tx", "2"]);
+    assert_eq!(default_queues(), Ok(vec![0, 1]));
+    set_channels(&["tx", "1"]);
+    let refused = default_queues().expect_err("2 RX queues served by 1");
+    assert!(
+        refused.contains("receives on 2 queues") && refused.contains("ethtool -L"),
+        "{refused}"
+    );
+}

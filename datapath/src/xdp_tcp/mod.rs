@@ -354,6 +354,23 @@ pub enum XdpTcpError {
     /// No queue selected.
     #[error("no RX queue selected")]
     NoQueues,
+    /// The interface spreads received packets over more queues than the engine can serve:
+    /// packets on the others would go to the kernel, which answers them with RSTs (or drops
+    /// them), so connections hashed there would fail.
+    #[error(
+        "{ifname} receives on {rx} queues but the engine serves at most {served} (an AF_XDP \
+         socket needs a running TX queue of the same number, and the steering program's map \
+         holds {max}): lower them, e.g. `ethtool -L {ifname} combined {served}`",
+        max = crate::xsk::steering::MAX_QUEUES
+    )]
+    TooManyQueues {
+        /// Interface.
+        ifname: String,
+        /// RX queues it runs.
+        rx: u32,
+        /// Queues the engine can serve.
+        served: u32,
+    },
     /// The route to the peer does not leave through our interface.
     #[error(
         "{addr} is reached through interface index {route_ifindex}, not {ifname} (index {ifindex})"
@@ -579,7 +596,8 @@ pub struct XdpPort {
     mac: [u8; 6],
     local_ip: Ipv4Addr,
     mtu: u32,
-    /// Queues usable (min of RX and TX queues, capped by the XSKMAP's size).
+    /// Queues usable: every RX queue the interface runs ([`XdpTcpError::TooManyQueues`] when
+    /// the TX queues or the XSKMAP's size are fewer).
     queues: u32,
     /// The NIC's RSS key and indirection table, or why they are unknown (veth has none):
     /// with them a connecting shard picks a source port whose replies land on its own queue.
@@ -604,6 +622,20 @@ impl XdpPort {
     /// namespace) and reads the interface's facts. Needs root.
     pub fn open(ifname: &str, cfg: &XdpTcpConfig) -> Result<Self, XdpTcpError> {
         let info = interface_info(ifname)?;
+        // The queues running (a NIC may run fewer than it has); a driver that does not say
+        // runs all it has (veth reports them, and before 5.14 had no way to change them).
+        let (rx, tx) = match crate::xsk::ethtool::channels(ifname) {
+            Ok(c) if c.rx > 0 && c.tx > 0 => (c.rx, c.tx),
+            _ => (info.rx_queues, info.tx_queues),
+        };
+        let served = rx.min(tx).min(crate::xsk::steering::MAX_QUEUES);
+        if rx > served {
+            return Err(XdpTcpError::TooManyQueues {
+                ifname: ifname.to_owned(),
+                rx,
+                served,
+            });
+        }
         let (local_ip, _) = info
             .ipv4
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
@@ -643,10 +675,7 @@ impl XdpPort {
             mac: info.mac,
             local_ip,
             mtu: info.mtu,
-            queues: info
-                .rx_queues
-                .min(info.tx_queues)
-                .min(crate::xsk::steering::MAX_QUEUES),
+            queues: served,
             rss,
             multi_buffer,
         })
@@ -688,9 +717,17 @@ impl XdpPort {
             return Ok((sock, port));
         }
         let (sock, bound) = reserve_port(self.local_ip, port)?;
-        hold_listening(&sock).map_err(|source| XdpTcpError::Reserve {
-            addr: self.local_ip,
-            source,
+        hold_listening(&sock).map_err(|source| match source.raw_os_error() {
+            // A socket bound to the port since (with SO_REUSEADDR) and listening first.
+            Some(libc::EADDRINUSE) => XdpTcpError::PortInUse {
+                addr: self.local_ip,
+                port: bound,
+                source,
+            },
+            _ => XdpTcpError::Reserve {
+                addr: self.local_ip,
+                source,
+            },
         })?;
         self.prog().steer_port(self.local_ip, bound)?;
         let sock = Arc::new(sock);

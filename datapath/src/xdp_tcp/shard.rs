@@ -235,8 +235,9 @@ impl FlowDirectory {
     /// first empty one, so a slot in the middle of a run becomes a tombstone (keys placed
     /// beyond it stay reachable). A slot whose successor is empty ends every run through it:
     /// it becomes empty, and so do the tombstones right before it, which ended runs only
-    /// there. Without that, churn would turn every empty slot into a tombstone in time, and
-    /// a lookup of an absent key (a stray segment) would probe the whole table.
+    /// there. Without that, ordinary churn would turn every empty slot into a tombstone in
+    /// time; churn chosen to defeat it (a peer walking back from a live key) still can, and
+    /// then `MAX_PROBE` is what bounds a lookup of an absent key.
     fn vacate(&self, i: usize) {
         if self.keys[(i + 1) & self.mask].load(Ordering::Relaxed) != EMPTY {
             self.keys[i].store(TOMBSTONE, Ordering::Release);

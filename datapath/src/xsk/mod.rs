@@ -24,6 +24,7 @@
 
 pub mod capture;
 mod error;
+pub mod ethtool;
 mod join;
 mod netlink;
 pub mod packet;

@@ -7,8 +7,6 @@
 use std::io;
 use std::net::SocketAddrV4;
 
-/// `SIOCETHTOOL`, the ethtool ioctl.
-const SIOCETHTOOL: libc::c_ulong = 0x8946;
 /// `ETHTOOL_GRSSH`: get the RSS hash key, indirection table and hash function.
 const ETHTOOL_GRSSH: u32 = 0x46;
 /// `ETH_RSS_HASH_TOP`: the Toeplitz hash function's bit in `ethtool_rxfh.hfunc`.
@@ -140,45 +138,11 @@ fn grssh(ifname: &str, indir_size: u32, key_size: u32) -> io::Result<(Vec<u32>, 
 }
 
 /// Runs `ETHTOOL_GRSSH` on `ifname` with `buf` as its `struct ethtool_rxfh` (the sizes in
-/// words 2 and 3 say how much room follows the header); the kernel reads and writes `buf`.
+/// words 2 and 3 say how much room follows the header, which `buf` has); the kernel reads and
+/// writes `buf`.
 fn ethtool(ifname: &str, buf: &mut [u32]) -> io::Result<()> {
     buf[0] = ETHTOOL_GRSSH;
-    let name = ifname.as_bytes();
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("bad interface name {ifname:?}"),
-        ));
-    }
-    // SAFETY: a plain datagram socket, closed below; no memory is passed.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a zeroed ifreq is valid (a name of NULs, a null data pointer).
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, &src) in ifr.ifr_name.iter_mut().zip(name) {
-        *dst = src as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = buf.as_mut_ptr().cast();
-    // SAFETY: `ifr` names the interface (NUL-terminated: the name is shorter than IFNAMSIZ and
-    // the rest is zero) and points at `buf`, which is exclusively borrowed, 4-octet aligned and
-    // as long as the sizes written in it promise (the header plus `indir_size` words plus
-    // `key_size` octets, rounded up to words), so the kernel's copy back stays inside it.
-    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL, &mut ifr) };
-    let err = io::Error::last_os_error();
-    // SAFETY: `fd` is the socket opened above, closed once.
-    unsafe { libc::close(fd) };
-    if rc < 0 {
-        return Err(match err.raw_os_error() {
-            Some(libc::EOPNOTSUPP) => io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{ifname} reports no RSS configuration (ETHTOOL_GRSSH unsupported)"),
-            ),
-            _ => err,
-        });
-    }
-    Ok(())
+    super::ethtool::ioctl(ifname, buf, "its RSS configuration (ETHTOOL_GRSSH)")
 }
 
 #[cfg(test)]
