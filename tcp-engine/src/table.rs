@@ -247,7 +247,8 @@ struct Slot {
     queued_for_accept: bool,
     deadline: Option<Instant>,
     ready: bool,
-    /// The connection is in the lingering queue (it reached TIME-WAIT or FIN-WAIT-2).
+    /// The connection lingers now ([`Connection::is_lingering`]: TIME-WAIT, or FIN-WAIT-2
+    /// orphaned), counted in `lingering_now` and queued in `lingering`.
     lingering: bool,
 }
 
@@ -715,6 +716,11 @@ impl ConnectionTable {
         if let Some(t) = slot.tuple.take() {
             self.by_tuple.remove(&t);
         }
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        Self::follow_lingering(slot, id, &mut self.lingering, &mut self.lingering_now);
         self.mark_ready(index);
         Some(isn)
     }

@@ -1022,9 +1022,9 @@ fn a_newer_syn_ends_time_wait_and_opens_a_new_incarnation() {
 
 /// A peer that opens and closes connections in a loop (each ends with our FIN first, as a
 /// failed MPA startup does) left each in TIME-WAIT for 60 s: eight of them filled a table of
-/// eight and every new connection was refused. At most a quarter of the table lingers in
-/// TIME-WAIT or FIN-WAIT-2; beyond it the oldest ends (Linux's `tcp_max_tw_buckets`), so
-/// each of 40 connections in a row is accepted.
+/// eight and every new connection was refused. At most a quarter of the table lingers (in
+/// TIME-WAIT, or in FIN-WAIT-2 once orphaned); beyond it the oldest ends (Linux's
+/// `tcp_max_tw_buckets`), so each of 40 connections in a row is accepted.
 #[test]
 fn lingering_connections_never_fill_the_table() {
     let t0 = Instant::from_millis(1);
@@ -1103,6 +1103,18 @@ impl Lingering {
     fn state(&self, sid: ConnId) -> Option<State> {
         self.server.get(sid).map(|c| c.state())
     }
+
+    /// Connection `i`, closed by the server first: its end in TIME-WAIT, the client's gone.
+    fn close_into_time_wait(&mut self, i: usize) -> ConnId {
+        let (client, server) = self.connect(i);
+        self.server.get_mut(server).expect("live").close_orphaned();
+        self.pump();
+        self.clients.get_mut(client).expect("live").close();
+        self.pump();
+        assert_eq!(self.state(server), Some(State::TimeWait));
+        assert!(self.clients.remove(client).is_some());
+        server
+    }
 }
 
 /// helper-83's review: the limit counted queue entries, not connections, so entries of
@@ -1157,4 +1169,28 @@ fn the_lingering_limit_counts_and_ends_only_what_lingers() {
     assert_eq!(t.state(c), Some(State::TimeWait));
     assert_eq!(t.state(half), Some(State::FinWait2));
     assert_eq!(t.server.stats().lingering_ended, 1);
+}
+
+/// helper-84's review: a TIME-WAIT connection that a newer SYN ends (RFC 6191) stayed counted
+/// as lingering until its owner reaped it, so the next connection to linger could end a live
+/// one early.
+#[test]
+fn a_time_wait_a_newer_syn_ends_stops_counting_at_once() {
+    let mut t = Lingering::new();
+    let a = t.close_into_time_wait(0);
+    let b = t.close_into_time_wait(1);
+    // B's peer connects again from the same port a second later: B's TIME-WAIT ends.
+    t.now += std::time::Duration::from_secs(1);
+    let (_again, b2) = t.connect(1);
+    assert_eq!(t.state(b), Some(State::Closed));
+    assert_ne!(b, b2);
+    let c = t.close_into_time_wait(2);
+    assert_eq!(
+        t.state(a),
+        Some(State::TimeWait),
+        "A ended for B, which lingers no more"
+    );
+    assert_eq!(t.state(c), Some(State::TimeWait));
+    assert_eq!(t.server.stats().lingering_ended, 0);
+    assert_eq!(t.server.stats().time_wait_reused, 1);
 }
