@@ -103,3 +103,46 @@ fn cubic_leaves_idle_and_application_limited_time_out_of_its_growth() {
         );
     }
 }
+
+/// helper-83's review: the ACK that empties the flight started a time left out of CUBIC's
+/// epoch, ended by the next ACK, so a sender that sends one window per round trip (each
+/// flight acknowledged whole before the next) had every round trip left out and its curve
+/// never advanced: after a loss at a window of 400 segments, 20 rounds of 100 ms grew the
+/// window by the Reno-friendly rate alone (about 11 segments) where the curve gives about 78.
+#[test]
+fn cubic_advances_for_a_sender_that_empties_its_flight_every_round() {
+    const SEGMENTS: u32 = 400;
+    let (mut conn, mut now) = driven_client_scaled(Config {
+        sack: false,
+        nagle: false,
+        initial_window_segments: SEGMENTS,
+        send_buffer: 8 << 20,
+        recv_buffer: 8 << 20,
+        max_recv_window: 8 << 20,
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    let rtt = Duration::from_millis(100);
+    assert_eq!(conn.send(&vec![1u8; 400 * mss]), Ok(400 * mss));
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), SEGMENTS as usize, "the whole window at once");
+    for _ in 0..3 {
+        peer_ack(&mut conn, now, sent[0].0, &[]);
+    }
+    sent_now(&mut conn, now);
+    now += rtt;
+    peer_ack(&mut conn, now, sent.last().expect("a flight").1, &[]);
+    let after_loss = conn.cwnd() / mss as u64;
+    for _ in 0..20 {
+        let want = conn.cwnd() as usize;
+        assert_eq!(conn.send(&vec![5u8; want]), Ok(want));
+        let sent = sent_now(&mut conn, now);
+        now += rtt;
+        peer_ack(&mut conn, now, sent.last().expect("a flight").1, &[]);
+    }
+    let grown = conn.cwnd() / mss as u64 - after_loss;
+    assert!(
+        grown >= 40,
+        "the window grew by {grown} segments over 20 rounds from {after_loss}"
+    );
+}

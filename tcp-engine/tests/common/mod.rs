@@ -554,8 +554,21 @@ pub fn sent_now(conn: &mut Connection, now: Instant) -> Vec<(u32, u32)> {
 /// A connected client of `cfg`, driven by hand (window scaling and timestamps off, so that the peer's window
 /// field is its window in octets), its peer's window opened, and the time.
 pub fn driven_client(cfg: Config) -> (Connection, Instant) {
-    let cfg = Config {
+    driven(Config {
         window_scaling: false,
+        ..cfg
+    })
+}
+
+/// [`driven_client`] with window scaling as `cfg` says: the peer's window field is scaled
+/// by the shift its SYN offered (`cfg.recv_buffer` sets it), for windows beyond 64 KiB.
+pub fn driven_client_scaled(cfg: Config) -> (Connection, Instant) {
+    driven(cfg)
+}
+
+/// A connected client of `cfg` without timestamps, its peer's window opened, and the time.
+fn driven(cfg: Config) -> (Connection, Instant) {
+    let cfg = Config {
         timestamps: false,
         ..cfg
     };
