@@ -71,14 +71,19 @@ pub(crate) static PEER_LINES: LogRate = LogRate::new(PEER_LINES_PER_SECOND);
 /// out must not use up what a warning needs).
 macro_rules! peer_line {
     (info, $($arg:tt)+) => {
-        $crate::log_rate::peer_line!(@at tracing::Level::INFO, info, $($arg)+)
+        $crate::log_rate::peer_line!(
+            @in $crate::log_rate::PEER_LINES, tracing::Level::INFO, info, $($arg)+
+        )
     };
     (warn, $($arg:tt)+) => {
-        $crate::log_rate::peer_line!(@at tracing::Level::WARN, warn, $($arg)+)
+        $crate::log_rate::peer_line!(
+            @in $crate::log_rate::PEER_LINES, tracing::Level::WARN, warn, $($arg)+
+        )
     };
-    (@at $at:expr, $level:ident, $($arg:tt)+) => {
+    // Within the budget `$budget`, at level `$at` (the `tracing::Level` of `$level`).
+    (@in $budget:expr, $at:expr, $level:ident, $($arg:tt)+) => {
         if tracing::enabled!($at) {
-            if let Some(suppressed) = $crate::log_rate::PEER_LINES.admit() {
+            if let Some(suppressed) = $budget.admit() {
                 if suppressed > 0 {
                     tracing::$level!(suppressed, $($arg)+);
                 } else {
@@ -105,5 +110,25 @@ mod tests {
         assert_eq!(rate.admit_at(8), Some(0));
         let later = (0..100).filter(|_| rate.admit_at(9).is_some()).count();
         assert_eq!(later, 20);
+    }
+
+    /// helper-83's review: lines of a level the subscriber does not write took the budget,
+    /// so with warnings alone written, ordinary connections' info lines used up what the
+    /// warnings of failing ones needed. They take nothing now.
+    #[test]
+    fn lines_not_written_take_nothing_of_the_budget() {
+        let warnings_only = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(warnings_only, || {
+            let rate = LogRate::new(2);
+            for _ in 0..10 {
+                peer_line!(@in rate, tracing::Level::INFO, info, "not written");
+            }
+            assert_eq!(rate.admitted.load(Ordering::Relaxed), 0);
+            peer_line!(@in rate, tracing::Level::WARN, warn, "written");
+            assert_eq!(rate.admitted.load(Ordering::Relaxed), 1);
+        });
     }
 }

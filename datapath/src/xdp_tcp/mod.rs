@@ -624,8 +624,10 @@ impl XdpPort {
         let info = interface_info(ifname)?;
         // The queues running (a NIC may run fewer than it has); a driver that does not say
         // runs all it has (veth reports them, and before 5.14 had no way to change them).
+        // (Never more than it has: veth before Linux 5.14 also reported its queues as
+        // combined channels, each counted twice.)
         let (rx, tx) = match crate::xsk::ethtool::channels(ifname) {
-            Ok(c) if c.rx > 0 && c.tx > 0 => (c.rx, c.tx),
+            Ok(c) if c.rx > 0 && c.tx > 0 => (c.rx.min(info.rx_queues), c.tx.min(info.tx_queues)),
             _ => (info.rx_queues, info.tx_queues),
         };
         let served = rx.min(tx).min(crate::xsk::steering::MAX_QUEUES);
