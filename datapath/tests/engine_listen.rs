@@ -10,44 +10,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{bed, expect_wc, Side, WAIT};
-use datapath::{Access, Connection, Listener, RecvWr, SendOp, SendWr, SgeList, WcOpcode, WcStatus};
+use common::{bed, expect_wc, Side};
+use datapath::{Access, Connection, RecvWr, SendOp, SendWr, SgeList, WcOpcode, WcStatus};
 use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
-
-/// Connects from the socket transport to the engine's `port` and accepts on `listener`;
-/// returns (client, server).
-fn connect_and_accept(
-    listener: &Listener,
-    port: u16,
-    client: &Side,
-    server: &Side,
-) -> (Connection, Connection) {
-    std::thread::scope(|s| {
-        let connecting = s.spawn(|| {
-            bed::Stack::Socket.connect(
-                SocketAddr::from((ADDR_A, port)),
-                &client.pd,
-                &client.cq,
-                &bed::params(),
-                &[],
-            )
-        });
-        let request = listener
-            .accept_timeout(WAIT)
-            .expect("accept")
-            .expect("a connection request");
-        // `rdma_get_local_addr` on the request's id: the engine's address and port.
-        assert_eq!(request.local_addr(), SocketAddr::from((ADDR_A, port)));
-        let accepted = request
-            .accept(&server.pd, &server.cq, &[])
-            .expect("accept the request");
-        let connected = connecting
-            .join()
-            .expect("client thread")
-            .expect("the client connects");
-        (connected, accepted)
-    })
-}
 
 /// A 64-octet Send from `from` to `to` arrives (one receive posted at `to`).
 fn send_arrives(from: (&Connection, &Side), to: (&Connection, &Side), wr_id: u64) {
@@ -86,7 +51,7 @@ fn engine_listener_on_port_0_and_dropped() {
     let port = listener.local_addr().expect("address").port();
     assert_ne!(port, 0, "a listener on port 0 reports the port it took");
     let (client, server) = (Side::new(), Side::new());
-    let (c, s) = connect_and_accept(&listener, port, &client, &server);
+    let (c, s) = bed::socket_client_to_engine(&listener, port, &client, &server, Vec::new());
     send_arrives((&c, &client), (&s, &server), 1);
 
     // Dropped: the connection it accepted lives on; a new one to the port is refused.
@@ -115,7 +80,7 @@ fn engine_listener_on_port_0_and_dropped() {
         .listen(port, bed::params())
         .expect("listen on the port again");
     let (client2, server2) = (Side::new(), Side::new());
-    let (c2, s2) = connect_and_accept(&again, port, &client2, &server2);
+    let (c2, s2) = bed::socket_client_to_engine(&again, port, &client2, &server2, Vec::new());
     send_arrives((&c2, &client2), (&s2, &server2), 4);
     send_arrives((&c, &client), (&s, &server), 5);
     drop(again);
@@ -129,6 +94,6 @@ fn engine_listener_on_port_0_and_dropped() {
         .listen(port, bed::params())
         .expect("listen on the released port");
     let (client3, server3) = (Side::new(), Side::new());
-    let (c3, s3) = connect_and_accept(&third, port, &client3, &server3);
+    let (c3, s3) = bed::socket_client_to_engine(&third, port, &client3, &server3, Vec::new());
     send_arrives((&c3, &client3), (&s3, &server3), 6);
 }

@@ -5,14 +5,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use common::*;
 use datapath::{
     Access, Connection, Listener, MemoryRegion, QpError, RecvWr, SendOp, SendWr, Stag, WcOpcode,
     WcStatus,
 };
-use testbed::{bed_or_skip, ADDR_A, DEV_A, NS_A};
+use testbed::{bed_or_skip, DEV_A, NS_A};
 
 /// A Send of 8 octets from the start of `src` that invalidates `stag` at the peer.
 fn send_invalidating(wr_id: u64, src: &MemoryRegion, stag: Stag) -> SendWr {
@@ -142,25 +140,6 @@ fn engine_refuses_to_invalidate_a_shared_region() {
     let listener = engine.listen(0, bed::params()).expect("listen");
     let port = listener.local_addr().expect("address").port();
     a_peer_cannot_invalidate_a_region_another_connection_shares(&|client, server, recvs| {
-        std::thread::scope(|s| {
-            let connecting = s.spawn(|| {
-                bed::Stack::Socket.connect(
-                    SocketAddr::from((ADDR_A, port)),
-                    &client.pd,
-                    &client.cq,
-                    &bed::params(),
-                    &[],
-                )
-            });
-            let request = listener
-                .accept_timeout(WAIT)
-                .expect("accept")
-                .expect("a connection request");
-            let accepted = request
-                .accept_with_recvs(&server.pd, &server.cq, &[], recvs)
-                .expect("accept the request");
-            let connected = connecting.join().expect("client thread").expect("connect");
-            (connected, accepted)
-        })
+        bed::socket_client_to_engine(&listener, port, client, server, recvs)
     });
 }

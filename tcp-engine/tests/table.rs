@@ -1131,12 +1131,7 @@ fn the_lingering_limit_counts_and_ends_only_what_lingers() {
     t.pump();
     assert_eq!(t.state(half), Some(State::FinWait2));
     // A: TIME-WAIT.
-    let (a_client, a) = t.connect(1);
-    t.server.get_mut(a).expect("live").close_orphaned();
-    t.pump();
-    t.clients.get_mut(a_client).expect("live").close();
-    t.pump();
-    assert_eq!(t.state(a), Some(State::TimeWait));
+    let a = t.close_into_time_wait(1);
     // B: orphaned FIN-WAIT-2 (lingers), then reset by its peer and reaped.
     let (b_client, b) = t.connect(2);
     t.server.get_mut(b).expect("live").close_orphaned();
@@ -1147,12 +1142,7 @@ fn the_lingering_limit_counts_and_ends_only_what_lingers() {
     assert_eq!(t.state(b), Some(State::Closed));
     assert!(t.server.remove(b).is_some());
     // C: TIME-WAIT. A and C linger: within the limit of 2.
-    let (c_client, c) = t.connect(3);
-    t.server.get_mut(c).expect("live").close_orphaned();
-    t.pump();
-    t.clients.get_mut(c_client).expect("live").close();
-    t.pump();
-    assert_eq!(t.state(c), Some(State::TimeWait));
+    let c = t.close_into_time_wait(3);
     assert_eq!(
         t.state(a),
         Some(State::TimeWait),
@@ -1160,11 +1150,7 @@ fn the_lingering_limit_counts_and_ends_only_what_lingers() {
     );
     assert_eq!(t.server.stats().lingering_ended, 0);
     // D: a third one lingering ends the oldest, A; the half-closed one is left alone.
-    let (d_client, d) = t.connect(4);
-    t.server.get_mut(d).expect("live").close_orphaned();
-    t.pump();
-    t.clients.get_mut(d_client).expect("live").close();
-    t.pump();
+    t.close_into_time_wait(4);
     assert_eq!(t.state(a), Some(State::Closed));
     assert_eq!(t.state(c), Some(State::TimeWait));
     assert_eq!(t.state(half), Some(State::FinWait2));

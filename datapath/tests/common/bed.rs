@@ -305,3 +305,43 @@ pub fn device_against<T: Send + 'static>(
         crate::common::WAIT,
     )
 }
+
+/// Connects from the socket transport in `iwb` to the engine's listening `port` in `iwa` and
+/// accepts on `listener` with `recvs` posted (checking that the request names the engine's
+/// address and port); returns (client, server).
+pub fn socket_client_to_engine(
+    listener: &Listener,
+    port: u16,
+    client: &crate::common::Side,
+    server: &crate::common::Side,
+    recvs: Vec<RecvWr>,
+) -> (Connection, Connection) {
+    std::thread::scope(|s| {
+        let connecting = s.spawn(|| {
+            Stack::Socket.connect(
+                SocketAddr::from((testbed::ADDR_A, port)),
+                &client.pd,
+                &client.cq,
+                &params(),
+                &[],
+            )
+        });
+        let request = listener
+            .accept_timeout(crate::common::WAIT)
+            .expect("accept")
+            .expect("a connection request");
+        // `rdma_get_local_addr` on the request's id: the engine's address and port.
+        assert_eq!(
+            request.local_addr(),
+            SocketAddr::from((testbed::ADDR_A, port))
+        );
+        let accepted = request
+            .accept_with_recvs(&server.pd, &server.cq, &[], recvs)
+            .expect("accept the request");
+        let connected = connecting
+            .join()
+            .expect("client thread")
+            .expect("the client connects");
+        (connected, accepted)
+    })
+}
