@@ -579,7 +579,7 @@ struct Tracked {
 struct Listening {
     port: u16,
     /// Shared by the shards listening on the port.
-    _reservation: Arc<Socket>,
+    reservation: Arc<Socket>,
 }
 
 /// What the drivers (shards) of one interface share: the attached steering program, the
@@ -740,12 +740,14 @@ impl XdpPort {
 
 impl XdpPort {
     /// Gives back one driver's share of a listening port's reservation; the last share
-    /// unsteers the port and closes the kernel socket that held it.
+    /// unsteers the port, then closes the kernel socket that held it (in that order: a kernel
+    /// socket that took the port in between would have its segments steered to us).
     fn release_listen(&self, listening: Listening) {
         let mut listens = self.listens.lock().unwrap_or_else(|e| e.into_inner());
         let port = listening.port;
-        drop(listening);
-        if listens.get(&port).and_then(Weak::upgrade).is_none() {
+        // Exact under the lock: the shares are the listeners' `Listening`s (the map holds a
+        // weak reference, upgraded only under the lock).
+        if Arc::strong_count(&listening.reservation) == 1 {
             listens.remove(&port);
             // Failing to unsteer leaves the port's packets steered to sockets that drop them
             // (no listener, no connection): what a port nobody listens on gets anyway.
@@ -753,6 +755,7 @@ impl XdpPort {
                 tracing::warn!(port, error = %e, "a listening port could not be unsteered");
             }
         }
+        drop(listening);
     }
 }
 
@@ -1195,10 +1198,7 @@ impl XdpTcp {
             Some(i) => self.retired.swap_remove(i),
             None => {
                 let (reservation, port) = self.port.reserve_listen(port)?;
-                Listening {
-                    port,
-                    _reservation: reservation,
-                }
+                Listening { port, reservation }
             }
         };
         let port = listening.port;
