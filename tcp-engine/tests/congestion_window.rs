@@ -108,7 +108,7 @@ fn cubic_leaves_idle_and_application_limited_time_out_of_its_growth() {
 /// epoch, ended by the next ACK, so a sender that sends one window per round trip (each
 /// flight acknowledged whole before the next) had every round trip left out and its curve
 /// never advanced: after a loss at a window of 400 segments, 20 rounds of 100 ms grew the
-/// window by the Reno-friendly rate alone (about 11 segments) where the curve gives about 78.
+/// window by the Reno-friendly rate alone (10 segments) where the curve gives about 78.
 #[test]
 fn cubic_advances_for_a_sender_that_empties_its_flight_every_round() {
     const SEGMENTS: u32 = 400;

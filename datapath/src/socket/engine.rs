@@ -14,6 +14,7 @@ use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, TerminateCause};
 use rdmap::{WcOpcode, WcStatus, WorkCompletion};
 
+use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
@@ -55,7 +56,8 @@ pub(super) fn start_engine(
         start: QpStart { num, recvs },
     } = setup;
     match &agreed {
-        Agreed::Mpa(n) => tracing::info!(
+        Agreed::Mpa(n) => peer_line!(
+            info,
             peer = ?stream.peer_addr().ok(),
             initiator,
             rev = n.rev,
@@ -64,7 +66,8 @@ pub(super) fn start_engine(
             markers_rx = n.markers_rx,
             "MPA Full Operation (kernel TCP)"
         ),
-        Agreed::Ift { negotiated: n, .. } => tracing::info!(
+        Agreed::Ift { negotiated: n, .. } => peer_line!(
+            info,
             peer = ?stream.peer_addr().ok(),
             initiator,
             header_crc_tx = n.tx.header_crc,
@@ -356,7 +359,8 @@ impl Engine {
             // At the end: a completion lost here only marks the queue overrun.
             let _ = cq.push(Completion { qp_num: num, wc });
         });
-        tracing::info!(
+        peer_line!(
+            info,
             peer = ?peer,
             state = ?self.qp.state(),
             "TCP connection ended (kernel TCP)"
@@ -372,7 +376,8 @@ impl Engine {
     fn set_error(&self, error: QpError) {
         let terminate = self.qp.remote_terminate();
         match &terminate {
-            Some(t) => tracing::info!(
+            Some(t) => peer_line!(
+                info,
                 error = %error,
                 terminate = ?t,
                 "queue pair in error: the peer sent a Terminate"

@@ -561,7 +561,7 @@ pub fn driven_client(cfg: Config) -> (Connection, Instant) {
 }
 
 /// [`driven_client`] with window scaling as `cfg` says: the peer's window field is scaled
-/// by the shift its SYN offered (`cfg.recv_buffer` sets it), for windows beyond 64 KiB.
+/// by the shift its SYN offered (`cfg.max_recv_window` sets it), for windows beyond 64 KiB.
 pub fn driven_client_scaled(cfg: Config) -> (Connection, Instant) {
     driven(cfg)
 }

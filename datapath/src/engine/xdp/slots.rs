@@ -12,6 +12,7 @@ use rdmap::{QpState, TerminateCause, WcOpcode, WcStatus};
 use tcp_engine::State as TcpState;
 
 use crate::engine::IwarpConn;
+use crate::log_rate::peer_line;
 use crate::verbs::cq::{Completion, CqSink};
 use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent};
@@ -97,7 +98,8 @@ impl Slot {
     pub(super) fn set_error(&self, error: QpError) {
         let terminate = self.conn.qp().remote_terminate();
         match &terminate {
-            Some(t) => tracing::info!(
+            Some(t) => peer_line!(
+                info,
                 peer = %self.peer,
                 error = %error,
                 terminate = ?t,
