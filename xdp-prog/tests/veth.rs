@@ -520,6 +520,36 @@ fn f_frag_needed_about_steered_flows_reaches_af_xdp_ring() {
     }
 }
 
+/// An IPv4 packet (no options, checksums filled in) carrying a TCP segment
+/// `src:sport -> dst:dport` with sequence number 1000, acknowledgment number 2000, window 8192,
+/// `flags` and `payload`, written by `tcp_engine`'s segment emitter.
+fn tcp_packet(
+    src: std::net::Ipv4Addr,
+    sport: u16,
+    dst: std::net::Ipv4Addr,
+    dport: u16,
+    flags: tcp_engine::wire::TcpFlags,
+    payload: &[u8],
+) -> Vec<u8> {
+    let seg = tcp_engine::wire::SegmentRepr {
+        tos: 0,
+        src_addr: src,
+        dst_addr: dst,
+        src_port: sport,
+        dst_port: dport,
+        seq: 1000,
+        ack: 2000,
+        flags,
+        window: 8192,
+        options: tcp_engine::wire::TcpOptions::default(),
+        payload,
+    };
+    let mut packet = vec![0u8; seg.packet_len()];
+    let n = seg.emit(&mut packet).expect("emit");
+    packet.truncate(n);
+    packet
+}
+
 /// Sends one TCP segment `src:sport -> dst:dport` (ACK, 20 octets of data) from the calling
 /// thread's namespace as two IPv4 fragments (24 and 16 octets of the segment) through a raw
 /// socket (the kernel fills in the IPv4 checksum).
@@ -531,25 +561,12 @@ fn send_fragmented_segment(
     id: u16,
 ) {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-    const DATA: usize = 20;
-    let mut whole = vec![0u8; 20 + 20 + DATA];
-    whole[0] = 0x45;
-    let total = whole.len() as u16;
-    whole[2..4].copy_from_slice(&total.to_be_bytes());
-    whole[8] = 64;
-    whole[9] = 6;
-    whole[12..16].copy_from_slice(&src.octets());
-    whole[16..20].copy_from_slice(&dst.octets());
-    let tcp = &mut whole[20..];
-    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
-    tcp[4..8].copy_from_slice(&1000u32.to_be_bytes());
-    tcp[8..12].copy_from_slice(&2000u32.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = 0x18; // PSH, ACK
-    tcp[14..16].copy_from_slice(&8192u16.to_be_bytes());
-    tcp[20..].fill(0x5a);
-    tcp_engine::wire::fill_checksums(&mut whole).expect("checksums");
+    let flags = tcp_engine::wire::TcpFlags {
+        psh: true,
+        ack: true,
+        ..Default::default()
+    };
+    let whole = tcp_packet(src, sport, dst, dport, flags, &[0x5a; 20]);
     let segment = &whole[20..];
     let s = Socket::new(
         Domain::IPV4,
@@ -637,21 +654,11 @@ fn g_first_fragment_of_a_steered_segment_is_dropped() {
 /// An Ethernet frame from `iwb0` to `iwa0` carrying a TCP SYN `ADDR_B:sport -> ADDR_A:dport`,
 /// behind an 802.1Q tag with control information `tci` if one is given.
 fn syn_frame(tci: Option<u16>, sport: u16, dport: u16) -> Vec<u8> {
-    let mut ip = vec![0u8; 40];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    ip[12..16].copy_from_slice(&ADDR_B.octets());
-    ip[16..20].copy_from_slice(&ADDR_A.octets());
-    let tcp = &mut ip[20..];
-    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
-    tcp[4..8].copy_from_slice(&1000u32.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = TCP_SYN;
-    tcp[14..16].copy_from_slice(&8192u16.to_be_bytes());
-    tcp_engine::wire::fill_checksums(&mut ip).expect("checksums");
+    let syn = tcp_engine::wire::TcpFlags {
+        syn: true,
+        ..Default::default()
+    };
+    let ip = tcp_packet(ADDR_B, sport, ADDR_A, dport, syn, &[]);
     let mac = |ns, dev| -> Vec<u8> {
         mac_of(ns, dev)
             .split(':')
