@@ -2646,6 +2646,9 @@ impl QueuePair {
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
         self.take_from_srq(hdr.msn);
+        if self.rtr_sink_pending && !matches!(opcode, Opcode::Send | Opcode::SendSe) {
+            self.refuse_in_rtr_sink(opcode, hdr)?;
+        }
         let mut immediate = 0;
         if opcode.is_immediate() {
             // DDP's checks first (RFC 7306 8.2): the MSN takes a receive, nothing is placed.
@@ -2676,6 +2679,22 @@ impl QueuePair {
             });
         }
         self.deliver_sends(mem)
+    }
+
+    /// The RTR sink of [`QueuePair::expect_rtr`] takes the peer's zero-length Send (RFC 6581
+    /// 9.2 names a zero-length Send; with or without Solicited Event). A message of another
+    /// QN 0 opcode in its place is not expected now (RFC 5040 7.2 rule 2): a Send with
+    /// Invalidate would invalidate an STag with no receive to report it on, an Immediate
+    /// Data message would lose its data.
+    fn refuse_in_rtr_sink(&self, opcode: Opcode, hdr: &UntaggedHeader) -> Result<(), RdmapError> {
+        match self.rq.locate(hdr, 0) {
+            Ok(placement) if matches!(placement.cookie, RecvSlot::RtrSink) => {
+                Err(RdmapError::UnexpectedOpcode {
+                    opcode: opcode as u8,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Places a Send segment's payload into its receive buffer.

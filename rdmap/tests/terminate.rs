@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use ddp::{DdpError, DdpHeader};
-use rdmap::qp::{QpState, SendOp, Sge, TxUlpdu, WcOpcode, WcStatus};
+use rdmap::qp::{QpConfig, QpState, QueuePair, RtrKind, SendOp, Sge, TxUlpdu, WcOpcode, WcStatus};
 use rdmap::wire::{ReadRequest, TerminateHeader};
 use rdmap::{Access, AccessViolation, Opcode, PdId, RdmapError, Stag, TerminateCause};
 
@@ -542,6 +542,76 @@ fn send_with_invalidate_of_a_stag_shared_on_another_stream() {
             .find(|c| c.wr_id == B_RECV);
         assert_eq!(recv.map(|c| c.invalidated), Some(Some(stag)), "{access:?}");
     }
+}
+
+/// A pair where B, the responder of RFC 6581's peer-to-peer mode, expects the peer's first
+/// message to be a zero-length RTR Send ([`QueuePair::expect_rtr`]); otherwise as [`pair`].
+fn pair_expecting_rtr_send(cfg: QpConfig) -> Pair {
+    let mut pair = Pair::with_configs(MULPDU, cfg, cfg);
+    let a_rbuf = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.a.post_recv(A_RECV, a_rbuf, 0, 64);
+    let mut b = QueuePair::new(cfg);
+    b.expect_rtr(RtrKind::Send).unwrap();
+    b.enter_rts(cfg.ird, cfg.ord);
+    pair.b.qp = b;
+    let b_rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(B_RECV, b_rbuf, 0, 64);
+    pair.b.post(
+        B_SEND,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        None,
+    );
+    pair
+}
+
+/// The RTR sink takes a zero-length Send and nothing else of QN 0 (RFC 6581 9.2; RFC 5040
+/// 7.2 rule 2): a Send with Invalidate in its place is refused, and its STag stays valid
+/// (swallowed, it was invalidated with no receive to say so).
+#[test]
+fn an_rtr_that_invalidates_is_refused() {
+    let mut pair = pair_expecting_rtr_send(config());
+    let target = pair.b.region(vec![0; 8], 0, Access::REMOTE_WRITE);
+    send(&mut pair, 0, Some(target));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 4 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+    assert!(pair.b.mem.info(target).unwrap().valid);
+    assert_b_flushed(&mut pair, true);
+    assert_a_flushed(&mut pair);
+}
+
+/// An Immediate Data message (RFC 7306 6) in the RTR sink's place is refused too: it would
+/// have been swallowed, its data lost.
+#[test]
+fn an_rtr_with_immediate_data_is_refused() {
+    let mut pair = pair_expecting_rtr_send(config_ext());
+    inject(&mut pair, untagged(0x41, 0x48, 0, 1, &[7; 8]));
+    verify(
+        &pair,
+        RdmapError::UnexpectedOpcode { opcode: 8 },
+        (0, 2, 6),
+        true,
+        false,
+    );
+    assert_b_flushed(&mut pair, true);
+}
+
+/// A zero-length Send with Solicited Event is an RTR as good as a plain one.
+#[test]
+fn a_solicited_rtr_send_is_taken() {
+    let mut pair = pair_expecting_rtr_send(config());
+    inject(&mut pair, untagged(0x41, 0x45, 0, 1, &[]));
+    assert!(pair.log.iter().all(|t| t.result.is_ok()));
+    assert_eq!(pair.b.qp.state(), QpState::Rts);
+    // The user's receive is left for the first real Send.
+    assert!(pair.b.completions().iter().all(|c| c.wr_id != B_RECV));
 }
 
 #[test]
