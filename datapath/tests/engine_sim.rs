@@ -1099,6 +1099,36 @@ fn octets_held_beyond_a_gap_never_filled_end_the_connection() {
     );
 }
 
+/// The same gap before the responder has received any FPDU: it may send nothing yet, not
+/// even a Terminate (RFC 5044 7.1.2 rule 4), so the held timeout closes the connection
+/// instead. A Terminate queued there could never go out: the queue pair stayed in Terminate
+/// and the connection open for as long as the peer kept it.
+#[test]
+fn a_gap_before_the_responders_first_fpdu_closes_the_connection() {
+    let mut bed = bed(14, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let data = pattern(80 << 10, 79);
+    bed.b.drop_once = Some(data[..32].to_vec());
+    bed.b.drop_again = u32::MAX;
+    let start = bed.net.now;
+    post_write(&mut bed, &r, 1, &data);
+    bed.run_until("responder closed", Duration::from_secs(40), |_, b| {
+        b.iw.qp().state() == QpState::Error
+            && b.tcp
+                .as_ref()
+                .is_none_or(|t| t.state() != tcp_engine::State::Established)
+    });
+    let waited = bed.net.now - start;
+    let b = bed.b.counters();
+    assert_eq!(b.held_timeouts, 1, "{b:?}");
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
+        "ended after {waited:?}"
+    );
+    assert!(bed.b.iw.qp().local_terminate().is_none());
+}
+
 /// The memory a connection takes at its first out-of-order octet (the 1 MiB reassembly ring,
 /// the scan buffers) goes back once the store has stayed empty for a second, and is taken
 /// again at the next loss: connections a peer once sent out of order and then left idle do

@@ -160,7 +160,8 @@ pub struct ConnConfig {
     /// or placed early and not yet delivered) may wait while the in-order point does not move:
     /// then the peer is not filling the gap (its TCP gave up retransmitting, or it means to
     /// keep our memory held) and the connection ends with a Terminate (local catastrophic
-    /// error, RFC 5040 7.4.1). The mirror of TCP's user timeout (RFC 5482) for the peer's
+    /// error, RFC 5040 7.4.1), or, on a Responder that has received no FPDU yet and so may
+    /// send none (RFC 5044 7.1.2 rule 4), closes without one. The mirror of TCP's user timeout (RFC 5482) for the peer's
     /// data. Default 30 s; `None`: no limit.
     pub held_timeout: Option<Duration>,
     /// Memory shared with other connections that pays for the reassembly store's ring when
@@ -887,9 +888,7 @@ impl IwarpConn {
                 if now >= at {
                     self.held_deadline = None;
                     self.counters.held_timeouts += 1;
-                    self.rx_dead = true;
-                    self.qp
-                        .on_transport_error(TerminateCause::LocalCatastrophic);
+                    self.fail_locally();
                 }
             }
             _ => self.held_deadline = Some((self.consumed, now + timeout)),
@@ -1004,7 +1003,7 @@ impl IwarpConn {
                 self.qp.send_rtr(rtr_kind(kind));
             }
         }
-        self.allocate_for_full();
+        let allocated = self.allocate_for_full();
         self.chains.reserve(MAX_CHAINS);
         let full = Full {
             rx_start,
@@ -1015,11 +1014,16 @@ impl IwarpConn {
             negotiated,
         };
         self.phase = Phase::Full(Box::new(full));
+        if !allocated {
+            self.fail_locally();
+        }
     }
 
     /// What Full Operation needs, either framing: the transmit ring, the placement records and
-    /// the reassembly store at its full size.
-    fn allocate_for_full(&mut self) {
+    /// the reassembly store at its full size. False if the store could not grow (the caller
+    /// fails the connection once in Full Operation: [`IwarpConn::fail_locally`]).
+    #[must_use]
+    fn allocate_for_full(&mut self) -> bool {
         self.tx = TxRing::new(self.cfg.max_tx_fpdus.max(1));
         self.placed.reserve(self.cfg.max_placed_fpdus.min(1 << 16));
         if self
@@ -1036,23 +1040,25 @@ impl IwarpConn {
             // spent: the peer sent data behind its Request (or indication) before our Reply,
             // which no conforming peer does, and it is given nothing more.
             self.counters.store_refusals += 1;
-            self.rx_dead = true;
-            self.qp
-                .on_transport_error(TerminateCause::LocalCatastrophic);
+            return false;
         }
+        true
     }
 
     /// IFT Full Operation: the ring, the placement records and the full store as for MPA;
     /// IRD and ORD from `cfg.mpa` (IFT negotiates neither).
     fn enter_ift_full(&mut self, negotiated: ift::Negotiated) {
         self.qp.enter_rts(self.cfg.mpa.ird, self.cfg.mpa.ord);
-        self.allocate_for_full();
+        let allocated = self.allocate_for_full();
         self.phase = Phase::IftFull(Box::new(IftFull {
             decoder: FrameDecoder::new(negotiated.rx),
             encoder: FrameEncoder::new(negotiated.tx),
             written: Written::new(),
             negotiated,
         }));
+        if !allocated {
+            self.fail_locally();
+        }
     }
 
     /// The queue pair: post work requests, poll completions, read its state.
@@ -1436,9 +1442,7 @@ impl IwarpConn {
                 if refused == StoreRefused::NoMemory {
                     self.counters.store_refusals += 1;
                 }
-                self.rx_dead = true;
-                self.qp
-                    .on_transport_error(TerminateCause::LocalCatastrophic);
+                self.fail_locally();
             }
         }
         // The peak is taken in `on_data`, once the segment is fully processed.
@@ -1531,9 +1535,7 @@ impl IwarpConn {
                 return;
             }
             Some(StoreRefused::Full) => {
-                self.rx_dead = true;
-                self.qp
-                    .on_transport_error(TerminateCause::LocalCatastrophic);
+                self.fail_locally();
                 return;
             }
             None => {}
@@ -1974,6 +1976,32 @@ impl IwarpConn {
         self.rx_dead = true;
     }
 
+    /// Whether we may send FPDUs, a Terminate among them: in Full Operation, unless we are an
+    /// MPA Responder that has not yet received a valid FPDU (RFC 5044 7.1.2 rule 4). Before
+    /// Full Operation no FPDU can be framed.
+    fn may_send_fpdus(&self) -> bool {
+        match &self.phase {
+            Phase::Full(full) => full.may_send,
+            Phase::IftFull(_) => true,
+            _ => false,
+        }
+    }
+
+    /// A local error (the reassembly store or the budget refusing the peer's data, a gap
+    /// never filled): the connection ends, with a Terminate for a local catastrophic error
+    /// (RFC 5040 7.1) where we may send one; where we may not, it just closes, as on an MPA
+    /// error then. A Terminate that could never be sent would leave the queue pair in
+    /// Terminate, the connection open and its work never flushed.
+    fn fail_locally(&mut self) {
+        self.rx_dead = true;
+        let cause = if self.may_send_fpdus() {
+            TerminateCause::LocalCatastrophic
+        } else {
+            TerminateCause::ConnectionLost
+        };
+        self.qp.on_transport_error(cause);
+    }
+
     fn startup_failed(&mut self, e: MpaError) {
         self.events.push_back(ConnEvent::StartupFailed(e));
         self.phase = Phase::Done;
@@ -2166,9 +2194,7 @@ impl IwarpConn {
         if speculation {
             self.ift_failed(IftError::SpeculationMismatch { offset: at });
         } else {
-            self.rx_dead = true;
-            self.qp
-                .on_transport_error(TerminateCause::LocalCatastrophic);
+            self.fail_locally();
         }
     }
 
