@@ -845,7 +845,8 @@ fn malformed_enhanced_request_is_error_4() {
 #[test]
 fn unenhanced_reply_to_enhanced_request_keeps_local_values() {
     // A Responder that answers without the RFC 6581 block (Rev 1, or Rev 2 with S=0) did not
-    // negotiate: the Initiator keeps its own IRD/ORD and the client-server model.
+    // negotiate: the Initiator keeps its own IRD/ORD and the client-server model, unless it
+    // asked for peer-to-peer.
     let now = Instant::now();
     let config = MpaConfig {
         ird: 3,
@@ -867,6 +868,23 @@ fn unenhanced_reply_to_enhanced_request_keeps_local_values() {
         );
         assert!(negotiated.crc, "we sent C=1");
         assert_eq!(negotiated.peer_params, None);
+    }
+    // Unless the Initiator asked for peer-to-peer: an unenhanced Reply agrees to no RTR
+    // (RFC 6581 9.2: code 7, and the Terminate in the Reply's framing).
+    let p2p = MpaConfig {
+        peer_to_peer: true,
+        ..config.clone()
+    };
+    for reply in [
+        hex("4d504120494420526570204672616d65 00 01 0000"),
+        hex("4d504120494420526570204672616d65 00 02 0000"),
+    ] {
+        let mut initiator = Initiator::new(p2p.clone(), &[], now).unwrap();
+        assert_eq!(initiator.feed(&reply, now), Err(MpaError::NoMatchingRtr));
+        assert_eq!(
+            initiator.terminate_encoder(),
+            Some(mpa::FpduEncoder::new(true, false))
+        );
     }
     // But S=1 in a Reply to a Rev 1 Request is malformed.
     let rev1 = MpaConfig {
