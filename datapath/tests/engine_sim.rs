@@ -1129,6 +1129,62 @@ fn a_gap_before_the_responders_first_fpdu_closes_the_connection() {
     assert!(bed.b.iw.qp().local_terminate().is_none());
 }
 
+/// A peer-to-peer Responder whose Initiator's RTR never comes (every copy lost here; a peer
+/// that completes the exchange and then says nothing): setup ends with the RTR (RFC 6581 5),
+/// so `MpaConfig::timeout` after the accept the Responder closes the connection, sending
+/// nothing (it may not, RFC 5044 7.1.2 rule 4), and its queued work is flushed.
+#[test]
+fn a_peer_to_peer_responder_without_its_rtr_closes() {
+    let mpa = MpaConfig {
+        peer_to_peer: true,
+        rtr_send: true,
+        rtr_write: false,
+        rtr_read: false,
+        timeout: Duration::from_secs(4),
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(15, LinkConfig::default(), mpa);
+    // The RTR: a zero-length Send, the first message on QN 0 (MSN 1).
+    let rtr_header = [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+    bed.b.drop_once = Some(rtr_header.to_vec());
+    bed.b.drop_again = u32::MAX;
+    bed.establish();
+    // (B accepted a round trip before A learned of it.)
+    let accepted = bed.net.now;
+    assert!(bed.b.iw.negotiated().unwrap().rtr.is_some());
+    bed.run_until("RTR timeout", Duration::from_secs(10), |_, b| {
+        b.events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::MpaFailed(mpa::MpaError::RtrTimeout)))
+            && b.iw.qp().state() == QpState::Error
+    });
+    let waited = bed.net.now - accepted;
+    assert!(
+        waited >= Duration::from_millis(3900) && waited < Duration::from_secs(5),
+        "closed after {waited:?}"
+    );
+    assert!(bed.b.iw.qp().local_terminate().is_none());
+}
+
+/// The RTR that comes in time ends the deadline: the connection lives on past it.
+#[test]
+fn an_rtr_in_time_leaves_the_connection_up() {
+    let mpa = MpaConfig {
+        peer_to_peer: true,
+        timeout: Duration::from_secs(4),
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(16, LinkConfig::default(), mpa);
+    bed.establish();
+    run_for(&mut bed, Duration::from_secs(6));
+    assert_eq!(bed.b.iw.qp().state(), QpState::Rts);
+    assert!(bed
+        .b
+        .events
+        .iter()
+        .all(|e| !matches!(e, ConnEvent::MpaFailed(_))));
+}
+
 /// The memory a connection takes at its first out-of-order octet (the 1 MiB reassembly ring,
 /// the scan buffers) goes back once the store has stayed empty for a second, and is taken
 /// again at the next loss: connections a peer once sent out of order and then left idle do

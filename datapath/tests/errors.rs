@@ -20,6 +20,7 @@ use ddp::DdpHeader;
 use mpa::{MpaConfig, MpaError};
 use rdmap::wire::{layer, rdmap_etype};
 use rdmap::ReadRequest;
+use std::time::Duration;
 
 const TAGGED_HEADER: usize = 14;
 const UNTAGGED_HEADER: usize = 18;
@@ -275,6 +276,56 @@ fn no_common_rtr_kind_ends_with_a_terminate_of_code_7() {
     assert_eq!(st.state, QpState::Error);
     let t = st.remote_terminate.expect("the client's Terminate");
     assert_eq!((t.layer, t.etype, t.code), (layer::LLP, 0, 7), "{t:?}");
+}
+
+/// A peer-to-peer client that finishes the MPA exchange and then sends nothing, not even its
+/// RTR (RFC 6581 5: setup ends with it): `MpaConfig::timeout` after the accept the server's
+/// queue pair ends in Error with `RtrTimeout`, having sent nothing (a responder may not
+/// before the first FPDU, RFC 5044 7.1.2 rule 4), and the connection is closed.
+#[test]
+fn a_peer_to_peer_client_that_never_sends_its_rtr_is_cut_off() {
+    use std::io::Read;
+    let server_params = params(MpaConfig {
+        timeout: Duration::from_secs(2),
+        ..MpaConfig::default()
+    });
+    let listener = Listener::bind(any_port(), server_params).unwrap();
+    let request = mpa::Initiator::new(
+        MpaConfig {
+            peer_to_peer: true,
+            ..MpaConfig::default()
+        },
+        &[],
+        std::time::Instant::now(),
+    )
+    .unwrap()
+    .request()
+    .to_vec();
+    let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    std::io::Write::write_all(&mut peer, &request).unwrap();
+    let server = Side::new();
+    let req = listener.accept_timeout(WAIT).unwrap().expect("the Request");
+    let accepted = std::time::Instant::now();
+    let s = req.accept(&server.pd, &server.cq, &[]).unwrap();
+    // The Reply (20 octets and the RFC 6581 block), and nothing after it.
+    peer.set_read_timeout(Some(WAIT)).unwrap();
+    let mut reply = [0u8; 24];
+    peer.read_exact(&mut reply).unwrap();
+    assert!(s.qp.wait_finished(WAIT), "server QP did not end");
+    let waited = accepted.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(10),
+        "ended after {waited:?}"
+    );
+    let st = s.qp.status();
+    assert_eq!(st.state, QpState::Error);
+    assert_eq!(st.error, Some(QpError::Mpa(MpaError::RtrTimeout)));
+    assert_eq!(st.sent_terminate, None);
+    let mut rest = Vec::new();
+    assert_eq!(
+        peer.read_to_end(&mut rest).map(|_| rest.len()).unwrap_or(0),
+        0
+    );
 }
 
 #[test]

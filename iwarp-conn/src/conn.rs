@@ -370,6 +370,10 @@ struct Full {
     encoder: FpduEncoder,
     /// RFC 5044 7.1.2 rule 4: the Responder sends nothing before a valid FPDU arrived.
     may_send: bool,
+    /// A peer-to-peer Responder's deadline for the RTR (RFC 6581 5: setup ends with it),
+    /// `MpaConfig::timeout` after the accept; `None` once the first FPDU came, and in the
+    /// client-server model (where an Initiator may stay silent as long as it likes).
+    rtr_deadline: Option<Instant>,
 }
 
 /// IFT Full Operation: frames both ways, received ones processed in order.
@@ -872,6 +876,22 @@ impl IwarpConn {
         }
     }
 
+    /// A peer-to-peer Responder still without the RTR at its deadline closes the connection
+    /// ([`MpaError::RtrTimeout`]), as a startup that never finishes does.
+    fn rtr_deadline(&mut self, now: Instant) {
+        let Phase::Full(full) = &mut self.phase else {
+            return;
+        };
+        if full.may_send {
+            full.rtr_deadline = None;
+            return;
+        }
+        if full.rtr_deadline.is_some_and(|at| now >= at) {
+            full.rtr_deadline = None;
+            self.mpa_failed(MpaError::RtrTimeout, false);
+        }
+    }
+
     /// [`ConnConfig::held_timeout`]: armed when data waits beyond a gap (held octets, FPDUs
     /// placed early), moved on whenever the in-order point has moved since, fired when it has
     /// not by then.
@@ -1005,12 +1025,15 @@ impl IwarpConn {
         }
         let allocated = self.allocate_for_full();
         self.chains.reserve(MAX_CHAINS);
+        let may_send = self.initiator || !negotiated.responder_waits_for_fpdu;
         let full = Full {
             rx_start,
             decoder: FpduDecoder::new(negotiated.crc, negotiated.markers_rx),
             locator: FpduLocator::new(negotiated.crc, negotiated.markers_rx),
             encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
-            may_send: self.initiator || !negotiated.responder_waits_for_fpdu,
+            may_send,
+            rtr_deadline: (!may_send && negotiated.rtr.is_some())
+                .then(|| self.now + self.cfg.mpa.timeout),
             negotiated,
         };
         self.phase = Phase::Full(Box::new(full));
@@ -2356,6 +2379,7 @@ impl IwarpConn {
         if !matches!(self.phase, Phase::Full(_) | Phase::IftFull(_) | Phase::Done) {
             self.startup_deadlines();
         } else {
+            self.rtr_deadline(now);
             self.held_deadline(now);
         }
         // What pass-ups gave back went to TCP with their answers, and a refusal came as a TCP
@@ -2738,6 +2762,10 @@ impl IwarpConn {
     /// from the TCP connection).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let held = self.held_deadline.map(|(_, at)| at);
+        let rtr = match &self.phase {
+            Phase::Full(full) if !full.may_send => full.rtr_deadline,
+            _ => None,
+        };
         let release = self
             .store_idle_since
             .map(|since| since + STORE_IDLE_RELEASE);
@@ -2750,7 +2778,7 @@ impl IwarpConn {
             _ => None,
         };
         let startup = deadline.map(|d| Instant::ZERO + d.saturating_duration_since(self.epoch));
-        [startup, held, release].into_iter().flatten().min()
+        [startup, rtr, held, release].into_iter().flatten().min()
     }
 
     /// Whether there is something to send that TCP has not taken yet.

@@ -29,6 +29,13 @@ pub enum MpaError {
     #[error("the MPA Request was neither accepted nor rejected in time")]
     AcceptTimeout,
 
+    /// Responder in the peer-to-peer model: the Initiator's RTR (RFC 6581 section 5), which
+    /// ends connection setup, did not arrive within `MpaConfig::timeout` of the accept; the
+    /// connection is closed (code 1, as for [`MpaError::StartupTimeout`]; nothing is sent, a
+    /// Responder may send nothing before it, RFC 5044 7.1.2 rule 4).
+    #[error("the peer's RTR did not arrive in time")]
+    RtrTimeout,
+
     /// The Responder rejected the connection (Reply with R=1, RFC 5044 section 7.1.2 rule 3),
     /// or this side rejected it. MPA is left and the TCP connection is closed by the ULP, so
     /// this maps to code 1 (connection closed); it is never sent in a Terminate because the
@@ -148,6 +155,7 @@ impl MpaError {
             MpaError::ConnectionLost
             | MpaError::StartupTimeout
             | MpaError::AcceptTimeout
+            | MpaError::RtrTimeout
             | MpaError::Rejected => 1,
             MpaError::CrcMismatch { .. } => 2,
             MpaError::MarkerMismatch { .. } | MpaError::ReceivedUlpduTooLong { .. } => 3,
@@ -173,6 +181,7 @@ mod tests {
         assert_eq!(MpaError::ConnectionLost.code(), 1);
         assert_eq!(MpaError::StartupTimeout.code(), 1);
         assert_eq!(MpaError::AcceptTimeout.code(), 1);
+        assert_eq!(MpaError::RtrTimeout.code(), 1);
         assert_eq!(MpaError::Rejected.code(), 1);
         let crc = MpaError::CrcMismatch {
             computed: 1,

@@ -66,7 +66,9 @@ pub struct MpaConfig {
     /// The most private data (PD_Length, RFC 6581 block included) accepted from the peer;
     /// never more than 512. Default 512.
     pub max_private_data: usize,
-    /// How long the startup may take before it fails (RFC 5044 section 7.1.2 rules 8 and 10).
+    /// How long the startup may take before it fails (RFC 5044 section 7.1.2 rules 8 and 10);
+    /// for a peer-to-peer Responder, also how long after its accept the Initiator's RTR may
+    /// take ([`MpaError::RtrTimeout`], RFC 6581 section 5; the transports keep that deadline).
     /// Default 10 s.
     pub timeout: Duration,
     /// Responder: how long a valid Request may wait for the ULP's accept or reject before the

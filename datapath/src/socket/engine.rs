@@ -6,7 +6,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -142,6 +142,10 @@ pub(super) fn start_engine(
             qp.send_rtr(rtr_kind(kind));
         }
     }
+    let may_send = match &agreed {
+        Agreed::Mpa(n) => initiator || !n.responder_waits_for_fpdu,
+        Agreed::Ift { .. } => true,
+    };
     let shared = Shared::new(qp.state());
     // Receives posted with the connect or accept count against the receive queue from the
     // start.
@@ -156,10 +160,9 @@ pub(super) fn start_engine(
         cmds: cmd_rx,
         framer: Framer::new(&agreed),
         // RFC 5044 7.1.2 rule 4 (MPA only): the Responder sends nothing before a valid FPDU.
-        may_send: match &agreed {
-            Agreed::Mpa(n) => initiator || !n.responder_waits_for_fpdu,
-            Agreed::Ift { .. } => true,
-        },
+        may_send,
+        rtr_deadline: (!may_send && rtr.is_some())
+            .then(|| crate::verbs::timeout::deadline_after(params.mpa.timeout)),
         qp,
         account,
         table: pd.table.clone(),
@@ -288,6 +291,9 @@ struct Engine {
     framer: Framer,
     /// RFC 5044 7.1.2: the Responder sends nothing before it has received a valid FPDU.
     may_send: bool,
+    /// A peer-to-peer Responder's deadline for the RTR (RFC 6581 5), `MpaConfig::timeout`
+    /// after the accept: see [`Engine::rtr_deadline`].
+    rtr_deadline: Option<Instant>,
     cq: CqSink,
     num: u32,
     shared: Arc<Shared>,
@@ -329,6 +335,7 @@ impl Engine {
             }
             let mut progress = self.handle_commands(false);
             progress |= self.receive();
+            self.rtr_deadline();
             progress |= self.transmit();
             progress |= self.deliver_completions();
             self.publish_status();
@@ -575,6 +582,23 @@ impl Engine {
                 TerminateCause::ConnectionLost
             };
             self.qp.on_transport_error(cause);
+            self.rx_closed = true;
+        }
+    }
+
+    /// A peer-to-peer Responder still without the RTR at its deadline (a peer that finished
+    /// the exchange and said nothing more) closes the connection, sending nothing: it may
+    /// not (RFC 5044 7.1.2 rule 4), and setup ends with the RTR (RFC 6581 5).
+    fn rtr_deadline(&mut self) {
+        let Some(at) = self.rtr_deadline else {
+            return;
+        };
+        if self.may_send {
+            self.rtr_deadline = None;
+        } else if Instant::now() >= at {
+            self.rtr_deadline = None;
+            self.set_error(QpError::Mpa(mpa::MpaError::RtrTimeout));
+            self.qp.on_transport_error(TerminateCause::ConnectionLost);
             self.rx_closed = true;
         }
     }
