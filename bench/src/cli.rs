@@ -45,7 +45,7 @@ pub struct PerftestCompat {
     /// Wait for completions on a completion channel (`req_notify` on the queue, then the
     /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of the queue's
     /// blocking wait (perftest's `-e`). Latency ping-pongs always poll.
-    #[arg(short = 'e', long = "use_event")]
+    #[arg(short = 'e', long = "use_event", visible_alias = "events")]
     pub use_event: bool,
     /// Latency tests: print every sample in microseconds, in the order taken, before the
     /// result line (perftest's `-U`).
@@ -53,13 +53,20 @@ pub struct PerftestCompat {
     pub report_unsorted: bool,
     /// Latency tests: print the samples sorted, the two largest left out, before the result
     /// line (perftest's `-H`; a cumulative distribution to plot).
-    #[arg(short = 'H', long = "report-histogram")]
+    #[arg(short = 'H', long = "report-histogram", alias = "report-histogrm")]
     pub report_histogram: bool,
     /// perftest's `--tos` (rdma_cm's `RDMA_OPTION_ID_TOS`): the IP Type of Service octet of
     /// this side's TCP segments, the DSCP in its upper six bits (`ConnectParams::tos`; the
     /// server's applies to its SYN-ACKs too). Default 0.
-    #[arg(long = "tos", value_name = "TOS")]
+    #[arg(short = 'T', long = "tos", value_name = "TOS")]
     pub tos: Option<u8>,
+    /// perftest's `-N/--noPeak`: accepted; no peak bandwidth is measured here (the peak
+    /// column is always 0.00, as perftest's with `-N`).
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// perftest's `-c/--connection`: only RC, iWARP's one connection type.
+    #[arg(short = 'c', long = "connection", value_name = "TYPE", value_parser = ["RC"])]
+    pub connection: Option<String>,
 }
 
 impl PerftestCompat {
@@ -193,7 +200,7 @@ pub struct Cli {
     #[arg(short = 'n', long)]
     pub iters: Option<u64>,
     /// Run every power-of-two size from 2 bytes to 8 MiB.
-    #[arg(short = 'a', long)]
+    #[arg(short = 'a', long, visible_alias = "all")]
     pub all_sizes: bool,
     /// Run each size for this many seconds instead of a fixed number of iterations (with
     /// `--run_infinitely`: the interval between result lines).
@@ -233,7 +240,7 @@ pub struct Cli {
     /// message's data when it completes, and a batch's data has left the cache by then. At
     /// most `--tx-depth` (a larger value acts as `--tx-depth`); 1: every work request
     /// signaled. The last one of a run is always signaled.
-    #[arg(long)]
+    #[arg(short = 'Q', long)]
     pub cq_mod: Option<u32>,
     /// Bandwidth tests: message slots of the registered buffer the work requests cycle
     /// through (1-1024; default 0: one per outstanding work request, up to what the buffer
@@ -272,8 +279,13 @@ pub struct Cli {
     /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
     /// of the expected value with the next one; either way the client checks every original
     /// value and the server the counter's final value.
-    #[arg(short = 'A', long, value_enum, default_value_t = AtomicType::FetchAndAdd)]
+    #[arg(short = 'A', long, visible_alias = "atomic_type", value_enum,
+          default_value_t = AtomicType::FetchAndAdd)]
     pub atomic_type: AtomicType,
+    /// perftest's `-R/--rdma_cm`: accepted; connections are always set up as rdma_cm sets
+    /// them up (TCP, then the MPA exchange).
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
     /// Print one JSON object with the results on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

@@ -18,37 +18,55 @@ pub struct LatencyResult {
 }
 
 impl LatencyResult {
-    /// Summarises samples (microseconds). Empty input gives zeros.
+    /// Summarises samples (microseconds) as perftest's `print_report_lat` does, so that our
+    /// rows and a real perftest's on the other end agree: sorted, the
+    /// [`LAT_MEASURE_TAIL`] largest left out (one-off stalls), then over the `m` left: t_min
+    /// the smallest, t_max the next sample above them (the largest but one), t_typical
+    /// their median (the mean of the middle two when `m` is even), t_avg and t_stdev their
+    /// mean and population standard deviation, p99 and p99.9 the samples at `ceil(m x q)`.
+    /// Fewer than four samples are summarised whole. Empty input gives zeros; `iterations`
+    /// is the number of samples.
     pub fn from_samples(bytes: u64, samples: &mut [f64]) -> Self {
         samples.sort_by(|a, b| a.total_cmp(b));
         let n = samples.len();
-        let pick = |q: f64| -> f64 {
-            if n == 0 {
-                return 0.0;
-            }
-            let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
-            samples[i]
-        };
-        let avg = if n == 0 {
-            0.0
+        if n == 0 {
+            return Self {
+                bytes,
+                iterations: 0,
+                t_min_us: 0.0,
+                t_max_us: 0.0,
+                t_typical_us: 0.0,
+                t_avg_us: 0.0,
+                t_stdev_us: 0.0,
+                p99_us: 0.0,
+                p99_9_us: 0.0,
+            };
+        }
+        let m = if n > LAT_MEASURE_TAIL + 1 {
+            n - LAT_MEASURE_TAIL
         } else {
-            samples.iter().sum::<f64>() / n as f64
+            n
         };
-        let var = if n < 2 {
-            0.0
+        let kept = &samples[..m];
+        let at = |i: usize| samples[i.min(n - 1)];
+        let quantile = |q: f64| at((m as f64 * q).ceil() as usize);
+        let median = if m % 2 == 0 {
+            (kept[m / 2 - 1] + kept[m / 2]) / 2.0
         } else {
-            samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / (n - 1) as f64
+            kept[m / 2]
         };
+        let avg = kept.iter().sum::<f64>() / m as f64;
+        let var = kept.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / m as f64;
         Self {
             bytes,
             iterations: n as u64,
-            t_min_us: samples.first().copied().unwrap_or(0.0),
-            t_max_us: samples.last().copied().unwrap_or(0.0),
-            t_typical_us: pick(0.5),
+            t_min_us: kept[0],
+            t_max_us: at(m),
+            t_typical_us: median,
             t_avg_us: avg,
             t_stdev_us: var.sqrt(),
-            p99_us: pick(0.99),
-            p99_9_us: pick(0.999),
+            p99_us: quantile(0.99),
+            p99_9_us: quantile(0.999),
         }
     }
 }
@@ -202,17 +220,38 @@ mod tests {
 
     use super::*;
 
+    /// perftest's `print_report_lat` over 1..=1000: the two largest left out (m = 998),
+    /// t_max `delta[m]`, the median of an even count the mean of the middle two, the
+    /// percentiles `delta[ceil(m x q)]`, avg and stdev over the m kept (population).
     #[test]
-    fn latency_summary() {
+    fn latency_summary_as_perftest_computes_it() {
         let mut s: Vec<f64> = (1..=1000).map(f64::from).collect();
         s.reverse();
         let r = LatencyResult::from_samples(64, &mut s);
+        assert_eq!(r.iterations, 1000);
         assert_eq!(r.t_min_us, 1.0);
-        assert_eq!(r.t_max_us, 1000.0);
-        assert_eq!(r.t_typical_us, 500.0);
+        assert_eq!(r.t_max_us, 999.0);
+        assert_eq!(r.t_typical_us, 499.5);
         assert_eq!(r.p99_us, 990.0);
         assert_eq!(r.p99_9_us, 999.0);
-        assert!((r.t_avg_us - 500.5).abs() < 1e-9);
+        assert!((r.t_avg_us - 499.5).abs() < 1e-9);
+        // Population variance of 1..=998: (998^2 - 1) / 12.
+        let stdev = ((998.0f64 * 998.0 - 1.0) / 12.0).sqrt();
+        assert!((r.t_stdev_us - stdev).abs() < 1e-9, "{}", r.t_stdev_us);
+        // One stall among steady samples moves neither the maximum nor the mean.
+        let mut s = vec![2.0; 99];
+        s.push(150.0);
+        let r = LatencyResult::from_samples(64, &mut s);
+        assert_eq!((r.t_max_us, r.t_avg_us, r.t_stdev_us), (2.0, 2.0, 0.0));
+        // An odd count left: the middle sample.
+        let mut s = vec![5.0, 1.0, 3.0, 100.0, 200.0];
+        let r = LatencyResult::from_samples(64, &mut s);
+        assert_eq!((r.t_min_us, r.t_typical_us, r.t_max_us), (1.0, 3.0, 100.0));
+        // Three samples or fewer: all of them.
+        let mut s = vec![4.0, 2.0];
+        let r = LatencyResult::from_samples(64, &mut s);
+        assert_eq!((r.t_min_us, r.t_max_us, r.t_typical_us), (2.0, 4.0, 3.0));
+        assert!(LatencyResult::from_samples(64, &mut []).t_max_us == 0.0);
     }
 
     #[test]

@@ -762,8 +762,16 @@ fn accept_side(
         return accept_side_ift(cli, req, first);
     }
     let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
-        let _ = req.reject(b"iwarp-bench: malformed hello");
-        return Err("client sent a malformed hello in its private data".into());
+        let _ = req.reject(
+            b"iwarp-bench: not an iwarp-bench client (a perftest client, or \
+              `iwarp-bench perftest`, needs an `iwarp-bench perftest` server)",
+        );
+        return Err(
+            "the client's private data is not an iwarp-bench hello: a perftest \
+                    client (ib_write_bw, `iwarp-bench perftest`) needs `iwarp-bench perftest` \
+                    as its server"
+                .into(),
+        );
     };
     if let Err(why) = check_hello(cli, &hello, first) {
         let _ = req.reject(format!("iwarp-bench: {why}").as_bytes());
@@ -1567,9 +1575,9 @@ fn client_session(
                 ops = r.iterations;
                 bw_results.push(r);
             } else {
-                let (mut samples, checked) = client_lat(side, size, duration)?;
+                let (mut samples, timed, checked) = client_lat(side, size, duration)?;
                 client_verified += checked;
-                ops = samples.len() as u64;
+                ops = timed;
                 if !cli.json && (cli.compat.report_unsorted || cli.compat.report_histogram) {
                     // As perftest: the samples, then the header again before the result line.
                     if cli.compat.report_unsorted {
@@ -1581,7 +1589,8 @@ fn client_session(
                     println!("{}", report::RESULT_LINE);
                     println!("{}", report::LAT_HEADER);
                 }
-                let r = LatencyResult::from_samples(size, &mut samples);
+                let mut r = LatencyResult::from_samples(size, &mut samples);
+                r.iterations = timed;
                 if !cli.json {
                     println!("{}", report::lat_row(&r));
                 }
@@ -1675,8 +1684,10 @@ fn client_connect(
     } else {
         conn.private_data.clone()
     };
-    let remote = proto::decode_welcome(&welcome)
-        .ok_or("server sent a malformed welcome in its private data")?;
+    let remote = proto::decode_welcome(&welcome).ok_or(
+        "the server's private data is not an iwarp-bench welcome: is it a perftest \
+             server (ib_write_bw, `iwarp-bench perftest`)? Run `iwarp-bench perftest` against it",
+    )?;
     if remote.len < hello.buffer_len() {
         return Err("server's buffer is smaller than the run needs".into());
     }
@@ -2004,15 +2015,26 @@ fn client_bw(
     Ok((result, checked))
 }
 
+/// The most latency samples a size keeps (80 MB): a `-D` run longer than that many round
+/// trips (about 40 s at 4 us) summarises its first ones, and says so.
+const MAX_LAT_SAMPLES: usize = 10_000_000;
+
+/// One size of a latency test from the client: the samples kept (at most
+/// [`MAX_LAT_SAMPLES`]), the operations timed, and the octets checked.
 fn client_lat(
     side: &mut Side,
     size: u64,
     duration: Option<Duration>,
-) -> Result<(Vec<f64>, u64), String> {
+) -> Result<(Vec<f64>, u64, u64), String> {
     let test = side.hello.test;
     let max = side.max_size();
     let iters = side.hello.iters;
-    let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+    let mut samples = Vec::with_capacity(iters.min(MAX_LAT_SAMPLES as u64) as usize);
+    let keep = |samples: &mut Vec<f64>, us: f64| {
+        if samples.len() < MAX_LAT_SAMPLES {
+            samples.push(us);
+        }
+    };
     // The pong lands at offset `max`; clear its last byte so stamp 1 is news.
     side.data.write((max + size - 1) as usize, &[0]);
     let start = Instant::now();
@@ -2070,7 +2092,7 @@ fn client_lat(
                 } else {
                     wait_pong(side, test, max, size, i)?;
                 }
-                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                keep(&mut samples, t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 if !side.lat_check(SERVER_SEED, max, size, i) {
                     return Err(format!("{}: reply {i} has wrong content", test.name()));
                 }
@@ -2103,7 +2125,7 @@ fn client_lat(
                         ));
                     }
                 }
-                samples.push(t0.elapsed().as_secs_f64() * 1e6);
+                keep(&mut samples, t0.elapsed().as_secs_f64() * 1e6);
                 if test == TestKind::AtomicLat {
                     let original = side.original(0);
                     if original != i {
@@ -2121,7 +2143,15 @@ fn client_lat(
     }
     // Put the pattern back where the stamp went, for the next size.
     side.fill(CLIENT_SEED, size - 1, 1);
-    Ok((samples, checked))
+    if i > samples.len() as u64 {
+        eprintln!(
+            "{}: {size} B: the latency figures are of the first {} of {i} round trips \
+             (at most {MAX_LAT_SAMPLES} samples are kept)",
+            test.name(),
+            samples.len()
+        );
+    }
+    Ok((samples, i, checked))
 }
 
 /// Waits for the pong of iteration `i` with Immediate Data: the receive its Immediate Data

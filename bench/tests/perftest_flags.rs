@@ -87,6 +87,17 @@ const CASES: &[Case] = &[
         rows: 1,
         iterations: Some(400),
     },
+    // An iWARP user's habitual line: rdma_cm, RC, CQ moderation, ToS, no peak, events, and
+    // the InfiniBand options that mean nothing here.
+    Case {
+        test: "write-bw",
+        flags: &[
+            "-R", "-c", "RC", "-Q", "1", "-T", "0", "-N", "--events", "-x", "0", "-d", "siw0",
+            "-n", "300",
+        ],
+        rows: 1,
+        iterations: Some(300),
+    },
 ];
 
 /// The result rows of a table (lines that start with a size and an iteration count).

@@ -19,8 +19,9 @@ pub enum DatapathError {
     /// 4) failed; an MPA peer shows as [`ift::IftError::BadMagic`].
     #[error("IFT error (code {code}): {0}", code = .0.code())]
     Ift(#[from] ift::IftError),
-    /// The responder rejected the connection (MPA Reply with R=1), with its private data.
-    #[error("connection rejected by peer ({} bytes of private data)", .private_data.len())]
+    /// The responder rejected the connection (MPA Reply with R=1), with its private data
+    /// (shown as text when it is text: applications often give their reason there).
+    #[error("connection rejected by peer{}", rejection_reason(.private_data))]
     Rejected {
         /// Private data from the Reply.
         private_data: Vec<u8>,
@@ -201,5 +202,58 @@ impl QpError {
             io::ErrorKind::TimedOut => QpError::PeerUnreachable,
             k => QpError::Transport(k),
         }
+    }
+}
+
+/// How [`DatapathError::Rejected`] shows the peer's private data: `: "text"` when it is
+/// printable UTF-8 (trailing NULs dropped, at most 200 characters shown), otherwise its size.
+fn rejection_reason(private_data: &[u8]) -> String {
+    let text = std::str::from_utf8(private_data)
+        .ok()
+        .map(|t| t.trim_end_matches('\0'))
+        .filter(|t| !t.is_empty() && !t.chars().any(char::is_control));
+    match text {
+        Some(t) if t.chars().count() > 200 => {
+            format!(": \"{}...\"", t.chars().take(200).collect::<String>())
+        }
+        Some(t) => format!(": \"{t}\""),
+        None => format!(" ({} bytes of private data)", private_data.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatapathError;
+
+    /// A rejection's text reason is shown; binary private data by its size.
+    #[test]
+    fn a_rejection_shows_its_reason_when_it_is_text() {
+        let shown = |pd: &[u8]| {
+            DatapathError::Rejected {
+                private_data: pd.to_vec(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            shown(b"server busy\0\0\0"),
+            "connection rejected by peer: \"server busy\""
+        );
+        assert_eq!(
+            shown(&[0x10, 0x00, 0x7f, 0xff]),
+            "connection rejected by peer (4 bytes of private data)"
+        );
+        assert_eq!(
+            shown(b""),
+            "connection rejected by peer (0 bytes of private data)"
+        );
+        assert_eq!(
+            shown(b"a\nb"),
+            "connection rejected by peer (3 bytes of private data)"
+        );
+        let long = "x".repeat(300);
+        assert_eq!(
+            shown(long.as_bytes()),
+            format!("connection rejected by peer: \"{}...\"", "x".repeat(200))
+        );
     }
 }
