@@ -1127,6 +1127,15 @@ fn a_gap_before_the_responders_first_fpdu_closes_the_connection() {
         "ended after {waited:?}"
     );
     assert!(bed.b.iw.qp().local_terminate().is_none());
+    // The application hears that we closed it, and why (not that the peer did).
+    assert!(
+        bed.b
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::ClosedLocally(_))),
+        "{:?}",
+        bed.b.events
+    );
 }
 
 /// A peer-to-peer Responder whose Initiator's RTR never comes (every copy lost here; a peer
@@ -1164,6 +1173,44 @@ fn a_peer_to_peer_responder_without_its_rtr_closes() {
         "closed after {waited:?}"
     );
     assert!(bed.b.iw.qp().local_terminate().is_none());
+}
+
+/// The RTR's time counts from the accept, not from the Request, nor from the connection's
+/// last poll (an engine runs the application's accept command before the connection's next
+/// turn): an application that takes 3 s to accept still gives the RTR the whole
+/// `MpaConfig::timeout`.
+#[test]
+fn the_rtr_deadline_counts_from_the_accept() {
+    let mpa = MpaConfig {
+        peer_to_peer: true,
+        rtr_send: true,
+        rtr_write: false,
+        rtr_read: false,
+        timeout: Duration::from_secs(4),
+        ..MpaConfig::default()
+    };
+    let mut bed = bed(17, LinkConfig::default(), mpa);
+    let rtr_header = [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+    bed.b.drop_once = Some(rtr_header.to_vec());
+    bed.b.drop_again = u32::MAX;
+    bed.b.ignore_request = true;
+    bed.run_until("the Request", Duration::from_secs(2), |_, b| {
+        b.events.iter().any(|e| matches!(e, ConnEvent::Request(_)))
+    });
+    run_for(&mut bed, Duration::from_secs(3));
+    // Accepted between polls, as the engine's command runs.
+    bed.b.iw.accept(b"server").expect("accept");
+    let accepted = bed.net.now;
+    bed.run_until("RTR timeout", Duration::from_secs(10), |_, b| {
+        b.events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::MpaFailed(mpa::MpaError::RtrTimeout)))
+    });
+    let waited = bed.net.now - accepted;
+    assert!(
+        waited >= Duration::from_millis(3900) && waited < Duration::from_secs(5),
+        "closed {waited:?} after the accept"
+    );
 }
 
 /// The RTR that comes in time ends the deadline: the connection lives on past it.

@@ -312,8 +312,15 @@ pub enum ConnEvent {
     /// kernel socket reports as ECONNREFUSED).
     ConnectionRefused,
     /// An MPA error in Full Operation (CRC, Marker, framing): the receive direction stopped
-    /// and a Terminate was queued.
+    /// and a Terminate was queued, unless this is a Responder that may send nothing yet
+    /// (RFC 5044 7.1.2 rule 4), whose connection just closes (as for
+    /// [`MpaError::RtrTimeout`]).
     MpaFailed(MpaError),
+    /// A local error (a gap never filled, the reassembly store or budget refusing the peer's
+    /// data) on a Responder that may send nothing yet (RFC 5044 7.1.2 rule 4): the
+    /// connection closes without a Terminate, for this reason. (Where a Terminate may be
+    /// sent, it is: the queue pair's local Terminate says why.)
+    ClosedLocally(&'static str),
     /// The TCP connection ended; the TCP event says how (the peer's FIN, a normal close, the
     /// peer's reset, retransmissions unanswered, or a transmit source that failed).
     TransportClosed(TcpEvent),
@@ -370,9 +377,12 @@ struct Full {
     encoder: FpduEncoder,
     /// RFC 5044 7.1.2 rule 4: the Responder sends nothing before a valid FPDU arrived.
     may_send: bool,
-    /// A peer-to-peer Responder's deadline for the RTR (RFC 6581 5: setup ends with it),
-    /// `MpaConfig::timeout` after the accept; `None` once the first FPDU came, and in the
-    /// client-server model (where an Initiator may stay silent as long as it likes).
+    /// A peer-to-peer Responder waits for the RTR (RFC 6581 5: setup ends with it); false
+    /// once the first FPDU came or the connection failed, and in the client-server model
+    /// (where an Initiator may stay silent as long as it likes).
+    awaiting_rtr: bool,
+    /// The RTR's deadline, `MpaConfig::timeout` from the first poll in Full Operation (the
+    /// accept's time: `accept` is told no time).
     rtr_deadline: Option<Instant>,
 }
 
@@ -882,13 +892,23 @@ impl IwarpConn {
         let Phase::Full(full) = &mut self.phase else {
             return;
         };
-        if full.may_send {
+        if !full.awaiting_rtr {
+            return;
+        }
+        if full.may_send || self.rx_dead || self.qp.state() != QpState::Rts {
+            // The RTR came, or the connection failed or is closing otherwise.
+            full.awaiting_rtr = false;
             full.rtr_deadline = None;
             return;
         }
-        if full.rtr_deadline.is_some_and(|at| now >= at) {
-            full.rtr_deadline = None;
-            self.mpa_failed(MpaError::RtrTimeout, false);
+        match full.rtr_deadline {
+            None => full.rtr_deadline = Some(now + self.cfg.mpa.timeout),
+            Some(at) if now >= at => {
+                full.awaiting_rtr = false;
+                full.rtr_deadline = None;
+                self.mpa_failed(MpaError::RtrTimeout, false);
+            }
+            Some(_) => {}
         }
     }
 
@@ -908,7 +928,7 @@ impl IwarpConn {
                 if now >= at {
                     self.held_deadline = None;
                     self.counters.held_timeouts += 1;
-                    self.fail_locally();
+                    self.fail_locally("data waited beyond a gap the peer never filled");
                 }
             }
             _ => self.held_deadline = Some((self.consumed, now + timeout)),
@@ -1032,13 +1052,13 @@ impl IwarpConn {
             locator: FpduLocator::new(negotiated.crc, negotiated.markers_rx),
             encoder: FpduEncoder::new(negotiated.crc, negotiated.markers_tx),
             may_send,
-            rtr_deadline: (!may_send && negotiated.rtr.is_some())
-                .then(|| self.now + self.cfg.mpa.timeout),
+            awaiting_rtr: !may_send && negotiated.rtr.is_some(),
+            rtr_deadline: None,
             negotiated,
         };
         self.phase = Phase::Full(Box::new(full));
         if !allocated {
-            self.fail_locally();
+            self.fail_locally("the reassembly budget could not hold the peer's early data");
         }
     }
 
@@ -1080,7 +1100,7 @@ impl IwarpConn {
             negotiated,
         }));
         if !allocated {
-            self.fail_locally();
+            self.fail_locally("the reassembly budget could not hold the peer's early data");
         }
     }
 
@@ -1465,7 +1485,7 @@ impl IwarpConn {
                 if refused == StoreRefused::NoMemory {
                     self.counters.store_refusals += 1;
                 }
-                self.fail_locally();
+                self.fail_locally("the reassembly store could not hold the peer's data");
             }
         }
         // The peak is taken in `on_data`, once the segment is fully processed.
@@ -1558,7 +1578,7 @@ impl IwarpConn {
                 return;
             }
             Some(StoreRefused::Full) => {
-                self.fail_locally();
+                self.fail_locally("the peer sent beyond the reassembly store");
                 return;
             }
             None => {}
@@ -2015,14 +2035,15 @@ impl IwarpConn {
     /// (RFC 5040 7.1) where we may send one; where we may not, it just closes, as on an MPA
     /// error then. A Terminate that could never be sent would leave the queue pair in
     /// Terminate, the connection open and its work never flushed.
-    fn fail_locally(&mut self) {
+    fn fail_locally(&mut self, reason: &'static str) {
         self.rx_dead = true;
-        let cause = if self.may_send_fpdus() {
-            TerminateCause::LocalCatastrophic
+        if self.may_send_fpdus() {
+            self.qp
+                .on_transport_error(TerminateCause::LocalCatastrophic);
         } else {
-            TerminateCause::ConnectionLost
-        };
-        self.qp.on_transport_error(cause);
+            self.qp.on_transport_error(TerminateCause::ConnectionLost);
+            self.events.push_back(ConnEvent::ClosedLocally(reason));
+        }
     }
 
     fn startup_failed(&mut self, e: MpaError) {
@@ -2217,7 +2238,7 @@ impl IwarpConn {
         if speculation {
             self.ift_failed(IftError::SpeculationMismatch { offset: at });
         } else {
-            self.fail_locally();
+            self.fail_locally("data given back for want of memory was acknowledged already");
         }
     }
 
@@ -2250,14 +2271,7 @@ impl IwarpConn {
             // The located FPDU disagrees with the in-order framing (a CRC that matched by
             // chance, or a hostile peer): a framing error, code 3.
             let may_send = full.may_send;
-            self.mpa_failed(
-                MpaError::MarkerMismatch {
-                    marker_position: position,
-                    fpduptr: 0,
-                    expected: 0,
-                },
-                may_send,
-            );
+            self.mpa_failed(MpaError::LocatedFpduMismatch { position }, may_send);
             return;
         }
         full.decoder.reset(p.end - full.rx_start);
@@ -2763,7 +2777,7 @@ impl IwarpConn {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let held = self.held_deadline.map(|(_, at)| at);
         let rtr = match &self.phase {
-            Phase::Full(full) if !full.may_send => full.rtr_deadline,
+            Phase::Full(full) if full.awaiting_rtr => full.rtr_deadline,
             _ => None,
         };
         let release = self

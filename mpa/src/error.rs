@@ -65,6 +65,17 @@ pub enum MpaError {
         expected: u16,
     },
 
+    /// An FPDU placed early (located out of order: aligned at a segment's start, or found by
+    /// a Marker, its CRC good) is not where the in-order chain of ULPDU_Length fields puts an
+    /// FPDU when the in-order pass reaches it: the two framings disagree (a CRC that matched
+    /// by chance, or a peer that does not frame as it must), code 3 as for a Marker that
+    /// disagrees (RFC 5044 section 8).
+    #[error("the FPDU located out of order at stream position {position} is not on the in-order framing")]
+    LocatedFpduMismatch {
+        /// Stream position (octets since SeqStart) where the located FPDU starts.
+        position: u64,
+    },
+
     /// A received ULPDU_Length is larger than this receiver accepts. The FPDU cannot be
     /// buffered, so its CRC cannot be checked; the length field does not delimit an acceptable
     /// FPDU, which we report as a framing disagreement, code 3 (RFC 5044 section 8).
@@ -158,7 +169,9 @@ impl MpaError {
             | MpaError::RtrTimeout
             | MpaError::Rejected => 1,
             MpaError::CrcMismatch { .. } => 2,
-            MpaError::MarkerMismatch { .. } | MpaError::ReceivedUlpduTooLong { .. } => 3,
+            MpaError::MarkerMismatch { .. }
+            | MpaError::LocatedFpduMismatch { .. }
+            | MpaError::ReceivedUlpduTooLong { .. } => 3,
             MpaError::InvalidKey
             | MpaError::PrivateDataTooLong { .. }
             | MpaError::UnsupportedRevision { .. }
@@ -195,6 +208,7 @@ mod tests {
         };
         assert_eq!(marker.code(), 3);
         assert_eq!(MpaError::ReceivedUlpduTooLong { len: 9, max: 8 }.code(), 3);
+        assert_eq!(MpaError::LocatedFpduMismatch { position: 9 }.code(), 3);
         assert_eq!(MpaError::InvalidKey.code(), 4);
         assert_eq!(
             MpaError::PrivateDataTooLong { len: 513, max: 512 }.code(),

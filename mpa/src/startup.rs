@@ -497,12 +497,13 @@ impl Initiator {
             ));
         }
         let (ird, ord, rtr) = match reply.enhanced {
-            // A Responder that answered without the block (Rev 1, or S=0) did not negotiate
-            // (RFC 6581 section 10 asks an enhanced Responder to answer enhanced, and lets an
-            // Initiator fall back to RFC 5044's startup): keep our values and the
-            // client-server model. Not when we asked for peer-to-peer: an application that
-            // needs the Responder free to send first would wait for an RTR nobody agreed to
-            // (no compatible RTR model, RFC 6581 9.2).
+            // A Responder that answered without the block (Rev 1, or S=0) did not negotiate.
+            // RFC 6581 section 10 has an enhanced Responder answer enhanced and an
+            // unenhanced one close, and lets the Initiator retry with RFC 5044's startup;
+            // we take such a Reply as that startup at once (older Rev 1 peers answer so):
+            // our values, the client-server model. Not when we asked for peer-to-peer: an
+            // application that needs the Responder free to send first would wait for an RTR
+            // nobody agreed to (no compatible RTR model, RFC 6581 9.2).
             None if config.peer_to_peer => return Err(MpaError::NoMatchingRtr),
             None => (config.ird, config.ord, None),
             Some(responder) => Initiator::negotiate(config, &responder)?,

@@ -593,7 +593,8 @@ impl Engine {
         let Some(at) = self.rtr_deadline else {
             return;
         };
-        if self.may_send {
+        if self.may_send || self.rx_closed || self.qp.state() != QpState::Rts {
+            // The RTR came, or the connection failed or is closing otherwise.
             self.rtr_deadline = None;
         } else if Instant::now() >= at {
             self.rtr_deadline = None;

@@ -585,8 +585,17 @@ impl TcpApp for App<'_> {
                     )));
                 }
                 ConnEvent::MpaFailed(e) => {
-                    peer_line!(warn, peer = %slot.peer, error = %e, "MPA error: Terminate sent");
+                    if slot.conn.qp().local_terminate().is_some() {
+                        peer_line!(warn, peer = %slot.peer, error = %e, "MPA error: Terminate sent");
+                    } else {
+                        // A responder that may send nothing yet (RFC 5044 7.1.2 rule 4).
+                        peer_line!(warn, peer = %slot.peer, error = %e, "MPA error: connection closed");
+                    }
                     slot.set_error(QpError::Mpa(e));
+                }
+                ConnEvent::ClosedLocally(reason) => {
+                    peer_line!(warn, peer = %slot.peer, reason, "connection closed");
+                    slot.set_error(QpError::Local(reason));
                 }
                 ConnEvent::TransmitSourceFailed(e) => {
                     peer_line!(warn, peer = %slot.peer, error = %e, "a frame's source memory is gone: connection reset");
