@@ -60,8 +60,8 @@ pub struct PerftestCompat {
     /// server's applies to its SYN-ACKs too). Default 0.
     #[arg(short = 'T', long = "tos", value_name = "TOS")]
     pub tos: Option<u8>,
-    /// perftest's `-N/--noPeak`: accepted; no peak bandwidth is measured here (the peak
-    /// column is always 0.00, as perftest's with `-N`).
+    /// perftest's `-N/--noPeak`: the peak bandwidth column 0.00, as perftest's with `-N`
+    /// (`iwarp-bench perftest` measures a peak otherwise; the main tool never does).
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
     /// perftest's `-c/--connection`: only RC, iWARP's one connection type.

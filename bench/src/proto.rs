@@ -227,8 +227,10 @@ pub enum Ctrl {
     /// `-b`'s reverse connection, checking side -> sending side: receives posted, go.
     Ready,
     /// `-b`'s reverse connection, sending side -> checking side, after each phase: what the
-    /// sender measured (`iterations` in `micros` microseconds), for the client's sum.
-    Report { iterations: u64, micros: u32 },
+    /// sender measured (`iterations` in `micros` microseconds), for the client's sum. On the
+    /// wire in microseconds, or in milliseconds (flag 1) for phases longer than 32 bits of
+    /// microseconds hold (71 minutes).
+    Report { iterations: u64, micros: u64 },
 }
 
 impl Ctrl {
@@ -251,7 +253,14 @@ impl Ctrl {
             Ctrl::Ready => b[0] = 4,
             Ctrl::Report { iterations, micros } => {
                 b[0] = 5;
-                b[4..8].copy_from_slice(&micros.to_be_bytes());
+                let time = match u32::try_from(micros) {
+                    Ok(us) => us,
+                    Err(_) => {
+                        b[1] = 1;
+                        u32::try_from(micros / 1000).unwrap_or(u32::MAX)
+                    }
+                };
+                b[4..8].copy_from_slice(&time.to_be_bytes());
                 b[8..16].copy_from_slice(&iterations.to_be_bytes());
             }
         }
@@ -274,7 +283,7 @@ impl Ctrl {
             4 => Some(Ctrl::Ready),
             5 => Some(Ctrl::Report {
                 iterations: v,
-                micros: n,
+                micros: u64::from(n) * if flag == 1 { 1000 } else { 1 },
             }),
             _ => None,
         }
@@ -410,9 +419,25 @@ mod tests {
                 iterations: 5000,
                 micros: 123_456,
             },
+            Ctrl::Report {
+                iterations: 1 << 40,
+                micros: u64::from(u32::MAX),
+            },
         ] {
             assert_eq!(Ctrl::decode(&c.encode()), Some(c));
         }
+        // A phase longer than 32 bits of microseconds (71.6 minutes) goes in milliseconds.
+        let long = Ctrl::Report {
+            iterations: 7,
+            micros: 3 * 3_600_000_000 + 123_456,
+        };
+        assert_eq!(
+            Ctrl::decode(&long.encode()),
+            Some(Ctrl::Report {
+                iterations: 7,
+                micros: 3 * 3_600_000_000 + 123_000,
+            })
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@ impl LatencyResult {
     /// [`LAT_MEASURE_TAIL`] largest left out (one-off stalls), then over the `m` left: t_min
     /// the smallest, t_max the next sample above them (the largest but one), t_typical
     /// their median (the mean of the middle two when `m` is even), t_avg and t_stdev their
-    /// mean and population standard deviation, p99 and p99.9 the samples at `ceil(m x q)`.
+    /// mean and population standard deviation (in floating point, as perftest 6's; older
+    /// perftests truncated each deviation to whole microseconds), p99 and p99.9 the samples
+    /// at `ceil(m x q)`.
     /// Fewer than four samples are summarised whole. Empty input gives zeros; `iterations`
     /// is the number of samples.
     pub fn from_samples(bytes: u64, samples: &mut [f64]) -> Self {
@@ -173,7 +175,10 @@ pub fn lat_samples_report(samples: &[f64], sorted: bool) -> String {
     let mut v = samples.to_vec();
     if sorted {
         v.sort_by(f64::total_cmp);
-        v.truncate(v.len().saturating_sub(LAT_MEASURE_TAIL));
+        // As `LatencyResult::from_samples`: three samples or fewer are kept whole.
+        if v.len() > LAT_MEASURE_TAIL + 1 {
+            v.truncate(v.len() - LAT_MEASURE_TAIL);
+        }
     }
     let mut out = String::from("#, usec\n");
     for (i, s) in v.iter().enumerate() {

@@ -1041,7 +1041,7 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
         finish_phase(side, size, r.iterations)?;
         side.send_ctrl(Ctrl::Report {
             iterations: r.iterations,
-            micros: (r.seconds * 1e6).clamp(1.0, f64::from(u32::MAX)) as u32,
+            micros: (r.seconds * 1e6).max(1.0) as u64,
         })?;
         sent += r.iterations;
     }
@@ -1324,7 +1324,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         side.reports.push(BandwidthResult::new(
                             size,
                             iterations,
-                            f64::from(micros) / 1e6,
+                            micros as f64 / 1e6,
                         ));
                         break;
                     }
@@ -2016,7 +2016,7 @@ fn client_bw(
 }
 
 /// The most latency samples a size keeps (80 MB): a `-D` run longer than that many round
-/// trips (about 40 s at 4 us) summarises its first ones, and says so.
+/// trips (80 s at a half round trip of 4 us) summarises its first ones, and says so.
 const MAX_LAT_SAMPLES: usize = 10_000_000;
 
 /// One size of a latency test from the client: the samples kept (at most

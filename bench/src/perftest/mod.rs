@@ -224,6 +224,8 @@ struct Run {
     gbits: bool,
     report_unsorted: bool,
     report_histogram: bool,
+    /// `-N`: no peak bandwidth (the column 0.00).
+    no_peak: bool,
     run_infinitely: bool,
     /// `-l`: Writes per posted list.
     post_list: u64,
@@ -362,6 +364,7 @@ impl Run {
             gbits: cli.compat.report_gbits,
             report_unsorted: cli.compat.report_unsorted,
             report_histogram: cli.compat.report_histogram,
+            no_peak: cli.compat.no_peak,
             run_infinitely: cli.run_infinitely,
             post_list: cli.post_list,
             inline_size: cli.compat.inline_size.map_or(0, u64::from),
@@ -1764,8 +1767,8 @@ impl Session {
                         .first()
                         .map_or(0.0, |t| progress.duration_since(*t).as_secs_f64());
                     let r = bw_report(size, done, secs, fastest(&t_post, &t_done), self.run.gbits);
-                    // perftest prints no peak above 20,000 messages.
-                    if keep_times {
+                    // perftest prints no peak above 20,000 messages, nor with -N.
+                    if keep_times && !self.run.no_peak {
                         r
                     } else {
                         BwReport { bw_peak: 0.0, ..r }
@@ -2180,7 +2183,10 @@ impl Session {
                 table.push(report::RESULT_LINE.into());
                 table.push(report::LAT_HEADER.into());
             }
-            let r = LatencyResult::from_samples(size, &mut samples);
+            let mut r = LatencyResult::from_samples(size, &mut samples);
+            // perftest's row gives `-n`, whichever side and however many samples it timed
+            // (a client times the round trips between its Writes: one fewer).
+            r.iterations = self.run.iters;
             table.push(report::lat_row(&r));
             results.push(r);
         }
