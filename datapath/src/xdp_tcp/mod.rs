@@ -427,9 +427,9 @@ pub struct XdpTcpStats {
     pub rx_frames: u64,
     /// Frames dropped because they are not IPv4/TCP.
     pub rx_not_ipv4_tcp: u64,
-    /// TCP segments dropped because they are for another IPv4 address than the engine's
-    /// (the steering program matches ports alone): answered, the table would reset them from
-    /// an address that is not ours.
+    /// Frames dropped because they are for another host: sent to another MAC address than
+    /// the interface's (or a group address), or TCP segments for another IPv4 address than
+    /// the engine's (answered, the table would reset them from an address that is not ours).
     pub rx_not_for_us: u64,
     /// IPv4 packets the table rejected (checksum, header, options; by reason in `table`).
     pub rx_malformed: u64,
@@ -1678,6 +1678,7 @@ impl XdpTcp {
             ..
         } = self;
         let mut rx = Rx {
+            local_mac: port.mac,
             table,
             neigh,
             stats,
@@ -1986,6 +1987,8 @@ fn open_sockets(
 
 /// What receiving one frame needs (the driver's fields, borrowed apart from its sockets).
 struct Rx<'a> {
+    /// The interface's MAC address: frames to any other are not ours.
+    local_mac: [u8; 6],
     table: &'a mut ConnectionTable,
     neigh: &'a mut Neighbours,
     stats: &'a mut XdpTcpStats,
@@ -2058,6 +2061,14 @@ impl Rx<'_> {
         shard: Option<&ShardCtx>,
         app: &mut A,
     ) {
+        // A frame to another station's MAC address (a NIC in promiscuous mode, a switch
+        // flooding an unknown address) or to a group address: not for this host, as the
+        // kernel judges it (it takes only PACKET_HOST frames for TCP, and drops other hosts'
+        // before IP); the steering program looks at addresses and ports alone.
+        if frame.get(..6) != Some(&self.local_mac[..]) {
+            self.stats.rx_not_for_us += 1;
+            return;
+        }
         let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
             match frame::ipv4_icmp_packet(frame) {
                 Some(ip) => self.icmp(ip, frame, shard),
@@ -2066,10 +2077,10 @@ impl Rx<'_> {
             return;
         };
         let (ip, src_ip) = (peek.packet(), peek.src_addr());
-        // A segment for another address (the steering program matches destination ports
-        // alone): not ours to answer. The table would take it for a stray segment and reset
-        // it from that address, a RST forged from a host we are not, sent where its sender
-        // chose.
+        // A segment for another address (the steering program matches our address too:
+        // defence in depth): not ours to answer. The table would take it for a stray segment
+        // and reset it from that address, a RST forged from a host we are not, sent where
+        // its sender chose.
         if peek.dst_addr() != self.accept.local_ip {
             self.stats.rx_not_for_us += 1;
             return;
@@ -2402,6 +2413,7 @@ mod tests {
             let mut attention = Attention::new(16);
             let mut conns = Vec::new();
             let mut rx = Rx {
+                local_mac: [2; 6],
                 table,
                 neigh: &mut neigh,
                 stats,
@@ -2517,6 +2529,39 @@ mod tests {
                 assert_eq!(server.len(), usize::from(answered), "to {to}");
             }
             assert_eq!(stats.rx_not_for_us, 1);
+        }
+
+        /// A SYN to our address and port but to another station's MAC address (a
+        /// promiscuous NIC, a flooding switch) or to the broadcast address is not for us, as
+        /// the kernel judges it: dropped unanswered. The same SYN to our MAC opens a
+        /// connection.
+        #[test]
+        fn a_frame_for_another_mac_address_is_not_answered() {
+            let now = tcp_engine::Instant::from_millis(1);
+            let mut server = ConnectionTable::new([1; 16], 8);
+            server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
+            let mut stats = XdpTcpStats::default();
+            let mut buf = vec![0u8; 2048];
+            for (mac, answered) in [([6; 6], false), ([0xff; 6], false), ([2; 6], true)] {
+                let mut client = ConnectionTable::new([2; 16], 4);
+                let t = FourTuple {
+                    local_addr: REMOTE,
+                    local_port: 5000,
+                    remote_addr: LOCAL,
+                    remote_port: 40000,
+                };
+                client
+                    .connect(TcpConfig::default(), t, now)
+                    .expect("connect");
+                let n = client.poll_transmit(now, &mut buf).expect("SYN");
+                let mut frame = framed(&buf[..n]);
+                frame[..6].copy_from_slice(&mac);
+                receive_on(&mut server, &mut stats, &frame, None);
+                let replied = server.poll_transmit(now, &mut buf).is_some();
+                assert_eq!(replied, answered, "to {mac:x?}");
+                assert_eq!(server.len(), usize::from(answered), "to {mac:x?}");
+            }
+            assert_eq!(stats.rx_not_for_us, 2);
         }
 
         /// Shards: a client whose SYN got a SYN cookie (the half-open queue is full) and whose
