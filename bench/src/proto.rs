@@ -18,7 +18,15 @@ pub const CTRL_LEN: usize = 16;
 /// Control receive buffers each side keeps posted.
 pub const CTRL_SLOTS: usize = 64;
 
-const HELLO_MAGIC: &[u8; 4] = b"IWB5";
+/// The client's hello; its version changes with anything two iwarp-bench builds must agree
+/// on (IWB6: `-b`'s Report may carry milliseconds), so that mismatched builds refuse each
+/// other at once (see [`is_other_version`]).
+const HELLO_MAGIC: &[u8; 4] = b"IWB6";
+
+/// Whether `private_data` is the hello of an iwarp-bench of another version.
+pub fn is_other_version(private_data: &[u8]) -> bool {
+    private_data.starts_with(b"IWB") && !private_data.starts_with(HELLO_MAGIC)
+}
 const WELCOME_MAGIC: &[u8; 4] = b"IWB2";
 
 /// The client's description of the run.

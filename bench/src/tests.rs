@@ -762,6 +762,15 @@ fn accept_side(
         return accept_side_ift(cli, req, first);
     }
     let Some((hello, client_buf)) = Hello::decode(req.private_data()) else {
+        if proto::is_other_version(req.private_data()) {
+            let _ = req
+                .reject(b"iwarp-bench: the server is another version: run one build on both ends");
+            return Err(
+                "the client is an iwarp-bench of another version: run one build on both \
+                        ends"
+                    .into(),
+            );
+        }
         let _ = req.reject(
             b"iwarp-bench: not an iwarp-bench client (a perftest client, or \
               `iwarp-bench perftest`, needs an `iwarp-bench perftest` server)",

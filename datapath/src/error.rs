@@ -192,6 +192,11 @@ pub enum QpError {
     /// A local failure that should not happen (a bug): the connection was ended.
     #[error("local failure: {0}")]
     Local(&'static str),
+    /// We closed the connection for a local limit the peer's data ran into (a gap it never
+    /// filled, the reassembly store or budget), at a time no Terminate could be sent to say
+    /// so (a responder before the peer's first FPDU, RFC 5044 7.1.2 rule 4).
+    #[error("connection closed: {0}")]
+    ClosedLocally(&'static str),
 }
 
 impl QpError {

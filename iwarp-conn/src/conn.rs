@@ -317,9 +317,10 @@ pub enum ConnEvent {
     /// [`MpaError::RtrTimeout`]).
     MpaFailed(MpaError),
     /// A local error (a gap never filled, the reassembly store or budget refusing the peer's
-    /// data) on a Responder that may send nothing yet (RFC 5044 7.1.2 rule 4): the
-    /// connection closes without a Terminate, for this reason. (Where a Terminate may be
-    /// sent, it is: the queue pair's local Terminate says why.)
+    /// data) where no FPDU may be sent (a Responder before the peer's first FPDU, RFC 5044
+    /// 7.1.2 rule 4, or either side before Full Operation): the connection closes without a
+    /// Terminate, for this reason. (Where a Terminate may be sent, it is: the queue pair's
+    /// local Terminate says why.)
     ClosedLocally(&'static str),
     /// The TCP connection ended; the TCP event says how (the peer's FIN, a normal close, the
     /// peer's reset, retransmissions unanswered, or a transmit source that failed).
@@ -2036,6 +2037,11 @@ impl IwarpConn {
     /// error then. A Terminate that could never be sent would leave the queue pair in
     /// Terminate, the connection open and its work never flushed.
     fn fail_locally(&mut self, reason: &'static str) {
+        if self.rx_dead {
+            // Failed already (a take-back refused after an MPA error, say): the first
+            // cause stands.
+            return;
+        }
         self.rx_dead = true;
         if self.may_send_fpdus() {
             self.qp

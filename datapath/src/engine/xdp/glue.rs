@@ -595,7 +595,7 @@ impl TcpApp for App<'_> {
                 }
                 ConnEvent::ClosedLocally(reason) => {
                     peer_line!(warn, peer = %slot.peer, reason, "connection closed");
-                    slot.set_error(QpError::Local(reason));
+                    slot.set_error(QpError::ClosedLocally(reason));
                 }
                 ConnEvent::TransmitSourceFailed(e) => {
                     peer_line!(warn, peer = %slot.peer, error = %e, "a frame's source memory is gone: connection reset");
