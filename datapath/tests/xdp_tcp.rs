@@ -479,6 +479,94 @@ fn receive_steady_state_allocates_nothing() {
     assert!(stats.table.passive_opens >= 1 && stats.accepted == 1 && stats.closed == 1);
 }
 
+/// Runs `ip` with `args`, failing the test with its output if it fails.
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The interface's MAC address changes while a connection runs (a bond failing over, `ip
+/// link set ... address`, a bridge recomputing its own): the peer, whose ARP entry the kernel
+/// renews, sends to the new address. The driver drops frames to other addresses, as the
+/// kernel does, and so reads the interface's address again: it takes the new one, for
+/// receiving and sending, and the transfer completes with every byte right.
+#[test]
+fn a_new_mac_address_of_the_interface_is_taken() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 18724;
+    const HALF: u64 = 4 << 20;
+    let driver = spawn_in_ns(NS_A, move || {
+        let mut drv = open_driver();
+        let cfg = drv.tcp_config();
+        drv.listen(PORT, 4, cfg).expect("listen");
+        let client = spawn_in_ns(NS_B, move || -> Result<u64, String> {
+            let to = SocketAddr::V4(SocketAddrV4::new(ADDR_A, PORT));
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(5))
+                .map_err(|e| format!("connect {to}: {e}"))?;
+            s.set_write_timeout(Some(STALL))
+                .and_then(|_| s.set_read_timeout(Some(STALL)))
+                .map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; HALF as usize];
+            fill(&mut buf, 0);
+            s.write_all(&buf).map_err(|e| e.to_string())?;
+            // The interface takes a new address; the peer's ARP entry for it is renewed.
+            ip(&[
+                "-n",
+                NS_A,
+                "link",
+                "set",
+                "dev",
+                DEV_A,
+                "address",
+                "02:77:00:00:00:a1",
+            ]);
+            ip(&["-n", NS_B, "neigh", "flush", "dev", DEV_B]);
+            fill(&mut buf, HALF);
+            s.write_all(&buf)
+                .map_err(|e| format!("after the address changed: {e}"))?;
+            s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest)
+                .map_err(|e| format!("waiting for close: {e}"))?;
+            Ok(2 * HALF)
+        });
+        let mut app = Sink {
+            conn: None,
+            buf: vec![0u8; 256 * 1024],
+            received: 0,
+            mismatch: None,
+            peer_closed: false,
+            closed: false,
+            allocs: AllocWindow::new(u64::MAX, u64::MAX),
+        };
+        let r = drive(
+            &mut drv,
+            &mut app,
+            Duration::from_secs(60),
+            |a| a.received,
+            |a| a.closed,
+        );
+        let sent = client.join().expect("client thread");
+        (r, sent, app.received, app.mismatch, drv.stats())
+    });
+    let (r, sent, received, mismatch, stats) = driver.join().expect("driver thread");
+    r.unwrap_or_else(|e| panic!("driver: {e}; {stats:?}"));
+    assert_eq!(sent, Ok(2 * HALF));
+    assert_eq!(received, 2 * HALF, "{stats:?}");
+    assert_eq!(mismatch, None, "first wrong byte at this offset");
+    assert!(
+        stats.rx_other_mac >= 1,
+        "no frame came to the new address: {stats:?}"
+    );
+}
+
 /// Transmitting (our driver in iwa -> kernel TCP in iwb): no allocation on the driver thread
 /// between 32 and 80 MiB acknowledged, and the kernel receives every byte right.
 #[test]

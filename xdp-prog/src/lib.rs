@@ -44,7 +44,7 @@ use std::{fmt, io, net::Ipv4Addr, os::fd::RawFd};
 use aya::{
     maps::{HashMap, MapData, MapError, PerCpuArray, XskMap},
     programs::{xdp::XdpLink, ProgramError, Xdp, XdpMode},
-    Ebpf, EbpfError,
+    Ebpf, EbpfError, EbpfLoader,
 };
 use thiserror::Error;
 
@@ -61,6 +61,9 @@ const PROG: &str = "steer";
 const PROG_FRAGS: &str = "steer_frags";
 const MAP_PORTS: &str = "steer_ports";
 const MAP_FLOWS: &str = "steer_flows";
+/// Connections steered at once with [`SteeringProgram::load`] (`steer_flows`' size in
+/// `bpf/steer.c`); [`SteeringProgram::load_sized`] makes room for more.
+pub const DEFAULT_FLOWS: u32 = 65_536;
 const MAP_XSKS: &str = "xsks";
 const MAP_COUNTERS: &str = "counters";
 
@@ -474,6 +477,14 @@ impl SteeringProgram {
     /// `steer` (SEC "xdp") or, when `frags` is true, `steer_frags` (SEC "xdp.frags", needed for
     /// native XDP on veth when the peer MTU is above 3506).
     pub fn load(frags: bool) -> Result<Self, XdpError> {
+        Self::load_sized(frags, DEFAULT_FLOWS)
+    }
+
+    /// [`SteeringProgram::load`] with room for `flows` connections steered at once (the
+    /// `steer_flows` map's size, at least [`DEFAULT_FLOWS`]): an engine sizes it for all its
+    /// shards' connections together. The kernel allocates the map's entries up front (about
+    /// 100 octets each).
+    pub fn load_sized(frags: bool, flows: u32) -> Result<Self, XdpError> {
         check_caps("loading the XDP program")?;
         let load_err = |e: EbpfError| {
             if is_eperm(ebpf_errno(&e)) {
@@ -484,7 +495,10 @@ impl SteeringProgram {
                 XdpError::Load(e.to_string())
             }
         };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(load_err)?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(MAP_FLOWS, flows.max(DEFAULT_FLOWS))
+            .load(OBJECT)
+            .map_err(load_err)?;
         let prog_name = if frags { PROG_FRAGS } else { PROG };
         let prog: &mut Xdp = ebpf
             .program_mut(prog_name)

@@ -19,7 +19,9 @@ use common::{
     connect, features, ifindex, in_ns, link_details, parse_tcp, sh, tcp_out_rsts, xsk::Xsk, TcpSeg,
     ADDR_A, ADDR_B, DEV_A, DEV_B, NS_A, NS_B, QUEUES, TCP_ACK, TCP_SYN,
 };
-use xdp_prog::{ActiveMode, AttachMode, Counters, FourTuple, SteeringProgram, XdpError};
+use xdp_prog::{
+    ActiveMode, AttachMode, Counters, FourTuple, SteeringProgram, XdpError, DEFAULT_FLOWS,
+};
 
 /// How long a connect to a steered port waits (the SYN and one retransmission).
 const STEERED_CONNECT_WAIT: Duration = Duration::from_millis(1300);
@@ -147,6 +149,40 @@ fn a_steered_port_syn_reaches_af_xdp_ring_generic_mode() {
 
 /// (a) Flow steering matches the exact 4-tuple: a SYN from the steered source port is
 /// redirected, one from another source port to the same destination gets the kernel's RST.
+/// `load_sized` makes room for more connections than the default (an engine of several
+/// shards sizes the map for all of theirs): the default map refuses the flow past
+/// `DEFAULT_FLOWS` with `MapFull`, the sized one takes it.
+#[test]
+fn the_flow_map_is_sized_for_the_connections_asked_for() {
+    let _bed = bed_or_skip!();
+    let flow = |n: u32| FourTuple {
+        saddr: std::net::Ipv4Addr::from(0x0a00_0000 + n),
+        daddr: ADDR_A,
+        sport: 40000,
+        dport: 17009,
+    };
+    let mut default = SteeringProgram::load(false).expect("load");
+    for n in 0..DEFAULT_FLOWS {
+        default
+            .steer_flow(flow(n))
+            .expect("a flow within the default size");
+    }
+    assert!(
+        matches!(
+            default.steer_flow(flow(DEFAULT_FLOWS)),
+            Err(XdpError::MapFull(_))
+        ),
+        "the default map took more than DEFAULT_FLOWS"
+    );
+    drop(default);
+    let mut sized = SteeringProgram::load_sized(false, DEFAULT_FLOWS + 1000).expect("load");
+    for n in 0..=DEFAULT_FLOWS {
+        sized
+            .steer_flow(flow(n))
+            .expect("a flow within the asked-for size");
+    }
+}
+
 /// Unsteering gives the flow back to the kernel.
 #[test]
 fn a_steered_flow_matches_only_its_four_tuple() {

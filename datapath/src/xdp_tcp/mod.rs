@@ -96,8 +96,9 @@ pub mod shard;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tcp_engine::table::{ConnectionTable, TableError, TableStats};
@@ -109,7 +110,7 @@ use crate::xsk::steering::{
     ActiveMode, AttachMode, Counters, FourTuple as FlowKey, SteeringProgram, XdpError,
 };
 use crate::xsk::{
-    interface_info, resolve_next_hop, PayloadDigest, XskConfig, XskError, XskSocket, XskStats,
+    resolve_next_hop, InterfaceQuery, PayloadDigest, XskConfig, XskError, XskSocket, XskStats,
 };
 use frame::Neighbours;
 use shard::ShardSet;
@@ -281,7 +282,8 @@ pub struct XdpTcpConfig {
     pub attach_mode: AttachMode,
     /// AF_XDP socket settings (ring sizes, frame size, kick batch).
     pub xsk: XskConfig,
-    /// Most connections at once (the table's capacity).
+    /// Most connections at once (the table's capacity), per shard; the steering program has
+    /// room for every shard's together (at least `xdp_prog::DEFAULT_FLOWS`).
     pub max_connections: usize,
     /// Most frames taken from each socket per turn.
     pub rx_batch: usize,
@@ -427,10 +429,15 @@ pub struct XdpTcpStats {
     pub rx_frames: u64,
     /// Frames dropped because they are not IPv4/TCP.
     pub rx_not_ipv4_tcp: u64,
-    /// Frames dropped because they are for another host: sent to another MAC address than
-    /// the interface's (or a group address), or TCP segments for another IPv4 address than
-    /// the engine's (answered, the table would reset them from an address that is not ours).
+    /// TCP segments dropped because they are for another IPv4 address than the engine's:
+    /// answered, the table would reset them from an address that is not ours.
     pub rx_not_for_us: u64,
+    /// Frames dropped because they came to another MAC address than the interface's (a NIC
+    /// in promiscuous mode, a switch flooding an unknown address), or to a broadcast or
+    /// multicast address: not for this host, as the kernel judges it. The first to another
+    /// unicast address in a second has the interface's address read again (it may have
+    /// changed).
+    pub rx_other_mac: u64,
     /// IPv4 packets the table rejected (checksum, header, options; by reason in `table`).
     pub rx_malformed: u64,
     /// Packets put on the TX ring.
@@ -497,6 +504,7 @@ impl XdpTcpStats {
         self.rx_frames += o.rx_frames;
         self.rx_not_ipv4_tcp += o.rx_not_ipv4_tcp;
         self.rx_not_for_us += o.rx_not_for_us;
+        self.rx_other_mac += o.rx_other_mac;
         self.rx_malformed += o.rx_malformed;
         self.tx_packets += o.tx_packets;
         self.tx_no_mac += o.tx_no_mac;
@@ -593,7 +601,12 @@ pub struct XdpPort {
     listens: Mutex<HashMap<u16, Weak<Socket>>>,
     ifname: String,
     ifindex: u32,
-    mac: [u8; 6],
+    /// The interface's MAC address, its six octets in the low ones of a u64: read at open and
+    /// again when frames come to another ([`XdpPort::recheck_mac`]).
+    mac: AtomicU64,
+    /// Looks the interface up again (in the namespace the port was opened in); when the MAC
+    /// address was last re-read.
+    mac_query: Mutex<(InterfaceQuery, Option<Instant>)>,
     local_ip: Ipv4Addr,
     mtu: u32,
     /// Queues usable: every RX queue the interface runs ([`XdpTcpError::TooManyQueues`] when
@@ -621,7 +634,8 @@ impl XdpPort {
     /// Loads and attaches the steering program on `ifname` (in the calling thread's network
     /// namespace) and reads the interface's facts. Needs root.
     pub fn open(ifname: &str, cfg: &XdpTcpConfig) -> Result<Self, XdpTcpError> {
-        let info = interface_info(ifname)?;
+        let mut query = InterfaceQuery::open()?;
+        let info = query.info(ifname)?;
         // The queues running (a NIC may run fewer than it has); a driver that does not say
         // runs all it has (veth reports them, and before 5.14 had no way to change them).
         // (Never more than it has: veth before Linux 5.14 also reported its queues as
@@ -643,7 +657,12 @@ impl XdpPort {
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
         let xsk = cfg.xsk.for_mtu(info.mtu);
         let (multi_buffer, frame_capacity) = (xsk.multi_buffer, xsk.frame_capacity());
-        let mut prog = SteeringProgram::load(xsk.needs_frags_program(info.mtu))?;
+        // Room in the steering program for every connection all the interface's shards may
+        // hold (each its `max_connections`): the map's default would refuse the connections
+        // beyond it (`XdpError::MapFull`).
+        let flows =
+            u32::try_from(cfg.max_connections.saturating_mul(served as usize)).unwrap_or(u32::MAX);
+        let mut prog = SteeringProgram::load_sized(xsk.needs_frags_program(info.mtu), flows)?;
         let mode = prog.attach(ifname, cfg.attach_mode)?;
         if multi_buffer {
             tracing::info!(
@@ -674,13 +693,51 @@ impl XdpPort {
             listens: Mutex::new(HashMap::new()),
             ifname: ifname.to_owned(),
             ifindex: info.index,
-            mac: info.mac,
+            mac: AtomicU64::new(mac_bits(info.mac)),
+            mac_query: Mutex::new((query, None)),
             local_ip,
             mtu: info.mtu,
             queues: served,
             rss,
             multi_buffer,
         })
+    }
+
+    /// The interface's MAC address (as last read).
+    pub(crate) fn mac(&self) -> [u8; 6] {
+        let b = self.mac.load(Ordering::Relaxed).to_be_bytes();
+        [b[2], b[3], b[4], b[5], b[6], b[7]]
+    }
+
+    /// Frames came to another unicast MAC address than ours: the interface's may have changed
+    /// since the port opened (a bond failing over, `ip link set ... address`, a bridge
+    /// recomputing its own), and the peers, whose ARP caches the kernel answers, send to the
+    /// new one. Re-reads it, at most once a [`MAC_RECHECK`] and never waiting for another
+    /// shard doing the same; frames are received and sent with the new one from then on.
+    fn recheck_mac(&self) {
+        let Ok(mut q) = self.mac_query.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if q.1.is_some_and(|at| now.duration_since(at) < MAC_RECHECK) {
+            return;
+        }
+        q.1 = Some(now);
+        match q.0.info(&self.ifname) {
+            Ok(info) if info.mac != self.mac() => {
+                tracing::warn!(
+                    ifname = %self.ifname,
+                    old = ?self.mac(),
+                    new = ?info.mac,
+                    "the interface's MAC address changed: the engine takes the new one"
+                );
+                self.mac.store(mac_bits(info.mac), Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(ifname = %self.ifname, error = %e, "re-reading the MAC address")
+            }
+        }
     }
 
     /// The queues `cfg` selects (all usable ones by default).
@@ -757,6 +814,16 @@ impl XdpPort {
         }
         drop(listening);
     }
+}
+
+/// How often at most [`XdpPort::recheck_mac`] looks the interface up.
+const MAC_RECHECK: Duration = Duration::from_secs(1);
+
+/// A MAC address in the low six octets of a u64.
+fn mac_bits(mac: [u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[2..].copy_from_slice(&mac);
+    u64::from_be_bytes(b)
 }
 
 /// A shard's place among the shards of its interface.
@@ -1678,7 +1745,8 @@ impl XdpTcp {
             ..
         } = self;
         let mut rx = Rx {
-            local_mac: port.mac,
+            local_mac: port.mac(),
+            other_mac_seen: false,
             table,
             neigh,
             stats,
@@ -1725,6 +1793,9 @@ impl XdpTcp {
                 rx.stats.rx_frames += 1;
                 rx.frame(frame, batch.digest(i), shard.as_ref(), app);
             }
+        }
+        if rx.other_mac_seen {
+            port.recheck_mac();
         }
         (any, full, rx.passed_up)
     }
@@ -1871,7 +1942,7 @@ impl XdpTcp {
             .unwrap_or(32)
             .max(1);
         let limit = ETH_HLEN + usize::from(*mtu);
-        let src_mac = port.mac;
+        let src_mac = port.mac();
         let mut sent_any = false;
         let mut exhausted = false;
         let mut sources = AppSources(app);
@@ -1989,6 +2060,8 @@ fn open_sockets(
 struct Rx<'a> {
     /// The interface's MAC address: frames to any other are not ours.
     local_mac: [u8; 6],
+    /// A frame came to another unicast MAC address (see [`XdpPort::recheck_mac`]).
+    other_mac_seen: bool,
     table: &'a mut ConnectionTable,
     neigh: &'a mut Neighbours,
     stats: &'a mut XdpTcpStats,
@@ -2065,9 +2138,14 @@ impl Rx<'_> {
         // flooding an unknown address) or to a group address: not for this host, as the
         // kernel judges it (it takes only PACKET_HOST frames for TCP, and drops other hosts'
         // before IP); the steering program looks at addresses and ports alone.
-        if frame.get(..6) != Some(&self.local_mac[..]) {
-            self.stats.rx_not_for_us += 1;
-            return;
+        match frame.get(..6) {
+            Some(dst) if dst == self.local_mac => {}
+            dst => {
+                self.stats.rx_other_mac += 1;
+                // (The group bit: broadcast and multicast are never ours for TCP.)
+                self.other_mac_seen |= dst.is_some_and(|d| d[0] & 1 == 0);
+                return;
+            }
         }
         let Some((peek, src_mac)) = frame::ipv4_tcp_packet(frame) else {
             match frame::ipv4_icmp_packet(frame) {
@@ -2414,6 +2492,7 @@ mod tests {
             let mut conns = Vec::new();
             let mut rx = Rx {
                 local_mac: [2; 6],
+                other_mac_seen: false,
                 table,
                 neigh: &mut neigh,
                 stats,
@@ -2561,7 +2640,7 @@ mod tests {
                 assert_eq!(replied, answered, "to {mac:x?}");
                 assert_eq!(server.len(), usize::from(answered), "to {mac:x?}");
             }
-            assert_eq!(stats.rx_not_for_us, 2);
+            assert_eq!(stats.rx_other_mac, 2);
         }
 
         /// Shards: a client whose SYN got a SYN cookie (the half-open queue is full) and whose
