@@ -785,6 +785,22 @@ struct ServerPeer {
 /// (a client that pipelines and does not read holds no more than this).
 const MAX_QUEUED_RESPONSES: usize = 16;
 
+/// The unsent octets of a connection's queued response bodies.
+fn queued_body_octets(out: &VecDeque<Outgoing>) -> u64 {
+    out.iter()
+        .map(|o| (o.body.len() - o.body_sent) as u64)
+        .sum()
+}
+
+/// Whether a connection with `queued` responses holding `own` unsent body octets may have
+/// its next request read, while all connections' queued bodies hold `all` octets: not past
+/// [`MAX_QUEUED_RESPONSES`], nor while its own bodies hold `max_object` octets or more, nor
+/// while everyone's hold `budget` (a client that asks for large objects and reads nothing
+/// holds one, and many such clients hold `budget` together, not 16 objects each).
+fn may_read_request(queued: usize, own: u64, all: u64, max_object: u64, budget: u64) -> bool {
+    queued < MAX_QUEUED_RESPONSES && own < max_object.max(1) && all < budget
+}
+
 struct ServerApp {
     put_buffer: usize,
     /// Buffers for unsolicited bodies posted now, over all connections, and the most.
@@ -796,6 +812,11 @@ struct ServerApp {
     peers: HashMap<ConnId, ServerPeer>,
     objects: HashMap<(u64, u64), Arc<Vec<u8>>>,
     object_octets: usize,
+    /// The unsent octets of every connection's queued response bodies (objects the cache
+    /// shares counted once per response), and the most they may hold before no request is
+    /// read ([`may_read_request`]).
+    queued_octets: u64,
+    queued_budget: u64,
     scratch: Vec<u8>,
     pool: Pool,
     closed: u64,
@@ -960,6 +981,7 @@ impl TcpApp for ServerApp {
         let Some(mut peer) = self.peers.remove(&id) else {
             return;
         };
+        let queued_before = queued_body_octets(&peer.out);
         if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
         }
@@ -968,7 +990,15 @@ impl TcpApp for ServerApp {
         let mut drained = false;
         if !peer.closing && !peer.stop_reading {
             for _ in 0..MESSAGES_PER_TURN {
-                if peer.out.len() >= MAX_QUEUED_RESPONSES {
+                let own = queued_body_octets(&peer.out);
+                let all = (self.queued_octets + own).saturating_sub(queued_before);
+                if !may_read_request(
+                    peer.out.len(),
+                    own,
+                    all,
+                    self.max_object,
+                    self.queued_budget,
+                ) {
                     break;
                 }
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
@@ -1043,13 +1073,18 @@ impl TcpApp for ServerApp {
             self.totals.idle_resets += 1;
             peer.last_progress = now;
         }
+        self.queued_octets =
+            (self.queued_octets + queued_body_octets(&peer.out)).saturating_sub(queued_before);
         self.peers.insert(id, peer);
     }
 
     fn on_closed(&mut self, id: ConnId, conn: Connection) {
         if let Some(peer) = self.peers.remove(&id) {
-            // Its buffers go with it.
+            // Its buffers go with it, and its queued responses.
             self.posted_buffers -= peer.incoming.posted.len();
+            self.queued_octets = self
+                .queued_octets
+                .saturating_sub(queued_body_octets(&peer.out));
             self.closed += 1;
             self.totals.head_octets += peer.incoming.head_octets;
             self.rdma.add(&conn);
@@ -1084,6 +1119,10 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         peers: HashMap::new(),
         objects: HashMap::new(),
         object_octets: 0,
+        queued_octets: 0,
+        // Two of the largest objects, or the cache's size: what many clients that read
+        // nothing may make the server hold together.
+        queued_budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
         scratch: vec![0u8; 64 * 1024],
         pool: Pool::default(),
         closed: 0,
@@ -1509,6 +1548,25 @@ fn client(cli: &ClientCli) -> Result<ClientReport, HttpError> {
 mod tests {
     use super::*;
     use datapath::xdp_tcp::engine::{Config, FourTuple, IsnGenerator, SegmentRepr, State};
+
+    /// A client that asks for large objects and reads nothing makes the server hold one of
+    /// them, not 16; many such clients hold the budget together, then nobody's next request
+    /// is read until responses drain (helper-90: 16 GiB per connection before).
+    #[test]
+    fn queued_responses_are_bounded_in_octets() {
+        const GIB: u64 = 1 << 30;
+        let budget = 2 * GIB;
+        // Small responses: up to the count.
+        assert!(may_read_request(0, 0, 0, GIB, budget));
+        assert!(may_read_request(15, 15 * 100, 15 * 100, GIB, budget));
+        assert!(!may_read_request(16, 16 * 100, 16 * 100, GIB, budget));
+        // One object of the largest size queued: no more requests from that connection.
+        assert!(may_read_request(1, GIB - 1, GIB - 1, GIB, budget));
+        assert!(!may_read_request(1, GIB, GIB, GIB, budget));
+        // Others' queued bodies at the budget: nobody's next request.
+        assert!(!may_read_request(0, 0, budget, GIB, budget));
+        assert!(may_read_request(0, 0, budget - 1, GIB, budget));
+    }
 
     /// A client and a server connection wired back to back in memory.
     struct Pair {

@@ -888,8 +888,11 @@ fn server_side(
 ) -> Side {
     let mut side = Side::new(cli, qp, cq, regions, client_buf, hello);
     side.ctrl_posted = if send_test { 0 } else { CTRL_SLOTS as u64 };
-    // A bandwidth test's server sees no completion until the client's phase-done Send.
-    side.stall = (!cli.test.is_bw()).then_some(STALL);
+    // A bandwidth test's server, and a read-lat or atomic-lat one (the transport answers the
+    // Reads and Atomics), sees no completion until the client's phase-done Send: it waits as
+    // long as the run takes (a vanished client ends the connection: keepalive, the user
+    // timeout). The ping-pong servers wait a stall at most for each ping.
+    side.stall = matches!(cli.test, TestKind::WriteLat | TestKind::SendLat).then_some(STALL);
     side
 }
 

@@ -330,3 +330,19 @@ fn run_infinitely_until_sigint() {
         text(&server)
     );
 }
+
+/// A data phase longer than one step (`-D` past `--step-timeout`, as a real perftest client
+/// with `-D 60` against our default 30 s): the server, which posts nothing meanwhile and is
+/// not told `-D`, waits for the client's handshake as long as the run takes, as perftest's
+/// server does.
+#[test]
+fn a_data_phase_longer_than_a_step_is_waited_for() {
+    for test in ["write-bw", "read-bw"] {
+        let (s, c) = pair(test, &["--step-timeout", "1"], &["-D", "3"]);
+        let (st, ct) = (text(&s), text(&c));
+        assert!(
+            s.status.success() && c.status.success(),
+            "{test} -D 3 against --step-timeout 1\nserver: {st}\nclient: {ct}"
+        );
+    }
+}

@@ -895,6 +895,19 @@ impl Session {
         Ok(first)
     }
 
+    /// Server, while the client's Writes or Reads run (our side posts nothing and sees no
+    /// completion): the client's handshake at their end, waited for as long as the run takes
+    /// (perftest's server waits so too; with `-D` or a large `-n` that is longer than one
+    /// step, and the server is not told `-D`). A client that vanishes ends the connection
+    /// (TCP keepalive, the user timeout), and the wait with it.
+    fn await_client_data_phase(&mut self, step: &str) -> Result<Dest, PerftestError> {
+        self.comm
+            .set_step_timeout(Duration::from_secs(10 * 365 * 24 * 3600));
+        let got = self.comm.recv_dest(step);
+        self.comm.set_step_timeout(self.run.step);
+        got
+    }
+
     /// `--run_infinitely`, server: perftest's client runs until it is interrupted and then
     /// closes without a report; we wait as long as that takes, then check what we can (a
     /// write-bw target's guards and gaps untouched).
@@ -1188,7 +1201,7 @@ impl Session {
         if self.run.run_infinitely {
             return self.until_client_leaves("write-bw", Some(&mr));
         }
-        self.comm.recv_dest(step)?;
+        self.await_client_data_phase(step)?;
         self.comm.send_dest(step, &mine[0])?;
         let peer = self.reports(&BwReport::default())?;
         // In duration mode the report counts only the messages of the sampling window: at
@@ -1203,6 +1216,13 @@ impl Session {
             Some(_) => (peer.iters.min(used), used),
             None => (self.run.iters.min(used), self.run.iters.min(used)),
         };
+        if written == 0 {
+            // Nothing to check would pass the check: a run of no Writes is no run.
+            return Err(PerftestError::protocol(
+                "checking the client's Writes",
+                "the client reports no completed Write".to_string(),
+            ));
+        }
         self.check_target(&mr, qps, written, may)?;
         self.comm.handshake("closing handshake", &mine[0])?;
         Ok(Outcome {
@@ -1241,7 +1261,7 @@ impl Session {
         if self.run.run_infinitely {
             return self.until_client_leaves("read-bw", None);
         }
-        self.comm.recv_dest(step)?;
+        self.await_client_data_phase(step)?;
         self.comm.send_dest(step, &mine)?;
         let peer_rep = self.reports(&BwReport::default())?;
         // The client's Reads landed in its buffer's first half, slot for slot (in duration
@@ -1403,7 +1423,7 @@ impl Session {
         let mine = self.dest(&mr, 0);
         let peer = self.dests(4, &mine)?;
         let step = "closing handshake (the client's Reads are done)";
-        self.comm.recv_dest(step)?;
+        self.await_client_data_phase(step)?;
         let step = "reading back the client's landing area";
         let base = peer.vaddr.checked_sub(b).ok_or_else(|| {
             PerftestError::protocol(step, format!("client vaddr {:#x} too low", peer.vaddr))
