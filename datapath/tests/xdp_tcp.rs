@@ -479,6 +479,34 @@ fn receive_steady_state_allocates_nothing() {
     assert!(stats.table.passive_opens >= 1 && stats.accepted == 1 && stats.closed == 1);
 }
 
+/// The steering program has room for every connection the shards may hold together: each
+/// shard's `max_connections` times the shards (the map's default, 65,536 for all of them,
+/// refused the connections past it); a single driver's table needs its own size only.
+#[test]
+fn the_steering_program_has_room_for_every_shards_connections() {
+    let _bed = bed_or_skip!();
+    let (sharded, single) = spawn_in_ns(NS_A, || {
+        let cfg = XdpTcpConfig {
+            max_connections: 40_000,
+            ..XdpTcpConfig::default()
+        };
+        let shards = XdpTcp::open_shards(DEV_A, cfg.clone()).expect("open shards");
+        let sharded = (
+            shards.len(),
+            shards[0].steering_flow_capacity().expect("capacity"),
+        );
+        drop(shards);
+        let one = XdpTcp::open(DEV_A, cfg).expect("open");
+        (sharded, one.steering_flow_capacity().expect("capacity"))
+    })
+    .join()
+    .expect("driver thread");
+    let (n, capacity) = sharded;
+    assert!(n >= 2, "the bed's interface runs {n} queues");
+    assert_eq!(capacity, 40_000 * n as u32);
+    assert_eq!(single, 65_536, "one table of 40,000: the default size");
+}
+
 /// Runs `ip` with `args`, failing the test with its output if it fails.
 fn ip(args: &[&str]) {
     let out = std::process::Command::new("ip")

@@ -2241,6 +2241,10 @@ impl IwarpConn {
     /// connection with `IftError::SpeculationMismatch`, octets the budget could not hold
     /// with a Terminate (local catastrophic error).
     fn take_back_refused(&mut self, at: u64, speculation: bool) {
+        if self.rx_dead {
+            // Failed already: the first cause stands.
+            return;
+        }
         if speculation {
             self.ift_failed(IftError::SpeculationMismatch { offset: at });
         } else {

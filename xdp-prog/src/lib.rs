@@ -42,7 +42,7 @@
 use std::{fmt, io, net::Ipv4Addr, os::fd::RawFd};
 
 use aya::{
-    maps::{HashMap, MapData, MapError, PerCpuArray, XskMap},
+    maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray, XskMap},
     programs::{xdp::XdpLink, ProgramError, Xdp, XdpMode},
     Ebpf, EbpfError, EbpfLoader,
 };
@@ -690,6 +690,19 @@ impl SteeringProgram {
         }
         self.bound &= !(1 << queue);
         Ok(was_bound)
+    }
+
+    /// How many connections `steer_flows` holds (its size in the kernel: see
+    /// [`SteeringProgram::load_sized`]).
+    pub fn flow_capacity(&self) -> Result<u32, XdpError> {
+        self.flows
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .map_err(|source| XdpError::Map {
+                map: MAP_FLOWS,
+                source,
+            })
     }
 
     /// The counters summed over all CPUs.

@@ -147,8 +147,6 @@ fn a_steered_port_syn_reaches_af_xdp_ring_generic_mode() {
     steered_port_case(AttachMode::Generic, ActiveMode::Generic);
 }
 
-/// (a) Flow steering matches the exact 4-tuple: a SYN from the steered source port is
-/// redirected, one from another source port to the same destination gets the kernel's RST.
 /// `load_sized` makes room for more connections than the default (an engine of several
 /// shards sizes the map for all of theirs): the default map refuses the flow past
 /// `DEFAULT_FLOWS` with `MapFull`, the sized one takes it.
@@ -183,6 +181,8 @@ fn the_flow_map_is_sized_for_the_connections_asked_for() {
     }
 }
 
+/// (a) Flow steering matches the exact 4-tuple: a SYN from the steered source port is
+/// redirected, one from another source port to the same destination gets the kernel's RST.
 /// Unsteering gives the flow back to the kernel.
 #[test]
 fn a_steered_flow_matches_only_its_four_tuple() {

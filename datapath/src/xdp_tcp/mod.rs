@@ -108,6 +108,7 @@ use crate::xsk::packet::ETH_HLEN;
 use crate::xsk::rss::RssTable;
 use crate::xsk::steering::{
     ActiveMode, AttachMode, Counters, FourTuple as FlowKey, SteeringProgram, XdpError,
+    DEFAULT_FLOWS,
 };
 use crate::xsk::{
     resolve_next_hop, InterfaceQuery, PayloadDigest, XskConfig, XskError, XskSocket, XskStats,
@@ -633,7 +634,7 @@ impl std::fmt::Debug for XdpPort {
 impl XdpPort {
     /// Loads and attaches the steering program on `ifname` (in the calling thread's network
     /// namespace) and reads the interface's facts. Needs root.
-    pub fn open(ifname: &str, cfg: &XdpTcpConfig) -> Result<Self, XdpTcpError> {
+    pub fn open(ifname: &str, cfg: &XdpTcpConfig, sharded: bool) -> Result<Self, XdpTcpError> {
         let mut query = InterfaceQuery::open()?;
         let info = query.info(ifname)?;
         // The queues running (a NIC may run fewer than it has); a driver that does not say
@@ -657,12 +658,33 @@ impl XdpPort {
             .ok_or_else(|| XdpTcpError::NoIpv4Address(ifname.to_owned()))?;
         let xsk = cfg.xsk.for_mtu(info.mtu);
         let (multi_buffer, frame_capacity) = (xsk.multi_buffer, xsk.frame_capacity());
-        // Room in the steering program for every connection all the interface's shards may
-        // hold (each its `max_connections`): the map's default would refuse the connections
-        // beyond it (`XdpError::MapFull`).
-        let flows =
-            u32::try_from(cfg.max_connections.saturating_mul(served as usize)).unwrap_or(u32::MAX);
-        let mut prog = SteeringProgram::load_sized(xsk.needs_frags_program(info.mtu), flows)?;
+        // Room in the steering program for every connection the tables may hold (one table,
+        // or one per selected queue, each of `max_connections`): the map's default would
+        // refuse the connections beyond it (`XdpError::MapFull`). A size the kernel refuses
+        // falls back to the default, said in the log.
+        let tables = if sharded {
+            cfg.queues.as_ref().map_or(served as usize, Vec::len)
+        } else {
+            1
+        };
+        let flows = cfg
+            .max_connections
+            .saturating_mul(tables)
+            .min(MAX_STEERED_FLOWS as usize) as u32;
+        let frags = xsk.needs_frags_program(info.mtu);
+        let mut prog = match SteeringProgram::load_sized(frags, flows) {
+            Err(e) if flows > DEFAULT_FLOWS && !matches!(e, XdpError::PermissionDenied { .. }) => {
+                tracing::warn!(
+                    ifname,
+                    flows,
+                    error = %e,
+                    "the steering program's flow map of this size was refused: it holds \
+                     {DEFAULT_FLOWS} connections"
+                );
+                SteeringProgram::load(frags)?
+            }
+            other => other?,
+        };
         let mode = prog.attach(ifname, cfg.attach_mode)?;
         if multi_buffer {
             tracing::info!(
@@ -723,15 +745,17 @@ impl XdpPort {
             return;
         }
         q.1 = Some(now);
-        match q.0.info(&self.ifname) {
-            Ok(info) if info.mac != self.mac() => {
+        // One RTM_GETLINK for our interface's index (not a dump of every interface, and not
+        // by name: a renamed one's successor is not ours).
+        match q.0.mac(self.ifindex) {
+            Ok(mac) if mac != self.mac() => {
                 tracing::warn!(
                     ifname = %self.ifname,
                     old = ?self.mac(),
-                    new = ?info.mac,
+                    new = ?mac,
                     "the interface's MAC address changed: the engine takes the new one"
                 );
-                self.mac.store(mac_bits(info.mac), Ordering::Relaxed);
+                self.mac.store(mac_bits(mac), Ordering::Relaxed);
             }
             Ok(_) => {}
             Err(e) => {
@@ -815,6 +839,11 @@ impl XdpPort {
         drop(listening);
     }
 }
+
+/// The most connections the steering program's flow map is sized for (4M entries, about
+/// 400 MB of kernel memory allocated at load): a larger `max_connections` x tables is
+/// clamped to it.
+const MAX_STEERED_FLOWS: u32 = 1 << 22;
 
 /// How often at most [`XdpPort::recheck_mac`] looks the interface up.
 const MAC_RECHECK: Duration = Duration::from_secs(1);
@@ -1033,7 +1062,7 @@ impl XdpTcp {
     /// into the program's XSKMAP. Nothing is steered until [`listen`](Self::listen) or
     /// [`connect`](Self::connect). Needs root.
     pub fn open(ifname: &str, cfg: XdpTcpConfig) -> Result<Self, XdpTcpError> {
-        let port = Arc::new(XdpPort::open(ifname, &cfg)?);
+        let port = Arc::new(XdpPort::open(ifname, &cfg, false)?);
         let queues = port.select_queues(&cfg)?;
         Self::on_port(port, &queues, cfg, None)
     }
@@ -1049,7 +1078,7 @@ impl XdpTcp {
         if cfg.isn_key.is_none() {
             cfg.isn_key = Some(random_key()?);
         }
-        let port = Arc::new(XdpPort::open(ifname, &cfg)?);
+        let port = Arc::new(XdpPort::open(ifname, &cfg, true)?);
         let queues = port.select_queues(&cfg)?;
         let set = Arc::new(
             ShardSet::new(
@@ -1468,6 +1497,12 @@ impl XdpTcp {
     /// The steering program's counters.
     pub fn steering_counters(&self) -> Result<Counters, XdpTcpError> {
         Ok(self.port.prog().counters()?)
+    }
+
+    /// How many connections the steering program holds (for every driver of the interface
+    /// together: `max_connections` times the tables, at least `xdp_prog::DEFAULT_FLOWS`).
+    pub fn steering_flow_capacity(&self) -> Result<u32, XdpTcpError> {
+        Ok(self.port.prog().flow_capacity()?)
     }
 
     /// One turn of the loop (see the module documentation); never blocks. Returns true if

@@ -346,6 +346,26 @@ impl InterfaceQuery {
     }
 }
 
+impl InterfaceQuery {
+    /// The MAC address of the interface numbered `index` (`IFLA_ADDRESS`): one RTM_GETLINK
+    /// for it alone. An index nobody has is an error (`ENODEV`).
+    pub fn mac(&mut self, index: u32) -> Result<[u8; 6], XskError> {
+        let mut body = [0u8; 16];
+        body[4..8].copy_from_slice(&index.to_ne_bytes());
+        let mut mac = None;
+        self.0
+            .request(RTM_GETLINK, 0, &body, |ty, p| {
+                if ty == RTM_NEWLINK && p.len() >= 16 && u32_at(p, 4) == index {
+                    mac = attrs(&p[16..])
+                        .find(|(aty, v)| *aty == IFLA_ADDRESS && v.len() == 6)
+                        .and_then(|(_, v)| v.try_into().ok());
+                }
+            })
+            .map_err(XskError::Netlink)?;
+        mac.ok_or_else(|| XskError::InterfaceNotFound(format!("index {index}")))
+    }
+}
+
 /// `IFF_UP` and `IFF_LOWER_UP` both set in `ifi_flags`.
 fn flags_link_up(flags: u32) -> bool {
     flags & (IFF_UP | IFF_LOWER_UP) == IFF_UP | IFF_LOWER_UP
