@@ -988,6 +988,7 @@ impl TcpApp for ServerApp {
         let posted_before = peer.incoming.posted.len();
         // Whether every request that arrived has been read.
         let mut drained = false;
+        let mut held_back = false;
         if !peer.closing && !peer.stop_reading {
             for _ in 0..MESSAGES_PER_TURN {
                 let own = queued_body_octets(&peer.out);
@@ -999,6 +1000,15 @@ impl TcpApp for ServerApp {
                     self.max_object,
                     self.queued_budget,
                 ) {
+                    // Held back by everyone's queued bodies, not by its own: waiting for
+                    // room is not idleness (no reset for --idle-timeout meanwhile).
+                    held_back = may_read_request(
+                        peer.out.len(),
+                        own,
+                        0,
+                        self.max_object,
+                        self.queued_budget,
+                    );
                     break;
                 }
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
@@ -1064,7 +1074,7 @@ impl TcpApp for ServerApp {
             + st.rdma_placed_out_of_order
             + conn.bytes_acked();
         let now = Instant::now();
-        if moved != peer.moved {
+        if moved != peer.moved || held_back {
             peer.moved = moved;
             peer.last_progress = now;
         } else if now.duration_since(peer.last_progress) > self.idle {

@@ -56,6 +56,8 @@ pub struct Hello {
 pub const MAX_QPS: u16 = 64;
 /// Most memory the data buffers of one run's queue pairs may take at each end.
 pub const MAX_SESSION_MEMORY: u64 = 1 << 30;
+/// The longest `-D` a hello may ask for: the command line's limit, an hour.
+pub const MAX_DURATION_MS: u64 = 3_600_000;
 
 /// A registered buffer as the peer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +119,13 @@ impl Hello {
             && sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s))
             && (1..=1024).contains(&tx_depth)
             && slots <= 1024
-            && (iters > 0 || duration_ms > 0);
+            && (iters > 0 || duration_ms > 0)
+            // As the command line allows (`--duration` at most an hour; `--run_infinitely`
+            // asks for u64::MAX: until the client is interrupted).
+            && (duration_ms <= MAX_DURATION_MS || duration_ms == u64::MAX)
+            // The client's buffer as it names it: at least what the run uses, its addresses
+            // not past the end of the 64-bit space.
+            && buf.to.checked_add(buf.len).is_some();
         let hello = Hello {
             test,
             imm,
@@ -132,7 +140,8 @@ impl Hello {
         };
         // What one hello makes the server register: a buffer per queue pair.
         let memory = hello.buffer_len().saturating_mul(u64::from(qps));
-        (ok && memory <= MAX_SESSION_MEMORY).then_some((hello, buf))
+        (ok && memory <= MAX_SESSION_MEMORY && buf.len >= hello.buffer_len())
+            .then_some((hello, buf))
     }
 
     /// Length both sides register for the data buffer: room for `tx_depth` messages of the
@@ -179,7 +188,9 @@ pub fn decode_welcome(b: &[u8]) -> Option<RemoteBuf> {
     if r.take(4)? != WELCOME_MAGIC {
         return None;
     }
-    decode_buf(&mut r)
+    // Its addresses not past the end of the 64-bit space (the client checks the length
+    // against the run's).
+    decode_buf(&mut r).filter(|b| b.to.checked_add(b.len).is_some())
 }
 
 fn encode_buf(v: &mut Vec<u8>, b: RemoteBuf) {
@@ -415,6 +426,35 @@ mod tests {
         assert_eq!(Hello::decode(&enc[..enc.len() - 1]), None);
         assert_eq!(Hello::decode(b"nope"), None);
         assert_eq!(decode_welcome(&encode_welcome(b)), Some(b));
+        // What a peer announces is held to what our own command line allows: -D at most an
+        // hour, a buffer at least the run's, whose addresses do not wrap.
+        let timed = Hello {
+            iters: 0,
+            duration_ms: MAX_DURATION_MS,
+            ..h.clone()
+        };
+        assert!(Hello::decode(&timed.encode(b)).is_some());
+        let too_long = Hello {
+            duration_ms: MAX_DURATION_MS + 1,
+            ..timed
+        };
+        assert_eq!(Hello::decode(&too_long.encode(b)), None);
+        let infinite = Hello {
+            duration_ms: u64::MAX,
+            ..too_long
+        };
+        assert!(Hello::decode(&infinite.encode(b)).is_some(), "--run_infinitely");
+        let small = RemoteBuf {
+            len: h.buffer_len() - 1,
+            ..b
+        };
+        assert_eq!(Hello::decode(&h.encode(small)), None);
+        let wrapping = RemoteBuf {
+            to: u64::MAX - 100,
+            ..b
+        };
+        assert_eq!(Hello::decode(&h.encode(wrapping)), None);
+        assert_eq!(decode_welcome(&encode_welcome(wrapping)), None);
         for c in [
             Ctrl::PhaseAck {
                 ok: true,
