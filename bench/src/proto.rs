@@ -443,7 +443,10 @@ mod tests {
             duration_ms: u64::MAX,
             ..too_long
         };
-        assert!(Hello::decode(&infinite.encode(b)).is_some(), "--run_infinitely");
+        assert!(
+            Hello::decode(&infinite.encode(b)).is_some(),
+            "--run_infinitely"
+        );
         let small = RemoteBuf {
             len: h.buffer_len() - 1,
             ..b

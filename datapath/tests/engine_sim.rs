@@ -1138,12 +1138,9 @@ fn a_gap_before_the_responders_first_fpdu_closes_the_connection() {
     );
 }
 
-/// A peer-to-peer Responder whose Initiator's RTR never comes (every copy lost here; a peer
-/// that completes the exchange and then says nothing): setup ends with the RTR (RFC 6581 5),
-/// so `MpaConfig::timeout` after the accept the Responder closes the connection, sending
-/// nothing (it may not, RFC 5044 7.1.2 rule 4), and its queued work is flushed.
-#[test]
-fn a_peer_to_peer_responder_without_its_rtr_closes() {
+/// Peer-to-peer, the RTR a zero-length Send, `MpaConfig::timeout` 4 s; every copy of the
+/// Initiator's RTR lost on its way to B.
+fn bed_losing_the_rtr(seed: u64) -> Bed {
     let mpa = MpaConfig {
         peer_to_peer: true,
         rtr_send: true,
@@ -1152,11 +1149,21 @@ fn a_peer_to_peer_responder_without_its_rtr_closes() {
         timeout: Duration::from_secs(4),
         ..MpaConfig::default()
     };
-    let mut bed = bed(15, LinkConfig::default(), mpa);
+    let mut bed = bed(seed, LinkConfig::default(), mpa);
     // The RTR: a zero-length Send, the first message on QN 0 (MSN 1).
     let rtr_header = [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
     bed.b.drop_once = Some(rtr_header.to_vec());
     bed.b.drop_again = u32::MAX;
+    bed
+}
+
+/// A peer-to-peer Responder whose Initiator's RTR never comes (every copy lost here; a peer
+/// that completes the exchange and then says nothing): setup ends with the RTR (RFC 6581 5),
+/// so `MpaConfig::timeout` after the accept the Responder closes the connection, sending
+/// nothing (it may not, RFC 5044 7.1.2 rule 4), and its queued work is flushed.
+#[test]
+fn a_peer_to_peer_responder_without_its_rtr_closes() {
+    let mut bed = bed_losing_the_rtr(15);
     bed.establish();
     // (B accepted a round trip before A learned of it.)
     let accepted = bed.net.now;
@@ -1181,18 +1188,7 @@ fn a_peer_to_peer_responder_without_its_rtr_closes() {
 /// `MpaConfig::timeout`.
 #[test]
 fn the_rtr_deadline_counts_from_the_accept() {
-    let mpa = MpaConfig {
-        peer_to_peer: true,
-        rtr_send: true,
-        rtr_write: false,
-        rtr_read: false,
-        timeout: Duration::from_secs(4),
-        ..MpaConfig::default()
-    };
-    let mut bed = bed(17, LinkConfig::default(), mpa);
-    let rtr_header = [0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
-    bed.b.drop_once = Some(rtr_header.to_vec());
-    bed.b.drop_again = u32::MAX;
+    let mut bed = bed_losing_the_rtr(17);
     bed.b.ignore_request = true;
     bed.run_until("the Request", Duration::from_secs(2), |_, b| {
         b.events.iter().any(|e| matches!(e, ConnEvent::Request(_)))

@@ -18,6 +18,12 @@ const A_RECV: u64 = 800;
 /// receive; A has a posted receive. All of these must be flushed by the Terminate.
 fn pair(b_recv: bool) -> Pair {
     let mut pair = Pair::new(MULPDU);
+    post_work(&mut pair, b_recv);
+    pair
+}
+
+/// A's posted receive, B's (if `b_recv`) and B's queued Send of [`pair`].
+fn post_work(pair: &mut Pair, b_recv: bool) {
     let a_rbuf = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
     pair.a.post_recv(A_RECV, a_rbuf, 0, 64);
     if b_recv {
@@ -32,7 +38,6 @@ fn pair(b_recv: bool) -> Pair {
         },
         None,
     );
-    pair
 }
 
 fn a_source(pair: &mut Pair, len: usize) -> Sge {
@@ -548,22 +553,11 @@ fn send_with_invalidate_of_a_stag_shared_on_another_stream() {
 /// message to be a zero-length RTR Send ([`QueuePair::expect_rtr`]); otherwise as [`pair`].
 fn pair_expecting_rtr_send(cfg: QpConfig) -> Pair {
     let mut pair = Pair::with_configs(MULPDU, cfg, cfg);
-    let a_rbuf = pair.a.region(vec![0; 64], 0, Access::LOCAL_WRITE);
-    pair.a.post_recv(A_RECV, a_rbuf, 0, 64);
     let mut b = QueuePair::new(cfg);
     b.expect_rtr(RtrKind::Send).unwrap();
     b.enter_rts(cfg.ird, cfg.ord);
     pair.b.qp = b;
-    let b_rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
-    pair.b.post_recv(B_RECV, b_rbuf, 0, 64);
-    pair.b.post(
-        B_SEND,
-        SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        None,
-    );
+    post_work(&mut pair, true);
     pair
 }
 

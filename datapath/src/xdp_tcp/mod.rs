@@ -2620,29 +2620,49 @@ mod tests {
         /// that is not ours. The same SYN to our address opens a connection.
         #[test]
         fn a_segment_for_another_address_is_not_answered() {
-            let now = tcp_engine::Instant::from_millis(1);
-            let mut server = ConnectionTable::new([1; 16], 8);
-            server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
+            let mut server = listening_server();
             let mut stats = XdpTcpStats::default();
-            let mut buf = vec![0u8; 2048];
             for (to, answered) in [(Ipv4Addr::new(10, 78, 0, 77), false), (LOCAL, true)] {
-                let mut client = ConnectionTable::new([2; 16], 4);
-                let t = FourTuple {
-                    local_addr: REMOTE,
-                    local_port: 5000,
-                    remote_addr: to,
-                    remote_port: 40000,
-                };
-                client
-                    .connect(TcpConfig::default(), t, now)
-                    .expect("connect");
-                let n = client.poll_transmit(now, &mut buf).expect("SYN");
-                receive_on(&mut server, &mut stats, &framed(&buf[..n]), None);
-                let replied = server.poll_transmit(now, &mut buf).is_some();
-                assert_eq!(replied, answered, "to {to}");
+                let syn = framed(&client_syn(to));
+                assert_eq!(answers(&mut server, &mut stats, &syn), answered, "to {to}");
                 assert_eq!(server.len(), usize::from(answered), "to {to}");
             }
             assert_eq!(stats.rx_not_for_us, 1);
+        }
+
+        /// A table listening on port 40000 of any address.
+        fn listening_server() -> ConnectionTable {
+            let mut server = ConnectionTable::new([1; 16], 8);
+            server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
+            server
+        }
+
+        /// A client's SYN from `REMOTE` to port 40000 of `to`: its IPv4 packet.
+        fn client_syn(to: Ipv4Addr) -> Vec<u8> {
+            let now = tcp_engine::Instant::from_millis(1);
+            let mut client = ConnectionTable::new([2; 16], 4);
+            let t = FourTuple {
+                local_addr: REMOTE,
+                local_port: 5000,
+                remote_addr: to,
+                remote_port: 40000,
+            };
+            client
+                .connect(TcpConfig::default(), t, now)
+                .expect("connect");
+            let mut buf = vec![0u8; 2048];
+            let n = client.poll_transmit(now, &mut buf).expect("SYN");
+            buf.truncate(n);
+            buf
+        }
+
+        /// Whether `server` answers `frame`.
+        fn answers(server: &mut ConnectionTable, stats: &mut XdpTcpStats, frame: &[u8]) -> bool {
+            receive_on(server, stats, frame, None);
+            let mut buf = vec![0u8; 2048];
+            server
+                .poll_transmit(tcp_engine::Instant::from_millis(1), &mut buf)
+                .is_some()
         }
 
         /// A SYN to our address and port but to another station's MAC address (a
@@ -2651,27 +2671,12 @@ mod tests {
         /// connection.
         #[test]
         fn a_frame_for_another_mac_address_is_not_answered() {
-            let now = tcp_engine::Instant::from_millis(1);
-            let mut server = ConnectionTable::new([1; 16], 8);
-            server.listen(Ipv4Addr::UNSPECIFIED, 40000, 4, TcpConfig::default());
+            let mut server = listening_server();
             let mut stats = XdpTcpStats::default();
-            let mut buf = vec![0u8; 2048];
             for (mac, answered) in [([6; 6], false), ([0xff; 6], false), ([2; 6], true)] {
-                let mut client = ConnectionTable::new([2; 16], 4);
-                let t = FourTuple {
-                    local_addr: REMOTE,
-                    local_port: 5000,
-                    remote_addr: LOCAL,
-                    remote_port: 40000,
-                };
-                client
-                    .connect(TcpConfig::default(), t, now)
-                    .expect("connect");
-                let n = client.poll_transmit(now, &mut buf).expect("SYN");
-                let mut frame = framed(&buf[..n]);
-                frame[..6].copy_from_slice(&mac);
-                receive_on(&mut server, &mut stats, &frame, None);
-                let replied = server.poll_transmit(now, &mut buf).is_some();
+                let mut syn = framed(&client_syn(LOCAL));
+                syn[..6].copy_from_slice(&mac);
+                let replied = answers(&mut server, &mut stats, &syn);
                 assert_eq!(replied, answered, "to {mac:x?}");
                 assert_eq!(server.len(), usize::from(answered), "to {mac:x?}");
             }
