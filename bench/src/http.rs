@@ -1000,15 +1000,11 @@ impl TcpApp for ServerApp {
                     self.max_object,
                     self.queued_budget,
                 ) {
-                    // Held back by everyone's queued bodies, not by its own: waiting for
-                    // room is not idleness (no reset for --idle-timeout meanwhile).
-                    held_back = may_read_request(
-                        peer.out.len(),
-                        own,
-                        0,
-                        self.max_object,
-                        self.queued_budget,
-                    );
+                    // Held back by everyone's queued bodies with nothing of its own queued:
+                    // waiting for room is not idleness (no reset for --idle-timeout
+                    // meanwhile). A connection whose own responses wait (its client reading
+                    // slowly or not at all) is reset as before, which frees the budget.
+                    held_back = peer.out.is_empty();
                     break;
                 }
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {

@@ -583,11 +583,14 @@ fn prefix(comm: &mut Comm, size: u64) -> Result<(Geometry, String), PerftestErro
     let c = comm.exchange(step, &wire::be32(wire::OUR_CYCLE_BUFFER), 4)?;
     let cycle = wire::read_be32(&c).unwrap_or(0);
     // perftest's is the page size (4 KiB, 64 KiB on some machines); buffers sized by it
-    // stay within what we register at most.
-    if !(64..=MAX_BUFFER).contains(&u64::from(cycle)) {
+    // (two cycles' worth at most) stay within what we register at most.
+    if !(64..=MAX_BUFFER / 2).contains(&u64::from(cycle)) {
         return Err(PerftestError::protocol(
             step,
-            format!("the peer's cycle buffer {cycle} is outside 64 octets to {MAX_BUFFER}"),
+            format!(
+                "the peer's cycle buffer {cycle} is outside 64 octets to {}",
+                MAX_BUFFER / 2
+            ),
         ));
     }
     let step = "cache line exchange";

@@ -678,8 +678,8 @@ impl XdpPort {
                     ifname,
                     flows,
                     error = %e,
-                    "the steering program's flow map of this size was refused: it holds \
-                     {DEFAULT_FLOWS} connections"
+                    "loading the steering program with a flow map of this size failed: \
+                     trying the default size ({DEFAULT_FLOWS} connections)"
                 );
                 SteeringProgram::load(frags)?
             }

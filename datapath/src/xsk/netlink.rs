@@ -362,7 +362,9 @@ impl InterfaceQuery {
                 }
             })
             .map_err(XskError::Netlink)?;
-        mac.ok_or_else(|| XskError::InterfaceNotFound(format!("index {index}")))
+        mac.ok_or_else(|| {
+            XskError::InterfaceNotFound(format!("index {index} (or it has no MAC address)"))
+        })
     }
 }
 
