@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::XdpEngineConfig;
 use datapath::{
-    CompletionQueue, ConnectParams, ConnectRequest, DatapathError, Device, ListenStats, MpaConfig,
-    ProtectionDomain, Transport,
+    CmEvent, CmEventChannel, CompletionQueue, ConnectParams, ConnectRequest, DatapathError, Device,
+    ListenStats, MpaConfig, ProtectionDomain, Transport,
 };
 use mpa::MpaError;
 use testbed::*;
@@ -379,6 +379,98 @@ fn engine_requests_beyond_the_backlog_are_rejected() {
 #[test]
 fn socket_requests_beyond_the_backlog_are_rejected() {
     backlog(false, 19_616);
+}
+
+/// Whether `s` gets a Reply with R=1 (byte 16, bit 0x20) within `WAIT`.
+fn rejected(s: &mut TcpStream) -> Result<(), String> {
+    s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply)
+        .map_err(|e| format!("no Reply: {e}"))?;
+    if &reply[..16] != b"MPA ID Rep Frame" || reply[16] & 0x20 == 0 {
+        return Err(format!("got {reply:02x?}, not a rejection"));
+    }
+    Ok(())
+}
+
+/// Through an event channel (`Listener::notify`) the backlog holds as with `accept`: with a
+/// backlog of 2 and an application that answers nothing, 2 requests reach the channel, 2 more
+/// wait in the listener, and the rest get a Reply with R=1 (before, the listener's thread
+/// moved every Request onto the channel at once: no Request was ever refused, and each held
+/// its descriptor until its accept deadline, a flood of valid Requests took them all).
+/// Answering one lets the next in.
+fn backlog_through_an_event_channel(engine: bool, port: u16) {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (step_tx, step_rx) = mpsc::channel::<()>();
+    let (back_tx, back_rx) = mpsc::channel::<()>();
+    let server = spawn_in_ns(NS_A, move || -> Result<(ListenStats, usize), String> {
+        let dev = device(engine);
+        let mut p = params(2);
+        // Nothing here expires while the test looks.
+        p.mpa.accept_timeout = WAIT;
+        let listener = dev
+            .listen(SocketAddr::from((ADDR_A, port)), p)
+            .map_err(|e| format!("listen: {e}"))?;
+        let channel = CmEventChannel::new().map_err(|e| e.to_string())?;
+        let notifying = listener.notify(&channel).map_err(|e| e.to_string())?;
+        let _ = ready_tx.send(());
+        step_rx.recv_timeout(WAIT).map_err(|_| "peer gone")?;
+        let stats = notifying.stats();
+        // The requests on the channel, taken and left unanswered.
+        let mut held = Vec::new();
+        while let Some(event) = channel.wait_event(Duration::from_millis(500)) {
+            match event {
+                CmEvent::ConnectRequest(r) => held.push(r),
+                other => return Err(format!("unexpected {other:?}")),
+            }
+        }
+        let on_channel = held.len();
+        // One answered: a place in the backlog for the next waiting in the listener.
+        held.pop()
+            .ok_or("no request on the channel")?
+            .reject(b"")
+            .map_err(|e| e.to_string())?;
+        match channel.wait_event(WAIT) {
+            Some(CmEvent::ConnectRequest(_)) => {}
+            other => return Err(format!("after an answer: {other:?}, not the next request")),
+        }
+        let _ = back_tx.send(());
+        Ok((stats, on_channel))
+    });
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        let addr = SocketAddr::from((ADDR_A, port));
+        let mut streams = Vec::new();
+        for i in 0..6 {
+            let mut s = TcpStream::connect_timeout(&addr, WAIT).map_err(|e| e.to_string())?;
+            s.write_all(&request(format!("request {i}").as_bytes()))
+                .map_err(|e| e.to_string())?;
+            streams.push(s);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        for (i, s) in streams.iter_mut().enumerate().skip(4) {
+            rejected(s).map_err(|e| format!("request {i}: {e}"))?;
+        }
+        let _ = step_tx.send(());
+        back_rx.recv_timeout(WAIT).map_err(|_| "listener gone")?;
+        drop(streams);
+        Ok(())
+    });
+    peer.join().expect("peer thread").expect("peer");
+    let (stats, on_channel) = server.join().expect("server thread").expect("server");
+    assert_eq!(on_channel, 2, "requests on the channel at once");
+    assert_eq!(stats.over_backlog, 2, "{stats:?}");
+}
+
+#[test]
+fn engine_requests_beyond_the_backlog_of_an_event_channel_are_rejected() {
+    backlog_through_an_event_channel(true, 19_621);
+}
+
+#[test]
+fn socket_requests_beyond_the_backlog_of_an_event_channel_are_rejected() {
+    backlog_through_an_event_channel(false, 19_622);
 }
 
 /// A responder that sends an FPDU where its Reply belongs: the Initiator fails with

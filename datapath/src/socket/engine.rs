@@ -211,6 +211,10 @@ fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
     }
 }
 
+/// The most a graceful close waits, after our FIN, for the peer to end its side
+/// (`Engine::close_gracefully`).
+const CLOSE_DRAIN: Duration = Duration::from_secs(10);
+
 const SOCKET: Token = Token(0);
 const WAKE: Token = Token(1);
 /// Encoded bytes kept ready for the socket before asking the queue pair for more.
@@ -357,8 +361,7 @@ impl Engine {
                 tracing::info!(peer = ?peer, "the application reset the connection");
             }
         } else {
-            let _ = self.stream.flush();
-            let _ = self.stream.shutdown(Shutdown::Both);
+            self.close_gracefully(&mut events);
         }
         self.deliver_completions();
         let (cq, num) = (&self.cq, self.num);
@@ -377,6 +380,52 @@ impl Engine {
             self.set_error(QpError::CqOverrun);
         }
         self.shared.mark_finished(self.qp.state());
+    }
+
+    /// Our side's end without a reset (RFC 9293 3.10.4 CLOSE): our FIN goes after all the
+    /// kernel holds of ours, and the socket is closed once the peer has acknowledged all of
+    /// it, FIN included, or has ended its side (or the connection failed), whatever it sends
+    /// meanwhile read and dropped. Closing at once would lose data: Linux resets a
+    /// connection closed with received data unread, and an orphaned one that receives more,
+    /// throwing away what it has not yet sent, so Writes and Sends that completed when the
+    /// kernel took them (or our Terminate) would never arrive. Bounded by [`CLOSE_DRAIN`],
+    /// and ended by the application's abort (`disconnect` resets a close that has not
+    /// finished within its wait).
+    fn close_gracefully(&mut self, events: &mut Events) {
+        let _ = self.stream.flush();
+        if self.stream.shutdown(Shutdown::Write).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + CLOSE_DRAIN;
+        let mut scratch = std::mem::take(&mut self.rx);
+        'drain: loop {
+            for _ in 0..RX_BUDGET {
+                match self.stream.read(&mut scratch) {
+                    // The peer's end, or a failure: nothing more will come.
+                    Ok(0) => break 'drain,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => break 'drain,
+                }
+            }
+            if self.shared.abort_requested() {
+                let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+                break;
+            }
+            // All of ours acknowledged: a reset at the close (the peer still sending) loses
+            // nothing of ours.
+            if super::sockopt::unacknowledged(&self.stream) == Some(0) {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            let _ = self.poll.poll(events, Some(wait));
+        }
+        self.rx = scratch;
     }
 
     /// Records what ended the connection (see `Shared::set_error`).

@@ -20,3 +20,17 @@ pub(super) fn set_tos(
     }
     Ok(())
 }
+
+/// Octets of ours the peer has not acknowledged yet, our FIN counting as one (Linux's
+/// `SIOCOUTQ` on a TCP socket, `write_seq - snd_una`); `None` if the kernel does not say.
+pub(super) fn unacknowledged(stream: &impl std::os::fd::AsRawFd) -> Option<usize> {
+    let mut octets: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ's number) writes one int through the pointer, which points
+    // at `octets`, alive and writable for the call; the descriptor is the stream's, open for
+    // the call.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut octets) };
+    if rc != 0 {
+        return None;
+    }
+    usize::try_from(octets).ok()
+}

@@ -338,7 +338,7 @@ impl ListenRecord {
         self.update(|s| s.out_of_descriptors += 1);
     }
 
-    fn snapshot(&self) -> ListenStats {
+    pub(crate) fn snapshot(&self) -> ListenStats {
         self.0.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
@@ -427,6 +427,16 @@ impl Listener {
         self.inner.local_addr()
     }
 
+    /// The backlog it was made with (`ConnectParams::backlog`, at least 1).
+    pub(crate) fn backlog(&self) -> usize {
+        self.params.backlog.max(1)
+    }
+
+    /// Where [`Listener::stats`] comes from.
+    pub(crate) fn record(&self) -> Arc<ListenRecord> {
+        self.record.clone()
+    }
+
     /// Waits for the next connection whose valid MPA Request arrived. A peer that sends a
     /// malformed Request, or none in time, is closed without troubling the caller (see
     /// [`Listener::stats`]); Requests are read beside the application, so a slow peer holds
@@ -459,6 +469,35 @@ pub struct ConnectRequest {
     pub(crate) params: ConnectParams,
     /// The context of the listener it came from ([`Listener::notify_with_context`]).
     context: u64,
+    /// Its place in a notifying listener's backlog, given back when the request is answered
+    /// or dropped ([`Listener::notify`]).
+    backlog_place: Option<BacklogPlace>,
+}
+
+/// A place in the backlog of a listener handed to [`Listener::notify`]: taken before a
+/// request leaves the listener for the event channel, given back when the request is dropped
+/// (accepted, rejected, or dropped unanswered).
+pub(crate) struct BacklogPlace(crossbeam_channel::Receiver<()>);
+
+impl BacklogPlace {
+    /// Takes one of the places of `places` (a channel as deep as the backlog: a send is a
+    /// place taken), waiting at most `timeout` for one to be given back.
+    pub(crate) fn take(
+        places: &crossbeam_channel::Sender<()>,
+        given_back: &crossbeam_channel::Receiver<()>,
+        timeout: Duration,
+    ) -> Option<BacklogPlace> {
+        places
+            .send_timeout((), timeout)
+            .ok()
+            .map(|()| BacklogPlace(given_back.clone()))
+    }
+}
+
+impl Drop for BacklogPlace {
+    fn drop(&mut self) {
+        let _ = self.0.try_recv();
+    }
 }
 
 impl ConnectRequest {
@@ -476,12 +515,15 @@ impl ConnectRequest {
             local,
             params,
             context: 0,
+            backlog_place: None,
         }
     }
 
-    /// The request as it comes from a listener whose context is `context`.
-    pub(crate) fn with_listen_context(mut self, context: u64) -> Self {
+    /// The request as it comes from a listener whose context is `context`, holding `place`
+    /// of its backlog until it is answered.
+    pub(crate) fn notified(mut self, context: u64, place: BacklogPlace) -> Self {
         self.context = context;
+        self.backlog_place = Some(place);
         self
     }
 

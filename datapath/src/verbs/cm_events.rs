@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::verbs::cm::{ConnectRequest, Connection, Listener};
+use crate::verbs::cm::{BacklogPlace, ConnectRequest, Connection, ListenRecord, Listener};
 use crate::verbs::event_queue::{EventQueue, WeakEventQueue};
 use crate::verbs::qp::QueuePair;
-use crate::{DatapathError, QpError};
+use crate::{DatapathError, ListenStats, QpError};
 
 /// One connection-manager event (`struct rdma_cm_event`).
 pub enum CmEvent {
@@ -189,6 +189,14 @@ impl AsFd for CmEventChannel {
 pub struct NotifyingListener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    record: Arc<ListenRecord>,
+}
+
+impl NotifyingListener {
+    /// What the listener turned away so far, by cause ([`Listener::stats`]).
+    pub fn stats(&self) -> ListenStats {
+        self.record.snapshot()
+    }
 }
 
 impl Drop for NotifyingListener {
@@ -208,6 +216,15 @@ impl Listener {
     /// listen on an event channel), from a thread of its own, until the returned handle is
     /// dropped. A peer whose Request is malformed or late is dropped, as `accept` drops it; a
     /// failure of the listener itself is queued as [`CmEvent::ListenError`] and ends it.
+    ///
+    /// The backlog (`ConnectParams::backlog`) holds as with `accept` (as rdma_cm's iWARP
+    /// listener counts it): at most that many requests are on the channel or in the
+    /// application's hands unanswered (a request is answered when it is accepted, rejected or
+    /// dropped); while they are, further Requests wait in the listener, at most the backlog
+    /// again, each until its accept deadline, and Requests beyond those are rejected (Reply
+    /// with R=1; [`ListenStats::over_backlog`]). So a peer that sends Requests faster than
+    /// the application answers them holds a bounded number of connections, each bounded in
+    /// time while the listener runs.
     pub fn notify(self, channel: &CmEventChannel) -> Result<NotifyingListener, DatapathError> {
         self.notify_with_context(channel, 0)
     }
@@ -223,14 +240,21 @@ impl Listener {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let channel = channel.clone();
+        let record = self.record();
+        let (places, given_back) = crossbeam_channel::bounded(self.backlog());
         let thread = std::thread::Builder::new()
             .name("iwarp-cm-listen".into())
             .spawn(move || {
                 while !flag.load(Ordering::SeqCst) {
+                    // A place in the backlog first: while every place is taken by a request
+                    // the application has not answered, Requests wait in the listener.
+                    let Some(place) = BacklogPlace::take(&places, &given_back, LISTEN_TURN) else {
+                        continue;
+                    };
                     match self.accept_timeout(LISTEN_TURN) {
-                        Ok(Some(request)) => channel.push(CmEvent::ConnectRequest(
-                            request.with_listen_context(context),
-                        )),
+                        Ok(Some(request)) => {
+                            channel.push(CmEvent::ConnectRequest(request.notified(context, place)))
+                        }
                         Ok(None) => {}
                         // One peer's bad or missing Request: that connection is dropped.
                         Err(DatapathError::Mpa(_) | DatapathError::Timeout(_)) => {}
@@ -244,6 +268,7 @@ impl Listener {
         Ok(NotifyingListener {
             stop,
             thread: Some(thread),
+            record,
         })
     }
 }
