@@ -5,7 +5,7 @@
 # Usage: . scripts/bed-bench.sh NAME
 [ "$(id -u)" -eq 0 ] || { echo "$1: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
 scripts/install-deps.sh >/dev/null
-[ "${SKIP_BUILD:-0}" = 1 ] || cargo build --release --locked -p bench >/dev/null 2>&1
+[ "${SKIP_BUILD:-0}" = 1 ] || cargo build -q --release --locked -p bench
 BIN=$PWD/target/release/iwarp-bench
 exec 9>/run/lock/iwarp-netns.lock
 flock 9

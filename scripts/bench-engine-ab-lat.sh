@@ -8,6 +8,10 @@
 # Usage: scripts/bench-engine-ab-lat.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-lat|send-lat|read-lat] [iterations] [size]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+  echo "Usage: scripts/bench-engine-ab-lat.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-lat|send-lat|read-lat] [iterations] [size]" >&2
+  exit 2
+fi
 A=$1
 B=$2
 PAIRS=${3:-6}

@@ -12,6 +12,10 @@
 # Usage: scripts/bench-engine-ab.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-bw|read-bw|send-bw] [iterations]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+  echo "Usage: scripts/bench-engine-ab.sh BASE_BIN NEW_BIN [pairs] [pinned|free] [write-bw|read-bw|send-bw] [iterations]" >&2
+  exit 2
+fi
 A=$1
 B=$2
 PAIRS=${3:-5}

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-5}
 ROUNDS=${2:-3}
 scripts/install-deps.sh >/dev/null
-cargo build --release --locked -p bench >/dev/null 2>&1
+cargo build -q --release --locked -p bench
 BIN=target/release/iwarp-bench
 PORT=18560
 

@@ -16,8 +16,8 @@ SEED=${3:-7}
 ROWS=${ROWS:-aligned-1 aligned-5 reseg-2 ift-aligned-1 ift-aligned-5 ift-reseg-2}
 [ "$(id -u)" -eq 0 ] || { echo "bench-relay: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
 scripts/install-deps.sh >/dev/null
-cargo build --release --locked -p bench >/dev/null 2>&1
-cargo build --release --locked -p testbed --bin iwarp-relay >/dev/null 2>&1
+cargo build -q --release --locked -p bench
+cargo build -q --release --locked -p testbed --bin iwarp-relay
 BIN=$PWD/target/release/iwarp-bench
 RELAY=$PWD/target/release/iwarp-relay
 exec 9>/run/lock/iwarp-netns.lock

@@ -134,8 +134,9 @@ pub struct Cli {
     /// `--transport xdp`: inline progress. `on`: a thread polling a completion queue runs the
     /// engine's turns itself while the engine thread parks (one thread per core when the
     /// application busy-polls); `off`: only the engine thread runs turns.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    pub engine_inline: OnOff,
+    /// Default: on.
+    #[arg(long, value_enum)]
+    pub engine_inline: Option<OnOff>,
     /// `--transport xdp`: the engine copies FPDUs through TCP's send buffer (the transmit
     /// path before FPDUs were written from registered memory into the frames), for
     /// comparison.
@@ -166,9 +167,9 @@ pub struct Cli {
     #[arg(long, value_name = "USECS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub engine_busy_poll: Option<u32>,
     /// `--transport xdp` with `--engine-busy-poll`: packets one busy poll may process
-    /// (`SO_BUSY_POLL_BUDGET`).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
-    pub engine_busy_poll_budget: u16,
+    /// (`SO_BUSY_POLL_BUDGET`; default 64).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub engine_busy_poll_budget: Option<u16>,
     /// `--transport xdp`, inline progress: how long after the application's last poll, in
     /// microseconds, the parked engine thread takes its turns back (`XdpEngineConfig::park_max`:
     /// its watchdog, which the polls push forward every half of it; at least 1000; default:
@@ -283,7 +284,9 @@ pub struct Cli {
           default_value_t = AtomicType::FetchAndAdd)]
     pub atomic_type: AtomicType,
     /// perftest's `-R/--rdma_cm`: accepted; connections are always set up as rdma_cm sets
-    /// them up (TCP, then the MPA exchange).
+    /// them up (TCP, then the MPA exchange). The peer must be `iwarp-bench` too (the test's
+    /// parameters travel in the MPA private data); to run against perftest's own
+    /// `ib_write_bw -R` and the rest, use `iwarp-bench perftest`.
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
     /// Print one JSON object with the results on stdout instead of the table.
@@ -414,9 +417,9 @@ impl Cli {
     pub fn imm(&self) -> bool {
         self.write_with_imm || self.send_with_imm
     }
-    /// Connection setup deadline.
+    /// Connection setup deadline (`validate` holds `--timeout` to (0, 3600] seconds).
     pub fn setup_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.timeout.max(0.1))
+        Duration::try_from_secs_f64(self.timeout).unwrap_or(Duration::from_secs(3600))
     }
     pub(crate) fn server_addr(&self, host: &str) -> Result<SocketAddr, String> {
         (host, self.port)
@@ -435,13 +438,70 @@ impl Cli {
         self.stats_every.map(std::time::Duration::from_secs_f64)
     }
 
+    /// The `--transport xdp` options given on this command line (by their flags).
+    fn engine_options_given(&self) -> Vec<&'static str> {
+        let given = [
+            ("--iface", self.iface.is_some()),
+            ("--pcap", self.pcap.is_some()),
+            ("--stats-every", self.stats_every.is_some()),
+            ("--engine-cpu", self.engine_cpu.is_some()),
+            ("--engine-threads", self.engine_threads.is_some()),
+            ("--engine-cpus", !self.engine_cpus.is_empty()),
+            ("--engine-inline", self.engine_inline.is_some()),
+            ("--engine-tx-copy", self.engine_tx_copy),
+            ("--engine-ack-every", self.engine_ack_every.is_some()),
+            ("--engine-rx-ring", self.engine_rx_ring.is_some()),
+            ("--engine-tx-ahead", self.engine_tx_ahead.is_some()),
+            (
+                "--engine-tx-turn-frames",
+                self.engine_tx_turn_frames.is_some(),
+            ),
+            ("--engine-busy-poll", self.engine_busy_poll.is_some()),
+            (
+                "--engine-busy-poll-budget",
+                self.engine_busy_poll_budget.is_some(),
+            ),
+            ("--engine-park-max-us", self.engine_park_max_us.is_some()),
+            (
+                "--engine-reassembly-budget-mib",
+                self.engine_reassembly_budget_mib.is_some(),
+            ),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(flag, on)| on.then_some(flag))
+            .collect()
+    }
+
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if let Some(every) = self.stats_every {
-            if self.transport != Transport::Xdp {
-                return Err(
-                    "--stats-every shows the AF_XDP engine's counters (--transport xdp)".into(),
-                );
+        if self.transport != Transport::Xdp {
+            let given = self.engine_options_given();
+            if !given.is_empty() {
+                return Err(format!(
+                    "{} {} for the AF_XDP engine: add --transport xdp (this run would use \
+                     the socket transport, kernel TCP)",
+                    given.join(", "),
+                    if given.len() == 1 { "is" } else { "are" }
+                ));
             }
+        }
+        if !self.engine_cpus.is_empty() && self.engine_threads == Some(EngineThreads::One) {
+            return Err(
+                "--engine-cpus pins the threads of --engine-threads per-queue: with one engine \
+                 thread, --engine-cpu"
+                    .into(),
+            );
+        }
+        if self.engine_busy_poll_budget.is_some() && self.engine_busy_poll.is_none() {
+            return Err("--engine-busy-poll-budget goes with --engine-busy-poll".into());
+        }
+        if !(self.timeout > 0.0 && self.timeout <= 3600.0) {
+            return Err("--timeout must be more than 0 and at most 3600 seconds".into());
+        }
+        if self.json && (self.compat.report_unsorted || self.compat.report_histogram) {
+            return Err("-U and -H print samples before the table's result line: no --json".into());
+        }
+        if let Some(every) = self.stats_every {
             if !(0.1..=3600.0).contains(&every) {
                 return Err("--stats-every must be between 0.1 and 3600 seconds".into());
             }
@@ -520,7 +580,7 @@ impl Cli {
         }
         if let Some(d) = self.duration {
             if !(d > 0.0 && d <= 3600.0) {
-                return Err("--duration must be between 0 and 3600 seconds".into());
+                return Err("--duration must be more than 0 and at most 3600 seconds".into());
             }
         }
         if self.transport == Transport::Xdp && self.iface.is_none() {

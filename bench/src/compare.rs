@@ -176,7 +176,9 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     let iters = cli
         .iters
         .unwrap_or(if cli.test.is_bw() { 2000 } else { 10_000 });
-    testbed::run_script("up")?;
+    // The bed's lock (other bed users wait, as we wait for them), a fresh bed, taken down
+    // when the run ends.
+    let _bed = testbed::Bed::up()?;
     bed_settings(cli)?;
     let me = std::env::current_exe().map_err(|e| format!("finding iwarp-bench itself: {e}"))?;
     let mut runner = Runner {

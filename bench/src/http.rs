@@ -5,7 +5,7 @@
 //!
 //! * `http-server --iface IF --port P` answers `GET /gen/SEED/LEN` with LEN pseudo-random
 //!   octets (the generator of `tcp-source`), `GET /NAME` with the file NAME of `--dir`, and
-//!   `PUT` or `POST` of any path with the SHA-256 (hex) of the body it received; bodies put to
+//!   `PUT` or `iwarp-bench POST` of any path with the SHA-256 (hex) of the body it received; bodies put to
 //!   `/gen/SEED/LEN` must be that object (422 otherwise). Response bodies go as RDMA transfers
 //!   with the U bit clear (5.2.2) when the client offered the option, and the server posts
 //!   buffers (`--put-buffer` octets) for request bodies sent unsolicited (5.2.3).
@@ -198,12 +198,13 @@ enum HttpError {
     Send(#[from] SendError),
 }
 
-/// Entry point: `args` starts with the tool's own name (`http-server` or `http-client`).
+/// Entry point: `args` starts with the tool's own name (`iwarp-bench http-server`
+/// or `iwarp-bench http-client`).
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     let args: Vec<String> = args.collect();
     let tool = args.first().cloned().unwrap_or_default();
     let result = match tool.as_str() {
-        "http-server" => ServerCli::try_parse_from(&args).map(|c| {
+        "iwarp-bench http-server" => ServerCli::try_parse_from(&args).map(|c| {
             server(&c).and_then(|r| serde_json::to_string(&r).map_err(|e| BadJson(e).into()))
         }),
         _ => ClientCli::try_parse_from(&args).map(|c| {

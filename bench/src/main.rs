@@ -24,7 +24,7 @@ mod tests;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 pub use cli::{
     all_sizes, parse_args, AtomicType, Cli, CqMode, EngineThreads, FramingArg, OnOff,
@@ -50,36 +50,86 @@ fn init_logging() {
     }
 }
 
+/// The subcommands beside the perftest-shaped tests: name, entry, one line of help.
+type Entry = fn(Vec<String>) -> ExitCode;
+const SUBCOMMANDS: &[(&str, Entry, &str)] = &[
+    (
+        "perftest",
+        |a| perftest::main(a),
+        "talk to perftest's ib_*_bw/ib_*_lat -R (or be one for them) over rdma_cm's wire",
+    ),
+    (
+        "rping",
+        |a| rping::main(a),
+        "librdmacm's rping, client or server",
+    ),
+    (
+        "compare",
+        |a| compare::main(a.into_iter()),
+        "raw AF_XDP, the engine, the socket transport (and iperf3) side by side on the veth bed",
+    ),
+    (
+        "stats",
+        |a| live::stats_main(a.into_iter()),
+        "the counters of a running engine, from another shell",
+    ),
+    (
+        "raw",
+        |a| raw::main(a.into_iter()),
+        "raw AF_XDP frame rates and ping-pong, no protocol",
+    ),
+    (
+        "tcp-sink",
+        |a| tcp_tools::main(a.into_iter()),
+        "our TCP over AF_XDP without iWARP: receive and count",
+    ),
+    (
+        "tcp-source",
+        |a| tcp_tools::main(a.into_iter()),
+        "our TCP over AF_XDP without iWARP: send",
+    ),
+    (
+        "http-server",
+        |a| http::main(a.into_iter()),
+        "HTTP GETs over our TCP with the TCP RDMA option: server",
+    ),
+    (
+        "http-client",
+        |a| http::main(a.into_iter()),
+        "HTTP GETs over our TCP with the TCP RDMA option: client",
+    ),
+];
+
+/// The list of [`SUBCOMMANDS`] for `--help` and `iwarp-bench help`.
+fn subcommand_help() -> String {
+    let mut s = String::from("Other commands (`iwarp-bench COMMAND --help` for each):\n");
+    for (name, _, what) in SUBCOMMANDS {
+        s.push_str(&format!("  {name:<12} {what}\n"));
+    }
+    s
+}
+
 fn main() -> ExitCode {
     init_logging();
-    if std::env::args().nth(1).as_deref() == Some("raw") {
-        return raw::main(std::env::args().skip(1));
+    let mut args: Vec<String> = std::env::args().collect();
+    let first = args.get(1).cloned().unwrap_or_default();
+    if let Some((name, entry, _)) = SUBCOMMANDS.iter().find(|(n, _, _)| *n == first) {
+        // Usage lines name the whole command, `iwarp-bench perftest`.
+        args.splice(..2, [format!("iwarp-bench {name}")]);
+        return entry(args);
     }
-    if matches!(
-        std::env::args().nth(1).as_deref(),
-        Some("tcp-sink" | "tcp-source")
-    ) {
-        return tcp_tools::main(std::env::args().skip(1));
+    let mut command = Cli::command().after_help(subcommand_help());
+    if first == "help" && args.len() == 2 {
+        let _ = command.print_long_help();
+        return ExitCode::SUCCESS;
     }
-    if matches!(
-        std::env::args().nth(1).as_deref(),
-        Some("http-server" | "http-client")
-    ) {
-        return http::main(std::env::args().skip(1));
-    }
-    if std::env::args().nth(1).as_deref() == Some("rping") {
-        return rping::main(std::env::args().skip(1));
-    }
-    if std::env::args().nth(1).as_deref() == Some("perftest") {
-        return perftest::main(std::env::args().skip(1));
-    }
-    if std::env::args().nth(1).as_deref() == Some("compare") {
-        return compare::main(std::env::args().skip(1));
-    }
-    if std::env::args().nth(1).as_deref() == Some("stats") {
-        return live::stats_main(std::env::args().skip(1));
-    }
-    let cli = Cli::parse();
+    let cli = match command
+        .try_get_matches_from_mut(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut command).exit(),
+    };
     if let Err(e) = cli.validate() {
         eprintln!("iwarp-bench: {e}");
         return ExitCode::from(2);

@@ -184,7 +184,7 @@ impl PayloadSource {
     }
 }
 
-/// Entry point: `args` starts with the subcommand's own name ("raw").
+/// Entry point: `args` starts with the subcommand's own name ("iwarp-bench raw").
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     let cli: RawCli = match crate::parse_args(args) {
         Ok(c) => c,
@@ -219,7 +219,9 @@ fn secs(s: f64, what: &str) -> Res<Duration> {
     if s.is_finite() && s > 0.0 && s <= 3600.0 {
         Ok(Duration::from_secs_f64(s))
     } else {
-        Err(format!("--{what} must be between 0 and 3600 seconds"))
+        Err(format!(
+            "--{what} must be more than 0 and at most 3600 seconds"
+        ))
     }
 }
 

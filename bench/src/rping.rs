@@ -131,7 +131,9 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     }
     let ok = |t: f64| t > 0.0 && t <= 3600.0;
     if !ok(cli.timeout) || !ok(cli.step_timeout) {
-        eprintln!("rping: --timeout and --step-timeout must be between 0 and 3600 seconds");
+        eprintln!(
+            "rping: --timeout and --step-timeout must be more than 0 and at most 3600 seconds"
+        );
         return ExitCode::from(2);
     }
     let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {

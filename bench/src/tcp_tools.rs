@@ -143,12 +143,13 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ToolError {
     move |source| ToolError::Io { what, source }
 }
 
-/// Entry point: `args` starts with the tool's own name (`tcp-sink` or `tcp-source`).
+/// Entry point: `args` starts with the tool's own name (`iwarp-bench tcp-sink`
+/// or `iwarp-bench tcp-source`).
 pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     let args: Vec<String> = args.collect();
     let tool = args.first().cloned().unwrap_or_default();
     let result = match tool.as_str() {
-        "tcp-sink" => SinkCli::try_parse_from(&args).map(|c| sink(&c)),
+        "iwarp-bench tcp-sink" => SinkCli::try_parse_from(&args).map(|c| sink(&c)),
         _ => SourceCli::try_parse_from(&args).map(|c| source(&c)),
     };
     match result {

@@ -583,7 +583,7 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
     let mut cfg = XdpEngineConfig {
         cpu: cli.engine_cpu,
         cpus: cli.engine_cpus.clone(),
-        inline_progress: cli.engine_inline.on(),
+        inline_progress: cli.engine_inline.is_none_or(crate::OnOff::on),
         tx_copy: cli.engine_tx_copy,
         ..XdpEngineConfig::default()
     };
@@ -610,7 +610,7 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
     }
     cfg.driver.xsk.busy_poll = cli.engine_busy_poll.map(|usecs| datapath::xsk::BusyPoll {
         usecs,
-        budget: cli.engine_busy_poll_budget,
+        budget: cli.engine_busy_poll_budget.unwrap_or(64),
         prefer: true,
     });
     crate::net::open_device(

@@ -419,6 +419,44 @@ fn bad_arguments_are_errors_not_panics() {
         assert!(err.contains("--transport xdp"), "{args:?}: {err}");
         assert!(!file.exists(), "{args:?}");
     }
+    // Values a user may well type: a clear refusal naming the option, never a panic or a
+    // silent change (a non-finite timeout panicked in `Duration`; engine options were
+    // dropped without a word on the socket transport).
+    for (args, says) in [
+        (&["write-bw", "--timeout", "inf"][..], "--timeout"),
+        (&["write-bw", "--timeout", "0"], "--timeout"),
+        (&["write-bw", "--timeout=-5"], "--timeout"),
+        (&["write-bw", "--iface", "lo", "127.0.0.1"], "--iface"),
+        (&["write-bw", "--engine-tx-copy"], "--engine-tx-copy"),
+        (&["write-bw", "--engine-inline", "off"], "--engine-inline"),
+        (
+            &[
+                "write-bw",
+                "--transport",
+                "xdp",
+                "--iface",
+                "lo",
+                "--engine-threads",
+                "one",
+                "--engine-cpus",
+                "0,1",
+            ],
+            "--engine-cpu",
+        ),
+        (&["write-lat", "-U", "--json"], "--json"),
+        (&["perftest", "write-bw", "--timeout", "inf"], "--timeout"),
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
     // Nothing listening: a clear connection error.
     let port = free_port().to_string();
     let out = std::process::Command::new(bin())
@@ -428,6 +466,37 @@ fn bad_arguments_are_errors_not_panics() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refused"), "{err}");
+}
+
+/// `--help` names every command besides the tests, `help` prints the same, and each
+/// command's usage line names it whole.
+#[test]
+fn help_lists_every_command_and_names_it() {
+    let run = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().expect("run");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let help = run(&["--help"]);
+    for command in [
+        "perftest",
+        "rping",
+        "compare",
+        "stats",
+        "raw",
+        "tcp-sink",
+        "tcp-source",
+        "http-server",
+        "http-client",
+    ] {
+        assert!(help.contains(&format!("  {command} ")), "{command}: {help}");
+        let usage = run(&[command, "--help"]);
+        assert!(
+            usage.contains(&format!("Usage: iwarp-bench {command}")),
+            "{command}: {usage}"
+        );
+    }
+    assert_eq!(run(&["help"]), help);
 }
 
 /// `iwarp-bench stats` reads what running engines publish: nothing there is said plainly; a

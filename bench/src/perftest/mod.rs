@@ -105,8 +105,9 @@ const KIND: u64 = 0xFF << 56;
     about = "Peer of perftest's ib_{write,read,send}_{bw,lat} -R over the iWARP stack"
 )]
 pub struct PerftestCli {
-    /// The test, as the peer runs it (write-bw = ib_write_bw, ...).
-    #[arg(value_enum)]
+    /// The test, as the peer runs it: write-bw (ib_write_bw), write-lat, read-bw, read-lat,
+    /// send-bw, send-lat (perftest's RFC 7306 atomics are not iWARP's: no atomic tests).
+    #[arg(value_enum, hide_possible_values = true)]
     pub test: TestKind,
     /// Server to connect to; without it, run as the server.
     pub server: Option<String>,
@@ -348,7 +349,9 @@ impl Run {
             if v > 0.0 && v <= 3600.0 {
                 Ok(Duration::from_secs_f64(v))
             } else {
-                Err(format!("--{name} must be between 0 and 3600 seconds"))
+                Err(format!(
+                    "--{name} must be more than 0 and at most 3600 seconds"
+                ))
             }
         };
         if cli.transport == Transport::Xdp && cli.iface.is_none() {
