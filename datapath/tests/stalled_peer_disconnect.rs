@@ -126,3 +126,86 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     let _ = stop_tx.send(());
     peer.join().expect("the peer's thread");
 }
+
+/// A peer that makes our queue pair fail (an FPDU whose CRC is wrong) while our Writes wait
+/// behind its full window, and then reads a trickle (64 KiB every 2 s): the queue pair in
+/// Error sends what it can of them and its Terminate for at most 10 s (the user timeout if
+/// less), then resets the connection, and its end is seen (`status().finished`) with the
+/// application doing nothing. Before, it waited until all its own buffer (half a MiB) had
+/// gone at the peer's pace, holding its thread and buffers, the end unreported.
+#[test]
+fn a_queue_pair_in_error_behind_a_trickling_reader_ends_in_bounded_time() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    socket2::SockRef::from(&listener)
+        .set_recv_buffer_size(256 * 1024)
+        .expect("SO_RCVBUF");
+    let addr = listener.local_addr().expect("address");
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || -> Result<(), String> {
+        let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+        answer_request(&mut s)?;
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(|e| e.to_string())?;
+        // A trickle from the start: the window opens every few reads, so the kernel's user
+        // timeout never sees a stall.
+        let mut chunk = vec![0u8; 64 * 1024];
+        let deadline = Instant::now() + WAIT;
+        let mut sent_bad = false;
+        while stop_rx.try_recv().is_err() && Instant::now() < deadline {
+            if !sent_bad && go_rx.try_recv().is_ok() {
+                // An FPDU of 16 octets and a CRC of zeros: not the CRC of its octets.
+                let mut bad = vec![0x00, 0x10];
+                bad.extend_from_slice(&[0u8; 16 + 2 + 4]);
+                s.write_all(&bad).map_err(|e| e.to_string())?;
+                sent_bad = true;
+            }
+            if let Ok(0) = s.read(&mut chunk) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1900));
+        }
+        Ok(())
+    });
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let params = ConnectParams {
+        // No user timeout: the kernel never gives up on a peer that acknowledges something
+        // now and then.
+        user_timeout: None,
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    };
+    let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
+    let src = pd.register(WRITE_LEN, Access::LOCAL_WRITE).expect("region");
+    for i in 0..WRITES {
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::Write {
+                remote_stag: Stag(0x100),
+                remote_to: 0,
+            },
+            sg_list: src.sge(0, WRITE_LEN as u32).into(),
+            signaled: true,
+            fence: false,
+        };
+        conn.qp.post_send(wr).expect("post a Write");
+    }
+    // Some Writes go; the rest wait behind the trickle.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = go_tx.send(());
+    let started = Instant::now();
+    // The queue pair's 10 s in Error and some slack: what it had queued would take the
+    // trickle 18 s and more.
+    let ended = conn.qp.wait_finished(Duration::from_secs(13));
+    let took = started.elapsed();
+    let status = conn.qp.status();
+    let _ = stop_tx.send(());
+    println!("ended {ended} after {took:?}: {status:?}");
+    assert!(ended, "the queue pair in error did not end: {status:?}");
+    assert!(
+        matches!(status.error, Some(datapath::QpError::Mpa(_))) && status.sent_terminate.is_some(),
+        "{status:?}"
+    );
+    drop(conn);
+    peer.join().expect("the peer's thread").expect("the peer");
+}

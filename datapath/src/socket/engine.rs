@@ -180,6 +180,10 @@ pub(super) fn start_engine(
         tx_failed: false,
         cq_overrun: false,
         last_state: None,
+        error_drain: params
+            .user_timeout
+            .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
+        error_deadline: None,
     };
     let thread = std::thread::Builder::new()
         .name(format!("iwarp-qp{num}"))
@@ -214,6 +218,10 @@ fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
 /// The most a graceful close waits, after our FIN, for the peer to end its side
 /// (`Engine::close_gracefully`).
 const CLOSE_DRAIN: Duration = Duration::from_secs(10);
+
+/// How long a graceful close waits for a peer that sends nothing before it closes anyway
+/// (`Engine::close_gracefully`): a close loses nothing while nothing arrives.
+const CLOSE_QUIET: Duration = Duration::from_secs(1);
 
 const SOCKET: Token = Token(0);
 const WAKE: Token = Token(1);
@@ -314,6 +322,11 @@ struct Engine {
     /// A completion found the completion queue full and was lost: the connection is reset.
     cq_overrun: bool,
     last_state: Option<QpState>,
+    /// How long a queue pair in Error may take to send what it has queued
+    /// ([`Engine::error_drain_expired`]).
+    error_drain: Duration,
+    /// When the one in Error stops trying, once it is.
+    error_deadline: Option<Instant>,
 }
 
 impl Engine {
@@ -343,7 +356,18 @@ impl Engine {
             progress |= self.transmit();
             progress |= self.deliver_completions();
             self.publish_status();
+            // (Before `finished`: the error's deadline also bounds the close's wait.)
+            let drain_expired = self.error_drain_expired();
             if self.finished() {
+                break;
+            }
+            if drain_expired {
+                peer_line!(
+                    info,
+                    peer = ?self.stream.peer_addr().ok(),
+                    "queue pair in error: what it had queued did not go in time; reset"
+                );
+                aborted = true;
                 break;
             }
             if !progress {
@@ -352,23 +376,24 @@ impl Engine {
         }
         // Read before the shutdown, after which the socket no longer has it.
         let peer = self.stream.peer_addr().ok();
+        if !aborted {
+            // Nothing more is taken: posts from now on are refused (or flushed once the
+            // queue pair has finished in Error) while the close goes on.
+            self.deliver_completions();
+            self.stop_posts();
+            aborted = self.close_gracefully(&mut events);
+        }
         if aborted {
             let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
             self.qp.on_transport_error(TerminateCause::ConnectionLost);
             if self.cq_overrun {
                 tracing::warn!(peer = ?peer, "completion queue overrun: connection reset");
-            } else {
+            } else if self.shared.abort_requested() {
                 tracing::info!(peer = ?peer, "the application reset the connection");
             }
-        } else {
-            self.close_gracefully(&mut events);
         }
         self.deliver_completions();
-        let (cq, num) = (&self.cq, self.num);
-        self.shared.stop_posts(Some(&self.cmds), |wc| {
-            // At the end: a completion lost here only marks the queue overrun.
-            let _ = cq.push(Completion { qp_num: num, wc });
-        });
+        self.stop_posts();
         peer_line!(
             info,
             peer = ?peer,
@@ -383,34 +408,42 @@ impl Engine {
     }
 
     /// Our side's end without a reset (RFC 9293 3.10.4 CLOSE): our FIN goes after all the
-    /// kernel holds of ours, and the socket is closed once the peer has acknowledged all of
-    /// it, FIN included, or has ended its side (or the connection failed), whatever it sends
-    /// meanwhile read and dropped. Closing at once would lose data: Linux resets a
-    /// connection closed with received data unread, and an orphaned one that receives more,
-    /// throwing away what it has not yet sent, so Writes and Sends that completed when the
-    /// kernel took them (or our Terminate) would never arrive. Bounded by [`CLOSE_DRAIN`],
-    /// and ended by the application's abort (`disconnect` resets a close that has not
-    /// finished within its wait).
-    fn close_gracefully(&mut self, events: &mut Events) {
+    /// kernel holds of ours, and while the peer still sends, the socket stays open, what
+    /// arrives read and dropped, until the peer has acknowledged all of ours, FIN included,
+    /// or has ended its side (or the connection failed). Closing with the peer still sending
+    /// would lose data: Linux resets a connection closed with received data unread, and an
+    /// orphaned one that receives more, throwing away what it has not yet sent, so Writes
+    /// and Sends that completed when the kernel took them (or our Terminate) would never
+    /// arrive. A peer silent for [`CLOSE_QUIET`] (gone, or waiting) is not waited for: the
+    /// kernel sends the rest after the close. Bounded by [`CLOSE_DRAIN`] (in Error by the
+    /// error's deadline, [`Engine::error_drain_expired`]) and by `disconnect`'s wait.
+    /// Returns true if the application's `abort` came meanwhile: the caller resets.
+    fn close_gracefully(&mut self, events: &mut Events) -> bool {
         let _ = self.stream.flush();
         if self.stream.shutdown(Shutdown::Write).is_err() {
-            return;
+            return false;
         }
-        let deadline = Instant::now() + CLOSE_DRAIN;
+        let now = Instant::now();
+        // In Error, what the kernel holds gets what is left of the error's time.
+        let deadline = self.error_deadline.unwrap_or(now + CLOSE_DRAIN);
+        let mut heard = now;
         let mut scratch = std::mem::take(&mut self.rx);
+        let mut reset = false;
         'drain: loop {
             for _ in 0..RX_BUDGET {
                 match self.stream.read(&mut scratch) {
                     // The peer's end, or a failure: nothing more will come.
                     Ok(0) => break 'drain,
-                    Ok(_) => {}
+                    Ok(_) => heard = Instant::now(),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(_) => break 'drain,
                 }
             }
             if self.shared.abort_requested() {
-                let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+                // `abort` resets; `disconnect` after its wait only stops waiting (nothing
+                // here touches the queue pair's memory).
+                reset = self.shared.reset_requested();
                 break;
             }
             // All of ours acknowledged: a reset at the close (the peer still sending) loses
@@ -419,13 +452,23 @@ impl Engine {
                 break;
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || now.duration_since(heard) >= CLOSE_QUIET {
                 break;
             }
             let wait = (deadline - now).min(Duration::from_millis(50));
             let _ = self.poll.poll(events, Some(wait));
         }
         self.rx = scratch;
+        reset
+    }
+
+    /// Stops taking work requests (`Shared::stop_posts`): those queued complete flushed.
+    fn stop_posts(&self) {
+        let (cq, num) = (&self.cq, self.num);
+        self.shared.stop_posts(Some(&self.cmds), |wc| {
+            // At the end: a completion lost here only marks the queue overrun.
+            let _ = cq.push(Completion { qp_num: num, wc });
+        });
     }
 
     /// Records what ended the connection (see `Shared::set_error`).
@@ -739,6 +782,21 @@ impl Engine {
 
     fn tx_idle(&self) -> bool {
         self.tx_off == self.tx.len() && (!self.may_send || !self.qp.has_pending_transmit())
+    }
+
+    /// Whether a queue pair in Error has spent its time sending what it had queued (its
+    /// Terminate, FPDUs before it) without getting it all out: at most the user timeout
+    /// (RFC 5482; `ConnectParams::user_timeout`) or [`CLOSE_DRAIN`], whichever is less. The
+    /// kernel's user timeout alone does not bound it: a peer that reads a trickle keeps
+    /// acknowledging, and would hold the connection, its thread and buffers, with no end
+    /// reported to the application, for as long as it liked.
+    fn error_drain_expired(&mut self) -> bool {
+        if self.qp.state() != QpState::Error {
+            return false;
+        }
+        let now = Instant::now();
+        let at = *self.error_deadline.get_or_insert(now + self.error_drain);
+        !self.tx_idle() && now >= at
     }
 
     fn finished(&self) -> bool {

@@ -185,7 +185,7 @@ impl AsFd for CmEventChannel {
 }
 
 /// A listener whose connection requests go to a [`CmEventChannel`]; dropping it stops
-/// listening (within 100 ms).
+/// listening (within 200 ms).
 pub struct NotifyingListener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -208,7 +208,8 @@ impl Drop for NotifyingListener {
     }
 }
 
-/// How often a notifying listener looks at its stop flag.
+/// How often a notifying listener looks at its stop flag (twice per turn at most: waiting
+/// for a place in the backlog, then for a request).
 const LISTEN_TURN: Duration = Duration::from_millis(100);
 
 impl Listener {

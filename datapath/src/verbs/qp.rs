@@ -83,6 +83,9 @@ pub(crate) struct Shared {
     /// at once, so that nothing reads or writes the queue pair's memory once the queue pair is
     /// finished.
     abort: AtomicBool,
+    /// [`QueuePair::abort`] itself asked for the reset (not `disconnect` after its wait):
+    /// [`Shared::reset_requested`].
+    reset: AtomicBool,
     /// Send work requests that have left the send queue, and receives that have left the
     /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
     sends_retired: AtomicU64,
@@ -210,6 +213,7 @@ impl Shared {
             on_finish_async: Mutex::new(None),
             posts: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
             refusing_posts: AtomicBool::new(refuses_posts_in(state)),
@@ -222,9 +226,20 @@ impl Shared {
     }
 
     /// Asks the transport to reset the connection now ([`QueuePair::abort`], and
-    /// [`QueuePair::disconnect`] after its graceful wait).
-    pub(crate) fn request_abort(&self) {
+    /// [`QueuePair::disconnect`] after its graceful wait). `reset`: `abort` itself, whose
+    /// peer must see the reset; `disconnect` only needs the transport done with the queue
+    /// pair's memory (a close whose data is all in the kernel may end without a reset).
+    pub(crate) fn request_abort(&self, reset: bool) {
+        if reset {
+            self.reset.store(true, Ordering::Release);
+        }
         self.abort.store(true, Ordering::Release);
+    }
+
+    /// Whether [`QueuePair::abort`] asked for the reset ([`Shared::request_abort`] with
+    /// `reset`).
+    pub(crate) fn reset_requested(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
     }
 
     /// Whether posts have stopped ([`Shared::stop_posts`]).
@@ -940,7 +955,7 @@ impl QueuePair {
         if self.on_own_thread() {
             return;
         }
-        if !self.ended_within(DISCONNECT_WAIT) && !self.reset_within(ABORT_WAIT) {
+        if !self.ended_within(DISCONNECT_WAIT) && !self.reset_within(ABORT_WAIT, false) {
             tracing::warn!(
                 qp = self.num,
                 "disconnect: the transport did not finish with the queue pair"
@@ -981,10 +996,11 @@ impl QueuePair {
         }
     }
 
-    /// Asks the transport to reset the connection now and waits up to `timeout` for it to
-    /// finish; true when it has.
-    fn reset_within(&self, timeout: Duration) -> bool {
-        self.shared.request_abort();
+    /// Asks the transport to reset the connection now (`reset`: [`QueuePair::abort`]'s, see
+    /// [`Shared::request_abort`]) and waits up to `timeout` for it to finish; true when it
+    /// has.
+    fn reset_within(&self, timeout: Duration, reset: bool) -> bool {
+        self.shared.request_abort(reset);
         // A wake even when the command channel is closed: the transport checks the request on
         // its connection's next turn.
         let _ = self.waker.wake();
@@ -1008,7 +1024,8 @@ impl QueuePair {
     /// complete and the transport may still read and write the queue pair's memory; the
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
-    /// timeout). A later `disconnect`, or dropping the handle, waits for the end as
+    /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
+    /// our FIN). A later `disconnect`, or dropping the handle, waits for the end as
     /// `disconnect` does (resetting the connection after 10 s). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
     /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
@@ -1037,11 +1054,11 @@ impl QueuePair {
     /// queues the close.
     pub fn abort(&self) {
         if self.on_own_thread() {
-            self.shared.request_abort();
+            self.shared.request_abort(true);
             let _ = self.waker.wake();
             return;
         }
-        if !self.reset_within(ABORT_WAIT) {
+        if !self.reset_within(ABORT_WAIT, true) {
             tracing::warn!(
                 qp = self.num,
                 "abort: the transport did not finish with the queue pair"
