@@ -5,7 +5,7 @@
 //!
 //! * `http-server --iface IF --port P` answers `GET /gen/SEED/LEN` with LEN pseudo-random
 //!   octets (the generator of `tcp-source`), `GET /NAME` with the file NAME of `--dir`, and
-//!   `PUT` or `iwarp-bench POST` of any path with the SHA-256 (hex) of the body it received; bodies put to
+//!   `PUT` or `POST` of any path with the SHA-256 (hex) of the body it received; bodies put to
 //!   `/gen/SEED/LEN` must be that object (422 otherwise). Response bodies go as RDMA transfers
 //!   with the U bit clear (5.2.2) when the client offered the option, and the server posts
 //!   buffers (`--put-buffer` octets) for request bodies sent unsolicited (5.2.3).
@@ -225,7 +225,7 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Err(e)) => {
-            eprintln!("iwarp-bench {tool}: {e}");
+            eprintln!("{tool}: {e}");
             ExitCode::FAILURE
         }
     }

@@ -111,12 +111,26 @@ fn subcommand_help() -> String {
 
 fn main() -> ExitCode {
     init_logging();
-    let mut args: Vec<String> = std::env::args().collect();
-    let first = args.get(1).cloned().unwrap_or_default();
+    // Not UTF-8 (a path given to --pcap, say): the tests' parser says so, not a panic here.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let first = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .unwrap_or_default()
+        .to_owned();
     if let Some((name, entry, _)) = SUBCOMMANDS.iter().find(|(n, _, _)| *n == first) {
         // Usage lines name the whole command, `iwarp-bench perftest`.
-        args.splice(..2, [format!("iwarp-bench {name}")]);
-        return entry(args);
+        let mut sub = vec![format!("iwarp-bench {name}")];
+        for a in &args[2..] {
+            match a.to_str() {
+                Some(s) => sub.push(s.to_owned()),
+                None => {
+                    eprintln!("iwarp-bench {name}: an argument is not UTF-8: {a:?}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        return entry(sub);
     }
     let mut command = Cli::command().after_help(subcommand_help());
     if first == "help" && args.len() == 2 {

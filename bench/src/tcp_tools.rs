@@ -169,7 +169,7 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(Err(e)) => {
-            eprintln!("iwarp-bench {tool}: {e}");
+            eprintln!("{tool}: {e}");
             ExitCode::FAILURE
         }
     }
