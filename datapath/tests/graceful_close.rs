@@ -9,10 +9,10 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use datapath::{
-    Access, CompletionQueue, ConnectParams, MemoryRegion, ProtectionDomain, QpError, SendOp,
-    SendWr, Stag, WcStatus,
-};
+mod common;
+
+use common::{pattern, write_wr};
+use datapath::{Access, CompletionQueue, ConnectParams, ProtectionDomain, QpError, Stag, WcStatus};
 use testbed::*;
 
 const PORT: u16 = 19_623;
@@ -27,25 +27,6 @@ fn params() -> ConnectParams {
         setup_timeout: Duration::from_secs(10),
         ..ConnectParams::default()
     }
-}
-
-fn write(wr_id: u64, src: &MemoryRegion, len: usize, (stag, to): (Stag, u64)) -> SendWr {
-    SendWr {
-        wr_id,
-        op: SendOp::Write {
-            remote_stag: stag,
-            remote_to: to,
-        },
-        sg_list: src.sge(0, len as u32).into(),
-        signaled: true,
-        fence: false,
-    }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
-        .collect()
 }
 
 /// The peer in `iwb`: offers a region for our Write, Writes into ours without pause (16
@@ -79,7 +60,7 @@ fn peer(
         while outstanding < 16 {
             if conn
                 .qp
-                .post_send(write(writes, &src, CHUNK, target))
+                .post_send(write_wr(writes, &src, CHUNK, target.0, target.1))
                 .is_err()
             {
                 break 'writing;
@@ -138,7 +119,7 @@ fn a_disconnect_while_the_peer_writes_delivers_what_was_written() {
         // The peer's Writes flowing in, then ours, then the close.
         std::thread::sleep(Duration::from_millis(100));
         conn.qp
-            .post_send(write(1, &src, LEN, target))
+            .post_send(write_wr(1, &src, LEN, target.0, target.1))
             .map_err(|e| e.to_string())?;
         match cq.wait(WAIT) {
             Some(c) if c.wc.status == WcStatus::Success => {}

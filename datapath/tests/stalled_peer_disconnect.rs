@@ -69,6 +69,27 @@ fn answer_request(s: &mut TcpStream) -> Result<(), String> {
     }
 }
 
+/// Posts [`WRITES`] Writes of [`WRITE_LEN`] octets, far more than the socket buffers hold;
+/// returns their source region.
+fn post_writes(pd: &ProtectionDomain, qp: &datapath::QueuePair) -> datapath::MemoryRegion {
+    let src = pd.register(WRITE_LEN, Access::LOCAL_WRITE).expect("region");
+    for i in 0..WRITES {
+        let wr = SendWr {
+            wr_id: i,
+            // The peer never places them: where they would go does not matter.
+            op: SendOp::Write {
+                remote_stag: Stag(0x100),
+                remote_to: 0,
+            },
+            sg_list: src.sge(0, WRITE_LEN as u32).into(),
+            signaled: true,
+            fence: false,
+        };
+        qp.post_send(wr).expect("post a Write");
+    }
+    src
+}
+
 #[test]
 fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     let (stop_tx, stop_rx) = mpsc::channel();
@@ -82,21 +103,7 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
         ..ConnectParams::default()
     };
     let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
-    let src = pd.register(WRITE_LEN, Access::LOCAL_WRITE).expect("region");
-    for i in 0..WRITES {
-        let wr = SendWr {
-            wr_id: i,
-            // The peer never reads them: where they would go does not matter.
-            op: SendOp::Write {
-                remote_stag: Stag(0x100),
-                remote_to: 0,
-            },
-            sg_list: src.sge(0, WRITE_LEN as u32).into(),
-            signaled: true,
-            fence: false,
-        };
-        conn.qp.post_send(wr).expect("post a Write");
-    }
+    let _src = post_writes(&pd, &conn.qp);
     // The Writes go out until the buffers on both sides are full, then stop.
     let mut completed = 0u64;
     while let Some(c) = cq.wait(Duration::from_secs(2)) {
@@ -176,20 +183,7 @@ fn a_queue_pair_in_error_behind_a_trickling_reader_ends_in_bounded_time() {
         ..ConnectParams::default()
     };
     let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
-    let src = pd.register(WRITE_LEN, Access::LOCAL_WRITE).expect("region");
-    for i in 0..WRITES {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::Write {
-                remote_stag: Stag(0x100),
-                remote_to: 0,
-            },
-            sg_list: src.sge(0, WRITE_LEN as u32).into(),
-            signaled: true,
-            fence: false,
-        };
-        conn.qp.post_send(wr).expect("post a Write");
-    }
+    let _src = post_writes(&pd, &conn.qp);
     // Some Writes go; the rest wait behind the trickle.
     std::thread::sleep(Duration::from_millis(1500));
     let _ = go_tx.send(());
