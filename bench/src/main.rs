@@ -111,7 +111,8 @@ fn subcommand_help() -> String {
 
 fn main() -> ExitCode {
     init_logging();
-    // Not UTF-8 (a path given to --pcap, say): the tests' parser says so, not a panic here.
+    // As OS strings: the tests' parser takes a path that is not UTF-8 (--pcap); the other
+    // commands refuse such an argument with a message (std::env::args panicked on it).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let first = args
         .get(1)

@@ -180,8 +180,10 @@ pub(super) fn start_engine(
         tx_failed: false,
         cq_overrun: false,
         last_state: None,
+        // (A zero user timeout is the kernel's default, none of ours.)
         error_drain: params
             .user_timeout
+            .filter(|t| !t.is_zero())
             .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
         error_deadline: None,
     };
@@ -224,8 +226,9 @@ const CLOSE_DRAIN: Duration = Duration::from_secs(10);
 /// slept 50 ms before: 20 wake-ups a second per idle connection, a core's worth at 10,000.
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
 
-/// How long a graceful close waits for a peer that sends nothing before it closes anyway
-/// (`Engine::close_gracefully`): a close loses nothing while nothing arrives.
+/// How long a graceful close waits for a peer that neither sends nor acknowledges anything
+/// before it closes anyway (`Engine::close_gracefully`): a close loses nothing while nothing
+/// arrives.
 const CLOSE_QUIET: Duration = Duration::from_secs(1);
 
 const SOCKET: Token = Token(0);
@@ -382,10 +385,6 @@ impl Engine {
         // Read before the shutdown, after which the socket no longer has it.
         let peer = self.stream.peer_addr().ok();
         if !aborted {
-            // Nothing more is taken: posts from now on are refused (or flushed once the
-            // queue pair has finished in Error) while the close goes on.
-            self.deliver_completions();
-            self.stop_posts();
             aborted = self.close_gracefully(&mut events);
         }
         if aborted {
@@ -419,8 +418,10 @@ impl Engine {
     /// would lose data: Linux resets a connection closed with received data unread, and an
     /// orphaned one that receives more, throwing away what it has not yet sent, so Writes
     /// and Sends that completed when the kernel took them (or our Terminate) would never
-    /// arrive. A peer silent for [`CLOSE_QUIET`] (gone, or waiting) is not waited for: the
-    /// kernel sends the rest after the close. Bounded by [`CLOSE_DRAIN`] (in Error by the
+    /// arrive. A peer that neither sends nor acknowledges anything for [`CLOSE_QUIET`] (gone,
+    /// or stalled) is not waited for: the kernel sends the rest after the close. Work
+    /// requests posted meanwhile are taken as in any turn (refused while closing, flushed in
+    /// Error). Bounded by [`CLOSE_DRAIN`] (in Error by the
     /// error's deadline, [`Engine::error_drain_expired`]) and by `disconnect`'s wait.
     /// Returns true if the application's `abort` came meanwhile: the caller resets.
     fn close_gracefully(&mut self, events: &mut Events) -> bool {
@@ -432,9 +433,14 @@ impl Engine {
         // In Error, what the kernel holds gets what is left of the error's time.
         let deadline = self.error_deadline.unwrap_or(now + CLOSE_DRAIN);
         let mut heard = now;
+        let mut unacknowledged = usize::MAX;
         let mut scratch = std::mem::take(&mut self.rx);
         let mut reset = false;
         'drain: loop {
+            // Posts meanwhile: refused while closing, flushed at once in Error.
+            if self.handle_commands(false) {
+                self.deliver_completions();
+            }
             for _ in 0..RX_BUDGET {
                 match self.stream.read(&mut scratch) {
                     // The peer's end, or a failure: nothing more will come.
@@ -452,9 +458,17 @@ impl Engine {
                 break;
             }
             // All of ours acknowledged: a reset at the close (the peer still sending) loses
-            // nothing of ours.
-            if super::sockopt::unacknowledged(&self.stream) == Some(0) {
-                break;
+            // nothing of ours. While the peer acknowledges more, it is there: it may yet
+            // send, so it is waited for as one that sends.
+            match super::sockopt::unacknowledged(&self.stream) {
+                Some(0) => break,
+                Some(n) if n < unacknowledged => {
+                    if unacknowledged != usize::MAX {
+                        heard = Instant::now();
+                    }
+                    unacknowledged = n;
+                }
+                _ => {}
             }
             let now = Instant::now();
             if now >= deadline || now.duration_since(heard) >= CLOSE_QUIET {
@@ -809,7 +823,8 @@ impl Engine {
     /// acknowledging, and would hold the connection, its thread and buffers, with no end
     /// reported to the application, for as long as it liked.
     fn error_drain_expired(&mut self) -> bool {
-        if self.qp.state() != QpState::Error {
+        // From the error on: Terminate until the Terminate has been handed out, then Error.
+        if !matches!(self.qp.state(), QpState::Error | QpState::Terminate) {
             return false;
         }
         let now = Instant::now();
