@@ -69,6 +69,24 @@ fn answer_request(s: &mut TcpStream) -> Result<(), String> {
     }
 }
 
+/// Connects to `addr` without a user timeout (the kernel never gives up on a peer that keeps
+/// advertising a zero window, or acknowledges something now and then: only our own bounds
+/// end what follows) and posts [`post_writes`]' Writes.
+fn connect_and_post_writes(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+) -> (datapath::Connection, datapath::MemoryRegion) {
+    let params = ConnectParams {
+        user_timeout: None,
+        setup_timeout: Duration::from_secs(10),
+        ..ConnectParams::default()
+    };
+    let conn = datapath::connect(addr, pd, cq, &params, b"").expect("connect");
+    let src = post_writes(pd, &conn.qp);
+    (conn, src)
+}
+
 /// Posts [`WRITES`] Writes of [`WRITE_LEN`] octets, far more than the socket buffers hold;
 /// returns their source region.
 fn post_writes(pd: &ProtectionDomain, qp: &datapath::QueuePair) -> datapath::MemoryRegion {
@@ -95,15 +113,7 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     let (stop_tx, stop_rx) = mpsc::channel();
     let (addr, peer) = silent_responder(stop_rx);
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let params = ConnectParams {
-        // Without a user timeout the kernel never gives up on a peer that keeps advertising a
-        // zero window: only `disconnect`'s own bound ends the close.
-        user_timeout: None,
-        setup_timeout: Duration::from_secs(10),
-        ..ConnectParams::default()
-    };
-    let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
-    let _src = post_writes(&pd, &conn.qp);
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
     // The Writes go out until the buffers on both sides are full, then stop.
     let mut completed = 0u64;
     while let Some(c) = cq.wait(Duration::from_secs(2)) {
@@ -179,15 +189,7 @@ fn error_behind_a_slow_reader(trickle: bool) {
         Ok(())
     });
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let params = ConnectParams {
-        // No user timeout: the kernel never gives up on a peer that acknowledges something
-        // now and then.
-        user_timeout: None,
-        setup_timeout: Duration::from_secs(10),
-        ..ConnectParams::default()
-    };
-    let conn = datapath::connect(addr, &pd, &cq, &params, b"").expect("connect");
-    let _src = post_writes(&pd, &conn.qp);
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
     // Some Writes go; the rest wait behind the trickle.
     std::thread::sleep(Duration::from_millis(1500));
     let _ = go_tx.send(());
@@ -201,7 +203,7 @@ fn error_behind_a_slow_reader(trickle: bool) {
     println!("trickle {trickle}: ended {ended} after {took:?}: {status:?}");
     assert!(ended, "the queue pair in error did not end: {status:?}");
     assert!(
-        matches!(status.error, Some(datapath::QpError::Mpa(_))),
+        matches!(status.error, Some(datapath::QpError::Mpa(_))) && status.sent_terminate.is_some(),
         "{status:?}"
     );
     drop(conn);

@@ -180,10 +180,10 @@ pub(super) fn start_engine(
         tx_failed: false,
         cq_overrun: false,
         last_state: None,
-        // (A zero user timeout is the kernel's default, none of ours.)
+        // (A user timeout under a millisecond is the kernel's default, none of ours.)
         error_drain: params
             .user_timeout
-            .filter(|t| !t.is_zero())
+            .filter(|t| t.as_millis() != 0)
             .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
         error_deadline: None,
     };
