@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, TerminateCause};
-use rdmap::{WcOpcode, WcStatus, WorkCompletion};
+use rdmap::{WcOpcode, WorkCompletion};
 
 use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
@@ -603,7 +603,7 @@ impl Engine {
             qp_num: self.num,
             wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
         };
-        self.cq_overrun |= self.cq.push(c).is_err();
+        self.cq_overrun |= self.cq.deliver(c).is_err();
     }
 
     fn receive(&mut self) -> bool {
@@ -789,13 +789,11 @@ impl Engine {
                 self.account.publish(&self.qp, &self.shared);
             }
             progress = true;
-            // A flushed request lost marks the queue only: the queue pair is ending anyway.
-            let flushed = wc.status == WcStatus::WrFlushError;
             let c = Completion {
                 qp_num: self.num,
                 wc,
             };
-            self.cq_overrun |= self.cq.push(c).is_err() && !flushed;
+            self.cq_overrun |= self.cq.deliver(c).is_err();
         }
         progress
     }

@@ -68,6 +68,9 @@ const LISTENER: Token = Token(0);
 const WAKE: Token = Token(1);
 /// Longest sleep of the listener thread (it also looks at its stop flag then).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
+/// How soon the listener tries `accept` again after the kernel could not give it a
+/// connection for want of resources (`ENOBUFS`, `ENOMEM`, descriptors with no spare left).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 impl Listener {
     /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
@@ -176,6 +179,8 @@ impl SocketListen {
             starting: HashMap::new(),
             max_starting: max_starting(),
             spare: std::fs::File::open("/dev/null").ok(),
+            accept_retry: None,
+            accept_failing: false,
             next_token: WAKE.0 + 1,
             waiting: VecDeque::new(),
             requests: tx,
@@ -279,6 +284,12 @@ struct Startups {
     /// up to take the next ready connection and close it, rather than leave the kernel's
     /// queue full and unread (its readiness is edge-triggered).
     spare: Option<std::fs::File>,
+    /// When to try `accept` again: it failed for want of resources with connections still
+    /// queued, and the listener's readiness, edge-triggered, will not say so again until
+    /// the next one arrives.
+    accept_retry: Option<Instant>,
+    /// `accept` failed for want of resources and has not worked since (said once in the log).
+    accept_failing: bool,
     next_token: usize,
     /// In arrival order, which is deadline order (one accept timeout for all).
     waiting: VecDeque<Waiting>,
@@ -313,7 +324,12 @@ impl Startups {
                     }
                 }
             }
-            self.expire(Instant::now());
+            let now = Instant::now();
+            if self.accept_retry.is_some_and(|at| at <= now) {
+                self.accept_retry = None;
+                self.accept_all();
+            }
+            self.expire(now);
         }
     }
 
@@ -324,20 +340,28 @@ impl Startups {
             .filter_map(|s| s.startup.poll_timeout())
             .min();
         let waiting = self.waiting.front().map(|w| w.deadline);
-        starting.into_iter().chain(waiting).min()
+        starting
+            .into_iter()
+            .chain(waiting)
+            .chain(self.accept_retry)
+            .min()
     }
 
     /// Takes every connection the kernel has ready.
     fn accept_all(&mut self) {
         loop {
             let (stream, peer) = match self.listener.accept() {
-                Ok(c) => c,
+                Ok(c) => {
+                    self.accept_failing = false;
+                    c
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
                     // Out of descriptors: the spare one takes the next connection, which is
                     // closed (the peer sees a reset), and comes back. Without a spare, the
-                    // queue waits for the next readiness.
+                    // queue waits a little.
                     if self.spare.take().is_none() {
+                        self.retry_accept_soon(&e);
                         return;
                     }
                     let taken = self.listener.accept();
@@ -346,9 +370,26 @@ impl Startups {
                     self.record.over_descriptors();
                     continue;
                 }
-                // WouldBlock: all taken. Anything else (ECONNABORTED, ...) concerns that one
-                // connection or passes; the listener goes on.
-                Err(_) => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_failing = false;
+                    return;
+                }
+                // That one connection failed (reset while queued, refused by a firewall rule,
+                // a protocol error): the next may not.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM)
+                    ) =>
+                {
+                    continue
+                }
+                // The kernel is short of memory (`ENOBUFS`, `ENOMEM`) or something else
+                // passing: the connections queued wait a little, not for the next arrival.
+                Err(e) => {
+                    self.retry_accept_soon(&e);
+                    return;
+                }
             };
             if self.starting.len() >= self.max_starting {
                 self.record.over_starting();
@@ -389,6 +430,15 @@ impl Startups {
                 );
             }
         }
+    }
+
+    /// `accept` failed with `e` for want of resources: try again in [`ACCEPT_RETRY`].
+    fn retry_accept_soon(&mut self, e: &io::Error) {
+        if !self.accept_failing {
+            self.accept_failing = true;
+            tracing::warn!(error = %e, "accept failed (kernel TCP); trying again shortly");
+        }
+        self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
     }
 
     /// Reads what a connection sent of its Request; a complete, valid one goes to the

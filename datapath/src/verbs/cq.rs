@@ -217,6 +217,18 @@ impl CqSink {
         self.queue_of(&c).push(c, true)
     }
 
+    /// [`CqSink::push`] for a transport's completion: fails only when the completion lost
+    /// fails its queue pair (verbs' CQ overrun). A flushed completion that finds the queue
+    /// full marks it overrun and is lost all the same, but its queue pair is ending anyway:
+    /// its end (a Terminate still going out, a graceful close) goes on.
+    pub(crate) fn deliver(&self, c: Completion) -> Result<(), CqOverrun> {
+        let flushed = c.wc.status == WcStatus::WrFlushError;
+        match self.push(c) {
+            Err(CqOverrun) if !flushed => Err(CqOverrun),
+            _ => Ok(()),
+        }
+    }
+
     /// [`CqSink::push`] for a completion that can still be refused (a post's own flushed
     /// completion, its caller told): a full queue is not overrun by it.
     pub(crate) fn offer(&self, c: Completion) -> Result<(), CqOverrun> {
@@ -593,6 +605,28 @@ mod tests {
             qp_num: 1,
             wc: WorkCompletion::failed(7, WcOpcode::Send, WcStatus::WrFlushError),
         }
+    }
+
+    /// A transport's completion lost to a full queue overruns it either way; it fails its
+    /// queue pair only if it was not a flushed one (whose queue pair is ending anyway).
+    #[test]
+    fn a_lost_flushed_completion_marks_the_queue_but_fails_nothing() {
+        let cq = CompletionQueue::create(1, None, 0).expect("queue");
+        let sink = cq.sink();
+        let ok = Completion {
+            qp_num: 1,
+            wc: WorkCompletion::failed(1, WcOpcode::Send, WcStatus::LocalProtectionError),
+        };
+        assert_eq!(sink.deliver(ok.clone()), Ok(()));
+        assert!(!cq.is_overrun());
+        assert_eq!(sink.deliver(completion()), Ok(()), "flushed, lost");
+        assert!(cq.is_overrun());
+        assert_eq!(
+            sink.deliver(ok),
+            Err(CqOverrun),
+            "an error completion, lost"
+        );
+        assert_eq!(cq.len(), 1);
     }
 
     /// The queue an event names carries the context it was created with (how a C interface

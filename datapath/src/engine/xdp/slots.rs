@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use rdmap::WorkCompletion;
-use rdmap::{QpState, TerminateCause, WcOpcode, WcStatus};
+use rdmap::{QpState, TerminateCause, WcOpcode};
 use tcp_engine::State as TcpState;
 
 use crate::engine::IwarpConn;
@@ -130,7 +130,7 @@ impl Slot {
                 qp_num: self.num,
                 wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
             };
-            if cq.push(c).is_err() {
+            if cq.deliver(c).is_err() {
                 self.cq_overrun.set(true);
             }
         }
@@ -194,13 +194,11 @@ impl Slot {
                 self.account.publish(self.conn.qp(), &self.shared);
             }
             any = true;
-            // A flushed request lost marks the queue only: the queue pair is ending anyway.
-            let flushed = wc.status == WcStatus::WrFlushError;
             let c = Completion {
                 qp_num: self.num,
                 wc,
             };
-            if cq.push(c).is_err() && !flushed {
+            if cq.deliver(c).is_err() {
                 self.cq_overrun.set(true);
             }
         }
