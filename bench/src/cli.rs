@@ -118,6 +118,10 @@ pub struct Cli {
     /// end), never waited for. tcpdump cannot see these frames.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    /// `--transport xdp`: where the steering XDP program runs (`auto`: the driver's native
+    /// XDP, else generic; `driver`; `generic`). The engine's counters say which it got.
+    #[arg(long, value_enum)]
+    pub xdp_mode: Option<XdpMode>,
     /// `--transport xdp`: pin the engine thread to this CPU (the application thread is left
     /// alone; `taskset` pins a whole process).
     #[arg(long)]
@@ -361,6 +365,27 @@ pub enum FramingArg {
     Ift,
 }
 
+/// Where the steering XDP program runs (`--xdp-mode`, `--mode`): `auto` asks the driver for
+/// native XDP and falls back to generic XDP when the driver has none; `driver` fails
+/// instead; `generic` runs it on the kernel's socket buffers (any interface, slower: every
+/// frame is an skb first, and AF_XDP then copies it).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    Auto,
+    Driver,
+    Generic,
+}
+
+impl From<XdpMode> for datapath::xsk::steering::AttachMode {
+    fn from(m: XdpMode) -> Self {
+        match m {
+            XdpMode::Auto => Self::Auto,
+            XdpMode::Driver => Self::Driver,
+            XdpMode::Generic => Self::Generic,
+        }
+    }
+}
+
 /// A boolean option spelled on/off.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnOff {
@@ -443,6 +468,7 @@ impl Cli {
         let given = [
             ("--iface", self.iface.is_some()),
             ("--pcap", self.pcap.is_some()),
+            ("--xdp-mode", self.xdp_mode.is_some()),
             ("--stats-every", self.stats_every.is_some()),
             ("--engine-cpu", self.engine_cpu.is_some()),
             ("--engine-threads", self.engine_threads.is_some()),

@@ -98,6 +98,8 @@ pub struct EngineReport {
     pub shards: u64,
     /// Every AF_XDP socket runs in zero-copy mode (false: copy mode, as on veth).
     pub zero_copy: bool,
+    /// Where the steering XDP program runs: `driver` (native) or `generic` (`--xdp-mode`).
+    pub xdp_mode: Option<String>,
     /// Segments a shard received for a flow another shard owns and handed over.
     pub handoffs: u64,
     /// Of those, dropped because the owner's inbox was full.
@@ -160,6 +162,7 @@ impl EngineReport {
             idle_ms: c.idle_ns as f64 / 1e6,
             shards: c.shards as u64,
             zero_copy: c.zero_copy,
+            xdp_mode: c.xdp_mode.map(|m| m.to_string()),
             handoffs: c.driver.handoffs_out,
             handoff_drops: c.driver.handoff_drops,
             frames_dropped_by_kernel: c.driver.rx_kernel_drops,
@@ -182,7 +185,7 @@ impl EngineReport {
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, woke {} times parked, {} by its watchdog, idle {:.1} ms), \
              engine threads {} \
-             (segments handed between them {}, dropped {}), AF_XDP {}{}{}{}{}",
+             (segments handed between them {}, dropped {}), AF_XDP {}, XDP {} mode{}{}{}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -219,6 +222,7 @@ impl EngineReport {
             self.handoffs,
             self.handoff_drops,
             if self.zero_copy { "zero-copy" } else { "copy mode" },
+            self.xdp_mode.as_deref().unwrap_or("unknown"),
             if self.multi_frame_rx + self.multi_frame_tx > 0 {
                 format!(
                     ", multi-frame packets rx {} tx {}",

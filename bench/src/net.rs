@@ -14,23 +14,34 @@ use datapath::{
 use datapath::engine::XdpEngineConfig;
 use datapath::xsk::Capture;
 
+use crate::cli::XdpMode;
 use crate::engine_report::EngineReport;
 use crate::pcap::PcapReport;
 use crate::Transport;
 
 /// Opens the API's device of `transport`: for [`Transport::Xdp`] the AF_XDP engine on `iface`
-/// with `config`, its frames captured to `pcap` if given (`--pcap`; refused with a reason for
-/// the socket transport, which has no frames of its own).
+/// with `config`, its steering program attached as `xdp_mode` says (`--xdp-mode`; the
+/// engine's default, `auto`, without), its frames captured to `pcap` if given (`--pcap`).
+/// Both are refused with a reason for the socket transport, which has neither.
 pub fn open_device(
     transport: Transport,
     iface: Option<&str>,
     pcap: Option<&Path>,
+    xdp_mode: Option<XdpMode>,
     mut config: Box<XdpEngineConfig>,
 ) -> Result<(Device, Option<Capture>), String> {
     if transport != Transport::Xdp {
+        if xdp_mode.is_some() {
+            return Err(
+                "--xdp-mode is for --transport xdp (the socket transport runs no XDP)".into(),
+            );
+        }
         // Refuses --pcap with a reason.
         crate::pcap::start(pcap, transport)?;
         return Ok((Device::socket(), None));
+    }
+    if let Some(m) = xdp_mode {
+        config.driver.attach_mode = m.into();
     }
     let iface = iface.ok_or("--transport xdp needs --iface")?;
     let capture = crate::pcap::start(pcap, transport)?;
@@ -61,14 +72,16 @@ pub struct Net {
 }
 
 impl Net {
-    /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`] (its frames captured to
-    /// `pcap` if given); nothing for sockets.
+    /// Starts the AF_XDP engine on `iface` for [`Transport::Xdp`] (its steering program
+    /// attached as `xdp_mode` says, its frames captured to `pcap` if given); nothing for
+    /// sockets.
     pub fn start(
         transport: Transport,
         iface: Option<&str>,
         pcap: Option<&Path>,
+        xdp_mode: Option<XdpMode>,
     ) -> Result<Self, String> {
-        let (device, capture) = open_device(transport, iface, pcap, Box::default())?;
+        let (device, capture) = open_device(transport, iface, pcap, xdp_mode, Box::default())?;
         Ok(Self { device, capture })
     }
 

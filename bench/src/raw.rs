@@ -22,16 +22,17 @@ use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use datapath::xsk::packet::{
     swap_endpoints, tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec, HEADERS_LEN,
 };
-use datapath::xsk::steering::{ActiveMode, AttachMode, SteeringProgram};
+use datapath::xsk::steering::{ActiveMode, SteeringProgram};
 use datapath::xsk::{
     interface_info, resolve_next_hop, InterfaceInfo, XskConfig, XskSocket, MAX_FRAMES_PER_PACKET,
 };
 use serde::Serialize;
 
+use crate::cli::XdpMode;
 use crate::perftest::report;
 use crate::stats::{BandwidthResult, LatencyResult};
 
@@ -53,24 +54,6 @@ enum Cmd {
     Pingpong(Opts),
 }
 
-/// XDP attach mode of the steering program.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Driver,
-    Generic,
-    Auto,
-}
-
-impl From<Mode> for AttachMode {
-    fn from(m: Mode) -> Self {
-        match m {
-            Mode::Driver => AttachMode::Driver,
-            Mode::Generic => AttachMode::Generic,
-            Mode::Auto => AttachMode::Auto,
-        }
-    }
-}
-
 #[derive(Args, Debug, Clone)]
 struct Opts {
     /// Interface (in the current network namespace).
@@ -86,8 +69,8 @@ struct Opts {
     #[arg(long)]
     queue: Option<u32>,
     /// XDP attach mode of the steering program (rx, pingpong).
-    #[arg(long, value_enum, default_value_t = Mode::Auto)]
-    mode: Mode,
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+    mode: XdpMode,
     /// Destination address (tx; pingpong initiator).
     #[arg(long)]
     dst_ip: Option<Ipv4Addr>,

@@ -117,6 +117,10 @@ pub struct RpingCli {
     /// `iwarp-bench --pcap`).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    /// `--transport xdp`: where the steering XDP program runs (`auto`: the driver's native
+    /// XDP, else generic; `driver`; `generic`), as `iwarp-bench --xdp-mode`.
+    #[arg(long, value_enum)]
+    pub xdp_mode: Option<crate::cli::XdpMode>,
 }
 
 /// Entry point: `args` starts with "rping".
@@ -136,7 +140,12 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {
+    let net = match Net::start(
+        cli.transport,
+        cli.iface.as_deref(),
+        cli.pcap.as_deref(),
+        cli.xdp_mode,
+    ) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("rping: {e}");

@@ -25,8 +25,9 @@ use datapath::xdp_tcp::engine::Instant as TcpInstant;
 use datapath::xdp_tcp::{
     ConnId, Connection, Event, State, TcpApp, XdpTcp, XdpTcpConfig, XdpTcpError,
 };
-use datapath::xsk::steering::AttachMode;
 use serde::Serialize;
+
+use crate::cli::XdpMode;
 use sha2::{Digest, Sha256};
 
 /// Which TCP carries the stream.
@@ -36,14 +37,6 @@ enum Transport {
     Xdp,
     /// A kernel TCP socket.
     Socket,
-}
-
-/// XDP attach mode of the steering program.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Driver,
-    Generic,
-    Auto,
 }
 
 /// Where our TCP on AF_XDP runs (the tools of this module and `http`).
@@ -56,8 +49,8 @@ pub(crate) struct XdpArgs {
     #[arg(long = "queue")]
     queues: Vec<u32>,
     /// XDP attach mode of the steering program.
-    #[arg(long, value_enum, default_value_t = Mode::Auto)]
-    xdp_mode: Mode,
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+    xdp_mode: XdpMode,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -439,11 +432,7 @@ pub(crate) fn open_xdp(args: &XdpArgs) -> Result<XdpTcp, ToolError> {
     }
     let cfg = XdpTcpConfig {
         queues: (!queues.is_empty()).then(|| queues.to_vec()),
-        attach_mode: match xdp_mode {
-            Mode::Driver => AttachMode::Driver,
-            Mode::Generic => AttachMode::Generic,
-            Mode::Auto => AttachMode::Auto,
-        },
+        attach_mode: (*xdp_mode).into(),
         ..XdpTcpConfig::default()
     };
     Ok(XdpTcp::open(iface, cfg)?)

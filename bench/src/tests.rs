@@ -617,6 +617,7 @@ fn open_device(cli: &Cli) -> Result<(Device, Option<Capture>), String> {
         cli.transport,
         cli.iface.as_deref(),
         cli.pcap.as_deref(),
+        cli.xdp_mode,
         Box::new(cfg),
     )
 }

@@ -399,8 +399,9 @@ fn bad_arguments_are_errors_not_panics() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-    // `--pcap` captures the AF_XDP engine's frames; the socket transport says so at once
-    // (before any connection) and creates no file.
+    // `--pcap` captures the AF_XDP engine's frames and `--xdp-mode` attaches its steering
+    // program; the socket transport says so at once (before any connection) and creates no
+    // file.
     let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("socket.pcap");
     let _ = std::fs::remove_file(&file);
     for args in [
@@ -408,16 +409,23 @@ fn bad_arguments_are_errors_not_panics() {
         &["rping", "-s"],
         &["perftest", "write-bw"],
     ] {
-        let out = std::process::Command::new(bin())
-            .args(args)
-            .arg("--pcap")
-            .arg(&file)
-            .output()
-            .expect("run");
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("--transport xdp"), "{args:?}: {err}");
-        assert!(!file.exists(), "{args:?}");
+        for option in [
+            ["--pcap".as_ref(), file.as_os_str()],
+            ["--xdp-mode".as_ref(), "generic".as_ref()],
+        ] {
+            let out = std::process::Command::new(bin())
+                .args(args)
+                .args(option)
+                .output()
+                .expect("run");
+            assert!(!out.status.success(), "{args:?} {option:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("--transport xdp") && err.contains(option[0].to_str().unwrap()),
+                "{args:?} {option:?}: {err}"
+            );
+            assert!(!file.exists(), "{args:?}");
+        }
     }
     // Values a user may well type: a clear refusal naming the option, never a panic or a
     // silent change (a non-finite timeout panicked in `Duration`; engine options were

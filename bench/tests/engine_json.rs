@@ -44,14 +44,26 @@ fn xdp_json_reports_engine_counters() {
     let mut client = args(DEV_B).to_vec();
     client.extend(["--engine-busy-poll", "20"].map(str::to_owned));
     // The server's engine holds nothing out of order (a budget of 0): data that arrives out of
-    // order comes again from the client.
+    // order comes again from the client. Its steering program runs as generic XDP.
     let mut server = args(DEV_A).to_vec();
-    server.extend(["--engine-reassembly-budget-mib", "0"].map(str::to_owned));
+    server.extend(
+        [
+            "--engine-reassembly-budget-mib",
+            "0",
+            "--xdp-mode",
+            "generic",
+        ]
+        .map(str::to_owned),
+    );
     let (c, s) = bed_run(&server, &client);
     // veth offers no zero-copy: the default bind falls back to copy mode and says so.
     for side in [&c, &s] {
         assert_eq!(side["engine"]["zero_copy"], false, "{side}");
     }
+    // Where each side's steering program runs: veth has native XDP (the default, `auto`,
+    // takes it); the server asked for generic.
+    assert_eq!(c["engine"]["xdp_mode"], "driver", "{c}");
+    assert_eq!(s["engine"]["xdp_mode"], "generic", "{s}");
 
     // The fields scripts read are unchanged.
     assert_eq!(c["transport"], "xdp", "{c}");
@@ -159,6 +171,8 @@ fn perftest_json_reports_engine_counters() {
         "xdp",
         "--iface",
         DEV_A,
+        "--xdp-mode",
+        "driver",
     ];
     server_args.extend(common);
     let server = bench_in(NS_A, &server_args).spawn().expect("start server");
@@ -177,6 +191,7 @@ fn perftest_json_reports_engine_counters() {
         assert_eq!(counter(side, "crc_errors"), 0, "{who}: {side}");
         assert_eq!(counter(side, "terminates_sent"), 0, "{who}: {side}");
         assert!(side["engine"]["error"].is_null(), "{who}: {side}");
+        assert_eq!(side["engine"]["xdp_mode"], "driver", "{who}: {side}");
     }
     // 50 Writes of 64 KiB in FPDUs of at most 1500 octets' payload (MTU 1500).
     assert!(counter(&c, "fpdus_tx") >= 50 * 65536 / 1500, "{c}");

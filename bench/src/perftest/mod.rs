@@ -172,6 +172,10 @@ pub struct PerftestCli {
     /// `iwarp-bench --pcap`).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<std::path::PathBuf>,
+    /// `--transport xdp`: where the steering XDP program runs (`auto`: the driver's native
+    /// XDP, else generic; `driver`; `generic`), as `iwarp-bench --xdp-mode`.
+    #[arg(long, value_enum)]
+    pub xdp_mode: Option<crate::cli::XdpMode>,
     #[command(flatten)]
     pub compat: crate::PerftestCompat,
     /// MPA revision to request: 1 or 2 (rdma_cm on Linux uses 2).
@@ -440,7 +444,12 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     for note in cli.compat.notes() {
         eprintln!("perftest: {note}");
     }
-    let net = match Net::start(cli.transport, cli.iface.as_deref(), cli.pcap.as_deref()) {
+    let net = match Net::start(
+        cli.transport,
+        cli.iface.as_deref(),
+        cli.pcap.as_deref(),
+        cli.xdp_mode,
+    ) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("perftest: {e}");

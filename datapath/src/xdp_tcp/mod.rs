@@ -686,6 +686,17 @@ impl XdpPort {
             other => other?,
         };
         let mode = prog.attach(ifname, cfg.attach_mode)?;
+        tracing::info!(
+            ifname,
+            asked = %cfg.attach_mode,
+            mode = %mode,
+            "steering program attached ({mode} XDP{})",
+            if mode == ActiveMode::Generic {
+                ": the kernel's socket buffers, slower than the driver's native mode"
+            } else {
+                ""
+            }
+        );
         if multi_buffer {
             tracing::info!(
                 ifname,

@@ -160,6 +160,11 @@ pub struct EngineCounters {
     /// Every AF_XDP socket of the engine runs in zero-copy mode (the default bind asks for it
     /// where the driver offers it); false: copy mode, as on veth.
     pub zero_copy: bool,
+    /// The mode the steering program runs in (native `driver` XDP, or `generic` XDP on the
+    /// kernel's socket buffers, slower), as attached with
+    /// [`XdpTcpConfig::attach_mode`](crate::xdp_tcp::XdpTcpConfig::attach_mode); `None` until
+    /// the engine has published its counters once.
+    pub xdp_mode: Option<crate::xsk::steering::ActiveMode>,
 }
 
 impl EngineCounters {
@@ -178,6 +183,8 @@ impl EngineCounters {
         self.parked_wakes += o.parked_wakes;
         self.watchdog_wakes += o.watchdog_wakes;
         self.idle_ns += o.idle_ns;
+        // One program serves every shard of the interface.
+        self.xdp_mode = self.xdp_mode.or(o.xdp_mode);
     }
 }
 

@@ -543,6 +543,7 @@ impl Engine {
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         c.driver = t.xdp.stats();
         c.zero_copy = t.xdp.zero_copy();
+        c.xdp_mode = Some(t.xdp.xdp_mode());
         c.conns = conns;
         c.established = t.st.established;
         c.ended = t.st.ended_conns;
