@@ -40,6 +40,7 @@ use datapath::xdp_tcp::{ConnId, Connection, Event, TcpApp, XdpTcp};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::cli::OnOff;
 use crate::tcp_tools::{
     describe, gbit, hex, open_xdp, secs, Generator, Progress, ToolError, Watchdog, XdpArgs,
     XdpFacts,
@@ -57,12 +58,6 @@ const MESSAGES_PER_TURN: usize = 64;
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Generated objects the server keeps (octets) before it forgets them all.
 const OBJECT_CACHE: usize = 256 << 20;
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum OnOff {
-    On,
-    Off,
-}
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Method {
@@ -1107,7 +1102,7 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
     }
     let mut drv = open(&cli.link)?;
     let mut cfg = drv.tcp_config();
-    cfg.rdma_option = cli.link.rdma_option == OnOff::On;
+    cfg.rdma_option = cli.link.rdma_option.on();
     let offered = cfg.rdma_option;
     drv.listen(cli.port, 16, cfg).map_err(ToolError::from)?;
     let local = format!("{}:{}", drv.local_ip(), cli.port);
@@ -1421,7 +1416,7 @@ fn client(cli: &ClientCli) -> Result<ClientReport, HttpError> {
     let upload_digest = hex(&Sha256::digest(upload.as_slice()));
     let mut drv = open(link)?;
     let mut cfg = drv.tcp_config();
-    cfg.rdma_option = link.rdma_option == OnOff::On;
+    cfg.rdma_option = link.rdma_option.on();
     let id = drv.connect(cli.server, cfg).map_err(ToolError::from)?;
     let local = drv
         .connection(id)

@@ -551,6 +551,8 @@ struct OutstandingRead {
     sink_stag: u32,
     sink_to: u64,
     size: u32,
+    /// Octets of its Read Response delivered so far, in order from `sink_to`.
+    received: u32,
 }
 
 /// An Atomic Request we sent whose Response has not arrived (RFC 7306 5.2.2).
@@ -1705,6 +1707,7 @@ impl QueuePair {
                     sink_stag: 0,
                     sink_to: 0,
                     size: 0,
+                    received: 0,
                 });
                 Opcode::ReadRequest
             }
@@ -1824,6 +1827,7 @@ impl QueuePair {
                 sink_stag: request.sink_stag,
                 sink_to: request.sink_to,
                 size: request.size,
+                received: 0,
             });
             return (
                 TxUlpdu {
@@ -2575,8 +2579,13 @@ impl QueuePair {
 
     /// RDMA Read Response (5.2.2): must belong to the oldest outstanding Read and fall
     /// inside its sink (5.2.2 allows the sink to check STag, TO and length); then the
-    /// sink region is checked like any tagged buffer (LOCAL_WRITE). The Last segment
-    /// must end the requested range; it completes the Read.
+    /// sink region is checked like any tagged buffer (LOCAL_WRITE). Its segments, delivered
+    /// in order (RFC 5041 5.1: the LLP keeps the stream's order; segments placed early are
+    /// checked here too, when delivered), must follow one another from the sink's start
+    /// with neither gap nor overlap, as siw checks, and the Last must end the requested
+    /// range: it completes the Read only once every octet of the range has come. A segment
+    /// out of its place is a base-or-bounds violation of the sink (RFC 5041 7.2; the
+    /// Terminate siw sends for it).
     fn receive_read_response<B: RegionBuffer>(
         &mut self,
         hdr: &TaggedHeader,
@@ -2593,6 +2602,8 @@ impl QueuePair {
         let sink_error = |violation| RdmapError::SinkAccess { stag, violation };
         let len = payload.len() as u64;
         let sink_end = read.sink_to.checked_add(u64::from(read.size));
+        // Where the next segment must start: right after those delivered before it.
+        let next = read.sink_to.checked_add(u64::from(read.received));
         if !payload.is_empty() {
             if hdr.stag != read.sink_stag {
                 return Err(self.read_sink_failure(read, sink_error(AccessViolation::InvalidStag)));
@@ -2600,8 +2611,7 @@ impl QueuePair {
             let Some(end) = hdr.to.checked_add(len) else {
                 return Err(self.read_sink_failure(read, sink_error(AccessViolation::ToWrap)));
             };
-            if hdr.to < read.sink_to || Some(end) > sink_end || (hdr.last && Some(end) != sink_end)
-            {
+            if Some(hdr.to) != next || Some(end) > sink_end || (hdr.last && Some(end) != sink_end) {
                 return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
             }
             match mem.validate(stag, self.cfg.pd, Access::LOCAL_WRITE, hdr.to, len) {
@@ -2612,8 +2622,10 @@ impl QueuePair {
                 }
                 Err(violation) => return Err(self.read_sink_failure(read, sink_error(violation))),
             }
-        } else if hdr.last && read.size != 0 && hdr.to.checked_add(0) != sink_end {
-            // A zero-length Last segment must still end the requested range.
+        } else if hdr.last
+            && (read.received != read.size || (read.size != 0 && Some(hdr.to) != sink_end))
+        {
+            // A zero-length Last segment must still end the requested range, all of it come.
             return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
         }
         if hdr.last {
@@ -2621,6 +2633,9 @@ impl QueuePair {
             if let Some(seq) = read.seq {
                 self.finish_slot(seq, WcStatus::Success);
             }
+        } else if let Some(front) = self.outstanding_reads.front_mut() {
+            // Within the sink (checked above): at most its size.
+            front.received = front.received.saturating_add(len as u32);
         }
         Ok(())
     }

@@ -881,6 +881,93 @@ fn read_response_outside_the_requested_range_is_refused_by_the_sink() {
     assert_eq!(pair.a.contents(sink.stag), vec![0; 64]);
 }
 
+/// B's Read Response segments for A's Read of `len` octets, in the order B sends them (its
+/// queued Send to A delivered first), and A's sink.
+fn read_response_segments(pair: &mut Pair, len: usize) -> (Sge, Vec<Vec<u8>>) {
+    let source = pair.b.region(pattern(len, 1), 0, Access::REMOTE_READ);
+    let sink = a_sink(pair, len);
+    pair.a.post(
+        2,
+        SendOp::Read {
+            remote_stag: source,
+            remote_to: 0,
+        },
+        Some(sink),
+    );
+    assert!(pair.step(Side::A));
+    let mut segments = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        let Some(tx) = pair.b.qp.poll_transmit(MULPDU, &pair.b.mem, &mut out) else {
+            break;
+        };
+        if tx.opcode == Opcode::ReadResponse {
+            segments.push(out);
+        } else {
+            pair.a.qp.on_ulpdu(&out, &pair.a.mem).unwrap();
+        }
+    }
+    (sink, segments)
+}
+
+/// A Read Response whose earlier segments never came (a peer that sends only its Last, ending
+/// the range) does not complete the Read as if the sink held the data: each segment must
+/// start where the one delivered before it ended (siw checks the same), else a base-or-bounds
+/// Terminate, and the Read completes in error.
+#[test]
+fn a_read_response_with_a_segment_missing_fails_the_read() {
+    for skip in [0, 1] {
+        let mut p = pair(true);
+        let (sink, segments) = read_response_segments(&mut p, 2000);
+        assert!(segments.len() >= 3, "{}", segments.len());
+        // Segments before `skip` delivered; the one at `skip` lost; the rest delivered.
+        for s in &segments[..skip] {
+            p.a.qp.on_ulpdu(s, &p.a.mem).unwrap();
+        }
+        let next = &segments[skip + 1];
+        assert_eq!(
+            p.a.qp.on_ulpdu(next, &p.a.mem),
+            Err(RdmapError::SinkAccess {
+                stag: sink.stag,
+                violation: AccessViolation::BaseBounds
+            }),
+            "segment {} lost",
+            skip
+        );
+        let mut term = Vec::new();
+        p.a.qp.poll_transmit(MULPDU, &p.a.mem, &mut term).unwrap();
+        let header = TerminateHeader::parse(&term[18..]).unwrap();
+        assert_eq!((header.layer, header.etype, header.code), (1, 1, 1));
+        let done = p.a.completions();
+        let read_wc = done.iter().find(|c| c.wr_id == 2).unwrap();
+        assert_eq!(read_wc.status, WcStatus::LocalProtectionError);
+    }
+    // The Last alone, and a segment delivered twice, fail the same way; all in order pass.
+    let mut alone = pair(true);
+    let (_, segments) = read_response_segments(&mut alone, 2000);
+    let last = segments.last().unwrap();
+    assert!(
+        alone.a.qp.on_ulpdu(last, &alone.a.mem).is_err(),
+        "the Last alone"
+    );
+    let mut twice = pair(true);
+    let (_, segments) = read_response_segments(&mut twice, 2000);
+    twice.a.qp.on_ulpdu(&segments[0], &twice.a.mem).unwrap();
+    assert!(
+        twice.a.qp.on_ulpdu(&segments[0], &twice.a.mem).is_err(),
+        "twice"
+    );
+    let mut whole = pair(true);
+    let (sink, segments) = read_response_segments(&mut whole, 2000);
+    for s in &segments {
+        whole.a.qp.on_ulpdu(s, &whole.a.mem).unwrap();
+    }
+    let done = whole.a.completions();
+    let read_wc = done.iter().find(|c| c.wr_id == 2).unwrap();
+    assert_eq!(read_wc.status, WcStatus::Success);
+    assert_eq!(whole.a.contents(sink.stag), pattern(2000, 1));
+}
+
 #[test]
 fn source_deregistered_mid_response_reports_progress() {
     let mut pair = Pair::new(MULPDU);
