@@ -325,6 +325,13 @@ pub struct ConnectionTable {
     max_lingering: usize,
 }
 
+/// Whether a SYN cookie `l` sent may still come back at `now_minute` (the cookies' clock):
+/// one was sent within a cookie's lifetime.
+fn cookie_may_return(l: &Listener, now_minute: u32) -> bool {
+    l.cookie_sent_at
+        .is_some_and(|m| now_minute.wrapping_sub(m) <= syncookie::MAX_AGE_MINUTES)
+}
+
 /// The most replies for no connection (RSTs, cookie SYN-ACKs) waiting to be sent.
 const MAX_PENDING_CONTROL: usize = 256;
 
@@ -681,15 +688,39 @@ impl ConnectionTable {
 
     /// The listener `seg` is addressed to: its address and port, or any address at its port.
     fn listener_for(&self, seg: &SegmentRepr<'_>) -> Option<(Ipv4Addr, u16)> {
-        if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
-            Some((seg.dst_addr, seg.dst_port))
-        } else if self
-            .listeners
-            .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
-        {
-            Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        self.listener_at(seg.dst_addr, seg.dst_port)
+    }
+
+    /// The listener of `addr`:`port`, or of any address at `port`.
+    fn listener_at(&self, addr: Ipv4Addr, port: u16) -> Option<(Ipv4Addr, u16)> {
+        if self.listeners.contains_key(&(addr, port)) {
+            Some((addr, port))
+        } else if self.listeners.contains_key(&(Ipv4Addr::UNSPECIFIED, port)) {
+            Some((Ipv4Addr::UNSPECIFIED, port))
         } else {
             None
+        }
+    }
+
+    /// Whether a segment for no connection, addressed to `dst`:`dst_port`, may make one now:
+    /// a SYN (`syn`) that a listener has room for in its backlog, or an ACK that may bring
+    /// back a SYN cookie the listener sent recently enough ([`Table::handle_packet_with`]
+    /// makes a connection of nothing else). When false, the table answers such a segment
+    /// without keeping anything of it (a cookie SYN-ACK, a RST, nothing): a driver that
+    /// shares flows between several tables need not claim the flow before it hands the
+    /// segment over, so that a flood of SYNs answered with cookies, or of stray ACKs, writes
+    /// nothing anywhere.
+    pub fn may_open(&self, now: Instant, dst: Ipv4Addr, dst_port: u16, syn: bool) -> bool {
+        let Some(l) = self
+            .listener_at(dst, dst_port)
+            .and_then(|k| self.listeners.get(&k))
+        else {
+            return false;
+        };
+        if syn {
+            l.pending < l.backlog
+        } else {
+            self.syn_cookies && cookie_may_return(l, minute(now))
         }
     }
 
@@ -744,8 +775,7 @@ impl ConnectionTable {
         let recent = self
             .listeners
             .get(&key)
-            .and_then(|l| l.cookie_sent_at)
-            .is_some_and(|m| now_minute.wrapping_sub(m) <= syncookie::MAX_AGE_MINUTES);
+            .is_some_and(|l| cookie_may_return(l, now_minute));
         if !recent {
             return None;
         }

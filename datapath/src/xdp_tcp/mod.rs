@@ -2216,8 +2216,15 @@ impl Rx<'_> {
                 let dir = &sh.set.directory;
                 // A SYN, or an ACK that may bring back a SYN cookie (the SYN left no state,
                 // and its claim was dropped), may open a connection here: claim its flow
-                // first, so that its later segments on other shards come here.
-                let opens = syn || peek.may_complete_cookie();
+                // first, so that its later segments on other shards come here. Not when the
+                // table would answer it without state (a SYN beyond the backlog gets a
+                // cookie; an ACK with no cookie out, or to no listener, a RST): a flood of
+                // those neither takes the writers' mutex nor churns the directory.
+                let opens = (syn || peek.may_complete_cookie())
+                    && peek.ports().is_some_and(|(_, dst_port)| {
+                        self.table
+                            .may_open(self.now, peek.dst_addr(), dst_port, syn)
+                    });
                 let owner = match dir.lookup(key) {
                     None if opens => match dir.claim(key, sh.index) {
                         Ok(o) => {
@@ -2768,6 +2775,74 @@ mod tests {
             let stray_key = shard::flow_key(REMOTE, 5001, 40000).expect("key");
             assert_eq!(set.directory.lookup(stray_key), None);
             assert_eq!(server.stats().syncookies_failed, 1);
+        }
+
+        /// Shards: a segment the table answers without keeping state (a SYN to no listener, a
+        /// SYN beyond the backlog answered with a cookie, an ACK to a listener that sent no
+        /// cookie) claims no flow: a flood of them takes no lock and leaves the directory as
+        /// it was. A SYN with room in the backlog, and an ACK while a cookie may come back,
+        /// still claim first.
+        #[test]
+        fn segments_answered_without_state_claim_no_flow() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut server = ConnectionTable::new([1; 16], 8);
+            server.listen(LOCAL, 40000, 1, TcpConfig::default());
+            let set = Arc::new(ShardSet::new(2, 4, 2048, 16).expect("shards"));
+            let ctx = ShardCtx {
+                index: 0,
+                set: set.clone(),
+            };
+            let mut stats = XdpTcpStats::default();
+            let claims = || set.directory.claims.load(Relaxed);
+            // A SYN from `port` to `to_port`, or an ACK made of it (flags only).
+            let segment = |port: u16, to_port: u16, ack: bool| {
+                let mut f = framed(&client_syn(LOCAL));
+                let tcp = ETH_HLEN + 20;
+                f[tcp..tcp + 2].copy_from_slice(&port.to_be_bytes());
+                f[tcp + 2..tcp + 4].copy_from_slice(&to_port.to_be_bytes());
+                if ack {
+                    f[tcp + 13] = 0x10;
+                }
+                tcp_engine::wire::fill_checksums(&mut f[ETH_HLEN..]).expect("checksums");
+                f
+            };
+            for port in 6000..6010 {
+                receive_on(
+                    &mut server,
+                    &mut stats,
+                    &segment(port, 40001, false),
+                    Some(&ctx),
+                );
+                receive_on(
+                    &mut server,
+                    &mut stats,
+                    &segment(port, 40000, true),
+                    Some(&ctx),
+                );
+            }
+            assert_eq!(claims(), 0, "no listener, no cookie out");
+            assert_eq!(server.stats().no_connection, 20);
+            // The first SYN has room (backlog 1): claimed; the rest get cookies.
+            for port in 7000..7010 {
+                receive_on(
+                    &mut server,
+                    &mut stats,
+                    &segment(port, 40000, false),
+                    Some(&ctx),
+                );
+            }
+            assert_eq!((server.len(), server.stats().syncookies_sent), (1, 9));
+            assert_eq!(claims(), 1, "only the SYN that made a connection");
+            // A cookie is out: an ACK may bring it back, and is claimed until the table says.
+            receive_on(
+                &mut server,
+                &mut stats,
+                &segment(8000, 40000, true),
+                Some(&ctx),
+            );
+            assert_eq!(claims(), 2);
+            let key = shard::flow_key(REMOTE, 8000, 40000).expect("key");
+            assert_eq!(set.directory.lookup(key), None, "the claim dropped");
         }
 
         /// Shards: a message about a flow another shard owns goes to that shard's inbox; one

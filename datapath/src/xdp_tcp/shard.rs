@@ -87,6 +87,9 @@ pub struct FlowDirectory {
     /// Slots probed by lookups (tests only).
     #[cfg(test)]
     probed: std::sync::atomic::AtomicUsize,
+    /// Claims made (tests only).
+    #[cfg(test)]
+    pub(crate) claims: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for FlowDirectory {
@@ -114,6 +117,8 @@ impl FlowDirectory {
             writer: Mutex::new(()),
             #[cfg(test)]
             probed: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            claims: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -162,6 +167,8 @@ impl FlowDirectory {
             return Err(DirectoryFull(self.keys.len()));
         }
         let _w = self.lock();
+        #[cfg(test)]
+        self.claims.fetch_add(1, Ordering::Relaxed);
         let mut i = self.start(key);
         let mut free = None;
         for _ in 0..self.probe_limit {
