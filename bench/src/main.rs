@@ -34,20 +34,23 @@ pub use proto::TestKind;
 
 /// Logging through `tracing`: `RUST_LOG` (e.g. `info`, or `datapath=debug`) selects what the
 /// library reports on stderr (connection setup, MPA, Terminates, ends, engine start and
-/// stop); without it nothing is logged.
+/// stop); without it, warnings and errors only (a completion queue overrun, a fallback to
+/// a smaller MTU, an accept that failed; what peers cause is held to a few lines a second).
 fn init_logging() {
-    let Some(spec) = std::env::var_os("RUST_LOG") else {
-        return;
+    let filter = match std::env::var_os("RUST_LOG") {
+        None => tracing_subscriber::EnvFilter::new("warn"),
+        Some(spec) => match tracing_subscriber::EnvFilter::try_from_default_env() {
+            Ok(filter) => filter,
+            Err(e) => {
+                eprintln!("iwarp-bench: RUST_LOG={spec:?} ignored: {e}");
+                tracing_subscriber::EnvFilter::new("warn")
+            }
+        },
     };
-    match tracing_subscriber::EnvFilter::try_from_default_env() {
-        Ok(filter) => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
-        Err(e) => eprintln!("iwarp-bench: RUST_LOG={spec:?} ignored: {e}"),
-    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// The subcommands beside the perftest-shaped tests: name, entry, one line of help.

@@ -87,6 +87,49 @@ fn rust_log_shows_connection_events_over_the_socket_transport() {
     assert!(e.contains("RUST_LOG") && e.contains("ignored"), "{e}");
 }
 
+/// Without `RUST_LOG`, warnings still show: a peer whose MPA Request is garbage is said on
+/// the server's stderr (at WARN), and the run goes on with the real client.
+#[test]
+fn warnings_show_without_rust_log() {
+    use std::io::Write;
+    let port = free_port();
+    let server = Command::new(bin())
+        .args(["write-lat", "-n", "10", "--bind", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut garbage = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("the server never listened: {e}"),
+        }
+    };
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let client = Command::new(bin())
+        .args(["write-lat", "-n", "10", "--port"])
+        .arg(port.to_string())
+        .arg("127.0.0.1")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("client");
+    let server = wait_with_timeout(server, Duration::from_secs(60));
+    assert!(server.status.success() && client.status.success());
+    let e = String::from_utf8_lossy(&server.stderr);
+    assert!(
+        e.contains(" WARN ") && e.contains("MPA startup failed") && !e.contains(" INFO "),
+        "{e}"
+    );
+}
+
 #[test]
 fn rust_log_shows_connection_events_of_the_engine() {
     let _bed = bed_or_skip!();

@@ -311,7 +311,8 @@ pub struct XdpTcpConfig {
     pub isn_key: Option<[u8; 16]>,
     /// Shards ([`XdpTcp::open_shards`]): frames each shard's inbox holds for segments other
     /// shards received for its flows (preallocated, each the MTU plus the Ethernet header,
-    /// at most a UMEM frame); when full, handed-over segments are dropped (and counted).
+    /// at most what a packet's UMEM frames hold: ~9 KiB each at MTU 9000); when full,
+    /// handed-over segments are dropped (and counted).
     pub inbox_frames: usize,
 }
 
@@ -686,17 +687,15 @@ impl XdpPort {
             other => other?,
         };
         let mode = prog.attach(ifname, cfg.attach_mode)?;
-        tracing::info!(
-            ifname,
-            asked = %cfg.attach_mode,
-            mode = %mode,
-            "steering program attached ({mode} XDP{})",
-            if mode == ActiveMode::Generic {
-                ": the kernel's socket buffers, slower than the driver's native mode"
-            } else {
-                ""
-            }
-        );
+        if mode == ActiveMode::Generic && cfg.attach_mode != AttachMode::Generic {
+            tracing::warn!(
+                ifname,
+                "the driver has no native XDP: the steering program runs as generic XDP, on \
+                 the kernel's socket buffers (slower)"
+            );
+        } else {
+            tracing::info!(ifname, asked = %cfg.attach_mode, "steering program attached ({mode} XDP)");
+        }
         if multi_buffer {
             tracing::info!(
                 ifname,
