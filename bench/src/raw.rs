@@ -69,7 +69,7 @@ struct Opts {
     #[arg(long)]
     queue: Option<u32>,
     /// XDP attach mode of the steering program (rx, pingpong).
-    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
+    #[arg(long, visible_alias = "xdp-mode", value_enum, default_value_t = XdpMode::Auto)]
     mode: XdpMode,
     /// Destination address (tx; pingpong initiator).
     #[arg(long)]

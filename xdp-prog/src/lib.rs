@@ -227,7 +227,8 @@ pub enum XdpError {
     /// for a program without multi-buffer support.
     #[error(
         "MTU of `{ifname}` (on veth: of its peer) is too large for native XDP without \
-         multi-buffer support: load with frags = true, lower the MTU, or use generic mode"
+         multi-buffer support: lower the MTU, or use generic mode (`--xdp-mode generic`); a \
+         program loaded with `frags` (the engine loads one above MTU 3498) lifts the limit"
     )]
     MtuTooLarge {
         /// Interface name.

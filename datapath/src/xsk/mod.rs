@@ -3,7 +3,7 @@
 //! One [`XskSocket`] is one AF_XDP socket bound to one queue of one interface, with **its own
 //! UMEM** (one UMEM per queue, not a shared one): each queue is meant to be owned by one engine
 //! thread, so no frame ever crosses threads and nothing needs a lock; the cost is memory (a
-//! default socket holds 4096 frames of 4 KiB = 16 MiB). For several queues, open one socket per
+//! default socket holds 512 RX and 2048 TX frames of 4 KiB = 10 MiB). For several queues, open one socket per
 //! queue ([`XskSocket::open_queues`]).
 //!
 //! The socket does not load an XDP program (libxdp's default program is inhibited): the caller

@@ -316,8 +316,8 @@ fn spawn_shard(
 impl XdpEngine {
     /// Starts the engine on `ifname` (in the calling thread's network namespace): one thread
     /// for every queue, or with [`XdpEngineConfig::shard_per_queue`] one thread per queue
-    /// (named `iwarp-xdp-<ifname><queue>`), and waits until their drivers are open. Needs root
-    /// (XDP, AF_XDP).
+    /// (named `iwxdp<queue>-<ifname>`: the queue first, as Linux keeps 15 octets of a thread's
+    /// name), and waits until their drivers are open. Needs root (XDP, AF_XDP).
     pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
         let iface = Iface::of(ifname, &cfg)?;
         let budget = ReassemblyBudget::new(cfg.reassembly_budget);
@@ -325,7 +325,7 @@ impl XdpEngine {
             let ifname_owned = ifname.to_owned();
             let driver = cfg.driver.clone();
             let open: Opener = Box::new(move || XdpTcp::open(&ifname_owned, driver));
-            let name = format!("iwarp-xdp-{ifname}");
+            let name = format!("iwxdp-{ifname}");
             let max_connections = cfg.driver.max_connections;
             let failure = Arc::new(FailureNotice::default());
             let (shard, (local_ip, mtu)) =
@@ -362,7 +362,7 @@ impl XdpEngine {
             };
             let open: Opener = Box::new(move || Ok(driver));
             let (shard, (ip, mtu)) = spawn_shard(
-                format!("iwarp-xdp-{ifname}{queue}"),
+                format!("iwxdp{queue}-{ifname}"),
                 open,
                 cfg.clone(),
                 budget.clone(),
