@@ -704,7 +704,7 @@ impl ConnectionTable {
 
     /// Whether a segment for no connection, addressed to `dst`:`dst_port`, may make one now:
     /// a SYN (`syn`) that a listener has room for in its backlog, or an ACK that may bring
-    /// back a SYN cookie the listener sent recently enough ([`Table::handle_packet_with`]
+    /// back a SYN cookie the listener sent recently enough ([`ConnectionTable::handle_packet_with`]
     /// makes a connection of nothing else). When false, the table answers such a segment
     /// without keeping anything of it (a cookie SYN-ACK, a RST, nothing): a driver that
     /// shares flows between several tables need not claim the flow before it hands the

@@ -453,6 +453,8 @@ pub struct SteeringProgram {
     // Field order is drop order: the link goes first (detach), then the program, then maps.
     link: Option<XdpLink>,
     attached: Option<(String, ActiveMode)>,
+    /// Why [`AttachMode::Auto`] fell back to generic mode: the driver mode's error.
+    driver_refused: Option<String>,
     ebpf: Ebpf,
     prog_name: &'static str,
     ports: HashMap<MapData, [u8; 8], u8>,
@@ -529,6 +531,7 @@ impl SteeringProgram {
         Ok(SteeringProgram {
             link: None,
             attached: None,
+            driver_refused: None,
             ebpf,
             prog_name,
             ports,
@@ -537,6 +540,12 @@ impl SteeringProgram {
             bound: 0,
             counters,
         })
+    }
+
+    /// Why an [`AttachMode::Auto`] attach runs in generic mode: the error native (driver)
+    /// mode failed with. `None` if it runs natively or generic mode was asked for.
+    pub fn driver_refused(&self) -> Option<&str> {
+        self.driver_refused.as_deref()
     }
 
     /// Whether this is the multi-buffer (`xdp.frags`) variant.
@@ -552,6 +561,7 @@ impl SteeringProgram {
             return Err(XdpError::AlreadyAttached(name.clone()));
         }
         check_caps("attaching the XDP program")?;
+        self.driver_refused = None;
         if !valid_ifname(ifname) {
             return Err(XdpError::InterfaceNotFound(ifname.to_string()));
         }
@@ -561,10 +571,14 @@ impl SteeringProgram {
             AttachMode::Auto => match self.attach_in(ifname, ActiveMode::Driver) {
                 Ok(m) => m,
                 Err(
-                    XdpError::ModeNotSupported { .. }
+                    e @ (XdpError::ModeNotSupported { .. }
                     | XdpError::MtuTooLarge { .. }
-                    | XdpError::Attach { .. },
-                ) => self.attach_in(ifname, ActiveMode::Generic)?,
+                    | XdpError::Attach { .. }),
+                ) => {
+                    let m = self.attach_in(ifname, ActiveMode::Generic)?;
+                    self.driver_refused = Some(e.to_string());
+                    m
+                }
                 Err(e) => return Err(e),
             },
         };

@@ -858,6 +858,9 @@ fn e_driver_mode_unsupported_is_an_error() {
             prog.attach("lo", AttachMode::Auto).expect("auto"),
             ActiveMode::Generic
         );
+        // Why it fell back, for the log.
+        let why = prog.driver_refused().expect("the driver mode's error");
+        assert!(why.contains("driver mode is not supported"), "{why}");
         let err = prog
             .attach(DEV_A, AttachMode::Generic)
             .expect_err("already attached");
@@ -911,6 +914,13 @@ fn e_large_mtu_needs_frags_program_in_driver_mode() {
             plain.attach(DEV_A, AttachMode::Auto).expect("auto"),
             ActiveMode::Generic
         );
+        assert!(
+            plain
+                .driver_refused()
+                .is_some_and(|w| w.contains("too large")),
+            "{:?}",
+            plain.driver_refused()
+        );
         drop(plain);
 
         let mut frags = SteeringProgram::load(true).expect("load frags");
@@ -919,6 +929,7 @@ fn e_large_mtu_needs_frags_program_in_driver_mode() {
             frags.attach(DEV_A, AttachMode::Driver).expect("frags"),
             ActiveMode::Driver
         );
+        assert_eq!(frags.driver_refused(), None, "native, as asked");
         frags.steer_port(ADDR_A, 17008).expect("steer");
         let mut xsks = bind_all_queues(&mut frags);
         let r = in_ns(NS_B, || {

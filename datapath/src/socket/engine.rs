@@ -603,7 +603,7 @@ impl Engine {
             qp_num: self.num,
             wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
         };
-        self.cq_overrun |= self.cq.deliver(c).is_err();
+        self.cq_overrun |= self.cq.deliver_refused(c, e).is_err();
     }
 
     fn receive(&mut self) -> bool {

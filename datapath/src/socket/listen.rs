@@ -71,6 +71,10 @@ const MAX_SLEEP: Duration = Duration::from_millis(500);
 /// How soon the listener tries `accept` again after the kernel could not give it a
 /// connection for want of resources (`ENOBUFS`, `ENOMEM`, descriptors with no spare left).
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// Connections whose `accept` failed on their own account taken one after another before the
+/// listener waits [`ACCEPT_RETRY`] (an error that does not take the connection off the queue
+/// would otherwise be met again and again).
+const ACCEPT_FAILURES_IN_A_ROW: u32 = 64;
 
 impl Listener {
     /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
@@ -349,10 +353,14 @@ impl Startups {
 
     /// Takes every connection the kernel has ready.
     fn accept_all(&mut self) {
+        // Errors of single connections in a row: past a bound, whatever the errno says, the
+        // queue waits a little rather than be spun on.
+        let mut failed_in_a_row = 0;
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => {
                     self.accept_failing = false;
+                    failed_in_a_row = 0;
                     c
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -374,18 +382,33 @@ impl Startups {
                     self.accept_failing = false;
                     return;
                 }
-                // That one connection failed (reset while queued, refused by a firewall rule,
-                // a protocol error): the next may not.
+                // That one connection failed (reset while queued, a protocol error, or one of
+                // the network errors Linux passes on from the new socket, accept(2)): the
+                // next may not.
                 Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM)
-                    ) =>
+                    if failed_in_a_row < ACCEPT_FAILURES_IN_A_ROW
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(
+                                libc::ECONNABORTED
+                                    | libc::EPROTO
+                                    | libc::ENETDOWN
+                                    | libc::ENOPROTOOPT
+                                    | libc::EHOSTDOWN
+                                    | libc::ENONET
+                                    | libc::EHOSTUNREACH
+                                    | libc::EOPNOTSUPP
+                                    | libc::ENETUNREACH
+                            )
+                        ) =>
                 {
-                    continue
+                    failed_in_a_row += 1;
+                    continue;
                 }
-                // The kernel is short of memory (`ENOBUFS`, `ENOMEM`) or something else
-                // passing: the connections queued wait a little, not for the next arrival.
+                // The kernel is short of memory (`ENOBUFS`, `ENOMEM`), a security module
+                // refuses (`EPERM`, before the connection leaves the queue), or something
+                // else passing: the connections queued wait a little, not for the next
+                // arrival.
                 Err(e) => {
                     self.retry_accept_soon(&e);
                     return;

@@ -229,6 +229,22 @@ impl CqSink {
         }
     }
 
+    /// [`CqSink::deliver`] for the completion of a post the queue pair refused with `e`: one
+    /// refused for the queue pair's state (Closing, Terminate, Error: it is ending) fails
+    /// nothing more when lost, as a flushed one.
+    pub(crate) fn deliver_refused(
+        &self,
+        c: Completion,
+        e: &rdmap::RdmapError,
+    ) -> Result<(), CqOverrun> {
+        match self.deliver(c) {
+            Err(CqOverrun) if !matches!(e, rdmap::RdmapError::InvalidState { .. }) => {
+                Err(CqOverrun)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`CqSink::push`] for a completion that can still be refused (a post's own flushed
     /// completion, its caller told): a full queue is not overrun by it.
     pub(crate) fn offer(&self, c: Completion) -> Result<(), CqOverrun> {
@@ -608,9 +624,10 @@ mod tests {
     }
 
     /// A transport's completion lost to a full queue overruns it either way; it fails its
-    /// queue pair only if it was not a flushed one (whose queue pair is ending anyway).
+    /// queue pair only if it was not a flushed one, nor a post's refused for the queue pair's
+    /// state (whose queue pair is ending anyway).
     #[test]
-    fn a_lost_flushed_completion_marks_the_queue_but_fails_nothing() {
+    fn a_lost_completion_of_an_ending_queue_pair_marks_the_queue_but_fails_nothing() {
         let cq = CompletionQueue::create(1, None, 0).expect("queue");
         let sink = cq.sink();
         let ok = Completion {
@@ -622,10 +639,19 @@ mod tests {
         assert_eq!(sink.deliver(completion()), Ok(()), "flushed, lost");
         assert!(cq.is_overrun());
         assert_eq!(
-            sink.deliver(ok),
+            sink.deliver(ok.clone()),
             Err(CqOverrun),
             "an error completion, lost"
         );
+        // A post refused for the queue pair's state: it is ending, as a flushed one.
+        let closing = rdmap::RdmapError::InvalidState {
+            state: rdmap::QpState::Closing,
+        };
+        assert_eq!(sink.deliver_refused(ok.clone(), &closing), Ok(()));
+        let unknown = rdmap::RdmapError::UnknownStag {
+            stag: rdmap::Stag(7),
+        };
+        assert_eq!(sink.deliver_refused(ok, &unknown), Err(CqOverrun));
         assert_eq!(cq.len(), 1);
     }
 

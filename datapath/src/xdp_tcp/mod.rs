@@ -687,11 +687,12 @@ impl XdpPort {
             other => other?,
         };
         let mode = prog.attach(ifname, cfg.attach_mode)?;
-        if mode == ActiveMode::Generic && cfg.attach_mode != AttachMode::Generic {
+        if let Some(why) = prog.driver_refused() {
             tracing::warn!(
                 ifname,
-                "the driver has no native XDP: the steering program runs as generic XDP, on \
-                 the kernel's socket buffers (slower)"
+                driver_mode = why,
+                "native XDP refused: the steering program runs as generic XDP, on the kernel's \
+                 socket buffers (slower)"
             );
         } else {
             tracing::info!(ifname, asked = %cfg.attach_mode, "steering program attached ({mode} XDP)");
@@ -774,7 +775,9 @@ impl XdpPort {
         }
     }
 
-    /// The queues `cfg` selects (all usable ones by default).
+    /// The queues `cfg` selects (all usable ones by default). A subset is taken as asked, with
+    /// a warning: the steering program steers by flow, not by queue, so a steered segment the
+    /// NIC puts on a queue without an engine socket goes to the kernel, which resets it.
     pub fn select_queues(&self, cfg: &XdpTcpConfig) -> Result<Vec<u32>, XdpTcpError> {
         let queues: Vec<u32> = match &cfg.queues {
             Some(q) => q.clone(),
@@ -782,6 +785,16 @@ impl XdpPort {
         };
         if queues.is_empty() {
             return Err(XdpTcpError::NoQueues);
+        }
+        let unserved: Vec<u32> = (0..self.queues).filter(|q| !queues.contains(q)).collect();
+        if !unserved.is_empty() {
+            tracing::warn!(
+                ifname = %self.ifname,
+                ?unserved,
+                "queues of the interface left without an engine socket: segments of the \
+                 engine's connections that arrive there go to the kernel, which resets them \
+                 (serve every queue, or lower the channels with `ethtool -L`)"
+            );
         }
         Ok(queues)
     }
@@ -1124,7 +1137,9 @@ impl XdpTcp {
             Some(k) => k,
             None => random_key()?,
         };
-        let socks = open_sockets(&port, queues, &cfg.xsk)?;
+        // What holds for every shard alike is said once, by the first.
+        let first = shard.as_ref().is_none_or(|s| s.index == 0);
+        let socks = open_sockets(&port, queues, &cfg.xsk, first)?;
         {
             let mut prog = port.prog();
             for s in &socks {
@@ -1139,7 +1154,7 @@ impl XdpTcp {
         let mtu = (port.mtu as usize)
             .min(frame_mtu)
             .min(usize::from(u16::MAX));
-        if mtu < port.mtu as usize {
+        if mtu < port.mtu as usize && first {
             tracing::warn!(
                 ifname = port.ifname.as_str(),
                 interface_mtu = port.mtu,
@@ -2066,10 +2081,12 @@ fn multi_buffer_refused(e: &XskError) -> bool {
 /// bind mode was left to the kernel); where the kernel refuses multi-buffer binding at all
 /// (before Linux 6.6), single-frame sockets, said in the log (the MTU the engine uses is then
 /// what one frame holds).
+/// `say`: log what happened (one shard of several says it for all).
 fn open_sockets(
     port: &XdpPort,
     queues: &[u32],
     xsk: &XskConfig,
+    say: bool,
 ) -> Result<Vec<XskSocket>, XdpTcpError> {
     let mut xsk = xsk.clone();
     xsk.multi_buffer |= port.multi_buffer;
@@ -2084,19 +2101,24 @@ fn open_sockets(
             ..xsk.clone()
         };
         if let Ok(socks) = open(&copy) {
-            tracing::info!(
+            if say {
+                tracing::info!(
                 ifname = port.ifname.as_str(),
                 error = %first,
                 "multi-buffer AF_XDP bound in copy mode (the zero-copy bind failed)"
-            );
+                );
+            }
             return Ok(socks);
         }
     }
-    tracing::warn!(
-        ifname = port.ifname.as_str(),
-        error = %first,
-        "binding for multi-buffer AF_XDP (XDP_USE_SG) failed: packets limited to one UMEM frame"
-    );
+    if say {
+        tracing::warn!(
+            ifname = port.ifname.as_str(),
+            error = %first,
+            "binding for multi-buffer AF_XDP (XDP_USE_SG) failed: packets limited to one UMEM \
+             frame"
+        );
+    }
     xsk.multi_buffer = false;
     Ok(open(&xsk)?)
 }
@@ -2219,13 +2241,16 @@ impl Rx<'_> {
                 // table would answer it without state (a SYN beyond the backlog gets a
                 // cookie; an ACK with no cookie out, or to no listener, a RST): a flood of
                 // those neither takes the writers' mutex nor churns the directory.
-                let opens = (syn || peek.may_complete_cookie())
-                    && peek.ports().is_some_and(|(_, dst_port)| {
-                        self.table
-                            .may_open(self.now, peek.dst_addr(), dst_port, syn)
-                    });
+                // (Asked of flows nobody owns only: not per segment of a connection.)
+                let opens = || {
+                    (syn || peek.may_complete_cookie())
+                        && peek.ports().is_some_and(|(_, dst_port)| {
+                            self.table
+                                .may_open(self.now, peek.dst_addr(), dst_port, syn)
+                        })
+                };
                 let owner = match dir.lookup(key) {
-                    None if opens => match dir.claim(key, sh.index) {
+                    None if opens() => match dir.claim(key, sh.index) {
                         Ok(o) => {
                             if o == sh.index {
                                 claimed = Some(key);

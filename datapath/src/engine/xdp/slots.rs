@@ -130,7 +130,7 @@ impl Slot {
                 qp_num: self.num,
                 wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
             };
-            if cq.deliver(c).is_err() {
+            if cq.deliver_refused(c, e).is_err() {
                 self.cq_overrun.set(true);
             }
         }
