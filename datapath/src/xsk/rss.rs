@@ -14,6 +14,13 @@ const ETH_RSS_HASH_TOP: u8 = 1;
 /// Octets of `struct ethtool_rxfh` before its `rss_config` array: cmd, rss_context,
 /// indir_size, key_size (u32 each), hfunc, input_xfrm, two reserved octets, a reserved u32.
 const RXFH_HEADER: usize = 24;
+/// `ETHTOOL_GRXFH`: the header fields a flow type's RSS hash covers.
+const ETHTOOL_GRXFH: u32 = 0x29;
+/// `TCP_V4_FLOW`: IPv4/TCP's flow type.
+const TCP_V4_FLOW: u32 = 0x01;
+/// `RXH_IP_SRC | RXH_IP_DST | RXH_L4_B_0_1 | RXH_L4_B_2_3`: both addresses and both ports,
+/// the input [`RssTable::hash`] computes.
+const RXH_ADDRESSES_AND_PORTS: u64 = (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7);
 /// Octets of the Toeplitz input of an IPv4/TCP packet: source and destination address,
 /// source and destination port.
 const IPV4_TCP_INPUT: usize = 12;
@@ -80,18 +87,18 @@ impl RssTable {
     }
 
     /// Reads `ifname`'s key and table with `ETHTOOL_GRSSH` (in the calling thread's network
-    /// namespace). Fails with `Unsupported` where the driver has no RSS (veth) or hashes with
-    /// another function than Toeplitz.
+    /// namespace). Fails with `Unsupported` where the driver has no RSS (veth), or hashes
+    /// otherwise than [`RssTable::hash`] computes (see [`check_hashing`]).
     pub fn read(ifname: &str) -> io::Result<RssTable> {
         // First the sizes, then the table and key.
         let (indir_size, key_size) = grssh_sizes(ifname)?;
-        let (indirection, key, hfunc) = grssh(ifname, indir_size, key_size)?;
-        if hfunc & ETH_RSS_HASH_TOP == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{ifname}'s RSS hash function ({hfunc:#x}) is not Toeplitz"),
-            ));
-        }
+        let (indirection, key, hfunc, input_xfrm) = grssh(ifname, indir_size, key_size)?;
+        // A driver that does not say which fields it hashes (no `ETHTOOL_GRXFH`) is taken to
+        // hash addresses and ports, IPv4/TCP's usual default.
+        let fields = tcp4_hash_fields(ifname).ok();
+        check_hashing(hfunc, input_xfrm, fields).map_err(|why| {
+            io::Error::new(io::ErrorKind::Unsupported, format!("{ifname}'s RSS: {why}"))
+        })?;
         RssTable::new(key, indirection).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -99,6 +106,42 @@ impl RssTable {
             )
         })
     }
+}
+
+/// Whether a NIC's RSS hash is the one [`RssTable::hash`] computes: the Toeplitz function
+/// (`hfunc`), over the input as it is (no symmetric transform, `input_xfrm`: Linux 6.8's
+/// `RXH_XFRM_SYM_XOR` and later ones reorder or combine the fields first), of both IPv4
+/// addresses and both TCP ports (`fields`, `ETHTOOL_GRXFH`'s answer for `TCP_V4_FLOW`, if
+/// the driver gave one). Otherwise the reason, for the log: a source port chosen by the
+/// hash would land on an arbitrary queue.
+pub fn check_hashing(hfunc: u8, input_xfrm: u8, fields: Option<u64>) -> Result<(), String> {
+    if hfunc & ETH_RSS_HASH_TOP == 0 {
+        return Err(format!("the hash function ({hfunc:#x}) is not Toeplitz"));
+    }
+    if input_xfrm != 0 {
+        return Err(format!(
+            "the hash's input is transformed first (input_xfrm {input_xfrm:#x}, e.g. symmetric)"
+        ));
+    }
+    match fields {
+        Some(f) if f != RXH_ADDRESSES_AND_PORTS => Err(format!(
+            "IPv4/TCP is hashed over fields {f:#x}, not both addresses and both ports"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The header fields `ifname` hashes IPv4/TCP packets over (`ETHTOOL_GRXFH` for
+/// `TCP_V4_FLOW`: `RXH_*` bits).
+fn tcp4_hash_fields(ifname: &str) -> io::Result<u64> {
+    // The original `struct ethtool_rxnfc` the kernel still reads and writes for this
+    // command: cmd and flow_type (u32 each), then data (u64).
+    let mut buf = [ETHTOOL_GRXFH, TCP_V4_FLOW, 0, 0];
+    super::ethtool::ioctl(ifname, &mut buf, "its RSS hash fields (ETHTOOL_GRXFH)")?;
+    let mut data = [0u8; 8];
+    data[..4].copy_from_slice(&buf[2].to_ne_bytes());
+    data[4..].copy_from_slice(&buf[3].to_ne_bytes());
+    Ok(u64::from_ne_bytes(data))
 }
 
 /// The indirection table's entries and the key's octets `ETHTOOL_GRSSH` reports.
@@ -109,8 +152,8 @@ fn grssh_sizes(ifname: &str) -> io::Result<(u32, u32)> {
 }
 
 /// `ETHTOOL_GRSSH` asking for `indir_size` table entries and `key_size` key octets: the table,
-/// the key and the hash function octet.
-fn grssh(ifname: &str, indir_size: u32, key_size: u32) -> io::Result<(Vec<u32>, Vec<u8>, u8)> {
+/// the key, the hash function octet and the input transform octet (0 before Linux 6.8).
+fn grssh(ifname: &str, indir_size: u32, key_size: u32) -> io::Result<(Vec<u32>, Vec<u8>, u8, u8)> {
     let entries = indir_size as usize;
     let words = RXFH_HEADER / 4 + entries + (key_size as usize).div_ceil(4);
     if words > 1 << 16 {
@@ -127,14 +170,14 @@ fn grssh(ifname: &str, indir_size: u32, key_size: u32) -> io::Result<(Vec<u32>, 
             "the RSS table or key changed size while read",
         ));
     }
-    let hfunc = buf[4].to_ne_bytes()[0];
+    let [hfunc, input_xfrm, ..] = buf[4].to_ne_bytes();
     let indirection = buf[RXFH_HEADER / 4..RXFH_HEADER / 4 + entries].to_vec();
     let key: Vec<u8> = buf[RXFH_HEADER / 4 + entries..]
         .iter()
         .flat_map(|w| w.to_ne_bytes())
         .take(key_size as usize)
         .collect();
-    Ok((indirection, key, hfunc))
+    Ok((indirection, key, hfunc, input_xfrm))
 }
 
 /// Runs `ETHTOOL_GRSSH` on `ifname` with `buf` as its `struct ethtool_rxfh` (the sizes in
@@ -158,6 +201,21 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddrV4 {
         s.parse().expect("an IPv4 socket address")
+    }
+
+    /// Only the Toeplitz hash of both addresses and both ports, untransformed, is one the
+    /// source port can steer: anything else is said, and the port is left to the kernel.
+    #[test]
+    fn only_the_plain_toeplitz_hash_of_the_four_tuple_is_used() {
+        assert_eq!(check_hashing(1, 0, Some(0xf0)), Ok(()));
+        assert_eq!(check_hashing(1, 0, None), Ok(()), "the driver does not say");
+        assert!(check_hashing(2, 0, Some(0xf0)).is_err(), "XOR hash");
+        assert!(
+            check_hashing(1, 1, Some(0xf0)).is_err(),
+            "symmetric-XOR input"
+        );
+        assert!(check_hashing(1, 0, Some(0x30)).is_err(), "addresses only");
+        assert!(check_hashing(1, 0, Some(0xf2)).is_err(), "the VLAN tag too");
     }
 
     /// The published IPv4 verification vectors: destination, source, the hash of the
