@@ -681,8 +681,19 @@ cap_stop() { # cap_stop NAME OK(0|1): ends the capture, keeps it on failure
   kill -INT "$CAP_PID" 2>/dev/null || true
   wait "$CAP_PID" 2>/dev/null || true
   if [ "$2" = 1 ] && [ -z "$KEEP_PCAP" ]; then
-    rm -f "$OUT/$1.pcap" "$OUT/$1.tcpdump.log"
+    rm -f "$OUT/$1.pcap" "$OUT/$1.tcpdump.log" "$OUT/$1.engine.pcap"
   fi
+}
+# A case on the AF_XDP engine captures its frames itself (`--pcap`): tcpdump on iwa0 sees none
+# of them (XDP takes them before the capture taps, AF_XDP transmits past them).
+ENGINE_PCAP=()
+engine_pcap() { # engine_pcap NAME [our args]: sets ENGINE_PCAP to our extra capture args
+  local name=$1
+  shift
+  ENGINE_PCAP=()
+  case " $* " in
+  *" --transport xdp "*) ENGINE_PCAP=(--pcap "$OUT/$name.engine.pcap") ;;
+  esac
 }
 KEEP_PCAP=""
 
@@ -730,8 +741,9 @@ case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our 
   shift 5
   local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log
   cap_start "$name"
+  engine_pcap "$name" "$@"
   ip netns exec "$NS_A" timeout 120 "$BENCH" rping -s -a "$ADDR_A" -C "$count" --crc "$crc" \
-    --timeout 60 "$@" >"$slog" 2>&1 &
+    --timeout 60 "$@" "${ENGINE_PCAP[@]}" >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
   wait_listening "$slog" "$spid"
@@ -778,6 +790,7 @@ case_siw_server() { # NAME SIZE COUNT REV CRC EXPECT_CRC [EXTRA our args]
   local extra=("${@:7}")
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   cap_start "$name"
+  engine_pcap "$name" "${extra[@]}"
   # A server left over from a failed case would hold the port.
   guest 10 "killall -9 rping 2>/dev/null; \
 job start srv 100 'rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V 2>/tmp/s.err'" >/dev/null ||
@@ -787,7 +800,8 @@ job start srv 100 'rping -s -a $GUEST_ADDR -C $count -S 65535 -v -V 2>/tmp/s.err
     tries=$((tries + 1))
     rc=0
     ip netns exec "$NS_A" timeout 100 "$BENCH" rping -c -a "$GUEST_ADDR" -C "$count" -S "$size" \
-      --mpa-rev "$rev" --crc "$crc" --settle-ms "$SETTLE_MS" -d "${extra[@]}" >"$clog" 2>&1 ||
+      --mpa-rev "$rev" --crc "$crc" --settle-ms "$SETTLE_MS" -d "${extra[@]}" "${ENGINE_PCAP[@]}" \
+      >"$clog" 2>&1 ||
       rc=$?
     # rping -s needs a moment (under emulation) before it listens. (Our AF_XDP engine reports
     # the reset to its SYN as MPA's "connection lost" during setup.)
@@ -856,9 +870,11 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
   tool=$(pt_tool "$test")
   local slog=$OUT/$name.server.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
+  engine_pcap "$name" "${extra[@]}"
   # shellcheck disable=SC2086 # PT_FLAGS: several words
   ip netns exec "$NS_A" timeout 150 "$BENCH" perftest "$test" -s "$size" -n "$iters" ${PT_FLAGS:-} \
-    -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" >"$slog" 2>&1 &
+    -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" "${ENGINE_PCAP[@]}" \
+    >"$slog" 2>&1 &
   local spid=$!
   CHILD_PIDS+=("$spid")
   wait_listening "$slog" "$spid"
@@ -892,13 +908,15 @@ case_pt_siw_server() { # NAME TEST SIZE ITERS [EXTRA our args]
   tool=$(pt_tool "$test")
   local clog=$OUT/$name.client.log glog=$OUT/$name.guest.log before=${#PASS[@]}
   CAP_PORT=$PT_PORT cap_start "$name"
+  engine_pcap "$name" "${extra[@]}"
   guest 10 "$PT_KILL; \
 job start pts 110 'ulimit -l unlimited; $tool -R -F -p $PT_PORT -s $size -n $iters ${PT_FLAGS:-} > /tmp/pts.log 2>&1'" >/dev/null || true
   local rc=0
   # Our client retries (refused) until the tool listens.
   # shellcheck disable=SC2086 # PT_FLAGS: several words
   ip netns exec "$NS_A" timeout 120 "$BENCH" perftest "$test" -s "$size" -n "$iters" ${PT_FLAGS:-} \
-    -p "$PT_PORT" --timeout 60 --step-timeout 60 "${extra[@]}" "$GUEST_ADDR" >"$clog" 2>&1 ||
+    -p "$PT_PORT" --timeout 60 --step-timeout 60 "${extra[@]}" "${ENGINE_PCAP[@]}" "$GUEST_ADDR" \
+    >"$clog" 2>&1 ||
     rc=$?
   local grc=0 out
   out=$(guest 40 "job wait pts 35 >/dev/null; rc=\$?; \
