@@ -1096,8 +1096,11 @@ impl XdpTcp {
     /// arrives on a shard that does not own its flow is copied to the owner's inbox. Each
     /// shard is meant to run on its own thread. Needs root.
     pub fn open_shards(ifname: &str, mut cfg: XdpTcpConfig) -> Result<Vec<Self>, XdpTcpError> {
-        // One key for every shard: a SYN cookie one shard sent is good on any other (a peer
-        // that re-hashes its TX queue after an RTO may bring it back on another queue).
+        // One key for every shard, so that a cookie's check does not depend on the shard.
+        // (A cookie's ACK is taken for one only by a shard that sent a cookie within a
+        // cookie's lifetime: the NIC hashes the ACK's 4-tuple to the queue its SYN came on,
+        // so it comes back to the shard that answered the SYN, unless the NIC's RSS table
+        // changed in between; then the client's ACK gets a RST and it connects again.)
         if cfg.isn_key.is_none() {
             cfg.isn_key = Some(random_key()?);
         }
