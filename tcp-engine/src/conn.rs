@@ -3021,7 +3021,12 @@ impl Connection {
         let start_i = self.rcv_nxt as i64 + rel;
         let payload = seg.payload;
         let end_i = start_i + payload.len() as i64;
-        let right = self.rcv_window_right();
+        // Nothing beyond the peer's FIN, once it is known (RFC 9293 3.10.7.4: the FIN is the
+        // last of its sequence space), even if it came out of order: octets there would move
+        // RCV.NXT past the FIN, which then never takes effect.
+        let right = self.peer_fin_pos.map_or(self.rcv_window_right(), |fin| {
+            self.rcv_window_right().min(fin)
+        });
         // `InOrder`: nothing past the ring, though the window may offer a little more after
         // rounding up (`window_field`); the rest is dropped and comes again.
         let held_right = match self.cfg.rx_mode {
@@ -3157,7 +3162,8 @@ impl Connection {
         if b < end_i.max(0) as u64 {
             accepted_fin = false; // FIN beyond the window
         }
-        if accepted_fin {
+        // The first FIN stays where it is: another at another place is not the peer's.
+        if accepted_fin && self.peer_fin_pos.is_none() {
             self.peer_fin_pos = Some(end_i as u64);
         }
         if let Some(t) = take_back {

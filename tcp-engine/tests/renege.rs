@@ -3,7 +3,7 @@
 //! covered them is withheld, the out-of-order ranges beyond are forgotten (RFC 2018 section 8),
 //! and the octets are passed up again when they come again. Refused once an ACK covered them,
 //! outside pass-up mode, and after the peer's FIN was taken in order; a FIN that arrived out of
-//! order waits for the octets taken back.
+//! order waits for the octets taken back, and nothing beyond it is taken.
 mod common;
 use common::*;
 use tcp_engine::sim::Network;
@@ -159,6 +159,25 @@ fn a_fin_out_of_order_waits_for_the_octets_taken_back() {
         !s.conn_mut().renege_from(2 * MSS as u64),
         "the FIN was taken"
     );
+}
+
+/// Octets beyond a FIN that arrived out of order are not the peer's (RFC 9293 3.10.7.4): they
+/// are neither passed up nor counted, so that once the gap before the FIN fills, RCV.NXT
+/// reaches the FIN and the connection closes. (They were taken: RCV.NXT jumped past the FIN,
+/// which then never took effect.) A second FIN elsewhere does not move the first.
+#[test]
+fn octets_beyond_an_out_of_order_fin_are_not_taken() {
+    let (c, mut s, _net) = established(pass_up());
+    let (passed, _) = feed_answering(&c, &mut s, MSS as u64, 0, true, true, |_| None);
+    assert!(passed.is_empty());
+    let (passed, _) = feed(&c, &mut s, MSS as u64, MSS, true);
+    assert!(passed.is_empty(), "beyond the FIN: {passed:?}");
+    let (passed, _) = feed_answering(&c, &mut s, MSS as u64 / 2, 0, true, true, |_| None);
+    assert!(passed.is_empty());
+    let (passed, _) = feed(&c, &mut s, 0, MSS, true);
+    assert_eq!(passed, [0]);
+    assert_eq!(s.conn().rcv_nxt_offset(), MSS as u64);
+    assert_eq!(s.conn().state(), State::CloseWait, "the FIN taken in order");
 }
 
 /// The segment that fills the gap before an out-of-order FIN is where an upper layer finds
