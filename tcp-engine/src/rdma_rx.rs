@@ -47,8 +47,33 @@ pub(crate) enum Refused {
     Unsolicited,
     /// Another total length or form than earlier segments of the transfer (3.1.4).
     Inconsistent,
-    /// The table of placed ranges is full.
+    /// The table of placed ranges, or of the buffer's written ranges, is full.
     Full,
+    /// The run would write octets of the buffer that another part of the stream wrote:
+    /// placement must not change what the stream delivered (the first copy stands, as in
+    /// TCP's stream).
+    Overlap,
+}
+
+/// Ranges of one buffer written by placement, with the stream offsets they hold.
+const MAX_WRITTEN_RANGES: usize = 64;
+
+/// Octets `[buf_start, buf_end)` of a posted buffer written from the stream's octets that
+/// start at `stream_start`.
+#[derive(Debug, Clone, Copy)]
+struct WrittenRange {
+    buf_start: u64,
+    buf_end: u64,
+    stream_start: u64,
+}
+
+impl WrittenRange {
+    /// Whether the stream octet at `stream` would be written at buffer offset `buf` by the
+    /// same mapping as this range's.
+    fn same_mapping(&self, buf: u64, stream: u64) -> bool {
+        i128::from(self.stream_start) - i128::from(self.buf_start)
+            == i128::from(stream) - i128::from(buf)
+    }
 }
 
 #[derive(Debug)]
@@ -58,6 +83,9 @@ struct Posted {
     /// The total length the transfer's first annotated segment named (`Some(None)`: the
     /// 16-octet form, no total).
     total: Option<Option<u32>>,
+    /// What placement wrote, by buffer offset (disjoint; joined where they continue each
+    /// other in the buffer and the stream).
+    written: Vec<WrittenRange>,
 }
 
 /// Posted buffers and placed ranges of one connection.
@@ -108,6 +136,7 @@ impl RdmaReceive {
                 data,
                 unsolicited,
                 total: None,
+                written: Vec::new(),
             },
         );
         Ok(())
@@ -148,15 +177,25 @@ impl RdmaReceive {
             Some(total) if total != total_length => return Err(Refused::Inconsistent),
             _ => p.total = Some(total_length),
         }
-        if self.placed.len() >= self.max_placed {
+        if self.placed.len() >= self.max_placed || p.written.len() >= MAX_WRITTEN_RANGES {
             return Err(Refused::Full);
         }
-        Ok(Some(Run {
+        let run = Run {
             start: seg_start + range.start as u64,
             end: seg_start + range.end as u64,
             rid: t.rid,
             buffer_offset: u64::from(buffer_offset),
-        }))
+        };
+        // Octets of the buffer another part of the stream wrote stay as they are: the run
+        // may cover them only with the same octets of the stream (a segment sent again).
+        let (b0, b1) = (run.buffer_offset, run.buffer_offset + (run.end - run.start));
+        let clash = p.written.iter().any(|w| {
+            w.buf_start < b1 && b0 < w.buf_end && !w.same_mapping(run.buffer_offset, run.start)
+        });
+        if clash {
+            return Err(Refused::Overlap);
+        }
+        Ok(Some(run))
     }
 
     /// Places `octets`, the run's stream range `[from, from + octets.len())` (a part of it
@@ -171,6 +210,14 @@ impl RdmaReceive {
         };
         dst.copy_from_slice(octets);
         let len = octets.len() as u64;
+        note_written(
+            &mut p.written,
+            WrittenRange {
+                buf_start: at as u64,
+                buf_end: at as u64 + len,
+                stream_start: from,
+            },
+        );
         if let Some(mut last) = self.placed.last_entry() {
             let l = last.get_mut();
             if l.rid == run.rid
@@ -227,6 +274,36 @@ impl RdmaReceive {
         }
         self.placed.remove(&k)
     }
+}
+
+/// Adds `w` to `written` (sorted by buffer offset, disjoint: [`RdmaReceive::accept`] let
+/// nothing overlap by another mapping, and placement writes only octets not received before),
+/// joined with its neighbours where they continue each other in the buffer and the stream.
+/// Beyond [`MAX_WRITTEN_RANGES`] entries `accept` refuses further runs, so this grows by at
+/// most one past it.
+fn note_written(written: &mut Vec<WrittenRange>, w: WrittenRange) {
+    let i = written.partition_point(|x| x.buf_start < w.buf_start);
+    let mut w = w;
+    let mut at = i;
+    if i > 0 {
+        let prev = written[i - 1];
+        if prev.buf_end == w.buf_start && prev.same_mapping(w.buf_start, w.stream_start) {
+            w = WrittenRange {
+                buf_start: prev.buf_start,
+                stream_start: prev.stream_start,
+                ..w
+            };
+            written.remove(i - 1);
+            at = i - 1;
+        }
+    }
+    if let Some(next) = written.get(at).copied() {
+        if w.buf_end == next.buf_start && next.same_mapping(w.buf_start, w.stream_start) {
+            w.buf_end = next.buf_end;
+            written.remove(at);
+        }
+    }
+    written.insert(at, w);
 }
 
 #[cfg(test)]
@@ -310,6 +387,62 @@ mod tests {
             .take(Rid::new(1).expect("rid"))
             .is_some_and(|b| b.iter().all(|&x| x == 0)));
         assert_eq!(r.next_start(), None);
+    }
+
+    /// Octets of the buffer placed from one part of the stream are not written again from
+    /// another (the first copy stands, as in TCP's stream): such a run is refused, and its
+    /// segment is ordinary stream data. The same part of the stream sent again, or the next
+    /// part of the buffer, is placed.
+    #[test]
+    fn placed_octets_are_not_overwritten_by_another_part_of_the_stream() {
+        let mut r = RdmaReceive::new(4, 16);
+        let rid = Rid::new(9).expect("rid");
+        r.post(rid, vec![0; 100], false).expect("post");
+        let a = r
+            .accept(opt(9, 0, 0, 50, None, false), 1000, 50)
+            .expect("ok")
+            .expect("run");
+        r.place(&a, 1000, &[1; 50]);
+        // Stream 5000.. into buffer 0..50 again, and a run straddling its end: refused.
+        assert_eq!(
+            r.accept(opt(9, 0, 0, 50, None, false), 5000, 50).err(),
+            Some(Refused::Overlap)
+        );
+        assert_eq!(
+            r.accept(opt(9, 40, 0, 20, None, false), 5000, 20).err(),
+            Some(Refused::Overlap)
+        );
+        // The same octets of the stream again (a retransmission), and the next part: fine.
+        assert!(r.accept(opt(9, 0, 0, 50, None, false), 1000, 50).is_ok());
+        let b = r
+            .accept(opt(9, 50, 0, 50, None, false), 1050, 50)
+            .expect("ok")
+            .expect("run");
+        r.place(&b, 1050, &[2; 50]);
+        let buf = r.take(rid).expect("buffer");
+        assert_eq!(&buf[..], &[[1u8; 50], [2; 50]].concat()[..]);
+    }
+
+    /// Written ranges join where they continue each other in the buffer and the stream,
+    /// whichever comes first; ranges of another mapping stay apart.
+    #[test]
+    fn written_ranges_join() {
+        let w = |b0, b1, s| WrittenRange {
+            buf_start: b0,
+            buf_end: b1,
+            stream_start: s,
+        };
+        let mut v = Vec::new();
+        note_written(&mut v, w(20, 30, 120));
+        note_written(&mut v, w(0, 10, 100));
+        note_written(&mut v, w(10, 20, 110));
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].buf_start, v[0].buf_end, v[0].stream_start),
+            (0, 30, 100)
+        );
+        note_written(&mut v, w(30, 40, 900));
+        assert_eq!(v.len(), 2, "another mapping");
     }
 
     #[test]
