@@ -187,8 +187,9 @@ pub struct IndicationRepr {
 
 impl IndicationRepr {
     /// Parses and checks an indication: the magic number, the CRC, and the BC version (above
-    /// ours: [`IftError::IncompatibleVersion`]; a higher version with an acceptable BC version
-    /// is accepted, section 4.2). Reserved flag bits and octets are ignored.
+    /// ours, 0, or above the version: [`IftError::IncompatibleVersion`]; a higher version with
+    /// an acceptable BC version is accepted, section 4.2). Reserved flag bits and octets are
+    /// ignored.
     pub fn parse<T: AsRef<[u8]>>(ind: &Indication<T>) -> Result<IndicationRepr, IftError> {
         if ind.magic() != MAGIC {
             return Err(IftError::BadMagic { found: ind.magic() });
@@ -197,7 +198,9 @@ impl IndicationRepr {
         if found != computed {
             return Err(IftError::IndicationCrc { found, computed });
         }
-        if ind.bc_version() > VERSION {
+        // Section 4.2: a BC version above ours is incompatible; one of 0 (no version is 0),
+        // or a version below its own BC version, is no indication of any version.
+        if ind.bc_version() > VERSION || ind.bc_version() == 0 || ind.version() < ind.bc_version() {
             return Err(IftError::IncompatibleVersion {
                 version: ind.version(),
                 bc_version: ind.bc_version(),
@@ -463,6 +466,22 @@ mod tests {
                 bc_version: 2
             }))
         );
+        // BC version 0, and a version below its BC version: no indication of any version.
+        for (version, bc_version) in [(1, 0), (0, 0), (0, 1)] {
+            let odd = IndicationRepr {
+                version,
+                bc_version,
+                ..repr()
+            };
+            assert_eq!(
+                IndicationRepr::parse_bytes(&odd.to_bytes()),
+                Some(Err(IftError::IncompatibleVersion {
+                    version,
+                    bc_version
+                })),
+                "version {version}, BC version {bc_version}"
+            );
+        }
         assert_eq!(IndicationRepr::parse_bytes(&figure()[..63]), None);
     }
 
