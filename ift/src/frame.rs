@@ -131,6 +131,28 @@ fn check_start(fmt: &FrameFormat, b: &[u8]) -> Result<usize, IftError> {
     ))
 }
 
+/// With header CRCs checked: the header CRC of the frame that `b` begins, once `b` holds it
+/// (nothing to say before). So that a frame whose header is damaged (its payload_size among
+/// it) fails as soon as its header has come, not only once as many octets as that size says
+/// have (up to 64 KiB of the frames behind it, or never, if the stream then goes quiet).
+fn check_header_crc_early(fmt: &FrameFormat, b: &[u8]) -> Result<(), IftError> {
+    if !(fmt.header_crc && fmt.verify) {
+        return Ok(());
+    }
+    let Some(&first) = b.get(FRAME_HEADER_LEN) else {
+        return Ok(());
+    };
+    let header_end = FRAME_HEADER_LEN + ddp::wire::header_len_of(first);
+    let Some(crc) = b.get(header_end..header_end + CRC_LEN) else {
+        return Ok(());
+    };
+    let (found, computed) = (crc_from_wire(crc), mpa::crc::crc32c(&b[..header_end]));
+    if found != computed {
+        return Err(IftError::HeaderCrc { found, computed });
+    }
+    Ok(())
+}
+
 /// Checks a whole frame (`b` is exactly one) and returns its parts.
 fn check_frame<'a>(fmt: &FrameFormat, b: &'a [u8]) -> Result<Frame<'a>, IftError> {
     let len = check_start(fmt, b)?;
@@ -244,6 +266,9 @@ impl FrameDecoder {
                 Err(e) => return Err(self.fail(e)),
             };
             if bytes.len() < len {
+                if let Err(e) = check_header_crc_early(&self.fmt, bytes) {
+                    return Err(self.fail(e));
+                }
                 break;
             }
             match check_frame(&self.fmt, &bytes[..len]) {
@@ -281,6 +306,11 @@ impl FrameDecoder {
             .saturating_sub(self.partial.len())
             .min(bytes.len() - used);
         self.partial.extend_from_slice(&bytes[used..used + n]);
+        if self.partial.len() < need {
+            if let Err(e) = check_header_crc_early(&self.fmt, &self.partial) {
+                return Err(self.fail(e));
+            }
+        }
         Ok(used + n)
     }
 }

@@ -161,6 +161,43 @@ fn a_bad_frame_ends_the_stream_and_the_error_repeats() {
     assert_eq!(frames, 1);
 }
 
+/// A frame whose header is damaged fails once its header and header CRC have come, whether
+/// they arrive alone or at the end of a piece: a payload_size made larger does not make the
+/// decoder wait for that many octets (it waited, taking the frames behind as this one's
+/// payload, or for ever if the stream went quiet).
+#[test]
+fn a_damaged_header_fails_as_soon_as_its_crc_has_come() {
+    let f = fmt(true, true);
+    let good = one_frame(f);
+    let mut b = good.clone();
+    b[2] = 0xff; // payload_size 0xff64 instead of 100
+    let header_and_crc = FRAME_HEADER_LEN + TAGGED + 4;
+    // In one piece, then octet by octet (the partial frame).
+    for pieces in [vec![b.len()], vec![1; b.len()]] {
+        let mut dec = FrameDecoder::new(f);
+        let mut fed = 0;
+        let mut failed_at = None;
+        for n in pieces {
+            if let Err(e) = dec.feed(&b[fed..fed + n], |_| panic!("no frame")) {
+                assert!(matches!(e, IftError::HeaderCrc { .. }), "{e:?}");
+                failed_at = Some(fed + n);
+                break;
+            }
+            fed += n;
+        }
+        let at = failed_at.expect("the damaged header is found");
+        assert!(at <= b.len() && at >= header_and_crc, "failed at {at}");
+        assert_eq!(dec.buffered(), 0);
+    }
+    // Without header CRCs there is nothing to check early: the frame waits for its octets.
+    let plain = fmt(false, true);
+    let mut b = one_frame(plain);
+    b[2] = 0xff;
+    let mut dec = FrameDecoder::new(plain);
+    assert_eq!(dec.feed(&b, |_| panic!("no frame")), Ok(()));
+    assert_eq!(dec.buffered(), b.len());
+}
+
 #[test]
 fn crcs_are_not_checked_by_a_receiver_that_ignores_them() {
     let f = FrameFormat {
