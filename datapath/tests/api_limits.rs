@@ -45,3 +45,34 @@ fn a_backlog_larger_than_max_backlog_is_refused() {
     };
     assert!(dev.listen(addr, params).is_ok());
 }
+
+/// IFT framing's DDP mode (R clear) has no queue pair to run: a listen or a connect asking
+/// for it is refused before anything is made, on either transport (one check,
+/// `ConnectParams::check`; the engine's listen and connect run it too).
+#[test]
+fn ift_without_rdma_mode_is_refused() {
+    let dev = Device::socket();
+    let params = ConnectParams {
+        framing: datapath::Framing::Ift(ift::IftConfig {
+            rdma: false,
+            ..ift::IftConfig::with_vtag(1)
+        }),
+        ..ConnectParams::default()
+    };
+    let addr = "127.0.0.1:0".parse().expect("address");
+    assert!(matches!(
+        dev.listen(addr, params.clone()),
+        Err(DatapathError::InvalidArgument(_))
+    ));
+    let (pd, cq) = (ProtectionDomain::new(), datapath::CompletionQueue::new());
+    assert!(matches!(
+        dev.connect(
+            "127.0.0.1:9".parse().expect("address"),
+            &pd,
+            &cq,
+            &params,
+            &[]
+        ),
+        Err(DatapathError::InvalidArgument(_))
+    ));
+}

@@ -130,6 +130,10 @@ const STORE_IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// the check of each frame processed in order against them (section 8.2's last rule).
 const MAX_UNCONFIRMED: usize = 512;
 
+/// How long octets of the peer's may wait beyond a gap it does not fill, by default
+/// ([`ConnConfig::held_timeout`]).
+pub const DEFAULT_HELD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Settings of one connection.
 #[derive(Debug, Clone)]
 pub struct ConnConfig {
@@ -162,7 +166,7 @@ pub struct ConnConfig {
     /// keep our memory held) and the connection ends with a Terminate (local catastrophic
     /// error, RFC 5040 7.4.1), or, on a Responder that has received no FPDU yet and so may
     /// send none (RFC 5044 7.1.2 rule 4), closes without one. The mirror of TCP's user timeout (RFC 5482) for the peer's
-    /// data. Default 30 s; `None`: no limit.
+    /// data. Default [`DEFAULT_HELD_TIMEOUT`]; `None`: no limit.
     pub held_timeout: Option<Duration>,
     /// Memory shared with other connections that pays for the reassembly store's ring when
     /// data first waits in it (see [`ReassemblyBudget`]); when it cannot, what arrived out of
@@ -181,7 +185,7 @@ impl Default for ConnConfig {
             tx_ahead: 512 << 10,
             max_tx_fpdus: 2048,
             ift: None,
-            held_timeout: Some(Duration::from_secs(30)),
+            held_timeout: Some(DEFAULT_HELD_TIMEOUT),
             reassembly_budget: None,
         }
     }

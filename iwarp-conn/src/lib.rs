@@ -27,5 +27,8 @@ mod tx;
 mod written;
 
 pub use budget::ReassemblyBudget;
-pub use conn::{startup_terminate, ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn};
+pub use conn::{
+    startup_terminate, ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn,
+    DEFAULT_HELD_TIMEOUT,
+};
 pub use rx_digest::{HeldCrc, SegmentDigest};

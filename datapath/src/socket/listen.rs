@@ -81,11 +81,6 @@ impl Listener {
     /// Requests of new connections beside the application (see the module documentation).
     pub fn bind(addr: SocketAddr, params: ConnectParams) -> Result<Self, DatapathError> {
         params.check_listen()?;
-        if matches!(&params.framing, Framing::Ift(cfg) if !cfg.rdma) {
-            return Err(DatapathError::InvalidArgument(
-                "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",
-            ));
-        }
         let record = Arc::new(ListenRecord::default());
         let listen = SocketListen::start(addr, &params, record.clone())?;
         Ok(Listener::from_provider(Box::new(listen), params, record))

@@ -158,11 +158,6 @@ fn connect_ift(
             "IFT framing carries no private data",
         ));
     }
-    if !cfg.rdma {
-        return Err(DatapathError::InvalidArgument(
-            "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",
-        ));
-    }
     let start = Instant::now();
     // One deadline for the whole setup: the exchange's is the connection's.
     let cfg = ift::IftConfig {

@@ -190,9 +190,14 @@ impl Default for Keepalive {
 impl ConnectParams {
     /// Checks what a connect or an accept makes from these parameters, before anything of
     /// the connection is made: queue depths up to [`MAX_QP_WR`] (0 is a queue that takes
-    /// nothing), IRD and ORD up to [`MAX_IRD_ORD`]. [`DatapathError::InvalidArgument`] says
-    /// which is wrong.
+    /// nothing), IRD and ORD up to [`MAX_IRD_ORD`], IFT framing in its RDMA mode (R set: the
+    /// queue pairs run RDMAP). [`DatapathError::InvalidArgument`] says which is wrong.
     pub(crate) fn check(&self) -> Result<(), DatapathError> {
+        if matches!(&self.framing, Framing::Ift(cfg) if !cfg.rdma) {
+            return Err(DatapathError::InvalidArgument(
+                "IFT's DDP mode (R clear) is not offered: queue pairs run RDMAP",
+            ));
+        }
         if self.sq_depth > MAX_QP_WR || self.rq_depth > MAX_QP_WR {
             return Err(DatapathError::InvalidArgument(
                 "a send or receive queue holds at most MAX_QP_WR (1048576) work requests",

@@ -53,11 +53,17 @@ impl State {
                 Framing::Mpa => None,
                 Framing::Ift(cfg) => Some(with_fresh_vtag(cfg)),
             },
-            // The peer's data without progress ends the connection when ours would.
-            held_timeout: params.user_timeout,
+            held_timeout: Some(held_timeout(params.user_timeout)),
             reassembly_budget: Some(self.budget.clone()),
         }
     }
+}
+
+/// How long the peer's octets may wait beyond a gap it does not fill: as long as our own data
+/// may wait on the peer (the user timeout), or, with none, the default: every resource a peer
+/// makes us hold has a deadline.
+fn held_timeout(user_timeout: Option<std::time::Duration>) -> std::time::Duration {
+    user_timeout.unwrap_or(iwarp_conn::DEFAULT_HELD_TIMEOUT)
 }
 
 /// The TCP transmit mode of the engine's connections.
@@ -716,5 +722,19 @@ fn transport_closed_error(how: tcp_engine::Event) -> QpError {
         E::Reset => QpError::PeerReset,
         E::TimedOut => QpError::PeerUnreachable,
         E::SourceFailed => QpError::TransmitSourceFailed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// Octets held beyond a gap end the connection when our data would, and without a user
+    /// timeout after the default: never held for ever.
+    #[test]
+    fn held_octets_always_have_a_deadline() {
+        let t = Duration::from_secs(7);
+        assert_eq!(super::held_timeout(Some(t)), t);
+        assert_eq!(super::held_timeout(None), iwarp_conn::DEFAULT_HELD_TIMEOUT);
     }
 }
