@@ -47,8 +47,8 @@ fn a_backlog_larger_than_max_backlog_is_refused() {
 }
 
 /// IFT framing's DDP mode (R clear) has no queue pair to run: a listen or a connect asking
-/// for it is refused before anything is made, on either transport (one check,
-/// `ConnectParams::check`; the engine's listen and connect run it too).
+/// for it is refused before anything is made (one check, `ConnectParams::check`, for both
+/// transports; the engine's refusal is tested on the bed in `xdp_ift`).
 #[test]
 fn ift_without_rdma_mode_is_refused() {
     let dev = Device::socket();

@@ -401,3 +401,32 @@ fn ift_engine_server_socket_client_every_crc_choice_every_size() {
 fn ift_socket_server_engine_client_every_crc_choice_every_size() {
     case(Kind::Socket, Kind::Engine(DEV_A), false);
 }
+
+/// IFT's DDP mode (R clear) has no queue pair to run: the engine's listen and connect refuse
+/// it before anything is made, as the socket transport's do (`api_limits`). (The engine took
+/// it and ran RDMAP over a framing both ends had agreed was not RDMA.)
+#[test]
+fn the_engine_refuses_ift_without_rdma_mode() {
+    let _bed = bed_or_skip!();
+    let refused = in_ns(NS_A, || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine");
+        let params = ConnectParams {
+            framing: Framing::Ift(IftConfig {
+                rdma: false,
+                ..IftConfig::with_vtag(1)
+            }),
+            ..ConnectParams::default()
+        };
+        let listen = engine.listen(19_624, params.clone()).err();
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let addr = SocketAddr::from((ADDR_B, 19_625));
+        let connect = engine.connect(addr, &pd, &cq, &params, &[]).err();
+        (listen, connect)
+    });
+    for e in [refused.0, refused.1] {
+        assert!(
+            matches!(e, Some(datapath::DatapathError::InvalidArgument(_))),
+            "{e:?}"
+        );
+    }
+}

@@ -187,6 +187,12 @@ fn a_damaged_header_fails_as_soon_as_its_crc_has_come() {
         }
         let at = failed_at.expect("the damaged header is found");
         assert!(at <= b.len() && at >= header_and_crc, "failed at {at}");
+        if at < b.len() {
+            assert_eq!(
+                at, header_and_crc,
+                "octet by octet: as soon as the CRC is in"
+            );
+        }
         assert_eq!(dec.buffered(), 0);
     }
     // Without header CRCs there is nothing to check early: the frame waits for its octets.

@@ -347,7 +347,8 @@ pub struct ConnStats {
     /// Segments sent with a TCP RDMA option describing transfer data
     /// ([`Connection::send_rdma`]), first transmissions and retransmissions.
     pub rdma_options_sent: u64,
-    /// Segments received with a TCP RDMA option describing transfer data (the option in use).
+    /// Segments received with a TCP RDMA option describing transfer data (the 16- or 20-octet
+    /// form, the option in use).
     pub rdma_options_received: u64,
     /// Octets placed straight into a posted buffer, arriving in order.
     pub rdma_placed_in_order: u64,
@@ -355,8 +356,9 @@ pub struct ConnStats {
     pub rdma_placed_out_of_order: u64,
     /// Segments whose RDMA option was well formed but not acted on (unknown RID, offsets
     /// past the segment or the buffer, unsolicited data for a buffer not offered for it,
-    /// another total length or form than the transfer's earlier segments): their data went
-    /// through the stream as ordinary data (draft-csapuntz-tcprdma-00 6.1).
+    /// another total length or form than the transfer's earlier segments, octets of the
+    /// buffer another part of the stream wrote, or no room left to track placement): their
+    /// data went through the stream as ordinary data (draft-csapuntz-tcprdma-00 6.1).
     pub rdma_refused: u64,
     /// Segments whose first RDMA option was malformed (a length the draft does not define,
     /// running past the options; 3.3): ordinary data.
@@ -3109,7 +3111,12 @@ impl Connection {
                         if seg.options.rdma_malformed {
                             self.stats.rdma_malformed += 1;
                         } else if seg.options.rdma.is_some() {
-                            self.stats.rdma_options_received += 1;
+                            if matches!(
+                                seg.options.rdma,
+                                Some(crate::wire::rdma::RdmaOption::Transfer(_))
+                            ) {
+                                self.stats.rdma_options_received += 1;
+                            }
                             match self.rdma_rx.accept(
                                 seg.options.rdma,
                                 start_i as u64,
@@ -3162,9 +3169,14 @@ impl Connection {
         if b < end_i.max(0) as u64 {
             accepted_fin = false; // FIN beyond the window
         }
-        // The first FIN stays where it is: another at another place is not the peer's.
-        if accepted_fin && self.peer_fin_pos.is_none() {
-            self.peer_fin_pos = Some(end_i as u64);
+        // The first FIN stays where it is: another at another place is not the peer's. One
+        // below what is in order already (data came beyond it) is not taken: RCV.NXT could
+        // never reach it. Octets held beyond it are forgotten (no ACK covered them: they lie
+        // beyond a gap), so that the gap filling brings RCV.NXT to the FIN.
+        if accepted_fin && self.peer_fin_pos.is_none() && end_i as u64 >= self.rcv_nxt {
+            let fin = end_i as u64;
+            self.forget_received_from(fin);
+            self.peer_fin_pos = Some(fin);
         }
         if let Some(t) = take_back {
             // Before the FIN below is taken: the octets before it are missing again. The ACK
@@ -3487,6 +3499,13 @@ impl Connection {
             return false;
         }
         self.rcv_nxt = self.rcv_nxt.min(offset);
+        self.forget_received_from(offset);
+        self.stats.reneged += 1;
+        true
+    }
+
+    /// Forgets the out-of-order octets received at and beyond `offset` (at or above RCV.NXT).
+    fn forget_received_from(&mut self, offset: u64) {
         self.rcv_ranges.truncate_from(offset);
         if let Some((start, end)) = self.dsack {
             if end > offset {
@@ -3495,8 +3514,6 @@ impl Connection {
                 self.dsack = (start < offset).then_some((start, offset));
             }
         }
-        self.stats.reneged += 1;
-        true
     }
 
     /// Emit the next packet (IPv4 + TCP) into `buf`; returns its length.

@@ -1,7 +1,8 @@
 //! The receiving side of the TCP RDMA option (draft-csapuntz-tcprdma-00): buffers the ULP
 //! posted by RID, the checks a segment's option must pass before its run is placed in one
 //! (section 6.1: offsets within the segment and the buffer; unsolicited data only into a
-//! buffer offered for it; 3.1.4: one total length, one form, per transfer), and the stream
+//! buffer offered for it; 3.1.4: one total length, one form, per transfer; no octet of the
+//! buffer written twice from different parts of the stream), and the stream
 //! ranges placed, which in-order delivery passes over and reports instead
 //! ([`crate::Connection::next_placed`]).
 
@@ -279,8 +280,10 @@ impl RdmaReceive {
 /// Adds `w` to `written` (sorted by buffer offset, disjoint: [`RdmaReceive::accept`] let
 /// nothing overlap by another mapping, and placement writes only octets not received before),
 /// joined with its neighbours where they continue each other in the buffer and the stream.
-/// Beyond [`MAX_WRITTEN_RANGES`] entries `accept` refuses further runs, so this grows by at
-/// most one past it.
+/// From [`MAX_WRITTEN_RANGES`] entries on `accept` refuses further runs; the last run taken
+/// may add one entry per gap it fills (at most the connection's out-of-order ranges, plus
+/// one), so the list stays bounded. A buffer that reached the bound takes no more placement:
+/// the rest of its transfer comes through the stream.
 fn note_written(written: &mut Vec<WrittenRange>, w: WrittenRange) {
     let i = written.partition_point(|x| x.buf_start < w.buf_start);
     let mut w = w;

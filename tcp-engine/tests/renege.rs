@@ -178,6 +178,19 @@ fn octets_beyond_an_out_of_order_fin_are_not_taken() {
     assert_eq!(passed, [0]);
     assert_eq!(s.conn().rcv_nxt_offset(), MSS as u64);
     assert_eq!(s.conn().state(), State::CloseWait, "the FIN taken in order");
+
+    // Octets held beyond the gap before the FIN came, and beyond the FIN's place, are
+    // forgotten when it comes: the gap filling brings RCV.NXT to the FIN, not past it (which
+    // left it never taken, and every later segment beyond its place dropped).
+    let (c, mut s, _net) = established(pass_up());
+    let (passed, _) = feed(&c, &mut s, MSS as u64, MSS, true);
+    assert_eq!(passed, [MSS as u64], "held beyond the gap");
+    let fin = MSS as u64 + MSS as u64 / 2;
+    let _ = feed_answering(&c, &mut s, fin, 0, true, true, |_| None);
+    let (passed, _) = feed(&c, &mut s, 0, MSS, true);
+    assert_eq!(passed, [0]);
+    assert_eq!(s.conn().rcv_nxt_offset(), fin);
+    assert_eq!(s.conn().state(), State::CloseWait);
 }
 
 /// The segment that fills the gap before an out-of-order FIN is where an upper layer finds

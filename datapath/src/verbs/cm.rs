@@ -146,7 +146,9 @@ pub enum Framing {
     /// (separate header and payload CRCs, no padding, no Markers). The VTag is drawn afresh
     /// from the operating system's random source for every connection, whatever `vtag` says.
     /// No private data is exchanged and there is no MPA-style reject: a listener that
-    /// rejects just closes the connection.
+    /// rejects just closes the connection. `rdma` (R) must be set: the DDP mode has no queue
+    /// pair to run (a connect, listen or accept asking for it fails with
+    /// [`DatapathError::InvalidArgument`]).
     ///
     /// With `allow_speculative` (SP) the peer's AF_XDP engine may place our frames that
     /// arrive out of order before the ones ahead of them (section 8). Section 8.3 then holds
