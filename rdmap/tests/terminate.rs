@@ -833,31 +833,8 @@ fn connection_lost_flushes_without_terminate() {
 fn read_response_outside_the_requested_range_is_refused_by_the_sink() {
     // B answers A's Read honestly, but we tamper with the Response's TO on the way.
     let mut pair = pair(true);
-    let source = pair.b.region(pattern(64, 1), 0, Access::REMOTE_READ);
-    let sink = a_sink(&mut pair, 64);
-    pair.a.post(
-        2,
-        SendOp::Read {
-            remote_stag: source,
-            remote_to: 0,
-        },
-        Some(sink),
-    );
-    assert!(pair.step(Side::A));
-    let mut out = Vec::new();
-    // B's first ULPDU is its queued Send (it has a receive at A); skip to the Response.
-    loop {
-        out.clear();
-        let tx = pair
-            .b
-            .qp
-            .poll_transmit(MULPDU, &pair.b.mem, &mut out)
-            .unwrap();
-        if tx.opcode == Opcode::ReadResponse {
-            break;
-        }
-        pair.a.qp.on_ulpdu(&out, &pair.a.mem).unwrap();
-    }
+    let (sink, segments) = read_response_segments(&mut pair, 64);
+    let mut out = segments[0].clone();
     out[6..14].copy_from_slice(&8u64.to_be_bytes());
     assert_eq!(
         pair.a.qp.on_ulpdu(&out, &pair.a.mem),

@@ -688,15 +688,13 @@ impl ConnectionTable {
 
     /// The listener `seg` is addressed to: its address and port, or any address at its port.
     fn listener_for(&self, seg: &SegmentRepr<'_>) -> Option<(Ipv4Addr, u16)> {
-        self.listener_at(seg.dst_addr, seg.dst_port)
-    }
-
-    /// The listener of `addr`:`port`, or of any address at `port`.
-    fn listener_at(&self, addr: Ipv4Addr, port: u16) -> Option<(Ipv4Addr, u16)> {
-        if self.listeners.contains_key(&(addr, port)) {
-            Some((addr, port))
-        } else if self.listeners.contains_key(&(Ipv4Addr::UNSPECIFIED, port)) {
-            Some((Ipv4Addr::UNSPECIFIED, port))
+        if self.listeners.contains_key(&(seg.dst_addr, seg.dst_port)) {
+            Some((seg.dst_addr, seg.dst_port))
+        } else if self
+            .listeners
+            .contains_key(&(Ipv4Addr::UNSPECIFIED, seg.dst_port))
+        {
+            Some((Ipv4Addr::UNSPECIFIED, seg.dst_port))
         } else {
             None
         }
@@ -711,10 +709,11 @@ impl ConnectionTable {
     /// segment over, so that a flood of SYNs answered with cookies, or of stray ACKs, writes
     /// nothing anywhere.
     pub fn may_open(&self, now: Instant, dst: Ipv4Addr, dst_port: u16, syn: bool) -> bool {
-        let Some(l) = self
-            .listener_at(dst, dst_port)
-            .and_then(|k| self.listeners.get(&k))
-        else {
+        let l = self
+            .listeners
+            .get(&(dst, dst_port))
+            .or_else(|| self.listeners.get(&(Ipv4Addr::UNSPECIFIED, dst_port)));
+        let Some(l) = l else {
             return false;
         };
         if syn {
