@@ -6,7 +6,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -27,7 +27,10 @@ const HUGE_PAGE: usize = 2 << 20;
 /// The engine thread writes into it (placement) and reads from it (transmit) while the
 /// application may read and write it too: like any RDMA buffer, the application must not touch
 /// bytes that a posted operation is using until that operation completes. All access goes through
-/// bounds-checked copies, so no access can reach outside the buffer.
+/// bounds-checked copies, so no access can reach outside the buffer. The buffer is memory a
+/// device writes (see the `Send` impl): copies from several threads into the same bytes at once,
+/// whether the engine's, the application's or both, race and leave bytes of either, as with a
+/// NIC's DMA.
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
@@ -35,6 +38,9 @@ pub struct PinnedBuffer {
     backing: Backing,
     /// The page-aligned range `mlock` locked (`None`: not locked).
     locked: Option<(usize, usize)>,
+    /// `locked` given back already: by a hand-back, or at a raw region's deregistration
+    /// ([`PinnedBuffer::release_borrowed_lock`]).
+    lock_released: AtomicBool,
 }
 
 /// Where a [`PinnedBuffer`]'s bytes come from.
@@ -195,8 +201,9 @@ fn release_locked(start: usize, len: usize, unlock: bool) {
         for (s, e) in free {
             // SAFETY: munlock changes paging only, never memory contents. The pages are those
             // `lock_pages` locked for a buffer still mapped: ours (unmapped after this), or the
-            // caller's, which `register_raw`'s contract keeps mapped until the buffer's last
-            // handle is gone (a `Deregistration` dropped, `deregister` returned).
+            // caller's, which `from_raw`'s contract keeps mapped until the buffer drops and
+            // `register_raw`'s until the region is deregistered, when its lock is given back
+            // (`release_borrowed_lock`).
             unsafe { libc::munlock(s as *const libc::c_void, e - s) };
         }
     }
@@ -265,7 +272,11 @@ impl PinnedBuffer {
 
     /// [`PinnedBuffer::new`] with the pinning asked for.
     pub fn allocate(len: usize, pinning: Pinning) -> Result<Self, DatapathError> {
-        let map_len = len.max(1).div_ceil(PAGE) * PAGE;
+        let map_len = len
+            .max(1)
+            .div_ceil(PAGE)
+            .checked_mul(PAGE)
+            .ok_or(DatapathError::InvalidArgument("memory region too large"))?;
         let huge = map_len >= HUGE_PAGE;
         // Room to move the start to a huge-page boundary; the slack is unmapped again below.
         let slack = if huge { HUGE_PAGE } else { 0 };
@@ -318,6 +329,7 @@ impl PinnedBuffer {
             len,
             backing: Backing::Mapping { map_len },
             locked: None,
+            lock_released: AtomicBool::new(false),
         };
         // Faults the pages in (as zeros) after the advice above. On failure `buffer` unmaps.
         let mut buffer = buffer;
@@ -331,7 +343,13 @@ impl PinnedBuffer {
     /// `ptr` must be valid for reads and writes of `len` bytes, by this process's threads, from
     /// now until the buffer is dropped (and every clone of the `Arc` the region keeps it in is
     /// gone: the engine may still be reading it for a retransmission until the region is
-    /// deregistered). Nothing else may free or unmap it meanwhile.
+    /// deregistered). Nothing else may free or unmap it meanwhile. While the buffer lives, the
+    /// bytes are reached through raw pointers ([`PinnedBuffer::as_ptr`]) or the buffer's own
+    /// copies, never through a Rust reference (`&[u8]`, `&mut [u8]`, a slice of the `Vec` they
+    /// came from) alive while anything else may read or write them: a transport places into
+    /// them and reads them at times the application does not see, and a reference promises
+    /// the compiler that no such access happens. A slice of these bytes is never passed to the
+    /// buffer's own copies (`read_at`, `write_at` and the like) either.
     pub unsafe fn from_raw(
         ptr: *mut u8,
         len: usize,
@@ -344,6 +362,7 @@ impl PinnedBuffer {
             len,
             backing: Backing::Borrowed,
             locked,
+            lock_released: AtomicBool::new(false),
         })
     }
 
@@ -357,8 +376,9 @@ impl PinnedBuffer {
             Box::into_raw(Box::new(storage) as Box<dyn RegionStorage>);
         // SAFETY: `raw` comes from `Box::into_raw` just above: valid and unaliased.
         let owned = unsafe { NonNull::new_unchecked(raw) };
-        // SAFETY: as above; the `&mut` lives only for this statement, and the slice's pointer is
-        // the only way the bytes are reached afterwards until the box is rebuilt.
+        // SAFETY: as above; the `&mut` is used only for its pointer and length on the next line,
+        // and that pointer is the only way the bytes are reached afterwards until the box is
+        // rebuilt.
         let bytes = unsafe { (*raw).region_bytes() };
         let (addr, len) = (bytes.as_mut_ptr(), bytes.len());
         let mut buffer = Self {
@@ -366,6 +386,7 @@ impl PinnedBuffer {
             len,
             backing: Backing::Owned(owned),
             locked: None,
+            lock_released: AtomicBool::new(false),
         };
         // On failure `buffer` drops the box.
         buffer.locked = lock_pages(addr as usize, len, pinning)?;
@@ -392,14 +413,28 @@ impl PinnedBuffer {
 
     /// Lets go of the buffer's locked pages: those no other buffer covers are unlocked
     /// (`munlock`), unless `munmap` is about to (`unlock` false).
-    fn release_pages(&mut self, unlock: bool) {
-        if let Some((start, len)) = self.locked.take() {
-            release_locked(start, len, unlock);
+    fn release_pages(&self, unlock: bool) {
+        if let Some((start, len)) = self.locked {
+            if !self.lock_released.swap(true, Ordering::AcqRel) {
+                release_locked(start, len, unlock);
+            }
         }
     }
 
-    fn unlock(&mut self) {
+    fn unlock(&self) {
         self.release_pages(true);
+    }
+
+    /// Gives back the lock of the application's memory ([`PinnedBuffer::from_raw`]) now, while
+    /// the memory is still the caller's to name: a region registered with
+    /// [`ProtectionDomain::register_raw`] does so when it is deregistered, since its memory may
+    /// be freed before the transports drop their last handle to the buffer (an engine's stale
+    /// table), and a `munlock` then could unlock pages the range has been reused for. The
+    /// transports' accesses meanwhile are unaffected (the pages may be paged out, no more).
+    fn release_borrowed_lock(&self) {
+        if matches!(self.backing, Backing::Borrowed) {
+            self.unlock();
+        }
     }
 
     /// Length in bytes as requested.
@@ -414,7 +449,7 @@ impl PinnedBuffer {
 
     /// Whether `mlock` succeeded (it needs `CAP_IPC_LOCK` or a large enough `RLIMIT_MEMLOCK`).
     pub fn is_locked(&self) -> bool {
-        self.locked.is_some()
+        self.locked.is_some() && !self.lock_released.load(Ordering::Acquire)
     }
 
     /// Pointer to the first byte.
@@ -443,9 +478,10 @@ impl PinnedBuffer {
         }
         fence(Ordering::Acquire);
         // SAFETY: `offset + n <= self.len` (clamped above), so the source range lies inside our
-        // allocation; `dst` is a distinct, valid slice of at least `n` bytes.
+        // allocation; `dst` is a valid slice of at least `n` bytes. `copy` (memmove) even if an
+        // application broke the raw memory's contract and handed us a slice of these bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), n);
+            std::ptr::copy(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), n);
         }
     }
 
@@ -574,11 +610,13 @@ impl PinnedBuffer {
             return;
         }
         // SAFETY: `offset + n <= self.len` (clamped above), so the destination range lies inside
-        // our allocation; `src` is a valid slice of at least `n` bytes that does not overlap it
-        // (a reference into this buffer comes only from the `unsafe` accessors, whose callers
-        // promise that nothing writes the bytes behind it meanwhile, as `read_at_crc` says).
+        // our allocation; `src` is a valid slice of at least `n` bytes. It may not alias these
+        // bytes (a reference into this buffer comes only from the `unsafe` accessors and from
+        // raw memory under `from_raw`'s contract, whose holders promise that nothing writes the
+        // bytes behind it meanwhile); `copy` (memmove) keeps a broken promise from turning an
+        // overlap into a wrong copy.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), n);
+            std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), n);
         }
         fence(Ordering::Release);
     }
@@ -885,6 +923,13 @@ impl ProtectionDomain {
     /// protection domain has finished ([`crate::QpStatus::finished`], or
     /// [`crate::QueuePair::wait_finished`] returned true): free raw memory after
     /// `deregister`, not after a drop. Nothing else may free or unmap the memory meanwhile.
+    /// While registered, the bytes are reached through raw pointers (`addr`,
+    /// [`MemoryRegion::as_ptr`]), the region's copies ([`MemoryRegion::read`],
+    /// [`MemoryRegion::write`]) or its `unsafe` slice accessors on their terms, never through
+    /// another Rust reference (a slice of the `Vec` the address came from, say) alive while a
+    /// transport may read or write them (a posted work request uses them, a peer may write or
+    /// read them), and a slice of them is never given to the region's own `read` or `write`.
+    /// The pages' lock (`mlock`) is given back when the region is deregistered (or dropped).
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,
@@ -1011,8 +1056,11 @@ impl MemoryRegion {
     ///
     /// # Safety
     /// While the slice lives nothing else may read or write the bytes: no work request of the
-    /// application's that uses them may be outstanding, no peer may write them, and no other
-    /// slice of them may exist.
+    /// application's that uses them may be outstanding, no peer may write or read them (a
+    /// peer's RDMA Read is answered from the region, and a Read Response's octets are read
+    /// again for a retransmission until the peer acknowledges them: only
+    /// [`MemoryRegion::deregister`] says when that has ended), and no other slice of them may
+    /// exist.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
         // SAFETY: as for `as_slice`, and the caller guarantees exclusive access.
@@ -1051,6 +1099,11 @@ impl MemoryRegion {
     /// access): the old STag stops working at once (locally and for the peer), an invalidated
     /// region becomes valid again, and the rights become `access` (narrowed or widened). The
     /// new STag is returned and from then on given by [`MemoryRegion::stag`].
+    ///
+    /// "At once": every access checked after the call fails. One a transport thread checked
+    /// just before it (the placement of one DDP segment, or the fill of one Read Response FPDU,
+    /// as on siw) may still finish after the call returns; [`MemoryRegion::deregister`] is the
+    /// call that waits until no transport touches the bytes.
     pub fn reregister(&mut self, access: Access) -> Result<Stag, DatapathError> {
         let (pd, base_to) = (self.pd.id, self.base_to());
         let stag = self
@@ -1065,7 +1118,9 @@ impl MemoryRegion {
 
     /// Invalidates the region's STag locally (verbs' Local Invalidate, RFC 5040 5.3's
     /// invalidation done by the owner): every access through it fails from now on until
-    /// [`MemoryRegion::reregister`] gives it a new key. Fails if it is invalid already.
+    /// [`MemoryRegion::reregister`] gives it a new key (an access a transport thread checked
+    /// just before the call may still finish, as [`MemoryRegion::reregister`] says). Fails if
+    /// it is invalid already.
     pub fn invalidate(&self) -> Result<(), DatapathError> {
         self.pd
             .table
@@ -1139,7 +1194,8 @@ impl MemoryRegion {
 /// ([`MemoryRegion::start_deregister`]). Holding it keeps the bytes of a region that owned
 /// its buffer; raw memory ([`ProtectionDomain::register_raw`]) may be freed once
 /// [`Deregistration::wait`] or [`Deregistration::is_released`] has said true and the
-/// `Deregistration` is dropped (its drop gives back the pages' lock, `munlock`).
+/// `Deregistration` is dropped (the pages' lock, `munlock`, was given back at the
+/// deregistration; for a region's own buffer, at the drop).
 pub struct Deregistration {
     buf: Arc<PinnedBuffer>,
 }
@@ -1185,6 +1241,7 @@ impl Drop for MemoryRegion {
     fn drop(&mut self) {
         let stag = self.stag;
         let _ = self.pd.table.update(|t| t.deregister(stag));
+        self.buf.release_borrowed_lock();
     }
 }
 
@@ -1493,19 +1550,7 @@ mod tests {
     #[test]
     fn unlocking_a_buffer_leaves_pages_another_covers_locked() {
         const P: usize = PAGE;
-        // SAFETY: a fresh private anonymous mapping of 4 pages, unmapped below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4 * P,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        let base = base as usize;
+        let base = anonymous_pages(4);
         // SAFETY: both ranges lie in the mapping, which outlives the buffers.
         let (a, b) = unsafe {
             (
@@ -1536,6 +1581,57 @@ mod tests {
         }
         // SAFETY: the mapping made above; no buffer refers to it any more.
         unsafe { libc::munmap(base as *mut libc::c_void, 4 * P) };
+    }
+
+    /// The address of a fresh private anonymous mapping of `pages` pages (the caller unmaps it).
+    fn anonymous_pages(pages: usize) -> usize {
+        // SAFETY: a new mapping at an address of the kernel's choosing; it aliases nothing.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        base as usize
+    }
+
+    /// A raw region gives its pages' lock back when it is deregistered, not when a transport
+    /// drops its last handle (an engine's stale table can hold one after the application may
+    /// free the memory, and a `munlock` then would reach whatever the range became).
+    #[test]
+    fn a_raw_region_unlocks_its_pages_when_deregistered() {
+        const P: usize = PAGE;
+        let base = anonymous_pages(2);
+        let pd = ProtectionDomain::new();
+        // SAFETY: the mapping outlives every handle to the buffer (dropped below first).
+        let mr = unsafe { pd.register_raw(base as *mut u8, 2 * P, Access::LOCAL_WRITE) }
+            .expect("register");
+        if !mr.is_pinned() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "mlock refused under CI"
+            );
+            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+        } else {
+            assert!(page_locked(base) && page_locked(base + P));
+            // What a transport's table holds.
+            let held = mr.buf.clone();
+            drop(mr);
+            assert!(
+                !page_locked(base) && !page_locked(base + P),
+                "the lock outlived the deregistration"
+            );
+            assert!(!held.is_locked());
+            drop(held);
+            assert!(!page_locked(base));
+        }
+        // SAFETY: the mapping made above; no buffer refers to it any more.
+        unsafe { libc::munmap(base as *mut libc::c_void, 2 * P) };
     }
 
     /// `mlock` refused (no `CAP_IPC_LOCK` on this thread and a tiny `RLIMIT_MEMLOCK`):

@@ -292,10 +292,12 @@ pub struct Inbox {
     wake_rx: UnixDatagram,
 }
 
-// SAFETY: a buffer is written only by the one thread that took its index from `free_rx` and
-// read only by the one thread (the owner) that took it from `full_rx`; an index is in at most
-// one of the two queues or held by at most one thread at a time, and the queues' send/receive
-// order the writes before the reads (crossbeam's channels synchronize with acquire/release).
+// SAFETY: a buffer is touched only by the thread holding its index: taken from `free_rx` to
+// write it, or from `full_rx` to read it (any thread with the `ShardSet` may call the `pop`s,
+// but only the one that received an index touches its buffer). Every path returns a taken
+// index to exactly one queue or loses it (a panic), never duplicates it, so an index is in at
+// most one queue or held by at most one thread at a time; the queues' send/receive order each
+// holder's accesses before the next's (crossbeam's channels synchronize with acquire/release).
 unsafe impl Sync for Inbox {}
 
 impl std::fmt::Debug for Inbox {

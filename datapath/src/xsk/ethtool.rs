@@ -7,12 +7,46 @@ use std::io;
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 /// `ETHTOOL_GCHANNELS`: get the numbers of channels (queues).
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
+/// `ETHTOOL_GRXFH`: the header fields a flow type's RSS hash covers.
+pub(crate) const ETHTOOL_GRXFH: u32 = 0x29;
+/// `ETHTOOL_GRSSH`: get the RSS hash key, indirection table and hash function.
+pub(crate) const ETHTOOL_GRSSH: u32 = 0x46;
+/// `FLOW_RSS` in `ethtool_rxnfc.flow_type`: the command names an RSS context (a longer
+/// structure).
+const FLOW_RSS: u32 = 0x2000_0000;
+
+/// Octets of the structure the kernel reads and writes for the command in `buf[0]`, with the
+/// sizes `buf` gives it; `None` for a command (or form of one) not used here.
+fn command_octets(buf: &[u32]) -> Option<usize> {
+    match *buf.first()? {
+        // struct ethtool_channels: nine u32.
+        ETHTOOL_GCHANNELS => Some(36),
+        // The original struct ethtool_rxnfc, as the kernel copies it for a flow type without
+        // an RSS context: cmd, flow_type, data (u64).
+        ETHTOOL_GRXFH if buf.get(1).is_some_and(|f| f & FLOW_RSS == 0) => Some(16),
+        // struct ethtool_rxfh: its 24-octet header, then the indirection table's u32 entries
+        // and the key's octets, as many as the header's sizes ask (the kernel writes only the
+        // header when they do not match the device's).
+        ETHTOOL_GRSSH => {
+            let (indir, key) = (*buf.get(2)? as usize, *buf.get(3)? as usize);
+            24usize.checked_add(indir.checked_mul(4)?)?.checked_add(key)
+        }
+        _ => None,
+    }
+}
 
 /// Runs the ethtool command in `buf[0]` on `ifname` (in the calling thread's network
 /// namespace) with `buf` as its command structure: the kernel reads and writes `buf`, as far as
-/// the structure of the command (and the sizes written in it) says, which must fit in `buf`.
-/// `what` names the command in the error of a driver that does not support it.
+/// the structure of the command (and the sizes written in it) says. Refused (`InvalidInput`)
+/// for a command not known here or a `buf` shorter than its structure. `what` names the
+/// command in the error of a driver that does not support it.
 pub(crate) fn ioctl(ifname: &str, buf: &mut [u32], what: &str) -> io::Result<()> {
+    if command_octets(buf).is_none_or(|octets| octets > buf.len() * 4) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("ethtool command for {what}: unknown, or longer than its buffer"),
+        ));
+    }
     let name = ifname.as_bytes();
     if name.is_empty() || name.len() >= libc::IFNAMSIZ {
         return Err(io::Error::new(
@@ -32,9 +66,9 @@ pub(crate) fn ioctl(ifname: &str, buf: &mut [u32], what: &str) -> io::Result<()>
     }
     ifr.ifr_ifru.ifru_data = buf.as_mut_ptr().cast();
     // SAFETY: `ifr` names the interface (NUL-terminated: the name is shorter than IFNAMSIZ and
-    // the rest is zero) and points at `buf`, which is exclusively borrowed, 4-octet aligned and,
-    // by this function's contract, as long as the command's structure, so the kernel's copy
-    // back stays inside it.
+    // the rest is zero) and points at `buf`, which is exclusively borrowed, 4-octet aligned and
+    // at least as long as the command's structure (`command_octets`, checked above), so the
+    // kernel's reads and its copy back stay inside it.
     let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL, &mut ifr) };
     let err = io::Error::last_os_error();
     // SAFETY: `fd` is the socket opened above, closed once.
@@ -73,4 +107,30 @@ pub fn channels(ifname: &str) -> io::Result<Channels> {
         rx: buf[5].saturating_add(buf[8]),
         tx: buf[6].saturating_add(buf[8]),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer shorter than what the kernel would write back for its command, or a command
+    /// not known here, never reaches the ioctl.
+    #[test]
+    fn a_buffer_shorter_than_its_command_is_refused() {
+        let refused = |buf: &mut [u32]| {
+            ioctl("lo", buf, "a test").map_err(|e| e.kind()) == Err(io::ErrorKind::InvalidInput)
+        };
+        // The table's 256 entries and 40 key octets would follow the header.
+        assert!(refused(&mut [ETHTOOL_GRSSH, 0, 256, 40, 0, 0]));
+        assert!(refused(&mut [ETHTOOL_GCHANNELS, 0, 0, 0, 0, 0, 0, 0]));
+        assert!(refused(&mut [ETHTOOL_GRXFH, 1 | FLOW_RSS, 0, 0]));
+        assert!(refused(&mut [0x1234, 0, 0, 0]));
+        assert!(refused(&mut []));
+        assert!(refused(&mut [ETHTOOL_GRSSH, 0, u32::MAX, u32::MAX, 0, 0]));
+        // The sizes-only query, and room for what is asked.
+        assert_eq!(command_octets(&[ETHTOOL_GRSSH, 0, 0, 0, 0, 0]), Some(24));
+        assert_eq!(command_octets(&[ETHTOOL_GRSSH, 0, 2, 5, 0, 0]), Some(37));
+        assert_eq!(command_octets(&[ETHTOOL_GRXFH, 1, 0, 0]), Some(16));
+        assert_eq!(command_octets(&[ETHTOOL_GCHANNELS; 9]), Some(36));
+    }
 }

@@ -7,15 +7,13 @@
 use std::io;
 use std::net::SocketAddrV4;
 
-/// `ETHTOOL_GRSSH`: get the RSS hash key, indirection table and hash function.
-const ETHTOOL_GRSSH: u32 = 0x46;
+use super::ethtool::{ETHTOOL_GRSSH, ETHTOOL_GRXFH};
+
 /// `ETH_RSS_HASH_TOP`: the Toeplitz hash function's bit in `ethtool_rxfh.hfunc`.
 const ETH_RSS_HASH_TOP: u8 = 1;
 /// Octets of `struct ethtool_rxfh` before its `rss_config` array: cmd, rss_context,
 /// indir_size, key_size (u32 each), hfunc, input_xfrm, two reserved octets, a reserved u32.
 const RXFH_HEADER: usize = 24;
-/// `ETHTOOL_GRXFH`: the header fields a flow type's RSS hash covers.
-const ETHTOOL_GRXFH: u32 = 0x29;
 /// `TCP_V4_FLOW`: IPv4/TCP's flow type.
 const TCP_V4_FLOW: u32 = 0x01;
 /// `RXH_IP_SRC | RXH_IP_DST | RXH_L4_B_0_1 | RXH_L4_B_2_3`: both addresses and both ports,

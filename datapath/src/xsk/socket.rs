@@ -1200,8 +1200,9 @@ impl XskSocket {
             let mut k = from;
             while k < to.min(self.frame_capacity) {
                 // SAFETY: a prefetch never faults and neither reads nor writes memory visibly
-                // (the address, inside the frame, is not dereferenced), and SSE (which defines
-                // it) is part of the x86-64 baseline.
+                // (the address, formed with `wrapping_add`, is not dereferenced; past a start
+                // the XDP program moved forward it can lie beyond the chunk, harmlessly), and
+                // SSE (which defines it) is part of the x86-64 baseline.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(k).cast()) };
                 k += 64;
             }
