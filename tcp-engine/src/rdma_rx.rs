@@ -1,8 +1,8 @@
 //! The receiving side of the TCP RDMA option (draft-csapuntz-tcprdma-00): buffers the ULP
 //! posted by RID, the checks a segment's option must pass before its run is placed in one
 //! (section 6.1: offsets within the segment and the buffer; unsolicited data only into a
-//! buffer offered for it; 3.1.4: one total length, one form, per transfer; no octet of the
-//! buffer written twice from different parts of the stream), and the stream
+//! buffer offered for it; 3.1.4: one total length per transfer, wherever it is present; no
+//! octet of the buffer written twice from different parts of the stream), and the stream
 //! ranges placed, which in-order delivery passes over and reports instead
 //! ([`crate::Connection::next_placed`]).
 
@@ -46,7 +46,7 @@ pub(crate) enum Refused {
     OutOfBounds,
     /// The U bit set for a buffer not offered for unsolicited data (3.1.7, 6.1).
     Unsolicited,
-    /// Another total length or form than earlier segments of the transfer (3.1.4).
+    /// Another total length than earlier segments of the transfer named (3.1.4).
     Inconsistent,
     /// The table of placed ranges, or of the buffer's written ranges, is full.
     Full,
@@ -81,9 +81,10 @@ impl WrittenRange {
 struct Posted {
     data: Vec<u8>,
     unsolicited: bool,
-    /// The total length the transfer's first annotated segment named (`Some(None)`: the
-    /// 16-octet form, no total).
-    total: Option<Option<u32>>,
+    /// The total length the transfer's segments named, once one did (3.1.4: "when present,
+    /// MUST be the same for all segments"). A sender that did not know it at first sends the
+    /// 16-octet form, which names none, and may send the 20-octet form once it knows.
+    total: Option<u32>,
     /// What placement wrote, by buffer offset (disjoint; joined where they continue each
     /// other in the buffer and the stream).
     written: Vec<WrittenRange>,
@@ -174,9 +175,10 @@ impl RdmaReceive {
         if t.flags.unsolicited && !p.unsolicited {
             return Err(Refused::Unsolicited);
         }
-        match p.total {
-            Some(total) if total != total_length => return Err(Refused::Inconsistent),
-            _ => p.total = Some(total_length),
+        match (p.total, total_length) {
+            (Some(known), Some(named)) if known != named => return Err(Refused::Inconsistent),
+            (None, Some(named)) => p.total = Some(named),
+            _ => {}
         }
         if self.placed.len() >= self.max_placed || p.written.len() >= MAX_WRITTEN_RANGES {
             return Err(Refused::Full);
@@ -376,11 +378,7 @@ mod tests {
             Some(Refused::Unsolicited)
         );
         assert!(r.accept(opt(2, 0, 0, 10, Some(100), true), 0, 10).is_ok());
-        // The 20-octet form, then the 16-octet one (or another total), for one transfer.
-        assert_eq!(
-            r.accept(opt(2, 10, 0, 10, None, true), 0, 10).err(),
-            Some(Refused::Inconsistent)
-        );
+        // Another total for the same transfer (3.1.4).
         assert_eq!(
             r.accept(opt(2, 10, 0, 10, Some(99), true), 0, 10).err(),
             Some(Refused::Inconsistent)
@@ -390,6 +388,36 @@ mod tests {
             .take(Rid::new(1).expect("rid"))
             .is_some_and(|b| b.iter().all(|&x| x == 0)));
         assert_eq!(r.next_start(), None);
+    }
+
+    /// 3.1.4: the total, where present, is the same for every segment; a sender that does
+    /// not know it yet sends the 16-octet form, and the 20-octet one once it knows. Either
+    /// order of the forms is placed; only another total is refused.
+    #[test]
+    fn a_transfer_may_name_its_total_once_known() {
+        let rid = || Rid::new(1).expect("rid");
+        let mut r = RdmaReceive::new(4, 16);
+        r.post(rid(), vec![0; 100], false).expect("post");
+        assert!(matches!(
+            r.accept(opt(1, 0, 0, 10, None, false), 0, 10),
+            Ok(Some(_))
+        ));
+        assert!(matches!(
+            r.accept(opt(1, 10, 0, 10, Some(40), false), 10, 10),
+            Ok(Some(_))
+        ));
+        assert!(matches!(
+            r.accept(opt(1, 20, 0, 10, None, false), 20, 10),
+            Ok(Some(_))
+        ));
+        assert_eq!(
+            r.accept(opt(1, 30, 0, 10, Some(50), false), 30, 10).err(),
+            Some(Refused::Inconsistent)
+        );
+        assert!(matches!(
+            r.accept(opt(1, 30, 0, 10, Some(40), false), 30, 10),
+            Ok(Some(_))
+        ));
     }
 
     /// Octets of the buffer placed from one part of the stream are not written again from
