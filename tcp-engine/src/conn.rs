@@ -1389,7 +1389,7 @@ impl Connection {
     /// into it at the option's Buffer Offset, in or out of order, once every check passes
     /// (draft-csapuntz-tcprdma-00 6.1: the data within the segment and the run within `buf`;
     /// the U bit only if `unsolicited` offers the buffer for unsolicited data; one total
-    /// length and form per transfer); a segment that fails one is ordinary data. In-order
+    /// length per transfer, where named); a segment that fails one is ordinary data. In-order
     /// reading ([`Connection::recv`]) stops at each placed range, which
     /// [`Connection::next_placed`] reports and passes. At most [`MAX_RDMA_BUFFERS`].
     pub fn post_rdma_buffer(
