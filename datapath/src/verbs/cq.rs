@@ -296,14 +296,27 @@ impl CqInner {
             // Pairs with the fence in `req_notify`: either the arming thread's poll sees this
             // completion, or this load sees it armed.
             fence(Ordering::SeqCst);
-            let mode = inner.armed.load(Ordering::SeqCst) & MODE;
-            let fire = mode == ARMED_ANY || (mode == ARMED_SOLICITED && solicited);
-            if fire {
-                // The swap makes one event per arming, whichever thread gets there first.
-                let was = inner.armed.swap(DISARMED, Ordering::SeqCst);
-                if was != DISARMED {
-                    inner.arming_ended(was);
-                    channel.push(inner.handle.clone());
+            let mut word = inner.armed.load(Ordering::SeqCst);
+            loop {
+                let mode = word & MODE;
+                if !(mode == ARMED_ANY || (mode == ARMED_SOLICITED && solicited)) {
+                    break;
+                }
+                // One event per arming, whichever thread gets there first; and only the arming
+                // this completion was judged against: another thread may have fired it and the
+                // application armed again since, for solicited completions only.
+                match inner.armed.compare_exchange(
+                    word,
+                    DISARMED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(was) => {
+                        inner.arming_ended(was);
+                        channel.push(inner.handle.clone());
+                        break;
+                    }
+                    Err(now) => word = now,
                 }
             }
         }

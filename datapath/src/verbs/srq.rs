@@ -8,7 +8,7 @@
 //! an event is queued ([`SharedReceiveQueue::wait_limit_event`]) and the limit disarms, as
 //! `IBV_EVENT_SRQ_LIMIT_REACHED` does.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -140,9 +140,11 @@ impl SharedReceiveQueue {
     }
 
     /// Arms the low watermark (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the first take that
-    /// leaves fewer than `limit` receives queues one event and disarms it. `limit` 0 disarms.
-    /// Fails with [`DatapathError::InvalidArgument`] (verbs' `EINVAL`) if `limit` is above
-    /// the queue's [`capacity`](Self::capacity).
+    /// leaves fewer than `limit` receives queues one event and disarms it; if fewer are queued
+    /// already, the event comes at once (a take may never come: the queue may be empty, its
+    /// peers' Sends failing for want of a receive). `limit` 0 disarms. Fails with
+    /// [`DatapathError::InvalidArgument`] (verbs' `EINVAL`) if `limit` is above the queue's
+    /// [`capacity`](Self::capacity).
     pub fn arm_limit(&self, limit: usize) -> Result<(), DatapathError> {
         if limit > self.capacity() {
             return Err(DatapathError::InvalidArgument(
@@ -150,6 +152,7 @@ impl SharedReceiveQueue {
             ));
         }
         self.inner.limit.store(limit, Ordering::SeqCst);
+        self.inner.fire_limit_if_below();
         Ok(())
     }
 
@@ -208,18 +211,27 @@ impl SharedReceiveQueue {
 
 struct SrqSource(Arc<SrqInner>);
 
-impl RecvSource for SrqSource {
-    fn take(&mut self) -> Option<RecvWr> {
-        let inner = &self.0;
-        let wr = inner.rx.try_recv().ok()?;
-        let limit = inner.limit.load(Ordering::Relaxed);
-        if limit > 0 && inner.rx.len() < limit && inner.limit.swap(0, Ordering::SeqCst) > 0 {
-            let _ = inner.events_tx.send(());
+impl SrqInner {
+    /// Queues the low-watermark event and disarms the limit if fewer receives than an armed
+    /// limit are queued. The fence pairs a take with an arming: either the take's check sees
+    /// the new limit, or the arming's check sees the level the take left.
+    fn fire_limit_if_below(&self) {
+        fence(Ordering::SeqCst);
+        let limit = self.limit.load(Ordering::SeqCst);
+        if limit > 0 && self.rx.len() < limit && self.limit.swap(0, Ordering::SeqCst) > 0 {
+            let _ = self.events_tx.send(());
             // Once per arming: a lock here is off the path of every other take.
-            if let Some(hook) = &*inner.on_limit.lock().unwrap_or_else(|e| e.into_inner()) {
+            if let Some(hook) = &*self.on_limit.lock().unwrap_or_else(|e| e.into_inner()) {
                 hook();
             }
         }
+    }
+}
+
+impl RecvSource for SrqSource {
+    fn take(&mut self) -> Option<RecvWr> {
+        let wr = self.0.rx.try_recv().ok()?;
+        self.0.fire_limit_if_below();
         Some(wr)
     }
 }
