@@ -724,7 +724,8 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         more.insert(0, (side, plan, recv_posted));
         let counts = each(&mut more, |(side, plan, posted)| serve(side, plan, *posted))?;
         side = more.swap_remove(0).0;
-        counts.iter().sum()
+        // Each count is what a peer's messages claim (saturated at u64::MAX by then).
+        counts.iter().fold(0u64, |a, &c| a.saturating_add(c))
     };
     let out = if cli.json {
         Some(
@@ -1559,7 +1560,7 @@ fn client_session(
         }
         for (_, checked, server_checked) in &fwd {
             client_verified += checked;
-            verified += server_checked;
+            verified = verified.saturating_add(*server_checked);
         }
         client_verified += rev;
         back.qp.disconnect();
@@ -1580,7 +1581,7 @@ fn client_session(
         for run in &runs {
             for (_, checked, server_checked) in run {
                 client_verified += checked;
-                verified += server_checked;
+                verified = verified.saturating_add(*server_checked);
             }
         }
     } else {
@@ -1617,7 +1618,7 @@ fn client_session(
                 }
                 lat_results.push(r);
             }
-            verified += finish_phase(side, size, ops)?;
+            verified = verified.saturating_add(finish_phase(side, size, ops)?);
         }
     }
     if !cli.json {

@@ -1542,6 +1542,20 @@ impl Session {
         };
         let mine = mines[0];
         let peers = self.dests_per_qp(&mines)?;
+        // The peer's buffer as it describes it: every offset the test adds must stay in the
+        // 64-bit address space (the Write or Read names `vaddr + off`).
+        if let Some(bad) = peers
+            .iter()
+            .find(|d| d.vaddr.checked_add(g.span()).is_none())
+        {
+            return Err(PerftestError::protocol(
+                "the peer's buffer key",
+                format!(
+                    "vaddr {:#x} leaves no room for the test's buffer",
+                    bad.vaddr
+                ),
+            ));
+        }
         let peer = peers[0];
         if duplex {
             self.comm

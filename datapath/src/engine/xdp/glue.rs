@@ -313,8 +313,10 @@ impl TcpApp for App<'_> {
     fn on_accept(&mut self, id: ConnId, tcp: &mut TcpConnection) {
         let tuple = tcp.four_tuple();
         let early = self.st.early.remove(&id);
+        // A connection this side cannot take is reset, not closed: closed, it would go on
+        // passing up whatever the peer sends, with no slot to take it (`early` would grow).
         let Some(ListenPort { params, .. }) = self.st.listeners.get(&tuple.local_port) else {
-            tcp.close_orphaned();
+            tcp.abort();
             return;
         };
         // The PD is the one given to `accept`; until then the queue pair is a placeholder
@@ -333,7 +335,7 @@ impl TcpApp for App<'_> {
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
             Ok(c) => c,
             Err(_) => {
-                tcp.close_orphaned();
+                tcp.abort();
                 return;
             }
         };
