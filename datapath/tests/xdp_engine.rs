@@ -353,6 +353,121 @@ fn connect_to_a_closed_port_is_refused() {
     }
 }
 
+/// A connect whose next hop does not answer ARP (the engine's kernel resolves it for up to
+/// 3 s) stalls nothing else of the engine: another connect made on the same engine thread
+/// while it waits is established at once, and the first fails as unresolved in its time.
+#[test]
+fn an_unresolvable_next_hop_stalls_no_other_connect() {
+    let _bed = bed_or_skip!();
+    const P: u16 = 19_626;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = spawn_in_ns(NS_A, move || -> Result<(), String> {
+        let listener = Listener::bind(SocketAddr::from((ADDR_A, P)), params())
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| format!("accept: {e}"))?
+            .ok_or("no connection request")?;
+        let conn = req
+            .accept(&ProtectionDomain::new(), &CompletionQueue::new(), &[])
+            .map_err(|e| format!("accept: {e}"))?;
+        conn.qp.disconnect();
+        Ok(())
+    });
+    ready_rx.recv_timeout(WAIT).expect("server listening");
+    let r = spawn_in_ns(NS_B, || -> Result<(), String> {
+        // One engine thread: both connects are its commands.
+        let one = XdpEngineConfig {
+            shard_per_queue: false,
+            ..XdpEngineConfig::default()
+        };
+        let mut engine = XdpEngine::start(DEV_B, one).map_err(|e| format!("client engine: {e}"))?;
+        if engine.shards() != 1 {
+            return Err(format!("{} engine threads", engine.shards()));
+        }
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let result = std::thread::scope(|s| {
+            // An address on the link that nobody holds: ARP goes unanswered.
+            let nobody = SocketAddr::from((Ipv4Addr::new(10, 77, 0, 99), P));
+            let started = Instant::now();
+            let (e, pd1, cq1) = (&engine, &pd, &cq);
+            let stuck = s.spawn(move || e.connect(nobody, pd1, cq1, &params(), b"anyone?"));
+            std::thread::sleep(Duration::from_millis(200));
+            let t = Instant::now();
+            let conn = engine
+                .connect(SocketAddr::from((ADDR_A, P)), &pd, &cq, &params(), b"hi")
+                .map_err(|e| format!("connect to the server: {e}"))?;
+            let took = t.elapsed();
+            conn.qp.disconnect();
+            let stuck = stuck.join().map_err(|_| "the first connect panicked")?;
+            let failed_after = started.elapsed();
+            if took > Duration::from_millis(1500) {
+                return Err(format!(
+                    "the second connect took {took:?}: it waited for the first one's ARP"
+                ));
+            }
+            match stuck {
+                Err(e) if e.to_string().contains("resolve") => {}
+                other => return Err(format!("the unresolvable connect: {:?}", other.map(|_| ()))),
+            }
+            if failed_after < Duration::from_secs(2) {
+                return Err(format!(
+                    "the unresolvable connect failed after {failed_after:?}"
+                ));
+            }
+            Ok(())
+        });
+        engine.stop();
+        result
+    })
+    .join()
+    .expect("client thread");
+    let served = server.join().expect("server thread");
+    r.unwrap();
+    served.unwrap();
+}
+
+/// `setup_timeout` bounds TCP's handshake and the MPA exchange on the engine too, though the
+/// MPA timeout is longer: a peer that takes the TCP connection and never answers the Request
+/// fails the connect at the setup deadline, ended by the engine (not left running there
+/// after the caller stopped waiting, its receives reported flushed).
+#[test]
+fn the_setup_timeout_bounds_the_engine_connect() {
+    let _bed = bed_or_skip!();
+    const P: u16 = 19_627;
+    let silent = in_ns(NS_A, || std::net::TcpListener::bind((ADDR_A, P))).expect("listen");
+    let r = spawn_in_ns(NS_B, || -> Result<Duration, String> {
+        let mut engine = XdpEngine::start(DEV_B, XdpEngineConfig::default())
+            .map_err(|e| format!("client engine: {e}"))?;
+        let p = ConnectParams {
+            setup_timeout: Duration::from_secs(1),
+            ..ConnectParams::default()
+        };
+        assert!(
+            p.mpa.timeout >= Duration::from_secs(5),
+            "the MPA timeout is the longer"
+        );
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let t = Instant::now();
+        let r = engine.connect(SocketAddr::from((ADDR_A, P)), &pd, &cq, &p, b"hello?");
+        let took = t.elapsed();
+        engine.stop();
+        match r {
+            Ok(_) => Err("a peer that never answers was connected".into()),
+            Err(_) => Ok(took),
+        }
+    })
+    .join()
+    .expect("client thread");
+    drop(silent);
+    let took = r.unwrap();
+    assert!(
+        took < Duration::from_secs(3),
+        "the connect failed after {took:?}, not at its 1 s setup deadline"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shards: one engine thread per queue
 

@@ -1404,16 +1404,55 @@ impl XdpTcp {
         remote: SocketAddrV4,
         cfg: TcpConfig,
     ) -> Result<ConnId, XdpTcpError> {
-        self.quiet = None;
         let (route, mac) = resolve_next_hop(*remote.ip(), self.cfg.neighbour_timeout)?;
+        self.check_route(*remote.ip(), &route)?;
+        self.connect_via(local_port, remote, mac, cfg)
+    }
+
+    /// How long a next hop's resolution may take ([`XdpTcpConfig::neighbour_timeout`]).
+    pub fn neighbour_timeout(&self) -> Duration {
+        self.cfg.neighbour_timeout
+    }
+
+    /// The MAC address of the next hop towards `remote` if the kernel knows it now (no
+    /// resolution, no waiting: two netlink queries); `None` when it has to be resolved first
+    /// ([`crate::xsk::resolve_next_hop`], then [`XdpTcp::check_route`] and
+    /// [`XdpTcp::connect_via`]), which an engine does off its thread. Fails if the route
+    /// leaves by another interface.
+    pub fn known_next_hop(&self, remote: Ipv4Addr) -> Result<Option<[u8; 6]>, XdpTcpError> {
+        let (route, mac) = crate::xsk::known_next_hop(remote)?;
+        self.check_route(remote, &route)?;
+        Ok(mac)
+    }
+
+    /// Fails unless `route` (towards `addr`) leaves through our interface.
+    pub fn check_route(
+        &self,
+        addr: Ipv4Addr,
+        route: &crate::xsk::Route,
+    ) -> Result<(), XdpTcpError> {
         if route.ifindex != self.port.ifindex {
             return Err(XdpTcpError::WrongInterface {
-                addr: *remote.ip(),
+                addr,
                 route_ifindex: route.ifindex,
                 ifname: self.port.ifname.clone(),
                 ifindex: self.port.ifindex,
             });
         }
+        Ok(())
+    }
+
+    /// [`XdpTcp::connect_from`] with the next hop's MAC address resolved already (through
+    /// our interface: [`XdpTcp::known_next_hop`] or [`XdpTcp::check_route`]).
+    pub fn connect_via(
+        &mut self,
+        local_port: u16,
+        remote: SocketAddrV4,
+        next_hop: [u8; 6],
+        cfg: TcpConfig,
+    ) -> Result<ConnId, XdpTcpError> {
+        self.quiet = None;
+        let mac = next_hop;
         self.neigh.learn(*remote.ip(), mac);
         let (reservation, local_port) = match local_port {
             0 => self.source_port(remote)?,

@@ -35,8 +35,8 @@ pub use capture::{Capture, CaptureConfig, CaptureStats, CaptureTap};
 pub use error::XskError;
 pub use join::PayloadDigest;
 pub use netlink::{
-    interface_info, neighbour, next_hop_mac, resolve_next_hop, route_to, xdp_device_features,
-    InterfaceInfo, InterfaceQuery, Route, XdpDeviceFeatures,
+    interface_info, known_next_hop, neighbour, next_hop_mac, resolve_next_hop, route_to,
+    xdp_device_features, InterfaceInfo, InterfaceQuery, Route, XdpDeviceFeatures,
 };
 pub use socket::{
     BindMode, BusyPoll, BusyPollState, RxBatch, XskConfig, XskSocket, XskStats,

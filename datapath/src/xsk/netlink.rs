@@ -516,13 +516,26 @@ pub fn next_hop_mac(ifindex: u32, dst: Ipv4Addr) -> Result<Option<[u8; 6]>, XskE
     neighbour(ifindex, route.next_hop)
 }
 
+/// The route towards `dst` and the MAC address of its next hop if the kernel's neighbour table
+/// has a usable entry now: [`resolve_next_hop`] without resolving or waiting.
+pub fn known_next_hop(dst: Ipv4Addr) -> Result<(Route, Option<[u8; 6]>), XskError> {
+    let route = route_to(dst)?;
+    let mac = neighbour(route.ifindex, route.next_hop)?;
+    Ok((route, mac))
+}
+
 /// Resolves the MAC address of the next hop towards `dst`: route lookup, then the neighbour
 /// table. When the entry is missing, makes the kernel resolve it by sending a UDP datagram to
 /// the discard port of the next hop (which starts ARP), and asks again every 10 ms, sending
 /// again every 200 ms, until `timeout`. Returns the route too (its interface and source).
 pub fn resolve_next_hop(dst: Ipv4Addr, timeout: Duration) -> Result<(Route, [u8; 6]), XskError> {
     let route = route_to(dst)?;
-    let deadline = Instant::now() + timeout;
+    let now = Instant::now();
+    // (A timeout too long for the clock waits as long as the clock goes.)
+    let deadline = now
+        .checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now);
     let mut last_nudge: Option<Instant> = None;
     loop {
         if let Some(mac) = neighbour(route.ifindex, route.next_hop)? {

@@ -5,7 +5,7 @@
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mpa::RequestInfo;
@@ -15,6 +15,7 @@ use crate::verbs::cm::{ConnectParams, ListenRecord};
 use crate::verbs::cq::CqSink;
 use crate::verbs::qp::{QpParts, QpStart};
 use crate::xdp_tcp::ConnId;
+use crate::xsk::{Route, XskError};
 use crate::DatapathError;
 
 pub(super) type Reply<T> = Sender<Result<T, DatapathError>>;
@@ -121,15 +122,7 @@ pub(super) enum EngineCmd {
     Unlisten {
         port: u16,
     },
-    Connect {
-        addr: SocketAddrV4,
-        pd: ProtectionDomain,
-        cq: CqSink,
-        params: ConnectParams,
-        private_data: Vec<u8>,
-        start: QpStart,
-        reply: Handover<(QpParts, Vec<u8>)>,
-    },
+    Connect(ConnectCmd),
     Accept {
         id: ConnId,
         pd: ProtectionDomain,
@@ -147,6 +140,40 @@ pub(super) enum EngineCmd {
     Shutdown,
     /// Makes the engine thread panic in its turn (tests of the failure path).
     Panic,
+}
+
+/// A connect's command: the MPA Initiator to start towards `addr`, and where its outcome goes.
+pub(super) struct ConnectCmd {
+    pub(super) addr: SocketAddrV4,
+    pub(super) pd: ProtectionDomain,
+    pub(super) cq: CqSink,
+    pub(super) params: ConnectParams,
+    pub(super) private_data: Vec<u8>,
+    pub(super) start: QpStart,
+    /// When the caller's `setup_timeout` ends: next-hop resolution, TCP's handshake and the
+    /// MPA exchange must be done by then (the engine fails the connect itself at this time,
+    /// and the caller waits a little longer for that outcome).
+    pub(super) deadline: Instant,
+    pub(super) reply: Handover<(QpParts, Vec<u8>)>,
+}
+
+/// Connects waiting for their next hop's MAC address, each resolved on a thread of its own
+/// (the kernel's ARP may take seconds; the engine's turns go on meanwhile).
+pub(super) struct Resolutions {
+    pub(super) tx: Sender<Resolved>,
+    pub(super) rx: Receiver<Resolved>,
+    /// Resolutions started and not yet taken back.
+    pub(super) pending: usize,
+}
+
+/// A connect and its next hop, resolved (the route taken, its MAC) or not.
+pub(super) type Resolved = (ConnectCmd, Result<(Route, [u8; 6]), XskError>);
+
+impl Resolutions {
+    pub(super) fn new() -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Resolutions { tx, rx, pending: 0 }
+    }
 }
 
 #[cfg(test)]

@@ -98,7 +98,7 @@ use crate::verbs::qp::{QpStart, QueuePair};
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
 use crate::DatapathError;
 
-use commands::{handover, EngineCmd};
+use commands::{handover, ConnectCmd, EngineCmd};
 pub use config::{EngineCounters, XdpEngineConfig};
 use failure::{FailureHook, FailureNotice};
 use handle::{Handle, XdpListen};
@@ -277,6 +277,7 @@ fn spawn_shard(
             views: Vec::new(),
             xdp,
             failed: None,
+            resolutions: commands::Resolutions::new(),
         };
         let core = Arc::new(Mutex::new(Some(turner)));
         let _ = engine_wake.core.set(core.clone());
@@ -558,16 +559,21 @@ impl XdpEngine {
         let cqs = CqSink::new(cq, params.recv_cq.as_ref());
         cqs.attach(handle.wake.clone());
         let (tx, rx) = handover();
-        let cmd = EngineCmd::Connect {
+        let cmd = EngineCmd::Connect(ConnectCmd {
             addr,
             pd: pd.clone(),
             cq: cqs,
             params: params.clone(),
             private_data: private_data.to_vec(),
             start,
+            deadline: crate::verbs::timeout::deadline_after(params.setup_timeout),
             reply: tx,
-        };
-        // The engine's MPA startup deadline is `setup_timeout`; next-hop resolution comes first.
+        });
+        // The engine fails the connect itself at the deadline (next-hop resolution, TCP's
+        // handshake and the MPA exchange together): this waits a little longer for that
+        // outcome, so that the engine, not a caller who gave up, ends the attempt and the
+        // receives posted with it are not reported flushed while the engine still holds them
+        // (unless the engine thread stalls for seconds).
         let wait = params.setup_timeout.saturating_add(Duration::from_secs(5));
         handle.send(cmd)?;
         tracing::info!(peer = %addr, shard = n, "connecting (AF_XDP engine)");

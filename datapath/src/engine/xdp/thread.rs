@@ -21,7 +21,7 @@ use crate::verbs::qp::{post_initial_recvs, QpStart};
 use crate::xdp_tcp::{ConnId, XdpTcp, XdpTcpError};
 use crate::{DatapathError, QpError};
 
-use super::commands::EngineCmd;
+use super::commands::{ConnectCmd, EngineCmd};
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
@@ -577,9 +577,27 @@ impl Turner {
         self.tables.len() - 1
     }
 
-    /// Engine commands; `Err` on shutdown.
+    /// Engine commands (and connects whose next hop was resolved meanwhile); `Err` on
+    /// shutdown.
     fn commands(&mut self, cmds: &Receiver<EngineCmd>) -> Result<bool, ()> {
         let mut any = false;
+        while self.resolutions.pending > 0 {
+            let Ok((c, resolved)) = self.resolutions.rx.try_recv() else {
+                break;
+            };
+            self.resolutions.pending -= 1;
+            any = true;
+            let ip = *c.addr.ip();
+            let mac = resolved
+                .map_err(XdpTcpError::from)
+                .and_then(|(route, mac)| self.xdp.check_route(ip, &route).map(|()| mac));
+            match mac {
+                Ok(mac) => self.connect_via(c, mac),
+                Err(e) => {
+                    c.reply.deliver(Err(e.into()));
+                }
+            }
+        }
         loop {
             let cmd = match cmds.try_recv() {
                 Ok(c) => c,
@@ -619,27 +637,7 @@ impl Turner {
                     self.st.listeners.remove(&port);
                     self.xdp.unlisten(port);
                 }
-                EngineCmd::Connect {
-                    addr,
-                    pd,
-                    cq,
-                    params,
-                    private_data,
-                    start,
-                    reply,
-                } => {
-                    let res = self.connect(addr, &pd, &params, &private_data, start);
-                    match res {
-                        Ok(id) => {
-                            if let Some(slot) = self.st.slots.get_mut(&id) {
-                                slot.waiter = Waiter::Connect(reply, cq);
-                            }
-                        }
-                        Err(e) => {
-                            reply.deliver(Err(e));
-                        }
-                    }
-                }
+                EngineCmd::Connect(c) => self.start_connect(c),
                 EngineCmd::Accept {
                     id,
                     pd,
@@ -690,16 +688,101 @@ impl Turner {
         }
     }
 
+    /// A connect: started now if the kernel knows the next hop's MAC address, else once a
+    /// thread of its own has resolved it (in this thread's network namespace, where the
+    /// engine's interface is), the engine's turns going on meanwhile: a neighbour that does
+    /// not answer ARP stalls no other connection.
+    fn start_connect(&mut self, c: ConnectCmd) {
+        match self.xdp.known_next_hop(*c.addr.ip()) {
+            Ok(Some(mac)) => self.connect_via(c, mac),
+            Ok(None) => self.resolve_then_connect(c),
+            Err(e) => {
+                c.reply.deliver(Err(e.into()));
+            }
+        }
+    }
+
+    /// Resolves `c`'s next hop on a thread of its own, which hands `c` back through
+    /// [`Turner::resolutions`] and wakes the engine.
+    fn resolve_then_connect(&mut self, c: ConnectCmd) {
+        let dst = *c.addr.ip();
+        let wait = self
+            .xdp
+            .neighbour_timeout()
+            .min(c.deadline.saturating_duration_since(StdInstant::now()));
+        let done = self.resolutions.tx.clone();
+        let wake = self.st.wake.clone();
+        // The command goes to the thread once it runs: should no thread be had, it is still
+        // here to be answered.
+        let (hand_over, take) = std::sync::mpsc::sync_channel::<ConnectCmd>(1);
+        let spawned = std::thread::Builder::new()
+            .name("iwxdp-neigh".into())
+            .spawn(move || {
+                let Ok(c) = take.recv() else {
+                    return;
+                };
+                let resolved = crate::xsk::resolve_next_hop(dst, wait);
+                if done.send((c, resolved)).is_ok() {
+                    let _ = wake.wake_engine();
+                }
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = hand_over.send(c);
+                self.resolutions.pending += 1;
+            }
+            Err(e) => {
+                c.reply.deliver(Err(e.into()));
+            }
+        }
+    }
+
+    /// Starts the connect `c` through the next hop `mac`, or answers it with why not.
+    fn connect_via(&mut self, c: ConnectCmd, mac: [u8; 6]) {
+        let ConnectCmd {
+            addr,
+            pd,
+            cq,
+            params,
+            private_data,
+            start,
+            deadline,
+            reply,
+        } = c;
+        let left = deadline.saturating_duration_since(StdInstant::now());
+        if left.is_zero() {
+            reply.deliver(Err(DatapathError::Timeout("connecting")));
+            return;
+        }
+        let target = Target { addr, mac, left };
+        match self.connect(target, &pd, &params, &private_data, start) {
+            Ok(id) => {
+                if let Some(slot) = self.st.slots.get_mut(&id) {
+                    slot.waiter = Waiter::Connect(reply, cq);
+                }
+            }
+            Err(e) => {
+                reply.deliver(Err(e));
+            }
+        }
+    }
+
     fn connect(
         &mut self,
-        addr: SocketAddrV4,
+        target: Target,
         pd: &ProtectionDomain,
         params: &ConnectParams,
         private_data: &[u8],
         start: QpStart,
     ) -> Result<ConnId, DatapathError> {
+        let Target { addr, mac, left } = target;
         let table = self.table_index(pd);
-        let cfg = self.st.conn_config(params, pd.id);
+        let mut cfg = self.st.conn_config(params, pd.id);
+        // The setup deadline bounds TCP's handshake and the startup exchange together.
+        cfg.mpa.timeout = cfg.mpa.timeout.min(left);
+        if let Some(ift) = &mut cfg.ift {
+            ift.timeout = ift.timeout.min(left);
+        }
         let mut conn = IwarpConn::initiator(cfg, private_data, self.st.epoch, self.st.now())
             .map_err(conn_error)?;
         if let Some(srq) = &params.srq {
@@ -713,7 +796,7 @@ impl Turner {
         tcp.rx_mode = tcp_engine::RxMode::PassUp;
         params.apply_to(&mut tcp);
         let local_port = params.local_addr.map_or(0, |a| a.port());
-        let id = self.xdp.connect_from(local_port, addr, tcp)?;
+        let id = self.xdp.connect_via(local_port, addr, mac, tcp)?;
         let tuple = self
             .xdp
             .connection(id)
@@ -770,4 +853,12 @@ fn conn_error(e: crate::engine::ConnError) -> DatapathError {
         | crate::engine::ConnError::InvalidState(s) => DatapathError::InvalidArgument(s),
         crate::engine::ConnError::Ift(e) => DatapathError::Ift(e),
     }
+}
+
+/// Where a connect goes: the peer, the next hop's MAC address, and the time left before its
+/// setup deadline.
+struct Target {
+    addr: SocketAddrV4,
+    mac: [u8; 6],
+    left: Duration,
 }

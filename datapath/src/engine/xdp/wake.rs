@@ -311,6 +311,8 @@ pub(super) struct Turner {
     pub(super) xdp: XdpTcp,
     /// The driver error of a turn, for the engine thread to stop on.
     pub(super) failed: Option<String>,
+    /// Connects whose next hop is being resolved.
+    pub(super) resolutions: super::commands::Resolutions,
 }
 
 /// A listening port of a shard: the parameters of its connections, where their Requests go,
