@@ -503,7 +503,7 @@ impl Device {
     /// through the kernel's neighbour table (ARP), on a thread of its own, waiting up to the
     /// engine's `neighbour_timeout` (3 s by default), and the route must still leave through
     /// the engine's interface; the socket transport leaves that to the kernel's TCP when it
-    /// connects, and queues `RouteResolved` at once. Fails only if no thread can be had.
+    /// connects, and queues `RouteResolved` at once. Fails only if the engine has stopped.
     pub fn resolve_route(
         &self,
         dst: SocketAddr,
@@ -524,12 +524,8 @@ impl Device {
             ))));
             return Ok(());
         };
-        let resolve = e.next_hop_resolver(*v4.ip());
         let channel = channel.clone();
-        std::thread::Builder::new()
-            .name("iwarp-cm-route".into())
-            .spawn(move || channel.push(outcome(resolve())))?;
-        Ok(())
+        e.resolve_route(*v4.ip(), move |r| channel.push(outcome(r)))
     }
 
     /// Sends the device's own asynchronous event to `channel`: [`AsyncEvent::DeviceFatal`] when

@@ -42,17 +42,21 @@ fn socket_transport_resolves_address_and_route_as_events() {
     assert!(ch.get_event().is_none());
 }
 
+/// The engine opened in `iwa`, its resolutions asked from a thread in the test's own network
+/// namespace: routes and neighbours are looked up in the engine's.
 #[test]
 fn engine_resolves_address_and_route_through_its_interface() {
     let _bed = bed_or_skip!();
-    in_ns(NS_A, || {
+    let device = in_ns(NS_A, || {
         let mut config = XdpEngineConfig::default();
         config.driver.neighbour_timeout = Duration::from_millis(300);
-        let device = Device::open(Transport::Xdp {
+        Device::open(Transport::Xdp {
             ifname: DEV_A.into(),
             config: Box::new(config),
         })
-        .expect("engine");
+        .expect("engine")
+    });
+    {
         let ch = CmEventChannel::new().expect("channel");
         let peer = SocketAddr::from((ADDR_B, 7471));
 
@@ -95,5 +99,6 @@ fn engine_resolves_address_and_route_through_its_interface() {
             other => panic!("{other:?}"),
         }
         assert!(ch.get_event().is_none());
-    });
+    }
+    drop(device);
 }

@@ -2,7 +2,7 @@
 //! ([`EngineCmd`]: listen, connect, accept, reject, shutdown), the one-shot channels that answer
 //! them ([`Reply`], [`Handover`] for the queue pairs of connect and accept) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,7 +122,19 @@ pub(super) enum EngineCmd {
     Unlisten {
         port: u16,
     },
-    Connect(ConnectCmd),
+    Connect(Box<ConnectCmd>),
+    /// `rdma_resolve_addr`'s check, in the engine's network namespace: the kernel's route to
+    /// `dst` leaves through the engine's interface.
+    RouteCheck {
+        dst: Ipv4Addr,
+        reply: Reply<()>,
+    },
+    /// `rdma_resolve_route`: the next hop's MAC address towards `dst` resolved through the
+    /// kernel's neighbour table, in the engine's network namespace, off the engine thread.
+    ResolveRoute {
+        dst: Ipv4Addr,
+        done: RouteDone,
+    },
     Accept {
         id: ConnId,
         pd: ProtectionDomain,
@@ -157,8 +169,19 @@ pub(super) struct ConnectCmd {
     pub(super) reply: Handover<(QpParts, Vec<u8>)>,
 }
 
-/// Connects waiting for their next hop's MAC address, each resolved on a thread of its own
-/// (the kernel's ARP may take seconds; the engine's turns go on meanwhile).
+/// Told the outcome of a route's resolution (`rdma_resolve_route`).
+pub(super) type RouteDone = Box<dyn FnOnce(Result<(), DatapathError>) + Send>;
+
+/// What waits for a next hop's resolution.
+pub(super) enum Awaiting {
+    /// A connect, started once its next hop is known.
+    Connect(Box<ConnectCmd>),
+    /// A route resolution towards `dst`, told its outcome.
+    Route { dst: Ipv4Addr, done: RouteDone },
+}
+
+/// Connects and route resolutions waiting for their next hop's MAC address, each resolved on
+/// a thread of its own (the kernel's ARP may take seconds; the engine's turns go on meanwhile).
 pub(super) struct Resolutions {
     pub(super) tx: Sender<Resolved>,
     pub(super) rx: Receiver<Resolved>,
@@ -166,8 +189,8 @@ pub(super) struct Resolutions {
     pub(super) pending: usize,
 }
 
-/// A connect and its next hop, resolved (the route taken, its MAC) or not.
-pub(super) type Resolved = (ConnectCmd, Result<(Route, [u8; 6]), XskError>);
+/// What waited, and its next hop, resolved (the route taken, its MAC) or not.
+pub(super) type Resolved = (Awaiting, Result<(Route, [u8; 6]), XskError>);
 
 impl Resolutions {
     pub(super) fn new() -> Self {

@@ -109,6 +109,10 @@ use wake::{State, Turner, Wake, AWAKE};
 /// How long `start` waits for the engine thread to open the driver.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a quick question to the engine thread (two netlink queries) may wait for its
+/// answer: a turn is well under a millisecond, a busy engine answers at its next one.
+const ENGINE_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
 /// What waits for the outcome of a connection attempt ([`XdpEngine::start_connect`]).
 pub(crate) type PendingConnect = Box<dyn FnOnce() -> Result<Connection, DatapathError> + Send>;
 
@@ -136,8 +140,8 @@ pub struct XdpEngine {
     iface: Iface,
 }
 
-/// The engine's interface, for the route checks of address and route resolution and the
-/// port's attributes.
+/// The engine's interface, for the port's attributes (the route checks of address and route
+/// resolution are the engine thread's, in its namespace).
 #[derive(Debug, Clone)]
 struct Iface {
     name: String,
@@ -147,14 +151,10 @@ struct Iface {
     /// Looks the interface up again (its link state), in the engine's network namespace
     /// whatever the caller's.
     query: Arc<Mutex<crate::xsk::InterfaceQuery>>,
-    /// How long resolving a next hop's MAC waits ([`XdpTcpConfig::neighbour_timeout`]).
-    ///
-    /// [`XdpTcpConfig::neighbour_timeout`]: crate::xdp_tcp::XdpTcpConfig::neighbour_timeout
-    neighbour_timeout: Duration,
 }
 
 impl Iface {
-    fn of(name: &str, cfg: &XdpEngineConfig) -> Result<Iface, DatapathError> {
+    fn of(name: &str) -> Result<Iface, DatapathError> {
         let mut query = crate::xsk::InterfaceQuery::open().map_err(XdpTcpError::from)?;
         let info = query.info(name).map_err(XdpTcpError::from)?;
         Ok(Iface {
@@ -162,22 +162,7 @@ impl Iface {
             index: info.index,
             mac: info.mac,
             query: Arc::new(Mutex::new(query)),
-            neighbour_timeout: cfg.driver.neighbour_timeout,
         })
-    }
-
-    /// Fails unless `route` (to `dst`) leaves through this interface.
-    fn check(&self, dst: Ipv4Addr, route_ifindex: u32) -> Result<(), DatapathError> {
-        if route_ifindex != self.index {
-            return Err(XdpTcpError::WrongInterface {
-                addr: dst,
-                route_ifindex,
-                ifname: self.name.clone(),
-                ifindex: self.index,
-            }
-            .into());
-        }
-        Ok(())
     }
 }
 
@@ -320,7 +305,7 @@ impl XdpEngine {
     /// (named `iwxdp<queue>-<ifname>`: the queue first, as Linux keeps 15 octets of a thread's
     /// name), and waits until their drivers are open. Needs root (XDP, AF_XDP).
     pub fn start(ifname: &str, cfg: XdpEngineConfig) -> Result<XdpEngine, DatapathError> {
-        let iface = Iface::of(ifname, &cfg)?;
+        let iface = Iface::of(ifname)?;
         let budget = ReassemblyBudget::new(cfg.reassembly_budget);
         if !cfg.shard_per_queue {
             let ifname_owned = ifname.to_owned();
@@ -425,25 +410,41 @@ impl XdpEngine {
     }
 
     /// Checks that the kernel's route to `dst` leaves through the engine's interface (what
-    /// `rdma_resolve_addr` finds out on the engine; its local address is then the engine's).
+    /// `rdma_resolve_addr` finds out on the engine; its local address is then the engine's),
+    /// in the engine's network namespace, whichever the caller's thread is in.
     pub(crate) fn route_check(&self, dst: Ipv4Addr) -> Result<(), DatapathError> {
-        let route = crate::xsk::route_to(dst).map_err(XdpTcpError::from)?;
-        self.iface.check(dst, route.ifindex)
+        let handle = &self
+            .shards
+            .first()
+            .ok_or(DatapathError::Disconnected)?
+            .handle;
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        handle.call(
+            EngineCmd::RouteCheck { dst, reply },
+            rx,
+            ENGINE_ANSWER_WAIT,
+            "checking the route",
+        )
     }
 
-    /// What resolves the next hop's MAC toward `dst` through the engine's interface (the
-    /// kernel's neighbour resolution, waiting up to the driver's `neighbour_timeout`), to be
-    /// run off the caller's thread: `rdma_resolve_route` on the engine.
-    pub(crate) fn next_hop_resolver(
+    /// Resolves the next hop's MAC toward `dst` through the engine's interface (the kernel's
+    /// neighbour resolution in the engine's network namespace, waiting up to the driver's
+    /// `neighbour_timeout`, off the engine thread), then calls `done` with the outcome:
+    /// `rdma_resolve_route` on the engine. Fails at once only if the engine has stopped.
+    pub(crate) fn resolve_route(
         &self,
         dst: Ipv4Addr,
-    ) -> impl FnOnce() -> Result<(), DatapathError> + Send + 'static {
-        let iface = self.iface.clone();
-        move || {
-            let (route, _) = crate::xsk::resolve_next_hop(dst, iface.neighbour_timeout)
-                .map_err(XdpTcpError::from)?;
-            iface.check(dst, route.ifindex)
-        }
+        done: impl FnOnce(Result<(), DatapathError>) + Send + 'static,
+    ) -> Result<(), DatapathError> {
+        let handle = &self
+            .shards
+            .first()
+            .ok_or(DatapathError::Disconnected)?
+            .handle;
+        handle.send(EngineCmd::ResolveRoute {
+            dst,
+            done: Box::new(done),
+        })
     }
 
     /// The most connections the engine holds at once, over all its shards
@@ -559,7 +560,7 @@ impl XdpEngine {
         let cqs = CqSink::new(cq, params.recv_cq.as_ref());
         cqs.attach(handle.wake.clone());
         let (tx, rx) = handover();
-        let cmd = EngineCmd::Connect(ConnectCmd {
+        let cmd = EngineCmd::Connect(Box::new(ConnectCmd {
             addr,
             pd: pd.clone(),
             cq: cqs,
@@ -568,7 +569,7 @@ impl XdpEngine {
             start,
             deadline: crate::verbs::timeout::deadline_after(params.setup_timeout),
             reply: tx,
-        });
+        }));
         // The engine fails the connect itself at the deadline (next-hop resolution, TCP's
         // handshake and the MPA exchange together): this waits a little longer for that
         // outcome, so that the engine, not a caller who gave up, ends the attempt and the

@@ -3,7 +3,7 @@
 //! setup commands (listen, connect, accept, reject), and pinning to a CPU.
 
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::panic::AssertUnwindSafe;
@@ -21,7 +21,7 @@ use crate::verbs::qp::{post_initial_recvs, QpStart};
 use crate::xdp_tcp::{ConnId, XdpTcp, XdpTcpError};
 use crate::{DatapathError, QpError};
 
-use super::commands::{ConnectCmd, EngineCmd};
+use super::commands::{Awaiting, ConnectCmd, EngineCmd};
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
@@ -582,20 +582,26 @@ impl Turner {
     fn commands(&mut self, cmds: &Receiver<EngineCmd>) -> Result<bool, ()> {
         let mut any = false;
         while self.resolutions.pending > 0 {
-            let Ok((c, resolved)) = self.resolutions.rx.try_recv() else {
+            let Ok((awaiting, resolved)) = self.resolutions.rx.try_recv() else {
                 break;
             };
             self.resolutions.pending -= 1;
             any = true;
-            let ip = *c.addr.ip();
+            let dst = match &awaiting {
+                Awaiting::Connect(c) => *c.addr.ip(),
+                Awaiting::Route { dst, .. } => *dst,
+            };
             let mac = resolved
                 .map_err(XdpTcpError::from)
-                .and_then(|(route, mac)| self.xdp.check_route(ip, &route).map(|()| mac));
-            match mac {
-                Ok(mac) => self.connect_via(c, mac),
-                Err(e) => {
-                    c.reply.deliver(Err(e.into()));
-                }
+                .and_then(|(route, mac)| self.xdp.check_route(dst, &route).map(|()| mac));
+            match awaiting {
+                Awaiting::Connect(c) => match mac {
+                    Ok(mac) => self.connect_via(*c, mac),
+                    Err(e) => {
+                        c.reply.deliver(Err(e.into()));
+                    }
+                },
+                Awaiting::Route { done, .. } => done(mac.map(|_| ()).map_err(Into::into)),
             }
         }
         loop {
@@ -637,7 +643,21 @@ impl Turner {
                     self.st.listeners.remove(&port);
                     self.xdp.unlisten(port);
                 }
-                EngineCmd::Connect(c) => self.start_connect(c),
+                EngineCmd::Connect(c) => self.start_connect(*c),
+                EngineCmd::RouteCheck { dst, reply } => {
+                    let checked = crate::xsk::route_to(dst)
+                        .map_err(XdpTcpError::from)
+                        .and_then(|route| self.xdp.check_route(dst, &route));
+                    let _ = reply.send(checked.map_err(Into::into));
+                }
+                EngineCmd::ResolveRoute { dst, done } => match self.xdp.known_next_hop(dst) {
+                    Ok(Some(_)) => done(Ok(())),
+                    Ok(None) => {
+                        let wait = self.xdp.neighbour_timeout();
+                        self.resolve_then(Awaiting::Route { dst, done }, dst, wait);
+                    }
+                    Err(e) => done(Err(e.into())),
+                },
                 EngineCmd::Accept {
                     id,
                     pd,
@@ -693,47 +713,52 @@ impl Turner {
     /// engine's interface is), the engine's turns going on meanwhile: a neighbour that does
     /// not answer ARP stalls no other connection.
     fn start_connect(&mut self, c: ConnectCmd) {
-        match self.xdp.known_next_hop(*c.addr.ip()) {
+        let dst = *c.addr.ip();
+        match self.xdp.known_next_hop(dst) {
             Ok(Some(mac)) => self.connect_via(c, mac),
-            Ok(None) => self.resolve_then_connect(c),
+            Ok(None) => {
+                let wait = self
+                    .xdp
+                    .neighbour_timeout()
+                    .min(c.deadline.saturating_duration_since(StdInstant::now()));
+                self.resolve_then(Awaiting::Connect(Box::new(c)), dst, wait);
+            }
             Err(e) => {
                 c.reply.deliver(Err(e.into()));
             }
         }
     }
 
-    /// Resolves `c`'s next hop on a thread of its own, which hands `c` back through
-    /// [`Turner::resolutions`] and wakes the engine.
-    fn resolve_then_connect(&mut self, c: ConnectCmd) {
-        let dst = *c.addr.ip();
-        let wait = self
-            .xdp
-            .neighbour_timeout()
-            .min(c.deadline.saturating_duration_since(StdInstant::now()));
+    /// Resolves the next hop towards `dst` (waiting up to `wait`) on a thread of its own,
+    /// which hands `awaiting` back through [`Turner::resolutions`] and wakes the engine.
+    fn resolve_then(&mut self, awaiting: Awaiting, dst: Ipv4Addr, wait: Duration) {
         let done = self.resolutions.tx.clone();
         let wake = self.st.wake.clone();
-        // The command goes to the thread once it runs: should no thread be had, it is still
+        // What waits goes to the thread once it runs: should no thread be had, it is still
         // here to be answered.
-        let (hand_over, take) = std::sync::mpsc::sync_channel::<ConnectCmd>(1);
+        let (hand_over, take) = std::sync::mpsc::sync_channel::<Awaiting>(1);
         let spawned = std::thread::Builder::new()
             .name("iwxdp-neigh".into())
             .spawn(move || {
-                let Ok(c) = take.recv() else {
+                let Ok(awaiting) = take.recv() else {
                     return;
                 };
                 let resolved = crate::xsk::resolve_next_hop(dst, wait);
-                if done.send((c, resolved)).is_ok() {
+                if done.send((awaiting, resolved)).is_ok() {
                     let _ = wake.wake_engine();
                 }
             });
         match spawned {
             Ok(_) => {
-                let _ = hand_over.send(c);
+                let _ = hand_over.send(awaiting);
                 self.resolutions.pending += 1;
             }
-            Err(e) => {
-                c.reply.deliver(Err(e.into()));
-            }
+            Err(e) => match awaiting {
+                Awaiting::Connect(c) => {
+                    c.reply.deliver(Err(e.into()));
+                }
+                Awaiting::Route { done, .. } => done(Err(e.into())),
+            },
         }
     }
 
