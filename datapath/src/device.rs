@@ -456,7 +456,8 @@ impl Device {
     /// address a connection to `dst` leaves from (the kernel's route lookup; no packet is
     /// sent), or [`CmEvent::AddrError`]. On the AF_XDP engine the route must leave through the
     /// engine's interface (else [`crate::xdp_tcp::XdpTcpError::WrongInterface`]), `dst` must be
-    /// IPv4, and the local address is the engine's.
+    /// IPv4, and the local address is the engine's; the engine thread looks the route up, in
+    /// the engine's network namespace (a stopped engine: [`DatapathError::Disconnected`]).
     pub fn resolve_addr(&self, dst: SocketAddr, channel: &CmEventChannel, context: u64) {
         let event = match self.local_addr_to(dst) {
             Ok(local_addr) => CmEvent::AddrResolved {
@@ -503,7 +504,9 @@ impl Device {
     /// through the kernel's neighbour table (ARP), on a thread of its own, waiting up to the
     /// engine's `neighbour_timeout` (3 s by default), and the route must still leave through
     /// the engine's interface; the socket transport leaves that to the kernel's TCP when it
-    /// connects, and queues `RouteResolved` at once. Fails only if the engine has stopped.
+    /// connects, and queues `RouteResolved` at once. On the engine both are looked up in its
+    /// network namespace, whichever the calling thread is in. Returns `Ok`: every outcome is
+    /// an event (a stopped engine's, `RouteError` with [`DatapathError::Disconnected`]).
     pub fn resolve_route(
         &self,
         dst: SocketAddr,
@@ -525,7 +528,8 @@ impl Device {
             return Ok(());
         };
         let channel = channel.clone();
-        e.resolve_route(*v4.ip(), move |r| channel.push(outcome(r)))
+        e.resolve_route(*v4.ip(), move |r| channel.push(outcome(r)));
+        Ok(())
     }
 
     /// Sends the device's own asynchronous event to `channel`: [`AsyncEvent::DeviceFatal`] when

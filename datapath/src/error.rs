@@ -226,6 +226,16 @@ fn rejection_reason(private_data: &[u8]) -> String {
     }
 }
 
+/// The message of a caught panic (a transport thread's, which fails its queue pairs instead
+/// of the process).
+pub(crate) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
+    cause
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 #[cfg(test)]
 mod tests {
     use super::DatapathError;

@@ -117,6 +117,32 @@ fn socket_transport_abort_resets_the_connection() {
     assert_eq!(peer_error(&theirs), Some(QpError::PeerReset));
 }
 
+/// A panic of the socket transport's connection thread (a bug, injected) fails that queue pair
+/// as a failed connection does: its outstanding receives complete flushed, its status says
+/// why, it finishes, and the peer's connection is reset; the process goes on.
+#[test]
+fn socket_transport_thread_panic_fails_its_queue_pair() {
+    let (client, ours, theirs) = socket_pair();
+    post_recvs(&ours);
+    ours.inject_transport_panic().expect("the test hook");
+    let mut flushed = 0;
+    while flushed < RECVS {
+        let wc = client
+            .cq
+            .wait(WAIT)
+            .expect("a receive the panic left outstanding never completed")
+            .wc;
+        assert_eq!(
+            (wc.opcode, wc.status),
+            (WcOpcode::Recv, WcStatus::WrFlushError)
+        );
+        flushed += 1;
+    }
+    assert!(matches!(peer_error(&ours), Some(QpError::Local(_))));
+    assert_eq!(ours.status().state, QpState::Error);
+    assert_eq!(peer_error(&theirs), Some(QpError::PeerReset));
+}
+
 /// The graceful close, for contrast: the same peer sees the FIN.
 #[test]
 fn socket_transport_disconnect_closes_the_connection() {

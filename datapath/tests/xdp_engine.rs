@@ -455,15 +455,19 @@ fn the_setup_timeout_bounds_the_engine_connect() {
         engine.stop();
         match r {
             Ok(_) => Err("a peer that never answers was connected".into()),
-            Err(_) => Ok(took),
+            Err(e) => {
+                println!("connect failed after {took:?}: {e}");
+                Ok(took)
+            }
         }
     })
     .join()
     .expect("client thread");
     drop(silent);
     let took = r.unwrap();
+    // Not sooner either: an error of another kind (refused, wrong interface) comes at once.
     assert!(
-        took < Duration::from_secs(3),
+        (Duration::from_millis(900)..Duration::from_secs(3)).contains(&took),
         "the connect failed after {took:?}, not at its 1 s setup deadline"
     );
 }

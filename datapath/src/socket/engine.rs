@@ -5,6 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -338,7 +339,34 @@ struct Engine {
 }
 
 impl Engine {
+    /// The connection's thread: [`Engine::serve`]. Should it panic (a bug), the queue pair
+    /// fails as a failed connection does, not silently: outstanding requests flushed, the
+    /// status an error (`QpFatal` where asked), the queue pair finished, the connection reset;
+    /// as an AF_XDP engine thread's panic fails its queue pairs.
     fn run(mut self, leftover: Vec<u8>) {
+        let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(leftover)));
+        if let Err(cause) = served {
+            tracing::error!(
+                panic = crate::error::panic_text(&cause),
+                "the connection's thread panicked: queue pair failed, connection reset"
+            );
+            let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+            let flushed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.set_error(QpError::Local("the connection's thread panicked"));
+                self.qp.on_transport_error(TerminateCause::ConnectionLost);
+                self.deliver_completions();
+                self.stop_posts();
+            }));
+            if flushed.is_err() {
+                self.shared
+                    .set_error(QpError::Local("the connection's thread panicked"), None);
+            }
+            self.shared.mark_finished(QpState::Error);
+        }
+    }
+
+    /// The connection's work until it ends (see [`Engine::run`]).
+    fn serve(&mut self, leftover: Vec<u8>) {
         if !leftover.is_empty() {
             self.process_rx(&leftover);
         }
@@ -571,6 +599,7 @@ impl Engine {
                         self.complete_local_error(wr_id, WcOpcode::Recv, &e);
                     }
                 }
+                Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
                 Cmd::Close if before_data => self.close_taken = true,
                 Cmd::Close => {
                     self.take_close();

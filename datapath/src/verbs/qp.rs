@@ -44,6 +44,8 @@ pub(crate) enum Cmd {
     SendInline(InlineSendWr),
     Recv(RecvWr),
     Close,
+    /// Makes the transport thread that takes it panic ([`QueuePair::inject_transport_panic`]).
+    Panic,
 }
 
 impl Cmd {
@@ -53,7 +55,7 @@ impl Cmd {
             Cmd::Send(wr) => (wr.wr_id, wr.op.wc_opcode()),
             Cmd::SendInline(wr) => (wr.wr_id, wr.op.wc_opcode()),
             Cmd::Recv(wr) => (wr.wr_id, WcOpcode::Recv),
-            Cmd::Close => return None,
+            Cmd::Close | Cmd::Panic => return None,
         };
         Some(WorkCompletion::failed(
             wr_id,
@@ -136,7 +138,7 @@ impl QueueAccount {
         match cmd {
             Cmd::Send(_) | Cmd::SendInline(_) => self.sends_taken += 1,
             Cmd::Recv(_) => self.recvs_taken += 1,
-            Cmd::Close => {}
+            Cmd::Close | Cmd::Panic => {}
         }
     }
 
@@ -729,7 +731,7 @@ impl QueuePair {
                     depth: self.rq_depth,
                 },
             ),
-            Cmd::Close => return self.shared.queue(&self.cmds, cmd).map(|()| true),
+            Cmd::Close | Cmd::Panic => return self.shared.queue(&self.cmds, cmd).map(|()| true),
         };
         if self.shared.refuses_posts() {
             return Err(DatapathError::Disconnected);
@@ -1066,6 +1068,17 @@ impl QueuePair {
             return;
         }
         self.join_thread();
+    }
+}
+
+impl QueuePair {
+    /// Makes the transport thread serving this queue pair panic when it takes the request, to
+    /// test the failure path: on the socket transport the queue pair fails alone
+    /// (`QpError::Local`), on the AF_XDP engine the engine fails (every queue pair
+    /// `QpError::EngineFailed`). For tests only.
+    #[doc(hidden)]
+    pub fn inject_transport_panic(&self) -> Result<(), DatapathError> {
+        self.command(Cmd::Panic)
     }
 }
 

@@ -6,9 +6,10 @@
 //! low watermark (`ibv_modify_srq` with `srq_limit`): once armed with
 //! [`SharedReceiveQueue::arm_limit`], the first time a take leaves fewer buffers than the limit
 //! an event is queued ([`SharedReceiveQueue::wait_limit_event`]) and the limit disarms, as
-//! `IBV_EVENT_SRQ_LIMIT_REACHED` does.
+//! `IBV_EVENT_SRQ_LIMIT_REACHED` does (or at the arming, if takes since the last post left
+//! fewer already).
 
-use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ struct SrqInner {
     rx: Receiver<RecvWr>,
     /// The armed low watermark; 0 when disarmed.
     limit: AtomicUsize,
+    /// A receive was taken since the last post: the level may have fallen below a limit while
+    /// none was armed (an arming then fires at once).
+    taken_since_post: AtomicBool,
     events_tx: Sender<()>,
     events_rx: Receiver<()>,
     /// Called with each low-watermark event too (an asynchronous event channel's).
@@ -70,6 +74,7 @@ impl SharedReceiveQueue {
                 tx,
                 rx,
                 limit: AtomicUsize::new(0),
+                taken_since_post: AtomicBool::new(false),
                 events_tx,
                 events_rx,
                 on_limit: Mutex::new(None),
@@ -110,7 +115,9 @@ impl SharedReceiveQueue {
                 depth: self.inner.tx.capacity().unwrap_or(0),
             },
             TrySendError::Disconnected(_) => DatapathError::Disconnected,
-        })
+        })?;
+        self.inner.taken_since_post.store(false, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Posts a list of receives in order (`ibv_post_srq_recv` with a chain of work
@@ -140,9 +147,11 @@ impl SharedReceiveQueue {
     }
 
     /// Arms the low watermark (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): the first take that
-    /// leaves fewer than `limit` receives queues one event and disarms it; if fewer are queued
-    /// already, the event comes at once (a take may never come: the queue may be empty, its
-    /// peers' Sends failing for want of a receive). `limit` 0 disarms. Fails with
+    /// leaves fewer than `limit` receives queues one event and disarms it. If receives were
+    /// taken since the last post and fewer than `limit` are left, the level fell below it while
+    /// nothing was armed: the event comes at once (a take may never come: the queue may be
+    /// empty, its peers' Sends failing for want of a receive). Armed before receives are
+    /// posted (none taken), it waits for a take as usual. `limit` 0 disarms. Fails with
     /// [`DatapathError::InvalidArgument`] (verbs' `EINVAL`) if `limit` is above the queue's
     /// [`capacity`](Self::capacity).
     pub fn arm_limit(&self, limit: usize) -> Result<(), DatapathError> {
@@ -152,7 +161,9 @@ impl SharedReceiveQueue {
             ));
         }
         self.inner.limit.store(limit, Ordering::SeqCst);
-        self.inner.fire_limit_if_below();
+        if self.inner.taken_since_post.load(Ordering::Relaxed) {
+            self.inner.fire_limit_if_below();
+        }
         Ok(())
     }
 
@@ -231,7 +242,64 @@ impl SrqInner {
 impl RecvSource for SrqSource {
     fn take(&mut self) -> Option<RecvWr> {
         let wr = self.0.rx.try_recv().ok()?;
+        self.0.taken_since_post.store(true, Ordering::Relaxed);
         self.0.fire_limit_if_below();
         Some(wr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit armed above the receives left after takes fires at once: the takes that crossed
+    /// it happened while it was disarmed, and with the queue empty no take may ever come.
+    /// Armed before the receives are posted (none taken), it waits for a take that crosses it.
+    #[test]
+    fn a_limit_armed_below_the_level_fires_at_once() {
+        let pd = ProtectionDomain::new();
+        let srq = SharedReceiveQueue::new(&pd, 8).expect("srq");
+        let mr = pd.register(4096, Access::LOCAL_WRITE).expect("region");
+        let post = |id| {
+            srq.post_recv(RecvWr {
+                wr_id: id,
+                sg_list: mr.sge(0, 4096).into(),
+            })
+            .expect("post")
+        };
+        // Armed on an empty queue nothing was taken from: no event yet.
+        srq.arm_limit(2).expect("arm before posting");
+        assert!(
+            !srq.try_limit_event(),
+            "an event before any receive was posted"
+        );
+        for id in 0..4 {
+            post(id);
+        }
+        // The first take leaves 3: above the limit. Then disarmed, two more taken (what a
+        // queue pair's receive of a Send does).
+        let mut source = SrqSource(srq.inner.clone());
+        assert!(source.take().is_some());
+        assert!(!srq.try_limit_event(), "3 left is not below 2");
+        srq.arm_limit(0).expect("disarm");
+        assert!(source.take().is_some() && source.take().is_some());
+        srq.arm_limit(1).expect("arm at the level");
+        assert!(!srq.try_limit_event(), "one left is not below a limit of 1");
+        srq.arm_limit(2).expect("arm above the level");
+        assert!(
+            srq.try_limit_event(),
+            "no event for a limit above the level"
+        );
+        assert_eq!(srq.limit(), 0, "the limit did not disarm when it fired");
+        assert!(!srq.try_limit_event(), "one event per arming");
+        // A post since: the level is the application's doing, an arming waits for a take.
+        post(9);
+        srq.arm_limit(3).expect("arm after a post");
+        assert!(!srq.try_limit_event(), "an event at arming after a post");
+        assert!(source.take().is_some());
+        assert!(
+            srq.try_limit_event(),
+            "the take below the limit fired nothing"
+        );
     }
 }

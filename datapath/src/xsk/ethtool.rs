@@ -25,8 +25,8 @@ fn command_octets(buf: &[u32]) -> Option<usize> {
         // an RSS context: cmd, flow_type, data (u64).
         ETHTOOL_GRXFH if buf.get(1).is_some_and(|f| f & FLOW_RSS == 0) => Some(16),
         // struct ethtool_rxfh: its 24-octet header, then the indirection table's u32 entries
-        // and the key's octets, as many as the header's sizes ask (the kernel writes only the
-        // header when they do not match the device's).
+        // and the key's octets, as many as the header's sizes ask (sizes of 0 ask for the
+        // device's sizes alone, in the header; others must match the device's, or `EINVAL`).
         ETHTOOL_GRSSH => {
             let (indir, key) = (*buf.get(2)? as usize, *buf.get(3)? as usize);
             24usize.checked_add(indir.checked_mul(4)?)?.checked_add(key)

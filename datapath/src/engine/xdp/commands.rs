@@ -169,8 +169,35 @@ pub(super) struct ConnectCmd {
     pub(super) reply: Handover<(QpParts, Vec<u8>)>,
 }
 
-/// Told the outcome of a route's resolution (`rdma_resolve_route`).
-pub(super) type RouteDone = Box<dyn FnOnce(Result<(), DatapathError>) + Send>;
+/// Told the outcome of a route's resolution (`rdma_resolve_route`) exactly once: by
+/// [`RouteDone::tell`], or, dropped untold (the engine stopped or failed with the command or
+/// its resolution under way), with [`DatapathError::Disconnected`], so that the application
+/// waiting for its event always has one.
+pub(super) struct RouteDone(Option<Box<TellRoute>>);
+
+/// What [`RouteDone`] calls.
+type TellRoute = dyn FnOnce(Result<(), DatapathError>) + Send;
+
+impl RouteDone {
+    pub(super) fn new(done: impl FnOnce(Result<(), DatapathError>) + Send + 'static) -> Self {
+        RouteDone(Some(Box::new(done)))
+    }
+
+    /// Tells the outcome.
+    pub(super) fn tell(mut self, outcome: Result<(), DatapathError>) {
+        if let Some(done) = self.0.take() {
+            done(outcome);
+        }
+    }
+}
+
+impl Drop for RouteDone {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(DatapathError::Disconnected));
+        }
+    }
+}
 
 /// What waits for a next hop's resolution.
 pub(super) enum Awaiting {

@@ -167,6 +167,7 @@ impl App<'_> {
                             slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
                         }
                     }
+                    Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
                     Cmd::Close if before_data => slot.close_taken = true,
                     Cmd::Close => close = true,
                 }
@@ -233,7 +234,10 @@ impl TcpApp for App<'_> {
         }
         while let Ok(id) = st.attention_rx.try_recv() {
             if let Some(named) = st.slots.get_mut(&id).and_then(|s| s.named.as_ref()) {
-                named.store(false, std::sync::atomic::Ordering::SeqCst);
+                // A swap, not a store: it reads the value a poster's swap wrote (which saw the
+                // name still set and so sent no second one) and so acquires that poster's
+                // queued request for the service that follows.
+                named.swap(false, std::sync::atomic::Ordering::SeqCst);
             }
             mark(id);
         }

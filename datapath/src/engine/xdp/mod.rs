@@ -98,7 +98,7 @@ use crate::verbs::qp::{QpStart, QueuePair};
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
 use crate::DatapathError;
 
-use commands::{handover, ConnectCmd, EngineCmd};
+use commands::{handover, ConnectCmd, EngineCmd, RouteDone};
 pub use config::{EngineCounters, XdpEngineConfig};
 use failure::{FailureHook, FailureNotice};
 use handle::{Handle, XdpListen};
@@ -429,22 +429,22 @@ impl XdpEngine {
 
     /// Resolves the next hop's MAC toward `dst` through the engine's interface (the kernel's
     /// neighbour resolution in the engine's network namespace, waiting up to the driver's
-    /// `neighbour_timeout`, off the engine thread), then calls `done` with the outcome:
-    /// `rdma_resolve_route` on the engine. Fails at once only if the engine has stopped.
+    /// `neighbour_timeout`, off the engine thread), then calls `done` with the outcome, always
+    /// once: `rdma_resolve_route` on the engine. An engine that has stopped, or stops first,
+    /// gives [`DatapathError::Disconnected`].
     pub(crate) fn resolve_route(
         &self,
         dst: Ipv4Addr,
         done: impl FnOnce(Result<(), DatapathError>) + Send + 'static,
-    ) -> Result<(), DatapathError> {
-        let handle = &self
-            .shards
-            .first()
-            .ok_or(DatapathError::Disconnected)?
-            .handle;
-        handle.send(EngineCmd::ResolveRoute {
-            dst,
-            done: Box::new(done),
-        })
+    ) {
+        let done = RouteDone::new(done);
+        match self.shards.first() {
+            // A command the engine no longer takes is dropped, and its drop tells `done`.
+            Some(shard) => {
+                let _ = shard.handle.send(EngineCmd::ResolveRoute { dst, done });
+            }
+            None => done.tell(Err(DatapathError::Disconnected)),
+        }
     }
 
     /// The most connections the engine holds at once, over all its shards

@@ -25,7 +25,7 @@ use super::commands::{Awaiting, ConnectCmd, EngineCmd};
 use super::config::{add_counters, EngineCounters, XdpEngineConfig};
 use super::glue::{tx_mode, App};
 use super::slots::{Slot, Waiter};
-use super::wake::{app_stale, panic_text, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEEPING};
+use super::wake::{app_stale, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEEPING};
 
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
@@ -226,7 +226,7 @@ impl Engine {
         if let Err(cause) = looped {
             p.error = Some(format!(
                 "the engine thread panicked: {}",
-                panic_text(&cause)
+                crate::error::panic_text(&cause)
             ));
             p.failed = true;
         }
@@ -601,7 +601,7 @@ impl Turner {
                         c.reply.deliver(Err(e.into()));
                     }
                 },
-                Awaiting::Route { done, .. } => done(mac.map(|_| ()).map_err(Into::into)),
+                Awaiting::Route { done, .. } => done.tell(mac.map(|_| ()).map_err(Into::into)),
             }
         }
         loop {
@@ -651,12 +651,12 @@ impl Turner {
                     let _ = reply.send(checked.map_err(Into::into));
                 }
                 EngineCmd::ResolveRoute { dst, done } => match self.xdp.known_next_hop(dst) {
-                    Ok(Some(_)) => done(Ok(())),
+                    Ok(Some(_)) => done.tell(Ok(())),
                     Ok(None) => {
                         let wait = self.xdp.neighbour_timeout();
                         self.resolve_then(Awaiting::Route { dst, done }, dst, wait);
                     }
-                    Err(e) => done(Err(e.into())),
+                    Err(e) => done.tell(Err(e.into())),
                 },
                 EngineCmd::Accept {
                     id,
@@ -717,10 +717,12 @@ impl Turner {
         match self.xdp.known_next_hop(dst) {
             Ok(Some(mac)) => self.connect_via(c, mac),
             Ok(None) => {
-                let wait = self
-                    .xdp
-                    .neighbour_timeout()
-                    .min(c.deadline.saturating_duration_since(StdInstant::now()));
+                let left = c.deadline.saturating_duration_since(StdInstant::now());
+                if left.is_zero() {
+                    c.reply.deliver(Err(DatapathError::Timeout("connecting")));
+                    return;
+                }
+                let wait = self.xdp.neighbour_timeout().min(left);
                 self.resolve_then(Awaiting::Connect(Box::new(c)), dst, wait);
             }
             Err(e) => {
@@ -745,7 +747,11 @@ impl Turner {
                 };
                 let resolved = crate::xsk::resolve_next_hop(dst, wait);
                 if done.send((awaiting, resolved)).is_ok() {
-                    let _ = wake.wake_engine();
+                    // Always the wake-up byte (not `wake_engine`, which leaves out an engine
+                    // thread that is awake): the thread's last look before it sleeps or parks
+                    // is at its commands, not here, so an awake thread past its drain would
+                    // park without it; the byte ends that park at once.
+                    let _ = wake.wake_now();
                 }
             });
         match spawned {
@@ -757,7 +763,7 @@ impl Turner {
                 Awaiting::Connect(c) => {
                     c.reply.deliver(Err(e.into()));
                 }
-                Awaiting::Route { done, .. } => done(Err(e.into())),
+                Awaiting::Route { done, .. } => done.tell(Err(e.into())),
             },
         }
     }

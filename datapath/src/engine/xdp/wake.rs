@@ -244,7 +244,7 @@ impl Wake {
         if let Err(cause) = turned {
             turner.failed = Some(format!(
                 "an engine turn panicked on an application thread: {}",
-                panic_text(&cause)
+                crate::error::panic_text(&cause)
             ));
             drop(guard);
             let _ = self.wake_now();
@@ -404,15 +404,6 @@ pub(super) struct State {
     /// the packet's frames in one pass (`IwarpConn::fill_split`: Markers, IFT, the MPA
     /// startup), as long as the engine's MTU.
     pub(super) tx_joined: Vec<u8>,
-}
-
-/// The message of a caught panic.
-pub(super) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
-    cause
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| cause.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
 }
 
 #[cfg(test)]
