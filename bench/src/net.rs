@@ -4,11 +4,12 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use datapath::{
     CompletionQueue, ConnectParams, Connection, DatapathError, Device, IdleQp, Listener,
-    ProtectionDomain, Transport as DeviceTransport,
+    MemoryRegion, Pinning, ProtectionDomain, Transport as DeviceTransport,
 };
 
 use datapath::engine::XdpEngineConfig;
@@ -18,6 +19,27 @@ use crate::cli::XdpMode;
 use crate::engine_report::EngineReport;
 use crate::pcap::PcapReport;
 use crate::Transport;
+
+/// A protection domain for a tool's run: its registrations lock their pages (`mlock`) where the
+/// process may, and go on unpinned where it may not (a user without root, whose
+/// `RLIMIT_MEMLOCK`, 8 MiB by default, is less than a bandwidth test's buffers), as the
+/// socket transport needs no pinning to be correct; [`note_unpinned`] says so once.
+pub fn protection_domain() -> ProtectionDomain {
+    ProtectionDomain::new().with_pinning(Pinning::BestEffort)
+}
+
+/// Says once per process, on stderr, that a region of the run is not pinned: the kernel may
+/// page it out under a transfer (results then include the faults).
+pub fn note_unpinned(mr: &MemoryRegion) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !mr.is_pinned() && !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "iwarp-bench: warning: registered memory is not pinned (mlock refused: raise the \
+             locked-memory limit, `ulimit -l`, or run as root); the run goes on with pageable \
+             buffers"
+        );
+    }
+}
 
 /// Opens the API's device of `transport`: for [`Transport::Xdp`] the AF_XDP engine on `iface`
 /// with `config`, its steering program attached as `xdp_mode` says (`--xdp-mode`; the

@@ -444,16 +444,22 @@ fn recv_wr(ctrl: &MemoryRegion, slot: u64) -> RecvWr {
 }
 
 fn ctrl_region(pd: &ProtectionDomain) -> Result<MemoryRegion, String> {
-    pd.register((RECV_SLOTS as usize + 2) * INFO_LEN, Access::LOCAL_WRITE)
-        .map_err(|e| format!("register control buffer: {e}"))
+    let mr = pd
+        .register((RECV_SLOTS as usize + 2) * INFO_LEN, Access::LOCAL_WRITE)
+        .map_err(|e| format!("register control buffer: {e}"))?;
+    crate::net::note_unpinned(&mr);
+    Ok(mr)
 }
 
 fn data_region(pd: &ProtectionDomain, len: u32) -> Result<MemoryRegion, String> {
-    pd.register(
-        len as usize,
-        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-    )
-    .map_err(|e| format!("register {len}-octet buffer: {e}"))
+    let mr = pd
+        .register(
+            len as usize,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .map_err(|e| format!("register {len}-octet buffer: {e}"))?;
+    crate::net::note_unpinned(&mr);
+    Ok(mr)
 }
 
 fn describe(qp: &QueuePair) -> String {
@@ -466,7 +472,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
     let (listener, addr) = net.listen(&bind.ip().to_string(), cli.port, params(cli))?;
     // Scripts start their client after this line: from here a SYN reaches the listener.
     eprintln!("rping: server listening on {addr}");
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let cq = CompletionQueue::new();
     let ctrl = ctrl_region(&pd)?;
     let mut data = data_region(&pd, cli.size)?;
@@ -595,7 +601,7 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
 }
 
 fn run_client(cli: &RpingCli, net: &Net, addr: SocketAddr) -> Result<(), String> {
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let cq = CompletionQueue::new();
     let ctrl = ctrl_region(&pd)?;
     let start = data_region(&pd, cli.size)?;

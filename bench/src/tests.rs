@@ -556,6 +556,8 @@ fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, Memor
     let ctrl = pd
         .register(2 * CTRL_SLOTS * CTRL_LEN, Access::LOCAL_WRITE)
         .map_err(|e| e.to_string())?;
+    crate::net::note_unpinned(&data);
+    crate::net::note_unpinned(&ctrl);
     Ok((data, ctrl))
 }
 
@@ -789,7 +791,7 @@ fn accept_side(
         return Err(why);
     }
     let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let (cq, channel) = completion_queue(cli.compat.use_event)?;
     // Everything the client may touch first is ready before we accept: our data, the first
     // phase's landing area, and the receive buffers (iWARP has no receiver-not-ready retry).
@@ -978,7 +980,7 @@ fn accept_side_ift(
     // only lets the peer send RFC 7306 messages; the server sends one only when the hello
     // says the client has them on too.
     let req = req.rdmap_extensions(true);
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let (cq, channel) = completion_queue(cli.compat.use_event)?;
     let setup = pd
         .register(2 * SETUP_LEN, Access::LOCAL_WRITE)
@@ -1672,7 +1674,7 @@ fn client_connect(
     device: &Device,
     hello: Hello,
 ) -> Result<Side, String> {
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let (cq, channel) = completion_queue(cli.compat.use_event)?;
     let (data, ctrl) = register(&pd, &hello)?;
     let mine = RemoteBuf {

@@ -213,8 +213,11 @@ pub struct Comm {
 impl Comm {
     /// Registers the two-slot buffer.
     pub fn region(pd: &ProtectionDomain) -> Result<MemoryRegion, PerftestError> {
-        pd.register(2 * SLOT, Access::LOCAL_WRITE)
-            .map_err(|e| PerftestError::datapath("registering the communication buffer", e))
+        let mr = pd
+            .register(2 * SLOT, Access::LOCAL_WRITE)
+            .map_err(|e| PerftestError::datapath("registering the communication buffer", e))?;
+        crate::net::note_unpinned(&mr);
+        Ok(mr)
     }
 
     /// The receive that must be posted before the peer's first message can arrive.

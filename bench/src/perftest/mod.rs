@@ -631,7 +631,7 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
         &run,
         format_args!("{} server listening on {addr}", run.test.name()),
     );
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let step = "communication connection (waiting for the client)";
     let req = accept(&listener, run.setup, step)?;
     let cq = CompletionQueue::new();
@@ -721,7 +721,7 @@ fn run_client(
     addr: SocketAddr,
 ) -> Result<Outcome, PerftestError> {
     let params = run.params(cli);
-    let pd = ProtectionDomain::new();
+    let pd = crate::net::protection_domain();
     let cq = CompletionQueue::new();
     let mr = Comm::region(&pd)?;
     let step = "communication connection";
@@ -861,9 +861,12 @@ impl Session {
                 "{what}: {len} octets exceed the {MAX_BUFFER}-octet cap (smaller -s, -t or -r)"
             )));
         }
-        self.pd
+        let mr = self
+            .pd
             .register(len.max(1) as usize, access)
-            .map_err(|e| PerftestError::datapath(what, e))
+            .map_err(|e| PerftestError::datapath(what, e))?;
+        crate::net::note_unpinned(&mr);
+        Ok(mr)
     }
 
     /// Our `pingpong_dest` for a buffer.
