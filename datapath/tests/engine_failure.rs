@@ -199,6 +199,19 @@ fn a_panic_in_a_turn_on_the_application_thread_fails_the_engine_not_the_applicat
             ));
         }
         ended_as_failed(&conn, deadline)?;
+        // The engine's error names the panic's own message.
+        let error = loop {
+            match engine.counters().error {
+                Some(e) => break e,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                None => return Err("the failed engine reports no error".into()),
+            }
+        };
+        if !error.contains("injected") {
+            return Err(format!(
+                "the engine's error lost the panic's message: {error}"
+            ));
+        }
         let _ = done_tx.send(());
         drop(conn);
         drop(engine);

@@ -345,24 +345,32 @@ impl Engine {
     /// as an AF_XDP engine thread's panic fails its queue pairs.
     fn run(mut self, leftover: Vec<u8>) {
         let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(leftover)));
-        if let Err(cause) = served {
-            tracing::error!(
-                panic = crate::error::panic_text(&cause),
-                "the connection's thread panicked: queue pair failed, connection reset"
-            );
-            let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
-            let flushed = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.set_error(QpError::Local("the connection's thread panicked"));
-                self.qp.on_transport_error(TerminateCause::ConnectionLost);
-                self.deliver_completions();
-                self.stop_posts();
-            }));
-            if flushed.is_err() {
-                self.shared
-                    .set_error(QpError::Local("the connection's thread panicked"), None);
-            }
-            self.shared.mark_finished(QpState::Error);
+        let Err(cause) = served else {
+            return;
+        };
+        tracing::error!(
+            panic = crate::error::panic_text(&*cause),
+            "the connection's thread panicked: queue pair failed, connection reset"
+        );
+        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+        // (A panic in a finish hook: the queue pair had finished, its end reported.)
+        if self.shared.lock().finished {
+            return;
         }
+        const PANICKED: QpError = QpError::Local("the connection's thread panicked");
+        let flushed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.set_error(PANICKED);
+            self.qp.on_transport_error(TerminateCause::ConnectionLost);
+            self.deliver_completions();
+            self.stop_posts();
+        }));
+        if flushed.is_err() {
+            // The queue pair's own requests are lost with it; those still queued for it
+            // complete flushed, as every accepted request completes.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| self.stop_posts()));
+            self.shared.set_error(PANICKED, None);
+        }
+        self.shared.mark_finished(QpState::Error);
     }
 
     /// The connection's work until it ends (see [`Engine::run`]).

@@ -110,14 +110,19 @@ impl SharedReceiveQueue {
                     })?;
             }
         }
-        self.inner.tx.try_send(wr).map_err(|e| match e {
-            TrySendError::Full(_) => DatapathError::RecvQueueFull {
-                depth: self.inner.tx.capacity().unwrap_or(0),
-            },
-            TrySendError::Disconnected(_) => DatapathError::Disconnected,
-        })?;
-        self.inner.taken_since_post.store(false, Ordering::Relaxed);
-        Ok(())
+        // Cleared before the receive is queued: a take of it sets it again after.
+        let taken = self.inner.taken_since_post.swap(false, Ordering::SeqCst);
+        self.inner.tx.try_send(wr).map_err(|e| {
+            if taken {
+                self.inner.taken_since_post.store(true, Ordering::SeqCst);
+            }
+            match e {
+                TrySendError::Full(_) => DatapathError::RecvQueueFull {
+                    depth: self.inner.tx.capacity().unwrap_or(0),
+                },
+                TrySendError::Disconnected(_) => DatapathError::Disconnected,
+            }
+        })
     }
 
     /// Posts a list of receives in order (`ibv_post_srq_recv` with a chain of work
@@ -161,7 +166,9 @@ impl SharedReceiveQueue {
             ));
         }
         self.inner.limit.store(limit, Ordering::SeqCst);
-        if self.inner.taken_since_post.load(Ordering::Relaxed) {
+        // SeqCst, as the take's store of the flag and its fence: either this load sees a
+        // take's flag, or that take's check sees the limit stored above.
+        if self.inner.taken_since_post.load(Ordering::SeqCst) {
             self.inner.fire_limit_if_below();
         }
         Ok(())
@@ -242,7 +249,7 @@ impl SrqInner {
 impl RecvSource for SrqSource {
     fn take(&mut self) -> Option<RecvWr> {
         let wr = self.0.rx.try_recv().ok()?;
-        self.0.taken_since_post.store(true, Ordering::Relaxed);
+        self.0.taken_since_post.store(true, Ordering::SeqCst);
         self.0.fire_limit_if_below();
         Some(wr)
     }

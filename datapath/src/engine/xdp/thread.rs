@@ -226,7 +226,7 @@ impl Engine {
         if let Err(cause) = looped {
             p.error = Some(format!(
                 "the engine thread panicked: {}",
-                crate::error::panic_text(&cause)
+                crate::error::panic_text(&*cause)
             ));
             p.failed = true;
         }

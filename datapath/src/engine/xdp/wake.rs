@@ -244,7 +244,7 @@ impl Wake {
         if let Err(cause) = turned {
             turner.failed = Some(format!(
                 "an engine turn panicked on an application thread: {}",
-                crate::error::panic_text(&cause)
+                crate::error::panic_text(&*cause)
             ));
             drop(guard);
             let _ = self.wake_now();
