@@ -438,7 +438,11 @@ impl Device {
                 let Ok((wait, flushes)) = take.recv() else {
                     return;
                 };
-                let outcome = RecvFlushes::after_maybe(flushes, wait());
+                // A panic (a bug, possibly reached by the peer's bytes in the socket
+                // transport's startup) is this attempt's error, not a lost event.
+                let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wait))
+                    .unwrap_or_else(|cause| Err(crate::error::panicked("connecting", &*cause)));
+                let outcome = RecvFlushes::after_maybe(flushes, waited);
                 push_outcome(&channel, context, &outcome_of, outcome);
             });
         if let Err(e) = spawned {
@@ -527,7 +531,9 @@ impl Device {
             ))));
             return Ok(());
         };
-        let channel = channel.clone();
+        // Weak: the engine thread tells the outcome, and must never drop the channel's last
+        // handle (the connections queued on it would close there, waiting for that thread).
+        let channel = channel.downgrade();
         e.resolve_route(*v4.ip(), move |r| channel.push(outcome(r)));
         Ok(())
     }

@@ -226,6 +226,15 @@ fn rejection_reason(private_data: &[u8]) -> String {
     }
 }
 
+/// The error a caught panic of a connection manager's thread gives the attempt it served
+/// (`what`: "connecting", ...): an I/O error of kind `Other` naming the panic.
+pub(crate) fn panicked(what: &str, cause: &(dyn std::any::Any + Send)) -> DatapathError {
+    DatapathError::Io(io::Error::other(format!(
+        "{what}: a thread of the library panicked: {}",
+        panic_text(cause)
+    )))
+}
+
 /// The message of a caught panic (a transport thread's, which fails its queue pairs instead
 /// of the process).
 pub(crate) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {

@@ -317,8 +317,19 @@ impl Startups {
                     LISTENER => self.accept_all(),
                     WAKE => {}
                     token => {
-                        if !self.read_request(token) {
-                            return;
+                        // A panic (a bug reached by one peer's bytes) closes that connection,
+                        // taken out of `starting` first, not the listener.
+                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            self.read_request(token)
+                        }));
+                        match read {
+                            Ok(true) => {}
+                            Ok(false) => return,
+                            Err(cause) => tracing::error!(
+                                panic = crate::error::panic_text(&*cause),
+                                "a connection's MPA startup panicked: connection closed, \
+                                 the listener goes on"
+                            ),
                         }
                     }
                 }

@@ -246,24 +246,31 @@ impl Listener {
         let thread = std::thread::Builder::new()
             .name("iwarp-cm-listen".into())
             .spawn(move || {
-                while !flag.load(Ordering::SeqCst) {
-                    // A place in the backlog first: while every place is taken by a request
-                    // the application has not answered, Requests wait in the listener.
-                    let Some(place) = BacklogPlace::take(&places, &given_back, LISTEN_TURN) else {
-                        continue;
-                    };
-                    match self.accept_timeout(LISTEN_TURN) {
-                        Ok(Some(request)) => {
-                            channel.push(CmEvent::ConnectRequest(request.notified(context, place)))
-                        }
-                        Ok(None) => {}
-                        // One peer's bad or missing Request: that connection is dropped.
-                        Err(DatapathError::Mpa(_) | DatapathError::Timeout(_)) => {}
-                        Err(e) => {
-                            channel.push(CmEvent::ListenError(e));
-                            return;
+                // A panic (a bug) ends the listening as an error does: said, not silent.
+                let listened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    while !flag.load(Ordering::SeqCst) {
+                        // A place in the backlog first: while every place is taken by a
+                        // request the application has not answered, Requests wait in the
+                        // listener.
+                        let Some(place) = BacklogPlace::take(&places, &given_back, LISTEN_TURN)
+                        else {
+                            continue;
+                        };
+                        match self.accept_timeout(LISTEN_TURN) {
+                            Ok(Some(request)) => channel
+                                .push(CmEvent::ConnectRequest(request.notified(context, place))),
+                            Ok(None) => {}
+                            // One peer's bad or missing Request: that connection is dropped.
+                            Err(DatapathError::Mpa(_) | DatapathError::Timeout(_)) => {}
+                            Err(e) => return Err(e),
                         }
                     }
+                    Ok(())
+                }));
+                let ended = listened
+                    .unwrap_or_else(|cause| Err(crate::error::panicked("listening", &*cause)));
+                if let Err(e) = ended {
+                    channel.push(CmEvent::ListenError(e));
                 }
             })?;
         Ok(NotifyingListener {

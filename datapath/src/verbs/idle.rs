@@ -322,7 +322,10 @@ impl ConnectRequest {
                 let Ok((request, flushes)) = take.recv() else {
                     return;
                 };
-                let outcome = request.finish_accept(&pd, &cq, &private_data, start);
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    request.finish_accept(&pd, &cq, &private_data, start)
+                }))
+                .unwrap_or_else(|cause| Err(crate::error::panicked("accepting", &*cause)));
                 push_outcome(&channel, context, &attempt, flushes.after(outcome));
             });
         if let Err(e) = spawned {

@@ -945,8 +945,9 @@ impl QueuePair {
     /// up to 2 s more: once this returns, the transport neither reads nor writes the queue
     /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
     /// at all leaves it false). Called on the connection's own transport thread (a finish
-    /// hook dropping the last handle), it only queues the close: that thread cannot wait for
-    /// itself, and has finished with the queue pair when it runs such hooks.
+    /// hook dropping the last handle), or on any transport thread in a turn (an engine thread,
+    /// an application thread polling inline, a hook or an event's drop there), it only queues
+    /// the close: that thread cannot wait for itself.
     ///
     /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
     /// meanwhile (their posts are taken and flushed, or refused with
@@ -967,9 +968,12 @@ impl QueuePair {
         self.join_thread();
     }
 
-    /// Whether this is the transport's thread for this connection alone.
+    /// Whether this is the transport's thread for this connection alone, or any thread in a
+    /// transport's turn ([`TransportTurn`]): one that cannot wait for a transport to finish
+    /// with a queue pair, since that may need this very thread (a queue pair dropped by a hook
+    /// or with an event the turn delivered).
     fn on_own_thread(&self) -> bool {
-        self.thread_id == Some(std::thread::current().id())
+        self.thread_id == Some(std::thread::current().id()) || TransportTurn::is_in()
     }
 
     /// Whether the transport has finished with the queue pair, or its own thread has ended
@@ -1052,8 +1056,8 @@ impl QueuePair {
     ///
     /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
     /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
-    /// transport thread, it only asks for the reset, as [`QueuePair::disconnect`] there only
-    /// queues the close.
+    /// transport thread, or any transport thread in a turn, it only asks for the reset, as
+    /// [`QueuePair::disconnect`] there only queues the close.
     pub fn abort(&self) {
         if self.on_own_thread() {
             self.shared.request_abort(true);
@@ -1068,6 +1072,36 @@ impl QueuePair {
             return;
         }
         self.join_thread();
+    }
+}
+
+thread_local! {
+    /// Whether the calling thread is in a transport's turn ([`TransportTurn`]).
+    static IN_TRANSPORT_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread, while it lives, as one a transport runs on (an AF_XDP engine
+/// thread, an application thread running an engine turn inline, a socket transport's
+/// connection thread): [`QueuePair::disconnect`] and [`QueuePair::abort`] called there (by a
+/// hook, or by a queue pair's drop with an event the turn delivered) only ask for the close or
+/// reset, as on a connection's own thread, instead of waiting for a transport this thread
+/// may be.
+pub(crate) struct TransportTurn(bool);
+
+impl TransportTurn {
+    pub(crate) fn enter() -> TransportTurn {
+        TransportTurn(IN_TRANSPORT_TURN.with(|t| t.replace(true)))
+    }
+
+    fn is_in() -> bool {
+        IN_TRANSPORT_TURN.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for TransportTurn {
+    fn drop(&mut self) {
+        let was = self.0;
+        IN_TRANSPORT_TURN.with(|t| t.set(was));
     }
 }
 

@@ -204,6 +204,8 @@ pub(super) struct Engine {
 
 impl Engine {
     pub(super) fn run(mut self) {
+        // Every turn of this thread, and the end below (which finishes the queue pairs).
+        let _in_turn = crate::verbs::qp::TransportTurn::enter();
         if let Some(cpu) = self.pin {
             // Best effort: a CPU outside the allowed set leaves the thread unpinned.
             let _ = pin_to_cpu(cpu);
@@ -428,7 +430,10 @@ impl Engine {
         self.wake.state.store(AWAKE, Ordering::SeqCst);
         self.drain_wake();
         if let Err(e) = waited {
+            // A failure, not a stop: its queue pairs end with `EngineFailed`, and the device's
+            // failure is told (`DeviceFatal`).
             p.error = Some(e.to_string());
+            p.failed = true;
             return Next::Stop;
         }
         Next::Turn
