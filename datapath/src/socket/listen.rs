@@ -325,11 +325,14 @@ impl Startups {
                         match read {
                             Ok(true) => {}
                             Ok(false) => return,
-                            Err(cause) => tracing::error!(
-                                panic = crate::error::panic_text(&*cause),
-                                "a connection's MPA startup panicked: connection closed, \
-                                 the listener goes on"
-                            ),
+                            Err(cause) => {
+                                tracing::error!(
+                                    panic = crate::error::panic_text(&*cause),
+                                    "a connection's MPA startup panicked: connection closed, \
+                                     the listener goes on"
+                                );
+                                self.record.startup_panicked();
+                            }
                         }
                     }
                 }

@@ -330,6 +330,11 @@ impl ListenRecord {
         });
     }
 
+    /// A connection's startup ended in a caught panic (a bug): counted with the refused.
+    pub(crate) fn startup_panicked(&self) {
+        self.update(|s| s.refused += 1);
+    }
+
     /// A Request was rejected because the backlog was full.
     pub(crate) fn over_backlog(&self) {
         self.update(|s| s.over_backlog += 1);

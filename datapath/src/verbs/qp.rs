@@ -947,7 +947,9 @@ impl QueuePair {
     /// at all leaves it false). Called on the connection's own transport thread (a finish
     /// hook dropping the last handle), or on any transport thread in a turn (an engine thread,
     /// an application thread polling inline, a hook or an event's drop there), it only queues
-    /// the close: that thread cannot wait for itself.
+    /// the close: that thread cannot wait for itself. There it returns before the transport
+    /// has finished ([`QpStatus::finished`] says when): memory is safe to free only after
+    /// [`MemoryRegion::deregister`](crate::MemoryRegion::deregister)'s wait.
     ///
     /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
     /// meanwhile (their posts are taken and flushed, or refused with
@@ -1057,7 +1059,8 @@ impl QueuePair {
     /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
     /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
     /// transport thread, or any transport thread in a turn, it only asks for the reset, as
-    /// [`QueuePair::disconnect`] there only queues the close.
+    /// [`QueuePair::disconnect`] there only queues the close, and returns before the
+    /// transport has finished.
     pub fn abort(&self) {
         if self.on_own_thread() {
             self.shared.request_abort(true);
@@ -1246,6 +1249,46 @@ mod tests {
                 "finished {finished}: {took:?}"
             );
         }
+    }
+
+    /// On a thread marked as a transport's ([`TransportTurn`]), a queue pair's disconnect and
+    /// abort only ask: they do not wait for a transport that may be this very thread (here one
+    /// that never answers). The mark nests, and is restored however its scope ends.
+    #[test]
+    fn on_a_transport_thread_disconnect_and_abort_do_not_wait() {
+        assert!(!TransportTurn::is_in());
+        {
+            let _outer = TransportTurn::enter();
+            {
+                let _inner = TransportTurn::enter();
+                assert!(TransportTurn::is_in());
+            }
+            assert!(
+                TransportTurn::is_in(),
+                "an inner turn's end cleared the outer's mark"
+            );
+            let (qp, cmds) = handle(Shared::new(QpState::Rts));
+            let started = Instant::now();
+            qp.abort();
+            qp.disconnect();
+            drop(qp);
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "waited {:?} on a transport thread",
+                started.elapsed()
+            );
+            assert!(
+                matches!(cmds.try_recv(), Ok(Cmd::Close)),
+                "the close was not asked for"
+            );
+        }
+        assert!(!TransportTurn::is_in());
+        let unwound = std::panic::catch_unwind(|| {
+            let _mark = TransportTurn::enter();
+            panic!("a turn's panic");
+        });
+        assert!(unwound.is_err());
+        assert!(!TransportTurn::is_in(), "the mark outlived a panic");
     }
 
     /// A queue pair closing or terminating refuses posts (siw's `ENOTCONN`) and queues
