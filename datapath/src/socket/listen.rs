@@ -75,6 +75,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// listener waits [`ACCEPT_RETRY`] (an error that does not take the connection off the queue
 /// would otherwise be met again and again).
 const ACCEPT_FAILURES_IN_A_ROW: u32 = 64;
+/// Connections taken off the kernel's queue in one turn of the listener's loop; more wait for
+/// the next turn (at once), so that a flood of connections neither keeps the listener from the
+/// Requests of those it holds nor from seeing that it should stop.
+const ACCEPTS_PER_TURN: u32 = 256;
 
 impl Listener {
     /// Binds and listens on `addr` (socket transport): a thread of the listener reads the MPA
@@ -365,11 +369,18 @@ impl Startups {
         // Errors of single connections in a row: past a bound, whatever the errno says, the
         // queue waits a little rather than be spun on.
         let mut failed_in_a_row = 0;
+        let mut accepted = 0;
         loop {
+            if accepted == ACCEPTS_PER_TURN {
+                // The rest at the next turn: the readiness edge is spent, so it is asked for.
+                self.accept_retry = Some(Instant::now());
+                return;
+            }
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => {
                     self.accept_failing = false;
                     failed_in_a_row = 0;
+                    accepted += 1;
                     c
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
