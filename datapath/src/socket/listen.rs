@@ -75,9 +75,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 /// listener waits [`ACCEPT_RETRY`] (an error that does not take the connection off the queue
 /// would otherwise be met again and again).
 const ACCEPT_FAILURES_IN_A_ROW: u32 = 64;
-/// Connections taken off the kernel's queue in one turn of the listener's loop; more wait for
-/// the next turn (at once), so that a flood of connections neither keeps the listener from the
-/// Requests of those it holds nor from seeing that it should stop.
+/// Connections taken off the kernel's queue (kept or turned away) by one `accept_all`; the
+/// rest are taken by the next (at once, at most twice a turn of the listener's loop), so that a
+/// flood of connections neither keeps the listener from the Requests of those it holds nor
+/// from seeing that it should stop.
 const ACCEPTS_PER_TURN: u32 = 256;
 
 impl Listener {
@@ -372,7 +373,8 @@ impl Startups {
         let mut accepted = 0;
         loop {
             if accepted == ACCEPTS_PER_TURN {
-                // The rest at the next turn: the readiness edge is spent, so it is asked for.
+                // The rest by the next call, at once: the readiness edge is spent, so it is
+                // asked for.
                 self.accept_retry = Some(Instant::now());
                 return;
             }
@@ -396,6 +398,7 @@ impl Startups {
                     drop(taken);
                     self.spare = std::fs::File::open("/dev/null").ok();
                     self.record.over_descriptors();
+                    accepted += 1;
                     continue;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

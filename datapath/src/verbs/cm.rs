@@ -268,7 +268,8 @@ pub struct Connection {
 pub struct ListenStats {
     /// Connections closed because their Request was malformed or unacceptable (RFC 5044
     /// 7.1.2: bad key, unsupported revision, private data too long, ...); `last_refusal`
-    /// names the latest.
+    /// names the latest. Also those whose startup ended in a caught panic (a bug; logged as
+    /// an error), which `last_refusal` does not name.
     pub refused: u64,
     /// Connections closed because their Request was not complete within `MpaConfig::timeout`.
     pub startup_timeouts: u64,

@@ -954,7 +954,7 @@ impl QueuePair {
     /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
     /// meanwhile (their posts are taken and flushed, or refused with
     /// [`DatapathError::Disconnected`]), and several may disconnect at once (each returns once
-    /// the queue pair has finished).
+    /// the queue pair has finished; on a transport thread, at once, as above).
     pub fn disconnect(&self) {
         let _ = self.start_disconnect();
         if self.on_own_thread() {
@@ -1052,7 +1052,8 @@ impl QueuePair {
     /// complete successfully first), and later posts complete at once, flushed (a drain:
     /// post a marker and wait for its completion). Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
     /// acknowledged is dropped. Returns once the transport has finished with the queue pair
-    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed. The abort
+    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a
+    /// transport thread, as below, it returns before: wait for `finished`). The abort
     /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
     /// queue pair that has finished already it does nothing.
     ///
@@ -1267,9 +1268,11 @@ mod tests {
                 TransportTurn::is_in(),
                 "an inner turn's end cleared the outer's mark"
             );
-            let (qp, cmds) = handle(Shared::new(QpState::Rts));
+            let shared = Shared::new(QpState::Rts);
+            let (qp, cmds) = handle(shared.clone());
             let started = Instant::now();
             qp.abort();
+            assert!(shared.reset_requested(), "the reset was not asked for");
             qp.disconnect();
             drop(qp);
             assert!(
