@@ -766,6 +766,13 @@ pub struct QueuePair {
     inbound_sends: VecDeque<InboundSend>,
     remote_terminate: Option<TerminateInfo>,
     completions: VecDeque<WorkCompletion>,
+    /// Receives refused at posting ([`QueuePair::complete_recv_in_error`]) that wait for the
+    /// receives posted before them, each with the count of receives posted before it.
+    held_recv_refusals: VecDeque<(u64, WorkCompletion)>,
+    /// Receive work requests taken into `rq` so far (posted, or from a shared queue)...
+    recvs_taken: u64,
+    /// ... and those of them completed (consumed or flushed).
+    recvs_completed: u64,
     /// The shared receive queue the receive buffers come from, if one is attached.
     srq: Option<SrqSlot>,
     /// The stream's membership of its protection domain's table while it runs
@@ -832,6 +839,9 @@ impl QueuePair {
             inbound_sends: VecDeque::new(),
             remote_terminate: None,
             completions: VecDeque::new(),
+            held_recv_refusals: VecDeque::new(),
+            recvs_taken: 0,
+            recvs_completed: 0,
             srq: None,
             stream: None,
         };
@@ -1194,15 +1204,49 @@ impl QueuePair {
         if self.srq.is_some() {
             return Err(RdmapError::SrqAttached);
         }
-        let user_posted = self.rq.posted().saturating_sub(self.rtr_sink_posted());
-        if user_posted >= self.cfg.rq_depth {
+        if self.recv_queue_used() >= self.cfg.rq_depth {
             return Err(RdmapError::RecvQueueFull);
         }
         self.check_local(&wr.sg_list, Access::LOCAL_WRITE, mem)?;
         // At most u32::MAX: checked above.
         let len = wr.sg_list.total_len() as u32;
         self.rq.post(len, RecvSlot::User(wr))?;
+        self.recvs_taken += 1;
         Ok(())
+    }
+
+    /// Completes a receive work request that [`QueuePair::post_recv`] refused, with `status`
+    /// (the caller's mapping of the error), in its place: after every receive posted before
+    /// it, as verbs completes a receive queue in order. It holds a receive queue entry until
+    /// then (it counts in [`QueuePair::recv_queue_used`]); with the queue full (a refusal
+    /// for [`RdmapError::RecvQueueFull`]) or a shared receive queue attached (whose buffers
+    /// are not this queue's), it completes at once.
+    pub fn complete_recv_in_error(&mut self, wr_id: u64, status: WcStatus) {
+        let completion = WorkCompletion::failed(wr_id, WcOpcode::Recv, status);
+        if self.recvs_completed == self.recvs_taken
+            || self.srq.is_some()
+            || self.recv_queue_used() >= self.cfg.rq_depth
+        {
+            self.completions.push_back(completion);
+        } else {
+            self.held_recv_refusals
+                .push_back((self.recvs_taken, completion));
+        }
+    }
+
+    /// Queues the completion of a receive taken into `rq`, and after it the refusals that
+    /// were waiting for it.
+    fn complete_recv(&mut self, completion: WorkCompletion) {
+        self.completions.push_back(completion);
+        self.recvs_completed += 1;
+        while let Some((taken_before, _)) = self.held_recv_refusals.front() {
+            if *taken_before > self.recvs_completed {
+                break;
+            }
+            if let Some((_, refused)) = self.held_recv_refusals.pop_front() {
+                self.completions.push_back(refused);
+            }
+        }
     }
 
     /// Attaches a shared receive queue: from now on inbound Sends take their buffers from
@@ -1240,7 +1284,9 @@ impl QueuePair {
         // The source checked the list (at most u32::MAX octets); `post` cannot fail below
         // `max_posted`.
         let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
-        let _ = self.rq.post(len, RecvSlot::User(wr));
+        if self.rq.post(len, RecvSlot::User(wr)).is_ok() {
+            self.recvs_taken += 1;
+        }
     }
 
     fn rtr_sink_posted(&self) -> usize {
@@ -1273,7 +1319,7 @@ impl QueuePair {
         if self.srq.is_some() {
             return 0;
         }
-        self.rq.posted().saturating_sub(self.rtr_sink_posted())
+        self.rq.posted().saturating_sub(self.rtr_sink_posted()) + self.held_recv_refusals.len()
     }
 
     /// The next completion, if any.
@@ -1407,12 +1453,17 @@ impl QueuePair {
         self.release_slots();
         for slot in self.rq.drain() {
             if let RecvSlot::User(wr) = slot {
-                self.completions.push_back(WorkCompletion::failed(
+                self.complete_recv(WorkCompletion::failed(
                     wr.wr_id,
                     WcOpcode::Recv,
                     WcStatus::WrFlushError,
                 ));
             }
+        }
+        // Every receive is done: no refusal waits any more.
+        self.recvs_completed = self.recvs_taken;
+        while let Some((_, refused)) = self.held_recv_refusals.pop_front() {
+            self.completions.push_back(refused);
         }
         self.rtr_sink_pending = false;
         self.rrq.drain();
@@ -2769,7 +2820,7 @@ impl QueuePair {
                 if let Err(error) = mem.invalidate(stag, self.cfg.pd) {
                     completion.status = WcStatus::RemoteInvalidRequestError;
                     completion.byte_len = 0;
-                    self.completions.push_back(completion);
+                    self.complete_recv(completion);
                     return Err(Fault {
                         error,
                         read_request: None,
@@ -2778,7 +2829,7 @@ impl QueuePair {
                 }
                 completion.invalidated = Some(stag);
             }
-            self.completions.push_back(completion);
+            self.complete_recv(completion);
         }
         Ok(())
     }

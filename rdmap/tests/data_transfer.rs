@@ -1122,6 +1122,92 @@ fn a_request_refused_at_post_time_completes_after_those_before_it() {
     );
 }
 
+/// A receive refused at post time completes in its place too: after the receives posted
+/// before it (verbs completes a receive queue in order), without taking a Send's buffer;
+/// the receives posted after it take the Sends that follow, and a flush completes the rest
+/// in posting order.
+#[test]
+fn a_receive_refused_at_post_time_completes_after_those_before_it() {
+    let mut pair = Pair::new(MULPDU);
+    let src = pair.a.region(pattern(64, 3), 0, Access::NONE);
+    let rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    let refuse = |pair: &mut Pair, wr_id: u64| {
+        let refused = pair.b.qp.post_recv(
+            RecvWr {
+                wr_id,
+                sg_list: Sge {
+                    stag: Stag(rbuf.0 ^ 0x0100_0000),
+                    to: 0,
+                    len: 8,
+                }
+                .into(),
+            },
+            &pair.b.mem,
+        );
+        assert!(refused.is_err());
+        pair.b
+            .qp
+            .complete_recv_in_error(wr_id, WcStatus::LocalProtectionError);
+    };
+    pair.b.post_recv(1, rbuf, 0, 64);
+    refuse(&mut pair, 2);
+    pair.b.post_recv(3, rbuf, 0, 64);
+    refuse(&mut pair, 4);
+    pair.b.post_recv(5, rbuf, 0, 64);
+    assert!(
+        pair.b.completions().is_empty(),
+        "the refusals wait for the receives before them"
+    );
+    assert_eq!(pair.b.qp.recv_queue_used(), 5);
+    let send = Sge {
+        stag: src,
+        to: 0,
+        len: 64,
+    };
+    let op = SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    };
+    pair.a.post(10, op, Some(send));
+    pair.a.post(11, op, Some(send));
+    pair.pump();
+    let order: Vec<_> = pair
+        .b
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::LocalProtectionError),
+            (3, WcStatus::Success),
+            (4, WcStatus::LocalProtectionError),
+        ]
+    );
+    refuse(&mut pair, 6);
+    pair.b.qp.close();
+    let order: Vec<_> = pair
+        .b
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (5, WcStatus::WrFlushError),
+            (6, WcStatus::LocalProtectionError),
+        ]
+    );
+    assert_eq!(pair.b.qp.recv_queue_used(), 0);
+    // With nothing outstanding a refusal completes at once.
+    refuse(&mut pair, 7);
+    let now: Vec<_> = pair.b.completions().iter().map(|c| c.wr_id).collect();
+    assert_eq!(now, [7]);
+}
+
 /// A transport that still holds a request's FPDUs, to send or resend them from the
 /// application's buffer, keeps the request's flush completion back until it has let them go:
 /// the completion gives the buffer back to the application. Receives flush at once (nothing

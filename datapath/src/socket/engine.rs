@@ -13,7 +13,6 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, TerminateCause};
-use rdmap::{WcOpcode, WorkCompletion};
 
 use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
@@ -605,7 +604,7 @@ impl Engine {
                         self.qp.post_recv(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                        self.qp.complete_recv_in_error(wr_id, local_status(&e));
                     }
                 }
                 Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
@@ -633,15 +632,6 @@ impl Engine {
         self.shared
             .stop_posts_behind(Some(&self.cmds), &mut self.qp, Some(&self.cq), self.num);
         self.deliver_completions();
-    }
-
-    fn complete_local_error(&mut self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
-        self.account.publish(&self.qp, &self.shared);
-        let c = Completion {
-            qp_num: self.num,
-            wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
-        };
-        self.cq_overrun |= self.cq.deliver_refused(c, e).is_err();
     }
 
     fn receive(&mut self) -> bool {

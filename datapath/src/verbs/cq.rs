@@ -229,22 +229,6 @@ impl CqSink {
         }
     }
 
-    /// [`CqSink::deliver`] for the completion of a post the queue pair refused with `e`: one
-    /// refused for the queue pair's state (Closing, Terminate, Error: it is ending) fails
-    /// nothing more when lost, as a flushed one.
-    pub(crate) fn deliver_refused(
-        &self,
-        c: Completion,
-        e: &rdmap::RdmapError,
-    ) -> Result<(), CqOverrun> {
-        match self.deliver(c) {
-            Err(CqOverrun) if !matches!(e, rdmap::RdmapError::InvalidState { .. }) => {
-                Err(CqOverrun)
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// [`CqSink::push`] for a completion that can still be refused (a post's own flushed
     /// completion, its caller told): a full queue is not overrun by it.
     pub(crate) fn offer(&self, c: Completion) -> Result<(), CqOverrun> {
@@ -637,8 +621,8 @@ mod tests {
     }
 
     /// A transport's completion lost to a full queue overruns it either way; it fails its
-    /// queue pair only if it was not a flushed one, nor a post's refused for the queue pair's
-    /// state (whose queue pair is ending anyway).
+    /// queue pair only if it was not a flushed one (a post refused for the queue pair's state
+    /// is one: `local_status`).
     #[test]
     fn a_lost_completion_of_an_ending_queue_pair_marks_the_queue_but_fails_nothing() {
         let cq = CompletionQueue::create(1, None, 0).expect("queue");
@@ -656,15 +640,6 @@ mod tests {
             Err(CqOverrun),
             "an error completion, lost"
         );
-        // A post refused for the queue pair's state: it is ending, as a flushed one.
-        let closing = rdmap::RdmapError::InvalidState {
-            state: rdmap::QpState::Closing,
-        };
-        assert_eq!(sink.deliver_refused(ok.clone(), &closing), Ok(()));
-        let unknown = rdmap::RdmapError::UnknownStag {
-            stag: rdmap::Stag(7),
-        };
-        assert_eq!(sink.deliver_refused(ok, &unknown), Err(CqOverrun));
         assert_eq!(cq.len(), 1);
     }
 

@@ -1126,16 +1126,18 @@ impl Drop for QueuePair {
     }
 }
 
-/// Completion status of a work request the queue pair refused when it was posted. One posted
-/// to a queue pair in Error is flushed (`WrFlushError`), as verbs completes it there (siw's
-/// `post_send` does the same) and as the queue pair's own work requests were: a drain that
-/// posts a last request and waits for its completion sees what it expects.
+/// Completion status of a work request the queue pair refused when it was posted. One the
+/// queue pair refused for its state is flushed (`WrFlushError`): in Error as verbs completes
+/// it there (siw's `post_send` does the same) and as the queue pair's own work requests
+/// were, so that a drain that posts a last request and waits for its completion sees what it
+/// expects; in Closing or Terminate (a post that reached the transport just as the
+/// connection began to end: later ones fail with `Disconnected`) because the queue pair is
+/// ending, its outstanding requests flushed, and this one never runs either. A flushed
+/// completion lost to a full completion queue fails nothing more.
 pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     use rdmap::RdmapError as E;
     match e {
-        E::InvalidState {
-            state: QpState::Error,
-        } => WcStatus::WrFlushError,
+        E::InvalidState { .. } => WcStatus::WrFlushError,
         E::LocalAccess { .. } | E::UnknownStag { .. } => WcStatus::LocalProtectionError,
         E::MessageTooLong { .. } => WcStatus::LocalLengthError,
         _ => WcStatus::LocalQpOperationError,
@@ -1147,14 +1149,19 @@ mod tests {
     use super::*;
     use rdmap::SgeList;
 
-    /// A request the queue pair refuses for its state is flushed in Error, and a local QP
-    /// operation error in the states where it can never run (Closing, Terminate).
+    /// A request the queue pair refuses for its state is flushed: in Error, and in the
+    /// states where it can never run (Closing, Terminate) as the queue pair ends.
     #[test]
-    fn a_request_posted_in_error_is_flushed() {
+    fn a_request_refused_for_the_state_is_flushed() {
         let status = |state| local_status(&rdmap::RdmapError::InvalidState { state });
         assert_eq!(status(QpState::Error), WcStatus::WrFlushError);
-        assert_eq!(status(QpState::Closing), WcStatus::LocalQpOperationError);
-        assert_eq!(status(QpState::Terminate), WcStatus::LocalQpOperationError);
+        assert_eq!(status(QpState::Closing), WcStatus::WrFlushError);
+        assert_eq!(status(QpState::Terminate), WcStatus::WrFlushError);
+        let stag = rdmap::Stag(7);
+        assert_eq!(
+            local_status(&rdmap::RdmapError::UnknownStag { stag }),
+            WcStatus::LocalProtectionError
+        );
     }
 
     struct NoWake;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crossbeam_channel::{TryRecvError, TrySendError};
-use rdmap::{MemoryTable, PdId, QpConfig, QpState, WcOpcode};
+use rdmap::{MemoryTable, PdId, QpConfig, QpState};
 use tcp_engine::{Instant, PassedUp, State as TcpState, TakeBack};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
@@ -164,7 +164,9 @@ impl App<'_> {
                     Cmd::Recv(wr) => {
                         let wr_id = wr.wr_id;
                         if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
-                            slot.complete_local_error(wr_id, WcOpcode::Recv, &e);
+                            slot.conn
+                                .qp_mut()
+                                .complete_recv_in_error(wr_id, local_status(&e));
                         }
                     }
                     Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),

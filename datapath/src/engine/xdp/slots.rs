@@ -7,14 +7,13 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
-use rdmap::WorkCompletion;
-use rdmap::{QpState, TerminateCause, WcOpcode};
+use rdmap::{QpState, TerminateCause};
 use tcp_engine::State as TcpState;
 
 use crate::engine::IwarpConn;
 use crate::log_rate::peer_line;
 use crate::verbs::cq::{Completion, CqSink};
-use crate::verbs::qp::{local_status, Cmd, QpParts, QueueAccount, Shared};
+use crate::verbs::qp::{Cmd, QpParts, QueueAccount, Shared};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent};
 use crate::{DatapathError, QpError};
 
@@ -119,19 +118,6 @@ impl Slot {
             }
             Waiter::Accept(tx, _) => {
                 tx.deliver(Err(e));
-            }
-        }
-    }
-
-    pub(super) fn complete_local_error(&self, wr_id: u64, opcode: WcOpcode, e: &rdmap::RdmapError) {
-        self.account.publish(self.conn.qp(), &self.shared);
-        if let Some(cq) = &self.cq {
-            let c = Completion {
-                qp_num: self.num,
-                wc: WorkCompletion::failed(wr_id, opcode, local_status(e)),
-            };
-            if cq.deliver_refused(c, e).is_err() {
-                self.cq_overrun.set(true);
             }
         }
     }
