@@ -18,10 +18,18 @@ use std::time::{Duration, Instant};
 pub(crate) struct EventQueue<T> {
     efd: OwnedFd,
     items: Mutex<VecDeque<T>>,
+    /// Called with the events never taken when the queue goes, before they are dropped.
+    before_drop: Option<fn(&mut VecDeque<T>)>,
 }
 
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> io::Result<Self> {
+        Self::with_before_drop(None)
+    }
+
+    /// A queue that, when it goes, first hands the events never taken to `hook` (which may,
+    /// say, start work their drops would otherwise do one after another).
+    pub(crate) fn with_before_drop(hook: Option<fn(&mut VecDeque<T>)>) -> io::Result<Self> {
         // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
         let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -31,6 +39,7 @@ impl<T> EventQueue<T> {
             // SAFETY: `fd` was just returned by eventfd and is owned by nobody else.
             efd: unsafe { OwnedFd::from_raw_fd(fd) },
             items: Mutex::new(VecDeque::new()),
+            before_drop: hook,
         })
     }
 
@@ -138,6 +147,14 @@ impl<T> EventQueue<T> {
 
     pub(crate) fn borrowed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.efd)
+    }
+}
+
+impl<T> Drop for EventQueue<T> {
+    fn drop(&mut self) {
+        if let Some(hook) = self.before_drop {
+            hook(self.items.get_mut().unwrap_or_else(|e| e.into_inner()));
+        }
     }
 }
 

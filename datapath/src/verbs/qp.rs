@@ -1079,6 +1079,41 @@ impl QueuePair {
     }
 }
 
+/// [`QueuePair::disconnect`] for several queue pairs at once: every close starts before any
+/// wait, and the 10 s graceful bound and the 2 s reset bound run for all of them together
+/// (dropped one by one, each would wait its own). Where one of them could not wait (on a
+/// transport thread) it only starts the closes, as `disconnect` there only queues.
+pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
+    for qp in qps {
+        let _ = qp.start_disconnect();
+    }
+    if qps.iter().any(|qp| qp.on_own_thread()) {
+        return;
+    }
+    let all_ended_within = |timeout: Duration| {
+        let deadline = super::timeout::deadline_after(timeout);
+        loop {
+            if qps.iter().all(|qp| qp.ended()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(END_POLL);
+        }
+    };
+    if !all_ended_within(DISCONNECT_WAIT) {
+        for qp in qps.iter().filter(|qp| !qp.ended()) {
+            qp.shared.request_abort(false);
+            let _ = qp.waker.wake();
+        }
+        let _ = all_ended_within(ABORT_WAIT);
+    }
+    for qp in qps.iter().filter(|qp| qp.ended()) {
+        qp.join_thread();
+    }
+}
+
 thread_local! {
     /// Whether the calling thread is in a transport's turn ([`TransportTurn`]).
     static IN_TRANSPORT_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -1456,5 +1491,57 @@ mod tests {
         // The posts were refused mid-stream (each thread posts until refused), with requests
         // still queued in at least one round.
         assert!(flushed_any, "no round stopped with requests queued");
+    }
+
+    /// A connection-manager event channel dropped with connections never taken
+    /// (`Established`) closes them together: each close starts before any is waited for, so
+    /// the drop takes about one close, not one after another (here each transport takes
+    /// `CLOSE_TAKES` to finish after it takes the Close).
+    #[test]
+    fn a_channel_dropped_with_untaken_connections_closes_them_together() {
+        use crate::verbs::cm::Connection;
+        use crate::verbs::cm_events::{CmEvent, CmEventChannel};
+        const CLOSE_TAKES: Duration = Duration::from_millis(800);
+        const UNTAKEN: u64 = 4;
+        let channel = CmEventChannel::new().expect("channel");
+        let mut shareds = Vec::new();
+        for context in 0..UNTAKEN {
+            let shared = Shared::new(QpState::Rts);
+            let (give, take) = std::sync::mpsc::channel::<Receiver<Cmd>>();
+            let transport = shared.clone();
+            let thread = std::thread::spawn(move || {
+                let Ok(cmds) = take.recv() else {
+                    return;
+                };
+                while let Ok(cmd) = cmds.recv_timeout(Duration::from_secs(30)) {
+                    if matches!(cmd, Cmd::Close) {
+                        std::thread::sleep(CLOSE_TAKES);
+                        transport.mark_finished(QpState::Idle);
+                        return;
+                    }
+                }
+            });
+            let (qp, cmds) = handle_on_thread(shared.clone(), thread);
+            assert!(give.send(cmds).is_ok(), "the transport thread is gone");
+            channel.push(CmEvent::Established {
+                context,
+                connection: Connection {
+                    qp,
+                    private_data: Vec::new(),
+                },
+            });
+            shareds.push(shared);
+        }
+        let started = Instant::now();
+        drop(channel);
+        let took = started.elapsed();
+        assert!(
+            shareds.iter().all(|s| s.lock().finished),
+            "a connection was not closed"
+        );
+        assert!(
+            took < CLOSE_TAKES * 2,
+            "{UNTAKEN} closes of {CLOSE_TAKES:?} took {took:?}"
+        );
     }
 }
