@@ -37,6 +37,11 @@ pub(super) struct Setup {
     /// FPDU or frame stream.
     pub(super) leftover: Vec<u8>,
     pub(super) initiator: bool,
+    /// Octets the connection's thread writes before anything else: the responder's MPA
+    /// Reply or IFT indication, written only once everything that can fail in setting the
+    /// connection up has succeeded (the thread started), so that a peer never hears
+    /// "accepted" for a connection that then closes. Empty for the initiator.
+    pub(super) first_out: Vec<u8>,
     /// The queue pair's number, and the receive work requests to post before any byte is
     /// processed.
     pub(super) start: QpStart,
@@ -53,6 +58,7 @@ pub(super) fn start_engine(
         agreed,
         leftover,
         initiator,
+        first_out,
         start: QpStart { num, recvs },
     } = setup;
     match &agreed {
@@ -169,7 +175,11 @@ pub(super) fn start_engine(
         cq: cq.clone(),
         num,
         shared: shared.clone(),
-        tx: Vec::with_capacity(TX_HIGH + 70_000),
+        tx: {
+            let mut tx = Vec::with_capacity(TX_HIGH + 70_000);
+            tx.extend_from_slice(&first_out);
+            tx
+        },
         tx_off: 0,
         ulpdu: Vec::with_capacity(70_000),
         rx: vec![0u8; 256 * 1024],

@@ -686,28 +686,30 @@ impl PendingProvider for SocketPending {
         params: &ConnectParams,
     ) -> Result<QueuePair, DatapathError> {
         // The receives and private data were checked by `ConnectRequest::accept_with_recvs`.
-        let mut stream = self.stream()?;
+        let stream = self.stream()?;
         let SocketPending {
             answer, leftover, ..
         } = *self;
-        let agreed = match answer {
+        // The answer goes out first from the connection's thread, once it runs: should the
+        // setup fail before (a thread not had), the peer sees its connection close during
+        // startup rather than accepted and then closed.
+        let (agreed, first_out) = match answer {
             Answer::Mpa(mut responder) => {
                 // The accept's own IRD and ORD (`ConnectRequest::ird_ord`).
                 responder.set_ird_ord(params.mpa.ird, params.mpa.ord)?;
                 let (reply, negotiated) = responder.accept(private_data)?;
-                stream.write_all(&reply)?;
-                Agreed::Mpa(negotiated)
+                (Agreed::Mpa(negotiated), reply)
             }
             Answer::Ift {
                 negotiated, reply, ..
-            } => {
-                stream.write_all(&reply)?;
+            } => (
                 Agreed::Ift {
                     negotiated,
                     ird: params.mpa.ird,
                     ord: params.mpa.ord,
-                }
-            }
+                },
+                reply.to_vec(),
+            ),
         };
         start_engine(
             stream,
@@ -715,6 +717,7 @@ impl PendingProvider for SocketPending {
                 agreed,
                 leftover,
                 initiator: false,
+                first_out,
                 start,
             },
             pd,

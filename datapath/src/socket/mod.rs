@@ -107,6 +107,7 @@ pub(crate) fn connect_start(
                     agreed: Agreed::Mpa(negotiated),
                     leftover: buf[used..n].to_vec(),
                     initiator: true,
+                    first_out: Vec::new(),
                     start,
                 };
                 let qp = start_engine(stream, setup, pd, cq, params)?;
@@ -190,6 +191,7 @@ fn connect_ift(
             },
             leftover: buf[used..n].to_vec(),
             initiator: true,
+            first_out: Vec::new(),
             start: qp_start,
         };
         let qp = start_engine(stream, setup, pd, cq, params)?;

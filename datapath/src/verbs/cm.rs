@@ -391,7 +391,8 @@ pub(crate) trait ListenProvider: Send + Sync {
 /// A transport's connection whose MPA Request waits for the application.
 pub(crate) trait PendingProvider: Send {
     /// Sends the accepting Reply and starts the queue pair: numbered and with receives
-    /// posted as `start` says.
+    /// posted as `start` says. The Reply goes only once nothing of the start can fail any
+    /// more: a failed accept closes the connection without it.
     fn accept(
         self: Box<Self>,
         pd: &ProtectionDomain,
