@@ -70,6 +70,7 @@ mod log_rate;
 mod memory;
 pub mod probe;
 mod socket;
+mod turn;
 mod verbs;
 pub mod xdp_tcp;
 pub mod xsk;

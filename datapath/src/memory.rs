@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdmap::{Access, MemoryTable, PdId, RegionBuffer, Stag};
 
+use crate::turn::TransportTurn;
 use crate::DatapathError;
 use copy_crc::{copy_crc32c, copy_crc32c_sum, crc_update};
 
@@ -637,13 +638,17 @@ impl PinnedBuffer {
     }
 }
 
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        match self.backing {
+impl PinnedBuffer {
+    /// What the last owner's drop does: the pages' lock given back, the mapping unmapped or
+    /// the application's storage dropped. Leaves a borrowed buffer with no lock behind, whose
+    /// own drop then does nothing.
+    fn release_now(&mut self) {
+        match std::mem::replace(&mut self.backing, Backing::Borrowed) {
             Backing::Mapping { map_len } => {
                 self.release_pages(false);
                 // SAFETY: `ptr`/`map_len` are exactly the mapping `allocate` kept; nothing else
-                // refers to the buffer once the last owner drops it. Unmapping also unlocks.
+                // refers to the buffer once the last owner drops it, and the backing no longer
+                // names it. Unmapping also unlocks.
                 unsafe {
                     libc::munmap(self.ptr.as_ptr().cast(), map_len);
                 }
@@ -652,10 +657,69 @@ impl Drop for PinnedBuffer {
             Backing::Owned(owned) => {
                 self.unlock();
                 // SAFETY: the pointer came from `Box::into_raw` and was not rebuilt
-                // (`into_storage` replaces the backing when it does): rebuilt and dropped once.
+                // (`into_storage` replaces the backing when it does, as this did above):
+                // rebuilt and dropped once.
                 drop(unsafe { Box::from_raw(owned.as_ptr()) });
             }
         }
+        self.locked = None;
+    }
+
+    /// The buffer's bytes and lock moved into a new value, this one left borrowed with no
+    /// lock (its drop does nothing).
+    fn take_carcass(&mut self) -> PinnedBuffer {
+        PinnedBuffer {
+            ptr: self.ptr,
+            len: self.len,
+            backing: std::mem::replace(&mut self.backing, Backing::Borrowed),
+            locked: self.locked.take(),
+            lock_released: AtomicBool::new(*self.lock_released.get_mut()),
+        }
+    }
+}
+
+/// Hands `buffer` to the thread that releases buffers whose last handle went on a transport's
+/// thread (started at the first); gives it back if there is none to be had.
+fn release_elsewhere(buffer: PinnedBuffer) -> Result<(), PinnedBuffer> {
+    static RELEASER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<PinnedBuffer>>> =
+        std::sync::OnceLock::new();
+    let releaser = RELEASER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<PinnedBuffer>();
+        std::thread::Builder::new()
+            .name("iwarp-mem-release".into())
+            .spawn(move || {
+                for buffer in rx {
+                    // An application's storage whose drop panics takes only itself down.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        drop(buffer);
+                    }));
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    match releaser {
+        Some(tx) => tx.send(buffer).map_err(|back| back.0),
+        None => Err(buffer),
+    }
+}
+
+impl Drop for PinnedBuffer {
+    /// On a transport's thread ([`TransportTurn`], an engine thread whose stale table view held
+    /// the last handle of a region the application dropped), a buffer of ours or of the
+    /// application's storage is released on another thread: unmapping a large region takes
+    /// time, the page-lock count waits while another thread's registration locks its pages
+    /// (`lock_pages` holds it across the `mlock`), and the storage's drop is the
+    /// application's code; the connections that thread serves wait for none of it. Borrowed
+    /// memory is released here: its caller may free it once the buffer is gone.
+    fn drop(&mut self) {
+        if !matches!(self.backing, Backing::Borrowed) && TransportTurn::is_in() {
+            if let Err(mut carcass) = release_elsewhere(self.take_carcass()) {
+                carcass.release_now();
+            }
+            return;
+        }
+        self.release_now();
     }
 }
 
@@ -1248,6 +1312,44 @@ impl Drop for MemoryRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer whose last handle goes on a transport's thread (an engine thread's stale table
+    /// view) is released on another thread: the drop returns while the page-lock count is
+    /// held elsewhere (as a registration holds it across its `mlock`), and the pages are given
+    /// back once it is free.
+    #[test]
+    fn a_buffer_dropped_on_a_transport_thread_is_released_elsewhere() {
+        let buffer = PinnedBuffer::new(64 * 1024).expect("buffer");
+        if !buffer.is_locked() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "mlock refused under CI"
+            );
+            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+            return;
+        }
+        let start = buffer.addr() as usize;
+        let held = page_locks();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let engine = std::thread::spawn(move || {
+            let _turn = TransportTurn::enter();
+            let began = Instant::now();
+            drop(buffer);
+            let _ = tx.send(began.elapsed());
+        });
+        let took = rx
+            .recv_timeout(Duration::from_secs(2))
+            .expect("the drop waited for the page-lock count");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert!(held.count_at(start) > 0, "released under the held count");
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while page_locks().count_at(start) > 0 {
+            assert!(Instant::now() < deadline, "the pages were never given back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        engine.join().expect("the transport thread");
+    }
 
     #[test]
     fn buffers_of_a_huge_page_or_more_start_on_a_huge_page_boundary() {

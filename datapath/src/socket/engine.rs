@@ -353,7 +353,7 @@ impl Engine {
     /// status an error (`QpFatal` where asked), the queue pair finished, the connection reset;
     /// as an AF_XDP engine thread's panic fails its queue pairs.
     fn run(mut self, leftover: Vec<u8>) {
-        let _in_turn = crate::verbs::qp::TransportTurn::enter();
+        let _in_turn = crate::turn::TransportTurn::enter();
         let served = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(leftover)));
         let Err(cause) = served else {
             return;

@@ -18,6 +18,7 @@ use rdmap::{
 };
 
 use crate::probe::{self, Mark};
+use crate::turn::TransportTurn;
 use crate::verbs::cq::{Completion, CqSink};
 use crate::{DatapathError, PostListError, QpError};
 
@@ -1111,36 +1112,6 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
     }
     for qp in qps.iter().filter(|qp| qp.ended()) {
         qp.join_thread();
-    }
-}
-
-thread_local! {
-    /// Whether the calling thread is in a transport's turn ([`TransportTurn`]).
-    static IN_TRANSPORT_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks the calling thread, while it lives, as one a transport runs on (an AF_XDP engine
-/// thread, an application thread running an engine turn inline, a socket transport's
-/// connection thread): [`QueuePair::disconnect`] and [`QueuePair::abort`] called there (by a
-/// hook, or by a queue pair's drop with an event the turn delivered) only ask for the close or
-/// reset, as on a connection's own thread, instead of waiting for a transport this thread
-/// may be.
-pub(crate) struct TransportTurn(bool);
-
-impl TransportTurn {
-    pub(crate) fn enter() -> TransportTurn {
-        TransportTurn(IN_TRANSPORT_TURN.with(|t| t.replace(true)))
-    }
-
-    fn is_in() -> bool {
-        IN_TRANSPORT_TURN.with(std::cell::Cell::get)
-    }
-}
-
-impl Drop for TransportTurn {
-    fn drop(&mut self) {
-        let was = self.0;
-        IN_TRANSPORT_TURN.with(|t| t.set(was));
     }
 }
 

@@ -206,7 +206,7 @@ impl Engine {
     pub(super) fn run(mut self) {
         // Every turn of this thread, and the end below (which finishes the queue pairs; the
         // fields of `self` drop after the mark, but none holds a queue pair).
-        let _in_turn = crate::verbs::qp::TransportTurn::enter();
+        let _in_turn = crate::turn::TransportTurn::enter();
         if let Some(cpu) = self.pin {
             // Best effort: a CPU outside the allowed set leaves the thread unpinned.
             let _ = pin_to_cpu(cpu);

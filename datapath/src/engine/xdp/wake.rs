@@ -231,7 +231,7 @@ impl Wake {
         // A panic in the turn (a bug) fails the engine as one on the engine thread does,
         // rather than unwinding into the application's poll or post: the engine thread, woken,
         // finds `failed` and ends every connection.
-        let _in_turn = crate::verbs::qp::TransportTurn::enter();
+        let _in_turn = crate::turn::TransportTurn::enter();
         let turned = std::panic::catch_unwind(AssertUnwindSafe(|| {
             // A load first: a swap, an atomic write, on every turn would pull the line
             // (shared with the engine thread's state) away from it.
