@@ -681,11 +681,13 @@ impl PinnedBuffer {
 /// Hands `buffer` to the thread that releases buffers whose last handle went on a transport's
 /// thread (started at the first); gives it back if there is none to be had.
 fn release_elsewhere(buffer: PinnedBuffer) -> Result<(), PinnedBuffer> {
-    static RELEASER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<PinnedBuffer>>> =
-        std::sync::OnceLock::new();
-    let releaser = RELEASER.get_or_init(|| {
+    /// The releasing thread's inbox; `None` until one runs (tried again at each release
+    /// while none could be started).
+    static RELEASER: Mutex<Option<std::sync::mpsc::Sender<PinnedBuffer>>> = Mutex::new(None);
+    let mut releaser = RELEASER.lock().unwrap_or_else(|e| e.into_inner());
+    if releaser.is_none() {
         let (tx, rx) = std::sync::mpsc::channel::<PinnedBuffer>();
-        std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("iwarp-mem-release".into())
             .spawn(move || {
                 for buffer in rx {
@@ -694,11 +696,12 @@ fn release_elsewhere(buffer: PinnedBuffer) -> Result<(), PinnedBuffer> {
                         drop(buffer);
                     }));
                 }
-            })
-            .ok()
-            .map(|_| tx)
-    });
-    match releaser {
+            });
+        if started.is_ok() {
+            *releaser = Some(tx);
+        }
+    }
+    match releaser.as_ref() {
         Some(tx) => tx.send(buffer).map_err(|back| back.0),
         None => Err(buffer),
     }
@@ -1220,7 +1223,9 @@ impl MemoryRegion {
 
     /// Deregisters the region and waits until no transport uses its bytes (`ibv_dereg_mr`):
     /// when it returns `Ok`, nothing reads or writes them any more, so memory given to
-    /// [`ProtectionDomain::register_raw`] may be freed (and a region's own buffer has been).
+    /// [`ProtectionDomain::register_raw`] may be freed (and a region's own buffer has been,
+    /// or, called on a transport's thread such as in a hook, is being, on a thread of its
+    /// own).
     /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1),
     /// Read Requests already received but not yet answered included: deregister a region a
     /// peer reads only once its Reads are done, or its connection ends in a Terminate.

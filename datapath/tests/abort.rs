@@ -161,7 +161,7 @@ fn socket_transport_start_disconnect_reports_the_end_by_event() {
     ours.notify_disconnect(&events);
     ours.start_disconnect().expect("start the close");
     // A Send posted right behind the Close: refused, or flushed (nothing is taken after the
-    // Close, where the queue pair, Closing, would refuse it with a local error).
+    // Close, where the queue pair, Closing, would refuse it: `refused_while_ending`).
     let behind = ours.post_send(datapath::SendWr {
         wr_id: 7,
         op: datapath::SendOp::Send {
@@ -190,6 +190,7 @@ fn socket_transport_start_disconnect_reports_the_end_by_event() {
         Err(e) => assert!(matches!(e, datapath::DatapathError::Disconnected), "{e:?}"),
     }
     assert!(client.cq.try_next().is_none(), "an extra completion");
+    assert_eq!(ours.refused_while_ending(), 0, "taken after the Close");
 }
 
 #[test]

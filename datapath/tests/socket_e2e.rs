@@ -698,7 +698,7 @@ fn disconnect_while_other_threads_post() {
     });
     assert!(accepted > 0, "nothing posted before the disconnects");
     // Each exactly once, and flushed: none was taken after the Close (where the queue pair,
-    // Closing, would refuse it with a local error).
+    // Closing, would refuse it: `refused_while_ending`).
     let mut seen = vec![false; accepted as usize];
     for _ in 0..accepted {
         let wc = next_wc(&client.cq, "a post beside the disconnects").wc;
@@ -717,6 +717,7 @@ fn disconnect_while_other_threads_post() {
         );
     }
     assert_no_more(&client.cq);
+    assert_eq!(qp.refused_while_ending(), 0, "taken after the Close");
 }
 
 /// Lists of receives in one call (`ibv_post_recv`, `ibv_post_srq_recv` with a chain): a list

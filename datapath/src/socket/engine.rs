@@ -19,8 +19,7 @@ use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{
-    local_status, post_initial_recvs, Agreed, Cmd, QpParts, QpStart, QpWaker, QueueAccount,
-    QueuePair, Shared,
+    post_initial_recvs, Agreed, Cmd, QpParts, QpStart, QpWaker, QueueAccount, QueuePair, Shared,
 };
 use crate::{DatapathError, QpError};
 
@@ -466,8 +465,8 @@ impl Engine {
     /// and Sends that completed when the kernel took them (or our Terminate) would never
     /// arrive. A peer that neither sends nor acknowledges anything for [`CLOSE_QUIET`] (gone,
     /// or stalled) is not waited for: the kernel sends the rest after the close. Work
-    /// requests posted meanwhile are taken as in any turn (refused while closing, flushed in
-    /// Error). Bounded by [`CLOSE_DRAIN`] (in Error by the
+    /// requests posted meanwhile are taken as in any turn (refused while closing and flushed,
+    /// flushed in Error). Bounded by [`CLOSE_DRAIN`] (in Error by the
     /// error's deadline, [`Engine::error_drain_expired`]) and by `disconnect`'s wait.
     /// Returns true if the application's `abort` came meanwhile: the caller resets.
     fn close_gracefully(&mut self, events: &mut Events) -> bool {
@@ -483,7 +482,7 @@ impl Engine {
         let mut scratch = std::mem::take(&mut self.rx);
         let mut reset = false;
         'drain: loop {
-            // Posts meanwhile: refused while closing, flushed at once in Error.
+            // Posts meanwhile: refused while closing, flushed either way.
             if self.handle_commands(false) {
                 self.deliver_completions();
             }
@@ -596,15 +595,21 @@ impl Engine {
                         self.qp.post_send(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.qp
-                            .complete_send_in_error(wr_id, opcode, local_status(&e));
+                        self.qp.complete_send_in_error(
+                            wr_id,
+                            opcode,
+                            self.shared.refusal_status(&e),
+                        );
                     }
                 }
                 Cmd::SendInline(wr) => {
                     let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                     if let Err(e) = self.qp.post_send_inline(wr) {
-                        self.qp
-                            .complete_send_in_error(wr_id, opcode, local_status(&e));
+                        self.qp.complete_send_in_error(
+                            wr_id,
+                            opcode,
+                            self.shared.refusal_status(&e),
+                        );
                     }
                 }
                 Cmd::Recv(wr) => {
@@ -614,7 +619,8 @@ impl Engine {
                         self.qp.post_recv(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.qp.complete_recv_in_error(wr_id, local_status(&e));
+                        self.qp
+                            .complete_recv_in_error(wr_id, self.shared.refusal_status(&e));
                     }
                 }
                 Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
@@ -632,7 +638,7 @@ impl Engine {
     /// it, as on the engine: requests still queued behind it complete flushed, after the
     /// queue pair's own, and later posts never reach this thread (refused, or flushed by the
     /// handle once the queue pair has finished in Error). A post taken after the Close would
-    /// find the queue pair Closing and fail with a local error instead.
+    /// find the queue pair Closing and be refused (counted: `QueuePair::refused_while_ending`).
     fn take_close(&mut self) {
         if !self.closing {
             self.closing = true;

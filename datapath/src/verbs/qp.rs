@@ -96,6 +96,12 @@ pub(crate) struct Shared {
     /// The state last published is Closing or Terminate ([`refuses_posts_in`]), for posts to
     /// read without the status lock.
     refusing_posts: AtomicBool,
+    /// Work requests the transport took and refused because the queue pair was ending
+    /// (Closing, Terminate): [`QueuePair::refused_while_ending`].
+    refused_while_ending: AtomicU64,
+    /// A disconnect waited its full time for the transport and gave up (a transport that
+    /// does not answer): later disconnects and drops do not wait for it again.
+    end_wait_given_up: AtomicBool,
 }
 
 /// RDMAP Closing and Terminate: a work request posted now could only fail, so the post is
@@ -220,7 +226,23 @@ impl Shared {
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
             refusing_posts: AtomicBool::new(refuses_posts_in(state)),
+            refused_while_ending: AtomicU64::new(0),
+            end_wait_given_up: AtomicBool::new(false),
         })
+    }
+
+    /// The completion status of a work request the queue pair refused when the transport
+    /// took it ([`local_status`]); one refused because the queue pair was ending is counted.
+    pub(crate) fn refusal_status(&self, e: &rdmap::RdmapError) -> WcStatus {
+        if matches!(
+            e,
+            rdmap::RdmapError::InvalidState {
+                state: QpState::Closing | QpState::Terminate
+            }
+        ) {
+            self.refused_while_ending.fetch_add(1, Ordering::Relaxed);
+        }
+        local_status(e)
     }
 
     /// The queue pair is closing or terminating ([`refuses_posts_in`]).
@@ -958,17 +980,33 @@ impl QueuePair {
     /// the queue pair has finished; on a transport thread, at once, as above).
     pub fn disconnect(&self) {
         let _ = self.start_disconnect();
-        if self.on_own_thread() {
+        if self.on_own_thread() || self.shared.end_wait_given_up.load(Ordering::Acquire) {
             return;
         }
         if !self.ended_within(DISCONNECT_WAIT) && !self.reset_within(ABORT_WAIT, false) {
+            self.give_up_end_wait();
+            return;
+        }
+        self.join_thread();
+    }
+
+    /// A disconnect has waited its full time and the transport has not finished (it does not
+    /// answer at all): said once, and not waited for again by later disconnects or drops.
+    fn give_up_end_wait(&self) {
+        if !self.shared.end_wait_given_up.swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 qp = self.num,
                 "disconnect: the transport did not finish with the queue pair"
             );
-            return;
         }
-        self.join_thread();
+    }
+
+    /// Work requests the transport took and refused because the queue pair was ending
+    /// (RDMAP Closing or Terminate: posted just as the end began; they complete flushed).
+    /// None is taken after the application's own close. For tests.
+    #[doc(hidden)]
+    pub fn refused_while_ending(&self) -> u64 {
+        self.shared.refused_while_ending.load(Ordering::Relaxed)
     }
 
     /// Whether this is the transport's thread for this connection alone, or any thread in a
@@ -1091,6 +1129,11 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
     if qps.iter().any(|qp| qp.on_own_thread()) {
         return;
     }
+    let qps: Vec<&QueuePair> = qps
+        .iter()
+        .copied()
+        .filter(|qp| !qp.shared.end_wait_given_up.load(Ordering::Acquire))
+        .collect();
     let all_ended_within = |timeout: Duration| {
         let deadline = super::timeout::deadline_after(timeout);
         loop {
@@ -1110,8 +1153,12 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
         }
         let _ = all_ended_within(ABORT_WAIT);
     }
-    for qp in qps.iter().filter(|qp| qp.ended()) {
-        qp.join_thread();
+    for qp in &qps {
+        if qp.ended() {
+            qp.join_thread();
+        } else {
+            qp.give_up_end_wait();
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use crate::log_rate::peer_line;
 use crate::memory::{RegionMemory, SharedTable};
 use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
-use crate::verbs::qp::{local_status, Agreed, Cmd, QpParts};
+use crate::verbs::qp::{Agreed, Cmd, QpParts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::xsk::PayloadDigest;
 use crate::{DatapathError, QpError};
@@ -147,7 +147,7 @@ impl App<'_> {
                             slot.conn.qp_mut().complete_send_in_error(
                                 wr_id,
                                 opcode,
-                                local_status(&e),
+                                slot.shared.refusal_status(&e),
                             );
                         }
                     }
@@ -157,7 +157,7 @@ impl App<'_> {
                             slot.conn.qp_mut().complete_send_in_error(
                                 wr_id,
                                 opcode,
-                                local_status(&e),
+                                slot.shared.refusal_status(&e),
                             );
                         }
                     }
@@ -166,7 +166,7 @@ impl App<'_> {
                         if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
                             slot.conn
                                 .qp_mut()
-                                .complete_recv_in_error(wr_id, local_status(&e));
+                                .complete_recv_in_error(wr_id, slot.shared.refusal_status(&e));
                         }
                     }
                     Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
