@@ -97,6 +97,62 @@ pub enum DatapathError {
     Xdp(#[from] crate::xdp_tcp::XdpTcpError),
 }
 
+impl DatapathError {
+    /// The `errno` a verbs or rdma_cm call fails with for this error, for a C interface over
+    /// this API (`ibv_post_send` returns it, `rdma_connect` sets `errno` to it): `ENOMEM` for a
+    /// full queue or table (as `ibv_post_send` and `ibv_reg_mr` say), `EINVAL` for an argument
+    /// or a work request refused by itself, `ENOTCONN` once the queue pair takes no more work
+    /// (siw's), `ETIMEDOUT` for a setup deadline, `ECONNREFUSED` for a rejection, `ECONNRESET`
+    /// for a peer gone during setup, `EPROTO` for a startup the peer got wrong, `EBUSY` for a
+    /// region still in use (`ibv_dereg_mr`), `EADDRINUSE` for a port a kernel socket holds,
+    /// the system's own for a failed system call, and `EIO` where nothing closer fits.
+    pub fn errno(&self) -> i32 {
+        use crate::xdp_tcp::XdpTcpError as X;
+        use ift::IftError as I;
+        use mpa::MpaError as M;
+        let os = |e: &io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+        match self {
+            DatapathError::Io(e) => os(e),
+            DatapathError::Mpa(M::ConnectionLost) | DatapathError::Ift(I::ConnectionLost) => {
+                libc::ECONNRESET
+            }
+            DatapathError::Mpa(M::StartupTimeout | M::AcceptTimeout | M::RtrTimeout)
+            | DatapathError::Ift(I::StartupTimeout)
+            | DatapathError::Timeout(_) => libc::ETIMEDOUT,
+            DatapathError::Mpa(M::Rejected) | DatapathError::Rejected { .. } => libc::ECONNREFUSED,
+            DatapathError::Mpa(M::Local(_) | M::PrivateDataTooLong { .. })
+            | DatapathError::Ift(I::Local(_))
+            | DatapathError::InvalidArgument(_)
+            | DatapathError::InvalidWorkRequest(_) => libc::EINVAL,
+            DatapathError::Mpa(_) | DatapathError::Ift(_) => libc::EPROTO,
+            DatapathError::OutOfMemory(_)
+            | DatapathError::RegionTableFull
+            | DatapathError::SendQueueFull { .. }
+            | DatapathError::RecvQueueFull { .. }
+            | DatapathError::CompletionQueueFull => libc::ENOMEM,
+            DatapathError::PinFailed { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::ENOMEM)
+            }
+            DatapathError::RegionInUse => libc::EBUSY,
+            DatapathError::Disconnected => libc::ENOTCONN,
+            DatapathError::Xdp(X::PortInUse { .. }) => libc::EADDRINUSE,
+            DatapathError::Xdp(X::Table(tcp_engine::table::TableError::TupleInUse)) => {
+                libc::EADDRINUSE
+            }
+            DatapathError::Xdp(
+                X::Table(tcp_engine::table::TableError::Full) | X::DirectoryFull(_),
+            ) => libc::ENOBUFS,
+            DatapathError::Xdp(X::NoIpv4Address(_) | X::WrongInterface { .. }) => {
+                libc::EADDRNOTAVAIL
+            }
+            DatapathError::Xdp(
+                X::Reserve { source: e, .. } | X::Wait(e) | X::Random(e) | X::Inbox(e),
+            ) => os(e),
+            DatapathError::Xdp(_) => libc::EIO,
+        }
+    }
+}
+
 /// [`crate::QueuePair::post_send_list`] stopped part way (verbs' `bad_wr`): the first `posted`
 /// work requests were posted, the rest were not.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +304,61 @@ pub(crate) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
 #[cfg(test)]
 mod tests {
     use super::DatapathError;
+
+    /// Each error names the `errno` a verbs or rdma_cm call gives for it.
+    #[test]
+    fn errors_name_the_errno_verbs_gives() {
+        use std::io;
+        let cases = [
+            (DatapathError::SendQueueFull { depth: 4 }, libc::ENOMEM),
+            (DatapathError::RecvQueueFull { depth: 4 }, libc::ENOMEM),
+            (DatapathError::CompletionQueueFull, libc::ENOMEM),
+            (DatapathError::RegionTableFull, libc::ENOMEM),
+            (DatapathError::InvalidArgument("x"), libc::EINVAL),
+            (
+                DatapathError::InvalidWorkRequest(rdmap::RdmapError::SrqAttached),
+                libc::EINVAL,
+            ),
+            (DatapathError::Disconnected, libc::ENOTCONN),
+            (DatapathError::Timeout("x"), libc::ETIMEDOUT),
+            (
+                DatapathError::Mpa(mpa::MpaError::AcceptTimeout),
+                libc::ETIMEDOUT,
+            ),
+            (
+                DatapathError::Mpa(mpa::MpaError::ConnectionLost),
+                libc::ECONNRESET,
+            ),
+            (DatapathError::Mpa(mpa::MpaError::InvalidKey), libc::EPROTO),
+            (
+                DatapathError::Ift(ift::IftError::StartupTimeout),
+                libc::ETIMEDOUT,
+            ),
+            (
+                DatapathError::Rejected {
+                    private_data: Vec::new(),
+                },
+                libc::ECONNREFUSED,
+            ),
+            (DatapathError::RegionInUse, libc::EBUSY),
+            (
+                DatapathError::Io(io::Error::from_raw_os_error(libc::EHOSTUNREACH)),
+                libc::EHOSTUNREACH,
+            ),
+            (DatapathError::Io(io::Error::other("no code")), libc::EIO),
+            (
+                DatapathError::Xdp(crate::xdp_tcp::XdpTcpError::PortInUse {
+                    addr: std::net::Ipv4Addr::LOCALHOST,
+                    port: 1,
+                    source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+                }),
+                libc::EADDRINUSE,
+            ),
+        ];
+        for (error, errno) in cases {
+            assert_eq!(error.errno(), errno, "{error}");
+        }
+    }
 
     /// A rejection's text reason is shown; binary private data by its size.
     #[test]

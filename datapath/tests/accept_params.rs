@@ -116,11 +116,10 @@ fn accept_with_own_settings(
             .accept_timeout(WAIT)
             .expect("accept")
             .expect("a request");
-        if let Some(info) = req.info() {
-            // What the initiator offered (RFC 6581 enhanced setup): the defaults.
-            let offered = info.enhanced.expect("an enhanced Request");
-            assert_eq!((offered.ird, offered.ord), (16, 16));
-        }
+        // What the initiator offered (RFC 6581 enhanced setup): the defaults; IFT offers
+        // nothing.
+        let offered = req.offered_ird_ord();
+        assert_eq!(offered, req.info().map(|_| (16, 16)));
         let s = req
             .queue_depths(SQ, RQ)
             .ird_ord(IRD, ORD)

@@ -62,6 +62,11 @@ fn listening_on(
     let listener = Listener::bind(bind.parse().unwrap(), params()).unwrap();
     let addr = listener.local_addr().unwrap();
     let listening = listener.notify(&server_ch).unwrap();
+    assert_eq!(
+        listening.local_addr(),
+        addr,
+        "the notifying listener's address"
+    );
     (Device::socket(), server_ch, client_ch, addr, listening)
 }
 

@@ -272,10 +272,7 @@ fn socket_connect_of_an_idle_qp_asks_for_its_ird_ord() {
             .accept_timeout(WAIT)
             .expect("accept")
             .expect("a connection request");
-        let asked = req
-            .info()
-            .and_then(|i| i.enhanced.as_ref())
-            .map(|e| (e.ird, e.ord));
+        let asked = req.offered_ird_ord();
         let side = Side::new();
         let conn = req.accept(&side.pd, &side.cq, &[]).expect("accept");
         (asked, conn)

@@ -271,6 +271,7 @@ fn a_frame_with_the_wrong_vtag_is_refused_with_a_terminate() {
     raw.write_all(ini.indication()).unwrap();
     let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
     assert!(req.info().is_none(), "IFT has no MPA Request");
+    assert_eq!(req.offered_ird_ord(), None, "nor IRD and ORD");
     let conn = req.accept(&server.pd, &server.cq, &[]).unwrap();
     let mut reply = [0u8; 64];
     raw.read_exact(&mut reply).unwrap();

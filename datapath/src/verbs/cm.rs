@@ -559,6 +559,15 @@ impl ConnectRequest {
         self.info.as_ref()
     }
 
+    /// The IRD and ORD the initiator offered in its Request's RFC 6581 block (the
+    /// `responder_resources` and `initiator_depth` of rdma_cm's connect-request event), each
+    /// 0x3FFF where it asks not to negotiate ([`MAX_IRD_ORD`]); `None` if it sent none (MPA
+    /// revision 1, a revision 2 Request without the block, IFT framing).
+    pub fn offered_ird_ord(&self) -> Option<(u16, u16)> {
+        let enhanced = self.info.as_ref()?.enhanced?;
+        Some((enhanced.ird, enhanced.ord))
+    }
+
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer

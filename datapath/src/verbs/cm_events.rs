@@ -209,12 +209,19 @@ pub struct NotifyingListener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     record: Arc<ListenRecord>,
+    local_addr: SocketAddr,
 }
 
 impl NotifyingListener {
     /// What the listener turned away so far, by cause ([`Listener::stats`]).
     pub fn stats(&self) -> ListenStats {
         self.record.snapshot()
+    }
+
+    /// The address it listens on ([`Listener::local_addr`]: the port the kernel picked for
+    /// port 0; `rdma_get_local_addr` and `rdma_get_src_port` on a listening id).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 }
 
@@ -257,6 +264,7 @@ impl Listener {
         channel: &CmEventChannel,
         context: u64,
     ) -> Result<NotifyingListener, DatapathError> {
+        let local_addr = self.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let channel = channel.clone();
@@ -296,6 +304,7 @@ impl Listener {
             stop,
             thread: Some(thread),
             record,
+            local_addr,
         })
     }
 }
