@@ -463,7 +463,23 @@ impl Device {
     /// IPv4, and the local address is the engine's; the engine thread looks the route up, in
     /// the engine's network namespace (a stopped engine: [`DatapathError::Disconnected`]).
     pub fn resolve_addr(&self, dst: SocketAddr, channel: &CmEventChannel, context: u64) {
-        let event = match self.local_addr_to(dst) {
+        self.resolve_addr_from(None, dst, channel, context);
+    }
+
+    /// [`Device::resolve_addr`] from a source address (`rdma_resolve_addr` with `src_addr`,
+    /// or after `rdma_bind_addr`; rping's `-I`, perftest's `--source_ip`): `src`'s address
+    /// must be one of ours (on the AF_XDP engine, the engine's; the unspecified address lets
+    /// the route choose) and of `dst`'s family, else [`CmEvent::AddrError`] with
+    /// `EADDRNOTAVAIL` or [`DatapathError::InvalidArgument`]; [`CmEvent::AddrResolved`] names
+    /// it, with `src`'s port. Connect from it with [`ConnectParams::local_addr`].
+    pub fn resolve_addr_from(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        channel: &CmEventChannel,
+        context: u64,
+    ) {
+        let event = match self.local_addr_to(src, dst) {
             Ok(local_addr) => CmEvent::AddrResolved {
                 context,
                 local_addr,
@@ -473,8 +489,20 @@ impl Device {
         channel.push(event);
     }
 
-    /// The local address (port 0) a connection to `dst` leaves from.
-    fn local_addr_to(&self, dst: SocketAddr) -> Result<SocketAddr, DatapathError> {
+    /// The local address a connection to `dst` from `src` (if given) leaves from, with
+    /// `src`'s port (0 without one).
+    fn local_addr_to(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+    ) -> Result<SocketAddr, DatapathError> {
+        if src.is_some_and(|s| s.is_ipv4() != dst.is_ipv4()) {
+            return Err(DatapathError::InvalidArgument(
+                "source and destination addresses of different families",
+            ));
+        }
+        let port = src.map_or(0, |s| s.port());
+        let not_ours = || DatapathError::Io(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
         match &self.engine {
             Some(e) => {
                 let SocketAddr::V4(v4) = dst else {
@@ -482,22 +510,27 @@ impl Device {
                         "the AF_XDP engine speaks IPv4 only",
                     ));
                 };
+                if src.is_some_and(|s| !s.ip().is_unspecified() && s.ip() != e.local_ip()) {
+                    return Err(not_ours());
+                }
                 e.route_check(*v4.ip())?;
-                Ok(SocketAddr::from((e.local_ip(), 0)))
+                Ok(SocketAddr::from((e.local_ip(), port)))
             }
             None => {
-                // A UDP socket connected to `dst`: the kernel picks the route and the source
-                // address, and sends nothing.
-                let any: SocketAddr = match dst {
-                    SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-                    SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+                // A UDP socket bound to the source and connected to `dst`: the kernel checks
+                // the source is ours, picks the route (and the source address, if none is
+                // given), and sends nothing.
+                let from: SocketAddr = match (src, dst) {
+                    (Some(s), _) => SocketAddr::new(s.ip(), 0),
+                    (None, SocketAddr::V4(_)) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+                    (None, SocketAddr::V6(_)) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
                 };
-                let probe = std::net::UdpSocket::bind(any)?;
+                let probe = std::net::UdpSocket::bind(from)?;
                 // `dst` itself (an IPv6 scope kept), at a port a UDP connect takes.
                 let mut to = dst;
                 to.set_port(dst.port().max(1));
                 probe.connect(to)?;
-                Ok(SocketAddr::new(probe.local_addr()?.ip(), 0))
+                Ok(SocketAddr::new(probe.local_addr()?.ip(), port))
             }
         }
     }

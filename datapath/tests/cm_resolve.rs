@@ -42,6 +42,41 @@ fn socket_transport_resolves_address_and_route_as_events() {
     assert!(ch.get_event().is_none());
 }
 
+/// `rdma_resolve_addr` with a source address (rping's `-I`): one of ours is named back with
+/// its port; one the host does not have is `EADDRNOTAVAIL`; another family is refused.
+#[test]
+fn socket_transport_resolves_from_a_source_address() {
+    let device = Device::socket();
+    let ch = CmEventChannel::new().expect("channel");
+    let peer: SocketAddr = "127.0.0.1:7471".parse().expect("addr");
+    let src: SocketAddr = "127.0.0.2:5000".parse().expect("addr");
+    device.resolve_addr_from(Some(src), peer, &ch, 1);
+    match next(&ch, "from 127.0.0.2") {
+        CmEvent::AddrResolved {
+            context: 1,
+            local_addr,
+        } => assert_eq!(local_addr, src),
+        other => panic!("{other:?}"),
+    }
+    let foreign: SocketAddr = "192.0.2.1:0".parse().expect("addr");
+    device.resolve_addr_from(Some(foreign), peer, &ch, 2);
+    match next(&ch, "from an address not ours") {
+        CmEvent::AddrError { context: 2, error } => {
+            assert_eq!(error.errno(), libc::EADDRNOTAVAIL, "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    device.resolve_addr_from(Some("[::1]:0".parse().expect("addr")), peer, &ch, 3);
+    match next(&ch, "from another family") {
+        CmEvent::AddrError {
+            context: 3,
+            error: DatapathError::InvalidArgument(_),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(ch.get_event().is_none());
+}
+
 /// The engine opened in `iwa`, its resolutions asked from a thread in the test's own network
 /// namespace: routes and neighbours are looked up in the engine's.
 #[test]
@@ -83,6 +118,23 @@ fn engine_resolves_address_and_route_through_its_interface() {
                 context: 3,
                 error: DatapathError::InvalidArgument(_),
             } => {}
+            other => panic!("{other:?}"),
+        }
+
+        // From the engine's own address (its port named back), and from another.
+        device.resolve_addr_from(Some(SocketAddr::from((ADDR_A, 5000))), peer, &ch, 6);
+        match next(&ch, "from the engine's address") {
+            CmEvent::AddrResolved {
+                context: 6,
+                local_addr,
+            } => assert_eq!(local_addr, SocketAddr::from((ADDR_A, 5000))),
+            other => panic!("{other:?}"),
+        }
+        device.resolve_addr_from(Some(SocketAddr::from((ADDR_B, 0))), peer, &ch, 7);
+        match next(&ch, "from an address not the engine's") {
+            CmEvent::AddrError { context: 7, error } => {
+                assert_eq!(error.errno(), libc::EADDRNOTAVAIL, "{error}")
+            }
             other => panic!("{other:?}"),
         }
 
