@@ -463,23 +463,7 @@ impl Device {
     /// IPv4, and the local address is the engine's; the engine thread looks the route up, in
     /// the engine's network namespace (a stopped engine: [`DatapathError::Disconnected`]).
     pub fn resolve_addr(&self, dst: SocketAddr, channel: &CmEventChannel, context: u64) {
-        self.resolve_addr_from(None, dst, channel, context);
-    }
-
-    /// [`Device::resolve_addr`] from a source address (`rdma_resolve_addr` with `src_addr`,
-    /// or after `rdma_bind_addr`; rping's `-I`, perftest's `--source_ip`): `src`'s address
-    /// must be one of ours (on the AF_XDP engine, the engine's; the unspecified address lets
-    /// the route choose) and of `dst`'s family, else [`CmEvent::AddrError`] with
-    /// `EADDRNOTAVAIL` or [`DatapathError::InvalidArgument`]; [`CmEvent::AddrResolved`] names
-    /// it, with `src`'s port. Connect from it with [`ConnectParams::local_addr`].
-    pub fn resolve_addr_from(
-        &self,
-        src: Option<SocketAddr>,
-        dst: SocketAddr,
-        channel: &CmEventChannel,
-        context: u64,
-    ) {
-        let event = match self.local_addr_to(src, dst) {
+        let event = match self.local_addr_to(None, dst) {
             Ok(local_addr) => CmEvent::AddrResolved {
                 context,
                 local_addr,
@@ -489,20 +473,65 @@ impl Device {
         channel.push(event);
     }
 
-    /// The local address a connection to `dst` from `src` (if given) leaves from, with
-    /// `src`'s port (0 without one).
+    /// [`Device::resolve_addr`] from a source address (`rdma_resolve_addr` with `src_addr`,
+    /// or after `rdma_bind_addr`; rping's `-I`, perftest's `--source_ip`). As
+    /// `rdma_resolve_addr` does, it fails at once if `src` is of another family than `dst`
+    /// ([`DatapathError::InvalidArgument`], `EINVAL`) or not an address of ours (`EADDRNOTAVAIL`:
+    /// on the AF_XDP engine, not the engine's; on the socket transport, one the kernel will
+    /// not bind, so a host with `net.ipv4.ip_nonlocal_bind` set takes any); the unspecified
+    /// address lets the route choose. Otherwise the outcome is an event:
+    /// [`CmEvent::AddrResolved`] names the source with `src`'s port, or
+    /// [`CmEvent::AddrError`]. Connect from it with
+    /// [`ConnectParams::local_addr`](crate::ConnectParams::local_addr).
+    pub fn resolve_addr_from(
+        &self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        channel: &CmEventChannel,
+        context: u64,
+    ) -> Result<(), DatapathError> {
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(DatapathError::InvalidArgument(
+                "source and destination addresses of different families",
+            ));
+        }
+        let not_ours = || DatapathError::Io(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        match &self.engine {
+            Some(e) if !src.ip().is_unspecified() && src.ip() != e.local_ip() => {
+                return Err(not_ours())
+            }
+            Some(_) => {}
+            None => {
+                // The kernel binds only an address of ours (an IPv6 scope kept).
+                let mut from = src;
+                from.set_port(0);
+                if let Err(error) = std::net::UdpSocket::bind(from) {
+                    return Err(match error.raw_os_error() {
+                        Some(libc::EADDRNOTAVAIL) => not_ours(),
+                        _ => DatapathError::Io(error),
+                    });
+                }
+            }
+        }
+        let event = match self.local_addr_to(Some(src), dst) {
+            Ok(local_addr) => CmEvent::AddrResolved {
+                context,
+                local_addr,
+            },
+            Err(error) => CmEvent::AddrError { context, error },
+        };
+        channel.push(event);
+        Ok(())
+    }
+
+    /// The local address a connection to `dst` from `src` (if given: checked as ours and of
+    /// `dst`'s family by the caller) leaves from, with `src`'s port (0 without one).
     fn local_addr_to(
         &self,
         src: Option<SocketAddr>,
         dst: SocketAddr,
     ) -> Result<SocketAddr, DatapathError> {
-        if src.is_some_and(|s| s.is_ipv4() != dst.is_ipv4()) {
-            return Err(DatapathError::InvalidArgument(
-                "source and destination addresses of different families",
-            ));
-        }
         let port = src.map_or(0, |s| s.port());
-        let not_ours = || DatapathError::Io(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
         match &self.engine {
             Some(e) => {
                 let SocketAddr::V4(v4) = dst else {
@@ -510,18 +539,17 @@ impl Device {
                         "the AF_XDP engine speaks IPv4 only",
                     ));
                 };
-                if src.is_some_and(|s| !s.ip().is_unspecified() && s.ip() != e.local_ip()) {
-                    return Err(not_ours());
-                }
                 e.route_check(*v4.ip())?;
                 Ok(SocketAddr::from((e.local_ip(), port)))
             }
             None => {
-                // A UDP socket bound to the source and connected to `dst`: the kernel checks
-                // the source is ours, picks the route (and the source address, if none is
-                // given), and sends nothing.
+                // A UDP socket bound to the source and connected to `dst`: the kernel picks
+                // the route (and the source address, if none is given), and sends nothing.
                 let from: SocketAddr = match (src, dst) {
-                    (Some(s), _) => SocketAddr::new(s.ip(), 0),
+                    (Some(mut s), _) => {
+                        s.set_port(0);
+                        s
+                    }
                     (None, SocketAddr::V4(_)) => (Ipv4Addr::UNSPECIFIED, 0).into(),
                     (None, SocketAddr::V6(_)) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
                 };

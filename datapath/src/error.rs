@@ -100,7 +100,9 @@ pub enum DatapathError {
 impl DatapathError {
     /// The `errno` a verbs or rdma_cm call fails with for this error, for a C interface over
     /// this API (`ibv_post_send` returns it, `rdma_connect` sets `errno` to it): `ENOMEM` for a
-    /// full queue or table (as `ibv_post_send` and `ibv_reg_mr` say), `EINVAL` for an argument
+    /// full queue or region table and for memory that cannot be pinned (as `ibv_post_send` and
+    /// `ibv_reg_mr` say), `ENOBUFS` for a full connection table, `ENETUNREACH` for a peer the
+    /// engine's interface does not reach, `EINVAL` for an argument
     /// or a work request refused by itself, `ENOTCONN` once the queue pair takes no more work
     /// (siw's), `ETIMEDOUT` for a setup deadline, `ECONNREFUSED` for a rejection, `ECONNRESET`
     /// for a peer gone during setup, `EPROTO` for a startup the peer got wrong, `EBUSY` for a
@@ -130,9 +132,8 @@ impl DatapathError {
             | DatapathError::SendQueueFull { .. }
             | DatapathError::RecvQueueFull { .. }
             | DatapathError::CompletionQueueFull => libc::ENOMEM,
-            DatapathError::PinFailed { source, .. } => {
-                source.raw_os_error().unwrap_or(libc::ENOMEM)
-            }
+            // `ibv_reg_mr`'s answer to a memlock limit, whatever `mlock` said.
+            DatapathError::PinFailed { .. } => libc::ENOMEM,
             DatapathError::RegionInUse => libc::EBUSY,
             DatapathError::Disconnected => libc::ENOTCONN,
             DatapathError::Xdp(X::PortInUse { .. }) => libc::EADDRINUSE,
@@ -142,9 +143,8 @@ impl DatapathError {
             DatapathError::Xdp(
                 X::Table(tcp_engine::table::TableError::Full) | X::DirectoryFull(_),
             ) => libc::ENOBUFS,
-            DatapathError::Xdp(X::NoIpv4Address(_) | X::WrongInterface { .. }) => {
-                libc::EADDRNOTAVAIL
-            }
+            DatapathError::Xdp(X::NoIpv4Address(_)) => libc::EADDRNOTAVAIL,
+            DatapathError::Xdp(X::WrongInterface { .. }) => libc::ENETUNREACH,
             DatapathError::Xdp(
                 X::Reserve { source: e, .. } | X::Wait(e) | X::Random(e) | X::Inbox(e),
             ) => os(e),

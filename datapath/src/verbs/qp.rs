@@ -967,7 +967,8 @@ impl QueuePair {
     /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
     /// up to 2 s more: once this returns, the transport neither reads nor writes the queue
     /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
-    /// at all leaves it false). Called on the connection's own transport thread (a finish
+    /// at all leaves it false, and once one has not answered a disconnect's full wait, later
+    /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on the connection's own transport thread (a finish
     /// hook dropping the last handle), or on any transport thread in a turn (an engine thread,
     /// an application thread polling inline, a hook or an event's drop there), it only queues
     /// the close: that thread cannot wait for itself. There it returns before the transport
@@ -980,10 +981,17 @@ impl QueuePair {
     /// the queue pair has finished; on a transport thread, at once, as above).
     pub fn disconnect(&self) {
         let _ = self.start_disconnect();
-        if self.on_own_thread() || self.shared.end_wait_given_up.load(Ordering::Acquire) {
+        if self.on_own_thread() {
             return;
         }
-        if !self.ended_within(DISCONNECT_WAIT) && !self.reset_within(ABORT_WAIT, false) {
+        let ended = if self.shared.end_wait_given_up.load(Ordering::Acquire) {
+            // An earlier wait gave up on this transport: the reset is asked for again, and
+            // waited for its own time only.
+            self.ended() || self.reset_within(ABORT_WAIT, false)
+        } else {
+            self.ended_within(DISCONNECT_WAIT) || self.reset_within(ABORT_WAIT, false)
+        };
+        if !ended {
             self.give_up_end_wait();
             return;
         }
@@ -991,7 +999,7 @@ impl QueuePair {
     }
 
     /// A disconnect has waited its full time and the transport has not finished (it does not
-    /// answer at all): said once, and not waited for again by later disconnects or drops.
+    /// answer at all): said once; later disconnects and drops wait for its reset's time only.
     fn give_up_end_wait(&self) {
         if !self.shared.end_wait_given_up.swap(true, Ordering::AcqRel) {
             tracing::warn!(
@@ -1073,7 +1081,8 @@ impl QueuePair {
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
     /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
     /// our FIN). A later `disconnect`, or dropping the handle, waits for the end as
-    /// `disconnect` does (resetting the connection after 10 s). Posts
+    /// `disconnect` does (resetting the connection after 10 s; see there for a transport
+    /// that does not answer). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
     /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
     /// woken ([`DatapathError::Io`]; the close is queued all the same).
@@ -1129,11 +1138,6 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
     if qps.iter().any(|qp| qp.on_own_thread()) {
         return;
     }
-    let qps: Vec<&QueuePair> = qps
-        .iter()
-        .copied()
-        .filter(|qp| !qp.shared.end_wait_given_up.load(Ordering::Acquire))
-        .collect();
     let all_ended_within = |timeout: Duration| {
         let deadline = super::timeout::deadline_after(timeout);
         loop {
@@ -1153,7 +1157,7 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
         }
         let _ = all_ended_within(ABORT_WAIT);
     }
-    for qp in &qps {
+    for qp in qps {
         if qp.ended() {
             qp.join_thread();
         } else {
