@@ -287,7 +287,17 @@ fn spawn_shard(
             let _ = thread.join();
             return Err(e);
         }
-        Err(_) => return Err(DatapathError::Timeout("starting the AF_XDP engine")),
+        // The thread ended without a word: it panicked opening the interface (a bug), said
+        // as such rather than as a timeout.
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            return Err(match thread.join() {
+                Err(cause) => crate::error::panicked("starting the AF_XDP engine", &*cause),
+                Ok(()) => DatapathError::Disconnected,
+            });
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            return Err(DatapathError::Timeout("starting the AF_XDP engine"))
+        }
     };
     Ok((
         ShardThread {
