@@ -31,7 +31,7 @@ use std::ops::Range;
 use iwarp_fuzz::{Arena, ArenaRegion, Input, Templates, WriteRec};
 use libfuzzer_sys::fuzz_target;
 use rdmap::qp::{QpConfig, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList};
-use rdmap::{Access, MemoryTable, Opcode, PdId, QpState, Stag, WorkCompletion};
+use rdmap::{Access, MemoryTable, Opcode, PdId, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 
 const PD: PdId = PdId(1);
 
@@ -70,6 +70,9 @@ struct Knobs {
     mulpdu: usize,
     /// RFC 7306 on the queue pair; with it, one FetchAdd outstanding after the Reads.
     extensions: bool,
+    /// A receive refused at posting (its element names a deregistered region) after the
+    /// first: it completes in its place (`complete_recv_in_error`).
+    refuse: bool,
 }
 
 struct Bed {
@@ -82,6 +85,8 @@ struct Bed {
     completions: Vec<WorkCompletion>,
     sent: Vec<Vec<u8>>,
     terminates: usize,
+    /// The receives' work request ids in posting order, the refused one included.
+    recv_order: Vec<u64>,
 }
 
 fn bed(k: Knobs) -> Bed {
@@ -132,6 +137,27 @@ fn bed(k: Knobs) -> Bed {
         &[(0, 0), (8, 8), (40, 40)],
         &[(0, 64), (64, 64)],
     ];
+    let mut recv_order = Vec::new();
+    let refuse = |qp: &mut QueuePair, mem: &MemoryTable<ArenaRegion>, order: &mut Vec<u64>| {
+        let refused = qp.post_recv(
+            RecvWr {
+                wr_id: 900,
+                sg_list: Sge {
+                    stag: stags[GONE],
+                    to: BASES[GONE],
+                    len: 8,
+                }
+                .into(),
+            },
+            mem,
+        );
+        assert!(refused.is_err(), "a receive into a deregistered region");
+        qp.complete_recv_in_error(900, WcStatus::LocalProtectionError);
+        order.push(900);
+    };
+    if k.refuse && k.recvs == 0 {
+        refuse(&mut qp, &mem, &mut recv_order);
+    }
     for (i, layout) in layouts.iter().take(k.recvs).enumerate() {
         let base = 128 * i as u64;
         let mut sg_list = SgeList::new();
@@ -153,6 +179,10 @@ fn bed(k: Knobs) -> Bed {
             &mem,
         )
         .expect("post_recv");
+        recv_order.push(100 + i as u64);
+        if k.refuse && i == 0 {
+            refuse(&mut qp, &mem, &mut recv_order);
+        }
     }
     for i in 0..k.reads {
         let off = 128 * i as u64;
@@ -212,6 +242,7 @@ fn bed(k: Knobs) -> Bed {
         completions: Vec::new(),
         sent: Vec::new(),
         terminates: 0,
+        recv_order,
     };
     b.drain(k.mulpdu);
     b.sent.clear();
@@ -234,6 +265,22 @@ impl Bed {
         while let Some(wc) = self.qp.poll_completion() {
             self.completions.push(wc);
         }
+    }
+
+    /// Receives complete in the order they were posted (verbs completes a receive queue in
+    /// order), a refused one in its place: those completed so far are the first posted.
+    fn check_recv_order(&self) {
+        let done: Vec<u64> = self
+            .completions
+            .iter()
+            .filter(|c| matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate))
+            .map(|c| c.wr_id)
+            .collect();
+        assert!(
+            self.recv_order.starts_with(&done),
+            "receives completed out of order: {done:?}, posted {:?}",
+            self.recv_order
+        );
     }
 
     /// Checks the writes logged since `from`; `frozen` when none may have happened.
@@ -333,6 +380,7 @@ fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: b
         }
     }
     b.arena.check();
+    b.check_recv_order();
     failed
 }
 
@@ -359,6 +407,7 @@ fuzz_target!(|data: &[u8]| {
         },
         mulpdu: 20 + usize::from(input.u8()) * 4,
         extensions: k2 & 0x40 != 0,
+        refuse: k2 & 0x80 != 0,
     };
     let early = bed(knobs);
     let templates = Templates {
