@@ -1171,14 +1171,12 @@ fn a_receive_refused_at_post_time_completes_after_those_before_it() {
     pair.a.post(10, op, Some(send));
     pair.a.post(11, op, Some(send));
     pair.pump();
-    let order: Vec<_> = pair
-        .b
-        .completions()
-        .iter()
-        .map(|c| (c.wr_id, c.status))
-        .collect();
+    let order = |pair: &mut Pair| -> Vec<_> {
+        let done = pair.b.completions();
+        done.iter().map(|c| (c.wr_id, c.status)).collect()
+    };
     assert_eq!(
-        order,
+        order(&mut pair),
         [
             (1, WcStatus::Success),
             (2, WcStatus::LocalProtectionError),
@@ -1188,14 +1186,8 @@ fn a_receive_refused_at_post_time_completes_after_those_before_it() {
     );
     refuse(&mut pair, 6);
     pair.b.qp.close();
-    let order: Vec<_> = pair
-        .b
-        .completions()
-        .iter()
-        .map(|c| (c.wr_id, c.status))
-        .collect();
     assert_eq!(
-        order,
+        order(&mut pair),
         [
             (5, WcStatus::WrFlushError),
             (6, WcStatus::LocalProtectionError),
