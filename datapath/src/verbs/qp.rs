@@ -100,7 +100,7 @@ pub(crate) struct Shared {
     /// (Closing, Terminate): [`QueuePair::refused_while_ending`].
     refused_while_ending: AtomicU64,
     /// A disconnect waited its full time for the transport and gave up (a transport that
-    /// does not answer): later disconnects and drops do not wait for it again.
+    /// does not answer): later disconnects and drops wait only for the reset's time.
     end_wait_given_up: AtomicBool,
 }
 
@@ -968,10 +968,11 @@ impl QueuePair {
     /// up to 2 s more: once this returns, the transport neither reads nor writes the queue
     /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
     /// at all leaves it false, and once one has not answered a disconnect's full wait, later
-    /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on the connection's own transport thread (a finish
-    /// hook dropping the last handle), or on any transport thread in a turn (an engine thread,
-    /// an application thread polling inline, a hook or an event's drop there), it only queues
-    /// the close: that thread cannot wait for itself. There it returns before the transport
+    /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on
+    /// the connection's own transport thread (a finish hook dropping the last handle), or on
+    /// any transport thread in a turn (an engine thread, an application thread polling
+    /// inline, a hook or an event's drop there), it only queues the close: that thread cannot
+    /// wait for itself. There it returns before the transport
     /// has finished ([`QpStatus::finished`] says when): memory is safe to free only after
     /// [`MemoryRegion::deregister`](crate::MemoryRegion::deregister)'s wait.
     ///
