@@ -108,13 +108,8 @@ fn post_writes(pd: &ProtectionDomain, qp: &datapath::QueuePair) -> datapath::Mem
     src
 }
 
-#[test]
-fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
-    let (stop_tx, stop_rx) = mpsc::channel();
-    let (addr, peer) = silent_responder(stop_rx);
-    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
-    // The Writes go out until the buffers on both sides are full, then stop.
+/// Waits until the Writes stop completing: the buffers on both sides are full.
+fn wait_for_the_stall(cq: &CompletionQueue) {
     let mut completed = 0u64;
     while let Some(c) = cq.wait(Duration::from_secs(2)) {
         assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
@@ -125,6 +120,15 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
         );
     }
     println!("{completed} of {WRITES} Writes completed before the stall");
+}
+
+#[test]
+fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (addr, peer) = silent_responder(stop_rx);
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    wait_for_the_stall(&cq);
 
     let (done_tx, done_rx) = mpsc::channel();
     let started = Instant::now();
@@ -141,6 +145,31 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     assert!(elapsed <= DISCONNECT_BOUND, "disconnect took {elapsed:?}");
     assert!(status.finished, "{status:?}");
     let _ = stop_tx.send(());
+    peer.join().expect("the peer's thread");
+}
+
+/// `start_disconnect` (`rdma_disconnect`, which does not wait) behind a peer that stopped
+/// reading: nobody waits in `disconnect` to reset the close after its 10 s, yet the close
+/// ends by itself within the same bound (the user timeout, or 10 s), reset, and its end is
+/// seen (`status().finished`) with the application doing nothing more. Before, it waited for
+/// the peer for as long as the peer held its connection open, its end unreported.
+#[test]
+fn a_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (addr, peer) = silent_responder(stop_rx);
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    wait_for_the_stall(&cq);
+    let started = Instant::now();
+    conn.qp.start_disconnect().expect("start the close");
+    // The close's 10 s and some slack for a loaded machine (the peer holds on for 60 s).
+    let ended = conn.qp.wait_finished(Duration::from_secs(15));
+    let took = started.elapsed();
+    let status = conn.qp.status();
+    let _ = stop_tx.send(());
+    println!("ended {ended} after {took:?}: {status:?}");
+    assert!(ended, "the started close never ended: {status:?}");
+    drop(conn);
     peer.join().expect("the peer's thread");
 }
 

@@ -195,6 +195,7 @@ pub(super) fn start_engine(
             .filter(|t| t.as_millis() != 0)
             .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
         error_deadline: None,
+        close_deadline: None,
     };
     let thread = std::thread::Builder::new()
         .name(format!("iwarp-qp{num}"))
@@ -344,6 +345,9 @@ struct Engine {
     error_drain: Duration,
     /// When the one in Error stops trying, once it is.
     error_deadline: Option<Instant>,
+    /// When the application's close, once taken, stops waiting for what the queue pair had
+    /// queued to reach the kernel ([`Engine::close_drain_expired`]).
+    close_deadline: Option<Instant>,
 }
 
 impl Engine {
@@ -411,15 +415,17 @@ impl Engine {
             self.publish_status();
             // (Before `finished`: the error's deadline also bounds the close's wait.)
             let drain_expired = self.error_drain_expired();
+            let close_expired = self.close_drain_expired();
             if self.finished() {
                 break;
             }
-            if drain_expired {
-                peer_line!(
-                    info,
-                    peer = ?self.stream.peer_addr().ok(),
+            if drain_expired || close_expired {
+                let what = if drain_expired {
                     "queue pair in error: what it had queued did not go in time; reset"
-                );
+                } else {
+                    "closing: what the queue pair had queued did not go in time; reset"
+                };
+                peer_line!(info, peer = ?self.stream.peer_addr().ok(), "{what}");
                 aborted = true;
                 break;
             }
@@ -532,7 +538,7 @@ impl Engine {
     /// waker).
     fn next_sleep(&self) -> Duration {
         let now = Instant::now();
-        [self.rtr_deadline, self.error_deadline]
+        [self.rtr_deadline, self.error_deadline, self.close_deadline]
             .into_iter()
             .flatten()
             .map(|at| at.saturating_duration_since(now))
@@ -871,6 +877,21 @@ impl Engine {
         }
         let now = Instant::now();
         let at = *self.error_deadline.get_or_insert(now + self.error_drain);
+        !self.tx_idle() && now >= at
+    }
+
+    /// Whether the application's close (taken: `closing`) has spent the same time as a queue
+    /// pair in Error ([`Engine::error_drain_expired`]) handing the kernel what the queue pair
+    /// had queued without getting it all out. A peer that reads a trickle, or nothing, behind
+    /// a `start_disconnect` (nobody waiting in `disconnect` to reset it after 10 s), or a
+    /// queue pair whose last handle went on a transport thread, would otherwise hold the
+    /// connection, its thread and buffers, its end unreported, for as long as it liked.
+    fn close_drain_expired(&mut self) -> bool {
+        if !self.closing {
+            return false;
+        }
+        let now = Instant::now();
+        let at = *self.close_deadline.get_or_insert(now + self.error_drain);
         !self.tx_idle() && now >= at
     }
 
