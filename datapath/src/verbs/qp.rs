@@ -1081,9 +1081,10 @@ impl QueuePair {
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
     /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
-    /// our FIN, and at most 10 s, or the user timeout if less, handing the kernel what the
-    /// queue pair had queued, against a peer that reads a trickle or nothing: then the
-    /// connection is reset). A later `disconnect`, or dropping the handle, waits for the end as
+    /// our FIN), and on both transports by at most 10 s, or the user timeout if less, for
+    /// the peer to take what the queue pair had queued (and, on the engine, our FIN): behind
+    /// a peer that reads a trickle or nothing the connection is then reset. A later
+    /// `disconnect`, or dropping the handle, waits for the end as
     /// `disconnect` does (resetting the connection after 10 s; see there for a transport
     /// that does not answer). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in

@@ -411,6 +411,7 @@ impl TcpApp for App<'_> {
             tracing::info!(peer = %slot.peer, "the application reset the connection");
         }
         slot.reset_if_overrun(tcp);
+        slot.reset_if_close_stalled(tcp, now);
         let mem = table_of(slot.table, self.mem, scratch);
         slot.conn.poll(tcp, mem, now);
         while let Some(ev) = slot.conn.poll_event() {
@@ -701,7 +702,8 @@ impl TcpApp for App<'_> {
         self.st
             .slots
             .values()
-            .filter_map(|s| s.conn.poll_timeout())
+            .flat_map(|s| [s.conn.poll_timeout(), s.close_deadline()])
+            .flatten()
             .min()
     }
 

@@ -19,6 +19,10 @@ use crate::{DatapathError, QpError};
 
 use super::commands::Handover;
 
+/// The longest a connection we close waits for the peer to take what it has queued before
+/// it is reset ([`Slot::reset_if_close_stalled`]): `QueuePair::disconnect`'s graceful wait.
+const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Who waits for a connection's setup to end, with the completion queue the connection gets
 /// when the caller has its queue pair ([`Slot::cq`]).
 pub(super) enum Waiter {
@@ -63,6 +67,10 @@ pub(super) struct Slot {
     /// The overrun was dealt with (the error recorded, the connection reset).
     cq_overrun_done: bool,
     last_state: Option<QpState>,
+    /// When a connection we are closing stops waiting for the peer to take what it has
+    /// queued, and is reset ([`Slot::reset_if_close_stalled`]); set at the first service
+    /// after the close began.
+    close_deadline: Option<tcp_engine::Instant>,
 }
 
 impl Slot {
@@ -90,7 +98,46 @@ impl Slot {
             cq_overrun: Cell::new(false),
             cq_overrun_done: false,
             last_state: None,
+            close_deadline: None,
         }
+    }
+
+    /// A connection we are closing (the application's Close, an error's end) gets at most
+    /// the user timeout or [`CLOSE_DRAIN`], whichever is less, for the peer to take what it
+    /// has queued and our FIN, as a disconnect waits before its reset; then it is reset. A
+    /// peer that reads a trickle keeps acknowledging (TCP's user timeout, which needs a
+    /// stall, never fires), or one that answers window probes for ever: either would hold the
+    /// connection, its queue pair unfinished and its end unreported, for as long as it liked
+    /// behind a `start_disconnect` (nobody waiting in `disconnect` to reset it) or a queue
+    /// pair whose last handle went on a transport thread. True if it reset.
+    pub(super) fn reset_if_close_stalled(
+        &mut self,
+        tcp: &mut TcpConnection,
+        now: tcp_engine::Instant,
+    ) -> bool {
+        if !self.closing {
+            return false;
+        }
+        let drain = tcp
+            .config()
+            .user_timeout
+            .filter(|t| !t.is_zero())
+            .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN));
+        let at = *self.close_deadline.get_or_insert(now + drain);
+        if now < at || !self.reset(tcp) {
+            return false;
+        }
+        peer_line!(
+            info,
+            peer = %self.peer,
+            "closing: the peer did not take what was queued in time; reset"
+        );
+        true
+    }
+
+    /// When [`Slot::reset_if_close_stalled`] next has something to do.
+    pub(super) fn close_deadline(&self) -> Option<tcp_engine::Instant> {
+        self.close_deadline.filter(|_| self.closing)
     }
 
     /// Records what ended the connection (see `Shared::set_error`).
