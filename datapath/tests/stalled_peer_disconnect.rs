@@ -218,6 +218,50 @@ fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time(
     peer.join().expect("the peer's thread");
 }
 
+/// An engine connection closed gracefully (the peer reads to the end and closes too) waits in
+/// TIME-WAIT for 60 s; the close's 10 s deadline, spent once our FIN was acknowledged, must
+/// not keep the engine thread from sleeping meanwhile (a deadline left in the past made every
+/// wait return at once: millions of turns a second). The engine thread's turns over 2 s,
+/// 11 s after the close, stay those of an idle engine (about 6,600 a second).
+#[test]
+fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
+    use testbed::{ADDR_B, DEV_A, NS_A, NS_B};
+    let _bed = testbed::bed_or_skip!();
+    const PORT: u16 = 19_632;
+    let peer = testbed::in_ns(NS_B, || {
+        let listener = TcpListener::bind((ADDR_B, PORT)).expect("bind in iwb");
+        std::thread::spawn(move || -> Result<(), String> {
+            let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+            answer_request(&mut s)?;
+            let mut sink = [0u8; 4096];
+            // Reads to our FIN, then closes its side.
+            while s.read(&mut sink).map_err(|e| e.to_string())? > 0 {}
+            Ok(())
+        })
+    });
+    let turns = testbed::in_ns(NS_A, || {
+        let engine = datapath::engine::XdpEngine::start(DEV_A, Default::default())
+            .expect("the engine on iwa0");
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let params = ConnectParams {
+            setup_timeout: Duration::from_secs(10),
+            ..ConnectParams::default()
+        };
+        let conn = engine
+            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &params, b"")
+            .expect("connect");
+        conn.qp.disconnect();
+        assert!(conn.qp.status().finished, "{:?}", conn.qp.status());
+        std::thread::sleep(Duration::from_secs(11));
+        let before = engine.counters().thread_turns;
+        std::thread::sleep(Duration::from_secs(2));
+        engine.counters().thread_turns - before
+    });
+    peer.join().expect("the peer's thread").expect("the peer");
+    println!("engine thread turns in 2 s, in TIME-WAIT: {turns}");
+    assert!(turns < 200_000, "the engine spun: {turns} turns in 2 s");
+}
+
 /// A peer that makes our queue pair fail (an FPDU whose CRC is wrong) while our Writes wait
 /// behind its full window, and then reads a trickle (`trickle`: 64 KiB every 2 s) or nothing
 /// at all: the queue pair sends what it can of them and its Terminate for at most 10 s (the

@@ -880,9 +880,9 @@ impl Engine {
         !self.tx_idle() && now >= at
     }
 
-    /// Whether the application's close (taken: `closing`) has spent the same time as a queue
-    /// pair in Error ([`Engine::error_drain_expired`]) handing the kernel what the queue pair
-    /// had queued without getting it all out. A peer that reads a trickle, or nothing, behind
+    /// Whether the application's close (taken: `closing`) has spent [`CLOSE_DRAIN`], as
+    /// `disconnect` waits before its reset, handing the kernel what the queue pair had queued
+    /// without getting it all out. A peer that reads a trickle, or nothing, behind
     /// a `start_disconnect` (nobody waiting in `disconnect` to reset it after 10 s), or a
     /// queue pair whose last handle went on a transport thread, would otherwise hold the
     /// connection, its thread and buffers, its end unreported, for as long as it liked.
@@ -891,7 +891,7 @@ impl Engine {
             return false;
         }
         let now = Instant::now();
-        let at = *self.close_deadline.get_or_insert(now + self.error_drain);
+        let at = *self.close_deadline.get_or_insert(now + CLOSE_DRAIN);
         !self.tx_idle() && now >= at
     }
 

@@ -965,7 +965,8 @@ impl QueuePair {
     /// shut down, and the transport's thread for the connection (the socket transport's) is
     /// joined. A graceful close that has not finished within 10 s (a peer that stopped
     /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
-    /// up to 2 s more: once this returns, the transport neither reads nor writes the queue
+    /// up to 2 s more (on the socket transport the reset drops what the kernel still held,
+    /// which may include Sends and Writes that completed when the kernel took them): once this returns, the transport neither reads nor writes the queue
     /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
     /// at all leaves it false, and once one has not answered a disconnect's full wait, later
     /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on
@@ -1081,9 +1082,11 @@ impl QueuePair {
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
     /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
-    /// our FIN), and on both transports by at most 10 s, or the user timeout if less, for
-    /// the peer to take what the queue pair had queued (and, on the engine, our FIN): behind
-    /// a peer that reads a trickle or nothing the connection is then reset. A later
+    /// our FIN), and on both transports by at most 10 s for the peer to take what the queue
+    /// pair had queued (and, on the engine, our FIN): behind a peer that reads a trickle or
+    /// nothing the connection is then reset, as `disconnect` resets it (on the socket
+    /// transport the reset also drops what the kernel held: Sends and Writes complete there
+    /// when the kernel takes them, so some that completed may not arrive). A later
     /// `disconnect`, or dropping the handle, waits for the end as
     /// `disconnect` does (resetting the connection after 10 s; see there for a transport
     /// that does not answer). Posts

@@ -69,8 +69,10 @@ pub(super) struct Slot {
     last_state: Option<QpState>,
     /// When a connection we are closing stops waiting for the peer to take what it has
     /// queued, and is reset ([`Slot::reset_if_close_stalled`]); set at the first service
-    /// after the close began.
+    /// after the close began, cleared once it has done its part.
     close_deadline: Option<tcp_engine::Instant>,
+    /// The close's deadline has done its part (passed, or our data and FIN were taken).
+    close_deadline_spent: bool,
 }
 
 impl Slot {
@@ -99,12 +101,13 @@ impl Slot {
             cq_overrun_done: false,
             last_state: None,
             close_deadline: None,
+            close_deadline_spent: false,
         }
     }
 
-    /// A connection we are closing (the application's Close, an error's end) gets at most
-    /// the user timeout or [`CLOSE_DRAIN`], whichever is less, for the peer to take what it
-    /// has queued and our FIN, as a disconnect waits before its reset; then it is reset. A
+    /// A connection we are closing (the application's Close, a handover nobody took, the
+    /// engine's stop) gets [`CLOSE_DRAIN`] for the peer to take what it has queued and our
+    /// FIN, as a disconnect waits before its reset; then it is reset. A
     /// peer that reads a trickle keeps acknowledging (TCP's user timeout, which needs a
     /// stall, never fires), or one that answers window probes for ever: either would hold the
     /// connection, its queue pair unfinished and its end unreported, for as long as it liked
@@ -115,16 +118,28 @@ impl Slot {
         tcp: &mut TcpConnection,
         now: tcp_engine::Instant,
     ) -> bool {
-        if !self.closing {
+        if !self.closing || self.close_deadline_spent {
             return false;
         }
-        let drain = tcp
-            .config()
-            .user_timeout
-            .filter(|t| !t.is_zero())
-            .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN));
-        let at = *self.close_deadline.get_or_insert(now + drain);
-        if now < at || !self.reset(tcp) {
+        if matches!(
+            tcp.state(),
+            TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+        ) {
+            // Our data and FIN are acknowledged (FIN-WAIT-2 has its own bound), or the
+            // connection is gone: nothing left to wait for, and no deadline to wake for.
+            self.close_deadline = None;
+            self.close_deadline_spent = true;
+            return false;
+        }
+        let at = *self.close_deadline.get_or_insert(now + CLOSE_DRAIN);
+        if now < at {
+            return false;
+        }
+        // Done, whatever the reset finds: a deadline left in the past would keep the engine
+        // from sleeping.
+        self.close_deadline = None;
+        self.close_deadline_spent = true;
+        if !self.reset(tcp) {
             return false;
         }
         peer_line!(
