@@ -133,6 +133,28 @@ impl PortAttr {
     }
 }
 
+/// A source address [`Device::checked_source`] found to be ours.
+enum Source {
+    /// The engine's address, with the port to name.
+    Engine { port: u16 },
+    /// The socket transport's route probe, bound to the source, and the port to name.
+    Socket {
+        probe: std::net::UdpSocket,
+        port: u16,
+    },
+}
+
+/// The event of an address resolution's outcome.
+fn addr_event(outcome: Result<SocketAddr, DatapathError>, context: u64) -> CmEvent {
+    match outcome {
+        Ok(local_addr) => CmEvent::AddrResolved {
+            context,
+            local_addr,
+        },
+        Err(error) => CmEvent::AddrError { context, error },
+    }
+}
+
 /// The modified EUI-64 of a MAC address (RFC 4291 appendix A), as a number whose big-endian
 /// octets are the identifier.
 fn eui64_of(mac: [u8; 6]) -> u64 {
@@ -463,14 +485,14 @@ impl Device {
     /// IPv4, and the local address is the engine's; the engine thread looks the route up, in
     /// the engine's network namespace (a stopped engine: [`DatapathError::Disconnected`]).
     pub fn resolve_addr(&self, dst: SocketAddr, channel: &CmEventChannel, context: u64) {
-        let event = match self.local_addr_to(None, dst) {
-            Ok(local_addr) => CmEvent::AddrResolved {
-                context,
-                local_addr,
-            },
-            Err(error) => CmEvent::AddrError { context, error },
+        let any = match dst {
+            SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            SocketAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
         };
-        channel.push(event);
+        let outcome = self
+            .checked_source(any)
+            .and_then(|source| self.local_addr_from(source, dst));
+        channel.push(addr_event(outcome, context));
     }
 
     /// [`Device::resolve_addr`] from a source address (`rdma_resolve_addr` with `src_addr`,
@@ -495,45 +517,43 @@ impl Device {
                 "source and destination addresses of different families",
             ));
         }
-        let not_ours = || DatapathError::Io(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
-        match &self.engine {
-            Some(e) if !src.ip().is_unspecified() && src.ip() != e.local_ip() => {
-                return Err(not_ours())
-            }
-            Some(_) => {}
-            None => {
-                // The kernel binds only an address of ours (an IPv6 scope kept).
-                let mut from = src;
-                from.set_port(0);
-                if let Err(error) = std::net::UdpSocket::bind(from) {
-                    return Err(match error.raw_os_error() {
-                        Some(libc::EADDRNOTAVAIL) => not_ours(),
-                        _ => DatapathError::Io(error),
-                    });
-                }
-            }
-        }
-        let event = match self.local_addr_to(Some(src), dst) {
-            Ok(local_addr) => CmEvent::AddrResolved {
-                context,
-                local_addr,
-            },
-            Err(error) => CmEvent::AddrError { context, error },
-        };
-        channel.push(event);
+        let source = self.checked_source(src)?;
+        channel.push(addr_event(self.local_addr_from(source, dst), context));
         Ok(())
     }
 
-    /// The local address a connection to `dst` from `src` (if given: checked as ours and of
-    /// `dst`'s family by the caller) leaves from, with `src`'s port (0 without one).
-    fn local_addr_to(
+    /// `src` as a source address of ours: on the AF_XDP engine, the engine's address or the
+    /// unspecified one; on the socket transport, one the kernel binds (the route probe bound
+    /// to it, an IPv6 scope kept). Else `EADDRNOTAVAIL`.
+    fn checked_source(&self, src: SocketAddr) -> Result<Source, DatapathError> {
+        let not_ours = || DatapathError::Io(std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        match &self.engine {
+            Some(e) if !src.ip().is_unspecified() && src.ip() != e.local_ip() => Err(not_ours()),
+            Some(_) => Ok(Source::Engine { port: src.port() }),
+            None => {
+                let mut from = src;
+                from.set_port(0);
+                match std::net::UdpSocket::bind(from) {
+                    Ok(probe) => Ok(Source::Socket {
+                        probe,
+                        port: src.port(),
+                    }),
+                    Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => Err(not_ours()),
+                    Err(e) => Err(DatapathError::Io(e)),
+                }
+            }
+        }
+    }
+
+    /// The local address a connection to `dst` from `source` leaves from, with the source's
+    /// port.
+    fn local_addr_from(
         &self,
-        src: Option<SocketAddr>,
+        source: Source,
         dst: SocketAddr,
     ) -> Result<SocketAddr, DatapathError> {
-        let port = src.map_or(0, |s| s.port());
-        match &self.engine {
-            Some(e) => {
+        match (source, &self.engine) {
+            (Source::Engine { port }, Some(e)) => {
                 let SocketAddr::V4(v4) = dst else {
                     return Err(DatapathError::InvalidArgument(
                         "the AF_XDP engine speaks IPv4 only",
@@ -542,24 +562,16 @@ impl Device {
                 e.route_check(*v4.ip())?;
                 Ok(SocketAddr::from((e.local_ip(), port)))
             }
-            None => {
-                // A UDP socket bound to the source and connected to `dst`: the kernel picks
-                // the route (and the source address, if none is given), and sends nothing.
-                let from: SocketAddr = match (src, dst) {
-                    (Some(mut s), _) => {
-                        s.set_port(0);
-                        s
-                    }
-                    (None, SocketAddr::V4(_)) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-                    (None, SocketAddr::V6(_)) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-                };
-                let probe = std::net::UdpSocket::bind(from)?;
-                // `dst` itself (an IPv6 scope kept), at a port a UDP connect takes.
+            (Source::Socket { probe, port }, _) => {
+                // Connected to `dst`, the probe learns the kernel's route (and the source
+                // address, if it was bound to none); nothing is sent. `dst` itself (an IPv6
+                // scope kept), at a port a UDP connect takes.
                 let mut to = dst;
                 to.set_port(dst.port().max(1));
                 probe.connect(to)?;
                 Ok(SocketAddr::new(probe.local_addr()?.ip(), port))
             }
+            (Source::Engine { .. }, None) => Err(DatapathError::Disconnected),
         }
     }
 

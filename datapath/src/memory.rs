@@ -1274,16 +1274,9 @@ impl Deregistration {
     /// nothing reads or writes them any more). A Read Response holds its source until the
     /// peer acknowledges it, a queue pair that ended holds nothing.
     pub fn wait(&self, timeout: Duration) -> bool {
-        let deadline = crate::verbs::timeout::deadline_after(timeout);
-        loop {
-            if self.is_released() {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        crate::verbs::timeout::poll_until(timeout, Duration::from_micros(200), || {
+            self.is_released()
+        })
     }
 
     /// True when no transport holds the bytes any more (this handle alone has them).

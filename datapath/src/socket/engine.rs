@@ -29,6 +29,14 @@ impl QpWaker for Waker {
     }
 }
 
+/// Whether a drain of `drain` (its `deadline` set at the first look) has passed with what is
+/// queued not all handed to the kernel (`idle` false).
+fn drain_spent(deadline: &mut Option<Instant>, drain: Duration, idle: bool) -> bool {
+    let now = Instant::now();
+    let at = *deadline.get_or_insert(now + drain);
+    !idle && now >= at
+}
+
 /// What connection setup hands to the engine.
 pub(super) struct Setup {
     pub(super) agreed: Agreed,
@@ -875,9 +883,8 @@ impl Engine {
         if !matches!(self.qp.state(), QpState::Error | QpState::Terminate) {
             return false;
         }
-        let now = Instant::now();
-        let at = *self.error_deadline.get_or_insert(now + self.error_drain);
-        !self.tx_idle() && now >= at
+        let idle = self.tx_idle();
+        drain_spent(&mut self.error_deadline, self.error_drain, idle)
     }
 
     /// Whether the application's close (taken: `closing`) has spent [`CLOSE_DRAIN`], as
@@ -890,9 +897,8 @@ impl Engine {
         if !self.closing {
             return false;
         }
-        let now = Instant::now();
-        let at = *self.close_deadline.get_or_insert(now + CLOSE_DRAIN);
-        !self.tx_idle() && now >= at
+        let idle = self.tx_idle();
+        drain_spent(&mut self.close_deadline, CLOSE_DRAIN, idle)
     }
 
     fn finished(&self) -> bool {

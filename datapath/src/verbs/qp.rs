@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use mpa::Negotiated;
@@ -20,6 +20,7 @@ use rdmap::{
 use crate::probe::{self, Mark};
 use crate::turn::TransportTurn;
 use crate::verbs::cq::{Completion, CqSink};
+use crate::verbs::timeout::poll_until;
 use crate::{DatapathError, PostListError, QpError};
 
 /// What the application can see of a queue pair's state while its engine runs.
@@ -949,16 +950,7 @@ impl QueuePair {
 
     /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
     pub fn wait_finished(&self, timeout: Duration) -> bool {
-        let deadline = super::timeout::deadline_after(timeout);
-        loop {
-            if self.status().finished {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        poll_until(timeout, Duration::from_millis(2), || self.status().finished)
     }
 
     /// Closes the connection: outstanding work requests complete as flushed, the socket is
@@ -1041,16 +1033,7 @@ impl QueuePair {
 
     /// Waits up to `timeout` for [`QueuePair::ended`]; true when it has.
     fn ended_within(&self, timeout: Duration) -> bool {
-        let deadline = super::timeout::deadline_after(timeout);
-        loop {
-            if self.ended() {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(END_POLL);
-        }
+        poll_until(timeout, END_POLL, || self.ended())
     }
 
     /// Asks the transport to reset the connection now (`reset`: [`QueuePair::abort`]'s, see
@@ -1145,18 +1128,8 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
     if qps.iter().any(|qp| qp.on_own_thread()) {
         return;
     }
-    let all_ended_within = |timeout: Duration| {
-        let deadline = super::timeout::deadline_after(timeout);
-        loop {
-            if qps.iter().all(|qp| qp.ended()) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(END_POLL);
-        }
-    };
+    let all_ended_within =
+        |timeout: Duration| poll_until(timeout, END_POLL, || qps.iter().all(|qp| qp.ended()));
     if !all_ended_within(DISCONNECT_WAIT) {
         for qp in qps.iter().filter(|qp| !qp.ended()) {
             qp.shared.request_abort(false);
@@ -1212,6 +1185,7 @@ pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
 mod tests {
     use super::*;
     use rdmap::SgeList;
+    use std::time::Instant;
 
     /// A request the queue pair refuses for its state is flushed: in Error, and in the
     /// states where it can never run (Closing, Terminate) as the queue pair ends.

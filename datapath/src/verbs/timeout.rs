@@ -11,6 +11,25 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
         .unwrap_or(now)
 }
 
+/// Looks at `done` every `every` until it says true (then true) or `timeout` has passed
+/// (then false): the API's waits for what another thread changes.
+pub(crate) fn poll_until(
+    timeout: Duration,
+    every: Duration,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let deadline = deadline_after(timeout);
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,7 +152,7 @@ impl Slot {
 
     /// When [`Slot::reset_if_close_stalled`] next has something to do.
     pub(super) fn close_deadline(&self) -> Option<tcp_engine::Instant> {
-        self.close_deadline.filter(|_| self.closing)
+        self.close_deadline
     }
 
     /// Records what ended the connection (see `Shared::set_error`).
