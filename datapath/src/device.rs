@@ -14,7 +14,7 @@ use crate::verbs::cm::{
 };
 use crate::verbs::cm_events::{push_outcome, CmEvent, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
-use crate::verbs::idle::{IdleQp, RecvFlushes};
+use crate::verbs::idle::{IdleHandOver, IdleQp};
 use crate::verbs::qp::QpStart;
 use crate::verbs::srq::MAX_SRQ_WR;
 use crate::DatapathError;
@@ -183,7 +183,7 @@ struct Connect {
     cq: CompletionQueue,
     params: ConnectParams,
     start: QpStart,
-    flushes: Option<RecvFlushes>,
+    hand_over: Option<IdleHandOver>,
 }
 
 impl Device {
@@ -326,7 +326,7 @@ impl Device {
     ) -> Result<Connection, DatapathError> {
         let qp = qp.into_parts();
         let outcome = self.connect_start(addr, &qp.pd, &qp.cq, &qp.params, private_data, qp.start);
-        qp.flushes.after(outcome)
+        qp.hand_over.after(outcome)
     }
 
     fn connect_start(
@@ -385,7 +385,7 @@ impl Device {
             cq: cq.clone(),
             params: params.clone(),
             start: QpStart::with_recvs(recvs),
-            flushes: None,
+            hand_over: None,
         };
         self.connect_async_start(connect, private_data, channel, context)
     }
@@ -408,7 +408,7 @@ impl Device {
             cq: qp.cq,
             params: qp.params,
             start: qp.start,
-            flushes: Some(qp.flushes),
+            hand_over: Some(qp.hand_over),
         };
         self.connect_async_start(connect, private_data, channel, context)
     }
@@ -426,7 +426,7 @@ impl Device {
             cq,
             params,
             start,
-            flushes,
+            hand_over,
         } = connect;
         let started = match &self.engine {
             // `start_connect` checks the parameters itself.
@@ -446,34 +446,42 @@ impl Device {
         };
         let wait = match started {
             Ok(wait) => wait,
-            Err(e) => return RecvFlushes::after_maybe(flushes, Err(e)),
+            Err(e) => {
+                if let Some(hand_over) = hand_over {
+                    hand_over.fail();
+                }
+                return Err(e);
+            }
         };
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
         let outcome_of = attempt.clone();
         // The attempt goes to the thread once it runs: should no thread be had, the receives
         // are still here to flush.
-        let (hand_over, take) = std::sync::mpsc::sync_channel::<(PendingConnect, _)>(1);
+        let (give, take) = std::sync::mpsc::sync_channel::<(PendingConnect, _)>(1);
         let spawned = std::thread::Builder::new()
             .name("iwarp-cm-connect".into())
             .spawn(move || {
-                let Ok((wait, flushes)) = take.recv() else {
+                let Ok((wait, hand_over)) = take.recv() else {
                     return;
                 };
                 // A panic (a bug, possibly reached by the peer's bytes in the socket
                 // transport's startup) is this attempt's error, not a lost event.
                 let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wait))
                     .unwrap_or_else(|cause| Err(crate::error::panicked("connecting", &*cause)));
-                let outcome = RecvFlushes::after_maybe(flushes, waited);
+                let outcome = IdleHandOver::after_maybe(hand_over, waited);
                 push_outcome(&channel, context, &outcome_of, outcome);
             });
         if let Err(e) = spawned {
             // Dropping the wait gives up the attempt: the engine drops the connection.
             drop(wait);
-            return RecvFlushes::after_maybe(flushes, Err(e.into()));
+            if let Some(hand_over) = hand_over {
+                hand_over.fail();
+            }
+            return Err(e.into());
         }
         // The thread waits for it: the channel has room for it, and its receiver lives.
-        let _ = hand_over.send((wait, flushes));
+        let _ = give.send((wait, hand_over));
         Ok(attempt)
     }
 

@@ -89,6 +89,11 @@ pub enum DatapathError {
     /// instead); or the engine is gone.
     #[error("queue pair is no longer connected")]
     Disconnected,
+    /// A send work request posted to a queue pair that is not connected yet (through a
+    /// [`crate::QpPoster`] before its connect or accept has started it; verbs' `ENOTCONN` for a
+    /// queue pair not in RTS), or any post to one that was destroyed without a connection.
+    #[error("queue pair is not connected")]
+    NotConnected,
     /// Connection setup did not finish in time.
     #[error("timed out during {0}")]
     Timeout(&'static str),
@@ -135,7 +140,7 @@ impl DatapathError {
             // `ibv_reg_mr`'s answer to a memlock limit, whatever `mlock` said.
             DatapathError::PinFailed { .. } => libc::ENOMEM,
             DatapathError::RegionInUse => libc::EBUSY,
-            DatapathError::Disconnected => libc::ENOTCONN,
+            DatapathError::Disconnected | DatapathError::NotConnected => libc::ENOTCONN,
             DatapathError::Xdp(X::PortInUse { .. }) => libc::EADDRINUSE,
             DatapathError::Xdp(X::Table(tcp_engine::table::TableError::TupleInUse)) => {
                 libc::EADDRINUSE
@@ -320,6 +325,7 @@ mod tests {
                 libc::EINVAL,
             ),
             (DatapathError::Disconnected, libc::ENOTCONN),
+            (DatapathError::NotConnected, libc::ENOTCONN),
             (DatapathError::Timeout("x"), libc::ETIMEDOUT),
             (
                 DatapathError::Mpa(mpa::MpaError::AcceptTimeout),

@@ -93,7 +93,7 @@ pub use verbs::cm::{
 };
 pub use verbs::cm_events::{CmEvent, CmEventChannel, ConnectAttempt, NotifyingListener};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue, DEFAULT_CQE, MAX_CQE};
-pub use verbs::idle::IdleQp;
+pub use verbs::idle::{IdleQp, QpPoster};
 pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};
 pub use verbs::qp::{Agreed, QpAttr, QpStatus, QueuePair, SendRequest};
 pub use verbs::srq::{SharedReceiveQueue, MAX_SRQ_WR};

@@ -581,3 +581,136 @@ fn an_idle_qp_moved_to_error_flushes_its_receives_and_a_dropped_one_nothing() {
         "a dropped queue pair completed"
     );
 }
+
+/// A client on the socket transport: connects to `addr` (from namespace `ns` if given, once
+/// `ready`), greets at once, greets again once told to `go`, then holds the connection until
+/// `done`.
+fn greeting_twice(
+    addr: SocketAddr,
+    ns: Option<&str>,
+    ready: Option<mpsc::Receiver<()>>,
+    go: mpsc::Receiver<()>,
+    done: mpsc::Receiver<()>,
+) -> Result<(), String> {
+    if let Some(ns) = ns {
+        testbed::enter_ns(ns).map_err(|e| e.to_string())?;
+    }
+    if let Some(ready) = ready {
+        ready
+            .recv_timeout(WAIT)
+            .map_err(|_| "the server did not listen".to_string())?;
+    }
+    let side = Side::new();
+    let conn = datapath::connect(addr, &side.pd, &side.cq, &p2p(4), &[])
+        .map_err(|e| format!("connect: {e}"))?;
+    let src = side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    src.write(0, &greeting());
+    for wr_id in [1, 2] {
+        if wr_id == 2 {
+            go.recv_timeout(WAIT)
+                .map_err(|_| "not told to greet again".to_string())?;
+        }
+        conn.qp
+            .post_send(send_wr(wr_id, &src, LEN))
+            .map_err(|e| format!("greeting {wr_id}: {e}"))?;
+    }
+    let _ = done.recv_timeout(WAIT);
+    Ok(())
+}
+
+/// rping's server (`rdma_accept` on an event channel, a completion thread that reposts each
+/// receive as soon as it completes): accepts `req` with an idle queue pair whose receive
+/// queue holds one receive, and, before it takes `Established`, waits for that receive's
+/// completion and reposts through the queue pair's [`datapath::QpPoster`] (possible only
+/// once the first has left the queue), then tells the client to `go` on: the second greeting
+/// finds the repost. Only then is the event taken, its queue pair the idle one.
+fn reposts_before_established(req: ConnectRequest, go: mpsc::Sender<()>) -> Result<(), String> {
+    let side = Side::new();
+    let sink = side
+        .pd
+        .register(LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let qp = idle_with_a_recv(&side, &sink);
+    let (num, poster) = (qp.num(), qp.poster());
+    let channel = CmEventChannel::new().map_err(|e| e.to_string())?;
+    req.accept_qp_async(qp, &[], &channel, 11)
+        .map_err(|e| format!("accept: {e}"))?;
+    for (wr_id, what) in [(7, "the first greeting"), (8, "the second greeting")] {
+        let c = next_wc(&side.cq, what);
+        let got = (c.qp_num, c.wc.wr_id, c.wc.status, c.wc.byte_len);
+        if got != (num, wr_id, WcStatus::Success, LEN as u32) {
+            return Err(format!("{what}: {c:?}"));
+        }
+        if wr_id == 7 {
+            poster
+                .post_recv(recv(8, &sink))
+                .map_err(|e| format!("the repost before Established: {e}"))?;
+            let _ = go.send(());
+        }
+    }
+    let mut got = vec![0u8; LEN];
+    sink.read(0, &mut got);
+    if got != greeting() {
+        return Err("the second greeting's octets".into());
+    }
+    match channel.wait_event(WAIT) {
+        Some(CmEvent::Established {
+            context: 11,
+            connection,
+        }) if connection.qp.num() == num => Ok(()),
+        other => Err(format!("not established: {other:?}")),
+    }
+}
+
+#[test]
+fn socket_a_receive_reposted_before_established_is_taken() {
+    let listener = Listener::bind(any_port(), p2p(4)).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (go_tx, go_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let client = std::thread::spawn(move || greeting_twice(addr, None, None, go_rx, done_rx));
+    let req = listener
+        .accept_timeout(WAIT)
+        .expect("accept")
+        .expect("a connection request");
+    let outcome = reposts_before_established(req, go_tx);
+    let _ = done_tx.send(());
+    outcome.expect("socket responder");
+    client.join().expect("client thread").expect("client");
+}
+
+#[test]
+fn engine_a_receive_reposted_before_established_is_taken() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_633;
+    let (go_tx, go_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let addr = SocketAddr::from((ADDR_A, PORT));
+    let client = std::thread::spawn(move || {
+        greeting_twice(addr, Some(testbed::NS_B), Some(ready_rx), go_rx, done_rx)
+    });
+    testbed::in_ns(NS_A, move || -> Result<(), String> {
+        let device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .map_err(|e| e.to_string())?;
+        let listener = device
+            .listen(addr, p2p(4))
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        let req = listener
+            .accept_timeout(WAIT)
+            .map_err(|e| e.to_string())?
+            .ok_or("no connection request")?;
+        let outcome = reposts_before_established(req, go_tx);
+        let _ = done_tx.send(());
+        outcome
+    })
+    .expect("engine responder");
+    client.join().expect("client thread").expect("client");
+}

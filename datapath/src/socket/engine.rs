@@ -18,8 +18,10 @@ use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
+use crate::verbs::idle::StartingPosts;
 use crate::verbs::qp::{
-    post_initial_recvs, Agreed, Cmd, QpParts, QpStart, QpWaker, QueueAccount, QueuePair, Shared,
+    post_initial_recvs, Agreed, Cmd, PostPath, QpParts, QpStart, QpWaker, QueueAccount, QueuePair,
+    Shared,
 };
 use crate::{DatapathError, QpError};
 
@@ -66,7 +68,11 @@ pub(super) fn start_engine(
         leftover,
         initiator,
         first_out,
-        start: QpStart { num, recvs },
+        start: QpStart {
+            num,
+            recvs,
+            posters,
+        },
     } = setup;
     match &agreed {
         Agreed::Mpa(n) => peer_line!(
@@ -167,7 +173,7 @@ pub(super) fn start_engine(
     let (sq_depth, rq_depth) = (qp.config().sq_depth, qp.config().rq_depth);
     let (srq, extensions) = (qp.has_srq(), qp.config().extensions);
     let cq = CqSink::new(cq, params.recv_cq.as_ref());
-    let engine = Engine {
+    let mut engine = Engine {
         stream,
         poll,
         cmds: cmd_rx,
@@ -204,11 +210,9 @@ pub(super) fn start_engine(
             .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
         error_deadline: None,
         close_deadline: None,
+        posters: None,
     };
-    let thread = std::thread::Builder::new()
-        .name(format!("iwarp-qp{num}"))
-        .spawn(move || engine.run(leftover))?;
-    Ok(QueuePair::from_parts(QpParts {
+    let mut parts = QpParts {
         num,
         cmds: cmd_tx,
         waker,
@@ -218,13 +222,19 @@ pub(super) fn start_engine(
         local,
         peer,
         tos: params.tos,
-        thread: Some(thread),
+        thread: None,
         sq_depth,
         rq_depth,
         srq,
         extensions,
         cq: Some(cq),
-    }))
+    };
+    engine.posters = posters.map(|p| (p, parts.post_path()));
+    let thread = std::thread::Builder::new()
+        .name(format!("iwarp-qp{num}"))
+        .spawn(move || engine.run(leftover))?;
+    parts.thread = Some(thread);
+    Ok(QueuePair::from_parts(parts))
 }
 
 fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
@@ -356,6 +366,9 @@ struct Engine {
     /// When the application's close, once taken, stops waiting for what the queue pair had
     /// queued to reach the kernel ([`Engine::close_drain_expired`]).
     close_deadline: Option<Instant>,
+    /// The queue pair was created before its connection: the receives its posters took while
+    /// it started, handed to it first thing on its thread ([`StartingPosts::run`]).
+    posters: Option<(StartingPosts, PostPath)>,
 }
 
 impl Engine {
@@ -396,6 +409,11 @@ impl Engine {
 
     /// The connection's work until it ends (see [`Engine::run`]).
     fn serve(&mut self, leftover: Vec<u8>) {
+        if let Some((posters, path)) = self.posters.take() {
+            // Before anything can complete, and before the peer can hear of the queue pair
+            // (the Reply is not written yet).
+            posters.run(&path);
+        }
         if !leftover.is_empty() {
             self.process_rx(&leftover);
         }

@@ -4,15 +4,15 @@
 //! and those receives in place before the peer can send anything.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use rdmap::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use rdmap::{InlineSendWr, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::qp::{next_qp_num, post_initial_recvs, QpAttr, QpStart};
+use crate::verbs::qp::{next_qp_num, post_initial_recvs, PostPath, QpAttr, QpStart, SendRequest};
 use crate::{DatapathError, PostListError};
 
 /// A queue pair that has no connection yet (RDMAP's Idle state, RFC 5040 6; verbs' queue
@@ -37,12 +37,43 @@ pub struct IdleQp {
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) params: ConnectParams,
-    recvs: Mutex<PostedRecvs>,
+    stages: Arc<Stages>,
 }
 
-/// The receives posted to an [`IdleQp`], and a receive queue of its depth that has taken
-/// each as the connect or accept will post it (the checks and errors of
-/// [`crate::Device::connect_with_recvs`]).
+/// Where the posts to one queue pair go as its life goes on, shared by its [`IdleQp`] and its
+/// [`QpPoster`]s.
+struct Stages {
+    num: u32,
+    pd: ProtectionDomain,
+    /// Its receives come from a shared receive queue.
+    srq: bool,
+    /// Its completion queues, for the posts it completes itself (flushed).
+    cq: CqSink,
+    /// Set once the queue pair runs: posts go straight to it, without the lock.
+    running: OnceLock<PostPath>,
+    stage: Mutex<Stage>,
+}
+
+enum Stage {
+    /// No connect or accept has taken the queue pair yet: receives collect here, to be posted
+    /// first when it starts.
+    Idle(PostedRecvs),
+    /// A connect or accept took it (and the receives posted so far) and has not finished:
+    /// receives posted meanwhile collect here, to be posted as soon as it runs, behind those.
+    Starting(PostedRecvs),
+    /// It runs: see [`Stages::running`].
+    Running(PostPath),
+    /// Its connect or accept failed, or [`IdleQp::flush`] moved it to Error: posts complete
+    /// at once, flushed, on its completion queues, as on a running queue pair in Error.
+    Error,
+    /// The [`IdleQp`] was dropped without a connection (`ibv_destroy_qp`).
+    Destroyed,
+}
+
+/// The receives posted to a queue pair not running yet, and a receive queue of its depth that
+/// has taken each as the connect or accept will post it (the checks and errors of
+/// [`crate::Device::connect_with_recvs`]): those posted while it starts count against the
+/// depth with those it starts with.
 struct PostedRecvs {
     wrs: Vec<RecvWr>,
     check: rdmap::QueuePair,
@@ -75,14 +106,22 @@ impl IdleQp {
             srq.check_pd(pd.id)?;
         }
         let check = receive_queue_alone(params, pd);
+        let num = next_qp_num();
         Ok(IdleQp {
-            num: next_qp_num(),
+            num,
             pd: pd.clone(),
             cq: cq.clone(),
             params: params.clone(),
-            recvs: Mutex::new(PostedRecvs {
-                wrs: Vec::new(),
-                check,
+            stages: Arc::new(Stages {
+                num,
+                pd: pd.clone(),
+                srq: params.srq.is_some(),
+                cq: CqSink::new(cq, params.recv_cq.as_ref()),
+                running: OnceLock::new(),
+                stage: Mutex::new(Stage::Idle(PostedRecvs {
+                    wrs: Vec::new(),
+                    check,
+                })),
             }),
         })
     }
@@ -91,6 +130,15 @@ impl IdleQp {
     /// its [`crate::Completion`]s carry).
     pub fn num(&self) -> u32 {
         self.num
+    }
+
+    /// A handle that posts to this queue pair for the rest of its life (see [`QpPoster`]):
+    /// here before the connection, to the running queue pair once a connect or accept has
+    /// started it, even before the application has its [`crate::QueuePair`].
+    pub fn poster(&self) -> QpPoster {
+        QpPoster {
+            stages: self.stages.clone(),
+        }
     }
 
     /// The parameters it was created with, as connecting will use them.
@@ -144,16 +192,7 @@ impl IdleQp {
     /// receives are checked again when the queue pair is connected or accepted: one whose
     /// region was deregistered since fails that call.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
-        let mut recvs = self.recvs.lock().unwrap_or_else(|e| e.into_inner());
-        if self.params.srq.is_some() {
-            return Err(DatapathError::InvalidWorkRequest(
-                rdmap::RdmapError::SrqAttached,
-            ));
-        }
-        let PostedRecvs { wrs, check } = &mut *recvs;
-        post_initial_recvs(check, &self.pd.table.snapshot(), vec![wr])?;
-        wrs.push(wr);
-        Ok(())
+        self.stages.post_recv(wr)
     }
 
     /// Posts a list of receives in order (`ibv_post_recv` with a chain): each as
@@ -163,46 +202,76 @@ impl IdleQp {
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<usize, PostListError> {
-        PostListError::post_each(wrs, |wr| self.post_recv(wr))
+        self.stages.post_recv_list(wrs)
     }
 
     /// How many receives are posted.
     pub fn recvs_posted(&self) -> usize {
-        self.recvs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .wrs
-            .len()
+        match &*self.stages.lock() {
+            Stage::Idle(recvs) => recvs.wrs.len(),
+            _ => 0,
+        }
     }
 
     /// Moves the queue pair to Error before any connection (`ibv_modify_qp` to
     /// `IBV_QPS_ERR`): each receive posted to it completes with
     /// [`rdmap::WcStatus::WrFlushError`] on its receive completion queue, in the order
-    /// posted, before this returns, as when its connect or accept fails. (Dropping it instead
-    /// is `ibv_destroy_qp`: no completion.)
+    /// posted, before this returns, as when its connect or accept fails; later posts through
+    /// its [`QpPoster`]s complete flushed at once. (Dropping it instead is `ibv_destroy_qp`:
+    /// no completion.)
     pub fn flush(self) {
-        self.into_parts().flushes.flush();
+        self.into_parts().hand_over.fail();
     }
 
     /// What the transport starts the queue pair with (its number and its receives), and the
-    /// flushes of those receives should the connect or accept fail.
+    /// hand-over of its posts for when the connect or accept ends.
     pub(crate) fn into_parts(self) -> IdleParts {
-        let recvs = self.recvs.into_inner().unwrap_or_else(|e| e.into_inner());
-        let flushes = RecvFlushes {
-            num: self.num,
-            wr_ids: recvs.wrs.iter().map(|wr| wr.wr_id).collect(),
-            cq: CqSink::new(&self.cq, self.params.recv_cq.as_ref()),
+        let wrs = {
+            let mut stage = self.stages.lock();
+            match std::mem::replace(&mut *stage, Stage::Destroyed) {
+                Stage::Idle(PostedRecvs { wrs, check }) => {
+                    *stage = Stage::Starting(PostedRecvs {
+                        wrs: Vec::new(),
+                        check,
+                    });
+                    wrs
+                }
+                // Only an `IdleQp` moves its stage on from Idle, and this one is taken now.
+                other => {
+                    *stage = other;
+                    Vec::new()
+                }
+            }
+        };
+        let hand_over = IdleHandOver {
+            first: wrs.iter().map(|wr| wr.wr_id).collect(),
+            stages: self.stages.clone(),
+            done: false,
         };
         let start = QpStart {
             num: self.num,
-            recvs: recvs.wrs,
+            recvs: wrs,
+            posters: Some(StartingPosts {
+                stages: self.stages.clone(),
+            }),
         };
         IdleParts {
             start,
-            pd: self.pd,
-            cq: self.cq,
-            params: self.params,
-            flushes,
+            pd: self.pd.clone(),
+            cq: self.cq.clone(),
+            params: self.params.clone(),
+            hand_over,
+        }
+    }
+}
+
+impl Drop for IdleQp {
+    /// `ibv_destroy_qp` on a queue pair never connected: its receives go without completions,
+    /// and its posters' posts fail from now on. (One a connect or accept took lives on.)
+    fn drop(&mut self) {
+        let mut stage = self.stages.lock();
+        if matches!(*stage, Stage::Idle(_)) {
+            *stage = Stage::Destroyed;
         }
     }
 }
@@ -213,45 +282,118 @@ pub(crate) struct IdleParts {
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) params: ConnectParams,
-    pub(crate) flushes: RecvFlushes,
+    pub(crate) hand_over: IdleHandOver,
 }
 
-/// The receives posted to an [`IdleQp`], to complete as flushed if its connect or accept
-/// fails. The application has the queue pair's number and its receives' buffers are its own:
-/// as a verbs queue pair goes to ERR when its connection cannot be made (siw moves it there
-/// and flushes its queues), each receive completes with [`WcStatus::WrFlushError`] on the
-/// queue pair's receive completion queue, before the call returns or its event is queued, so
-/// that the application gets its buffers back. A failed call has handed nothing to the
-/// queue pair's completion queues (the transports give a connection its completion queue
-/// only when the caller gets the queue pair), so each receive completes once.
-pub(crate) struct RecvFlushes {
-    num: u32,
-    wr_ids: Vec<u64>,
-    cq: CqSink,
+/// What becomes of an [`IdleQp`]'s posts when the connect or accept that took it ends.
+///
+/// If it succeeds, the receives posted through the queue pair's [`QpPoster`]s while it
+/// started are posted to the running queue pair, in order, before the call returns or its
+/// event is queued, and the posters post to it directly from then on.
+///
+/// If it fails, the queue pair is in Error as a verbs queue pair is after a failed
+/// connection (siw moves it there and flushes its queues): each receive posted to it
+/// completes with [`WcStatus::WrFlushError`] on the queue pair's receive completion queue,
+/// in the order posted, before the call returns or its event is queued, so that the
+/// application gets its buffers back, and later posts through its posters complete flushed
+/// at once. A failed call has handed nothing to the queue pair's completion queues (the
+/// transports give a connection its completion queue only when the caller gets the queue
+/// pair), so each receive completes once.
+pub(crate) struct IdleHandOver {
+    /// The work request ids of the receives the queue pair started with.
+    first: Vec<u64>,
+    stages: Arc<Stages>,
+    /// Handed over already: a hand-over dropped before (a thread that never ran) fails.
+    done: bool,
 }
 
-impl RecvFlushes {
-    /// Passes `outcome` on, the receives flushed first if it is a failure.
-    pub(crate) fn after<T>(self, outcome: Result<T, DatapathError>) -> Result<T, DatapathError> {
-        if outcome.is_err() {
-            self.flush();
+impl IdleHandOver {
+    /// Passes `outcome` on, after handing the queue pair's posts over to what it says.
+    pub(crate) fn after(
+        mut self,
+        outcome: Result<Connection, DatapathError>,
+    ) -> Result<Connection, DatapathError> {
+        match &outcome {
+            Ok(connection) => self.hand_over(Some(connection.qp.post_path())),
+            Err(_) => self.hand_over(None),
         }
         outcome
     }
 
-    /// [`RecvFlushes::after`] if there are receives to flush.
-    pub(crate) fn after_maybe<T>(
-        flushes: Option<RecvFlushes>,
-        outcome: Result<T, DatapathError>,
-    ) -> Result<T, DatapathError> {
-        match flushes {
-            Some(flushes) => flushes.after(outcome),
+    /// [`IdleHandOver::after`] if there is a queue pair to hand over.
+    pub(crate) fn after_maybe(
+        hand_over: Option<IdleHandOver>,
+        outcome: Result<Connection, DatapathError>,
+    ) -> Result<Connection, DatapathError> {
+        match hand_over {
+            Some(hand_over) => hand_over.after(outcome),
             None => outcome,
         }
     }
 
-    fn flush(self) {
-        for wr_id in self.wr_ids {
+    /// The connect or accept failed: the queue pair is in Error (see [`IdleHandOver`]).
+    pub(crate) fn fail(mut self) {
+        self.hand_over(None);
+    }
+
+    /// Hands the posts over to the running queue pair's `path` (the receives posted while it
+    /// started go to it, then every post does) or, with none, to the Error stage (every
+    /// receive posted completes flushed, and so does every later post).
+    fn hand_over(&mut self, path: Option<&PostPath>) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        if let Some(path) = path {
+            // The transport runs it already, unless this came first.
+            self.stages.run(path);
+            return;
+        }
+        let mut stage = self.stages.lock();
+        let Stage::Starting(recvs) = &mut *stage else {
+            // Only a start can fail (and it cannot once its transport runs the queue pair).
+            return;
+        };
+        let late: Vec<u64> = recvs.wrs.iter().map(|wr| wr.wr_id).collect();
+        self.stages.complete_flushed(&self.first);
+        self.stages.complete_flushed(&late);
+        *stage = Stage::Error;
+    }
+}
+
+impl Drop for IdleHandOver {
+    fn drop(&mut self) {
+        self.hand_over(None);
+    }
+}
+
+/// The receives a queue pair's [`QpPoster`]s took while its connect or accept started it,
+/// for the transport to hand to the running queue pair ([`crate::verbs::qp::QpStart`]).
+pub(crate) struct StartingPosts {
+    stages: Arc<Stages>,
+}
+
+impl StartingPosts {
+    /// The queue pair runs on `path`: the receives posted while it started are queued to it
+    /// (in order, behind those it started with), then every post goes to it. The transport
+    /// calls this before it can deliver any of the queue pair's completions (the engine
+    /// before it gives the connection its completion queue, the socket transport first thing
+    /// on the connection's thread), so that a receive completion never meets a queue pair
+    /// whose posters still count those it started with as in place; and the receives are
+    /// queued before the transport places any received data (both take queued work
+    /// requests first).
+    pub(crate) fn run(self, path: &PostPath) {
+        self.stages.run(path);
+    }
+}
+
+impl Stages {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stage> {
+        self.stage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes the receives `wr_ids` with [`WcStatus::WrFlushError`], in order.
+    fn complete_flushed(&self, wr_ids: &[u64]) {
+        for &wr_id in wr_ids {
             let c = Completion {
                 qp_num: self.num,
                 wc: WorkCompletion::failed(wr_id, WcOpcode::Recv, WcStatus::WrFlushError),
@@ -264,6 +406,186 @@ impl RecvFlushes {
                 return;
             }
         }
+    }
+
+    /// [`StartingPosts::run`] (also from the start's end, whichever comes first): nothing
+    /// once the queue pair runs.
+    fn run(&self, path: &PostPath) {
+        let mut stage = self.lock();
+        let Stage::Starting(recvs) = &mut *stage else {
+            return;
+        };
+        let late = std::mem::take(&mut recvs.wrs);
+        let ids: Vec<u64> = late.iter().map(|wr| wr.wr_id).collect();
+        if let Err(e) = path.post_recv_list(late) {
+            // The queue pair ended before they could be queued (it refuses posts, or its
+            // completion queue is full of flushed ones): they were accepted, so they
+            // complete, flushed.
+            tracing::debug!(qp = self.num, "receives posted while starting: {e}");
+            self.complete_flushed(&ids[e.posted..]);
+        }
+        // Set before the stage says Running, both under the lock: a post that found
+        // `running` unset and waits for the lock finds the stage Running.
+        let _ = self.running.set(path.clone());
+        *stage = Stage::Running(path.clone());
+    }
+
+    /// [`QpPoster::post_recv`] (and [`IdleQp::post_recv`]).
+    fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        if let Some(path) = self.running.get() {
+            return path.post_recv(wr);
+        }
+        let mut stage = self.lock();
+        match &mut *stage {
+            Stage::Idle(recvs) | Stage::Starting(recvs) => {
+                if self.srq {
+                    return Err(DatapathError::InvalidWorkRequest(
+                        rdmap::RdmapError::SrqAttached,
+                    ));
+                }
+                let PostedRecvs { wrs, check } = recvs;
+                post_initial_recvs(check, &self.pd.table.snapshot(), vec![wr])?;
+                wrs.push(wr);
+                Ok(())
+            }
+            Stage::Running(path) => path.post_recv(wr),
+            Stage::Error => self.flushed(wr.wr_id, WcOpcode::Recv),
+            Stage::Destroyed => Err(DatapathError::NotConnected),
+        }
+    }
+
+    /// [`QpPoster::post_recv_list`] (and [`IdleQp::post_recv_list`]).
+    fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        if let Some(path) = self.running.get() {
+            return path.post_recv_list(wrs);
+        }
+        PostListError::post_each(wrs, |wr| self.post_recv(wr))
+    }
+
+    /// A send work request posted to the queue pair: to the running queue pair by `post`;
+    /// refused before it runs; flushed in Error.
+    fn post_send(
+        &self,
+        wr_id: u64,
+        opcode: WcOpcode,
+        post: impl FnOnce(&PostPath) -> Result<(), DatapathError>,
+    ) -> Result<(), DatapathError> {
+        if let Some(path) = self.running.get() {
+            return post(path);
+        }
+        match &*self.lock() {
+            Stage::Running(path) => post(path),
+            Stage::Error => self.flushed(wr_id, opcode),
+            Stage::Idle(_) | Stage::Starting(_) | Stage::Destroyed => {
+                Err(DatapathError::NotConnected)
+            }
+        }
+    }
+
+    /// A post to the queue pair in Error: it completes at once, flushed, or fails with
+    /// [`DatapathError::CompletionQueueFull`] if its completion queue has no room.
+    fn flushed(&self, wr_id: u64, opcode: WcOpcode) -> Result<(), DatapathError> {
+        self.cq
+            .offer(Completion {
+                qp_num: self.num,
+                wc: WorkCompletion::failed(wr_id, opcode, WcStatus::WrFlushError),
+            })
+            .map_err(|_| DatapathError::CompletionQueueFull)
+    }
+}
+
+/// A handle that posts to one queue pair through its whole life (the `ibv_qp` that
+/// `ibv_post_recv` and `ibv_post_send` take, whatever the queue pair's state), from
+/// [`IdleQp::poster`]; clone it freely.
+///
+/// Verbs programs post to a queue pair from any thread at any time: a completion thread
+/// reposts a receive as soon as one completes, which on the accepting side can be before the
+/// thread that accepted has taken the `Established` event (rping's server does this). An
+/// [`IdleQp`] is consumed by its connect or accept, and the [`crate::QueuePair`] reaches the
+/// application only with that event; a poster bridges the gap:
+///
+/// - before the connect or accept, receives are posted to the [`IdleQp`] (as
+///   [`IdleQp::post_recv`]);
+/// - while it starts, receives collect behind those it starts with (counting against the
+///   receive queue's depth with them, checked as [`IdleQp::post_recv`] checks them) and are
+///   posted to the running queue pair, in order, before the call returns or its event is
+///   queued;
+/// - once the queue pair runs, every post goes to it as through the [`crate::QueuePair`]
+///   (the same queues and checks, with all its errors), also after the queue pair has ended;
+/// - if the connect or accept failed (or [`IdleQp::flush`]), posts complete at once with
+///   [`WcStatus::WrFlushError`], as on a queue pair in Error.
+///
+/// Send work requests posted before the queue pair runs fail with
+/// [`DatapathError::NotConnected`] (verbs' `ENOTCONN` for a queue pair not in RTS), and every
+/// post once the [`IdleQp`] was dropped without a connection.
+#[derive(Clone)]
+pub struct QpPoster {
+    stages: Arc<Stages>,
+}
+
+impl std::fmt::Debug for QpPoster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpPoster")
+            .field("num", &self.stages.num)
+            .finish()
+    }
+}
+
+impl QpPoster {
+    /// The queue pair's number.
+    pub fn num(&self) -> u32 {
+        self.stages.num
+    }
+
+    /// Posts a receive (`ibv_post_recv`), at whatever stage the queue pair is (see
+    /// [`QpPoster`]).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        self.stages.post_recv(wr)
+    }
+
+    /// Posts a list of receives in order (`ibv_post_recv` with a chain): each as
+    /// [`QpPoster::post_recv`]; [`PostListError::posted`] says how many went before the one
+    /// that failed.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        self.stages.post_recv_list(wrs)
+    }
+
+    /// Posts a Send, RDMA Write or RDMA Read ([`crate::QueuePair::post_send`]) once the queue
+    /// pair runs (see [`QpPoster`]).
+    pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+        self.stages
+            .post_send(wr_id, opcode, |path| path.post_send(wr))
+    }
+
+    /// Posts a Send or Write with its payload inline
+    /// ([`crate::QueuePair::post_send_inline`]) once the queue pair runs.
+    pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
+        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+        self.stages
+            .post_send(wr_id, opcode, |path| path.post_send_inline(wr))
+    }
+
+    /// Posts a list of send work requests in order ([`crate::QueuePair::post_send_list`])
+    /// once the queue pair runs; before, the first fails with
+    /// [`DatapathError::NotConnected`]; in Error each completes flushed.
+    pub fn post_send_list<W: Into<SendRequest>>(
+        &self,
+        wrs: impl IntoIterator<Item = W>,
+    ) -> Result<usize, PostListError> {
+        if let Some(path) = self.stages.running.get() {
+            return path.post_send_list(wrs);
+        }
+        PostListError::post_each(wrs, |wr| match wr.into() {
+            SendRequest::Wr(wr) => self.post_send(wr),
+            SendRequest::Inline(wr) => self.post_send_inline(wr),
+        })
     }
 }
 
@@ -286,7 +608,7 @@ impl ConnectRequest {
         let qp = qp.into_parts();
         self.adopt(qp.params);
         let outcome = self.accept_start(&qp.pd, &qp.cq, private_data, qp.start);
-        qp.flushes.after(outcome)
+        qp.hand_over.after(outcome)
     }
 
     /// [`ConnectRequest::accept_qp`] on an event channel (`rdma_accept` on an id whose
@@ -306,34 +628,38 @@ impl ConnectRequest {
         self.adopt(qp.params);
         let request = match self.check_accept(&qp.pd, private_data, &qp.start) {
             Ok(request) => request,
-            Err(e) => return qp.flushes.after(Err(e)),
+            Err(e) => {
+                qp.hand_over.fail();
+                return Err(e);
+            }
         };
-        let (pd, cq, start, flushes) = (qp.pd, qp.cq, qp.start, qp.flushes);
+        let (pd, cq, start, hand_over) = (qp.pd, qp.cq, qp.start, qp.hand_over);
         let private_data = private_data.to_vec();
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
         // The request goes to the thread once it runs: should no thread be had, it is still
         // here to reject (the peer hears of it now, not at its MPA timeout), and the
         // receives to flush.
-        let (hand_over, take) = std::sync::mpsc::sync_channel::<(ConnectRequest, RecvFlushes)>(1);
+        let (give, take) = std::sync::mpsc::sync_channel::<(ConnectRequest, IdleHandOver)>(1);
         let spawned = std::thread::Builder::new()
             .name("iwarp-cm-accept".into())
             .spawn(move || {
-                let Ok((request, flushes)) = take.recv() else {
+                let Ok((request, hand_over)) = take.recv() else {
                     return;
                 };
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     request.finish_accept(&pd, &cq, &private_data, start)
                 }))
                 .unwrap_or_else(|cause| Err(crate::error::panicked("accepting", &*cause)));
-                push_outcome(&channel, context, &attempt, flushes.after(outcome));
+                push_outcome(&channel, context, &attempt, hand_over.after(outcome));
             });
         if let Err(e) = spawned {
             let _ = request.reject(&[]);
-            return flushes.after(Err(e.into()));
+            hand_over.fail();
+            return Err(e.into());
         }
         // The thread waits for it: the channel has room for it, and its receiver lives.
-        let _ = hand_over.send((request, flushes));
+        let _ = give.send((request, hand_over));
         Ok(())
     }
 
@@ -344,5 +670,203 @@ impl ConnectRequest {
         self.params.srq = qp_params.srq;
         self.params.recv_cq = qp_params.recv_cq;
         self.params.rdmap_extensions = qp_params.rdmap_extensions;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::qp::tests::handle_with_cq;
+    use crate::verbs::qp::{Cmd, Shared};
+    use rdmap::{QpState, SendOp, SgeList};
+
+    fn recv(wr_id: u64) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sg_list: SgeList::new(),
+        }
+    }
+
+    fn send(wr_id: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: SgeList::new(),
+            signaled: true,
+            fence: false,
+        }
+    }
+
+    /// An idle queue pair with a receive queue of `rq_depth`, and its completion queue.
+    fn idle(rq_depth: usize) -> (IdleQp, CompletionQueue) {
+        let cq = CompletionQueue::new();
+        let params = ConnectParams {
+            rq_depth,
+            ..ConnectParams::default()
+        };
+        let qp = IdleQp::new(&ProtectionDomain::new(), &cq, &params).expect("create");
+        (qp, cq)
+    }
+
+    /// The work request ids the transport's end of a command channel holds, in order.
+    fn taken(cmds: &crossbeam_channel::Receiver<Cmd>) -> Vec<(char, u64)> {
+        cmds.try_iter()
+            .filter_map(|cmd| match cmd {
+                Cmd::Recv(wr) => Some(('r', wr.wr_id)),
+                Cmd::Send(wr) => Some(('s', wr.wr_id)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The receives `wr_ids` of `num` (then the Sends `sends`) are on `cq`, flushed, in
+    /// order, and nothing else is.
+    fn flushed(cq: &CompletionQueue, num: u32, wr_ids: &[u64], sends: &[u64]) {
+        let expected: Vec<_> = (wr_ids.iter().map(|&id| (id, WcOpcode::Recv)))
+            .chain(sends.iter().map(|&id| (id, WcOpcode::Send)))
+            .collect();
+        for (wr_id, opcode) in expected {
+            let c = cq
+                .try_next()
+                .unwrap_or_else(|| panic!("{wr_id} not flushed"));
+            assert_eq!(
+                (c.qp_num, c.wc.wr_id, c.wc.opcode, c.wc.status),
+                (num, wr_id, opcode, WcStatus::WrFlushError),
+                "{c:?}"
+            );
+        }
+        assert!(cq.is_empty(), "more completions: {:?}", cq.try_next());
+    }
+
+    /// Receives posted through a poster before the connect or accept are the queue pair's
+    /// first; those posted while it starts count against the depth with them and reach the
+    /// running queue pair behind them, in order, once, when the transport runs it (or the
+    /// start's end does, whichever comes first); later posts go straight to it. Sends wait
+    /// for the queue pair to run.
+    #[test]
+    fn posts_while_starting_reach_the_running_queue_pair_in_order() {
+        for transport_runs_it in [true, false] {
+            let (qp, cq) = idle(4);
+            let poster = qp.poster();
+            assert_eq!(poster.num(), qp.num());
+            qp.post_recv(recv(1)).expect("post to the idle queue pair");
+            poster.post_recv(recv(2)).expect("post through the poster");
+            assert_eq!(qp.recvs_posted(), 2);
+            let mut parts = qp.into_parts();
+            let started: Vec<u64> = parts.start.recvs.iter().map(|wr| wr.wr_id).collect();
+            assert_eq!(started, [1, 2], "the receives it starts with");
+
+            assert_eq!(poster.post_recv_list([recv(3), recv(4)]).ok(), Some(2));
+            assert!(
+                matches!(
+                    poster.post_recv(recv(5)),
+                    Err(DatapathError::RecvQueueFull { depth: 4 })
+                ),
+                "the depth counts those it started with"
+            );
+            assert!(matches!(
+                poster.post_send(send(9)),
+                Err(DatapathError::NotConnected)
+            ));
+
+            let shared = Shared::new(QpState::Rts);
+            let sink = CqSink::new(&cq, None);
+            let (running, cmds) = handle_with_cq(shared.clone(), Some(sink));
+            let mut posters = parts.start.posters.take();
+            if transport_runs_it {
+                let posters = posters.take().expect("the posters' hand-over");
+                posters.run(running.post_path());
+                assert_eq!(
+                    taken(&cmds),
+                    [('r', 3), ('r', 4)],
+                    "when the transport runs it"
+                );
+            }
+            let connection = parts.hand_over.after(Ok(Connection {
+                qp: running,
+                private_data: Vec::new(),
+            }));
+            let Ok(connection) = connection else {
+                panic!("the outcome changed");
+            };
+            if transport_runs_it {
+                assert!(cmds.is_empty(), "queued twice");
+            } else {
+                assert_eq!(taken(&cmds), [('r', 3), ('r', 4)], "at the start's end");
+                let posters = posters.take().expect("the posters' hand-over");
+                posters.run(connection.qp.post_path());
+                assert!(cmds.is_empty(), "queued twice");
+            }
+            poster
+                .post_recv(recv(6))
+                .expect("post to the running queue pair");
+            poster
+                .post_send(send(7))
+                .expect("send on the running queue pair");
+            assert_eq!(taken(&cmds), [('r', 6), ('s', 7)]);
+            assert!(cq.is_empty(), "a completion: {:?}", cq.try_next());
+
+            // No transport here: finished, so that dropping the handle does not wait for one.
+            shared.mark_finished(QpState::Error);
+            drop(connection);
+        }
+    }
+
+    /// A start that fails leaves the queue pair in Error: the receives it started with, then
+    /// those posted while it started, complete flushed in order; later posts complete flushed
+    /// at once. The same when the hand-over is dropped unfinished (a thread that never ran).
+    #[test]
+    fn a_failed_start_flushes_every_receive_in_order_and_later_posts() {
+        for dropped in [false, true] {
+            let (qp, cq) = idle(4);
+            let (num, poster) = (qp.num(), qp.poster());
+            qp.post_recv(recv(1)).expect("post");
+            let parts = qp.into_parts();
+            poster.post_recv(recv(2)).expect("post while starting");
+            if dropped {
+                drop(parts);
+            } else {
+                let outcome = parts.hand_over.after(Err(DatapathError::Timeout("test")));
+                assert!(outcome.is_err());
+            }
+            flushed(&cq, num, &[1, 2], &[]);
+            poster.post_recv(recv(3)).expect("post in Error");
+            poster.post_send(send(4)).expect("send in Error");
+            flushed(&cq, num, &[3], &[4]);
+        }
+    }
+
+    /// A queue pair dropped without a connection (`ibv_destroy_qp`) completes nothing, and
+    /// its posters' posts fail.
+    #[test]
+    fn a_destroyed_idle_queue_pair_refuses_posts() {
+        let (qp, cq) = idle(4);
+        let poster = qp.poster();
+        poster.post_recv(recv(1)).expect("post");
+        drop(qp);
+        assert!(matches!(
+            poster.post_recv(recv(2)),
+            Err(DatapathError::NotConnected)
+        ));
+        assert!(matches!(
+            poster.post_send(send(3)),
+            Err(DatapathError::NotConnected)
+        ));
+        assert!(cq.is_empty());
+    }
+
+    /// [`IdleQp::flush`] is the failed start's Error: posts through a poster after it
+    /// complete flushed.
+    #[test]
+    fn posts_after_a_flush_complete_flushed() {
+        let (qp, cq) = idle(4);
+        let (num, poster) = (qp.num(), qp.poster());
+        poster.post_recv(recv(1)).expect("post");
+        qp.flush();
+        poster.post_recv(recv(2)).expect("post in Error");
+        flushed(&cq, num, &[1, 2], &[]);
     }
 }

@@ -20,6 +20,7 @@ use rdmap::{
 use crate::probe::{self, Mark};
 use crate::turn::TransportTurn;
 use crate::verbs::cq::{Completion, CqSink};
+use crate::verbs::idle::StartingPosts;
 use crate::verbs::timeout::poll_until;
 use crate::{DatapathError, PostListError, QpError};
 
@@ -94,6 +95,10 @@ pub(crate) struct Shared {
     /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
     sends_retired: AtomicU64,
     recvs_retired: AtomicU64,
+    /// Send and receive work requests posted through the queue pair's [`PostPath`] (its
+    /// handle and its posters): the other side of [`QueueAccount`].
+    sends_posted: AtomicU64,
+    recvs_posted: AtomicU64,
     /// The state last published is Closing or Terminate ([`refuses_posts_in`]), for posts to
     /// read without the status lock.
     refusing_posts: AtomicBool,
@@ -226,6 +231,8 @@ impl Shared {
             reset: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
+            sends_posted: AtomicU64::new(0),
+            recvs_posted: AtomicU64::new(0),
             refusing_posts: AtomicBool::new(refuses_posts_in(state)),
             refused_while_ending: AtomicU64::new(0),
             end_wait_given_up: AtomicBool::new(false),
@@ -295,7 +302,7 @@ impl Shared {
 
     /// Stops taking work requests: posts from now on never reach the transport (they fail with
     /// [`DatapathError::Disconnected`], or once the queue pair has finished in Error complete
-    /// flushed at once: `QueuePair::post_after_the_end`). Waits for the posts under way to be
+    /// flushed at once: `PostPath::post_after_the_end`). Waits for the posts under way to be
     /// queued, then
     /// completes those still queued in `cmds` as flushed (`WrFlushError`, as the queue pair's
     /// own outstanding work requests complete when it ends) through `complete`, and returns.
@@ -475,6 +482,10 @@ pub(crate) fn next_qp_num() -> u32 {
 pub(crate) struct QpStart {
     pub(crate) num: u32,
     pub(crate) recvs: Vec<RecvWr>,
+    /// For a queue pair created before ([`crate::IdleQp`]): the receives its
+    /// [`crate::QpPoster`]s take while it starts, which the transport hands to the running
+    /// queue pair ([`StartingPosts::run`]) before it can deliver any completion.
+    pub(crate) posters: Option<StartingPosts>,
 }
 
 impl QpStart {
@@ -483,6 +494,7 @@ impl QpStart {
         QpStart {
             num: next_qp_num(),
             recvs,
+            posters: None,
         }
     }
 }
@@ -492,10 +504,7 @@ impl QpStart {
 /// Work requests are handed to the engine thread without blocking; their results arrive on the
 /// completion queue given at connect/accept time. Dropping the queue pair closes the connection.
 pub struct QueuePair {
-    num: u32,
-    cmds: Sender<Cmd>,
-    waker: Arc<dyn QpWaker>,
-    shared: Arc<Shared>,
+    path: PostPath,
     agreed: Agreed,
     mulpdu: usize,
     local: SocketAddr,
@@ -508,15 +517,26 @@ pub struct QueuePair {
     /// That thread's id, kept after the handle is taken: a disconnect or drop on that very
     /// thread (a finish hook letting go of the last handle) neither waits for it nor joins it.
     thread_id: Option<ThreadId>,
+}
+
+/// What posting work requests to a running queue pair takes: its command channel to the
+/// transport and the state the transport publishes. The [`QueuePair`] holds it, and so does
+/// every [`crate::QpPoster`] of the queue pair once it runs, so that posts through either
+/// count against the same queue depths and pass the same gate.
+#[derive(Clone)]
+pub(crate) struct PostPath {
+    num: u32,
+    cmds: Sender<Cmd>,
+    waker: Arc<dyn QpWaker>,
+    shared: Arc<Shared>,
     sq_depth: usize,
     rq_depth: usize,
     /// Receives come from a shared receive queue: `post_recv` refuses them.
     srq: bool,
     /// The RFC 7306 extensions are on: their opcodes may be posted.
     extensions: bool,
-    /// Send and receive work requests posted (see [`QueueAccount`]).
-    sends_posted: AtomicU64,
-    recvs_posted: AtomicU64,
+    /// The agreed ORD: a Read or Atomic with ORD 0 could never be sent.
+    ord: u16,
     /// The queue pair's completion queues, where a work request posted once the transport
     /// has finished with the queue pair in Error completes, flushed.
     cq: Option<CqSink>,
@@ -641,13 +661,28 @@ const ABORT_WAIT: Duration = Duration::from_secs(2);
 /// How often a disconnect or abort looks whether the transport has finished.
 const END_POLL: Duration = Duration::from_millis(1);
 
+impl QpParts {
+    /// The post path of the queue pair these parts make.
+    pub(crate) fn post_path(&self) -> PostPath {
+        PostPath {
+            num: self.num,
+            cmds: self.cmds.clone(),
+            waker: self.waker.clone(),
+            shared: self.shared.clone(),
+            sq_depth: self.sq_depth,
+            rq_depth: self.rq_depth,
+            srq: self.srq,
+            extensions: self.extensions,
+            ord: self.agreed.ord(),
+            cq: self.cq.clone(),
+        }
+    }
+}
+
 impl QueuePair {
     pub(crate) fn from_parts(p: QpParts) -> QueuePair {
         QueuePair {
-            num: p.num,
-            cmds: p.cmds,
-            waker: p.waker,
-            shared: p.shared,
+            path: p.post_path(),
             agreed: p.agreed,
             mulpdu: p.mulpdu,
             local: p.local,
@@ -655,24 +690,22 @@ impl QueuePair {
             tos: p.tos,
             thread_id: p.thread.as_ref().map(|t| t.thread().id()),
             thread: Mutex::new(p.thread),
-            sq_depth: p.sq_depth,
-            rq_depth: p.rq_depth,
-            srq: p.srq,
-            extensions: p.extensions,
-            sends_posted: AtomicU64::new(0),
-            recvs_posted: AtomicU64::new(0),
-            cq: p.cq,
         }
+    }
+
+    /// Its post path, for the queue pair's [`crate::QpPoster`]s.
+    pub(crate) fn post_path(&self) -> &PostPath {
+        &self.path
     }
 
     /// The state the transport publishes.
     pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+        &self.path.shared
     }
 
     /// Local queue pair number (also in every [`Completion`](crate::Completion)).
     pub fn num(&self) -> u32 {
-        self.num
+        self.path.num
     }
 
     /// The MPA parameters both sides agreed on; `None` on an IFT connection
@@ -709,22 +742,287 @@ impl QueuePair {
     pub fn attr(&self) -> QpAttr {
         QpAttr {
             state: self.status().state,
-            sq_depth: self.sq_depth,
-            rq_depth: if self.srq { 0 } else { self.rq_depth },
+            sq_depth: self.path.sq_depth,
+            rq_depth: if self.path.srq { 0 } else { self.path.rq_depth },
             max_sge: MAX_SGE,
             max_inline_data: MAX_INLINE_DATA,
             ird: self.agreed.ird(),
             ord: self.agreed.ord(),
             mulpdu: self.mulpdu,
-            srq: self.srq,
-            extensions: self.extensions,
+            srq: self.path.srq,
+            extensions: self.path.extensions,
             local: self.local,
             peer: self.peer,
             tos: self.tos,
         }
     }
 
-    fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
+    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). A full send queue
+    /// ([`ConnectParams::sq_depth`](crate::ConnectParams::sq_depth) work requests posted and
+    /// not yet completed) fails the post with [`DatapathError::SendQueueFull`] and queues
+    /// nothing (`ibv_post_send`'s `ENOMEM`); a request leaves the queue when its completion
+    /// reaches the completion queue (an unsignaled one when it would have). A request wrong
+    /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
+    /// extensions, a Read with more than one sink element, a Read or Atomic where the agreed
+    /// ORD is 0, ...) fails the post with
+    /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
+    /// errors (bad local STag, a message longer than the peer allows) come back as an error
+    /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate),
+    /// or the transport has stopped taking work requests (after the application's
+    /// `disconnect`, or as the connection ends) and has not finished with the queue pair in
+    /// Error, posts fail with [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing
+    /// is queued. In Error (the connection failed, was reset or aborted) they are taken and
+    /// complete flushed (`WrFlushError`), as verbs flushes them, also once the transport has
+    /// finished with the queue pair (a drain: post a marker and wait for its completion). A
+    /// request accepted always completes (`WrFlushError` if the connection ended first). A
+    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
+    /// and completes, and must not be posted again.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+        self.path.post_send(wr)
+    }
+
+    /// Posts a Send or RDMA Write that carries its payload itself (`ibv_post_send` with
+    /// `IBV_SEND_INLINE`): the octets were copied into [`InlineSendWr::data`], so the
+    /// application's buffer is free again as soon as this returns, and it need not be
+    /// registered. A Read, an Atomic or a lone Immediate Data message (they carry no payload to
+    /// inline) fails the post with [`DatapathError::InvalidWorkRequest`] and queues nothing.
+    pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
+        self.path.post_send_inline(wr)
+    }
+
+    /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
+    /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
+    /// `-l`). Returns how many were posted; if the send queue fills, a request is refused by
+    /// itself ([`DatapathError::InvalidWorkRequest`]) or the queue pair is gone part way,
+    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those are queued
+    /// and complete, the rest are not. If only the
+    /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
+    /// not be posted again.
+    ///
+    /// Requests that carry their payload inline may be in the chain too ([`SendRequest`]:
+    /// `IBV_SEND_INLINE` on some of a chain's requests), each checked as
+    /// [`QueuePair::post_send_inline`] checks it.
+    pub fn post_send_list<W: Into<SendRequest>>(
+        &self,
+        wrs: impl IntoIterator<Item = W>,
+    ) -> Result<usize, PostListError> {
+        self.path.post_send_list(wrs)
+    }
+
+    /// Posts a list of receives in order, with one wake-up of the transport for the whole list
+    /// (`ibv_post_recv` with a chain of work requests; perftest's `--recv_post_list`). Returns
+    /// how many were posted; each fails, or completes, as [`QueuePair::post_recv`] says, and
+    /// [`PostListError::posted`] says how many went before the one that failed (verbs'
+    /// `bad_wr`): those are queued and complete, the rest are not.
+    pub fn post_recv_list(
+        &self,
+        wrs: impl IntoIterator<Item = RecvWr>,
+    ) -> Result<usize, PostListError> {
+        self.path.post_recv_list(wrs)
+    }
+
+    /// Posts a receive buffer for incoming Sends. Fails, or completes, as
+    /// [`QueuePair::post_send`] says; a full receive queue
+    /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
+    /// yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose receives come from
+    /// a shared receive queue ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it
+    /// with [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the
+    /// shared queue instead). A Send that reaches the transport after this returns finds the
+    /// receive in place, however the peer heard of it (both transports take queued work
+    /// requests before they place a connection's received data).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        self.path.post_recv(wr)
+    }
+
+    /// A snapshot of the queue pair's state.
+    pub fn status(&self) -> QpStatus {
+        self.path
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
+    pub fn wait_finished(&self, timeout: Duration) -> bool {
+        poll_until(timeout, Duration::from_millis(2), || self.status().finished)
+    }
+
+    /// Closes the connection: outstanding work requests complete as flushed, the socket is
+    /// shut down, and the transport's thread for the connection (the socket transport's) is
+    /// joined. A graceful close that has not finished within 10 s (a peer that stopped
+    /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
+    /// up to 2 s more (on the socket transport the reset drops what the kernel still held,
+    /// which may include Sends and Writes that completed when the kernel took them): once this returns, the transport neither reads nor writes the queue
+    /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
+    /// at all leaves it false, and once one has not answered a disconnect's full wait, later
+    /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on
+    /// the connection's own transport thread (a finish hook dropping the last handle), or on
+    /// any transport thread in a turn (an engine thread, an application thread polling
+    /// inline, a hook or an event's drop there), it only queues the close: that thread cannot
+    /// wait for itself. There it returns before the transport
+    /// has finished ([`QpStatus::finished`] says when): memory is safe to free only after
+    /// [`MemoryRegion::deregister`](crate::MemoryRegion::deregister)'s wait.
+    ///
+    /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
+    /// meanwhile (their posts are taken and flushed, or refused with
+    /// [`DatapathError::Disconnected`]), and several may disconnect at once (each returns once
+    /// the queue pair has finished; on a transport thread, at once, as above).
+    pub fn disconnect(&self) {
+        let _ = self.start_disconnect();
+        if self.on_own_thread() {
+            return;
+        }
+        let ended = if self.path.shared.end_wait_given_up.load(Ordering::Acquire) {
+            // An earlier wait gave up on this transport: the reset is asked for again, and
+            // waited for its own time only.
+            self.ended() || self.reset_within(ABORT_WAIT, false)
+        } else {
+            self.ended_within(DISCONNECT_WAIT) || self.reset_within(ABORT_WAIT, false)
+        };
+        if !ended {
+            self.give_up_end_wait();
+            return;
+        }
+        self.join_thread();
+    }
+
+    /// A disconnect has waited its full time and the transport has not finished (it does not
+    /// answer at all): said once; later disconnects and drops wait for its reset's time only.
+    fn give_up_end_wait(&self) {
+        if !self
+            .path
+            .shared
+            .end_wait_given_up
+            .swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(
+                qp = self.path.num,
+                "disconnect: the transport did not finish with the queue pair"
+            );
+        }
+    }
+
+    /// Work requests the transport took and refused because the queue pair was ending
+    /// (RDMAP Closing or Terminate: posted just as the end began; they complete flushed).
+    /// None is taken after the application's own close. For tests.
+    #[doc(hidden)]
+    pub fn refused_while_ending(&self) -> u64 {
+        self.path
+            .shared
+            .refused_while_ending
+            .load(Ordering::Relaxed)
+    }
+
+    /// Whether this is the transport's thread for this connection alone, or any thread in a
+    /// transport's turn ([`TransportTurn`]): one that cannot wait for a transport to finish
+    /// with a queue pair, since that may need this very thread (a queue pair dropped by a hook
+    /// or with an event the turn delivered).
+    fn on_own_thread(&self) -> bool {
+        self.thread_id == Some(std::thread::current().id()) || TransportTurn::is_in()
+    }
+
+    /// Whether the transport has finished with the queue pair, or its own thread has ended
+    /// (a thread that panicked never marks the queue pair finished).
+    fn ended(&self) -> bool {
+        self.path.shared.lock().finished
+            || self
+                .thread
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(JoinHandle::is_finished)
+    }
+
+    /// Waits up to `timeout` for [`QueuePair::ended`]; true when it has.
+    fn ended_within(&self, timeout: Duration) -> bool {
+        poll_until(timeout, END_POLL, || self.ended())
+    }
+
+    /// Asks the transport to reset the connection now (`reset`: [`QueuePair::abort`]'s, see
+    /// [`Shared::request_abort`]) and waits up to `timeout` for it to finish; true when it
+    /// has.
+    fn reset_within(&self, timeout: Duration, reset: bool) -> bool {
+        self.path.shared.request_abort(reset);
+        // A wake even when the command channel is closed: the transport checks the request on
+        // its connection's next turn.
+        let _ = self.path.waker.wake();
+        self.ended_within(timeout)
+    }
+
+    /// Joins the transport's own thread, if the queue pair has one and no other caller took
+    /// it: called once the transport has finished with the queue pair, when all that is left
+    /// of the thread is to return.
+    fn join_thread(&self) {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// Starts the graceful close of [`QueuePair::disconnect`] and returns at once, as
+    /// `rdma_disconnect` does, its end reported later (`RDMA_CM_EVENT_DISCONNECTED`): by
+    /// [`QueuePair::notify_disconnect`]'s event, [`QueuePair::status`]`.finished` or
+    /// [`QueuePair::wait_finished`]. Until the end, outstanding work requests may still
+    /// complete and the transport may still read and write the queue pair's memory; the
+    /// close ends by the transport's own bounds (the retransmission limit,
+    /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
+    /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
+    /// our FIN), and on both transports by at most 10 s for the peer to take what the queue
+    /// pair had queued (and, on the engine, our FIN): behind a peer that reads a trickle or
+    /// nothing the connection is then reset, as `disconnect` resets it (on the socket
+    /// transport the reset also drops what the kernel held: Sends and Writes complete there
+    /// when the kernel takes them, so some that completed may not arrive). A later
+    /// `disconnect`, or dropping the handle, waits for the end as
+    /// `disconnect` does (resetting the connection after 10 s; see there for a transport
+    /// that does not answer). Posts
+    /// that follow the close are refused, or flushed once the queue pair has finished in
+    /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
+    /// woken ([`DatapathError::Io`]; the close is queued all the same).
+    pub fn start_disconnect(&self) -> Result<(), DatapathError> {
+        match self.path.command(Cmd::Close) {
+            Err(DatapathError::Disconnected) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Moves the queue pair to Error at once (`ibv_modify_qp` to `IBV_QPS_ERR`): the TCP
+    /// connection is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with
+    /// [`QpError::PeerReset`]), every outstanding and queued work request completes with
+    /// [`WcStatus::WrFlushError`] (a Send or Write the peer has acknowledged whole may
+    /// complete successfully first), and later posts complete at once, flushed (a drain:
+    /// post a marker and wait for its completion). Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
+    /// acknowledged is dropped. Returns once the transport has finished with the queue pair
+    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a
+    /// transport thread, as below, it returns before: wait for `finished`). The abort
+    /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
+    /// queue pair that has finished already it does nothing.
+    ///
+    /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
+    /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
+    /// transport thread, or any transport thread in a turn, it only asks for the reset, as
+    /// [`QueuePair::disconnect`] there only queues the close, and returns before the
+    /// transport has finished.
+    pub fn abort(&self) {
+        if self.on_own_thread() {
+            self.path.shared.request_abort(true);
+            let _ = self.path.waker.wake();
+            return;
+        }
+        if !self.reset_within(ABORT_WAIT, true) {
+            tracing::warn!(
+                qp = self.path.num,
+                "abort: the transport did not finish with the queue pair"
+            );
+            return;
+        }
+        self.join_thread();
+    }
+}
+
+impl PostPath {
+    pub(crate) fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
         if !self.queue(cmd)? {
             // Completed by the handle: nothing for the transport.
             return Ok(());
@@ -735,12 +1033,12 @@ impl QueuePair {
     /// Queues `cmd` for the transport (no wake-up), counting a work request against its
     /// queue's depth: a full queue refuses it with [`DatapathError::SendQueueFull`] or
     /// [`DatapathError::RecvQueueFull`]; once posts have stopped, see
-    /// [`QueuePair::post_after_the_end`]. Returns whether `cmd` was queued (the transport is
+    /// [`PostPath::post_after_the_end`]. Returns whether `cmd` was queued (the transport is
     /// to be woken) rather than completed by the handle.
     fn queue(&self, cmd: Cmd) -> Result<bool, DatapathError> {
         let (posted, retired, depth, full) = match &cmd {
             Cmd::Send(_) | Cmd::SendInline(_) => (
-                &self.sends_posted,
+                &self.shared.sends_posted,
                 &self.shared.sends_retired,
                 self.sq_depth,
                 DatapathError::SendQueueFull {
@@ -748,7 +1046,7 @@ impl QueuePair {
                 },
             ),
             Cmd::Recv(_) => (
-                &self.recvs_posted,
+                &self.shared.recvs_posted,
                 &self.shared.recvs_retired,
                 self.rq_depth,
                 DatapathError::RecvQueueFull {
@@ -799,27 +1097,8 @@ impl QueuePair {
         }
     }
 
-    /// Posts a Send, RDMA Write or RDMA Read (RFC 5040 5). A full send queue
-    /// ([`ConnectParams::sq_depth`](crate::ConnectParams::sq_depth) work requests posted and
-    /// not yet completed) fails the post with [`DatapathError::SendQueueFull`] and queues
-    /// nothing (`ibv_post_send`'s `ENOMEM`); a request leaves the queue when its completion
-    /// reaches the completion queue (an unsignaled one when it would have). A request wrong
-    /// by itself ([`rdmap::SendWr::check_shape`]: an extension's opcode without the RFC 7306
-    /// extensions, a Read with more than one sink element, a Read or Atomic where the agreed
-    /// ORD is 0, ...) fails the post with
-    /// [`DatapathError::InvalidWorkRequest`] (`EINVAL`) and queues nothing. Other local
-    /// errors (bad local STag, a message longer than the peer allows) come back as an error
-    /// completion. Once the queue pair is closing or terminating (RDMAP Closing, Terminate),
-    /// or the transport has stopped taking work requests (after the application's
-    /// `disconnect`, or as the connection ends) and has not finished with the queue pair in
-    /// Error, posts fail with [`DatapathError::Disconnected`] (siw's `ENOTCONN`) and nothing
-    /// is queued. In Error (the connection failed, was reset or aborted) they are taken and
-    /// complete flushed (`WrFlushError`), as verbs flushes them, also once the transport has
-    /// finished with the queue pair (a drain: post a marker and wait for its completion). A
-    /// request accepted always completes (`WrFlushError` if the connection ended first). A
-    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
-    /// and completes, and must not be posted again.
-    pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+    /// [`QueuePair::post_send`].
+    pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         self.check_send(&wr)?;
         self.command(Cmd::Send(wr))
@@ -830,35 +1109,20 @@ impl QueuePair {
     /// 0, [`rdmap::SendWr::check_ord`], could never be sent).
     fn check_send(&self, wr: &SendWr) -> Result<(), DatapathError> {
         wr.check_shape(self.extensions)
-            .and_then(|()| wr.check_ord(self.agreed.ord()))
+            .and_then(|()| wr.check_ord(self.ord))
             .map_err(DatapathError::InvalidWorkRequest)
     }
 
-    /// Posts a Send or RDMA Write that carries its payload itself (`ibv_post_send` with
-    /// `IBV_SEND_INLINE`): the octets were copied into [`InlineSendWr::data`], so the
-    /// application's buffer is free again as soon as this returns, and it need not be
-    /// registered. A Read, an Atomic or a lone Immediate Data message (they carry no payload to
-    /// inline) fails the post with [`DatapathError::InvalidWorkRequest`] and queues nothing.
-    pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
+    /// [`QueuePair::post_send_inline`].
+    pub(crate) fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
         probe::mark(Mark::Posted);
         wr.check_shape(self.extensions)
             .map_err(DatapathError::InvalidWorkRequest)?;
         self.command(Cmd::SendInline(wr))
     }
 
-    /// Posts a list of Sends, RDMA Writes and RDMA Reads in order, with one wake-up of the
-    /// transport for the whole list (`ibv_post_send` with a chain of work requests; perftest's
-    /// `-l`). Returns how many were posted; if the send queue fills, a request is refused by
-    /// itself ([`DatapathError::InvalidWorkRequest`]) or the queue pair is gone part way,
-    /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those are queued
-    /// and complete, the rest are not. If only the
-    /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
-    /// not be posted again.
-    ///
-    /// Requests that carry their payload inline may be in the chain too ([`SendRequest`]:
-    /// `IBV_SEND_INLINE` on some of a chain's requests), each checked as
-    /// [`QueuePair::post_send_inline`] checks it.
-    pub fn post_send_list<W: Into<SendRequest>>(
+    /// [`QueuePair::post_send_list`].
+    pub(crate) fn post_send_list<W: Into<SendRequest>>(
         &self,
         wrs: impl IntoIterator<Item = W>,
     ) -> Result<usize, PostListError> {
@@ -874,12 +1138,8 @@ impl QueuePair {
         }))
     }
 
-    /// Posts a list of receives in order, with one wake-up of the transport for the whole list
-    /// (`ibv_post_recv` with a chain of work requests; perftest's `--recv_post_list`). Returns
-    /// how many were posted; each fails, or completes, as [`QueuePair::post_recv`] says, and
-    /// [`PostListError::posted`] says how many went before the one that failed (verbs'
-    /// `bad_wr`): those are queued and complete, the rest are not.
-    pub fn post_recv_list(
+    /// [`QueuePair::post_recv_list`].
+    pub(crate) fn post_recv_list(
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<usize, PostListError> {
@@ -921,199 +1181,14 @@ impl QueuePair {
         Ok(posted)
     }
 
-    /// Posts a receive buffer for incoming Sends. Fails, or completes, as
-    /// [`QueuePair::post_send`] says; a full receive queue
-    /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
-    /// yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose receives come from
-    /// a shared receive queue ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it
-    /// with [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the
-    /// shared queue instead). A Send that reaches the transport after this returns finds the
-    /// receive in place, however the peer heard of it (both transports take queued work
-    /// requests before they place a connection's received data).
-    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+    /// [`QueuePair::post_recv`].
+    pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         if self.srq {
             return Err(DatapathError::InvalidWorkRequest(
                 rdmap::RdmapError::SrqAttached,
             ));
         }
         self.command(Cmd::Recv(wr))
-    }
-
-    /// A snapshot of the queue pair's state.
-    pub fn status(&self) -> QpStatus {
-        self.shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
-    pub fn wait_finished(&self, timeout: Duration) -> bool {
-        poll_until(timeout, Duration::from_millis(2), || self.status().finished)
-    }
-
-    /// Closes the connection: outstanding work requests complete as flushed, the socket is
-    /// shut down, and the transport's thread for the connection (the socket transport's) is
-    /// joined. A graceful close that has not finished within 10 s (a peer that stopped
-    /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
-    /// up to 2 s more (on the socket transport the reset drops what the kernel still held,
-    /// which may include Sends and Writes that completed when the kernel took them): once this returns, the transport neither reads nor writes the queue
-    /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
-    /// at all leaves it false, and once one has not answered a disconnect's full wait, later
-    /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on
-    /// the connection's own transport thread (a finish hook dropping the last handle), or on
-    /// any transport thread in a turn (an engine thread, an application thread polling
-    /// inline, a hook or an event's drop there), it only queues the close: that thread cannot
-    /// wait for itself. There it returns before the transport
-    /// has finished ([`QpStatus::finished`] says when): memory is safe to free only after
-    /// [`MemoryRegion::deregister`](crate::MemoryRegion::deregister)'s wait.
-    ///
-    /// Takes `&self` as `rdma_disconnect` takes a shared id: other threads may be posting
-    /// meanwhile (their posts are taken and flushed, or refused with
-    /// [`DatapathError::Disconnected`]), and several may disconnect at once (each returns once
-    /// the queue pair has finished; on a transport thread, at once, as above).
-    pub fn disconnect(&self) {
-        let _ = self.start_disconnect();
-        if self.on_own_thread() {
-            return;
-        }
-        let ended = if self.shared.end_wait_given_up.load(Ordering::Acquire) {
-            // An earlier wait gave up on this transport: the reset is asked for again, and
-            // waited for its own time only.
-            self.ended() || self.reset_within(ABORT_WAIT, false)
-        } else {
-            self.ended_within(DISCONNECT_WAIT) || self.reset_within(ABORT_WAIT, false)
-        };
-        if !ended {
-            self.give_up_end_wait();
-            return;
-        }
-        self.join_thread();
-    }
-
-    /// A disconnect has waited its full time and the transport has not finished (it does not
-    /// answer at all): said once; later disconnects and drops wait for its reset's time only.
-    fn give_up_end_wait(&self) {
-        if !self.shared.end_wait_given_up.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                qp = self.num,
-                "disconnect: the transport did not finish with the queue pair"
-            );
-        }
-    }
-
-    /// Work requests the transport took and refused because the queue pair was ending
-    /// (RDMAP Closing or Terminate: posted just as the end began; they complete flushed).
-    /// None is taken after the application's own close. For tests.
-    #[doc(hidden)]
-    pub fn refused_while_ending(&self) -> u64 {
-        self.shared.refused_while_ending.load(Ordering::Relaxed)
-    }
-
-    /// Whether this is the transport's thread for this connection alone, or any thread in a
-    /// transport's turn ([`TransportTurn`]): one that cannot wait for a transport to finish
-    /// with a queue pair, since that may need this very thread (a queue pair dropped by a hook
-    /// or with an event the turn delivered).
-    fn on_own_thread(&self) -> bool {
-        self.thread_id == Some(std::thread::current().id()) || TransportTurn::is_in()
-    }
-
-    /// Whether the transport has finished with the queue pair, or its own thread has ended
-    /// (a thread that panicked never marks the queue pair finished).
-    fn ended(&self) -> bool {
-        self.shared.lock().finished
-            || self
-                .thread
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(JoinHandle::is_finished)
-    }
-
-    /// Waits up to `timeout` for [`QueuePair::ended`]; true when it has.
-    fn ended_within(&self, timeout: Duration) -> bool {
-        poll_until(timeout, END_POLL, || self.ended())
-    }
-
-    /// Asks the transport to reset the connection now (`reset`: [`QueuePair::abort`]'s, see
-    /// [`Shared::request_abort`]) and waits up to `timeout` for it to finish; true when it
-    /// has.
-    fn reset_within(&self, timeout: Duration, reset: bool) -> bool {
-        self.shared.request_abort(reset);
-        // A wake even when the command channel is closed: the transport checks the request on
-        // its connection's next turn.
-        let _ = self.waker.wake();
-        self.ended_within(timeout)
-    }
-
-    /// Joins the transport's own thread, if the queue pair has one and no other caller took
-    /// it: called once the transport has finished with the queue pair, when all that is left
-    /// of the thread is to return.
-    fn join_thread(&self) {
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
-    }
-
-    /// Starts the graceful close of [`QueuePair::disconnect`] and returns at once, as
-    /// `rdma_disconnect` does, its end reported later (`RDMA_CM_EVENT_DISCONNECTED`): by
-    /// [`QueuePair::notify_disconnect`]'s event, [`QueuePair::status`]`.finished` or
-    /// [`QueuePair::wait_finished`]. Until the end, outstanding work requests may still
-    /// complete and the transport may still read and write the queue pair's memory; the
-    /// close ends by the transport's own bounds (the retransmission limit,
-    /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
-    /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
-    /// our FIN), and on both transports by at most 10 s for the peer to take what the queue
-    /// pair had queued (and, on the engine, our FIN): behind a peer that reads a trickle or
-    /// nothing the connection is then reset, as `disconnect` resets it (on the socket
-    /// transport the reset also drops what the kernel held: Sends and Writes complete there
-    /// when the kernel takes them, so some that completed may not arrive). A later
-    /// `disconnect`, or dropping the handle, waits for the end as
-    /// `disconnect` does (resetting the connection after 10 s; see there for a transport
-    /// that does not answer). Posts
-    /// that follow the close are refused, or flushed once the queue pair has finished in
-    /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
-    /// woken ([`DatapathError::Io`]; the close is queued all the same).
-    pub fn start_disconnect(&self) -> Result<(), DatapathError> {
-        match self.command(Cmd::Close) {
-            Err(DatapathError::Disconnected) => Ok(()),
-            other => other,
-        }
-    }
-
-    /// Moves the queue pair to Error at once (`ibv_modify_qp` to `IBV_QPS_ERR`): the TCP
-    /// connection is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with
-    /// [`QpError::PeerReset`]), every outstanding and queued work request completes with
-    /// [`WcStatus::WrFlushError`] (a Send or Write the peer has acknowledged whole may
-    /// complete successfully first), and later posts complete at once, flushed (a drain:
-    /// post a marker and wait for its completion). Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
-    /// acknowledged is dropped. Returns once the transport has finished with the queue pair
-    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a
-    /// transport thread, as below, it returns before: wait for `finished`). The abort
-    /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
-    /// queue pair that has finished already it does nothing.
-    ///
-    /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
-    /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
-    /// transport thread, or any transport thread in a turn, it only asks for the reset, as
-    /// [`QueuePair::disconnect`] there only queues the close, and returns before the
-    /// transport has finished.
-    pub fn abort(&self) {
-        if self.on_own_thread() {
-            self.shared.request_abort(true);
-            let _ = self.waker.wake();
-            return;
-        }
-        if !self.reset_within(ABORT_WAIT, true) {
-            tracing::warn!(
-                qp = self.num,
-                "abort: the transport did not finish with the queue pair"
-            );
-            return;
-        }
-        self.join_thread();
     }
 }
 
@@ -1132,8 +1207,8 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
         |timeout: Duration| poll_until(timeout, END_POLL, || qps.iter().all(|qp| qp.ended()));
     if !all_ended_within(DISCONNECT_WAIT) {
         for qp in qps.iter().filter(|qp| !qp.ended()) {
-            qp.shared.request_abort(false);
-            let _ = qp.waker.wake();
+            qp.path.shared.request_abort(false);
+            let _ = qp.path.waker.wake();
         }
         let _ = all_ended_within(ABORT_WAIT);
     }
@@ -1153,7 +1228,7 @@ impl QueuePair {
     /// `QpError::EngineFailed`). For tests only.
     #[doc(hidden)]
     pub fn inject_transport_panic(&self) -> Result<(), DatapathError> {
-        self.command(Cmd::Panic)
+        self.path.command(Cmd::Panic)
     }
 }
 
@@ -1182,7 +1257,7 @@ pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rdmap::SgeList;
     use std::time::Instant;
@@ -1215,7 +1290,10 @@ mod tests {
     }
 
     /// [`handle`] whose completions go to `cq`.
-    fn handle_with_cq(shared: Arc<Shared>, cq: Option<CqSink>) -> (QueuePair, Receiver<Cmd>) {
+    pub(crate) fn handle_with_cq(
+        shared: Arc<Shared>,
+        cq: Option<CqSink>,
+    ) -> (QueuePair, Receiver<Cmd>) {
         handle_parts(shared, cq, None)
     }
 

@@ -544,6 +544,7 @@ impl TcpApp for App<'_> {
                         extensions: qp_cfg.extensions,
                         cq: slot.waiter.cq().cloned(),
                     };
+                    let path = slot.posters.is_some().then(|| parts.post_path());
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {
                         Waiter::Connect(tx, cq) => {
                             tx.deliver(Ok((parts, private_data))).then_some(cq)
@@ -551,6 +552,14 @@ impl TcpApp for App<'_> {
                         Waiter::Accept(tx, cq) => tx.deliver(Ok(parts)).then_some(cq),
                         Waiter::None => None,
                     };
+                    // Receives its posters took while it started are queued before its
+                    // completions can reach the application (and taken before any data is
+                    // placed).
+                    if let (Some(posters), Some(path), Some(_)) =
+                        (slot.posters.take(), path, &taken)
+                    {
+                        posters.run(&path);
+                    }
                     // The application has the queue pair: its completions go to its queue.
                     slot.cq = taken;
                     if slot.cq.is_none() {

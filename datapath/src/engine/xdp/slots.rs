@@ -13,6 +13,7 @@ use tcp_engine::State as TcpState;
 use crate::engine::IwarpConn;
 use crate::log_rate::peer_line;
 use crate::verbs::cq::{Completion, CqSink};
+use crate::verbs::idle::StartingPosts;
 use crate::verbs::qp::{Cmd, QpParts, QueueAccount, Shared};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent};
 use crate::{DatapathError, QpError};
@@ -46,6 +47,9 @@ pub(super) struct Slot {
     /// Index of its PD's table in the engine's list (`None` until the PD is known).
     pub(super) table: Option<usize>,
     pub(super) num: u32,
+    /// A queue pair created before its connection: the receives its posters take while it
+    /// starts, handed to it as the application is given it ([`StartingPosts::run`]).
+    pub(super) posters: Option<StartingPosts>,
     pub(super) local_port: u16,
     pub(super) peer: SocketAddr,
     pub(super) cmds: Option<Receiver<Cmd>>,
@@ -87,6 +91,7 @@ impl Slot {
             conn,
             table,
             num,
+            posters: None,
             local_port: tuple.local_port,
             peer: SocketAddr::from((tuple.remote_addr, tuple.remote_port)),
             cmds: None,

@@ -839,9 +839,9 @@ impl Turner {
             .connection(id)
             .map(|c| c.four_tuple())
             .ok_or(DatapathError::Disconnected)?;
-        self.st
-            .slots
-            .insert(id, Slot::new(conn, Some(table), tuple, start.num));
+        let mut slot = Slot::new(conn, Some(table), tuple, start.num);
+        slot.posters = start.posters;
+        self.st.slots.insert(id, slot);
         Ok(id)
     }
 
@@ -873,6 +873,7 @@ impl Turner {
         post_initial_recvs(slot.conn.qp_mut(), &mem, start.recvs)?;
         slot.conn.qp_mut().join_stream(&mem);
         slot.num = start.num;
+        slot.posters = start.posters;
         slot.conn
             .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
             .map_err(conn_error)?;
