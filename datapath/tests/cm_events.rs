@@ -7,8 +7,8 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use datapath::{
-    CmEvent, CmEventChannel, CompletionQueue, ConnectParams, DatapathError, Device, IdleQp,
-    Listener, ProtectionDomain, QpError,
+    Access, CmEvent, CmEventChannel, CompletionQueue, ConnectParams, DatapathError, Device, IdleQp,
+    Listener, ProtectionDomain, QpError, RecvWr, WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -248,6 +248,72 @@ fn a_cancelled_connect_attempt_queues_nothing_and_resets_what_it_made() {
         Some(CmEvent::Established { context: 2, .. }) => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// `rdma_destroy_id` on a request's id while `accept_qp_async` accepts it: the accept's
+/// `ConnectAttempt::cancel` says it was cancelled, no event of the accept is ever queued,
+/// the connection it still made is reset (the active side, told it was accepted, sees it
+/// end) and the queue pair's receive completes flushed. (The accept runs on a thread of its
+/// own and may queue its outcome before the cancel: then the cancel says so, and the test
+/// tries again.)
+#[test]
+fn a_cancelled_accept_queues_nothing_and_resets_what_it_made() {
+    for _ in 0..20 {
+        let (device, server_ch, client_ch, addr, _listening) = listening_on("127.0.0.1:0");
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        device
+            .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 7)
+            .unwrap();
+        let CmEvent::ConnectRequest(req) = next(&server_ch, "request") else {
+            panic!("not a connect request");
+        };
+        let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let sink = spd.register(64, Access::LOCAL_WRITE).unwrap();
+        let qp = IdleQp::new(&spd, &scq, &params()).unwrap();
+        qp.post_recv(RecvWr {
+            wr_id: 5,
+            sg_list: sink.sge(0, 64).into(),
+        })
+        .unwrap();
+        let accepting = req.accept_qp_async(qp, b"", &server_ch, 42).unwrap();
+        if !accepting.cancel() {
+            assert!(
+                matches!(
+                    next(&server_ch, "the accept's outcome"),
+                    CmEvent::Established { context: 42, .. }
+                ),
+                "cancel said the outcome was queued"
+            );
+            continue;
+        }
+        let c = scq
+            .wait(WAIT)
+            .expect("the receive of the cancelled accept's queue pair");
+        assert_eq!(
+            (c.wc.wr_id, c.wc.status),
+            (5, WcStatus::WrFlushError),
+            "{c:?}"
+        );
+        assert!(
+            server_ch.wait_event(Duration::from_millis(300)).is_none(),
+            "a cancelled accept queued an event"
+        );
+        // The active side heard it accepted, then saw it end.
+        match next(&client_ch, "the active side's outcome") {
+            CmEvent::Established { connection, .. } => {
+                assert!(connection.qp.wait_finished(WAIT), "it lives on");
+                let st = connection.qp.status();
+                assert!(
+                    matches!(st.error, Some(QpError::PeerReset | QpError::PeerClosed)),
+                    "{st:?}"
+                );
+            }
+            CmEvent::ConnectError { .. } | CmEvent::Rejected { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        return;
+    }
+    panic!("no accept could be cancelled before its outcome in 20 tries");
 }
 
 /// The passive side on its event channel (`rdma_create_qp` on the request's id, then

@@ -331,8 +331,9 @@ enum HeldEnd {
     Open,
 }
 
-/// A connection attempt of [`crate::Device::connect_async`], as rdma_cm's id is while it
-/// connects: [`ConnectAttempt::cancel`] is `rdma_destroy_id` on it. Dropping the handle leaves
+/// A connection attempt of [`crate::Device::connect_async`] (or an accept of
+/// [`crate::ConnectRequest::accept_qp_async`]), as rdma_cm's id is while it connects or
+/// accepts: [`ConnectAttempt::cancel`] is `rdma_destroy_id` on it. Dropping the handle leaves
 /// the attempt running, its outcome queued as usual.
 #[derive(Debug, Clone)]
 pub struct ConnectAttempt {

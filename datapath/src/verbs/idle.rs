@@ -617,13 +617,19 @@ impl ConnectRequest {
     /// of its own and the outcome queued on `channel`, tagged with `context`:
     /// [`crate::CmEvent::Established`] with the connection (whose queue pair then reports
     /// [`crate::CmEvent::Disconnected`] there), or [`crate::CmEvent::ConnectError`].
+    ///
+    /// Returns the accept's [`ConnectAttempt`]: its [`ConnectAttempt::cancel`] is
+    /// `rdma_destroy_id` on the request's id while it accepts. No event of the accept is
+    /// queued after it; a connection the accept still establishes is reset as soon as it is
+    /// up (the peer, told it was accepted, sees it end), and the queue pair's receives
+    /// complete as flushed then.
     pub fn accept_qp_async(
         mut self,
         qp: IdleQp,
         private_data: &[u8],
         channel: &CmEventChannel,
         context: u64,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<ConnectAttempt, DatapathError> {
         let qp = qp.into_parts();
         self.adopt(qp.params);
         let request = match self.check_accept(&qp.pd, private_data, &qp.start) {
@@ -637,6 +643,7 @@ impl ConnectRequest {
         let private_data = private_data.to_vec();
         let channel = channel.clone();
         let attempt = ConnectAttempt::new();
+        let outcome_of = attempt.clone();
         // The request goes to the thread once it runs: should no thread be had, it is still
         // here to reject (the peer hears of it now, not at its MPA timeout), and the
         // receives to flush.
@@ -651,7 +658,7 @@ impl ConnectRequest {
                     request.finish_accept(&pd, &cq, &private_data, start)
                 }))
                 .unwrap_or_else(|cause| Err(crate::error::panicked("accepting", &*cause)));
-                push_outcome(&channel, context, &attempt, hand_over.after(outcome));
+                push_outcome(&channel, context, &outcome_of, hand_over.after(outcome));
             });
         if let Err(e) = spawned {
             let _ = request.reject(&[]);
@@ -660,7 +667,7 @@ impl ConnectRequest {
         }
         // The thread waits for it: the channel has room for it, and its receiver lives.
         let _ = give.send((request, hand_over));
-        Ok(())
+        Ok(attempt)
     }
 
     /// Takes the queue pair's own settings (see [`ConnectRequest::accept_qp`]).
