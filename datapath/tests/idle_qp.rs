@@ -714,3 +714,128 @@ fn engine_a_receive_reposted_before_established_is_taken() {
     .expect("engine responder");
     client.join().expect("client thread").expect("client");
 }
+
+/// A responder that answers the MPA Request (plain MPA, CRCs) with its Reply and two Sends of
+/// the greeting in one write, once told the initiator has `posted` its second receive: the
+/// Sends reach the initiator with the Reply, as a peer that sends at once may make them.
+/// Listens on `listener`, holds the connection until `done`.
+fn replying_with_two_sends(
+    listener: std::net::TcpListener,
+    posted: mpsc::Receiver<()>,
+    done: mpsc::Receiver<()>,
+) -> Result<(), String> {
+    use std::io::Write;
+    let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+    let mut responder = common::read_mpa_request(&mut s)?;
+    let (mut out, negotiated) = responder.accept(&[]).map_err(|e| e.to_string())?;
+    let mut encoder = negotiated.encoder();
+    for msn in [1, 2] {
+        // RFC 5040 4.3 / RFC 5041 4.3: an untagged Send (RDMAP control 0x43) to queue 0.
+        let header = ddp::wire::UntaggedHeader {
+            last: true,
+            rsvd_ulp: [0x43, 0, 0, 0, 0],
+            qn: 0,
+            msn,
+            mo: 0,
+        };
+        let mut ulpdu = vec![0u8; ddp::wire::UNTAGGED_HEADER_LEN];
+        header.emit(&mut ulpdu);
+        ulpdu.extend_from_slice(&greeting());
+        encoder
+            .encode(&ulpdu, &mut out)
+            .map_err(|e| e.to_string())?;
+    }
+    posted
+        .recv_timeout(WAIT)
+        .map_err(|_| "the initiator never posted".to_string())?;
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let _ = done.recv_timeout(WAIT);
+    Ok(())
+}
+
+/// The initiator's side of [`replying_with_two_sends`]: an idle queue pair with one receive
+/// starts connecting to `addr` on `device`, a second receive is posted through its poster
+/// while it connects, and only then does the peer send its Reply and both Sends: both
+/// greetings land, though the second arrived before the connection was handed over.
+fn receives_what_came_with_the_reply(
+    device: &Device,
+    addr: SocketAddr,
+    posted: mpsc::Sender<()>,
+) -> Result<(), String> {
+    let side = Side::new();
+    let sink = side
+        .pd
+        .register(2 * LEN, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let params = ConnectParams {
+        rq_depth: 2,
+        ..common::params(datapath::MpaConfig::default())
+    };
+    let qp = IdleQp::new(&side.pd, &side.cq, &params).map_err(|e| e.to_string())?;
+    qp.post_recv(recv(7, &sink)).map_err(|e| e.to_string())?;
+    let (num, poster) = (qp.num(), qp.poster());
+    let channel = CmEventChannel::new().map_err(|e| e.to_string())?;
+    device
+        .connect_qp_async(qp, addr, &[], &channel, 4)
+        .map_err(|e| format!("connect: {e}"))?;
+    poster
+        .post_recv(RecvWr {
+            wr_id: 8,
+            sg_list: sink.sge(LEN, LEN as u32).into(),
+        })
+        .map_err(|e| format!("the receive posted while connecting: {e}"))?;
+    let _ = posted.send(());
+    for wr_id in [7, 8] {
+        let c = next_wc(&side.cq, "a greeting");
+        let got = (c.qp_num, c.wc.wr_id, c.wc.status, c.wc.byte_len);
+        if got != (num, wr_id, WcStatus::Success, LEN as u32) {
+            return Err(format!("greeting into receive {wr_id}: {c:?}"));
+        }
+    }
+    let mut got = vec![0u8; 2 * LEN];
+    sink.read(0, &mut got);
+    if got[..LEN] != greeting()[..] || got[LEN..] != greeting()[..] {
+        return Err("the greetings' octets".into());
+    }
+    match channel.wait_event(WAIT) {
+        Some(CmEvent::Established {
+            context: 4,
+            connection,
+        }) if connection.qp.num() == num && connection.qp.status().error.is_none() => Ok(()),
+        other => Err(format!("not established cleanly: {other:?}")),
+    }
+}
+
+#[test]
+fn socket_a_receive_posted_while_connecting_takes_a_send_that_came_with_the_reply() {
+    let listener = std::net::TcpListener::bind(any_port()).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (posted_tx, posted_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || replying_with_two_sends(listener, posted_rx, done_rx));
+    let outcome = receives_what_came_with_the_reply(&Device::socket(), addr, posted_tx);
+    let _ = done_tx.send(());
+    outcome.expect("socket initiator");
+    server.join().expect("server thread").expect("server");
+}
+
+#[test]
+fn engine_a_receive_posted_while_connecting_takes_a_send_that_came_with_the_reply() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_634;
+    let (posted_tx, posted_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    let server = move |ready: mpsc::Sender<()>| {
+        testbed::enter_ns(testbed::NS_B).map_err(|e| e.to_string())?;
+        let listener = std::net::TcpListener::bind(SocketAddr::from((ADDR_B, PORT)))
+            .map_err(|e| e.to_string())?;
+        let _ = ready.send(());
+        replying_with_two_sends(listener, posted_rx, done_rx)
+    };
+    bed::device_against(server, move |device| {
+        let outcome =
+            receives_what_came_with_the_reply(device, SocketAddr::from((ADDR_B, PORT)), posted_tx);
+        let _ = done_tx.send(());
+        outcome
+    });
+}

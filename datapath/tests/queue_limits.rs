@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use common::{bed, read_wr, send_wr, write_wr, Side, WAIT};
 use datapath::engine::{XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, DatapathError, Listener, MemoryRegion, MpaConfig,
-    QueuePair, RecvWr, SgeList, Stag, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnectParams, DatapathError, Listener, MemoryRegion, QueuePair,
+    RecvWr, SgeList, Stag, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, spawn_in_ns, ADDR_B, DEV_A, NS_A, NS_B};
 
@@ -51,22 +51,7 @@ fn silent_responder(
     let l = TcpListener::bind(addr).map_err(|e| e.to_string())?;
     let _ = ready.send(l.local_addr().map_err(|e| e.to_string())?);
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
-    let mut responder =
-        mpa::Responder::new(MpaConfig::default(), Instant::now()).map_err(|e| e.to_string())?;
-    let mut buf = [0u8; 512];
-    loop {
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("the Request never came".into());
-        }
-        let (_, info) = responder
-            .feed(&buf[..n], Instant::now())
-            .map_err(|e| e.to_string())?;
-        if info.is_some() {
-            break;
-        }
-    }
+    let mut responder = common::read_mpa_request(&mut s)?;
     let (reply, _) = responder.accept(&[]).map_err(|e| e.to_string())?;
     s.write_all(&reply).map_err(|e| e.to_string())?;
     let _ = done.recv_timeout(WAIT * 2);

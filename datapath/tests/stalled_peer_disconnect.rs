@@ -5,6 +5,8 @@
 //! returns with the queue pair finished, and a close only started (`start_disconnect`) ends
 //! the same way. Loopback, no root needed; one case on the AF_XDP engine on the veth bed.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -48,30 +50,9 @@ fn silent_on(listener: TcpListener, stop: mpsc::Receiver<()>) -> std::thread::Jo
 
 /// Reads the MPA Request on `s` and sends an accepting Reply.
 fn answer_request(s: &mut TcpStream) -> Result<(), String> {
-    s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
-    let mut responder = mpa::Responder::new(mpa::MpaConfig::default(), Instant::now())
-        .map_err(|e| e.to_string())?;
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = s.read(&mut chunk).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("closed before the Request".into());
-        }
-        let mut at = 0;
-        while at < n {
-            let (used, info) = responder
-                .feed(&chunk[at..n], Instant::now())
-                .map_err(|e| e.to_string())?;
-            at += used;
-            if info.is_some() {
-                let (reply, _) = responder.accept(b"").map_err(|e| e.to_string())?;
-                return s.write_all(&reply).map_err(|e| e.to_string());
-            }
-            if used == 0 {
-                break;
-            }
-        }
-    }
+    let mut responder = common::read_mpa_request(s)?;
+    let (reply, _) = responder.accept(b"").map_err(|e| e.to_string())?;
+    s.write_all(&reply).map_err(|e| e.to_string())
 }
 
 /// Connects to `addr` without a user timeout (the kernel never gives up on a peer that keeps

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
-use rdmap::{QpConfig, QpState, TerminateCause};
+use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
 
 use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
@@ -407,14 +407,34 @@ impl Engine {
         self.shared.mark_finished(QpState::Error);
     }
 
+    /// Posts a receive taken from the application: one the queue pair refuses completes in
+    /// error in its place.
+    fn post_taken_recv(&mut self, wr: RecvWr) {
+        let wr_id = wr.wr_id;
+        let res = {
+            let table = self.table.snapshot();
+            self.qp.post_recv(wr, &table)
+        };
+        if let Err(e) = res {
+            self.qp
+                .complete_recv_in_error(wr_id, self.shared.refusal_status(&e));
+        }
+    }
+
     /// The connection's work until it ends (see [`Engine::run`]).
     fn serve(&mut self, leftover: Vec<u8>) {
         if let Some((posters, path)) = self.posters.take() {
-            // Before anything can complete, and before the peer can hear of the queue pair
-            // (the Reply is not written yet).
+            // Before anything can complete, and before any received byte is placed.
+            posters.take(|wr| self.post_taken_recv(wr));
+            self.account.publish(&self.qp, &self.shared);
             posters.run(&path);
         }
         if !leftover.is_empty() {
+            // What was posted before the thread ran is in place for the bytes that came
+            // with the startup, as for those read later.
+            if !self.cmds.is_empty() {
+                self.handle_commands(true);
+            }
             self.process_rx(&leftover);
         }
         let mut events = Events::with_capacity(16);
@@ -644,17 +664,7 @@ impl Engine {
                         );
                     }
                 }
-                Cmd::Recv(wr) => {
-                    let wr_id = wr.wr_id;
-                    let res = {
-                        let table = self.table.snapshot();
-                        self.qp.post_recv(wr, &table)
-                    };
-                    if let Err(e) = res {
-                        self.qp
-                            .complete_recv_in_error(wr_id, self.shared.refusal_status(&e));
-                    }
-                }
+                Cmd::Recv(wr) => self.post_taken_recv(wr),
                 Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
                 Cmd::Close if before_data => self.close_taken = true,
                 Cmd::Close => {

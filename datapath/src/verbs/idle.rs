@@ -47,6 +47,8 @@ struct Stages {
     pd: ProtectionDomain,
     /// Its receives come from a shared receive queue.
     srq: bool,
+    /// The RFC 7306 extensions are on: their opcodes may be posted.
+    extensions: bool,
     /// Its completion queues, for the posts it completes itself (flushed).
     cq: CqSink,
     /// Set once the queue pair runs: posts go straight to it, without the lock.
@@ -59,8 +61,8 @@ enum Stage {
     /// first when it starts.
     Idle(PostedRecvs),
     /// A connect or accept took it (and the receives posted so far) and has not finished:
-    /// receives posted meanwhile collect here, to be posted as soon as it runs, behind those.
-    Starting(PostedRecvs),
+    /// receives posted meanwhile collect here, for the transport to take behind those.
+    Starting(Starting),
     /// It runs: see [`Stages::running`].
     Running(PostPath),
     /// Its connect or accept failed, or [`IdleQp::flush`] moved it to Error: posts complete
@@ -77,6 +79,17 @@ enum Stage {
 struct PostedRecvs {
     wrs: Vec<RecvWr>,
     check: rdmap::QueuePair,
+}
+
+/// A queue pair whose connect or accept is under way.
+struct Starting {
+    /// Receives posted since, not yet taken by the transport.
+    recvs: PostedRecvs,
+    /// The receives the transport holds, in the order posted: those it started with, then
+    /// those it took while starting ([`StartingPosts::take`]). If the start fails, they
+    /// complete flushed here (the transport gives a connection its completion queue only when
+    /// the caller gets the queue pair).
+    held: Vec<u64>,
 }
 
 impl std::fmt::Debug for IdleQp {
@@ -116,6 +129,7 @@ impl IdleQp {
                 num,
                 pd: pd.clone(),
                 srq: params.srq.is_some(),
+                extensions: params.rdmap_extensions,
                 cq: CqSink::new(cq, params.recv_cq.as_ref()),
                 running: OnceLock::new(),
                 stage: Mutex::new(Stage::Idle(PostedRecvs {
@@ -230,9 +244,12 @@ impl IdleQp {
             let mut stage = self.stages.lock();
             match std::mem::replace(&mut *stage, Stage::Destroyed) {
                 Stage::Idle(PostedRecvs { wrs, check }) => {
-                    *stage = Stage::Starting(PostedRecvs {
-                        wrs: Vec::new(),
-                        check,
+                    *stage = Stage::Starting(Starting {
+                        recvs: PostedRecvs {
+                            wrs: Vec::new(),
+                            check,
+                        },
+                        held: wrs.iter().map(|wr| wr.wr_id).collect(),
                     });
                     wrs
                 }
@@ -244,7 +261,6 @@ impl IdleQp {
             }
         };
         let hand_over = IdleHandOver {
-            first: wrs.iter().map(|wr| wr.wr_id).collect(),
             stages: self.stages.clone(),
             done: false,
         };
@@ -287,9 +303,8 @@ pub(crate) struct IdleParts {
 
 /// What becomes of an [`IdleQp`]'s posts when the connect or accept that took it ends.
 ///
-/// If it succeeds, the receives posted through the queue pair's [`QpPoster`]s while it
-/// started are posted to the running queue pair, in order, before the call returns or its
-/// event is queued, and the posters post to it directly from then on.
+/// If it succeeds, the transport has handed the queue pair's posts over to the running queue
+/// pair ([`StartingPosts`]): nothing is left to do.
 ///
 /// If it fails, the queue pair is in Error as a verbs queue pair is after a failed
 /// connection (siw moves it there and flushes its queues): each receive posted to it
@@ -300,22 +315,21 @@ pub(crate) struct IdleParts {
 /// transports give a connection its completion queue only when the caller gets the queue
 /// pair), so each receive completes once.
 pub(crate) struct IdleHandOver {
-    /// The work request ids of the receives the queue pair started with.
-    first: Vec<u64>,
     stages: Arc<Stages>,
     /// Handed over already: a hand-over dropped before (a thread that never ran) fails.
     done: bool,
 }
 
 impl IdleHandOver {
-    /// Passes `outcome` on, after handing the queue pair's posts over to what it says.
+    /// Passes `outcome` on, the queue pair moved to Error first if it is a failure.
     pub(crate) fn after(
         mut self,
         outcome: Result<Connection, DatapathError>,
     ) -> Result<Connection, DatapathError> {
         match &outcome {
-            Ok(connection) => self.hand_over(Some(connection.qp.post_path())),
-            Err(_) => self.hand_over(None),
+            // The transport ran it ([`StartingPosts::run`]) before it handed it over.
+            Ok(_) => self.done = true,
+            Err(_) => self.fail_now(),
         }
         outcome
     }
@@ -333,28 +347,22 @@ impl IdleHandOver {
 
     /// The connect or accept failed: the queue pair is in Error (see [`IdleHandOver`]).
     pub(crate) fn fail(mut self) {
-        self.hand_over(None);
+        self.fail_now();
     }
 
-    /// Hands the posts over to the running queue pair's `path` (the receives posted while it
-    /// started go to it, then every post does) or, with none, to the Error stage (every
-    /// receive posted completes flushed, and so does every later post).
-    fn hand_over(&mut self, path: Option<&PostPath>) {
+    /// Every receive posted to the queue pair completes flushed, in order, and so does every
+    /// later post.
+    fn fail_now(&mut self) {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        if let Some(path) = path {
-            // The transport runs it already, unless this came first.
-            self.stages.run(path);
-            return;
-        }
         let mut stage = self.stages.lock();
-        let Stage::Starting(recvs) = &mut *stage else {
-            // Only a start can fail (and it cannot once its transport runs the queue pair).
+        let Stage::Starting(starting) = &mut *stage else {
+            // Only a start can fail, and none does once its transport runs the queue pair.
             return;
         };
-        let late: Vec<u64> = recvs.wrs.iter().map(|wr| wr.wr_id).collect();
-        self.stages.complete_flushed(&self.first);
+        let late: Vec<u64> = starting.recvs.wrs.iter().map(|wr| wr.wr_id).collect();
+        self.stages.complete_flushed(&starting.held);
         self.stages.complete_flushed(&late);
         *stage = Stage::Error;
     }
@@ -362,25 +370,42 @@ impl IdleHandOver {
 
 impl Drop for IdleHandOver {
     fn drop(&mut self) {
-        self.hand_over(None);
+        self.fail_now();
     }
 }
 
-/// The receives a queue pair's [`QpPoster`]s took while its connect or accept started it,
-/// for the transport to hand to the running queue pair ([`crate::verbs::qp::QpStart`]).
+/// The receives a queue pair's [`QpPoster`]s take while its connect or accept starts it, for
+/// the transport that starts it ([`crate::verbs::qp::QpStart`]).
+///
+/// The transport takes them into its queue pair before it places any received data
+/// ([`StartingPosts::take`]: the data that follows an MPA Reply may be the peer's first
+/// Sends) and, once it has the queue pair running and before it can deliver any of its
+/// completions, makes it the posters' ([`StartingPosts::run`]): until then no receive has
+/// completed, so the posters' count of the receive queue (those it started with, and those
+/// posted since) is exact.
 pub(crate) struct StartingPosts {
     stages: Arc<Stages>,
 }
 
 impl StartingPosts {
-    /// The queue pair runs on `path`: the receives posted while it started are queued to it
-    /// (in order, behind those it started with), then every post goes to it. The transport
-    /// calls this before it can deliver any of the queue pair's completions (the engine
-    /// before it gives the connection its completion queue, the socket transport first thing
-    /// on the connection's thread), so that a receive completion never meets a queue pair
-    /// whose posters still count those it started with as in place; and the receives are
-    /// queued before the transport places any received data (both take queued work
-    /// requests first).
+    /// Hands the receives posted since the last call to `post`, in order, which posts each
+    /// to the transport's queue pair as it would one taken from the command channel (one it
+    /// refuses completes in error in its place); they are the transport's from now on, flushed
+    /// by the start's end should the start fail.
+    pub(crate) fn take(&self, mut post: impl FnMut(RecvWr)) {
+        let mut stage = self.stages.lock();
+        if let Stage::Starting(starting) = &mut *stage {
+            for wr in std::mem::take(&mut starting.recvs.wrs) {
+                starting.held.push(wr.wr_id);
+                post(wr);
+            }
+        }
+    }
+
+    /// The queue pair runs on `path`: from now on every post goes to it (any receive posted
+    /// since the last [`StartingPosts::take`] is queued to it first). Call it after taking
+    /// the receives and publishing the queue account, before the queue pair's completions
+    /// can reach the application.
     pub(crate) fn run(self, path: &PostPath) {
         self.stages.run(path);
     }
@@ -408,14 +433,13 @@ impl Stages {
         }
     }
 
-    /// [`StartingPosts::run`] (also from the start's end, whichever comes first): nothing
-    /// once the queue pair runs.
+    /// [`StartingPosts::run`].
     fn run(&self, path: &PostPath) {
         let mut stage = self.lock();
-        let Stage::Starting(recvs) = &mut *stage else {
+        let Stage::Starting(starting) = &mut *stage else {
             return;
         };
-        let late = std::mem::take(&mut recvs.wrs);
+        let late = std::mem::take(&mut starting.recvs.wrs);
         let ids: Vec<u64> = late.iter().map(|wr| wr.wr_id).collect();
         if let Err(e) = path.post_recv_list(late) {
             // The queue pair ended before they could be queued (it refuses posts, or its
@@ -436,13 +460,13 @@ impl Stages {
             return path.post_recv(wr);
         }
         let mut stage = self.lock();
+        if self.srq && !matches!(*stage, Stage::Running(_) | Stage::Destroyed) {
+            return Err(DatapathError::InvalidWorkRequest(
+                rdmap::RdmapError::SrqAttached,
+            ));
+        }
         match &mut *stage {
-            Stage::Idle(recvs) | Stage::Starting(recvs) => {
-                if self.srq {
-                    return Err(DatapathError::InvalidWorkRequest(
-                        rdmap::RdmapError::SrqAttached,
-                    ));
-                }
+            Stage::Idle(recvs) | Stage::Starting(Starting { recvs, .. }) => {
                 let PostedRecvs { wrs, check } = recvs;
                 post_initial_recvs(check, &self.pd.table.snapshot(), vec![wr])?;
                 wrs.push(wr);
@@ -466,16 +490,19 @@ impl Stages {
     }
 
     /// A send work request posted to the queue pair: to the running queue pair by `post`;
-    /// refused before it runs; flushed in Error.
+    /// refused before it runs; flushed in Error. Before the queue pair runs, `shape` checks
+    /// the request by itself first (as the running queue pair does).
     fn post_send(
         &self,
         wr_id: u64,
         opcode: WcOpcode,
+        shape: impl FnOnce(bool) -> Result<(), rdmap::RdmapError>,
         post: impl FnOnce(&PostPath) -> Result<(), DatapathError>,
     ) -> Result<(), DatapathError> {
         if let Some(path) = self.running.get() {
             return post(path);
         }
+        shape(self.extensions).map_err(DatapathError::InvalidWorkRequest)?;
         match &*self.lock() {
             Stage::Running(path) => post(path),
             Stage::Error => self.flushed(wr_id, opcode),
@@ -510,9 +537,10 @@ impl Stages {
 /// - before the connect or accept, receives are posted to the [`IdleQp`] (as
 ///   [`IdleQp::post_recv`]);
 /// - while it starts, receives collect behind those it starts with (counting against the
-///   receive queue's depth with them, checked as [`IdleQp::post_recv`] checks them) and are
-///   posted to the running queue pair, in order, before the call returns or its event is
-///   queued;
+///   receive queue's depth with them, checked as [`IdleQp::post_recv`] checks them); the
+///   transport takes them, in order, before it places any received data (a Send that came
+///   with the MPA Reply finds a receive posted before it arrived), and the posters post to
+///   the running queue pair before it can deliver any completion;
 /// - once the queue pair runs, every post goes to it as through the [`crate::QueuePair`]
 ///   (the same queues and checks, with all its errors), also after the queue pair has ended;
 /// - if the connect or accept failed (or [`IdleQp::flush`]), posts complete at once with
@@ -520,7 +548,9 @@ impl Stages {
 ///
 /// Send work requests posted before the queue pair runs fail with
 /// [`DatapathError::NotConnected`] (verbs' `ENOTCONN` for a queue pair not in RTS), and every
-/// post once the [`IdleQp`] was dropped without a connection.
+/// post once the [`IdleQp`] was dropped without a connection. A poster holds the running
+/// queue pair's command channel: posts after the [`crate::QueuePair`] is gone are refused
+/// ([`DatapathError::Disconnected`]) or flushed, as posts to an ended queue pair are.
 #[derive(Clone)]
 pub struct QpPoster {
     stages: Arc<Stages>,
@@ -560,16 +590,24 @@ impl QpPoster {
     /// pair runs (see [`QpPoster`]).
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-        self.stages
-            .post_send(wr_id, opcode, |path| path.post_send(wr))
+        self.stages.post_send(
+            wr_id,
+            opcode,
+            |extensions| wr.check_shape(extensions),
+            |path| path.post_send(wr),
+        )
     }
 
     /// Posts a Send or Write with its payload inline
     /// ([`crate::QueuePair::post_send_inline`]) once the queue pair runs.
     pub fn post_send_inline(&self, wr: InlineSendWr) -> Result<(), DatapathError> {
         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-        self.stages
-            .post_send(wr_id, opcode, |path| path.post_send_inline(wr))
+        self.stages.post_send(
+            wr_id,
+            opcode,
+            |extensions| wr.check_shape(extensions),
+            |path| path.post_send_inline(wr),
+        )
     }
 
     /// Posts a list of send work requests in order ([`crate::QueuePair::post_send_list`])
@@ -749,100 +787,111 @@ mod tests {
     }
 
     /// Receives posted through a poster before the connect or accept are the queue pair's
-    /// first; those posted while it starts count against the depth with them and reach the
-    /// running queue pair behind them, in order, once, when the transport runs it (or the
-    /// start's end does, whichever comes first); later posts go straight to it. Sends wait
-    /// for the queue pair to run.
+    /// first; those posted while it starts count against the depth with them (exactly: none
+    /// can complete before the transport runs the queue pair) and go to the transport's
+    /// queue pair in order, those taken before it places data directly, those posted after
+    /// through its command channel when it runs; later posts go straight to it, once. Sends
+    /// wait for the queue pair to run.
     #[test]
     fn posts_while_starting_reach_the_running_queue_pair_in_order() {
-        for transport_runs_it in [true, false] {
-            let (qp, cq) = idle(4);
-            let poster = qp.poster();
-            assert_eq!(poster.num(), qp.num());
-            qp.post_recv(recv(1)).expect("post to the idle queue pair");
-            poster.post_recv(recv(2)).expect("post through the poster");
-            assert_eq!(qp.recvs_posted(), 2);
-            let mut parts = qp.into_parts();
-            let started: Vec<u64> = parts.start.recvs.iter().map(|wr| wr.wr_id).collect();
-            assert_eq!(started, [1, 2], "the receives it starts with");
+        let (qp, cq) = idle(5);
+        let poster = qp.poster();
+        assert_eq!(poster.num(), qp.num());
+        qp.post_recv(recv(1)).expect("post to the idle queue pair");
+        poster.post_recv(recv(2)).expect("post through the poster");
+        assert_eq!(qp.recvs_posted(), 2);
+        let mut parts = qp.into_parts();
+        let started: Vec<u64> = parts.start.recvs.iter().map(|wr| wr.wr_id).collect();
+        assert_eq!(started, [1, 2], "the receives it starts with");
+        let posters = parts.start.posters.take().expect("the posters' hand-over");
 
-            assert_eq!(poster.post_recv_list([recv(3), recv(4)]).ok(), Some(2));
-            assert!(
-                matches!(
-                    poster.post_recv(recv(5)),
-                    Err(DatapathError::RecvQueueFull { depth: 4 })
-                ),
-                "the depth counts those it started with"
-            );
-            assert!(matches!(
-                poster.post_send(send(9)),
-                Err(DatapathError::NotConnected)
-            ));
+        assert_eq!(poster.post_recv_list([recv(3), recv(4)]).ok(), Some(2));
+        assert!(matches!(
+            poster.post_send(send(9)),
+            Err(DatapathError::NotConnected)
+        ));
+        let mut taken_early = Vec::new();
+        posters.take(|wr| taken_early.push(wr.wr_id));
+        assert_eq!(taken_early, [3, 4], "taken before data is placed");
+        poster.post_recv(recv(5)).expect("post while starting");
+        assert!(
+            matches!(
+                poster.post_recv(recv(6)),
+                Err(DatapathError::RecvQueueFull { depth: 5 })
+            ),
+            "the depth counts those it started with and those taken"
+        );
 
-            let shared = Shared::new(QpState::Rts);
-            let sink = CqSink::new(&cq, None);
-            let (running, cmds) = handle_with_cq(shared.clone(), Some(sink));
-            let mut posters = parts.start.posters.take();
-            if transport_runs_it {
-                let posters = posters.take().expect("the posters' hand-over");
-                posters.run(running.post_path());
-                assert_eq!(
-                    taken(&cmds),
-                    [('r', 3), ('r', 4)],
-                    "when the transport runs it"
-                );
-            }
-            let connection = parts.hand_over.after(Ok(Connection {
-                qp: running,
-                private_data: Vec::new(),
-            }));
-            let Ok(connection) = connection else {
-                panic!("the outcome changed");
-            };
-            if transport_runs_it {
-                assert!(cmds.is_empty(), "queued twice");
-            } else {
-                assert_eq!(taken(&cmds), [('r', 3), ('r', 4)], "at the start's end");
-                let posters = posters.take().expect("the posters' hand-over");
-                posters.run(connection.qp.post_path());
-                assert!(cmds.is_empty(), "queued twice");
-            }
-            poster
-                .post_recv(recv(6))
-                .expect("post to the running queue pair");
-            poster
-                .post_send(send(7))
-                .expect("send on the running queue pair");
-            assert_eq!(taken(&cmds), [('r', 6), ('s', 7)]);
-            assert!(cq.is_empty(), "a completion: {:?}", cq.try_next());
+        let shared = Shared::new(QpState::Rts);
+        let sink = CqSink::new(&cq, None);
+        let (running, cmds) = handle_with_cq(shared.clone(), Some(sink));
+        posters.run(running.post_path());
+        assert_eq!(taken(&cmds), [('r', 5)], "queued when it runs");
+        let connection = parts.hand_over.after(Ok(Connection {
+            qp: running,
+            private_data: Vec::new(),
+        }));
+        let Ok(connection) = connection else {
+            panic!("the outcome changed");
+        };
+        assert!(cmds.is_empty(), "queued twice");
+        poster
+            .post_recv(recv(7))
+            .expect("post to the running queue pair");
+        poster
+            .post_send(send(8))
+            .expect("send on the running queue pair");
+        assert_eq!(taken(&cmds), [('r', 7), ('s', 8)]);
+        assert!(cq.is_empty(), "a completion: {:?}", cq.try_next());
 
-            // No transport here: finished, so that dropping the handle does not wait for one.
-            shared.mark_finished(QpState::Error);
-            drop(connection);
-        }
+        // No transport here: finished, so that dropping the handle does not wait for one.
+        shared.mark_finished(QpState::Error);
+        drop(connection);
     }
 
-    /// A start that fails leaves the queue pair in Error: the receives it started with, then
-    /// those posted while it started, complete flushed in order; later posts complete flushed
-    /// at once. The same when the hand-over is dropped unfinished (a thread that never ran).
+    /// A start that fails leaves the queue pair in Error: the receives it started with, those
+    /// the transport took while it started, then those posted since complete flushed in
+    /// order; later posts complete flushed at once. The same when the hand-over is dropped
+    /// unfinished (a thread that never ran).
     #[test]
     fn a_failed_start_flushes_every_receive_in_order_and_later_posts() {
         for dropped in [false, true] {
             let (qp, cq) = idle(4);
             let (num, poster) = (qp.num(), qp.poster());
             qp.post_recv(recv(1)).expect("post");
-            let parts = qp.into_parts();
+            let mut parts = qp.into_parts();
             poster.post_recv(recv(2)).expect("post while starting");
+            let posters = parts.start.posters.take().expect("the posters' hand-over");
+            posters.take(|_| {});
+            poster
+                .post_recv(recv(3))
+                .expect("post after the transport took some");
             if dropped {
                 drop(parts);
             } else {
                 let outcome = parts.hand_over.after(Err(DatapathError::Timeout("test")));
                 assert!(outcome.is_err());
             }
-            flushed(&cq, num, &[1, 2], &[]);
-            poster.post_recv(recv(3)).expect("post in Error");
-            poster.post_send(send(4)).expect("send in Error");
-            flushed(&cq, num, &[3], &[4]);
+            flushed(&cq, num, &[1, 2, 3], &[]);
+            poster.post_recv(recv(4)).expect("post in Error");
+            poster.post_send(send(5)).expect("send in Error");
+            flushed(&cq, num, &[4], &[5]);
+            // An extension's opcode on a queue pair without the RFC 7306 extensions.
+            let bad = SendWr {
+                op: SendOp::Atomic {
+                    remote_stag: rdmap::Stag(1),
+                    remote_to: 0,
+                    op: rdmap::AtomicOp::fetch_add(1),
+                },
+                ..send(6)
+            };
+            assert!(
+                matches!(
+                    poster.post_send(bad),
+                    Err(DatapathError::InvalidWorkRequest(_))
+                ),
+                "a request wrong by itself is refused in Error too"
+            );
         }
     }
 

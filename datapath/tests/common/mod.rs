@@ -313,6 +313,29 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
+/// Plays the MPA Responder on `s` (default settings: CRCs, no Markers) until the whole
+/// Request has arrived (reads bounded by [`WAIT`]); returns the Responder, ready to accept or
+/// reject it. Bytes after the Request are not read.
+pub fn read_mpa_request(s: &mut TcpStream) -> Result<mpa::Responder, String> {
+    s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+    let mut responder =
+        mpa::Responder::new(MpaConfig::default(), Instant::now()).map_err(|e| e.to_string())?;
+    let mut byte = [0u8; 1];
+    loop {
+        // One octet at a time: nothing after the Request is taken from the stream.
+        let n = s.read(&mut byte).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed before the Request".into());
+        }
+        let (_, info) = responder
+            .feed(&byte, Instant::now())
+            .map_err(|e| e.to_string())?;
+        if info.is_some() {
+            return Ok(responder);
+        }
+    }
+}
+
 /// Length on the wire of the FPDU carrying a `ulpdu_len`-octet ULPDU without Markers
 /// (RFC 5044 4.1: 2-octet ULPDU_Length, ULPDU, pad to a multiple of 4, 4-octet CRC field, which
 /// is present, as zero, even when CRCs are not in use).

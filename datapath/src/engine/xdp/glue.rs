@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crossbeam_channel::{TryRecvError, TrySendError};
-use rdmap::{MemoryTable, PdId, QpConfig, QpState};
+use rdmap::{MemoryTable, PdId, QpConfig, QpState, RecvWr};
 use tcp_engine::{Instant, PassedUp, State as TcpState, TakeBack};
 
 use crate::engine::{ConnConfig, ConnEvent, IwarpConn};
@@ -14,7 +14,7 @@ use crate::log_rate::peer_line;
 use crate::memory::{RegionMemory, SharedTable};
 use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
-use crate::verbs::qp::{Agreed, Cmd, QpParts};
+use crate::verbs::qp::{Agreed, Cmd, QpParts, Shared};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::xsk::PayloadDigest;
 use crate::{DatapathError, QpError};
@@ -95,6 +95,53 @@ fn table_of<'t>(
     }
 }
 
+/// Reads the PD table `table` again if it changed since the turn read it: a work request may
+/// name a region registered after the turn began (but before the request was posted, so
+/// before it is taken). The rest of the turn, transmission included, sees that version or a
+/// newer one (versions only move forward). One atomic load per work request, none per packet.
+fn refresh_table(mem: &mut [TableView], tables: &[SharedTable], table: Option<usize>) {
+    if let Some(i) = table {
+        if let (Some(view), Some(table)) = (mem.get_mut(i), tables.get(i)) {
+            if view.as_ref().is_none_or(|v| table.changed_since(v)) {
+                *view = Some(table.versioned());
+            }
+        }
+    }
+}
+
+/// Posts a receive taken from the application to the connection's queue pair: one it refuses
+/// completes in error in its place.
+fn post_taken_recv(
+    conn: &mut IwarpConn,
+    shared: &Shared,
+    wr: RecvWr,
+    mem: &MemoryTable<RegionMemory>,
+) {
+    let wr_id = wr.wr_id;
+    if let Err(e) = conn.qp_mut().post_recv(wr, mem) {
+        conn.qp_mut()
+            .complete_recv_in_error(wr_id, shared.refusal_status(&e));
+    }
+}
+
+/// Takes the receives the slot's queue pair's posters took while it started
+/// ([`crate::verbs::idle::StartingPosts::take`]) into its queue pair, reading the PD table
+/// again first (as for a queued work request).
+fn take_starting_recvs(
+    slot: &mut Slot,
+    mem: &mut [TableView],
+    tables: &[SharedTable],
+    scratch: &MemoryTable<RegionMemory>,
+) {
+    let Some(posters) = slot.posters.take() else {
+        return;
+    };
+    refresh_table(mem, tables, slot.table);
+    let table = table_of(slot.table, mem, scratch);
+    posters.take(|wr| post_taken_recv(&mut slot.conn, &slot.shared, wr, table));
+    slot.posters = Some(posters);
+}
+
 impl App<'_> {
     /// Takes the connection's work requests from the application into its queue pair: in the
     /// service (`before_data` false) at most `CMD_BUDGET` a turn, a Close included; before
@@ -127,18 +174,7 @@ impl App<'_> {
                 };
                 slot.account.took(&cmd);
                 *progress = true;
-                // The request may name a region registered after this turn read the tables
-                // (but before the request was posted, so before it was taken here): read the
-                // PD's table again. The rest of the turn, transmission included, sees that
-                // version or a newer one (versions only move forward). One atomic load per
-                // work request, none per packet.
-                if let Some(i) = slot.table {
-                    if let (Some(view), Some(table)) = (self.mem.get_mut(i), self.tables.get(i)) {
-                        if view.as_ref().is_none_or(|v| table.changed_since(v)) {
-                            *view = Some(table.versioned());
-                        }
-                    }
-                }
+                refresh_table(self.mem, self.tables, slot.table);
                 let mem = table_of(slot.table, self.mem, scratch);
                 match cmd {
                     Cmd::Send(wr) => {
@@ -161,14 +197,7 @@ impl App<'_> {
                             );
                         }
                     }
-                    Cmd::Recv(wr) => {
-                        let wr_id = wr.wr_id;
-                        if let Err(e) = slot.conn.qp_mut().post_recv(wr, mem) {
-                            slot.conn
-                                .qp_mut()
-                                .complete_recv_in_error(wr_id, slot.shared.refusal_status(&e));
-                        }
-                    }
+                    Cmd::Recv(wr) => post_taken_recv(&mut slot.conn, &slot.shared, wr, mem),
                     Cmd::Panic => panic!("injected by a test (QueuePair::inject_transport_panic)"),
                     Cmd::Close if before_data => slot.close_taken = true,
                     Cmd::Close => close = true,
@@ -297,6 +326,12 @@ impl TcpApp for App<'_> {
         } = &mut *self.st;
         let take_back = match slots.get_mut(&id) {
             Some(slot) => {
+                if slot.posters.is_some() {
+                    // A queue pair created before its connection, still starting: what its
+                    // posters took is in place for this data (the peer's first Sends may
+                    // follow its MPA Reply in this very segment).
+                    take_starting_recvs(slot, self.mem, self.tables, scratch);
+                }
                 let mem = table_of(slot.table, self.mem, scratch);
                 probe::mark(Mark::DataPassedUp);
                 let take_back = slot.conn.on_data_with_crc(data, crc, mem);
@@ -552,14 +587,17 @@ impl TcpApp for App<'_> {
                         Waiter::Accept(tx, cq) => tx.deliver(Ok(parts)).then_some(cq),
                         Waiter::None => None,
                     };
-                    // Receives its posters took while it started are queued before its
-                    // completions can reach the application (and taken before any data is
-                    // placed).
-                    if let (Some(posters), Some(path), Some(_)) =
-                        (slot.posters.take(), path, &taken)
-                    {
-                        posters.run(&path);
+                    // What its posters took while it started goes to the queue pair, and the
+                    // posters post to it from now on, before its completions can reach the
+                    // application.
+                    if let (Some(path), Some(_)) = (path, &taken) {
+                        take_starting_recvs(slot, self.mem, self.tables, scratch);
+                        slot.account.publish(slot.conn.qp(), &slot.shared);
+                        if let Some(posters) = slot.posters.take() {
+                            posters.run(&path);
+                        }
                     }
+                    slot.posters = None;
                     // The application has the queue pair: its completions go to its queue.
                     slot.cq = taken;
                     if slot.cq.is_none() {
