@@ -18,10 +18,9 @@ use crate::log_rate::peer_line;
 use crate::memory::{ProtectionDomain, SharedTable};
 use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::idle::StartingPosts;
 use crate::verbs::qp::{
     post_initial_recvs, Agreed, Cmd, PostPath, QpParts, QpStart, QpWaker, QueueAccount, QueuePair,
-    Shared,
+    Shared, StartingPosts,
 };
 use crate::{DatapathError, QpError};
 
@@ -368,7 +367,7 @@ struct Engine {
     close_deadline: Option<Instant>,
     /// The queue pair was created before its connection: the receives its posters took while
     /// it started, handed to it first thing on its thread ([`StartingPosts::run`]).
-    posters: Option<(StartingPosts, PostPath)>,
+    posters: Option<(Box<dyn StartingPosts>, PostPath)>,
 }
 
 impl Engine {
@@ -425,7 +424,7 @@ impl Engine {
     fn serve(&mut self, leftover: Vec<u8>) {
         if let Some((posters, path)) = self.posters.take() {
             // Before anything can complete, and before any received byte is placed.
-            posters.take(|wr| self.post_taken_recv(wr));
+            posters.take(&mut |wr| self.post_taken_recv(wr));
             self.account.publish(&self.qp, &self.shared);
             posters.run(&path);
         }

@@ -12,7 +12,9 @@ use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{receive_queue_alone, ConnectParams, ConnectRequest, Connection};
 use crate::verbs::cm_events::{push_outcome, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
-use crate::verbs::qp::{next_qp_num, post_initial_recvs, PostPath, QpAttr, QpStart, SendRequest};
+use crate::verbs::qp::{
+    next_qp_num, post_initial_recvs, PostPath, QpAttr, QpStart, SendRequest, StartingPosts,
+};
 use crate::{DatapathError, PostListError};
 
 /// A queue pair that has no connection yet (RDMAP's Idle state, RFC 5040 6; verbs' queue
@@ -267,9 +269,9 @@ impl IdleQp {
         let start = QpStart {
             num: self.num,
             recvs: wrs,
-            posters: Some(StartingPosts {
+            posters: Some(Box::new(PosterStart {
                 stages: self.stages.clone(),
-            }),
+            })),
         };
         IdleParts {
             start,
@@ -303,8 +305,10 @@ pub(crate) struct IdleParts {
 
 /// What becomes of an [`IdleQp`]'s posts when the connect or accept that took it ends.
 ///
-/// If it succeeds, the transport has handed the queue pair's posts over to the running queue
-/// pair ([`StartingPosts`]): nothing is left to do.
+/// If it succeeds, the queue pair's posters post to the running queue pair from now on,
+/// before the caller gets it: the transport may have handed them over already
+/// ([`StartingPosts::run`]); if not, this does (the receives posted since the transport last
+/// took them are queued to it, in order).
 ///
 /// If it fails, the queue pair is in Error as a verbs queue pair is after a failed
 /// connection (siw moves it there and flushes its queues): each receive posted to it
@@ -327,8 +331,10 @@ impl IdleHandOver {
         outcome: Result<Connection, DatapathError>,
     ) -> Result<Connection, DatapathError> {
         match &outcome {
-            // The transport ran it ([`StartingPosts::run`]) before it handed it over.
-            Ok(_) => self.done = true,
+            Ok(connection) => {
+                self.done = true;
+                self.stages.run(connection.qp.post_path());
+            }
             Err(_) => self.fail_now(),
         }
         outcome
@@ -374,25 +380,13 @@ impl Drop for IdleHandOver {
     }
 }
 
-/// The receives a queue pair's [`QpPoster`]s take while its connect or accept starts it, for
-/// the transport that starts it ([`crate::verbs::qp::QpStart`]).
-///
-/// The transport takes them into its queue pair before it places any received data
-/// ([`StartingPosts::take`]: the data that follows an MPA Reply may be the peer's first
-/// Sends) and, once it has the queue pair running and before it can deliver any of its
-/// completions, makes it the posters' ([`StartingPosts::run`]): until then no receive has
-/// completed, so the posters' count of the receive queue (those it started with, and those
-/// posted since) is exact.
-pub(crate) struct StartingPosts {
+/// [`StartingPosts`] of a queue pair created before its connection: its [`Stages`].
+struct PosterStart {
     stages: Arc<Stages>,
 }
 
-impl StartingPosts {
-    /// Hands the receives posted since the last call to `post`, in order, which posts each
-    /// to the transport's queue pair as it would one taken from the command channel (one it
-    /// refuses completes in error in its place); they are the transport's from now on, flushed
-    /// by the start's end should the start fail.
-    pub(crate) fn take(&self, mut post: impl FnMut(RecvWr)) {
+impl StartingPosts for PosterStart {
+    fn take(&self, post: &mut dyn FnMut(RecvWr)) {
         let mut stage = self.stages.lock();
         if let Stage::Starting(starting) = &mut *stage {
             for wr in std::mem::take(&mut starting.recvs.wrs) {
@@ -402,11 +396,7 @@ impl StartingPosts {
         }
     }
 
-    /// The queue pair runs on `path`: from now on every post goes to it (any receive posted
-    /// since the last [`StartingPosts::take`] is queued to it first). Call it after taking
-    /// the receives and publishing the queue account, before the queue pair's completions
-    /// can reach the application.
-    pub(crate) fn run(self, path: &PostPath) {
+    fn run(self: Box<Self>, path: &PostPath) {
         self.stages.run(path);
     }
 }
@@ -433,7 +423,8 @@ impl Stages {
         }
     }
 
-    /// [`StartingPosts::run`].
+    /// [`StartingPosts::run`] (or the start's end, whichever comes first): nothing once the
+    /// queue pair runs.
     fn run(&self, path: &PostPath) {
         let mut stage = self.lock();
         let Stage::Starting(starting) = &mut *stage else {
@@ -540,7 +531,8 @@ impl Stages {
 ///   receive queue's depth with them, checked as [`IdleQp::post_recv`] checks them); the
 ///   transport takes them, in order, before it places any received data (a Send that came
 ///   with the MPA Reply finds a receive posted before it arrived), and the posters post to
-///   the running queue pair before it can deliver any completion;
+///   the running queue pair before it can deliver any completion and before the
+///   application has the [`crate::QueuePair`];
 /// - once the queue pair runs, every post goes to it as through the [`crate::QueuePair`]
 ///   (the same queues and checks, with all its errors), also after the queue pair has ended;
 /// - if the connect or accept failed (or [`IdleQp::flush`]), posts complete at once with
@@ -787,13 +779,19 @@ mod tests {
     }
 
     /// Receives posted through a poster before the connect or accept are the queue pair's
-    /// first; those posted while it starts count against the depth with them (exactly: none
-    /// can complete before the transport runs the queue pair) and go to the transport's
-    /// queue pair in order, those taken before it places data directly, those posted after
-    /// through its command channel when it runs; later posts go straight to it, once. Sends
-    /// wait for the queue pair to run.
+    /// first; those posted while it starts count against the depth with them and go to the
+    /// transport's queue pair in order, those taken before it places data directly, those
+    /// posted after through its command channel when the transport or the start's end runs
+    /// it, whichever comes first; later posts go straight to it, once. Sends wait for the
+    /// queue pair to run.
     #[test]
     fn posts_while_starting_reach_the_running_queue_pair_in_order() {
+        for transport_first in [true, false] {
+            posts_while_starting(transport_first);
+        }
+    }
+
+    fn posts_while_starting(transport_first: bool) {
         let (qp, cq) = idle(5);
         let poster = qp.poster();
         assert_eq!(poster.num(), qp.num());
@@ -811,7 +809,7 @@ mod tests {
             Err(DatapathError::NotConnected)
         ));
         let mut taken_early = Vec::new();
-        posters.take(|wr| taken_early.push(wr.wr_id));
+        posters.take(&mut |wr| taken_early.push(wr.wr_id));
         assert_eq!(taken_early, [3, 4], "taken before data is placed");
         poster.post_recv(recv(5)).expect("post while starting");
         assert!(
@@ -825,8 +823,12 @@ mod tests {
         let shared = Shared::new(QpState::Rts);
         let sink = CqSink::new(&cq, None);
         let (running, cmds) = handle_with_cq(shared.clone(), Some(sink));
-        posters.run(running.post_path());
-        assert_eq!(taken(&cmds), [('r', 5)], "queued when it runs");
+        let path = running.post_path().clone();
+        let mut posters = Some(posters);
+        if transport_first {
+            posters.take().expect("unused").run(&path);
+            assert_eq!(taken(&cmds), [('r', 5)], "queued when it runs");
+        }
         let connection = parts.hand_over.after(Ok(Connection {
             qp: running,
             private_data: Vec::new(),
@@ -834,6 +836,10 @@ mod tests {
         let Ok(connection) = connection else {
             panic!("the outcome changed");
         };
+        if !transport_first {
+            assert_eq!(taken(&cmds), [('r', 5)], "queued at the start's end");
+            posters.take().expect("unused").run(&path);
+        }
         assert!(cmds.is_empty(), "queued twice");
         poster
             .post_recv(recv(7))
@@ -862,7 +868,7 @@ mod tests {
             let mut parts = qp.into_parts();
             poster.post_recv(recv(2)).expect("post while starting");
             let posters = parts.start.posters.take().expect("the posters' hand-over");
-            posters.take(|_| {});
+            posters.take(&mut |_| {});
             poster
                 .post_recv(recv(3))
                 .expect("post after the transport took some");

@@ -20,7 +20,6 @@ use rdmap::{
 use crate::probe::{self, Mark};
 use crate::turn::TransportTurn;
 use crate::verbs::cq::{Completion, CqSink};
-use crate::verbs::idle::StartingPosts;
 use crate::verbs::timeout::poll_until;
 use crate::{DatapathError, PostListError, QpError};
 
@@ -485,7 +484,32 @@ pub(crate) struct QpStart {
     /// For a queue pair created before ([`crate::IdleQp`]): the receives its
     /// [`crate::QpPoster`]s take while it starts, which the transport hands to the running
     /// queue pair ([`StartingPosts::run`]) before it can deliver any completion.
-    pub(crate) posters: Option<StartingPosts>,
+    pub(crate) posters: Option<Box<dyn StartingPosts>>,
+}
+
+/// The receives a queue pair's [`crate::QpPoster`]s take while its connect or accept starts
+/// it, for the transport that starts it ([`QpStart::posters`]; made in `verbs::idle`).
+///
+/// The transport takes them into its queue pair before it places any received data
+/// ([`StartingPosts::take`]: the data that follows an MPA Reply may be the peer's first
+/// Sends) and, once it has the queue pair running and before it can deliver any of its
+/// completions, makes it the posters' ([`StartingPosts::run`]); the start's end does that
+/// too if it comes first (the application gets the queue pair only after it), so that
+/// posters and the queue pair post through one path, counted once and in order. Until then
+/// the posters count the receive queue as if none of those it holds had completed: an
+/// overcount only, and no completion reaches the application before the hand-over.
+pub(crate) trait StartingPosts: Send {
+    /// Hands the receives posted since the last call to `post`, in order, which posts each
+    /// to the transport's queue pair as it would one taken from the command channel (one it
+    /// refuses completes in error in its place); they are the transport's from now on,
+    /// flushed by the start's end should the start fail.
+    fn take(&self, post: &mut dyn FnMut(RecvWr));
+
+    /// The queue pair runs on `path`: from now on every post goes to it (any receive posted
+    /// since the last [`StartingPosts::take`] is queued to it first). Call it after taking
+    /// the receives and publishing the queue account, before the queue pair's completions
+    /// can reach the application.
+    fn run(self: Box<Self>, path: &PostPath);
 }
 
 impl QpStart {
@@ -693,9 +717,7 @@ impl QueuePair {
         }
     }
 
-    /// Its post path (for tests of its posters: the transports hand theirs over from the
-    /// parts).
-    #[cfg(test)]
+    /// Its post path, for its [`crate::QpPoster`]s.
     pub(crate) fn post_path(&self) -> &PostPath {
         &self.path
     }

@@ -125,7 +125,7 @@ fn post_taken_recv(
 }
 
 /// Takes the receives the slot's queue pair's posters took while it started
-/// ([`crate::verbs::idle::StartingPosts::take`]) into its queue pair, reading the PD table
+/// ([`crate::verbs::qp::StartingPosts::take`]) into its queue pair, reading the PD table
 /// again first (as for a queued work request).
 fn take_starting_recvs(
     slot: &mut Slot,
@@ -138,7 +138,7 @@ fn take_starting_recvs(
     };
     refresh_table(mem, tables, slot.table);
     let table = table_of(slot.table, mem, scratch);
-    posters.take(|wr| post_taken_recv(&mut slot.conn, &slot.shared, wr, table));
+    posters.take(&mut |wr| post_taken_recv(&mut slot.conn, &slot.shared, wr, table));
     slot.posters = Some(posters);
 }
 
@@ -549,8 +549,11 @@ impl TcpApp for App<'_> {
                         many.clone(),
                     ));
                     let qp_cfg = *slot.conn.qp().config();
-                    // Receives posted with the connect or accept count against the receive
-                    // queue from the start.
+                    // Receives its posters took while it started go to the queue pair now,
+                    // before the application can have it (and post to it directly).
+                    take_starting_recvs(slot, self.mem, self.tables, scratch);
+                    // Receives posted with the connect or accept (or taken so) count against
+                    // the receive queue from the start.
                     slot.account.publish(slot.conn.qp(), &slot.shared);
                     // So is the state (RTS): the application reads it as soon as it has the
                     // queue pair, before this turn's service would publish it. Any other
@@ -587,17 +590,15 @@ impl TcpApp for App<'_> {
                         Waiter::Accept(tx, cq) => tx.deliver(Ok(parts)).then_some(cq),
                         Waiter::None => None,
                     };
-                    // What its posters took while it started goes to the queue pair, and the
-                    // posters post to it from now on, before its completions can reach the
-                    // application.
-                    if let (Some(path), Some(_)) = (path, &taken) {
-                        take_starting_recvs(slot, self.mem, self.tables, scratch);
-                        slot.account.publish(slot.conn.qp(), &slot.shared);
-                        if let Some(posters) = slot.posters.take() {
-                            posters.run(&path);
-                        }
+                    // Its posters post to the running queue pair from now on (unless the start's
+                    // end, on the caller's thread, came first), before its completions can reach
+                    // the application. Not before the hand-over: a caller that gave up fails
+                    // the queue pair, and its posters must then still be starting.
+                    if let (Some(posters), Some(path), Some(_)) =
+                        (slot.posters.take(), path, &taken)
+                    {
+                        posters.run(&path);
                     }
-                    slot.posters = None;
                     // The application has the queue pair: its completions go to its queue.
                     slot.cq = taken;
                     if slot.cq.is_none() {

@@ -13,8 +13,7 @@ use tcp_engine::State as TcpState;
 use crate::engine::IwarpConn;
 use crate::log_rate::peer_line;
 use crate::verbs::cq::{Completion, CqSink};
-use crate::verbs::idle::StartingPosts;
-use crate::verbs::qp::{Cmd, QpParts, QueueAccount, Shared};
+use crate::verbs::qp::{Cmd, QpParts, QueueAccount, Shared, StartingPosts};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent};
 use crate::{DatapathError, QpError};
 
@@ -49,7 +48,7 @@ pub(super) struct Slot {
     pub(super) num: u32,
     /// A queue pair created before its connection: the receives its posters take while it
     /// starts, handed to it as the application is given it ([`StartingPosts::run`]).
-    pub(super) posters: Option<StartingPosts>,
+    pub(super) posters: Option<Box<dyn StartingPosts>>,
     pub(super) local_port: u16,
     pub(super) peer: SocketAddr,
     pub(super) cmds: Option<Receiver<Cmd>>,

@@ -873,12 +873,12 @@ impl Turner {
         post_initial_recvs(slot.conn.qp_mut(), &mem, start.recvs)?;
         slot.conn.qp_mut().join_stream(&mem);
         slot.num = start.num;
-        slot.posters = start.posters;
         slot.conn
             .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
             .map_err(conn_error)?;
         slot.conn.accept(private_data).map_err(conn_error)?;
         slot.table = Some(table);
+        slot.posters = start.posters;
         Ok(())
     }
 }
