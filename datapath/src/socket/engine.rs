@@ -423,9 +423,14 @@ impl Engine {
     /// The connection's work until it ends (see [`Engine::run`]).
     fn serve(&mut self, leftover: Vec<u8>) {
         if let Some((posters, path)) = self.posters.take() {
-            // Before anything can complete, and before any received byte is placed.
-            posters.take(&mut |wr| self.post_taken_recv(wr));
-            self.account.publish(&self.qp, &self.shared);
+            // Before anything can complete, and before any received byte is placed. The
+            // caller may have the queue pair already (the start's end then handed the posters
+            // over, and this takes nothing): each receive taken is published under the
+            // posters' lock, before anyone can post through the queue pair counting on it.
+            posters.take(&mut |wr| {
+                self.post_taken_recv(wr);
+                self.account.publish(&self.qp, &self.shared);
+            });
             posters.run(&path);
         }
         if !leftover.is_empty() {

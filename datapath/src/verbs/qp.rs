@@ -502,7 +502,9 @@ pub(crate) trait StartingPosts: Send {
     /// Hands the receives posted since the last call to `post`, in order, which posts each
     /// to the transport's queue pair as it would one taken from the command channel (one it
     /// refuses completes in error in its place); they are the transport's from now on,
-    /// flushed by the start's end should the start fail.
+    /// flushed by the start's end should the start fail. Nothing once the posters run. Posts
+    /// wait meanwhile: a transport whose caller may already post through the queue pair
+    /// publishes its queue account in `post`.
     fn take(&self, post: &mut dyn FnMut(RecvWr));
 
     /// The queue pair runs on `path`: from now on every post goes to it (any receive posted

@@ -98,7 +98,8 @@ fn table_of<'t>(
 /// Reads the PD table `table` again if it changed since the turn read it: a work request may
 /// name a region registered after the turn began (but before the request was posted, so
 /// before it is taken). The rest of the turn, transmission included, sees that version or a
-/// newer one (versions only move forward). One atomic load per work request, none per packet.
+/// newer one (versions only move forward). One atomic load per work request, none per packet
+/// (but per segment while a queue pair's posters start: [`take_starting_recvs`]).
 fn refresh_table(mem: &mut [TableView], tables: &[SharedTable], table: Option<usize>) {
     if let Some(i) = table {
         if let (Some(view), Some(table)) = (mem.get_mut(i), tables.get(i)) {
