@@ -96,8 +96,7 @@ pub(crate) struct Shared {
     recvs_retired: AtomicU64,
     /// Send and receive work requests posted through the queue pair's [`PostPath`] (its
     /// handle and its posters): the other side of [`QueueAccount`].
-    sends_posted: AtomicU64,
-    recvs_posted: AtomicU64,
+    posted: PostedCounts,
     /// The state last published is Closing or Terminate ([`refuses_posts_in`]), for posts to
     /// read without the status lock.
     refusing_posts: AtomicBool,
@@ -107,6 +106,16 @@ pub(crate) struct Shared {
     /// A disconnect waited its full time for the transport and gave up (a transport that
     /// does not answer): later disconnects and drops wait only for the reset's time.
     end_wait_given_up: AtomicBool,
+}
+
+/// The counts of work requests posted ([`Shared::posted`]), on cache lines of their own: the
+/// application's posts write them, while the transport writes the published counts of those
+/// retired, which would otherwise share their line (each post would then miss in the cache
+/// the transport just wrote).
+#[repr(align(128))]
+struct PostedCounts {
+    sends: AtomicU64,
+    recvs: AtomicU64,
 }
 
 /// RDMAP Closing and Terminate: a work request posted now could only fail, so the post is
@@ -230,8 +239,10 @@ impl Shared {
             reset: AtomicBool::new(false),
             sends_retired: AtomicU64::new(0),
             recvs_retired: AtomicU64::new(0),
-            sends_posted: AtomicU64::new(0),
-            recvs_posted: AtomicU64::new(0),
+            posted: PostedCounts {
+                sends: AtomicU64::new(0),
+                recvs: AtomicU64::new(0),
+            },
             refusing_posts: AtomicBool::new(refuses_posts_in(state)),
             refused_while_ending: AtomicU64::new(0),
             end_wait_given_up: AtomicBool::new(false),
@@ -1064,7 +1075,7 @@ impl PostPath {
     fn queue(&self, cmd: Cmd) -> Result<bool, DatapathError> {
         let (posted, retired, depth, full) = match &cmd {
             Cmd::Send(_) | Cmd::SendInline(_) => (
-                &self.shared.sends_posted,
+                &self.shared.posted.sends,
                 &self.shared.sends_retired,
                 self.sq_depth,
                 DatapathError::SendQueueFull {
@@ -1072,7 +1083,7 @@ impl PostPath {
                 },
             ),
             Cmd::Recv(_) => (
-                &self.shared.recvs_posted,
+                &self.shared.posted.recvs,
                 &self.shared.recvs_retired,
                 self.rq_depth,
                 DatapathError::RecvQueueFull {
