@@ -427,11 +427,10 @@ impl Engine {
             // caller may have the queue pair already (the start's end then handed the posters
             // over, and this takes nothing): each receive taken is published under the
             // posters' lock, before anyone can post through the queue pair counting on it.
-            posters.take(&mut |wr| {
+            posters.run(&path, &mut |wr| {
                 self.post_taken_recv(wr);
                 self.account.publish(&self.qp, &self.shared);
             });
-            posters.run(&path);
         }
         if !leftover.is_empty() {
             // What was posted before the thread ran is in place for the bytes that came

@@ -333,7 +333,7 @@ impl IdleHandOver {
         match &outcome {
             Ok(connection) => {
                 self.done = true;
-                self.stages.run(connection.qp.post_path());
+                self.stages.run(connection.qp.post_path(), None);
             }
             Err(_) => self.fail_now(),
         }
@@ -396,8 +396,8 @@ impl StartingPosts for PosterStart {
         }
     }
 
-    fn run(self: Box<Self>, path: &PostPath) {
-        self.stages.run(path);
+    fn run(self: Box<Self>, path: &PostPath, post: &mut dyn FnMut(RecvWr)) {
+        self.stages.run(path, Some(post));
     }
 }
 
@@ -423,21 +423,27 @@ impl Stages {
         }
     }
 
-    /// [`StartingPosts::run`] (or the start's end, whichever comes first): nothing once the
-    /// queue pair runs.
-    fn run(&self, path: &PostPath) {
+    /// [`StartingPosts::run`], which hands the receives posted since the transport last took
+    /// them to `post`; or the start's end (no `post`), which queues them to `path`, whichever
+    /// comes first: nothing once the queue pair runs.
+    fn run(&self, path: &PostPath, post: Option<&mut dyn FnMut(RecvWr)>) {
         let mut stage = self.lock();
         let Stage::Starting(starting) = &mut *stage else {
             return;
         };
         let late = std::mem::take(&mut starting.recvs.wrs);
-        let ids: Vec<u64> = late.iter().map(|wr| wr.wr_id).collect();
-        if let Err(e) = path.post_recv_list(late) {
-            // The queue pair ended before they could be queued (it refuses posts, or its
-            // completion queue is full of flushed ones): they were accepted, so they
-            // complete, flushed.
-            tracing::debug!(qp = self.num, "receives posted while starting: {e}");
-            self.complete_flushed(&ids[e.posted..]);
+        if let Some(post) = post {
+            late.into_iter().for_each(post);
+        } else {
+            let ids: Vec<u64> = late.iter().map(|wr| wr.wr_id).collect();
+            if let Err(e) = path.post_recv_list(late) {
+                // The queue pair ended before they could be queued (it refuses posts, or its
+                // completion queue is full of flushed ones): they were accepted, so they
+                // complete, flushed (before those the transport holds, which it flushes as
+                // it ends: only when the stream failed right behind the hand-over).
+                tracing::debug!(qp = self.num, "receives posted while starting: {e}");
+                self.complete_flushed(&ids[e.posted..]);
+            }
         }
         // Set before the stage says Running, both under the lock: a post that found
         // `running` unset and waits for the lock finds the stage Running.
@@ -826,8 +832,10 @@ mod tests {
         let path = running.post_path().clone();
         let mut posters = Some(posters);
         if transport_first {
-            posters.take().expect("unused").run(&path);
-            assert_eq!(taken(&cmds), [('r', 5)], "queued when it runs");
+            let mut by_transport = Vec::new();
+            let post = &mut |wr: RecvWr| by_transport.push(wr.wr_id);
+            posters.take().expect("unused").run(&path, post);
+            assert_eq!(by_transport, [5], "taken when it runs");
         }
         let connection = parts.hand_over.after(Ok(Connection {
             qp: running,
@@ -838,7 +846,10 @@ mod tests {
         };
         if !transport_first {
             assert_eq!(taken(&cmds), [('r', 5)], "queued at the start's end");
-            posters.take().expect("unused").run(&path);
+            posters
+                .take()
+                .expect("unused")
+                .run(&path, &mut |_| panic!("taken twice"));
         }
         assert!(cmds.is_empty(), "queued twice");
         poster

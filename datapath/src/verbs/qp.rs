@@ -518,11 +518,12 @@ pub(crate) trait StartingPosts: Send {
     /// publishes its queue account in `post`.
     fn take(&self, post: &mut dyn FnMut(RecvWr));
 
-    /// The queue pair runs on `path`: from now on every post goes to it (any receive posted
-    /// since the last [`StartingPosts::take`] is queued to it first). Call it after taking
-    /// the receives and publishing the queue account, before the queue pair's completions
-    /// can reach the application.
-    fn run(self: Box<Self>, path: &PostPath);
+    /// The queue pair runs on `path`: the receives posted since the last
+    /// [`StartingPosts::take`] go to `post` as there, then every post goes to `path`. Call it
+    /// with the queue account published (in `post` too), before the queue pair's
+    /// completions can reach the application. Nothing if the start's end came first (it
+    /// queued them to `path`).
+    fn run(self: Box<Self>, path: &PostPath, post: &mut dyn FnMut(RecvWr));
 }
 
 impl QpStart {

@@ -595,10 +595,17 @@ impl TcpApp for App<'_> {
                     // end, on the caller's thread, came first), before its completions can reach
                     // the application. Not before the hand-over: a caller that gave up fails
                     // the queue pair, and its posters must then still be starting.
+                    // Receives posted since the take above go to the queue pair too, each
+                    // published under the posters' lock (the caller may be posting already).
                     if let (Some(posters), Some(path), Some(_)) =
                         (slot.posters.take(), path, &taken)
                     {
-                        posters.run(&path);
+                        refresh_table(self.mem, self.tables, slot.table);
+                        let table = table_of(slot.table, self.mem, scratch);
+                        posters.run(&path, &mut |wr| {
+                            post_taken_recv(&mut slot.conn, &slot.shared, wr, table);
+                            slot.account.publish(slot.conn.qp(), &slot.shared);
+                        });
                     }
                     // The application has the queue pair: its completions go to its queue.
                     slot.cq = taken;
