@@ -90,7 +90,8 @@ struct Starting {
     /// The receives the transport holds, in the order posted: those it started with, then
     /// those it took while starting ([`StartingPosts::take`]). If the start fails, they
     /// complete flushed here (the transport gives a connection its completion queue only when
-    /// the caller gets the queue pair).
+    /// the caller gets the queue pair). Those [`StartingPosts::run`] hands over are not
+    /// recorded: the queue pair runs then, and the transport completes them.
     held: Vec<u64>,
 }
 
@@ -786,10 +787,10 @@ mod tests {
 
     /// Receives posted through a poster before the connect or accept are the queue pair's
     /// first; those posted while it starts count against the depth with them and go to the
-    /// transport's queue pair in order, those taken before it places data directly, those
-    /// posted after through its command channel when the transport or the start's end runs
-    /// it, whichever comes first; later posts go straight to it, once. Sends wait for the
-    /// queue pair to run.
+    /// transport's queue pair in order: those taken before it places data directly, those
+    /// posted after when the transport runs it (directly too) or the start's end does
+    /// (through its command channel), whichever comes first; later posts go straight to it,
+    /// once. Sends wait for the queue pair to run.
     #[test]
     fn posts_while_starting_reach_the_running_queue_pair_in_order() {
         for transport_first in [true, false] {

@@ -92,8 +92,7 @@ pub(crate) struct Shared {
     reset: AtomicBool,
     /// Send work requests that have left the send queue, and receives that have left the
     /// receive queue, as the transport last published them ([`QueueAccount::publish`]).
-    sends_retired: AtomicU64,
-    recvs_retired: AtomicU64,
+    retired: RetiredCounts,
     /// Send and receive work requests posted through the queue pair's [`PostPath`] (its
     /// handle and its posters): the other side of [`QueueAccount`].
     posted: PostedCounts,
@@ -108,12 +107,19 @@ pub(crate) struct Shared {
     end_wait_given_up: AtomicBool,
 }
 
-/// The counts of work requests posted ([`Shared::posted`]), on cache lines of their own: the
-/// application's posts write them, while the transport writes the published counts of those
-/// retired, which would otherwise share their line (each post would then miss in the cache
-/// the transport just wrote).
+/// The counts of work requests posted ([`Shared::posted`]), which the application's posts
+/// write, apart from those the transport publishes ([`RetiredCounts`]).
 #[repr(align(128))]
 struct PostedCounts {
+    sends: AtomicU64,
+    recvs: AtomicU64,
+}
+
+/// The counts of work requests retired ([`Shared::retired`]), which the transport writes at
+/// every publish, on cache lines of their own: the application's posts read them, but write
+/// only elsewhere (the posted counts, the post gate).
+#[repr(align(128))]
+struct RetiredCounts {
     sends: AtomicU64,
     recvs: AtomicU64,
 }
@@ -169,8 +175,8 @@ impl QueueAccount {
     pub(crate) fn publish(&self, qp: &rdmap::QueuePair, shared: &Shared) {
         let sends = self.sends_taken.wrapping_sub(qp.send_queue_used() as u64);
         let recvs = self.recvs_taken.wrapping_sub(qp.recv_queue_used() as u64);
-        shared.sends_retired.store(sends, Ordering::Release);
-        shared.recvs_retired.store(recvs, Ordering::Release);
+        shared.retired.sends.store(sends, Ordering::Release);
+        shared.retired.recvs.store(recvs, Ordering::Release);
     }
 }
 
@@ -237,8 +243,10 @@ impl Shared {
             posts: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
             reset: AtomicBool::new(false),
-            sends_retired: AtomicU64::new(0),
-            recvs_retired: AtomicU64::new(0),
+            retired: RetiredCounts {
+                sends: AtomicU64::new(0),
+                recvs: AtomicU64::new(0),
+            },
             posted: PostedCounts {
                 sends: AtomicU64::new(0),
                 recvs: AtomicU64::new(0),
@@ -1077,7 +1085,7 @@ impl PostPath {
         let (posted, retired, depth, full) = match &cmd {
             Cmd::Send(_) | Cmd::SendInline(_) => (
                 &self.shared.posted.sends,
-                &self.shared.sends_retired,
+                &self.shared.retired.sends,
                 self.sq_depth,
                 DatapathError::SendQueueFull {
                     depth: self.sq_depth,
@@ -1085,7 +1093,7 @@ impl PostPath {
             ),
             Cmd::Recv(_) => (
                 &self.shared.posted.recvs,
-                &self.shared.recvs_retired,
+                &self.shared.retired.recvs,
                 self.rq_depth,
                 DatapathError::RecvQueueFull {
                     depth: self.rq_depth,

@@ -126,8 +126,7 @@ fn post_taken_recv(
 }
 
 /// Takes the receives the slot's queue pair's posters took while it started
-/// ([`crate::verbs::qp::StartingPosts::take`]) into its queue pair, reading the PD table
-/// again first (as for a queued work request).
+/// ([`crate::verbs::qp::StartingPosts::take`]) into its queue pair.
 fn take_starting_recvs(
     slot: &mut Slot,
     mem: &mut [TableView],
@@ -137,10 +136,23 @@ fn take_starting_recvs(
     let Some(posters) = slot.posters.take() else {
         return;
     };
+    posters.take(&mut |wr| post_starting_recv(slot, wr, mem, tables, scratch));
+    slot.posters = Some(posters);
+}
+
+/// Posts a receive the slot's queue pair's posters took while it started, reading the PD
+/// table again first as for a queued work request (the receive was checked against the
+/// table as it was when posted, which may be newer than this turn's).
+fn post_starting_recv(
+    slot: &mut Slot,
+    wr: RecvWr,
+    mem: &mut [TableView],
+    tables: &[SharedTable],
+    scratch: &MemoryTable<RegionMemory>,
+) {
     refresh_table(mem, tables, slot.table);
     let table = table_of(slot.table, mem, scratch);
-    posters.take(&mut |wr| post_taken_recv(&mut slot.conn, &slot.shared, wr, table));
-    slot.posters = Some(posters);
+    post_taken_recv(&mut slot.conn, &slot.shared, wr, table);
 }
 
 impl App<'_> {
@@ -600,10 +612,9 @@ impl TcpApp for App<'_> {
                     if let (Some(posters), Some(path), Some(_)) =
                         (slot.posters.take(), path, &taken)
                     {
-                        refresh_table(self.mem, self.tables, slot.table);
-                        let table = table_of(slot.table, self.mem, scratch);
+                        let (mem, tables) = (&mut *self.mem, self.tables);
                         posters.run(&path, &mut |wr| {
-                            post_taken_recv(&mut slot.conn, &slot.shared, wr, table);
+                            post_starting_recv(slot, wr, mem, tables, scratch);
                             slot.account.publish(slot.conn.qp(), &slot.shared);
                         });
                     }
