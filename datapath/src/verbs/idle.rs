@@ -35,7 +35,6 @@ use crate::{DatapathError, PostListError};
 ///
 /// [`QueuePair`]: crate::QueuePair
 pub struct IdleQp {
-    num: u32,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) params: ConnectParams,
@@ -98,7 +97,7 @@ struct Starting {
 impl std::fmt::Debug for IdleQp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdleQp")
-            .field("num", &self.num)
+            .field("num", &self.num())
             .field("pd", &self.pd.id())
             .field("recvs_posted", &self.recvs_posted())
             .finish()
@@ -124,7 +123,6 @@ impl IdleQp {
         let check = receive_queue_alone(params, pd);
         let num = next_qp_num();
         Ok(IdleQp {
-            num,
             pd: pd.clone(),
             cq: cq.clone(),
             params: params.clone(),
@@ -146,7 +144,7 @@ impl IdleQp {
     /// The queue pair's number (`ibv_qp.qp_num`), which the running queue pair keeps (and
     /// its [`crate::Completion`]s carry).
     pub fn num(&self) -> u32 {
-        self.num
+        self.stages.num
     }
 
     /// A handle that posts to this queue pair for the rest of its life (see [`QpPoster`]):
@@ -268,7 +266,7 @@ impl IdleQp {
             done: false,
         };
         let start = QpStart {
-            num: self.num,
+            num: self.stages.num,
             recvs: wrs,
             posters: Some(Box::new(PosterStart {
                 stages: self.stages.clone(),
