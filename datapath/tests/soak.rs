@@ -3,25 +3,40 @@
 //! reordering, duplication, delay with jitter) <-> [`CLIENTS`] client threads (iwrb) on an
 //! engine (`engine_clients`) or on the socket transport (`socket_clients`).
 //!
-//! Each client thread loops until the time is up: it connects, runs a random number of
+//! The clients share one [`Device`]; the odd-numbered threads work as a verbs application
+//! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`] before
+//! the connect, `connect_qp_async` and the `Established` event, every post through the
+//! poster, completions waited for on a [`CompletionChannel`] (arm, poll, sleep).
+//!
+//! Each client thread loops until the time is up: it connects (to one of the server's two
+//! listeners, one that asks for Markers; with MPA revision 1 or 2, peer-to-peer with an RTR or
+//! not, Markers and CRCs asked for or not, drawn per connection), runs a random number of
 //! batches of random operations, and ends the connection in one of three ways. Operations,
 //! each in its own lane of the regions, several in flight at once:
 //! * a Write of random length (1 octet to a lane, log-uniform) gathered from one to three
 //!   SGEs, to a random offset of the server's region, then a Read of the same range back into
-//!   another local region (the Read Request acts only after the octets before it in the
-//!   stream, the Write's, are placed: RFC 5040 section 5.3): the read-back is checked;
+//!   another local region (a Read Request is acted on only after the messages before it in
+//!   the stream, the Write among them, were placed: RFC 5040 section 5.5 rules 12 and 17): the
+//!   read-back is checked;
 //! * a Send of random length (1 octet to [`SEND_MAX`]) that the server echoes with a Send of
 //!   its own: the echo is checked.
 //!
-//! Ends: the client disconnects; the client asks the server to disconnect (an empty Send)
-//! and waits for its queue pair to finish; the client aborts (a reset). Afterwards every
-//! client and server thread returned without error, both engines ran without error, no CRC
-//! error and no Terminate, nothing is held in a reassembly store, and every connection a
-//! client made was established at the server.
+//! Every completion is the one expected (work request, operation, length), each once, and
+//! nothing else comes.
+//!
+//! Ends: the client disconnects (within the graceful wait: no reset); the client asks the
+//! server to disconnect (an empty Send) and waits for its queue pair to finish (`PeerClosed`);
+//! the client aborts (a reset). The server tells each end apart by its queue pair's error
+//! (`PeerClosed`, `PeerReset`; `PeerUnreachable` when its keepalive found no answer at all)
+//! and its counts must match the clients'. Afterwards every client and server thread returned
+//! without error, both engines ran without error, no CRC error and no Terminate, nothing is
+//! held in a reassembly store, and every connection a client made was established at the
+//! server.
 //!
 //! Environment: `SOAK_SECONDS` (default 15) for each test, `SOAK_SEED` (default 1),
-//! `SOAK_LOSS` (default 0.01: as much reordering, half as much duplication), `SOAK_MTU`
-//! (default the bed's 1500). Long runs by hand: `scripts/soak.sh` (docs/RELIABILITY.md).
+//! `SOAK_LOSS` (default 0.01, at most 0.05: as much reordering, half as much duplication),
+//! `SOAK_MTU` (default the bed's 1500). Long runs by hand: `scripts/soak.sh`
+//! (docs/RELIABILITY.md).
 //!
 //! Needs root; skips (or fails under `CI=true`) otherwise.
 
@@ -32,12 +47,16 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CompletionQueue, ConnectParams, ConnectRequest, Connection, DatapathError, Keepalive,
-    MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Sge, SgeList, Stag,
-    WcOpcode, WcStatus,
+    Access, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue, ConnectParams,
+    ConnectRequest, Connection, DatapathError, Device, IdleQp, Keepalive, MemoryRegion,
+    ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr, SendOp, SendWr, Sge, SgeList, Stag,
+    Transport, WcOpcode, WcStatus,
 };
 use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
+
+mod common;
+use common::{pattern, region_bytes};
 
 /// Client threads, each with one connection at a time.
 const CLIENTS: usize = 4;
@@ -52,6 +71,32 @@ const SEND_MAX: usize = 64 << 10;
 const SLOTS: usize = 4;
 /// Longest wait for one batch's completions, a connection or a close.
 const WAIT: Duration = Duration::from_secs(30);
+/// `disconnect`'s graceful wait, after which it resets the connection.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
+/// The most loss `SOAK_LOSS` may ask for: the waits above are sized for it.
+const MAX_LOSS: f64 = 0.05;
+/// The server's listeners of the two tests.
+const ENGINE_PORTS: Ports = Ports {
+    plain: 19_635,
+    markers: 19_637,
+};
+const SOCKET_PORTS: Ports = Ports {
+    plain: 19_636,
+    markers: 19_638,
+};
+/// Work request ids: the operation's batch and lane, and its kind.
+const WRITE: u64 = 0;
+const READ: u64 = 1;
+const SEND: u64 = 2;
+const ECHO_RECV: u64 = 3;
+/// The empty Send that asks the server to disconnect.
+const BYE: u64 = 4;
+/// The echo receive a verbs-style client posts before connecting.
+const EARLY_ECHO_RECV: u64 = u64::MAX;
+
+fn wr_id(batch: usize, lane: usize, kind: u64) -> u64 {
+    ((batch as u64) << 16) | ((lane as u64) << 8) | kind
+}
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
@@ -92,20 +137,16 @@ impl Rng {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed);
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        v.extend_from_slice(&r.next().to_le_bytes());
+/// `Err` naming the first octet of `mr` at `at` that differs from `pattern(seed, len)`.
+fn check(mr: &MemoryRegion, at: usize, len: usize, seed: u64, what: &str) -> Result<(), String> {
+    let (got, want) = (region_bytes(mr, at, len), pattern(seed, len));
+    match got.iter().zip(&want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what} of {len} octets: octet {i} is {:#04x}, not {:#04x}",
+            got[i], want[i]
+        )),
     }
-    v.truncate(len);
-    v
-}
-
-fn bytes(mr: &MemoryRegion, off: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    mr.read(off, &mut v);
-    v
 }
 
 fn left(deadline: Instant) -> Duration {
@@ -135,8 +176,28 @@ fn server_params() -> ConnectParams {
     }
 }
 
-/// What the threads did, summed.
-#[derive(Debug, Default, Clone, Copy)]
+/// The server's two listeners: one that asks for no Markers, one that asks to receive them
+/// (RFC 5044 section 7.1.2: the M bit).
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    plain: u16,
+    markers: u16,
+}
+
+/// A client's connection parameters, drawn per connection: MPA revision 1 or 2 (with the
+/// peer-to-peer model and its RTR in some of the latter), Markers wanted or not, CRCs
+/// wanted or not (the server always wants them, so they are always used).
+fn client_params(rng: &mut Rng) -> ConnectParams {
+    let mut p = params();
+    p.mpa.rev = if rng.chance(20) { 1 } else { 2 };
+    p.mpa.peer_to_peer = p.mpa.rev == 2 && rng.chance(25);
+    p.mpa.markers = rng.chance(30);
+    p.mpa.crc = rng.chance(90);
+    p
+}
+
+/// What the client threads did, summed.
+#[derive(Debug, Default)]
 struct Tally {
     connections: u64,
     writes_read_back: u64,
@@ -159,9 +220,46 @@ impl Tally {
     }
 }
 
+/// How a connection ended at the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerEnd {
+    /// The client's empty Send: the server disconnected.
+    Asked,
+    /// The client closed (its queue pair's error `PeerClosed`).
+    Closed,
+    /// The client reset it (`PeerReset`).
+    Reset,
+    /// Keepalive went unanswered (`PeerUnreachable`): the reset of an aborting client and
+    /// the answers to every probe were lost.
+    Unreachable,
+}
+
+/// The server's count of connections and of their ends.
+#[derive(Debug, Default)]
+struct ServerTally {
+    accepted: u64,
+    asked: u64,
+    closed: u64,
+    reset: u64,
+    unreachable: u64,
+}
+
+impl ServerTally {
+    fn add(&mut self, end: ServerEnd) {
+        *match end {
+            ServerEnd::Asked => &mut self.asked,
+            ServerEnd::Closed => &mut self.closed,
+            ServerEnd::Reset => &mut self.reset,
+            ServerEnd::Unreachable => &mut self.unreachable,
+        } += 1;
+    }
+}
+
 /// Serves one connection: advertises its region in the Reply's private data, echoes every
-/// Send, disconnects on an empty Send, and returns once the connection ended.
-fn serve(req: ConnectRequest) -> Result<(), String> {
+/// Send, disconnects on an empty Send, and returns how the connection ended. Gives up only
+/// [`WAIT`] after `stop` (every end of a connection flushes the receives it keeps posted, so a
+/// completion always comes).
+fn serve(req: ConnectRequest, stop: Arc<AtomicBool>) -> Result<ServerEnd, String> {
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let target = pd
@@ -180,9 +278,18 @@ fn serve(req: ConnectRequest) -> Result<(), String> {
         .accept_with_recvs(&pd, &cq, &welcome, (0..SLOTS).map(recv).collect())
         .map_err(|e| format!("accept: {e}"))?;
     let qp = conn.qp;
+    let mut stopped: Option<Instant> = None;
     loop {
-        let Some(c) = cq.wait(WAIT) else {
-            return Err(format!("server: nothing for {WAIT:?}: {:?}", qp.status()));
+        let Some(c) = cq.wait(Duration::from_secs(1)) else {
+            if stop.load(Ordering::Relaxed)
+                && stopped.get_or_insert_with(Instant::now).elapsed() > WAIT
+            {
+                return Err(format!(
+                    "server: nothing {WAIT:?} after the run: {:?}",
+                    qp.status()
+                ));
+            }
+            continue;
         };
         let (status, opcode, i) = (c.wc.status, c.wc.opcode, c.wc.wr_id as usize % SLOTS);
         let posted = match (status, opcode) {
@@ -190,7 +297,8 @@ fn serve(req: ConnectRequest) -> Result<(), String> {
                 let len = c.wc.byte_len as usize;
                 if len == 0 {
                     qp.disconnect();
-                    return finished(&qp, "server after the empty Send");
+                    finished(&qp, "server after the empty Send")?;
+                    return Ok(ServerEnd::Asked);
                 }
                 qp.post_send(SendWr {
                     wr_id: (SLOTS + i) as u64,
@@ -204,24 +312,31 @@ fn serve(req: ConnectRequest) -> Result<(), String> {
                 })
             }
             (WcStatus::Success, WcOpcode::Send) => qp.post_recv(recv(i)),
-            (WcStatus::WrFlushError, _) => {
-                // The client ended the connection: the rest flush too.
-                qp.disconnect();
-                return finished(&qp, "server after a flush");
-            }
+            // The client ended the connection: the rest flush too.
+            (WcStatus::WrFlushError, _) => return ended_by_client(&qp),
             _ => return Err(format!("server: {c:?}; {:?}", qp.status())),
         };
         match posted {
             Ok(()) => {}
             // The client closed the connection meanwhile (RDMAP Closing refuses posts; in
             // Error they would complete flushed).
-            Err(DatapathError::Disconnected) => {
-                qp.disconnect();
-                return finished(&qp, "server after a refused post");
-            }
+            Err(DatapathError::Disconnected) => return ended_by_client(&qp),
             Err(e) => return Err(format!("server post: {e}; {:?}", qp.status())),
         }
     }
+}
+
+/// The server's queue pair ended by the client: how, from its error.
+fn ended_by_client(qp: &QueuePair) -> Result<ServerEnd, String> {
+    let end = match qp.status().error {
+        Some(QpError::PeerClosed) => ServerEnd::Closed,
+        Some(QpError::PeerReset) => ServerEnd::Reset,
+        Some(QpError::PeerUnreachable) => ServerEnd::Unreachable,
+        _ => return Err(format!("server: ended by {:?}", qp.status())),
+    };
+    qp.disconnect();
+    finished(qp, "server after the client's end")?;
+    Ok(end)
 }
 
 fn finished(qp: &QueuePair, what: &str) -> Result<(), String> {
@@ -235,50 +350,64 @@ fn finished(qp: &QueuePair, what: &str) -> Result<(), String> {
 /// The server: an engine on the relay bed's `iwra0` accepting until `stop`, a thread per
 /// connection. Returns its engine's counters and how many connections it accepted.
 fn server(
-    port: u16,
+    ports: Ports,
     ready: std::sync::mpsc::Sender<()>,
     stop: Arc<AtomicBool>,
-) -> Result<(EngineCounters, u64), String> {
+) -> Result<(EngineCounters, ServerTally), String> {
     let mut engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
         .map_err(|e| format!("server engine: {e}"))?;
-    let listener = engine
-        .listen(port, server_params())
-        .map_err(|e| format!("listen: {e}"))?;
+    let listen = |port, markers| {
+        let mut p = server_params();
+        p.mpa.markers = markers;
+        engine
+            .listen(port, p)
+            .map_err(|e| format!("listen on {port}: {e}"))
+    };
+    let listeners = [listen(ports.plain, false)?, listen(ports.markers, true)?];
     let _ = ready.send(());
-    let mut serving: Vec<std::thread::JoinHandle<Result<(), String>>> = Vec::new();
-    let mut accepted = 0;
-    let join = |t: std::thread::JoinHandle<_>| t.join().map_err(|_| "a serving thread panicked")?;
+    let mut serving: Vec<std::thread::JoinHandle<Result<ServerEnd, String>>> = Vec::new();
+    let mut tally = ServerTally::default();
+    let join = |t: std::thread::JoinHandle<_>, tally: &mut ServerTally| {
+        tally.add(t.join().map_err(|_| "a serving thread panicked")??);
+        Ok::<_, String>(())
+    };
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept_timeout(Duration::from_millis(50)) {
-            Ok(Some(req)) => {
-                accepted += 1;
-                serving.push(std::thread::spawn(move || serve(req)));
+        for listener in &listeners {
+            match listener.accept_timeout(Duration::from_millis(25)) {
+                Ok(Some(req)) => {
+                    tally.accepted += 1;
+                    let stop = stop.clone();
+                    serving.push(std::thread::spawn(move || serve(req, stop)));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("accept: {e}")),
             }
-            Ok(None) => {}
-            Err(e) => return Err(format!("accept: {e}")),
         }
         // Each connection's outcome as soon as it ended.
         let mut i = 0;
         while i < serving.len() {
             if serving[i].is_finished() {
-                join(serving.swap_remove(i))?;
+                join(serving.swap_remove(i), &mut tally)?;
             } else {
                 i += 1;
             }
         }
     }
-    drop(listener);
+    drop(listeners);
     for t in serving {
-        join(t)?;
+        join(t, &mut tally)?;
     }
     engine.stop();
-    Ok((engine.counters(), accepted))
+    Ok((engine.counters(), tally))
 }
 
-/// The client side's regions, reused by each connection of a thread.
+/// The client side's regions and completion queue, reused by each connection of a thread.
 struct Regions {
     pd: ProtectionDomain,
     cq: CompletionQueue,
+    /// The queue's completion channel, for the verbs-style clients, which wait on it (arm,
+    /// poll, sleep on the channel) rather than in [`CompletionQueue::wait`].
+    channel: Option<CompletionChannel>,
     src: MemoryRegion,
     dst: MemoryRegion,
     send: MemoryRegion,
@@ -286,66 +415,137 @@ struct Regions {
 }
 
 impl Regions {
-    fn new() -> Result<Regions, String> {
+    fn new(with_channel: bool) -> Result<Regions, String> {
         let pd = ProtectionDomain::new();
         let reg = |len| pd.register(len, Access::ALL).map_err(|e| e.to_string());
+        let channel = if with_channel {
+            Some(CompletionChannel::new().map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         Ok(Regions {
             src: reg(REGION)?,
             dst: reg(REGION)?,
             send: reg(SEND_MAX)?,
             echo: reg(SEND_MAX)?,
-            cq: CompletionQueue::new(),
+            cq: channel
+                .as_ref()
+                .map_or_else(CompletionQueue::new, CompletionQueue::with_channel),
+            channel,
             pd,
         })
     }
+
+    /// The next completion, waiting until `deadline`: on the channel as a verbs application
+    /// does (`ibv_req_notify_cq`, poll again, `ibv_get_cq_event`), or in the queue.
+    fn next(&self, deadline: Instant) -> Option<Completion> {
+        let Some(channel) = &self.channel else {
+            return self.cq.wait(left(deadline));
+        };
+        loop {
+            if let Some(c) = self.cq.try_next() {
+                return Some(c);
+            }
+            self.cq.req_notify(false).ok()?;
+            // What came before the arming does not fire it.
+            if let Some(c) = self.cq.try_next() {
+                return Some(c);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            channel.wait_event(left(deadline));
+        }
+    }
+
+    /// A receive for an echo.
+    fn echo_recv(&self, wr_id: u64) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sg_list: self.echo.sge(0, SEND_MAX as u32).into(),
+        }
+    }
 }
 
-/// What one batch expects back.
-enum Check {
-    ReadBack { at: usize, len: usize, seed: u64 },
-    Echo { len: usize, seed: u64 },
+/// Where a connection's work requests go: its [`QueuePair`], or the [`QpPoster`] a
+/// verbs-style client took from the [`IdleQp`] before connecting (one handle for the queue
+/// pair's whole life, as a shim's `ibv_qp`).
+enum Posts<'a> {
+    Qp(&'a QueuePair),
+    Poster(&'a QpPoster),
 }
 
-/// One connection's work: `batches` batches of up to [`LANES`] operations.
+impl Posts<'_> {
+    fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
+        match self {
+            Posts::Qp(qp) => qp.post_send(wr),
+            Posts::Poster(p) => p.post_send(wr),
+        }
+    }
+
+    fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        match self {
+            Posts::Qp(qp) => qp.post_recv(wr),
+            Posts::Poster(p) => p.post_recv(wr),
+        }
+    }
+}
+
+/// A completion a batch waits for: its work request, operation and length.
+type Expected = (u64, WcOpcode, u32);
+
+/// One connection's work: one to eight batches of up to [`LANES`] operations. With
+/// `early_echo_recv`, a receive for the first echo was posted before the connection ran;
+/// returns whether it is still posted (no echo used it).
 fn work(
     qp: &QueuePair,
+    posts: &Posts,
+    mut early_echo_recv: bool,
     r: &Regions,
     remote: (Stag, u64),
     rng: &mut Rng,
     tally: &mut Tally,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     for batch in 0..rng.range(1, 8) {
-        let mut checks = Vec::new();
-        let mut expected = 0;
+        let mut expected: Vec<Expected> = Vec::new();
+        // Regions to check once the batch completed: (region, offset, length, seed, what).
+        let mut checks: Vec<(&MemoryRegion, usize, usize, u64, &str)> = Vec::new();
+        let mut echoed = false;
         for lane in 0..rng.range(1, LANES) {
             let seed = rng.next();
-            let base = lane * LANE;
+            let id = |kind| wr_id(batch, lane, kind);
             // One echo per batch: the client's echo buffer is one slot.
-            if rng.chance(30) && !checks.iter().any(|c| matches!(c, Check::Echo { .. })) {
+            if !echoed && rng.chance(30) {
+                echoed = true;
                 let len = rng.length(SEND_MAX);
                 r.send.write(0, &pattern(seed, len));
-                qp.post_recv(RecvWr {
-                    wr_id: 3,
-                    sg_list: r.echo.sge(0, SEND_MAX as u32).into(),
-                })
-                .map_err(|e| format!("post_recv: {e}"))?;
-                qp.post_send(SendWr {
-                    wr_id: 2,
-                    op: SendOp::Send {
-                        solicited: rng.chance(50),
-                        invalidate: None,
-                    },
-                    sg_list: r.send.sge(0, len as u32).into(),
-                    signaled: true,
-                    fence: false,
-                })
-                .map_err(|e| format!("post Send: {e}"))?;
-                expected += 2;
-                checks.push(Check::Echo { len, seed });
+                let recv_id = if std::mem::take(&mut early_echo_recv) {
+                    EARLY_ECHO_RECV
+                } else {
+                    posts
+                        .post_recv(r.echo_recv(id(ECHO_RECV)))
+                        .map_err(|e| format!("post_recv: {e}"))?;
+                    id(ECHO_RECV)
+                };
+                posts
+                    .post_send(SendWr {
+                        wr_id: id(SEND),
+                        op: SendOp::Send {
+                            solicited: rng.chance(50),
+                            invalidate: None,
+                        },
+                        sg_list: r.send.sge(0, len as u32).into(),
+                        signaled: true,
+                        fence: false,
+                    })
+                    .map_err(|e| format!("post Send: {e}"))?;
+                expected.push((id(SEND), WcOpcode::Send, len as u32));
+                expected.push((recv_id, WcOpcode::Recv, len as u32));
+                checks.push((&r.echo, 0, len, seed, "echo"));
                 continue;
             }
             let len = rng.length(LANE);
-            let off = base + rng.range(0, LANE - len);
+            let off = lane * LANE + rng.range(0, LANE - len);
             r.src.write(off, &pattern(seed, len));
             // The Write's source in one to three pieces.
             let mut sg = SgeList::default();
@@ -362,78 +562,103 @@ fn work(
                 at += n;
             }
             let signaled = rng.chance(50);
-            qp.post_send(SendWr {
-                wr_id: 0,
-                op: SendOp::Write {
-                    remote_stag: remote.0,
-                    remote_to: remote.1 + off as u64,
-                },
-                sg_list: sg,
-                signaled,
-                fence: false,
-            })
-            .map_err(|e| format!("post Write: {e}"))?;
-            qp.post_send(SendWr {
-                wr_id: 1,
-                op: SendOp::Read {
-                    remote_stag: remote.0,
-                    remote_to: remote.1 + off as u64,
-                },
-                sg_list: r.dst.sge(off, len as u32).into(),
-                signaled: true,
-                fence: false,
-            })
-            .map_err(|e| format!("post Read: {e}"))?;
-            expected += 1 + usize::from(signaled);
-            checks.push(Check::ReadBack { at: off, len, seed });
+            posts
+                .post_send(SendWr {
+                    wr_id: id(WRITE),
+                    op: SendOp::Write {
+                        remote_stag: remote.0,
+                        remote_to: remote.1 + off as u64,
+                    },
+                    sg_list: sg,
+                    signaled,
+                    fence: false,
+                })
+                .map_err(|e| format!("post Write: {e}"))?;
+            posts
+                .post_send(SendWr {
+                    wr_id: id(READ),
+                    op: SendOp::Read {
+                        remote_stag: remote.0,
+                        remote_to: remote.1 + off as u64,
+                    },
+                    sg_list: r.dst.sge(off, len as u32).into(),
+                    signaled: true,
+                    fence: false,
+                })
+                .map_err(|e| format!("post Read: {e}"))?;
+            if signaled {
+                expected.push((id(WRITE), WcOpcode::Write, len as u32));
+            }
+            expected.push((id(READ), WcOpcode::Read, len as u32));
+            checks.push((&r.dst, off, len, seed, "read-back"));
         }
         let deadline = Instant::now() + WAIT;
-        for k in 0..expected {
-            let c = r.cq.wait(left(deadline)).ok_or_else(|| {
+        while !expected.is_empty() {
+            let c = r.next(deadline).ok_or_else(|| {
                 format!(
-                    "batch {batch}: {k} of {expected} completions in {WAIT:?}; {:?}",
+                    "batch {batch}: still waiting for {expected:?} after {WAIT:?}; {:?}",
                     qp.status()
                 )
             })?;
-            if c.wc.status != WcStatus::Success {
-                return Err(format!("batch {batch}: {c:?}; {:?}", qp.status()));
+            let got = (c.wc.wr_id, c.wc.opcode, c.wc.byte_len);
+            match expected.iter().position(|e| *e == got) {
+                Some(i) if c.wc.status == WcStatus::Success => {
+                    expected.swap_remove(i);
+                }
+                _ => {
+                    return Err(format!(
+                        "batch {batch}: {c:?} while waiting for {expected:?}; {:?}",
+                        qp.status()
+                    ))
+                }
             }
         }
-        for c in checks {
-            match c {
-                Check::ReadBack { at, len, seed } => {
-                    if bytes(&r.dst, at, len) != pattern(seed, len) {
-                        return Err(format!(
-                            "batch {batch}: {len} octets read back at {at} differ"
-                        ));
-                    }
-                    tally.writes_read_back += 1;
-                    tally.bytes_checked += len as u64;
-                }
-                Check::Echo { len, seed } => {
-                    if bytes(&r.echo, 0, len) != pattern(seed, len) {
-                        return Err(format!("batch {batch}: echo of {len} octets differs"));
-                    }
-                    tally.echoes += 1;
-                    tally.bytes_checked += len as u64;
-                }
+        for (mr, at, len, seed, what) in checks {
+            check(mr, at, len, seed, what).map_err(|e| format!("batch {batch}: {e}"))?;
+            tally.bytes_checked += len as u64;
+            if what == "echo" {
+                tally.echoes += 1;
+            } else {
+                tally.writes_read_back += 1;
             }
         }
     }
-    Ok(())
+    Ok(early_echo_recv)
 }
 
-/// Ends the connection one of three ways.
-fn end(qp: &QueuePair, r: &Regions, rng: &mut Rng, tally: &mut Tally) -> Result<(), String> {
-    match rng.range(0, 2) {
+/// Ends the connection one of three ways. `early_echo_recv`: a receive posted before the
+/// connection ran is still posted, and its flush completes in the end. `events`: the
+/// channel a verbs-style client connected through, which then tells the end
+/// (`RDMA_CM_EVENT_DISCONNECTED`).
+fn end(
+    qp: &QueuePair,
+    r: &Regions,
+    events: Option<&CmEventChannel>,
+    mut early_echo_recv: bool,
+    rng: &mut Rng,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let is_early_flush = |c: &Completion| {
+        (c.wc.wr_id, c.wc.opcode, c.wc.status)
+            == (EARLY_ECHO_RECV, WcOpcode::Recv, WcStatus::WrFlushError)
+    };
+    let error = match rng.range(0, 2) {
         0 => {
+            let t = Instant::now();
             qp.disconnect();
+            if t.elapsed() >= DISCONNECT_WAIT {
+                return Err(format!(
+                    "disconnect took {:?}: the graceful close did not finish",
+                    t.elapsed()
+                ));
+            }
             tally.client_disconnects += 1;
-            finished(qp, "client disconnect")
+            finished(qp, "client disconnect")?;
+            None
         }
         1 => {
             qp.post_send(SendWr {
-                wr_id: 9,
+                wr_id: BYE,
                 op: SendOp::Send {
                     solicited: false,
                     invalidate: None,
@@ -443,35 +668,118 @@ fn end(qp: &QueuePair, r: &Regions, rng: &mut Rng, tally: &mut Tally) -> Result<
                 fence: false,
             })
             .map_err(|e| format!("post the empty Send: {e}"))?;
-            let c = r.cq.wait(WAIT).ok_or("the empty Send not completed")?;
-            if c.wc.status != WcStatus::Success {
-                return Err(format!("the empty Send: {c:?}"));
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let c = r.next(deadline).ok_or("the empty Send not completed")?;
+                if is_early_flush(&c) && std::mem::take(&mut early_echo_recv) {
+                    // Flushed by the server's close, which may come first.
+                    continue;
+                }
+                if (c.wc.wr_id, c.wc.opcode, c.wc.status)
+                    != (BYE, WcOpcode::Send, WcStatus::Success)
+                {
+                    return Err(format!("the empty Send: {c:?}"));
+                }
+                break;
             }
             // The server's close ends ours.
-            let done = finished(qp, "client after the server's disconnect");
+            finished(qp, "client after the server's disconnect")?;
             qp.disconnect();
             tally.server_disconnects += 1;
-            done
+            Some(QpError::PeerClosed)
         }
         _ => {
             qp.abort();
             tally.aborts += 1;
-            finished(qp, "client abort")
+            finished(qp, "client abort")?;
+            None
         }
+    };
+    if qp.status().error != error {
+        return Err(format!("ended with {:?}, not {error:?}", qp.status()));
+    }
+    // Every completion came before the queue pair finished: only the early receive's flush
+    // may be left.
+    while let Some(c) = r.cq.try_next() {
+        if !(is_early_flush(&c) && std::mem::take(&mut early_echo_recv)) {
+            return Err(format!("after the end: {c:?}"));
+        }
+    }
+    if early_echo_recv {
+        return Err("the receive posted before the connect did not complete".into());
+    }
+    if let Some(events) = events {
+        match events.wait_event(WAIT) {
+            Some(CmEvent::Disconnected { qp_num, error: e })
+                if qp_num == qp.num() && e == error => {}
+            other => {
+                return Err(format!(
+                    "the end's event: {other:?}, not Disconnected({error:?})"
+                ))
+            }
+        }
+        if let Some(other) = events.get_event() {
+            return Err(format!("after the end's event: {other:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Connects as a verbs application does (rping's client): an [`IdleQp`] with the first
+/// echo's receive posted through its poster, `rdma_connect` without waiting
+/// ([`Device::connect_qp_async`]), the connection taken from the `Established` event.
+fn connect_verbs(
+    device: &Device,
+    r: &Regions,
+    addr: SocketAddr,
+    p: &ConnectParams,
+    events: &CmEventChannel,
+) -> Result<(Connection, QpPoster), String> {
+    let qp = IdleQp::new(&r.pd, &r.cq, p).map_err(|e| format!("create: {e}"))?;
+    let poster = qp.poster();
+    poster
+        .post_recv(r.echo_recv(EARLY_ECHO_RECV))
+        .map_err(|e| format!("post_recv before the connect: {e}"))?;
+    device
+        .connect_qp_async(qp, addr, b"soak", events, 1)
+        .map_err(|e| format!("connect: {e}"))?;
+    match events.wait_event(WAIT) {
+        Some(CmEvent::Established { connection, .. }) => Ok((connection, poster)),
+        other => Err(format!("connect: {other:?}")),
     }
 }
 
-/// One client thread: connections with random work until `until`.
+/// One client thread: connections with random work for `seconds`, made and driven through
+/// `device` directly or, with `verbs`, as a verbs application does ([`connect_verbs`], posts
+/// through the poster, completions waited for on a completion channel).
 fn client_loop(
-    connect: &(dyn Fn(&Regions) -> Result<Connection, String> + Sync),
+    device: &Device,
+    verbs: bool,
+    ports: Ports,
     seed: u64,
     until: Instant,
 ) -> Result<Tally, String> {
     let mut rng = Rng(seed);
     let mut tally = Tally::default();
-    let r = Regions::new()?;
+    let r = Regions::new(verbs)?;
+    let events = CmEventChannel::new().map_err(|e| e.to_string())?;
     while Instant::now() < until {
-        let conn = connect(&r)?;
+        let port = if rng.chance(50) {
+            ports.plain
+        } else {
+            ports.markers
+        };
+        let p = client_params(&mut rng);
+        let addr = SocketAddr::from((ADDR_A, port));
+        let (conn, poster) = if verbs {
+            connect_verbs(device, &r, addr, &p, &events).map(|(c, p)| (c, Some(p)))
+        } else {
+            device
+                .connect(addr, &r.pd, &r.cq, &p, b"soak")
+                .map(|c| (c, None))
+                .map_err(|e| format!("connect: {e}"))
+        }
+        .map_err(|e| format!("{e} (port {port}, {:?})", p.mpa))?;
         tally.connections += 1;
         let w = &conn.private_data;
         if w.len() != 12 {
@@ -482,21 +790,26 @@ fn client_loop(
         to.copy_from_slice(&w[4..12]);
         let remote = (stag, u64::from_be_bytes(to));
         let n = tally.connections;
-        work(&conn.qp, &r, remote, &mut rng, &mut tally)
+        let posts = poster.as_ref().map_or(Posts::Qp(&conn.qp), Posts::Poster);
+        let early = work(&conn.qp, &posts, verbs, &r, remote, &mut rng, &mut tally)
             .map_err(|e| format!("connection {n}: {e}"))?;
-        end(&conn.qp, &r, &mut rng, &mut tally).map_err(|e| format!("connection {n}: {e}"))?;
-        // Whatever the end flushed (the unsignaled Writes report nothing).
-        while r.cq.try_next().is_some() {}
+        let events = verbs.then_some(&events);
+        end(&conn.qp, &r, events, early, &mut rng, &mut tally)
+            .map_err(|e| format!("connection {n}: {e}"))?;
     }
     Ok(tally)
 }
 
-fn soak(port: u16, engine_clients: bool) {
+fn soak(ports: Ports, engine_clients: bool) {
     let bed = relay_bed_or_skip!();
     let seconds: u64 = env("SOAK_SECONDS", 15);
     let seed: u64 = env("SOAK_SEED", 1);
     let loss: f64 = env("SOAK_LOSS", 0.01);
     let mtu: u32 = env("SOAK_MTU", 1500);
+    assert!(
+        (0.0..=MAX_LOSS).contains(&loss),
+        "SOAK_LOSS={loss}: from 0 to {MAX_LOSS} (the waits are sized for that)"
+    );
     if mtu != 1500 {
         bed.set_mtu(mtu).expect("the relay bed's MTU");
     }
@@ -527,35 +840,36 @@ fn soak(port: u16, engine_clients: bool) {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let srv = {
         let stop = stop.clone();
-        spawn_in_ns(NS_A, move || server(port, ready_tx, stop))
+        spawn_in_ns(NS_A, move || server(ports, ready_tx, stop))
     };
     if ready_rx.recv_timeout(WAIT).is_err() {
+        // A server still starting would accept until told to stop.
+        stop.store(true, Ordering::Relaxed);
         panic!("server did not start: {:?}", srv.join());
     }
     let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
     let clients = spawn_in_ns(
         NS_B,
         move || -> Result<(Tally, Option<EngineCounters>), String> {
-            let addr = SocketAddr::from((ADDR_A, port));
-            let mut engine = if engine_clients {
-                Some(
-                    XdpEngine::start(DEV_B, XdpEngineConfig::default())
-                        .map_err(|e| format!("client engine: {e}"))?,
-                )
+            let device = if engine_clients {
+                Device::open(Transport::Xdp {
+                    ifname: DEV_B.into(),
+                    config: Box::default(),
+                })
+                .map_err(|e| format!("client engine: {e}"))?
             } else {
-                None
+                Device::socket()
             };
-            let connect = |r: &Regions| {
-                match &engine {
-                    Some(e) => e.connect(addr, &r.pd, &r.cq, &params(), b"soak"),
-                    None => datapath::connect(addr, &r.pd, &r.cq, &params(), b"soak"),
-                }
-                .map_err(|e| format!("connect: {e}"))
-            };
+            let until = Instant::now() + Duration::from_secs(seconds);
+            // Odd threads as verbs applications.
             let results: Vec<_> = std::thread::scope(|s| {
                 let threads: Vec<_> = (0..CLIENTS as u64)
-                    .map(|t| s.spawn(move || client_loop(&connect, seed ^ (t << 32), until)))
+                    .map(|t| {
+                        let device = &device;
+                        s.spawn(move || {
+                            client_loop(device, t % 2 == 1, ports, seed ^ (t << 32), until)
+                        })
+                    })
                     .collect();
                 threads.into_iter().map(|t| t.join()).collect()
             });
@@ -564,11 +878,7 @@ fn soak(port: u16, engine_clients: bool) {
                 let r = r.map_err(|_| format!("client {t} panicked"))?;
                 tally.add(&r.map_err(|e| format!("client {t}: {e}"))?);
             }
-            let counters = engine.as_mut().map(|e| {
-                e.stop();
-                e.counters()
-            });
-            Ok((tally, counters))
+            Ok((tally, device.close()))
         },
     );
     let clients = clients.join().expect("client threads");
@@ -576,12 +886,12 @@ fn soak(port: u16, engine_clients: bool) {
     let server = srv.join().expect("server thread");
     let relay = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));
     println!("relay: {relay:?}");
-    let ((tally, client), (server, accepted)) = match (clients, server) {
+    let ((tally, client), (server, ends)) = match (clients, server) {
         (Ok(c), Ok(s)) => (c, s),
         (c, s) => panic!("clients: {:?}\nserver: {:?}", c.err(), s.err()),
     };
     println!(
-        "soak: {:.1} s, {tally:?}; server accepted {accepted}",
+        "soak: {:.1} s, {tally:?}; server: {ends:?}",
         started.elapsed().as_secs_f64()
     );
     let mut engines = vec![("server", server)];
@@ -608,8 +918,15 @@ fn soak(port: u16, engine_clients: bool) {
         assert_eq!(c.held_bytes, 0, "{who}: nothing left in a reassembly store");
         assert_eq!(e.established, tally.connections, "{who}");
     }
-    assert_eq!(accepted, tally.connections);
-    assert!(tally.connections >= CLIENTS as u64, "{tally:?}");
+    // Each end as the clients made it.
+    assert_eq!(ends.accepted, tally.connections, "{ends:?}");
+    assert_eq!(ends.asked, tally.server_disconnects, "{ends:?}");
+    assert_eq!(ends.closed, tally.client_disconnects, "{ends:?}");
+    assert_eq!(ends.reset + ends.unreachable, tally.aborts, "{ends:?}");
+    assert!(
+        tally.client_disconnects > 0 && tally.server_disconnects > 0 && tally.aborts > 0,
+        "{tally:?}"
+    );
     assert!(tally.writes_read_back > 0 && tally.echoes > 0, "{tally:?}");
     if loss > 0.0 {
         assert!(relay.a_to_b.dropped + relay.b_to_a.dropped > 0, "{relay:?}");
@@ -618,10 +935,10 @@ fn soak(port: u16, engine_clients: bool) {
 
 #[test]
 fn engine_clients() {
-    soak(19_635, true);
+    soak(ENGINE_PORTS, true);
 }
 
 #[test]
 fn socket_clients() {
-    soak(19_636, false);
+    soak(SOCKET_PORTS, false);
 }

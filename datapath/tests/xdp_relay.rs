@@ -32,7 +32,7 @@
 //!
 //! Every session has a deadline (`WAIT`) that all its waits share.
 //!
-//! Read Requests act only in order (RFC 5040 5.3), so an early one would be held. The client
+//! Read Requests act only in order (RFC 5040 5.5 rule 12), so an early one would be held. The client
 //! posts each round's Read first and starts a round only after the server's "round done"
 //! message, which the server sends once everything of the previous round arrived: a Read
 //! Request is then always the oldest unacknowledged octets of its direction and can never
