@@ -19,7 +19,15 @@
 //!   the stream, the Write among them, were placed: RFC 5040 section 5.5 rules 12 and 17): the
 //!   read-back is checked;
 //! * a Send of random length (1 octet to [`SEND_MAX`]) that the server echoes with a Send of
-//!   its own: the echo is checked.
+//!   its own: the echo is checked;
+//! * an RDMA Write with Immediate Data (RFC 7306 6), read back, whose immediate the server
+//!   sends back in an Immediate Data message of its own;
+//! * an 8-octet Write, then a FetchAdd and a CmpSwap of that word (RFC 7306 5, processed in
+//!   order after the Write was placed): each returns the value before it.
+//!
+//! The server's Markers listener feeds its connections' receives from one shared receive
+//! queue, each buffer posted back once its echo is done, however the connection ends; at the
+//! end every buffer is back.
 //!
 //! Every completion is the one expected (work request, operation, length), each once, and
 //! nothing else comes.
@@ -47,10 +55,10 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue, ConnectParams,
-    ConnectRequest, Connection, DatapathError, Device, IdleQp, Keepalive, MemoryRegion,
-    ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr, SendOp, SendWr, Sge, SgeList, Stag,
-    Transport, WcOpcode, WcStatus,
+    Access, AtomicOp, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue,
+    ConnectParams, ConnectRequest, Connection, DatapathError, Device, IdleQp, Keepalive,
+    MemoryRegion, ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr, SendOp, SendWr, Sge,
+    SgeList, SharedReceiveQueue, Stag, Transport, WcOpcode, WcStatus,
 };
 use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
@@ -67,8 +75,10 @@ const LANES: usize = 4;
 const LANE: usize = REGION / LANES;
 /// Longest Send (and the server's receive slots).
 const SEND_MAX: usize = 64 << 10;
-/// Receives the server keeps posted.
+/// Receives the server keeps posted for a connection of its own.
 const SLOTS: usize = 4;
+/// Buffers of the shared receive queue the Markers listener's connections take from.
+const POOL_SLOTS: usize = 16;
 /// Longest wait for one batch's completions, a connection or a close.
 const WAIT: Duration = Duration::from_secs(30);
 /// `disconnect`'s graceful wait, after which it resets the connection.
@@ -89,6 +99,8 @@ const WRITE: u64 = 0;
 const READ: u64 = 1;
 const SEND: u64 = 2;
 const ECHO_RECV: u64 = 3;
+const FETCH_ADD: u64 = 5;
+const CMP_SWAP: u64 = 6;
 /// The empty Send that asks the server to disconnect.
 const BYE: u64 = 4;
 /// The echo receive a verbs-style client posts before connecting.
@@ -137,27 +149,18 @@ impl Rng {
     }
 }
 
-/// `Err` naming the first octet of `mr` at `at` that differs from `pattern(seed, len)`.
-fn check(mr: &MemoryRegion, at: usize, len: usize, seed: u64, what: &str) -> Result<(), String> {
-    let (got, want) = (region_bytes(mr, at, len), pattern(seed, len));
-    match got.iter().zip(&want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "{what} of {len} octets: octet {i} is {:#04x}, not {:#04x}",
-            got[i], want[i]
-        )),
-    }
-}
-
 fn left(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1))
 }
 
+/// Both ends' parameters: RFC 7306's Atomic Operations and Immediate Data on (both ends must
+/// agree; nothing negotiates them).
 fn params() -> ConnectParams {
     ConnectParams {
         setup_timeout: Duration::from_secs(20),
+        rdmap_extensions: true,
         ..ConnectParams::default()
     }
 }
@@ -202,6 +205,7 @@ struct Tally {
     connections: u64,
     writes_read_back: u64,
     echoes: u64,
+    atomics: u64,
     bytes_checked: u64,
     client_disconnects: u64,
     server_disconnects: u64,
@@ -213,6 +217,7 @@ impl Tally {
         self.connections += o.connections;
         self.writes_read_back += o.writes_read_back;
         self.echoes += o.echoes;
+        self.atomics += o.atomics;
         self.bytes_checked += o.bytes_checked;
         self.client_disconnects += o.client_disconnects;
         self.server_disconnects += o.server_disconnects;
@@ -255,32 +260,97 @@ impl ServerTally {
     }
 }
 
+/// The receive buffers a listener's connections share: a shared receive queue of one
+/// protection domain, its buffers in one region, each taken by whichever connection's Send
+/// arrives first and posted back once its echo is done.
+struct SrqPool {
+    pd: ProtectionDomain,
+    srq: SharedReceiveQueue,
+    slots: MemoryRegion,
+}
+
+impl SrqPool {
+    fn new() -> Result<SrqPool, String> {
+        let pd = ProtectionDomain::new();
+        let srq = SharedReceiveQueue::new(&pd, POOL_SLOTS).map_err(|e| e.to_string())?;
+        let slots = pd
+            .register(POOL_SLOTS * SEND_MAX, Access::ALL)
+            .map_err(|e| e.to_string())?;
+        let pool = SrqPool { pd, srq, slots };
+        for i in 0..POOL_SLOTS {
+            pool.post(i)?;
+        }
+        Ok(pool)
+    }
+
+    fn post(&self, i: usize) -> Result<(), String> {
+        self.srq
+            .post_recv(slot_recv(&self.slots, i))
+            .map_err(|e| format!("SRQ post: {e}"))
+    }
+}
+
+/// Receive `i` into slot `i` of `slots`.
+fn slot_recv(slots: &MemoryRegion, i: usize) -> RecvWr {
+    RecvWr {
+        wr_id: i as u64,
+        sg_list: slots.sge(i * SEND_MAX, SEND_MAX as u32).into(),
+    }
+}
+
 /// Serves one connection: advertises its region in the Reply's private data, echoes every
-/// Send, disconnects on an empty Send, and returns how the connection ended. Gives up only
-/// [`WAIT`] after `stop` (every end of a connection flushes the receives it keeps posted, so a
-/// completion always comes).
-fn serve(req: ConnectRequest, stop: Arc<AtomicBool>) -> Result<ServerEnd, String> {
-    let pd = ProtectionDomain::new();
+/// Send, disconnects on an empty Send, and returns how the connection ended. Its receives
+/// are its own, or with `pool` taken from the pool's shared receive queue (and every buffer
+/// taken is posted back there, however the connection ends). Gives up only [`WAIT`] after
+/// `stop` (every end flushes the receives the queue pair holds, and one fed from the pool is
+/// seen ended by its status).
+fn serve(
+    req: ConnectRequest,
+    stop: Arc<AtomicBool>,
+    pool: Option<Arc<SrqPool>>,
+) -> Result<ServerEnd, String> {
+    let own_pd;
+    let pd = match &pool {
+        Some(p) => &p.pd,
+        None => {
+            own_pd = ProtectionDomain::new();
+            &own_pd
+        }
+    };
     let cq = CompletionQueue::new();
     let target = pd
         .register(REGION, Access::ALL)
         .map_err(|e| e.to_string())?;
-    let slots = pd
+    let own_slots = pd
         .register(SLOTS * SEND_MAX, Access::ALL)
         .map_err(|e| e.to_string())?;
-    let recv = |i: usize| RecvWr {
-        wr_id: i as u64,
-        sg_list: slots.sge(i * SEND_MAX, SEND_MAX as u32).into(),
-    };
+    let slots = pool.as_ref().map_or(&own_slots, |p| &p.slots);
     let mut welcome = target.stag().0.to_be_bytes().to_vec();
     welcome.extend_from_slice(&target.base_to().to_be_bytes());
-    let conn = req
-        .accept_with_recvs(&pd, &cq, &welcome, (0..SLOTS).map(recv).collect())
-        .map_err(|e| format!("accept: {e}"))?;
+    let conn = match &pool {
+        Some(p) => req.use_srq(&p.srq).accept(pd, &cq, &welcome),
+        None => req.accept_with_recvs(
+            pd,
+            &cq,
+            &welcome,
+            (0..SLOTS).map(|i| slot_recv(&own_slots, i)).collect(),
+        ),
+    }
+    .map_err(|e| format!("accept: {e}"))?;
     let qp = conn.qp;
+    // A buffer of the pool this connection took (a receive completed, or its echo's Send
+    // completed in any way) goes back to the pool.
+    let give_back = |c: &Completion| match &pool {
+        Some(p) => p.post(c.wc.wr_id as usize % POOL_SLOTS),
+        None => Ok(()),
+    };
+    let slot_count = if pool.is_some() { POOL_SLOTS } else { SLOTS };
     let mut stopped: Option<Instant> = None;
-    loop {
+    let end = loop {
         let Some(c) = cq.wait(Duration::from_secs(1)) else {
+            if pool.is_some() && qp.status().error.is_some() {
+                break ended_by_client(&qp)?;
+            }
             if stop.load(Ordering::Relaxed)
                 && stopped.get_or_insert_with(Instant::now).elapsed() > WAIT
             {
@@ -291,17 +361,18 @@ fn serve(req: ConnectRequest, stop: Arc<AtomicBool>) -> Result<ServerEnd, String
             }
             continue;
         };
-        let (status, opcode, i) = (c.wc.status, c.wc.opcode, c.wc.wr_id as usize % SLOTS);
-        let posted = match (status, opcode) {
+        let i = c.wc.wr_id as usize % slot_count;
+        let posted = match (c.wc.status, c.wc.opcode) {
             (WcStatus::Success, WcOpcode::Recv) => {
                 let len = c.wc.byte_len as usize;
                 if len == 0 {
+                    give_back(&c)?;
                     qp.disconnect();
                     finished(&qp, "server after the empty Send")?;
-                    return Ok(ServerEnd::Asked);
+                    break ServerEnd::Asked;
                 }
                 qp.post_send(SendWr {
-                    wr_id: (SLOTS + i) as u64,
+                    wr_id: (slot_count + i) as u64,
                     op: SendOp::Send {
                         solicited: false,
                         invalidate: None,
@@ -311,19 +382,47 @@ fn serve(req: ConnectRequest, stop: Arc<AtomicBool>) -> Result<ServerEnd, String
                     fence: false,
                 })
             }
-            (WcStatus::Success, WcOpcode::Send) => qp.post_recv(recv(i)),
+            // An RDMA Write with Immediate Data: its immediate goes back alone.
+            (WcStatus::Success, WcOpcode::RecvImmediate) => qp.post_send(SendWr {
+                wr_id: (slot_count + i) as u64,
+                op: SendOp::Immediate {
+                    solicited: false,
+                    immediate: c.wc.immediate.unwrap_or_default(),
+                },
+                sg_list: SgeList::default(),
+                signaled: true,
+                fence: false,
+            }),
+            (WcStatus::Success, WcOpcode::Send | WcOpcode::Immediate) if pool.is_some() => {
+                give_back(&c)?;
+                Ok(())
+            }
+            (WcStatus::Success, WcOpcode::Send | WcOpcode::Immediate) => {
+                qp.post_recv(slot_recv(slots, i))
+            }
             // The client ended the connection: the rest flush too.
-            (WcStatus::WrFlushError, _) => return ended_by_client(&qp),
+            (WcStatus::WrFlushError, _) => {
+                give_back(&c)?;
+                break ended_by_client(&qp)?;
+            }
             _ => return Err(format!("server: {c:?}; {:?}", qp.status())),
         };
         match posted {
             Ok(()) => {}
             // The client closed the connection meanwhile (RDMAP Closing refuses posts; in
             // Error they would complete flushed).
-            Err(DatapathError::Disconnected) => return ended_by_client(&qp),
+            Err(DatapathError::Disconnected) => {
+                give_back(&c)?;
+                break ended_by_client(&qp)?;
+            }
             Err(e) => return Err(format!("server post: {e}; {:?}", qp.status())),
         }
+    };
+    // Whatever else completed before the queue pair finished (flushes).
+    while let Some(c) = cq.try_next() {
+        give_back(&c)?;
     }
+    Ok(end)
 }
 
 /// The server's queue pair ended by the client: how, from its error.
@@ -363,7 +462,13 @@ fn server(
             .listen(port, p)
             .map_err(|e| format!("listen on {port}: {e}"))
     };
-    let listeners = [listen(ports.plain, false)?, listen(ports.markers, true)?];
+    let listeners = [
+        (listen(ports.plain, false)?, None),
+        (
+            listen(ports.markers, true)?,
+            Some(Arc::new(SrqPool::new()?)),
+        ),
+    ];
     let _ = ready.send(());
     let mut serving: Vec<std::thread::JoinHandle<Result<ServerEnd, String>>> = Vec::new();
     let mut tally = ServerTally::default();
@@ -372,12 +477,12 @@ fn server(
         Ok::<_, String>(())
     };
     while !stop.load(Ordering::Relaxed) {
-        for listener in &listeners {
+        for (listener, pool) in &listeners {
             match listener.accept_timeout(Duration::from_millis(25)) {
                 Ok(Some(req)) => {
                     tally.accepted += 1;
-                    let stop = stop.clone();
-                    serving.push(std::thread::spawn(move || serve(req, stop)));
+                    let (stop, pool) = (stop.clone(), pool.clone());
+                    serving.push(std::thread::spawn(move || serve(req, stop, pool)));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(format!("accept: {e}")),
@@ -393,9 +498,20 @@ fn server(
             }
         }
     }
-    drop(listeners);
     for t in serving {
         join(t, &mut tally)?;
+    }
+    for (listener, pool) in listeners {
+        drop(listener);
+        if let Some(pool) = pool {
+            // Every buffer a connection took came back, however it ended.
+            if pool.srq.len() != POOL_SLOTS {
+                return Err(format!(
+                    "the shared receive queue holds {} of its {POOL_SLOTS} buffers",
+                    pool.srq.len()
+                ));
+            }
+        }
     }
     engine.stop();
     Ok((engine.counters(), tally))
@@ -491,8 +607,8 @@ impl Posts<'_> {
     }
 }
 
-/// A completion a batch waits for: its work request, operation and length.
-type Expected = (u64, WcOpcode, u32);
+/// A completion a batch waits for: its work request, operation, length and Immediate Data.
+type Expected = (u64, WcOpcode, u32, Option<u64>);
 
 /// One connection's work: one to eight batches of up to [`LANES`] operations. With
 /// `early_echo_recv`, a receive for the first echo was posted before the connection ran;
@@ -508,17 +624,41 @@ fn work(
 ) -> Result<bool, String> {
     for batch in 0..rng.range(1, 8) {
         let mut expected: Vec<Expected> = Vec::new();
-        // Regions to check once the batch completed: (region, offset, length, seed, what).
-        let mut checks: Vec<(&MemoryRegion, usize, usize, u64, &str)> = Vec::new();
+        // What regions must hold once the batch completed: (region, offset, octets, what).
+        let mut checks: Vec<(&MemoryRegion, usize, Vec<u8>, &str)> = Vec::new();
         let mut echoed = false;
         for lane in 0..rng.range(1, LANES) {
             let seed = rng.next();
             let id = |kind| wr_id(batch, lane, kind);
+            let base = lane * LANE;
+            let write = |sg: SgeList, at: usize, signaled: bool| SendWr {
+                wr_id: id(WRITE),
+                op: SendOp::Write {
+                    remote_stag: remote.0,
+                    remote_to: remote.1 + at as u64,
+                },
+                sg_list: sg,
+                signaled,
+                fence: false,
+            };
+            let read_back = |at: usize, len: usize| SendWr {
+                wr_id: id(READ),
+                op: SendOp::Read {
+                    remote_stag: remote.0,
+                    remote_to: remote.1 + at as u64,
+                },
+                sg_list: r.dst.sge(at, len as u32).into(),
+                signaled: true,
+                fence: false,
+            };
+            let post = |wr: SendWr| {
+                posts
+                    .post_send(wr)
+                    .map_err(|e| format!("post {:?}: {e}", wr.op))
+            };
             // One echo per batch: the client's echo buffer is one slot.
             if !echoed && rng.chance(30) {
                 echoed = true;
-                let len = rng.length(SEND_MAX);
-                r.send.write(0, &pattern(seed, len));
                 let recv_id = if std::mem::take(&mut early_echo_recv) {
                     EARLY_ECHO_RECV
                 } else {
@@ -527,8 +667,12 @@ fn work(
                         .map_err(|e| format!("post_recv: {e}"))?;
                     id(ECHO_RECV)
                 };
-                posts
-                    .post_send(SendWr {
+                if rng.chance(50) {
+                    // A Send, echoed.
+                    let len = rng.length(SEND_MAX);
+                    let data = pattern(seed, len);
+                    r.send.write(0, &data);
+                    post(SendWr {
                         wr_id: id(SEND),
                         op: SendOp::Send {
                             solicited: rng.chance(50),
@@ -537,60 +681,98 @@ fn work(
                         sg_list: r.send.sge(0, len as u32).into(),
                         signaled: true,
                         fence: false,
-                    })
-                    .map_err(|e| format!("post Send: {e}"))?;
-                expected.push((id(SEND), WcOpcode::Send, len as u32));
-                expected.push((recv_id, WcOpcode::Recv, len as u32));
-                checks.push((&r.echo, 0, len, seed, "echo"));
+                    })?;
+                    expected.push((id(SEND), WcOpcode::Send, len as u32, None));
+                    expected.push((recv_id, WcOpcode::Recv, len as u32, None));
+                    checks.push((&r.echo, 0, data, "echo"));
+                } else {
+                    // An RDMA Write with Immediate Data (RFC 7306 6), read back, its
+                    // immediate echoed alone.
+                    let len = rng.length(LANE);
+                    let at = base + rng.range(0, LANE - len);
+                    let (data, immediate) = (pattern(seed, len), rng.next());
+                    r.src.write(at, &data);
+                    post(SendWr {
+                        op: SendOp::WriteImmediate {
+                            remote_stag: remote.0,
+                            remote_to: remote.1 + at as u64,
+                            solicited: rng.chance(50),
+                            immediate,
+                        },
+                        ..write(r.src.sge(at, len as u32).into(), at, true)
+                    })?;
+                    post(read_back(at, len))?;
+                    expected.push((id(WRITE), WcOpcode::Write, len as u32, None));
+                    expected.push((id(READ), WcOpcode::Read, len as u32, None));
+                    expected.push((recv_id, WcOpcode::RecvImmediate, 0, Some(immediate)));
+                    checks.push((&r.dst, at, data, "read-back"));
+                }
                 continue;
             }
+            if rng.chance(20) {
+                // A word written, then added to and swapped (RFC 7306 5: processed in order,
+                // after the Write was placed); each returns the value before it.
+                let at = base + 8 * rng.range(0, LANE / 8 - 2);
+                let (v, add, swap) = (rng.next(), rng.next(), rng.next());
+                r.src.write(at, &v.to_ne_bytes());
+                let signaled = rng.chance(50);
+                post(write(r.src.sge(at, 8).into(), at, signaled))?;
+                for (kind, op, sink) in [
+                    (FETCH_ADD, AtomicOp::fetch_add(add), at),
+                    (
+                        CMP_SWAP,
+                        AtomicOp::cmp_swap(v.wrapping_add(add), swap),
+                        at + 8,
+                    ),
+                ] {
+                    post(SendWr {
+                        wr_id: id(kind),
+                        op: SendOp::Atomic {
+                            remote_stag: remote.0,
+                            remote_to: remote.1 + at as u64,
+                            op,
+                        },
+                        sg_list: r.dst.sge(sink, 8).into(),
+                        signaled: true,
+                        fence: false,
+                    })?;
+                }
+                if signaled {
+                    expected.push((id(WRITE), WcOpcode::Write, 8, None));
+                }
+                expected.push((id(FETCH_ADD), WcOpcode::FetchAdd, 8, None));
+                expected.push((id(CMP_SWAP), WcOpcode::CmpSwap, 8, None));
+                let mut words = v.to_ne_bytes().to_vec();
+                words.extend_from_slice(&v.wrapping_add(add).to_ne_bytes());
+                checks.push((&r.dst, at, words, "atomics' originals"));
+                continue;
+            }
+            // A Write gathered from one to three pieces, read back.
             let len = rng.length(LANE);
-            let off = lane * LANE + rng.range(0, LANE - len);
-            r.src.write(off, &pattern(seed, len));
-            // The Write's source in one to three pieces.
+            let at = base + rng.range(0, LANE - len);
+            let data = pattern(seed, len);
+            r.src.write(at, &data);
             let mut sg = SgeList::default();
             let pieces = rng.range(1, 3).min(len);
-            let mut at = 0;
+            let mut done = 0;
             for p in 0..pieces {
                 let n = if p + 1 == pieces {
-                    len - at
+                    len - done
                 } else {
-                    rng.range(1, len - at - (pieces - p - 1))
+                    rng.range(1, len - done - (pieces - p - 1))
                 };
-                let s: Sge = r.src.sge(off + at, n as u32);
+                let s: Sge = r.src.sge(at + done, n as u32);
                 sg.push(s).map_err(|e| e.to_string())?;
-                at += n;
+                done += n;
             }
             let signaled = rng.chance(50);
-            posts
-                .post_send(SendWr {
-                    wr_id: id(WRITE),
-                    op: SendOp::Write {
-                        remote_stag: remote.0,
-                        remote_to: remote.1 + off as u64,
-                    },
-                    sg_list: sg,
-                    signaled,
-                    fence: false,
-                })
-                .map_err(|e| format!("post Write: {e}"))?;
-            posts
-                .post_send(SendWr {
-                    wr_id: id(READ),
-                    op: SendOp::Read {
-                        remote_stag: remote.0,
-                        remote_to: remote.1 + off as u64,
-                    },
-                    sg_list: r.dst.sge(off, len as u32).into(),
-                    signaled: true,
-                    fence: false,
-                })
-                .map_err(|e| format!("post Read: {e}"))?;
+            post(write(sg, at, signaled))?;
+            post(read_back(at, len))?;
             if signaled {
-                expected.push((id(WRITE), WcOpcode::Write, len as u32));
+                expected.push((id(WRITE), WcOpcode::Write, len as u32, None));
             }
-            expected.push((id(READ), WcOpcode::Read, len as u32));
-            checks.push((&r.dst, off, len, seed, "read-back"));
+            expected.push((id(READ), WcOpcode::Read, len as u32, None));
+            checks.push((&r.dst, at, data, "read-back"));
         }
         let deadline = Instant::now() + WAIT;
         while !expected.is_empty() {
@@ -600,7 +782,7 @@ fn work(
                     qp.status()
                 )
             })?;
-            let got = (c.wc.wr_id, c.wc.opcode, c.wc.byte_len);
+            let got = (c.wc.wr_id, c.wc.opcode, c.wc.byte_len, c.wc.immediate);
             match expected.iter().position(|e| *e == got) {
                 Some(i) if c.wc.status == WcStatus::Success => {
                     expected.swap_remove(i);
@@ -613,13 +795,21 @@ fn work(
                 }
             }
         }
-        for (mr, at, len, seed, what) in checks {
-            check(mr, at, len, seed, what).map_err(|e| format!("batch {batch}: {e}"))?;
-            tally.bytes_checked += len as u64;
-            if what == "echo" {
-                tally.echoes += 1;
-            } else {
-                tally.writes_read_back += 1;
+        for (mr, at, want, what) in checks {
+            let got = region_bytes(mr, at, want.len());
+            if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+                return Err(format!(
+                    "batch {batch}: {what} of {} octets at {at}: octet {i} is {:#04x}, not {:#04x}",
+                    want.len(),
+                    got[i],
+                    want[i]
+                ));
+            }
+            tally.bytes_checked += want.len() as u64;
+            match what {
+                "echo" => tally.echoes += 1,
+                "read-back" => tally.writes_read_back += 1,
+                _ => tally.atomics += 1,
             }
         }
     }
@@ -927,7 +1117,10 @@ fn soak(ports: Ports, engine_clients: bool) {
         tally.client_disconnects > 0 && tally.server_disconnects > 0 && tally.aborts > 0,
         "{tally:?}"
     );
-    assert!(tally.writes_read_back > 0 && tally.echoes > 0, "{tally:?}");
+    assert!(
+        tally.writes_read_back > 0 && tally.echoes > 0 && tally.atomics > 0,
+        "{tally:?}"
+    );
     if loss > 0.0 {
         assert!(relay.a_to_b.dropped + relay.b_to_a.dropped > 0, "{relay:?}");
     }
