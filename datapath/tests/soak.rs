@@ -22,15 +22,16 @@
 //!   its own: the echo is checked;
 //! * an RDMA Write with Immediate Data (RFC 7306 6), read back, whose immediate the server
 //!   sends back in an Immediate Data message of its own;
-//! * an 8-octet Write, then a FetchAdd and a CmpSwap of that word (RFC 7306 5, processed in
-//!   order after the Write was placed): each returns the value before it.
+//! * an 8-octet Write, then a FetchAdd, a CmpSwap (its compare made to fail one time in four)
+//!   and a Read of that word (RFC 7306 5.4, each acting after the one before): each atomic
+//!   returns the value before it, the Read the last.
 //!
 //! The server's Markers listener feeds its connections' receives from one shared receive
 //! queue, each buffer posted back once its echo is done, however the connection ends; at the
 //! end every buffer is back.
 //!
-//! Every completion is the one expected (work request, operation, length), each once, and
-//! nothing else comes.
+//! Every completion is the one expected (work request, operation, length, Immediate Data),
+//! each once, and nothing else comes.
 //!
 //! Ends: the client disconnects (within the graceful wait: no reset); the client asks the
 //! server to disconnect (an empty Send) and waits for its queue pair to finish (`PeerClosed`);
@@ -49,7 +50,7 @@
 //! Needs root; skips (or fails under `CI=true`) otherwise.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,10 +100,10 @@ const WRITE: u64 = 0;
 const READ: u64 = 1;
 const SEND: u64 = 2;
 const ECHO_RECV: u64 = 3;
-const FETCH_ADD: u64 = 5;
-const CMP_SWAP: u64 = 6;
 /// The empty Send that asks the server to disconnect.
 const BYE: u64 = 4;
+const FETCH_ADD: u64 = 5;
+const CMP_SWAP: u64 = 6;
 /// The echo receive a verbs-style client posts before connecting.
 const EARLY_ECHO_RECV: u64 = u64::MAX;
 
@@ -205,6 +206,7 @@ struct Tally {
     connections: u64,
     writes_read_back: u64,
     echoes: u64,
+    immediates: u64,
     atomics: u64,
     bytes_checked: u64,
     client_disconnects: u64,
@@ -218,6 +220,7 @@ impl Tally {
         self.writes_read_back += o.writes_read_back;
         self.echoes += o.echoes;
         self.atomics += o.atomics;
+        self.immediates += o.immediates;
         self.bytes_checked += o.bytes_checked;
         self.client_disconnects += o.client_disconnects;
         self.server_disconnects += o.server_disconnects;
@@ -243,6 +246,8 @@ enum ServerEnd {
 #[derive(Debug, Default)]
 struct ServerTally {
     accepted: u64,
+    /// Receives completed from the shared receive queue.
+    pool_receives: u64,
     asked: u64,
     closed: u64,
     reset: u64,
@@ -267,6 +272,11 @@ struct SrqPool {
     pd: ProtectionDomain,
     srq: SharedReceiveQueue,
     slots: MemoryRegion,
+    /// Which buffers are posted: a buffer posted twice, or completed while not posted, is a
+    /// mistake of the test or a receive the stack completed twice.
+    posted: [AtomicBool; POOL_SLOTS],
+    /// Receives the pool's connections completed successfully.
+    received: AtomicU64,
 }
 
 impl SrqPool {
@@ -274,19 +284,42 @@ impl SrqPool {
         let pd = ProtectionDomain::new();
         let srq = SharedReceiveQueue::new(&pd, POOL_SLOTS).map_err(|e| e.to_string())?;
         let slots = pd
-            .register(POOL_SLOTS * SEND_MAX, Access::ALL)
+            .register(POOL_SLOTS * SEND_MAX, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
-        let pool = SrqPool { pd, srq, slots };
+        let pool = SrqPool {
+            pd,
+            srq,
+            slots,
+            posted: std::array::from_fn(|_| AtomicBool::new(false)),
+            received: AtomicU64::new(0),
+        };
         for i in 0..POOL_SLOTS {
             pool.post(i)?;
         }
         Ok(pool)
     }
 
+    /// Posts buffer `i` (back) to the shared receive queue.
     fn post(&self, i: usize) -> Result<(), String> {
+        if self.posted[i].swap(true, Ordering::AcqRel) {
+            return Err(format!("pool buffer {i} posted while posted"));
+        }
         self.srq
             .post_recv(slot_recv(&self.slots, i))
             .map_err(|e| format!("SRQ post: {e}"))
+    }
+
+    /// A receive of buffer `i` completed (taken from the queue, flushed or not).
+    fn taken(&self, i: usize) -> Result<(), String> {
+        if !self.posted[i].swap(false, Ordering::AcqRel) {
+            return Err(format!("pool buffer {i} completed while not posted"));
+        }
+        Ok(())
+    }
+
+    /// Whether every buffer is posted.
+    fn all_posted(&self) -> bool {
+        self.srq.len() == POOL_SLOTS && self.posted.iter().all(|p| p.load(Ordering::Acquire))
     }
 }
 
@@ -321,10 +354,16 @@ fn serve(
     let target = pd
         .register(REGION, Access::ALL)
         .map_err(|e| e.to_string())?;
-    let own_slots = pd
-        .register(SLOTS * SEND_MAX, Access::ALL)
+    let own_slots = pool
+        .is_none()
+        .then(|| pd.register(SLOTS * SEND_MAX, Access::LOCAL_WRITE))
+        .transpose()
         .map_err(|e| e.to_string())?;
-    let slots = pool.as_ref().map_or(&own_slots, |p| &p.slots);
+    let slots = pool
+        .as_ref()
+        .map(|p| &p.slots)
+        .or(own_slots.as_ref())
+        .ok_or("no receive buffers")?;
     let mut welcome = target.stag().0.to_be_bytes().to_vec();
     welcome.extend_from_slice(&target.base_to().to_be_bytes());
     let conn = match &pool {
@@ -333,7 +372,7 @@ fn serve(
             pd,
             &cq,
             &welcome,
-            (0..SLOTS).map(|i| slot_recv(&own_slots, i)).collect(),
+            (0..SLOTS).map(|i| slot_recv(slots, i)).collect(),
         ),
     }
     .map_err(|e| format!("accept: {e}"))?;
@@ -343,6 +382,16 @@ fn serve(
     let give_back = |c: &Completion| match &pool {
         Some(p) => p.post(c.wc.wr_id as usize % POOL_SLOTS),
         None => Ok(()),
+    };
+    // A receive completed: a pool buffer left the queue.
+    let taken = |c: &Completion| match (&pool, c.wc.opcode) {
+        (Some(p), WcOpcode::Recv | WcOpcode::RecvImmediate) => {
+            if c.wc.status == WcStatus::Success {
+                p.received.fetch_add(1, Ordering::Relaxed);
+            }
+            p.taken(c.wc.wr_id as usize % POOL_SLOTS)
+        }
+        _ => Ok(()),
     };
     let slot_count = if pool.is_some() { POOL_SLOTS } else { SLOTS };
     let mut stopped: Option<Instant> = None;
@@ -362,6 +411,7 @@ fn serve(
             continue;
         };
         let i = c.wc.wr_id as usize % slot_count;
+        taken(&c)?;
         let posted = match (c.wc.status, c.wc.opcode) {
             (WcStatus::Success, WcOpcode::Recv) => {
                 let len = c.wc.byte_len as usize;
@@ -387,7 +437,10 @@ fn serve(
                 wr_id: (slot_count + i) as u64,
                 op: SendOp::Immediate {
                     solicited: false,
-                    immediate: c.wc.immediate.unwrap_or_default(),
+                    immediate: c
+                        .wc
+                        .immediate
+                        .ok_or_else(|| format!("server: no immediate in {c:?}"))?,
                 },
                 sg_list: SgeList::default(),
                 signaled: true,
@@ -418,8 +471,14 @@ fn serve(
             Err(e) => return Err(format!("server post: {e}; {:?}", qp.status())),
         }
     };
-    // Whatever else completed before the queue pair finished (flushes).
+    // Whatever else completed before the queue pair finished: flushes, and an echo that
+    // completed just before the end.
     while let Some(c) = cq.try_next() {
+        let echoed = matches!(c.wc.opcode, WcOpcode::Send | WcOpcode::Immediate);
+        if !(c.wc.status == WcStatus::WrFlushError || echoed && c.wc.status == WcStatus::Success) {
+            return Err(format!("server, after the end: {c:?}"));
+        }
+        taken(&c)?;
         give_back(&c)?;
     }
     Ok(end)
@@ -505,12 +564,13 @@ fn server(
         drop(listener);
         if let Some(pool) = pool {
             // Every buffer a connection took came back, however it ended.
-            if pool.srq.len() != POOL_SLOTS {
+            if !pool.all_posted() {
                 return Err(format!(
                     "the shared receive queue holds {} of its {POOL_SLOTS} buffers",
                     pool.srq.len()
                 ));
             }
+            tally.pool_receives = pool.received.load(Ordering::Relaxed);
         }
     }
     engine.stop();
@@ -610,6 +670,19 @@ impl Posts<'_> {
 /// A completion a batch waits for: its work request, operation, length and Immediate Data.
 type Expected = (u64, WcOpcode, u32, Option<u64>);
 
+/// What a batch checks in a region once its work completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// A Write's octets read back.
+    ReadBack,
+    /// A Write with Immediate Data's octets read back (its immediate checked in its completion).
+    ImmediateReadBack,
+    /// A Send's octets echoed.
+    Echo,
+    /// The originals an atomic pair returned, and the word read after them.
+    Atomics,
+}
+
 /// One connection's work: one to eight batches of up to [`LANES`] operations. With
 /// `early_echo_recv`, a receive for the first echo was posted before the connection ran;
 /// returns whether it is still posted (no echo used it).
@@ -625,7 +698,7 @@ fn work(
     for batch in 0..rng.range(1, 8) {
         let mut expected: Vec<Expected> = Vec::new();
         // What regions must hold once the batch completed: (region, offset, octets, what).
-        let mut checks: Vec<(&MemoryRegion, usize, Vec<u8>, &str)> = Vec::new();
+        let mut checks: Vec<(&MemoryRegion, usize, Vec<u8>, Checked)> = Vec::new();
         let mut echoed = false;
         for lane in 0..rng.range(1, LANES) {
             let seed = rng.next();
@@ -684,7 +757,7 @@ fn work(
                     })?;
                     expected.push((id(SEND), WcOpcode::Send, len as u32, None));
                     expected.push((recv_id, WcOpcode::Recv, len as u32, None));
-                    checks.push((&r.echo, 0, data, "echo"));
+                    checks.push((&r.echo, 0, data, Checked::Echo));
                 } else {
                     // An RDMA Write with Immediate Data (RFC 7306 6), read back, its
                     // immediate echoed alone.
@@ -705,25 +778,25 @@ fn work(
                     expected.push((id(WRITE), WcOpcode::Write, len as u32, None));
                     expected.push((id(READ), WcOpcode::Read, len as u32, None));
                     expected.push((recv_id, WcOpcode::RecvImmediate, 0, Some(immediate)));
-                    checks.push((&r.dst, at, data, "read-back"));
+                    checks.push((&r.dst, at, data, Checked::ImmediateReadBack));
                 }
                 continue;
             }
             if rng.chance(20) {
-                // A word written, then added to and swapped (RFC 7306 5: processed in order,
-                // after the Write was placed); each returns the value before it.
-                let at = base + 8 * rng.range(0, LANE / 8 - 2);
+                // A word written, added to, compared and (unless the compare is made to fail)
+                // swapped, then read (RFC 7306 5.4 rules 3, 5 and 8, and section 7's table:
+                // each acts after the one before it); each atomic returns the value before it.
+                let at = base + 8 * rng.range(0, LANE / 8 - 3);
                 let (v, add, swap) = (rng.next(), rng.next(), rng.next());
+                let added = v.wrapping_add(add);
+                let compare = if rng.chance(25) { !added } else { added };
+                let last = if compare == added { swap } else { added };
                 r.src.write(at, &v.to_ne_bytes());
                 let signaled = rng.chance(50);
                 post(write(r.src.sge(at, 8).into(), at, signaled))?;
                 for (kind, op, sink) in [
                     (FETCH_ADD, AtomicOp::fetch_add(add), at),
-                    (
-                        CMP_SWAP,
-                        AtomicOp::cmp_swap(v.wrapping_add(add), swap),
-                        at + 8,
-                    ),
+                    (CMP_SWAP, AtomicOp::cmp_swap(compare, swap), at + 8),
                 ] {
                     post(SendWr {
                         wr_id: id(kind),
@@ -737,14 +810,21 @@ fn work(
                         fence: false,
                     })?;
                 }
+                post(SendWr {
+                    sg_list: r.dst.sge(at + 16, 8).into(),
+                    ..read_back(at, 8)
+                })?;
                 if signaled {
                     expected.push((id(WRITE), WcOpcode::Write, 8, None));
                 }
                 expected.push((id(FETCH_ADD), WcOpcode::FetchAdd, 8, None));
                 expected.push((id(CMP_SWAP), WcOpcode::CmpSwap, 8, None));
-                let mut words = v.to_ne_bytes().to_vec();
-                words.extend_from_slice(&v.wrapping_add(add).to_ne_bytes());
-                checks.push((&r.dst, at, words, "atomics' originals"));
+                expected.push((id(READ), WcOpcode::Read, 8, None));
+                let words: Vec<u8> = [v, added, last]
+                    .iter()
+                    .flat_map(|w| w.to_ne_bytes())
+                    .collect();
+                checks.push((&r.dst, at, words, Checked::Atomics));
                 continue;
             }
             // A Write gathered from one to three pieces, read back.
@@ -772,7 +852,7 @@ fn work(
                 expected.push((id(WRITE), WcOpcode::Write, len as u32, None));
             }
             expected.push((id(READ), WcOpcode::Read, len as u32, None));
-            checks.push((&r.dst, at, data, "read-back"));
+            checks.push((&r.dst, at, data, Checked::ReadBack));
         }
         let deadline = Instant::now() + WAIT;
         while !expected.is_empty() {
@@ -799,18 +879,19 @@ fn work(
             let got = region_bytes(mr, at, want.len());
             if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
                 return Err(format!(
-                    "batch {batch}: {what} of {} octets at {at}: octet {i} is {:#04x}, not {:#04x}",
+                    "batch {batch}: {what:?} of {} octets at {at}: octet {i} is {:#04x}, not {:#04x}",
                     want.len(),
                     got[i],
                     want[i]
                 ));
             }
             tally.bytes_checked += want.len() as u64;
-            match what {
-                "echo" => tally.echoes += 1,
-                "read-back" => tally.writes_read_back += 1,
-                _ => tally.atomics += 1,
-            }
+            *match what {
+                Checked::ReadBack => &mut tally.writes_read_back,
+                Checked::ImmediateReadBack => &mut tally.immediates,
+                Checked::Echo => &mut tally.echoes,
+                Checked::Atomics => &mut tally.atomics,
+            } += 1;
         }
     }
     Ok(early_echo_recv)
@@ -1118,9 +1199,10 @@ fn soak(ports: Ports, engine_clients: bool) {
         "{tally:?}"
     );
     assert!(
-        tally.writes_read_back > 0 && tally.echoes > 0 && tally.atomics > 0,
+        tally.writes_read_back > 0 && tally.echoes > 0 && tally.immediates > 0 && tally.atomics > 0,
         "{tally:?}"
     );
+    assert!(ends.pool_receives > 0, "{ends:?}");
     if loss > 0.0 {
         assert!(relay.a_to_b.dropped + relay.b_to_a.dropped > 0, "{relay:?}");
     }
