@@ -1603,6 +1603,46 @@ fn graceful_close() {
     assert_ne!(bed.b.iw.qp().state(), QpState::Rts);
 }
 
+/// What Full Operation allocated (about 1.3 MiB per connection with the engine's sizes) is
+/// let go once the connection is closed and TCP holds nothing of ours, though A's TCP
+/// connection stays in TIME-WAIT for a minute: a peer that opens and closes connections in a
+/// loop used to make the engine keep that much for each lingering one.
+#[test]
+fn a_closed_connection_lets_its_buffers_go_before_time_wait_ends() {
+    let mut bed = bed(9, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 64 << 10);
+    round_trip(
+        &mut bed,
+        &r,
+        Round {
+            size: 64 << 10,
+            seed: 81,
+        },
+        ALL,
+    );
+    for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
+        assert!(
+            side.iw.full_buffer_octets() > 1 << 20,
+            "{who}: {} octets in Full Operation",
+            side.iw.full_buffer_octets()
+        );
+    }
+    bed.a.iw.close();
+    bed.run_until("close", Duration::from_secs(5), |a, b| {
+        a.tcp_gone() && b.tcp_gone()
+    });
+    let a_tcp = bed.a.tcp.as_ref().expect("A's TCP connection");
+    assert_eq!(a_tcp.state(), tcp_engine::State::TimeWait);
+    for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
+        assert!(
+            side.iw.full_buffer_octets() < 1 << 10,
+            "{who}: {} octets after the close",
+            side.iw.full_buffer_octets()
+        );
+    }
+}
+
 /// Posts one Write of `data` from A's source to B's sink.
 fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
     post_write_to(bed, r, wr_id, data, (r.b_sink, B_SINK_TO));

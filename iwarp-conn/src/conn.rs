@@ -76,8 +76,8 @@ use mpa::{
 use rdmap::QpConfig;
 use rdmap::{MemoryTable, QpState, QueuePair, RegionBuffer, TerminateCause};
 use tcp_engine::{
-    Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError, TakeBack, TxMode,
-    TxSource, TxSourceError,
+    Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError,
+    State as TcpState, TakeBack, TxMode, TxSource, TxSourceError,
 };
 
 use crate::budget::ReassemblyBudget;
@@ -757,6 +757,9 @@ pub struct IwarpConn {
     /// TCP reached ESTABLISHED (a reset before that is a refusal).
     tcp_established: bool,
     tcp_close_requested: bool,
+    /// What Full Operation allocated was let go once the connection needed none of it
+    /// ([`IwarpConn::release_full_buffers`]).
+    full_buffers_released: bool,
     events: VecDeque<ConnEvent>,
     counters: ConnCounters,
 }
@@ -809,6 +812,7 @@ impl IwarpConn {
             tcp_closed: false,
             tcp_established: false,
             tcp_close_requested: false,
+            full_buffers_released: false,
             events: VecDeque::new(),
             counters: ConnCounters::default(),
         }
@@ -2469,6 +2473,53 @@ impl IwarpConn {
             // The stream is done both ways for us: nothing more is read.
             tcp.close_orphaned();
         }
+        if self.tcp_close_requested
+            && !self.full_buffers_released
+            && self.tx.is_empty()
+            && self.startup_sent.is_none()
+            && matches!(
+                tcp.state(),
+                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+            )
+        {
+            self.release_full_buffers();
+        }
+    }
+
+    /// Lets go of what Full Operation allocated (the transmit ring, the placement records,
+    /// the reassembly store and the scan buffers: about 1.3 MiB with the default sizes) once
+    /// the connection needs none of it: nothing more is read (the stream is done both ways
+    /// for us) and TCP holds nothing of ours unacknowledged (FIN-WAIT-2, TIME-WAIT or
+    /// closed), while the TCP connection itself may stay up to TIME-WAIT's 60 s (RFC 9293
+    /// 3.6.1). Before, a peer opening and closing connections in a loop kept that much
+    /// memory per lingering connection (up to a quarter of the table). Octets the peer still
+    /// sends are discarded, as after a Terminate.
+    fn release_full_buffers(&mut self) {
+        self.full_buffers_released = true;
+        self.rx_dead = true;
+        self.tx = TxRing::new(1);
+        self.placed = VecDeque::new();
+        self.chains = Vec::new();
+        self.relocate_buf = Vec::new();
+        self.relocated = Vec::new();
+        // Gives its charge back to the reassembly budget.
+        self.store = Store::new(1, 0, None);
+        self.ulpdu = Vec::new();
+        self.frame = Vec::new();
+    }
+
+    /// Octets of the buffers Full Operation allocates that this connection holds: the
+    /// transmit ring, the placement records, the reassembly store's ring and the scan
+    /// buffers (their capacities, whether touched or not).
+    pub fn full_buffer_octets(&self) -> usize {
+        self.tx.octets()
+            + self.placed.capacity() * std::mem::size_of::<PlacedFpdu>()
+            + self.store.ring.capacity()
+            + self.chains.capacity() * std::mem::size_of::<(u64, u64)>()
+            + self.relocate_buf.capacity()
+            + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
+            + self.ulpdu.capacity()
+            + self.frame.capacity()
     }
 
     /// Drops what the peer acknowledged (stream offsets below `acked`): the startup frame and

@@ -273,6 +273,13 @@ impl TxRing {
         self.len == 0
     }
 
+    /// Octets of the ring's own buffers (its capacity, whether touched or not).
+    pub fn octets(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<TxFpdu>()
+            + self.held.capacity() * std::mem::size_of::<Option<Held>>()
+            + self.long_heads.capacity() * HEAD_MAX
+    }
+
     /// The slot of descriptor `i` (counted from the oldest); `i` < capacity.
     #[inline]
     fn slot(&self, i: usize) -> usize {
