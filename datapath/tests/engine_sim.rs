@@ -1643,6 +1643,42 @@ fn a_closed_connection_lets_its_buffers_go_before_time_wait_ends() {
     }
 }
 
+/// The side that closed and let its buffers go keeps its receive window open: the peer may
+/// still have records of its own queued in TCP (here a Write larger than B's 64 KiB store,
+/// which bounds B's window, cut off by B's close), which must still go before its FIN, or it
+/// sits behind a zero window until FIN-WAIT-2's minute resets the connection.
+#[test]
+fn the_peer_still_sending_after_our_close_is_not_stopped_by_the_release() {
+    let mpa = MpaConfig::default();
+    let mut b_cfg = conn_config(&mpa);
+    b_cfg.reassembly_capacity = 64 << 10;
+    let mut bed = bed_with(
+        10,
+        LinkConfig::default(),
+        conn_config(&mpa),
+        b_cfg,
+        b"client",
+    );
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    post_write(&mut bed, &r, 1, &pattern(1 << 20, 82));
+    bed.run_until("the Write begins", Duration::from_secs(5), |_, b| {
+        b.rx_octets > 0
+    });
+    bed.b.iw.close();
+    bed.run_until("close", Duration::from_secs(10), |a, b| {
+        a.tcp_gone() && b.tcp_gone()
+    });
+    assert!(
+        bed.a
+            .events
+            .contains(&ConnEvent::TransportClosed(TcpEvent::PeerClosed)),
+        "A: {:?}",
+        bed.a.events
+    );
+    assert!(bed.b.iw.full_buffer_octets() < 1 << 10);
+}
+
 /// Posts one Write of `data` from A's source to B's sink.
 fn post_write(bed: &mut Bed, r: &Regions, wr_id: u64, data: &[u8]) {
     post_write_to(bed, r, wr_id, data, (r.b_sink, B_SINK_TO));

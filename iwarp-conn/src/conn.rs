@@ -2493,17 +2493,24 @@ impl IwarpConn {
     /// closed), while the TCP connection itself may stay up to TIME-WAIT's 60 s (RFC 9293
     /// 3.6.1). Before, a peer opening and closing connections in a loop kept that much
     /// memory per lingering connection (up to a quarter of the table). Octets the peer still
-    /// sends are discarded, as after a Terminate.
+    /// sends are discarded as consumed, as after a Terminate: the receive window stays as
+    /// wide as the store's capacity, so records the peer had queued before our close still
+    /// go, and its FIN behind them.
     fn release_full_buffers(&mut self) {
         self.full_buffers_released = true;
         self.rx_dead = true;
+        // Nothing is queued after this (`transmit`, `transmit_described`).
         self.tx = TxRing::new(1);
         self.placed = VecDeque::new();
         self.chains = Vec::new();
         self.relocate_buf = Vec::new();
         self.relocated = Vec::new();
-        // Gives its charge back to the reassembly budget.
-        self.store = Store::new(1, 0, None);
+        // The old store gives its charge back to the reassembly budget; the new one keeps
+        // the capacity (the window offered, `IwarpConn::window`) without its ring, which
+        // nothing allocates again (nothing is inserted once `rx_dead`).
+        self.store = Store::new(self.store.capacity, 0, None);
+        self.held_deadline = None;
+        self.store_idle_since = None;
         self.ulpdu = Vec::new();
         self.frame = Vec::new();
     }
@@ -2515,6 +2522,7 @@ impl IwarpConn {
         self.tx.octets()
             + self.placed.capacity() * std::mem::size_of::<PlacedFpdu>()
             + self.store.ring.capacity()
+            + self.store.ranges.capacity() * std::mem::size_of::<(u64, u64)>()
             + self.chains.capacity() * std::mem::size_of::<(u64, u64)>()
             + self.relocate_buf.capacity()
             + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
@@ -2553,7 +2561,7 @@ impl IwarpConn {
         tcp: &mut TcpConnection,
         mem: &MemoryTable<B>,
     ) {
-        if self.startup_record.is_some() {
+        if self.startup_record.is_some() || self.full_buffers_released {
             return;
         }
         let emss = usize::from(tcp.emss());
@@ -2749,6 +2757,9 @@ impl IwarpConn {
     }
 
     fn transmit<B: RegionBuffer>(&mut self, tcp: &mut TcpConnection, mem: &MemoryTable<B>) {
+        if self.full_buffers_released {
+            return;
+        }
         if matches!(self.phase, Phase::IftFull(_)) {
             self.transmit_ift_records(tcp, mem);
             return;
