@@ -1666,17 +1666,30 @@ fn the_peer_still_sending_after_our_close_is_not_stopped_by_the_release() {
         b.rx_octets > 0
     });
     bed.b.iw.close();
+    bed.run_until("B lets its buffers go", Duration::from_secs(5), |_, b| {
+        b.iw.full_buffer_octets() < 1 << 10
+    });
+    // A still has records queued, or unacknowledged, behind B's window.
+    let a_tcp = bed.a.tcp.as_ref().expect("A's TCP connection");
+    assert!(
+        a_tcp.bytes_acked() < a_tcp.send_stream_end(),
+        "A had sent everything before B let go: the test shows nothing"
+    );
     bed.run_until("close", Duration::from_secs(10), |a, b| {
         a.tcp_gone() && b.tcp_gone()
     });
+    // B took A's FIN in order (behind the rest of A's octets) and lingers; A closed on
+    // B's ACK, without a reset.
+    let state = |s: &Side| s.tcp.as_ref().expect("TCP connection").state();
+    assert_eq!(state(&bed.b), tcp_engine::State::TimeWait);
+    assert_eq!(state(&bed.a), tcp_engine::State::Closed);
     assert!(
-        bed.a
+        !bed.a
             .events
-            .contains(&ConnEvent::TransportClosed(TcpEvent::PeerClosed)),
+            .contains(&ConnEvent::TransportClosed(TcpEvent::Reset)),
         "A: {:?}",
         bed.a.events
     );
-    assert!(bed.b.iw.full_buffer_octets() < 1 << 10);
 }
 
 /// Posts one Write of `data` from A's source to B's sink.

@@ -996,6 +996,9 @@ impl IwarpConn {
     /// Responder: accepts the Request with `private_data` in the Reply, and enters Full
     /// Operation. Receives may be posted before (the QP accepts them while connecting).
     pub fn accept(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        if self.tcp_close_requested {
+            return Err(ConnError::InvalidState("the connection is closing"));
+        }
         if let Phase::IftAwaitingAccept(pending) = &self.phase {
             if !private_data.is_empty() {
                 return Err(IftError::Local("IFT carries no private data").into());
@@ -1023,6 +1026,9 @@ impl IwarpConn {
 
     /// Responder: rejects the Request (Reply with R=1); the connection closes once it is sent.
     pub fn reject(&mut self, private_data: &[u8]) -> Result<(), ConnError> {
+        if self.tcp_close_requested {
+            return Err(ConnError::InvalidState("the connection is closing"));
+        }
         if matches!(self.phase, Phase::IftAwaitingAccept(_)) {
             // IFT has no reject message: the connection just closes.
             self.phase = Phase::Done;
@@ -1192,8 +1198,13 @@ impl IwarpConn {
         self.qp.close();
     }
 
-    /// The receive window to offer TCP past its `rcv_nxt`: the store's free room.
+    /// The receive window to offer TCP past its `rcv_nxt`: the store's free room; all of it
+    /// once nothing more is read (`rx_dead`: what arrives is discarded as consumed, and octets
+    /// TCP passed up beyond a gap before then must not narrow it).
     fn window(&self, rcv_nxt_offset: u64) -> u64 {
+        if self.rx_dead {
+            return self.store.capacity as u64;
+        }
         let behind = rcv_nxt_offset.saturating_sub(self.consumed);
         (self.store.capacity as u64).saturating_sub(behind)
     }
@@ -2513,6 +2524,17 @@ impl IwarpConn {
         self.store_idle_since = None;
         self.ulpdu = Vec::new();
         self.frame = Vec::new();
+        // The decoders' buffers (the locator's reserved on its first out-of-order scan, the
+        // in-order decoder's grown to the largest FPDU it buffered); nothing decodes again.
+        match &mut self.phase {
+            Phase::Full(full) => {
+                let n = &full.negotiated;
+                full.decoder = FpduDecoder::new(n.crc, n.markers_rx);
+                full.locator = FpduLocator::new(n.crc, n.markers_rx);
+            }
+            Phase::IftFull(full) => full.decoder = FrameDecoder::new(full.negotiated.rx),
+            _ => {}
+        }
     }
 
     /// Octets of the buffers Full Operation allocates that this connection holds: the
