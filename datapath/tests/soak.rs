@@ -65,7 +65,7 @@ use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
 
 mod common;
-use common::{pattern, region_bytes};
+use common::{left, pattern, region_bytes};
 
 /// Client threads, each with one connection at a time.
 const CLIENTS: usize = 4;
@@ -148,12 +148,6 @@ impl Rng {
     fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
-}
-
-fn left(deadline: Instant) -> Duration {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1))
 }
 
 /// Both ends' parameters: RFC 7306's Atomic Operations and Immediate Data on (both ends must

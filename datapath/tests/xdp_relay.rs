@@ -61,6 +61,9 @@ use rdmap::wire::layer;
 use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
 
+mod common;
+use common::left;
+
 /// Message sizes of the rounds (each round: one Read, one Write, one Send of this size) of the
 /// 1% and 5% cases and the re-segmenting one.
 const ROUNDS: [usize; 3] = [4096, 1 << 20, 2 << 20];
@@ -98,13 +101,6 @@ fn params(mpa: &MpaConfig) -> ConnectParams {
         setup_timeout: Duration::from_secs(20),
         ..ConnectParams::default()
     }
-}
-
-/// What is left until `deadline` (at least a millisecond, so a wait still looks once).
-fn left(deadline: Instant) -> Duration {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1))
 }
 
 /// A session's rounds and the time it has.

@@ -2538,18 +2538,16 @@ impl IwarpConn {
     }
 
     /// Octets of the buffers Full Operation allocates that this connection holds: the
-    /// transmit ring, the placement records, the reassembly store's ring and the scan
-    /// buffers (their capacities, whether touched or not).
+    /// transmit ring, the placement records, the chains, the framing buffers and the
+    /// reassembly memory ([`IwarpConn::reassembly_memory`]); their capacities, whether
+    /// touched or not.
     pub fn full_buffer_octets(&self) -> usize {
         self.tx.octets()
             + self.placed.capacity() * std::mem::size_of::<PlacedFpdu>()
-            + self.store.ring.capacity()
-            + self.store.ranges.capacity() * std::mem::size_of::<(u64, u64)>()
             + self.chains.capacity() * std::mem::size_of::<(u64, u64)>()
-            + self.relocate_buf.capacity()
-            + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
             + self.ulpdu.capacity()
             + self.frame.capacity()
+            + self.reassembly_memory()
     }
 
     /// Drops what the peer acknowledged (stream offsets below `acked`): the startup frame and

@@ -22,6 +22,14 @@ use datapath::{
 /// an engine). Generous because the machine is shared, but finite so nothing can hang CI.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// What is left until `deadline` (at least a millisecond, so a wait still looks once): the
+/// share of a session's deadline the next wait gets.
+pub fn left(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
 /// Loopback with port 0: the kernel picks a free port.
 pub fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
