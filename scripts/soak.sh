@@ -6,13 +6,13 @@
 #
 # usage: scripts/soak.sh [seconds] [seed]   (defaults 600, and a seed from the clock, printed)
 # environment: SOAK_LOSS (default 0.01), SOAK_MTU (default 1500),
-#              CASES (default "engine_clients socket_clients")
+#              CASES (default "engine_clients socket_clients socket_server")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${1:-600}
 seed=${2:-$(date +%s)}
-cases=${CASES:-engine_clients socket_clients}
+cases=${CASES:-engine_clients socket_clients socket_server}
 [ "$(id -u)" -eq 0 ] || { echo "soak.sh: must run as root (the relay bed)" >&2; exit 1; }
 
 echo "soak.sh: $seconds s per case, seed $seed, loss ${SOAK_LOSS:-0.01}, MTU ${SOAK_MTU:-1500}: $cases"

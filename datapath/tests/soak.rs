@@ -1,7 +1,9 @@
 //! Soak: random work through the lossy relay bed (`scripts/netns-relay.sh`) for a set time,
-//! every byte checked: an engine server (iwra) <-> relay (iwrr, `testbed::relay`: loss,
-//! reordering, duplication, delay with jitter) <-> [`CLIENTS`] client threads (iwrb) on an
-//! engine (`engine_clients`) or on the socket transport (`socket_clients`).
+//! every byte checked: a server (iwra) <-> relay (iwrr, `testbed::relay`: loss, reordering,
+//! duplication, delay with jitter) <-> [`CLIENTS`] client threads (iwrb). Three cases: an
+//! engine server and engine clients (`engine_clients`), an engine server and clients on the
+//! socket transport (`socket_clients`), a socket-transport server and engine clients
+//! (`socket_server`).
 //!
 //! The clients share one [`Device`]; the odd-numbered threads work as a verbs application
 //! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`] before
@@ -38,7 +40,7 @@
 //! the client aborts (a reset). The server tells each end apart by its queue pair's error
 //! (`PeerClosed`, `PeerReset`; `PeerUnreachable` when its keepalive found no answer at all)
 //! and its counts must match the clients'. Afterwards every client and server thread returned
-//! without error, both engines ran without error, no CRC error and no Terminate, nothing is
+//! without error, every engine ran without error, no CRC error and no Terminate, nothing is
 //! held in a reassembly store, and every connection a client made was established at the
 //! server.
 //!
@@ -54,7 +56,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
+use datapath::engine::EngineCounters;
 use datapath::{
     Access, AtomicOp, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue,
     ConnectParams, ConnectRequest, Connection, DatapathError, Device, IdleQp, Keepalive,
@@ -91,9 +93,13 @@ const ENGINE_PORTS: Ports = Ports {
     plain: 19_635,
     markers: 19_637,
 };
-const SOCKET_PORTS: Ports = Ports {
+const SOCKET_CLIENT_PORTS: Ports = Ports {
     plain: 19_636,
     markers: 19_638,
+};
+const SOCKET_SERVER_PORTS: Ports = Ports {
+    plain: 19_639,
+    markers: 19_640,
 };
 /// Work request ids: the operation's batch and lane, and its kind.
 const WRITE: u64 = 0;
@@ -499,20 +505,29 @@ fn finished(qp: &QueuePair, what: &str) -> Result<(), String> {
     }
 }
 
-/// The server: an engine on the relay bed's `iwra0` accepting until `stop`, a thread per
-/// connection. Returns its engine's counters and how many connections it accepted.
+/// The server: an engine on the relay bed's `iwra0` (`engine`), or the socket transport,
+/// accepting until `stop`, a thread per connection. Returns its engine's counters (`None`
+/// for sockets) and how its connections ended.
 fn server(
     ports: Ports,
+    engine: bool,
     ready: std::sync::mpsc::Sender<()>,
     stop: Arc<AtomicBool>,
-) -> Result<(EngineCounters, ServerTally), String> {
-    let mut engine = XdpEngine::start(DEV_A, XdpEngineConfig::default())
-        .map_err(|e| format!("server engine: {e}"))?;
+) -> Result<(Option<EngineCounters>, ServerTally), String> {
+    let device = if engine {
+        Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .map_err(|e| format!("server engine: {e}"))?
+    } else {
+        Device::socket()
+    };
     let listen = |port, markers| {
         let mut p = server_params();
         p.mpa.markers = markers;
-        engine
-            .listen(port, p)
+        device
+            .listen(SocketAddr::from((ADDR_A, port)), p)
             .map_err(|e| format!("listen on {port}: {e}"))
     };
     let listeners = [
@@ -567,8 +582,7 @@ fn server(
             tally.pool_receives = pool.received.load(Ordering::Relaxed);
         }
     }
-    engine.stop();
-    Ok((engine.counters(), tally))
+    Ok((device.close(), tally))
 }
 
 /// The client side's regions and completion queue, reused by each connection of a thread.
@@ -1065,7 +1079,7 @@ fn client_loop(
     Ok(tally)
 }
 
-fn soak(ports: Ports, engine_clients: bool) {
+fn soak(ports: Ports, engine_server: bool, engine_clients: bool) {
     let bed = relay_bed_or_skip!();
     let seconds: u64 = env("SOAK_SECONDS", 15);
     let seed: u64 = env("SOAK_SEED", 1);
@@ -1078,13 +1092,18 @@ fn soak(ports: Ports, engine_clients: bool) {
     if mtu != 1500 {
         bed.set_mtu(mtu).expect("the relay bed's MTU");
     }
-    println!(
-        "soak: {seconds} s, seed {seed}, loss {loss}, MTU {mtu}, {CLIENTS} clients on {}",
-        if engine_clients {
+    let on = |engine| {
+        if engine {
             "an engine"
         } else {
             "the socket transport"
         }
+    };
+    println!(
+        "soak: {seconds} s, seed {seed}, loss {loss}, MTU {mtu}, {CLIENTS} clients on {}, \
+         the server on {}",
+        on(engine_clients),
+        on(engine_server)
     );
     let relay = Relay::start(RelayConfig {
         netns: Some(NS_RELAY.into()),
@@ -1105,7 +1124,7 @@ fn soak(ports: Ports, engine_clients: bool) {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let srv = {
         let stop = stop.clone();
-        spawn_in_ns(NS_A, move || server(ports, ready_tx, stop))
+        spawn_in_ns(NS_A, move || server(ports, engine_server, ready_tx, stop))
     };
     if ready_rx.recv_timeout(WAIT).is_err() {
         // A server still starting would accept until told to stop.
@@ -1159,7 +1178,8 @@ fn soak(ports: Ports, engine_clients: bool) {
         "soak: {:.1} s, {tally:?}; server: {ends:?}",
         started.elapsed().as_secs_f64()
     );
-    let mut engines = vec![("server", server)];
+    let mut engines = Vec::new();
+    engines.extend(server.map(|s| ("server", s)));
     engines.extend(client.map(|c| ("client", c)));
     for (who, e) in &engines {
         let c = &e.conns;
@@ -1204,10 +1224,15 @@ fn soak(ports: Ports, engine_clients: bool) {
 
 #[test]
 fn engine_clients() {
-    soak(ENGINE_PORTS, true);
+    soak(ENGINE_PORTS, true, true);
 }
 
 #[test]
 fn socket_clients() {
-    soak(SOCKET_PORTS, false);
+    soak(SOCKET_CLIENT_PORTS, true, false);
+}
+
+#[test]
+fn socket_server() {
+    soak(SOCKET_SERVER_PORTS, false, true);
 }
