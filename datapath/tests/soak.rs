@@ -10,10 +10,13 @@
 //! the connect, `connect_qp_async` and the `Established` event, every post through the
 //! poster, completions waited for on a [`CompletionChannel`] (arm, poll, sleep).
 //!
-//! Each client thread loops until the time is up: it connects (to one of the server's two
-//! listeners, one that asks for Markers; with MPA revision 1 or 2, peer-to-peer with an RTR or
-//! not, Markers and CRCs asked for or not, drawn per connection), runs a random number of
-//! batches of random operations, and ends the connection in one of three ways. Operations,
+//! Each client thread loops until the time is up: it connects (to one of the server's three
+//! listeners: two with MPA framing, one of which asks for Markers, with MPA revision 1 or 2,
+//! peer-to-peer with an RTR or not, Markers and CRCs asked for or not, drawn per connection;
+//! one with IFT framing (draft-williams-iwarp-ift-01), the client's header and payload CRCs
+//! and its speculative placement drawn per connection, the server's region told in its first
+//! Send since IFT carries no private data), runs a random number of batches of random
+//! operations, and ends the connection in one of three ways. Operations,
 //! each in its own lane of the regions, several in flight at once:
 //! * a Write of random length (1 octet to a lane, log-uniform) gathered from one to three
 //!   SGEs, to a random offset of the server's region, then a Read of the same range back into
@@ -59,10 +62,11 @@ use std::time::{Duration, Instant};
 use datapath::engine::EngineCounters;
 use datapath::{
     Access, AtomicOp, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue,
-    ConnectParams, ConnectRequest, Connection, DatapathError, Device, IdleQp, Keepalive,
+    ConnectParams, ConnectRequest, Connection, DatapathError, Device, Framing, IdleQp, Keepalive,
     MemoryRegion, ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr, SendOp, SendWr, Sge,
     SgeList, SharedReceiveQueue, Stag, Transport, WcOpcode, WcStatus,
 };
+use ift::IftConfig;
 use testbed::relay::*;
 use testbed::{relay_bed_or_skip, spawn_in_ns};
 
@@ -92,14 +96,17 @@ const MAX_LOSS: f64 = 0.05;
 const ENGINE_PORTS: Ports = Ports {
     plain: 19_635,
     markers: 19_637,
+    ift: 19_655,
 };
 const SOCKET_CLIENT_PORTS: Ports = Ports {
     plain: 19_636,
     markers: 19_638,
+    ift: 19_656,
 };
 const SOCKET_SERVER_PORTS: Ports = Ports {
     plain: 19_639,
     markers: 19_640,
+    ift: 19_657,
 };
 /// Work request ids: the operation's batch and lane, and its kind.
 const WRITE: u64 = 0;
@@ -112,6 +119,13 @@ const FETCH_ADD: u64 = 5;
 const CMP_SWAP: u64 = 6;
 /// The echo receive a verbs-style client posts before connecting.
 const EARLY_ECHO_RECV: u64 = u64::MAX;
+/// With IFT framing (no private data), the server's first Send, which says where its region
+/// is, as the Reply's private data does with MPA; and the client's receive for it, posted
+/// before the connect.
+const WELCOME: u64 = u64::MAX - 1;
+const WELCOME_RECV: u64 = u64::MAX - 2;
+/// Where the server's region is: its STag and tagged offset, big-endian.
+const WELCOME_LEN: usize = 12;
 
 fn wr_id(batch: usize, lane: usize, kind: u64) -> u64 {
     ((batch as u64) << 16) | ((lane as u64) << 8) | kind
@@ -180,19 +194,31 @@ fn server_params() -> ConnectParams {
     }
 }
 
-/// The server's two listeners: one that asks for no Markers, one that asks to receive them
-/// (RFC 5044 section 7.1.2: the M bit).
+/// The server's three listeners: one that asks for no Markers, one that asks to receive them
+/// (RFC 5044 section 7.1.2: the M bit), one that frames with IFT.
 #[derive(Debug, Clone, Copy)]
 struct Ports {
     plain: u16,
     markers: u16,
+    ift: u16,
 }
 
 /// A client's connection parameters, drawn per connection: MPA revision 1 or 2 (with the
 /// peer-to-peer model and its RTR in some of the latter), Markers wanted or not, CRCs
-/// wanted or not (the server always wants them, so they are always used).
-fn client_params(rng: &mut Rng) -> ConnectParams {
+/// wanted or not (the server always wants them, so they are always used); with `ift`, IFT
+/// framing with its header and payload CRCs each sent or not and speculative placement of
+/// our frames allowed or not (the server sends both CRCs and allows it).
+fn client_params(rng: &mut Rng, ift: bool) -> ConnectParams {
     let mut p = params();
+    if ift {
+        p.framing = Framing::Ift(IftConfig {
+            header_crc: rng.chance(80),
+            payload_crc: rng.chance(80),
+            allow_speculative: rng.chance(70),
+            ..IftConfig::with_vtag(0)
+        });
+        return p;
+    }
     p.mpa.rev = if rng.chance(20) { 1 } else { 2 };
     p.mpa.peer_to_peer = p.mpa.rev == 2 && rng.chance(25);
     p.mpa.markers = rng.chance(30);
@@ -204,6 +230,8 @@ fn client_params(rng: &mut Rng) -> ConnectParams {
 #[derive(Debug, Default)]
 struct Tally {
     connections: u64,
+    /// Of them, framed with IFT.
+    ift: u64,
     writes_read_back: u64,
     echoes: u64,
     immediates: u64,
@@ -217,6 +245,7 @@ struct Tally {
 impl Tally {
     fn add(&mut self, o: &Tally) {
         self.connections += o.connections;
+        self.ift += o.ift;
         self.writes_read_back += o.writes_read_back;
         self.echoes += o.echoes;
         self.atomics += o.atomics;
@@ -331,16 +360,17 @@ fn slot_recv(slots: &MemoryRegion, i: usize) -> RecvWr {
     }
 }
 
-/// Serves one connection: advertises its region in the Reply's private data, echoes every
-/// Send, disconnects on an empty Send, and returns how the connection ended. Its receives
-/// are its own, or with `pool` taken from the pool's shared receive queue (and every buffer
-/// taken is posted back there, however the connection ends). Gives up only [`WAIT`] after
-/// `stop` (every end flushes the receives the queue pair holds, and one fed from the pool is
-/// seen ended by its status).
+/// Serves one connection: advertises its region in the Reply's private data (with `ift`, in
+/// a first Send, [`WELCOME`]), echoes every Send, disconnects on an empty Send, and returns
+/// how the connection ended. Its receives are its own, or with `pool` taken from the pool's
+/// shared receive queue (and every buffer taken is posted back there, however the
+/// connection ends). Gives up only [`WAIT`] after `stop` (every end flushes the receives
+/// the queue pair holds, and one fed from the pool is seen ended by its status).
 fn serve(
     req: ConnectRequest,
     stop: Arc<AtomicBool>,
     pool: Option<Arc<SrqPool>>,
+    ift: bool,
 ) -> Result<ServerEnd, String> {
     let own_pd;
     let pd = match &pool {
@@ -366,17 +396,43 @@ fn serve(
         .ok_or("no receive buffers")?;
     let mut welcome = target.stag().0.to_be_bytes().to_vec();
     welcome.extend_from_slice(&target.base_to().to_be_bytes());
+    let (private_data, welcome_send) = if ift {
+        let mr = pd
+            .register(WELCOME_LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        mr.write(0, &welcome);
+        (&[][..], Some(mr))
+    } else {
+        (&welcome[..], None)
+    };
     let conn = match &pool {
-        Some(p) => req.use_srq(&p.srq).accept(pd, &cq, &welcome),
+        Some(p) => req.use_srq(&p.srq).accept(pd, &cq, private_data),
         None => req.accept_with_recvs(
             pd,
             &cq,
-            &welcome,
+            private_data,
             (0..SLOTS).map(|i| slot_recv(slots, i)).collect(),
         ),
     }
     .map_err(|e| format!("accept: {e}"))?;
     let qp = conn.qp;
+    if let Some(mr) = &welcome_send {
+        match qp.post_send(SendWr {
+            wr_id: WELCOME,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sg_list: mr.sge(0, WELCOME_LEN as u32).into(),
+            signaled: true,
+            fence: false,
+        }) {
+            // An abort the relay delivered before the post: seen below as the queue pair's
+            // error.
+            Ok(()) | Err(DatapathError::Disconnected) => {}
+            Err(e) => return Err(format!("welcome: {e}; {:?}", qp.status())),
+        }
+    }
     // A buffer of the pool this connection took (a receive completed, or its echo's Send
     // completed in any way) goes back to the pool.
     let give_back = |c: &Completion| match &pool {
@@ -413,6 +469,7 @@ fn serve(
         let i = c.wc.wr_id as usize % slot_count;
         taken(&c)?;
         let posted = match (c.wc.status, c.wc.opcode) {
+            (WcStatus::Success, WcOpcode::Send) if c.wc.wr_id == WELCOME => Ok(()),
             (WcStatus::Success, WcOpcode::Recv) => {
                 let len = c.wc.byte_len as usize;
                 if len == 0 {
@@ -523,19 +580,24 @@ fn server(
     } else {
         Device::socket()
     };
-    let listen = |port, markers| {
+    let listen = |port, markers, ift| {
         let mut p = server_params();
         p.mpa.markers = markers;
+        if ift {
+            p.framing = Framing::Ift(IftConfig::with_vtag(0));
+        }
         device
             .listen(SocketAddr::from((ADDR_A, port)), p)
             .map_err(|e| format!("listen on {port}: {e}"))
     };
     let listeners = [
-        (listen(ports.plain, false)?, None),
+        (listen(ports.plain, false, false)?, None, false),
         (
-            listen(ports.markers, true)?,
+            listen(ports.markers, true, false)?,
             Some(Arc::new(SrqPool::new()?)),
+            false,
         ),
+        (listen(ports.ift, false, true)?, None, true),
     ];
     let _ = ready.send(());
     let mut serving: Vec<std::thread::JoinHandle<Result<ServerEnd, String>>> = Vec::new();
@@ -545,12 +607,12 @@ fn server(
         Ok::<_, String>(())
     };
     while !stop.load(Ordering::Relaxed) {
-        for (listener, pool) in &listeners {
+        for (listener, pool, ift) in &listeners {
             match listener.accept_timeout(Duration::from_millis(25)) {
                 Ok(Some(req)) => {
                     tally.accepted += 1;
-                    let (stop, pool) = (stop.clone(), pool.clone());
-                    serving.push(std::thread::spawn(move || serve(req, stop, pool)));
+                    let (stop, pool, ift) = (stop.clone(), pool.clone(), *ift);
+                    serving.push(std::thread::spawn(move || serve(req, stop, pool, ift)));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(format!("accept: {e}")),
@@ -569,7 +631,7 @@ fn server(
     for t in serving {
         join(t, &mut tally)?;
     }
-    for (listener, pool) in listeners {
+    for (listener, pool, _) in listeners {
         drop(listener);
         if let Some(pool) = pool {
             // Every buffer a connection took came back, however it ended.
@@ -1004,28 +1066,44 @@ fn end(
     Ok(())
 }
 
-/// Connects as a verbs application does (rping's client): an [`IdleQp`] with the first
-/// echo's receive posted through its poster, `rdma_connect` without waiting
+/// Connects as a verbs application does (rping's client): an [`IdleQp`] with `recvs` and the
+/// first echo's receive posted through its poster, `rdma_connect` without waiting
 /// ([`Device::connect_qp_async`]), the connection taken from the `Established` event.
 fn connect_verbs(
     device: &Device,
     r: &Regions,
     addr: SocketAddr,
     p: &ConnectParams,
+    private_data: &[u8],
+    recvs: Vec<RecvWr>,
     events: &CmEventChannel,
 ) -> Result<(Connection, QpPoster), String> {
     let qp = IdleQp::new(&r.pd, &r.cq, p).map_err(|e| format!("create: {e}"))?;
     let poster = qp.poster();
-    poster
-        .post_recv(r.echo_recv(EARLY_ECHO_RECV))
-        .map_err(|e| format!("post_recv before the connect: {e}"))?;
+    for wr in recvs.into_iter().chain([r.echo_recv(EARLY_ECHO_RECV)]) {
+        poster
+            .post_recv(wr)
+            .map_err(|e| format!("post_recv before the connect: {e}"))?;
+    }
     device
-        .connect_qp_async(qp, addr, b"soak", events, 1)
+        .connect_qp_async(qp, addr, private_data, events, 1)
         .map_err(|e| format!("connect: {e}"))?;
     match events.wait_event(WAIT) {
         Some(CmEvent::Established { connection, .. }) => Ok((connection, poster)),
         other => Err(format!("connect: {other:?}")),
     }
+}
+
+/// The server's first Send on an IFT connection, received into the echo buffer: where its
+/// region is. Nothing else completes before it (the client has posted nothing else).
+fn welcome(r: &Regions) -> Result<Vec<u8>, String> {
+    let c = r
+        .next(Instant::now() + WAIT)
+        .ok_or("no welcome from the server")?;
+    if (c.wc.wr_id, c.wc.status, c.wc.opcode) != (WELCOME_RECV, WcStatus::Success, WcOpcode::Recv) {
+        return Err(format!("the welcome's receive: {c:?}"));
+    }
+    Ok(region_bytes(&r.echo, 0, c.wc.byte_len as usize))
 }
 
 /// One client thread: connections with random work for `seconds`, made and driven through
@@ -1043,32 +1121,44 @@ fn client_loop(
     let r = Regions::new(verbs)?;
     let events = CmEventChannel::new().map_err(|e| e.to_string())?;
     while Instant::now() < until {
-        let port = if rng.chance(50) {
-            ports.plain
-        } else {
-            ports.markers
+        let (port, ift) = match rng.range(0, 9) {
+            0..=3 => (ports.plain, false),
+            4..=7 => (ports.markers, false),
+            _ => (ports.ift, true),
         };
-        let p = client_params(&mut rng);
+        let p = client_params(&mut rng, ift);
         let addr = SocketAddr::from((ADDR_A, port));
+        // IFT carries no private data: the server's first Send says where its region is.
+        let (private_data, recvs) = if ift {
+            (&[][..], vec![r.echo_recv(WELCOME_RECV)])
+        } else {
+            (&b"soak"[..], Vec::new())
+        };
         let (conn, poster) = if verbs {
-            connect_verbs(device, &r, addr, &p, &events).map(|(c, p)| (c, Some(p)))
+            connect_verbs(device, &r, addr, &p, private_data, recvs, &events)
+                .map(|(c, p)| (c, Some(p)))
         } else {
             device
-                .connect(addr, &r.pd, &r.cq, &p, b"soak")
+                .connect_with_recvs(addr, &r.pd, &r.cq, &p, private_data, recvs)
                 .map(|c| (c, None))
                 .map_err(|e| format!("connect: {e}"))
         }
-        .map_err(|e| format!("{e} (port {port}, {:?})", p.mpa))?;
+        .map_err(|e| format!("{e} (port {port}, {:?}, {:?})", p.mpa, p.framing))?;
         tally.connections += 1;
-        let w = &conn.private_data;
-        if w.len() != 12 {
-            return Err(format!("reply private data of {} octets", w.len()));
+        tally.ift += u64::from(ift);
+        let n = tally.connections;
+        let w = if ift {
+            welcome(&r).map_err(|e| format!("connection {n}: {e} ({:?})", p.framing))?
+        } else {
+            conn.private_data.clone()
+        };
+        if w.len() != WELCOME_LEN {
+            return Err(format!("connection {n}: a welcome of {} octets", w.len()));
         }
         let stag = Stag(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
         let mut to = [0u8; 8];
         to.copy_from_slice(&w[4..12]);
         let remote = (stag, u64::from_be_bytes(to));
-        let n = tally.connections;
         let posts = poster.as_ref().map_or(Posts::Qp(&conn.qp), Posts::Poster);
         let early = work(&conn.qp, &posts, verbs, &r, remote, &mut rng, &mut tally)
             .map_err(|e| format!("connection {n}: {e}"))?;
@@ -1213,7 +1303,11 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool) {
         "{tally:?}"
     );
     assert!(
-        tally.writes_read_back > 0 && tally.echoes > 0 && tally.immediates > 0 && tally.atomics > 0,
+        tally.writes_read_back > 0
+            && tally.echoes > 0
+            && tally.immediates > 0
+            && tally.atomics > 0
+            && tally.ift > 0,
         "{tally:?}"
     );
     assert!(ends.pool_receives > 0, "{ends:?}");
