@@ -3,7 +3,7 @@
 //! duplication, delay with jitter) <-> [`CLIENTS`] client threads (iwrb). Three cases: an
 //! engine server and engine clients (`engine_clients`), an engine server and clients on the
 //! socket transport (`socket_clients`), a socket-transport server and engine clients
-//! (`socket_server`).
+//! (`socket_server`), all at MTU 1500; engines at both ends at MTU 9000 (`jumbo_frames`).
 //!
 //! The clients share one [`Device`]; the odd-numbered threads work as a verbs application
 //! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`] before
@@ -49,7 +49,7 @@
 //!
 //! Environment: `SOAK_SECONDS` (default 15) for each test, `SOAK_SEED` (default 1),
 //! `SOAK_LOSS` (default 0.01, at most 0.05: as much reordering, half as much duplication),
-//! `SOAK_MTU` (default the bed's 1500). Long runs by hand: `scripts/soak.sh`
+//! `SOAK_MTU` (default the case's). Long runs by hand: `scripts/soak.sh`
 //! (docs/RELIABILITY.md).
 //!
 //! Needs root; skips (or fails under `CI=true`) otherwise.
@@ -107,6 +107,11 @@ const SOCKET_SERVER_PORTS: Ports = Ports {
     plain: 19_639,
     markers: 19_640,
     ift: 19_657,
+};
+const JUMBO_PORTS: Ports = Ports {
+    plain: 19_658,
+    markers: 19_659,
+    ift: 19_660,
 };
 /// Work request ids: the operation's batch and lane, and its kind.
 const WRITE: u64 = 0;
@@ -1169,12 +1174,14 @@ fn client_loop(
     Ok(tally)
 }
 
-fn soak(ports: Ports, engine_server: bool, engine_clients: bool) {
+/// One soak: the server's listeners, whether the server and the clients run on an engine (or
+/// the socket transport), and the bed's MTU unless `SOAK_MTU` says otherwise.
+fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
     let bed = relay_bed_or_skip!();
     let seconds: u64 = env("SOAK_SECONDS", 15);
     let seed: u64 = env("SOAK_SEED", 1);
     let loss: f64 = env("SOAK_LOSS", 0.01);
-    let mtu: u32 = env("SOAK_MTU", 1500);
+    let mtu: u32 = env("SOAK_MTU", mtu);
     assert!(
         (0.0..=MAX_LOSS).contains(&loss),
         "SOAK_LOSS={loss}: from 0 to {MAX_LOSS} (the waits are sized for that)"
@@ -1318,15 +1325,22 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool) {
 
 #[test]
 fn engine_clients() {
-    soak(ENGINE_PORTS, true, true);
+    soak(ENGINE_PORTS, true, true, 1500);
 }
 
 #[test]
 fn socket_clients() {
-    soak(SOCKET_CLIENT_PORTS, true, false);
+    soak(SOCKET_CLIENT_PORTS, true, false, 1500);
 }
 
 #[test]
 fn socket_server() {
-    soak(SOCKET_SERVER_PORTS, false, true);
+    soak(SOCKET_SERVER_PORTS, false, true, 1500);
+}
+
+/// Engines at both ends at MTU 9000: packets of several AF_XDP frames (multi-buffer, the
+/// `xdp.frags` program) both ways.
+#[test]
+fn jumbo_frames() {
+    soak(JUMBO_PORTS, true, true, 9000);
 }
