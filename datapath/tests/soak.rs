@@ -7,7 +7,7 @@
 //!
 //! The clients share one [`Device`]; the odd-numbered threads work as a verbs application
 //! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`] before
-//! the connect, `connect_qp_async` and the `Established` event, every post through the
+//! the connect (two with IFT, the welcome's first), `connect_qp_async` and the `Established` event, every post through the
 //! poster, completions waited for on a [`CompletionChannel`] (arm, poll, sleep).
 //!
 //! Each client thread loops until the time is up: it connects (to one of the server's three
@@ -36,7 +36,10 @@
 //! end every buffer is back.
 //!
 //! Every completion is the one expected (work request, operation, length, Immediate Data),
-//! each once, and nothing else comes.
+//! each once, and nothing else comes (the server's welcome, too, once per IFT connection).
+//! Each connection's startup agreed on what the client asked for and the listener wants
+//! (framing; MPA's revision, CRCs, Markers each way and RTR; IFT's CRCs and speculative
+//! placement), and with loss each engine placed some IFT frames speculatively.
 //!
 //! Ends: the client disconnects (within the graceful wait: no reset); the client asks the
 //! server to disconnect (an empty Send) and waits for its queue pair to finish (`PeerClosed`);
@@ -61,10 +64,10 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::EngineCounters;
 use datapath::{
-    Access, AtomicOp, CmEvent, CmEventChannel, Completion, CompletionChannel, CompletionQueue,
-    ConnectParams, ConnectRequest, Connection, DatapathError, Device, Framing, IdleQp, Keepalive,
-    MemoryRegion, ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr, SendOp, SendWr, Sge,
-    SgeList, SharedReceiveQueue, Stag, Transport, WcOpcode, WcStatus,
+    Access, Agreed, AtomicOp, CmEvent, CmEventChannel, Completion, CompletionChannel,
+    CompletionQueue, ConnectParams, ConnectRequest, Connection, DatapathError, Device, Framing,
+    IdleQp, Keepalive, MemoryRegion, ProtectionDomain, QpError, QpPoster, QueuePair, RecvWr,
+    SendOp, SendWr, Sge, SgeList, SharedReceiveQueue, Stag, Transport, WcOpcode, WcStatus,
 };
 use ift::IftConfig;
 use testbed::relay::*;
@@ -92,7 +95,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
 /// The most loss `SOAK_LOSS` may ask for: the waits above are sized for it.
 const MAX_LOSS: f64 = 0.05;
-/// The server's listeners of the two tests.
+/// The server's listeners of each test.
 const ENGINE_PORTS: Ports = Ports {
     plain: 19_635,
     markers: 19_637,
@@ -187,7 +190,9 @@ fn params() -> ConnectParams {
 
 /// The server's parameters: keepalive after a second idle, since the relay may drop the
 /// reset of an aborting client, leaving the server's end open with nothing to send (as any
-/// half-open TCP connection; the probe draws the client stack's reset).
+/// half-open TCP connection; the probe draws the client stack's reset). On the socket
+/// transport the kernel, with a user timeout set (30 s by default), ends such a connection
+/// at the user timeout rather than after the probes: only if every probe's answer is lost.
 fn server_params() -> ConnectParams {
     ConnectParams {
         keepalive: Some(Keepalive {
@@ -280,6 +285,8 @@ enum ServerEnd {
 #[derive(Debug, Default)]
 struct ServerTally {
     accepted: u64,
+    /// Of them, on the IFT listener.
+    ift: u64,
     /// Receives completed from the shared receive queue.
     pool_receives: u64,
     asked: u64,
@@ -432,9 +439,8 @@ fn serve(
             signaled: true,
             fence: false,
         }) {
-            // An abort the relay delivered before the post: seen below as the queue pair's
-            // error.
-            Ok(()) | Err(DatapathError::Disconnected) => {}
+            // The client ends nothing before it has the welcome.
+            Ok(()) => {}
             Err(e) => return Err(format!("welcome: {e}; {:?}", qp.status())),
         }
     }
@@ -456,6 +462,9 @@ fn serve(
     };
     let slot_count = if pool.is_some() { POOL_SLOTS } else { SLOTS };
     let mut stopped: Option<Instant> = None;
+    // Successful completions of the welcome: one with IFT (the client has it before it ends
+    // the connection, so it was acknowledged), none otherwise.
+    let mut welcomed = 0;
     let end = loop {
         let Some(c) = cq.wait(Duration::from_secs(1)) else {
             if pool.is_some() && qp.status().error.is_some() {
@@ -474,7 +483,10 @@ fn serve(
         let i = c.wc.wr_id as usize % slot_count;
         taken(&c)?;
         let posted = match (c.wc.status, c.wc.opcode) {
-            (WcStatus::Success, WcOpcode::Send) if c.wc.wr_id == WELCOME => Ok(()),
+            (WcStatus::Success, WcOpcode::Send) if c.wc.wr_id == WELCOME => {
+                welcomed += 1;
+                Ok(())
+            }
             (WcStatus::Success, WcOpcode::Recv) => {
                 let len = c.wc.byte_len as usize;
                 if len == 0 {
@@ -540,8 +552,16 @@ fn serve(
         if !(c.wc.status == WcStatus::WrFlushError || echoed && c.wc.status == WcStatus::Success) {
             return Err(format!("server, after the end: {c:?}"));
         }
+        if c.wc.wr_id == WELCOME && c.wc.status == WcStatus::Success {
+            welcomed += 1;
+        }
         taken(&c)?;
         give_back(&c)?;
+    }
+    if welcomed != u32::from(ift) {
+        return Err(format!(
+            "server: the welcome completed {welcomed} times (IFT: {ift})"
+        ));
     }
     Ok(end)
 }
@@ -616,6 +636,7 @@ fn server(
             match listener.accept_timeout(Duration::from_millis(25)) {
                 Ok(Some(req)) => {
                     tally.accepted += 1;
+                    tally.ift += u64::from(*ift);
                     let (stop, pool, ift) = (stop.clone(), pool.clone(), *ift);
                     serving.push(std::thread::spawn(move || serve(req, stop, pool, ift)));
                 }
@@ -1099,8 +1120,47 @@ fn connect_verbs(
     }
 }
 
+/// Whether the connection's startup agreed on what the client asked for and the server's
+/// listener (`markers`: the one that wants them) says: the framing; with MPA the revision,
+/// CRCs (the server always wants them), Markers each way and the RTR; with IFT our frames'
+/// CRCs as we chose them, the server's with both, checked, and placed speculatively (the
+/// server allows it).
+fn agreed_as_asked(qp: &QueuePair, p: &ConnectParams, markers: bool) -> Result<(), String> {
+    let ok = match (qp.agreed(), &p.framing) {
+        (Agreed::Mpa(n), Framing::Mpa) => {
+            n.rev == p.mpa.rev
+                && n.crc
+                && n.markers_rx == p.mpa.markers
+                && n.markers_tx == markers
+                && n.rtr.is_some() == p.mpa.peer_to_peer
+        }
+        (Agreed::Ift { negotiated: n, .. }, Framing::Ift(cfg)) => {
+            n.rdma
+                && n.tx.header_crc == cfg.header_crc
+                && n.tx.payload_crc == cfg.payload_crc
+                && n.rx.header_crc
+                && n.rx.payload_crc
+                && n.rx.verify
+                && n.may_speculate
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "agreed {:?} for {:?} ({:?}), Markers listener {markers}",
+            qp.agreed(),
+            p.framing,
+            p.mpa
+        ))
+    }
+}
+
 /// The server's first Send on an IFT connection, received into the echo buffer: where its
-/// region is. Nothing else completes before it (the client has posted nothing else).
+/// region is. Nothing else completes before it: the client has sent nothing yet, and a
+/// verbs-style client's early echo receive, posted after this one into the same buffer,
+/// completes after it (receives complete in the order posted).
 fn welcome(r: &Regions) -> Result<Vec<u8>, String> {
     let c = r
         .next(Instant::now() + WAIT)
@@ -1152,6 +1212,8 @@ fn client_loop(
         tally.connections += 1;
         tally.ift += u64::from(ift);
         let n = tally.connections;
+        agreed_as_asked(&conn.qp, &p, port == ports.markers)
+            .map_err(|e| format!("connection {n}: {e}"))?;
         let w = if ift {
             welcome(&r).map_err(|e| format!("connection {n}: {e} ({:?})", p.framing))?
         } else {
@@ -1282,13 +1344,18 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
         let c = &e.conns;
         println!(
             "{who} engine: established {}, ended {}, retransmissions {}, RTOs {}, \
-             placed out of order {} B, held peak {} B, crc errors {}, terminates {} sent / {} received",
+             placed out of order {} B, held peak {} B, IFT frames placed speculatively and \
+             confirmed {} / refused {} / withdrawn {}, crc errors {}, terminates {} sent / {} \
+             received",
             e.established,
             e.ended,
             c.retransmissions,
             c.rto_expirations,
             c.bytes_placed_out_of_order,
             c.held_peak,
+            c.ift_speculation_confirmed,
+            c.ift_speculation_refused,
+            c.ift_speculation_withdrawn,
             c.crc_errors,
             c.terminates_sent,
             c.terminates_received
@@ -1299,9 +1366,15 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
         assert_eq!(c.terminates_received, 0, "{who}");
         assert_eq!(c.held_bytes, 0, "{who}: nothing left in a reassembly store");
         assert_eq!(e.established, tally.connections, "{who}");
+        if loss > 0.0 {
+            // IFT frames out of order were placed where they go before the ones ahead of them
+            // (section 8), and in-order framing confirmed them.
+            assert!(c.ift_speculation_confirmed > 0, "{who}");
+        }
     }
     // Each end as the clients made it.
     assert_eq!(ends.accepted, tally.connections, "{ends:?}");
+    assert_eq!(ends.ift, tally.ift, "{ends:?}");
     assert_eq!(ends.asked, tally.server_disconnects, "{ends:?}");
     assert_eq!(ends.closed, tally.client_disconnects, "{ends:?}");
     assert_eq!(ends.reset + ends.unreachable, tally.aborts, "{ends:?}");
