@@ -6,9 +6,10 @@
 //! (`socket_server`), all at MTU 1500; engines at both ends at MTU 9000 (`jumbo_frames`).
 //!
 //! The clients share one [`Device`]; the odd-numbered threads work as a verbs application
-//! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`] before
-//! the connect (two with IFT, the welcome's first), `connect_qp_async` and the `Established` event, every post through the
-//! poster, completions waited for on a [`CompletionChannel`] (arm, poll, sleep).
+//! does (rping's client): an [`IdleQp`] with a receive posted through its [`QpPoster`]
+//! before the connect (two with IFT, the welcome's first), `connect_qp_async` and the
+//! `Established` event, every post through the poster, completions waited for on a
+//! [`CompletionChannel`] (arm, poll, sleep).
 //!
 //! Each client thread loops until the time is up: it connects (to one of the server's three
 //! listeners: two with MPA framing, one of which asks for Markers, with MPA revision 1 or 2,
@@ -52,7 +53,7 @@
 //!
 //! Environment: `SOAK_SECONDS` (default 15) for each test, `SOAK_SEED` (default 1),
 //! `SOAK_LOSS` (default 0.01, at most 0.05: as much reordering, half as much duplication),
-//! `SOAK_MTU` (default the case's). Long runs by hand: `scripts/soak.sh`
+//! `SOAK_MTU` (default 1500; `jumbo_frames` always runs at 9000). Long runs by hand: `scripts/soak.sh`
 //! (docs/RELIABILITY.md).
 //!
 //! Needs root; skips (or fails under `CI=true`) otherwise.
@@ -462,8 +463,10 @@ fn serve(
     };
     let slot_count = if pool.is_some() { POOL_SLOTS } else { SLOTS };
     let mut stopped: Option<Instant> = None;
-    // Successful completions of the welcome: one with IFT (the client has it before it ends
-    // the connection, so it was acknowledged), none otherwise.
+    // Successful completions of the welcome: one with IFT, none otherwise. The client sends
+    // its first batch only after the welcome, and waits in each batch for something of ours
+    // in answer (a Read Response, an atomic's original, an echo): so we have the welcome's
+    // acknowledgement before the client ends the connection, however it ends it.
     let mut welcomed = 0;
     let end = loop {
         let Some(c) = cq.wait(Duration::from_secs(1)) else {
@@ -1237,13 +1240,13 @@ fn client_loop(
 }
 
 /// One soak: the server's listeners, whether the server and the clients run on an engine (or
-/// the socket transport), and the bed's MTU unless `SOAK_MTU` says otherwise.
-fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
+/// the socket transport), and the bed's MTU (`None`: `SOAK_MTU`'s, by default 1500).
+fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: Option<u32>) {
     let bed = relay_bed_or_skip!();
     let seconds: u64 = env("SOAK_SECONDS", 15);
     let seed: u64 = env("SOAK_SEED", 1);
     let loss: f64 = env("SOAK_LOSS", 0.01);
-    let mtu: u32 = env("SOAK_MTU", mtu);
+    let mtu: u32 = mtu.unwrap_or_else(|| env("SOAK_MTU", 1500));
     assert!(
         (0.0..=MAX_LOSS).contains(&loss),
         "SOAK_LOSS={loss}: from 0 to {MAX_LOSS} (the waits are sized for that)"
@@ -1366,9 +1369,10 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
         assert_eq!(c.terminates_received, 0, "{who}");
         assert_eq!(c.held_bytes, 0, "{who}: nothing left in a reassembly store");
         assert_eq!(e.established, tally.connections, "{who}");
-        if loss > 0.0 {
+        if loss >= 0.01 && seconds >= 15 {
             // IFT frames out of order were placed where they go before the ones ahead of them
-            // (section 8), and in-order framing confirmed them.
+            // (section 8), and in-order framing confirmed them (with less loss or time there
+            // may be no out-of-order frame that qualifies).
             assert!(c.ift_speculation_confirmed > 0, "{who}");
         }
     }
@@ -1398,22 +1402,22 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: u32) {
 
 #[test]
 fn engine_clients() {
-    soak(ENGINE_PORTS, true, true, 1500);
+    soak(ENGINE_PORTS, true, true, None);
 }
 
 #[test]
 fn socket_clients() {
-    soak(SOCKET_CLIENT_PORTS, true, false, 1500);
+    soak(SOCKET_CLIENT_PORTS, true, false, None);
 }
 
 #[test]
 fn socket_server() {
-    soak(SOCKET_SERVER_PORTS, false, true, 1500);
+    soak(SOCKET_SERVER_PORTS, false, true, None);
 }
 
-/// Engines at both ends at MTU 9000: packets of several AF_XDP frames (multi-buffer, the
-/// `xdp.frags` program) both ways.
+/// Engines at both ends at MTU 9000, whatever `SOAK_MTU` says: packets of several AF_XDP
+/// frames (multi-buffer, the `xdp.frags` program) both ways.
 #[test]
 fn jumbo_frames() {
-    soak(JUMBO_PORTS, true, true, 9000);
+    soak(JUMBO_PORTS, true, true, Some(9000));
 }
