@@ -53,8 +53,8 @@
 //!
 //! Environment: `SOAK_SECONDS` (default 15) for each test, `SOAK_SEED` (default 1),
 //! `SOAK_LOSS` (default 0.01, at most 0.05: as much reordering, half as much duplication),
-//! `SOAK_MTU` (default 1500; `jumbo_frames` always runs at 9000). Long runs by hand: `scripts/soak.sh`
-//! (docs/RELIABILITY.md).
+//! `SOAK_MTU` (default 1500; `jumbo_frames` always runs at 9000). Long runs by hand:
+//! `scripts/soak.sh` (docs/RELIABILITY.md).
 //!
 //! Needs root; skips (or fails under `CI=true`) otherwise.
 
@@ -590,6 +590,18 @@ fn finished(qp: &QueuePair, what: &str) -> Result<(), String> {
     }
 }
 
+/// An engine on `ifname` (in the calling thread's namespace), or the socket transport.
+fn open_device(engine: bool, ifname: &str) -> Result<Device, String> {
+    if !engine {
+        return Ok(Device::socket());
+    }
+    Device::open(Transport::Xdp {
+        ifname: ifname.into(),
+        config: Box::default(),
+    })
+    .map_err(|e| format!("engine: {e}"))
+}
+
 /// The server: an engine on the relay bed's `iwra0` (`engine`), or the socket transport,
 /// accepting until `stop`, a thread per connection. Returns its engine's counters (`None`
 /// for sockets) and how its connections ended.
@@ -599,15 +611,7 @@ fn server(
     ready: std::sync::mpsc::Sender<()>,
     stop: Arc<AtomicBool>,
 ) -> Result<(Option<EngineCounters>, ServerTally), String> {
-    let device = if engine {
-        Device::open(Transport::Xdp {
-            ifname: DEV_A.into(),
-            config: Box::default(),
-        })
-        .map_err(|e| format!("server engine: {e}"))?
-    } else {
-        Device::socket()
-    };
+    let device = open_device(engine, DEV_A).map_err(|e| format!("server {e}"))?;
     let listen = |port, markers, ift| {
         let mut p = server_params();
         p.mpa.markers = markers;
@@ -1297,15 +1301,7 @@ fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: Option<u32
     let clients = spawn_in_ns(
         NS_B,
         move || -> Result<(Tally, Option<EngineCounters>), String> {
-            let device = if engine_clients {
-                Device::open(Transport::Xdp {
-                    ifname: DEV_B.into(),
-                    config: Box::default(),
-                })
-                .map_err(|e| format!("client engine: {e}"))?
-            } else {
-                Device::socket()
-            };
+            let device = open_device(engine_clients, DEV_B).map_err(|e| format!("client {e}"))?;
             let until = Instant::now() + Duration::from_secs(seconds);
             // Odd threads as verbs applications.
             let results: Vec<_> = std::thread::scope(|s| {
