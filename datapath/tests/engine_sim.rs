@@ -2671,3 +2671,89 @@ fn ift_in_order_placement_over_a_speculative_one_places_it_again() {
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     }
 }
+
+/// RFC 7306 7 ("RDMA Read, then Atomic: the Atomic Response will not be generated until the
+/// RDMA Read Response has been generated"): a Read of a word posted right before a FetchAdd
+/// on it returns the word before the add, on the engine's transmit path too, where a Read
+/// Response's data is read from the region when TCP sends (and resends) its segment, not
+/// when the Response is queued. Batches of such pairs, lossless and with loss (a resent Read
+/// Response reads the region again).
+fn read_then_atomic_sees_the_word_before(loss: f64, seed: u64) {
+    const PAIRS: u64 = 8;
+    const BATCHES: u64 = 25;
+    const WORD_TO: u64 = 0x6000_0000;
+    let mut cfg = conn_config(&MpaConfig::default());
+    cfg.qp.extensions = true;
+    cfg.qp.ord = 16;
+    cfg.qp.ird = 16;
+    let mut bed = bed_with(seed, lossy(loss), cfg.clone(), cfg, b"client");
+    bed.establish();
+    let word = bed.b.region(
+        vec![0; 8],
+        WORD_TO,
+        Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+    );
+    let sink_len = (PAIRS * 16) as usize;
+    let sink = bed
+        .a
+        .region(vec![0; sink_len], A_SINK_TO, Access::LOCAL_WRITE);
+    for batch in 0..BATCHES {
+        let done = bed.a.completions.len() + 2 * PAIRS as usize;
+        for i in 0..PAIRS {
+            let to = A_SINK_TO + 16 * i;
+            let ops = [
+                SendOp::Read {
+                    remote_stag: word,
+                    remote_to: WORD_TO,
+                },
+                SendOp::Atomic {
+                    remote_stag: word,
+                    remote_to: WORD_TO,
+                    op: rdmap::AtomicOp::fetch_add(1),
+                },
+            ];
+            for (k, op) in ops.into_iter().enumerate() {
+                let wr = SendWr {
+                    wr_id: 2 * i + k as u64,
+                    op,
+                    sg_list: Sge {
+                        stag: sink,
+                        to: to + 8 * k as u64,
+                        len: 8,
+                    }
+                    .into(),
+                    signaled: true,
+                    fence: false,
+                };
+                bed.a.iw.qp_mut().post_send(wr, &bed.a.mem).expect("post");
+            }
+        }
+        bed.run_until("the batch", Duration::from_secs(30), move |a, _| {
+            a.completions.len() >= done
+        });
+        for wc in &bed.a.completions {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        }
+        let got = bed.a.bytes(sink);
+        for i in 0..PAIRS as usize {
+            let read = u64::from_ne_bytes(got[16 * i..16 * i + 8].try_into().unwrap());
+            let original = u64::from_ne_bytes(got[16 * i + 8..16 * i + 16].try_into().unwrap());
+            assert_eq!(original, batch * PAIRS + i as u64, "the adds in order");
+            assert_eq!(
+                read, original,
+                "batch {batch}, pair {i}: the Read saw the word after the FetchAdd behind it"
+            );
+        }
+    }
+    print_counters("read then atomic", &bed);
+}
+
+#[test]
+fn a_read_before_an_atomic_sees_the_word_before_it() {
+    read_then_atomic_sees_the_word_before(0.0, 41);
+}
+
+#[test]
+fn a_read_before_an_atomic_sees_the_word_before_it_under_loss() {
+    read_then_atomic_sees_the_word_before(0.05, 42);
+}

@@ -2346,6 +2346,7 @@ impl IwarpConn {
         self.tx.clear();
         self.startup_sent = None;
         self.qp.set_sources_busy(false);
+        self.qp.set_read_responses_unacknowledged(false);
     }
 
     /// A TCP event of this connection.
@@ -2573,6 +2574,7 @@ impl IwarpConn {
             (false, _) => {}
         });
         qp.set_sources_busy(!tx.is_empty());
+        qp.set_read_responses_unacknowledged(tx.has_read_responses());
     }
 
     /// `TxMode::Source`: queues FPDU descriptors (no payload copy) and their lengths in TCP.
@@ -2636,6 +2638,8 @@ impl IwarpConn {
                 Ok(wire_len) => {
                     // What it reads stays in use until acknowledged (a flush waits for it).
                     self.qp.set_sources_busy(true);
+                    self.qp
+                        .set_read_responses_unacknowledged(self.tx.has_read_responses());
                     tcp.send_record_len(wire_len).is_ok()
                 }
                 Err(_) => false,

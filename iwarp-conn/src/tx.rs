@@ -33,7 +33,10 @@
 //! a hardware RNIC, the Response data is read when the segment is sent, not when the Read
 //! Request arrived: local writes to the region after the Request may show in the Response
 //! (and a retransmission carries what the region holds then); rewriting memory a Read may be
-//! reading is an application race (RFC 5040 orders nothing there). A buffer type that cannot
+//! reading is an application race (RFC 5040 orders nothing there). An Atomic Request of the
+//! same stream is ordered (RFC 7306 7): the ring counts its Read Response FPDUs, and while any
+//! is unacknowledged the queue pair holds back an Atomic Request behind them
+//! (`rdmap::QueuePair::set_read_responses_unacknowledged`). A buffer type that cannot
 //! share (`share` gives `None`) is looked up again at each fill, like a Write's source.
 
 use mpa::wire::{pad_len, MarkerPtr};
@@ -198,6 +201,10 @@ pub(crate) struct TxRing {
     /// stream in order (one segment after the other), so the next fill almost always starts
     /// there or in the one after; any other offset (a retransmission) is searched for.
     cursor: usize,
+    /// Descriptors of Read Response FPDUs (their payload a responder's region, read at each
+    /// fill): while any is unacknowledged an Atomic Request waits
+    /// (`rdmap::QueuePair::set_read_responses_unacknowledged`).
+    read_responses: usize,
 }
 
 impl TxFpdu {
@@ -240,6 +247,7 @@ impl TxRing {
             pd: PdId(0),
             stag_hint: StagHint::default(),
             cursor: 0,
+            read_responses: 0,
         }
     }
 
@@ -257,6 +265,11 @@ impl TxRing {
     pub fn start_ift(&mut self, format: FrameFormat, seq_start: u64, pd: PdId) {
         self.start(false, false, seq_start, pd);
         self.ift = Some(format);
+    }
+
+    /// Whether Read Response FPDUs are queued and not yet acknowledged.
+    pub fn has_read_responses(&self) -> bool {
+        self.read_responses > 0
     }
 
     pub fn is_full(&self) -> bool {
@@ -336,7 +349,8 @@ impl TxRing {
             return Err(PushError::TooLong);
         }
         let mut held = None;
-        if let Some(p) = payload.filter(|p| p.access == Access::REMOTE_READ) {
+        let read_response = payload.is_some_and(|p| p.access == Access::REMOTE_READ);
+        if let Some(p) = payload.filter(|_| read_response) {
             let (buf, off) = mem
                 .validate(p.stag, self.pd, p.access, p.to, u64::from(p.len))
                 .map_err(|_| PushError::Source)?;
@@ -371,6 +385,7 @@ impl TxRing {
             // A released slot's was dropped with its FPDU.
             self.held[k] = held;
         }
+        self.read_responses += usize::from(read_response);
         self.len += 1;
         Ok(wire_len)
     }
@@ -385,6 +400,9 @@ impl TxRing {
                 break;
             }
             released(f);
+            if f.has_payload && f.payload_access == Access::REMOTE_READ {
+                self.read_responses -= 1;
+            }
             if f.held {
                 // A held Read Response source goes with its FPDU.
                 self.held[self.head] = None;
@@ -406,6 +424,7 @@ impl TxRing {
         self.head = 0;
         self.len = 0;
         self.cursor = 0;
+        self.read_responses = 0;
     }
 
     /// Writes the stream octets `[offset, offset + out.len())`, which must lie in queued

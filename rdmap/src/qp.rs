@@ -729,6 +729,10 @@ pub struct QueuePair {
     /// application's memory when it (re)sends them ([`QueuePair::set_sources_busy`]):
     /// flushed requests complete only once it no longer does.
     sources_busy: bool,
+    /// The transport still holds Read Response segments whose data it reads from the region
+    /// when it sends or resends them ([`QueuePair::set_read_responses_unacknowledged`]): an
+    /// Atomic Request behind them waits ([`QueuePair::read_response_ready`]).
+    read_responses_unacknowledged: bool,
     next_seq: u64,
     outstanding_reads: VecDeque<OutstandingRead>,
     outstanding_atomics: VecDeque<OutstandingAtomic>,
@@ -825,6 +829,7 @@ impl QueuePair {
             terminate_sent: false,
             tx_completion: TxCompletion::HandOff,
             sources_busy: false,
+            read_responses_unacknowledged: false,
             awaiting_ack: VecDeque::new(),
             acked_pending: 0,
             tx_completes: false,
@@ -1165,6 +1170,18 @@ impl QueuePair {
                 self.release_slots();
             }
         }
+    }
+
+    /// Whether the transport still holds Read Response segments handed out by reference
+    /// ([`QueuePair::poll_transmit_segment`]'s payloads: their data is read from the region
+    /// when a segment is sent, and again when it is resent) that are not yet acknowledged. While
+    /// it does, an Atomic Request at the head of the responder's queue waits: RFC 7306 7 has
+    /// the Atomic Response generated only after the Read Responses before it, whose data must
+    /// then be the memory before the Atomic Operation, however late the transport reads it or
+    /// however often it resends it. A transport that copies the payload when the segment is
+    /// built ([`QueuePair::poll_transmit`]) never sets it.
+    pub fn set_read_responses_unacknowledged(&mut self, unacknowledged: bool) {
+        self.read_responses_unacknowledged = unacknowledged;
     }
 
     /// Completes a send queue work request that [`QueuePair::post_send`] or
@@ -1544,10 +1561,20 @@ impl QueuePair {
         }
     }
 
+    /// Whether the responder's queue has a Read or Atomic Response to emit now: an Atomic
+    /// Request waits while Read Responses before it are unacknowledged and would be read from
+    /// memory again (RFC 7306 7; [`QueuePair::set_read_responses_unacknowledged`]).
+    #[inline]
+    fn read_response_ready(&self) -> bool {
+        self.read_responses
+            .front()
+            .is_some_and(|job| job.atomic.is_none() || !self.read_responses_unacknowledged)
+    }
+
     #[inline]
     fn pick_source(&self) -> Option<TxSource> {
         let sq = self.sq_ready();
-        let rr = !self.read_responses.is_empty();
+        let rr = self.read_response_ready();
         match (sq, rr) {
             (false, false) => None,
             (true, false) => Some(TxSource::SendQueue),
@@ -1639,7 +1666,7 @@ impl QueuePair {
             return Some((self.emit_rtr(kind, out), None));
         }
         let source = self.pick_source()?;
-        let both = self.sq_ready() && !self.read_responses.is_empty();
+        let both = self.sq_ready() && self.read_response_ready();
         let tx = match source {
             TxSource::SendQueue => self.emit_sq_segment(max_ulpdu, mem, out, by_ref),
             TxSource::ReadResponse => {
@@ -2274,7 +2301,9 @@ impl QueuePair {
     /// Performs the Atomic Request at the head of the responder's queue and emits its
     /// Response (RFC 7306 5.2.2) on QN 3. Performed now, when its turn comes after every Read
     /// Response before it (7: "Atomic Response Message will not be generated until RDMA Read
-    /// Response has been generated"), with one CPU atomic operation on the registered memory
+    /// Response has been generated"; with a transport that reads their data when it sends
+    /// them, once they are acknowledged: [`QueuePair::set_read_responses_unacknowledged`]),
+    /// with one CPU atomic operation on the registered memory
     /// ([`RegionBuffer::atomic_at`], 5.3). The target was checked at delivery and is checked
     /// again (it may have been deregistered since); a failure is the Terminate of 8.2.
     fn emit_atomic_response<B: RegionBuffer>(

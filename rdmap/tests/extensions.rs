@@ -105,11 +105,9 @@ fn fetch_add_and_cmp_swap_return_the_original_and_change_the_word() {
     }
 }
 
-/// RFC 7306 7: "RDMA Read, then Atomic: the Atomic Response will not be generated until the
-/// Read Response has been generated"; the Read sees the word before the FetchAdd. Requests
-/// beyond ORD wait, counted with the Reads (5.2).
-#[test]
-fn a_read_before_an_atomic_sees_the_word_before_it_and_ord_counts_both() {
+/// A pair whose A has ORD 2, B's word 1 (holding 10) readable and atomic, and A's sink of
+/// `sink_len` octets; A has posted Read 1 of that word into the sink's first 8 octets.
+fn read_posted_with_ord_2(sink_len: usize) -> (Pair, Stag, Stag) {
     let mut pair = Pair::with_configs(
         MULPDU,
         rdmap::QpConfig {
@@ -123,7 +121,7 @@ fn a_read_before_an_atomic_sees_the_word_before_it_and_ord_counts_both() {
         BASE,
         Access::REMOTE_ATOMIC | Access::REMOTE_READ,
     );
-    let sink = pair.a.region(vec![0; 32], 0, Access::LOCAL_WRITE);
+    let sink = pair.a.region(vec![0; sink_len], 0, Access::LOCAL_WRITE);
     pair.a.post(
         1,
         SendOp::Read {
@@ -136,6 +134,15 @@ fn a_read_before_an_atomic_sees_the_word_before_it_and_ord_counts_both() {
             len: 8,
         }),
     );
+    (pair, target, sink)
+}
+
+/// RFC 7306 7: "RDMA Read, then Atomic: the Atomic Response will not be generated until the
+/// Read Response has been generated"; the Read sees the word before the FetchAdd. Requests
+/// beyond ORD wait, counted with the Reads (5.2).
+#[test]
+fn a_read_before_an_atomic_sees_the_word_before_it_and_ord_counts_both() {
+    let (mut pair, target, sink) = read_posted_with_ord_2(32);
     for (wr_id, to) in [(2u64, 8u64), (3, 16)] {
         pair.a.post(
             wr_id,
@@ -709,4 +716,52 @@ fn atomic_and_immediate_work_requests_are_checked_when_posted() {
         post(&mut pair, imm, sge(big, 4)),
         Err(RdmapError::ImmediatePayload { len: 4 })
     );
+}
+
+/// RFC 7306 7 with a transport that reads a Read Response's data when it sends (and resends)
+/// the segment (`poll_transmit_segment`'s payloads by reference): while it says Read
+/// Responses are unacknowledged, an Atomic Request behind them is neither performed nor
+/// answered, and the send queue goes on meanwhile; once they are acknowledged it is.
+#[test]
+fn an_atomic_waits_while_read_responses_before_it_are_unacknowledged() {
+    let (mut pair, target, sink) = read_posted_with_ord_2(16);
+    atomic(&mut pair, 2, target, BASE + 8, AtomicOp::fetch_add(1), sink);
+    while pair.step(Side::A) {}
+    let rbuf = pair.a.region(vec![0; 4], 0, Access::LOCAL_WRITE);
+    pair.a.post_recv(90, rbuf, 0, 4);
+    let src = pair.b.region(vec![7; 4], 0, Access::NONE);
+    pair.b.qp.set_read_responses_unacknowledged(true);
+    let emit = |pair: &mut Pair| {
+        let mut buf = Vec::new();
+        pair.b
+            .qp
+            .poll_transmit_segment(MULPDU, &pair.b.mem, &mut buf)
+            .map(|seg| (seg.ulpdu.opcode, seg.payload.is_some()))
+    };
+    assert_eq!(emit(&mut pair), Some((Opcode::ReadResponse, true)));
+    assert_eq!(emit(&mut pair), None, "the Atomic waits");
+    assert!(!pair.b.qp.has_pending_transmit());
+    assert_eq!(word(&pair.b.contents(target), 1), 10, "not performed yet");
+    pair.b.post(
+        3,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 4,
+        }),
+    );
+    assert_eq!(
+        emit(&mut pair),
+        Some((Opcode::Send, true)),
+        "the send queue goes"
+    );
+    assert_eq!(emit(&mut pair), None);
+    pair.b.qp.set_read_responses_unacknowledged(false);
+    assert!(pair.b.qp.has_pending_transmit());
+    assert_eq!(emit(&mut pair), Some((Opcode::AtomicResponse, false)));
+    assert_eq!(word(&pair.b.contents(target), 1), 11);
 }
