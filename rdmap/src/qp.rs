@@ -2890,7 +2890,19 @@ impl QueuePair {
             .read_staging
             .get_mut(usize::from(placement.cookie))
             .ok_or(RdmapError::LocalCatastrophic)?;
-        staged.atomic = opcode == Opcode::AtomicRequest;
+        // Every segment of a message carries the same opcode (RFC 5041 4.3: RsvdULP is the
+        // ULP's for the whole message; RFC 7306 8.2: the opcode must be valid): the first
+        // (MO 0; untagged segments come here in order) sets it, a later one that differs is
+        // an unexpected opcode rather than turning a Read Request into an Atomic one.
+        let atomic = opcode == Opcode::AtomicRequest;
+        if start == 0 {
+            staged.atomic = atomic;
+        } else if staged.atomic != atomic {
+            return Err(RdmapError::UnexpectedOpcode {
+                opcode: opcode as u8,
+            }
+            .into());
+        }
         staged.segment = request_segment;
         staged
             .bytes

@@ -765,3 +765,37 @@ fn an_atomic_waits_while_read_responses_before_it_are_unacknowledged() {
     assert_eq!(emit(&mut pair), Some((Opcode::AtomicResponse, false)));
     assert_eq!(word(&pair.b.contents(target), 1), 11);
 }
+
+/// A message on QN 1 whose segments disagree on the opcode (RFC 5041 4.3: RsvdULP is the
+/// message's): a Read Request's first segment, an Atomic Request's last, 52 octets in all, is
+/// an unexpected opcode, not an Atomic Request performed.
+#[test]
+fn a_qn1_message_whose_segments_change_opcode_is_refused() {
+    let (mut pair, target, _) = atomic_pair(Access::REMOTE_ATOMIC);
+    let request = AtomicRequest {
+        op: AtomicOp::fetch_add(1),
+        request_id: 1,
+        stag: target.raw(),
+        to: BASE + 8,
+    };
+    let mut body = [0u8; ATOMIC_REQUEST_LEN];
+    request.emit(&mut body);
+    let segment = |opcode: u8, mo: u32, last: bool, payload: &[u8]| {
+        let mut s = vec![if last { 0x41 } else { 0x01 }, 0x40 | opcode];
+        s.extend_from_slice(&[0; 4]);
+        s.extend_from_slice(&1u32.to_be_bytes());
+        s.extend_from_slice(&1u32.to_be_bytes());
+        s.extend_from_slice(&mo.to_be_bytes());
+        s.extend_from_slice(payload);
+        s
+    };
+    let first = segment(0x1, 0, false, &body[..28]);
+    assert!(pair.b.qp.on_ulpdu(&first, &pair.b.mem).is_ok());
+    let last = segment(0xA, 28, true, &body[28..]);
+    let refused = pair.b.qp.on_ulpdu(&last, &pair.b.mem);
+    assert!(
+        matches!(refused, Err(RdmapError::UnexpectedOpcode { opcode: 0xA })),
+        "{refused:?}"
+    );
+    assert_eq!(word(&pair.b.contents(target), 1), 10, "nothing performed");
+}
