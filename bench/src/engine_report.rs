@@ -109,6 +109,8 @@ pub struct EngineReport {
     pub frames_dropped_by_kernel: u64,
     /// Packets received over several UMEM frames (multi-buffer AF_XDP at jumbo MTUs).
     pub multi_frame_rx: u64,
+    /// Multi-frame packets dropped on receive (too many frames, or cut short).
+    pub multi_frame_rx_dropped: u64,
     /// Packets sent over several UMEM frames.
     pub multi_frame_tx: u64,
     /// The error that stopped the engine thread, if any.
@@ -167,6 +169,7 @@ impl EngineReport {
             handoff_drops: c.driver.handoff_drops,
             frames_dropped_by_kernel: c.driver.rx_kernel_drops,
             multi_frame_rx: c.driver.rx_multi_frame,
+            multi_frame_rx_dropped: c.driver.rx_multi_frame_dropped,
             multi_frame_tx: c.driver.tx_multi_frame,
             error: c.error.clone(),
         }
@@ -223,10 +226,10 @@ impl EngineReport {
             self.handoff_drops,
             if self.zero_copy { "zero-copy" } else { "copy mode" },
             self.xdp_mode.as_deref().unwrap_or("unknown"),
-            if self.multi_frame_rx + self.multi_frame_tx > 0 {
+            if self.multi_frame_rx + self.multi_frame_tx + self.multi_frame_rx_dropped > 0 {
                 format!(
-                    ", multi-frame packets rx {} tx {}",
-                    self.multi_frame_rx, self.multi_frame_tx
+                    ", multi-frame packets rx {} tx {} (dropped on receive {})",
+                    self.multi_frame_rx, self.multi_frame_tx, self.multi_frame_rx_dropped
                 )
             } else {
                 String::new()

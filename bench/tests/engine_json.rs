@@ -114,6 +114,7 @@ fn xdp_json_reports_engine_counters() {
             "handoff_drops",
             "frames_dropped_by_kernel",
             "multi_frame_rx",
+            "multi_frame_rx_dropped",
             "multi_frame_tx",
         ] {
             counter(side, name);

@@ -86,6 +86,10 @@ fn jumbo_frames_engine_to_engine_and_to_the_socket_transport() {
                 line.contains("multi-frame packets rx "),
                 "{what}: the {side}'s engine carried no multi-frame packet: {line}"
             );
+            assert!(
+                line.contains("(dropped on receive 0)"),
+                "{what}: the {side}'s engine dropped multi-frame packets: {line}"
+            );
         }
         let err = String::from_utf8_lossy(&c.stderr);
         println!(

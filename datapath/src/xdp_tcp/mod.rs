@@ -489,10 +489,16 @@ pub struct XdpTcpStats {
     /// reached an RX ring (`XDP_STATISTICS` `rx_dropped` + `rx_ring_full`: the ring or the fill
     /// ring had no room, i.e. the driver's thread fell behind by a whole RX frame pool).
     pub rx_kernel_drops: u64,
-    /// Packets received over several UMEM frames (multi-buffer AF_XDP, jumbo MTUs), joined.
+    /// Packets received over several UMEM frames (multi-buffer AF_XDP, jumbo MTUs), joined
+    /// (summed over this driver's sockets).
     pub rx_multi_frame: u64,
-    /// Of those, the ones whose checksum TCP checked from the sum the join computed as it
-    /// copied them (`xsk::PayloadDigest`, `TcpApp::payload_digested`): read once.
+    /// Multi-frame packets the sockets dropped: more than `xsk::MAX_FRAMES_PER_PACKET`
+    /// frames, or cut short (`XskStats::rx_multi_frame_dropped`).
+    pub rx_multi_frame_dropped: u64,
+    /// Multi-frame packets whose checksum TCP checked from the sum the join computed as it
+    /// copied them (`xsk::PayloadDigest`, `TcpApp::payload_digested`): read once. Counted by
+    /// the shard that processed the packet, which may not be the one whose socket received
+    /// it (a hand-off): only the sum over shards compares with `rx_multi_frame`.
     pub rx_multi_frame_digested: u64,
     /// Packets sent over several UMEM frames.
     pub tx_multi_frame: u64,
@@ -526,6 +532,7 @@ impl XdpTcpStats {
         self.icmp_rejected += o.icmp_rejected;
         self.rx_kernel_drops += o.rx_kernel_drops;
         self.rx_multi_frame += o.rx_multi_frame;
+        self.rx_multi_frame_dropped += o.rx_multi_frame_dropped;
         self.rx_multi_frame_digested += o.rx_multi_frame_digested;
         self.tx_multi_frame += o.tx_multi_frame;
         // Destructured whole: a counter added to the table is summed or fails to compile.
@@ -1551,6 +1558,7 @@ impl XdpTcp {
         for k in self.socks.iter().map(|x| x.stats()) {
             s.rx_kernel_drops += k.rx_dropped + k.rx_ring_full;
             s.rx_multi_frame += k.rx_multi_frame;
+            s.rx_multi_frame_dropped += k.rx_multi_frame_dropped;
             s.tx_multi_frame += k.tx_multi_frame;
         }
         s

@@ -59,7 +59,9 @@ pub struct XskConfig {
     pub hugepages: bool,
     /// Frames per `sendto` kick (the kernel's copy-mode TX sends at most 32 per call).
     pub kick_batch: u32,
-    /// Largest batch handed out by `recv_batch` / taken by one completion sweep.
+    /// Largest batch handed out by `recv_batch` / taken by one completion sweep (with
+    /// `multi_buffer`, a receive batch may hold up to `MAX_FRAMES_PER_PACKET - 1` frames more:
+    /// the rest of a packet the limit cut).
     pub max_batch: u32,
     /// Bind attempts while the queue is busy (EBUSY).
     pub bind_attempts: u32,
@@ -337,9 +339,11 @@ pub struct XskSocket {
     umem: Umem,
     /// Free TX frames (capacity = all TX frames, so pushing never allocates).
     free_tx: Vec<FrameDesc>,
-    /// Scratch for descriptors taken from the RX ring (length = max_batch).
+    /// Scratch for descriptors taken from the RX ring (length = max_batch, plus
+    /// `MAX_FRAMES_PER_PACKET - 1` for the rest of a cut multi-frame packet).
     rx_descs: Vec<FrameDesc>,
-    /// Scratch for descriptors going to the TX ring (length = kick_batch).
+    /// Scratch for descriptors going to the TX ring (length = kick_batch x the frames a
+    /// packet may take).
     tx_descs: Vec<FrameDesc>,
     /// Scratch for descriptors taken from the completion ring (length = max_batch).
     comp_descs: Vec<FrameDesc>,
@@ -770,7 +774,8 @@ impl XskSocket {
     }
 
     /// Takes up to `max` (at most `max_batch`) received frames from the RX ring, without
-    /// waiting. The returned batch lends read-only views of the frames; dropping it returns them
+    /// waiting; with multi-buffer up to `MAX_FRAMES_PER_PACKET - 1` more, to finish a packet
+    /// the limit cut. The returned batch lends read-only views of the frames; dropping it returns them
     /// to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
     /// it (zero-copy drivers need that to go on receiving).
     pub fn recv_batch(&mut self, max: usize) -> RxBatch<'_> {
