@@ -320,6 +320,60 @@ enum RxPacket {
     },
 }
 
+/// One packet of a multi-buffer receive batch, as its frames' `XDP_PKT_CONTD` flags delimit
+/// it ([`split_packets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PacketSpan {
+    /// In one frame: its index in the batch.
+    Frame(usize),
+    /// Over the frames `first..end` of the batch (2 to [`MAX_FRAMES_PER_PACKET`]).
+    Frames(usize, usize),
+    /// Over more frames than [`MAX_FRAMES_PER_PACKET`]: dropped.
+    TooLong,
+    /// Its last frame is not in the batch (the chain ran past the room for it): dropped, and
+    /// the rest of it skipped at the start of the next batch.
+    Cut,
+}
+
+/// Splits a receive batch of `n` frames into packets by whether each frame says more of its
+/// packet follow (`contd(i)`, the descriptor's `XDP_PKT_CONTD`), calling `packet` for each in
+/// order. With `discarding` the batch starts inside a packet dropped before (cut at the end of
+/// the last batch): its frames up to and including the one that ends it are skipped. Returns
+/// whether the next batch starts inside a dropped packet (this one ended in a [`PacketSpan::Cut`]
+/// one, or is wholly the rest of one still going on).
+fn split_packets(
+    n: usize,
+    mut discarding: bool,
+    contd: impl Fn(usize) -> bool,
+    mut packet: impl FnMut(PacketSpan),
+) -> bool {
+    let mut i = 0;
+    while discarding && i < n {
+        discarding = contd(i);
+        i += 1;
+    }
+    if discarding {
+        return true;
+    }
+    while i < n {
+        let first = i;
+        while i < n && contd(i) {
+            i += 1;
+        }
+        if i == n {
+            packet(PacketSpan::Cut);
+            return true;
+        }
+        i += 1;
+        packet(match i - first {
+            1 => PacketSpan::Frame(first),
+            frames if frames > MAX_FRAMES_PER_PACKET => PacketSpan::TooLong,
+            _ => PacketSpan::Frames(first, i),
+        });
+    }
+    false
+}
+
 /// Octets of a frame's headers prefetched: of each received frame as its batch is taken
 /// ([`RxBatch::prefetch`] asks for the rest). The Ethernet, IPv4, TCP (with options) and
 /// MPA/DDP/RDMAP headers of an engine segment lie in the first 128.
@@ -863,66 +917,63 @@ impl XskSocket {
     /// Multi-buffer: when a packet of the `n` descriptors spans several frames, lists the
     /// batch's packets (`rx_packets`) and joins each multi-frame one into `rx_joined`. A packet
     /// of more than [`MAX_FRAMES_PER_PACKET`] frames, or one whose last frame is missing, is
-    /// dropped (its frames go back to the fill ring with the batch).
+    /// dropped (its frames go back to the fill ring with the batch; [`split_packets`]).
     fn index_packets(&mut self, n: usize) {
-        // The rest of a packet dropped in the last batch: never a packet of its own.
-        let mut skip = 0;
-        while self.rx_discarding && skip < n {
-            if self.rx_descs[skip].options() & XDP_PKT_CONTD == 0 {
-                self.rx_discarding = false;
-            }
-            skip += 1;
-        }
-        let descs = &self.rx_descs[skip..n];
-        if skip == 0 && descs.iter().all(|d| d.options() & XDP_PKT_CONTD == 0) {
+        let contd = |d: &FrameDesc| d.options() & XDP_PKT_CONTD != 0;
+        if !self.rx_discarding && !self.rx_descs[..n].iter().any(contd) {
             return;
         }
-        self.rx_packets.clear();
-        self.rx_joined_len = 0;
-        let mut i = skip;
-        while i < n {
-            let first = i;
-            while i < n && self.rx_descs[i].options() & XDP_PKT_CONTD != 0 {
-                i += 1;
-            }
-            if i == n {
-                // Its last frame did not come with it (more frames than the batch had room
-                // for): drop it, and its frames still on the ring with the next batch.
-                self.stats.rx_multi_frame_dropped += 1;
-                self.rx_discarding = true;
-                break;
-            }
-            i += 1;
-            let frames = i - first;
-            if frames == 1 {
-                self.rx_packets.push(RxPacket::Frame(first));
-                continue;
-            }
-            if frames > MAX_FRAMES_PER_PACKET {
-                self.stats.rx_multi_frame_dropped += 1;
-                continue;
-            }
-            let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
-            for (slot, desc) in frames.iter_mut().zip(&self.rx_descs[first..i]) {
-                // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
-                // this UMEM that nobody writes until it returns to the fill ring.
-                *slot = unsafe { self.umem.data(desc) }.contents();
-            }
-            let frames = &frames[..i - first];
-            let len: usize = frames.iter().map(|f| f.len()).sum();
-            let at = self.rx_joined_len;
-            // Room for every packet of a batch at its largest (reserved at open); a batch
-            // holds at most `max_batch` packets.
-            let Some(dst) = self.rx_joined.get_mut(at..at + len) else {
-                self.stats.rx_multi_frame_dropped += 1;
-                continue;
-            };
-            let digest = join::join(frames, dst);
-            self.rx_joined_len += len;
-            self.stats.rx_multi_frame += 1;
-            self.stats.rx_multi_frame_digested += u64::from(digest.is_some());
-            self.rx_packets.push(RxPacket::Joined { at, len, digest });
-        }
+        let XskSocket {
+            rx_descs,
+            rx_packets,
+            rx_joined,
+            rx_joined_len,
+            rx_discarding,
+            umem,
+            stats,
+            ..
+        } = self;
+        rx_packets.clear();
+        *rx_joined_len = 0;
+        let descs = &rx_descs[..n];
+        *rx_discarding = split_packets(
+            n,
+            *rx_discarding,
+            |i| contd(&descs[i]),
+            |span| {
+                let (first, end) = match span {
+                    PacketSpan::Frame(i) => {
+                        rx_packets.push(RxPacket::Frame(i));
+                        return;
+                    }
+                    PacketSpan::TooLong | PacketSpan::Cut => {
+                        stats.rx_multi_frame_dropped += 1;
+                        return;
+                    }
+                    PacketSpan::Frames(first, end) => (first, end),
+                };
+                let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
+                for (slot, desc) in frames.iter_mut().zip(&descs[first..end]) {
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
+                    // this UMEM that nobody writes until it returns to the fill ring.
+                    *slot = unsafe { umem.data(desc) }.contents();
+                }
+                let frames = &frames[..end - first];
+                let len: usize = frames.iter().map(|f| f.len()).sum();
+                let at = *rx_joined_len;
+                // Room for every packet of a batch at its largest (reserved at open); a batch
+                // holds at most `max_batch` packets.
+                let Some(dst) = rx_joined.get_mut(at..at + len) else {
+                    stats.rx_multi_frame_dropped += 1;
+                    return;
+                };
+                let digest = join::join(frames, dst);
+                *rx_joined_len += len;
+                stats.rx_multi_frame += 1;
+                stats.rx_multi_frame_digested += u64::from(digest.is_some());
+                rx_packets.push(RxPacket::Joined { at, len, digest });
+            },
+        );
         self.rx_indexed = true;
     }
 
@@ -1415,6 +1466,59 @@ mod tests {
     #[test]
     fn socket_is_send() {
         assert_send::<XskSocket>();
+    }
+
+    /// `split_packets` over frames flagged `c` (more follow) or `l` (last of its packet):
+    /// the packets it reports and whether the next batch starts inside a dropped one.
+    fn split(flags: &str, discarding: bool) -> (Vec<PacketSpan>, bool) {
+        let contd: Vec<bool> = flags.chars().map(|f| f == 'c').collect();
+        let mut packets = Vec::new();
+        let next = split_packets(contd.len(), discarding, |i| contd[i], |p| packets.push(p));
+        (packets, next)
+    }
+
+    #[test]
+    fn split_packets_by_their_continuation_flags() {
+        use PacketSpan::*;
+        assert_eq!(split("", false), (vec![], false));
+        assert_eq!(
+            split("lll", false),
+            (vec![Frame(0), Frame(1), Frame(2)], false)
+        );
+        assert_eq!(split("cl", false), (vec![Frames(0, 2)], false));
+        assert_eq!(
+            split("lcccll", false),
+            (vec![Frame(0), Frames(1, 5), Frame(5)], false),
+            "four frames: the most a packet may take"
+        );
+        assert_eq!(
+            split("ccccllcl", false),
+            (vec![TooLong, Frame(5), Frames(6, 8)], false),
+            "five frames: dropped, the packets after it kept"
+        );
+        assert_eq!(
+            split("lclcc", false),
+            (vec![Frame(0), Frames(1, 3), Cut], true),
+            "the batch ends inside a packet"
+        );
+        assert_eq!(split("c", false), (vec![Cut], true));
+    }
+
+    #[test]
+    fn split_packets_skips_the_rest_of_a_cut_packet() {
+        use PacketSpan::*;
+        assert_eq!(
+            split("clcl", true),
+            (vec![Frames(2, 4)], false),
+            "the cut packet's last two frames skipped"
+        );
+        assert_eq!(split("ll", true), (vec![Frame(1)], false), "its last frame");
+        assert_eq!(
+            split("ccc", true),
+            (vec![], true),
+            "all of it, and more to come"
+        );
+        assert_eq!(split("", true), (vec![], true));
     }
 
     #[test]
