@@ -38,7 +38,9 @@
 //
 // Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), frames of a VLAN (a tag with a VLAN
 // ID) or with stacked tags, other IPv4 fragments, other protocols and other ICMP,
-// malformed or truncated headers.
+// malformed or truncated Ethernet or IPv4 headers, TCP segments shorter than the
+// fixed TCP header. A steered segment's TCP data offset and options are not checked
+// here: the engine checks them (and drops a malformed segment, as the kernel would).
 //
 // Counters (`counters`, PERCPU_ARRAY, one u64 per CPU per slot; every packet is
 // counted in exactly one slot):
@@ -50,8 +52,10 @@
 //
 // Two entry points share the code: `steer` (SEC "xdp") and `steer_frags`
 // (SEC "xdp.frags", multi-buffer aware, needed for native XDP on veth when the
-// peer MTU is above 3506). Headers are only read from the first buffer, which
-// always holds them.
+// peer MTU is above 3506). Headers are only read from the first buffer: the Ethernet
+// and IPv4 headers and the TCP header's fixed 20 octets must lie in it (on veth,
+// mlx5 and ice the first buffer holds every header); TCP options may not (see
+// `steer_packet`).
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -286,7 +290,7 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	struct vlan_tag *tag;
 	struct iphdr *ip;
 	struct tcphdr *tcp;
-	__u32 ihl_len, doff_len;
+	__u32 ihl_len;
 	__be16 proto;
 	int tagged = 0;
 
@@ -319,12 +323,11 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 	if (ip->protocol == IPPROTO_ICMP)
 		return steer_icmp(ctx, ip, (void *)ip + ihl_len, data_end, tagged);
 	tcp = (void *)ip + ihl_len;
+	// The fixed TCP header only: the steering needs its ports. Its options (data offset)
+	// are the engine's to check, and may run into a second buffer of a multi-buffer
+	// packet on a NIC whose first buffer is short; a segment of a steered flow passed to
+	// the kernel would draw its RST.
 	if ((void *)(tcp + 1) > data_end)
-		goto pass;
-	doff_len = (__u32)tcp->doff * 4; // 0..60
-	if (doff_len < sizeof(*tcp))
-		goto pass;
-	if ((void *)tcp + doff_len > data_end)
 		goto pass;
 
 	if (!steered(ip->saddr, ip->daddr, tcp->source, tcp->dest))

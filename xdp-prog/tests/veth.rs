@@ -781,6 +781,42 @@ fn h_a_priority_tagged_segment_reaches_the_ring_untagged() {
     }
 }
 
+/// (i) The steering reads a segment's fixed TCP header only: a SYN to a steered port whose
+/// data offset says 60 octets of header, more than the frame holds (as options running into
+/// a second buffer would on a NIC whose first buffer is short), is redirected for the engine
+/// to check, not passed to the kernel (which would answer a segment of an engine flow with
+/// a RST); a segment shorter than the fixed header still goes to the kernel. Both variants.
+#[test]
+fn i_a_steered_segment_goes_to_the_ring_whatever_its_data_offset() {
+    let _bed = bed_or_skip!();
+    const LISTEN: u16 = 17041;
+    // Ethernet (14) + IPv4 (20): the TCP header's data offset is its 13th octet.
+    const DOFF: usize = 14 + 20 + 12;
+    for frags in [false, true] {
+        in_ns(NS_A, || {
+            let mut prog = steer_flow_and_listener(frags, 40040, 17040, LISTEN);
+            let _xsks = bind_all_queues(&mut prog);
+            let mut long = syn_frame(None, 40041, LISTEN);
+            long[DOFF] = 0xF0 | (long[DOFF] & 0x0F);
+            let mut short = syn_frame(None, 40042, LISTEN);
+            short.truncate(DOFF);
+            let before = prog.counters().expect("counters");
+            in_ns(NS_B, || send_raw_frame(DEV_B, &long));
+            thread::sleep(Duration::from_millis(100));
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: data offset 60 in a 20-octet header: {d:?}");
+            assert_eq!(d.redirected, 1, "{d:?}");
+            let before = prog.counters().expect("counters");
+            in_ns(NS_B, || send_raw_frame(DEV_B, &short));
+            thread::sleep(Duration::from_millis(100));
+            let d = prog.counters().expect("counters").since(&before);
+            println!("frags {frags}: 12 octets of TCP header: {d:?}");
+            assert_eq!(d.redirected, 0, "{d:?}");
+            assert!(d.passed >= 1, "{d:?}");
+        });
+    }
+}
+
 /// (d) Detaching (dropping the program) leaves both veth ends exactly as they were: same
 /// `ip -d link show` (no xdp) and same offload features (native XDP on veth changes GRO on
 /// its end and GSO on the peer while attached).
