@@ -151,6 +151,31 @@ fn socket_transport_disconnect_closes_the_connection() {
     assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
 }
 
+/// `abort` after a graceful close has ended (`rdma_disconnect`, then `ibv_modify_qp` to ERR
+/// and a marker posted, as a drain does): the queue pair moves to Error and the marker
+/// completes flushed, where it was refused before (the state stayed Closing).
+#[test]
+fn socket_transport_abort_after_a_graceful_close_gives_the_drain() {
+    let (client, ours, theirs) = socket_pair();
+    ours.disconnect();
+    assert!(ours.status().finished);
+    assert_eq!(peer_error(&theirs), Some(QpError::PeerClosed));
+    ours.abort();
+    assert_eq!(ours.status().state, QpState::Error);
+    assert_eq!(ours.status().error, None, "the application ended it");
+    ours.post_recv(RecvWr {
+        wr_id: 99,
+        sg_list: SgeList::new(),
+    })
+    .expect("the drain's marker");
+    let wc = client.cq.try_next().expect("the marker's completion").wc;
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.status),
+        (99, WcOpcode::Recv, WcStatus::WrFlushError)
+    );
+    assert!(client.cq.try_next().is_none(), "an extra completion");
+}
+
 /// `start_disconnect` (`rdma_disconnect`, which returns before the end): the same graceful
 /// close, its end reported by the disconnect event; a Send posted right behind it is flushed
 /// (or refused); a second start, and a `disconnect` after the end, do nothing.

@@ -394,6 +394,18 @@ impl Shared {
         }
     }
 
+    /// [`QueuePair::abort`] (`ibv_modify_qp` to Error) of a queue pair the transport has
+    /// finished with already (a graceful close, or the peer's, that ended first): the state
+    /// becomes Error, so that later posts complete flushed (a drain) rather than being refused.
+    fn enter_error_if_finished(&self) {
+        let mut st = self.lock();
+        if st.finished {
+            st.state = QpState::Error;
+            self.refusing_posts
+                .store(refuses_posts_in(QpState::Error), Ordering::Release);
+        }
+    }
+
     /// The transport has finished with the connection: the status is final, and posts never
     /// reach it again (refused, or flushed by the handle in Error)
     /// (see [`Shared::stop_posts`], which the transport calls first to flush what is queued).
@@ -1043,7 +1055,8 @@ impl QueuePair {
     /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a
     /// transport thread, as below, it returns before: wait for `finished`). The abort
     /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
-    /// queue pair that has finished already it does nothing.
+    /// queue pair that has finished already (closed gracefully, say) it only moves the state
+    /// to Error, as verbs' does from any state, so that the drain works there too.
     ///
     /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
     /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
@@ -1054,6 +1067,7 @@ impl QueuePair {
         if self.on_own_thread() {
             self.path.shared.request_abort(true);
             let _ = self.path.waker.wake();
+            self.path.shared.enter_error_if_finished();
             return;
         }
         if !self.reset_within(ABORT_WAIT, true) {
@@ -1064,6 +1078,7 @@ impl QueuePair {
             return;
         }
         self.join_thread();
+        self.path.shared.enter_error_if_finished();
     }
 }
 
