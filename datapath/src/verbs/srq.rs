@@ -28,6 +28,9 @@ struct SrqInner {
     /// A receive was taken since the last post: the level may have fallen below a limit while
     /// none was armed (an arming then fires at once).
     taken_since_post: AtomicBool,
+    /// A low-watermark event not yet taken ([`SharedReceiveQueue::wait_limit_event`]): at
+    /// most one, so that an application that only takes them from an asynchronous event
+    /// channel (`notify_limit`) and re-arms forever does not pile them up here.
     events_tx: Sender<()>,
     events_rx: Receiver<()>,
     /// Called with each low-watermark event too (an asynchronous event channel's).
@@ -67,7 +70,7 @@ impl SharedReceiveQueue {
             ));
         }
         let (tx, rx) = crossbeam_channel::bounded(max_wr);
-        let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        let (events_tx, events_rx) = crossbeam_channel::bounded(1);
         Ok(Self {
             inner: Arc::new(SrqInner {
                 pd: pd.clone(),
@@ -180,7 +183,8 @@ impl SharedReceiveQueue {
         self.inner.limit.load(Ordering::SeqCst)
     }
 
-    /// Takes a low-watermark event if one is queued.
+    /// Takes a low-watermark event if one is queued (events not taken do not add up: at most
+    /// one waits).
     pub fn try_limit_event(&self) -> bool {
         self.inner.events_rx.try_recv().is_ok()
     }
@@ -237,7 +241,8 @@ impl SrqInner {
         fence(Ordering::SeqCst);
         let limit = self.limit.load(Ordering::SeqCst);
         if limit > 0 && self.rx.len() < limit && self.limit.swap(0, Ordering::SeqCst) > 0 {
-            let _ = self.events_tx.send(());
+            // One pending is enough to tell a waiter; a full queue means one is there.
+            let _ = self.events_tx.try_send(());
             // Once per arming: a lock here is off the path of every other take.
             if let Some(hook) = &*self.on_limit.lock().unwrap_or_else(|e| e.into_inner()) {
                 hook();
@@ -307,6 +312,33 @@ mod tests {
         assert!(
             srq.try_limit_event(),
             "the take below the limit fired nothing"
+        );
+    }
+
+    /// Events nobody takes (an application that reads them from an asynchronous event channel
+    /// and re-arms) do not pile up: at most one waits.
+    #[test]
+    fn untaken_limit_events_do_not_add_up() {
+        let pd = ProtectionDomain::new();
+        let srq = SharedReceiveQueue::new(&pd, 8).expect("srq");
+        let mr = pd.register(4096, Access::LOCAL_WRITE).expect("region");
+        for id in 0..4 {
+            srq.post_recv(RecvWr {
+                wr_id: id,
+                sg_list: mr.sge(0, 4096).into(),
+            })
+            .expect("post");
+        }
+        let mut source = SrqSource(srq.inner.clone());
+        for _ in 0..3 {
+            srq.arm_limit(8).expect("arm");
+            assert!(source.take().is_some());
+            assert_eq!(srq.limit(), 0, "fired");
+        }
+        assert!(srq.try_limit_event());
+        assert!(
+            !srq.try_limit_event(),
+            "the events of three armings added up"
         );
     }
 }
