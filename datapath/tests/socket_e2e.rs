@@ -1166,3 +1166,35 @@ fn an_idle_connections_thread_sleeps() {
     assert_eq!(wc.wc.status, WcStatus::Success);
     drop((c, s));
 }
+
+/// A responder that takes the TCP connection and the MPA Request and never replies: the
+/// initiator gives up at the startup's own deadline (`MpaConfig::timeout`, RFC 5044 7.1.2
+/// rule 10) when it comes before the connection's (`setup_timeout`), as the engine does.
+#[test]
+fn an_initiator_gives_up_at_the_mpa_startup_deadline() {
+    let silent = std::net::TcpListener::bind(any_port()).unwrap();
+    let addr = silent.local_addr().unwrap();
+    let p = ConnectParams {
+        mpa: datapath::MpaConfig {
+            timeout: Duration::from_millis(300),
+            ..datapath::MpaConfig::default()
+        },
+        setup_timeout: Duration::from_secs(20),
+        ..ConnectParams::default()
+    };
+    let client = Side::new();
+    let started = std::time::Instant::now();
+    let err = datapath::connect(addr, &client.pd, &client.cq, &p, &[])
+        .err()
+        .expect("nobody answers");
+    assert!(
+        matches!(err, DatapathError::Mpa(mpa::MpaError::StartupTimeout)),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited for the connection's deadline: {:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}

@@ -77,8 +77,18 @@ pub(crate) fn connect_start(
     stream.write_all(initiator.request())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = read_with_deadline(&mut stream, &mut buf, setup_deadline)
-            .map_err(|e| setup_error(e, "waiting for the MPA Reply"))?;
+        // The startup's own deadline (`MpaConfig::timeout`, RFC 5044 7.1.2 rule 10) when it
+        // comes before the connection's, as on the engine.
+        let deadline = initiator
+            .poll_timeout()
+            .map_or(setup_deadline, |d| d.min(setup_deadline));
+        let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
+            Ok(n) => n,
+            Err(e) => {
+                initiator.handle_timeout(Instant::now())?;
+                return Err(setup_error(e, "waiting for the MPA Reply"));
+            }
+        };
         let now = Instant::now();
         let (used, event) = match initiator.feed(&buf[..n], now) {
             Ok(progress) => progress,
