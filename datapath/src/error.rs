@@ -4,6 +4,7 @@
 
 use std::io;
 
+use mpa::wire::EnhancedParams;
 use rdmap::TerminateInfo;
 
 /// Errors of the I/O layer: connection setup, the transport, and local API misuse.
@@ -25,6 +26,10 @@ pub enum DatapathError {
     Rejected {
         /// Private data from the Reply.
         private_data: Vec<u8>,
+        /// The Reply's RFC 6581 block, when the Request was an enhanced one (MPA revision 2):
+        /// the responder's IRD and ORD (it may name the ORD it needs, RFC 6581 9.1) and its
+        /// RTR kinds, to retry with. `None` for a revision 1 Reply and for IFT.
+        peer_params: Option<EnhancedParams>,
     },
     /// A local argument was invalid.
     #[error("invalid argument: {0}")]
@@ -343,6 +348,7 @@ mod tests {
             (
                 DatapathError::Rejected {
                     private_data: Vec::new(),
+                    peer_params: None,
                 },
                 libc::ECONNREFUSED,
             ),
@@ -372,6 +378,7 @@ mod tests {
         let shown = |pd: &[u8]| {
             DatapathError::Rejected {
                 private_data: pd.to_vec(),
+                peer_params: None,
             }
             .to_string()
         };

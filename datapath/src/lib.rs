@@ -80,6 +80,7 @@ pub use error::{DatapathError, PostListError, QpError};
 pub use memory::{
     Deregistration, MemoryRegion, PinnedBuffer, Pinning, ProtectionDomain, RegionStorage,
 };
+pub use mpa::wire::EnhancedParams;
 pub use mpa::{MpaConfig, Negotiated};
 pub use rdmap::{
     Access, AtomicOp, InlineData, InlineSendWr, InlineTooLong, QpState, RdmapError, RecvWr, SendOp,

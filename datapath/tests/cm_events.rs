@@ -108,7 +108,13 @@ fn connect_accept_reject_and_disconnect_as_events() {
         CmEvent::Rejected {
             context: 8,
             private_data,
-        } => assert_eq!(private_data, b"not you"),
+            peer_params,
+        } => {
+            assert_eq!(private_data, b"not you");
+            // RFC 6581 9.1: the Reject's IRD and ORD (MPA revision 2 by default).
+            let block = peer_params.expect("the Reject's RFC 6581 block");
+            assert_eq!((block.ird, block.ord), (params().mpa.ird, params().mpa.ord));
+        }
         other => panic!("{other:?}"),
     }
 

@@ -1445,9 +1445,12 @@ fn reject_reports_private_data_and_closes() {
                 .as_ref()
                 .is_some_and(|t| t.state() != tcp_engine::State::Established)
     });
-    assert!(bed.a.events.contains(&ConnEvent::Rejected {
-        private_data: b"go away".to_vec()
-    }));
+    // RFC 6581 9.1: the Reject's IRD and ORD reach the Initiator's ULP as an accept's would.
+    assert!(bed.a.events.iter().any(|e| matches!(
+        e,
+        ConnEvent::Rejected { private_data, peer_params: Some(p) }
+            if private_data == b"go away" && (p.ird, p.ord) == (16, 16)
+    )));
     assert!(!bed.a.iw.is_established() && !bed.b.iw.is_established());
 }
 

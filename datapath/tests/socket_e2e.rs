@@ -367,8 +367,17 @@ fn reject_returns_the_private_data() {
             });
             s.expect("reject failed");
             match c {
-                Err(DatapathError::Rejected { private_data }) => {
-                    assert_eq!(private_data, pd, "rev {rev}")
+                Err(DatapathError::Rejected {
+                    private_data,
+                    peer_params,
+                }) => {
+                    assert_eq!(private_data, pd, "rev {rev}");
+                    // RFC 6581 9.1: a revision 2 Reject's IRD and ORD reach the application.
+                    assert_eq!(
+                        peer_params.map(|b| (b.ird, b.ord)),
+                        (rev == 2).then_some((p.mpa.ird, p.mpa.ord)),
+                        "rev {rev}"
+                    );
                 }
                 Err(e) => panic!("rev {rev}: expected Rejected, got {e:?}"),
                 Ok(_) => panic!("rev {rev}: connected although rejected"),

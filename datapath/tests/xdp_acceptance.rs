@@ -673,8 +673,13 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
         res
     });
     match res {
-        Err(DatapathError::Rejected { private_data }) => {
-            assert_eq!(private_data, why.as_bytes(), "reject private data")
+        Err(DatapathError::Rejected {
+            private_data,
+            peer_params,
+        }) => {
+            assert_eq!(private_data, why.as_bytes(), "reject private data");
+            // RFC 6581 9.1: a revision 2 Reject's IRD and ORD reach the application.
+            assert_eq!(peer_params.is_some(), rev == 2, "{peer_params:?}");
         }
         Err(e) => panic!("{} client: {e}, want a reject", client.name()),
         Ok(_) => panic!("{} client: connected, want a reject", client.name()),

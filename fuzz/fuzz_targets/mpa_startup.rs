@@ -107,9 +107,11 @@ fn frame(bytes: &[u8]) {
     let out = repr.to_vec().expect("a parsed frame re-emits");
     assert_eq!(out.len(), view.frame_len());
     assert_eq!(out[..16], bytes[..16], "Key changed");
+    // M, C, R and (from Rev 2 on) S; below Rev 2, S is one of the reserved bits.
+    let kept = if repr.rev >= 2 { 0xF0 } else { 0xE0 };
     assert_eq!(
         out[16],
-        bytes[16] & 0xF0,
+        bytes[16] & kept,
         "flags changed beyond the reserved bits"
     );
     assert_eq!(
@@ -150,9 +152,13 @@ fn check_initiator_decision(cfg: &MpaConfig, reply: &MpaFrameRepr, event: &Initi
     );
     match event {
         InitiatorEvent::NeedMore => panic!("decision expected"),
-        InitiatorEvent::Rejected { private_data } => {
+        InitiatorEvent::Rejected {
+            private_data,
+            peer_params,
+        } => {
             assert!(reply.reject);
             assert_eq!(private_data.as_slice(), reply.private_data);
+            assert_eq!(*peer_params, reply.enhanced);
         }
         InitiatorEvent::Accepted {
             negotiated: n,

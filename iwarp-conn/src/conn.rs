@@ -309,6 +309,8 @@ pub enum ConnEvent {
     Rejected {
         /// The Reply's private data.
         private_data: Vec<u8>,
+        /// The Reply's RFC 6581 block (IRD, ORD, RTR kinds), if it had one (RFC 6581 9.1).
+        peer_params: Option<mpa::wire::EnhancedParams>,
     },
     /// MPA startup failed (bad frame, timeout).
     StartupFailed(MpaError),
@@ -1867,8 +1869,17 @@ impl IwarpConn {
                                 .push_back(ConnEvent::Established { private_data });
                             n
                         }
-                        Ok((_, InitiatorEvent::Rejected { private_data })) => {
-                            self.events.push_back(ConnEvent::Rejected { private_data });
+                        Ok((
+                            _,
+                            InitiatorEvent::Rejected {
+                                private_data,
+                                peer_params,
+                            },
+                        )) => {
+                            self.events.push_back(ConnEvent::Rejected {
+                                private_data,
+                                peer_params,
+                            });
                             self.phase = Phase::Done;
                             self.rx_dead = true;
                             self.qp.on_transport_error(TerminateCause::ConnectionLost);

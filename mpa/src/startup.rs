@@ -332,6 +332,10 @@ pub enum InitiatorEvent {
     Rejected {
         /// The Responder's ULP private data (after any RFC 6581 block).
         private_data: Vec<u8>,
+        /// The Responder's RFC 6581 block, if its Reject carried one: its IRD and ORD (a
+        /// Responder may name the ORD it needs there) and RTR kinds, which the Initiator
+        /// passes to its ULP for a Reject as for an accept (RFC 6581 9.1).
+        peer_params: Option<EnhancedParams>,
     },
 }
 
@@ -492,7 +496,10 @@ impl Initiator {
         let private_data = reply.private_data.to_vec();
         if reply.reject {
             return Ok((
-                InitiatorEvent::Rejected { private_data },
+                InitiatorEvent::Rejected {
+                    private_data,
+                    peer_params: reply.enhanced,
+                },
                 InitiatorState::Rejected,
             ));
         }
@@ -832,9 +839,18 @@ impl Responder {
         let request = self.request()?;
         check_private_data_to_send(private_data, request.enhanced.is_some())?;
         let block = request.enhanced.map(|initiator| {
+            // RFC 6581 9.1: an Initiator's 0x3FFF ("do not negotiate") is answered with
+            // 0x3FFF in the other field, in a Reject as in an accepting Reply.
+            let no_value = |theirs: u16, ours: u16| {
+                if theirs == IRD_ORD_NO_NEGOTIATION {
+                    IRD_ORD_NO_NEGOTIATION
+                } else {
+                    ours
+                }
+            };
             let mut block = EnhancedParams {
-                ird: self.config.ird,
-                ord: self.config.ord,
+                ird: no_value(initiator.ord, self.config.ird),
+                ord: no_value(initiator.ird, self.config.ord),
                 peer_to_peer: initiator.peer_to_peer,
                 ..EnhancedParams::default()
             };

@@ -384,7 +384,8 @@ pub struct MpaFrameRepr<'a> {
 
 impl<'a> MpaFrameRepr<'a> {
     /// Parses a frame view. Checks the Key, PD_Length against the 512-octet limit, and that S=1
-    /// comes with Rev at least 2 and room for the 4-octet block. Rev itself is not judged here;
+    /// comes with room for the 4-octet block (with Rev at least 2: below, S is a reserved bit
+    /// and ignored). Rev itself is not judged here;
     /// that is the startup logic's business (RFC 5044 section 7.1.1 "Rev").
     pub fn parse<T: AsRef<[u8]> + ?Sized>(
         frame: &MpaFrame<&'a T>,
@@ -405,10 +406,9 @@ impl<'a> MpaFrameRepr<'a> {
             .ok_or(MpaError::InvalidFrame(
                 "private data shorter than PD_Length",
             ))?;
-        let (enhanced, private_data) = if frame.enhanced() {
-            if frame.rev() < 2 {
-                return Err(MpaError::InvalidFrame("S=1 requires Rev 2 or higher"));
-            }
+        // Below Rev 2 the S bit is one of RFC 5044's Res bits, "not checked on reception"
+        // (7.1.1; RFC 6581 6 counts on that for backward compatibility): no block.
+        let (enhanced, private_data) = if frame.enhanced() && frame.rev() >= 2 {
             match all_private_data.split_first_chunk::<ENHANCED_PARAMS_LEN>() {
                 Some((block, rest)) => (Some(EnhancedParams::from_bytes(*block)), rest),
                 None => {
@@ -645,6 +645,16 @@ mod tests {
         assert_eq!(MpaFrameRepr::parse_bytes(&bytes).unwrap(), with_crc);
     }
 
+    /// Below Rev 2 the S bit is a reserved bit (RFC 5044 7.1.1: "not checked on reception"):
+    /// a Rev 1 Request with it set parses with no block, its private data whole.
+    #[test]
+    fn rev1_ignores_the_s_bit() {
+        let bytes = hex("4d504120494420526571204672616d65 50 01 0002 6869");
+        let repr = MpaFrameRepr::parse_bytes(&bytes).unwrap();
+        assert_eq!((repr.rev, repr.crc, repr.enhanced), (1, true, None));
+        assert_eq!(repr.private_data, b"hi");
+    }
+
     #[test]
     fn siw_request_parses() {
         // Linux siw as Initiator: S=1, Rev 2, IRD=ORD=1, C=0, M=0.
@@ -715,11 +725,6 @@ mod tests {
             MpaFrameRepr::parse_bytes(&too_long),
             Err(MpaError::PrivateDataTooLong { len: 513, max: 512 })
         );
-        let s_with_rev1 = hex("4d504120494420526571204672616d65 10 01 0004 0001 0001");
-        assert!(matches!(
-            MpaFrameRepr::parse_bytes(&s_with_rev1),
-            Err(MpaError::InvalidFrame(_))
-        ));
         let s_without_block = hex("4d504120494420526571204672616d65 10 02 0002 0001");
         assert!(matches!(
             MpaFrameRepr::parse_bytes(&s_without_block),

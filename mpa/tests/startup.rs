@@ -215,13 +215,44 @@ fn reject_path_carries_private_data() {
     assert_eq!(
         event,
         InitiatorEvent::Rejected {
-            private_data: b"no room".to_vec()
+            private_data: b"no room".to_vec(),
+            peer_params: Some(EnhancedParams {
+                ird: 16,
+                ord: 16,
+                ..EnhancedParams::default()
+            }),
         }
     );
     assert_eq!(initiator.feed(b"x", now), Err(MpaError::Rejected));
     assert_eq!(MpaError::Rejected.code(), 1);
     assert_eq!(responder.accept(&[]), Err(MpaError::Rejected));
     assert_eq!(initiator.poll_timeout(), None);
+}
+
+/// RFC 6581 9.1: a Reject is a reply too: an Initiator's 0x3FFF ("do not negotiate") is
+/// answered with 0x3FFF in the other field, and the block reaches the Initiator's ULP.
+#[test]
+fn a_reject_answers_0x3fff_and_passes_its_block_up() {
+    let now = Instant::now();
+    let config = MpaConfig {
+        ird: 2,
+        ord: IRD_ORD_NO_NEGOTIATION,
+        ..MpaConfig::default()
+    };
+    let mut initiator = Initiator::new(config, &[], now).unwrap();
+    let responder_config = MpaConfig {
+        ird: 3,
+        ord: 5,
+        ..MpaConfig::default()
+    };
+    let (mut responder, _) = responder_with(responder_config, initiator.request(), now);
+    let reply = responder.reject(b"later").unwrap();
+    let block = MpaFrameRepr::parse_bytes(&reply).unwrap().enhanced.unwrap();
+    assert_eq!((block.ird, block.ord), (IRD_ORD_NO_NEGOTIATION, 5));
+    match initiator.feed(&reply, now).unwrap().1 {
+        InitiatorEvent::Rejected { peer_params, .. } => assert_eq!(peer_params, Some(block)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -829,13 +860,14 @@ fn octets_after_the_frames_are_left_for_the_fpdu_decoder() {
 #[test]
 fn malformed_enhanced_request_is_error_4() {
     let now = Instant::now();
-    // S=1 with Rev 1.
-    let bad = hex("4d504120494420526571204672616d65 10 01 0004 0001 0001");
+    // S=1 with Rev 1: a reserved bit there, not checked on reception (RFC 5044 7.1.1): a
+    // Rev 1 Request whose 4 octets are private data.
+    let rev1 = hex("4d504120494420526571204672616d65 10 01 0004 0001 0001");
     let mut responder = Responder::new(MpaConfig::default(), now).unwrap();
-    assert!(matches!(
-        responder.feed(&bad, now),
-        Err(MpaError::InvalidFrame(_))
-    ));
+    let (_, info) = responder.feed(&rev1, now).expect("a Rev 1 Request");
+    let info = info.expect("complete");
+    assert_eq!((info.rev, info.enhanced), (1, None));
+    assert_eq!(info.private_data, [0, 1, 0, 1]);
     // S=1 with PD_Length 2.
     let bad = hex("4d504120494420526571204672616d65 10 02 0002 0001");
     let mut responder = Responder::new(MpaConfig::default(), now).unwrap();

@@ -104,10 +104,16 @@ pub(crate) fn connect_start(
         };
         match event {
             InitiatorEvent::NeedMore => continue,
-            InitiatorEvent::Rejected { private_data } => {
+            InitiatorEvent::Rejected {
+                private_data,
+                peer_params,
+            } => {
                 tracing::info!(peer = %addr, "MPA Request rejected by the peer");
                 let _ = stream.shutdown(Shutdown::Both);
-                return Err(DatapathError::Rejected { private_data });
+                return Err(DatapathError::Rejected {
+                    private_data,
+                    peer_params,
+                });
             }
             InitiatorEvent::Accepted {
                 negotiated,

@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use mpa::wire::EnhancedParams;
+
 use crate::verbs::cm::{BacklogPlace, ConnectRequest, Connection, ListenRecord, Listener};
 use crate::verbs::event_queue::{EventQueue, WeakEventQueue};
 use crate::verbs::qp::{disconnect_together, QueuePair};
@@ -74,6 +76,9 @@ pub enum CmEvent {
         context: u64,
         /// Private data of the rejecting Reply.
         private_data: Vec<u8>,
+        /// The rejecting Reply's RFC 6581 block (the responder's IRD, ORD and RTR kinds),
+        /// if it carried one ([`DatapathError::Rejected`]).
+        peer_params: Option<EnhancedParams>,
     },
     /// A connection attempt failed (`RDMA_CM_EVENT_UNREACHABLE`, `_CONNECT_ERROR`).
     ConnectError {
@@ -436,9 +441,13 @@ pub(crate) fn push_outcome(
             }
             return;
         }
-        Err(DatapathError::Rejected { private_data }) => CmEvent::Rejected {
+        Err(DatapathError::Rejected {
+            private_data,
+            peer_params,
+        }) => CmEvent::Rejected {
             context,
             private_data,
+            peer_params,
         },
         Err(error) => CmEvent::ConnectError { context, error },
     });

@@ -628,10 +628,16 @@ impl TcpApp for App<'_> {
                         slot.conn.close();
                     }
                 }
-                ConnEvent::Rejected { private_data } => {
+                ConnEvent::Rejected {
+                    private_data,
+                    peer_params,
+                } => {
                     peer_line!(info, peer = %slot.peer, "MPA Request rejected by the peer");
                     slot.closing = true;
-                    slot.fail_waiter(DatapathError::Rejected { private_data });
+                    slot.fail_waiter(DatapathError::Rejected {
+                        private_data,
+                        peer_params,
+                    });
                 }
                 ConnEvent::StartupFailed(e) => {
                     peer_line!(warn, peer = %slot.peer, error = %e, "MPA startup failed");
