@@ -1,8 +1,9 @@
 //! A receive the queue pair refuses when it takes it (its element names no region the queue
-//! pair may write) completes in its place in the receive queue: after the receives posted
-//! before it, before those posted after it, as verbs completes a receive queue in order; the
-//! receives around it take the peer's Sends. The socket transport on loopback; the AF_XDP
-//! engine on the veth bed (root, `SKIPPED` without, a failure under `CI=true`).
+//! pair may write) completes in its place in the receive queue, after the receives posted
+//! before it, and then fails the queue pair, as a verbs device fails one whose next receive
+//! is bad: the receive after it completes flushed (no Send meant for the bad one lands in
+//! it), and the peer gets our Terminate. The socket transport on loopback; the AF_XDP engine
+//! on the veth bed (root, `SKIPPED` without, a failure under `CI=true`).
 
 mod common;
 
@@ -11,8 +12,8 @@ use std::sync::mpsc::Sender;
 
 use common::{bed, collect, send_wr, Side, WAIT};
 use datapath::{
-    Access, ConnectRequest, Connection, Listener, MemoryRegion, MpaConfig, RecvWr, Sge, Stag,
-    WcOpcode, WcStatus,
+    Access, ConnectRequest, Connection, Listener, MemoryRegion, MpaConfig, QpError, RecvWr, Sge,
+    Stag, WcOpcode, WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -65,13 +66,24 @@ fn assert_in_order(recvs: &[(u64, WcStatus)]) {
         [
             (0, WcStatus::Success),
             (REFUSED, WcStatus::LocalProtectionError),
-            (1, WcStatus::Success),
+            (1, WcStatus::WrFlushError),
         ]
     );
 }
 
-/// The peer: accepts with one receive, waits for the go-ahead, sends two Sends and waits
-/// for their completions.
+/// Our queue pair failed for the refused receive: a Terminate of ours (RDMAP, Local
+/// Catastrophic).
+fn assert_failed_locally(conn: &Connection) {
+    conn.qp.wait_finished(WAIT);
+    match conn.qp.status().error {
+        Some(QpError::LocalTerminate(t)) => assert_eq!((t.layer, t.etype), (0, 0), "{t:?}"),
+        other => panic!("not our Terminate: {other:?}"),
+    }
+}
+
+/// The peer: accepts with one receive, waits for the go-ahead, sends two Sends: the first
+/// lands in receive 0 and completes; the second, meant for the refused receive, finds our
+/// queue pair failed (any status), and the peer's queue pair ends with our Terminate.
 fn send_two_on_go_ahead(req: ConnectRequest) -> Result<Connection, String> {
     let side = Side::new();
     let buf = side
@@ -90,17 +102,24 @@ fn send_two_on_go_ahead(req: ConnectRequest) -> Result<Connection, String> {
             .post_send(bed::slot_send(&buf, i, LEN))
             .map_err(|e| format!("Send {i}: {e}"))?;
     }
-    for i in 1..=2 {
-        match side.cq.wait(WAIT) {
-            Some(c) if c.wc.status == WcStatus::Success => {}
-            other => return Err(format!("Send {i}'s completion: {other:?}")),
-        }
+    match side.cq.wait(WAIT) {
+        Some(c) if c.wc.status == WcStatus::Success => {}
+        other => return Err(format!("Send 1's completion: {other:?}")),
     }
-    Ok(conn)
+    if side.cq.wait(WAIT).is_none() {
+        return Err("Send 2 never completed".into());
+    }
+    conn.qp.wait_finished(WAIT);
+    match conn.qp.status().error {
+        Some(QpError::RemoteTerminate(_)) => Ok(conn),
+        other => Err(format!(
+            "the peer's queue pair did not get our Terminate: {other:?}"
+        )),
+    }
 }
 
 #[test]
-fn socket_refused_receive_completes_in_its_place() {
+fn socket_refused_receive_completes_in_its_place_and_fails_the_queue_pair() {
     let params = common::params(MpaConfig::default());
     let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
     let addr = listener.local_addr().expect("address");
@@ -121,13 +140,84 @@ fn socket_refused_receive_completes_in_its_place() {
         let recvs = receive_around_a_refusal(&c, &client, &buf);
         let s = serving.join().expect("server thread").expect("server");
         assert_in_order(&recvs);
+        assert_failed_locally(&c);
         c.qp.disconnect();
         s.qp.disconnect();
     });
 }
 
+/// The send side: a Send whose element names no region, posted between two good ones,
+/// fails in its place after the first went, and fails the queue pair: the one after it
+/// completes flushed and never reaches the peer, which gets our Terminate instead.
 #[test]
-fn engine_refused_receive_completes_in_its_place() {
+fn socket_refused_send_fails_in_its_place_and_fails_the_queue_pair() {
+    let params = common::params(MpaConfig::default());
+    let listener = Listener::bind(common::any_port(), params.clone()).expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let client = Side::new();
+    let src = client.pd.register(LEN, Access::NONE).expect("src");
+    std::thread::scope(|scope| {
+        let serving = scope.spawn(|| -> Result<Vec<(u64, WcStatus)>, String> {
+            let req = listener
+                .accept_timeout(WAIT)
+                .map_err(|e| e.to_string())?
+                .ok_or("no request")?;
+            let side = Side::new();
+            let buf = side
+                .pd
+                .register(LEN * 4, Access::LOCAL_WRITE)
+                .map_err(|e| e.to_string())?;
+            let recvs = (0..3).map(|i| bed::slot_recv(&buf, i, LEN)).collect();
+            let conn = req
+                .accept_with_recvs(&side.pd, &side.cq, &[], recvs)
+                .map_err(|e| format!("accept: {e}"))?;
+            let got = collect(&side.cq, 3, "the peer's three receives");
+            conn.qp.wait_finished(WAIT);
+            match conn.qp.status().error {
+                Some(QpError::RemoteTerminate(_)) => {}
+                other => return Err(format!("not our Terminate: {other:?}")),
+            }
+            Ok(got.iter().map(|c| (c.wc.wr_id, c.wc.status)).collect())
+        });
+        let c = datapath::connect(addr, &client.pd, &client.cq, &params, &[]).expect("connect");
+        let mut bad = send_wr(2, &src, LEN);
+        bad.sg_list = Sge {
+            stag: Stag(src.stag().0 ^ 0x0100_0000),
+            to: src.base_to(),
+            len: LEN as u32,
+        }
+        .into();
+        for wr in [send_wr(1, &src, LEN), bad, send_wr(3, &src, LEN)] {
+            c.qp.post_send(wr).expect("taken at the post");
+        }
+        let got: Vec<_> = collect(&client.cq, 3, "the three Sends")
+            .iter()
+            .map(|c| (c.wc.wr_id, c.wc.status))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcStatus::Success),
+                (2, WcStatus::LocalProtectionError),
+                (3, WcStatus::WrFlushError),
+            ]
+        );
+        assert_failed_locally(&c);
+        let peer = serving.join().expect("server thread").expect("server");
+        assert_eq!(
+            peer,
+            [
+                (0, WcStatus::Success),
+                (1, WcStatus::WrFlushError),
+                (2, WcStatus::WrFlushError),
+            ]
+        );
+        c.qp.disconnect();
+    });
+}
+
+#[test]
+fn engine_refused_receive_completes_in_its_place_and_fails_the_queue_pair() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 19_628;
     let server = |ready: Sender<()>| {
@@ -152,6 +242,7 @@ fn engine_refused_receive_completes_in_its_place() {
             )
             .expect("connect");
         let recvs = receive_around_a_refusal(&c, &client, &buf);
+        assert_failed_locally(&c);
         c.qp.disconnect();
         // The connection's end flushes nothing more: every receive completed.
         assert!(client.cq.try_next().is_none());

@@ -497,6 +497,17 @@ enum RecvSlot {
     RtrSink,
 }
 
+/// A receive refused when the transport took it, waiting for the receives posted before it
+/// ([`QueuePair::complete_recv_in_error`], [`QueuePair::fail_recv_in_place`]).
+#[derive(Debug)]
+struct HeldRecvRefusal {
+    /// Receives taken before it: it completes once that many have.
+    taken_before: u64,
+    completion: WorkCompletion,
+    /// It fails the queue pair when it completes.
+    fails_the_queue_pair: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct SqEntry {
     wr: SendWr,
@@ -516,6 +527,10 @@ struct SqEntry {
     /// unchanged, later segments of that element handed out by reference skip the check.
     checked_to: u64,
     checked_in: TableVersion,
+    /// It failed its local checks when the transport took it
+    /// ([`QueuePair::fail_send_in_place`]): at the head it completes with this status and the
+    /// queue pair fails.
+    refused: Option<WcStatus>,
 }
 
 /// The parts of the send queue's head one transmitted segment needs.
@@ -772,7 +787,10 @@ pub struct QueuePair {
     completions: VecDeque<WorkCompletion>,
     /// Receives refused at posting ([`QueuePair::complete_recv_in_error`]) that wait for the
     /// receives posted before them, each with the count of receives posted before it.
-    held_recv_refusals: VecDeque<(u64, WorkCompletion)>,
+    held_recv_refusals: VecDeque<HeldRecvRefusal>,
+    /// A refused receive that fails the queue pair came due before it ran (Idle):
+    /// [`QueuePair::enter_rts`] fails it.
+    fail_on_rts: bool,
     /// Receive work requests taken into `rq` so far (posted, or from a shared queue)...
     recvs_taken: u64,
     /// ... and those of them completed (consumed or flushed).
@@ -845,6 +863,7 @@ impl QueuePair {
             remote_terminate: None,
             completions: VecDeque::new(),
             held_recv_refusals: VecDeque::new(),
+            fail_on_rts: false,
             recvs_taken: 0,
             recvs_completed: 0,
             srq: None,
@@ -906,6 +925,9 @@ impl QueuePair {
         self.setup_read_queue(ird);
         self.setup_atomic_queue(ord);
         self.state = QpState::Rts;
+        if std::mem::take(&mut self.fail_on_rts) {
+            self.fail_for_a_refused_recv();
+        }
     }
 
     /// Counts this queue pair among the streams of its protection domain's table `mem`
@@ -1153,6 +1175,46 @@ impl QueuePair {
             inline,
             checked_to: 0,
             checked_in: TableVersion::default(),
+            refused: None,
+        });
+    }
+
+    /// Queues a send work request that failed its local checks when the transport took it
+    /// (an invalid local STag or element, `LocalProtectionError`; a message too long,
+    /// `LocalLengthError`), to fail in its place as a verbs device fails one when it reaches
+    /// it: once every request posted before it is handed out, it completes with `status` and
+    /// the queue pair fails as for a source found bad while sending (a Terminate, Local
+    /// Catastrophic; the requests after it flushed). If the queue pair ends first, it is
+    /// flushed with the others. It holds a send queue entry until then.
+    pub fn fail_send_in_place(&mut self, wr_id: u64, opcode: WcOpcode, status: WcStatus) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.slots.push_back(CompletionSlot {
+            wr_id,
+            opcode,
+            byte_len: 0,
+            status: None,
+            signaled: true,
+        });
+        self.sq.push_back(SqEntry {
+            wr: SendWr {
+                wr_id,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sg_list: SgeList::new(),
+                signaled: true,
+                fence: false,
+            },
+            seq,
+            sent: 0,
+            total: 0,
+            tail: false,
+            inline: false,
+            checked_to: 0,
+            checked_in: TableVersion::default(),
+            refused: Some(status),
         });
     }
 
@@ -1239,15 +1301,49 @@ impl QueuePair {
     /// for [`RdmapError::RecvQueueFull`]) or a shared receive queue attached (whose buffers
     /// are not this queue's), it completes at once.
     pub fn complete_recv_in_error(&mut self, wr_id: u64, status: WcStatus) {
+        self.refuse_recv(wr_id, status, false);
+    }
+
+    /// [`QueuePair::complete_recv_in_error`] of a receive that failed its local checks (an
+    /// invalid local STag or element, `LocalProtectionError`), which then fails the queue
+    /// pair as a verbs device fails one whose next receive is bad: the receives posted before
+    /// it complete, then it completes with `status` and a Terminate (Local Catastrophic)
+    /// ends the stream, so that no later Send lands in the receive after it. Before the
+    /// queue pair runs (Idle) the failure waits for [`QueuePair::enter_rts`].
+    pub fn fail_recv_in_place(&mut self, wr_id: u64, status: WcStatus) {
+        self.refuse_recv(wr_id, status, true);
+    }
+
+    fn refuse_recv(&mut self, wr_id: u64, status: WcStatus, fails_the_queue_pair: bool) {
         let completion = WorkCompletion::failed(wr_id, WcOpcode::Recv, status);
         if self.recvs_completed == self.recvs_taken
             || self.srq.is_some()
             || self.recv_queue_used() >= self.cfg.rq_depth
         {
             self.completions.push_back(completion);
+            if fails_the_queue_pair {
+                self.fail_for_a_refused_recv();
+            }
         } else {
-            self.held_recv_refusals
-                .push_back((self.recvs_taken, completion));
+            self.held_recv_refusals.push_back(HeldRecvRefusal {
+                taken_before: self.recvs_taken,
+                completion,
+                fails_the_queue_pair,
+            });
+        }
+    }
+
+    /// A refused receive that fails the queue pair reached its turn: in RTS the Terminate
+    /// (Local Catastrophic) is raised now; in Idle at [`QueuePair::enter_rts`].
+    fn fail_for_a_refused_recv(&mut self) {
+        match self.state {
+            QpState::Rts => self.raise_terminate(TerminateHeader::bare(
+                layer::RDMAP,
+                rdmap_etype::LOCAL_CATASTROPHIC,
+                0,
+            )),
+            QpState::Idle => self.fail_on_rts = true,
+            _ => {}
         }
     }
 
@@ -1256,12 +1352,15 @@ impl QueuePair {
     fn complete_recv(&mut self, completion: WorkCompletion) {
         self.completions.push_back(completion);
         self.recvs_completed += 1;
-        while let Some((taken_before, _)) = self.held_recv_refusals.front() {
-            if *taken_before > self.recvs_completed {
+        while let Some(held) = self.held_recv_refusals.front() {
+            if held.taken_before > self.recvs_completed {
                 break;
             }
-            if let Some((_, refused)) = self.held_recv_refusals.pop_front() {
-                self.completions.push_back(refused);
+            if let Some(held) = self.held_recv_refusals.pop_front() {
+                self.completions.push_back(held.completion);
+                if held.fails_the_queue_pair {
+                    self.fail_for_a_refused_recv();
+                }
             }
         }
     }
@@ -1479,8 +1578,8 @@ impl QueuePair {
         }
         // Every receive is done: no refusal waits any more.
         self.recvs_completed = self.recvs_taken;
-        while let Some((_, refused)) = self.held_recv_refusals.pop_front() {
-            self.completions.push_back(refused);
+        while let Some(held) = self.held_recv_refusals.pop_front() {
+            self.completions.push_back(held.completion);
         }
         self.rtr_sink_pending = false;
         self.rrq.drain();
@@ -1831,6 +1930,9 @@ impl QueuePair {
         let Some(head) = self.sq.front() else {
             return self.fail_locally(out);
         };
+        if let Some(status) = head.refused {
+            return self.fail_head(head.seq, out.len(), out, status);
+        }
         let version = mem.version();
         // What this segment needs of the head, without copying its scatter/gather list.
         let entry = SqHead {

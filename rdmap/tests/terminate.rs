@@ -1045,3 +1045,118 @@ fn a_send_with_invalidate_delivered_late_names_its_own_segment() {
     );
     assert_eq!(term.segment_len, Some(4));
 }
+
+/// A pair whose A has a 16-octet Send source and B a 64-octet receive region; a Send of
+/// that source, to post on A.
+fn send_pair() -> (Pair, Stag, impl Fn(&mut Pair, u64)) {
+    let mut pair = Pair::new(1024);
+    let src = pair.a.region(vec![7; 16], 0, Access::NONE);
+    let rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    let post = move |pair: &mut Pair, wr_id: u64| {
+        let send = SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        };
+        let sge = Sge {
+            stag: src,
+            to: 0,
+            len: 16,
+        };
+        pair.a.post(wr_id, send, Some(sge));
+    };
+    (pair, rbuf, post)
+}
+
+/// The (work request, status) of each completion of `peer`.
+fn statuses(peer: &mut Peer) -> Vec<(u64, WcStatus)> {
+    peer.completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect()
+}
+
+/// A send work request that failed its local checks when the transport took it fails in its
+/// place (`QueuePair::fail_send_in_place`), as a verbs device fails one when it reaches it:
+/// the request before it goes, it completes with its status, a Terminate (RDMAP, Local
+/// Catastrophic) goes instead of anything after it, and the request after it is flushed.
+#[test]
+fn a_send_refused_when_taken_fails_the_queue_pair_in_its_place() {
+    let (mut pair, rbuf, post) = send_pair();
+    for i in 0..3 {
+        pair.b.post_recv(10 + i, rbuf, 16 * i, 16);
+    }
+    post(&mut pair, 1);
+    pair.a
+        .qp
+        .fail_send_in_place(2, WcOpcode::Send, WcStatus::LocalProtectionError);
+    post(&mut pair, 3);
+    pair.pump();
+    let sent: Vec<_> = pair.sent_by(Side::A).map(|t| t.opcode()).collect();
+    assert_eq!(sent, [Opcode::Send, Opcode::Terminate]);
+    let terminate = pair.sent_by(Side::A).last().expect("the Terminate");
+    assert_eq!(terminate.bytes[18] >> 4, 0, "layer RDMAP");
+    assert_eq!(terminate.bytes[18] & 0x0F, 0, "Local Catastrophic");
+    let got = statuses(&mut pair.a);
+    assert_eq!(
+        got[1..],
+        [
+            (2, WcStatus::LocalProtectionError),
+            (3, WcStatus::WrFlushError)
+        ]
+    );
+    assert_eq!(pair.a.qp.state(), QpState::Error);
+    assert_eq!(
+        statuses(&mut pair.b),
+        [
+            (10, WcStatus::Success),
+            (11, WcStatus::WrFlushError),
+            (12, WcStatus::WrFlushError)
+        ]
+    );
+}
+
+/// The receive side (`QueuePair::fail_recv_in_place`): a receive refused when taken waits
+/// for the receive before it, completes after it, and then fails the queue pair, so that the
+/// peer's next Send lands in no receive; refused before the queue pair runs with nothing
+/// before it, it fails the queue pair as it enters RTS.
+#[test]
+fn a_receive_refused_when_taken_fails_the_queue_pair_after_the_one_before() {
+    let (mut pair, rbuf, post) = send_pair();
+    pair.b.post_recv(10, rbuf, 0, 16);
+    pair.b
+        .qp
+        .fail_recv_in_place(11, WcStatus::LocalProtectionError);
+    pair.b.post_recv(12, rbuf, 32, 16);
+    assert!(pair.b.completions().is_empty(), "it waits for receive 10");
+    post(&mut pair, 1);
+    post(&mut pair, 2);
+    pair.pump();
+    assert_eq!(
+        statuses(&mut pair.b),
+        [
+            (10, WcStatus::Success),
+            (11, WcStatus::LocalProtectionError),
+            (12, WcStatus::WrFlushError)
+        ]
+    );
+    assert_eq!(
+        pair.b.contents(rbuf)[32..48],
+        [0; 16],
+        "nothing in receive 12"
+    );
+    assert!(pair
+        .sent_by(Side::B)
+        .any(|t| t.opcode() == Opcode::Terminate));
+    assert!(pair.a.qp.remote_terminate().is_some());
+
+    // In Idle, with no receive before it: the failure waits for RTS.
+    let mut qp = QueuePair::new(config());
+    qp.fail_recv_in_place(5, WcStatus::LocalProtectionError);
+    assert_eq!(qp.state(), QpState::Idle);
+    qp.enter_rts(8, 8);
+    assert_eq!(qp.state(), QpState::Terminate);
+    assert_eq!(
+        qp.poll_completion().map(|c| c.status),
+        Some(WcStatus::LocalProtectionError)
+    );
+}

@@ -415,8 +415,7 @@ impl Engine {
             self.qp.post_recv(wr, &table)
         };
         if let Err(e) = res {
-            self.qp
-                .complete_recv_in_error(wr_id, self.shared.refusal_status(&e));
+            self.shared.refuse_taken_recv(&mut self.qp, wr_id, &e);
         }
     }
 
@@ -650,21 +649,15 @@ impl Engine {
                         self.qp.post_send(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.qp.complete_send_in_error(
-                            wr_id,
-                            opcode,
-                            self.shared.refusal_status(&e),
-                        );
+                        self.shared
+                            .refuse_taken_send(&mut self.qp, wr_id, opcode, &e);
                     }
                 }
                 Cmd::SendInline(wr) => {
                     let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                     if let Err(e) = self.qp.post_send_inline(wr) {
-                        self.qp.complete_send_in_error(
-                            wr_id,
-                            opcode,
-                            self.shared.refusal_status(&e),
-                        );
+                        self.shared
+                            .refuse_taken_send(&mut self.qp, wr_id, opcode, &e);
                     }
                 }
                 Cmd::Recv(wr) => self.post_taken_recv(wr),

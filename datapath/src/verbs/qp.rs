@@ -257,6 +257,44 @@ impl Shared {
         })
     }
 
+    /// Completes a send work request (`wr_id`, `opcode`) the transport took and the queue pair
+    /// refused with `e`, in its place: one that failed its local checks (an invalid local
+    /// STag or element, a message too long) fails there and then fails the queue pair, as a
+    /// verbs device does when it reaches it (`rdmap::QueuePair::fail_send_in_place`); one
+    /// refused because the queue pair was ending completes flushed, the queue pair as it is.
+    pub(crate) fn refuse_taken_send(
+        &self,
+        qp: &mut rdmap::QueuePair,
+        wr_id: u64,
+        opcode: WcOpcode,
+        e: &rdmap::RdmapError,
+    ) {
+        let status = self.refusal_status(e);
+        if fails_the_queue_pair(e) {
+            qp.fail_send_in_place(wr_id, opcode, status);
+        } else {
+            qp.complete_send_in_error(wr_id, opcode, status);
+        }
+    }
+
+    /// [`Shared::refuse_taken_send`] for a receive: one that failed its local checks
+    /// completes after the receives before it and then fails the queue pair
+    /// (`rdmap::QueuePair::fail_recv_in_place`), so that no Send meant for it lands in the
+    /// receive after it.
+    pub(crate) fn refuse_taken_recv(
+        &self,
+        qp: &mut rdmap::QueuePair,
+        wr_id: u64,
+        e: &rdmap::RdmapError,
+    ) {
+        let status = self.refusal_status(e);
+        if fails_the_queue_pair(e) {
+            qp.fail_recv_in_place(wr_id, status);
+        } else {
+            qp.complete_recv_in_error(wr_id, status);
+        }
+    }
+
     /// The completion status of a work request the queue pair refused when the transport
     /// took it ([`local_status`]); one refused because the queue pair was ending is counted.
     pub(crate) fn refusal_status(&self, e: &rdmap::RdmapError) -> WcStatus {
@@ -1307,6 +1345,18 @@ impl Drop for QueuePair {
 /// connection began to end: later ones fail with `Disconnected`) because the queue pair is
 /// ending, its outstanding requests flushed, and this one never runs either. A flushed
 /// completion lost to a full completion queue fails nothing more.
+/// Whether a work request the transport took and the queue pair refused with `e` fails the
+/// queue pair in its place: it failed the checks of local memory a verbs device makes when it
+/// reaches it (the local STag, its rights and bounds, the message length), which move that
+/// queue pair to Error there.
+fn fails_the_queue_pair(e: &rdmap::RdmapError) -> bool {
+    use rdmap::RdmapError as E;
+    matches!(
+        e,
+        E::LocalAccess { .. } | E::UnknownStag { .. } | E::MessageTooLong { .. }
+    )
+}
+
 pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     use rdmap::RdmapError as E;
     match e {

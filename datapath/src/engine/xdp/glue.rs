@@ -120,8 +120,7 @@ fn post_taken_recv(
 ) {
     let wr_id = wr.wr_id;
     if let Err(e) = conn.qp_mut().post_recv(wr, mem) {
-        conn.qp_mut()
-            .complete_recv_in_error(wr_id, shared.refusal_status(&e));
+        shared.refuse_taken_recv(conn.qp_mut(), wr_id, &e);
     }
 }
 
@@ -193,21 +192,15 @@ impl App<'_> {
                     Cmd::Send(wr) => {
                         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                         if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
-                            slot.conn.qp_mut().complete_send_in_error(
-                                wr_id,
-                                opcode,
-                                slot.shared.refusal_status(&e),
-                            );
+                            let qp = slot.conn.qp_mut();
+                            slot.shared.refuse_taken_send(qp, wr_id, opcode, &e);
                         }
                     }
                     Cmd::SendInline(wr) => {
                         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
                         if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
-                            slot.conn.qp_mut().complete_send_in_error(
-                                wr_id,
-                                opcode,
-                                slot.shared.refusal_status(&e),
-                            );
+                            let qp = slot.conn.qp_mut();
+                            slot.shared.refuse_taken_send(qp, wr_id, opcode, &e);
                         }
                     }
                     Cmd::Recv(wr) => post_taken_recv(&mut slot.conn, &slot.shared, wr, mem),
