@@ -1455,7 +1455,7 @@ fn reject_reports_private_data_and_closes() {
 }
 
 /// RFC 6581 9.2: a peer-to-peer Initiator that can send none of the RTR kinds the Responder
-/// supports is offered those kinds, fails with code 7 and sends a Terminate (Layer 2, EType
+/// supports is offered the one it prefers, fails with code 7 and sends a Terminate (Layer 2, EType
 /// 0, code 7) before it closes; the Responder's queue pair records that Terminate.
 #[test]
 fn no_common_rtr_kind_ends_with_a_terminate_of_code_7() {

@@ -709,19 +709,20 @@ impl Responder {
         initiator: &EnhancedParams,
     ) -> Result<(EnhancedParams, u16, u16, Option<RtrKind>), MpaError> {
         let config = &self.config;
-        // RFC 6581 9.2: one common kind, flagged alone; with none in common, the kinds we
-        // support (the Initiator then sends a Terminate with code 7); supporting none is a
-        // configuration the RFC does not allow an enhanced Responder.
+        // RFC 6581 9.2: one common kind, flagged alone; with none in common, "at least one
+        // RTR indication type option it supports": the one we prefer, flagged alone too, since
+        // it is the one we get ready for (a Send's zero-length receive, a Read's IRD slot), so
+        // an Initiator that sends an RTR sends that one (a correct one, offered only kinds it
+        // cannot send, sends a Terminate with code 7); supporting none is a configuration the
+        // RFC does not allow an enhanced Responder.
         let (rtr, offered) = if initiator.peer_to_peer {
             let supported = config.supported_rtr();
             let common = supported.intersect(RtrOptions::of(initiator));
-            match common.preferred() {
-                Some(kind) => (Some(kind), RtrOptions::only(kind)),
-                None => (
-                    Some(supported.preferred().ok_or(MpaError::NoMatchingRtr)?),
-                    supported,
-                ),
-            }
+            let kind = common
+                .preferred()
+                .or(supported.preferred())
+                .ok_or(MpaError::NoMatchingRtr)?;
+            (Some(kind), RtrOptions::only(kind))
         } else {
             (None, RtrOptions::default())
         };

@@ -614,6 +614,43 @@ fn peer_to_peer_rtr_selection() {
     assert!(!block.peer_to_peer && !block.rtr_write && !block.rtr_read && !block.rtr_send);
 }
 
+/// RFC 6581 9.2, nothing in common: a Responder that supports several kinds offers the one
+/// it gets ready for, alone (offering the others too would let the Initiator send an RTR it
+/// is not ready for: a zero-length Send with no receive set aside, a Read with no IRD slot).
+#[test]
+fn with_no_common_rtr_the_responder_offers_the_kind_it_expects() {
+    let now = Instant::now();
+    let write_only = MpaConfig {
+        peer_to_peer: true,
+        rtr_send: false,
+        rtr_write: true,
+        rtr_read: false,
+        ..MpaConfig::default()
+    };
+    let send_or_read = MpaConfig {
+        rtr_send: true,
+        rtr_write: false,
+        rtr_read: true,
+        ..MpaConfig::default()
+    };
+    let initiator = Initiator::new(write_only, &[], now).unwrap();
+    let (mut responder, _) = responder_with(send_or_read, initiator.request(), now);
+    let (reply, negotiated) = responder.accept(&[]).unwrap();
+    let block = MpaFrameRepr::parse_bytes(&reply).unwrap().enhanced.unwrap();
+    let expected = negotiated.rtr.expect("a kind to expect");
+    let offered = [
+        (RtrKind::Send, block.rtr_send),
+        (RtrKind::Write, block.rtr_write),
+        (RtrKind::Read, block.rtr_read),
+    ];
+    let offered: Vec<_> = offered
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(offered, [expected], "{block:?}");
+}
+
 #[test]
 fn no_matching_rtr_is_error_7() {
     let now = Instant::now();
