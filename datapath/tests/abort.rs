@@ -256,3 +256,59 @@ fn engine_abort_resets_the_connection() {
     ours.expect("engine side");
     assert_eq!(theirs.expect("peer"), Some(QpError::PeerReset));
 }
+
+/// The same on the engine, whose connection stays in TIME-WAIT after the
+/// queue pair finished: the Error the abort sets stays (the engine's later turns of the
+/// connection change no final state), and the drain's marker completes flushed.
+#[test]
+fn engine_abort_after_a_graceful_close_gives_the_drain() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_601;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || -> Result<Option<QpError>, String> {
+        let req = bed::listen_in_b(PORT, &ready_tx, WAIT)?;
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let conn = req.accept(&pd, &cq, &[]).map_err(|e| e.to_string())?;
+        let error = peer_error(&conn.qp);
+        let _ = done_rx.recv_timeout(WAIT);
+        Ok(error)
+    });
+    ready_rx.recv_timeout(WAIT).expect("peer listening");
+    let ours = spawn_in_ns(NS_A, move || {
+        let engine = XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("engine on iwa0");
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let conn = engine
+            .connect(
+                SocketAddr::from((ADDR_B, PORT)),
+                &pd,
+                &cq,
+                &bed::params(),
+                &[],
+            )
+            .expect("connect");
+        conn.qp.disconnect();
+        assert!(conn.qp.status().finished);
+        conn.qp.abort();
+        // Turns of the engine pass (the connection is in TIME-WAIT or closing still).
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(conn.qp.status().state, QpState::Error);
+        conn.qp
+            .post_recv(RecvWr {
+                wr_id: 99,
+                sg_list: SgeList::new(),
+            })
+            .expect("the drain's marker");
+        let wc = cq.wait(WAIT).expect("the marker's completion").wc;
+        assert_eq!(
+            (wc.wr_id, wc.opcode, wc.status),
+            (99, WcOpcode::Recv, WcStatus::WrFlushError)
+        );
+        let _ = done_tx.send(());
+        drop(engine);
+    });
+    let ours = ours.join();
+    let theirs = peer.join().expect("peer thread");
+    ours.expect("engine side");
+    assert_eq!(theirs.expect("peer"), Some(QpError::PeerClosed));
+}

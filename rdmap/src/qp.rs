@@ -683,7 +683,10 @@ struct InboundSend {
 #[derive(Debug, Clone, Copy)]
 struct StagedRequest {
     bytes: [u8; ATOMIC_REQUEST_LEN],
-    atomic: bool,
+    /// Whether the message is an Atomic Request (else a Read Request): set by the first of
+    /// its segments that arrives, which every later one must agree with; `None` again once
+    /// the message is delivered, for the next one in this buffer.
+    atomic: Option<bool>,
     /// The DDP header (and payload length) of the segment that carried it, for a Terminate
     /// about it (4.8): a request can be delivered by a later segment (an earlier MSN that
     /// arrived after it).
@@ -791,6 +794,10 @@ pub struct QueuePair {
     /// A refused receive that fails the queue pair came due before it ran (Idle):
     /// [`QueuePair::enter_rts`] fails it.
     fail_on_rts: bool,
+    /// A refused receive that fails the queue pair completed while a segment was processed:
+    /// no more receives complete in that segment, and once its own outcome is settled (a
+    /// Terminate of its own goes first) the queue pair fails.
+    refused_recv_due: bool,
     /// Receive work requests taken into `rq` so far (posted, or from a shared queue)...
     recvs_taken: u64,
     /// ... and those of them completed (consumed or flushed).
@@ -864,6 +871,7 @@ impl QueuePair {
             completions: VecDeque::new(),
             held_recv_refusals: VecDeque::new(),
             fail_on_rts: false,
+            refused_recv_due: false,
             recvs_taken: 0,
             recvs_completed: 0,
             srq: None,
@@ -882,7 +890,7 @@ impl QueuePair {
         self.rrq = UntaggedQueue::new(queue::READ_REQUEST, usize::from(ird));
         let empty = StagedRequest {
             bytes: [0; ATOMIC_REQUEST_LEN],
-            atomic: false,
+            atomic: None,
             segment: None,
         };
         self.read_staging = vec![empty; usize::from(ird)];
@@ -1185,8 +1193,15 @@ impl QueuePair {
     /// it: once every request posted before it is handed out, it completes with `status` and
     /// the queue pair fails as for a source found bad while sending (a Terminate, Local
     /// Catastrophic; the requests after it flushed). If the queue pair ends first, it is
-    /// flushed with the others. It holds a send queue entry until then.
-    pub fn fail_send_in_place(&mut self, wr_id: u64, opcode: WcOpcode, status: WcStatus) {
+    /// flushed with the others. It holds a send queue entry until then; with `fence` (the work
+    /// request's) it waits, as a fenced request does, for the Reads and Atomics before it.
+    pub fn fail_send_in_place(
+        &mut self,
+        wr_id: u64,
+        opcode: WcOpcode,
+        status: WcStatus,
+        fence: bool,
+    ) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.slots.push_back(CompletionSlot {
@@ -1205,7 +1220,7 @@ impl QueuePair {
                 },
                 sg_list: SgeList::new(),
                 signaled: true,
-                fence: false,
+                fence,
             },
             seq,
             sent: 0,
@@ -1359,7 +1374,8 @@ impl QueuePair {
             if let Some(held) = self.held_recv_refusals.pop_front() {
                 self.completions.push_back(held.completion);
                 if held.fails_the_queue_pair {
-                    self.fail_for_a_refused_recv();
+                    // Raised by `process` once the segment's own outcome is known.
+                    self.refused_recv_due = true;
                 }
             }
         }
@@ -1581,6 +1597,8 @@ impl QueuePair {
         while let Some(held) = self.held_recv_refusals.pop_front() {
             self.completions.push_back(held.completion);
         }
+        // The queue pair is ending already.
+        self.refused_recv_due = false;
         self.rtr_sink_pending = false;
         self.rrq.drain();
         self.arq.drain();
@@ -2653,7 +2671,7 @@ impl QueuePair {
             QpState::Idle => return Err(RdmapError::InvalidState { state: self.state }),
             QpState::Closing | QpState::Terminate | QpState::Error => return Ok(()),
         }
-        match self.receive(header, payload, mem) {
+        let result = match self.receive(header, payload, mem) {
             Ok(()) => Ok(()),
             Err(fault) => {
                 let code = TerminateCause::Error(fault.error.clone()).code();
@@ -2667,7 +2685,12 @@ impl QueuePair {
                 self.raise_terminate(header);
                 Err(fault.error)
             }
+        };
+        // After the segment's own Terminate, if it raised one (the first one stands).
+        if std::mem::take(&mut self.refused_recv_due) {
+            self.fail_for_a_refused_recv();
         }
+        result
     }
 
     fn receive<B: RegionBuffer>(
@@ -2918,7 +2941,12 @@ impl QueuePair {
 
     /// Completes the receives of the QN 0 messages DDP now delivers, in MSN order.
     fn deliver_sends<B: RegionBuffer>(&mut self, mem: &MemoryTable<B>) -> Result<(), Fault> {
-        while let Some(delivered) = self.rq.poll_delivery() {
+        // A refused receive that fails the queue pair stops the deliveries: the receives after
+        // it are flushed, not given the Sends meant for it or after it.
+        while !self.refused_recv_due {
+            let Some(delivered) = self.rq.poll_delivery() else {
+                break;
+            };
             let info = self
                 .inbound_sends
                 .iter()
@@ -2993,13 +3021,11 @@ impl QueuePair {
             .get_mut(usize::from(placement.cookie))
             .ok_or(RdmapError::LocalCatastrophic)?;
         // Every segment of a message carries the same opcode (RFC 5041 4.3: RsvdULP is the
-        // ULP's for the whole message; RFC 7306 8.2: the opcode must be valid): the first
-        // (MO 0; untagged segments come here in order) sets it, a later one that differs is
-        // an unexpected opcode rather than turning a Read Request into an Atomic one.
+        // ULP's for the whole message; RFC 7306 8.2: the opcode must be valid): the first to
+        // arrive, whatever its MO, sets it, and one that differs (a repeated segment included)
+        // is an unexpected opcode rather than turning a Read Request into an Atomic one.
         let atomic = opcode == Opcode::AtomicRequest;
-        if start == 0 {
-            staged.atomic = atomic;
-        } else if staged.atomic != atomic {
+        if *staged.atomic.get_or_insert(atomic) != atomic {
             return Err(RdmapError::UnexpectedOpcode {
                 opcode: opcode as u8,
             }
@@ -3013,17 +3039,20 @@ impl QueuePair {
             .copy_from_slice(payload);
         while let Some(delivered) = self.rrq.poll_delivery() {
             let slot = delivered.cookie;
-            let staged = *self
+            let staged = self
                 .read_staging
-                .get(usize::from(slot))
+                .get_mut(usize::from(slot))
                 .ok_or(RdmapError::LocalCatastrophic)?;
+            // The buffer's next message sets its own kind.
+            let is_atomic = staged.atomic.take() == Some(true);
+            let staged = *staged;
             // Errors about this request name the segment that carried it.
             let in_error = |error: RdmapError| Fault {
                 error,
                 read_request: None,
                 segment: staged.segment,
             };
-            if staged.atomic {
+            if is_atomic {
                 if delivered.len as usize != ATOMIC_REQUEST_LEN {
                     return Err(in_error(RdmapError::MalformedAtomicRequest {
                         len: delivered.len,

@@ -771,15 +771,6 @@ fn an_atomic_waits_while_read_responses_before_it_are_unacknowledged() {
 /// an unexpected opcode, not an Atomic Request performed.
 #[test]
 fn a_qn1_message_whose_segments_change_opcode_is_refused() {
-    let (mut pair, target, _) = atomic_pair(Access::REMOTE_ATOMIC);
-    let request = AtomicRequest {
-        op: AtomicOp::fetch_add(1),
-        request_id: 1,
-        stag: target.raw(),
-        to: BASE + 8,
-    };
-    let mut body = [0u8; ATOMIC_REQUEST_LEN];
-    request.emit(&mut body);
     let segment = |opcode: u8, mo: u32, last: bool, payload: &[u8]| {
         let mut s = vec![if last { 0x41 } else { 0x01 }, 0x40 | opcode];
         s.extend_from_slice(&[0; 4]);
@@ -789,13 +780,41 @@ fn a_qn1_message_whose_segments_change_opcode_is_refused() {
         s.extend_from_slice(payload);
         s
     };
-    let first = segment(0x1, 0, false, &body[..28]);
-    assert!(pair.b.qp.on_ulpdu(&first, &pair.b.mem).is_ok());
-    let last = segment(0xA, 28, true, &body[28..]);
-    let refused = pair.b.qp.on_ulpdu(&last, &pair.b.mem);
-    assert!(
-        matches!(refused, Err(RdmapError::UnexpectedOpcode { opcode: 0xA })),
-        "{refused:?}"
-    );
-    assert_eq!(word(&pair.b.contents(target), 1), 10, "nothing performed");
+    // (opcode, MO) of the segments in arrival order, the last one refused: the kinds differ
+    // in order; MO 0 repeated as an Atomic after a Read; the Last first, then MO 0 differing.
+    let cases: [&[(u8, u32)]; 3] = [
+        &[(0x1, 0), (0xA, 28)],
+        &[(0x1, 0), (0xA, 0)],
+        &[(0xA, 28), (0x1, 0)],
+    ];
+    for case in cases {
+        let (mut pair, target, _) = atomic_pair(Access::REMOTE_ATOMIC);
+        let request = AtomicRequest {
+            op: AtomicOp::fetch_add(1),
+            request_id: 1,
+            stag: target.raw(),
+            to: BASE + 8,
+        };
+        let mut body = [0u8; ATOMIC_REQUEST_LEN];
+        request.emit(&mut body);
+        let (last_opcode, _) = case[case.len() - 1];
+        for (i, &(opcode, mo)) in case.iter().enumerate() {
+            let part = if mo == 0 { &body[..28] } else { &body[28..] };
+            let bytes = segment(opcode, mo, mo != 0, part);
+            let got = pair.b.qp.on_ulpdu(&bytes, &pair.b.mem);
+            if i + 1 < case.len() {
+                assert!(got.is_ok(), "{case:?}: segment {i}: {got:?}");
+            } else {
+                assert!(
+                    matches!(got, Err(RdmapError::UnexpectedOpcode { opcode }) if opcode == last_opcode),
+                    "{case:?}: {got:?}"
+                );
+            }
+        }
+        assert_eq!(
+            word(&pair.b.contents(target), 1),
+            10,
+            "{case:?}: nothing performed"
+        );
+    }
 }

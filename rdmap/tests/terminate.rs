@@ -1088,7 +1088,7 @@ fn a_send_refused_when_taken_fails_the_queue_pair_in_its_place() {
     post(&mut pair, 1);
     pair.a
         .qp
-        .fail_send_in_place(2, WcOpcode::Send, WcStatus::LocalProtectionError);
+        .fail_send_in_place(2, WcOpcode::Send, WcStatus::LocalProtectionError, false);
     post(&mut pair, 3);
     pair.pump();
     let sent: Vec<_> = pair.sent_by(Side::A).map(|t| t.opcode()).collect();
@@ -1113,6 +1113,46 @@ fn a_send_refused_when_taken_fails_the_queue_pair_in_its_place() {
             (12, WcStatus::WrFlushError)
         ]
     );
+}
+
+/// A fenced refused request waits, as a fenced request does, for the Read before it: the
+/// Read completes, then the refusal fails the queue pair.
+#[test]
+fn a_fenced_refused_send_waits_for_the_read_before_it() {
+    let (mut pair, _, _) = send_pair();
+    let src = pair.b.region(vec![5; 16], 0x100, Access::REMOTE_READ);
+    let sink = pair.a.region(vec![0; 16], 0, Access::LOCAL_WRITE);
+    pair.a.post(
+        1,
+        SendOp::Read {
+            remote_stag: src,
+            remote_to: 0x100,
+        },
+        Some(Sge {
+            stag: sink,
+            to: 0,
+            len: 16,
+        }),
+    );
+    pair.a
+        .qp
+        .fail_send_in_place(2, WcOpcode::Send, WcStatus::LocalProtectionError, true);
+    while pair.step(Side::A) {}
+    let sent: Vec<_> = pair.sent_by(Side::A).map(|t| t.opcode()).collect();
+    assert_eq!(
+        sent,
+        [Opcode::ReadRequest],
+        "the refusal waits for the Read"
+    );
+    pair.pump();
+    assert_eq!(
+        statuses(&mut pair.a),
+        [(1, WcStatus::Success), (2, WcStatus::LocalProtectionError)]
+    );
+    assert_eq!(pair.a.contents(sink), [5; 16]);
+    assert!(pair
+        .sent_by(Side::A)
+        .any(|t| t.opcode() == Opcode::Terminate));
 }
 
 /// The receive side (`QueuePair::fail_recv_in_place`): a receive refused when taken waits
@@ -1158,5 +1198,69 @@ fn a_receive_refused_when_taken_fails_the_queue_pair_after_the_one_before() {
     assert_eq!(
         qp.poll_completion().map(|c| c.status),
         Some(WcStatus::LocalProtectionError)
+    );
+}
+
+/// An untagged Send-type segment on QN 0 (RFC 5041 4.3, RFC 5040 4.3).
+fn qn0_segment(opcode: u8, invalidate: u32, msn: u32, mo: u32, last: bool, data: &[u8]) -> Vec<u8> {
+    let mut s = vec![if last { 0x41 } else { 0x01 }, 0x40 | opcode];
+    s.extend_from_slice(&invalidate.to_be_bytes());
+    s.extend_from_slice(&0u32.to_be_bytes());
+    s.extend_from_slice(&msn.to_be_bytes());
+    s.extend_from_slice(&mo.to_be_bytes());
+    s.extend_from_slice(data);
+    s
+}
+
+/// A refused receive that comes due in the segment that fails for a fault of its own (a Send
+/// with Invalidate of an STag that cannot be invalidated): the segment's own Terminate is
+/// the one sent, not the refusal's Local Catastrophic.
+#[test]
+fn a_refusal_due_in_a_failing_segment_leaves_the_segments_terminate() {
+    let (mut pair, rbuf, _) = send_pair();
+    pair.b.post_recv(10, rbuf, 0, 16);
+    pair.b
+        .qp
+        .fail_recv_in_place(11, WcStatus::LocalProtectionError);
+    let send_inv = qn0_segment(0x4, 0x1234_5678, 1, 0, true, &[1; 8]);
+    assert!(pair.b.qp.on_ulpdu(&send_inv, &pair.b.mem).is_err());
+    let t = pair.b.qp.local_terminate().expect("a Terminate raised");
+    assert_ne!(
+        (t.layer, t.etype),
+        (0, 0),
+        "the refusal's replaced it: {t:?}"
+    );
+    assert!(t.ddp_header.is_some(), "it names the segment: {t:?}");
+    let got = statuses(&mut pair.b);
+    assert_eq!(got[1], (11, WcStatus::LocalProtectionError), "{got:?}");
+}
+
+/// Deliveries stop when a refused receive comes due: a Send whose segments interleave with
+/// the next message's (DDP places either; delivery is in MSN order) completes receive 10,
+/// the refusal completes and fails the queue pair, and the next message, placed in receive 12
+/// already, is not delivered there: 12 is flushed.
+#[test]
+fn deliveries_stop_when_a_refused_receive_comes_due() {
+    let (mut pair, rbuf, _) = send_pair();
+    pair.b.post_recv(10, rbuf, 0, 16);
+    pair.b
+        .qp
+        .fail_recv_in_place(11, WcStatus::LocalProtectionError);
+    pair.b.post_recv(12, rbuf, 32, 16);
+    for segment in [
+        qn0_segment(0x3, 0, 1, 0, false, &[1; 8]),
+        qn0_segment(0x3, 0, 2, 0, true, &[2; 8]),
+        qn0_segment(0x3, 0, 1, 8, true, &[1; 8]),
+    ] {
+        let _ = pair.b.qp.on_ulpdu(&segment, &pair.b.mem);
+    }
+    pair.pump();
+    assert_eq!(
+        statuses(&mut pair.b),
+        [
+            (10, WcStatus::Success),
+            (11, WcStatus::LocalProtectionError),
+            (12, WcStatus::WrFlushError)
+        ]
     );
 }

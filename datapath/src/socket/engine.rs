@@ -20,7 +20,7 @@ use crate::verbs::cm::ConnectParams;
 use crate::verbs::cq::{Completion, CompletionQueue, CqSink};
 use crate::verbs::qp::{
     post_initial_recvs, Agreed, Cmd, PostPath, QpParts, QpStart, QpWaker, QueueAccount, QueuePair,
-    Shared, StartingPosts,
+    Shared, StartingPosts, TakenSend,
 };
 use crate::{DatapathError, QpError};
 
@@ -643,21 +643,19 @@ impl Engine {
             progress = true;
             match cmd {
                 Cmd::Send(wr) => {
-                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                    let taken = TakenSend::of(&wr);
                     let res = {
                         let table = self.table.snapshot();
                         self.qp.post_send(wr, &table)
                     };
                     if let Err(e) = res {
-                        self.shared
-                            .refuse_taken_send(&mut self.qp, wr_id, opcode, &e);
+                        self.shared.refuse_taken_send(&mut self.qp, taken, &e);
                     }
                 }
                 Cmd::SendInline(wr) => {
-                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                    let taken = TakenSend::of_inline(&wr);
                     if let Err(e) = self.qp.post_send_inline(wr) {
-                        self.shared
-                            .refuse_taken_send(&mut self.qp, wr_id, opcode, &e);
+                        self.shared.refuse_taken_send(&mut self.qp, taken, &e);
                     }
                 }
                 Cmd::Recv(wr) => self.post_taken_recv(wr),

@@ -257,21 +257,26 @@ impl Shared {
         })
     }
 
-    /// Completes a send work request (`wr_id`, `opcode`) the transport took and the queue pair
-    /// refused with `e`, in its place: one that failed its local checks (an invalid local
-    /// STag or element, a message too long) fails there and then fails the queue pair, as a
-    /// verbs device does when it reaches it (`rdmap::QueuePair::fail_send_in_place`); one
-    /// refused because the queue pair was ending completes flushed, the queue pair as it is.
+    /// Completes a send work request the transport took and the queue pair refused with `e`,
+    /// in its place: one that failed its local checks (an invalid local STag or element, a
+    /// message too long) fails there (after the Reads and Atomics before it if `taken` is
+    /// fenced) and then fails the queue pair, as a verbs device does when it reaches it
+    /// (`rdmap::QueuePair::fail_send_in_place`); one refused because the queue pair was ending
+    /// completes flushed, the queue pair as it is.
     pub(crate) fn refuse_taken_send(
         &self,
         qp: &mut rdmap::QueuePair,
-        wr_id: u64,
-        opcode: WcOpcode,
+        taken: TakenSend,
         e: &rdmap::RdmapError,
     ) {
+        let TakenSend {
+            wr_id,
+            opcode,
+            fence,
+        } = taken;
         let status = self.refusal_status(e);
         if fails_the_queue_pair(e) {
-            qp.fail_send_in_place(wr_id, opcode, status);
+            qp.fail_send_in_place(wr_id, opcode, status, fence);
         } else {
             qp.complete_send_in_error(wr_id, opcode, status);
         }
@@ -451,12 +456,13 @@ impl Shared {
         self.stop_posts(None, |_| {});
         let error = {
             let mut st = self.lock();
+            if st.finished {
+                // Final already (see `publish`).
+                return;
+            }
             st.state = state;
             self.refusing_posts
                 .store(refuses_posts_in(state), Ordering::Release);
-            if st.finished {
-                return;
-            }
             st.finished = true;
             st.error.clone()
         };
@@ -492,9 +498,13 @@ impl Shared {
         sent: Option<TerminateInfo>,
     ) -> std::sync::MutexGuard<'_, QpStatus> {
         let mut st = self.lock();
-        st.state = state;
-        self.refusing_posts
-            .store(refuses_posts_in(state), Ordering::Release);
+        // Once finished the state is final (a later turn of a transport that still holds the
+        // connection, in TIME-WAIT say, changes nothing; `abort`'s Error stays).
+        if !st.finished {
+            st.state = state;
+            self.refusing_posts
+                .store(refuses_posts_in(state), Ordering::Release);
+        }
         st.remote_terminate = remote;
         st.sent_terminate = sent;
         if st.error.is_none() {
@@ -1337,14 +1347,33 @@ impl Drop for QueuePair {
     }
 }
 
-/// Completion status of a work request the queue pair refused when it was posted. One the
-/// queue pair refused for its state is flushed (`WrFlushError`): in Error as verbs completes
-/// it there (siw's `post_send` does the same) and as the queue pair's own work requests
-/// were, so that a drain that posts a last request and waits for its completion sees what it
-/// expects; in Closing or Terminate (a post that reached the transport just as the
-/// connection began to end: later ones fail with `Disconnected`) because the queue pair is
-/// ending, its outstanding requests flushed, and this one never runs either. A flushed
-/// completion lost to a full completion queue fails nothing more.
+/// What a transport keeps of a send work request it hands to the queue pair, to complete it if
+/// the queue pair refuses it ([`Shared::refuse_taken_send`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TakenSend {
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+    pub fence: bool,
+}
+
+impl TakenSend {
+    pub(crate) fn of(wr: &rdmap::SendWr) -> Self {
+        TakenSend {
+            wr_id: wr.wr_id,
+            opcode: wr.op.wc_opcode(),
+            fence: wr.fence,
+        }
+    }
+
+    pub(crate) fn of_inline(wr: &rdmap::InlineSendWr) -> Self {
+        TakenSend {
+            wr_id: wr.wr_id,
+            opcode: wr.op.wc_opcode(),
+            fence: wr.fence,
+        }
+    }
+}
+
 /// Whether a work request the transport took and the queue pair refused with `e` fails the
 /// queue pair in its place: it failed the checks of local memory a verbs device makes when it
 /// reaches it (the local STag, its rights and bounds, the message length), which move that
@@ -1357,6 +1386,14 @@ fn fails_the_queue_pair(e: &rdmap::RdmapError) -> bool {
     )
 }
 
+/// Completion status of a work request the queue pair refused when it was posted. One the
+/// queue pair refused for its state is flushed (`WrFlushError`): in Error as verbs completes
+/// it there (siw's `post_send` does the same) and as the queue pair's own work requests
+/// were, so that a drain that posts a last request and waits for its completion sees what it
+/// expects; in Closing or Terminate (a post that reached the transport just as the
+/// connection began to end: later ones fail with `Disconnected`) because the queue pair is
+/// ending, its outstanding requests flushed, and this one never runs either. A flushed
+/// completion lost to a full completion queue fails nothing more.
 pub(crate) fn local_status(e: &rdmap::RdmapError) -> WcStatus {
     use rdmap::RdmapError as E;
     match e {
@@ -1735,5 +1772,19 @@ pub(crate) mod tests {
             took < CLOSE_TAKES * 2,
             "{UNTAKEN} closes of {CLOSE_TAKES:?} took {took:?}"
         );
+    }
+
+    /// A finished queue pair's state is final: a transport's later turns of the connection (in
+    /// TIME-WAIT on the engine) publish and finish again without changing it, so the Error an
+    /// `abort` set after a graceful close stays (and posts stay flushed, not refused).
+    #[test]
+    fn a_finished_state_is_final() {
+        let shared = Shared::new(QpState::Rts);
+        shared.mark_finished(QpState::Closing);
+        shared.enter_error_if_finished();
+        drop(shared.publish(QpState::Closing, None, None));
+        shared.mark_finished(QpState::Closing);
+        assert_eq!(shared.lock().state, QpState::Error);
+        assert!(!shared.refuses_posts());
     }
 }

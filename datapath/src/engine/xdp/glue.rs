@@ -14,7 +14,7 @@ use crate::log_rate::peer_line;
 use crate::memory::{RegionMemory, SharedTable};
 use crate::probe::{self, Mark};
 use crate::verbs::cm::{with_fresh_vtag, ConnectParams, Framing};
-use crate::verbs::qp::{Agreed, Cmd, QpParts, Shared};
+use crate::verbs::qp::{Agreed, Cmd, QpParts, Shared, TakenSend};
 use crate::xdp_tcp::{ConnId, Connection as TcpConnection, Event as TcpEvent, TcpApp};
 use crate::xsk::PayloadDigest;
 use crate::{DatapathError, QpError};
@@ -190,17 +190,17 @@ impl App<'_> {
                 let mem = table_of(slot.table, self.mem, scratch);
                 match cmd {
                     Cmd::Send(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        let taken = TakenSend::of(&wr);
                         if let Err(e) = slot.conn.qp_mut().post_send(wr, mem) {
                             let qp = slot.conn.qp_mut();
-                            slot.shared.refuse_taken_send(qp, wr_id, opcode, &e);
+                            slot.shared.refuse_taken_send(qp, taken, &e);
                         }
                     }
                     Cmd::SendInline(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        let taken = TakenSend::of_inline(&wr);
                         if let Err(e) = slot.conn.qp_mut().post_send_inline(wr) {
                             let qp = slot.conn.qp_mut();
-                            slot.shared.refuse_taken_send(qp, wr_id, opcode, &e);
+                            slot.shared.refuse_taken_send(qp, taken, &e);
                         }
                     }
                     Cmd::Recv(wr) => post_taken_recv(&mut slot.conn, &slot.shared, wr, mem),
