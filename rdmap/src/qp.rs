@@ -1164,11 +1164,24 @@ impl QueuePair {
 
     /// Queues a checked send work request of `total` octets and its completion slot.
     fn enqueue_send(&mut self, wr: SendWr, total: u64, inline: bool) {
+        self.enqueue(wr, wr.op.wc_opcode(), total, inline, None);
+    }
+
+    /// Queues a send queue entry and its completion slot (reporting `opcode`); `refused`: it
+    /// fails in its place ([`QueuePair::fail_send_in_place`]).
+    fn enqueue(
+        &mut self,
+        wr: SendWr,
+        opcode: WcOpcode,
+        total: u64,
+        inline: bool,
+        refused: Option<WcStatus>,
+    ) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.slots.push_back(CompletionSlot {
             wr_id: wr.wr_id,
-            opcode: wr.op.wc_opcode(),
+            opcode,
             // At most u32::MAX: checked by the callers.
             byte_len: total as u32,
             status: None,
@@ -1183,7 +1196,7 @@ impl QueuePair {
             inline,
             checked_to: 0,
             checked_in: TableVersion::default(),
-            refused: None,
+            refused,
         });
     }
 
@@ -1202,35 +1215,18 @@ impl QueuePair {
         status: WcStatus,
         fence: bool,
     ) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.slots.push_back(CompletionSlot {
+        // What it asked for matters no more: an empty Send that fails when it is the head.
+        let wr = SendWr {
             wr_id,
-            opcode,
-            byte_len: 0,
-            status: None,
-            signaled: true,
-        });
-        self.sq.push_back(SqEntry {
-            wr: SendWr {
-                wr_id,
-                op: SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
-                },
-                sg_list: SgeList::new(),
-                signaled: true,
-                fence,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
             },
-            seq,
-            sent: 0,
-            total: 0,
-            tail: false,
-            inline: false,
-            checked_to: 0,
-            checked_in: TableVersion::default(),
-            refused: Some(status),
-        });
+            sg_list: SgeList::new(),
+            signaled: true,
+            fence,
+        };
+        self.enqueue(wr, opcode, 0, false, Some(status));
     }
 
     /// Whether the transport still reads handed-out requests' payload from the application's

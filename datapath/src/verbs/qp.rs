@@ -443,10 +443,15 @@ impl Shared {
     fn enter_error_if_finished(&self) {
         let mut st = self.lock();
         if st.finished {
-            st.state = QpState::Error;
-            self.refusing_posts
-                .store(refuses_posts_in(QpState::Error), Ordering::Release);
+            self.set_state(&mut st, QpState::Error);
         }
+    }
+
+    /// Sets the published state, and the lock-free copy posts read ([`refuses_posts_in`]).
+    fn set_state(&self, st: &mut QpStatus, state: QpState) {
+        st.state = state;
+        self.refusing_posts
+            .store(refuses_posts_in(state), Ordering::Release);
     }
 
     /// The transport has finished with the connection: the status is final, and posts never
@@ -460,9 +465,7 @@ impl Shared {
                 // Final already (see `publish`).
                 return;
             }
-            st.state = state;
-            self.refusing_posts
-                .store(refuses_posts_in(state), Ordering::Release);
+            self.set_state(&mut st, state);
             st.finished = true;
             st.error.clone()
         };
@@ -501,9 +504,7 @@ impl Shared {
         // Once finished the state is final (a later turn of a transport that still holds the
         // connection, in TIME-WAIT say, changes nothing; `abort`'s Error stays).
         if !st.finished {
-            st.state = state;
-            self.refusing_posts
-                .store(refuses_posts_in(state), Ordering::Release);
+            self.set_state(&mut st, state);
         }
         st.remote_terminate = remote;
         st.sent_terminate = sent;
