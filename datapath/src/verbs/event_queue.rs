@@ -43,16 +43,15 @@ impl<T> EventQueue<T> {
         })
     }
 
-    /// Queues an event and makes the descriptor readable (its count goes up by one).
+    /// Queues an event and makes the descriptor readable (its count goes up by one), both
+    /// under the queue's lock: a taker (who holds it too) finds the count of every event
+    /// queued, unless the application read the descriptor itself ([`EventQueue::pop`]).
     pub(crate) fn push(&self, item: T) {
-        // Queued before the count goes up, so a reader that sees the count finds the entry.
-        self.items
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(item);
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        items.push_back(item);
         let one: u64 = 1;
         // SAFETY: writes 8 octets from a local u64 to the eventfd we own. It cannot fail short of
-        // the counter reaching u64::MAX - 1 unread events.
+        // the counter reaching u64::MAX - 1 unread events, and never waits short of that.
         let _ = unsafe {
             libc::write(
                 self.efd.as_raw_fd(),
@@ -62,30 +61,20 @@ impl<T> EventQueue<T> {
         };
     }
 
-    /// Takes the oldest event without waiting for one. The count is taken under the queue's
-    /// lock, only when an event is queued: a push queues its event before it raises the
-    /// count, so on a blocking descriptor the read waits at most for a push in progress to
-    /// finish, and on a non-blocking one it fails then (the event stays for the next call,
-    /// when the descriptor is readable). Never more reads than events: the descriptor is never
-    /// readable without an event queued (an event is queued a moment before it is readable).
+    /// Takes the oldest event without waiting for one, and one count of the descriptor with
+    /// it, under the queue's lock (a push raises the count under it too, so each queued event
+    /// has its count). Never more reads than events: the descriptor is readable only while an
+    /// event is queued. The count is taken without waiting, whether or not the descriptor is
+    /// blocking ([`take_count`]): should the application have read the descriptor itself
+    /// (which it need not: the calls take the count), the event is still taken, without its
+    /// count, and neither this call nor the transport threads that push (which wait for the
+    /// lock) are left waiting on a count that is not there.
     pub(crate) fn pop(&self) -> Option<T> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         if items.is_empty() {
             return None;
         }
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode a
-        // successful read takes exactly one event's count.
-        let n = unsafe {
-            libc::read(
-                self.efd.as_raw_fd(),
-                (&mut count as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if n != std::mem::size_of::<u64>() as isize {
-            return None;
-        }
+        take_count(&self.efd);
         items.pop_front()
     }
 
@@ -156,6 +145,52 @@ impl<T> Drop for EventQueue<T> {
             hook(self.items.get_mut().unwrap_or_else(|e| e.into_inner()));
         }
     }
+}
+
+/// Takes one count of the eventfd `efd` (in semaphore mode) if it has one, without waiting
+/// whether or not the descriptor is blocking: `preadv2` with `RWF_NOWAIT` (eventfd honours it
+/// since Linux 5.12), else, on a kernel that refuses the flag, `poll` with no timeout and then
+/// `read` (which could wait only if another reader of the descriptor took the count between
+/// the two). True if a count was taken.
+fn take_count(efd: &OwnedFd) -> bool {
+    let mut count: u64 = 0;
+    let iov = libc::iovec {
+        iov_base: (&mut count as *mut u64).cast(),
+        iov_len: std::mem::size_of::<u64>(),
+    };
+    // SAFETY: one iovec on our stack describing a local u64, count 1, on the eventfd we own;
+    // offset -1 reads at the current position (an eventfd has none to move).
+    let n = unsafe { libc::preadv2(efd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+    if n == std::mem::size_of::<u64>() as isize {
+        return true;
+    }
+    let refused = n < 0
+        && matches!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS)
+        );
+    if !refused {
+        return false;
+    }
+    let mut pfd = libc::pollfd {
+        fd: efd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack, count 1, no timeout.
+    if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+        return false;
+    }
+    // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode a
+    // successful read takes exactly one count.
+    let n = unsafe {
+        libc::read(
+            efd.as_raw_fd(),
+            (&mut count as *mut u64).cast(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+    n == std::mem::size_of::<u64>() as isize
 }
 
 /// A handle on an [`EventQueue`] that does not keep it alive, for the hooks a queue pair,
@@ -268,6 +303,42 @@ mod tests {
         q.push(8);
         assert_eq!(q.pop_as_descriptor_says(), Some(8));
         assert!(!readable(&q));
+    }
+
+    /// An application that reads the descriptor itself (it need not: the calls take the
+    /// count) takes an event's count: taking the event then waits for no count, pushes go on,
+    /// and the descriptor is again readable exactly while an event is queued.
+    #[test]
+    fn a_descriptor_read_by_the_application_leaves_nothing_waiting() {
+        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
+        q.push(1);
+        let mut count: u64 = 0;
+        // SAFETY: reads 8 octets into a local u64 from the queue's eventfd.
+        let n = unsafe {
+            libc::read(
+                q.raw_fd(),
+                (&mut count as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        assert_eq!(n, 8, "{}", io::Error::last_os_error());
+        assert!(!readable(&q));
+        let q2 = q.clone();
+        assert_eq!(
+            within_5s(move || q2.pop()),
+            Some(Some(1)),
+            "waited for a count"
+        );
+        let q2 = q.clone();
+        assert_eq!(within_5s(move || q2.push(2)), Some(()), "push waited");
+        assert!(readable(&q));
+        let q2 = q.clone();
+        assert_eq!(
+            within_5s(move || q2.pop_as_descriptor_says()),
+            Some(Some(2))
+        );
+        assert!(!readable(&q));
+        assert_eq!(q.pop(), None);
     }
 
     /// Many threads pushing and taking at once: every event is taken once, and the
