@@ -85,7 +85,10 @@ pub(crate) fn connect_start(
         let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
             Ok(n) => n,
             Err(e) => {
-                initiator.handle_timeout(Instant::now())?;
+                if e.kind() == io::ErrorKind::TimedOut {
+                    // The startup's deadline, if it is the one that passed.
+                    initiator.handle_timeout(Instant::now())?;
+                }
                 return Err(setup_error(e, "waiting for the MPA Reply"));
             }
         };
