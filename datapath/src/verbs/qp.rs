@@ -951,7 +951,8 @@ impl QueuePair {
             .clone()
     }
 
-    /// Waits until the engine has stopped or `timeout` passes; true when it stopped.
+    /// Waits until the transport has finished with the queue pair ([`QpStatus::finished`]) or
+    /// `timeout` passes; true when it has.
     pub fn wait_finished(&self, timeout: Duration) -> bool {
         poll_until(timeout, Duration::from_millis(2), || self.status().finished)
     }
