@@ -2039,16 +2039,6 @@ impl Connection {
     ) {
         let mut pass_up = |p: PassedUp<'_>| pass_up(p).take_back();
         self.stats.segments_in += 1;
-        if let Some((idle, _, _)) = self.cfg.keepalive {
-            self.last_heard = now;
-            if self.keepalive_unanswered > 0 {
-                // A probe was answered (or anything else came): back to idle watching.
-                self.keepalive_unanswered = 0;
-                self.keepalive_deadline = Some(now + idle);
-            } else if self.keepalive_deadline.is_none() && self.state.synchronized() {
-                self.keepalive_deadline = Some(now + idle);
-            }
-        }
         match self.state {
             State::Closed => {}
             State::SynSent => self.on_segment_syn_sent(now, seg),
@@ -2345,8 +2335,9 @@ impl Connection {
                 return;
             }
             if !seg.payload.is_empty() && rel < 0 {
-                // An old duplicate: report it (RFC 2883 4.1.1).
-                let start = self.rcv_nxt as i64 + rel;
+                // An old duplicate: report it (RFC 2883 4.1.1). `rel` counts from RCV.NXT
+                // past a received FIN; the stream offset does not.
+                let start = self.rcv_nxt as i64 + i64::from(self.fin_received) + rel;
                 let end = start + seg.payload.len() as i64;
                 if start >= 0 && end as u64 <= self.rcv_nxt {
                     self.note_duplicate(start as u64, end as u64);
@@ -2354,7 +2345,13 @@ impl Connection {
             }
             if !seg.flags.rst {
                 self.ack_invalid(now, seg);
-                if seg.flags.fin && self.state == State::TimeWait {
+                // Only the peer's FIN again restarts the 2 MSL (RFC 9293 3.10.7.4): not any
+                // FIN outside the window, which a blind sender could repeat to hold the
+                // connection in TIME-WAIT for good.
+                let its_fin_again = seg.flags.fin
+                    && seg.seq.wrapping_add(seg.seq_len()) == rcv_nxt_seq
+                    && self.fin_received;
+                if its_fin_again && self.state == State::TimeWait {
                     self.time_wait_deadline = Some(now + self.cfg.time_wait);
                 }
             }
@@ -2410,6 +2407,7 @@ impl Connection {
         } else if !self.process_ack(now, seg) {
             return;
         }
+        self.heard_from_peer(now);
         // TS.Recent (RFC 7323 5.3 R3) only from a segment whose ACK was acceptable: updated
         // before the ACK check (as R3's order has it), a blind segment that merely overlaps
         // RCV.NXT could set a TSval far ahead, and PAWS would then drop every segment of the
@@ -2435,6 +2433,28 @@ impl Connection {
         self.snd_nxt + u64::from(self.fin_sent)
     }
 
+    /// Keepalive (RFC 9293 3.8.4, RFC 1122 4.2.3.6): the peer was heard, by a segment that
+    /// passed the sequence check with an acceptable ACK (an answered probe among them), so the
+    /// idle time starts again. Not by any segment on the connection's four-tuple: an off-path
+    /// sender of segments that are then dropped would keep a dead peer's connection forever.
+    /// Not in TIME-WAIT, which is quiet for its 2 MSL (RFC 9293 3.6.1).
+    fn heard_from_peer(&mut self, now: Instant) {
+        let Some((idle, _, _)) = self.cfg.keepalive else {
+            return;
+        };
+        if self.state == State::TimeWait {
+            return;
+        }
+        self.last_heard = now;
+        if self.keepalive_unanswered > 0 {
+            // A probe was answered (or anything else came): back to idle watching.
+            self.keepalive_unanswered = 0;
+            self.keepalive_deadline = Some(now + idle);
+        } else if self.keepalive_deadline.is_none() {
+            self.keepalive_deadline = Some(now + idle);
+        }
+    }
+
     /// Returns false when the segment must be dropped.
     fn process_ack(&mut self, now: Instant, seg: &SegmentRepr<'_>) -> bool {
         let snd_max = self.snd_max();
@@ -2443,8 +2463,10 @@ impl Connection {
             return false;
         };
         if ack_pos > snd_max {
-            // Acks something not yet sent (RFC 9293, RFC 5961 5.2).
-            self.ack_now = true;
+            // Acks something not yet sent (RFC 9293, RFC 5961 5.2): an ACK, throttled as
+            // challenge ACKs are (RFC 5961 7), so that two ends out of step do not trade ACKs
+            // as fast as they can.
+            self.challenge_ack(now);
             return false;
         }
         if ack_pos + self.max_snd_wnd.max(1) < self.snd_una {

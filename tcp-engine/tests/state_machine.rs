@@ -404,16 +404,17 @@ fn ack_checks_of_rfc5961() {
     let now = net.now;
     let rcv_nxt = s.conn().rcv_nxt();
     let snd_nxt = s.conn().snd_nxt();
-    // Acknowledges data never sent: ACK back, data dropped.
+    // Acknowledges data never sent: ACK back (counted as a challenge ACK), data dropped.
     let seg = from_client(&c, rcv_nxt, snd_nxt.wrapping_add(1000), ACK, b"zzz");
     s.conn_mut().handle_segment(now, &seg, |_| {});
     assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
     assert_eq!(drain(s.conn_mut(), now).len(), 1);
+    assert_eq!(s.conn().stats().challenge_acks, 1);
     // Too old (before SND.UNA - MAX.SND.WND): challenge ACK, data dropped.
     let seg = from_client(&c, rcv_nxt, snd_nxt.wrapping_sub(1 << 30), ACK, b"zzz");
     s.conn_mut().handle_segment(now, &seg, |_| {});
     assert_eq!(s.conn().rcv_nxt(), rcv_nxt);
-    assert_eq!(s.conn().stats().challenge_acks, 1);
+    assert_eq!(s.conn().stats().challenge_acks, 2);
     // A proper segment is accepted.
     let seg = from_client(&c, rcv_nxt, snd_nxt, ACK, b"zzz");
     s.conn_mut().handle_segment(now, &seg, |_| {});
@@ -1168,4 +1169,152 @@ fn a_blind_segment_with_a_bad_ack_does_not_move_ts_recent() {
         "the blind TSval poisoned PAWS"
     );
     assert_eq!(s.conn().rcv_nxt(), rcv_nxt.wrapping_add(4));
+}
+
+/// Segments a blind sender can make on the connection's four-tuple (outside the window, or
+/// with an ACK of nothing we sent) are dropped, and do not count as hearing from the peer:
+/// keepalive still finds a peer that vanished (RFC 9293 3.8.4). Before, any segment on the
+/// four-tuple restarted the idle time, and a sender of one a minute kept a dead peer's
+/// connection for good.
+#[test]
+fn blind_segments_do_not_keep_a_dead_peer_alive() {
+    let cfg = Config {
+        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    run_idle(&mut c, &mut s, &mut net, 50);
+    assert_eq!(c.state(), Some(State::Established));
+    // The peer vanishes: nothing of ours reaches it.
+    net.a_to_b.cfg.loss = 1.0;
+    for i in 0..40u32 {
+        let (rcv_nxt, snd_nxt) = (c.conn().rcv_nxt(), c.conn().snd_nxt());
+        let blind = [
+            // Far outside the window.
+            from_client(&s, rcv_nxt.wrapping_add(1 << 30), i, ACK, &[]),
+            // In the window, acknowledging what we never sent.
+            from_client(&s, rcv_nxt, snd_nxt.wrapping_add(1000 + i), ACK, &[]),
+        ];
+        for seg in &blind {
+            c.conn_mut().handle_segment(net.now, seg, |_| {});
+        }
+        run_idle(&mut c, &mut s, &mut net, 25);
+    }
+    assert_eq!(c.state(), Some(State::Closed), "{:?}", c.conn().stats());
+    assert!(c.events.contains(&Event::TimedOut));
+}
+
+/// Into TIME-WAIT with keepalive on, the peer's FIN again (our ACK of it lost): re-ACKed, and
+/// TIME-WAIT stays quiet for its 2 MSL (RFC 9293 3.6.1): no keepalive probe from it (which a
+/// closed peer would answer with a RST that ends TIME-WAIT early).
+#[test]
+fn time_wait_sends_no_keepalive_probes() {
+    let cfg = Config {
+        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
+        time_wait: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established(cfg);
+    c.conn_mut().close();
+    s.close_on_peer_fin = true;
+    net.run(
+        &mut c,
+        &mut s,
+        net.now + Duration::from_secs(1),
+        |c, _, _| c.state() == Some(State::TimeWait),
+        |_, _, _| {},
+    );
+    assert_eq!(c.state(), Some(State::TimeWait));
+    let fin = TcpFlags { fin: true, ..ACK };
+    let (fin_seq, ack) = (c.conn().rcv_nxt().wrapping_sub(1), c.conn().snd_nxt());
+    let probes = c.conn().stats().probes;
+    c.conn_mut()
+        .handle_segment(net.now, &from_client(&s, fin_seq, ack, fin, &[]), |_| {});
+    run_idle(&mut c, &mut s, &mut net, 1000);
+    assert_eq!(c.state(), Some(State::TimeWait));
+    assert_eq!(c.conn().stats().probes, probes, "a probe from TIME-WAIT");
+}
+
+/// TIME-WAIT restarts its 2 MSL for the peer's FIN again (RFC 9293 3.10.7.4), not for a FIN
+/// anywhere else outside the window, which a blind sender could repeat to hold the
+/// connection there for good.
+#[test]
+fn only_the_peers_fin_again_restarts_time_wait() {
+    for (peers_fin, still_waiting) in [(true, true), (false, false)] {
+        let (mut c, mut s, mut net) = established(short_tw());
+        c.conn_mut().close();
+        s.close_on_peer_fin = true;
+        net.run(
+            &mut c,
+            &mut s,
+            net.now + Duration::from_secs(1),
+            |c, _, _| c.state() == Some(State::TimeWait),
+            |_, _, _| {},
+        );
+        assert_eq!(c.state(), Some(State::TimeWait));
+        run_idle(&mut c, &mut s, &mut net, 60);
+        let fin = TcpFlags { fin: true, ..ACK };
+        let seq = if peers_fin {
+            c.conn().rcv_nxt().wrapping_sub(1)
+        } else {
+            c.conn().rcv_nxt().wrapping_add(1 << 30)
+        };
+        let ack = c.conn().snd_nxt();
+        c.conn_mut()
+            .handle_segment(net.now, &from_client(&s, seq, ack, fin, &[]), |_| {});
+        // 100 ms from entering TIME-WAIT have passed; 100 ms from the FIN have not.
+        run_idle(&mut c, &mut s, &mut net, 60);
+        assert_eq!(
+            c.state() == Some(State::TimeWait),
+            still_waiting,
+            "peer's FIN: {peers_fin}"
+        );
+    }
+}
+
+/// ACKs of data we never sent are answered (RFC 5961 5.2) at most as often as challenge ACKs
+/// (RFC 5961 7: `Config::challenge_ack_limit` a second), so that two ends out of step do not
+/// trade ACKs as fast as they can.
+#[test]
+fn acks_of_unsent_data_are_answered_as_challenge_acks() {
+    let (mut c, s, net) = established(Config::default());
+    let (rcv_nxt, snd_nxt) = (c.conn().rcv_nxt(), c.conn().snd_nxt());
+    let mut answers = 0;
+    for i in 0..300u32 {
+        let seg = from_client(&s, rcv_nxt, snd_nxt.wrapping_add(1000 + i), ACK, &[]);
+        c.conn_mut().handle_segment(net.now, &seg, |_| {});
+        answers += drain(c.conn_mut(), net.now).len();
+    }
+    let limit = Config::default().challenge_ack_limit as usize;
+    assert!(answers > 0 && answers <= limit, "{answers} answers");
+    assert_eq!(c.state(), Some(State::Established));
+}
+
+/// The peer's last data and FIN again after we took both (our ACK lost): the D-SACK reports
+/// exactly the duplicate octets (RFC 2883 4.1.1), not one octet lower for the FIN.
+#[test]
+fn a_d_sack_after_the_peers_fin_names_the_duplicate_octets() {
+    let (mut c, mut s, mut net) = established(Config::default());
+    let data = [7u8; 100];
+    s.conn_mut().send(&data).expect("send");
+    s.conn_mut().close();
+    net.run(
+        &mut c,
+        &mut s,
+        net.now + Duration::from_secs(1),
+        |c, s, _| c.state() == Some(State::CloseWait) && s.conn().snd_una() == s.conn().snd_nxt(),
+        |_, _, _| {},
+    );
+    assert_eq!(c.state(), Some(State::CloseWait));
+    let end = c.conn().rcv_nxt().wrapping_sub(1);
+    let start = end.wrapping_sub(data.len() as u32);
+    let fin = TcpFlags { fin: true, ..ACK };
+    let again = from_client(&s, start, c.conn().snd_nxt(), fin, &data);
+    c.conn_mut().handle_segment(net.now, &again, |_| {});
+    let out = drain(c.conn_mut(), net.now);
+    let ack = SegmentRepr::parse(out.first().expect("an ACK")).expect("valid");
+    assert_eq!(
+        ack.options.sack_blocks().first().map(|b| (b.left, b.right)),
+        Some((start, end))
+    );
 }
