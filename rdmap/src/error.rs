@@ -264,11 +264,12 @@ impl TerminateCode {
 
     /// Whether the Terminate carries the DDP header and segment length of the segment
     /// that caused it (RFC 5040 Figure 10): yes for DDP errors and RDMAP protection and
-    /// operation errors, no for local catastrophic and LLP errors.
+    /// operation errors, no for LLP errors nor for a local catastrophic error of either layer
+    /// (4.8: "The DDP Header is not present if the Terminate Error Type is a Local
+    /// Catastrophic Error"; DDP's type 0 is one too, RFC 5041 7.2).
     pub fn includes_ddp_header(&self) -> bool {
         match self.layer {
-            layer::DDP => true,
-            layer::RDMAP => self.etype != rdmap_etype::LOCAL_CATASTROPHIC,
+            layer::DDP | layer::RDMAP => self.etype != rdmap_etype::LOCAL_CATASTROPHIC,
             _ => false,
         }
     }
@@ -493,6 +494,7 @@ mod tests {
         assert!(TerminateCode::new(0, 1, 0).includes_read_request());
         assert!(!TerminateCode::new(0, 2, 6).includes_read_request());
         assert!(!TerminateCode::new(0, 0, 0).includes_ddp_header());
+        assert!(!TerminateCode::new(1, 0, 0).includes_ddp_header());
         assert!(!TerminateCode::new(2, 0, 2).includes_ddp_header());
     }
 }

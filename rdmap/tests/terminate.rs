@@ -623,6 +623,43 @@ fn invalid_ddp_version_untagged() {
     assert_a_flushed(&mut pair);
 }
 
+/// A Send in more separate pieces than the receive side tracks (17 with gaps between them;
+/// DDP tracks 16):
+/// DDP's local catastrophic error (1/0/0), whose Terminate carries no DDP header nor segment
+/// length (RFC 5040 4.8: "not present if the Terminate Error Type is a Local Catastrophic
+/// Error").
+#[test]
+fn a_send_in_too_many_pieces_terminates_without_its_header() {
+    let mut pair = Pair::new(MULPDU);
+    let b_rbuf = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(B_RECV, b_rbuf, 0, 64);
+    let pieces = ddp::MAX_TRACKED_RANGES as u32 + 1;
+    for piece in 0..pieces {
+        let mut bytes = untagged(0x01, 0x43, 0, 1, &[0xAB]);
+        bytes[14..18].copy_from_slice(&(2 * piece).to_be_bytes());
+        inject(&mut pair, bytes);
+    }
+    let results: Vec<_> = pair.log.iter().filter(|t| t.from == Side::A).collect();
+    assert_eq!(results.len(), pieces as usize);
+    assert!(results[..results.len() - 1]
+        .iter()
+        .all(|t| t.result.is_ok()));
+    assert_eq!(
+        results[results.len() - 1].result,
+        Err(RdmapError::Ddp(DdpError::TooManyRanges))
+    );
+    let term = pair.sent_by(Side::B).last().expect("a Terminate");
+    assert_eq!(term.opcode(), Opcode::Terminate);
+    let (_, payload) = DdpHeader::parse(&term.bytes).unwrap();
+    let header = TerminateHeader::parse(payload).unwrap();
+    assert_eq!((header.layer, header.etype, header.code), (1, 0, 0));
+    assert_eq!(header.ddp_header, None, "D bit");
+    assert_eq!(header.segment_len, None, "M bit");
+    assert_eq!(header.read_request, None, "R bit");
+    assert_eq!(pair.b.qp.state(), QpState::Error);
+    assert_eq!(pair.a.qp.remote_terminate(), Some(header));
+}
+
 #[test]
 fn invalid_ddp_version_tagged() {
     let mut pair = pair(true);
