@@ -824,15 +824,33 @@ pub(crate) struct TableVersion {
 
 pub(crate) type SharedTable = Arc<RegionTable>;
 
-/// 64 bits from the kernel's random source (`getrandom(2)`, which blocks only before the
-/// pool is first initialised at boot); the clock mixed with the address space if it fails.
+/// 64 bits from the kernel's random source: `getrandom(2)` (which blocks only before the pool
+/// is first initialised at boot; tried again when a signal interrupts it), else `/dev/urandom`
+/// (a sandbox that refuses the system call). Should both fail, the clock mixed with the address
+/// space, which a peer could narrow down: said in the log.
 pub(crate) fn random_u64() -> u64 {
     let mut v = 0u64;
-    // SAFETY: getrandom writes at most 8 octets into our local u64.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n == 8 {
-        return v;
+    for _ in 0..8 {
+        // SAFETY: getrandom writes at most 8 octets into our local u64.
+        let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+        if n == 8 {
+            return v;
+        }
+        if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
     }
+    let mut octets = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut octets))
+        .is_ok()
+    {
+        return u64::from_ne_bytes(octets);
+    }
+    tracing::warn!(
+        "no random source (getrandom and /dev/urandom failed): STags are keyed by the clock, \
+         which a peer could narrow down"
+    );
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -897,6 +915,10 @@ static NEXT_PD: AtomicU32 = AtomicU32::new(1);
 /// A protection domain (RFC 5040 2.3, RFC 5042 5.2; `ibv_alloc_pd`): memory regions and queue
 /// pairs of one PD can reach each other; a remote access through a queue pair of another PD is
 /// refused. Cloning gives another handle to the same domain.
+///
+/// A region's STag is valid on every connection of its domain (there are no memory windows):
+/// give a peer that must not reach the other connections' regions a domain of its own (RFC
+/// 5042 6.1.1, 6.4.5).
 #[derive(Clone)]
 pub struct ProtectionDomain {
     pub(crate) id: PdId,
@@ -1226,8 +1248,10 @@ impl MemoryRegion {
     /// [`ProtectionDomain::register_raw`] may be freed (and a region's own buffer has been,
     /// or, called on a transport's thread such as in a hook, is being, on a thread of its
     /// own).
-    /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1),
-    /// Read Requests already received but not yet answered included: deregister a region a
+    /// Accesses by a peer from then on fail as those of an unknown STag (RFC 5040 2.1), from
+    /// the transport's next look at the table (an engine turn in progress when this is called
+    /// may still place a segment it checked before; the wait covers it), Read Requests
+    /// already received but not yet answered included: deregister a region a
     /// peer reads only once its Reads are done, or its connection ends in a Terminate.
     /// Waits up to 10 s (a Read Response holds its source until the peer acknowledges it),
     /// then fails with [`DatapathError::RegionInUse`]: the region is deregistered all the
@@ -1250,7 +1274,8 @@ impl MemoryRegion {
 
     /// Deregisters the region now and returns what waits for the transports to let go of its
     /// bytes ([`Deregistration::wait`], as often as needed): peers' accesses fail from now
-    /// on, as [`MemoryRegion::deregister`] says.
+    /// on (from the transport's next look at the table), as [`MemoryRegion::deregister`]
+    /// says.
     pub fn start_deregister(self) -> Deregistration {
         let buf = self.buf.clone();
         // Deregisters: the transports reach the bytes only through `Arc` clones from now on.

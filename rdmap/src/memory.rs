@@ -403,18 +403,18 @@ const FREE_QUARANTINE: usize = 64;
 
 /// Unpredictable STags (RFC 5042 6.1.1: a peer must not be able to guess a valid STag): the
 /// STag index is a keyed permutation of the table slot (a four-round Feistel network over
-/// the 24 index bits), and each slot's key follows a keyed permutation of the 256 key values
-/// from a random start, so a slot's key comes back only after 256 registrations of it.
+/// the 24 index bits), and each slot's key is its registration count through a permutation
+/// of the 256 key values keyed by the secret and the slot (a four-round Feistel network over
+/// the 8 key bits), so a slot's key comes back only after 256 registrations of it, and one
+/// slot's keys say nothing of another's.
 #[derive(Debug, Clone, Copy)]
 struct StagScramble {
     /// The secret the rest is derived from (names the mapping, [`MemoryTable::mapping`]).
     secret: u64,
     /// Round keys of the index permutation.
     rounds: [u64; 4],
-    /// Key sequence: `key(n) = (n * mul + add) ^ xor` (`mul` odd: a bijection of u8).
-    mul: u8,
-    add: u8,
-    xor: u8,
+    /// Round keys of the slots' key permutations.
+    key_rounds: [u64; 4],
 }
 
 impl StagScramble {
@@ -429,13 +429,11 @@ impl StagScramble {
             z ^ (z >> 31)
         };
         let rounds = [next(), next(), next(), next()];
-        let k = next();
+        let key_rounds = [next(), next(), next(), next()];
         StagScramble {
             secret,
             rounds,
-            mul: (k as u8) | 1,
-            add: (k >> 8) as u8,
-            xor: (k >> 16) as u8,
+            key_rounds,
         }
     }
 
@@ -461,9 +459,17 @@ impl StagScramble {
         (l << 12) | r
     }
 
-    /// The key of a slot's `n`th registration.
-    fn key(&self, n: u8) -> u8 {
-        n.wrapping_mul(self.mul).wrapping_add(self.add) ^ self.xor
+    /// The key of slot `slot`'s `n`th registration: `n` through a Feistel network over its
+    /// two 4-bit halves whose round function mixes the slot with the round key (a bijection
+    /// of u8 for each slot).
+    fn key(&self, slot: u32, n: u8) -> u8 {
+        let (mut l, mut r) = (n >> 4, n & 0xF);
+        for &k in &self.key_rounds {
+            let mixed = ((u64::from(slot) << 4) | u64::from(r)) ^ k;
+            let f = (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as u8;
+            (l, r) = (r, l ^ f);
+        }
+        (l << 4) | r
     }
 }
 
@@ -595,7 +601,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         let scramble = self.scramble;
         let slot = &mut self.slots[index as usize];
         slot.uses = slot.uses.wrapping_add(1);
-        slot.key = scramble.map_or(slot.uses, |s| s.key(slot.uses));
+        slot.key = scramble.map_or(slot.uses, |s| s.key(index, slot.uses));
         slot.region = Some(region);
         let key = slot.key;
         self.changed();
@@ -707,7 +713,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
             Some(k) => k,
             None => {
                 slot.uses = slot.uses.wrapping_add(1);
-                scramble.map_or(slot.uses, |s| s.key(slot.uses))
+                scramble.map_or(slot.uses, |s| s.key(index as u32, slot.uses))
             }
         };
         let stag = Stag::new(stag.index(), slot.key);
@@ -870,8 +876,10 @@ mod tests {
             assert!(index <= Stag::MAX_INDEX);
             assert_eq!(s.slot_of(index), slot);
         }
-        let keys: std::collections::HashSet<u8> = (0..=255u8).map(|n| s.key(n)).collect();
-        assert_eq!(keys.len(), 256, "a slot's keys: all 256 before one repeats");
+        for slot in [1, 2, 0x1234, Stag::MAX_INDEX] {
+            let keys: std::collections::HashSet<u8> = (0..=255u8).map(|n| s.key(slot, n)).collect();
+            assert_eq!(keys.len(), 256, "a slot's keys: all 256 before one repeats");
+        }
     }
 
     /// RFC 5042 6.1.1: 1,000 registrations (with deregistrations among them) show no
@@ -926,6 +934,30 @@ mod tests {
         // The first region of every table is not a fixed STag.
         assert_ne!(a[0], b[0]);
         assert_ne!(a[0], Stag(0x101));
+    }
+
+    /// One STag's key says nothing of another slot's (RFC 5042 6.1.1): the first
+    /// registrations of many slots do not share a key, nor do their second ones follow the
+    /// first by one common rule.
+    #[test]
+    fn keys_of_different_slots_are_unrelated() {
+        let mut t = MemoryTable::with_secret(5);
+        let firsts: Vec<Stag> = (0..256)
+            .map(|_| t.register(PD, VecBuffer::zeroed(8), 0, Access::REMOTE_WRITE))
+            .collect();
+        let distinct = |keys: &mut dyn Iterator<Item = u8>| {
+            keys.collect::<std::collections::HashSet<u8>>().len()
+        };
+        let first_keys = distinct(&mut firsts.iter().map(|s| s.key()));
+        assert!(first_keys > 100, "{first_keys} distinct first keys");
+        let steps = distinct(&mut firsts.iter().map(|&s| {
+            let again = t.reregister(s, PD, 0, Access::REMOTE_WRITE).unwrap();
+            again.key().wrapping_sub(s.key())
+        }));
+        assert!(
+            steps > 100,
+            "{steps} distinct steps from the first key to the second"
+        );
     }
 
     #[test]
