@@ -31,13 +31,14 @@
 // Dropped (XDP_DROP): the first fragment of an IPv4 datagram carrying a TCP segment
 // the rules above steer (see `fragment`).
 //
-// An 802.1Q priority tag (VLAN ID 0: IEEE 802.1Q's priority-only tag, as peers that
-// mark their traffic's priority for DCB/PFC send it) is looked through, and taken off
-// a frame that is steered (`pop_priority_tag`), so the engine always gets untagged
-// frames; the kernel would have taken it off too.
+// Priority tags (VLAN ID 0: IEEE 802.1Q's priority-only tag, as peers that mark their
+// traffic's priority for DCB/PFC send it; 802.1Q's type 0x8100 or 802.1ad's 0x88a8, up
+// to MAX_PRIORITY_TAGS stacked) are looked through, and taken off a frame that is
+// steered (`pop_priority_tags`), so the engine always gets untagged frames; the kernel
+// would have taken them off too (and answered a segment of an engine flow with a RST).
 //
 // Not steered (XDP_PASS): non-IPv4 (ARP, IPv6), frames of a VLAN (a tag with a VLAN
-// ID) or with stacked tags, other IPv4 fragments, other protocols and other ICMP,
+// ID) or with more stacked tags, other IPv4 fragments, other protocols and other ICMP,
 // malformed or truncated Ethernet or IPv4 headers, TCP segments shorter than the
 // fixed TCP header. A steered segment's TCP data offset and options are not checked
 // here: the engine checks them (and drops a malformed segment, as the kernel would).
@@ -83,7 +84,10 @@ struct vlan_tag {
 };
 
 #define ETH_P_8021Q_TAG 0x8100
+#define ETH_P_8021AD_TAG 0x88a8
 #define VLAN_ID_MASK 0x0fff
+// Stacked priority tags looked through (the kernel takes off any number).
+#define MAX_PRIORITY_TAGS 4
 
 // 8 octets, the padding zero; must match `listen_key` in src/lib.rs.
 struct listen_key {
@@ -156,10 +160,10 @@ struct tcp_quote {
 	__be32 seq;
 };
 
-// Takes the 4-octet priority tag out of the frame: the MAC addresses move up over
-// it, and the tag's `proto` becomes the frame's type. Every pointer into the packet
+// Takes the `tags` 4-octet priority tags out of the frame: the MAC addresses move up
+// over them, and the innermost tag's `proto` becomes the frame's type. Every pointer into the packet
 // is invalid afterwards. 0 when done.
-static __always_inline int pop_priority_tag(struct xdp_md *ctx)
+static __always_inline int pop_priority_tags(struct xdp_md *ctx, int tags)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -168,7 +172,7 @@ static __always_inline int pop_priority_tag(struct xdp_md *ctx)
 	if (data + sizeof(macs) > data_end)
 		return -1;
 	__builtin_memcpy(macs, data, sizeof(macs));
-	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct vlan_tag)))
+	if (bpf_xdp_adjust_head(ctx, tags * (int)sizeof(struct vlan_tag)))
 		return -1;
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
@@ -178,8 +182,8 @@ static __always_inline int pop_priority_tag(struct xdp_md *ctx)
 	return 0;
 }
 
-// Redirects the packet into the AF_XDP socket of its RX queue, without its
-// priority tag if `tagged`; `redirected` is the counter slot for success.
+// Redirects the packet into the AF_XDP socket of its RX queue, without its `tagged`
+// priority tags; `redirected` is the counter slot for success.
 static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected, int tagged)
 {
 	__u32 queue = ctx->rx_queue_index;
@@ -189,7 +193,7 @@ static __always_inline int redirect(struct xdp_md *ctx, __u32 redirected, int ta
 		count(COUNTER_NO_SOCKET);
 		return XDP_PASS;
 	}
-	if (tagged && pop_priority_tag(ctx)) {
+	if (tagged && pop_priority_tags(ctx, tagged)) {
 		count(COUNTER_PASSED);
 		return XDP_PASS;
 	}
@@ -298,18 +302,21 @@ static __always_inline int steer_packet(struct xdp_md *ctx)
 		goto pass;
 	proto = eth->h_proto;
 	ip = (void *)(eth + 1);
-	if (proto == bpf_htons(ETH_P_8021Q_TAG)) {
-		tag = (void *)(eth + 1);
+#pragma unroll
+	for (int i = 0; i < MAX_PRIORITY_TAGS; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q_TAG) && proto != bpf_htons(ETH_P_8021AD_TAG))
+			break;
+		tag = (void *)ip;
 		if ((void *)(tag + 1) > data_end)
 			goto pass;
 		if (tag->tci & bpf_htons(VLAN_ID_MASK))
 			goto pass; // a VLAN's frame: not our interface's
 		proto = tag->proto;
 		ip = (void *)(tag + 1);
-		tagged = 1;
+		tagged++;
 	}
 	if (proto != bpf_htons(ETH_P_IP))
-		goto pass; // ARP, IPv6, stacked tags, ...
+		goto pass; // ARP, IPv6, more stacked tags, ...
 
 	if ((void *)(ip + 1) > data_end)
 		goto pass;

@@ -14,11 +14,11 @@
 //!   socket too (the engine lowers the connection's path MTU; the kernel has no socket for it);
 //! * the first fragment of an IPv4 datagram carrying a segment steered as above is dropped
 //!   (the engine's TCP does not reassemble; the kernel would reset the connection);
-//! * an 802.1Q priority tag (VLAN ID 0, as peers marking priority for DCB/PFC send) is looked
-//!   through, and taken off a frame that goes to a socket, so the engine always gets untagged
-//!   frames;
-//! * everything else (ARP, other ICMP, other TCP, IPv6, frames of a VLAN or with stacked
-//!   tags, other IPv4 fragments) goes to the kernel.
+//! * priority tags (VLAN ID 0, as peers marking priority for DCB/PFC send; 802.1Q or 802.1ad,
+//!   up to four stacked) are looked through, and taken off a frame that goes to a socket, so
+//!   the engine always gets untagged frames;
+//! * everything else (ARP, other ICMP, other TCP, IPv6, frames of a VLAN or behind more
+//!   than four tags, other IPv4 fragments) goes to the kernel.
 //!
 //! [`SteeringProgram`] loads the object, attaches it to one interface (native/driver or
 //! generic/SKB mode), edits the steering maps, binds sockets to queues, reads the per-CPU

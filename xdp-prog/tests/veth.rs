@@ -690,6 +690,12 @@ fn g_first_fragment_of_a_steered_segment_is_dropped() {
 /// An Ethernet frame from `iwb0` to `iwa0` carrying a TCP SYN `ADDR_B:sport -> ADDR_A:dport`,
 /// behind an 802.1Q tag with control information `tci` if one is given.
 fn syn_frame(tci: Option<u16>, sport: u16, dport: u16) -> Vec<u8> {
+    let tags: Vec<(u16, u16)> = tci.map(|t| (0x8100, t)).into_iter().collect();
+    syn_frame_tagged(&tags, sport, dport)
+}
+
+/// [`syn_frame`] behind the VLAN tags `tags` (type, TCI), outermost first.
+fn syn_frame_tagged(tags: &[(u16, u16)], sport: u16, dport: u16) -> Vec<u8> {
     let syn = tcp_engine::wire::TcpFlags {
         syn: true,
         ..Default::default()
@@ -703,8 +709,8 @@ fn syn_frame(tci: Option<u16>, sport: u16, dport: u16) -> Vec<u8> {
     };
     let mut frame = mac(NS_A, DEV_A);
     frame.extend(mac(NS_B, DEV_B));
-    if let Some(tci) = tci {
-        frame.extend_from_slice(&0x8100u16.to_be_bytes());
+    for (tpid, tci) in tags {
+        frame.extend_from_slice(&tpid.to_be_bytes());
         frame.extend_from_slice(&tci.to_be_bytes());
     }
     frame.extend_from_slice(&0x0800u16.to_be_bytes());
@@ -742,41 +748,68 @@ fn send_raw_frame(dev: &str, frame: &[u8]) {
 /// (h) A SYN to a steered port behind an 802.1Q priority tag (VLAN ID 0, priority 3: what a
 /// peer marking its traffic for DCB/PFC sends) reaches the AF_XDP ring untagged, so the
 /// engine parses it as any frame; before, it went to the kernel, which answered with a RST.
-/// A frame of a VLAN (ID 5) stays the kernel's. Both program variants.
+/// So do one behind an 802.1ad priority tag and one behind two stacked priority tags (the
+/// kernel takes off all of them). A frame of a VLAN (ID 5), also behind a priority tag,
+/// stays the kernel's. Both program variants.
 #[test]
 fn h_a_priority_tagged_segment_reaches_the_ring_untagged() {
     let _bed = bed_or_skip!();
     const LISTEN: u16 = 17031;
+    const QTAG: u16 = 0x8100;
+    const ADTAG: u16 = 0x88a8;
     for frags in [false, true] {
         in_ns(NS_A, || {
             let mut prog = steer_flow_and_listener(frags, 40030, 17030, LISTEN);
             let mut xsks = bind_all_queues(&mut prog);
             let before = prog.counters().expect("counters");
-            let (tagged, vlan) = (
+            let steered = [
                 syn_frame(Some(0x6000), 40031, LISTEN),
+                syn_frame_tagged(&[(ADTAG, 0x6000)], 40033, LISTEN),
+                syn_frame_tagged(&[(ADTAG, 0x2000), (QTAG, 0x0000)], 40034, LISTEN),
+            ];
+            let vlans = [
                 syn_frame(Some(0x6005), 40032, LISTEN),
-            );
+                syn_frame_tagged(&[(QTAG, 0x6000), (QTAG, 0x6005)], 40035, LISTEN),
+            ];
             in_ns(NS_B, || {
-                send_raw_frame(DEV_B, &tagged);
-                send_raw_frame(DEV_B, &vlan);
+                for frame in steered.iter().chain(&vlans) {
+                    send_raw_frame(DEV_B, frame);
+                }
             });
-            let got = collect(
-                &mut xsks,
-                Duration::from_secs(1),
-                is_syn_to(LISTEN, Some(40031)),
-            );
+            let mut got = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while got
+                .iter()
+                .filter(|(_, s)| is_syn_to(LISTEN, None)(s))
+                .count()
+                < steered.len()
+                && Instant::now() < deadline
+            {
+                got.extend(collect(
+                    &mut xsks,
+                    Duration::from_millis(200),
+                    is_syn_to(LISTEN, None),
+                ));
+            }
             thread::sleep(Duration::from_millis(100));
             let late = collect(&mut xsks, Duration::ZERO, |_| false);
             let d = prog.counters().expect("counters").since(&before);
             println!("frags {frags}: got {got:?}, later {late:?}, counters {d:?}");
+            let syn = is_syn_to(LISTEN, None);
+            let mut sports: Vec<u16> = got
+                .iter()
+                .filter(|(_, s)| syn(s))
+                .map(|(_, s)| s.sport)
+                .collect();
+            sports.sort_unstable();
             assert_eq!(
-                got.len(),
-                1,
-                "the tagged SYN, parsed as an untagged frame: {got:?}"
+                sports,
+                [40031, 40033, 40034],
+                "the tagged SYNs, parsed as untagged frames: {got:?}"
             );
-            assert!(late.is_empty(), "the VLAN's frame was redirected: {late:?}");
-            assert_eq!(d.redirected, 1, "{d:?}");
-            assert!(d.passed >= 1, "{d:?}");
+            assert!(late.is_empty(), "a VLAN's frame was redirected: {late:?}");
+            assert_eq!(d.redirected, 3, "{d:?}");
+            assert!(d.passed >= 2, "{d:?}");
         });
     }
 }
