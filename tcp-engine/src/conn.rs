@@ -737,7 +737,8 @@ pub struct Connection {
     fin_wait2_deadline: Option<Instant>,
     keepalive_deadline: Option<Instant>,
     keepalive_unanswered: u32,
-    /// When the last segment arrived. The keepalive deadline is not moved per segment (that
+    /// When the peer was last heard (a segment that passed the sequence check with an
+    /// acceptable ACK, `heard_from_peer`). The keepalive deadline is not moved per segment (that
     /// would reschedule the connection's timer on every packet): when it expires, a segment
     /// heard since re-arms it from here instead of a probe going out.
     last_heard: Instant,
@@ -2421,8 +2422,9 @@ impl Connection {
         if data_ok && (!seg.payload.is_empty() || seg.flags.fin) {
             self.process_data(now, seg, rel, pass_up);
         } else if seg.flags.fin && self.state == State::TimeWait {
+            // A FIN at or past RCV.NXT: not the peer's FIN again (that one is behind RCV.NXT
+            // and restarts the 2 MSL above), so acknowledged without restarting it.
             self.ack_now = true;
-            self.time_wait_deadline = Some(now + self.cfg.time_wait);
         } else if seg.flags.fin || !seg.payload.is_empty() {
             // Retransmitted FIN or data in CLOSE-WAIT/CLOSING/LAST-ACK.
             self.ack_now = true;

@@ -1237,10 +1237,11 @@ fn time_wait_sends_no_keepalive_probes() {
 
 /// TIME-WAIT restarts its 2 MSL for the peer's FIN again (RFC 9293 3.10.7.4), not for a FIN
 /// anywhere else outside the window, which a blind sender could repeat to hold the
-/// connection there for good.
+/// connection there for good, nor for one at RCV.NXT (past the peer's FIN, so not it).
 #[test]
 fn only_the_peers_fin_again_restarts_time_wait() {
-    for (peers_fin, still_waiting) in [(true, true), (false, false)] {
+    // Where the FIN starts, from RCV.NXT (past the peer's FIN); whether TIME-WAIT restarts.
+    for (from_rcv_nxt, still_waiting) in [(-1i32, true), (1 << 30, false), (0, false)] {
         let (mut c, mut s, mut net) = established(short_tw());
         c.conn_mut().close();
         s.close_on_peer_fin = true;
@@ -1254,11 +1255,7 @@ fn only_the_peers_fin_again_restarts_time_wait() {
         assert_eq!(c.state(), Some(State::TimeWait));
         run_idle(&mut c, &mut s, &mut net, 60);
         let fin = TcpFlags { fin: true, ..ACK };
-        let seq = if peers_fin {
-            c.conn().rcv_nxt().wrapping_sub(1)
-        } else {
-            c.conn().rcv_nxt().wrapping_add(1 << 30)
-        };
+        let seq = c.conn().rcv_nxt().wrapping_add_signed(from_rcv_nxt);
         let ack = c.conn().snd_nxt();
         c.conn_mut()
             .handle_segment(net.now, &from_client(&s, seq, ack, fin, &[]), |_| {});
@@ -1267,7 +1264,7 @@ fn only_the_peers_fin_again_restarts_time_wait() {
         assert_eq!(
             c.state() == Some(State::TimeWait),
             still_waiting,
-            "peer's FIN: {peers_fin}"
+            "FIN at RCV.NXT {from_rcv_nxt:+}"
         );
     }
 }
