@@ -49,16 +49,7 @@ impl<T> EventQueue<T> {
     pub(crate) fn push(&self, item: T) {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         items.push_back(item);
-        let one: u64 = 1;
-        // SAFETY: writes 8 octets from a local u64 to the eventfd we own. It cannot fail short of
-        // the counter reaching u64::MAX - 1 unread events, and never waits short of that.
-        let _ = unsafe {
-            libc::write(
-                self.efd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        add_count(&self.efd, 1);
     }
 
     /// Takes the oldest event without waiting for one, and one count of the descriptor with
@@ -68,14 +59,20 @@ impl<T> EventQueue<T> {
     /// blocking ([`take_count`]): should the application have read the descriptor itself
     /// (which it need not: the calls take the count), the event is still taken, without its
     /// count, and neither this call nor the transport threads that push (which wait for the
-    /// lock) are left waiting on a count that is not there.
+    /// lock) are left waiting on a count that is not there (on Linux 5.12 or later; see
+    /// [`take_count`] for older kernels). Events still queued when the count has run out that
+    /// way get their counts back, so that the descriptor is readable while they wait.
     pub(crate) fn pop(&self) -> Option<T> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         if items.is_empty() {
             return None;
         }
         take_count(&self.efd);
-        items.pop_front()
+        let item = items.pop_front();
+        if !items.is_empty() && !readable_now(&self.efd) {
+            add_count(&self.efd, items.len() as u64);
+        }
+        item
     }
 
     /// Whether the application made the descriptor non-blocking (`O_NONBLOCK`).
@@ -147,11 +144,35 @@ impl<T> Drop for EventQueue<T> {
     }
 }
 
+/// Raises the count of the eventfd `efd` by `n`. It cannot fail (nor wait) short of the
+/// counter reaching u64::MAX - 1.
+fn add_count(efd: &OwnedFd, n: u64) {
+    // SAFETY: writes 8 octets from a local u64 to the eventfd we own.
+    let _ = unsafe {
+        libc::write(
+            efd.as_raw_fd(),
+            (&n as *const u64).cast(),
+            std::mem::size_of::<u64>(),
+        )
+    };
+}
+
+/// Whether the eventfd `efd` has a count now (`poll` with no timeout).
+fn readable_now(efd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: efd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack, count 1, no timeout.
+    unsafe { libc::poll(&mut pfd, 1, 0) > 0 }
+}
+
 /// Takes one count of the eventfd `efd` (in semaphore mode) if it has one, without waiting
 /// whether or not the descriptor is blocking: `preadv2` with `RWF_NOWAIT` (eventfd honours it
 /// since Linux 5.12), else, on a kernel that refuses the flag, `poll` with no timeout and then
-/// `read` (which could wait only if another reader of the descriptor took the count between
-/// the two). True if a count was taken.
+/// `read`, which could wait (holding the queue's lock, so for good) if the application read
+/// the descriptor itself between the two. True if a count was taken.
 fn take_count(efd: &OwnedFd) -> bool {
     let mut count: u64 = 0;
     let iov = libc::iovec {
@@ -172,13 +193,7 @@ fn take_count(efd: &OwnedFd) -> bool {
     if !refused {
         return false;
     }
-    let mut pfd = libc::pollfd {
-        fd: efd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd on our stack, count 1, no timeout.
-    if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+    if !readable_now(efd) {
         return false;
     }
     // SAFETY: reads 8 octets into a local u64 from the eventfd we own; in semaphore mode a
@@ -305,13 +320,8 @@ mod tests {
         assert!(!readable(&q));
     }
 
-    /// An application that reads the descriptor itself (it need not: the calls take the
-    /// count) takes an event's count: taking the event then waits for no count, pushes go on,
-    /// and the descriptor is again readable exactly while an event is queued.
-    #[test]
-    fn a_descriptor_read_by_the_application_leaves_nothing_waiting() {
-        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
-        q.push(1);
+    /// Reads one count of the queue's descriptor, as an application that reads it itself.
+    fn read_one_count(q: &EventQueue<u32>) {
         let mut count: u64 = 0;
         // SAFETY: reads 8 octets into a local u64 from the queue's eventfd.
         let n = unsafe {
@@ -322,6 +332,17 @@ mod tests {
             )
         };
         assert_eq!(n, 8, "{}", io::Error::last_os_error());
+    }
+
+    /// An application that reads the descriptor itself (it need not: the calls take the
+    /// count) takes an event's count: taking the event then waits for no count, pushes go on,
+    /// and the descriptor is again readable exactly while an event is queued, also when
+    /// events were left queued as the count ran out.
+    #[test]
+    fn a_descriptor_read_by_the_application_leaves_nothing_waiting() {
+        let q = Arc::new(EventQueue::<u32>::new().expect("eventfd"));
+        q.push(1);
+        read_one_count(&q);
         assert!(!readable(&q));
         let q2 = q.clone();
         assert_eq!(
@@ -337,6 +358,20 @@ mod tests {
             within_5s(move || q2.pop_as_descriptor_says()),
             Some(Some(2))
         );
+        assert!(!readable(&q));
+        assert_eq!(q.pop(), None);
+
+        // Two queued, one count read by the application: once the other count is taken with
+        // the first event, the second still makes the descriptor readable.
+        q.push(3);
+        q.push(4);
+        read_one_count(&q);
+        assert_eq!(q.pop(), Some(3));
+        assert!(
+            readable(&q),
+            "an event waits behind an unreadable descriptor"
+        );
+        assert_eq!(q.pop(), Some(4));
         assert!(!readable(&q));
         assert_eq!(q.pop(), None);
     }
