@@ -848,8 +848,8 @@ pub(crate) fn random_u64() -> u64 {
         return u64::from_ne_bytes(octets);
     }
     tracing::warn!(
-        "no random source (getrandom and /dev/urandom failed): STags are keyed by the clock, \
-         which a peer could narrow down"
+        "no random source (getrandom and /dev/urandom failed): STags and connection \
+         identifiers are keyed by the clock, which a peer could narrow down"
     );
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

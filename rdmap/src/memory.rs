@@ -306,6 +306,25 @@ struct Slot<B> {
     region: Option<Region<B>>,
 }
 
+impl<B> Slot<B> {
+    /// Moves the slot on to its next registration's key: the next of its key sequence that
+    /// differs from the key it has now (which may be one the caller chose,
+    /// [`MemoryTable::reregister_with_key`]), so that no STag of its last registration stays
+    /// valid. Two steps at most: the sequence is a bijection of the registration count, so
+    /// two consecutive keys differ.
+    fn next_key(&mut self, scramble: Option<StagScramble>, index: u32) -> u8 {
+        for _ in 0..2 {
+            self.uses = self.uses.wrapping_add(1);
+            let key = scramble.map_or(self.uses, |s| s.key(index, self.uses));
+            if key != self.key {
+                self.key = key;
+                break;
+            }
+        }
+        self.key
+    }
+}
+
 /// Whether one registration of a region still stands: false once it is invalidated (a local
 /// invalidate, a peer's Send with Invalidate) or re-registered, in every copy of the table at
 /// once; a deregistration leaves it as it was. What a transport holding the region's bytes
@@ -600,10 +619,8 @@ impl<B: RegionBuffer> MemoryTable<B> {
         };
         let scramble = self.scramble;
         let slot = &mut self.slots[index as usize];
-        slot.uses = slot.uses.wrapping_add(1);
-        slot.key = scramble.map_or(slot.uses, |s| s.key(index, slot.uses));
+        let key = slot.next_key(scramble, index);
         slot.region = Some(region);
-        let key = slot.key;
         self.changed();
         Ok(Stag::new(self.index_of(index), key))
     }
@@ -709,13 +726,12 @@ impl<B: RegionBuffer> MemoryTable<B> {
         region.base_to = base_to;
         region.access = access;
         region.valid = Arc::new(AtomicBool::new(true));
-        slot.key = match key {
-            Some(k) => k,
+        match key {
+            Some(k) => slot.key = k,
             None => {
-                slot.uses = slot.uses.wrapping_add(1);
-                scramble.map_or(slot.uses, |s| s.key(index as u32, slot.uses))
+                slot.next_key(scramble, index as u32);
             }
-        };
+        }
         let stag = Stag::new(stag.index(), slot.key);
         self.changed();
         Ok(stag)
@@ -958,6 +974,26 @@ mod tests {
             steps > 100,
             "{steps} distinct steps from the first key to the second"
         );
+    }
+
+    /// A key the caller chose (`reregister_with_key`) that happens to be the slot's next
+    /// automatic one is not handed out again by the next re-registration, whichever it is:
+    /// the STag the caller chose stops working.
+    #[test]
+    fn an_automatic_key_never_repeats_a_chosen_one() {
+        for chosen in 0..=255u8 {
+            let mut t = MemoryTable::with_secret(11);
+            let first = t.register(PD, VecBuffer::zeroed(8), 0, Access::REMOTE_WRITE);
+            if chosen == first.key() {
+                continue; // refused: a new key must differ
+            }
+            let picked = t
+                .reregister_with_key(first, PD, 0, Access::REMOTE_WRITE, chosen)
+                .unwrap();
+            let next = t.reregister(picked, PD, 0, Access::REMOTE_WRITE).unwrap();
+            assert_ne!(next, picked, "key {chosen} handed out again");
+            assert!(t.validate(picked, PD, Access::NONE, 0, 1).is_err());
+        }
     }
 
     #[test]
