@@ -130,6 +130,15 @@ struct CompareCli {
     offloads: bool,
 }
 
+/// A measurement that failed: the comparison goes on without it and says so at the end.
+#[derive(Debug, Clone, Serialize)]
+struct Failure {
+    round: u32,
+    size: u64,
+    transport: Which,
+    error: String,
+}
+
 /// One measurement.
 #[derive(Debug, Clone, Serialize)]
 struct Sample {
@@ -172,6 +181,22 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     if transports.is_empty() {
         return Err("no transport to compare".into());
     }
+    if transports.contains(&Which::Iperf3) {
+        // Before the first round, not after the others' runs of it.
+        let found = Command::new("iperf3")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return Err(
+                "iperf3 not found: install it (scripts/install-deps.sh does) or \
+                 leave it out (--transports)"
+                    .into(),
+            );
+        }
+    }
     let sizes = sizes(cli)?;
     let iters = cli
         .iters
@@ -188,27 +213,46 @@ fn run(cli: &CompareCli) -> Result<(), String> {
         mtu: cli.mtu,
     };
     let mut samples = Vec::new();
+    let mut failures = Vec::new();
     let total = cli.rounds as usize * sizes.len() * transports.len();
     for round in 0..cli.rounds {
         for &size in &sizes {
             // Rotate the order each round: no transport always runs first.
             let k = round as usize % transports.len();
             for &t in transports[k..].iter().chain(&transports[..k]) {
-                let (value, p99) = runner.measure(cli.test, t, size, iters)?;
-                samples.push(Sample {
-                    round,
-                    size,
-                    transport: t,
-                    value,
-                    p99,
-                });
-                eprintln!(
-                    "iwarp-bench compare: [{}/{total}] round {} {} {size} B: {value:.2} {}",
-                    samples.len(),
-                    round + 1,
-                    t.name(),
-                    unit(cli.test)
-                );
+                let done = samples.len() + failures.len() + 1;
+                match runner.measure(cli.test, t, size, iters) {
+                    Ok((value, p99)) => {
+                        samples.push(Sample {
+                            round,
+                            size,
+                            transport: t,
+                            value,
+                            p99,
+                        });
+                        eprintln!(
+                            "iwarp-bench compare: [{done}/{total}] round {} {} {size} B: \
+                             {value:.2} {}",
+                            round + 1,
+                            t.name(),
+                            unit(cli.test)
+                        );
+                    }
+                    // One failed run does not throw away the others: it is left out of the
+                    // medians and reported at the end.
+                    Err(error) => {
+                        eprintln!(
+                            "iwarp-bench compare: [{done}/{total}] round {} FAILED: {error}",
+                            round + 1
+                        );
+                        failures.push(Failure {
+                            round,
+                            size,
+                            transport: t,
+                            error,
+                        });
+                    }
+                }
             }
         }
     }
@@ -231,6 +275,7 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             "iterations": iters,
             "pinned": cli.pinned,
             "rounds": samples,
+            "failed": failures,
             "medians": medians
                 .iter()
                 .map(|((size, t), v)| {
@@ -247,6 +292,17 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     }
     if let Some(path) = &cli.plot {
         plot(path, cli.test, &sizes, &transports, &medians)?;
+    }
+    if !failures.is_empty() {
+        return Err(format!(
+            "{} of {total} runs failed (left out of the medians; see above{})",
+            failures.len(),
+            if cli.json.is_some() {
+                " and \"failed\" in the JSON"
+            } else {
+                ""
+            }
+        ));
     }
     Ok(())
 }
@@ -399,20 +455,25 @@ fn table(
     out.push('\n');
     for &size in sizes {
         out.push_str(&format!("{size:>9}"));
+        // "-" where every run of a transport at this size failed.
         for &t in transports {
-            out.push_str(&format!(
-                "{:>10.2}",
-                medians.get(&(size, t)).copied().unwrap_or(0.0)
-            ));
+            match medians.get(&(size, t)) {
+                Some(v) => out.push_str(&format!("{v:>10.2}")),
+                None => out.push_str(&format!("{:>10}", "-")),
+            }
         }
-        let xdp = medians.get(&(size, Which::Xdp)).copied().unwrap_or(0.0);
+        let xdp = medians.get(&(size, Which::Xdp)).copied();
         for &t in &others {
-            let other = medians.get(&(size, t)).copied().unwrap_or(0.0);
-            let ratio = match k {
-                Kind::Bw | Kind::ReadBw => xdp / other,
-                Kind::Lat => other / xdp,
-            };
-            out.push_str(&format!("{ratio:>13.2}"));
+            let ratio = xdp
+                .zip(medians.get(&(size, t)).copied())
+                .map(|(xdp, other)| match k {
+                    Kind::Bw | Kind::ReadBw => xdp / other,
+                    Kind::Lat => other / xdp,
+                });
+            match ratio {
+                Some(r) => out.push_str(&format!("{r:>13.2}")),
+                None => out.push_str(&format!("{:>13}", "-")),
+            }
         }
         out.push('\n');
     }
@@ -902,6 +963,36 @@ mod tests {
             t.lines()
                 .last()
                 .is_some_and(|l| l.trim_end().ends_with("0.58")),
+            "{t}"
+        );
+    }
+
+    /// A transport whose every run at a size failed shows "-" there, and so do its ratios;
+    /// the other sizes and transports are as usual.
+    #[test]
+    fn a_size_whose_runs_all_failed_shows_a_dash() {
+        let s = [
+            sample(64, Which::Xdp, 6.0),
+            sample(64, Which::Socket, 3.0),
+            sample(128, Which::Xdp, 8.0),
+        ];
+        let m = medians(&s, |s| Some(s.value));
+        let t = table(
+            Kind::Bw,
+            "",
+            1,
+            &[64, 128],
+            &[Which::Xdp, Which::Socket],
+            &m,
+        );
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [["64", "6.00", "3.00", "2.00"], ["128", "8.00", "-", "-"]],
             "{t}"
         );
     }

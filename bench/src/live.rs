@@ -23,6 +23,9 @@ use crate::engine_report::EngineReport;
 pub const STATS_DIR: &str = "/run/iwarp-bench";
 /// How often the snapshot file is rewritten.
 const FILE_EVERY: Duration = Duration::from_secs(1);
+/// A snapshot not rewritten for this long is a killed run's (whose process number another
+/// process may have by now): `stats` leaves it out and removes it.
+const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// Runs `run` while a reporter thread prints (`every`) and publishes the engine's counters;
 /// without an engine it only runs `run`. `what` names the run in the snapshot (e.g.
@@ -225,8 +228,14 @@ pub fn stats_main(args: impl Iterator<Item = String>) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if snaps.is_empty() {
+        let which = if cli.pids.is_empty() {
+            String::new()
+        } else {
+            let pids: Vec<String> = cli.pids.iter().map(u32::to_string).collect();
+            format!(" as process {}", pids.join(", "))
+        };
         println!(
-            "no iwarp-bench run on the AF_XDP engine is going on (nothing in {})",
+            "no iwarp-bench run on the AF_XDP engine is going on{which} (nothing in {})",
             cli.dir.display()
         );
         return ExitCode::SUCCESS;
@@ -258,7 +267,16 @@ fn read_snapshots(dir: &Path, pids: &[u32]) -> Result<Vec<Value>, String> {
         if !pids.is_empty() && !pids.contains(&pid) {
             continue;
         }
-        // A run killed before it could remove its file leaves it behind.
+        // A run killed before it could remove its file leaves it behind: its process is
+        // gone, or the file is no longer rewritten (its number went to another process).
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE_AFTER));
+        if stale {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
         if !Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
@@ -335,6 +353,28 @@ mod tests {
         assert_eq!(per_second(12_345.0), "12.3k");
         assert_eq!(per_second(4_560_000.0), "4.560M");
         assert_eq!(per_second(2.5e9), "2.500G");
+    }
+
+    /// A snapshot that is no longer rewritten belongs to a killed run, even when its process
+    /// number is in use again: left out, and removed. A fresh one is read.
+    #[test]
+    fn a_snapshot_no_longer_rewritten_is_left_out_and_removed() {
+        let dir = std::env::temp_dir().join(format!("iwarp-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        // Our own process number: /proc has it.
+        let pid = std::process::id();
+        let path = dir.join(format!("{pid}.json"));
+        std::fs::write(&path, json!({"pid": pid, "run": "r"}).to_string()).expect("write");
+        assert_eq!(read_snapshots(&dir, &[]).expect("read").len(), 1);
+        let old = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(old))
+            .expect("age the file");
+        assert!(read_snapshots(&dir, &[]).expect("read").is_empty());
+        assert!(!path.exists(), "the stale snapshot was removed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

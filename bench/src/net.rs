@@ -74,11 +74,15 @@ pub fn open_device(
     }) {
         Ok(d) => Ok((d, capture)),
         Err(e) => {
-            // No engine, no frames: leave no empty capture behind.
+            // No engine, no frames: leave no empty capture behind, if it is a plain file (not
+            // `/dev/stdout`, a pipe or a link, which are not ours to remove).
             if let Some(c) = capture {
                 let path = c.path().to_owned();
                 drop(c);
-                let _ = std::fs::remove_file(path);
+                let plain = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+                if plain {
+                    let _ = std::fs::remove_file(path);
+                }
             }
             Err(format!("starting the AF_XDP engine on {iface}: {e}"))
         }

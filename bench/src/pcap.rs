@@ -69,10 +69,12 @@ impl PcapReport {
             self.frames_written, self.file
         );
         if self.frames_dropped > 0 {
-            s.push_str(&format!(
-                ", {} DROPPED (the writer fell behind)",
-                self.frames_dropped
-            ));
+            let why = if self.error.is_some() {
+                "after the file failed, or the writer fell behind"
+            } else {
+                "the writer fell behind"
+            };
+            s.push_str(&format!(", {} DROPPED ({why})", self.frames_dropped));
         }
         if self.frames_truncated > 0 {
             s.push_str(&format!(", {} cut short", self.frames_truncated));

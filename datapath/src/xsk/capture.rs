@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -64,7 +64,9 @@ pub struct CaptureConfig {
     /// frames that find none free are dropped and counted.
     pub slots: usize,
     /// Octets kept of each frame (the pcap snap length); longer frames are cut and counted in
-    /// [`CaptureStats::truncated`]. The default holds a whole 4 KiB UMEM frame.
+    /// [`CaptureStats::truncated`]. The default holds a whole packet of the most UMEM frames
+    /// of the default size a packet may span ([`super::MAX_FRAMES_PER_PACKET`] of 4 KiB: an
+    /// MTU 9000 segment whole, its MPA CRC at the end included).
     pub snaplen: usize,
 }
 
@@ -72,7 +74,7 @@ impl Default for CaptureConfig {
     fn default() -> Self {
         CaptureConfig {
             slots: 4096,
-            snaplen: 4096,
+            snaplen: super::MAX_FRAMES_PER_PACKET * 4096,
         }
     }
 }
@@ -190,6 +192,8 @@ impl std::fmt::Debug for Capture {
 
 /// How long the writer waits for a frame before it looks whether the capture finished.
 const WRITER_POLL: Duration = Duration::from_millis(20);
+/// How often a busy writer hands what it wrote to the file.
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
 impl Capture {
     /// Creates (truncates) `path`, writes the pcap header, allocates the ring and starts the
@@ -345,9 +349,18 @@ impl PcapFile {
 /// The writer thread: records to the file until the capture finishes and its queue is empty.
 fn write_records(s: &Shared, full: &Receiver<Record>, out: BufWriter<File>) {
     let mut file = PcapFile { out, failed: false };
+    let mut flushed = Instant::now();
     loop {
         match full.recv_timeout(WRITER_POLL) {
-            Ok(rec) => file.write(s, rec),
+            Ok(rec) => {
+                file.write(s, rec);
+                // Busy too: what is written reaches the file at least this often, so that a
+                // run killed before `finish` loses at most the last moments.
+                if flushed.elapsed() >= FLUSH_EVERY {
+                    file.flush(s);
+                    flushed = Instant::now();
+                }
+            }
             Err(RecvTimeoutError::Timeout) => {
                 if s.finished.load(Ordering::SeqCst) {
                     break;
@@ -414,6 +427,25 @@ mod tests {
             at = start + saved;
         }
         out
+    }
+
+    /// With the default sizes a packet over the most UMEM frames a packet may span (an MTU
+    /// 9000 segment is three of them) is written whole: its MPA CRC, at the end, is in the
+    /// file.
+    #[test]
+    fn the_default_snap_length_keeps_a_whole_multi_frame_packet() {
+        let path = temp("jumbo");
+        let cap = Capture::create(&path, CaptureConfig::default()).expect("create");
+        let frame: Vec<u8> = (0..super::super::MAX_FRAMES_PER_PACKET * 3840)
+            .map(|i| i as u8)
+            .collect();
+        let pieces: Vec<&[u8]> = frame.chunks(3840).collect();
+        cap.tap().record_pieces(&pieces);
+        let st = cap.finish();
+        assert_eq!((st.written, st.truncated), (1, 0), "{st:?}");
+        let recs = records(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(recs[0].1, frame);
     }
 
     #[test]
