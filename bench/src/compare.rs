@@ -567,10 +567,16 @@ impl Runner {
             ),
         };
         let me = self.me.clone();
+        // The server's stderr goes to a file, so that a failed run can say what the server
+        // said (a client's "refused" is often all it knows).
+        let log =
+            std::env::temp_dir().join(format!("iwarp-compare-{}-{port}.log", std::process::id()));
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let server = self
             .command(NS_SERVER, true, &me, &[&common[..], server_t].concat())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log_file))
             .spawn()
             .map_err(|e| format!("starting the server: {e}"))?;
         let client_args = [&common[..], client_t, &[SERVER_IP]].concat();
@@ -579,10 +585,29 @@ impl Runner {
                 .output()
                 .map_err(|e| format!("running the client: {e}"))
         });
-        let _ = finish(server);
-        let out = client?;
+        let client_ok = matches!(&client, Ok(out) if out.status.success());
+        if client_ok {
+            let _ = finish(server);
+        } else {
+            // Nothing more will come for it: no wait of a minute for it to give up.
+            let mut server = server;
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        let server_said = last_lines(&std::fs::read_to_string(&log).unwrap_or_default(), 3);
+        let _ = std::fs::remove_file(&log);
+        let with_server = |e: String| {
+            if server_said.is_empty() {
+                e
+            } else {
+                format!("{e} (the server: {server_said})")
+            }
+        };
+        let out = client.map_err(with_server)?;
         if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+            return Err(with_server(
+                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            ));
         }
         let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
         let field = if k.is_bw() {
@@ -810,6 +835,16 @@ impl Drop for Reaped {
     }
 }
 
+/// The last `n` lines of `text` that say something, joined by " | ".
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
 /// Waits (bounded) for a child to end; kills it past 60 s.
 fn finish(mut child: Child) -> Result<Output, String> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -995,6 +1030,13 @@ mod tests {
             [["64", "6.00", "3.00", "2.00"], ["128", "8.00", "-", "-"]],
             "{t}"
         );
+    }
+
+    #[test]
+    fn the_last_lines_that_say_something() {
+        assert_eq!(last_lines("a\n\nb\n  c  \n\n", 2), "b | c");
+        assert_eq!(last_lines("only\n", 3), "only");
+        assert_eq!(last_lines("", 3), "");
     }
 
     #[test]
