@@ -57,6 +57,10 @@ pub fn pcap_record_header(unix_ns: u64, saved: u32, orig_len: u32) -> [u8; PCAP_
     h
 }
 
+/// The default snap length: the four 4 KiB UMEM frames a received packet may span at most
+/// (`xsk::MAX_FRAMES_PER_PACKET`, checked by a test of the socket, which owns that limit).
+pub const DEFAULT_SNAPLEN: usize = 4 * 4096;
+
 /// How a [`Capture`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaptureConfig {
@@ -65,7 +69,7 @@ pub struct CaptureConfig {
     pub slots: usize,
     /// Octets kept of each frame (the pcap snap length); longer frames are cut and counted in
     /// [`CaptureStats::truncated`]. The default holds a whole packet of the most UMEM frames
-    /// of the default size a packet may span ([`super::MAX_FRAMES_PER_PACKET`] of 4 KiB: an
+    /// of the default size a packet may span ([`DEFAULT_SNAPLEN`]: an
     /// MTU 9000 segment whole, its MPA CRC at the end included).
     pub snaplen: usize,
 }
@@ -74,7 +78,7 @@ impl Default for CaptureConfig {
     fn default() -> Self {
         CaptureConfig {
             slots: 4096,
-            snaplen: super::MAX_FRAMES_PER_PACKET * 4096,
+            snaplen: DEFAULT_SNAPLEN,
         }
     }
 }
@@ -436,7 +440,7 @@ mod tests {
     fn the_default_snap_length_keeps_a_whole_multi_frame_packet() {
         let path = temp("jumbo");
         let cap = Capture::create(&path, CaptureConfig::default()).expect("create");
-        let frame: Vec<u8> = (0..super::super::MAX_FRAMES_PER_PACKET * 3840)
+        let frame: Vec<u8> = (0..DEFAULT_SNAPLEN / 4096 * 3840)
             .map(|i| i as u8)
             .collect();
         let pieces: Vec<&[u8]> = frame.chunks(3840).collect();

@@ -90,6 +90,10 @@ pub struct XskConfig {
 /// (counted); none longer is built.
 pub const MAX_FRAMES_PER_PACKET: usize = 4;
 
+// A capture keeps the whole of the longest packet a socket takes in (at the default 4 KiB
+// frames).
+const _: () = assert!(super::capture::DEFAULT_SNAPLEN >= MAX_FRAMES_PER_PACKET * 4096);
+
 /// `XDP_PKT_CONTD` (include/uapi/linux/if_xdp.h): more frames of this packet follow.
 const XDP_PKT_CONTD: u32 = 1;
 
