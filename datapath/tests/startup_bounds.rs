@@ -307,6 +307,85 @@ fn socket_malformed_requests_are_refused_and_the_listener_goes_on() {
     malformed_requests(false, 19_614);
 }
 
+/// Peers that complete TCP's handshake and send no Request: an engine listener keeps at most
+/// a quarter of a shard's connection table waiting for Requests (4 of 16 here); one more is
+/// reset at once (`ListenStats::over_starting`), so that such peers cannot take the whole
+/// table for the startup deadline at a time. Once those connections end, a client connects
+/// at once.
+#[test]
+fn engine_connections_waiting_for_their_request_are_bounded() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_602;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let server = spawn_in_ns(NS_A, move || -> Result<ListenStats, String> {
+        // One shard: one table of 16, 4 of them for connections waiting for a Request.
+        let mut config = XdpEngineConfig {
+            shard_per_queue: false,
+            ..XdpEngineConfig::default()
+        };
+        config.driver.max_connections = 16;
+        let dev = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::new(config),
+        })
+        .map_err(|e| format!("open: {e}"))?;
+        let listener = dev
+            .listen(SocketAddr::from((ADDR_A, PORT)), params(64))
+            .map_err(|e| format!("listen: {e}"))?;
+        let _ = ready_tx.send(());
+        let good = next(&listener, WAIT)?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let conn = good
+            .accept(&pd, &cq, b"welcome")
+            .map_err(|e| format!("accepting the good client: {e}"))?;
+        let _ = done_rx.recv_timeout(WAIT);
+        drop(conn);
+        Ok(listener.stats())
+    });
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        let addr = SocketAddr::from((ADDR_A, PORT));
+        let connect = || TcpStream::connect_timeout(&addr, WAIT).map_err(|e| e.to_string());
+        let silent: Vec<TcpStream> = (0..4)
+            .map(|i| connect().map_err(|e| format!("silent connection {i}: {e}")))
+            .collect::<Result<_, _>>()?;
+        // Let the engine take the four before the fifth comes.
+        std::thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        // Reset as soon as the handshake completes: the reset may reach the connect itself.
+        match TcpStream::connect_timeout(&addr, WAIT) {
+            Ok(mut over) => {
+                closed_silently(&mut over, WAIT).map_err(|e| format!("the fifth: {e}"))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => return Err(format!("the fifth's connect: {e}")),
+        }
+        if start.elapsed() > DEADLINE / 2 {
+            return Err(format!(
+                "the fifth was cut off after {:?}, not at once",
+                start.elapsed()
+            ));
+        }
+        // The four end (their FINs end their startups): a client is taken at once again.
+        drop(silent);
+        std::thread::sleep(Duration::from_millis(200));
+        let took = good_client(PORT, b"good")?;
+        if took > Duration::from_secs(1) {
+            return Err(format!("the good client waited {took:?}"));
+        }
+        Ok(())
+    });
+    let peer = peer.join().expect("peer thread");
+    let _ = done_tx.send(());
+    let stats = server.join().expect("server thread");
+    println!("{stats:?}");
+    peer.expect("peer");
+    let stats = stats.expect("server");
+    assert!(stats.over_starting >= 1, "{stats:?}");
+}
+
 /// With a backlog of 2 unanswered Requests, a third is rejected (Reply with R=1), and once
 /// the application answers one, a new Request is taken again.
 fn backlog(engine: bool, port: u16) {

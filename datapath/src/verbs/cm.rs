@@ -282,7 +282,8 @@ pub struct ListenStats {
     pub accept_timeouts: u64,
     /// Connections closed as soon as they were accepted because as many as the listener
     /// keeps already waited for their Request (socket transport: 1024, or a quarter of the
-    /// process's descriptor limit).
+    /// process's descriptor limit; AF_XDP engine: a quarter of each shard's connection table,
+    /// `XdpTcpConfig::max_connections`, the connection reset).
     pub over_starting: u64,
     /// Connections closed as soon as they were accepted because the process was out of
     /// file descriptors (socket transport).

@@ -362,7 +362,20 @@ impl TcpApp for App<'_> {
         let early = self.st.early.remove(&id);
         // A connection this side cannot take is reset, not closed: closed, it would go on
         // passing up whatever the peer sends, with no slot to take it (`early` would grow).
-        let Some(ListenPort { params, .. }) = self.st.listeners.get(&tuple.local_port) else {
+        // At most `max_starting` of a listener's connections wait for their Request.
+        let admitted = match self.st.listeners.get_mut(&tuple.local_port) {
+            Some(l) if l.starting < l.max_starting => {
+                l.starting += 1;
+                true
+            }
+            Some(l) => {
+                l.record.over_starting();
+                false
+            }
+            None => false,
+        };
+        let listener = self.st.listeners.get(&tuple.local_port);
+        let (true, Some(ListenPort { params, .. })) = (admitted, listener) else {
             tcp.abort();
             return;
         };
@@ -382,12 +395,16 @@ impl TcpApp for App<'_> {
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
             Ok(c) => c,
             Err(_) => {
+                if let Some(l) = self.st.listeners.get_mut(&tuple.local_port) {
+                    l.starting = l.starting.saturating_sub(1);
+                }
                 tcp.abort();
                 return;
             }
         };
         // Numbered by the accept, which gives it a queue pair.
         let mut slot = Slot::new(conn, None, tuple, 0);
+        slot.awaiting_request = true;
         tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
         // Given back while replayed: TCP takes it back here, as it would have in the pass-up,
         // and what was passed up after it comes again too.
@@ -457,6 +474,9 @@ impl TcpApp for App<'_> {
         slot.conn.poll(tcp, mem, now);
         while let Some(ev) = slot.conn.poll_event() {
             *progress = true;
+            // A passive connection's first event is its Request or the end of its startup:
+            // either way it waits for its Request no more.
+            request_wait_over(slot, listeners);
             match ev {
                 ConnEvent::Request(_) | ConnEvent::IftRequest(_) => {
                     let info = match ev {
@@ -777,10 +797,21 @@ impl TcpApp for App<'_> {
         self.st.early.remove(&id);
         if let Some(mut slot) = self.st.slots.remove(&id) {
             tracing::debug!(peer = %slot.peer, "connection closed and released");
+            request_wait_over(&mut slot, &mut self.st.listeners);
             slot.finish(QpError::PeerClosed);
             add_counters(&mut self.st.ended, &slot.conn.counters());
             self.st.ended_conns += 1;
             self.st.progress = true;
+        }
+    }
+}
+
+/// A passive connection waits for its Request no more (it came, its startup ended, or the
+/// connection did): its listener counts it no more (once).
+fn request_wait_over(slot: &mut Slot, listeners: &mut std::collections::HashMap<u16, ListenPort>) {
+    if std::mem::take(&mut slot.awaiting_request) {
+        if let Some(l) = listeners.get_mut(&slot.local_port) {
+            l.starting = l.starting.saturating_sub(1);
         }
     }
 }

@@ -76,6 +76,9 @@ pub(super) struct Slot {
     close_deadline: Option<tcp_engine::Instant>,
     /// The close's deadline has done its part (passed, or our data and FIN were taken).
     close_deadline_spent: bool,
+    /// A passive connection counted in its listener's `ListenPort::starting` until its
+    /// Request comes, its startup fails or it ends.
+    pub(super) awaiting_request: bool,
 }
 
 impl Slot {
@@ -106,6 +109,7 @@ impl Slot {
             last_state: None,
             close_deadline: None,
             close_deadline_spent: false,
+            awaiting_request: false,
         }
     }
 

@@ -322,6 +322,12 @@ pub(super) struct ListenPort {
     pub(super) params: ConnectParams,
     pub(super) requests: Sender<RequestMsg>,
     pub(super) record: Arc<ListenRecord>,
+    /// Its connections waiting for their Request (accepted by TCP, no Request yet): at most
+    /// [`ListenPort::max_starting`]; a connection beyond them is reset as TCP hands it over
+    /// (`ListenStats::over_starting`), so that peers that complete handshakes and send
+    /// nothing cannot take the whole connection table for `MpaConfig::timeout` at a time.
+    pub(super) starting: usize,
+    pub(super) max_starting: usize,
 }
 
 /// A queue pair's way to wake its engine: names the connection for the engine's next service
