@@ -114,19 +114,26 @@ impl Slot {
     }
 
     /// A connection we are closing (the application's Close, a handover nobody took, the
-    /// engine's stop) gets [`CLOSE_DRAIN`] for the peer to take what it has queued and our
-    /// FIN, as a disconnect waits before its reset; then it is reset. A
-    /// peer that reads a trickle keeps acknowledging (TCP's user timeout, which needs a
-    /// stall, never fires), or one that answers window probes for ever: either would hold the
-    /// connection, its queue pair unfinished and its end unreported, for as long as it liked
-    /// behind a `start_disconnect` (nobody waiting in `disconnect` to reset it) or a queue
-    /// pair whose last handle went on a transport thread. True if it reset.
+    /// engine's stop), or whose queue pair is ending by itself (Closing, Terminate or Error:
+    /// a bad FPDU, a Terminate, the peer's FIN), gets [`CLOSE_DRAIN`] for the peer to take
+    /// what it has queued (a Terminate among it) and our FIN, as a disconnect waits before
+    /// its reset; then it is reset. A peer that reads a trickle keeps acknowledging (TCP's
+    /// user timeout, which needs a stall, never fires), or one that answers window probes for
+    /// ever: either would hold the connection, its buffers and its table slot, its queue pair
+    /// unfinished and its end unreported, for as long as it liked behind a `start_disconnect`
+    /// (nobody waiting in `disconnect` to reset it), a queue pair whose last handle went on a
+    /// transport thread, or one in Error its application left alone (as the socket
+    /// transport bounds it, `error_drain`). True if it reset.
     pub(super) fn reset_if_close_stalled(
         &mut self,
         tcp: &mut TcpConnection,
         now: tcp_engine::Instant,
     ) -> bool {
-        if !self.closing || self.close_deadline_spent {
+        let ending = matches!(
+            self.conn.qp().state(),
+            QpState::Closing | QpState::Terminate | QpState::Error
+        );
+        if !(self.closing || ending) || self.close_deadline_spent {
             return false;
         }
         if matches!(
