@@ -80,6 +80,11 @@ struct Side {
     drop_once: Option<Vec<u8>>,
     /// More data segments holding those octets to drop after the first (its retransmissions).
     drop_again: u32,
+    /// In-order data segments (at RCV.NXT) are let in one octet at a time, at most one every
+    /// this often (the last time in `trickled`), and dropped otherwise; out-of-order ones
+    /// pass: a peer that narrows the gap below the data it sent, and never fills it.
+    trickle: Option<Duration>,
+    trickled: Option<Instant>,
     /// The next FPDU CRC found as a segment is read for its checksum is given to the
     /// connection wrong (a test that the connection checks the FPDU against it).
     lie_about_crc: bool,
@@ -194,6 +199,26 @@ impl Endpoint for Side {
             self.receive(now, packet);
             self.receive(now, &front);
             return;
+        }
+        if let (Some(every), Ok(seg), Some(tcp)) =
+            (self.trickle, SegmentRepr::parse(packet), self.tcp.as_ref())
+        {
+            if !seg.payload.is_empty() && seg.seq == tcp.rcv_nxt() {
+                if self.trickled.is_some_and(|t| now - t < every) {
+                    return;
+                }
+                self.trickled = Some(now);
+                let mut one = seg;
+                one.payload = &seg.payload[..1];
+                one.flags.fin = false;
+                let mut buf = vec![0u8; one.packet_len()];
+                let n = one.emit(&mut buf).expect("emit");
+                buf.truncate(n);
+                self.trickle = None;
+                self.receive(now, &buf);
+                self.trickle = Some(every);
+                return;
+            }
         }
         if let (Some(pattern), Ok(seg)) = (&self.drop_once, SegmentRepr::parse(packet)) {
             if seg
@@ -381,6 +406,8 @@ fn bed_with(
         front_released_by_fin: None,
         drop_once: None,
         drop_again: 0,
+        trickle: None,
+        trickled: None,
         lie_about_crc: false,
         lie_about_crc_out_of_order: false,
         rx_octets: 0,
@@ -405,6 +432,8 @@ fn bed_with(
         front_released_by_fin: None,
         drop_once: None,
         drop_again: 0,
+        trickle: None,
+        trickled: None,
         lie_about_crc: false,
         lie_about_crc_out_of_order: false,
         rx_octets: 0,
@@ -1095,6 +1124,35 @@ fn octets_held_beyond_a_gap_never_filled_end_the_connection() {
     assert!(b.fpdus_placed_out_of_order > 0, "{b:?}");
     assert!(
         waited >= Duration::from_secs(30) && waited < Duration::from_secs(32),
+        "ended after {waited:?}"
+    );
+}
+
+/// The same gap, narrowed by one in-order octet every 5 s but never filled (the peer resends
+/// a single octet at a time): the held timeout counts from the first octet held, which the
+/// in-order point never reaches, so it still ends the connection after 30 s. Before, each
+/// octet moved the deadline on, and the held data (and its share of the engine's reassembly
+/// budget) stayed for as long as the trickle lasted.
+#[test]
+fn a_gap_narrowed_an_octet_at_a_time_still_ends_the_connection() {
+    let mut bed = bed(15, LinkConfig::default(), MpaConfig::default());
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    post_write(&mut bed, &r, 1, &pattern(1000, 80));
+    bed.run_until("first write", Duration::from_secs(10), |a, _| {
+        a.completions.iter().any(|c| c.wr_id == 1)
+    });
+    bed.b.trickle = Some(Duration::from_secs(5));
+    let start = bed.net.now;
+    post_write(&mut bed, &r, 2, &pattern(80 << 10, 81));
+    bed.run_until("terminate", Duration::from_secs(60), |a, _| {
+        a.iw.qp().remote_terminate().is_some()
+    });
+    let waited = bed.net.now - start;
+    let b = bed.b.counters();
+    assert_eq!(b.held_timeouts, 1, "{b:?}");
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(37),
         "ended after {waited:?}"
     );
 }

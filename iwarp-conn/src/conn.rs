@@ -723,8 +723,8 @@ pub struct IwarpConn {
     relocate_buf: Vec<u8>,
     /// Held octets that may still be read again (see [`SCAN_CREDIT_PER_OCTET`]).
     scan_credit: u64,
-    /// While data waits beyond a gap: the in-order point then and when it must have moved on
-    /// ([`ConnConfig::held_timeout`]).
+    /// While data waits beyond a gap: the first octet held when it was armed, which the
+    /// in-order point must reach, and by when ([`ConnConfig::held_timeout`]).
     held_deadline: Option<(u64, Instant)>,
     /// Since when the store has been empty with its memory allocated ([`STORE_IDLE_RELEASE`]).
     store_idle_since: Option<Instant>,
@@ -924,8 +924,11 @@ impl IwarpConn {
     }
 
     /// [`ConnConfig::held_timeout`]: armed when data waits beyond a gap (held octets, FPDUs
-    /// placed early), moved on whenever the in-order point has moved since, fired when it has
-    /// not by then.
+    /// placed early), marking the first octet held then; moved on once the in-order point
+    /// has reached that mark (the gap below it filled), to the first octet held beyond it if
+    /// any; fired when it has not by then. Not moved by in-order octets that only narrow the
+    /// gap: a peer that sent one a minute below data it never joined up would otherwise hold
+    /// its share of the reassembly budget for good.
     fn held_deadline(&mut self, now: Instant) {
         let Some(timeout) = self.cfg.held_timeout else {
             return;
@@ -935,15 +938,26 @@ impl IwarpConn {
             return;
         }
         match self.held_deadline {
-            Some((mark, at)) if mark == self.consumed => {
+            Some((mark, at)) if self.consumed < mark => {
                 if now >= at {
                     self.held_deadline = None;
                     self.counters.held_timeouts += 1;
                     self.fail_locally("data waited beyond a gap the peer never filled");
                 }
             }
-            _ => self.held_deadline = Some((self.consumed, now + timeout)),
+            _ => {
+                let first = self.first_held().unwrap_or(self.consumed.saturating_add(1));
+                self.held_deadline = Some((first, now + timeout));
+            }
         }
+    }
+
+    /// The stream offset of the first octet held beyond the in-order point: the store's
+    /// lowest range, or the start of the lowest FPDU placed early.
+    fn first_held(&self) -> Option<u64> {
+        let stored = self.store.ranges.first().map(|r| r.0);
+        let placed = self.placed.iter().map(|p| p.start).min();
+        stored.into_iter().chain(placed).min()
     }
 
     /// [`STORE_IDLE_RELEASE`]: frees the reassembly store's memory and the scan buffers once the
