@@ -307,8 +307,8 @@ fn socket_malformed_requests_are_refused_and_the_listener_goes_on() {
     malformed_requests(false, 19_614);
 }
 
-/// Peers that complete TCP's handshake and send no Request: an engine listener keeps at most
-/// a quarter of a shard's connection table waiting for Requests (4 of 16 here); one more is
+/// Peers that complete TCP's handshake and send no Request: an engine shard keeps at most a
+/// quarter of its connection table waiting for Requests (4 of 16 here); one more is
 /// reset at once (`ListenStats::over_starting`), so that such peers cannot take the whole
 /// table for the startup deadline at a time. Once those connections end, a client connects
 /// at once.

@@ -362,23 +362,18 @@ impl TcpApp for App<'_> {
         let early = self.st.early.remove(&id);
         // A connection this side cannot take is reset, not closed: closed, it would go on
         // passing up whatever the peer sends, with no slot to take it (`early` would grow).
-        // At most `max_starting` of a listener's connections wait for their Request.
-        let admitted = match self.st.listeners.get_mut(&tuple.local_port) {
-            Some(l) if l.starting < l.max_starting => {
-                l.starting += 1;
-                true
-            }
-            Some(l) => {
-                l.record.over_starting();
-                false
-            }
-            None => false,
-        };
-        let listener = self.st.listeners.get(&tuple.local_port);
-        let (true, Some(ListenPort { params, .. })) = (admitted, listener) else {
+        let Some(ListenPort { params, record, .. }) = self.st.listeners.get(&tuple.local_port)
+        else {
             tcp.abort();
             return;
         };
+        // At most a quarter of the shard's table unclaimed (`State::unclaimed`), as the
+        // socket transport's listener keeps at most a quarter of its descriptors waiting.
+        if self.st.unclaimed >= (self.st.cfg.driver.max_connections / 4).max(1) {
+            record.over_starting();
+            tcp.abort();
+            return;
+        }
         // The PD is the one given to `accept`; until then the queue pair is a placeholder
         // (no PD has number 0, no queues: a connection that has passed no MPA check yet
         // costs little) and is replaced before Full Operation.
@@ -395,16 +390,14 @@ impl TcpApp for App<'_> {
         let conn = match IwarpConn::responder(cfg, self.st.epoch, now) {
             Ok(c) => c,
             Err(_) => {
-                if let Some(l) = self.st.listeners.get_mut(&tuple.local_port) {
-                    l.starting = l.starting.saturating_sub(1);
-                }
                 tcp.abort();
                 return;
             }
         };
         // Numbered by the accept, which gives it a queue pair.
         let mut slot = Slot::new(conn, None, tuple, 0);
-        slot.awaiting_request = true;
+        slot.unclaimed = true;
+        self.st.unclaimed += 1;
         tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
         // Given back while replayed: TCP takes it back here, as it would have in the pass-up,
         // and what was passed up after it comes again too.
@@ -449,6 +442,7 @@ impl TcpApp for App<'_> {
         let State {
             slots,
             listeners,
+            unclaimed,
             scratch,
             established,
             progress,
@@ -474,9 +468,6 @@ impl TcpApp for App<'_> {
         slot.conn.poll(tcp, mem, now);
         while let Some(ev) = slot.conn.poll_event() {
             *progress = true;
-            // A passive connection's first event is its Request or the end of its startup:
-            // either way it waits for its Request no more.
-            request_wait_over(slot, listeners);
             match ev {
                 ConnEvent::Request(_) | ConnEvent::IftRequest(_) => {
                     let info = match ev {
@@ -523,7 +514,10 @@ impl TcpApp for App<'_> {
                         }
                         _ => false,
                     };
-                    if !delivered {
+                    if delivered {
+                        // Bounded from now on by the listener's backlog.
+                        claimed(slot, unclaimed);
+                    } else {
                         let _ = slot.conn.reject(&[]);
                     }
                 }
@@ -712,11 +706,14 @@ impl TcpApp for App<'_> {
             }
         }
         *progress |= slot.deliver_completions();
-        let done = (slot.closing || slot.conn.qp().state() == QpState::Error)
-            && matches!(
-                tcp.state(),
-                TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
-            );
+        let ended = matches!(
+            tcp.state(),
+            TcpState::FinWait2 | TcpState::TimeWait | TcpState::Closed
+        );
+        if ended {
+            claimed(slot, unclaimed);
+        }
+        let done = (slot.closing || slot.conn.qp().state() == QpState::Error) && ended;
         if slot.overrun_pending() {
             if done {
                 // Ending now: the lost completion is what failed it (nothing to reset).
@@ -797,7 +794,7 @@ impl TcpApp for App<'_> {
         self.st.early.remove(&id);
         if let Some(mut slot) = self.st.slots.remove(&id) {
             tracing::debug!(peer = %slot.peer, "connection closed and released");
-            request_wait_over(&mut slot, &mut self.st.listeners);
+            claimed(&mut slot, &mut self.st.unclaimed);
             slot.finish(QpError::PeerClosed);
             add_counters(&mut self.st.ended, &slot.conn.counters());
             self.st.ended_conns += 1;
@@ -806,13 +803,11 @@ impl TcpApp for App<'_> {
     }
 }
 
-/// A passive connection waits for its Request no more (it came, its startup ended, or the
-/// connection did): its listener counts it no more (once).
-fn request_wait_over(slot: &mut Slot, listeners: &mut std::collections::HashMap<u16, ListenPort>) {
-    if std::mem::take(&mut slot.awaiting_request) {
-        if let Some(l) = listeners.get_mut(&slot.local_port) {
-            l.starting = l.starting.saturating_sub(1);
-        }
+/// A passive connection's Request is queued for the application, or its TCP connection has
+/// as good as ended: the shard counts it as unclaimed no more (once).
+fn claimed(slot: &mut Slot, unclaimed: &mut usize) {
+    if std::mem::take(&mut slot.unclaimed) {
+        *unclaimed = unclaimed.saturating_sub(1);
     }
 }
 

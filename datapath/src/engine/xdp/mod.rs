@@ -240,6 +240,7 @@ fn spawn_shard(
                 slots: SlotMap::default(),
                 early: HashMap::new(),
                 listeners: HashMap::new(),
+                unclaimed: 0,
                 scratch: MemoryTable::new(),
                 ended: ConnCounters::default(),
                 established: 0,

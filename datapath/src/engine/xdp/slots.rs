@@ -76,9 +76,10 @@ pub(super) struct Slot {
     close_deadline: Option<tcp_engine::Instant>,
     /// The close's deadline has done its part (passed, or our data and FIN were taken).
     close_deadline_spent: bool,
-    /// A passive connection counted in its listener's `ListenPort::starting` until its
-    /// Request comes, its startup fails or it ends.
-    pub(super) awaiting_request: bool,
+    /// A passive connection counted in the shard's `State::unclaimed` until its Request is
+    /// queued for the application, or its TCP connection has as good as ended (FIN-WAIT-2,
+    /// TIME-WAIT, closed: the table's lingering limit holds it then).
+    pub(super) unclaimed: bool,
 }
 
 impl Slot {
@@ -109,7 +110,7 @@ impl Slot {
             last_state: None,
             close_deadline: None,
             close_deadline_spent: false,
-            awaiting_request: false,
+            unclaimed: false,
         }
     }
 
@@ -123,7 +124,9 @@ impl Slot {
     /// unfinished and its end unreported, for as long as it liked behind a `start_disconnect`
     /// (nobody waiting in `disconnect` to reset it), a queue pair whose last handle went on a
     /// transport thread, or one in Error its application left alone (as the socket
-    /// transport bounds it, `error_drain`). True if it reset.
+    /// transport bounds it, `error_drain`). The time counts from the first service after the
+    /// ending began: a close the application starts later does not restart it. True if it
+    /// reset.
     pub(super) fn reset_if_close_stalled(
         &mut self,
         tcp: &mut TcpConnection,

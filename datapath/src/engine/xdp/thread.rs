@@ -639,10 +639,6 @@ impl Turner {
                                 params,
                                 requests,
                                 record,
-                                starting: 0,
-                                // A quarter of the shard's table, as the socket transport's
-                                // listener keeps a quarter of its descriptors.
-                                max_starting: (self.st.cfg.driver.max_connections / 4).max(1),
                             };
                             self.st.listeners.insert(port, listen);
                         });

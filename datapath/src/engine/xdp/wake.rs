@@ -322,12 +322,6 @@ pub(super) struct ListenPort {
     pub(super) params: ConnectParams,
     pub(super) requests: Sender<RequestMsg>,
     pub(super) record: Arc<ListenRecord>,
-    /// Its connections waiting for their Request (accepted by TCP, no Request yet): at most
-    /// [`ListenPort::max_starting`]; a connection beyond them is reset as TCP hands it over
-    /// (`ListenStats::over_starting`), so that peers that complete handshakes and send
-    /// nothing cannot take the whole connection table for `MpaConfig::timeout` at a time.
-    pub(super) starting: usize,
-    pub(super) max_starting: usize,
 }
 
 /// A queue pair's way to wake its engine: names the connection for the engine's next service
@@ -382,6 +376,13 @@ pub(super) struct State {
     /// completes the handshake may carry the MPA Request); replayed in `on_accept`.
     pub(super) early: HashMap<ConnId, Vec<(u32, u64, Vec<u8>)>>,
     pub(super) listeners: HashMap<u16, ListenPort>,
+    /// Passive connections of the shard whose Request is not queued for the application (none
+    /// yet, or one refused) and whose TCP connection has not as good as ended, whatever their
+    /// listener: at most a quarter of the shard's table (`XdpTcpConfig::max_connections`);
+    /// one beyond is reset as TCP hands it over (`ListenStats::over_starting`), so that peers
+    /// that complete handshakes and then send nothing, or a bad Request, and never take our
+    /// FIN, cannot take the whole table.
+    pub(super) unclaimed: usize,
     /// An empty table for connections whose PD is not known yet (MPA startup places nothing).
     pub(super) scratch: MemoryTable<RegionMemory>,
     pub(super) ended: ConnCounters,
