@@ -571,8 +571,12 @@ impl Runner {
         // said (a client's "refused" is often all it knows).
         let log =
             std::env::temp_dir().join(format!("iwarp-compare-{}-{port}.log", std::process::id()));
-        let log_file =
-            std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // A new file (never one someone else made there, nor a link they planted).
+        let log_file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let server = self
             .command(NS_SERVER, true, &me, &[&common[..], server_t].concat())
             .stdout(Stdio::piped())
@@ -589,8 +593,13 @@ impl Runner {
         if client_ok {
             let _ = finish(server);
         } else {
-            // Nothing more will come for it: no wait of a minute for it to give up.
+            // Nothing more will come for it: no wait of a minute for it to give up, but a
+            // moment to say why it failed if that is what failed the client.
             let mut server = server;
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while matches!(server.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = server.kill();
             let _ = server.wait();
         }

@@ -946,7 +946,12 @@ impl IwarpConn {
                 }
             }
             _ => {
-                let first = self.first_held().unwrap_or(self.consumed.saturating_add(1));
+                // A held octet at or below the in-order point would be a mark never waited
+                // for (re-armed at every poll): the next octet then, as the first held.
+                let first = self
+                    .first_held()
+                    .filter(|&f| f > self.consumed)
+                    .unwrap_or(self.consumed.saturating_add(1));
                 self.held_deadline = Some((first, now + timeout));
             }
         }

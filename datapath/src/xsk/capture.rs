@@ -58,7 +58,8 @@ pub fn pcap_record_header(unix_ns: u64, saved: u32, orig_len: u32) -> [u8; PCAP_
 }
 
 /// The default snap length: the four 4 KiB UMEM frames a received packet may span at most
-/// (`xsk::MAX_FRAMES_PER_PACKET`, checked by a test of the socket, which owns that limit).
+/// (`xsk::MAX_FRAMES_PER_PACKET`, checked at compile time by the socket, which owns that
+/// limit).
 pub const DEFAULT_SNAPLEN: usize = 4 * 4096;
 
 /// How a [`Capture`] is sized.
