@@ -63,14 +63,44 @@ fn connect_and_post_writes(
     pd: &ProtectionDomain,
     cq: &CompletionQueue,
 ) -> (datapath::Connection, datapath::MemoryRegion) {
-    let params = ConnectParams {
+    let conn = datapath::connect(addr, pd, cq, &no_user_timeout(), b"").expect("connect");
+    let src = post_writes(pd, &conn.qp);
+    (conn, src)
+}
+
+/// [`connect_and_post_writes`] from an AF_XDP engine on the bed's `iwa0` (called in `iwa`)
+/// to `port` of the peer in `iwb`; the engine goes with the connection.
+fn engine_connect_and_post_writes(
+    port: u16,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+) -> (
+    datapath::engine::XdpEngine,
+    datapath::Connection,
+    datapath::MemoryRegion,
+) {
+    let engine = datapath::engine::XdpEngine::start(testbed::DEV_A, Default::default())
+        .expect("the engine on iwa0");
+    let conn = engine
+        .connect(
+            SocketAddr::from((testbed::ADDR_B, port)),
+            pd,
+            cq,
+            &no_user_timeout(),
+            b"",
+        )
+        .expect("connect");
+    let src = post_writes(pd, &conn.qp);
+    (engine, conn, src)
+}
+
+/// Connection parameters without a user timeout (only our own bounds end what follows).
+fn no_user_timeout() -> ConnectParams {
+    ConnectParams {
         user_timeout: None,
         setup_timeout: Duration::from_secs(10),
         ..ConnectParams::default()
-    };
-    let conn = datapath::connect(addr, pd, cq, &params, b"").expect("connect");
-    let src = post_writes(pd, &conn.qp);
-    (conn, src)
+    }
 }
 
 /// Posts [`WRITES`] Writes of [`WRITE_LEN`] octets, far more than the socket buffers hold;
@@ -165,7 +195,7 @@ fn a_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
 /// timeout), the queue pair Closing.
 #[test]
 fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
-    use testbed::{ADDR_B, DEV_A, NS_A, NS_B};
+    use testbed::{ADDR_B, NS_A, NS_B};
     let _bed = testbed::bed_or_skip!();
     const PORT: u16 = 19_629;
     let (stop_tx, stop_rx) = mpsc::channel();
@@ -174,18 +204,8 @@ fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time(
     })
     .expect("the peer's listener in iwb");
     let outcome = testbed::in_ns(NS_A, || {
-        let engine = datapath::engine::XdpEngine::start(DEV_A, Default::default())
-            .expect("the engine on iwa0");
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-        let params = ConnectParams {
-            user_timeout: None,
-            setup_timeout: Duration::from_secs(10),
-            ..ConnectParams::default()
-        };
-        let conn = engine
-            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &params, b"")
-            .expect("connect");
-        let _src = post_writes(&pd, &conn.qp);
+        let (_engine, conn, _src) = engine_connect_and_post_writes(PORT, &pd, &cq);
         wait_for_the_stall(&cq);
         let started = Instant::now();
         conn.qp.start_disconnect().expect("start the close");
@@ -349,7 +369,7 @@ fn a_queue_pair_in_error_behind_a_reader_that_stopped_ends_in_bounded_time() {
 /// its buffers and its table slot stayed for as long as the trickle lasted.
 #[test]
 fn engine_queue_pair_in_error_behind_a_trickling_reader_ends_in_bounded_time() {
-    use testbed::{ADDR_B, DEV_A, NS_A, NS_B};
+    use testbed::{ADDR_B, NS_A, NS_B};
     let _bed = testbed::bed_or_skip!();
     const PORT: u16 = 19_603;
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -360,18 +380,8 @@ fn engine_queue_pair_in_error_behind_a_trickling_reader_ends_in_bounded_time() {
     })
     .expect("the peer's listener in iwb");
     let (ended, took, status) = testbed::in_ns(NS_A, || {
-        let engine = datapath::engine::XdpEngine::start(DEV_A, Default::default())
-            .expect("the engine on iwa0");
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-        let params = ConnectParams {
-            user_timeout: None,
-            setup_timeout: Duration::from_secs(10),
-            ..ConnectParams::default()
-        };
-        let conn = engine
-            .connect(SocketAddr::from((ADDR_B, PORT)), &pd, &cq, &params, b"")
-            .expect("connect");
-        let _src = post_writes(&pd, &conn.qp);
+        let (_engine, conn, _src) = engine_connect_and_post_writes(PORT, &pd, &cq);
         fail_and_wait(&conn.qp, &go_tx)
     });
     let _ = stop_tx.send(());

@@ -570,9 +570,10 @@ fn syn_sent_rst_and_bad_ack() {
     assert_eq!(a.poll_event(), Some(Event::Reset));
 }
 
-#[test]
-fn time_wait_reacks_retransmitted_fin() {
-    let (mut c, mut s, mut net) = established(Config::default());
+/// An established pair whose client closed first and is now in TIME-WAIT (the server closed
+/// on the client's FIN).
+fn client_in_time_wait(cfg: Config) -> (Peer, Peer, Network) {
+    let (mut c, mut s, mut net) = established(cfg);
     c.conn_mut().close();
     s.close_on_peer_fin = true;
     net.run(
@@ -583,6 +584,12 @@ fn time_wait_reacks_retransmitted_fin() {
         |_, _, _| {},
     );
     assert_eq!(c.state(), Some(State::TimeWait));
+    (c, s, net)
+}
+
+#[test]
+fn time_wait_reacks_retransmitted_fin() {
+    let (mut c, _s, net) = client_in_time_wait(Config::default());
     let now = net.now;
     let fin_seq = c.conn().rcv_nxt().wrapping_sub(1);
     let t = c.conn().four_tuple();
@@ -1214,17 +1221,7 @@ fn time_wait_sends_no_keepalive_probes() {
         time_wait: Duration::from_secs(2),
         ..Config::default()
     };
-    let (mut c, mut s, mut net) = established(cfg);
-    c.conn_mut().close();
-    s.close_on_peer_fin = true;
-    net.run(
-        &mut c,
-        &mut s,
-        net.now + Duration::from_secs(1),
-        |c, _, _| c.state() == Some(State::TimeWait),
-        |_, _, _| {},
-    );
-    assert_eq!(c.state(), Some(State::TimeWait));
+    let (mut c, mut s, mut net) = client_in_time_wait(cfg);
     let fin = TcpFlags { fin: true, ..ACK };
     let (fin_seq, ack) = (c.conn().rcv_nxt().wrapping_sub(1), c.conn().snd_nxt());
     let probes = c.conn().stats().probes;
@@ -1242,17 +1239,7 @@ fn time_wait_sends_no_keepalive_probes() {
 fn only_the_peers_fin_again_restarts_time_wait() {
     // Where the FIN starts, from RCV.NXT (past the peer's FIN); whether TIME-WAIT restarts.
     for (from_rcv_nxt, still_waiting) in [(-1i32, true), (1 << 30, false), (0, false)] {
-        let (mut c, mut s, mut net) = established(short_tw());
-        c.conn_mut().close();
-        s.close_on_peer_fin = true;
-        net.run(
-            &mut c,
-            &mut s,
-            net.now + Duration::from_secs(1),
-            |c, _, _| c.state() == Some(State::TimeWait),
-            |_, _, _| {},
-        );
-        assert_eq!(c.state(), Some(State::TimeWait));
+        let (mut c, mut s, mut net) = client_in_time_wait(short_tw());
         run_idle(&mut c, &mut s, &mut net, 60);
         let fin = TcpFlags { fin: true, ..ACK };
         let seq = c.conn().rcv_nxt().wrapping_add_signed(from_rcv_nxt);
