@@ -569,14 +569,9 @@ impl Runner {
         let me = self.me.clone();
         // The server's stderr goes to a file, so that a failed run can say what the server
         // said (a client's "refused" is often all it knows).
-        let log =
-            std::env::temp_dir().join(format!("iwarp-compare-{}-{port}.log", std::process::id()));
-        // A new file (never one someone else made there, nor a link they planted).
-        let log_file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let (log, log_file) = TempLog::create(
+            std::env::temp_dir().join(format!("iwarp-compare-{}-{port}.log", std::process::id())),
+        )?;
         let server = self
             .command(NS_SERVER, true, &me, &[&common[..], server_t].concat())
             .stdout(Stdio::piped())
@@ -603,8 +598,8 @@ impl Runner {
             let _ = server.kill();
             let _ = server.wait();
         }
-        let server_said = last_lines(&std::fs::read_to_string(&log).unwrap_or_default(), 3);
-        let _ = std::fs::remove_file(&log);
+        let server_said = last_lines(&std::fs::read_to_string(&log.0).unwrap_or_default(), 3);
+        drop(log);
         let with_server = |e: String| {
             if server_said.is_empty() {
                 e
@@ -844,6 +839,38 @@ impl Drop for Reaped {
     }
 }
 
+/// A server's log file, removed when this goes (on every path out of a run).
+struct TempLog(PathBuf);
+
+impl TempLog {
+    /// Creates `path` new: never writes through one someone else made there, nor a link they
+    /// planted; one left by a run that was killed (same process number and port) is removed
+    /// (a link itself, not what it names) and created again. With the file to write.
+    fn create(path: PathBuf) -> Result<(TempLog, std::fs::File), String> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+        };
+        let file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let _ = std::fs::remove_file(&path);
+                open()
+            }
+            other => other,
+        };
+        let file = file.map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((TempLog(path), file))
+    }
+}
+
+impl Drop for TempLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The last `n` lines of `text` that say something, joined by " | ".
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text
@@ -1039,6 +1066,20 @@ mod tests {
             [["64", "6.00", "3.00", "2.00"], ["128", "8.00", "-", "-"]],
             "{t}"
         );
+    }
+
+    /// A log left by a killed run at the same path does not fail the next one, and the log
+    /// goes when the run is done with it.
+    #[test]
+    fn a_server_log_replaces_a_leftover_and_goes_at_the_end() {
+        let path =
+            std::env::temp_dir().join(format!("iwarp-compare-test-{}.log", std::process::id()));
+        std::fs::write(&path, "left over").expect("leftover");
+        let (log, mut file) = TempLog::create(path.clone()).expect("created over the leftover");
+        std::io::Write::write_all(&mut file, b"new").expect("write");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "new");
+        drop(log);
+        assert!(!path.exists(), "the log stayed");
     }
 
     #[test]

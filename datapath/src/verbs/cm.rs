@@ -284,7 +284,8 @@ pub struct ListenStats {
     /// keeps already waited for their Request (socket transport: 1024, or a quarter of the
     /// process's descriptor limit; AF_XDP engine: a quarter of each shard's connection table,
     /// `XdpTcpConfig::max_connections`, for all its listeners together, counting also
-    /// connections whose Request was refused until their end; the connection reset).
+    /// connections whose Request was refused until our FIN is acknowledged or they close;
+    /// the connection reset).
     pub over_starting: u64,
     /// Connections closed as soon as they were accepted because the process was out of
     /// file descriptors (socket transport).
