@@ -356,12 +356,13 @@ pub struct ConnStats {
     pub rdma_placed_out_of_order: u64,
     /// Segments whose RDMA option was well formed but not acted on (unknown RID, offsets
     /// past the segment or the buffer, unsolicited data for a buffer not offered for it,
-    /// another total length or form than the transfer's earlier segments, octets of the
+    /// another total length than the transfer's earlier segments named, octets of the
     /// buffer another part of the stream wrote, or no room left to track placement): their
     /// data went through the stream as ordinary data (draft-csapuntz-tcprdma-00 6.1).
     pub rdma_refused: u64,
-    /// Segments whose first RDMA option was malformed (a length the draft does not define,
-    /// running past the options; 3.3): ordinary data.
+    /// Segments whose first RDMA option was malformed (a length the draft does not define;
+    /// 3.3), while the option is in use: ordinary data. (An option of any kind running past
+    /// the options makes the segment malformed as TCP: it is dropped.)
     pub rdma_malformed: u64,
     /// Octets the ULP read in order through the stream ([`Connection::recv`]), as opposed to
     /// octets placed in posted buffers.
@@ -615,6 +616,8 @@ pub struct Connection {
     /// When the latest copy of our SYN (SYN-ACK) went, and the TSval it carried, if any.
     syn_last_sent: Option<(Instant, u32)>,
     syn_retransmitted: bool,
+    /// Our SYN (SYN-ACK)'s retransmission timer expired (RFC 6298 5.7).
+    syn_timed_out: bool,
     snd_una: u64,
     snd_nxt: u64,
     send_buf: VecDeque<u8>,
@@ -808,6 +811,7 @@ impl Connection {
             syn_sent_at: None,
             syn_last_sent: None,
             syn_retransmitted: false,
+            syn_timed_out: false,
             snd_una: 0,
             snd_nxt: 0,
             // These three are allocated on the first data queued (`reserve_for_sending`).
@@ -1833,6 +1837,7 @@ impl Connection {
             State::SynSent | State::SynReceived => {
                 self.syn_due = true;
                 self.syn_retransmitted = true;
+                self.syn_timed_out = true;
                 return;
             }
             State::Closed | State::TimeWait => return,
@@ -1979,8 +1984,25 @@ impl Connection {
             return false;
         }
         let len = self.window_allows(self.snd_una + self.snd_wnd);
-        let held = self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una;
-        len > 0 && !held
+        len > 0 && !self.nagle_holds(len)
+    }
+
+    /// Whether Nagle's algorithm (RFC 1122 4.2.3.4) holds back a new segment of `len` octets:
+    /// it is less than a full one and data is unacknowledged. With the TCP RDMA option's
+    /// sections queued a full segment is what the position allows (cut where a transfer's
+    /// section starts or ends, and short of its option's octets: draft-csapuntz-tcprdma-00
+    /// 3.4), so that only a segment short for want of data or window is held, as without.
+    fn nagle_holds(&self, len: u64) -> bool {
+        if !self.cfg.nagle || self.snd_max() <= self.snd_una {
+            return false;
+        }
+        let emss = u64::from(self.emss);
+        let full = if self.cfg.tx_mode == TxMode::Stream && !self.rdma_tx.is_empty() {
+            self.rdma_tx.segment_len(self.snd_nxt, u64::MAX, emss)
+        } else {
+            emss
+        };
+        len < full
     }
 
     /// Lets the next segment out whatever the congestion window says (a fast retransmit, a
@@ -2111,9 +2133,7 @@ impl Connection {
         if ack_ok {
             self.syn_acked = true;
             self.syn_due = false;
-            if let Some(t) = self.handshake_sent_at(seg) {
-                self.rtt.sample(now - t);
-            }
+            self.sample_handshake(seg, now);
             self.rto_deadline = None;
             self.rto_retries = 0;
             self.snd_wl1 = seg.seq;
@@ -2124,6 +2144,17 @@ impl Connection {
             // Simultaneous open: SYN-RECEIVED, send SYN-ACK.
             self.state = State::SynReceived;
             self.syn_due = true;
+        }
+    }
+
+    /// The handshake's RTT sample from `seg`, which acknowledges our SYN (SYN-ACK), if it gives
+    /// one ([`handshake_sent_at`](Self::handshake_sent_at)); a handshake whose SYN timed out
+    /// and gave none starts data transmission with a 3 s RTO (RFC 6298 5.7).
+    fn sample_handshake(&mut self, seg: &SegmentRepr<'_>, now: Instant) {
+        if let Some(t) = self.handshake_sent_at(seg) {
+            self.rtt.sample(now - t);
+        } else if self.syn_timed_out {
+            self.rtt.fall_back_after_syn_timeout();
         }
     }
 
@@ -2385,9 +2416,7 @@ impl Connection {
             if seg.ack == self.snd.isn.wrapping_add(1) {
                 self.syn_acked = true;
                 self.syn_due = false;
-                if let Some(t) = self.handshake_sent_at(seg) {
-                    self.rtt.sample(now - t);
-                }
+                self.sample_handshake(seg, now);
                 self.rto_deadline = None;
                 self.rto_retries = 0;
                 self.snd_wnd = u64::from(seg.window) << self.snd_wscale;
@@ -3528,9 +3557,12 @@ impl Connection {
         true
     }
 
-    /// Forgets the out-of-order octets received at and beyond `offset` (at or above RCV.NXT).
+    /// Forgets the out-of-order octets received at and beyond `offset` (at or above RCV.NXT),
+    /// placed ones included.
     fn forget_received_from(&mut self, offset: u64) {
         self.rcv_ranges.truncate_from(offset);
+        // What the TCP RDMA option placed of them goes too.
+        self.rdma_rx.forget_from(offset);
         if let Some((start, end)) = self.dsack {
             if end > offset {
                 // A D-SACK (RFC 2883) of octets no longer held would read as a SACK of them;
@@ -3975,7 +4007,7 @@ impl Connection {
                 self.note_send_limit(now, Some(SendLimit::PeerWindow));
                 return None;
             }
-            if self.cfg.nagle && len < u64::from(self.emss) && self.snd_max() > self.snd_una {
+            if self.nagle_holds(len) {
                 self.note_send_limit(now, Some(SendLimit::Sender));
                 return None;
             }

@@ -88,6 +88,17 @@ struct Posted {
     /// What placement wrote, by buffer offset (disjoint; joined where they continue each
     /// other in the buffer and the stream).
     written: Vec<WrittenRange>,
+    /// Which posting of its RID this buffer is ([`RdmaReceive::post`] numbers them): ranges
+    /// placed in a buffer taken back and those placed in the next one posted for the RID are
+    /// never joined.
+    posting: u64,
+}
+
+/// A placed range and the posting of the buffer it went into.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    range: RdmaPlaced,
+    posting: u64,
 }
 
 /// Posted buffers and placed ranges of one connection.
@@ -95,7 +106,9 @@ struct Posted {
 pub(crate) struct RdmaReceive {
     posted: BTreeMap<Rid, Posted>,
     /// Placed stream ranges not yet passed by in-order delivery, by stream offset.
-    placed: BTreeMap<u64, RdmaPlaced>,
+    placed: BTreeMap<u64, Placed>,
+    /// Buffers posted so far (the next one's [`Posted::posting`]).
+    postings: u64,
     max_buffers: usize,
     max_placed: usize,
 }
@@ -115,6 +128,7 @@ impl RdmaReceive {
         RdmaReceive {
             posted: BTreeMap::new(),
             placed: BTreeMap::new(),
+            postings: 0,
             max_buffers,
             max_placed,
         }
@@ -132,6 +146,7 @@ impl RdmaReceive {
         if self.posted.len() >= self.max_buffers {
             return Err(RdmaPostError::TooMany);
         }
+        self.postings += 1;
         self.posted.insert(
             rid,
             Posted {
@@ -139,6 +154,7 @@ impl RdmaReceive {
                 unsolicited,
                 total: None,
                 written: Vec::new(),
+                posting: self.postings,
             },
         );
         Ok(())
@@ -175,11 +191,12 @@ impl RdmaReceive {
         if t.flags.unsolicited && !p.unsolicited {
             return Err(Refused::Unsolicited);
         }
-        match (p.total, total_length) {
+        // The total a first segment names is the transfer's once that segment is taken.
+        let names_total = match (p.total, total_length) {
             (Some(known), Some(named)) if known != named => return Err(Refused::Inconsistent),
-            (None, Some(named)) => p.total = Some(named),
-            _ => {}
-        }
+            (None, Some(named)) => Some(named),
+            _ => None,
+        };
         if self.placed.len() >= self.max_placed || p.written.len() >= MAX_WRITTEN_RANGES {
             return Err(Refused::Full);
         }
@@ -197,6 +214,9 @@ impl RdmaReceive {
         });
         if clash {
             return Err(Refused::Overlap);
+        }
+        if names_total.is_some() {
+            p.total = names_total;
         }
         Ok(Some(run))
     }
@@ -221,47 +241,70 @@ impl RdmaReceive {
                 stream_start: from,
             },
         );
+        let posting = p.posting;
+        let mut rec = Placed {
+            range: RdmaPlaced {
+                stream_offset: from,
+                len,
+                rid: run.rid,
+                buffer_offset: at as u64,
+            },
+            posting,
+        };
+        // Joined with the range before and after it when they continue each other in the
+        // stream and in the same buffer (the same posting of it).
+        let continues = |a: &Placed, b: &Placed| {
+            a.posting == b.posting
+                && a.range.rid == b.range.rid
+                && a.range.stream_offset + a.range.len == b.range.stream_offset
+                && a.range.buffer_offset + a.range.len == b.range.buffer_offset
+        };
         if let Some(mut last) = self.placed.last_entry() {
-            let l = last.get_mut();
-            if l.rid == run.rid
-                && l.stream_offset + l.len == from
-                && l.buffer_offset + l.len == at as u64
-            {
+            if continues(last.get(), &rec) {
                 // The common case, in-order arrival: the newest range grows.
-                l.len += len;
+                last.get_mut().range.len += len;
                 return;
             }
         }
-        let mut rec = RdmaPlaced {
-            stream_offset: from,
-            len,
-            rid: run.rid,
-            buffer_offset: at as u64,
-        };
-        // Joined with the range before and after it when they continue each other in the
-        // stream and in the same buffer.
-        let continues = |a: &RdmaPlaced, b: &RdmaPlaced| {
-            a.rid == b.rid
-                && a.stream_offset + a.len == b.stream_offset
-                && a.buffer_offset + a.len == b.buffer_offset
-        };
         if let Some((&k, prev)) = self.placed.range(..from).next_back() {
             if continues(prev, &rec) {
-                rec = RdmaPlaced {
-                    len: prev.len + rec.len,
-                    ..*prev
+                rec.range = RdmaPlaced {
+                    len: prev.range.len + len,
+                    ..prev.range
                 };
                 self.placed.remove(&k);
             }
         }
-        let end = rec.stream_offset + rec.len;
+        let end = rec.range.stream_offset + rec.range.len;
         if let Some(next) = self.placed.get(&end).copied() {
             if continues(&rec, &next) {
-                rec.len += next.len;
+                rec.range.len += next.range.len;
                 self.placed.remove(&end);
             }
         }
-        self.placed.insert(rec.stream_offset, rec);
+        self.placed.insert(rec.range.stream_offset, rec);
+    }
+
+    /// Forgets what was placed from stream offset `offset` on (out-of-order octets TCP no
+    /// longer holds: beyond the peer's FIN, or given back): the ranges placed there, cut at
+    /// `offset` where one crosses it, and the buffers' record of what those octets wrote, so
+    /// that in-order delivery, reaching `offset`, finds nothing placed beyond the stream's
+    /// end and the octets, should they come again, are placed again.
+    pub(crate) fn forget_from(&mut self, offset: u64) {
+        let _ = self.placed.split_off(&offset);
+        if let Some(mut last) = self.placed.last_entry() {
+            let r = &mut last.get_mut().range;
+            r.len = r.len.min(offset.saturating_sub(r.stream_offset));
+        }
+        for p in self.posted.values_mut() {
+            p.written.retain_mut(|w| {
+                let len = w.buf_end - w.buf_start;
+                if w.stream_start + len > offset {
+                    w.buf_end = w.buf_start + offset.saturating_sub(w.stream_start).min(len);
+                }
+                w.buf_end > w.buf_start
+            });
+        }
     }
 
     /// Where the first placed range not yet delivered starts.
@@ -272,10 +315,10 @@ impl RdmaReceive {
     /// The first placed range if it starts at `read` and ends by `nxt` (all of it arrived).
     pub(crate) fn pop_at(&mut self, read: u64, nxt: u64) -> Option<RdmaPlaced> {
         let (&k, p) = self.placed.iter().next()?;
-        if k != read || p.stream_offset + p.len > nxt {
+        if k != read || p.range.stream_offset + p.range.len > nxt {
             return None;
         }
-        self.placed.remove(&k)
+        self.placed.remove(&k).map(|p| p.range)
     }
 }
 
@@ -450,6 +493,14 @@ mod tests {
             .expect("ok")
             .expect("run");
         r.place(&b, 1050, &[2; 50]);
+        // A refused segment names no total for the transfer: a later one may name its own.
+        assert_eq!(
+            r.accept(opt(9, 0, 0, 50, Some(70), false), 5000, 50).err(),
+            Some(Refused::Overlap)
+        );
+        assert!(r
+            .accept(opt(9, 50, 0, 50, Some(100), false), 1050, 50)
+            .is_ok());
         let buf = r.take(rid).expect("buffer");
         assert_eq!(&buf[..], &[[1u8; 50], [2; 50]].concat()[..]);
     }

@@ -23,6 +23,10 @@ pub struct RttEstimator {
     max_rto: u64,
 }
 
+/// The RTO data transmission starts with after a handshake whose SYN (or SYN-ACK) timed out
+/// and gave no RTT sample (RFC 6298 5.7: 3 s).
+pub const SYN_TIMEOUT_FALLBACK_RTO: Duration = Duration::from_secs(3);
+
 /// Whole nanoseconds of `d`, saturating.
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -78,6 +82,22 @@ impl RttEstimator {
     /// Double the timeout (RFC 6298 5.5).
     pub fn back_off(&mut self) {
         self.backoff_shift = (self.backoff_shift + 1).min(16);
+    }
+
+    /// RFC 6298 5.7: a SYN (or SYN-ACK) whose timer expired and whose answer gave no RTT
+    /// sample (Karn's algorithm, section 3, without timestamps) leaves the RTO at
+    /// [`SYN_TIMEOUT_FALLBACK_RTO`] when data transmission begins, if it was less (clamped to
+    /// the ceiling), with the handshake's backoff forgotten; as Linux's `tcp_init_metrics`.
+    /// Nothing changes once a sample was taken.
+    pub fn fall_back_after_syn_timeout(&mut self) {
+        if self.sampled {
+            return;
+        }
+        self.rto = self
+            .rto
+            .max(nanos(SYN_TIMEOUT_FALLBACK_RTO))
+            .min(self.max_rto);
+        self.backoff_shift = 0;
     }
 
     /// Forget the backoff: new data was acknowledged, so the path works.

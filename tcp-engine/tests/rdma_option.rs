@@ -12,7 +12,7 @@ use common::*;
 use std::sync::Arc;
 use std::time::Duration;
 use tcp_engine::sim::{Direction, Network, Rng};
-use tcp_engine::wire::rdma::{RdmaOption, Rid};
+use tcp_engine::wire::rdma::{RdmaFlags, RdmaOption, RdmaTransfer, Rid};
 use tcp_engine::{Config, RdmaSend, SegmentRepr};
 
 /// One response: its header's stream range and its body's.
@@ -323,4 +323,168 @@ fn bodies_are_placed_in_the_posted_buffers() {
         ooo += run_placed(seed, 0.05).1;
     }
     assert!(ooo > 0, "loss and reordering placed nothing out of order");
+}
+
+/// A segment from the peer to `conn` (driven by hand, no timestamps): `off` octets past where
+/// its stream began (`base`), `payload`, `transfer` as its RDMA option, a FIN if `fin`.
+fn from_peer(
+    conn: &mut tcp_engine::Connection,
+    now: tcp_engine::Instant,
+    base: u32,
+    off: u32,
+    payload: &[u8],
+    transfer: Option<RdmaTransfer>,
+    fin: bool,
+) {
+    let t = conn.four_tuple();
+    let mut options = tcp_engine::wire::TcpOptions::default();
+    options.rdma = transfer.map(RdmaOption::Transfer);
+    let seg = SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: base.wrapping_add(off),
+        ack: conn.snd_nxt(),
+        flags: tcp_engine::wire::TcpFlags {
+            ack: true,
+            fin,
+            ..Default::default()
+        },
+        window: u16::MAX,
+        options,
+        payload,
+    };
+    conn.handle_segment(now, &seg, |_| None);
+}
+
+/// The option of a segment that carries `len` octets of transfer `rid` at `buffer_offset`,
+/// from the start of its payload.
+fn transfer(rid: Rid, buffer_offset: u32, len: u16) -> Option<RdmaTransfer> {
+    Some(RdmaTransfer {
+        flags: RdmaFlags::default(),
+        rid,
+        buffer_offset,
+        data_offset: 0,
+        data_length: len,
+        total_length: None,
+    })
+}
+
+/// A FIN the peer sends below octets that were placed out of order: the stream ends at the
+/// FIN, so what was placed beyond it is forgotten with the rest TCP held there, and when the
+/// gap below fills, delivery reaches the FIN: the octets through the stream, the placed range
+/// cut at the FIN, then the peer's close. Before, the placed range, reaching past the end of
+/// the stream, was never delivered and the stream stalled short of it.
+#[test]
+fn a_fin_below_placed_octets_cuts_what_was_placed_at_it() {
+    let cfg = Config {
+        rdma_option: true,
+        ..Config::default()
+    };
+    let (mut conn, now) = driven_client(cfg);
+    assert!(conn.rdma_option_enabled());
+    let rid = Rid::new(1).expect("rid");
+    conn.post_rdma_buffer(rid, vec![0; 100], false)
+        .expect("post");
+    let base = conn.rcv_nxt();
+    from_peer(
+        &mut conn,
+        now,
+        base,
+        1000,
+        &[0xab; 100],
+        transfer(rid, 0, 100),
+        false,
+    );
+    from_peer(&mut conn, now, base, 1050, &[], None, true);
+    from_peer(&mut conn, now, base, 0, &[0x11; 1000], None, false);
+    let mut out = vec![0u8; 4096];
+    assert_eq!(conn.recv(&mut out), 1000);
+    assert!(out[..1000].iter().all(|&b| b == 0x11));
+    let placed = conn.next_placed().expect("the placed octets below the FIN");
+    assert_eq!(
+        (
+            placed.stream_offset,
+            placed.len,
+            placed.rid,
+            placed.buffer_offset
+        ),
+        (1000, 50, rid, 0)
+    );
+    assert_eq!(conn.next_placed(), None);
+    assert_eq!(conn.recv(&mut out), 0);
+    assert_eq!(conn.state(), tcp_engine::State::CloseWait);
+}
+
+/// Ranges placed in a buffer the application took back are not joined with ranges placed in
+/// the next buffer posted for the same RID, though they continue each other in the stream
+/// and at the buffer offsets: each is reported for the buffer it went into.
+#[test]
+fn a_buffer_posted_again_for_its_rid_starts_its_own_placed_ranges() {
+    let cfg = Config {
+        rdma_option: true,
+        ..Config::default()
+    };
+    let (mut conn, now) = driven_client(cfg);
+    let rid = Rid::new(1).expect("rid");
+    conn.post_rdma_buffer(rid, vec![0; 20], false)
+        .expect("post");
+    let base = conn.rcv_nxt();
+    from_peer(
+        &mut conn,
+        now,
+        base,
+        0,
+        &[1; 10],
+        transfer(rid, 0, 10),
+        false,
+    );
+    let first = conn.take_rdma_buffer(rid).expect("the first buffer");
+    assert_eq!(&first[..10], &[1; 10]);
+    conn.post_rdma_buffer(rid, vec![0; 20], false)
+        .expect("post again");
+    from_peer(
+        &mut conn,
+        now,
+        base,
+        10,
+        &[2; 10],
+        transfer(rid, 10, 10),
+        false,
+    );
+    let a = conn.next_placed().expect("the first buffer's range");
+    assert_eq!((a.stream_offset, a.len, a.buffer_offset), (0, 10, 0));
+    let b = conn.next_placed().expect("the second buffer's range");
+    assert_eq!((b.stream_offset, b.len, b.buffer_offset), (10, 10, 10));
+    let second = conn.take_rdma_buffer(rid).expect("the second buffer");
+    assert_eq!(&second[10..], &[2; 10]);
+}
+
+/// With Nagle's algorithm on, segments of an RDMA transfer (each short of a full segment by
+/// its option's octets, draft section 3.4) go as a full window would: a segment is held only
+/// when it is short for want of data. Before, each counted as small, and one went per round
+/// trip.
+#[test]
+fn nagle_lets_a_transfers_segments_go_together() {
+    let cfg = Config {
+        rdma_option: true,
+        nagle: true,
+        ..Config::default()
+    };
+    let (mut conn, now) = driven_client(cfg);
+    let send = RdmaSend {
+        rid: Rid::new(1).expect("rid"),
+        buffer_offset: 0,
+        total_length: None,
+        unsolicited: false,
+    };
+    assert_eq!(conn.send_rdma(&[7u8; 65536], send), Ok(65536));
+    let sent = sent_now(&mut conn, now);
+    assert!(
+        sent.len() >= 4,
+        "{} segments before the first ACK: {sent:?}",
+        sent.len()
+    );
 }

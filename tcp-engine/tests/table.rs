@@ -498,6 +498,11 @@ fn syn_cookies_when_the_half_open_queue_is_full() {
     assert!(c_sack && s.sack_enabled(), "SACK carried by the cookie");
     assert!(c_ts && s.timestamps_enabled());
     assert_eq!(s.emss(), c.emss(), "MSS carried by the cookie");
+    assert_eq!(
+        s.rto(),
+        Config::default().initial_rto,
+        "no SYN-ACK timed out: no 3 s fallback (RFC 6298 5.7)"
+    );
     s.send(b"and back").expect("server send");
     pump(&mut clients, &mut server, now);
     let mut got = [0u8; 64];
