@@ -129,7 +129,7 @@ impl DatapathError {
                 libc::ECONNRESET
             }
             DatapathError::Mpa(M::StartupTimeout | M::AcceptTimeout | M::RtrTimeout)
-            | DatapathError::Ift(I::StartupTimeout)
+            | DatapathError::Ift(I::StartupTimeout | I::AcceptTimeout)
             | DatapathError::Timeout(_) => libc::ETIMEDOUT,
             DatapathError::Mpa(M::Rejected) | DatapathError::Rejected { .. } => libc::ECONNREFUSED,
             DatapathError::Mpa(M::Local(_) | M::PrivateDataTooLong { .. })
@@ -259,8 +259,9 @@ pub enum QpError {
     #[error("local failure: {0}")]
     Local(&'static str),
     /// We closed the connection for a local limit the peer's data ran into (a gap it never
-    /// filled, the reassembly store or budget), at a time no Terminate could be sent to say
-    /// so (a responder before the peer's first FPDU, RFC 5044 7.1.2 rule 4).
+    /// filled, the reassembly store or budget), or for a local error that failed the queue
+    /// pair (a refused receive), at a time no Terminate could be sent to say so (a responder
+    /// before the peer's first FPDU, RFC 5044 7.1.2 rule 4).
     #[error("connection closed: {0}")]
     ClosedLocally(&'static str),
 }
@@ -268,6 +269,16 @@ pub enum QpError {
 impl QpError {
     /// The error a failed socket operation of the socket transport means.
     pub(crate) fn from_io(e: &io::Error) -> QpError {
+        // A peer gone from the link fails its connection with an unreachable error rather
+        // than a timeout once the kernel's retransmissions find its address no longer
+        // resolves (ICMP host unreachable looped back; Linux reports a soft error before
+        // ETIMEDOUT): the same peer the engine reports as unreachable.
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN | libc::ENETDOWN)
+        ) {
+            return QpError::PeerUnreachable;
+        }
         match e.kind() {
             io::ErrorKind::ConnectionReset => QpError::PeerReset,
             io::ErrorKind::TimedOut => QpError::PeerUnreachable,
@@ -313,7 +324,35 @@ pub(crate) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::DatapathError;
+    use super::{DatapathError, QpError};
+
+    /// A socket-transport connection failed by a peer that left the link reads as the same
+    /// error the engine reports for it, whichever way the kernel said it.
+    #[test]
+    fn a_vanished_peer_reads_as_unreachable_on_the_socket_transport() {
+        use std::io;
+        for errno in [
+            libc::ETIMEDOUT,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::EHOSTDOWN,
+            libc::ENETDOWN,
+        ] {
+            let e = io::Error::from_raw_os_error(errno);
+            assert_eq!(
+                QpError::from_io(&e),
+                QpError::PeerUnreachable,
+                "errno {errno}"
+            );
+        }
+        let reset = io::Error::from_raw_os_error(libc::ECONNRESET);
+        assert_eq!(QpError::from_io(&reset), QpError::PeerReset);
+        let pipe = io::Error::from_raw_os_error(libc::EPIPE);
+        assert_eq!(
+            QpError::from_io(&pipe),
+            QpError::Transport(io::ErrorKind::BrokenPipe)
+        );
+    }
 
     /// Each error names the `errno` a verbs or rdma_cm call gives for it.
     #[test]

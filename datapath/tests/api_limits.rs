@@ -76,3 +76,71 @@ fn ift_without_rdma_mode_is_refused() {
         Err(DatapathError::InvalidArgument(_))
     ));
 }
+
+/// Keepalive times and counts, and a user timeout, beyond what the kernel takes are refused
+/// by the listen or connect, before any connection is made: on the socket transport the
+/// kernel would refuse them only once the MPA exchange was done, the peer told "accepted".
+#[test]
+fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
+    use datapath::{Keepalive, MAX_USER_TIMEOUT};
+    use std::time::Duration;
+    let dev = Device::socket();
+    let addr = "127.0.0.1:0".parse().expect("address");
+    let over = Keepalive::MAX_TIME + Duration::from_secs(1);
+    let bad = [
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                idle: over,
+                ..Keepalive::default()
+            }),
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                interval: over,
+                ..Keepalive::default()
+            }),
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                probes: Keepalive::MAX_PROBES + 1,
+                ..Keepalive::default()
+            }),
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            user_timeout: Some(MAX_USER_TIMEOUT + Duration::from_millis(1)),
+            ..ConnectParams::default()
+        },
+    ];
+    // Nobody listens on the port: a connect that got past the check would be refused by TCP.
+    let nobody = "127.0.0.1:9".parse().expect("address");
+    let (pd, cq) = (ProtectionDomain::new(), datapath::CompletionQueue::new());
+    for params in bad {
+        assert!(
+            matches!(
+                dev.listen(addr, params.clone()),
+                Err(DatapathError::InvalidArgument(_))
+            ),
+            "listen {params:?}"
+        );
+        assert!(
+            matches!(
+                dev.connect(nobody, &pd, &cq, &params, &[]),
+                Err(DatapathError::InvalidArgument(_))
+            ),
+            "connect {params:?}"
+        );
+    }
+    let at_the_limits = ConnectParams {
+        keepalive: Some(Keepalive {
+            idle: Keepalive::MAX_TIME,
+            interval: Keepalive::MAX_TIME,
+            probes: Keepalive::MAX_PROBES,
+        }),
+        user_timeout: Some(MAX_USER_TIMEOUT),
+        ..ConnectParams::default()
+    };
+    assert!(dev.listen(addr, at_the_limits).is_ok());
+}

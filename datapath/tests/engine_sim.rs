@@ -2491,8 +2491,9 @@ fn ift_records_mode_interoperates_with_source_mode() {
     print_counters("ift records", &bed);
 }
 
-/// An IFT responder whose application never answers closes at `MpaConfig::accept_timeout`;
-/// an IFT responder that rejects just closes (IFT has no reject message).
+/// An IFT responder whose application never answers closes at `MpaConfig::accept_timeout`
+/// (none when it is too large for the clock: `Duration::MAX`); an IFT responder that rejects
+/// just closes (IFT has no reject message).
 #[test]
 fn ift_unanswered_and_rejected() {
     let mut b_cfg = ift_config(true, true, 2);
@@ -2513,7 +2514,7 @@ fn ift_unanswered_and_rejected() {
     let asked = bed.net.now;
     bed.run_until("accept timeout", Duration::from_secs(10), |a, b| {
         b.events
-            .contains(&ConnEvent::IftStartupFailed(ift::IftError::StartupTimeout))
+            .contains(&ConnEvent::IftStartupFailed(ift::IftError::AcceptTimeout))
             && a.events
                 .iter()
                 .any(|e| matches!(e, ConnEvent::IftStartupFailed(_)))
@@ -2522,6 +2523,32 @@ fn ift_unanswered_and_rejected() {
     assert!(
         waited >= Duration::from_secs(3) && waited < Duration::from_secs(5),
         "{waited:?}"
+    );
+
+    // An accept timeout too large for the clock is none: the request waits.
+    let mut b_cfg = ift_config(true, true, 2);
+    b_cfg.mpa.accept_timeout = Duration::MAX;
+    let mut bed = bed_with(
+        252,
+        LinkConfig::default(),
+        ift_config(true, true, 1),
+        b_cfg,
+        b"",
+    );
+    bed.b.ignore_request = true;
+    bed.run_until("phase 0 delivered", Duration::from_secs(2), |_, b| {
+        b.events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::IftRequest(_)))
+    });
+    run_for(&mut bed, Duration::from_secs(5));
+    assert!(
+        !bed.b
+            .events
+            .iter()
+            .any(|e| matches!(e, ConnEvent::IftStartupFailed(_))),
+        "{:?}",
+        bed.b.events
     );
 
     let mut bed = ift_bed(251, LinkConfig::default(), (true, true), (true, true));

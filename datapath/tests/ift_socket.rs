@@ -346,8 +346,13 @@ fn an_unanswered_ift_request_is_closed_at_the_accept_timeout() {
         started.elapsed()
     );
     let server = Side::new();
-    assert!(req.accept(&server.pd, &server.cq, &[]).is_err());
-    assert_eq!(listener.stats().accept_timeouts, 1);
+    let late = req.accept(&server.pd, &server.cq, &[]).err();
+    assert!(
+        matches!(late, Some(DatapathError::Ift(IftError::AcceptTimeout))),
+        "{late:?}"
+    );
+    let stats = listener.stats();
+    assert_eq!((stats.accept_timeouts, stats.startup_timeouts), (1, 0));
 }
 
 /// A responder that never answers the indication: the initiator gives up at its setup
@@ -376,4 +381,55 @@ fn an_initiator_gives_up_at_its_setup_deadline() {
         started.elapsed()
     );
     drop(silent);
+}
+
+/// The exchange's deadline is `IftConfig::timeout` on both sides, as on the engine: a listener
+/// whose MPA timeout is long closes a silent connection at the IFT one, and an initiator
+/// whose setup timeout is long gives up at it too (`IftError::StartupTimeout`).
+#[test]
+fn the_ift_exchange_ends_at_its_own_timeout() {
+    use std::io::Read;
+    let short = |mut p: ConnectParams| {
+        if let Framing::Ift(cfg) = &mut p.framing {
+            cfg.timeout = Duration::from_millis(300);
+        }
+        p.mpa.timeout = Duration::from_secs(20);
+        p.setup_timeout = Duration::from_secs(20);
+        p
+    };
+    let listener = Listener::bind(any_port(), short(ift_params(true, true))).unwrap();
+    let mut silent = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    silent.set_read_timeout(Some(WAIT)).unwrap();
+    let started = Instant::now();
+    let mut b = [0u8; 64];
+    assert_eq!(silent.read(&mut b).unwrap_or(0), 0, "closed, nothing sent");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the listener closed after {took:?}"
+    );
+    assert_eq!(listener.stats().startup_timeouts, 1);
+
+    let quiet = std::net::TcpListener::bind(any_port()).unwrap();
+    let client = Side::new();
+    let started = Instant::now();
+    let err = datapath::connect(
+        quiet.local_addr().unwrap(),
+        &client.pd,
+        &client.cq,
+        &short(ift_params(true, true)),
+        &[],
+    )
+    .err()
+    .expect("nobody answers");
+    let took = started.elapsed();
+    assert!(
+        matches!(err, DatapathError::Ift(IftError::StartupTimeout)),
+        "{err:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the initiator gave up after {took:?}"
+    );
+    drop(quiet);
 }

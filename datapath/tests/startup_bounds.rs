@@ -3,7 +3,9 @@
 //! Requests and one the application never answers are cut off at their deadlines while another
 //! client connects at once; malformed Requests are refused with the MPA error RFC 5044 names
 //! (seen in `Listener::stats`), closing that connection only; Requests beyond the backlog are
-//! rejected; an Initiator that receives an FPDU instead of the Reply fails with `InvalidKey`.
+//! rejected; an Initiator that receives an FPDU instead of the Reply fails with `InvalidKey`,
+//! and one whose responder leaves before its Reply with `ConnectionLost`; a responder whose
+//! queue pair fails before the peer's first FPDU closes at once, sending no Terminate.
 //! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
 
 use std::io::{Read, Write};
@@ -584,4 +586,134 @@ fn engine_initiator_refuses_an_fpdu_before_the_reply() {
 #[test]
 fn socket_initiator_refuses_an_fpdu_before_the_reply() {
     fpdu_before_reply(false, 19_618);
+}
+
+/// A receive the queue pair refuses (its element names no region) fails the queue pair, and
+/// on a responder that has not yet received the peer's first FPDU the Terminate that would
+/// say so may not go (RFC 5044 7.1.2 rule 4): the connection closes without it at once,
+/// the receive completing in error, rather than waiting with its Terminate for an FPDU the
+/// silent peer never sends.
+fn refusal_before_the_first_fpdu(engine: bool, port: u16) {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = serve(engine, port, 64, ready_tx, |listener, _dev| {
+        let req = next(listener, WAIT)?;
+        let pd = ProtectionDomain::new();
+        let cq = CompletionQueue::new();
+        let conn = req
+            .accept(&pd, &cq, b"")
+            .map_err(|e| format!("accept: {e}"))?;
+        let buf = pd
+            .register(64, datapath::Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let bad = datapath::RecvWr {
+            wr_id: 9,
+            sg_list: datapath::Sge {
+                stag: datapath::Stag(buf.stag().0 ^ 0x0100_0000),
+                to: buf.base_to(),
+                len: 64,
+            }
+            .into(),
+        };
+        let posted = Instant::now();
+        conn.qp.post_recv(bad).map_err(|e| format!("post: {e}"))?;
+        if !conn.qp.wait_finished(WAIT) {
+            return Err("the queue pair never ended".into());
+        }
+        let took = posted.elapsed();
+        let completion = cq
+            .wait(WAIT)
+            .ok_or("no completion for the refused receive")?;
+        Ok((took, conn.qp.status(), completion.wc))
+    });
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<Vec<u8>, String> {
+        let addr = SocketAddr::from((ADDR_A, port));
+        let mut s = TcpStream::connect_timeout(&addr, WAIT).map_err(|e| e.to_string())?;
+        s.write_all(&request(b"")).map_err(|e| e.to_string())?;
+        // The Reply, then the close; nothing is ever sent to it.
+        s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        match s.read_to_end(&mut got) {
+            Ok(_) => Ok(got),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(got),
+            Err(e) => Err(format!("not closed: {e} (after {} octets)", got.len())),
+        }
+    });
+    let got = peer.join().expect("peer thread").expect("peer");
+    let (took, status, wc) = server.join().expect("server thread").expect("server");
+    println!("engine {engine}: ended {took:?} after the post; {status:?}; {wc:?}");
+    assert_eq!(got.len(), 20, "the Reply and nothing after it: {got:02x?}");
+    assert!(took < Duration::from_secs(5), "ended after {took:?}");
+    assert_eq!(
+        status.error,
+        Some(datapath::QpError::ClosedLocally(
+            iwarp_conn::UNSENDABLE_TERMINATE
+        ))
+    );
+    assert_eq!(status.sent_terminate, None);
+    assert_eq!(
+        (wc.wr_id, wc.status),
+        (9, datapath::WcStatus::LocalProtectionError)
+    );
+}
+
+#[test]
+fn engine_responder_refusing_a_receive_before_the_first_fpdu_closes_at_once() {
+    refusal_before_the_first_fpdu(true, 19_604);
+}
+
+#[test]
+fn socket_responder_refusing_a_receive_before_the_first_fpdu_closes_at_once() {
+    refusal_before_the_first_fpdu(false, 19_605);
+}
+
+/// A responder that closes, or resets, the connection after reading the Request and before
+/// its Reply: the Initiator's connect fails with `MpaError::ConnectionLost` on both
+/// transports.
+fn gone_before_reply(engine: bool, port: u16) {
+    let _bed = bed_or_skip!();
+    for reset in [false, true] {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+            let l =
+                TcpListener::bind(SocketAddr::from((ADDR_B, port))).map_err(|e| e.to_string())?;
+            let _ = ready_tx.send(());
+            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+            let mut request = [0u8; 20];
+            s.read_exact(&mut request).map_err(|e| e.to_string())?;
+            if reset {
+                socket2::SockRef::from(&s)
+                    .set_linger(Some(Duration::ZERO))
+                    .map_err(|e| e.to_string())?;
+            }
+            drop(s);
+            Ok(())
+        });
+        ready_rx.recv_timeout(WAIT).expect("peer ready");
+        let ours = spawn_in_ns(NS_A, move || {
+            let dev = device(engine);
+            let pd = ProtectionDomain::new();
+            let cq = CompletionQueue::new();
+            dev.connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(64), b"")
+                .err()
+        });
+        let error = ours.join().expect("our side");
+        peer.join().expect("peer thread").expect("peer");
+        println!("engine {engine}, reset {reset}: {error:?}");
+        assert!(
+            matches!(error, Some(DatapathError::Mpa(MpaError::ConnectionLost))),
+            "reset {reset}: {error:?}"
+        );
+    }
+}
+
+#[test]
+fn engine_initiator_whose_responder_leaves_before_the_reply_lost_the_connection() {
+    gone_before_reply(true, 19_606);
+}
+
+#[test]
+fn socket_initiator_whose_responder_leaves_before_the_reply_lost_the_connection() {
+    gone_before_reply(false, 19_607);
 }

@@ -64,9 +64,18 @@ pub enum IftError {
     /// The exchange did not finish by its deadline.
     #[error("IFT startup timed out")]
     StartupTimeout,
+    /// The application neither accepted nor rejected the connection within its accept
+    /// timeout (`MpaConfig::accept_timeout`, which IFT listeners use too): it was closed.
+    #[error("the connection request was left unanswered past the accept timeout")]
+    AcceptTimeout,
     /// A local mistake (a call out of turn, a value out of range).
     #[error("{0}")]
     Local(&'static str),
+    /// The initiator sent more beyond its adaption indication, before our phase 1, than a
+    /// responder holds: it cannot have framed it for our VTag, which it does not know yet
+    /// (section 4.2).
+    #[error("the peer sent data beyond its adaption indication before the exchange ended")]
+    DataBeforeExchange,
     /// A frame's header_size is not the length of the DDP header it precedes.
     #[error("IFT frame header_size {found}: its DDP header is {expected} octets")]
     BadHeaderSize {
@@ -118,10 +127,11 @@ impl IftError {
     /// 4 an adaption indication not acceptable, 5 a local error.
     pub fn code(&self) -> u8 {
         match self {
-            IftError::StartupTimeout | IftError::ConnectionLost => 1,
+            IftError::StartupTimeout | IftError::AcceptTimeout | IftError::ConnectionLost => 1,
             IftError::HeaderCrc { .. } | IftError::PayloadCrc { .. } => 2,
             IftError::BadHeaderSize { .. }
             | IftError::BadVtag { .. }
+            | IftError::DataBeforeExchange
             | IftError::SpeculationMismatch { .. } => 3,
             IftError::BadMagic { .. }
             | IftError::IndicationCrc { .. }

@@ -130,6 +130,11 @@ const STORE_IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// the check of each frame processed in order against them (section 8.2's last rule).
 const MAX_UNCONFIRMED: usize = 512;
 
+/// Why a connection closed without a Terminate when its queue pair failed (a refused receive,
+/// say) at a time we may send nothing (RFC 5044 7.1.2 rule 4); both transports say it.
+pub const UNSENDABLE_TERMINATE: &str =
+    "the queue pair failed before the peer's first FPDU, when no Terminate may be sent";
+
 /// How long octets of the peer's may wait beyond a gap it does not fill, by default
 /// ([`ConnConfig::held_timeout`]).
 pub const DEFAULT_HELD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -408,7 +413,9 @@ struct IftFull {
 struct IftPending {
     negotiated: ift::Negotiated,
     reply: [u8; ift::wire::INDICATION_LEN],
-    deadline: std::time::Instant,
+    /// When the application must have answered (`MpaConfig::accept_timeout` after the
+    /// indication came in); `None`, no deadline: a timeout too large for the clock.
+    deadline: Option<std::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -889,7 +896,9 @@ impl IwarpConn {
         let ift_timeout = match &mut self.phase {
             Phase::IftInitiating(i) => i.handle_timeout(mpa_now).err(),
             Phase::IftAwaitingIndication(r) => r.handle_timeout(mpa_now).err(),
-            Phase::IftAwaitingAccept(p) if mpa_now >= p.deadline => Some(IftError::StartupTimeout),
+            Phase::IftAwaitingAccept(p) if p.deadline.is_some_and(|d| mpa_now >= d) => {
+                Some(IftError::AcceptTimeout)
+            }
             _ => None,
         };
         if let Some(e) = ift_timeout {
@@ -920,6 +929,17 @@ impl IwarpConn {
                 self.mpa_failed(MpaError::RtrTimeout, false);
             }
             Some(_) => {}
+        }
+    }
+
+    /// A queue pair that raised a Terminate while we may send nothing (a refused receive
+    /// failing it before the peer's first FPDU: RFC 5044 7.1.2 rule 4 forbids even a
+    /// Terminate then) closes the connection without it ([`IwarpConn::fail_locally`]), as on
+    /// an MPA error then; otherwise the Terminate would wait for an FPDU a silent peer never
+    /// sends.
+    fn close_unsendable_terminate(&mut self) {
+        if !self.rx_dead && !self.may_send_fpdus() && self.qp.state() == QpState::Terminate {
+            self.fail_locally(UNSENDABLE_TERMINATE);
         }
     }
 
@@ -1512,9 +1532,7 @@ impl IwarpConn {
             Err(_) if !self.is_established() && self.is_ift() => {
                 // Data beyond the peer's indication before the exchange ended (an initiator
                 // cannot know our VTag before our phase 1).
-                self.ift_startup_failed(IftError::Local(
-                    "the peer sent data beyond its adaption indication before the exchange ended",
-                ));
+                self.ift_startup_failed(IftError::DataBeforeExchange);
             }
             Err(_) if !self.is_established() => {
                 // The peer sent more than its Request before the Reply.
@@ -1957,8 +1975,7 @@ impl IwarpConn {
                     match responder.feed(rest, now) {
                         Ok((n, None)) => n.max(rest.len()),
                         Ok((n, Some((negotiated, reply)))) => {
-                            let deadline =
-                                now.checked_add(self.cfg.mpa.accept_timeout).unwrap_or(now);
+                            let deadline = now.checked_add(self.cfg.mpa.accept_timeout);
                             self.phase = Phase::IftAwaitingAccept(Box::new(IftPending {
                                 negotiated,
                                 reply,
@@ -2455,6 +2472,7 @@ impl IwarpConn {
         } else {
             self.rtr_deadline(now);
             self.held_deadline(now);
+            self.close_unsendable_terminate();
         }
         // What pass-ups gave back went to TCP with their answers, and a refusal came as a TCP
         // event before this poll.
@@ -2918,7 +2936,7 @@ impl IwarpConn {
             Phase::AwaitingRequest(r) | Phase::AwaitingAccept(r) => r.poll_timeout(),
             Phase::IftInitiating(i) => i.poll_timeout(),
             Phase::IftAwaitingIndication(r) => r.poll_timeout(),
-            Phase::IftAwaitingAccept(p) => Some(p.deadline),
+            Phase::IftAwaitingAccept(p) => p.deadline,
             _ => None,
         };
         let startup = deadline.map(|d| Instant::ZERO + d.saturating_duration_since(self.epoch));

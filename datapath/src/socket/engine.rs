@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
+use iwarp_conn::UNSENDABLE_TERMINATE;
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
@@ -198,6 +199,7 @@ pub(super) fn start_engine(
         mulpdu,
         closing: false,
         close_taken: false,
+        handles_gone: false,
         rx_closed: false,
         tx_failed: false,
         cq_overrun: false,
@@ -352,6 +354,9 @@ struct Engine {
     closing: bool,
     /// A Close taken before received octets were processed, for the next turn.
     close_taken: bool,
+    /// The command channel's senders are all gone (the queue pair's last handle dropped): its
+    /// Close was taken.
+    handles_gone: bool,
     rx_closed: bool,
     tx_failed: bool,
     /// A completion found the completion queue full and was lost: the connection is reset.
@@ -458,6 +463,7 @@ impl Engine {
             let mut progress = self.handle_commands(false);
             progress |= self.receive();
             self.rtr_deadline();
+            self.close_unsendable_terminate();
             progress |= self.transmit();
             progress |= self.deliver_completions();
             self.publish_status();
@@ -516,12 +522,13 @@ impl Engine {
     /// or has ended its side (or the connection failed). Closing with the peer still sending
     /// would lose data: Linux resets a connection closed with received data unread, and an
     /// orphaned one that receives more, throwing away what it has not yet sent, so Writes
-    /// and Sends that completed when the kernel took them (or our Terminate) would never
+    /// and Sends that completed once framed (or our Terminate) would never
     /// arrive. A peer that neither sends nor acknowledges anything for [`CLOSE_QUIET`] (gone,
     /// or stalled) is not waited for: the kernel sends the rest after the close. Work
     /// requests posted meanwhile are taken as in any turn (refused while closing and flushed,
-    /// flushed in Error). Bounded by [`CLOSE_DRAIN`] (in Error by the
-    /// error's deadline, [`Engine::error_drain_expired`]) and by `disconnect`'s wait.
+    /// flushed in Error). Bounded by [`CLOSE_DRAIN`] from the application's close, the drain
+    /// of what the queue pair had queued included (in Error by the error's deadline,
+    /// [`Engine::error_drain_expired`]), and by `disconnect`'s wait.
     /// Returns true if the application's `abort` came meanwhile: the caller resets.
     fn close_gracefully(&mut self, events: &mut Events) -> bool {
         let _ = self.stream.flush();
@@ -529,8 +536,12 @@ impl Engine {
             return false;
         }
         let now = Instant::now();
-        // In Error, what the kernel holds gets what is left of the error's time.
-        let deadline = self.error_deadline.unwrap_or(now + CLOSE_DRAIN);
+        // In Error, what the kernel holds gets what is left of the error's time; after the
+        // application's close, what is left of the close's (one 10 s in all, as on the engine).
+        let deadline = self
+            .error_deadline
+            .or(self.close_deadline)
+            .unwrap_or(now + CLOSE_DRAIN);
         let mut heard = now;
         let mut unacknowledged = usize::MAX;
         let mut scratch = std::mem::take(&mut self.rx);
@@ -637,7 +648,13 @@ impl Engine {
             let cmd = match self.cmds.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => Cmd::Close,
+                // Every handle gone: a Close, once (taken again each turn, it would count as
+                // progress and keep the loop from ever sleeping while the close drains).
+                Err(TryRecvError::Disconnected) if self.handles_gone => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.handles_gone = true;
+                    Cmd::Close
+                }
             };
             self.account.took(&cmd);
             progress = true;
@@ -790,6 +807,20 @@ impl Engine {
         }
     }
 
+    /// A queue pair that raised a Terminate while we may send nothing (a refused receive
+    /// failing it before the peer's first FPDU: RFC 5044 7.1.2 rule 4 forbids even a
+    /// Terminate then) closes the connection without it, as on an MPA error then; otherwise
+    /// the Terminate would wait for an FPDU a silent peer never sends, the connection never
+    /// ending.
+    fn close_unsendable_terminate(&mut self) {
+        if self.may_send || self.rx_closed || self.qp.state() != QpState::Terminate {
+            return;
+        }
+        self.set_error(QpError::ClosedLocally(UNSENDABLE_TERMINATE));
+        self.qp.on_transport_error(TerminateCause::ConnectionLost);
+        self.rx_closed = true;
+    }
+
     /// A peer-to-peer Responder still without the RTR at its deadline (a peer that finished
     /// the exchange and said nothing more) closes the connection, sending nothing: it may
     /// not (RFC 5044 7.1.2 rule 4), and setup ends with the RTR (RFC 6581 5).
@@ -930,5 +961,114 @@ impl Engine {
         }
         let dead = state == QpState::Error || self.closing;
         dead && self.tx_idle()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use crate::{Access, CompletionQueue, ConnectParams, ProtectionDomain, SendOp, SendWr, Stag};
+
+    /// CPU time (user and system, in clock ticks) of this process's thread named `name`.
+    fn thread_ticks(name: &str) -> Option<u64> {
+        for task in std::fs::read_dir("/proc/self/task").ok()? {
+            let dir = task.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if comm.trim_end() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // Fields after the command's closing parenthesis; utime and stime are the 14th
+            // and 15th of the line, the 12th and 13th after it.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split(' ').collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            return Some(utime + stime);
+        }
+        None
+    }
+
+    /// A queue pair whose close drains behind a peer that stopped reading, its last handle
+    /// dropped on a transport thread (which cannot wait for the drain): its thread sleeps
+    /// while the close drains. Before, the command channel, its senders all gone, gave a
+    /// Close every turn, each counted as progress, and the thread never slept: a core spun
+    /// for the close's 10 s.
+    #[test]
+    fn a_draining_close_whose_handles_are_gone_sleeps() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket2::SockRef::from(&listener)
+            .set_recv_buffer_size(16 * 1024)
+            .expect("SO_RCVBUF");
+        let addr = listener.local_addr().expect("address");
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || -> Result<(), String> {
+            let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+            let mut responder = mpa::Responder::new(mpa::MpaConfig::default(), Instant::now())
+                .map_err(|e| e.to_string())?;
+            let mut octet = [0u8; 1];
+            loop {
+                if s.read(&mut octet).map_err(|e| e.to_string())? == 0 {
+                    return Err("closed before the Request".into());
+                }
+                let (_, info) = responder
+                    .feed(&octet, Instant::now())
+                    .map_err(|e| e.to_string())?;
+                if info.is_some() {
+                    break;
+                }
+            }
+            let (reply, _) = responder.accept(b"").map_err(|e| e.to_string())?;
+            s.write_all(&reply).map_err(|e| e.to_string())?;
+            // Never reads again until the test is done.
+            let _ = stop_rx.recv_timeout(Duration::from_secs(60));
+            Ok(())
+        });
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let params = ConnectParams {
+            user_timeout: None,
+            setup_timeout: Duration::from_secs(10),
+            ..ConnectParams::default()
+        };
+        let conn = crate::connect(addr, &pd, &cq, &params, b"").expect("connect");
+        let src = pd.register(1 << 20, Access::LOCAL_WRITE).expect("region");
+        for i in 0..64 {
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    remote_stag: Stag(0x100),
+                    remote_to: 0,
+                },
+                sg_list: src.sge(0, 1 << 20).into(),
+                signaled: true,
+                fence: false,
+            };
+            conn.qp.post_send(wr).expect("post a Write");
+        }
+        // The buffers on both sides fill: the Writes stop completing.
+        while cq.wait(Duration::from_secs(1)).is_some() {}
+        let name = format!("iwarp-qp{}", conn.qp.num());
+        {
+            let _turn = crate::turn::TransportTurn::enter();
+            conn.qp.start_disconnect().expect("start the close");
+            // On a transport thread: no wait for the drain.
+            drop(conn);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let before = thread_ticks(&name).expect("the connection's thread, draining");
+        std::thread::sleep(Duration::from_secs(2));
+        let after = thread_ticks(&name).expect("the connection's thread, draining");
+        let _ = stop_tx.send(());
+        peer.join().expect("the peer's thread").expect("the peer");
+        // Clock ticks are 10 ms (USER_HZ 100): a spinning thread takes ~200 in 2 s.
+        assert!(
+            after - before < 40,
+            "the draining thread spun: {} ticks in 2 s",
+            after - before
+        );
     }
 }

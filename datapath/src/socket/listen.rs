@@ -273,6 +273,8 @@ struct Starting {
 struct Waiting {
     deadline: Instant,
     stream: Weak<Mutex<Option<TcpStream>>>,
+    /// An IFT connection (its timeout is counted as IFT's).
+    ift: bool,
 }
 
 /// The listener thread's state.
@@ -446,10 +448,9 @@ impl Startups {
                     Ok(r) => Startup::Mpa(r),
                     Err(_) => continue,
                 },
+                // The exchange's own deadline (`IftConfig::timeout`), as on the engine.
                 Framing::Ift(cfg) => {
-                    let mut cfg = with_fresh_vtag(cfg);
-                    cfg.timeout = self.mpa.timeout;
-                    Startup::Ift(ift::Responder::new(cfg, Instant::now()))
+                    Startup::Ift(ift::Responder::new(with_fresh_vtag(cfg), Instant::now()))
                 }
             };
             let token = Token(self.next_token);
@@ -580,6 +581,7 @@ impl Startups {
         }
         let held: HeldStream = Arc::new(Mutex::new(Some(stream)));
         let deadline = answer.deadline();
+        let ift = matches!(answer, Answer::Ift { .. });
         let arrived = Arrived {
             stream: held.clone(),
             answer,
@@ -593,6 +595,7 @@ impl Startups {
                     self.waiting.push_back(Waiting {
                         deadline,
                         stream: Arc::downgrade(&held),
+                        ift,
                     });
                 }
                 true
@@ -648,7 +651,12 @@ impl Startups {
                     warn,
                     "a connection request left unanswered past the accept timeout: closed"
                 );
-                self.record.startup_failed(&MpaError::AcceptTimeout);
+                if w.ift {
+                    self.record
+                        .ift_startup_failed(&ift::IftError::AcceptTimeout);
+                } else {
+                    self.record.startup_failed(&MpaError::AcceptTimeout);
+                }
                 let _ = stream.shutdown(Shutdown::Both);
             }
         }
@@ -670,7 +678,10 @@ struct SocketPending {
 impl SocketPending {
     /// The connection, unless the accept deadline closed it.
     fn stream(&self) -> Result<TcpStream, DatapathError> {
-        let stream = take(&self.stream).ok_or(DatapathError::Mpa(MpaError::AcceptTimeout))?;
+        let stream = take(&self.stream).ok_or(match self.answer {
+            Answer::Ift { .. } => DatapathError::Ift(ift::IftError::AcceptTimeout),
+            Answer::Mpa(_) => DatapathError::Mpa(MpaError::AcceptTimeout),
+        })?;
         stream.set_nonblocking(false)?;
         Ok(stream)
     }

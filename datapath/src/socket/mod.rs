@@ -17,7 +17,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Instant;
 
-use mpa::InitiatorEvent;
+use mpa::{InitiatorEvent, MpaError};
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
@@ -85,9 +85,14 @@ pub(crate) fn connect_start(
         let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
             Ok(n) => n,
             Err(e) => {
-                if e.kind() == io::ErrorKind::TimedOut {
+                match e.kind() {
                     // The startup's deadline, if it is the one that passed.
-                    initiator.handle_timeout(Instant::now())?;
+                    io::ErrorKind::TimedOut => initiator.handle_timeout(Instant::now())?,
+                    // The peer closed or reset before its Reply: as on the engine.
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                        return Err(DatapathError::Mpa(MpaError::ConnectionLost));
+                    }
+                    _ => {}
                 }
                 return Err(setup_error(e, "waiting for the MPA Reply"));
             }
@@ -179,9 +184,10 @@ fn connect_ift(
         ));
     }
     let start = Instant::now();
-    // One deadline for the whole setup: the exchange's is the connection's.
+    // The exchange's own deadline (`IftConfig::timeout`), within the setup's, as on the
+    // engine.
     let cfg = ift::IftConfig {
-        timeout: params.setup_timeout,
+        timeout: cfg.timeout.min(params.setup_timeout),
         ..with_fresh_vtag(cfg)
     };
     let mut initiator = ift::Initiator::new(cfg, start);
@@ -192,14 +198,23 @@ fn connect_ift(
     stream.write_all(initiator.indication())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = read_with_deadline(&mut stream, &mut buf, setup_deadline).map_err(|e| {
-            match e.kind() {
-                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-                    DatapathError::Ift(ift::IftError::ConnectionLost)
+        let deadline = initiator
+            .poll_timeout()
+            .map_or(setup_deadline, |d| d.min(setup_deadline));
+        let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
+            Ok(n) => n,
+            Err(e) => {
+                match e.kind() {
+                    // The exchange's deadline, if it is the one that passed.
+                    io::ErrorKind::TimedOut => initiator.handle_timeout(Instant::now())?,
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                        return Err(DatapathError::Ift(ift::IftError::ConnectionLost));
+                    }
+                    _ => {}
                 }
-                _ => setup_error(e, "waiting for the IFT adaption indication"),
+                return Err(setup_error(e, "waiting for the IFT adaption indication"));
             }
-        })?;
+        };
         let (used, done) = initiator.feed(&buf[..n], Instant::now())?;
         let Some(negotiated) = done else { continue };
         let setup = Setup {

@@ -171,13 +171,25 @@ pub(crate) fn with_fresh_vtag(cfg: &ift::IftConfig) -> ift::IftConfig {
 /// rounded up to them, at least one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
-    /// Idle time before the first probe.
+    /// Idle time before the first probe (at most [`Keepalive::MAX_TIME`]).
     pub idle: Duration,
-    /// Time between unanswered probes.
+    /// Time between unanswered probes (at most [`Keepalive::MAX_TIME`]).
     pub interval: Duration,
-    /// Unanswered probes that end the connection.
+    /// Unanswered probes that end the connection (at most [`Keepalive::MAX_PROBES`]).
     pub probes: u32,
 }
+
+impl Keepalive {
+    /// The longest idle time and probe interval: Linux's (`TCP_KEEPIDLE`, `TCP_KEEPINTVL`:
+    /// 32,767 s), which the socket transport hands them to; both transports refuse more.
+    pub const MAX_TIME: Duration = Duration::from_secs(32_767);
+    /// The most probes: Linux's (`TCP_KEEPCNT`: 127).
+    pub const MAX_PROBES: u32 = 127;
+}
+
+/// The longest user timeout ([`ConnectParams::user_timeout`]): Linux's `TCP_USER_TIMEOUT`, in
+/// milliseconds in a C `int` (about 24.8 days); both transports refuse more.
+pub const MAX_USER_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 impl Default for Keepalive {
     fn default() -> Self {
@@ -193,7 +205,10 @@ impl ConnectParams {
     /// Checks what a connect or an accept makes from these parameters, before anything of
     /// the connection is made: queue depths up to [`MAX_QP_WR`] (0 is a queue that takes
     /// nothing), IRD and ORD up to [`MAX_IRD_ORD`], IFT framing in its RDMA mode (R set: the
-    /// queue pairs run RDMAP). [`DatapathError::InvalidArgument`] says which is wrong.
+    /// queue pairs run RDMAP), keepalive and the user timeout within what the kernel takes
+    /// ([`Keepalive::MAX_TIME`], [`Keepalive::MAX_PROBES`], [`MAX_USER_TIMEOUT`]: the socket
+    /// transport would otherwise fail only after the MPA exchange, the peer told "accepted").
+    /// [`DatapathError::InvalidArgument`] says which is wrong.
     pub(crate) fn check(&self) -> Result<(), DatapathError> {
         if matches!(&self.framing, Framing::Ift(cfg) if !cfg.rdma) {
             return Err(DatapathError::InvalidArgument(
@@ -208,6 +223,20 @@ impl ConnectParams {
         if self.mpa.ird > MAX_IRD_ORD || self.mpa.ord > MAX_IRD_ORD {
             return Err(DatapathError::InvalidArgument(
                 "IRD and ORD are at most 0x3FFF",
+            ));
+        }
+        if let Some(k) = self.keepalive {
+            // The socket transport rounds the times up to whole seconds.
+            let too_long = |d: Duration| d > Keepalive::MAX_TIME;
+            if too_long(k.idle) || too_long(k.interval) || k.probes > Keepalive::MAX_PROBES {
+                return Err(DatapathError::InvalidArgument(
+                    "keepalive's idle time and interval are at most 32767 s, its probes at most 127",
+                ));
+            }
+        }
+        if self.user_timeout.is_some_and(|t| t > MAX_USER_TIMEOUT) {
+            return Err(DatapathError::InvalidArgument(
+                "the user timeout is at most 2147483647 ms",
             ));
         }
         Ok(())
@@ -326,6 +355,7 @@ impl ListenRecord {
     pub(crate) fn ift_startup_failed(&self, error: &ift::IftError) {
         self.update(|s| match error {
             ift::IftError::StartupTimeout => s.startup_timeouts += 1,
+            ift::IftError::AcceptTimeout => s.accept_timeouts += 1,
             ift::IftError::ConnectionLost => s.closed_early += 1,
             other => {
                 s.refused += 1;

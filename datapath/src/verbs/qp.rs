@@ -962,7 +962,8 @@ impl QueuePair {
     /// joined. A graceful close that has not finished within 10 s (a peer that stopped
     /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
     /// up to 2 s more (on the socket transport the reset drops what the kernel still held,
-    /// which may include Sends and Writes that completed when the kernel took them): once this returns, the transport neither reads nor writes the queue
+    /// and what the connection's thread had framed, which may include Sends and Writes that
+    /// completed once framed): once this returns, the transport neither reads nor writes the queue
     /// pair's memory ([`QueuePair::status`]`.finished`; only a transport that does not answer
     /// at all leaves it false, and once one has not answered a disconnect's full wait, later
     /// disconnects and drops of the queue pair ask again and wait only the 2 s). Called on
@@ -1080,8 +1081,9 @@ impl QueuePair {
     /// our FIN), and on both transports by at most 10 s for the peer to take what the queue
     /// pair had queued (and, on the engine, our FIN): behind a peer that reads a trickle or
     /// nothing the connection is then reset, as `disconnect` resets it (on the socket
-    /// transport the reset also drops what the kernel held: Sends and Writes complete there
-    /// when the kernel takes them, so some that completed may not arrive). A later
+    /// transport the reset also drops what the kernel and the connection's thread held: Sends
+    /// and Writes complete there once the thread has framed them, up to 512 KiB ahead of the
+    /// kernel, so some that completed may not arrive). A later
     /// `disconnect`, or dropping the handle, waits for the end as
     /// `disconnect` does (resetting the connection after 10 s; see there for a transport
     /// that does not answer). Posts
