@@ -274,12 +274,12 @@ pub struct Cli {
     /// iteration number (perftest's `--write_with_imm`), which the receiver's receive completes
     /// with; the RDMAP extensions are on at both ends. The client decides (the server follows
     /// its hello; given the flag too, it checks the client's agrees).
-    #[arg(long)]
+    #[arg(long, visible_alias = "write_with_imm")]
     pub write_with_imm: bool,
     /// send-bw and send-lat: each Send is followed by RFC 7306 Immediate Data carrying its
     /// iteration number (perftest's `--send_with_imm`): two receives per message at the
     /// receiver. As `--write-with-imm` otherwise.
-    #[arg(long)]
+    #[arg(long, visible_alias = "send_with_imm")]
     pub send_with_imm: bool,
     /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
     /// of the expected value with the next one; either way the client checks every original
@@ -637,4 +637,42 @@ pub fn parse_args<T: Parser>(args: impl IntoIterator<Item = String>) -> Result<T
         let _ = e.print();
         ExitCode::from(if e.use_stderr() { 2 } else { 0 })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("iwarp-bench").chain(args.iter().copied()))
+    }
+
+    /// perftest's long options as perftest spells them (underscores where it has them).
+    #[test]
+    fn perftest_spellings_are_accepted() {
+        let c = parse(&["write-bw", "--write_with_imm"]).expect("--write_with_imm");
+        assert!(c.write_with_imm);
+        let c = parse(&["send-lat", "--send_with_imm"]).expect("--send_with_imm");
+        assert!(c.send_with_imm);
+        for args in [
+            &["write-bw", "--report_gbits"][..],
+            &["write-bw", "--run_infinitely"],
+            &["write-bw", "--post_list", "4"],
+            &["write-bw", "--inline_size", "16"],
+            &["write-bw", "--rdma_cm"],
+            &["write-bw", "--events"],
+            &["write-bw", "--cq-mod", "10"],
+            &["write-bw", "--tx-depth", "64"],
+            &["write-bw", "--all"],
+            &["write-bw", "--noPeak"],
+            &["write-bw", "--CPU-freq"],
+            &["write-bw", "--gid-index", "0"],
+            &["write-bw", "--ib-dev", "siw0"],
+            &["write-bw", "--ib-port", "1"],
+            &["write-lat", "--report-histogrm"],
+            &["atomic-bw", "--atomic_type", "CMP_AND_SWAP"],
+        ] {
+            parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
 }
