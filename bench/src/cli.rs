@@ -198,8 +198,10 @@ pub struct Cli {
     /// Address the server binds to.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Message size in bytes (default: 65536 for bandwidth tests, 64 for latency tests).
-    #[arg(short, long)]
+    /// Message size in bytes (default: 65536 for bandwidth tests, 64 for latency tests); as
+    /// perftest reads it: decimal, hex (`0x1000`) or octal (`010`), a `K` or `M` suffix
+    /// multiplying by 1024 or 1024^2 (`64K`, `1M`).
+    #[arg(short, long, value_parser = parse_size)]
     pub size: Option<u64>,
     /// Iterations per size (default: 5000 for bandwidth tests, 1000 for latency tests).
     #[arg(short = 'n', long)]
@@ -625,6 +627,41 @@ impl Cli {
     }
 }
 
+/// A message size as perftest's `-s` reads it (perftest_parameters.c): an integer as C's
+/// `strtol` with base 0 reads one (decimal; hex after `0x`; octal after a leading `0`),
+/// optionally followed by `K` (times 1024) or `M` (times 1024^2). perftest ignores what
+/// follows the number; here anything else is refused (`64k` would be 64 octets there).
+pub fn parse_size(arg: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "'{arg}' is not a size: octets in decimal, hex (0x...) or octal (0...), \
+             optionally followed by K or M (64K, 1M)"
+        )
+    };
+    let (number, factor) = match arg.as_bytes().last() {
+        Some(b'K') => (&arg[..arg.len() - 1], 1u64 << 10),
+        Some(b'M') => (&arg[..arg.len() - 1], 1 << 20),
+        _ => (arg, 1),
+    };
+    let (digits, radix) = if let Some(hex) = number
+        .strip_prefix("0x")
+        .or_else(|| number.strip_prefix("0X"))
+    {
+        (hex, 16)
+    } else if number.len() > 1 && number.starts_with('0') {
+        (&number[1..], 8)
+    } else {
+        (number, 10)
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(bad());
+    }
+    u64::from_str_radix(digits, radix)
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .ok_or_else(bad)
+}
+
 /// perftest's `-a`: every power of two from 2 octets to 8 MiB.
 pub fn all_sizes() -> Vec<u64> {
     (1..=23).map(|e| 1u64 << e).collect()
@@ -645,6 +682,44 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("iwarp-bench").chain(args.iter().copied()))
+    }
+
+    /// `-s` as perftest reads it: K and M suffixes, hex and octal.
+    #[test]
+    fn sizes_as_perftest_reads_them() {
+        for (arg, want) in [
+            ("65536", 65536),
+            ("64K", 65536),
+            ("1M", 1 << 20),
+            ("8M", 8 << 20),
+            ("0x1000", 4096),
+            ("0X10", 16),
+            ("010", 8),
+            ("0", 0),
+            ("2", 2),
+            ("0x2K", 2048),
+        ] {
+            assert_eq!(parse_size(arg), Ok(want), "{arg}");
+        }
+        for arg in [
+            "",
+            "K",
+            "64k",
+            "1G",
+            "0x",
+            "09",
+            "-1",
+            "64 ",
+            "1.5M",
+            "0xfffffffffffffffM",
+        ] {
+            assert!(parse_size(arg).is_err(), "{arg}");
+        }
+        let c = parse(&["write-bw", "-s", "64K"]).expect("-s 64K");
+        assert_eq!(c.sizes(), [65536]);
+        let c = parse(&["write-lat", "--size", "0x40"]).expect("--size 0x40");
+        assert_eq!(c.sizes(), [64]);
+        assert!(parse(&["write-bw", "-s", "64KB"]).is_err());
     }
 
     /// perftest's long options as perftest spells them (underscores where it has them).

@@ -111,8 +111,9 @@ pub struct PerftestCli {
     pub test: TestKind,
     /// Server to connect to; without it, run as the server.
     pub server: Option<String>,
-    /// Message size in octets (perftest's default: 65536 for bw tests, 2 for lat tests).
-    #[arg(short = 's', long)]
+    /// Message size in octets (perftest's default: 65536 for bw tests, 2 for lat tests); as
+    /// perftest reads it (`64K`, `1M`, `0x1000`).
+    #[arg(short = 's', long, value_parser = crate::cli::parse_size)]
     pub size: Option<u64>,
     /// Iterations (perftest's default: 5000 for write-bw, 1000 otherwise; at least 5).
     #[arg(short = 'n', long)]
@@ -2425,6 +2426,19 @@ mod tests {
         assert_eq!((r.tx_depth, r.rx_depth), (25, 26));
         let r = parse(&["perftest", "send-lat", "-s", "64"]).unwrap();
         assert_eq!((r.size, r.rx_depth), (64, 512));
+        // -s as perftest reads it: K and M suffixes, hex.
+        assert_eq!(
+            parse(&["perftest", "write-bw", "-s", "64K"]).unwrap().size,
+            65536
+        );
+        assert_eq!(
+            parse(&["perftest", "write-bw", "-s", "8M"]).unwrap().size,
+            8 << 20
+        );
+        assert_eq!(
+            parse(&["perftest", "read-lat", "-s", "0x40"]).unwrap().size,
+            64
+        );
         assert!(parse(&["perftest", "read-bw", "-n", "4"]).is_err());
         assert!(parse(&["perftest", "read-bw", "-s", "0"]).is_err());
         assert!(parse(&["perftest", "read-bw", "-s", "8388609"]).is_err());
