@@ -285,10 +285,10 @@ pub struct Cli {
     pub send_with_imm: bool,
     /// atomic-bw and atomic-lat: the operation (perftest's `-A`): FetchAdd of 1, or CmpSwap
     /// of the expected value with the next one; either way the client checks every original
-    /// value and the server the counter's final value.
-    #[arg(short = 'A', long, visible_alias = "atomic_type", value_enum,
-          default_value_t = AtomicType::FetchAndAdd)]
-    pub atomic_type: AtomicType,
+    /// value and the server the counter's final value. Default: fetch-and-add. As perftest,
+    /// refused for the other tests.
+    #[arg(short = 'A', long, visible_alias = "atomic_type", value_enum)]
+    pub atomic_type: Option<AtomicType>,
     /// perftest's `-R/--rdma_cm`: accepted; connections are always set up as rdma_cm sets
     /// them up (TCP, then the MPA exchange). The peer must be `iwarp-bench` too (the test's
     /// parameters travel in the MPA private data); to run against perftest's own
@@ -440,6 +440,10 @@ impl Cli {
         self.iters
             .unwrap_or(if self.test.is_bw() { 5000 } else { 1000 })
     }
+    /// `-A` in force (FetchAdd unless given).
+    pub fn atomic_type(&self) -> AtomicType {
+        self.atomic_type.unwrap_or(AtomicType::FetchAndAdd)
+    }
     /// `--write-with-imm` or `--send-with-imm`.
     pub fn imm(&self) -> bool {
         self.write_with_imm || self.send_with_imm
@@ -550,6 +554,13 @@ impl Cli {
         }
         if self.send_with_imm && !matches!(self.test, TestKind::SendBw | TestKind::SendLat) {
             return Err("--send-with-imm is for send-bw and send-lat".into());
+        }
+        if self.atomic_type.is_some() && !self.test.is_atomic() {
+            // perftest: "You are not running the atomic_lat/bw test!"
+            return Err(format!(
+                "-A sets the operation of atomic-bw and atomic-lat, not of {}",
+                self.test.name()
+            ));
         }
         if self.test.is_atomic() && (self.all_sizes || self.size.is_some_and(|s| s != 8)) {
             return Err(format!(
@@ -720,6 +731,23 @@ mod tests {
         let c = parse(&["write-lat", "--size", "0x40"]).expect("--size 0x40");
         assert_eq!(c.sizes(), [64]);
         assert!(parse(&["write-bw", "-s", "64KB"]).is_err());
+    }
+
+    /// perftest refuses `-A` outside the atomic tests ("You are not running the atomic_lat/bw
+    /// test!"); so do we, rather than ignore it.
+    #[test]
+    fn atomic_type_only_for_atomic_tests() {
+        let c = parse(&["atomic-lat"]).expect("atomic-lat");
+        assert_eq!(c.atomic_type(), AtomicType::FetchAndAdd);
+        assert!(c.validate().is_ok());
+        let c = parse(&["atomic-bw", "-A", "CMP_AND_SWAP"]).expect("-A");
+        assert_eq!(c.atomic_type(), AtomicType::CmpAndSwap);
+        assert!(c.validate().is_ok());
+        for test in ["write-bw", "read-lat", "send-bw"] {
+            let c = parse(&[test, "-A", "fetch-and-add"]).expect("parses");
+            let err = c.validate().expect_err(test);
+            assert!(err.contains("-A") && err.contains(test), "{err}");
+        }
     }
 
     /// perftest's long options as perftest spells them (underscores where it has them).

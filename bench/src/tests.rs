@@ -202,7 +202,7 @@ impl Side {
             progress: true,
             cq_mod: u64::from(cli.cq_mod()),
             scratch: Default::default(),
-            atomic_type: cli.atomic_type,
+            atomic_type: cli.atomic_type(),
             stall: Some(STALL),
             reports: Vec::new(),
             report_gbits: cli.compat.report_gbits,
@@ -562,7 +562,11 @@ fn register(pd: &ProtectionDomain, hello: &Hello) -> Result<(MemoryRegion, Memor
 }
 
 fn describe(cli: &Cli, side: &Side) -> String {
-    let what = match (cli.test.is_atomic(), cli.server.is_some(), cli.atomic_type) {
+    let what = match (
+        cli.test.is_atomic(),
+        cli.server.is_some(),
+        cli.atomic_type(),
+    ) {
         (true, true, AtomicType::FetchAndAdd) => format!("{} (FetchAdd)", cli.test.name()),
         (true, true, AtomicType::CmpAndSwap) => format!("{} (CmpSwap)", cli.test.name()),
         _ => cli.test.name().to_string(),

@@ -452,6 +452,8 @@ fn bad_arguments_are_errors_not_panics() {
             "--engine-cpu",
         ),
         (&["write-lat", "-U", "--json"], "--json"),
+        // perftest refuses -A outside the atomic tests.
+        (&["write-bw", "-A", "fetch-and-add"], "-A"),
         (&["perftest", "write-bw", "--timeout", "inf"], "--timeout"),
     ] {
         let out = std::process::Command::new(bin())
