@@ -39,7 +39,8 @@ pub struct PerftestCompat {
     /// perftest's `-I/--inline_size`: Sends and RDMA Writes of at most N octets (at most
     /// 236) are posted inline, their payload copied into the work request when posted
     /// (`post_send_inline`, verbs' `IBV_SEND_INLINE`). Local to each side: give it to both
-    /// ends where both send. Not for Read or Atomic tests.
+    /// ends where both send. Not for Read or Atomic tests (but `-I 0`, which perftest
+    /// accepts there).
     #[arg(short = 'I', long = "inline_size", value_name = "N")]
     pub inline_size: Option<u32>,
     /// Wait for completions on a completion channel (`req_notify` on the queue, then the
@@ -747,6 +748,18 @@ mod tests {
             let c = parse(&[test, "-A", "fetch-and-add"]).expect("parses");
             let err = c.validate().expect_err(test);
             assert!(err.contains("-A") && err.contains(test), "{err}");
+        }
+    }
+
+    /// `-I 0` on a Read or Atomic test asks for nothing inline: accepted, as perftest does
+    /// (its inline size for them is 0); more is refused.
+    #[test]
+    fn no_inline_data_is_fine_for_reads_and_atomics() {
+        for test in ["read-bw", "read-lat", "atomic-bw", "atomic-lat"] {
+            let c = parse(&[test, "-I", "0"]).expect("parses");
+            assert!(c.validate().is_ok(), "{test}: {:?}", c.validate());
+            let c = parse(&[test, "-I", "8"]).expect("parses");
+            assert!(c.validate().is_err(), "{test}");
         }
     }
 
