@@ -210,8 +210,8 @@ pub struct Cli {
     /// Run every power-of-two size from 2 bytes to 8 MiB.
     #[arg(short = 'a', long, visible_alias = "all")]
     pub all_sizes: bool,
-    /// Run each size for this many seconds instead of a fixed number of iterations (with
-    /// `--run_infinitely`: the interval between result lines).
+    /// Run each size for this many seconds instead of a fixed number of iterations (no `-n`
+    /// with it; with `--run_infinitely`: the interval between result lines).
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
@@ -615,6 +615,10 @@ impl Cli {
                 return Err("--run_infinitely prints rows as it goes: no --json".into());
             }
         }
+        if self.duration.is_some() && self.iters.is_some() {
+            // perftest's duration mode drops -n without a word (iters = 0); say it instead.
+            return Err("-D runs each size for that many seconds: no -n".into());
+        }
         if self.iters == Some(0) {
             return Err("--iters must be at least 1".into());
         }
@@ -760,6 +764,24 @@ mod tests {
             assert!(c.validate().is_ok(), "{test}: {:?}", c.validate());
             let c = parse(&[test, "-I", "8"]).expect("parses");
             assert!(c.validate().is_err(), "{test}");
+        }
+    }
+
+    /// `-n` with `-D` is refused (perftest drops it silently), as `-n` with
+    /// `--run_infinitely` is.
+    #[test]
+    fn iterations_or_duration_not_both() {
+        assert!(parse(&["write-bw", "-D", "2"]).unwrap().validate().is_ok());
+        assert!(parse(&["write-lat", "-n", "20"])
+            .unwrap()
+            .validate()
+            .is_ok());
+        for test in ["write-bw", "send-lat"] {
+            let err = parse(&[test, "-n", "100", "-D", "2"])
+                .unwrap()
+                .validate()
+                .expect_err(test);
+            assert!(err.contains("-D") && err.contains("-n"), "{err}");
         }
     }
 

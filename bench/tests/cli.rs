@@ -454,6 +454,8 @@ fn bad_arguments_are_errors_not_panics() {
         (&["write-lat", "-U", "--json"], "--json"),
         // perftest refuses -A outside the atomic tests.
         (&["write-bw", "-A", "fetch-and-add"], "-A"),
+        // -n with -D: one or the other (perftest drops -n silently).
+        (&["write-bw", "-n", "100", "-D", "1"], "-D"),
         (&["perftest", "write-bw", "--timeout", "inf"], "--timeout"),
     ] {
         let out = std::process::Command::new(bin())
