@@ -204,7 +204,8 @@ pub struct Cli {
     /// multiplying by 1024 or 1024^2 (`64K`, `1M`).
     #[arg(short, long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Iterations per size (default: 5000 for bandwidth tests, 1000 for latency tests).
+    /// Iterations per size (default, as perftest's: 5000 for write-bw, 1000 for the other
+    /// tests).
     #[arg(short = 'n', long)]
     pub iters: Option<u64>,
     /// Run every power-of-two size from 2 bytes to 8 MiB.
@@ -436,10 +437,14 @@ impl Cli {
                 .unwrap_or(if self.test.is_bw() { 65536 } else { 64 })]
         }
     }
-    /// Iterations per size.
+    /// Iterations per size: `-n`, or perftest's default (`DEF_ITERS_WB`, 5000, for write-bw
+    /// with or without Immediate Data; `DEF_ITERS`, 1000, for every other test).
     pub fn iterations(&self) -> u64 {
-        self.iters
-            .unwrap_or(if self.test.is_bw() { 5000 } else { 1000 })
+        self.iters.unwrap_or(if self.test == TestKind::WriteBw {
+            5000
+        } else {
+            1000
+        })
     }
     /// `-A` in force (FetchAdd unless given).
     pub fn atomic_type(&self) -> AtomicType {
@@ -782,6 +787,27 @@ mod tests {
                 .validate()
                 .expect_err(test);
             assert!(err.contains("-D") && err.contains("-n"), "{err}");
+        }
+    }
+
+    /// perftest's default `-n`: 5000 for write-bw (`DEF_ITERS_WB`, write with Immediate Data
+    /// too), 1000 (`DEF_ITERS`) for read-bw, send-bw, atomic-bw and the latency tests.
+    #[test]
+    fn default_iterations_as_perftest() {
+        for (args, n) in [
+            (&["write-bw"][..], 5000),
+            (&["write-bw", "--write_with_imm"], 5000),
+            (&["read-bw"], 1000),
+            (&["send-bw"], 1000),
+            (&["send-bw", "--send_with_imm"], 1000),
+            (&["atomic-bw"], 1000),
+            (&["write-lat"], 1000),
+            (&["read-lat"], 1000),
+            (&["send-lat"], 1000),
+            (&["atomic-lat"], 1000),
+            (&["read-bw", "-n", "77"], 77),
+        ] {
+            assert_eq!(parse(args).unwrap().iterations(), n, "{args:?}");
         }
     }
 
