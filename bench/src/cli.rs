@@ -199,7 +199,8 @@ pub struct Cli {
     /// Address the server binds to.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
-    /// Message size in bytes (default: 65536 for bandwidth tests, 64 for latency tests); as
+    /// Message size in bytes (default, as perftest's: 65536 for bandwidth tests, 2 for latency
+    /// tests); as
     /// perftest reads it: decimal, hex (`0x1000`) or octal (`010`), a `K` or `M` suffix
     /// multiplying by 1024 or 1024^2 (`64K`, `1M`).
     #[arg(short, long, value_parser = parse_size)]
@@ -239,9 +240,10 @@ pub struct Cli {
     /// client needs it (the server learns it from the client).
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
-    /// Outstanding work requests in bandwidth tests.
-    #[arg(short = 't', long, default_value_t = 128)]
-    pub tx_depth: u32,
+    /// Outstanding work requests in bandwidth tests (default, as perftest's: 128 for the
+    /// bandwidth tests, 1 for the latency tests, which have one outstanding at a time).
+    #[arg(short = 't', long)]
+    pub tx_depth: Option<u32>,
     /// Bandwidth tests: signal one work request in this many, the others posted unsignaled
     /// (`SendWr::signaled` false: no completion unless they fail), as perftest's `--cq-mod`.
     /// The application then wakes once per N messages instead of per message. Default: 100
@@ -421,7 +423,7 @@ impl Cli {
         };
         self.cq_mod
             .unwrap_or(default)
-            .clamp(1, self.tx_depth.max(1))
+            .clamp(1, self.tx_depth().max(1))
     }
 
     /// The sizes this run covers.
@@ -432,9 +434,10 @@ impl Cli {
         if self.all_sizes {
             all_sizes()
         } else {
+            // perftest's DEF_SIZE_BW and DEF_SIZE_LAT.
             vec![self
                 .size
-                .unwrap_or(if self.test.is_bw() { 65536 } else { 64 })]
+                .unwrap_or(if self.test.is_bw() { 65536 } else { 2 })]
         }
     }
     /// Iterations per size: `-n`, or perftest's default (`DEF_ITERS_WB`, 5000, for write-bw
@@ -445,6 +448,12 @@ impl Cli {
         } else {
             1000
         })
+    }
+    /// `-t` in force: perftest's default unless given (`DEF_TX_BW`, 128, for the bandwidth
+    /// tests; `DEF_TX_LAT`, 1, for the latency tests).
+    pub fn tx_depth(&self) -> u32 {
+        self.tx_depth
+            .unwrap_or(if self.test.is_bw() { 128 } else { 1 })
     }
     /// `-A` in force (FetchAdd unless given).
     pub fn atomic_type(&self) -> AtomicType {
@@ -581,7 +590,7 @@ impl Cli {
             if !self.test.is_bw() || self.test.is_atomic() {
                 return Err("-l posts lists in the write, read and send bandwidth tests".into());
             }
-            if self.post_list > self.tx_depth {
+            if self.post_list > self.tx_depth() {
                 return Err("-l must be at most --tx-depth".into());
             }
         }
@@ -635,7 +644,7 @@ impl Cli {
         if self.transport == Transport::Xdp && self.iface.is_none() {
             return Err("--transport xdp needs --iface".into());
         }
-        if self.tx_depth == 0 || self.tx_depth > 1024 {
+        if !(1..=1024).contains(&self.tx_depth()) {
             return Err("--tx-depth must be between 1 and 1024".into());
         }
         if self.cq_mod == Some(0) {
@@ -809,6 +818,29 @@ mod tests {
         ] {
             assert_eq!(parse(args).unwrap().iterations(), n, "{args:?}");
         }
+    }
+
+    /// perftest's defaults for a latency test: 2-octet messages (`DEF_SIZE_LAT`), one
+    /// outstanding (`DEF_TX_LAT`); a bandwidth test's 65536 and 128.
+    #[test]
+    fn latency_defaults_as_perftest() {
+        for test in ["write-lat", "read-lat", "send-lat"] {
+            let c = parse(&[test]).unwrap();
+            assert_eq!((c.sizes(), c.tx_depth()), (vec![2], 1), "{test}");
+        }
+        let c = parse(&["atomic-lat"]).unwrap();
+        assert_eq!((c.sizes(), c.tx_depth()), (vec![8], 1));
+        for test in ["write-bw", "read-bw", "send-bw"] {
+            let c = parse(&[test]).unwrap();
+            assert_eq!((c.sizes(), c.tx_depth()), (vec![65536], 128), "{test}");
+        }
+        let c = parse(&["write-lat", "-s", "64", "-t", "4"]).unwrap();
+        assert_eq!((c.sizes(), c.tx_depth()), (vec![64], 4));
+        assert!(parse(&["write-bw", "-t", "0"]).unwrap().validate().is_err());
+        assert!(parse(&["write-bw", "-t", "1025"])
+            .unwrap()
+            .validate()
+            .is_err());
     }
 
     /// perftest's long options as perftest spells them (underscores where it has them).

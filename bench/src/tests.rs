@@ -1450,7 +1450,7 @@ fn client_session(
     let hello = Hello {
         test: cli.test,
         imm: cli.imm(),
-        tx_depth: cli.tx_depth,
+        tx_depth: cli.tx_depth(),
         slots: cli.slots,
         iters: if duration.is_some() {
             0
@@ -1490,7 +1490,7 @@ fn client_session(
             server: false,
             bidirectional: cli.bidirectional,
             qps: u64::from(cli.qps),
-            tx_depth: u64::from(cli.tx_depth),
+            tx_depth: u64::from(cli.tx_depth()),
             rx_depth: sides[0].hello.send_credits(),
             cq_mod: u64::from(cli.cq_mod()),
             post_list: u64::from(cli.post_list),
@@ -1644,7 +1644,7 @@ fn client_session(
                 "test": cli.test.name(),
                 "transport": cli.transport.name(),
                 "mulpdu": side.qp.mulpdu(),
-                "tx_depth": cli.tx_depth,
+                "tx_depth": cli.tx_depth(),
                 "cq_mod": side.cq_mod,
                 "slots": cli.slots,
                 "qps": cli.qps,

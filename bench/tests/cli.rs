@@ -266,6 +266,21 @@ fn duration_mode_and_table_output() {
     assert!(iters > 10, "{row}");
 }
 
+/// A latency test with perftest's defaults: 2-octet messages, 1000 iterations, and the
+/// header's TX depth 1 (perftest's `DEF_TX_LAT`), as `ib_write_lat` prints them.
+#[test]
+fn latency_defaults_are_perftests() {
+    let out = run_ok("write-lat", &[]);
+    assert!(out.contains(" TX depth        : 1\n"), "{out}");
+    let row = out
+        .lines()
+        .skip_while(|l| !l.contains("t_typical[usec]"))
+        .nth(1)
+        .expect("a result row");
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(fields[..2], ["2", "1000"], "{row}");
+}
+
 /// A port taken before the server binds it (another test's connection may get the port
 /// `free_port` gave as its ephemeral one) makes the pair move to a fresh port.
 #[test]
