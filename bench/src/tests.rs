@@ -1801,6 +1801,8 @@ struct Progress {
     terminal: bool,
     /// The bar, made once the size has run for [`Progress::EVERY`] (short sizes stay quiet).
     bar: Option<indicatif::ProgressBar>,
+    /// Where a progress line goes when not on a terminal: stderr.
+    print: fn(&str),
 }
 
 impl Progress {
@@ -1823,6 +1825,7 @@ impl Progress {
             // `--stats-every` lines would tear through a bar: lines then.
             terminal: std::io::stderr().is_terminal() && side.progress_bar,
             bar: None,
+            print: |line| eprintln!("{line}"),
         }
     }
 
@@ -1872,10 +1875,10 @@ impl Progress {
             return;
         }
         self.next = now + Self::EVERY;
-        eprintln!(
+        (self.print)(&format!(
             "iwarp-bench: {} {} B: {done} iterations {of}{rate}",
             self.test, self.size
-        );
+        ));
     }
 }
 
@@ -2078,8 +2081,7 @@ fn client_lat(
         if done {
             break;
         }
-        let t0 = Instant::now();
-        progress.tick(t0, i);
+        let t0 = sample_start(&mut progress, i);
         match test {
             TestKind::WriteLat | TestKind::SendLat => {
                 if test == TestKind::SendLat {
@@ -2183,6 +2185,14 @@ fn client_lat(
     Ok((samples, i, checked))
 }
 
+/// The start of a latency sample after `done` iterations: the progress line or bar (once a
+/// second, a write to stderr or the terminal) is shown first, then the clock is read, so that
+/// the write is not inside the sample.
+fn sample_start(progress: &mut Progress, done: u64) -> Instant {
+    progress.tick(Instant::now(), done);
+    Instant::now()
+}
+
 /// Waits for the pong of iteration `i` with Immediate Data: the receive its Immediate Data
 /// completes (after the data: RFC 7306 7).
 fn wait_immediate(side: &Side, i: u64) -> Result<Completion, String> {
@@ -2227,5 +2237,41 @@ fn wait_pong(side: &Side, test: TestKind, max: u64, size: u64, i: u64) -> Result
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    /// A latency sample starts after the progress line is written: a slow write (a terminal,
+    /// a pipe nobody reads) is not in the sample.
+    #[test]
+    fn progress_is_shown_before_a_sample_starts() {
+        let start = Instant::now() - Duration::from_secs(2);
+        let mut progress = Progress {
+            test: "write-lat",
+            bw: false,
+            size: 2,
+            iters: 1000,
+            quiet: false,
+            duration: None,
+            start,
+            // Due: a line is printed at the next tick.
+            next: start + Progress::EVERY,
+            terminal: false,
+            bar: None,
+            print: |_| std::thread::sleep(Duration::from_millis(30)),
+        };
+        let before = Instant::now();
+        let t0 = sample_start(&mut progress, 500);
+        assert!(
+            t0.duration_since(before) >= Duration::from_millis(30),
+            "the sample started before the progress line was written"
+        );
+        // Not due again for a second: nothing printed, the sample starts at once.
+        let before = Instant::now();
+        let t0 = sample_start(&mut progress, 501);
+        assert!(t0.duration_since(before) < Duration::from_millis(30));
     }
 }
