@@ -213,7 +213,9 @@ pub struct Cli {
     #[arg(short = 'a', long, visible_alias = "all")]
     pub all_sizes: bool,
     /// Run each size for this many seconds instead of a fixed number of iterations (no `-n`
-    /// with it; with `--run_infinitely`: the interval between result lines).
+    /// with it; with `--run_infinitely`: the interval between result lines). As perftest's,
+    /// only what completes in the middle counts: a quarter of the whole seconds, rounded
+    /// down, is left out at each end (`stats::SampleWindow`).
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers

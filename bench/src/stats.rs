@@ -1,5 +1,7 @@
 //! Result summaries in perftest's vocabulary.
 
+use std::time::{Duration, Instant};
+
 use serde::Serialize;
 
 /// Latency distribution of one size (microseconds), as perftest prints it.
@@ -119,6 +121,65 @@ impl BandwidthResult {
             msg_rate_mpps: self.msg_rate_mpps + reverse.msg_rate_mpps,
             ..self.clone()
         }
+    }
+}
+
+/// perftest's duration mode (`-D`): a run lasts `total`, and only what completes in its middle
+/// counts. perftest_parameters.c sets `margin = duration / 4` (whole seconds, rounded down);
+/// perftest_resources.c's `catch_alarm` moves from START to SAMPLE after the margin, to
+/// STOP_SAMPLE `duration - 2 * margin` later, to END after the margin again, and the report
+/// counts the operations completed in SAMPLE over that state's length. A run shorter than four
+/// seconds has no margins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleWindow {
+    /// When the run started.
+    start: Instant,
+    total: Duration,
+    from: Duration,
+    to: Duration,
+    /// Operations completed in the window.
+    counted: u64,
+}
+
+impl SampleWindow {
+    /// The window of a run of `total` that started at `start`.
+    pub fn new(start: Instant, total: Duration) -> Self {
+        let margin = Duration::from_secs(total.as_secs() / 4);
+        Self {
+            start,
+            total,
+            from: margin,
+            to: total - margin,
+            counted: 0,
+        }
+    }
+
+    /// Whether the run is over at `now` (no more posting).
+    pub fn time_up(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.start) >= self.total
+    }
+
+    /// Whether `now` is in the window.
+    pub fn contains(&self, now: Instant) -> bool {
+        let at = now.saturating_duration_since(self.start);
+        at >= self.from && at < self.to
+    }
+
+    /// `n` operations completed at `now`: counted if that is in the window.
+    pub fn completed(&mut self, now: Instant, n: u64) {
+        if self.contains(now) {
+            self.counted += n;
+        }
+    }
+
+    /// Operations completed in the window.
+    pub fn counted(&self) -> u64 {
+        self.counted
+    }
+
+    /// The window's length in seconds (what perftest divides by).
+    pub fn seconds(&self) -> f64 {
+        (self.to - self.from).as_secs_f64()
     }
 }
 
@@ -257,6 +318,48 @@ mod tests {
         let r = LatencyResult::from_samples(64, &mut s);
         assert_eq!((r.t_min_us, r.t_max_us, r.t_typical_us), (2.0, 4.0, 3.0));
         assert!(LatencyResult::from_samples(64, &mut []).t_max_us == 0.0);
+    }
+
+    /// perftest's margins of a `-D` run, on a clock the test moves: a quarter of the whole
+    /// seconds, rounded down, at each end; no margin under four seconds.
+    #[test]
+    fn duration_runs_count_the_middle_as_perftest() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = SampleWindow::new(t0, Duration::from_secs(5));
+        // margin 1 s: the window is [1 s, 4 s), 3 s long.
+        assert_eq!(w.seconds(), 3.0);
+        for (ms, n) in [
+            (0, 100),
+            (999, 100),
+            (1000, 7),
+            (2500, 10),
+            (3999, 3),
+            (4000, 100),
+        ] {
+            w.completed(at(ms), n);
+        }
+        assert_eq!(w.counted(), 20);
+        assert!(!w.time_up(at(4999)) && w.time_up(at(5000)));
+        // 10 s: margin 2, window [2 s, 8 s).
+        let w = SampleWindow::new(t0, Duration::from_secs(10));
+        assert_eq!(w.seconds(), 6.0);
+        assert!(!w.contains(at(1999)) && w.contains(at(2000)) && !w.contains(at(8000)));
+        // 7 s: margin 1 (7 / 4 rounded down), window 5 s.
+        assert_eq!(SampleWindow::new(t0, Duration::from_secs(7)).seconds(), 5.0);
+        // Under 4 s (and fractions of a second): the whole run.
+        for ms in [300, 1000, 3999] {
+            let mut w = SampleWindow::new(t0, Duration::from_millis(ms));
+            assert_eq!(w.seconds(), ms as f64 / 1000.0);
+            w.completed(at(0), 1);
+            w.completed(at(ms - 1), 1);
+            w.completed(at(ms), 1);
+            assert_eq!(w.counted(), 2, "{ms}");
+        }
+        // 4.5 s: margin 1 s, window [1 s, 3.5 s).
+        let w = SampleWindow::new(t0, Duration::from_millis(4500));
+        assert_eq!(w.seconds(), 2.5);
+        assert!(w.contains(at(3499)) && !w.contains(at(3500)));
     }
 
     #[test]

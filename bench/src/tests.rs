@@ -25,7 +25,7 @@ use crate::pattern;
 use crate::pcap::PcapReport;
 use crate::perftest::report;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
-use crate::stats::{self, BandwidthResult, LatencyResult};
+use crate::stats::{self, BandwidthResult, LatencyResult, SampleWindow};
 use crate::{AtomicType, Cli, CqMode, FramingArg, TestKind, Transport};
 use datapath::xsk::Capture;
 
@@ -1063,13 +1063,14 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
         (side.hello.duration_ms > 0).then(|| Duration::from_millis(side.hello.duration_ms));
     let mut sent = 0;
     for size in side.hello.sizes.clone() {
-        let (r, _) = client_bw(side, size, duration, None)?;
-        finish_phase(side, size, r.iterations)?;
+        let run = client_bw(side, size, duration, None)?;
+        let r = run.result;
+        finish_phase(side, size, run.completed)?;
         side.send_ctrl(Ctrl::Report {
             iterations: r.iterations,
             micros: (r.seconds * 1e6).max(1.0) as u64,
         })?;
-        sent += r.iterations;
+        sent += run.completed;
     }
     Ok(sent)
 }
@@ -1595,13 +1596,16 @@ fn client_session(
         for size in side.hello.sizes.clone() {
             let ops;
             if cli.test.is_bw() {
-                let (r, checked) = client_bw(side, size, duration, report_every)?;
-                client_verified += checked;
+                let run = client_bw(side, size, duration, report_every)?;
+                client_verified += run.checked;
                 if !cli.json {
-                    println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
+                    println!(
+                        "{}",
+                        report::bw_row_of(&run.result, cli.compat.report_gbits)
+                    );
                 }
-                ops = r.iterations;
-                bw_results.push(r);
+                ops = run.completed;
+                bw_results.push(run.result);
             } else {
                 let (mut samples, timed, checked) = client_lat(side, size, duration)?;
                 client_verified += checked;
@@ -1733,9 +1737,9 @@ fn client_bw_sizes(
 ) -> Result<Vec<(BandwidthResult, u64, u64)>, String> {
     let mut out = Vec::new();
     for size in side.hello.sizes.clone() {
-        let (r, checked) = client_bw(side, size, duration, report_every)?;
-        let server_checked = finish_phase(side, size, r.iterations)?;
-        out.push((r, checked, server_checked));
+        let run = client_bw(side, size, duration, report_every)?;
+        let server_checked = finish_phase(side, size, run.completed)?;
+        out.push((run.result, run.checked, server_checked));
     }
     Ok(out)
 }
@@ -1891,15 +1895,27 @@ impl Drop for Progress {
     }
 }
 
-/// One size of a bandwidth test: `-n` messages, or as many as `duration` allows, or (with
-/// `report_every`, `--run_infinitely`) until SIGINT/SIGTERM, with a result line for each
-/// interval. Returns the result and the octets the client checked.
+/// What one size of a bandwidth test did.
+struct BwRun {
+    /// The measurement: every message over the run, or with `-D` those completed in the
+    /// sampling window over its length ([`SampleWindow`], perftest's margins).
+    result: BandwidthResult,
+    /// Octets the client checked.
+    checked: u64,
+    /// Messages completed over the whole run (an atomic test's server checks its counter
+    /// against it).
+    completed: u64,
+}
+
+/// One size of a bandwidth test: `-n` messages, or as many as `duration` allows (counting
+/// those of its middle, as perftest), or (with `report_every`, `--run_infinitely`) until
+/// SIGINT/SIGTERM, with a result line for each interval.
 fn client_bw(
     side: &mut Side,
     size: u64,
     duration: Option<Duration>,
     report_every: Option<Duration>,
-) -> Result<(BandwidthResult, u64), String> {
+) -> Result<BwRun, String> {
     let test = side.hello.test;
     let depth = u64::from(side.hello.tx_depth);
     // atomic-bw: a sink per outstanding operation, each checked as it completes.
@@ -1919,6 +1935,12 @@ fn client_bw(
     };
     let start = Instant::now();
     let mut progress = Progress::new(side, size, duration, start);
+    // -D: what completes in the middle of the run counts (not with --run_infinitely, whose
+    // -D is the interval between rows).
+    let mut sample = match (report_every, duration) {
+        (None, Some(d)) => Some(SampleWindow::new(start, d)),
+        _ => None,
+    };
     let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
     // read-bw: messages done and checked. At most `depth` Reads are posted and not yet
     // checked, so with a slot per outstanding request (the default) a slot's data is checked
@@ -1939,9 +1961,9 @@ fn client_bw(
             && credits >= cost.max(1)
             && (test != TestKind::ReadBw || posted < released + depth)
         {
-            let last = match (report_every, duration) {
+            let last = match (report_every, &sample) {
                 (Some(_), _) => interrupt::requested(),
-                (None, Some(d)) => start.elapsed() >= d,
+                (None, Some(w)) => w.time_up(Instant::now()),
                 (None, None) => posted + 1 >= iters,
             };
             // One in `cq_mod` is signaled (perftest's --cq-mod); a signaled completion tells
@@ -2020,6 +2042,9 @@ fn client_bw(
                 }
                 outstanding -= done;
                 completed += done;
+                if let Some(w) = &mut sample {
+                    w.completed(Instant::now(), done);
+                }
                 if let Some(every) = report_every {
                     let now = Instant::now();
                     if now.duration_since(window.0) >= every {
@@ -2043,8 +2068,15 @@ fn client_bw(
             _ => {}
         }
     }
-    let result = BandwidthResult::new(size, completed, start.elapsed().as_secs_f64());
-    Ok((result, checked))
+    let result = match &sample {
+        Some(w) => BandwidthResult::new(size, w.counted(), w.seconds()),
+        None => BandwidthResult::new(size, completed, start.elapsed().as_secs_f64()),
+    };
+    Ok(BwRun {
+        result,
+        checked,
+        completed,
+    })
 }
 
 /// The most latency samples a size keeps (80 MB): a `-D` run longer than that many round

@@ -233,6 +233,25 @@ fn bandwidth_tests_with_selective_signaling() {
     assert!(v["results"][0]["iterations"].as_u64() > Some(10), "{v}");
 }
 
+/// `-D 4` on a bandwidth test counts, as perftest, only the messages completed in the middle
+/// two seconds (a second of warm-up and one of drain left out: margin = 4 / 4), over those
+/// two seconds. The server's check still covers the whole run.
+#[test]
+fn duration_counts_the_middle_of_the_run() {
+    for test in ["write-bw", "atomic-bw"] {
+        let out = run_ok(test, &["-D", "4", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        let r = &v["results"][0];
+        assert_eq!(r["seconds"].as_f64(), Some(2.0), "{test}: {v}");
+        assert!(r["iterations"].as_u64() > Some(0), "{test}: {v}");
+        if test == "atomic-bw" {
+            // The server's counter saw every operation, the middle's and the margins'.
+            let all = v["verified_bytes_server"].as_u64().unwrap_or(0) / 8;
+            assert!(all > r["iterations"].as_u64().unwrap_or(0), "{test}: {v}");
+        }
+    }
+}
+
 /// A size that runs longer than a second reports its progress on stderr once a second.
 #[test]
 fn long_runs_report_progress() {

@@ -64,7 +64,7 @@ use serde_json::json;
 
 use crate::net::Net;
 use crate::pattern;
-use crate::stats::{self, LatencyResult};
+use crate::stats::{self, LatencyResult, SampleWindow};
 use crate::{OnOff, TestKind, Transport};
 use comm::{qp_state, Comm, Qp};
 pub use error::PerftestError;
@@ -1589,17 +1589,6 @@ impl Session {
         for size in sizes {
             let g = Geometry { size, ..self.geo };
             let mut got = vec![0u8; size as usize];
-            // -D: post for the whole duration; count what completes in the middle (perftest's
-            // START, SAMPLE and STOP_SAMPLE states, `margin` = a quarter, rounded down, each end).
-            let timed = self.run.duration.map(|d| {
-                let d = u64::from(d);
-                let margin = d / 4;
-                (
-                    Duration::from_secs(d),
-                    Duration::from_secs(margin),
-                    Duration::from_secs(d - margin),
-                )
-            });
             // -q: message i goes on queue pair i % qps, as message i / qps of that one.
             let infinite = self.run.run_infinitely;
             if infinite {
@@ -1609,7 +1598,7 @@ impl Session {
             }
             let every = Duration::from_secs(u64::from(self.run.report_every));
             let mut row_start = (Instant::now(), 0u64);
-            let n = if timed.is_some() || infinite {
+            let n = if self.run.duration.is_some() || infinite {
                 u64::MAX
             } else {
                 self.run.iters * qps
@@ -1617,7 +1606,12 @@ impl Session {
             let mut outstanding = vec![0u64; qps as usize];
             let mut pending = Vec::with_capacity(self.run.post_list as usize);
             let start = Instant::now();
-            let mut in_window = 0u64;
+            // -D: post for the whole duration; count what completes in the middle (perftest's
+            // START, SAMPLE and STOP_SAMPLE states, `margin` = a quarter, rounded down, each end).
+            let mut timed = self
+                .run
+                .duration
+                .map(|d| SampleWindow::new(start, Duration::from_secs(u64::from(d))));
             let depth = if kind == BwKind::Read {
                 // One Read fewer outstanding than the responder's IRD allows: Linux siw as
                 // responder (in the TCG guest) once left a Read Request unanswered, with no
@@ -1632,14 +1626,14 @@ impl Session {
             let window = self.run.rx_depth;
             // Post and completion times, for the peak: only when it is computed (at most
             // 20,000 messages, as perftest's; `fastest`).
-            let keep_times = timed.is_none() && !infinite && n <= 20_000;
+            let keep_times = self.run.duration.is_none() && !infinite && n <= 20_000;
             let expected = if keep_times { n as usize } else { 1 };
             let mut t_post: Vec<Instant> = Vec::with_capacity(expected);
             let mut t_done: Vec<Instant> = Vec::with_capacity(expected);
             let (mut posted, mut done) = (0u64, 0u64);
             let mut progress = Instant::now();
             loop {
-                let time_up = timed.is_some_and(|(d, _, _)| start.elapsed() >= d)
+                let time_up = timed.is_some_and(|w| w.time_up(Instant::now()))
                     || (infinite && crate::interrupt::requested());
                 if done >= n || (time_up && done == posted) {
                     break;
@@ -1752,9 +1746,8 @@ impl Session {
                             println!("{}", report::bw_row(&r, self.run.gbits));
                             row_start = (now, done);
                         }
-                        if let Some((_, from, to)) = timed {
-                            let at = now.duration_since(start);
-                            in_window += u64::from(at >= from && at < to);
+                        if let Some(w) = &mut timed {
+                            w.completed(now, 1);
                         }
                         if let Some(l) = &landing {
                             let at = (i % ring_slots) * size;
@@ -1807,15 +1800,9 @@ impl Session {
             }
             let rep = match timed {
                 // No peak in duration mode (perftest's noPeak): 0.
-                Some((_, from, to)) => BwReport {
+                Some(w) => BwReport {
                     bw_peak: 0.0,
-                    ..bw_report(
-                        size,
-                        in_window,
-                        (to - from).as_secs_f64(),
-                        None,
-                        self.run.gbits,
-                    )
+                    ..bw_report(size, w.counted(), w.seconds(), None, self.run.gbits)
                 },
                 None => {
                     let secs = t_post
