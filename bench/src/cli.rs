@@ -215,7 +215,8 @@ pub struct Cli {
     /// Run each size for this many seconds instead of a fixed number of iterations (no `-n`
     /// with it; with `--run_infinitely`: the interval between result lines). As perftest's,
     /// only what completes in the middle counts: a quarter of the whole seconds, rounded
-    /// down, is left out at each end (`stats::SampleWindow`).
+    /// down, is left out at each end (`stats::SampleWindow`); latency tests then print
+    /// perftest's duration row (`#bytes #iterations t_avg[usec] tps average`).
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers

@@ -17,6 +17,10 @@ pub struct LatencyResult {
     pub t_stdev_us: f64,
     pub p99_us: f64,
     pub p99_9_us: f64,
+    /// `-D`: operations per second in the sampling window (perftest's `tps average`); the
+    /// figures above are of the window's samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tps: Option<f64>,
 }
 
 impl LatencyResult {
@@ -44,6 +48,7 @@ impl LatencyResult {
                 t_stdev_us: 0.0,
                 p99_us: 0.0,
                 p99_9_us: 0.0,
+                tps: None,
             };
         }
         let m = if n > LAT_MEASURE_TAIL + 1 {
@@ -71,6 +76,7 @@ impl LatencyResult {
             t_stdev_us: var.sqrt(),
             p99_us: quantile(0.99),
             p99_9_us: quantile(0.999),
+            tps: None,
         }
     }
 }

@@ -1478,6 +1478,12 @@ fn client_session(
         sides.push(client_connect(cli, addr, device, hello.clone())?);
     }
     let banner = describe(cli, &sides[0]);
+    // perftest's latency columns: the distribution's, or with -D its duration row's.
+    let lat_header = if duration.is_some() {
+        report::LAT_DUR_HEADER
+    } else {
+        report::LAT_HEADER
+    };
     if !cli.json {
         eprintln!("iwarp-bench: {banner}");
         // perftest's header block and column line, so that what parses perftest's output
@@ -1508,7 +1514,7 @@ fn client_session(
             if cli.test.is_bw() {
                 report::bw_header(cli.compat.report_gbits)
             } else {
-                report::LAT_HEADER
+                lat_header
             }
         );
     }
@@ -1607,24 +1613,35 @@ fn client_session(
                 ops = run.completed;
                 bw_results.push(run.result);
             } else {
-                let (mut samples, timed, checked) = client_lat(side, size, duration)?;
-                client_verified += checked;
-                ops = timed;
+                let mut run = client_lat(side, size, duration)?;
+                client_verified += run.checked;
+                ops = run.completed;
                 if !cli.json && (cli.compat.report_unsorted || cli.compat.report_histogram) {
                     // As perftest: the samples, then the header again before the result line.
                     if cli.compat.report_unsorted {
-                        print!("{}", stats::lat_samples_report(&samples, false));
+                        print!("{}", stats::lat_samples_report(&run.samples, false));
                     }
                     if cli.compat.report_histogram {
-                        print!("{}", stats::lat_samples_report(&samples, true));
+                        print!("{}", stats::lat_samples_report(&run.samples, true));
                     }
                     println!("{}", report::RESULT_LINE);
-                    println!("{}", report::LAT_HEADER);
+                    println!("{}", lat_header);
                 }
-                let mut r = LatencyResult::from_samples(size, &mut samples);
-                r.iterations = timed;
-                if !cli.json {
-                    println!("{}", report::lat_row(&r));
+                // The plain mean of every sample kept, before the summary sorts them.
+                let mean = run.samples.iter().sum::<f64>() / run.samples.len().max(1) as f64;
+                let mut r = LatencyResult::from_samples(size, &mut run.samples);
+                r.iterations = run.counted;
+                match run.window_seconds {
+                    // -D: perftest's duration row (print_report_lat_duration).
+                    Some(secs) => {
+                        let tps = run.counted as f64 / secs.max(1e-9);
+                        r.tps = Some(tps);
+                        if !cli.json {
+                            println!("{}", report::lat_dur_row(size, run.counted, mean, tps));
+                        }
+                    }
+                    None if !cli.json => println!("{}", report::lat_row(&r)),
+                    None => {}
                 }
                 lat_results.push(r);
             }
@@ -2083,31 +2100,72 @@ fn client_bw(
 /// trips (80 s at a half round trip of 4 us) summarises its first ones, and says so.
 const MAX_LAT_SAMPLES: usize = 10_000_000;
 
-/// One size of a latency test from the client: the samples kept (at most
-/// [`MAX_LAT_SAMPLES`]), the operations timed, and the octets checked.
-fn client_lat(
-    side: &mut Side,
-    size: u64,
-    duration: Option<Duration>,
-) -> Result<(Vec<f64>, u64, u64), String> {
+/// What one size of a latency test did.
+struct LatRun {
+    /// The samples in microseconds (at most [`MAX_LAT_SAMPLES`]): every operation's, or with
+    /// `-D` those that completed in the sampling window.
+    samples: Vec<f64>,
+    /// The operations measured: all of them, or with `-D` those of the window.
+    counted: u64,
+    /// `-D`: the sampling window's length in seconds.
+    window_seconds: Option<f64>,
+    /// Operations done over the whole run (an atomic test's server checks its counter
+    /// against it).
+    completed: u64,
+    /// Octets the client checked.
+    checked: u64,
+}
+
+/// The samples of a latency size as they are taken: every one, or with `-D` those that
+/// complete in the sampling window (perftest's duration mode counts only those).
+struct LatSamples {
+    kept: Vec<f64>,
+    window: Option<SampleWindow>,
+    counted: u64,
+}
+
+impl LatSamples {
+    /// The operation timed from `t0` just completed; `halve`: a ping-pong, whose half round
+    /// trip is the sample.
+    fn take(&mut self, t0: Instant, halve: bool) {
+        let now = Instant::now();
+        let mut us = now.duration_since(t0).as_secs_f64() * 1e6;
+        if halve {
+            us /= 2.0;
+        }
+        if let Some(w) = &mut self.window {
+            if !w.contains(now) {
+                return;
+            }
+            w.completed(now, 1);
+        }
+        self.counted += 1;
+        if self.kept.len() < MAX_LAT_SAMPLES {
+            self.kept.push(us);
+        }
+    }
+}
+
+/// One size of a latency test from the client: `-n` operations, or as many as `duration`
+/// allows (measuring those of its middle, as perftest).
+fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<LatRun, String> {
     let test = side.hello.test;
     let max = side.max_size();
     let iters = side.hello.iters;
-    let mut samples = Vec::with_capacity(iters.min(MAX_LAT_SAMPLES as u64) as usize);
-    let keep = |samples: &mut Vec<f64>, us: f64| {
-        if samples.len() < MAX_LAT_SAMPLES {
-            samples.push(us);
-        }
-    };
     // The pong lands at offset `max`; clear its last byte so stamp 1 is news.
     side.data.write((max + size - 1) as usize, &[0]);
     let start = Instant::now();
+    let mut samples = LatSamples {
+        kept: Vec::with_capacity(iters.min(MAX_LAT_SAMPLES as u64) as usize),
+        window: duration.map(|d| SampleWindow::new(start, d)),
+        counted: 0,
+    };
     let mut progress = Progress::new(side, size, duration, start);
     let mut i = 0u64;
     let mut checked = 0u64;
     loop {
-        let done = match duration {
-            Some(d) => start.elapsed() >= d,
+        let done = match &samples.window {
+            Some(w) => w.time_up(Instant::now()),
             None => i >= iters,
         };
         if done {
@@ -2155,7 +2213,7 @@ fn client_lat(
                 } else {
                     wait_pong(side, test, max, size, i)?;
                 }
-                keep(&mut samples, t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                samples.take(t0, true);
                 if !side.lat_check(SERVER_SEED, max, size, i) {
                     return Err(format!("{}: reply {i} has wrong content", test.name()));
                 }
@@ -2188,7 +2246,7 @@ fn client_lat(
                         ));
                     }
                 }
-                keep(&mut samples, t0.elapsed().as_secs_f64() * 1e6);
+                samples.take(t0, false);
                 if test == TestKind::AtomicLat {
                     let original = side.original(0);
                     if original != i {
@@ -2206,15 +2264,22 @@ fn client_lat(
     }
     // Put the pattern back where the stamp went, for the next size.
     side.fill(CLIENT_SEED, size - 1, 1);
-    if i > samples.len() as u64 {
+    if samples.counted > samples.kept.len() as u64 {
         eprintln!(
-            "{}: {size} B: the latency figures are of the first {} of {i} round trips \
+            "{}: {size} B: the latency figures are of the first {} of {} round trips \
              (at most {MAX_LAT_SAMPLES} samples are kept)",
             test.name(),
-            samples.len()
+            samples.kept.len(),
+            samples.counted
         );
     }
-    Ok((samples, i, checked))
+    Ok(LatRun {
+        window_seconds: samples.window.map(|w| w.seconds()),
+        samples: samples.kept,
+        counted: samples.counted,
+        completed: i,
+        checked,
+    })
 }
 
 /// The start of a latency sample after `done` iterations: the progress line or bar (once a

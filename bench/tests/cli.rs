@@ -267,22 +267,44 @@ fn long_runs_report_progress() {
     assert!(lines[0].contains("of 1.6 s"), "{err}");
 }
 
+/// A latency test with `-D` prints perftest's duration columns and row
+/// (`RESULT_FMT_LAT_DUR`, `print_report_lat_duration`): size, the round trips of the sampling
+/// window, their average half round trip and the rate; `--json` gives the window's
+/// distribution and the rate.
 #[test]
 fn duration_mode_and_table_output() {
     let out = run_ok("write-lat", &["-D", "0.3", "-s", "64"]);
-    assert!(out.contains("t_typical[usec]"), "{out}");
+    let header = " #bytes        #iterations       t_avg[usec]    tps average";
+    assert!(out.contains(header), "{out}");
+    assert!(!out.contains("t_typical[usec]"), "{out}");
     // perftest's header block, its column line, then the row.
     let row = out
         .lines()
-        .skip_while(|l| !l.contains("t_typical[usec]"))
+        .skip_while(|l| *l != header)
         .nth(1)
         .expect("a result row");
-    let iters: u64 = row
+    let fields: Vec<f64> = row
         .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("iterations");
-    assert!(iters > 10, "{row}");
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    assert_eq!(fields.len(), 4, "{row}");
+    let (size, iters, t_avg, tps) = (fields[0], fields[1], fields[2], fields[3]);
+    assert_eq!(size, 64.0, "{row}");
+    assert!(iters > 10.0 && t_avg > 0.0, "{row}");
+    // Under 4 s there are no margins: the window is the whole 0.3 s.
+    assert!((tps * 0.3 - iters).abs() <= 1.0, "{row}");
+    let out = run_ok("read-lat", &["-D", "0.3", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let r = &v["results"][0];
+    assert!(r["iterations"].as_u64() > Some(10), "{v}");
+    assert!(
+        r["tps"].as_f64() > Some(0.0) && r["t_typical_us"].as_f64() > Some(0.0),
+        "{v}"
+    );
+    // Without -D: no rate.
+    let out = run_ok("read-lat", &["-n", "20", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert!(v["results"][0].get("tps").is_none(), "{v}");
 }
 
 /// A latency test with perftest's defaults: 2-octet messages, 1000 iterations, and the

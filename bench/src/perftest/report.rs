@@ -72,6 +72,15 @@ pub fn lat_row(r: &LatencyResult) -> String {
     )
 }
 
+/// `RESULT_FMT_LAT_DUR`: the columns of a latency test run with `-D`.
+pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// `REPORT_FMT_LAT_DUR` (`print_report_lat_duration`): a latency test run with `-D`, its
+/// operations in the sampling window, their average time and rate.
+pub fn lat_dur_row(bytes: u64, iterations: u64, t_avg_us: f64, tps: f64) -> String {
+    format!(" {bytes:<7}       {iterations}            {t_avg_us:<7.2}        {tps:<7.2}")
+}
+
 /// What the header block shows of a run.
 pub struct Header<'a> {
     pub test: TestKind,
@@ -184,6 +193,24 @@ mod tests {
             " 2          20           0.000000            0.012300            0.500000"
         );
         assert_eq!(RESULT_LINE.len(), 87);
+    }
+
+    /// perftest 6.06's `-D` latency lines (`RESULT_FMT_LAT_DUR`, `REPORT_FMT_LAT_DUR` as C's
+    /// printf writes them).
+    #[test]
+    fn latency_duration_row_as_perftest_prints_it() {
+        assert_eq!(
+            LAT_DUR_HEADER,
+            " #bytes        #iterations       t_avg[usec]    tps average"
+        );
+        assert_eq!(
+            lat_dur_row(2, 1234567, 4.126, 242424.2424),
+            " 2             1234567            4.13           242424.24"
+        );
+        assert_eq!(
+            lat_dur_row(65536, 80, 123.4, 8.1),
+            " 65536         80            123.40         8.10   "
+        );
     }
 
     #[test]
