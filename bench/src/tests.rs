@@ -836,6 +836,70 @@ fn check_hello(cli: &Cli, hello: &Hello, first: Option<&Hello>) -> Result<(), St
             "this server was given --write-with-imm/--send-with-imm, the client not".into(),
         );
     }
+    if first.is_none() {
+        check_symmetric(cli, hello)?;
+    }
+    Ok(())
+}
+
+/// `-D` as the hello carries it: milliseconds, at least 1 (`u64::MAX`: `--run_infinitely`).
+fn hello_duration_ms(d: Duration) -> u64 {
+    d.as_millis().clamp(1, u64::MAX.into()) as u64
+}
+
+/// The options perftest calls SYMMETRIC (the same at both ends: `-s`, `-a`, `-n`, `-D`,
+/// `--run_infinitely`, `-q`, `-b`) and `-t`, when this server was given them: the client's
+/// hello, which the run follows, must say the same, or the run would not be the one the
+/// server's command line asked for. What the server was not given it takes from the client.
+fn check_symmetric(cli: &Cli, hello: &Hello) -> Result<(), String> {
+    let refuse = |client: String, server: String| {
+        Err(format!(
+            "client asked for {client}, this server was given {server}"
+        ))
+    };
+    let client_sizes = || match hello.sizes.as_slice() {
+        [one] => format!("-s {one}"),
+        sizes if sizes == crate::all_sizes() => "-a".to_string(),
+        sizes => format!("the sizes {sizes:?}"),
+    };
+    if cli.all_sizes && hello.sizes != crate::all_sizes() {
+        return refuse(client_sizes(), "-a".into());
+    }
+    if let (Some(s), false) = (cli.size, cli.all_sizes) {
+        if hello.sizes != [s] {
+            return refuse(client_sizes(), format!("-s {s}"));
+        }
+    }
+    let client_count = || match hello.duration_ms {
+        u64::MAX => "--run_infinitely".to_string(),
+        0 => format!("-n {}", hello.iters),
+        ms => format!("-D {}", ms as f64 / 1000.0),
+    };
+    if cli.run_infinitely {
+        if hello.duration_ms != u64::MAX {
+            return refuse(client_count(), "--run_infinitely".into());
+        }
+    } else if let Some(d) = cli.duration {
+        if hello.duration_ms != hello_duration_ms(Duration::from_secs_f64(d)) {
+            return refuse(client_count(), format!("-D {d}"));
+        }
+    }
+    if let Some(n) = cli.iters {
+        if hello.duration_ms != 0 || hello.iters != n {
+            return refuse(client_count(), format!("-n {n}"));
+        }
+    }
+    if let Some(t) = cli.tx_depth {
+        if hello.tx_depth != t {
+            return refuse(format!("-t {}", hello.tx_depth), format!("-t {t}"));
+        }
+    }
+    if cli.qps > 1 && hello.qps != cli.qps {
+        return refuse(format!("-q {}", hello.qps), format!("-q {}", cli.qps));
+    }
+    if cli.bidirectional && !hello.bidirectional {
+        return Err("this server was given -b, the client not".into());
+    }
     Ok(())
 }
 
@@ -1458,7 +1522,7 @@ fn client_session(
         } else {
             cli.iterations()
         },
-        duration_ms: duration.map_or(0, |d| d.as_millis().clamp(1, u64::MAX.into()) as u64),
+        duration_ms: duration.map_or(0, hello_duration_ms),
         sizes: cli.sizes(),
         qps: cli.qps,
         bidirectional: cli.bidirectional,

@@ -416,6 +416,83 @@ fn immediate_data_after_every_write_and_send() {
     }
 }
 
+/// perftest's SYMMETRIC options (and `-t`) given to the server must match the client's: a
+/// server given `-s`, `-a`, `-n`, `-D`, `-t` or `-q` that the client's hello contradicts
+/// refuses the connection, both sides saying which option differs; given the same, or
+/// nothing, it runs.
+#[test]
+fn a_server_refuses_a_client_whose_symmetric_options_differ() {
+    for (test, server, client, says) in [
+        (
+            "write-bw",
+            &["-s", "4096", "-n", "50"][..],
+            &["-s", "65536", "-n", "50"][..],
+            "client asked for -s 65536, this server was given -s 4096",
+        ),
+        (
+            "write-lat",
+            &["-a", "-n", "2"],
+            &["-s", "64", "-n", "2"],
+            "client asked for -s 64, this server was given -a",
+        ),
+        (
+            "send-bw",
+            &["-s", "4096", "-n", "100"],
+            &["-s", "4096", "-n", "200"],
+            "client asked for -n 200, this server was given -n 100",
+        ),
+        (
+            "read-bw",
+            &["-s", "4096", "-D", "1"],
+            &["-s", "4096", "-n", "100"],
+            "client asked for -n 100, this server was given -D 1",
+        ),
+        (
+            "write-bw",
+            &["-s", "4096", "-n", "100", "-t", "64"],
+            &["-s", "4096", "-n", "100"],
+            "client asked for -t 128, this server was given -t 64",
+        ),
+        (
+            "write-bw",
+            &["-s", "4096", "-n", "100", "-q", "2"],
+            &["-s", "4096", "-n", "100"],
+            "client asked for -q 1, this server was given -q 2",
+        ),
+    ] {
+        let (s, c) = run_pair_sides(test, free_port(), &[], server, client);
+        let (serr, cerr) = (
+            String::from_utf8_lossy(&s.stderr),
+            String::from_utf8_lossy(&c.stderr),
+        );
+        assert!(
+            !s.status.success(),
+            "{test} {server:?}: server ran:\n{serr}"
+        );
+        assert!(
+            !c.status.success(),
+            "{test} {client:?}: client ran:\n{cerr}"
+        );
+        assert!(serr.contains(says), "{test}: server:\n{serr}");
+        assert!(cerr.contains(says), "{test}: client:\n{cerr}");
+    }
+    // The same options at both ends, or none at the server: the run goes ahead.
+    for server in [&["-s", "4096", "-n", "50", "-t", "16"][..], &[]] {
+        let (s, c) = run_pair_sides(
+            "write-bw",
+            free_port(),
+            &[],
+            server,
+            &["-s", "4096", "-n", "50", "-t", "16"],
+        );
+        assert!(
+            s.status.success() && c.status.success(),
+            "{server:?}: {}",
+            String::from_utf8_lossy(&s.stderr)
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [
