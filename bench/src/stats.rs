@@ -29,9 +29,13 @@ impl LatencyResult {
     /// [`LAT_MEASURE_TAIL`] largest left out (one-off stalls), then over the `m` left: t_min
     /// the smallest, t_max the next sample above them (the largest but one), t_typical
     /// their median (the mean of the middle two when `m` is even), t_avg and t_stdev their
-    /// mean and population standard deviation (in floating point, as perftest 6's; older
-    /// perftests truncated each deviation to whole microseconds), p99 and p99.9 the samples
-    /// at `ceil(m x q)`.
+    /// mean and population standard deviation, p99 and p99.9 the samples at `ceil(m x q)`.
+    ///
+    /// One deliberate difference: t_stdev is computed in floating point, as perftest did up to
+    /// 6.05. Since 6.06 (commit 6234a09, "fix cppcheck warnings") perftest's
+    /// `print_report_lat` keeps each deviation and its square in an `int` (`int temp_var =
+    /// average - delta; int pow_var = pow(temp_var, 2)`), truncating them to whole
+    /// microseconds, so that a spread below a microsecond reads 0 there; ours gives it.
     /// Fewer than four samples are summarised whole. Empty input gives zeros; `iterations`
     /// is the number of samples.
     pub fn from_samples(bytes: u64, samples: &mut [f64]) -> Self {
