@@ -250,10 +250,13 @@ pub struct Cli {
     /// Bandwidth tests: signal one work request in this many, the others posted unsignaled
     /// (`SendWr::signaled` false: no completion unless they fail), as perftest's `--cq-mod`.
     /// The application then wakes once per N messages instead of per message. Default: 100
-    /// (perftest's) for write-bw and send-bw; 1 for read-bw, whose client checks each
-    /// message's data when it completes, and a batch's data has left the cache by then. At
-    /// most `--tx-depth` (a larger value acts as `--tx-depth`); 1: every work request
-    /// signaled. The last one of a run is always signaled.
+    /// for write-bw and send-bw at every size (perftest's `DEF_CQ_MOD`, which perftest itself
+    /// lowers to 1 for messages over 8 KiB unless `-Q`, `-a` or `-e` is given; signalling
+    /// every 64 KiB message was measured to cost us bandwidth, docs/benchmarks-history.md);
+    /// 1 for read-bw, whose client checks each message's data when it completes, and a
+    /// batch's data has left the cache by then. At most `--tx-depth` (a larger value acts as
+    /// `--tx-depth`); 1: every work request signaled. The last one of a run is always
+    /// signaled.
     #[arg(short = 'Q', long)]
     pub cq_mod: Option<u32>,
     /// Bandwidth tests: message slots of the registered buffer the work requests cycle
