@@ -221,14 +221,16 @@ pub struct Cli {
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
     /// and `--tx-depth` outstanding work requests; a result line counts all their messages
-    /// over the longest one's time (perftest's `-q`). Only the client needs it (the server learns it from the client).
+    /// over the longest one's time (perftest's `-q`). Only the client needs it (the server learns
+    /// it from the client; a server given `-q N` above 1 refuses a client with another).
     #[arg(short = 'q', long = "qp", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
     pub qps: u16,
     /// write-bw: both directions at once (perftest's `-b`): a second connection on which the
     /// server Writes and the client checks, beside the first; a row gives our message count
     /// and both directions' rates added (perftest's duplex row).
-    /// Only the client needs it (the server learns it from the client).
+    /// Only the client needs it (the server learns it from the client; a server given it
+    /// refuses a client without it).
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Bandwidth tests: post work requests in lists of N, one call each
@@ -240,7 +242,8 @@ pub struct Cli {
     /// Bandwidth tests: run until interrupted (Ctrl-C/SIGINT or SIGTERM), printing a result
     /// line for each `-D` seconds (default 5); then end the run as a finished one (the server
     /// checks the data), print the totals and exit 0 (perftest's `--run_infinitely`). Only the
-    /// client needs it (the server learns it from the client).
+    /// client needs it (the server learns it from the client; a server given it refuses a
+    /// client without it).
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
     /// Outstanding work requests in bandwidth tests (default, as perftest's: 128 for the
