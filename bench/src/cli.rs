@@ -695,10 +695,11 @@ pub fn parse_size(arg: &str) -> Result<u64, String> {
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return Err(bad());
     }
+    // The digits are valid: only a number beyond 64 bits fails here.
     u64::from_str_radix(digits, radix)
         .ok()
         .and_then(|n| n.checked_mul(factor))
-        .ok_or_else(bad)
+        .ok_or_else(|| format!("'{arg}' is too large a size"))
 }
 
 /// perftest's `-a`: every power of two from 2 octets to 8 MiB.
@@ -753,6 +754,10 @@ mod tests {
             "0xfffffffffffffffM",
         ] {
             assert!(parse_size(arg).is_err(), "{arg}");
+        }
+        for arg in ["0xfffffffffffffffM", "99999999999999999999"] {
+            let e = parse_size(arg).expect_err(arg);
+            assert!(e.contains("too large"), "{arg}: {e}");
         }
         let c = parse(&["write-bw", "-s", "64K"]).expect("-s 64K");
         assert_eq!(c.sizes(), [65536]);

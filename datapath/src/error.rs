@@ -206,8 +206,9 @@ pub enum QpError {
     #[error("MPA error (code {code}): {0}", code = .0.code())]
     Mpa(mpa::MpaError),
     /// An IFT error in the peer's frames (draft-williams-iwarp-ift-01 5.1: a header or
-    /// payload CRC, a length, the VTag): nothing of that frame was placed, and a Terminate of
-    /// layer LLP with [`ift::IftError::code`] went out.
+    /// payload CRC, a length, the VTag): nothing of that frame was placed (but for
+    /// `SpeculationMismatch`: a frame placed speculatively that the in-order pass did not
+    /// confirm), and a Terminate of layer LLP with [`ift::IftError::code`] went out.
     #[error("IFT error (code {code}): {0}", code = .0.code())]
     Ift(ift::IftError),
     /// We found an error in the peer's traffic (DDP or RDMAP, RFC 5040 7) and sent this

@@ -17,8 +17,9 @@
 //! - [`FrameEncoder`] / [`FrameDecoder`]: frames out, and frames from a byte stream taken in
 //!   any pieces, every length and CRC checked.
 //!
-//! Choices where the draft is silent (documented where they apply): the IFT header the header
-//! CRC covers is the six octets before the DDP header (both sizes and the VTag); the CRCs are
+//! Readings and choices (documented where they apply): section 5.1's header CRC covers the
+//! IFT header's sizes; we take the VTag (section 8.1's "IFT VTag") as part of that header, so
+//! it covers the six octets before the DDP header (both sizes and the VTag); the CRCs are
 //! CRC32c as MPA's and go on the wire as MPA's do; the DDP header is 14 octets for a tagged
 //! and 18 for an untagged segment (RFC 5041 4.2, 4.3; the RDMAP control octet is in it), the
 //! rest of the ULPDU (RDMAP headers included, as section 5.1 says) is the payload. Markers

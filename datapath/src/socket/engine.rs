@@ -537,10 +537,12 @@ impl Engine {
         }
         let now = Instant::now();
         // In Error, what the kernel holds gets what is left of the error's time; after the
-        // application's close, what is left of the close's (one 10 s in all, as on the engine).
-        let deadline = self
-            .error_deadline
-            .or(self.close_deadline)
+        // application's close, what is left of the close's (one 10 s in all, as on the
+        // engine); the earlier where both are set.
+        let deadline = [self.error_deadline, self.close_deadline]
+            .into_iter()
+            .flatten()
+            .min()
             .unwrap_or(now + CLOSE_DRAIN);
         let mut heard = now;
         let mut unacknowledged = usize::MAX;

@@ -505,8 +505,17 @@ impl Startups {
                 }
                 // Closed or reset before the Request was complete.
                 Ok(_) | Err(_) => {
-                    tracing::debug!(peer = %s.peer, "closed before its MPA Request (kernel TCP)");
-                    self.record.startup_failed(&MpaError::ConnectionLost);
+                    match s.startup {
+                        Startup::Mpa(_) => {
+                            tracing::debug!(peer = %s.peer, "closed before its MPA Request (kernel TCP)");
+                            self.record.startup_failed(&MpaError::ConnectionLost);
+                        }
+                        Startup::Ift(_) => {
+                            tracing::debug!(peer = %s.peer, "closed before its IFT adaption indication (kernel TCP)");
+                            self.record
+                                .ift_startup_failed(&ift::IftError::ConnectionLost);
+                        }
+                    }
                     return true;
                 }
             };
