@@ -62,8 +62,9 @@ const fn fold_keys(d: u32) -> (u64, u64) {
 }
 
 /// Copies `dst.len()` octets from `src` to `dst` and returns the CRC32c register `state`
-/// ([`Crc32c::state`]) continued over them, reading each source octet once and never reading
-/// `dst`.
+/// ([`Crc32c::state`]) continued over them, reading each source octet once (the vector paths
+/// never read `dst`; below their minimum length, or without the CPU features, the octets are
+/// copied first and the CRC taken over `dst`, which the exclusive borrow keeps as written).
 ///
 /// # Safety
 /// `src` must be valid for reads of `dst.len()` octets and must not overlap `dst`. Octets

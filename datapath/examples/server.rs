@@ -67,8 +67,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if c.wc.status != WcStatus::Success || c.wc.opcode != WcOpcode::Recv {
         return Err(format!("unexpected completion {c:?}: {:?}", qp.status().error).into());
     }
-    // SAFETY: the client's Write completed before its Send arrived, and it writes no more.
-    let written = unsafe { mr.as_slice() };
+    // A copy: the client may Write into `mr` at any time (REMOTE_WRITE), whatever it said,
+    // so no slice of it may be held while the connection lives.
+    let mut written = vec![0u8; LEN];
+    mr.read(0, &mut written);
     let n = written.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     // SAFETY: the receive completed; nothing else lands in `inbox`.
     let message = unsafe { &inbox.as_slice()[..c.wc.byte_len as usize] };

@@ -220,7 +220,12 @@ fn lock_pages(
         return Ok(None);
     }
     let start = addr & !(PAGE - 1);
-    let end = (addr + len).next_multiple_of(PAGE);
+    let end = addr
+        .checked_add(len)
+        .and_then(|e| e.checked_next_multiple_of(PAGE))
+        .ok_or(DatapathError::InvalidArgument(
+            "the memory's range runs past the end of the address space",
+        ))?;
     let mut locks = page_locks();
     // SAFETY: mlock only changes paging of the range (faulting its pages in); the caller's
     // memory covers `[addr, addr + len)`, and the rest of its first and last pages is mapped too.
@@ -1134,7 +1139,11 @@ impl MemoryRegion {
     ///
     /// # Safety
     /// While the slice lives nothing may write the bytes: no posted receive, Read sink or
-    /// Write/Read Response from the peer may land in them (see the type's documentation).
+    /// Write/Read Response from the peer may land in them (see the type's documentation). A
+    /// region registered with `REMOTE_WRITE` can be written by its peer at any time, whatever
+    /// the peer said: `invalidate` and `reregister` let a Write checked just before them
+    /// land after, so only [`MemoryRegion::deregister`] ends that; read such a region with
+    /// [`MemoryRegion::read`] unless the peer is trusted.
     pub unsafe fn as_slice(&self) -> &[u8] {
         fence(Ordering::Acquire);
         // SAFETY: the pointer and length describe the region's memory, valid while `self`

@@ -41,16 +41,21 @@ fn allocs() -> u64 {
     ALLOCS.with(|a| a.get())
 }
 
+// SAFETY: every method hands its arguments, unchanged, to the system allocator, which upholds
+// GlobalAlloc's contract; counting touches no allocation.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         note_alloc();
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires of it.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from this allocator, that is from System, with layout `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         note_alloc();
+        // SAFETY: as for dealloc, and the caller's new size `n`.
         unsafe { System.realloc(p, l, n) }
     }
 }
