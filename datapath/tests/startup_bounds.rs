@@ -543,23 +543,20 @@ fn socket_requests_beyond_the_backlog_of_an_event_channel_are_rejected() {
     backlog_through_an_event_channel(false, 19_622);
 }
 
-/// A responder that sends an FPDU where its Reply belongs: the Initiator fails with
-/// `InvalidKey` (RFC 5044 7.1.2 rule 5, code 4) and only that connection ends.
-fn fpdu_before_reply(engine: bool, port: u16) {
-    let _bed = bed_or_skip!();
+/// Connects from `iwa` (the engine or the socket transport) to a raw TCP listener on `port` in
+/// `iwb` that does `peer` with the connection; the connect's error, if it failed, and the
+/// peer's outcome.
+fn connect_to_raw_peer(
+    engine: bool,
+    port: u16,
+    peer: impl FnOnce(TcpStream) -> Result<(), String> + Send + 'static,
+) -> (Option<DatapathError>, Result<(), String>) {
     let (ready_tx, ready_rx) = mpsc::channel();
     let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
         let l = TcpListener::bind(SocketAddr::from((ADDR_B, port))).map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
-        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        // An untagged FPDU: ULPDU_Length 18, DDP/RDMAP Send header, 4 payload octets, CRC.
-        let mut fpdu = vec![0x00, 0x12, 0x41, 0x43];
-        fpdu.extend_from_slice(&[0; 20]);
-        s.write_all(&fpdu).map_err(|e| e.to_string())?;
-        let mut sink = Vec::new();
-        s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
-        let _ = s.read_to_end(&mut sink);
-        Ok(())
+        let (s, _) = l.accept().map_err(|e| e.to_string())?;
+        peer(s)
     });
     ready_rx.recv_timeout(WAIT).expect("peer ready");
     let ours = spawn_in_ns(NS_A, move || {
@@ -570,7 +567,23 @@ fn fpdu_before_reply(engine: bool, port: u16) {
             .err()
     });
     let error = ours.join().expect("our side");
-    let _ = peer.join();
+    (error, peer.join().expect("peer thread"))
+}
+
+/// A responder that sends an FPDU where its Reply belongs: the Initiator fails with
+/// `InvalidKey` (RFC 5044 7.1.2 rule 5, code 4) and only that connection ends.
+fn fpdu_before_reply(engine: bool, port: u16) {
+    let _bed = bed_or_skip!();
+    let (error, _) = connect_to_raw_peer(engine, port, |mut s| {
+        // An untagged FPDU: ULPDU_Length 18, DDP/RDMAP Send header, 4 payload octets, CRC.
+        let mut fpdu = vec![0x00, 0x12, 0x41, 0x43];
+        fpdu.extend_from_slice(&[0; 20]);
+        s.write_all(&fpdu).map_err(|e| e.to_string())?;
+        let mut sink = Vec::new();
+        s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+        let _ = s.read_to_end(&mut sink);
+        Ok(())
+    });
     println!("engine {engine}: {error:?}");
     assert!(
         matches!(error, Some(DatapathError::Mpa(MpaError::InvalidKey))),
@@ -674,12 +687,7 @@ fn socket_responder_refusing_a_receive_before_the_first_fpdu_closes_at_once() {
 fn gone_before_reply(engine: bool, port: u16) {
     let _bed = bed_or_skip!();
     for reset in [false, true] {
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
-            let l =
-                TcpListener::bind(SocketAddr::from((ADDR_B, port))).map_err(|e| e.to_string())?;
-            let _ = ready_tx.send(());
-            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        let (error, peer) = connect_to_raw_peer(engine, port, move |mut s| {
             let mut request = [0u8; 20];
             s.read_exact(&mut request).map_err(|e| e.to_string())?;
             if reset {
@@ -690,16 +698,7 @@ fn gone_before_reply(engine: bool, port: u16) {
             drop(s);
             Ok(())
         });
-        ready_rx.recv_timeout(WAIT).expect("peer ready");
-        let ours = spawn_in_ns(NS_A, move || {
-            let dev = device(engine);
-            let pd = ProtectionDomain::new();
-            let cq = CompletionQueue::new();
-            dev.connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(64), b"")
-                .err()
-        });
-        let error = ours.join().expect("our side");
-        peer.join().expect("peer thread").expect("peer");
+        peer.expect("peer");
         println!("engine {engine}, reset {reset}: {error:?}");
         assert!(
             matches!(error, Some(DatapathError::Mpa(MpaError::ConnectionLost))),

@@ -82,21 +82,14 @@ pub(crate) fn connect_start(
         let deadline = initiator
             .poll_timeout()
             .map_or(setup_deadline, |d| d.min(setup_deadline));
-        let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
-            Ok(n) => n,
-            Err(e) => {
-                match e.kind() {
-                    // The startup's deadline, if it is the one that passed.
-                    io::ErrorKind::TimedOut => initiator.handle_timeout(Instant::now())?,
-                    // The peer closed or reset before its Reply: as on the engine.
-                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-                        return Err(DatapathError::Mpa(MpaError::ConnectionLost));
-                    }
-                    _ => {}
-                }
-                return Err(setup_error(e, "waiting for the MPA Reply"));
-            }
-        };
+        let n = read_answer(
+            &mut stream,
+            &mut buf,
+            deadline,
+            || Ok(initiator.handle_timeout(Instant::now())?),
+            DatapathError::Mpa(MpaError::ConnectionLost),
+            "waiting for the MPA Reply",
+        )?;
         let now = Instant::now();
         let (used, event) = match initiator.feed(&buf[..n], now) {
             Ok(progress) => progress,
@@ -201,20 +194,14 @@ fn connect_ift(
         let deadline = initiator
             .poll_timeout()
             .map_or(setup_deadline, |d| d.min(setup_deadline));
-        let n = match read_with_deadline(&mut stream, &mut buf, deadline) {
-            Ok(n) => n,
-            Err(e) => {
-                match e.kind() {
-                    // The exchange's deadline, if it is the one that passed.
-                    io::ErrorKind::TimedOut => initiator.handle_timeout(Instant::now())?,
-                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-                        return Err(DatapathError::Ift(ift::IftError::ConnectionLost));
-                    }
-                    _ => {}
-                }
-                return Err(setup_error(e, "waiting for the IFT adaption indication"));
-            }
-        };
+        let n = read_answer(
+            &mut stream,
+            &mut buf,
+            deadline,
+            || Ok(initiator.handle_timeout(Instant::now())?),
+            DatapathError::Ift(ift::IftError::ConnectionLost),
+            "waiting for the IFT adaption indication",
+        )?;
         let (used, done) = initiator.feed(&buf[..n], Instant::now())?;
         let Some(negotiated) = done else { continue };
         let setup = Setup {
@@ -263,6 +250,31 @@ fn read_with_deadline(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Reads what the responder sends an Initiator (its MPA Reply, its IFT indication, what
+/// follows) until `deadline`, the exchange's own if it comes before the setup's: when it
+/// passes, `timed_out` gives the exchange's error if it is the exchange's deadline that
+/// passed (else the setup's timeout); a peer that closed or reset first gives `lost`, as on
+/// the engine; anything else, the setup's error during `during`.
+fn read_answer(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    timed_out: impl FnOnce() -> Result<(), DatapathError>,
+    lost: DatapathError,
+    during: &'static str,
+) -> Result<usize, DatapathError> {
+    let e = match read_with_deadline(stream, buf, deadline) {
+        Ok(n) => return Ok(n),
+        Err(e) => e,
+    };
+    match e.kind() {
+        io::ErrorKind::TimedOut => timed_out()?,
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => return Err(lost),
+        _ => {}
+    }
+    Err(setup_error(e, during))
 }
 
 fn setup_error(e: io::Error, during: &'static str) -> DatapathError {
