@@ -2491,15 +2491,13 @@ fn ift_records_mode_interoperates_with_source_mode() {
     print_counters("ift records", &bed);
 }
 
-/// An IFT responder whose application never answers closes at `MpaConfig::accept_timeout`
-/// (none when it is too large for the clock: `Duration::MAX`); an IFT responder that rejects
-/// just closes (IFT has no reject message).
-#[test]
-fn ift_unanswered_and_rejected() {
+/// An IFT bed (`seed`) whose responder, its accept timeout `accept_timeout`, ignores the
+/// request: run until the request is there.
+fn ift_request_ignored(seed: u64, accept_timeout: Duration) -> Bed {
     let mut b_cfg = ift_config(true, true, 2);
-    b_cfg.mpa.accept_timeout = Duration::from_secs(3);
+    b_cfg.mpa.accept_timeout = accept_timeout;
     let mut bed = bed_with(
-        250,
+        seed,
         LinkConfig::default(),
         ift_config(true, true, 1),
         b_cfg,
@@ -2511,6 +2509,15 @@ fn ift_unanswered_and_rejected() {
             .iter()
             .any(|e| matches!(e, ConnEvent::IftRequest(_)))
     });
+    bed
+}
+
+/// An IFT responder whose application never answers closes at `MpaConfig::accept_timeout`
+/// (none when it is too large for the clock: `Duration::MAX`); an IFT responder that rejects
+/// just closes (IFT has no reject message).
+#[test]
+fn ift_unanswered_and_rejected() {
+    let mut bed = ift_request_ignored(250, Duration::from_secs(3));
     let asked = bed.net.now;
     bed.run_until("accept timeout", Duration::from_secs(10), |a, b| {
         b.events
@@ -2526,21 +2533,7 @@ fn ift_unanswered_and_rejected() {
     );
 
     // An accept timeout too large for the clock is none: the request waits.
-    let mut b_cfg = ift_config(true, true, 2);
-    b_cfg.mpa.accept_timeout = Duration::MAX;
-    let mut bed = bed_with(
-        252,
-        LinkConfig::default(),
-        ift_config(true, true, 1),
-        b_cfg,
-        b"",
-    );
-    bed.b.ignore_request = true;
-    bed.run_until("phase 0 delivered", Duration::from_secs(2), |_, b| {
-        b.events
-            .iter()
-            .any(|e| matches!(e, ConnEvent::IftRequest(_)))
-    });
+    let mut bed = ift_request_ignored(252, Duration::MAX);
     run_for(&mut bed, Duration::from_secs(5));
     assert!(
         !bed.b

@@ -359,6 +359,15 @@ fn from_peer(
     conn.handle_segment(now, &seg, |_| None);
 }
 
+/// A connection with the option in use, driven by hand as the receiver of the peer's
+/// [`from_peer`] segments, and the time.
+fn rdma_receiver() -> (tcp_engine::Connection, tcp_engine::Instant) {
+    driven_client(Config {
+        rdma_option: true,
+        ..Config::default()
+    })
+}
+
 /// The option of a segment that carries `len` octets of transfer `rid` at `buffer_offset`,
 /// from the start of its payload.
 fn transfer(rid: Rid, buffer_offset: u32, len: u16) -> Option<RdmaTransfer> {
@@ -379,11 +388,7 @@ fn transfer(rid: Rid, buffer_offset: u32, len: u16) -> Option<RdmaTransfer> {
 /// the stream, was never delivered and the stream stalled short of it.
 #[test]
 fn a_fin_below_placed_octets_cuts_what_was_placed_at_it() {
-    let cfg = Config {
-        rdma_option: true,
-        ..Config::default()
-    };
-    let (mut conn, now) = driven_client(cfg);
+    let (mut conn, now) = rdma_receiver();
     assert!(conn.rdma_option_enabled());
     let rid = Rid::new(1).expect("rid");
     conn.post_rdma_buffer(rid, vec![0; 100], false)
@@ -423,11 +428,7 @@ fn a_fin_below_placed_octets_cuts_what_was_placed_at_it() {
 /// and at the buffer offsets: each is reported for the buffer it went into.
 #[test]
 fn a_buffer_posted_again_for_its_rid_starts_its_own_placed_ranges() {
-    let cfg = Config {
-        rdma_option: true,
-        ..Config::default()
-    };
-    let (mut conn, now) = driven_client(cfg);
+    let (mut conn, now) = rdma_receiver();
     let rid = Rid::new(1).expect("rid");
     conn.post_rdma_buffer(rid, vec![0; 20], false)
         .expect("post");

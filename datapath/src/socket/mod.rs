@@ -77,15 +77,11 @@ pub(crate) fn connect_start(
     stream.write_all(initiator.request())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        // The startup's own deadline (`MpaConfig::timeout`, RFC 5044 7.1.2 rule 10) when it
-        // comes before the connection's, as on the engine.
-        let deadline = initiator
-            .poll_timeout()
-            .map_or(setup_deadline, |d| d.min(setup_deadline));
+        // The startup's own deadline: `MpaConfig::timeout`, RFC 5044 7.1.2 rule 10.
         let n = read_answer(
             &mut stream,
             &mut buf,
-            deadline,
+            (initiator.poll_timeout(), setup_deadline),
             || Ok(initiator.handle_timeout(Instant::now())?),
             DatapathError::Mpa(MpaError::ConnectionLost),
             "waiting for the MPA Reply",
@@ -191,13 +187,10 @@ fn connect_ift(
     stream.write_all(initiator.indication())?;
     let mut buf = vec![0u8; 4096];
     loop {
-        let deadline = initiator
-            .poll_timeout()
-            .map_or(setup_deadline, |d| d.min(setup_deadline));
         let n = read_answer(
             &mut stream,
             &mut buf,
-            deadline,
+            (initiator.poll_timeout(), setup_deadline),
             || Ok(initiator.handle_timeout(Instant::now())?),
             DatapathError::Ift(ift::IftError::ConnectionLost),
             "waiting for the IFT adaption indication",
@@ -253,18 +246,20 @@ fn read_with_deadline(
 }
 
 /// Reads what the responder sends an Initiator (its MPA Reply, its IFT indication, what
-/// follows) until `deadline`, the exchange's own if it comes before the setup's: when it
-/// passes, `timed_out` gives the exchange's error if it is the exchange's deadline that
-/// passed (else the setup's timeout); a peer that closed or reset first gives `lost`, as on
-/// the engine; anything else, the setup's error during `during`.
+/// follows) until the earlier of `(exchange, setup)`, the exchange's own deadline and the
+/// setup's, as on the engine: when it passes, `timed_out` gives the exchange's error if it is
+/// the exchange's deadline that passed (else the setup's timeout); a peer that closed or
+/// reset first gives `lost`, as on the engine; anything else, the setup's error during
+/// `during`.
 fn read_answer(
     stream: &mut TcpStream,
     buf: &mut [u8],
-    deadline: Instant,
+    (exchange, setup): (Option<Instant>, Instant),
     timed_out: impl FnOnce() -> Result<(), DatapathError>,
     lost: DatapathError,
     during: &'static str,
 ) -> Result<usize, DatapathError> {
+    let deadline = exchange.map_or(setup, |d| d.min(setup));
     let e = match read_with_deadline(stream, buf, deadline) {
         Ok(n) => return Ok(n),
         Err(e) => e,
