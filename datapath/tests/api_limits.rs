@@ -77,7 +77,8 @@ fn ift_without_rdma_mode_is_refused() {
     ));
 }
 
-/// Keepalive times and counts, and a user timeout, beyond what the kernel takes are refused
+/// Keepalive times and counts, and a user timeout, beyond what the kernel takes (or a user
+/// timeout of zero) are refused
 /// by the listen or connect, before any connection is made: on the socket transport the
 /// kernel would refuse them only once the MPA exchange was done, the peer told "accepted".
 #[test]
@@ -113,6 +114,11 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
             user_timeout: Some(MAX_USER_TIMEOUT + Duration::from_millis(1)),
             ..ConnectParams::default()
         },
+        // Zero: "none" to Linux, at once to our TCP; `None` says "none".
+        ConnectParams {
+            user_timeout: Some(Duration::ZERO),
+            ..ConnectParams::default()
+        },
     ];
     // Nobody listens on the port: a connect that got past the check would be refused by TCP.
     let nobody = "127.0.0.1:9".parse().expect("address");
@@ -143,4 +149,9 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
         ..ConnectParams::default()
     };
     assert!(dev.listen(addr, at_the_limits).is_ok());
+    let shortest = ConnectParams {
+        user_timeout: Some(Duration::from_nanos(1)),
+        ..ConnectParams::default()
+    };
+    assert!(dev.listen(addr, shortest).is_ok());
 }

@@ -39,6 +39,13 @@ fn drain_spent(deadline: &mut Option<Instant>, drain: Duration, idle: bool) -> b
     !idle && now >= at
 }
 
+/// `d` rounded up to whole milliseconds, the unit of the kernel's `TCP_USER_TIMEOUT` (in
+/// which 0 means "none": a user timeout of ours is above zero, [`ConnectParams::check`]).
+fn whole_millis(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
 /// What connection setup hands to the engine.
 pub(super) struct Setup {
     pub(super) agreed: Agreed,
@@ -107,7 +114,8 @@ pub(super) fn start_engine(
             .with_retries(k.probes.max(1));
         sock.set_tcp_keepalive(&ka)?;
     }
-    sock.set_tcp_user_timeout(params.user_timeout)?;
+    // The kernel counts it in whole milliseconds, and reads 0 as "none": round up.
+    sock.set_tcp_user_timeout(params.user_timeout.map(whole_millis))?;
     let mss = sock.mss().unwrap_or(536) as usize;
     let mulpdu = match &agreed {
         Agreed::Mpa(n) => mpa::mulpdu(mss, n.markers_tx),
@@ -204,11 +212,9 @@ pub(super) fn start_engine(
         tx_failed: false,
         cq_overrun: false,
         last_state: None,
-        // (A user timeout under a millisecond is the kernel's default, none of ours.)
         error_drain: params
             .user_timeout
-            .filter(|t| t.as_millis() != 0)
-            .map_or(CLOSE_DRAIN, |t| t.min(CLOSE_DRAIN)),
+            .map_or(CLOSE_DRAIN, |t| whole_millis(t).min(CLOSE_DRAIN)),
         error_deadline: None,
         close_deadline: None,
         posters: None,
@@ -974,6 +980,21 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use crate::{Access, CompletionQueue, ConnectParams, ProtectionDomain, SendOp, SendWr, Stag};
+
+    /// The kernel's `TCP_USER_TIMEOUT` counts whole milliseconds and reads 0 as "none": a
+    /// timeout under a millisecond must not turn the user timeout off.
+    #[test]
+    fn user_timeouts_round_up_to_whole_milliseconds() {
+        let ms = Duration::from_millis;
+        assert_eq!(super::whole_millis(Duration::from_nanos(1)), ms(1));
+        assert_eq!(super::whole_millis(Duration::from_micros(999)), ms(1));
+        assert_eq!(super::whole_millis(ms(1)), ms(1));
+        assert_eq!(super::whole_millis(Duration::from_micros(1001)), ms(2));
+        assert_eq!(
+            super::whole_millis(crate::MAX_USER_TIMEOUT),
+            crate::MAX_USER_TIMEOUT
+        );
+    }
 
     /// CPU time (user and system, in clock ticks) of this process's thread named `name`.
     fn thread_ticks(name: &str) -> Option<u64> {

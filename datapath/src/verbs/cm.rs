@@ -113,6 +113,8 @@ pub struct ConnectParams {
     /// User timeout (RFC 5482; `TCP_USER_TIMEOUT` on the socket transport): data that waits
     /// this long on the peer without progress (unacknowledged, or behind a window that never
     /// opens) ends the connection. Default 30 s; `None` leaves only the retransmission limit.
+    /// Between 1 ns and [`MAX_USER_TIMEOUT`] (zero is refused: Linux reads it as "none",
+    /// which is `None` here); the socket transport rounds it up to whole milliseconds.
     pub user_timeout: Option<Duration>,
     /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
     /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
@@ -234,9 +236,12 @@ impl ConnectParams {
                 ));
             }
         }
-        if self.user_timeout.is_some_and(|t| t > MAX_USER_TIMEOUT) {
+        if self
+            .user_timeout
+            .is_some_and(|t| t.is_zero() || t > MAX_USER_TIMEOUT)
+        {
             return Err(DatapathError::InvalidArgument(
-                "the user timeout is at most 2147483647 ms",
+                "the user timeout is above zero (None turns it off) and at most 2147483647 ms",
             ));
         }
         Ok(())
