@@ -302,6 +302,15 @@ pub enum SendError {
     /// TCP RDMA option (draft-csapuntz-tcprdma-00 3.1).
     #[error("RDMA section past a 4 GiB buffer")]
     RdmaBufferOffset,
+    /// [`Connection::send_rdma`]: the octets would end past the transfer's Total Length
+    /// (draft-csapuntz-tcprdma-00 3.1.4-3.1.5: a receiver refuses such a segment's option).
+    #[error("RDMA section past its transfer's total length")]
+    RdmaPastTotal,
+    /// [`Connection::send_rdma`]: another Total Length than an earlier section of the same
+    /// transfer still unacknowledged named (3.1.4: one total per transfer; a receiver refuses
+    /// the segments that differ).
+    #[error("RDMA transfer named with two total lengths")]
+    RdmaTotalChanged,
 }
 
 /// The most buffers a connection takes for RDMA transfers at once
@@ -1365,10 +1374,26 @@ impl Connection {
     /// payload. Returns how many fit, as [`Connection::send`]; the next call for the same
     /// transfer continues the section when its `buffer_offset` follows on. When the option is
     /// not in use on the connection ([`Connection::rdma_option_enabled`]) the octets go as
-    /// ordinary data: the stream is the same, only the annotation is missing.
+    /// ordinary data: the stream is the same, only the annotation is missing. Either way,
+    /// octets that would end past a 4 GiB buffer ([`SendError::RdmaBufferOffset`]) or past
+    /// the transfer's `total_length` ([`SendError::RdmaPastTotal`]), or a total other than the
+    /// one an unacknowledged section of the transfer named ([`SendError::RdmaTotalChanged`]),
+    /// are refused whole: a receiver would refuse their option (section 6.1, 3.1.4).
     pub fn send_rdma(&mut self, data: &[u8], rdma: RdmaSend) -> Result<usize, SendError> {
         if self.cfg.tx_mode != TxMode::Stream {
             return Err(SendError::WrongMode);
+        }
+        // The whole call's octets are checked, not only those there is room for now, so
+        // that what is refused does not depend on the send buffer.
+        let end = u64::from(rdma.buffer_offset) + data.len() as u64;
+        if end > 1 << 32 {
+            return Err(SendError::RdmaBufferOffset);
+        }
+        if rdma.total_length.is_some_and(|t| end > u64::from(t)) {
+            return Err(SendError::RdmaPastTotal);
+        }
+        if !self.rdma_tx.same_total(&rdma) {
+            return Err(SendError::RdmaTotalChanged);
         }
         if !self.rdma_option_enabled {
             return self.send(data);
@@ -1381,9 +1406,6 @@ impl Connection {
             return Ok(0);
         }
         let n = data.len().min(self.send_capacity());
-        if u64::from(rdma.buffer_offset) + n as u64 > 1 << 32 {
-            return Err(SendError::RdmaBufferOffset);
-        }
         let n = self.queue_stream(&data[..n]);
         self.rdma_tx.push(start, n as u64, rdma);
         Ok(n)

@@ -66,6 +66,20 @@ impl RdmaSections {
         self.sections.len() < self.max || self.extends_last(start, send)
     }
 
+    /// Whether `send` names no Total Length, or the one the latest section of its transfer
+    /// still tracked named, if that named one (3.1.4: one total per transfer).
+    pub(crate) fn same_total(&self, send: &RdmaSend) -> bool {
+        let Some(total) = send.total_length else {
+            return true;
+        };
+        self.sections
+            .iter()
+            .rev()
+            .filter(|s| s.send.rid == send.rid)
+            .find_map(|s| s.send.total_length)
+            .is_none_or(|t| t == total)
+    }
+
     fn extends_last(&self, start: u64, send: &RdmaSend) -> bool {
         self.sections.back().is_some_and(|l| {
             l.end == start

@@ -489,3 +489,46 @@ fn nagle_lets_a_transfers_segments_go_together() {
         sent.len()
     );
 }
+
+/// What a receiver would refuse (draft-csapuntz-tcprdma-00 3.1.4-3.1.5, 6.1) is refused to
+/// the sender, whole, before anything is queued: octets past the transfer's total length, a
+/// second total for a transfer, octets past a 4 GiB buffer.
+#[test]
+fn send_rdma_refuses_what_a_receiver_would() {
+    let cfg = Config {
+        rdma_option: true,
+        ..Config::default()
+    };
+    let (mut conn, _) = driven_client(cfg);
+    let rid = Rid::new(1).expect("rid");
+    let send = |buffer_offset, total_length| RdmaSend {
+        rid,
+        buffer_offset,
+        total_length,
+        unsolicited: false,
+    };
+    let before = conn.send_capacity();
+    assert_eq!(
+        conn.send_rdma(&[1u8; 101], send(0, Some(100))),
+        Err(tcp_engine::SendError::RdmaPastTotal)
+    );
+    assert_eq!(
+        conn.send_rdma(&[1u8; 10], send(u32::MAX - 5, None)),
+        Err(tcp_engine::SendError::RdmaBufferOffset)
+    );
+    assert_eq!(conn.send_capacity(), before, "nothing queued");
+    assert_eq!(conn.send_rdma(&[1u8; 60], send(0, Some(100))), Ok(60));
+    assert_eq!(
+        conn.send_rdma(&[1u8; 40], send(60, Some(120))),
+        Err(tcp_engine::SendError::RdmaTotalChanged)
+    );
+    // The 16-octet form names no total: allowed between sections that name one.
+    assert_eq!(conn.send_rdma(&[1u8; 20], send(60, None)), Ok(20));
+    assert_eq!(conn.send_rdma(&[1u8; 20], send(80, Some(100))), Ok(20));
+    // Another transfer has a total of its own.
+    let other = RdmaSend {
+        rid: Rid::new(2).expect("rid"),
+        ..send(0, Some(5))
+    };
+    assert_eq!(conn.send_rdma(&[1u8; 5], other), Ok(5));
+}
