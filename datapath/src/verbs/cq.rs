@@ -159,15 +159,26 @@ impl CqInner {
     /// Tells the driver of the arming in place, if there is one it has not heard of (armed
     /// before the queue met its engine, or just now). Nothing if the event took the arming
     /// first.
+    ///
+    /// The driver hears of the arming before it is marked told: an event that takes the
+    /// arming in between (on a transport thread) sees it untold and says nothing, and this
+    /// call takes it back. Told the other way round, the event's end could reach the driver
+    /// before its start, and a driver that counts armings from zero would keep one for good.
     fn tell_arming(&self) {
         let Some(d) = self.driver.get() else { return };
+        let untold = |a: u8| a & MODE != 0 && a & TOLD == 0;
+        if !untold(self.armed.load(Ordering::SeqCst)) {
+            return;
+        }
+        d.armed(true);
         let told = self
             .armed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
-                (a & MODE != 0 && a & TOLD == 0).then_some(a | TOLD)
+                untold(a).then_some(a | TOLD)
             });
-        if told.is_ok() {
-            d.armed(true);
+        if told.is_err() {
+            // The event took it, or another caller told it first.
+            d.armed(false);
         }
     }
 
@@ -596,7 +607,8 @@ impl AsFd for CompletionChannel {
 mod tests {
     use super::*;
     use rdmap::{WcOpcode, WorkCompletion};
-    use std::sync::atomic::AtomicIsize;
+    use std::sync::atomic::{AtomicIsize, AtomicUsize};
+    use std::sync::Mutex;
 
     /// A driver that counts the armings it was told of.
     #[derive(Default)]
@@ -609,6 +621,35 @@ mod tests {
         fn before_wait(&self) {}
         fn armed(&self, on: bool) {
             self.0.fetch_add(if on { 1 } else { -1 }, Ordering::SeqCst);
+        }
+    }
+
+    /// Counts armings as the AF_XDP engine does (from zero, never below it), and the first
+    /// time it hears of one, lets a completion fire the arming's event before counting it:
+    /// a transport thread's push racing the application's arming.
+    #[derive(Default)]
+    struct RacingPush {
+        armed: AtomicUsize,
+        sink: Mutex<Option<CqSink>>,
+    }
+
+    impl EngineDriver for RacingPush {
+        fn drive(&self) -> bool {
+            false
+        }
+        fn before_wait(&self) {}
+        fn armed(&self, on: bool) {
+            if on {
+                let racing = self.sink.lock().expect("sink").take();
+                if let Some(sink) = racing {
+                    sink.push(completion()).expect("room");
+                }
+                self.armed.fetch_add(1, Ordering::SeqCst);
+            } else {
+                let _ = self
+                    .armed
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
         }
     }
 
@@ -740,6 +781,29 @@ mod tests {
         assert_eq!(count(), 1);
         drop(cq);
         assert_eq!(count(), 0, "a queue dropped armed ends its arming");
+    }
+
+    /// An event that fires an arming while the engine is being told of it leaves the engine
+    /// counting no arming: before, the event's end reached the engine first (and was lost
+    /// at zero), its start after, and the engine counted an arming for good (it never
+    /// parked again: inline progress was off for its life).
+    #[test]
+    fn an_event_racing_the_engines_hearing_of_its_arming_leaves_no_arming_counted() {
+        let channel = CompletionChannel::new().expect("channel");
+        let driver = Arc::new(RacingPush::default());
+        let cq = CompletionQueue::with_channel(&channel);
+        cq.sink().attach(driver.clone());
+        *driver.sink.lock().expect("sink") = Some(cq.sink());
+        cq.req_notify(false).expect("arm");
+        assert!(
+            channel.get_event().is_some(),
+            "the racing completion's event"
+        );
+        assert_eq!(driver.armed.load(Ordering::SeqCst), 0);
+        cq.req_notify(false).expect("arm again");
+        assert_eq!(driver.armed.load(Ordering::SeqCst), 1);
+        cq.sink().push(completion()).expect("room");
+        assert_eq!(driver.armed.load(Ordering::SeqCst), 0);
     }
 
     /// A full queue overruns: the completion is lost, the mark stays, the hook runs once (or
