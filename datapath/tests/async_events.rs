@@ -73,7 +73,7 @@ fn a_failed_connection_reports_qp_fatal_an_abort_does_not() {
     quiet(&theirs, "the queue pair that aborted");
 }
 
-/// A graceful close reports nothing; a queue pair that already ended reports at once.
+/// A graceful close reports nothing; a queue pair that already ended reports at once, once.
 #[test]
 fn a_graceful_close_reports_nothing_an_ended_qp_at_once() {
     let p = params(MpaConfig::default());
@@ -97,6 +97,8 @@ fn a_graceful_close_reports_nothing_an_ended_qp_at_once() {
         Some(AsyncEvent::QpFatal { context: 3, .. }) => {}
         other => panic!("an ended queue pair: {other:?}"),
     }
+    c.qp.notify_async(&channel, 4);
+    quiet(&channel, "an end reported already");
 }
 
 /// A shared receive queue's low watermark, and its queue pair's last-WQE event: the server's
@@ -203,7 +205,9 @@ fn engine_qp_reset_by_its_peer_reports_qp_fatal() {
 }
 
 /// The engine fails (an injected panic in its threads): the device reports `DeviceFatal` once,
-/// and its queue pair `QpFatal` (`EngineFailed`). An engine stopped normally reports nothing.
+/// and its queue pair `QpFatal` (`EngineFailed`). An engine stopped normally reports nothing,
+/// for itself or its queue pair (`EngineStopped` is the application's doing: its
+/// `Disconnected` alone says it).
 #[test]
 fn engine_failure_reports_device_fatal_a_stop_does_not() {
     let _bed = bed_or_skip!();
@@ -211,21 +215,37 @@ fn engine_failure_reports_device_fatal_a_stop_does_not() {
     let (ready_tx, ready_rx) = mpsc::channel::<()>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let peer = testbed::spawn_in_ns(testbed::NS_B, move || -> Result<(), String> {
-        ready_rx.recv_timeout(WAIT).map_err(|_| "no listener")?;
-        let side = Side::new();
-        let conn = datapath::connect(
-            SocketAddr::from((ADDR_A, PORT)),
-            &side.pd,
-            &side.cq,
-            &bed::params(),
-            &[],
-        )
-        .map_err(|e| format!("connect: {e}"))?;
-        let _ = done_rx.recv_timeout(WAIT);
-        drop(conn);
+        // Once to the engine stopped normally, once to the one that fails.
+        for _ in 0..2 {
+            ready_rx.recv_timeout(WAIT).map_err(|_| "no listener")?;
+            let side = Side::new();
+            let conn = datapath::connect(
+                SocketAddr::from((ADDR_A, PORT)),
+                &side.pd,
+                &side.cq,
+                &bed::params(),
+                &[],
+            )
+            .map_err(|e| format!("connect: {e}"))?;
+            let _ = done_rx.recv_timeout(WAIT);
+            drop(conn);
+        }
         Ok(())
     });
     testbed::in_ns(testbed::NS_A, move || {
+        let accept_one = |device: &Device| {
+            let listener = device
+                .listen(SocketAddr::from((ADDR_A, PORT)), bed::params())
+                .expect("listen");
+            let _ = ready_tx.send(());
+            let req = listener
+                .accept_timeout(WAIT)
+                .expect("accept")
+                .expect("a connection request");
+            let side = Side::new();
+            let conn = req.accept(&side.pd, &side.cq, &[]).expect("accept");
+            (side, conn)
+        };
         let quiet_device = Device::open(Transport::Xdp {
             ifname: DEV_A.into(),
             config: Box::default(),
@@ -233,8 +253,13 @@ fn engine_failure_reports_device_fatal_a_stop_does_not() {
         .expect("engine");
         let channel = AsyncEventChannel::new().unwrap();
         quiet_device.notify_async(&channel);
+        let (_side, conn) = accept_one(&quiet_device);
+        conn.qp.notify_async(&channel, 4);
         let _ = quiet_device.close();
-        quiet(&channel, "an engine stopped normally");
+        assert!(conn.qp.wait_finished(WAIT));
+        quiet(&channel, "an engine stopped normally, with its queue pair");
+        let _ = done_tx.send(());
+        drop(conn);
 
         let device = Device::open(Transport::Xdp {
             ifname: DEV_A.into(),
@@ -242,16 +267,7 @@ fn engine_failure_reports_device_fatal_a_stop_does_not() {
         })
         .expect("engine");
         device.notify_async(&channel);
-        let listener = device
-            .listen(SocketAddr::from((ADDR_A, PORT)), bed::params())
-            .expect("listen");
-        let _ = ready_tx.send(());
-        let req = listener
-            .accept_timeout(WAIT)
-            .expect("accept")
-            .expect("a connection request");
-        let side = Side::new();
-        let conn = req.accept(&side.pd, &side.cq, &[]).expect("accept");
+        let (_side, conn) = accept_one(&device);
         conn.qp.notify_async(&channel, 5);
         device.engine().expect("the engine").inject_panic();
         // Every shard fails; the device's event may come before or after the queue pair's

@@ -404,3 +404,62 @@ fn a_request_to_a_wildcard_listener_names_the_address_connected_to() {
     assert_eq!(req.local_addr(), to);
     req.reject(b"").unwrap();
 }
+
+/// No event within a short while.
+fn quiet(ch: &CmEventChannel, what: &str) {
+    if readable(ch.as_raw_fd(), Duration::from_millis(200)) {
+        panic!("{what}: an event: {:?}", ch.get_event());
+    }
+}
+
+/// A connection's end is reported once: `notify_disconnect` on a queue pair whose end
+/// `connect_async`'s hook reported already queues nothing more (it queued a second
+/// `Disconnected` when the end came before the call). `stop_notifications` before a queue
+/// pair is dropped (`rdma_destroy_id`) keeps its end off the channel.
+#[test]
+fn an_end_is_reported_once_and_not_after_notifications_stop() {
+    let (device, server_ch, client_ch, addr, _listening) = listening_on("127.0.0.1:0");
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let accept_one = || {
+        device
+            .connect_async(addr, &pd, &cq, &params(), b"", &client_ch, 7)
+            .unwrap();
+        let CmEvent::ConnectRequest(req) = next(&server_ch, "request") else {
+            panic!("not a connect request");
+        };
+        let server_conn = req.accept(&spd, &scq, b"").unwrap();
+        let CmEvent::Established { connection, .. } = next(&client_ch, "established") else {
+            panic!("not established");
+        };
+        (server_conn, connection)
+    };
+
+    // The server closes at once; the client's end is reported by connect_async's hook.
+    let (server_conn, client_conn) = accept_one();
+    drop(server_conn);
+    assert!(client_conn.qp.wait_finished(WAIT));
+    match next(&client_ch, "the end") {
+        CmEvent::Disconnected { qp_num, .. } => assert_eq!(qp_num, client_conn.qp.num()),
+        other => panic!("{other:?}"),
+    }
+    client_conn.qp.notify_disconnect(&client_ch);
+    quiet(&client_ch, "an end reported already");
+    drop(client_conn);
+    quiet(&client_ch, "a dropped queue pair whose end was reported");
+
+    // Destroyed while running, notifications stopped first: nothing on either channel.
+    let (server_conn, client_conn) = accept_one();
+    server_conn.qp.notify_disconnect(&server_ch);
+    client_conn.qp.stop_notifications();
+    client_conn.qp.notify_disconnect(&client_ch);
+    drop(client_conn);
+    quiet(
+        &client_ch,
+        "a queue pair destroyed after stop_notifications",
+    );
+    match next(&server_ch, "the peer's end") {
+        CmEvent::Disconnected { qp_num, .. } => assert_eq!(qp_num, server_conn.qp.num()),
+        other => panic!("{other:?}"),
+    }
+}

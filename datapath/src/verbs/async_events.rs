@@ -126,19 +126,23 @@ impl QueuePair {
     /// Sends the queue pair's asynchronous events to `channel`, tagged with `context`:
     /// [`AsyncEvent::QpFatal`] if it fails, and for a queue pair fed by a shared
     /// receive queue [`AsyncEvent::QpLastWqeReached`] when it ends (after the other). At once
-    /// if it has ended already (so a call after the end reports again). Independent of
-    /// [`QueuePair::notify_disconnect`]: both may be used. A second call before the end
-    /// replaces the first. The queue pair does not keep the channel alive: once the
-    /// application has dropped every handle of it, nothing is queued.
+    /// if it has ended already, once: a call after the end was reported reports nothing.
+    /// Independent of [`QueuePair::notify_disconnect`]: both may be used. A second call before
+    /// the end replaces the first. The queue pair does not keep the channel alive: once the
+    /// application has dropped every handle of it, nothing is queued. Dropping the queue pair
+    /// ends it, and that end is reported too: [`QueuePair::stop_notifications`] first when it
+    /// is being destroyed.
     pub fn notify_async(&self, channel: &AsyncEventChannel, context: u64) {
         let channel = channel.downgrade();
         let (qp_num, srq) = (self.num(), self.attr().srq);
         self.shared().set_on_finish_async(Box::new(move |error| {
             // The peer's graceful close (a FIN) is the connection manager's `Disconnected`
-            // alone, as `rdma_disconnect` at the peer is in verbs. Our own `disconnect` and
-            // `abort` record no error (nor does a normal stop of the engine): only what failed
-            // first, before or after them, is reported.
-            if let Some(error) = error.filter(|e| *e != QpError::PeerClosed) {
+            // alone, as `rdma_disconnect` at the peer is in verbs; so is the engine's stop
+            // (the application's `Device::close`, or its last handle dropped). Our own
+            // `disconnect` and `abort` record no error: only what failed first, before or
+            // after them, is reported.
+            let reported = |e: &QpError| !matches!(e, QpError::PeerClosed | QpError::EngineStopped);
+            if let Some(error) = error.filter(reported) {
                 channel.push(AsyncEvent::QpFatal {
                     qp_num,
                     context,

@@ -316,8 +316,12 @@ impl Listener {
 
 impl QueuePair {
     /// Queues [`CmEvent::Disconnected`] on `channel` when the connection ends (at once if it
-    /// has ended already). The queue pair does not keep the channel alive: once the
-    /// application has dropped every handle of it, the event is not queued.
+    /// has ended already), once: replaces the hook of an earlier call (or of
+    /// [`crate::Device::connect_async`]) before the end, and reports nothing if the end was
+    /// reported already. The queue pair does not keep the channel alive: once the
+    /// application has dropped every handle of it, the event is not queued. Dropping the
+    /// queue pair ends it, and that end is reported too: [`QueuePair::stop_notifications`]
+    /// first when it is being destroyed (`rdma_destroy_id`).
     pub fn notify_disconnect(&self, channel: &CmEventChannel) {
         let channel = channel.downgrade();
         let qp_num = self.num();

@@ -72,10 +72,10 @@ pub(crate) struct Shared {
     pub(crate) status: Mutex<QpStatus>,
     /// Called once when the transport has finished with the connection (a connection-manager
     /// event channel's `Disconnected`), with the cause.
-    on_finish: Mutex<Option<FinishHook>>,
+    on_finish: Mutex<FinishSlot>,
     /// The same for an asynchronous event channel (`ibv_get_async_event`), beside the
     /// connection manager's.
-    on_finish_async: Mutex<Option<FinishHook>>,
+    on_finish_async: Mutex<FinishSlot>,
     /// The gate of the command channel: the number of posts under way, and [`POSTS_STOPPED`]
     /// once the transport has stopped taking work requests. A post either sees the stop (and
     /// is refused, or flushed by the handle once the queue pair has finished in Error), or is
@@ -228,6 +228,27 @@ fn reserve(posted: &AtomicU64, retired: &AtomicU64, depth: usize) -> bool {
 /// What [`Shared::set_on_finish`] calls.
 pub(crate) type FinishHook = Box<dyn FnOnce(Option<QpError>) + Send>;
 
+/// A hook for the connection's end, and whether one ran (or notifications were stopped): the
+/// end is reported once, however many hooks were set (one set after the end runs at once,
+/// unless one ran already).
+#[derive(Default)]
+struct FinishSlot {
+    hook: Option<FinishHook>,
+    ran: bool,
+}
+
+impl FinishSlot {
+    /// The hook to run now for the end (at most one over the slot's life).
+    fn take_for_the_end(&mut self, hook: Option<FinishHook>) -> Option<FinishHook> {
+        if self.ran {
+            return None;
+        }
+        let hook = hook.or_else(|| self.hook.take());
+        self.ran = hook.is_some();
+        hook
+    }
+}
+
 impl Shared {
     pub(crate) fn new(state: QpState) -> Arc<Shared> {
         Arc::new(Shared {
@@ -238,8 +259,8 @@ impl Shared {
                 sent_terminate: None,
                 finished: false,
             }),
-            on_finish: Mutex::new(None),
-            on_finish_async: Mutex::new(None),
+            on_finish: Mutex::new(FinishSlot::default()),
+            on_finish_async: Mutex::new(FinishSlot::default()),
             posts: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
             reset: AtomicBool::new(false),
@@ -422,17 +443,33 @@ impl Shared {
         self.set_finish_hook(&self.on_finish_async, hook);
     }
 
-    fn set_finish_hook(&self, slot: &Mutex<Option<FinishHook>>, hook: FinishHook) {
-        let done = {
+    /// Drops both end hooks, and those set later ([`QueuePair::stop_notifications`]).
+    fn stop_finish_hooks(&self) {
+        for slot in [&self.on_finish, &self.on_finish_async] {
+            let hook = {
+                let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+                slot.ran = true;
+                slot.hook.take()
+            };
+            // Dropped outside the lock: a hook holds channels only weakly, but drops nothing
+            // that could come back here.
+            drop(hook);
+        }
+    }
+
+    /// Sets the hook of `slot`, or runs it at once if the connection has ended, unless a hook
+    /// of the slot ran for the end already (then it is dropped: one end is reported once).
+    fn set_finish_hook(&self, slot: &Mutex<FinishSlot>, hook: FinishHook) {
+        let (hook, error) = {
             let st = self.lock();
-            if st.finished {
-                Some(st.error.clone())
-            } else {
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+            let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.finished {
+                slot.hook = Some(hook);
                 return;
             }
+            (slot.take_for_the_end(Some(hook)), st.error.clone())
         };
-        if let Some(error) = done {
+        if let Some(hook) = hook {
             hook(error);
         }
     }
@@ -470,7 +507,10 @@ impl Shared {
             st.error.clone()
         };
         for slot in [&self.on_finish, &self.on_finish_async] {
-            let hook = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let hook = slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take_for_the_end(None);
             if let Some(hook) = hook {
                 hook(error.clone());
             }
@@ -949,6 +989,16 @@ impl QueuePair {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Ends the queue pair's event notifications: neither
+    /// [`QueuePair::notify_disconnect`]'s `Disconnected` nor
+    /// [`QueuePair::notify_async`]'s events are queued from now on, nor by a later call of
+    /// either. For a queue pair about to be destroyed (`rdma_destroy_id`, `ibv_destroy_qp`):
+    /// dropping it ends the connection, and the end would otherwise be reported after it,
+    /// naming an object the application has freed. Events queued already stay queued.
+    pub fn stop_notifications(&self) {
+        self.path.shared.stop_finish_hooks();
     }
 
     /// Waits until the transport has finished with the queue pair ([`QpStatus::finished`]) or
