@@ -396,14 +396,17 @@ QEMU_PID=""
 BED_UP=0
 CHAN_IN=""
 CHAN_OUT=""
-SEQ=0
-CHILD_PIDS=()
 
 cleanup() {
   local rc=$?
   set +e
-  for p in "${CHILD_PIDS[@]}"; do
-    kill "$p" 2>/dev/null
+  # Only background jobs still running: a PID waited for already may belong to another
+  # process by now. Each runs under `timeout`, which leads a process group of its own with
+  # what it started: the group goes whole.
+  local p
+  for p in $(jobs -pr); do
+    [ "$p" = "$QEMU_PID" ] && continue
+    kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null
   done
   if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
     kill "$QEMU_PID" 2>/dev/null
@@ -411,7 +414,8 @@ cleanup() {
       kill -0 "$QEMU_PID" 2>/dev/null || break
       sleep 0.2
     done
-    kill -9 "$QEMU_PID" 2>/dev/null
+    # qemu itself, not only the `timeout` above it.
+    kill -9 -- "-$QEMU_PID" 2>/dev/null || kill -9 "$QEMU_PID" 2>/dev/null
   fi
   [ -n "$CHAN_IN" ] && exec {CHAN_IN}>&-
   [ -n "$CHAN_OUT" ] && exec {CHAN_OUT}<&-
@@ -533,8 +537,10 @@ boot_with() {
 # is ours (124 when it ran out of time, 125 when the channel said nothing in time).
 guest() {
   local t=$1 cmd=$2 id line rc=125 started=0
-  SEQ=$((SEQ + 1))
-  id=$SEQ
+  # Unique without a counter (callers that capture the output run this in a subshell, whose
+  # counter would not count): an id repeated would let a late answer pass for the next
+  # one's. Digits only, as the guest's loop takes (the microseconds, then the shell's PID).
+  id=${EPOCHREALTIME//[!0-9]/}$BASHPID
   printf '%s %s %s\n' "$id" "$t" "$cmd" >&"$CHAN_IN"
   local deadline=$((SECONDS + t + 15))
   while [ $SECONDS -lt $deadline ]; do
@@ -668,7 +674,6 @@ cap_start() { # cap_start NAME
   ip netns exec "$NS_A" timeout 300 tcpdump -i iwa0 --immediate-mode -U -n -s 0 \
     -w "$OUT/$1.pcap" "tcp port ${CAP_PORT:-7174}" 2>"$OUT/$1.tcpdump.log" &
   CAP_PID=$!
-  CHILD_PIDS+=("$CAP_PID")
   local _
   for _ in $(seq 1 50); do
     grep -q listening "$OUT/$1.tcpdump.log" 2>/dev/null && return 0
@@ -745,7 +750,6 @@ case_siw_client() { # NAME SIZE COUNT CRC(on|off) EXPECT_CRC(on|off) [EXTRA our 
   ip netns exec "$NS_A" timeout 120 "$BENCH" rping -s -a "$ADDR_A" -C "$count" --crc "$crc" \
     --timeout 60 "$@" "${ENGINE_PCAP[@]}" >"$slog" 2>&1 &
   local spid=$!
-  CHILD_PIDS+=("$spid")
   wait_listening "$slog" "$spid"
   local rc=0 out
   # stdout and stderr apart: rping's buffered stdout would be cut by its stderr lines.
@@ -876,7 +880,6 @@ case_pt_siw_client() { # NAME TEST SIZE ITERS [EXTRA our args]
     -p "$PT_PORT" --bind "$ADDR_A" --timeout 90 --step-timeout 60 "${extra[@]}" "${ENGINE_PCAP[@]}" \
     >"$slog" 2>&1 &
   local spid=$!
-  CHILD_PIDS+=("$spid")
   wait_listening "$slog" "$spid"
   local rc=0 out
   # shellcheck disable=SC2086 # PT_FLAGS: several words
@@ -1181,7 +1184,6 @@ bench_pair() {
   ip netns exec "$NS_A" timeout 300 "$BENCH" perftest "$test" -s "$size" -n "$n" -p "$PT_PORT" \
     --bind "$ADDR_A" "${xdp[@]}" --timeout 60 --step-timeout 60 >"$slog" 2>&1 &
   local spid=$! grow orow out rc=0
-  CHILD_PIDS+=("$spid")
   wait_listening "$slog" "$spid"
   out=$(guest 280 "$tool -R -p $PT_PORT -s $size -n $n $ADDR_A 2>&1") || rc=$?
   printf '%s\n' "$out" >"$OUT/bench-$test-$tr-siw-client.guest.log"
@@ -1232,7 +1234,6 @@ bench_self() { # TEST SIZE N TRANSPORT
   ip netns exec "$NS_A" timeout 300 "$BENCH" "$test" -s "$size" -n "$n" "${xdp[@]}" \
     >"$OUT/bench-self-$test-$tr.server.log" 2>&1 &
   local spid=$!
-  CHILD_PIDS+=("$spid")
   wait_listening "$OUT/bench-self-$test-$tr.server.log" "$spid"
   ip netns exec "$NS_B" timeout 300 "$BENCH" "$test" -s "$size" -n "$n" "$ADDR_A" \
     >"$OUT/bench-self-$test-$tr.client.log" 2>&1 || rc=$?
