@@ -37,8 +37,12 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// A loss was detected by duplicate ACKs, SACK or RACK (once per window
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
-    /// The retransmission timer expired (RFC 5681 3.1 eq. 4, RFC 8312 4.7).
-    fn on_retransmission_timeout(&mut self, now: Instant, flight_size: u64, smss: u32);
+    /// The retransmission timer expired (RFC 5681 3.1 eq. 4, RFC 8312 4.7): the window falls
+    /// to one segment. `first`: the first expiry of a series, outside a recovery that reduced
+    /// the window already; only then is ssthresh set (and the state before it kept for
+    /// [`Self::undo`]): on later ones "the value of ssthresh is held constant" (RFC 5681 3.1),
+    /// as Linux's `tcp_enter_loss`.
+    fn on_retransmission_timeout(&mut self, now: Instant, flight_size: u64, smss: u32, first: bool);
     /// The last reduction ([`Self::on_congestion_event`] or
     /// [`Self::on_retransmission_timeout`]) was found spurious (the
     /// retransmissions were unnecessary: RFC 3708 D-SACK, RFC 3522 Eifel):
@@ -159,9 +163,17 @@ impl CongestionControl for NewReno {
         self.cwnd = self.ssthresh;
         self.bytes_acked = 0;
     }
-    fn on_retransmission_timeout(&mut self, _now: Instant, flight_size: u64, smss: u32) {
-        self.prior = Some((self.cwnd, self.ssthresh));
-        self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
+    fn on_retransmission_timeout(
+        &mut self,
+        _now: Instant,
+        flight_size: u64,
+        smss: u32,
+        first: bool,
+    ) {
+        if first {
+            self.prior = Some((self.cwnd, self.ssthresh));
+            self.ssthresh = (flight_size / 2).max(2 * u64::from(smss));
+        }
         self.cwnd = u64::from(smss);
         self.bytes_acked = 0;
     }
@@ -329,8 +341,20 @@ impl CongestionControl for Cubic {
         self.reduce(smss);
         self.cwnd = self.ssthresh;
     }
-    fn on_retransmission_timeout(&mut self, _now: Instant, _flight_size: u64, smss: u32) {
-        self.reduce(smss);
+    fn on_retransmission_timeout(
+        &mut self,
+        _now: Instant,
+        _flight_size: u64,
+        smss: u32,
+        first: bool,
+    ) {
+        if first {
+            self.reduce(smss);
+        } else {
+            // The window starts again from one segment: a new epoch.
+            self.epoch_start = None;
+            self.cwnd_frac = 0.0;
+        }
         self.cwnd = u64::from(smss);
     }
     fn undo(&mut self) {
@@ -361,7 +385,7 @@ mod tests {
         // Congestion avoidance: one SMSS per cwnd of acknowledged data.
         c.on_ack(Instant::ZERO, 8030, 1460, None);
         assert_eq!(c.cwnd(), 8030 + 1460);
-        c.on_retransmission_timeout(Instant::ZERO, 9490, 1460);
+        c.on_retransmission_timeout(Instant::ZERO, 9490, 1460, true);
         assert_eq!(c.cwnd(), 1460);
         assert_eq!(c.ssthresh(), 4745);
         // The timeout was spurious: back to the window before it.
@@ -384,7 +408,7 @@ mod tests {
         // Never past ssthresh in one step (RFC 5681 3.1).
         let mut c = NewReno::new(10_000);
         c.on_congestion_event(Instant::ZERO, 30_000, smss);
-        c.on_retransmission_timeout(Instant::ZERO, 30_000, smss);
+        c.on_retransmission_timeout(Instant::ZERO, 30_000, smss, true);
         assert_eq!((c.cwnd(), c.ssthresh()), (1_000, 15_000));
         c.on_ack(Instant::ZERO, 20_000, smss, None);
         assert_eq!(c.cwnd(), 15_000);

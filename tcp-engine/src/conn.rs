@@ -1871,14 +1871,22 @@ impl Connection {
         // RFC 6298 5.4-5.6 and RFC 5681 3.1: loss window, everything
         // outstanding (not SACKed) is to be resent, slow start again.
         let flight = self.snd_max() - self.snd_una;
-        if self.rto_recover.is_none() {
+        // Only the first timeout of a series, outside a fast recovery that reduced the window
+        // already, sets ssthresh (RFC 5681 3.1: later ones hold it). Before, each reduced
+        // again: two timeouts in a row left CUBIC 2 segments of ssthresh, and undo restored
+        // the state after the first.
+        let first = self.rto_recover.is_none() && self.fast_recovery.is_none();
+        if first {
             // First timeout of a series: its retransmission's TSval decides
             // whether it was spurious (RFC 3522 3.2), and D-SACK may undo it.
+            // (In a fast recovery, the recovery's episode goes on: an undo
+            // restores the window from before the recovery only once every
+            // retransmission since was found unnecessary.)
             self.eifel_tsval = self.ts_enabled.then(|| self.tsval(now));
             self.begin_undo_episode();
         }
         self.cc
-            .on_retransmission_timeout(now, flight, u32::from(self.emss));
+            .on_retransmission_timeout(now, flight, u32::from(self.emss), first);
         // A SACKed segment at the cumulative point when the timer fires: the peer discarded
         // what it SACKed (RFC 2018 section 8: after a timeout the sender SHOULD turn off its
         // SACKed bits), or it would have acknowledged it. Everything goes again.
@@ -2061,10 +2069,12 @@ impl Connection {
             _ => base,
         };
         let pto = pto.max(Duration::from_micros(10));
+        // RFC 8985 7.2: a probe that would come after the RTO goes at the RTO's time instead
+        // (and takes its place: `on_tlp_timeout` arms the RTO again). Dropped, as it was, a
+        // path whose SRTT is above half the RTO floor never probed: PTO (at least 2 SRTT, or
+        // SRTT + 4 RTTVAR) is the RTO there, and every lost tail was a timeout.
         let deadline = now + pto;
-        if self.rto_deadline.is_none_or(|r| deadline < r) {
-            self.tlp_deadline = Some(deadline);
-        }
+        self.tlp_deadline = Some(self.rto_deadline.map_or(deadline, |r| deadline.min(r)));
     }
 
     // ------------------------------------------------------------------

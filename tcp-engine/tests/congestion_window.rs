@@ -146,3 +146,67 @@ fn cubic_advances_for_a_sender_that_empties_its_flight_every_round() {
         "the window grew by {grown} segments over 20 rounds from {after_loss}"
     );
 }
+
+/// 40 segments out (an initial window of 40), then two retransmission timeouts in a row
+/// (a loss probe may go first): the connection, the time and the first flight.
+fn two_timeouts(
+    congestion: tcp_engine::CongestionAlgorithm,
+) -> (Connection, Instant, Vec<(u32, u32)>) {
+    let (mut conn, mut now) = driven_client(Config {
+        congestion,
+        initial_window_segments: 40,
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    assert_eq!(conn.send(&vec![1u8; 40 * mss]), Ok(40 * mss));
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), 40);
+    for n in 1..=2 {
+        let mut steps = 0;
+        while conn.stats().rto_expirations < n {
+            steps += 1;
+            assert!(steps < 100_000, "no timeout {n} in 10 s");
+            now += Duration::from_micros(100);
+            conn.handle_timeout(now);
+            sent_now(&mut conn, now);
+        }
+    }
+    (conn, now, sent)
+}
+
+/// A second timeout of a series holds ssthresh (RFC 5681 3.1): once everything arrives, slow
+/// start climbs back to the first timeout's threshold (CUBIC: 0.7 of 40 segments). Each
+/// timeout reduced it again: CUBIC's fell to 2 segments.
+#[test]
+fn a_second_timeout_in_a_row_holds_ssthresh() {
+    let (mut conn, now, _) = two_timeouts(tcp_engine::CongestionAlgorithm::Cubic);
+    let mss = u64::from(conn.emss());
+    let nxt = conn.snd_nxt();
+    peer_ack(&mut conn, now, nxt, &[]);
+    assert!(
+        conn.cwnd() >= 28 * mss,
+        "cwnd {} segments",
+        conn.cwnd() / mss
+    );
+}
+
+/// Two timeouts in a row found unnecessary by D-SACK (RFC 3708): the undo restores the
+/// window from before the first (it restored the state after the first: half of it).
+#[test]
+fn an_undo_after_two_timeouts_restores_the_window_from_before_them() {
+    let (mut conn, now, sent) = two_timeouts(tcp_engine::CongestionAlgorithm::NewReno);
+    let mss = u64::from(conn.emss());
+    let nxt = conn.snd_nxt();
+    let d = [tcp_engine::wire::SackBlock {
+        left: sent[0].0,
+        right: sent[0].1,
+    }];
+    peer_ack(&mut conn, now, nxt, &d);
+    peer_ack(&mut conn, now, nxt, &d);
+    assert_eq!(conn.stats().dsack_undos, 1);
+    assert!(
+        conn.cwnd() >= 40 * mss,
+        "cwnd {} segments",
+        conn.cwnd() / mss
+    );
+}

@@ -97,9 +97,10 @@ fn late_acks_on_a_lossless_path_cause_no_retransmission() {
     }
 }
 
-/// ACK stalls longer than the RTO (up to 12 ms) on a lossless path: the
-/// timeouts fire, but each is found spurious by its timestamps (Eifel,
-/// RFC 3522) and undone: one segment resent per timeout, no go-back-N.
+/// ACK stalls longer than the RTO (up to 20 ms) on a lossless path: a loss
+/// probe goes at the RTO's time (RFC 8985 7.2) and the timeouts fire after it,
+/// but each is found spurious by its timestamps (Eifel, RFC 3522) and undone:
+/// one segment resent per timeout or probe, no go-back-N.
 #[test]
 fn spurious_timeouts_are_detected_and_undone() {
     let data = LinkConfig {
@@ -109,11 +110,11 @@ fn spurious_timeouts_are_detected_and_undone() {
     };
     let acks = LinkConfig {
         stall: 0.003,
-        stall_max: Duration::from_millis(12),
+        stall_max: Duration::from_millis(20),
         ..data.clone()
     };
-    let r = mpa_run(14, 8 * MIB, data, acks);
-    show("lossless, ACK stalls up to 12 ms", &r);
+    let r = mpa_run(14, 32 * MIB, data, acks);
+    show("lossless, ACK stalls up to 20 ms", &r);
     let c = &r.client;
     assert!(
         c.rto_expirations > 0,
@@ -180,4 +181,38 @@ fn queue_overflow_recovery_does_not_overfill() {
         );
         assert!(l.queue_drops * 6 < l.offered, "{cc:?}: {l:?}");
     }
+}
+
+/// A lost tail segment on a path of 20 ms round trips is probed (RFC 8985 7.2: at the RTO's
+/// time if the probe's own would come later), not left to the timeout. The probe was
+/// dropped whenever it would come after the RTO, which on any path whose SRTT is above half
+/// the 5 ms RTO floor is always: every lost tail there was a timeout, its window collapsed.
+#[test]
+fn a_tail_loss_on_a_20ms_path_is_probed_before_the_timeout() {
+    let (mut conn, mut now) = driven_client(Config::default());
+    let mss = usize::from(conn.emss());
+    for _ in 0..30 {
+        conn.send(&vec![1u8; mss]).expect("send");
+        sent_now(&mut conn, now);
+        now += Duration::from_millis(20);
+        let nxt = conn.snd_nxt();
+        peer_ack(&mut conn, now, nxt, &[]);
+    }
+    conn.send(&vec![1u8; 10 * mss]).expect("send");
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), 10);
+    now += Duration::from_millis(20);
+    // Everything but the last segment arrived.
+    peer_ack(&mut conn, now, sent[9].0, &[]);
+    let (rto, tlp) = (conn.stats().rto_expirations, conn.stats().tlp_probes);
+    let mut steps = 0;
+    while conn.stats().rto_expirations == rto && conn.stats().tlp_probes == tlp {
+        steps += 1;
+        assert!(steps < 20_000, "neither a probe nor a timeout in 2 s");
+        now += Duration::from_micros(100);
+        conn.handle_timeout(now);
+        sent_now(&mut conn, now);
+    }
+    assert_eq!(conn.stats().tlp_probes, tlp + 1, "a probe first");
+    assert_eq!(conn.stats().rto_expirations, rto, "no timeout");
 }
