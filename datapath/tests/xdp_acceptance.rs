@@ -684,6 +684,29 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
         Err(e) => panic!("{} client: {e}, want a reject", client.name()),
         Ok(_) => panic!("{} client: connected, want a reject", client.name()),
     }
+    // A request dropped unanswered is rejected, without private data (as iw_cm does for an
+    // id destroyed with a connect request): the initiator hears of it at once. It waited for
+    // the accept timeout before, and the engine held the connection that long.
+    let res = std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let req = listener
+                .accept_timeout(WAIT)
+                .expect("accept")
+                .expect("no request in time");
+            drop(req);
+        });
+        let res = client.connect(addr, &pd, &cq, &p, b"anyone?");
+        srv.join().expect("dropping thread");
+        res
+    });
+    match res {
+        Err(DatapathError::Rejected { private_data, .. }) => assert!(private_data.is_empty()),
+        Err(e) => panic!(
+            "{} client: {e}, want a reject of the dropped request",
+            client.name()
+        ),
+        Ok(_) => panic!("{} client: connected to a dropped request", client.name()),
+    }
     // The same listener serves the next request.
     let (spd, scq) = (ProtectionDomain::new(), CompletionQueue::new());
     let buf = spd.register(4096, ALL).unwrap();

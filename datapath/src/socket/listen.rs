@@ -765,4 +765,18 @@ impl PendingProvider for SocketPending {
         }
         Ok(())
     }
+
+    fn abandon(self: Box<Self>, _params: &ConnectParams) {
+        // Without waiting (the drop may be on any thread): the stream stays non-blocking,
+        // and a Reply of a few dozen octets fits a fresh connection's send buffer.
+        let Some(mut stream) = take(&self.stream) else {
+            return;
+        };
+        if let Answer::Mpa(mut responder) = self.answer {
+            if let Ok(reply) = responder.reject(&[]) {
+                let _ = stream.write_all(&reply);
+            }
+        }
+        let _ = stream.shutdown(Shutdown::Write);
+    }
 }

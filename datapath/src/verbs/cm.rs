@@ -445,6 +445,10 @@ pub(crate) trait PendingProvider: Send {
         private_data: &[u8],
         params: &ConnectParams,
     ) -> Result<(), DatapathError>;
+    /// The application dropped the request unanswered: rejects it (R=1, no private data; IFT:
+    /// the connection closes) without waiting for anything, as the kernel's iWARP connection
+    /// manager does for an id destroyed in that state (`iw_cm`'s `destroy_cm_id`).
+    fn abandon(self: Box<Self>, params: &ConnectParams);
 }
 
 /// A listener that accepts MPA connections (the rdma_cm `listen` step): a kernel TCP listening
@@ -512,7 +516,9 @@ impl Listener {
 /// A connection request that has sent a valid MPA Request (or IFT adaption indication);
 /// accept or reject it.
 pub struct ConnectRequest {
-    inner: Box<dyn PendingProvider>,
+    /// The transport's side of it; taken by the answer, else by the drop
+    /// ([`PendingProvider::abandon`]).
+    inner: Option<Box<dyn PendingProvider>>,
     /// The MPA Request; `None` with IFT framing.
     info: Option<RequestInfo>,
     peer: SocketAddr,
@@ -561,7 +567,7 @@ impl ConnectRequest {
         params: ConnectParams,
     ) -> Self {
         Self {
-            inner,
+            inner: Some(inner),
             info,
             peer,
             local,
@@ -569,6 +575,12 @@ impl ConnectRequest {
             context: 0,
             backlog_place: None,
         }
+    }
+
+    /// The transport's side, for the answer. Present until an answer or the drop takes it:
+    /// every answer takes `self`.
+    fn take_inner(&mut self) -> Result<Box<dyn PendingProvider>, DatapathError> {
+        self.inner.take().ok_or(DatapathError::Disconnected)
     }
 
     /// The request as it comes from a listener whose context is `context`, holding `place`
@@ -740,8 +752,9 @@ impl ConnectRequest {
         if let Err(e) = refused {
             // Depths or IRD/ORD out of bounds (set on the request, or the listener's),
             // receives that cannot be posted, private data IFT cannot carry. The request is
-            // spent: the peer hears of the refusal now rather than at its setup timeout.
-            let _ = self.inner.reject(&[], &self.params);
+            // spent: the peer hears of the refusal now rather than at its setup timeout (the
+            // drop rejects it).
+            drop(self);
             return Err(e);
         }
         Ok(self)
@@ -750,23 +763,40 @@ impl ConnectRequest {
     /// Accepts after [`ConnectRequest::check_accept`] passed: the Reply sent, the queue pair
     /// running.
     pub(crate) fn finish_accept(
-        self,
+        mut self,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
         private_data: &[u8],
         start: QpStart,
     ) -> Result<Connection, DatapathError> {
         let qp = self
-            .inner
+            .take_inner()?
             .accept(pd, cq, private_data, start, &self.params)?;
         Ok(Connection {
             qp,
-            private_data: self.info.map(|i| i.private_data).unwrap_or_default(),
+            private_data: self.info.take().map(|i| i.private_data).unwrap_or_default(),
         })
     }
 
-    /// Rejects with private data (MPA Reply with R=1), then closes the connection.
-    pub fn reject(self, private_data: &[u8]) -> Result<(), DatapathError> {
-        self.inner.reject(private_data, &self.params)
+    /// Rejects with private data (MPA Reply with R=1), then closes the connection. Private
+    /// data MPA cannot carry (over 512 octets with RFC 6581's block) fails with
+    /// [`DatapathError::Mpa`], and the Request is rejected without it.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), DatapathError> {
+        if let Some(request) = &self.info {
+            // Checked before the request is spent: refused, the drop rejects it bare.
+            mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?;
+        }
+        self.take_inner()?.reject(private_data, &self.params)
+    }
+}
+
+/// A request dropped unanswered is rejected (R=1, no private data), so that its initiator
+/// hears of it at once and the connection does not linger until the accept timeout (as
+/// `rdma_destroy_id` of an id with a connect request: iw_cm rejects it).
+impl Drop for ConnectRequest {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            inner.abandon(&self.params);
+        }
     }
 }

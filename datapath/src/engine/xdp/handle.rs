@@ -114,7 +114,8 @@ impl ListenProvider for XdpListen {
 }
 
 /// A connection of the engine whose MPA Request waits for the application (behind
-/// [`ConnectRequest`]). Dropped without an answer, the responder's MPA timeout ends it.
+/// [`ConnectRequest`]). Dropped without an answer, it is rejected
+/// ([`PendingProvider::abandon`]).
 struct PendingRequest {
     id: ConnId,
     handle: Handle,
@@ -159,5 +160,15 @@ impl PendingProvider for PendingRequest {
         };
         self.handle
             .call(cmd, rx, params.setup_timeout, "rejecting the MPA Request")
+    }
+
+    fn abandon(self: Box<Self>, _params: &ConnectParams) {
+        // Nobody waits for the engine's answer: its reply finds the receiver gone.
+        let (tx, _rx) = crossbeam_channel::bounded(1);
+        let _ = self.handle.send(EngineCmd::Reject {
+            id: self.id,
+            private_data: Vec::new(),
+            reply: tx,
+        });
     }
 }
