@@ -10,7 +10,7 @@ use crate::memory::ProtectionDomain;
 use crate::socket;
 use crate::verbs::async_events::{AsyncEvent, AsyncEventChannel};
 use crate::verbs::cm::{
-    check_initial_recvs, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
+    check_connect, ConnectParams, Connection, Listener, MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR,
 };
 use crate::verbs::cm_events::{push_outcome, CmEvent, CmEventChannel, ConnectAttempt};
 use crate::verbs::cq::CompletionQueue;
@@ -433,16 +433,13 @@ impl Device {
             Some(e) => e.start_connect(addr, &pd, &cq, &params, private_data, start),
             // Refused here, as by the synchronous connect and the engine, rather than as an
             // event.
-            None => params
-                .check()
-                .and_then(|()| check_initial_recvs(&params, &pd, &start.recvs))
-                .map(|()| {
-                    let private_data = private_data.to_vec();
-                    let wait: PendingConnect = Box::new(move || {
-                        socket::connect_start(addr, &pd, &cq, &params, &private_data, start)
-                    });
-                    wait
-                }),
+            None => check_connect(&params, &pd, private_data, &start.recvs).map(|()| {
+                let private_data = private_data.to_vec();
+                let wait: PendingConnect = Box::new(move || {
+                    socket::connect_start(addr, &pd, &cq, &params, &private_data, start)
+                });
+                wait
+            }),
         };
         let wait = match started {
             Ok(wait) => wait,

@@ -463,3 +463,38 @@ fn an_end_is_reported_once_and_not_after_notifications_stop() {
         other => panic!("{other:?}"),
     }
 }
+
+/// What a connect would only fail later (as an event, or once the peer accepted: the socket
+/// transport attached a shared receive queue after the MPA exchange) is refused at the call,
+/// as `rdma_connect` returns `EINVAL`: private data MPA cannot carry, a shared receive queue
+/// of another protection domain. Nothing reaches the listener.
+#[test]
+fn a_connect_with_arguments_it_cannot_use_fails_at_the_call() {
+    let (device, server_ch, client_ch, addr, _listening) = listening_on("127.0.0.1:0");
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let refused = device.connect_async(addr, &pd, &cq, &params(), &[0u8; 600], &client_ch, 1);
+    assert!(
+        matches!(refused, Err(DatapathError::Mpa(_))),
+        "{:?}",
+        refused.err()
+    );
+    let foreign = datapath::SharedReceiveQueue::new(&ProtectionDomain::new(), 4).unwrap();
+    let with_srq = ConnectParams {
+        srq: Some(foreign),
+        ..params()
+    };
+    let refused = device.connect(addr, &pd, &cq, &with_srq, b"");
+    assert!(
+        matches!(refused, Err(DatapathError::InvalidArgument(_))),
+        "{:?}",
+        refused.err()
+    );
+    let refused = device.connect_async(addr, &pd, &cq, &with_srq, b"", &client_ch, 2);
+    assert!(
+        matches!(refused, Err(DatapathError::InvalidArgument(_))),
+        "{:?}",
+        refused.err()
+    );
+    quiet(&client_ch, "refused connects");
+    quiet(&server_ch, "refused connects");
+}

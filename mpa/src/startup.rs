@@ -361,13 +361,11 @@ pub struct Initiator {
 }
 
 impl Initiator {
-    /// Builds the Request for `config` with the ULP's `private_data` (at most 512 octets, 508
-    /// with Rev 2). The startup must finish by `now + config.timeout`.
-    pub fn new(
-        config: MpaConfig,
-        private_data: &[u8],
-        now: Instant,
-    ) -> Result<Initiator, MpaError> {
+    /// What [`Initiator::new`] refuses, without building anything: a configuration that does
+    /// not validate, peer-to-peer negotiation without Rev 2 or without an RTR kind (RFC 6581
+    /// 9), private data MPA cannot carry (7.1: 512 octets, 508 with the RFC 6581 block). For a
+    /// caller that refuses a connect before it opens a connection.
+    pub fn check(config: &MpaConfig, private_data: &[u8]) -> Result<(), MpaError> {
         config.validate()?;
         let enhanced = config.rev >= 2;
         if config.peer_to_peer && config.supported_rtr().preferred().is_none() {
@@ -378,7 +376,18 @@ impl Initiator {
         if config.peer_to_peer && !enhanced {
             return Err(MpaError::Local("peer-to-peer negotiation needs Rev 2"));
         }
-        check_private_data_to_send(private_data, enhanced)?;
+        check_private_data_to_send(private_data, enhanced)
+    }
+
+    /// Builds the Request for `config` with the ULP's `private_data` (at most 512 octets, 508
+    /// with Rev 2). The startup must finish by `now + config.timeout`.
+    pub fn new(
+        config: MpaConfig,
+        private_data: &[u8],
+        now: Instant,
+    ) -> Result<Initiator, MpaError> {
+        Self::check(&config, private_data)?;
+        let enhanced = config.rev >= 2;
         let params = enhanced.then(|| {
             let mut params = EnhancedParams {
                 ird: config.ird,

@@ -21,7 +21,7 @@ use mpa::{InitiatorEvent, MpaError};
 use rdmap::RecvWr;
 
 use crate::memory::ProtectionDomain;
-use crate::verbs::cm::{check_initial_recvs, with_fresh_vtag, ConnectParams, Connection, Framing};
+use crate::verbs::cm::{check_connect, with_fresh_vtag, ConnectParams, Connection, Framing};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::Agreed;
 use crate::verbs::qp::QpStart;
@@ -61,9 +61,9 @@ pub(crate) fn connect_start(
     private_data: &[u8],
     start: QpStart,
 ) -> Result<Connection, DatapathError> {
-    params.check()?;
-    // They are posted once the connection is up: a refusal must come before the peer has one.
-    check_initial_recvs(params, pd, &start.recvs)?;
+    // Everything refusable, before the peer has a connection: the receives are posted once
+    // the connection is up, the shared receive queue attached after the MPA exchange.
+    check_connect(params, pd, private_data, &start.recvs)?;
     if let Framing::Ift(cfg) = &params.framing {
         return connect_ift(addr, pd, cq, params, cfg, private_data, start);
     }

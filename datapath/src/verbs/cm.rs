@@ -34,6 +34,35 @@ pub const MAX_QP_WR: usize = 1 << 20;
 /// only cost memory.
 pub const MAX_IRD_ORD: u16 = mpa::wire::IRD_ORD_NO_NEGOTIATION;
 
+/// Everything a connect refuses before it opens a connection, so that it fails at the call
+/// (`rdma_connect`'s `EINVAL`) on either transport, never as an event or once the peer has
+/// accepted: the parameters ([`ConnectParams::check`]), the receives to post
+/// ([`check_initial_recvs`]), a shared receive queue of another protection domain, the MPA
+/// configuration and private data (over 512 octets, 508 with RFC 6581's block:
+/// [`DatapathError::Mpa`]), private data with IFT framing (none is carried).
+pub(crate) fn check_connect(
+    params: &ConnectParams,
+    pd: &ProtectionDomain,
+    private_data: &[u8],
+    recvs: &[RecvWr],
+) -> Result<(), DatapathError> {
+    params.check()?;
+    check_initial_recvs(params, pd, recvs)?;
+    if let Some(srq) = &params.srq {
+        srq.check_pd(pd.id)?;
+    }
+    match &params.framing {
+        Framing::Mpa => mpa::Initiator::check(&params.mpa, private_data)?,
+        Framing::Ift(_) if !private_data.is_empty() => {
+            return Err(DatapathError::InvalidArgument(
+                "IFT framing carries no private data",
+            ));
+        }
+        Framing::Ift(_) => {}
+    }
+    Ok(())
+}
+
 /// Checks `recvs` as [`post_initial_recvs`] will post them into a queue pair of `params` in
 /// `pd`, before there is one: a transport that posts them only once its connection is up
 /// (the socket transport, after the MPA exchange) checks first, so that a refusal costs the

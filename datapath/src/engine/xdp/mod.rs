@@ -92,7 +92,7 @@ use crate::engine::{ConnCounters, ReassemblyBudget};
 use crate::memory::ProtectionDomain;
 #[cfg(doc)]
 use crate::verbs::cm::ConnectRequest;
-use crate::verbs::cm::{check_initial_recvs, ConnectParams, Connection, ListenRecord, Listener};
+use crate::verbs::cm::{check_connect, ConnectParams, Connection, ListenRecord, Listener};
 use crate::verbs::cq::{CompletionQueue, CqSink};
 use crate::verbs::qp::{QpStart, QueuePair};
 use crate::xdp_tcp::{XdpTcp, XdpTcpError};
@@ -560,8 +560,7 @@ impl XdpEngine {
             }
         }
         // As the socket transport does: refused here, nothing of the connection is made.
-        params.check()?;
-        check_initial_recvs(params, pd, &start.recvs)?;
+        check_connect(params, pd, private_data, &start.recvs)?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len().max(1);
         let handle = &self
             .shards
