@@ -706,6 +706,9 @@ pub struct Connection {
     /// 4.2.2.17).
     persist_unanswered: u32,
     probe_due: bool,
+    /// The persist timer fired with data held back by sender SWS avoidance: the next segment
+    /// may be as small as the window (RFC 9293 3.8.6.2.1 (4), the override timeout), once.
+    sws_override: bool,
     pending_rst: Option<PendingRst>,
 
     // ---- receive side (positions: 0 = IRS + 1) ----
@@ -879,6 +882,7 @@ impl Connection {
             persist_backoff: 0,
             persist_unanswered: 0,
             probe_due: false,
+            sws_override: false,
             pending_rst: None,
             rcv: SeqAnchor { isn: 0 },
             rcv_nxt: 0,
@@ -1787,6 +1791,7 @@ impl Connection {
             }
             self.persist_unanswered += 1;
             self.probe_due = true;
+            self.sws_override = true;
             self.stats.probes += 1;
             self.stats.window_probes += 1;
             self.persist_backoff = (self.persist_backoff + 1).min(16);
@@ -1981,7 +1986,11 @@ impl Connection {
         // Less than the segment only into at least half the largest window the peer offered
         // (sender SWS avoidance): a peer whose whole window is smaller than a segment still
         // gets data, a window opening a little at a time does not draw small segments.
-        if wnd_avail < self.max_snd_wnd / 2 || wnd_avail == 0 {
+        // Unless the persist timer fired with data held back (RFC 9293 3.8.6.2.1 (4): "to avoid
+        // a resulting deadlock, it is necessary to have a timeout to force transmission of
+        // data"): a window kept below both, with the peer waiting for octets we hold, would
+        // never move. The persist timer is that timeout, as Linux's `tcp_write_wakeup`.
+        if wnd_avail == 0 || (wnd_avail < self.max_snd_wnd / 2 && !self.sws_override) {
             return 0;
         }
         match self.cfg.tx_mode {
@@ -3735,6 +3744,9 @@ impl Connection {
             );
             let n = repr.emit(out.head).ok()?;
             self.probe_due = false;
+            // No data fit: the next persist timeout tries again; a window that opens a little
+            // meanwhile does not draw a small segment.
+            self.sws_override = false;
             self.after_emit_ack(&repr);
             // The next window probe only while data waits for the window: a keepalive of an
             // idle connection arming it would probe for ever, the backoff growing, and the
@@ -4065,6 +4077,11 @@ impl Connection {
             let start = self.snd_nxt;
             let n = self.emit_data(now, out, start, len as u32, false, source)?;
             self.snd_nxt += len;
+            if self.sws_override {
+                // The data is the window probe.
+                self.sws_override = false;
+                self.probe_due = false;
+            }
             while self.record_ends.front().is_some_and(|&e| e <= self.snd_nxt) {
                 self.record_ends.pop_front();
             }

@@ -398,3 +398,46 @@ fn keepalives_of_an_idle_connection_send_no_window_probes() {
         "window probes of an idle connection"
     );
 }
+
+/// A peer whose window stays below a segment and below half the largest it offered (its
+/// buffer full and unread, its application waiting for octets we hold back): sender SWS
+/// avoidance sent nothing, the persist timer's probes carried no data and drew the same
+/// window, for ever. The persist timer is the override timeout of RFC 9293 3.8.6.2.1 (4):
+/// it sends what fits.
+#[test]
+fn a_window_held_below_sws_avoidance_gets_data_at_the_persist_timeout() {
+    let (mut conn, mut now) = driven_client(Config::default());
+    let edge = conn.snd_una().wrapping_add(65_535);
+    assert_eq!(conn.send(&vec![1u8; 70_000]), Ok(70_000));
+    // The peer acknowledges everything that arrives, its right edge fixed at 65,535 octets.
+    let answer = |conn: &mut tcp_engine::Connection, now| {
+        let nxt = conn.snd_nxt();
+        peer_ack_window(conn, now, nxt, edge.wrapping_sub(nxt) as u16, &[]);
+    };
+    for _ in 0..100 {
+        if sent_now(&mut conn, now).is_empty() {
+            break;
+        }
+        now += Duration::from_millis(1);
+        answer(&mut conn, now);
+    }
+    let left = edge.wrapping_sub(conn.snd_nxt());
+    assert!(
+        left > 0 && u64::from(left) < u64::from(conn.emss()) && left < 65_535 / 2,
+        "{left} octets of window left"
+    );
+    let mut octets = 0u32;
+    for _ in 0..10_000 {
+        now += Duration::from_millis(1);
+        conn.handle_timeout(now);
+        octets += sent_now(&mut conn, now)
+            .iter()
+            .map(|s| s.1.wrapping_sub(s.0))
+            .sum::<u32>();
+        answer(&mut conn, now);
+        if octets > 0 {
+            break;
+        }
+    }
+    assert_eq!(octets, left, "what fits the window, at a persist timeout");
+}
