@@ -544,6 +544,9 @@ struct TxSegment {
     state: SegState,
     xmit_time: Instant,
     retransmits: u16,
+    /// A D-SACK reported its last retransmission unnecessary (counted once for the undo
+    /// episode, RFC 3708).
+    dsacked: bool,
 }
 
 impl TxSegment {
@@ -555,6 +558,7 @@ impl TxSegment {
         state: SegState::InFlight,
         xmit_time: Instant::ZERO,
         retransmits: 0,
+        dsacked: false,
     };
 
     fn seq_len(&self) -> u64 {
@@ -571,6 +575,10 @@ struct RackState {
     end: u64,
     rtt: Duration,
 }
+
+/// The most scoreboard entries one D-SACK block is looked up in for retransmissions it
+/// reports (`Connection::on_dsack`).
+const MAX_DSACK_WALK: usize = 64;
 
 /// One congestion response (fast recovery or RTO) that may still be undone
 /// (RFC 3708 2 / Linux `undo_retrans`): the retransmissions sent since, which
@@ -2979,9 +2987,42 @@ impl Connection {
             self.reo.dsack_round = Some(self.snd_max());
             self.reo.persist = 16;
         }
+        let Some(u) = self.undo else {
+            return;
+        };
+        if l < u.marker || r > u.high || u.retrans == 0 {
+            return;
+        }
+        // Retransmissions reported unnecessary: above SND.UNA, those of the scoreboard's
+        // segments in the block that were retransmitted, each once (as Linux's
+        // `tcp_sacktag_one`); a segment the network duplicated, never retransmitted, or a
+        // D-SACK repeated by a duplicated ACK, counts nothing. Below SND.UNA the segments are
+        // gone: the block counts one. A block reports one duplicated range, a few segments:
+        // the walk stops after `MAX_DSACK_WALK` of them, so that a peer's block over the whole
+        // flight on every ACK costs no more.
+        let reported = if l >= self.snd_una {
+            let mut n = 0;
+            let first = self.scoreboard.partition_point(|e| e.end() <= l);
+            for i in first..first.saturating_add(MAX_DSACK_WALK) {
+                let Some(e) = self.scoreboard.get_mut(i) else {
+                    break;
+                };
+                if e.start >= r {
+                    break;
+                }
+                self.stats.sack_scan_steps += 1;
+                if e.retransmits > 0 && !e.dsacked {
+                    e.dsacked = true;
+                    n += 1;
+                }
+            }
+            n
+        } else {
+            1
+        };
         if let Some(u) = self.undo.as_mut() {
-            if l >= u.marker && r <= u.high && u.retrans > 0 {
-                u.retrans -= 1;
+            if reported > 0 {
+                u.retrans = u.retrans.saturating_sub(reported);
                 if u.retrans == 0 {
                     self.undo = None;
                     self.cc.undo();
@@ -3990,6 +4031,7 @@ impl Connection {
         s.state = SegState::InFlight;
         s.xmit_time = now;
         s.retransmits = s.retransmits.saturating_add(1);
+        s.dsacked = false;
         let start = s.start;
         self.pipe += len;
         self.lost_count -= 1;
@@ -4115,6 +4157,7 @@ impl Connection {
                 state: SegState::InFlight,
                 xmit_time: now,
                 retransmits: 0,
+                dsacked: false,
             });
             self.pipe += 1;
             self.note_sent_all(now);

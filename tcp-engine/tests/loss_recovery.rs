@@ -216,3 +216,58 @@ fn a_tail_loss_on_a_20ms_path_is_probed_before_the_timeout() {
     assert_eq!(conn.stats().tlp_probes, tlp + 1, "a probe first");
     assert_eq!(conn.stats().rto_expirations, rto, "no timeout");
 }
+
+/// D-SACK undo (RFC 3708) counts retransmissions reported unnecessary: a D-SACK of a
+/// segment the network duplicated, never retransmitted, undid a real loss's reduction
+/// (any block in the episode's range counted); the D-SACK of the retransmission itself
+/// still undoes it.
+#[test]
+fn a_dsack_of_a_segment_never_retransmitted_undoes_nothing() {
+    use tcp_engine::wire::SackBlock;
+    let (mut conn, mut now) = driven_client(Config::default());
+    let mss = usize::from(conn.emss());
+    conn.send(&vec![1u8; 20 * mss]).expect("send");
+    let sent = sent_now(&mut conn, now);
+    assert!(sent.len() >= 10, "{} segments", sent.len());
+    let before = conn.cwnd();
+    now += Duration::from_millis(1);
+    let sacked = SackBlock {
+        left: sent[1].0,
+        right: sent[9].1,
+    };
+    // Segment 0 is missing: RACK marks it lost, it goes again.
+    peer_ack(&mut conn, now, sent[0].0, &[sacked]);
+    let mut steps = 0;
+    while conn.stats().retransmitted_segments == 0 {
+        steps += 1;
+        assert!(steps < 100_000, "segment 0 not retransmitted");
+        now += Duration::from_micros(10);
+        conn.handle_timeout(now);
+        sent_now(&mut conn, now);
+    }
+    assert_eq!(conn.stats().fast_recoveries, 1);
+    let reduced = conn.cwnd();
+    assert!(reduced < before);
+    // The network duplicated segment 5: the peer D-SACKs it (inside its SACK block).
+    let dup = SackBlock {
+        left: sent[5].0,
+        right: sent[5].1,
+    };
+    peer_ack(&mut conn, now, sent[0].0, &[dup, sacked]);
+    peer_ack(&mut conn, now, sent[0].0, &[dup, sacked]);
+    assert_eq!(
+        conn.stats().dsack_undos,
+        0,
+        "a duplicate never retransmitted"
+    );
+    assert!(conn.cwnd() <= reduced);
+    // Segment 0's original arrives after all, then its retransmission: D-SACKed below the
+    // cumulative ACK, the one retransmission was unnecessary.
+    let zero = SackBlock {
+        left: sent[0].0,
+        right: sent[0].1,
+    };
+    peer_ack(&mut conn, now, sent[9].1, &[zero]);
+    assert_eq!(conn.stats().dsack_undos, 1);
+    assert!(conn.cwnd() >= before);
+}
