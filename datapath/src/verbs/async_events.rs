@@ -168,9 +168,10 @@ impl CompletionQueue {
 }
 
 impl SharedReceiveQueue {
-    /// Sends the queue's low-watermark events to `channel` too, tagged with `context`
-    /// ([`AsyncEvent::SrqLimitReached`]), besides
-    /// [`SharedReceiveQueue::wait_limit_event`]'s queue. A second call replaces the first.
+    /// Sends the queue's low-watermark events to `channel`, tagged with `context`
+    /// ([`AsyncEvent::SrqLimitReached`]) instead of
+    /// [`SharedReceiveQueue::wait_limit_event`]'s queue (an event left there untaken would
+    /// be taken by a later arming's wait for its own). A second call replaces the first.
     pub fn notify_limit(&self, channel: &AsyncEventChannel, context: u64) {
         let channel = channel.downgrade();
         self.set_on_limit(Box::new(move || {

@@ -80,7 +80,11 @@ pub enum CmEvent {
         /// if it carried one ([`DatapathError::Rejected`]).
         peer_params: Option<EnhancedParams>,
     },
-    /// A connection attempt failed (`RDMA_CM_EVENT_UNREACHABLE`, `_CONNECT_ERROR`).
+    /// A connection attempt failed (`RDMA_CM_EVENT_UNREACHABLE`, `_CONNECT_ERROR`). The
+    /// kernel's rdma_cm on an iWARP device (`cma_iw_handler`) reports a connect the peer's
+    /// TCP refused or reset as `RDMA_CM_EVENT_REJECTED` (status `ECONNREFUSED`,
+    /// `ECONNRESET`), a timeout (`ETIMEDOUT`) as `_UNREACHABLE`, the rest as `_CONNECT_ERROR`:
+    /// [`DatapathError::errno`] gives what that mapping needs.
     ConnectError {
         /// The caller's tag of the attempt.
         context: u64,

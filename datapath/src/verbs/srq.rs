@@ -29,8 +29,7 @@ struct SrqInner {
     /// none was armed (an arming then fires at once).
     taken_since_post: AtomicBool,
     /// A low-watermark event not yet taken ([`SharedReceiveQueue::wait_limit_event`]): at
-    /// most one, so that an application that only takes them from an asynchronous event
-    /// channel (`notify_limit`) and re-arms forever does not pile them up here.
+    /// most one. None while the events go to an asynchronous event channel (`notify_limit`).
     events_tx: Sender<()>,
     events_rx: Receiver<()>,
     /// Called with each low-watermark event too (an asynchronous event channel's).
@@ -62,7 +61,9 @@ impl std::fmt::Debug for SharedReceiveQueue {
 pub const MAX_SRQ_WR: usize = 1 << 20;
 
 impl SharedReceiveQueue {
-    /// A queue of `pd` holding at most `max_wr` posted receives (`ibv_create_srq`).
+    /// A queue of `pd` holding at most `max_wr` posted receives (`ibv_create_srq`). Its slots
+    /// are allocated at once: about 150 octets a receive (a work request with room for
+    /// [`rdmap::MAX_SGE`] elements and the queue's own word), 150 MiB at [`MAX_SRQ_WR`].
     pub fn new(pd: &ProtectionDomain, max_wr: usize) -> Result<Self, DatapathError> {
         if max_wr == 0 || max_wr > MAX_SRQ_WR {
             return Err(DatapathError::InvalidArgument(
@@ -184,7 +185,8 @@ impl SharedReceiveQueue {
     }
 
     /// Takes a low-watermark event if one is queued (events not taken do not add up: at most
-    /// one waits).
+    /// one waits). Events go here only while none goes to an asynchronous event channel
+    /// ([`SharedReceiveQueue::notify_limit`]).
     pub fn try_limit_event(&self) -> bool {
         self.inner.events_rx.try_recv().is_ok()
     }
@@ -241,11 +243,15 @@ impl SrqInner {
         fence(Ordering::SeqCst);
         let limit = self.limit.load(Ordering::SeqCst);
         if limit > 0 && self.rx.len() < limit && self.limit.swap(0, Ordering::SeqCst) > 0 {
-            // One pending is enough to tell a waiter; a full queue means one is there.
-            let _ = self.events_tx.try_send(());
-            // Once per arming: a lock here is off the path of every other take.
+            // Once per arming: a lock here is off the path of every other take. To the
+            // asynchronous event channel if one was given (`notify_limit`), else to
+            // `wait_limit_event`'s queue: there it would wait untaken, and a later arming's
+            // wait would take it for its own.
             if let Some(hook) = &*self.on_limit.lock().unwrap_or_else(|e| e.into_inner()) {
                 hook();
+            } else {
+                // One pending is enough to tell a waiter; a full queue means one is there.
+                let _ = self.events_tx.try_send(());
             }
         }
     }
