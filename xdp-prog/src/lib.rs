@@ -203,6 +203,14 @@ impl Counters {
 /// Errors of the loader. Every failure is reported as one of these, never as a panic.
 #[derive(Debug, Error)]
 pub enum XdpError {
+    /// The kernel refused the program variant for packets of several buffers (`xdp.frags`,
+    /// Linux 5.18 on), which an MTU above 3498 (or multi-buffer sockets) needs.
+    #[error(
+        "the kernel refused the XDP program for multi-buffer packets (xdp.frags needs Linux \
+         5.18 or later), which an MTU above 3498 needs: lower the MTU to 3498 or run a newer \
+         kernel ({0})"
+    )]
+    FragsUnsupported(String),
     /// The process lacks the privileges (CAP_BPF and CAP_NET_ADMIN, or CAP_SYS_ADMIN).
     #[error("permission denied while {op}: run as root (needs CAP_BPF and CAP_NET_ADMIN)")]
     PermissionDenied {
@@ -509,10 +517,14 @@ impl SteeringProgram {
             .try_into()
             .map_err(|e: ProgramError| XdpError::Load(e.to_string()))?;
         prog.load().map_err(|e| {
-            if is_eperm(program_errno(&e)) {
+            let errno = program_errno(&e);
+            if is_eperm(errno) {
                 XdpError::PermissionDenied {
                     op: "loading the XDP program",
                 }
+            } else if frags && errno == Some(libc::EINVAL) {
+                // A kernel before 5.18 refuses BPF_F_XDP_HAS_FRAGS itself.
+                XdpError::FragsUnsupported(e.to_string())
             } else {
                 XdpError::Load(e.to_string())
             }
@@ -671,7 +683,9 @@ impl SteeringProgram {
     /// Makes `fd` the AF_XDP socket for RX queue `queue`: steered packets arriving on that
     /// queue go to it. The socket must already be bound (`bind(2)` with `sockaddr_xdp`) to the
     /// attached interface and to the same queue, else the kernel drops the redirected packets.
-    /// The map holds its own reference to the socket until [`Self::unbind_socket`] or drop.
+    /// The map does not keep the socket open: closing it removes it from the map (the kernel's
+    /// `xsk_release`), and steered packets of that queue then go to the kernel (counted
+    /// `no_socket`); what this program records as bound is what was asked of it, not that.
     pub fn bind_socket(&mut self, queue: u32, fd: RawFd) -> Result<(), XdpError> {
         if queue >= MAX_QUEUES {
             return Err(XdpError::QueueOutOfRange { queue });

@@ -681,7 +681,13 @@ impl XdpPort {
             .min(MAX_STEERED_FLOWS as usize) as u32;
         let frags = xsk.needs_frags_program(info.mtu);
         let mut prog = match SteeringProgram::load_sized(frags, flows) {
-            Err(e) if flows > DEFAULT_FLOWS && !matches!(e, XdpError::PermissionDenied { .. }) => {
+            Err(e)
+                if flows > DEFAULT_FLOWS
+                    && !matches!(
+                        e,
+                        XdpError::PermissionDenied { .. } | XdpError::FragsUnsupported(_)
+                    ) =>
+            {
                 tracing::warn!(
                     ifname,
                     flows,
