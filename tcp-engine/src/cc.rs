@@ -38,10 +38,9 @@ pub trait CongestionControl: core::fmt::Debug + Send {
     /// of data, RFC 5681 3.2 / RFC 6675 5 step 4 / RFC 8312 4.5).
     fn on_congestion_event(&mut self, now: Instant, flight_size: u64, smss: u32);
     /// The retransmission timer expired (RFC 5681 3.1 eq. 4, RFC 8312 4.7): the window falls
-    /// to one segment. `first`: the first expiry of a series, outside a recovery that reduced
-    /// the window already; only then is ssthresh set (and the state before it kept for
-    /// [`Self::undo`]): on later ones "the value of ssthresh is held constant" (RFC 5681 3.1),
-    /// as Linux's `tcp_enter_loss`.
+    /// to one segment. `first`: the first expiry of a series; only then is ssthresh set (and
+    /// the state before it kept for [`Self::undo`]): on later ones "the value of ssthresh is
+    /// held constant" (RFC 5681 3.1).
     fn on_retransmission_timeout(&mut self, now: Instant, flight_size: u64, smss: u32, first: bool);
     /// The last reduction ([`Self::on_congestion_event`] or
     /// [`Self::on_retransmission_timeout`]) was found spurious (the

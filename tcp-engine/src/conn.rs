@@ -543,11 +543,16 @@ struct TxSegment {
     fin: bool,
     state: SegState,
     xmit_time: Instant,
-    retransmits: u16,
+    /// Times sent again, saturating (only whether it was matters; a `u8` keeps the entry at
+    /// 24 octets with [`TxSegment::dsacked`]).
+    retransmits: u8,
     /// A D-SACK reported its last retransmission unnecessary (counted once for the undo
     /// episode, RFC 3708).
     dsacked: bool,
 }
+
+// The scoreboard holds up to `max_tracked` of these, walked per ACK: kept at three words.
+const _: () = assert!(core::mem::size_of::<TxSegment>() == 24);
 
 impl TxSegment {
     /// A data segment in flight, its `start`, `len` and `xmit_time` to be set.
@@ -714,6 +719,10 @@ pub struct Connection {
     /// 4.2.2.17).
     persist_unanswered: u32,
     probe_due: bool,
+    /// No scoreboard entry below this stream position is `Lost`: where the search for the
+    /// next retransmission starts (from the front, it cost what lies before the first lost
+    /// entry, per retransmission: n²/4 over a recovery whose every other segment is SACKed).
+    lost_floor: u64,
     /// The persist timer fired with data held back by sender SWS avoidance: the next segment
     /// may be as small as the window (RFC 9293 3.8.6.2.1 (4), the override timeout), once.
     sws_override: bool,
@@ -890,6 +899,7 @@ impl Connection {
             persist_backoff: 0,
             persist_unanswered: 0,
             probe_due: false,
+            lost_floor: 0,
             sws_override: false,
             pending_rst: None,
             rcv: SeqAnchor { isn: 0 },
@@ -1645,6 +1655,7 @@ impl Connection {
                 .is_none_or(|(t, start)| e.xmit_time > t || (e.xmit_time == t && e.start >= start));
             if e.state == SegState::InFlight && e.len > emss && since {
                 e.state = SegState::Lost;
+                self.lost_floor = self.lost_floor.min(e.start);
                 self.pipe -= e.seq_len();
                 self.lost_count += 1;
                 marked = true;
@@ -1884,17 +1895,13 @@ impl Connection {
         // RFC 6298 5.4-5.6 and RFC 5681 3.1: loss window, everything
         // outstanding (not SACKed) is to be resent, slow start again.
         let flight = self.snd_max() - self.snd_una;
-        // Only the first timeout of a series, outside a fast recovery that reduced the window
-        // already, sets ssthresh (RFC 5681 3.1: later ones hold it). Before, each reduced
-        // again: two timeouts in a row left CUBIC 2 segments of ssthresh, and undo restored
-        // the state after the first.
-        let first = self.rto_recover.is_none() && self.fast_recovery.is_none();
+        // Only the first timeout of a series sets ssthresh (RFC 5681 3.1: "held constant" on
+        // later ones). Before, each reduced again: two timeouts in a row left CUBIC 2 segments
+        // of ssthresh, and an undo restored the state after the first.
+        let first = self.rto_recover.is_none();
         if first {
             // First timeout of a series: its retransmission's TSval decides
             // whether it was spurious (RFC 3522 3.2), and D-SACK may undo it.
-            // (In a fast recovery, the recovery's episode goes on: an undo
-            // restores the window from before the recovery only once every
-            // retransmission since was found unnecessary.)
             self.eifel_tsval = self.ts_enabled.then(|| self.tsval(now));
             self.begin_undo_episode();
         }
@@ -1913,6 +1920,7 @@ impl Connection {
         for e in self.scoreboard.iter_mut() {
             if e.state == SegState::InFlight {
                 e.state = SegState::Lost;
+                self.lost_floor = self.lost_floor.min(e.start);
                 self.lost_count += 1;
             }
         }
@@ -1967,6 +1975,7 @@ impl Connection {
             .find(|e| e.state == SegState::InFlight)
         {
             last.state = SegState::Lost;
+            self.lost_floor = self.lost_floor.min(last.start);
             self.pipe -= last.seq_len();
             self.lost_count += 1;
             self.grant_cwnd_credit();
@@ -2734,6 +2743,7 @@ impl Connection {
         if let Some(e) = self.scoreboard.front_mut() {
             if e.state == SegState::InFlight {
                 e.state = SegState::Lost;
+                self.lost_floor = self.lost_floor.min(e.start);
                 self.pipe -= e.seq_len();
                 self.lost_count += 1;
                 self.grant_cwnd_credit();
@@ -2849,6 +2859,7 @@ impl Connection {
         for e in self.scoreboard.iter_mut() {
             if e.state == SegState::Sacked {
                 e.state = SegState::Lost;
+                self.lost_floor = self.lost_floor.min(e.start);
                 self.lost_count += 1;
             }
         }
@@ -2997,7 +3008,9 @@ impl Connection {
         // segments in the block that were retransmitted, each once (as Linux's
         // `tcp_sacktag_one`); a segment the network duplicated, never retransmitted, or a
         // D-SACK repeated by a duplicated ACK, counts nothing. Below SND.UNA the segments are
-        // gone: the block counts one. A block reports one duplicated range, a few segments:
+        // gone: the block counts one (as Linux: a segment sent twice again is reported twice
+        // with the same range, which a duplicated ACK's report cannot be told from). A block
+        // reports one duplicated range, a few segments:
         // the walk stops after `MAX_DSACK_WALK` of them, so that a peer's block over the whole
         // flight on every ACK costs no more.
         let reported = if l >= self.snd_una {
@@ -3114,6 +3127,7 @@ impl Connection {
             let deadline = e.xmit_time + self.rack.rtt + reo_wnd;
             if deadline <= now {
                 e.state = SegState::Lost;
+                self.lost_floor = self.lost_floor.min(e.start);
                 self.pipe -= e.seq_len();
                 self.lost_count += 1;
                 lost_any = true;
@@ -3134,8 +3148,12 @@ impl Connection {
         for e in self.scoreboard.iter_mut().rev() {
             match e.state {
                 SegState::Sacked => sacked_above += 1,
-                SegState::InFlight if sacked_above >= 3 => {
+                // Not a retransmission again (RFC 6675 NextSeg rule (1.a): above HighRxt): it
+                // was marked on every ACK, and went once per ACK. A lost retransmission waits
+                // for the RTO (rules (3) and (4), the rescue, are not done).
+                SegState::InFlight if sacked_above >= 3 && e.retransmits == 0 => {
                     e.state = SegState::Lost;
+                    self.lost_floor = self.lost_floor.min(e.start);
                     self.pipe -= e.seq_len();
                     self.lost_count += 1;
                     lost_any = true;
@@ -3991,11 +4009,27 @@ impl Connection {
         if self.lost_count == 0 {
             return None;
         }
-        let idx = self
+        let floor = self
             .scoreboard
-            .iter()
-            .position(|e| e.state == SegState::Lost)?;
+            .partition_point(|e| e.start < self.lost_floor);
+        let found = self
+            .scoreboard
+            .range(floor..)
+            .position(|e| e.state == SegState::Lost)
+            .map(|k| floor + k);
+        let idx = match found {
+            Some(idx) => idx,
+            None => {
+                // Every place that marks an entry lost lowers the floor: a lost entry below it
+                // is a bug; found from the front all the same.
+                debug_assert!(false, "a lost segment below lost_floor");
+                self.scoreboard
+                    .iter()
+                    .position(|e| e.state == SegState::Lost)?
+            }
+        };
         let mut e = self.scoreboard[idx];
+        self.lost_floor = e.start;
         let emss = if self.rdma_tx.is_empty() {
             u32::from(self.emss)
         } else {

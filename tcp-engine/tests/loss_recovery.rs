@@ -271,3 +271,30 @@ fn a_dsack_of_a_segment_never_retransmitted_undoes_nothing() {
     assert_eq!(conn.stats().dsack_undos, 1);
     assert!(conn.cwnd() >= before);
 }
+
+/// SACK recovery by RFC 6675 alone (`rack_tlp: false`): a hole is resent once (NextSeg rule
+/// (1.a), above HighRxt), not on every ACK that SACKs more above it.
+#[test]
+fn rfc6675_recovery_resends_a_hole_once() {
+    use tcp_engine::wire::SackBlock;
+    let (mut conn, now) = driven_client(Config {
+        rack_tlp: false,
+        ..Config::default()
+    });
+    let mss = usize::from(conn.emss());
+    conn.send(&vec![1u8; 10 * mss]).expect("send");
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), 10);
+    let hole = sent[0].0;
+    let sacked_to = |k: usize| SackBlock {
+        left: sent[1].0,
+        right: sent[k].1,
+    };
+    peer_ack(&mut conn, now, hole, &[sacked_to(3)]);
+    assert_eq!(sent_now(&mut conn, now).first().map(|s| s.0), Some(hole));
+    for k in 4..10 {
+        peer_ack(&mut conn, now, hole, &[sacked_to(k)]);
+        sent_now(&mut conn, now);
+    }
+    assert_eq!(conn.stats().retransmitted_segments, 1);
+}
