@@ -671,7 +671,8 @@ reset_guest_if_suspect() {
 CAP_PID=""
 cap_start() { # cap_start NAME
   rm -f "$OUT/$1.pcap"
-  ip netns exec "$NS_A" timeout 300 tcpdump -i iwa0 --immediate-mode -U -n -s 0 \
+  # -Z root: no change of user (the `tcpdump` account may not exist).
+  ip netns exec "$NS_A" timeout 300 tcpdump -i iwa0 -Z root --immediate-mode -U -n -s 0 \
     -w "$OUT/$1.pcap" "tcp port ${CAP_PORT:-7174}" 2>"$OUT/$1.tcpdump.log" &
   CAP_PID=$!
   local _

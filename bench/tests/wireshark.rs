@@ -23,7 +23,17 @@ fn start_capture(name: &str, port: &str) -> Capture {
     let _ = std::fs::remove_file(&path);
     let mut child = Command::new("tcpdump")
         // Without --immediate-mode, tcpdump on this kernel's loopback writes nothing.
-        .args(["-i", "lo", "--immediate-mode", "-U", "-n", "-w"])
+        // -Z root: no change of user (the `tcpdump` account may not exist).
+        .args([
+            "-i",
+            "lo",
+            "-Z",
+            "root",
+            "--immediate-mode",
+            "-U",
+            "-n",
+            "-w",
+        ])
         .arg(&path)
         .arg(format!("tcp port {port}"))
         .stderr(Stdio::piped())

@@ -39,7 +39,17 @@ fn start_capture(name: &str, port: u16) -> Capture {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.pcap"));
     let _ = std::fs::remove_file(&path);
     let mut child = Command::new("ip")
-        .args(["netns", "exec", NS_RELAY, "tcpdump", "-i", RELAY_DEV_A])
+        // -Z root: no change of user (the `tcpdump` account may not exist).
+        .args([
+            "netns",
+            "exec",
+            NS_RELAY,
+            "tcpdump",
+            "-i",
+            RELAY_DEV_A,
+            "-Z",
+            "root",
+        ])
         // A 64 MiB capture buffer: the kernel must drop nothing (checked at the end).
         .args(["--immediate-mode", "-U", "-n", "-B", "65536", "-w"])
         .arg(&path)

@@ -298,8 +298,9 @@ fn over_long_private_data_on_connect_is_refused() {
 }
 
 /// Over-long private data in accept (or reject) is an MPA error for the responder; the
-/// initiator's connect fails instead of hanging (a reject's Request is rejected without
-/// the private data), and the listener keeps serving.
+/// initiator's connect fails instead of hanging (the Request is rejected without private
+/// data), and the listener keeps serving. So is a request dropped unanswered (as iw_cm
+/// rejects the request of an id destroyed).
 #[test]
 fn over_long_private_data_on_accept_is_refused() {
     for (rev, len) in [(2u8, 509usize), (1, 513)] {
@@ -325,7 +326,10 @@ fn over_long_private_data_on_accept_is_refused() {
             "{:?}",
             s.err()
         );
-        assert!(c.is_err(), "connect succeeded although accept failed");
+        match c {
+            Err(DatapathError::Rejected { private_data, .. }) => assert!(private_data.is_empty()),
+            other => panic!("rev {rev}: {:?}, want a bare reject", other.err()),
+        }
 
         let (c, s) = std::thread::scope(|sc| {
             let acc = sc.spawn(|| {
@@ -343,6 +347,23 @@ fn over_long_private_data_on_accept_is_refused() {
         match c {
             Err(DatapathError::Rejected { private_data, .. }) => assert!(private_data.is_empty()),
             other => panic!("rev {rev}: {:?}, want a bare reject", other.err()),
+        }
+
+        let c = std::thread::scope(|sc| {
+            let dropping = sc.spawn(|| {
+                let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+                drop(req);
+            });
+            let c = datapath::connect(addr, &client.pd, &client.cq, &p, b"hi");
+            dropping.join().unwrap();
+            c
+        });
+        match c {
+            Err(DatapathError::Rejected { private_data, .. }) => assert!(private_data.is_empty()),
+            other => panic!(
+                "rev {rev}: {:?}, want the dropped request rejected",
+                other.err()
+            ),
         }
 
         let info = verified_transfers(&listener, addr, &p, &[Size::Bytes(10)], 11);

@@ -1396,11 +1396,13 @@ impl Connection {
     /// payload. Returns how many fit, as [`Connection::send`]; the next call for the same
     /// transfer continues the section when its `buffer_offset` follows on. When the option is
     /// not in use on the connection ([`Connection::rdma_option_enabled`]) the octets go as
-    /// ordinary data: the stream is the same, only the annotation is missing. Either way,
-    /// octets that would end past a 4 GiB buffer ([`SendError::RdmaBufferOffset`]) or past
-    /// the transfer's `total_length` ([`SendError::RdmaPastTotal`]), or a total other than the
-    /// one an unacknowledged section of the transfer named ([`SendError::RdmaTotalChanged`]),
-    /// are refused whole: a receiver would refuse their option (section 6.1, 3.1.4).
+    /// ordinary data: the stream is the same, only the annotation is missing. Octets that
+    /// would end past a 4 GiB buffer ([`SendError::RdmaBufferOffset`]) or past the transfer's
+    /// `total_length` ([`SendError::RdmaPastTotal`]) are refused whole either way; with the
+    /// option in use, so is a total other than the one an unacknowledged section of the
+    /// transfer named ([`SendError::RdmaTotalChanged`]; the receiver remembers totals longer,
+    /// and refuses the segments that differ): a receiver would refuse their option (section
+    /// 6.1, 3.1.4).
     pub fn send_rdma(&mut self, data: &[u8], rdma: RdmaSend) -> Result<usize, SendError> {
         if self.cfg.tx_mode != TxMode::Stream {
             return Err(SendError::WrongMode);

@@ -333,6 +333,23 @@ fn ebpf_errno(e: &EbpfError) -> Option<i32> {
     }
 }
 
+/// Whether the running kernel's version is below `version` (major, minor); false when it
+/// cannot be read.
+fn kernel_before(version: (u32, u32)) -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .and_then(|release| parse_release(&release))
+        .is_some_and(|running| running < version)
+}
+
+/// The major and minor numbers of a kernel release string ("6.1.0-57-amd64").
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 fn is_eperm(errno: Option<i32>) -> bool {
     matches!(errno, Some(libc::EPERM) | Some(libc::EACCES))
 }
@@ -522,7 +539,7 @@ impl SteeringProgram {
                 XdpError::PermissionDenied {
                     op: "loading the XDP program",
                 }
-            } else if frags && errno == Some(libc::EINVAL) {
+            } else if frags && errno == Some(libc::EINVAL) && kernel_before((5, 18)) {
                 // A kernel before 5.18 refuses BPF_F_XDP_HAS_FRAGS itself.
                 XdpError::FragsUnsupported(e.to_string())
             } else {
@@ -785,6 +802,16 @@ fn map_remove_result(map: &'static str, r: Result<(), MapError>) -> Result<bool,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a kernel before 5.18 is told it lacks `xdp.frags`: the release strings of the
+    /// kernels it runs on parse to their major and minor numbers.
+    #[test]
+    fn kernel_releases_parse_to_major_and_minor() {
+        assert_eq!(parse_release("6.1.0-57-amd64\n"), Some((6, 1)));
+        assert_eq!(parse_release("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(parse_release("6.18.2"), Some((6, 18)));
+        assert_eq!(parse_release("garbage"), None);
+    }
 
     #[test]
     fn flow_key_is_network_order() {

@@ -25,9 +25,10 @@ pub enum AsyncEvent {
     /// The queue pair's connection failed (`IBV_EVENT_QP_FATAL`; a C interface may tell
     /// `IBV_EVENT_QP_REQ_ERR` and `IBV_EVENT_QP_ACCESS_ERR` apart by the Terminate in
     /// `error`): it ended with an error, other than the application's own
-    /// [`QueuePair::abort`] or `disconnect` (which record none) and the peer's graceful close
+    /// [`QueuePair::abort`] or `disconnect` (which record none), the peer's graceful close
     /// ([`QpError::PeerClosed`], which the connection manager's `Disconnected` reports, as
-    /// verbs does). Its outstanding work requests complete flushed.
+    /// verbs does) and the engine's normal stop ([`QpError::EngineStopped`]: the
+    /// application's doing). Its outstanding work requests complete flushed.
     QpFatal {
         /// The queue pair's number.
         qp_num: u32,

@@ -996,7 +996,10 @@ impl QueuePair {
     /// [`QueuePair::notify_async`]'s events are queued from now on, nor by a later call of
     /// either. For a queue pair about to be destroyed (`rdma_destroy_id`, `ibv_destroy_qp`):
     /// dropping it ends the connection, and the end would otherwise be reported after it,
-    /// naming an object the application has freed. Events queued already stay queued.
+    /// naming an object the application has freed. Events queued already stay queued, and so
+    /// does one a transport thread is queueing at this moment (its hook taken already): an
+    /// interface that must name no destroyed object drops events by the queue pair's number
+    /// ([`QueuePair::num`], never reused).
     pub fn stop_notifications(&self) {
         self.path.shared.stop_finish_hooks();
     }

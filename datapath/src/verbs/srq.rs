@@ -5,7 +5,8 @@
 //! transport takes a buffer when it processes a Send in order, see `rdmap::RecvSource`). The
 //! low watermark (`ibv_modify_srq` with `srq_limit`): once armed with
 //! [`SharedReceiveQueue::arm_limit`], the first time a take leaves fewer buffers than the limit
-//! an event is queued ([`SharedReceiveQueue::wait_limit_event`]) and the limit disarms, as
+//! an event is queued ([`SharedReceiveQueue::wait_limit_event`], or the asynchronous event
+//! channel given to `notify_limit` instead) and the limit disarms, as
 //! `IBV_EVENT_SRQ_LIMIT_REACHED` does (or at the arming, if takes since the last post left
 //! fewer already).
 
@@ -191,18 +192,23 @@ impl SharedReceiveQueue {
         self.inner.events_rx.try_recv().is_ok()
     }
 
-    /// Waits up to `timeout` for a low-watermark event.
+    /// Waits up to `timeout` for a low-watermark event (none comes while the events go to an
+    /// asynchronous event channel, [`SharedReceiveQueue::notify_limit`]).
     pub fn wait_limit_event(&self, timeout: Duration) -> bool {
         self.inner.events_rx.recv_timeout(timeout).is_ok()
     }
 
     /// Calls `hook` with each low-watermark event from now on (replacing an earlier one).
     pub(crate) fn set_on_limit(&self, hook: LimitHook) {
-        *self
+        let mut on_limit = self
             .inner
             .on_limit
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+            .unwrap_or_else(|e| e.into_inner());
+        *on_limit = Some(hook);
+        // An event queued before for `wait_limit_event`, which is no longer the way events
+        // come: a later wait must not take it for its own arming's.
+        while self.inner.events_rx.try_recv().is_ok() {}
     }
 
     /// Fails unless the queue belongs to protection domain `pd`: a queue pair takes receives
