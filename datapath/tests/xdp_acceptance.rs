@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 
 use datapath::engine::{EngineCounters, XdpEngine, XdpEngineConfig};
 use datapath::{
-    Access, Completion, CompletionQueue, ConnectParams, Connection, DatapathError, Listener,
-    MemoryRegion, MpaConfig, ProtectionDomain, QpState, RecvWr, SendOp, SendWr, Stag, WcOpcode,
-    WcStatus,
+    Access, Completion, CompletionQueue, ConnectParams, ConnectRequest, Connection, DatapathError,
+    Listener, MemoryRegion, MpaConfig, ProtectionDomain, QpState, RecvWr, SendOp, SendWr, Stag,
+    WcOpcode, WcStatus,
 };
 use ddp::DdpHeader;
 use rdmap::wire::{layer, rdmap_etype};
@@ -659,18 +659,24 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
     let addr = SocketAddr::from((server_addr, port));
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     let why = format!("no room at the inn (rev {rev})");
-    let res = std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let req = listener
-                .accept_timeout(WAIT)
-                .expect("accept")
-                .expect("no request in time");
-            assert_eq!(req.private_data(), b"may I?");
-            req.reject(why.as_bytes()).expect("reject");
-        });
-        let res = client.connect(addr, &pd, &cq, &p, b"may I?");
-        srv.join().expect("rejecting thread");
-        res
+    // `client` connects with `private_data`; the listener's side does `answer` with the request.
+    let answered = |private_data: &[u8], answer: &(dyn Fn(ConnectRequest) + Sync)| {
+        std::thread::scope(|s| {
+            let srv = s.spawn(|| {
+                let req = listener
+                    .accept_timeout(WAIT)
+                    .expect("accept")
+                    .expect("no request in time");
+                assert_eq!(req.private_data(), private_data);
+                answer(req);
+            });
+            let res = client.connect(addr, &pd, &cq, &p, private_data);
+            srv.join().expect("answering thread");
+            res
+        })
+    };
+    let res = answered(b"may I?", &|req| {
+        req.reject(why.as_bytes()).expect("reject")
     });
     match res {
         Err(DatapathError::Rejected {
@@ -687,19 +693,7 @@ fn reject_case(server: Stack<'_>, client: Stack<'_>, server_addr: Ipv4Addr, rev:
     // A request dropped unanswered is rejected, without private data (as iw_cm does for an
     // id destroyed with a connect request): the initiator hears of it at once. It waited for
     // the accept timeout before, and the engine held the connection that long.
-    let res = std::thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let req = listener
-                .accept_timeout(WAIT)
-                .expect("accept")
-                .expect("no request in time");
-            drop(req);
-        });
-        let res = client.connect(addr, &pd, &cq, &p, b"anyone?");
-        srv.join().expect("dropping thread");
-        res
-    });
-    match res {
+    match answered(b"anyone?", &drop::<ConnectRequest>) {
         Err(DatapathError::Rejected { private_data, .. }) => assert!(private_data.is_empty()),
         Err(e) => panic!(
             "{} client: {e}, want a reject of the dropped request",
