@@ -105,7 +105,9 @@ pub struct Config {
     pub slow_start: SlowStart,
     /// RTO before any RTT sample (RFC 6298 2.1: 1 s).
     pub initial_rto: Duration,
-    /// Floor on the RTO (RFC 6298 2.4 says 1 s; Linux uses 200 ms). Default
+    /// Floor on the RTO's variance term, so on the RTO too: RTO = SRTT + max(`min_rto`,
+    /// 4 RTTVAR), as Linux floors it (RFC 6298 2.4 floors the whole RTO at 1 s; Linux's
+    /// `rto_min` is 200 ms). Default
     /// 5 ms: on microsecond-RTT links a 200 ms floor makes every tail loss
     /// cost ~10^4 RTTs. RACK-TLP recovers most losses without the RTO, and
     /// 5 ms stays above the delayed-ACK timeouts this engine uses, so

@@ -382,6 +382,9 @@ pub struct ConnStats {
     pub retransmitted_segments: u64,
     /// Retransmission timeouts.
     pub rto_expirations: u64,
+    /// Series of retransmission timeouts: the first timeout, and those that followed it
+    /// before the data outstanding at it was acknowledged, count one.
+    pub rto_series: u64,
     /// Fast-recovery episodes entered.
     pub fast_recoveries: u64,
     /// Tail-loss probes sent.
@@ -434,8 +437,8 @@ pub struct ConnStats {
     /// Congestion responses undone because every retransmission of the
     /// episode was reported duplicate by D-SACK (RFC 3708).
     pub dsack_undos: u64,
-    /// Retransmission timeouts found spurious by their timestamps (Eifel,
-    /// RFC 3522) and undone (RFC 4015).
+    /// Series of retransmission timeouts ([`rto_series`](Self::rto_series)) found spurious by
+    /// the first one's timestamp (Eifel, RFC 3522) and undone (RFC 4015).
     pub spurious_rtos: u64,
     /// Nanoseconds in which unsent data waited for the peer's receive window
     /// (RFC 4898 tcpEStatsPerfSndLimTimeRwin).
@@ -1902,6 +1905,7 @@ impl Connection {
         // of ssthresh, and an undo restored the state after the first.
         let first = self.rto_recover.is_none();
         if first {
+            self.stats.rto_series += 1;
             // First timeout of a series: its retransmission's TSval decides
             // whether it was spurious (RFC 3522 3.2), and D-SACK may undo it.
             self.eifel_tsval = self.ts_enabled.then(|| self.tsval(now));

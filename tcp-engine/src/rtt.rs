@@ -5,6 +5,12 @@ use core::time::Duration;
 /// RTO estimator of RFC 6298 2: SRTT, RTTVAR, RTO with exponential backoff
 /// (5.5) and a configurable floor (2.4; see [`crate::Config::min_rto`]).
 ///
+/// The floor bounds the variance term, not only the whole: RTO = SRTT + max(`min_rto`,
+/// 4 RTTVAR), RFC 6298 2.3's `max(G, K*RTTVAR)` with `min_rto` in G's place, as Linux floors
+/// it (`tcp_rto_min` on `mdev`). On a steady path RTTVAR decays toward 0, and with only the
+/// whole RTO floored a path of several milliseconds had an RTO barely above SRTT: one ACK a
+/// little late (a delayed ACK, a scheduling hiccup) fired a spurious timeout.
+///
 /// Kept in whole nanoseconds (`u64`, saturating: 584 years) rather than `Duration`s: an RTT
 /// sample is taken per acknowledgement, and `Duration`'s multiply and divide (seconds and
 /// nanoseconds apart, checked) cost several times the integer arithmetic. The clock's
@@ -63,7 +69,10 @@ impl RttEstimator {
             self.min_rtt = r;
             self.sampled = true;
         }
-        self.rto = self.unfloored().clamp(self.min_rto, self.max_rto);
+        self.rto = self
+            .srtt
+            .saturating_add(self.rttvar.saturating_mul(4).max(self.min_rto))
+            .min(self.max_rto);
         // A new sample after backoff collapses the backoff (RFC 6298 5.7 note).
         self.backoff_shift = 0;
     }
@@ -230,7 +239,11 @@ mod tests {
             assert_eq!(e.srtt(), Some(s), "sample {i}");
             assert_eq!(e.unfloored_rto(), Some(unfloored), "sample {i}");
             assert_eq!(e.pto_base(), Some((s * 2).max(unfloored)), "sample {i}");
-            assert_eq!(e.rto(), unfloored.clamp(min_rto, max_rto), "sample {i}");
+            assert_eq!(
+                e.rto(),
+                (s + (rttvar * 4).max(min_rto)).min(max_rto),
+                "sample {i}"
+            );
             assert_eq!(e.min_rtt(), Some(min_rtt), "sample {i}");
         }
     }
@@ -239,6 +252,19 @@ mod tests {
     fn floor_applies() {
         let mut e = estimator(Duration::from_millis(5));
         e.sample(Duration::from_micros(20));
-        assert_eq!(e.rto(), Duration::from_millis(5));
+        assert_eq!(e.rto(), Duration::from_micros(5_020));
+    }
+
+    /// The floor bounds the variance term: on a steady 20 ms path RTTVAR decays toward 0, and
+    /// the RTO stays `min_rto` above SRTT rather than falling to SRTT itself (where an ACK
+    /// 1 ms late fired a timeout).
+    #[test]
+    fn a_steady_path_keeps_the_floor_as_margin_over_srtt() {
+        let mut e = estimator(Duration::from_millis(5));
+        for _ in 0..200 {
+            e.sample(Duration::from_millis(20));
+        }
+        assert_eq!(e.unfloored_rto(), Some(Duration::from_millis(20)));
+        assert_eq!(e.rto(), Duration::from_millis(25));
     }
 }
