@@ -697,3 +697,105 @@ fn relay_order_holds_the_cut_fpdus_pieces(
     let got = mem.get(sink).unwrap().to_vec();
     assert!(got[..len] == data[..], "seed {seed}");
 }
+
+/// Writes of 16 octets, each followed by a zero-length Write, one FPDU per segment: the
+/// 16-octet ones are placed early, the zero-length ones (nothing to place) are held, each its
+/// own range between two placed FPDUs. With the first segment lost, the held ranges outnumber
+/// the store's range list; a conforming peer's octets beyond it are given back to TCP (which
+/// takes them again when the peer resends them), not taken for a broken peer (the connection
+/// was ended with a local catastrophic Terminate).
+#[test]
+fn more_held_ranges_than_the_store_keeps_are_given_back_not_fatal() {
+    const PAIRS: usize = 1100;
+    let Receiver {
+        mut conn,
+        mem,
+        sink,
+        start,
+        ..
+    } = receiver(false, true);
+    assert!(matches!(
+        conn.poll_event(),
+        Some(ConnEvent::Established { .. })
+    ));
+    let data: Vec<u8> = (0..PAIRS * 16).map(|i| (i * 5 + 1) as u8).collect();
+    let mut src = MemoryTable::new();
+    let stag = src.register(
+        PD,
+        VecBuffer::from_vec(data.clone()),
+        0,
+        Access::LOCAL_WRITE,
+    );
+    let mut qp = QueuePair::new(QpConfig {
+        pd: PD,
+        ..QpConfig::default()
+    });
+    qp.enter_rts(16, 16);
+    let mut enc = FpduEncoder::new(true, false);
+    let mut segs: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut off = start as u64;
+    let mut ulpdu = Vec::new();
+    for i in 0..PAIRS {
+        for (len, to) in [(16u32, 16 * i as u64), (0, 0)] {
+            qp.post_send(
+                SendWr {
+                    wr_id: i as u64,
+                    op: SendOp::Write {
+                        remote_stag: sink,
+                        remote_to: SINK_TO + to,
+                    },
+                    sg_list: (len > 0).then_some(Sge { stag, to, len }).into(),
+                    signaled: false,
+                    fence: false,
+                },
+                &src,
+            )
+            .unwrap();
+            while qp.poll_transmit(1024, &src, &mut ulpdu).is_some() {
+                let mut fpdu = Vec::new();
+                enc.encode(&ulpdu, &mut fpdu).unwrap();
+                ulpdu.clear();
+                segs.push((off, fpdu.clone()));
+                off += fpdu.len() as u64;
+            }
+        }
+    }
+    assert_eq!(segs.len(), 2 * PAIRS);
+    // As TCP: everything but the first segment, then the first; what was given back comes
+    // again (the peer's retransmissions), in order, until nothing is given back.
+    let mut taken_back: Option<u64> = None;
+    let offer = |conn: &mut IwarpConn, taken_back: &mut Option<u64>, off: u64, bytes: &[u8]| {
+        if taken_back.is_some_and(|at| off >= at) {
+            return; // TCP took these back: they are not passed up.
+        }
+        let up = PassedUp {
+            acked: 0,
+            seq: 0,
+            stream_offset: off,
+            data: bytes,
+        };
+        if let Some(back) = conn.on_data(up, &mem) {
+            assert!(back.from >= off, "only octets of this segment on");
+            *taken_back = Some(taken_back.map_or(back.from, |at| at.min(back.from)));
+        }
+    };
+    for (off, bytes) in &segs[1..] {
+        offer(&mut conn, &mut taken_back, *off, bytes);
+    }
+    let c = conn.counters();
+    assert!(c.store_refusals > 0, "the range list never filled: {c:?}");
+    let ev = conn.poll_event();
+    assert!(ev.is_none(), "a conforming peer failed: {ev:?} {c:?}");
+    offer(&mut conn, &mut taken_back, segs[0].0, &segs[0].1);
+    let at = taken_back.take().expect("octets given back");
+    for (off, bytes) in segs.iter().filter(|(off, _)| *off >= at) {
+        offer(&mut conn, &mut taken_back, *off, bytes);
+    }
+    assert!(taken_back.is_none(), "given back again in order");
+    let c = conn.counters();
+    assert!(conn.poll_event().is_none(), "{c:?}");
+    assert_eq!(c.fpdus_rx, 2 * PAIRS as u64, "{c:?}");
+    assert_eq!(c.held_bytes, 0, "{c:?}");
+    let got = mem.get(sink).unwrap().to_vec();
+    assert!(got[..data.len()] == data[..]);
+}

@@ -251,7 +251,8 @@ pub struct ConnCounters {
     /// Times the reassembly store's memory was freed after it stayed empty for a second.
     pub store_releases: u64,
     /// Times data out of order found the reassembly budget spent
-    /// ([`ConnConfig::reassembly_budget`]) and was given back to TCP.
+    /// ([`ConnConfig::reassembly_budget`]) or the store's list of held ranges full, and was
+    /// given back to TCP.
     pub store_refusals: u64,
     /// FPDUs whose CRC did not match (in order; nothing of them was placed).
     pub crc_errors: u64,
@@ -460,10 +461,16 @@ struct Store {
 /// Why the store did not take octets.
 #[derive(Debug, PartialEq, Eq)]
 enum StoreRefused {
-    /// The peer went past the offered window.
+    /// The peer went past the offered window (or an octet came twice, which TCP never
+    /// passes up).
     Full,
     /// The ring is not allocated and the budget cannot pay for it.
     NoMemory,
+    /// The octets would start one more disjoint range and the range list is full. A
+    /// conforming peer can get here (FPDUs placed early split held runs: between each two, an
+    /// FPDU that may not be placed early, as a Send to a shared receive queue), so the octets
+    /// are given back to TCP as for `NoMemory`, not taken for a broken peer.
+    TooManyRanges,
 }
 
 impl Drop for Store {
@@ -528,13 +535,18 @@ impl Store {
         if off < base || end > base + self.capacity as u64 {
             return Err(StoreRefused::Full);
         }
+        // The first range that ends at `off` or after it; the one after it if it ends at `off`
+        // (ranges neither overlap nor touch, so that one starts after `off`).
         let i = self.ranges.partition_point(|r| r.1 < off);
+        let touches_prev = self.ranges.get(i).is_some_and(|r| r.1 == off);
+        let j = if touches_prev { i + 1 } else { i };
         // Each octet is passed up once, so a new range never overlaps a held one; it may touch.
-        if self.ranges.get(i).is_some_and(|r| r.0 < end && off < r.1) {
+        if self.ranges.get(j).is_some_and(|r| r.0 < end) {
             return Err(StoreRefused::Full);
         }
-        if self.ranges.len() >= self.max_ranges {
-            return Err(StoreRefused::Full);
+        let touches_next = self.ranges.get(j).is_some_and(|r| r.0 == end);
+        if !touches_prev && !touches_next && self.ranges.len() >= self.max_ranges {
+            return Err(StoreRefused::TooManyRanges);
         }
         if self.ring.is_empty() {
             if let Some(b) = &self.budget {
@@ -554,9 +566,6 @@ impl Store {
         self.ring[at..at + first].copy_from_slice(&data[..first]);
         self.ring[..data.len() - first].copy_from_slice(&data[first..]);
         self.held += data.len() as u64;
-        let touches_prev = self.ranges.get(i).is_some_and(|r| r.1 == off);
-        let j = if touches_prev { i + 1 } else { i };
-        let touches_next = self.ranges.get(j).is_some_and(|r| r.0 == end);
         match (touches_prev, touches_next) {
             (true, true) => {
                 self.ranges[i].1 = self.ranges[j].1;
@@ -681,16 +690,16 @@ impl Store {
     }
 
     fn release_to(&mut self, pos: u64) {
-        while let Some(r) = self.ranges.first_mut() {
-            if r.1 <= pos {
-                self.held -= r.1 - r.0;
-                self.ranges.remove(0);
-            } else {
-                if r.0 < pos {
-                    self.held -= pos - r.0;
-                    r.0 = pos;
-                }
-                break;
+        // The ranges wholly below `pos` go in one move (one at a time from the front was
+        // quadratic in the ranges held).
+        let k = self.ranges.partition_point(|r| r.1 <= pos);
+        for r in self.ranges.drain(..k) {
+            self.held -= r.1 - r.0;
+        }
+        if let Some(r) = self.ranges.first_mut() {
+            if r.0 < pos {
+                self.held -= pos - r.0;
+                r.0 = pos;
             }
         }
     }
@@ -1520,12 +1529,13 @@ impl IwarpConn {
     }
 
     /// Keeps octets in the reassembly store; an overflow (a peer past the window) ends the
-    /// connection, a spent budget gives the octets from `off` on back to TCP.
+    /// connection, a spent budget or a full range list gives the octets from `off` on back to
+    /// TCP.
     fn hold(&mut self, off: u64, bytes: &[u8]) {
         match self.store.insert(self.consumed, off, bytes) {
             Ok(()) => self.counters.held_total += bytes.len() as u64,
             // (An initiator's store is budgeted from the start: FPDUs behind a lost Reply.)
-            Err(StoreRefused::NoMemory) if off > self.consumed => {
+            Err(StoreRefused::NoMemory | StoreRefused::TooManyRanges) if off > self.consumed => {
                 self.counters.store_refusals += 1;
                 self.give_back(off);
             }
@@ -1541,7 +1551,7 @@ impl IwarpConn {
                 ));
             }
             Err(refused) => {
-                if refused == StoreRefused::NoMemory {
+                if refused != StoreRefused::Full {
                     self.counters.store_refusals += 1;
                 }
                 self.fail_locally("the reassembly store could not hold the peer's data");
@@ -1631,7 +1641,7 @@ impl IwarpConn {
         match overflow {
             // Only the FPDUs before `cursor` were recorded: the one that found no room for
             // the octets before it comes again with them.
-            Some(StoreRefused::NoMemory) => {
+            Some(StoreRefused::NoMemory | StoreRefused::TooManyRanges) => {
                 self.counters.store_refusals += 1;
                 self.give_back(cursor);
                 return;
@@ -3101,5 +3111,38 @@ mod tests {
         s.release_to(u64::MAX);
         assert_eq!(s.held, 0);
         assert!(s.ranges.is_empty());
+    }
+
+    /// A range that starts where a held one ends and runs into the next held one overlaps
+    /// it: refused (the check looked only at the range it touched).
+    #[test]
+    fn store_refuses_an_overlap_behind_a_touching_range() {
+        let mut s = Store::new(64, MAX_STORE_RANGES, None);
+        s.insert(0, 0, &[1; 10]).unwrap();
+        s.insert(0, 20, &[2; 10]).unwrap();
+        assert_eq!(s.insert(0, 10, &[3; 15]), Err(StoreRefused::Full));
+        assert_eq!(s.ranges, vec![(0, 10), (20, 30)]);
+        assert_eq!(s.held, 20);
+        s.insert(0, 10, &[3; 10]).unwrap();
+        assert_eq!(s.ranges, vec![(0, 30)]);
+    }
+
+    /// A full range list refuses only octets that would start a new range; octets that
+    /// extend or join held ranges still go in.
+    #[test]
+    fn a_full_range_list_takes_octets_that_merge() {
+        let mut s = Store::new(64, 2, None);
+        s.insert(0, 0, &[1; 4]).unwrap();
+        s.insert(0, 10, &[1; 4]).unwrap();
+        assert_eq!(s.insert(0, 20, &[1; 4]), Err(StoreRefused::TooManyRanges));
+        s.insert(0, 14, &[1; 2]).unwrap();
+        s.insert(0, 4, &[1; 6]).unwrap();
+        assert_eq!(s.ranges, vec![(0, 16)]);
+        s.insert(0, 20, &[1; 4]).unwrap();
+        assert_eq!(s.ranges, vec![(0, 16), (20, 24)]);
+        assert_eq!(s.held, 20);
+        s.release_to(22);
+        assert_eq!(s.ranges, vec![(22, 24)]);
+        assert_eq!(s.held, 2);
     }
 }
