@@ -708,3 +708,70 @@ fn busy_poll_options_are_applied_and_veth_binds_in_copy_mode() {
         );
     });
 }
+
+/// `HugePages_Free` in `/proc/meminfo` (the pool is the system's, not a namespace's).
+fn huge_pages_free() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("HugePages_Free")
+}
+
+/// Reserves `n` more huge pages (`/proc/sys/vm/nr_hugepages`) and gives them back on drop.
+struct HugePageReservation(String);
+
+impl HugePageReservation {
+    fn more(n: u64) -> Self {
+        const PATH: &str = "/proc/sys/vm/nr_hugepages";
+        let before = std::fs::read_to_string(PATH).expect("read nr_hugepages");
+        let old: u64 = before.trim().parse().expect("a number");
+        std::fs::write(PATH, format!("{}\n", old + n)).expect("write nr_hugepages");
+        HugePageReservation(before)
+    }
+}
+
+impl Drop for HugePageReservation {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/vm/nr_hugepages", &self.0);
+    }
+}
+
+/// A UMEM on huge pages gives them back when its socket closes, whatever its length: one of
+/// 8 MiB + 32 KiB (`rx_ring: 2048, tx_ring: 8`) was mapped over five 2 MiB pages and unmapped
+/// by its own length, which the kernel refuses for a huge-page mapping, so every socket kept
+/// its pages until the process ended.
+#[test]
+fn huge_page_umems_are_given_back_when_their_socket_closes() {
+    let _bed = bed_or_skip!();
+    let _reserved = HugePageReservation::more(8);
+    let free = huge_pages_free();
+    assert!(
+        free >= 5,
+        "could not reserve huge pages for the test: {free} free (memory too fragmented?)"
+    );
+    let cfg = XskConfig {
+        rx_ring: 2048,
+        tx_ring: 8,
+        ..copy_cfg()
+    };
+    in_ns(NS_A, || {
+        for round in 0..3 {
+            let sock = XskSocket::open(DEV_A, 0, &cfg).expect("open");
+            assert!(sock.hugepages(), "round {round}: the UMEM is on huge pages");
+            assert!(huge_pages_free() < free, "round {round}: huge pages taken");
+            drop(sock);
+            // The kernel may release a UMEM from a work queue after the close.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while huge_pages_free() != free && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(
+                huge_pages_free(),
+                free,
+                "round {round}: the socket's huge pages were not given back"
+            );
+        }
+    });
+}

@@ -55,7 +55,9 @@ pub struct XskConfig {
     /// every TX batch is kicked.
     pub need_wakeup: bool,
     /// Try to back the UMEM with huge pages (`MAP_HUGETLB`), falling back to normal pages when
-    /// none are reserved (`/proc/sys/vm/nr_hugepages` is 0 by default).
+    /// none are reserved (`/proc/sys/vm/nr_hugepages` is 0 by default). The UMEM then takes
+    /// whole huge pages (its frame count rounded up; the frames past `rx_ring + tx_ring` stay
+    /// unused), and normal pages when that would more than double it.
     pub hugepages: bool,
     /// Frames per `sendto` kick (the kernel's copy-mode TX sends at most 32 per call).
     pub kick_batch: u32,
@@ -179,6 +181,32 @@ fn get_int_option(fd: RawFd, name: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// Sets the three busy-poll options on `fd`.
+/// The system's default huge page size (`Hugepagesize` in `/proc/meminfo`): the one
+/// `MAP_HUGETLB` without a size flag maps.
+fn default_huge_page_size() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("Hugepagesize:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let n: u64 = words.next()?.parse().ok()?;
+    (words.next() == Some("kB")).then_some(n.checked_mul(1024)?)
+}
+
+/// The frame count of a UMEM of at least `frames` frames of `frame_size` octets on huge pages
+/// of `page` octets: rounded up to whole pages. A `MAP_HUGETLB` mapping is unmapped only by a
+/// length that is a multiple of its page size (`munmap` fails with `EINVAL` otherwise, and
+/// xsk-rs unmaps the length it mapped), so a UMEM of another length kept its huge pages until
+/// the process ended. `None` (normal pages) when rounding up would more than double the UMEM,
+/// or the page is not a whole number of frames.
+fn huge_page_frames(frames: u32, frame_size: u32, page: u64) -> Option<u32> {
+    let frame = u64::from(frame_size);
+    if frame == 0 || page == 0 || !page.is_multiple_of(frame) {
+        return None;
+    }
+    let len = u64::from(frames) * frame;
+    let rounded = len.div_ceil(page).checked_mul(page)?;
+    (rounded <= 2 * len).then(|| u32::try_from(rounded / frame).ok())?
+}
+
 fn apply_busy_poll(fd: RawFd, bp: BusyPoll) -> io::Result<()> {
     set_int_option(fd, SO_PREFER_BUSY_POLL, libc::c_int::from(bp.prefer))?;
     set_int_option(
@@ -598,15 +626,24 @@ impl XskSocket {
         let setup = |detail, e: &(dyn std::error::Error + 'static)| {
             classify(ifname, queue, detail, os_error(e))
         };
-        let (umem, mut descs, hugepages) =
-            match cfg.hugepages.then(|| Umem::new(umem_cfg, count, true)) {
-                Some(Ok((u, d))) => (u, d, true),
-                // No huge pages reserved (or another hugepage failure): normal pages.
-                _ => match Umem::new(umem_cfg, count, false) {
-                    Ok((u, d)) => (u, d, false),
-                    Err(e) => return Err(setup("creating the UMEM", &e)),
-                },
-            };
+        let huge_count = cfg
+            .hugepages
+            .then(default_huge_page_size)
+            .flatten()
+            .and_then(|page| huge_page_frames(frames, cfg.frame_size, page))
+            .and_then(std::num::NonZeroU32::new);
+        let (umem, mut descs, hugepages) = match huge_count.map(|n| Umem::new(umem_cfg, n, true)) {
+            Some(Ok((u, mut d))) => {
+                // The frames past those the rings use stay unused.
+                d.truncate(frames as usize);
+                (u, d, true)
+            }
+            // No huge pages reserved (or another hugepage failure): normal pages.
+            _ => match Umem::new(umem_cfg, count, false) {
+                Ok((u, d)) => (u, d, false),
+                Err(e) => return Err(setup("creating the UMEM", &e)),
+            },
+        };
 
         let mut bind = BindFlags::empty();
         if cfg.need_wakeup {
@@ -656,12 +693,8 @@ impl XskSocket {
         let free_tx: Vec<FrameDesc> = descs.drain(rx_frames..).collect();
         let fd = rx.fd().as_raw_fd();
         if let Some(bp) = cfg.busy_poll {
-            apply_busy_poll(fd, bp).map_err(|source| XskError::Setup {
-                ifname: ifname.to_owned(),
-                queue,
-                detail: "setting the busy-poll socket options",
-                source,
-            })?;
+            apply_busy_poll(fd, bp)
+                .map_err(|e| classify(ifname, queue, "setting the busy-poll socket options", e))?;
         }
         let frame_capacity = (cfg.frame_size - umem_cfg.xdp_headroom()) as usize;
         let zero_copy = query_zero_copy(fd);
@@ -1470,6 +1503,22 @@ mod tests {
     #[test]
     fn socket_is_send() {
         assert_send::<XskSocket>();
+    }
+
+    /// A UMEM on huge pages takes whole pages (or normal pages when that would more than
+    /// double it): the default 10 MiB UMEM is five 2 MiB pages as it is; 8 MiB + 32 KiB
+    /// (`rx_ring: 2048, tx_ring: 8`) grows to 10 MiB; 64 KiB stays on normal pages.
+    #[test]
+    fn huge_page_umems_take_whole_pages() {
+        const MIB2: u64 = 2 << 20;
+        assert_eq!(huge_page_frames(512 + 2048, 4096, MIB2), Some(2560));
+        assert_eq!(huge_page_frames(2048 + 8, 4096, MIB2), Some(2560));
+        assert_eq!(huge_page_frames(16, 4096, MIB2), None);
+        assert_eq!(huge_page_frames(256, 4096, MIB2), Some(512));
+        assert_eq!(huge_page_frames(2560, 4096, 1 << 30), None);
+        assert_eq!(huge_page_frames(2560, 4096, 3 << 20 | 1), None);
+        assert_eq!(huge_page_frames(u32::MAX, 65536, MIB2), None);
+        assert_eq!(huge_page_frames(0, 4096, MIB2), Some(0));
     }
 
     /// `split_packets` over frames flagged `c` (more follow) or `l` (last of its packet):
