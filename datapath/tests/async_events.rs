@@ -209,7 +209,7 @@ fn engine_qp_reset_by_its_peer_reports_qp_fatal() {
 /// The engine fails (an injected panic in its threads): the device reports `DeviceFatal` once,
 /// and its queue pair `QpFatal` (`EngineFailed`). An engine stopped normally reports nothing,
 /// for itself or its queue pair (`EngineStopped` is the application's doing: its
-/// `Disconnected` alone says it).
+/// `Disconnected` alone says it), and its queue pair's status names the stop.
 #[test]
 fn engine_failure_reports_device_fatal_a_stop_does_not() {
     let _bed = bed_or_skip!();
@@ -260,6 +260,8 @@ fn engine_failure_reports_device_fatal_a_stop_does_not() {
         let _ = quiet_device.close();
         assert!(conn.qp.wait_finished(WAIT));
         quiet(&channel, "an engine stopped normally, with its queue pair");
+        // Its status says what ended it (it was the same as after its own disconnect).
+        assert_eq!(conn.qp.status().error, Some(QpError::EngineStopped));
         let _ = done_tx.send(());
         drop(conn);
 

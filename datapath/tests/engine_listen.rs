@@ -97,3 +97,38 @@ fn engine_listener_on_port_0_and_dropped() {
     let (c3, s3) = bed::socket_client_to_engine(&third, port, &client3, &server3, Vec::new());
     send_arrives((&c3, &client3), (&s3, &server3), 6);
 }
+
+/// A listen whose caller gave up (its set-up timeout passed before the engine got to the
+/// command) leaves the port free: the engine stops listening again when it finds nobody to
+/// answer. Before, the engine listened on, for its whole life, on a port no `Listener` owned
+/// (every connection to it refused, every later `listen` on it `PortInUse`).
+#[test]
+fn a_listen_whose_caller_gave_up_leaves_the_port_free() {
+    const PORT: u16 = 19_608;
+    let _bed = bed_or_skip!();
+    let engine = bed::start_engine(NS_A, DEV_A);
+    let hasty = datapath::ConnectParams {
+        setup_timeout: Duration::from_nanos(1),
+        ..bed::params()
+    };
+    let mut gave_up = 0;
+    for _ in 0..5 {
+        match engine.listen(PORT, hasty.clone()) {
+            Err(datapath::DatapathError::Timeout(_)) => gave_up += 1,
+            // The engine answered within the nanosecond: nothing to show this round.
+            Ok(listener) => drop(listener),
+            Err(e) => panic!("listen: {e}"),
+        }
+        // The engine takes each shard's commands in order: the abandoned listen came first.
+        drop(
+            engine
+                .listen(PORT, bed::params())
+                .expect("the port is free again"),
+        );
+    }
+    assert!(gave_up > 0, "no listen timed out: the test tests nothing");
+    let listener = engine.listen(PORT, bed::params()).expect("listen");
+    let (client, server) = (Side::new(), Side::new());
+    let (c, s) = bed::socket_client_to_engine(&listener, PORT, &client, &server, Vec::new());
+    send_arrives((&c, &client), (&s, &server), 1);
+}

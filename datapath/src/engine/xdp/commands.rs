@@ -115,8 +115,10 @@ pub(super) enum EngineCmd {
         params: ConnectParams,
         requests: Sender<RequestMsg>,
         record: Arc<ListenRecord>,
-        /// The port listened on (the one the kernel picked for port 0).
-        reply: Reply<u16>,
+        /// The port listened on (the one the kernel picked for port 0). A handover: a caller
+        /// that gave up (its `setup_timeout` passed) leaves the engine to stop listening
+        /// again, or the port stayed taken for the engine's life.
+        reply: Handover<u16>,
     },
     /// The listener on `port` was dropped: stop listening (no reply).
     Unlisten {

@@ -473,7 +473,7 @@ impl XdpEngine {
         let record = Arc::new(ListenRecord::default());
         let mut port = port;
         for (i, shard) in self.shards.iter().enumerate() {
-            let (tx, rx) = crossbeam_channel::bounded(1);
+            let (tx, rx) = handover();
             let cmd = EngineCmd::Listen {
                 port,
                 params: params.clone(),
@@ -482,9 +482,11 @@ impl XdpEngine {
                 reply: tx,
             };
             // The first shard reserves the port (picks it, for port 0); the others share it.
+            // A shard that answers after this call gave up stops listening itself.
             match shard
                 .handle
-                .call(cmd, rx, params.setup_timeout, "starting to listen")
+                .send(cmd)
+                .and_then(|()| rx.wait(params.setup_timeout, "starting to listen"))
             {
                 Ok(bound) => port = bound,
                 Err(e) => {

@@ -324,6 +324,14 @@ impl Engine {
 
     /// One turn of the engine thread with its state locked, and what to do next.
     fn step(&self, t: &mut Turner, p: &mut Pace) -> Next {
+        // A turn failed (a fatal driver error, or a panic on an application thread): the
+        // engine ends as failed, before another turn or a set-up command (a listen answered
+        // `Ok` by an engine that is failing) runs on what that one left.
+        if let Some(e) = t.failed.take() {
+            p.error = Some(e);
+            p.failed = true;
+            return Next::Stop;
+        }
         let mut work = false;
         if p.stopping.is_none() {
             match t.commands(&self.cmds) {
@@ -337,6 +345,11 @@ impl Engine {
                 Err(()) => {
                     p.stopping = Some(StdInstant::now());
                     for slot in t.st.slots.values_mut() {
+                        // What ends a queue pair the application did not close: the stop
+                        // (a closing connection records nothing at its end).
+                        if !slot.closing {
+                            slot.set_error(QpError::EngineStopped);
+                        }
                         slot.closing = true;
                         slot.conn.close();
                     }
@@ -345,13 +358,6 @@ impl Engine {
                     t.xdp.unquiet();
                 }
             }
-        }
-        // A turn failed (a fatal driver error, or a panic on an application thread): the
-        // engine ends as failed, before another turn runs on what that one left.
-        if let Some(e) = t.failed.take() {
-            p.error = Some(e);
-            p.failed = true;
-            return Next::Stop;
         }
         work |= t.turn();
         let turns = self.wake.thread_turns.fetch_add(1, Ordering::Relaxed);
@@ -631,18 +637,24 @@ impl Turner {
                     tcp.tx_mode = tx_mode(&self.st.cfg);
                     tcp.rx_mode = tcp_engine::RxMode::PassUp;
                     params.apply_to(&mut tcp);
-                    let res = self
-                        .xdp
-                        .listen(port, self.st.cfg.backlog, tcp)
-                        .inspect(|&port| {
+                    match self.xdp.listen(port, self.st.cfg.backlog, tcp) {
+                        Ok(port) => {
                             let listen = ListenPort {
                                 params,
                                 requests,
                                 record,
                             };
                             self.st.listeners.insert(port, listen);
-                        });
-                    let _ = reply.send(res.map_err(DatapathError::from));
+                            if !reply.deliver(Ok(port)) {
+                                // The caller gave up (its set-up timeout): nobody will unlisten.
+                                self.st.listeners.remove(&port);
+                                self.xdp.unlisten(port);
+                            }
+                        }
+                        Err(e) => {
+                            reply.deliver(Err(e.into()));
+                        }
+                    }
                 }
                 EngineCmd::Unlisten { port } => {
                     // Requests still arriving for the port are rejected (nobody listens).

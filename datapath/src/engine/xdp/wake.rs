@@ -361,9 +361,16 @@ impl SlotWaker {
 
 impl QpWaker for SlotWaker {
     fn wake(&self) -> io::Result<()> {
-        if self.many.load(Ordering::Relaxed) && !self.queued.swap(true, Ordering::SeqCst) {
-            // Bounded at the table's size, and each connection is in it at most once.
-            let _ = self.attention.try_send(self.id);
+        if self.many.load(Ordering::Relaxed)
+            && !self.queued.swap(true, Ordering::SeqCst)
+            && self.attention.try_send(self.id).is_err()
+        {
+            // Bounded at the table's size, and each connection is in it at most once; but a
+            // connection that ended may still be named in it (its application's handle woke
+            // it after the end) while its slot serves another. Not named now, so the next
+            // post names it again: left set, the flag kept the connection from ever being
+            // named (its requests waited for the full sweep every 20 ms).
+            self.queued.store(false, Ordering::SeqCst);
         }
         self.wake.wake_posted(self.id)
     }
