@@ -799,3 +799,81 @@ fn more_held_ranges_than_the_store_keeps_are_given_back_not_fatal() {
     let got = mem.get(sink).unwrap().to_vec();
     assert!(got[..data.len()] == data[..]);
 }
+
+/// A Marker between FPDUs (stream position 512) corrupted in flight, the FPDU after it
+/// arriving first in a segment of its own (from its header at 516, so without the Marker's
+/// octets): that FPDU is located and checked with the zero Marker a Marker between FPDUs is,
+/// and placed. When the Marker's own segment comes, the Marker read in order must be that zero
+/// Marker: with CRCs, any other octets fail the CRC (RFC 5044 4.4: the Marker is covered by
+/// the FPDU after it), without them an FPDUPTR other than 0 fails the Marker check (4.3).
+/// Before, the in-order pass forgot what it had read there and nothing failed. Reserved octets
+/// other than zero without CRCs are ignored (4.3), and everything arrives.
+#[test]
+fn a_corrupted_marker_before_an_fpdu_placed_early_fails_the_connection() {
+    for (crc, flip_at, fails) in [
+        (true, 3, true),   // FPDUPTR
+        (true, 0, true),   // reserved
+        (false, 3, true),  // FPDUPTR
+        (false, 0, false), // reserved: ignored without CRCs
+    ] {
+        let what = format!("crc {crc}, marker octet {flip_at}");
+        let Receiver {
+            mut conn,
+            mem,
+            sink,
+            start,
+            ..
+        } = receiver(true, crc);
+        let data: Vec<u8> = (0..4000).map(|i| (i * 3 + 1) as u8).collect();
+        // A first Write whose FPDU ends at 512, then Writes of 600 octets: the FPDU after the
+        // Marker holds the next Marker (1024), which points back at its header (without CRCs
+        // only a Marker locates an FPDU).
+        let fpdus = (1..600)
+            .map(|first| {
+                let mut lens = std::iter::once(first).chain(std::iter::repeat(600));
+                writes_fpdus_sized(&data, sink, true, crc, 1024, || lens.next().unwrap())
+            })
+            .find(|f| f[0].len() == 512)
+            .expect("a first Write that ends at 512");
+        let mut stream = fpdus.concat();
+        stream[512 + flip_at] ^= 0x04;
+        let next_end = 512 + fpdus[1].len();
+        let s = start as u64;
+        pass_up(&mut conn, s + 516, &stream[516..next_end], &mem);
+        assert!(
+            conn.counters().fpdus_placed_out_of_order == 1,
+            "{what}: the FPDU after the Marker was placed early: {:?}",
+            conn.counters()
+        );
+        pass_up(&mut conn, s, &stream[..516], &mem);
+        pass_up(&mut conn, s + next_end as u64, &stream[next_end..], &mem);
+        let failed: Vec<ConnEvent> = std::iter::from_fn(|| conn.poll_event())
+            .filter(|e| matches!(e, ConnEvent::MpaFailed(_)))
+            .collect();
+        if !fails {
+            assert!(failed.is_empty(), "{what}: {failed:?}");
+            assert!(
+                mem.get(sink).unwrap().to_vec()[..data.len()] == data[..],
+                "{what}"
+            );
+            continue;
+        }
+        match failed.as_slice() {
+            [ConnEvent::MpaFailed(mpa::MpaError::LocatedMarkerCrcMismatch {
+                marker_position: 512,
+                ..
+            })] if crc => {}
+            [ConnEvent::MpaFailed(mpa::MpaError::MarkerMismatch {
+                marker_position: 512,
+                expected: 0,
+                ..
+            })] if !crc => {}
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(
+            conn.counters().fpdus_rx,
+            1,
+            "{what}: only the first FPDU was taken"
+        );
+    }
+}

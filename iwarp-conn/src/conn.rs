@@ -2138,7 +2138,10 @@ impl IwarpConn {
     /// An MPA error in Full Operation: stop receiving and report it (RFC 5044 8, RFC 5040
     /// 7.1: Terminate with layer LLP and the MPA code).
     fn mpa_failed(&mut self, e: MpaError, may_send: bool) {
-        if matches!(e, MpaError::CrcMismatch { .. }) {
+        if matches!(
+            e,
+            MpaError::CrcMismatch { .. } | MpaError::LocatedMarkerCrcMismatch { .. }
+        ) {
             self.counters.crc_errors += 1;
         }
         let cause = if may_send {
@@ -2358,6 +2361,14 @@ impl IwarpConn {
             // chance, or a hostile peer): a framing error, code 3.
             let may_send = full.may_send;
             self.mpa_failed(MpaError::LocatedFpduMismatch { position }, may_send);
+            return;
+        }
+        // A Marker read in order right before it: the located FPDU's CRC was checked with the
+        // zero Marker a Marker between FPDUs is (its octets were not in that FPDU's segment),
+        // so the one received must be that.
+        if let Err(e) = full.decoder.check_marker_before_located() {
+            let may_send = full.may_send;
+            self.mpa_failed(e, may_send);
             return;
         }
         full.decoder.reset(p.end - full.rx_start);

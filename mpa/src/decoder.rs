@@ -91,6 +91,9 @@ pub struct FpduDecoder {
     marker_position: u64,
     /// First Marker disagreement in the current FPDU, reported if its CRC is good.
     marker_error: Option<MpaError>,
+    /// The Marker read at the current FPDU boundary (between FPDUs), if one was, and its
+    /// position: [`check_marker_before_located`](Self::check_marker_before_located).
+    boundary_marker: Option<(u64, [u8; MARKER_LEN])>,
 }
 
 impl FpduDecoder {
@@ -120,6 +123,7 @@ impl FpduDecoder {
             marker: [0; MARKER_LEN],
             marker_position: 0,
             marker_error: None,
+            boundary_marker: None,
         }
     }
 
@@ -438,6 +442,30 @@ impl FpduDecoder {
         }
     }
 
+    /// At an FPDU boundary where the caller takes an FPDU located out of order as read
+    /// (`FpduLocator`, which checked its CRC): the Marker this decoder read at this boundary,
+    /// if it read one, must be the Marker that FPDU was checked with. A locator that did not
+    /// have a Marker's octets (they ended an earlier segment) checks the FPDU after it with
+    /// the all-zero Marker a Marker between FPDUs is (FPDUPTR 0, RFC 5044 4.3; reserved
+    /// octets zero on transmit): received otherwise, with CRCs the FPDU's CRC does not cover
+    /// what was received ([`MpaError::LocatedMarkerCrcMismatch`], 4.4), without them an
+    /// FPDUPTR other than 0 is a [`MpaError::MarkerMismatch`].
+    pub fn check_marker_before_located(&self) -> Result<(), MpaError> {
+        let Some((marker_position, octets)) = self.boundary_marker else {
+            return Ok(());
+        };
+        if self.crc && octets != [0; MARKER_LEN] {
+            return Err(MpaError::LocatedMarkerCrcMismatch {
+                marker_position,
+                marker: u32::from_be_bytes(octets),
+            });
+        }
+        match &self.marker_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
     /// Restarts at an FPDU boundary at stream position `position` (relative to SeqStart),
     /// forgetting any partial FPDU and any error, and keeping the internal buffer's
     /// capacity (no allocation). Used to scan segments that arrive out of order.
@@ -455,6 +483,7 @@ impl FpduDecoder {
         self.phase = Phase::Header { got: 0 };
         self.hasher.reset();
         self.ulpdu.clear();
+        self.boundary_marker = None;
     }
 
     /// A complete Marker has been read: work out which FPDU it belongs to, whether that FPDU's
@@ -463,7 +492,10 @@ impl FpduDecoder {
         let marker = MarkerPtr::from_bytes(self.marker);
         let (expected, covered) = match self.phase {
             // Between FPDUs: it belongs to the next FPDU and is covered by its CRC.
-            Phase::Header { got: 0 } => (0, true),
+            Phase::Header { got: 0 } => {
+                self.boundary_marker = Some((self.marker_position, self.marker));
+                (0, true)
+            }
             // Inside the FPDU, up to and including right after the PAD: covered.
             Phase::Header { .. } | Phase::Body { .. } | Phase::Crc { got: 0 } => {
                 (self.marker_position - self.header_position, true)

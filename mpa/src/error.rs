@@ -65,6 +65,19 @@ pub enum MpaError {
         expected: u16,
     },
 
+    /// The Marker between FPDUs right before an FPDU located out of order, whose octets were
+    /// not in the segment that FPDU came in, is not the Marker that FPDU was checked with: a
+    /// Marker between FPDUs holds FPDUPTR 0 (RFC 5044 section 4.3), so the located FPDU's CRC
+    /// was computed over an all-zero Marker, and the CRC field does not cover the octets
+    /// received (section 4.4), code 2 as for any CRC error (section 8).
+    #[error("MPA marker at stream position {marker_position} ({marker:#010x}) is not the zero Marker the FPDU after it was checked with")]
+    LocatedMarkerCrcMismatch {
+        /// Stream position (octets since SeqStart) of the Marker's first octet.
+        marker_position: u64,
+        /// The Marker's octets as received (big-endian).
+        marker: u32,
+    },
+
     /// An FPDU placed early (located out of order: aligned at a segment's start, or found by
     /// a Marker, its CRC good) is not where the in-order chain of ULPDU_Length fields puts an
     /// FPDU when the in-order pass reaches it: the two framings disagree (a CRC that matched
@@ -168,7 +181,7 @@ impl MpaError {
             | MpaError::AcceptTimeout
             | MpaError::RtrTimeout
             | MpaError::Rejected => 1,
-            MpaError::CrcMismatch { .. } => 2,
+            MpaError::CrcMismatch { .. } | MpaError::LocatedMarkerCrcMismatch { .. } => 2,
             MpaError::MarkerMismatch { .. }
             | MpaError::LocatedFpduMismatch { .. }
             | MpaError::ReceivedUlpduTooLong { .. } => 3,
@@ -209,6 +222,11 @@ mod tests {
         assert_eq!(marker.code(), 3);
         assert_eq!(MpaError::ReceivedUlpduTooLong { len: 9, max: 8 }.code(), 3);
         assert_eq!(MpaError::LocatedFpduMismatch { position: 9 }.code(), 3);
+        let marker = MpaError::LocatedMarkerCrcMismatch {
+            marker_position: 512,
+            marker: 1,
+        };
+        assert_eq!(marker.code(), 2);
         assert_eq!(MpaError::InvalidKey.code(), 4);
         assert_eq!(
             MpaError::PrivateDataTooLong { len: 513, max: 512 }.code(),

@@ -155,7 +155,16 @@ impl FpduLocator {
         // first scan (a connection that never sees a segment out of order holds none).
         self.decoder.reserve_max_ulpdu();
         let marker_at = MARKER_INTERVAL as u64;
-        if self.markers && start % marker_at == MARKER_LEN as u64 {
+        let marker_len = MARKER_LEN as u64;
+        if self.markers && start % marker_at == marker_len && start - marker_len >= position {
+            // A header right after a Marker position whose octets are here: they are read
+            // (checked as a Marker between FPDUs, and covered by the header's CRC), not taken
+            // to be the zero Marker a Marker between FPDUs is (a Marker corrupted in flight,
+            // before a header a later Marker points at, went unchecked).
+            let from_marker = &segment[(start - marker_len - position) as usize..];
+            return self.scan_from(from_marker, start - marker_len, false, covered_crc, on_fpdu);
+        }
+        if self.markers && start % marker_at == marker_len {
             // A header right after a Marker position whose octets are not here (they ended the
             // last segment, or a gap took them): that Marker lies between FPDUs, so it holds
             // FPDUPTR 0 and the header's CRC covers it (RFC 5044 4.3, 4.4). Read as such, the
@@ -370,6 +379,38 @@ mod tests {
             tried >= 2,
             "the stream has {tried} FPDUs right after a Marker"
         );
+    }
+
+    /// A segment that holds a Marker between FPDUs and, further on, a Marker pointing back at
+    /// the header right after it: the first Marker's octets are read and checked (FPDUPTR 0,
+    /// covered by the FPDU's CRC), not taken to be zero. Corrupted (its FPDUPTR pointing
+    /// before the segment, so that only the later Marker points at a header), the FPDU after
+    /// it is not located; intact, it is.
+    #[test]
+    fn a_marker_in_the_segment_before_a_located_header_is_checked() {
+        let (wire, fpdus) = stream(true, true, 600);
+        let mut tried = 0;
+        for &(s, end, _) in &fpdus {
+            let interval = MARKER_INTERVAL as u64;
+            if s % interval != 0 || s < 8 || end <= s + interval + MARKER_LEN as u64 {
+                continue;
+            }
+            let header = s + MARKER_LEN as u64;
+            let from = s - 8;
+            for corrupt in [false, true] {
+                let mut seg = wire[from as usize..end as usize].to_vec();
+                if corrupt {
+                    // FPDUPTR 0x0100: a header 256 octets before the Marker, before the segment.
+                    seg[10] = 0x01;
+                }
+                let mut loc = FpduLocator::new(true, true);
+                let mut found = Vec::new();
+                loc.locate(&seg, from, |span, _| found.push(span.start));
+                assert_eq!(found.contains(&header), !corrupt, "{s}: {found:?}");
+            }
+            tried += 1;
+        }
+        assert!(tried >= 2, "the stream has {tried} such FPDUs");
     }
 
     /// A stream that itself starts 4 octets past a Marker position has no Marker before its
