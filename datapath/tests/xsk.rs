@@ -775,3 +775,29 @@ fn huge_page_umems_are_given_back_when_their_socket_closes() {
         }
     });
 }
+
+/// A device running fewer queues than it has (`ethtool -L iwa0 rx 2 tx 2`: veth keeps four
+/// allocated): a queue between the running and the allocated count is out of range, said as
+/// such (the kernel refuses to bind it with EINVAL, which said nothing of the queue).
+#[test]
+fn a_queue_allocated_but_not_running_is_out_of_range() {
+    let _bed = bed_or_skip!();
+    let ethtool = |args: &str| {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", NS_A, "ethtool", "-L", DEV_A])
+            .args(args.split(' '))
+            .output()
+            .expect("run ethtool");
+        assert!(out.status.success(), "ethtool -L {args}: {out:?}");
+    };
+    ethtool("rx 2 tx 2");
+    in_ns(NS_A, || {
+        let cfg = copy_cfg();
+        match XskSocket::open(DEV_A, 2, &cfg) {
+            Err(XskError::QueueOutOfRange { queues: 2, .. }) => {}
+            other => panic!("expected QueueOutOfRange of 2 queues, got {other:?}"),
+        }
+        XskSocket::open(DEV_A, 1, &cfg).expect("a running queue");
+    });
+    ethtool(&format!("rx {QUEUES} tx {QUEUES}"));
+}

@@ -286,7 +286,8 @@ pub struct XdpTcpConfig {
     /// Most connections at once (the table's capacity), per shard; the steering program has
     /// room for every shard's together (at least `xdp_prog::DEFAULT_FLOWS`).
     pub max_connections: usize,
-    /// Most frames taken from each socket per turn.
+    /// Most frames taken from each socket per turn (at most the socket's
+    /// [`XskConfig::max_batch`], which bounds each take).
     pub rx_batch: usize,
     /// Most frames transmitted per turn, in whole kick batches (rounded up; 0: no limit, as
     /// many as the connections have ready and the TX pool takes). Received frames, ACKs above
@@ -645,14 +646,8 @@ impl XdpPort {
     pub fn open(ifname: &str, cfg: &XdpTcpConfig, sharded: bool) -> Result<Self, XdpTcpError> {
         let mut query = InterfaceQuery::open()?;
         let info = query.info(ifname)?;
-        // The queues running (a NIC may run fewer than it has); a driver that does not say
-        // runs all it has (veth reports them, and before 5.14 had no way to change them).
-        // (Never more than it has: veth before Linux 5.14 also reported its queues as
-        // combined channels, each counted twice.)
-        let (rx, tx) = match crate::xsk::ethtool::channels(ifname) {
-            Ok(c) if c.rx > 0 && c.tx > 0 => (c.rx.min(info.rx_queues), c.tx.min(info.tx_queues)),
-            _ => (info.rx_queues, info.tx_queues),
-        };
+        let (rx, tx) =
+            crate::xsk::ethtool::running_queues(ifname, (info.rx_queues, info.tx_queues));
         let served = rx.min(tx).min(crate::xsk::steering::MAX_QUEUES);
         if rx > served {
             return Err(XdpTcpError::TooManyQueues {
@@ -1898,8 +1893,10 @@ impl XdpTcp {
             }
             probe::mark(Mark::FrameSeen);
             any = true;
-            // Frames, not packets: a full ring gives full batches of frames.
-            full |= batch.frames() >= cfg.rx_batch;
+            // Frames, not packets: a full ring gives full batches of frames (of at most the
+            // socket's `max_batch`, whatever `rx_batch` asks: compared with `rx_batch` alone, a
+            // larger one never saw a full batch, and the backlog went unnoticed).
+            full |= batch.frames() >= cfg.rx_batch.min(cfg.xsk.max_batch as usize);
             for i in 0..RX_PREFETCH_AHEAD {
                 batch.prefetch(i);
             }

@@ -109,6 +109,19 @@ pub fn channels(ifname: &str) -> io::Result<Channels> {
     })
 }
 
+/// The queues `ifname` runs, RX and TX, of the `allocated` ones netlink reports
+/// (`IFLA_NUM_RX_QUEUES`, `IFLA_NUM_TX_QUEUES`): an AF_XDP socket binds only to a running
+/// queue (the kernel checks `real_num_rx_queues`), and a NIC may run fewer than it has
+/// (`ethtool -L`). A driver that does not say runs all it has (veth reports them, and before
+/// 5.14 had no way to change them); never more than it has (veth before Linux 5.14 also
+/// reported its queues as combined channels, each counted twice).
+pub fn running_queues(ifname: &str, allocated: (u32, u32)) -> (u32, u32) {
+    match channels(ifname) {
+        Ok(c) if c.rx > 0 && c.tx > 0 => (c.rx.min(allocated.0), c.tx.min(allocated.1)),
+        _ => allocated,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

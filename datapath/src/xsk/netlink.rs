@@ -85,9 +85,10 @@ pub struct InterfaceInfo {
     pub mtu: u32,
     /// First IPv4 address and its prefix length, if any.
     pub ipv4: Option<(Ipv4Addr, u8)>,
-    /// Number of RX queues (what AF_XDP sockets can bind to: `0..rx_queues`).
+    /// RX queues allocated (`IFLA_NUM_RX_QUEUES`). A NIC may run fewer (`ethtool -L`), and an
+    /// AF_XDP socket binds only to a running one: [`super::ethtool::running_queues`].
     pub rx_queues: u32,
-    /// Number of TX queues.
+    /// TX queues allocated (`IFLA_NUM_TX_QUEUES`).
     pub tx_queues: u32,
     /// Up and with a carrier (`IFF_UP` and `IFF_LOWER_UP`, `ip link`'s `UP,LOWER_UP`): it
     /// passes packets.
@@ -186,46 +187,63 @@ impl Netlink {
         let dump = flags & NLM_F_DUMP != 0;
         loop {
             let n = (&self.sock).read(&mut self.buf)?;
-            let mut b = &self.buf[..n];
-            while b.len() >= NLMSG_HDRLEN {
-                let mlen = u32_at(b, 0) as usize;
-                let mty = u16_at(b, 4);
-                let mseq = u32_at(b, 8);
-                if mlen < NLMSG_HDRLEN || mlen > b.len() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "truncated netlink message",
-                    ));
-                }
-                let payload = &b[NLMSG_HDRLEN..mlen];
-                b = &b[align4(mlen).min(b.len())..];
-                if mseq != self.seq {
-                    continue; // a stale reply to an earlier request
-                }
-                match mty {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let code = if payload.len() >= 4 {
-                            i32::from_ne_bytes([payload[0], payload[1], payload[2], payload[3]])
-                        } else {
-                            -libc::EINVAL
-                        };
-                        return if code == 0 {
-                            Ok(())
-                        } else {
-                            Err(io::Error::from_raw_os_error(-code))
-                        };
-                    }
-                    _ => {
-                        each(mty, payload);
-                        if !dump {
-                            return Ok(());
-                        }
-                    }
+            if let Some(done) = replies(&self.buf[..n], self.seq, dump, &mut each) {
+                return done;
+            }
+        }
+    }
+}
+
+/// The messages of one datagram of replies to request `seq`, each message other than the
+/// end handed to `each`: `Some(outcome)` once the replies end (a request's acknowledgement or
+/// error, its one reply, or a dump's `NLMSG_DONE`), `None` when more datagrams follow.
+/// A dump's `NLMSG_DONE` carries the dump's error code (the kernel's `dump_done_errno`): a
+/// dump that failed part way is an error, not a short list.
+fn replies(
+    mut b: &[u8],
+    seq: u32,
+    dump: bool,
+    each: &mut impl FnMut(u16, &[u8]),
+) -> Option<io::Result<()>> {
+    let code_in = |payload: &[u8]| match payload.get(..4) {
+        Some(c) => i32::from_ne_bytes([c[0], c[1], c[2], c[3]]),
+        None => -libc::EINVAL,
+    };
+    while b.len() >= NLMSG_HDRLEN {
+        let mlen = u32_at(b, 0) as usize;
+        let mty = u16_at(b, 4);
+        let mseq = u32_at(b, 8);
+        if mlen < NLMSG_HDRLEN || mlen > b.len() {
+            return Some(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "truncated netlink message",
+            )));
+        }
+        let payload = &b[NLMSG_HDRLEN..mlen];
+        b = &b[align4(mlen).min(b.len())..];
+        if mseq != seq {
+            continue; // a stale reply to an earlier request
+        }
+        match mty {
+            // (A DONE without its code, from an old kernel, ends the dump well.)
+            NLMSG_DONE if payload.len() < 4 => return Some(Ok(())),
+            NLMSG_DONE | NLMSG_ERROR => {
+                let code = code_in(payload);
+                return Some(if code >= 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::from_raw_os_error(-code))
+                });
+            }
+            _ => {
+                each(mty, payload);
+                if !dump {
+                    return Some(Ok(()));
                 }
             }
         }
     }
+    None
 }
 
 /// A netlink attribute: length, type, value, padded to four octets.
@@ -563,6 +581,55 @@ pub fn resolve_next_hop(dst: Ipv4Addr, timeout: Duration) -> Result<(Route, [u8;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One netlink message: header (length, type, flags, sequence, port) and payload.
+    fn message(ty: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = NLMSG_HDRLEN + payload.len();
+        let mut m = Vec::new();
+        m.extend_from_slice(&(len as u32).to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&0u16.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(payload);
+        m.resize(align4(m.len()), 0);
+        m
+    }
+
+    /// A dump's replies: its messages, then the end. An end carrying an error code (a dump
+    /// that failed part way, as `-EMSGSIZE`) is that error, not the end of a short list.
+    #[test]
+    fn a_dump_that_ends_in_an_error_is_an_error() {
+        const RTM_NEWLINK: u16 = 16;
+        let mut seen = Vec::new();
+        let mut each = |ty: u16, p: &[u8]| seen.push((ty, p.len()));
+        let first = [message(RTM_NEWLINK, 7, &[0; 16]), message(5, 6, &[])].concat();
+        assert!(
+            replies(&first, 7, true, &mut each).is_none(),
+            "more to come"
+        );
+        let good = message(NLMSG_DONE, 7, &0i32.to_ne_bytes());
+        assert!(matches!(replies(&good, 7, true, &mut each), Some(Ok(()))));
+        let old_kernel = message(NLMSG_DONE, 7, &[]);
+        assert!(matches!(
+            replies(&old_kernel, 7, true, &mut each),
+            Some(Ok(()))
+        ));
+        let failed = message(NLMSG_DONE, 7, &(-libc::EMSGSIZE).to_ne_bytes());
+        let e = replies(&failed, 7, true, &mut each)
+            .expect("the end")
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE));
+        let refused = message(NLMSG_ERROR, 7, &(-libc::EPERM).to_ne_bytes());
+        let e = replies(&refused, 7, false, &mut each)
+            .expect("the end")
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        let cut = &message(RTM_NEWLINK, 7, &[0; 16])[..20];
+        assert!(matches!(replies(cut, 7, true, &mut each), Some(Err(_))));
+        // The stale reply (sequence 6) was skipped; the link message was seen once.
+        assert_eq!(seen, vec![(RTM_NEWLINK, 16)]);
+    }
 
     #[test]
     fn loopback_facts() {

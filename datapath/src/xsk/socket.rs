@@ -567,7 +567,10 @@ impl XskSocket {
     pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
         cfg.validate()?;
         let info = netlink::interface_info(ifname)?;
-        let queues = info.rx_queues.min(info.tx_queues);
+        // The queues running, not all allocated: binding to one not running fails with
+        // EINVAL, which said nothing of the queue.
+        let (rx, tx) = super::ethtool::running_queues(ifname, (info.rx_queues, info.tx_queues));
+        let queues = rx.min(tx);
         if queue >= queues {
             return Err(XskError::QueueOutOfRange {
                 ifname: ifname.to_owned(),
