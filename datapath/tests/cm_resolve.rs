@@ -155,3 +155,33 @@ fn engine_resolves_address_and_route_through_its_interface() {
     }
     drop(device);
 }
+
+/// A route resolution under way (nobody answers for the address: the kernel's neighbour
+/// resolution would wait its whole timeout, 20 s here) when the engine stops: its caller is
+/// told at once (`RouteError`, `Disconnected`), not when that wait ends.
+#[test]
+fn an_engine_that_stops_answers_a_resolution_under_way_at_once() {
+    let _bed = bed_or_skip!();
+    let device = in_ns(NS_A, || {
+        let mut config = XdpEngineConfig::default();
+        config.driver.neighbour_timeout = Duration::from_secs(20);
+        Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::new(config),
+        })
+        .expect("engine")
+    });
+    let ch = CmEventChannel::new().expect("channel");
+    let nobody = SocketAddr::from((std::net::Ipv4Addr::new(10, 77, 0, 98), 7471));
+    device.resolve_route(nobody, &ch, 8).expect("resolve_route");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ch.get_event().is_none(), "resolved while nobody answers");
+    let _ = device.close();
+    match ch.wait_event(Duration::from_secs(5)) {
+        Some(CmEvent::RouteError {
+            context: 8,
+            error: DatapathError::Disconnected,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -2,6 +2,7 @@
 //! ([`EngineCmd`]: listen, connect, accept, reject, shutdown), the one-shot channels that answer
 //! them ([`Reply`], [`Handover`] for the queue pairs of connect and accept) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -211,20 +212,29 @@ pub(super) enum Awaiting {
 
 /// Connects and route resolutions waiting for their next hop's MAC address, each resolved on
 /// a thread of its own (the kernel's ARP may take seconds; the engine's turns go on meanwhile).
+/// What waits stays here, not with the thread: an engine that stops drops it, and its caller
+/// learns at once (not when the resolution's wait ends).
 pub(super) struct Resolutions {
     pub(super) tx: Sender<Resolved>,
     pub(super) rx: Receiver<Resolved>,
-    /// Resolutions started and not yet taken back.
-    pub(super) pending: usize,
+    /// What waits, by the number its resolution thread answers with.
+    pub(super) waiting: HashMap<u64, Awaiting>,
+    /// The number the next resolution gets.
+    pub(super) next: u64,
 }
 
-/// What waited, and its next hop, resolved (the route taken, its MAC) or not.
-pub(super) type Resolved = (Awaiting, Result<(Route, [u8; 6]), XskError>);
+/// A resolution's number, and its next hop resolved (the route taken, its MAC) or not.
+pub(super) type Resolved = (u64, Result<(Route, [u8; 6]), XskError>);
 
 impl Resolutions {
     pub(super) fn new() -> Self {
         let (tx, rx) = crossbeam_channel::unbounded();
-        Resolutions { tx, rx, pending: 0 }
+        Resolutions {
+            tx,
+            rx,
+            waiting: HashMap::new(),
+            next: 0,
+        }
     }
 }
 

@@ -43,11 +43,12 @@
 //! calls (`listen`, `connect`, `accept`, `reject`) are commands answered on a one-shot channel,
 //! with a deadline.
 //!
-//! **Memory.** The registration table of each protection domain stays shared with the
-//! application behind its mutex (as in the socket transport): the engine locks the tables of
-//! the PDs it serves once per driver turn, not per packet. Known limitation: a registration on
-//! the application thread waits for at most one turn; a PD once used stays in the engine's list
-//! until the engine stops.
+//! **Memory.** The registration table of each protection domain is shared with the
+//! application as a versioned snapshot (`arc_swap`, as in the socket transport): each turn
+//! compares each table's version once (one load, no lock) and takes a new snapshot only when a
+//! registration changed it, so a registration never waits for a turn nor a turn for a
+//! registration. Known limitation: a PD once used stays in the engine's list (one load per turn
+//! each, its last snapshot kept) until the engine stops.
 //!
 //! **Listeners.** Dropping a [`Listener`] stops listening on every shard
 //! (`XdpTcp::unlisten`): new SYNs to the port get a RST, connections whose MPA Request nobody
@@ -55,8 +56,10 @@
 //! live on, and the port stays steered and
 //! reserved with the kernel until the last of them closes; it can be listened on again at once.
 //!
-//! **Known limitations.** `connect` resolves the next hop on the engine thread (blocking it up
-//! to the driver's neighbour timeout); IPv4 only.
+//! **Known limitations.** A `connect` whose next hop is not in the kernel's neighbour table
+//! waits for its resolution (up to the driver's neighbour timeout) on a thread of its own, one
+//! per such connect, and a caller whose engine stops meanwhile learns it only when that wait
+//! ends; IPv4 only.
 //!
 //! **Modules.** `config`: the settings and the counters. `commands`: the setup commands and
 //! what answers them. `handle`: the application's way in (the providers behind [`Listener`] and

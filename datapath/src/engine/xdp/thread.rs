@@ -593,11 +593,13 @@ impl Turner {
     /// shutdown.
     fn commands(&mut self, cmds: &Receiver<EngineCmd>) -> Result<bool, ()> {
         let mut any = false;
-        while self.resolutions.pending > 0 {
-            let Ok((awaiting, resolved)) = self.resolutions.rx.try_recv() else {
+        while !self.resolutions.waiting.is_empty() {
+            let Ok((number, resolved)) = self.resolutions.rx.try_recv() else {
                 break;
             };
-            self.resolutions.pending -= 1;
+            let Some(awaiting) = self.resolutions.waiting.remove(&number) else {
+                continue;
+            };
             any = true;
             let dst = match &awaiting {
                 Awaiting::Connect(c) => *c.addr.ip(),
@@ -750,21 +752,17 @@ impl Turner {
     }
 
     /// Resolves the next hop towards `dst` (waiting up to `wait`) on a thread of its own,
-    /// which hands `awaiting` back through [`Turner::resolutions`] and wakes the engine.
+    /// which hands the outcome back through [`Turner::resolutions`], where `awaiting` waits
+    /// for it, and wakes the engine.
     fn resolve_then(&mut self, awaiting: Awaiting, dst: Ipv4Addr, wait: Duration) {
         let done = self.resolutions.tx.clone();
         let wake = self.st.wake.clone();
-        // What waits goes to the thread once it runs: should no thread be had, it is still
-        // here to be answered.
-        let (hand_over, take) = std::sync::mpsc::sync_channel::<Awaiting>(1);
+        let number = self.resolutions.next;
         let spawned = std::thread::Builder::new()
             .name("iwxdp-neigh".into())
             .spawn(move || {
-                let Ok(awaiting) = take.recv() else {
-                    return;
-                };
                 let resolved = crate::xsk::resolve_next_hop(dst, wait);
-                if done.send((awaiting, resolved)).is_ok() {
+                if done.send((number, resolved)).is_ok() {
                     // Always the wake-up byte (not `wake_engine`, which leaves out an engine
                     // thread that is awake): the thread's last look before it sleeps or parks
                     // is at its commands, not here, so an awake thread past its drain would
@@ -774,8 +772,8 @@ impl Turner {
             });
         match spawned {
             Ok(_) => {
-                let _ = hand_over.send(awaiting);
-                self.resolutions.pending += 1;
+                self.resolutions.next += 1;
+                self.resolutions.waiting.insert(number, awaiting);
             }
             Err(e) => match awaiting {
                 Awaiting::Connect(c) => {
