@@ -93,3 +93,49 @@ fn an_armed_completion_queue_keeps_the_engine_thread_from_parking() {
         "{wakes} of {ROUNDS} rounds waited for the parked engine thread's watchdog"
     );
 }
+
+/// An application polling an idle connection steadily but not fast (a 250 us sleep between
+/// polls, for a second): its polls keep the parked engine thread's watchdog from expiring.
+/// Quiet polls read the clock every 16th poll only, and their reading is what pushes the
+/// watchdog and says whether the application still polls: at this pace some 5 ms old, so the
+/// watchdog expired (`park_max`, 4 ms) and the thread took its turns back, some 190 times a
+/// second. Slow polls read the clock each time now.
+#[test]
+fn a_slow_steady_poller_keeps_the_engine_thread_parked() {
+    const PORT: u16 = 19_609;
+    const POLL_US: u64 = 250;
+    let _bed = bed_or_skip!();
+    let server = |ready: std::sync::mpsc::Sender<()>| -> Result<(), String> {
+        let echoed = bed::echo_rounds(PORT, &ready, 0, LEN, SETUP, |_| Ok(()))?;
+        let _ = echoed.qp.wait_finished(SETUP);
+        echoed.qp.disconnect();
+        Ok(())
+    };
+    let client = || -> Result<(u64, u64), String> {
+        let cfg = XdpEngineConfig {
+            shard_per_queue: false,
+            ..XdpEngineConfig::default()
+        };
+        let cq = CompletionQueue::new();
+        let pd = ProtectionDomain::new();
+        let (mut engine, conn) = bed::engine_connect_in_a(cfg, PORT, &pd, &cq)?;
+        let (before, polls) = (engine.counters().watchdog_wakes, 6_000u64);
+        let start = std::time::Instant::now();
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(1) && n < polls {
+            if let Some(c) = cq.try_next() {
+                return Err(format!("a completion on an idle connection: {c:?}"));
+            }
+            std::thread::sleep(Duration::from_micros(POLL_US));
+            n += 1;
+        }
+        let wakes = engine.counters().watchdog_wakes - before;
+        conn.qp.disconnect();
+        engine.stop();
+        Ok((wakes, n))
+    };
+    let (wakes, polls) = bed::against(server, client, SETUP);
+    println!("watchdog wakes over {polls} polls with {POLL_US} us sleeps between: {wakes}");
+    assert!(polls > 500, "only {polls} polls in a second");
+    assert!(wakes <= 20, "{wakes} watchdog wakes over {polls} polls");
+}

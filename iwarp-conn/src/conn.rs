@@ -990,7 +990,8 @@ impl IwarpConn {
     /// lowest range, or the start of the lowest FPDU placed early.
     fn first_held(&self) -> Option<u64> {
         let stored = self.store.ranges.first().map(|r| r.0);
-        let placed = self.placed.iter().map(|p| p.start).min();
+        // Kept in stream order (`record_placed`): the first is the lowest.
+        let placed = self.placed.front().map(|p| p.start);
         stored.into_iter().chain(placed).min()
     }
 

@@ -925,6 +925,15 @@ pub(crate) const SERVICE_ALL_MAX: usize = 64;
 /// deadlines, a timer that ended a connection) waits at most this long.
 const SERVICE_ALL_EVERY: Duration = Duration::from_millis(20);
 
+/// Quiet polls read the clock once in this many while they come fast ([`XdpTcp::poll`]).
+const QUIET_CLOCK_STRIDE: u64 = 16;
+
+/// How old the clock reading of quiet polls may grow between readings (16 polls) before every
+/// quiet poll reads it: a tenth of the engine's default `park_max` (4 ms), whose watchdog the
+/// application's polls push, and which takes a reading older than a quarter of it for an
+/// application that stopped polling.
+const QUIET_CLOCK_LAG: Duration = Duration::from_micros(400);
+
 /// The connections a turn must service: those a received segment, an accept, an active
 /// open or the application ([`TcpApp::attention`]) named since the last service. A list and
 /// a flag per table slot (allocated once, at the table's size): marking is O(1), no
@@ -988,6 +997,9 @@ pub struct XdpTcp {
     deferred: bool,
     /// The last clock reading of a poll ([`XdpTcp::polled_at`]).
     polled_at: tcp_engine::Instant,
+    /// Quiet polls read the clock every `quiet_clock_stride`th poll: 16 while they come fast,
+    /// 1 once they come slowly ([`QUIET_CLOCK_LAG`]).
+    quiet_clock_stride: u64,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
 }
@@ -1211,6 +1223,7 @@ impl XdpTcp {
             quiet: None,
             deferred: false,
             polled_at: tcp_engine::Instant::from_nanos(0),
+            quiet_clock_stride: QUIET_CLOCK_STRIDE,
             stats: XdpTcpStats::default(),
             cfg,
             port,
@@ -1533,10 +1546,18 @@ impl XdpTcp {
         self.table.get_mut(id)
     }
 
+    /// The next quiet poll reads the clock (and the stride of its readings starts again): the
+    /// polls to come may be slower than those before (an engine thread that spun hands its
+    /// turns to an application's polls).
+    pub fn read_clock_next_poll(&mut self) {
+        self.quiet_clock_stride = 1;
+    }
+
     /// When (on the clock of [`epoch`](Self::epoch)) the last [`poll`](Self::poll) or
     /// [`poll_answering`](Self::poll_answering) read the clock: at most 16 polls before the last
-    /// one (quiet polls read it every 16th). What tells a parked engine thread whether the
-    /// application still polls (inline progress).
+    /// one while polls come fast (quiet polls read it every 16th), the last one while they come
+    /// slowly (`QUIET_CLOCK_LAG`). What tells a parked engine thread whether the application
+    /// still polls (inline progress).
     pub fn polled_at(&self) -> tcp_engine::Instant {
         self.polled_at
     }
@@ -1644,10 +1665,21 @@ impl XdpTcp {
         if let Some(until) = self.quiet {
             // The clock is read every 16th quiet poll only (a clock reading costs as much as
             // the rest of such a poll): a deadline passes at most 15 of them late, and
-            // `polled_at` is as old.
+            // `polled_at` is as old. Every poll reads it while 16 polls would take longer than
+            // `QUIET_CLOCK_LAG`: `polled_at` says whether the application still polls (inline
+            // progress), and 16 slow polls made it look stopped.
             if !app_work && self.nothing_received() {
-                let due = self.stats.quiet_polls.is_multiple_of(16) && {
+                let stride = self.quiet_clock_stride;
+                let due = self.stats.quiet_polls.is_multiple_of(stride) && {
                     let now = self.now();
+                    let since = now.saturating_since(self.polled_at);
+                    let per_poll = since / u32::try_from(stride).unwrap_or(u32::MAX);
+                    self.quiet_clock_stride =
+                        if per_poll * QUIET_CLOCK_STRIDE as u32 > QUIET_CLOCK_LAG {
+                            1
+                        } else {
+                            QUIET_CLOCK_STRIDE
+                        };
                     self.polled_at = now;
                     until.is_some_and(|d| now >= d)
                 };

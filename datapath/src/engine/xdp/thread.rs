@@ -393,6 +393,9 @@ impl Engine {
         // Inline progress: application threads drove turns since the last look and none blocked
         // in a wait: they poll, so leave the work to them.
         if self.cfg.inline_progress && p.stopping.is_none() && p.app_drove(&self.wake) {
+            // The application's polls, maybe far slower than this thread's turns, must read
+            // the clock at their own pace: it is what pushes the watchdog.
+            t.xdp.read_clock_next_poll();
             return Next::Park;
         }
         p.idle = p.idle.saturating_add(1);
