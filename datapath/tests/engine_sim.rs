@@ -1350,6 +1350,37 @@ fn an_idle_reassembly_store_gives_its_memory_back() {
     }
 }
 
+/// With CRCs, what arrives beyond a gap is located and placed at once, nothing held: the
+/// locator's buffer (sized for the largest ULPDU at the first out-of-order segment) is what
+/// the loss left, and it goes back, as the store's memory does, once nothing has arrived out of
+/// order for a second.
+#[test]
+fn an_idle_locator_gives_its_buffer_back() {
+    let mpa = MpaConfig::default();
+    let mut bed = bed_with(
+        15,
+        LinkConfig::default(),
+        conn_config(&mpa),
+        conn_config(&mpa),
+        b"client",
+    );
+    bed.establish();
+    let r = regions(&mut bed, 1 << 20);
+    let data = pattern(80 << 10, 91);
+    bed.b.drop_once = Some(data[..32].to_vec());
+    post_write(&mut bed, &r, 1, &data);
+    bed.run_until("write after a loss", Duration::from_secs(10), |a, _| {
+        a.completions.iter().any(|c| c.wr_id == 1)
+    });
+    let b = bed.b.counters();
+    assert!(b.fpdus_placed_out_of_order > 0, "{b:?}");
+    let full = bed.b.iw.full_buffer_octets();
+    run_for(&mut bed, Duration::from_millis(1200));
+    let freed = full - bed.b.iw.full_buffer_octets();
+    assert!(freed >= 32 << 10, "{freed} octets freed of {full}");
+    assert_eq!(bed.b.counters().store_releases, 1);
+}
+
 /// With the shared reassembly budget spent, a connection holds nothing out of order: what
 /// it would hold (without CRCs, everything beyond a gap) is given back to TCP, which forgets
 /// it (RFC 2018 section 8) and has the peer send it again. Under 1 % loss every Write and

@@ -998,7 +998,9 @@ impl IwarpConn {
     /// [`STORE_IDLE_RELEASE`]: frees the reassembly store's memory and the scan buffers once the
     /// store has stayed empty, with nothing placed early, that long.
     fn release_idle_store(&mut self, now: Instant) {
-        let allocated = self.store.is_allocated() || self.relocate_buf.capacity() != 0;
+        let allocated = self.store.is_allocated()
+            || self.relocate_buf.capacity() != 0
+            || self.locator_buffer() != 0;
         let used = self.store.take_used();
         if !allocated || used || self.store.held != 0 || !self.placed.is_empty() {
             self.store_idle_since = None;
@@ -1011,6 +1013,9 @@ impl IwarpConn {
                 self.store.release_if_empty();
                 self.relocate_buf = Vec::new();
                 self.relocated = Vec::new();
+                if let Phase::Full(full) = &mut self.phase {
+                    full.locator.release_buffer();
+                }
                 self.counters.store_releases += 1;
             }
             Some(_) => {}
@@ -1020,11 +1025,21 @@ impl IwarpConn {
     /// Octets of heap the connection holds for data received out of order: the reassembly
     /// store's ring and range list and the buffers of its scans. Allocated at the first
     /// out-of-order octet (the startup store's few KiB before Full Operation) and freed once
-    /// the store has stayed empty for a second.
+    /// the store has stayed empty for a second. (The locator's buffer, sized for the largest
+    /// ULPDU at the first out-of-order segment and freed with these, is counted in
+    /// [`IwarpConn::full_buffer_octets`].)
     pub fn reassembly_memory(&self) -> usize {
         self.store.allocated()
             + self.relocate_buf.capacity()
             + self.relocated.capacity() * std::mem::size_of::<(u64, u64)>()
+    }
+
+    /// The locator's buffer, sized for the largest ULPDU at its first scan.
+    fn locator_buffer(&self) -> usize {
+        match &self.phase {
+            Phase::Full(full) => full.locator.buffer_capacity(),
+            _ => 0,
+        }
     }
 
     /// Responder: sets the IRD and ORD the MPA Reply offers for this connection in place of
@@ -2609,15 +2624,21 @@ impl IwarpConn {
     }
 
     /// Octets of the buffers Full Operation allocates that this connection holds: the
-    /// transmit ring, the placement records, the chains, the framing buffers and the
-    /// reassembly memory ([`IwarpConn::reassembly_memory`]); their capacities, whether
-    /// touched or not.
+    /// transmit ring, the placement records, the chains, the framing buffers (the in-order
+    /// FPDU decoder's and the locator's, each up to the largest ULPDU, among them) and the
+    /// reassembly memory ([`IwarpConn::reassembly_memory`]); their capacities, whether touched
+    /// or not.
     pub fn full_buffer_octets(&self) -> usize {
+        let decoder = match &self.phase {
+            Phase::Full(full) => full.decoder.buffer_capacity() + full.locator.buffer_capacity(),
+            _ => 0,
+        };
         self.tx.octets()
             + self.placed.capacity() * std::mem::size_of::<PlacedFpdu>()
             + self.chains.capacity() * std::mem::size_of::<(u64, u64)>()
             + self.ulpdu.capacity()
             + self.frame.capacity()
+            + decoder
             + self.reassembly_memory()
     }
 

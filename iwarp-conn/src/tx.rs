@@ -33,9 +33,14 @@
 //! a hardware RNIC, the Response data is read when the segment is sent, not when the Read
 //! Request arrived: local writes to the region after the Request may show in the Response
 //! (and a retransmission carries what the region holds then); rewriting memory a Read may be
-//! reading is an application race (RFC 5040 orders nothing there). An Atomic Request of the
-//! same stream is ordered (RFC 7306 7): the ring counts its Read Response FPDUs, and while any
-//! is unacknowledged the queue pair holds back an Atomic Request behind them
+//! reading is an application race (RFC 5040 orders nothing there). It can cost the connection:
+//! an FPDU retransmitted in part (the peer kept the first part of it: a window it trimmed, a
+//! path MTU that fell) keeps the CRC of its first transmission, so a part read from memory
+//! rewritten meanwhile fails the peer's CRC check, and the peer ends the connection (RFC 5040
+//! 5.5 would only make the data indeterminate). Leave a Read's source alone until the Read has
+//! completed at its requester, as a Send's or a Write's until it completes. An Atomic Request
+//! of the same stream is ordered (RFC 7306 7): the ring counts its Read Response FPDUs, and
+//! while any is unacknowledged the queue pair holds back an Atomic Request behind them
 //! (`rdmap::QueuePair::set_read_responses_unacknowledged`). A buffer type that cannot
 //! share (`share` gives `None`) is looked up again at each fill, like a Write's source.
 

@@ -142,6 +142,19 @@ impl FpduDecoder {
         }
     }
 
+    /// Octets of heap the decoder holds (its ULPDU buffer's capacity).
+    pub fn buffer_capacity(&self) -> usize {
+        self.ulpdu.capacity()
+    }
+
+    /// Frees the ULPDU buffer if it holds nothing (at an FPDU boundary, or before an FPDU's
+    /// ULPDU began): it is allocated again as an FPDU needs it.
+    pub fn release_buffer(&mut self) {
+        if self.ulpdu.is_empty() {
+            self.ulpdu = Vec::new();
+        }
+    }
+
     /// The largest ULPDU_Length accepted.
     pub fn max_ulpdu(&self) -> usize {
         self.max_ulpdu

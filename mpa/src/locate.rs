@@ -124,6 +124,18 @@ impl FpduLocator {
         None
     }
 
+    /// Octets of heap the locator holds: its decoder's buffer, sized for the largest ULPDU at
+    /// the first scan.
+    pub fn buffer_capacity(&self) -> usize {
+        self.decoder.buffer_capacity()
+    }
+
+    /// Frees the decoder's buffer between scans (the next scan sizes it again).
+    pub fn release_buffer(&mut self) {
+        self.decoder.reset(0);
+        self.decoder.release_buffer();
+    }
+
     /// After [`locate`](Self::locate) or [`locate_from`](Self::locate_from): the FPDU that
     /// the last scan was inside when the segment ended, from its ULPDU_Length field to where
     /// it ends (the next FPDU's start, which lies beyond the segment); an empty span at the

@@ -251,6 +251,12 @@ impl Wake {
             let _ = self.wake_now();
             return false;
         }
+        if turner.failed.is_some() {
+            // The turn failed (a fatal driver error): the engine thread ends the engine, and a
+            // parked one learns it now, not at its watchdog's expiry or the next post.
+            drop(guard);
+            let _ = self.wake_now();
+        }
         self.app_turns.fetch_add(1, Ordering::Relaxed);
         true
     }
