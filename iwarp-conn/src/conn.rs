@@ -87,8 +87,10 @@ use crate::written::{PlacementTarget, Written};
 /// MPA Markers recur every 512 octets of the stream.
 const MARKER_INTERVAL: u64 = 512;
 const MARKER_LEN: u64 = 4;
-/// Disjoint ranges the reassembly store may hold at once (TCP itself keeps at most 64
-/// out-of-order ranges, and each segment adds at most a few).
+/// Disjoint ranges the reassembly store may hold at once. TCP keeps at most 64 out-of-order
+/// ranges, but FPDUs placed early split held runs too: a conforming peer can fill the list
+/// (FPDUs that may not be placed early, each between two that are), and octets that would
+/// start a range beyond it are given back to TCP (`StoreRefused::TooManyRanges`).
 const MAX_STORE_RANGES: usize = 1024;
 /// Responder before Full Operation: what its reassembly store may hold. The Initiator sends
 /// nothing but its Request (at most 532 octets) until it has the Reply (RFC 5044 7.1.2), so a
@@ -248,7 +250,8 @@ pub struct ConnCounters {
     /// Connections ended because data waited beyond a gap the peer never filled
     /// ([`ConnConfig::held_timeout`]).
     pub held_timeouts: u64,
-    /// Times the reassembly store's memory was freed after it stayed empty for a second.
+    /// Times the reassembly store's memory (or, with nothing held since, the locator's buffer
+    /// alone) was freed after it stayed empty for a second.
     pub store_releases: u64,
     /// Times data out of order found the reassembly budget spent
     /// ([`ConnConfig::reassembly_budget`]) or the store's list of held ranges full, and was

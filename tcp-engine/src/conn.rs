@@ -382,8 +382,9 @@ pub struct ConnStats {
     pub retransmitted_segments: u64,
     /// Retransmission timeouts.
     pub rto_expirations: u64,
-    /// Series of retransmission timeouts: the first timeout, and those that followed it
-    /// before the data outstanding at it was acknowledged, count one.
+    /// Series of retransmission timeouts of data: the first timeout, and those that followed
+    /// it before the data outstanding at it was acknowledged, count one. (A SYN's or
+    /// SYN-ACK's timeouts are not counted here.)
     pub rto_series: u64,
     /// Fast-recovery episodes entered.
     pub fast_recoveries: u64,

@@ -54,8 +54,8 @@ impl RttEstimator {
         }
     }
 
-    /// Take one RTT measurement (RFC 6298 2.2, 2.3; clock granularity G is
-    /// the nanosecond, so `max(G, K*RTTVAR)` is `K*RTTVAR`).
+    /// Take one RTT measurement (RFC 6298 2.2, 2.3; `min_rto` takes the place of the clock
+    /// granularity G in `max(G, K*RTTVAR)`: see the type's doc).
     pub fn sample(&mut self, r: Duration) {
         let r = nanos(r);
         if self.sampled {

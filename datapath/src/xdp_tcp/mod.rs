@@ -929,9 +929,9 @@ const SERVICE_ALL_EVERY: Duration = Duration::from_millis(20);
 const QUIET_CLOCK_STRIDE: u64 = 16;
 
 /// How old the clock reading of quiet polls may grow between readings (16 polls) before every
-/// quiet poll reads it: a tenth of the engine's default `park_max` (4 ms), whose watchdog the
-/// application's polls push, and which takes a reading older than a quarter of it for an
-/// application that stopped polling.
+/// quiet poll reads it, by default ([`XdpTcp::set_quiet_clock_lag`]): a tenth of the engine's
+/// default `park_max` (4 ms), whose watchdog the application's polls push, and which takes a
+/// reading older than a quarter of it for an application that stopped polling.
 const QUIET_CLOCK_LAG: Duration = Duration::from_micros(400);
 
 /// The connections a turn must service: those a received segment, an accept, an active
@@ -998,8 +998,9 @@ pub struct XdpTcp {
     /// The last clock reading of a poll ([`XdpTcp::polled_at`]).
     polled_at: tcp_engine::Instant,
     /// Quiet polls read the clock every `quiet_clock_stride`th poll: 16 while they come fast,
-    /// 1 once they come slowly ([`QUIET_CLOCK_LAG`]).
+    /// 1 once 16 of them take longer than `quiet_clock_lag` ([`QUIET_CLOCK_LAG`]).
     quiet_clock_stride: u64,
+    quiet_clock_lag: Duration,
     stats: XdpTcpStats,
     cfg: XdpTcpConfig,
 }
@@ -1224,6 +1225,7 @@ impl XdpTcp {
             deferred: false,
             polled_at: tcp_engine::Instant::from_nanos(0),
             quiet_clock_stride: QUIET_CLOCK_STRIDE,
+            quiet_clock_lag: QUIET_CLOCK_LAG,
             stats: XdpTcpStats::default(),
             cfg,
             port,
@@ -1546,6 +1548,13 @@ impl XdpTcp {
         self.table.get_mut(id)
     }
 
+    /// How old quiet polls' clock reading ([`polled_at`](Self::polled_at)) may grow before
+    /// every quiet poll reads the clock ([`QUIET_CLOCK_LAG`] by default): the engine sets a
+    /// tenth of its `park_max`.
+    pub fn set_quiet_clock_lag(&mut self, lag: Duration) {
+        self.quiet_clock_lag = lag;
+    }
+
     /// The next quiet poll reads the clock (and the stride of its readings starts again): the
     /// polls to come may be slower than those before (an engine thread that spun hands its
     /// turns to an application's polls).
@@ -1556,7 +1565,7 @@ impl XdpTcp {
     /// When (on the clock of [`epoch`](Self::epoch)) the last [`poll`](Self::poll) or
     /// [`poll_answering`](Self::poll_answering) read the clock: at most 16 polls before the last
     /// one while polls come fast (quiet polls read it every 16th), the last one while they come
-    /// slowly (`QUIET_CLOCK_LAG`). What tells a parked engine thread whether the application
+    /// slowly ([`set_quiet_clock_lag`](Self::set_quiet_clock_lag)). What tells a parked engine thread whether the application
     /// still polls (inline progress).
     pub fn polled_at(&self) -> tcp_engine::Instant {
         self.polled_at
@@ -1666,7 +1675,7 @@ impl XdpTcp {
             // The clock is read every 16th quiet poll only (a clock reading costs as much as
             // the rest of such a poll): a deadline passes at most 15 of them late, and
             // `polled_at` is as old. Every poll reads it while 16 polls would take longer than
-            // `QUIET_CLOCK_LAG`: `polled_at` says whether the application still polls (inline
+            // `quiet_clock_lag`: `polled_at` says whether the application still polls (inline
             // progress), and 16 slow polls made it look stopped.
             if !app_work && self.nothing_received() {
                 let stride = self.quiet_clock_stride;
@@ -1675,7 +1684,7 @@ impl XdpTcp {
                     let since = now.saturating_since(self.polled_at);
                     let per_poll = since / u32::try_from(stride).unwrap_or(u32::MAX);
                     self.quiet_clock_stride =
-                        if per_poll * QUIET_CLOCK_STRIDE as u32 > QUIET_CLOCK_LAG {
+                        if per_poll * QUIET_CLOCK_STRIDE as u32 > self.quiet_clock_lag {
                             1
                         } else {
                             QUIET_CLOCK_STRIDE

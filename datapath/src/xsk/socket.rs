@@ -180,7 +180,6 @@ fn get_int_option(fd: RawFd, name: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// Sets the three busy-poll options on `fd`.
 /// The system's default huge page size (`Hugepagesize` in `/proc/meminfo`): the one
 /// `MAP_HUGETLB` without a size flag maps.
 fn default_huge_page_size() -> Option<u64> {
@@ -207,6 +206,7 @@ fn huge_page_frames(frames: u32, frame_size: u32, page: u64) -> Option<u32> {
     (rounded <= 2 * len).then(|| u32::try_from(rounded / frame).ok())?
 }
 
+/// Sets the three busy-poll options on `fd`.
 fn apply_busy_poll(fd: RawFd, bp: BusyPoll) -> io::Result<()> {
     set_int_option(fd, SO_PREFER_BUSY_POLL, libc::c_int::from(bp.prefer))?;
     set_int_option(

@@ -1,6 +1,6 @@
 //! The messages of setup calls: the commands application threads hand an engine thread
 //! ([`EngineCmd`]: listen, connect, accept, reject, shutdown), the one-shot channels that answer
-//! them ([`Reply`], [`Handover`] for the queue pairs of connect and accept) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
+//! them ([`Reply`], [`Handover`] for the queue pairs of connect and accept and for a listen's port) and the MPA Requests an engine thread passes to a listener ([`RequestMsg`]).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -27,11 +27,12 @@ const HANDOVER_WAITING: u8 = 0;
 const HANDOVER_DELIVERED: u8 = 1;
 const HANDOVER_ABANDONED: u8 = 2;
 
-/// The engine's end of a connect's or an accept's outcome: a queue pair that must not be lost
-/// between a caller that gives up waiting and an engine that delivers at that very moment.
-/// Either the engine delivers and the caller receives it (even just after its time ran out),
-/// or the caller gave up first and [`Handover::deliver`] says so, so that the engine drops
-/// the connection itself and reports nothing of it to the caller's completion queue.
+/// The engine's end of a connect's, an accept's or a listen's outcome: a queue pair (or a
+/// listening port) that must not be lost between a caller that gives up waiting and an engine
+/// that delivers at that very moment. Either the engine delivers and the caller receives it
+/// (even just after its time ran out), or the caller gave up first and [`Handover::deliver`]
+/// says so, so that the engine undoes it itself (drops the connection, reporting nothing of it
+/// to the caller's completion queue; stops listening).
 pub(super) struct Handover<T> {
     tx: Sender<Result<T, DatapathError>>,
     state: Arc<AtomicU8>,

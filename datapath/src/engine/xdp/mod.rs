@@ -56,10 +56,10 @@
 //! live on, and the port stays steered and
 //! reserved with the kernel until the last of them closes; it can be listened on again at once.
 //!
-//! **Known limitations.** A `connect` whose next hop is not in the kernel's neighbour table
-//! waits for its resolution (up to the driver's neighbour timeout) on a thread of its own, one
-//! per such connect, and a caller whose engine stops meanwhile learns it only when that wait
-//! ends; IPv4 only.
+//! **Known limitations.** A `connect` (or `resolve_route`) whose next hop is not in the
+//! kernel's neighbour table waits for its resolution on a thread of its own, one per such
+//! call, which lives up to the driver's neighbour timeout even if the engine stops first (its
+//! caller is told at once: what waits stays with the engine); IPv4 only.
 //!
 //! **Modules.** `config`: the settings and the counters. `commands`: the setup commands and
 //! what answers them. `handle`: the application's way in (the providers behind [`Listener`] and
@@ -233,6 +233,9 @@ fn spawn_shard(
             }
         };
         xdp.add_wake_fd(wake_rx.as_raw_fd());
+        // The application's quiet polls push the parked thread's watchdog with their clock
+        // reading: it must not lag far behind `park_max`.
+        xdp.set_quiet_clock_lag(engine_wake.park_max / 10);
         let _ = ready_tx.send(Ok((xdp.local_ip(), xdp.mtu())));
         let inbox = xdp.shard_set();
         let epoch = xdp.epoch();
