@@ -57,6 +57,9 @@ pub(super) struct Slot {
     pub(super) shared: Arc<Shared>,
     pub(super) waiter: Waiter,
     pub(super) closing: bool,
+    /// The engine's stop closed the connection (the application had not): its end records
+    /// [`QpError::EngineStopped`], unless something else failed it first.
+    pub(super) closed_by_stop: bool,
     /// Set by the queue pair's waker while the engine has not taken the connection's name
     /// (see `wake::SlotWaker`); cleared by the engine before it reads the requests.
     pub(super) named: Option<Arc<AtomicBool>>,
@@ -102,6 +105,7 @@ impl Slot {
             shared: Shared::new(state),
             waiter: Waiter::None,
             closing: false,
+            closed_by_stop: false,
             named: None,
             account: QueueAccount::default(),
             close_taken: false,
@@ -335,7 +339,12 @@ impl Slot {
             self.cq_overrun_done = true;
             self.set_error(QpError::CqOverrun);
         }
-        if !self.closing {
+        if self.closed_by_stop {
+            // (An error recorded during the stop's grace, an overrun or a Terminate, stays;
+            // an engine that failed meanwhile says so.)
+            let failed = matches!(why, QpError::EngineFailed);
+            self.set_error(if failed { why } else { QpError::EngineStopped });
+        } else if !self.closing {
             self.set_error(why);
         }
         self.fail_waiter(DatapathError::Disconnected);

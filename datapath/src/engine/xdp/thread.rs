@@ -271,7 +271,7 @@ impl Engine {
                 }));
                 if finished.is_err() {
                     let _ = std::panic::catch_unwind(AssertUnwindSafe(|| slot.stop_posts()));
-                    if !slot.closing {
+                    if !slot.closing || slot.closed_by_stop {
                         slot.shared.set_error(cause.clone(), None);
                     }
                     slot.shared.mark_finished(QpState::Error);
@@ -346,10 +346,8 @@ impl Engine {
                     p.stopping = Some(StdInstant::now());
                     for slot in t.st.slots.values_mut() {
                         // What ends a queue pair the application did not close: the stop
-                        // (a closing connection records nothing at its end).
-                        if !slot.closing {
-                            slot.set_error(QpError::EngineStopped);
-                        }
+                        // (a connection closing already records nothing at its end).
+                        slot.closed_by_stop = !slot.closing;
                         slot.closing = true;
                         slot.conn.close();
                     }
