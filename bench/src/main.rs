@@ -2,7 +2,9 @@
 //!
 //! `iwarp-bench <test> [OPTIONS]` runs the server; `iwarp-bench <test> [OPTIONS] SERVER` the
 //! client. Both sides exchange their buffer (STag, TO, length) and the test parameters in MPA
-//! private data, and every run verifies the data that arrived.
+//! private data. Every run checks the data that arrived against the sender's pattern, with
+//! each message's index in its first octets where the sender writes it (what each test
+//! checks, and what it cannot see: README.md, "The data is checked where it arrives").
 
 mod cli;
 mod compare;

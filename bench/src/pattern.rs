@@ -98,6 +98,31 @@ fn first_mismatch_bytes(seed: u64, offset: u64, buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// The first octets of message `index` (at most 8, `len` the message's length) whose octets
+/// are otherwise `seed`'s pattern at `offset`: the pattern there XORed with the index
+/// (little-endian). Two messages through the same slot differ in them unless their indices
+/// agree in the octets the head holds (a 1-octet message: indices 256 apart), so a slot still
+/// holding an earlier message is told from the one expected. Returns the octets and how many.
+pub fn index_head(seed: u64, offset: u64, index: u64, len: usize) -> ([u8; 8], usize) {
+    let n = len.min(8);
+    let mut head = [0u8; 8];
+    fill(seed, offset, &mut head[..n]);
+    for (h, i) in head.iter_mut().zip(index.to_le_bytes()).take(n) {
+        *h ^= i;
+    }
+    (head, n)
+}
+
+/// Index of the first octet of `buf` that differs from message `index` ([`index_head`], then
+/// the pattern at `offset`), if any.
+pub fn first_message_mismatch(seed: u64, offset: u64, index: u64, buf: &[u8]) -> Option<usize> {
+    let (head, n) = index_head(seed, offset, index, buf.len());
+    if let Some(k) = buf[..n].iter().zip(&head[..n]).position(|(a, b)| a != b) {
+        return Some(k);
+    }
+    first_mismatch(seed, offset + n as u64, &buf[n..]).map(|i| n + i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +179,44 @@ mod tests {
                         first_mismatch(5, offset, &bad),
                         Some(at),
                         "{offset} {len} {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A slot that still holds the previous round's message (the one `slots` before, through
+    /// the same slot, with the same position-based pattern) is rejected; the fresh one passes.
+    #[test]
+    fn a_stale_message_is_rejected() {
+        for len in [1usize, 2, 7, 8, 9, 64, 4096] {
+            for slots in [1u64, 2, 128, 1000, 1024] {
+                if len == 1 && slots % 256 == 0 {
+                    continue; // one octet holds the index modulo 256 only
+                }
+                let (offset, index) = (3 * len as u64, 5 * slots + 3);
+                let message = |i: u64| {
+                    let mut m = vec![0u8; len];
+                    fill(9, offset, &mut m);
+                    let (head, n) = index_head(9, offset, i, len);
+                    m[..n].copy_from_slice(&head[..n]);
+                    m
+                };
+                let fresh = message(index);
+                assert_eq!(first_message_mismatch(9, offset, index, &fresh), None);
+                let stale = message(index - slots);
+                let at = first_message_mismatch(9, offset, index, &stale);
+                assert!(at.is_some_and(|k| k < len.min(8)), "{len} {slots}: {at:?}");
+                // Past the head they are alike: the position-based pattern alone (all that
+                // was checked before) cannot tell them apart.
+                assert_eq!(stale[len.min(8)..], fresh[len.min(8)..]);
+                // A fresh head over a body that is not the pattern is rejected too.
+                if len > 8 {
+                    let mut bad = fresh.clone();
+                    bad[len - 1] ^= 1;
+                    assert_eq!(
+                        first_message_mismatch(9, offset, index, &bad),
+                        Some(len - 1)
                     );
                 }
             }

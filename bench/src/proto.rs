@@ -19,9 +19,10 @@ pub const CTRL_LEN: usize = 16;
 pub const CTRL_SLOTS: usize = 64;
 
 /// The client's hello; its version changes with anything two iwarp-bench builds must agree
-/// on (IWB6: `-b`'s Report may carry milliseconds), so that mismatched builds refuse each
-/// other at once (see [`is_other_version`]).
-const HELLO_MAGIC: &[u8; 4] = b"IWB6";
+/// on (IWB6: `-b`'s Report may carry milliseconds; IWB7: bandwidth and ping-pong messages
+/// carry their index, write-bw's phase ends with [`Ctrl::Done`]), so that mismatched builds
+/// refuse each other at once (see [`is_other_version`]).
+const HELLO_MAGIC: &[u8; 4] = b"IWB7";
 
 /// Whether `private_data` is the hello of an iwarp-bench of another version.
 pub fn is_other_version(private_data: &[u8]) -> bool {
@@ -241,8 +242,9 @@ pub enum Ctrl {
     /// Server -> client: `n` more receive buffers are posted (send-bw flow control).
     Credit { n: u32 },
     /// Client -> server: an atomic test's phase is over after `ops` operations (each added 1
-    /// to the server's counter, or swapped it for the next value).
-    AtomicDone { ops: u64 },
+    /// to the server's counter, or swapped it for the next value), or write-bw's after `ops`
+    /// Writes (which say what each slot must hold last).
+    Done { ops: u64 },
     /// `-b`'s reverse connection, checking side -> sending side: receives posted, go.
     Ready,
     /// `-b`'s reverse connection, sending side -> checking side, after each phase: what the
@@ -265,7 +267,7 @@ impl Ctrl {
                 b[0] = 2;
                 b[4..8].copy_from_slice(&n.to_be_bytes());
             }
-            Ctrl::AtomicDone { ops } => {
+            Ctrl::Done { ops } => {
                 b[0] = 3;
                 b[8..16].copy_from_slice(&ops.to_be_bytes());
             }
@@ -298,7 +300,7 @@ impl Ctrl {
                 checked_bytes: v,
             }),
             2 => Some(Ctrl::Credit { n }),
-            3 => Some(Ctrl::AtomicDone { ops: v }),
+            3 => Some(Ctrl::Done { ops: v }),
             4 => Some(Ctrl::Ready),
             5 => Some(Ctrl::Report {
                 iterations: v,
@@ -464,7 +466,7 @@ mod tests {
                 checked_bytes: 99,
             },
             Ctrl::Credit { n: 7 },
-            Ctrl::AtomicDone { ops: 1 << 40 },
+            Ctrl::Done { ops: 1 << 40 },
             Ctrl::Ready,
             Ctrl::Report {
                 iterations: 5000,

@@ -4,6 +4,11 @@
 //! own position-based pattern ([`pattern`]), and a small control region for acknowledgements and
 //! credits. Bandwidth tests move message `i` through slot `i % slots`; latency tests ping from
 //! offset 0 into the peer's offset `max_size`, with the iteration's stamp in the last byte.
+//! A message the sender writes carries its index in its first octets
+//! ([`pattern::index_head`]), so that a slot still holding the message of an earlier round is
+//! told from the fresh one (send-bw, write-bw when a size has a slot per outstanding request,
+//! the ping-pongs); read-bw poisons a slot's first octets once checked, the client of a
+//! ping-pong or read-lat its whole landing area.
 //! A phase (one size) ends with a zero-length Send from the client; the server checks what
 //! arrived and answers with a `PhaseAck` carrying the verdict.
 
@@ -473,6 +478,47 @@ impl Side {
         fill(&self.data, &mut self.scratch.borrow_mut(), seed, off, len)
     }
 
+    /// Marks the message of `len` octets at `off` (carrying `seed`'s pattern at the same
+    /// offsets) as message `index`: [`pattern::index_head`] over its first octets.
+    fn write_index(&self, seed: u64, off: u64, index: u64, len: u64) {
+        let (head, n) = pattern::index_head(seed, off, index, len as usize);
+        self.data.write(off as usize, &head[..n]);
+    }
+
+    /// Overwrites `[off, off + len)` with the complement of `seed`'s pattern at `pattern_off`
+    /// (no octet of it what a check of that pattern expects), so that what lands there next
+    /// is seen to land.
+    fn poison(&self, seed: u64, off: u64, pattern_off: u64, len: u64) {
+        poison_range(&self.data, seed, off, pattern_off, len)
+    }
+
+    /// First mismatch of the message at `off` against message `index` of `seed`'s pattern at
+    /// `pattern_off` ([`pattern::first_message_mismatch`]); `index` `None`: the pattern alone.
+    fn message_mismatch(
+        &self,
+        seed: u64,
+        off: u64,
+        pattern_off: u64,
+        len: u64,
+        index: Option<u64>,
+    ) -> Option<u64> {
+        let n = match index {
+            Some(i) => {
+                // The head here, the rest in chunks below.
+                let n = len.min(8) as usize;
+                let mut got = [0u8; 8];
+                self.data.read(off as usize, &mut got[..n]);
+                if let Some(k) = pattern::first_message_mismatch(seed, pattern_off, i, &got[..n]) {
+                    return Some(k as u64);
+                }
+                n as u64
+            }
+            None => 0,
+        };
+        self.mismatch(seed, off + n, pattern_off + n, len - n)
+            .map(|i| i + n)
+    }
+
     fn mismatch(&self, seed: u64, off: u64, pattern_off: u64, len: u64) -> Option<u64> {
         mismatch(
             &self.data,
@@ -507,6 +553,13 @@ fn fill(mr: &MemoryRegion, scratch: &mut Vec<u8>, seed: u64, off: u64, len: u64)
         mr.write((off + done) as usize, &chunk[..n]);
         done += n as u64;
     }
+}
+
+/// Whether a bandwidth test's messages of `size` carry their index (the sender rewrites a
+/// slot's first octets before each message through it): only when the size has a slot per
+/// outstanding request, so that no message still being sent is rewritten.
+fn indexed(hello: &Hello, size: u64) -> bool {
+    hello.slots(size) >= u64::from(hello.tx_depth)
 }
 
 /// First mismatch of `[off, off + len)` of `mr` against `seed`'s pattern at `pattern_off`.
@@ -1258,7 +1311,8 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
         let mut checked = 0u64;
         let mut received = 0u64;
         let mut since_credit = 0u64;
-        let mut atomic_done = None;
+        let mut done_msg = None;
+        let indexed = indexed(&side.hello, size);
         let mut i = 0u64;
         let mut idle = Idle::new();
         loop {
@@ -1268,14 +1322,24 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                 let last = side.data.read_volatile((max + size - 1) as usize);
                 if last == Some(stamp(i)) {
                     idle.reset();
-                    side.data.write((size - 1) as usize, &[stamp(i)]);
+                    // The ping's index (its first octets) is read before the reply goes: the
+                    // next ping, which may land once it has, carries another.
+                    let head = (size - 1).min(8);
+                    let head_ok = side
+                        .message_mismatch(CLIENT_SEED, max, 0, head, Some(i))
+                        .is_none();
+                    side.lat_mark(SERVER_SEED, size, i);
                     let op = side.write_op(side.remote.to + max, i);
                     side.post_data(K_DATA | i, op, 0, size, true)?;
-                    // The body is checked after the reply is on its way (off the measured
-                    // round trip, as the client checks its pong after taking the time); its
-                    // stamp was read above. The next ping, which may land meanwhile, carries
-                    // the same body.
-                    ok &= side.lat_body_ok(CLIENT_SEED, max, size);
+                    // The rest of the body is checked after the reply is on its way (off the
+                    // measured round trip, as the client checks its pong after taking the
+                    // time); its stamp was read above. The next ping, which may land
+                    // meanwhile, carries the same octets there. (Nor is this landing area
+                    // poisoned: that could overwrite the next ping.)
+                    ok &= head_ok
+                        && side
+                            .mismatch(CLIENT_SEED, max + head, head, size - 1 - head)
+                            .is_none();
                     checked += size;
                     i += 1;
                     continue;
@@ -1315,7 +1379,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     if test == TestKind::WriteLat {
                         ok &= imm == Some(i) && side.lat_check(CLIENT_SEED, max, size, i);
                         checked += size;
-                        side.data.write((size - 1) as usize, &[stamp(i)]);
+                        side.lat_mark(SERVER_SEED, size, i);
                         let op = side.write_op(side.remote.to + max, i);
                         side.post_data(K_DATA | i, op, 0, size, true)?;
                         i += 1;
@@ -1339,8 +1403,8 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     }
                 }
                 (WcOpcode::Recv, K_CTRL_RECV) => {
-                    if test.is_atomic() {
-                        atomic_done = side.read_ctrl(c.wc.wr_id);
+                    if test.is_atomic() || test == TestKind::WriteBw {
+                        done_msg = side.read_ctrl(c.wc.wr_id);
                     }
                     side.post_ctrl_recv()?;
                     break; // phase-done: zero-length, or an atomic test's count
@@ -1355,7 +1419,7 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                     let got = u64::from(c.wc.byte_len);
                     if test == TestKind::SendLat {
                         ok &= got == size && side.lat_check(CLIENT_SEED, max, size, received);
-                        side.data.write((size - 1) as usize, &[stamp(received)]);
+                        side.lat_mark(SERVER_SEED, size, received);
                         // With Immediate Data the pong waits for it (above).
                         if !side.hello.imm {
                             let op = side.send_op(received);
@@ -1363,8 +1427,11 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                         }
                     } else {
                         let src = (received % slots) * size;
+                        let index = indexed.then_some(received);
                         ok &= got == size
-                            && side.mismatch(CLIENT_SEED, slot * max, src, size).is_none();
+                            && side
+                                .message_mismatch(CLIENT_SEED, slot * max, src, size, index)
+                                .is_none();
                         side.credit_back(&mut since_credit, plan.credit_window)?;
                     }
                     received += 1;
@@ -1379,20 +1446,23 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
             })?;
         }
         if test == TestKind::WriteBw {
-            let (good, bytes) = check_written_slots(side, slots, size);
+            let (good, bytes) = match done_msg {
+                Some(Ctrl::Done { ops }) => check_written_slots(side, slots, size, ops),
+                _ => (false, 0),
+            };
             ok &= good;
             checked += bytes;
         }
         if test.is_atomic() {
             // Each operation moved the counter by one: it holds their number.
             let counter = side.original(0);
-            match atomic_done {
-                Some(Ctrl::AtomicDone { ops }) if ops == counter => {
+            match done_msg {
+                Some(Ctrl::Done { ops }) if ops == counter => {
                     checked = checked.saturating_add(ops.saturating_mul(8))
                 }
                 _ => {
                     eprintln!(
-                        "iwarp-bench: counter {counter} after the phase, client said {atomic_done:?}"
+                        "iwarp-bench: counter {counter} after the phase, client said {done_msg:?}"
                     );
                     ok = false;
                 }
@@ -1434,29 +1504,40 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
 
 /// Overwrites `[0, len)` with the complement of the client's pattern.
 fn poison(data: &MemoryRegion, len: u64) {
+    poison_range(data, CLIENT_SEED, 0, 0, len)
+}
+
+/// Overwrites `[off, off + len)` with the complement of `seed`'s pattern at `pattern_off`.
+fn poison_range(data: &MemoryRegion, seed: u64, off: u64, pattern_off: u64, len: u64) {
     let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
     let mut done = 0;
     while done < len {
         let n = (len - done).min(chunk.len() as u64) as usize;
-        pattern::fill(CLIENT_SEED, done, &mut chunk[..n]);
+        pattern::fill(seed, pattern_off + done, &mut chunk[..n]);
         chunk[..n].iter_mut().for_each(|b| *b = !*b);
-        data.write(done as usize, &chunk[..n]);
+        data.write((off + done) as usize, &chunk[..n]);
         done += n as u64;
     }
 }
 
-/// Checks write-bw slots: a prefix of them carries the client's pattern, the rest is untouched.
-fn check_written_slots(side: &Side, slots: u64, size: u64) -> (bool, u64) {
-    let mut written = 0;
-    while written < slots
-        && side
-            .mismatch(CLIENT_SEED, written * size, written * size, size)
-            .is_none()
-    {
-        written += 1;
-    }
-    if written == 0 {
+/// Checks write-bw slots after `messages` Writes: each slot written to holds the client's
+/// pattern and (when the size's messages carry their index) the index of the last Write
+/// through it; the rest is untouched.
+fn check_written_slots(side: &Side, slots: u64, size: u64, messages: u64) -> (bool, u64) {
+    if messages == 0 {
         return (false, 0);
+    }
+    let written = messages.min(slots);
+    let indexed = indexed(&side.hello, size);
+    for k in 0..written {
+        let last = k + (messages - 1 - k) / slots * slots;
+        let off = k * size;
+        if side
+            .message_mismatch(CLIENT_SEED, off, off, size, indexed.then_some(last))
+            .is_some()
+        {
+            return (false, k * size);
+        }
     }
     // The rest must be untouched (the complement of the pattern, byte for byte).
     let mut buf = vec![0u8; size as usize];
@@ -1472,17 +1553,26 @@ fn check_written_slots(side: &Side, slots: u64, size: u64) -> (bool, u64) {
 }
 
 impl Side {
-    /// Checks a latency-test message at `off`: the sender's pattern and the stamp in the last
-    /// byte.
+    /// Checks ping or pong `i` at `off`: its body (all but the last byte) message `i` of the
+    /// sender's pattern ([`Side::lat_mark`]), the stamp in the last byte.
     fn lat_check(&self, seed: u64, off: u64, size: u64, i: u64) -> bool {
-        self.lat_body_ok(seed, off, size)
+        self.message_mismatch(seed, off, 0, size - 1, Some(i))
+            .is_none()
             && self.data.read_volatile((off + size - 1) as usize) == Some(stamp(i))
     }
 
-    /// Checks a latency-test message's body at `off` (all but the stamp in its last byte):
-    /// the sender's pattern, the same in every message of a phase.
-    fn lat_body_ok(&self, seed: u64, off: u64, size: u64) -> bool {
-        self.mismatch(seed, off, 0, size - 1).is_none()
+    /// Readies our ping or pong `i` of `size` at offset 0: its index in the body's first
+    /// octets, its stamp in the last byte.
+    fn lat_mark(&self, seed: u64, size: u64, i: u64) {
+        self.write_index(seed, 0, i, size - 1);
+        self.data.write((size - 1) as usize, &[stamp(i)]);
+    }
+
+    /// Poisons the landing area of a pong at `off` once checked: the body with the complement
+    /// of the sender's pattern, the last byte (the stamp) with 0, which no stamp is.
+    fn lat_poison(&self, seed: u64, off: u64, size: u64) {
+        self.poison(seed, off, 0, size - 1);
+        self.data.write((off + size - 1) as usize, &[0]);
     }
 }
 
@@ -1836,13 +1926,14 @@ fn post_list(side: &Side, pending: &mut Vec<SendRequest>) -> Result<(), String> 
         .map_err(|e| e.to_string())
 }
 
-/// Ends a phase: zero-length Send, then wait for the server's verdict. Returns bytes checked.
-fn finish_phase(side: &mut Side, size: u64, atomic_ops: u64) -> Result<u64, String> {
+/// Ends a phase: zero-length Send (atomic tests and write-bw: [`Ctrl::Done`] with the
+/// `messages` done), then wait for the server's verdict. Returns bytes checked.
+fn finish_phase(side: &mut Side, size: u64, messages: u64) -> Result<u64, String> {
     if side.hello.test == TestKind::SendLat {
         side.post_ctrl_recv()?;
     }
-    if side.hello.test.is_atomic() {
-        side.send_ctrl(Ctrl::AtomicDone { ops: atomic_ops })?;
+    if side.hello.test.is_atomic() || side.hello.test == TestKind::WriteBw {
+        side.send_ctrl(Ctrl::Done { ops: messages })?;
     } else {
         side.send_done()?;
     }
@@ -1862,7 +1953,7 @@ fn finish_phase(side: &mut Side, size: u64, atomic_ops: u64) -> Result<u64, Stri
                     return Err(format!("server found corrupted data at size {size}"))
                 }
                 Some(Ctrl::Credit { .. }) => continue,
-                Some(Ctrl::AtomicDone { .. } | Ctrl::Ready | Ctrl::Report { .. }) | None => {
+                Some(Ctrl::Done { .. } | Ctrl::Ready | Ctrl::Report { .. }) | None => {
                     return Err("malformed control message from server".into())
                 }
             }
@@ -2036,6 +2127,11 @@ fn client_bw(
     // `--run_infinitely`: the current reporting interval's start and the messages done then.
     let mut window = (start, 0u64);
     let mut pending = Vec::with_capacity(side.post_list);
+    // send-bw and write-bw: each message carries its index ([`indexed`]); read-bw: a slot's
+    // first octets are poisoned once checked, so that the next Read into it must place them.
+    let indexed = indexed(&side.hello, size);
+    let write_index = indexed && matches!(test, TestKind::SendBw | TestKind::WriteBw);
+    let head = size.min(8);
     loop {
         while !stop
             && outstanding < depth
@@ -2054,6 +2150,9 @@ fn client_bw(
             let signaled = last || (posted + 1) % side.cq_mod == 0;
             let slot = posted % slots;
             let off = slot * size;
+            if write_index {
+                side.write_index(CLIENT_SEED, off, posted, size);
+            }
             let op = match test {
                 TestKind::WriteBw => side.write_op(side.remote.to + off, posted),
                 TestKind::ReadBw => SendOp::Read {
@@ -2092,6 +2191,9 @@ fn client_bw(
                 return Err(format!(
                     "read-bw: data read at iteration {released} differs at byte {at}"
                 ));
+            }
+            if indexed {
+                side.poison(SERVER_SEED, off, off, head);
             }
             checked += size;
             released += 1;
@@ -2153,6 +2255,12 @@ fn client_bw(
         Some(w) => BandwidthResult::new(size, w.counted(), w.seconds()),
         None => BandwidthResult::new(size, completed, start.elapsed().as_secs_f64()),
     };
+    if write_index {
+        // The pattern back where the indices went, for the next size.
+        for k in 0..posted.min(slots) {
+            side.fill(CLIENT_SEED, k * size, head);
+        }
+    }
     Ok(BwRun {
         result,
         checked,
@@ -2235,6 +2343,10 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
         if done {
             break;
         }
+        if matches!(test, TestKind::WriteLat | TestKind::SendLat) {
+            // The ping's index and stamp, before the clock starts.
+            side.lat_mark(CLIENT_SEED, size, i);
+        }
         let t0 = sample_start(&mut progress, i);
         match test {
             TestKind::WriteLat | TestKind::SendLat => {
@@ -2255,7 +2367,6 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
                             .map_err(|e| e.to_string())?;
                     }
                 }
-                side.data.write((size - 1) as usize, &[stamp(i)]);
                 let op = if test == TestKind::WriteLat {
                     side.write_op(side.remote.to + max, i)
                 } else {
@@ -2281,6 +2392,8 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
                 if !side.lat_check(SERVER_SEED, max, size, i) {
                     return Err(format!("{}: reply {i} has wrong content", test.name()));
                 }
+                // Off the clock: the next pong must land whole to pass.
+                side.lat_poison(SERVER_SEED, max, size);
                 checked += size;
             }
             _ => {
@@ -2320,14 +2433,17 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
                     }
                 } else if let Some(at) = side.mismatch(SERVER_SEED, max, 0, size) {
                     return Err(format!("read-lat: read {i} differs at byte {at}"));
+                } else {
+                    // Off the clock: the next Read must place every octet to pass.
+                    side.poison(SERVER_SEED, max, 0, size);
                 }
                 checked += size;
             }
         }
         i += 1;
     }
-    // Put the pattern back where the stamp went, for the next size.
-    side.fill(CLIENT_SEED, size - 1, 1);
+    // Put the pattern back where the index and the stamp went, for the next size.
+    side.fill(CLIENT_SEED, 0, size);
     if samples.counted > samples.kept.len() as u64 {
         eprintln!(
             "{}: {size} B: the latency figures are of the first {} of {} round trips \
