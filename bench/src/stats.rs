@@ -85,6 +85,16 @@ impl LatencyResult {
     }
 }
 
+/// One queue pair's share of a size that several ran at once (`-q`): the messages it
+/// counted and the time they were counted over (from its first post to its last completion,
+/// or with `-D` its sampling window).
+#[derive(Debug, Clone, Copy)]
+pub struct Part {
+    pub iterations: u64,
+    pub start: Instant,
+    pub end: Instant,
+}
+
 /// Throughput of one size.
 #[derive(Debug, Clone, Serialize)]
 pub struct BandwidthResult {
@@ -113,12 +123,18 @@ impl BandwidthResult {
 }
 
 impl BandwidthResult {
-    /// Queue pairs that ran `bytes`-octet messages at the same time (`-q`), as one: their
-    /// messages over the longest of their times (perftest's rule: all the octets over the
-    /// time from the first post to the last completion), never more than the link carried.
-    pub fn concurrent(bytes: u64, parts: &[&BandwidthResult]) -> Self {
+    /// Queue pairs that ran `bytes`-octet messages at the same time (`-q`), as one: all
+    /// their messages over the time from the first one's start to the last one's end
+    /// (perftest's rule: all the octets over the time from the first post to the last
+    /// completion), never more than the link carried.
+    pub fn concurrent(bytes: u64, parts: &[Part]) -> Self {
         let iterations = parts.iter().map(|p| p.iterations).sum();
-        let seconds = parts.iter().map(|p| p.seconds).fold(0.0, f64::max);
+        let first = parts.iter().map(|p| p.start).min();
+        let last = parts.iter().map(|p| p.end).max();
+        let seconds = match (first, last) {
+            (Some(first), Some(last)) => last.saturating_duration_since(first).as_secs_f64(),
+            _ => 0.0,
+        };
         Self::new(bytes, iterations, seconds)
     }
 
@@ -191,6 +207,11 @@ impl SampleWindow {
     pub fn seconds(&self) -> f64 {
         (self.to - self.from).as_secs_f64()
     }
+
+    /// When the window opens and closes.
+    pub fn span(&self) -> (Instant, Instant) {
+        (self.start + self.from, self.start + self.to)
+    }
 }
 
 /// How many of the largest samples perftest leaves out of a sorted report (its
@@ -260,6 +281,33 @@ pub fn lat_samples_report(samples: &[f64], sorted: bool) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// `-q`: the row of parts that did not run over the same time spans both, from the first
+    /// start to the last end (not the longest single part).
+    #[test]
+    fn concurrent_spans_from_the_first_start_to_the_last_end() {
+        use super::{BandwidthResult, Part};
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        let parts = [
+            Part {
+                iterations: 100,
+                start: at(0.0),
+                end: at(1.0),
+            },
+            Part {
+                iterations: 100,
+                start: at(0.3),
+                end: at(1.3),
+            },
+        ];
+        let r = BandwidthResult::concurrent(1000, &parts);
+        assert!((r.seconds - 1.3).abs() < 1e-6, "{}", r.seconds);
+        assert_eq!(r.iterations, 200);
+        assert!((r.msg_rate_mpps - 200.0 / 1.3 / 1e6).abs() < 1e-9);
+        assert_eq!(BandwidthResult::concurrent(1000, &[]).iterations, 0);
+    }
+
     /// Against C's printf("%g") (Python's `'%g' % v` is the same).
     #[test]
     fn printf_g_matches_c() {

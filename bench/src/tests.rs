@@ -30,7 +30,7 @@ use crate::pattern;
 use crate::pcap::PcapReport;
 use crate::perftest::report;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
-use crate::stats::{self, BandwidthResult, LatencyResult, SampleWindow};
+use crate::stats::{self, BandwidthResult, LatencyResult, Part, SampleWindow};
 use crate::{AtomicType, Cli, CqMode, FramingArg, TestKind, Transport};
 use datapath::xsk::Capture;
 
@@ -1193,13 +1193,13 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
 }
 
 /// Runs `f` on every item at once, a thread each (`-q`'s queue pairs); the results in order,
-/// or the first error.
+/// or the first error (one that is not [`SizeBarrier`]'s word for another's failure).
 fn each<T: Send, R: Send>(
     items: &mut [T],
     f: impl Fn(&mut T) -> Result<R, String> + Sync,
 ) -> Result<Vec<R>, String> {
     let f = &f;
-    std::thread::scope(|scope| {
+    let results: Vec<Result<R, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = items
             .iter_mut()
             .map(|item| scope.spawn(move || f(item)))
@@ -1211,7 +1211,90 @@ fn each<T: Send, R: Send>(
                     .unwrap_or_else(|_| Err("a queue pair's thread panicked".into()))
             })
             .collect()
-    })
+    });
+    let cause = results
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .find(|e| e.as_str() != BARRIER_BROKEN)
+        .cloned();
+    match cause {
+        Some(e) => Err(e),
+        None => results.into_iter().collect(),
+    }
+}
+
+/// What a thread waiting at a [`SizeBarrier`] learns when another queue pair failed.
+const BARRIER_BROKEN: &str = "another queue pair failed";
+
+/// `-q`: the queue pairs' threads start each size together, as perftest runs all its queue
+/// pairs in one loop per size, so that a row sums runs that overlapped. A thread that fails
+/// breaks it ([`SizeBarrier::abandon`]), so that the others do not wait for it.
+struct SizeBarrier {
+    /// Threads waiting, the generation (sizes begun), broken.
+    state: std::sync::Mutex<(usize, u64, bool)>,
+    cv: std::sync::Condvar,
+    n: usize,
+}
+
+impl SizeBarrier {
+    fn new(n: usize) -> Self {
+        SizeBarrier {
+            state: std::sync::Mutex::new((0, 0, false)),
+            cv: std::sync::Condvar::new(),
+            n,
+        }
+    }
+
+    /// Waits until every thread is here; an error once one of them has failed.
+    fn wait(&self) -> Result<(), String> {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.2 {
+            return Err(BARRIER_BROKEN.into());
+        }
+        st.0 += 1;
+        if st.0 >= self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let generation = st.1;
+        while st.1 == generation && !st.2 {
+            st = self
+                .cv
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        if st.1 == generation {
+            Err(BARRIER_BROKEN.into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A thread failed: the others are told at the barrier instead of waiting for it.
+    fn abandon(&self) {
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.2 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Breaks its [`SizeBarrier`] when dropped armed (an error returned, a panic unwinding).
+struct AbandonUnlessDone<'a>(Option<&'a SizeBarrier>);
+
+impl Drop for AbandonUnlessDone<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.0 {
+            b.abandon();
+        }
+    }
 }
 
 /// Runs `a` and `b` at once (`-b`'s two directions) and returns both results.
@@ -1713,11 +1796,11 @@ fn client_session(
         let side = &mut sides[0];
         side.progress = false;
         let (fwd, rev) = both(
-            || client_bw_sizes(side, duration, None),
+            || client_bw_sizes(side, duration, None, None),
             || serve(&mut back, &plan, 0),
         );
         let (fwd, rev) = (fwd?, rev?);
-        for ((r, _, _), reverse) in fwd.iter().zip(&back.reports) {
+        for ((r, _, _, _), reverse) in fwd.iter().zip(&back.reports) {
             // perftest's duplex row: our size and count, both directions' rates.
             let r = r.with_reverse(reverse);
             if !cli.json {
@@ -1725,20 +1808,21 @@ fn client_session(
             }
             bw_results.push(r);
         }
-        for (_, checked, server_checked) in &fwd {
+        for (_, checked, server_checked, _) in &fwd {
             client_verified += checked;
             verified = verified.saturating_add(*server_checked);
         }
         client_verified += rev;
         back.qp.disconnect();
     } else if cli.qps > 1 {
-        // One thread per queue pair, each running every size; the rows sum them.
+        // One thread per queue pair, each running every size, all beginning each size
+        // together; the rows sum them.
+        let barrier = SizeBarrier::new(sides.len());
         let runs = each(&mut sides, |side| {
-            client_bw_sizes(side, duration, report_every)
+            client_bw_sizes(side, duration, report_every, Some(&barrier))
         })?;
         for (i, size) in hello.sizes.iter().enumerate() {
-            let parts: Vec<&BandwidthResult> =
-                runs.iter().filter_map(|r| r.get(i)).map(|p| &p.0).collect();
+            let parts: Vec<Part> = runs.iter().filter_map(|r| r.get(i)).map(|p| p.3).collect();
             let r = BandwidthResult::concurrent(*size, &parts);
             if !cli.json {
                 println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
@@ -1746,7 +1830,7 @@ fn client_session(
             bw_results.push(r);
         }
         for run in &runs {
-            for (_, checked, server_checked) in run {
+            for (_, checked, server_checked, _) in run {
                 client_verified += checked;
                 verified = verified.saturating_add(*server_checked);
             }
@@ -1899,19 +1983,31 @@ fn client_connect(
     Ok(side)
 }
 
-/// Every size of a bandwidth test on one queue pair of several (`-q`): per size, the result,
-/// the octets this side checked and those the server checked.
+/// Every size of a bandwidth test on one queue pair of several (`-q`, each size begun
+/// together at `barrier`) or with `-b`: per size, the result, the octets this side checked,
+/// those the server checked, and the part for a `-q` row.
 fn client_bw_sizes(
     side: &mut Side,
     duration: Option<Duration>,
     report_every: Option<Duration>,
-) -> Result<Vec<(BandwidthResult, u64, u64)>, String> {
+    barrier: Option<&SizeBarrier>,
+) -> Result<Vec<(BandwidthResult, u64, u64, Part)>, String> {
+    let mut guard = AbandonUnlessDone(barrier);
     let mut out = Vec::new();
     for size in side.hello.sizes.clone() {
+        if let Some(b) = barrier {
+            b.wait()?;
+        }
         let run = client_bw(side, size, duration, report_every)?;
         let server_checked = finish_phase(side, size, run.completed)?;
-        out.push((run.result, run.checked, server_checked));
+        let part = Part {
+            iterations: run.result.iterations,
+            start: run.span.0,
+            end: run.span.1,
+        };
+        out.push((run.result, run.checked, server_checked, part));
     }
+    guard.0 = None;
     Ok(out)
 }
 
@@ -2072,6 +2168,9 @@ struct BwRun {
     /// The measurement: every message over the run, or with `-D` those completed in the
     /// sampling window over its length ([`SampleWindow`], perftest's margins).
     result: BandwidthResult,
+    /// The time `result` counts over: from just before the first post to the last
+    /// completion, or `-D`'s sampling window.
+    span: (Instant, Instant),
     /// Octets the client checked.
     checked: u64,
     /// Messages completed over the whole run (an atomic test's server checks its counter
@@ -2251,9 +2350,16 @@ fn client_bw(
             _ => {}
         }
     }
-    let result = match &sample {
-        Some(w) => BandwidthResult::new(size, w.counted(), w.seconds()),
-        None => BandwidthResult::new(size, completed, start.elapsed().as_secs_f64()),
+    let end = Instant::now();
+    let (result, span) = match &sample {
+        Some(w) => (
+            BandwidthResult::new(size, w.counted(), w.seconds()),
+            w.span(),
+        ),
+        None => (
+            BandwidthResult::new(size, completed, end.duration_since(start).as_secs_f64()),
+            (start, end),
+        ),
     };
     if write_index {
         // The pattern back where the indices went, for the next size.
@@ -2263,6 +2369,7 @@ fn client_bw(
     }
     Ok(BwRun {
         result,
+        span,
         checked,
         completed,
     })
@@ -2520,6 +2627,25 @@ fn wait_pong(side: &Side, test: TestKind, max: u64, size: u64, i: u64) -> Result
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    /// `-q`'s per-size barrier lets all through together, and a failed queue pair's thread
+    /// releases the others with an error instead of leaving them waiting; `each` then reports
+    /// the failure, not the others' word for it.
+    #[test]
+    fn a_failed_queue_pair_breaks_the_size_barrier() {
+        let barrier = SizeBarrier::new(3);
+        let mut items = [0u8, 1, 2];
+        let got = each(&mut items, |i| {
+            barrier.wait()?; // all three: through
+            if *i == 1 {
+                let _broken = AbandonUnlessDone(Some(&barrier));
+                return Err("queue pair 1 failed".into());
+            }
+            barrier.wait()
+        });
+        assert_eq!(got, Err("queue pair 1 failed".to_string()));
+        assert_eq!(barrier.wait(), Err(BARRIER_BROKEN.to_string()));
+    }
 
     /// A latency sample starts after the progress line is written: a slow write (a terminal,
     /// a pipe nobody reads) is not in the sample.
