@@ -173,6 +173,10 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Err(e) = validate(&cli.cmd) {
+        eprintln!("iwarp-bench raw: {e}");
+        return ExitCode::from(2);
+    }
     let result = match &cli.cmd {
         Cmd::Tx(o) => tx(o),
         Cmd::Rx(o) | Cmd::Pingpong(o) if o.source_mib.is_some() => {
@@ -197,6 +201,32 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
 }
 
 type Res<T> = Result<T, String>;
+
+/// The counts checked before anything is set up (exit 2): `rx` times its frames between the
+/// first and the last, so it needs two; pingpong's `--count` and `--warmup` must add up.
+fn validate(cmd: &Cmd) -> Res<()> {
+    match cmd {
+        Cmd::Rx(o) if o.count.is_some_and(|c| c < 2) => Err(
+            "rx: --count must be at least 2 (the rate is timed from the first frame to the last)"
+                .into(),
+        ),
+        Cmd::Pingpong(o) => {
+            let count = o.count.unwrap_or(10_000);
+            if count.checked_add(o.warmup).is_none() {
+                return Err(format!(
+                    "pingpong: --count {count} plus --warmup {} is more than 2^64 - 1",
+                    o.warmup
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The most round trips the pingpong initiator keeps samples of (80 MB), as the main tool's
+/// latency tests: a longer run summarises its first ones, and says so.
+const MAX_PING_SAMPLES: u64 = 10_000_000;
 
 fn secs(s: f64, what: &str) -> Res<Duration> {
     if s.is_finite() && s > 0.0 && s <= 3600.0 {
@@ -625,7 +655,8 @@ fn rx(o: &Opts) -> Res<()> {
 
 /// The responder: echoes every frame steered to the port, addresses and ports swapped.
 fn pong(o: &Opts) -> Res<()> {
-    let count = o.count.unwrap_or(10_000) + o.warmup;
+    // (Checked by `validate`.)
+    let count = o.count.unwrap_or(10_000).saturating_add(o.warmup);
     let (info, _) = facts(o)?;
     let timeout = secs(o.timeout, "timeout")?;
     let idle = secs(o.idle, "idle")?;
@@ -716,10 +747,12 @@ fn ping(o: &Opts) -> Res<()> {
     }
     let reply_wait = Duration::from_secs(1);
     let mut frame = vec![0u8; o.size];
-    let mut samples = Vec::with_capacity(count as usize);
+    let mut samples = Vec::with_capacity(count.min(MAX_PING_SAMPLES) as usize);
     let mut lost = 0u64;
+    let mut replies = 0u64;
     let mut progress = Progress::new(o.quiet, "pingpong");
-    let total = o.warmup + count;
+    // (Checked by `validate`.)
+    let total = o.warmup.saturating_add(count);
     for i in 0..total {
         let seq = i as u32;
         let size = frame_into(&mut frame, &TcpFrameSpec { seq, ..spec }, o.size);
@@ -753,11 +786,23 @@ fn ping(o: &Opts) -> Res<()> {
             s.complete();
         }
         match rtt {
-            Some(d) if i >= o.warmup => samples.push(d.as_secs_f64() * 1e6 / 2.0),
+            Some(d) if i >= o.warmup => {
+                replies += 1;
+                if (samples.len() as u64) < MAX_PING_SAMPLES {
+                    samples.push(d.as_secs_f64() * 1e6 / 2.0);
+                }
+            }
             Some(_) => {}
             None => lost += 1,
         }
         progress.tick(i + 1, total);
+    }
+    if replies > samples.len() as u64 {
+        eprintln!(
+            "raw pingpong: the latency figures are of the first {} of {replies} round trips \
+             (at most {MAX_PING_SAMPLES} samples are kept)",
+            samples.len()
+        );
     }
     let lat = LatencyResult::from_samples(o.size as u64, &mut samples);
     if o.json {

@@ -220,4 +220,52 @@ fn raw_cli_help_and_errors() {
         &["rx", "--iface", "lo", "--source-mib", "1"],
         "--source-mib applies to tx only",
     );
+    // Counts refused before any interface is touched (exit 2, naming the option; never a
+    // panic, an allocation of the whole count, or a count that wraps).
+    let refused = |args: &[&str], error: &str| {
+        let out = Command::new(bin())
+            .arg("raw")
+            .args(args)
+            .output()
+            .expect("run");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(error), "{args:?}: unexpected error: {e}");
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+    };
+    let max = u64::MAX.to_string();
+    for (args, error) in [
+        (
+            vec!["rx", "--iface", "nonexistent0", "--count", "1"],
+            "--count must be at least 2",
+        ),
+        (
+            vec!["rx", "--iface", "nonexistent0", "--count", "0"],
+            "--count must be at least 2",
+        ),
+        // The initiator.
+        (
+            vec![
+                "pingpong",
+                "--iface",
+                "nonexistent0",
+                "--dst-ip",
+                "10.77.0.1",
+                "--count",
+                &max,
+            ],
+            "--count",
+        ),
+        // The responder.
+        (
+            vec!["pingpong", "--iface", "nonexistent0", "--count", &max],
+            "--count",
+        ),
+        (
+            vec!["pingpong", "--iface", "nonexistent0", "--warmup", &max],
+            "--warmup",
+        ),
+    ] {
+        refused(&args, error);
+    }
 }
