@@ -93,7 +93,7 @@ struct RelayCli {
     /// Source address of the ICMP messages (a router in the bed's subnet by default).
     #[arg(long, default_value_t = ROUTER)]
     icmp_from: Ipv4Addr,
-    /// Stop after this many seconds.
+    /// Stop after this many seconds (0.1 to 86400).
     #[arg(long, default_value_t = 600.0)]
     seconds: f64,
     /// Also stop when standard input ends or carries a line.
@@ -116,16 +116,26 @@ fn main() -> ExitCode {
             };
         }
     };
+    // (A NaN is in no range.)
     let p = |x: f64| (0.0..=1.0).contains(&x);
-    if !p(cli.loss) || !p(cli.loss + cli.reorder) {
-        eprintln!("iwarp-relay: --loss and --reorder are probabilities (sum at most 1)");
+    if !p(cli.loss) || !p(cli.reorder) || !p(cli.loss + cli.reorder) {
+        eprintln!(
+            "iwarp-relay: --loss and --reorder are probabilities (each 0 to 1, sum at most 1)"
+        );
         return ExitCode::from(2);
     }
     if !p(cli.duplicate) || !p(cli.corrupt) {
-        eprintln!("iwarp-relay: --duplicate and --corrupt are probabilities");
+        eprintln!("iwarp-relay: --duplicate and --corrupt are probabilities (0 to 1)");
         return ExitCode::from(2);
     }
-    let lifetime = Duration::from_secs_f64(cli.seconds.clamp(0.1, 86_400.0));
+    if !(0.1..=86_400.0).contains(&cli.seconds) {
+        eprintln!(
+            "iwarp-relay: --seconds {} out of range: 0.1 to 86400",
+            cli.seconds
+        );
+        return ExitCode::from(2);
+    }
+    let lifetime = Duration::from_secs_f64(cli.seconds);
     if cli.stdin_stop {
         std::thread::spawn(|| {
             let mut line = String::new();

@@ -1,0 +1,32 @@
+//! `iwarp-relay`'s argument checks, without a test bed (nothing here needs root): a value out
+//! of range is refused with exit 2 and a message naming the option, before anything is set up,
+//! and never with a panic.
+
+use std::process::Command;
+
+#[test]
+fn out_of_range_arguments_are_refused_with_exit_2() {
+    for (args, option) in [
+        (&["--seconds", "nan"][..], "--seconds"),
+        (&["--seconds", "inf"], "--seconds"),
+        (&["--seconds", "0"], "--seconds"),
+        (&["--seconds=-5"], "--seconds"),
+        (&["--seconds", "0.01"], "--seconds"),
+        (&["--seconds", "100000"], "--seconds"),
+        (&["--reorder=-0.5", "--loss", "0.5"], "--reorder"),
+        (&["--loss=-0.1"], "--loss"),
+        (&["--loss", "nan"], "--loss"),
+        (&["--loss", "0.6", "--reorder", "0.6"], "--reorder"),
+        (&["--duplicate=-1"], "--duplicate"),
+        (&["--corrupt", "1.5"], "--corrupt"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_iwarp-relay"))
+            .args(args)
+            .output()
+            .expect("run iwarp-relay");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains(option), "{args:?}: {e}");
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+    }
+}
