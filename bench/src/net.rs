@@ -126,6 +126,8 @@ impl Net {
             .device
             .listen(addr, params)
             .map_err(|e| format!("listening on {addr}: {e}"))?;
+        // The port the listener has (the kernel's choice for port 0).
+        let addr = l.local_addr().unwrap_or(addr);
         Ok((l, addr))
     }
 

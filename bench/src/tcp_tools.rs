@@ -617,7 +617,8 @@ fn sink_socket(cli: &SinkCli, timeout: Duration, idle: Duration) -> Result<Repor
     let c = &cli.common;
     let addr = SocketAddrV4::new(cli.bind, cli.port);
     let listener = TcpListener::bind(addr).map_err(io_err(format!("listening on {addr}")))?;
-    eprintln!("tcp-sink: listening on {addr} (kernel TCP)");
+    let bound = listener.local_addr().unwrap_or(addr.into());
+    eprintln!("tcp-sink: listening on {bound} (kernel TCP)");
     listener
         .set_nonblocking(true)
         .map_err(io_err("non-blocking listener"))?;

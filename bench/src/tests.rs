@@ -745,8 +745,10 @@ fn serve_session(cli: &Cli, device: &Device) -> Result<Option<serde_json::Value>
         .listen(bind, connect_params(cli))
         .map_err(|e| e.to_string())?;
     if !cli.json {
+        // The port the listener has (the kernel's choice for `-p 0`).
+        let bound = listener.local_addr().unwrap_or(bind);
         eprintln!(
-            "iwarp-bench: {} server listening on {bind}",
+            "iwarp-bench: {} server listening on {bound}",
             cli.test.name()
         );
     }

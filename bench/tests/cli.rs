@@ -493,6 +493,53 @@ fn a_server_refuses_a_client_whose_symmetric_options_differ() {
     }
 }
 
+/// `-p 0` (the kernel picks the port, socket transport): the server's banner names the port
+/// it listens on, and a client given that port runs; the same for rping's server.
+#[test]
+fn port_0_banner_names_the_bound_port() {
+    let port_of = |line: &str| -> String {
+        let port = line.rsplit(':').next().unwrap_or("").trim().to_string();
+        assert!(
+            port.parse::<u16>().is_ok_and(|p| p != 0),
+            "no bound port in {line:?}"
+        );
+        port
+    };
+    let mut server = Tool::start({
+        let mut c = Command::new(bin());
+        c.args(["write-bw", "--bind", "127.0.0.1", "-p", "0", "-n", "20"]);
+        c
+    });
+    let port = port_of(&server.wait_for("listening on", Duration::from_secs(20)));
+    let client = Command::new(bin())
+        .args(["write-bw", "-p", &port, "-n", "20", "127.0.0.1"])
+        .output()
+        .expect("run client");
+    let (out, err) = server.finish(Duration::from_secs(30));
+    assert!(
+        client.status.success() && out.status.success(),
+        "client: {}\nserver: {err}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+
+    let mut server = Tool::start({
+        let mut c = Command::new(bin());
+        c.args(["rping", "-s", "-a", "127.0.0.1", "-p", "0", "-C", "2"]);
+        c
+    });
+    let port = port_of(&server.wait_for("listening on", Duration::from_secs(20)));
+    let client = Command::new(bin())
+        .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port, "-C", "2"])
+        .output()
+        .expect("run rping client");
+    let (out, err) = server.finish(Duration::from_secs(30));
+    assert!(
+        client.status.success() && out.status.success(),
+        "client: {}\nserver: {err}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+}
+
 #[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [

@@ -335,13 +335,13 @@ impl Tool {
         }
     }
 
-    /// Waits for a stderr line containing `what`.
-    pub fn wait_for(&mut self, what: &str, timeout: Duration) {
+    /// Waits for a stderr line containing `what`; returns it.
+    pub fn wait_for(&mut self, what: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(what) => return,
+                Ok(line) if line.contains(what) => return line,
                 Ok(line) => self.seen.push(line),
                 Err(_) => {
                     let _ = self.child.kill();
