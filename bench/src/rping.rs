@@ -72,7 +72,7 @@ pub struct RpingCli {
     #[arg(short = 'p', default_value_t = RPING_PORT)]
     pub port: u16,
     /// Pings to run (client; 0 = until interrupted, as rping). A server given -C fails
-    /// unless exactly that many pings ran.
+    /// unless exactly that many pings ran (-C 0: no check, as rping's server).
     #[arg(short = 'C')]
     pub count: Option<u64>,
     /// Ping data size in octets (client: what it sends; server: its buffer, grown on demand).
@@ -587,7 +587,8 @@ fn run_server(cli: &RpingCli, net: &Net) -> Result<(), String> {
     if let Some(t) = st.sent_terminate {
         return Err(format!("after {pings} pings we sent Terminate {t:?}"));
     }
-    if let Some(want) = cli.count {
+    // -C 0 is rping's "no count": nothing to check.
+    if let Some(want) = cli.count.filter(|&n| n != 0) {
         if pings != want {
             return Err(format!("{pings} pings ran, -C asked for {want}"));
         }

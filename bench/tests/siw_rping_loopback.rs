@@ -15,10 +15,20 @@ fn rping_pair(
     server_args: &[&str],
     client_args: &[&str],
 ) -> (String, String) {
+    rping_pair_counts(size, (count, count), server_args, client_args)
+}
+
+/// [`rping_pair`] with the server's and the client's `-C` apart.
+fn rping_pair_counts(
+    size: u32,
+    (server_count, count): (u32, u32),
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (String, String) {
     let (server, client) = with_free_port(|port| {
         let mut server = Command::new(bin())
             .args(["rping", "-s", "-a", "127.0.0.1", "-p", port])
-            .args(["-C", &count.to_string()])
+            .args(["-C", &server_count.to_string()])
             .args(["--timeout", "20"])
             .args(server_args)
             .stdout(Stdio::piped())
@@ -67,6 +77,15 @@ fn sizes_revisions_and_crc() {
             }
         }
     }
+}
+
+/// `-C 0` is rping's "no count": on the server it asks for no count check, so a client's 5
+/// pings pass (as real rping's server, which has no count check at all).
+#[test]
+fn server_count_0_checks_no_count() {
+    let (so, co) = rping_pair_counts(64, (0, 5), &[], &[]);
+    assert!(co.contains("5 pings of 64 octets verified"), "{co}");
+    assert!(so.contains("rping server: 5 pings"), "{so}");
 }
 
 #[test]
