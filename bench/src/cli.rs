@@ -216,7 +216,8 @@ pub struct Cli {
     /// with it; with `--run_infinitely`: the interval between result lines). As perftest's,
     /// only what completes in the middle counts: a quarter of the whole seconds, rounded
     /// down, is left out at each end (`stats::SampleWindow`); latency tests then print
-    /// perftest's duration row (`#bytes #iterations t_avg[usec] tps average`).
+    /// perftest's duration row (`#bytes #iterations t_avg[usec] tps average`). A window in
+    /// which nothing completes fails the run.
     #[arg(short = 'D', long)]
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers

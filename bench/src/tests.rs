@@ -2353,6 +2353,11 @@ fn client_bw(
         }
     }
     let end = Instant::now();
+    if let Some(w) = &sample {
+        if w.counted() == 0 {
+            return Err(nothing_counted(test, size, w));
+        }
+    }
     let (result, span) = match &sample {
         Some(w) => (
             BandwidthResult::new(size, w.counted(), w.seconds()),
@@ -2553,6 +2558,11 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
     }
     // Put the pattern back where the index and the stamp went, for the next size.
     side.fill(CLIENT_SEED, 0, size);
+    if let Some(w) = &samples.window {
+        if samples.counted == 0 {
+            return Err(nothing_counted(test, size, w));
+        }
+    }
     if samples.counted > samples.kept.len() as u64 {
         eprintln!(
             "{}: {size} B: the latency figures are of the first {} of {} round trips \
@@ -2569,6 +2579,16 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
         completed: i,
         checked,
     })
+}
+
+/// `-D` so short that no operation completed in its sampling window: a row of zeros would
+/// look like a result.
+fn nothing_counted(test: TestKind, size: u64, w: &SampleWindow) -> String {
+    format!(
+        "{} {size} B: no operation completed in -D's sampling window ({} s): give a longer -D",
+        test.name(),
+        w.seconds()
+    )
 }
 
 /// The start of a latency sample after `done` iterations: the progress line or bar (once a

@@ -252,6 +252,20 @@ fn duration_counts_the_middle_of_the_run() {
     }
 }
 
+/// A `-D` too short for anything to complete in its sampling window fails the run (exit 1,
+/// naming `-D`) instead of printing a row of zeros as a success.
+#[test]
+fn a_duration_that_counts_nothing_fails() {
+    for test in ["write-bw", "write-lat"] {
+        let port = free_port();
+        let (server, client) = run_pair(test, port, &["-s", "64", "-D", "0.000001"]);
+        let err = String::from_utf8_lossy(&client.stderr);
+        assert_eq!(client.status.code(), Some(1), "{test}: {err}");
+        assert!(err.contains("-D"), "{test}: {err}");
+        assert!(!server.status.success(), "{test}");
+    }
+}
+
 /// A size that runs longer than a second reports its progress on stderr once a second.
 #[test]
 fn long_runs_report_progress() {
