@@ -283,7 +283,7 @@ pub struct Cli {
     /// say the same. With `ift`, `--crc` sets the header and the payload CRC of our frames,
     /// and the hello and welcome (MPA private data otherwise) go as the connection's first
     /// Sends (the server accepts with the RFC 7306 extensions on, as it cannot read the hello
-    /// before).
+    /// before). `--markers on` and `--mpa-rev 1`, which only MPA has, are refused with `ift`.
     #[arg(long, value_enum, default_value_t = FramingArg::Mpa)]
     pub framing: FramingArg,
     /// write-bw and write-lat: each Write is followed by RFC 7306 Immediate Data carrying its
@@ -547,6 +547,12 @@ impl Cli {
                 "--engine-cpus pins the threads of --engine-threads per-queue: with one engine \
                  thread, --engine-cpu"
                     .into(),
+            );
+        }
+        if self.framing == FramingArg::Ift && (self.markers.on() || self.mpa_rev != 2) {
+            // IFT frames have no markers and no MPA negotiation: these would go unused.
+            return Err(
+                "--markers and --mpa-rev set MPA framing (RFC 5044): not with --framing ift".into(),
             );
         }
         if self.engine_busy_poll_budget.is_some() && self.engine_busy_poll.is_none() {

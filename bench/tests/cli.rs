@@ -593,6 +593,30 @@ fn bad_arguments_are_errors_not_panics() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // MPA's own options with IFT framing, which would drop them: refused as arguments. (As
+    // clients of a port nobody listens on, so that a run that went ahead would end at once.)
+    for args in [
+        &["write-bw", "--framing", "ift", "--markers", "on"][..],
+        &["write-bw", "--framing", "ift", "--mpa-rev", "1"],
+        &[
+            "write-lat",
+            "--framing",
+            "ift",
+            "--mpa-rev",
+            "1",
+            "--markers",
+            "on",
+        ],
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .args(["-p", "1", "127.0.0.1"])
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--framing ift"), "{args:?}: {err}");
+    }
     // `--pcap` captures the AF_XDP engine's frames and `--xdp-mode` attaches its steering
     // program; the socket transport says so at once (before any connection) and creates no
     // file.
