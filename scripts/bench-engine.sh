@@ -28,8 +28,15 @@
 # template in cache.
 # MTU: both veth ends' MTU (default 1500; at most 3506, native XDP on veth); the engine and
 # kernel TCP take their MSS from it, raw sends frames of MTU + 14 octets.
+# A run that fails (either side of a pair, raw, a result that does not parse) stops the script
+# with a non-zero exit, saying which command failed and printing its stderr (kept in LOGDIR,
+# a temporary directory, or the directory given as LOGDIR), instead of a table with empty
+# cells.
 # Usage: scripts/bench-engine.sh [iterations-bw] [iterations-lat] [reps]
 set -euo pipefail
+# Command substitutions (every measurement is one) keep -e, so a failure in one stops it; each
+# caller takes the result by assignment, whose status is the substitution's.
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 NBW=${1:-10000}
 NLAT=${2:-10000}
@@ -45,6 +52,44 @@ PAYLOAD=$((MTU - 40 - 12 - 6 - 14))
 ip -n iwa link set iwa0 mtu "$MTU"
 ip -n iwb link set iwb0 mtu "$MTU"
 PORT=18700
+if [ -z "${LOGDIR:-}" ]; then
+  LOGDIR=$(mktemp -d)
+  OWN_LOGDIR=1
+fi
+mkdir -p "$LOGDIR"
+
+# fail WHAT LOG... : says what failed and prints the logs on stderr, then ends the script (from
+# a command substitution's subshell too: its non-zero status ends each caller in turn).
+fail() {
+  local what=$1 log
+  shift
+  echo "bench-engine: $what" >&2
+  for log in "$@"; do
+    [ -s "$log" ] || continue
+    echo "--- $log:" >&2
+    cat "$log" >&2
+  done
+  echo "bench-engine: logs in $LOGDIR" >&2
+  exit 1
+}
+
+# wait_bounded PID SECONDS: the exit status of background job PID, waiting at most SECONDS for
+# it; 124 after killing it when it is still running then.
+wait_bounded() {
+  local pid=$1 tenths=$(($2 * 10))
+  while kill -0 "$pid" 2>/dev/null && [ "$tenths" -gt 0 ]; do
+    sleep 0.1
+    tenths=$((tenths - 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 124
+  fi
+  local rc=0
+  wait "$pid" || rc=$?
+  return "$rc"
+}
 
 place() { # placement side -> command prefix
   if [ "$1" = pinned ]; then
@@ -53,7 +98,9 @@ place() { # placement side -> command prefix
 }
 
 pair() { # placement transport test size iters -> client JSON
-  local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp
+  local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp ok=0 rc=0 slog clog
+  slog=$LOGDIR/$test-$tr-$pl-$PORT.server.log
+  clog=$LOGDIR/$test-$tr-$pl-$PORT.client.log
   sp=$(place "$pl" server)
   cp=$(place "$pl" client)
   if [ "$tr" = xdp ]; then
@@ -64,83 +111,128 @@ pair() { # placement transport test size iters -> client JSON
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi
   sa="$sa ${BENCH_ARGS:-}"; ca="$ca ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086
-  ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >"$SRV_JSON" 2>/dev/null &
+  ip netns exec iwa $sp "$BIN" "$test" $sa --port "$PORT" -s "$size" -n "$n" --json >"$SRV_JSON" 2>"$slog" &
   local srv=$!
+  # The client tries again only while the server is not listening yet (connection refused)
+  # and still running; any other failure is the run's.
   for _ in $(seq 1 100); do
     # shellcheck disable=SC2086
-    if out=$(ip netns exec iwb $cp "$BIN" "$test" $ca --port "$PORT" -s "$size" -n "$n" --json 10.77.0.1 2>/dev/null); then break; fi
+    if out=$(ip netns exec iwb $cp "$BIN" "$test" $ca --port "$PORT" -s "$size" -n "$n" --json 10.77.0.1 2>"$clog"); then
+      ok=1
+      break
+    fi
+    if ! grep -q -i "refused" "$clog" || ! kill -0 "$srv" 2>/dev/null; then break; fi
     sleep 0.1
   done
-  wait "$srv" || true
+  if [ "$ok" != 1 ]; then
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+    fail "$test over $tr ($pl, port $PORT): the client failed" "$clog" "$slog"
+  fi
+  # The server ends within seconds of its client (it waits 5 s at most for the close).
+  wait_bounded "$srv" 30 || rc=$?
+  if [ "$rc" = 124 ]; then
+    fail "$test over $tr ($pl, port $PORT): the server was still running 30 s after its client ended (killed)" "$slog" "$clog"
+  elif [ "$rc" != 0 ]; then
+    fail "$test over $tr ($pl, port $PORT): the server failed (exit $rc)" "$slog" "$clog"
+  fi
   PORT=$((PORT + 1))
   echo "$out"
 }
 f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0]; print(round(r['$1'], 2))"; }
 j() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(round(d[k], 2)) for k in sys.argv[1:]))" "$@"; }
-ratio() { python3 -c "print(round($1/$2, 2))"; }
+# (A zero divisor, e.g. a run that moved nothing in time, gives "n/a", not a traceback.)
+ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(round(a / b, 2) if b else 'n/a')" "$1" "$2"; }
 
 raw_bw() { # placement direction count [tx options] -> "goodput frames": Gbit/s of TCP payload
   # and of FRAME-byte frames received; direction "iwb" sends from iwb to iwa (as write-bw moves
   # data), "iwa" the other way (as read-bw does); the sender is pinned where that test's data
   # sender is.
-  local sp cp log rxns=iwa rxif=iwa0 txns=iwb txif=iwb0 dst=10.77.0.1
+  local sp cp log rxns=iwa rxif=iwa0 txns=iwb txif=iwb0 dst=10.77.0.1 rc=0 out
   sp=$(place "$1" server)
   cp=$(place "$1" client)
   if [ "$2" = iwa ]; then
     rxns=iwb; rxif=iwb0; txns=iwa; txif=iwa0; dst=10.77.0.2
     local t=$sp; sp=$cp; cp=$t
   fi
-  log=$(mktemp)
+  log=$(mktemp "$LOGDIR/raw-rx.XXXXXX")
   # shellcheck disable=SC2086
   ip netns exec "$rxns" $sp "$BIN" raw rx --iface "$rxif" --size "$FRAME" --count "$3" --mode driver \
     --port 18600 --ring "$RAW_RING" --json 2>"$log" >"$log.out" &
   local rx=$!
   for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
+  if ! grep -q ready "$log"; then
+    kill "$rx" 2>/dev/null || true
+    wait "$rx" 2>/dev/null || true
+    fail "raw rx in $rxns did not get ready" "$log"
+  fi
   # shellcheck disable=SC2086
-  ip netns exec "$txns" $cp "$BIN" raw tx --iface "$txif" --size "$FRAME" --count "$3" --dst-ip "$dst" \
-    --port 18600 --quiet ${4:-} >/dev/null
-  wait "$rx" || true
-  j payload_gbit_per_sec gbit_per_sec <"$log.out"
-  rm -f "$log" "$log.out"
+  if ! ip netns exec "$txns" $cp "$BIN" raw tx --iface "$txif" --size "$FRAME" --count "$3" --dst-ip "$dst" \
+    --port 18600 --quiet ${4:-} >/dev/null 2>"$log.tx"; then
+    kill "$rx" 2>/dev/null || true
+    wait "$rx" 2>/dev/null || true
+    fail "raw tx in $txns failed" "$log.tx" "$log"
+  fi
+  # rx fails when frames were lost (fewer than --count arrived) but still reports what came:
+  # that is a measurement; no report is a failure.
+  wait_bounded "$rx" 30 || rc=$?
+  out=$(j payload_gbit_per_sec gbit_per_sec <"$log.out" 2>>"$log") ||
+    fail "raw rx in $rxns gave no result (exit $rc)" "$log"
+  rm -f "$log" "$log.out" "$log.tx"
+  echo "$out"
 }
 
 raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
-  local sp cp out
+  local sp cp out rlog=$LOGDIR/raw-pingpong-$1.responder.log ilog=$LOGDIR/raw-pingpong-$1.initiator.log
   sp=$(place "$1" server)
   cp=$(place "$1" client)
   # shellcheck disable=SC2086
   ip netns exec iwa $sp "$BIN" raw pingpong --iface iwa0 --count "$NLAT" --mode driver --port 18620 \
-    --quiet >/dev/null 2>&1 &
+    --quiet >/dev/null 2>"$rlog" &
   local resp=$!
   sleep 0.5
   # shellcheck disable=SC2086
-  out=$(ip netns exec iwb $cp "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 --size 64 \
-    --count "$NLAT" --mode driver --port 18620 --quiet --json)
-  wait "$resp" || true
-  echo "$out" | j t_typical_us p99_us
+  if ! out=$(ip netns exec iwb $cp "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 --size 64 \
+    --count "$NLAT" --mode driver --port 18620 --quiet --json 2>"$ilog"); then
+    kill "$resp" 2>/dev/null || true
+    wait "$resp" 2>/dev/null || true
+    fail "raw pingpong ($1) failed" "$ilog" "$rlog"
+  fi
+  # The responder stops once idle (2 s); its exit status says nothing about the measurement.
+  wait_bounded "$resp" 30 || true
+  out=$(echo "$out" | j t_typical_us p99_us 2>>"$ilog") ||
+    fail "raw pingpong ($1) gave no result" "$ilog"
+  echo "$out"
 }
 
 # Median over REPS runs of each measurement (the machine is shared; one run is too noisy).
 med() { python3 -c "import statistics,sys; print(round(statistics.median(float(x) for x in sys.argv[1:]), 2))" "$@"; }
 reps() { # placement transport test size iters -> "p50-or-gbit p99" medians over REPS runs
-  local a=() b=() out
+  local a=() b=() out v1 v2=0 m1 m2
   for _ in $(seq 1 "$REPS"); do
     out=$(pair "$@")
     if [[ "$3" == *-bw ]]; then
-      a+=("$(echo "$out" | f gbit_per_sec)"); b+=(0)
+      v1=$(echo "$out" | f gbit_per_sec)
     else
-      a+=("$(echo "$out" | f t_typical_us)"); b+=("$(echo "$out" | f p99_us)")
+      v1=$(echo "$out" | f t_typical_us)
+      v2=$(echo "$out" | f p99_us)
     fi
+    a+=("$v1"); b+=("$v2")
   done
-  echo "$(med "${a[@]}") $(med "${b[@]}")"
+  m1=$(med "${a[@]}")
+  m2=$(med "${b[@]}")
+  echo "$m1 $m2"
 }
 raw_lat_reps() { # placement -> "p50 p99" medians over REPS runs of raw pingpong
-  local p=() q=() l50 l99
+  local p=() q=() l50 l99 out m1 m2
   for _ in $(seq 1 "$REPS"); do
-    read -r l50 l99 <<<"$(raw_lat "$1")"
+    out=$(raw_lat "$1")
+    read -r l50 l99 <<<"$out"
     p+=("$l50"); q+=("$l99")
   done
-  echo "$(med "${p[@]}") $(med "${q[@]}")"
+  m1=$(med "${p[@]}")
+  m2=$(med "${q[@]}")
+  echo "$m1 $m2"
 }
 # Bandwidth: each of the REPS rounds runs the socket transport, then raw AF_XDP over as many
 # frames as the engine carries (N x ceil(size / PAYLOAD)), then the engine (then --engine-tx-copy
@@ -153,12 +245,15 @@ bw_reps() { # placement test size iters
   count=$(( $4 * (($3 + PAYLOAD - 1) / PAYLOAD) ))
   [ "$2" = read-bw ] && dir=iwa
   for _ in $(seq 1 "$REPS"); do
-    sv=$(pair "$1" socket "$2" "$3" "$4" | f gbit_per_sec)
+    out=$(pair "$1" socket "$2" "$3" "$4")
+    sv=$(echo "$out" | f gbit_per_sec)
     sgp=0
     if [ -n "${RAW_SOURCE_MIB:-}" ]; then
-      read -r sgp _ <<<"$(raw_bw "$1" "$dir" "$count" "--source-mib $RAW_SOURCE_MIB")"
+      out=$(raw_bw "$1" "$dir" "$count" "--source-mib $RAW_SOURCE_MIB")
+      read -r sgp _ <<<"$out"
     fi
-    read -r gp fr <<<"$(raw_bw "$1" "$dir" "$count")"
+    out=$(raw_bw "$1" "$dir" "$count")
+    read -r gp fr <<<"$out"
     out=$(pair "$1" xdp "$2" "$3" "$4")
     xv=$(echo "$out" | f gbit_per_sec)
     # The data sender's engine idle time (the client's in write-bw, the server's in read-bw).
@@ -167,14 +262,21 @@ bw_reps() { # placement test size iters
     rg+=("$gp"); rf+=("$fr"); s+=("$sv"); x+=("$xv"); xr+=("$(ratio "$xv" "$gp")")
     sg+=("$sgp"); if [ -n "${RAW_SOURCE_MIB:-}" ]; then sr+=("$(ratio "$xv" "$sgp")"); else sr+=(0); fi
     if [ "${TX_COPY:-0}" = 1 ]; then
-      cv=$(pair "$1" xdpcopy "$2" "$3" "$4" | f gbit_per_sec)
+      out=$(pair "$1" xdpcopy "$2" "$3" "$4")
+      cv=$(echo "$out" | f gbit_per_sec)
       c+=("$cv"); cr+=("$(ratio "$cv" "$gp")")
     else
       c+=(0); cr+=(0)
     fi
   done
-  echo "$(med "${rg[@]}") $(med "${rf[@]}") $(med "${s[@]}") $(med "${x[@]}") $(med "${xr[@]}") \
-$(med "${c[@]}") $(med "${cr[@]}") $(med "${sg[@]}") $(med "${sr[@]}")"
+  # (Each by assignment: an array append would not carry a failure's status.)
+  local meds=() list m
+  for list in rg rf s x xr c cr sg sr; do
+    local -n values=$list
+    m=$(med "${values[@]}")
+    meds+=("$m")
+  done
+  echo "${meds[*]}"
   local from=""
   [ -n "${RAW_SOURCE_MIB:-}" ] && from="; raw with payload from a region of $RAW_SOURCE_MIB MiB ${sg[*]}; xdp/that ${sr[*]}"
   echo "$2 $1: raw ${rg[*]}; xdp ${x[*]}; xdp/raw ${xr[*]}$from; data sender's engine idle ms ${idle[*]}" >>"$ROUNDS"
@@ -184,16 +286,19 @@ echo "host: $(uname -r), $(nproc) cores; MTU $MTU; date $(date -u +%Y-%m-%dT%H:%
 echo
 echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF_XDP | xdp / raw | raw frame octets, Gbit/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-ROUNDS=$(mktemp)
-SRV_JSON=$(mktemp)
+ROUNDS=$LOGDIR/rounds
+SRV_JSON=$LOGDIR/server.json
+: >"$ROUNDS"
 for pl in pinned free; do
-  read -r rp50 rp99 <<<"$(raw_lat_reps "$pl")"
+  out=$(raw_lat_reps "$pl")
+  read -r rp50 rp99 <<<"$out"
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
     # shellcheck disable=SC2086
     set -- $spec
     if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $1 "* ]]; then continue; fi
     if [[ "$1" == *-bw ]]; then
-      read -r rbw rfr s1 x1 xr c1 cr sgb sgr <<<"$(bw_reps "$pl" "$1" "$2" "$3")"
+      out=$(bw_reps "$pl" "$1" "$2" "$3")
+      read -r rbw rfr s1 x1 xr c1 cr sgb sgr <<<"$out"
       printf '| %s %s B, Gbit/s | %s | %s | %s | %s | %s | %s | %s |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$xr" "$rfr"
       if [ -n "${RAW_SOURCE_MIB:-}" ]; then
@@ -205,8 +310,10 @@ for pl in pinned free; do
           "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$cr" "$rfr"
       fi
     else
-      read -r s1 s2 <<<"$(reps "$pl" socket "$1" "$2" "$3")"
-      read -r x1 x2 <<<"$(reps "$pl" xdp "$1" "$2" "$3")"
+      out=$(reps "$pl" socket "$1" "$2" "$3")
+      read -r s1 s2 <<<"$out"
+      out=$(reps "$pl" xdp "$1" "$2" "$3")
+      read -r x1 x2 <<<"$out"
       printf '| %s %s B, us p50 | %s | %s | %s | %s | %s | %s | |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rp50" "$(ratio "$x1" "$rp50")"
       printf '| %s %s B, us p99 | %s | %s | %s | %s | %s | %s | |\n' \
@@ -219,7 +326,8 @@ echo "Bandwidth rounds (raw goodput and engine Gbit/s, run right after each othe
 echo "how long the engine that sent the data waited for ACKs instead of sending, \`idle_ms\`):"
 echo
 sed 's/^/- /' "$ROUNDS"
-rm -f "$ROUNDS" "$SRV_JSON"
+# Every run worked: the logs of a temporary LOGDIR go (a LOGDIR given is kept).
+[ -z "${OWN_LOGDIR:-}" ] || rm -rf "$LOGDIR"
 echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"
 echo "\`--bind 10.77.0.1\`, client \`--iface iwb0 10.77.0.1\`), N = $NBW (bw) / $NLAT (lat); raw: \`raw rx"
