@@ -26,7 +26,8 @@ run_pair() {
     # shellcheck disable=SC2086
     if $cp "$BIN" "$test" $cargs --port "$PORT" "$@" "$addr" 2>"$ERR"; then
       cat "$ERR" >&2
-      wait "$server"
+      # Checked here: called from an `if` (xdp_demo), where `set -e` does not act.
+      wait "$server" || { echo "demo: the $test server failed" >&2; return 1; }
       return 0
     fi
     grep -q -i "refused" "$ERR" || { cat "$ERR" >&2; kill "$server" 2>/dev/null; return 1; }
