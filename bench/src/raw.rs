@@ -322,7 +322,12 @@ fn steer(o: &Opts, info: &InterfaceInfo) -> Res<(SteeringProgram, ActiveMode, Ve
     prog.steer_port(ip, o.port).map_err(|e| e.to_string())?;
     let queues: Vec<u32> = match o.queue {
         Some(q) => vec![q],
-        None => (0..info.rx_queues.min(info.tx_queues)).collect(),
+        // Every queue the interface runs (a NIC may run fewer than it has allocated).
+        None => {
+            let (rx, tx) =
+                datapath::xsk::ethtool::running_queues(&o.iface, (info.rx_queues, info.tx_queues));
+            (0..rx.min(tx)).collect()
+        }
     };
     let socks = XskSocket::open_queues(&o.iface, queues, &xsk_config(o, info)?)
         .map_err(|e| e.to_string())?;
