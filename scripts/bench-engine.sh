@@ -206,7 +206,11 @@ raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
 }
 
 # Median over REPS runs of each measurement (the machine is shared; one run is too noisy).
-med() { python3 -c "import statistics,sys; print(round(statistics.median(float(x) for x in sys.argv[1:]), 2))" "$@"; }
+# (Rounds whose ratio is "n/a", a zero divisor, are left out; none left: "n/a".)
+med() { python3 -c "
+import statistics, sys
+v = [float(x) for x in sys.argv[1:] if x != 'n/a']
+print(round(statistics.median(v), 2) if v else 'n/a')" "$@"; }
 reps() { # placement transport test size iters -> "p50-or-gbit p99" medians over REPS runs
   local a=() b=() out v1 v2=0 m1 m2
   for _ in $(seq 1 "$REPS"); do

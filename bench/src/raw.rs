@@ -579,6 +579,9 @@ fn rx(o: &Opts) -> Res<()> {
     let mut first: Option<Instant> = None;
     let mut last = start;
     let mut frames = 0u64;
+    // The frames of the first batch arrived before the clock started: the rate counts those
+    // after it (N frames are timed over N - 1 gaps, a batch at a time).
+    let mut before_clock = 0u64;
     let mut bytes = 0u64;
     while frames < count {
         let mut got = 0;
@@ -592,7 +595,10 @@ fn rx(o: &Opts) -> Res<()> {
         if got > 0 {
             frames += got as u64;
             last = Instant::now();
-            first.get_or_insert(last);
+            if first.is_none() {
+                first = Some(last);
+                before_clock = frames;
+            }
             progress.tick(frames, count);
             continue;
         }
@@ -606,6 +612,13 @@ fn rx(o: &Opts) -> Res<()> {
         }
     }
     let seconds = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+    let timed = frames - before_clock;
+    if timed == 0 || seconds <= 0.0 {
+        return Err(format!(
+            "all {frames} frames arrived in one batch: no time to measure a rate over \
+             (give a larger --count)"
+        ));
+    }
     let c = prog.counters().map_err(|e| e.to_string())?.since(&before);
     let drops: u64 = socks
         .iter()
@@ -615,7 +628,7 @@ fn rx(o: &Opts) -> Res<()> {
         })
         .sum();
     let size = bytes.checked_div(frames).map_or(o.size, |b| b as usize);
-    let bw = BandwidthResult::new(size as u64, frames, seconds);
+    let bw = BandwidthResult::new(size as u64, timed, seconds);
     print_bw(
         o,
         &BwReport {
