@@ -16,6 +16,20 @@ use testbed::*;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The AF_XDP engine opened in `iwa`, its neighbour resolutions waiting up to
+/// `neighbour_timeout`.
+fn engine_in_a(neighbour_timeout: Duration) -> Device {
+    in_ns(NS_A, || {
+        let mut config = XdpEngineConfig::default();
+        config.driver.neighbour_timeout = neighbour_timeout;
+        Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::new(config),
+        })
+        .expect("engine")
+    })
+}
+
 fn next(ch: &CmEventChannel, what: &str) -> CmEvent {
     ch.wait_event(WAIT)
         .unwrap_or_else(|| panic!("no event: {what}"))
@@ -84,15 +98,7 @@ fn socket_transport_resolves_from_a_source_address() {
 #[test]
 fn engine_resolves_address_and_route_through_its_interface() {
     let _bed = bed_or_skip!();
-    let device = in_ns(NS_A, || {
-        let mut config = XdpEngineConfig::default();
-        config.driver.neighbour_timeout = Duration::from_millis(300);
-        Device::open(Transport::Xdp {
-            ifname: DEV_A.into(),
-            config: Box::new(config),
-        })
-        .expect("engine")
-    });
+    let device = engine_in_a(Duration::from_millis(300));
     {
         let ch = CmEventChannel::new().expect("channel");
         let peer = SocketAddr::from((ADDR_B, 7471));
@@ -162,15 +168,7 @@ fn engine_resolves_address_and_route_through_its_interface() {
 #[test]
 fn an_engine_that_stops_answers_a_resolution_under_way_at_once() {
     let _bed = bed_or_skip!();
-    let device = in_ns(NS_A, || {
-        let mut config = XdpEngineConfig::default();
-        config.driver.neighbour_timeout = Duration::from_secs(20);
-        Device::open(Transport::Xdp {
-            ifname: DEV_A.into(),
-            config: Box::new(config),
-        })
-        .expect("engine")
-    });
+    let device = engine_in_a(Duration::from_secs(20));
     let ch = CmEventChannel::new().expect("channel");
     let nobody = SocketAddr::from((std::net::Ipv4Addr::new(10, 77, 0, 98), 7471));
     device.resolve_route(nobody, &ch, 8).expect("resolve_route");

@@ -709,14 +709,20 @@ fn busy_poll_options_are_applied_and_veth_binds_in_copy_mode() {
     });
 }
 
-/// `HugePages_Free` in `/proc/meminfo` (the pool is the system's, not a namespace's).
-fn huge_pages_free() -> u64 {
+/// The value of `key` in `/proc/meminfo` (the huge page pool is the system's, not a
+/// namespace's), as written there.
+fn meminfo(key: &str) -> String {
     let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
     meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("HugePages_Free:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("HugePages_Free")
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"))
+}
+
+/// `HugePages_Free` in `/proc/meminfo`.
+fn huge_pages_free() -> u64 {
+    meminfo("HugePages_Free").parse().expect("a number")
 }
 
 /// Reserves `n` more huge pages (`/proc/sys/vm/nr_hugepages`) and gives them back on drop.
@@ -747,11 +753,7 @@ fn huge_page_umems_are_given_back_when_their_socket_closes() {
     let _bed = bed_or_skip!();
     // Five 2 MiB pages hold the UMEM below; with other default huge pages (1 GiB ones, or
     // another architecture's) the socket would rightly take normal pages.
-    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
-    if !meminfo
-        .lines()
-        .any(|l| l.split_whitespace().eq(["Hugepagesize:", "2048", "kB"]))
-    {
+    if meminfo("Hugepagesize") != "2048 kB" {
         let why = "the default huge page size is not 2 MiB";
         assert!(!testbed::ci(), "{why} (CI=true, so this fails)");
         println!("SKIPPED: {why}");
