@@ -784,6 +784,13 @@ fn more_held_ranges_than_the_store_keeps_are_given_back_not_fatal() {
     }
     let c = conn.counters();
     assert!(c.store_refusals > 0, "the range list never filled: {c:?}");
+    // Each held range is one zero-length Write's FPDU, a gap of its own. With this many
+    // ranges the peaks' scans look at windows, and the gaps are counted within a sixteenth
+    // of the peak.
+    let fpdu = segs[1].1.len() as u64;
+    assert_eq!((c.held_gap_peak, c.held_run_peak), (fpdu, fpdu), "{c:?}");
+    assert!(c.held_peak_gaps * fpdu * 17 >= c.held_peak * 16, "{c:?}");
+    assert!(c.held_peak_gaps * fpdu <= c.held_peak, "{c:?}");
     let ev = conn.poll_event();
     assert!(ev.is_none(), "a conforming peer failed: {ev:?} {c:?}");
     offer(&mut conn, &mut taken_back, segs[0].0, &segs[0].1);

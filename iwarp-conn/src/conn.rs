@@ -65,6 +65,7 @@
 //! Either way TCP sends whole FPDUs per segment and retransmits with the same boundaries.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Duration;
 
 use ddp::{DdpSegment, UNTAGGED_HEADER_LEN};
@@ -225,6 +226,9 @@ pub struct ConnCounters {
     /// Longest run of contiguous octets the store ever held (after a segment was processed).
     /// With FPDUs that can all be located and placed early, a run is at most the end of one
     /// FPDU and the start of the next (anything longer holds a whole FPDU, which is placed).
+    /// With more than 64 held ranges, most segments look only at the ranges around their own
+    /// octets (where runs grow) and the whole list is looked at now and then, so that a peer
+    /// holding 1,024 ranges does not make every segment scan them all.
     pub held_run_peak: u64,
     /// Most octets ever held at one gap (after a segment was processed). A gap is a hole in
     /// the received stream beyond the in-order point, or the end of what arrived so far. It
@@ -236,9 +240,12 @@ pub struct ConnCounters {
     /// backwards from the first header a Marker points at (with CRCs); until such a header
     /// has arrived the run after the gap cannot be split and counts here whole: less than
     /// 512 octets (RFC 5044 section 5) of the next FPDU more. Held octets between placed
-    /// FPDUs (FPDUs not placed early) count as a gap of their own.
+    /// FPDUs (FPDUs not placed early) count as a gap of their own. Looked at as
+    /// `held_run_peak` is.
     pub held_gap_peak: u64,
-    /// Gaps with octets held at them when the store held `held_peak` octets.
+    /// Gaps with octets held at them when the store held `held_peak` octets (with more than
+    /// 64 held ranges: at the last new peak whose whole list was looked at, within a
+    /// sixteenth of `held_peak`).
     pub held_peak_gaps: u64,
     /// Out-of-order segments in which no FPDU could be located.
     pub unlocated_segments: u64,
@@ -480,6 +487,63 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.uncharge();
     }
+}
+
+/// Which held ranges the scan that keeps the held peaks looks at after a segment
+/// ([`IwarpConn::note_held_peaks`]).
+#[derive(Debug, Default)]
+struct PeakScan {
+    /// Ranges looked at by window scans since the last whole scan.
+    windows_scanned: usize,
+    /// Octets held at the last new `held_peak` scanned whole.
+    peak_scanned_whole: u64,
+}
+
+impl PeakScan {
+    /// Up to this many held ranges every scan is whole (exact peaks).
+    const WHOLE_UP_TO: usize = 64;
+    /// Held ranges a scan that is not whole looks at: a segment's octets change the held
+    /// runs they join and the gaps on either side of them.
+    const WINDOW: usize = 8;
+    /// A whole scan follows window scans that looked at this many times the ranges held.
+    const WINDOWS_PER_WHOLE: usize = 4;
+
+    /// The held ranges (indices into a list of `n`) to scan after a segment whose octets lie
+    /// at index `at`, the store holding `held` octets and the peak so far being `peak`: all
+    /// of them while there are at most [`Self::WHOLE_UP_TO`], at a new peak a sixteenth above
+    /// the last one scanned whole, and once the window scans since the last whole scan add
+    /// up to `WINDOWS_PER_WHOLE * n` ranges; else the window around `at`. Over any run of
+    /// segments, at most `WINDOW + WINDOW / WINDOWS_PER_WHOLE` ranges per segment, plus the
+    /// whole scans at new peaks: about 16 ln(capacity) of them in a connection's life, as
+    /// the peak only rises.
+    fn window(&mut self, n: usize, at: usize, held: u64, peak: u64) -> Range<usize> {
+        let new_peak = held > peak;
+        let far_above = held - held.min(self.peak_scanned_whole) > self.peak_scanned_whole / 16;
+        if n <= Self::WHOLE_UP_TO
+            || (new_peak && far_above)
+            || self.windows_scanned >= Self::WINDOWS_PER_WHOLE * n
+        {
+            self.windows_scanned = 0;
+            if new_peak {
+                self.peak_scanned_whole = held;
+            }
+            return 0..n;
+        }
+        self.windows_scanned += Self::WINDOW;
+        let start = at.saturating_sub(Self::WINDOW / 2).min(n - Self::WINDOW);
+        start..start + Self::WINDOW
+    }
+}
+
+/// What [`IwarpConn::held_per_gap`] found in the held ranges it scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeldShape {
+    /// Gaps with octets held at them.
+    gaps: u64,
+    /// Most octets held at one gap.
+    most_at_one_gap: u64,
+    /// Longest run of contiguous held octets.
+    longest_run: u64,
 }
 
 impl Store {
@@ -742,6 +806,8 @@ pub struct IwarpConn {
     relocate_buf: Vec<u8>,
     /// Held octets that may still be read again (see [`SCAN_CREDIT_PER_OCTET`]).
     scan_credit: u64,
+    /// Which held ranges the next scan for the held peaks looks at.
+    peak_scan: PeakScan,
     /// While data waits beyond a gap: the first octet held when it was armed, which the
     /// in-order point must reach, and by when ([`ConnConfig::held_timeout`]).
     held_deadline: Option<(u64, Instant)>,
@@ -805,6 +871,7 @@ impl IwarpConn {
             placed: VecDeque::new(),
             relocate_buf: Vec::new(),
             scan_credit: SCAN_CREDIT_START,
+            peak_scan: PeakScan::default(),
             held_deadline: None,
             store_idle_since: None,
             relocated: Vec::new(),
@@ -1390,13 +1457,31 @@ impl IwarpConn {
         let pos = self.chains.partition_point(|c| c.1 <= self.consumed);
         self.chains.drain(..pos);
         if self.store.held > 0 {
-            let run = self.store.ranges.iter().map(|r| r.1 - r.0).max();
-            self.counters.held_run_peak = self.counters.held_run_peak.max(run.unwrap_or(0));
-            let (gaps, most) = self.held_per_gap();
-            self.counters.held_gap_peak = self.counters.held_gap_peak.max(most);
-            if self.store.held > self.counters.held_peak {
-                self.counters.held_peak = self.store.held;
-                self.counters.held_peak_gaps = gaps;
+            self.note_held_peaks(off);
+        }
+    }
+
+    /// Keeps the held peaks ([`ConnCounters::held_run_peak`], `held_gap_peak`, `held_peak`
+    /// and `held_peak_gaps`) after a segment at stream offset `near`. The scan is bounded
+    /// ([`PeakScan::window`]): with more than 64 held ranges, most segments scan only the
+    /// 8 ranges around `near` (where the segment added octets), and the whole list now and
+    /// then, rather than all 1,024 a peer can make us hold (which cost a segment ~70 times
+    /// its own processing). `held_peak_gaps` then comes from the last whole scan at a new
+    /// peak, within a sixteenth of `held_peak`.
+    fn note_held_peaks(&mut self, near: u64) {
+        let n = self.store.ranges.len();
+        let at = self.store.ranges.partition_point(|r| r.1 <= near);
+        let held = self.store.held;
+        let window = self.peak_scan.window(n, at, held, self.counters.held_peak);
+        let whole = window.len() == n;
+        let shape = self.held_per_gap(window);
+        let c = &mut self.counters;
+        c.held_run_peak = c.held_run_peak.max(shape.longest_run);
+        c.held_gap_peak = c.held_gap_peak.max(shape.most_at_one_gap);
+        if held > c.held_peak {
+            c.held_peak = held;
+            if whole {
+                c.held_peak_gaps = shape.gaps;
             }
         }
     }
@@ -1493,16 +1578,20 @@ impl IwarpConn {
     /// part after a gap up to the first FPDU boundary known in the run is the back of the FPDU
     /// that gap cut, the rest (up to the next gap or placed FPDU) the front of the FPDU the
     /// next gap cuts. Runs lying between two placed FPDUs count as gaps of their own.
-    fn held_per_gap(&self) -> (u64, u64) {
+    /// Only the held ranges `window` (indices into the store's list) are looked at: a
+    /// gap at the window's front edge counts only the octets after it.
+    fn held_per_gap(&self, window: Range<usize>) -> HeldShape {
         let mut gaps = 0u64;
         let mut most = 0u64;
         let mut close = |octets: u64| {
             gaps += 1;
             most = most.max(octets);
         };
+        let mut longest_run = 0u64;
         // The front of an FPDU cut by the gap after it: (where that gap starts, octets).
         let mut front: Option<(u64, u64)> = None;
-        for &(s, e) in &self.store.ranges {
+        for &(s, e) in &self.store.ranges[window] {
+            longest_run = longest_run.max(e - s);
             let gap_before = s != self.consumed && !self.placed_ends_at(s);
             let gap_after = !self.placed_starts_at(e);
             let back = if !gap_before {
@@ -1537,7 +1626,11 @@ impl IwarpConn {
         if let Some((_, octets)) = front {
             close(octets);
         }
-        (gaps, most)
+        HeldShape {
+            gaps,
+            most_at_one_gap: most,
+            longest_run,
+        }
     }
 
     fn paused(&self) -> bool {
@@ -3112,6 +3205,42 @@ fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The held-peak scans stay bounded however many ranges are held: exact (whole) up to
+    /// 64 ranges; above, a window per segment, a whole scan once the windows add up to four
+    /// times the list, and whole scans at new peaks only when a sixteenth above the last.
+    #[test]
+    fn peak_scans_are_bounded_per_segment() {
+        let mut scan = PeakScan::default();
+        for n in [1, 10, 64] {
+            assert_eq!(scan.window(n, n / 2, 100, 1000), 0..n);
+        }
+        // A full list, nothing rising (a peer resending what is refused).
+        let n = 1024;
+        let mut scanned = 0;
+        for i in 0..10_000 {
+            let w = scan.window(n, (i * 7) % (n + 1), 500, 1000);
+            assert!(w.len() == n || (w.len() == 8 && w.end <= n), "{w:?}");
+            if w.len() == 8 {
+                let at = (i * 7) % (n + 1);
+                assert!(w.start <= at && (at < w.end || w.end == n), "{w:?} at {at}");
+            }
+            scanned += w.len();
+        }
+        assert!(scanned <= 10_000 * 10 + n, "{scanned}");
+        // A peak rising by an octet a segment from 1,000 to 1,000,000: about 16 ln(1000) = 111
+        // whole scans at peaks beyond the periodic ones.
+        let mut scan = PeakScan::default();
+        let mut scanned = 0;
+        let segments = 999_000;
+        for held in 1_000..1_000 + segments {
+            scanned += scan.window(n, 0, held as u64, held as u64 - 1).len();
+        }
+        assert!(scanned <= segments * 10 + 120 * n, "{scanned}");
+        // A new peak a sixteenth above the last one scanned whole is scanned whole.
+        assert_eq!(scan.window(n, 0, 1_100_000, 1_000_000), 0..n);
+        assert_eq!(scan.window(n, 0, 1_100_001, 1_100_000).len(), 8);
+    }
 
     #[test]
     fn store_merges_wraps_and_releases() {
