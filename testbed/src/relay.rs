@@ -270,7 +270,8 @@ pub struct DirStats {
     pub data_in: u64,
     /// TCP segments dropped.
     pub dropped: u64,
-    /// TCP segments held back and sent after later ones.
+    /// TCP segments held back and sent after later ones (a held segment no other frame
+    /// passed before its deadline is not counted: it was only delayed).
     pub reordered: u64,
     /// Data segments built by re-segmentation.
     pub pieces: u64,
@@ -295,6 +296,11 @@ pub struct DirStats {
     pub mtu_dropped: u64,
     /// ICMP "fragmentation needed" messages sent back to the sender of this direction.
     pub icmp_sent: u64,
+    /// Frames the relay had to send on that the receiving side refused (its queue full:
+    /// `EAGAIN` or `ENOBUFS`), lost as a full switch port loses them.
+    pub tx_refused: u64,
+    /// Frames received longer than the relay's buffer (64 KiB), not forwarded.
+    pub rx_truncated: u64,
 }
 
 /// Counters of both directions.
@@ -363,7 +369,11 @@ impl Relay {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(RelayError::Thread("did not start".into())),
+            Err(_) => {
+                // Should it open its sockets later, it must not forward unseen.
+                stop.store(true, Ordering::Relaxed);
+                Err(RelayError::Thread("did not start".into()))
+            }
         }
     }
 
@@ -374,6 +384,11 @@ impl Relay {
             Ok(s) => *s,
             Err(poisoned) => *poisoned.into_inner(),
         }
+    }
+
+    /// Whether the relay thread has ended (an error stopped it; [`Relay::stop`] tells which).
+    pub fn has_ended(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
     /// Stops forwarding and returns the counters.
@@ -434,12 +449,14 @@ impl PacketSocket {
             ));
         }
         let proto = (libc::ETH_P_ALL as u16).to_be();
+        // Protocol 0: the socket receives nothing until `bind` names the interface and the
+        // protocol (with ETH_P_ALL here it would take frames of every interface until then).
         // SAFETY: plain socket(2) call; the result is checked before use.
         let raw = unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from(proto),
+                0,
             )
         };
         if raw < 0 {
@@ -528,19 +545,22 @@ impl PacketSocket {
         };
         if n < 0 {
             let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(false),
-                // The peer end went down (namespace deleted): the bed is going away.
-                _ if e.raw_os_error() == Some(libc::ENXIO)
-                    || e.raw_os_error() == Some(libc::ENETDOWN) =>
-                {
-                    Ok(false)
-                }
-                _ => Err(e),
-            };
+            return if send_refused(&e) { Ok(false) } else { Err(e) };
         }
         Ok(true)
     }
+}
+
+/// Whether a failed send lost the frame the way a full or vanished link does, rather than
+/// failing the relay: a full send buffer (`EAGAIN`), a full receiver (veth's peer queue or
+/// XDP ring: `NET_XMIT_DROP`, which `AF_PACKET` reports as `ENOBUFS`), or the peer end gone
+/// (namespace deleted: the bed is going away).
+fn send_refused(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::ENOBUFS | libc::ENXIO | libc::ENETDOWN)
+        )
 }
 
 struct Rng(u64);
@@ -564,7 +584,10 @@ impl Rng {
         if hi <= lo {
             return lo;
         }
-        lo + self.next() % (hi - lo + 1)
+        match (hi - lo).checked_add(1) {
+            Some(span) => lo + self.next() % span,
+            None => self.next(), // the whole of u64
+        }
     }
 }
 
@@ -659,6 +682,8 @@ struct Held {
     frame: Vec<u8>,
     after: u32,
     deadline: Instant,
+    /// A frame was sent on after this one was held (it is reordered, not only delayed).
+    passed: bool,
 }
 
 /// A frame in the delay line: it leaves at `at`; `order` numbers the frames as they entered.
@@ -822,7 +847,7 @@ impl Direction {
             if g.data.len() <= max {
                 break;
             }
-            let n = ctx.rng.range(max as u64 / 2, max as u64) as usize;
+            let n = ctx.rng.range(max as u64 / 2, max as u64).max(1) as usize;
             self.cut(ctx, n, now)?;
         }
         if self.gathered.as_ref().is_some_and(|g| g.fin) {
@@ -904,18 +929,24 @@ impl Direction {
         let copy = (ctx.cfg.duplicate > 0.0 && self.streams.duplicate.unit() < ctx.cfg.duplicate)
             .then(|| frame.clone());
         if x < ctx.cfg.loss + ctx.cfg.reorder {
+            if let Some(copy) = copy {
+                self.stats.duplicated += 1;
+                self.pass(ctx, copy, now);
+            }
+            // Held after its own copy went: that copy is not a later frame overtaking it.
             let after = ctx.rng.range(1, u64::from(ctx.cfg.reorder_frames.max(1))) as u32;
             self.held.push(Held {
                 frame,
                 after,
                 deadline: now + ctx.cfg.reorder_delay,
+                passed: false,
             });
         } else {
             self.pass(ctx, frame, now);
-        }
-        if let Some(copy) = copy {
-            self.stats.duplicated += 1;
-            self.pass(ctx, copy, now);
+            if let Some(copy) = copy {
+                self.stats.duplicated += 1;
+                self.pass(ctx, copy, now);
+            }
         }
         Ok(())
     }
@@ -926,6 +957,7 @@ impl Direction {
         let mut i = 0;
         while i < self.held.len() {
             self.held[i].after -= 1;
+            self.held[i].passed = true;
             if self.held[i].after == 0 {
                 let h = self.held.swap_remove(i);
                 self.stats.reordered += 1;
@@ -1027,7 +1059,7 @@ impl Direction {
         while i < self.held.len() {
             if self.held[i].deadline <= now {
                 let h = self.held.swap_remove(i);
-                self.stats.reordered += 1;
+                self.stats.reordered += u64::from(h.passed);
                 self.emit(ctx, h.frame, now);
             } else {
                 i += 1;
@@ -1184,7 +1216,8 @@ fn run(
                     let Some(n) = sock.recv(&mut buf)? else { break };
                     any = true;
                     if n > buf.len() {
-                        continue; // truncated: larger than any frame of the bed
+                        dirs[i].stats.rx_truncated += 1; // larger than any frame of the bed
+                        continue;
                     }
                     dirs[i].take_frame(&mut ctx, &mut buf[..n], Instant::now())?;
                 }
@@ -1195,10 +1228,14 @@ fn run(
                 for f in d.outbox.drain(..) {
                     if tx[i].send(&f)? {
                         d.stats.frames_out += 1;
+                    } else {
+                        d.stats.tx_refused += 1;
                     }
                 }
                 for f in d.replies.drain(..) {
-                    rx[i].send(&f)?;
+                    if !rx[i].send(&f)? {
+                        d.stats.tx_refused += 1;
+                    }
                 }
             }
             if let Ok(mut l) = live.lock() {
@@ -1373,6 +1410,69 @@ mod tests {
                 frame(1000 + (i * len) as u32, PSH, &payload)
             })
             .collect()
+    }
+
+    /// A held segment that leaves at its deadline with nothing sent after it was delayed, not
+    /// reordered; nor does its own duplicate, sent on at once, overtake it.
+    #[test]
+    fn held_segments_count_as_reordered_only_when_passed() {
+        let held_only = RelayConfig {
+            reorder: 1.0,
+            ..RelayConfig::default()
+        };
+        let late = held_only.reorder_delay + Duration::from_millis(1);
+        let d = feed(&held_only, true, &data_frames(1, 100), late);
+        assert_eq!((d.outbox.len(), d.stats.reordered), (1, 0), "{:?}", d.stats);
+        let with_copy = RelayConfig {
+            duplicate: 1.0,
+            ..held_only.clone()
+        };
+        let d = feed(&with_copy, true, &data_frames(1, 100), late);
+        assert_eq!(d.outbox.len(), 2);
+        assert_eq!(
+            (d.stats.duplicated, d.stats.reordered),
+            (1, 0),
+            "{:?}",
+            d.stats
+        );
+        // Held segments some later segment passed are reordered.
+        let some = RelayConfig {
+            reorder: 0.5,
+            ..RelayConfig::default()
+        };
+        let d = feed(&some, true, &data_frames(200, 100), late);
+        assert_eq!(d.outbox.len(), 200);
+        assert!(d.stats.reordered > 50, "{:?}", d.stats);
+    }
+
+    /// A full receiver (`ENOBUFS` from veth's full peer queue through AF_PACKET) or send
+    /// buffer loses the frame, counted; other errors stop the relay.
+    #[test]
+    fn a_full_receiver_loses_the_frame_rather_than_the_relay() {
+        for errno in [libc::ENOBUFS, libc::EAGAIN, libc::ENXIO, libc::ENETDOWN] {
+            assert!(
+                send_refused(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        for errno in [libc::EINVAL, libc::EPERM, libc::EBADF, libc::EMSGSIZE] {
+            assert!(
+                !send_refused(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_ranges_cover_the_whole_of_u64() {
+        let mut rng = Rng::new(7);
+        let draws: Vec<u64> = (0..64).map(|_| rng.range(0, u64::MAX)).collect();
+        assert!(draws.iter().any(|&x| x > u64::MAX / 2));
+        for _ in 0..1000 {
+            let x = rng.range(5, 9);
+            assert!((5..=9).contains(&x));
+        }
+        assert_eq!(rng.range(u64::MAX, u64::MAX), u64::MAX);
     }
 
     fn bits_differing(a: &[u8], b: &[u8]) -> u32 {

@@ -19,6 +19,8 @@ fn out_of_range_arguments_are_refused_with_exit_2() {
         (&["--loss", "0.6", "--reorder", "0.6"], "--reorder"),
         (&["--duplicate=-1"], "--duplicate"),
         (&["--corrupt", "1.5"], "--corrupt"),
+        (&["--jitter-us", "18446744073709551615"], "--jitter-us"),
+        (&["--delay-us", "10000001"], "--delay-us"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_iwarp-relay"))
             .args(args)

@@ -73,12 +73,12 @@ struct RelayCli {
     /// Most segments corrupted in each direction.
     #[arg(long)]
     corrupt_max: Option<u64>,
-    /// One-way delay of every frame, in microseconds.
-    #[arg(long, default_value_t = 0)]
+    /// One-way delay of every frame, in microseconds (at most 10 s).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(..=10_000_000))]
     delay_us: u64,
     /// Further uniform delay of 0 to this many microseconds per frame (frames closer together
-    /// than it are reordered).
-    #[arg(long, default_value_t = 0)]
+    /// than it are reordered; at most 10 s).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(..=10_000_000))]
     jitter_us: u64,
     /// Shrink the path MTU to this: longer IPv4 packets are dropped and, with DF, answered with
     /// an ICMP "fragmentation needed" (type 3 code 4) carrying this next-hop MTU.
@@ -209,7 +209,8 @@ fn main() -> ExitCode {
         cfg.seed
     );
     let started = Instant::now();
-    while !STOP.load(Ordering::Relaxed) && started.elapsed() < lifetime {
+    // An error ends the relay thread: say so at once rather than sit there not forwarding.
+    while !STOP.load(Ordering::Relaxed) && started.elapsed() < lifetime && !relay.has_ended() {
         std::thread::sleep(Duration::from_millis(20));
     }
     match relay.stop() {
@@ -225,6 +226,7 @@ fn main() -> ExitCode {
                         "corrupted": d.corrupted, "corrupted_bits": d.corrupted_bits,
                         "delayed": d.delayed, "jitter_reordered": d.jitter_reordered,
                         "mtu_dropped": d.mtu_dropped, "icmp_sent": d.icmp_sent,
+                        "tx_refused": d.tx_refused, "rx_truncated": d.rx_truncated,
                     })
                 };
                 println!(
