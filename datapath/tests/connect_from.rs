@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::mpsc;
 
 use common::{bed, Side, WAIT};
-use datapath::{ConnectParams, DatapathError, Listener, MpaConfig};
+use datapath::{Access, ConnectParams, DatapathError, Listener, MpaConfig, WcOpcode, WcStatus};
 use testbed::{bed_or_skip, ADDR_A, ADDR_B};
 
 fn from(local: SocketAddr, base: ConnectParams) -> ConnectParams {
@@ -115,5 +115,79 @@ fn engine_connects_from_the_port_asked_for() {
         let seen = seen_rx.recv_timeout(WAIT).expect("the server's view");
         assert_eq!(seen, want);
         let _ = done_tx.send(());
+    });
+}
+
+/// A second connect from the port a live connection uses, to the same peer, fails with the
+/// tuple in use and leaves the live connection alone. Before, the failed connect removed the
+/// live connection's steering entry on its way out: the peer's segments went to the kernel,
+/// which reset the peer, and no echo came back.
+#[test]
+fn engine_connect_from_a_port_in_use_leaves_the_live_connection() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_610;
+    const SOURCE: u16 = 19_619;
+    const LEN: usize = 64;
+    const ROUNDS: u64 = 3;
+    let server = move |ready| {
+        let echoed = bed::echo_rounds(PORT, &ready, ROUNDS, LEN, WAIT, |_| Ok(()))?;
+        let _ = echoed.qp.wait_finished(WAIT);
+        echoed.qp.disconnect();
+        Ok(())
+    };
+    bed::engine_against(server, move |engine| {
+        let side = Side::new();
+        let server_addr = SocketAddr::from((ADDR_B, PORT));
+        let local = SocketAddr::from((IpAddr::V4(Ipv4Addr::UNSPECIFIED), SOURCE));
+        let params = from(local, bed::params());
+        let buf = side
+            .pd
+            .register(4 * LEN, Access::LOCAL_WRITE)
+            .expect("register");
+        let recvs = (0..4).map(|i| bed::slot_recv(&buf, i, LEN)).collect();
+        let conn = engine
+            .connect_with_recvs(server_addr, &side.pd, &side.cq, &params, &[], recvs)
+            .expect("connect");
+        let src = side
+            .pd
+            .register(LEN, Access::LOCAL_WRITE)
+            .expect("register");
+        let round = |i: u64| {
+            conn.qp
+                .post_send(bed::slot_send(&src, 0, LEN))
+                .expect("post");
+            let mut got: Vec<_> = common::collect(&side.cq, 2, &format!("round {i}"))
+                .iter()
+                .map(|c| (c.wc.opcode, c.wc.status))
+                .collect();
+            got.sort_by_key(|&(op, _)| op == WcOpcode::Recv);
+            assert_eq!(
+                got,
+                [
+                    (WcOpcode::Send, WcStatus::Success),
+                    (WcOpcode::Recv, WcStatus::Success)
+                ],
+                "round {i}"
+            );
+            conn.qp
+                .post_recv(bed::slot_recv(&buf, i + 4, LEN))
+                .expect("repost");
+        };
+        round(0);
+        // Connects go to the engine's shards in turn: one of these reaches the shard that
+        // owns the connection.
+        for _ in 0..engine.shards() {
+            let again = Side::new();
+            match engine.connect(server_addr, &again.pd, &again.cq, &params, &[]) {
+                Err(e @ DatapathError::Xdp(_)) => assert_eq!(e.errno(), libc::EADDRINUSE, "{e}"),
+                Err(e) => panic!("a connect from a tuple in use: {e}"),
+                Ok(_) => panic!("connected twice from one tuple"),
+            }
+        }
+        for i in 1..ROUNDS {
+            round(i);
+        }
+        assert!(conn.qp.status().error.is_none(), "{:?}", conn.qp.status());
+        conn.qp.disconnect();
     });
 }

@@ -1487,6 +1487,19 @@ impl XdpTcp {
             sport: remote.port(),
             dport: local_port,
         };
+        let tuple = tcp_engine::FourTuple {
+            local_addr: self.port.local_ip,
+            local_port,
+            remote_addr: *remote.ip(),
+            remote_port: remote.port(),
+        };
+        // A tuple in use (an explicit source port connected twice) is refused before the
+        // steering entry and the directory claim are touched: both are the live connection's,
+        // and undoing them on the way out would send its segments to the kernel (which resets
+        // the peer).
+        if self.table.lookup(&tuple).is_some() {
+            return Err(XdpTcpError::Table(TableError::TupleInUse));
+        }
         // Shards: the flow is ours before the SYN leaves, so that a SYN-ACK arriving on
         // another shard's queue comes here.
         let dir_key = match &self.shard {
@@ -1510,12 +1523,6 @@ impl XdpTcp {
             unclaim(self);
             return Err(e.into());
         }
-        let tuple = tcp_engine::FourTuple {
-            local_addr: self.port.local_ip,
-            local_port,
-            remote_addr: *remote.ip(),
-            remote_port: remote.port(),
-        };
         let cfg = self.fit(cfg);
         let now = self.now();
         let id = match self.table.connect(cfg, tuple, now) {
