@@ -122,7 +122,7 @@ impl DatapathError {
         use crate::xdp_tcp::XdpTcpError as X;
         use ift::IftError as I;
         use mpa::MpaError as M;
-        let os = |e: &io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+        let os = |e: &io::Error| e.raw_os_error().unwrap_or_else(|| errno_of_kind(e.kind()));
         match self {
             DatapathError::Io(e) => os(e),
             DatapathError::Mpa(M::ConnectionLost) | DatapathError::Ift(I::ConnectionLost) => {
@@ -323,6 +323,33 @@ pub(crate) fn panic_text(cause: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("a panic without a message")
 }
 
+/// The errno an I/O error built from a kind alone stands for (no system call said one: a
+/// connect refused by the peer's RST on the AF_XDP engine, a connect timed out by socket2),
+/// so that both transports give a C caller the same number for the same failure; `EIO` where
+/// none fits.
+fn errno_of_kind(kind: io::ErrorKind) -> i32 {
+    use io::ErrorKind as K;
+    match kind {
+        K::ConnectionRefused => libc::ECONNREFUSED,
+        K::ConnectionReset => libc::ECONNRESET,
+        K::ConnectionAborted => libc::ECONNABORTED,
+        K::NotConnected => libc::ENOTCONN,
+        K::AddrInUse => libc::EADDRINUSE,
+        K::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        K::TimedOut => libc::ETIMEDOUT,
+        K::WouldBlock => libc::EAGAIN,
+        K::PermissionDenied => libc::EPERM,
+        K::NotFound => libc::ENOENT,
+        K::InvalidInput => libc::EINVAL,
+        K::OutOfMemory => libc::ENOMEM,
+        K::Interrupted => libc::EINTR,
+        K::BrokenPipe => libc::EPIPE,
+        K::HostUnreachable => libc::EHOSTUNREACH,
+        K::NetworkUnreachable => libc::ENETUNREACH,
+        _ => libc::EIO,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{DatapathError, QpError};
@@ -398,6 +425,15 @@ mod tests {
                 libc::EHOSTUNREACH,
             ),
             (DatapathError::Io(io::Error::other("no code")), libc::EIO),
+            // Built from a kind alone: the engine's refused connect, socket2's timed-out one.
+            (
+                DatapathError::Io(io::ErrorKind::ConnectionRefused.into()),
+                libc::ECONNREFUSED,
+            ),
+            (
+                DatapathError::Io(io::ErrorKind::TimedOut.into()),
+                libc::ETIMEDOUT,
+            ),
             (
                 DatapathError::Xdp(crate::xdp_tcp::XdpTcpError::PortInUse {
                     addr: std::net::Ipv4Addr::LOCALHOST,

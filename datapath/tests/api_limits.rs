@@ -155,3 +155,26 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
     };
     assert!(dev.listen(addr, shortest).is_ok());
 }
+
+/// A listener whose MPA configuration no Responder takes (a `rev` other than 1 or 2) is
+/// refused when it is made, as a connect with it is: it listened before, and every
+/// connection it took was closed at once with nothing logged nor counted.
+#[test]
+fn a_listener_with_an_mpa_configuration_no_responder_takes_is_refused() {
+    let dev = Device::socket();
+    let addr = "127.0.0.1:0".parse().expect("address");
+    for rev in [0, 3] {
+        let params = ConnectParams {
+            mpa: datapath::MpaConfig {
+                rev,
+                ..datapath::MpaConfig::default()
+            },
+            ..ConnectParams::default()
+        };
+        match dev.listen(addr, params) {
+            Err(DatapathError::Mpa(mpa::MpaError::Local(_))) => {}
+            Err(e) => panic!("rev {rev}: {e}"),
+            Ok(_) => panic!("rev {rev}: listening"),
+        }
+    }
+}

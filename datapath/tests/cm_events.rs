@@ -152,10 +152,51 @@ fn connect_accept_reject_and_disconnect_as_events() {
         CmEvent::ConnectError {
             context: 9,
             error: DatapathError::Io(e),
-        } => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused),
+        } => {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+            assert_eq!(DatapathError::Io(e).errno(), libc::ECONNREFUSED);
+        }
         other => panic!("{other:?}"),
     }
     assert!(client_ch.get_event().is_none());
+}
+
+/// A SYN nobody answers (a listener whose accept queue is full drops it) ends the connect at
+/// `setup_timeout` with the timeout the AF_XDP engine reports for it, `ETIMEDOUT`
+/// (rdma_cm's `RDMA_CM_EVENT_UNREACHABLE`); it was an `Io` error of no errno (`EIO`).
+#[test]
+fn a_connect_nobody_answers_times_out_with_etimedout() {
+    use socket2::{Domain, Socket, Type};
+    let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    full.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    full.listen(0).unwrap();
+    let addr = full.local_addr().unwrap().as_socket().unwrap();
+    // One connection fills an accept queue of backlog 0; later SYNs are dropped.
+    let _filler = std::net::TcpStream::connect_timeout(&addr, WAIT).unwrap();
+    let device = Device::socket();
+    let pd = ProtectionDomain::new();
+    let cq = CompletionQueue::new();
+    let ch = CmEventChannel::new().unwrap();
+    let quick = ConnectParams {
+        setup_timeout: Duration::from_millis(300),
+        ..params()
+    };
+    device
+        .connect_async(addr, &pd, &cq, &quick, b"", &ch, 5)
+        .unwrap();
+    match next(&ch, "connect error") {
+        CmEvent::ConnectError { context: 5, error } => {
+            assert!(matches!(error, DatapathError::Timeout(_)), "{error:?}");
+            assert_eq!(error.errno(), libc::ETIMEDOUT);
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Two listeners on one event channel (rdma_cm's `listen_id`): each request says which

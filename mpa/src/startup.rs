@@ -633,9 +633,16 @@ pub struct Responder {
 }
 
 impl Responder {
+    /// What [`Responder::new`] refuses, without building anything: a configuration that does
+    /// not validate (a `rev` other than 1 or 2, IRD or ORD beyond 14 bits). For a listener,
+    /// which refuses it when it is made rather than failing every connection it takes.
+    pub fn check(config: &MpaConfig) -> Result<(), MpaError> {
+        config.validate()
+    }
+
     /// A Responder waiting for a Request until `now + config.timeout`.
     pub fn new(config: MpaConfig, now: Instant) -> Result<Responder, MpaError> {
-        config.validate()?;
+        Responder::check(&config)?;
         let reader = FrameReader::new(FrameKind::Request, config.receive_cap());
         Ok(Responder {
             deadline: deadline(now, config.timeout),

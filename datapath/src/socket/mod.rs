@@ -152,7 +152,14 @@ fn tcp_connect(addr: SocketAddr, params: &ConnectParams) -> Result<TcpStream, Da
         socket.set_reuse_address(true)?;
         socket.bind(&local.into())?;
     }
-    socket.connect_timeout(&addr.into(), params.setup_timeout)?;
+    // An unanswered SYN is the timeout the engine reports for it (socket2 makes it an
+    // `io::Error` of kind `TimedOut`, which carries no errno).
+    socket
+        .connect_timeout(&addr.into(), params.setup_timeout)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => DatapathError::Timeout("connecting"),
+            _ => e.into(),
+        })?;
     Ok(socket.into())
 }
 

@@ -277,9 +277,14 @@ impl ConnectParams {
     }
 
     /// [`ConnectParams::check`] for a listener, whose parameters its accepts start from: the
-    /// backlog too, up to [`MAX_BACKLOG`].
+    /// backlog too, up to [`MAX_BACKLOG`], and the MPA configuration its Responders take
+    /// ([`DatapathError::Mpa`] with `MpaError::Local` for a `rev` other than 1 or 2).
     pub(crate) fn check_listen(&self) -> Result<(), DatapathError> {
         self.check()?;
+        if matches!(self.framing, Framing::Mpa) {
+            // Else every connection the listener took would fail at its Responder.
+            mpa::Responder::check(&self.mpa)?;
+        }
         if self.backlog > MAX_BACKLOG {
             return Err(DatapathError::InvalidArgument(
                 "a listener's backlog is at most MAX_BACKLOG (65536) Requests",
