@@ -638,13 +638,14 @@ fn write_beyond_the_region_end() {
     );
 }
 
-/// A region registered without REMOTE_WRITE: RDMAP remote protection error, access rights
-/// (layer 0, etype 1, code 0x02; DDP has no code for it).
+/// A region registered without REMOTE_WRITE: DDP has no code for access rights, so, as siw,
+/// an invalid STag (layer 1, etype 1, code 0x00; RFC 5040 Figure 10 keeps RDMAP's remote
+/// protection codes for Read Requests and Sends with Invalidate).
 #[test]
 fn write_without_remote_write_access() {
     bad_write(
         |rig| (rig.readable.stag(), rig.readable.base_to()),
-        (layer::RDMAP, rdmap_etype::REMOTE_PROTECTION, 0x02),
+        (layer::DDP, 1, 0x00),
     );
 }
 

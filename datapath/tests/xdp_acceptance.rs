@@ -1080,13 +1080,12 @@ const BAD_WRITE_LEN: usize = 6000;
 
 impl Bad {
     /// (Layer, EType, Error Code) of the Terminate: RFC 5041 7.2 for the sink of a tagged
-    /// Write (DDP tagged buffer errors), RFC 5040 7 / Figure 9 remote protection for access
-    /// rights (DDP has no code for them) and for a Read Request's source.
+    /// Write (DDP tagged buffer errors; access rights, which DDP has no code for, an invalid
+    /// STag, as siw), RFC 5040 7 / Figure 10 remote protection for a Read Request's source.
     fn want(self) -> (u8, u8, u8) {
         match self {
-            Bad::WriteInvalidStag => (layer::DDP, 1, 0x00),
+            Bad::WriteInvalidStag | Bad::WriteWithoutAccess => (layer::DDP, 1, 0x00),
             Bad::WriteBeyondEnd => (layer::DDP, 1, 0x01),
-            Bad::WriteWithoutAccess => (layer::RDMAP, rdmap_etype::REMOTE_PROTECTION, 0x02),
             Bad::ReadInvalidSourceStag => (layer::RDMAP, rdmap_etype::REMOTE_PROTECTION, 0x00),
         }
     }

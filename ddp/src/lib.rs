@@ -5,8 +5,14 @@
 //! - [`check_tagged`]: the tagged receiver checks of 7.1 that DDP itself can make.
 //! - [`UntaggedQueue`]: one QN's posted buffers, the untagged receiver checks of 7.1,
 //!   out-of-order/repeated placement and in-order delivery (5.3, 5.4).
-//! - [`MessageTracker`]: placed-range bookkeeping for one message (used by the queue,
-//!   and usable by the ULP for tagged messages).
+//! - [`MessageTracker`]: placed-range bookkeeping for one message (used by the queue).
+//!
+//! `rdmap` runs [`wire`], [`UntaggedQueue`] and [`DdpError`]. It does not run [`Segmenter`]
+//! or [`check_tagged`]: its queue pair cuts segments at gather-list boundaries as well as at
+//! MULPDU, and `rdmap::MemoryTable` checks a tagged sink's bounds and wrap together with its
+//! STag, PD and access rights; a Read Response is tracked by its outstanding Read, not by a
+//! [`MessageTracker`]. The two stand as the RFC's data-source and tagged-sink rules on their
+//! own, for other ULPs, and are tested and fuzzed as such.
 //! - [`DdpError`]: every error, mapped to the 7.2 numbers by [`DdpError::etype`] and
 //!   [`DdpError::code`].
 //!

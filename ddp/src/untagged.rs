@@ -95,6 +95,13 @@ impl<C: Copy> UntaggedQueue<C> {
         self.buffers.len()
     }
 
+    /// Whether every buffer posted and not yet delivered has had its message's Last segment
+    /// (none holds a message still open; true for an empty queue). A buffer no segment has
+    /// reached yet counts as open.
+    pub fn every_message_ended(&self) -> bool {
+        self.buffers.iter().all(|b| b.tracker.total_len().is_some())
+    }
+
     /// The queue number.
     pub fn qn(&self) -> u32 {
         self.qn

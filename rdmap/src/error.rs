@@ -338,14 +338,14 @@ impl TerminateCause {
             }
             RdmapError::Ddp(e) => Some(TerminateCode::new(layer::DDP, e.etype(), e.code())),
             // The sink of a Write / Read Response: DDP tagged buffer errors (RFC 5041
-            // 7.2), except access rights, which DDP has no code for: RDMAP remote
-            // protection 0x02 (as siw does).
+            // 7.2). Access rights, which DDP has no code for, are an invalid STag (as siw
+            // does: `siw_tagged_error`): RFC 5040 Figure 10's RDMAP remote protection
+            // codes are for Read Requests and Sends with Invalidate only.
             RdmapError::SinkAccess { violation, .. } => match violation {
-                AccessViolation::InvalidStag => ddp_tagged(0x00),
+                AccessViolation::InvalidStag | AccessViolation::AccessRights => ddp_tagged(0x00),
                 AccessViolation::BaseBounds => ddp_tagged(0x01),
                 AccessViolation::StagNotAssociated => ddp_tagged(0x02),
                 AccessViolation::ToWrap => ddp_tagged(0x03),
-                AccessViolation::AccessRights => rdmap(REMOTE_PROTECTION, ACCESS_RIGHTS),
             },
             // The source of a Read Request: RDMAP remote protection (7.2 rule 4); the target
             // of an Atomic Request is addressed the same way (RFC 7306 5.2).
@@ -430,7 +430,7 @@ mod tests {
         assert_eq!(code(s(AccessViolation::BaseBounds)), Some((1, 1, 1)));
         assert_eq!(code(s(AccessViolation::StagNotAssociated)), Some((1, 1, 2)));
         assert_eq!(code(s(AccessViolation::ToWrap)), Some((1, 1, 3)));
-        assert_eq!(code(s(AccessViolation::AccessRights)), Some((0, 1, 2)));
+        assert_eq!(code(s(AccessViolation::AccessRights)), Some((1, 1, 0)));
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Memory regions, STags and protection checks (RFC 5040 2.3, 5.1-5.3, 7.2;
-//! RFC 5042 5.x on STag and Protection Domain rules).
+//! RFC 5042 2.2.4 and 2.2.5 on Protection Domains and STag scope, 6.1.1 on STags).
 //!
 //! A [`MemoryTable`] holds the registered regions of one adapter. Each region belongs to
 //! a Protection Domain ([`PdId`]); an STag is honoured on an RDMAP stream only if the
-//! stream's queue pair is in the same PD (RFC 5042: "STag not associated with the
-//! stream"). An STag is `index << 8 | key`: the index names the table slot, the key is
+//! stream's queue pair is in the same PD (RFC 5042 6.1.1; RFC 5040 7.2's "STag not
+//! associated with RDMAP Stream"). An STag is `index << 8 | key`: the index names the table slot, the key is
 //! changed on every (re-)registration so a stale STag held by a peer stops working
-//! (RFC 5042 5.2 on STag reuse). STag index 0 is never allocated, so STag 0 (and the
+//! (RFC 5042 6.3.3, accessing a buffer after the transfer). STag index 0 is never allocated, so STag 0 (and the
 //! STag 1 of siw's zero-length RTR Write) never name a region.
 
 use std::collections::VecDeque;
@@ -29,7 +29,7 @@ pub enum NotAtomic {
     Unsupported,
 }
 
-/// Access rights of a region (RFC 5040 2.3; RFC 5042 5.3). Local read is always
+/// Access rights of a region (RFC 5040 2.3; RFC 5042 2.2.5). Local read is always
 /// allowed. A bit set, like the `bitflags` crate's types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Access(u8);
@@ -96,7 +96,7 @@ impl BitAnd for Access {
     }
 }
 
-/// A Protection Domain identifier (RFC 5042 5.1).
+/// A Protection Domain identifier (RFC 5042 2.2.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PdId(pub u32);
 
@@ -672,7 +672,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
     }
 
     /// Re-registers the region named by `stag` with a new PD, base TO and access, under
-    /// a new key (RFC 5042 5.2). The old STag stops working; an invalidated region
+    /// a new key (RFC 5042 6.3.3). The old STag stops working; an invalidated region
     /// becomes valid again. The buffer is kept.
     pub fn reregister(
         &mut self,

@@ -349,7 +349,10 @@ pub enum WcOpcode {
     /// An Immediate Data work request ([`SendOp::Immediate`]).
     Immediate,
     /// A receive work request that an Immediate Data message completed
-    /// ([`WorkCompletion::immediate`]); nothing was placed in its buffer.
+    /// ([`WorkCompletion::immediate`]); nothing was placed in its buffer, and its `byte_len`
+    /// is 0, also after an RDMA Write with Immediate (InfiniBand's
+    /// `IBV_WC_RECV_RDMA_WITH_IMM` carries the Write's length; on iWARP the Write and the
+    /// Immediate Data are separate messages, RFC 7306 6, and the sink does not know it).
     RecvImmediate,
 }
 
@@ -1391,18 +1394,21 @@ impl QueuePair {
     }
 
     /// Takes a buffer from the shared receive queue for the Send message `msn`, processed in
-    /// order, if it is the message just past those holding buffers. A sender sends its
-    /// messages in MSN order (RFC 5041 5.3), so in order a message needs a buffer only when
-    /// its first segment comes, and only that one: a peer naming an MSN ahead takes nothing
-    /// (it gets the RFC 5041 7.1 untagged-buffer Terminate), so it can hold at most the
-    /// buffer of the one message it has begun, not drain a queue shared with other
-    /// connections (RFC 5042 6.4.6).
+    /// order, if it is the message just past those holding buffers and each of those has had
+    /// its Last segment. A sender sends its messages in MSN order (RFC 5041 5.3), so in order
+    /// a message needs a buffer only when its first segment comes, and only once the message
+    /// before it has ended: a peer naming an MSN ahead, or beginning a message before it
+    /// ended the one before, takes nothing (it gets the RFC 5041 7.1 untagged-buffer
+    /// Terminate), so it can hold at most the buffer of the one message it has begun, not
+    /// drain a queue shared with other connections (RFC 5042 6.4.3.1).
     fn take_from_srq(&mut self, msn: u32) {
         let Some(SrqSlot(source)) = self.srq.as_mut() else {
             return;
         };
         let posted = self.rq.posted();
-        if msn.wrapping_sub(self.rq.next_msn()) as usize != posted || posted >= self.rq.max_posted()
+        if msn.wrapping_sub(self.rq.next_msn()) as usize != posted
+            || posted >= self.rq.max_posted()
+            || !self.rq.every_message_ended()
         {
             return;
         }

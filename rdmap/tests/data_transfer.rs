@@ -983,23 +983,24 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
 /// 7.1 untagged-buffer Terminate. (A first segment, not Last, 63 messages ahead used to take
 /// 64 buffers and be accepted: a peer could hold 64 of a queue shared with other connections
 /// per connection, for as long as it kept the connection.)
-#[test]
-fn sends_take_buffers_from_a_shared_receive_queue() {
-    use std::sync::{Arc, Mutex};
+/// A shared receive queue (`RecvSource`) over a `Vec`, which the test can look at.
+struct Shared(std::sync::Arc<std::sync::Mutex<Vec<RecvWr>>>);
 
-    struct Shared(Arc<Mutex<Vec<RecvWr>>>);
-    impl rdmap::RecvSource for Shared {
-        fn take(&mut self) -> Option<RecvWr> {
-            let mut q = self.0.lock().unwrap();
-            (!q.is_empty()).then(|| q.remove(0))
-        }
+impl rdmap::RecvSource for Shared {
+    fn take(&mut self) -> Option<RecvWr> {
+        let mut q = self.0.lock().unwrap();
+        (!q.is_empty()).then(|| q.remove(0))
     }
+}
 
+/// A pair whose B takes its receives from a shared queue of 100 receives of 64 octets into
+/// `sink`: (pair, the queue, sink).
+fn pair_with_srq() -> (Pair, std::sync::Arc<std::sync::Mutex<Vec<RecvWr>>>, Stag) {
     let mut pair = Pair::new(MULPDU);
     let sink = pair
         .b
         .region(vec![0; 100 * 64], 0x9_0000, Access::LOCAL_WRITE);
-    let queue = Arc::new(Mutex::new(
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(
         (0..100u64)
             .map(|i| RecvWr {
                 wr_id: 1000 + i,
@@ -1016,6 +1017,24 @@ fn sends_take_buffers_from_a_shared_receive_queue() {
         .qp
         .attach_srq(Box::new(Shared(queue.clone())))
         .unwrap();
+    (pair, queue, sink)
+}
+
+/// The first segment (not Last) of a hand-made Send `msn` with 8 octets at MO 0.
+fn send_first_segment(msn: u32) -> Vec<u8> {
+    let mut seg = Vec::new();
+    seg.extend_from_slice(&[0x01, 0x43]); // DDP untagged, L=0, DV=1; RDMAP RV=1, Send
+    seg.extend_from_slice(&[0, 0, 0, 0]); // reserved for the ULP
+    seg.extend_from_slice(&0u32.to_be_bytes()); // QN 0
+    seg.extend_from_slice(&msn.to_be_bytes());
+    seg.extend_from_slice(&0u32.to_be_bytes()); // MO
+    seg.extend_from_slice(&[7; 8]);
+    seg
+}
+
+#[test]
+fn sends_take_buffers_from_a_shared_receive_queue() {
+    let (mut pair, queue, sink) = pair_with_srq();
     // Receives go to the shared queue now, not the queue pair.
     assert_eq!(
         pair.b.qp.post_recv(
@@ -1047,18 +1066,37 @@ fn sends_take_buffers_from_a_shared_receive_queue() {
     assert_eq!(&pair.b.contents(sink)[..192], &pattern(64 * 3, 3)[..]);
 
     // A hand-made first segment of a Send with MSN 4 + 63: nothing is taken, and it is refused.
-    let mut far = Vec::new();
-    far.extend_from_slice(&[0x01, 0x43]); // DDP untagged, L=0, DV=1; RDMAP RV=1, Send
-    far.extend_from_slice(&[0, 0, 0, 0]); // reserved for the ULP
-    far.extend_from_slice(&0u32.to_be_bytes()); // QN 0
-    far.extend_from_slice(&67u32.to_be_bytes()); // MSN
-    far.extend_from_slice(&0u32.to_be_bytes()); // MO
-    far.extend_from_slice(&[7; 8]);
+    let far = send_first_segment(67);
     assert!(pair.b.qp.on_ulpdu(&far, &pair.b.mem).is_err());
     assert_eq!(
         queue.lock().unwrap().len(),
         97,
         "nothing taken for an MSN ahead"
+    );
+}
+
+/// A Send begun before the one before it ended (its Last segment) takes nothing from a shared
+/// receive queue and is refused: in order, a conforming sender ends a message before it
+/// begins the next (RFC 5041 5.3). Before, each begun message took a buffer, and a peer
+/// sending first segments of MSN 1, 2, 3, ... held up to the queue pair's receive depth of a
+/// queue shared with other connections, with no completion to show for it.
+#[test]
+fn a_send_begun_before_the_last_ended_takes_no_shared_buffer() {
+    let (mut pair, queue, _) = pair_with_srq();
+    pair.b
+        .qp
+        .on_ulpdu(&send_first_segment(1), &pair.b.mem)
+        .expect("the first message's first segment");
+    assert_eq!(queue.lock().unwrap().len(), 99);
+    assert!(pair
+        .b
+        .qp
+        .on_ulpdu(&send_first_segment(2), &pair.b.mem)
+        .is_err());
+    assert_eq!(
+        queue.lock().unwrap().len(),
+        99,
+        "one buffer per open message"
     );
 }
 

@@ -269,10 +269,11 @@ fn nothing_is_placed_early_where_the_in_order_check_would_refuse() {
     }
     assert_eq!(pair.b.contents(read_only), vec![0; 4000]);
     assert_eq!(pair.b.contents(small), vec![0; 100]);
-    // In order, the first refused Write gets its Terminate (RDMAP remote protection 0x02).
+    // In order, the first refused Write gets its Terminate (DDP tagged buffer, invalid STag:
+    // access rights, as siw).
     let err = pair.b.qp.on_ulpdu(&ulpdus[0], &pair.b.mem).unwrap_err();
     let code = err.terminate_code().expect("a Terminate");
-    assert_eq!((code.layer, code.etype, code.code), (0, 1, 2));
+    assert_eq!((code.layer, code.etype, code.code), (1, 1, 0));
 }
 
 /// RFC 7306 Immediate Data is never placed early (it places nothing: its receive completes

@@ -323,7 +323,7 @@ fn write_without_remote_write_access() {
             )
         },
         AccessViolation::AccessRights,
-        (0, 1, 2),
+        (1, 1, 0),
     );
 }
 
