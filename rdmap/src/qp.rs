@@ -1235,7 +1235,8 @@ impl QueuePair {
     /// Whether the transport still reads handed-out requests' payload from the application's
     /// memory (a transport that sends from registered memory and keeps FPDUs until they are
     /// acknowledged, so that it can resend them). While it does, requests flushed by a close
-    /// or an error (RFC 5040 6.2, 5.4) wait to complete: verbs gives a buffer back to the
+    /// or an error (RFC 5040 6.2, 5.4), failed, or completed by a remote Terminate (RFC 5040
+    /// 6.2.1) wait to complete: verbs gives a buffer back to the
     /// application with its request's completion, and octets read from it after that could
     /// be the application's next message, sent under this one's headers and CRC. Set it false
     /// once the transport has released those FPDUs (acknowledged, or the connection gone).
@@ -1484,9 +1485,15 @@ impl QueuePair {
     fn release_slots(&mut self) {
         while let Some(slot) = self.slots.front() {
             let Some(status) = slot.status else { break };
-            if status == WcStatus::WrFlushError && self.sources_busy {
-                // Its octets may still be read from its buffer for sending: the buffer is
-                // not the application's again yet.
+            // A success comes from the peer's acknowledgement (or, for a Read, from its
+            // Response): the request's octets are no longer read. Any other completion (a
+            // flush, a local error, a remote Terminate's verdict, successes included, on
+            // requests it may not have acknowledged) can come while the transport still
+            // resends the request's octets from its buffer, which is not the application's
+            // again until it stops: a peer that withholds its ACKs and sends a Terminate
+            // would otherwise read what the application writes there next.
+            let acknowledged = status == WcStatus::Success && self.remote_terminate.is_none();
+            if self.sources_busy && !acknowledged {
                 break;
             }
             let slot = *slot;

@@ -150,6 +150,41 @@ fn write_named_by_stag_and_to_completes_with_remote_access_error() {
     assert!(p.completions().is_empty());
 }
 
+/// The same refusal while the transport still resends the requests' octets from their
+/// buffers (nothing acknowledged: `set_sources_busy`): no completion, the Success of the Write
+/// the peer took and the errors alike, gives a buffer back until the transport lets go of
+/// them; then all four, in order. Before, only the flushes waited: a peer withholding its ACKs
+/// could read, in our retransmissions, what the application wrote into a buffer whose
+/// request the Terminate had completed.
+#[test]
+fn a_remote_terminate_completes_nothing_the_transport_still_resends() {
+    let (mut p, src) = ours(TxCompletion::Acknowledged);
+    write(&mut p, 1, src, OTHER_SINK, 10);
+    write(&mut p, 2, src, SINK, 3000);
+    write(&mut p, 3, src, SINK, 100);
+    send(&mut p, 4, src, 8);
+    assert_eq!(hand_out(&mut p, 100), 6);
+    p.qp.set_sources_busy(true);
+    let refused = write_header(SINK, SINK_TO + WRITE_SEG, false);
+    let term = terminate(1, 1, 1, Some((&refused, WRITE_SEG as u16)));
+    assert_eq!(receive(&mut p, &term), vec![]);
+    p.qp.set_sources_busy(false);
+    let got: Vec<_> = p
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.opcode, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcOpcode::Write, WcStatus::Success),
+            (2, WcOpcode::Write, WcStatus::RemoteAccessError),
+            (3, WcOpcode::Write, WcStatus::WrFlushError),
+            (4, WcOpcode::Send, WcStatus::WrFlushError),
+        ]
+    );
+}
+
 /// The same refusal with every request unsignaled: the Write the peer took completes
 /// unreported, the refused one and the flushed ones are reported (a failure always is).
 #[test]
