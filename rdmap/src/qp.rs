@@ -801,6 +801,10 @@ pub struct QueuePair {
     /// no more receives complete in that segment, and once its own outcome is settled (a
     /// Terminate of its own goes first) the queue pair fails.
     refused_recv_due: bool,
+    /// The receive (by its message's MSN) a Send failed in: it completes with this status
+    /// rather than flushed when the queue pair fails (as siw: a Send longer than its receive
+    /// is `LocalLengthError`, one its receive's memory cannot take `LocalProtectionError`).
+    failed_recv: Option<(u32, WcStatus)>,
     /// Receive work requests taken into `rq` so far (posted, or from a shared queue)...
     recvs_taken: u64,
     /// ... and those of them completed (consumed or flushed).
@@ -875,6 +879,7 @@ impl QueuePair {
             held_recv_refusals: VecDeque::new(),
             fail_on_rts: false,
             refused_recv_due: false,
+            failed_recv: None,
             recvs_taken: 0,
             recvs_completed: 0,
             srq: None,
@@ -1592,14 +1597,17 @@ impl QueuePair {
             }
         }
         self.release_slots();
+        let mut msn = self.rq.next_msn();
+        let failed = self.failed_recv.take();
         for slot in self.rq.drain() {
             if let RecvSlot::User(wr) = slot {
-                self.complete_recv(WorkCompletion::failed(
-                    wr.wr_id,
-                    WcOpcode::Recv,
-                    WcStatus::WrFlushError,
-                ));
+                let status = match failed {
+                    Some((at, status)) if at == msn => status,
+                    _ => WcStatus::WrFlushError,
+                };
+                self.complete_recv(WorkCompletion::failed(wr.wr_id, WcOpcode::Recv, status));
             }
+            msn = msn.wrapping_add(1);
         }
         // Every receive is done: no refusal waits any more.
         self.recvs_completed = self.recvs_taken;
@@ -2933,7 +2941,18 @@ impl QueuePair {
         payload: Payload<'_>,
         mem: &MemoryTable<B>,
     ) -> Result<(), Fault> {
-        let placement = self.rq.place(hdr, payload.len())?;
+        let placement = match self.rq.place(hdr, payload.len()) {
+            Ok(p) => p,
+            Err(e) => {
+                // Both come after the MSN check: the message has a receive, too short for it
+                // (an MO beyond the receive is a segment past its end). The Terminate names
+                // the DDP error; the receive says what it was to the application.
+                if matches!(e, DdpError::MessageTooLong | DdpError::InvalidMo) {
+                    self.failed_recv = Some((hdr.msn, WcStatus::LocalLengthError));
+                }
+                return Err(e.into());
+            }
+        };
         if !payload.is_empty() {
             let RecvSlot::User(wr) = &placement.cookie else {
                 // A zero-length buffer cannot take payload: `place` reported it already.
@@ -2942,6 +2961,8 @@ impl QueuePair {
             let offset = u64::from(placement.offset);
             let len = payload.len() as u64;
             if !self.scatter(&wr.sg_list, offset, len, payload.bytes(), mem) {
+                // Its memory was deregistered or invalidated since it was posted.
+                self.failed_recv = Some((hdr.msn, WcStatus::LocalProtectionError));
                 return Err(RdmapError::LocalCatastrophic.into());
             }
         }

@@ -445,6 +445,51 @@ fn unsignaled_requests_complete_unreported_and_free_the_send_queue() {
     assert!(pair.log.iter().all(|t| t.result.is_ok()));
 }
 
+/// A Send longer than the receive it lands in fails the receive with `LocalLengthError` (as
+/// siw, and verbs devices: the application learns its buffer was too small), not a flush; the
+/// receive after it is flushed. Both ways a Send overruns: its single segment is too long
+/// (MessageTooLong), or a later segment starts beyond the receive (an MO past its end). Before,
+/// the overrun receive completed `WrFlushError`.
+#[test]
+fn a_send_longer_than_its_receive_fails_it_with_a_length_error() {
+    for (send_len, recv_len) in [(200u32, 100u32), (3 * MULPDU as u32, MULPDU as u32 - 18)] {
+        let mut pair = Pair::new(MULPDU);
+        let rbuf = pair
+            .b
+            .region(vec![0; 2 * recv_len as usize], 0, Access::LOCAL_WRITE);
+        pair.b.post_recv(9, rbuf, 0, recv_len);
+        pair.b.post_recv(10, rbuf, u64::from(recv_len), recv_len);
+        let src = pair.a.region(vec![5; send_len as usize], 0, Access::NONE);
+        pair.a.post(
+            1,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            Some(Sge {
+                stag: src,
+                to: 0,
+                len: send_len,
+            }),
+        );
+        pair.pump();
+        let got: Vec<(u64, WcStatus)> = pair
+            .b
+            .completions()
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (9, WcStatus::LocalLengthError),
+                (10, WcStatus::WrFlushError)
+            ],
+            "a Send of {send_len} into {recv_len}"
+        );
+    }
+}
+
 /// A flushed unsignaled request is reported all the same (only success goes unreported).
 #[test]
 fn unsignaled_requests_are_reported_when_flushed() {

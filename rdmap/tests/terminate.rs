@@ -451,8 +451,16 @@ fn send_longer_than_posted_buffer() {
         true,
         false,
     );
-    // The receive the Send was aimed at is flushed, not completed.
-    assert_b_flushed(&mut pair, true);
+    // The receive the Send was aimed at fails with a length error (as siw); B's own Send is
+    // flushed.
+    let done = pair.b.completions();
+    let got: Vec<_> = done.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+    assert!(
+        got.contains(&(B_RECV, WcOpcode::Recv, WcStatus::LocalLengthError))
+            && got.contains(&(B_SEND, WcOpcode::Send, WcStatus::WrFlushError))
+            && got.len() == 2,
+        "{done:?}"
+    );
     assert_a_flushed(&mut pair);
 }
 
