@@ -414,6 +414,31 @@ fn reject_returns_the_private_data() {
     }
 }
 
+/// A Request taken from a listener that is then dropped (an rping-style server) still has its
+/// accept deadline: a late accept fails with `AcceptTimeout`, as on the engine. Before, the
+/// deadline was kept only by the listener's thread, and an accept any time later succeeded.
+#[test]
+fn a_request_outliving_its_listener_keeps_its_accept_deadline() {
+    let mut p = params(mpa(2, true, false));
+    p.mpa.accept_timeout = Duration::from_millis(200);
+    let listener = Listener::bind(any_port(), p.clone()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let side = Side::new();
+    std::thread::scope(|sc| {
+        let client = sc.spawn(|| datapath::connect(addr, &side.pd, &side.cq, &p, b""));
+        let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+        drop(listener);
+        std::thread::sleep(Duration::from_millis(400));
+        let server = Side::new();
+        match req.accept(&server.pd, &server.cq, &[]) {
+            Err(DatapathError::Mpa(mpa::MpaError::AcceptTimeout)) => {}
+            Err(e) => panic!("a late accept: {e}"),
+            Ok(_) => panic!("accepted after the accept deadline"),
+        }
+        assert!(client.join().unwrap().is_err(), "the client connected");
+    });
+}
+
 /// Eight connections at once on one listener, the server's queue pairs sharing one completion
 /// queue: each client Writes, Sends and Reads its own data concurrently; every completion is
 /// attributed to the right queue pair and every byte lands in the right connection's memory.

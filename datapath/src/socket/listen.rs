@@ -6,14 +6,15 @@
 //! What a peer can make the listener hold is bounded, and every piece of it has a deadline:
 //! - at most [`max_starting`] connections waiting for their Request (1024, or a quarter of
 //!   the process's descriptor limit if that is less: a flood of silent connections must not
-//!   take every descriptor the application has), each until `MpaConfig::timeout` after its
-//!   TCP connection was accepted (a 4 KiB read buffer is shared); beyond that, new
+//!   take every descriptor the application has), each until `MpaConfig::timeout` (with IFT
+//!   framing `IftConfig::timeout`) after its TCP connection was accepted (a 4 KiB read buffer is shared); beyond that, new
 //!   connections are closed at once, and so are connections the kernel has ready while the
 //!   process is out of descriptors (a spare one, kept for that, takes and closes them);
 //! - at most `ConnectParams::backlog` connections whose Request waits for the application; a
 //!   Request beyond them is rejected (Reply with R=1) and its connection closed;
 //! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
-//!   connection: a later accept or reject fails with `MpaError::AcceptTimeout`.
+//!   connection: a later accept or reject fails with `MpaError::AcceptTimeout` (also once
+//!   the listener is dropped, which ends its thread).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -685,12 +686,18 @@ struct SocketPending {
 }
 
 impl SocketPending {
-    /// The connection, unless the accept deadline closed it.
+    /// The connection, unless the accept deadline closed it or has passed (the listener's
+    /// thread, which closes it at the deadline, is gone once the listener is dropped: an
+    /// accept after the deadline then fails here, as on the engine).
     fn stream(&self) -> Result<TcpStream, DatapathError> {
-        let stream = take(&self.stream).ok_or(match self.answer {
+        let timed_out = || match self.answer {
             Answer::Ift { .. } => DatapathError::Ift(ift::IftError::AcceptTimeout),
             Answer::Mpa(_) => DatapathError::Mpa(MpaError::AcceptTimeout),
-        })?;
+        };
+        let stream = take(&self.stream).ok_or_else(timed_out)?;
+        if self.answer.deadline().is_some_and(|d| d <= Instant::now()) {
+            return Err(timed_out()); // the stream closes as it drops
+        }
         stream.set_nonblocking(false)?;
         Ok(stream)
     }

@@ -106,7 +106,8 @@ pub(crate) fn receive_queue_alone(
 pub struct ConnectParams {
     /// What we ask for in MPA (revision, CRC, markers, IRD/ORD, RTR, private-data cap). With
     /// [`Framing::Ift`], its IRD and ORD (IFT negotiates neither: both ends are configured
-    /// alike) and its startup and accept timeouts still apply.
+    /// alike) and its accept timeout still apply (the exchange's own deadline is
+    /// `IftConfig::timeout`).
     pub mpa: MpaConfig,
     /// How DDP segments are framed on the TCP stream: MPA (the default) or IFT. Both ends
     /// must be configured alike (IFT section 4: the port or the application protocol agrees
@@ -339,7 +340,8 @@ pub struct ListenStats {
     /// names the latest. Also those whose startup ended in a caught panic (a bug; logged as
     /// an error), which `last_refusal` does not name.
     pub refused: u64,
-    /// Connections closed because their Request was not complete within `MpaConfig::timeout`.
+    /// Connections closed because their Request was not complete within `MpaConfig::timeout`
+    /// (with IFT framing, their adaption indication within `IftConfig::timeout`).
     pub startup_timeouts: u64,
     /// Connections the peer closed or reset before its Request was complete.
     pub closed_early: u64,
@@ -353,7 +355,7 @@ pub struct ListenStats {
     /// process's descriptor limit; AF_XDP engine: a quarter of each shard's connection table,
     /// `XdpTcpConfig::max_connections`, for all its listeners together, counting also
     /// connections whose Request was refused until our FIN is acknowledged or they close;
-    /// the connection reset).
+    /// the engine resets the connection, the socket transport closes it).
     pub over_starting: u64,
     /// Connections closed as soon as they were accepted because the process was out of
     /// file descriptors (socket transport).
