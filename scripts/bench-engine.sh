@@ -51,12 +51,15 @@ FRAME=$((MTU + 14))
 PAYLOAD=$((MTU - 40 - 12 - 6 - 14))
 ip -n iwa link set iwa0 mtu "$MTU"
 ip -n iwb link set iwb0 mtu "$MTU"
-PORT=18700
 if [ -z "${LOGDIR:-}" ]; then
   LOGDIR=$(mktemp -d)
   OWN_LOGDIR=1
 fi
 mkdir -p "$LOGDIR"
+# Each pair takes the next port (and names its logs by it). `pair` runs in a command
+# substitution, a subshell, so the count lives in a file.
+PORT_FILE=$(mktemp "$LOGDIR/.port.XXXXXX")
+echo 18700 >"$PORT_FILE"
 
 # fail WHAT LOG... : says what failed and prints the logs on stderr, then ends the script (from
 # a command substitution's subshell too: its non-zero status ends each caller in turn).
@@ -98,7 +101,9 @@ place() { # placement side -> command prefix
 }
 
 pair() { # placement transport test size iters -> client JSON
-  local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp ok=0 rc=0 slog clog
+  local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp ok=0 rc=0 slog clog PORT
+  PORT=$(cat "$PORT_FILE")
+  echo $((PORT + 1)) >"$PORT_FILE"
   slog=$LOGDIR/$test-$tr-$pl-$PORT.server.log
   clog=$LOGDIR/$test-$tr-$pl-$PORT.client.log
   sp=$(place "$pl" server)
@@ -136,7 +141,6 @@ pair() { # placement transport test size iters -> client JSON
   elif [ "$rc" != 0 ]; then
     fail "$test over $tr ($pl, port $PORT): the server failed (exit $rc)" "$slog" "$clog"
   fi
-  PORT=$((PORT + 1))
   echo "$out"
 }
 f() { python3 -c "import json,sys; r=json.loads(sys.stdin.read())['results'][0]; print(round(r['$1'], 2))"; }

@@ -26,6 +26,14 @@ run_pair() {
     # shellcheck disable=SC2086
     if $cp "$BIN" "$test" $cargs --port "$PORT" "$@" "$addr" 2>"$ERR"; then
       cat "$ERR" >&2
+      # The server ends within seconds of its client; one still running 30 s later is stuck.
+      for _ in $(seq 1 300); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+      if kill -0 "$server" 2>/dev/null; then
+        kill "$server" 2>/dev/null
+        wait "$server" 2>/dev/null || true
+        echo "demo: the $test server was still running 30 s after its client ended (killed)" >&2
+        return 1
+      fi
       # Checked here: called from an `if` (xdp_demo), where `set -e` does not act.
       wait "$server" || { echo "demo: the $test server failed" >&2; return 1; }
       return 0

@@ -489,7 +489,8 @@ impl Side {
     /// (no octet of it what a check of that pattern expects), so that what lands there next
     /// is seen to land.
     fn poison(&self, seed: u64, off: u64, pattern_off: u64, len: u64) {
-        poison_range(&self.data, seed, off, pattern_off, len)
+        let scratch = &mut self.scratch.borrow_mut();
+        poison_range(&self.data, scratch, seed, off, pattern_off, len)
     }
 
     /// First mismatch of the message at `off` against message `index` of `seed`'s pattern at
@@ -1589,12 +1590,20 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
 
 /// Overwrites `[0, len)` with the complement of the client's pattern.
 fn poison(data: &MemoryRegion, len: u64) {
-    poison_range(data, CLIENT_SEED, 0, 0, len)
+    poison_range(data, &mut Vec::new(), CLIENT_SEED, 0, 0, len)
 }
 
-/// Overwrites `[off, off + len)` with the complement of `seed`'s pattern at `pattern_off`.
-fn poison_range(data: &MemoryRegion, seed: u64, off: u64, pattern_off: u64, len: u64) {
-    let mut chunk = vec![0u8; (len.min(1 << 20)) as usize];
+/// Overwrites `[off, off + len)` with the complement of `seed`'s pattern at `pattern_off`,
+/// through `scratch` (grown once to a chunk, at most [`CHECK_CHUNK`]).
+fn poison_range(
+    data: &MemoryRegion,
+    scratch: &mut Vec<u8>,
+    seed: u64,
+    off: u64,
+    pattern_off: u64,
+    len: u64,
+) {
+    let chunk = chunk_of(scratch, len);
     let mut done = 0;
     while done < len {
         let n = (len - done).min(chunk.len() as u64) as usize;
