@@ -1,5 +1,5 @@
 //! Builds the XDP program `bpf/steer.c` into `$OUT_DIR/steer.o` with
-//! `clang -O2 -g -target bpf`; `src/lib.rs` embeds the object.
+//! `clang -O2 -g -target bpfel` (`bpfeb` for a big-endian target); `src/lib.rs` embeds the object.
 //!
 //! Needs the Debian packages `clang` and `libbpf-dev` (which pulls in `linux-libc-dev`);
 //! `scripts/install-deps.sh` installs them. `$CLANG` overrides the compiler.
@@ -28,6 +28,7 @@ fn find_header(rel: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
 fn multiarch_include() -> Option<PathBuf> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").ok()?;
     let triple = match arch.as_str() {
+        "powerpc64" if big_endian_target() => "powerpc64-linux-gnu",
         "x86_64" => "x86_64-linux-gnu",
         "aarch64" => "aarch64-linux-gnu",
         "arm" => "arm-linux-gnueabihf",
@@ -39,6 +40,12 @@ fn multiarch_include() -> Option<PathBuf> {
     };
     let dir = Path::new("/usr/include").join(triple);
     dir.exists().then_some(dir)
+}
+
+/// Whether the crate is built for a big-endian target (the BPF object must be in the byte
+/// order of the kernel that loads it, not of the machine that builds it).
+fn big_endian_target() -> bool {
+    env::var("CARGO_CFG_TARGET_ENDIAN").is_ok_and(|e| e == "big")
 }
 
 fn main() {
@@ -79,7 +86,13 @@ fn main() {
     }
 
     let mut cmd = Command::new(&clang);
-    cmd.args(["-O2", "-g", "-target", "bpf", "-Wall"]);
+    // `bpf` alone is the build machine's byte order: name the target's.
+    let bpf_target = if big_endian_target() {
+        "bpfeb"
+    } else {
+        "bpfel"
+    };
+    cmd.args(["-O2", "-g", "-target", bpf_target, "-Wall"]);
     if let Some(dir) = &multiarch {
         cmd.arg("-I").arg(dir);
     }

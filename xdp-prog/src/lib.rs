@@ -449,9 +449,14 @@ pub fn xdp_holders(ifname: &str) -> Vec<XdpHolder> {
 fn describe_holders(ifname: &str) -> String {
     let holders = xdp_holders(ifname);
     if holders.is_empty() {
+        // Netlink answers `xdp off` for a generic program without removing it, cannot
+        // remove a link, and an EEXIST can come from the device above.
         return format!(
-            "not held by a process through a BPF link; see `ip -d link show {ifname}`, \
-             `ip link set dev {ifname} xdp off` detaches it"
+            "not held by a process through a BPF link: attached through netlink (`ip -d link \
+             show {ifname}` says `xdp` or `xdpgeneric`; `ip link set dev {ifname} xdp off`, or \
+             `xdpgeneric off` for a generic one, detaches it), or a BPF link pinned in bpffs \
+             (`bpftool link show`; `bpftool link detach id N` or removing its pin); with \
+             nothing attached to {ifname}, a device above it (bond, team) holds one"
         );
     }
     let list: Vec<String> = holders
@@ -802,6 +807,18 @@ fn map_remove_result(map: &'static str, r: Result<(), MapError>) -> Result<bool,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With no process holding the interface, the hint names every way a program can hold
+    /// it and the command that frees each: `xdp off` alone left a generic program attached
+    /// (netlink picks the native mode), cannot remove a pinned link, and pointed at the wrong
+    /// device when one above it held the program.
+    #[test]
+    fn an_unheld_interface_is_told_how_each_kind_of_program_is_removed() {
+        let hint = describe_holders("nosuchif0");
+        for what in ["xdp off", "xdpgeneric off", "bpftool link detach", "bond"] {
+            assert!(hint.contains(what), "{what}: {hint}");
+        }
+    }
 
     /// Only a kernel before 5.18 is told it lacks `xdp.frags`: the release strings of the
     /// kernels it runs on parse to their major and minor numbers.
