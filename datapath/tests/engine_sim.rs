@@ -1701,37 +1701,50 @@ fn graceful_close() {
 /// loop used to make the engine keep that much for each lingering one.
 #[test]
 fn a_closed_connection_lets_its_buffers_go_before_time_wait_ends() {
-    let mut bed = bed(9, LinkConfig::default(), MpaConfig::default());
-    bed.establish();
-    let r = regions(&mut bed, 64 << 10);
-    round_trip(
-        &mut bed,
-        &r,
-        Round {
-            size: 64 << 10,
-            seed: 81,
-        },
-        ALL,
-    );
-    for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
-        assert!(
-            side.iw.full_buffer_octets() > 1 << 20,
-            "{who}: {} octets in Full Operation",
-            side.iw.full_buffer_octets()
+    let mpa = conn_config(&MpaConfig::default());
+    // IFT with both CRCs: its frame decoder and its record of what speculation wrote too.
+    let cases = [
+        ("mpa", mpa.clone(), mpa, &b"client"[..]),
+        (
+            "ift",
+            ift_config(true, true, 0x1a2b),
+            ift_config(true, true, 0x3c4d),
+            &b""[..],
+        ),
+    ];
+    for (name, a_cfg, b_cfg, private_data) in cases {
+        let mut bed = bed_with(9, LinkConfig::default(), a_cfg, b_cfg, private_data);
+        bed.establish();
+        let r = regions(&mut bed, 64 << 10);
+        round_trip(
+            &mut bed,
+            &r,
+            Round {
+                size: 64 << 10,
+                seed: 81,
+            },
+            ALL,
         );
-    }
-    bed.a.iw.close();
-    bed.run_until("close", Duration::from_secs(5), |a, b| {
-        a.tcp_gone() && b.tcp_gone()
-    });
-    let a_tcp = bed.a.tcp.as_ref().expect("A's TCP connection");
-    assert_eq!(a_tcp.state(), tcp_engine::State::TimeWait);
-    for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
-        assert!(
-            side.iw.full_buffer_octets() < 1 << 10,
-            "{who}: {} octets after the close",
-            side.iw.full_buffer_octets()
-        );
+        for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
+            assert!(
+                side.iw.full_buffer_octets() > 1 << 20,
+                "{name}, {who}: {} octets in Full Operation",
+                side.iw.full_buffer_octets()
+            );
+        }
+        bed.a.iw.close();
+        bed.run_until("close", Duration::from_secs(5), |a, b| {
+            a.tcp_gone() && b.tcp_gone()
+        });
+        let a_tcp = bed.a.tcp.as_ref().expect("A's TCP connection");
+        assert_eq!(a_tcp.state(), tcp_engine::State::TimeWait, "{name}");
+        for (who, side) in [("A", &bed.a), ("B", &bed.b)] {
+            assert!(
+                side.iw.full_buffer_octets() < 1 << 10,
+                "{name}, {who}: {} octets after the close",
+                side.iw.full_buffer_octets()
+            );
+        }
     }
 }
 

@@ -31,6 +31,21 @@ pub struct FrameFormat {
     pub verify: bool,
 }
 
+/// The least [`FrameFormat::mulpdu`] answers, as MPA's (`mpa::MIN_MULPDU`): a segment too
+/// small for it carries a frame in more than one.
+pub const MIN_MULPDU: usize = 128;
+
+impl FrameFormat {
+    /// The largest ULPDU (DDP header and payload) one frame of this format carries in a TCP
+    /// segment of `emss` octets: the IFT header and the CRCs the format has come off (no
+    /// padding, no Markers: section 5.1); never below [`MIN_MULPDU`].
+    pub fn mulpdu(&self, emss: usize) -> usize {
+        let crcs = usize::from(self.header_crc) + usize::from(self.payload_crc);
+        emss.saturating_sub(FRAME_HEADER_LEN + crcs * CRC_LEN)
+            .max(MIN_MULPDU)
+    }
+}
+
 /// Builds frames.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameEncoder {
@@ -226,6 +241,12 @@ impl FrameDecoder {
     /// Octets held of a frame not yet complete.
     pub fn buffered(&self) -> usize {
         self.partial.len()
+    }
+
+    /// Octets its buffer for a frame that did not arrive in one piece has allocated (at most
+    /// [`MAX_FRAME_LEN`]; kept for the next such frame).
+    pub fn buffer_capacity(&self) -> usize {
+        self.partial.capacity()
     }
 
     fn fail(&mut self, e: IftError) -> IftError {

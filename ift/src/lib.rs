@@ -35,6 +35,8 @@ mod startup;
 pub mod wire;
 
 pub use error::IftError;
-pub use frame::{whole_frame_at, Frame, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
+pub use frame::{
+    whole_frame_at, Frame, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN, MIN_MULPDU,
+};
 pub use startup::{CrcPolicy, IftConfig, Initiator, Negotiated, Responder};
 pub use wire::{IndicationRepr, Phase};

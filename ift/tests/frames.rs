@@ -232,3 +232,23 @@ fn what_cannot_be_framed_is_refused() {
     assert!(enc.encode(&ulpdu(true, 65_536, 0), &mut out).is_err());
     assert!(out.is_empty());
 }
+
+/// MULPDU: what one frame of the format carries in a segment of EMSS octets (the 6-octet IFT
+/// header and 4 octets per CRC off), and a frame of that ULPDU fills the segment exactly;
+/// never below 128, as MPA's.
+#[test]
+fn mulpdu_fills_one_segment_with_one_frame() {
+    for (h, p, want) in [
+        (false, false, 1454),
+        (true, false, 1450),
+        (false, true, 1450),
+        (true, true, 1446),
+    ] {
+        let f = fmt(h, p);
+        assert_eq!(f.mulpdu(1460), want, "hc {h} pc {p}");
+        let enc = FrameEncoder::new(f);
+        assert_eq!(enc.frame_len(18, want), 1460, "hc {h} pc {p}");
+    }
+    assert_eq!(fmt(true, true).mulpdu(100), ift::MIN_MULPDU);
+    assert_eq!(fmt(true, true).mulpdu(0), ift::MIN_MULPDU);
+}

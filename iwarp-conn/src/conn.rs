@@ -509,14 +509,15 @@ impl PeakScan {
     const WINDOWS_PER_WHOLE: usize = 4;
 
     /// The held ranges (indices into a list of `n`) to scan after a segment whose octets lie
-    /// at index `at`, the store holding `held` octets and the peak so far being `peak`: all
-    /// of them while there are at most [`Self::WHOLE_UP_TO`], at a new peak a sixteenth above
-    /// the last one scanned whole, and once the window scans since the last whole scan add
-    /// up to `WINDOWS_PER_WHOLE * n` ranges; else the window around `at`. Over any run of
-    /// segments, at most `WINDOW + WINDOW / WINDOWS_PER_WHOLE` ranges per segment, plus the
-    /// whole scans at new peaks: about 16 ln(capacity) of them in a connection's life, as
-    /// the peak only rises.
-    fn window(&mut self, n: usize, at: usize, held: u64, peak: u64) -> Range<usize> {
+    /// in the ranges `touched`, the store holding `held` octets and the peak so far being
+    /// `peak`: all of them while there are at most [`Self::WHOLE_UP_TO`], at a new peak a
+    /// sixteenth above the last one scanned whole, and once the window scans since the last
+    /// whole scan add up to `WINDOWS_PER_WHOLE * n` ranges; else `touched` and `WINDOW / 2`
+    /// ranges on either side. Over any run of segments, at most `WINDOW + WINDOW /
+    /// WINDOWS_PER_WHOLE` ranges per segment besides those the segments touched (a segment
+    /// leaves at most one range per FPDU in it), plus the whole scans at new peaks: about
+    /// 16 ln(capacity) of them in a connection's life, as the peak only rises.
+    fn window(&mut self, n: usize, touched: Range<usize>, held: u64, peak: u64) -> Range<usize> {
         let new_peak = held > peak;
         let far_above = held - held.min(self.peak_scanned_whole) > self.peak_scanned_whole / 16;
         if n <= Self::WHOLE_UP_TO
@@ -529,9 +530,14 @@ impl PeakScan {
             }
             return 0..n;
         }
-        self.windows_scanned += Self::WINDOW;
-        let start = at.saturating_sub(Self::WINDOW / 2).min(n - Self::WINDOW);
-        start..start + Self::WINDOW
+        let start = touched.start.min(n).saturating_sub(Self::WINDOW / 2);
+        let end = touched
+            .end
+            .max(touched.start)
+            .saturating_add(Self::WINDOW / 2)
+            .min(n);
+        self.windows_scanned += end - start;
+        start..end
     }
 }
 
@@ -1293,7 +1299,7 @@ impl IwarpConn {
         let emss = usize::from(emss);
         let m = match &self.phase {
             Phase::Full(full) => mpa::mulpdu(emss, full.negotiated.markers_tx),
-            Phase::IftFull(full) => ift_mulpdu(emss, &full.negotiated.tx),
+            Phase::IftFull(full) => full.negotiated.tx.mulpdu(emss),
             _ => return None,
         };
         Some(m.min(usize::from(u16::MAX)))
@@ -1457,22 +1463,26 @@ impl IwarpConn {
         let pos = self.chains.partition_point(|c| c.1 <= self.consumed);
         self.chains.drain(..pos);
         if self.store.held > 0 {
-            self.note_held_peaks(off);
+            self.note_held_peaks(off, off + bytes.len() as u64);
         }
     }
 
     /// Keeps the held peaks ([`ConnCounters::held_run_peak`], `held_gap_peak`, `held_peak`
-    /// and `held_peak_gaps`) after a segment at stream offset `near`. The scan is bounded
-    /// ([`PeakScan::window`]): with more than 64 held ranges, most segments scan only the
-    /// 8 ranges around `near` (where the segment added octets), and the whole list now and
-    /// then, rather than all 1,024 a peer can make us hold (which cost a segment ~70 times
-    /// its own processing). `held_peak_gaps` then comes from the last whole scan at a new
-    /// peak, within a sixteenth of `held_peak`.
-    fn note_held_peaks(&mut self, near: u64) {
+    /// and `held_peak_gaps`) after a segment of the stream octets `[start, end)`. The scan is
+    /// bounded ([`PeakScan::window`]): with more than 64 held ranges, most segments scan only
+    /// the ranges holding their octets and 4 on either side (where runs and gaps grew), and
+    /// the whole list now and then, rather than all 1,024 a peer can make us hold (which cost
+    /// a segment ~70 times its own processing). `held_peak_gaps` then comes from the last
+    /// whole scan at a new peak, within a sixteenth of `held_peak`.
+    fn note_held_peaks(&mut self, start: u64, end: u64) {
         let n = self.store.ranges.len();
-        let at = self.store.ranges.partition_point(|r| r.1 <= near);
+        // The ranges holding octets of [start, end), and those right before and after it.
+        let first = self.store.ranges.partition_point(|r| r.1 < start);
+        let last = self.store.ranges.partition_point(|r| r.0 <= end);
         let held = self.store.held;
-        let window = self.peak_scan.window(n, at, held, self.counters.held_peak);
+        let window = self
+            .peak_scan
+            .window(n, first..last, held, self.counters.held_peak);
         let whole = window.len() == n;
         let shape = self.held_per_gap(window);
         let c = &mut self.counters;
@@ -2714,19 +2724,24 @@ impl IwarpConn {
                 full.decoder = FpduDecoder::new(n.crc, n.markers_rx);
                 full.locator = FpduLocator::new(n.crc, n.markers_rx);
             }
-            Phase::IftFull(full) => full.decoder = FrameDecoder::new(full.negotiated.rx),
+            Phase::IftFull(full) => {
+                full.decoder = FrameDecoder::new(full.negotiated.rx);
+                full.written.release();
+            }
             _ => {}
         }
     }
 
     /// Octets of the buffers Full Operation allocates that this connection holds: the
     /// transmit ring, the placement records, the chains, the framing buffers (the in-order
-    /// FPDU decoder's and the locator's, each up to the largest ULPDU, among them) and the
-    /// reassembly memory ([`IwarpConn::reassembly_memory`]); their capacities, whether touched
-    /// or not.
+    /// FPDU decoder's and the locator's, each up to the largest ULPDU, among them; with IFT
+    /// the frame decoder's, up to the largest frame, and the record of what speculation
+    /// wrote) and the reassembly memory ([`IwarpConn::reassembly_memory`]); their capacities,
+    /// whether touched or not.
     pub fn full_buffer_octets(&self) -> usize {
         let decoder = match &self.phase {
             Phase::Full(full) => full.decoder.buffer_capacity() + full.locator.buffer_capacity(),
+            Phase::IftFull(full) => full.decoder.buffer_capacity() + full.written.memory(),
             _ => 0,
         };
         self.tx.octets()
@@ -2797,7 +2812,7 @@ impl IwarpConn {
                     self.tx
                         .start_ift(full.negotiated.tx, self.tx_seq_start, self.qp.pd());
                 }
-                ift_mulpdu(emss, &full.negotiated.tx)
+                full.negotiated.tx.mulpdu(emss)
             }
             _ => return,
         }
@@ -3030,8 +3045,11 @@ impl IwarpConn {
             return;
         }
         loop {
-            let mulpdu =
-                ift_mulpdu(usize::from(tcp.emss()), &full.negotiated.tx).min(usize::from(u16::MAX));
+            let mulpdu = full
+                .negotiated
+                .tx
+                .mulpdu(usize::from(tcp.emss()))
+                .min(usize::from(u16::MAX));
             if tcp.send_capacity() < ift_frame_len(&full.negotiated.tx, mulpdu)
                 || tcp.send_queue_len() >= self.cfg.tx_ahead
             {
@@ -3123,12 +3141,6 @@ impl<B: RegionBuffer> TxSource for ConnSource<'_, B> {
     }
 }
 
-/// The largest ULPDU an IFT frame of `fmt` carries in one segment of `emss` octets: the
-/// frame header and the CRCs `fmt` has come off (no padding, no Markers; section 5.1).
-fn ift_mulpdu(emss: usize, fmt: &ift::FrameFormat) -> usize {
-    emss.saturating_sub(ift_frame_len(fmt, 0))
-}
-
 /// The stream position where an FPDU found at `span_start` (relative to `rx_start`) begins:
 /// a Marker right before its header belongs to it (RFC 5044 section 4.3), unless that Marker
 /// would lie before `floor` (the first octet scanned, or the end of the FPDU before).
@@ -3194,7 +3206,8 @@ pub fn startup_terminate(initiator: &Initiator, error: &MpaError) -> Option<Vec<
     Some(fpdu)
 }
 
-fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
+/// The RTR kind MPA agreed (RFC 6581 9), as the queue pair sends or expects it.
+pub fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
     match kind {
         mpa::RtrKind::Send => rdmap::RtrKind::Send,
         mpa::RtrKind::Write => rdmap::RtrKind::Write,
@@ -3213,20 +3226,24 @@ mod tests {
     fn peak_scans_are_bounded_per_segment() {
         let mut scan = PeakScan::default();
         for n in [1, 10, 64] {
-            assert_eq!(scan.window(n, n / 2, 100, 1000), 0..n);
+            assert_eq!(scan.window(n, n / 2..n / 2, 100, 1000), 0..n);
         }
         // A full list, nothing rising (a peer resending what is refused).
         let n = 1024;
         let mut scanned = 0;
         for i in 0..10_000 {
-            let w = scan.window(n, (i * 7) % (n + 1), 500, 1000);
-            assert!(w.len() == n || (w.len() == 8 && w.end <= n), "{w:?}");
-            if w.len() == 8 {
-                let at = (i * 7) % (n + 1);
+            let at = (i * 7) % (n + 1);
+            let w = scan.window(n, at..at, 500, 1000);
+            assert!(w.len() == n || (w.len() <= 8 && w.end <= n), "{w:?}");
+            if w.len() < n {
                 assert!(w.start <= at && (at < w.end || w.end == n), "{w:?} at {at}");
             }
             scanned += w.len();
         }
+        // A segment that touched 30 ranges (30 small FPDUs placed between held pieces): all
+        // of them, and 4 on either side.
+        let mut scan = PeakScan::default();
+        assert_eq!(scan.window(n, 100..130, 500, 1000), 96..134);
         assert!(scanned <= 10_000 * 10 + n, "{scanned}");
         // A peak rising by an octet a segment from 1,000 to 1,000,000: about 16 ln(1000) = 111
         // whole scans at peaks beyond the periodic ones.
@@ -3234,12 +3251,12 @@ mod tests {
         let mut scanned = 0;
         let segments = 999_000;
         for held in 1_000..1_000 + segments {
-            scanned += scan.window(n, 0, held as u64, held as u64 - 1).len();
+            scanned += scan.window(n, 0..0, held as u64, held as u64 - 1).len();
         }
         assert!(scanned <= segments * 10 + 120 * n, "{scanned}");
         // A new peak a sixteenth above the last one scanned whole is scanned whole.
-        assert_eq!(scan.window(n, 0, 1_100_000, 1_000_000), 0..n);
-        assert_eq!(scan.window(n, 0, 1_100_001, 1_100_000).len(), 8);
+        assert_eq!(scan.window(n, 0..0, 1_100_000, 1_000_000), 0..n);
+        assert_eq!(scan.window(n, 10..10, 1_100_001, 1_100_000), 6..14);
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod written;
 
 pub use budget::ReassemblyBudget;
 pub use conn::{
-    startup_terminate, ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn,
+    rtr_kind, startup_terminate, ConnConfig, ConnCounters, ConnError, ConnEvent, IwarpConn,
     DEFAULT_HELD_TIMEOUT, UNSENDABLE_TERMINATE,
 };
 pub use rx_digest::{HeldCrc, SegmentDigest};

@@ -129,6 +129,18 @@ impl Written {
         }
     }
 
+    /// Octets its entries take (allocated once, at most [`BUFFERS`]).
+    pub(crate) fn memory(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+    }
+
+    /// Frees the entries for a connection that receives nothing more: every buffer counts
+    /// as written (no speculation anywhere).
+    pub(crate) fn release(&mut self) {
+        self.entries = Vec::new();
+        self.lost_all = true;
+    }
+
     fn find(&self, buffer: Buffer) -> Option<usize> {
         self.entries.iter().position(|e| e.buffer == buffer)
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
-use iwarp_conn::UNSENDABLE_TERMINATE;
+use iwarp_conn::{rtr_kind, UNSENDABLE_TERMINATE};
 use mio::{Events, Interest, Poll, Token, Waker};
 use mpa::{FpduDecoder, FpduEncoder};
 use rdmap::{QpConfig, QpState, RecvWr, TerminateCause};
@@ -120,11 +120,7 @@ pub(super) fn start_engine(
     let mulpdu = match &agreed {
         Agreed::Mpa(n) => mpa::mulpdu(mss, n.markers_tx),
         // A frame per segment: the IFT header and the CRCs around the ULPDU.
-        Agreed::Ift { negotiated: n, .. } => {
-            let crcs = 4 * (usize::from(n.tx.header_crc) + usize::from(n.tx.payload_crc));
-            mss.saturating_sub(ift::wire::FRAME_HEADER_LEN + crcs)
-                .max(128)
-        }
+        Agreed::Ift { negotiated: n, .. } => n.tx.mulpdu(mss),
     }
     .min(usize::from(u16::MAX));
     let peer = stream.peer_addr()?;
@@ -242,14 +238,6 @@ pub(super) fn start_engine(
         .spawn(move || engine.run(leftover))?;
     parts.thread = Some(thread);
     Ok(QueuePair::from_parts(parts))
-}
-
-fn rtr_kind(kind: mpa::RtrKind) -> rdmap::RtrKind {
-    match kind {
-        mpa::RtrKind::Send => rdmap::RtrKind::Send,
-        mpa::RtrKind::Write => rdmap::RtrKind::Write,
-        mpa::RtrKind::Read => rdmap::RtrKind::Read,
-    }
 }
 
 /// The most a graceful close waits, after our FIN, for the peer to end its side
