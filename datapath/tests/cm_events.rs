@@ -162,8 +162,8 @@ fn connect_accept_reject_and_disconnect_as_events() {
 }
 
 /// A SYN nobody answers (a listener whose accept queue is full drops it) ends the connect at
-/// `setup_timeout` with the timeout the AF_XDP engine reports for it, `ETIMEDOUT`
-/// (rdma_cm's `RDMA_CM_EVENT_UNREACHABLE`); it was an `Io` error of no errno (`EIO`).
+/// `setup_timeout` with a timeout, `ETIMEDOUT` as on the AF_XDP engine (rdma_cm's
+/// `RDMA_CM_EVENT_UNREACHABLE`); it was an `Io` error of no errno (`EIO`).
 #[test]
 fn a_connect_nobody_answers_times_out_with_etimedout() {
     use socket2::{Domain, Socket, Type};

@@ -347,8 +347,14 @@ fn connect_to_a_closed_port_is_refused() {
     .join()
     .expect("client thread");
     match r {
-        Ok(Err(datapath::DatapathError::Io(e)))
-            if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        // rdma_cm reports it as REJECTED by its errno, as the kernel's refusal on the socket
+        // transport (it was EIO: an error built from its kind alone carries no errno).
+        Ok(Err(e))
+            if matches!(&e, datapath::DatapathError::Io(io)
+                if io.kind() == std::io::ErrorKind::ConnectionRefused) =>
+        {
+            assert_eq!(e.errno(), libc::ECONNREFUSED, "{e}");
+        }
         other => panic!("want connection refused, got {other:?}"),
     }
 }

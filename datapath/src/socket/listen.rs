@@ -7,9 +7,10 @@
 //! - at most [`max_starting`] connections waiting for their Request (1024, or a quarter of
 //!   the process's descriptor limit if that is less: a flood of silent connections must not
 //!   take every descriptor the application has), each until `MpaConfig::timeout` (with IFT
-//!   framing `IftConfig::timeout`) after its TCP connection was accepted (a 4 KiB read buffer is shared); beyond that, new
-//!   connections are closed at once, and so are connections the kernel has ready while the
-//!   process is out of descriptors (a spare one, kept for that, takes and closes them);
+//!   framing `IftConfig::timeout`) after its TCP connection was accepted (a 4 KiB read
+//!   buffer is shared); beyond that, new connections are closed at once, and so are
+//!   connections the kernel has ready while the process is out of descriptors (a spare one,
+//!   kept for that, takes and closes them);
 //! - at most `ConnectParams::backlog` connections whose Request waits for the application; a
 //!   Request beyond them is rejected (Reply with R=1) and its connection closed;
 //! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
@@ -779,7 +780,10 @@ impl PendingProvider for SocketPending {
         let Some(mut stream) = take(&self.stream) else {
             return;
         };
-        if let Answer::Mpa(mut responder) = self.answer {
+        // Past the accept deadline the connection only closes, as the listener's thread and
+        // the engine close it then (the listener gone, nobody closed it at the deadline).
+        let expired = self.answer.deadline().is_some_and(|d| d <= Instant::now());
+        if let (Answer::Mpa(mut responder), false) = (self.answer, expired) {
             if let Ok(reply) = responder.reject(&[]) {
                 let _ = stream.write_all(&reply);
             }

@@ -152,8 +152,9 @@ fn tcp_connect(addr: SocketAddr, params: &ConnectParams) -> Result<TcpStream, Da
         socket.set_reuse_address(true)?;
         socket.bind(&local.into())?;
     }
-    // An unanswered SYN is the timeout the engine reports for it (socket2 makes it an
-    // `io::Error` of kind `TimedOut`, which carries no errno).
+    // An unanswered SYN is a timeout, ETIMEDOUT, as on the engine (whose MPA startup deadline
+    // covers the SYN: `Mpa(StartupTimeout)`); socket2 makes it an `io::Error` of kind
+    // `TimedOut`, which carries no errno.
     socket
         .connect_timeout(&addr.into(), params.setup_timeout)
         .map_err(|e| match e.kind() {
