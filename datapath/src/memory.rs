@@ -917,7 +917,7 @@ impl RegionTable {
 
 static NEXT_PD: AtomicU32 = AtomicU32::new(1);
 
-/// A protection domain (RFC 5040 2.3, RFC 5042 5.2; `ibv_alloc_pd`): memory regions and queue
+/// A protection domain (RFC 5040 2.3, RFC 5042 2.2.4; `ibv_alloc_pd`): memory regions and queue
 /// pairs of one PD can reach each other; a remote access through a queue pair of another PD is
 /// refused. Cloning gives another handle to the same domain.
 ///
@@ -1193,7 +1193,7 @@ impl MemoryRegion {
         }
     }
 
-    /// Re-registers the region under a new STag key (RFC 5042 5.2; `ibv_rereg_mr` with new
+    /// Re-registers the region under a new STag key (RFC 5042 6.3.3; `ibv_rereg_mr` with new
     /// access): the old STag stops working at once (locally and for the peer), an invalidated
     /// region becomes valid again, and the rights become `access` (narrowed or widened). The
     /// new STag is returned and from then on given by [`MemoryRegion::stag`].

@@ -421,7 +421,7 @@ mod tests {
     }
 
     #[test]
-    fn sink_errors_are_ddp_tagged_except_access_rights() {
+    fn sink_errors_are_ddp_tagged_access_rights_an_invalid_stag() {
         let s = |violation| RdmapError::SinkAccess {
             stag: Stag(0x100),
             violation,

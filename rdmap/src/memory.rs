@@ -4,10 +4,10 @@
 //! A [`MemoryTable`] holds the registered regions of one adapter. Each region belongs to
 //! a Protection Domain ([`PdId`]); an STag is honoured on an RDMAP stream only if the
 //! stream's queue pair is in the same PD (RFC 5042 6.1.1; RFC 5040 7.2's "STag not
-//! associated with RDMAP Stream"). An STag is `index << 8 | key`: the index names the table slot, the key is
-//! changed on every (re-)registration so a stale STag held by a peer stops working
-//! (RFC 5042 6.3.3, accessing a buffer after the transfer). STag index 0 is never allocated, so STag 0 (and the
-//! STag 1 of siw's zero-length RTR Write) never name a region.
+//! associated with RDMAP Stream"). An STag is `index << 8 | key`: the index names the table
+//! slot, the key is changed on every (re-)registration so a stale STag held by a peer stops
+//! working (RFC 5042 6.3.3, accessing a buffer after the transfer). STag index 0 is never
+//! allocated, so STag 0 (and the STag 1 of siw's zero-length RTR Write) never name a region.
 
 use std::collections::VecDeque;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
@@ -29,7 +29,7 @@ pub enum NotAtomic {
     Unsupported,
 }
 
-/// Access rights of a region (RFC 5040 2.3; RFC 5042 2.2.5). Local read is always
+/// Access rights of a region (RFC 5040 2.3; RFC 5042 2.2.2). Local read is always
 /// allowed. A bit set, like the `bitflags` crate's types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Access(u8);

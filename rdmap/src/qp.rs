@@ -747,8 +747,9 @@ pub struct QueuePair {
     /// Sequence number of `slots.front()`.
     slots_base: u64,
     /// The transport still holds FPDUs of handed-out requests that it reads from the
-    /// application's memory when it (re)sends them ([`QueuePair::set_sources_busy`]):
-    /// flushed requests complete only once it no longer does.
+    /// application's memory when it (re)sends them ([`QueuePair::set_sources_busy`]): every
+    /// send completion that is not an acknowledgement (flushes, failures, a remote
+    /// Terminate's verdicts, its Successes included) waits until it no longer does.
     sources_busy: bool,
     /// The transport still holds Read Response segments whose data it reads from the region
     /// when it sends or resends them ([`QueuePair::set_read_responses_unacknowledged`]): an
@@ -1241,10 +1242,12 @@ impl QueuePair {
     /// memory (a transport that sends from registered memory and keeps FPDUs until they are
     /// acknowledged, so that it can resend them). While it does, requests flushed by a close
     /// or an error (RFC 5040 6.2, 5.4), failed, or completed by a remote Terminate (RFC 5040
-    /// 6.2.1) wait to complete: verbs gives a buffer back to the
-    /// application with its request's completion, and octets read from it after that could
-    /// be the application's next message, sent under this one's headers and CRC. Set it false
-    /// once the transport has released those FPDUs (acknowledged, or the connection gone).
+    /// 6.2.1) wait to complete: verbs gives a buffer back to the application with its
+    /// request's completion, and octets read from it after that could be the application's
+    /// next message, sent under this one's headers and CRC. Set it false once the transport
+    /// has released those FPDUs (acknowledged, or the connection gone). A Success is taken as
+    /// the peer's acknowledgement: a transport that sets this completes its requests on
+    /// acknowledgement ([`TxCompletion::Acknowledged`]).
     pub fn set_sources_busy(&mut self, busy: bool) {
         if self.sources_busy != busy {
             self.sources_busy = busy;
@@ -3287,12 +3290,9 @@ impl QueuePair {
         if let (Some(seq), Some(status)) = (blamed, status) {
             self.finish_slot(seq, status);
         }
-        if self.terminate_tx.is_some() && !self.terminate_sent {
-            // Our own Terminate still goes out first; Error follows it.
-            self.flush_all();
-        } else {
-            self.enter_error();
-        }
+        // Our own Terminate cannot be waiting to go out: raising one leaves RTS, and a
+        // peer's Terminate is processed only in RTS.
+        self.enter_error();
     }
 
     /// The completion slot of the outstanding work request a Terminate's copied DDP header

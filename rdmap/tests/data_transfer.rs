@@ -490,6 +490,46 @@ fn a_send_longer_than_its_receive_fails_it_with_a_length_error() {
     }
 }
 
+/// A Send landing in a receive whose memory was invalidated after the receive was posted fails
+/// that receive with `LocalProtectionError` (verbs' `IBV_WC_LOC_PROT_ERR`), not a flush; the
+/// receive after it is flushed.
+#[test]
+fn a_send_into_a_receive_whose_memory_went_fails_it_with_a_protection_error() {
+    let mut pair = Pair::new(MULPDU);
+    let rbuf = pair.b.region(vec![0; 128], 0, Access::LOCAL_WRITE);
+    let other = pair.b.region(vec![0; 64], 0, Access::LOCAL_WRITE);
+    pair.b.post_recv(9, rbuf, 0, 64);
+    pair.b.post_recv(10, other, 0, 64);
+    pair.b.mem.invalidate(rbuf, PD).expect("invalidate");
+    let src = pair.a.region(vec![5; 32], 0, Access::NONE);
+    pair.a.post(
+        1,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len: 32,
+        }),
+    );
+    pair.pump();
+    let got: Vec<(u64, WcStatus)> = pair
+        .b
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (9, WcStatus::LocalProtectionError),
+            (10, WcStatus::WrFlushError)
+        ]
+    );
+}
+
 /// A flushed unsignaled request is reported all the same (only success goes unreported).
 #[test]
 fn unsignaled_requests_are_reported_when_flushed() {
@@ -1023,11 +1063,6 @@ fn scatter_gather_lists_gather_on_send_and_scatter_on_receive() {
     ));
 }
 
-/// A shared receive queue (`RecvSource`): Sends take buffers from it in order, one per
-/// message; a Send naming an MSN ahead of the next takes nothing from it and gets the RFC 5041
-/// 7.1 untagged-buffer Terminate. (A first segment, not Last, 63 messages ahead used to take
-/// 64 buffers and be accepted: a peer could hold 64 of a queue shared with other connections
-/// per connection, for as long as it kept the connection.)
 /// A shared receive queue (`RecvSource`) over a `Vec`, which the test can look at.
 struct Shared(std::sync::Arc<std::sync::Mutex<Vec<RecvWr>>>);
 
@@ -1077,6 +1112,11 @@ fn send_first_segment(msn: u32) -> Vec<u8> {
     seg
 }
 
+/// A shared receive queue (`RecvSource`): Sends take buffers from it in order, one per
+/// message; a Send naming an MSN ahead of the next takes nothing from it and gets the RFC 5041
+/// 7.1 untagged-buffer Terminate. (A first segment, not Last, 63 messages ahead used to take
+/// 64 buffers and be accepted: a peer could hold 64 of a queue shared with other connections
+/// per connection, for as long as it kept the connection.)
 #[test]
 fn sends_take_buffers_from_a_shared_receive_queue() {
     let (mut pair, queue, sink) = pair_with_srq();
@@ -1133,11 +1173,15 @@ fn a_send_begun_before_the_last_ended_takes_no_shared_buffer() {
         .on_ulpdu(&send_first_segment(1), &pair.b.mem)
         .expect("the first message's first segment");
     assert_eq!(queue.lock().unwrap().len(), 99);
-    assert!(pair
+    let err = pair
         .b
         .qp
         .on_ulpdu(&send_first_segment(2), &pair.b.mem)
-        .is_err());
+        .expect_err("a second open message");
+    assert!(
+        matches!(err, RdmapError::Ddp(ddp::DdpError::MsnNoBuffer { .. })),
+        "the untagged-buffer Terminate for no buffer: {err:?}"
+    );
     assert_eq!(
         queue.lock().unwrap().len(),
         99,

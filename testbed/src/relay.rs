@@ -951,16 +951,17 @@ impl Direction {
         Ok(())
     }
 
-    /// Sends a frame on, and the held frames that enough frames have now passed.
+    /// Sends a frame on, and the held frames that enough frames have now passed (in the order
+    /// they were held).
     fn pass(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) {
-        self.emit(ctx, frame, now);
+        let sent = self.emit(ctx, frame, now);
         let mut i = 0;
         while i < self.held.len() {
             self.held[i].after -= 1;
-            self.held[i].passed = true;
+            self.held[i].passed |= sent;
             if self.held[i].after == 0 {
-                let h = self.held.swap_remove(i);
-                self.stats.reordered += 1;
+                let h = self.held.remove(i);
+                self.stats.reordered += u64::from(h.passed);
                 self.emit(ctx, h.frame, now);
             } else {
                 i += 1;
@@ -1009,7 +1010,9 @@ impl Direction {
     }
 
     /// Hands a frame to the path after the relay: the path MTU, then the delay line.
-    fn emit(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) {
+    /// Sends a frame on (through the delay line if one is set); false if the path MTU dropped
+    /// it.
+    fn emit(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) -> bool {
         if let Some(p) = ctx.cfg.path_mtu {
             if self.begun(p.start, ctx, now) {
                 if let Some(ip) = parse_ipv4(&frame) {
@@ -1020,7 +1023,7 @@ impl Direction {
                             self.stats.icmp_sent += 1;
                             self.replies.push(icmp);
                         }
-                        return;
+                        return false;
                     }
                 }
             }
@@ -1028,7 +1031,7 @@ impl Direction {
         let (delay, jitter) = (ctx.cfg.delay, ctx.cfg.jitter);
         if delay.is_zero() && jitter.is_zero() {
             self.outbox.push(frame);
-            return;
+            return true;
         }
         let extra = if jitter.is_zero() {
             Duration::ZERO
@@ -1043,6 +1046,7 @@ impl Direction {
             frame,
         }));
         self.delay_order += 1;
+        true
     }
 
     /// Time-driven work: gathered data held too long, held-back frames due, delayed frames
@@ -1058,7 +1062,7 @@ impl Direction {
         let mut i = 0;
         while i < self.held.len() {
             if self.held[i].deadline <= now {
-                let h = self.held.swap_remove(i);
+                let h = self.held.remove(i);
                 self.stats.reordered += u64::from(h.passed);
                 self.emit(ctx, h.frame, now);
             } else {
