@@ -441,6 +441,50 @@ fn backlog(engine: bool, port: u16) {
     assert_eq!(stats.over_backlog, 1, "{stats:?}");
 }
 
+/// Requests waiting for the application when it drops its listener are rejected (Reply with
+/// R=1), as a dropped `ConnectRequest` is, not closed bare: with a backlog of 1 and two
+/// Requests, one waits and one is rejected over the backlog; dropping the listener rejects
+/// the one that waited.
+fn waiting_requests_of_a_dropped_listener(engine: bool, port: u16) {
+    let _bed = bed_or_skip!();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (step_tx, step_rx) = mpsc::channel::<()>();
+    let server = serve(engine, port, 1, ready_tx, move |listener, _dev| {
+        step_rx.recv_timeout(WAIT).map_err(|_| "peer gone")?;
+        // Returning drops the listener with one Request waiting.
+        wait_stats(listener, |s| s.over_backlog == 1)
+    });
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
+        let addr = SocketAddr::from((ADDR_A, port));
+        let mut clients = Vec::new();
+        for i in 0..2 {
+            let mut s = TcpStream::connect_timeout(&addr, WAIT).map_err(|e| e.to_string())?;
+            s.write_all(&request(format!("wait{i}").as_bytes()))
+                .map_err(|e| e.to_string())?;
+            clients.push(s);
+        }
+        let _ = step_tx.send(());
+        for (i, s) in clients.iter_mut().enumerate() {
+            rejected(s).map_err(|e| format!("Request {i}: {e}"))?;
+        }
+        Ok(())
+    });
+    let stats = server.join().expect("server thread").expect("server");
+    peer.join().expect("peer thread").expect("peer");
+    assert_eq!(stats.over_backlog, 1, "{stats:?}");
+}
+
+#[test]
+fn engine_requests_waiting_on_a_dropped_listener_are_rejected() {
+    waiting_requests_of_a_dropped_listener(true, 19_673);
+}
+
+#[test]
+fn socket_requests_waiting_on_a_dropped_listener_are_rejected() {
+    waiting_requests_of_a_dropped_listener(false, 19_620);
+}
+
 #[test]
 fn engine_requests_beyond_the_backlog_are_rejected() {
     backlog(true, 19_615);

@@ -209,11 +209,21 @@ impl SocketListen {
 }
 
 impl Drop for SocketListen {
+    /// Stops the listener's thread; Requests no accept took are rejected (Reply with R=1), as
+    /// a dropped [`ConnectRequest`] is, not closed bare.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        while let Ok(arrived) = self.requests.try_recv() {
+            let pending = SocketPending {
+                stream: arrived.stream,
+                answer: arrived.answer,
+                leftover: arrived.leftover,
+            };
+            Box::new(pending).abandon(&ConnectParams::default());
         }
     }
 }

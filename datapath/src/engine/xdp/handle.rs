@@ -72,8 +72,18 @@ pub(super) struct XdpListen {
 
 impl Drop for XdpListen {
     /// Stops listening on every shard (`rdma_destroy_id` of a listening id): the port takes no
-    /// new connection; those accepted already live on.
+    /// new connection; those accepted already live on. Requests no accept took are rejected
+    /// (Reply with R=1), as a dropped [`ConnectRequest`] is.
     fn drop(&mut self) {
+        while let Ok(msg) = self.rx.try_recv() {
+            if let Some(handle) = self.handles.get(msg.shard) {
+                let pending = PendingRequest {
+                    id: msg.id,
+                    handle: handle.clone(),
+                };
+                Box::new(pending).abandon(&ConnectParams::default());
+            }
+        }
         for handle in &self.handles {
             // An engine that stopped listens no more anyway.
             let _ = handle.send(EngineCmd::Unlisten {
