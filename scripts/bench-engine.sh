@@ -335,6 +335,7 @@ echo "how long the engine that sent the data waited for ACKs instead of sending,
 echo
 sed 's/^/- /' "$ROUNDS"
 # Every run worked: the logs of a temporary LOGDIR go (a LOGDIR given is kept).
+rm -f "$PORT_FILE"
 [ -z "${OWN_LOGDIR:-}" ] || rm -rf "$LOGDIR"
 echo
 echo "Commands: \`iwarp-bench TEST -s SIZE -n N --transport socket|xdp\` (server \`--iface iwa0\` or"

@@ -29,7 +29,7 @@ run_pair() {
       # The server ends within seconds of its client; one still running 30 s later is stuck.
       for _ in $(seq 1 300); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
       if kill -0 "$server" 2>/dev/null; then
-        kill "$server" 2>/dev/null
+        kill "$server" 2>/dev/null || true
         wait "$server" 2>/dev/null || true
         echo "demo: the $test server was still running 30 s after its client ended (killed)" >&2
         return 1

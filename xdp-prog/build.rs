@@ -23,8 +23,8 @@ fn find_header(rel: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter().map(|d| d.join(rel)).find(|p| p.exists())
 }
 
-/// Debian's multiarch include directory (`asm/types.h` lives there; `-target bpf` does not
-/// search it by itself).
+/// Debian's multiarch include directory (`asm/types.h` lives there; the BPF targets do not
+/// search it by themselves).
 fn multiarch_include() -> Option<PathBuf> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").ok()?;
     let triple = match arch.as_str() {

@@ -415,27 +415,37 @@ fn reject_returns_the_private_data() {
 }
 
 /// A Request taken from a listener that is then dropped (an rping-style server) still has its
-/// accept deadline: a late accept fails with `AcceptTimeout`, as on the engine. Before, the
-/// deadline was kept only by the listener's thread, and an accept any time later succeeded.
+/// accept deadline: a late accept fails with `AcceptTimeout`, as on the engine, and a late
+/// drop closes the connection without the Reject a drop in time sends. Before, the deadline
+/// was kept only by the listener's thread, and an accept any time later succeeded.
 #[test]
 fn a_request_outliving_its_listener_keeps_its_accept_deadline() {
     let mut p = params(mpa(2, true, false));
     p.mpa.accept_timeout = Duration::from_millis(200);
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let side = Side::new();
+    let (a, b) = (Side::new(), Side::new());
     std::thread::scope(|sc| {
-        let client = sc.spawn(|| datapath::connect(addr, &side.pd, &side.cq, &p, b""));
-        let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+        let client_a = sc.spawn(|| datapath::connect(addr, &a.pd, &a.cq, &p, b""));
+        let client_b = sc.spawn(|| datapath::connect(addr, &b.pd, &b.cq, &p, b""));
+        let first = listener.accept_timeout(WAIT).unwrap().expect("no request");
+        let second = listener.accept_timeout(WAIT).unwrap().expect("no request");
         drop(listener);
         std::thread::sleep(Duration::from_millis(400));
         let server = Side::new();
-        match req.accept(&server.pd, &server.cq, &[]) {
+        match first.accept(&server.pd, &server.cq, &[]) {
             Err(DatapathError::Mpa(mpa::MpaError::AcceptTimeout)) => {}
             Err(e) => panic!("a late accept: {e}"),
             Ok(_) => panic!("accepted after the accept deadline"),
         }
-        assert!(client.join().unwrap().is_err(), "the client connected");
+        drop(second);
+        for client in [client_a, client_b] {
+            match client.join().unwrap() {
+                Err(DatapathError::Mpa(mpa::MpaError::ConnectionLost)) => {}
+                Err(e) => panic!("a client of a late accept or drop: {e:?}"),
+                Ok(_) => panic!("the client connected"),
+            }
+        }
     });
 }
 

@@ -243,8 +243,8 @@ impl FrameDecoder {
         self.partial.len()
     }
 
-    /// Octets its buffer for a frame that did not arrive in one piece has allocated (at most
-    /// [`MAX_FRAME_LEN`]; kept for the next such frame).
+    /// Octets its buffer for a frame that did not arrive in one piece has allocated (grown to
+    /// hold frames of up to [`MAX_FRAME_LEN`]; kept for the next such frame).
     pub fn buffer_capacity(&self) -> usize {
         self.partial.capacity()
     }

@@ -514,9 +514,10 @@ impl PeakScan {
     /// sixteenth above the last one scanned whole, and once the window scans since the last
     /// whole scan add up to `WINDOWS_PER_WHOLE * n` ranges; else `touched` and `WINDOW / 2`
     /// ranges on either side. Over any run of segments, at most `WINDOW + WINDOW /
-    /// WINDOWS_PER_WHOLE` ranges per segment besides those the segments touched (a segment
-    /// leaves at most one range per FPDU in it), plus the whole scans at new peaks: about
-    /// 16 ln(capacity) of them in a connection's life, as the peak only rises.
+    /// WINDOWS_PER_WHOLE` ranges per segment besides about 1.25 per range the segments
+    /// touched (a segment leaves at most one range per FPDU in it; the quarter is the whole
+    /// scans they bring forward), plus the whole scans at new peaks: about 16 ln(capacity) of
+    /// them in a connection's life, as the peak only rises.
     fn window(&mut self, n: usize, touched: Range<usize>, held: u64, peak: u64) -> Range<usize> {
         let new_peak = held > peak;
         let far_above = held - held.min(self.peak_scanned_whole) > self.peak_scanned_whole / 16;

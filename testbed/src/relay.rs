@@ -296,8 +296,9 @@ pub struct DirStats {
     pub mtu_dropped: u64,
     /// ICMP "fragmentation needed" messages sent back to the sender of this direction.
     pub icmp_sent: u64,
-    /// Frames the relay had to send on that the receiving side refused (its queue full:
-    /// `EAGAIN` or `ENOBUFS`), lost as a full switch port loses them.
+    /// Frames the relay had to send on (ICMP replies included) that were refused: a full
+    /// queue (`EAGAIN`, `ENOBUFS`), lost as a full switch port loses them, or a link going
+    /// away with the bed (`ENXIO`, `ENETDOWN`).
     pub tx_refused: u64,
     /// Frames received longer than the relay's buffer (64 KiB), not forwarded.
     pub rx_truncated: u64,
@@ -961,8 +962,8 @@ impl Direction {
             self.held[i].passed |= sent;
             if self.held[i].after == 0 {
                 let h = self.held.remove(i);
-                self.stats.reordered += u64::from(h.passed);
-                self.emit(ctx, h.frame, now);
+                let sent = self.emit(ctx, h.frame, now);
+                self.stats.reordered += u64::from(h.passed && sent);
             } else {
                 i += 1;
             }
@@ -1009,9 +1010,8 @@ impl Direction {
         self.stats.corrupted_bits += flipped.len() as u64;
     }
 
-    /// Hands a frame to the path after the relay: the path MTU, then the delay line.
-    /// Sends a frame on (through the delay line if one is set); false if the path MTU dropped
-    /// it.
+    /// Hands a frame to the path after the relay: the path MTU, then the delay line; false if
+    /// the path MTU dropped it.
     fn emit(&mut self, ctx: &mut Ctx<'_>, frame: Vec<u8>, now: Instant) -> bool {
         if let Some(p) = ctx.cfg.path_mtu {
             if self.begun(p.start, ctx, now) {
@@ -1063,8 +1063,8 @@ impl Direction {
         while i < self.held.len() {
             if self.held[i].deadline <= now {
                 let h = self.held.remove(i);
-                self.stats.reordered += u64::from(h.passed);
-                self.emit(ctx, h.frame, now);
+                let sent = self.emit(ctx, h.frame, now);
+                self.stats.reordered += u64::from(h.passed && sent);
             } else {
                 i += 1;
             }
@@ -1447,6 +1447,25 @@ mod tests {
         let d = feed(&some, true, &data_frames(200, 100), late);
         assert_eq!(d.outbox.len(), 200);
         assert!(d.stats.reordered > 50, "{:?}", d.stats);
+    }
+
+    /// Held segments due together leave in the order they were held (they were swapped out
+    /// of order), and, nothing having passed them, none counts as reordered.
+    #[test]
+    fn held_segments_due_together_leave_in_order() {
+        let cfg = RelayConfig {
+            reorder: 1.0,
+            ..RelayConfig::default()
+        };
+        let input = data_frames(5, 100);
+        let d = feed(
+            &cfg,
+            true,
+            &input,
+            cfg.reorder_delay + Duration::from_millis(1),
+        );
+        assert_eq!(d.outbox, input);
+        assert_eq!(d.stats.reordered, 0, "{:?}", d.stats);
     }
 
     /// A full receiver (`ENOBUFS` from veth's full peer queue through AF_PACKET) or send

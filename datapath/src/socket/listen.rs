@@ -14,8 +14,10 @@
 //! - at most `ConnectParams::backlog` connections whose Request waits for the application; a
 //!   Request beyond them is rejected (Reply with R=1) and its connection closed;
 //! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
-//!   connection: a later accept or reject fails with `MpaError::AcceptTimeout` (also once
-//!   the listener is dropped, which ends its thread).
+//!   connection: a later accept or reject fails with `MpaError::AcceptTimeout`. Once the
+//!   listener is dropped (which ends its thread) a Request already handed out keeps its
+//!   connection past the deadline until it is accepted, rejected (both fail) or dropped
+//!   (which closes it without a Reply).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};

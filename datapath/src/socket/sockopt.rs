@@ -47,7 +47,16 @@ mod tests {
     #[test]
     fn an_ipv6_socket_gets_the_tos_for_the_ipv4_it_carries() {
         use socket2::{Domain, Protocol, Socket, Type};
-        let v6 = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)).expect("socket");
+        let v6 = match Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)) {
+            Ok(s) => s,
+            // A kernel without IPv6 has no such socket to set: said, and a failure in CI.
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+                assert!(!testbed::ci(), "no IPv6 in CI: {e}");
+                eprintln!("SKIPPED: no IPv6 socket ({e})");
+                return;
+            }
+            Err(e) => panic!("an IPv6 socket: {e}"),
+        };
         set_tos(&v6, "[::]:0".parse().expect("address"), 0xb8).expect("set");
         assert_eq!(v6.tos().expect("IP_TOS"), 0xb8);
         assert_eq!(v6.tclass_v6().expect("IPV6_TCLASS"), 0xb8);

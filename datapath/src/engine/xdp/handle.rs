@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -62,6 +62,10 @@ impl Handle {
     }
 }
 
+/// The longest a dropped listener waits for the engine's shards to stop listening, to reject
+/// the Requests they queued until then ([`XdpListen`]'s drop).
+const UNLISTEN_WAIT: Duration = Duration::from_secs(1);
+
 /// A listening port of the engine (behind [`Listener`](crate::Listener)).
 pub(super) struct XdpListen {
     pub(super) rx: Receiver<RequestMsg>,
@@ -72,10 +76,20 @@ pub(super) struct XdpListen {
 
 impl Drop for XdpListen {
     /// Stops listening on every shard (`rdma_destroy_id` of a listening id): the port takes no
-    /// new connection; those accepted already live on. Requests no accept took are rejected
-    /// (Reply with R=1), as a dropped [`ConnectRequest`] is.
+    /// new connection; those accepted already live on. Then the Requests no accept took are
+    /// rejected (Reply with R=1), as a dropped [`ConnectRequest`] is: each shard drops its
+    /// end of the queue as it stops listening, so none comes after the queue says so (a
+    /// stopped engine's at once; a shard that does not answer is waited for
+    /// [`UNLISTEN_WAIT`] at most).
     fn drop(&mut self) {
-        while let Ok(msg) = self.rx.try_recv() {
+        for handle in &self.handles {
+            // An engine that stopped listens no more anyway.
+            let _ = handle.send(EngineCmd::Unlisten {
+                port: self.local.port(),
+            });
+        }
+        let deadline = Instant::now() + UNLISTEN_WAIT;
+        while let Ok(msg) = self.rx.recv_deadline(deadline) {
             if let Some(handle) = self.handles.get(msg.shard) {
                 let pending = PendingRequest {
                     id: msg.id,
@@ -83,12 +97,6 @@ impl Drop for XdpListen {
                 };
                 Box::new(pending).abandon(&ConnectParams::default());
             }
-        }
-        for handle in &self.handles {
-            // An engine that stopped listens no more anyway.
-            let _ = handle.send(EngineCmd::Unlisten {
-                port: self.local.port(),
-            });
         }
     }
 }
