@@ -445,6 +445,30 @@ fn unsignaled_requests_complete_unreported_and_free_the_send_queue() {
     assert!(pair.log.iter().all(|t| t.result.is_ok()));
 }
 
+/// Sends `len` octets from A to B (a region of its own) and returns B's completions as
+/// (wr_id, status).
+fn send_to_b(pair: &mut Pair, len: u32) -> Vec<(u64, WcStatus)> {
+    let src = pair.a.region(vec![5; len as usize], 0, Access::NONE);
+    pair.a.post(
+        1,
+        SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        Some(Sge {
+            stag: src,
+            to: 0,
+            len,
+        }),
+    );
+    pair.pump();
+    pair.b
+        .completions()
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect()
+}
+
 /// A Send longer than the receive it lands in fails the receive with `LocalLengthError` (as
 /// siw, and verbs devices: the application learns its buffer was too small), not a flush; the
 /// receive after it is flushed. Both ways a Send overruns: its single segment is too long
@@ -459,28 +483,8 @@ fn a_send_longer_than_its_receive_fails_it_with_a_length_error() {
             .region(vec![0; 2 * recv_len as usize], 0, Access::LOCAL_WRITE);
         pair.b.post_recv(9, rbuf, 0, recv_len);
         pair.b.post_recv(10, rbuf, u64::from(recv_len), recv_len);
-        let src = pair.a.region(vec![5; send_len as usize], 0, Access::NONE);
-        pair.a.post(
-            1,
-            SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            Some(Sge {
-                stag: src,
-                to: 0,
-                len: send_len,
-            }),
-        );
-        pair.pump();
-        let got: Vec<(u64, WcStatus)> = pair
-            .b
-            .completions()
-            .iter()
-            .map(|c| (c.wr_id, c.status))
-            .collect();
         assert_eq!(
-            got,
+            send_to_b(&mut pair, send_len),
             vec![
                 (9, WcStatus::LocalLengthError),
                 (10, WcStatus::WrFlushError)
@@ -501,28 +505,8 @@ fn a_send_into_a_receive_whose_memory_went_fails_it_with_a_protection_error() {
     pair.b.post_recv(9, rbuf, 0, 64);
     pair.b.post_recv(10, other, 0, 64);
     pair.b.mem.invalidate(rbuf, PD).expect("invalidate");
-    let src = pair.a.region(vec![5; 32], 0, Access::NONE);
-    pair.a.post(
-        1,
-        SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        Some(Sge {
-            stag: src,
-            to: 0,
-            len: 32,
-        }),
-    );
-    pair.pump();
-    let got: Vec<(u64, WcStatus)> = pair
-        .b
-        .completions()
-        .iter()
-        .map(|c| (c.wr_id, c.status))
-        .collect();
     assert_eq!(
-        got,
+        send_to_b(&mut pair, 32),
         vec![
             (9, WcStatus::LocalProtectionError),
             (10, WcStatus::WrFlushError)

@@ -122,29 +122,37 @@ fn receive(p: &mut Peer, term: &[u8]) -> Vec<(u64, WcOpcode, WcStatus)> {
         .collect()
 }
 
-/// A Write of three segments is refused at its second (DDP tagged buffer, base or bounds):
-/// the Terminate names it by STag and a TO inside it. The Write before it was taken by the
-/// peer and completes; the Write and Send after it are flushed.
-#[test]
-fn write_named_by_stag_and_to_completes_with_remote_access_error() {
+/// Writes 1 (10 octets), 2 (3000: three segments), 3 and Send 4, all handed out, and the
+/// peer's Terminate refusing Write 2 at its second segment (DDP tagged buffer, base or
+/// bounds), named by STag and a TO inside it.
+fn four_requests_and_a_terminate_naming_the_second() -> (Peer, Vec<u8>) {
     let (mut p, src) = ours(TxCompletion::Acknowledged);
     write(&mut p, 1, src, OTHER_SINK, 10);
     write(&mut p, 2, src, SINK, 3000);
     write(&mut p, 3, src, SINK, 100);
     send(&mut p, 4, src, 8);
     assert_eq!(hand_out(&mut p, 100), 6);
-    assert!(p.completions().is_empty(), "nothing acknowledged yet");
     let refused = write_header(SINK, SINK_TO + WRITE_SEG, false);
     let term = terminate(1, 1, 1, Some((&refused, WRITE_SEG as u16)));
-    assert_eq!(
-        receive(&mut p, &term),
-        vec![
-            (1, WcOpcode::Write, WcStatus::Success),
-            (2, WcOpcode::Write, WcStatus::RemoteAccessError),
-            (3, WcOpcode::Write, WcStatus::WrFlushError),
-            (4, WcOpcode::Send, WcStatus::WrFlushError),
-        ]
-    );
+    (p, term)
+}
+
+/// What those four complete with once the Terminate is taken.
+const FOUR_AFTER_THE_TERMINATE: [(u64, WcOpcode, WcStatus); 4] = [
+    (1, WcOpcode::Write, WcStatus::Success),
+    (2, WcOpcode::Write, WcStatus::RemoteAccessError),
+    (3, WcOpcode::Write, WcStatus::WrFlushError),
+    (4, WcOpcode::Send, WcStatus::WrFlushError),
+];
+
+/// A Write of three segments is refused at its second (DDP tagged buffer, base or bounds):
+/// the Terminate names it by STag and a TO inside it. The Write before it was taken by the
+/// peer and completes; the Write and Send after it are flushed.
+#[test]
+fn write_named_by_stag_and_to_completes_with_remote_access_error() {
+    let (mut p, term) = four_requests_and_a_terminate_naming_the_second();
+    assert!(p.completions().is_empty(), "nothing acknowledged yet");
+    assert_eq!(receive(&mut p, &term), FOUR_AFTER_THE_TERMINATE);
     // The acknowledgement that came with the Terminate changes nothing any more.
     p.qp.message_acknowledged();
     assert!(p.completions().is_empty());
@@ -158,15 +166,8 @@ fn write_named_by_stag_and_to_completes_with_remote_access_error() {
 /// request the Terminate had completed.
 #[test]
 fn a_remote_terminate_completes_nothing_the_transport_still_resends() {
-    let (mut p, src) = ours(TxCompletion::Acknowledged);
-    write(&mut p, 1, src, OTHER_SINK, 10);
-    write(&mut p, 2, src, SINK, 3000);
-    write(&mut p, 3, src, SINK, 100);
-    send(&mut p, 4, src, 8);
-    assert_eq!(hand_out(&mut p, 100), 6);
+    let (mut p, term) = four_requests_and_a_terminate_naming_the_second();
     p.qp.set_sources_busy(true);
-    let refused = write_header(SINK, SINK_TO + WRITE_SEG, false);
-    let term = terminate(1, 1, 1, Some((&refused, WRITE_SEG as u16)));
     assert_eq!(receive(&mut p, &term), vec![]);
     p.qp.set_sources_busy(false);
     let got: Vec<_> = p
@@ -174,15 +175,7 @@ fn a_remote_terminate_completes_nothing_the_transport_still_resends() {
         .iter()
         .map(|c| (c.wr_id, c.opcode, c.status))
         .collect();
-    assert_eq!(
-        got,
-        vec![
-            (1, WcOpcode::Write, WcStatus::Success),
-            (2, WcOpcode::Write, WcStatus::RemoteAccessError),
-            (3, WcOpcode::Write, WcStatus::WrFlushError),
-            (4, WcOpcode::Send, WcStatus::WrFlushError),
-        ]
-    );
+    assert_eq!(got, FOUR_AFTER_THE_TERMINATE);
 }
 
 /// The same refusal with every request unsignaled: the Write the peer took completes
