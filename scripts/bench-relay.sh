@@ -44,7 +44,7 @@ run() { # name relay-args bench-args
   done
   # shellcheck disable=SC2086
   ip netns exec iwrb "$BIN" write-bw --transport xdp --iface iwrb0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
-    10.78.0.1 >"$TMP/$name.client" 2>&1 || { cat "$TMP/$name.client" >&2; exit 1; }
+    --report_gbits 10.78.0.1 >"$TMP/$name.client" 2>&1 || { cat "$TMP/$name.client" >&2; exit 1; }
   wait "$srv" || { cat "$TMP/$name.server" >&2; exit 1; }
   exec 8>&-
   sleep 0.5
@@ -80,6 +80,8 @@ def relay(path):
         m = re.match(r"relay (a->b|b->a): DirStats \{(.*)\}", l)
         if m:
             d[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", m.group(2))}
+    if "b->a" not in d:  # the relay failed (an `iwarp-relay:` error line) or printed nothing
+        sys.exit(f"bench-relay: no relay counters in {path}:\n" + open(path).read())
     return d
 def gbit(path):
     for l in open(path):
@@ -87,8 +89,8 @@ def gbit(path):
         if len(f) >= 5 and f[0].isdigit():
             return f[3]
     return "?"
-print("| relay | `iwarp-relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak (gaps holding octets then) | most held at one gap | CRC errors | receiver PAWS drops | sender retransmitted (timeouts / loss probes / undone as spurious) | relay b->a: dropped / reordered / re-cut pieces (unaligned) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| relay | `iwarp-relay` args / bench args | Gbit/s | receiver: segments (out of order) | placed out of order | store peak (gaps holding octets then) | most held at one gap | CRC errors | receiver PAWS drops | sender retransmitted (timeouts / loss probes / undone as spurious) | relay b->a: dropped / reordered / re-cut pieces (unaligned) | relay lost unasked: refused sends / receive drops |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
                    ("aligned-5", "--loss 0.05 --reorder 0.05", ""),
                    ("reseg-2", "--loss 0.02 --reorder 0.02 --resegment --mss-clamp 700", "--markers on"),
@@ -103,6 +105,7 @@ for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
     print(f"| {name} | `{r}` / `{b}` | {gbit(tmp + '/' + name + '.client')} | {s['seg']} ({s['ooo']}) | "
           f"{s['ooo_b']} B ({s['ooo_f']} FPDUs{conf}) | {s['peak']} B ({s['gaps']}) | {s['gap']} B | {s['crc']} | {s['paws']} | "
           f"{c['rtx']} ({c['rto']} / {c['tlp']} / {c['undone']}) | "
-          f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) |")
+          f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) | "
+          f"{rl['tx_refused']} / {rl['rx_dropped']} |")
 PY
 rm -rf "$TMP"

@@ -302,6 +302,9 @@ pub struct DirStats {
     pub tx_refused: u64,
     /// Frames received longer than the relay's buffer (64 KiB), not forwarded.
     pub rx_truncated: u64,
+    /// Frames the kernel dropped before the relay read them (its receive buffer full:
+    /// `PACKET_STATISTICS`' `tp_drops`), lost as a full switch port loses them.
+    pub rx_dropped: u64,
 }
 
 /// Counters of both directions.
@@ -531,6 +534,28 @@ impl PacketSocket {
             };
         }
         Ok(Some(n as usize))
+    }
+
+    /// Frames the kernel dropped for this socket since the last call (a full receive buffer);
+    /// reading `PACKET_STATISTICS` resets the kernel's counters.
+    fn take_drops(&self) -> io::Result<u64> {
+        // SAFETY: an all-zero tpacket_stats is a valid value of the type.
+        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `st` is valid for writes of `len` bytes and `len` is live for the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(u64::from(st.tp_drops))
     }
 
     /// Sends one frame; a full queue drops it (as a switch would), reported as `false`.
@@ -1226,6 +1251,12 @@ fn run(
                     dirs[i].take_frame(&mut ctx, &mut buf[..n], Instant::now())?;
                 }
             }
+            if !any {
+                // Between bursts (at least every 20 ms when idle) and at the end.
+                for (i, sock) in rx.iter().enumerate() {
+                    dirs[i].stats.rx_dropped += sock.take_drops()?;
+                }
+            }
             let now = Instant::now();
             for (i, d) in dirs.iter_mut().enumerate() {
                 d.timers(&mut ctx, now)?;
@@ -1277,6 +1308,9 @@ fn run(
                     return Err(e);
                 }
             }
+        }
+        for (i, sock) in rx.iter().enumerate() {
+            dirs[i].stats.rx_dropped += sock.take_drops()?;
         }
         Ok(())
     })();

@@ -148,6 +148,11 @@ impl Answer {
             Answer::Ift { deadline, .. } => *deadline,
         }
     }
+
+    /// Whether the accept deadline has passed (a connection past it only closes).
+    fn expired(&self) -> bool {
+        self.deadline().is_some_and(|d| d <= Instant::now())
+    }
 }
 
 /// A kernel TCP listening socket and the thread that reads Requests for it.
@@ -708,7 +713,7 @@ impl SocketPending {
             Answer::Mpa(_) => DatapathError::Mpa(MpaError::AcceptTimeout),
         };
         let stream = take(&self.stream).ok_or_else(timed_out)?;
-        if self.answer.deadline().is_some_and(|d| d <= Instant::now()) {
+        if self.answer.expired() {
             return Err(timed_out()); // the stream closes as it drops
         }
         stream.set_nonblocking(false)?;
@@ -794,7 +799,7 @@ impl PendingProvider for SocketPending {
         };
         // Past the accept deadline the connection only closes, as the listener's thread and
         // the engine close it then (the listener gone, nobody closed it at the deadline).
-        let expired = self.answer.deadline().is_some_and(|d| d <= Instant::now());
+        let expired = self.answer.expired();
         if let (Answer::Mpa(mut responder), false) = (self.answer, expired) {
             if let Ok(reply) = responder.reject(&[]) {
                 let _ = stream.write_all(&reply);

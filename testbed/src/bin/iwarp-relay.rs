@@ -227,6 +227,7 @@ fn main() -> ExitCode {
                         "delayed": d.delayed, "jitter_reordered": d.jitter_reordered,
                         "mtu_dropped": d.mtu_dropped, "icmp_sent": d.icmp_sent,
                         "tx_refused": d.tx_refused, "rx_truncated": d.rx_truncated,
+                        "rx_dropped": d.rx_dropped,
                     })
                 };
                 println!(
