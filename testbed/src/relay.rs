@@ -1502,6 +1502,86 @@ mod tests {
         assert_eq!(d.stats.reordered, 0, "{:?}", d.stats);
     }
 
+    /// Loss and reordering happen at the configured rates (seeded, within a few standard
+    /// deviations of the expectation), and nothing is lost but what is counted as dropped.
+    #[test]
+    fn loss_and_reordering_follow_their_probabilities() {
+        for seed in [1, 2, 3] {
+            let cfg = RelayConfig {
+                seed,
+                loss: 0.05,
+                reorder: 0.05,
+                ..RelayConfig::default()
+            };
+            let n = 4000;
+            let late = cfg.reorder_delay + Duration::from_millis(1);
+            let d = feed(&cfg, true, &data_frames(n, 100), late);
+            // Expected 200 each, standard deviation ~14.
+            assert!((150..=250).contains(&d.stats.dropped), "{:?}", d.stats);
+            assert!((150..=250).contains(&d.stats.reordered), "{:?}", d.stats);
+            assert_eq!(d.outbox.len() as u64 + d.stats.dropped, n as u64);
+        }
+    }
+
+    /// A held frame is overtaken by 1 to `reorder_frames` frames passed on at once; frames
+    /// held after it and let go first can add to that, but not unboundedly; the depth is
+    /// reached; exactly the frames overtaken count as reordered.
+    #[test]
+    fn reordering_depth_is_bounded_by_reorder_frames() {
+        let k = 4;
+        let cfg = RelayConfig {
+            reorder: 0.03,
+            reorder_frames: k,
+            reorder_delay: Duration::from_secs(10),
+            ..RelayConfig::default()
+        };
+        let input = data_frames(3000, 100);
+        let d = feed(&cfg, true, &input, Duration::from_secs(11));
+        assert_eq!(d.outbox.len(), input.len());
+        let index = |f: &Vec<u8>| input.iter().position(|g| g == f).unwrap();
+        let order: Vec<usize> = d.outbox.iter().map(index).collect();
+        // For each frame, how many frames that came in after it went out before it.
+        let overtaken_by: Vec<usize> = order
+            .iter()
+            .enumerate()
+            .map(|(p, &i)| order[..p].iter().filter(|&&j| j > i).count())
+            .collect();
+        let deepest = overtaken_by.iter().copied().max().unwrap();
+        assert!(
+            (k as usize..=2 * k as usize).contains(&deepest),
+            "deepest {deepest}"
+        );
+        let overtaken = overtaken_by.iter().filter(|&&c| c > 0).count() as u64;
+        assert_eq!(overtaken, d.stats.reordered, "{:?}", d.stats);
+    }
+
+    /// A frame the path MTU drops does not pass a held frame: released by it, the held frame
+    /// is not counted as reordered; released by a frame that goes on, it is.
+    #[test]
+    fn a_frame_dropped_by_the_path_mtu_does_not_reorder() {
+        let cfg = RelayConfig {
+            path_mtu: Some(PathMtu::new(1000, Start::AfterBytes(0))),
+            ..RelayConfig::default()
+        };
+        let small = data_frames(2, 100);
+        let large = frame(5000, PSH, &[3; 1400]);
+        for (passing, reordered) in [(large, 0), (small[1].clone(), 1)] {
+            let mut c = ctx(&cfg);
+            let now = c.started;
+            let mut d = Direction::new(cfg.seed, true);
+            d.held.push(Held {
+                frame: small[0].clone(),
+                after: 1,
+                deadline: now + Duration::from_secs(1),
+                passed: false,
+            });
+            d.pass(&mut c, passing, now);
+            assert!(d.held.is_empty());
+            assert_eq!(d.outbox.last(), Some(&small[0]));
+            assert_eq!(d.stats.reordered, reordered, "{:?}", d.stats);
+        }
+    }
+
     /// A full receiver (`ENOBUFS` from veth's full peer queue through AF_PACKET) or send
     /// buffer loses the frame, counted; other errors stop the relay.
     #[test]
