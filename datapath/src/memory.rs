@@ -1215,16 +1215,17 @@ impl MemoryRegion {
     }
 
     /// Invalidates the region's STag locally (verbs' Local Invalidate, RFC 5040 5.3's
-    /// invalidation done by the owner): every access through it fails from now on until
-    /// [`MemoryRegion::reregister`] gives it a new key (an access a transport thread checked
-    /// just before the call may still finish, as [`MemoryRegion::reregister`] says). Fails if
-    /// it is invalid already.
+    /// invalidation done by the owner), whatever its rights and however many connections
+    /// share its protection domain (RFC 5040 8.1.1 rule 7 limits the peer, not the owner):
+    /// every access through it fails from now on until [`MemoryRegion::reregister`] gives it
+    /// a new key (an access a transport thread checked just before the call may still finish,
+    /// as [`MemoryRegion::reregister`] says). Fails only if it is invalid already.
     pub fn invalidate(&self) -> Result<(), DatapathError> {
         self.pd
             .table
             .snapshot()
             .invalidate(self.stag, self.pd.id)
-            .map_err(|_| DatapathError::InvalidArgument("the STag is not valid"))
+            .map_err(|_| DatapathError::InvalidArgument("the STag is invalidated already"))
     }
 
     /// Whether the STag is valid (registered with its current key and not invalidated).
@@ -1499,6 +1500,22 @@ mod tests {
         );
         let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
         assert!(same < 5, "{same} STags alike in two domains");
+    }
+
+    /// The owner's Local Invalidate works however many connections share the protection
+    /// domain (two joined streams: a peer's Send with Invalidate would be refused).
+    #[test]
+    fn local_invalidate_of_a_region_two_connections_share() {
+        let pd = ProtectionDomain::new().with_pinning(Pinning::Off);
+        let mr = pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let table = pd.table.snapshot();
+        let _streams = (table.join_stream(), table.join_stream());
+        assert!(table.invalidate_remote(mr.stag(), pd.id).is_err());
+        mr.invalidate().expect("the owner may always invalidate");
+        assert!(!mr.is_valid());
+        assert!(mr.invalidate().is_err(), "invalid already");
     }
 
     #[test]

@@ -753,16 +753,37 @@ impl<B: RegionBuffer> MemoryTable<B> {
     }
 
     /// Invalidates `stag` on behalf of a peer's Send with Invalidate on a stream of PD
-    /// `pd` (RFC 5040 5.3): the STag must name a valid region of that PD, and one enabled for
-    /// remote access only while the PD has at most one stream ([`MemoryTable::join_stream`]):
-    /// "An RNIC MUST ensure that a Remote Peer is not able to invalidate an STag enabled for
-    /// remote access, if the STag is shared on multiple streams" (RFC 5040 8.1.1 rule 7), and
-    /// an STag here is shared by every stream of its PD. After this the STag fails every check
-    /// with [`AccessViolation::InvalidStag`] until re-registered.
+    /// `pd` (RFC 5040 5.3): the STag must name a valid region of that PD that is enabled for
+    /// remote access, and only while the PD has at most one stream
+    /// ([`MemoryTable::join_stream`]): "An RNIC MUST ensure that a Remote Peer is not able to
+    /// invalidate an STag enabled for remote access, if the STag is shared on multiple
+    /// streams" (RFC 5040 8.1.1 rule 7), and an STag here is shared by every stream of its PD.
+    /// An STag without remote rights was never advertised ("Invalidate STag" names "a
+    /// previously explicitly Advertised STag", RFC 5040 2.4), yet the peer may have learnt it
+    /// (a Read Request carries its sink's), and it is shared by every stream of the PD too:
+    /// refused whatever the streams, so that one peer cannot end the receives and Reads of the
+    /// other connections (RFC 5042 6.4.5). After this the STag fails every check with
+    /// [`AccessViolation::InvalidStag`] until re-registered.
     ///
     /// Errors: [`RdmapError::CannotInvalidate`] with the reason
-    /// ([`AccessViolation::AccessRights`] for a shared STag).
+    /// ([`AccessViolation::AccessRights`] for a shared STag or one without remote rights).
+    pub fn invalidate_remote(&self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
+        self.invalidate_as(stag, pd, true)
+    }
+
+    /// Invalidates `stag` for its owner (verbs' Local Invalidate): any valid region of PD
+    /// `pd`, whatever its rights and however many streams share it (RFC 5040 8.1.1 rule 7
+    /// limits the remote peer only). After this the STag fails every check with
+    /// [`AccessViolation::InvalidStag`] until re-registered.
+    ///
+    /// Errors: [`RdmapError::CannotInvalidate`] with [`AccessViolation::InvalidStag`] for an
+    /// STag that names no valid region (invalidated already), `StagNotAssociated` for one of
+    /// another PD.
     pub fn invalidate(&self, stag: Stag, pd: PdId) -> Result<(), RdmapError> {
+        self.invalidate_as(stag, pd, false)
+    }
+
+    fn invalidate_as(&self, stag: Stag, pd: PdId, by_peer: bool) -> Result<(), RdmapError> {
         let cannot = |reason| RdmapError::CannotInvalidate { stag, reason };
         let index = self
             .slot_index(stag)
@@ -777,7 +798,7 @@ impl<B: RegionBuffer> MemoryTable<B> {
         if region.pd != pd {
             return Err(cannot(AccessViolation::StagNotAssociated));
         }
-        if region.access.is_remote() && self.streams() > 1 {
+        if by_peer && (!region.access.is_remote() || self.streams() > 1) {
             return Err(cannot(AccessViolation::AccessRights));
         }
         region.valid.store(false, Ordering::Release);
@@ -1316,6 +1337,36 @@ mod tests {
         assert_eq!(table.info(stag).map(|i| i.valid), Some(false));
         let revived = table.reregister(stag, PD, 0x1000, Access::ALL).unwrap();
         assert!(table.validate(revived, PD, Access::NONE, 0x1000, 1).is_ok());
+    }
+
+    /// A peer may invalidate only a region with remote rights, and only while one stream
+    /// shares it (RFC 5040 8.1.1 rule 7); the owner may invalidate any valid region however
+    /// many streams share it.
+    #[test]
+    fn the_owner_invalidates_what_a_peer_may_not() {
+        let (mut table, remote) = table_with_region(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let local = table.register(PD, VecBuffer::zeroed(8), 0, Access::LOCAL_WRITE);
+        let refused = |stag| {
+            Err(RdmapError::CannotInvalidate {
+                stag,
+                reason: AccessViolation::AccessRights,
+            })
+        };
+        let one = table.join_stream();
+        assert_eq!(table.invalidate_remote(local, PD), refused(local));
+        let two = table.join_stream();
+        assert_eq!(table.invalidate_remote(remote, PD), refused(remote));
+        assert_eq!(table.info(remote).map(|i| i.valid), Some(true));
+        table.invalidate(remote, PD).unwrap();
+        table.invalidate(local, PD).unwrap();
+        assert_eq!(table.info(remote).map(|i| i.valid), Some(false));
+        assert_eq!(table.info(local).map(|i| i.valid), Some(false));
+        drop((one, two));
+        let again = table
+            .reregister(remote, PD, 0x1000, Access::REMOTE_WRITE)
+            .unwrap();
+        let _alone = table.join_stream();
+        table.invalidate_remote(again, PD).unwrap();
     }
 
     #[test]

@@ -3009,7 +3009,7 @@ impl QueuePair {
             }
             if opcode.carries_invalidate_stag() {
                 let stag = Stag(info.map_or(0, |i| i.invalidate));
-                if let Err(error) = mem.invalidate(stag, self.cfg.pd) {
+                if let Err(error) = mem.invalidate_remote(stag, self.cfg.pd) {
                     completion.status = WcStatus::RemoteInvalidRequestError;
                     completion.byte_len = 0;
                     self.complete_recv(completion);
