@@ -868,7 +868,7 @@ pub(crate) type TableSnapshot = Arc<MemoryTable<RegionMemory>>;
 impl RegionTable {
     /// An empty table whose STags a peer cannot predict (RFC 5042 6.1.1): keyed by a secret
     /// from the kernel's random source.
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RegionTable {
             current: ArcSwap::from_pointee(MemoryTable::with_secret(random_u64())),
             version: AtomicU64::new(0),
@@ -972,6 +972,14 @@ impl ProtectionDomain {
     #[doc(hidden)]
     pub fn hold_registrations(&self) -> impl Drop + '_ {
         self.table.hold_writer()
+    }
+
+    /// How many handles on this domain's registration table there are: the application's
+    /// (this one, its clones, its regions') and the transports' (a connection of the domain,
+    /// an engine serving one). For tests that show a transport lets go of a domain.
+    #[doc(hidden)]
+    pub fn table_holders(&self) -> usize {
+        Arc::strong_count(&self.table)
     }
 
     /// Octets copied so far by [`MemoryRegion::read`] and [`MemoryRegion::write`] on this

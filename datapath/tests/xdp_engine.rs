@@ -818,3 +818,36 @@ fn engine_posts_racing_the_peer_s_close_all_complete() {
         .unwrap_or_else(|e| panic!("server: {e}"));
     engine.stop();
 }
+
+/// The engine lets go of a protection domain's registration table once no connection of the
+/// domain is left: a server that gives each client a domain of its own (the advice for peers
+/// it does not trust) does not make every engine turn look at every domain it ever served,
+/// nor keep their tables. Five connections one after the other, each accepted with a fresh
+/// domain: after each ends, only the test's own handles on its domain remain. (Before, the
+/// engine kept every domain's table for its whole life.)
+#[test]
+fn the_engine_lets_go_of_a_protection_domain_no_connection_uses() {
+    let _bed = bed_or_skip!();
+    let engine = common::bed::start_engine(NS_A, DEV_A);
+    let listener = engine.listen(0, common::bed::params()).expect("listen");
+    let port = listener.local_addr().expect("address").port();
+    let client = common::Side::new();
+    for round in 0..5 {
+        let server = common::Side::new();
+        let before = server.pd.table_holders();
+        let (c, s) =
+            common::bed::socket_client_to_engine(&listener, port, &client, &server, Vec::new());
+        c.qp.disconnect();
+        assert!(s.qp.wait_finished(common::WAIT), "round {round}: no end");
+        drop((c, s));
+        let deadline = Instant::now() + common::WAIT;
+        while server.pd.table_holders() > before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            server.pd.table_holders(),
+            before,
+            "round {round}: the engine still holds the domain's table"
+        );
+    }
+}

@@ -57,6 +57,21 @@ impl State {
             reassembly_budget: Some(self.budget.clone()),
         }
     }
+
+    /// A connection (slot) now uses PD table `table`.
+    pub(super) fn use_table(&mut self, table: usize) {
+        if let Some(users) = self.table_users.get_mut(table) {
+            *users += 1;
+        }
+    }
+
+    /// A connection (slot) that used PD table `table` is gone.
+    fn release_table(&mut self, table: usize) {
+        if let Some(users) = self.table_users.get_mut(table) {
+            *users = users.saturating_sub(1);
+            self.tables_unused |= *users == 0;
+        }
+    }
 }
 
 /// How long the peer's octets may wait beyond a gap it does not fill: as long as our own data
@@ -794,6 +809,9 @@ impl TcpApp for App<'_> {
         self.st.early.remove(&id);
         if let Some(mut slot) = self.st.slots.remove(&id) {
             tracing::debug!(peer = %slot.peer, "connection closed and released");
+            if let Some(table) = slot.table {
+                self.st.release_table(table);
+            }
             claimed(&mut slot, &mut self.st.unclaimed);
             slot.finish(QpError::PeerClosed);
             add_counters(&mut self.st.ended, &slot.conn.counters());

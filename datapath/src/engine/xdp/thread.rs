@@ -117,6 +117,7 @@ impl Turner {
             self.failed.get_or_insert(e.to_string());
             false
         });
+        self.let_go_unused_tables();
         if self.st.progress {
             // The application's requests were taken (perhaps not all of them: a turn takes at
             // most a budget per queue pair) or events handed out: the next poll runs in full.
@@ -580,14 +581,37 @@ fn wait_readable(fds: [std::os::fd::RawFd; 3], timeout: Duration) -> io::Result<
 }
 
 impl Turner {
-    /// The index of `pd`'s table, adding it on first use.
+    /// The index of `pd`'s table, adding it on first use (in the place of a table no
+    /// connection uses, if there is one). A connection that keeps the index counts itself in
+    /// `State::use_table`.
     fn table_index(&mut self, pd: &ProtectionDomain) -> usize {
         if let Some(i) = self.tables.iter().position(|t| Arc::ptr_eq(t, &pd.table)) {
             return i;
         }
+        if let Some(i) = self.st.table_users.iter().position(|&users| users == 0) {
+            self.tables[i] = pd.table.clone();
+            self.views[i] = None;
+            return i;
+        }
         self.tables.push(pd.table.clone());
         self.views.push(None);
+        self.st.table_users.push(0);
         self.tables.len() - 1
+    }
+
+    /// Lets go of the tables no connection uses any more (their regions' bytes with them).
+    fn let_go_unused_tables(&mut self) {
+        if !std::mem::take(&mut self.st.tables_unused) {
+            return;
+        }
+        for (i, &users) in self.st.table_users.iter().enumerate() {
+            if users == 0 {
+                if let (Some(table), Some(view)) = (self.tables.get_mut(i), self.views.get_mut(i)) {
+                    *table = self.idle_table.clone();
+                    *view = None;
+                }
+            }
+        }
     }
 
     /// Engine commands (and connects whose next hop was resolved meanwhile); `Err` on
@@ -853,6 +877,7 @@ impl Turner {
         let mut slot = Slot::new(conn, Some(table), tuple, start.num);
         slot.posters = start.posters;
         self.st.slots.insert(id, slot);
+        self.st.use_table(table);
         Ok(id)
     }
 
@@ -890,6 +915,7 @@ impl Turner {
         slot.conn.accept(private_data).map_err(conn_error)?;
         slot.table = Some(table);
         slot.posters = start.posters;
+        self.st.use_table(table);
         Ok(())
     }
 }

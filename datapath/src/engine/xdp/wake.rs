@@ -309,8 +309,11 @@ pub(super) type TableView = Option<TableVersion>;
 /// Everything one engine turn needs: connections, PD tables, the driver.
 pub(super) struct Turner {
     pub(super) st: State,
-    /// The registration tables of the PDs the engine's connections use.
+    /// The registration tables of the PDs the engine's connections use (`State::table_users`);
+    /// in the place of one no connection uses, `idle_table`.
     pub(super) tables: Vec<SharedTable>,
+    /// An empty table of no PD, holding the place of a table let go.
+    pub(super) idle_table: SharedTable,
     /// The version of each table the turns read (`None` until first read), kept across turns:
     /// a turn only compares version numbers (one load each) and reads a table again when it
     /// changed.
@@ -425,6 +428,13 @@ pub(super) struct State {
     /// the packet's frames in one pass (`IwarpConn::fill_split`: Markers, IFT, the MPA
     /// startup), as long as the engine's MTU.
     pub(super) tx_joined: Vec<u8>,
+    /// How many connections (slots) use each of the [`Turner`]'s PD tables: one no connection
+    /// uses is let go at the next turn and its place taken by the next new PD
+    /// (`Turner::table_index`), so the tables a turn looks at are those of the PDs in use,
+    /// not of every PD the engine ever served.
+    pub(super) table_users: Vec<u32>,
+    /// A table's last user went since the last turn.
+    pub(super) tables_unused: bool,
 }
 
 #[cfg(test)]
