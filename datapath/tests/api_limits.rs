@@ -77,8 +77,8 @@ fn ift_without_rdma_mode_is_refused() {
     ));
 }
 
-/// Keepalive times and counts, and a user timeout, beyond what the kernel takes (or a user
-/// timeout of zero) are refused
+/// Keepalive times and counts, and a user timeout, beyond what the kernel takes (or of
+/// zero) are refused
 /// by the listen or connect, before any connection is made: on the socket transport the
 /// kernel would refuse them only once the MPA exchange was done, the peer told "accepted".
 #[test]
@@ -117,6 +117,28 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
         // Zero: "none" to Linux, at once to our TCP; `None` says "none".
         ConnectParams {
             user_timeout: Some(Duration::ZERO),
+            ..ConnectParams::default()
+        },
+        // Zero probes or times: our TCP would give up without probing, or probe every turn.
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                probes: 0,
+                ..Keepalive::default()
+            }),
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                idle: Duration::ZERO,
+                ..Keepalive::default()
+            }),
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            keepalive: Some(Keepalive {
+                interval: Duration::ZERO,
+                ..Keepalive::default()
+            }),
             ..ConnectParams::default()
         },
     ];

@@ -150,15 +150,19 @@ pub struct Config {
     /// Use RACK-TLP (RFC 8985) when the peer supports SACK.
     pub rack_tlp: bool,
     /// Keepalive (RFC 9293 3.8.4): idle time before the first probe, the
-    /// interval between probes and how many unanswered probes abort. `None`
-    /// (default) disables it.
+    /// interval between probes and how many unanswered probes abort (at least one probe
+    /// is sent, and probes at most every millisecond). No probe while sent data is
+    /// outstanding or data waits to go (MUST-26): the retransmission and persist timers watch
+    /// the peer then. `None` (default) disables it.
     pub keepalive: Option<(Duration, Duration, u32)>,
-    /// User timeout (RFC 5482; RFC 9293 3.8.5 USER TIMEOUT): when data has waited this long
+    /// User timeout (RFC 5482; RFC 9293 3.10.8 USER TIMEOUT, the R2 of 3.8.3): when data has waited this long
     /// on the peer without progress (unacknowledged, or unsent behind a window that never
     /// opens), the connection aborts with [`crate::Event::TimedOut`]. `None` (default):
     /// only `max_retransmissions` ends it.
     pub user_timeout: Option<Duration>,
-    /// TIME-WAIT duration (2 MSL, RFC 9293 3.6.1). Default 60 s.
+    /// TIME-WAIT duration (RFC 9293 3.6.1's 2 MSL). Default 60 s, as Linux's
+    /// `TCP_TIMEWAIT_LEN` (RFC 9293 3.4.2 takes MSL as 2 minutes). The peer's FIN again
+    /// restarts it, but not beyond four periods after TIME-WAIT began.
     pub time_wait: Duration,
     /// Longest time in FIN-WAIT-2, waiting for the peer's FIN (as Linux's `tcp_fin_timeout`
     /// for a connection its application closed): our FIN is acknowledged, so no timer of RFC

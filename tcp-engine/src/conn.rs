@@ -769,6 +769,8 @@ pub struct Connection {
 
     // ---- misc timers ----
     time_wait_deadline: Option<Instant>,
+    /// The latest `time_wait_deadline` the peer's FIN again may push it to.
+    time_wait_last: Option<Instant>,
     /// When FIN-WAIT-2 gives up on the peer's FIN (`Config::fin_wait2_timeout`).
     fin_wait2_deadline: Option<Instant>,
     keepalive_deadline: Option<Instant>,
@@ -798,6 +800,14 @@ const DEFAULT_SEND_MSS: u16 = 536;
 
 /// How long TS.Recent stays valid without being set (RFC 7323 5.5: 24 days, within which a
 /// timestamp clock of at most 1 ms a tick cannot move by half its range).
+/// How many `Config::time_wait` periods after TIME-WAIT began the peer's FIN again may still
+/// restart the period (RFC 9293 3.10.7.4 restarts it at each; a bound keeps a peer resending
+/// its FIN from holding the connection for good).
+const TIME_WAIT_RESTARTS: u32 = 4;
+
+/// The shortest time between keepalive probes (`Config::keepalive`'s interval is raised to it).
+const MIN_KEEPALIVE_INTERVAL: Duration = Duration::from_millis(1);
+
 const PAWS_IDLE_LIMIT: Duration = Duration::from_secs(24 * 24 * 60 * 60);
 
 fn wscale_for(max_window: u64) -> u8 {
@@ -933,6 +943,7 @@ impl Connection {
             rcv_nxt_acked: 0,
             data_header,
             time_wait_deadline: None,
+            time_wait_last: None,
             fin_wait2_deadline: None,
             keepalive_deadline: None,
             keepalive_unanswered: 0,
@@ -1545,11 +1556,13 @@ impl Connection {
     }
 
     /// Close the sending direction (RFC 9293 3.10.4): FIN goes after the
-    /// queued data.
+    /// queued data. In SYN-RECEIVED the FIN waits for the handshake to complete (our SYN stays
+    /// on its retransmission timer and limit; the ACK of it moves on to FIN-WAIT-1).
     pub fn close(&mut self) {
         match self.state {
             State::SynSent => self.enter_closed(None),
-            State::SynReceived | State::Established => {
+            State::SynReceived => self.fin_queued = true,
+            State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
             }
@@ -1721,7 +1734,7 @@ impl Connection {
         earliest(t, self.keepalive_deadline)
     }
 
-    /// When the user timeout (RFC 5482, RFC 9293 3.8.5) ends the connection if the peer
+    /// When the user timeout (RFC 5482, RFC 9293 3.10.8) ends the connection if the peer
     /// makes no progress before.
     fn user_timeout_deadline(&self) -> Option<Instant> {
         Some(self.stalled_since? + self.cfg.user_timeout?)
@@ -1824,20 +1837,29 @@ impl Connection {
         if self.keepalive_deadline.is_some_and(|d| d <= now) {
             self.keepalive_deadline = None;
             if let Some((idle, interval, count)) = self.cfg.keepalive {
+                // "Keep-alive packets MUST only be sent when no sent data is outstanding"
+                // (RFC 9293 3.8.4, MUST-26): while data is in flight or waits to go, the
+                // retransmission and persist timers and the user timeout watch the peer.
+                if self.snd_una < self.snd_max() || self.has_new_data() {
+                    self.keepalive_unanswered = 0;
+                    self.keepalive_deadline = Some(now + idle);
+                    return;
+                }
                 let quiet_until = self.last_heard + idle;
                 if self.keepalive_unanswered == 0 && quiet_until > now {
                     // Heard from the peer within `idle`: no probe yet.
                     self.keepalive_deadline = Some(quiet_until);
                     return;
                 }
-                if self.keepalive_unanswered >= count {
+                // At least one probe, and not one every turn (`Config::keepalive`).
+                if self.keepalive_unanswered >= count.max(1) {
                     self.abort_timed_out();
                     return;
                 }
                 self.keepalive_unanswered += 1;
                 self.probe_due = true;
                 self.stats.probes += 1;
-                self.keepalive_deadline = Some(now + interval);
+                self.keepalive_deadline = Some(now + interval.max(MIN_KEEPALIVE_INTERVAL));
             }
         }
     }
@@ -2449,7 +2471,13 @@ impl Connection {
                     && seg.seq.wrapping_add(seg.seq_len()) == rcv_nxt_seq
                     && self.fin_received;
                 if its_fin_again && self.state == State::TimeWait {
-                    self.time_wait_deadline = Some(now + self.cfg.time_wait);
+                    // At most until `TIME_WAIT_RESTARTS` periods after TIME-WAIT began: a peer
+                    // resending its FIN just inside each period would hold it for good.
+                    let restarted = now + self.cfg.time_wait;
+                    self.time_wait_deadline = Some(
+                        self.time_wait_last
+                            .map_or(restarted, |last| restarted.min(last)),
+                    );
                 }
             }
             return;
@@ -3397,6 +3425,13 @@ impl Connection {
     fn enter_time_wait(&mut self, now: Instant) {
         self.state = State::TimeWait;
         self.time_wait_deadline = Some(now + self.cfg.time_wait);
+        self.time_wait_last = Some(
+            now + self
+                .cfg
+                .time_wait
+                .checked_mul(TIME_WAIT_RESTARTS)
+                .unwrap_or(Duration::MAX),
+        );
         self.fin_wait2_deadline = None;
         self.rto_deadline = None;
         self.tlp_deadline = None;

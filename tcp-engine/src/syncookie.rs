@@ -5,8 +5,8 @@
 //!
 //! The sequence number, as Linux's `secure_tcp_syn_cookie` lays it out:
 //! `H1(tuple) + peer ISN + (minute << 24) + ((H2(tuple, minute) + MSS index) mod 2^24)`, with
-//! `H1` and `H2` SipHash-2-4 under the table's ISN secret. A cookie is good for
-//! [`MAX_AGE_MINUTES`] minutes. The MSS is one of [`MSS_TABLE`] (2 bits).
+//! `H1` and `H2` SipHash-2-4 under the table's ISN secret. A cookie is good in the minute it
+//! was made and the [`MAX_AGE_MINUTES`] after (two to three minutes). The MSS is one of [`MSS_TABLE`] (2 bits).
 //!
 //! Window scale and SACK-permitted ride in the low 6 bits of the SYN-ACK's TSval, as Linux's
 //! `cookie_init_timestamp` does: bits 0-3 the peer's window shift (15: none), bit 4 SACK; the
@@ -18,7 +18,8 @@ use crate::wire::FourTuple;
 
 /// The MSS values a cookie can carry: the largest not above the peer's is used.
 pub const MSS_TABLE: [u16; 4] = [536, 1300, 1460, 8960];
-/// How long a cookie stays good.
+/// How many minutes after the one it was made in a cookie stays good (so two to three
+/// minutes in all).
 pub const MAX_AGE_MINUTES: u32 = 2;
 /// TSval bits that carry options.
 const TS_OPTION_BITS: u32 = 6;
@@ -106,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cookie_comes_back_with_its_mss_for_two_minutes() {
+    fn a_cookie_comes_back_with_its_mss_in_its_minute_and_two_after() {
         let g = IsnGenerator::new([9; 16]);
         for idx in 0..4u8 {
             let c = encode(&g, &tuple(40_000), 0xdead_beef, 1000, idx);

@@ -151,7 +151,8 @@ pub struct TableStats {
     pub no_connection: u64,
     /// RSTs generated for such segments.
     pub resets_sent: u64,
-    /// SYNs dropped because a listener's backlog was full.
+    /// SYNs dropped because a listener's backlog was full (SYN cookies off; with them on, the
+    /// SYN is answered with a cookie, `syncookies_sent`).
     pub backlog_drops: u64,
     /// Connections created from SYNs (or SYN cookies).
     pub passive_opens: u64,
@@ -165,6 +166,13 @@ pub struct TableStats {
     pub syncookies_validated: u64,
     /// ACKs for no connection to a listening port whose cookie was not good.
     pub syncookies_failed: u64,
+    /// ACKs with a good cookie dropped because the listener's accept queue was full (or the
+    /// table): no RST, as Linux's default (`tcp_abort_on_overflow` 0), so the client's
+    /// retransmission gets in once the application has accepted, while the cookie is good.
+    pub syncookies_deferred: u64,
+    /// Segments to a listening port with neither SYN, ACK nor RST (a bare FIN, a NULL
+    /// segment), dropped without a reply (RFC 9293 3.10.7.2).
+    pub listen_ignored: u64,
     /// Challenge ACKs (RFC 5961 7) withheld by the table-wide limit
     /// ([`ConnectionTable::set_challenge_ack_limit`]).
     pub challenge_acks_limited: u64,
@@ -176,6 +184,17 @@ pub struct TableStats {
     pub lingering_ended: u64,
     /// SYNs (and returning SYN cookies) dropped because every slot of the table was taken.
     pub table_full_drops: u64,
+}
+
+/// What an ACK to a listening port did with a SYN cookie ([`ConnectionTable`]'s
+/// `cookie_connection`).
+enum Cookie {
+    /// No good cookie (or none may come back now): the ACK is for no connection.
+    None,
+    /// A good cookie, but no room for its connection now: dropped, no RST.
+    Deferred,
+    /// A good cookie: the connection at this index.
+    Connection(u32),
 }
 
 /// A table-wide limit on challenge ACKs per second (Linux's `tcp_challenge_ack_limit`), on
@@ -630,9 +649,19 @@ impl ConnectionTable {
         // No connection: a listener may take a SYN, or the ACK of a SYN cookie.
         let key = self.listener_for(&seg);
         if let (Some(key), true) = (key, seg.flags.ack && !seg.flags.syn && !seg.flags.rst) {
-            if let Some(index) = self.cookie_connection(now, key, &seg) {
-                return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
+            match self.cookie_connection(now, key, &seg) {
+                Cookie::Connection(index) => {
+                    return Ok(self.on_connection_segment(now, index, &seg, &mut pass_up));
+                }
+                Cookie::Deferred => return Ok(None),
+                Cookie::None => {}
             }
+        }
+        if key.is_some() && !seg.flags.syn && !seg.flags.ack && !seg.flags.rst {
+            // LISTEN, "any other control or text-bearing segment": drop it (RFC 9293
+            // 3.10.7.2).
+            self.stats.listen_ignored += 1;
+            return Ok(None);
         }
         if is_syn {
             if let Some(key) = key {
@@ -757,15 +786,17 @@ impl ConnectionTable {
 
     /// The connection a SYN cookie stood for, if `ack` (for no connection, to the listener
     /// `key`) brings back a good one and the listener's accept queue has room: made in
-    /// SYN-RECEIVED, to take `ack` (RFC 4987 3.6).
+    /// SYN-RECEIVED, to take `ack` (RFC 4987 3.6). A good one that finds the accept queue (or
+    /// the table) full is [`Cookie::Deferred`]: dropped without a reply, for the client to
+    /// send again.
     fn cookie_connection(
         &mut self,
         now: Instant,
         key: (Ipv4Addr, u16),
         ack: &SegmentRepr<'_>,
-    ) -> Option<u32> {
+    ) -> Cookie {
         if !self.syn_cookies {
-            return None;
+            return Cookie::None;
         }
         // Only while a cookie it sent may still come back (as Linux's
         // `tcp_synq_no_recent_overflow`): otherwise every stray ACK to a listening port would
@@ -776,7 +807,7 @@ impl ConnectionTable {
             .get(&key)
             .is_some_and(|l| cookie_may_return(l, now_minute));
         if !recent {
-            return None;
+            return Cookie::None;
         }
         let tuple = FourTuple::of_received(ack);
         let peer_isn = ack.seq.wrapping_sub(1);
@@ -784,12 +815,14 @@ impl ConnectionTable {
         let Some(mss_index) = syncookie::check(&self.isn, &tuple, peer_isn, cookie, now_minute)
         else {
             self.stats.syncookies_failed += 1;
-            return None;
+            return Cookie::None;
         };
-        let l = self.listeners.get(&key)?;
+        let Some(l) = self.listeners.get(&key) else {
+            return Cookie::None;
+        };
         if l.accept_queue.len() >= l.backlog {
-            self.stats.backlog_drops += 1;
-            return None;
+            self.stats.syncookies_deferred += 1;
+            return Cookie::Deferred;
         }
         let conn = Connection::from_cookie(l.config.clone(), ack, mss_index, &self.isn, now);
         let id = match self.insert(conn, Some(key)) {
@@ -797,8 +830,10 @@ impl ConnectionTable {
             Err(e) => {
                 if e == TableError::Full {
                     self.stats.table_full_drops += 1;
+                    self.stats.syncookies_deferred += 1;
+                    return Cookie::Deferred;
                 }
-                return None;
+                return Cookie::None;
             }
         };
         if let Some(l) = self.listeners.get_mut(&key) {
@@ -806,7 +841,7 @@ impl ConnectionTable {
         }
         self.stats.passive_opens += 1;
         self.stats.syncookies_validated += 1;
-        Some(id.index)
+        Cookie::Connection(id.index)
     }
 
     /// A "packet too big" report (an ICMP "fragmentation needed", RFC 792 and RFC 1191 4)

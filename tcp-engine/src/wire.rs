@@ -620,11 +620,12 @@ impl<'a> Ipv4TcpPeek<'a> {
         ))
     }
 
-    /// True for a connection request: SYN set, ACK clear (RFC 9293 3.5).
+    /// True for a connection request: SYN set, ACK and RST clear (RFC 9293 3.5; as the
+    /// table judges it).
     #[inline]
     pub fn is_syn(&self) -> bool {
         self.tcp_octets(14)
-            .is_some_and(|t| t[13] & (ACK_BIT | SYN_BIT) == SYN_BIT)
+            .is_some_and(|t| t[13] & (ACK_BIT | SYN_BIT | RST_BIT) == SYN_BIT)
     }
 
     /// True for a segment that may complete a handshake a SYN cookie answered: ACK set, SYN
@@ -1479,6 +1480,14 @@ mod tests {
         syn.options = TcpOptions::default();
         let m = syn.emit(&mut buf).expect("emit");
         assert!(Ipv4TcpPeek::new(&buf[..m]).expect("peek").is_syn());
+        let mut syn_rst = syn;
+        syn_rst.flags.rst = true;
+        let r = syn_rst.emit(&mut buf).expect("emit");
+        assert!(
+            !Ipv4TcpPeek::new(&buf[..r]).expect("peek").is_syn(),
+            "SYN RST is not a connection request"
+        );
+        let m = syn.emit(&mut buf).expect("emit");
         // A bad IHL still passes the peek (the full parse rejects it), without ports.
         let mut odd = buf;
         odd[0] = 0x4f;

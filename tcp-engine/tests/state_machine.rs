@@ -989,7 +989,7 @@ fn timeouts_ended_by_a_full_ack_do_not_add_up() {
     assert!(!c.events.contains(&Event::TimedOut));
 }
 
-/// RFC 5482 / RFC 9293 3.8.5: with a user timeout, data unanswered for that long ends the
+/// RFC 5482 / RFC 9293 3.10.8: with a user timeout, data unanswered for that long ends the
 /// connection (TimedOut) long before the retransmission limit would; while the peer makes
 /// progress, the clock keeps starting again.
 #[test]
@@ -1299,4 +1299,118 @@ fn a_d_sack_after_the_peers_fin_names_the_duplicate_octets() {
         ack.options.sack_blocks().first().map(|b| (b.left, b.right)),
         Some((start, end))
     );
+}
+
+/// A close in SYN-RECEIVED queues the FIN behind the handshake (RFC 9293 3.10.4): our SYN
+/// keeps its retransmission timer, so a lost SYN-ACK goes again (before, the connection went
+/// to FIN-WAIT-1 and sent a FIN without ever repeating the SYN-ACK: the handshake could not
+/// complete, and the connection waited out the data retransmission limit); once the peer's
+/// ACK of it comes, the FIN goes and the connection is in FIN-WAIT-1.
+#[test]
+fn a_close_in_syn_received_keeps_the_syn_ack_going() {
+    let cfg = Config::default();
+    let mut c = Connection::connect(
+        cfg.clone(),
+        client_tuple(),
+        &IsnGenerator::new([1; 16]),
+        Instant::ZERO,
+    );
+    let mut buf = [0u8; 2048];
+    let n = c.poll_transmit(Instant::ZERO, &mut buf).expect("the SYN");
+    let syn = buf[..n].to_vec();
+    let seg = SegmentRepr::parse(&syn).expect("valid");
+    let mut s = Connection::accept(cfg, &seg, &IsnGenerator::new([2; 16]), Instant::ZERO)
+        .expect("accepted");
+    s.poll_transmit(Instant::ZERO, &mut buf)
+        .expect("the SYN-ACK, lost");
+    s.close();
+    assert_eq!(
+        s.state(),
+        State::SynReceived,
+        "the FIN waits for the handshake"
+    );
+    let t = s.poll_timeout().expect("the SYN-ACK's timer");
+    s.handle_timeout(t);
+    let out = drain(&mut s, t);
+    let first = SegmentRepr::parse(&out[0]).expect("valid");
+    assert!(
+        first.flags.syn && first.flags.ack && !first.flags.fin,
+        "{:?}",
+        first.flags
+    );
+    let t = t + Duration::from_micros(10);
+    c.handle_segment(t, &first, |_| {});
+    assert_eq!(c.state(), State::Established);
+    let out = drain(&mut c, t);
+    let t = t + Duration::from_micros(10);
+    s.handle_segment(t, &SegmentRepr::parse(&out[0]).expect("valid"), |_| {});
+    assert_eq!(s.state(), State::FinWait1);
+    let out = drain(&mut s, t);
+    assert!(
+        out.iter()
+            .any(|f| SegmentRepr::parse(f).expect("valid").flags.fin),
+        "the FIN goes once the handshake is complete"
+    );
+}
+
+/// No keepalive probe while sent data is outstanding (RFC 9293 3.8.4, MUST-26): the
+/// retransmission timer decides about a silent peer, not keepalive (before, probes went out
+/// among the retransmissions and keepalive ended the connection after idle + 3 intervals).
+#[test]
+fn keepalive_waits_while_data_is_outstanding() {
+    let cfg = Config {
+        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = established_pair(cfg, Config::default());
+    net.a_to_b.cfg.loss = 1.0;
+    c.conn_mut().send(&[1u8; 5000]).expect("send");
+    let probes = c.conn().stats().probes;
+    run_idle(&mut c, &mut s, &mut net, 400);
+    assert_eq!(
+        c.state(),
+        Some(State::Established),
+        "the retransmission timer decides, not keepalive"
+    );
+    assert_eq!(
+        c.conn().stats().probes,
+        probes,
+        "no keepalive probe with data in flight"
+    );
+}
+
+/// The peer's FIN again restarts TIME-WAIT (RFC 9293 3.10.7.4), but not beyond four periods
+/// after it began: a peer resending its FIN just inside each period cannot hold it for good.
+#[test]
+fn a_peer_resending_its_fin_cannot_hold_time_wait_for_ever() {
+    let (mut c, mut s, mut net) = client_in_time_wait(short_tw());
+    let fin = TcpFlags { fin: true, ..ACK };
+    for _ in 0..40 {
+        if c.state() != Some(State::TimeWait) {
+            break;
+        }
+        let (seq, ack) = (c.conn().rcv_nxt().wrapping_sub(1), c.conn().snd_nxt());
+        c.conn_mut()
+            .handle_segment(net.now, &from_client(&s, seq, ack, fin, &[]), |_| {});
+        run_idle(&mut c, &mut s, &mut net, 90);
+    }
+    assert_eq!(
+        c.state(),
+        Some(State::Closed),
+        "3.6 s of FINs; TIME-WAIT is 100 ms"
+    );
+}
+
+/// Keepalive with a count of 0 still sends a probe before it gives up (RFC 9293 3.8.4: one
+/// unanswered probe is no proof of a dead peer), and an answered one keeps the connection.
+#[test]
+fn keepalive_with_no_probes_configured_still_probes() {
+    let cfg = Config {
+        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 0)),
+        ..Config::default()
+    };
+    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    run_idle(&mut c, &mut s, &mut net, 150);
+    assert_eq!(c.state(), Some(State::Established));
+    assert!(c.conn().stats().probes >= 1);
 }

@@ -203,11 +203,11 @@ pub(crate) fn with_fresh_vtag(cfg: &ift::IftConfig) -> ift::IftConfig {
 /// rounded up to them, at least one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keepalive {
-    /// Idle time before the first probe (at most [`Keepalive::MAX_TIME`]).
+    /// Idle time before the first probe (above zero, at most [`Keepalive::MAX_TIME`]).
     pub idle: Duration,
-    /// Time between unanswered probes (at most [`Keepalive::MAX_TIME`]).
+    /// Time between unanswered probes (above zero, at most [`Keepalive::MAX_TIME`]).
     pub interval: Duration,
-    /// Unanswered probes that end the connection (at most [`Keepalive::MAX_PROBES`]).
+    /// Unanswered probes that end the connection (1 to [`Keepalive::MAX_PROBES`]).
     pub probes: u32,
 }
 
@@ -258,11 +258,14 @@ impl ConnectParams {
             ));
         }
         if let Some(k) = self.keepalive {
-            // The socket transport rounds the times up to whole seconds.
-            let too_long = |d: Duration| d > Keepalive::MAX_TIME;
-            if too_long(k.idle) || too_long(k.interval) || k.probes > Keepalive::MAX_PROBES {
+            // The socket transport rounds the times up to whole seconds, at least one, and
+            // takes at least one probe; our TCP would probe every turn, or give up without
+            // probing (RFC 9293 3.8.4: one unanswered probe is no proof of a dead peer).
+            let bad = |d: Duration| d.is_zero() || d > Keepalive::MAX_TIME;
+            if bad(k.idle) || bad(k.interval) || k.probes == 0 || k.probes > Keepalive::MAX_PROBES {
                 return Err(DatapathError::InvalidArgument(
-                    "keepalive's idle time and interval are at most 32767 s, its probes at most 127",
+                    "keepalive's idle time and interval are above zero and at most 32767 s, \
+                     its probes 1 to 127 (None turns it off)",
                 ));
             }
         }

@@ -552,6 +552,8 @@ impl XdpTcpStats {
             syncookies_dropped,
             syncookies_validated,
             syncookies_failed,
+            syncookies_deferred,
+            listen_ignored,
             challenge_acks_limited,
             time_wait_reused,
             lingering_ended,
@@ -572,6 +574,8 @@ impl XdpTcpStats {
         t.syncookies_dropped += syncookies_dropped;
         t.syncookies_validated += syncookies_validated;
         t.syncookies_failed += syncookies_failed;
+        t.syncookies_deferred += syncookies_deferred;
+        t.listen_ignored += listen_ignored;
         t.challenge_acks_limited += challenge_acks_limited;
         t.time_wait_reused += time_wait_reused;
         t.lingering_ended += lingering_ended;
