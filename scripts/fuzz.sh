@@ -3,7 +3,8 @@
 # bounded time. Fails (non-zero exit) on the first crash, printing the reproducer's path.
 #
 # Fuzz crates (each its own workspace, targets in fuzz_targets/, seeds in seeds/<target>/):
-#   tcp-engine/fuzz   the TCP segment parser and connection state machine
+#   tcp-engine/fuzz   the TCP segment parser, the RDMA option, the connection state machine and
+#                     the connection table (listeners, SYN cookies)
 #   fuzz              the iWARP layers: MPA startup and framing, DDP, RDMAP, IwarpConn
 #
 # usage: scripts/fuzz.sh [TARGET...]          (default: every target of every fuzz crate)
@@ -12,9 +13,12 @@
 #
 # cargo-fuzz's default AddressSanitizer needs nightly (-Zsanitizer); with `--sanitizer none`
 # everything it passes to rustc is stable (-Cpasses=sancov-module and -Cllvm-args coverage
-# flags), so no RUSTC_BOOTSTRAP is needed. The targets are safe Rust over #![forbid(unsafe_code)]
-# crates, so ASan would add little; debug assertions and overflow checks are on, and the iWARP
-# targets put registered memory between guard octets. All crates build into one target
+# flags), so no RUSTC_BOOTSTRAP is needed. The protocol crates forbid unsafe code, but the
+# iwarp_conn target reaches copy-crc's SIMD CRC kernels (unsafe), whose over-reads within a page
+# only ASan would see: copy-crc's own tests check them at every length and alignment up to 4 KiB
+# against a reference. Debug assertions and overflow checks are on, and the iWARP targets put
+# registered memory between guard octets. Each input may run 10 s at most (-timeout: a hang
+# fails the run rather than holding it for libFuzzer's default 20 minutes). All crates build into one target
 # directory (target/fuzz-build), so the crates they share are compiled once. Reproduce a crash
 # with (DIR the target's fuzz crate):
 #   (cd DIR && cargo fuzz run --sanitizer none --target-dir ../target/fuzz-build TARGET path/to/crash-file)
@@ -88,7 +92,8 @@ for t in "${targets[@]}"; do
   echo "== fuzzing $t ($d) for ${SECONDS_PER_TARGET}s (corpus $corpus)"
   # The first corpus directory receives new inputs; the committed seeds are read only.
   if ! (cd "$d" && cargo fuzz run --sanitizer none --target-dir "$BUILD" "$t" "$corpus" "${seeds[@]}" -- \
-    -max_total_time="$SECONDS_PER_TARGET" -artifact_prefix="$artifacts/" -print_final_stats=1); then
+    -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1); then
     echo "fuzz.sh: $t FAILED; reproducer(s):" >&2
     ls -1 "$artifacts"/* >&2 || true
     exit 1

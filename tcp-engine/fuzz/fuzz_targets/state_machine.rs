@@ -8,7 +8,9 @@
 //! either honours, with `rcv_nxt` there and those octets passed up again later, or refuses
 //! with an event), pass-up never hands up an octet twice (nor beyond a take-back in the same
 //! segment) and never holds out-of-order data, and the timer deadline is never in the past
-//! after `handle_timeout`.
+//! after `handle_timeout`. Every payload octet is a function of its sequence number
+//! ([`octet_at`]): what is passed up or read is checked against it, so an octet placed or
+//! handed up at the wrong place is seen.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -43,6 +45,11 @@ impl Input<'_> {
     fn u32(&mut self) -> u32 {
         u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
+}
+
+/// The octet the peer sends at sequence number `seq`.
+fn octet_at(seq: u32) -> u8 {
+    (seq.wrapping_mul(131) ^ (seq >> 11)) as u8
 }
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -134,7 +141,9 @@ fuzz_target!(|data: &[u8]| {
     let mut now = Instant::from_millis(1);
     let mut conn = start(kind, &cfg, now, &mut buf);
     let t = conn.four_tuple();
-    let payload = vec![0x5au8; 1600];
+    let mut payload = vec![0u8; 1600];
+    // Octets read so far (`recv`).
+    let mut read: u64 = 0;
     let mut passed = RangeSet::new(1 << 16);
     let mut last_rcv = conn.rcv_nxt_offset();
 
@@ -166,13 +175,19 @@ fuzz_target!(|data: &[u8]| {
                     options.window_scale = Some(input.u8() % 16);
                     options.sack_permitted = true;
                 }
+                let seq = conn.rcv_nxt().wrapping_add(seq_off as u32);
+                // A SYN takes the first sequence number; data starts after it.
+                let first = seq.wrapping_add(u32::from(flags & 0x02 != 0));
+                for (i, b) in payload[..len].iter_mut().enumerate() {
+                    *b = octet_at(first.wrapping_add(i as u32));
+                }
                 let seg = SegmentRepr {
                     tos: 0,
                     src_addr: t.remote_addr,
                     dst_addr: t.local_addr,
                     src_port: t.remote_port,
                     dst_port: t.local_port,
-                    seq: conn.rcv_nxt().wrapping_add(seq_off as u32),
+                    seq,
                     ack: conn.snd_nxt().wrapping_add(ack_off as u32),
                     flags: TcpFlags {
                         fin: flags & 0x01 != 0,
@@ -187,11 +202,17 @@ fuzz_target!(|data: &[u8]| {
                     payload: &payload[..len],
                 };
                 let mut twice = false;
+                let mut misplaced = false;
                 // Flags bit 6: the first pass-up is answered with a take-back, from its middle
                 // (bit 7) or its start.
                 let answer = flags & 0x40 != 0;
                 let mut answered: Option<u64> = None;
                 conn.handle_segment(now, &seg, |p| {
+                    misplaced |= p
+                        .data
+                        .iter()
+                        .enumerate()
+                        .any(|(k, &b)| b != octet_at(p.seq.wrapping_add(k as u32)));
                     let s = p.stream_offset;
                     let e = s + p.data.len() as u64;
                     if answered.is_some_and(|t| e > t) {
@@ -213,6 +234,7 @@ fuzz_target!(|data: &[u8]| {
                     Some(TakeBack { from })
                 });
                 assert!(!twice, "an octet was passed up twice");
+                assert!(!misplaced, "an octet passed up is not the one sent there");
                 if let Some(from) = answered {
                     let mut refused = false;
                     for _ in 0..64 {
@@ -260,7 +282,13 @@ fuzz_target!(|data: &[u8]| {
             _ => {
                 conn.set_receive_window(u64::from(input.u32() >> (input.u8() % 32)));
                 let mut sink = [0u8; 4096];
-                let _ = conn.recv(&mut sink);
+                let n = conn.recv(&mut sink);
+                let start = conn.rcv_stream_start();
+                for (k, &b) in sink[..n].iter().enumerate() {
+                    let seq = start.wrapping_add((read + k as u64) as u32);
+                    assert_eq!(b, octet_at(seq), "read octet {} is not the one sent", read);
+                }
+                read += n as u64;
             }
         }
         let mut emitted = 0;
