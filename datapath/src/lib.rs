@@ -27,7 +27,7 @@
 //! let server = std::thread::spawn(move || -> Result<Vec<u8>, datapath::DatapathError> {
 //!     let pd = ProtectionDomain::new();
 //!     let cq = CompletionQueue::new();
-//!     let mr = pd.register_buffer(vec![0u8; 4096], Access::REMOTE_WRITE)?;
+//!     let mr = pd.register_buffer(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //!     let mut where_ = mr.stag().0.to_be_bytes().to_vec();
 //!     where_.extend_from_slice(&mr.base_to().to_be_bytes());
 //!     let request = listener.accept()?;

@@ -988,11 +988,14 @@ impl ProtectionDomain {
         self.copied.load(Ordering::Relaxed)
     }
 
-    /// Allocates and registers `len` zeroed bytes with the given access rights: an anonymous
+    /// Allocates and registers `len` zeroed bytes with the given access rights (remote write
+    /// or atomic rights need [`Access::LOCAL_WRITE`] too, as with `ibv_reg_mr`:
+    /// [`DatapathError::InvalidArgument`] otherwise, as for every registration): an anonymous
     /// mapping of its own, page-aligned (2 MiB-aligned from 2 MiB up, advised
     /// `MADV_HUGEPAGE`), locked per [`ProtectionDomain::with_pinning`]. The region's tagged
     /// offset base (TO) is its virtual address, as with verbs.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, DatapathError> {
+        check_access(access)?;
         self.register_pinned(PinnedBuffer::allocate(len, self.pinning)?, access)
     }
 
@@ -1006,6 +1009,7 @@ impl ProtectionDomain {
         buffer: S,
         access: Access,
     ) -> Result<MemoryRegion, DatapathError> {
+        check_access(access)?;
         self.register_pinned(PinnedBuffer::from_storage(buffer, self.pinning)?, access)
     }
 
@@ -1038,6 +1042,7 @@ impl ProtectionDomain {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, DatapathError> {
+        check_access(access)?;
         // SAFETY: the caller's promise, passed on.
         let buf = unsafe { PinnedBuffer::from_raw(addr, len, self.pinning)? };
         self.register_pinned(buf, access)
@@ -1061,6 +1066,20 @@ impl ProtectionDomain {
             pd: self.clone(),
         })
     }
+}
+
+/// `ibv_reg_mr`'s (and `ibv_rereg_mr`'s) rule on rights: remote write or atomic access needs
+/// local write (verbs fails with `EINVAL`): memory the peer may change is memory the local
+/// side may change.
+fn check_access(access: Access) -> Result<(), DatapathError> {
+    let peer_writes =
+        access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+    if peer_writes && !access.contains(Access::LOCAL_WRITE) {
+        return Err(DatapathError::InvalidArgument(
+            "remote write or atomic access needs LOCAL_WRITE too (as ibv_reg_mr)",
+        ));
+    }
+    Ok(())
 }
 
 /// How long [`MemoryRegion::into_buffer`] waits for a transport to let go of the bytes.
@@ -1211,6 +1230,7 @@ impl MemoryRegion {
     /// as on siw) may still finish after the call returns; [`MemoryRegion::deregister`] is the
     /// call that waits until no transport touches the bytes.
     pub fn reregister(&mut self, access: Access) -> Result<Stag, DatapathError> {
+        check_access(access)?;
         let (pd, base_to) = (self.pd.id, self.base_to());
         let stag = self
             .pd
@@ -1510,6 +1530,39 @@ mod tests {
         assert!(same < 5, "{same} STags alike in two domains");
     }
 
+    /// Remote write or atomic rights without local write are refused at registration and
+    /// re-registration, as `ibv_reg_mr` and `ibv_rereg_mr` refuse them (`EINVAL`).
+    #[test]
+    fn remote_write_or_atomic_rights_need_local_write() {
+        let pd = ProtectionDomain::new().with_pinning(Pinning::Off);
+        for access in [
+            Access::REMOTE_WRITE,
+            Access::REMOTE_ATOMIC,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        ] {
+            assert!(
+                matches!(
+                    pd.register(64, access),
+                    Err(DatapathError::InvalidArgument(_))
+                ),
+                "{access:?}"
+            );
+            assert!(matches!(
+                pd.register_buffer(vec![0u8; 64], access),
+                Err(DatapathError::InvalidArgument(_))
+            ));
+        }
+        let mut mr = pd.register(64, Access::REMOTE_READ).unwrap();
+        assert!(matches!(
+            mr.reregister(Access::REMOTE_WRITE),
+            Err(DatapathError::InvalidArgument(_))
+        ));
+        assert!(mr.is_valid(), "a refused re-registration changes nothing");
+        mr.reregister(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .expect("with local write");
+        assert!(pd.register(64, Access::ALL).is_ok());
+    }
+
     /// The owner's Local Invalidate works however many connections share the protection
     /// domain (two joined streams: a peer's Send with Invalidate would be refused).
     #[test]
@@ -1531,8 +1584,14 @@ mod tests {
         let pd = ProtectionDomain::new().with_pinning(Pinning::BestEffort);
         let mut mem = vec![3u8; 8192];
         // SAFETY: `mem` outlives the region (dropped at the end of this test, after `mr`).
-        let mut mr =
-            unsafe { pd.register_raw(mem.as_mut_ptr(), mem.len(), Access::REMOTE_WRITE) }.unwrap();
+        let mut mr = unsafe {
+            pd.register_raw(
+                mem.as_mut_ptr(),
+                mem.len(),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+        }
+        .unwrap();
         assert_eq!(mr.base_to(), mem.as_ptr() as u64);
         let old = mr.stag();
         let t = |stag, need| {
@@ -1596,7 +1655,9 @@ mod tests {
     #[test]
     fn deregistering_gives_up_on_a_holder_that_keeps_the_bytes() {
         let pd = ProtectionDomain::new();
-        let mr = pd.register(4096, Access::REMOTE_WRITE).unwrap();
+        let mr = pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
         let stag = mr.stag();
         let held = pd.table.snapshot();
         assert!(matches!(
@@ -1613,7 +1674,9 @@ mod tests {
     #[test]
     fn a_started_deregistration_is_waited_on_again_until_released() {
         let pd = ProtectionDomain::new();
-        let mr = pd.register(4096, Access::REMOTE_WRITE).unwrap();
+        let mr = pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
         let stag = mr.stag();
         let held = pd.table.snapshot();
         let d = mr.start_deregister();

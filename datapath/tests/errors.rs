@@ -104,7 +104,10 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     let addr = listener.local_addr().unwrap();
     let server = Side::new();
     let before = pattern(77, LEN + 64);
-    let target = server.pd.register(LEN + 64, Access::REMOTE_WRITE).unwrap();
+    let target = server
+        .pd
+        .register(LEN + 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
     target.write(0, &before);
     let source = server.pd.register(64, Access::REMOTE_READ).unwrap();
     let recv_buf = server.pd.register(1000, Access::LOCAL_WRITE).unwrap();
@@ -335,7 +338,10 @@ fn corrupted_fpdu_without_crc_is_placed_as_received() {
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     let relay = Relay::start(listener.local_addr().unwrap());
     let (client, server) = (Side::new(), Side::new());
-    let target = server.pd.register(LEN, Access::REMOTE_WRITE).unwrap();
+    let target = server
+        .pd
+        .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
     let recv_buf = server.pd.register(1000, Access::LOCAL_WRITE).unwrap();
     let recvs = (1..=2)
         .map(|wr_id| RecvWr {
@@ -389,7 +395,10 @@ fn corrupted_first_fpdu_closes_without_terminate() {
     let addr = listener.local_addr().unwrap();
     let relay = Relay::start(addr);
     let (client, server) = (Side::new(), Side::new());
-    let target = server.pd.register(LEN, Access::REMOTE_WRITE).unwrap();
+    let target = server
+        .pd
+        .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
     let recv_buf = server.pd.register(64, Access::LOCAL_WRITE).unwrap();
     let (c, s) = establish(
         &listener,
@@ -472,7 +481,10 @@ impl AccessRig {
         let relay = Relay::start(listener.local_addr().unwrap());
         let (client, server) = (Side::new(), Side::new());
         let before = pattern(90, REGION);
-        let target = server.pd.register(REGION, Access::REMOTE_WRITE).unwrap();
+        let target = server
+            .pd
+            .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
         let readable = server
             .pd
             .register(REGION, Access::LOCAL_WRITE | Access::REMOTE_READ)

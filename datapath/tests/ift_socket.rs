@@ -180,7 +180,10 @@ fn a_corrupted_frame_is_never_placed_and_ends_the_connection() {
         let relay = Relay::start(listener.local_addr().unwrap());
         let (client, server) = (Side::new(), Side::new());
         let recv_buf = server.pd.register(64, Access::LOCAL_WRITE).unwrap();
-        let target = server.pd.register(LEN, Access::REMOTE_WRITE).unwrap();
+        let target = server
+            .pd
+            .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
         target.write(0, &[0xEE; LEN]);
         let (c, s) = establish(
             &listener,

@@ -461,7 +461,12 @@ fn eight_concurrent_connections() {
     let addr = listener.local_addr().unwrap();
     let server = Side::new();
     let targets: Vec<_> = (0..N)
-        .map(|_| server.pd.register(LEN + 8, Access::REMOTE_WRITE).unwrap())
+        .map(|_| {
+            server
+                .pd
+                .register(LEN + 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap()
+        })
         .collect();
     let sources: Vec<_> = (0..N)
         .map(|k| {

@@ -1587,7 +1587,9 @@ fn terminate_for_bad_fpdus_while_serving_others() {
     let v = {
         let pd = ProtectionDomain::new();
         let before = pattern(777, TREGION);
-        let target = pd.register(TREGION, Access::REMOTE_WRITE).unwrap();
+        let target = pd
+            .register(TREGION, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
         let readable = pd
             .register(TREGION, Access::LOCAL_WRITE | Access::REMOTE_READ)
             .unwrap();

@@ -139,7 +139,7 @@ fn server(
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let reg = |access| pd.register(REGION, access).map_err(|e| e.to_string());
-    let target = reg(Access::REMOTE_WRITE)?;
+    let target = reg(Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
     let source = reg(Access::REMOTE_READ)?;
     let recv = reg(Access::LOCAL_WRITE)?;
     source.write(0, &pattern(7, MAX));

@@ -700,7 +700,7 @@ pub fn verified_transfers(
     let c_sink = client.pd.register(max + TAIL, Access::LOCAL_WRITE).unwrap();
     let s_target = server
         .pd
-        .register(max + TAIL, Access::REMOTE_WRITE)
+        .register(max + TAIL, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
     let s_source = server.pd.register(max, Access::REMOTE_READ).unwrap();
     let source_data = pattern(seed ^ 0xABCD, max);
