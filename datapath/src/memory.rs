@@ -1313,7 +1313,11 @@ impl MemoryRegion {
     /// Deregisters the region now and returns what waits for the transports to let go of its
     /// bytes ([`Deregistration::wait`], as often as needed): peers' accesses fail from now
     /// on (from the transport's next look at the table), as [`MemoryRegion::deregister`]
-    /// says.
+    /// says. Until the [`Deregistration`] says the bytes are released, a transport may still
+    /// read them: a Read Response queued or resent from the region sends what they hold
+    /// then, including what the application wrote after this call (invalidate the region
+    /// first, [`MemoryRegion::invalidate`], to stop a queued Read Response at once: its
+    /// connection is reset).
     pub fn start_deregister(self) -> Deregistration {
         let buf = self.buf.clone();
         // Deregisters: the transports reach the bytes only through `Arc` clones from now on.

@@ -469,7 +469,9 @@ impl Network {
 
     /// Run until `done` returns true (checked after each step) or virtual
     /// time passes `limit`. `tap` sees every packet as it is sent. Returns
-    /// whether `done` became true.
+    /// whether `done` became true. Panics, naming both endpoints' timers, after a million
+    /// steps without the clock moving (a timer that stays due after it ran would otherwise
+    /// spin here for good).
     pub fn run<A: Endpoint, B: Endpoint>(
         &mut self,
         a: &mut A,
@@ -478,10 +480,26 @@ impl Network {
         mut done: impl FnMut(&mut A, &mut B, Instant) -> bool,
         mut tap: impl FnMut(Direction, Instant, &[u8]),
     ) -> bool {
+        // Steps taken at one instant: an endpoint whose timer stays due after it ran, or two
+        // that answer each other for ever without time passing, would spin here for good (a
+        // hung test, not a failed one).
+        let mut steps_now = 0u32;
+        let mut at = self.now;
         loop {
             if done(a, b, self.now) {
                 return true;
             }
+            if self.now != at {
+                (at, steps_now) = (self.now, 0);
+            }
+            steps_now += 1;
+            assert!(
+                steps_now <= MAX_STEPS_AT_ONE_INSTANT,
+                "the simulation made no progress in time at {:?}: timers A {:?}, B {:?}",
+                self.now,
+                a.next_timeout(),
+                b.next_timeout()
+            );
             let mut progress = false;
             while let Some(n) = a.transmit(self.now, &mut self.buf) {
                 tap(Direction::AtoB, self.now, &self.buf[..n]);
@@ -537,6 +555,9 @@ impl Network {
     }
 }
 
+/// The most steps [`Network::run`] takes without the clock moving before it fails the test.
+const MAX_STEPS_AT_ONE_INSTANT: u32 = 1_000_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,5 +575,33 @@ mod tests {
             b.chance(0.2);
         }
         assert!((1800..2200).contains(&hits), "{hits}");
+    }
+
+    /// An endpoint whose timer is still due after it ran.
+    struct Stuck;
+
+    impl Endpoint for Stuck {
+        fn receive(&mut self, _: Instant, _: &[u8]) {}
+        fn transmit(&mut self, _: Instant, _: &mut [u8]) -> Option<usize> {
+            None
+        }
+        fn next_timeout(&self) -> Option<Instant> {
+            Some(Instant::ZERO)
+        }
+        fn on_timeout(&mut self, _: Instant) {}
+    }
+
+    /// A run that cannot move the clock fails instead of hanging.
+    #[test]
+    #[should_panic(expected = "no progress in time")]
+    fn a_timer_that_stays_due_fails_the_run() {
+        let mut net = Network::new(LinkConfig::default(), LinkConfig::default(), 1);
+        net.run(
+            &mut Stuck,
+            &mut Stuck,
+            Instant::from_millis(10),
+            |_, _, _| false,
+            |_, _, _| {},
+        );
     }
 }
