@@ -1414,3 +1414,153 @@ fn keepalive_with_no_probes_configured_still_probes() {
     assert_eq!(c.state(), Some(State::Established));
     assert!(c.conn().stats().probes >= 1);
 }
+
+/// A connection of the pair in `state`, taken out of its peer (its packets undelivered from
+/// then on) with nothing left to send, and the time: reached with real segments over a
+/// loss-free link.
+fn connection_in(state: State) -> (Connection, Instant) {
+    let (mut conn, now) = reach(state);
+    drain(&mut conn, now);
+    (conn, now)
+}
+
+fn reach(state: State) -> (Connection, Instant) {
+    let (mut c, mut s, mut net) = established(short_tw());
+    let mut buf = [0u8; 2048];
+    let now = net.now;
+    let take = |p: &mut Peer| p.conn.take().expect("connection");
+    match state {
+        State::FinWait1 => {
+            c.conn_mut().close();
+            drain(c.conn_mut(), now); // the FIN, lost
+            (take(&mut c), now)
+        }
+        State::FinWait2 | State::CloseWait => {
+            c.conn_mut().close();
+            net.run(
+                &mut c,
+                &mut s,
+                now + Duration::from_secs(1),
+                |c, _, _| c.state() == Some(State::FinWait2),
+                |_, _, _| {},
+            );
+            let now = net.now;
+            if state == State::FinWait2 {
+                (take(&mut c), now)
+            } else {
+                (take(&mut s), now)
+            }
+        }
+        State::LastAck => {
+            let (mut server, now) = reach(State::CloseWait);
+            server.close();
+            drain(&mut server, now); // its FIN, lost
+            (server, now)
+        }
+        State::Closing => {
+            // Both close; the client's FIN is lost, the server's reaches it.
+            c.conn_mut().close();
+            drain(c.conn_mut(), now);
+            s.conn_mut().close();
+            let n = s
+                .conn_mut()
+                .poll_transmit(now, &mut buf)
+                .expect("server FIN");
+            let fin = SegmentRepr::parse(&buf[..n]).expect("valid");
+            assert!(fin.flags.fin);
+            c.conn_mut().handle_segment(now, &fin, |_| {});
+            drain(c.conn_mut(), now);
+            (take(&mut c), now)
+        }
+        State::TimeWait => {
+            let (mut c, _s, net) = client_in_time_wait(short_tw());
+            let now = net.now;
+            (take(&mut c), now)
+        }
+        other => panic!("no way to {other:?} here"),
+    }
+}
+
+/// A segment from `conn`'s peer, `from_rcv_nxt` past RCV.NXT.
+fn to(conn: &Connection, from_rcv_nxt: u32, flags: TcpFlags) -> SegmentRepr<'static> {
+    let t = conn.four_tuple();
+    SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: conn.rcv_nxt().wrapping_add(from_rcv_nxt),
+        ack: conn.snd_nxt(),
+        flags,
+        window: 1000,
+        options: TcpOptions::default(),
+        payload: &[],
+    }
+}
+
+/// RST and SYN in every closing state (RFC 5961 3.2 and 4.2, RFC 9293 3.10.7.4): a RST
+/// exactly at RCV.NXT ends the connection (TIME-WAIT's as closed, the others as reset); one
+/// elsewhere in the window draws a challenge ACK and changes nothing; one far outside is
+/// dropped silently; a SYN draws a challenge ACK and changes nothing.
+#[test]
+fn rst_and_syn_in_every_closing_state() {
+    let rst = TcpFlags {
+        rst: true,
+        ..TcpFlags::default()
+    };
+    let syn = TcpFlags {
+        syn: true,
+        ..TcpFlags::default()
+    };
+    let states = [
+        State::FinWait1,
+        State::FinWait2,
+        State::CloseWait,
+        State::Closing,
+        State::LastAck,
+        State::TimeWait,
+    ];
+    for state in states {
+        let challenge_acked = |conn: &mut Connection, now| {
+            let out = drain(conn, now);
+            out.len() == 1 && {
+                let a = SegmentRepr::parse(&out[0]).expect("valid");
+                a.flags.ack && !a.flags.rst && !a.flags.syn && a.ack == conn.rcv_nxt()
+            }
+        };
+        // Exactly at RCV.NXT.
+        let (mut conn, now) = connection_in(state);
+        assert_eq!(conn.state(), state);
+        conn.handle_segment(now, &to(&conn, 0, rst), |_| {});
+        assert_eq!(conn.state(), State::Closed, "{state:?}");
+        let ended = if state == State::TimeWait {
+            Event::Closed
+        } else {
+            Event::Reset
+        };
+        let events: Vec<_> = std::iter::from_fn(|| conn.poll_event()).collect();
+        assert!(events.contains(&ended), "{state:?}: {events:?}");
+        // In the window, not at RCV.NXT.
+        let (mut conn, now) = connection_in(state);
+        conn.handle_segment(now, &to(&conn, 1, rst), |_| {});
+        assert_eq!(conn.state(), state, "an in-window RST");
+        assert!(
+            challenge_acked(&mut conn, now),
+            "{state:?}: no challenge ACK"
+        );
+        // Far outside.
+        let (mut conn, now) = connection_in(state);
+        conn.handle_segment(now, &to(&conn, 1 << 30, rst), |_| {});
+        assert_eq!(conn.state(), state);
+        assert!(drain(&mut conn, now).is_empty(), "{state:?}: a reply");
+        // A SYN in the window.
+        let (mut conn, now) = connection_in(state);
+        conn.handle_segment(now, &to(&conn, 0, syn), |_| {});
+        assert_eq!(conn.state(), state, "a SYN");
+        assert!(
+            challenge_acked(&mut conn, now),
+            "{state:?}: SYN, no challenge ACK"
+        );
+    }
+}
