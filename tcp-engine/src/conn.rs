@@ -2015,7 +2015,11 @@ impl Connection {
     /// Whether a window of `window` octets from `ack_pos` (the stream position acknowledged)
     /// lets a segment of queued data out (true with nothing queued).
     fn window_fits_next(&self, ack_pos: u64, window: u64) -> bool {
-        self.snd_nxt >= self.data_end() || self.window_allows(ack_pos + window) > 0
+        if self.snd_nxt >= self.data_end() {
+            // Only a FIN may wait: it takes one sequence number of the window.
+            return !self.fin_queued || self.fin_sent || ack_pos + window > self.snd_nxt;
+        }
+        self.window_allows(ack_pos + window) > 0
     }
 
     /// Octets of the next segment of queued data a peer window whose right edge is at
@@ -4223,6 +4227,16 @@ impl Connection {
             return Some(n);
         }
         if self.fin_queued && !self.fin_sent && self.scoreboard.len() < self.max_tracked {
+            if self.snd_nxt >= self.snd_una + self.snd_wnd {
+                // The FIN takes a sequence number (RFC 9293 3.4, SEG.LEN), which a shut
+                // window does not hold: a receiver may drop it, and, answering every
+                // retransmission with its zero window, would see us time out. It waits
+                // behind the window as data does, the persist timer probing (3.8.6.1).
+                self.window_blocked = true;
+                self.arm_persist(now);
+                self.note_send_limit(now, Some(SendLimit::PeerWindow));
+                return None;
+            }
             let start = self.snd_nxt;
             let n = self.emit_data(now, out, start, 0, true, source)?;
             self.fin_sent = true;

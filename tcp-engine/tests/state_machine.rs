@@ -1564,3 +1564,68 @@ fn rst_and_syn_in_every_closing_state() {
         );
     }
 }
+
+/// A FIN waits behind a shut window as data does (RFC 9293 3.4: it takes a sequence number),
+/// the persist timer probing: a receiver that drops a FIN it has no window for, and answers
+/// every segment with its zero window, keeps the connection open as long as it answers
+/// (RFC 9293 3.8.6.1, MUST-37). Before, the FIN went into the shut window, was retransmitted
+/// unacknowledged, and the connection timed out after the retransmission limit. Once the
+/// window opens the FIN goes.
+#[test]
+fn a_fin_waits_for_a_shut_window() {
+    let mut shut = Config::mpa();
+    shut.recv_buffer = 0;
+    let (mut c, _s, net) = established_pair(Config::mpa(), shut);
+    let mut conn = c.conn.take().expect("client");
+    let mut now = net.now;
+    drain(&mut conn, now);
+    conn.close();
+    // The peer: every segment is answered with an ACK of SND.UNA and a zero window (a FIN
+    // it had no window for is dropped).
+    let answer = |conn: &Connection, window: u16| {
+        let t = conn.four_tuple();
+        SegmentRepr {
+            tos: 0,
+            src_addr: t.remote_addr,
+            dst_addr: t.local_addr,
+            src_port: t.remote_port,
+            dst_port: t.local_port,
+            seq: conn.rcv_nxt(),
+            ack: conn.snd_una(),
+            flags: ACK,
+            window,
+            options: TcpOptions::default(),
+            payload: &[],
+        }
+    };
+    let end = now + Duration::from_secs(30 * 60);
+    let mut fins = 0;
+    while now < end && conn.state() == State::FinWait1 {
+        for seg in drain(&mut conn, now) {
+            fins += usize::from(SegmentRepr::parse(&seg).expect("valid").flags.fin);
+            conn.handle_segment(now, &answer(&conn, 0), |_| {});
+        }
+        match conn.poll_timeout() {
+            Some(t) => {
+                now = t.max(now);
+                conn.handle_timeout(now);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        conn.state(),
+        State::FinWait1,
+        "half an hour of answered probes"
+    );
+    assert_eq!(fins, 0, "no FIN into the shut window");
+    assert!(conn.stats().window_probes > 10);
+    // The window opens: the FIN goes.
+    conn.handle_segment(now, &answer(&conn, 1000), |_| {});
+    let out = drain(&mut conn, now);
+    assert!(
+        out.iter()
+            .any(|f| SegmentRepr::parse(f).expect("valid").flags.fin),
+        "the FIN once the window opened"
+    );
+}
