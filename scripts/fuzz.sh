@@ -16,7 +16,8 @@
 # flags), so no RUSTC_BOOTSTRAP is needed. The protocol crates forbid unsafe code, but the
 # iwarp_conn target reaches copy-crc's SIMD CRC kernels (unsafe), whose over-reads within a page
 # only ASan would see: copy-crc's own tests check them at every length and alignment up to 4 KiB
-# against a reference. Debug assertions and overflow checks are on, and the iWARP targets put
+# against a reference, and with their buffers flush against inaccessible pages (an over-read or
+# over-write faults) up to 16 KiB. Debug assertions and overflow checks are on, and the iWARP targets put
 # registered memory between guard octets. Each input may run 10 s at most (-timeout: a hang
 # fails the run rather than holding it for libFuzzer's default 20 minutes). All crates build into one target
 # directory (target/fuzz-build), so the crates they share are compiled once. Reproduce a crash

@@ -959,6 +959,105 @@ mod tests {
         assert_eq!(src, copy, "input written");
     }
 
+    /// `pages` readable and writable pages between two inaccessible ones: an access one octet
+    /// before or after them faults.
+    struct Guarded {
+        base: *mut u8,
+        len: usize,
+    }
+
+    const PAGE: usize = 4096;
+
+    impl Guarded {
+        fn new(pages: usize) -> Guarded {
+            let total = (pages + 2) * PAGE;
+            // SAFETY: a fresh anonymous private mapping; the result is checked.
+            let map = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    total,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(map, libc::MAP_FAILED, "mmap");
+            // SAFETY: the pages between the first and the last of the mapping just made.
+            let base = unsafe { map.cast::<u8>().add(PAGE) };
+            let len = pages * PAGE;
+            // SAFETY: `base..base + len` lies inside the mapping.
+            let rc =
+                unsafe { libc::mprotect(base.cast(), len, libc::PROT_READ | libc::PROT_WRITE) };
+            assert_eq!(rc, 0, "mprotect");
+            Guarded { base, len }
+        }
+
+        /// `n` octets flush against the leading guard (`at_end` false) or the trailing one.
+        fn slice(&mut self, n: usize, at_end: bool) -> &mut [u8] {
+            assert!(n <= self.len);
+            let start = if at_end { self.len - n } else { 0 };
+            // SAFETY: `start..start + n` lies in the accessible pages, borrowed through `self`.
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(start), n) }
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            // SAFETY: the whole mapping `new` made, unmapped once.
+            unsafe { libc::munmap(self.base.sub(PAGE).cast(), self.len + 2 * PAGE) };
+        }
+    }
+
+    /// No routine reads a source octet, or writes a destination octet, outside its buffer:
+    /// the buffers sit flush against inaccessible pages (before and after), so an over-read
+    /// in a vector tail, which the comparisons above cannot see inside a page, faults. Every
+    /// length up to 300, and lengths around the vector widths, a page and a jumbo frame.
+    #[test]
+    fn no_routine_reaches_past_its_buffers() {
+        let mut src_pages = Guarded::new(4);
+        let mut dst_pages = Guarded::new(4);
+        let lens = (0..=300)
+            .chain(500..=530)
+            .chain(1020..=1040)
+            .chain(4090..=4100)
+            .chain(9000..=9010)
+            .chain([16_383, 16_384]);
+        let (copies, sums, reads) = (routines(), sum_routines(), read_routines());
+        for len in lens {
+            let want_data = data(len, len as u64);
+            for (src_end, dst_end) in [(false, false), (true, true), (false, true), (true, false)] {
+                let src = src_pages.slice(len, src_end);
+                src.copy_from_slice(&want_data);
+                let src: &[u8] = src;
+                let want = crc32c(src);
+                for &(name, read) in &reads {
+                    assert_eq!(!read(src, !0).0, want, "{name} len {len}");
+                }
+                assert_eq!(!crc_update(!0, src), want, "crc_update len {len}");
+                if len <= 300 {
+                    let got = crc_update_len_head(0x1234_5678, 7, src);
+                    let mut c = Crc32c::with_state(0x1234_5678);
+                    c.update(&7u16.to_be_bytes());
+                    c.update(src);
+                    assert_eq!(got, c.state(), "crc_update_len_head len {len}");
+                }
+                for &(name, copy) in &copies {
+                    let dst = dst_pages.slice(len, dst_end);
+                    // SAFETY: `src` holds `len` readable octets in another mapping.
+                    let crc = unsafe { copy(src.as_ptr(), dst, !0) };
+                    assert_eq!((!crc, &*dst), (want, src), "{name} len {len}");
+                }
+                for &(name, copy) in &sums {
+                    let dst = dst_pages.slice(len, dst_end);
+                    // SAFETY: as above.
+                    let (crc, _) = unsafe { copy(src.as_ptr(), dst, !0) };
+                    assert_eq!((!crc, &*dst), (want, src), "{name} len {len}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn small_updates_match_the_reference() {
         let src = data(600, 11);
