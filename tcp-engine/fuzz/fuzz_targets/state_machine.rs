@@ -11,6 +11,13 @@
 //! after `handle_timeout`. Every payload octet is a function of its sequence number
 //! ([`octet_at`]): what is passed up or read is checked against it, so an octet placed or
 //! handed up at the wrong place is seen.
+//!
+//! A knob turns on the TCP RDMA option (draft-csapuntz-tcprdma) in stream mode: both SYNs
+//! offer it, the application posts buffers for a few RIDs, segments carry transfer options from
+//! the input (RID, buffer offset, data offset and length, total length, A and U bits). Reading
+//! then takes the stream in order, placed ranges (`next_placed`) included: each must start
+//! where reading is, and at the end the posted buffers must hold, at each placed range, the
+//! octets of those stream offsets.
 #![no_main]
 
 use std::net::Ipv4Addr;
@@ -18,9 +25,11 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tcp_engine::ranges::RangeSet;
+use tcp_engine::wire::rdma::{RdmaFlags, RdmaOption, RdmaTransfer, Rid};
 use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
 use tcp_engine::{
-    Config, Connection, Event, FourTuple, Instant, IsnGenerator, SegmentRepr, TakeBack, TxMode,
+    Config, Connection, Event, FourTuple, Instant, IsnGenerator, RdmaPlaced, SegmentRepr,
+    TakeBack, TxMode,
 };
 
 /// Reads fixed-width values off the fuzz input; zeros once it runs out.
@@ -75,6 +84,36 @@ fn deliver(from: &mut Connection, to: &mut Connection, now: Instant, buf: &mut [
     }
 }
 
+/// RIDs the application may post buffers for (of a few sizes, filled with [`UNTOUCHED`]).
+const RIDS: u64 = 4;
+const UNTOUCHED: u8 = 0xee;
+
+/// Reads the connection in order as far as it goes, placed ranges included: checks every
+/// octet read against [`octet_at`] and that each placed range starts where reading is.
+fn read_all(conn: &mut Connection, read: &mut u64, placed: &mut Vec<RdmaPlaced>) {
+    let start = conn.rcv_stream_start();
+    let mut sink = [0u8; 4096];
+    for _ in 0..1024 {
+        let n = conn.recv(&mut sink);
+        for (k, &b) in sink[..n].iter().enumerate() {
+            let seq = start.wrapping_add((*read + k as u64) as u32);
+            assert_eq!(b, octet_at(seq), "read octet {} is not the one sent", *read);
+        }
+        *read += n as u64;
+        if n > 0 {
+            continue;
+        }
+        match conn.next_placed() {
+            Some(p) => {
+                assert_eq!(p.stream_offset, *read, "a placed range out of reading order");
+                *read += p.len;
+                placed.push(p);
+            }
+            None => return,
+        }
+    }
+}
+
 /// The connection under test, and the peer's initial sequence number when it is known.
 fn start(kind: u8, cfg: &Config, now: Instant, buf: &mut [u8]) -> Connection {
     let isn = IsnGenerator::new([7; 16]);
@@ -100,6 +139,9 @@ fn start(kind: u8, cfg: &Config, now: Instant, buf: &mut [u8]) -> Connection {
             options.window_scale = Some(3);
             options.sack_permitted = true;
             options.timestamp = Some((5, 0));
+            if cfg.rdma_option {
+                options.rdma = Some(RdmaOption::Permitted);
+            }
             let syn = SegmentRepr {
                 tos: 0,
                 src_addr: B,
@@ -136,14 +178,18 @@ fuzz_target!(|data: &[u8]| {
     cfg.send_buffer = 256 << 10;
     cfg.recv_buffer = 256 << 10;
     let mpa = cfg.tx_mode == TxMode::Records;
+    cfg.rdma_option = !mpa && knobs & 0x10 != 0;
 
     let mut buf = vec![0u8; 2048];
     let mut now = Instant::from_millis(1);
     let mut conn = start(kind, &cfg, now, &mut buf);
     let t = conn.four_tuple();
     let mut payload = vec![0u8; 1600];
-    // Octets read so far (`recv`).
+    // Octets read so far (`recv` and placed ranges), the placed ranges, the posted buffers'
+    // sizes by RID.
     let mut read: u64 = 0;
+    let mut placed: Vec<RdmaPlaced> = Vec::new();
+    let mut posted: [Option<usize>; RIDS as usize] = [None; RIDS as usize];
     let mut passed = RangeSet::new(1 << 16);
     let mut last_rcv = conn.rcv_nxt_offset();
 
@@ -174,6 +220,21 @@ fuzz_target!(|data: &[u8]| {
                     options.mss = Some(input.u16());
                     options.window_scale = Some(input.u8() % 16);
                     options.sack_permitted = true;
+                }
+                if cfg.rdma_option && opt & 0x40 != 0 {
+                    let bits = input.u8();
+                    let total = input.u16();
+                    options.rdma = Some(RdmaOption::Transfer(RdmaTransfer {
+                        flags: RdmaFlags {
+                            aligned: bits & 1 != 0,
+                            unsolicited: bits & 2 != 0,
+                        },
+                        rid: Rid::new(u64::from(bits >> 2) % RIDS).expect("small RID"),
+                        buffer_offset: u32::from(input.u16()) >> (bits >> 4),
+                        data_offset: input.u16() % (len as u16 + 1),
+                        data_length: input.u16() % (len as u16 + 1),
+                        total_length: (bits & 0x80 != 0).then_some(u32::from(total)),
+                    }));
                 }
                 let seq = conn.rcv_nxt().wrapping_add(seq_off as u32);
                 // A SYN takes the first sequence number; data starts after it.
@@ -276,19 +337,26 @@ fuzz_target!(|data: &[u8]| {
             }
             6 => match input.u8() % 8 {
                 0 => conn.abort(),
-                1..=3 => conn.close(),
+                1..=2 => conn.close(),
+                3 if cfg.rdma_option => {
+                    let what = input.u8();
+                    let rid = u64::from(what) % RIDS;
+                    let size = [0, 100, 1500, 9000][usize::from(what >> 2) % 4];
+                    if posted[rid as usize].is_none() {
+                        let r = Rid::new(rid).expect("small RID");
+                        if conn
+                            .post_rdma_buffer(r, vec![UNTOUCHED; size], what & 0x10 != 0)
+                            .is_ok()
+                        {
+                            posted[rid as usize] = Some(size);
+                        }
+                    }
+                }
                 _ => conn.set_path_mtu(input.u16()),
             },
             _ => {
                 conn.set_receive_window(u64::from(input.u32() >> (input.u8() % 32)));
-                let mut sink = [0u8; 4096];
-                let n = conn.recv(&mut sink);
-                let start = conn.rcv_stream_start();
-                for (k, &b) in sink[..n].iter().enumerate() {
-                    let seq = start.wrapping_add((read + k as u64) as u32);
-                    assert_eq!(b, octet_at(seq), "read octet {} is not the one sent", read);
-                }
-                read += n as u64;
+                read_all(&mut conn, &mut read, &mut placed);
             }
         }
         let mut emitted = 0;
@@ -308,6 +376,26 @@ fuzz_target!(|data: &[u8]| {
             if conn.poll_event().is_none() {
                 break;
             }
+        }
+    }
+    // What was placed holds the octets of its stream offsets, inside its buffer.
+    read_all(&mut conn, &mut read, &mut placed);
+    let start = conn.rcv_stream_start();
+    let mut buffers: Vec<Option<Vec<u8>>> = (0..RIDS)
+        .map(|rid| conn.take_rdma_buffer(Rid::new(rid).expect("small RID")))
+        .collect();
+    for p in &placed {
+        let rid = p.rid.get();
+        let buf = buffers
+            .get_mut(rid as usize)
+            .and_then(Option::as_mut)
+            .expect("placed into a buffer not posted");
+        let at = p.buffer_offset as usize;
+        let end = at + p.len as usize;
+        assert!(end <= buf.len(), "placed past the buffer's end");
+        for (k, b) in buf[at..end].iter().enumerate() {
+            let seq = start.wrapping_add((p.stream_offset + k as u64) as u32);
+            assert_eq!(*b, octet_at(seq), "a placed octet is not the one sent there");
         }
     }
 });
