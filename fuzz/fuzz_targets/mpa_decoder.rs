@@ -18,9 +18,16 @@
 //! locator: FPDUs lie inside the segment; nothing is located without CRC and Markers; from a
 //! known boundary in a stream of valid FPDUs every FPDU that is whole in the segment is found.
 //! Nothing may panic.
+//!
+//! The receiver's one-pass path is checked against this: every piece (every segment) is also
+//! given, with the CRC of all of it but its last four octets, to a second decoder (locator),
+//! which must hand up (find) exactly what the first did; and, with that CRC altered, to a
+//! third, which must hand up a prefix of it (find only FPDUs that pass the independent check):
+//! a CRC the caller gives may save a read, never let an FPDU through (`feed_spans_with_crc`,
+//! `locate_from_with_crc`).
 #![no_main]
 
-use iwarp_fuzz::{ref_fpdu, Input, Rng};
+use iwarp_fuzz::{crc32c, ref_fpdu, Input, Rng};
 use libfuzzer_sys::fuzz_target;
 use mpa::{fpdu_end, FpduDecoder, FpduEncoder, FpduLocator, FpduSpan};
 
@@ -190,12 +197,28 @@ fuzz_target!(|data: &[u8]| {
     dec.set_max_ulpdu(max_ulpdu);
     let mut handed: Vec<(FpduSpan, Vec<u8>)> = Vec::new();
     let mut error = None;
+    // The same pieces with the caller's CRC of each: right, and altered.
+    let flip = (cut_seed as u32) | 1;
+    let mut dec_told = FpduDecoder::with_position(crc, markers, start);
+    dec_told.set_max_ulpdu(max_ulpdu);
+    let mut dec_wrong = FpduDecoder::with_position(crc, markers, start);
+    dec_wrong.set_max_ulpdu(max_ulpdu);
+    let mut handed_told: Vec<(FpduSpan, Vec<u8>)> = Vec::new();
+    let mut handed_wrong: Vec<(FpduSpan, Vec<u8>)> = Vec::new();
     let mut at = 0;
     while at < stream.len() {
         let n = (1 + rng.below(max_piece) as usize).min(stream.len() - at);
         let piece = &stream[at..at + n];
         let before = handed.len();
+        let told = (n >= 4).then(|| crc32c(&piece[..n - 4]));
+        let told_result = dec_told.feed_spans_with_crc(piece, told, |span, ulpdu| {
+            handed_told.push((span, ulpdu.to_vec()))
+        });
+        let _ = dec_wrong.feed_spans_with_crc(piece, told.map(|c| c ^ flip), |span, ulpdu| {
+            handed_wrong.push((span, ulpdu.to_vec()))
+        });
         let result = dec.feed_spans(piece, |span, ulpdu| handed.push((span, ulpdu.to_vec())));
+        assert_eq!(told_result, result, "the told CRC changed the outcome");
         match (&error, result) {
             (None, Ok(())) => {
                 assert_eq!(dec.stream_position(), base + (at + n) as u64);
@@ -215,6 +238,14 @@ fuzz_target!(|data: &[u8]| {
         }
         at += n;
     }
+    assert_eq!(
+        handed_told, handed,
+        "the told CRC changed what was handed up"
+    );
+    assert!(
+        handed_wrong.len() <= handed.len() && handed_wrong[..] == handed[..handed_wrong.len()],
+        "a wrong told CRC let something else through"
+    );
     let mut expect_start = base;
     for (span, ulpdu) in &handed {
         let at_marker = markers && expect_start.is_multiple_of(512);
@@ -261,6 +292,8 @@ fuzz_target!(|data: &[u8]| {
 
     // Out of order: windows of the stream as single segments.
     let mut loc = FpduLocator::new(crc, markers);
+    let mut loc_told = FpduLocator::new(crc, markers);
+    let mut loc_wrong = FpduLocator::new(crc, markers);
     for _ in 0..rng.below(12) {
         if stream.is_empty() {
             break;
@@ -282,6 +315,23 @@ fuzz_target!(|data: &[u8]| {
         let seg = &stream[a..b];
         let pos = base + a as u64;
         let end = base + b as u64;
+        let told = (seg.len() >= 4).then(|| crc32c(&seg[..seg.len() - 4]));
+        let mut found_told: Vec<FpduSpan> = Vec::new();
+        let covered_told =
+            loc_told.locate_from_with_crc(seg, pos, known, told, |span, _| found_told.push(span));
+        let _ = loc_wrong.locate_from_with_crc(
+            seg,
+            pos,
+            known,
+            told.map(|c| c ^ flip),
+            |span, ulpdu| {
+                assert!(
+                    span.start >= pos && span.end <= end,
+                    "located outside the segment"
+                );
+                check_handed(&stream, base, pos, false, crc, markers, span, ulpdu);
+            },
+        );
         let mut found: Vec<FpduSpan> = Vec::new();
         let covered = loc.locate_from(seg, pos, known, |span, ulpdu| {
             assert!(
@@ -291,6 +341,11 @@ fuzz_target!(|data: &[u8]| {
             check_handed(&stream, base, pos, false, crc, markers, span, ulpdu);
             found.push(span);
         });
+        assert_eq!(
+            (&found_told, covered_told),
+            (&found, covered),
+            "the told CRC changed what was located"
+        );
         if !crc && !markers {
             assert!(
                 found.is_empty() && covered.is_none(),
