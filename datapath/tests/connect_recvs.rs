@@ -293,7 +293,7 @@ fn engine_stopped_under_a_pending_connect_leaves_no_completions() {
         let l = std::net::TcpListener::bind(SocketAddr::from((ADDR_B, PORT)))
             .map_err(|e| e.to_string())?;
         let _ = ready.send(());
-        let (_s, _) = l.accept().map_err(|e| e.to_string())?;
+        let _s = common::accept_within(&l, WAIT).map_err(|e| e.to_string())?;
         let _ = done_rx.recv_timeout(WAIT);
         Ok(())
     };

@@ -4,6 +4,8 @@
 //! which carries kernel TCP again at once. Needs root and the veth bed (`SKIPPED` without, a
 //! failure under `CI=true`).
 
+mod common;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::mpsc;
@@ -141,8 +143,7 @@ fn an_engine_thread_panic_flushes_every_queue_pair_and_releases_xdp() {
             return Err("XDP still attached after the failure".into());
         }
         go_tx.send(()).map_err(|_| "peer gone")?;
-        kernel.set_nonblocking(false).map_err(|e| e.to_string())?;
-        let _ = kernel.accept().map_err(|e| format!("kernel accept: {e}"))?;
+        let _ = common::accept_within(&kernel, WAIT).map_err(|e| format!("kernel accept: {e}"))?;
         drop(conn);
         drop(engine);
         Ok(())

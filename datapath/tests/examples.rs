@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// An example binary built by this `cargo test` (target/<profile>/examples/NAME).
@@ -57,12 +58,20 @@ fn run_pair(client_args: &[&str]) -> (String, String) {
             .spawn()
             .expect("start the server example"),
     );
-    let mut first = String::new();
+    // The server's lines, read on a thread so that every wait for them is bounded.
     let stdout = server.0.stdout.take().expect("server stdout");
-    let mut reader = BufReader::new(stdout);
-    reader
-        .read_line(&mut first)
-        .expect("the server's first line");
+    let (line_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if line_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server's first line within a minute");
     let addr = first
         .trim()
         .strip_prefix("listening on ")
@@ -77,10 +86,13 @@ fn run_pair(client_args: &[&str]) -> (String, String) {
             .expect("start the client example"),
     );
     let (client_ok, client_out) = finish(client, "client");
-    // The rest of the server's output.
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut reader, &mut rest).expect("server output");
     let (server_ok, _) = finish(server, "server");
+    // The rest of the server's output: its stdout is closed now that it exited.
+    let mut rest = String::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        rest.push_str(&line);
+        rest.push('\n');
+    }
     assert!(client_ok, "client failed: {client_out}");
     assert!(server_ok, "server failed: {rest}");
     (client_out, rest)

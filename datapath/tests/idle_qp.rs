@@ -725,7 +725,7 @@ fn replying_with_two_sends(
     done: mpsc::Receiver<()>,
 ) -> Result<(), String> {
     use std::io::Write;
-    let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+    let mut s = common::accept_within(&listener, common::WAIT).map_err(|e| e.to_string())?;
     let mut responder = common::read_mpa_request(&mut s)?;
     let (mut out, negotiated) = responder.accept(&[]).map_err(|e| e.to_string())?;
     let mut encoder = negotiated.encoder();

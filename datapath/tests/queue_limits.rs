@@ -50,7 +50,7 @@ fn silent_responder(
 ) -> Result<(), String> {
     let l = TcpListener::bind(addr).map_err(|e| e.to_string())?;
     let _ = ready.send(l.local_addr().map_err(|e| e.to_string())?);
-    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut s = common::accept_within(&l, WAIT).map_err(|e| e.to_string())?;
     let mut responder = common::read_mpa_request(&mut s)?;
     let (reply, _) = responder.accept(&[]).map_err(|e| e.to_string())?;
     s.write_all(&reply).map_err(|e| e.to_string())?;
@@ -127,8 +127,9 @@ fn engine_send_queue_full_fails_the_post() {
     });
     let ours = ours.join();
     let _ = done_tx.send(());
-    let _ = peer.join();
+    let peer = peer.join();
     ours.expect("our side");
+    peer.expect("the peer thread").expect("the peer");
 }
 
 /// The receiver, accepted with `DEPTH` receives posted: they count (one more is refused).

@@ -8,6 +8,8 @@
 //! queue pair fails before the peer's first FPDU closes at once, sending no Terminate.
 //! Needs root and the veth bed (`SKIPPED` without, a failure under `CI=true`).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -599,7 +601,7 @@ fn connect_to_raw_peer(
     let peer = spawn_in_ns(NS_B, move || -> Result<(), String> {
         let l = TcpListener::bind(SocketAddr::from((ADDR_B, port))).map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
-        let (s, _) = l.accept().map_err(|e| e.to_string())?;
+        let s = common::accept_within(&l, WAIT).map_err(|e| e.to_string())?;
         peer(s)
     });
     ready_rx.recv_timeout(WAIT).expect("peer ready");

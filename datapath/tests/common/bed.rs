@@ -253,16 +253,25 @@ pub fn against<T: Send + 'static>(
     setup: Duration,
 ) -> T {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let srv = std::thread::spawn(move || server(ready_tx));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let srv = std::thread::spawn(move || {
+        let _ = done_tx.send(server(ready_tx));
+    });
     if ready_rx.recv_timeout(setup).is_err() {
         let r = srv.join();
         panic!("server did not start: {r:?}");
     }
     let cli = std::thread::spawn(client);
-    let c = cli.join().expect("client thread");
-    let s = srv.join().expect("server thread");
-    let c = c.unwrap_or_else(|e| panic!("client: {e}"));
-    s.unwrap_or_else(|e| panic!("server: {e}"));
+    // The client's error first: a server waiting for a client that failed before connecting
+    // would otherwise hold the test.
+    let c = cli
+        .join()
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    match done_rx.recv_timeout(setup + crate::common::WAIT) {
+        Ok(s) => s.unwrap_or_else(|e| panic!("server: {e}")),
+        Err(_) => panic!("the server did not finish (or panicked) after the client did"),
+    }
     c
 }
 

@@ -22,6 +22,32 @@ use datapath::{
 /// an engine). Generous because the machine is shared, but finite so nothing can hang CI.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// The next connection `listener` takes, waiting at most `within`: a test whose other side
+/// failed before connecting fails with a timeout instead of waiting for ever. The listener is
+/// left non-blocking; the stream is blocking.
+pub fn accept_within(listener: &TcpListener, within: Duration) -> std::io::Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + within;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection within {within:?}"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// What is left until `deadline` (at least a millisecond, so a wait still looks once): the
 /// share of a session's deadline the next wait gets.
 pub fn left(deadline: Instant) -> Duration {
@@ -403,21 +429,9 @@ impl Relay {
         });
         let sh = shared.clone();
         let acceptor = std::thread::spawn(move || {
-            listener.set_nonblocking(true).unwrap();
-            let deadline = Instant::now() + WAIT;
-            let client = loop {
-                match listener.accept() {
-                    Ok((s, _)) => break s,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err(e) => panic!("relay accept: {e}"),
-                }
+            let Ok(client) = accept_within(&listener, WAIT) else {
+                return;
             };
-            client.set_nonblocking(false).unwrap();
             let server = TcpStream::connect_timeout(&server, WAIT).unwrap();
             client.set_nodelay(true).unwrap();
             server.set_nodelay(true).unwrap();

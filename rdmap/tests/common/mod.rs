@@ -168,13 +168,14 @@ impl Pair {
 
     /// Runs both directions one ULPDU at a time, alternating.
     pub fn pump_alternating(&mut self) {
-        loop {
+        for _ in 0..10_000_000 {
             let a = self.step(Side::A);
             let b = self.step(Side::B);
             if !a && !b {
                 return;
             }
         }
+        panic!("pump_alternating did not settle");
     }
 
     pub fn sent_by(&self, side: Side) -> impl Iterator<Item = &Transfer> {
