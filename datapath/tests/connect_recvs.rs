@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use common::{bed, next_wc, p2p, send_wr, Side, WAIT};
 use datapath::{
     Access, CmEvent, CmEventChannel, ConnectParams, ConnectRequest, Connection, DatapathError,
-    Device, MemoryRegion, RdmapError, RecvWr, SharedReceiveQueue, Transport, WcOpcode, WcStatus,
+    Device, MemoryRegion, QpError, RdmapError, RecvWr, SharedReceiveQueue, Transport, WcOpcode,
+    WcStatus,
 };
 use testbed::{bed_or_skip, ADDR_B};
 
@@ -156,12 +157,18 @@ fn socket_receive_posted_after_the_connect_can_be_too_late() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let st = conn.qp.status();
+    // RFC 5041 7.2: a DDP untagged error, "MSN has no buffer available" (code 2).
+    let no_buffer = matches!(
+        st.error,
+        Some(QpError::LocalTerminate(t)) if (t.layer, t.etype, t.code) == (1, 2, 2)
+    );
     assert!(
-        st.error.is_some(),
-        "a Send with no receive posted must end the connection: {st:?}"
+        no_buffer,
+        "a Send with no receive posted must end the connection with DDP's no-buffer \
+         Terminate: {st:?}"
     );
     let _ = done.send(());
-    let _ = server.join();
+    server.join().expect("server thread").expect("server");
 }
 
 /// Receives the connect cannot post fail it before the peer sees a connection: more than the

@@ -232,9 +232,6 @@ fn corrupted_fpdu_with_crc_places_nothing_and_terminates() {
     );
 }
 
-/// The same corruption with CRCs off on both sides goes undetected: the Write is placed with
-/// exactly that one octet changed (at payload offset 1000 - 2 - 14), which shows the relay hits
-/// the payload and that the CRC is what catches it above.
 /// RFC 6581 9.2 over kernel TCP: a peer-to-peer client that can send no RTR kind the server
 /// supports fails its connect with code 7, and the server's queue pair (accepted, offering
 /// the kinds it supports) receives the client's Terminate (Layer 2, EType 0, code 7) and
@@ -331,6 +328,9 @@ fn a_peer_to_peer_client_that_never_sends_its_rtr_is_cut_off() {
     );
 }
 
+/// The same corruption with CRCs off on both sides goes undetected: the Write is placed with
+/// exactly that one octet changed (at payload offset 1000 - 2 - 14), which shows the relay hits
+/// the payload and that the CRC is what catches it above.
 #[test]
 fn corrupted_fpdu_without_crc_is_placed_as_received() {
     const LEN: usize = 65_536;

@@ -86,16 +86,23 @@ fn a_region_registered_just_before_a_post_is_found() {
                     fence: false,
                 })?;
             }
-            let mr = pd
-                .register_buffer(vec![round as u8; 4096], Access::LOCAL_WRITE)
+            // The Write's source and the Read's sink, registered just before the post: the
+            // Read brings back what the Write put there (it follows it on the stream).
+            let fill = (round % 255) as u8 + 1;
+            let src = pd
+                .register_buffer(vec![fill; 4096], Access::LOCAL_WRITE)
                 .map_err(|e| e.to_string())?;
-            for (wr_id, op) in [
+            let sink = pd
+                .register_buffer(vec![0u8; 4096], Access::LOCAL_WRITE)
+                .map_err(|e| e.to_string())?;
+            for (wr_id, op, mr) in [
                 (
                     round * 2,
                     SendOp::Write {
                         remote_stag: stag,
                         remote_to: to,
                     },
+                    &src,
                 ),
                 (
                     round * 2 + 1,
@@ -103,6 +110,7 @@ fn a_region_registered_just_before_a_post_is_found() {
                         remote_stag: stag,
                         remote_to: to,
                     },
+                    &sink,
                 ),
             ] {
                 post(SendWr {
@@ -113,11 +121,24 @@ fn a_region_registered_just_before_a_post_is_found() {
                     fence: false,
                 })?;
             }
+            let mut done = Vec::new();
             for _ in 0..2 {
                 let c = cq.wait(WAIT).ok_or("no completion")?;
                 if c.wc.status != WcStatus::Success {
                     return Err(format!("round {round}: {c:?}"));
                 }
+                done.push(c.wc.wr_id);
+            }
+            done.sort_unstable();
+            if done != [round * 2, round * 2 + 1] {
+                return Err(format!("round {round}: completions {done:?}"));
+            }
+            let mut got = vec![0u8; 4096];
+            sink.read(0, &mut got);
+            if got.iter().any(|&b| b != fill) {
+                return Err(format!(
+                    "round {round}: the Read brought back something else"
+                ));
             }
         }
         drop(conn);
