@@ -1390,7 +1390,7 @@ mod tests {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "mlock refused under CI"
             );
-            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+            testbed::skipped("mlock refused (not root, small RLIMIT_MEMLOCK)");
             return;
         }
         let start = buffer.addr() as usize;
@@ -1790,7 +1790,7 @@ mod tests {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "mlock refused under CI"
             );
-            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+            testbed::skipped("mlock refused (not root, small RLIMIT_MEMLOCK)");
         } else {
             assert!((0..4).all(|i| page_locked(base + i * P)));
             drop(a);
@@ -1842,7 +1842,7 @@ mod tests {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "mlock refused under CI"
             );
-            println!("SKIPPED: mlock refused (not root, small RLIMIT_MEMLOCK)");
+            testbed::skipped("mlock refused (not root, small RLIMIT_MEMLOCK)");
         } else {
             assert!(page_locked(base) && page_locked(base + P));
             // What a transport's table holds.

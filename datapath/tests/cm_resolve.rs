@@ -82,7 +82,7 @@ fn socket_transport_resolves_from_a_source_address() {
             !testbed::ci(),
             "net.ipv4.ip_nonlocal_bind is set: the foreign-source refusal cannot be tested"
         );
-        println!("SKIPPED the foreign source: net.ipv4.ip_nonlocal_bind is set");
+        testbed::skipped("the foreign source: net.ipv4.ip_nonlocal_bind is set");
     } else {
         let foreign: SocketAddr = "192.0.2.1:0".parse().expect("addr");
         match device.resolve_addr_from(foreign, peer, &ch, 2) {

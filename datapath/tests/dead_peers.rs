@@ -265,7 +265,8 @@ fn engine_start_disconnect_with_a_vanished_peer_returns_at_once() {
     let (took, finished, statuses) = end_with_a_vanished_peer(start);
     println!("start_disconnect took {took:?}, finished {finished}, completions {statuses:?}");
     assert!(!finished, "the close cannot have finished");
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Not the 10 s a graceful close waits.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(statuses.is_empty(), "{statuses:?}");
 }
 

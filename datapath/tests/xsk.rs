@@ -756,7 +756,7 @@ fn huge_page_umems_are_given_back_when_their_socket_closes() {
     if meminfo("Hugepagesize") != "2048 kB" {
         let why = "the default huge page size is not 2 MiB";
         assert!(!testbed::ci(), "{why} (CI=true, so this fails)");
-        println!("SKIPPED: {why}");
+        testbed::skipped(why);
         return;
     }
     let _reserved = HugePageReservation::more(8);

@@ -38,6 +38,14 @@ pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
+/// Says a test is skipped and why: `SKIPPED: <why>` on standard error, written past the test
+/// harness's capture of `print!` and `eprint!` (which drops a passing test's output), so that
+/// the line reaches the run's log and `scripts/test.sh` counts it.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+}
+
 /// True when the effective user is root (read from `/proc/self/status`).
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -159,7 +167,7 @@ macro_rules! bed_or_skip {
                 if $crate::ci() {
                     panic!("test bed unavailable (CI=true, so this fails): {why}");
                 }
-                println!("SKIPPED: {why}");
+                $crate::skipped(&why);
                 return;
             }
         }
@@ -223,7 +231,7 @@ macro_rules! relay_bed_or_skip {
                 if $crate::ci() {
                     panic!("relay bed unavailable (CI=true, so this fails): {why}");
                 }
-                println!("SKIPPED: {why}");
+                $crate::skipped(&why);
                 return;
             }
         }

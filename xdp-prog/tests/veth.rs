@@ -288,7 +288,8 @@ fn b_unsteered_port_gets_kernel_rst() {
             r.expect_err("nobody listens").kind(),
             io::ErrorKind::ConnectionRefused
         );
-        assert!(took < Duration::from_millis(500), "refusal took {took:?}");
+        // Refused, not timed out (3 s): well within the connect's timeout.
+        assert!(took < Duration::from_secs(2), "refusal took {took:?}");
         assert!(tcp_out_rsts() > rsts_before, "no RST counted in iwa");
         let d = prog.counters().expect("counters").since(&before);
         assert!(d.passed >= 1 && d.redirected == 0, "{d:?}");
@@ -835,13 +836,24 @@ fn i_a_steered_segment_goes_to_the_ring_whatever_its_data_offset() {
             short.truncate(DOFF);
             let before = prog.counters().expect("counters");
             in_ns(NS_B, || send_raw_frame(DEV_B, &long));
-            thread::sleep(Duration::from_millis(100));
-            let d = prog.counters().expect("counters").since(&before);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut d = prog.counters().expect("counters").since(&before);
+            while d.redirected == 0 && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+                d = prog.counters().expect("counters").since(&before);
+            }
             println!("frags {frags}: data offset 60 in a 20-octet header: {d:?}");
             assert_eq!(d.redirected, 1, "{d:?}");
             let before = prog.counters().expect("counters");
             in_ns(NS_B, || send_raw_frame(DEV_B, &short));
-            thread::sleep(Duration::from_millis(100));
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut d = prog.counters().expect("counters").since(&before);
+            while d.passed == 0 && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+                d = prog.counters().expect("counters").since(&before);
+            }
+            // A redirect of it would have come before or with the pass.
+            thread::sleep(Duration::from_millis(20));
             let d = prog.counters().expect("counters").since(&before);
             println!("frags {frags}: 12 octets of TCP header: {d:?}");
             assert_eq!(d.redirected, 0, "{d:?}");

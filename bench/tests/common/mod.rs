@@ -190,7 +190,7 @@ pub fn require(ok: bool, why: &str) -> bool {
     if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
         panic!("CI=true but {why}");
     }
-    eprintln!("SKIPPED: {why}");
+    testbed::skipped(why);
     false
 }
 

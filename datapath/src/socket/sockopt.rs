@@ -52,7 +52,7 @@ mod tests {
             // A kernel without IPv6 has no such socket to set: said, and a failure in CI.
             Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
                 assert!(!testbed::ci(), "no IPv6 in CI: {e}");
-                eprintln!("SKIPPED: no IPv6 socket ({e})");
+                testbed::skipped(&format!("no IPv6 socket ({e})"));
                 return;
             }
             Err(e) => panic!("an IPv6 socket: {e}"),

@@ -108,12 +108,28 @@ mod tests {
     fn expires_once_after_its_time_unless_pushed() {
         let w = Watchdog::new().expect("timerfd");
         assert!(!w.take_expiry(), "a new watchdog has expired");
-        w.arm(Duration::from_millis(300)).expect("arm");
-        // Pushed forward three times before it could expire: it has not.
-        for _ in 0..3 {
-            std::thread::sleep(Duration::from_millis(20));
-            w.arm(Duration::from_millis(300)).expect("push");
+        // Pushed forward every 50 ms for 300 ms, longer than the 200 ms it is armed for: it
+        // has not expired. (A push that came too late, this thread preempted on a loaded
+        // machine, spoils the try: tried again.)
+        const ARMED: Duration = Duration::from_millis(200);
+        let mut pushed_in_time = false;
+        for _ in 0..5 {
+            w.arm(ARMED).expect("arm");
+            let mut last = std::time::Instant::now();
+            pushed_in_time = (0..6).all(|_| {
+                std::thread::sleep(Duration::from_millis(50));
+                let late = last.elapsed() >= ARMED * 3 / 4;
+                w.arm(ARMED).expect("push");
+                last = std::time::Instant::now();
+                !late
+            });
+            if pushed_in_time {
+                break;
+            }
+            let _ = readable(&w, Duration::from_secs(5));
+            let _ = w.take_expiry();
         }
+        assert!(pushed_in_time, "no try pushed the watchdog in time");
         assert!(!w.take_expiry(), "expired although pushed forward in time");
         assert!(
             readable(&w, Duration::from_secs(5)),
