@@ -141,7 +141,7 @@ fn case(engine: bool, writing: bool) -> (Option<QpError>, Duration) {
     let result = ours.join().expect("our side");
     link(NS_B, DEV_B, true);
     let _ = done_tx.send(());
-    let _ = srv.join();
+    srv.join().expect("the peer's thread").expect("the peer");
     result
 }
 
@@ -232,8 +232,10 @@ fn end_with_a_vanished_peer(end: fn(&QueuePair)) -> (Duration, bool, Vec<WcStatu
     let result = ours.join();
     link(NS_B, DEV_B, true);
     let _ = done_tx.send(());
-    let _ = srv.join();
-    result.expect("our side")
+    let peer = srv.join();
+    let result = result.expect("our side");
+    peer.expect("the peer's thread").expect("the peer");
+    result
 }
 
 /// The application disconnects from a peer that vanished with Writes in flight, on a

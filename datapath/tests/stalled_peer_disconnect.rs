@@ -27,24 +27,30 @@ const DISCONNECT_BOUND: Duration = Duration::from_secs(14);
 
 /// A peer that completes the MPA exchange as Responder and then never reads: its socket stays
 /// open until `stop` says (or is dropped).
-fn silent_responder(stop: mpsc::Receiver<()>) -> (SocketAddr, std::thread::JoinHandle<()>) {
+fn silent_responder(
+    stop: mpsc::Receiver<()>,
+) -> (SocketAddr, std::thread::JoinHandle<Result<(), String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
     (addr, silent_on(listener, stop))
 }
 
 /// [`silent_responder`] on `listener`, on a thread of its own.
-fn silent_on(listener: TcpListener, stop: mpsc::Receiver<()>) -> std::thread::JoinHandle<()> {
+fn silent_on(
+    listener: TcpListener,
+    stop: mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<Result<(), String>> {
     // Inherited by the accepted socket: a small window, filled at once.
     socket2::SockRef::from(&listener)
         .set_recv_buffer_size(16 * 1024)
         .expect("SO_RCVBUF");
     std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().expect("accept");
-        let s = answer_request(&mut s).map(|()| s);
+        let mut s = common::accept_within(&listener, WAIT).map_err(|e| e.to_string())?;
+        answer_request(&mut s)?;
         // Holds the connection without reading until the test is done with it.
         let _ = stop.recv_timeout(Duration::from_secs(60));
         drop(s);
+        Ok(())
     })
 }
 
@@ -161,7 +167,7 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     assert!(elapsed <= DISCONNECT_BOUND, "disconnect took {elapsed:?}");
     assert!(status.finished, "{status:?}");
     let _ = stop_tx.send(());
-    peer.join().expect("the peer's thread");
+    peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// `start_disconnect` (`rdma_disconnect`, which does not wait) behind a peer that stopped
@@ -186,7 +192,7 @@ fn a_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
     println!("ended {ended} after {took:?}: {status:?}");
     assert!(ended, "the started close never ended: {status:?}");
     drop(conn);
-    peer.join().expect("the peer's thread");
+    peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// The same on the AF_XDP engine (the veth bed, root; `SKIPPED` without it, a failure under
@@ -216,7 +222,7 @@ fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time(
     let (ended, took, status) = outcome;
     println!("ended {ended} after {took:?}: {status:?}");
     assert!(ended, "the started close never ended: {status:?}");
-    peer.join().expect("the peer's thread");
+    peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// An engine connection closed gracefully (the peer reads to the end and closes too) waits in
