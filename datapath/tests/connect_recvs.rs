@@ -294,13 +294,16 @@ fn engine_stopped_under_a_pending_connect_leaves_no_completions() {
     let _bed = bed_or_skip!();
     const PORT: u16 = 19_665;
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (request_tx, request_rx) = mpsc::channel::<()>();
     // A peer that takes the TCP connection and the MPA Request and never replies.
     let server = move |ready: mpsc::Sender<()>| -> Result<(), String> {
         testbed::enter_ns(testbed::NS_B).map_err(|e| e.to_string())?;
         let l = std::net::TcpListener::bind(SocketAddr::from((ADDR_B, PORT)))
             .map_err(|e| e.to_string())?;
         let _ = ready.send(());
-        let _s = common::accept_within(&l, WAIT).map_err(|e| e.to_string())?;
+        let mut s = common::accept_within(&l, WAIT).map_err(|e| e.to_string())?;
+        let _request = common::read_mpa_request(&mut s)?;
+        let _ = request_tx.send(());
         let _ = done_rx.recv_timeout(WAIT);
         Ok(())
     };
@@ -328,8 +331,10 @@ fn engine_stopped_under_a_pending_connect_leaves_no_completions() {
                     4,
                 )
                 .map_err(|e| e.to_string())?;
-            // The Request is out and unanswered; stop the engine under it.
-            std::thread::sleep(Duration::from_millis(300));
+            // The Request is out (the peer has it) and unanswered; stop the engine under it.
+            request_rx
+                .recv_timeout(WAIT)
+                .map_err(|_| "the peer never got the Request")?;
             drop(device);
             match channel.wait_event(WAIT) {
                 Some(CmEvent::ConnectError { context: 4, .. }) => {}
