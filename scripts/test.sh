@@ -71,8 +71,8 @@ left_out() {
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   disk "before fuzz"
-  # Eleven targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
-  # (80 s idle, 112 s beside other builds): 3.6 to 4.2 minutes on CI's 2 cores. fuzz.sh prints
+  # Twelve targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
+  # (80 s idle, 112 s beside other builds): 3.9 to 4.5 minutes on CI's 2 cores. fuzz.sh prints
   # the total.
   echo "== fuzz (every target, bounded; libFuzzer's log in target/fuzz-output.txt)"
   if ! FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh >target/fuzz-output.txt 2>&1; then

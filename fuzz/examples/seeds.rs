@@ -6,8 +6,11 @@
 use std::fs;
 use std::path::Path;
 
-use iwarp_fuzz::{untagged_header, Seed};
+use ift::wire::{IndicationRepr, Phase as IftPhase};
+use ift::{FrameEncoder, FrameFormat};
+use iwarp_fuzz::{tagged_header, untagged_header, Seed};
 use mpa::wire::{EnhancedParams, FrameKind, MpaFrameRepr};
+use mpa::FpduEncoder;
 
 fn write(target: &str, name: &str, seed: &Seed) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -402,10 +405,480 @@ fn iwarp_conn() {
     }
 }
 
+/// `iwarp_startup`'s peer Request or Reply: C, M, R, the RFC 6581 block (S) with IRD and
+/// ORD picks (`depth`: 3 is 4, 5 is 16, 6 is 0x3FFF) and A with RTR kinds (bits Send 1,
+/// Write 2, Read 4), the target's revision, private data of `2 * pd2` octets, no octet
+/// changed, then the framing of what follows as the startup agrees (no flips).
+struct PeerFrame {
+    crc: bool,
+    markers: bool,
+    reject: bool,
+    /// (IRD pick, ORD pick, A, RTR kinds).
+    block: Option<(u8, u8, bool, u8)>,
+    /// Rev 1 (else the target's).
+    rev1: bool,
+    pd2: u8,
+}
+
+impl PeerFrame {
+    fn write(&self, s: &mut Seed) {
+        let mut f = 0u8;
+        if self.markers {
+            f |= 2;
+        }
+        if self.crc {
+            f |= 4;
+        }
+        if self.reject {
+            f |= 8;
+        }
+        if let Some((_, _, a, _)) = self.block {
+            f |= 16;
+            if a {
+                f |= 32;
+            }
+        }
+        if self.rev1 {
+            f |= 1 << 6;
+        }
+        s.u8(f);
+        if let Some((ird, ord, _, rtr)) = self.block {
+            s.u8(ird).u8(ord).u8(rtr);
+        }
+        s.u8(self.pd2).u8(0x5a); // private data length / 2, fill
+        s.u8(0); // no octet changed
+        s.u8(0); // framing as agreed
+    }
+}
+
+/// `iwarp_startup` knobs: k1 (side, IFT, Rev 1, C, M, peer-to-peer, transmit mode, digest),
+/// k2 (IRD, ORD picks, RTR kinds, the last handshake ACK left out), k3 (reassembly room,
+/// Responder not waiting, short deadlines, what the application does with a Request), k4
+/// (the IFT config).
+#[derive(Clone, Copy, Default)]
+struct StartupKnobs {
+    initiator: bool,
+    ift: bool,
+    rev1: bool,
+    crc: bool,
+    markers: bool,
+    p2p: bool,
+    source: bool,
+    digest: bool,
+    skip_last_ack: bool,
+    /// 0: the input's steps answer a Request; 1: accept at once; 2: reject at once.
+    on_request: u8,
+    /// IFT: header CRC, payload CRC (both checked, speculative placement allowed).
+    hc: bool,
+    pc: bool,
+}
+
+impl StartupKnobs {
+    fn write(&self, s: &mut Seed) {
+        let bit = |b: bool, v: u8| if b { v } else { 0 };
+        let k1 = bit(self.initiator, 1)
+            | bit(self.ift, 2)
+            | bit(self.rev1, 4)
+            | bit(self.crc, 8)
+            | bit(self.markers, 16)
+            | bit(self.p2p, 32)
+            | bit(self.source, 64)
+            | bit(self.digest, 128);
+        // IRD pick 5 (16), ORD pick 2 (2), every RTR kind.
+        let k2 = 0x05 | bit(self.skip_last_ack, 128);
+        // 16 KiB of reassembly room.
+        let k3 = 1 | self.on_request << 6;
+        let k4 = bit(self.hc, 2) | bit(self.pc, 4);
+        s.u8(k1).u8(k2).u8(k3).u8(k4);
+    }
+}
+
+/// One in-order segment of `len` octets from the cursor (PSH).
+fn in_order(s: &mut Seed, len: u16) {
+    s.u8(6).u8(1).u16(len - 1);
+}
+
+/// A segment of whole FPDUs (or IFT frames), the `j`-th to the `j + k`-th (`k` at most 3);
+/// `j` 255: the startup frame.
+fn aligned(s: &mut Seed, j: u8, k: u8) {
+    s.u8(7).u8(1).u8(j).u8(k);
+}
+
+/// Octets of the FPDUs of ULPDUs of these lengths from SeqStart on (RFC 5044 4: header, PAD,
+/// CRC, Markers).
+fn fpdus_len(markers: bool, ulpdus: &[usize]) -> usize {
+    let mut enc = FpduEncoder::new(true, markers);
+    let mut out = Vec::new();
+    for &n in ulpdus {
+        enc.encode(&vec![0; n], &mut out).expect("an FPDU");
+    }
+    out.len()
+}
+
+fn iwarp_startup() {
+    let t = "iwarp_startup";
+    let mpa_block = Some((3, 3, false, 0));
+    // Responder: a Request cut across two segments, FPDUs pipelined behind it before the
+    // accept (held), the accept, more FPDUs sent out of order and then in order.
+    for (name, k, frame) in [
+        (
+            "responder_pipelined",
+            StartupKnobs {
+                crc: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: true,
+                markers: false,
+                reject: false,
+                block: mpa_block,
+                rev1: false,
+                pd2: 3,
+            },
+        ),
+        (
+            "responder_markers_source",
+            StartupKnobs {
+                markers: true,
+                source: true,
+                digest: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: false,
+                markers: true,
+                reject: false,
+                block: mpa_block,
+                rev1: false,
+                pd2: 8,
+            },
+        ),
+        (
+            "responder_rev1_auto_accept",
+            StartupKnobs {
+                rev1: true,
+                crc: true,
+                on_request: 1,
+                skip_last_ack: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: false,
+                markers: false,
+                reject: false,
+                block: None,
+                rev1: true,
+                pd2: 0,
+            },
+        ),
+        (
+            "responder_p2p_rtr",
+            StartupKnobs {
+                crc: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: true,
+                markers: false,
+                reject: false,
+                block: Some((3, 3, true, 7)),
+                rev1: false,
+                pd2: 2,
+            },
+        ),
+    ] {
+        let mut s = Seed::new();
+        k.write(&mut s);
+        frame.write(&mut s);
+        s.u8(14).u8(14); // post two receives
+        let mut first = 0;
+        if frame.block.is_some_and(|b| b.2) {
+            s.u8(3).u8(1); // the RTR: a zero-length Write, as agreed
+            first = 1;
+        }
+        s.u8(0);
+        write_template(&mut s, 0, true, 16, 100);
+        s.u8(1);
+        send_template(&mut s, true, 1, 0, 30);
+        in_order(&mut s, 20); // part of the Request
+        aligned(&mut s, first + 1, 0); // the Send behind it, out of order, before the accept
+        aligned(&mut s, 255, 0); // all of the Request
+        aligned(&mut s, 0, first + 1); // the FPDUs behind it, before the accept
+        if k.on_request == 0 {
+            s.u8(11).u8(2); // accept with 6 octets of private data
+        }
+        s.u8(2);
+        write_template(&mut s, 0, true, 300, 60);
+        s.u8(0x44).u16(900).u16(300).u8(7).u8(0).u8(2).u16(0); // a Write in three FPDUs
+        aligned(&mut s, first + 4, 1); // its last two first
+        aligned(&mut s, first + 2, 1); // then the gap
+        s.u8(10).u16(200); // time passes
+        write(t, name, &s);
+    }
+
+    // Responder: 4 KiB behind the Request before the application answers (the startup
+    // store's bound), then the accept.
+    let mut s = Seed::new();
+    StartupKnobs {
+        crc: true,
+        ..StartupKnobs::default()
+    }
+    .write(&mut s);
+    PeerFrame {
+        crc: true,
+        markers: false,
+        reject: false,
+        block: mpa_block,
+        rev1: false,
+        pd2: 1,
+    }
+    .write(&mut s);
+    s.u8(4).u16(2000).u16(1000).u8(7).u8(0).u8(2).u16(0); // a Send in two FPDUs
+    s.u8(4).u16(2000).u16(1000).u8(9).u8(0).u8(2).u16(0); // and another
+    aligned(&mut s, 255, 0);
+    aligned(&mut s, 0, 0);
+    aligned(&mut s, 1, 0);
+    aligned(&mut s, 2, 1);
+    s.u8(10).u16(500);
+    s.u8(11).u8(0);
+    aligned(&mut s, 0, 3);
+    write(t, "responder_floods_before_accept", &s);
+
+    // Initiator: the Reply and FPDUs in one segment; a Reject; a Reply asking for more IRD
+    // than the Initiator has (it sends a Terminate); a peer-to-peer Reply with Markers.
+    for (name, k, frame) in [
+        (
+            "initiator_reply_and_fpdus",
+            StartupKnobs {
+                initiator: true,
+                crc: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: true,
+                markers: false,
+                reject: false,
+                block: mpa_block,
+                rev1: false,
+                pd2: 4,
+            },
+        ),
+        (
+            "initiator_reject",
+            StartupKnobs {
+                initiator: true,
+                crc: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: true,
+                markers: false,
+                reject: true,
+                block: mpa_block,
+                rev1: false,
+                pd2: 5,
+            },
+        ),
+        (
+            "initiator_insufficient_ird",
+            StartupKnobs {
+                initiator: true,
+                source: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: true,
+                markers: true,
+                reject: false,
+                // ORD pick 7 is 7 << 6 = 448, above our IRD 16.
+                block: Some((3, 7, false, 0)),
+                rev1: false,
+                pd2: 0,
+            },
+        ),
+        (
+            "initiator_p2p_markers",
+            StartupKnobs {
+                initiator: true,
+                crc: true,
+                markers: true,
+                p2p: true,
+                ..StartupKnobs::default()
+            },
+            PeerFrame {
+                crc: false,
+                markers: true,
+                reject: false,
+                block: Some((3, 3, true, 2)),
+                rev1: false,
+                pd2: 1,
+            },
+        ),
+    ] {
+        let mut s = Seed::new();
+        k.write(&mut s);
+        frame.write(&mut s);
+        s.u8(14).u8(30).u8(0).u16(64).u32(0x1234).u64(0); // a receive, a Read of 64 octets
+        s.u8(0);
+        write_template(&mut s, 0, true, 0, 80);
+        s.u8(1);
+        send_template(&mut s, true, 1, 0, 24);
+        s.u8(2);
+        write_template(&mut s, 0, true, 500, 64);
+        s.u8(2);
+        write_template(&mut s, 0, true, 300, 60);
+        s.u8(0x44).u16(900).u16(300).u8(7).u8(0).u8(2).u16(0); // a Write in three FPDUs
+                                                               // Part of the Reply; the second and third FPDUs out of order, held until the Reply is
+                                                               // in; then the rest of the Reply and the first three FPDUs in one segment (the target
+                                                               // sends M=1 with Markers).
+        let reply = 20 + if frame.block.is_some() { 4 } else { 0 } + 2 * usize::from(frame.pd2);
+        let len = reply + fpdus_len(k.markers, &[14 + 80, 18 + 24, 14 + 64]);
+        in_order(&mut s, 10);
+        aligned(&mut s, 1, 1);
+        in_order(&mut s, len as u16 - 10);
+        // In Full Operation: the last FPDUs out of order (placed early), then the gap.
+        aligned(&mut s, 5, 1);
+        aligned(&mut s, 3, 1);
+        s.u8(9).u8(1).u16(0).u16(40); // the start again, cut differently
+        s.u8(10).u16(300);
+        write(t, name, &s);
+    }
+
+    // IFT: an indication cut across segments, a frame behind it in the same segment, more.
+    for (name, initiator) in [("ift_responder", false), ("ift_initiator", true)] {
+        let mut s = Seed::new();
+        StartupKnobs {
+            initiator,
+            ift: true,
+            hc: true,
+            pc: true,
+            on_request: 0,
+            ..StartupKnobs::default()
+        }
+        .write(&mut s);
+        // The indication: HC, PC, SP; VTag 0x4321; no octet changed; frames as agreed.
+        s.u16(4 | 8 | 64).u16(0x4321).u8(0).u8(0);
+        s.u8(14);
+        s.u8(0);
+        write_template(&mut s, 0, true, 8, 90);
+        s.u8(1);
+        send_template(&mut s, true, 1, 0, 20);
+        s.u8(2);
+        write_template(&mut s, 0, true, 200, 50);
+        // Frames: IFT header, DDP header, header CRC, payload, payload CRC.
+        let frame = |h: usize, n: usize| 6 + h + 4 + n + 4;
+        in_order(&mut s, 30);
+        in_order(&mut s, (64 - 30 + frame(14, 90)) as u16);
+        if !initiator {
+            s.u8(11).u8(0); // accept (IFT carries no private data)
+        }
+        in_order(&mut s, (frame(18, 20) + frame(14, 50)) as u16);
+        write(t, name, &s);
+    }
+}
+
+/// `ift_startup`: for each combination of the peer's HC, PC, IH, IP and SP, a valid
+/// indication of the phase each side waits for (phase 0 to a Responder, phase 1 to an
+/// Initiator), fed in three pieces, with a config whose CRC policy varies with the combination
+/// (so that some are refused); the repair bit on, so that mutated flags and VTags keep a good
+/// CRC. And two lone indications (mode 0): a valid one, one whose CRC the repair bit fixes.
+fn ift_startup() {
+    let t = "ift_startup";
+    let indication = |phase: IftPhase, combo: u16| IndicationRepr {
+        version: 1,
+        bc_version: 1,
+        phase,
+        rdma: true,
+        header_crc: combo & 1 != 0,
+        payload_crc: combo & 2 != 0,
+        ignores_header_crc: combo & 4 != 0,
+        ignores_payload_crc: combo & 8 != 0,
+        speculative: combo & 16 != 0,
+        sends_markers: false,
+        wants_markers: false,
+        vtag: 0x1000 + combo,
+        marker_interval: 0,
+    };
+    for (side, mode, phase) in [
+        ("responder", 1u8, IftPhase::Zero),
+        ("initiator", 2, IftPhase::One),
+    ] {
+        for combo in 0..32u16 {
+            let mut s = Seed::new();
+            s.u8(0x80 | mode);
+            // Config: R, our HC and PC, checking; requirements from the combination; SP.
+            let f = 2 | 4 | (combo & 3) << 4 | (combo & 16) << 2 | 128;
+            s.u16(f).u16(0x2222).u16(10_000);
+            let mut sizes = [0u8; 16];
+            sizes[..3].copy_from_slice(&[20, 30, 14]);
+            s.bytes(&sizes);
+            s.bytes(&indication(phase, combo).to_bytes());
+            s.bytes(&[0, 14, 0, 0, 0x22, 0x22, 0xC1, 0x40]); // a frame's first octets
+            write(t, &format!("{side}_combo_{combo:02}"), &s);
+        }
+    }
+    let valid = indication(IftPhase::One, 3 | 16).to_bytes();
+    write(t, "indication", Seed::new().u8(0).bytes(&valid));
+    let mut broken = valid;
+    broken[60..].copy_from_slice(&[0; 4]);
+    write(
+        t,
+        "indication_repaired",
+        Seed::new().u8(0x80).bytes(&broken),
+    );
+}
+
+/// `ift_decoder`: for each format (HC, PC, checked or not), a stream of four frames (a tagged
+/// Write, a zero-length Send, an untagged and a one-octet tagged one) with the VTag of the
+/// format, fed in pieces of various sizes; CRC repair on.
+fn ift_decoder() {
+    let t = "ift_decoder";
+    let vtag = 0xBEEF;
+    for f in 0..8u8 {
+        let fmt = FrameFormat {
+            header_crc: f & 1 != 0,
+            payload_crc: f & 2 != 0,
+            vtag,
+            verify: f & 4 == 0,
+        };
+        let enc = FrameEncoder::new(fmt);
+        let mut stream = Vec::new();
+        let mut write_ulpdu = tagged_header(0xC1, 0x40, 0x100, 0x1000);
+        write_ulpdu.extend((0..40u8).map(|i| i.wrapping_mul(3)));
+        let mut untagged = untagged_header(0x41, 0x43, 0, 0, 2, 0);
+        untagged.extend_from_slice(&[0x3c; 100]);
+        let mut one = tagged_header(0xC1, 0x40, 0x100, 0x1100);
+        one.push(0x99);
+        for u in [
+            write_ulpdu,
+            untagged_header(0x41, 0x43, 0, 0, 1, 0),
+            untagged,
+            one,
+        ] {
+            enc.encode(&u, &mut stream).expect("a frame");
+        }
+        let mut s = Seed::new();
+        s.u8(f | 8).u16(vtag);
+        let sizes: [u8; 32] = std::array::from_fn(|i| [3, 10, 1, 50, 7, 0, 26, 12][i % 8]);
+        s.bytes(&sizes);
+        s.bytes(&stream);
+        let name = format!(
+            "frames{}{}{}",
+            if fmt.header_crc { "_hc" } else { "" },
+            if fmt.payload_crc { "_pc" } else { "" },
+            if fmt.verify { "_checked" } else { "" }
+        );
+        write(t, &name, &s);
+    }
+}
+
 fn main() {
     mpa_startup();
     mpa_decoder();
     ddp_placement();
     rdmap_ulpdu();
     iwarp_conn();
+    iwarp_startup();
+    ift_startup();
+    ift_decoder();
 }

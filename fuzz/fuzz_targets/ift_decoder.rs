@@ -6,11 +6,58 @@
 //! (so a checked frame's CRCs were right); the decoder never holds more than one frame; an
 //! error is final and repeated; a frame `whole_frame_at` finds at the stream's start (section
 //! 8's guess) is exactly the first frame the decoder gives. Nothing may panic.
+//!
+//! With the format octet's bit 3 the stream's CRCs are repaired before it is fed, as
+//! `segment_parser` repairs checksums: from the start, each frame whose header_size is its DDP
+//! header's (14 octets tagged, 18 untagged, by the header's first octet) and that lies whole
+//! in the stream gets its header and payload CRCs recomputed, until one does not. Mutations of
+//! the sizes, the VTag or the DDP header then reach the decoder's checks past the CRCs. And
+//! the frames repaired before the first that is not valid (a VTag other than the format's)
+//! must all be handed out before any error: a valid frame is never refused.
 #![no_main]
 
 use ift::{whole_frame_at, FrameDecoder, FrameEncoder, FrameFormat, MAX_FRAME_LEN};
-use iwarp_fuzz::Input;
+use iwarp_fuzz::{crc32c, Input};
 use libfuzzer_sys::fuzz_target;
+
+/// Recomputes the CRCs of the frames at the start of `stream` (see the crate docs). Returns
+/// where the first frame that is not valid starts: every frame before it has the right
+/// header_size, the format's VTag and (now) the right CRCs.
+fn repair_crcs(fmt: &FrameFormat, stream: &mut [u8]) -> usize {
+    let mut at = 0;
+    let mut valid_end = 0;
+    let mut valid = true;
+    while let Some(head) = stream.get(at..at + 7) {
+        let h = if head[6] & 0x80 != 0 { 14 } else { 18 };
+        if usize::from(u16::from_be_bytes([head[0], head[1]])) != h {
+            break;
+        }
+        let vtag_ok = u16::from_be_bytes([head[4], head[5]]) == fmt.vtag;
+        let payload = usize::from(u16::from_be_bytes([head[2], head[3]]));
+        let hc = if fmt.header_crc { 4 } else { 0 };
+        let pc = if fmt.payload_crc { 4 } else { 0 };
+        let end = at + 6 + h + hc + payload + pc;
+        if end > stream.len() {
+            break;
+        }
+        let header_end = at + 6 + h;
+        if fmt.header_crc {
+            let crc = crc32c(&stream[at..header_end]);
+            stream[header_end..header_end + 4].copy_from_slice(&crc.to_le_bytes());
+        }
+        if fmt.payload_crc {
+            let from = header_end + hc;
+            let crc = crc32c(&stream[from..from + payload]);
+            stream[end - 4..end].copy_from_slice(&crc.to_le_bytes());
+        }
+        at = end;
+        valid &= vtag_ok;
+        if valid {
+            valid_end = end;
+        }
+    }
+    valid_end
+}
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
@@ -22,7 +69,13 @@ fuzz_target!(|data: &[u8]| {
         verify: f & 4 == 0,
     };
     let sizes: Vec<u8> = input.bytes(32).to_vec();
-    let stream = input.rest().to_vec();
+    let mut stream = input.rest().to_vec();
+    // With repair: the frames before this offset are valid and must all be handed out.
+    let valid_end = if f & 8 != 0 {
+        repair_crcs(&fmt, &mut stream)
+    } else {
+        0
+    };
     if let Some((len, guessed)) = whole_frame_at(&fmt, &stream) {
         assert!(len <= stream.len());
         let mut first = None;
@@ -45,23 +98,40 @@ fuzz_target!(|data: &[u8]| {
             ulpdu.clear();
             ulpdu.extend_from_slice(fr.ddp_header);
             ulpdu.extend_from_slice(fr.payload);
-            enc.encode(&ulpdu, &mut again).expect("a decoded frame encodes");
+            enc.encode(&ulpdu, &mut again)
+                .expect("a decoded frame encodes");
         });
         assert!(dec.buffered() <= MAX_FRAME_LEN);
         // Unchecked CRCs come back recomputed: then only the lengths must agree.
         let exact = fmt.verify || !(fmt.header_crc || fmt.payload_crc);
         if let Err(e) = res {
+            assert!(
+                again.len() >= valid_end,
+                "refused a valid frame before offset {valid_end}: {e:?}"
+            );
             assert_eq!(dec.feed(piece, |_| {}), Err(e), "error not repeated");
             if exact {
-                assert_eq!(again[..], stream[..again.len()], "frames before the error changed");
+                assert_eq!(
+                    again[..],
+                    stream[..again.len()],
+                    "frames before the error changed"
+                );
             }
             return;
         }
         if !exact {
             assert!(again.len() <= at + piece.len());
         } else {
-            assert_eq!(again[..], stream[..again.len()], "frames do not re-encode to the stream");
-            assert_eq!(again.len() + dec.buffered(), at + piece.len(), "octets skipped");
+            assert_eq!(
+                again[..],
+                stream[..again.len()],
+                "frames do not re-encode to the stream"
+            );
+            assert_eq!(
+                again.len() + dec.buffered(),
+                at + piece.len(),
+                "octets skipped"
+            );
         }
         at += piece.len();
         if at >= stream.len() {

@@ -1,6 +1,6 @@
 //! IFT's adaption indication and exchange (draft-williams-iwarp-ift-01 section 4).
 //!
-//! Input: a mode octet, then per mode:
+//! Input: a mode octet (its top bit: repair the CRC), then per mode:
 //! - 0, indication: `IndicationRepr::parse_bytes` on the rest. A parsed indication re-emits
 //!   to the same octets but the reserved flag bits and octets (which it clears) and parses
 //!   back to itself; one that fails fails for the magic, the CRC or the BC version.
@@ -9,7 +9,14 @@
 //!   more than 64 octets and, while it needs more, takes all it is given; when it decides,
 //!   the 64 octets it took parse, and the outcome follows the rules (R agrees, the phase is
 //!   the other side's, the policy holds, VTags cross); a Responder's phase 1 parses and says
-//!   our config; an error is final and repeated.
+//!   our config; an error is final and repeated, and has a reason (a timeout, a wrong magic
+//!   number, or an indication that fails to parse or to meet those rules: an acceptable one
+//!   is never refused).
+//!
+//! With the repair bit, the first 64 octets of what is parsed or fed (when there are as many)
+//! get their CRC field recomputed over the 60 before it (section 4.1), as `segment_parser`
+//! repairs checksums: a mutation of a flag or the VTag then still reaches the policy and the
+//! outcome rules instead of failing the CRC.
 //!
 //! Nothing may panic.
 #![no_main]
@@ -74,8 +81,14 @@ fn check_outcome(ours: &IftConfig, peer: &IndicationRepr, n: &Negotiated) {
     assert_eq!(n.rdma, ours.rdma);
     assert!(peer.bc_version <= 1);
     assert_eq!((n.tx.vtag, n.rx.vtag), (peer.vtag, ours.vtag));
-    assert_eq!((n.tx.header_crc, n.tx.payload_crc), (ours.header_crc, ours.payload_crc));
-    assert_eq!((n.rx.header_crc, n.rx.payload_crc), (peer.header_crc, peer.payload_crc));
+    assert_eq!(
+        (n.tx.header_crc, n.tx.payload_crc),
+        (ours.header_crc, ours.payload_crc)
+    );
+    assert_eq!(
+        (n.rx.header_crc, n.rx.payload_crc),
+        (peer.header_crc, peer.payload_crc)
+    );
     assert_eq!(n.rx.verify, ours.check_crcs);
     assert_eq!(n.may_speculate, peer.speculative);
     if ours.accept.require_header_crc {
@@ -90,26 +103,66 @@ fn check_outcome(ours: &IftConfig, peer: &IndicationRepr, n: &Negotiated) {
     }
 }
 
-fn exchange(input: &mut Input, responder: bool) {
+/// An exchange that failed with `e` after `fed` (every octet given so far) had a reason to: a
+/// timeout, a magic number other than "RDDP", or a whole indication that is not an acceptable
+/// one of the phase `expected` (it does not parse: CRC, BC version; another phase; R differs;
+/// the policy refuses its CRC choices).
+fn check_refusal(ours: &IftConfig, expected: Phase, fed: &[u8], e: &IftError) {
+    if *e == IftError::StartupTimeout {
+        return;
+    }
+    let Some(parsed) = IndicationRepr::parse_bytes(fed) else {
+        assert!(
+            fed.len() >= 4 && fed[..4] != *b"RDDP",
+            "refused {} octets of an indication that starts right: {e:?}",
+            fed.len()
+        );
+        return;
+    };
+    let Ok(peer) = parsed else {
+        return;
+    };
+    let policy = ours.accept;
+    let acceptable = peer.phase == expected
+        && peer.rdma == ours.rdma
+        && !(policy.require_header_crc && !peer.header_crc)
+        && !(policy.require_payload_crc && !peer.payload_crc)
+        && !(policy.require_checked
+            && ((ours.header_crc && peer.ignores_header_crc)
+                || (ours.payload_crc && peer.ignores_payload_crc)));
+    assert!(
+        !acceptable,
+        "refused an acceptable indication {peer:?}: {e:?}"
+    );
+}
+
+fn exchange(input: &mut Input, responder: bool, repair: bool) {
     let cfg = config(input);
     let mut now = Instant::now();
     let mut resp = Responder::new(cfg.clone(), now);
     let mut init = Initiator::new(cfg.clone(), now);
     if !responder {
-        let ours = IndicationRepr::parse_bytes(init.indication()).unwrap().unwrap();
+        let ours = IndicationRepr::parse_bytes(init.indication())
+            .unwrap()
+            .unwrap();
         assert_eq!(ours, cfg.indication(Phase::Zero));
     }
     let sizes: Vec<u8> = input.bytes(16).to_vec();
-    let stream = input.rest().to_vec();
+    let mut stream = input.rest().to_vec();
+    if repair {
+        repair_crc(&mut stream);
+    }
     let mut taken = Vec::new();
     let mut at = 0;
     for (k, &size) in sizes.iter().enumerate() {
         let piece = &stream[at..(at + usize::from(size % 80)).min(stream.len())];
         now += Duration::from_millis(u64::from(size >> 5) * 100);
         let res = if responder {
-            resp.feed(piece, now).map(|(u, d)| (u, d.map(|(n, reply)| (n, Some(reply)))))
+            resp.feed(piece, now)
+                .map(|(u, d)| (u, d.map(|(n, reply)| (n, Some(reply)))))
         } else {
-            init.feed(piece, now).map(|(u, d)| (u, d.map(|n| (n, None))))
+            init.feed(piece, now)
+                .map(|(u, d)| (u, d.map(|n| (n, None))))
         };
         match res {
             Ok((used, None)) => {
@@ -133,6 +186,9 @@ fn exchange(input: &mut Input, responder: bool) {
                 return;
             }
             Err(e) => {
+                let expected = if responder { Phase::Zero } else { Phase::One };
+                let fed = [&taken[..], piece].concat();
+                check_refusal(&cfg, expected, &fed, &e);
                 let again = if responder {
                     resp.feed(piece, now).err()
                 } else {
@@ -148,11 +204,27 @@ fn exchange(input: &mut Input, responder: bool) {
     }
 }
 
+/// Recomputes the CRC of the indication at the start of `bytes` (if it is whole).
+fn repair_crc(bytes: &mut [u8]) {
+    if bytes.len() >= INDICATION_LEN {
+        let crc = iwarp_fuzz::crc32c(&bytes[..60]);
+        bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
-    match input.u8() % 3 {
-        0 => indication(input.rest()),
-        1 => exchange(&mut input, true),
-        _ => exchange(&mut input, false),
+    let mode = input.u8();
+    let repair = mode & 0x80 != 0;
+    match (mode & 0x7F) % 3 {
+        0 => {
+            let mut bytes = input.rest().to_vec();
+            if repair {
+                repair_crc(&mut bytes);
+            }
+            indication(&bytes)
+        }
+        1 => exchange(&mut input, true, repair),
+        _ => exchange(&mut input, false, repair),
     }
 });
