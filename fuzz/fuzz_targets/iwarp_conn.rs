@@ -678,6 +678,7 @@ fuzz_target!(|data: &[u8]| {
         stags: stags.iter().map(|s| s.raw()).collect(),
         bases: BASES.to_vec(),
         lens: LENS.to_vec(),
+        peer_regions: Vec::new(),
     };
     let mut cursor = 0usize;
     let mut send_msn = 1u32;

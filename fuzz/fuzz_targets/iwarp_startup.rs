@@ -1095,6 +1095,7 @@ fuzz_target!(|data: &[u8]| {
         stags: stags.iter().map(|s| s.raw()).collect(),
         bases: BASES.to_vec(),
         lens: LENS.to_vec(),
+        peer_regions: Vec::new(),
     };
     let stream_start = run.end.tcp.rcv_stream_start();
     let t = run.end.tcp.four_tuple();

@@ -7,11 +7,14 @@
 //! one remote-read only, a receive region with posted receives of one to three elements, one
 //! of another protection domain, a Read sink with outstanding Reads, one invalidated and one
 //! deregistered. Knobs choose IRD/ORD, receives, Reads, an expected RTR, the MULPDU and the
-//! RFC 7306 extensions (with an outstanding FetchAdd).
+//! RFC 7306 extensions (with an outstanding FetchAdd); a Send and a Write are always posted,
+//! sent and left awaiting the peer's acknowledgement.
 //!
 //! Input: ULPDUs, each raw octets or a Write / Read Response / Send / Immediate Data / Read
 //! Request / Atomic Request / Terminate / Atomic Response template with fields from the input
-//! (STags picked among the regions', or any),
+//! (STags picked among the regions', or any; a Terminate raw, or built as a peer writes one:
+//! layer, type and code, and the copied header of a Read Request, Send or Write the queue
+//! pair sent, with a segment length and a Read Request header),
 //! and an arrival key: segments arriving ahead of the in-order point are placed early, the
 //! rest of the processing happens in stream order.
 //!
@@ -19,7 +22,7 @@
 //! in bounds); writes land only where the checks allow (anywhere in the remote-write regions,
 //! inside a posted receive's elements, inside an outstanding Read's sink, nowhere else);
 //! nothing is written once the queue pair has left RTS; at most one Terminate goes out and
-//! nothing after it. And, differentially: when neither run failed or left RTS and no two
+//! nothing after it; no work request completes twice. And, differentially: when neither run failed or left RTS and no two
 //! writes overlapped, placing early gives the same memory, completions and transmitted
 //! ULPDUs as processing everything in order (the ULPDUs only when nothing was written to a
 //! region a Read Response may read: a Write placed early may show in the Response to a Read
@@ -57,6 +60,8 @@ const BASES: [u64; REGIONS] = [
     0x7000,
 ];
 const LENS: [usize; REGIONS] = [256, 128, 256, 512, 256, 384, 128, 64];
+/// Where the bed's Write goes at the peer: what a Terminate naming it copies.
+const PEER_WRITE: (u32, u64) = (0x9A00, 0x1000);
 
 /// The setup a run needs, built the same way twice for the differential check.
 #[derive(Clone, Copy)]
@@ -233,6 +238,41 @@ fn bed(k: Knobs) -> Bed {
         .expect("post FetchAdd");
         allowed[SINK].push(off as usize..off as usize + 8);
     }
+    // A Send and a Write, sent at once and then awaiting the peer's acknowledgement: a
+    // Terminate may name either (by the Send's MSN, the Write's STag and TO).
+    for (wr_id, op) in [
+        (
+            400,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+        ),
+        (
+            401,
+            SendOp::Write {
+                remote_stag: Stag(PEER_WRITE.0),
+                remote_to: PEER_WRITE.1,
+            },
+        ),
+    ] {
+        qp.post_send(
+            SendWr {
+                wr_id,
+                op,
+                sg_list: Sge {
+                    stag: stags[R],
+                    to: BASES[R],
+                    len: 32,
+                }
+                .into(),
+                signaled: true,
+                fence: false,
+            },
+            &mem,
+        )
+        .expect("post a Send or Write");
+    }
     let mut b = Bed {
         arena,
         mem,
@@ -263,6 +303,11 @@ impl Bed {
             self.sent.push(std::mem::take(&mut out));
         }
         while let Some(wc) = self.qp.poll_completion() {
+            assert!(
+                self.completions.iter().all(|c| c.wr_id != wc.wr_id),
+                "work request {} completed twice: {wc:?}",
+                wc.wr_id
+            );
             self.completions.push(wc);
         }
     }
@@ -414,6 +459,7 @@ fuzz_target!(|data: &[u8]| {
         stags: early.stags.iter().map(|s| s.raw()).collect(),
         bases: BASES.to_vec(),
         lens: LENS.to_vec(),
+        peer_regions: vec![PEER_WRITE],
     };
     let segments = ulpdus(&mut input, &templates);
     let mut arrival: Vec<usize> = (0..segments.len()).collect();

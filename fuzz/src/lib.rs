@@ -605,6 +605,9 @@ pub struct Templates {
     pub bases: Vec<u64>,
     /// Length of each region.
     pub lens: Vec<usize>,
+    /// The peer's regions (STag, TO) the target's Writes go to: what a Terminate naming one
+    /// of those Writes copies (may be empty).
+    pub peer_regions: Vec<(u32, u64)>,
 }
 
 /// An untagged DDP header with its RDMAP control octet (RFC 5041 4.3, RFC 5040 4.1).
@@ -760,10 +763,57 @@ impl Templates {
             }
             _ => {
                 let mut v = untagged_header(0x41, 0x47, 0, 2, 1, 0);
-                let n = usize::from(input.u8() % 64);
-                v.extend_from_slice(input.bytes(n));
+                if flags & 0x10 != 0 {
+                    v.extend_from_slice(&self.terminate(input));
+                } else {
+                    let n = usize::from(input.u8() % 64);
+                    v.extend_from_slice(input.bytes(n));
+                }
                 v
             }
         }
+    }
+
+    /// A Terminate's header (RFC 5040 4.8) as a peer that refused one of the target's
+    /// segments writes it: layer, error type and code from the input, and, if D, the copied
+    /// DDP header of a segment the target may have sent (a Read Request or a Send, by QN and
+    /// a small MSN, or a Write to one of [`Templates::peer_regions`]), with M a segment
+    /// length and with R a Read Request header.
+    fn terminate(&self, input: &mut Input) -> Vec<u8> {
+        let (layer, etype, code) = (input.u8() % 3, input.u8() & 0x0F, input.u8());
+        let what = input.u8();
+        let msn = 1 + u32::from(input.u8() % 4);
+        let segment = match what % 4 {
+            0 => None,
+            1 => Some(untagged_header(0x41, 0x41, 0, 1, msn, 0)),
+            2 => Some(untagged_header(0x41, 0x43, 0, 0, msn, 0)),
+            _ => {
+                let pick = usize::from(input.u8());
+                let (stag, to) = match self.peer_regions.len() {
+                    0 => (input.u32(), input.u64()),
+                    n => self.peer_regions[pick % n],
+                };
+                Some(tagged_header(0xC1, 0x40, stag, to))
+            }
+        };
+        let header = rdmap::TerminateHeader {
+            layer,
+            etype,
+            code,
+            segment_len: (what & 0x10 != 0).then(|| input.u16()),
+            ddp_header: segment
+                .as_deref()
+                .and_then(rdmap::wire::CopiedDdpHeader::from_segment),
+            read_request: (what & 0x20 != 0).then(|| rdmap::ReadRequest {
+                sink_stag: input.u32(),
+                sink_to: input.u64(),
+                size: input.u32(),
+                src_stag: input.u32(),
+                src_to: input.u64(),
+            }),
+        };
+        let mut out = vec![0u8; header.buffer_len()];
+        header.emit(&mut out);
+        out
     }
 }
