@@ -22,7 +22,8 @@
 //! in bounds); writes land only where the checks allow (anywhere in the remote-write regions,
 //! inside a posted receive's elements, inside an outstanding Read's sink, nowhere else);
 //! nothing is written once the queue pair has left RTS; at most one Terminate goes out and
-//! nothing after it; no work request completes twice. And, differentially: when neither run failed or left RTS and no two
+//! nothing after it; no work request completes twice; a region a Send with Invalidate
+//! invalidated takes no write after it. And, differentially: when neither run failed or left RTS and no two
 //! writes overlapped, placing early gives the same memory, completions and transmitted
 //! ULPDUs as processing everything in order (the ULPDUs only when nothing was written to a
 //! region a Read Response may read: a Write placed early may show in the Response to a Read
@@ -328,6 +329,16 @@ impl Bed {
         );
     }
 
+    /// A region a Send with Invalidate invalidated (its receive's completion says so) takes no
+    /// write from then on (RFC 5040 5.3): its allowed ranges go.
+    fn forget_invalidated(&mut self) {
+        for stag in self.completions.iter().filter_map(|c| c.invalidated) {
+            if let Some(i) = self.stags.iter().position(|&s| s == stag) {
+                self.allowed[i].clear();
+            }
+        }
+    }
+
     /// Checks the writes logged since `from`; `frozen` when none may have happened.
     fn check_writes(&self, from: usize, frozen: bool) {
         let writes = self.arena.writes();
@@ -421,6 +432,7 @@ fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: b
                 assert_ne!(b.qp.state(), QpState::Rts, "an error left the QP in RTS");
             }
             b.drain(mulpdu);
+            b.forget_invalidated();
             next += 1;
         }
     }
