@@ -45,7 +45,9 @@ pub struct PerftestCompat {
     pub inline_size: Option<u32>,
     /// Wait for completions on a completion channel (`req_notify` on the queue, then the
     /// channel's descriptor: `ibv_req_notify_cq` + `ibv_get_cq_event`) instead of the queue's
-    /// blocking wait (perftest's `-e`). Latency ping-pongs always poll.
+    /// blocking wait (perftest's `-e`). In send-lat, read-lat and atomic-lat every wait of the
+    /// measured loop is on the channel too, as perftest's; write-lat refuses it (its pong is
+    /// seen in memory, not on a completion queue; perftest refuses `-e` for Write tests).
     #[arg(short = 'e', long = "use_event", visible_alias = "events")]
     pub use_event: bool,
     /// Latency tests: print every sample in microseconds, in the order taken, before the
@@ -62,7 +64,8 @@ pub struct PerftestCompat {
     #[arg(short = 'T', long = "tos", value_name = "TOS")]
     pub tos: Option<u8>,
     /// perftest's `-N/--noPeak`: the peak bandwidth column 0.00, as perftest's with `-N`
-    /// (`iwarp-bench perftest` measures a peak otherwise; the main tool never does).
+    /// (no post and completion times are taken for it then). Bandwidth tests only: refused
+    /// for latency tests, as perftest refuses it ("NoPeak only valid for BW tests").
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
     /// perftest's `-c/--connection`: only RC, iWARP's one connection type.
@@ -95,6 +98,96 @@ impl PerftestCompat {
         }
         out
     }
+}
+
+/// perftest's `--output`: one number instead of the header block and the table.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// Bandwidth tests: the average bandwidth, in MB/s (2^20 octets) or Gb/s with
+    /// `--report_gbits`.
+    Bandwidth,
+    /// Bandwidth tests: the message rate in Mpps.
+    #[value(name = "message_rate")]
+    MessageRate,
+    /// Latency tests: the average latency in microseconds.
+    Latency,
+}
+
+/// More of perftest's options, which the main tool takes beside [`PerftestCompat`] (that one
+/// the perftest peer mode shares): each either works as described or is noted on stderr by
+/// [`Cli::notes`] as what it does here.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PerftestMore {
+    /// perftest's `--output`: print one number per result line instead of the header block
+    /// and the table (`printf("%lf\n")`, as perftest's `print_full_bw_report` and
+    /// `print_report_lat`): `bandwidth` (the average, in MB/s or with `--report_gbits` in
+    /// Gb/s) or `message_rate` (Mpps) for bandwidth tests, `latency` (the average in
+    /// microseconds) for latency tests. Not with `--json`.
+    #[arg(long = "output", value_enum, value_name = "KIND")]
+    pub output: Option<OutputKind>,
+    /// perftest's `-r/--rx-depth`. send-bw: the receives the server keeps posted, which is
+    /// the client's credit window (iWARP has no receiver-not-ready retry; default: as many as
+    /// the buffer has message slots, at most 512); at most `-n` in an iteration run, as
+    /// perftest's, and at most what the receive queue (4095) and the 64 MiB buffer hold (the
+    /// client says so when it posts fewer). The client's choice, which the server follows (a
+    /// server given `-r` refuses a client with another). perftest allows only 1 in the RDMA
+    /// tests, which is noted; send-lat (one ping in flight) notes it.
+    #[arg(short = 'r', long = "rx-depth", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub rx_depth: Option<u32>,
+    /// perftest's `-o/--outs` (read and atomic tests): the Reads and Atomic Operations the
+    /// client may have outstanding at the server, its ORD in the MPA exchange (RFC 6581; the
+    /// header's "Outstand reads" shows the ORD agreed). A server not given `-o` raises its IRD
+    /// to the ORD the client asks for; given `-o N`, it offers N, which bounds the client's.
+    /// Default 16. Not with `--mpa-rev 1` or `--framing ift`, which negotiate no IRD/ORD.
+    #[arg(short = 'o', long = "outs", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=0x3FFE))]
+    pub outs: Option<u16>,
+    /// perftest's `-f/--margin`: with `-D`, the whole seconds left out of the measurement at
+    /// each end of the run (default: a quarter of `-D`'s whole seconds); `-D` must be more
+    /// than twice it. The client's choice (it travels in the hello). Without `-D` it is
+    /// noted as ignored.
+    #[arg(short = 'f', long = "margin", value_name = "SECONDS")]
+    pub margin: Option<u32>,
+    /// perftest's `-C/--report-cycles` (latency tests): accepted with a note; the figures
+    /// stay in microseconds (there are no cycle counters here: the monotonic clock times
+    /// everything). Refused for bandwidth tests, as perftest refuses it.
+    #[arg(short = 'C', long = "report-cycles")]
+    pub report_cycles: bool,
+    /// perftest's `--cpu_util`: noted as ignored (no CPU utilization column here).
+    #[arg(long = "cpu_util")]
+    pub cpu_util: bool,
+    /// perftest's `-u/--qp-timeout` (InfiniBand's ACK timeout): noted as ignored; TCP's
+    /// retransmission timers apply.
+    #[arg(short = 'u', long = "qp-timeout", value_name = "TIMEOUT")]
+    pub qp_timeout: Option<u8>,
+    /// perftest's `-S/--sl` (InfiniBand service level): noted as ignored; `--tos` sets the
+    /// IP Type of Service.
+    #[arg(short = 'S', long = "sl", value_name = "SL")]
+    pub sl: Option<u8>,
+    /// perftest's `-L/--hop_limit` (the GRH's hop limit): noted as ignored; the IP TTL is
+    /// the transport's.
+    #[arg(short = 'L', long = "hop_limit", value_name = "HOPS")]
+    pub hop_limit: Option<u8>,
+    /// perftest's `--ipv6` (IPv6 GIDs): noted as ignored; the server's address (and
+    /// `--bind`) choose the IP version.
+    #[arg(long = "ipv6")]
+    pub ipv6: bool,
+    /// perftest's `--use-srq`: noted as ignored; each queue pair here posts its own receives.
+    #[arg(long = "use-srq")]
+    pub use_srq: bool,
+    /// perftest's `--perform_warm_up`: noted as ignored; there is no warm-up round (`-D`'s
+    /// margins leave out the start of a timed run).
+    #[arg(long = "perform_warm_up")]
+    pub perform_warm_up: bool,
+    /// perftest's `--dont_xchg_versions`: noted as ignored; iwarp-bench exchanges no perftest
+    /// versions (its hello says which build it is).
+    #[arg(long = "dont_xchg_versions")]
+    pub dont_xchg_versions: bool,
+    /// perftest's `-z/--comm_rdma_cm` (exchange the test's parameters over rdma_cm): noted
+    /// as ignored; they travel in the MPA private data of the connection's setup.
+    #[arg(short = 'z', long = "comm_rdma_cm")]
+    pub comm_rdma_cm: bool,
 }
 
 /// perftest-shaped tests over the iWARP stack.
@@ -188,9 +281,10 @@ pub struct Cli {
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
     pub engine_reassembly_budget_mib: Option<u64>,
     /// How this side takes the completions it waits for outside the latency tests' ping-pong
-    /// (those always poll): `wait` blocks in `CompletionQueue::wait`; `poll` busy-polls with
-    /// `try_next`, yielding the CPU after each empty poll, as perftest does without `-e` (with
-    /// the engine's inline progress the polling thread then runs the engine's turns itself).
+    /// (those poll, or with `-e` wait on the completion channel): `wait` blocks in
+    /// `CompletionQueue::wait`; `poll` busy-polls with `try_next`, yielding the CPU after each
+    /// empty poll, as perftest does without `-e` (with the engine's inline progress the
+    /// polling thread then runs the engine's turns itself).
     #[arg(long, value_enum, default_value_t = CqMode::Wait)]
     pub cq: CqMode,
     /// TCP port the server listens on.
@@ -222,7 +316,8 @@ pub struct Cli {
     pub duration: Option<f64>,
     /// Bandwidth tests: queue pairs (connections) to run at once, each with its own buffers
     /// and `--tx-depth` outstanding work requests; a result line counts all their messages
-    /// over the longest one's time (perftest's `-q`). Only the client needs it (the server learns
+    /// over the time from the first queue pair's first post to the last one's last
+    /// completion (perftest's `-q`). Only the client needs it (the server learns
     /// it from the client; a server given `-q N` above 1 refuses a client with another).
     #[arg(short = 'q', long = "qp", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=proto::MAX_QPS as i64))]
@@ -248,7 +343,8 @@ pub struct Cli {
     #[arg(long = "run_infinitely")]
     pub run_infinitely: bool,
     /// Outstanding work requests in bandwidth tests (default, as perftest's: 128 for the
-    /// bandwidth tests, 1 for the latency tests, which have one outstanding at a time).
+    /// bandwidth tests, 1 for the latency tests, which have one outstanding at a time); at
+    /// most `-n` in an iteration run, as perftest's `force_dependecies` makes it.
     #[arg(short = 't', long)]
     pub tx_depth: Option<u32>,
     /// Bandwidth tests: signal one work request in this many, the others posted unsignaled
@@ -319,6 +415,8 @@ pub struct Cli {
     pub stats_every: Option<f64>,
     #[command(flatten)]
     pub compat: PerftestCompat,
+    #[command(flatten)]
+    pub more: PerftestMore,
     /// Seconds to wait for connection setup.
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
@@ -460,10 +558,39 @@ impl Cli {
         })
     }
     /// `-t` in force: perftest's default unless given (`DEF_TX_BW`, 128, for the bandwidth
-    /// tests; `DEF_TX_LAT`, 1, for the latency tests).
+    /// tests; `DEF_TX_LAT`, 1, for the latency tests), at most the iterations of an iteration
+    /// run (perftest's `force_dependecies`; no bound with `-D` or `--run_infinitely`).
     pub fn tx_depth(&self) -> u32 {
-        self.tx_depth
-            .unwrap_or(if self.test.is_bw() { 128 } else { 1 })
+        let depth = self
+            .tx_depth
+            .unwrap_or(if self.test.is_bw() { 128 } else { 1 });
+        match self.iteration_run() {
+            true => depth.min(u32::try_from(self.iterations()).unwrap_or(u32::MAX)),
+            false => depth,
+        }
+    }
+    /// A run of `-n` iterations per size (neither `-D` nor `--run_infinitely`).
+    pub fn iteration_run(&self) -> bool {
+        self.duration.is_none() && !self.run_infinitely
+    }
+    /// send-bw's `-r` in force: at most the iterations of an iteration run (perftest's
+    /// `force_dependecies`); `None` if not given, or for another test (where it is noted).
+    pub fn rx_depth(&self) -> Option<u32> {
+        let r = self
+            .more
+            .rx_depth
+            .filter(|_| self.test == TestKind::SendBw)?;
+        Some(match self.iteration_run() {
+            true => r.min(u32::try_from(self.iterations()).unwrap_or(u32::MAX)),
+            false => r,
+        })
+    }
+    /// `-f` as the run uses it: with `-D` (not `--run_infinitely`, whose `-D` is an
+    /// interval), else `None` (and noted).
+    pub fn margin(&self) -> Option<u32> {
+        self.more
+            .margin
+            .filter(|_| self.duration.is_some() && !self.run_infinitely)
     }
     /// `-A` in force (FetchAdd unless given).
     pub fn atomic_type(&self) -> AtomicType {
@@ -577,6 +704,7 @@ impl Cli {
         if (self.compat.report_unsorted || self.compat.report_histogram) && self.test.is_bw() {
             return Err("-U and -H report the samples of latency tests".into());
         }
+        self.validate_perftest_more()?;
         if let Some(0) = self.size {
             return Err("--size must be at least 1".into());
         }
@@ -607,7 +735,9 @@ impl Cli {
                 return Err("-l posts lists in the write, read and send bandwidth tests".into());
             }
             if self.post_list > self.tx_depth() {
-                return Err("-l must be at most --tx-depth".into());
+                return Err(
+                    "-l must be at most --tx-depth (which an iteration run holds to -n)".into(),
+                );
             }
         }
         inline::check(
@@ -660,7 +790,8 @@ impl Cli {
         if self.transport == Transport::Xdp && self.iface.is_none() {
             return Err("--transport xdp needs --iface".into());
         }
-        if !(1..=1024).contains(&self.tx_depth()) {
+        // As perftest checks `-t`: as given, before an iteration run holds it to `-n`.
+        if self.tx_depth.is_some_and(|t| !(1..=1024).contains(&t)) {
             return Err("--tx-depth must be between 1 and 1024".into());
         }
         if self.cq_mod == Some(0) {
@@ -670,6 +801,203 @@ impl Cli {
             return Err("--slots must be between 1 and 1024 (0: the default)".into());
         }
         Ok(())
+    }
+}
+
+impl Cli {
+    /// The checks of perftest's options as perftest makes them (`perftest_parameters.c`),
+    /// where a kind of test has no use for one.
+    fn validate_perftest_more(&self) -> Result<(), String> {
+        let bw = self.test.is_bw();
+        match self.more.output {
+            Some(OutputKind::Latency) if bw => {
+                return Err(format!(
+                    "--output for {} can be bandwidth or message_rate (perftest's rule)",
+                    self.test.name()
+                ))
+            }
+            Some(OutputKind::Bandwidth | OutputKind::MessageRate) if !bw => {
+                return Err(format!(
+                    "--output for {} can be latency (perftest's rule)",
+                    self.test.name()
+                ))
+            }
+            Some(_) if self.json => {
+                return Err("--output prints one number, --json an object: one of them".into())
+            }
+            _ => {}
+        }
+        if self.compat.no_peak && !bw {
+            // perftest: "NoPeak only valid for BW tests".
+            return Err("-N (no peak) is only valid for the bandwidth tests, as perftest's".into());
+        }
+        if self.more.report_cycles && bw {
+            // perftest: "Available only on Latency tests".
+            return Err("-C (report cycles) is only available on the latency tests".into());
+        }
+        if self.compat.use_event && self.test == TestKind::WriteLat {
+            // perftest: "Events feature not available on WRITE verb".
+            return Err(
+                "-e: write-lat sees each pong in memory, not on a completion queue (perftest \
+                 refuses events for the Write tests)"
+                    .into(),
+            );
+        }
+        if self.more.outs.is_some() {
+            let reads = matches!(
+                self.test,
+                TestKind::ReadBw | TestKind::ReadLat | TestKind::AtomicBw | TestKind::AtomicLat
+            );
+            if !reads {
+                // perftest: "Setting Outstanding reads only available on READ verb".
+                return Err(format!(
+                    "-o sets the outstanding Reads and Atomic Operations of the read and atomic \
+                     tests, not of {}",
+                    self.test.name()
+                ));
+            }
+            if self.mpa_rev == 1 || self.framing == FramingArg::Ift {
+                return Err(
+                    "-o is negotiated as MPA revision 2's IRD and ORD: not with --mpa-rev 1 or \
+                     --framing ift"
+                        .into(),
+                );
+            }
+        }
+        if self.more.rx_depth.is_some_and(|r| r > 1)
+            && !matches!(self.test, TestKind::SendBw | TestKind::SendLat)
+        {
+            // perftest: "On RDMA verbs rx depth can be only 1".
+            return Err(format!(
+                "-r above 1 sets the receive depth of the send tests, not of {}",
+                self.test.name()
+            ));
+        }
+        if let (Some(f), Some(d)) = (self.more.margin, self.duration) {
+            if !self.run_infinitely && d <= 2.0 * f64::from(f) {
+                // perftest: "please check that DURATION > 2*MARGIN".
+                return Err(format!(
+                    "-D must be more than twice -f: -D {d} leaves no window between margins of \
+                     -f {f} seconds"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One line per option given that changes nothing here, or something else than what
+    /// perftest's does: [`PerftestCompat::notes`], then those of [`PerftestMore`] and of the
+    /// bandwidth tests' options given to a latency test.
+    pub fn notes(&self) -> Vec<String> {
+        let ignored = |flag: &dyn std::fmt::Display, why: &str| format!("{flag} ignored: {why}");
+        let m = &self.more;
+        let mut out = self.compat.notes();
+        if let Some(u) = m.qp_timeout {
+            out.push(ignored(
+                &format_args!("-u {u}"),
+                "InfiniBand's ACK timeout; TCP's retransmission timers apply",
+            ));
+        }
+        if let Some(sl) = m.sl {
+            out.push(ignored(
+                &format_args!("-S {sl}"),
+                "InfiniBand's service level; --tos sets the IP Type of Service",
+            ));
+        }
+        if let Some(hops) = m.hop_limit {
+            out.push(ignored(
+                &format_args!("-L {hops}"),
+                "the GRH's hop limit; the IP TTL is the transport's",
+            ));
+        }
+        for (given, flag, why) in [
+            (
+                m.ipv6,
+                "--ipv6",
+                "the server's address (and --bind) choose the IP version",
+            ),
+            (
+                m.use_srq,
+                "--use-srq",
+                "each queue pair here posts its own receives",
+            ),
+            (
+                m.cpu_util,
+                "--cpu_util",
+                "there is no CPU utilization column here",
+            ),
+            (
+                m.perform_warm_up,
+                "--perform_warm_up",
+                "there is no warm-up round (-D's margins leave out the start of a timed run)",
+            ),
+            (
+                m.dont_xchg_versions,
+                "--dont_xchg_versions",
+                "iwarp-bench exchanges no perftest versions",
+            ),
+            (
+                m.comm_rdma_cm,
+                "-z",
+                "the test's parameters travel in the MPA private data of the connection's setup",
+            ),
+            (
+                m.report_cycles,
+                "-C",
+                "the figures stay in microseconds (the monotonic clock times them; there are no \
+                 cycle counters here)",
+            ),
+        ] {
+            if given {
+                out.push(ignored(&flag, why));
+            }
+        }
+        if let Some(f) = m.margin {
+            let flag = format_args!("-f {f}");
+            if self.duration.is_none() {
+                out.push(ignored(&flag, "it sets the margins of -D's timed runs"));
+            } else if self.run_infinitely {
+                out.push(ignored(&flag, "--run_infinitely reports whole intervals"));
+            } else if self.server.is_none() {
+                out.push(format!(
+                    "-f {f} ignored on the server: the client's -f sets the margins"
+                ));
+            }
+        }
+        if let Some(r) = m.rx_depth {
+            let flag = format_args!("-r {r}");
+            match self.test {
+                TestKind::SendBw => {}
+                TestKind::SendLat => {
+                    out.push(ignored(&flag, "send-lat has one ping in flight at a time"))
+                }
+                _ => out.push(ignored(
+                    &flag,
+                    "it sets the receive depth of the send tests",
+                )),
+            }
+        }
+        if !self.test.is_bw() {
+            if let Some(t) = self.tx_depth {
+                out.push(format!(
+                    "-t {t} changes nothing measured: a latency test has one operation \
+                     outstanding at a time (the header's TX depth shows -t, as perftest's)"
+                ));
+            }
+            if let Some(q) = self.cq_mod {
+                out.push(ignored(
+                    &format_args!("-Q {q}"),
+                    "a latency test signals every operation",
+                ));
+            }
+            if self.slots != 0 {
+                out.push(ignored(
+                    &format_args!("--slots {}", self.slots),
+                    "a latency test pings from one buffer slot",
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -890,6 +1218,190 @@ mod tests {
             &["atomic-bw", "--atomic_type", "CMP_AND_SWAP"],
         ] {
             parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+    }
+
+    /// perftest options that were refused with "unexpected argument" (review B1): each parses.
+    #[test]
+    fn more_perftest_options_are_accepted() {
+        for args in [
+            &["write-bw", "--output=bandwidth"][..],
+            &["write-bw", "--output", "message_rate"],
+            &["write-lat", "--output=latency"],
+            &["send-bw", "-r", "256"],
+            &["send-bw", "--rx-depth", "256"],
+            &["read-bw", "-o", "16"],
+            &["read-bw", "--outs", "16"],
+            &["read-bw", "-D", "5", "-f", "1"],
+            &["read-bw", "-D", "5", "--margin", "1"],
+            &["write-lat", "-C"],
+            &["write-lat", "--report-cycles"],
+            &["write-bw", "--cpu_util"],
+            &["write-bw", "-u", "14"],
+            &["write-bw", "--qp-timeout", "14"],
+            &["write-bw", "-S", "0"],
+            &["write-bw", "--sl", "0"],
+            &["write-bw", "-L", "64"],
+            &["write-bw", "--hop_limit", "64"],
+            &["write-bw", "--ipv6"],
+            &["send-bw", "--use-srq"],
+            &["write-bw", "--perform_warm_up"],
+            &["write-bw", "--dont_xchg_versions"],
+            &["write-bw", "-z"],
+            &["write-bw", "--comm_rdma_cm"],
+        ] {
+            let c = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(c.validate().is_ok(), "{args:?}: {:?}", c.validate());
+        }
+        assert!(parse(&["write-bw", "--output=gigabits"]).is_err());
+    }
+
+    /// `--output`'s kind as perftest allows it: bandwidth or message_rate for the bandwidth
+    /// tests, latency for the latency tests; not with `--json`.
+    #[test]
+    fn output_kind_must_suit_the_test() {
+        for args in [
+            &["write-bw", "--output=latency"][..],
+            &["atomic-bw", "--output=latency"],
+            &["write-lat", "--output=bandwidth"],
+            &["read-lat", "--output=message_rate"],
+            &["write-bw", "--output=bandwidth", "--json"],
+        ] {
+            let c = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let err = c.validate().expect_err(args[1]);
+            assert!(err.contains("--output"), "{args:?}: {err}");
+        }
+    }
+
+    /// perftest's `force_dependecies`: an iteration run's TX depth is at most its iterations,
+    /// and the CQ moderation at most that (review B4); not with `-D` or `--run_infinitely`.
+    #[test]
+    fn tx_depth_is_clamped_to_the_iterations() {
+        let c = parse(&["write-bw", "-n", "20"]).unwrap();
+        assert_eq!((c.tx_depth(), c.cq_mod()), (20, 20));
+        let c = parse(&["send-bw", "-n", "50", "-t", "64", "-Q", "60"]).unwrap();
+        assert_eq!((c.tx_depth(), c.cq_mod()), (50, 50));
+        let c = parse(&["write-lat", "-n", "2", "-t", "4"]).unwrap();
+        assert_eq!(c.tx_depth(), 2);
+        for args in [
+            &["write-bw", "-D", "2"][..],
+            &["write-bw", "--run_infinitely"],
+            &["write-bw", "-n", "5000"],
+        ] {
+            let c = parse(args).unwrap();
+            assert_eq!((c.tx_depth(), c.cq_mod()), (128, 100), "{args:?}");
+        }
+    }
+
+    /// Options perftest refuses for a kind of test are refused here too: `-N` on latency tests
+    /// ("NoPeak only valid for BW tests"), `-C` on bandwidth tests ("Available only on Latency
+    /// tests"), `-e` on write-lat (perftest: "Events feature not available on WRITE verb"),
+    /// `-o` outside the Read and Atomic tests, `-r` above 1 outside the send tests; `-f` must
+    /// leave a window (`-D` more than twice it).
+    #[test]
+    fn options_are_refused_where_perftest_refuses_them() {
+        for (args, says) in [
+            (&["write-lat", "-N"][..], "-N"),
+            (&["read-lat", "--noPeak"], "-N"),
+            (&["write-bw", "-C"], "-C"),
+            (&["write-lat", "-e"], "-e"),
+            (&["write-bw", "-o", "4"], "-o"),
+            (&["send-lat", "-o", "4"], "-o"),
+            (&["read-bw", "-o", "0"], "-o"),
+            (&["read-bw", "-o", "4", "--mpa-rev", "1"], "-o"),
+            (&["read-bw", "-o", "4", "--framing", "ift"], "-o"),
+            (&["write-bw", "-r", "2"], "-r"),
+            (&["send-bw", "-r", "0"], "-r"),
+            (&["read-bw", "-D", "4", "-f", "2"], "-f"),
+            (&["read-bw", "-D", "2", "-f", "1"], "-f"),
+        ] {
+            let Ok(c) = parse(args) else {
+                // A value clap itself refuses (out of range) is refused too.
+                continue;
+            };
+            let err = c.validate().expect_err(&args.join(" "));
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+        for args in [
+            &["write-bw", "-N"][..],
+            &["send-lat", "-e"],
+            &["read-lat", "-e"],
+            &["atomic-lat", "-e"],
+            &["atomic-bw", "-o", "8"],
+            &["read-lat", "-o", "8"],
+            &["read-bw", "-D", "5", "-f", "2"],
+            &["read-bw", "-D", "4", "-f", "0"],
+            &["send-lat", "-r", "8"],
+            &["write-bw", "-r", "1"],
+        ] {
+            let c = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(c.validate().is_ok(), "{args:?}: {:?}", c.validate());
+        }
+    }
+
+    /// Every option accepted that changes nothing here is noted (never silently taken), and
+    /// none that works is.
+    #[test]
+    fn inert_options_are_noted() {
+        let notes = |args: &[&str]| parse(args).unwrap().notes().join("\n");
+        let n = notes(&[
+            "write-bw",
+            "-u",
+            "14",
+            "-S",
+            "1",
+            "-L",
+            "9",
+            "--ipv6",
+            "--use-srq",
+            "--cpu_util",
+            "--perform_warm_up",
+            "--dont_xchg_versions",
+            "-z",
+            "-f",
+            "1",
+            "-r",
+            "1",
+            "-x",
+            "0",
+        ]);
+        for flag in [
+            "-u 14 ",
+            "-S 1 ",
+            "-L 9 ",
+            "--ipv6 ",
+            "--use-srq ",
+            "--cpu_util ",
+            "--perform_warm_up ",
+            "--dont_xchg_versions ",
+            "-z ",
+            "-f 1 ",
+            "-r 1 ",
+            "-x 0 ",
+        ] {
+            assert!(n.contains(&format!("{flag}ignored")), "{flag}: {n}");
+        }
+        let n = notes(&["write-lat", "-t", "4", "-Q", "2", "--slots", "3", "-C"]);
+        for flag in [
+            "-t 4 changes nothing",
+            "-Q 2 ignored",
+            "--slots 3 ignored",
+            "-C ignored",
+        ] {
+            assert!(n.contains(flag), "{flag}: {n}");
+        }
+        assert!(notes(&["send-lat", "-r", "8"]).contains("-r 8 ignored"));
+        // -f with -D: the client's works, the server's is the client's to set.
+        assert_eq!(notes(&["read-bw", "-D", "5", "-f", "1", "host"]), "");
+        assert!(notes(&["read-bw", "-D", "5", "-f", "1"]).contains("ignored on the server"));
+        assert!(notes(&["read-bw", "--run_infinitely", "-f", "1", "host"]).contains("-f 1 ignored"));
+        // What works is not noted.
+        for args in [
+            &["send-bw", "-r", "16", "-t", "4", "-Q", "2", "--slots", "2"][..],
+            &["read-bw", "-o", "8", "-N", "--output=bandwidth"],
+            &["read-lat", "-o", "8", "-e", "--output=latency"],
+        ] {
+            assert_eq!(notes(args), "", "{args:?}");
         }
     }
 }

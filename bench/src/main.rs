@@ -154,7 +154,7 @@ fn main() -> ExitCode {
         eprintln!("iwarp-bench: {e}");
         return ExitCode::from(2);
     }
-    for note in cli.compat.notes() {
+    for note in cli.notes() {
         eprintln!("iwarp-bench: {note}");
     }
     let result = match cli.server.clone() {

@@ -20,9 +20,10 @@ pub const CTRL_SLOTS: usize = 64;
 
 /// The client's hello; its version changes with anything two iwarp-bench builds must agree
 /// on (IWB6: `-b`'s Report may carry milliseconds; IWB7: bandwidth and ping-pong messages
-/// carry their index, write-bw's phase ends with [`Ctrl::Done`]), so that mismatched builds
+/// carry their index, write-bw's phase ends with [`Ctrl::Done`]; IWB8: the hello carries
+/// `-r` and `-f`, `-b`'s Report is followed by [`Ctrl::Peak`]), so that mismatched builds
 /// refuse each other at once (see [`is_other_version`]).
-const HELLO_MAGIC: &[u8; 4] = b"IWB7";
+const HELLO_MAGIC: &[u8; 4] = b"IWB8";
 
 /// Whether `private_data` is the hello of an iwarp-bench of another version.
 pub fn is_other_version(private_data: &[u8]) -> bool {
@@ -51,7 +52,20 @@ pub struct Hello {
     pub bidirectional: bool,
     /// This connection is `-b`'s reverse one.
     pub reverse: bool,
+    /// send-bw's `-r`: the receives the server keeps posted, the client's credit window
+    /// ([`Hello::send_credits`]); 0: the default.
+    pub rx_depth: u32,
+    /// `-f`: with `-D`, the whole seconds left out of the measurement at each end (`None`: a
+    /// quarter of `-D`'s, [`crate::stats::SampleWindow`]).
+    pub margin: Option<u32>,
 }
+
+/// Most receives `-r` may ask for, as perftest's (`MAX_RX`).
+pub const MAX_RX_DEPTH: u32 = 16384;
+/// Most data receives a send-bw server keeps posted for the client's credit ([`Hello::send_credits`]):
+/// its receive queue's depth (`ConnectParams::default().rq_depth`, 4096) less the one for
+/// the phase-done Send.
+pub const MAX_POSTED_RECEIVES: u32 = 4095;
 
 /// Most queue pairs (`-q`) one run may use.
 pub const MAX_QPS: u16 = 64;
@@ -86,6 +100,8 @@ impl Hello {
         }
         v.extend_from_slice(&self.qps.to_be_bytes());
         v.push(u8::from(self.bidirectional) | u8::from(self.reverse) << 1);
+        v.extend_from_slice(&self.rx_depth.to_be_bytes());
+        v.extend_from_slice(&self.margin.unwrap_or(u32::MAX).to_be_bytes());
         v
     }
 
@@ -111,6 +127,8 @@ impl Hello {
         let qps = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
         let flags = r.u8()?;
         let (bidirectional, reverse) = (flags & 1 != 0, flags & 2 != 0);
+        let rx_depth = r.u32()?;
+        let margin = Some(r.u32()?).filter(|&m| m != u32::MAX);
         let ok = !sizes.is_empty()
             && (1..=MAX_QPS).contains(&qps)
             && flags <= 3
@@ -121,6 +139,12 @@ impl Hello {
             && (1..=1024).contains(&tx_depth)
             && slots <= 1024
             && (iters > 0 || duration_ms > 0)
+            // -r: send-bw's, as the command line allows it.
+            && (rx_depth == 0 || (test == TestKind::SendBw && rx_depth <= MAX_RX_DEPTH))
+            // -f: with -D only, leaving a window between the margins.
+            && margin.is_none_or(|m| {
+                duration_ms != u64::MAX && u64::from(m) * 2000 < duration_ms
+            })
             // As the command line allows (`--duration` at most an hour; `--run_infinitely`
             // asks for u64::MAX: until the client is interrupted).
             && (duration_ms <= MAX_DURATION_MS || duration_ms == u64::MAX)
@@ -138,6 +162,8 @@ impl Hello {
             qps,
             bidirectional,
             reverse,
+            rx_depth,
+            margin,
         };
         // What one hello makes the server register: a buffer per queue pair.
         let memory = hello.buffer_len().saturating_mul(u64::from(qps));
@@ -146,10 +172,15 @@ impl Hello {
     }
 
     /// Length both sides register for the data buffer: room for `tx_depth` messages of the
-    /// largest size (at least two, for the ping and pong slots), capped at [`MAX_BUFFER`].
+    /// largest size (at least two, for the ping and pong slots; with send-bw's `-r`, room for
+    /// that many receives if more, at most [`MAX_POSTED_RECEIVES`]), capped at [`MAX_BUFFER`].
     pub fn buffer_len(&self) -> u64 {
         let max = self.sizes.iter().copied().max().unwrap_or(1);
-        (max * u64::from(self.tx_depth.max(2))).clamp(2 * max, MAX_BUFFER.max(2 * max))
+        let messages = self
+            .tx_depth
+            .max(self.rx_depth.min(MAX_POSTED_RECEIVES))
+            .max(2);
+        (max * u64::from(messages)).clamp(2 * max, MAX_BUFFER.max(2 * max))
     }
 
     /// Receive slots of the largest size in the buffer (send tests post receives this big, so
@@ -162,7 +193,11 @@ impl Hello {
     /// Receive buffers a send-bw server advertises as the client's initial credit (iWARP has
     /// no receiver-not-ready retry, so a Send must never find the receive queue empty).
     pub fn send_credits(&self) -> u64 {
-        self.recv_slots().min(512)
+        match self.rx_depth {
+            // perftest's default receive depth of the send tests (`DEF_RX_SEND`).
+            0 => self.recv_slots().min(512),
+            r => self.recv_slots().min(u64::from(r.min(MAX_POSTED_RECEIVES))),
+        }
     }
 
     /// How many message slots of `size` the bandwidth tests cycle through: as many as fit in
@@ -252,6 +287,10 @@ pub enum Ctrl {
     /// wire in microseconds, or in milliseconds (flag 1) for phases longer than 32 bits of
     /// microseconds hold (71 minutes).
     Report { iterations: u64, micros: u64 },
+    /// `-b`'s reverse connection, sending side -> checking side, after each [`Ctrl::Report`]:
+    /// the sender's peak as the shortest time per message, in picoseconds
+    /// ([`crate::stats::PeakTimes::fastest`]); 0: none measured.
+    Peak { picos: u64 },
 }
 
 impl Ctrl {
@@ -284,6 +323,10 @@ impl Ctrl {
                 b[4..8].copy_from_slice(&time.to_be_bytes());
                 b[8..16].copy_from_slice(&iterations.to_be_bytes());
             }
+            Ctrl::Peak { picos } => {
+                b[0] = 6;
+                b[8..16].copy_from_slice(&picos.to_be_bytes());
+            }
         }
         b
     }
@@ -306,6 +349,7 @@ impl Ctrl {
                 iterations: v,
                 micros: u64::from(n) * if flag == 1 { 1000 } else { 1 },
             }),
+            6 => Some(Ctrl::Peak { picos: v }),
             _ => None,
         }
     }
@@ -390,6 +434,8 @@ mod tests {
             qps: 4,
             bidirectional: true,
             reverse: true,
+            rx_depth: 0,
+            margin: None,
         };
         let b = RemoteBuf {
             stag: 0x1234,
@@ -476,6 +522,10 @@ mod tests {
                 iterations: 1 << 40,
                 micros: u64::from(u32::MAX),
             },
+            Ctrl::Peak { picos: 0 },
+            Ctrl::Peak {
+                picos: 12_345_678_901,
+            },
         ] {
             assert_eq!(Ctrl::decode(&c.encode()), Some(c));
         }
@@ -506,6 +556,8 @@ mod tests {
             qps: 1,
             bidirectional: false,
             reverse: false,
+            rx_depth: 0,
+            margin: None,
         };
         assert!(
             h.encode(RemoteBuf {
@@ -525,5 +577,89 @@ mod tests {
         assert_eq!(h.slots(2), 2);
         h.slots = 1000;
         assert_eq!(h.slots(1 << 23), 8);
+    }
+
+    /// IWB8's `-r` and `-f`: they round-trip, `-r` sets send-bw's credit window (the buffer
+    /// grows to hold the receives), and what the command line refuses a hello may not say.
+    #[test]
+    fn rx_depth_and_margin_travel_in_the_hello() {
+        let h = Hello {
+            test: TestKind::SendBw,
+            imm: false,
+            tx_depth: 128,
+            slots: 0,
+            iters: 0,
+            duration_ms: 5000,
+            sizes: vec![4096],
+            qps: 1,
+            bidirectional: false,
+            reverse: false,
+            rx_depth: 300,
+            margin: Some(2),
+        };
+        let b = RemoteBuf {
+            stag: 1,
+            to: 0,
+            len: 1 << 30,
+        };
+        assert_eq!(Hello::decode(&h.encode(b)), Some((h.clone(), b)));
+        assert_eq!((h.buffer_len(), h.send_credits()), (300 * 4096, 300));
+        let default = Hello {
+            rx_depth: 0,
+            margin: None,
+            ..h.clone()
+        };
+        assert_eq!(
+            Hello::decode(&default.encode(b)),
+            Some((default.clone(), b))
+        );
+        assert_eq!(
+            (default.buffer_len(), default.send_credits()),
+            (128 * 4096, 128)
+        );
+        let small = Hello {
+            rx_depth: 16,
+            ..default.clone()
+        };
+        assert_eq!(small.send_credits(), 16);
+        // perftest's largest -r, of small messages: as many as the receive queue holds.
+        let most = Hello {
+            rx_depth: MAX_RX_DEPTH,
+            sizes: vec![64],
+            ..default.clone()
+        };
+        assert_eq!(most.send_credits(), u64::from(MAX_POSTED_RECEIVES));
+        assert_eq!(
+            MAX_POSTED_RECEIVES as usize + 1,
+            datapath::ConnectParams::default().rq_depth
+        );
+        for bad in [
+            // -r outside send-bw, or above perftest's MAX_RX.
+            Hello {
+                test: TestKind::WriteBw,
+                ..h.clone()
+            },
+            Hello {
+                rx_depth: MAX_RX_DEPTH + 1,
+                ..h.clone()
+            },
+            // -f leaving no window, or without -D.
+            Hello {
+                margin: Some(3),
+                ..h.clone()
+            },
+            Hello {
+                margin: Some(0),
+                iters: 10,
+                duration_ms: 0,
+                ..h.clone()
+            },
+        ] {
+            assert_eq!(Hello::decode(&bad.encode(b)), None, "{bad:?}");
+        }
+        // An IWB7 hello is another version's.
+        let mut old = h.encode(b);
+        old[3] = b'7';
+        assert!(is_other_version(&old) && Hello::decode(&old).is_none());
     }
 }

@@ -23,6 +23,7 @@ use datapath::{
 };
 use serde_json::json;
 
+use crate::cli::OutputKind;
 use crate::engine_report::EngineReport;
 use crate::interrupt;
 use crate::live;
@@ -30,7 +31,7 @@ use crate::pattern;
 use crate::pcap::PcapReport;
 use crate::perftest::report;
 use crate::proto::{self, Ctrl, Hello, RemoteBuf, CLIENT_SEED, CTRL_LEN, CTRL_SLOTS, SERVER_SEED};
-use crate::stats::{self, BandwidthResult, LatencyResult, Part, SampleWindow};
+use crate::stats::{self, BandwidthResult, LatencyResult, Part, PeakTimes, SampleWindow};
 use crate::{AtomicType, Cli, CqMode, FramingArg, TestKind, Transport};
 use datapath::xsk::Capture;
 
@@ -94,6 +95,17 @@ fn stamp(i: u64) -> u8 {
 }
 
 fn connect_params(cli: &Cli) -> ConnectParams {
+    let mut mpa = MpaConfig {
+        rev: cli.mpa_rev,
+        crc: cli.crc.on(),
+        markers: cli.markers.on(),
+        ..MpaConfig::default()
+    };
+    if let Some(o) = cli.more.outs {
+        // perftest's -o sets both (rdma_cm's `initiator_depth` and `responder_resources`):
+        // the client's ORD, the server's IRD, which bounds the client's in the exchange.
+        (mpa.ird, mpa.ord) = (o, o);
+    }
     let framing = match cli.framing {
         FramingArg::Mpa => Framing::Mpa,
         FramingArg::Ift => Framing::Ift(ift::IftConfig {
@@ -104,12 +116,7 @@ fn connect_params(cli: &Cli) -> ConnectParams {
     };
     ConnectParams {
         framing,
-        mpa: MpaConfig {
-            rev: cli.mpa_rev,
-            crc: cli.crc.on(),
-            markers: cli.markers.on(),
-            ..MpaConfig::default()
-        },
+        mpa,
         setup_timeout: cli.setup_timeout(),
         rdmap_extensions: cli.test.is_atomic() || cli.imm(),
         tos: cli.compat.tos.unwrap_or(0),
@@ -174,6 +181,11 @@ struct Side {
     inline_size: u64,
     /// `--framing ift`: the region the hello and the welcome went through.
     setup: Option<MemoryRegion>,
+    /// Bandwidth tests: keep post and completion times for perftest's peak where it is
+    /// measured (not with `-N`).
+    peak: bool,
+    /// `--output`: result lines as one number.
+    output: Option<OutputKind>,
 }
 
 /// Receives a write-bw server keeps posted for Immediate Data beyond the phase-done Send and a
@@ -214,6 +226,18 @@ impl Side {
             post_list: cli.post_list as usize,
             inline_size: cli.compat.inline_size.map_or(0, u64::from),
             setup: None,
+            peak: !cli.compat.no_peak,
+            output: cli.more.output,
+        }
+    }
+
+    /// A latency loop's next completion: polled (`None` while there is none), or with `-e`
+    /// waited for on the completion channel (the queue armed first), as perftest's latency
+    /// tests wait with `-e`; that wait fails after [`STALL`] (or with the connection).
+    fn lat_next(&self) -> Result<Option<Completion>, String> {
+        match self.channel {
+            Some(_) => self.next().map(Some),
+            None => self.try_next(),
         }
     }
 
@@ -850,7 +874,15 @@ fn accept_side(
         let _ = req.reject(format!("iwarp-bench: {why}").as_bytes());
         return Err(why);
     }
-    let req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
+    let mut req = req.rdmap_extensions(hello.test.is_atomic() || hello.imm);
+    // The client's -o: its ORD, which our IRD bounds. Not given -o ourselves, we grant it
+    // (as many Read Requests as it asks to have outstanding at us).
+    let ours = connect_params(cli).mpa;
+    if let Some((_, ord)) = req.offered_ird_ord() {
+        if cli.more.outs.is_none() && ord != datapath::MAX_IRD_ORD && ord > ours.ird {
+            req = req.ird_ord(ord, ours.ord);
+        }
+    }
     let pd = crate::net::protection_domain();
     let (cq, channel) = completion_queue(cli.compat.use_event)?;
     // Everything the client may touch first is ready before we accept: our data, the first
@@ -945,9 +977,24 @@ fn check_symmetric(cli: &Cli, hello: &Hello) -> Result<(), String> {
             return refuse(client_count(), format!("-n {n}"));
         }
     }
+    // An iteration run holds -t (and -r) to -n, as perftest's force_dependecies: ours to the
+    // client's -n, which the run follows.
+    let held = |v: u32| match hello.duration_ms {
+        0 => u64::from(v).min(hello.iters) as u32,
+        _ => v,
+    };
     if let Some(t) = cli.tx_depth {
-        if hello.tx_depth != t {
+        if hello.tx_depth != held(t) {
             return refuse(format!("-t {}", hello.tx_depth), format!("-t {t}"));
+        }
+    }
+    if let Some(r) = cli.more.rx_depth.filter(|_| hello.test == TestKind::SendBw) {
+        if hello.rx_depth != held(r) {
+            let client = match hello.rx_depth {
+                0 => "no -r".to_string(),
+                n => format!("-r {n}"),
+            };
+            return refuse(client, format!("-r {r}"));
         }
     }
     if cli.qps > 1 && hello.qps != cli.qps {
@@ -1181,6 +1228,8 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
     }
     let duration =
         (side.hello.duration_ms > 0).then(|| Duration::from_millis(side.hello.duration_ms));
+    // The peak where perftest measures one: the client's -N leaves it out of the row.
+    side.peak = true;
     let mut sent = 0;
     for size in side.hello.sizes.clone() {
         let run = client_bw(side, size, duration, None)?;
@@ -1189,6 +1238,13 @@ fn send_reverse(side: &mut Side) -> Result<u64, String> {
         side.send_ctrl(Ctrl::Report {
             iterations: r.iterations,
             micros: (r.seconds * 1e6).max(1.0) as u64,
+        })?;
+        // The shortest time per message, in picoseconds (0: none).
+        let fastest = r
+            .peak_mib_per_sec
+            .map_or(0.0, |p| size as f64 / (p * 1024.0 * 1024.0));
+        side.send_ctrl(Ctrl::Peak {
+            picos: (fastest * 1e12).round() as u64,
         })?;
         sent += run.completed;
     }
@@ -1451,8 +1507,10 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
                 }
             }
             // send-lat polls for the ping like perftest's busy `ibv_poll_cq` loop (and like the
-            // client's wait for the pong); the bandwidth tests block.
-            let c = if test == TestKind::SendLat || test == TestKind::WriteLat {
+            // client's wait for the pong), or with -e waits on the channel as perftest's does;
+            // the bandwidth tests block.
+            let polls = matches!(test, TestKind::SendLat | TestKind::WriteLat);
+            let c = if polls && side.channel.is_none() {
                 side.next_polling()?
             } else {
                 side.next()?
@@ -1570,11 +1628,22 @@ fn serve(side: &mut Side, plan: &ServerPlan, mut recv_posted: u64) -> Result<u64
             loop {
                 match side.next_ctrl()? {
                     Some(Ctrl::Report { iterations, micros }) => {
-                        side.reports.push(BandwidthResult::new(
-                            size,
-                            iterations,
-                            micros as f64 / 1e6,
-                        ));
+                        let r = BandwidthResult::new(size, iterations, micros as f64 / 1e6);
+                        // Then its peak (the shortest time per message).
+                        let peak = loop {
+                            match side.next_ctrl()? {
+                                Some(Ctrl::Peak { picos }) => {
+                                    break (picos > 0).then(|| picos as f64 / 1e12)
+                                }
+                                Some(Ctrl::Credit { .. }) => {}
+                                other => {
+                                    return Err(format!(
+                                        "-b: expected the server's peak, got {other:?}"
+                                    ))
+                                }
+                            }
+                        };
+                        side.reports.push(r.with_peak(peak));
                         break;
                     }
                     Some(Ctrl::Credit { .. }) => {}
@@ -1711,7 +1780,22 @@ fn client_session(
         qps: cli.qps,
         bidirectional: cli.bidirectional,
         reverse: false,
+        rx_depth: cli.rx_depth().unwrap_or(0),
+        margin: cli.margin(),
     };
+    if let Some(r) = cli.rx_depth() {
+        if hello.send_credits() < u64::from(r) {
+            eprintln!(
+                "iwarp-bench: -r {r}: {} receives posted (the receive queue holds {}, the {} MiB \
+                 buffer {} of {} octets)",
+                hello.send_credits(),
+                proto::MAX_POSTED_RECEIVES,
+                proto::MAX_BUFFER >> 20,
+                hello.recv_slots(),
+                hello.sizes.iter().max().unwrap_or(&1),
+            );
+        }
+    }
     let memory = hello.buffer_len() * u64::from(cli.qps);
     if memory > proto::MAX_SESSION_MEMORY {
         return Err(format!(
@@ -1732,8 +1816,13 @@ fn client_session(
     } else {
         report::LAT_HEADER
     };
+    // --output: one number per result on stdout, nothing else there (perftest's
+    // `ctx_print_test_info` and the tables' lines print nothing then).
+    let table = !cli.json && cli.more.output.is_none();
     if !cli.json {
         eprintln!("iwarp-bench: {banner}");
+    }
+    if table {
         // perftest's header block and column line, so that what parses perftest's output
         // parses ours.
         let device = match cli.transport {
@@ -1750,7 +1839,8 @@ fn client_session(
             cq_mod: u64::from(cli.cq_mod()),
             post_list: u64::from(cli.post_list),
             inline: cli.compat.inline_size.map_or(0, u64::from),
-            out_reads: connect_params(cli).mpa.ord,
+            // The ORD agreed with the server (`-o`, bounded by the server's IRD).
+            out_reads: sides[0].qp.agreed().ord(),
             mtu: sides[0].qp.mulpdu() as u32,
             device: &device,
         };
@@ -1812,10 +1902,10 @@ fn client_session(
         );
         let (fwd, rev) = (fwd?, rev?);
         for ((r, _, _, _), reverse) in fwd.iter().zip(&back.reports) {
-            // perftest's duplex row: our size and count, both directions' rates.
+            // perftest's duplex row: our size and count, both directions' rates (and peaks).
             let r = r.with_reverse(reverse);
             if !cli.json {
-                println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
+                println!("{}", bw_line(&r, cli));
             }
             bw_results.push(r);
         }
@@ -1833,10 +1923,14 @@ fn client_session(
             client_bw_sizes(side, duration, report_every, Some(&barrier))
         })?;
         for (i, size) in hello.sizes.iter().enumerate() {
-            let parts: Vec<Part> = runs.iter().filter_map(|r| r.get(i)).map(|p| p.3).collect();
+            let parts: Vec<Part> = runs
+                .iter()
+                .filter_map(|r| r.get(i))
+                .map(|p| p.3.clone())
+                .collect();
             let r = BandwidthResult::concurrent(*size, &parts);
             if !cli.json {
-                println!("{}", report::bw_row_of(&r, cli.compat.report_gbits));
+                println!("{}", bw_line(&r, cli));
             }
             bw_results.push(r);
         }
@@ -1854,10 +1948,7 @@ fn client_session(
                 let run = client_bw(side, size, duration, report_every)?;
                 client_verified += run.checked;
                 if !cli.json {
-                    println!(
-                        "{}",
-                        report::bw_row_of(&run.result, cli.compat.report_gbits)
-                    );
+                    println!("{}", bw_line(&run.result, cli));
                 }
                 ops = run.completed;
                 bw_results.push(run.result);
@@ -1873,8 +1964,10 @@ fn client_session(
                     if cli.compat.report_histogram {
                         print!("{}", stats::lat_samples_report(&run.samples, true));
                     }
-                    println!("{}", report::RESULT_LINE);
-                    println!("{}", lat_header);
+                    if table {
+                        println!("{}", report::RESULT_LINE);
+                        println!("{}", lat_header);
+                    }
                 }
                 // The plain mean of every sample kept, before the summary sorts them.
                 let mean = run.samples.iter().sum::<f64>() / run.samples.len().max(1) as f64;
@@ -1885,11 +1978,14 @@ fn client_session(
                     Some(secs) => {
                         let tps = run.counted as f64 / secs.max(1e-9);
                         r.tps = Some(tps);
-                        if !cli.json {
+                        if table {
                             println!("{}", report::lat_dur_row(size, run.counted, mean, tps));
+                        } else if !cli.json {
+                            println!("{}", report::lat_number(mean));
                         }
                     }
-                    None if !cli.json => println!("{}", report::lat_row(&r)),
+                    None if table => println!("{}", report::lat_row(&r)),
+                    None if !cli.json => println!("{}", report::lat_number(r.t_avg_us)),
                     None => {}
                 }
                 lat_results.push(r);
@@ -1897,7 +1993,7 @@ fn client_session(
             verified = verified.saturating_add(finish_phase(side, size, ops)?);
         }
     }
-    if !cli.json {
+    if table {
         println!("{}", report::RESULT_LINE);
     }
     let mut out = None;
@@ -1922,6 +2018,10 @@ fn client_session(
                 "verified_bytes_client": client_verified,
                 "results": results,
         });
+        if cli.test == TestKind::SendBw {
+            // -r: the receives the server kept posted, our credit window.
+            report["rx_depth"] = side.hello.send_credits().into();
+        }
         if let (Some(fields), serde_json::Value::Object(agreed)) =
             (report.as_object_mut(), crate::net::agreed_json(&side.qp))
         {
@@ -1938,6 +2038,12 @@ fn client_session(
         side.qp.disconnect();
     }
     Ok(out)
+}
+
+/// A bandwidth result's line as `cli` asks for it: perftest's row, or with `--output` one
+/// number ([`report::bw_line`]).
+fn bw_line(r: &BandwidthResult, cli: &Cli) -> String {
+    report::bw_line(r, cli.compat.report_gbits, cli.more.output)
 }
 
 /// Connects one queue pair of the run: its own protection domain, completion queue and
@@ -2015,6 +2121,7 @@ fn client_bw_sizes(
             iterations: run.result.iterations,
             start: run.span.0,
             end: run.span.1,
+            times: run.times,
         };
         out.push((run.result, run.checked, server_checked, part));
     }
@@ -2022,10 +2129,18 @@ fn client_bw_sizes(
     Ok(out)
 }
 
-/// Posts the gathered work requests of `-l` as one list (nothing if there are none).
-fn post_list(side: &Side, pending: &mut Vec<SendRequest>) -> Result<(), String> {
+/// Posts the gathered work requests of `-l` as one list (nothing if there are none), its
+/// time and length first into `times` (perftest's peak times a list by its post).
+fn post_list(
+    side: &Side,
+    pending: &mut Vec<SendRequest>,
+    times: Option<&mut PeakTimes>,
+) -> Result<(), String> {
     if pending.is_empty() {
         return Ok(());
+    }
+    if let Some(t) = times {
+        t.posts.push((Instant::now(), pending.len() as u64));
     }
     side.qp
         .post_send_list(pending.drain(..))
@@ -2060,9 +2175,8 @@ fn finish_phase(side: &mut Side, size: u64, messages: u64) -> Result<u64, String
                     return Err(format!("server found corrupted data at size {size}"))
                 }
                 Some(Ctrl::Credit { .. }) => continue,
-                Some(Ctrl::Done { .. } | Ctrl::Ready | Ctrl::Report { .. }) | None => {
-                    return Err("malformed control message from server".into())
-                }
+                Some(Ctrl::Done { .. } | Ctrl::Ready | Ctrl::Report { .. } | Ctrl::Peak { .. })
+                | None => return Err("malformed control message from server".into()),
             }
         }
     }
@@ -2187,6 +2301,10 @@ struct BwRun {
     /// Messages completed over the whole run (an atomic test's server checks its counter
     /// against it).
     completed: u64,
+    /// The post and completion times kept for perftest's peak (an iteration run of at most
+    /// [`stats::PEAK_MAX_ITERATIONS`] messages, not `-N`), for `-q`'s row over all queue
+    /// pairs; `result` has this run's own peak.
+    times: Option<PeakTimes>,
 }
 
 /// One size of a bandwidth test: `-n` messages, or as many as `duration` allows (counting
@@ -2220,9 +2338,16 @@ fn client_bw(
     // -D: what completes in the middle of the run counts (not with --run_infinitely, whose
     // -D is the interval between rows).
     let mut sample = match (report_every, duration) {
-        (None, Some(d)) => Some(SampleWindow::new(start, d)),
+        (None, Some(d)) => Some(SampleWindow::with_margin(start, d, side.hello.margin)),
         _ => None,
     };
+    // perftest's peak: the times of an iteration run of at most 20,000 messages (not with -N,
+    // -D or --run_infinitely, where perftest measures none either).
+    let mut times = (side.peak
+        && duration.is_none()
+        && report_every.is_none()
+        && iters <= stats::PEAK_MAX_ITERATIONS)
+        .then(|| PeakTimes::with_capacity(iters, side.post_list as u64, side.cq_mod));
     let (mut posted, mut completed, mut outstanding) = (0u64, 0u64, 0u64);
     // read-bw: messages done and checked. At most `depth` Reads are posted and not yet
     // checked, so with a slot per outstanding request (the default) a slot's data is checked
@@ -2284,9 +2409,12 @@ fn client_bw(
                 // below, when the window is).
                 pending.push(side.request(wr));
                 if pending.len() >= side.post_list {
-                    post_list(side, &mut pending)?;
+                    post_list(side, &mut pending, times.as_mut())?;
                 }
             } else {
+                if let Some(t) = &mut times {
+                    t.posts.push((Instant::now(), 1));
+                }
                 side.post_wr(wr)?;
             }
             posted += 1;
@@ -2294,7 +2422,7 @@ fn client_bw(
             credits = credits.saturating_sub(cost);
             stop = last;
         }
-        post_list(side, &mut pending)?;
+        post_list(side, &mut pending, times.as_mut())?;
         if test == TestKind::ReadBw && released < completed {
             let off = (released % slots) * size;
             if let Some(at) = side.mismatch(SERVER_SEED, off, off, size) {
@@ -2335,6 +2463,9 @@ fn client_bw(
                 }
                 outstanding -= done;
                 completed += done;
+                if let Some(t) = &mut times {
+                    t.completions.push((Instant::now(), done));
+                }
                 if let Some(w) = &mut sample {
                     w.completed(Instant::now(), done);
                 }
@@ -2343,7 +2474,7 @@ fn client_bw(
                     if now.duration_since(window.0) >= every {
                         let secs = now.duration_since(window.0).as_secs_f64();
                         let r = BandwidthResult::new(size, completed - window.1, secs);
-                        println!("{}", report::bw_row_of(&r, side.report_gbits));
+                        println!("{}", report::bw_line(&r, side.report_gbits, side.output));
                         window = (now, completed);
                     }
                 } else if completed / 64 != (completed - done) / 64 {
@@ -2373,7 +2504,8 @@ fn client_bw(
             w.span(),
         ),
         None => (
-            BandwidthResult::new(size, completed, end.duration_since(start).as_secs_f64()),
+            BandwidthResult::new(size, completed, end.duration_since(start).as_secs_f64())
+                .with_peak(times.as_ref().and_then(PeakTimes::fastest)),
             (start, end),
         ),
     };
@@ -2388,6 +2520,7 @@ fn client_bw(
         span,
         checked,
         completed,
+        times,
     })
 }
 
@@ -2452,7 +2585,7 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
     let start = Instant::now();
     let mut samples = LatSamples {
         kept: Vec::with_capacity(iters.min(MAX_LAT_SAMPLES as u64) as usize),
-        window: duration.map(|d| SampleWindow::new(start, d)),
+        window: duration.map(|d| SampleWindow::with_margin(start, d, side.hello.margin)),
         counted: 0,
     };
     let mut progress = Progress::new(side, size, duration, start);
@@ -2534,7 +2667,7 @@ fn client_lat(side: &mut Side, size: u64, duration: Option<Duration>) -> Result<
                 side.post_data(K_DATA | i, op, sink, size, true)?;
                 let mut idle = Idle::new();
                 loop {
-                    if let Some(c) = side.try_next()? {
+                    if let Some(c) = side.lat_next()? {
                         if c.wc.wr_id == K_DATA | i {
                             break;
                         }
@@ -2613,7 +2746,7 @@ fn sample_start(progress: &mut Progress, done: u64) -> Instant {
 fn wait_immediate(side: &Side, i: u64) -> Result<Completion, String> {
     let mut idle = Idle::new();
     loop {
-        match side.try_next()? {
+        match side.lat_next()? {
             Some(c) if c.wc.opcode == WcOpcode::RecvImmediate => return Ok(c),
             Some(_) => {}
             None => {
@@ -2639,7 +2772,7 @@ fn wait_pong(side: &Side, test: TestKind, max: u64, size: u64, i: u64) -> Result
         {
             return Ok(());
         }
-        match side.try_next()? {
+        match side.lat_next()? {
             Some(c) if test == TestKind::SendLat && c.wc.opcode == WcOpcode::Recv => return Ok(()),
             Some(_) => {}
             None => {

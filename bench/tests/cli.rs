@@ -463,9 +463,22 @@ fn a_server_refuses_a_client_whose_symmetric_options_differ() {
         ),
         (
             "write-bw",
-            &["-s", "4096", "-n", "100", "-t", "64"],
-            &["-s", "4096", "-n", "100"],
+            &["-s", "4096", "-n", "200", "-t", "64"],
+            &["-s", "4096", "-n", "200"],
             "client asked for -t 128, this server was given -t 64",
+        ),
+        // -t held to -n (perftest's force_dependecies) at both ends before they are compared.
+        (
+            "write-bw",
+            &["-s", "4096", "-t", "64"],
+            &["-s", "4096", "-n", "100", "-t", "128"],
+            "client asked for -t 100, this server was given -t 64",
+        ),
+        (
+            "send-bw",
+            &["-s", "4096", "-n", "100", "-r", "32"],
+            &["-s", "4096", "-n", "100"],
+            "client asked for no -r, this server was given -r 32",
         ),
         (
             "write-bw",
@@ -490,15 +503,15 @@ fn a_server_refuses_a_client_whose_symmetric_options_differ() {
         assert!(serr.contains(says), "{test}: server:\n{serr}");
         assert!(cerr.contains(says), "{test}: client:\n{cerr}");
     }
-    // The same options at both ends, or none at the server: the run goes ahead.
-    for server in [&["-s", "4096", "-n", "50", "-t", "16"][..], &[]] {
-        let (s, c) = run_pair_sides(
-            "write-bw",
-            free_port(),
-            &[],
-            server,
-            &["-s", "4096", "-n", "50", "-t", "16"],
-        );
+    // The same options at both ends, or none at the server: the run goes ahead (-t 128
+    // held to -n 50 at both ends).
+    let given = &["-s", "4096", "-n", "50", "-t", "16"][..];
+    for (server, client) in [
+        (given, given),
+        (&[], given),
+        (&["-s", "4096", "-t", "128"], &["-s", "4096", "-n", "50"]),
+    ] {
+        let (s, c) = run_pair_sides("write-bw", free_port(), &[], server, client);
         assert!(
             s.status.success() && c.status.success(),
             "{server:?}: {}",

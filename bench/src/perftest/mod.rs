@@ -329,6 +329,10 @@ impl Run {
         if (cli.compat.report_unsorted || cli.compat.report_histogram) && t.is_bw() {
             return Err("-U and -H are for the latency tests".into());
         }
+        if cli.compat.no_peak && !t.is_bw() {
+            // perftest: "NoPeak only valid for BW tests".
+            return Err("-N (no peak) is only valid for the bandwidth tests, as perftest's".into());
+        }
         let iters = cli
             .iters
             .unwrap_or(if t == TestKind::WriteBw { 5000 } else { 1000 });
@@ -2430,6 +2434,9 @@ mod tests {
         assert!(parse(&["perftest", "read-bw", "-s", "0"]).is_err());
         assert!(parse(&["perftest", "read-bw", "-s", "8388609"]).is_err());
         assert!(parse(&["perftest", "read-bw", "--transport", "xdp"]).is_err());
+        // -N: bandwidth tests only, as perftest's.
+        assert!(parse(&["perftest", "write-bw", "-N"]).is_ok_and(|r| r.no_peak));
+        assert!(parse(&["perftest", "write-lat", "-N"]).is_err());
     }
 
     #[test]

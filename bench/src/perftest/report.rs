@@ -2,6 +2,7 @@
 //! the header block (`ctx_print_test_info`), the result tables' column lines and rows
 //! (perftest_parameters.h `RESULT_FMT*`, `REPORT_FMT*`), and the dashed separator.
 
+use crate::cli::OutputKind;
 use crate::stats::{BandwidthResult, LatencyResult};
 use crate::TestKind;
 
@@ -37,20 +38,42 @@ pub fn bw_row(r: &BwReport, gbits: bool) -> String {
 }
 
 /// A bandwidth result of ours as perftest's row: MB/s (2^20 octets) or, with `gbits`, Gb/s;
-/// the peak column 0.00, as perftest's when it measures none (these runs time sizes, not
-/// single messages).
+/// the peak column 0.00 where none was measured, as perftest's.
 pub fn bw_row_of(r: &BandwidthResult, gbits: bool) -> String {
-    let avg = if gbits { r.gbit_per_sec } else { r.mib_per_sec };
+    let (avg, peak) = if gbits {
+        (r.gbit_per_sec, r.peak_gbit_per_sec)
+    } else {
+        (r.mib_per_sec, r.peak_mib_per_sec)
+    };
     bw_row(
         &BwReport {
             size: r.bytes,
             iters: r.iterations,
-            bw_peak: 0.0,
+            bw_peak: peak.unwrap_or(0.0),
             bw_avg: avg,
             msg_rate: r.msg_rate_mpps,
         },
         gbits,
     )
+}
+
+/// A bandwidth result's line: perftest's row ([`bw_row_of`]), or with `--output` the one
+/// number perftest's `print_full_bw_report` prints instead (`printf("%lf\n")`): the average
+/// bandwidth in the row's unit, or the message rate in Mpps.
+pub fn bw_line(r: &BandwidthResult, gbits: bool, output: Option<OutputKind>) -> String {
+    match output {
+        Some(OutputKind::Bandwidth) => {
+            format!("{:.6}", if gbits { r.gbit_per_sec } else { r.mib_per_sec })
+        }
+        Some(OutputKind::MessageRate) => format!("{:.6}", r.msg_rate_mpps),
+        _ => bw_row_of(r, gbits),
+    }
+}
+
+/// `--output latency`: the average latency in microseconds as perftest's `print_report_lat`
+/// (and `print_report_lat_duration`) prints it alone (`printf("%lf\n")`).
+pub fn lat_number(t_avg_us: f64) -> String {
+    format!("{t_avg_us:.6}")
 }
 
 /// `RESULT_FMT_LAT` as printed (with its trailing space).
@@ -193,6 +216,32 @@ mod tests {
             " 2          20           0.000000            0.012300            0.500000"
         );
         assert_eq!(RESULT_LINE.len(), 87);
+    }
+
+    /// `--output`: the average in the row's unit or the message rate, as C's `%lf` (six
+    /// decimals); the row otherwise, its peak 0.00 where none was measured.
+    #[test]
+    fn output_numbers_and_the_peak_column() {
+        let r = BandwidthResult::new(65536, 1000, 0.5);
+        assert_eq!(
+            bw_line(&r, false, Some(OutputKind::Bandwidth)),
+            "125.000000"
+        );
+        assert_eq!(bw_line(&r, true, Some(OutputKind::Bandwidth)), "1.048576");
+        assert_eq!(
+            bw_line(&r, false, Some(OutputKind::MessageRate)),
+            "0.002000"
+        );
+        assert_eq!(lat_number(2.5), "2.500000");
+        let row = bw_line(&r, false, None);
+        assert_eq!(
+            row,
+            " 65536      1000             0.00               125.00 \t\t   0.002000"
+        );
+        // A peak of 1000 messages in 0.25 s: 250 MiB/s, 2.097152 Gb/s.
+        let peaked = r.clone().with_peak(Some(0.25 / 1000.0));
+        assert!(bw_row_of(&peaked, false).contains(" 250.00             125.00"));
+        assert!(bw_row_of(&peaked, true).contains(" 2.10               1.05"));
     }
 
     /// perftest 6.06's `-D` latency lines (`RESULT_FMT_LAT_DUR`, `REPORT_FMT_LAT_DUR` as C's
