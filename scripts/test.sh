@@ -60,6 +60,7 @@ read -r passed failed skipped < <(grep -E "^test result:" target/test-output.txt
 # CI=true they fail instead): counted as skipped.
 said=$(grep -c 'SKIPPED:' target/test-output.txt || true)
 skipped=$((skipped + said))
+passed=$((passed - said))
 echo "cargo test: $passed passed, $failed failed, $skipped skipped"
 [ "$said" -eq 0 ] || grep -o 'SKIPPED: .*' target/test-output.txt | sort | uniq -c
 

@@ -966,11 +966,17 @@ mod tests {
         len: usize,
     }
 
-    const PAGE: usize = 4096;
+    /// The page size (4 KiB here; 16 or 64 KiB on some arm64 kernels).
+    fn page() -> usize {
+        // SAFETY: sysconf reads a constant of the system; no memory is involved.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).unwrap_or(4096)
+    }
 
     impl Guarded {
         fn new(pages: usize) -> Guarded {
-            let total = (pages + 2) * PAGE;
+            let page = page();
+            let total = (pages + 2) * page;
             // SAFETY: a fresh anonymous private mapping; the result is checked.
             let map = unsafe {
                 libc::mmap(
@@ -984,8 +990,8 @@ mod tests {
             };
             assert_ne!(map, libc::MAP_FAILED, "mmap");
             // SAFETY: the pages between the first and the last of the mapping just made.
-            let base = unsafe { map.cast::<u8>().add(PAGE) };
-            let len = pages * PAGE;
+            let base = unsafe { map.cast::<u8>().add(page) };
+            let len = pages * page;
             // SAFETY: `base..base + len` lies inside the mapping.
             let rc =
                 unsafe { libc::mprotect(base.cast(), len, libc::PROT_READ | libc::PROT_WRITE) };
@@ -1004,8 +1010,9 @@ mod tests {
 
     impl Drop for Guarded {
         fn drop(&mut self) {
+            let page = page();
             // SAFETY: the whole mapping `new` made, unmapped once.
-            unsafe { libc::munmap(self.base.sub(PAGE).cast(), self.len + 2 * PAGE) };
+            unsafe { libc::munmap(self.base.sub(page).cast(), self.len + 2 * page) };
         }
     }
 

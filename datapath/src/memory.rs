@@ -1004,6 +1004,7 @@ impl ProtectionDomain {
     /// engine places into these very bytes and transmits from them, with no copy; reach them
     /// with [`MemoryRegion::as_ptr`] and the slice accessors. [`MemoryRegion::into_buffer`]
     /// deregisters and hands the buffer back. The TO base is the bytes' virtual address.
+    /// Rights as [`ProtectionDomain::register`] takes them (refused: the buffer is dropped).
     pub fn register_buffer<S: RegionStorage>(
         &self,
         buffer: S,
@@ -1014,7 +1015,7 @@ impl ProtectionDomain {
     }
 
     /// Registers `len` bytes of the application's memory at `addr` (`ibv_reg_mr(pd, addr, len,
-    /// access)`). The TO base is `addr`.
+    /// access)`). The TO base is `addr`. Rights as [`ProtectionDomain::register`] takes them.
     ///
     /// # Safety
     /// `addr` must be valid for reads and writes of `len` bytes until the region is

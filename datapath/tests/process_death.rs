@@ -97,7 +97,7 @@ fn bed() -> Result<Option<Bed>, String> {
             "test bed unavailable (CI=true, so this fails): {why}"
         )),
         Err(why) => {
-            println!("SKIPPED: {why}");
+            testbed::skipped(&why);
             Ok(None)
         }
     }

@@ -1053,7 +1053,7 @@ const TREGION: usize = 16 << 10;
 struct Victim {
     pd: ProtectionDomain,
     cq: CompletionQueue,
-    /// REMOTE_WRITE only.
+    /// LOCAL_WRITE | REMOTE_WRITE: writable by the peer, not readable.
     target: MemoryRegion,
     /// LOCAL_WRITE | REMOTE_READ: readable, not writable, by the peer.
     readable: MemoryRegion,

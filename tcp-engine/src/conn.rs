@@ -633,6 +633,8 @@ pub struct Connection {
     stats: ConnStats,
     /// The application reads nothing more ([`Connection::close_orphaned`]).
     orphaned: bool,
+    /// Window probes sent while only our FIN waited for the window, the connection orphaned.
+    orphan_fin_probes: u32,
 
     // ---- send side (positions: 0 = ISS + 1) ----
     snd: SeqAnchor,
@@ -798,8 +800,6 @@ pub struct Connection {
 
 const DEFAULT_SEND_MSS: u16 = 536;
 
-/// How long TS.Recent stays valid without being set (RFC 7323 5.5: 24 days, within which a
-/// timestamp clock of at most 1 ms a tick cannot move by half its range).
 /// How many `Config::time_wait` periods after TIME-WAIT began the peer's FIN again may still
 /// restart the period (RFC 9293 3.10.7.4 restarts it at each; a bound keeps a peer resending
 /// its FIN from holding the connection for good).
@@ -808,6 +808,8 @@ const TIME_WAIT_RESTARTS: u32 = 4;
 /// The shortest time between keepalive probes (`Config::keepalive`'s interval is raised to it).
 const MIN_KEEPALIVE_INTERVAL: Duration = Duration::from_millis(1);
 
+/// How long TS.Recent stays valid without being set (RFC 7323 5.5: 24 days, within which a
+/// timestamp clock of at most 1 ms a tick cannot move by half its range).
 const PAWS_IDLE_LIMIT: Duration = Duration::from_secs(24 * 24 * 60 * 60);
 
 fn wscale_for(max_window: u64) -> u8 {
@@ -848,6 +850,7 @@ impl Connection {
             events: VecDeque::with_capacity(8),
             stats: ConnStats::default(),
             orphaned: false,
+            orphan_fin_probes: 0,
             snd: SeqAnchor { isn: iss },
             syn_acked: false,
             syn_due: false,
@@ -1556,8 +1559,9 @@ impl Connection {
     }
 
     /// Close the sending direction (RFC 9293 3.10.4): FIN goes after the
-    /// queued data. In SYN-RECEIVED the FIN waits for the handshake to complete (our SYN stays
-    /// on its retransmission timer and limit; the ACK of it moves on to FIN-WAIT-1).
+    /// queued data. In SYN-RECEIVED the FIN waits for the handshake to complete (RFC 9293
+    /// 3.10.4 lets it go at once when nothing is queued; waiting keeps our SYN on its own
+    /// retransmission timer and limit, and the ACK of it moves on to FIN-WAIT-1).
     pub fn close(&mut self) {
         match self.state {
             State::SynSent => self.enter_closed(None),
@@ -1827,6 +1831,18 @@ impl Connection {
                 self.abort_timed_out();
                 return;
             }
+            if self.orphaned && self.fin_queued && !self.fin_sent && self.snd_nxt >= self.data_end()
+            {
+                // Only our FIN waits for the window, and nobody will read or close any more: a
+                // peer answering every probe with a zero window would hold the connection for
+                // good. At most as many probes as retransmissions (as Linux bounds an orphan's
+                // probes, `tcp_orphan_retries`).
+                self.orphan_fin_probes += 1;
+                if self.orphan_fin_probes > self.cfg.max_retransmissions {
+                    self.abort_timed_out();
+                    return;
+                }
+            }
             self.persist_unanswered += 1;
             self.probe_due = true;
             self.sws_override = true;
@@ -1842,7 +1858,7 @@ impl Connection {
                 // retransmission and persist timers and the user timeout watch the peer.
                 if self.snd_una < self.snd_max() || self.has_new_data() {
                     self.keepalive_unanswered = 0;
-                    self.keepalive_deadline = Some(now + idle);
+                    self.keepalive_deadline = Some(now + idle.max(MIN_KEEPALIVE_INTERVAL));
                     return;
                 }
                 let quiet_until = self.last_heard + idle;

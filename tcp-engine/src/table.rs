@@ -167,8 +167,10 @@ pub struct TableStats {
     /// ACKs for no connection to a listening port whose cookie was not good.
     pub syncookies_failed: u64,
     /// ACKs with a good cookie dropped because the listener's accept queue was full (or the
-    /// table): no RST, as Linux's default (`tcp_abort_on_overflow` 0), so the client's
-    /// retransmission gets in once the application has accepted, while the cookie is good.
+    /// table): no RST, as Linux's default (`tcp_abort_on_overflow` 0), so the client's next
+    /// segment gets in once the application has accepted, while the cookie is good (a client
+    /// that speaks first, as MPA's and IFT's do, resends its first data; one that waits for
+    /// the server to speak comes back only with its keepalive).
     pub syncookies_deferred: u64,
     /// Segments to a listening port with neither SYN, ACK nor RST (a bare FIN, a NULL
     /// segment), dropped without a reply (RFC 9293 3.10.7.2).

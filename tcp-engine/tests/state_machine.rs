@@ -1301,7 +1301,8 @@ fn a_d_sack_after_the_peers_fin_names_the_duplicate_octets() {
     );
 }
 
-/// A close in SYN-RECEIVED queues the FIN behind the handshake (RFC 9293 3.10.4): our SYN
+/// A close in SYN-RECEIVED queues the FIN behind the handshake (RFC 9293 3.10.4 would also
+/// let it go at once with nothing queued; waiting is the choice made here): our SYN
 /// keeps its retransmission timer, so a lost SYN-ACK goes again (before, the connection went
 /// to FIN-WAIT-1 and sent a FIN without ever repeating the SYN-ACK: the handshake could not
 /// complete, and the connection waited out the data retransmission limit); once the peer's
@@ -1628,4 +1629,49 @@ fn a_fin_waits_for_a_shut_window() {
             .any(|f| SegmentRepr::parse(f).expect("valid").flags.fin),
         "the FIN once the window opened"
     );
+}
+
+/// An orphaned connection (closed by an application that reads no more) whose FIN waits
+/// behind a window the peer keeps shut, answering every probe, is given up after as many
+/// probes as retransmissions: nobody would ever end it otherwise.
+#[test]
+fn an_orphaned_fin_behind_a_shut_window_is_given_up() {
+    let mut shut = Config::mpa();
+    shut.recv_buffer = 0;
+    let (mut c, _s, net) = established_pair(Config::mpa(), shut);
+    let mut conn = c.conn.take().expect("client");
+    let mut now = net.now;
+    drain(&mut conn, now);
+    conn.close_orphaned();
+    let end = now + Duration::from_secs(24 * 60 * 60);
+    while now < end && conn.state() == State::FinWait1 {
+        for _ in drain(&mut conn, now) {
+            let t = conn.four_tuple();
+            let answer = SegmentRepr {
+                tos: 0,
+                src_addr: t.remote_addr,
+                dst_addr: t.local_addr,
+                src_port: t.remote_port,
+                dst_port: t.local_port,
+                seq: conn.rcv_nxt(),
+                ack: conn.snd_una(),
+                flags: ACK,
+                window: 0,
+                options: TcpOptions::default(),
+                payload: &[],
+            };
+            conn.handle_segment(now, &answer, |_| {});
+        }
+        match conn.poll_timeout() {
+            Some(t) => {
+                now = t.max(now);
+                conn.handle_timeout(now);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(conn.state(), State::Closed, "still {:?}", conn.state());
+    let events: Vec<_> = std::iter::from_fn(|| conn.poll_event()).collect();
+    assert!(events.contains(&Event::TimedOut), "{events:?}");
+    assert!(conn.stats().window_probes >= u64::from(Config::mpa().max_retransmissions));
 }

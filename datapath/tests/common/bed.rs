@@ -254,12 +254,15 @@ pub fn against<T: Send + 'static>(
 ) -> T {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let srv = std::thread::spawn(move || {
+    // (A panic on the server's thread is printed where it happens; its result channel then
+    // closes.)
+    std::thread::spawn(move || {
         let _ = done_tx.send(server(ready_tx));
     });
     if ready_rx.recv_timeout(setup).is_err() {
-        let r = srv.join();
-        panic!("server did not start: {r:?}");
+        // Its result if it ended (an error), without waiting long for one that hangs.
+        let r = done_rx.recv_timeout(Duration::from_secs(1));
+        panic!("server did not start within {setup:?}: {r:?}");
     }
     let cli = std::thread::spawn(client);
     // The client's error first: a server waiting for a client that failed before connecting

@@ -588,6 +588,9 @@ impl Turner {
         if let Some(i) = self.tables.iter().position(|t| Arc::ptr_eq(t, &pd.table)) {
             return i;
         }
+        // A connect or accept that then fails leaves the new entry unused: the next turn lets
+        // it go (one that succeeds counts itself first, in the same command).
+        self.st.tables_unused = true;
         if let Some(i) = self.st.table_users.iter().position(|&users| users == 0) {
             self.tables[i] = pd.table.clone();
             self.views[i] = None;
