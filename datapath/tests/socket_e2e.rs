@@ -710,16 +710,7 @@ fn posts_racing_the_peer_s_close_all_complete() {
     let listener = Listener::bind(any_port(), p.clone()).unwrap();
     for round in 0..20u64 {
         let (client, server) = (Side::with_cqe(DEEP_CQE), Side::new());
-        let (c, s) = establish_ok(
-            &listener,
-            &client,
-            &p,
-            ServerPlan {
-                side: &server,
-                private_data: &[],
-                recvs: vec![],
-            },
-        );
+        let (c, s) = establish_plain(&listener, &client, &server, &p);
         let what = format!("round {round}");
         let accepted = std::thread::scope(|scope| {
             let poster = scope.spawn(|| post_recvs_until_the_end(&c.qp, &what));
@@ -747,16 +738,7 @@ fn disconnect_while_other_threads_post() {
     // the disconnects, and the case is not tested; tried again then.
     for _ in 0..5 {
         let (client, server) = (Side::with_cqe(DEEP_CQE), Side::new());
-        let (c, _s) = establish_ok(
-            &listener,
-            &client,
-            &p,
-            ServerPlan {
-                side: &server,
-                private_data: &[],
-                recvs: vec![],
-            },
-        );
+        let (c, _s) = establish_plain(&listener, &client, &server, &p);
         let qp = &c.qp;
         let accepted = std::thread::scope(|scope| {
             let poster = scope.spawn(|| post_recvs_until_the_end(qp, "posting beside disconnects"));

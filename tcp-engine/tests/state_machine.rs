@@ -725,14 +725,9 @@ fn retransmission_limit_aborts() {
     assert_eq!(c.conn().stats().rto_expirations, 5);
 }
 
-/// A client whose SYN-ACK was lost sends its SYN again. The server, in SYN-RECEIVED, answers
-/// with the SYN-ACK at once: a bare ACK (RFC 9293 3.10.7.4's answer to a segment that is not
-/// acceptable) would be dropped in SYN-SENT (3.10.7.3), leaving the handshake to the server's
-/// own timer. That SYN-ACK echoes the second SYN's timestamp, so the client measures the
-/// round trip of its second SYN, and the handshake's ACK the server's of the second SYN-ACK
-/// (RFC 7323 4.1, 4.3).
-#[test]
-fn a_retransmitted_syn_gets_the_syn_ack_again() {
+/// A client in SYN-SENT and the server that took its SYN, in SYN-RECEIVED, whose SYN-ACK (sent
+/// at time zero) was lost.
+fn a_syn_ack_lost() -> (Connection, Connection) {
     let cfg = Config::default();
     let mut c = Connection::connect(
         cfg.clone(),
@@ -742,12 +737,24 @@ fn a_retransmitted_syn_gets_the_syn_ack_again() {
     );
     let mut buf = [0u8; 2048];
     let n = c.poll_transmit(Instant::ZERO, &mut buf).expect("the SYN");
-    let syn = buf[..n].to_vec();
-    let seg = SegmentRepr::parse(&syn).expect("valid");
+    let seg = SegmentRepr::parse(&buf[..n]).expect("valid");
     let mut s = Connection::accept(cfg, &seg, &IsnGenerator::new([2; 16]), Instant::ZERO)
         .expect("accepted");
     s.poll_transmit(Instant::ZERO, &mut buf)
         .expect("the SYN-ACK, lost");
+    (c, s)
+}
+
+/// A client whose SYN-ACK was lost sends its SYN again. The server, in SYN-RECEIVED, answers
+/// with the SYN-ACK at once: a bare ACK (RFC 9293 3.10.7.4's answer to a segment that is not
+/// acceptable) would be dropped in SYN-SENT (3.10.7.3), leaving the handshake to the server's
+/// own timer. That SYN-ACK echoes the second SYN's timestamp, so the client measures the
+/// round trip of its second SYN, and the handshake's ACK the server's of the second SYN-ACK
+/// (RFC 7323 4.1, 4.3).
+#[test]
+fn a_retransmitted_syn_gets_the_syn_ack_again() {
+    let (mut c, mut s) = a_syn_ack_lost();
+    let mut buf = [0u8; 2048];
     let t = c.poll_timeout().expect("the SYN's timer");
     c.handle_timeout(t);
     let n = c.poll_transmit(t, &mut buf).expect("the SYN again");
@@ -1309,21 +1316,7 @@ fn a_d_sack_after_the_peers_fin_names_the_duplicate_octets() {
 /// ACK of it comes, the FIN goes and the connection is in FIN-WAIT-1.
 #[test]
 fn a_close_in_syn_received_keeps_the_syn_ack_going() {
-    let cfg = Config::default();
-    let mut c = Connection::connect(
-        cfg.clone(),
-        client_tuple(),
-        &IsnGenerator::new([1; 16]),
-        Instant::ZERO,
-    );
-    let mut buf = [0u8; 2048];
-    let n = c.poll_transmit(Instant::ZERO, &mut buf).expect("the SYN");
-    let syn = buf[..n].to_vec();
-    let seg = SegmentRepr::parse(&syn).expect("valid");
-    let mut s = Connection::accept(cfg, &seg, &IsnGenerator::new([2; 16]), Instant::ZERO)
-        .expect("accepted");
-    s.poll_transmit(Instant::ZERO, &mut buf)
-        .expect("the SYN-ACK, lost");
+    let (mut c, mut s) = a_syn_ack_lost();
     s.close();
     assert_eq!(
         s.state(),
@@ -1566,45 +1559,54 @@ fn rst_and_syn_in_every_closing_state() {
     }
 }
 
-/// A FIN waits behind a shut window as data does (RFC 9293 3.4: it takes a sequence number),
-/// the persist timer probing: a receiver that drops a FIN it has no window for, and answers
-/// every segment with its zero window, keeps the connection open as long as it answers
-/// (RFC 9293 3.8.6.1, MUST-37). Before, the FIN went into the shut window, was retransmitted
-/// unacknowledged, and the connection timed out after the retransmission limit. Once the
-/// window opens the FIN goes.
-#[test]
-fn a_fin_waits_for_a_shut_window() {
+/// A client closing (`close` or `close_orphaned`) towards a server whose window stays shut,
+/// taken out of the pair, with nothing left to send but what the close adds.
+fn closing_towards_a_shut_window(orphaned: bool) -> (Connection, Instant) {
     let mut shut = Config::mpa();
     shut.recv_buffer = 0;
     let (mut c, _s, net) = established_pair(Config::mpa(), shut);
     let mut conn = c.conn.take().expect("client");
-    let mut now = net.now;
-    drain(&mut conn, now);
-    conn.close();
-    // The peer: every segment is answered with an ACK of SND.UNA and a zero window (a FIN
-    // it had no window for is dropped).
-    let answer = |conn: &Connection, window: u16| {
-        let t = conn.four_tuple();
-        SegmentRepr {
-            tos: 0,
-            src_addr: t.remote_addr,
-            dst_addr: t.local_addr,
-            src_port: t.remote_port,
-            dst_port: t.local_port,
-            seq: conn.rcv_nxt(),
-            ack: conn.snd_una(),
-            flags: ACK,
-            window,
-            options: TcpOptions::default(),
-            payload: &[],
-        }
-    };
-    let end = now + Duration::from_secs(30 * 60);
+    drain(&mut conn, net.now);
+    if orphaned {
+        conn.close_orphaned();
+    } else {
+        conn.close();
+    }
+    (conn, net.now)
+}
+
+/// The peer's answer to anything `conn` sends: an ACK of SND.UNA offering `window` (a FIN it
+/// had no window for is dropped).
+fn acking_snd_una(conn: &Connection, window: u16) -> SegmentRepr<'static> {
+    let t = conn.four_tuple();
+    SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: conn.rcv_nxt(),
+        ack: conn.snd_una(),
+        flags: ACK,
+        window,
+        options: TcpOptions::default(),
+        payload: &[],
+    }
+}
+
+/// Answers everything `conn` sends with a zero window, running its timers, while it is in
+/// FIN-WAIT-1 and for at most `long`; the time then, and the FINs it sent.
+fn answer_with_a_shut_window(
+    conn: &mut Connection,
+    mut now: Instant,
+    long: Duration,
+) -> (Instant, usize) {
+    let end = now + long;
     let mut fins = 0;
     while now < end && conn.state() == State::FinWait1 {
-        for seg in drain(&mut conn, now) {
+        for seg in drain(conn, now) {
             fins += usize::from(SegmentRepr::parse(&seg).expect("valid").flags.fin);
-            conn.handle_segment(now, &answer(&conn, 0), |_| {});
+            conn.handle_segment(now, &acking_snd_una(conn, 0), |_| {});
         }
         match conn.poll_timeout() {
             Some(t) => {
@@ -1614,6 +1616,19 @@ fn a_fin_waits_for_a_shut_window() {
             None => break,
         }
     }
+    (now, fins)
+}
+
+/// A FIN waits behind a shut window as data does (RFC 9293 3.4: it takes a sequence number),
+/// the persist timer probing: a receiver that drops a FIN it has no window for, and answers
+/// every segment with its zero window, keeps the connection open as long as it answers
+/// (RFC 9293 3.8.6.1, MUST-37). Before, the FIN went into the shut window, was retransmitted
+/// unacknowledged, and the connection timed out after the retransmission limit. Once the
+/// window opens the FIN goes.
+#[test]
+fn a_fin_waits_for_a_shut_window() {
+    let (mut conn, now) = closing_towards_a_shut_window(false);
+    let (now, fins) = answer_with_a_shut_window(&mut conn, now, Duration::from_secs(30 * 60));
     assert_eq!(
         conn.state(),
         State::FinWait1,
@@ -1622,7 +1637,7 @@ fn a_fin_waits_for_a_shut_window() {
     assert_eq!(fins, 0, "no FIN into the shut window");
     assert!(conn.stats().window_probes > 10);
     // The window opens: the FIN goes.
-    conn.handle_segment(now, &answer(&conn, 1000), |_| {});
+    conn.handle_segment(now, &acking_snd_una(&conn, 1000), |_| {});
     let out = drain(&mut conn, now);
     assert!(
         out.iter()
@@ -1636,40 +1651,8 @@ fn a_fin_waits_for_a_shut_window() {
 /// probes as retransmissions: nobody would ever end it otherwise.
 #[test]
 fn an_orphaned_fin_behind_a_shut_window_is_given_up() {
-    let mut shut = Config::mpa();
-    shut.recv_buffer = 0;
-    let (mut c, _s, net) = established_pair(Config::mpa(), shut);
-    let mut conn = c.conn.take().expect("client");
-    let mut now = net.now;
-    drain(&mut conn, now);
-    conn.close_orphaned();
-    let end = now + Duration::from_secs(24 * 60 * 60);
-    while now < end && conn.state() == State::FinWait1 {
-        for _ in drain(&mut conn, now) {
-            let t = conn.four_tuple();
-            let answer = SegmentRepr {
-                tos: 0,
-                src_addr: t.remote_addr,
-                dst_addr: t.local_addr,
-                src_port: t.remote_port,
-                dst_port: t.local_port,
-                seq: conn.rcv_nxt(),
-                ack: conn.snd_una(),
-                flags: ACK,
-                window: 0,
-                options: TcpOptions::default(),
-                payload: &[],
-            };
-            conn.handle_segment(now, &answer, |_| {});
-        }
-        match conn.poll_timeout() {
-            Some(t) => {
-                now = t.max(now);
-                conn.handle_timeout(now);
-            }
-            None => break,
-        }
-    }
+    let (mut conn, now) = closing_towards_a_shut_window(true);
+    answer_with_a_shut_window(&mut conn, now, Duration::from_secs(24 * 60 * 60));
     assert_eq!(conn.state(), State::Closed, "still {:?}", conn.state());
     let events: Vec<_> = std::iter::from_fn(|| conn.poll_event()).collect();
     assert!(events.contains(&Event::TimedOut), "{events:?}");

@@ -24,8 +24,14 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(&out[..n], &rest[..n], "parse/emit changed the option");
     if let RdmaOption::Transfer(t) = option {
         if let Ok(r) = t.data_range(payload) {
-            assert!(r.start <= r.end && r.end <= payload, "{r:?} outside {payload}");
-            assert_eq!(t.buffer_range().end - t.buffer_range().start, r.len() as u64);
+            assert!(
+                r.start <= r.end && r.end <= payload,
+                "{r:?} outside {payload}"
+            );
+            assert_eq!(
+                t.buffer_range().end - t.buffer_range().start,
+                r.len() as u64
+            );
         }
     }
 });

@@ -28,33 +28,10 @@ use tcp_engine::ranges::RangeSet;
 use tcp_engine::wire::rdma::{RdmaFlags, RdmaOption, RdmaTransfer, Rid};
 use tcp_engine::wire::{SackBlock, TcpFlags, TcpOptions};
 use tcp_engine::{
-    Config, Connection, Event, FourTuple, Instant, IsnGenerator, RdmaPlaced, SegmentRepr,
-    TakeBack, TxMode,
+    Config, Connection, Event, FourTuple, Instant, IsnGenerator, RdmaPlaced, SegmentRepr, TakeBack,
+    TxMode,
 };
-
-/// Reads fixed-width values off the fuzz input; zeros once it runs out.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-}
+use tcp_engine_fuzz::Input;
 
 /// The octet the peer sends at sequence number `seq`.
 fn octet_at(seq: u32) -> u8 {
@@ -105,7 +82,10 @@ fn read_all(conn: &mut Connection, read: &mut u64, placed: &mut Vec<RdmaPlaced>)
         }
         match conn.next_placed() {
             Some(p) => {
-                assert_eq!(p.stream_offset, *read, "a placed range out of reading order");
+                assert_eq!(
+                    p.stream_offset, *read,
+                    "a placed range out of reading order"
+                );
                 *read += p.len;
                 placed.push(p);
             }
@@ -395,7 +375,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(end <= buf.len(), "placed past the buffer's end");
         for (k, b) in buf[at..end].iter().enumerate() {
             let seq = start.wrapping_add((p.stream_offset + k as u64) as u32);
-            assert_eq!(*b, octet_at(seq), "a placed octet is not the one sent there");
+            assert_eq!(
+                *b,
+                octet_at(seq),
+                "a placed octet is not the one sent there"
+            );
         }
     }
 });

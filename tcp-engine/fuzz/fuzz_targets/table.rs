@@ -22,30 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use tcp_engine::table::ConnectionTable;
 use tcp_engine::wire::{TcpFlags, TcpOptions};
 use tcp_engine::{Config, FourTuple, Instant, SegmentRepr};
-
-/// Reads fixed-width values off the fuzz input; zeros once it runs out.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-}
+use tcp_engine_fuzz::Input;
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const PORT: u16 = 5000;
@@ -244,7 +221,10 @@ fuzz_target!(|data: &[u8]| {
                 remote_addr: seg.dst_addr,
                 remote_port: seg.dst_port,
             };
-            assert!(heard.contains(&to), "a packet to a client that sent nothing");
+            assert!(
+                heard.contains(&to),
+                "a packet to a client that sent nothing"
+            );
             if seg.flags.syn && seg.flags.ack {
                 let i = (0..16u8)
                     .find(|&p| tuple(p) == to)
