@@ -9,9 +9,10 @@
 //!
 //! Checked after every step: nothing panics; the table never holds more than its size; every
 //! packet it sends parses and goes to a client that sent it something; a connection made from
-//! a SYN cookie answers a SYN-ACK the table sent to that client with that sequence number;
-//! cookies validated never outnumber cookies sent; the timer deadline is never in the past
-//! after `handle_timeout`.
+//! a SYN cookie answers a SYN-ACK the table sent to that client with that sequence number
+//! (the same cookie may make a connection again after the first was removed: a cookie is
+//! stateless, good for its minutes); the timer deadline is never in the past after
+//! `handle_timeout`.
 #![no_main]
 
 use std::collections::HashSet;
@@ -235,10 +236,5 @@ fuzz_target!(|data: &[u8]| {
             emitted += 1;
             assert!(emitted < 10_000, "the transmit loop does not end");
         }
-        let s = table.stats();
-        assert!(
-            s.syncookies_validated <= s.syncookies_sent,
-            "more cookies validated than sent"
-        );
     }
 });
