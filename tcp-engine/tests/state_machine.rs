@@ -18,6 +18,31 @@ fn short_tw() -> Config {
     }
 }
 
+/// Keepalive after 100 ms idle, probes 10 ms apart, the connection given up after `probes`
+/// unanswered ones.
+fn keepalive(probes: u32) -> Config {
+    Config {
+        keepalive: Some((
+            Duration::from_millis(100),
+            Duration::from_millis(10),
+            probes,
+        )),
+        ..Config::default()
+    }
+}
+
+/// A client with [`keepalive`]`(probes)` and a default server, not yet connected.
+fn keepalive_pair(probes: u32) -> (Peer, Peer, Network) {
+    setup(
+        1,
+        0,
+        lossy(0.0),
+        lossy(0.0),
+        keepalive(probes),
+        Config::default(),
+    )
+}
+
 fn run_idle(c: &mut Peer, s: &mut Peer, net: &mut Network, ms: u64) {
     let limit = net.now + Duration::from_millis(ms);
     net.run(c, s, limit, |_, _, _| false, |_, _, _| {});
@@ -692,11 +717,7 @@ fn unanswered_window_probes_end_the_connection_answered_ones_do_not() {
 
 #[test]
 fn keepalive_detects_dead_peer() {
-    let cfg = Config {
-        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
-        ..Config::default()
-    };
-    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    let (mut c, mut s, mut net) = keepalive_pair(3);
     run_idle(&mut c, &mut s, &mut net, 500);
     assert_eq!(
         c.state(),
@@ -1190,11 +1211,7 @@ fn a_blind_segment_with_a_bad_ack_does_not_move_ts_recent() {
 /// connection for good.
 #[test]
 fn blind_segments_do_not_keep_a_dead_peer_alive() {
-    let cfg = Config {
-        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
-        ..Config::default()
-    };
-    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    let (mut c, mut s, mut net) = keepalive_pair(3);
     run_idle(&mut c, &mut s, &mut net, 50);
     assert_eq!(c.state(), Some(State::Established));
     // The peer vanishes: nothing of ours reaches it.
@@ -1222,9 +1239,8 @@ fn blind_segments_do_not_keep_a_dead_peer_alive() {
 #[test]
 fn time_wait_sends_no_keepalive_probes() {
     let cfg = Config {
-        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
         time_wait: Duration::from_secs(2),
-        ..Config::default()
+        ..keepalive(3)
     };
     let (mut c, mut s, mut net) = client_in_time_wait(cfg);
     let fin = TcpFlags { fin: true, ..ACK };
@@ -1352,11 +1368,7 @@ fn a_close_in_syn_received_keeps_the_syn_ack_going() {
 /// among the retransmissions and keepalive ended the connection after idle + 3 intervals).
 #[test]
 fn keepalive_waits_while_data_is_outstanding() {
-    let cfg = Config {
-        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 3)),
-        ..Config::default()
-    };
-    let (mut c, mut s, mut net) = established_pair(cfg, Config::default());
+    let (mut c, mut s, mut net) = established_pair(keepalive(3), Config::default());
     net.a_to_b.cfg.loss = 1.0;
     c.conn_mut().send(&[1u8; 5000]).expect("send");
     let probes = c.conn().stats().probes;
@@ -1399,11 +1411,7 @@ fn a_peer_resending_its_fin_cannot_hold_time_wait_for_ever() {
 /// unanswered probe is no proof of a dead peer), and an answered one keeps the connection.
 #[test]
 fn keepalive_with_no_probes_configured_still_probes() {
-    let cfg = Config {
-        keepalive: Some((Duration::from_millis(100), Duration::from_millis(10), 0)),
-        ..Config::default()
-    };
-    let (mut c, mut s, mut net) = setup(1, 0, lossy(0.0), lossy(0.0), cfg, Config::default());
+    let (mut c, mut s, mut net) = keepalive_pair(0);
     run_idle(&mut c, &mut s, &mut net, 150);
     assert_eq!(c.state(), Some(State::Established));
     assert!(c.conn().stats().probes >= 1);

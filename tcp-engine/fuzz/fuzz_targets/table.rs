@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tcp_engine::table::ConnectionTable;
-use tcp_engine::wire::{TcpFlags, TcpOptions};
-use tcp_engine::{Config, FourTuple, Instant, SegmentRepr};
-use tcp_engine_fuzz::Input;
+use tcp_engine::wire::TcpOptions;
+use tcp_engine::{Config, FourTuple, Instant};
+use tcp_engine_fuzz::{flags_of, for_each_transmitted, from_remote, Input};
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const PORT: u16 = 5000;
@@ -37,17 +37,6 @@ fn tuple(pick: u8) -> FourTuple {
         local_port: if pick & 8 != 0 { CLOSED_PORT } else { PORT },
         remote_addr: Ipv4Addr::new(10, 0, 1, pick & 3),
         remote_port: 40_000 + u16::from((pick >> 2) & 1),
-    }
-}
-
-fn flags_of(b: u8) -> TcpFlags {
-    TcpFlags {
-        fin: b & 0x01 != 0,
-        syn: b & 0x02 != 0,
-        rst: b & 0x04 != 0,
-        psh: b & 0x08 != 0,
-        ack: b & 0x10 != 0,
-        urg: b & 0x20 != 0,
     }
 }
 
@@ -120,19 +109,7 @@ fuzz_target!(|data: &[u8]| {
                     options.sack_permitted = true;
                     options.timestamp = Some((input.u32(), input.u32()));
                 }
-                let seg = SegmentRepr {
-                    tos: 0,
-                    src_addr: t.remote_addr,
-                    dst_addr: t.local_addr,
-                    src_port: t.remote_port,
-                    dst_port: t.local_port,
-                    seq,
-                    ack,
-                    flags,
-                    window: input.u16(),
-                    options,
-                    payload: &payload[..len],
-                };
+                let seg = from_remote(&t, seq, ack, flags, input.u16(), options, &payload[..len]);
                 let Ok(n) = seg.emit(&mut pkt) else {
                     continue;
                 };
@@ -209,32 +186,29 @@ fuzz_target!(|data: &[u8]| {
             "{} connections in a table of {max_connections}",
             table.len()
         );
-        let mut emitted = 0;
-        while let Some(n) = table.poll_transmit(now, &mut buf) {
-            let seg = match SegmentRepr::parse(&buf[..n]) {
-                Ok(s) => s,
-                Err(e) => panic!("emitted an unparseable packet: {e:?}"),
-            };
-            // The client it goes to, as the table sees it (local: the server).
-            let to = FourTuple {
-                local_addr: seg.src_addr,
-                local_port: seg.src_port,
-                remote_addr: seg.dst_addr,
-                remote_port: seg.dst_port,
-            };
-            assert!(
-                heard.contains(&to),
-                "a packet to a client that sent nothing"
-            );
-            if seg.flags.syn && seg.flags.ack {
-                let i = (0..16u8)
-                    .find(|&p| tuple(p) == to)
-                    .expect("one of the clients");
-                syn_acks[usize::from(i)] = Some((seg.seq, seg.ack));
-                sent_iss.insert((to, seg.seq));
-            }
-            emitted += 1;
-            assert!(emitted < 10_000, "the transmit loop does not end");
-        }
+        for_each_transmitted(
+            &mut buf,
+            |b| table.poll_transmit(now, b),
+            |seg| {
+                // The client it goes to, as the table sees it (local: the server).
+                let to = FourTuple {
+                    local_addr: seg.src_addr,
+                    local_port: seg.src_port,
+                    remote_addr: seg.dst_addr,
+                    remote_port: seg.dst_port,
+                };
+                assert!(
+                    heard.contains(&to),
+                    "a packet to a client that sent nothing"
+                );
+                if seg.flags.syn && seg.flags.ack {
+                    let i = (0..16u8)
+                        .find(|&p| tuple(p) == to)
+                        .expect("one of the clients");
+                    syn_acks[usize::from(i)] = Some((seg.seq, seg.ack));
+                    sent_iss.insert((to, seg.seq));
+                }
+            },
+        );
     }
 });

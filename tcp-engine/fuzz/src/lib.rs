@@ -30,3 +30,62 @@ impl Input<'_> {
         u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
 }
+
+use tcp_engine::wire::{TcpFlags, TcpOptions};
+use tcp_engine::{FourTuple, SegmentRepr};
+
+/// TCP flags from the low six bits of `bits`, in the header's order (RFC 9293 3.1): FIN, SYN,
+/// RST, PSH, ACK, URG.
+pub fn flags_of(bits: u8) -> TcpFlags {
+    TcpFlags {
+        fin: bits & 0x01 != 0,
+        syn: bits & 0x02 != 0,
+        rst: bits & 0x04 != 0,
+        psh: bits & 0x08 != 0,
+        ack: bits & 0x10 != 0,
+        urg: bits & 0x20 != 0,
+    }
+}
+
+/// What the remote end of `t` sends to its local end (the side under test).
+pub fn from_remote<'a>(
+    t: &FourTuple,
+    seq: u32,
+    ack: u32,
+    flags: TcpFlags,
+    window: u16,
+    options: TcpOptions,
+    payload: &'a [u8],
+) -> SegmentRepr<'a> {
+    SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq,
+        ack,
+        flags,
+        window,
+        options,
+        payload,
+    }
+}
+
+/// Runs a transmit loop to its end: `poll` writes the next packet into `buf` and says its
+/// length; each must parse (`each` sees it), and the loop must end within 10,000 packets.
+pub fn for_each_transmitted(
+    buf: &mut [u8],
+    mut poll: impl FnMut(&mut [u8]) -> Option<usize>,
+    mut each: impl FnMut(&SegmentRepr<'_>),
+) {
+    let mut emitted = 0;
+    while let Some(n) = poll(buf) {
+        match SegmentRepr::parse(&buf[..n]) {
+            Ok(seg) => each(&seg),
+            Err(e) => panic!("emitted an unparseable packet: {e:?}"),
+        }
+        emitted += 1;
+        assert!(emitted < 10_000, "the transmit loop does not end");
+    }
+}
