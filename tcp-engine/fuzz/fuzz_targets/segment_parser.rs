@@ -1,6 +1,7 @@
 //! The segment parser on arbitrary bytes: `Ipv4TcpView::new_checked`, `SegmentRepr::parse` and
-//! `TcpOptions::parse` must never panic, and whatever parses must re-emit and parse back to
-//! the same segment.
+//! `TcpOptions::parse` and the receive path's `Ipv4TcpPeek` must never panic, whatever parses
+//! must re-emit and parse back to the same segment, and the peek must see in it what the parse
+//! sees (addresses, ports, connection request or not).
 //!
 //! Input: one mode byte, then the packet (IPv4 header onwards). Mode bit 0 set: the IPv4 and
 //! TCP checksums are recomputed first, so mutations reach the header, length and option
@@ -8,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tcp_engine::wire::{Ipv4TcpView, TcpOptions, WireError, TCP_MAX_OPTIONS_LEN};
+use tcp_engine::wire::{Ipv4TcpPeek, Ipv4TcpView, TcpOptions, WireError, TCP_MAX_OPTIONS_LEN};
 use tcp_engine::SegmentRepr;
 
 /// One's-complement sum of big-endian 16-bit words (odd tail padded with zero).
@@ -76,9 +77,37 @@ fuzz_target!(|data: &[u8]| {
         (Ok(_), Err(WireError::TruncatedOption | WireError::BadOptionLength)) => {}
         _ => panic!("view and repr disagree: {view:?} / {parsed:?}"),
     }
+    // The receive path's first look (`Ipv4TcpPeek`) never panics, and on every packet that
+    // parses it sees what the parse sees.
+    let peek = Ipv4TcpPeek::new(&packet);
+    if let Some(p) = &peek {
+        let _ = (
+            p.ports(),
+            p.is_syn(),
+            p.may_complete_cookie(),
+            p.src_addr(),
+            p.dst_addr(),
+        );
+    }
     let Ok(seg) = parsed else {
         return;
     };
+    let p = peek.unwrap_or_else(|| panic!("a segment that parses is not peeked at: {seg:?}"));
+    let total = usize::from(u16::from_be_bytes([packet[2], packet[3]]));
+    assert_eq!(
+        p.packet().len(),
+        total,
+        "the peek is not cut at the total length"
+    );
+    assert_eq!((p.src_addr(), p.dst_addr()), (seg.src_addr, seg.dst_addr));
+    assert_eq!(p.ports(), Some((seg.src_port, seg.dst_port)));
+    let f = seg.flags;
+    assert_eq!(p.is_syn(), f.syn && !f.ack && !f.rst, "is_syn: {f:?}");
+    assert_eq!(
+        p.may_complete_cookie(),
+        f.ack && !f.syn && !f.rst,
+        "may_complete_cookie: {f:?}"
+    );
     let mut buf = vec![0u8; seg.packet_len()];
     if seg.options.wire_len() > TCP_MAX_OPTIONS_LEN {
         // Parsed from unpadded options that our padded layout cannot hold (e.g. window scale
