@@ -152,7 +152,7 @@ fn every_test_over_ift_framing() {
             .args(["write-bw", "--port", &port, "-n", "2", "--framing", "ift"])
             .args(["--timeout", "60"])
             .arg("127.0.0.1")
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run client")
     });
     let _ = server.kill();
@@ -543,7 +543,7 @@ fn port_0_banner_names_the_bound_port() {
     let port = port_of(&server.wait_for("listening on", Duration::from_secs(20)));
     let client = Command::new(bin())
         .args(["write-bw", "-p", &port, "-n", "20", "127.0.0.1"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run client");
     let (out, err) = server.finish(Duration::from_secs(30));
     assert!(
@@ -560,7 +560,7 @@ fn port_0_banner_names_the_bound_port() {
     let port = port_of(&server.wait_for("listening on", Duration::from_secs(20)));
     let client = Command::new(bin())
         .args(["rping", "-c", "-a", "127.0.0.1", "-p", &port, "-C", "2"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run rping client");
     let (out, err) = server.finish(Duration::from_secs(30));
     assert!(
@@ -603,7 +603,7 @@ fn bad_arguments_are_errors_not_panics() {
     ] {
         let out = std::process::Command::new(bin())
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run");
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -627,7 +627,7 @@ fn bad_arguments_are_errors_not_panics() {
         let out = std::process::Command::new(bin())
             .args(args)
             .args(["-p", "1", "127.0.0.1"])
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
@@ -650,7 +650,7 @@ fn bad_arguments_are_errors_not_panics() {
             let out = std::process::Command::new(bin())
                 .args(args)
                 .args(option)
-                .output()
+                .output_within(RUN_LIMIT)
                 .expect("run");
             assert!(!out.status.success(), "{args:?} {option:?}");
             let err = String::from_utf8_lossy(&out.stderr);
@@ -694,7 +694,7 @@ fn bad_arguments_are_errors_not_panics() {
     ] {
         let out = std::process::Command::new(bin())
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
@@ -707,7 +707,7 @@ fn bad_arguments_are_errors_not_panics() {
     let port = free_port().to_string();
     let out = std::process::Command::new(bin())
         .args(["write-bw", "--port", &port, "--timeout", "1", "127.0.0.1"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -719,7 +719,10 @@ fn bad_arguments_are_errors_not_panics() {
 #[test]
 fn help_lists_every_command_and_names_it() {
     let run = |args: &[&str]| {
-        let out = Command::new(bin()).args(args).output().expect("run");
+        let out = Command::new(bin())
+            .args(args)
+            .output_within(RUN_LIMIT)
+            .expect("run");
         assert!(out.status.success(), "{args:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -759,7 +762,7 @@ fn stats_shows_live_snapshots_only() {
             .arg("--dir")
             .arg(&dir)
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run stats");
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -814,7 +817,9 @@ fn progress_is_a_bar_on_a_terminal_and_lines_elsewhere() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start server");
-        let out = client_once_listening(&mut server, || client(&port).output().expect("client"));
+        let out = client_once_listening(&mut server, || {
+            client(&port).output_within(RUN_LIMIT).expect("client")
+        });
         let _ = wait_with_timeout(server, std::time::Duration::from_secs(60));
         assert!(out.status.success(), "{out:?}");
         out
@@ -886,7 +891,7 @@ fn perftest_only_options_are_accepted_and_noted() {
         .args(["perftest", "write-bw", "-p", &port, "--timeout", "1"])
         .args(compat)
         .arg("127.0.0.1")
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run perftest");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(2), "{err}");
@@ -1011,4 +1016,25 @@ fn run_infinitely_reports_each_interval_and_ends_cleanly_on_sigint() {
         String::from_utf8_lossy(&server.stderr).contains("server verified"),
         "server did not check the data"
     );
+}
+
+/// The suite's bound on a run: a command that outlives it is killed and says so, and one that
+/// writes more than a pipe holds is not held up by it.
+#[test]
+fn the_harness_kills_a_run_at_its_limit_and_drains_its_pipes() {
+    let started = std::time::Instant::now();
+    let out = Command::new("sleep")
+        .arg("30")
+        .output_within(Duration::from_millis(300))
+        .expect("run sleep");
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(20), "not killed");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("killed after"));
+    // 1 MiB on stdout, far beyond a pipe's 64 KiB.
+    let out = Command::new("head")
+        .args(["-c", "1048576", "/dev/zero"])
+        .output_within(Duration::from_secs(30))
+        .expect("run head");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert_eq!(out.stdout.len(), 1 << 20);
 }

@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{bin, have, require};
+use common::{bin, have, require, OutputWithin, RUN_LIMIT};
 use serde_json::Value;
 use testbed::*;
 
@@ -27,7 +27,7 @@ fn compare(name: &str, args: &[&str], transports: &[&str], sizes: usize) {
         .arg(&json)
         .arg("--plot")
         .arg(&svg)
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run compare");
     let (so, se) = (
         String::from_utf8_lossy(&out.stdout),

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bed_run, bench_in, counter, parse, wait_with_timeout};
+use common::{bed_run, bench_in, counter, parse, wait_with_timeout, OutputWithin, RUN_LIMIT};
 use testbed::*;
 
 const PORT: &str = "18720";
@@ -182,7 +182,9 @@ fn perftest_json_reports_engine_counters() {
     client_args.extend(["--iface", DEV_B, "--timeout", "20"]);
     client_args.extend(common);
     // The perftest client retries by itself while nobody listens yet.
-    let client = bench_in(NS_B, &client_args).output().expect("run client");
+    let client = bench_in(NS_B, &client_args)
+        .output_within(RUN_LIMIT)
+        .expect("run client");
     let server = wait_with_timeout(server, Duration::from_secs(60));
     let c = parse("perftest client", &client);
     let s = parse("perftest server", &server);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{bench_in, json, Tool};
+use common::{bench_in, json, OutputWithin, Tool, RUN_LIMIT};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use testbed::relay::{self, Relay, RelayConfig, NS_RELAY, RELAY_DEV_A, RELAY_DEV_B};
@@ -307,7 +307,7 @@ fn curl_downloads_from_our_server() {
         .arg(&one)
         .args([&url, "-o"])
         .arg(&two)
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run curl");
     assert!(
         out.status.success(),
@@ -321,7 +321,7 @@ fn curl_downloads_from_our_server() {
         .arg("-T")
         .arg(dir.join("object.bin"))
         .arg(format!("http://{}:18820/upload", VETH.addr_b))
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run curl -T");
     assert!(
         out.status.success(),
@@ -424,7 +424,7 @@ fn idle_connections_are_reset() {
     );
     let out = Command::new("ip")
         .args(["netns", "exec", VETH.ns_a, python, "-c", &script])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run python3");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -482,7 +482,7 @@ fn http_tools_fail_clearly() {
     ] {
         let out = Command::new(common::bin())
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run iwarp-bench");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");

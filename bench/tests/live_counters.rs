@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{bench_in, bin, wait_with_timeout};
+use common::{bench_in, bin, wait_with_timeout, OutputWithin, RUN_LIMIT};
 use serde_json::Value;
 use testbed::*;
 
@@ -78,7 +78,7 @@ fn stats_every_and_the_stats_command_show_running_engines() {
     std::thread::sleep(Duration::from_millis(2000));
     let out = std::process::Command::new(bin())
         .args(["stats", "--json"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run stats");
     assert!(out.status.success());
     let snaps: Value = serde_json::from_slice(&out.stdout).expect("stats --json");
@@ -94,7 +94,7 @@ fn stats_every_and_the_stats_command_show_running_engines() {
     let table = std::process::Command::new(bin())
         .arg("stats")
         .args(pids.map(|p| p.to_string()))
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run stats");
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(

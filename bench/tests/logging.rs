@@ -9,7 +9,9 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{bench_in, bin, client_once_listening, free_port, wait_with_timeout};
+use common::{
+    bench_in, bin, client_once_listening, free_port, wait_with_timeout, OutputWithin, RUN_LIMIT,
+};
 use testbed::*;
 
 /// Server and client of a 10-iteration write-lat on loopback, both with `rust_log` (if any).
@@ -28,7 +30,9 @@ fn loopback_pair(rust_log: Option<&str>) -> (Output, Output) {
     };
     let mut server = cmd(&["--bind", "127.0.0.1"]).spawn().expect("start server");
     let client = client_once_listening(&mut server, || {
-        cmd(&["127.0.0.1"]).output().expect("client")
+        cmd(&["127.0.0.1"])
+            .output_within(RUN_LIMIT)
+            .expect("client")
     });
     (wait_with_timeout(server, Duration::from_secs(60)), client)
 }
@@ -119,7 +123,7 @@ fn warnings_show_without_rust_log() {
         .arg(port.to_string())
         .arg("127.0.0.1")
         .env_remove("RUST_LOG")
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("client");
     let server = wait_with_timeout(server, Duration::from_secs(60));
     assert!(server.status.success() && client.status.success());
@@ -158,7 +162,7 @@ fn rust_log_shows_connection_events_of_the_engine() {
     let client = loop {
         let out = bench_in(NS_B, &client_args)
             .env("RUST_LOG", "datapath=debug")
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run client");
         let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
         if out.status.success() || !refused || std::time::Instant::now() > deadline {

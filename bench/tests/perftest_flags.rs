@@ -298,7 +298,7 @@ fn refused(test: &str, args: &[&str]) -> String {
         .arg(test)
         .args(args)
         .args(["-p", &port, "--timeout", "2", "127.0.0.1"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{test} {args:?}: {err}");

@@ -43,7 +43,7 @@ fn pair2(
             .args(["--timeout", "20", "--settle-ms", "0"])
             .args(step(client_args))
             .args(client_args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run perftest client");
         (wait_with_timeout(server, Duration::from_secs(60)), client)
     })
@@ -155,7 +155,10 @@ fn bad_arguments_are_errors() {
         &["perftest", "write-lat", "-I", "237"],
         &["perftest", "read-lat", "-I", "64"],
     ] {
-        let o = Command::new(bin()).args(args).output().expect("run");
+        let o = Command::new(bin())
+            .args(args)
+            .output_within(RUN_LIMIT)
+            .expect("run");
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
     }
 }

@@ -11,7 +11,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{bin, Tool};
+use common::{bin, OutputWithin, Tool, RUN_LIMIT};
 use testbed::*;
 
 /// `iwarp-bench raw <args>` inside namespace `ns`.
@@ -78,7 +78,9 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
         if let Some(mib) = source {
             tx_args.extend(["--source-mib", mib]);
         }
-        let tx = raw_in("iwb", &tx_args).output().expect("run raw tx");
+        let tx = raw_in("iwb", &tx_args)
+            .output_within(RUN_LIMIT)
+            .expect("run raw tx");
         assert!(
             tx.status.success(),
             "raw tx failed: {}",
@@ -158,7 +160,7 @@ fn raw_pingpong_runs() {
             "--quiet",
         ],
     )
-    .output()
+    .output_within(RUN_LIMIT)
     .expect("run pingpong initiator");
     let (pong_out, pong_err) = pong.finish(Duration::from_secs(60));
     assert!(
@@ -187,7 +189,7 @@ fn raw_pingpong_runs() {
 fn raw_cli_help_and_errors() {
     let help = Command::new(bin())
         .args(["raw", "--help"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run");
     assert!(help.status.success());
     let h = String::from_utf8_lossy(&help.stdout);
@@ -198,7 +200,7 @@ fn raw_cli_help_and_errors() {
         let out = Command::new(bin())
             .arg("raw")
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run");
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let e = String::from_utf8_lossy(&out.stderr);
@@ -226,7 +228,7 @@ fn raw_cli_help_and_errors() {
         let out = Command::new(bin())
             .arg("raw")
             .args(args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run");
         let e = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");

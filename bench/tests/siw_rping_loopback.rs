@@ -40,7 +40,7 @@ fn rping_pair_counts(
                 .args(["rping", "-c", "-a", "127.0.0.1", "-p", port])
                 .args(["-C", &count.to_string(), "-S", &size.to_string()])
                 .args(client_args)
-                .output()
+                .output_within(RUN_LIMIT)
                 .expect("run rping client")
         });
         (wait_with_timeout(server, Duration::from_secs(60)), client)
@@ -119,7 +119,7 @@ fn server_fails_when_count_differs() {
         loop {
             let out = Command::new(bin())
                 .args(["rping", "-c", "-a", "127.0.0.1", "-p", port, "-C", "2"])
-                .output()
+                .output_within(RUN_LIMIT)
                 .expect("run rping client");
             let server_gone = matches!(server.try_wait(), Ok(Some(_)));
             if out.status.success() || server_gone || Instant::now() > deadline {

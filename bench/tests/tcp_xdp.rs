@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{bench_in, json, Tool};
+use common::{bench_in, json, OutputWithin, Tool, RUN_LIMIT};
 use sha2::{Digest, Sha256};
 use testbed::*;
 
@@ -41,7 +41,7 @@ fn kernel_tcp_options_on(ns: &str) -> Result<(), String> {
     script.push_str("true");
     let out = Command::new("ip")
         .args(["netns", "exec", ns, "sh", "-c", &script])
-        .output()
+        .output_within(RUN_LIMIT)
         .map_err(|e| format!("ip netns exec {ns} sh: {e}"))?;
     let values = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() || values.split_whitespace().collect::<Vec<_>>() != ["1"; 3] {
@@ -276,7 +276,7 @@ fn tcp_tools_fail_clearly() {
             "18712",
         ],
     )
-    .output()
+    .output_within(RUN_LIMIT)
     .expect("run tcp-sink");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -300,7 +300,7 @@ fn tcp_tools_fail_clearly() {
             "10.77.0.9:18712",
         ],
     )
-    .output()
+    .output_within(RUN_LIMIT)
     .expect("run tcp-source");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -321,7 +321,7 @@ fn tcp_tools_fail_clearly() {
             "10.77.0.2:18713",
         ],
     )
-    .output()
+    .output_within(RUN_LIMIT)
     .expect("run tcp-source");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");

@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{bed_pair_in, have, parse, require};
+use common::{bed_pair_in, have, parse, require, OutputWithin, RUN_LIMIT};
 use testbed::*;
 
 /// One TCP frame of a capture: its IPv4 source, Type of Service octet and TCP flags.
@@ -34,7 +34,7 @@ fn frames(file: &Path) -> Vec<Frame> {
         .arg(file)
         .args(["-Y", "tcp", "-T", "fields", "-E", "separator=,"])
         .args(["-e", "ip.src", "-e", "ip.dsfield", "-e", "tcp.flags"])
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run tshark");
     assert!(
         out.status.success(),

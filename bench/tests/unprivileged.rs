@@ -45,7 +45,7 @@ fn a_user_without_root_runs_write_bw_over_sockets_unpinned() {
     // The temporary directory may be one `nobody` cannot reach or run from (TMPDIR under
     // /root, /tmp mounted noexec).
     let runs = as_nobody(&exe, &["--version"])
-        .output()
+        .output_within(RUN_LIMIT)
         .is_ok_and(|o| o.status.success());
     if !require(
         runs,
@@ -66,7 +66,7 @@ fn a_user_without_root_runs_write_bw_over_sockets_unpinned() {
             as_nobody(&exe, &["write-bw", "--port", port])
                 .args(args)
                 .arg("127.0.0.1")
-                .output()
+                .output_within(RUN_LIMIT)
                 .expect("run the client")
         });
         (

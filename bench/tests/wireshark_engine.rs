@@ -141,7 +141,7 @@ fn session(test: &str, port: u16, args: &[&str]) {
         .args(common)
         .args(args)
         .arg(ADDR_A.to_string())
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run client");
     let server = wait_with_timeout(server, Duration::from_secs(60));
     seen.extend(rx.try_iter());
@@ -383,7 +383,7 @@ fn stream_starts(path: &Path) -> String {
             "tcp.seq",
         ])
         .args(["-e", "tcp.len", "-e", "tcp.flags.str", "-e", "_ws.col.Info"])
-        .output();
+        .output_within(RUN_LIMIT);
     match out {
         Ok(o) => String::from_utf8_lossy(&o.stdout)
             .lines()

@@ -1,11 +1,12 @@
 //! Helpers for tests that run `iwarp-bench` as a process.
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -111,7 +112,7 @@ pub fn run_pair_on_sides(
             .args(args)
             .args(client_args)
             .arg("127.0.0.1")
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run client")
     });
     (wait_with_timeout(server, Duration::from_secs(60)), client)
@@ -147,17 +148,68 @@ pub fn interrupt(child: &Child) {
     assert!(sent.success(), "kill -INT {}", child.id());
 }
 
-/// Waits for a child, killing it after `timeout`.
+/// Waits for a child, killing it after `timeout`, and collects what it wrote to the pipes it
+/// has left (both are read meanwhile, so a child that writes more than a pipe holds does not
+/// stall until killed). A killed child's stderr ends with a line saying so.
 pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut all = Vec::new();
+                let _ = p.read_to_end(&mut all);
+                all
+            })
+        })
     }
-    let _ = child.kill();
-    child.wait_with_output().expect("collect child output")
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let deadline = Instant::now() + timeout;
+    let mut killed = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                killed = true;
+                let _ = child.kill();
+                break child.wait().expect("wait for a killed child");
+            }
+        }
+    };
+    let collect = |h: Option<JoinHandle<Vec<u8>>>| {
+        h.map(|h| h.join().expect("pipe reader"))
+            .unwrap_or_default()
+    };
+    let mut stderr = collect(stderr);
+    if killed {
+        stderr.extend(format!("\n[test: killed after {timeout:?}]\n").bytes());
+    }
+    Output {
+        status,
+        stdout: collect(stdout),
+        stderr,
+    }
+}
+
+/// How long a test lets one run of `iwarp-bench` (or of a tool beside it) take before it
+/// kills it: a hung run fails its test instead of holding the suite.
+pub const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+/// [`Command::output`] with a wall-clock bound.
+pub trait OutputWithin {
+    /// Runs the command to its end as [`Command::output`] does (stdin closed, stdout and stderr
+    /// captured), killing it after `limit` ([`wait_with_timeout`]).
+    fn output_within(&mut self, limit: Duration) -> std::io::Result<Output>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(&mut self, limit: Duration) -> std::io::Result<Output> {
+        let child = self
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        Ok(wait_with_timeout(child, limit))
+    }
 }
 
 /// True when running as root.
@@ -177,7 +229,7 @@ pub fn is_root() -> bool {
 pub fn have(cmd: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
-        .output()
+        .output_within(RUN_LIMIT)
         .map(|o| o.status.success())
         .unwrap_or(false)
 }
@@ -225,7 +277,7 @@ pub fn tshark_verbose(path: &Path) -> String {
         .args(["--disable-protocol", "rpcordma"])
         .args(["--disable-protocol", "smb_direct", "-r"])
         .arg(path)
-        .output()
+        .output_within(RUN_LIMIT)
         .expect("run tshark");
     assert!(
         out.status.success(),
@@ -293,7 +345,7 @@ pub fn bed_pair_in(
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
         let out = bench_in(client_ns, &client_args)
-            .output()
+            .output_within(RUN_LIMIT)
             .expect("run client");
         let refused = String::from_utf8_lossy(&out.stderr).contains("refused");
         if out.status.success() || !refused || Instant::now() > deadline {
