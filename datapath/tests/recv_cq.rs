@@ -9,9 +9,9 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{bed, expect_wc, send_wr, write_wr, Side, WAIT};
+use common::{bed, expect_wc, send_wr, stays_empty, write_wr, Side, WAIT};
 use datapath::engine::XdpEngineConfig;
 use datapath::{
     Access, CompletionChannel, CompletionQueue, ConnectParams, Listener, MemoryRegion, MpaConfig,
@@ -24,12 +24,6 @@ const LEN: usize = 64;
 /// A receive of slot `i` (of four) of `mr`.
 fn recv(mr: &MemoryRegion, i: u64) -> RecvWr {
     bed::slot_recv(mr, i, LEN)
-}
-
-/// Nothing arrives on `cq` for a while.
-fn stays_empty(cq: &CompletionQueue, what: &str) {
-    let stray = cq.wait(Duration::from_millis(200));
-    assert!(stray.is_none(), "{what}: {stray:?}");
 }
 
 /// One side: its send completion queue (`side.cq`), its receive completion queue with a
