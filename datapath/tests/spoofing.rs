@@ -439,7 +439,16 @@ fn a_syn_forged_from_an_unseen_address_does_not_keep_its_host_out() {
     let connected = in_ns(NS_B, || {
         // From a port outside the kernel's ephemeral range (32768-60999).
         RawSocket::on(DEV_B).send(&syn_from(engine_mac, HOST, 20_001, UNSEEN_PORT, false));
-        std::thread::sleep(Duration::from_millis(100));
+        // The forger's MAC learnt first: the engine made a half-open connection of its SYN
+        // (counters are published every 50 ms or so).
+        let deadline = std::time::Instant::now() + WAIT;
+        while engine.counters().driver.table.passive_opens == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the forged SYN was not answered"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
             .expect("socket");
         s.bind(&SocketAddr::from((HOST, 0)).into())
