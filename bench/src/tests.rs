@@ -127,6 +127,10 @@ fn connect_params(cli: &Cli) -> ConnectParams {
 /// Completion channel events `-e` waited for (reported with the results).
 static EVENTS_WAITED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Blocking waits on a completion queue (`CompletionQueue::wait`), reported with the results
+/// (`"cq_blocking_waits"`): none with `--cq poll`.
+static CQ_BLOCKING_WAITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The side's completion queue: with `-e` created on a completion channel.
 fn completion_queue(
     use_event: bool,
@@ -313,6 +317,7 @@ impl Side {
             } else if let Some(ch) = &self.channel {
                 self.next_event(ch)?
             } else {
+                CQ_BLOCKING_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.cq.wait(Duration::from_millis(20))
             };
             if let Some(c) = got {
@@ -740,6 +745,14 @@ fn finish(
         return Ok(());
     };
     out["engine"] = serde_json::to_value(report).map_err(|e| e.to_string())?;
+    out["cq"] = match cli.cq {
+        CqMode::Wait => "wait",
+        CqMode::Poll => "poll",
+    }
+    .into();
+    out["cq_blocking_waits"] = CQ_BLOCKING_WAITS
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .into();
     if cli.compat.use_event {
         out["completion_events"] = events.into();
     }

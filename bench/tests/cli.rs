@@ -167,19 +167,29 @@ fn every_test_over_ift_framing() {
     );
 }
 
-/// `--cq poll` on both sides: the bandwidth tests take their completions by polling, with the
-/// same verified result.
+/// `--cq poll` on both sides: the bandwidth tests take their completions by polling (no
+/// blocking wait on the queue, which `--cq wait` makes), with the same verified result.
 #[test]
 fn bandwidth_tests_polling_the_cq() {
     for test in ["write-bw", "read-bw", "send-bw"] {
         let out = run_ok(test, &["-s", "4096", "-n", "300", "--cq", "poll", "--json"]);
         let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
         assert_eq!(v["results"][0]["iterations"], 300, "{test}: {v}");
+        assert_eq!(
+            (&v["cq"], &v["cq_blocking_waits"]),
+            (&"poll".into(), &0.into()),
+            "{test}: {v}"
+        );
         let checked = v["verified_bytes_server"].as_u64().unwrap_or(0)
             + v["verified_bytes_client"].as_u64().unwrap_or(0);
         // The buffer holds tx-depth (128) slots of the size, reused round robin.
         assert!(checked >= 128 * 4096, "{test}: {v}");
     }
+    // The default, for the difference.
+    let out = run_ok("write-bw", &["-s", "4096", "-n", "300", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(v["cq"], "wait", "{v}");
+    assert!(v["cq_blocking_waits"].as_u64().unwrap_or(0) > 0, "{v}");
 }
 
 /// `--slots 2`: write-bw and read-bw cycle through two message slots (perftest's buffer reuse),
