@@ -132,7 +132,9 @@ impl DatapathError {
             | DatapathError::Ift(I::StartupTimeout | I::AcceptTimeout)
             | DatapathError::Timeout(_) => libc::ETIMEDOUT,
             DatapathError::Mpa(M::Rejected) | DatapathError::Rejected { .. } => libc::ECONNREFUSED,
-            DatapathError::Mpa(M::Local(_) | M::PrivateDataTooLong { .. })
+            // Our own private data beyond the limit is `Local`; `PrivateDataTooLong` is the
+            // peer's (a received PD_Length), which falls to `EPROTO` below.
+            DatapathError::Mpa(M::Local(_))
             | DatapathError::Ift(I::Local(_))
             | DatapathError::InvalidArgument(_)
             | DatapathError::InvalidWorkRequest(_) => libc::EINVAL,
@@ -411,6 +413,10 @@ mod tests {
                 libc::ECONNRESET,
             ),
             (DatapathError::Mpa(mpa::MpaError::InvalidKey), libc::EPROTO),
+            (
+                DatapathError::Mpa(mpa::MpaError::PrivateDataTooLong { len: 600, max: 512 }),
+                libc::EPROTO,
+            ),
             (
                 DatapathError::Ift(ift::IftError::StartupTimeout),
                 libc::ETIMEDOUT,

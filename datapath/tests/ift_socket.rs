@@ -150,9 +150,11 @@ fn an_mpa_initiator_and_an_ift_listener_both_fail_at_once() {
     );
 }
 
-/// IFT carries no private data: asking for some is refused before anything is sent.
+/// IFT carries no private data: asking for some is refused before anything is sent, in a
+/// connect and in a reject (which then rejects bare, as the request's drop does).
 #[test]
 fn private_data_with_ift_is_refused() {
+    use std::io::{Read, Write};
     let listener = Listener::bind(any_port(), ift_params(true, true)).unwrap();
     let addr = listener.local_addr().unwrap();
     let client = Side::new();
@@ -160,6 +162,22 @@ fn private_data_with_ift_is_refused() {
         .err()
         .expect("private data refused");
     assert!(matches!(err, DatapathError::InvalidArgument(_)), "{err:?}");
+
+    let mut raw = std::net::TcpStream::connect(addr).unwrap();
+    raw.set_read_timeout(Some(WAIT)).unwrap();
+    let ini = ift::Initiator::new(IftConfig::with_vtag(7), Instant::now());
+    raw.write_all(ini.indication()).unwrap();
+    let req = listener.accept_timeout(WAIT).unwrap().expect("no request");
+    let err = req
+        .reject(b"go away")
+        .expect_err("private data in an IFT reject");
+    assert!(matches!(err, DatapathError::InvalidArgument(_)), "{err:?}");
+    let mut b = [0u8; 64];
+    assert_eq!(
+        raw.read(&mut b).unwrap_or(0),
+        0,
+        "rejected: the connection closes"
+    );
 }
 
 /// Through a relay that flips one octet of the client's stream, one 16 KiB Write after a Send

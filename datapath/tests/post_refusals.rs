@@ -269,3 +269,33 @@ fn engine_requests_wrong_by_themselves_fail_the_post() {
         });
     }
 }
+
+/// A queue pair made without a receive queue (`rq_depth` 0) refuses a receive with
+/// `EINVAL`, as siw does; `ENOMEM` (a full queue) would have a verbs program poll and post
+/// again for ever.
+#[test]
+fn a_queue_pair_without_a_receive_queue_refuses_receives() {
+    let listener =
+        Listener::bind(common::any_port(), loopback_params(MpaConfig::default())).expect("listen");
+    let (client, server) = (Side::new(), Side::new());
+    let params = ConnectParams {
+        rq_depth: 0,
+        ..loopback_params(MpaConfig::default())
+    };
+    let (c, _s) = common::establish_plain(&listener, &client, &server, &params);
+    let inbox = client.pd.register(64, Access::LOCAL_WRITE).expect("inbox");
+    let err =
+        c.qp.post_recv(server_recv(&inbox))
+            .expect_err("a receive taken");
+    assert!(matches!(err, DatapathError::InvalidArgument(_)), "{err:?}");
+    assert_eq!(err.errno(), libc::EINVAL);
+    let err =
+        c.qp.post_recv_list([server_recv(&inbox)])
+            .expect_err("a list of receives taken");
+    assert_eq!(
+        (err.posted, err.source.errno()),
+        (0, libc::EINVAL),
+        "{err:?}"
+    );
+    common::assert_no_more(&client.cq);
+}

@@ -819,11 +819,21 @@ impl ConnectRequest {
 
     /// Rejects with private data (MPA Reply with R=1), then closes the connection. Private
     /// data MPA cannot carry (over 512 octets with RFC 6581's block) fails with
-    /// [`DatapathError::Mpa`], and the Request is rejected without it.
+    /// [`DatapathError::Mpa`], and the Request is rejected without it; so does any private
+    /// data under IFT framing, which carries none ([`DatapathError::InvalidArgument`], as
+    /// `accept` and `connect` refuse it).
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), DatapathError> {
-        if let Some(request) = &self.info {
-            // Checked before the request is spent: refused, the drop rejects it bare.
-            mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?;
+        // Checked before the request is spent: refused, the drop rejects it bare.
+        match &self.info {
+            Some(request) => {
+                mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?
+            }
+            None if !private_data.is_empty() => {
+                return Err(DatapathError::InvalidArgument(
+                    "IFT framing carries no private data",
+                ));
+            }
+            None => {}
         }
         self.take_inner()?.reject(private_data, &self.params)
     }

@@ -974,7 +974,8 @@ impl QueuePair {
     /// yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose receives come from
     /// a shared receive queue ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it
     /// with [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the
-    /// shared queue instead). A Send that reaches the transport after this returns finds the
+    /// shared queue instead), one without a receive queue (`rq_depth` 0) with
+    /// [`DatapathError::InvalidArgument`] (`EINVAL` too). A Send that reaches the transport after this returns finds the
     /// receive in place, however the peer heard of it (both transports take queued work
     /// requests before they place a connection's received data).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
@@ -1309,11 +1310,8 @@ impl PostPath {
         &self,
         wrs: impl IntoIterator<Item = RecvWr>,
     ) -> Result<usize, PostListError> {
-        if self.srq {
-            return Err(PostListError {
-                posted: 0,
-                source: DatapathError::InvalidWorkRequest(rdmap::RdmapError::SrqAttached),
-            });
+        if let Err(source) = self.takes_recvs() {
+            return Err(PostListError { posted: 0, source });
         }
         self.post_list(wrs.into_iter().map(|wr| Ok(Cmd::Recv(wr))))
     }
@@ -1349,12 +1347,25 @@ impl PostPath {
 
     /// [`QueuePair::post_recv`].
     pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
+        self.takes_recvs()?;
+        self.command(Cmd::Recv(wr))
+    }
+
+    /// Whether the queue pair has a receive queue of its own to post to: not with a shared
+    /// receive queue, nor with a depth of 0 (`ibv_post_recv`'s `EINVAL` for both, as siw's;
+    /// a full queue's `ENOMEM` would have a verbs program poll and retry for ever).
+    fn takes_recvs(&self) -> Result<(), DatapathError> {
         if self.srq {
             return Err(DatapathError::InvalidWorkRequest(
                 rdmap::RdmapError::SrqAttached,
             ));
         }
-        self.command(Cmd::Recv(wr))
+        if self.rq_depth == 0 {
+            return Err(DatapathError::InvalidArgument(
+                "the queue pair has no receive queue (rq_depth 0)",
+            ));
+        }
+        Ok(())
     }
 }
 
