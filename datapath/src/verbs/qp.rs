@@ -17,6 +17,7 @@ use rdmap::{
     MAX_INLINE_DATA, MAX_SGE,
 };
 
+use crate::log_rate::LogRate;
 use crate::probe::{self, Mark};
 use crate::turn::TransportTurn;
 use crate::verbs::cq::{Completion, CqSink};
@@ -921,9 +922,7 @@ impl QueuePair {
     /// is queued. In Error (the connection failed, was reset or aborted) they are taken and
     /// complete flushed (`WrFlushError`), as verbs flushes them, also once the transport has
     /// finished with the queue pair (a drain: post a marker and wait for its completion). A
-    /// request accepted always completes (`WrFlushError` if the connection ended first). A
-    /// [`DatapathError::Io`] says only the transport's wake-up failed: the request was queued
-    /// and completes, and must not be posted again.
+    /// request accepted always completes (`WrFlushError` if the connection ended first).
     pub fn post_send(&self, wr: SendWr) -> Result<(), DatapathError> {
         self.path.post_send(wr)
     }
@@ -942,9 +941,7 @@ impl QueuePair {
     /// `-l`). Returns how many were posted; if the send queue fills, a request is refused by
     /// itself ([`DatapathError::InvalidWorkRequest`]) or the queue pair is gone part way,
     /// [`PostListError::posted`] says how many went before (verbs' `bad_wr`): those are queued
-    /// and complete, the rest are not. If only the
-    /// wake-up failed (an I/O error), `posted` is the whole list: every one was queued and must
-    /// not be posted again.
+    /// and complete, the rest are not.
     ///
     /// Requests that carry their payload inline may be in the chain too ([`SendRequest`]:
     /// `IBV_SEND_INLINE` on some of a chain's requests), each checked as
@@ -1142,8 +1139,7 @@ impl QueuePair {
     /// `disconnect` does (resetting the connection after 10 s; see there for a transport
     /// that does not answer). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
-    /// Error. On a queue pair that is closing or has ended already it does nothing. Fails only if the transport could not be
-    /// woken ([`DatapathError::Io`]; the close is queued all the same).
+    /// Error. On a queue pair that is closing or has ended already it does nothing.
     pub fn start_disconnect(&self) -> Result<(), DatapathError> {
         match self.path.command(Cmd::Close) {
             Err(DatapathError::Disconnected) => Ok(()),
@@ -1190,11 +1186,29 @@ impl QueuePair {
 
 impl PostPath {
     pub(crate) fn command(&self, cmd: Cmd) -> Result<(), DatapathError> {
-        if !self.queue(cmd)? {
-            // Completed by the handle: nothing for the transport.
-            return Ok(());
+        if self.queue(cmd)? {
+            self.wake();
         }
-        self.waker.wake().map_err(DatapathError::Io)
+        // Else completed by the handle: nothing for the transport.
+        Ok(())
+    }
+
+    /// Wakes the transport for what was queued. A failed wake-up is logged, not returned: the
+    /// request is queued and the transport takes it all the same at its next look (the AF_XDP
+    /// engine sleeps at most `XdpTcpConfig::max_wait` and finds the posted flag set; the
+    /// socket transport's thread at most 1 s). An error would read as "not posted" (verbs has
+    /// no "posted, but" outcome), and the request would be posted twice.
+    fn wake(&self) {
+        static LINES: LogRate = LogRate::new(1);
+        if let Err(e) = self.waker.wake() {
+            if let Some(suppressed) = LINES.admit() {
+                tracing::warn!(
+                    qp = self.num,
+                    suppressed,
+                    "waking the transport failed ({e}): what was posted goes at its next look"
+                );
+            }
+        }
     }
 
     /// Queues `cmd` for the transport (no wake-up), counting a work request against its
@@ -1329,7 +1343,7 @@ impl PostPath {
                 Err(source) => {
                     if queued_any {
                         // Those queued before are the transport's to run.
-                        let _ = self.waker.wake();
+                        self.wake();
                     }
                     return Err(PostListError { posted, source });
                 }
@@ -1337,10 +1351,7 @@ impl PostPath {
             posted += 1;
         }
         if queued_any {
-            self.waker.wake().map_err(|e| PostListError {
-                posted,
-                source: DatapathError::Io(e),
-            })?;
+            self.wake();
         }
         Ok(posted)
     }
@@ -1510,18 +1521,19 @@ pub(crate) mod tests {
         shared: Arc<Shared>,
         cq: Option<CqSink>,
     ) -> (QueuePair, Receiver<Cmd>) {
-        handle_parts(shared, cq, None)
+        handle_parts(shared, cq, None, Arc::new(NoWake))
     }
 
     /// [`handle`] whose transport thread, for this connection alone, is `thread`.
     fn handle_on_thread(shared: Arc<Shared>, thread: JoinHandle<()>) -> (QueuePair, Receiver<Cmd>) {
-        handle_parts(shared, None, Some(thread))
+        handle_parts(shared, None, Some(thread), Arc::new(NoWake))
     }
 
     fn handle_parts(
         shared: Arc<Shared>,
         cq: Option<CqSink>,
         thread: Option<JoinHandle<()>>,
+        waker: Arc<dyn QpWaker>,
     ) -> (QueuePair, Receiver<Cmd>) {
         let (cmds, rx) = crossbeam_channel::unbounded();
         let agreed = Agreed::Mpa(Negotiated {
@@ -1538,7 +1550,7 @@ pub(crate) mod tests {
         let qp = QueuePair::from_parts(QpParts {
             num: 1,
             cmds,
-            waker: Arc::new(NoWake),
+            waker,
             shared,
             agreed,
             mulpdu: 1000,
@@ -1553,6 +1565,30 @@ pub(crate) mod tests {
             cq,
         });
         (qp, rx)
+    }
+
+    /// A transport that cannot be woken.
+    struct FailingWake;
+    impl QpWaker for FailingWake {
+        fn wake(&self) -> io::Result<()> {
+            Err(io::Error::other("no wake-up"))
+        }
+    }
+
+    /// A post whose wake-up failed is queued once and reported posted (the transport takes it
+    /// at its next look): an error would have a verbs program post it again.
+    #[test]
+    fn a_failed_wake_up_still_reports_the_post() {
+        let (qp, rx) = handle_parts(Shared::new(QpState::Rts), None, None, Arc::new(FailingWake));
+        let recv = || RecvWr {
+            wr_id: 1,
+            sg_list: SgeList::default(),
+        };
+        qp.post_recv(recv()).expect("posted");
+        assert_eq!(qp.post_recv_list([recv(), recv()]).expect("posted"), 2);
+        assert_eq!(rx.try_iter().count(), 3, "each queued once");
+        qp.start_disconnect().expect("the close queued");
+        assert!(matches!(rx.try_recv(), Ok(Cmd::Close)));
     }
 
     /// A queue pair dropped on its own transport thread (a finish hook letting go of the last
