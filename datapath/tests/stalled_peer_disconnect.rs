@@ -170,6 +170,45 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     peer.join().expect("the peer's thread").expect("the peer");
 }
 
+/// `destroy` (`rdma_destroy_id` of a connected id) behind a peer that stopped reading is
+/// abrupt, as iWARP's is: the connection reset at once, not the graceful close's 10 s wait
+/// (which dropping the handle makes); the peer sees the reset.
+#[test]
+fn destroy_behind_a_peer_that_stopped_reading_resets_at_once() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    socket2::SockRef::from(&listener)
+        .set_recv_buffer_size(16 * 1024)
+        .expect("SO_RCVBUF");
+    let (stalled_tx, stalled_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || -> Result<std::io::ErrorKind, String> {
+        let mut s = common::accept_within(&listener, WAIT).map_err(|e| e.to_string())?;
+        answer_request(&mut s)?;
+        // Silent until the writer stalled and destroyed; then what reading meets.
+        let _ = stalled_rx.recv_timeout(WAIT * 2);
+        s.set_read_timeout(Some(WAIT)).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok(std::io::ErrorKind::UnexpectedEof),
+                Ok(_) => continue,
+                Err(e) => return Ok(e.kind()),
+            }
+        }
+    });
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    wait_for_the_stall(&cq);
+    let started = Instant::now();
+    conn.qp.destroy();
+    let took = started.elapsed();
+    let _ = stalled_tx.send(());
+    println!("destroy returned after {took:?}");
+    assert!(took < Duration::from_secs(5), "destroy took {took:?}");
+    let seen = peer.join().expect("the peer's thread").expect("the peer");
+    assert_eq!(seen, std::io::ErrorKind::ConnectionReset, "not reset");
+}
+
 /// `start_disconnect` (`rdma_disconnect`, which does not wait) behind a peer that stopped
 /// reading: nobody waits in `disconnect` to reset the close after its 10 s, yet the close
 /// ends by itself within the same bound (the user timeout, or 10 s), reset, and its end is

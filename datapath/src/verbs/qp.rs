@@ -1002,6 +1002,18 @@ impl QueuePair {
         self.path.shared.stop_finish_hooks();
     }
 
+    /// Destroys the queue pair as iWARP's `rdma_destroy_id` / `ibv_destroy_qp` on a connected
+    /// one does: abruptly (the kernel's iw_cm moves the queue pair to Error, siw drops the
+    /// connection), without waiting for the peer. [`QueuePair::stop_notifications`], then
+    /// [`QueuePair::abort`] (the connection reset, outstanding work requests flushed; waits
+    /// at most 2 s for the transport to let go of the memory), then the handle is dropped.
+    /// Dropping a connected queue pair instead closes gracefully ([`QueuePair::disconnect`]),
+    /// which may wait up to 12 s for a peer that stopped reading.
+    pub fn destroy(self) {
+        self.stop_notifications();
+        self.abort();
+    }
+
     /// Waits until the transport has finished with the queue pair ([`QpStatus::finished`]) or
     /// `timeout` passes; true when it has.
     pub fn wait_finished(&self, timeout: Duration) -> bool {
