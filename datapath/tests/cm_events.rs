@@ -540,3 +540,93 @@ fn a_connect_with_arguments_it_cannot_use_fails_at_the_call() {
     quiet(&client_ch, "refused connects");
     quiet(&server_ch, "refused connects");
 }
+
+/// A raw peer that sent a valid MPA Request to `addr`, reading with a timeout of `WAIT`.
+fn raw_requester(addr: std::net::SocketAddr) -> (std::net::TcpStream, mpa::Initiator) {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let ini = mpa::Initiator::new(mpa::MpaConfig::default(), b"", std::time::Instant::now())
+        .expect("initiator");
+    s.write_all(ini.request()).expect("send the Request");
+    (s, ini)
+}
+
+/// What the raw peer reads until the listener closes: the Reply's outcome if one came, and
+/// how long the close took.
+fn read_until_closed(
+    s: &mut std::net::TcpStream,
+    ini: &mut mpa::Initiator,
+) -> (Option<Result<mpa::InitiatorEvent, mpa::MpaError>>, Duration) {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("not closed within {WAIT:?}: {e}"),
+        }
+    }
+    let outcome = (!got.is_empty()).then(|| {
+        ini.feed(&got, std::time::Instant::now())
+            .map(|(_, event)| event)
+    });
+    (outcome, started.elapsed())
+}
+
+/// A listener's requests still queued on the channel when it is dropped are rejected and
+/// their events removed (rdma_destroy_id of a listening id: no event names it afterwards);
+/// another listener's on the same channel stay.
+#[test]
+fn dropping_a_notifying_listener_rejects_its_queued_requests() {
+    let ch = CmEventChannel::new().unwrap();
+    let bind = || Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectParams::default());
+    let (a, b) = (bind().unwrap(), bind().unwrap());
+    let (addr_a, addr_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let a = a.notify_with_context(&ch, 1).unwrap();
+    let b = b.notify_with_context(&ch, 2).unwrap();
+    let (mut peer_a, mut ini_a) = raw_requester(addr_a);
+    // A's request queued (the channel readable), then B's on its way.
+    assert!(readable(ch.as_raw_fd(), WAIT), "A's request not queued");
+    let (_peer_b, _ini_b) = raw_requester(addr_b);
+    drop(a);
+    let (outcome, took) = read_until_closed(&mut peer_a, &mut ini_a);
+    assert!(
+        matches!(outcome, Some(Ok(mpa::InitiatorEvent::Rejected { .. }))),
+        "{outcome:?} after {took:?}"
+    );
+    match ch.wait_event(WAIT) {
+        Some(CmEvent::ConnectRequest(r)) => assert_eq!(r.listen_context(), 2),
+        other => panic!("B's request: {other:?}"),
+    }
+    assert!(ch.get_event().is_none(), "an event of the dropped listener");
+    assert!(
+        !readable(ch.as_raw_fd(), Duration::ZERO),
+        "readable with no event"
+    );
+    drop(b);
+}
+
+/// A request taken from a listener that is then dropped keeps its accept deadline: left
+/// unanswered, its connection closes at it (before, nothing closed it any more once the
+/// listener's thread was gone: the peer waited for its own timeout, the descriptor stayed).
+#[test]
+fn a_request_outliving_its_listener_keeps_its_accept_deadline() {
+    let mut params = ConnectParams::default();
+    params.mpa.accept_timeout = Duration::from_millis(300);
+    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params).unwrap();
+    let (mut peer, mut ini) = raw_requester(listener.local_addr().unwrap());
+    let request = listener.accept_timeout(WAIT).unwrap().expect("the Request");
+    drop(listener);
+    let (outcome, took) = read_until_closed(&mut peer, &mut ini);
+    assert!(outcome.is_none(), "a Reply came: {outcome:?}");
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    let server = (ProtectionDomain::new(), CompletionQueue::new());
+    assert!(
+        request.accept(&server.0, &server.1, &[]).is_err(),
+        "accepted after its deadline"
+    );
+}

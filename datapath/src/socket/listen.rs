@@ -161,7 +161,10 @@ struct SocketListen {
     requests: Receiver<Arrived>,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
+    /// The listener's thread; it returns the Requests it handed out that may still wait for
+    /// an answer.
+    thread: Option<JoinHandle<VecDeque<Waiting>>>,
+    record: Arc<ListenRecord>,
 }
 
 impl SocketListen {
@@ -198,7 +201,7 @@ impl SocketListen {
             waiting: VecDeque::new(),
             requests: tx,
             stop: stop.clone(),
-            record,
+            record: record.clone(),
             buf: vec![0; 4096],
         };
         tracing::info!(%local, "listening (kernel TCP)");
@@ -211,18 +214,22 @@ impl SocketListen {
             stop,
             waker,
             thread: Some(thread),
+            record,
         })
     }
 }
 
 impl Drop for SocketListen {
     /// Stops the listener's thread; Requests no accept took are rejected (Reply with R=1), as
-    /// a dropped [`ConnectRequest`] is, not closed bare.
+    /// a dropped [`ConnectRequest`] is, not closed bare. Those taken and not answered yet
+    /// keep their accept deadline ([`close_unanswered_later`]).
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            if let Ok(waiting) = thread.join() {
+                close_unanswered_later(waiting, self.record.clone());
+            }
         }
         while let Ok(arrived) = self.requests.try_recv() {
             let pending = SocketPending {
@@ -325,7 +332,13 @@ struct Startups {
 }
 
 impl Startups {
-    fn run(mut self) {
+    /// Runs until stopped; returns the Requests handed out that may still wait for an answer.
+    fn run(mut self) -> VecDeque<Waiting> {
+        self.run_until_stopped();
+        std::mem::take(&mut self.waiting)
+    }
+
+    fn run_until_stopped(&mut self) {
         let mut events = Events::with_capacity(64);
         while !self.stop.load(Ordering::Acquire) {
             let timeout = self.next_deadline().map_or(MAX_SLEEP, |d| {
@@ -674,20 +687,57 @@ impl Startups {
             let Some(w) = self.waiting.pop_front() else {
                 break;
             };
-            if let Some(stream) = w.stream.upgrade().and_then(|held| take(&held)) {
-                peer_line!(
-                    warn,
-                    "a connection request left unanswered past the accept timeout: closed"
-                );
-                if w.ift {
-                    self.record
-                        .ift_startup_failed(&ift::IftError::AcceptTimeout);
-                } else {
-                    self.record.startup_failed(&MpaError::AcceptTimeout);
-                }
-                let _ = stream.shutdown(Shutdown::Both);
-            }
+            w.close_if_unanswered(&self.record);
         }
+    }
+}
+
+impl Waiting {
+    /// At its deadline: closes the connection if its Request is still unanswered.
+    fn close_if_unanswered(self, record: &ListenRecord) {
+        if let Some(stream) = self.stream.upgrade().and_then(|held| take(&held)) {
+            peer_line!(
+                warn,
+                "a connection request left unanswered past the accept timeout: closed"
+            );
+            if self.ift {
+                record.ift_startup_failed(&ift::IftError::AcceptTimeout);
+            } else {
+                record.startup_failed(&MpaError::AcceptTimeout);
+            }
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Requests a dropped listener had handed out keep their accept deadline, as the AF_XDP
+/// engine's do (and siw's, whose MPA timer is the connection's, not the listener's): a thread
+/// of their own closes those still unanswered at it, and ends with the last deadline. Without
+/// it, a request held by an application that never answers it would keep its connection and
+/// descriptor for good, its peer waiting for its own timeout.
+fn close_unanswered_later(waiting: VecDeque<Waiting>, record: Arc<ListenRecord>) {
+    let waiting: VecDeque<Waiting> = waiting
+        .into_iter()
+        .filter(|w| w.stream.strong_count() > 0)
+        .collect();
+    if waiting.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("iwarp-listen-end".into())
+        .spawn(move || {
+            // In deadline order (one accept timeout for all).
+            for w in waiting {
+                std::thread::sleep(w.deadline.saturating_duration_since(Instant::now()));
+                w.close_if_unanswered(&record);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(
+            error = %e,
+            "no thread for the accept deadlines of a dropped listener's requests: \
+             they wait for their answer"
+        );
     }
 }
 
@@ -704,9 +754,9 @@ struct SocketPending {
 }
 
 impl SocketPending {
-    /// The connection, unless the accept deadline closed it or has passed (the listener's
-    /// thread, which closes it at the deadline, is gone once the listener is dropped: an
-    /// accept after the deadline then fails here, as on the engine).
+    /// The connection, unless the accept deadline closed it or has passed (the deadline's
+    /// close may lag it a little: an accept after the deadline fails here all the same, as
+    /// on the engine).
     fn stream(&self) -> Result<TcpStream, DatapathError> {
         let timed_out = || match self.answer {
             Answer::Ift { .. } => DatapathError::Ift(ift::IftError::AcceptTimeout),

@@ -630,6 +630,14 @@ impl ConnectRequest {
         self
     }
 
+    /// Whether the request holds a place of the backlog whose places are given back to
+    /// `given_back` (it came from that notifying listener).
+    pub(crate) fn holds_place_of(&self, given_back: &crossbeam_channel::Receiver<()>) -> bool {
+        self.backlog_place
+            .as_ref()
+            .is_some_and(|p| p.0.same_channel(given_back))
+    }
+
     /// The context of the listener the request came from (`rdma_cm_event.listen_id` and the
     /// `context` it carries: several listeners may share one event channel), as given to
     /// [`Listener::notify_with_context`]; 0 otherwise.

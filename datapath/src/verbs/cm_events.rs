@@ -213,12 +213,18 @@ impl AsFd for CmEventChannel {
 }
 
 /// A listener whose connection requests go to a [`CmEventChannel`]; dropping it stops
-/// listening (within 200 ms).
+/// listening (within 200 ms) and rejects its requests still queued on the channel, as
+/// `rdma_destroy_id` of a listening id does (the kernel's `ucma_cleanup_ctx_events`: their
+/// events are removed and their connections rejected), so that no event names a listener
+/// the application has destroyed. Requests the application took are its own: they live on.
 pub struct NotifyingListener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     record: Arc<ListenRecord>,
     local_addr: SocketAddr,
+    channel: CmEventChannel,
+    /// Where its requests give their backlog places back: names its requests.
+    given_back: crossbeam_channel::Receiver<()>,
 }
 
 impl NotifyingListener {
@@ -240,6 +246,11 @@ impl Drop for NotifyingListener {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let ours = self.channel.queue.take_where(|event| {
+            matches!(event, CmEvent::ConnectRequest(r) if r.holds_place_of(&self.given_back))
+        });
+        // Each dropped request is rejected (R=1, no private data).
+        drop(ours);
     }
 }
 
@@ -279,6 +290,8 @@ impl Listener {
         let channel = channel.clone();
         let record = self.record();
         let (places, given_back) = crossbeam_channel::bounded(self.backlog());
+        let ours = given_back.clone();
+        let queued_on = channel.clone();
         let thread = std::thread::Builder::new()
             .name("iwarp-cm-listen".into())
             .spawn(move || {
@@ -314,6 +327,8 @@ impl Listener {
             thread: Some(thread),
             record,
             local_addr,
+            channel: queued_on,
+            given_back: ours,
         })
     }
 }

@@ -75,6 +75,30 @@ impl<T> EventQueue<T> {
         item
     }
 
+    /// Takes out every queued event `unwanted` names, with their counts of the descriptor
+    /// (as [`EventQueue::pop`] takes them), keeping the order of the rest; the caller drops
+    /// what is returned (outside the queue's lock).
+    pub(crate) fn take_where(&self, mut unwanted: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(items.len());
+        for item in items.drain(..) {
+            if unwanted(&item) {
+                taken.push(item);
+            } else {
+                kept.push_back(item);
+            }
+        }
+        *items = kept;
+        for _ in &taken {
+            take_count(&self.efd);
+        }
+        if !items.is_empty() && !readable_now(&self.efd) {
+            add_count(&self.efd, items.len() as u64);
+        }
+        taken
+    }
+
     /// Whether the application made the descriptor non-blocking (`O_NONBLOCK`).
     pub(crate) fn nonblocking(&self) -> bool {
         // SAFETY: F_GETFL on a descriptor we own takes no pointer.
