@@ -421,6 +421,19 @@ struct PeerFrame {
 }
 
 impl PeerFrame {
+    /// An accepting frame of the target's revision with C, M, the RFC 6581 block and `2 * pd2`
+    /// octets of private data.
+    fn new(crc: bool, markers: bool, block: Option<(u8, u8, bool, u8)>, pd2: u8) -> PeerFrame {
+        PeerFrame {
+            crc,
+            markers,
+            reject: false,
+            block,
+            rev1: false,
+            pd2,
+        }
+    }
+
     fn write(&self, s: &mut Seed) {
         let mut f = 0u8;
         if self.markers {
@@ -493,6 +506,14 @@ impl StartupKnobs {
     }
 }
 
+/// The start of an MPA `iwarp_startup` seed: its knobs, then the peer's frame.
+fn startup_seed(k: &StartupKnobs, frame: &PeerFrame) -> Seed {
+    let mut s = Seed::new();
+    k.write(&mut s);
+    frame.write(&mut s);
+    s
+}
+
 /// One in-order segment of `len` octets from the cursor (PSH).
 fn in_order(s: &mut Seed, len: u16) {
     s.u8(6).u8(1).u16(len - 1);
@@ -527,14 +548,7 @@ fn iwarp_startup() {
                 crc: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: true,
-                markers: false,
-                reject: false,
-                block: mpa_block,
-                rev1: false,
-                pd2: 3,
-            },
+            PeerFrame::new(true, false, mpa_block, 3),
         ),
         (
             "responder_markers_source",
@@ -544,14 +558,7 @@ fn iwarp_startup() {
                 digest: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: false,
-                markers: true,
-                reject: false,
-                block: mpa_block,
-                rev1: false,
-                pd2: 8,
-            },
+            PeerFrame::new(false, true, mpa_block, 8),
         ),
         (
             "responder_rev1_auto_accept",
@@ -563,12 +570,8 @@ fn iwarp_startup() {
                 ..StartupKnobs::default()
             },
             PeerFrame {
-                crc: false,
-                markers: false,
-                reject: false,
-                block: None,
                 rev1: true,
-                pd2: 0,
+                ..PeerFrame::new(false, false, None, 0)
             },
         ),
         (
@@ -577,19 +580,10 @@ fn iwarp_startup() {
                 crc: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: true,
-                markers: false,
-                reject: false,
-                block: Some((3, 3, true, 7)),
-                rev1: false,
-                pd2: 2,
-            },
+            PeerFrame::new(true, false, Some((3, 3, true, 7)), 2),
         ),
     ] {
-        let mut s = Seed::new();
-        k.write(&mut s);
-        frame.write(&mut s);
+        let mut s = startup_seed(&k, &frame);
         s.u8(14).u8(14); // post two receives
         let mut first = 0;
         if frame.block.is_some_and(|b| b.2) {
@@ -618,21 +612,11 @@ fn iwarp_startup() {
 
     // Responder: 4 KiB behind the Request before the application answers (the startup
     // store's bound), then the accept.
-    let mut s = Seed::new();
-    StartupKnobs {
+    let k = StartupKnobs {
         crc: true,
         ..StartupKnobs::default()
-    }
-    .write(&mut s);
-    PeerFrame {
-        crc: true,
-        markers: false,
-        reject: false,
-        block: mpa_block,
-        rev1: false,
-        pd2: 1,
-    }
-    .write(&mut s);
+    };
+    let mut s = startup_seed(&k, &PeerFrame::new(true, false, mpa_block, 1));
     s.u8(4).u16(2000).u16(1000).u8(7).u8(0).u8(2).u16(0); // a Send in two FPDUs
     s.u8(4).u16(2000).u16(1000).u8(9).u8(0).u8(2).u16(0); // and another
     aligned(&mut s, 255, 0);
@@ -654,14 +638,7 @@ fn iwarp_startup() {
                 crc: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: true,
-                markers: false,
-                reject: false,
-                block: mpa_block,
-                rev1: false,
-                pd2: 4,
-            },
+            PeerFrame::new(true, false, mpa_block, 4),
         ),
         (
             "initiator_reject",
@@ -671,12 +648,8 @@ fn iwarp_startup() {
                 ..StartupKnobs::default()
             },
             PeerFrame {
-                crc: true,
-                markers: false,
                 reject: true,
-                block: mpa_block,
-                rev1: false,
-                pd2: 5,
+                ..PeerFrame::new(true, false, mpa_block, 5)
             },
         ),
         (
@@ -686,15 +659,8 @@ fn iwarp_startup() {
                 source: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: true,
-                markers: true,
-                reject: false,
-                // ORD pick 7 is 7 << 6 = 448, above our IRD 16.
-                block: Some((3, 7, false, 0)),
-                rev1: false,
-                pd2: 0,
-            },
+            // ORD pick 7 is 7 << 6 = 448, above our IRD 16.
+            PeerFrame::new(true, true, Some((3, 7, false, 0)), 0),
         ),
         (
             "initiator_p2p_markers",
@@ -705,19 +671,10 @@ fn iwarp_startup() {
                 p2p: true,
                 ..StartupKnobs::default()
             },
-            PeerFrame {
-                crc: false,
-                markers: true,
-                reject: false,
-                block: Some((3, 3, true, 2)),
-                rev1: false,
-                pd2: 1,
-            },
+            PeerFrame::new(false, true, Some((3, 3, true, 2)), 1),
         ),
     ] {
-        let mut s = Seed::new();
-        k.write(&mut s);
-        frame.write(&mut s);
+        let mut s = startup_seed(&k, &frame);
         s.u8(14).u8(30).u8(0).u16(64).u32(0x1234).u64(0); // a receive, a Read of 64 octets
         s.u8(0);
         write_template(&mut s, 0, true, 0, 80);

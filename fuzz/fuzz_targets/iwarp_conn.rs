@@ -29,27 +29,18 @@
 //! again (`rescanned_bytes`) stay within the credit the octets received earn.
 #![no_main]
 
-use std::net::Ipv4Addr;
-use std::ops::Range;
 use std::time::Duration;
 
 use ift::{CrcPolicy, FrameEncoder, FrameFormat, IftConfig};
-use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn, ReassemblyBudget, SegmentDigest};
+use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn, ReassemblyBudget};
 use iwarp_fuzz::{
-    contains, ref_fpdu, ref_ift_frame, tagged_header, untagged_header, Arena, ArenaRegion, Input,
-    Templates,
+    check_writes, contains, ref_fpdu, ref_ift_frame, run_due_timers, tcp_config, App, AppLayout,
+    Endpoint, Input, PeerHeader, PeerSender, PeerStream, INITIATOR_TUPLE, PD,
 };
 use libfuzzer_sys::fuzz_target;
 use mpa::{FpduEncoder, MpaConfig};
-use rdmap::{Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag};
-use tcp_engine::wire::TcpFlags;
-use tcp_engine::{
-    Config, Connection, FourTuple, Instant, IsnGenerator, PassedUp, SegmentRepr, TakeBack, TxMode,
-};
-
-const PD: PdId = PdId(1);
-const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
-const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+use rdmap::{Access, PdId, QpState};
+use tcp_engine::{Config, Connection, Instant, IsnGenerator, SegmentRepr};
 
 const W: usize = 0;
 const WR_TOP: usize = 1;
@@ -73,6 +64,13 @@ const BASES: [u64; REGIONS] = [
     0x8000,
 ];
 const LENS: [usize; REGIONS] = [4096, 128, 256, 512, 256, 384, 128, 64, 2048];
+/// The regions the application posts into and sends from.
+const APP: AppLayout = AppLayout {
+    recv: RECV,
+    sink: SINK,
+    src: SRC,
+    send_len: 1500,
+};
 /// `iwarp_conn`'s rescan credit (`SCAN_CREDIT_START`, `SCAN_CREDIT_PER_OCTET`): the most held
 /// octets a connection reads again are this many plus so many per octet it received.
 const RESCAN_START: u64 = 256 << 10;
@@ -81,29 +79,18 @@ const RESCAN_PER_OCTET: u64 = 8;
 /// One side: its TCP connection (once it exists), its iWARP connection and memory.
 struct End {
     tcp: Option<Connection>,
-    iw: IwarpConn,
-    arena: Arena,
-    mem: MemoryTable<ArenaRegion>,
-    events: Vec<ConnEvent>,
+    /// Its iWARP connection, memory and events.
+    conn: Endpoint,
     /// The private data of an accept (none with IFT).
     accept_data: &'static [u8],
-    /// Segments reach the connection with the CRC read with their checksum.
-    digest: bool,
-    /// Octets TCP passed up.
-    passed_up: u64,
 }
 
 impl End {
     fn new(iw: IwarpConn, accept_data: &'static [u8], digest: bool) -> End {
         End {
             tcp: None,
-            iw,
-            arena: Arena::new(),
-            mem: MemoryTable::new(),
-            events: Vec::new(),
+            conn: Endpoint::new(iw, digest),
             accept_data,
-            digest,
-            passed_up: 0,
         }
     }
 
@@ -113,36 +100,26 @@ impl End {
         let Some(tcp) = self.tcp.as_mut() else {
             return;
         };
-        self.iw.take_tcp_events(tcp);
-        self.iw.poll(tcp, &self.mem, now);
-        while let Some(ev) = self.iw.poll_event() {
+        let c = &mut self.conn;
+        c.iw.take_tcp_events(tcp);
+        c.iw.poll(tcp, &c.mem, now);
+        while let Some(ev) = c.iw.poll_event() {
             if let ConnEvent::Request(_) | ConnEvent::IftRequest(_) = ev {
-                if self.iw.accept(self.accept_data).is_ok() {
-                    self.iw.poll(tcp, &self.mem, now);
+                if c.iw.accept(self.accept_data).is_ok() {
+                    c.iw.poll(tcp, &c.mem, now);
                 }
             }
-            self.events.push(ev);
+            c.events.push(ev);
         }
-        while self.iw.qp_mut().poll_completion().is_some() {}
+        while c.iw.qp_mut().poll_completion().is_some() {}
     }
 
     /// The packets this side emits now.
     fn transmit(&mut self, now: Instant) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let Some(tcp) = self.tcp.as_mut() else {
-            return out;
-        };
-        let mut buf = vec![0u8; 9100];
-        for _ in 0..256 {
-            let Some(n) = self.iw.poll_transmit(tcp, &self.mem, now, &mut buf) else {
-                break;
-            };
-            if let Err(e) = SegmentRepr::parse(&buf[..n]) {
-                panic!("emitted an unparseable packet: {e:?}");
-            }
-            out.push(buf[..n].to_vec());
+        match self.tcp.as_mut() {
+            Some(tcp) => self.conn.transmit(tcp, now, |_| {}),
+            None => Vec::new(),
         }
-        out
     }
 
     /// Hands a packet to this side (a listener's SYN makes its connection).
@@ -152,44 +129,9 @@ impl End {
         };
         match self.tcp.as_mut() {
             None => self.tcp = Connection::accept(listen.clone(), &seg, isn, now),
-            Some(tcp) => {
-                let End {
-                    iw,
-                    mem,
-                    digest,
-                    passed_up,
-                    ..
-                } = self;
-                let held = digest.then(|| held_crc(seg.payload)).flatten();
-                tcp.handle_segment(now, &seg, |p| pass_up(iw, mem, p, held, passed_up));
-            }
+            Some(tcp) => self.conn.segment(tcp, now, &seg),
         }
         self.pump(now);
-    }
-}
-
-/// What the AF_XDP engine keeps of a received segment's payload as it sums it for TCP's
-/// checksum: the CRC of the one FPDU it holds, if it holds one.
-fn held_crc(payload: &[u8]) -> Option<iwarp_conn::HeldCrc> {
-    SegmentDigest::of(payload).hold(payload)
-}
-
-/// Passes data TCP passed up to the connection: with `held` (from [`held_crc`]) as the engine
-/// does, `on_data_with_crc`, the CRC given when the data is that whole segment; else `on_data`.
-fn pass_up(
-    iw: &mut IwarpConn,
-    mem: &MemoryTable<ArenaRegion>,
-    data: PassedUp<'_>,
-    held: Option<iwarp_conn::HeldCrc>,
-    passed_up: &mut u64,
-) -> Option<TakeBack> {
-    *passed_up += data.data.len() as u64;
-    match held {
-        Some(h) => {
-            let crc = h.for_data(data.data);
-            iw.on_data_with_crc(data, crc, mem)
-        }
-        None => iw.on_data(data, mem),
     }
 }
 
@@ -230,6 +172,49 @@ impl Plan {
         self.base + self.bytes.len() as u64
     }
 
+    /// Makes the plan cover offsets below `end` (zeros) before they are sent.
+    fn cover(&mut self, end: usize) {
+        if end > self.bytes.len() {
+            let n = end - self.bytes.len();
+            self.raw(&vec![0; n]);
+        }
+        self.sent_end = self.sent_end.max(end);
+    }
+
+    /// The octet at MPA position `p`, if the plan has it.
+    fn octet(&self, p: u64) -> Option<u8> {
+        let i = usize::try_from(p.checked_sub(self.base)?).ok()?;
+        self.bytes.get(i).copied()
+    }
+
+    /// Whether an FPDU (or IFT frame) whose CRC is good (by the reference CRC32c) carries
+    /// `data`.
+    fn justified(&self, data: &[u8]) -> bool {
+        let octet = |p: u64| self.octet(p);
+        let check = |header: u64| match &self.framing {
+            Framing::Mpa(_) => ref_fpdu(octet, header, self.markers, 0)
+                .is_some_and(|r| r.lenient_ok(true, self.markers) && contains(&r.ulpdu, data)),
+            Framing::Ift(fmt) => ref_ift_frame(octet, header, fmt.header_crc, fmt.payload_crc)
+                .is_some_and(|r| r.crcs_ok && contains(&r.ulpdu, data)),
+        };
+        // The FPDUs built whole first, then every other position.
+        let built = self.fpdus.iter().any(|&(s, _)| {
+            let at = self.base + s as u64;
+            check(if self.markers && at.is_multiple_of(512) {
+                at + 4
+            } else {
+                at
+            })
+        });
+        built
+            || (0..self.bytes.len() as u64)
+                .map(|i| self.base + i)
+                .filter(|p| !(self.markers && p.is_multiple_of(512)))
+                .any(check)
+    }
+}
+
+impl PeerStream for Plan {
     /// Appends one FPDU carrying `ulpdu`; `change` flips an octet after framing.
     fn fpdu(&mut self, ulpdu: &[u8], change: Option<(u16, u8)>) {
         let start = self.bytes.len();
@@ -291,56 +276,13 @@ impl Plan {
         }
     }
 
-    /// Makes the plan cover offsets below `end` (zeros) before they are sent.
-    fn cover(&mut self, end: usize) {
-        if end > self.bytes.len() {
-            let n = end - self.bytes.len();
-            self.raw(&vec![0; n]);
-        }
-        self.sent_end = self.sent_end.max(end);
+    fn markers(&self) -> bool {
+        self.markers
     }
 
-    /// The octet at MPA position `p`, if the plan has it.
-    fn octet(&self, p: u64) -> Option<u8> {
-        let i = usize::try_from(p.checked_sub(self.base)?).ok()?;
-        self.bytes.get(i).copied()
+    fn octets(&self) -> usize {
+        self.bytes.len()
     }
-
-    /// Whether an FPDU (or IFT frame) whose CRC is good (by the reference CRC32c) carries
-    /// `data`.
-    fn justified(&self, data: &[u8]) -> bool {
-        let octet = |p: u64| self.octet(p);
-        let check = |header: u64| match &self.framing {
-            Framing::Mpa(_) => ref_fpdu(octet, header, self.markers, 0)
-                .is_some_and(|r| r.lenient_ok(true, self.markers) && contains(&r.ulpdu, data)),
-            Framing::Ift(fmt) => ref_ift_frame(octet, header, fmt.header_crc, fmt.payload_crc)
-                .is_some_and(|r| r.crcs_ok && contains(&r.ulpdu, data)),
-        };
-        // The FPDUs built whole first, then every other position.
-        let built = self.fpdus.iter().any(|&(s, _)| {
-            let at = self.base + s as u64;
-            check(if self.markers && at.is_multiple_of(512) {
-                at + 4
-            } else {
-                at
-            })
-        });
-        built
-            || (0..self.bytes.len() as u64)
-                .map(|i| self.base + i)
-                .filter(|p| !(self.markers && p.is_multiple_of(512)))
-                .any(check)
-    }
-}
-
-fn tcp_config(source: bool, sack: bool) -> Config {
-    let mut cfg = Config::mpa();
-    if source {
-        cfg.tx_mode = TxMode::Source;
-    }
-    cfg.timestamps = false;
-    cfg.sack = sack;
-    cfg
 }
 
 /// Length of the Request or Reply of this harness's startup (private data of 6 octets: "client"
@@ -349,40 +291,27 @@ fn frame_len(rev: u8) -> u64 {
     20 + if rev >= 2 { 4 } else { 0 } + 6
 }
 
+/// The side the input is the peer of, and its application.
 struct Target {
     end: End,
-    stags: [Stag; REGIONS],
-    allowed: [Vec<Range<usize>>; REGIONS],
-    next_recv: usize,
-    next_read: usize,
+    app: App,
     crc: bool,
     mpa_failed: bool,
 }
 
 impl Target {
     fn check(&mut self, from: usize, frozen: bool, plan: &Plan) {
-        self.end.arena.check();
-        let rescanned = self.end.iw.counters().rescanned_bytes;
-        let credit = RESCAN_START + RESCAN_PER_OCTET * self.end.passed_up;
+        let conn = &self.end.conn;
+        conn.arena.check();
+        let rescanned = conn.iw.counters().rescanned_bytes;
+        let received = conn.delivered.octets;
+        let credit = RESCAN_START + RESCAN_PER_OCTET * received;
         assert!(
             rescanned <= credit,
-            "read {rescanned} held octets again on {} received",
-            self.end.passed_up
+            "read {rescanned} held octets again on {received} received"
         );
-        let writes = self.end.arena.writes();
-        if frozen {
-            assert_eq!(
-                writes.len(),
-                from,
-                "written after RTS or MPA ended: {:?}",
-                &writes[from..]
-            );
-        }
-        for w in &writes[from..] {
-            let ok = self.allowed[w.region]
-                .iter()
-                .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
-            assert!(ok || w.len == 0, "write not allowed: {w:?}");
+        let frozen = frozen.then_some("after RTS or MPA ended");
+        check_writes(&conn.arena, &self.app.allowed, from, frozen, |w| {
             if self.crc
                 && !w.data.is_empty()
                 && plan.poisoned.iter().any(|p| contains(&p.payload, &w.data))
@@ -392,97 +321,15 @@ impl Target {
                     "placed octets of an FPDU whose CRC failed: {w:?}"
                 );
             }
-        }
-        self.mpa_failed |= self
-            .end
+        });
+        self.mpa_failed |= conn
             .events
             .iter()
             .any(|e| matches!(e, ConnEvent::MpaFailed(_) | ConnEvent::TransportClosed(_)));
     }
 
     fn frozen(&self) -> bool {
-        self.mpa_failed || self.end.iw.qp().state() != QpState::Rts
-    }
-
-    fn post_recv(&mut self) {
-        if self.next_recv >= 4 {
-            return;
-        }
-        let layouts: [&[(u64, u32)]; 4] = [
-            &[(0, 48)],
-            &[(0, 16), (64, 32)],
-            &[(8, 8), (40, 40)],
-            &[(0, 64), (64, 64)],
-        ];
-        let i = self.next_recv;
-        self.next_recv += 1;
-        let base = 128 * i as u64;
-        let mut sg_list = SgeList::new();
-        for &(off, len) in layouts[i] {
-            let _ = sg_list.push(Sge {
-                stag: self.stags[RECV],
-                to: BASES[RECV] + base + off,
-                len,
-            });
-            let start = (base + off) as usize;
-            self.allowed[RECV].push(start..start + len as usize);
-        }
-        let wr = RecvWr {
-            wr_id: 100 + i as u64,
-            sg_list,
-        };
-        let _ = self.end.iw.qp_mut().post_recv(wr, &self.end.mem);
-    }
-
-    fn post_send(&mut self, input: &mut Input) {
-        let op = input.u8();
-        let len = u32::from(input.u16() % 1500);
-        let wr = if op & 1 == 0 && self.next_read < 3 {
-            let off = 128 * self.next_read as u64;
-            self.next_read += 1;
-            let size = len.min(128);
-            self.allowed[SINK].push(off as usize..(off + u64::from(size)) as usize);
-            SendWr {
-                wr_id: 200 + self.next_read as u64,
-                op: SendOp::Read {
-                    remote_stag: Stag(input.u32()),
-                    remote_to: input.u64(),
-                },
-                sg_list: Sge {
-                    stag: self.stags[SINK],
-                    to: BASES[SINK] + off,
-                    len: size,
-                }
-                .into(),
-                signaled: true,
-                fence: false,
-            }
-        } else {
-            let write = op & 2 != 0;
-            SendWr {
-                wr_id: 300,
-                op: if write {
-                    SendOp::Write {
-                        remote_stag: Stag(input.u32()),
-                        remote_to: input.u64(),
-                    }
-                } else {
-                    SendOp::Send {
-                        solicited: op & 4 != 0,
-                        invalidate: None,
-                    }
-                },
-                sg_list: Sge {
-                    stag: self.stags[SRC],
-                    to: BASES[SRC],
-                    len: len.min(LENS[SRC] as u32),
-                }
-                .into(),
-                signaled: op & 8 == 0,
-                fence: false,
-            }
-        };
-        let _ = self.end.iw.qp_mut().post_send(wr, &self.end.mem);
+        self.mpa_failed || self.end.conn.iw.qp().state() != QpState::Rts
     }
 }
 
@@ -547,15 +394,10 @@ fuzz_target!(|data: &[u8]| {
         c.qp.ord = 4;
         c
     };
-    let tcp_cfg = tcp_config(source, k2 & 32 == 0);
+    let mut tcp_cfg = tcp_config(source);
+    tcp_cfg.sack = k2 & 32 == 0;
     let epoch = std::time::Instant::now();
     let mut now = Instant::ZERO + Duration::from_millis(1);
-    let tuple = FourTuple {
-        local_addr: A,
-        local_port: 40000,
-        remote_addr: B,
-        remote_port: 5000,
-    };
     let isn_a = IsnGenerator::new([3; 16]);
     let isn_b = IsnGenerator::new([9; 16]);
     let (client, server): (&[u8], &'static [u8]) = if ift_mode {
@@ -571,7 +413,12 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut a = End::new(iw_a, server, digest);
     let mut b = End::new(iw_b, server, digest);
-    a.tcp = Some(Connection::connect(tcp_cfg.clone(), tuple, &isn_a, now));
+    a.tcp = Some(Connection::connect(
+        tcp_cfg.clone(),
+        INITIATOR_TUPLE,
+        &isn_a,
+        now,
+    ));
 
     // The target's regions (the peer's memory is never touched).
     let target_end = if target_is_initiator { &mut a } else { &mut b };
@@ -586,15 +433,18 @@ fuzz_target!(|data: &[u8]| {
         Access::ALL,
         Access::REMOTE_READ,
     ];
-    let mut stags = [Stag(0); REGIONS];
-    for i in 0..REGIONS {
-        let region = target_end.arena.region(LENS[i], 0x10 + i as u8);
-        let pd = if i == FOREIGN { PdId(2) } else { PD };
-        stags[i] = target_end.mem.register(pd, region, BASES[i], access[i]);
-    }
-    let _ = target_end.mem.invalidate(stags[INVALID], PD);
-    let _ = target_end.mem.deregister(stags[GONE]);
-    target_end.arena.record_data(true);
+    let c = &mut target_end.conn;
+    let stags = c.register(&BASES, &LENS, &access, |i| {
+        if i == FOREIGN {
+            PdId(2)
+        } else {
+            PD
+        }
+    });
+    let _ = c.mem.invalidate(stags[INVALID], PD);
+    let _ = c.mem.deregister(stags[GONE]);
+    c.arena.record_data(true);
+    let mut app = App::new(stags, &BASES, &LENS, APP);
 
     // TCP handshake and MPA startup, packets passed straight across until quiet.
     for _ in 0..64 {
@@ -613,7 +463,7 @@ fuzz_target!(|data: &[u8]| {
         }
         now += Duration::from_micros(100);
     }
-    if !(a.iw.is_established() && b.iw.is_established()) {
+    if !(a.conn.iw.is_established() && b.conn.iw.is_established()) {
         return;
     }
     let (end, peer) = if target_is_initiator { (a, b) } else { (b, a) };
@@ -626,7 +476,7 @@ fuzz_target!(|data: &[u8]| {
     // The peer's startup frame: with MPA, 6 octets of private data and the RFC 6581 block at
     // Rev 2; with IFT, its adaption indication.
     let (peer_frame, framing, crc, markers) = if ift_mode {
-        let Some(neg) = end.iw.ift_negotiated().copied() else {
+        let Some(neg) = end.conn.iw.ift_negotiated().copied() else {
             return;
         };
         let rx = neg.rx;
@@ -634,7 +484,7 @@ fuzz_target!(|data: &[u8]| {
         let indication = ift::wire::INDICATION_LEN as u64;
         (indication, Framing::Ift(rx), checked, false)
     } else {
-        let Some(neg) = end.iw.negotiated().cloned() else {
+        let Some(neg) = end.conn.iw.negotiated().cloned() else {
             return;
         };
         let peer_frame = frame_len(rev);
@@ -648,20 +498,18 @@ fuzz_target!(|data: &[u8]| {
         rcv_offset >= peer_frame,
         "the peer's startup frame did not arrive"
     );
-    let mut target = Target {
-        end,
-        stags,
-        allowed: Default::default(),
-        next_recv: 0,
-        next_read: 0,
-        crc,
-        mpa_failed: false,
-    };
-    target.allowed[W].push(0..LENS[W]);
-    target.allowed[WR_TOP].push(0..LENS[WR_TOP]);
+    app.allowed[W].push(0..LENS[W]);
+    app.allowed[WR_TOP].push(0..LENS[WR_TOP]);
     // R, FOREIGN, INVALID and GONE are never written: no ranges. RECV and SINK get theirs
     // as receives and Reads are posted.
     let _ = (R, FOREIGN, INVALID, GONE);
+    let mut sender = PeerSender::new(app.templates(), 4096, 1 << 16);
+    let mut target = Target {
+        end,
+        app,
+        crc,
+        mpa_failed: false,
+    };
     let mut plan = Plan {
         base: rcv_offset - peer_frame,
         tcp_base: rcv_offset,
@@ -674,76 +522,21 @@ fuzz_target!(|data: &[u8]| {
         poisoned: Vec::new(),
         sent_end: 0,
     };
-    let templates = Templates {
-        stags: stags.iter().map(|s| s.raw()).collect(),
-        bases: BASES.to_vec(),
-        lens: LENS.to_vec(),
-        peer_regions: Vec::new(),
-    };
     let mut cursor = 0usize;
-    let mut send_msn = 1u32;
 
     for _ in 0..96 {
         if input.is_empty() {
             break;
         }
-        let from = target.end.arena.write_count();
+        let from = target.end.conn.arena.write_count();
         let frozen = target.frozen();
         let op = input.u8();
         match op % 12 {
             // The peer's stream grows.
-            0..=2 => {
-                let ulpdu = templates.ulpdu(&mut input);
-                let change = (op & 0x80 != 0).then(|| (input.u16(), input.u8()));
-                plan.fpdu(&ulpdu, change);
-            }
-            3 => {
-                // A multi-FPDU Write or Send, each FPDU within the MULPDU chosen here.
-                let len = usize::from(input.u16() % 4096);
-                let per = 16 + usize::from(input.u16() % 1400);
-                let fill = input.u8();
-                let write = op & 0x40 != 0;
-                let (stag, region) = templates.stag(&mut input);
-                let to = templates.to(&mut input, region);
-                let msn = send_msn;
-                send_msn = send_msn.wrapping_add(1);
-                let mut at = 0;
-                loop {
-                    let n = per.min(len - at);
-                    let last = at + n == len;
-                    let mut u = if write {
-                        tagged_header(
-                            0x81 | if last { 0x40 } else { 0 },
-                            0x40,
-                            stag,
-                            to.wrapping_add(at as u64),
-                        )
-                    } else {
-                        untagged_header(
-                            0x01 | if last { 0x40 } else { 0 },
-                            0x43,
-                            0,
-                            0,
-                            msn,
-                            at as u32,
-                        )
-                    };
-                    u.extend((at..at + n).map(|i| fill ^ (i as u8).wrapping_mul(13)));
-                    plan.fpdu(&u, None);
-                    at += n;
-                    if last || plan.bytes.len() > 1 << 16 {
-                        break;
-                    }
-                }
-            }
-            4 => {
-                let n = usize::from(input.u8());
-                let mut raw = input.bytes(n).to_vec();
-                if plan.markers {
-                    raw.truncate(raw.len() & !3);
-                }
-                plan.raw(&raw);
-            }
+            0..=2 => sender.template(&mut input, op, &mut plan),
+            // A multi-FPDU Write or Send, each FPDU within the MULPDU chosen here.
+            3 => sender.message(&mut input, op, &mut plan),
+            4 => sender.raw(&mut input, &mut plan),
             // Segments of the stream.
             5..=8 => {
                 let mode = input.u8();
@@ -786,73 +579,27 @@ fuzz_target!(|data: &[u8]| {
                         *b = plan.bytes[at as usize];
                     }
                 }
-                let End {
-                    tcp,
-                    iw,
-                    mem,
-                    digest,
-                    passed_up,
-                    ..
-                } = &mut target.end;
+                let End { tcp, conn, .. } = &mut target.end;
                 let Some(tcp) = tcp.as_mut() else {
                     break;
                 };
-                let flags = if mode & 0xE0 == 0xE0 {
-                    let f = input.u8();
-                    TcpFlags {
-                        fin: f & 1 != 0,
-                        syn: f & 2 != 0,
-                        rst: f & 4 != 0,
-                        psh: f & 8 != 0,
-                        ack: f & 16 != 0,
-                        urg: f & 32 != 0,
-                    }
-                } else {
-                    TcpFlags {
-                        ack: true,
-                        psh: mode & 1 != 0,
-                        fin: mode & 0xF0 == 0x10,
-                        ..TcpFlags::default()
-                    }
-                };
-                let ack = match mode >> 1 & 3 {
-                    0 | 1 => tcp.snd_nxt(),
-                    2 => tcp.snd_una().wrapping_add(u32::from(input.u16())),
-                    _ => input.u32(),
-                };
-                let window = if mode & 8 != 0 { input.u16() } else { 65535 };
+                let header = PeerHeader::read(&mut input, mode, tcp);
                 let seq = stream_start
                     .wrapping_add(plan.tcp_base as u32)
                     .wrapping_add(off as u32);
-                let seg = SegmentRepr {
-                    tos: 0,
-                    src_addr: t.remote_addr,
-                    dst_addr: t.local_addr,
-                    src_port: t.remote_port,
-                    dst_port: t.local_port,
-                    seq,
-                    ack,
-                    flags,
-                    window,
-                    options: Default::default(),
-                    payload: &payload,
-                };
-                let held = digest.then(|| held_crc(&payload)).flatten();
-                tcp.handle_segment(now, &seg, |p| pass_up(iw, mem, p, held, passed_up));
+                conn.segment(tcp, now, &header.segment(&t, seq, &payload));
             }
             9 => {
                 now += Duration::from_millis(u64::from(input.u16()));
                 if let Some(tcp) = target.end.tcp.as_mut() {
-                    if tcp.poll_timeout().is_some_and(|d| d <= now) {
-                        tcp.handle_timeout(now);
-                    }
+                    run_due_timers(tcp, now);
                 }
             }
-            10 => target.post_recv(),
+            10 => target.app.post_recv(&mut target.end.conn),
             _ => match input.u8() % 8 {
-                0 => target.end.iw.close(),
-                1..=3 => target.post_recv(),
-                _ => target.post_send(&mut input),
+                0 => target.end.conn.iw.close(),
+                1..=3 => target.app.post_recv(&mut target.end.conn),
+                _ => target.app.post_send(&mut input, &mut target.end.conn),
             },
         }
         target.end.pump(now);

@@ -71,28 +71,21 @@
 //! and sent, the connection's counters).
 #![no_main]
 
-use std::net::Ipv4Addr;
-use std::ops::Range;
 use std::time::Duration;
 
 use ift::wire::{IndicationRepr, Phase as IftPhase, INDICATION_LEN};
 use ift::{CrcPolicy, FrameEncoder, FrameFormat, IftConfig, IftError};
-use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn, SegmentDigest};
+use iwarp_conn::{ConnConfig, ConnEvent, IwarpConn};
 use iwarp_fuzz::{
-    contains, ref_fpdu, tagged_header, untagged_header, Arena, ArenaRegion, Input, Templates,
+    check_writes, contains, ref_fpdu, run_due_timers, tagged_header, tcp_config, untagged_header,
+    App, AppLayout, Endpoint, Input, PeerHeader, PeerSender, PeerStream, INITIATOR_TUPLE, PD,
+    RESPONDER_TUPLE,
 };
 use libfuzzer_sys::fuzz_target;
 use mpa::wire::{EnhancedParams, FrameKind, MpaFrameRepr, FRAME_HEADER_LEN};
 use mpa::{FpduEncoder, MpaConfig, MpaError};
-use rdmap::{Access, MemoryTable, PdId, QpState, RecvWr, SendOp, SendWr, Sge, SgeList, Stag};
-use tcp_engine::wire::TcpFlags;
-use tcp_engine::{
-    Config, Connection, FourTuple, Instant, IsnGenerator, PassedUp, SegmentRepr, TakeBack, TxMode,
-};
-
-const PD: PdId = PdId(1);
-const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
-const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+use rdmap::{Access, QpState};
+use tcp_engine::{Connection, Instant, IsnGenerator, SegmentRepr, TakeBack};
 
 /// The target's regions: remote write, remote read (never written), receives, Read sinks,
 /// the source of its Sends and Writes (never written).
@@ -104,6 +97,13 @@ const SRC: usize = 4;
 const REGIONS: usize = 5;
 const BASES: [u64; REGIONS] = [0x1000, 0x2000, 0x3000, 0x5000, 0x8000];
 const LENS: [usize; REGIONS] = [1024, 256, 512, 384, 512];
+/// The regions the application posts into and sends from.
+const APP: AppLayout = AppLayout {
+    recv: RECV,
+    sink: SINK,
+    src: SRC,
+    send_len: 600,
+};
 /// What a Responder may hold before Full Operation (`iwarp_conn`'s `STARTUP_STORE`: the
 /// Initiator sends nothing but its Request before the Reply, RFC 5044 7.1.2).
 const STARTUP_STORE: u64 = 2048;
@@ -113,22 +113,11 @@ const STARTUP_MEMORY: usize = 4096;
 const MAX_PLAN: usize = 24 << 10;
 const TARGET_VTAG: u16 = 0x1234;
 
-/// The target's view of the peer's stream after each step.
-#[derive(Default)]
-struct Seen {
-    /// Highest TCP stream offset passed up (its end).
-    passed_up_end: u64,
-}
-
 /// The target: its TCP and iWARP connections, memory and what it has told its application.
 struct End {
     tcp: Connection,
-    iw: IwarpConn,
-    arena: Arena,
-    mem: MemoryTable<ArenaRegion>,
-    events: Vec<ConnEvent>,
-    digest: bool,
-    seen: Seen,
+    /// Its iWARP connection, memory, events and what TCP passed up to it.
+    conn: Endpoint,
     /// What the application does when a Request (or indication) arrives: 0 nothing (the
     /// input's steps decide), 1 accept, 2 reject.
     on_request: u8,
@@ -144,23 +133,23 @@ impl End {
     /// The connection's turn: TCP events, deadlines, queued frames, the application's
     /// answer to a Request if it answers at once.
     fn pump(&mut self, now: Instant) {
-        self.iw.take_tcp_events(&mut self.tcp);
-        self.iw.poll(&mut self.tcp, &self.mem, now);
-        while let Some(ev) = self.iw.poll_event() {
+        self.conn.iw.take_tcp_events(&mut self.tcp);
+        self.conn.iw.poll(&mut self.tcp, &self.conn.mem, now);
+        while let Some(ev) = self.conn.iw.poll_event() {
             let request = matches!(ev, ConnEvent::Request(_) | ConnEvent::IftRequest(_));
-            self.events.push(ev);
+            self.conn.events.push(ev);
             if request && self.on_request == 1 {
                 self.accept(if self.ift { b"" } else { b"auto" });
             } else if request && self.on_request == 2 {
                 self.reject(b"no");
             }
         }
-        self.iw.poll(&mut self.tcp, &self.mem, now);
-        while let Some(ev) = self.iw.poll_event() {
-            self.events.push(ev);
+        self.conn.iw.poll(&mut self.tcp, &self.conn.mem, now);
+        while let Some(ev) = self.conn.iw.poll_event() {
+            self.conn.events.push(ev);
         }
-        while self.iw.qp_mut().poll_completion().is_some() {}
-        if let Some(at) = self.iw.poll_timeout() {
+        while self.conn.iw.qp_mut().poll_completion().is_some() {}
+        if let Some(at) = self.conn.iw.poll_timeout() {
             assert!(
                 at > now,
                 "a deadline in the past after poll: {at:?} at {now:?}"
@@ -169,51 +158,20 @@ impl End {
     }
 
     fn accept(&mut self, pd: &[u8]) {
-        if self.iw.accept(pd).is_ok() {
+        if self.conn.iw.accept(pd).is_ok() {
             self.accepted = true;
         }
     }
 
     fn reject(&mut self, pd: &[u8]) {
-        if self.iw.reject(pd).is_ok() {
+        if self.conn.iw.reject(pd).is_ok() {
             self.rejected = true;
         }
     }
 
     /// Hands one segment to the target.
     fn segment(&mut self, now: Instant, seg: &SegmentRepr<'_>) {
-        let End {
-            tcp,
-            iw,
-            mem,
-            digest,
-            seen,
-            ..
-        } = self;
-        let held = digest
-            .then(|| SegmentDigest::of(seg.payload).hold(seg.payload))
-            .flatten();
-        tcp.handle_segment(now, seg, |p| pass_up(iw, mem, p, held, seen));
-    }
-}
-
-/// Passes data TCP passed up to the connection (with the CRC read with the segment's checksum,
-/// as the engine does, when `held`).
-fn pass_up(
-    iw: &mut IwarpConn,
-    mem: &MemoryTable<ArenaRegion>,
-    data: PassedUp<'_>,
-    held: Option<iwarp_conn::HeldCrc>,
-    seen: &mut Seen,
-) -> Option<TakeBack> {
-    let end = data.stream_offset + data.data.len() as u64;
-    seen.passed_up_end = seen.passed_up_end.max(end);
-    match held {
-        Some(h) => {
-            let crc = h.for_data(data.data);
-            iw.on_data_with_crc(data, crc, mem)
-        }
-        None => iw.on_data(data, mem),
+        self.conn.segment(&mut self.tcp, now, seg);
     }
 }
 
@@ -256,6 +214,33 @@ impl Plan {
         (self.bytes.len() - self.seq_start) as u32
     }
 
+    /// Makes the plan cover offsets below `end` (zeros) before they are sent.
+    fn cover(&mut self, end: usize) {
+        if end > self.bytes.len() {
+            let n = end - self.bytes.len();
+            self.raw(&vec![0; n]);
+        }
+        self.sent_end = self.sent_end.max(end);
+    }
+
+    /// Whether `data` is DDP payload the peer's stream carries after its startup frame, as
+    /// sent or with Markers taken out (a Marker every 512 octets from SeqStart).
+    fn carries(&self, data: &[u8]) -> bool {
+        let after = &self.bytes[self.seq_start.min(self.bytes.len())..];
+        if contains(after, data) {
+            return true;
+        }
+        let stripped: Vec<u8> = after
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 512 >= 4)
+            .map(|(_, &b)| b)
+            .collect();
+        contains(&stripped, data)
+    }
+}
+
+impl PeerStream for Plan {
     /// Appends one FPDU or frame carrying `ulpdu`; `change` flips an octet after framing.
     fn fpdu(&mut self, ulpdu: &[u8], change: Option<(u16, u8)>) {
         if self.bytes.len() > MAX_PLAN {
@@ -293,29 +278,12 @@ impl Plan {
         }
     }
 
-    /// Makes the plan cover offsets below `end` (zeros) before they are sent.
-    fn cover(&mut self, end: usize) {
-        if end > self.bytes.len() {
-            let n = end - self.bytes.len();
-            self.raw(&vec![0; n]);
-        }
-        self.sent_end = self.sent_end.max(end);
+    fn markers(&self) -> bool {
+        matches!(self.framing, Framing::Mpa { markers: true, .. })
     }
 
-    /// Whether `data` is DDP payload the peer's stream carries after its startup frame, as
-    /// sent or with Markers taken out (a Marker every 512 octets from SeqStart).
-    fn carries(&self, data: &[u8]) -> bool {
-        let after = &self.bytes[self.seq_start.min(self.bytes.len())..];
-        if contains(after, data) {
-            return true;
-        }
-        let stripped: Vec<u8> = after
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| i % 512 >= 4)
-            .map(|(_, &b)| b)
-            .collect();
-        contains(&stripped, data)
+    fn octets(&self) -> usize {
+        self.bytes.len()
     }
 }
 
@@ -446,15 +414,6 @@ fn rtr_ulpdu(input: &mut Input) -> Vec<u8> {
     u
 }
 
-fn tcp_config(source: bool) -> Config {
-    let mut cfg = Config::mpa();
-    if source {
-        cfg.tx_mode = TxMode::Source;
-    }
-    cfg.timestamps = false;
-    cfg
-}
-
 /// What the target sent: its stream, octet by octet, as the packets it emitted carry it.
 #[derive(Default)]
 struct Sent {
@@ -510,10 +469,7 @@ struct Run {
     mpa_cfg: MpaConfig,
     ift_cfg: IftConfig,
     capacity: u64,
-    allowed: [Vec<Range<usize>>; REGIONS],
-    stags: [Stag; REGIONS],
-    next_recv: usize,
-    next_read: usize,
+    app: App,
     sent: Sent,
     /// A failure event was seen (nothing may be written after it).
     failed: bool,
@@ -540,11 +496,11 @@ impl Run {
     /// itself brought it into Full Operation.
     fn check(&mut self, from: usize, frozen_before: bool, plan: &Plan) {
         let end = &self.end;
-        end.arena.check();
+        end.conn.arena.check();
 
         // Events: each follows the peer's frame.
-        let new = end.events[self.events_checked..].to_vec();
-        self.events_checked = end.events.len();
+        let new = end.conn.events[self.events_checked..].to_vec();
+        self.events_checked = end.conn.events.len();
         for ev in &new {
             match ev {
                 ConnEvent::Request(info) => {
@@ -579,7 +535,7 @@ impl Run {
                     assert!(
                         !self.failed,
                         "established after a failure: {:?}",
-                        end.events
+                        end.conn.events
                     );
                     self.established = true;
                     if !self.initiator {
@@ -594,7 +550,7 @@ impl Run {
                         let peer = IndicationRepr::parse_bytes(&plan.bytes[..INDICATION_LEN])
                             .expect("64 octets")
                             .expect("an indication that does not parse was taken");
-                        let n = end.iw.ift_negotiated().expect("IFT Full Operation");
+                        let n = end.conn.iw.ift_negotiated().expect("IFT Full Operation");
                         assert_eq!((n.tx.vtag, n.rx.vtag), (peer.vtag, TARGET_VTAG));
                         assert_eq!(
                             (n.rx.header_crc, n.rx.payload_crc),
@@ -661,44 +617,32 @@ impl Run {
         self.failed |= end.rejected;
         // Writes: only in Full Operation, never after a failure, only payload of the stream.
         let frozen = frozen_before || !self.established || (!self.initiator && !end.accepted);
-        let writes = end.arena.writes();
-        if frozen {
-            assert_eq!(
-                writes.len(),
-                from,
-                "written before Full Operation or after a failure: {:?}",
-                &writes[from..]
-            );
-        }
-        for w in &writes[from..] {
-            let ok = self.allowed[w.region]
-                .iter()
-                .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
-            assert!(ok || w.len == 0, "write not allowed: {w:?}");
+        let frozen = frozen.then_some("before Full Operation or after a failure");
+        check_writes(&end.conn.arena, &self.app.allowed, from, frozen, |w| {
             assert!(
                 w.data.is_empty() || plan.carries(&w.data),
                 "wrote octets the peer's stream does not carry after its startup frame: {w:?}"
             );
-        }
+        });
         assert_eq!(
             self.established,
-            end.iw.is_established(),
+            end.conn.iw.is_established(),
             "Established reported and the connection's phase disagree"
         );
 
         // What is held before Full Operation stays bounded.
-        let held = end.iw.counters().held_bytes;
+        let held = end.conn.iw.counters().held_bytes;
         if !self.established && !self.initiator {
             assert!(
                 held <= STARTUP_STORE,
                 "a Responder holds {held} before Full"
             );
-            let mem = end.iw.reassembly_memory();
+            let mem = end.conn.iw.reassembly_memory();
             assert!(
                 mem <= STARTUP_MEMORY,
                 "a Responder's reassembly memory is {mem} before Full"
             );
-            let full = end.iw.full_buffer_octets();
+            let full = end.conn.iw.full_buffer_octets();
             assert!(
                 full <= STARTUP_MEMORY + 1024,
                 "{full} octets of Full buffers before Full"
@@ -720,19 +664,12 @@ impl Run {
         let Some(Ok(peer)) = IndicationRepr::parse_bytes(b) else {
             return false;
         };
-        let (ours, policy) = (&self.ift_cfg, self.ift_cfg.accept);
         let phase = if self.initiator {
             IftPhase::One
         } else {
             IftPhase::Zero
         };
-        peer.phase == phase
-            && peer.rdma == ours.rdma
-            && !(policy.require_header_crc && !peer.header_crc)
-            && !(policy.require_payload_crc && !peer.payload_crc)
-            && !(policy.require_checked
-                && ((ours.header_crc && peer.ignores_header_crc)
-                    || (ours.payload_crc && peer.ignores_payload_crc)))
+        iwarp_fuzz::ift_acceptable(&self.ift_cfg, &peer, phase)
     }
 
     /// An MPA or IFT framing failure: the stream passed up must not have been clean.
@@ -740,11 +677,11 @@ impl Run {
         if deadline {
             return;
         }
-        let framing_agreed = match (&plan.framing, self.end.iw.negotiated()) {
+        let framing_agreed = match (&plan.framing, self.end.conn.iw.negotiated()) {
             (Framing::Mpa { crc, markers, .. }, Some(n)) => {
                 n.crc == *crc && n.markers_rx == *markers
             }
-            (Framing::Ift(fmt), None) => self.end.iw.ift_negotiated().is_some_and(|n| {
+            (Framing::Ift(fmt), None) => self.end.conn.iw.ift_negotiated().is_some_and(|n| {
                 (n.rx.header_crc, n.rx.payload_crc, n.rx.vtag)
                     == (fmt.header_crc, fmt.payload_crc, fmt.vtag)
             }),
@@ -752,11 +689,11 @@ impl Run {
         };
         let clean = framing_agreed
             && plan.frame_len_read == plan.seq_start
-            && self.end.seen.passed_up_end <= plan.clean_end as u64;
+            && self.end.conn.delivered.end <= plan.clean_end as u64;
         assert!(
             !clean,
             "{what} on a clean stream (the frame, then whole FPDUs as negotiated, up to {})",
-            self.end.seen.passed_up_end
+            self.end.conn.delivered.end
         );
     }
 
@@ -819,10 +756,10 @@ impl Run {
             "sent {} octets after the startup frame without reaching Full Operation",
             all - own
         );
-        if let Some(n) = self.end.iw.negotiated() {
+        if let Some(n) = self.end.conn.iw.negotiated() {
             if !self.initiator && n.responder_waits_for_fpdu {
                 assert!(
-                    self.end.iw.counters().fpdus_rx > 0,
+                    self.end.conn.iw.counters().fpdus_rx > 0,
                     "a Responder sent after its Reply before the peer's first FPDU"
                 );
             }
@@ -941,27 +878,15 @@ fuzz_target!(|data: &[u8]| {
     });
 
     // The TCP handshake, honest: the target against a plain connection.
-    let tuple = FourTuple {
-        local_addr: A,
-        local_port: 40000,
-        remote_addr: B,
-        remote_port: 5000,
-    };
     let mut buf = vec![0u8; 9100];
     let (tcp, mut peer) = if initiator {
-        let mut tcp = Connection::connect(tcp_cfg.clone(), tuple, &isn_t, now);
+        let mut tcp = Connection::connect(tcp_cfg.clone(), INITIATOR_TUPLE, &isn_t, now);
         let n = tcp.poll_transmit(now, &mut buf).expect("a SYN");
         let syn = SegmentRepr::parse(&buf[..n]).expect("our SYN parses");
         let peer = Connection::accept(tcp_cfg.clone(), &syn, &isn_p, now).expect("accepted");
         (tcp, peer)
     } else {
-        let rev = FourTuple {
-            local_addr: B,
-            local_port: 5000,
-            remote_addr: A,
-            remote_port: 40000,
-        };
-        let mut peer = Connection::connect(tcp_cfg.clone(), rev, &isn_p, now);
+        let mut peer = Connection::connect(tcp_cfg.clone(), RESPONDER_TUPLE, &isn_p, now);
         let n = peer.poll_transmit(now, &mut buf).expect("a SYN");
         let syn = SegmentRepr::parse(&buf[..n]).expect("a SYN parses");
         let tcp = Connection::accept(tcp_cfg.clone(), &syn, &isn_t, now).expect("accepted");
@@ -969,12 +894,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut end = End {
         tcp,
-        iw,
-        arena: Arena::new(),
-        mem: MemoryTable::new(),
-        events: Vec::new(),
-        digest,
-        seen: Seen::default(),
+        conn: Endpoint::new(iw, digest),
         on_request,
         accepted: false,
         rejected: false,
@@ -987,12 +907,8 @@ fuzz_target!(|data: &[u8]| {
         Access::LOCAL_WRITE,
         Access::REMOTE_READ,
     ];
-    let mut stags = [Stag(0); REGIONS];
-    for i in 0..REGIONS {
-        let region = end.arena.region(LENS[i], 0x10 + i as u8);
-        stags[i] = end.mem.register(PD, region, BASES[i], access[i]);
-    }
-    end.arena.record_data(true);
+    let stags = end.conn.register(&BASES, &LENS, &access, |_| PD);
+    end.conn.arena.record_data(true);
     let mut run = Run {
         end,
         initiator,
@@ -1001,10 +917,7 @@ fuzz_target!(|data: &[u8]| {
         mpa_cfg: mpa_cfg.clone(),
         ift_cfg: ift_cfg.clone(),
         capacity: capacity as u64,
-        allowed: Default::default(),
-        stags,
-        next_recv: 0,
-        next_read: 0,
+        app: App::new(stags, &BASES, &LENS, APP),
         sent: Sent::default(),
         failed: false,
         events_checked: 0,
@@ -1013,7 +926,7 @@ fuzz_target!(|data: &[u8]| {
         terminate_framing: None,
         odd_tcp: false,
     };
-    run.allowed[W].push(0..LENS[W]);
+    run.app.allowed[W].push(0..LENS[W]);
     // R and SRC are never written: no ranges. RECV and SINK get theirs as receives and Reads
     // are posted.
     let _ = R;
@@ -1091,72 +1004,29 @@ fuzz_target!(|data: &[u8]| {
         clean_end: usize::MAX,
         sent_end: 0,
     };
-    let templates = Templates {
-        stags: stags.iter().map(|s| s.raw()).collect(),
-        bases: BASES.to_vec(),
-        lens: LENS.to_vec(),
-        peer_regions: Vec::new(),
-    };
+    let mut sender = PeerSender::new(run.app.templates(), 3000, MAX_PLAN);
     let stream_start = run.end.tcp.rcv_stream_start();
     let t = run.end.tcp.four_tuple();
     let mut cursor = 0usize;
-    let mut send_msn = 1u32;
 
     for _ in 0..128 {
         if input.is_empty() {
             break;
         }
-        let from = run.end.arena.write_count();
+        let from = run.end.conn.arena.write_count();
         let frozen_before =
-            run.failed || (run.established && run.end.iw.qp().state() != QpState::Rts);
+            run.failed || (run.established && run.end.conn.iw.qp().state() != QpState::Rts);
         let op = input.u8();
         match op % 16 {
             // The peer's stream grows.
-            0..=2 => {
-                let ulpdu = templates.ulpdu(&mut input);
-                let change = (op & 0x80 != 0).then(|| (input.u16(), input.u8()));
-                plan.fpdu(&ulpdu, change);
-            }
+            0..=2 => sender.template(&mut input, op, &mut plan),
             3 => {
                 let u = rtr_ulpdu(&mut input);
                 plan.fpdu(&u, None);
             }
-            4 => {
-                // A multi-FPDU Write or Send, each FPDU within the MULPDU chosen here.
-                let len = usize::from(input.u16() % 3000);
-                let per = 16 + usize::from(input.u16() % 1400);
-                let fill = input.u8();
-                let write = op & 0x40 != 0;
-                let (stag, region) = templates.stag(&mut input);
-                let to = templates.to(&mut input, region);
-                let msn = send_msn;
-                send_msn = send_msn.wrapping_add(1);
-                let mut at = 0;
-                loop {
-                    let n = per.min(len - at);
-                    let last = at + n == len;
-                    let l = if last { 0x40 } else { 0 };
-                    let mut u = if write {
-                        tagged_header(0x81 | l, 0x40, stag, to.wrapping_add(at as u64))
-                    } else {
-                        untagged_header(0x01 | l, 0x43, 0, 0, msn, at as u32)
-                    };
-                    u.extend((at..at + n).map(|i| fill ^ (i as u8).wrapping_mul(13)));
-                    plan.fpdu(&u, None);
-                    at += n;
-                    if last || plan.bytes.len() > MAX_PLAN {
-                        break;
-                    }
-                }
-            }
-            5 => {
-                let n = usize::from(input.u8());
-                let mut raw = input.bytes(n).to_vec();
-                if matches!(plan.framing, Framing::Mpa { markers: true, .. }) {
-                    raw.truncate(raw.len() & !3);
-                }
-                plan.raw(&raw);
-            }
+            // A multi-FPDU Write or Send, each FPDU within the MULPDU chosen here.
+            4 => sender.message(&mut input, op, &mut plan),
+            5 => sender.raw(&mut input, &mut plan),
             // Segments of the stream.
             6..=9 => {
                 let mode = input.u8();
@@ -1193,53 +1063,14 @@ fuzz_target!(|data: &[u8]| {
                 };
                 plan.cover(off + len);
                 let payload = plan.bytes[off..off + len].to_vec();
-                let tcp = &run.end.tcp;
-                let odd = mode & 0xE0 == 0xE0;
-                let flags = if odd {
-                    let f = input.u8();
-                    TcpFlags {
-                        fin: f & 1 != 0,
-                        syn: f & 2 != 0,
-                        rst: f & 4 != 0,
-                        psh: f & 8 != 0,
-                        ack: f & 16 != 0,
-                        urg: f & 32 != 0,
-                    }
-                } else {
-                    TcpFlags {
-                        ack: true,
-                        psh: mode & 1 != 0,
-                        fin: mode & 0xF0 == 0x10,
-                        ..TcpFlags::default()
-                    }
-                };
-                let ack = match mode >> 1 & 3 {
-                    0 | 1 => tcp.snd_nxt(),
-                    2 => tcp.snd_una().wrapping_add(u32::from(input.u16())),
-                    _ => input.u32(),
-                };
-                let window = if mode & 8 != 0 { input.u16() } else { 65535 };
-                run.odd_tcp |= odd || mode & 8 != 0 || mode >> 1 & 3 >= 2 || flags.fin;
-                let seg = SegmentRepr {
-                    tos: 0,
-                    src_addr: t.remote_addr,
-                    dst_addr: t.local_addr,
-                    src_port: t.remote_port,
-                    dst_port: t.local_port,
-                    seq: stream_start.wrapping_add(off as u32),
-                    ack,
-                    flags,
-                    window,
-                    options: Default::default(),
-                    payload: &payload,
-                };
-                run.end.segment(now, &seg);
+                let header = PeerHeader::read(&mut input, mode, &run.end.tcp);
+                run.odd_tcp |= header.odd;
+                let seq = stream_start.wrapping_add(off as u32);
+                run.end.segment(now, &header.segment(&t, seq, &payload));
             }
             10 => {
                 now += Duration::from_millis(u64::from(input.u16()) * (1 + u64::from(op >> 6)));
-                if run.end.tcp.poll_timeout().is_some_and(|d| d <= now) {
-                    run.end.tcp.handle_timeout(now);
-                }
+                run_due_timers(&mut run.end.tcp, now);
             }
             11 => {
                 let n = usize::from(input.u8()) * 3;
@@ -1253,17 +1084,17 @@ fuzz_target!(|data: &[u8]| {
             }
             13 => {
                 let (ird, ord) = (depth(input.u8()), depth(input.u8()));
-                let _ = run.end.iw.set_accept_ird_ord(ird, ord);
+                let _ = run.end.conn.iw.set_accept_ird_ord(ird, ord);
             }
             14 => {
                 if op & 0x10 != 0 {
-                    run.post_send(&mut input);
+                    run.app.post_send(&mut input, &mut run.end.conn);
                 } else {
-                    run.post_recv();
+                    run.app.post_recv(&mut run.end.conn);
                 }
             }
             _ => {
-                run.end.iw.close();
+                run.end.conn.iw.close();
                 // The close may come before a startup Terminate could be sent.
                 run.odd_tcp = true;
             }
@@ -1278,28 +1109,26 @@ fuzz_target!(|data: &[u8]| {
             "iwarp_startup: events {:?}; established {}, failed {}, written {} times, \
              passed up {} of {} planned (clean below {}), sent {}, counters {:?}, tcp {:?}, \
              deadline {:?} at {:?}",
-            run.end.events,
+            run.end.conn.events,
             run.established,
             run.failed,
-            run.end.arena.write_count(),
-            run.end.seen.passed_up_end,
+            run.end.conn.arena.write_count(),
+            run.end.conn.delivered.end,
             plan.bytes.len(),
             plan.clean_end.min(plan.bytes.len()),
             run.sent.bytes.len(),
-            run.end.iw.counters(),
+            run.end.conn.iw.counters(),
             run.end.tcp.state(),
-            run.end.iw.poll_timeout(),
+            run.end.conn.iw.poll_timeout(),
             now,
         );
     }
     // Every deadline runs out: then the connection is in Full Operation or has failed.
     for _ in 0..2 {
-        let from = run.end.arena.write_count();
-        let frozen = run.failed || !run.established || run.end.iw.qp().state() != QpState::Rts;
+        let from = run.end.conn.arena.write_count();
+        let frozen = run.failed || !run.established || run.end.conn.iw.qp().state() != QpState::Rts;
         now += Duration::from_secs(30);
-        if run.end.tcp.poll_timeout().is_some_and(|d| d <= now) {
-            run.end.tcp.handle_timeout(now);
-        }
+        run_due_timers(&mut run.end.tcp, now);
         run.end.pump(now);
         let _ = transmit(&mut run, now);
         run.check(from, frozen, &plan);
@@ -1307,13 +1136,13 @@ fuzz_target!(|data: &[u8]| {
     assert!(
         run.established || run.failed,
         "still starting up once every deadline passed: {:?}",
-        run.end.events
+        run.end.conn.events
     );
-    if let Some(n) = run.end.iw.negotiated() {
-        if !initiator && n.rtr.is_some() && run.end.iw.counters().fpdus_rx == 0 {
+    if let Some(n) = run.end.conn.iw.negotiated() {
+        if !initiator && n.rtr.is_some() && run.end.conn.iw.counters().fpdus_rx == 0 {
             // Failed (RtrTimeout), or closing by the application's own close.
             assert!(
-                run.failed || run.end.iw.qp().state() != QpState::Rts,
+                run.failed || run.end.conn.iw.qp().state() != QpState::Rts,
                 "a peer-to-peer Responder still waits for its RTR"
             );
         }
@@ -1353,105 +1182,12 @@ fn empty_plan() -> Plan {
 /// The packets the target emits now: each must parse; their data goes into the record of
 /// its stream.
 fn transmit(run: &mut Run, now: Instant) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 9100];
     let start = run.end.tcp.snd_stream_start();
-    for _ in 0..256 {
-        let End { tcp, iw, mem, .. } = &mut run.end;
-        let Some(n) = iw.poll_transmit(tcp, mem, now, &mut buf) else {
-            break;
-        };
-        let seg = match SegmentRepr::parse(&buf[..n]) {
-            Ok(seg) => seg,
-            Err(e) => panic!("emitted an unparseable packet: {e:?}"),
-        };
+    let sent = &mut run.sent;
+    run.end.conn.transmit(&mut run.end.tcp, now, |seg| {
         if !seg.payload.is_empty() {
             let off = seg.seq.wrapping_sub(start);
-            run.sent.record(u64::from(off), seg.payload);
+            sent.record(u64::from(off), seg.payload);
         }
-        out.push(buf[..n].to_vec());
-    }
-    out
-}
-
-impl Run {
-    fn post_recv(&mut self) {
-        if self.next_recv >= 4 {
-            return;
-        }
-        let layouts: [&[(u64, u32)]; 4] = [
-            &[(0, 48)],
-            &[(0, 16), (64, 32)],
-            &[(8, 8), (40, 40)],
-            &[(0, 64), (64, 64)],
-        ];
-        let i = self.next_recv;
-        self.next_recv += 1;
-        let base = 128 * i as u64;
-        let mut sg_list = SgeList::new();
-        for &(off, len) in layouts[i] {
-            let _ = sg_list.push(Sge {
-                stag: self.stags[RECV],
-                to: BASES[RECV] + base + off,
-                len,
-            });
-            let start = (base + off) as usize;
-            self.allowed[RECV].push(start..start + len as usize);
-        }
-        let wr = RecvWr {
-            wr_id: 100 + i as u64,
-            sg_list,
-        };
-        let _ = self.end.iw.qp_mut().post_recv(wr, &self.end.mem);
-    }
-
-    fn post_send(&mut self, input: &mut Input) {
-        let op = input.u8();
-        let len = u32::from(input.u16() % 600);
-        let wr = if op & 1 == 0 && self.next_read < 3 {
-            let off = 128 * self.next_read as u64;
-            self.next_read += 1;
-            let size = len.min(128);
-            self.allowed[SINK].push(off as usize..(off + u64::from(size)) as usize);
-            SendWr {
-                wr_id: 200 + self.next_read as u64,
-                op: SendOp::Read {
-                    remote_stag: Stag(input.u32()),
-                    remote_to: input.u64(),
-                },
-                sg_list: Sge {
-                    stag: self.stags[SINK],
-                    to: BASES[SINK] + off,
-                    len: size,
-                }
-                .into(),
-                signaled: true,
-                fence: false,
-            }
-        } else {
-            SendWr {
-                wr_id: 300,
-                op: if op & 2 != 0 {
-                    SendOp::Write {
-                        remote_stag: Stag(input.u32()),
-                        remote_to: input.u64(),
-                    }
-                } else {
-                    SendOp::Send {
-                        solicited: op & 4 != 0,
-                        invalidate: None,
-                    }
-                },
-                sg_list: Sge {
-                    stag: self.stags[SRC],
-                    to: BASES[SRC],
-                    len: len.min(LENS[SRC] as u32),
-                }
-                .into(),
-                signaled: op & 8 == 0,
-                fence: false,
-            }
-        };
-        let _ = self.end.iw.qp_mut().post_send(wr, &self.end.mem);
-    }
+    })
 }

@@ -32,7 +32,7 @@
 
 use std::ops::Range;
 
-use iwarp_fuzz::{Arena, ArenaRegion, Input, Templates, WriteRec};
+use iwarp_fuzz::{check_writes, Arena, ArenaRegion, Input, Templates, WriteRec};
 use libfuzzer_sys::fuzz_target;
 use rdmap::qp::{QpConfig, QueuePair, RecvWr, RtrKind, SendOp, SendWr, Sge, SgeList};
 use rdmap::{Access, MemoryTable, Opcode, PdId, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
@@ -341,21 +341,8 @@ impl Bed {
 
     /// Checks the writes logged since `from`; `frozen` when none may have happened.
     fn check_writes(&self, from: usize, frozen: bool) {
-        let writes = self.arena.writes();
-        if frozen {
-            assert_eq!(
-                writes.len(),
-                from,
-                "written after leaving RTS: {:?}",
-                &writes[from..]
-            );
-        }
-        for w in &writes[from..] {
-            let ok = self.allowed[w.region]
-                .iter()
-                .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
-            assert!(ok || w.len == 0, "write not allowed: {w:?}");
-        }
+        let frozen = frozen.then_some("after leaving RTS");
+        check_writes(&self.arena, &self.allowed, from, frozen, |_| {});
     }
 }
 

@@ -8,11 +8,24 @@
 //! - [`crc32c`]: a bitwise CRC32c, independent of the table/SIMD one the `mpa` crate uses.
 //! - [`ref_fpdu`]: an independent reading of one FPDU at a stream position (RFC 5044 4.1 to
 //!   4.4): its ULPDU, where it ends, whether its CRC and its Markers are right.
+//! - [`Templates`]: RDMAP/DDP segments from the input aimed at a target's regions.
+//! - [`check_writes`]: the checks of the writes an arena logged (where they may land, none
+//!   while the target may not write).
+//! - The harness of the connection targets (`iwarp_conn`, `iwarp_startup`): an [`Endpoint`]
+//!   (an `IwarpConn`, its memory and events, segments handed to it and the packets it
+//!   emits), its application ([`App`]: receives, Reads, Writes and Sends posted, and where
+//!   they let the peer write), and the peer's stream from the input ([`PeerSender`] adds
+//!   FPDUs and raw octets to a target's [`PeerStream`], [`PeerHeader`] heads its segments).
 
 use std::cell::RefCell;
+use std::net::Ipv4Addr;
+use std::ops::Range;
 use std::rc::Rc;
 
-use rdmap::RegionBuffer;
+use iwarp_conn::{ConnEvent, HeldCrc, IwarpConn, SegmentDigest};
+use rdmap::{Access, MemoryTable, PdId, RecvWr, RegionBuffer, SendOp, SendWr, Sge, SgeList, Stag};
+use tcp_engine::wire::TcpFlags;
+use tcp_engine::{Config, Connection, FourTuple, Instant, SegmentRepr, TxMode};
 
 /// Reads fixed-width little-endian values off the fuzz input; zeros once it runs out.
 #[derive(Debug, Clone)]
@@ -629,6 +642,16 @@ pub fn tagged_header(ctrl: u8, rdmap: u8, stag: u32, to: u64) -> Vec<u8> {
 }
 
 impl Templates {
+    /// Templates aimed at regions of these STags, base TOs and lengths (no peer regions).
+    pub fn new(stags: &[Stag], bases: &[u64], lens: &[usize]) -> Templates {
+        Templates {
+            stags: stags.iter().map(|s| s.raw()).collect(),
+            bases: bases.to_vec(),
+            lens: lens.to_vec(),
+            peer_regions: Vec::new(),
+        }
+    }
+
     /// An STag (and the region it names, for picking a TO).
     pub fn stag(&self, input: &mut Input) -> (u32, usize) {
         let n = self.stags.len();
@@ -816,4 +839,569 @@ impl Templates {
         header.emit(&mut out);
         out
     }
+}
+
+/// Panics unless the writes `arena` logged from the `from`-th on are allowed: none at all when
+/// `frozen` is `Some(when)` (the message says "written {when}"), and each inside one of the
+/// ranges `allowed` lists for its region (`allowed[region]`, offsets in the region; a write of
+/// no octets may be anywhere). `each` then checks each write further.
+pub fn check_writes(
+    arena: &Arena,
+    allowed: &[Vec<Range<usize>>],
+    from: usize,
+    frozen: Option<&str>,
+    mut each: impl FnMut(&WriteRec),
+) {
+    let writes = arena.writes();
+    if let Some(when) = frozen {
+        assert_eq!(writes.len(), from, "written {when}: {:?}", &writes[from..]);
+    }
+    for w in &writes[from..] {
+        let ok = allowed[w.region]
+            .iter()
+            .any(|r| w.offset >= r.start && w.offset + w.len <= r.end);
+        assert!(ok || w.len == 0, "write not allowed: {w:?}");
+        each(w);
+    }
+}
+
+/// The protection domain the connection targets register their regions in.
+pub const PD: PdId = PdId(1);
+
+/// The Initiator's four-tuple in the connection targets: 10.0.0.1:40000 to 10.0.0.2:5000.
+pub const INITIATOR_TUPLE: FourTuple = FourTuple {
+    local_addr: Ipv4Addr::new(10, 0, 0, 1),
+    local_port: 40000,
+    remote_addr: Ipv4Addr::new(10, 0, 0, 2),
+    remote_port: 5000,
+};
+
+/// The Responder's four-tuple: [`INITIATOR_TUPLE`] seen from the other end.
+pub const RESPONDER_TUPLE: FourTuple = FourTuple {
+    local_addr: INITIATOR_TUPLE.remote_addr,
+    local_port: INITIATOR_TUPLE.remote_port,
+    remote_addr: INITIATOR_TUPLE.local_addr,
+    remote_port: INITIATOR_TUPLE.local_port,
+};
+
+/// The TCP config of the connection targets: `Config::mpa()` without timestamps, transmitting
+/// from the iWARP connection's source (`TxMode::Source`) when `source`.
+pub fn tcp_config(source: bool) -> Config {
+    let mut cfg = Config::mpa();
+    if source {
+        cfg.tx_mode = TxMode::Source;
+    }
+    cfg.timestamps = false;
+    cfg
+}
+
+/// Runs `tcp`'s timers if one is due at `now`.
+pub fn run_due_timers(tcp: &mut Connection, now: Instant) {
+    if tcp.poll_timeout().is_some_and(|d| d <= now) {
+        tcp.handle_timeout(now);
+    }
+}
+
+/// What the AF_XDP engine keeps of a received segment's payload as it sums it for TCP's
+/// checksum: the CRC of the one FPDU it holds, if it holds one.
+pub fn held_crc(payload: &[u8]) -> Option<HeldCrc> {
+    SegmentDigest::of(payload).hold(payload)
+}
+
+/// What TCP passed up to an [`Endpoint`]'s connection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Delivered {
+    /// Octets passed up in all (octets passed up again counted again).
+    pub octets: u64,
+    /// The highest stream offset passed up (the end of the data passed up furthest).
+    pub end: u64,
+}
+
+/// One end of a connection target's connection: its `IwarpConn`, the memory it places into
+/// (an [`Arena`] whose regions are registered in a `MemoryTable`), the events it reported and
+/// what TCP passed up to it. Its `tcp_engine::Connection` is the target's, passed to each call
+/// (a listener has none until the SYN arrives).
+pub struct Endpoint {
+    /// The iWARP connection.
+    pub iw: IwarpConn,
+    /// Its memory, every write logged.
+    pub arena: Arena,
+    /// The arena's regions as registered.
+    pub mem: MemoryTable<ArenaRegion>,
+    /// The events it reported, in order.
+    pub events: Vec<ConnEvent>,
+    /// Segments reach the connection as the AF_XDP engine passes them: `on_data_with_crc`
+    /// with the CRC read with the segment's checksum ([`held_crc`]); else `on_data`.
+    pub digest: bool,
+    /// What TCP passed up to it.
+    pub delivered: Delivered,
+}
+
+impl Endpoint {
+    /// An end around `iw`, its memory empty.
+    pub fn new(iw: IwarpConn, digest: bool) -> Endpoint {
+        Endpoint {
+            iw,
+            arena: Arena::new(),
+            mem: MemoryTable::new(),
+            events: Vec::new(),
+            digest,
+            delivered: Delivered::default(),
+        }
+    }
+
+    /// Registers one region per entry of `bases`, `lens` and `access` (region `i`: `lens[i]`
+    /// octets of the arena filled with `0x10 + i`, at base TO `bases[i]`, with `access[i]`, in
+    /// protection domain `pd(i)`); returns their STags in that order.
+    pub fn register(
+        &mut self,
+        bases: &[u64],
+        lens: &[usize],
+        access: &[Access],
+        pd: impl Fn(usize) -> PdId,
+    ) -> Vec<Stag> {
+        assert!(
+            bases.len() == lens.len() && lens.len() == access.len(),
+            "one base, length and access per region"
+        );
+        bases
+            .iter()
+            .zip(lens)
+            .zip(access)
+            .enumerate()
+            .map(|(i, ((&base, &len), &access))| {
+                let region = self.arena.region(len, 0x10 + i as u8);
+                self.mem.register(pd(i), region, base, access)
+            })
+            .collect()
+    }
+
+    /// Hands one segment to the connection through `tcp`: what TCP passes up goes to
+    /// `on_data`, or with [`Endpoint::digest`] to `on_data_with_crc` with the CRC the segment
+    /// holds given when the data is that whole segment.
+    pub fn segment(&mut self, tcp: &mut Connection, now: Instant, seg: &SegmentRepr<'_>) {
+        let Endpoint {
+            iw,
+            mem,
+            digest,
+            delivered,
+            ..
+        } = self;
+        let held = digest.then(|| held_crc(seg.payload)).flatten();
+        tcp.handle_segment(now, seg, |data| {
+            delivered.octets += data.data.len() as u64;
+            delivered.end = delivered
+                .end
+                .max(data.stream_offset + data.data.len() as u64);
+            match held {
+                Some(h) => {
+                    let crc = h.for_data(data.data);
+                    iw.on_data_with_crc(data, crc, mem)
+                }
+                None => iw.on_data(data, mem),
+            }
+        });
+    }
+
+    /// The packets the connection emits through `tcp` now (256 at most); each must parse, and
+    /// `sent` sees each parsed.
+    pub fn transmit(
+        &mut self,
+        tcp: &mut Connection,
+        now: Instant,
+        mut sent: impl FnMut(&SegmentRepr<'_>),
+    ) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 9100];
+        for _ in 0..256 {
+            let Some(n) = self.iw.poll_transmit(tcp, &self.mem, now, &mut buf) else {
+                break;
+            };
+            match SegmentRepr::parse(&buf[..n]) {
+                Ok(seg) => sent(&seg),
+                Err(e) => panic!("emitted an unparseable packet: {e:?}"),
+            }
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+}
+
+/// Which of a target's regions its [`App`] posts into and sends from.
+#[derive(Debug, Clone, Copy)]
+pub struct AppLayout {
+    /// Where its receives land: four 128-octet slots, one a receive.
+    pub recv: usize,
+    /// Where its Reads' sinks are: three 128-octet slots, one a Read.
+    pub sink: usize,
+    /// What its Sends and Writes carry (never written).
+    pub src: usize,
+    /// Its Sends and Writes are shorter than this (and than the source region).
+    pub send_len: u16,
+}
+
+/// The application of a connection target: it posts up to four receives (one or two elements
+/// each) and up to three Reads (of up to 128 octets), and Writes and Sends, on the target's
+/// queue pair, and keeps where what it posted lets the peer write.
+#[derive(Debug, Clone)]
+pub struct App {
+    /// The STag of each region.
+    pub stags: Vec<Stag>,
+    bases: Vec<u64>,
+    lens: Vec<usize>,
+    layout: AppLayout,
+    /// Where the peer may write each region (offsets in the region): what [`check_writes`]
+    /// takes. The target adds the regions it may write anywhere; posting adds the rest.
+    pub allowed: Vec<Vec<Range<usize>>>,
+    next_recv: usize,
+    next_read: usize,
+}
+
+impl App {
+    /// The application of regions of these STags, base TOs and lengths, none writable yet.
+    pub fn new(stags: Vec<Stag>, bases: &[u64], lens: &[usize], layout: AppLayout) -> App {
+        App {
+            allowed: vec![Vec::new(); stags.len()],
+            stags,
+            bases: bases.to_vec(),
+            lens: lens.to_vec(),
+            layout,
+            next_recv: 0,
+            next_read: 0,
+        }
+    }
+
+    /// [`Templates`] aimed at its regions.
+    pub fn templates(&self) -> Templates {
+        Templates::new(&self.stags, &self.bases, &self.lens)
+    }
+
+    /// Posts the next receive on `end`'s queue pair (none after the fourth) and allows its
+    /// elements.
+    pub fn post_recv(&mut self, end: &mut Endpoint) {
+        if self.next_recv >= 4 {
+            return;
+        }
+        let layouts: [&[(u64, u32)]; 4] = [
+            &[(0, 48)],
+            &[(0, 16), (64, 32)],
+            &[(8, 8), (40, 40)],
+            &[(0, 64), (64, 64)],
+        ];
+        let recv = self.layout.recv;
+        let i = self.next_recv;
+        self.next_recv += 1;
+        let base = 128 * i as u64;
+        let mut sg_list = SgeList::new();
+        for &(off, len) in layouts[i] {
+            let _ = sg_list.push(Sge {
+                stag: self.stags[recv],
+                to: self.bases[recv] + base + off,
+                len,
+            });
+            let start = (base + off) as usize;
+            self.allowed[recv].push(start..start + len as usize);
+        }
+        let wr = RecvWr {
+            wr_id: 100 + i as u64,
+            sg_list,
+        };
+        let _ = end.iw.qp_mut().post_recv(wr, &end.mem);
+    }
+
+    /// Posts a Read (while fewer than three were posted; its sink allowed), a Write or a Send
+    /// on `end`'s queue pair, its kind, length, remote STag and TO from the input.
+    pub fn post_send(&mut self, input: &mut Input, end: &mut Endpoint) {
+        let AppLayout {
+            sink,
+            src,
+            send_len,
+            ..
+        } = self.layout;
+        let op = input.u8();
+        let len = u32::from(input.u16() % send_len);
+        let wr = if op & 1 == 0 && self.next_read < 3 {
+            let off = 128 * self.next_read as u64;
+            self.next_read += 1;
+            let size = len.min(128);
+            self.allowed[sink].push(off as usize..(off + u64::from(size)) as usize);
+            SendWr {
+                wr_id: 200 + self.next_read as u64,
+                op: SendOp::Read {
+                    remote_stag: Stag(input.u32()),
+                    remote_to: input.u64(),
+                },
+                sg_list: Sge {
+                    stag: self.stags[sink],
+                    to: self.bases[sink] + off,
+                    len: size,
+                }
+                .into(),
+                signaled: true,
+                fence: false,
+            }
+        } else {
+            SendWr {
+                wr_id: 300,
+                op: if op & 2 != 0 {
+                    SendOp::Write {
+                        remote_stag: Stag(input.u32()),
+                        remote_to: input.u64(),
+                    }
+                } else {
+                    SendOp::Send {
+                        solicited: op & 4 != 0,
+                        invalidate: None,
+                    }
+                },
+                sg_list: Sge {
+                    stag: self.stags[src],
+                    to: self.bases[src],
+                    len: len.min(self.lens[src] as u32),
+                }
+                .into(),
+                signaled: op & 8 == 0,
+                fence: false,
+            }
+        };
+        let _ = end.iw.qp_mut().post_send(wr, &end.mem);
+    }
+}
+
+/// What a segment the input sends as the peer carries besides its data.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerHeader {
+    /// Its flags.
+    pub flags: TcpFlags,
+    /// Its acknowledgement number.
+    pub ack: u32,
+    /// Its window.
+    pub window: u16,
+    /// The input chose flags, an ACK or a window of its own, or FIN: what may stop what the
+    /// target sends.
+    pub odd: bool,
+}
+
+impl PeerHeader {
+    /// Reads the header of a segment to `tcp` as `mode` says: `mode & 0xE0 == 0xE0` flags from
+    /// the next input octet (else ACK, PSH with bit 0, FIN when the high nibble is 1); by bits
+    /// 1-2 the ACK of what `tcp` sent (0, 1), `snd_una` plus an input offset (2) or any (3); with
+    /// bit 3 a window from the input (else 65535).
+    pub fn read(input: &mut Input, mode: u8, tcp: &Connection) -> PeerHeader {
+        let odd_flags = mode & 0xE0 == 0xE0;
+        let flags = if odd_flags {
+            let f = input.u8();
+            TcpFlags {
+                fin: f & 1 != 0,
+                syn: f & 2 != 0,
+                rst: f & 4 != 0,
+                psh: f & 8 != 0,
+                ack: f & 16 != 0,
+                urg: f & 32 != 0,
+            }
+        } else {
+            TcpFlags {
+                ack: true,
+                psh: mode & 1 != 0,
+                fin: mode & 0xF0 == 0x10,
+                ..TcpFlags::default()
+            }
+        };
+        let ack = match mode >> 1 & 3 {
+            0 | 1 => tcp.snd_nxt(),
+            2 => tcp.snd_una().wrapping_add(u32::from(input.u16())),
+            _ => input.u32(),
+        };
+        let window = if mode & 8 != 0 { input.u16() } else { 65535 };
+        PeerHeader {
+            flags,
+            ack,
+            window,
+            odd: odd_flags || mode & 8 != 0 || mode >> 1 & 3 >= 2 || flags.fin,
+        }
+    }
+
+    /// The segment with this header and `payload` at `seq`, from the peer to the connection of
+    /// four-tuple `t`.
+    pub fn segment<'a>(&self, t: &FourTuple, seq: u32, payload: &'a [u8]) -> SegmentRepr<'a> {
+        SegmentRepr {
+            tos: 0,
+            src_addr: t.remote_addr,
+            dst_addr: t.local_addr,
+            src_port: t.remote_port,
+            dst_port: t.local_port,
+            seq,
+            ack: self.ack,
+            flags: self.flags,
+            window: self.window,
+            options: Default::default(),
+            payload,
+        }
+    }
+}
+
+/// The peer's stream as a connection target builds it from the input (what [`PeerSender`]
+/// adds to).
+pub trait PeerStream {
+    /// Appends one FPDU (or IFT frame) carrying `ulpdu`; `change` (where, and what to XOR)
+    /// changes an octet of it after framing.
+    fn fpdu(&mut self, ulpdu: &[u8], change: Option<(u16, u8)>);
+
+    /// Appends raw octets.
+    fn raw(&mut self, bytes: &[u8]);
+
+    /// Whether the peer's FPDUs carry Markers.
+    fn markers(&self) -> bool;
+
+    /// Octets in the stream so far.
+    fn octets(&self) -> usize;
+}
+
+/// What the input has the peer add to its stream: FPDUs of template ULPDUs aimed at the
+/// target's regions, Writes and Sends of several FPDUs (the Sends numbered from MSN 1), raw
+/// octets.
+#[derive(Debug, Clone)]
+pub struct PeerSender {
+    templates: Templates,
+    next_msn: u32,
+    /// Messages of several FPDUs are shorter than this.
+    max_message: u16,
+    /// Such a message stops once the stream is longer than this.
+    max_stream: usize,
+}
+
+impl PeerSender {
+    /// A sender of ULPDUs from `templates`, of messages shorter than `max_message` that stop
+    /// once the stream is longer than `max_stream`.
+    pub fn new(templates: Templates, max_message: u16, max_stream: usize) -> PeerSender {
+        PeerSender {
+            templates,
+            next_msn: 1,
+            max_message,
+            max_stream,
+        }
+    }
+
+    /// One FPDU of a template ULPDU ([`Templates::ulpdu`]); with `op & 0x80` an octet of it
+    /// changed after framing (where and how from the input).
+    pub fn template(&self, input: &mut Input, op: u8, stream: &mut impl PeerStream) {
+        let ulpdu = self.templates.ulpdu(input);
+        let change = (op & 0x80 != 0).then(|| (input.u16(), input.u8()));
+        stream.fpdu(&ulpdu, change);
+    }
+
+    /// A Write (`op & 0x40`) or a Send in several FPDUs, each within the MULPDU the input
+    /// picks, the Write's STag and TO from the templates.
+    pub fn message(&mut self, input: &mut Input, op: u8, stream: &mut impl PeerStream) {
+        let write = op & 0x40 != 0;
+        let message = Message::read(
+            input,
+            &self.templates,
+            write,
+            self.max_message,
+            self.next_msn,
+        );
+        self.next_msn = self.next_msn.wrapping_add(1);
+        for u in message.ulpdus() {
+            stream.fpdu(&u, None);
+            if stream.octets() > self.max_stream {
+                break;
+            }
+        }
+    }
+
+    /// Raw octets: up to 255 from the input, with Markers a multiple of four (as every FPDU
+    /// is long).
+    pub fn raw(&self, input: &mut Input, stream: &mut impl PeerStream) {
+        let n = usize::from(input.u8());
+        let mut raw = input.bytes(n).to_vec();
+        if stream.markers() {
+            raw.truncate(raw.len() & !3);
+        }
+        stream.raw(&raw);
+    }
+}
+
+/// A message the peer sends in several FPDUs: an RDMA Write or a Send (queue 0), each FPDU's
+/// ULPDU carrying at most a MULPDU of its payload.
+#[derive(Debug, Clone)]
+struct Message {
+    write: bool,
+    stag: u32,
+    to: u64,
+    msn: u32,
+    len: usize,
+    mulpdu: usize,
+    fill: u8,
+}
+
+impl Message {
+    /// Reads the message's length (below `max_len`), MULPDU (16 to 1415 octets), the fill of
+    /// its payload and, even for a Send, a Write's STag and TO ([`Templates::stag`],
+    /// [`Templates::to`]); a Send's MSN is `msn`.
+    fn read(
+        input: &mut Input,
+        templates: &Templates,
+        write: bool,
+        max_len: u16,
+        msn: u32,
+    ) -> Message {
+        let len = usize::from(input.u16() % max_len);
+        let mulpdu = 16 + usize::from(input.u16() % 1400);
+        let fill = input.u8();
+        let (stag, region) = templates.stag(input);
+        let to = templates.to(input, region);
+        Message {
+            write,
+            stag,
+            to,
+            msn,
+            len,
+            mulpdu,
+            fill,
+        }
+    }
+
+    /// Its ULPDUs in order (one, without payload, for an empty message), L set on the last.
+    fn ulpdus(&self) -> impl Iterator<Item = Vec<u8>> + '_ {
+        let mut at = 0;
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let n = self.mulpdu.min(self.len - at);
+            let last = at + n == self.len;
+            let l = if last { 0x40 } else { 0 };
+            let mut u = if self.write {
+                tagged_header(0x81 | l, 0x40, self.stag, self.to.wrapping_add(at as u64))
+            } else {
+                untagged_header(0x01 | l, 0x43, 0, 0, self.msn, at as u32)
+            };
+            u.extend((at..at + n).map(|i| self.fill ^ (i as u8).wrapping_mul(13)));
+            at += n;
+            done = last;
+            Some(u)
+        })
+    }
+}
+
+/// Whether an IFT end configured as `ours` takes the peer's indication `peer` in phase
+/// `phase` (draft-williams-iwarp-ift-01, the adaption exchange), read from the draft apart
+/// from the `ift` crate's own judgement: the phase and the RDMA bit agree, the peer sends each
+/// CRC `ours.accept` requires, and, when the policy asks for checked CRCs, the peer does not
+/// ignore a CRC we send.
+pub fn ift_acceptable(
+    ours: &ift::IftConfig,
+    peer: &ift::wire::IndicationRepr,
+    phase: ift::wire::Phase,
+) -> bool {
+    let policy = ours.accept;
+    let ignores_ours = (ours.header_crc && peer.ignores_header_crc)
+        || (ours.payload_crc && peer.ignores_payload_crc);
+    peer.phase == phase
+        && peer.rdma == ours.rdma
+        && (peer.header_crc || !policy.require_header_crc)
+        && (peer.payload_crc || !policy.require_payload_crc)
+        && !(policy.require_checked && ignores_ours)
 }
