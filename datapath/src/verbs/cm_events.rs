@@ -92,7 +92,13 @@ pub enum CmEvent {
         error: DatapathError,
     },
     /// A listener handed to [`Listener::notify`] failed and stopped.
-    ListenError(DatapathError),
+    ListenError {
+        /// The listener's context ([`Listener::notify_with_context`]; 0 from
+        /// [`Listener::notify`]): which of several listeners on the channel failed.
+        context: u64,
+        /// Why.
+        error: DatapathError,
+    },
     /// A queue pair's connection ended (`RDMA_CM_EVENT_DISCONNECTED`), with the cause if it
     /// was not a clean close of ours.
     Disconnected {
@@ -130,7 +136,9 @@ impl std::fmt::Debug for CmEvent {
             CmEvent::ConnectError { context, error } => {
                 write!(f, "ConnectError(context {context}: {error})")
             }
-            CmEvent::ListenError(e) => write!(f, "ListenError({e})"),
+            CmEvent::ListenError { context, error } => {
+                write!(f, "ListenError(context {context}: {error})")
+            }
             CmEvent::Disconnected { qp_num, error } => {
                 write!(f, "Disconnected(qp {qp_num}, {error:?})")
             }
@@ -319,7 +327,7 @@ impl Listener {
                 let ended = listened
                     .unwrap_or_else(|cause| Err(crate::error::panicked("listening", &*cause)));
                 if let Err(e) = ended {
-                    channel.push(CmEvent::ListenError(e));
+                    channel.push(CmEvent::ListenError { context, error: e });
                 }
             })?;
         Ok(NotifyingListener {
