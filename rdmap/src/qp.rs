@@ -1085,9 +1085,9 @@ impl QueuePair {
         true
     }
 
-    /// Checks a local scatter/gather list, element by element (a zero-length element needs no
-    /// check), and that the message fits a 32-bit length (the completion's byte count, and an
-    /// untagged message's MO, RFC 5041 5.2).
+    /// Checks a local scatter/gather list of a message to send, element by element (a
+    /// zero-length element needs no check), and that the message fits a 32-bit length (the
+    /// completion's byte count, and an untagged message's MO, RFC 5041 5.2).
     fn check_local<B: RegionBuffer>(
         &self,
         sg_list: &SgeList,
@@ -1099,6 +1099,17 @@ impl QueuePair {
                 len: sg_list.total_len(),
             });
         }
+        self.check_elements(sg_list, needed, mem)
+    }
+
+    /// Checks each element of a local scatter/gather list (a zero-length element needs no
+    /// check): an STag of the queue pair's PD with `needed`, the range in bounds.
+    fn check_elements<B: RegionBuffer>(
+        &self,
+        sg_list: &SgeList,
+        needed: Access,
+        mem: &MemoryTable<B>,
+    ) -> Result<(), RdmapError> {
         for sge in sg_list.as_slice().iter().filter(|s| s.len > 0) {
             mem.validate(sge.stag, self.cfg.pd, needed, sge.to, u64::from(sge.len))
                 .map_err(|violation| RdmapError::LocalAccess {
@@ -1296,7 +1307,9 @@ impl QueuePair {
 
     /// Posts a receive work request: one buffer for the next inbound Send. Checked:
     /// state (Idle or RTS), `rq_depth`, and the element (valid STag of the QP's PD, in
-    /// bounds, LOCAL_WRITE).
+    /// bounds, LOCAL_WRITE). A buffer may be longer than any message (2^32 - 1 octets at
+    /// most, RFC 5041 5.2's MO): it is taken as that long, as verbs takes a receive longer
+    /// than `max_msg_sz`.
     pub fn post_recv<B: RegionBuffer>(
         &mut self,
         wr: RecvWr,
@@ -1309,9 +1322,8 @@ impl QueuePair {
         if self.recv_queue_used() >= self.cfg.rq_depth {
             return Err(RdmapError::RecvQueueFull);
         }
-        self.check_local(&wr.sg_list, Access::LOCAL_WRITE, mem)?;
-        // At most u32::MAX: checked above.
-        let len = wr.sg_list.total_len() as u32;
+        self.check_elements(&wr.sg_list, Access::LOCAL_WRITE, mem)?;
+        let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
         self.rq.post(len, RecvSlot::User(wr))?;
         self.recvs_taken += 1;
         Ok(())
@@ -1424,8 +1436,8 @@ impl QueuePair {
         let Some(wr) = source.take() else {
             return;
         };
-        // The source checked the list (at most u32::MAX octets); `post` cannot fail below
-        // `max_posted`.
+        // The source checked the list; a buffer longer than any message is taken as long
+        // as the longest (as `post_recv` takes it). `post` cannot fail below `max_posted`.
         let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
         if self.rq.post(len, RecvSlot::User(wr)).is_ok() {
             self.recvs_taken += 1;

@@ -88,15 +88,11 @@ impl SharedReceiveQueue {
     }
 
     /// Posts a receive (`ibv_post_srq_recv`). Its scatter/gather list is checked now against
-    /// the protection domain (valid STags of the PD, LOCAL_WRITE, in bounds, at most 2^32 - 1
-    /// octets); fails with [`DatapathError::InvalidArgument`] if it does not pass, and with
+    /// the protection domain (valid STags of the PD, LOCAL_WRITE, in bounds; a buffer longer
+    /// than 2^32 - 1 octets, the longest message, is taken as that long); fails with
+    /// [`DatapathError::InvalidArgument`] if it does not pass, and with
     /// [`DatapathError::RecvQueueFull`] when the queue is full (`ENOMEM`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
-        if wr.sg_list.total_len() > u64::from(u32::MAX) {
-            return Err(DatapathError::InvalidArgument(
-                "receive longer than 2^32 - 1 octets",
-            ));
-        }
         {
             let table = self.inner.pd.table.snapshot();
             for sge in wr.sg_list.as_slice().iter().filter(|s| s.len > 0) {
