@@ -6,7 +6,10 @@
 # with IFT framing (`--framing ift`, both CRCs, speculative placement; no Markers). Prints
 # Markdown: the receiving engine's placement counters (for IFT, how many speculative placements
 # the in-order pass confirmed), the sender's retransmissions, what the relay did.
-# Needs root.
+# Needs root. A failed row (relay, server or client) stops the script non-zero, its server and
+# relay stopped, with the row's logs (client, server, relay) on stderr.
+# BIN=path and RELAY=path run those `iwarp-bench` and `iwarp-relay` instead of building them
+# (bench/tests/scripts_bench_relay.rs runs the script so, with stubs).
 # Usage: scripts/bench-relay.sh [iterations] [size] [seed]   (ROWS="aligned-5" runs only those rows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,38 +19,111 @@ SEED=${3:-7}
 ROWS=${ROWS:-aligned-1 aligned-5 reseg-2 ift-aligned-1 ift-aligned-5 ift-reseg-2}
 [ "$(id -u)" -eq 0 ] || { echo "bench-relay: needs root (namespaces, XDP, AF_XDP)" >&2; exit 1; }
 scripts/install-deps.sh >/dev/null
-cargo build -q --release --locked -p bench
-cargo build -q --release --locked -p testbed --bin iwarp-relay
-BIN=$PWD/target/release/iwarp-bench
-RELAY=$PWD/target/release/iwarp-relay
+[ -n "${BIN:-}" ] || cargo build -q --release --locked -p bench
+[ -n "${RELAY:-}" ] || cargo build -q --release --locked -p testbed --bin iwarp-relay
+BIN=${BIN:-$PWD/target/release/iwarp-bench}
+RELAY=${RELAY:-$PWD/target/release/iwarp-relay}
+for exe in "$BIN" "$RELAY"; do
+  [ -f "$exe" ] && [ -x "$exe" ] || { echo "bench-relay: $exe is not an executable file" >&2; exit 1; }
+done
 exec 9>/run/lock/iwarp-netns.lock
 flock 9
-scripts/netns-relay.sh up >/dev/null
-trap 'scripts/netns-relay.sh down >/dev/null 2>&1 || true' EXIT
-PORT=18800
 TMP=$(mktemp -d)
+trap 'scripts/netns-relay.sh down >/dev/null 2>&1 || true; rm -rf "$TMP"' EXIT
+scripts/netns-relay.sh up >/dev/null
+PORT=18800
+# The running row's server and relay (process ids), stopped by `fail`.
+SRV=""
+RLY=""
+
+# stop PID: ends background job PID (SIGTERM, SIGKILL after 5 s) and reaps it.
+stop() {
+  kill "$1" 2>/dev/null || true
+  local tenths=50
+  while kill -0 "$1" 2>/dev/null && [ "$tenths" -gt 0 ]; do
+    sleep 0.1
+    tenths=$((tenths - 1))
+  done
+  kill -9 "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# wait_bounded PID SECONDS: the exit status of background job PID, waiting at most SECONDS for
+# it; 124 after stopping it when it is still running then.
+wait_bounded() {
+  local pid=$1 tenths=$(($2 * 10)) rc=0
+  while kill -0 "$pid" 2>/dev/null && [ "$tenths" -gt 0 ]; do
+    sleep 0.1
+    tenths=$((tenths - 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    stop "$pid"
+    return 124
+  fi
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+# stop_relay: closes the relay's standard input (it stops, printing its counters) and waits
+# for it, at most 10 s; its exit status.
+stop_relay() {
+  local pid=$RLY
+  RLY=""
+  exec 8>&-
+  wait_bounded "$pid" 10
+}
+
+# fail NAME WHAT: says what failed in row NAME, stops its server and relay, prints the row's
+# logs on stderr and ends the script (the EXIT trap takes the bed down and removes $TMP).
+fail() {
+  local name=$1 what=$2 log
+  echo "bench-relay: $name: $what" >&2
+  [ -z "$SRV" ] || stop "$SRV"
+  [ -z "$RLY" ] || stop_relay || true
+  for log in client server relay; do
+    [ -s "$TMP/$name.$log" ] || continue
+    echo "--- $log ($name):" >&2
+    cat "$TMP/$name.$log" >&2
+  done
+  exit 1
+}
 
 run() { # name relay-args bench-args
-  local name=$1 rargs=$2 bargs=$3
+  local name=$1 rargs=$2 bargs=$3 rc=0
   case " $ROWS " in *" $name "*) ;; *) return 0 ;; esac
   # The relay stops (and prints its counters) when its standard input closes.
   # shellcheck disable=SC2086
-  exec 8> >(ip netns exec iwrr "$RELAY" --stdin-stop --seed "$SEED" $rargs >"$TMP/$name.relay" 2>&1)
-  sleep 0.3
-  # shellcheck disable=SC2086
-  ip netns exec iwra "$BIN" write-bw --transport xdp --iface iwra0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
-    >"$TMP/$name.server" 2>&1 &
-  local srv=$!
+  exec 8> >(exec ip netns exec iwrr "$RELAY" --stdin-stop --seed "$SEED" $rargs >"$TMP/$name.relay" 2>&1)
+  RLY=$!
   for _ in $(seq 1 100); do
-    grep -q listening "$TMP/$name.server" 2>/dev/null && break
+    grep -q "iwarp-relay: forwarding" "$TMP/$name.relay" 2>/dev/null && break
+    kill -0 "$RLY" 2>/dev/null || fail "$name" "the relay ended before it forwarded"
     sleep 0.1
   done
+  grep -q "iwarp-relay: forwarding" "$TMP/$name.relay" ||
+    fail "$name" "the relay did not start forwarding within 10 s"
+  # Neither side keeps the relay's standard input (fd 8) open: closing it stops the relay.
+  # shellcheck disable=SC2086
+  ip netns exec iwra "$BIN" write-bw --transport xdp --iface iwra0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
+    >"$TMP/$name.server" 2>&1 8>&- &
+  SRV=$!
+  for _ in $(seq 1 100); do
+    grep -q listening "$TMP/$name.server" 2>/dev/null && break
+    kill -0 "$SRV" 2>/dev/null || fail "$name" "the server ended before it listened"
+    sleep 0.1
+  done
+  grep -q listening "$TMP/$name.server" || fail "$name" "the server did not listen within 10 s"
   # shellcheck disable=SC2086
   ip netns exec iwrb "$BIN" write-bw --transport xdp --iface iwrb0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
-    --report_gbits 10.78.0.1 >"$TMP/$name.client" 2>&1 || { cat "$TMP/$name.client" >&2; exit 1; }
-  wait "$srv" || { cat "$TMP/$name.server" >&2; exit 1; }
-  exec 8>&-
-  sleep 0.5
+    --report_gbits 10.78.0.1 >"$TMP/$name.client" 2>&1 8>&- || fail "$name" "the client failed"
+  # The server ends within seconds of its client; one still running 30 s later is stuck.
+  wait_bounded "$SRV" 30 || rc=$?
+  case $rc in
+    0) SRV="" ;;
+    124) SRV=""; fail "$name" "the server was still running 30 s after its client ended (stopped)" ;;
+    *) SRV=""; fail "$name" "the server failed (exit status $rc)" ;;
+  esac
+  stop_relay || fail "$name" "the relay failed or did not stop within 10 s"
   PORT=$((PORT + 1))
 }
 
@@ -108,4 +184,3 @@ for name, r, b in [("aligned-1", "--loss 0.01 --reorder 0.01", ""),
           f"{rl['dropped']} / {rl['reordered']} / {rl['pieces']} ({rl['unaligned_pieces']}) | "
           f"{rl['tx_refused']} / {rl['rx_dropped']} |")
 PY
-rm -rf "$TMP"

@@ -6,6 +6,8 @@ set -euo pipefail
 # command -> package that provides it
 declare -A NEED=(
   [clang]=clang
+  [make]=make         # libbpf-sys (vendored libbpf) and libxdp-sys (`make libxdp`) build with make
+  [gcc]=gcc           # libxdp-sys's xdp-tools configure (CC:=gcc) and the cc crate's default
   [tcpdump]=tcpdump
   [tshark]=tshark
   [iperf3]=iperf3

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddrV4;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,7 +108,8 @@ struct ServerCli {
     /// Exit (and print the report) after this many connections have closed; 0: never.
     #[arg(long, default_value_t = 0)]
     connections: u64,
-    /// Directory whose files `GET /NAME` serves (no subdirectories).
+    /// Directory whose files `GET /NAME` serves (no subdirectories; regular files only, and
+    /// links to them: a FIFO or a device is refused with 403).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Octets of each buffer posted for unsolicited request bodies (PUT, POST); 0: none.
@@ -935,21 +936,62 @@ impl ServerApp {
 
     /// A file of `--dir`.
     fn file(&self, path: &str) -> Result<Arc<Vec<u8>>, (&'static str, &'static str)> {
-        const NOT_FOUND: (&str, &str) = ("404 Not Found", "not found\n");
-        let dir = self.dir.as_ref().ok_or(NOT_FOUND)?;
-        let name = path.strip_prefix('/').ok_or(NOT_FOUND)?;
-        if name.is_empty() || name.contains('/') || name.starts_with('.') {
-            return Err(NOT_FOUND);
-        }
-        let file = dir.join(name);
-        let len = std::fs::metadata(&file).map_err(|_| NOT_FOUND)?.len();
-        if len > self.max_object {
-            return Err(("413 Content Too Large", "file too large\n"));
-        }
-        std::fs::read(&file)
-            .map(Arc::new)
-            .map_err(|_| ("500 Internal Server Error", "read failed\n"))
+        served_file(self.dir.as_deref(), path, self.max_object)
     }
+}
+
+/// The file `path` (`/NAME`) of the served directory `dir`, or the status and text of the
+/// response that refuses it.
+///
+/// Only regular files (or links to them) are served, read to at most `max_object` octets:
+/// the server has one thread, so a FIFO (whose `open` waits for a writer, whose reads wait
+/// for data) would stop every connection, and a device such as `/dev/zero` (length 0 by its
+/// metadata) would be read without end. What is not a regular file is refused before it is
+/// opened, and again by the opened file's own metadata (it may have been replaced in
+/// between), the open being non-blocking so that a FIFO put there meanwhile cannot hold it.
+fn served_file(
+    dir: Option<&Path>,
+    path: &str,
+    max_object: u64,
+) -> Result<Arc<Vec<u8>>, (&'static str, &'static str)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const NOT_FOUND: (&str, &str) = ("404 Not Found", "not found\n");
+    const NOT_REGULAR: (&str, &str) = ("403 Forbidden", "not a regular file\n");
+    const TOO_LARGE: (&str, &str) = ("413 Content Too Large", "file too large\n");
+    const READ_FAILED: (&str, &str) = ("500 Internal Server Error", "read failed\n");
+    let dir = dir.ok_or(NOT_FOUND)?;
+    let name = path.strip_prefix('/').ok_or(NOT_FOUND)?;
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return Err(NOT_FOUND);
+    }
+    let path = dir.join(name);
+    let regular = |m: &std::fs::Metadata| {
+        if !m.file_type().is_file() {
+            Err(NOT_REGULAR)
+        } else if m.len() > max_object {
+            Err(TOO_LARGE)
+        } else {
+            Ok(m.len())
+        }
+    };
+    // Follows links, as the open does.
+    regular(&std::fs::metadata(&path).map_err(|_| NOT_FOUND)?)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|_| NOT_FOUND)?;
+    let len = regular(&file.metadata().map_err(|_| READ_FAILED)?)?;
+    // A file that grew since: at most one octet more than may be served, to tell.
+    let mut body = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(max_object.saturating_add(1))
+        .read_to_end(&mut body)
+        .map_err(|_| READ_FAILED)?;
+    if body.len() as u64 > max_object {
+        return Err(TOO_LARGE);
+    }
+    Ok(Arc::new(body))
 }
 
 impl TcpApp for ServerApp {
@@ -1568,6 +1610,47 @@ mod tests {
         // Others' queued bodies at the budget: nobody's next request.
         assert!(!may_read_request(0, 0, budget, GIB, budget));
         assert!(may_read_request(0, 0, budget - 1, GIB, budget));
+    }
+
+    /// A FIFO or a link to a device in the served directory is refused at once: neither
+    /// waits for a writer nor reads without end (the server's one thread would hang, or
+    /// grow a buffer until memory runs out). Regular files are served up to `max_object`.
+    #[test]
+    fn only_regular_files_are_served() {
+        let dir = std::env::temp_dir().join(format!("iwarp-http-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().expect("UTF-8 path")).expect("no NUL");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero")).expect("link to /dev/zero");
+        std::fs::write(dir.join("small"), b"hello").expect("write");
+        std::fs::write(dir.join("large"), vec![7u8; 101]).expect("write");
+        // In a thread: a server that waits for the FIFO's writer would stop the test here.
+        let get = |name: &'static str| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let d = dir.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(served_file(Some(&d), &format!("/{name}"), 100).map(|b| b.len()));
+            });
+            rx.recv_timeout(Duration::from_secs(1))
+        };
+        let answer = get("fifo");
+        if answer.is_err() {
+            // Let the stuck reader go (it takes this writer, then end of file).
+            drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+        }
+        let refused = ("403 Forbidden", "not a regular file\n");
+        assert_eq!(answer, Ok(Err(refused)), "a FIFO: still waiting after 1 s?");
+        assert_eq!(get("zero"), Ok(Err(refused)), "a link to /dev/zero");
+        assert_eq!(get("small"), Ok(Ok(5)));
+        assert_eq!(
+            get("large"),
+            Ok(Err(("413 Content Too Large", "file too large\n")))
+        );
+        assert_eq!(get("none"), Ok(Err(("404 Not Found", "not found\n"))));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A client and a server connection wired back to back in memory.

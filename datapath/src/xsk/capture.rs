@@ -304,21 +304,34 @@ impl Drop for Capture {
     }
 }
 
-/// The writer thread's file: records go in until the first error.
+/// The writer thread's file: records go in until the first error. Each record reaches the
+/// file whole: the buffer's flushes fall between records, never inside one, so a file read
+/// while it is written, or left by a run killed before [`Capture::finish`], ends with a whole
+/// record (Wireshark reads it without "cut short in the middle of a packet").
 struct PcapFile {
     out: BufWriter<File>,
     failed: bool,
+    /// A record larger than the whole buffer, header and data joined for one write (empty
+    /// until the first such record: with the default sizes there is none).
+    joined: Vec<u8>,
 }
 
 impl PcapFile {
+    /// Records go to `out`, which already holds the global header.
+    fn new(out: BufWriter<File>) -> Self {
+        PcapFile {
+            out,
+            failed: false,
+            joined: Vec::new(),
+        }
+    }
+
     /// Writes one record (or counts it dropped after an error) and returns its buffer.
     fn write(&mut self, s: &Shared, rec: Record) {
         if !self.failed {
             let saved = rec.data.len() as u32;
-            let res = self
-                .out
-                .write_all(&pcap_record_header(rec.unix_ns, saved, rec.orig_len))
-                .and_then(|()| self.out.write_all(&rec.data));
+            let header = pcap_record_header(rec.unix_ns, saved, rec.orig_len);
+            let res = self.write_whole(&header, &rec.data);
             match res {
                 Ok(()) => {
                     s.written.fetch_add(1, Ordering::Relaxed);
@@ -334,6 +347,30 @@ impl PcapFile {
         }
         // Bounded at the number of buffers: never full.
         let _ = s.free_tx.try_send(rec.data);
+    }
+
+    /// Puts `header` and `data` into the file as one piece. `BufWriter::write_all` flushes its
+    /// buffer first when a write does not fit the room left, so two writes (header, then data)
+    /// could leave a header without its data on disk: the buffer is flushed here before the
+    /// record when it does not fit, and a record larger than the whole buffer goes to the
+    /// file in one write.
+    fn write_whole(&mut self, header: &[u8], data: &[u8]) -> io::Result<()> {
+        let len = header.len() + data.len();
+        if self.out.capacity() - self.out.buffer().len() < len {
+            self.out.flush()?;
+        }
+        if len <= self.out.capacity() {
+            // Both fit the room left: neither write flushes.
+            self.out.write_all(header)?;
+            self.out.write_all(data)
+        } else {
+            // The buffer is empty now; a write of at least its capacity goes straight to the
+            // file.
+            self.joined.clear();
+            self.joined.extend_from_slice(header);
+            self.joined.extend_from_slice(data);
+            self.out.write_all(&self.joined)
+        }
     }
 
     fn flush(&mut self, s: &Shared) {
@@ -353,7 +390,7 @@ impl PcapFile {
 
 /// The writer thread: records to the file until the capture finishes and its queue is empty.
 fn write_records(s: &Shared, full: &Receiver<Record>, out: BufWriter<File>) {
-    let mut file = PcapFile { out, failed: false };
+    let mut file = PcapFile::new(out);
     let mut flushed = Instant::now();
     loop {
         match full.recv_timeout(WRITER_POLL) {
@@ -520,6 +557,72 @@ mod tests {
         assert_eq!(records(&path).len() as u64, st.written);
         // After finish, a tap only counts.
         tap.record(&[1, 2, 3]);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Octets at the end of the pcap file at `path` that are not a whole record (a record
+    /// header without all its data, or part of a header); the whole records are counted.
+    fn whole_records(path: &Path) -> (usize, usize) {
+        let b = std::fs::read(path).expect("read");
+        assert!(b.len() >= PCAP_HEADER_LEN, "no global header");
+        let (mut at, mut whole) = (PCAP_HEADER_LEN, 0);
+        while at + PCAP_RECORD_HEADER_LEN <= b.len() {
+            let saved = u32::from_le_bytes(b[at + 8..at + 12].try_into().expect("4 octets"));
+            let end = at + PCAP_RECORD_HEADER_LEN + saved as usize;
+            if end > b.len() {
+                break;
+            }
+            whole += 1;
+            at = end;
+        }
+        (whole, b.len() - at)
+    }
+
+    /// The file behind a small buffer holds only whole records after each write, whatever
+    /// the buffer's flushes (a run killed at any moment leaves no record cut short), also for
+    /// a record larger than the whole buffer.
+    #[test]
+    fn a_flush_of_the_buffer_never_splits_a_record() {
+        let path = temp("whole");
+        let (free_tx, free_rx) = crossbeam_channel::bounded(1);
+        let (full_tx, _full_rx) = crossbeam_channel::bounded(1);
+        let s = Shared {
+            free_tx,
+            free_rx,
+            full_tx,
+            snaplen: 1000,
+            finished: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+            error: Mutex::new(None),
+        };
+        let mut out = BufWriter::with_capacity(100, File::create(&path).expect("create"));
+        out.write_all(&pcap_header(1000)).expect("header");
+        out.flush().expect("flush");
+        let mut file = PcapFile::new(out);
+        let sizes = [60, 60, 60, 10, 84, 60, 200, 60, 1, 99];
+        for (i, &len) in sizes.iter().enumerate() {
+            file.write(
+                &s,
+                Record {
+                    unix_ns: i as u64,
+                    orig_len: len as u32,
+                    data: vec![i as u8; len],
+                },
+            );
+            let (whole, rest) = whole_records(&path);
+            assert_eq!(
+                rest, 0,
+                "after record {i} ({len} octets): {whole} whole records, then part of one"
+            );
+            // A buffer to the free queue per record: take it back for the next.
+            let _ = s.free_rx.try_recv();
+        }
+        file.flush(&s);
+        assert_eq!(whole_records(&path), (sizes.len(), 0));
+        assert_eq!(s.written.load(Ordering::Relaxed), sizes.len() as u64);
         let _ = std::fs::remove_file(&path);
     }
 
