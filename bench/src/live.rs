@@ -118,7 +118,7 @@ impl Reporter {
         }
         if let (Some(due), Some(every)) = (self.next_line, self.every) {
             if now >= due {
-                self.next_line = Some(due + every);
+                self.next_line = Some(next_due(due, every, now));
                 eprintln!("iwarp-bench: {}", self.line(now, now_counters));
                 self.last = Some((now, now_counters.clone()));
             }
@@ -180,7 +180,19 @@ impl Reporter {
     }
 }
 
-/// `12.3k`, `4.56M`: a rate in three significant figures.
+/// When the line after one due at `due` is due: `every` later, or, after a stall that
+/// passed it (the reporter's thread did not run), `every` from `now`: the lines missed are not
+/// printed back to back, each with rates over a moment.
+fn next_due(due: Instant, every: Duration, now: Instant) -> Instant {
+    let next = due + every;
+    if next > now {
+        next
+    } else {
+        now + every
+    }
+}
+
+/// `12`, `12.3k`, `4.560M`, `2.500G`: a rate scaled to thousands, millions or billions.
 fn per_second(v: f64) -> String {
     if v >= 1e9 {
         format!("{:.3}G", v / 1e9)
@@ -347,8 +359,18 @@ fn table(snaps: &[Value]) -> String {
 mod tests {
     use super::*;
 
+    /// After a stall the next line is a whole period away, not at once.
     #[test]
-    fn rates_have_three_significant_figures() {
+    fn a_stall_does_not_bunch_the_lines_up() {
+        let every = Duration::from_secs(1);
+        let due = Instant::now();
+        assert_eq!(next_due(due, every, due), due + every);
+        let late = due + 5 * every;
+        assert_eq!(next_due(due, every, late), late + every);
+    }
+
+    #[test]
+    fn rates_are_scaled() {
         assert_eq!(per_second(12.4), "12");
         assert_eq!(per_second(12_345.0), "12.3k");
         assert_eq!(per_second(4_560_000.0), "4.560M");
