@@ -26,8 +26,9 @@
 # region as the engine copies it (`raw tx --source-mib N`, run in every round before plain raw)
 # and a row of the engine against it: the ceiling when the data comes from memory, not from a
 # template in cache.
-# MTU: both veth ends' MTU (default 1500; at most 3506, native XDP on veth); the engine and
-# kernel TCP take their MSS from it, raw sends frames of MTU + 14 octets.
+# MTU: both veth ends' MTU (default 1500; above 3498 the engine and raw load the xdp.frags
+# program, e.g. 9000); the engine and kernel TCP take their MSS from it, raw sends frames of
+# MTU + 14 octets.
 # A run that fails (either side of a pair, raw, a result that does not parse) stops the script
 # with a non-zero exit, saying which command failed and printing its stderr (kept in LOGDIR,
 # a temporary directory, or the directory given as LOGDIR), instead of a table with empty
@@ -194,7 +195,19 @@ raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
   ip netns exec iwa $sp "$BIN" raw pingpong --iface iwa0 --count "$NLAT" --mode driver --port 18620 \
     --quiet >/dev/null 2>"$rlog" &
   local resp=$!
-  sleep 0.5
+  # The initiator starts once the responder says "responder ready" (its socket bound, the port
+  # steered), at most 10 s; a responder that ended first fails the run with its error. (The
+  # initiator gives up by itself after 10 s without a reply.)
+  for _ in $(seq 1 200); do
+    grep -q ready "$rlog" && break
+    kill -0 "$resp" 2>/dev/null || break
+    sleep 0.05
+  done
+  if ! grep -q ready "$rlog"; then
+    kill "$resp" 2>/dev/null || true
+    wait "$resp" 2>/dev/null || true
+    fail "raw pingpong ($1): the responder in iwa did not get ready" "$rlog"
+  fi
   # shellcheck disable=SC2086
   if ! out=$(ip netns exec iwb $cp "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 --size 64 \
     --count "$NLAT" --mode driver --port 18620 --quiet --json 2>"$ilog"); then

@@ -13,8 +13,10 @@
 //! * `read-bw`: Gbit/s of `read-bw` for the engine and the socket transport (the data flows
 //!   from the server to the client); raw AF_XDP and iperf3 as for `bw`.
 //! * `lat`: microseconds, the median half round trip. The engine and the socket transport:
-//!   `write-lat`. Raw AF_XDP: `raw pingpong` with frames of the message size plus headers.
-//!   iperf3 measures no latency and is left out.
+//!   `write-lat`. Raw AF_XDP: `raw pingpong` with frames of the message size plus headers, one
+//!   Ethernet frame each way, so at most [`raw_lat_max`] octets of message: raw sits out the
+//!   larger sizes (said on stderr, "-" in the table, `"not_run"` in the JSON). iperf3 measures
+//!   no latency and is left out.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -37,6 +39,27 @@ const DEV_CLIENT: &str = "iwb0";
 const SERVER_IP: &str = "10.77.0.1";
 /// Octets of Ethernet, IPv4 and TCP headers in a raw frame.
 const FRAME_HEADERS: u64 = 54;
+/// The most iterations a run takes (`-n`): with the largest size (8 MiB) the octets of a run
+/// stay far below 2^64, and a latency run of this many is already hours long.
+const MAX_ITERS: u64 = 1_000_000_000;
+
+/// The largest message raw ping-pong carries on a bed of `mtu`: it sends each message in one
+/// Ethernet frame of at most MTU + 14 octets (over several UMEM frames above MTU 3826, but one
+/// frame on the wire), its 54 octets of headers included.
+fn raw_lat_max(mtu: u64) -> u64 {
+    mtu + 14 - FRAME_HEADERS
+}
+
+/// Whether transport `t` runs test `k` at message `size` on a bed of `mtu`: all do, except
+/// iperf3 for `lat` (no latency test) and raw ping-pong above [`raw_lat_max`].
+fn runs(k: Kind, t: Which, size: u64, mtu: u64) -> bool {
+    match (k, t) {
+        (Kind::Lat, Which::Iperf3) => false,
+        (Kind::Lat, Which::Raw) => size <= raw_lat_max(mtu),
+        _ => true,
+    }
+}
+
 /// TCP payload of one engine frame at `mtu` (IPv4 and TCP headers, timestamps, MPA and tagged
 /// DDP headers off).
 fn engine_payload(mtu: u64) -> u64 {
@@ -98,10 +121,12 @@ struct CompareCli {
     #[arg(short, long, value_delimiter = ',')]
     size: Vec<u64>,
     /// A sweep: every power of two from 1 KiB (bw) or 64 B (lat) to 1 MiB (bw) or 8 KiB (lat).
+    /// In lat, raw AF_XDP (one Ethernet frame per message) sits out the sizes above MTU - 40
+    /// (above 1 KiB at MTU 1500; --mtu 9000 takes it to 8 KiB).
     #[arg(short = 'a', long)]
     sweep: bool,
-    /// Iterations per run (default: 2000 for bw, 10000 for lat).
-    #[arg(short = 'n', long)]
+    /// Iterations per run, 1 to 1000000000 (default: 2000 for bw, 10000 for lat).
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     iters: Option<u64>,
     /// Rounds; each runs every transport at every size once, in an order that rotates.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -198,6 +223,15 @@ fn run(cli: &CompareCli) -> Result<(), String> {
         }
     }
     let sizes = sizes(cli)?;
+    // The (size, transport) pairs asked for that do not run: raw ping-pong above one frame.
+    let not_run: Vec<(u64, Which)> = wanted_sizes(cli)?
+        .iter()
+        .flat_map(|&s| transports.iter().map(move |&t| (s, t)))
+        .filter(|&(s, t)| !runs(cli.test, t, s, cli.mtu))
+        .collect();
+    if !not_run.is_empty() {
+        eprintln!("iwarp-bench compare: {}", raw_sits_out(cli.mtu, &not_run));
+    }
     let iters = cli
         .iters
         .unwrap_or(if cli.test.is_bw() { 2000 } else { 10_000 });
@@ -214,12 +248,24 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     };
     let mut samples = Vec::new();
     let mut failures = Vec::new();
-    let total = cli.rounds as usize * sizes.len() * transports.len();
+    let runs_per_round: usize = sizes
+        .iter()
+        .map(|&s| {
+            transports
+                .iter()
+                .filter(|&&t| runs(cli.test, t, s, cli.mtu))
+                .count()
+        })
+        .sum();
+    let total = cli.rounds as usize * runs_per_round;
     for round in 0..cli.rounds {
         for &size in &sizes {
             // Rotate the order each round: no transport always runs first.
             let k = round as usize % transports.len();
             for &t in transports[k..].iter().chain(&transports[..k]) {
+                if !runs(cli.test, t, size, cli.mtu) {
+                    continue;
+                }
                 let done = samples.len() + failures.len() + 1;
                 match runner.measure(cli.test, t, size, iters) {
                     Ok((value, p99)) => {
@@ -276,6 +322,18 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             "pinned": cli.pinned,
             "rounds": samples,
             "failed": failures,
+            "not_run": not_run
+                .iter()
+                .map(|&(size, t)| serde_json::json!({
+                    "size": size,
+                    "transport": t,
+                    "why": format!(
+                        "raw ping-pong carries at most {} B at MTU {} (one frame)",
+                        raw_lat_max(cli.mtu),
+                        cli.mtu
+                    ),
+                }))
+                .collect::<Vec<_>>(),
             "medians": medians
                 .iter()
                 .map(|((size, t), v)| {
@@ -352,7 +410,29 @@ fn bed_settings(cli: &CompareCli) -> Result<(), String> {
     Ok(())
 }
 
+/// The message sizes to run: [`wanted_sizes`] less those no transport runs ([`runs`]: raw alone
+/// in `lat`, above [`raw_lat_max`]); none left is an error.
 fn sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
+    let wanted = wanted_sizes(cli)?;
+    let mut sizes = wanted.clone();
+    sizes.retain(|&s| {
+        cli.transports
+            .iter()
+            .any(|&t| runs(cli.test, t, s, cli.mtu))
+    });
+    if sizes.is_empty() {
+        let not_run: Vec<(u64, Which)> = wanted.iter().map(|&s| (s, Which::Raw)).collect();
+        return Err(format!(
+            "nothing to run: {}",
+            raw_sits_out(cli.mtu, &not_run)
+        ));
+    }
+    Ok(sizes)
+}
+
+/// The message sizes asked for (`-s`, `-a`, or the test's default), sorted, each once, from 1 B
+/// to 8 MiB.
+fn wanted_sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
     let mut sizes = if cli.sweep {
         let (lo, hi) = match cli.test {
             Kind::Bw | Kind::ReadBw => (10, 20),
@@ -369,14 +449,23 @@ fn sizes(cli: &CompareCli) -> Result<Vec<u64>, String> {
     if sizes.iter().any(|&s| s == 0 || s > 8 << 20) {
         return Err("sizes must be from 1 B to 8 MiB".into());
     }
-    if cli.test == Kind::Lat && sizes.iter().any(|&s| s + FRAME_HEADERS > cli.mtu + 14) {
-        return Err(format!(
-            "lat sizes must fit one frame (at most {} B at MTU {}): raw ping-pong is one frame",
-            cli.mtu - 40,
-            cli.mtu
-        ));
-    }
     Ok(sizes)
+}
+
+/// Says why raw sits out the sizes of `not_run` (and how to have it run them).
+fn raw_sits_out(mtu: u64, not_run: &[(u64, Which)]) -> String {
+    let sizes: Vec<String> = not_run.iter().map(|(s, _)| format!("{s} B")).collect();
+    format!(
+        "raw ping-pong sends each message in one Ethernet frame of at most MTU + 14 octets, \
+         so it carries at most {} B at MTU {mtu}: raw left out at {}{}",
+        raw_lat_max(mtu),
+        sizes.join(", "),
+        if mtu < 9000 {
+            format!(" (--mtu 9000 carries up to {} B)", raw_lat_max(9000))
+        } else {
+            String::new()
+        }
+    )
 }
 
 fn test_name(k: Kind) -> &'static str {
@@ -674,7 +763,8 @@ impl Runner {
             .spawn()
             .map_err(|e| format!("starting raw rx: {e}"))?;
         let mut rx = Reaped(Some(rx_child));
-        wait_for_line(rx.child(), "ready", Duration::from_secs(20))?;
+        wait_for_line(rx.child(), "ready", Duration::from_secs(20))
+            .map_err(|e| format!("raw rx {e}"))?;
         let tx = self
             .command(
                 NS_CLIENT,
@@ -713,7 +803,9 @@ impl Runner {
             .ok_or_else(|| format!("no payload_gbit_per_sec in {v}"))
     }
 
-    /// Raw AF_XDP ping-pong of frames carrying `size` octets of payload.
+    /// Raw AF_XDP ping-pong of frames carrying `size` octets of payload: the responder is
+    /// started and waited for (its "ready" line), then the initiator runs (it gives up after
+    /// 10 s without a reply). A failure says what both said.
     fn raw_lat(&mut self, size: u64, iters: u64) -> Result<(f64, Option<f64>), String> {
         let port = self.next_port();
         let (count, frame) = (
@@ -730,11 +822,12 @@ impl Runner {
             )
             .args(["--mode", "driver", "--port", &port, "--quiet"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting the raw responder: {e}"))?;
-        let responder = Reaped(Some(responder_child));
-        std::thread::sleep(Duration::from_millis(500));
+        let mut responder = Reaped(Some(responder_child));
+        let mut said = wait_for_line(responder.child(), "ready", Duration::from_secs(20))
+            .map_err(|e| format!("the raw responder {e}"))?;
         let out = self
             .command(
                 NS_CLIENT,
@@ -748,10 +841,22 @@ impl Runner {
             .args(["--port", &port, "--quiet", "--json"])
             .output()
             .map_err(|e| format!("running the raw initiator: {e}"))?;
-        let _ = responder.finish();
         if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+            // The responder has nothing more to answer: a moment for its last words, not the
+            // seconds it would wait idle.
+            let responder_said = said.last(Duration::from_millis(500));
+            drop(responder);
+            return Err(format!(
+                "{} (the responder: {})",
+                last_lines(&String::from_utf8_lossy(&out.stderr), 3),
+                if responder_said.is_empty() {
+                    "nothing since its ready line"
+                } else {
+                    &responder_said
+                }
+            ));
         }
+        let _ = responder.finish();
         let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
         let value = v["t_typical_us"]
             .as_f64()
@@ -897,24 +1002,89 @@ fn finish(mut child: Child) -> Result<Output, String> {
     child.wait_with_output().map_err(|e| e.to_string())
 }
 
-/// Reads `child`'s stderr until a line contains `what` (the rest is left unread).
-fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<(), String> {
+/// How many of a child's last stderr lines [`StderrTail`] keeps for an error message.
+const STDERR_KEPT: usize = 4;
+
+/// A child's stderr, read to its end on a thread: the last [`STDERR_KEPT`] lines, for saying
+/// why the child failed.
+struct StderrTail {
+    lines: std::sync::mpsc::Receiver<String>,
+    kept: std::collections::VecDeque<String>,
+}
+
+impl StderrTail {
+    /// Keeps `line` among the last ones (blank lines say nothing).
+    fn keep(&mut self, line: String) {
+        if line.trim().is_empty() {
+            return;
+        }
+        if self.kept.len() == STDERR_KEPT {
+            self.kept.pop_front();
+        }
+        self.kept.push_back(line.trim().to_owned());
+    }
+
+    /// The last lines read so far (waiting up to `wait` for the child's stderr to end, for the
+    /// lines of a child that has just ended), joined by " | ".
+    fn last(&mut self, wait: Duration) -> String {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.keep(line),
+                Err(_) => break,
+            }
+        }
+        self.kept.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// Reads `child`'s stderr until a line contains `what` (within `limit`); the rest is read on
+/// to its end, its last lines kept (the tail returned). A child whose stderr ends first (it
+/// ended, or failed to start) is reported at once with its last lines: "ended before it was
+/// ready: ...".
+fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<StderrTail, String> {
     let err = child.stderr.take().ok_or("no stderr")?;
     let (tx, rx) = std::sync::mpsc::channel();
-    // Reads to the end even after the line came (nobody listens then): a closed pipe would
-    // end the child at its next progress line.
+    // Reads to the end even after the line came: a closed pipe would end the child at its
+    // next progress line.
     std::thread::spawn(move || {
         for line in BufReader::new(err).lines().map_while(Result::ok) {
             let _ = tx.send(line);
         }
     });
+    let mut tail = StderrTail {
+        lines: rx,
+        kept: Default::default(),
+    };
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains(what) => return Ok(()),
-            Ok(_) => {}
-            Err(_) => return Err(format!("no '{what}' within {limit:?}")),
+        match tail.lines.recv_timeout(left) {
+            Ok(l) if l.contains(what) => return Ok(tail),
+            Ok(l) => tail.keep(l),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let said = tail.last(Duration::ZERO);
+                return Err(format!(
+                    "ended before it was ready: {}",
+                    if said.is_empty() {
+                        "(nothing on stderr)"
+                    } else {
+                        &said
+                    }
+                ));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let said = tail.last(Duration::ZERO);
+                return Err(format!(
+                    "no '{what}' within {limit:?}{}",
+                    if said.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it said: {said}")
+                    }
+                ));
+            }
         }
     }
 }
@@ -1087,6 +1257,63 @@ mod tests {
         assert_eq!(last_lines("a\n\nb\n  c  \n\n", 2), "b | c");
         assert_eq!(last_lines("only\n", 3), "only");
         assert_eq!(last_lines("", 3), "");
+    }
+
+    fn cli(args: &[&str]) -> CompareCli {
+        CompareCli::try_parse_from(["compare"].iter().chain(args)).expect("parses")
+    }
+
+    /// `lat -a` (the README's command) runs at the default MTU: without raw the whole sweep; with
+    /// raw too, raw sits out the sizes one frame of MTU + 14 octets cannot carry; raw alone runs
+    /// the sizes it can. Only raw alone with no size it can carry is refused.
+    #[test]
+    fn lat_sizes_are_bound_by_raw_only_where_raw_runs() {
+        let sweep: Vec<u64> = (6..=13).map(|p| 1 << p).collect();
+        let lat = |extra: &[&str]| sizes(&cli(&[&["--test", "lat"], extra].concat()));
+        assert_eq!(
+            lat(&["-a", "--transports", "xdp,socket"]),
+            Ok(sweep.clone())
+        );
+        assert_eq!(lat(&["-a"]), Ok(sweep.clone()));
+        assert_eq!(lat(&["-a", "--mtu", "9000"]), Ok(sweep.clone()));
+        assert_eq!(
+            lat(&["-a", "--transports", "raw"]),
+            Ok(vec![64, 128, 256, 512, 1024])
+        );
+        assert_eq!(lat(&["-s", "4096", "--transports", "xdp"]), Ok(vec![4096]));
+        let e = lat(&["-s", "4096", "--transports", "raw"]).expect_err("nothing raw can run");
+        assert!(e.contains("at most 1460 B") && e.contains("--mtu"), "{e}");
+        assert!(!e.contains("one frame"), "{e}");
+    }
+
+    /// `-n` is refused where it means nothing (0: iperf3 would take it for a 10 s run) or would
+    /// overflow the octets of a run.
+    #[test]
+    fn iterations_are_refused_where_unusable() {
+        for n in ["0", "18446744073709551615", "100000000000"] {
+            let e = CompareCli::try_parse_from(["compare", "-n", n]).expect_err(n);
+            assert!(e.to_string().contains("--iters"), "{n}: {e}");
+        }
+        assert_eq!(cli(&["-n", "1"]).iters, Some(1));
+    }
+
+    /// A child that ends before its "ready" line: said at once, with what it printed.
+    #[test]
+    fn a_child_that_ends_before_ready_is_reported_with_its_stderr() {
+        let mut child = Command::new("sh")
+            .args(["-c", "echo starting >&2; echo boom >&2; exit 1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let start = Instant::now();
+        let e = wait_for_line(&mut child, "ready", Duration::from_secs(20))
+            .err()
+            .expect("not ready");
+        let _ = child.wait();
+        assert!(start.elapsed() < Duration::from_secs(1), "{e}");
+        assert!(e.contains("ended before it was ready"), "{e}");
+        assert!(e.contains("starting | boom"), "{e}");
     }
 
     #[test]

@@ -9,9 +9,11 @@
 //!   `--dst-ip`:`--port`; the next hop's MAC comes from the kernel's neighbour table (resolved
 //!   on demand). Each frame is one copy of a prebuilt frame into a UMEM frame.
 //! * `raw pingpong` without `--dst-ip` is the responder (echoes every steered frame back with
-//!   addresses and ports swapped); with `--dst-ip` it is the initiator: one frame each way per
+//!   addresses and ports swapped, jumbo frames over several UMEM frames too, and counts the
+//!   frames it could not answer); with `--dst-ip` it is the initiator: one frame each way per
 //!   iteration, latency = round trip / 2 (as perftest reports it), printed in perftest's latency
-//!   format.
+//!   format. The initiator gives up, saying the responder is not answering, after `--timeout`
+//!   seconds without a reply.
 //!
 //! Sizes are Ethernet frame lengths without FCS (64 = 14 + 20 + 20 + 10 octets of payload);
 //! Gbit/s counts those octets; the bandwidth reports also give the goodput, Gbit/s of the TCP
@@ -50,7 +52,9 @@ enum Cmd {
     Tx(Opts),
     /// Steer --port into AF_XDP sockets and count the frames that arrive.
     Rx(Opts),
-    /// Latency: responder without --dst-ip, initiator with it.
+    /// Latency: responder without --dst-ip, initiator with it. Start the responder first and
+    /// wait for its "ready" line; the initiator stops with an error ("the responder is not
+    /// answering") after --timeout seconds without a reply.
     Pingpong(Opts),
 }
 
@@ -80,7 +84,10 @@ struct Opts {
     /// Iterations before the measured ones (pingpong initiator).
     #[arg(long, default_value_t = 100)]
     warmup: u64,
-    /// Seconds to wait for the first frame (rx, responder) or for ARP (tx, initiator).
+    /// Seconds to wait for the first frame (rx, responder) or for ARP (tx, initiator); the
+    /// pingpong initiator also stops with an error once this long passes without a reply (from
+    /// its first ping, or since the last reply: a second per lost ping, so 10 lost in a row by
+    /// default).
     #[arg(long, default_value_t = 10.0)]
     timeout: f64,
     /// Seconds without frames after which rx and the responder stop early.
@@ -671,7 +678,19 @@ fn rx(o: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// The responder: echoes every frame steered to the port, addresses and ports swapped.
+/// The responder's echo of `frame`, written into `scratch`: the frame with its addresses and
+/// ports swapped ([`swap_endpoints`]). Its length, or `None` for a frame it cannot answer: one
+/// longer than `scratch`, or not a whole IPv4/TCP frame.
+fn echo_into(frame: &[u8], scratch: &mut [u8]) -> Option<usize> {
+    let echo = scratch.get_mut(..frame.len())?;
+    echo.copy_from_slice(frame);
+    swap_endpoints(echo).then_some(frame.len())
+}
+
+/// The responder: echoes every frame steered to the port, addresses and ports swapped, until it
+/// has answered `--count` plus `--warmup` of them or nothing came for `--idle` seconds. Frames
+/// it cannot answer ([`echo_into`], or no TX frame free to send the echo in) are counted and
+/// reported at the end (the first one when it comes).
 fn pong(o: &Opts) -> Res<()> {
     // (Checked by `validate`.)
     let count = o.count.unwrap_or(10_000).saturating_add(o.warmup);
@@ -683,33 +702,56 @@ fn pong(o: &Opts) -> Res<()> {
         "raw pingpong: responder ready on {}; answering up to {count} frames",
         describe(o, Some(active), &socks)
     );
-    let mut scratch = vec![0u8; 4096];
+    // Room for the largest packet a socket delivers: one UMEM frame's, or at a jumbo MTU
+    // (multi-buffer) the several frames' of a packet, which arrives joined.
+    let room = socks
+        .iter()
+        .map(XskSocket::packet_capacity)
+        .max()
+        .unwrap_or(0);
+    let mut scratch = vec![0u8; room];
     let start = Instant::now();
     let mut last: Option<Instant> = None;
     let mut answered = 0u64;
+    let mut unanswered = 0u64;
     while answered < count {
         let mut any = false;
         for s in socks.iter_mut() {
-            let len = {
+            let (len, got) = {
                 let b = s.recv_batch(1);
                 let Some(f) = b.get(0) else {
                     continue;
                 };
-                let n = f.len().min(scratch.len());
-                scratch[..n].copy_from_slice(&f[..n]);
-                n
+                (echo_into(f, &mut scratch), f.len())
             };
             any = true;
-            if !swap_endpoints(&mut scratch[..len]) {
+            let sent = match len {
+                Some(len) => {
+                    let frame = &scratch[..len];
+                    s.send_batch(1, |_, buf| {
+                        buf[..frame.len()].copy_from_slice(frame);
+                        frame.len()
+                    })
+                    .map_err(|e| e.to_string())?
+                }
+                None => 0,
+            };
+            if sent == 1 {
+                answered += 1;
                 continue;
             }
-            let frame = &scratch[..len];
-            s.send_batch(1, |_, buf| {
-                buf[..frame.len()].copy_from_slice(frame);
-                frame.len()
-            })
-            .map_err(|e| e.to_string())?;
-            answered += 1;
+            if unanswered == 0 {
+                eprintln!(
+                    "raw pingpong: responder cannot answer a frame of {got} octets ({}); counting \
+                     such frames",
+                    if len.is_none() {
+                        format!("not a whole IPv4/TCP frame of at most {room} octets")
+                    } else {
+                        "no TX frame free for its echo".to_string()
+                    }
+                );
+            }
+            unanswered += 1;
         }
         let now = Instant::now();
         if any {
@@ -727,7 +769,7 @@ fn pong(o: &Opts) -> Res<()> {
             s.flush().map_err(|e| e.to_string())?;
         }
     }
-    eprintln!("raw pingpong: responder answered {answered} frames");
+    eprintln!("raw pingpong: responder answered {answered} frames, could not answer {unanswered}");
     Ok(())
 }
 
@@ -741,13 +783,17 @@ struct LatReport<'a> {
     lat: LatencyResult,
 }
 
-/// The initiator: one frame out, wait for its echo, `count` times after `warmup`.
+/// The initiator: one frame out, wait for its echo (a second at most), `count` times after
+/// `warmup`. Stops with an error once `--timeout` seconds pass without a reply, from the first
+/// ping or since the last reply: the responder is not answering (not started, on another port,
+/// ended, or unable to echo these frames).
 fn ping(o: &Opts) -> Res<()> {
     let count = o.count.unwrap_or(10_000);
     if count == 0 {
         return Err("--count must be at least 1".into());
     }
     let (info, src_ip) = facts(o)?;
+    let give_up = secs(o.timeout, "timeout")?;
     let spec = spec_for(o, &info, src_ip)?;
     let (_prog, active, mut socks) = steer(o, &info)?;
     let tx_index = socks
@@ -763,11 +809,14 @@ fn ping(o: &Opts) -> Res<()> {
             describe(o, Some(active), &socks)
         );
     }
-    let reply_wait = Duration::from_secs(1);
+    let reply_wait = Duration::from_secs(1).min(give_up);
     let mut frame = vec![0u8; o.size];
     let mut samples = Vec::with_capacity(count.min(MAX_PING_SAMPLES) as usize);
     let mut lost = 0u64;
     let mut replies = 0u64;
+    // Since the last reply (or the first ping), and the pings lost since.
+    let mut last_reply = Instant::now();
+    let mut lost_in_a_row = 0u64;
     let mut progress = Progress::new(o.quiet, "pingpong");
     // (Checked by `validate`.)
     let total = o.warmup.saturating_add(count);
@@ -787,7 +836,13 @@ fn ping(o: &Opts) -> Res<()> {
                 let b = s.recv_batch(64);
                 for f in b.iter() {
                     if let Some(t) = TcpFrame::parse(f) {
-                        if t.seq() == seq && t.src_port() == o.port && t.src_ip() == spec.dst_ip {
+                        // (Not the peer kernel's reset of a frame no responder took: its seq is
+                        // the frame's ack, 0, as iteration 0's.)
+                        if t.seq() == seq
+                            && t.src_port() == o.port
+                            && t.src_ip() == spec.dst_ip
+                            && t.flags() & tcp_flags::RST == 0
+                        {
                             rtt = Some(t0.elapsed());
                         }
                     }
@@ -803,6 +858,10 @@ fn ping(o: &Opts) -> Res<()> {
         for s in socks.iter_mut() {
             s.complete();
         }
+        if rtt.is_some() {
+            last_reply = Instant::now();
+            lost_in_a_row = 0;
+        }
         match rtt {
             Some(d) if i >= o.warmup => {
                 replies += 1;
@@ -811,7 +870,23 @@ fn ping(o: &Opts) -> Res<()> {
                 }
             }
             Some(_) => {}
-            None => lost += 1,
+            None => {
+                lost += 1;
+                lost_in_a_row += 1;
+                if last_reply.elapsed() >= give_up {
+                    return Err(format!(
+                        "the responder is not answering: no reply from {}:{} for {give_up:?} \
+                         ({lost_in_a_row} ping(s) in a row lost, {} answered before); is \
+                         `iwarp-bench raw pingpong` without --dst-ip running there on --port {} \
+                         (started first, \"ready\"), and does it take frames of {} octets?",
+                        spec.dst_ip,
+                        o.port,
+                        i + 1 - lost,
+                        o.port,
+                        o.size
+                    ));
+                }
+            }
         }
         progress.tick(i + 1, total);
     }
@@ -875,6 +950,39 @@ mod tests {
             let crc = mpa::crc::crc32c(payload);
             assert_eq!(buf[frame - 4..], crc.to_le_bytes(), "frame {k}");
         }
+    }
+
+    /// The responder's echo: a jumbo frame (8000 octets, more than one 4 KiB UMEM frame) is
+    /// echoed whole, addresses and ports swapped, given the room; a frame longer than the room,
+    /// or not IPv4/TCP, is refused (counted by the responder), never cut.
+    #[test]
+    fn echo_swaps_whole_frames_and_refuses_what_it_cannot_answer() {
+        let spec = TcpFrameSpec {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_ip: Ipv4Addr::new(10, 77, 0, 2),
+            dst_ip: Ipv4Addr::new(10, 77, 0, 1),
+            src_port: 40000,
+            dst_port: 18620,
+            seq: 7,
+            ack: 0,
+            flags: tcp_flags::ACK | tcp_flags::PSH,
+            window: 65535,
+            ip_id: 0,
+        };
+        let mut frame = vec![0u8; 8000];
+        assert_eq!(frame_into(&mut frame, &spec, 8000), 8000);
+        let mut scratch = vec![0u8; 4 * 3840];
+        assert_eq!(echo_into(&frame, &mut scratch), Some(8000));
+        let echo = TcpFrame::parse(&scratch[..8000]).expect("a whole IPv4/TCP frame");
+        assert_eq!((echo.src_ip(), echo.dst_ip()), (spec.dst_ip, spec.src_ip));
+        assert_eq!((echo.src_port(), echo.dst_port()), (18620, 40000));
+        assert_eq!(echo.seq(), 7);
+        assert_eq!(echo.payload(), &frame[HEADERS_LEN..]);
+        // What the responder once did with a 4096-octet scratch: cut, so not a whole frame.
+        assert_eq!(echo_into(&frame, &mut [0u8; 4096]), None);
+        assert_eq!(echo_into(&frame[..4096], &mut scratch), None);
+        assert_eq!(echo_into(&[0u8; 60], &mut scratch), None);
     }
 
     #[test]

@@ -163,3 +163,109 @@ fn compare_runs_every_transport_and_plots_them() {
         1,
     );
 }
+
+/// Runs `compare --json FILE` with `args`, bounded; returns its output and its JSON (the run
+/// must succeed).
+fn compare_json(name: &str, args: &[&str]) -> (std::process::Output, Value) {
+    let json = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.json"));
+    let out = Command::new(bin())
+        .arg("compare")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output_within(RUN_LIMIT)
+        .expect("run compare");
+    assert!(
+        out.status.success(),
+        "{name}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+    (out, v)
+}
+
+/// The (size, transport) pairs of the JSON's medians.
+fn medians_of(v: &Value) -> Vec<(u64, String)> {
+    v["medians"]
+        .as_array()
+        .expect("medians")
+        .iter()
+        .map(|m| {
+            assert!(m["value"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
+            (
+                m["size"].as_u64().expect("size"),
+                m["transport"].as_str().expect("transport").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `lat` with raw: at MTU 1500 raw sits out the sizes one frame cannot carry (saying so, and
+/// in the JSON) while the engine runs them (the whole command was once refused); at MTU 9000
+/// raw ping-pong carries 8 KiB messages in jumbo frames (its responder once never answered
+/// them, and the run took a second per iteration).
+#[test]
+fn compare_lat_with_raw_at_every_mtu() {
+    if !require(
+        is_root(),
+        "not root: compare brings up the veth bed (network namespaces, XDP)",
+    ) {
+        return;
+    }
+    let (out, v) = compare_json(
+        "compare-lat-raw-1500",
+        &[
+            "--test",
+            "lat",
+            "-s",
+            "64,4096",
+            "-n",
+            "200",
+            "--rounds",
+            "1",
+            "--transports",
+            "raw,xdp",
+        ],
+    );
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        se.contains("at most 1460 B at MTU 1500: raw left out at 4096 B"),
+        "{se}"
+    );
+    let pairs = |p: &[(u64, &str)]| -> Vec<(u64, String)> {
+        p.iter().map(|&(s, t)| (s, t.to_owned())).collect()
+    };
+    assert_eq!(
+        medians_of(&v),
+        pairs(&[(64, "raw"), (64, "xdp"), (4096, "xdp")]),
+        "{v}"
+    );
+    assert_eq!(v["not_run"][0]["size"], 4096, "{v}");
+    assert_eq!(v["not_run"][0]["transport"], "raw", "{v}");
+    assert_eq!(v["failed"].as_array().map(Vec::len), Some(0), "{v}");
+
+    let (_, v) = compare_json(
+        "compare-lat-raw-9000",
+        &[
+            "--test",
+            "lat",
+            "-s",
+            "8192",
+            "-n",
+            "200",
+            "--rounds",
+            "1",
+            "--mtu",
+            "9000",
+            "--transports",
+            "raw,xdp",
+        ],
+    );
+    assert_eq!(
+        medians_of(&v),
+        pairs(&[(8192, "raw"), (8192, "xdp")]),
+        "{v}"
+    );
+    assert_eq!(v["not_run"].as_array().map(Vec::len), Some(0), "{v}");
+}

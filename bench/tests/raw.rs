@@ -183,6 +183,95 @@ fn raw_pingpong_runs() {
     println!("pingpong: {v}");
 }
 
+/// `raw pingpong` at MTU 9000 with frames of 8000 octets (multi-buffer AF_XDP: one packet over
+/// several 4 KiB UMEM frames): the responder answers every one (it once copied each packet into
+/// 4096 octets, so a larger one failed to parse and was never answered, and the initiator waited
+/// a second for each).
+#[test]
+fn raw_pingpong_at_jumbo_mtu() {
+    let bed = bed_or_skip!();
+    bed.set_mtu(9000).expect("MTU 9000 on the bed");
+    let pong = receiver(raw_in(
+        "iwa",
+        &[
+            "pingpong", "--iface", "iwa0", "--count", "20", "--warmup", "0", "--port", "18630",
+            "--quiet",
+        ],
+    ));
+    let ping = raw_in(
+        "iwb",
+        &[
+            "pingpong",
+            "--iface",
+            "iwb0",
+            "--dst-ip",
+            "10.77.0.1",
+            "--count",
+            "20",
+            "--warmup",
+            "0",
+            "--port",
+            "18630",
+            "--size",
+            "8000",
+            "--json",
+            "--quiet",
+        ],
+    )
+    .output_within(Duration::from_secs(15))
+    .expect("run pingpong initiator");
+    let (pong_out, pong_err) = pong.finish(Duration::from_secs(60));
+    assert!(
+        ping.status.success(),
+        "initiator failed: {}\nresponder: {pong_err}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    assert!(pong_out.status.success(), "responder failed: {pong_err}");
+    assert!(pong_err.contains("answered 20 frames"), "{pong_err}");
+    let v = json(&ping, "raw pingpong");
+    assert_eq!(v["iterations"], 20, "{v}");
+    assert_eq!(v["lost"], 0, "{v}");
+    assert_eq!(v["bytes"], 8000, "{v}");
+    println!("pingpong at MTU 9000: {v}");
+}
+
+/// The initiator with no responder on the peer stops within seconds, saying the responder is
+/// not answering (it once went on for a second per ping: 1000 pings, 1000 s).
+#[test]
+fn raw_pingpong_without_responder_fails_fast() {
+    let _bed = bed_or_skip!();
+    let start = std::time::Instant::now();
+    let ping = raw_in(
+        "iwb",
+        &[
+            "pingpong",
+            "--iface",
+            "iwb0",
+            "--dst-ip",
+            "10.77.0.1",
+            "--count",
+            "1000",
+            "--warmup",
+            "0",
+            "--port",
+            "18640",
+            "--json",
+            "--quiet",
+        ],
+    )
+    .output_within(Duration::from_secs(30))
+    .expect("run pingpong initiator");
+    let took = start.elapsed();
+    let err = String::from_utf8_lossy(&ping.stderr);
+    assert!(
+        !err.contains("[test: killed"),
+        "still running after 30 s: {err}"
+    );
+    assert_eq!(ping.status.code(), Some(1), "{err}");
+    assert!(err.contains("the responder is not answering"), "{err}");
+    println!("without a responder: failed after {took:?}: {err}");
+}
+
 /// Without a test bed: the subcommand parses, and a missing interface or an option out of range
 /// or out of place is a clear error.
 #[test]
