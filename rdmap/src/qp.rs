@@ -729,6 +729,13 @@ enum TxSource {
     ReadResponse,
 }
 
+/// The length a receive buffer is taken as: its elements' total (overlapping ones counted
+/// each time), at most 2^32 - 1 octets, the longest message (RFC 5041 5.2's 32-bit MO): a
+/// buffer longer than any message is taken, as verbs takes one longer than `max_msg_sz`.
+fn recv_len(sg_list: &SgeList) -> u32 {
+    u32::try_from(sg_list.total_len()).unwrap_or(u32::MAX)
+}
+
 /// The sans-IO RDMAP queue pair. See the module documentation for the completion and
 /// scheduling policy.
 #[derive(Debug)]
@@ -1000,8 +1007,8 @@ impl QueuePair {
             self.rq.post(0, RecvSlot::RtrSink)?;
             self.rtr_sink_pending = true;
             for slot in posted {
-                let len = match slot {
-                    RecvSlot::User(wr) => wr.sg_list.total_len() as u32,
+                let len = match &slot {
+                    RecvSlot::User(wr) => recv_len(&wr.sg_list),
                     RecvSlot::RtrSink => 0,
                 };
                 self.rq.post(len, slot)?;
@@ -1323,7 +1330,7 @@ impl QueuePair {
             return Err(RdmapError::RecvQueueFull);
         }
         self.check_elements(&wr.sg_list, Access::LOCAL_WRITE, mem)?;
-        let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
+        let len = recv_len(&wr.sg_list);
         self.rq.post(len, RecvSlot::User(wr))?;
         self.recvs_taken += 1;
         Ok(())
@@ -1436,9 +1443,8 @@ impl QueuePair {
         let Some(wr) = source.take() else {
             return;
         };
-        // The source checked the list; a buffer longer than any message is taken as long
-        // as the longest (as `post_recv` takes it). `post` cannot fail below `max_posted`.
-        let len = wr.sg_list.total_len().min(u64::from(u32::MAX)) as u32;
+        // The source checked the list. `post` cannot fail below `max_posted`.
+        let len = recv_len(&wr.sg_list);
         if self.rq.post(len, RecvSlot::User(wr)).is_ok() {
             self.recvs_taken += 1;
         }

@@ -1605,50 +1605,72 @@ fn a_fenced_request_waits_for_earlier_reads() {
 
 /// A receive buffer longer than any message (its elements, which may overlap, add up past
 /// 2^32 - 1 octets, RFC 5041 5.2's MO) is taken, as verbs takes one longer than `max_msg_sz`,
-/// and a Send lands in it. Before, the post failed (`MessageTooLong`), and on a running queue
-/// pair the transport failed the connection for it.
+/// and a Send lands in it; also when it was posted before the queue pair was told to expect a
+/// peer-to-peer RTR Send (the receives posted before it are queued again behind the RTR's
+/// sink). Before, the post failed (`MessageTooLong`), and on a running queue pair the
+/// transport failed the connection for it.
 #[test]
 fn a_receive_longer_than_any_message_is_taken() {
-    let mut pair = Pair::new(MULPDU);
-    let data = pattern(16, 9);
-    let src = pair.a.region(data.clone(), 0, Access::NONE);
-    // 512 MiB and one octet, never touched but where the Send lands (calloc's pages).
-    const LEN: u32 = (1 << 29) + 1;
-    let rbuf = pair.b.region(vec![0; LEN as usize], 0, Access::LOCAL_WRITE);
-    let mut sg_list = SgeList::new();
-    for _ in 0..rdmap::MAX_SGE {
-        sg_list
-            .push(Sge {
-                stag: rbuf,
+    for rtr_after in [false, true] {
+        let mut pair = Pair::new(MULPDU);
+        let data = pattern(16, 9);
+        let src = pair.a.region(data.clone(), 0, Access::NONE);
+        // 512 MiB and one octet, never touched but where the Send lands (calloc's pages).
+        const LEN: u32 = (1 << 29) + 1;
+        let rbuf = pair.b.region(vec![0; LEN as usize], 0, Access::LOCAL_WRITE);
+        let mut sg_list = SgeList::new();
+        for _ in 0..rdmap::MAX_SGE {
+            sg_list
+                .push(Sge {
+                    stag: rbuf,
+                    to: 0,
+                    len: LEN,
+                })
+                .expect("room");
+        }
+        assert!(sg_list.total_len() > u64::from(u32::MAX));
+        let recv = RecvWr { wr_id: 3, sg_list };
+        if rtr_after {
+            // Posted while Idle, as the AF_XDP engine posts a connection's first receives,
+            // then the RTR Send expected.
+            let mut b = rdmap::qp::QueuePair::new(config());
+            b.post_recv(recv, &pair.b.mem)
+                .expect("a long receive taken");
+            b.expect_rtr(RtrKind::Send).expect("expect the RTR");
+            b.enter_rts(8, 8);
+            pair.b.qp = b;
+            pair.a.qp.send_rtr(RtrKind::Send);
+        } else {
+            pair.b
+                .qp
+                .post_recv(recv, &pair.b.mem)
+                .expect("a long receive taken");
+        }
+        pair.a.post(
+            4,
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            Some(Sge {
+                stag: src,
                 to: 0,
-                len: LEN,
-            })
-            .expect("room");
+                len: 16,
+            }),
+        );
+        pair.pump();
+        assert!(pair.log.iter().all(|t| t.result.is_ok()), "rtr {rtr_after}");
+        assert_eq!(
+            pair.b.completions(),
+            vec![ok(3, WcOpcode::Recv, 16)],
+            "rtr {rtr_after}"
+        );
+        let mut got = [0u8; 16];
+        pair.b
+            .mem
+            .get(rbuf)
+            .expect("registered")
+            .read_at(0, &mut got);
+        assert_eq!(&got[..], &data[..], "rtr {rtr_after}");
     }
-    assert!(sg_list.total_len() > u64::from(u32::MAX));
-    pair.b
-        .qp
-        .post_recv(RecvWr { wr_id: 3, sg_list }, &pair.b.mem)
-        .expect("a long receive taken");
-    pair.a.post(
-        4,
-        SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        Some(Sge {
-            stag: src,
-            to: 0,
-            len: 16,
-        }),
-    );
-    pair.pump();
-    assert_eq!(pair.b.completions(), vec![ok(3, WcOpcode::Recv, 16)]);
-    let mut got = [0u8; 16];
-    pair.b
-        .mem
-        .get(rbuf)
-        .expect("registered")
-        .read_at(0, &mut got);
-    assert_eq!(&got[..], &data[..]);
 }
