@@ -15,9 +15,9 @@
 //!   Request beyond them is rejected (Reply with R=1) and its connection closed;
 //! - a Request the application leaves unanswered for `MpaConfig::accept_timeout` loses its
 //!   connection: a later accept or reject fails with `MpaError::AcceptTimeout`. Once the
-//!   listener is dropped (which ends its thread) a Request already handed out keeps its
-//!   connection past the deadline until it is accepted, rejected (both fail) or dropped
-//!   (which closes it without a Reply).
+//!   listener is dropped (which ends its thread) a Request already handed out keeps that
+//!   deadline: a thread of their own closes those still unanswered at it, and ends with the
+//!   last.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -226,11 +226,7 @@ impl Drop for SocketListen {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.waker.wake();
-        if let Some(thread) = self.thread.take() {
-            if let Ok(waiting) = thread.join() {
-                close_unanswered_later(waiting, self.record.clone());
-            }
-        }
+        let waiting = self.thread.take().and_then(|thread| thread.join().ok());
         while let Ok(arrived) = self.requests.try_recv() {
             let pending = SocketPending {
                 stream: arrived.stream,
@@ -238,6 +234,11 @@ impl Drop for SocketListen {
                 leftover: arrived.leftover,
             };
             Box::new(pending).abandon(&ConnectParams::default());
+        }
+        // After those: their connections are gone, so only requests the application holds
+        // are left to watch.
+        if let Some(waiting) = waiting {
+            close_unanswered_later(waiting, self.record.clone());
         }
     }
 }
@@ -847,8 +848,9 @@ impl PendingProvider for SocketPending {
         let Some(mut stream) = take(&self.stream) else {
             return;
         };
-        // Past the accept deadline the connection only closes, as the listener's thread and
-        // the engine close it then (the listener gone, nobody closed it at the deadline).
+        // Past the accept deadline the connection only closes, as the listener's thread (or,
+        // the listener gone, the thread of its handed-out requests) and the engine close it
+        // then: the close may lag the deadline a little.
         let expired = self.answer.expired();
         if let (Answer::Mpa(mut responder), false) = (self.answer, expired) {
             if let Ok(reply) = responder.reject(&[]) {

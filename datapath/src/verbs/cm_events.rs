@@ -221,10 +221,11 @@ impl AsFd for CmEventChannel {
 }
 
 /// A listener whose connection requests go to a [`CmEventChannel`]; dropping it stops
-/// listening (within 200 ms) and rejects its requests still queued on the channel, as
-/// `rdma_destroy_id` of a listening id does (the kernel's `ucma_cleanup_ctx_events`: their
-/// events are removed and their connections rejected), so that no event names a listener
-/// the application has destroyed. Requests the application took are its own: they live on.
+/// listening (within 200 ms), rejects its requests still queued on the channel and removes
+/// its `ListenError`, as `rdma_destroy_id` of a listening id does (the kernel's
+/// `ucma_cleanup_ctx_events`: its events are removed and their connections rejected), so that
+/// no event names a listener the application has destroyed. Requests the application took are
+/// its own: they live on.
 pub struct NotifyingListener {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -233,6 +234,10 @@ pub struct NotifyingListener {
     channel: CmEventChannel,
     /// Where its requests give their backlog places back: names its requests.
     given_back: crossbeam_channel::Receiver<()>,
+    /// The context its events carry.
+    context: u64,
+    /// Its thread queued a [`CmEvent::ListenError`] (and ended).
+    failed: Arc<AtomicBool>,
 }
 
 impl NotifyingListener {
@@ -254,8 +259,16 @@ impl Drop for NotifyingListener {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let ours = self.channel.queue.take_where(|event| {
-            matches!(event, CmEvent::ConnectRequest(r) if r.holds_place_of(&self.given_back))
+        // Its ListenError too, if it queued one (one of this context: should another listener
+        // share the context, the two are the same to the application).
+        let mut error_left = self.failed.load(Ordering::SeqCst);
+        let ours = self.channel.queue.take_where(|event| match event {
+            CmEvent::ConnectRequest(r) => r.holds_place_of(&self.given_back),
+            CmEvent::ListenError { context, .. } if error_left && *context == self.context => {
+                error_left = false;
+                true
+            }
+            _ => false,
         });
         // Each dropped request is rejected (R=1, no private data).
         drop(ours);
@@ -300,6 +313,8 @@ impl Listener {
         let (places, given_back) = crossbeam_channel::bounded(self.backlog());
         let ours = given_back.clone();
         let queued_on = channel.clone();
+        let failed = Arc::new(AtomicBool::new(false));
+        let failing = failed.clone();
         let thread = std::thread::Builder::new()
             .name("iwarp-cm-listen".into())
             .spawn(move || {
@@ -326,8 +341,13 @@ impl Listener {
                 }));
                 let ended = listened
                     .unwrap_or_else(|cause| Err(crate::error::panicked("listening", &*cause)));
+                // Not once the application is dropping the listener (stopping may fail its
+                // accept): no event names a listener it destroyed.
                 if let Err(e) = ended {
-                    channel.push(CmEvent::ListenError { context, error: e });
+                    if !flag.load(Ordering::SeqCst) {
+                        failing.store(true, Ordering::SeqCst);
+                        channel.push(CmEvent::ListenError { context, error: e });
+                    }
                 }
             })?;
         Ok(NotifyingListener {
@@ -337,6 +357,8 @@ impl Listener {
             local_addr,
             channel: queued_on,
             given_back: ours,
+            context,
+            failed,
         })
     }
 }
