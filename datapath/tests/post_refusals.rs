@@ -298,4 +298,10 @@ fn a_queue_pair_without_a_receive_queue_refuses_receives() {
         "{err:?}"
     );
     common::assert_no_more(&client.cq);
+    // The same before a connection (`rdma_create_qp`, then `ibv_post_recv`).
+    let idle = datapath::IdleQp::new(&client.pd, &client.cq, &params).expect("idle queue pair");
+    let err = idle
+        .post_recv(server_recv(&inbox))
+        .expect_err("a receive taken");
+    assert_eq!(err.errno(), libc::EINVAL, "{err:?}");
 }

@@ -1054,6 +1054,8 @@ fn shards_hand_off_without_allocating() {
     const CONNS: usize = 8;
     const EACH: u64 = 32 << 20;
     static ACKED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+    // Turns made with allocations counted: none would make `allocs == 0` say nothing.
+    static COUNTED_TURNS: AtomicU64 = AtomicU64::new(0);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let server = spawn_in_ns(NS_B, move || -> Result<Vec<(u64, Option<u64>)>, String> {
         let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
@@ -1108,8 +1110,12 @@ fn shards_hand_off_without_allocating() {
                     if app.done() {
                         break Ok(());
                     }
+                    let counted = COUNTING.with(|c| c.get());
                     if let Err(e) = drv.turn(&mut app) {
                         break Err(e.to_string());
+                    }
+                    if counted {
+                        COUNTED_TURNS.fetch_add(1, Ordering::Relaxed);
                     }
                     let acked = app.acked();
                     ACKED[k].store(acked, Ordering::Relaxed);
@@ -1160,7 +1166,9 @@ fn shards_hand_off_without_allocating() {
             s.rx_frames, s.handoffs_out, s.handoffs_in, s.handoff_drops
         );
     }
-    println!("allocations on the shard threads in the window: {allocs}");
+    let counted = COUNTED_TURNS.load(Ordering::Relaxed);
+    println!("allocations on the shard threads in the window of {counted} turns: {allocs}");
+    assert!(counted > 0, "no turn was made with allocations counted");
     assert!(inn > 0, "no segment was handed over: {stats:#?}");
     // A shard that finished may leave the last frames handed to it (late ACKs) in its inbox.
     assert!(inn <= out, "{inn} taken over, {out} handed off");

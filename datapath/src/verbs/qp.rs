@@ -185,7 +185,7 @@ impl QueueAccount {
 /// ([`crate::Device::connect_with_recvs`], `ConnectRequest::accept_with_recvs`), before the
 /// queue pair can receive anything: iWARP has no receiver-not-ready retry, so a Send the peer
 /// sends at once must find them (RFC 5041 7.1). More than the receive queue's depth is
-/// `RecvQueueFull`; any with a shared receive queue attached is `InvalidWorkRequest`, as
+/// `RecvQueueFull` (`InvalidArgument` for a queue pair without a receive queue); any with a shared receive queue attached is `InvalidWorkRequest`, as
 /// `post_recv` on such a queue pair; a receive the queue pair refuses otherwise (a region it
 /// cannot write) is `InvalidArgument`.
 pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
@@ -195,6 +195,7 @@ pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
 ) -> Result<(), DatapathError> {
     for wr in recvs {
         qp.post_recv(wr, mem).map_err(|e| match e {
+            rdmap::RdmapError::RecvQueueFull if qp.config().rq_depth == 0 => no_receive_queue(),
             rdmap::RdmapError::RecvQueueFull => DatapathError::RecvQueueFull {
                 depth: qp.config().rq_depth,
             },
@@ -203,6 +204,13 @@ pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
         })?;
     }
     Ok(())
+}
+
+/// A receive posted to a queue pair made without a receive queue (`rq_depth` 0, no SRQ):
+/// `ibv_post_recv`'s `EINVAL`, as siw's; a full queue's `ENOMEM` would have a verbs program
+/// poll and post again for ever.
+fn no_receive_queue() -> DatapathError {
+    DatapathError::InvalidArgument("the queue pair has no receive queue (rq_depth 0)")
 }
 
 /// Takes a place for one post in a queue of `depth` whose posts are counted in `posted` and
@@ -1006,7 +1014,8 @@ impl QueuePair {
     /// one does: abruptly (the kernel's iw_cm moves the queue pair to Error, siw drops the
     /// connection), without waiting for the peer. [`QueuePair::stop_notifications`], then
     /// [`QueuePair::abort`] (the connection reset, outstanding work requests flushed; waits
-    /// at most 2 s for the transport to let go of the memory), then the handle is dropped.
+    /// at most 2 s for the transport to let go of the memory, and a transport that does not
+    /// answer at all 2 s more as the handle drops), then the handle is dropped.
     /// Dropping a connected queue pair instead closes gracefully ([`QueuePair::disconnect`]),
     /// which may wait up to 12 s for a peer that stopped reading.
     pub fn destroy(self) {
@@ -1189,6 +1198,12 @@ impl QueuePair {
                 qp = self.path.num,
                 "abort: the transport did not finish with the queue pair"
             );
+            // Later disconnects and drops ask again and wait the reset's time only, not the
+            // graceful close's first.
+            self.path
+                .shared
+                .end_wait_given_up
+                .store(true, Ordering::Release);
             return;
         }
         self.join_thread();
@@ -1207,8 +1222,9 @@ impl PostPath {
 
     /// Wakes the transport for what was queued. A failed wake-up is logged, not returned: the
     /// request is queued and the transport takes it all the same at its next look (the AF_XDP
-    /// engine sleeps at most `XdpTcpConfig::max_wait` and finds the posted flag set; the
-    /// socket transport's thread at most 1 s). An error would read as "not posted" (verbs has
+    /// engine finds the posted flag set at its next turn: it sleeps at most
+    /// `XdpTcpConfig::max_wait`, parked for inline progress about 50 ms or its `park_max`;
+    /// the socket transport's thread looks at least once a second). An error would read as "not posted" (verbs has
     /// no "posted, but" outcome), and the request would be posted twice.
     fn wake(&self) {
         static LINES: LogRate = LogRate::new(1);
@@ -1375,8 +1391,8 @@ impl PostPath {
     }
 
     /// Whether the queue pair has a receive queue of its own to post to: not with a shared
-    /// receive queue, nor with a depth of 0 (`ibv_post_recv`'s `EINVAL` for both, as siw's;
-    /// a full queue's `ENOMEM` would have a verbs program poll and retry for ever).
+    /// receive queue, nor with a depth of 0 ([`no_receive_queue`]; `EINVAL` for both, as
+    /// siw's).
     fn takes_recvs(&self) -> Result<(), DatapathError> {
         if self.srq {
             return Err(DatapathError::InvalidWorkRequest(
@@ -1384,9 +1400,7 @@ impl PostPath {
             ));
         }
         if self.rq_depth == 0 {
-            return Err(DatapathError::InvalidArgument(
-                "the queue pair has no receive queue (rq_depth 0)",
-            ));
+            return Err(no_receive_queue());
         }
         Ok(())
     }
