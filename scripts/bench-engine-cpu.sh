@@ -31,7 +31,7 @@ for i in $(seq 1 "$PAIRS"); do
   ip netns exec iwa taskset -c 0 "$BIN" raw rx --iface iwa0 --size 1514 --count "$FRAMES" \
     --mode driver --port 18600 --ring 2048 --json 2>"$tmp/rx.log" >"$tmp/rx.out" &
   rx=$!
-  for _ in $(seq 1 200); do grep -q ready "$tmp/rx.log" && break; sleep 0.05; done
+  for _ in $(seq 1 200); do grep -q "^raw rx: ready on" "$tmp/rx.log" && break; sleep 0.05; done
   # shellcheck disable=SC2086
   ip netns exec iwb taskset -c 1 "$BIN" raw tx --iface iwb0 --size 1514 --count "$FRAMES" \
     --dst-ip 10.77.0.1 --port 18600 --quiet ${RAW_ARGS:-} >/dev/null 2>>"$tmp/rx.log" &

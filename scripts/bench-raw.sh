@@ -19,7 +19,7 @@ rx_tx() { # size count -> "frames mpps gbit"
   ip netns exec iwa "$BIN" raw rx --iface iwa0 --size "$size" --count "$count" --mode "$MODE" \
     --port 18600 --ring 8192 --json 2>"$log" >"$log.out" &
   local rx=$!
-  for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
+  for _ in $(seq 1 200); do grep -q "^raw rx: ready on" "$log" && break; sleep 0.05; done
   ip netns exec iwb "$BIN" raw tx --iface iwb0 --size "$size" --count "$count" --dst-ip 10.77.0.1 \
     --port 18600 --quiet >/dev/null
   wait "$rx" || true

@@ -8,10 +8,14 @@
 //! message size).
 //!
 //! * `bw`: Gbit/s. The engine and the socket transport: `write-bw`. Raw AF_XDP: `raw tx` to
-//!   `raw rx` of as many full-MTU frames as the engine's FPDUs would take, its TCP-payload
-//!   goodput. iperf3: the same octets in writes of the message size.
+//!   `raw rx` of full-MTU frames (as many as the engine's FPDUs would take at full size,
+//!   20,000 to 100,000), its TCP-payload goodput: the ceiling of the bed at that MTU, the same
+//!   at every message size. iperf3: the same octets as the engine's in writes of the message
+//!   size.
 //! * `read-bw`: Gbit/s of `read-bw` for the engine and the socket transport (the data flows
-//!   from the server to the client); raw AF_XDP and iperf3 as for `bw`.
+//!   from the server to the client); raw AF_XDP and iperf3 as for `bw` but the other way, from
+//!   the server's namespace (and, `--pinned`, its CPU) to the client's, as the engine's data
+//!   goes ([`data_path`]).
 //! * `lat`: microseconds, the median half round trip. The engine and the socket transport:
 //!   `write-lat`. Raw AF_XDP: `raw pingpong` with frames of the message size plus headers, one
 //!   Ethernet frame each way, so at most [`raw_lat_max`] octets of message: raw sits out the
@@ -37,6 +41,7 @@ const NS_CLIENT: &str = "iwb";
 const DEV_SERVER: &str = "iwa0";
 const DEV_CLIENT: &str = "iwb0";
 const SERVER_IP: &str = "10.77.0.1";
+const CLIENT_IP: &str = "10.77.0.2";
 /// Octets of Ethernet, IPv4 and TCP headers in a raw frame.
 const FRAME_HEADERS: u64 = 54;
 /// The most iterations a run takes (`-n`): with the largest size (8 MiB) the octets of a run
@@ -57,6 +62,43 @@ fn runs(k: Kind, t: Which, size: u64, mtu: u64) -> bool {
         (Kind::Lat, Which::Iperf3) => false,
         (Kind::Lat, Which::Raw) => size <= raw_lat_max(mtu),
         _ => true,
+    }
+}
+
+/// Where a bandwidth test's data goes on the bed: from `tx_ns` (its interface `tx_dev`, on the
+/// server's CPU with `--pinned` when `tx_is_server`) to `rx_ns` (`rx_dev`, address `rx_ip`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DataPath {
+    tx_ns: &'static str,
+    tx_dev: &'static str,
+    tx_is_server: bool,
+    rx_ns: &'static str,
+    rx_dev: &'static str,
+    rx_ip: &'static str,
+}
+
+/// The way `k`'s data goes: client to server for `write-bw`, server to client for `read-bw`
+/// (the Read Responses); raw AF_XDP and iperf3 send theirs the same way, so that each
+/// comparison puts the sender on the same side (and CPU).
+fn data_path(k: Kind) -> DataPath {
+    let to_server = DataPath {
+        tx_ns: NS_CLIENT,
+        tx_dev: DEV_CLIENT,
+        tx_is_server: false,
+        rx_ns: NS_SERVER,
+        rx_dev: DEV_SERVER,
+        rx_ip: SERVER_IP,
+    };
+    match k {
+        Kind::ReadBw => DataPath {
+            tx_ns: NS_SERVER,
+            tx_dev: DEV_SERVER,
+            tx_is_server: true,
+            rx_ns: NS_CLIENT,
+            rx_dev: DEV_CLIENT,
+            rx_ip: CLIENT_IP,
+        },
+        Kind::Bw | Kind::Lat => to_server,
     }
 }
 
@@ -612,10 +654,14 @@ impl Runner {
     ) -> Result<(f64, Option<f64>), String> {
         let what = format!("{} {size} B", t.name());
         let v = match (k, t) {
-            (Kind::Bw | Kind::ReadBw, Which::Raw) => self.raw_bw(size, iters).map(|v| (v, None)),
+            (Kind::Bw | Kind::ReadBw, Which::Raw) => {
+                self.raw_bw(data_path(k), size, iters).map(|v| (v, None))
+            }
             (Kind::Lat, Which::Raw) => self.raw_lat(size, iters),
             (_, Which::Xdp | Which::Socket) => self.bench_pair(k, t, size, iters),
-            (Kind::Bw | Kind::ReadBw, Which::Iperf3) => self.iperf3(size, iters).map(|v| (v, None)),
+            (Kind::Bw | Kind::ReadBw, Which::Iperf3) => {
+                self.iperf3(data_path(k), size, iters).map(|v| (v, None))
+            }
             (Kind::Lat, Which::Iperf3) => Err("iperf3 measures no latency".into()),
         }
         .map_err(|e| format!("{what}: {e}"))?;
@@ -718,9 +764,9 @@ impl Runner {
     ///
     /// Raw AF_XDP has no retransmission: a run in which the receiver fell a ring behind and
     /// lost frames is no measurement, and is run again, up to [`RAW_ATTEMPTS`] times.
-    fn raw_bw(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+    fn raw_bw(&mut self, path: DataPath, size: u64, iters: u64) -> Result<f64, String> {
         for attempt in 1..RAW_ATTEMPTS {
-            match self.raw_bw_once(size, iters)? {
+            match self.raw_bw_once(path, size, iters)? {
                 Some(v) => return Ok(v),
                 None => eprintln!(
                     "iwarp-bench compare: raw rx lost frames; running it again ({attempt} of {} failed)",
@@ -728,15 +774,21 @@ impl Runner {
                 ),
             }
         }
-        self.raw_bw_once(size, iters)?.ok_or_else(|| {
+        self.raw_bw_once(path, size, iters)?.ok_or_else(|| {
             format!(
                 "raw rx lost frames in {RAW_ATTEMPTS} runs in a row: see `iwarp-bench raw rx` (a larger --ring?)"
             )
         })
     }
 
-    /// One `raw tx` to `raw rx` run: its goodput, or `None` if the receiver lost frames.
-    fn raw_bw_once(&mut self, size: u64, iters: u64) -> Result<Option<f64>, String> {
+    /// One `raw tx` to `raw rx` run along `path`: its goodput, or `None` if the receiver lost
+    /// frames.
+    fn raw_bw_once(
+        &mut self,
+        path: DataPath,
+        size: u64,
+        iters: u64,
+    ) -> Result<Option<f64>, String> {
         // 20,000 to 100,000 frames (~30 to 150 MB): fewer measure the start more than the
         // rate; more only give the receiver more chances to fall a ring behind, and `raw rx`
         // fails a run that lost frames.
@@ -748,11 +800,18 @@ impl Runner {
         let me = self.me.clone();
         let rx_child = self
             .command(
-                NS_SERVER,
-                true,
+                path.rx_ns,
+                !path.tx_is_server,
                 &me,
                 &[
-                    "raw", "rx", "--iface", DEV_SERVER, "--size", &frame, "--count", &frames,
+                    "raw",
+                    "rx",
+                    "--iface",
+                    path.rx_dev,
+                    "--size",
+                    &frame,
+                    "--count",
+                    &frames,
                 ],
             )
             .args([
@@ -763,18 +822,25 @@ impl Runner {
             .spawn()
             .map_err(|e| format!("starting raw rx: {e}"))?;
         let mut rx = Reaped(Some(rx_child));
-        wait_for_line(rx.child(), "ready", Duration::from_secs(20))
+        wait_for_line(rx.child(), crate::raw::RX_READY, Duration::from_secs(20))
             .map_err(|e| format!("raw rx {e}"))?;
         let tx = self
             .command(
-                NS_CLIENT,
-                false,
+                path.tx_ns,
+                path.tx_is_server,
                 &me,
                 &[
-                    "raw", "tx", "--iface", DEV_CLIENT, "--size", &frame, "--count", &frames,
+                    "raw",
+                    "tx",
+                    "--iface",
+                    path.tx_dev,
+                    "--size",
+                    &frame,
+                    "--count",
+                    &frames,
                 ],
             )
-            .args(["--dst-ip", SERVER_IP, "--port", &port, "--quiet"])
+            .args(["--dst-ip", path.rx_ip, "--port", &port, "--quiet"])
             .output()
             .map_err(|e| format!("running raw tx: {e}"))?;
         let rx = rx.finish()?;
@@ -826,8 +892,12 @@ impl Runner {
             .spawn()
             .map_err(|e| format!("starting the raw responder: {e}"))?;
         let mut responder = Reaped(Some(responder_child));
-        let mut said = wait_for_line(responder.child(), "ready", Duration::from_secs(20))
-            .map_err(|e| format!("the raw responder {e}"))?;
+        let mut said = wait_for_line(
+            responder.child(),
+            crate::raw::PONG_READY,
+            Duration::from_secs(20),
+        )
+        .map_err(|e| format!("the raw responder {e}"))?;
         let out = self
             .command(
                 NS_CLIENT,
@@ -864,8 +934,9 @@ impl Runner {
         Ok((value, v["p99_us"].as_f64()))
     }
 
-    /// iperf3 (kernel TCP): the octets of `iters` messages, in writes of `size`.
-    fn iperf3(&mut self, size: u64, iters: u64) -> Result<f64, String> {
+    /// iperf3 (kernel TCP): the octets of `iters` messages, in writes of `size`, along `path`
+    /// (`-R`: the server sends, when the data goes to the client).
+    fn iperf3(&mut self, path: DataPath, size: u64, iters: u64) -> Result<f64, String> {
         let port = self.next_port();
         let iperf = PathBuf::from("iperf3");
         let server = self
@@ -882,10 +953,12 @@ impl Runner {
         let bytes = (size * iters).to_string();
         let len = size.min(1 << 20).to_string();
         let client = retry_while_refused(|| {
-            self.command(NS_CLIENT, false, &iperf, &["-c", SERVER_IP, "-p", &port])
-                .args(["-n", &bytes, "-l", &len, "-J"])
-                .output()
-                .map_err(|e| format!("running iperf3 -c: {e}"))
+            let mut c = self.command(NS_CLIENT, false, &iperf, &["-c", SERVER_IP, "-p", &port]);
+            c.args(["-n", &bytes, "-l", &len, "-J"]);
+            if path.tx_is_server {
+                c.arg("-R");
+            }
+            c.output().map_err(|e| format!("running iperf3 -c: {e}"))
         });
         let _ = finish(server);
         let out = client?;
@@ -1160,6 +1233,24 @@ mod tests {
             value,
             p99: Some(value * 2.0),
         }
+    }
+
+    /// read-bw's data goes from the server to the client: raw AF_XDP and iperf3 are sent
+    /// that way too (from the server's side and CPU), write-bw's the other way.
+    #[test]
+    fn raw_and_iperf3_send_the_way_the_engines_data_goes() {
+        let read = data_path(Kind::ReadBw);
+        assert_eq!(
+            (read.tx_ns, read.tx_dev, read.tx_is_server),
+            (NS_SERVER, DEV_SERVER, true)
+        );
+        assert_eq!(
+            (read.rx_ns, read.rx_dev, read.rx_ip),
+            (NS_CLIENT, DEV_CLIENT, CLIENT_IP)
+        );
+        let write = data_path(Kind::Bw);
+        assert_eq!((write.tx_ns, write.tx_is_server), (NS_CLIENT, false));
+        assert_eq!((write.rx_ns, write.rx_ip), (NS_SERVER, SERVER_IP));
     }
 
     #[test]

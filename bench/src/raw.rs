@@ -38,6 +38,12 @@ use crate::cli::XdpMode;
 use crate::perftest::report;
 use crate::stats::{BandwidthResult, LatencyResult};
 
+/// How `raw rx`'s "ready" line starts (its socket bound, the port steered): scripts and tests
+/// start the sender once it is on stderr, matched whole (an error's "already" is no "ready").
+pub const RX_READY: &str = "raw rx: ready on";
+/// How the ping-pong responder's "ready" line starts, as [`RX_READY`].
+pub const PONG_READY: &str = "raw pingpong: responder ready on";
+
 /// Raw AF_XDP tools on the test bed (no TCP): the ceiling for everything above.
 #[derive(Parser, Debug)]
 #[command(name = "iwarp-bench raw")]
@@ -575,9 +581,8 @@ fn rx(o: &Opts) -> Res<()> {
     let timeout = secs(o.timeout, "timeout")?;
     let idle = secs(o.idle, "idle")?;
     let (prog, active, mut socks) = steer(o, &info)?;
-    // The "ready" line: scripts and tests start the sender after it.
     eprintln!(
-        "raw rx: ready on {}; expecting {count} frames",
+        "{RX_READY} {}; expecting {count} frames",
         describe(o, Some(active), &socks)
     );
     let before = prog.counters().map_err(|e| e.to_string())?;
@@ -699,7 +704,7 @@ fn pong(o: &Opts) -> Res<()> {
     let idle = secs(o.idle, "idle")?;
     let (_prog, active, mut socks) = steer(o, &info)?;
     eprintln!(
-        "raw pingpong: responder ready on {}; answering up to {count} frames",
+        "{PONG_READY} {}; answering up to {count} frames",
         describe(o, Some(active), &socks)
     );
     // Room for the largest packet a socket delivers: one UMEM frame's, or at a jumbo MTU

@@ -24,10 +24,17 @@ fn raw_in(ns: &str, args: &[&str]) -> Command {
     c
 }
 
-/// A receiving process, started and waited on until it prints its "ready" line on stderr.
+/// A receiving process (`raw rx` or the ping-pong responder), started and waited on until it
+/// prints its "ready" line on stderr (it starts "raw rx: ready on" or "raw pingpong: responder
+/// ready on": an error's "already" is no "ready").
 fn receiver(cmd: Command) -> Tool {
     let mut t = Tool::start(cmd);
-    t.wait_for("ready", Duration::from_secs(30));
+    let line = t.wait_for(" ready on ", Duration::from_secs(30));
+    assert!(
+        line.starts_with("raw rx: ready on")
+            || line.starts_with("raw pingpong: responder ready on"),
+        "not a ready line: {line}"
+    );
     t
 }
 

@@ -408,10 +408,15 @@ impl Tool {
         }
     }
 
+    /// Waits for the process (killed after `timeout`); its output, and every stderr line it
+    /// wrote: read until its reader has forwarded the last (the pipe closed; 2 s at most, for
+    /// a pipe another process still holds).
     pub fn finish(self, timeout: Duration) -> (Output, String) {
         let out = wait_with_timeout(self.child, timeout);
         let mut err = self.seen;
-        err.extend(self.stderr.try_iter());
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_secs(2)) {
+            err.push(line);
+        }
         (out, err.join("\n"))
     }
 }
