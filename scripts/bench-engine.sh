@@ -77,23 +77,8 @@ fail() {
   exit 1
 }
 
-# wait_bounded PID SECONDS: the exit status of background job PID, waiting at most SECONDS for
-# it; 124 after killing it when it is still running then.
-wait_bounded() {
-  local pid=$1 tenths=$(($2 * 10))
-  while kill -0 "$pid" 2>/dev/null && [ "$tenths" -gt 0 ]; do
-    sleep 0.1
-    tenths=$((tenths - 1))
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    return 124
-  fi
-  local rc=0
-  wait "$pid" || rc=$?
-  return "$rc"
-}
+# stop PID, wait_bounded PID SECONDS.
+source scripts/lib/jobs.sh
 
 place() { # placement side -> command prefix
   if [ "$1" = pinned ]; then
@@ -165,8 +150,8 @@ raw_bw() { # placement direction count [tx options] -> "goodput frames": Gbit/s 
   ip netns exec "$rxns" $sp "$BIN" raw rx --iface "$rxif" --size "$FRAME" --count "$3" --mode driver \
     --port 18600 --ring "$RAW_RING" --json 2>"$log" >"$log.out" &
   local rx=$!
-  for _ in $(seq 1 200); do grep -q ready "$log" && break; sleep 0.05; done
-  if ! grep -q ready "$log"; then
+  for _ in $(seq 1 200); do grep -q "^raw rx: ready on" "$log" && break; sleep 0.05; done
+  if ! grep -q "^raw rx: ready on" "$log"; then
     kill "$rx" 2>/dev/null || true
     wait "$rx" 2>/dev/null || true
     fail "raw rx in $rxns did not get ready" "$log"
@@ -199,11 +184,11 @@ raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
   # steered), at most 10 s; a responder that ended first fails the run with its error. (The
   # initiator gives up by itself after 10 s without a reply.)
   for _ in $(seq 1 200); do
-    grep -q ready "$rlog" && break
+    grep -q "^raw pingpong: responder ready on" "$rlog" && break
     kill -0 "$resp" 2>/dev/null || break
     sleep 0.05
   done
-  if ! grep -q ready "$rlog"; then
+  if ! grep -q "^raw pingpong: responder ready on" "$rlog"; then
     kill "$resp" 2>/dev/null || true
     wait "$resp" 2>/dev/null || true
     fail "raw pingpong ($1): the responder in iwa did not get ready" "$rlog"

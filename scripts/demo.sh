@@ -6,16 +6,16 @@
 # AF_XDP run (data that does not verify, a server that fails or hangs) is the demo's failure:
 # it says so and exits non-zero, without falling back.
 # DEMO_TRANSPORT=socket picks the socket transport on loopback directly.
-# BIN=path runs that iwarp-bench instead of building one (bench/tests/scripts_demo.rs runs the
-# script so, with a stub).
+# BIN=path runs that iwarp-bench instead of building one, and installs nothing (what the bed
+# needs is the caller's; bench/tests/scripts_demo.rs runs the script so, with a stub).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-deps.sh
 if [ -n "${BIN:-}" ]; then
   [ -f "$BIN" ] && [ -x "$BIN" ] || { echo "demo: BIN=$BIN is not an executable file" >&2; exit 1; }
   echo "demo: BIN=$BIN: running it instead of a build of this tree"
 else
+  scripts/install-deps.sh
   cargo build --release --locked -p bench
   BIN=$PWD/target/release/iwarp-bench
 fi
@@ -38,33 +38,8 @@ ENGINE_FAILED="iwarp-bench: starting the AF_XDP engine on "
 # ("Connection refused (os error 111)"), or the engine's for a reset answering its SYN.
 REFUSED="^iwarp-bench: connect to [^ ]+: (I/O error: )?connection refused"
 
-# stop PID: ends background job PID (SIGTERM, SIGKILL after 5 s) and reaps it.
-stop() {
-  kill "$1" 2>/dev/null || true
-  local tenths=50
-  while kill -0 "$1" 2>/dev/null && [ "$tenths" -gt 0 ]; do
-    sleep 0.1
-    tenths=$((tenths - 1))
-  done
-  kill -9 "$1" 2>/dev/null || true
-  wait "$1" 2>/dev/null || true
-}
-
-# wait_bounded PID SECONDS: the exit status of background job PID, waiting at most SECONDS for
-# it; 124 after stopping it when it is still running then.
-wait_bounded() {
-  local pid=$1 tenths=$(($2 * 10)) rc=0
-  while kill -0 "$pid" 2>/dev/null && [ "$tenths" -gt 0 ]; do
-    sleep 0.1
-    tenths=$((tenths - 1))
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    stop "$pid"
-    return 124
-  fi
-  wait "$pid" || rc=$?
-  return "$rc"
-}
+# stop PID, wait_bounded PID SECONDS.
+source scripts/lib/jobs.sh
 
 # run_pair TEST SERVER_PREFIX CLIENT_PREFIX SERVER_ARGS CLIENT_ARGS ADDR -- common args
 # Returns 0 when both sides succeeded, NOT_POSSIBLE when the AF_XDP engine could not start on

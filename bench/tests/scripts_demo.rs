@@ -47,7 +47,7 @@ if [ "$side" = server ]; then
   case $mode in
     noengine) echo "iwarp-bench: starting the AF_XDP engine on iwa0: stub: no XDP here" >&2; exit 1 ;;
     mismatch|rejected) echo "iwarp-bench: $test server listening (stub)" >&2; exec sleep 60 ;;
-    *) echo "iwarp-bench: $test server listening (stub)" >&2; sleep 1; exit 0 ;;
+    *) echo "iwarp-bench: $test server listening (stub)" >&2; sleep 3; exit 0 ;;
   esac
 fi
 case $mode in
