@@ -135,16 +135,17 @@ fn raw_tx_to_raw_rx_moves_n_frames() {
     }
 }
 
-/// `raw pingpong`: responder in iwa, initiator in iwb; every iteration gets its echo and the
-/// latency summary is in perftest's vocabulary.
-#[test]
-fn raw_pingpong_runs() {
-    let _bed = bed_or_skip!();
+/// `raw pingpong` of `count` measured iterations after `warmup`, frames of `size` octets, on
+/// `port`: the responder in iwa, the initiator in iwb (killed after `limit`). Checks that both
+/// succeed, the responder answered every frame and the initiator lost none; the initiator's
+/// JSON report.
+fn pingpong(port: &str, count: u64, warmup: u64, size: u64, limit: Duration) -> serde_json::Value {
+    let (count_s, warmup_s, size_s) = (count.to_string(), warmup.to_string(), size.to_string());
     let pong = receiver(raw_in(
         "iwa",
         &[
-            "pingpong", "--iface", "iwa0", "--count", "300", "--warmup", "20", "--port", "18620",
-            "--quiet",
+            "pingpong", "--iface", "iwa0", "--count", &count_s, "--warmup", &warmup_s, "--port",
+            port, "--quiet",
         ],
     ));
     let ping = raw_in(
@@ -156,31 +157,41 @@ fn raw_pingpong_runs() {
             "--dst-ip",
             "10.77.0.1",
             "--count",
-            "300",
+            &count_s,
             "--warmup",
-            "20",
+            &warmup_s,
             "--port",
-            "18620",
+            port,
             "--size",
-            "128",
+            &size_s,
             "--json",
             "--quiet",
         ],
     )
-    .output_within(RUN_LIMIT)
+    .output_within(limit)
     .expect("run pingpong initiator");
     let (pong_out, pong_err) = pong.finish(Duration::from_secs(60));
     assert!(
         ping.status.success(),
-        "initiator failed: {}",
+        "initiator failed: {}\nresponder: {pong_err}",
         String::from_utf8_lossy(&ping.stderr)
     );
     assert!(pong_out.status.success(), "responder failed: {pong_err}");
-    assert!(pong_err.contains("answered 320 frames"), "{pong_err}");
+    let answered = format!("answered {} frames", count + warmup);
+    assert!(pong_err.contains(&answered), "{pong_err}");
     let v = json(&ping, "raw pingpong");
-    assert_eq!(v["iterations"], 300, "{v}");
+    assert_eq!(v["iterations"], count, "{v}");
     assert_eq!(v["lost"], 0, "{v}");
-    assert_eq!(v["bytes"], 128, "{v}");
+    assert_eq!(v["bytes"], size, "{v}");
+    v
+}
+
+/// `raw pingpong`: responder in iwa, initiator in iwb; every iteration gets its echo and the
+/// latency summary is in perftest's vocabulary.
+#[test]
+fn raw_pingpong_runs() {
+    let _bed = bed_or_skip!();
+    let v = pingpong("18620", 300, 20, 128, RUN_LIMIT);
     let (min, med, p99) = (
         v["t_min_us"].as_f64().unwrap(),
         v["t_typical_us"].as_f64().unwrap(),
@@ -198,47 +209,7 @@ fn raw_pingpong_runs() {
 fn raw_pingpong_at_jumbo_mtu() {
     let bed = bed_or_skip!();
     bed.set_mtu(9000).expect("MTU 9000 on the bed");
-    let pong = receiver(raw_in(
-        "iwa",
-        &[
-            "pingpong", "--iface", "iwa0", "--count", "20", "--warmup", "0", "--port", "18630",
-            "--quiet",
-        ],
-    ));
-    let ping = raw_in(
-        "iwb",
-        &[
-            "pingpong",
-            "--iface",
-            "iwb0",
-            "--dst-ip",
-            "10.77.0.1",
-            "--count",
-            "20",
-            "--warmup",
-            "0",
-            "--port",
-            "18630",
-            "--size",
-            "8000",
-            "--json",
-            "--quiet",
-        ],
-    )
-    .output_within(Duration::from_secs(15))
-    .expect("run pingpong initiator");
-    let (pong_out, pong_err) = pong.finish(Duration::from_secs(60));
-    assert!(
-        ping.status.success(),
-        "initiator failed: {}\nresponder: {pong_err}",
-        String::from_utf8_lossy(&ping.stderr)
-    );
-    assert!(pong_out.status.success(), "responder failed: {pong_err}");
-    assert!(pong_err.contains("answered 20 frames"), "{pong_err}");
-    let v = json(&ping, "raw pingpong");
-    assert_eq!(v["iterations"], 20, "{v}");
-    assert_eq!(v["lost"], 0, "{v}");
-    assert_eq!(v["bytes"], 8000, "{v}");
+    let v = pingpong("18630", 20, 0, 8000, Duration::from_secs(15));
     println!("pingpong at MTU 9000: {v}");
 }
 

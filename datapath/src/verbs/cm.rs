@@ -783,18 +783,7 @@ impl ConnectRequest {
             if let Some(srq) = &self.params.srq {
                 srq.check_pd(pd.id)?;
             }
-            match &self.info {
-                Some(request) => {
-                    mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?
-                }
-                None if !private_data.is_empty() => {
-                    return Err(DatapathError::InvalidArgument(
-                        "IFT framing carries no private data",
-                    ));
-                }
-                None => {}
-            }
-            Ok(())
+            self.check_private_data(private_data)
         });
         if let Err(e) = refused {
             // Depths or IRD/ORD out of bounds (set on the request, or the listener's),
@@ -832,9 +821,16 @@ impl ConnectRequest {
     /// `accept` and `connect` refuse it).
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), DatapathError> {
         // Checked before the request is spent: refused, the drop rejects it bare.
+        self.check_private_data(private_data)?;
+        self.take_inner()?.reject(private_data, &self.params)
+    }
+
+    /// Private data the answer (Reply) can carry: at most 512 octets with MPA (508 with RFC
+    /// 6581's block, when the Request had one), none with IFT framing.
+    fn check_private_data(&self, private_data: &[u8]) -> Result<(), DatapathError> {
         match &self.info {
             Some(request) => {
-                mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?
+                mpa::check_private_data_to_send(private_data, request.enhanced.is_some())?;
             }
             None if !private_data.is_empty() => {
                 return Err(DatapathError::InvalidArgument(
@@ -843,7 +839,7 @@ impl ConnectRequest {
             }
             None => {}
         }
-        self.take_inner()?.reject(private_data, &self.params)
+        Ok(())
     }
 }
 
