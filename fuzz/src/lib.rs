@@ -1190,15 +1190,7 @@ impl PeerHeader {
     pub fn read(input: &mut Input, mode: u8, tcp: &Connection) -> PeerHeader {
         let odd_flags = mode & 0xE0 == 0xE0;
         let flags = if odd_flags {
-            let f = input.u8();
-            TcpFlags {
-                fin: f & 1 != 0,
-                syn: f & 2 != 0,
-                rst: f & 4 != 0,
-                psh: f & 8 != 0,
-                ack: f & 16 != 0,
-                urg: f & 32 != 0,
-            }
+            TcpFlags::from_byte(input.u8())
         } else {
             TcpFlags {
                 ack: true,

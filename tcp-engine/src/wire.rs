@@ -78,6 +78,19 @@ pub struct TcpFlags {
 }
 
 impl TcpFlags {
+    /// The flags of a control bits octet (RFC 9293 3.1, the header's 14th octet: URG, ACK,
+    /// PSH, RST, SYN, FIN in its lower six bits; the upper two, ECE and CWR, are not kept).
+    pub fn from_byte(bits: u8) -> TcpFlags {
+        TcpFlags {
+            fin: bits & 0x01 != 0,
+            syn: bits & 0x02 != 0,
+            rst: bits & 0x04 != 0,
+            psh: bits & 0x08 != 0,
+            ack: bits & 0x10 != 0,
+            urg: bits & 0x20 != 0,
+        }
+    }
+
     fn to_byte(self) -> u8 {
         (self.fin as u8)
             | (self.syn as u8) << 1
@@ -1036,6 +1049,17 @@ impl FourTuple {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn flags_from_their_octet_and_back() {
+        for bits in 0..64u8 {
+            assert_eq!(TcpFlags::from_byte(bits).to_byte(), bits);
+        }
+        assert_eq!(
+            TcpFlags::from_byte(0xC2),
+            TcpFlags::from_byte(0x02),
+            "ECE, CWR not kept"
+        );
+    }
 
     /// draft-csapuntz-tcprdma-00: the RDMA option among the SYN's options, 4-octet aligned
     /// (3.1.8), read back; only the first of several is read (3.3); a malformed one is noted

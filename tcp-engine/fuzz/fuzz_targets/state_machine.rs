@@ -31,7 +31,7 @@ use tcp_engine::{
     Config, Connection, Event, FourTuple, Instant, IsnGenerator, RdmaPlaced, SegmentRepr, TakeBack,
     TxMode,
 };
-use tcp_engine_fuzz::{flags_of, for_each_transmitted, from_remote, Input};
+use tcp_engine_fuzz::{for_each_transmitted, from_remote, Input};
 
 /// The octet the peer sends at sequence number `seq`.
 fn octet_at(seq: u32) -> u8 {
@@ -226,7 +226,7 @@ fuzz_target!(|data: &[u8]| {
                     &t,
                     seq,
                     conn.snd_nxt().wrapping_add(ack_off as u32),
-                    flags_of(flags),
+                    TcpFlags::from_byte(flags),
                     window,
                     options,
                     &payload[..len],

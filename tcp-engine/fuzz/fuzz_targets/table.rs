@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tcp_engine::table::ConnectionTable;
-use tcp_engine::wire::TcpOptions;
+use tcp_engine::wire::{TcpFlags, TcpOptions};
 use tcp_engine::{Config, FourTuple, Instant};
-use tcp_engine_fuzz::{flags_of, for_each_transmitted, from_remote, Input};
+use tcp_engine_fuzz::{for_each_transmitted, from_remote, Input};
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const PORT: u16 = 5000;
@@ -82,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
                 let pick = input.u8() % 16;
                 let t = tuple(pick);
                 let mode = input.u8();
-                let flags = flags_of(input.u8());
+                let flags = TcpFlags::from_byte(input.u8());
                 let len = usize::from(input.u16()) % (payload.len() + 1);
                 let (free_seq, free_ack) = (input.u32(), input.u32());
                 let (seq, ack) = match mode % 4 {

@@ -34,19 +34,6 @@ impl Input<'_> {
 use tcp_engine::wire::{TcpFlags, TcpOptions};
 use tcp_engine::{FourTuple, SegmentRepr};
 
-/// TCP flags from the low six bits of `bits`, in the header's order (RFC 9293 3.1): FIN, SYN,
-/// RST, PSH, ACK, URG.
-pub fn flags_of(bits: u8) -> TcpFlags {
-    TcpFlags {
-        fin: bits & 0x01 != 0,
-        syn: bits & 0x02 != 0,
-        rst: bits & 0x04 != 0,
-        psh: bits & 0x08 != 0,
-        ack: bits & 0x10 != 0,
-        urg: bits & 0x20 != 0,
-    }
-}
-
 /// What the remote end of `t` sends to its local end (the side under test).
 pub fn from_remote<'a>(
     t: &FourTuple,
