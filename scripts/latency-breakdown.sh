@@ -50,7 +50,12 @@ RAW_FRAME=$((SIZE + 54 > 64 ? SIZE + 54 : 64))
 ip netns exec iwa taskset -c 0 "$BIN" raw pingpong --iface iwa0 --count "$N" --mode driver \
   --port $((PORT + 1)) --quiet >/dev/null 2>"$out/raw-server.err" &
 srv=$!
-sleep 0.5
+# The initiator once the responder is ready (at most 10 s).
+for _ in $(seq 1 200); do
+  grep -q "^raw pingpong: responder ready on" "$out/raw-server.err" && break
+  kill -0 "$srv" 2>/dev/null || break
+  sleep 0.05
+done
 ip netns exec iwb taskset -c 1 "$BIN" raw pingpong --iface iwb0 --dst-ip 10.77.0.1 \
   --size "$RAW_FRAME" --count "$N" --mode driver --port $((PORT + 1)) --quiet --json \
   >"$out/raw.json" 2>"$out/raw-client.err" || echo "latency-breakdown: raw ping-pong failed" >&2

@@ -79,6 +79,8 @@ pub enum DatapathError {
     },
     /// The receive queue is full (`ibv_post_recv`'s `ENOMEM`): `depth` receives
     /// ([`crate::ConnectParams::rq_depth`]) are posted and not yet used. Nothing was queued.
+    /// (A queue pair made without a receive queue, `rq_depth` 0, refuses receives with
+    /// [`DatapathError::InvalidArgument`] instead: there is nothing to wait for.)
     #[error("receive queue full ({depth} receives posted)")]
     RecvQueueFull {
         /// The queue's depth.

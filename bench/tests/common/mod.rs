@@ -414,7 +414,11 @@ impl Tool {
     pub fn finish(self, timeout: Duration) -> (Output, String) {
         let out = wait_with_timeout(self.child, timeout);
         let mut err = self.seen;
-        while let Ok(line) = self.stderr.recv_timeout(Duration::from_secs(2)) {
+        let until = Instant::now() + Duration::from_secs(2);
+        while let Ok(line) = self
+            .stderr
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
             err.push(line);
         }
         (out, err.join("\n"))

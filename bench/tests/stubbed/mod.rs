@@ -111,12 +111,12 @@ pub fn run_script(
     let deadline = Instant::now() + SCRIPT_LIMIT;
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
-            break s;
+            break Some(s);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("scripts/{name} still running after {SCRIPT_LIMIT:?}");
+            break None;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -129,6 +129,10 @@ pub fn run_script(
     for pid in &live_servers {
         let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
     }
+    // After the stub servers are gone (they would hold the beds' lock).
+    let Some(status) = status else {
+        panic!("scripts/{name} still running after {SCRIPT_LIMIT:?} (killed)");
+    };
     // A stub server left running held the pipes open: read once they are gone.
     let (stdout, stderr) = (drained(&out), drained(&err));
     ScriptRun {

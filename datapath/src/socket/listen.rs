@@ -713,7 +713,8 @@ impl Waiting {
 
 /// Requests a dropped listener had handed out keep their accept deadline, as the AF_XDP
 /// engine's do (and siw's, whose MPA timer is the connection's, not the listener's): a thread
-/// of their own closes those still unanswered at it, and ends with the last deadline. Without
+/// of their own closes those still unanswered at it, and ends with the last deadline, or once
+/// the application holds none of them (answered or dropped). Without
 /// it, a request held by an application that never answers it would keep its connection and
 /// descriptor for good, its peer waiting for its own timeout.
 fn close_unanswered_later(waiting: VecDeque<Waiting>, record: Arc<ListenRecord>) {
@@ -727,10 +728,20 @@ fn close_unanswered_later(waiting: VecDeque<Waiting>, record: Arc<ListenRecord>)
     let spawned = std::thread::Builder::new()
         .name("iwarp-listen-end".into())
         .spawn(move || {
-            // In deadline order (one accept timeout for all).
-            for w in waiting {
-                std::thread::sleep(w.deadline.saturating_duration_since(Instant::now()));
-                w.close_if_unanswered(&record);
+            // In deadline order (one accept timeout for all). Looks every 100 ms whether the
+            // application still holds any (an answered or dropped request lets go of its
+            // connection): none held, the thread ends before the deadlines.
+            let mut waiting = waiting;
+            while let Some(first) = waiting.front() {
+                if waiting.iter().all(|w| w.stream.strong_count() == 0) {
+                    break;
+                }
+                let now = Instant::now();
+                if first.deadline > now {
+                    std::thread::sleep((first.deadline - now).min(Duration::from_millis(100)));
+                } else if let Some(w) = waiting.pop_front() {
+                    w.close_if_unanswered(&record);
+                }
             }
         });
     if let Err(e) = spawned {
