@@ -6,7 +6,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -610,11 +610,18 @@ impl PinnedBuffer {
     }
 
     /// Copies `src` to `offset`; bytes that would fall past the end are dropped.
+    ///
+    /// The last octet copied becomes visible to other threads after all the others: a
+    /// thread that sees it (through [`PinnedBuffer::read_volatile`]) sees the whole write.
+    /// This is the ordering perftest's latency tests, and applications that poll a message's
+    /// last octet, rely on from RDMA NICs. (memmove alone may store a copy's first octets
+    /// last; Intel SDM vol. 3A 9.2.4 likewise has order-dependent code store a discrete
+    /// flag after a fast-string copy.)
     pub fn write_at(&self, offset: usize, src: &[u8]) {
         let n = self.clamp(offset, src.len());
-        if n == 0 {
+        let Some(body) = n.checked_sub(1) else {
             return;
-        }
+        };
         // SAFETY: `offset + n <= self.len` (clamped above), so the destination range lies inside
         // our allocation; `src` is a valid slice of at least `n` bytes. It may not alias these
         // bytes (a reference into this buffer comes only from the `unsafe` accessors and from
@@ -622,24 +629,34 @@ impl PinnedBuffer {
         // bytes behind it meanwhile); `copy` (memmove) keeps a broken promise from turning an
         // overlap into a wrong copy.
         unsafe {
-            std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), n);
+            std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), body);
         }
+        // SAFETY: `offset + body < self.len`, inside our allocation; a byte needs no
+        // alignment. Other threads may access the byte meanwhile (the application polling it,
+        // another connection's write): as with memory a NIC writes by DMA (see `atomic_at`).
+        let last = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset + body)) };
+        // Release: the copy above is visible before this store is.
+        last.store(src[body], Ordering::Release);
+        // And all of it before whatever the caller stores next (a completion).
         fence(Ordering::Release);
     }
 
-    /// Reads one byte with volatile semantics, for polling memory that a remote peer writes
-    /// (perftest's latency tests wait for the last byte of a message this way). The engine
-    /// thread may be writing the byte meanwhile: as with memory a NIC writes by DMA, the value
-    /// is one the byte held, and the bytes before it are not ordered by this read (a
-    /// message's completion orders them).
+    /// Reads one byte for polling memory that a remote peer writes (perftest's latency tests
+    /// wait for the last byte of a message this way). The engine thread may be writing the
+    /// byte meanwhile: as with memory a NIC writes by DMA, the value is one the byte held. A
+    /// byte that was the last of a write (a placed segment's last octet) is read with
+    /// Acquire: the rest of that write is visible once it is (see
+    /// [`PinnedBuffer::write_at`]). Segments placed out of order (the engine after a loss)
+    /// can show a message's last octet before an earlier segment: only the message's
+    /// completion orders those.
     pub fn read_volatile(&self, offset: usize) -> Option<u8> {
         if offset >= self.len {
             return None;
         }
-        // SAFETY: `offset < self.len`, inside our allocation; u8 has no alignment requirement.
-        let v = unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(offset)) };
-        fence(Ordering::Acquire);
-        Some(v)
+        // SAFETY: `offset < self.len`, inside our allocation; a byte needs no alignment.
+        // Written concurrently as `write_at` says.
+        let byte = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset)) };
+        Some(byte.load(Ordering::Acquire))
     }
 }
 
@@ -1415,6 +1432,72 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         engine.join().expect("the transport thread");
+    }
+
+    /// perftest's latency tests (and applications like them) poll a message's last octet and
+    /// then use the whole message: a write's last octet must not show before the rest. memmove
+    /// may store a copy's first octets after its last ones (glibc's vector copies load the
+    /// head first and store it last in one of their two directions), so without the ordering
+    /// the head read here is now and then the previous message's. The rounds alternate
+    /// between a source in a heap chunk and one in its own mapping, on either side of the
+    /// destination, so that both directions are taken wherever the allocator puts them.
+    #[test]
+    fn a_write_is_whole_once_its_last_octet_shows() {
+        const LEN: usize = 1024;
+        const ROUNDS: u32 = 300_000;
+        let mut sources = [vec![0u8; LEN + 8], vec![0u8; 1 << 20]];
+        let b = PinnedBuffer::new(LEN).unwrap();
+        let acked = AtomicU32::new(0);
+        let torn = AtomicU32::new(0);
+        let give_up = Instant::now() + Duration::from_secs(20);
+        // A spin that yields now and then (the two threads may share a core) and ends at
+        // `give_up` (false then).
+        let spin_until = |done: &dyn Fn() -> bool| {
+            let mut spins = 0u32;
+            while !done() {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024) {
+                    if Instant::now() > give_up {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+            }
+            true
+        };
+        let stamp = |k: u32| (k % 255 + 1) as u8;
+        let rounds = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut head = [0u8; 64];
+                for k in 1..=ROUNDS {
+                    if !spin_until(&|| b.read_volatile(LEN - 1) == Some(stamp(k))) {
+                        return;
+                    }
+                    b.read_at(0, &mut head);
+                    if head.iter().any(|&x| x != stamp(k)) {
+                        torn.fetch_add(1, Ordering::Relaxed);
+                    }
+                    acked.store(k, Ordering::Release);
+                }
+            });
+            for k in 1..=ROUNDS {
+                // Unaligned, as a payload behind its headers is.
+                let msg = &mut sources[k as usize % 2][5..5 + LEN];
+                msg.fill(stamp(k));
+                b.write_at(0, msg);
+                if !spin_until(&|| acked.load(Ordering::Acquire) >= k) {
+                    return k - 1;
+                }
+            }
+            ROUNDS
+        });
+        assert!(rounds > 0, "the poller never saw a write");
+        assert_eq!(
+            torn.load(Ordering::Relaxed),
+            0,
+            "of {rounds} writes, these showed their last octet before their first"
+        );
     }
 
     #[test]
