@@ -493,8 +493,8 @@ impl PinnedBuffer {
 
     /// [`PinnedBuffer::read_at`] that also continues the CRC32c register `crc_state` over the
     /// copied octets in the same pass (the crate's one-pass copy + CRC routine): the CRC covers
-    /// exactly what was written to `dst`, and `dst` is never read back. Octets of `dst` past the end of the
-    /// buffer are left untouched and, as with the two-pass default of
+    /// exactly what was written to `dst`, and `dst` is never read back. Octets of `dst` past the
+    /// end of the buffer are left untouched and, as with the two-pass default of
     /// `RegionBuffer::read_at_crc`, go into the CRC as they are.
     pub fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
         let n = self.clamp(offset, dst.len());

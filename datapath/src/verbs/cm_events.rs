@@ -154,8 +154,9 @@ pub struct CmEventChannel {
 }
 
 impl CmEventChannel {
-    /// A new channel, backed by an eventfd that is blocking, as verbs' descriptors are (an application may
-    /// make it non-blocking with `fcntl`; [`Self::get_event`] never waits either way).
+    /// A new channel, backed by an eventfd that is blocking, as verbs' descriptors are (an
+    /// application may make it non-blocking with `fcntl`; [`Self::get_event`] never waits either
+    /// way).
     pub fn new() -> Result<Self, DatapathError> {
         Ok(Self {
             queue: Arc::new(EventQueue::with_before_drop(Some(close_untaken_together))?),

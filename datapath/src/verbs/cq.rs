@@ -545,8 +545,9 @@ pub struct CompletionChannel {
 }
 
 impl CompletionChannel {
-    /// A new channel (`ibv_create_comp_channel`), backed by an eventfd that is blocking, as verbs' descriptors are (an application may
-    /// make it non-blocking with `fcntl`; [`Self::get_event`] never waits either way).
+    /// A new channel (`ibv_create_comp_channel`), backed by an eventfd that is blocking, as verbs'
+    /// descriptors are (an application may make it non-blocking with `fcntl`; [`Self::get_event`]
+    /// never waits either way).
     pub fn new() -> Result<Self, DatapathError> {
         Ok(Self {
             inner: Arc::new(EventQueue::new()?),

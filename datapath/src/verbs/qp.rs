@@ -182,12 +182,12 @@ impl QueueAccount {
 }
 
 /// Posts the receives an application gave with its connect or accept
-/// ([`crate::Device::connect_with_recvs`], `ConnectRequest::accept_with_recvs`), before the
-/// queue pair can receive anything: iWARP has no receiver-not-ready retry, so a Send the peer
-/// sends at once must find them (RFC 5041 7.1). More than the receive queue's depth is
-/// `RecvQueueFull` (`InvalidArgument` for a queue pair without a receive queue); any with a shared receive queue attached is `InvalidWorkRequest`, as
-/// `post_recv` on such a queue pair; a receive the queue pair refuses otherwise (a region it
-/// cannot write) is `InvalidArgument`.
+/// ([`crate::Device::connect_with_recvs`], `ConnectRequest::accept_with_recvs`), before the queue
+/// pair can receive anything: iWARP has no receiver-not-ready retry, so a Send the peer sends at
+/// once must find them (RFC 5041 7.1). More than the receive queue's depth is `RecvQueueFull`
+/// (`InvalidArgument` for a queue pair without a receive queue); any with a shared receive queue
+/// attached is `InvalidWorkRequest`, as `post_recv` on such a queue pair; a receive the queue pair
+/// refuses otherwise (a region it cannot write) is `InvalidArgument`.
 pub(crate) fn post_initial_recvs<B: rdmap::memory::RegionBuffer>(
     qp: &mut rdmap::QueuePair,
     mem: &rdmap::MemoryTable<B>,
@@ -973,16 +973,16 @@ impl QueuePair {
         self.path.post_recv_list(wrs)
     }
 
-    /// Posts a receive buffer for incoming Sends. Fails, or completes, as
-    /// [`QueuePair::post_send`] says; a full receive queue
-    /// ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth) receives posted and not
-    /// yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose receives come from
-    /// a shared receive queue ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it
-    /// with [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the
-    /// shared queue instead), one without a receive queue (`rq_depth` 0) with
-    /// [`DatapathError::InvalidArgument`] (`EINVAL` too). A Send that reaches the transport after this returns finds the
-    /// receive in place, however the peer heard of it (both transports take queued work
-    /// requests before they place a connection's received data).
+    /// Posts a receive buffer for incoming Sends. Fails, or completes, as [`QueuePair::post_send`]
+    /// says; a full receive queue ([`ConnectParams::rq_depth`](crate::ConnectParams::rq_depth)
+    /// receives posted and not yet used) with [`DatapathError::RecvQueueFull`]; a queue pair whose
+    /// receives come from a shared receive queue
+    /// ([`ConnectParams::srq`](crate::ConnectParams::srq)) refuses it with
+    /// [`DatapathError::InvalidWorkRequest`] (`ibv_post_recv`'s `EINVAL`: post to the shared queue
+    /// instead), one without a receive queue (`rq_depth` 0) with [`DatapathError::InvalidArgument`]
+    /// (`EINVAL` too). A Send that reaches the transport after this returns finds the receive in
+    /// place, however the peer heard of it (both transports take queued work requests before they
+    /// place a connection's received data).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DatapathError> {
         self.path.post_recv(wr)
     }
@@ -1168,18 +1168,18 @@ impl QueuePair {
         }
     }
 
-    /// Moves the queue pair to Error at once (`ibv_modify_qp` to `IBV_QPS_ERR`): the TCP
-    /// connection is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with
-    /// [`QpError::PeerReset`]), every outstanding and queued work request completes with
-    /// [`WcStatus::WrFlushError`] (a Send or Write the peer has acknowledged whole may
-    /// complete successfully first), and later posts complete at once, flushed (a drain:
-    /// post a marker and wait for its completion). Unlike [`QueuePair::disconnect`], nothing waits for the peer: data it has not
-    /// acknowledged is dropped. Returns once the transport has finished with the queue pair
-    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a
-    /// transport thread, as below, it returns before: wait for `finished`). The abort
-    /// records no [`QpStatus::error`] of its own (the application ended the connection). On a
-    /// queue pair that has finished already (closed gracefully, say) it only moves the state
-    /// to Error, as verbs' does from any state, so that the drain works there too.
+    /// Moves the queue pair to Error at once (`ibv_modify_qp` to `IBV_QPS_ERR`): the TCP connection
+    /// is reset (RFC 9293 3.10.5 ABORT; the peer's queue pair ends with [`QpError::PeerReset`]),
+    /// every outstanding and queued work request completes with [`WcStatus::WrFlushError`] (a Send
+    /// or Write the peer has acknowledged whole may complete successfully first), and later posts
+    /// complete at once, flushed (a drain: post a marker and wait for its completion). Unlike
+    /// [`QueuePair::disconnect`], nothing waits for the peer: data it has not acknowledged is
+    /// dropped. Returns once the transport has finished with the queue pair
+    /// ([`QpStatus::finished`]), so that its memory may be deregistered or freed (on a transport
+    /// thread, as below, it returns before: wait for `finished`). The abort records no
+    /// [`QpStatus::error`] of its own (the application ended the connection). On a queue pair that
+    /// has finished already (closed gracefully, say) it only moves the state to Error, as verbs'
+    /// does from any state, so that the drain works there too.
     ///
     /// Waits up to 2 s for the transport (only one that does not answer at all takes longer:
     /// it returns then with [`QpStatus::finished`] false). Called on the connection's own
@@ -1223,9 +1223,9 @@ impl PostPath {
     /// Wakes the transport for what was queued. A failed wake-up is logged, not returned: the
     /// request is queued and the transport takes it all the same at its next look (the AF_XDP
     /// engine finds the posted flag set at its next turn: it sleeps at most
-    /// `XdpTcpConfig::max_wait`, parked for inline progress about 50 ms or its `park_max`;
-    /// the socket transport's thread looks at least once a second). An error would read as "not posted" (verbs has
-    /// no "posted, but" outcome), and the request would be posted twice.
+    /// `XdpTcpConfig::max_wait`, parked for inline progress about 50 ms or its `park_max`; the
+    /// socket transport's thread looks at least once a second). An error would read as "not posted"
+    /// (verbs has no "posted, but" outcome), and the request would be posted twice.
     fn wake(&self) {
         static LINES: LogRate = LogRate::new(1);
         if let Err(e) = self.waker.wake() {
