@@ -33,23 +33,33 @@ disk() {
 }
 disk "start"
 
-echo "== cargo fmt --check"
+# Each stage says what it took (CI's budget is well under 30 minutes in all).
+stage_name=""
+stage_began=$SECONDS
+stage() {
+  [ -z "$stage_name" ] || echo "time: $stage_name: $((SECONDS - stage_began)) s"
+  stage_name=$1
+  stage_began=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
+stage "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== module import cycles (every crate)"
+stage "module import cycles (every crate)"
 python3 scripts/check-module-cycles.py --self-test >/dev/null
 python3 scripts/check-module-cycles.py datapath rdmap iwarp-conn tcp-engine mpa ddp ift copy-crc bench testbed xdp-prog
 
-echo "== cargo clippy (all targets, -D warnings)"
+stage "cargo clippy (all targets, -D warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 disk "before cargo test"
-echo "== cargo test"
+stage "cargo test"
 # Tests that need root or the veth test bed fail instead of skipping when CI=true.
 mkdir -p target
 cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 # The latency probe (`datapath::probe`) is compiled in only with its feature.
-echo "== the latency probe (datapath --features latency-probe)"
+stage "the latency probe (datapath --features latency-probe)"
 cargo clippy -p datapath --lib --tests --features latency-probe --locked -- -D warnings
 cargo test -p datapath --lib --features latency-probe --locked probe:: 2>&1 |
   tee -a target/test-output.txt
@@ -75,7 +85,7 @@ if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   # Twelve targets at 15 s each (16 s with start-up) plus a cold build of both fuzz crates
   # (80 s idle, 112 s beside other builds): 3.9 to 4.5 minutes on CI's 2 cores. fuzz.sh prints
   # the total.
-  echo "== fuzz (every target, bounded; libFuzzer's log in target/fuzz-output.txt)"
+  stage "fuzz (every target, bounded; libFuzzer's log in target/fuzz-output.txt)"
   if ! FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/fuzz.sh >target/fuzz-output.txt 2>&1; then
     tail -40 target/fuzz-output.txt
     echo "fuzz: a target crashed or could not run (see above)"
@@ -89,7 +99,7 @@ fi
 
 if [ "${SKIP_SIW:-0}" != 1 ]; then
   disk "before siw"
-  echo "== siw interop (Linux siw in a QEMU guest)"
+  stage "siw interop (Linux siw in a QEMU guest)"
   scripts/siw-vm.sh test 2>&1 | tee target/siw-output.txt
   read -r sp sf < <(grep -E "^siw-vm: [0-9]+ passed, [0-9]+ failed" target/siw-output.txt | tail -1 |
     awk '{ print $2, $4 }')
@@ -99,6 +109,8 @@ else
   left_out SKIP_SIW "siw interop"
 fi
 
+stage ""
 disk "end"
+echo "time: all stages: $SECONDS s"
 echo "total: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
