@@ -646,9 +646,8 @@ impl PinnedBuffer {
     /// byte meanwhile: as with memory a NIC writes by DMA, the value is one the byte held. A
     /// byte that was the last of a write (a placed segment's last octet) is read with
     /// Acquire: the rest of that write is visible once it is (see
-    /// [`PinnedBuffer::write_at`]). Segments placed out of order (the engine after a loss)
-    /// can show a message's last octet before an earlier segment: only the message's
-    /// completion orders those.
+    /// [`PinnedBuffer::write_at`]); and a Write's last octet is placed after every segment
+    /// of the Write, even when they came out of order (`rdmap::PlacedEarly`).
     pub fn read_volatile(&self, offset: usize) -> Option<u8> {
         if offset >= self.len {
             return None;

@@ -884,3 +884,58 @@ fn a_corrupted_marker_before_an_fpdu_placed_early_fails_the_connection() {
         );
     }
 }
+
+/// A Write's last octet shows only once every octet before it has: the FPDU that ends the
+/// message, arriving first, is placed but for that octet, which the in-order pass writes
+/// when the FPDUs before it have come (an application polling the last octet, as perftest's
+/// latency tests do, sees the whole message then). An FPDU that does not end its message is
+/// placed whole.
+#[test]
+fn a_writes_last_octet_waits_for_the_octets_before_it() {
+    for (markers, crc) in [(false, true), (true, true), (true, false)] {
+        let what = format!("markers {markers}, crc {crc}");
+        let Receiver {
+            mut conn,
+            mem,
+            sink,
+            start,
+            ..
+        } = receiver(markers, crc);
+        let data: Vec<u8> = (0..6000).map(|i| (i % 251 + 1) as u8).collect();
+        let fpdus = write_fpdus(&data, sink, markers, crc, 1000);
+        assert!(fpdus.len() >= 6, "{what}");
+        let offsets: Vec<usize> = fpdus
+            .iter()
+            .scan(0, |at, f| {
+                let here = *at;
+                *at += f.len();
+                Some(here)
+            })
+            .collect();
+        let s = start as u64;
+        let (last, middle) = (fpdus.len() - 1, fpdus.len() - 2);
+        // The last FPDU, then the one before it, both ahead of the in-order point.
+        for i in [last, middle] {
+            pass_up(&mut conn, s + offsets[i] as u64, &fpdus[i], &mem);
+        }
+        assert_eq!(conn.counters().fpdus_placed_out_of_order, 2, "{what}");
+        let got = mem.get(sink).unwrap().to_vec();
+        assert_eq!(
+            got[data.len() - 1],
+            0,
+            "{what}: the last octet showed early"
+        );
+        let placed = got[..data.len() - 1].iter().filter(|&&b| b != 0).count();
+        assert!(
+            placed >= 1000 && got[data.len() - 2] == data[data.len() - 2],
+            "{what}: the rest of the two FPDUs is placed ({placed} octets)"
+        );
+        // The FPDUs before them, in order: the message is whole.
+        for i in 0..middle {
+            pass_up(&mut conn, s + offsets[i] as u64, &fpdus[i], &mem);
+        }
+        let got = mem.get(sink).unwrap().to_vec();
+        assert!(got[..data.len()] == data[..], "{what}");
+        assert_eq!(conn.counters().fpdus_rx, fpdus.len() as u64, "{what}");
+    }
+}

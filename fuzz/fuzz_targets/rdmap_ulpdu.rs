@@ -385,7 +385,7 @@ fn overlapping(writes: &[WriteRec]) -> bool {
 
 /// Processes `ulpdus` arriving in `arrival` order; returns whether any call failed.
 fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: bool) -> bool {
-    let mut placed = vec![false; ulpdus.len()];
+    let mut placed = vec![None; ulpdus.len()];
     let mut arrived = vec![false; ulpdus.len()];
     let mut next = 0;
     let mut failed = false;
@@ -397,7 +397,7 @@ fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: b
                 let frozen = b.qp.state() != QpState::Rts;
                 placed[i] = b.qp.place_early(&ulpdus[i].bytes, &b.mem);
                 b.check_writes(from, frozen);
-                if placed[i] {
+                if placed[i].is_some() {
                     assert!(!frozen, "placed early outside RTS");
                 }
             }
@@ -407,11 +407,12 @@ fn run(b: &mut Bed, ulpdus: &[Ulpdu], arrival: &[usize], mulpdu: usize, early: b
             let u = &ulpdus[next].bytes;
             let from = b.arena.write_count();
             let frozen = b.qp.state() != QpState::Rts;
-            let result = if placed[next] {
-                let h = header_len(u);
-                b.qp.on_placed_ulpdu(&u[..h], u.len() - h, &b.mem)
-            } else {
-                b.qp.on_ulpdu(u, &b.mem)
+            let result = match placed[next] {
+                Some(p) => {
+                    let h = header_len(u);
+                    b.qp.on_placed_ulpdu(&u[..h], u.len() - h, p, &b.mem)
+                }
+                None => b.qp.on_ulpdu(u, &b.mem),
             };
             b.check_writes(from, frozen);
             if result.is_err() {

@@ -75,7 +75,7 @@ use mpa::{
     Negotiated, RequestInfo, Responder,
 };
 use rdmap::QpConfig;
-use rdmap::{MemoryTable, QpState, QueuePair, RegionBuffer, TerminateCause};
+use rdmap::{MemoryTable, PlacedEarly, QpState, QueuePair, RegionBuffer, TerminateCause};
 use tcp_engine::{
     Connection as TcpConnection, Event as TcpEvent, Instant, PassedUp, SendError,
     State as TcpState, TakeBack, TxMode, TxSource, TxSourceError,
@@ -385,6 +385,8 @@ struct PlacedFpdu {
     header: [u8; UNTAGGED_HEADER_LEN],
     header_len: u8,
     payload_len: u32,
+    /// What `place_early` left for the in-order pass (a message's last octet).
+    early: PlacedEarly,
     /// Where its payload went (for IFT's overlap check, section 8.2).
     target: Option<PlacementTarget>,
 }
@@ -1739,9 +1741,12 @@ impl IwarpConn {
                     return;
                 }
                 let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
-                if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                if ulpdu.len() < header_len {
                     return;
                 }
+                let Some(early) = qp.place_early(ulpdu, mem) else {
+                    return;
+                };
                 let start = fpdu_start(rx_start, span.start, markers, cursor);
                 let end = rx_start + span.end;
                 // Bytes between the previous placed FPDU and this one stay for the in-order pass.
@@ -1752,7 +1757,7 @@ impl IwarpConn {
                 }
                 counters.held_total += gap.len() as u64;
                 let (header, payload) = ulpdu.split_at(header_len);
-                record_placed(placed, counters, (start, end), header, payload.len());
+                record_placed(placed, counters, (start, end), header, payload.len(), early);
                 first_placed.get_or_insert(start);
                 cursor = end;
             },
@@ -1854,9 +1859,12 @@ impl IwarpConn {
                     return;
                 }
                 let header_len = DdpSegment::new_unchecked(ulpdu).header_len();
-                if ulpdu.len() < header_len || !qp.place_early(ulpdu, mem) {
+                if ulpdu.len() < header_len {
                     return;
                 }
+                let Some(early) = qp.place_early(ulpdu, mem) else {
+                    return;
+                };
                 let fpdu_start = fpdu_start(rx_start, span.start, markers, cursor);
                 let fpdu_end = rx_start + span.end;
                 let (header, payload) = ulpdu.split_at(header_len);
@@ -1866,6 +1874,7 @@ impl IwarpConn {
                     (fpdu_start, fpdu_end),
                     header,
                     payload.len(),
+                    early,
                 );
                 found.push((fpdu_start, fpdu_end));
                 cursor = fpdu_end;
@@ -1972,10 +1981,12 @@ impl IwarpConn {
                                     if placed_at.is_some()
                                         || span.end != fpdu_end - rx_start
                                         || ulpdu.len() < header_len
-                                        || !qp.place_early(ulpdu, mem)
                                     {
                                         return;
                                     }
+                                    let Some(early) = qp.place_early(ulpdu, mem) else {
+                                        return;
+                                    };
                                     let s = fpdu_start(rx_start, span.start, markers, start);
                                     let (header, payload) = ulpdu.split_at(header_len);
                                     record_placed(
@@ -1984,6 +1995,7 @@ impl IwarpConn {
                                         (s, fpdu_end),
                                         header,
                                         payload.len(),
+                                        early,
                                     );
                                     placed_at = Some(s);
                                 },
@@ -2355,12 +2367,13 @@ impl IwarpConn {
             if !fresh {
                 self.counters.ift_speculation_refused += 1;
             }
-            let placed = fresh
-                && self.placed.len() < MAX_UNCONFIRMED
-                && self
-                    .qp
-                    .place_segment_early(frame.ddp_header, frame.payload, mem);
-            if placed {
+            let placed = if fresh && self.placed.len() < MAX_UNCONFIRMED {
+                self.qp
+                    .place_segment_early(frame.ddp_header, frame.payload, mem)
+            } else {
+                None
+            };
+            if let Some(early) = placed {
                 if let (Phase::IftFull(full), Some(t)) = (&mut self.phase, &target) {
                     full.written.record(t, false);
                 }
@@ -2379,6 +2392,7 @@ impl IwarpConn {
                     span,
                     frame.ddp_header,
                     frame.payload.len(),
+                    early,
                 );
                 held_from = at + len;
             }
@@ -2472,7 +2486,9 @@ impl IwarpConn {
             self.counters.fpdus_rx += 1;
             self.counters.ift_speculation_confirmed += 1;
             let header = &p.header[..usize::from(p.header_len)];
-            let _ = self.qp.on_placed_ulpdu(header, p.payload_len as usize, mem);
+            let _ = self
+                .qp
+                .on_placed_ulpdu(header, p.payload_len as usize, p.early, mem);
             return;
         }
         let Phase::Full(full) = &mut self.phase else {
@@ -2499,7 +2515,9 @@ impl IwarpConn {
         self.consumed = p.end;
         self.counters.fpdus_rx += 1;
         let header = &p.header[..usize::from(p.header_len)];
-        let _ = self.qp.on_placed_ulpdu(header, p.payload_len as usize, mem);
+        let _ = self
+            .qp
+            .on_placed_ulpdu(header, p.payload_len as usize, p.early, mem);
     }
 
     // ------------------------------------------------------------------------------------
@@ -3174,6 +3192,7 @@ fn record_placed(
     (start, end): (u64, u64),
     ddp_header: &[u8],
     payload_len: usize,
+    early: PlacedEarly,
 ) {
     let header_len = ddp_header.len().min(UNTAGGED_HEADER_LEN);
     let mut header = [0u8; UNTAGGED_HEADER_LEN];
@@ -3188,6 +3207,7 @@ fn record_placed(
             header,
             header_len: header_len as u8,
             payload_len,
+            early,
             target: PlacementTarget::of(&ddp_header[..header_len], payload_len as usize),
         },
     );

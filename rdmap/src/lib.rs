@@ -56,9 +56,9 @@ pub use memory::{
     StreamMember, TableVersion, VecBuffer,
 };
 pub use qp::{
-    AtomicOp, InlineSendWr, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp, SendWr, Sge,
-    SgeList, TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode, WcStatus,
-    WorkCompletion, MAX_SGE,
+    AtomicOp, InlineSendWr, PlacedEarly, QpConfig, QueuePair, RecvSource, RecvWr, RtrKind, SendOp,
+    SendWr, Sge, SgeList, TerminateInfo, TxCompletion, TxPayload, TxSegment, TxUlpdu, WcOpcode,
+    WcStatus, WorkCompletion, MAX_SGE,
 };
 pub use types::{AccessViolation, QpState, Stag};
 pub use wire::{Opcode, ReadRequest, TerminateHeader};

@@ -143,11 +143,11 @@ pub trait RegionBuffer {
     }
 
     /// Copies `src` into the region starting at `offset`. Placement writes each segment's
-    /// payload with one call, in the stream's order unless it places early
-    /// ([`QueuePair::place_early`](crate::QueuePair::place_early)): an implementation whose
-    /// bytes another thread polls makes `src`'s last octet visible after the rest (as a NIC's
-    /// in-order DMA does, which perftest's latency tests rely on; datapath's `PinnedBuffer`
-    /// does).
+    /// payload with one call (a message's last octet, placed early, with a call of its own
+    /// after the rest of the message: [`PlacedEarly`](crate::PlacedEarly)): an implementation
+    /// whose bytes another thread polls makes `src`'s last octet visible after the rest (as
+    /// a NIC's in-order DMA does, which perftest's latency tests rely on; datapath's
+    /// `PinnedBuffer` does).
     fn write_at(&self, offset: usize, src: &[u8]);
 
     /// A hint that `[offset, offset + len)` will soon be read (a transmitter asks for the

@@ -2594,9 +2594,10 @@ impl QueuePair {
 
     /// Places the payload of a ULPDU that arrived ahead of the in-order point (RFC 5041
     /// 5.3: placement may happen in any order; delivery happens in order), without any
-    /// other effect. Returns `true` when the payload is now in its final place; the caller
-    /// keeps only the ULPDU's header and calls [`on_placed_ulpdu`](Self::on_placed_ulpdu)
-    /// when the stream reaches it. Returns `false` when it cannot be placed early (Read
+    /// other effect. Returns what was placed ([`PlacedEarly`]) when the payload is now in its
+    /// final place (but for a held last octet); the caller keeps only the ULPDU's header and
+    /// that, and calls [`on_placed_ulpdu`](Self::on_placed_ulpdu) when the stream reaches it.
+    /// Returns `None` when it cannot be placed early (Read
     /// Requests and Terminates are acted on only in order, zero-length or malformed
     /// segments, a segment that fails a check, a Send beyond the posted receives): the
     /// caller keeps the whole ULPDU and hands it to [`on_ulpdu`](Self::on_ulpdu) in order,
@@ -2604,10 +2605,12 @@ impl QueuePair {
     ///
     /// Early placement only writes where the in-order check will also allow: a region of
     /// this PD with the needed access, the sink of an outstanding Read, a posted receive.
-    pub fn place_early<B: RegionBuffer>(&self, ulpdu: &[u8], mem: &MemoryTable<B>) -> bool {
-        let Some((header, payload)) = split_ulpdu(ulpdu) else {
-            return false;
-        };
+    pub fn place_early<B: RegionBuffer>(
+        &self,
+        ulpdu: &[u8],
+        mem: &MemoryTable<B>,
+    ) -> Option<PlacedEarly> {
+        let (header, payload) = split_ulpdu(ulpdu)?;
         self.place_segment_early(header, payload, mem)
     }
 
@@ -2619,67 +2622,64 @@ impl QueuePair {
         ddp_header: &[u8],
         payload: &[u8],
         mem: &MemoryTable<B>,
-    ) -> bool {
+    ) -> Option<PlacedEarly> {
         if self.state != QpState::Rts {
-            return false;
+            return None;
         }
-        let Ok((header, rest)) = DdpHeader::parse(ddp_header) else {
-            return false;
-        };
+        let (header, rest) = DdpHeader::parse(ddp_header).ok()?;
         if !rest.is_empty() || payload.is_empty() {
-            return false;
+            return None;
         }
         let len = payload.len() as u64;
         match header {
             DdpHeader::Tagged(hdr) => {
-                let Ok(control) = RdmapControl::parse(hdr.rsvd_ulp) else {
-                    return false;
-                };
+                let control = RdmapControl::parse(hdr.rsvd_ulp).ok()?;
                 let stag = Stag(hdr.stag);
                 let access = match control.opcode {
                     Opcode::Write => Access::REMOTE_WRITE,
                     Opcode::ReadResponse => {
-                        let Some(end) = hdr.to.checked_add(len) else {
-                            return false;
-                        };
+                        let end = hdr.to.checked_add(len)?;
                         let inside_a_sink = self.outstanding_reads.iter().any(|r| {
                             r.sink_stag == hdr.stag
                                 && hdr.to >= r.sink_to
                                 && r.sink_to.checked_add(u64::from(r.size)) >= Some(end)
                         });
                         if !inside_a_sink {
-                            return false;
+                            return None;
                         }
                         Access::LOCAL_WRITE
                     }
-                    _ => return false,
+                    _ => return None,
                 };
-                match mem.validate(stag, self.cfg.pd, access, hdr.to, len) {
-                    Ok((buffer, offset)) => {
-                        buffer.write_at(offset, payload);
-                        true
-                    }
-                    Err(_) => false,
+                let (buffer, offset) = mem.validate(stag, self.cfg.pd, access, hdr.to, len).ok()?;
+                // The message's last octet waits for the in-order pass (`held_last`): it shows
+                // only after every octet before it, however the segments came.
+                let (body, held_last) = match payload.split_last() {
+                    Some((last, body)) if hdr.last => (body, Some(*last)),
+                    _ => (payload, None),
+                };
+                if !body.is_empty() {
+                    buffer.write_at(offset, body);
                 }
+                Some(PlacedEarly { held_last })
             }
             DdpHeader::Untagged(hdr) => {
                 if hdr.qn != queue::SEND {
-                    return false;
+                    return None;
                 }
                 match RdmapControl::parse(hdr.rsvd_ulp[0]) {
                     // Sends only: Immediate Data (QN 0 too) places nothing, it is processed in
                     // order; with the extensions off it is refused there.
                     Ok(c) if c.opcode.is_send() => {}
-                    _ => return false,
+                    _ => return None,
                 }
-                let Ok(placement) = self.rq.locate(&hdr, payload.len()) else {
-                    return false;
-                };
+                let placement = self.rq.locate(&hdr, payload.len()).ok()?;
                 let RecvSlot::User(wr) = &placement.cookie else {
-                    return false;
+                    return None;
                 };
                 let offset = u64::from(placement.offset);
                 self.scatter(&wr.sg_list, offset, len, Some(payload), mem)
+                    .then_some(PlacedEarly { held_last: None })
             }
         }
     }
@@ -2688,14 +2688,20 @@ impl QueuePair {
     /// already placed: `header` is the ULPDU's DDP header (its first 14 or 18 octets) and
     /// `payload_len` the length of the payload that followed it. Does everything
     /// [`on_ulpdu`](Self::on_ulpdu) does except copying the payload again: checks,
-    /// placement records, delivery, completions, Terminate on error.
+    /// placement records, delivery, completions, Terminate on error; and writes the last
+    /// octet `placed` held back, once the checks pass.
     pub fn on_placed_ulpdu<B: RegionBuffer>(
         &mut self,
         header: &[u8],
         payload_len: usize,
+        placed: PlacedEarly,
         mem: &MemoryTable<B>,
     ) -> Result<(), RdmapError> {
-        self.process(header, Payload::Placed(payload_len), mem)
+        let payload = Payload::Placed {
+            len: payload_len,
+            held_last: placed.held_last,
+        };
+        self.process(header, payload, mem)
     }
 
     fn process<B: RegionBuffer>(
@@ -2814,9 +2820,7 @@ impl QueuePair {
                 payload.len() as u64,
             )
             .map_err(|violation| RdmapError::SinkAccess { stag, violation })?;
-        if let Some(bytes) = payload.bytes() {
-            buffer.write_at(offset, bytes);
-        }
+        payload.write_rest(buffer, offset);
         Ok(())
     }
 
@@ -2858,11 +2862,7 @@ impl QueuePair {
                 return Err(self.read_sink_failure(read, sink_error(AccessViolation::BaseBounds)));
             }
             match mem.validate(stag, self.cfg.pd, Access::LOCAL_WRITE, hdr.to, len) {
-                Ok((buffer, offset)) => {
-                    if let Some(bytes) = payload.bytes() {
-                        buffer.write_at(offset, bytes);
-                    }
-                }
+                Ok((buffer, offset)) => payload.write_rest(buffer, offset),
                 Err(violation) => return Err(self.read_sink_failure(read, sink_error(violation))),
             }
         } else if hdr.last
@@ -3337,19 +3337,34 @@ impl QueuePair {
     }
 }
 
-/// The payload of a ULPDU being processed in order: its bytes, or only its length when
-/// [`QueuePair::place_early`] already put them in place.
+/// What [`QueuePair::place_early`] placed of a segment ahead of the in-order point, for
+/// [`QueuePair::on_placed_ulpdu`] when the stream reaches it.
+///
+/// A tagged segment that ends its message (DDP's Last flag, RFC 5041 4.2) is placed but
+/// for its last octet, which the in-order pass writes: a message's last octet thus shows
+/// only after all the rest of it (the segments before it are placed by then, early or in
+/// order), as an application polling it expects (perftest's latency tests, and NICs, which
+/// place in order; RFC 5041 5.3 leaves placement order open, so this is a choice, not a
+/// duty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedEarly {
+    /// The message's last octet, not yet written.
+    pub held_last: Option<u8>,
+}
+
+/// The payload of a ULPDU being processed in order: its bytes, or only its length (and a
+/// held last octet) when [`QueuePair::place_early`] already put them in place.
 #[derive(Debug, Clone, Copy)]
 enum Payload<'a> {
     Bytes(&'a [u8]),
-    Placed(usize),
+    Placed { len: usize, held_last: Option<u8> },
 }
 
 impl<'a> Payload<'a> {
     fn len(&self) -> usize {
         match self {
             Payload::Bytes(b) => b.len(),
-            Payload::Placed(n) => *n,
+            Payload::Placed { len, .. } => *len,
         }
     }
     fn is_empty(&self) -> bool {
@@ -3359,7 +3374,19 @@ impl<'a> Payload<'a> {
     fn bytes(&self) -> Option<&'a [u8]> {
         match self {
             Payload::Bytes(b) => Some(b),
-            Payload::Placed(_) => None,
+            Payload::Placed { .. } => None,
+        }
+    }
+    /// Writes what is not in place yet of a tagged segment's payload whose checks passed,
+    /// at `offset` of `buffer`: all of it, the held last octet, or nothing.
+    fn write_rest<B: RegionBuffer>(&self, buffer: &B, offset: usize) {
+        match *self {
+            Payload::Bytes(bytes) => buffer.write_at(offset, bytes),
+            Payload::Placed {
+                len,
+                held_last: Some(last),
+            } if len > 0 => buffer.write_at(offset + (len - 1), &[last]),
+            Payload::Placed { .. } => {}
         }
     }
 }

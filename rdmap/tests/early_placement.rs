@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use rdmap::qp::{SendOp, Sge, WcOpcode, WcStatus};
-use rdmap::{Access, Stag};
+use rdmap::{Access, PlacedEarly, Stag};
 
 const MULPDU: usize = 1000;
 
@@ -50,20 +50,26 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
 /// Delivers `ulpdus` to `dst`: early placement in the order `order`, then the in-order pass.
 /// Returns which ones were placed early.
 fn deliver_out_of_order(dst: &mut Peer, ulpdus: &[Vec<u8>], order: &[usize]) -> Vec<bool> {
-    let mut placed = vec![false; ulpdus.len()];
+    let mut placed = vec![None; ulpdus.len()];
     for &i in order {
         placed[i] = dst.qp.place_early(&ulpdus[i], &dst.mem);
     }
-    for (u, early) in ulpdus.iter().zip(&placed) {
-        let r = if *early {
-            let h = header_len(u);
-            dst.qp.on_placed_ulpdu(&u[..h], u.len() - h, &dst.mem)
-        } else {
-            dst.qp.on_ulpdu(u, &dst.mem)
+    in_order_pass(dst, ulpdus, &placed);
+    placed.iter().map(Option::is_some).collect()
+}
+
+/// The in-order pass over `ulpdus`, of which `placed` says which were placed early.
+fn in_order_pass(dst: &mut Peer, ulpdus: &[Vec<u8>], placed: &[Option<PlacedEarly>]) {
+    for (u, early) in ulpdus.iter().zip(placed) {
+        let r = match early {
+            Some(p) => {
+                let h = header_len(u);
+                dst.qp.on_placed_ulpdu(&u[..h], u.len() - h, *p, &dst.mem)
+            }
+            None => dst.qp.on_ulpdu(u, &dst.mem),
         };
         r.expect("in-order pass");
     }
-    placed
 }
 
 struct Scenario {
@@ -154,36 +160,33 @@ fn shuffled_segments_are_placed_at_once_and_delivered_in_order() {
         let a_to_b = drain(&mut s.pair, Side::A);
         let order = permutation(a_to_b.len(), seed);
         // Place everything that can be placed early, before any in-order processing.
-        let mut placed = vec![false; a_to_b.len()];
+        let mut placed = vec![None; a_to_b.len()];
         for &i in &order {
             placed[i] = s.pair.b.qp.place_early(&a_to_b[i], &s.pair.b.mem);
         }
-        // Write and Send payloads are in place already; nothing is delivered yet.
+        // Write and Send payloads are in place already, but for the Write's last octet, which
+        // waits for the in-order pass; nothing is delivered yet.
         let sink = s.pair.b.contents(s.write_sink);
-        assert_eq!(&sink[7..40_007], &s.write_data[..], "seed {seed}");
+        assert_eq!(&sink[7..40_006], &s.write_data[..39_999], "seed {seed}");
+        assert_eq!(
+            sink[40_006], 0,
+            "seed {seed}: the Write's last octet showed early"
+        );
         assert_eq!(&s.pair.b.contents(s.recv_buf)[..10_000], &s.send_data[..]);
         assert!(s.pair.b.completions().is_empty());
         // Only the Read Request waits for its turn.
-        let held: Vec<usize> = (0..a_to_b.len()).filter(|&i| !placed[i]).collect();
+        let held: Vec<usize> = (0..a_to_b.len()).filter(|&i| placed[i].is_none()).collect();
         assert_eq!(held.len(), 1, "seed {seed}: only the Read Request is held");
         assert_eq!(
             a_to_b[held[0]][1] & 0x0F,
             1,
             "held ULPDU is the Read Request"
         );
-        // The in-order pass: delivery and completions, no second copy needed.
-        for (u, early) in a_to_b.iter().zip(&placed) {
-            let r = if *early {
-                let h = header_len(u);
-                s.pair
-                    .b
-                    .qp
-                    .on_placed_ulpdu(&u[..h], u.len() - h, &s.pair.b.mem)
-            } else {
-                s.pair.b.qp.on_ulpdu(u, &s.pair.b.mem)
-            };
-            r.expect("in-order pass");
-        }
+        // The in-order pass: delivery and completions, no second copy needed (but of the
+        // held octet).
+        in_order_pass(&mut s.pair.b, &a_to_b, &placed);
+        let sink = s.pair.b.contents(s.write_sink);
+        assert_eq!(&sink[7..40_007], &s.write_data[..], "seed {seed}");
         let wcs = s.pair.b.completions();
         assert_eq!(wcs.len(), 1);
         assert_eq!(
@@ -265,7 +268,7 @@ fn nothing_is_placed_early_where_the_in_order_check_would_refuse() {
     );
     let ulpdus = drain(&mut pair, Side::A);
     for u in &ulpdus {
-        assert!(!pair.b.qp.place_early(u, &pair.b.mem));
+        assert!(pair.b.qp.place_early(u, &pair.b.mem).is_none());
     }
     assert_eq!(pair.b.contents(read_only), vec![0; 4000]);
     assert_eq!(pair.b.contents(small), vec![0; 100]);
