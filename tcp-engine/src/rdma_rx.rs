@@ -48,6 +48,9 @@ pub(crate) enum Refused {
     Unsolicited,
     /// Another total length than earlier segments of the transfer named (3.1.4).
     Inconsistent,
+    /// The run ends past the transfer's total length, named by this segment or an earlier
+    /// one (3.1.4: the number of octets the transfer carries).
+    PastTotal,
     /// The table of placed ranges, or of the buffer's written ranges, is full.
     Full,
     /// The run would write octets of the buffer that another part of the stream wrote:
@@ -200,6 +203,12 @@ impl RdmaReceive {
             (None, Some(named)) => Some(named),
             _ => None,
         };
+        if p.total
+            .or(total_length)
+            .is_some_and(|total| t.buffer_range().end > u64::from(total))
+        {
+            return Err(Refused::PastTotal);
+        }
         if self.placed.len() >= self.max_placed || p.written.len() >= MAX_WRITTEN_RANGES {
             return Err(Refused::Full);
         }
@@ -423,6 +432,11 @@ mod tests {
             Some(Refused::Unsolicited)
         );
         assert!(r.accept(opt(2, 0, 0, 10, Some(100), true), 0, 10).is_ok());
+        // Past the transfer's total (3.1.4), named by the segment itself.
+        assert_eq!(
+            r.accept(opt(1, 90, 0, 10, Some(95), false), 0, 10).err(),
+            Some(Refused::PastTotal)
+        );
         // (Another total for the same transfer, 3.1.4: `a_transfer_may_name_its_total_once_
         // known`, where segments place what names the total.)
         // Nothing was placed by any of them.
@@ -461,6 +475,11 @@ mod tests {
             r.accept(opt(1, 30, 0, 10, Some(40), false), 30, 10),
             Ok(Some(_))
         ));
+        // Past the total an earlier segment named, in a segment that names none.
+        assert_eq!(
+            r.accept(opt(1, 35, 0, 10, None, false), 35, 10).err(),
+            Some(Refused::PastTotal)
+        );
     }
 
     /// Octets of the buffer placed from one part of the stream are not written again from
