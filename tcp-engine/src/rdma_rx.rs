@@ -446,6 +446,42 @@ mod tests {
         assert_eq!(r.next_start(), None);
     }
 
+    /// What a peer can make us keep is bounded: runs that each take an entry of their own
+    /// (a mapping of buffer to stream that does not continue the one before) are refused
+    /// once the buffer has [`MAX_WRITTEN_RANGES`] of them, or the connection `max_placed`
+    /// ranges not yet read; their segments are ordinary stream data.
+    #[test]
+    fn runs_beyond_the_bounds_are_refused_as_full() {
+        let rid = || Rid::new(1).expect("rid");
+        // Stream stride 2, buffer stride 3: no run continues another.
+        let run_at = |r: &mut RdmaReceive, k: u64| {
+            let at = 2 * k;
+            let run = r.accept(opt(1, 3 * k as u32, 0, 1, None, false), at, 1)?;
+            let run = run.expect("a run");
+            r.place(&run, at, &[7]);
+            Ok::<_, Refused>(())
+        };
+        let mut r = RdmaReceive::new(4, 1024);
+        r.post(rid(), vec![0; 1000], false).expect("post");
+        for k in 0..MAX_WRITTEN_RANGES as u64 {
+            run_at(&mut r, k).expect("within the bound");
+        }
+        assert_eq!(
+            run_at(&mut r, MAX_WRITTEN_RANGES as u64),
+            Err(Refused::Full)
+        );
+        let written = r.posted.get(&rid()).map(|p| p.written.len());
+        assert_eq!(written, Some(MAX_WRITTEN_RANGES));
+        // The connection's bound on placed ranges, below the buffer's.
+        let mut r = RdmaReceive::new(4, 10);
+        r.post(rid(), vec![0; 1000], false).expect("post");
+        for k in 0..10 {
+            run_at(&mut r, k).expect("within the bound");
+        }
+        assert_eq!(run_at(&mut r, 10), Err(Refused::Full));
+        assert_eq!(r.placed.len(), 10);
+    }
+
     /// 3.1.4: the total, where present, is the same for every segment; a sender that does
     /// not know it yet sends the 16-octet form, and the 20-octet one once it knows. Either
     /// order of the forms is placed; only another total is refused.
