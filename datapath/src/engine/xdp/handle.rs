@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::log_rate::LogRate;
 use crate::memory::ProtectionDomain;
 use crate::verbs::cm::{
     recv_request, ConnectParams, ConnectRequest, ListenProvider, PendingProvider,
@@ -39,13 +40,31 @@ impl Handle {
         Self::reply(rx, timeout, what)
     }
 
-    /// Hands the engine a command.
+    /// Hands the engine a command: [`DatapathError::Disconnected`] if the engine has stopped.
+    /// A failed wake-up is logged, not returned: the command is queued, and the engine takes
+    /// it at its next look all the same (its thread sleeps at most `XdpTcpConfig::max_wait`,
+    /// parked for inline progress at most about its `park_max`). An error would tell the
+    /// caller the command was not given (an accept or reject the application would repeat,
+    /// or give up on, while the engine carries it out).
     pub(super) fn send(&self, cmd: EngineCmd) -> Result<(), DatapathError> {
         self.cmds
             .send(cmd)
             .map_err(|_| DatapathError::Disconnected)?;
-        self.wake.wake_engine()?;
+        self.wake_engine();
         Ok(())
+    }
+
+    /// Wakes the engine for a queued command, logging (at most a line a second) a failure.
+    fn wake_engine(&self) {
+        static LINES: LogRate = LogRate::new(1);
+        if let Err(e) = self.wake.wake_engine() {
+            if let Some(suppressed) = LINES.admit() {
+                tracing::warn!(
+                    suppressed,
+                    "waking the engine failed ({e}): the command goes at its next look"
+                );
+            }
+        }
     }
 
     /// Waits up to `timeout` for a command's reply.
@@ -188,5 +207,42 @@ impl PendingProvider for PendingRequest {
             private_data: Vec::new(),
             reply: tx,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixDatagram;
+    use std::sync::atomic::Ordering;
+
+    use super::super::wake::{Wake, SLEEPING};
+
+    /// A command queued for a sleeping engine whose wake-up fails (its socket's reader gone)
+    /// is given all the same: `send` says so rather than an error the caller would act on,
+    /// and the command waits in the queue for the engine's next look.
+    #[test]
+    fn a_failed_wake_up_still_gives_the_command() {
+        let (tx, rx) = UnixDatagram::pair().expect("socket pair");
+        drop(rx);
+        let wake = Wake::new(tx, false, Duration::from_millis(50)).expect("wake");
+        wake.state.store(SLEEPING, Ordering::SeqCst);
+        assert!(wake.wake_engine().is_err(), "the wake-up itself fails");
+        let (cmds, queued) = crossbeam_channel::unbounded();
+        let handle = Handle {
+            cmds,
+            wake: Arc::new(wake),
+        };
+        handle.send(EngineCmd::Unlisten { port: 7 }).expect("given");
+        assert!(matches!(
+            queued.try_recv(),
+            Ok(EngineCmd::Unlisten { port: 7 })
+        ));
+        // An engine that stopped (its queue gone) is another matter.
+        drop(queued);
+        assert!(matches!(
+            handle.send(EngineCmd::Unlisten { port: 7 }),
+            Err(DatapathError::Disconnected)
+        ));
     }
 }

@@ -82,8 +82,8 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ use failure::{FailureHook, FailureNotice};
 use handle::{Handle, XdpListen};
 use slots::SlotMap;
 use thread::Engine;
-use wake::{State, Turner, Wake, AWAKE};
+use wake::{State, Turner, Wake};
 
 /// How long `start` waits for the engine thread to open the driver.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -194,31 +194,7 @@ fn spawn_shard(
     let (wake_tx, wake_rx) = UnixDatagram::pair()?;
     wake_tx.set_nonblocking(true)?;
     wake_rx.set_nonblocking(true)?;
-    let wake = Arc::new(Wake {
-        tx: wake_tx,
-        state: AtomicU8::new(AWAKE),
-        pending: AtomicBool::new(false),
-        inline: cfg.inline_progress,
-        core: OnceLock::new(),
-        app_turns: AtomicU64::new(0),
-        app_polls: AtomicU64::new(0),
-        app_polled_at: AtomicU64::new(0),
-        // Only a parked engine thread sleeps on it: none without inline progress.
-        watchdog: if cfg.inline_progress {
-            Some(watchdog::Watchdog::new()?)
-        } else {
-            None
-        },
-        watchdog_pushed: AtomicU64::new(0),
-        park_max: cfg.park_max.max(wake::MIN_PARK_MAX),
-        thread_turns: AtomicU64::new(0),
-        parked_wakes: AtomicU64::new(0),
-        watchdog_wakes: AtomicU64::new(0),
-        armed_cqs: std::sync::atomic::AtomicUsize::new(0),
-        app_waits: AtomicU64::new(0),
-        posted: AtomicU64::new(0),
-        panic_inline: AtomicBool::new(false),
-    });
+    let wake = Arc::new(Wake::new(wake_tx, cfg.inline_progress, cfg.park_max)?);
     let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
     let counters = Arc::new(Mutex::new(EngineCounters::default()));

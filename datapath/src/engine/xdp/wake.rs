@@ -131,6 +131,33 @@ pub(super) struct Wake {
 }
 
 impl Wake {
+    /// An awake engine's wake-up state, writing its wake-up bytes to `tx`: with inline
+    /// progress (`inline`) the parked thread's watchdog, expiring `park_max` (at least
+    /// [`MIN_PARK_MAX`]) after its last push.
+    pub(super) fn new(tx: UnixDatagram, inline: bool, park_max: Duration) -> io::Result<Self> {
+        Ok(Wake {
+            tx,
+            state: AtomicU8::new(AWAKE),
+            pending: AtomicBool::new(false),
+            inline,
+            core: OnceLock::new(),
+            app_turns: AtomicU64::new(0),
+            app_polls: AtomicU64::new(0),
+            app_polled_at: AtomicU64::new(0),
+            // Only a parked engine thread sleeps on it: none without inline progress.
+            watchdog: if inline { Some(Watchdog::new()?) } else { None },
+            watchdog_pushed: AtomicU64::new(0),
+            park_max: park_max.max(MIN_PARK_MAX),
+            thread_turns: AtomicU64::new(0),
+            parked_wakes: AtomicU64::new(0),
+            watchdog_wakes: AtomicU64::new(0),
+            armed_cqs: AtomicUsize::new(0),
+            app_waits: AtomicU64::new(0),
+            posted: AtomicU64::new(0),
+            panic_inline: AtomicBool::new(false),
+        })
+    }
+
     /// Called after a queue-pair work request was queued for connection `id`. With the engine
     /// thread parked (the application drives), runs a turn here, which takes the request and
     /// transmits at once: a posting turn for that connection alone, or a full one where
