@@ -92,7 +92,9 @@ pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
     MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR, MAX_USER_TIMEOUT,
 };
-pub use verbs::cm_events::{CmEvent, CmEventChannel, ConnectAttempt, NotifyingListener};
+pub use verbs::cm_events::{
+    CmEvent, CmEventChannel, ConnectAttempt, ListenerId, NotifyingListener,
+};
 pub use verbs::cq::{Completion, CompletionChannel, CompletionQueue, DEFAULT_CQE, MAX_CQE};
 pub use verbs::idle::{IdleQp, QpPoster};
 pub use verbs::probe::{probe_rdmap_extensions, ExtensionSupport};

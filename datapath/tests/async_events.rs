@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::{any_port, bed, establish_plain, params, Side, WAIT};
 use datapath::{
-    Access, AsyncEvent, AsyncEventChannel, ConnectParams, Device, Listener, MpaConfig, QpError,
-    RecvWr, SendOp, SendWr, SharedReceiveQueue, Transport,
+    Access, AsyncEvent, AsyncEventChannel, CmEvent, CmEventChannel, ConnectParams, Device,
+    Listener, MpaConfig, QpError, RecvWr, SendOp, SendWr, SharedReceiveQueue, Transport,
 };
 use testbed::{bed_or_skip, ADDR_A, ADDR_B, DEV_A};
 
@@ -300,4 +300,58 @@ fn engine_failure_reports_device_fatal_a_stop_does_not() {
         let _ = done_tx.send(());
     });
     peer.join().expect("peer thread").expect("peer");
+}
+
+/// A notifying listener of an engine that fails queues `ListenError` on its channel, naming
+/// the listener (its id, and its context, which two listeners here share); a listener
+/// dropped with its error still queued takes it back.
+#[test]
+fn a_failed_engine_ends_its_notifying_listeners_with_listen_error() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 19_681;
+    testbed::in_ns(testbed::NS_A, || {
+        let device = Device::open(Transport::Xdp {
+            ifname: DEV_A.into(),
+            config: Box::default(),
+        })
+        .expect("engine");
+        let channel = CmEventChannel::new().unwrap();
+        let listen = |port: u16| {
+            device
+                .listen(SocketAddr::from((ADDR_A, port)), bed::params())
+                .expect("listen")
+                .notify_with_context(&channel, 3)
+                .expect("notify")
+        };
+        let mut listeners = vec![listen(PORT), listen(PORT + 1)];
+        device.engine().expect("the engine").inject_panic();
+        let first = match channel.wait_event(WAIT) {
+            Some(CmEvent::ListenError {
+                context: 3,
+                listener,
+                error,
+            }) => {
+                eprintln!("ListenError: {error}");
+                listener
+            }
+            other => panic!("the failed engine's listener: {other:?}"),
+        };
+        let i = listeners
+            .iter()
+            .position(|l| l.id() == first)
+            .expect("the error names one of the listeners");
+        let taken = listeners.swap_remove(i);
+        // The other one's error, queued (its thread looks at its requests every 100 ms).
+        let wait_ms = WAIT.as_millis() as i32;
+        assert!(
+            readable_within(channel.as_raw_fd(), wait_ms),
+            "the second listener's error"
+        );
+        drop(listeners);
+        assert!(
+            channel.get_event().is_none(),
+            "a dropped listener's error stayed queued"
+        );
+        drop(taken);
+    });
 }

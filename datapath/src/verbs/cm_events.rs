@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -96,6 +96,8 @@ pub enum CmEvent {
         /// The listener's context ([`Listener::notify_with_context`]; 0 from
         /// [`Listener::notify`]): which of several listeners on the channel failed.
         context: u64,
+        /// The listener ([`NotifyingListener::id`]), whatever its context.
+        listener: ListenerId,
         /// Why.
         error: DatapathError,
     },
@@ -136,9 +138,11 @@ impl std::fmt::Debug for CmEvent {
             CmEvent::ConnectError { context, error } => {
                 write!(f, "ConnectError(context {context}: {error})")
             }
-            CmEvent::ListenError { context, error } => {
-                write!(f, "ListenError(context {context}: {error})")
-            }
+            CmEvent::ListenError {
+                context,
+                listener,
+                error,
+            } => write!(f, "ListenError({listener:?}, context {context}: {error})"),
             CmEvent::Disconnected { qp_num, error } => {
                 write!(f, "Disconnected(qp {qp_num}, {error:?})")
             }
@@ -221,6 +225,18 @@ impl AsFd for CmEventChannel {
     }
 }
 
+/// Names one [`NotifyingListener`] of this process (as rdma_cm's listening `rdma_cm_id`
+/// does), unlike its context, which the application chooses and may share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerId(u64);
+
+impl ListenerId {
+    fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        ListenerId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// A listener whose connection requests go to a [`CmEventChannel`]; dropping it stops
 /// listening (within 200 ms), rejects its requests still queued on the channel and removes
 /// its `ListenError`, as `rdma_destroy_id` of a listening id does (the kernel's
@@ -235,10 +251,8 @@ pub struct NotifyingListener {
     channel: CmEventChannel,
     /// Where its requests give their backlog places back: names its requests.
     given_back: crossbeam_channel::Receiver<()>,
-    /// The context its events carry.
-    context: u64,
-    /// Its thread queued a [`CmEvent::ListenError`] (and ended).
-    failed: Arc<AtomicBool>,
+    /// What names it in its [`CmEvent::ListenError`].
+    id: ListenerId,
 }
 
 impl NotifyingListener {
@@ -252,6 +266,11 @@ impl NotifyingListener {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
+
+    /// What names this listener in a [`CmEvent::ListenError`].
+    pub fn id(&self) -> ListenerId {
+        self.id
+    }
 }
 
 impl Drop for NotifyingListener {
@@ -260,15 +279,10 @@ impl Drop for NotifyingListener {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // Its ListenError too, if it queued one (one of this context: should another listener
-        // share the context, the two are the same to the application).
-        let mut error_left = self.failed.load(Ordering::SeqCst);
+        // Its ListenError too, if it queued one the application has not taken.
         let ours = self.channel.queue.take_where(|event| match event {
             CmEvent::ConnectRequest(r) => r.holds_place_of(&self.given_back),
-            CmEvent::ListenError { context, .. } if error_left && *context == self.context => {
-                error_left = false;
-                true
-            }
+            CmEvent::ListenError { listener, .. } => *listener == self.id,
             _ => false,
         });
         // Each dropped request is rejected (R=1, no private data).
@@ -314,8 +328,7 @@ impl Listener {
         let (places, given_back) = crossbeam_channel::bounded(self.backlog());
         let ours = given_back.clone();
         let queued_on = channel.clone();
-        let failed = Arc::new(AtomicBool::new(false));
-        let failing = failed.clone();
+        let id = ListenerId::next();
         let thread = std::thread::Builder::new()
             .name("iwarp-cm-listen".into())
             .spawn(move || {
@@ -346,8 +359,11 @@ impl Listener {
                 // accept): no event names a listener it destroyed.
                 if let Err(e) = ended {
                     if !flag.load(Ordering::SeqCst) {
-                        failing.store(true, Ordering::SeqCst);
-                        channel.push(CmEvent::ListenError { context, error: e });
+                        channel.push(CmEvent::ListenError {
+                            context,
+                            listener: id,
+                            error: e,
+                        });
                     }
                 }
             })?;
@@ -358,8 +374,7 @@ impl Listener {
             local_addr,
             channel: queued_on,
             given_back: ours,
-            context,
-            failed,
+            id,
         })
     }
 }
@@ -505,4 +520,51 @@ pub(crate) fn push_outcome(
         },
         Err(error) => CmEvent::ConnectError { context, error },
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConnectParams;
+
+    /// A dropped listener takes back its own ListenError still queued, and no other: not
+    /// one of another listener with the same context (contexts are the application's to
+    /// choose), nor, once the application took its own, the next one of that context.
+    #[test]
+    fn a_dropped_listener_takes_back_its_own_listen_error_only() {
+        let channel = CmEventChannel::new().expect("channel");
+        let listen = || {
+            Listener::bind(
+                "127.0.0.1:0".parse().expect("address"),
+                ConnectParams::default(),
+            )
+            .expect("bind")
+            .notify_with_context(&channel, 7)
+            .expect("notify")
+        };
+        let (a, b) = (listen(), listen());
+        assert_ne!(a.id(), b.id());
+        let failed = |listener: &NotifyingListener| CmEvent::ListenError {
+            context: 7,
+            listener: listener.id(),
+            error: DatapathError::Disconnected,
+        };
+        channel.push(failed(&b));
+        channel.push(failed(&a));
+        drop(a);
+        match channel.get_event() {
+            Some(CmEvent::ListenError { listener, .. }) => assert_eq!(listener, b.id()),
+            other => panic!("B's error: {other:?}"),
+        }
+        assert!(channel.get_event().is_none(), "A's error stayed");
+        // A listener whose error the application took leaves the others' alone.
+        let c = listen();
+        channel.push(failed(&b));
+        drop(c);
+        assert!(matches!(
+            channel.get_event(),
+            Some(CmEvent::ListenError { listener, .. }) if listener == b.id()
+        ));
+        drop(b);
+    }
 }
