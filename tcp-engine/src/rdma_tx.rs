@@ -124,10 +124,10 @@ impl RdmaSections {
     /// ending before the next section begins.
     pub(crate) fn segment_len(&self, s: u64, data_end: u64, emss: u64) -> u64 {
         let avail = data_end.saturating_sub(s);
-        let Some(i) = self.sections.iter().position(|r| r.end > s) else {
+        let i = self.first_ending_after(s);
+        let Some(&run) = self.sections.get(i) else {
             return avail.min(emss);
         };
-        let run = self.sections[i];
         let cap = emss.saturating_sub(run.option_len()).max(1);
         if run.start > s {
             let gap = run.start - s;
@@ -154,9 +154,15 @@ impl RdmaSections {
 
     fn section_in(&self, s: u64, len: u64) -> Option<&Section> {
         self.sections
-            .iter()
-            .take_while(|r| r.start < s + len)
-            .find(|r| r.end > s)
+            .get(self.first_ending_after(s))
+            .filter(|r| r.start < s + len)
+    }
+
+    /// The index of the first section that ends after stream offset `s` (the length when
+    /// none does). Sections are in stream order and disjoint, so their ends rise: a binary
+    /// search, not a walk from the oldest unacknowledged one, for every segment sent.
+    fn first_ending_after(&self, s: u64) -> usize {
+        self.sections.partition_point(|r| r.end <= s)
     }
 
     /// The option of the segment carrying stream octets `[s, s + len)`: the run of the first
