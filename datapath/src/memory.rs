@@ -632,8 +632,10 @@ impl PinnedBuffer {
             std::ptr::copy(src.as_ptr(), self.ptr.as_ptr().add(offset), body);
         }
         // SAFETY: `offset + body < self.len`, inside our allocation; a byte needs no
-        // alignment. Other threads may access the byte meanwhile (the application polling it,
-        // another connection's write): as with memory a NIC writes by DMA (see `atomic_at`).
+        // alignment. Other threads may access the byte meanwhile, and not only atomically (the
+        // application polling it, another write's memmove, an Atomic Operation's 8-octet
+        // word): outside `from_ptr`'s contract and the Rust memory model, as memory a NIC
+        // writes by DMA is (see `atomic_at`); each access is one the hardware makes whole.
         let last = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset + body)) };
         // Release: the copy above is visible before this store is.
         last.store(src[body], Ordering::Release);
@@ -653,7 +655,7 @@ impl PinnedBuffer {
             return None;
         }
         // SAFETY: `offset < self.len`, inside our allocation; a byte needs no alignment.
-        // Written concurrently as `write_at` says.
+        // Written concurrently, and not only atomically, as `write_at` says.
         let byte = unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset)) };
         Some(byte.load(Ordering::Acquire))
     }

@@ -3345,7 +3345,9 @@ impl QueuePair {
 /// only after all the rest of it (the segments before it are placed by then, early or in
 /// order), as an application polling it expects (perftest's latency tests, and NICs, which
 /// place in order; RFC 5041 5.3 leaves placement order open, so this is a choice, not a
-/// duty).
+/// duty). Overlapping Writes in flight are another matter (RFC 5040 5.5 rule 3: the last to
+/// land there need not be the last sent): a held octet, written in order, may land after a
+/// later Write's early placement over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlacedEarly {
     /// The message's last octet, not yet written.

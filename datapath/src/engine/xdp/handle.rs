@@ -42,8 +42,8 @@ impl Handle {
 
     /// Hands the engine a command: [`DatapathError::Disconnected`] if the engine has stopped.
     /// A failed wake-up is logged, not returned: the command is queued, and the engine takes
-    /// it at its next look all the same (its thread sleeps at most `XdpTcpConfig::max_wait`,
-    /// parked for inline progress at most about its `park_max`). An error would tell the
+    /// it at its next look all the same (a sleeping or parked engine thread looks at least
+    /// every 50 ms: its idle wait, its counters' refresh). An error would tell the
     /// caller the command was not given (an accept or reject the application would repeat,
     /// or give up on, while the engine carries it out).
     pub(super) fn send(&self, cmd: EngineCmd) -> Result<(), DatapathError> {
