@@ -19,6 +19,7 @@ PORT=18900
 
 run() { # transport test op iterations -> client JSON
   local tr=$1 test=$2 op=$3 n=$4 sa ca out=""
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   if [ "$tr" = xdp ]; then
     sa="--transport xdp --iface iwa0"; ca="--transport xdp --iface iwb0"
   else sa="--transport socket --bind 10.77.0.1"; ca="--transport socket"; fi

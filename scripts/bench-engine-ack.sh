@@ -16,7 +16,9 @@ VALS=${*:-"2 8"}
 . scripts/bed-bench.sh bench-engine-ack
 PORT=19150
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# (With the bed down and the servers stopped: on_exit of bed-bench.sh.)
+rm_tmp() { rm -rf "$tmp"; }
+on_exit rm_tmp
 for _ in $(seq 1 "$PAIRS"); do
   for v in $VALS; do
     ip netns exec iwa taskset -c 0 "$BIN" write-bw --transport xdp --engine-ack-every "$v" \

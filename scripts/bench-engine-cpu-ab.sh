@@ -31,7 +31,9 @@ ensure_perf bench-engine-cpu-ab
 . scripts/bed-bench.sh bench-engine-cpu-ab
 PORT=19950
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# (With the bed down and the servers stopped: on_exit of bed-bench.sh.)
+rm_tmp() { rm -rf "$tmp"; }
+on_exit rm_tmp
 
 declare -A F K U
 for _ in $(seq 1 "$PAIRS"); do

@@ -24,7 +24,9 @@ ensure_perf bench-engine-cpu
 PORT=19900
 FRAMES=$((N * 46))
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# (With the bed down and the servers stopped: on_exit of bed-bench.sh.)
+rm_tmp() { rm -rf "$tmp"; }
+on_exit rm_tmp
 
 ratios=()
 for i in $(seq 1 "$PAIRS"); do

@@ -57,6 +57,11 @@ if [ -z "${LOGDIR:-}" ]; then
   OWN_LOGDIR=1
 fi
 mkdir -p "$LOGDIR"
+# A run stopped by INT or TERM leaves no temporary LOGDIR behind (a failed one keeps it: `fail`
+# names it); one given is kept.
+drop_logdir_if_stopped() {
+  [ -z "$JOBS_SIGNAL" ] || [ -z "${OWN_LOGDIR:-}" ] || rm -rf "$LOGDIR"
+}
 # Each pair takes the next port (and names its logs by it). `pair` runs in a command
 # substitution, a subshell, so the count lives in a file.
 PORT_FILE=$(mktemp "$LOGDIR/.port.XXXXXX")
@@ -77,8 +82,10 @@ fail() {
   exit 1
 }
 
-# stop PID, wait_bounded PID SECONDS.
+# stop PID, wait_bounded PID SECONDS, on_exit, capture (bed-bench.sh sourced it already: its
+# traps stop the servers and take the bed down however the script ends).
 source scripts/lib/jobs.sh
+on_exit drop_logdir_if_stopped
 
 place() { # placement side -> command prefix
   if [ "$1" = pinned ]; then
@@ -88,6 +95,8 @@ place() { # placement side -> command prefix
 
 pair() { # placement transport test size iters -> client JSON
   local pl=$1 tr=$2 test=$3 size=$4 n=$5 sa ca out="" sp cp ok=0 rc=0 slog clog PORT
+  # A command substitution's subshell, whose server the script's traps do not see: its own.
+  on_exit
   PORT=$(cat "$PORT_FILE")
   echo $((PORT + 1)) >"$PORT_FILE"
   slog=$LOGDIR/$test-$tr-$pl-$PORT.server.log
@@ -139,6 +148,7 @@ raw_bw() { # placement direction count [tx options] -> "goodput frames": Gbit/s 
   # data), "iwa" the other way (as read-bw does); the sender is pinned where that test's data
   # sender is.
   local sp cp log rxns=iwa rxif=iwa0 txns=iwb txif=iwb0 dst=10.77.0.1 rc=0 out
+  on_exit # (a subshell's, as in pair)
   sp=$(place "$1" server)
   cp=$(place "$1" client)
   if [ "$2" = iwa ]; then
@@ -174,6 +184,7 @@ raw_bw() { # placement direction count [tx options] -> "goodput frames": Gbit/s 
 
 raw_lat() { # placement -> "p50 p99" of 64-byte raw pingpong, one way
   local sp cp out rlog=$LOGDIR/raw-pingpong-$1.responder.log ilog=$LOGDIR/raw-pingpong-$1.initiator.log
+  on_exit # (a subshell's, as in pair)
   sp=$(place "$1" server)
   cp=$(place "$1" client)
   # shellcheck disable=SC2086
@@ -294,16 +305,18 @@ echo "| test | placement | socket transport | xdp engine | xdp / socket | raw AF
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 ROUNDS=$LOGDIR/rounds
 SRV_JSON=$LOGDIR/server.json
+# The measurements run by `capture` (jobs.sh): a SIGTERM to the script stops them at once, not
+# once the running one has ended.
 : >"$ROUNDS"
 for pl in pinned free; do
-  out=$(raw_lat_reps "$pl")
+  capture out raw_lat_reps "$pl"
   read -r rp50 rp99 <<<"$out"
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
     # shellcheck disable=SC2086
     set -- $spec
     if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $1 "* ]]; then continue; fi
     if [[ "$1" == *-bw ]]; then
-      out=$(bw_reps "$pl" "$1" "$2" "$3")
+      capture out bw_reps "$pl" "$1" "$2" "$3"
       read -r rbw rfr s1 x1 xr c1 cr sgb sgr <<<"$out"
       printf '| %s %s B, Gbit/s | %s | %s | %s | %s | %s | %s | %s |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rbw" "$xr" "$rfr"
@@ -316,9 +329,9 @@ for pl in pinned free; do
           "$1" "$2" "$pl" "$s1" "$c1" "$(ratio "$c1" "$s1")" "$rbw" "$cr" "$rfr"
       fi
     else
-      out=$(reps "$pl" socket "$1" "$2" "$3")
+      capture out reps "$pl" socket "$1" "$2" "$3"
       read -r s1 s2 <<<"$out"
-      out=$(reps "$pl" xdp "$1" "$2" "$3")
+      capture out reps "$pl" xdp "$1" "$2" "$3"
       read -r x1 x2 <<<"$out"
       printf '| %s %s B, us p50 | %s | %s | %s | %s | %s | %s | |\n' \
         "$1" "$2" "$pl" "$s1" "$x1" "$(ratio "$x1" "$s1")" "$rp50" "$(ratio "$x1" "$rp50")"

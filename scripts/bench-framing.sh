@@ -22,6 +22,7 @@ TRANSPORTS=${TRANSPORTS:-socket xdp}
 
 run() { # transport framing test size iterations -> client JSON
   local transport=$1 framing=$2 test=$3 size=$4 n=$5 out="" sa ca
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   if [ "$transport" = xdp ]; then
     sa="--transport xdp --iface iwa0"; ca="--transport xdp --iface iwb0"
   else

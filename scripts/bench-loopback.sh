@@ -12,9 +12,14 @@ scripts/install-deps.sh >/dev/null
 cargo build -q --release --locked -p bench
 BIN=target/release/iwarp-bench
 PORT=18560
+# Servers still running are stopped however the script ends (EXIT, INT, TERM).
+# shellcheck source=scripts/lib/jobs.sh
+source scripts/lib/jobs.sh
+on_exit
 
 pair() { # test, extra args...  -> client JSON on stdout
   local test=$1; shift
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   "$BIN" "$test" --bind 127.0.0.1 --port "$PORT" --json "$@" >/dev/null &
   local srv=$!
   local out=""
@@ -28,6 +33,7 @@ pair() { # test, extra args...  -> client JSON on stdout
 }
 
 iperf() {
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 &
   local srv=$!
   sleep 0.3

@@ -15,6 +15,7 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str
 
 rx_tx() { # size count -> "frames mpps gbit"
   local size=$1 count=$2 log
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   log=$(mktemp)
   ip netns exec iwa "$BIN" raw rx --iface iwa0 --size "$size" --count "$count" --mode "$MODE" \
     --port 18600 --ring 8192 --json 2>"$log" >"$log.out" &
@@ -29,6 +30,7 @@ rx_tx() { # size count -> "frames mpps gbit"
 
 pingpong() { # size -> "median p99"
   local size=$1 out
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   ip netns exec iwa "$BIN" raw pingpong --iface iwa0 --count 10000 --mode "$MODE" --port 18620 \
     --quiet >/dev/null 2>&1 &
   local resp=$!
@@ -40,6 +42,7 @@ pingpong() { # size -> "median p99"
 }
 
 iperf() { # -> Gbit/s
+  on_exit # a command substitution's subshell: its server is its own to stop (jobs.sh)
   ip netns exec iwa iperf3 -s -1 -B 10.77.0.1 -p 5201 >/dev/null 2>&1 &
   local srv=$!
   sleep 0.3

@@ -27,18 +27,24 @@ RELAY=${RELAY:-$PWD/target/release/iwarp-relay}
 for exe in "$BIN" "$RELAY"; do
   [ -f "$exe" ] && [ -x "$exe" ] || { echo "bench-relay: $exe is not an executable file" >&2; exit 1; }
 done
+# stop PID, wait_bounded PID SECONDS, on_exit, waited.
+# shellcheck source=scripts/lib/jobs.sh
+source scripts/lib/jobs.sh
 exec 9>/run/lock/iwarp-netns.lock
 flock 9
 TMP=$(mktemp -d)
-trap 'scripts/netns-relay.sh down >/dev/null 2>&1 || true; rm -rf "$TMP"' EXIT
+relay_bed_down() {
+  scripts/netns-relay.sh down >/dev/null 2>&1 || true
+  rm -rf "$TMP"
+}
+# However the script ends (EXIT, INT, TERM): the row's server, client and relay stopped, then
+# the bed down and $TMP gone.
+on_exit relay_bed_down
 scripts/netns-relay.sh up >/dev/null
 PORT=18800
 # The running row's server and relay (process ids), stopped by `fail`.
 SRV=""
 RLY=""
-
-# stop PID, wait_bounded PID SECONDS.
-source scripts/lib/jobs.sh
 
 # stop_relay: closes the relay's standard input (it stops, printing its counters) and waits
 # for it, at most 10 s; its exit status.
@@ -89,8 +95,9 @@ run() { # name relay-args bench-args
     sleep 0.1
   done
   grep -q listening "$TMP/$name.server" || fail "$name" "the server did not listen within 10 s"
+  # (`waited`: a SIGTERM stops it at once, not after its run.)
   # shellcheck disable=SC2086
-  ip netns exec iwrb "$BIN" write-bw --transport xdp --iface iwrb0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
+  waited ip netns exec iwrb "$BIN" write-bw --transport xdp --iface iwrb0 --port "$PORT" -s "$SIZE" -n "$N" $bargs \
     --report_gbits 10.78.0.1 >"$TMP/$name.client" 2>&1 8>&- || fail "$name" "the client failed"
   # The server ends within seconds of its client; one still running 30 s later is stuck.
   wait_bounded "$SRV" 30 || rc=$?

@@ -26,7 +26,9 @@ SKIP_BUILD=1
 . scripts/bed-bench.sh callgrind-write-bw
 PORT=19350
 out=$(mktemp -d)
-trap 'rm -rf "$out"; scripts/netns.sh down >/dev/null 2>&1 || true' EXIT
+# (With the bed down and the servers stopped: on_exit of bed-bench.sh.)
+rm_out() { rm -rf "$out"; }
+on_exit rm_out
 for bin in "$@"; do
   # shellcheck disable=SC2086
   ip netns exec iwa taskset -c 0 "$bin" "$TEST" --transport xdp --iface iwa0 --port "$PORT" \

@@ -24,11 +24,15 @@ TMP=$(mktemp -d)
 ERR=$TMP/client.err
 SLOG=$TMP/server.err
 BED=""
+# stop PID, wait_bounded PID SECONDS, on_exit, waited.
+# shellcheck source=scripts/lib/jobs.sh
+source scripts/lib/jobs.sh
 cleanup() {
   [ -z "$BED" ] || scripts/netns.sh down >/dev/null 2>&1 || true
   rm -rf "$TMP"
 }
-trap cleanup EXIT
+# However the demo ends (EXIT, INT, TERM): its server and client stopped, then the bed down.
+on_exit cleanup
 
 # run_pair's and xdp_demo's status when AF_XDP is not possible here (1: the run failed).
 NOT_POSSIBLE=2
@@ -37,9 +41,6 @@ ENGINE_FAILED="iwarp-bench: starting the AF_XDP engine on "
 # What a client says when nobody listens (yet) on the server's port: the kernel's error
 # ("Connection refused (os error 111)"), or the engine's for a reset answering its SYN.
 REFUSED="^iwarp-bench: connect to [^ ]+: (I/O error: )?connection refused"
-
-# stop PID, wait_bounded PID SECONDS.
-source scripts/lib/jobs.sh
 
 # run_pair TEST SERVER_PREFIX CLIENT_PREFIX SERVER_ARGS CLIENT_ARGS ADDR -- common args
 # Returns 0 when both sides succeeded, NOT_POSSIBLE when the AF_XDP engine could not start on
@@ -54,10 +55,10 @@ run_pair() {
   $sp "$BIN" "$test" $sargs --port "$PORT" "$@" 2>"$SLOG" &
   server=$!
   # The client tries again only while the server is not listening yet (connection refused)
-  # and is still running.
+  # and is still running. (`waited`: a SIGTERM stops it at once, not after its run.)
   for _ in $(seq 1 100); do
     # shellcheck disable=SC2086
-    if $cp "$BIN" "$test" $cargs --port "$PORT" "$@" "$addr" 2>"$ERR"; then
+    if waited $cp "$BIN" "$test" $cargs --port "$PORT" "$@" "$addr" 2>"$ERR"; then
       cat "$ERR" >&2
       # The server ends within seconds of its client; one still running 30 s later is stuck.
       wait_bounded "$server" 30 || rc=$?

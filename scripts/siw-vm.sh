@@ -397,6 +397,15 @@ BED_UP=0
 CHAN_IN=""
 CHAN_OUT=""
 
+# cleanup_on_exit: `cleanup` once, however the script ends: on EXIT, and on INT and TERM by way
+# of an exit with their conventional status (130, 143), which runs the EXIT trap; a second
+# signal during the cleanup ends the script at once.
+cleanup_on_exit() {
+  trap cleanup EXIT
+  trap 'trap - INT TERM; exit 130' INT
+  trap 'trap - INT TERM; exit 143' TERM
+}
+
 cleanup() {
   local rc=$?
   set +e
@@ -571,7 +580,7 @@ run_cmds() {
   host_deps
   build
   fresh_out
-  trap cleanup EXIT INT TERM
+  cleanup_on_exit
   bed_up
   boot
   STEP=run
@@ -1087,7 +1096,7 @@ run_test() {
   build
   bench_bin
   fresh_out
-  trap cleanup EXIT INT TERM
+  cleanup_on_exit
   bed_up
   boot
   STEP=connect
@@ -1272,7 +1281,7 @@ run_bench() {
     BENCH=$wrap
   fi
   fresh_out
-  trap cleanup EXIT INT TERM
+  cleanup_on_exit
   bed_up
   boot
   STEP=bench

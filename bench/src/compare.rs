@@ -21,6 +21,12 @@
 //!   Ethernet frame each way, so at most [`raw_lat_max`] octets of message: raw sits out the
 //!   larger sizes (said on stderr, "-" in the table, `"not_run"` in the JSON). iperf3 measures
 //!   no latency and is left out.
+//!
+//! SIGINT (Ctrl-C) or SIGTERM asks the comparison to stop ([`crate::interrupt`]): every wait
+//! for a child looks at the request every [`POLL`], the running measurement's children are
+//! stopped and reaped, no further one starts, the medians of the runs done are printed (and
+//! written, `"interrupted"` in the JSON), the bed goes down as at a normal end, and the process
+//! exits with 128 + the signal's number (130 for SIGINT). A second signal ends it at once.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -34,6 +40,14 @@ use serde_json::Value;
 
 /// Runs of raw AF_XDP bandwidth before a comparison gives up on frames lost each time.
 const RAW_ATTEMPTS: u32 = 3;
+
+/// How often a wait for a child looks at [`crate::interrupt::requested`]: a SIGINT or SIGTERM
+/// stops the running children within this (and the time to reap them).
+const POLL: Duration = Duration::from_millis(20);
+
+/// The error of a wait cut short by SIGINT or SIGTERM: no failure of the measurement (the
+/// comparison stops there and leaves it out).
+const INTERRUPTED: &str = "interrupted";
 
 /// The bed's namespaces, interfaces and server address (`scripts/netns.sh`).
 const NS_SERVER: &str = "iwa";
@@ -223,16 +237,29 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("iwarp-bench compare: {e}");
-            ExitCode::FAILURE
+    let result = run(&cli);
+    if let Err(e) = &result {
+        eprintln!("iwarp-bench compare: {e}");
+    }
+    match crate::interrupt::signal() {
+        // Stopped by a signal: 128 + its number, as a shell says of a command it ended.
+        Some(sig) => {
+            let code = crate::interrupt::exit_code(sig);
+            eprintln!(
+                "iwarp-bench compare: interrupted by {} (exit status {code})",
+                crate::interrupt::name(sig)
+            );
+            ExitCode::from(code)
         }
+        None if result.is_ok() => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
     }
 }
 
 fn run(cli: &CompareCli) -> Result<(), String> {
+    // From the start: a signal before the bed is up ends the run before it comes up, and
+    // children of ours never inherit the handler (exec resets it).
+    crate::interrupt::install()?;
     if let Some(p) = &cli.plot {
         if p.extension().and_then(|e| e.to_str()) != Some("svg") {
             return Err("--plot draws SVG: give a FILE.svg".into());
@@ -300,13 +327,16 @@ fn run(cli: &CompareCli) -> Result<(), String> {
         })
         .sum();
     let total = cli.rounds as usize * runs_per_round;
-    for round in 0..cli.rounds {
+    'rounds: for round in 0..cli.rounds {
         for &size in &sizes {
             // Rotate the order each round: no transport always runs first.
             let k = round as usize % transports.len();
             for &t in transports[k..].iter().chain(&transports[..k]) {
                 if !runs(cli.test, t, size, cli.mtu) {
                     continue;
+                }
+                if crate::interrupt::requested() {
+                    break 'rounds;
                 }
                 let done = samples.len() + failures.len() + 1;
                 match runner.measure(cli.test, t, size, iters) {
@@ -326,6 +356,17 @@ fn run(cli: &CompareCli) -> Result<(), String> {
                             unit(cli.test)
                         );
                     }
+                    // A run cut short by SIGINT or SIGTERM is no failure: the comparison ends
+                    // with the runs done before it.
+                    Err(_) if crate::interrupt::requested() => {
+                        eprintln!(
+                            "iwarp-bench compare: [{done}/{total}] round {} {} {size} B: \
+                             interrupted (its children stopped)",
+                            round + 1,
+                            t.name()
+                        );
+                        break 'rounds;
+                    }
                     // One failed run does not throw away the others: it is left out of the
                     // medians and reported at the end.
                     Err(error) => {
@@ -343,6 +384,14 @@ fn run(cli: &CompareCli) -> Result<(), String> {
                 }
             }
         }
+    }
+    let interrupted = crate::interrupt::signal().map(crate::interrupt::name);
+    if let Some(sig) = &interrupted {
+        eprintln!(
+            "iwarp-bench compare: stopping after {} of {total} runs ({sig}): the results \
+             below are of those only; the bed goes down",
+            samples.len() + failures.len()
+        );
     }
     let p99s = medians(&samples, |s| s.p99);
     let medians = medians(&samples, |s| Some(s.value));
@@ -362,6 +411,8 @@ fn run(cli: &CompareCli) -> Result<(), String> {
             "unit": unit(cli.test),
             "iterations": iters,
             "pinned": cli.pinned,
+            // The signal that stopped the run early (null: it ran to its end).
+            "interrupted": interrupted,
             "rounds": samples,
             "failed": failures,
             "not_run": not_run
@@ -436,9 +487,7 @@ fn bed_settings(cli: &CompareCli) -> Result<(), String> {
             );
         }
         for cmd in cmds {
-            let out = Command::new(&cmd[0])
-                .args(&cmd[1..])
-                .output()
+            let out = output(Command::new(&cmd[0]).args(&cmd[1..]))
                 .map_err(|e| format!("{}: {e}", cmd.join(" ")))?;
             if !out.status.success() {
                 return Err(format!(
@@ -715,8 +764,7 @@ impl Runner {
             .map_err(|e| format!("starting the server: {e}"))?;
         let client_args = [&common[..], client_t, &[SERVER_IP]].concat();
         let client = retry_while_refused(|| {
-            self.command(NS_CLIENT, false, &me, &client_args)
-                .output()
+            output(&mut self.command(NS_CLIENT, false, &me, &client_args))
                 .map_err(|e| format!("running the client: {e}"))
         });
         let client_ok = matches!(&client, Ok(out) if out.status.success());
@@ -727,8 +775,11 @@ impl Runner {
             // moment to say why it failed if that is what failed the client.
             let mut server = server;
             let deadline = Instant::now() + Duration::from_secs(2);
-            while matches!(server.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+            while matches!(server.try_wait(), Ok(None))
+                && Instant::now() < deadline
+                && !crate::interrupt::requested()
+            {
+                std::thread::sleep(POLL);
             }
             let _ = server.kill();
             let _ = server.wait();
@@ -824,8 +875,8 @@ impl Runner {
         let mut rx = Reaped(Some(rx_child));
         wait_for_line(rx.child(), crate::raw::RX_READY, Duration::from_secs(20))
             .map_err(|e| format!("raw rx {e}"))?;
-        let tx = self
-            .command(
+        let tx = output(
+            self.command(
                 path.tx_ns,
                 path.tx_is_server,
                 &me,
@@ -840,9 +891,9 @@ impl Runner {
                     &frames,
                 ],
             )
-            .args(["--dst-ip", path.rx_ip, "--port", &port, "--quiet"])
-            .output()
-            .map_err(|e| format!("running raw tx: {e}"))?;
+            .args(["--dst-ip", path.rx_ip, "--port", &port, "--quiet"]),
+        )
+        .map_err(|e| format!("running raw tx: {e}"))?;
         let rx = rx.finish()?;
         if !tx.status.success() {
             return Err(String::from_utf8_lossy(&tx.stderr).trim().to_owned());
@@ -898,8 +949,8 @@ impl Runner {
             Duration::from_secs(20),
         )
         .map_err(|e| format!("the raw responder {e}"))?;
-        let out = self
-            .command(
+        let out = output(
+            self.command(
                 NS_CLIENT,
                 false,
                 &me,
@@ -908,9 +959,9 @@ impl Runner {
                 ],
             )
             .args(["--size", &frame, "--count", &count, "--mode", "driver"])
-            .args(["--port", &port, "--quiet", "--json"])
-            .output()
-            .map_err(|e| format!("running the raw initiator: {e}"))?;
+            .args(["--port", &port, "--quiet", "--json"]),
+        )
+        .map_err(|e| format!("running the raw initiator: {e}"))?;
         if !out.status.success() {
             // The responder has nothing more to answer: a moment for its last words, not the
             // seconds it would wait idle.
@@ -958,7 +1009,7 @@ impl Runner {
             if path.tx_is_server {
                 c.arg("-R");
             }
-            c.output().map_err(|e| format!("running iperf3 -c: {e}"))
+            output(&mut c).map_err(|e| format!("running iperf3 -c: {e}"))
         });
         let _ = finish(server);
         let out = client?;
@@ -978,6 +1029,9 @@ impl Runner {
 fn retry_while_refused(mut run: impl FnMut() -> Result<Output, String>) -> Result<Output, String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
+        if crate::interrupt::requested() {
+            return Err(INTERRUPTED.into());
+        }
         let out = run()?;
         let text = format!(
             "{}{}",
@@ -1059,13 +1113,16 @@ fn last_lines(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
-/// Waits (bounded) for a child to end; kills it past 60 s.
+/// Waits (bounded) for a child to end; kills it past 60 s, or at once when SIGINT or SIGTERM
+/// asked the comparison to stop.
 fn finish(mut child: Child) -> Result<Output, String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) if Instant::now() < deadline && !crate::interrupt::requested() => {
+                std::thread::sleep(POLL)
+            }
             _ => {
                 let _ = child.kill();
                 break;
@@ -1073,6 +1130,64 @@ fn finish(mut child: Child) -> Result<Output, String> {
         }
     }
     child.wait_with_output().map_err(|e| e.to_string())
+}
+
+/// How long [`output`] waits, once its child has ended, for the child's stdout and stderr to
+/// end (a process the child left behind may hold them open).
+const PIPES_AFTER_EXIT: Duration = Duration::from_secs(5);
+
+/// Reads `pipe` to its end on a thread; what it read comes on the channel.
+fn read_to_end(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut pipe) = pipe {
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = pipe.read_to_end(&mut all);
+            let _ = tx.send(all);
+        });
+    }
+    rx
+}
+
+/// Runs `cmd` to its end as [`Command::output`] does (stdin empty, stdout and stderr captured,
+/// read meanwhile), except that a SIGINT or SIGTERM asking the comparison to stop
+/// ([`crate::interrupt::requested`], looked at every [`POLL`]) kills the child and reaps it:
+/// then [`INTERRUPTED`].
+fn output(cmd: &mut Command) -> Result<Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let (stdout, stderr) = (
+        read_to_end(child.stdout.take()),
+        read_to_end(child.stderr.take()),
+    );
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if !crate::interrupt::requested() => std::thread::sleep(POLL),
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(match other {
+                    Err(e) => e.to_string(),
+                    _ => INTERRUPTED.into(),
+                });
+            }
+        }
+    };
+    let collect = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        rx.recv_timeout(PIPES_AFTER_EXIT).unwrap_or_default()
+    };
+    Ok(Output {
+        status,
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    })
 }
 
 /// How many of a child's last stderr lines [`StderrTail`] keeps for an error message.
@@ -1115,7 +1230,7 @@ impl StderrTail {
 /// Reads `child`'s stderr until a line contains `what` (within `limit`); the rest is read on
 /// to its end, its last lines kept (the tail returned). A child whose stderr ends first (it
 /// ended, or failed to start) is reported at once with its last lines: "ended before it was
-/// ready: ...".
+/// ready: ..."; a SIGINT or SIGTERM meanwhile ends the wait within [`POLL`] ([`INTERRUPTED`]).
 fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<StderrTail, String> {
     let err = child.stderr.take().ok_or("no stderr")?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -1132,10 +1247,14 @@ fn wait_for_line(child: &mut Child, what: &str, limit: Duration) -> Result<Stder
     };
     let deadline = Instant::now() + limit;
     loop {
+        if crate::interrupt::requested() {
+            return Err(INTERRUPTED.into());
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        match tail.lines.recv_timeout(left) {
+        match tail.lines.recv_timeout(left.min(POLL)) {
             Ok(l) if l.contains(what) => return Ok(tail),
             Ok(l) => tail.keep(l),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 let said = tail.last(Duration::ZERO);
                 return Err(format!(

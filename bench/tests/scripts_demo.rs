@@ -5,7 +5,8 @@
 //!
 //! The script brings the real veth test bed up (`scripts/netns.sh`, under the bed's lock, which
 //! it takes itself), so these tests need root. Without it they print `SKIPPED: <why>` and pass,
-//! except under `CI=true`, where they fail with the reason.
+//! except under `CI=true`, where they fail with the reason. (The SIGTERM test runs over the
+//! socket transport on loopback: no bed, no root.)
 
 /// The stub: what it was asked is appended to `$STUB_DIR/calls` ("SIDE TRANSPORT TEST"), each
 /// server's pid to `$STUB_DIR/servers`; `$STUB_MODE` picks how the AF_XDP runs go:
@@ -16,9 +17,11 @@
 /// * `rejected`: the client's connection is refused by the server's MPA layer (not by TCP),
 ///   the server waits;
 /// * `late`: the client finds the connection refused (nobody listening yet) three times in
-///   each test, then succeeds.
+///   each test, then succeeds;
+/// * `hang`: over either transport, the server says it listens and the client records its pid
+///   in `$STUB_DIR/clients`, and both run until stopped.
 ///
-/// Runs over the socket transport always succeed.
+/// Other runs over the socket transport succeed.
 const STUB: &str = r#"#!/usr/bin/env bash
 test=$1
 shift
@@ -35,18 +38,19 @@ side=server
 [ -z "$addr" ] || side=client
 echo "$side $transport $test" >>"$STUB_DIR/calls"
 mode=$STUB_MODE
-[ "$transport" = xdp ] || mode=ok
+[ "$transport" = xdp ] || [ "$mode" = hang ] || mode=ok
 if [ "$side" = server ]; then
   echo $$ >>"$STUB_DIR/servers"
   case $mode in
     noengine) echo "iwarp-bench: starting the AF_XDP engine on iwa0: stub: no XDP here" >&2; exit 1 ;;
-    mismatch|rejected) echo "iwarp-bench: $test server listening (stub)" >&2; exec sleep 60 ;;
+    mismatch|rejected|hang) echo "iwarp-bench: $test server listening (stub)" >&2; exec sleep 60 ;;
     *) echo "iwarp-bench: $test server listening (stub)" >&2; sleep 3; exit 0 ;;
   esac
 fi
 case $mode in
   noengine) echo "iwarp-bench: starting the AF_XDP engine on iwb0: stub: no XDP here" >&2; exit 1 ;;
   mismatch) echo "iwarp-bench: data mismatch in message 0 at octet 17 (stub)" >&2; exit 1 ;;
+  hang) echo $$ >>"$STUB_DIR/clients"; exec sleep 60 ;;
   rejected) echo "iwarp-bench: connect to $addr: the server refused the MPA Request (stub)" >&2; exit 1 ;;
   late)
     n=$(grep -c "^client xdp $test$" "$STUB_DIR/calls")
@@ -168,4 +172,58 @@ fn a_client_too_early_tries_again_and_the_demo_passes() {
     assert_eq!(tries("write-bw"), 4, "{:?}", calls);
     assert_eq!(tries("write-lat"), 4, "{:?}", calls);
     assert!(!calls.iter().any(|c| c.contains(" socket ")), "{:?}", calls);
+}
+
+/// A SIGTERM while the demo's client runs ends the demo within seconds, as the signal does (143
+/// for its caller), with its server and client stopped (the trap of scripts/lib/jobs.sh's
+/// `on_exit`; the client run by `waited`, so the trap need not wait for it to end) and its
+/// temporary directory removed. Over the socket transport on loopback (`DEMO_TRANSPORT`): no
+/// bed, no root.
+#[test]
+fn a_sigterm_stops_the_demos_server_and_client() {
+    let dir = stubbed::stub_dir("demo-sigterm");
+    let tmpdir = dir.join("tmp");
+    std::fs::create_dir_all(&tmpdir).expect("stub dir");
+    let bin = stubbed::stub(&dir, "iwarp-bench", STUB);
+    let started = std::time::Instant::now();
+    let run = stubbed::run_script_signalled(
+        "demo.sh",
+        &dir,
+        &[
+            ("BIN", bin.as_os_str()),
+            ("STUB_MODE", "hang".as_ref()),
+            ("DEMO_TRANSPORT", "socket".as_ref()),
+            ("TMPDIR", tmpdir.as_os_str()),
+        ],
+        |dir| !stubbed::pids(&dir.join("clients")).is_empty(),
+        "TERM",
+        std::time::Duration::from_secs(20),
+    );
+    let left_in_tmpdir: Vec<_> = std::fs::read_dir(&tmpdir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "exit {:?} signal {:?} after {:?}\nstdout:\n{}\nstderr:\n{}",
+        run.code,
+        run.signal,
+        started.elapsed(),
+        run.stdout,
+        run.stderr
+    );
+    assert!(
+        run.signal == Some(15) || run.code == Some(143),
+        "ended as SIGTERM does: {text}"
+    );
+    assert!(!run.servers.is_empty() && !run.clients.is_empty(), "{text}");
+    assert!(
+        run.live_servers.is_empty() && run.live_clients.is_empty(),
+        "left running: servers {:?}, clients {:?}\n{text}",
+        run.live_servers,
+        run.live_clients
+    );
+    assert!(
+        left_in_tmpdir.is_empty(),
+        "left: {left_in_tmpdir:?}\n{text}"
+    );
 }
