@@ -260,6 +260,9 @@ const WAKE: Token = Token(1);
 const TX_HIGH: usize = 512 * 1024;
 /// Read calls per loop turn, so a busy receive side cannot starve commands and transmit.
 const RX_BUDGET: usize = 16;
+/// Turns of reading (each [`RX_BUDGET`] reads of the receive buffer's size) that place what
+/// the socket still holds when sending failed: more than a kernel receive buffer holds.
+const RX_LEFT_TURNS: usize = 64;
 /// Work requests taken from the application per turn.
 const CMD_BUDGET: usize = 256;
 
@@ -749,6 +752,17 @@ impl Engine {
         progress
     }
 
+    /// Reads and places what the socket still holds (at most [`RX_LEFT_TURNS`] turns of
+    /// [`Engine::receive`]: the kernel's receive buffer is finite), until it has nothing more
+    /// now, ends or fails.
+    fn receive_what_is_left(&mut self) {
+        for _ in 0..RX_LEFT_TURNS {
+            if !self.receive() || self.rx_closed {
+                break;
+            }
+        }
+    }
+
     /// Feeds received bytes through the framing into the queue pair (placement happens
     /// here).
     fn process_rx(&mut self, bytes: &[u8]) {
@@ -870,6 +884,12 @@ impl Engine {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.tx_failed = true;
+                    // What the peer sent before the failure came whole and in order: it is
+                    // placed before the queue pair fails. (A peer that acknowledged all of
+                    // ours and then reset, as a close with our octets unread does on Linux,
+                    // leaves them readable; dropped, a Write it completed would arrive in
+                    // part.)
+                    self.receive_what_is_left();
                     if !self.closing {
                         self.set_error(QpError::from_io(&e));
                     }
