@@ -98,7 +98,9 @@ run_pair() {
 # when the bed does not come up.
 xdp_demo() {
   exec 9>/run/lock/iwarp-netns.lock
-  flock 9
+  # As a job the script waits for: a SIGTERM while another holder keeps the bed ends the wait
+  # at once (the lock, on the descriptor the job shares with us, stays ours once taken).
+  waited flock 9
   BED=1
   if ! scripts/netns.sh up >/dev/null; then
     echo "demo: the veth test bed did not come up (scripts/netns.sh up, see above)" >&2

@@ -239,21 +239,36 @@ pub fn main(args: impl Iterator<Item = String>) -> ExitCode {
     };
     let result = run(&cli);
     if let Err(e) = &result {
-        eprintln!("iwarp-bench compare: {e}");
+        note(&format!("iwarp-bench compare: {e}"));
     }
     match crate::interrupt::signal() {
-        // Stopped by a signal: 128 + its number, as a shell says of a command it ended.
+        // Stopped by a signal: it ends the process once the cleanup is done, as it would have
+        // uncaught (a shell's loop around compare stops too); 128 + its number should it not.
         Some(sig) => {
-            let code = crate::interrupt::exit_code(sig);
-            eprintln!(
-                "iwarp-bench compare: interrupted by {} (exit status {code})",
+            note(&format!(
+                "iwarp-bench compare: interrupted by {}",
                 crate::interrupt::name(sig)
-            );
-            ExitCode::from(code)
+            ));
+            crate::interrupt::end_by(sig);
+            ExitCode::from(crate::interrupt::exit_code(sig))
         }
         None if result.is_ok() => ExitCode::SUCCESS,
         None => ExitCode::FAILURE,
     }
+}
+
+/// Writes `text` to standard output, ignoring a failure: after Ctrl-C a `| tee` reading it
+/// may be gone (print! would panic, and the JSON and the bed's cleanup after it would not
+/// happen).
+fn out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
+/// A line to standard error, ignoring a failure, as [`out`].
+fn note(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn run(cli: &CompareCli) -> Result<(), String> {
@@ -387,23 +402,31 @@ fn run(cli: &CompareCli) -> Result<(), String> {
     }
     let interrupted = crate::interrupt::signal().map(crate::interrupt::name);
     if let Some(sig) = &interrupted {
-        eprintln!(
+        note(&format!(
             "iwarp-bench compare: stopping after {} of {total} runs ({sig}): the results \
              below are of those only; the bed goes down",
             samples.len() + failures.len()
-        );
+        ));
     }
     let p99s = medians(&samples, |s| s.p99);
     let medians = medians(&samples, |s| Some(s.value));
-    print!(
-        "{}",
-        table(cli.test, "", cli.rounds, &sizes, &transports, &medians)
-    );
+    out(&table(
+        cli.test,
+        "",
+        cli.rounds,
+        &sizes,
+        &transports,
+        &medians,
+    ));
     if cli.test == Kind::Lat {
-        print!(
-            "{}",
-            table(cli.test, " p99", cli.rounds, &sizes, &transports, &p99s)
-        );
+        out(&table(
+            cli.test,
+            " p99",
+            cli.rounds,
+            &sizes,
+            &transports,
+            &p99s,
+        ));
     }
     if let Some(path) = &cli.json {
         let out = serde_json::json!({

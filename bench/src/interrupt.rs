@@ -4,8 +4,8 @@
 //! * `--run_infinitely`: the run loop ends as a finished one does (the server checks the data)
 //!   and the process exits normally.
 //! * `compare`: the running measurement's children are stopped, no further one starts, the
-//!   results so far are printed and the bed goes down; the process exits with 128 + the
-//!   signal's number, as a shell reports a command that signal ended ([`exit_code`]).
+//!   results so far are printed and the bed goes down; then the signal ends the process as
+//!   it would have uncaught ([`end_by`]; [`exit_code`] should it not).
 //!
 //! Either way the next SIGINT or SIGTERM ends the process at once (the default action).
 
@@ -91,4 +91,19 @@ pub fn name(sig: libc::c_int) -> String {
 /// 143 for SIGTERM).
 pub fn exit_code(sig: libc::c_int) -> u8 {
     u8::try_from(128 + sig).unwrap_or(u8::MAX)
+}
+
+/// Ends the process by `sig` as its default action does, so that a shell running us in a loop
+/// stops too (a command that exits 130 instead is just a failed one to the loop). Flushes our
+/// standard output first. Returns only if the signal did not end the process.
+pub fn end_by(sig: libc::c_int) {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: a zeroed sigaction is "SIG_DFL, no flags, empty mask"; `sigaction` reads the
+    // struct we pass and writes nothing back (old action null); `raise` takes no pointer.
+    unsafe {
+        let default: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, &default, std::ptr::null_mut());
+        libc::raise(sig);
+    }
 }

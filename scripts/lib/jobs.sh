@@ -129,6 +129,13 @@ _jobs_signal() {
 _jobs_exit() {
   local rc=$? pid f tenths=50
   set +eu
+  # A first INT or TERM during the cleanup is noted, not obeyed at once (that would cut the
+  # cleanup short: servers left, the bed up); the cleanup then ends by it. A second one ends
+  # the script at once.
+  [ -n "$JOBS_SIGNAL" ] || {
+    trap 'JOBS_SIGNAL=INT; trap - INT TERM' INT
+    trap 'JOBS_SIGNAL=TERM; trap - INT TERM' TERM
+  }
   if [ -z "$JOBS_DONE" ]; then
     JOBS_DONE=1
     JOBS_KIDS=()
