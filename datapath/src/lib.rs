@@ -90,7 +90,7 @@ pub use socket::{connect, connect_with_recvs};
 pub use verbs::async_events::{AsyncEvent, AsyncEventChannel};
 pub use verbs::cm::{
     ConnectParams, ConnectRequest, Connection, Framing, Keepalive, ListenStats, Listener,
-    MAX_BACKLOG, MAX_IRD_ORD, MAX_QP_WR, MAX_USER_TIMEOUT,
+    MAX_BACKLOG, MAX_CLOSE_TIMEOUT, MAX_IRD_ORD, MAX_QP_WR, MAX_USER_TIMEOUT,
 };
 pub use verbs::cm_events::{
     CmEvent, CmEventChannel, ConnectAttempt, ListenerId, NotifyingListener,

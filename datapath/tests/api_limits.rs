@@ -78,12 +78,12 @@ fn ift_without_rdma_mode_is_refused() {
 }
 
 /// Keepalive times and counts, and a user timeout, beyond what the kernel takes (or of
-/// zero) are refused
-/// by the listen or connect, before any connection is made: on the socket transport the
-/// kernel would refuse them only once the MPA exchange was done, the peer told "accepted".
+/// zero) are refused by the listen or connect, before any connection is made: on the socket
+/// transport the kernel would refuse them only once the MPA exchange was done, the peer told
+/// "accepted". So is a close timeout of zero or above `MAX_CLOSE_TIMEOUT`.
 #[test]
 fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
-    use datapath::{Keepalive, MAX_USER_TIMEOUT};
+    use datapath::{Keepalive, MAX_CLOSE_TIMEOUT, MAX_USER_TIMEOUT};
     use std::time::Duration;
     let dev = Device::socket();
     let addr = "127.0.0.1:0".parse().expect("address");
@@ -141,6 +141,14 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
             }),
             ..ConnectParams::default()
         },
+        ConnectParams {
+            close_timeout: Duration::ZERO,
+            ..ConnectParams::default()
+        },
+        ConnectParams {
+            close_timeout: MAX_CLOSE_TIMEOUT + Duration::from_nanos(1),
+            ..ConnectParams::default()
+        },
     ];
     // Nobody listens on the port: a connect that got past the check would be refused by TCP.
     let nobody = "127.0.0.1:9".parse().expect("address");
@@ -168,11 +176,13 @@ fn keepalive_and_user_timeout_beyond_the_kernels_are_refused() {
             probes: Keepalive::MAX_PROBES,
         }),
         user_timeout: Some(MAX_USER_TIMEOUT),
+        close_timeout: MAX_CLOSE_TIMEOUT,
         ..ConnectParams::default()
     };
     assert!(dev.listen(addr, at_the_limits).is_ok());
     let shortest = ConnectParams {
         user_timeout: Some(Duration::from_nanos(1)),
+        close_timeout: Duration::from_nanos(1),
         ..ConnectParams::default()
     };
     assert!(dev.listen(addr, shortest).is_ok());

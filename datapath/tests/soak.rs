@@ -51,7 +51,7 @@
 //! held in a reassembly store, and every connection a client made was established at the
 //! server.
 //!
-//! Environment: `SOAK_SECONDS` (default 15) for each test, `SOAK_SEED` (default 1),
+//! Environment: `SOAK_SECONDS` (default 8) for each test, `SOAK_SEED` (default 1),
 //! `SOAK_LOSS` (default 0.01, at most 0.05: as much reordering, half as much duplication),
 //! `SOAK_MTU` (default 1500; `jumbo_frames` always runs at 9000). Long runs by hand:
 //! `scripts/soak.sh` (docs/RELIABILITY.md).
@@ -1247,7 +1247,7 @@ fn client_loop(
 /// the socket transport), and the bed's MTU (`None`: `SOAK_MTU`'s, by default 1500).
 fn soak(ports: Ports, engine_server: bool, engine_clients: bool, mtu: Option<u32>) {
     let bed = relay_bed_or_skip!();
-    let seconds: u64 = env("SOAK_SECONDS", 15);
+    let seconds: u64 = env("SOAK_SECONDS", 8);
     let seed: u64 = env("SOAK_SEED", 1);
     let loss: f64 = env("SOAK_LOSS", 0.01);
     let mtu: u32 = mtu.unwrap_or_else(|| env("SOAK_MTU", 1500));

@@ -1,9 +1,11 @@
 //! `QueuePair::disconnect` on the socket transport is bounded against a peer that stopped
 //! reading: the peer (a raw TCP socket that answers the MPA Request by hand and never reads
 //! again) lets its receive buffer fill, our Writes fill our send buffer behind it, and the
-//! graceful close can never drain; after its 10 s the close becomes a reset and `disconnect`
-//! returns with the queue pair finished, and a close only started (`start_disconnect`) ends
-//! the same way. Loopback, no root needed; one case on the AF_XDP engine on the veth bed.
+//! graceful close can never drain; after its close timeout (`ConnectParams::close_timeout`:
+//! 10 s by default, [`CLOSE_TIMEOUT`] in most cases here) the close becomes a reset and
+//! `disconnect` returns with the queue pair finished, and a close only started
+//! (`start_disconnect`) ends the same way. Loopback, no root needed; some cases on the
+//! AF_XDP engine on the veth bed.
 
 mod common;
 
@@ -22,8 +24,13 @@ const WAIT: Duration = Duration::from_secs(20);
 const WRITE_LEN: usize = 1 << 20;
 /// Writes posted: far more than loopback's socket buffers hold.
 const WRITES: u64 = 64;
-/// What `disconnect` may take: the 10 s graceful wait, the 2 s reset wait and some slack.
-const DISCONNECT_BOUND: Duration = Duration::from_secs(14);
+/// The close timeout the cases set (the default's 10 s in one case only: the bound is the
+/// same code, and each case would wait it out).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// What `disconnect` may take: the graceful wait, the 2 s reset wait and some slack.
+const DISCONNECT_BOUND: Duration = Duration::from_secs(3 + 4);
+/// What a close only started may take: its graceful wait and some slack for a loaded machine.
+const STARTED_CLOSE_BOUND: Duration = Duration::from_secs(3 + 5);
 
 /// A peer that completes the MPA exchange as Responder and then never reads: its socket stays
 /// open until `stop` says (or is dropped).
@@ -63,13 +70,14 @@ fn answer_request(s: &mut TcpStream) -> Result<(), String> {
 
 /// Connects to `addr` without a user timeout (the kernel never gives up on a peer that keeps
 /// advertising a zero window, or acknowledges something now and then: only our own bounds
-/// end what follows) and posts [`post_writes`]' Writes.
+/// end what follows) and with `params`' close timeout, and posts [`post_writes`]' Writes.
 fn connect_and_post_writes(
     addr: SocketAddr,
     pd: &ProtectionDomain,
     cq: &CompletionQueue,
+    params: &ConnectParams,
 ) -> (datapath::Connection, datapath::MemoryRegion) {
-    let conn = datapath::connect(addr, pd, cq, &no_user_timeout(), b"").expect("connect");
+    let conn = datapath::connect(addr, pd, cq, params, b"").expect("connect");
     let src = post_writes(pd, &conn.qp);
     (conn, src)
 }
@@ -92,7 +100,7 @@ fn engine_connect_and_post_writes(
             SocketAddr::from((testbed::ADDR_B, port)),
             pd,
             cq,
-            &no_user_timeout(),
+            &params(CLOSE_TIMEOUT),
             b"",
         )
         .expect("connect");
@@ -100,11 +108,13 @@ fn engine_connect_and_post_writes(
     (engine, conn, src)
 }
 
-/// Connection parameters without a user timeout (only our own bounds end what follows).
-fn no_user_timeout() -> ConnectParams {
+/// Connection parameters without a user timeout (only our own bounds end what follows), with
+/// `close_timeout`.
+fn params(close_timeout: Duration) -> ConnectParams {
     ConnectParams {
         user_timeout: None,
         setup_timeout: Duration::from_secs(10),
+        close_timeout,
         ..ConnectParams::default()
     }
 }
@@ -149,7 +159,7 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     let (stop_tx, stop_rx) = mpsc::channel();
     let (addr, peer) = silent_responder(stop_rx);
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &params(CLOSE_TIMEOUT));
     wait_for_the_stall(&cq);
 
     let (done_tx, done_rx) = mpsc::channel();
@@ -165,13 +175,15 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
         .expect("disconnect did not return");
     println!("disconnect returned after {elapsed:?}: {status:?}");
     assert!(elapsed <= DISCONNECT_BOUND, "disconnect took {elapsed:?}");
+    // The peer never read: the graceful close waited its whole close timeout first.
+    assert!(elapsed >= CLOSE_TIMEOUT, "disconnect took only {elapsed:?}");
     assert!(status.finished, "{status:?}");
     let _ = stop_tx.send(());
     peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// `destroy` (`rdma_destroy_id` of a connected id) behind a peer that stopped reading is
-/// abrupt, as iWARP's is: the connection reset at once, not the graceful close's 10 s wait
+/// abrupt, as iWARP's is: the connection reset at once, not the graceful close's wait
 /// (which dropping the handle makes); the peer sees the reset.
 #[test]
 fn destroy_behind_a_peer_that_stopped_reading_resets_at_once() {
@@ -197,7 +209,7 @@ fn destroy_behind_a_peer_that_stopped_reading_resets_at_once() {
         }
     });
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &params(CLOSE_TIMEOUT));
     wait_for_the_stall(&cq);
     let started = Instant::now();
     conn.qp.destroy();
@@ -210,16 +222,18 @@ fn destroy_behind_a_peer_that_stopped_reading_resets_at_once() {
 }
 
 /// `start_disconnect` (`rdma_disconnect`, which does not wait) behind a peer that stopped
-/// reading: nobody waits in `disconnect` to reset the close after its 10 s, yet the close
-/// ends by itself within the same bound (the user timeout, or 10 s), reset, and its end is
-/// seen (`status().finished`) with the application doing nothing more. Before, it waited for
-/// the peer for as long as the peer held its connection open, its end unreported.
+/// reading: nobody waits in `disconnect` to reset the close after its close timeout (here
+/// the default, 10 s), yet the close ends by itself within the same bound, reset, and its end
+/// is seen (`status().finished`) with the application doing nothing more. Before, it waited
+/// for the peer for as long as the peer held its connection open, its end unreported.
 #[test]
 fn a_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
     let (stop_tx, stop_rx) = mpsc::channel();
     let (addr, peer) = silent_responder(stop_rx);
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    let default = params(ConnectParams::default().close_timeout);
+    assert_eq!(default.close_timeout, Duration::from_secs(10));
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &default);
     wait_for_the_stall(&cq);
     let started = Instant::now();
     conn.qp.start_disconnect().expect("start the close");
@@ -236,8 +250,8 @@ fn a_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
 
 /// The same on the AF_XDP engine (the veth bed, root; `SKIPPED` without it, a failure under
 /// `CI=true`): the peer, kernel TCP in `iwb`, never reads; the engine's close is reset after
-/// its 10 s. Before, its TCP answered the peer's zero window with probes for ever (no user
-/// timeout), the queue pair Closing.
+/// its close timeout. Before, its TCP answered the peer's zero window with probes for ever (no
+/// user timeout), the queue pair Closing.
 #[test]
 fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time() {
     use testbed::{ADDR_B, NS_A, NS_B};
@@ -254,21 +268,23 @@ fn engine_started_close_behind_a_peer_that_stopped_reading_ends_in_bounded_time(
         wait_for_the_stall(&cq);
         let started = Instant::now();
         conn.qp.start_disconnect().expect("start the close");
-        let ended = conn.qp.wait_finished(Duration::from_secs(15));
+        let ended = conn.qp.wait_finished(STARTED_CLOSE_BOUND);
         (ended, started.elapsed(), conn.qp.status())
     });
     let _ = stop_tx.send(());
     let (ended, took, status) = outcome;
     println!("ended {ended} after {took:?}: {status:?}");
     assert!(ended, "the started close never ended: {status:?}");
+    assert!(took >= CLOSE_TIMEOUT, "the close ended after only {took:?}");
     peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// An engine connection closed gracefully (the peer reads to the end and closes too) waits in
-/// TIME-WAIT for 60 s; the close's 10 s deadline, spent once our FIN was acknowledged, must
-/// not keep the engine thread from sleeping meanwhile (a deadline left in the past made every
-/// wait return at once: millions of turns a second). The engine thread's turns over 2 s,
-/// 11 s after the close, stay those of an idle engine (about 6,600 a second).
+/// TIME-WAIT for 60 s; the close's deadline ([`CLOSE_TIMEOUT`] here), spent once our FIN was
+/// acknowledged, must not keep the engine thread from sleeping meanwhile (a deadline left in
+/// the past made every wait return at once: millions of turns a second). The engine thread's
+/// turns over 2 s, a second after the close's deadline, stay those of an idle engine (about
+/// 6,600 a second).
 #[test]
 fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
     use testbed::{ADDR_B, DEV_A, NS_A, NS_B};
@@ -291,6 +307,7 @@ fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
         let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
         let params = ConnectParams {
             setup_timeout: Duration::from_secs(10),
+            close_timeout: CLOSE_TIMEOUT,
             ..ConnectParams::default()
         };
         let conn = engine
@@ -298,7 +315,7 @@ fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
             .expect("connect");
         conn.qp.disconnect();
         assert!(conn.qp.status().finished, "{:?}", conn.qp.status());
-        std::thread::sleep(Duration::from_secs(11));
+        std::thread::sleep(CLOSE_TIMEOUT + Duration::from_secs(1));
         let before = engine.counters().thread_turns;
         std::thread::sleep(Duration::from_secs(2));
         engine.counters().thread_turns - before
@@ -310,8 +327,8 @@ fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
 
 /// A peer that makes our queue pair fail (an FPDU whose CRC is wrong) while our Writes wait
 /// behind its full window, and then reads a trickle (`trickle`: 64 KiB every 2 s) or nothing
-/// at all: the queue pair sends what it can of them and its Terminate for at most 10 s (the
-/// user timeout if less), then resets the connection, and its end is seen
+/// at all: the queue pair sends what it can of them and its Terminate for at most its close
+/// timeout (the user timeout if less), then resets the connection, and its end is seen
 /// (`status().finished`) with the application doing nothing. Before, it waited until all its
 /// own buffer (half a MiB) had gone at the peer's pace, holding its thread and buffers, the
 /// end unreported; behind a peer that reads nothing it stayed in Terminate for ever.
@@ -322,19 +339,19 @@ fn error_behind_a_slow_reader(trickle: bool) {
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let peer = slow_reader(listener, trickle, go_rx, stop_rx);
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq);
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &params(CLOSE_TIMEOUT));
     let (ended, took, status) = fail_and_wait(&conn.qp, &go_tx);
     let _ = stop_tx.send(());
     println!("trickle {trickle}: ended {ended} after {took:?}: {status:?}");
-    assert_ended_in_error(ended, &status);
+    assert_ended_in_error(ended, took, &status);
     drop(conn);
     peer.join().expect("the peer's thread").expect("the peer");
 }
 
 /// Once some Writes went, has the peer send its bad FPDU (`go`) and waits for the queue
-/// pair's end: whether it came within 15 s (its 10 s in Error and some slack for a loaded
-/// machine: what it had queued would take the trickle 18 s and more), how long it took, and
-/// its status.
+/// pair's end: whether it came within [`STARTED_CLOSE_BOUND`] (its close timeout in Error and
+/// some slack for a loaded machine: what it had queued would take the trickle 18 s and more),
+/// how long it took, and its status.
 fn fail_and_wait(
     qp: &datapath::QueuePair,
     go: &mpsc::Sender<()>,
@@ -343,12 +360,14 @@ fn fail_and_wait(
     std::thread::sleep(Duration::from_millis(1500));
     let _ = go.send(());
     let started = Instant::now();
-    let ended = qp.wait_finished(Duration::from_secs(15));
+    let ended = qp.wait_finished(STARTED_CLOSE_BOUND);
     (ended, started.elapsed(), qp.status())
 }
 
-fn assert_ended_in_error(ended: bool, status: &datapath::QpStatus) {
+fn assert_ended_in_error(ended: bool, took: Duration, status: &datapath::QpStatus) {
     assert!(ended, "the queue pair in error did not end: {status:?}");
+    // What it had queued would take the peer far longer: the close timeout ended it.
+    assert!(took >= CLOSE_TIMEOUT, "it ended after only {took:?}");
     assert!(
         matches!(status.error, Some(datapath::QpError::Mpa(_))) && status.sent_terminate.is_some(),
         "{status:?}"
@@ -409,7 +428,7 @@ fn a_queue_pair_in_error_behind_a_reader_that_stopped_ends_in_bounded_time() {
 }
 
 /// [`error_behind_a_slow_reader`] on the AF_XDP engine (veth bed): its queue pair in Error, a
-/// peer reading a trickle, also ends within 10 s and a reset, with the application doing
+/// peer reading a trickle, also ends within its close timeout and a reset, with the application doing
 /// nothing. Before, only a close the application started had that bound: the connection,
 /// its buffers and its table slot stayed for as long as the trickle lasted.
 #[test]
@@ -431,6 +450,6 @@ fn engine_queue_pair_in_error_behind_a_trickling_reader_ends_in_bounded_time() {
     });
     let _ = stop_tx.send(());
     println!("engine: ended {ended} after {took:?}: {status:?}");
-    assert_ended_in_error(ended, &status);
+    assert_ended_in_error(ended, took, &status);
     peer.join().expect("the peer's thread").expect("the peer");
 }

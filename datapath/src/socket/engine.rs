@@ -208,9 +208,10 @@ pub(super) fn start_engine(
         tx_failed: false,
         cq_overrun: false,
         last_state: None,
-        error_drain: params
-            .user_timeout
-            .map_or(CLOSE_DRAIN, |t| whole_millis(t).min(CLOSE_DRAIN)),
+        error_drain: params.user_timeout.map_or(params.close_timeout, |t| {
+            whole_millis(t).min(params.close_timeout)
+        }),
+        close_drain: params.close_timeout,
         error_deadline: None,
         close_deadline: None,
         posters: None,
@@ -231,6 +232,7 @@ pub(super) fn start_engine(
         srq,
         extensions,
         cq: Some(cq),
+        close_timeout: params.close_timeout,
     };
     engine.posters = posters.map(|p| (p, parts.post_path()));
     let thread = std::thread::Builder::new()
@@ -239,10 +241,6 @@ pub(super) fn start_engine(
     parts.thread = Some(thread);
     Ok(QueuePair::from_parts(parts))
 }
-
-/// The most a graceful close waits, after our FIN, for the peer to end its side
-/// (`Engine::close_gracefully`).
-const CLOSE_DRAIN: Duration = Duration::from_secs(10);
 
 /// The longest an idle connection's thread sleeps between looks at its work: a safety net
 /// (the socket, the application's waker and the deadlines wake it when there is work). It
@@ -362,6 +360,11 @@ struct Engine {
     /// How long a queue pair in Error may take to send what it has queued
     /// ([`Engine::error_drain_expired`]).
     error_drain: Duration,
+    /// The most the application's close waits for the peer to take what the queue pair had
+    /// queued, and after our FIN for the peer to end its side
+    /// ([`ConnectParams::close_timeout`]; [`Engine::close_drain_expired`],
+    /// [`Engine::close_gracefully`]).
+    close_drain: Duration,
     /// When the one in Error stops trying, once it is.
     error_deadline: Option<Instant>,
     /// When the application's close, once taken, stops waiting for what the queue pair had
@@ -523,7 +526,8 @@ impl Engine {
     /// arrive. A peer that neither sends nor acknowledges anything for [`CLOSE_QUIET`] (gone,
     /// or stalled) is not waited for: the kernel sends the rest after the close. Work
     /// requests posted meanwhile are taken as in any turn (refused while closing and flushed,
-    /// flushed in Error). Bounded by [`CLOSE_DRAIN`] from the application's close, the drain
+    /// flushed in Error). Bounded by the close timeout (`close_drain`) from the application's
+    /// close, the drain
     /// of what the queue pair had queued included (in Error by the error's deadline,
     /// [`Engine::error_drain_expired`]), and by `disconnect`'s wait.
     /// Returns true if the application's `abort` came meanwhile: the caller resets.
@@ -534,13 +538,13 @@ impl Engine {
         }
         let now = Instant::now();
         // In Error, what the kernel holds gets what is left of the error's time; after the
-        // application's close, what is left of the close's (one 10 s in all, as on the
-        // engine); the earlier where both are set.
+        // application's close, what is left of the close's (one close timeout in all, as on
+        // the engine); the earlier where both are set.
         let deadline = [self.error_deadline, self.close_deadline]
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or(now + CLOSE_DRAIN);
+            .unwrap_or(now + self.close_drain);
         let mut heard = now;
         let mut unacknowledged = usize::MAX;
         let mut scratch = std::mem::take(&mut self.rx);
@@ -943,7 +947,7 @@ impl Engine {
 
     /// Whether a queue pair in Error has spent its time sending what it had queued (its
     /// Terminate, FPDUs before it) without getting it all out: at most the user timeout
-    /// (RFC 5482; `ConnectParams::user_timeout`) or [`CLOSE_DRAIN`], whichever is less. The
+    /// (RFC 5482; `ConnectParams::user_timeout`) or the close timeout, whichever is less. The
     /// kernel's user timeout alone does not bound it: a peer that reads a trickle keeps
     /// acknowledging, and would hold the connection, its thread and buffers, with no end
     /// reported to the application, for as long as it liked.
@@ -956,18 +960,19 @@ impl Engine {
         drain_spent(&mut self.error_deadline, self.error_drain, idle)
     }
 
-    /// Whether the application's close (taken: `closing`) has spent [`CLOSE_DRAIN`], as
+    /// Whether the application's close (taken: `closing`) has spent its close timeout, as
     /// `disconnect` waits before its reset, handing the kernel what the queue pair had queued
-    /// without getting it all out. A peer that reads a trickle, or nothing, behind
-    /// a `start_disconnect` (nobody waiting in `disconnect` to reset it after 10 s), or a
-    /// queue pair whose last handle went on a transport thread, would otherwise hold the
+    /// without getting it all out. A peer that reads a trickle, or nothing, behind a
+    /// `start_disconnect` (nobody waiting in `disconnect` to reset it after the close
+    /// timeout), or a queue pair whose last handle went on a transport thread, would otherwise
+    /// hold the
     /// connection, its thread and buffers, its end unreported, for as long as it liked.
     fn close_drain_expired(&mut self) -> bool {
         if !self.closing {
             return false;
         }
         let idle = self.tx_idle();
-        drain_spent(&mut self.close_deadline, CLOSE_DRAIN, idle)
+        drain_spent(&mut self.close_deadline, self.close_drain, idle)
     }
 
     fn finished(&self) -> bool {

@@ -146,6 +146,14 @@ pub struct ConnectParams {
     /// Between 1 ns and [`MAX_USER_TIMEOUT`] (zero is refused: Linux reads it as "none",
     /// which is `None` here); the socket transport rounds it up to whole milliseconds.
     pub user_timeout: Option<Duration>,
+    /// How long a graceful close waits for the peer to take what the queue pair queued and
+    /// our FIN (`QueuePair::disconnect`, `start_disconnect`, an unaccepted connection's
+    /// close, the end of a queue pair in Error) before the connection is reset: a peer that
+    /// reads a trickle, or nothing, cannot hold it longer. On the socket transport it also
+    /// bounds how long the close reads a peer that still sends after our FIN. Default 10 s;
+    /// above zero and at most [`MAX_CLOSE_TIMEOUT`]. A listener's applies to the connections
+    /// it turns away; an accept's to the connection it accepts.
+    pub close_timeout: Duration,
     /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
     /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
     /// Reply with R=1) and its connection closed; one left unanswered fails after
@@ -219,6 +227,9 @@ impl Keepalive {
     pub const MAX_PROBES: u32 = 127;
 }
 
+/// The longest close timeout ([`ConnectParams::close_timeout`]): an hour.
+pub const MAX_CLOSE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// The longest user timeout ([`ConnectParams::user_timeout`]): Linux's `TCP_USER_TIMEOUT`, in
 /// milliseconds in a C `int` (about 24.8 days); both transports refuse more.
 pub const MAX_USER_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
@@ -237,7 +248,8 @@ impl ConnectParams {
     /// Checks what a connect or an accept makes from these parameters, before anything of
     /// the connection is made: queue depths up to [`MAX_QP_WR`] (0 is a queue that takes
     /// nothing), IRD and ORD up to [`MAX_IRD_ORD`], IFT framing in its RDMA mode (R set: the
-    /// queue pairs run RDMAP), keepalive and the user timeout within what the kernel takes
+    /// queue pairs run RDMAP), the close timeout up to [`MAX_CLOSE_TIMEOUT`], keepalive and
+    /// the user timeout within what the kernel takes
     /// ([`Keepalive::MAX_TIME`], [`Keepalive::MAX_PROBES`], [`MAX_USER_TIMEOUT`]: the socket
     /// transport would otherwise fail only after the MPA exchange, the peer told "accepted").
     /// [`DatapathError::InvalidArgument`] says which is wrong.
@@ -275,6 +287,11 @@ impl ConnectParams {
         {
             return Err(DatapathError::InvalidArgument(
                 "the user timeout is above zero (None turns it off) and at most 2147483647 ms",
+            ));
+        }
+        if self.close_timeout.is_zero() || self.close_timeout > MAX_CLOSE_TIMEOUT {
+            return Err(DatapathError::InvalidArgument(
+                "the close timeout is above zero and at most MAX_CLOSE_TIMEOUT (3600 s)",
             ));
         }
         Ok(())
@@ -319,6 +336,7 @@ impl Default for ConnectParams {
             local_addr: None,
             keepalive: Some(Keepalive::default()),
             user_timeout: Some(Duration::from_secs(30)),
+            close_timeout: Duration::from_secs(10),
             backlog: 64,
             rdmap_extensions: false,
             tos: 0,

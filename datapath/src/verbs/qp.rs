@@ -666,6 +666,8 @@ pub struct QueuePair {
     local: SocketAddr,
     peer: SocketAddr,
     tos: u8,
+    /// [`QpParts::close_timeout`].
+    close_timeout: Duration,
     /// The transport's thread for this connection alone, joined by the first disconnect or
     /// abort once it has finished (the socket transport's; the AF_XDP engine's thread is
     /// shared).
@@ -806,13 +808,14 @@ pub(crate) struct QpParts {
     pub(crate) extensions: bool,
     /// The completion queues the transport delivers the queue pair's completions to.
     pub(crate) cq: Option<CqSink>,
+    /// How long [`QueuePair::disconnect`] waits for the transport to close the connection
+    /// gracefully before it resets it ([`crate::ConnectParams::close_timeout`]; the
+    /// transport resets it itself after as long).
+    pub(crate) close_timeout: Duration,
 }
 
-/// How long [`QueuePair::disconnect`] waits for the transport to close the connection
-/// gracefully before it resets it.
-const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How long [`QueuePair::disconnect`] waits for the reset that follows a graceful close that
-/// did not finish in [`DISCONNECT_WAIT`], and [`QueuePair::abort`] for its reset.
+/// did not finish in its close timeout, and [`QueuePair::abort`] for its reset.
 const ABORT_WAIT: Duration = Duration::from_secs(2);
 /// How often a disconnect or abort looks whether the transport has finished.
 const END_POLL: Duration = Duration::from_millis(1);
@@ -844,6 +847,7 @@ impl QueuePair {
             local: p.local,
             peer: p.peer,
             tos: p.tos,
+            close_timeout: p.close_timeout,
             thread_id: p.thread.as_ref().map(|t| t.thread().id()),
             thread: Mutex::new(p.thread),
         }
@@ -1031,7 +1035,9 @@ impl QueuePair {
 
     /// Closes the connection: outstanding work requests complete as flushed, the socket is
     /// shut down, and the transport's thread for the connection (the socket transport's) is
-    /// joined. A graceful close that has not finished within 10 s (a peer that stopped
+    /// joined. A graceful close that has not finished within its close timeout
+    /// ([`ConnectParams::close_timeout`](crate::ConnectParams::close_timeout), 10 s by
+    /// default: a peer that stopped
     /// reading or acknowledging keeps our data and FIN in flight) becomes a reset, waited for
     /// up to 2 s more (on the socket transport the reset drops what the kernel still held,
     /// and what the connection's thread had framed, which may include Sends and Writes that
@@ -1060,7 +1066,7 @@ impl QueuePair {
             // waited for its own time only.
             self.ended() || self.reset_within(ABORT_WAIT, false)
         } else {
-            self.ended_within(DISCONNECT_WAIT) || self.reset_within(ABORT_WAIT, false)
+            self.ended_within(self.close_timeout) || self.reset_within(ABORT_WAIT, false)
         };
         if !ended {
             self.give_up_end_wait();
@@ -1149,15 +1155,18 @@ impl QueuePair {
     /// complete and the transport may still read and write the queue pair's memory; the
     /// close ends by the transport's own bounds (the retransmission limit,
     /// [`ConnectParams::user_timeout`](crate::ConnectParams::user_timeout), FIN-WAIT-2's
-    /// timeout; on the socket transport, at most 10 s reading a peer that still sends after
-    /// our FIN), and on both transports by at most 10 s for the peer to take what the queue
+    /// timeout; on the socket transport, at most the close timeout reading a peer that still
+    /// sends after our FIN), and on both transports by at most the close timeout
+    /// ([`ConnectParams::close_timeout`](crate::ConnectParams::close_timeout), 10 s by
+    /// default) for the peer to take what the queue
     /// pair had queued (and, on the engine, our FIN): behind a peer that reads a trickle or
     /// nothing the connection is then reset, as `disconnect` resets it (on the socket
     /// transport the reset also drops what the kernel and the connection's thread held: Sends
     /// and Writes complete there once the thread has framed them, up to 512 KiB ahead of the
     /// kernel, so some that completed may not arrive). A later
     /// `disconnect`, or dropping the handle, waits for the end as
-    /// `disconnect` does (resetting the connection after 10 s; see there for a transport
+    /// `disconnect` does (resetting the connection after the close timeout; see there for a
+    /// transport
     /// that does not answer). Posts
     /// that follow the close are refused, or flushed once the queue pair has finished in
     /// Error. On a queue pair that is closing or has ended already it does nothing.
@@ -1407,7 +1416,8 @@ impl PostPath {
 }
 
 /// [`QueuePair::disconnect`] for several queue pairs at once: every close starts before any
-/// wait, and the 10 s graceful bound and the 2 s reset bound run for all of them together
+/// wait, and the graceful bound (the longest of their close timeouts) and the 2 s reset bound
+/// run for all of them together
 /// (dropped one by one, each would wait its own). Where one of them could not wait (on a
 /// transport thread) it only starts the closes, as `disconnect` there only queues.
 pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
@@ -1419,7 +1429,8 @@ pub(crate) fn disconnect_together(qps: &[&QueuePair]) {
     }
     let all_ended_within =
         |timeout: Duration| poll_until(timeout, END_POLL, || qps.iter().all(|qp| qp.ended()));
-    if !all_ended_within(DISCONNECT_WAIT) {
+    let close_timeout = qps.iter().map(|qp| qp.close_timeout).max();
+    if !all_ended_within(close_timeout.unwrap_or_default()) {
         for qp in qps.iter().filter(|qp| !qp.ended()) {
             qp.path.shared.request_abort(false);
             let _ = qp.path.waker.wake();
@@ -1589,6 +1600,7 @@ pub(crate) mod tests {
             srq: false,
             extensions: false,
             cq,
+            close_timeout: Duration::from_secs(10),
         });
         (qp, rx)
     }

@@ -410,7 +410,7 @@ impl TcpApp for App<'_> {
             }
         };
         // Numbered by the accept, which gives it a queue pair.
-        let mut slot = Slot::new(conn, None, tuple, 0);
+        let mut slot = Slot::new(conn, None, tuple, 0, params.close_timeout);
         slot.unclaimed = true;
         self.st.unclaimed += 1;
         tracing::debug!(peer = %slot.peer, local_port = tuple.local_port, "TCP connection accepted");
@@ -616,6 +616,7 @@ impl TcpApp for App<'_> {
                         srq: slot.conn.qp().has_srq(),
                         extensions: qp_cfg.extensions,
                         cq: slot.waiter.cq().cloned(),
+                        close_timeout: slot.close_drain,
                     };
                     let path = slot.posters.is_some().then(|| parts.post_path());
                     let taken = match std::mem::replace(&mut slot.waiter, Waiter::None) {

@@ -19,10 +19,6 @@ use crate::{DatapathError, QpError};
 
 use super::commands::Handover;
 
-/// The longest a connection we close waits for the peer to take what it has queued before
-/// it is reset ([`Slot::reset_if_close_stalled`]): `QueuePair::disconnect`'s graceful wait.
-const CLOSE_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Who waits for a connection's setup to end, with the completion queue the connection gets
 /// when the caller has its queue pair ([`Slot::cq`]).
 pub(super) enum Waiter {
@@ -79,6 +75,11 @@ pub(super) struct Slot {
     close_deadline: Option<tcp_engine::Instant>,
     /// The close's deadline has done its part (passed, or our data and FIN were taken).
     close_deadline_spent: bool,
+    /// The longest a connection we close waits for the peer to take what it has queued
+    /// before it is reset ([`Slot::reset_if_close_stalled`]): `QueuePair::disconnect`'s
+    /// graceful wait, [`crate::ConnectParams::close_timeout`] (the connect's or the
+    /// accept's; the listener's for a connection never accepted).
+    pub(super) close_drain: std::time::Duration,
     /// A passive connection counted in the shard's `State::unclaimed` until its Request is
     /// queued for the application, or its TCP connection has as good as ended (FIN-WAIT-2,
     /// TIME-WAIT, closed: the table's lingering limit holds it then).
@@ -91,6 +92,7 @@ impl Slot {
         table: Option<usize>,
         tuple: tcp_engine::FourTuple,
         num: u32,
+        close_drain: std::time::Duration,
     ) -> Slot {
         let state = conn.qp().state();
         Slot {
@@ -114,13 +116,15 @@ impl Slot {
             last_state: None,
             close_deadline: None,
             close_deadline_spent: false,
+            close_drain,
             unclaimed: false,
         }
     }
 
     /// A connection we are closing (the application's Close, a handover nobody took, the
     /// engine's stop), or whose queue pair is ending by itself (Closing, Terminate or Error:
-    /// a bad FPDU, a Terminate, the peer's FIN), gets [`CLOSE_DRAIN`] for the peer to take
+    /// a bad FPDU, a Terminate, the peer's FIN), gets its close timeout (`close_drain`) for
+    /// the peer to take
     /// what it has queued (a Terminate among it) and our FIN, as a disconnect waits before
     /// its reset; then it is reset. A peer that reads a trickle keeps acknowledging (TCP's
     /// user timeout, which needs a stall, never fires), or one that answers window probes for
@@ -153,7 +157,7 @@ impl Slot {
             self.close_deadline_spent = true;
             return false;
         }
-        let at = *self.close_deadline.get_or_insert(now + CLOSE_DRAIN);
+        let at = *self.close_deadline.get_or_insert(now + self.close_drain);
         if now < at {
             return false;
         }

@@ -877,7 +877,7 @@ impl Turner {
             .connection(id)
             .map(|c| c.four_tuple())
             .ok_or(DatapathError::Disconnected)?;
-        let mut slot = Slot::new(conn, Some(table), tuple, start.num);
+        let mut slot = Slot::new(conn, Some(table), tuple, start.num, params.close_timeout);
         slot.posters = start.posters;
         self.st.slots.insert(id, slot);
         self.st.use_table(table);
@@ -912,6 +912,7 @@ impl Turner {
         post_initial_recvs(slot.conn.qp_mut(), &mem, start.recvs)?;
         slot.conn.qp_mut().join_stream(&mem);
         slot.num = start.num;
+        slot.close_drain = params.close_timeout;
         slot.conn
             .set_accept_ird_ord(params.mpa.ird, params.mpa.ord)
             .map_err(conn_error)?;
