@@ -9,6 +9,7 @@
 #
 # usage: scripts/fuzz.sh [TARGET...]          (default: every target of every fuzz crate)
 #   FUZZ_SECONDS   seconds per target (default 60)
+#   FUZZ_JOBS      targets fuzzed at once, each on one core (default: the machine's cores)
 #   FUZZ_WORK_DIR  corpus and crash artifacts (default target/fuzz)
 #
 # cargo-fuzz's default AddressSanitizer needs nightly (-Zsanitizer); with `--sanitizer none`
@@ -29,6 +30,7 @@ cd "$(dirname "$0")/.."
 
 CARGO_FUZZ_VERSION=0.13.2
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
+JOBS="${FUZZ_JOBS:-$(nproc)}"
 WORK="${FUZZ_WORK_DIR:-$PWD/target/fuzz}"
 BUILD="$PWD/target/fuzz-build"
 FUZZ_DIRS=(tcp-engine/fuzz fuzz)
@@ -37,6 +39,12 @@ started=$SECONDS
 case "$SECONDS_PER_TARGET" in
   '' | *[!0-9]*)
     echo "fuzz.sh: FUZZ_SECONDS must be a whole number of seconds, not '$SECONDS_PER_TARGET'" >&2
+    exit 2
+    ;;
+esac
+case "$JOBS" in
+  '' | *[!0-9]* | 0)
+    echo "fuzz.sh: FUZZ_JOBS must be a whole number above zero, not '$JOBS'" >&2
     exit 2
     ;;
 esac
@@ -83,21 +91,52 @@ for d in "${FUZZ_DIRS[@]}"; do
 done
 echo "fuzz.sh: built in $((SECONDS - started))s"
 
-for t in "${targets[@]}"; do
-  d=${dir_of[$t]}
-  corpus="$WORK/corpus/$t"
-  artifacts="$WORK/artifacts/$t"
+# One target: libFuzzer's log goes to its own file, printed whole when the target ends (targets
+# run side by side, up to JOBS at once).
+fuzz_one() {
+  local t=$1 d=${dir_of[$1]}
+  local corpus="$WORK/corpus/$t" artifacts="$WORK/artifacts/$t"
   mkdir -p "$corpus" "$artifacts"
-  seeds=()
+  local seeds=()
   [ -d "$d/seeds/$t" ] && seeds=("$PWD/$d/seeds/$t")
   echo "== fuzzing $t ($d) for ${SECONDS_PER_TARGET}s (corpus $corpus)"
   # The first corpus directory receives new inputs; the committed seeds are read only.
-  if ! (cd "$d" && cargo fuzz run --sanitizer none --target-dir "$BUILD" "$t" "$corpus" "${seeds[@]}" -- \
+  (cd "$d" && cargo fuzz run --sanitizer none --target-dir "$BUILD" "$t" "$corpus" "${seeds[@]}" -- \
     -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix="$artifacts/" -print_final_stats=1); then
+    -artifact_prefix="$artifacts/" -print_final_stats=1)
+}
+
+LOGS="$WORK/logs"
+mkdir -p "$LOGS"
+declare -A target_of=()
+running=0
+failed=()
+# Waits for one running target, prints its log and notes a failure.
+reap() {
+  local pid rc=0
+  wait -n -p pid || rc=$?
+  running=$((running - 1))
+  local t=${target_of[$pid]}
+  cat "$LOGS/$t.log"
+  if [ "$rc" -ne 0 ]; then
     echo "fuzz.sh: $t FAILED; reproducer(s):" >&2
-    ls -1 "$artifacts"/* >&2 || true
-    exit 1
+    ls -1 "$WORK/artifacts/$t"/* >&2 || true
+    failed+=("$t")
   fi
+}
+trap 'kill $(jobs -rp) 2>/dev/null || true' EXIT
+for t in "${targets[@]}"; do
+  while [ "$running" -ge "$JOBS" ]; do reap; done
+  # The first crash ends the run: no new target starts after it.
+  [ ${#failed[@]} -eq 0 ] || break
+  fuzz_one "$t" >"$LOGS/$t.log" 2>&1 &
+  target_of[$!]=$t
+  running=$((running + 1))
 done
-echo "fuzz.sh: ${#targets[@]} target(s) ran ${SECONDS_PER_TARGET}s each without a crash; total $((SECONDS - started))s (build included)"
+while [ "$running" -gt 0 ]; do reap; done
+trap - EXIT
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz.sh: crashed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "fuzz.sh: ${#targets[@]} target(s) ran ${SECONDS_PER_TARGET}s each, $JOBS at once, without a crash; total $((SECONDS - started))s (build included)"

@@ -84,9 +84,10 @@ left_out() {
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   disk "before fuzz"
-  # Twelve targets at 10 s each (11 s with start-up) plus a cold build of both fuzz crates
-  # (80 s idle, 112 s beside other builds): 3.5 minutes on CI's 2 cores, a regression check
-  # from the seeds (long runs by hand: docs/RELIABILITY.md). fuzz.sh prints the total.
+  # Twelve targets at 10 s each (11 s with start-up), two at once on CI's 2 cores, plus a cold
+  # build of both fuzz crates (80 s idle, 112 s beside other builds): about 2.5 minutes, a
+  # regression check from the seeds (long runs by hand: docs/RELIABILITY.md). fuzz.sh prints
+  # the total.
   stage "fuzz (every target, bounded; libFuzzer's log in target/fuzz-output.txt)"
   if ! FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/fuzz.sh >target/fuzz-output.txt 2>&1; then
     tail -40 target/fuzz-output.txt
