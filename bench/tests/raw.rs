@@ -213,8 +213,9 @@ fn raw_pingpong_at_jumbo_mtu() {
     println!("pingpong at MTU 9000: {v}");
 }
 
-/// The initiator with no responder on the peer stops within seconds, saying the responder is
-/// not answering (it once went on for a second per ping: 1000 pings, 1000 s).
+/// The initiator with no responder on the peer stops after `--timeout` (2 s here, 10 s by
+/// default), saying the responder is not answering (it once went on for a second per ping:
+/// 1000 pings, 1000 s).
 #[test]
 fn raw_pingpong_without_responder_fails_fast() {
     let _bed = bed_or_skip!();
@@ -233,6 +234,8 @@ fn raw_pingpong_without_responder_fails_fast() {
             "0",
             "--port",
             "18640",
+            "--timeout",
+            "2",
             "--json",
             "--quiet",
         ],
@@ -247,6 +250,10 @@ fn raw_pingpong_without_responder_fails_fast() {
     );
     assert_eq!(ping.status.code(), Some(1), "{err}");
     assert!(err.contains("the responder is not answering"), "{err}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "gave up before its --timeout: {took:?}"
+    );
     println!("without a responder: failed after {took:?}: {err}");
 }
 

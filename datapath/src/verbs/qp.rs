@@ -1627,6 +1627,9 @@ pub(crate) mod tests {
         assert_eq!(rx.try_iter().count(), 3, "each queued once");
         qp.start_disconnect().expect("the close queued");
         assert!(matches!(rx.try_recv(), Ok(Cmd::Close)));
+        // This test is the transport: the close is done, and the drop need not wait the
+        // close timeout for it.
+        qp.shared().mark_finished(QpState::Idle);
     }
 
     /// A queue pair dropped on its own transport thread (a finish hook letting go of the last
