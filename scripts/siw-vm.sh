@@ -613,8 +613,10 @@ bench_bin() {
   if [ -n "${IWARP_BENCH:-}" ]; then
     BENCH=$IWARP_BENCH
   else
-    # The test profile: after `cargo test` (scripts/test.sh) only the binary is relinked.
-    (cd "$ROOT" && cargo build --locked -q --profile test -p bench --bin iwarp-bench) ||
+    # The test profile, the workspace selected: after `cargo test --workspace` (scripts/test.sh)
+    # nothing is rebuilt (`-p bench` resolves the dependencies' features apart from the
+    # workspace's and rebuilt every crate of ours: a minute of CI).
+    (cd "$ROOT" && cargo build --locked -q --profile test --workspace --bin iwarp-bench) ||
       die "cargo build failed"
     BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/debug/iwarp-bench
   fi

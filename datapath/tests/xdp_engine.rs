@@ -851,3 +851,78 @@ fn the_engine_lets_go_of_a_protection_domain_no_connection_uses() {
         );
     }
 }
+
+/// A peer in `iwb` (kernel TCP, raw MPA) on `port` that accepts one connection, answers its
+/// MPA Request and reads to our FIN; then, with `closes`, closes its side (our connection
+/// goes to TIME-WAIT), or else holds it open (ours stays in FIN-WAIT-2) until `release` says.
+/// Says on `seen_fin` when it has read our FIN (and closed, with `closes`).
+fn closing_peer(
+    port: u16,
+    closes: bool,
+    seen_fin: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    use std::io::{Read, Write};
+    let listener = in_ns(NS_B, || std::net::TcpListener::bind((ADDR_B, port))).expect("bind");
+    std::thread::spawn(move || {
+        let mut s = common::accept_within(&listener, WAIT).map_err(|e| e.to_string())?;
+        let mut responder = common::read_mpa_request(&mut s)?;
+        let (reply, _) = responder.accept(b"").map_err(|e| e.to_string())?;
+        s.write_all(&reply).map_err(|e| e.to_string())?;
+        let mut sink = [0u8; 4096];
+        while s.read(&mut sink).map_err(|e| e.to_string())? > 0 {}
+        if closes {
+            drop(s);
+            let _ = seen_fin.send(());
+        } else {
+            let _ = seen_fin.send(());
+            let _ = release.recv_timeout(WAIT);
+        }
+        Ok(())
+    })
+}
+
+/// A stopping engine gives its connections up to a second to close, but no longer than their
+/// closing exchange takes: a connection in TIME-WAIT (ours closed first, the peer's FIN
+/// taken) no longer holds the stop, where it once held the end of every tool run whose engine
+/// closed first for that second; one whose peer never closes its side (FIN-WAIT-2) still
+/// gets the whole second.
+#[test]
+fn a_stopping_engine_waits_only_for_closes_not_yet_done() {
+    let _bed = bed_or_skip!();
+    for (port, closes) in [(19_691, true), (19_692, false)] {
+        let (fin_tx, fin_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let peer = closing_peer(port, closes, fin_tx, release_rx);
+        let took = in_ns(NS_A, move || {
+            let engine =
+                XdpEngine::start(DEV_A, XdpEngineConfig::default()).expect("the engine on iwa0");
+            let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+            let conn = engine
+                .connect(SocketAddr::from((ADDR_B, port)), &pd, &cq, &params(), b"")
+                .expect("connect");
+            conn.qp.disconnect();
+            assert!(conn.qp.status().finished, "{:?}", conn.qp.status());
+            fin_rx
+                .recv_timeout(WAIT)
+                .expect("the peer never saw our FIN");
+            // The peer's FIN (with `closes`) arrives and is acknowledged meanwhile.
+            std::thread::sleep(Duration::from_millis(200));
+            drop(conn);
+            let started = Instant::now();
+            drop(engine);
+            started.elapsed()
+        });
+        let _ = release_tx.send(());
+        peer.join().expect("the peer's thread").expect("the peer");
+        println!("peer closes {closes}: the engine stopped in {took:?}");
+        if closes {
+            assert!(took < Duration::from_millis(700), "stop took {took:?}");
+        } else {
+            assert!(
+                took >= Duration::from_millis(900),
+                "stop took only {took:?}"
+            );
+        }
+    }
+}

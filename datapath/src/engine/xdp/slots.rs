@@ -419,6 +419,11 @@ impl<V> SlotMap<V> {
         self.v.iter().filter_map(|e| e.as_ref().map(|(_, s)| s))
     }
 
+    /// The connections' ids.
+    pub(super) fn keys(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.v.iter().filter_map(|e| e.as_ref().map(|(id, _)| *id))
+    }
+
     pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         self.v.iter_mut().filter_map(|e| e.as_mut().map(|(_, s)| s))
     }
