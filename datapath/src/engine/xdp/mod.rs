@@ -646,7 +646,8 @@ impl XdpEngine {
         }
     }
 
-    /// Stops the engine: closes every connection (gracefully for up to a second), detaches XDP
+    /// Stops the engine: closes every connection (gracefully for up to a second, no longer than
+    /// the closing exchanges take: a connection in TIME-WAIT or closed is done), detaches XDP
     /// and joins the threads. Also done on drop.
     pub fn stop(&mut self) {
         for shard in &self.shards {
