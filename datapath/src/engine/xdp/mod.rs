@@ -106,7 +106,7 @@ pub use config::{EngineCounters, XdpEngineConfig};
 use failure::{FailureHook, FailureNotice};
 use handle::{Handle, XdpListen};
 use slots::SlotMap;
-use thread::Engine;
+use thread::{Engine, ShardsShared};
 use wake::{State, Turner, Wake};
 
 /// How long `start` waits for the engine thread to open the driver.
@@ -189,7 +189,7 @@ fn spawn_shard(
     budget: ReassemblyBudget,
     index: usize,
     pin: Option<usize>,
-    failure: Arc<FailureNotice>,
+    shared: ShardsShared,
 ) -> Result<(ShardThread, (Ipv4Addr, u16)), DatapathError> {
     let (wake_tx, wake_rx) = UnixDatagram::pair()?;
     wake_tx.set_nonblocking(true)?;
@@ -263,7 +263,7 @@ fn spawn_shard(
             pin,
             inbox,
             epoch,
-            failure,
+            shared,
         };
         engine.run();
     })?;
@@ -310,8 +310,9 @@ impl XdpEngine {
             let name = format!("iwxdp-{ifname}");
             let max_connections = cfg.driver.max_connections;
             let failure = Arc::new(FailureNotice::default());
+            let shared = ShardsShared::new(1, failure.clone());
             let (shard, (local_ip, mtu)) =
-                spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu, failure.clone())?;
+                spawn_shard(name, open, cfg.clone(), budget, 0, cfg.cpu, shared)?;
             let mtu = mtu.min(cfg.tcp.path_mtu);
             tracing::info!(iface = ifname, %local_ip, mtu, shards = 1, "AF_XDP engine started");
             return Ok(XdpEngine {
@@ -327,13 +328,14 @@ impl XdpEngine {
         // The drivers are opened here (the threads inherit this thread's namespace) and each
         // moves to its thread; the last one to end detaches the program, on a shard thread.
         let drivers = XdpTcp::open_shards(ifname, cfg.driver.clone())?;
+        let shared = ShardsShared::new(drivers.len(), Arc::new(FailureNotice::default()));
         let mut engine = XdpEngine {
             shards: Vec::with_capacity(drivers.len()),
             next: AtomicUsize::new(0),
             local_ip: Ipv4Addr::UNSPECIFIED,
             mtu: cfg.tcp.path_mtu,
             max_connections: 0,
-            failure: Arc::new(FailureNotice::default()),
+            failure: shared.failure.clone(),
             iface,
         };
         for (i, driver) in drivers.into_iter().enumerate() {
@@ -350,7 +352,7 @@ impl XdpEngine {
                 budget.clone(),
                 i,
                 pin,
-                engine.failure.clone(),
+                shared.clone(),
             )?;
             engine.local_ip = ip;
             engine.mtu = engine.mtu.min(mtu);

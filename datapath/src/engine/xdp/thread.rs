@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -30,8 +30,30 @@ use super::wake::{app_stale, Core, ListenPort, Turner, Wake, AWAKE, PARKED, SLEE
 /// How often the engine publishes its counters.
 const COUNTERS_EVERY: Duration = Duration::from_millis(50);
 /// How long a stopping engine lets its connections close gracefully (it stops sooner once
-/// each has done its closing exchange: [`closing_done`]).
+/// each of every shard's has done its closing exchange: [`closing_done`], [`ShardsShared`]).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// What all of an engine's threads (its shards) share.
+#[derive(Clone)]
+pub(super) struct ShardsShared {
+    /// Told when one of them fails.
+    pub(super) failure: Arc<super::failure::FailureNotice>,
+    /// While the engine stops: the shards whose connections have not all done their closing
+    /// exchange. Every shard goes on until none is left (or its grace has passed): a shard
+    /// that ended sooner would leave its queue's frames to the kernel, whose resets would cut
+    /// the closes of connections another shard owns (frames do arrive on other queues than
+    /// their owner's, `xdp_tcp::shard`).
+    closing: Arc<AtomicUsize>,
+}
+
+impl ShardsShared {
+    pub(super) fn new(shards: usize, failure: Arc<super::failure::FailureNotice>) -> Self {
+        ShardsShared {
+            failure,
+            closing: Arc::new(AtomicUsize::new(shards)),
+        }
+    }
+}
 /// Longest sleep of an engine thread without connections (counters are published as often).
 const IDLE_WAIT: Duration = COUNTERS_EVERY;
 
@@ -179,6 +201,9 @@ struct Pace {
     error: Option<String>,
     /// It stopped on a failure (a panic), not on request.
     failed: bool,
+    /// While stopping: this shard's connections have all done their closing exchange (and it
+    /// has taken itself off [`ShardsShared::closing`]).
+    closes_done: bool,
     /// When the current stretch of idle turns began (only while the engine has connections).
     idle_began: Option<StdInstant>,
     /// Nanoseconds of idle stretches that have ended ([`EngineCounters::idle_ns`]).
@@ -218,8 +243,8 @@ pub(super) struct Engine {
     pub(super) inbox: Option<(Arc<crate::xdp_tcp::shard::ShardSet>, usize)>,
     /// The driver's clock zero (`XdpTcp::epoch`), for [`Wake::app_polled_at`].
     pub(super) epoch: StdInstant,
-    /// Told when this thread fails.
-    pub(super) failure: Arc<super::failure::FailureNotice>,
+    /// Shared with the engine's other threads.
+    pub(super) shared: ShardsShared,
 }
 
 impl Engine {
@@ -239,6 +264,7 @@ impl Engine {
             seen: (0, 0),
             error: None,
             failed: false,
+            closes_done: false,
             idle_began: None,
             idle_ns: 0,
         };
@@ -300,7 +326,7 @@ impl Engine {
             }
             self.publish(&t, error, p.idle_ns);
             if failed {
-                self.failure.fail();
+                self.shared.failure.fail();
             }
         } else {
             let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
@@ -392,7 +418,12 @@ impl Engine {
             self.publish(t, None, p.idle_ns);
         }
         if let Some(since) = p.stopping {
-            if closing_done(t) || since.elapsed() >= SHUTDOWN_GRACE {
+            if !p.closes_done && closing_done(t) {
+                p.closes_done = true;
+                self.shared.closing.fetch_sub(1, Ordering::AcqRel);
+            }
+            if self.shared.closing.load(Ordering::Acquire) == 0 || since.elapsed() >= SHUTDOWN_GRACE
+            {
                 return Next::Stop;
             }
         }
