@@ -40,7 +40,8 @@
 //! each once, and nothing else comes (the server's welcome, too, once per IFT connection).
 //! Each connection's startup agreed on what the client asked for and the listener wants
 //! (framing; MPA's revision, CRCs, Markers each way and RTR; IFT's CRCs and speculative
-//! placement), and with loss each engine placed some IFT frames speculatively.
+//! placement), and with loss, in runs of 15 s or more, each engine placed some IFT frames
+//! speculatively.
 //!
 //! Ends: the client disconnects (within the graceful wait: no reset); the client asks the
 //! server to disconnect (an empty Send) and waits for its queue pair to finish (`PeerClosed`);

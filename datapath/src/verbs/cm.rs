@@ -151,8 +151,8 @@ pub struct ConnectParams {
     /// close, the end of a queue pair in Error) before the connection is reset: a peer that
     /// reads a trickle, or nothing, cannot hold it longer. On the socket transport it also
     /// bounds how long the close reads a peer that still sends after our FIN. Default 10 s;
-    /// above zero and at most [`MAX_CLOSE_TIMEOUT`]. A listener's applies to the connections
-    /// it turns away; an accept's to the connection it accepts.
+    /// above zero and at most [`MAX_CLOSE_TIMEOUT`]. A listener's applies to every connection it
+    /// accepts or turns away.
     pub close_timeout: Duration,
     /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
     /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
