@@ -136,6 +136,14 @@ done
 while [ "$running" -gt 0 ]; do reap; done
 trap - EXIT
 if [ ${#failed[@]} -gt 0 ]; then
+  # Again at the very end, after the logs of the targets that were still running: what a
+  # caller's `tail` shows is the crash, not another target's statistics.
+  for t in "${failed[@]}"; do
+    echo "== $t crashed: the end of its log ($LOGS/$t.log)" >&2
+    tail -n 60 "$LOGS/$t.log" >&2
+    echo "fuzz.sh: $t's reproducer(s):" >&2
+    ls -1 "$WORK/artifacts/$t"/* >&2 || true
+  done
   echo "fuzz.sh: crashed: ${failed[*]}" >&2
   exit 1
 fi

@@ -613,9 +613,9 @@ bench_bin() {
   if [ -n "${IWARP_BENCH:-}" ]; then
     BENCH=$IWARP_BENCH
   else
-    # The test profile, the workspace selected: after `cargo test --workspace` (scripts/test.sh)
-    # nothing is rebuilt (`-p bench` resolves the dependencies' features apart from the
-    # workspace's and rebuilt every crate of ours: a minute of CI).
+    # The test profile. scripts/test.sh names the binary its `cargo test` built instead: a
+    # `cargo build` selects other targets, so the dependencies' features (dev-dependencies
+    # among them) resolve apart and every crate of ours would be built again (a minute of CI).
     (cd "$ROOT" && cargo build --locked -q --profile test --workspace --bin iwarp-bench) ||
       die "cargo build failed"
     BENCH=${CARGO_TARGET_DIR:-$ROOT/target}/debug/iwarp-bench
