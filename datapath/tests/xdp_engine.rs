@@ -882,6 +882,24 @@ fn closing_peer(
     })
 }
 
+/// Whether the peer's namespace holds no TCP socket on `port` but its listener
+/// (`/proc/thread-self/net/tcp`: no connection, not even one waiting for the ACK of its FIN).
+fn peer_socket_gone(port: u16) -> bool {
+    let table = in_ns(NS_B, || {
+        std::fs::read_to_string("/proc/thread-self/net/tcp")
+    })
+    .expect("read the peer's TCP table");
+    !table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields
+            .get(1)
+            .and_then(|local| local.rsplit(':').next())
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+        // State 0A is LISTEN.
+        local_port == Some(port) && fields.get(3) != Some(&"0A")
+    })
+}
+
 /// A stopping engine gives its connections up to a second to close, but no longer than their
 /// closing exchange takes: a connection in TIME-WAIT (ours closed first, the peer's FIN
 /// taken) no longer holds the stop, where it once held the end of every tool run whose engine
@@ -906,8 +924,18 @@ fn a_stopping_engine_waits_only_for_closes_not_yet_done() {
             fin_rx
                 .recv_timeout(WAIT)
                 .expect("the peer never saw our FIN");
-            // The peer's FIN (with `closes`) arrives and is acknowledged meanwhile.
-            std::thread::sleep(Duration::from_millis(200));
+            if closes {
+                // The peer's socket is gone once our engine has acknowledged its FIN: our
+                // side is then in TIME-WAIT.
+                let deadline = Instant::now() + WAIT;
+                while !peer_socket_gone(port) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "our engine never took the peer's FIN"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
             drop(conn);
             let started = Instant::now();
             drop(engine);
