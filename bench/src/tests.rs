@@ -2810,18 +2810,27 @@ mod unit {
     /// the failure, not the others' word for it.
     #[test]
     fn a_failed_queue_pair_breaks_the_size_barrier() {
-        let barrier = SizeBarrier::new(3);
-        let mut items = [0u8, 1, 2];
-        let got = each(&mut items, |i| {
-            barrier.wait()?; // all three: through
-            if *i == 1 {
-                let _broken = AbandonUnlessDone(Some(&barrier));
-                return Err("queue pair 1 failed".into());
-            }
-            barrier.wait()
+        // On a thread of its own: the regression this guards against leaves the others
+        // waiting, which fails here instead of hanging the test.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let barrier = SizeBarrier::new(3);
+            let mut items = [0u8, 1, 2];
+            let got = each(&mut items, |i| {
+                barrier.wait()?; // all three: through
+                if *i == 1 {
+                    let _broken = AbandonUnlessDone(Some(&barrier));
+                    return Err("queue pair 1 failed".into());
+                }
+                barrier.wait()
+            });
+            let _ = tx.send((got, barrier.wait()));
         });
+        let (got, after) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the barrier still holds threads after 30 s");
         assert_eq!(got, Err("queue pair 1 failed".to_string()));
-        assert_eq!(barrier.wait(), Err(BARRIER_BROKEN.to_string()));
+        assert_eq!(after, Err(BARRIER_BROKEN.to_string()));
     }
 
     /// A latency sample starts after the progress line is written: a slow write (a terminal,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 
 struct Capture {
-    child: std::process::Child,
+    child: KillOnDrop,
     path: PathBuf,
 }
 
@@ -36,16 +36,24 @@ fn start_capture(name: &str, port: &str) -> Capture {
         ])
         .arg(&path)
         .arg(format!("tcp port {port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tcpdump");
-    // tcpdump says "listening on lo" once the capture is running.
     let stderr = child.stderr.take().expect("tcpdump stderr");
-    let mut line = String::new();
-    let mut reader = BufReader::new(stderr);
-    reader.read_line(&mut line).expect("read tcpdump stderr");
+    let child = KillOnDrop(child);
+    // tcpdump says "listening on lo" once the capture is running.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+        let _ = tx.send(lines.next().unwrap_or_default());
+        lines.for_each(drop);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("tcpdump said nothing in 10 s");
     assert!(line.contains("listening"), "tcpdump did not start: {line}");
-    std::thread::spawn(move || for _ in reader.lines() {});
     Capture { child, path }
 }
 
@@ -55,11 +63,8 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
         Duration::from_millis(500),
         Duration::from_secs(10),
     );
-    let _ = Command::new("kill")
-        .args(["-INT", &cap.child.id().to_string()])
-        .status();
-    let _ = cap.child.wait();
-    cap.path
+    interrupt_within(&mut cap.child.0, Duration::from_secs(10));
+    std::mem::take(&mut cap.path)
 }
 
 #[test]

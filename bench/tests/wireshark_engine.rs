@@ -20,7 +20,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use testbed::relay::*;
 use testbed::relay_bed_or_skip;
 
 struct Capture {
-    child: Child,
+    child: KillOnDrop,
     path: PathBuf,
     stderr: mpsc::Receiver<String>,
 }
@@ -54,10 +54,13 @@ fn start_capture(name: &str, port: u16) -> Capture {
         .args(["--immediate-mode", "-U", "-n", "-B", "65536", "-w"])
         .arg(&path)
         .arg(format!("tcp portrange {port}-{}", port + 9))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tcpdump");
     let stderr = child.stderr.take().expect("tcpdump stderr");
+    let child = KillOnDrop(child);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -83,10 +86,7 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
         Duration::from_millis(500),
         Duration::from_secs(10),
     );
-    let _ = Command::new("kill")
-        .args(["-INT", &cap.child.id().to_string()])
-        .status();
-    let _ = cap.child.wait();
+    interrupt_within(&mut cap.child.0, Duration::from_secs(10));
     let said: Vec<String> = cap.stderr.try_iter().collect();
     let dropped = said
         .iter()
@@ -94,7 +94,7 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse::<u64>().ok());
     assert_eq!(dropped, Some(0), "tcpdump lost packets: {said:?}");
-    cap.path
+    std::mem::take(&mut cap.path)
 }
 
 /// One engine-to-engine session of `test` (server in iwra, client in iwrb).

@@ -440,11 +440,13 @@ fn fetch_adds_add_up(
                 })
             })
             .collect();
+        // The application thread stops even if a client thread panicked.
+        let stop_app = common::SetOnDrop(done);
         let originals: Vec<_> = clients
             .into_iter()
             .map(|c| c.join().expect("client thread"))
             .collect();
-        done.store(true, Ordering::Release);
+        drop(stop_app);
         let local = app.join().expect("application thread");
         (srv.join().expect("server thread"), local, originals)
     });

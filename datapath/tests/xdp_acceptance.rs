@@ -954,6 +954,10 @@ fn many_connections(server: &XdpEngine, client: Stack<'_>, port: u16) {
                     let run = || -> Result<datapath::QueuePair, String> {
                         let c = res.map_err(|e| format!("client {i}: connect: {e}"))?;
                         let w = &c.private_data;
+                        // Checked here: a panic below would leave the others at `all_done`.
+                        if w.len() < 24 {
+                            return Err(format!("client {i}: private data {w:?}"));
+                        }
                         let stag =
                             |o: usize| Stag(u32::from_be_bytes(w[o..o + 4].try_into().unwrap()));
                         let to =

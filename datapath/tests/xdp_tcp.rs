@@ -1057,12 +1057,31 @@ fn shards_hand_off_without_allocating() {
     // Turns made with allocations counted: none would make `allocs == 0` say nothing.
     static COUNTED_TURNS: AtomicU64 = AtomicU64::new(0);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    // How many connections the shards open (`CONNS` rounded down to a multiple of their count).
+    let (count_tx, count_rx) = std::sync::mpsc::channel::<usize>();
     let server = spawn_in_ns(NS_B, move || -> Result<Vec<(u64, Option<u64>)>, String> {
         let l = TcpListener::bind(SocketAddrV4::new(ADDR_B, PORT)).map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
-        let readers: Vec<_> = (0..CONNS)
-            .map(|_| {
-                let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        let conns = count_rx
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|_| "no connection count".to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let readers: Vec<_> = (0..conns)
+            .map(|n| {
+                let mut s = loop {
+                    match l.accept() {
+                        Ok((s, _)) => break s,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if Instant::now() > deadline {
+                                return Err(format!("{n} of {conns} connections in 60 s"));
+                            }
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                };
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
                 Ok(std::thread::spawn(move || read_to_end_checked(&mut s)))
             })
             .collect::<Result<_, String>>()?;
@@ -1082,6 +1101,7 @@ fn shards_hand_off_without_allocating() {
         "the bed has {QUEUES} queues, got {shards} shards"
     );
     let per_shard = CONNS / shards;
+    let _ = count_tx.send(per_shard * shards);
     let total = EACH * (per_shard * shards) as u64;
     let allocs_before = ALLOCS.load(Ordering::Relaxed);
     let threads: Vec<_> = drivers

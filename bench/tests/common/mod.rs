@@ -148,6 +148,35 @@ pub fn interrupt(child: &Child) {
     assert!(sent.success(), "kill -INT {}", child.id());
 }
 
+/// A helper process (a capture) killed and reaped when dropped: a test that panics leaves none
+/// behind (a tcpdump left running would keep the test's output pipe open, and the suite would
+/// never end).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends SIGINT to `child` and waits for its end, killing it after `within`.
+pub fn interrupt_within(child: &mut Child, within: Duration) {
+    // Not `interrupt`: a child that has ended already is no failure here.
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + within;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits for a child, killing it after `timeout`, and collects what it wrote to the pipes it
 /// has left (both are read meanwhile, so a child that writes more than a pipe holds does not
 /// stall until killed). A killed child's stderr ends with a line saying so.

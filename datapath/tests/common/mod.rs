@@ -18,6 +18,16 @@ use datapath::{
     SgeList, Stag, WcOpcode, WcStatus,
 };
 
+/// Sets its flag when dropped: a thread told to stop by the flag stops even if the code that
+/// would set it panics first (a scope would otherwise wait for that thread forever).
+pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Upper bound for any single wait in these tests (connection setup, one completion, the end of
 /// an engine). Generous because the machine is shared, but finite so nothing can hang CI.
 pub const WAIT: Duration = Duration::from_secs(20);
