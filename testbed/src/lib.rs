@@ -119,9 +119,69 @@ fn take_bed_lock(what: &str) -> Result<File, String> {
         .write(true)
         .open(LOCK_PATH)
         .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
-    lock.lock()
-        .map_err(|e| format!("locking {LOCK_PATH}: {e}"))?;
-    Ok(lock)
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!("locking {LOCK_PATH}: {e}"))
+            }
+        }
+        let waited = started.elapsed();
+        if waited > BED_LOCK_WAIT {
+            return Err(format!(
+                "the {what}'s lock {LOCK_PATH} is still held after {BED_LOCK_WAIT:?}, by {}",
+                lock_holders(&lock)
+            ));
+        }
+        if !said && waited > std::time::Duration::from_secs(10) {
+            said = true;
+            eprintln!(
+                "testbed: waiting for the bed lock {LOCK_PATH}, held by {}",
+                lock_holders(&lock)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// How long a bed user waits for the others (a benchmark script holds the bed for as long as
+/// it runs; a test suite's users take their turns in seconds) before it gives up, saying who
+/// holds the lock, instead of waiting without end behind a hung or leaked holder.
+pub const BED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// The processes holding `lock` as `/proc/locks` names them (by the file's inode), each with
+/// its command line: who a bed user is waiting for.
+fn lock_holders(lock: &File) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ino) = lock.metadata().map(|m| m.ino()) else {
+        return "an unknown process".into();
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let holders: Vec<String> = locks
+        .lines()
+        .filter_map(|line| {
+            // "1: FLOCK  ADVISORY  WRITE 4242 00:1a:1234 0 EOF"; waiters are marked "->".
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.get(1) == Some(&"->") || fields.get(1) != Some(&"FLOCK") {
+                return None;
+            }
+            let (pid, dev_ino) = (fields.get(4)?, fields.get(5)?);
+            (dev_ino.rsplit(':').next()? == ino.to_string()).then(|| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                    .unwrap_or_default();
+                format!("pid {pid} ({})", cmd.trim())
+            })
+        })
+        .collect();
+    if holders.is_empty() {
+        "an unknown process".into()
+    } else {
+        holders.join(", ")
+    }
 }
 
 /// The test bed, up for as long as this lives.
