@@ -17,9 +17,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{bench_in, json, OutputWithin, Tool, RUN_LIMIT};
+use common::{bench_in, json, KillOnDrop, OutputWithin, Tool, RUN_LIMIT};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use testbed::relay::{self, Relay, RelayConfig, NS_RELAY, RELAY_DEV_A, RELAY_DEV_B};
@@ -352,7 +352,7 @@ fn our_client_downloads_from_a_kernel_http_server() {
         "python3"
     };
     let addr = VETH.addr_b.to_string();
-    let mut py = Command::new("ip")
+    let py = Command::new("ip")
         .args([
             "netns",
             "exec",
@@ -368,11 +368,15 @@ fn our_client_downloads_from_a_kernel_http_server() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start python3 -m http.server");
-    // Until it answers (at most 20 s).
+    // Killed however the test ends (a panicking client left it serving in iwb).
+    let py = KillOnDrop(py);
+    // Until it answers (at most 20 s; each probe at most 2 s).
     let mut up = false;
-    for _ in 0..200 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
         let probe = Command::new("ip")
-            .args(["netns", "exec", VETH.ns_b, "curl", "-s", "-o", "/dev/null"])
+            .args(["netns", "exec", VETH.ns_b, "curl", "-s", "--max-time", "2"])
+            .args(["-o", "/dev/null"])
             .arg(format!("http://{}:18830/", VETH.addr_b))
             .status();
         if probe.is_ok_and(|s| s.success()) {
@@ -388,8 +392,7 @@ fn our_client_downloads_from_a_kernel_http_server() {
             &["--path", "/object.bin", "--size", "2500000", "--count", "1"],
         )
     });
-    let _ = py.kill();
-    let _ = py.wait();
+    drop(py);
     let c = result.expect("python3 -m http.server did not answer within 20 s");
     println!("client: {c}");
     assert_eq!(c["sha256"], want.as_str(), "{c}");
