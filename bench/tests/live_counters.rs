@@ -74,15 +74,30 @@ fn stats_every_and_the_stats_command_show_running_engines() {
     let client = bench_in(NS_B, &client_args).spawn().expect("start client");
     let pids = [server.id(), client.id()];
 
-    // Midway, from outside both runs.
-    std::thread::sleep(Duration::from_millis(2000));
-    let out = std::process::Command::new(bin())
-        .args(["stats", "--json"])
-        .output_within(RUN_LIMIT)
-        .expect("run stats");
-    assert!(out.status.success());
-    let snaps: Value = serde_json::from_slice(&out.stdout).expect("stats --json");
-    let snaps = snaps.as_array().expect("an array");
+    // From outside both runs, while they run: asked again until both are connected and have
+    // received (a start on a loaded machine takes a while; the runs last 3 s from then).
+    let running = |s: &Value, pid: u32| {
+        s["pid"] == pid
+            && s["engine"]["frames_rx"].as_u64().unwrap_or(0) > 0
+            && s["engine"]["connections"] == 1
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let snaps = loop {
+        let out = std::process::Command::new(bin())
+            .args(["stats", "--json"])
+            .output_within(RUN_LIMIT)
+            .expect("run stats");
+        assert!(out.status.success());
+        let snaps: Value = serde_json::from_slice(&out.stdout).expect("stats --json");
+        let snaps = snaps.as_array().expect("an array").clone();
+        let both = pids
+            .iter()
+            .all(|&pid| snaps.iter().any(|s| running(s, pid)));
+        if both || Instant::now() > deadline {
+            break snaps;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     for pid in pids {
         let s = snaps
             .iter()

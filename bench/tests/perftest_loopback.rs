@@ -308,9 +308,20 @@ fn run_infinitely_until_sigint() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start perftest client");
-        std::thread::sleep(Duration::from_millis(3500));
+        let mut client = client;
+        // Two rows (a second each), then the interrupt.
+        let (lines, reader) = stream_stdout(&mut client);
+        let row = |l: &str| {
+            let mut f = l.split_whitespace();
+            f.next().is_some_and(|v| v.parse::<u64>().is_ok())
+                && f.next().is_some_and(|v| v.parse::<u64>().is_ok())
+        };
+        // (A client that ends sooner, its server's port taken, ends the wait; the rows are
+        // counted below.)
+        lines_seen(&lines, 2, row, Duration::from_secs(30));
         interrupt(&client);
-        let client = wait_with_timeout(client, Duration::from_secs(30));
+        let mut client = wait_with_timeout(client, Duration::from_secs(30));
+        client.stdout = reader.join().expect("stdout reader");
         (wait_with_timeout(server, Duration::from_secs(30)), client)
     });
     assert!(

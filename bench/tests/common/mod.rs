@@ -177,6 +177,44 @@ pub fn interrupt_within(child: &mut Child, within: Duration) {
     }
 }
 
+/// Reads a child's stdout on a thread: each line to the returned channel as it comes, all of
+/// it as the thread's result once the pipe closes (`wait_with_timeout` then finds no stdout
+/// to collect: put it back into its `Output`).
+pub fn stream_stdout(child: &mut Child) -> (mpsc::Receiver<String>, JoinHandle<Vec<u8>>) {
+    let stdout = child.stdout.take().expect("a piped stdout");
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            all.extend_from_slice(line.as_bytes());
+            all.push(b'\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    (rx, reader)
+}
+
+/// Waits until `n` of the lines from `lines` pass `wanted`; false if `within` passes first
+/// (or the lines end).
+pub fn lines_seen(
+    lines: &mpsc::Receiver<String>,
+    n: usize,
+    wanted: impl Fn(&str) -> bool,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    let mut seen = 0;
+    while seen < n {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if wanted(&line) => seen += 1,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
 /// Waits for a child, killing it after `timeout`, and collects what it wrote to the pipes it
 /// has left (both are read meanwhile, so a child that writes more than a pipe holds does not
 /// stall until killed). A killed child's stderr ends with a line saying so.
