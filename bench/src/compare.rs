@@ -321,7 +321,7 @@ fn run(cli: &CompareCli) -> Result<(), String> {
         .unwrap_or(if cli.test.is_bw() { 2000 } else { 10_000 });
     // The bed's lock (other bed users wait, as we wait for them), a fresh bed, taken down
     // when the run ends.
-    let _bed = testbed::Bed::up()?;
+    let _bed = testbed::Bed::up_unless(&crate::interrupt::requested)?;
     bed_settings(cli)?;
     let me = std::env::current_exe().map_err(|e| format!("finding iwarp-bench itself: {e}"))?;
     let mut runner = Runner {

@@ -105,9 +105,13 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-/// Takes the lock every bed user shares, waiting for other users; `what` names the bed in
-/// the error when not root.
-fn take_bed_lock(what: &str) -> Result<File, String> {
+/// Takes the lock every bed user shares, waiting for other users (at most [`BED_LOCK_WAIT`],
+/// [`BED_LOCK_WAIT_CI`] under CI, and no longer once `stop` says so); `what` names the bed in
+/// the errors. After 10 s it says on stderr who holds the lock. Once one wait of this process
+/// has given up, the others give up at once: a leaked holder costs one wait, not one per test.
+fn take_bed_lock(what: &str, stop: &dyn Fn() -> bool) -> Result<File, String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static GAVE_UP: AtomicBool = AtomicBool::new(false);
     if !is_root() {
         return Err(format!(
             "not root: the {what} (network namespaces, veth, XDP, AF_XDP) needs root"
@@ -119,6 +123,11 @@ fn take_bed_lock(what: &str) -> Result<File, String> {
         .write(true)
         .open(LOCK_PATH)
         .map_err(|e| format!("opening {LOCK_PATH}: {e}"))?;
+    let limit = if ci() {
+        BED_LOCK_WAIT_CI
+    } else {
+        BED_LOCK_WAIT
+    };
     let started = std::time::Instant::now();
     let mut said = false;
     loop {
@@ -129,16 +138,29 @@ fn take_bed_lock(what: &str) -> Result<File, String> {
                 return Err(format!("locking {LOCK_PATH}: {e}"))
             }
         }
-        let waited = started.elapsed();
-        if waited > BED_LOCK_WAIT {
+        if GAVE_UP.load(Ordering::Relaxed) {
             return Err(format!(
-                "the {what}'s lock {LOCK_PATH} is still held after {BED_LOCK_WAIT:?}, by {}",
+                "the {what}'s lock {LOCK_PATH} is still held by {} (an earlier wait gave up)",
+                lock_holders(&lock)
+            ));
+        }
+        if stop() {
+            return Err(format!("stopped while waiting for the {what}'s lock"));
+        }
+        let waited = started.elapsed();
+        if waited > limit {
+            GAVE_UP.store(true, Ordering::Relaxed);
+            return Err(format!(
+                "the {what}'s lock {LOCK_PATH} is still held after {limit:?}, by {}",
                 lock_holders(&lock)
             ));
         }
         if !said && waited > std::time::Duration::from_secs(10) {
             said = true;
-            eprintln!(
+            // Not `eprintln!`: a test's output is captured, and this is for whoever waits.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "testbed: waiting for the bed lock {LOCK_PATH}, held by {}",
                 lock_holders(&lock)
             );
@@ -147,36 +169,48 @@ fn take_bed_lock(what: &str) -> Result<File, String> {
     }
 }
 
-/// How long a bed user waits for the others (a benchmark script holds the bed for as long as
-/// it runs; a test suite's users take their turns in seconds) before it gives up, saying who
-/// holds the lock, instead of waiting without end behind a hung or leaked holder.
+/// How long a bed user waits for the others before it gives up, saying who holds the lock,
+/// instead of waiting without end behind a hung or leaked holder: a benchmark script holds the
+/// bed for as long as it runs.
 pub const BED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
-/// The processes holding `lock` as `/proc/locks` names them (by the file's inode), each with
-/// its command line: who a bed user is waiting for.
+/// [`BED_LOCK_WAIT`] under CI (`CI=true`), where only the suite's own users take turns, each
+/// for seconds (a script's children may keep the lock a minute after a killed script).
+pub const BED_LOCK_WAIT_CI: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// The processes holding `lock`: those with a descriptor of the lock file whose
+/// `/proc/PID/fdinfo` shows a lock (flock's lock belongs to the open file, which a script's
+/// children inherit: `/proc/locks` names only the process that took it, often a `flock`
+/// command long gone), each with its command line.
 fn lock_holders(lock: &File) -> String {
     use std::os::unix::fs::MetadataExt;
-    let Ok(ino) = lock.metadata().map(|m| m.ino()) else {
+    let Ok(ours) = lock.metadata().map(|m| (m.dev(), m.ino())) else {
         return "an unknown process".into();
     };
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let holders: Vec<String> = locks
-        .lines()
-        .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 4242 00:1a:1234 0 EOF"; waiters are marked "->".
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.get(1) == Some(&"->") || fields.get(1) != Some(&"FLOCK") {
-                return None;
-            }
-            let (pid, dev_ino) = (fields.get(4)?, fields.get(5)?);
-            (dev_ino.rsplit(':').next()? == ino.to_string()).then(|| {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                    .unwrap_or_default();
-                format!("pid {pid} ({})", cmd.trim())
-            })
-        })
-        .collect();
+    let mut holders = Vec::new();
+    for proc in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = proc.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let holds = std::fs::read_dir(proc.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                let same_file =
+                    std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == ours);
+                same_file
+                    && std::fs::read_to_string(proc.path().join("fdinfo").join(fd.file_name()))
+                        .is_ok_and(|info| info.lines().any(|l| l.starts_with("lock:")))
+            });
+        if holds {
+            let cmd = std::fs::read(proc.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            holders.push(format!("pid {pid} ({})", cmd.trim()));
+        }
+    }
     if holders.is_empty() {
         "an unknown process".into()
     } else {
@@ -192,7 +226,13 @@ pub struct Bed {
 impl Bed {
     /// Takes the lock (waiting for other users), then brings up a fresh bed.
     pub fn up() -> Result<Bed, String> {
-        let lock = take_bed_lock("test bed")?;
+        Bed::up_unless(&|| false)
+    }
+
+    /// [`Bed::up`], giving up the wait for the lock once `stop` says so (an interrupted
+    /// tool).
+    pub fn up_unless(stop: &dyn Fn() -> bool) -> Result<Bed, String> {
+        let lock = take_bed_lock("test bed", stop)?;
         // Start from a fresh bed, whatever an interrupted run left behind.
         run_script("down")?;
         let bed = Bed { _lock: lock };
@@ -252,7 +292,7 @@ pub struct RelayBed {
 impl RelayBed {
     /// Takes the bed lock (waiting for other users), then brings up a fresh relay bed.
     pub fn up() -> Result<RelayBed, String> {
-        let lock = take_bed_lock("relay bed")?;
+        let lock = take_bed_lock("relay bed", &|| false)?;
         let bed = RelayBed { _lock: lock };
         run_relay_script("up")?;
         Ok(bed)
