@@ -971,6 +971,7 @@ fn run_infinitely_reports_each_interval_and_ends_cleanly_on_sigint() {
         c
     });
     server.wait_for("listening on", Duration::from_secs(20));
+    let started = std::time::Instant::now();
     let mut client = Command::new(bin())
         .args(["write-bw", "--port", &port, "-s", "4096"])
         .args(["--run_infinitely", "-D", "0.4", "127.0.0.1"])
@@ -987,8 +988,15 @@ fn run_infinitely_reports_each_interval_and_ends_cleanly_on_sigint() {
         Duration::from_secs(30),
     ) {
         let _ = client.kill();
-        panic!("not four interval rows in 30 s: {:?}", client.wait());
+        let client = wait_with_timeout(client, Duration::from_secs(5));
+        panic!(
+            "not four interval rows in 30 s: {}",
+            String::from_utf8_lossy(&client.stderr)
+        );
     }
+    // Each row closes an interval of 0.4 s: four cannot come sooner than 1.6 s.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1500), "four rows in {took:?}");
     interrupt(&client);
     let client = wait_with_timeout(client, Duration::from_secs(30));
     let (server, server_err) = server.finish(Duration::from_secs(30));

@@ -87,7 +87,12 @@ fn stop_capture(mut cap: Capture) -> PathBuf {
         Duration::from_secs(10),
     );
     interrupt_within(&mut cap.child.0, Duration::from_secs(10));
-    let said: Vec<String> = cap.stderr.try_iter().collect();
+    // Its last lines (the counts) up to the end of its stderr, which its reader may forward
+    // a moment after its exit.
+    let mut said = Vec::new();
+    while let Ok(line) = cap.stderr.recv_timeout(Duration::from_secs(5)) {
+        said.push(line);
+    }
     let dropped = said
         .iter()
         .find(|l| l.contains("dropped by kernel"))

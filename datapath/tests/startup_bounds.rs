@@ -123,12 +123,15 @@ fn good_client(port: u16, private_data: &[u8]) -> Result<Duration, String> {
 fn slow_silent_and_unanswered(engine: bool, port: u16) {
     let _bed = bed_or_skip!();
     let (ready_tx, ready_rx) = mpsc::channel();
-    let server = serve(engine, port, 64, ready_tx, |listener, _dev| {
-        // The Request nobody answers arrives first, then the good client's.
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let server = serve(engine, port, 64, ready_tx, move |listener, _dev| {
+        // The Request nobody answers arrives first, then the good client's (which the peer
+        // starts once told that the first is here).
         let held = next(listener, WAIT)?;
         if held.private_data() != b"hold" {
             return Err("expected the held Request first".into());
         }
+        let _ = held_tx.send(());
         let good = next(listener, WAIT)?;
         let pd = ProtectionDomain::new();
         let cq = CompletionQueue::new();
@@ -161,7 +164,9 @@ fn slow_silent_and_unanswered(engine: bool, port: u16) {
             }
             closed_silently(&mut slow, WAIT)
         });
-        std::thread::sleep(Duration::from_millis(300));
+        held_rx
+            .recv_timeout(WAIT)
+            .map_err(|_| "the listener never handed out the held Request")?;
         let took = good_client(port, b"good")?;
         if took > Duration::from_secs(1) {
             return Err(format!(

@@ -221,25 +221,14 @@ fn stopped_polling(port: u16) -> Result<Vec<(Duration, u64)>, String> {
     Ok(lags)
 }
 
-/// What [`a_polling_application_drives_the_engine_while_its_thread_is_parked`] asks of a run
-/// with inline progress on (`quiet` rounds without an engine-thread turn).
+/// The timing-sensitive part of what
+/// [`a_polling_application_drives_the_engine_while_its_thread_is_parked`] asks of a run with
+/// inline progress on (`quiet` rounds without an engine-thread turn): a preempted poller lets
+/// the engine thread resume, a late one finds its echo waiting (see the test).
 fn inline_run_holds(quiet: u64, c: &EngineCounters) -> Result<(), String> {
-    if c.app_turns == 0 {
-        return Err("no application turn with inline progress on".into());
-    }
     if quiet < ROUNDS / 4 {
         return Err(format!(
             "only {quiet} of {ROUNDS} rounds completed without an engine-thread turn"
-        ));
-    }
-    // A Send posted while the engine thread is parked goes out in a turn for its connection
-    // alone on the posting thread, and an echo is handed to the polling thread before any
-    // service. Every quiet round's post was such a turn, unless its poster found another
-    // thread in a turn (the engine thread's look, rare).
-    if c.driver.posting_turns < quiet / 2 {
-        return Err(format!(
-            "{} posting turns for {quiet} rounds without an engine-thread turn",
-            c.driver.posting_turns
         ));
     }
     if c.driver.answering_returns < quiet / 2 {
@@ -258,14 +247,30 @@ fn a_polling_application_drives_the_engine_while_its_thread_is_parked() {
     // after the post's kick, a slow phase of the host: 52 answering returns for 197 quiet
     // rounds in one CI run, 58-130 for 198 with each first poll held back 150 us) is no
     // answering return: that poll finds the post not yet seen by a full poll and the last
-    // answering return's service still owed, and runs in full. Such phases pass: the claim
-    // must hold in one of three runs.
+    // answering return's service still owed, and runs in full. Such phases pass: the quiet
+    // rounds and the answering returns must reach their bars in one of three runs; the rest
+    // holds in every run.
     let mut failures = Vec::new();
     for port in [19_541, 19_548, 19_549] {
         let (quiet, c) = run(port, true);
+        assert!(
+            c.app_turns > 0,
+            "no application turn with inline progress on"
+        );
+        // A Send posted while the engine thread is parked goes out in a turn for its
+        // connection alone on the posting thread. Every quiet round's post was such a turn,
+        // unless its poster found another thread in a turn (the engine thread's look, rare).
+        assert!(
+            c.driver.posting_turns >= quiet / 2,
+            "{} posting turns for {quiet} rounds without an engine-thread turn",
+            c.driver.posting_turns
+        );
         match inline_run_holds(quiet, &c) {
             Ok(()) => break,
-            Err(e) => failures.push(e),
+            Err(e) => {
+                eprintln!("run on port {port}: {e}");
+                failures.push(e);
+            }
         }
     }
     assert!(failures.len() < 3, "three runs failed: {failures:?}");

@@ -169,6 +169,10 @@ pub fn interrupt_within(child: &mut Child, within: Duration) {
     let deadline = Instant::now() + within;
     while matches!(child.try_wait(), Ok(None)) {
         if Instant::now() > deadline {
+            eprintln!(
+                "[test: {} killed, still running {within:?} after SIGINT]",
+                child.id()
+            );
             let _ = child.kill();
             let _ = child.wait();
             return;
@@ -185,10 +189,11 @@ pub fn stream_stdout(child: &mut Child) -> (mpsc::Receiver<String>, JoinHandle<V
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            all.extend_from_slice(line.as_bytes());
+        // Split on bytes, not `lines`: a line that is not UTF-8 must not stop the reading.
+        for line in BufReader::new(stdout).split(b'\n').map_while(Result::ok) {
+            all.extend_from_slice(&line);
             all.push(b'\n');
-            let _ = tx.send(line);
+            let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
         }
         all
     });
@@ -424,9 +429,10 @@ pub fn bed_pair_in(
     (client, server)
 }
 
-/// A tool process whose stderr lines are collected on a thread.
+/// A tool process whose stderr lines are collected on a thread; killed if dropped before
+/// [`Tool::finish`] (a test that panics leaves no server behind).
 pub struct Tool {
-    child: Child,
+    child: Option<Child>,
     stderr: mpsc::Receiver<String>,
     seen: Vec<String>,
 }
@@ -448,7 +454,7 @@ impl Tool {
             }
         });
         Tool {
-            child,
+            child: Some(child),
             stderr: rx,
             seen: Vec::new(),
         }
@@ -463,8 +469,10 @@ impl Tool {
                 Ok(line) if line.contains(what) => return line,
                 Ok(line) => self.seen.push(line),
                 Err(_) => {
-                    let _ = self.child.kill();
-                    let status = self.child.wait();
+                    let status = self.child.take().map(|mut c| {
+                        let _ = c.kill();
+                        c.wait()
+                    });
                     self.seen.extend(self.stderr.try_iter());
                     panic!(
                         "no {what:?} from iwarp-bench within {timeout:?}; exit {status:?}, stderr: {:?}",
@@ -478,9 +486,10 @@ impl Tool {
     /// Waits for the process (killed after `timeout`); its output, and every stderr line it
     /// wrote: read until its reader has forwarded the last (the pipe closed; 2 s at most, for
     /// a pipe another process still holds).
-    pub fn finish(self, timeout: Duration) -> (Output, String) {
-        let out = wait_with_timeout(self.child, timeout);
-        let mut err = self.seen;
+    pub fn finish(mut self, timeout: Duration) -> (Output, String) {
+        let child = self.child.take().expect("a Tool is finished once");
+        let out = wait_with_timeout(child, timeout);
+        let mut err = std::mem::take(&mut self.seen);
         let until = Instant::now() + Duration::from_secs(2);
         while let Ok(line) = self
             .stderr
@@ -489,6 +498,15 @@ impl Tool {
             err.push(line);
         }
         (out, err.join("\n"))
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
