@@ -293,7 +293,8 @@ fn engine_sleeps_while_a_closed_connection_waits_in_time_wait() {
     let peer = testbed::in_ns(NS_B, || {
         let listener = TcpListener::bind((ADDR_B, PORT)).expect("bind in iwb");
         std::thread::spawn(move || -> Result<(), String> {
-            let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+            let mut s =
+                common::accept_within(&listener, common::WAIT).map_err(|e| e.to_string())?;
             answer_request(&mut s)?;
             let mut sink = [0u8; 4096];
             // Reads to our FIN, then closes its side.
@@ -387,7 +388,7 @@ fn slow_reader(
         .set_recv_buffer_size(256 * 1024)
         .expect("SO_RCVBUF");
     std::thread::spawn(move || -> Result<(), String> {
-        let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+        let mut s = common::accept_within(&listener, common::WAIT).map_err(|e| e.to_string())?;
         answer_request(&mut s)?;
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .map_err(|e| e.to_string())?;
