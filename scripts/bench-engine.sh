@@ -308,9 +308,14 @@ SRV_JSON=$LOGDIR/server.json
 # The measurements run by `capture` (jobs.sh): a SIGTERM to the script stops them at once, not
 # once the running one has ended.
 : >"$ROUNDS"
+# Raw's ping-pong only where a latency test runs.
+wants_lat=1
+if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *-lat\ * ]]; then wants_lat=0; fi
 for pl in pinned free; do
-  capture out raw_lat_reps "$pl"
-  read -r rp50 rp99 <<<"$out"
+  if [ "$wants_lat" = 1 ]; then
+    capture out raw_lat_reps "$pl"
+    read -r rp50 rp99 <<<"$out"
+  fi
   for spec in "write-bw 65536 $NBW" "read-bw 65536 $NBW" "write-lat 64 $NLAT" "send-lat 64 $NLAT"; do
     # shellcheck disable=SC2086
     set -- $spec
