@@ -378,13 +378,13 @@ impl PinnedBuffer {
         storage: S,
         pinning: Pinning,
     ) -> Result<Self, DatapathError> {
-        let raw: *mut dyn RegionStorage =
-            Box::into_raw(Box::new(storage) as Box<dyn RegionStorage>);
-        // SAFETY: `raw` comes from `Box::into_raw` just above: valid and unaliased.
-        let owned = unsafe { NonNull::new_unchecked(raw) };
-        // SAFETY: as above; the `&mut` is used only for its pointer and length on the next line,
-        // and that pointer is the only way the bytes are reached afterwards until the box is
-        // rebuilt.
+        let owned: NonNull<dyn RegionStorage> =
+            NonNull::from(Box::leak(Box::new(storage) as Box<dyn RegionStorage>));
+        let raw = owned.as_ptr();
+        // SAFETY: `raw` is the box leaked just above (rebuilt with `Box::from_raw` when the
+        // buffer goes): valid and unaliased; the `&mut` is used only for its pointer and length
+        // on the next line, and that pointer is the only way the bytes are reached afterwards
+        // until the box is rebuilt.
         let bytes = unsafe { (*raw).region_bytes() };
         let (addr, len) = (bytes.as_mut_ptr(), bytes.len());
         let mut buffer = Self {
@@ -476,9 +476,14 @@ impl PinnedBuffer {
         }
     }
 
-    /// Copies `dst.len()` bytes from `offset`; bytes past the end are left untouched.
+    /// Copies `dst.len()` bytes from `offset`; bytes of `dst` past the end of the buffer (a
+    /// call out of range, which callers check against: a clamp, not a path) are zeroed, so
+    /// that a frame cut short never carries what it held before (another connection's octets).
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) {
         let n = self.clamp(offset, dst.len());
+        if let Some(rest) = dst.get_mut(n..) {
+            rest.fill(0);
+        }
         if n == 0 {
             return;
         }
@@ -494,11 +499,11 @@ impl PinnedBuffer {
     /// [`PinnedBuffer::read_at`] that also continues the CRC32c register `crc_state` over the
     /// copied octets in the same pass (the crate's one-pass copy + CRC routine): the CRC covers
     /// exactly what was written to `dst`, and `dst` is never read back. Octets of `dst` past the
-    /// end of the buffer are left untouched and, as with the two-pass default of
-    /// `RegionBuffer::read_at_crc`, go into the CRC as they are.
+    /// end of the buffer are zeroed (as [`PinnedBuffer::read_at`]) and go into the CRC so.
     pub fn read_at_crc(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) {
         let n = self.clamp(offset, dst.len());
         let (copied, rest) = dst.split_at_mut(n);
+        rest.fill(0);
         if n > 0 {
             fence(Ordering::Acquire);
             // SAFETY: `offset + n <= self.len` (clamped above), so the source range lies inside
@@ -517,6 +522,7 @@ impl PinnedBuffer {
     pub fn read_at_crc_sum(&self, offset: usize, dst: &mut [u8], crc_state: &mut u32) -> u16 {
         let n = self.clamp(offset, dst.len());
         let (copied, rest) = dst.split_at_mut(n);
+        rest.fill(0);
         let mut sum = 0;
         if n > 0 {
             fence(Ordering::Acquire);
@@ -2028,9 +2034,20 @@ mod tests {
     fn pinned_buffer_is_bounds_checked() {
         let b = PinnedBuffer::new(10).unwrap();
         b.write_at(8, &[1, 2, 3, 4]);
+        // Past the end, zeros (never what the destination held: a frame's earlier octets).
         let mut out = [9u8; 4];
         b.read_at(8, &mut out);
-        assert_eq!(out, [1, 2, 9, 9]);
+        assert_eq!(out, [1, 2, 0, 0]);
+        let (mut out, mut crc) = ([9u8; 4], !0);
+        b.read_at_crc(8, &mut out, &mut crc);
+        assert_eq!((out, crc), ([1, 2, 0, 0], crc_update(!0, &[1, 2, 0, 0])));
+        let (mut out, mut crc) = ([9u8; 4], !0);
+        let sum = b.read_at_crc_sum(8, &mut out, &mut crc);
+        assert_eq!((out, crc), ([1, 2, 0, 0], crc_update(!0, &[1, 2, 0, 0])));
+        let want = tcp_engine::wire::Checksum::new()
+            .add_bytes(&[1, 2, 0, 0])
+            .sum();
+        assert_eq!(sum, want);
         b.write_at(100, &[1]);
         assert_eq!(b.read_volatile(9), Some(2));
         assert_eq!(b.read_volatile(10), None);
