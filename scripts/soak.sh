@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long soak runs, by hand (CI runs each case for 15 s): datapath/tests/soak.rs, random Writes
+# Long soak runs, by hand (CI runs each case for 8 s): datapath/tests/soak.rs, random Writes
 # read back, Sends echoed and connections opened and ended three ways, through the relay bed's
 # loss, reordering, duplication and jitter, every byte checked, each case for SECONDS.
 # Needs root (the relay bed); fails rather than skips.
