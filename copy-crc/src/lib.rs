@@ -754,6 +754,11 @@ mod tests {
     }
 
     /// The vector routines called directly (the fallback below their minimum length).
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_crc32c`]'s (`src` readable for `dst.len()` octets, not overlapping `dst`), and
+    /// the CPU has AVX-512 (`x86::level()` is `Avx512`).
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
         if dst.len() < x86::MIN_LEN {
@@ -764,6 +769,9 @@ mod tests {
         unsafe { x86::copy_crc(src, dst.as_mut_ptr(), dst.len(), state) }
     }
 
+    /// # Safety
+    ///
+    /// As [`copy_crc32c`]'s, and `x86::level()` is not `None`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn sse(src: *const u8, dst: &mut [u8], state: u32) -> u32 {
         if dst.len() < x86::MIN_LEN {
@@ -824,6 +832,9 @@ mod tests {
 
     type CopySum = unsafe fn(*const u8, &mut [u8], u32) -> (u32, u16);
 
+    /// # Safety
+    ///
+    /// As [`avx512`]'s.
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx512_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
         if dst.len() < x86::MIN_LEN {
@@ -836,6 +847,9 @@ mod tests {
         (c, fold_le(le))
     }
 
+    /// # Safety
+    ///
+    /// As [`sse`]'s.
     #[cfg(target_arch = "x86_64")]
     unsafe fn sse_sum(src: *const u8, dst: &mut [u8], state: u32) -> (u32, u16) {
         if dst.len() < x86::MIN_LEN {
