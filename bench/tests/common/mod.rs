@@ -224,13 +224,15 @@ pub fn lines_seen(
 /// has left (both are read meanwhile, so a child that writes more than a pipe holds does not
 /// stall until killed). A killed child's stderr ends with a line saying so.
 pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<mpsc::Receiver<Vec<u8>>> {
         pipe.map(|mut p| {
+            let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
                 let mut all = Vec::new();
                 let _ = p.read_to_end(&mut all);
-                all
-            })
+                let _ = tx.send(all);
+            });
+            rx
         })
     }
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
@@ -247,9 +249,17 @@ pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
             }
         }
     };
-    let collect = |h: Option<JoinHandle<Vec<u8>>>| {
-        h.map(|h| h.join().expect("pipe reader"))
-            .unwrap_or_default()
+    // A pipe ends with the child, unless a process it started still holds it: waited for
+    // 10 s at most, then a note stands in for its output (the reader is left to that process).
+    let until = Instant::now() + Duration::from_secs(10);
+    let collect = |rx: Option<mpsc::Receiver<Vec<u8>>>| {
+        rx.map(|rx| {
+            rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| {
+                    b"\n[test: the pipe still open 10 s after the child ended]\n".to_vec()
+                })
+        })
+        .unwrap_or_default()
     };
     let mut stderr = collect(stderr);
     if killed {
