@@ -28,6 +28,8 @@ use datapath::xdp_tcp::{
 };
 use testbed::*;
 
+mod common;
+
 // ---------------------------------------------------------------- counting allocator
 
 struct Counting;
@@ -1066,22 +1068,10 @@ fn shards_hand_off_without_allocating() {
             .recv_timeout(Duration::from_secs(60))
             .map_err(|_| "no connection count".to_string())?;
         let deadline = Instant::now() + Duration::from_secs(60);
-        l.set_nonblocking(true).map_err(|e| e.to_string())?;
         let readers: Vec<_> = (0..conns)
             .map(|n| {
-                let mut s = loop {
-                    match l.accept() {
-                        Ok((s, _)) => break s,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            if Instant::now() > deadline {
-                                return Err(format!("{n} of {conns} connections in 60 s"));
-                            }
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    }
-                };
-                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                let mut s = common::accept_within(&l, common::left(deadline))
+                    .map_err(|e| format!("{n} of {conns} connections in 60 s: {e}"))?;
                 Ok(std::thread::spawn(move || read_to_end_checked(&mut s)))
             })
             .collect::<Result<_, String>>()?;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod netns;
+pub mod process;
 pub mod relay;
 
 pub use netns::{enter_ns, in_ns, scoped_in_ns, spawn_in_ns};

@@ -1,7 +1,7 @@
 //! Helpers for tests that run `iwarp-bench` as a process.
 #![allow(dead_code)] // each test file uses a different subset
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -220,79 +220,11 @@ pub fn lines_seen(
     true
 }
 
-/// Waits for a child, killing it after `timeout`, and collects what it wrote to the pipes it
-/// has left (both are read meanwhile, so a child that writes more than a pipe holds does not
-/// stall until killed). A killed child's stderr ends with a line saying so.
-pub fn wait_with_timeout(mut child: Child, timeout: Duration) -> Output {
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<mpsc::Receiver<Vec<u8>>> {
-        pipe.map(|mut p| {
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                let mut all = Vec::new();
-                let _ = p.read_to_end(&mut all);
-                let _ = tx.send(all);
-            });
-            rx
-        })
-    }
-    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
-    let deadline = Instant::now() + timeout;
-    let mut killed = false;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
-                killed = true;
-                let _ = child.kill();
-                break child.wait().expect("wait for a killed child");
-            }
-        }
-    };
-    // A pipe ends with the child, unless a process it started still holds it: waited for
-    // 10 s at most, then a note stands in for its output (the reader is left to that process).
-    let until = Instant::now() + Duration::from_secs(10);
-    let collect = |rx: Option<mpsc::Receiver<Vec<u8>>>| {
-        rx.map(|rx| {
-            rx.recv_timeout(until.saturating_duration_since(Instant::now()))
-                .unwrap_or_else(|_| {
-                    b"\n[test: the pipe still open 10 s after the child ended]\n".to_vec()
-                })
-        })
-        .unwrap_or_default()
-    };
-    let mut stderr = collect(stderr);
-    if killed {
-        stderr.extend(format!("\n[test: killed after {timeout:?}]\n").bytes());
-    }
-    Output {
-        status,
-        stdout: collect(stdout),
-        stderr,
-    }
-}
-
 /// How long a test lets one run of `iwarp-bench` (or of a tool beside it) take before it
 /// kills it: a hung run fails its test instead of holding the suite.
 pub const RUN_LIMIT: Duration = Duration::from_secs(120);
 
-/// [`Command::output`] with a wall-clock bound.
-pub trait OutputWithin {
-    /// Runs the command to its end as [`Command::output`] does (stdin closed, stdout and stderr
-    /// captured), killing it after `limit` ([`wait_with_timeout`]).
-    fn output_within(&mut self, limit: Duration) -> std::io::Result<Output>;
-}
-
-impl OutputWithin for Command {
-    fn output_within(&mut self, limit: Duration) -> std::io::Result<Output> {
-        let child = self
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        Ok(wait_with_timeout(child, limit))
-    }
-}
+pub use testbed::process::{wait_with_timeout, OutputWithin};
 
 /// True when running as root.
 pub fn is_root() -> bool {
