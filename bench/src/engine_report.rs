@@ -113,6 +113,9 @@ pub struct EngineReport {
     pub multi_frame_rx_dropped: u64,
     /// Packets sent over several UMEM frames.
     pub multi_frame_tx: u64,
+    /// Descriptors the kernel handed back outside the UMEM (received frames dropped unread,
+    /// completions not taken back): zero unless the kernel or a stray write broke the rings.
+    pub descriptors_out_of_umem: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
 }
@@ -171,6 +174,7 @@ impl EngineReport {
             multi_frame_rx: c.driver.rx_multi_frame,
             multi_frame_rx_dropped: c.driver.rx_multi_frame_dropped,
             multi_frame_tx: c.driver.tx_multi_frame,
+            descriptors_out_of_umem: c.driver.descs_out_of_umem,
             error: c.error.clone(),
         }
     }
@@ -188,7 +192,7 @@ impl EngineReport {
              terminates sent {} received {}, connections {}, turns by the engine thread {} \
              by the application {} (engine parked {} times, woke {} times parked, {} by its watchdog, idle {:.1} ms), \
              engine threads {} \
-             (segments handed between them {}, dropped {}), AF_XDP {}, XDP {} mode{}{}{}{}",
+             (segments handed between them {}, dropped {}), AF_XDP {}, XDP {} mode{}{}{}{}{}",
             self.frames_rx,
             self.frames_tx,
             self.frames_dropped_by_kernel,
@@ -259,6 +263,14 @@ impl EngineReport {
                     self.ift_acks_withheld,
                     self.ift_header_crc_errors,
                     self.ift_payload_crc_errors
+                )
+            } else {
+                String::new()
+            },
+            if self.descriptors_out_of_umem > 0 {
+                format!(
+                    ", descriptors from the kernel outside the UMEM {} (their frames dropped)",
+                    self.descriptors_out_of_umem
                 )
             } else {
                 String::new()

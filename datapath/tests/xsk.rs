@@ -13,7 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use datapath::xsk::packet::{tcp_flags, write_tcp_frame, TcpFrame, TcpFrameSpec};
@@ -814,4 +814,203 @@ fn a_queue_allocated_but_not_running_is_out_of_range() {
         XskSocket::open(DEV_A, 1, &cfg).expect("a running queue");
     });
     ethtool(&format!("rx {QUEUES} tx {QUEUES}"));
+}
+
+/// A ring the kernel produces (an AF_XDP socket's RX ring or its UMEM's completion ring)
+/// mapped a second time, to write into it as the kernel does: what a kernel bug, or a stray
+/// write into the mapping, would put there.
+struct RingWriter {
+    base: *mut u8,
+    len: usize,
+    producer: usize,
+    desc: usize,
+    entry_size: usize,
+    mask: u32,
+}
+
+impl RingWriter {
+    /// Maps the RX ring of `fd`, a ring of `entries` descriptors.
+    fn rx(fd: i32, entries: u32) -> Self {
+        let size = std::mem::size_of::<libc::xdp_desc>();
+        Self::map(fd, entries, size, libc::XDP_PGOFF_RX_RING, |o| o.rx)
+    }
+
+    /// Maps the completion ring of `fd`'s UMEM, a ring of `entries` addresses.
+    fn completion(fd: i32, entries: u32) -> Self {
+        let pgoff = libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t;
+        Self::map(fd, entries, std::mem::size_of::<u64>(), pgoff, |o| o.cr)
+    }
+
+    fn map(
+        fd: i32,
+        entries: u32,
+        entry_size: usize,
+        pgoff: libc::off_t,
+        ring: fn(&libc::xdp_mmap_offsets) -> libc::xdp_ring_offset,
+    ) -> Self {
+        // SAFETY: xdp_mmap_offsets is plain integers; all-zero is a valid value.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut optlen = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+        // SAFETY: `off` and `optlen` are live and `optlen` is the buffer's size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                &mut optlen,
+            )
+        };
+        assert_eq!(rc, 0, "XDP_MMAP_OFFSETS: {}", io::Error::last_os_error());
+        let off = ring(&off);
+        let len = off.desc as usize + entries as usize * entry_size;
+        // SAFETY: a new shared mapping of one of the socket's rings at an address the kernel
+        // picks; no memory of ours is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+        RingWriter {
+            base: base.cast(),
+            len,
+            producer: off.producer as usize,
+            desc: off.desc as usize,
+            entry_size,
+            mask: entries - 1,
+        }
+    }
+
+    /// Puts one entry of type `T` (the ring's entry type) on the ring, as the kernel's
+    /// producer would.
+    fn push<T>(&self, entry: T) {
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            self.entry_size,
+            "not the ring's entry type"
+        );
+        // SAFETY: the producer index lies in the mapping, 4-aligned (the kernel's layout), and
+        // is only ever accessed atomically; nothing arrives or is sent meanwhile (nothing is
+        // steered to the socket yet, nothing transmitted), so the kernel does not write it.
+        let producer = unsafe { &*(self.base.add(self.producer) as *const AtomicU32) };
+        let p = producer.load(Ordering::Relaxed);
+        // SAFETY: slot `p & mask` of the ring's entries, inside the mapping (`T` is the
+        // ring's entry type, of the size mapped); the consumer reads it only after the
+        // producer's release below.
+        unsafe {
+            let slot = (self.base.add(self.desc) as *mut T).add((p & self.mask) as usize);
+            slot.write(entry);
+        }
+        producer.store(p.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Puts an RX descriptor on the ring.
+    fn push_desc(&self, addr: u64, len: u32, options: u32) {
+        self.push(libc::xdp_desc { addr, len, options });
+    }
+}
+
+impl Drop for RingWriter {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped only here.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Descriptors on the RX ring that do not lie in one chunk of the socket's UMEM (past its
+/// end, across two chunks, an address that would wrap) are never read or lent: their packets
+/// are dropped, counted (`rx_descs_out_of_umem`), and not given to the fill ring; on a
+/// multi-buffer socket the whole packet goes. A completion naming an address past the UMEM
+/// is not taken back as a free frame (`tx_completions_out_of_umem`). Every socket then still
+/// receives what is steered to it.
+#[test]
+fn rx_descriptors_outside_the_umem_are_dropped_unread() {
+    let _bed = bed_or_skip!();
+    const PORT: u16 = 17210;
+    const XDP_PKT_CONTD: u32 = 1;
+    in_ns(NS_A, || {
+        for multi_buffer in [false, true] {
+            let cfg = XskConfig {
+                multi_buffer,
+                ..copy_cfg()
+            };
+            let umem_len = u64::from(cfg.rx_ring + cfg.tx_ring) * u64::from(cfg.frame_size);
+            let mut socks = XskSocket::open_queues(DEV_A, 0..QUEUES, &cfg).expect("open");
+            for s in socks.iter_mut() {
+                let ring = RingWriter::rx(s.fd(), cfg.rx_ring);
+                let expected = if multi_buffer {
+                    // One packet over two frames, its second past the UMEM: both dropped. (The
+                    // first names the last TX frame, which nothing sends from here.)
+                    let last_tx = umem_len - u64::from(cfg.frame_size) + 256;
+                    ring.push_desc(last_tx, 100, XDP_PKT_CONTD);
+                    ring.push_desc(umem_len + 256, 100, 0);
+                    1
+                } else {
+                    ring.push_desc(umem_len + 256, 64, 0);
+                    ring.push_desc(4096 + 256, cfg.frame_size, 0);
+                    ring.push_desc(u64::MAX - 63, 64, 0);
+                    3
+                };
+                let batch = s.recv_batch(64);
+                assert_eq!(batch.frames(), if multi_buffer { 2 } else { 3 });
+                assert_eq!(
+                    batch.len(),
+                    0,
+                    "multi-buffer {multi_buffer}: a packet was lent"
+                );
+                assert!(batch.get(0).is_none());
+                drop(batch);
+                let st = s.stats();
+                assert_eq!(st.rx_descs_out_of_umem, expected, "{st:?}");
+                assert_eq!(st.rx_multi_frame, 0, "{st:?}");
+                // The completion ring is as large as the TX ring (`XskConfig::tx_ring`).
+                let completions = RingWriter::completion(s.fd(), cfg.tx_ring);
+                completions.push(umem_len);
+                completions.push(u64::MAX - 4095);
+                assert_eq!(s.complete(), 2);
+                let st = s.stats();
+                assert_eq!(st.tx_completions_out_of_umem, 2, "{st:?}");
+            }
+            let mut prog = SteeringProgram::load(multi_buffer).expect("load steering program");
+            prog.attach(DEV_A, AttachMode::Generic).expect("attach");
+            prog.steer_port(ADDR_A, PORT).unwrap();
+            for s in &socks {
+                prog.bind_socket(s.queue(), s.fd()).expect("bind_socket");
+            }
+            let connect = std::thread::spawn(|| {
+                in_ns(NS_B, || {
+                    TcpStream::connect_timeout(
+                        &SocketAddr::V4(SocketAddrV4::new(ADDR_A, PORT)),
+                        Duration::from_millis(1500),
+                    )
+                })
+            });
+            let mut syn = false;
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while !syn && Instant::now() < deadline {
+                for s in socks.iter_mut() {
+                    let batch = s.recv_batch(64);
+                    syn |= batch
+                        .iter()
+                        .filter_map(TcpFrame::parse)
+                        .any(|f| f.dst_port() == PORT && f.flags() & tcp_flags::SYN != 0);
+                }
+            }
+            assert!(
+                syn,
+                "multi-buffer {multi_buffer}: no SYN received after the bad descriptors"
+            );
+            let _ = connect.join().expect("connect thread");
+            drop(prog);
+            drop(socks);
+            // Let the queues be released before the next round binds them again.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
 }

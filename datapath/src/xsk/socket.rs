@@ -336,6 +336,48 @@ pub struct XskStats {
     pub rx_multi_frame_digested: u64,
     /// Transmitted packets that spanned several frames.
     pub tx_multi_frame: u64,
+    /// Received frames whose descriptor does not lie in one chunk of the UMEM: never read,
+    /// their packets dropped ([`UmemBounds`]; a kernel that keeps its side of the rings
+    /// never hands one over).
+    pub rx_descs_out_of_umem: u64,
+    /// Completions naming an address outside the UMEM: not taken back as free frames.
+    pub tx_completions_out_of_umem: u64,
+}
+
+/// Where a socket's UMEM lies, to check what the kernel hands back on the RX and completion
+/// rings before any view of it is made: the rings are memory the process can write, and
+/// `xsk-rs` turns a descriptor into a slice without a bounds check, so a wrong descriptor
+/// (a kernel bug, a stray write into the mapping) would otherwise be a read or write outside
+/// the UMEM.
+#[derive(Debug, Clone, Copy)]
+struct UmemBounds {
+    /// Octets of the UMEM in use: its frame count times the frame size.
+    len: usize,
+    /// The frame size less one (a power of two: aligned mode).
+    chunk_mask: usize,
+}
+
+impl UmemBounds {
+    fn new(frames: u32, frame_size: u32) -> Self {
+        UmemBounds {
+            len: frames as usize * frame_size as usize,
+            chunk_mask: frame_size as usize - 1,
+        }
+    }
+
+    /// Whether a received frame of `len` octets at `addr` lies in one chunk of the UMEM (in
+    /// aligned mode the kernel writes a frame into the chunk it took from the fill ring,
+    /// after the headroom).
+    #[inline]
+    fn holds(&self, addr: usize, len: usize) -> bool {
+        addr < self.len && (addr & self.chunk_mask).saturating_add(len) <= self.chunk_mask + 1
+    }
+
+    /// [`holds`](Self::holds) for a received frame's descriptor.
+    #[inline]
+    fn holds_frame(&self, desc: &FrameDesc) -> bool {
+        self.holds(desc.addr(), desc.lengths().data())
+    }
 }
 
 /// One received packet of a batch in which some packet spans several frames.
@@ -445,6 +487,8 @@ pub struct XskSocket {
     /// [`MAX_FRAMES_PER_PACKET`] (fewer in zero-copy mode when the driver takes fewer).
     frames_per_packet: usize,
     stats: XskStats,
+    /// What a descriptor the kernel hands back must lie in.
+    bounds: UmemBounds,
     capture: Option<CaptureTap>,
     /// Busy polling: `recvfrom` on every empty receive (see [`BusyPoll`]).
     busy_poll: bool,
@@ -455,6 +499,8 @@ pub struct XskSocket {
     rx_packets: Vec<RxPacket>,
     /// Whether `rx_packets` describes the current batch.
     rx_indexed: bool,
+    /// Whether a frame of the current batch lies outside the UMEM ([`UmemBounds`]).
+    rx_outside: bool,
     /// The frames of a packet cut short (its last frame was still on the RX ring when its
     /// batch ended) are being dropped: the next batch skips frames up to that packet's end.
     rx_discarding: bool,
@@ -745,15 +791,14 @@ impl XskSocket {
             zero_copy,
             frames_per_packet,
             stats: XskStats::default(),
+            bounds: UmemBounds::new(frames, cfg.frame_size),
             capture: cfg.capture.clone(),
             busy_poll: cfg.busy_poll.is_some(),
             multi_buffer: cfg.multi_buffer,
-            rx_packets: Vec::with_capacity(if cfg.multi_buffer {
-                cfg.max_batch as usize + MAX_FRAMES_PER_PACKET
-            } else {
-                0
-            }),
+            // (Used by a single-buffer socket only for a batch with a frame outside the UMEM.)
+            rx_packets: Vec::with_capacity(cfg.max_batch as usize + MAX_FRAMES_PER_PACKET),
             rx_indexed: false,
+            rx_outside: false,
             rx_discarding: false,
             rx_joined: vec![0; joined * cfg.max_batch as usize],
             rx_joined_len: 0,
@@ -893,7 +938,15 @@ impl XskSocket {
         self.rx_indexed = false;
         if self.multi_buffer && n > 0 {
             n = self.finish_cut_packet(n);
-            self.index_packets(n);
+        }
+        // Checked before any view of a frame is made; one outside the UMEM makes the batch
+        // indexed, so that its packet is left out, and is not given back to the fill ring
+        // (a descriptor the kernel got wrong may name a chunk it still owns).
+        let bounds = self.bounds;
+        let in_umem = self.rx_descs[..n].iter().all(|d| bounds.holds_frame(d));
+        self.rx_outside = !in_umem;
+        if n > 0 && (self.multi_buffer || !in_umem) {
+            self.index_packets(n, in_umem);
         }
         if n == 0 && self.busy_poll {
             // Only `recvfrom` runs the driver's NAPI poll for an AF_XDP socket (`poll(2)`
@@ -920,8 +973,9 @@ impl XskSocket {
                 }
             } else {
                 for desc in &self.rx_descs[..n] {
-                    // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame
-                    // of this UMEM that nobody writes until it returns to the fill ring.
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
+                    // to lie in the UMEM (an unindexed batch has no other): a frame of this
+                    // UMEM that nobody writes until it returns to the fill ring.
                     tap.record(unsafe { self.umem.data(desc) }.contents());
                 }
             }
@@ -930,8 +984,8 @@ impl XskSocket {
         // runs in the peer's thread), and a TCP header with options ends past the first cache
         // line; read one after the other, each line is a transfer from that CPU the receive
         // path waits for (the checksum of a received ACK was the sender's largest wait for it).
-        for i in 0..n {
-            if let Some(desc) = self.rx_descs.get(i) {
+        for desc in &self.rx_descs[..n] {
+            if in_umem || bounds.holds_frame(desc) {
                 self.prefetch_frame(desc);
             }
         }
@@ -954,15 +1008,19 @@ impl XskSocket {
         n
     }
 
-    /// Multi-buffer: when a packet of the `n` descriptors spans several frames, lists the
-    /// batch's packets (`rx_packets`) and joins each multi-frame one into `rx_joined`. A packet
-    /// of more than [`MAX_FRAMES_PER_PACKET`] frames, or one whose last frame is missing, is
-    /// dropped (its frames go back to the fill ring with the batch; [`split_packets`]).
-    fn index_packets(&mut self, n: usize) {
-        let contd = |d: &FrameDesc| d.options() & XDP_PKT_CONTD != 0;
-        if !self.rx_discarding && !self.rx_descs[..n].iter().any(contd) {
+    /// When a packet of the `n` descriptors spans several frames (multi-buffer), or a frame
+    /// lies outside the UMEM (`in_umem` false), lists the batch's packets (`rx_packets`) and
+    /// joins each multi-frame one into `rx_joined`. A packet of more than
+    /// [`MAX_FRAMES_PER_PACKET`] frames, one whose last frame is missing, or one with a frame
+    /// outside the UMEM is dropped (its frames go back to the fill ring with the batch;
+    /// [`split_packets`]).
+    fn index_packets(&mut self, n: usize, in_umem: bool) {
+        let multi_buffer = self.multi_buffer;
+        let contd = |d: &FrameDesc| multi_buffer && d.options() & XDP_PKT_CONTD != 0;
+        if in_umem && !self.rx_discarding && !self.rx_descs[..n].iter().any(contd) {
             return;
         }
+        let bounds = self.bounds;
         let XskSocket {
             rx_descs,
             rx_packets,
@@ -982,20 +1040,30 @@ impl XskSocket {
             |i| contd(&descs[i]),
             |span| {
                 let (first, end) = match span {
-                    PacketSpan::Frame(i) => {
-                        rx_packets.push(RxPacket::Frame(i));
-                        return;
-                    }
+                    PacketSpan::Frame(i) => (i, i + 1),
                     PacketSpan::TooLong | PacketSpan::Cut => {
                         stats.rx_multi_frame_dropped += 1;
                         return;
                     }
                     PacketSpan::Frames(first, end) => (first, end),
                 };
+                let outside = descs[first..end]
+                    .iter()
+                    .filter(|d| !bounds.holds_frame(d))
+                    .count();
+                if outside > 0 {
+                    stats.rx_descs_out_of_umem += outside as u64;
+                    return;
+                }
+                if end - first == 1 {
+                    rx_packets.push(RxPacket::Frame(first));
+                    return;
+                }
                 let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
                 for (slot, desc) in frames.iter_mut().zip(&descs[first..end]) {
-                    // SAFETY: a descriptor the kernel just handed back on the RX ring: a frame of
-                    // this UMEM that nobody writes until it returns to the fill ring.
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
+                    // just above to lie in the UMEM: a frame of this UMEM that nobody writes
+                    // until it returns to the fill ring.
                     *slot = unsafe { umem.data(desc) }.contents();
                 }
                 let frames = &frames[..end - first];
@@ -1290,7 +1358,8 @@ impl XskSocket {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: `desc` is a frame of this UMEM that is ours: on the free list, or handed
-            // back by the kernel on the RX ring and not yet on the fill ring (the kernel writes
+            // back by the kernel on the RX ring, checked to lie in the UMEM (`recv_batch`; the
+            // callers prefetch no other) and not yet on the fill ring (the kernel writes
             // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
             let mut k = from;
@@ -1325,8 +1394,21 @@ impl XskSocket {
             // SAFETY: `comp_descs` is scratch owned by us; `consume` writes descriptors of TX
             // frames of this UMEM that the kernel has finished with, which are ours again.
             let n = unsafe { self.cq.consume(&mut self.comp_descs) };
+            let done = &self.comp_descs[..n];
+            let bounds = self.bounds;
             // The free list's capacity is the whole TX pool, so this never reallocates.
-            self.free_tx.extend_from_slice(&self.comp_descs[..n]);
+            if done.iter().all(|d| d.addr() < bounds.len) {
+                self.free_tx.extend_from_slice(done);
+            } else {
+                // An address outside the UMEM is no frame of ours: never written.
+                for d in done {
+                    if d.addr() < bounds.len {
+                        self.free_tx.push(*d);
+                    } else {
+                        self.stats.tx_completions_out_of_umem += 1;
+                    }
+                }
+            }
             total += n;
             if n < self.comp_descs.len() {
                 break;
@@ -1438,8 +1520,9 @@ impl RxBatch<'_> {
             i
         };
         let desc = self.sock.rx_descs[..self.n].get(i)?;
-        // SAFETY: the descriptor came from this socket's RX ring, so it describes a frame of its
-        // UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
+        // SAFETY: the descriptor came from this socket's RX ring and lies in its UMEM (an
+        // unindexed batch holds no other; an indexed one lists only packets whose frames do),
+        // so it describes a frame of its UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
         // is dropped, which ends every borrow of `self`.
         Some(unsafe { self.sock.umem.data(desc) }.contents())
     }
@@ -1485,14 +1568,26 @@ impl Drop for RxBatch<'_> {
             return;
         }
         let sock = &mut *self.sock;
+        let mut n = self.n;
+        if sock.rx_outside {
+            // Only the frames of ours go back (`recv_batch`).
+            let bounds = sock.bounds;
+            let mut kept = 0;
+            for i in 0..n {
+                if bounds.holds_frame(&sock.rx_descs[i]) {
+                    sock.rx_descs[kept] = sock.rx_descs[i];
+                    kept += 1;
+                }
+            }
+            n = kept;
+            sock.rx_outside = false;
+        }
         // SAFETY: the frames came from this socket's RX ring and every view of them borrowed
         // this batch, which is being dropped; handing them to the fill ring gives them back to
         // the kernel. The fill ring is twice the RX frame pool, so it always has room.
-        let n = unsafe { sock.fq.produce(&sock.rx_descs[..self.n]) };
-        if n == 0 {
+        if n > 0 && unsafe { sock.fq.produce(&sock.rx_descs[..n]) } == 0 {
             // Keep them for the next `recv_batch` (capacity = RX pool: no allocation).
-            sock.fill_pending
-                .extend_from_slice(&sock.rx_descs[..self.n]);
+            sock.fill_pending.extend_from_slice(&sock.rx_descs[..n]);
         }
     }
 }
@@ -1558,6 +1653,26 @@ mod tests {
             "the batch ends inside a packet"
         );
         assert_eq!(split("c", false), (vec![Cut], true));
+    }
+
+    /// A received frame must lie in one chunk of the UMEM: the last octet of the last chunk is
+    /// in, one more is not, and no length wraps the check around.
+    #[test]
+    fn received_frames_must_lie_in_one_chunk_of_the_umem() {
+        let b = UmemBounds::new(4, 4096);
+        assert!(b.holds(0, 0));
+        assert!(b.holds(256, 3840), "a whole frame after the headroom");
+        assert!(b.holds(3 * 4096 + 256, 3840), "the last chunk's");
+        assert!(
+            !b.holds(3 * 4096 + 256, 3841),
+            "one octet into the next chunk"
+        );
+        assert!(!b.holds(4096 + 4000, 200), "across two chunks");
+        assert!(!b.holds(4 * 4096, 0), "past the UMEM");
+        assert!(!b.holds(4 * 4096 + 256, 64));
+        assert!(!b.holds(usize::MAX, 1));
+        assert!(!b.holds(256, usize::MAX), "a length that would wrap");
+        assert!(!b.holds(256, u32::MAX as usize));
     }
 
     #[test]
