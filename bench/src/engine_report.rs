@@ -113,9 +113,10 @@ pub struct EngineReport {
     pub multi_frame_rx_dropped: u64,
     /// Packets sent over several UMEM frames.
     pub multi_frame_tx: u64,
-    /// Descriptors the kernel handed back outside the UMEM (received frames dropped unread,
-    /// completions not taken back): zero unless the kernel or a stray write broke the rings.
-    pub descriptors_out_of_umem: u64,
+    /// Descriptors the kernel handed back that name no frame of ours it held (received ones
+    /// outside the RX pool, dropped unread with their packets; completions not taken back):
+    /// zero unless the kernel or a stray write broke the rings.
+    pub descriptors_refused: u64,
     /// The error that stopped the engine thread, if any.
     pub error: Option<String>,
 }
@@ -174,7 +175,7 @@ impl EngineReport {
             multi_frame_rx: c.driver.rx_multi_frame,
             multi_frame_rx_dropped: c.driver.rx_multi_frame_dropped,
             multi_frame_tx: c.driver.tx_multi_frame,
-            descriptors_out_of_umem: c.driver.descs_out_of_umem,
+            descriptors_refused: c.driver.descs_refused,
             error: c.error.clone(),
         }
     }
@@ -267,10 +268,10 @@ impl EngineReport {
             } else {
                 String::new()
             },
-            if self.descriptors_out_of_umem > 0 {
+            if self.descriptors_refused > 0 {
                 format!(
-                    ", descriptors from the kernel outside the UMEM {} (their frames dropped)",
-                    self.descriptors_out_of_umem
+                    ", ring descriptors refused as naming no frame the kernel held {}",
+                    self.descriptors_refused
                 )
             } else {
                 String::new()

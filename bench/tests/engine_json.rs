@@ -116,7 +116,7 @@ fn xdp_json_reports_engine_counters() {
             "multi_frame_rx",
             "multi_frame_rx_dropped",
             "multi_frame_tx",
-            "descriptors_out_of_umem",
+            "descriptors_refused",
         ] {
             counter(side, name);
         }

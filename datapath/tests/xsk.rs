@@ -816,29 +816,28 @@ fn a_queue_allocated_but_not_running_is_out_of_range() {
     ethtool(&format!("rx {QUEUES} tx {QUEUES}"));
 }
 
-/// A ring the kernel produces (an AF_XDP socket's RX ring or its UMEM's completion ring)
-/// mapped a second time, to write into it as the kernel does: what a kernel bug, or a stray
-/// write into the mapping, would put there.
-struct RingWriter {
+/// One of an AF_XDP socket's rings mapped a second time, to see its indices and to change
+/// what the kernel put on it, as a kernel bug or a stray write into the mapping would.
+struct RingMap {
     base: *mut u8,
     len: usize,
     producer: usize,
+    consumer: usize,
     desc: usize,
-    entry_size: usize,
     mask: u32,
 }
 
-impl RingWriter {
-    /// Maps the RX ring of `fd`, a ring of `entries` descriptors.
+impl RingMap {
+    /// The RX ring of `fd`, of `entries` descriptors.
     fn rx(fd: i32, entries: u32) -> Self {
         let size = std::mem::size_of::<libc::xdp_desc>();
         Self::map(fd, entries, size, libc::XDP_PGOFF_RX_RING, |o| o.rx)
     }
 
-    /// Maps the completion ring of `fd`'s UMEM, a ring of `entries` addresses.
-    fn completion(fd: i32, entries: u32) -> Self {
-        let pgoff = libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t;
-        Self::map(fd, entries, std::mem::size_of::<u64>(), pgoff, |o| o.cr)
+    /// The fill ring of `fd`'s UMEM, of `entries` addresses.
+    fn fill(fd: i32, entries: u32) -> Self {
+        let pgoff = libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t;
+        Self::map(fd, entries, std::mem::size_of::<u64>(), pgoff, |o| o.fr)
     }
 
     fn map(
@@ -877,140 +876,221 @@ impl RingWriter {
             )
         };
         assert_ne!(base, libc::MAP_FAILED, "{}", io::Error::last_os_error());
-        RingWriter {
+        RingMap {
             base: base.cast(),
             len,
             producer: off.producer as usize,
+            consumer: off.consumer as usize,
             desc: off.desc as usize,
-            entry_size,
             mask: entries - 1,
         }
     }
 
-    /// Puts one entry of type `T` (the ring's entry type) on the ring, as the kernel's
-    /// producer would.
-    fn push<T>(&self, entry: T) {
-        assert_eq!(
-            std::mem::size_of::<T>(),
-            self.entry_size,
-            "not the ring's entry type"
-        );
-        // SAFETY: the producer index lies in the mapping, 4-aligned (the kernel's layout), and
-        // is only ever accessed atomically; nothing arrives or is sent meanwhile (nothing is
-        // steered to the socket yet, nothing transmitted), so the kernel does not write it.
-        let producer = unsafe { &*(self.base.add(self.producer) as *const AtomicU32) };
-        let p = producer.load(Ordering::Relaxed);
-        // SAFETY: slot `p & mask` of the ring's entries, inside the mapping (`T` is the
-        // ring's entry type, of the size mapped); the consumer reads it only after the
-        // producer's release below.
-        unsafe {
-            let slot = (self.base.add(self.desc) as *mut T).add((p & self.mask) as usize);
-            slot.write(entry);
-        }
-        producer.store(p.wrapping_add(1), Ordering::Release);
+    fn index(&self, at: usize) -> u32 {
+        // SAFETY: the index lies in the mapping, 4-aligned (the kernel's layout), and the
+        // kernel and xsk-rs access it only atomically.
+        unsafe { &*(self.base.add(at) as *const AtomicU32) }.load(Ordering::Acquire)
     }
 
-    /// Puts an RX descriptor on the ring.
-    fn push_desc(&self, addr: u64, len: u32, options: u32) {
-        self.push(libc::xdp_desc { addr, len, options });
+    /// The producer's index.
+    fn produced(&self) -> u32 {
+        self.index(self.producer)
+    }
+
+    /// The consumer's index.
+    fn consumed(&self) -> u32 {
+        self.index(self.consumer)
+    }
+
+    /// Entries produced and not yet consumed.
+    fn waiting(&self) -> u32 {
+        self.produced().wrapping_sub(self.consumed())
+    }
+
+    /// Changes the address and length of the RX descriptor at ring index `i`, one the kernel
+    /// produced and the socket has not consumed (so neither writes it meanwhile).
+    fn set_desc(&self, i: u32, addr: Option<u64>, len: Option<u32>) {
+        // SAFETY: slot `i & mask` of the RX ring's descriptors, inside the mapping; the kernel
+        // wrote it before its producer's release, which `waiting` acquired, and will not write
+        // it again before the socket consumes it; the socket reads it only in `recv_batch`,
+        // called after this on this thread.
+        unsafe {
+            let slot =
+                (self.base.add(self.desc) as *mut libc::xdp_desc).add((i & self.mask) as usize);
+            let mut desc = slot.read();
+            desc.addr = addr.unwrap_or(desc.addr);
+            desc.len = len.unwrap_or(desc.len);
+            slot.write(desc);
+        }
     }
 }
 
-impl Drop for RingWriter {
+impl Drop for RingMap {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped only here.
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
-/// Descriptors on the RX ring that do not lie in one chunk of the socket's UMEM (past its
-/// end, across two chunks, an address that would wrap) are never read or lent: their packets
-/// are dropped, counted (`rx_descs_out_of_umem`), and not given to the fill ring; on a
-/// multi-buffer socket the whole packet goes. A completion naming an address past the UMEM
-/// is not taken back as a free frame (`tx_completions_out_of_umem`). Every socket then still
-/// receives what is steered to it.
+/// Sends TCP frames of `(seq, frame length)` from an AF_XDP socket on `iwb0`'s queue 0 to
+/// `iwa`'s `port`, each with the [`pattern`] of its sequence number (call in `iwb`).
+fn send_from_b(port: u16, frames: &[(u32, usize)], multi_buffer: bool) {
+    let cfg = XskConfig {
+        multi_buffer,
+        ..copy_cfg()
+    };
+    let mut xsk = XskSocket::open(DEV_B, 0, &cfg).expect("an AF_XDP socket in iwb");
+    let spec = spec_to(DEV_B, ADDR_A, 40010, port);
+    let sent = xsk
+        .send_batch(frames.len(), |i, buf| {
+            let (seq, len) = frames[i];
+            let s = TcpFrameSpec { seq, ..spec };
+            write_tcp_frame(buf, &s, len, |p| pattern(seq, p)).unwrap()
+        })
+        .unwrap();
+    assert_eq!(sent, frames.len());
+    assert!(
+        xsk.drain_tx(Duration::from_secs(2)).unwrap(),
+        "TX completes"
+    );
+}
+
+/// Waits until one of `rings` holds `count` received frames and returns its index.
+fn ring_with(rings: &[RingMap], count: u32) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        if let Some(q) = rings.iter().position(|r| r.waiting() >= count) {
+            return q;
+        }
+        let waiting: Vec<u32> = rings.iter().map(RingMap::waiting).collect();
+        assert!(
+            Instant::now() < deadline,
+            "no RX ring has {count} frames: {waiting:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The (sequence number, frame length) of each packet of `batch`, checked: valid checksums
+/// and each payload its sequence number's [`pattern`].
+fn received(batch: &datapath::xsk::RxBatch<'_>) -> Vec<(u32, usize)> {
+    batch
+        .iter()
+        .map(|frame| {
+            let f = TcpFrame::parse(frame).expect("a TCP frame");
+            assert!(f.ipv4_checksum_ok() && f.tcp_checksum_ok(), "{f:?}");
+            let mut want = vec![0u8; f.payload().len()];
+            pattern(f.seq(), &mut want);
+            assert_eq!(f.payload(), &want[..], "payload of seq {}", f.seq());
+            (f.seq(), frame.len())
+        })
+        .collect()
+}
+
+/// Descriptors on the RX ring that do not lie in one chunk of the socket's RX pool (past the
+/// UMEM, a TX frame, across two chunks), written over ones the kernel produced, are never
+/// read or lent: their packets are dropped (on a multi-buffer socket all of a packet's
+/// frames), they are counted (`rx_descs_refused`) and not given back to the fill ring, while
+/// the good frames of the batch are. The socket then receives what follows, in step with
+/// the kernel.
 #[test]
-fn rx_descriptors_outside_the_umem_are_dropped_unread() {
-    let _bed = bed_or_skip!();
+fn rx_descriptors_outside_the_rx_pool_are_dropped_unread() {
+    let bed = bed_or_skip!();
     const PORT: u16 = 17210;
-    const XDP_PKT_CONTD: u32 = 1;
-    in_ns(NS_A, || {
-        for multi_buffer in [false, true] {
+    for multi_buffer in [false, true] {
+        if multi_buffer {
+            bed.set_mtu(9000).expect("MTU 9000");
+        }
+        in_ns(NS_A, || {
             let cfg = XskConfig {
                 multi_buffer,
                 ..copy_cfg()
             };
-            let umem_len = u64::from(cfg.rx_ring + cfg.tx_ring) * u64::from(cfg.frame_size);
-            let mut socks = XskSocket::open_queues(DEV_A, 0..QUEUES, &cfg).expect("open");
-            for s in socks.iter_mut() {
-                let ring = RingWriter::rx(s.fd(), cfg.rx_ring);
-                let expected = if multi_buffer {
-                    // One packet over two frames, its second past the UMEM: both dropped. (The
-                    // first names the last TX frame, which nothing sends from here.)
-                    let last_tx = umem_len - u64::from(cfg.frame_size) + 256;
-                    ring.push_desc(last_tx, 100, XDP_PKT_CONTD);
-                    ring.push_desc(umem_len + 256, 100, 0);
-                    1
-                } else {
-                    ring.push_desc(umem_len + 256, 64, 0);
-                    ring.push_desc(4096 + 256, cfg.frame_size, 0);
-                    ring.push_desc(u64::MAX - 63, 64, 0);
-                    3
-                };
-                let batch = s.recv_batch(64);
-                assert_eq!(batch.frames(), if multi_buffer { 2 } else { 3 });
-                assert_eq!(
-                    batch.len(),
-                    0,
-                    "multi-buffer {multi_buffer}: a packet was lent"
-                );
-                assert!(batch.get(0).is_none());
-                drop(batch);
-                let st = s.stats();
-                assert_eq!(st.rx_descs_out_of_umem, expected, "{st:?}");
-                assert_eq!(st.rx_multi_frame, 0, "{st:?}");
-                // The completion ring is as large as the TX ring (`XskConfig::tx_ring`).
-                let completions = RingWriter::completion(s.fd(), cfg.tx_ring);
-                completions.push(umem_len);
-                completions.push(u64::MAX - 4095);
-                assert_eq!(s.complete(), 2);
-                let st = s.stats();
-                assert_eq!(st.tx_completions_out_of_umem, 2, "{st:?}");
-            }
+            let frame = u64::from(cfg.frame_size);
+            let rx_pool = u64::from(cfg.rx_ring) * frame;
+            let umem_len = rx_pool + u64::from(cfg.tx_ring) * frame;
             let mut prog = SteeringProgram::load(multi_buffer).expect("load steering program");
-            prog.attach(DEV_A, AttachMode::Generic).expect("attach");
+            prog.attach(DEV_A, AttachMode::Driver).expect("attach");
             prog.steer_port(ADDR_A, PORT).unwrap();
+            let mut socks = XskSocket::open_queues(DEV_A, 0..QUEUES, &cfg).expect("open");
             for s in &socks {
                 prog.bind_socket(s.queue(), s.fd()).expect("bind_socket");
             }
-            let connect = std::thread::spawn(|| {
-                in_ns(NS_B, || {
-                    TcpStream::connect_timeout(
-                        &SocketAddr::V4(SocketAddrV4::new(ADDR_A, PORT)),
-                        Duration::from_millis(1500),
-                    )
-                })
-            });
-            let mut syn = false;
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while !syn && Instant::now() < deadline {
-                for s in socks.iter_mut() {
-                    let batch = s.recv_batch(64);
-                    syn |= batch
-                        .iter()
-                        .filter_map(TcpFrame::parse)
-                        .any(|f| f.dst_port() == PORT && f.flags() & tcp_flags::SYN != 0);
-                }
-            }
-            assert!(
-                syn,
-                "multi-buffer {multi_buffer}: no SYN received after the bad descriptors"
+            let rings: Vec<RingMap> = socks
+                .iter()
+                .map(|s| RingMap::rx(s.fd(), cfg.rx_ring))
+                .collect();
+            let fills: Vec<RingMap> = socks
+                .iter()
+                .map(|s| RingMap::fill(s.fd(), cfg.rx_ring * 2))
+                .collect();
+
+            let (first, later) = if multi_buffer {
+                // A jumbo packet (three frames) and a small one; the jumbo's middle frame is
+                // made to lie past the UMEM: the jumbo goes, all three of its frames.
+                let frames = [(10, 9014), (11, 64)];
+                in_ns(NS_B, || send_from_b(PORT, &frames, true));
+                let q = ring_with(&rings, 4);
+                let c = rings[q].consumed();
+                rings[q].set_desc(c + 1, Some(umem_len + 256), None);
+                (q, vec![(12, 9014), (13, 64)])
+            } else {
+                let frames = [(1, 100), (2, 100), (3, 100), (4, 100)];
+                in_ns(NS_B, || send_from_b(PORT, &frames, false));
+                let q = ring_with(&rings, 4);
+                let c = rings[q].consumed();
+                rings[q].set_desc(c, Some(umem_len + 256), None);
+                rings[q].set_desc(c + 1, Some(rx_pool + 256), None);
+                rings[q].set_desc(c + 2, None, Some(cfg.frame_size));
+                (q, vec![(5, 100), (6, 100)])
+            };
+            let q = first;
+            let filled = fills[q].produced();
+            let batch = socks[q].recv_batch(64);
+            assert_eq!(batch.frames(), 4);
+            let got = received(&batch);
+            drop(batch);
+            let given_back = fills[q].produced().wrapping_sub(filled);
+            let st = socks[q].stats();
+            println!(
+                "multi-buffer {multi_buffer}: received {got:?}, \
+                 {given_back} frames back to the fill ring, {st:?}"
             );
-            let _ = connect.join().expect("connect thread");
-            drop(prog);
+            let expected_refused = if multi_buffer { 1 } else { 3 };
+            assert_eq!(
+                got,
+                if multi_buffer {
+                    vec![(11, 64)]
+                } else {
+                    vec![(4, 100)]
+                },
+                "only the intact packet is lent"
+            );
+            assert_eq!(st.rx_descs_refused, expected_refused, "{st:?}");
+            assert_eq!(
+                given_back,
+                4 - expected_refused as u32,
+                "the frames of the RX pool, and only they, went back to the fill ring"
+            );
+            assert_eq!(st.rx_multi_frame, 0, "{st:?}");
+
+            // What follows arrives whole, the socket's indices in step with the kernel's.
+            in_ns(NS_B, || send_from_b(PORT, &later, multi_buffer));
+            let want = if multi_buffer { 4 } else { 2 };
+            let q = ring_with(&rings, want);
+            assert_eq!(q, first, "the later frames came on another queue");
+            let batch = socks[q].recv_batch(64);
+            assert_eq!(received(&batch), later);
+            drop(batch);
+            let st = socks[q].stats();
+            assert_eq!(st.rx_descs_refused, expected_refused, "{st:?}");
+            assert_eq!(st.rx_multi_frame, u64::from(multi_buffer), "{st:?}");
+            drop(rings);
+            drop(fills);
             drop(socks);
-            // Let the queues be released before the next round binds them again.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
+            drop(prog);
+        });
+        // Let the queues be released before the next round binds them again.
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -503,10 +503,11 @@ pub struct XdpTcpStats {
     pub rx_multi_frame_digested: u64,
     /// Packets sent over several UMEM frames.
     pub tx_multi_frame: u64,
-    /// Descriptors the kernel handed back outside the UMEM: received frames dropped unread
-    /// and completions not taken back (`XskStats::rx_descs_out_of_umem`,
-    /// `tx_completions_out_of_umem`; zero with a kernel that keeps its side of the rings).
-    pub descs_out_of_umem: u64,
+    /// Descriptors the kernel handed back that name no frame of ours it held: received ones
+    /// outside the RX pool (dropped unread, with their packets) and completions not taken
+    /// back (`XskStats::rx_descs_refused`, `tx_completions_refused`; zero with a kernel that
+    /// keeps its side of the rings).
+    pub descs_refused: u64,
     /// The connection table's counters.
     pub table: TableStats,
 }
@@ -540,7 +541,7 @@ impl XdpTcpStats {
         self.rx_multi_frame_dropped += o.rx_multi_frame_dropped;
         self.rx_multi_frame_digested += o.rx_multi_frame_digested;
         self.tx_multi_frame += o.tx_multi_frame;
-        self.descs_out_of_umem += o.descs_out_of_umem;
+        self.descs_refused += o.descs_refused;
         // Destructured whole: a counter added to the table is summed or fails to compile.
         let TableStats {
             bad_checksum,
@@ -1607,7 +1608,7 @@ impl XdpTcp {
             s.rx_multi_frame += k.rx_multi_frame;
             s.rx_multi_frame_dropped += k.rx_multi_frame_dropped;
             s.tx_multi_frame += k.tx_multi_frame;
-            s.descs_out_of_umem += k.rx_descs_out_of_umem + k.tx_completions_out_of_umem;
+            s.descs_refused += k.rx_descs_refused + k.tx_completions_refused;
         }
         s
     }

@@ -25,6 +25,7 @@
 pub mod capture;
 mod error;
 pub mod ethtool;
+mod frame_book;
 mod join;
 mod netlink;
 pub mod packet;

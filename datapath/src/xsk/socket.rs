@@ -11,6 +11,7 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use super::capture::CaptureTap;
 use super::error::{euid, XskError};
+use super::frame_book::FrameBook;
 use super::join::{self, PayloadDigest};
 use super::netlink;
 use crate::probe::{self, Mark};
@@ -336,48 +337,13 @@ pub struct XskStats {
     pub rx_multi_frame_digested: u64,
     /// Transmitted packets that spanned several frames.
     pub tx_multi_frame: u64,
-    /// Received frames whose descriptor does not lie in one chunk of the UMEM: never read,
-    /// their packets dropped ([`UmemBounds`]; a kernel that keeps its side of the rings
-    /// never hands one over).
-    pub rx_descs_out_of_umem: u64,
-    /// Completions naming an address outside the UMEM: not taken back as free frames.
-    pub tx_completions_out_of_umem: u64,
-}
-
-/// Where a socket's UMEM lies, to check what the kernel hands back on the RX and completion
-/// rings before any view of it is made: the rings are memory the process can write, and
-/// `xsk-rs` turns a descriptor into a slice without a bounds check, so a wrong descriptor
-/// (a kernel bug, a stray write into the mapping) would otherwise be a read or write outside
-/// the UMEM.
-#[derive(Debug, Clone, Copy)]
-struct UmemBounds {
-    /// Octets of the UMEM in use: its frame count times the frame size.
-    len: usize,
-    /// The frame size less one (a power of two: aligned mode).
-    chunk_mask: usize,
-}
-
-impl UmemBounds {
-    fn new(frames: u32, frame_size: u32) -> Self {
-        UmemBounds {
-            len: frames as usize * frame_size as usize,
-            chunk_mask: frame_size as usize - 1,
-        }
-    }
-
-    /// Whether a received frame of `len` octets at `addr` lies in one chunk of the UMEM (in
-    /// aligned mode the kernel writes a frame into the chunk it took from the fill ring,
-    /// after the headroom).
-    #[inline]
-    fn holds(&self, addr: usize, len: usize) -> bool {
-        addr < self.len && (addr & self.chunk_mask).saturating_add(len) <= self.chunk_mask + 1
-    }
-
-    /// [`holds`](Self::holds) for a received frame's descriptor.
-    #[inline]
-    fn holds_frame(&self, desc: &FrameDesc) -> bool {
-        self.holds(desc.addr(), desc.lengths().data())
-    }
+    /// Received descriptors that do not lie in one chunk of the RX pool: never read, never
+    /// given back to the fill ring, their packets dropped (with the rest of their frames;
+    /// a kernel that keeps its side of the rings never hands one over).
+    pub rx_descs_refused: u64,
+    /// Completions that name no TX frame the kernel holds (outside the TX pool, inside a
+    /// frame, a frame completed already or never sent): not taken back as free frames.
+    pub tx_completions_refused: u64,
 }
 
 /// One received packet of a batch in which some packet spans several frames.
@@ -487,8 +453,8 @@ pub struct XskSocket {
     /// [`MAX_FRAMES_PER_PACKET`] (fewer in zero-copy mode when the driver takes fewer).
     frames_per_packet: usize,
     stats: XskStats,
-    /// What a descriptor the kernel hands back must lie in.
-    bounds: UmemBounds,
+    /// What a descriptor the kernel hands back must name ([`FrameBook`]).
+    book: FrameBook,
     capture: Option<CaptureTap>,
     /// Busy polling: `recvfrom` on every empty receive (see [`BusyPoll`]).
     busy_poll: bool,
@@ -740,6 +706,8 @@ impl XskSocket {
             });
         }
         let free_tx: Vec<FrameDesc> = descs.drain(rx_frames..).collect();
+        let tx_base = free_tx.first().map_or(0, |d| d.addr());
+        let book = FrameBook::new(cfg.rx_ring, cfg.tx_ring, cfg.frame_size, tx_base);
         let fd = rx.fd().as_raw_fd();
         if let Some(bp) = cfg.busy_poll {
             apply_busy_poll(fd, bp)
@@ -791,7 +759,7 @@ impl XskSocket {
             zero_copy,
             frames_per_packet,
             stats: XskStats::default(),
-            bounds: UmemBounds::new(frames, cfg.frame_size),
+            book,
             capture: cfg.capture.clone(),
             busy_poll: cfg.busy_poll.is_some(),
             multi_buffer: cfg.multi_buffer,
@@ -914,8 +882,8 @@ impl XskSocket {
 
     /// Takes up to `max` (at most `max_batch`) received frames from the RX ring, without
     /// waiting; with multi-buffer up to `MAX_FRAMES_PER_PACKET - 1` more, to finish a packet
-    /// the limit cut. The returned batch lends read-only views of the frames; dropping it returns them
-    /// to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
+    /// the limit cut. The returned batch lends read-only views of the frames; dropping it
+    /// returns them to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
     /// it (zero-copy drivers need that to go on receiving).
     pub fn recv_batch(&mut self, max: usize) -> RxBatch<'_> {
         if !self.fill_pending.is_empty() {
@@ -939,14 +907,13 @@ impl XskSocket {
         if self.multi_buffer && n > 0 {
             n = self.finish_cut_packet(n);
         }
-        // Checked before any view of a frame is made; one outside the UMEM makes the batch
+        // Checked before any view of a frame is made; one outside the RX pool makes the batch
         // indexed, so that its packet is left out, and is not given back to the fill ring
         // (a descriptor the kernel got wrong may name a chunk it still owns).
-        let bounds = self.bounds;
-        let in_umem = self.rx_descs[..n].iter().all(|d| bounds.holds_frame(d));
-        self.rx_outside = !in_umem;
-        if n > 0 && (self.multi_buffer || !in_umem) {
-            self.index_packets(n, in_umem);
+        let in_pool = self.rx_descs[..n].iter().all(|d| self.holds_rx(d));
+        self.rx_outside = !in_pool;
+        if n > 0 && (self.multi_buffer || !in_pool) {
+            self.index_packets(n, in_pool);
         }
         if n == 0 && self.busy_poll {
             // Only `recvfrom` runs the driver's NAPI poll for an AF_XDP socket (`poll(2)`
@@ -974,7 +941,7 @@ impl XskSocket {
             } else {
                 for desc in &self.rx_descs[..n] {
                     // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
-                    // to lie in the UMEM (an unindexed batch has no other): a frame of this
+                    // to lie in the RX pool (an unindexed batch has no other): a frame of this
                     // UMEM that nobody writes until it returns to the fill ring.
                     tap.record(unsafe { self.umem.data(desc) }.contents());
                 }
@@ -985,7 +952,7 @@ impl XskSocket {
         // line; read one after the other, each line is a transfer from that CPU the receive
         // path waits for (the checksum of a received ACK was the sender's largest wait for it).
         for desc in &self.rx_descs[..n] {
-            if in_umem || bounds.holds_frame(desc) {
+            if in_pool || self.holds_rx(desc) {
                 self.prefetch_frame(desc);
             }
         }
@@ -1009,18 +976,17 @@ impl XskSocket {
     }
 
     /// When a packet of the `n` descriptors spans several frames (multi-buffer), or a frame
-    /// lies outside the UMEM (`in_umem` false), lists the batch's packets (`rx_packets`) and
-    /// joins each multi-frame one into `rx_joined`. A packet of more than
+    /// lies outside the RX pool (`in_pool` false), lists the batch's packets (`rx_packets`)
+    /// and joins each multi-frame one into `rx_joined`. A packet of more than
     /// [`MAX_FRAMES_PER_PACKET`] frames, one whose last frame is missing, or one with a frame
-    /// outside the UMEM is dropped (its frames go back to the fill ring with the batch;
-    /// [`split_packets`]).
-    fn index_packets(&mut self, n: usize, in_umem: bool) {
+    /// outside the RX pool is dropped ([`split_packets`]): its frames go back to the fill ring
+    /// with the batch, those outside the pool excepted.
+    fn index_packets(&mut self, n: usize, in_pool: bool) {
         let multi_buffer = self.multi_buffer;
         let contd = |d: &FrameDesc| multi_buffer && d.options() & XDP_PKT_CONTD != 0;
-        if in_umem && !self.rx_discarding && !self.rx_descs[..n].iter().any(contd) {
+        if in_pool && !self.rx_discarding && !self.rx_descs[..n].iter().any(contd) {
             return;
         }
-        let bounds = self.bounds;
         let XskSocket {
             rx_descs,
             rx_packets,
@@ -1029,6 +995,7 @@ impl XskSocket {
             rx_discarding,
             umem,
             stats,
+            book,
             ..
         } = self;
         rx_packets.clear();
@@ -1047,12 +1014,12 @@ impl XskSocket {
                     }
                     PacketSpan::Frames(first, end) => (first, end),
                 };
-                let outside = descs[first..end]
-                    .iter()
-                    .filter(|d| !bounds.holds_frame(d))
-                    .count();
-                if outside > 0 {
-                    stats.rx_descs_out_of_umem += outside as u64;
+                // (Counted as they are kept from the fill ring, when the batch is dropped.)
+                if !in_pool
+                    && descs[first..end]
+                        .iter()
+                        .any(|d| !book.holds_rx(d.addr(), d.lengths().data()))
+                {
                     return;
                 }
                 if end - first == 1 {
@@ -1062,8 +1029,8 @@ impl XskSocket {
                 let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
                 for (slot, desc) in frames.iter_mut().zip(&descs[first..end]) {
                     // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
-                    // just above to lie in the UMEM: a frame of this UMEM that nobody writes
-                    // until it returns to the fill ring.
+                    // to lie in the RX pool (`recv_batch`, or just above): a frame of this
+                    // UMEM that nobody writes until it returns to the fill ring.
                     *slot = unsafe { umem.data(desc) }.contents();
                 }
                 let frames = &frames[..end - first];
@@ -1194,6 +1161,9 @@ impl XskSocket {
                     tap.record(unsafe { self.umem.data(desc) }.contents());
                 }
             }
+            for d in &self.tx_descs[..produced] {
+                self.book.lend_tx(d.addr());
+            }
             self.tx_in_flight += produced;
             self.stats.tx_frames += produced as u64;
             queued += produced;
@@ -1308,6 +1278,9 @@ impl XskSocket {
                     self.kick()?;
                     break;
                 }
+                for d in &self.tx_descs[..produced] {
+                    self.book.lend_tx(d.addr());
+                }
                 self.tx_in_flight += produced;
                 self.stats.tx_frames += produced as u64;
                 queued += packets;
@@ -1358,8 +1331,8 @@ impl XskSocket {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: `desc` is a frame of this UMEM that is ours: on the free list, or handed
-            // back by the kernel on the RX ring, checked to lie in the UMEM (`recv_batch`; the
-            // callers prefetch no other) and not yet on the fill ring (the kernel writes
+            // back by the kernel on the RX ring, checked to lie in the RX pool (`recv_batch`;
+            // the callers prefetch no other) and not yet on the fill ring (the kernel writes
             // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
             let mut k = from;
@@ -1374,6 +1347,12 @@ impl XskSocket {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (desc, from, to);
+    }
+
+    /// Whether a received descriptor lies in one chunk of the RX pool ([`FrameBook`]).
+    #[inline]
+    fn holds_rx(&self, desc: &FrameDesc) -> bool {
+        self.book.holds_rx(desc.addr(), desc.lengths().data())
     }
 
     fn kick(&mut self) -> Result<(), XskError> {
@@ -1391,25 +1370,21 @@ impl XskSocket {
     pub fn complete(&mut self) -> usize {
         let mut total = 0;
         loop {
-            // SAFETY: `comp_descs` is scratch owned by us; `consume` writes descriptors of TX
-            // frames of this UMEM that the kernel has finished with, which are ours again.
+            // SAFETY: `comp_descs` is scratch owned by us; `consume` writes the descriptors the
+            // kernel put on the completion ring, each taken back below only if it names a TX
+            // frame we lent it (then that frame is ours again).
             let n = unsafe { self.cq.consume(&mut self.comp_descs) };
-            let done = &self.comp_descs[..n];
-            let bounds = self.bounds;
-            // The free list's capacity is the whole TX pool, so this never reallocates.
-            if done.iter().all(|d| d.addr() < bounds.len) {
-                self.free_tx.extend_from_slice(done);
-            } else {
-                // An address outside the UMEM is no frame of ours: never written.
-                for d in done {
-                    if d.addr() < bounds.len {
-                        self.free_tx.push(*d);
-                    } else {
-                        self.stats.tx_completions_out_of_umem += 1;
-                    }
+            for d in &self.comp_descs[..n] {
+                if self.book.take_back_tx(d.addr()) {
+                    // The free list's capacity is the whole TX pool and each frame comes back
+                    // once, so this never reallocates.
+                    self.free_tx.push(*d);
+                    total += 1;
+                } else {
+                    // No frame of ours, or one the kernel did not hold: never written.
+                    self.stats.tx_completions_refused += 1;
                 }
             }
-            total += n;
             if n < self.comp_descs.len() {
                 break;
             }
@@ -1520,10 +1495,10 @@ impl RxBatch<'_> {
             i
         };
         let desc = self.sock.rx_descs[..self.n].get(i)?;
-        // SAFETY: the descriptor came from this socket's RX ring and lies in its UMEM (an
+        // SAFETY: the descriptor came from this socket's RX ring and lies in its RX pool (an
         // unindexed batch holds no other; an indexed one lists only packets whose frames do),
-        // so it describes a frame of its UMEM that the kernel has handed over; it goes back to the fill ring only when the batch
-        // is dropped, which ends every borrow of `self`.
+        // so it describes a frame of its UMEM that the kernel has handed over; it goes back to
+        // the fill ring only when the batch is dropped, which ends every borrow of `self`.
         Some(unsafe { self.sock.umem.data(desc) }.contents())
     }
 
@@ -1570,15 +1545,15 @@ impl Drop for RxBatch<'_> {
         let sock = &mut *self.sock;
         let mut n = self.n;
         if sock.rx_outside {
-            // Only the frames of ours go back (`recv_batch`).
-            let bounds = sock.bounds;
+            // Only the frames of the RX pool go back (`recv_batch`); the others are counted.
             let mut kept = 0;
             for i in 0..n {
-                if bounds.holds_frame(&sock.rx_descs[i]) {
+                if sock.holds_rx(&sock.rx_descs[i]) {
                     sock.rx_descs[kept] = sock.rx_descs[i];
                     kept += 1;
                 }
             }
+            sock.stats.rx_descs_refused += (n - kept) as u64;
             n = kept;
             sock.rx_outside = false;
         }
@@ -1653,26 +1628,6 @@ mod tests {
             "the batch ends inside a packet"
         );
         assert_eq!(split("c", false), (vec![Cut], true));
-    }
-
-    /// A received frame must lie in one chunk of the UMEM: the last octet of the last chunk is
-    /// in, one more is not, and no length wraps the check around.
-    #[test]
-    fn received_frames_must_lie_in_one_chunk_of_the_umem() {
-        let b = UmemBounds::new(4, 4096);
-        assert!(b.holds(0, 0));
-        assert!(b.holds(256, 3840), "a whole frame after the headroom");
-        assert!(b.holds(3 * 4096 + 256, 3840), "the last chunk's");
-        assert!(
-            !b.holds(3 * 4096 + 256, 3841),
-            "one octet into the next chunk"
-        );
-        assert!(!b.holds(4096 + 4000, 200), "across two chunks");
-        assert!(!b.holds(4 * 4096, 0), "past the UMEM");
-        assert!(!b.holds(4 * 4096 + 256, 64));
-        assert!(!b.holds(usize::MAX, 1));
-        assert!(!b.holds(256, usize::MAX), "a length that would wrap");
-        assert!(!b.holds(256, u32::MAX as usize));
     }
 
     #[test]
