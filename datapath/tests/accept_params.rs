@@ -10,6 +10,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::{bed, stays_empty, Side, WAIT};
 use datapath::{
@@ -42,8 +43,8 @@ type Accept<'a> = &'a dyn Fn(ConnectRequest) -> Result<Connection, DatapathError
 /// Accepts the next request on `listener` with the accept's own depths and IRD/ORD (this
 /// thread), while `connect` runs on another; returns (client, server). First refuses an
 /// accept with an IRD beyond 14 bits, one with more receives than its receive queue holds,
-/// one with a shared receive queue of another protection domain and one with private data
-/// MPA cannot carry (IFT: any): each fails with its error and rejects its Request (the
+/// one with a shared receive queue of another protection domain, one with private data
+/// MPA cannot carry (IFT: any) and one with a close timeout of zero: each fails with its error and rejects its Request (the
 /// initiator hears `Rejected` with MPA; IFT has no reject, its connection closes), and takes
 /// the next request.
 fn accept_with_own_settings(
@@ -61,7 +62,7 @@ fn accept_with_own_settings(
             .collect();
         let other = ProtectionDomain::new();
         let foreign = SharedReceiveQueue::new(&other, 4).expect("an SRQ of another PD");
-        let refusals: [(Accept<'_>, &str); 4] = [
+        let refusals: [(Accept<'_>, &str); 5] = [
             (
                 &|req| req.ird_ord(0x4000, ORD).accept(&server.pd, &server.cq, &[]),
                 "an IRD of 15 bits",
@@ -84,6 +85,13 @@ fn accept_with_own_settings(
             (
                 &|req| req.accept(&server.pd, &server.cq, &[7; 600]),
                 "600 octets of private data",
+            ),
+            (
+                &|req| {
+                    req.close_timeout(Duration::ZERO)
+                        .accept(&server.pd, &server.cq, &[])
+                },
+                "a close timeout of zero",
             ),
         ];
         for (accept, what) in refusals {

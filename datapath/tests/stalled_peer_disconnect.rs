@@ -154,14 +154,62 @@ fn wait_for_the_stall(cq: &CompletionQueue) {
     println!("{completed} of {WRITES} Writes completed before the stall");
 }
 
-#[test]
-fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
-    let (stop_tx, stop_rx) = mpsc::channel();
-    let (addr, peer) = silent_responder(stop_rx);
-    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
-    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &params(CLOSE_TIMEOUT));
-    wait_for_the_stall(&cq);
+/// A peer that connects as MPA Initiator to `addr`, reads the Reply, sends its first FPDU
+/// (a Send without payload, for which the Responder waits before it sends: RFC 5044 7.1.2)
+/// and then never reads again (a small receive buffer, filled at once): its socket stays open
+/// until `stop` says (or is dropped).
+fn silent_initiator(
+    addr: SocketAddr,
+    stop: mpsc::Receiver<()>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let e = |e: std::io::Error| e.to_string();
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).map_err(e)?;
+        socket.set_recv_buffer_size(16 * 1024).map_err(e)?;
+        socket.connect_timeout(&addr.into(), WAIT).map_err(e)?;
+        let mut s = TcpStream::from(socket);
+        s.set_read_timeout(Some(WAIT)).map_err(e)?;
+        let mut initiator =
+            mpa::Initiator::new(datapath::MpaConfig::default(), b"", Instant::now())
+                .map_err(|e| e.to_string())?;
+        s.write_all(initiator.request()).map_err(e)?;
+        let mut byte = [0u8; 1];
+        loop {
+            // One octet at a time: nothing after the Reply is taken from the stream.
+            if s.read(&mut byte).map_err(e)? == 0 {
+                return Err("closed before the Reply".into());
+            }
+            match initiator.feed(&byte, Instant::now()) {
+                Ok((_, mpa::InitiatorEvent::NeedMore)) => {}
+                Ok((_, mpa::InitiatorEvent::Accepted { .. })) => break,
+                Ok((_, other)) => return Err(format!("not accepted: {other:?}")),
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        // A Send of no octets (RFC 5040 4.2, 4.3; RFC 5041 4.3, 5): DDP's last untagged
+        // segment (T 0, L 1, DV 1), RDMAP version 1 Send, no STag to invalidate, queue 0,
+        // message 1, offset 0.
+        let mut ulpdu = vec![0x41, 0x43];
+        for field in [0u32, 0, 1, 0] {
+            ulpdu.extend_from_slice(&field.to_be_bytes());
+        }
+        let mut fpdu = Vec::new();
+        mpa::FpduEncoder::new(true, false)
+            .encode(&ulpdu, &mut fpdu)
+            .map_err(|e| e.to_string())?;
+        s.write_all(&fpdu).map_err(e)?;
+        // Holds the connection without reading until the test is done with it.
+        let _ = stop.recv_timeout(Duration::from_secs(60));
+        drop(s);
+        Ok(())
+    })
+}
 
+/// `disconnect` on `conn`, whose Writes stalled behind a peer that stopped reading, on a
+/// thread of its own: it must return within [`DISCONNECT_BOUND`], after waiting out the
+/// whole [`CLOSE_TIMEOUT`], with the queue pair finished.
+fn disconnect_waits_the_close_timeout(conn: datapath::Connection) {
     let (done_tx, done_rx) = mpsc::channel();
     let started = Instant::now();
     std::thread::spawn(move || {
@@ -178,6 +226,57 @@ fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
     // The peer never read: the graceful close waited its whole close timeout first.
     assert!(elapsed >= CLOSE_TIMEOUT, "disconnect took only {elapsed:?}");
     assert!(status.finished, "{status:?}");
+}
+
+#[test]
+fn disconnect_from_a_peer_that_stopped_reading_is_bounded() {
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let (addr, peer) = silent_responder(stop_rx);
+    let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+    let (conn, _src) = connect_and_post_writes(addr, &pd, &cq, &params(CLOSE_TIMEOUT));
+    wait_for_the_stall(&cq);
+    disconnect_waits_the_close_timeout(conn);
+    let _ = stop_tx.send(());
+    peer.join().expect("the peer's thread").expect("the peer");
+}
+
+/// An accepted connection takes the close timeout its accept sets
+/// (`ConnectRequest::close_timeout`), not its listener's (the default 10 s here): behind an
+/// initiator that stopped reading, its `disconnect` resets after [`CLOSE_TIMEOUT`].
+#[test]
+fn an_accept_sets_its_own_close_timeout() {
+    let listener = datapath::Listener::bind(
+        common::any_port(),
+        params(ConnectParams::default().close_timeout),
+    )
+    .expect("listen");
+    let addr = listener.local_addr().expect("address");
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let peer = silent_initiator(addr, stop_rx);
+    let req = listener
+        .accept_timeout(WAIT)
+        .expect("accept")
+        .expect("a connection request");
+    let (pd, cq, recv_cq) = (
+        ProtectionDomain::new(),
+        CompletionQueue::new(),
+        CompletionQueue::new(),
+    );
+    // The receive the initiator's first Send takes, on a queue of its own.
+    let recv = datapath::RecvWr {
+        wr_id: 0,
+        sg_list: datapath::SgeList::new(),
+    };
+    let conn = req
+        .close_timeout(CLOSE_TIMEOUT)
+        .use_recv_cq(&recv_cq)
+        .accept_with_recvs(&pd, &cq, b"", vec![recv])
+        .expect("accept");
+    let got = recv_cq.wait(WAIT).expect("the initiator's Send");
+    assert_eq!(got.wc.status, WcStatus::Success, "{got:?}");
+    let _src = post_writes(&pd, &conn.qp);
+    wait_for_the_stall(&cq);
+    disconnect_waits_the_close_timeout(conn);
     let _ = stop_tx.send(());
     peer.join().expect("the peer's thread").expect("the peer");
 }

@@ -152,7 +152,7 @@ pub struct ConnectParams {
     /// reads a trickle, or nothing, cannot hold it longer. On the socket transport it also
     /// bounds how long the close reads a peer that still sends after our FIN. Default 10 s;
     /// above zero and at most [`MAX_CLOSE_TIMEOUT`]. A listener's applies to every connection it
-    /// accepts or turns away.
+    /// accepts or turns away, unless the accept sets its own ([`ConnectRequest::close_timeout`]).
     pub close_timeout: Duration,
     /// Listeners only (`rdma_listen`'s backlog): the most connections whose valid MPA Request
     /// waits for the application's accept or reject. A Request beyond them is rejected (MPA
@@ -740,6 +740,16 @@ impl ConnectRequest {
     /// application that learns from the Request's private data whether its peer speaks them.
     pub fn rdmap_extensions(mut self, on: bool) -> Self {
         self.params.rdmap_extensions = on;
+        self
+    }
+
+    /// Sets how long the queue pair that accepting creates waits for a close to finish
+    /// gracefully before it resets the connection, whatever the listener's parameters say
+    /// ([`ConnectParams::close_timeout`]): for an application that gives some peers longer
+    /// than others. Above zero and at most [`MAX_CLOSE_TIMEOUT`]: another value fails the
+    /// accept with [`DatapathError::InvalidArgument`] and rejects the Request.
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.params.close_timeout = timeout;
         self
     }
 
