@@ -81,8 +81,21 @@ fn stats_every_and_the_stats_command_show_running_engines() {
             && s["engine"]["frames_rx"].as_u64().unwrap_or(0) > 0
             && s["engine"]["connections"] == 1
     };
+    // The table (`stats <pids>`) is asked in the same round as the JSON snapshot that found
+    // both running, and the round repeated until both show: asked after the poll, it could
+    // come after a run ended late in its 3 s.
+    let table_of = |pids: &[u32]| {
+        let out = std::process::Command::new(bin())
+            .arg("stats")
+            .args(pids.iter().map(|p| p.to_string()))
+            .output_within(RUN_LIMIT)
+            .expect("run stats");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shows_both =
+        |table: &str| table.contains("write-bw server") && table.contains("write-bw client");
     let deadline = Instant::now() + Duration::from_secs(30);
-    let snaps = loop {
+    let (snaps, table) = loop {
         let out = std::process::Command::new(bin())
             .args(["stats", "--json"])
             .output_within(RUN_LIMIT)
@@ -93,8 +106,9 @@ fn stats_every_and_the_stats_command_show_running_engines() {
         let both = pids
             .iter()
             .all(|&pid| snaps.iter().any(|s| running(s, pid)));
-        if both || Instant::now() > deadline {
-            break snaps;
+        let table = if both { table_of(&pids) } else { String::new() };
+        if (both && shows_both(&table)) || Instant::now() > deadline {
+            break (snaps, table);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -106,16 +120,7 @@ fn stats_every_and_the_stats_command_show_running_engines() {
         assert!(s["engine"]["frames_rx"].as_u64().unwrap_or(0) > 0, "{s}");
         assert_eq!(s["engine"]["connections"], 1, "{s}");
     }
-    let table = std::process::Command::new(bin())
-        .arg("stats")
-        .args(pids.map(|p| p.to_string()))
-        .output_within(RUN_LIMIT)
-        .expect("run stats");
-    let table = String::from_utf8_lossy(&table.stdout);
-    assert!(
-        table.contains("write-bw server") && table.contains("write-bw client"),
-        "{table}"
-    );
+    assert!(shows_both(&table), "{table}");
     assert!(table.lines().any(|l| l.starts_with("frames_tx")), "{table}");
 
     let client = wait_with_timeout(client, Duration::from_secs(60));
