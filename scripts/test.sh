@@ -59,7 +59,22 @@ disk "before cargo test"
 stage "cargo test"
 # Tests that need root or the veth test bed fail instead of skipping when CI=true.
 mkdir -p target
-cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+# Under CI a test that hangs fails the run here, after CARGO_TEST_LIMIT seconds (the stage takes
+# 14-16 minutes), naming the tests libtest saw running for over a minute, rather than running
+# into CI's 30 minutes with nothing said. (`timeout` puts the tests in a process group of their
+# own, which Ctrl-C at a terminal would not reach: on a developer machine there is no limit.)
+limit=()
+[ "${CI:-}" != true ] || limit=(timeout --kill-after=30 "${CARGO_TEST_LIMIT:-1500}")
+set +e
+"${limit[@]}" cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+st=${PIPESTATUS[0]}
+set -e
+if [ "$st" -eq 124 ] || [ "$st" -eq 137 ]; then
+  echo "cargo test: not done after ${CARGO_TEST_LIMIT:-1500} s; still running after a minute:"
+  grep "has been running for over 60 seconds" target/test-output.txt || echo "(none named)"
+  exit 1
+fi
+[ "$st" -eq 0 ] || exit "$st"
 # The latency probe (`datapath::probe`) is compiled in only with its feature. Selected with the
 # whole workspace, so that the dependencies' features are those of the builds above and only
 # what depends on datapath is built again (`-p datapath` rebuilt a dozen dependencies).
