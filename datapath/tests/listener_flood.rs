@@ -1,7 +1,8 @@
-//! A flood of silent TCP connections against the socket transport's listener: it keeps at most
-//! a quarter of the process's descriptor limit waiting for their MPA Request (closing the rest
-//! at once, counted in `ListenStats::over_starting`), so the flood cannot take every
-//! descriptor the application has, and a real client still connects. Loopback; this test
+//! A flood of silent TCP connections against the socket transport's listeners: all of them
+//! together keep at most a quarter of the process's descriptor limit waiting for their MPA
+//! Request (closing the rest at once, counted in `ListenStats::over_starting`), so the flood
+//! cannot take every descriptor the application has, at one listener or at several, and a
+//! real client still connects. Loopback; this test
 //! lowers the process's `RLIMIT_NOFILE`, so it is alone in its test binary.
 
 use std::io::Read;
@@ -28,23 +29,32 @@ fn limit_descriptors(n: u64) {
 
 #[test]
 fn a_flood_of_silent_connections_is_held_to_a_quarter_of_the_descriptors() {
-    // 40 waiting at most; the flood of 60 and the listener's side of those it keeps fit.
+    // 40 waiting at most, at the three listeners together (each kept 40 before: 60 in all);
+    // the flood of 60 and the listeners' side of those they keep fit.
     limit_descriptors(160);
     let params = ConnectParams {
         setup_timeout: Duration::from_secs(10),
         ..ConnectParams::default()
     };
-    let listener = Listener::bind("127.0.0.1:0".parse().unwrap(), params.clone()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut flood: Vec<TcpStream> = (0..60)
-        .map(|i| TcpStream::connect(addr).unwrap_or_else(|e| panic!("flood {i}: {e}")))
+    let listeners: Vec<Listener> = (0..3)
+        .map(|_| Listener::bind("127.0.0.1:0".parse().unwrap(), params.clone()).unwrap())
         .collect();
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut flood: Vec<TcpStream> = (0..60)
+        .map(|i| TcpStream::connect(addrs[i % 3]).unwrap_or_else(|e| panic!("flood {i}: {e}")))
+        .collect();
+    let over_starting = || {
+        listeners
+            .iter()
+            .map(|l| l.stats().over_starting)
+            .sum::<u64>()
+    };
     let deadline = Instant::now() + WAIT;
-    while listener.stats().over_starting < 20 && Instant::now() < deadline {
+    while over_starting() < 20 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let stats = listener.stats();
-    assert_eq!(stats.over_starting, 20, "{stats:?}");
+    let stats: Vec<_> = listeners.iter().map(Listener::stats).collect();
+    assert_eq!(over_starting(), 20, "{stats:?}");
     // The 20 turned away see their connection end; the 40 kept do not (yet).
     let mut ended = 0;
     for s in &mut flood {
@@ -60,6 +70,8 @@ fn a_flood_of_silent_connections_is_held_to_a_quarter_of_the_descriptors() {
     assert_eq!(ended, 20, "connections turned away");
     // The flood gone, a real client connects.
     drop(flood);
+    let listener = &listeners[0];
+    let addr = addrs[0];
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
     std::thread::scope(|s| {
         let client = s.spawn(|| datapath::connect(addr, &pd, &cq, &params, b"real"));

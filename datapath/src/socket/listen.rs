@@ -4,9 +4,10 @@
 //! [`Listener::accept`](crate::Listener::accept) takes connections whose Request is complete.
 //!
 //! What a peer can make the listener hold is bounded, and every piece of it has a deadline:
-//! - at most [`max_starting`] connections waiting for their Request (1024, or a quarter of
-//!   the process's descriptor limit if that is less: a flood of silent connections must not
-//!   take every descriptor the application has), each until `MpaConfig::timeout` (with IFT
+//! - at most [`max_starting`] connections waiting for their Request, all the process's
+//!   listeners together (1024, or a quarter of the process's descriptor limit if that is
+//!   less: a flood of silent connections, at one listener or at several, must not take every
+//!   descriptor the application has), each until `MpaConfig::timeout` (with IFT
 //!   framing `IftConfig::timeout`) after its TCP connection was accepted (a 4 KiB read
 //!   buffer is shared); beyond that, new connections are closed at once, and so are
 //!   connections the kernel has ready while the process is out of descriptors (a spare one,
@@ -23,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -44,11 +45,12 @@ use crate::verbs::cq::CompletionQueue;
 use crate::verbs::qp::{Agreed, QpStart, QueuePair};
 use crate::DatapathError;
 
-/// The most connections a listener keeps waiting for their MPA Request at best; more are
-/// closed as soon as the kernel hands them over.
+/// The most connections the process's listeners keep waiting for their MPA Request at best;
+/// more are closed as soon as the kernel hands them over.
 const MAX_STARTING: usize = 1024;
 
-/// The most connections a listener keeps waiting for their MPA Request: [`MAX_STARTING`], or
+/// The most connections the process's listeners keep waiting for their MPA Request, all
+/// together ([`StartingPlace`]): [`MAX_STARTING`], or
 /// a quarter of the process's soft descriptor limit (`RLIMIT_NOFILE`; 1024 by default on
 /// Debian) if that is less, but at least 16. Each holds a descriptor until its Request
 /// deadline: a flood of silent connections otherwise takes the descriptors the application
@@ -66,6 +68,32 @@ fn max_starting() -> usize {
     usize::try_from(limit.rlim_cur / 4)
         .unwrap_or(MAX_STARTING)
         .clamp(16, MAX_STARTING)
+}
+
+/// Connections the process's socket listeners keep waiting for their Request, all together.
+static STARTING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the places of [`STARTING`], held by a connection while it waits for its Request
+/// and given back when dropped: a flood at several listeners holds no more descriptors than
+/// one at a single listener.
+struct StartingPlace(());
+
+impl StartingPlace {
+    /// A place, if fewer than `max` are held.
+    fn take(max: usize) -> Option<StartingPlace> {
+        STARTING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StartingPlace(()))
+    }
+}
+
+impl Drop for StartingPlace {
+    fn drop(&mut self) {
+        STARTING.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 const LISTENER: Token = Token(0);
@@ -294,6 +322,8 @@ struct Starting {
     stream: TcpStream,
     peer: SocketAddr,
     startup: Startup,
+    /// Its place among the process's waiting connections.
+    _place: StartingPlace,
 }
 
 /// A Request handed to the application, and when its connection is closed if unanswered.
@@ -311,7 +341,8 @@ struct Startups {
     mpa: mpa::MpaConfig,
     framing: Framing,
     starting: HashMap<Token, Starting>,
-    /// [`max_starting`], read when the listener started.
+    /// [`max_starting`], read when the listener started: the most [`StartingPlace`]s held
+    /// when this listener takes one.
     max_starting: usize,
     /// A descriptor kept in reserve: out of descriptors (`EMFILE`), the listener gives it
     /// up to take the next ready connection and close it, rather than leave the kernel's
@@ -472,10 +503,10 @@ impl Startups {
                     return;
                 }
             };
-            if self.starting.len() >= self.max_starting {
+            let Some(place) = StartingPlace::take(self.max_starting) else {
                 self.record.over_starting();
                 continue; // dropped: closed
-            }
+            };
             let startup = match &self.framing {
                 Framing::Mpa => match mpa::Responder::new(self.mpa.clone(), Instant::now()) {
                     Ok(r) => Startup::Mpa(r),
@@ -506,6 +537,7 @@ impl Startups {
                         stream,
                         peer,
                         startup,
+                        _place: place,
                     },
                 );
             }
