@@ -44,9 +44,9 @@ type Accept<'a> = &'a dyn Fn(ConnectRequest) -> Result<Connection, DatapathError
 /// thread), while `connect` runs on another; returns (client, server). First refuses an
 /// accept with an IRD beyond 14 bits, one with more receives than its receive queue holds,
 /// one with a shared receive queue of another protection domain, one with private data
-/// MPA cannot carry (IFT: any) and one with a close timeout of zero: each fails with its error and rejects its Request (the
-/// initiator hears `Rejected` with MPA; IFT has no reject, its connection closes), and takes
-/// the next request.
+/// MPA cannot carry (IFT: any) and one with a close timeout of zero: each fails with its
+/// error and rejects its Request (the initiator hears `Rejected` with MPA; IFT has no
+/// reject, its connection closes), and takes the next request.
 fn accept_with_own_settings(
     listener: &Listener,
     mpa: bool,

@@ -1,6 +1,6 @@
 //! `QueuePair::disconnect` on the socket transport is bounded against a peer that stopped
-//! reading: the peer (a raw TCP socket that answers the MPA Request by hand and never reads
-//! again) lets its receive buffer fill, our Writes fill our send buffer behind it, and the
+//! reading: the peer (a raw TCP socket that answers the MPA Request by hand, or in one case
+//! sends it, and never reads again) lets its receive buffer fill, our Writes fill our send buffer behind it, and the
 //! graceful close can never drain; after its close timeout (`ConnectParams::close_timeout`:
 //! 10 s by default, [`CLOSE_TIMEOUT`] in most cases here) the close becomes a reset and
 //! `disconnect` returns with the queue pair finished, and a close only started
@@ -155,7 +155,8 @@ fn wait_for_the_stall(cq: &CompletionQueue) {
 }
 
 /// A peer that connects as MPA Initiator to `addr`, reads the Reply, sends its first FPDU
-/// (a Send without payload, for which the Responder waits before it sends: RFC 5044 7.1.2)
+/// (a Send without payload, for which the Responder waits before it sends: RFC 5044 7.1.2,
+/// rule 4)
 /// and then never reads again (a small receive buffer, filled at once): its socket stays open
 /// until `stop` says (or is dropped).
 fn silent_initiator(
@@ -175,19 +176,19 @@ fn silent_initiator(
                 .map_err(|e| e.to_string())?;
         s.write_all(initiator.request()).map_err(e)?;
         let mut byte = [0u8; 1];
-        loop {
+        let negotiated = loop {
             // One octet at a time: nothing after the Reply is taken from the stream.
             if s.read(&mut byte).map_err(e)? == 0 {
                 return Err("closed before the Reply".into());
             }
             match initiator.feed(&byte, Instant::now()) {
                 Ok((_, mpa::InitiatorEvent::NeedMore)) => {}
-                Ok((_, mpa::InitiatorEvent::Accepted { .. })) => break,
+                Ok((_, mpa::InitiatorEvent::Accepted { negotiated, .. })) => break negotiated,
                 Ok((_, other)) => return Err(format!("not accepted: {other:?}")),
                 Err(error) => return Err(error.to_string()),
             }
-        }
-        // A Send of no octets (RFC 5040 4.2, 4.3; RFC 5041 4.3, 5): DDP's last untagged
+        };
+        // A Send of no octets (RFC 5040 4.1, 4.2; RFC 5041 4.1, 4.3): DDP's last untagged
         // segment (T 0, L 1, DV 1), RDMAP version 1 Send, no STag to invalidate, queue 0,
         // message 1, offset 0.
         let mut ulpdu = vec![0x41, 0x43];
@@ -195,7 +196,8 @@ fn silent_initiator(
             ulpdu.extend_from_slice(&field.to_be_bytes());
         }
         let mut fpdu = Vec::new();
-        mpa::FpduEncoder::new(true, false)
+        negotiated
+            .encoder()
             .encode(&ulpdu, &mut fpdu)
             .map_err(|e| e.to_string())?;
         s.write_all(&fpdu).map_err(e)?;

@@ -1,6 +1,6 @@
-//! Where a socket's frames lie in its UMEM and which of its TX frames the kernel holds: what
-//! the kernel hands back on the RX and completion rings is checked against it before any view
-//! of a frame is made. The rings are memory the process can write, and `xsk-rs` turns a
+//! Where a socket's frames lie in its UMEM and which of them the kernel holds: what the kernel
+//! hands back on the RX and completion rings is checked against it before any view of a frame
+//! is made. The rings are memory the process can write, and `xsk-rs` turns a
 //! descriptor into a slice with no bounds check, so a wrong descriptor (a kernel bug, a stray
 //! write into the mapping) would otherwise become a read outside the UMEM, a frame written
 //! while the kernel owns it, or two writable views of one frame.
@@ -9,11 +9,14 @@
 //! frames first, cycling between the fill and RX rings, then the TX pool's, cycling between
 //! the free list, the TX ring and the completion ring. The two pools never trade frames.
 
-/// The RX and TX pools of one socket's UMEM, and the TX frames lent to the kernel.
+/// The RX and TX pools of one socket's UMEM, and the frames of each the kernel holds.
 #[derive(Debug)]
 pub(super) struct FrameBook {
     /// Octets of the RX pool (its frames from the UMEM's start).
     rx_len: usize,
+    /// One bit per RX frame: set while it is on the fill ring (the kernel's to write), until
+    /// it comes back on the RX ring.
+    rx_given: Vec<u64>,
     /// The chunk size less one.
     chunk_mask: usize,
     /// log2 of the chunk size.
@@ -37,6 +40,7 @@ impl FrameBook {
         let tx_frames = tx_frames as usize;
         FrameBook {
             rx_len: rx_frames as usize * chunk_size as usize,
+            rx_given: vec![0; (rx_frames as usize).div_ceil(64)],
             chunk_mask: chunk_size as usize - 1,
             chunk_shift: chunk_size.trailing_zeros(),
             tx_base,
@@ -49,8 +53,38 @@ impl FrameBook {
     /// (in aligned mode the kernel writes a frame into the chunk it took from the fill ring,
     /// after the headroom).
     #[inline]
-    pub(super) fn holds_rx(&self, addr: usize, len: usize) -> bool {
+    fn holds_rx(&self, addr: usize, len: usize) -> bool {
         addr < self.rx_len && (addr & self.chunk_mask).saturating_add(len) <= self.chunk_mask + 1
+    }
+
+    /// Notes that the RX frame at `addr` (one of ours, in the RX pool) went on the fill ring.
+    #[inline]
+    pub(super) fn give_rx(&mut self, addr: usize) {
+        debug_assert!(addr < self.rx_len, "not an RX frame: {addr:#x}");
+        let frame = addr >> self.chunk_shift;
+        if let Some(word) = self.rx_given.get_mut(frame / 64) {
+            debug_assert!(
+                *word & (1 << (frame % 64)) == 0,
+                "RX frame {frame} given twice"
+            );
+            *word |= 1 << (frame % 64);
+        }
+    }
+
+    /// Takes a received frame of `len` octets at `addr`: true if it lies in one chunk of the
+    /// RX pool ([`holds_rx`](Self::holds_rx)) whose frame the kernel held (then it is ours
+    /// until given back), false for anything else (outside the pool, across chunks, a frame
+    /// received already and not given back since).
+    #[inline]
+    pub(super) fn take_rx(&mut self, addr: usize, len: usize) -> bool {
+        if !self.holds_rx(addr, len) {
+            return false;
+        }
+        let frame = addr >> self.chunk_shift;
+        let (word, bit) = (frame / 64, 1u64 << (frame % 64));
+        let given = self.rx_given[word] & bit != 0;
+        self.rx_given[word] &= !bit;
+        given
     }
 
     /// The TX frame whose data starts at `addr`, if there is one.
@@ -64,8 +98,15 @@ impl FrameBook {
     /// Notes that the TX frame at `addr` (one of the free list's) went on the TX ring.
     #[inline]
     pub(super) fn lend_tx(&mut self, addr: usize) {
-        if let Some(frame) = self.tx_frame(addr) {
-            self.tx_lent[frame / 64] |= 1 << (frame % 64);
+        let frame = self.tx_frame(addr);
+        debug_assert!(frame.is_some(), "not a TX frame's start: {addr:#x}");
+        if let Some(frame) = frame {
+            let word = &mut self.tx_lent[frame / 64];
+            debug_assert!(
+                *word & (1 << (frame % 64)) == 0,
+                "TX frame {frame} lent twice"
+            );
+            *word |= 1 << (frame % 64);
         }
     }
 
@@ -112,6 +153,30 @@ mod tests {
         assert!(!b.holds_rx(usize::MAX, 1));
         assert!(!b.holds_rx(256, usize::MAX), "a length that would wrap");
         assert!(!b.holds_rx(256, u32::MAX as usize));
+    }
+
+    /// A received frame is taken only if it lies in a chunk of the RX pool the kernel held,
+    /// and only once until given back again.
+    #[test]
+    fn a_received_frame_is_taken_only_if_the_kernel_held_it() {
+        let mut b = book();
+        let rx = |i: usize| i * 4096 + 256;
+        assert!(!b.take_rx(rx(1), 64), "never given");
+        b.give_rx(rx(1));
+        b.give_rx(rx(3));
+        assert!(
+            !b.take_rx(rx(1) - 256, 5000),
+            "across chunks: refused, still the kernel's"
+        );
+        assert!(
+            b.take_rx(rx(1) + 4, 60),
+            "anywhere in the chunk (a program moved the start)"
+        );
+        assert!(!b.take_rx(rx(1), 64), "a second time");
+        assert!(!b.take_rx(4 * 4096 + 256, 64), "a TX frame");
+        assert!(b.take_rx(rx(3), 3840));
+        b.give_rx(rx(1));
+        assert!(b.take_rx(rx(1), 64), "given again");
     }
 
     /// A completion gives back a TX frame only if it names the start of one that was lent,

@@ -337,9 +337,10 @@ pub struct XskStats {
     pub rx_multi_frame_digested: u64,
     /// Transmitted packets that spanned several frames.
     pub tx_multi_frame: u64,
-    /// Received descriptors that do not lie in one chunk of the RX pool: never read, never
-    /// given back to the fill ring, their packets dropped (with the rest of their frames;
-    /// a kernel that keeps its side of the rings never hands one over).
+    /// Received descriptors that name no frame of the RX pool the kernel held (outside the
+    /// pool, across chunks, a frame received already): never read, never given back to the
+    /// fill ring, their packets dropped (with the rest of their frames; a kernel that keeps
+    /// its side of the rings never hands one over).
     pub rx_descs_refused: u64,
     /// Completions that name no TX frame the kernel holds (outside the TX pool, inside a
     /// frame, a frame completed already or never sent): not taken back as free frames.
@@ -465,8 +466,11 @@ pub struct XskSocket {
     rx_packets: Vec<RxPacket>,
     /// Whether `rx_packets` describes the current batch.
     rx_indexed: bool,
-    /// Whether a frame of the current batch lies outside the UMEM ([`UmemBounds`]).
+    /// Whether a descriptor of the current batch was refused ([`FrameBook::take_rx`]).
     rx_outside: bool,
+    /// Which descriptors of the current batch were refused (valid up to the batch's size
+    /// while `rx_outside`).
+    rx_refused: Vec<bool>,
     /// The frames of a packet cut short (its last frame was still on the RX ring when its
     /// batch ended) are being dropped: the next batch skips frames up to that packet's end.
     rx_discarding: bool,
@@ -694,6 +698,8 @@ impl XskSocket {
         })?;
 
         let rx_frames = cfg.rx_ring as usize;
+        let tx_base = descs.get(rx_frames).map_or(0, |d| d.addr());
+        let mut book = FrameBook::new(cfg.rx_ring, cfg.tx_ring, cfg.frame_size, tx_base);
         // SAFETY: these descriptors are fresh frames of this UMEM that nothing else uses; from
         // here on the kernel owns them until they come back on the RX ring.
         let filled = unsafe { fq.produce(&descs[..rx_frames]) };
@@ -705,9 +711,10 @@ impl XskSocket {
                 source: io::Error::other(format!("only {filled} of {rx_frames} frames accepted")),
             });
         }
+        for d in &descs[..rx_frames] {
+            book.give_rx(d.addr());
+        }
         let free_tx: Vec<FrameDesc> = descs.drain(rx_frames..).collect();
-        let tx_base = free_tx.first().map_or(0, |d| d.addr());
-        let book = FrameBook::new(cfg.rx_ring, cfg.tx_ring, cfg.frame_size, tx_base);
         let fd = rx.fd().as_raw_fd();
         if let Some(bp) = cfg.busy_poll {
             apply_busy_poll(fd, bp)
@@ -763,10 +770,11 @@ impl XskSocket {
             capture: cfg.capture.clone(),
             busy_poll: cfg.busy_poll.is_some(),
             multi_buffer: cfg.multi_buffer,
-            // (Used by a single-buffer socket only for a batch with a frame outside the UMEM.)
+            // (Used by a single-buffer socket only for a batch with a refused descriptor.)
             rx_packets: Vec::with_capacity(cfg.max_batch as usize + MAX_FRAMES_PER_PACKET),
             rx_indexed: false,
             rx_outside: false,
+            rx_refused: vec![false; cfg.max_batch as usize + frames_room - 1],
             rx_discarding: false,
             rx_joined: vec![0; joined * cfg.max_batch as usize],
             rx_joined_len: 0,
@@ -883,13 +891,16 @@ impl XskSocket {
     /// Takes up to `max` (at most `max_batch`) received frames from the RX ring, without
     /// waiting; with multi-buffer up to `MAX_FRAMES_PER_PACKET - 1` more, to finish a packet
     /// the limit cut. The returned batch lends read-only views of the frames; dropping it
-    /// returns them to the fill ring. When nothing arrived and the kernel asked for a fill-ring wakeup, wakes
-    /// it (zero-copy drivers need that to go on receiving).
+    /// returns them to the fill ring. When nothing arrived and the kernel asked for a
+    /// fill-ring wakeup, wakes it (zero-copy drivers need that to go on receiving).
     pub fn recv_batch(&mut self, max: usize) -> RxBatch<'_> {
         if !self.fill_pending.is_empty() {
             // SAFETY: frames of this UMEM received earlier and owned by us (no view of them is
             // alive: the batch that lent them was dropped); the kernel owns them from here.
             if unsafe { self.fq.produce(&self.fill_pending) } > 0 {
+                for d in &self.fill_pending {
+                    self.book.give_rx(d.addr());
+                }
                 self.fill_pending.clear();
             }
         }
@@ -907,10 +918,15 @@ impl XskSocket {
         if self.multi_buffer && n > 0 {
             n = self.finish_cut_packet(n);
         }
-        // Checked before any view of a frame is made; one outside the RX pool makes the batch
-        // indexed, so that its packet is left out, and is not given back to the fill ring
-        // (a descriptor the kernel got wrong may name a chunk it still owns).
-        let in_pool = self.rx_descs[..n].iter().all(|d| self.holds_rx(d));
+        // Checked before any view of a frame is made: a descriptor that names no frame of the
+        // RX pool the kernel held is refused, which makes the batch indexed, so that its
+        // packet is left out, and is not given back to the fill ring (a descriptor the kernel
+        // got wrong may name a chunk it still owns, or one we hold).
+        let mut in_pool = true;
+        for (desc, refused) in self.rx_descs[..n].iter().zip(&mut self.rx_refused) {
+            *refused = !self.book.take_rx(desc.addr(), desc.lengths().data());
+            in_pool &= !*refused;
+        }
         self.rx_outside = !in_pool;
         if n > 0 && (self.multi_buffer || !in_pool) {
             self.index_packets(n, in_pool);
@@ -940,9 +956,9 @@ impl XskSocket {
                 }
             } else {
                 for desc in &self.rx_descs[..n] {
-                    // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
-                    // to lie in the RX pool (an unindexed batch has no other): a frame of this
-                    // UMEM that nobody writes until it returns to the fill ring.
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring, taken as
+                    // a frame of the RX pool it held (an unindexed batch has no other): a frame
+                    // of this UMEM that nobody writes until it returns to the fill ring.
                     tap.record(unsafe { self.umem.data(desc) }.contents());
                 }
             }
@@ -951,8 +967,8 @@ impl XskSocket {
         // runs in the peer's thread), and a TCP header with options ends past the first cache
         // line; read one after the other, each line is a transfer from that CPU the receive
         // path waits for (the checksum of a received ACK was the sender's largest wait for it).
-        for desc in &self.rx_descs[..n] {
-            if in_pool || self.holds_rx(desc) {
+        for (desc, &refused) in self.rx_descs[..n].iter().zip(&self.rx_refused) {
+            if in_pool || !refused {
                 self.prefetch_frame(desc);
             }
         }
@@ -975,12 +991,12 @@ impl XskSocket {
         n
     }
 
-    /// When a packet of the `n` descriptors spans several frames (multi-buffer), or a frame
-    /// lies outside the RX pool (`in_pool` false), lists the batch's packets (`rx_packets`)
+    /// When a packet of the `n` descriptors spans several frames (multi-buffer), or a
+    /// descriptor was refused (`in_pool` false), lists the batch's packets (`rx_packets`)
     /// and joins each multi-frame one into `rx_joined`. A packet of more than
-    /// [`MAX_FRAMES_PER_PACKET`] frames, one whose last frame is missing, or one with a frame
-    /// outside the RX pool is dropped ([`split_packets`]): its frames go back to the fill ring
-    /// with the batch, those outside the pool excepted.
+    /// [`MAX_FRAMES_PER_PACKET`] frames, one whose last frame is missing, or one with a
+    /// refused descriptor is dropped ([`split_packets`]): its frames go back to the fill ring
+    /// with the batch, the refused ones excepted.
     fn index_packets(&mut self, n: usize, in_pool: bool) {
         let multi_buffer = self.multi_buffer;
         let contd = |d: &FrameDesc| multi_buffer && d.options() & XDP_PKT_CONTD != 0;
@@ -995,7 +1011,7 @@ impl XskSocket {
             rx_discarding,
             umem,
             stats,
-            book,
+            rx_refused,
             ..
         } = self;
         rx_packets.clear();
@@ -1015,11 +1031,7 @@ impl XskSocket {
                     PacketSpan::Frames(first, end) => (first, end),
                 };
                 // (Counted as they are kept from the fill ring, when the batch is dropped.)
-                if !in_pool
-                    && descs[first..end]
-                        .iter()
-                        .any(|d| !book.holds_rx(d.addr(), d.lengths().data()))
-                {
+                if !in_pool && rx_refused[first..end].iter().any(|&r| r) {
                     return;
                 }
                 if end - first == 1 {
@@ -1028,9 +1040,9 @@ impl XskSocket {
                 }
                 let mut frames: [&[u8]; MAX_FRAMES_PER_PACKET] = [&[]; MAX_FRAMES_PER_PACKET];
                 for (slot, desc) in frames.iter_mut().zip(&descs[first..end]) {
-                    // SAFETY: a descriptor the kernel just handed back on the RX ring, checked
-                    // to lie in the RX pool (`recv_batch`, or just above): a frame of this
-                    // UMEM that nobody writes until it returns to the fill ring.
+                    // SAFETY: a descriptor the kernel just handed back on the RX ring, taken as
+                    // a frame of the RX pool it held (`recv_batch`; checked just above): a
+                    // frame of this UMEM that nobody writes until it returns to the fill ring.
                     *slot = unsafe { umem.data(desc) }.contents();
                 }
                 let frames = &frames[..end - first];
@@ -1331,7 +1343,7 @@ impl XskSocket {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: `desc` is a frame of this UMEM that is ours: on the free list, or handed
-            // back by the kernel on the RX ring, checked to lie in the RX pool (`recv_batch`;
+            // back by the kernel on the RX ring, taken as a frame of the RX pool (`recv_batch`;
             // the callers prefetch no other) and not yet on the fill ring (the kernel writes
             // neither); this view only yields its address and is dropped here.
             let base = unsafe { self.umem.data(desc) }.contents().as_ptr();
@@ -1347,12 +1359,6 @@ impl XskSocket {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (desc, from, to);
-    }
-
-    /// Whether a received descriptor lies in one chunk of the RX pool ([`FrameBook`]).
-    #[inline]
-    fn holds_rx(&self, desc: &FrameDesc) -> bool {
-        self.book.holds_rx(desc.addr(), desc.lengths().data())
     }
 
     fn kick(&mut self) -> Result<(), XskError> {
@@ -1495,10 +1501,11 @@ impl RxBatch<'_> {
             i
         };
         let desc = self.sock.rx_descs[..self.n].get(i)?;
-        // SAFETY: the descriptor came from this socket's RX ring and lies in its RX pool (an
-        // unindexed batch holds no other; an indexed one lists only packets whose frames do),
-        // so it describes a frame of its UMEM that the kernel has handed over; it goes back to
-        // the fill ring only when the batch is dropped, which ends every borrow of `self`.
+        // SAFETY: the descriptor came from this socket's RX ring, taken as a frame of its RX
+        // pool the kernel held (an unindexed batch holds no other; an indexed one lists only
+        // packets whose frames were), so it describes a frame of its UMEM that the kernel has
+        // handed over; it goes back to the fill ring only when the batch is dropped, which
+        // ends every borrow of `self`.
         Some(unsafe { self.sock.umem.data(desc) }.contents())
     }
 
@@ -1545,10 +1552,10 @@ impl Drop for RxBatch<'_> {
         let sock = &mut *self.sock;
         let mut n = self.n;
         if sock.rx_outside {
-            // Only the frames of the RX pool go back (`recv_batch`); the others are counted.
+            // Only the frames taken go back (`recv_batch`); the refused ones are counted.
             let mut kept = 0;
             for i in 0..n {
-                if sock.holds_rx(&sock.rx_descs[i]) {
+                if !sock.rx_refused[i] {
                     sock.rx_descs[kept] = sock.rx_descs[i];
                     kept += 1;
                 }
@@ -1563,6 +1570,10 @@ impl Drop for RxBatch<'_> {
         if n > 0 && unsafe { sock.fq.produce(&sock.rx_descs[..n]) } == 0 {
             // Keep them for the next `recv_batch` (capacity = RX pool: no allocation).
             sock.fill_pending.extend_from_slice(&sock.rx_descs[..n]);
+            return;
+        }
+        for d in &sock.rx_descs[..n] {
+            sock.book.give_rx(d.addr());
         }
     }
 }

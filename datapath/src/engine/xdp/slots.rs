@@ -77,8 +77,9 @@ pub(super) struct Slot {
     close_deadline_spent: bool,
     /// The longest a connection we close waits for the peer to take what it has queued
     /// before it is reset ([`Slot::reset_if_close_stalled`]): `QueuePair::disconnect`'s
-    /// graceful wait, [`crate::ConnectParams::close_timeout`] (the connect's, or the
-    /// listener's for a connection it accepted or turned away).
+    /// graceful wait, [`crate::ConnectParams::close_timeout`] (the connect's; for a
+    /// connection a listener accepted, the accept's, `ConnectRequest::close_timeout`, else
+    /// the listener's, as for one it turned away).
     pub(super) close_drain: std::time::Duration,
     /// A passive connection counted in the shard's `State::unclaimed` until its Request is
     /// queued for the application, or its TCP connection has as good as ended (FIN-WAIT-2,
