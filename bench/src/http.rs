@@ -88,7 +88,10 @@ struct Link {
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
     /// Seconds without progress after which the client fails as stalled and the server
-    /// resets a connection (an idle keep-alive connection included).
+    /// resets a connection (an idle keep-alive connection included). The server also resets
+    /// a connection whose request head is not whole this long after its first octet, and
+    /// one with a response to send or a request body coming that moves less than 64 KiB in
+    /// this time (a client that drips or reads a trickle holds its place no longer).
     #[arg(long, default_value_t = 30.0)]
     idle_timeout: f64,
     /// No progress lines on stderr.
@@ -461,6 +464,16 @@ impl Incoming {
         }
     }
 
+    /// Whether a request or response head has begun and is not whole yet.
+    fn reading_head(&self) -> bool {
+        self.body.is_none() && !self.inbuf.is_empty()
+    }
+
+    /// Whether a body is being read.
+    fn reading_body(&self) -> bool {
+        self.body.is_some()
+    }
+
     /// The next whole message, if it is all in.
     fn read(
         &mut self,
@@ -761,6 +774,10 @@ struct ServerTotals {
     head_octets: u64,
     /// Connections reset for making no progress for `--idle-timeout`.
     idle_resets: u64,
+    /// Connections reset for being too slow: a request head not whole within
+    /// `--idle-timeout` of its first octet, or a response or request body moving less than
+    /// [`MIN_PROGRESS`] octets in that time.
+    slow_resets: u64,
     /// `100 Continue` answers to `Expect: 100-continue`.
     continues_sent: u64,
 }
@@ -773,10 +790,17 @@ struct ServerPeer {
     /// 9.6).
     stop_reading: bool,
     closing: bool,
-    /// Octets moved either way, and when that last changed (the idle timeout).
+    /// Octets moved either way when progress was last counted, and when that was (the idle
+    /// timeout; with a response or body under way, progress is [`MIN_PROGRESS`] octets).
     moved: u64,
     last_progress: Instant,
+    /// When the request head being read began (its first octet was read), if one is.
+    head_since: Option<Instant>,
 }
+
+/// Octets a connection with a response to send or a request body coming must move in each
+/// `--idle-timeout` to count as making progress.
+const MIN_PROGRESS: u64 = 64 << 10;
 
 /// Responses a connection may have queued before the server stops reading its requests
 /// (a client that pipelines and does not read holds no more than this).
@@ -1004,6 +1028,7 @@ impl TcpApp for ServerApp {
             closing: false,
             moved: 0,
             last_progress: Instant::now(),
+            head_since: None,
         };
         self.offer_put_buffers(&mut peer, conn);
         self.peers.insert(id, peer);
@@ -1027,6 +1052,9 @@ impl TcpApp for ServerApp {
         // Whether every request that arrived has been read.
         let mut drained = false;
         let mut held_back = false;
+        // Whether a request was read for (a head waiting while the server reads nothing,
+        // its own responses queued, is not the client's delay).
+        let mut reading = false;
         if !peer.closing && !peer.stop_reading {
             for _ in 0..MESSAGES_PER_TURN {
                 let own = queued_body_octets(&peer.out);
@@ -1045,6 +1073,7 @@ impl TcpApp for ServerApp {
                     held_back = peer.out.is_empty();
                     break;
                 }
+                reading = true;
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
                     Ok(Some(m)) => {
                         let out = self.respond(m);
@@ -1108,13 +1137,37 @@ impl TcpApp for ServerApp {
             + st.rdma_placed_out_of_order
             + conn.bytes_acked();
         let now = Instant::now();
-        if moved != peer.moved || held_back {
+        // A head must come whole within --idle-timeout of its first octet: one dripped an
+        // octet at a time holds its connection no longer.
+        let head_late = if reading && peer.incoming.reading_head() {
+            now.duration_since(*peer.head_since.get_or_insert(now)) > self.idle
+        } else {
+            peer.head_since = None;
+            false
+        };
+        // With a response to send or a body coming, a trickle is not progress.
+        let under_way = !peer.out.is_empty() || peer.incoming.reading_body();
+        let progressed = if under_way {
+            moved.saturating_sub(peer.moved) >= MIN_PROGRESS
+        } else {
+            moved != peer.moved
+        };
+        if head_late {
+            conn.abort();
+            self.totals.slow_resets += 1;
+            peer.head_since = None;
+            peer.last_progress = now;
+        } else if progressed || held_back {
             peer.moved = moved;
             peer.last_progress = now;
         } else if now.duration_since(peer.last_progress) > self.idle {
-            // Nothing either way for --idle-timeout: a dead, stuck or idle peer.
+            // Too little either way for --idle-timeout: a dead, stuck, idle or slow peer.
             conn.abort();
-            self.totals.idle_resets += 1;
+            if moved == peer.moved {
+                self.totals.idle_resets += 1;
+            } else {
+                self.totals.slow_resets += 1;
+            }
             peer.last_progress = now;
         }
         self.queued_octets =

@@ -439,6 +439,92 @@ fn idle_connections_are_reset() {
     assert_eq!(u(&srv, &["idle_resets"]), 1, "{srv}");
 }
 
+/// Runs `script` with python3 in side A's namespace of the veth bed; what it printed.
+fn python_in_a(script: &str) -> String {
+    let python = if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    };
+    let out = Command::new("ip")
+        .args(["netns", "exec", VETH.ns_a, python, "-c", script])
+        .output_within(RUN_LIMIT)
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether a python client's line says it was reset within `within` seconds.
+fn reset_within(said: &str, within: f64) -> bool {
+    said.strip_prefix("reset ")
+        .and_then(|t| t.parse::<f64>().ok())
+        .is_some_and(|t| t <= within)
+}
+
+/// A client that drips its request head an octet every 0.2 s (each octet progress, so the
+/// idle timeout never comes) is reset once the head is not whole `--idle-timeout` after it
+/// began, and counted as slow.
+#[test]
+fn a_request_head_dripped_an_octet_at_a_time_is_cut_off() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_841, 1, &["--idle-timeout", "1"]);
+    let script = format!(
+        "import socket, time\n\
+         s = socket.create_connection(('{}', 18841), timeout=20)\n\
+         start = time.time()\n\
+         try:\n\
+         \x20   s.sendall(b'GET /gen/1/100 HTTP/1.1\\r\\n')\n\
+         \x20   while time.time() - start < 15:\n\
+         \x20       s.sendall(b'X')\n\
+         \x20       time.sleep(0.2)\n\
+         \x20   print('not reset')\n\
+         except (ConnectionResetError, BrokenPipeError):\n\
+         \x20   print('reset %.1f' % (time.time() - start))\n",
+        VETH.addr_b
+    );
+    let said = python_in_a(&script);
+    assert!(reset_within(&said, 8.0), "the dripping client: {said}");
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["slow_resets"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+}
+
+/// A client that asks for 64 MiB and reads 1 KiB every 0.2 s (each read acknowledges
+/// something, so the idle timeout never comes) is reset once its response moved less than
+/// 64 KiB in an `--idle-timeout`, and counted as slow.
+#[test]
+fn a_client_reading_a_trickle_is_cut_off() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_842, 1, &["--idle-timeout", "1"]);
+    let script = format!(
+        "import socket, time\n\
+         s = socket.socket()\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\n\
+         s.settimeout(20)\n\
+         s.connect(('{}', 18842))\n\
+         s.sendall(b'GET /gen/1/67108864 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+         start = time.time()\n\
+         try:\n\
+         \x20   while time.time() - start < 15:\n\
+         \x20       if not s.recv(1024):\n\
+         \x20           break\n\
+         \x20       time.sleep(0.2)\n\
+         \x20   print('not reset')\n\
+         except ConnectionResetError:\n\
+         \x20   print('reset %.1f' % (time.time() - start))\n",
+        VETH.addr_b
+    );
+    let said = python_in_a(&script);
+    assert!(reset_within(&said, 8.0), "the trickling reader: {said}");
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["slow_resets"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+}
+
 /// Mistakes are one line on stderr and a failing status, before anything is opened (no root
 /// or bed needed).
 #[test]
