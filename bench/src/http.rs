@@ -1052,9 +1052,8 @@ impl TcpApp for ServerApp {
         // Whether every request that arrived has been read.
         let mut drained = false;
         let mut held_back = false;
-        // Whether a request was read for (a head waiting while the server reads nothing,
-        // its own responses queued, is not the client's delay).
-        let mut reading = false;
+        // Heads read whole this turn (each restarts the clocks).
+        let heads_before = peer.incoming.head_octets;
         if !peer.closing && !peer.stop_reading {
             for _ in 0..MESSAGES_PER_TURN {
                 let own = queued_body_octets(&peer.out);
@@ -1073,7 +1072,6 @@ impl TcpApp for ServerApp {
                     held_back = peer.out.is_empty();
                     break;
                 }
-                reading = true;
                 match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
                     Ok(Some(m)) => {
                         let out = self.respond(m);
@@ -1138,15 +1136,25 @@ impl TcpApp for ServerApp {
             + conn.bytes_acked();
         let now = Instant::now();
         // A head must come whole within --idle-timeout of its first octet: one dripped an
-        // octet at a time holds its connection no longer.
-        let head_late = if reading && peer.incoming.reading_head() {
+        // octet at a time holds its connection no longer. Timed only while everything that
+        // came was read (`drained`: what is left is one unfinished head); a head waiting
+        // while the server reads nothing, its own responses queued or the turn's share
+        // taken, is not the client's delay.
+        let head_read = peer.incoming.head_octets != heads_before;
+        if head_read {
+            peer.head_since = None;
+        }
+        let head_late = if drained && peer.incoming.reading_head() {
             now.duration_since(*peer.head_since.get_or_insert(now)) > self.idle
         } else {
             peer.head_since = None;
             false
         };
-        // With a response to send or a body coming, a trickle is not progress.
-        let under_way = !peer.out.is_empty() || peer.incoming.reading_body();
+        // With a response to send (queued here, or a window's worth in TCP) or a body
+        // coming, a trickle is not progress.
+        let under_way = !peer.out.is_empty()
+            || peer.incoming.reading_body()
+            || conn.send_queue_len() as u64 >= MIN_PROGRESS;
         let progressed = if under_way {
             moved.saturating_sub(peer.moved) >= MIN_PROGRESS
         } else {
@@ -1157,7 +1165,8 @@ impl TcpApp for ServerApp {
             self.totals.slow_resets += 1;
             peer.head_since = None;
             peer.last_progress = now;
-        } else if progressed || held_back {
+        } else if progressed || held_back || head_read {
+            // (A request read starts its answer's time afresh.)
             peer.moved = moved;
             peer.last_progress = now;
         } else if now.duration_since(peer.last_progress) > self.idle {

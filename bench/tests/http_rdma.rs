@@ -525,6 +525,26 @@ fn a_client_reading_a_trickle_is_cut_off() {
     assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
 }
 
+/// A client that pipelines 32 GETs deep for longer than `--idle-timeout` is served to the
+/// end: the server stops reading while 16 responses are queued, with whole heads waiting in
+/// its buffer, which is not a head coming slowly; each request read starts its answer's time
+/// afresh.
+#[test]
+fn a_pipelining_client_is_not_taken_for_a_slow_one() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_843, 1, &["--idle-timeout", "0.3"]);
+    let c = client(
+        &VETH,
+        18_843,
+        &["--count", "400", "--size", "1048576", "--depth", "32"],
+    );
+    let srv = finish(s);
+    println!("pipelined, depth 32: {c}\nserver: {srv}");
+    assert_eq!(u(&c, &["requests"]), 400, "{c}");
+    assert_eq!(u(&srv, &["slow_resets"]), 0, "{srv}");
+    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+}
+
 /// Mistakes are one line on stderr and a failing status, before anything is opened (no root
 /// or bed needed).
 #[test]

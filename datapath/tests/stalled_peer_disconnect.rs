@@ -1,11 +1,11 @@
 //! `QueuePair::disconnect` on the socket transport is bounded against a peer that stopped
 //! reading: the peer (a raw TCP socket that answers the MPA Request by hand, or in one case
-//! sends it, and never reads again) lets its receive buffer fill, our Writes fill our send buffer behind it, and the
-//! graceful close can never drain; after its close timeout (`ConnectParams::close_timeout`:
-//! 10 s by default, [`CLOSE_TIMEOUT`] in most cases here) the close becomes a reset and
-//! `disconnect` returns with the queue pair finished, and a close only started
-//! (`start_disconnect`) ends the same way. Loopback, no root needed; some cases on the
-//! AF_XDP engine on the veth bed.
+//! sends it, and never reads again) lets its receive buffer fill, our Writes fill our send
+//! buffer behind it, and the graceful close can never drain; after its close timeout
+//! (`ConnectParams::close_timeout`: 10 s by default, [`CLOSE_TIMEOUT`] in most cases here)
+//! the close becomes a reset and `disconnect` returns with the queue pair finished, and a
+//! close only started (`start_disconnect`) ends the same way. Loopback, no root needed; some
+//! cases on the AF_XDP engine on the veth bed.
 
 mod common;
 

@@ -1000,14 +1000,14 @@ fn received(batch: &datapath::xsk::RxBatch<'_>) -> Vec<(u32, usize)> {
         .collect()
 }
 
-/// Descriptors on the RX ring that do not lie in one chunk of the socket's RX pool (past the
-/// UMEM, a TX frame, across two chunks), written over ones the kernel produced, are never
-/// read or lent: their packets are dropped (on a multi-buffer socket all of a packet's
-/// frames), they are counted (`rx_descs_refused`) and not given back to the fill ring, while
-/// the good frames of the batch are. The socket then receives what follows, in step with
-/// the kernel.
+/// Descriptors on the RX ring that name no frame of the RX pool the kernel held (past the
+/// UMEM, a TX frame, across two chunks, a frame received already), written over ones the
+/// kernel produced, are never read or lent: their packets are dropped (on a multi-buffer
+/// socket all of a packet's frames), they are counted (`rx_descs_refused`) and not given back
+/// to the fill ring, while the good frames of the batch are. The socket then receives what
+/// follows, in step with the kernel.
 #[test]
-fn rx_descriptors_outside_the_rx_pool_are_dropped_unread() {
+fn rx_descriptors_of_no_frame_the_kernel_held_are_dropped_unread() {
     let bed = bed_or_skip!();
     const PORT: u16 = 17210;
     for multi_buffer in [false, true] {

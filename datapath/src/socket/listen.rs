@@ -50,24 +50,29 @@ use crate::DatapathError;
 const MAX_STARTING: usize = 1024;
 
 /// The most connections the process's listeners keep waiting for their MPA Request, all
-/// together ([`StartingPlace`]): [`MAX_STARTING`], or
-/// a quarter of the process's soft descriptor limit (`RLIMIT_NOFILE`; 1024 by default on
-/// Debian) if that is less, but at least 16. Each holds a descriptor until its Request
-/// deadline: a flood of silent connections otherwise takes the descriptors the application
-/// and its other connections need.
+/// together ([`StartingPlace`]): [`MAX_STARTING`], or a quarter of the process's soft
+/// descriptor limit (`RLIMIT_NOFILE`; 1024 by default on Debian) if that is less, but at
+/// least 16; read when the first listener starts, one limit for all. Each holds a
+/// descriptor until its Request deadline: a flood of silent connections otherwise takes the
+/// descriptors the application and its other connections need. One cap for all listeners
+/// means a flood at one port also turns away the silent and slow connections of the others
+/// (prompt clients, whose Request comes at once, hold a place only for a moment).
 fn max_starting() -> usize {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the limit into `limit`, a valid rlimit owned by this frame.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    if rc != 0 {
-        return MAX_STARTING;
-    }
-    usize::try_from(limit.rlim_cur / 4)
-        .unwrap_or(MAX_STARTING)
-        .clamp(16, MAX_STARTING)
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the limit into `limit`, a valid rlimit owned by this frame.
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        if rc != 0 {
+            return MAX_STARTING;
+        }
+        usize::try_from(limit.rlim_cur / 4)
+            .unwrap_or(MAX_STARTING)
+            .clamp(16, MAX_STARTING)
+    })
 }
 
 /// Connections the process's socket listeners keep waiting for their Request, all together.
@@ -341,8 +346,7 @@ struct Startups {
     mpa: mpa::MpaConfig,
     framing: Framing,
     starting: HashMap<Token, Starting>,
-    /// [`max_starting`], read when the listener started: the most [`StartingPlace`]s held
-    /// when this listener takes one.
+    /// [`max_starting`]: the most [`StartingPlace`]s held when this listener takes one.
     max_starting: usize,
     /// A descriptor kept in reserve: out of descriptors (`EMFILE`), the listener gives it
     /// up to take the next ready connection and close it, rather than leave the kernel's

@@ -373,8 +373,9 @@ pub struct ListenStats {
     pub accept_timeouts: u64,
     /// Connections closed as soon as they were accepted because as many as the listener
     /// keeps already waited for their Request (socket transport: 1024, or a quarter of the
-    /// process's descriptor limit, for all its socket listeners together; AF_XDP engine: a quarter of each shard's connection table,
-    /// `XdpTcpConfig::max_connections`, for all its listeners together, counting also
+    /// process's descriptor limit, for all its socket listeners together; AF_XDP engine: a
+    /// quarter of each shard's connection table, `XdpTcpConfig::max_connections`, for all
+    /// its listeners together, counting also
     /// connections whose Request was refused until our FIN is acknowledged or they close;
     /// the engine resets the connection, the socket transport closes it).
     pub over_starting: u64,
