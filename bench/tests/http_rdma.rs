@@ -412,11 +412,6 @@ fn our_client_downloads_from_a_kernel_http_server() {
 fn idle_connections_are_reset() {
     let _bed = bed_or_skip!();
     let s = server(&VETH, 18_840, 1, &["--idle-timeout", "1"]);
-    let python = if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    };
     // Connects, sends nothing, and waits (at most 20 s) for the server to give up on it.
     let script = format!(
         "import socket\n\
@@ -425,15 +420,10 @@ fn idle_connections_are_reset() {
          except ConnectionResetError:\n    print('reset')\n",
         VETH.addr_b
     );
-    let out = Command::new("ip")
-        .args(["netns", "exec", VETH.ns_a, python, "-c", &script])
-        .output_within(RUN_LIMIT)
-        .expect("run python3");
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = python_in_a(&script);
     assert!(
-        out.status.success() && matches!(said.trim(), "reset" | "0"),
-        "the idle client saw {said:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        matches!(said.as_str(), "reset" | "0"),
+        "the idle client saw {said:?}"
     );
     let srv = finish(s);
     assert_eq!(u(&srv, &["idle_resets"]), 1, "{srv}");

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use datapath::{CompletionQueue, ConnectParams, Listener, ProtectionDomain};
+use datapath::{CompletionQueue, ConnectParams, ListenStats, Listener, ProtectionDomain};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -25,6 +25,16 @@ fn limit_descriptors(n: u64) {
         limit.rlim_cur = n.min(limit.rlim_max);
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
     }
+}
+
+/// The sum of `count` over the listeners' stats once it reaches `at`, or after [`WAIT`].
+fn total_once_at(listeners: &[Listener], at: u64, count: impl Fn(&ListenStats) -> u64) -> u64 {
+    let total = || listeners.iter().map(|l| count(&l.stats())).sum::<u64>();
+    let deadline = Instant::now() + WAIT;
+    while total() < at && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    total()
 }
 
 #[test]
@@ -43,18 +53,9 @@ fn a_flood_of_silent_connections_is_held_to_a_quarter_of_the_descriptors() {
     let mut flood: Vec<TcpStream> = (0..60)
         .map(|i| TcpStream::connect(addrs[i % 3]).unwrap_or_else(|e| panic!("flood {i}: {e}")))
         .collect();
-    let over_starting = || {
-        listeners
-            .iter()
-            .map(|l| l.stats().over_starting)
-            .sum::<u64>()
-    };
-    let deadline = Instant::now() + WAIT;
-    while over_starting() < 20 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let over_starting = total_once_at(&listeners, 20, |s| s.over_starting);
     let stats: Vec<_> = listeners.iter().map(Listener::stats).collect();
-    assert_eq!(over_starting(), 20, "{stats:?}");
+    assert_eq!(over_starting, 20, "{stats:?}");
     // The 20 turned away see their connection end; the 40 kept do not (yet).
     let mut ended = 0;
     for s in &mut flood {
@@ -71,17 +72,8 @@ fn a_flood_of_silent_connections_is_held_to_a_quarter_of_the_descriptors() {
     // The flood gone (each listener sees the end of the connections it kept), a real client
     // connects.
     drop(flood);
-    let ended = || {
-        listeners
-            .iter()
-            .map(|l| l.stats().closed_early)
-            .sum::<u64>()
-    };
-    let deadline = Instant::now() + WAIT;
-    while ended() < 40 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(ended(), 40, "the kept connections' ends seen");
+    let ended = total_once_at(&listeners, 40, |s| s.closed_early);
+    assert_eq!(ended, 40, "the kept connections' ends seen");
     let listener = &listeners[0];
     let addr = addrs[0];
     let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
