@@ -141,9 +141,23 @@ fn server(
     ready: std::sync::mpsc::Sender<()>,
     regions: std::sync::mpsc::Sender<Vec<u8>>,
 ) -> Result<EngineCounters, String> {
-    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let engine =
         XdpEngine::start(DEV_A, plan.engine_config()).map_err(|e| format!("server engine: {e}"))?;
+    match serve(&engine, params, plan, ready, regions) {
+        Ok(()) => Ok(stop(engine)),
+        Err(e) => Err(format!("{e}\nserver engine then: {:#?}", stop(engine))),
+    }
+}
+
+/// The server's side of a session on `engine`.
+fn serve(
+    engine: &XdpEngine,
+    params: ConnectParams,
+    plan: Plan,
+    ready: std::sync::mpsc::Sender<()>,
+    regions: std::sync::mpsc::Sender<Vec<u8>>,
+) -> Result<(), String> {
+    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let listener = engine
         .listen(PORT, params.clone())
         .map_err(|e| format!("listen: {e}"))?;
@@ -226,7 +240,7 @@ fn server(
         ));
     }
     qp.disconnect();
-    Ok(stop(engine))
+    Ok(())
 }
 
 fn client(
@@ -234,9 +248,22 @@ fn client(
     plan: Plan,
     regions: std::sync::mpsc::Receiver<Vec<u8>>,
 ) -> Result<EngineCounters, String> {
-    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let engine =
         XdpEngine::start(DEV_B, plan.engine_config()).map_err(|e| format!("client engine: {e}"))?;
+    match run_client(&engine, params, plan, regions) {
+        Ok(()) => Ok(stop(engine)),
+        Err(e) => Err(format!("{e}\nclient engine then: {:#?}", stop(engine))),
+    }
+}
+
+/// The client's side of a session on `engine`.
+fn run_client(
+    engine: &XdpEngine,
+    params: ConnectParams,
+    plan: Plan,
+    regions: std::sync::mpsc::Receiver<Vec<u8>>,
+) -> Result<(), String> {
+    let (rounds, deadline) = (plan.rounds, plan.deadline);
     let pd = ProtectionDomain::new();
     let cq = CompletionQueue::new();
     let src = pd.register(REGION, ALL).map_err(|e| e.to_string())?;
@@ -334,7 +361,7 @@ fn client(
     if !qp.status().finished {
         return Err(format!("disconnect did not finish: {:?}", qp.status()));
     }
-    Ok(stop(engine))
+    Ok(())
 }
 
 struct Run {
@@ -395,8 +422,14 @@ fn run_budgeted(
     let relay = relay.stop().unwrap_or_else(|e| panic!("relay: {e}"));
     println!("relay: {relay:#?}");
     println!("took {:?}", t.elapsed());
-    let client = c.unwrap_or_else(|e| panic!("client: {e}\nrelay {relay:?}"));
-    let server = s.unwrap_or_else(|e| panic!("server: {e}\nrelay {relay:?}"));
+    let (client, server) = match (c, s) {
+        (Ok(c), Ok(s)) => (c, s),
+        (c, s) => panic!(
+            "client: {}\nserver: {}\nrelay {relay:?}",
+            c.err().unwrap_or_else(|| "ok".into()),
+            s.err().unwrap_or_else(|| "ok".into())
+        ),
+    };
     println!("server engine: {:#?}", server.conns);
     println!("client engine: {:#?}", client.conns);
     for (who, e) in [("server", &server), ("client", &client)] {
