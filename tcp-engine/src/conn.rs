@@ -578,6 +578,71 @@ impl TxSegment {
     }
 }
 
+/// What one ACK's newly acknowledged segments (cumulatively or by SACK) say about the round
+/// trip: Karn's algorithm (RFC 6298 3) over the whole ACK.
+///
+/// An ACK gives an RTT sample, from the latest first transmission it newly acknowledges, only
+/// if it newly acknowledges no part of a retransmitted segment and reports no duplicate
+/// (D-SACK, RFC 2883 4): either may be what the peer answered, and then whatever else it newly
+/// acknowledges may have arrived long before, its own ACKs lost. Under loss both ways such
+/// repeats are common: a retransmission filling a hole draws an ACK whose SACK blocks repeat
+/// what lost ACKs had reported, and taken as a sample that made a path of milliseconds an
+/// RTO of seconds (the relay's 20 % loss test stalled on it for a minute).
+///
+/// Stricter than RFC 6298 3's wording (which speaks of the retransmitted segment's own ACK),
+/// and than Linux, which takes the SACK part's sample exactly when Karn's rule refuses the
+/// cumulative part's (`tcp_ack_update_rtt`): that is the stale sample above.
+#[derive(Debug, Clone, Copy, Default)]
+struct AckTiming {
+    /// The latest first transmission among the segments newly acknowledged whole and never
+    /// sent again.
+    newest_sent: Option<Instant>,
+    /// The latest first transmission among never-retransmitted segments of which only a part
+    /// is acknowledged.
+    newest_part_sent: Option<Instant>,
+    /// Some part of a retransmitted segment was (or, in a SACK block, may have been) newly
+    /// acknowledged.
+    retransmission_acked: bool,
+    /// The ACK carries a D-SACK block.
+    duplicate_reported: bool,
+}
+
+impl AckTiming {
+    /// `e` is newly acknowledged whole.
+    fn note_acked(&mut self, e: &TxSegment) {
+        if e.retransmits == 0 {
+            self.newest_sent = self.newest_sent.max(Some(e.xmit_time));
+        } else {
+            self.retransmission_acked = true;
+        }
+    }
+
+    /// A part of `e` is, or (a SACK block cutting into it: nothing records which parts were
+    /// SACKed before) may be, newly acknowledged: a middlebox, a receiver trimming to its
+    /// window or one reneging inside it cut the segment, and the part may be the ACK's
+    /// trigger.
+    fn note_acked_part(&mut self, e: &TxSegment) {
+        if e.retransmits == 0 {
+            self.newest_part_sent = self.newest_part_sent.max(Some(e.xmit_time));
+        } else {
+            self.retransmission_acked = true;
+        }
+    }
+
+    /// The RTT sample the ACK gives at `now`, if any. A part's transmission counts only beside
+    /// a whole segment's (it can then only shorten the sample): a block repeating the same
+    /// part on every ACK gives none of its own.
+    fn sample(&self, now: Instant) -> Option<Duration> {
+        if self.retransmission_acked || self.duplicate_reported {
+            return None;
+        }
+        let sent = self
+            .newest_sent?
+            .max(self.newest_part_sent.unwrap_or(Instant::ZERO));
+        Some(now - sent)
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct RackState {
     xmit_ts: Option<Instant>,
@@ -2646,15 +2711,20 @@ impl Connection {
             None
         };
         let mut delivered_any = false;
+        let mut timing = AckTiming::default();
         let entries_before = self.scoreboard.len();
         if newly_acked > 0 {
             self.eifel_check();
-            self.on_cumulative_ack(now, ack_pos);
+            self.on_cumulative_ack(now, ack_pos, &mut timing);
             self.sacked_spans.drop_below(ack_pos);
             delivered_any = true;
         }
         if self.sack_enabled && !seg.options.sack_blocks().is_empty() {
-            delivered_any |= self.on_sack_blocks(now, ack_pos, seg.options.sack_blocks());
+            delivered_any |=
+                self.on_sack_blocks(now, ack_pos, seg.options.sack_blocks(), &mut timing);
+        }
+        if let Some(rtt) = timing.sample(now) {
+            self.rtt.sample(rtt);
         }
         if delivered_any {
             self.tlp_outstanding = false;
@@ -2841,9 +2911,9 @@ impl Connection {
         self.reo.fack = self.reo.fack.max(e.end());
     }
 
-    fn on_cumulative_ack(&mut self, now: Instant, ack_pos: u64) {
-        let mut rtt_sample: Option<Instant> = None;
-        let mut ambiguous = false;
+    /// Takes the segments up to `ack_pos` off the scoreboard, noting in `timing` when they
+    /// were sent and whether any was retransmitted.
+    fn on_cumulative_ack(&mut self, now: Instant, ack_pos: u64, timing: &mut AckTiming) {
         while let Some(e) = self.scoreboard.front_mut() {
             let e_end = e.end();
             if e_end <= ack_pos {
@@ -2857,14 +2927,13 @@ impl Connection {
                 if e.state != SegState::Sacked {
                     self.note_delivered(&e);
                     self.rack_update(now, &e);
-                    if e.retransmits == 0 {
-                        rtt_sample = Some(rtt_sample.map_or(e.xmit_time, |t| t.max(e.xmit_time)));
-                    } else {
-                        ambiguous = true;
-                    }
+                    timing.note_acked(&e);
                 }
             } else if e.start < ack_pos {
                 // Partially acknowledged (the peer or a middlebox re-segmented).
+                if e.state != SegState::Sacked {
+                    timing.note_acked_part(e);
+                }
                 let trimmed = ack_pos - e.start;
                 e.start = ack_pos;
                 e.len -= trimmed as u32;
@@ -2875,12 +2944,6 @@ impl Connection {
             } else {
                 break;
             }
-        }
-        // Karn's algorithm (RFC 6298 3): no sample when the ACK covers a
-        // retransmitted segment (it may have been triggered by it, and
-        // older segments beyond a filled hole were received long ago).
-        if let (Some(t), false) = (rtt_sample, ambiguous) {
-            self.rtt.sample(now - t);
         }
         let data_acked = ack_pos.min(self.data_end());
         let drop = ((data_acked - self.send_buf_base) as usize).min(self.send_buf.len());
@@ -2932,10 +2995,16 @@ impl Connection {
         (j > i).then_some(j)
     }
 
-    /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4).
-    fn on_sack_blocks(&mut self, now: Instant, ack_pos: u64, blocks: &[SackBlock]) -> bool {
+    /// Mark segments covered by SACK blocks (RFC 2018 4, RFC 6675 4), noting in `timing` when
+    /// the newly SACKed ones were sent.
+    fn on_sack_blocks(
+        &mut self,
+        now: Instant,
+        ack_pos: u64,
+        blocks: &[SackBlock],
+        timing: &mut AckTiming,
+    ) -> bool {
         let mut any = false;
-        let mut newest_sacked: Option<Instant> = None;
         let snd_max = self.snd_max();
         for (k, b) in blocks.iter().enumerate() {
             let (Some(l), Some(r)) = (
@@ -2957,6 +3026,7 @@ impl Connection {
                 });
                 if r <= ack_pos || inside_next {
                     self.on_dsack(l, r);
+                    timing.duplicate_reported = true;
                     continue;
                 }
             }
@@ -2983,12 +3053,11 @@ impl Connection {
                     self.scoreboard[i].state = SegState::Sacked;
                     self.note_delivered(&e);
                     self.rack_update(now, &e);
-                    if e.retransmits == 0 {
-                        newest_sacked = Some(
-                            newest_sacked.map_or(e.xmit_time, |t: Instant| t.max(e.xmit_time)),
-                        );
-                    }
+                    timing.note_acked(&e);
                     any = true;
+                } else if e.state != SegState::Sacked {
+                    // The block holds a part of it: the part may be the ACK's trigger.
+                    timing.note_acked_part(&e);
                 }
                 i += 1;
             }
@@ -3002,10 +3071,6 @@ impl Connection {
                 let (from, to) = (self.scoreboard[lo].start, self.scoreboard[hi - 1].end());
                 self.sacked_spans.add(from, to);
             }
-        }
-        // A newly SACKed, never-retransmitted segment is an unambiguous sample.
-        if let Some(t) = newest_sacked {
-            self.rtt.sample(now - t);
         }
         any
     }

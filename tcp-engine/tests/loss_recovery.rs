@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use std::time::Duration;
 use tcp_engine::sim::LinkConfig;
-use tcp_engine::{Config, ConnStats};
+use tcp_engine::wire::SackBlock;
+use tcp_engine::{Config, ConnStats, Connection, Instant};
 
 const MIB: usize = 1 << 20;
 
@@ -223,7 +224,6 @@ fn a_tail_loss_on_a_20ms_path_is_probed_before_the_timeout() {
 /// still undoes it.
 #[test]
 fn a_dsack_of_a_segment_never_retransmitted_undoes_nothing() {
-    use tcp_engine::wire::SackBlock;
     let (mut conn, mut now) = driven_client(Config::default());
     let mss = usize::from(conn.emss());
     conn.send(&vec![1u8; 20 * mss]).expect("send");
@@ -276,7 +276,6 @@ fn a_dsack_of_a_segment_never_retransmitted_undoes_nothing() {
 /// (1.a), above HighRxt), not on every ACK that SACKs more above it.
 #[test]
 fn rfc6675_recovery_resends_a_hole_once() {
-    use tcp_engine::wire::SackBlock;
     let (mut conn, now) = driven_client(Config {
         rack_tlp: false,
         ..Config::default()
@@ -297,4 +296,180 @@ fn rfc6675_recovery_resends_a_hole_once() {
         sent_now(&mut conn, now);
     }
     assert_eq!(conn.stats().retransmitted_segments, 1);
+}
+
+/// A connection whose SRTT settled at 1 ms (thirty segments each acknowledged 1 ms after it
+/// left), the time, and the SRTT.
+fn settled_at_1ms() -> (Connection, Instant, Duration) {
+    let (mut conn, mut now) = driven_client(Config::default());
+    let mss = usize::from(conn.emss());
+    for _ in 0..30 {
+        conn.send(&vec![1u8; mss]).expect("send");
+        sent_now(&mut conn, now);
+        now += Duration::from_millis(1);
+        let nxt = conn.snd_nxt();
+        peer_ack(&mut conn, now, nxt, &[]);
+    }
+    let srtt = conn.srtt().expect("sampled");
+    assert!(srtt < Duration::from_millis(2), "{srtt:?}");
+    (conn, now, srtt)
+}
+
+/// Four segments sent on a [`settled_at_1ms`] connection, and the time.
+fn four_sent() -> (Connection, Instant, Vec<(u32, u32)>, Duration) {
+    let (mut conn, now, srtt) = settled_at_1ms();
+    conn.send(&vec![1u8; 4 * usize::from(conn.emss())])
+        .expect("send");
+    let sent = sent_now(&mut conn, now);
+    assert_eq!(sent.len(), 4);
+    (conn, now, sent, srtt)
+}
+
+/// [`four_sent`], two seconds later: the first segment lost and sent again at each timeout
+/// since (those lost too), the last probed (RFC 8985 7), the middle two received but every
+/// ACK reporting them lost. The time is 1 ms after the last timeout.
+fn reports_lost_for_two_seconds() -> (Connection, Instant, Vec<(u32, u32)>, Duration) {
+    let (mut conn, mut now, sent, srtt) = four_sent();
+    let start = now;
+    while now - start < Duration::from_secs(2) {
+        now += Duration::from_micros(500);
+        conn.handle_timeout(now);
+        for resent in sent_now(&mut conn, now) {
+            // The timeouts' and the tail loss probe's.
+            assert!(resent == sent[0] || resent == sent[3], "{resent:?} resent");
+        }
+    }
+    assert!(conn.stats().rto_expirations >= 5, "{:?}", conn.stats());
+    assert!(conn.stats().tlp_probes >= 1, "{:?}", conn.stats());
+    assert_eq!(conn.srtt(), Some(srtt), "no sample while nothing came back");
+    (conn, now + Duration::from_millis(1), sent, srtt)
+}
+
+/// The SACK block over the middle two of [`four_sent`]'s segments.
+fn middle_two(sent: &[(u32, u32)]) -> SackBlock {
+    SackBlock {
+        left: sent[1].0,
+        right: sent[2].1,
+    }
+}
+
+/// `conn` took the block over the middle two segments: it sends neither again.
+fn took_middle_two(conn: &mut Connection, now: Instant, sent: &[(u32, u32)]) {
+    let again = sent_now(conn, now);
+    assert!(
+        !again.contains(&sent[1]) && !again.contains(&sent[2]),
+        "{again:?} sent again"
+    );
+}
+
+/// Karn's algorithm over the whole ACK (RFC 6298 3): the ACK a retransmission draws gives no
+/// RTT sample from its SACK blocks either, which repeat what lost ACKs had reported. Taken
+/// from the segments they newly SACK (sent long before), such a sample made the relay's 20 %
+/// loss test's path of milliseconds an RTO of seconds, and stalled it for a minute.
+#[test]
+fn the_sack_blocks_of_an_ack_for_a_retransmission_give_no_rtt_sample() {
+    let (mut conn, now, sent, srtt) = reports_lost_for_two_seconds();
+    peer_ack(&mut conn, now, sent[0].1, &[middle_two(&sent)]);
+    assert_eq!(conn.srtt(), Some(srtt));
+    assert!(conn.rto() < Duration::from_millis(20), "{:?}", conn.rto());
+    took_middle_two(&mut conn, now, &sent);
+}
+
+/// The same when the ACK holds only a part of the retransmission (a middlebox cut it), up to
+/// its cumulative point ...
+#[test]
+fn a_cumulative_ack_into_a_retransmission_gives_no_rtt_sample() {
+    let (mut conn, now, sent, srtt) = reports_lost_for_two_seconds();
+    peer_ack(
+        &mut conn,
+        now,
+        sent[0].0.wrapping_add(100),
+        &[middle_two(&sent)],
+    );
+    assert_eq!(conn.srtt(), Some(srtt));
+    took_middle_two(&mut conn, now, &sent);
+}
+
+/// ... or in a SACK block that reaches into the retransmitted segment.
+#[test]
+fn a_sack_block_holding_part_of_a_retransmission_gives_no_rtt_sample() {
+    let (mut conn, now, sent, srtt) = reports_lost_for_two_seconds();
+    let from_middle = SackBlock {
+        left: sent[0].0.wrapping_add(100),
+        right: sent[2].1,
+    };
+    peer_ack(&mut conn, now, sent[0].0, &[from_middle]);
+    assert_eq!(conn.srtt(), Some(srtt));
+    took_middle_two(&mut conn, now, &sent);
+}
+
+/// ... and when a duplicate drew the ACK (a D-SACK, RFC 2883: the network sent the third
+/// segment, `sent[2]`, twice): what its other blocks newly SACK arrived before the duplicate.
+#[test]
+fn an_ack_reporting_a_duplicate_gives_no_rtt_sample() {
+    let (mut conn, now, sent, srtt) = reports_lost_for_two_seconds();
+    let dup = SackBlock {
+        left: sent[2].0,
+        right: sent[2].1,
+    };
+    peer_ack(&mut conn, now, sent[0].0, &[dup, middle_two(&sent)]);
+    assert_eq!(conn.srtt(), Some(srtt));
+    assert_eq!(conn.stats().dsacks_received, 1);
+    took_middle_two(&mut conn, now, &sent);
+}
+
+/// A SACK block for the tail loss probe's retransmission keeps its ACK's cumulative part from
+/// giving a sample too: the probe may be what the peer answered.
+#[test]
+fn a_sacked_probe_keeps_the_cumulative_part_from_giving_a_sample() {
+    let (mut conn, mut now, sent, srtt) = four_sent();
+    let mut steps = 0;
+    while conn.stats().tlp_probes == 0 {
+        steps += 1;
+        assert!(steps < 100, "no probe in 10 ms");
+        now += Duration::from_micros(100);
+        conn.handle_timeout(now);
+        sent_now(&mut conn, now);
+    }
+    assert_eq!(conn.stats().rto_expirations, 0);
+    now += Duration::from_millis(1);
+    let probe = SackBlock {
+        left: sent[3].0,
+        right: sent[3].1,
+    };
+    peer_ack(&mut conn, now, sent[2].1, &[probe]);
+    assert_eq!(conn.srtt(), Some(srtt));
+}
+
+/// SACK blocks still give samples when nothing retransmitted or duplicated is newly in the
+/// ACK: segments SACKed 3 ms after they left move the SRTT (1 ms) up ...
+#[test]
+fn newly_sacked_segments_give_an_rtt_sample() {
+    let (mut conn, mut now, sent, srtt) = four_sent();
+    now += Duration::from_millis(3);
+    peer_ack(&mut conn, now, sent[0].0, &[middle_two(&sent)]);
+    let after = conn.srtt().expect("sampled");
+    assert!(after > srtt, "{after:?} after {srtt:?}");
+}
+
+/// ... and a retransmission SACKed by an earlier ACK (that one gave no sample) no longer
+/// keeps a later ACK from giving one: it is not newly acknowledged there.
+#[test]
+fn a_retransmission_sacked_before_does_not_hold_back_a_sample() {
+    let (mut conn, mut now, sent, srtt) = four_sent();
+    while conn.stats().tlp_probes == 0 {
+        now += Duration::from_micros(100);
+        conn.handle_timeout(now);
+        sent_now(&mut conn, now);
+    }
+    let probe = SackBlock {
+        left: sent[3].0,
+        right: sent[3].1,
+    };
+    now += Duration::from_millis(1);
+    peer_ack(&mut conn, now, sent[0].0, &[probe]);
+    assert_eq!(conn.srtt(), Some(srtt), "the probe's own ACK");
+    peer_ack(&mut conn, now, sent[3].1, &[]);
+    let after = conn.srtt().expect("sampled");
+    assert!(after > srtt, "{after:?} after {srtt:?}");
 }
