@@ -395,6 +395,10 @@ struct Message {
     placed: u64,
 }
 
+/// A body with a posted buffer may have its stream octets in one part per this many of its
+/// octets (and one more).
+const MIN_PART: u64 = 256;
+
 /// Buffers for bodies, reused (a body buffer keeps its length, so reuse writes no zeros).
 #[derive(Default)]
 struct Pool(Vec<Vec<u8>>);
@@ -448,6 +452,9 @@ struct Incoming {
     max_body: u64,
     /// A request head asked for `100 Continue` before its body (the server answers it).
     continue_due: bool,
+    /// The head in `inbuf` announced a body larger than the room [`Incoming::read`] was given:
+    /// it stays unread until there is room.
+    body_waits: bool,
 }
 
 impl Incoming {
@@ -461,7 +468,14 @@ impl Incoming {
             head_octets: 0,
             max_body,
             continue_due: false,
+            body_waits: false,
         }
+    }
+
+    /// The octets the body being read takes of a shared budget: all it announced, from its
+    /// head on (0 if none is being read).
+    fn body_reserved(&self) -> u64 {
+        self.body.as_ref().map_or(0, |b| b.len)
     }
 
     /// Whether a request or response head has begun and is not whole yet.
@@ -474,17 +488,25 @@ impl Incoming {
         self.body.is_some()
     }
 
-    /// The next whole message, if it is all in.
+    /// The next whole message, if it is all in. A body is begun only if it announces at most
+    /// `body_room` octets; a larger one leaves its head unread ([`Incoming::body_waits`]).
     fn read(
         &mut self,
         conn: &mut Connection,
         scratch: &mut [u8],
         pool: &mut Pool,
+        body_room: u64,
     ) -> Result<Option<Message>, HttpError> {
+        self.body_waits = false;
         loop {
             let Some(b) = self.body.as_mut() else {
                 if let Some(end) = self.inbuf.windows(4).position(|w| w == b"\r\n\r\n") {
                     let head = Head::parse(&self.inbuf[..end])?;
+                    let announced = head.content_length.unwrap_or(0);
+                    if !self.responses && announced > body_room && announced <= self.max_body {
+                        self.body_waits = true;
+                        return Ok(None);
+                    }
                     self.inbuf.drain(..end + 4);
                     self.head_octets += end as u64 + 4;
                     let status = head.status().filter(|_| self.responses);
@@ -549,14 +571,14 @@ impl Incoming {
             if !self.inbuf.is_empty() {
                 // Octets read with the head.
                 let n = (self.inbuf.len() as u64).min(left) as usize;
-                Self::stream(b, &self.inbuf[..n]);
+                Self::stream(b, &self.inbuf[..n])?;
                 self.inbuf.drain(..n);
                 continue;
             }
             let want = left.min(scratch.len() as u64) as usize;
             let n = if b.posted {
                 let n = conn.recv(&mut scratch[..want]);
-                Self::stream(b, &scratch[..n]);
+                Self::stream(b, &scratch[..n])?;
                 n
             } else {
                 let at = b.pos as usize;
@@ -586,19 +608,36 @@ impl Incoming {
         }
     }
 
-    /// Body octets that came through the stream.
-    fn stream(b: &mut BodyRead, octets: &[u8]) {
+    /// Body octets that came through the stream. Those of a body with a posted buffer wait in
+    /// parts, at most one per [`MIN_PART`] octets of the body (the peer choosing what it
+    /// places and what it streams could otherwise cut the body into octets, each its own
+    /// part).
+    fn stream(b: &mut BodyRead, octets: &[u8]) -> Result<(), HttpError> {
         if octets.is_empty() {
-            return;
+            return Ok(());
         }
         if b.posted {
-            b.parts.push((b.pos, octets.to_vec()));
+            // Contiguous stream octets in one part: a sender cutting its body into 1-octet
+            // segments costs no bookkeeping per octet.
+            let parts = b.parts.len() as u64;
+            match b.parts.last_mut() {
+                Some((at, part)) if *at + part.len() as u64 == b.pos => {
+                    part.extend_from_slice(octets)
+                }
+                _ if parts > b.len / MIN_PART => {
+                    return Err(HttpError::Unsupported(
+                        "a body streamed in this many pieces",
+                    ));
+                }
+                _ => b.parts.push((b.pos, octets.to_vec())),
+            }
         } else {
             let at = b.pos as usize;
             Self::room(&mut b.buf, at + octets.len(), b.len as usize);
             b.buf[at..at + octets.len()].copy_from_slice(octets);
         }
         b.pos += octets.len() as u64;
+        Ok(())
     }
 
     /// Makes `buf` at least `need` octets long (doubling, at most `len`).
@@ -780,6 +819,9 @@ struct ServerTotals {
     slow_resets: u64,
     /// `100 Continue` answers to `Expect: 100-continue`.
     continues_sent: u64,
+    /// Request heads left unread for a while because the bodies other connections were
+    /// sending took the budget for bodies (twice `--max-object`, at least 256 MiB).
+    bodies_waited: u64,
 }
 
 struct ServerPeer {
@@ -838,6 +880,11 @@ struct ServerApp {
     /// read ([`may_read_request`]).
     queued_octets: u64,
     queued_budget: u64,
+    /// The octets the request bodies being read announced, over all connections, and the
+    /// most they may announce together: a head whose body does not fit waits unread
+    /// ([`Incoming::body_waits`]) until others are in.
+    bodies_reserved: u64,
+    body_budget: u64,
     scratch: Vec<u8>,
     pool: Pool,
     closed: u64,
@@ -1045,6 +1092,12 @@ impl TcpApp for ServerApp {
             return;
         };
         let queued_before = queued_body_octets(&peer.out);
+        let reserved_before = peer.incoming.body_reserved();
+        // What the other connections' bodies left.
+        let body_room = self
+            .body_budget
+            .saturating_sub(self.bodies_reserved - reserved_before);
+        let waited_before = peer.incoming.body_waits;
         if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
         }
@@ -1072,7 +1125,10 @@ impl TcpApp for ServerApp {
                     held_back = peer.out.is_empty();
                     break;
                 }
-                match peer.incoming.read(conn, &mut self.scratch, &mut self.pool) {
+                match peer
+                    .incoming
+                    .read(conn, &mut self.scratch, &mut self.pool, body_room)
+                {
                     Ok(Some(m)) => {
                         let out = self.respond(m);
                         peer.stop_reading = out.close_after;
@@ -1080,6 +1136,15 @@ impl TcpApp for ServerApp {
                         if peer.stop_reading {
                             break;
                         }
+                    }
+                    Ok(None) if peer.incoming.body_waits => {
+                        // Waiting for others' bodies to come in, as for their responses
+                        // to drain.
+                        held_back = peer.out.is_empty();
+                        if !waited_before {
+                            self.totals.bodies_waited += 1;
+                        }
+                        break;
                     }
                     Ok(None) => {
                         drained = true;
@@ -1181,6 +1246,8 @@ impl TcpApp for ServerApp {
         }
         self.queued_octets =
             (self.queued_octets + queued_body_octets(&peer.out)).saturating_sub(queued_before);
+        self.bodies_reserved =
+            self.bodies_reserved - reserved_before + peer.incoming.body_reserved();
         self.peers.insert(id, peer);
     }
 
@@ -1191,6 +1258,7 @@ impl TcpApp for ServerApp {
             self.queued_octets = self
                 .queued_octets
                 .saturating_sub(queued_body_octets(&peer.out));
+            self.bodies_reserved -= peer.incoming.body_reserved();
             self.closed += 1;
             self.totals.head_octets += peer.incoming.head_octets;
             self.rdma.add(&conn);
@@ -1229,6 +1297,10 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         // Two of the largest objects, or the cache's size: what many clients that read
         // nothing may make the server hold together.
         queued_budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
+        bodies_reserved: 0,
+        // As much for request bodies, which many clients sending slowly would otherwise
+        // make the server hold one each of.
+        body_budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
         scratch: vec![0u8; 64 * 1024],
         pool: Pool::default(),
         closed: 0,
@@ -1400,7 +1472,7 @@ impl ClientApp {
             }
             match self
                 .incoming
-                .read(conn, &mut self.scratch, &mut self.pool)?
+                .read(conn, &mut self.scratch, &mut self.pool, u64::MAX)?
             {
                 Some(m) => self.check(m)?,
                 None => {
@@ -1828,7 +1900,7 @@ mod tests {
         let mut scratch = vec![0u8; 4096];
         let mut out = Vec::new();
         while let Some(m) = incoming
-            .read(&mut pair.client, &mut scratch, pool)
+            .read(&mut pair.client, &mut scratch, pool, u64::MAX)
             .expect("read")
         {
             out.push(m);
@@ -1891,12 +1963,85 @@ mod tests {
         // Response 0's body annotated as request 1's.
         respond(&mut pair, &generate(4, 3_000), 1, 64);
         let mut scratch = vec![0u8; 4096];
-        match incoming.read(&mut pair.client, &mut scratch, &mut pool) {
+        match incoming.read(&mut pair.client, &mut scratch, &mut pool, u64::MAX) {
             Err(HttpError::Misplaced {
                 index: 0, rid: 1, ..
             }) => {}
             other => panic!("expected Misplaced, got {other:?}"),
         }
+    }
+
+    /// A request whose body does not fit the room given waits, its head unread, and is read
+    /// whole once there is room; one larger than any body may be is refused at once.
+    #[test]
+    fn a_body_waits_for_room_in_the_budget() {
+        let mut pair = Pair::new();
+        let put = b"PUT /x HTTP/1.1\r\nContent-Length: 1000\r\n\r\n";
+        assert_eq!(pair.client.send(put), Ok(put.len()));
+        assert_eq!(pair.client.send(&[7; 1000]), Ok(1000));
+        pair.pump(false);
+        let mut incoming = Incoming::new(false, 4096);
+        let (mut pool, mut scratch) = (Pool::default(), vec![0u8; 4096]);
+        let mut read = |incoming: &mut Incoming, room| {
+            incoming
+                .read(&mut pair.server, &mut scratch, &mut pool, room)
+                .expect("read")
+        };
+        assert!(read(&mut incoming, 999).is_none());
+        assert!(incoming.body_waits);
+        assert_eq!(incoming.body_reserved(), 0);
+        assert!(read(&mut incoming, 999).is_none(), "still no room");
+        let m = read(&mut incoming, 1000).expect("room for it");
+        assert!(!incoming.body_waits);
+        assert_eq!(m.body, vec![7; 1000]);
+        assert_eq!(incoming.head_octets, put.len() as u64);
+
+        let mut pair = Pair::new();
+        let put = b"PUT /x HTTP/1.1\r\nContent-Length: 5000\r\n\r\n";
+        assert_eq!(pair.client.send(put), Ok(put.len()));
+        pair.pump(false);
+        let mut incoming = Incoming::new(false, 4096);
+        let r = incoming.read(&mut pair.server, &mut scratch, &mut pool, 0);
+        assert!(
+            matches!(r, Err(HttpError::Unsupported(_))),
+            "larger than --max-object: {r:?}"
+        );
+    }
+
+    /// The stream octets of a body with a posted buffer are kept in one part while they are
+    /// contiguous, and in at most one part per [`MIN_PART`] octets when placed ranges cut
+    /// them: a peer alternating single placed and streamed octets is refused.
+    #[test]
+    fn stream_parts_of_a_posted_body_are_bounded() {
+        let body = |len| BodyRead {
+            head: Head::parse(b"PUT /x HTTP/1.1\r\nContent-Length: 1").expect("head"),
+            len,
+            pos: 0,
+            posted: true,
+            buf: Vec::new(),
+            parts: Vec::new(),
+            placed: 0,
+        };
+        let mut b = body(4096);
+        for _ in 0..4096 {
+            Incoming::stream(&mut b, &[1]).expect("contiguous");
+        }
+        assert_eq!(b.parts.len(), 1);
+        assert_eq!(b.parts[0], (0, vec![1; 4096]));
+        let mut b = body(4096);
+        let mut refused = None;
+        for k in 0..2048 {
+            if let Err(e) = Incoming::stream(&mut b, &[1]) {
+                refused = Some((k, e));
+                break;
+            }
+            // A placed octet between each two streamed.
+            b.pos += 1;
+        }
+        let Some((k, HttpError::Unsupported(_))) = refused else {
+            panic!("never refused: {} parts", b.parts.len());
+        };
+        assert_eq!(k as u64, 4096 / MIN_PART + 1);
     }
 
     #[test]

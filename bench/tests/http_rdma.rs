@@ -535,6 +535,46 @@ fn a_pipelining_client_is_not_taken_for_a_slow_one() {
     assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
 }
 
+/// Request bodies share one budget (twice `--max-object`, at least 256 MiB), reserved by
+/// what their heads announce: two clients that announce 128 MiB each and send one octet
+/// (their heads read: each is told `100 Continue`) take all of it, and a third client's
+/// 10-octet PUT waits unread until one of them leaves, then is answered. Without the budget
+/// every connection could make the server hold up to `--max-object`.
+#[test]
+fn request_bodies_share_one_budget() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_844, 3, &["--max-object", "134217728"]);
+    let script = format!(
+        "import socket\n\
+         at = ('{}', 18844)\n\
+         big = b'PUT /big HTTP/1.1\\r\\nContent-Length: 134217728\\r\\n\
+         Expect: 100-continue\\r\\n\\r\\n'\n\
+         hogs = [socket.create_connection(at, timeout=20) for _ in range(2)]\n\
+         for h in hogs:\n\
+         \x20   h.sendall(big)\n\
+         \x20   assert h.recv(100).startswith(b'HTTP/1.1 100'), 'no 100 Continue'\n\
+         \x20   h.sendall(b'x')\n\
+         c = socket.create_connection(at, timeout=20)\n\
+         c.sendall(b'PUT /small HTTP/1.1\\r\\nContent-Length: 10\\r\\n\\r\\n0123456789')\n\
+         c.settimeout(1.5)\n\
+         try:\n\
+         \x20   print('answered while the budget was taken: %r' % c.recv(200))\n\
+         except socket.timeout:\n\
+         \x20   hogs[0].close()\n\
+         \x20   c.settimeout(20)\n\
+         \x20   got = c.recv(200)\n\
+         \x20   print('answered after' if got.startswith(b'HTTP/1.1 200') else 'got %r' % got)\n\
+         hogs[1].close()\n\
+         c.close()\n",
+        VETH.addr_b
+    );
+    let said = python_in_a(&script);
+    assert_eq!(said, "answered after");
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["bodies_waited"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["puts"]), 1, "{srv}");
+}
+
 /// Mistakes are one line on stderr and a failing status, before anything is opened (no root
 /// or bed needed).
 #[test]
