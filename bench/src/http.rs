@@ -167,6 +167,10 @@ enum HttpError {
     HeadTooLarge,
     #[error("{0} is not supported")]
     Unsupported(&'static str),
+    #[error("a body of {len} octets, over the {max} allowed")]
+    BodyTooLarge { len: u64, max: u64 },
+    #[error("more than {MAX_INTERIM} interim (1xx) responses to one request")]
+    TooManyInterim,
     #[error(
         "message {index}: the peer placed {len} octets for RID {rid} at buffer offset {at}, \
          where the body had reached {pos} of {body} octets"
@@ -395,6 +399,23 @@ struct Message {
     placed: u64,
 }
 
+/// Interim (1xx) responses the client takes before each final response.
+const MAX_INTERIM: u32 = 8;
+
+/// The largest response body the client takes besides the object it asked for (an error
+/// page, a PUT's digest).
+const SMALL_BODY_MAX: u64 = 64 << 10;
+
+/// The largest response body `http-client` takes: the object of `--size` for a GET (or a
+/// small error page), a small one (the digest) for a PUT or POST. What the server says is
+/// not believed beyond it: a `Content-Length` of 4 GiB would otherwise be read whole.
+fn client_max_body(method: Method, size: u64) -> u64 {
+    match method {
+        Method::Get => size.max(SMALL_BODY_MAX),
+        _ => SMALL_BODY_MAX,
+    }
+}
+
 /// A body with a posted buffer may have its stream octets in one part per this many of its
 /// octets (and one more).
 const MIN_PART: u64 = 256;
@@ -455,6 +476,8 @@ struct Incoming {
     /// The head in `inbuf` announced a body larger than the room [`Incoming::read`] was given:
     /// it stays unread until there is room.
     body_waits: bool,
+    /// Interim responses read since the last whole message.
+    interim: u32,
 }
 
 impl Incoming {
@@ -469,6 +492,7 @@ impl Incoming {
             max_body,
             continue_due: false,
             body_waits: false,
+            interim: 0,
         }
     }
 
@@ -511,7 +535,13 @@ impl Incoming {
                     self.head_octets += end as u64 + 4;
                     let status = head.status().filter(|_| self.responses);
                     if status.is_some_and(|s| (100..200).contains(&s)) {
-                        // An interim response (RFC 9110 15.2): no body, no message index.
+                        // An interim response (RFC 9110 15.2): no body, no message index. A
+                        // few per request (a server sending them without end would otherwise
+                        // keep the client waiting, each counting as progress).
+                        self.interim += 1;
+                        if self.interim > MAX_INTERIM {
+                            return Err(HttpError::TooManyInterim);
+                        }
                         continue;
                     }
                     // RFC 9112 6.3: 204 and 304 responses never have a body.
@@ -524,7 +554,10 @@ impl Incoming {
                         }
                     };
                     if len > self.max_body {
-                        return Err(HttpError::Unsupported("a body this large"));
+                        return Err(HttpError::BodyTooLarge {
+                            len,
+                            max: self.max_body,
+                        });
                     }
                     let posted = self.posted.contains(&self.index);
                     self.continue_due = !self.responses && head.expect_continue && len > 0;
@@ -655,6 +688,7 @@ impl Incoming {
     fn complete(&mut self, conn: &mut Connection, b: BodyRead, pool: &mut Pool) -> Message {
         // The body is in: too late for a 100 Continue.
         self.continue_due = false;
+        self.interim = 0;
         let index = self.index;
         self.index += 1;
         // A buffer posted for this index (also one posted after its head came without one).
@@ -1622,7 +1656,7 @@ fn client(cli: &ClientCli) -> Result<ClientReport, HttpError> {
         upload,
         upload_digest: upload_digest.clone(),
         first: None,
-        incoming: Incoming::new(true, u64::from(u32::MAX)),
+        incoming: Incoming::new(true, client_max_body(cli.method, cli.size)),
         out: VecDeque::new(),
         pool: Pool::default(),
         scratch: vec![0u8; 64 * 1024],
@@ -1971,6 +2005,53 @@ mod tests {
         }
     }
 
+    /// The client believes a server's `Content-Length` only up to what it asked for (helper-191
+    /// finding 5: a 4 GiB body was read whole whatever `--size` said), and takes a few interim
+    /// responses per request, not an endless stream of them.
+    #[test]
+    fn the_client_bounds_what_a_server_sends() {
+        assert_eq!(client_max_body(Method::Get, 1 << 20), 1 << 20);
+        assert_eq!(client_max_body(Method::Get, 100), SMALL_BODY_MAX);
+        assert_eq!(client_max_body(Method::Put, 1 << 30), SMALL_BODY_MAX);
+        let mut scratch = vec![0u8; 4096];
+        let mut pool = Pool::default();
+
+        let mut pair = Pair::new();
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 4294967296\r\n\r\n";
+        assert_eq!(pair.server.send(head), Ok(head.len()));
+        pair.pump(false);
+        let mut incoming = Incoming::new(true, client_max_body(Method::Get, 1 << 20));
+        let r = incoming.read(&mut pair.client, &mut scratch, &mut pool, u64::MAX);
+        assert!(
+            matches!(
+                r,
+                Err(HttpError::BodyTooLarge {
+                    len: 4294967296,
+                    max: 1048576
+                })
+            ),
+            "{r:?}"
+        );
+
+        for (interim, ok) in [(MAX_INTERIM, true), (MAX_INTERIM + 1, false)] {
+            let mut pair = Pair::new();
+            for _ in 0..interim {
+                let head = b"HTTP/1.1 100 Continue\r\n\r\n";
+                assert_eq!(pair.server.send(head), Ok(head.len()));
+            }
+            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi";
+            assert_eq!(pair.server.send(head), Ok(head.len()));
+            pair.pump(false);
+            let mut incoming = Incoming::new(true, SMALL_BODY_MAX);
+            let r = incoming.read(&mut pair.client, &mut scratch, &mut pool, u64::MAX);
+            match r {
+                Ok(Some(m)) if ok => assert_eq!(m.body, b"hi"),
+                Err(HttpError::TooManyInterim) if !ok => {}
+                other => panic!("{interim} interim responses: {other:?}"),
+            }
+        }
+    }
+
     /// A request whose body does not fit the room given waits, its head unread, and is read
     /// whole once there is room; one larger than any body may be is refused at once.
     #[test]
@@ -2003,7 +2084,13 @@ mod tests {
         let mut incoming = Incoming::new(false, 4096);
         let r = incoming.read(&mut pair.server, &mut scratch, &mut pool, 0);
         assert!(
-            matches!(r, Err(HttpError::Unsupported(_))),
+            matches!(
+                r,
+                Err(HttpError::BodyTooLarge {
+                    len: 5000,
+                    max: 4096
+                })
+            ),
             "larger than --max-object: {r:?}"
         );
     }
