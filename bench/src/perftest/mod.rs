@@ -577,6 +577,40 @@ fn accept(
         })
 }
 
+/// [`accept`] of a connection from `client` only: one from any other address (a third party
+/// racing the client for its data connection) is rejected and logged, and the wait goes on
+/// within `timeout`.
+fn accept_from(
+    run: &Run,
+    listener: &Listener,
+    client: std::net::IpAddr,
+    timeout: Duration,
+    step: &str,
+) -> Result<datapath::ConnectRequest, PerftestError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let req = accept(listener, left, step).map_err(|e| match e {
+            PerftestError::Timeout { step, .. } => PerftestError::Timeout {
+                step,
+                after: timeout,
+                state: "no connection from the client arrived".into(),
+            },
+            e => e,
+        })?;
+        let from = req.peer_addr();
+        if from.ip() == client {
+            return Ok(req);
+        }
+        log(
+            run,
+            format_args!("{step}: rejected a connection from {from}: the client is {client}"),
+        );
+        // Rejected with an MPA Reply (R set); if that cannot go, dropped, which rejects too.
+        let _ = req.reject(&[]);
+    }
+}
+
 /// Versions, cycle buffer, cache line and MTU (`exchange_versions`, `check_sys_data`,
 /// `check_mtu`).
 fn prefix(comm: &mut Comm, size: u64) -> Result<(Geometry, String), PerftestError> {
@@ -652,11 +686,12 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
             describe(&conn.qp)
         ),
     );
+    let client = conn.qp.peer_addr().ip();
     let mut comm = Comm::new(Qp::new(conn.qp, cq, run.step), mr, true);
     let (geo, peer_version) = prefix(&mut comm, run.size)?;
     comm.handshake("handshake before the data connection", &Dest::default())?;
     let step = "data connection";
-    let req = accept(&listener, run.step, step)?;
+    let req = accept_from(&run, &listener, client, run.step, step)?;
     let (dcq, channel) = data_cq(&run)?;
     let conn = req
         .accept(&pd, &dcq, &[])
@@ -666,7 +701,7 @@ fn run_server(cli: &PerftestCli, run: Run, net: &Net) -> Result<Outcome, Perftes
     let mut more = Vec::new();
     for k in 1..run.qps {
         let step = format!("data connection {} of {}", k + 1, run.qps);
-        let req = accept(&listener, run.step, &step)?;
+        let req = accept_from(&run, &listener, client, run.step, &step)?;
         let c = req
             .accept(&pd, &dcq, &[])
             .map_err(|e| PerftestError::datapath(&step, e))?;
@@ -2404,6 +2439,47 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Run, String> {
         let cli = PerftestCli::try_parse_from(args).map_err(|e| e.to_string())?;
         Run::from_cli(&cli)
+    }
+
+    /// The server takes its data connection from the client's address only (helper-191's
+    /// finding 6: any address could take that place): a stranger's request (from 127.0.0.2)
+    /// is rejected, and the client's, arriving after it, is taken. Loopback, socket transport.
+    #[test]
+    fn the_data_connection_is_taken_from_the_client_only() {
+        use datapath::{CompletionQueue, ConnectParams, Listener, ProtectionDomain};
+        let run = parse(&["perftest", "write-bw"]).expect("run");
+        let listener = Listener::bind(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            ConnectParams::default(),
+        )
+        .expect("bind");
+        let at = listener.local_addr().expect("address");
+        let connect_from = |ip: [u8; 4]| {
+            std::thread::spawn(move || {
+                let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+                let params = ConnectParams {
+                    local_addr: Some(SocketAddr::from((ip, 0))),
+                    ..ConnectParams::default()
+                };
+                datapath::connect(at, &pd, &cq, &params, &[]).map(|c| c.qp.local_addr())
+            })
+        };
+        let client = "127.0.0.1".parse().expect("address");
+        let server = std::thread::spawn(move || {
+            accept_from(&run, &listener, client, Duration::from_secs(20), "data")
+        });
+        let stranger = connect_from([127, 0, 0, 2]).join().expect("stranger");
+        assert!(stranger.is_err(), "the stranger was let in: {stranger:?}");
+        let ours = connect_from([127, 0, 0, 1]);
+        let req = server
+            .join()
+            .expect("server")
+            .expect("the client's request");
+        assert_eq!(req.peer_addr().ip(), client);
+        let (pd, cq) = (ProtectionDomain::new(), CompletionQueue::new());
+        let conn = req.accept(&pd, &cq, &[]).expect("accept");
+        let local = ours.join().expect("client").expect("the client connected");
+        assert_eq!(conn.qp.peer_addr(), local);
     }
 
     #[test]
