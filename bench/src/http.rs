@@ -417,8 +417,9 @@ fn client_max_body(method: Method, size: u64) -> u64 {
 }
 
 /// A body with a posted buffer may have its stream octets in one part per this many of its
-/// octets (and one more).
+/// octets, and [`MIN_PARTS`] more.
 const MIN_PART: u64 = 256;
+const MIN_PARTS: u64 = 16;
 
 /// Buffers for bodies, reused (a body buffer keeps its length, so reuse writes no zeros).
 #[derive(Default)]
@@ -473,9 +474,11 @@ struct Incoming {
     max_body: u64,
     /// A request head asked for `100 Continue` before its body (the server answers it).
     continue_due: bool,
-    /// The head in `inbuf` announced a body larger than the room [`Incoming::read`] was given:
-    /// it stays unread until there is room.
-    body_waits: bool,
+    /// A request head in `inbuf` (parsed, and where it ends) that announced a body larger than
+    /// the room [`Incoming::read`] was given: it stays unread until there is room.
+    waiting: Option<(Head, usize)>,
+    /// Request heads that had to wait so, each counted once.
+    bodies_waited: u64,
     /// Interim responses read since the last whole message.
     interim: u32,
 }
@@ -491,7 +494,8 @@ impl Incoming {
             head_octets: 0,
             max_body,
             continue_due: false,
-            body_waits: false,
+            waiting: None,
+            bodies_waited: 0,
             interim: 0,
         }
     }
@@ -512,8 +516,14 @@ impl Incoming {
         self.body.is_some()
     }
 
+    /// Whether a request head waits for room for its body ([`Incoming::read`]).
+    fn body_waits(&self) -> bool {
+        self.waiting.is_some()
+    }
+
     /// The next whole message, if it is all in. A body is begun only if it announces at most
     /// `body_room` octets; a larger one leaves its head unread ([`Incoming::body_waits`]).
+    /// After an error the message being read is dropped (its body's octets with it).
     fn read(
         &mut self,
         conn: &mut Connection,
@@ -521,14 +531,40 @@ impl Incoming {
         pool: &mut Pool,
         body_room: u64,
     ) -> Result<Option<Message>, HttpError> {
-        self.body_waits = false;
+        let r = self.read_message(conn, scratch, pool, body_room);
+        if r.is_err() {
+            self.body = None;
+            self.waiting = None;
+        }
+        r
+    }
+
+    fn read_message(
+        &mut self,
+        conn: &mut Connection,
+        scratch: &mut [u8],
+        pool: &mut Pool,
+        body_room: u64,
+    ) -> Result<Option<Message>, HttpError> {
         loop {
             let Some(b) = self.body.as_mut() else {
-                if let Some(end) = self.inbuf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = Head::parse(&self.inbuf[..end])?;
+                // A head that waited is not looked for and parsed again.
+                let (found, waited) = match self.waiting.take() {
+                    Some(w) => (Some(w), true),
+                    None => {
+                        let end = self.inbuf.windows(4).position(|w| w == b"\r\n\r\n");
+                        let found = match end {
+                            Some(end) => Some((Head::parse(&self.inbuf[..end])?, end)),
+                            None => None,
+                        };
+                        (found, false)
+                    }
+                };
+                if let Some((head, end)) = found {
                     let announced = head.content_length.unwrap_or(0);
                     if !self.responses && announced > body_room && announced <= self.max_body {
-                        self.body_waits = true;
+                        self.bodies_waited += u64::from(!waited);
+                        self.waiting = Some((head, end));
                         return Ok(None);
                     }
                     self.inbuf.drain(..end + 4);
@@ -642,9 +678,9 @@ impl Incoming {
     }
 
     /// Body octets that came through the stream. Those of a body with a posted buffer wait in
-    /// parts, at most one per [`MIN_PART`] octets of the body (the peer choosing what it
-    /// places and what it streams could otherwise cut the body into octets, each its own
-    /// part).
+    /// parts, at most one per [`MIN_PART`] octets of the body and [`MIN_PARTS`] more (the peer
+    /// choosing what it places and what it streams could otherwise cut the body into octets,
+    /// each its own part).
     fn stream(b: &mut BodyRead, octets: &[u8]) -> Result<(), HttpError> {
         if octets.is_empty() {
             return Ok(());
@@ -657,7 +693,7 @@ impl Incoming {
                 Some((at, part)) if *at + part.len() as u64 == b.pos => {
                     part.extend_from_slice(octets)
                 }
-                _ if parts > b.len / MIN_PART => {
+                _ if parts > b.len / MIN_PART + MIN_PARTS => {
                     return Err(HttpError::Unsupported(
                         "a body streamed in this many pieces",
                     ));
@@ -856,6 +892,8 @@ struct ServerTotals {
     /// Request heads left unread for a while because the bodies other connections were
     /// sending took the budget for bodies (twice `--max-object`, at least 256 MiB).
     bodies_waited: u64,
+    /// ... of which answered `503 Service Unavailable` after waiting `--idle-timeout`.
+    busy_refusals: u64,
 }
 
 struct ServerPeer {
@@ -872,6 +910,8 @@ struct ServerPeer {
     last_progress: Instant,
     /// When the request head being read began (its first octet was read), if one is.
     head_since: Option<Instant>,
+    /// Since when a head waits for room for its body ([`Incoming::body_waits`]), if one does.
+    waiting_since: Option<Instant>,
 }
 
 /// Octets a connection with a response to send or a request body coming must move in each
@@ -1110,6 +1150,7 @@ impl TcpApp for ServerApp {
             moved: 0,
             last_progress: Instant::now(),
             head_since: None,
+            waiting_since: None,
         };
         self.offer_put_buffers(&mut peer, conn);
         self.peers.insert(id, peer);
@@ -1130,8 +1171,7 @@ impl TcpApp for ServerApp {
         // What the other connections' bodies left.
         let body_room = self
             .body_budget
-            .saturating_sub(self.bodies_reserved - reserved_before);
-        let waited_before = peer.incoming.body_waits;
+            .saturating_sub(self.bodies_reserved.saturating_sub(reserved_before));
         if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
         }
@@ -1171,13 +1211,10 @@ impl TcpApp for ServerApp {
                             break;
                         }
                     }
-                    Ok(None) if peer.incoming.body_waits => {
-                        // Waiting for others' bodies to come in, as for their responses
-                        // to drain.
+                    Ok(None) if peer.incoming.body_waits() => {
+                        // Waiting for others' bodies to come in (for --idle-timeout at
+                        // most, below), as for their responses to drain.
                         held_back = peer.out.is_empty();
-                        if !waited_before {
-                            self.totals.bodies_waited += 1;
-                        }
                         break;
                     }
                     Ok(None) => {
@@ -1197,6 +1234,25 @@ impl TcpApp for ServerApp {
                     }
                 }
             }
+        }
+        let now = Instant::now();
+        // A head waits for room for its body no longer than --idle-timeout: it is then told
+        // the server is busy (503, RFC 9110 15.6.4), and the connection ends after that. A
+        // few clients sending large bodies slowly hold the budget meanwhile, but nobody
+        // waits on them for good.
+        if peer.incoming.body_waits() && !peer.stop_reading {
+            let since = *peer.waiting_since.get_or_insert(now);
+            if now.duration_since(since) > self.idle {
+                self.totals.busy_refusals += 1;
+                let index = peer.incoming.index;
+                let text = "request bodies fill the server's budget: try again later\n";
+                peer.out
+                    .push_back(text_response("503 Service Unavailable", text, true, index));
+                peer.stop_reading = true;
+                held_back = false;
+            }
+        } else {
+            peer.waiting_since = None;
         }
         // Messages read took their buffers back.
         self.posted_buffers -= posted_before - peer.incoming.posted.len();
@@ -1233,7 +1289,6 @@ impl TcpApp for ServerApp {
             + st.rdma_placed_in_order
             + st.rdma_placed_out_of_order
             + conn.bytes_acked();
-        let now = Instant::now();
         // A head must come whole within --idle-timeout of its first octet: one dripped an
         // octet at a time holds its connection no longer. Timed only while everything that
         // came was read (`drained`: what is left is one unfinished head); a head waiting
@@ -1280,8 +1335,9 @@ impl TcpApp for ServerApp {
         }
         self.queued_octets =
             (self.queued_octets + queued_body_octets(&peer.out)).saturating_sub(queued_before);
+        debug_assert!(self.bodies_reserved >= reserved_before);
         self.bodies_reserved =
-            self.bodies_reserved - reserved_before + peer.incoming.body_reserved();
+            (self.bodies_reserved + peer.incoming.body_reserved()).saturating_sub(reserved_before);
         self.peers.insert(id, peer);
     }
 
@@ -1292,7 +1348,10 @@ impl TcpApp for ServerApp {
             self.queued_octets = self
                 .queued_octets
                 .saturating_sub(queued_body_octets(&peer.out));
-            self.bodies_reserved -= peer.incoming.body_reserved();
+            self.bodies_reserved = self
+                .bodies_reserved
+                .saturating_sub(peer.incoming.body_reserved());
+            self.totals.bodies_waited += peer.incoming.bodies_waited;
             self.closed += 1;
             self.totals.head_octets += peer.incoming.head_octets;
             self.rdma.add(&conn);
@@ -2069,11 +2128,12 @@ mod tests {
                 .expect("read")
         };
         assert!(read(&mut incoming, 999).is_none());
-        assert!(incoming.body_waits);
+        assert!(incoming.body_waits());
         assert_eq!(incoming.body_reserved(), 0);
         assert!(read(&mut incoming, 999).is_none(), "still no room");
+        assert_eq!(incoming.bodies_waited, 1, "one head waited");
         let m = read(&mut incoming, 1000).expect("room for it");
-        assert!(!incoming.body_waits);
+        assert!(!incoming.body_waits());
         assert_eq!(m.body, vec![7; 1000]);
         assert_eq!(incoming.head_octets, put.len() as u64);
 
@@ -2128,7 +2188,7 @@ mod tests {
         let Some((k, HttpError::Unsupported(_))) = refused else {
             panic!("never refused: {} parts", b.parts.len());
         };
-        assert_eq!(k as u64, 4096 / MIN_PART + 1);
+        assert_eq!(k as u64, 4096 / MIN_PART + MIN_PARTS + 1);
     }
 
     #[test]

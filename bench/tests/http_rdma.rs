@@ -455,13 +455,24 @@ fn reset_within(said: &str, within: f64) -> bool {
         .is_some_and(|t| t <= within)
 }
 
+/// Runs `script` (a python client of the server on `port`, which prints `reset SECONDS` when
+/// reset) against a server with `--idle-timeout 1`: the client must be reset within 8 s and
+/// the server count it as slow, not idle.
+fn slow_client_is_cut_off(port: u16, script: &str, who: &str) {
+    let s = server(&VETH, port, 1, &["--idle-timeout", "1"]);
+    let said = python_in_a(script);
+    assert!(reset_within(&said, 8.0), "{who}: {said}");
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["slow_resets"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+}
+
 /// A client that drips its request head an octet every 0.2 s (each octet progress, so the
 /// idle timeout never comes) is reset once the head is not whole `--idle-timeout` after it
 /// began, and counted as slow.
 #[test]
 fn a_request_head_dripped_an_octet_at_a_time_is_cut_off() {
     let _bed = bed_or_skip!();
-    let s = server(&VETH, 18_841, 1, &["--idle-timeout", "1"]);
     let script = format!(
         "import socket, time\n\
          s = socket.create_connection(('{}', 18841), timeout=20)\n\
@@ -476,11 +487,7 @@ fn a_request_head_dripped_an_octet_at_a_time_is_cut_off() {
          \x20   print('reset %.1f' % (time.time() - start))\n",
         VETH.addr_b
     );
-    let said = python_in_a(&script);
-    assert!(reset_within(&said, 8.0), "the dripping client: {said}");
-    let srv = finish(s);
-    assert_eq!(u(&srv, &["slow_resets"]), 1, "{srv}");
-    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+    slow_client_is_cut_off(18_841, &script, "the dripping client");
 }
 
 /// A client that asks for 64 MiB and reads 1 KiB every 0.2 s (each read acknowledges
@@ -489,7 +496,6 @@ fn a_request_head_dripped_an_octet_at_a_time_is_cut_off() {
 #[test]
 fn a_client_reading_a_trickle_is_cut_off() {
     let _bed = bed_or_skip!();
-    let s = server(&VETH, 18_842, 1, &["--idle-timeout", "1"]);
     let script = format!(
         "import socket, time\n\
          s = socket.socket()\n\
@@ -508,11 +514,7 @@ fn a_client_reading_a_trickle_is_cut_off() {
          \x20   print('reset %.1f' % (time.time() - start))\n",
         VETH.addr_b
     );
-    let said = python_in_a(&script);
-    assert!(reset_within(&said, 8.0), "the trickling reader: {said}");
-    let srv = finish(s);
-    assert_eq!(u(&srv, &["slow_resets"]), 1, "{srv}");
-    assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
+    slow_client_is_cut_off(18_842, &script, "the trickling reader");
 }
 
 /// A client that pipelines 32 GETs deep for longer than `--idle-timeout` is served to the
@@ -573,6 +575,57 @@ fn request_bodies_share_one_budget() {
     let srv = finish(s);
     assert_eq!(u(&srv, &["bodies_waited"]), 1, "{srv}");
     assert_eq!(u(&srv, &["puts"]), 1, "{srv}");
+}
+
+/// A head that waits for room in the bodies' budget longer than `--idle-timeout` is answered
+/// `503 Service Unavailable`, and its connection ends: two clients sending 128 MiB bodies
+/// steadily (fast enough not to be slow) hold the budget, and a third's small PUT is told
+/// the server is busy within a few seconds instead of waiting on them.
+#[test]
+fn a_body_waiting_past_the_idle_timeout_is_told_busy() {
+    let _bed = bed_or_skip!();
+    let s = server(
+        &VETH,
+        18_845,
+        3,
+        &["--max-object", "134217728", "--idle-timeout", "1"],
+    );
+    let script = format!(
+        "import socket, time\n\
+         at = ('{}', 18845)\n\
+         big = b'PUT /big HTTP/1.1\\r\\nContent-Length: 134217728\\r\\n\
+         Expect: 100-continue\\r\\n\\r\\n'\n\
+         hogs = [socket.create_connection(at, timeout=20) for _ in range(2)]\n\
+         for h in hogs:\n\
+         \x20   h.sendall(big)\n\
+         \x20   assert h.recv(100).startswith(b'HTTP/1.1 100'), 'no 100 Continue'\n\
+         c = socket.create_connection(at, timeout=20)\n\
+         c.sendall(b'PUT /small HTTP/1.1\\r\\nContent-Length: 10\\r\\n\\r\\n0123456789')\n\
+         c.settimeout(0.2)\n\
+         start, said = time.time(), 'no answer'\n\
+         while time.time() - start < 10:\n\
+         \x20   for h in hogs:\n\
+         \x20       h.sendall(b'x' * 65536)\n\
+         \x20   try:\n\
+         \x20       got = c.recv(200)\n\
+         \x20       said = '%s after %.1f' % (got.split(b'\\r\\n')[0].decode(), time.time() - start)\n\
+         \x20       break\n\
+         \x20   except socket.timeout:\n\
+         \x20       pass\n\
+         print(said)\n\
+         for s in hogs + [c]:\n\
+         \x20   s.close()\n",
+        VETH.addr_b
+    );
+    let said = python_in_a(&script);
+    let after = said
+        .strip_prefix("HTTP/1.1 503 Service Unavailable after ")
+        .and_then(|t| t.parse::<f64>().ok());
+    assert!(after.is_some_and(|t| t < 6.0), "the waiting client: {said}");
+    let srv = finish(s);
+    assert_eq!(u(&srv, &["busy_refusals"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["bodies_waited"]), 1, "{srv}");
+    assert_eq!(u(&srv, &["slow_resets"]), 0, "the hogs moved enough: {srv}");
 }
 
 /// Mistakes are one line on stderr and a failing status, before anything is opened (no root
