@@ -84,8 +84,9 @@ static STARTING: AtomicUsize = AtomicUsize::new(0);
 struct StartingPlace(());
 
 impl StartingPlace {
-    /// A place, if fewer than `max` are held.
-    fn take(max: usize) -> Option<StartingPlace> {
+    /// A place, if fewer than [`max_starting`] are held.
+    fn take() -> Option<StartingPlace> {
+        let max = max_starting();
         STARTING
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
@@ -226,7 +227,6 @@ impl SocketListen {
             mpa: params.mpa.clone(),
             framing: params.framing.clone(),
             starting: HashMap::new(),
-            max_starting: max_starting(),
             spare: std::fs::File::open("/dev/null").ok(),
             accept_retry: None,
             accept_failing: false,
@@ -346,8 +346,6 @@ struct Startups {
     mpa: mpa::MpaConfig,
     framing: Framing,
     starting: HashMap<Token, Starting>,
-    /// [`max_starting`]: the most [`StartingPlace`]s held when this listener takes one.
-    max_starting: usize,
     /// A descriptor kept in reserve: out of descriptors (`EMFILE`), the listener gives it
     /// up to take the next ready connection and close it, rather than leave the kernel's
     /// queue full and unread (its readiness is edge-triggered).
@@ -507,7 +505,7 @@ impl Startups {
                     return;
                 }
             };
-            let Some(place) = StartingPlace::take(self.max_starting) else {
+            let Some(place) = StartingPlace::take() else {
                 self.record.over_starting();
                 continue; // dropped: closed
             };
