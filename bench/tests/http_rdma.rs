@@ -537,18 +537,14 @@ fn a_pipelining_client_is_not_taken_for_a_slow_one() {
     assert_eq!(u(&srv, &["idle_resets"]), 0, "{srv}");
 }
 
-/// Request bodies share one budget (twice `--max-object`, at least 256 MiB), reserved by
-/// what their heads announce: two clients that announce 128 MiB each and send one octet
-/// (their heads read: each is told `100 Continue`) take all of it, and a third client's
-/// 10-octet PUT waits unread until one of them leaves, then is answered. Without the budget
-/// every connection could make the server hold up to `--max-object`.
-#[test]
-fn request_bodies_share_one_budget() {
-    let _bed = bed_or_skip!();
-    let s = server(&VETH, 18_844, 3, &["--max-object", "134217728"]);
-    let script = format!(
-        "import socket\n\
-         at = ('{}', 18844)\n\
+/// The start of a python client script for the server on `port` (`--max-object` 128 MiB):
+/// two clients (`hogs`) announce 128 MiB bodies, and once told `100 Continue` (their heads
+/// read, the bodies' budget taken) send an octet each; then a third (`c`) sends a 10-octet
+/// PUT whole.
+fn two_hogs_and_a_small_put(port: u16) -> String {
+    format!(
+        "import socket, time\n\
+         at = ('{}', {port})\n\
          big = b'PUT /big HTTP/1.1\\r\\nContent-Length: 134217728\\r\\n\
          Expect: 100-continue\\r\\n\\r\\n'\n\
          hogs = [socket.create_connection(at, timeout=20) for _ in range(2)]\n\
@@ -557,19 +553,31 @@ fn request_bodies_share_one_budget() {
          \x20   assert h.recv(100).startswith(b'HTTP/1.1 100'), 'no 100 Continue'\n\
          \x20   h.sendall(b'x')\n\
          c = socket.create_connection(at, timeout=20)\n\
-         c.sendall(b'PUT /small HTTP/1.1\\r\\nContent-Length: 10\\r\\n\\r\\n0123456789')\n\
-         c.settimeout(1.5)\n\
-         try:\n\
-         \x20   print('answered while the budget was taken: %r' % c.recv(200))\n\
-         except socket.timeout:\n\
-         \x20   hogs[0].close()\n\
-         \x20   c.settimeout(20)\n\
-         \x20   got = c.recv(200)\n\
-         \x20   print('answered after' if got.startswith(b'HTTP/1.1 200') else 'got %r' % got)\n\
-         hogs[1].close()\n\
-         c.close()\n",
+         c.sendall(b'PUT /small HTTP/1.1\\r\\nContent-Length: 10\\r\\n\\r\\n0123456789')\n",
         VETH.addr_b
-    );
+    )
+}
+
+/// Request bodies share one budget (twice `--max-object`, at least 256 MiB), reserved by
+/// what their heads announce: two clients that announce 128 MiB each and send one octet take
+/// all of it, and a third client's 10-octet PUT waits unread until one of them leaves, then
+/// is answered. Without the budget every connection could make the server hold up to
+/// `--max-object`.
+#[test]
+fn request_bodies_share_one_budget() {
+    let _bed = bed_or_skip!();
+    let s = server(&VETH, 18_844, 3, &["--max-object", "134217728"]);
+    let script = two_hogs_and_a_small_put(18_844)
+        + "c.settimeout(1.5)\n\
+           try:\n\
+           \x20   print('answered while the budget was taken: %r' % c.recv(200))\n\
+           except socket.timeout:\n\
+           \x20   hogs[0].close()\n\
+           \x20   c.settimeout(20)\n\
+           \x20   got = c.recv(200)\n\
+           \x20   print('answered after' if got.startswith(b'HTTP/1.1 200') else 'got %r' % got)\n\
+           hogs[1].close()\n\
+           c.close()\n";
     let said = python_in_a(&script);
     assert_eq!(said, "answered after");
     let srv = finish(s);
@@ -590,33 +598,21 @@ fn a_body_waiting_past_the_idle_timeout_is_told_busy() {
         3,
         &["--max-object", "134217728", "--idle-timeout", "1"],
     );
-    let script = format!(
-        "import socket, time\n\
-         at = ('{}', 18845)\n\
-         big = b'PUT /big HTTP/1.1\\r\\nContent-Length: 134217728\\r\\n\
-         Expect: 100-continue\\r\\n\\r\\n'\n\
-         hogs = [socket.create_connection(at, timeout=20) for _ in range(2)]\n\
-         for h in hogs:\n\
-         \x20   h.sendall(big)\n\
-         \x20   assert h.recv(100).startswith(b'HTTP/1.1 100'), 'no 100 Continue'\n\
-         c = socket.create_connection(at, timeout=20)\n\
-         c.sendall(b'PUT /small HTTP/1.1\\r\\nContent-Length: 10\\r\\n\\r\\n0123456789')\n\
-         c.settimeout(0.2)\n\
-         start, said = time.time(), 'no answer'\n\
-         while time.time() - start < 10:\n\
-         \x20   for h in hogs:\n\
-         \x20       h.sendall(b'x' * 65536)\n\
-         \x20   try:\n\
-         \x20       got = c.recv(200)\n\
-         \x20       said = '%s after %.1f' % (got.split(b'\\r\\n')[0].decode(), time.time() - start)\n\
-         \x20       break\n\
-         \x20   except socket.timeout:\n\
-         \x20       pass\n\
-         print(said)\n\
-         for s in hogs + [c]:\n\
-         \x20   s.close()\n",
-        VETH.addr_b
-    );
+    let script = two_hogs_and_a_small_put(18_845)
+        + "c.settimeout(0.2)\n\
+           start, said = time.time(), 'no answer'\n\
+           while time.time() - start < 10:\n\
+           \x20   for h in hogs:\n\
+           \x20       h.sendall(b'x' * 65536)\n\
+           \x20   try:\n\
+           \x20       got = c.recv(200)\n\
+           \x20       said = '%s after %.1f' % (got.split(b'\\r\\n')[0].decode(), time.time() - start)\n\
+           \x20       break\n\
+           \x20   except socket.timeout:\n\
+           \x20       pass\n\
+           print(said)\n\
+           for s in hogs + [c]:\n\
+           \x20   s.close()\n";
     let said = python_in_a(&script);
     let after = said
         .strip_prefix("HTTP/1.1 503 Service Unavailable after ")

@@ -353,6 +353,29 @@ fn middle_two(sent: &[(u32, u32)]) -> SackBlock {
     }
 }
 
+/// The SACK block over `segment` alone.
+fn only(segment: (u32, u32)) -> SackBlock {
+    SackBlock {
+        left: segment.0,
+        right: segment.1,
+    }
+}
+
+/// The time the tail loss probe (RFC 8985 7) of what `conn` sent at `now` went, before any
+/// timeout.
+fn probed(conn: &mut Connection, mut now: Instant) -> Instant {
+    let mut steps = 0;
+    while conn.stats().tlp_probes == 0 {
+        steps += 1;
+        assert!(steps < 100, "no probe in 10 ms");
+        now += Duration::from_micros(100);
+        conn.handle_timeout(now);
+        sent_now(conn, now);
+    }
+    assert_eq!(conn.stats().rto_expirations, 0);
+    now
+}
+
 /// `conn` took the block over the middle two segments: it sends neither again.
 fn took_middle_two(conn: &mut Connection, now: Instant, sent: &[(u32, u32)]) {
     let again = sent_now(conn, now);
@@ -408,11 +431,12 @@ fn a_sack_block_holding_part_of_a_retransmission_gives_no_rtt_sample() {
 #[test]
 fn an_ack_reporting_a_duplicate_gives_no_rtt_sample() {
     let (mut conn, now, sent, srtt) = reports_lost_for_two_seconds();
-    let dup = SackBlock {
-        left: sent[2].0,
-        right: sent[2].1,
-    };
-    peer_ack(&mut conn, now, sent[0].0, &[dup, middle_two(&sent)]);
+    peer_ack(
+        &mut conn,
+        now,
+        sent[0].0,
+        &[only(sent[2]), middle_two(&sent)],
+    );
     assert_eq!(conn.srtt(), Some(srtt));
     assert_eq!(conn.stats().dsacks_received, 1);
     took_middle_two(&mut conn, now, &sent);
@@ -422,22 +446,9 @@ fn an_ack_reporting_a_duplicate_gives_no_rtt_sample() {
 /// giving a sample too: the probe may be what the peer answered.
 #[test]
 fn a_sacked_probe_keeps_the_cumulative_part_from_giving_a_sample() {
-    let (mut conn, mut now, sent, srtt) = four_sent();
-    let mut steps = 0;
-    while conn.stats().tlp_probes == 0 {
-        steps += 1;
-        assert!(steps < 100, "no probe in 10 ms");
-        now += Duration::from_micros(100);
-        conn.handle_timeout(now);
-        sent_now(&mut conn, now);
-    }
-    assert_eq!(conn.stats().rto_expirations, 0);
-    now += Duration::from_millis(1);
-    let probe = SackBlock {
-        left: sent[3].0,
-        right: sent[3].1,
-    };
-    peer_ack(&mut conn, now, sent[2].1, &[probe]);
+    let (mut conn, now, sent, srtt) = four_sent();
+    let now = probed(&mut conn, now) + Duration::from_millis(1);
+    peer_ack(&mut conn, now, sent[2].1, &[only(sent[3])]);
     assert_eq!(conn.srtt(), Some(srtt));
 }
 
@@ -456,18 +467,9 @@ fn newly_sacked_segments_give_an_rtt_sample() {
 /// keeps a later ACK from giving one: it is not newly acknowledged there.
 #[test]
 fn a_retransmission_sacked_before_does_not_hold_back_a_sample() {
-    let (mut conn, mut now, sent, srtt) = four_sent();
-    while conn.stats().tlp_probes == 0 {
-        now += Duration::from_micros(100);
-        conn.handle_timeout(now);
-        sent_now(&mut conn, now);
-    }
-    let probe = SackBlock {
-        left: sent[3].0,
-        right: sent[3].1,
-    };
-    now += Duration::from_millis(1);
-    peer_ack(&mut conn, now, sent[0].0, &[probe]);
+    let (mut conn, now, sent, srtt) = four_sent();
+    let now = probed(&mut conn, now) + Duration::from_millis(1);
+    peer_ack(&mut conn, now, sent[0].0, &[only(sent[3])]);
     assert_eq!(conn.srtt(), Some(srtt), "the probe's own ACK");
     peer_ack(&mut conn, now, sent[3].1, &[]);
     let after = conn.srtt().expect("sampled");
