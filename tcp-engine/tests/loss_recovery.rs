@@ -475,3 +475,141 @@ fn a_retransmission_sacked_before_does_not_hold_back_a_sample() {
     let after = conn.srtt().expect("sampled");
     assert!(after > srtt, "{after:?} after {srtt:?}");
 }
+
+/// The data segments `conn` sends at `now`: first sequence number, one past the last, and
+/// the Timestamps option `(TSval, TSecr)` each carries.
+fn sent_with_timestamps(conn: &mut Connection, now: Instant) -> Vec<(u32, u32, (u32, u32))> {
+    let mut buf = vec![0u8; 65536];
+    let mut sent = Vec::new();
+    while let Some(n) = conn.poll_transmit(now, &mut buf) {
+        let seg = tcp_engine::SegmentRepr::parse(&buf[..n]).expect("our own segment parses");
+        let ts = seg.options.timestamp.expect("timestamps in use");
+        if !seg.payload.is_empty() {
+            let end = seg.seq.wrapping_add(seg.payload.len() as u32);
+            sent.push((seg.seq, end, ts));
+        }
+        assert!(sent.len() < 1000, "runaway transmit");
+    }
+    sent
+}
+
+/// The peer's pure ACK of `ack` with the Timestamps option (`tsval`, `tsecr`) and `blocks`.
+fn peer_ack_echoing(
+    conn: &mut Connection,
+    now: Instant,
+    ack: u32,
+    (tsval, tsecr): (u32, u32),
+    blocks: &[SackBlock],
+) {
+    let t = conn.four_tuple();
+    let mut options = tcp_engine::wire::TcpOptions::default();
+    options.set_sack_blocks(blocks);
+    options.timestamp = Some((tsval, tsecr));
+    let seg = tcp_engine::SegmentRepr {
+        tos: 0,
+        src_addr: t.remote_addr,
+        dst_addr: t.local_addr,
+        src_port: t.remote_port,
+        dst_port: t.local_port,
+        seq: conn.rcv_nxt(),
+        ack,
+        flags: tcp_engine::wire::TcpFlags {
+            ack: true,
+            ..Default::default()
+        },
+        window: u16::MAX,
+        options,
+        payload: &[],
+    };
+    conn.handle_segment(now, &seg, |_| None);
+}
+
+/// [`timestamped_retransmission`]'s connection, time, segments (with their Timestamps
+/// options), retransmission's TSval, the peer's TSval and the SRTT.
+struct Resent {
+    conn: Connection,
+    now: Instant,
+    sent: Vec<(u32, u32, (u32, u32))>,
+    tsval: u32,
+    peer_ts: u32,
+    srtt: Duration,
+}
+
+/// With timestamps: a connection whose SRTT settled at 1 ms, four segments sent (the first
+/// lost) and the first sent again by the retransmission timer, milliseconds later. The peer's
+/// TSval is its TS.Recent as our segments echo it, so that PAWS takes its ACKs.
+fn timestamped_retransmission() -> Resent {
+    let (mut c, _s, net) = established(Config::default());
+    let mut conn = c.conn.take().expect("client connection");
+    let mut now = net.now;
+    let mss = usize::from(conn.emss());
+    let mut peer_ts = 0;
+    for _ in 0..30 {
+        conn.send(&vec![1u8; mss]).expect("send");
+        let sent = sent_with_timestamps(&mut conn, now);
+        let (_, end, (tsval, recent)) = sent[0];
+        peer_ts = recent;
+        now += Duration::from_millis(1);
+        peer_ack_echoing(&mut conn, now, end, (peer_ts, tsval), &[]);
+    }
+    let srtt = conn.srtt().expect("sampled");
+    assert!(srtt < Duration::from_millis(2), "{srtt:?}");
+    conn.send(&vec![1u8; 4 * mss]).expect("send");
+    let sent = sent_with_timestamps(&mut conn, now);
+    assert_eq!(sent.len(), 4);
+    let mut resent = None;
+    while resent.is_none() {
+        now += Duration::from_micros(500);
+        conn.handle_timeout(now);
+        resent = sent_with_timestamps(&mut conn, now)
+            .into_iter()
+            .find(|s| s.0 == sent[0].0)
+            .map(|s| s.2 .0);
+    }
+    let resent = resent.expect("resent");
+    assert_ne!(resent, sent[0].2 .0, "another millisecond");
+    assert_eq!(conn.srtt(), Some(srtt));
+    Resent {
+        conn,
+        now,
+        sent,
+        tsval: resent,
+        peer_ts,
+        srtt,
+    }
+}
+
+/// With timestamps, the ACK of a hole a retransmission filled gives a sample after all, from
+/// the retransmission, when its TSecr is the retransmission's TSval (RFC 6298 3, RFC 7323
+/// 4.1): 3 ms later, the SRTT (1 ms) moves up, though the ACK's SACK blocks repeat what
+/// was sent long before. Echoing the original's TSval, it gives none.
+#[test]
+fn a_retransmission_answered_by_its_timestamp_gives_a_sample() {
+    for (echo_retransmission, sampled) in [(true, true), (false, false)] {
+        let Resent {
+            mut conn,
+            now,
+            sent,
+            tsval: resent,
+            peer_ts,
+            srtt,
+        } = timestamped_retransmission();
+        let now = now + Duration::from_millis(3);
+        let echo = if echo_retransmission {
+            resent
+        } else {
+            sent[0].2 .0
+        };
+        let middle = SackBlock {
+            left: sent[1].0,
+            right: sent[2].1,
+        };
+        peer_ack_echoing(&mut conn, now, sent[0].1, (peer_ts, echo), &[middle]);
+        let after = conn.srtt().expect("sampled");
+        assert_eq!(
+            after > srtt,
+            sampled,
+            "{after:?} after {srtt:?}, echoing {echo}"
+        );
+    }
+}
