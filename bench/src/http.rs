@@ -693,7 +693,7 @@ impl Incoming {
                 Some((at, part)) if *at + part.len() as u64 == b.pos => {
                     part.extend_from_slice(octets)
                 }
-                _ if parts > b.len / MIN_PART + MIN_PARTS => {
+                _ if parts >= b.len / MIN_PART + MIN_PARTS => {
                     return Err(HttpError::Unsupported(
                         "a body streamed in this many pieces",
                     ));
@@ -1204,6 +1204,8 @@ impl TcpApp for ServerApp {
                     .read(conn, &mut self.scratch, &mut self.pool, body_room)
                 {
                     Ok(Some(m)) => {
+                        // (A head after it that waits has its own time.)
+                        peer.waiting_since = None;
                         let out = self.respond(m);
                         peer.stop_reading = out.close_after;
                         peer.out.push_back(out);
@@ -2188,7 +2190,7 @@ mod tests {
         let Some((k, HttpError::Unsupported(_))) = refused else {
             panic!("never refused: {} parts", b.parts.len());
         };
-        assert_eq!(k as u64, 4096 / MIN_PART + MIN_PARTS + 1);
+        assert_eq!(k as u64, 4096 / MIN_PART + MIN_PARTS);
     }
 
     #[test]

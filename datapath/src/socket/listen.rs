@@ -52,11 +52,11 @@ const MAX_STARTING: usize = 1024;
 /// The most connections the process's listeners keep waiting for their MPA Request, all
 /// together ([`StartingPlace`]): [`MAX_STARTING`], or a quarter of the process's soft
 /// descriptor limit (`RLIMIT_NOFILE`; 1024 by default on Debian) if that is less, but at
-/// least 16; read when the first listener starts, one limit for all. Each holds a
-/// descriptor until its Request deadline: a flood of silent connections otherwise takes the
-/// descriptors the application and its other connections need. One cap for all listeners
-/// means a flood at one port also turns away the silent and slow connections of the others
-/// (prompt clients, whose Request comes at once, hold a place only for a moment).
+/// least 16; read once, when a listener first takes a connection, one limit for all. Each
+/// holds a descriptor until its Request deadline: a flood of silent connections otherwise
+/// takes the descriptors the application and its other connections need. One cap for all
+/// listeners means a flood at one port also turns away the silent and slow connections of the
+/// others (prompt clients, whose Request comes at once, hold a place only for a moment).
 fn max_starting() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
