@@ -592,14 +592,6 @@ impl TxSegment {
 /// Stricter than RFC 6298 3's wording (which speaks of the retransmitted segment's own ACK),
 /// and than Linux, which takes the SACK part's sample exactly when Karn's rule refuses the
 /// cumulative part's (`tcp_ack_update_rtt`): that is the stale sample above.
-///
-/// With timestamps the ambiguity Karn's rule avoids can be settled (RFC 6298 3, RFC 7323
-/// 4.1): an ACK whose TSecr is the TSval of the latest retransmission it newly acknowledges
-/// answers that transmission (the peer's TS.Recent is the TSval of the segment that filled its
-/// hole, RFC 7323 4.3), and gives the sample from it. So the ACK of a hole filled by a
-/// retransmission, the one that found the stale blocks, measures the path again. (A TSval
-/// ticks each millisecond: the transmission answered may be another of the same tick, a
-/// sample off by less than a millisecond.)
 #[derive(Debug, Clone, Copy, Default)]
 struct AckTiming {
     /// The latest first transmission among the segments newly acknowledged whole and never
@@ -611,8 +603,6 @@ struct AckTiming {
     /// Some part of a retransmitted segment was (or, in a SACK block, may have been) newly
     /// acknowledged.
     retransmission_acked: bool,
-    /// The latest transmission among the retransmitted segments (or parts) newly acknowledged.
-    newest_resent: Option<Instant>,
     /// The ACK carries a D-SACK block.
     duplicate_reported: bool,
 }
@@ -623,13 +613,8 @@ impl AckTiming {
         if e.retransmits == 0 {
             self.newest_sent = self.newest_sent.max(Some(e.xmit_time));
         } else {
-            self.note_resent(e);
+            self.retransmission_acked = true;
         }
-    }
-
-    fn note_resent(&mut self, e: &TxSegment) {
-        self.retransmission_acked = true;
-        self.newest_resent = self.newest_resent.max(Some(e.xmit_time));
     }
 
     /// A part of `e` is, or (a SACK block cutting into it: nothing records which parts were
@@ -640,25 +625,21 @@ impl AckTiming {
         if e.retransmits == 0 {
             self.newest_part_sent = self.newest_part_sent.max(Some(e.xmit_time));
         } else {
-            self.note_resent(e);
+            self.retransmission_acked = true;
         }
     }
 
-    /// The RTT sample the ACK gives at `now`, if any; `echoed` says whether the ACK's TSecr is
-    /// the TSval of a transmission at the time given (false without timestamps). A part's
-    /// transmission counts only beside a whole segment's (it can then only shorten the
-    /// sample): a block repeating the same part on every ACK gives none of its own.
-    fn sample(&self, now: Instant, echoed: impl Fn(Instant) -> bool) -> Option<Duration> {
-        if self.duplicate_reported {
+    /// The RTT sample the ACK gives at `now`, if any. A part's transmission counts only beside
+    /// a whole segment's (it can then only shorten the sample): a block repeating the same
+    /// part on every ACK gives none of its own.
+    fn sample(&self, now: Instant) -> Option<Duration> {
+        if self.retransmission_acked || self.duplicate_reported {
             return None;
         }
-        let sent = if self.retransmission_acked {
-            let resent = self.newest_resent.filter(|&t| echoed(t))?;
-            resent.max(self.newest_sent.unwrap_or(resent))
-        } else {
-            self.newest_sent?
-        };
-        Some(now - sent.max(self.newest_part_sent.unwrap_or(Instant::ZERO)))
+        let sent = self
+            .newest_sent?
+            .max(self.newest_part_sent.unwrap_or(Instant::ZERO));
+        Some(now - sent)
     }
 }
 
@@ -2742,8 +2723,7 @@ impl Connection {
             delivered_any |=
                 self.on_sack_blocks(now, ack_pos, seg.options.sack_blocks(), &mut timing);
         }
-        let echoed = |t: Instant| self.ts_enabled && self.ack_tsecr == Some(self.tsval(t));
-        if let Some(rtt) = timing.sample(now, echoed) {
+        if let Some(rtt) = timing.sample(now) {
             self.rtt.sample(rtt);
         }
         if delivered_any {
