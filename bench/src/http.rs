@@ -950,15 +950,14 @@ struct ServerApp {
     objects: HashMap<(u64, u64), Arc<Vec<u8>>>,
     object_octets: usize,
     /// The unsent octets of every connection's queued response bodies (objects the cache
-    /// shares counted once per response), and the most they may hold before no request is
-    /// read ([`may_read_request`]).
+    /// shares counted once per response).
     queued_octets: u64,
-    queued_budget: u64,
-    /// The octets the request bodies being read announced, over all connections, and the
-    /// most they may announce together: a head whose body does not fit waits unread
-    /// ([`Incoming::body_waits`]) until others are in.
+    /// The octets the request bodies being read announced, over all connections.
     bodies_reserved: u64,
-    body_budget: u64,
+    /// The most either may hold: queued responses before no request is read
+    /// ([`may_read_request`]), bodies being read before a head whose body does not fit waits
+    /// unread ([`Incoming::body_waits`]) until others are in.
+    budget: u64,
     scratch: Vec<u8>,
     pool: Pool,
     closed: u64,
@@ -1170,7 +1169,7 @@ impl TcpApp for ServerApp {
         let reserved_before = peer.incoming.body_reserved();
         // What the other connections' bodies left.
         let body_room = self
-            .body_budget
+            .budget
             .saturating_sub(self.bodies_reserved.saturating_sub(reserved_before));
         if !peer.closing && !peer.stop_reading {
             self.offer_put_buffers(&mut peer, conn);
@@ -1185,13 +1184,7 @@ impl TcpApp for ServerApp {
             for _ in 0..MESSAGES_PER_TURN {
                 let own = queued_body_octets(&peer.out);
                 let all = (self.queued_octets + own).saturating_sub(queued_before);
-                if !may_read_request(
-                    peer.out.len(),
-                    own,
-                    all,
-                    self.max_object,
-                    self.queued_budget,
-                ) {
+                if !may_read_request(peer.out.len(), own, all, self.max_object, self.budget) {
                     // Held back by everyone's queued bodies with nothing of its own queued:
                     // waiting for room is not idleness (no reset for --idle-timeout
                     // meanwhile). A connection whose own responses wait (its client reading
@@ -1389,13 +1382,11 @@ fn server(cli: &ServerCli) -> Result<ServerReport, HttpError> {
         objects: HashMap::new(),
         object_octets: 0,
         queued_octets: 0,
-        // Two of the largest objects, or the cache's size: what many clients that read
-        // nothing may make the server hold together.
-        queued_budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
         bodies_reserved: 0,
-        // As much for request bodies, which many clients sending slowly would otherwise
-        // make the server hold one each of.
-        body_budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
+        // Two of the largest objects, or the cache's size: what many clients that read
+        // nothing, or send large bodies slowly, may make the server hold together (each
+        // kind as much).
+        budget: (2 * cli.max_object).max(OBJECT_CACHE as u64),
         scratch: vec![0u8; 64 * 1024],
         pool: Pool::default(),
         closed: 0,
